@@ -1,0 +1,380 @@
+/* bootstrap.c - TCP rendezvous and small allgathers through rank 0 (a star: the
+ * blobs are small and this runs only at setup).  Every socket wait is bounded by a
+ * deadline and every failure names the rank, the peer and the address.  A
+ * connection that does not present the job token is refused and logged. */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+
+#define BOOT_MAX_PAYLOAD (64u << 20)
+
+struct gw_bootstrap {
+  int rank, nranks;
+  int *socks;      /* rank 0: socks[r] for r >= 1; others: socks[0] to rank 0 */
+  int listen_fd;
+  char master[300];
+  double timeout_s;
+};
+
+bool gw__parse_host_port(const char *s, char *host, size_t hostlen, char *port, size_t portlen) {
+  if (!s || !*s) return false;
+  const char *colon;
+  const char *h0 = s;
+  size_t hl;
+  if (s[0] == '[') {
+    const char *close = strchr(s, ']');
+    if (!close || close[1] != ':') return false;
+    h0 = s + 1;
+    hl = (size_t)(close - h0);
+    colon = close + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon) return false;
+    hl = (size_t)(colon - s);
+    if (memchr(s, ':', hl)) return false; /* bare IPv6 needs brackets */
+  }
+  if (hl == 0 || hl >= hostlen) return false;
+  const char *p = colon + 1;
+  size_t pl = strlen(p);
+  if (pl == 0 || pl >= portlen) return false;
+  char *end;
+  long v = strtol(p, &end, 10);
+  if (*end || v < 1 || v > 65535) return false;
+  memcpy(host, h0, hl);
+  host[hl] = 0;
+  memcpy(port, p, pl + 1);
+  return true;
+}
+
+static double remaining(double deadline) {
+  double r = deadline - gw__now();
+  return r > 0 ? r : 0;
+}
+
+/* Sends or receives exactly len bytes before the deadline.  Returns GW_SUCCESS,
+ * GW_ERR_TIMEOUT, or GW_ERR_REMOTE when the peer closed or reset the socket. */
+static gw_result_t io_all(int fd, void *buf, size_t len, bool sending, double deadline) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    struct pollfd pfd = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
+    int ms = (int)(remaining(deadline) * 1000.0);
+    int pr = poll(&pfd, 1, ms > 0 ? ms : 0);
+    if (pr < 0) {
+      if (errno == EINTR) continue;
+      return GW_ERR_SYSTEM;
+    }
+    if (pr == 0) return GW_ERR_TIMEOUT;
+    ssize_t n = sending ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return GW_ERR_REMOTE;
+    }
+    if (n == 0) return GW_ERR_REMOTE;
+    p += n;
+    len -= (size_t)n;
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t send_frame(int fd, uint32_t kind, const void *data, size_t len, double deadline) {
+  struct gw_boot_frame f = {.magic = GW_BOOT_MAGIC, .kind = kind, .len = len};
+  GW_CHECK(io_all(fd, &f, sizeof f, true, deadline));
+  if (len) GW_CHECK(io_all(fd, (void *)data, len, true, deadline));
+  return GW_SUCCESS;
+}
+
+/* Receives one frame header and checks it; the payload is read by the caller. */
+static gw_result_t recv_frame_hdr(int fd, struct gw_boot_frame *f, double deadline) {
+  GW_CHECK(io_all(fd, f, sizeof *f, false, deadline));
+  if (f->magic != GW_BOOT_MAGIC || f->len > BOOT_MAX_PAYLOAD) return GW_ERR_REMOTE;
+  return GW_SUCCESS;
+}
+
+/* Reads an ERROR frame's text into msg (after its header was read). */
+static void read_error_text(int fd, const struct gw_boot_frame *f, char *msg, size_t len, double deadline) {
+  size_t n = f->len < len - 1 ? f->len : len - 1;
+  if (io_all(fd, msg, n, false, deadline) != GW_SUCCESS) n = 0;
+  msg[n] = 0;
+}
+
+static void set_sock_opts(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static gw_result_t resolve(const char *host, const char *port, bool passive, struct addrinfo **res) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = passive ? AI_PASSIVE : 0};
+  return getaddrinfo(host, port, &hints, res) == 0 ? GW_SUCCESS : GW_ERR_SYSTEM;
+}
+
+static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const char *port,
+                               struct gw_errctx *err) {
+  struct addrinfo *ai = NULL;
+  if (resolve(host, port, true, &ai) != GW_SUCCESS)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: cannot resolve master address %s", bs->master);
+  int last_errno = 0;
+  /* Bind only to the address named by the master address, never to all interfaces. */
+  for (struct addrinfo *a = ai; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last_errno = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+      bs->listen_fd = fd;
+      freeaddrinfo(ai);
+      GW_INFO(GW_SUB_BOOT, "rank 0: rendezvous listening at %s", bs->master);
+      return GW_SUCCESS;
+    }
+    last_errno = errno;
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  return gw__err(err, GW_ERR_SYSTEM,
+                 "rank 0: cannot listen at master address %s: %s (is the port in use by another job, "
+                 "or is the address not one of this machine's?)",
+                 bs->master, strerror(last_errno));
+}
+
+static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const char *port,
+                                double deadline, struct gw_errctx *err) {
+  int last_errno = 0;
+  long sleep_us = 1000;
+  while (gw__now() < deadline) {
+    struct addrinfo *ai = NULL;
+    if (resolve(host, port, false, &ai) == GW_SUCCESS) {
+      for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          freeaddrinfo(ai);
+          set_sock_opts(fd);
+          bs->socks[0] = fd;
+          return GW_SUCCESS;
+        }
+        last_errno = errno;
+        close(fd);
+      }
+      freeaddrinfo(ai);
+    }
+    /* Rank 0 may not be listening yet: retry with a growing pause. */
+    struct timespec ts = {0, sleep_us * 1000};
+    nanosleep(&ts, NULL);
+    if (sleep_us < 100000) sleep_us *= 2;
+  }
+  return gw__err(err, GW_ERR_TIMEOUT, "rank %d: no answer from master %s after %.0f s (%s); is rank 0 running?",
+                 bs->rank, bs->master, bs->timeout_s, last_errno ? strerror(last_errno) : "no route");
+}
+
+static bool tokens_equal(const char *a, uint32_t alen, const char *b, size_t blen) {
+  /* Constant time in the token contents, so the answer's timing leaks nothing. */
+  unsigned diff = (unsigned)(alen != blen);
+  for (size_t i = 0; i < GW_BOOT_TOKEN_MAX; i++) {
+    char x = i < alen ? a[i] : 0, y = i < blen ? b[i] : 0;
+    diff |= (unsigned)(unsigned char)(x ^ y);
+  }
+  return diff == 0;
+}
+
+static void refuse(int fd, const char *why, double deadline) {
+  send_frame(fd, GW_BOOT_ERROR, why, strlen(why), deadline);
+  close(fd);
+}
+
+/* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes. */
+static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, double deadline,
+                                   struct gw_errctx *err) {
+  int joined = 1;
+  while (joined < bs->nranks) {
+    struct pollfd pfd = {.fd = bs->listen_fd, .events = POLLIN};
+    int ms = (int)(remaining(deadline) * 1000.0);
+    int pr = poll(&pfd, 1, ms > 0 ? ms : 0);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) {
+      char missing[256] = "";
+      size_t used = 0;
+      for (int r = 1; r < bs->nranks && used < sizeof missing - 16; r++)
+        if (bs->socks[r] < 0) used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", r);
+      return gw__err(err, GW_ERR_TIMEOUT,
+                     "rank 0: only %d of %d ranks reached the rendezvous at %s within %.0f s; missing ranks: %s",
+                     joined, bs->nranks, bs->master, bs->timeout_s, missing);
+    }
+    struct sockaddr_storage from;
+    socklen_t fl = sizeof from;
+    int fd = accept4(bs->listen_fd, (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    set_sock_opts(fd);
+    char who[NI_MAXHOST] = "?";
+    getnameinfo((struct sockaddr *)&from, fl, who, sizeof who, NULL, 0, NI_NUMERICHOST);
+    /* A stranger gets a few seconds to say hello, so it cannot stall the job. */
+    double hello_deadline = GW_MIN(deadline, gw__now() + 5.0);
+    struct gw_boot_frame f;
+    struct gw_boot_hello h;
+    if (recv_frame_hdr(fd, &f, hello_deadline) != GW_SUCCESS || f.kind != GW_BOOT_HELLO ||
+        f.len != sizeof h || io_all(fd, &h, sizeof h, false, hello_deadline) != GW_SUCCESS) {
+      GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", who, bs->master);
+      close(fd);
+      continue;
+    }
+    if (h.token_len > GW_BOOT_TOKEN_MAX || !tokens_equal(h.token, h.token_len, token, strlen(token))) {
+      GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s claiming rank %d: wrong job token", who, h.rank);
+      refuse(fd, "wrong job token (GW_JOB_TOKEN differs from rank 0's)", hello_deadline);
+      continue;
+    }
+    if (h.nranks != bs->nranks || h.rank < 1 || h.rank >= bs->nranks || bs->socks[h.rank] >= 0) {
+      char why[200];
+      if (h.nranks != bs->nranks)
+        snprintf(why, sizeof why, "world size mismatch: rank %d says %d ranks, rank 0 says %d", h.rank, h.nranks, bs->nranks);
+      else if (h.rank < 1 || h.rank >= bs->nranks)
+        snprintf(why, sizeof why, "rank %d is out of range for %d ranks", h.rank, bs->nranks);
+      else
+        snprintf(why, sizeof why, "rank %d joined twice (from %s)", h.rank, who);
+      refuse(fd, why, hello_deadline);
+      /* A job whose ranks disagree cannot run: tell everyone who joined so far. */
+      for (int r = 1; r < bs->nranks; r++)
+        if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, why, strlen(why), hello_deadline);
+      return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: %s", why);
+    }
+    bs->socks[h.rank] = fd;
+    joined++;
+    GW_TRACE(GW_SUB_BOOT, "rank 0: rank %d joined from %s", h.rank, who);
+  }
+  return GW_SUCCESS;
+}
+
+gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, const char *master,
+                               const char *token, double timeout_s, struct gw_errctx *err) {
+  gw_result_t res;
+  *out = NULL;
+  if (strlen(token) > GW_BOOT_TOKEN_MAX)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_JOB_TOKEN is longer than %d characters",
+                   rank, GW_BOOT_TOKEN_MAX);
+  struct gw_bootstrap *bs = calloc(1, sizeof *bs);
+  if (!bs) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
+  bs->rank = rank;
+  bs->nranks = nranks;
+  bs->listen_fd = -1;
+  bs->timeout_s = timeout_s;
+  snprintf(bs->master, sizeof bs->master, "%s", master);
+  bs->socks = malloc(sizeof(int) * (size_t)(rank == 0 ? nranks : 1));
+  if (!bs->socks) {
+    free(bs);
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
+  }
+  for (int r = 0; r < (rank == 0 ? nranks : 1); r++) bs->socks[r] = -1;
+
+  char host[256], port[16];
+  if (!gw__parse_host_port(master, host, sizeof host, port, sizeof port)) {
+    res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
+                  "rank %d: master address '%s' is not HOST:PORT (IPv6 as [ADDR]:PORT, port 1..65535)", rank, master);
+    goto fail;
+  }
+  double deadline = gw__now() + timeout_s;
+  if (rank == 0) {
+    GW_CHECK_GOTO(root_listen(bs, host, port, err), res, fail);
+    GW_CHECK_GOTO(root_accept_all(bs, token, deadline, err), res, fail);
+  } else {
+    GW_CHECK_GOTO(peer_connect(bs, host, port, deadline, err), res, fail);
+    struct gw_boot_hello h = {.rank = rank, .nranks = nranks, .token_len = (uint32_t)strlen(token)};
+    memcpy(h.token, token, h.token_len);
+    if (send_frame(bs->socks[0], GW_BOOT_HELLO, &h, sizeof h, deadline) != GW_SUCCESS) {
+      res = gw__err(err, GW_ERR_REMOTE, "rank %d: master %s closed the connection during the hello", rank, master);
+      goto fail;
+    }
+  }
+  *out = bs;
+  return GW_SUCCESS;
+fail:
+  gw__bootstrap_free(bs);
+  return res;
+}
+
+static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, struct gw_errctx *err) {
+  if (r == GW_ERR_TIMEOUT)
+    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d did not answer within %.0f s during the rendezvous at %s",
+                   bs->rank, peer, bs->timeout_s, bs->master);
+  return gw__err(err, GW_ERR_REMOTE, "rank %d: lost the bootstrap connection to rank %d (%s): did it exit?",
+                 bs->rank, peer, bs->master);
+}
+
+/* Rank 0 tells every other rank why the job cannot go on (best effort). */
+static void root_broadcast_error(struct gw_bootstrap *bs, const char *msg) {
+  double deadline = gw__now() + 1.0;
+  for (int r = 1; r < bs->nranks; r++)
+    if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
+}
+
+gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, void *all, size_t size,
+                                    struct gw_errctx *err) {
+  uint8_t *out = all;
+  size_t total = size * (size_t)bs->nranks;
+  if (total > BOOT_MAX_PAYLOAD)
+    return gw__err(err, GW_ERR_INTERNAL, "rank %d: bootstrap allgather of %zu bytes is too large", bs->rank, total);
+  double deadline = gw__now() + bs->timeout_s;
+  memmove(out + (size_t)bs->rank * size, mine, size);
+  if (bs->nranks == 1) return GW_SUCCESS;
+  if (bs->rank == 0) {
+    for (int r = 1; r < bs->nranks; r++) {
+      struct gw_boot_frame f;
+      gw_result_t res = recv_frame_hdr(bs->socks[r], &f, deadline);
+      if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = GW_ERR_REMOTE;
+      if (res == GW_SUCCESS) res = io_all(bs->socks[r], out + (size_t)r * size, size, false, deadline);
+      if (res != GW_SUCCESS) {
+        res = peer_fail(bs, res, r, err);
+        root_broadcast_error(bs, err ? err->msg : "rank 0 failed during a bootstrap exchange");
+        return res;
+      }
+    }
+    for (int r = 1; r < bs->nranks; r++) {
+      gw_result_t res = send_frame(bs->socks[r], GW_BOOT_DATA, out, total, deadline);
+      if (res != GW_SUCCESS) return peer_fail(bs, res, r, err);
+    }
+    return GW_SUCCESS;
+  }
+  gw_result_t res = send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, deadline);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
+  struct gw_boot_frame f;
+  res = recv_frame_hdr(bs->socks[0], &f, deadline);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
+  if (f.kind == GW_BOOT_ERROR) {
+    char msg[300];
+    read_error_text(bs->socks[0], &f, msg, sizeof msg, deadline);
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s refused this rank: %s", bs->rank, bs->master, msg);
+  }
+  if (f.kind != GW_BOOT_DATA || f.len != total) return peer_fail(bs, GW_ERR_REMOTE, 0, err);
+  res = io_all(bs->socks[0], out, total, false, deadline);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err) {
+  uint8_t one = 1;
+  uint8_t *all = malloc((size_t)bs->nranks);
+  if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", bs->rank);
+  gw_result_t res = gw__bootstrap_allgather(bs, &one, all, 1, err);
+  free(all);
+  return res;
+}
+
+void gw__bootstrap_free(struct gw_bootstrap *bs) {
+  if (!bs) return;
+  if (bs->socks)
+    for (int r = 0; r < (bs->rank == 0 ? bs->nranks : 1); r++)
+      if (bs->socks[r] >= 0) close(bs->socks[r]);
+  if (bs->listen_fd >= 0) close(bs->listen_fd);
+  free(bs->socks);
+  free(bs);
+}

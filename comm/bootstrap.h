@@ -1,0 +1,43 @@
+/* bootstrap.h - the out-of-band rendezvous: rank 0 serves a TCP socket at the
+ * master address; every other rank connects, proves it belongs to the job with the
+ * job token, and from then on small blobs (peer info, connection handles) are
+ * allgathered through rank 0.  Used at setup time only, never on the data path. */
+#ifndef GW_BOOTSTRAP_H
+#define GW_BOOTSTRAP_H
+
+#include <stddef.h>
+
+#include "core.h"
+
+struct gw_bootstrap;
+
+/* Joins the rendezvous at master ("host:port" or "[v6]:port").  Every wait ends
+ * after timeout_s seconds with a message naming who did not answer. */
+gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, const char *master,
+                               const char *token, double timeout_s, struct gw_errctx *err);
+/* all[r * size .. ] = rank r's `mine`, on every rank. */
+gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, void *all, size_t size,
+                                    struct gw_errctx *err);
+gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err);
+void gw__bootstrap_free(struct gw_bootstrap *bs);
+
+/* Splits "host:port" / "[v6]:port"; false when malformed. */
+bool gw__parse_host_port(const char *s, char *host, size_t hostlen, char *port, size_t portlen);
+
+/* The wire format of the hello, exposed for the tests and the fuzzer. */
+#define GW_BOOT_MAGIC 0x31425747u /* "GWB1" */
+#define GW_BOOT_TOKEN_MAX 128
+enum { GW_BOOT_HELLO = 1, GW_BOOT_DATA = 2, GW_BOOT_ERROR = 3 };
+struct gw_boot_frame {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t len; /* payload bytes following */
+};
+struct gw_boot_hello {
+  int32_t rank;
+  int32_t nranks;
+  uint32_t token_len;
+  char token[GW_BOOT_TOKEN_MAX];
+};
+
+#endif

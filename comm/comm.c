@@ -1,0 +1,287 @@
+/* comm.c - communicator lifecycle: reading the launcher's environment, the
+ * rendezvous, building the ring's connections, and teardown.  Also the small
+ * dtype/op helpers of the public API.  The collectives live in enqueue.c and
+ * ring.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "comm.h"
+
+GW_PARAM(ShmSlots, "GW_SHM_SLOTS", 8)
+GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
+
+/* ---- dtype / op helpers ---------------------------------------------------------- */
+static const struct {
+  const char *name;
+  size_t size;
+} dtypes[GW_NUM_DTYPES] = {
+    [GW_INT8] = {"int8", 1},       [GW_UINT8] = {"uint8", 1},       [GW_INT32] = {"int32", 4},
+    [GW_INT64] = {"int64", 8},     [GW_FLOAT16] = {"float16", 2},   [GW_BFLOAT16] = {"bfloat16", 2},
+    [GW_FLOAT32] = {"float32", 4}, [GW_FLOAT64] = {"float64", 8},
+};
+static const char *op_names[GW_NUM_OPS] = {"sum", "prod", "max", "min", "avg"};
+
+size_t gw_dtype_size(gw_dtype_t dt) { return (unsigned)dt < GW_NUM_DTYPES ? dtypes[dt].size : 0; }
+const char *gw_dtype_name(gw_dtype_t dt) { return (unsigned)dt < GW_NUM_DTYPES ? dtypes[dt].name : "?"; }
+const char *gw_op_name(gw_op_t op) { return (unsigned)op < GW_NUM_OPS ? op_names[op] : "?"; }
+
+int gw_dtype_from_name(const char *name) {
+  static const struct {
+    const char *alias;
+    gw_dtype_t dt;
+  } aliases[] = {{"char", GW_INT8},      {"int", GW_INT32},         {"long", GW_INT64},
+                 {"half", GW_FLOAT16},   {"fp16", GW_FLOAT16},      {"bf16", GW_BFLOAT16},
+                 {"float", GW_FLOAT32},  {"fp32", GW_FLOAT32},      {"double", GW_FLOAT64},
+                 {"fp64", GW_FLOAT64}};
+  if (!name) return -1;
+  for (int i = 0; i < GW_NUM_DTYPES; i++)
+    if (!strcasecmp(name, dtypes[i].name)) return i;
+  for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+    if (!strcasecmp(name, aliases[i].alias)) return (int)aliases[i].dt;
+  return -1;
+}
+
+int gw_op_from_name(const char *name) {
+  if (!name) return -1;
+  for (int i = 0; i < GW_NUM_OPS; i++)
+    if (!strcasecmp(name, op_names[i])) return i;
+  return -1;
+}
+
+/* ---- errors ----------------------------------------------------------------------- */
+void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
+  if (!comm) {
+    gw__set_thread_error(msg);
+    return;
+  }
+  pthread_mutex_lock(&comm->err_mu);
+  snprintf(comm->last_error, sizeof comm->last_error, "%s", msg);
+  pthread_mutex_unlock(&comm->err_mu);
+}
+
+const char *gw_comm_last_error(gw_comm_t comm) { return comm ? comm->last_error : gw__thread_error(); }
+
+static gw_result_t init_fail(struct gw_errctx *err, gw_result_t res) {
+  gw__set_thread_error(err->msg);
+  return res;
+}
+
+/* ---- environment ---------------------------------------------------------------- */
+static const char *first_env(const char *const *names) {
+  for (; *names; names++) {
+    const char *v = getenv(*names);
+    if (v && *v) return v;
+  }
+  return NULL;
+}
+
+static bool parse_int(const char *s, long lo, long hi, int *out) {
+  if (!s) return false;
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || v < lo || v > hi) return false;
+  *out = (int)v;
+  return true;
+}
+
+/* The job token: GW_JOB_TOKEN, else an id every rank of the same launch shares. */
+static bool job_token(char *out, size_t len) {
+  const char *t = getenv("GW_JOB_TOKEN");
+  if (t && *t) return snprintf(out, len, "%s", t), true;
+  if ((t = getenv("TORCHELASTIC_RUN_ID")) && *t) return snprintf(out, len, "torchrun:%s", t), true;
+  const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+  if (job && *job) return snprintf(out, len, "slurm:%s.%s", job, step ? step : ""), true;
+  if ((t = getenv("PMIX_NAMESPACE")) && *t) return snprintf(out, len, "pmix:%s", t), true;
+  if ((t = getenv("OMPI_MCA_orte_ess_jobid")) && *t) return snprintf(out, len, "ompi:%s", t), true;
+  return false;
+}
+
+gw_result_t gw_comm_init_env(gw_comm_t *comm) {
+  static const char *const rank_vars[] = {"GW_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", NULL};
+  static const char *const size_vars[] = {"GW_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", NULL};
+  static const char *const addr_vars[] = {"GW_MASTER_ADDR", "MASTER_ADDR", NULL};
+  static const char *const port_vars[] = {"GW_MASTER_PORT", "MASTER_PORT", NULL};
+  struct gw_errctx err = {{0}};
+  if (!comm) return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init_env: comm is NULL"));
+  *comm = NULL;
+  int rank, size;
+  const char *rs = first_env(rank_vars), *ss = first_env(size_vars);
+  if (!rs || !ss)
+    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                   "gw_comm_init_env: no rank / world size in the environment; launch with "
+                                   "gw-run, torchrun, srun or mpirun, or set GW_RANK and GW_WORLD_SIZE"));
+  if (!parse_int(ss, 1, 1 << 20, &size) || !parse_int(rs, 0, size - 1, &rank))
+    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                   "gw_comm_init_env: rank '%s' / world size '%s' from the environment are "
+                                   "not a valid pair (need 0 <= rank < size)", rs, ss));
+  const char *addr = first_env(addr_vars), *port = first_env(port_vars);
+  char master[300] = "";
+  if (size > 1) {
+    if (!addr || !port)
+      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                     "rank %d: no master address; set GW_MASTER_ADDR and GW_MASTER_PORT "
+                                     "(rank 0's host and a free port)", rank));
+    snprintf(master, sizeof master, strchr(addr, ':') && addr[0] != '[' ? "[%s]:%s" : "%s:%s", addr, port);
+  }
+  return gw_comm_init(comm, size, rank, size > 1 ? master : NULL);
+}
+
+/* ---- setup ----------------------------------------------------------------------- */
+static uint64_t fnv1a(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h;
+}
+
+static gw_result_t connect_ring(struct gw_comm *c, struct gw_errctx *err) {
+  struct gw_ring *ring = &c->ring;
+  ring->prev = (c->rank - 1 + c->nranks) % c->nranks;
+  ring->next = (c->rank + 1) % c->nranks;
+  const struct gw_transport *tsend = gw__transport_select(&c->peers[c->rank], &c->peers[ring->next]);
+  const struct gw_transport *trecv = gw__transport_select(&c->peers[c->rank], &c->peers[ring->prev]);
+  if (!tsend || !trecv) {
+    int peer = !tsend ? ring->next : ring->prev;
+    return gw__err(err, GW_ERR_UNSUPPORTED,
+                   "rank %d (%s): no transport connects it with rank %d (%s): this build has shm only, which "
+                   "needs both ranks on one machine%s",
+                   c->rank, c->peers[c->rank].host, peer, c->peers[peer].host,
+                   getenv("GW_TRANSPORT") ? " (GW_TRANSPORT restricts the choice)" : "");
+  }
+  ring->recv = (struct gw_conn){.tp = trecv, .self = c->rank, .peer = ring->prev, .is_send = false};
+  ring->send = (struct gw_conn){.tp = tsend, .self = c->rank, .peer = ring->next, .is_send = true};
+  snprintf(ring->recv.desc, sizeof ring->recv.desc, "ring 0: %d -> %d via %s", ring->prev, c->rank, trecv->name);
+  snprintf(ring->send.desc, sizeof ring->send.desc, "ring 0: %d -> %d via %s", c->rank, ring->next, tsend->name);
+
+  struct gw_conn_handle mine, *all = calloc((size_t)c->nranks, sizeof *all);
+  if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
+  gw_result_t res;
+  GW_CHECK_GOTO(trecv->recv_setup(&ring->recv, &c->conn_params, &mine, err), res, out);
+  GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err), res, out);
+  /* My sends land in my next rank's receive FIFO, whose handle it published. */
+  GW_CHECK_GOTO(tsend->send_connect(&ring->send, &c->conn_params, &all[ring->next], err), res, out);
+  GW_CHECK_GOTO(gw__bootstrap_barrier(c->bs, err), res, out);
+  GW_CHECK_GOTO(trecv->recv_connect(&ring->recv, err), res, out);
+  GW_INFO(GW_SUB_INIT, "%s", ring->send.desc);
+out:
+  free(all);
+  return res;
+}
+
+static void comm_free(struct gw_comm *c) {
+  if (!c) return;
+  gw__conn_close(&c->ring.send);
+  gw__conn_close(&c->ring.recv);
+  gw__bootstrap_free(c->bs);
+  free(c->peers);
+  pthread_cond_destroy(&c->work_cv);
+  pthread_cond_destroy(&c->done_cv);
+  pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->err_mu);
+  free(c);
+}
+
+gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *master) {
+  struct gw_errctx err = {{0}};
+  gw_result_t res;
+  gw__log_init();
+  if (!out) return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init: comm is NULL"));
+  *out = NULL;
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                   "gw_comm_init: rank %d is not valid for %d ranks (need 0 <= rank < nranks)",
+                                   rank, nranks));
+  char token[GW_BOOT_TOKEN_MAX + 16] = "";
+  if (nranks > 1) {
+    if (!master || !*master)
+      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                     "rank %d: gw_comm_init needs the master address (HOST:PORT) for %d ranks",
+                                     rank, nranks));
+    if (!job_token(token, sizeof token))
+      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                     "rank %d: no job token: set GW_JOB_TOKEN to the same secret on every rank "
+                                     "(gw-run does this for you)", rank));
+  }
+  gw__log_set_rank(rank);
+
+  struct gw_comm *c = calloc(1, sizeof *c);
+  if (!c) return init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
+  c->rank = rank;
+  c->nranks = nranks;
+  c->next_seq = 1;
+  c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->err_mu, NULL);
+  pthread_cond_init(&c->work_cv, NULL);
+  pthread_cond_init(&c->done_cv, NULL);
+  int64_t slot_bytes = gw__param_ShmSlotBytes(), nslots = gw__param_ShmSlots();
+  if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64) {
+    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                  "rank %d: GW_SHM_SLOT_BYTES=%lld / GW_SHM_SLOTS=%lld out of range (4 KiB..64 MiB, a multiple of "
+                  "64; 2..64 slots)", rank, (long long)slot_bytes, (long long)nslots);
+    goto fail;
+  }
+  c->conn_params = (struct gw_conn_params){.nslots = (uint32_t)nslots, .slot_bytes = (uint32_t)slot_bytes,
+                                           .job_hash = fnv1a(token)};
+  c->peers = calloc((size_t)nranks, sizeof *c->peers);
+  if (!c->peers) {
+    res = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
+    goto fail;
+  }
+  struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid()};
+  gw__node_id(me.node_id, sizeof me.node_id);
+  if (gethostname(me.host, sizeof me.host) != 0) snprintf(me.host, sizeof me.host, "?");
+  me.host[sizeof me.host - 1] = 0;
+  if (nranks == 1) {
+    c->peers[0] = me;
+  } else {
+    double boot_timeout = gw__env_double("GW_BOOTSTRAP_TIMEOUT", 60.0);
+    GW_CHECK_GOTO(gw__bootstrap_init(&c->bs, rank, nranks, master, token, boot_timeout, &err), res, fail);
+    GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, &me, c->peers, sizeof me, &err), res, fail);
+    for (int r = 0; r < nranks; r++) {
+      if (c->peers[r].rank != r) {
+        res = gw__err(&err, GW_ERR_REMOTE, "rank %d: rendezvous returned a garbled table (slot %d says rank %d)",
+                      rank, r, c->peers[r].rank);
+        goto fail;
+      }
+      c->peers[r].node_id[sizeof c->peers[r].node_id - 1] = 0;
+      c->peers[r].host[sizeof c->peers[r].host - 1] = 0;
+      if (r < rank && !strcmp(c->peers[r].node_id, me.node_id)) c->local_rank++;
+    }
+    GW_CHECK_GOTO(connect_ring(c, &err), res, fail);
+  }
+  GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
+          gw__reduce_simd_name());
+  *out = c;
+  return GW_SUCCESS;
+fail:
+  comm_free(c);
+  return init_fail(&err, res);
+}
+
+gw_result_t gw_comm_destroy(gw_comm_t comm) {
+  if (!comm) return GW_SUCCESS;
+  gw__progress_stop(comm);
+  comm_free(comm);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
+  if (!comm || !rank) return GW_ERR_INVALID_ARGUMENT;
+  *rank = comm->rank;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_size(gw_comm_t comm, int *size) {
+  if (!comm || !size) return GW_ERR_INVALID_ARGUMENT;
+  *size = comm->nranks;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds) {
+  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  comm->timeout_s = seconds > 0 ? seconds : 0;
+  return GW_SUCCESS;
+}

@@ -1,0 +1,81 @@
+/* comm.h - the communicator's internal state, shared by comm.c (lifecycle),
+ * enqueue.c (API entry points, progress thread), prims.c and ring.c (the
+ * algorithms).  Not installed. */
+#ifndef GW_COMM_H
+#define GW_COMM_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "bootstrap.h"
+#include "core.h"
+#include "reduce.h"
+#include "transport.h"
+
+enum gw_coll {
+  GW_COLL_ALLREDUCE = 1,
+  GW_COLL_BROADCAST = 2,
+  GW_COLL_ALLGATHER = 3,
+  GW_COLL_REDUCE_SCATTER = 4,
+  GW_COLL_BARRIER = 5,
+};
+const char *gw__coll_name(int coll);
+
+/* One operation as the algorithms see it. */
+struct gw_op {
+  struct gw_opdesc desc; /* seq, count, root, coll, dtype, op */
+  const void *sendbuf;
+  void *recvbuf;
+};
+
+/* A ring: this rank receives from prev and sends to next. */
+struct gw_ring {
+  int prev, next;
+  struct gw_conn send; /* to next */
+  struct gw_conn recv; /* from prev */
+};
+
+struct gw_request {
+  struct gw_request *next; /* queue link */
+  struct gw_comm *comm;
+  struct gw_op op;
+  _Atomic int done;
+  gw_result_t result;
+};
+
+struct gw_comm {
+  int rank, nranks, local_rank;
+  double timeout_s; /* every wait on the data path */
+  struct gw_bootstrap *bs;
+  struct gw_peer_info *peers; /* [nranks] */
+  struct gw_ring ring;
+  struct gw_conn_params conn_params;
+
+  /* Operations run one at a time, in call order: inline on the caller's thread
+   * when nothing is queued, else on the progress thread. */
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv, done_cv;
+  struct gw_request *q_head, *q_tail;
+  bool busy, shutdown, thread_started;
+  pthread_t thread;
+  uint64_t next_seq;
+
+  /* Once an operation fails the ring may hold half-sent chunks, so the
+   * communicator refuses further operations with the first failure's code. */
+  _Atomic int failed;
+  pthread_mutex_t err_mu;
+  char last_error[GW_ERRMSG_MAX];
+};
+
+/* Runs one operation to completion (any thread; the caller serializes). */
+gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+/* Ring algorithms (ring.c). */
+gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+
+/* Records msg as the communicator's last error. */
+void gw__comm_set_error(struct gw_comm *comm, const char *msg);
+
+/* Called by gw_comm_destroy: drains the queue and stops the progress thread. */
+void gw__progress_stop(struct gw_comm *comm);
+
+#endif

@@ -1,0 +1,128 @@
+/* core.h - internal definitions shared by comm/ and transport/: logging, tunables,
+ * error reporting, timing and the waiting policy.  Not installed; users see only
+ * gradwire.h. */
+#ifndef GW_CORE_H
+#define GW_CORE_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gradwire.h"
+
+/* ---- logging: GW_DEBUG=WARN|INFO|TRACE, GW_DEBUG_SUBSYS=INIT,BOOT,SHM,COLL,... */
+enum gw_log_level { GW_LOG_NONE = 0, GW_LOG_WARN = 1, GW_LOG_INFO = 2, GW_LOG_TRACE = 3 };
+enum gw_subsys {
+  GW_SUB_INIT = 1u << 0,
+  GW_SUB_BOOT = 1u << 1,
+  GW_SUB_SHM = 1u << 2,
+  GW_SUB_COLL = 1u << 3,
+  GW_SUB_PROXY = 1u << 4, /* the progress thread */
+  GW_SUB_ENV = 1u << 5,
+  GW_SUB_ALL = ~0u
+};
+
+extern int gw__log_level; /* set once by gw__log_init */
+void gw__log_init(void);
+void gw__log(int level, unsigned subsys, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* The rank printed in log lines of this process (-1 before a communicator exists). */
+void gw__log_set_rank(int rank);
+
+#define GW_WARN(sub, ...) gw__log(GW_LOG_WARN, (sub), __FILE__, __LINE__, __VA_ARGS__)
+#define GW_INFO(sub, ...)                                                            \
+  do {                                                                               \
+    if (gw__log_level >= GW_LOG_INFO) gw__log(GW_LOG_INFO, (sub), __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+#define GW_TRACE(sub, ...)                                                           \
+  do {                                                                               \
+    if (gw__log_level >= GW_LOG_TRACE) gw__log(GW_LOG_TRACE, (sub), __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+
+/* Propagates a failure and leaves a trail at TRACE level (file:line -> code). */
+#define GW_CHECK(call)                                                               \
+  do {                                                                               \
+    gw_result_t gw_check_res_ = (call);                                              \
+    if (gw_check_res_ != GW_SUCCESS) {                                               \
+      GW_TRACE(GW_SUB_ALL, "%s:%d -> %d", __FILE__, __LINE__, (int)gw_check_res_);   \
+      return gw_check_res_;                                                          \
+    }                                                                                \
+  } while (0)
+/* Same, but jumps to a cleanup label after storing the code in `res`. */
+#define GW_CHECK_GOTO(call, res, label)                                              \
+  do {                                                                               \
+    (res) = (call);                                                                  \
+    if ((res) != GW_SUCCESS) {                                                       \
+      GW_TRACE(GW_SUB_ALL, "%s:%d -> %d", __FILE__, __LINE__, (int)(res));           \
+      goto label;                                                                    \
+    }                                                                                \
+  } while (0)
+
+/* ---- error messages ---------------------------------------------------------
+ * An error context collects the detailed message of a failure.  Library code
+ * fills it with gw__err(), which also logs it at WARN; the API layer copies it
+ * into the communicator (gw_comm_last_error). */
+#define GW_ERRMSG_MAX 512
+struct gw_errctx {
+  char msg[GW_ERRMSG_MAX];
+};
+/* Formats the message into ctx (may be NULL: then only logged) and returns code. */
+gw_result_t gw__err(struct gw_errctx *ctx, gw_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Thread-local message for failures with no communicator (init). */
+void gw__set_thread_error(const char *msg);
+const char *gw__thread_error(void);
+
+/* ---- tunables: environment variables read once ------------------------------ */
+int64_t gw__env_int(const char *name, int64_t dflt);
+double gw__env_double(const char *name, double dflt);
+const char *gw__env_str(const char *name, const char *dflt);
+/* GW_PARAM(Foo, "GW_FOO", 42) defines `int64_t gw__param_Foo(void)` that reads the
+ * variable on the first call and caches it, as NCCL_PARAM does. */
+#define GW_PARAM(fname, env, dflt)                                                   \
+  static inline int64_t gw__param_##fname(void) {                                    \
+    static _Atomic int64_t cached_ = INT64_MIN;                                      \
+    int64_t v_ = atomic_load_explicit(&cached_, memory_order_relaxed);               \
+    if (v_ == INT64_MIN) {                                                           \
+      v_ = gw__env_int(env, dflt);                                                   \
+      atomic_store_explicit(&cached_, v_, memory_order_relaxed);                     \
+    }                                                                                \
+    return v_;                                                                       \
+  }
+
+/* ---- time and waiting ---------------------------------------------------------- */
+double gw__now(void); /* monotonic seconds */
+
+/* The waiting policy for every poll loop in the runtime: spin with a pause for a
+ * short while, then sched_yield, then sleep with growing intervals (up to 100 us),
+ * so that more ranks than cores still make progress.  `deadline` is an absolute
+ * gw__now() time, or 0 for none. */
+struct gw_waiter {
+  uint32_t iter;
+  double start;
+  double deadline;
+};
+void gw__waiter_init(struct gw_waiter *w, double timeout_s);
+/* One back-off step.  Returns false once the deadline has passed. */
+bool gw__waiter_pause(struct gw_waiter *w);
+
+static inline void gw__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- misc -------------------------------------------------------------------- */
+#define GW_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define GW_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define GW_DIV_UP(a, b) (((a) + (b)-1) / (b))
+#define GW_ALIGN_UP(a, b) (GW_DIV_UP(a, b) * (b))
+#define GW_CACHELINE 64
+
+/* Host name plus boot id: ranks with the same node id share a machine. */
+void gw__node_id(char *out, size_t len);
+
+#endif /* GW_CORE_H */

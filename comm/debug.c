@@ -1,0 +1,219 @@
+/* debug.c - logging, error messages, environment tunables, clocks and the waiting
+ * policy used by every poll loop.  No communication happens here. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core.h"
+
+int gw__log_level = GW_LOG_WARN;
+static unsigned log_subsys = GW_SUB_ALL;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static _Atomic int log_rank = -1;
+static char log_host[64];
+static pthread_mutex_t log_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static const struct {
+  const char *name;
+  unsigned bit;
+} subsys_names[] = {{"INIT", GW_SUB_INIT}, {"BOOT", GW_SUB_BOOT}, {"SHM", GW_SUB_SHM},
+                    {"COLL", GW_SUB_COLL}, {"PROXY", GW_SUB_PROXY}, {"ENV", GW_SUB_ENV},
+                    {"ALL", GW_SUB_ALL}};
+
+static void log_init_once(void) {
+  const char *lvl = getenv("GW_DEBUG");
+  if (lvl) {
+    if (!strcasecmp(lvl, "NONE")) gw__log_level = GW_LOG_NONE;
+    else if (!strcasecmp(lvl, "WARN")) gw__log_level = GW_LOG_WARN;
+    else if (!strcasecmp(lvl, "INFO")) gw__log_level = GW_LOG_INFO;
+    else if (!strcasecmp(lvl, "TRACE")) gw__log_level = GW_LOG_TRACE;
+    else fprintf(stderr, "gradwire: GW_DEBUG=%s is not one of NONE, WARN, INFO, TRACE; using WARN\n", lvl);
+  }
+  /* GW_DEBUG_SUBSYS=INIT,COLL selects; a leading ^ excludes (NCCL's syntax). */
+  const char *sub = getenv("GW_DEBUG_SUBSYS");
+  if (sub && *sub) {
+    bool invert = sub[0] == '^';
+    unsigned mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", sub + (invert ? 1 : 0));
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+      bool found = false;
+      for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
+        if (!strcasecmp(tok, subsys_names[i].name)) {
+          mask |= subsys_names[i].bit;
+          found = true;
+        }
+      if (!found) fprintf(stderr, "gradwire: GW_DEBUG_SUBSYS: unknown subsystem '%s'\n", tok);
+    }
+    log_subsys = invert ? ~mask : mask;
+  }
+  if (gethostname(log_host, sizeof log_host) != 0) snprintf(log_host, sizeof log_host, "?");
+  log_host[sizeof log_host - 1] = 0;
+  char *dot = strchr(log_host, '.');
+  if (dot) *dot = 0;
+}
+
+void gw__log_init(void) { pthread_once(&log_once, log_init_once); }
+
+void gw__log_set_rank(int rank) { atomic_store(&log_rank, rank); }
+
+void gw__log(int level, unsigned subsys, const char *file, int line, const char *fmt, ...) {
+  gw__log_init();
+  if (level > gw__log_level) return;
+  /* Warnings always print; finer levels are filtered by subsystem. */
+  if (level > GW_LOG_WARN && !(subsys & log_subsys)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const char *lname = level == GW_LOG_WARN ? "WARN" : level == GW_LOG_INFO ? "INFO" : "TRACE";
+  pthread_mutex_lock(&log_mutex);
+  if (level == GW_LOG_TRACE)
+    fprintf(stderr, "%s:%d:%d [gradwire] %s %s:%d %s\n", log_host, (int)getpid(),
+            atomic_load(&log_rank), lname, file, line, msg);
+  else
+    fprintf(stderr, "%s:%d:%d [gradwire] %s %s\n", log_host, (int)getpid(), atomic_load(&log_rank),
+            lname, msg);
+  fflush(stderr);
+  pthread_mutex_unlock(&log_mutex);
+}
+
+/* ---- errors ------------------------------------------------------------------ */
+static _Thread_local char thread_err[GW_ERRMSG_MAX];
+
+gw_result_t gw__err(struct gw_errctx *ctx, gw_result_t code, const char *fmt, ...) {
+  char buf[GW_ERRMSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (ctx) snprintf(ctx->msg, sizeof ctx->msg, "%s", buf);
+  gw__log(GW_LOG_WARN, GW_SUB_ALL, __FILE__, __LINE__, "%s (%s)", buf, gw_strerror(code));
+  return code;
+}
+
+void gw__set_thread_error(const char *msg) { snprintf(thread_err, sizeof thread_err, "%s", msg); }
+const char *gw__thread_error(void) { return thread_err; }
+
+const char *gw_strerror(gw_result_t r) {
+  switch (r) {
+    case GW_SUCCESS: return "success";
+    case GW_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case GW_ERR_SYSTEM: return "system error";
+    case GW_ERR_TIMEOUT: return "timeout";
+    case GW_ERR_REMOTE: return "remote (peer) failure";
+    case GW_ERR_INTERNAL: return "internal error";
+    case GW_ERR_UNSUPPORTED: return "unsupported";
+    case GW_ERR_CUDA: return "CUDA error";
+    case GW_INPROGRESS: return "in progress";
+  }
+  return "unknown result code";
+}
+
+/* ---- environment ----------------------------------------------------------------- */
+int64_t gw__env_int(const char *name, int64_t dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 0);
+  /* Accept K/M/G suffixes (powers of 1024) since most tunables are sizes. */
+  if (end && *end) {
+    long long mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1LL << 10;
+    else if (*end == 'm' || *end == 'M') mul = 1LL << 20;
+    else if (*end == 'g' || *end == 'G') mul = 1LL << 30;
+    if (mul != 1 && end[1] == 0) {
+      v *= mul;
+      end++;
+    }
+  }
+  if (errno || end == s || *end) {
+    GW_WARN(GW_SUB_ENV, "%s=%s is not an integer; using the default %lld", name, s, (long long)dflt);
+    return dflt;
+  }
+  GW_INFO(GW_SUB_ENV, "%s set to %lld", name, v);
+  return v;
+}
+
+double gw__env_double(const char *name, double dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || *end) {
+    GW_WARN(GW_SUB_ENV, "%s=%s is not a number; using the default %g", name, s, dflt);
+    return dflt;
+  }
+  GW_INFO(GW_SUB_ENV, "%s set to %g", name, v);
+  return v;
+}
+
+const char *gw__env_str(const char *name, const char *dflt) {
+  const char *s = getenv(name);
+  return (s && *s) ? s : dflt;
+}
+
+/* ---- time and waiting ----------------------------------------------------------- */
+double gw__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void gw__waiter_init(struct gw_waiter *w, double timeout_s) {
+  w->iter = 0;
+  w->start = 0;
+  w->deadline = timeout_s > 0 ? timeout_s : 0; /* made absolute on the first slow pause */
+}
+
+/* Spin iterations before yielding, yields before sleeping.  With as many ranks as
+ * cores the spin phase catches almost every handoff; with more ranks than cores
+ * the yield lets the peer we wait for run. */
+#define SPIN_ITERS 2000
+#define YIELD_ITERS 200
+
+bool gw__waiter_pause(struct gw_waiter *w) {
+  uint32_t it = w->iter++;
+  if (it < SPIN_ITERS) {
+    gw__cpu_relax();
+    return true;
+  }
+  if (it == SPIN_ITERS) {
+    w->start = gw__now();
+    if (w->deadline > 0) w->deadline += w->start;
+  }
+  if (it < SPIN_ITERS + YIELD_ITERS) {
+    sched_yield();
+  } else {
+    uint32_t k = it - SPIN_ITERS - YIELD_ITERS;
+    long ns = k < 64 ? 2000 : k < 1024 ? 20000 : 100000;
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+  }
+  if (w->deadline > 0 && (it & 31) == 0 && gw__now() > w->deadline) return false;
+  return true;
+}
+
+/* ---- node identity ------------------------------------------------------------- */
+void gw__node_id(char *out, size_t len) {
+  char host[128] = "?";
+  if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+  host[sizeof host - 1] = 0;
+  char boot[64] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+    fclose(f);
+    boot[strcspn(boot, "\n")] = 0;
+  }
+  snprintf(out, len, "%s/%s", host, boot);
+}

@@ -1,0 +1,288 @@
+/* enqueue.c - the collective entry points: argument checks, sequence numbers,
+ * and the execution of operations one at a time in call order, either inline on
+ * the caller's thread (a blocking call with nothing queued) or on the
+ * communicator's progress thread (non-blocking calls and anything queued behind
+ * them).  The progress thread starts with the first non-blocking call, so
+ * blocking-only users never pay for it.  The algorithms live in ring.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+
+gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  int failed = atomic_load(&comm->failed);
+  if (failed)
+    return gw__err(err, (gw_result_t)failed,
+                   "rank %d: the communicator failed in an earlier operation and cannot run more; "
+                   "destroy it and make a new one (first error: %.300s)", comm->rank, comm->last_error);
+  gw_result_t res = gw__ring_run(comm, op, err);
+  if (res != GW_SUCCESS) {
+    gw__comm_set_error(comm, err->msg);
+    int expected = 0;
+    atomic_compare_exchange_strong(&comm->failed, &expected, (int)res);
+  }
+  return res;
+}
+
+/* ---- progress thread ------------------------------------------------------------- */
+static void *progress_main(void *arg) {
+  struct gw_comm *comm = arg;
+  gw__log_set_rank(comm->rank);
+  pthread_mutex_lock(&comm->mu);
+  for (;;) {
+    while (!comm->shutdown && (comm->q_head == NULL || comm->busy)) pthread_cond_wait(&comm->work_cv, &comm->mu);
+    if (comm->q_head == NULL) break; /* shutdown with nothing left */
+    struct gw_request *req = comm->q_head;
+    comm->q_head = req->next;
+    if (!comm->q_head) comm->q_tail = NULL;
+    comm->busy = true;
+    pthread_mutex_unlock(&comm->mu);
+
+    struct gw_errctx err = {{0}};
+    req->result = gw__run_op(comm, &req->op, &err);
+    atomic_store_explicit(&req->done, 1, memory_order_release);
+
+    pthread_mutex_lock(&comm->mu);
+    comm->busy = false;
+    pthread_cond_broadcast(&comm->done_cv);
+  }
+  pthread_mutex_unlock(&comm->mu);
+  return NULL;
+}
+
+void gw__progress_stop(struct gw_comm *comm) {
+  pthread_mutex_lock(&comm->mu);
+  comm->shutdown = true;
+  pthread_cond_broadcast(&comm->work_cv);
+  bool started = comm->thread_started;
+  pthread_mutex_unlock(&comm->mu);
+  if (started) pthread_join(comm->thread, NULL);
+}
+
+/* ---- argument checks --------------------------------------------------------------- */
+static gw_result_t bad_arg(struct gw_comm *comm, const char *fmt, const char *fn, const char *detail) {
+  char msg[GW_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, fmt, comm ? comm->rank : -1, fn, detail);
+  struct gw_errctx err;
+  gw_result_t res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "%s", msg);
+  gw__comm_set_error(comm, err.msg);
+  return res;
+}
+
+static gw_result_t check_args(struct gw_comm *comm, const char *fn, const struct gw_op *op, void *stream,
+                              size_t send_elems, size_t recv_elems) {
+  char detail[200];
+  if (!comm) return bad_arg(NULL, "rank %d: %s: %s", fn, "comm is NULL (was gw_comm_init successful?)");
+  if (stream)
+    return bad_arg(comm, "rank %d: %s: %s", fn,
+                   "a CUDA stream was given, but this gradwire has host-memory collectives only; "
+                   "pass stream = NULL with host buffers");
+  if (op->desc.coll != GW_COLL_BARRIER && (unsigned)op->desc.dtype >= GW_NUM_DTYPES) {
+    snprintf(detail, sizeof detail, "unknown dtype %d", (int)op->desc.dtype);
+    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
+  }
+  if ((op->desc.coll == GW_COLL_ALLREDUCE || op->desc.coll == GW_COLL_REDUCE_SCATTER) &&
+      (unsigned)op->desc.op >= GW_NUM_OPS) {
+    snprintf(detail, sizeof detail, "unknown reduction op %d", (int)op->desc.op);
+    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
+  }
+  if (op->desc.coll == GW_COLL_BROADCAST && (op->desc.root < 0 || op->desc.root >= comm->nranks)) {
+    snprintf(detail, sizeof detail, "root %d is not a rank of this %d-rank communicator", op->desc.root, comm->nranks);
+    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
+  }
+  size_t es = gw_dtype_size((gw_dtype_t)op->desc.dtype);
+  if (op->desc.count > (SIZE_MAX / 2) / (es ? es : 1) / (size_t)comm->nranks) {
+    snprintf(detail, sizeof detail, "count %llu is too large", (unsigned long long)op->desc.count);
+    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
+  }
+  if (send_elems > 0 && op->sendbuf == NULL) return bad_arg(comm, "rank %d: %s: %s", fn, "sendbuf is NULL with count > 0");
+  if (recv_elems > 0 && op->recvbuf == NULL) return bad_arg(comm, "rank %d: %s: %s", fn, "recvbuf is NULL with count > 0");
+  /* Partial overlap of send and receive buffers would corrupt data silently. */
+  if (send_elems && recv_elems && op->sendbuf != op->recvbuf) {
+    const char *s = op->sendbuf, *r = op->recvbuf;
+    size_t sb = send_elems * es, rb = recv_elems * es;
+    bool overlap = s < r + rb && r < s + sb;
+    bool in_place = false;
+    if (op->desc.coll == GW_COLL_ALLGATHER) in_place = s == r + (size_t)comm->rank * sb;
+    if (op->desc.coll == GW_COLL_REDUCE_SCATTER) in_place = r == s + (size_t)comm->rank * rb;
+    if (overlap && !in_place)
+      return bad_arg(comm, "rank %d: %s: %s", fn,
+                     "send and receive buffers overlap without being the in-place layout");
+  }
+  return GW_SUCCESS;
+}
+
+/* ---- execution --------------------------------------------------------------------- */
+static gw_result_t wait_request(struct gw_comm *comm, struct gw_request *req) {
+  for (int i = 0; i < 4000; i++) {
+    if (atomic_load_explicit(&req->done, memory_order_acquire)) return req->result;
+    gw__cpu_relax();
+  }
+  pthread_mutex_lock(&comm->mu);
+  while (!atomic_load_explicit(&req->done, memory_order_acquire)) pthread_cond_wait(&comm->done_cv, &comm->mu);
+  pthread_mutex_unlock(&comm->mu);
+  return req->result;
+}
+
+static gw_result_t start_thread_locked(struct gw_comm *comm) {
+  if (comm->thread_started) return GW_SUCCESS;
+  if (pthread_create(&comm->thread, NULL, progress_main, comm) != 0) {
+    struct gw_errctx err;
+    gw__err(&err, GW_ERR_SYSTEM, "rank %d: cannot start the progress thread", comm->rank);
+    gw__comm_set_error(comm, err.msg);
+    return GW_ERR_SYSTEM;
+  }
+  comm->thread_started = true;
+  return GW_SUCCESS;
+}
+
+/* Blocking: runs inline when nothing is queued or running, else queues and waits.
+ * Non-blocking (reqp != NULL): queues for the progress thread. */
+static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
+  pthread_mutex_lock(&comm->mu);
+  if (!reqp && !comm->busy && comm->q_head == NULL) {
+    op->desc.seq = comm->next_seq++;
+    comm->busy = true;
+    pthread_mutex_unlock(&comm->mu);
+    struct gw_errctx err = {{0}};
+    gw_result_t res = gw__run_op(comm, op, &err);
+    pthread_mutex_lock(&comm->mu);
+    comm->busy = false;
+    if (comm->q_head) pthread_cond_signal(&comm->work_cv);
+    pthread_mutex_unlock(&comm->mu);
+    return res;
+  }
+  struct gw_request *req = calloc(1, sizeof *req);
+  if (!req) {
+    pthread_mutex_unlock(&comm->mu);
+    return GW_ERR_SYSTEM;
+  }
+  gw_result_t res = start_thread_locked(comm);
+  if (res != GW_SUCCESS) {
+    pthread_mutex_unlock(&comm->mu);
+    free(req);
+    return res;
+  }
+  op->desc.seq = comm->next_seq++;
+  req->op = *op;
+  req->comm = comm;
+  if (comm->q_tail) comm->q_tail->next = req;
+  else comm->q_head = req;
+  comm->q_tail = req;
+  pthread_cond_signal(&comm->work_cv);
+  pthread_mutex_unlock(&comm->mu);
+  if (reqp) {
+    *reqp = req;
+    return GW_SUCCESS;
+  }
+  res = wait_request(comm, req);
+  free(req);
+  return res;
+}
+
+static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream,
+                          size_t send_elems, size_t recv_elems, gw_request_t *reqp, bool nonblocking) {
+  if (nonblocking && !reqp) return bad_arg(comm, "rank %d: %s: %s", fn, "the request pointer is NULL");
+  if (reqp) *reqp = NULL;
+  GW_CHECK(check_args(comm, fn, op, stream, send_elems, recv_elems));
+  return submit(comm, op, reqp);
+}
+
+#define NOARG
+#define REQARG , gw_request_t *req
+#define OPDESC(COLL, COUNT, DT, OP, ROOT) \
+  {.desc = {.count = (COUNT), .root = (ROOT), .coll = (COLL), .dtype = (uint8_t)(DT), .op = (uint8_t)(OP)}}
+
+static size_t nranks_of(gw_comm_t comm) { return comm ? (size_t)comm->nranks : 1; }
+
+#define DEFINE_ALLREDUCE(NAME, REQ_PARAM, REQ, NB)                                                      \
+  gw_result_t NAME(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,     \
+                   gw_comm_t comm, void *stream REQ_PARAM) {                                          \
+    struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, dtype, op, -1);                                 \
+    o.sendbuf = sendbuf;                                                                              \
+    o.recvbuf = recvbuf;                                                                              \
+    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
+    if ((unsigned)op >= GW_NUM_OPS) o.desc.op = 0xff;                                                 \
+    return launch(comm, #NAME, &o, stream, count, count, REQ, NB);                                    \
+  }
+DEFINE_ALLREDUCE(gw_allreduce, NOARG, NULL, false)
+DEFINE_ALLREDUCE(gw_iallreduce, REQARG, req, true)
+
+#define DEFINE_BROADCAST(NAME, REQ_PARAM, REQ, NB)                                                      \
+  gw_result_t NAME(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, int root,       \
+                   gw_comm_t comm, void *stream REQ_PARAM) {                                          \
+    struct gw_op o = OPDESC(GW_COLL_BROADCAST, count, dtype, 0, root);                                \
+    o.sendbuf = sendbuf;                                                                              \
+    o.recvbuf = recvbuf;                                                                              \
+    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
+    bool is_root = comm && comm->rank == root;                                                        \
+    return launch(comm, #NAME, &o, stream, is_root ? count : 0, count, REQ, NB);                      \
+  }
+DEFINE_BROADCAST(gw_broadcast, NOARG, NULL, false)
+DEFINE_BROADCAST(gw_ibroadcast, REQARG, req, true)
+
+#define DEFINE_ALLGATHER(NAME, REQ_PARAM, REQ, NB)                                                      \
+  gw_result_t NAME(const void *sendbuf, void *recvbuf, size_t sendcount, gw_dtype_t dtype,             \
+                   gw_comm_t comm, void *stream REQ_PARAM) {                                          \
+    struct gw_op o = OPDESC(GW_COLL_ALLGATHER, sendcount, dtype, 0, -1);                              \
+    o.sendbuf = sendbuf;                                                                              \
+    o.recvbuf = recvbuf;                                                                              \
+    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
+    return launch(comm, #NAME, &o, stream, sendcount, sendcount * nranks_of(comm), REQ, NB);          \
+  }
+DEFINE_ALLGATHER(gw_allgather, NOARG, NULL, false)
+DEFINE_ALLGATHER(gw_iallgather, REQARG, req, true)
+
+#define DEFINE_REDUCE_SCATTER(NAME, REQ_PARAM, REQ, NB)                                                 \
+  gw_result_t NAME(const void *sendbuf, void *recvbuf, size_t recvcount, gw_dtype_t dtype, gw_op_t op, \
+                   gw_comm_t comm, void *stream REQ_PARAM) {                                          \
+    struct gw_op o = OPDESC(GW_COLL_REDUCE_SCATTER, recvcount, dtype, op, -1);                        \
+    o.sendbuf = sendbuf;                                                                              \
+    o.recvbuf = recvbuf;                                                                              \
+    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
+    if ((unsigned)op >= GW_NUM_OPS) o.desc.op = 0xff;                                                 \
+    return launch(comm, #NAME, &o, stream, recvcount * nranks_of(comm), recvcount, REQ, NB);          \
+  }
+DEFINE_REDUCE_SCATTER(gw_reduce_scatter, NOARG, NULL, false)
+DEFINE_REDUCE_SCATTER(gw_ireduce_scatter, REQARG, req, true)
+
+gw_result_t gw_barrier(gw_comm_t comm) {
+  struct gw_op o = OPDESC(GW_COLL_BARRIER, 0, GW_INT8, GW_SUM, -1);
+  return launch(comm, "gw_barrier", &o, NULL, 0, 0, NULL, false);
+}
+
+gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req) {
+  struct gw_op o = OPDESC(GW_COLL_BARRIER, 0, GW_INT8, GW_SUM, -1);
+  return launch(comm, "gw_ibarrier", &o, NULL, 0, 0, req, true);
+}
+
+/* ---- requests ----------------------------------------------------------------------- */
+gw_result_t gw_wait(gw_request_t *reqp) {
+  if (!reqp) return GW_ERR_INVALID_ARGUMENT;
+  struct gw_request *req = *reqp;
+  if (!req) return GW_SUCCESS;
+  /* No deadline here: the operation itself enforces GW_TIMEOUT. */
+  gw_result_t res = wait_request(req->comm, req);
+  free(req);
+  *reqp = NULL;
+  return res;
+}
+
+gw_result_t gw_test(gw_request_t *reqp, int *done) {
+  if (!reqp || !done) return GW_ERR_INVALID_ARGUMENT;
+  struct gw_request *req = *reqp;
+  if (!req) {
+    *done = 1;
+    return GW_SUCCESS;
+  }
+  if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+    *done = 0;
+    return GW_SUCCESS;
+  }
+  *done = 1;
+  gw_result_t res = req->result;
+  free(req);
+  *reqp = NULL;
+  return res;
+}

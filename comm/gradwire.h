@@ -1,0 +1,139 @@
+/* gradwire.h - the public API of gradwire, a gradient-communication runtime.
+ *
+ * Shaped like NCCL's API so code written for NCCL ports with a rename: the
+ * collectives take (send, recv, count, dtype, [op|root], comm, stream) in the order
+ * of ncclAllReduce, ncclBroadcast, ncclAllGather and ncclReduceScatter.  A NULL
+ * stream means host buffers and a blocking call.  The non-blocking forms
+ * (gw_i...) take a request pointer last and complete through gw_wait / gw_test.
+ *
+ * Every function returns a gw_result_t; gw_comm_last_error() gives the detailed
+ * message of the last failure (which rank, which peer, what to try).
+ */
+#ifndef GRADWIRE_H
+#define GRADWIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GW_VERSION_MAJOR 0
+#define GW_VERSION_MINOR 1
+#define GW_VERSION_PATCH 0
+
+typedef enum {
+  GW_SUCCESS = 0,
+  GW_ERR_INVALID_ARGUMENT = 1, /* bad argument, or calls that differ across ranks */
+  GW_ERR_SYSTEM = 2,           /* a system call failed (socket, mmap, fork, ...) */
+  GW_ERR_TIMEOUT = 3,          /* a deadline passed (GW_TIMEOUT, bootstrap deadline) */
+  GW_ERR_REMOTE = 4,           /* a peer failed, disconnected or sent garbage */
+  GW_ERR_INTERNAL = 5,         /* a bug in gradwire: please report it */
+  GW_ERR_UNSUPPORTED = 6,      /* not available in this build or on this system */
+  GW_ERR_CUDA = 7,             /* a CUDA call failed */
+  GW_INPROGRESS = 8            /* gw_test: the operation has not finished yet */
+} gw_result_t;
+
+typedef enum {
+  GW_INT8 = 0,
+  GW_UINT8 = 1,
+  GW_INT32 = 2,
+  GW_INT64 = 3,
+  GW_FLOAT16 = 4,
+  GW_BFLOAT16 = 5,
+  GW_FLOAT32 = 6,
+  GW_FLOAT64 = 7,
+  GW_NUM_DTYPES = 8
+} gw_dtype_t;
+
+typedef enum {
+  GW_SUM = 0,
+  GW_PROD = 1,
+  GW_MAX = 2,
+  GW_MIN = 3,
+  GW_AVG = 4, /* SUM, then one division by the number of ranks */
+  GW_NUM_OPS = 5
+} gw_op_t;
+
+typedef struct gw_comm *gw_comm_t;
+typedef struct gw_request *gw_request_t;
+
+/* ---- communicator lifecycle ---------------------------------------------- */
+
+/* Rank, world size and master address from the environment: GW_RANK /
+ * GW_WORLD_SIZE / GW_LOCAL_RANK / GW_MASTER_ADDR / GW_MASTER_PORT, else the
+ * names torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
+ * Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or Open MPI
+ * (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK) set. */
+gw_result_t gw_comm_init_env(gw_comm_t *comm);
+
+/* master_host_port: "host:port" where rank 0 serves the rendezvous. */
+gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *master_host_port);
+
+/* Frees everything the communicator holds; accepts NULL. */
+gw_result_t gw_comm_destroy(gw_comm_t comm);
+
+gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);
+gw_result_t gw_comm_size(gw_comm_t comm, int *size);
+
+/* Per-communicator deadline for every blocking wait, in seconds (default
+ * GW_TIMEOUT, 300 s).  0 or negative means wait forever. */
+gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds);
+
+const char *gw_strerror(gw_result_t result);
+
+/* The detailed message of the last failure on comm; with comm == NULL, of the
+ * last failure of this thread that had no communicator (e.g. gw_comm_init).
+ * The string stays valid until the next failure on the same communicator. */
+const char *gw_comm_last_error(gw_comm_t comm);
+
+/* ---- collectives ---------------------------------------------------------- */
+/* stream: NULL for host buffers (the call blocks until done).  In place when
+ * sendbuf == recvbuf (allgather: sendbuf == recvbuf + rank * sendcount elements;
+ * reduce-scatter: recvbuf == sendbuf + rank * recvcount elements). */
+
+gw_result_t gw_allreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
+                         gw_op_t op, gw_comm_t comm, void *stream);
+gw_result_t gw_broadcast(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
+                         int root, gw_comm_t comm, void *stream);
+/* recvbuf holds nranks * sendcount elements, rank r's contribution at r * sendcount. */
+gw_result_t gw_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                         gw_dtype_t dtype, gw_comm_t comm, void *stream);
+/* sendbuf holds nranks * recvcount elements; rank r receives block r, reduced. */
+gw_result_t gw_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                              gw_dtype_t dtype, gw_op_t op, gw_comm_t comm, void *stream);
+gw_result_t gw_barrier(gw_comm_t comm);
+
+/* Non-blocking forms: the operation runs on the communicator's progress thread in
+ * call order; the buffers must stay untouched until gw_wait / gw_test says done. */
+gw_result_t gw_iallreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
+                          gw_op_t op, gw_comm_t comm, void *stream, gw_request_t *req);
+gw_result_t gw_ibroadcast(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
+                          int root, gw_comm_t comm, void *stream, gw_request_t *req);
+gw_result_t gw_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                          gw_dtype_t dtype, gw_comm_t comm, void *stream, gw_request_t *req);
+gw_result_t gw_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                               gw_dtype_t dtype, gw_op_t op, gw_comm_t comm, void *stream,
+                               gw_request_t *req);
+gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req);
+
+/* Waits for *req, frees it and sets *req = NULL; returns the operation's result.
+ * A NULL *req returns GW_SUCCESS at once. */
+gw_result_t gw_wait(gw_request_t *req);
+/* Sets *done.  When done, frees *req, sets it to NULL and returns the operation's
+ * result; otherwise returns GW_SUCCESS and leaves *req alone. */
+gw_result_t gw_test(gw_request_t *req, int *done);
+
+/* ---- helpers -------------------------------------------------------------- */
+size_t gw_dtype_size(gw_dtype_t dtype);          /* 0 for an unknown dtype */
+const char *gw_dtype_name(gw_dtype_t dtype);     /* "float32", ...; "?" if unknown */
+const char *gw_op_name(gw_op_t op);              /* "sum", ...; "?" if unknown */
+/* Parses "float32"/"float"/"fp32"/"half"/... and "sum"/"prod"/...; -1 if unknown. */
+int gw_dtype_from_name(const char *name);
+int gw_op_from_name(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GRADWIRE_H */

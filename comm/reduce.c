@@ -1,0 +1,67 @@
+/* reduce.c - picks the reduction kernels for this CPU once (AVX-512, AVX2 or plain
+ * x86-64; GW_SIMD forces a lower level), plus the copy helper and the exported
+ * scalar conversions.  The kernels themselves are in reduce_impl.c. */
+#include <pthread.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core.h"
+#include "reduce.h"
+#include "reduce_cvt.h"
+
+static const gw_reduce_table_t *chosen;
+static const char *chosen_name = "generic";
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+const gw_reduce_table_t *gw__reduce_table_named(const char *name) {
+  if (!strcasecmp(name, "generic")) return &gw__reduce_table_generic;
+#ifdef GW_HAVE_X86_SIMD
+  __builtin_cpu_init();
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
+  bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (!strcasecmp(name, "avx2")) return avx2 ? &gw__reduce_table_avx2 : NULL;
+  if (!strcasecmp(name, "avx512")) return avx512 ? &gw__reduce_table_avx512 : NULL;
+#endif
+  return NULL;
+}
+
+static void choose(void) {
+  static const char *order[] = {"avx512", "avx2", "generic"};
+  const char *want = gw__env_str("GW_SIMD", NULL);
+  bool reached = want == NULL;
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    if (!reached && !strcasecmp(want, order[i])) reached = true;
+    if (!reached) continue;
+    const gw_reduce_table_t *t = gw__reduce_table_named(order[i]);
+    if (t) {
+      chosen = t;
+      chosen_name = order[i];
+      break;
+    }
+  }
+  if (!reached) GW_WARN(GW_SUB_INIT, "GW_SIMD=%s is not one of avx512, avx2, generic; ignored", want);
+  if (!chosen) chosen = &gw__reduce_table_generic, chosen_name = "generic";
+  GW_INFO(GW_SUB_INIT, "host reduction kernels: %s", chosen_name);
+}
+
+const gw_reduce_table_t *gw__reduce_table(void) {
+  pthread_once(&choose_once, choose);
+  return chosen;
+}
+
+const char *gw__reduce_simd_name(void) {
+  pthread_once(&choose_once, choose);
+  return chosen_name;
+}
+
+void gw__copy2(void *dst0, void *dst1, const void *src, size_t bytes) {
+  if (dst0 != src) memcpy(dst0, src, bytes);
+  if (dst1) memcpy(dst1, src, bytes);
+}
+
+float gw__half_to_float(uint16_t h) { return cvt_h2f(h); }
+uint16_t gw__float_to_half(float f) { return cvt_f2h(f); }
+float gw__bf16_to_float(uint16_t h) { return cvt_bf2f(h); }
+uint16_t gw__float_to_bf16(float f) { return cvt_f2bf(f); }

@@ -1,0 +1,49 @@
+/* reduce.h - host reduction kernels: dst0 = dst1 = a OP b over n elements, for
+ * every dtype and op, vectorized for the CPU found at run time (AVX-512, AVX2 or
+ * plain x86-64).  fp16/bf16 are widened to fp32 for the operation and rounded once
+ * (round to nearest even).  Integer SUM/PROD wrap around (two's complement), as in
+ * NCCL.  Knows nothing of ranks or connections. */
+#ifndef GW_REDUCE_H
+#define GW_REDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gradwire.h"
+
+/* The ops the kernels implement; GW_AVG is GW_SUM with a final division. */
+enum { GW_KOP_SUM = 0, GW_KOP_PROD = 1, GW_KOP_MAX = 2, GW_KOP_MIN = 3, GW_NUM_KOPS = 4 };
+
+/* dst0[i] = (a[i] OP b[i]) / div (div 0 or 1: no division); dst1 (may be NULL)
+ * gets the same value.  dst0/dst1 may be the same array as a or b (same index
+ * only); nothing else may overlap. */
+typedef void (*gw_reduce_fn)(void *dst0, void *dst1, const void *a, const void *b, size_t n,
+                             uint32_t div);
+typedef gw_reduce_fn gw_reduce_table_t[GW_NUM_DTYPES][GW_NUM_KOPS];
+
+extern const gw_reduce_table_t gw__reduce_table_generic;
+#ifdef GW_HAVE_X86_SIMD
+extern const gw_reduce_table_t gw__reduce_table_avx2;
+extern const gw_reduce_table_t gw__reduce_table_avx512;
+#endif
+
+/* The table for this CPU (GW_SIMD=generic|avx2|avx512 forces a lower one). */
+const gw_reduce_table_t *gw__reduce_table(void);
+const char *gw__reduce_simd_name(void);
+/* A specific table by name, or NULL if this CPU or build cannot run it (tests). */
+const gw_reduce_table_t *gw__reduce_table_named(const char *name);
+
+static inline gw_reduce_fn gw__reduce_fn(gw_dtype_t dt, gw_op_t op) {
+  return (*gw__reduce_table())[dt][op == GW_AVG ? GW_KOP_SUM : (int)op];
+}
+
+/* dst0 = dst1 = src (dst1 may be NULL). */
+void gw__copy2(void *dst0, void *dst1, const void *src, size_t bytes);
+
+/* Scalar conversions, exact and round-to-nearest-even (exposed for tests). */
+float gw__half_to_float(uint16_t h);
+uint16_t gw__float_to_half(float f);
+float gw__bf16_to_float(uint16_t h);
+uint16_t gw__float_to_bf16(float f);
+
+#endif

@@ -1,0 +1,165 @@
+/* reduce_impl.c - the reduction kernels, compiled once per instruction set
+ * (meson builds this file three times with GW_SIMD_SUFFIX = generic, avx2,
+ * avx512 and matching -m flags); reduce.c picks the table at run time.  Plain
+ * loops over restrict pointers that the compiler vectorizes at -O3, plus explicit
+ * F16C code for fp16 where the CPU has it.  No dispatch or policy here. */
+#include <stddef.h>
+#include <stdint.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "reduce.h"
+#include "reduce_cvt.h"
+
+#ifndef GW_SIMD_SUFFIX
+#error "GW_SIMD_SUFFIX must name the instruction set this file is built for"
+#endif
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define TABLE CAT(gw__reduce_table_, GW_SIMD_SUFFIX)
+
+/* Aliasing: dst0 may be the same array as a or b (in-place collectives), element
+ * for element.  The loops read a[i] and b[i] before writing dst[i], so restrict is
+ * honoured in effect and the vectorizer needs no overlap checks. */
+#define LOOP(T, EXPR)                                                                \
+  T *restrict o0 = (T *)d0;                                                          \
+  T *restrict o1 = (T *)d1;                                                          \
+  const T *restrict x = (const T *)a;                                                \
+  const T *restrict y = (const T *)b;                                                \
+  if (o1) {                                                                          \
+    for (size_t i = 0; i < n; i++) {                                                 \
+      T v_ = EXPR;                                                                   \
+      o0[i] = v_;                                                                    \
+      o1[i] = v_;                                                                    \
+    }                                                                                \
+  } else {                                                                           \
+    for (size_t i = 0; i < n; i++) o0[i] = EXPR;                                     \
+  }
+
+/* Integers: SUM/PROD in the unsigned type so overflow wraps without UB. */
+#define DEF_INT(NAME, T, UT)                                                         \
+  static void NAME##_sum(void *d0, void *d1, const void *a, const void *b, size_t n,  \
+                         uint32_t div) {                                              \
+    if (div > 1) {                                                                   \
+      const T dv = (T)div;                                                           \
+      LOOP(T, (T)((T)((UT)x[i] + (UT)y[i]) / dv))                                    \
+    } else {                                                                         \
+      LOOP(T, (T)((UT)x[i] + (UT)y[i]))                                              \
+    }                                                                                \
+  }                                                                                  \
+  static void NAME##_prod(void *d0, void *d1, const void *a, const void *b, size_t n, \
+                          uint32_t div) {                                             \
+    (void)div;                                                                       \
+    LOOP(T, (T)((UT)x[i] * (UT)y[i]))                                                \
+  }                                                                                  \
+  static void NAME##_max(void *d0, void *d1, const void *a, const void *b, size_t n,  \
+                         uint32_t div) {                                              \
+    (void)div;                                                                       \
+    LOOP(T, x[i] > y[i] ? x[i] : y[i])                                               \
+  }                                                                                  \
+  static void NAME##_min(void *d0, void *d1, const void *a, const void *b, size_t n,  \
+                         uint32_t div) {                                              \
+    (void)div;                                                                       \
+    LOOP(T, x[i] < y[i] ? x[i] : y[i])                                               \
+  }
+
+DEF_INT(i8, int8_t, uint8_t)
+DEF_INT(u8, uint8_t, uint8_t)
+DEF_INT(i32, int32_t, uint32_t)
+DEF_INT(i64, int64_t, uint64_t)
+
+/* fp32 / fp64: computed in the type itself.  AVG divides (not multiplies by 1/n)
+ * so that exactly representable means stay exact. */
+#define DEF_FLT(NAME, T)                                                             \
+  static void NAME##_sum(void *d0, void *d1, const void *a, const void *b, size_t n,  \
+                         uint32_t div) {                                              \
+    if (div > 1) {                                                                   \
+      const T dv = (T)div;                                                           \
+      LOOP(T, (x[i] + y[i]) / dv)                                                    \
+    } else {                                                                         \
+      LOOP(T, x[i] + y[i])                                                           \
+    }                                                                                \
+  }                                                                                  \
+  static void NAME##_prod(void *d0, void *d1, const void *a, const void *b, size_t n, \
+                          uint32_t div) {                                             \
+    (void)div;                                                                       \
+    LOOP(T, x[i] * y[i])                                                             \
+  }                                                                                  \
+  static void NAME##_max(void *d0, void *d1, const void *a, const void *b, size_t n,  \
+                         uint32_t div) {                                              \
+    (void)div;                                                                       \
+    LOOP(T, x[i] > y[i] ? x[i] : y[i])                                               \
+  }                                                                                  \
+  static void NAME##_min(void *d0, void *d1, const void *a, const void *b, size_t n,  \
+                         uint32_t div) {                                              \
+    (void)div;                                                                       \
+    LOOP(T, x[i] < y[i] ? x[i] : y[i])                                               \
+  }
+
+DEF_FLT(f32, float)
+DEF_FLT(f64, double)
+
+/* fp16 / bf16: widen to fp32, operate, round once to nearest even. */
+static inline float op_sum(float p, float q) { return p + q; }
+static inline float op_prod(float p, float q) { return p * q; }
+static inline float op_max(float p, float q) { return p > q ? p : q; }
+static inline float op_min(float p, float q) { return p < q ? p : q; }
+
+#define DEF_H16_SCALAR(NAME, TOF, FROMF, OP)                                         \
+  static void NAME(void *d0, void *d1, const void *a, const void *b, size_t n,        \
+                   uint32_t div) {                                                    \
+    const float dv = div > 1 ? (float)div : 1.0f;                                    \
+    LOOP(uint16_t, FROMF(OP(TOF(x[i]), TOF(y[i])) / dv))                              \
+  }
+
+DEF_H16_SCALAR(bf16_sum, cvt_bf2f, cvt_f2bf, op_sum)
+DEF_H16_SCALAR(bf16_prod, cvt_bf2f, cvt_f2bf, op_prod)
+DEF_H16_SCALAR(bf16_max, cvt_bf2f, cvt_f2bf, op_max)
+DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
+
+#if defined(__F16C__) && defined(__AVX2__)
+/* Eight lanes at a time with the F16C conversion instructions. */
+#define DEF_F16(NAME, OP, VOP)                                                       \
+  static void NAME(void *d0, void *d1, const void *a, const void *b, size_t n,        \
+                   uint32_t div) {                                                    \
+    uint16_t *o0 = (uint16_t *)d0, *o1 = (uint16_t *)d1;                             \
+    const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;               \
+    const float dv = div > 1 ? (float)div : 1.0f;                                    \
+    const __m256 vdv = _mm256_set1_ps(dv);                                           \
+    size_t i = 0;                                                                    \
+    for (; i + 8 <= n; i += 8) {                                                     \
+      __m256 p = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));         \
+      __m256 q = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));         \
+      __m256 r = VOP(p, q);                                                          \
+      if (div > 1) r = _mm256_div_ps(r, vdv);                                        \
+      __m128i h = _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT);                     \
+      _mm_storeu_si128((__m128i *)(o0 + i), h);                                      \
+      if (o1) _mm_storeu_si128((__m128i *)(o1 + i), h);                              \
+    }                                                                                \
+    for (; i < n; i++) {                                                             \
+      uint16_t h = cvt_f2h(OP(cvt_h2f(x[i]), cvt_h2f(y[i])) / dv);                   \
+      o0[i] = h;                                                                     \
+      if (o1) o1[i] = h;                                                             \
+    }                                                                                \
+  }
+/* max/min: match the scalar p > q ? p : q (second operand on NaN or equal). */
+static inline __m256 vmax(__m256 p, __m256 q) { return _mm256_blendv_ps(q, p, _mm256_cmp_ps(p, q, _CMP_GT_OQ)); }
+static inline __m256 vmin(__m256 p, __m256 q) { return _mm256_blendv_ps(q, p, _mm256_cmp_ps(p, q, _CMP_LT_OQ)); }
+DEF_F16(f16_sum, op_sum, _mm256_add_ps)
+DEF_F16(f16_prod, op_prod, _mm256_mul_ps)
+DEF_F16(f16_max, op_max, vmax)
+DEF_F16(f16_min, op_min, vmin)
+#else
+DEF_H16_SCALAR(f16_sum, cvt_h2f, cvt_f2h, op_sum)
+DEF_H16_SCALAR(f16_prod, cvt_h2f, cvt_f2h, op_prod)
+DEF_H16_SCALAR(f16_max, cvt_h2f, cvt_f2h, op_max)
+DEF_H16_SCALAR(f16_min, cvt_h2f, cvt_f2h, op_min)
+#endif
+
+#define ROW(NAME) {NAME##_sum, NAME##_prod, NAME##_max, NAME##_min}
+const gw_reduce_table_t TABLE = {
+    [GW_INT8] = ROW(i8),     [GW_UINT8] = ROW(u8),      [GW_INT32] = ROW(i32),
+    [GW_INT64] = ROW(i64),   [GW_FLOAT16] = ROW(f16),   [GW_BFLOAT16] = ROW(bf16),
+    [GW_FLOAT32] = ROW(f32), [GW_FLOAT64] = ROW(f64),
+};

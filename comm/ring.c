@@ -1,0 +1,302 @@
+/* ring.c - ring algorithms for every collective, built from the primitive set of
+ * NCCL's ring (send, recv, recv-reduce-send, recv-reduce-copy-send,
+ * recv-copy-send, recv-reduce-copy) over the ring's two connections.  Data is
+ * split into blocks of at most one slot, so the FIFO depth keeps several chunks
+ * in flight and the ring stays pipelined.  Every received chunk's header is
+ * checked against this rank's own call, so ranks that called different
+ * collectives fail with a message naming both calls instead of corrupting data.
+ * The same code serves every transport; only host memory is handled here. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "comm.h"
+
+struct prims {
+  struct gw_comm *comm;
+  const struct gw_op *op;
+  struct gw_errctx *err;
+  gw_reduce_fn red;
+  size_t es;       /* element size */
+  uint32_t sent;   /* chunks sent so far */
+};
+
+const char *gw__coll_name(int coll) {
+  switch (coll) {
+    case GW_COLL_ALLREDUCE: return "allreduce";
+    case GW_COLL_BROADCAST: return "broadcast";
+    case GW_COLL_ALLGATHER: return "allgather";
+    case GW_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case GW_COLL_BARRIER: return "barrier";
+  }
+  return "unknown-collective";
+}
+
+static void describe(const struct gw_opdesc *d, char *buf, size_t len) {
+  const char *dt = gw_dtype_name((gw_dtype_t)d->dtype);
+  switch (d->coll) {
+    case GW_COLL_BARRIER:
+      snprintf(buf, len, "#%" PRIu64 " barrier()", d->seq);
+      break;
+    case GW_COLL_BROADCAST:
+      snprintf(buf, len, "#%" PRIu64 " broadcast(count=%" PRIu64 ", %s, root=%d)", d->seq, d->count, dt, d->root);
+      break;
+    case GW_COLL_ALLGATHER:
+      snprintf(buf, len, "#%" PRIu64 " allgather(count=%" PRIu64 ", %s)", d->seq, d->count, dt);
+      break;
+    default:
+      snprintf(buf, len, "#%" PRIu64 " %s(count=%" PRIu64 ", %s, %s)", d->seq, gw__coll_name(d->coll), d->count,
+               dt, gw_op_name((gw_op_t)d->op));
+  }
+}
+
+static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
+  char me[160];
+  describe(&p->op->desc, me, sizeof me);
+  return gw__err(p->err, GW_ERR_TIMEOUT,
+                 "rank %d: operation %s waited %.0f s for %s rank %d; that rank is stuck, dead or "
+                 "in a different operation (raise GW_TIMEOUT if it is just slow)",
+                 p->comm->rank, me, p->comm->timeout_s, what, peer);
+}
+
+static gw_result_t wait_slot(struct prims *p, void **slot) {
+  struct gw_conn *c = &p->comm->ring.send;
+  size_t cap;
+  gw_result_t r = c->tp->send_slot(c, slot, &cap);
+  if (r != GW_INPROGRESS) return r;
+  struct gw_waiter w;
+  gw__waiter_init(&w, p->comm->timeout_s);
+  while ((r = c->tp->send_slot(c, slot, &cap)) == GW_INPROGRESS)
+    if (!gw__waiter_pause(&w)) return timeout_error(p, "a free slot at", c->peer);
+  return r;
+}
+
+static gw_result_t post(struct prims *p, size_t bytes) {
+  struct gw_conn *c = &p->comm->ring.send;
+  struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = (uint32_t)bytes, .step = p->sent++};
+  return c->tp->send_post(c, &h);
+}
+
+static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
+  struct gw_conn *c = &p->comm->ring.recv;
+  const struct gw_chunk_hdr *h;
+  gw_result_t r = c->tp->recv_peek(c, &h, data);
+  if (r == GW_INPROGRESS) {
+    struct gw_waiter w;
+    gw__waiter_init(&w, p->comm->timeout_s);
+    while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS)
+      if (!gw__waiter_pause(&w)) return timeout_error(p, "data from", c->peer);
+  }
+  if (r != GW_SUCCESS) return r;
+  struct gw_opdesc theirs = h->op;
+  if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
+    char me[160], them[160];
+    describe(&p->op->desc, me, sizeof me);
+    describe(&theirs, them, sizeof them);
+    return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
+                   "rank %d: collective calls differ across ranks: this rank called %s but rank %d called %s",
+                   p->comm->rank, me, c->peer, them);
+  }
+  if (h->bytes != bytes)
+    return gw__err(p->err, GW_ERR_INTERNAL, "rank %d: chunk %u from rank %d has %u bytes, expected %zu",
+                   p->comm->rank, h->step, c->peer, h->bytes, bytes);
+  return GW_SUCCESS;
+}
+
+static gw_result_t release(struct prims *p) {
+  struct gw_conn *c = &p->comm->ring.recv;
+  return c->tp->recv_release(c);
+}
+
+/* ---- the primitives: n is in elements, pointers may be NULL when n == 0 ---- */
+
+/* slot <- src, and dst <- src too when dst is not NULL. */
+static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t n) {
+  void *slot;
+  GW_CHECK(wait_slot(p, &slot));
+  if (n) gw__copy2(slot, dst, src, n * p->es);
+  return post(p, n * p->es);
+}
+
+static gw_result_t prim_recv(struct prims *p, void *dst, size_t n) {
+  const void *data;
+  GW_CHECK(wait_recv(p, &data, n * p->es));
+  if (n) memcpy(dst, data, n * p->es);
+  return release(p);
+}
+
+static gw_result_t prim_recv_reduce_send(struct prims *p, const void *src, size_t n) {
+  const void *data;
+  void *slot;
+  GW_CHECK(wait_recv(p, &data, n * p->es));
+  GW_CHECK(wait_slot(p, &slot));
+  if (n) p->red(slot, NULL, data, src, n, 0);
+  GW_CHECK(post(p, n * p->es));
+  return release(p);
+}
+
+static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, void *dst, size_t n,
+                                              uint32_t div) {
+  const void *data;
+  void *slot;
+  GW_CHECK(wait_recv(p, &data, n * p->es));
+  GW_CHECK(wait_slot(p, &slot));
+  if (n) p->red(dst, slot, data, src, n, div);
+  GW_CHECK(post(p, n * p->es));
+  return release(p);
+}
+
+static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div) {
+  const void *data;
+  GW_CHECK(wait_recv(p, &data, n * p->es));
+  if (n) p->red(dst, NULL, data, src, n, div);
+  return release(p);
+}
+
+static gw_result_t prim_recv_copy_send(struct prims *p, void *dst, size_t n) {
+  const void *data;
+  void *slot;
+  GW_CHECK(wait_recv(p, &data, n * p->es));
+  GW_CHECK(wait_slot(p, &slot));
+  if (n) gw__copy2(dst, slot, data, n * p->es);
+  GW_CHECK(post(p, n * p->es));
+  return release(p);
+}
+
+/* ---- algorithms ---------------------------------------------------------------- */
+
+static inline const uint8_t *cat(const void *base, size_t idx, size_t es) {
+  return base ? (const uint8_t *)base + idx * es : NULL;
+}
+static inline uint8_t *at(void *base, size_t idx, size_t es) {
+  return base ? (uint8_t *)base + idx * es : NULL;
+}
+static inline size_t blk_len(size_t count, size_t start, size_t len) {
+  return start >= count ? 0 : GW_MIN(len, count - start);
+}
+static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+static gw_result_t ring_allreduce(struct prims *p) {
+  const int n = p->comm->nranks, r = p->comm->rank;
+  const size_t count = p->op->desc.count, es = p->es;
+  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const size_t align = GW_MAX((size_t)1, 64 / es); /* keep blocks cache-line aligned */
+  const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
+  const void *in = p->op->sendbuf;
+  void *out = p->op->recvbuf;
+  size_t off = 0;
+  do {
+    size_t real = GW_MIN(chunk, GW_ALIGN_UP(GW_DIV_UP(count - off, (size_t)n), align));
+#define BLK(k) (off + (size_t)(k) * real)
+#define LEN(k) blk_len(count, BLK(k), real)
+    int k = mod(r - 1, n);
+    GW_CHECK(prim_send(p, cat(in, BLK(k), es), NULL, LEN(k)));
+    for (int j = 2; j < n; j++) {
+      k = mod(r - j, n);
+      GW_CHECK(prim_recv_reduce_send(p, cat(in, BLK(k), es), LEN(k)));
+    }
+    k = r;
+    GW_CHECK(prim_recv_reduce_copy_send(p, cat(in, BLK(k), es), at(out, BLK(k), es), LEN(k), div));
+    for (int j = 1; j < n - 1; j++) {
+      k = mod(r - j, n);
+      GW_CHECK(prim_recv_copy_send(p, at(out, BLK(k), es), LEN(k)));
+    }
+    k = mod(r + 1, n);
+    GW_CHECK(prim_recv(p, at(out, BLK(k), es), LEN(k)));
+#undef BLK
+#undef LEN
+    off += (size_t)n * real;
+  } while (off < count);
+  return GW_SUCCESS;
+}
+
+static gw_result_t ring_reduce_scatter(struct prims *p) {
+  const int n = p->comm->nranks, r = p->comm->rank;
+  const size_t rc = p->op->desc.count, es = p->es;
+  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
+  const void *in = p->op->sendbuf;
+  void *out = p->op->recvbuf;
+  size_t off = 0;
+  do {
+    size_t len = blk_len(rc, off, chunk);
+    int k = mod(r - 1, n);
+    GW_CHECK(prim_send(p, cat(in, (size_t)k * rc + off, es), NULL, len));
+    for (int j = 2; j < n; j++) {
+      k = mod(r - j, n);
+      GW_CHECK(prim_recv_reduce_send(p, cat(in, (size_t)k * rc + off, es), len));
+    }
+    GW_CHECK(prim_recv_reduce_copy(p, cat(in, (size_t)r * rc + off, es), at(out, off, es), len, div));
+    off += chunk;
+  } while (off < rc);
+  return GW_SUCCESS;
+}
+
+static gw_result_t ring_allgather(struct prims *p) {
+  const int n = p->comm->nranks, r = p->comm->rank;
+  const size_t sc = p->op->desc.count, es = p->es;
+  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const void *in = p->op->sendbuf;
+  void *out = p->op->recvbuf;
+  size_t off = 0;
+  do {
+    size_t len = blk_len(sc, off, chunk);
+    const uint8_t *own = cat(in, off, es);
+    uint8_t *own_out = at(out, (size_t)r * sc + off, es);
+    GW_CHECK(prim_send(p, own, own_out == own ? NULL : own_out, len));
+    for (int j = 1; j < n - 1; j++) {
+      int k = mod(r - j, n);
+      GW_CHECK(prim_recv_copy_send(p, at(out, (size_t)k * sc + off, es), len));
+    }
+    int k = mod(r + 1, n);
+    GW_CHECK(prim_recv(p, at(out, (size_t)k * sc + off, es), len));
+    off += chunk;
+  } while (off < sc);
+  return GW_SUCCESS;
+}
+
+static gw_result_t ring_broadcast(struct prims *p) {
+  const int n = p->comm->nranks, r = p->comm->rank;
+  const size_t count = p->op->desc.count, es = p->es;
+  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const int pos = mod(r - p->op->desc.root, n); /* distance from the root along the ring */
+  const void *in = p->op->sendbuf;
+  void *out = p->op->recvbuf;
+  size_t off = 0;
+  do {
+    size_t len = blk_len(count, off, chunk);
+    if (pos == 0) {
+      const uint8_t *src = cat(in, off, es);
+      uint8_t *dst = at(out, off, es);
+      GW_CHECK(prim_send(p, src, dst == src ? NULL : dst, len));
+    } else if (pos == n - 1) {
+      GW_CHECK(prim_recv(p, at(out, off, es), len));
+    } else {
+      GW_CHECK(prim_recv_copy_send(p, at(out, off, es), len));
+    }
+    off += chunk;
+  } while (off < count);
+  return GW_SUCCESS;
+}
+
+/* One rank: no communication, only the copy an out-of-place call implies. */
+static gw_result_t single_rank(const struct gw_op *op, size_t es) {
+  size_t bytes = op->desc.count * es;
+  if (op->desc.coll == GW_COLL_BARRIER || bytes == 0 || op->sendbuf == op->recvbuf) return GW_SUCCESS;
+  memcpy(op->recvbuf, op->sendbuf, bytes);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  struct prims p = {.comm = comm, .op = op, .err = err, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype)};
+  if (comm->nranks == 1) return single_rank(op, p.es);
+  p.red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op);
+  switch (op->desc.coll) {
+    case GW_COLL_ALLREDUCE:
+    case GW_COLL_BARRIER: return ring_allreduce(&p);
+    case GW_COLL_REDUCE_SCATTER: return ring_reduce_scatter(&p);
+    case GW_COLL_ALLGATHER: return ring_allgather(&p);
+    case GW_COLL_BROADCAST: return ring_broadcast(&p);
+  }
+  return gw__err(err, GW_ERR_INTERNAL, "rank %d: unknown collective %d", comm->rank, op->desc.coll);
+}

@@ -1,0 +1,436 @@
+/* gw-perf - collective bandwidth test shaped like nccl-tests' all_reduce_perf.
+ * Launch one process per rank (gw-run -n 2 gw-perf ...).  For each size it times
+ * out-of-place and in-place runs, reports time, algbw and busbw (nccl-tests
+ * definitions) and the number of wrong elements, and writes the same figures as
+ * CSV or JSON.  Uses only the public API (gradwire.h). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "gradwire.h"
+
+enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST };
+static const char *coll_names[] = {"allreduce", "allgather", "reduce_scatter", "broadcast"};
+
+struct opts {
+  size_t min_bytes, max_bytes;
+  double factor;
+  int iters, warmup, check, coll, root;
+  int dtypes[GW_NUM_DTYPES], ndtypes;
+  int ops[GW_NUM_OPS], nops;
+  const char *csv, *json;
+};
+
+static int rank, nranks;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "gw-perf: rank %d: ", rank);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  exit(1);
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: gw-run -n N gw-perf [options]\n"
+          "  -b, --minbytes SIZE   smallest size (default 8; K/M/G suffixes)\n"
+          "  -e, --maxbytes SIZE   largest size (default 64M)\n"
+          "  -f, --stepfactor F    multiply the size by F each step (default 2)\n"
+          "  -n, --iters N         timed iterations per size (default 20)\n"
+          "  -w, --warmup_iters N  untimed iterations per size (default 5)\n"
+          "  -d, --datatype T      int8|uint8|int32|int64|float16|bfloat16|float32|float64|all (default float32)\n"
+          "  -o, --op OP           sum|prod|max|min|avg|all (default sum)\n"
+          "  -c, --check 0|1       verify results (default 1)\n"
+          "  -a, --algo NAME       algorithm: ring (default ring)\n"
+          "  -C, --collective NAME allreduce|allgather|reduce_scatter|broadcast (default allreduce)\n"
+          "  -r, --root R          broadcast root (default 0)\n"
+          "      --csv FILE        write the results as CSV (rank 0)\n"
+          "      --json FILE       write the results as JSON (rank 0)\n");
+}
+
+static size_t parse_size(const char *s, const char *what) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  double mul = 1;
+  if (*end == 'k' || *end == 'K') mul = 1024.0, end++;
+  else if (*end == 'm' || *end == 'M') mul = 1048576.0, end++;
+  else if (*end == 'g' || *end == 'G') mul = 1073741824.0, end++;
+  if (*end == 'B' || *end == 'b') end++;
+  if (errno || end == s || *end || v < 0 || v * mul > 64.0 * 1073741824.0) die("%s '%s' is not a size", what, s);
+  return (size_t)(v * mul);
+}
+
+static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || v < lo || v > hi) die("%s '%s' is not an integer in %d..%d", what, s, lo, hi);
+  return (int)v;
+}
+
+/* ---- values: small integers so every reduction is exact or nearly so ---- */
+static double value_of(int r, size_t i) { return (double)((i * 7 + (size_t)r * 3) % 5 + 1); }
+
+static void store(void *buf, gw_dtype_t dt, size_t i, double v) {
+  switch (dt) {
+    case GW_INT8: ((int8_t *)buf)[i] = (int8_t)(int64_t)v; break;
+    case GW_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    case GW_INT32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
+    case GW_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case GW_FLOAT16: {
+      _Float16 h = (_Float16)v;
+      memcpy((uint16_t *)buf + i, &h, 2);
+      break;
+    }
+    case GW_BFLOAT16: {
+      float f = (float)v;
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      ((uint16_t *)buf)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      break;
+    }
+    case GW_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case GW_FLOAT64: ((double *)buf)[i] = v; break;
+    default: break;
+  }
+}
+
+static double load(const void *buf, gw_dtype_t dt, size_t i) {
+  switch (dt) {
+    case GW_INT8: return ((const int8_t *)buf)[i];
+    case GW_UINT8: return ((const uint8_t *)buf)[i];
+    case GW_INT32: return ((const int32_t *)buf)[i];
+    case GW_INT64: return (double)((const int64_t *)buf)[i];
+    case GW_FLOAT16: {
+      _Float16 h;
+      memcpy(&h, (const uint16_t *)buf + i, 2);
+      return (double)h;
+    }
+    case GW_BFLOAT16: {
+      uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      return f;
+    }
+    case GW_FLOAT32: return ((const float *)buf)[i];
+    case GW_FLOAT64: return ((const double *)buf)[i];
+    default: return 0;
+  }
+}
+
+/* The exact reduction of value_of over all ranks, wrapped to the integer type. */
+static double expected_reduce(gw_dtype_t dt, int op, size_t i) {
+  double acc = value_of(0, i);
+  for (int r = 1; r < nranks; r++) {
+    double v = value_of(r, i);
+    if (op == GW_SUM || op == GW_AVG) acc += v;
+    else if (op == GW_PROD) acc *= v;
+    else if (op == GW_MAX) acc = v > acc ? v : acc;
+    else acc = v < acc ? v : acc;
+  }
+  if (dt == GW_FLOAT16 || dt == GW_BFLOAT16 || dt == GW_FLOAT32 || dt == GW_FLOAT64)
+    return op == GW_AVG ? acc / nranks : acc;
+  /* Integers wrap: reduce modulo 2^64 with exact integer arithmetic instead. */
+  uint64_t u = (uint64_t)value_of(0, i);
+  for (int r = 1; r < nranks; r++) {
+    uint64_t v = (uint64_t)value_of(r, i);
+    if (op == GW_SUM || op == GW_AVG) u += v;
+    else if (op == GW_PROD) u *= v;
+    else if (op == GW_MAX) u = v > u ? v : u;
+    else u = v < u ? v : u;
+  }
+  int64_t s;
+  switch (dt) {
+    case GW_INT8: s = (int8_t)u; break;
+    case GW_UINT8: s = (uint8_t)u; break;
+    case GW_INT32: s = (int32_t)u; break;
+    default: s = (int64_t)u; break;
+  }
+  if (op == GW_AVG) s /= nranks;
+  return (double)s;
+}
+
+static bool close_enough(gw_dtype_t dt, double got, double want) {
+  double tol;
+  switch (dt) {
+    case GW_FLOAT16: tol = 1e-3 * nranks; break;
+    case GW_BFLOAT16: tol = 8e-3 * nranks; break;
+    case GW_FLOAT32: tol = 1e-6 * nranks; break;
+    case GW_FLOAT64: tol = 1e-12; break;
+    default: return got == want;
+  }
+  if (isinf(want)) return got == want;
+  return fabs(got - want) <= tol * fmax(1.0, fabs(want));
+}
+
+/* ---- one measurement ---- */
+struct result {
+  size_t bytes, count;
+  double time_us[2], algbw[2], busbw[2];
+  long long wrong[2];
+};
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static gw_comm_t comm;
+
+static void check_gw(gw_result_t r, const char *what) {
+  if (r != GW_SUCCESS) die("%s failed: %s: %s", what, gw_strerror(r), gw_comm_last_error(comm));
+}
+
+static void run_once(const struct opts *o, gw_dtype_t dt, int op, const void *send, void *recv, size_t count) {
+  switch (o->coll) {
+    case C_ALLREDUCE: check_gw(gw_allreduce(send, recv, count, dt, (gw_op_t)op, comm, NULL), "gw_allreduce"); break;
+    case C_ALLGATHER: check_gw(gw_allgather(send, recv, count, dt, comm, NULL), "gw_allgather"); break;
+    case C_REDUCE_SCATTER:
+      check_gw(gw_reduce_scatter(send, recv, count, dt, (gw_op_t)op, comm, NULL), "gw_reduce_scatter");
+      break;
+    case C_BROADCAST: check_gw(gw_broadcast(send, recv, count, dt, o->root, comm, NULL), "gw_broadcast"); break;
+  }
+}
+
+/* Fills the input and returns the number of wrong output elements after one run. */
+static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbuf, uint8_t *recvbuf,
+                                size_t count, bool in_place, const void **send_out, void **recv_out) {
+  size_t es = gw_dtype_size(dt);
+  size_t in_elems = o->coll == C_REDUCE_SCATTER ? count * (size_t)nranks : count;
+  size_t out_elems = o->coll == C_ALLGATHER ? count * (size_t)nranks : count;
+  uint8_t *send = sendbuf, *recv = recvbuf;
+  if (in_place) {
+    send = recvbuf;
+    if (o->coll == C_ALLGATHER) send = recvbuf + (size_t)rank * count * es;
+    if (o->coll == C_REDUCE_SCATTER) recv = recvbuf + (size_t)rank * count * es;
+  }
+  *send_out = send;
+  *recv_out = recv;
+  if (!o->check) {
+    run_once(o, dt, op, send, recv, count);
+    return 0;
+  }
+  for (size_t i = 0; i < in_elems; i++) {
+    size_t gi = o->coll == C_REDUCE_SCATTER ? i : i; /* global element index */
+    store(send, dt, i, value_of(rank, gi));
+  }
+  run_once(o, dt, op, send, recv, count);
+  long long wrong = 0;
+  for (size_t i = 0; i < out_elems; i++) {
+    double want;
+    switch (o->coll) {
+      case C_ALLREDUCE: want = expected_reduce(dt, op, i); break;
+      case C_REDUCE_SCATTER: want = expected_reduce(dt, op, (size_t)rank * count + i); break;
+      case C_ALLGATHER: want = value_of((int)(i / (count ? count : 1)), i % (count ? count : 1)); break;
+      default: want = value_of(o->root, i); break;
+    }
+    if (!close_enough(dt, load(recv, dt, i), want)) wrong++;
+  }
+  (void)sendbuf;
+  return wrong;
+}
+
+static double bus_factor(int coll) {
+  switch (coll) {
+    case C_ALLREDUCE: return 2.0 * (nranks - 1) / nranks;
+    case C_ALLGATHER:
+    case C_REDUCE_SCATTER: return (double)(nranks - 1) / nranks;
+    default: return 1.0;
+  }
+}
+
+static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbuf, uint8_t *recvbuf, size_t bytes,
+                    struct result *res) {
+  size_t es = gw_dtype_size(dt);
+  size_t count = bytes / es;
+  if (o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) count /= (size_t)nranks;
+  size_t total_bytes = count * es * ((o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) ? (size_t)nranks : 1);
+  res->bytes = total_bytes;
+  res->count = count * ((o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) ? (size_t)nranks : 1);
+  for (int ip = 0; ip < 2; ip++) {
+    const void *send;
+    void *recv;
+    long long wrong = fill_run_check(o, dt, op, sendbuf, recvbuf, count, ip == 1, &send, &recv);
+    for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, send, recv, count);
+    check_gw(gw_barrier(comm), "gw_barrier");
+    double t0 = now();
+    for (int i = 0; i < o->iters; i++) run_once(o, dt, op, send, recv, count);
+    double t = (now() - t0) / o->iters;
+    /* The slowest rank's time is the collective's time. */
+    check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
+    check_gw(gw_allreduce(&wrong, &wrong, 1, GW_INT64, GW_SUM, comm, NULL), "gw_allreduce(wrong)");
+    res->time_us[ip] = t * 1e6;
+    res->algbw[ip] = t > 0 ? (double)total_bytes / t / 1e9 : 0;
+    res->busbw[ip] = res->algbw[ip] * bus_factor(o->coll);
+    res->wrong[ip] = wrong;
+  }
+}
+
+static void *alloc_prefaulted(size_t bytes) {
+  if (bytes == 0) bytes = 64;
+  /* Pre-faulted once: first-touch page faults would otherwise dominate big sizes. */
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) die("cannot allocate %zu bytes: %s", bytes, strerror(errno));
+  return p;
+}
+
+int main(int argc, char **argv) {
+  struct opts o = {.min_bytes = 8, .max_bytes = 64u << 20, .factor = 2, .iters = 20, .warmup = 5, .check = 1,
+                   .coll = C_ALLREDUCE, .root = 0};
+  o.dtypes[o.ndtypes++] = GW_FLOAT32;
+  o.ops[o.nops++] = GW_SUM;
+  static const struct option longopts[] = {
+      {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
+      {"stepfactor", required_argument, 0, 'f'}, {"iters", required_argument, 0, 'n'},
+      {"warmup_iters", required_argument, 0, 'w'}, {"datatype", required_argument, 0, 'd'},
+      {"op", required_argument, 0, 'o'}, {"check", required_argument, 0, 'c'},
+      {"algo", required_argument, 0, 'a'}, {"collective", required_argument, 0, 'C'},
+      {"root", required_argument, 0, 'r'}, {"csv", required_argument, 0, 1},
+      {"json", required_argument, 0, 2}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:h", longopts, NULL)) != -1) {
+    switch (c) {
+      case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
+      case 'e': o.max_bytes = parse_size(optarg, "-e"); break;
+      case 'f': {
+        char *end;
+        o.factor = strtod(optarg, &end);
+        if (*end || !(o.factor > 1.0)) die("-f '%s' must be a number greater than 1", optarg);
+        break;
+      }
+      case 'n': o.iters = parse_int_arg(optarg, 1, 1000000, "-n"); break;
+      case 'w': o.warmup = parse_int_arg(optarg, 0, 1000000, "-w"); break;
+      case 'c': o.check = parse_int_arg(optarg, 0, 1, "-c"); break;
+      case 'r': o.root = parse_int_arg(optarg, 0, 1 << 20, "-r"); break;
+      case 'd':
+        o.ndtypes = 0;
+        if (!strcmp(optarg, "all")) {
+          for (int i = 0; i < GW_NUM_DTYPES; i++) o.dtypes[o.ndtypes++] = i;
+        } else {
+          int dt = gw_dtype_from_name(optarg);
+          if (dt < 0) die("-d '%s' is not a dtype (int8 uint8 int32 int64 float16 bfloat16 float32 float64 all)", optarg);
+          o.dtypes[o.ndtypes++] = dt;
+        }
+        break;
+      case 'o':
+        o.nops = 0;
+        if (!strcmp(optarg, "all")) {
+          for (int i = 0; i < GW_NUM_OPS; i++) o.ops[o.nops++] = i;
+        } else {
+          int op = gw_op_from_name(optarg);
+          if (op < 0) die("-o '%s' is not an op (sum prod max min avg all)", optarg);
+          o.ops[o.nops++] = op;
+        }
+        break;
+      case 'a':
+        if (strcmp(optarg, "ring") != 0) die("-a '%s': unknown algorithm (available: ring)", optarg);
+        break;
+      case 'C': {
+        int found = -1;
+        for (int i = 0; i < 4; i++)
+          if (!strcmp(optarg, coll_names[i])) found = i;
+        if (found < 0) die("-C '%s' is not one of allreduce, allgather, reduce_scatter, broadcast", optarg);
+        o.coll = found;
+        break;
+      }
+      case 1: o.csv = optarg; break;
+      case 2: o.json = optarg; break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    usage(stderr);
+    die("unexpected argument '%s'", argv[optind]);
+  }
+  if (o.min_bytes > o.max_bytes) die("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
+
+  gw_result_t r = gw_comm_init_env(&comm);
+  if (r != GW_SUCCESS) die("gw_comm_init_env failed: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  gw_comm_rank(comm, &rank);
+  gw_comm_size(comm, &nranks);
+  if (o.root >= nranks) die("-r %d is not a rank of %d", o.root, nranks);
+  if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
+
+  size_t buf_bytes = o.max_bytes + 64;
+  uint8_t *sendbuf = alloc_prefaulted(buf_bytes), *recvbuf = alloc_prefaulted(buf_bytes);
+
+  FILE *csv = NULL, *json = NULL;
+  if (rank == 0 && o.csv) {
+    csv = fopen(o.csv, "w");
+    if (!csv) die("cannot write %s: %s", o.csv, strerror(errno));
+    fprintf(csv, "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
+  }
+  if (rank == 0 && o.json) {
+    json = fopen(o.json, "w");
+    if (!json) die("cannot write %s: %s", o.json, strerror(errno));
+    fprintf(json, "{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"results\": [", coll_names[o.coll], nranks);
+  }
+  if (rank == 0) {
+    printf("# gw-perf: %s, %d ranks, %d iterations, %d warmup, check %d\n", coll_names[o.coll], nranks, o.iters,
+           o.warmup, o.check);
+    printf("#                                                       out-of-place                       in-place\n");
+    printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
+    printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
+    fflush(stdout);
+  }
+  double bw_sum = 0;
+  int bw_n = 0;
+  long long total_wrong = 0;
+  bool first_json = true;
+  for (int di = 0; di < o.ndtypes; di++)
+    for (int oi = 0; oi < o.nops; oi++)
+      for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes; sz = sz * o.factor < sz + 1 ? sz + 1 : sz * o.factor) {
+        gw_dtype_t dt = (gw_dtype_t)o.dtypes[di];
+        struct result res;
+        measure(&o, dt, o.ops[oi], sendbuf, recvbuf, (size_t)sz, &res);
+        total_wrong += res.wrong[0] + res.wrong[1];
+        bw_sum += res.busbw[0];
+        bw_n++;
+        if (rank != 0) continue;
+        const char *opn = (o.coll == C_ALLREDUCE || o.coll == C_REDUCE_SCATTER) ? gw_op_name((gw_op_t)o.ops[oi]) : "none";
+        int root = o.coll == C_BROADCAST ? o.root : -1;
+        printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5lld  %7.2f  %6.2f  %6.2f  %5lld\n", res.bytes,
+               res.count, gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], res.wrong[0],
+               res.time_us[1], res.algbw[1], res.busbw[1], res.wrong[1]);
+        fflush(stdout);
+        if (csv)
+          fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%lld,%.3f,%.4f,%.4f,%lld\n", res.bytes, res.count,
+                  gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], res.wrong[0],
+                  res.time_us[1], res.algbw[1], res.busbw[1], res.wrong[1]);
+        if (json) {
+          fprintf(json,
+                  "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, "
+                  "\"oop_time_us\": %.3f, \"oop_algbw\": %.4f, \"oop_busbw\": %.4f, \"oop_wrong\": %lld, "
+                  "\"ip_time_us\": %.3f, \"ip_algbw\": %.4f, \"ip_busbw\": %.4f, \"ip_wrong\": %lld}",
+                  first_json ? "" : ",", res.bytes, res.count, gw_dtype_name(dt), opn, root, res.time_us[0],
+                  res.algbw[0], res.busbw[0], res.wrong[0], res.time_us[1], res.algbw[1], res.busbw[1], res.wrong[1]);
+          first_json = false;
+        }
+      }
+  double avg = bw_n ? bw_sum / bw_n : 0;
+  if (rank == 0) {
+    printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "ERROR" : "OK");
+    printf("# Avg bus bandwidth    : %.3f\n", avg);
+    fflush(stdout);
+  }
+  if (csv) fclose(csv);
+  if (json) {
+    fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"wrong\": %lld\n}\n", avg, total_wrong);
+    fclose(json);
+  }
+  gw_comm_destroy(comm);
+  return total_wrong ? 1 : 0;
+}

@@ -1,0 +1,104 @@
+/* transport.h - the one interface between comm/ and the transports.  A transport
+ * moves chunks over one directed edge between two ranks (a "connection"): a FIFO
+ * of slots in memory the receiver owns, with head/tail counters.  It knows nothing
+ * about collectives; comm/ decides what goes into a chunk.
+ *
+ * Lifecycle: the receiver calls recv_setup (allocates the FIFO, fills a fixed-size
+ * opaque handle), the handle travels through the bootstrap, the sender calls
+ * send_connect with it, then the receiver calls recv_connect (both attached).
+ * Data path calls never block: they return GW_INPROGRESS for "not yet, call again"
+ * and the caller applies the waiting policy and the deadline. */
+#ifndef GW_TRANSPORT_H
+#define GW_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+
+/* What every chunk carries besides its payload: which operation it belongs to, so
+ * a receiver can tell a peer that called something else (DESIGN.md: sequence
+ * number plus operation fingerprint; here the full descriptor, so the error can
+ * name both calls). */
+struct gw_opdesc {
+  uint64_t seq;   /* the communicator's operation number, from 1 */
+  uint64_t count; /* the count argument of the call */
+  int32_t root;   /* broadcast root, else -1 */
+  uint8_t coll;   /* enum gw_coll */
+  uint8_t dtype;
+  uint8_t op;
+  uint8_t pad;
+};
+
+struct gw_chunk_hdr {
+  struct gw_opdesc op;
+  uint32_t bytes; /* payload bytes in this chunk */
+  uint32_t step;  /* running chunk number within the operation (diagnostics) */
+};
+_Static_assert(sizeof(struct gw_chunk_hdr) == 32, "chunk header is 32 bytes");
+
+/* What ranks publish about themselves at the rendezvous. */
+struct gw_peer_info {
+  int32_t rank;
+  int32_t pid;
+  char node_id[192]; /* host name + boot id: equal strings share a machine */
+  char host[64];     /* for messages */
+};
+
+#define GW_CONN_HANDLE_BYTES 128
+struct gw_conn_handle {
+  uint8_t bytes[GW_CONN_HANDLE_BYTES];
+};
+
+struct gw_conn_params {
+  uint32_t nslots;     /* FIFO depth */
+  uint32_t slot_bytes; /* payload bytes per slot, a multiple of 64 */
+  uint64_t job_hash;   /* makes names unique per job */
+};
+
+struct gw_transport;
+struct gw_conn {
+  const struct gw_transport *tp;
+  int self, peer;   /* ranks */
+  bool is_send;     /* which end this is */
+  void *priv;       /* the transport's state */
+  char desc[96];    /* "rank 0 -> rank 1 via shm", for messages */
+};
+
+struct gw_transport {
+  const char *name;
+  /* Whether this transport can connect the two ranks (shm: same machine). */
+  bool (*can_connect)(const struct gw_peer_info *self, const struct gw_peer_info *peer);
+  gw_result_t (*recv_setup)(struct gw_conn *c, const struct gw_conn_params *p,
+                            struct gw_conn_handle *out, struct gw_errctx *err);
+  gw_result_t (*send_connect)(struct gw_conn *c, const struct gw_conn_params *p,
+                              const struct gw_conn_handle *in, struct gw_errctx *err);
+  gw_result_t (*recv_connect)(struct gw_conn *c, struct gw_errctx *err);
+
+  /* Sender: the next free slot (*buf, *cap bytes), or GW_INPROGRESS when the FIFO is
+   * full.  Calling it again before send_post returns the same slot. */
+  gw_result_t (*send_slot)(struct gw_conn *c, void **buf, size_t *cap);
+  /* Sender: publishes the slot returned by send_slot with this header. */
+  gw_result_t (*send_post)(struct gw_conn *c, const struct gw_chunk_hdr *h);
+  /* Receiver: the oldest unconsumed chunk, or GW_INPROGRESS. */
+  gw_result_t (*recv_peek)(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data);
+  /* Receiver: gives the chunk from recv_peek back to the sender. */
+  gw_result_t (*recv_release)(struct gw_conn *c);
+
+  /* Frees everything; accepts a connection that was never set up. */
+  void (*close)(struct gw_conn *c);
+};
+
+extern const struct gw_transport gw__shm_transport;
+
+/* The transport for a pair of ranks, or NULL when none can connect them. */
+const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,
+                                                const struct gw_peer_info *peer);
+
+static inline void gw__conn_close(struct gw_conn *c) {
+  if (c && c->tp) c->tp->close(c);
+  if (c) c->tp = NULL;
+}
+
+#endif
