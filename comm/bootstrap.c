@@ -278,8 +278,7 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
 
   char host[256], port[16];
   if (!gw__parse_host_port(master, host, sizeof host, port, sizeof port)) {
-    res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
-                  "rank %d: master address '%s' is not HOST:PORT (IPv6 as [ADDR]:PORT, port 1..65535)", rank, master);
+    res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: master address '%s' is not HOST:PORT", rank, master);
     goto fail;
   }
   double deadline = gw__now() + timeout_s;

@@ -199,6 +199,11 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
       return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: gw_comm_init needs the master address (HOST:PORT) for %d ranks",
                                      rank, nranks));
+    char host[256], port[16];
+    if (!gw__parse_host_port(master, host, sizeof host, port, sizeof port))
+      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                     "rank %d: master address '%s' is not HOST:PORT (IPv6 as [ADDR]:PORT, "
+                                     "port 1..65535)", rank, master));
     if (!job_token(token, sizeof token))
       return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: no job token: set GW_JOB_TOKEN to the same secret on every rank "

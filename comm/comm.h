@@ -18,6 +18,7 @@ enum gw_coll {
   GW_COLL_ALLGATHER = 3,
   GW_COLL_REDUCE_SCATTER = 4,
   GW_COLL_BARRIER = 5,
+  GW_COLL_ABORT = 6, /* not a collective: a failing rank's notice to its ring successor */
 };
 const char *gw__coll_name(int coll);
 
@@ -65,12 +66,16 @@ struct gw_comm {
   _Atomic int failed;
   pthread_mutex_t err_mu;
   char last_error[GW_ERRMSG_MAX];
+  char first_error[GW_ERRMSG_MAX];
 };
 
 /* Runs one operation to completion (any thread; the caller serializes). */
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
 /* Ring algorithms (ring.c). */
 gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+/* Best effort: tells the ring successor that this rank failed, with the message,
+ * so it fails at once instead of waiting for its deadline (and passes it on). */
+void gw__ring_send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg);
 
 /* Records msg as the communicator's last error. */
 void gw__comm_set_error(struct gw_comm *comm, const char *msg);

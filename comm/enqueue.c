@@ -12,15 +12,27 @@
 
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   int failed = atomic_load(&comm->failed);
-  if (failed)
-    return gw__err(err, (gw_result_t)failed,
-                   "rank %d: the communicator failed in an earlier operation and cannot run more; "
-                   "destroy it and make a new one (first error: %.300s)", comm->rank, comm->last_error);
+  if (failed) {
+    char first[GW_ERRMSG_MAX];
+    pthread_mutex_lock(&comm->err_mu);
+    snprintf(first, sizeof first, "%s", comm->first_error);
+    pthread_mutex_unlock(&comm->err_mu);
+    gw__err(err, (gw_result_t)failed,
+            "rank %d: the communicator failed in an earlier operation and cannot run more; "
+            "destroy it and make a new one (first error: %.300s)", comm->rank, first);
+    gw__comm_set_error(comm, err->msg);
+    return (gw_result_t)failed;
+  }
   gw_result_t res = gw__ring_run(comm, op, err);
   if (res != GW_SUCCESS) {
-    gw__comm_set_error(comm, err->msg);
     int expected = 0;
-    atomic_compare_exchange_strong(&comm->failed, &expected, (int)res);
+    if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {
+      pthread_mutex_lock(&comm->err_mu);
+      snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
+      pthread_mutex_unlock(&comm->err_mu);
+      if (comm->nranks > 1) gw__ring_send_abort(comm, &op->desc, err->msg);
+    }
+    gw__comm_set_error(comm, err->msg);
   }
   return res;
 }
@@ -78,15 +90,6 @@ static gw_result_t check_args(struct gw_comm *comm, const char *fn, const struct
     return bad_arg(comm, "rank %d: %s: %s", fn,
                    "a CUDA stream was given, but this gradwire has host-memory collectives only; "
                    "pass stream = NULL with host buffers");
-  if (op->desc.coll != GW_COLL_BARRIER && (unsigned)op->desc.dtype >= GW_NUM_DTYPES) {
-    snprintf(detail, sizeof detail, "unknown dtype %d", (int)op->desc.dtype);
-    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
-  }
-  if ((op->desc.coll == GW_COLL_ALLREDUCE || op->desc.coll == GW_COLL_REDUCE_SCATTER) &&
-      (unsigned)op->desc.op >= GW_NUM_OPS) {
-    snprintf(detail, sizeof detail, "unknown reduction op %d", (int)op->desc.op);
-    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
-  }
   if (op->desc.coll == GW_COLL_BROADCAST && (op->desc.root < 0 || op->desc.root >= comm->nranks)) {
     snprintf(detail, sizeof detail, "root %d is not a rank of this %d-rank communicator", op->desc.root, comm->nranks);
     return bad_arg(comm, "rank %d: %s: %s", fn, detail);
@@ -109,6 +112,20 @@ static gw_result_t check_args(struct gw_comm *comm, const char *fn, const struct
     if (overlap && !in_place)
       return bad_arg(comm, "rank %d: %s: %s", fn,
                      "send and receive buffers overlap without being the in-place layout");
+  }
+  return GW_SUCCESS;
+}
+
+/* Checked before the values are narrowed into the operation descriptor. */
+static gw_result_t check_enums(struct gw_comm *comm, const char *fn, int dtype, int op) {
+  char detail[64];
+  if (dtype < 0 || dtype >= GW_NUM_DTYPES) {
+    snprintf(detail, sizeof detail, "unknown dtype %d", dtype);
+    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
+  }
+  if (op < 0 || op >= GW_NUM_OPS) {
+    snprintf(detail, sizeof detail, "unknown reduction op %d", op);
+    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
   }
   return GW_SUCCESS;
 }
@@ -202,8 +219,7 @@ static size_t nranks_of(gw_comm_t comm) { return comm ? (size_t)comm->nranks : 1
     struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, dtype, op, -1);                                 \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
-    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
-    if ((unsigned)op >= GW_NUM_OPS) o.desc.op = 0xff;                                                 \
+    GW_CHECK(check_enums(comm, #NAME, (int)dtype, (int)op));                                          \
     return launch(comm, #NAME, &o, stream, count, count, REQ, NB);                                    \
   }
 DEFINE_ALLREDUCE(gw_allreduce, NOARG, NULL, false)
@@ -215,7 +231,7 @@ DEFINE_ALLREDUCE(gw_iallreduce, REQARG, req, true)
     struct gw_op o = OPDESC(GW_COLL_BROADCAST, count, dtype, 0, root);                                \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
-    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
+    GW_CHECK(check_enums(comm, #NAME, (int)dtype, 0));                                                \
     bool is_root = comm && comm->rank == root;                                                        \
     return launch(comm, #NAME, &o, stream, is_root ? count : 0, count, REQ, NB);                      \
   }
@@ -228,7 +244,7 @@ DEFINE_BROADCAST(gw_ibroadcast, REQARG, req, true)
     struct gw_op o = OPDESC(GW_COLL_ALLGATHER, sendcount, dtype, 0, -1);                              \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
-    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
+    GW_CHECK(check_enums(comm, #NAME, (int)dtype, 0));                                                \
     return launch(comm, #NAME, &o, stream, sendcount, sendcount * nranks_of(comm), REQ, NB);          \
   }
 DEFINE_ALLGATHER(gw_allgather, NOARG, NULL, false)
@@ -240,8 +256,7 @@ DEFINE_ALLGATHER(gw_iallgather, REQARG, req, true)
     struct gw_op o = OPDESC(GW_COLL_REDUCE_SCATTER, recvcount, dtype, op, -1);                        \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
-    if ((unsigned)dtype >= GW_NUM_DTYPES) o.desc.dtype = 0xff;                                        \
-    if ((unsigned)op >= GW_NUM_OPS) o.desc.op = 0xff;                                                 \
+    GW_CHECK(check_enums(comm, #NAME, (int)dtype, (int)op));                                          \
     return launch(comm, #NAME, &o, stream, recvcount * nranks_of(comm), recvcount, REQ, NB);          \
   }
 DEFINE_REDUCE_SCATTER(gw_reduce_scatter, NOARG, NULL, false)

@@ -89,6 +89,14 @@ static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
   }
   if (r != GW_SUCCESS) return r;
   struct gw_opdesc theirs = h->op;
+  if (theirs.coll == GW_COLL_ABORT) {
+    char msg[GW_ERRMSG_MAX];
+    size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
+    memcpy(msg, *data, len);
+    msg[len] = 0;
+    return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d failed and stopped the job: %s", p->comm->rank,
+                   c->peer, msg);
+  }
   if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
     char me[160], them[160];
     describe(&p->op->desc, me, sizeof me);
@@ -106,6 +114,25 @@ static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
 static gw_result_t release(struct prims *p) {
   struct gw_conn *c = &p->comm->ring.recv;
   return c->tp->recv_release(c);
+}
+
+void gw__ring_send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg) {
+  struct gw_conn *c = &comm->ring.send;
+  if (!c->tp) return;
+  void *slot;
+  size_t cap;
+  /* A full FIFO means the successor is busy or stuck: give up after a moment. */
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0.5);
+  gw_result_t r;
+  while ((r = c->tp->send_slot(c, &slot, &cap)) == GW_INPROGRESS)
+    if (!gw__waiter_pause(&w)) return;
+  if (r != GW_SUCCESS) return;
+  size_t len = GW_MIN(strlen(msg), cap);
+  memcpy(slot, msg, len);
+  struct gw_chunk_hdr h = {.op = *desc, .bytes = (uint32_t)len};
+  h.op.coll = GW_COLL_ABORT;
+  c->tp->send_post(c, &h);
 }
 
 /* ---- the primitives: n is in elements, pointers may be NULL when n == 0 ---- */

@@ -1,0 +1,41 @@
+/* harness.h - runs a test body as N real rank processes on this machine (fork,
+ * gw_comm_init over a free loopback port with a fresh job token), with a
+ * deadline so a hang fails the test instead of stalling the suite. */
+#ifndef GW_TEST_HARNESS_H
+#define GW_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gradwire.h"
+
+/* Returns 0 on success; anything else fails the rank (the message goes to stderr). */
+typedef int (*rank_body_fn)(gw_comm_t comm, int rank, int nranks, void *arg);
+/* Like rank_body_fn, but the body makes (or fails to make) its own communicator. */
+typedef int (*raw_body_fn)(int rank, int nranks, const char *master, void *arg);
+
+/* Forks nranks processes running body; returns how many ranks failed (exit code
+ * non-zero, a signal, or still running after timeout_s and then killed). */
+int run_ranks(int nranks, rank_body_fn body, void *arg, double timeout_s);
+int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s);
+
+/* A free TCP port on 127.0.0.1. */
+int free_port(void);
+
+/* Deterministic pseudo-random numbers for test inputs. */
+static inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* Host-side dtype access written independently of the library's kernels (uses the
+ * compiler's _Float16, and bf16 as the top half of a float). */
+double test_load(const void *buf, gw_dtype_t dt, size_t i);
+void test_store(void *buf, gw_dtype_t dt, size_t i, double v);
+/* Unit roundoff of a floating dtype (0 for integers). */
+double test_unit_roundoff(gw_dtype_t dt);
+int test_is_float(gw_dtype_t dt);
+
+#endif

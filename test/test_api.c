@@ -1,0 +1,327 @@
+/* test_api.c - the API's contract beyond the data: bad arguments return
+ * GW_ERR_INVALID_ARGUMENT with a message (never a crash), calls that differ
+ * across ranks fail on the ranks that see it, a rank that never calls makes its
+ * peers time out with a message naming it, the rendezvous refuses a wrong job
+ * token and a world-size mismatch, the launcher's environment variables are
+ * honoured, non-blocking operations complete in order, and no segment is left in
+ * /dev/shm. */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define EXPECT(cond, ...)                       \
+  do {                                          \
+    if (!(cond)) {                              \
+      fprintf(stderr, "rank %d: ", rank);       \
+      fprintf(stderr, __VA_ARGS__);             \
+      fprintf(stderr, " [%s:%d]\n", __FILE__, __LINE__); \
+      return 1;                                 \
+    }                                           \
+  } while (0)
+
+static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
+
+/* ---- bad arguments (one rank: no peers needed for the checks) ---- */
+START_TEST(test_bad_arguments) {
+  gw_comm_t comm;
+  float x[4] = {1, 2, 3, 4}, y[4];
+  ck_assert_int_eq(gw_comm_init(&comm, 1, 0, NULL), GW_SUCCESS);
+  ck_assert_int_eq(gw_allreduce(NULL, y, 4, GW_FLOAT32, GW_SUM, comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "sendbuf is NULL"));
+  ck_assert_int_eq(gw_allreduce(x, NULL, 4, GW_FLOAT32, GW_SUM, comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "recvbuf is NULL"));
+  ck_assert_int_eq(gw_allreduce(NULL, NULL, 0, GW_FLOAT32, GW_SUM, comm, NULL), GW_SUCCESS);
+  ck_assert_int_eq(gw_allreduce(x, y, 4, (gw_dtype_t)42, GW_SUM, comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "unknown dtype 42"));
+  ck_assert_int_eq(gw_allreduce(x, y, 4, GW_FLOAT32, (gw_op_t)-1, comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "unknown reduction op"));
+  ck_assert_int_eq(gw_broadcast(x, y, 4, GW_FLOAT32, 1, comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "root 1"));
+  ck_assert_int_eq(gw_allreduce(x, x + 1, 2, GW_FLOAT32, GW_SUM, comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "overlap"));
+  int dummy;
+  ck_assert_int_eq(gw_allreduce(x, y, 4, GW_FLOAT32, GW_SUM, comm, &dummy), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "stream"));
+  ck_assert_int_eq(gw_iallreduce(x, y, 4, GW_FLOAT32, GW_SUM, comm, NULL, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw_allreduce(x, y, 4, GW_FLOAT32, GW_SUM, NULL, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "comm is NULL"));
+  ck_assert_int_eq(gw_allreduce(x, y, SIZE_MAX / 2, GW_FLOAT32, GW_SUM, comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  /* a valid call after all the bad ones still works: they never touched the ring */
+  ck_assert_int_eq(gw_allreduce(x, y, 4, GW_FLOAT32, GW_AVG, comm, NULL), GW_SUCCESS);
+  ck_assert(y[0] == 1 && y[3] == 4);
+  ck_assert_int_eq(gw_comm_destroy(comm), GW_SUCCESS);
+  ck_assert_int_eq(gw_comm_destroy(NULL), GW_SUCCESS);
+
+  ck_assert_int_eq(gw_comm_init(&comm, 2, 2, "127.0.0.1:1"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "rank 2 is not valid for 2 ranks"));
+  ck_assert_int_eq(gw_comm_init(&comm, 0, 0, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw_comm_init(&comm, 2, 0, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw_comm_init(&comm, 2, 1, "no-port-here"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "not HOST:PORT"));
+  ck_assert_int_eq(gw_comm_init(NULL, 1, 0, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw_wait(NULL), GW_ERR_INVALID_ARGUMENT);
+  gw_request_t none = NULL;
+  ck_assert_int_eq(gw_wait(&none), GW_SUCCESS);
+  ck_assert_str_eq(gw_strerror(GW_ERR_TIMEOUT), "timeout");
+  ck_assert_int_eq(gw_dtype_from_name("bf16"), GW_BFLOAT16);
+  ck_assert_int_eq(gw_dtype_from_name("float"), GW_FLOAT32);
+  ck_assert_int_eq(gw_op_from_name("avg"), GW_AVG);
+  ck_assert_int_eq(gw_dtype_from_name("complex"), -1);
+  ck_assert_uint_eq(gw_dtype_size(GW_BFLOAT16), 2);
+  ck_assert_uint_eq(gw_dtype_size((gw_dtype_t)99), 0);
+}
+END_TEST
+
+/* ---- calls that differ across ranks ---- */
+static int body_mismatch(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  float buf[64] = {0};
+  size_t count = rank == 0 ? 10 : 20;
+  gw_result_t r = gw_allreduce(buf, buf, count, GW_FLOAT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT, "mismatched allreduce returned %s", gw_strerror(r));
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "count=10") && has(msg, "count=20") && has(msg, "differ"), "message does not name both calls: %s", msg);
+  /* the communicator refuses further work instead of hanging */
+  r = gw_allreduce(buf, buf, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "earlier"), "later call returned %s", gw_strerror(r));
+  return 0;
+}
+
+START_TEST(test_mismatched_calls) { ck_assert_int_eq(run_ranks(2, body_mismatch, NULL, 60), 0); }
+END_TEST
+
+static int body_mismatch_coll(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  int32_t buf[8] = {0};
+  gw_result_t r = rank == 1 ? gw_broadcast(buf, buf, 8, GW_INT32, 0, comm, NULL)
+                            : gw_allreduce(buf, buf, 8, GW_INT32, GW_MAX, comm, NULL);
+  /* rank 1 sees the mismatch; rank 0 learns it from rank 1's abort notice */
+  EXPECT(r == (rank == 1 ? GW_ERR_INVALID_ARGUMENT : GW_ERR_REMOTE), "returned %s", gw_strerror(r));
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "broadcast") && has(msg, "allreduce"), "message does not name both collectives: %s", msg);
+  return 0;
+}
+
+START_TEST(test_mismatched_collectives) { ck_assert_int_eq(run_ranks(2, body_mismatch_coll, NULL, 60), 0); }
+END_TEST
+
+/* ---- a rank that never calls: the other times out naming it ---- */
+static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  if (rank == 1) {
+    sleep(4); /* never calls; stays alive so the peer must rely on its deadline */
+    return 0;
+  }
+  gw_comm_set_timeout(comm, 1.5);
+  double t0 = (double)time(NULL);
+  float x = 1;
+  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_ERR_TIMEOUT, "returned %s", gw_strerror(r));
+  EXPECT((double)time(NULL) - t0 < 4, "took too long to time out");
+  EXPECT(has(gw_comm_last_error(comm), "rank 1") && has(gw_comm_last_error(comm), "allreduce"),
+         "message does not name the straggler and the operation: %s", gw_comm_last_error(comm));
+  return 0;
+}
+
+START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_straggler, NULL, 60), 0); }
+END_TEST
+
+/* ---- rendezvous: wrong token refused, world-size mismatch reported ---- */
+static int body_wrong_token(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  if (rank == 1) setenv("GW_JOB_TOKEN", "not-the-token", 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "3", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r != GW_SUCCESS, "init with a wrong token succeeded");
+  if (rank == 1) EXPECT(has(gw_comm_last_error(NULL), "wrong job token"), "message: %s", gw_comm_last_error(NULL));
+  if (rank == 0) EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(NULL), "missing ranks: 1"), "message: %s", gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_wrong_token_refused) { ck_assert_int_eq(run_ranks_raw(2, body_wrong_token, NULL, 60), 0); }
+END_TEST
+
+static int body_size_mismatch(int rank, int n, const char *master, void *arg) {
+  (void)arg, (void)n;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "5", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, rank == 1 ? 3 : 2, rank, master);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT || r == GW_ERR_REMOTE, "init returned %s", gw_strerror(r));
+  EXPECT(has(gw_comm_last_error(NULL), "world size mismatch"), "message: %s", gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_world_size_mismatch) { ck_assert_int_eq(run_ranks_raw(2, body_size_mismatch, NULL, 60), 0); }
+END_TEST
+
+static int body_no_master(int rank, int n, const char *master, void *arg) {
+  (void)arg, (void)master;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "1", 1);
+  gw_comm_t comm;
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
+  gw_result_t r = gw_comm_init(&comm, n + 1, 1, addr);
+  EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(NULL), "no answer from master"), "returned %s: %s",
+         gw_strerror(r), gw_comm_last_error(NULL));
+  (void)rank;
+  return 0;
+}
+
+START_TEST(test_master_absent) { ck_assert_int_eq(run_ranks_raw(1, body_no_master, NULL, 30), 0); }
+END_TEST
+
+/* ---- the launchers' environment variables ---- */
+struct env_case {
+  const char *rank, *size, *addr, *port;
+};
+
+static int body_env(int rank, int n, const char *master, void *arg) {
+  const struct env_case *names = arg;
+  char port[16], rs[16], ss[16];
+  snprintf(port, sizeof port, "%s", strrchr(master, ':') + 1);
+  snprintf(rs, sizeof rs, "%d", rank);
+  snprintf(ss, sizeof ss, "%d", n);
+  setenv(names->rank, rs, 1);
+  setenv(names->size, ss, 1);
+  setenv(names->addr, "127.0.0.1", 1);
+  setenv(names->port, port, 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init_env(&comm);
+  EXPECT(r == GW_SUCCESS, "init_env with %s failed: %s", names->rank, gw_comm_last_error(NULL));
+  int got_rank, got_size;
+  gw_comm_rank(comm, &got_rank);
+  gw_comm_size(comm, &got_size);
+  EXPECT(got_rank == rank && got_size == n, "got rank %d size %d", got_rank, got_size);
+  int64_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == n * (n + 1) / 2, "sum %lld", (long long)v);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_env_launchers) {
+  static const struct env_case cases[] = {
+      {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT"},
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"},
+      {"SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT"},
+  };
+  static const char *all[] = {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", "RANK", "WORLD_SIZE",
+                              "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                              "OMPI_COMM_WORLD_SIZE"};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+    ck_assert_msg(run_ranks_raw(3, body_env, (void *)&cases[i], 60) == 0, "launcher variables %s", cases[i].rank);
+  }
+  for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+  gw_comm_t comm;
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "gw-run"));
+  setenv("GW_RANK", "0", 1);
+  setenv("GW_WORLD_SIZE", "2", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "GW_MASTER_ADDR"));
+  setenv("GW_RANK", "5", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
+/* ---- non-blocking: many outstanding, completed in call order ---- */
+static int body_nonblocking(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  enum { K = 16, N = 100003 };
+  static int32_t bufs[K][N];
+  gw_request_t reqs[K];
+  for (int k = 0; k < K; k++) {
+    for (int i = 0; i < N; i++) bufs[k][i] = rank * k + i;
+    EXPECT(gw_iallreduce(bufs[k], bufs[k], N, GW_INT32, GW_SUM, comm, NULL, &reqs[k]) == GW_SUCCESS, "iallreduce %d", k);
+  }
+  /* a blocking call queued behind them runs after them */
+  int64_t one = 1;
+  EXPECT(gw_allreduce(&one, &one, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && one == n, "blocking sum");
+  for (int k = K - 1; k >= 0; k--) {
+    if (k % 2) {
+      int done = 0;
+      while (!done) EXPECT(gw_test(&reqs[k], &done) == GW_SUCCESS, "test %d", k);
+      EXPECT(reqs[k] == NULL, "request not cleared");
+    } else {
+      EXPECT(gw_wait(&reqs[k]) == GW_SUCCESS, "wait %d", k);
+    }
+    int32_t rsum = n * (n - 1) / 2;
+    for (int i = 0; i < N; i++) EXPECT(bufs[k][i] == rsum * k + n * i, "op %d element %d: %d", k, i, bufs[k][i]);
+  }
+  gw_request_t rq;
+  EXPECT(gw_ibarrier(comm, &rq) == GW_SUCCESS && gw_wait(&rq) == GW_SUCCESS, "ibarrier");
+  double b[3] = {rank, 1, 2};
+  EXPECT(gw_ibroadcast(b, b, 3, GW_FLOAT64, n - 1, comm, NULL, &rq) == GW_SUCCESS && gw_wait(&rq) == GW_SUCCESS, "ibroadcast");
+  EXPECT(b[0] == n - 1, "broadcast value %g", b[0]);
+  int32_t g[8], mine = rank * 10;
+  EXPECT(gw_iallgather(&mine, g, 1, GW_INT32, comm, NULL, &rq) == GW_SUCCESS && gw_wait(&rq) == GW_SUCCESS, "iallgather");
+  for (int r = 0; r < n; r++) EXPECT(g[r] == r * 10, "allgather[%d] = %d", r, g[r]);
+  int32_t rs_in[8], rs_out;
+  for (int r = 0; r < n; r++) rs_in[r] = r + rank;
+  EXPECT(gw_ireduce_scatter(rs_in, &rs_out, 1, GW_INT32, GW_MAX, comm, NULL, &rq) == GW_SUCCESS && gw_wait(&rq) == GW_SUCCESS,
+         "ireduce_scatter");
+  EXPECT(rs_out == rank + n - 1, "reduce_scatter max %d", rs_out);
+  return 0;
+}
+
+START_TEST(test_nonblocking) { ck_assert_int_eq(run_ranks(3, body_nonblocking, NULL, 120), 0); }
+END_TEST
+
+/* ---- nothing left in /dev/shm ---- */
+static int count_segments(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "gw-");
+  for (struct dirent *e; (e = readdir(d));)
+    if (!strncmp(e->d_name, prefix, strlen(prefix))) n++;
+  closedir(d);
+  return n;
+}
+
+static int body_sum(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  int32_t v = rank;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == n * (n - 1) / 2, "sum");
+  return 0;
+}
+
+START_TEST(test_no_shm_leftovers) {
+  int before = count_segments();
+  ck_assert_int_eq(run_ranks(4, body_sum, NULL, 60), 0);
+  ck_assert_int_eq(count_segments(), before);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("api");
+  TCase *tc = tcase_create("api");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_bad_arguments);
+  tcase_add_test(tc, test_mismatched_calls);
+  tcase_add_test(tc, test_mismatched_collectives);
+  tcase_add_test(tc, test_timeout_names_straggler);
+  tcase_add_test(tc, test_wrong_token_refused);
+  tcase_add_test(tc, test_world_size_mismatch);
+  tcase_add_test(tc, test_master_absent);
+  tcase_add_test(tc, test_env_launchers);
+  tcase_add_test(tc, test_nonblocking);
+  tcase_add_test(tc, test_no_shm_leftovers);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,327 @@
+/* test_collectives.c - the correctness grid, run as real processes: world sizes
+ * {1,2,3,4,7,8} x counts {0,1,2,7,1023,65537,4194307} x every dtype x every op,
+ * in place and out of place, against a serial reference computed here.  Integer
+ * results must be exact (wrap-around included); floating results must be within
+ * the stated tolerance:
+ *   SUM:  |got - ref| <= (n + 1) * u * sum_r |x_r|
+ *   AVG:  |got - ref| <= (n + 2) * u * sum_r |x_r| / n
+ *   PROD: |got - ref| <= (n + 1) * 1.01 * u * |ref|
+ *   MAX/MIN, broadcast, allgather: exact
+ * where u is the dtype's unit roundoff (fp16 2^-11, bf16 2^-8, fp32 2^-24, fp64
+ * 2^-53): each of the n - 1 ring steps rounds once to the dtype.  Every rank must
+ * also end with bit-identical allreduce results.  Check's case name selects the
+ * world size (CK_RUN_CASE=n8 runs 8 ranks), so meson runs the sizes in parallel. */
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "harness.h"
+
+static const size_t counts[] = {0, 1, 2, 7, 1023, 65537, 4194307};
+#define NCOUNTS (sizeof counts / sizeof counts[0])
+#define MAX_COUNT 4194307u
+#define TAB 65536
+
+/* ---- inputs: per dtype and op class a table of values, indexed by (rank, i) ---- */
+static double ftab[3][TAB];  /* float inputs: [0] sum/avg/max/min in [-1,1], [1] prod in [0.875,1.125] */
+static uint64_t itab[TAB];   /* integer inputs: random bits */
+
+static void init_tables(void) {
+  for (int i = 0; i < TAB; i++) {
+    double u = (double)(mix64((uint64_t)i) >> 11) * 0x1p-53;
+    ftab[0][i] = 2 * u - 1;
+    ftab[1][i] = 0.875 + 0.25 * u;
+    itab[i] = mix64((uint64_t)i + 0x12345);
+  }
+}
+
+static inline size_t idx(int r, size_t i) { return ((uint32_t)i * 2654435761u + (uint32_t)r * 40503u + (uint32_t)(i >> 16) * 97u) >> 16; }
+static inline double fval(int op, int r, size_t i) { return ftab[op == GW_PROD][idx(r, i)]; }
+static inline uint64_t ival(int r, size_t i) { return itab[idx(r, i)]; }
+
+/* Integer semantics of the type: wrap, sign-extend, and compare in the type. */
+static int64_t norm(gw_dtype_t dt, uint64_t u) {
+  switch (dt) {
+    case GW_INT8: return (int8_t)u;
+    case GW_UINT8: return (uint8_t)u;
+    case GW_INT32: return (int32_t)u;
+    default: return (int64_t)u;
+  }
+}
+
+static int64_t load_int(const void *buf, gw_dtype_t dt, size_t i) {
+  switch (dt) {
+    case GW_INT8: return ((const int8_t *)buf)[i];
+    case GW_UINT8: return ((const uint8_t *)buf)[i];
+    case GW_INT32: return ((const int32_t *)buf)[i];
+    default: return ((const int64_t *)buf)[i];
+  }
+}
+
+static void store_int(void *buf, gw_dtype_t dt, size_t i, uint64_t v) {
+  switch (dt) {
+    case GW_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case GW_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case GW_INT32: ((int32_t *)buf)[i] = (int32_t)(uint32_t)v; break;
+    default: ((int64_t *)buf)[i] = (int64_t)v; break;
+  }
+}
+
+static void fill_input(void *buf, gw_dtype_t dt, int op, int r, size_t n, size_t first) {
+  if (test_is_float(dt))
+    for (size_t i = 0; i < n; i++) test_store(buf, dt, i, fval(op, r, first + i));
+  else
+    for (size_t i = 0; i < n; i++) store_int(buf, dt, i, ival(r, first + i));
+}
+
+/* The value rank r contributed at element i, as read back from its dtype. */
+static double fin(gw_dtype_t dt, int op, int r, size_t i) {
+  double v = fval(op, r, i);
+  uint8_t tmp[8];
+  test_store(tmp, dt, 0, v);
+  return test_load(tmp, dt, 0);
+}
+
+/* Checks element i of out against the reduction of every rank's input i_in. */
+static int check_reduced(const void *out, size_t i, gw_dtype_t dt, int op, int n, size_t i_in, int rank, const char *what) {
+  if (!test_is_float(dt)) {
+    int64_t acc = norm(dt, ival(0, i_in));
+    for (int r = 1; r < n; r++) {
+      int64_t v = norm(dt, ival(r, i_in));
+      switch (op) {
+        case GW_SUM:
+        case GW_AVG: acc = norm(dt, (uint64_t)acc + (uint64_t)v); break;
+        case GW_PROD: acc = norm(dt, (uint64_t)acc * (uint64_t)v); break;
+        case GW_MAX: acc = v > acc ? v : acc; break;
+        case GW_MIN: acc = v < acc ? v : acc; break;
+      }
+    }
+    if (op == GW_AVG) acc = norm(dt, (uint64_t)(acc / n));
+    int64_t got = load_int(out, dt, i);
+    if (got == acc) return 0;
+    fprintf(stderr, "rank %d: %s %s/%s n=%d element %zu: got %" PRId64 ", expected %" PRId64 "\n", rank, what,
+            gw_dtype_name(dt), gw_op_name(op), n, i, got, acc);
+    return 1;
+  }
+  double acc = fin(dt, op, 0, i_in), mag = fabs(acc);
+  for (int r = 1; r < n; r++) {
+    double v = fin(dt, op, r, i_in);
+    mag += fabs(v);
+    switch (op) {
+      case GW_SUM:
+      case GW_AVG: acc += v; break;
+      case GW_PROD: acc *= v; break;
+      case GW_MAX: acc = v > acc ? v : acc; break;
+      case GW_MIN: acc = v < acc ? v : acc; break;
+    }
+  }
+  double u = test_unit_roundoff(dt), tol = 0;
+  if (op == GW_SUM) tol = (n + 1) * u * mag;
+  if (op == GW_AVG) acc /= n, tol = (n + 2) * u * mag / n;
+  if (op == GW_PROD) tol = (n + 1) * 1.01 * u * fabs(acc);
+  double got = test_load(out, dt, i);
+  if (fabs(got - acc) <= tol) return 0;
+  fprintf(stderr, "rank %d: %s %s/%s n=%d element %zu: got %.9g, expected %.9g (tolerance %.3g)\n", rank, what,
+          gw_dtype_name(dt), gw_op_name(op), n, i, got, acc, tol);
+  return 1;
+}
+
+static void *big_alloc(size_t bytes) {
+  void *p = mmap(NULL, bytes + 64, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(98);
+  }
+  return p;
+}
+
+static uint64_t hash_bytes(const void *p, size_t len) {
+  const uint8_t *b = p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < len; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+#define CALL(expr, what)                                                                         \
+  do {                                                                                           \
+    gw_result_t r_ = (expr);                                                                     \
+    if (r_ != GW_SUCCESS) {                                                                      \
+      fprintf(stderr, "rank %d: %s failed: %s: %s\n", rank, what, gw_strerror(r_), gw_comm_last_error(comm)); \
+      return 1;                                                                                  \
+    }                                                                                            \
+  } while (0)
+
+/* Count of mismatches in a range, reported once per combination. */
+#define CHECK_RANGE(N, EXPR)                                                                     \
+  do {                                                                                           \
+    int bad_ = 0;                                                                                \
+    for (size_t i = 0; i < (N) && bad_ < 5; i++) bad_ += (EXPR);                                 \
+    if (bad_) return 1;                                                                          \
+  } while (0)
+
+static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  init_tables();
+  uint8_t *send = big_alloc(MAX_COUNT * 8), *recv = big_alloc(MAX_COUNT * 8);
+  uint64_t *hashes = calloc((size_t)n, sizeof *hashes);
+  for (size_t ci = 0; ci < NCOUNTS; ci++)
+    for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
+      for (int op = 0; op < GW_NUM_OPS; op++) {
+        size_t count = counts[ci], es = gw_dtype_size(dt);
+        fill_input(send, dt, op, rank, count, 0);
+        memset(recv, 0xa5, count * es);
+        CALL(gw_allreduce(send, recv, count, dt, op, comm, NULL), "gw_allreduce");
+        CHECK_RANGE(count, check_reduced(recv, i, dt, op, n, i, rank, "allreduce"));
+        uint64_t h = hash_bytes(recv, count * es);
+        CALL(gw_allgather(&h, hashes, 1, GW_INT64, comm, NULL), "gw_allgather(hash)");
+        for (int r = 0; r < n; r++)
+          if (hashes[r] != h) {
+            fprintf(stderr, "rank %d: allreduce %s/%s count %zu: result differs from rank %d's\n", rank,
+                    gw_dtype_name(dt), gw_op_name(op), count, r);
+            return 1;
+          }
+        /* in place */
+        memcpy(recv, send, count * es);
+        CALL(gw_allreduce(recv, recv, count, dt, op, comm, NULL), "gw_allreduce(in place)");
+        CHECK_RANGE(count, check_reduced(recv, i, dt, op, n, i, rank, "allreduce in place"));
+      }
+  return 0;
+}
+
+static size_t capped(size_t count, int n) { return count == MAX_COUNT ? MAX_COUNT / (size_t)n + 1 : count; }
+
+static int body_reduce_scatter(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  init_tables();
+  uint8_t *send = big_alloc(MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(MAX_COUNT * 8 + 64 * 8);
+  for (size_t ci = 0; ci < NCOUNTS; ci++)
+    for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
+      for (int op = 0; op < GW_NUM_OPS; op++) {
+        size_t rc = capped(counts[ci], n), es = gw_dtype_size(dt);
+        fill_input(send, dt, op, rank, rc * (size_t)n, 0);
+        CALL(gw_reduce_scatter(send, recv, rc, dt, op, comm, NULL), "gw_reduce_scatter");
+        CHECK_RANGE(rc, check_reduced(recv, i, dt, op, n, (size_t)rank * rc + i, rank, "reduce_scatter"));
+        /* in place: the result lands in this rank's block of the input */
+        memcpy(recv, send, rc * (size_t)n * es);
+        uint8_t *mine = recv + (size_t)rank * rc * es;
+        CALL(gw_reduce_scatter(recv, mine, rc, dt, op, comm, NULL), "gw_reduce_scatter(in place)");
+        CHECK_RANGE(rc, check_reduced(mine, i, dt, op, n, (size_t)rank * rc + i, rank, "reduce_scatter in place"));
+      }
+  return 0;
+}
+
+static int same_bits(const void *a, const void *b, size_t bytes, int rank, const char *what, gw_dtype_t dt, size_t count) {
+  if (bytes == 0 || memcmp(a, b, bytes) == 0) return 0;
+  fprintf(stderr, "rank %d: %s %s count %zu: wrong data\n", rank, what, gw_dtype_name(dt), count);
+  return 1;
+}
+
+static int body_allgather(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  init_tables();
+  uint8_t *send = big_alloc(MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(MAX_COUNT * 8 + 64 * 8);
+  uint8_t *expect = big_alloc(MAX_COUNT * 8 + 64 * 8);
+  for (size_t ci = 0; ci < NCOUNTS; ci++)
+    for (int dt = 0; dt < GW_NUM_DTYPES; dt++) {
+      size_t sc = capped(counts[ci], n), es = gw_dtype_size(dt);
+      for (int r = 0; r < n; r++) fill_input(expect + (size_t)r * sc * es, dt, GW_SUM, r, sc, 0);
+      fill_input(send, dt, GW_SUM, rank, sc, 0);
+      memset(recv, 0x5a, sc * (size_t)n * es);
+      CALL(gw_allgather(send, recv, sc, dt, comm, NULL), "gw_allgather");
+      if (same_bits(recv, expect, sc * (size_t)n * es, rank, "allgather", dt, sc)) return 1;
+      memset(recv, 0x5a, sc * (size_t)n * es);
+      memcpy(recv + (size_t)rank * sc * es, send, sc * es);
+      CALL(gw_allgather(recv + (size_t)rank * sc * es, recv, sc, dt, comm, NULL), "gw_allgather(in place)");
+      if (same_bits(recv, expect, sc * (size_t)n * es, rank, "allgather in place", dt, sc)) return 1;
+    }
+  return 0;
+}
+
+static int body_broadcast(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  init_tables();
+  uint8_t *send = big_alloc(MAX_COUNT * 8), *recv = big_alloc(MAX_COUNT * 8), *expect = big_alloc(MAX_COUNT * 8);
+  int roots[2] = {0, n - 1};
+  for (size_t ci = 0; ci < NCOUNTS; ci++)
+    for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
+      for (int ri = 0; ri < (n > 1 ? 2 : 1); ri++) {
+        int root = roots[ri];
+        size_t count = counts[ci], es = gw_dtype_size(dt);
+        fill_input(expect, dt, GW_SUM, root, count, 0);
+        fill_input(send, dt, GW_SUM, rank, count, 0);
+        memset(recv, 0x33, count * es);
+        CALL(gw_broadcast(send, recv, count, dt, root, comm, NULL), "gw_broadcast");
+        if (same_bits(recv, expect, count * es, rank, "broadcast", dt, count)) return 1;
+        memcpy(recv, send, count * es);
+        CALL(gw_broadcast(recv, recv, count, dt, root, comm, NULL), "gw_broadcast(in place)");
+        if (same_bits(recv, expect, count * es, rank, "broadcast in place", dt, count)) return 1;
+      }
+  return 0;
+}
+
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* No rank may leave a barrier before the last one entered it. */
+static int body_barrier(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  double *entered = calloc((size_t)n, sizeof *entered);
+  for (int round = 0; round < 3; round++) {
+    struct timespec ts = {0, (long)(((rank + round) % n) * 20) * 1000000L};
+    nanosleep(&ts, NULL);
+    double t_in = mono();
+    CALL(gw_barrier(comm), "gw_barrier");
+    double t_out = mono();
+    CALL(gw_allgather(&t_in, entered, 1, GW_FLOAT64, comm, NULL), "gw_allgather(times)");
+    for (int r = 0; r < n; r++)
+      if (entered[r] > t_out) {
+        fprintf(stderr, "rank %d left barrier %d at %.6f before rank %d entered at %.6f\n", rank, round, t_out, r, entered[r]);
+        return 1;
+      }
+  }
+  for (int i = 0; i < 100; i++) CALL(gw_barrier(comm), "gw_barrier (loop)");
+  return 0;
+}
+
+static int nranks_of_case(void) {
+  const char *c = getenv("GW_TEST_NRANKS");
+  return c ? atoi(c) : 2;
+}
+
+#define GRID_TEST(NAME, BODY)                                                                    \
+  START_TEST(NAME) {                                                                             \
+    int n = nranks_of_case();                                                                    \
+    ck_assert_int_eq(run_ranks(n, BODY, NULL, 1500), 0);                                         \
+  }                                                                                              \
+  END_TEST
+
+GRID_TEST(test_allreduce_grid, body_allreduce)
+GRID_TEST(test_reduce_scatter_grid, body_reduce_scatter)
+GRID_TEST(test_allgather_grid, body_allgather)
+GRID_TEST(test_broadcast_grid, body_broadcast)
+GRID_TEST(test_barrier, body_barrier)
+
+int main(void) {
+  Suite *s = suite_create("collectives");
+  TCase *tc = tcase_create("grid");
+  tcase_set_timeout(tc, 1800);
+  tcase_add_test(tc, test_allreduce_grid);
+  tcase_add_test(tc, test_reduce_scatter_grid);
+  tcase_add_test(tc, test_allgather_grid);
+  tcase_add_test(tc, test_broadcast_grid);
+  tcase_add_test(tc, test_barrier);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,164 @@
+/* test_reduce.c - the host reduction kernels: every SIMD build this CPU can run
+ * against a scalar reference written here, for every dtype and op, odd lengths,
+ * both outputs, in-place aliasing and the AVG division; and the fp16/bf16
+ * conversions against the compiler's _Float16 and an independent bf16 rounding. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "reduce.h"
+
+static const char *variants[] = {"generic", "avx2", "avx512"};
+
+/* The scalar reference: exact integer semantics, fp16/bf16 via float with one rounding. */
+static void ref_elem(gw_dtype_t dt, int kop, uint32_t div, const void *a, const void *b, size_t i, void *out) {
+  if (test_is_float(dt)) {
+    double x = test_load(a, dt, i), y = test_load(b, dt, i), r;
+    if (dt == GW_FLOAT16 || dt == GW_BFLOAT16 || dt == GW_FLOAT32) {
+      float fx = (float)x, fy = (float)y, fr;
+      fr = kop == GW_KOP_SUM ? fx + fy : kop == GW_KOP_PROD ? fx * fy : kop == GW_KOP_MAX ? (fx > fy ? fx : fy) : (fx < fy ? fx : fy);
+      if (div > 1) fr /= (float)div;
+      r = fr;
+    } else {
+      r = kop == GW_KOP_SUM ? x + y : kop == GW_KOP_PROD ? x * y : kop == GW_KOP_MAX ? (x > y ? x : y) : (x < y ? x : y);
+      if (div > 1) r /= div;
+    }
+    if (dt == GW_BFLOAT16) { /* round to nearest even, independently of the library */
+      float f = (float)r;
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      uint32_t lsb = (u >> 16) & 1, rest = u & 0xffff;
+      uint32_t hi = u >> 16;
+      if (rest > 0x8000 || (rest == 0x8000 && lsb)) hi++;
+      *(uint16_t *)out = (uint16_t)hi;
+    } else {
+      test_store(out, dt, 0, r);
+    }
+    return;
+  }
+  int64_t x, y, r;
+  size_t es = gw_dtype_size(dt);
+  uint64_t ux = 0, uy = 0;
+  memcpy(&ux, (const char *)a + i * es, es);
+  memcpy(&uy, (const char *)b + i * es, es);
+  int sh = 64 - 8 * (int)es;
+  if (dt == GW_UINT8) x = (int64_t)ux, y = (int64_t)uy;
+  else x = (int64_t)(ux << sh) >> sh, y = (int64_t)(uy << sh) >> sh;
+  switch (kop) {
+    case GW_KOP_SUM: r = (int64_t)((uint64_t)x + (uint64_t)y); break;
+    case GW_KOP_PROD: r = (int64_t)((uint64_t)x * (uint64_t)y); break;
+    case GW_KOP_MAX: r = x > y ? x : y; break;
+    default: r = x < y ? x : y; break;
+  }
+  if (kop == GW_KOP_SUM && div > 1) {
+    /* wrap to the type first, then divide in the type */
+    uint64_t w = (uint64_t)r;
+    int64_t t = dt == GW_UINT8 ? (int64_t)(uint8_t)w : (int64_t)(w << sh) >> sh;
+    r = t / (int64_t)div;
+  }
+  memcpy(out, &r, es);
+}
+
+static void fill(void *buf, gw_dtype_t dt, size_t n, uint64_t seed) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t h = mix64(seed * 1000003 + i);
+    if (test_is_float(dt)) test_store(buf, dt, i, ((double)(h >> 11) * 0x1p-53) * 8 - 4);
+    else memcpy((char *)buf + i * gw_dtype_size(dt), &h, gw_dtype_size(dt));
+  }
+}
+
+START_TEST(test_kernels_match_reference) {
+  static const size_t lens[] = {0, 1, 3, 15, 16, 17, 63, 255, 1000, 4099};
+  uint8_t a[4099 * 8], b[4099 * 8], o0[4099 * 8], o1[4099 * 8], want[8];
+  int tested = 0;
+  for (size_t v = 0; v < 3; v++) {
+    const gw_reduce_table_t *t = gw__reduce_table_named(variants[v]);
+    if (!t) continue;
+    tested++;
+    for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
+      for (int kop = 0; kop < GW_NUM_KOPS; kop++)
+        for (uint32_t div = 0; div <= 3; div += 3) {
+          if (div && kop != GW_KOP_SUM) continue;
+          for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            size_t n = lens[li], es = gw_dtype_size(dt);
+            fill(a, dt, n, 1 + li);
+            fill(b, dt, n, 100 + li);
+            memset(o0, 0, sizeof o0);
+            memset(o1, 0, sizeof o1);
+            (*t)[dt][kop](o0, o1, a, b, n, div);
+            for (size_t i = 0; i < n; i++) {
+              ref_elem(dt, kop, div, a, b, i, want);
+              ck_assert_msg(!memcmp(o0 + i * es, want, es) && !memcmp(o1 + i * es, want, es),
+                            "%s %s kop %d div %u n %zu element %zu differs", variants[v], gw_dtype_name(dt), kop, div, n, i);
+            }
+            /* in place: dst0 == a, no second output */
+            memcpy(o0, a, n * es);
+            (*t)[dt][kop](o0, NULL, o0, b, n, div);
+            for (size_t i = 0; i < n; i++) {
+              ref_elem(dt, kop, div, a, b, i, want);
+              ck_assert_msg(!memcmp(o0 + i * es, want, es), "%s %s in place element %zu differs", variants[v],
+                            gw_dtype_name(dt), i);
+            }
+          }
+        }
+  }
+  ck_assert_int_ge(tested, 1);
+}
+END_TEST
+
+START_TEST(test_half_conversions_exact) {
+  /* every half converts to the float the compiler computes, and back to itself */
+  for (uint32_t h = 0; h < 65536; h++) {
+    _Float16 x;
+    uint16_t hh = (uint16_t)h;
+    memcpy(&x, &hh, 2);
+    float f = gw__half_to_float(hh);
+    if (isnan((float)x)) {
+      ck_assert(isnan(f));
+      continue;
+    }
+    ck_assert_msg(f == (float)x, "half 0x%04x -> %g, expected %g", h, f, (double)(float)x);
+    ck_assert_uint_eq(gw__float_to_half(f), hh);
+  }
+  /* floats round to nearest even exactly as the compiler's conversion */
+  for (uint64_t i = 0; i < 2000000; i++) {
+    uint32_t u = (uint32_t)mix64(i);
+    float f;
+    memcpy(&f, &u, 4);
+    if (isnan(f)) continue;
+    _Float16 x = (_Float16)f;
+    uint16_t want;
+    memcpy(&want, &x, 2);
+    ck_assert_msg(gw__float_to_half(f) == want, "float %a -> 0x%04x, expected 0x%04x", (double)f, gw__float_to_half(f), want);
+  }
+}
+END_TEST
+
+START_TEST(test_bf16_conversions) {
+  ck_assert_uint_eq(gw__float_to_bf16(1.0f), 0x3f80);
+  ck_assert_uint_eq(gw__float_to_bf16(1.00390625f), 0x3f80);      /* tie, even stays */
+  ck_assert_uint_eq(gw__float_to_bf16(1.01171875f), 0x3f82);      /* tie, odd rounds up */
+  ck_assert_uint_eq(gw__float_to_bf16(-2.0f), 0xc000);
+  ck_assert(gw__float_to_bf16(NAN) != 0x7f80 && (gw__float_to_bf16(NAN) & 0x7f80) == 0x7f80);
+  ck_assert_uint_eq(gw__float_to_bf16(INFINITY), 0x7f80);
+  ck_assert(gw__bf16_to_float(0x3f80) == 1.0f);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("reduce");
+  TCase *tc = tcase_create("kernels");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_kernels_match_reference);
+  tcase_add_test(tc, test_half_conversions_exact);
+  tcase_add_test(tc, test_bf16_conversions);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
