@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# scripts/deps.sh - installs the Debian packages gradwire builds, tests and
+# benchmarks with, only when some are missing (safe to rerun; no network use when
+# everything is there).  Sourced by run.sh and test.sh.
+gw_install_deps() {
+  local pkgs=(meson ninja-build pkg-config gcc libc6-dev check python3
+              libopenmpi-dev openmpi-bin)
+  local missing=()
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -q >/dev/null || { echo "apt-get update failed" >&2; return 1; }
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+    { echo "apt-get install ${missing[*]} failed" >&2; return 1; }
+}
+
+# Configures build/ (warnings are errors, as in CI) and compiles it.
+gw_build() {
+  local dir="${1:-build}"
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" -Dwerror=true >/dev/null || return 1
+  else
+    meson setup "$dir" -Dwerror=true >/dev/null || return 1
+  fi
+  meson compile -C "$dir" >/dev/null || meson compile -C "$dir"
+}
