@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# compare.sh - gradwire's allreduce next to Open MPI's and the memory-bandwidth limit,
+# all measured in one run on this machine (ratios, not absolute numbers: machines
+# are shared and noisy).
+#
+# Runs membw, then BENCH_ROUNDS times in turn: gw-perf with 2 ranks through gw-run;
+# mpi_allreduce with 2 ranks under mpirun as is; mpi_allreduce again with glibc
+# keeping freed memory (GLIBC_TUNABLES below).  All float32 sum, sizes
+# BENCH_MIN..BENCH_MAX by BENCH_FACTOR.  Then prints one line per size (each tool's
+# best round) and writes the same table as CSV to bench/results/compare-<date>.csv.  It builds nothing except `meson compile -C $BUILD`
+# when a binary is missing; it does not configure a build directory.
+#
+# Environment (defaults in brackets):
+#   BUILD               build directory, relative to the repository root [build]
+#   BENCH_MIN/MAX       smallest / largest size, suffix K M G allowed [8 / 256M]
+#   BENCH_FACTOR        size step factor [2]
+#   BENCH_SPLIT         sizes up to this use the small-size iteration counts [1M]
+#   BENCH_ITERS, BENCH_WARMUP              iterations at sizes <= SPLIT [100, 10]
+#   BENCH_ITERS_LARGE, BENCH_WARMUP_LARGE  iterations at sizes >  SPLIT [20, 3]
+#   BENCH_ROUNDS        times each tool runs, alternating; per size the round with
+#                       the lowest out-of-place time is kept [2]
+#   BENCH_SKIP_GW=1     leave gradwire out (peers and membw only)
+#   BENCH_TIMEOUT       seconds one invocation of a tool may take before it is
+#                       stopped and the script fails [300]
+#   MPIRUN_ARGS         replaces the default Open MPI options
+#                       [--bind-to none --oversubscribe --mca pml ob1 --mca btl self,vader]
+#   MEMBW_ARGS          passed to membw [-s 256 -r 10]
+set -euo pipefail
+
+die() { echo "compare.sh: $*" >&2; exit 1; }
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=${BUILD:-build}
+[[ $build == /* ]] || build=$root/$build
+
+command -v mpirun >/dev/null 2>&1 ||
+  die "mpirun not found: install Open MPI with 'apt-get install openmpi-bin libopenmpi-dev', then 'meson setup --reconfigure $build' so mpi_allreduce is built"
+command -v python3 >/dev/null 2>&1 || die "python3 not found: it joins the results"
+
+skip_gw=${BENCH_SKIP_GW:-0}
+gw_run=$build/tools/gw-run
+gw_perf=$build/tools/gw-perf
+membw=$build/bench/membw
+mpi_allreduce=$build/bench/mpi_allreduce
+
+missing() {
+  [[ -x $membw && -x $mpi_allreduce ]] || return 0
+  [[ $skip_gw == 1 || (-x $gw_run && -x $gw_perf) ]] || return 0
+  return 1
+}
+if missing; then
+  [[ -f $build/build.ninja ]] ||
+    die "no configured build in $build: run 'meson setup $build' in $root first (or set BUILD)"
+  echo "# some binaries are missing: meson compile -C $build"
+  meson compile -C "$build" || die "meson compile -C $build failed"
+fi
+[[ -x $membw ]] || die "$membw was not built"
+[[ -x $mpi_allreduce ]] ||
+  die "$mpi_allreduce was not built: meson found no MPI; 'apt-get install openmpi-bin libopenmpi-dev', then 'meson setup --reconfigure $build'"
+if [[ $skip_gw != 1 ]]; then
+  [[ -x $gw_run && -x $gw_perf ]] || die "$gw_run or $gw_perf was not built (BENCH_SKIP_GW=1 leaves gradwire out)"
+fi
+
+# "256M" -> 268435456 (powers of 1024, as gw-perf and mpi_allreduce read them).
+to_bytes() {
+  local v=$1 n mult=1
+  [[ $v =~ ^([0-9]+)([kKmMgG]?)[bB]?$ ]] || die "bad size '$v'"
+  n=${BASH_REMATCH[1]}
+  case ${BASH_REMATCH[2]} in
+    k|K) mult=1024 ;;
+    m|M) mult=$((1024 * 1024)) ;;
+    g|G) mult=$((1024 * 1024 * 1024)) ;;
+  esac
+  echo $((n * mult))
+}
+
+min=$(to_bytes "${BENCH_MIN:-8}")
+max=$(to_bytes "${BENCH_MAX:-256M}")
+split=$(to_bytes "${BENCH_SPLIT:-1M}")
+factor=${BENCH_FACTOR:-2}
+iters=${BENCH_ITERS:-100}
+warmup=${BENCH_WARMUP:-10}
+iters_large=${BENCH_ITERS_LARGE:-20}
+warmup_large=${BENCH_WARMUP_LARGE:-3}
+step_timeout=${BENCH_TIMEOUT:-300}
+rounds=${BENCH_ROUNDS:-2}
+[[ $rounds =~ ^[0-9]+$ && $rounds -ge 1 ]] || die "BENCH_ROUNDS must be an integer >= 1"
+[[ $factor =~ ^[0-9]+$ && $factor -ge 2 ]] || die "BENCH_FACTOR must be an integer >= 2"
+((min >= 4 && min <= max)) || die "need 4 <= BENCH_MIN <= BENCH_MAX"
+
+# Split min..max into at most two ranges, so big sizes can run fewer iterations:
+# each entry is "first last iters warmup" for one invocation of each tool.
+ranges=()
+if ((max <= split)); then
+  ranges+=("$min $max $iters $warmup")
+elif ((min > split)); then
+  ranges+=("$min $max $iters_large $warmup_large")
+else
+  s=$min
+  while ((s * factor <= split)); do s=$((s * factor)); done
+  ranges+=("$min $s $iters $warmup")
+  if ((s * factor <= max)); then ranges+=("$((s * factor)) $max $iters_large $warmup_large"); fi
+fi
+
+if [[ -n ${MPIRUN_ARGS:-} ]]; then
+  read -r -a mpi_opts <<<"$MPIRUN_ARGS"
+else
+  mpi_opts=(--bind-to none --oversubscribe --mca pml ob1 --mca btl "self,vader")
+fi
+if [[ $(id -u) == 0 ]]; then
+  mpi_opts+=(--allow-run-as-root)
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+# Freed memory stays in the heap instead of going back to the kernel, so a buffer
+# malloc'd again (Open MPI's temporary buffer in each large allreduce) is not faulted
+# in afresh each time.
+tunables=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/gw-compare.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+results=$here/results
+mkdir -p "$results"
+[[ -f $results/.gitignore ]] || printf '*.csv\n*.log\n' >"$results/.gitignore"
+stamp=$(date +%Y-%m-%d-%H%M%S)
+out_csv=$results/compare-$stamp.csv
+
+# run_step NAME CSVPREFIX COMMAND...: runs COMMAND once per range with the range's
+# -b -e -n -w and --csv appended, echoing its output, then joins the CSVs.
+run_step() {
+  local name=$1 prefix=$2 i=0 r first last n w rc
+  shift 2
+  echo
+  echo "## $name"
+  for r in "${ranges[@]}"; do
+    read -r first last n w <<<"$r"
+    timeout --kill-after=10 "$step_timeout" \
+      "$@" -b "$first" -e "$last" -f "$factor" -n "$n" -w "$w" --csv "$work/$prefix.part$i.csv" 2>&1 |
+      tee -a "$work/$prefix.log" || {
+      rc=${PIPESTATUS[0]}
+      ((rc != 124 && rc != 137)) || die "$name did not finish within $step_timeout s (BENCH_TIMEOUT); its output is above"
+      die "$name failed (exit $rc); its output is above"
+    }
+    [[ -s $work/$prefix.part$i.csv ]] || die "$name wrote no CSV"
+    i=$((i + 1))
+  done
+  # One header, then every range's rows.
+  awk 'FNR == 1 && NR != 1 { next } { print }' "$work/$prefix".part*.csv >"$work/$prefix.csv"
+}
+
+t_start=$SECONDS
+echo "# compare.sh $stamp on $(hostname), $(nproc) CPUs; sizes $min..$max B by $factor"
+for r in "${ranges[@]}"; do
+  read -r first last n w <<<"$r"
+  echo "#   $first..$last B: $n iterations after $w warmup"
+done
+
+echo
+echo "## membw ${MEMBW_ARGS:-}"
+# shellcheck disable=SC2086  # MEMBW_ARGS is a list of options
+"$membw" ${MEMBW_ARGS:-} | tee "$work/membw.txt" || die "membw failed"
+
+# Rounds alternate the tools, so a burst of load from someone else on a shared box
+# hits one round of one tool rather than all of it; each size keeps its best round.
+for ((round = 1; round <= rounds; round++)); do
+  tag="round $round/$rounds"
+  if [[ $skip_gw != 1 ]]; then
+    run_step "gradwire (gw-perf, 2 ranks), $tag" "gw-r$round" \
+      "$gw_run" -n 2 "$gw_perf" -d float32 -o sum -c 1
+  fi
+  run_step "Open MPI (mpi_allreduce, 2 ranks, as is), $tag" "mpi-r$round" \
+    mpirun "${mpi_opts[@]}" -np 2 "$mpi_allreduce" -c 1
+  run_step "Open MPI (mpi_allreduce, 2 ranks, GLIBC_TUNABLES=$tunables), $tag" "mpit-r$round" \
+    mpirun "${mpi_opts[@]}" -x "GLIBC_TUNABLES=$tunables" -np 2 "$mpi_allreduce" -c 1
+done
+
+echo
+echo "## comparison (out-of-place, best of $rounds rounds; busbw in GB/s)"
+python3 - "$work" "$out_csv" "$skip_gw" "$rounds" <<'PY'
+import csv, math, os, sys
+
+work, out_csv, skip_gw, rounds = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+NEEDED = ("size", "oop_time_us", "oop_busbw", "oop_wrong", "ip_wrong")
+
+def load_one(name):
+    path = os.path.join(work, name + ".csv")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        lacking = [k for k in NEEDED if k not in (reader.fieldnames or [])]
+        if lacking:
+            sys.exit("compare.sh: %s.csv lacks %s; header is %s" % (
+                name, ",".join(lacking), ",".join(reader.fieldnames or [])))
+        return {int(row["size"]): row for row in reader}
+
+def load(name):
+    """Per size, the round with the lowest out-of-place time; wrong counts from
+    every round are kept so that no wrong result hides behind a fast round."""
+    best = {}
+    for r in range(1, rounds + 1):
+        for size, row in load_one("%s-r%d" % (name, r)).items():
+            row["round"] = r
+            best.setdefault(size, []).append(row)
+    out = {}
+    for size, rows in best.items():
+        timed = [row for row in rows if num(row, "oop_time_us") is not None]
+        out[size] = dict(min(timed, key=lambda row: num(row, "oop_time_us")) if timed else rows[0])
+        out[size]["all_rounds"] = rows
+    return out
+
+def num(row, key):
+    try:
+        v = float(row[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+def human(n):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return "%d%s" % (n // div, unit)
+    return str(n)
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+membw = {}
+with open(os.path.join(work, "membw.txt")) as f:
+    for line in f:
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#"):
+            membw[parts[0]] = float(parts[1])
+
+gw, mpi, mpit = ({} if skip_gw else load("gw")), load("mpi"), load("mpit")
+wrong = []
+for name, table in (("gradwire", gw), ("Open MPI", mpi), ("Open MPI tuned", mpit)):
+    for size, best in table.items():
+        for row in best["all_rounds"]:
+            for key in ("oop_wrong", "ip_wrong"):
+                if row.get(key) not in (None, "", "0", "-1", "N/A"):
+                    wrong.append("%s %s B round %d %s=%s" % (name, size, row["round"], key, row[key]))
+
+cols = ["size", "gw_time_us", "gw_busbw", "mpi_time_us", "mpi_busbw", "mpi_tuned_time_us",
+        "mpi_tuned_busbw", "mpi_best_busbw", "busbw_ratio", "latency_ratio"]
+rows = []
+for size in sorted(set(gw) | set(mpi) | set(mpit)):
+    g, m, t = gw.get(size, {}), mpi.get(size, {}), mpit.get(size, {})
+    g_us, g_bw = num(g, "oop_time_us"), num(g, "oop_busbw")
+    m_us, m_bw = num(m, "oop_time_us"), num(m, "oop_busbw")
+    t_us, t_bw = num(t, "oop_time_us"), num(t, "oop_busbw")
+    bws = [v for v in (m_bw, t_bw) if v is not None]
+    lats = [v for v in (m_us, t_us) if v is not None and v > 0]
+    best_bw = max(bws) if bws else None
+    best_us = min(lats) if lats else None
+    bw_ratio = g_bw / best_bw if g_bw is not None and best_bw else None
+    lat_ratio = g_us / best_us if g_us is not None and best_us else None
+    rows.append([size, g_us, g_bw, m_us, m_bw, t_us, t_bw, best_bw, bw_ratio, lat_ratio])
+
+head = "%8s %10s %9s | %10s %9s | %10s %9s | %9s | %7s %7s" % (
+    "size", "gw_us", "gw_busbw", "mpi_us", "mpi_busbw", "mpiT_us", "mpiT_bw", "mpi_best",
+    "bw_x", "lat_x")
+print(head)
+print("-" * len(head))
+for r in rows:
+    print("%8s %10s %9s | %10s %9s | %10s %9s | %9s | %7s %7s" % (
+        human(r[0]), fmt(r[1], ".2f"), fmt(r[2], ".2f"), fmt(r[3], ".2f"), fmt(r[4], ".2f"),
+        fmt(r[5], ".2f"), fmt(r[6], ".2f"), fmt(r[7], ".2f"), fmt(r[8], ".2f"), fmt(r[9], ".2f")))
+print("(mpiT = Open MPI with freed memory kept by glibc; bw_x = gw busbw / better MPI busbw,"
+      " above 1: gradwire faster; lat_x = gw time / better MPI time, below 1: gradwire faster)")
+
+with open(out_csv, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([r[0]] + ["" if v is None else "%.4f" % v for v in r[1:]])
+
+print()
+for key in ("memcpy_1t_GBps", "memcpy_2t_GBps", "memcpy_2t_rw_GBps", "add_2t_rw_GBps"):
+    if key in membw:
+        print("%-22s %8.1f" % (key, membw[key]))
+bound = membw.get("memcpy_2t_rw_GBps", 0.0) / 4
+if bound > 0:
+    print("memory-bandwidth bound for a 2-rank allreduce busbw = memcpy_2t_rw_GBps / 4 = %.2f GB/s"
+          % bound)
+    for size in (64 << 20, 256 << 20):
+        r = next((r for r in rows if r[0] == size), None)
+        if r is None:
+            print("  %-5s not measured" % human(size))
+            continue
+        print("  %-5s gradwire busbw %s GB/s = %s of the bound; better Open MPI %s GB/s = %s" % (
+            human(size), fmt(r[2], ".2f"), fmt(None if r[2] is None else r[2] / bound, ".0%"),
+            fmt(r[7], ".2f"), fmt(None if r[7] is None else r[7] / bound, ".0%")))
+else:
+    print("membw gave no memcpy_2t_rw_GBps: no bound computed")
+
+print()
+print("CSV: %s" % out_csv)
+if wrong:
+    print("WRONG RESULTS (figures not valid): " + "; ".join(wrong))
+    sys.exit(1)
+PY
+echo "# compare.sh took $((SECONDS - t_start)) s"

@@ -1,0 +1,192 @@
+/* membw.c - host memory bandwidth, the physical limit of a shared-memory allreduce.
+ *
+ * Measures memcpy with one thread and with two (each thread its own buffers) and a
+ * float32 c = a + b with two threads, on buffers that are mapped and written once
+ * before any timing, so page faults are not measured.  Best of several repetitions.
+ * It does not pin threads or pick NUMA nodes: it answers "how fast can two ranks on
+ * this box move memory", the setting compare.sh runs gradwire and Open MPI in.
+ *
+ * Output is one "key value" line per figure (lines starting with '#' are comments):
+ *   memcpy_1t_GBps      bytes copied per second, 1 thread
+ *   memcpy_2t_GBps      bytes copied per second, sum over 2 threads of size / time
+ *   add_2t_GBps         bytes of c produced per second, sum over 2 threads
+ *   *_rw_GBps           the same counting every byte read and written: 2x for
+ *                       memcpy (read src, write dst), 3x for add (read a, b, write c)
+ *   *_wall_GBps         all threads' bytes / time from the first start to the last
+ *                       finish (lower than the sum when the threads do not overlap)
+ * GB/s means 1e9 bytes per second, as in nccl-tests.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define MAX_THREADS 2
+
+enum kernel { KERNEL_MEMCPY, KERNEL_ADD };
+
+struct worker {
+  float *a, *b, *c; /* [count] each, private to this thread */
+  size_t count;
+  double start, end; /* seconds, CLOCK_MONOTONIC, of the current repetition */
+};
+
+struct job {
+  struct worker *w;
+  int nthreads;
+  enum kernel kernel;
+  int reps;
+  pthread_barrier_t *barrier;
+  double best_sum_GBps;  /* best over repetitions of the sum of per-thread rates */
+  double best_wall_GBps; /* best over repetitions of all bytes / (last end - start) */
+};
+
+struct thread_arg {
+  struct job *job;
+  int id;
+};
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The add as the reduction in an allreduce does it; restrict lets the compiler
+ * vectorize without runtime overlap checks. */
+static void add_f32(float *restrict c, const float *restrict a, const float *restrict b,
+                    size_t n) {
+  for (size_t i = 0; i < n; i++) c[i] = a[i] + b[i];
+}
+
+static void *thread_main(void *p) {
+  struct thread_arg *arg = p;
+  struct job *job = arg->job;
+  struct worker *w = &job->w[arg->id];
+  for (int rep = 0; rep < job->reps; rep++) {
+    /* Thread 0 collects the previous repetition between the two waits. */
+    pthread_barrier_wait(job->barrier);
+    w->start = now();
+    if (job->kernel == KERNEL_MEMCPY) memcpy(w->c, w->a, w->count * sizeof(float));
+    else add_f32(w->c, w->a, w->b, w->count);
+    w->end = now();
+    pthread_barrier_wait(job->barrier);
+    if (arg->id == 0) {
+      double bytes = (double)w->count * sizeof(float), sum = 0.0, first = 1e300, last = 0.0;
+      for (int t = 0; t < job->nthreads; t++) {
+        struct worker *x = &job->w[t];
+        sum += bytes / (x->end - x->start) / 1e9;
+        if (x->start < first) first = x->start;
+        if (x->end > last) last = x->end;
+      }
+      double wall = bytes * job->nthreads / (last - first) / 1e9;
+      if (sum > job->best_sum_GBps) job->best_sum_GBps = sum;
+      if (wall > job->best_wall_GBps) job->best_wall_GBps = wall;
+    }
+  }
+  return NULL;
+}
+
+struct rates {
+  double sum_GBps, wall_GBps;
+};
+
+static struct rates run(struct worker *w, int nthreads, enum kernel kernel, int reps) {
+  pthread_barrier_t barrier;
+  pthread_t tid[MAX_THREADS];
+  struct thread_arg args[MAX_THREADS];
+  struct job job = {w, nthreads, kernel, reps, &barrier, 0.0, 0.0};
+  if (pthread_barrier_init(&barrier, NULL, (unsigned)nthreads) != 0) {
+    fprintf(stderr, "membw: pthread_barrier_init failed\n");
+    exit(1);
+  }
+  for (int t = 0; t < nthreads; t++) {
+    args[t] = (struct thread_arg){&job, t};
+    /* A thread that did not start would leave the others waiting at the barrier. */
+    if (pthread_create(&tid[t], NULL, thread_main, &args[t]) != 0) {
+      fprintf(stderr, "membw: pthread_create failed\n");
+      exit(1);
+    }
+  }
+  for (int t = 0; t < nthreads; t++) pthread_join(tid[t], NULL);
+  pthread_barrier_destroy(&barrier);
+  return (struct rates){job.best_sum_GBps, job.best_wall_GBps};
+}
+
+/* Mapped with MAP_POPULATE and written once, so every page is resident and private
+ * before timing (a read-only first touch would map the shared zero page). */
+static float *alloc_buffer(size_t bytes, float value) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "membw: mmap of %zu bytes failed: %s (try a smaller -s)\n", bytes,
+            strerror(errno));
+    exit(1);
+  }
+  float *f = p;
+  for (size_t i = 0; i < bytes / sizeof(float); i++) f[i] = value;
+  return f;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: membw [-s MIB_PER_BUFFER] [-r REPETITIONS]\n"
+             "  defaults: -s 256 -r 10; uses 3 buffers per thread, 2 threads\n");
+}
+
+int main(int argc, char **argv) {
+  long mib = 256, reps = 10;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    if (i + 1 < argc && (strcmp(argv[i], "-s") == 0 || strcmp(argv[i], "-r") == 0)) {
+      char *end;
+      long v = strtol(argv[i + 1], &end, 10);
+      if (*end != '\0' || v < 1 || v > (1L << 20)) {
+        fprintf(stderr, "membw: bad value '%s' for %s\n", argv[i + 1], argv[i]);
+        return 2;
+      }
+      if (argv[i][1] == 's') mib = v;
+      else reps = v;
+      i++;
+      continue;
+    }
+    fprintf(stderr, "membw: unknown option %s\n", argv[i]);
+    usage(stderr);
+    return 2;
+  }
+
+  size_t bytes = (size_t)mib << 20;
+  struct worker w[MAX_THREADS];
+  for (int t = 0; t < MAX_THREADS; t++) {
+    w[t].a = alloc_buffer(bytes, 1.0f);
+    w[t].b = alloc_buffer(bytes, 2.0f);
+    w[t].c = alloc_buffer(bytes, 0.0f);
+    w[t].count = bytes / sizeof(float);
+  }
+
+  struct rates m1 = run(w, 1, KERNEL_MEMCPY, (int)reps);
+  struct rates m2 = run(w, 2, KERNEL_MEMCPY, (int)reps);
+  struct rates a2 = run(w, 2, KERNEL_ADD, (int)reps);
+
+  /* Keeps the add from being optimised away and checks it did what it says. */
+  if (w[0].c[0] != 3.0f || w[1].c[w[1].count - 1] != 3.0f) {
+    fprintf(stderr, "membw: the add produced a wrong value\n");
+    return 1;
+  }
+
+  printf("# membw: %ld MiB per buffer, best of %ld, GB/s = 1e9 bytes/s\n", mib, reps);
+  printf("memcpy_1t_GBps %.1f\n", m1.sum_GBps);
+  printf("memcpy_1t_rw_GBps %.1f\n", 2 * m1.sum_GBps);
+  printf("memcpy_2t_GBps %.1f\n", m2.sum_GBps);
+  printf("memcpy_2t_rw_GBps %.1f\n", 2 * m2.sum_GBps);
+  printf("memcpy_2t_wall_GBps %.1f\n", m2.wall_GBps);
+  printf("add_2t_GBps %.1f\n", a2.sum_GBps);
+  printf("add_2t_rw_GBps %.1f\n", 3 * a2.sum_GBps);
+  printf("add_2t_wall_GBps %.1f\n", a2.wall_GBps);
+  return 0;
+}
