@@ -53,13 +53,16 @@ struct gw_comm {
   struct gw_conn_params conn_params;
 
   /* Operations run one at a time, in call order: inline on the caller's thread
-   * when nothing is queued, else on the progress thread. */
+   * when nothing is queued, else on the progress thread.  mu guards the queue and
+   * the thread's state; the inline path takes no lock. */
   pthread_mutex_t mu;
   pthread_cond_t work_cv, done_cv;
   struct gw_request *q_head, *q_tail;
-  bool busy, shutdown, thread_started;
+  bool shutdown, thread_started;
   pthread_t thread;
-  uint64_t next_seq;
+  _Atomic int pending;       /* operations queued or running on the progress thread */
+  _Atomic bool inline_busy;  /* a blocking call is running on its caller's thread */
+  _Atomic uint64_t next_seq;
 
   /* Once an operation fails the ring may hold half-sent chunks, so the
    * communicator refuses further operations with the first failure's code. */

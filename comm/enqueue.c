@@ -43,20 +43,23 @@ static void *progress_main(void *arg) {
   gw__log_set_rank(comm->rank);
   pthread_mutex_lock(&comm->mu);
   for (;;) {
-    while (!comm->shutdown && (comm->q_head == NULL || comm->busy)) pthread_cond_wait(&comm->work_cv, &comm->mu);
+    while (!comm->shutdown && comm->q_head == NULL) pthread_cond_wait(&comm->work_cv, &comm->mu);
     if (comm->q_head == NULL) break; /* shutdown with nothing left */
     struct gw_request *req = comm->q_head;
     comm->q_head = req->next;
     if (!comm->q_head) comm->q_tail = NULL;
-    comm->busy = true;
     pthread_mutex_unlock(&comm->mu);
 
+    /* A blocking call that started inline before this was queued finishes first. */
+    struct gw_waiter w;
+    gw__waiter_init(&w, 0);
+    while (atomic_load_explicit(&comm->inline_busy, memory_order_acquire)) gw__waiter_pause(&w);
     struct gw_errctx err = {{0}};
     req->result = gw__run_op(comm, &req->op, &err);
     atomic_store_explicit(&req->done, 1, memory_order_release);
+    atomic_fetch_sub(&comm->pending, 1);
 
     pthread_mutex_lock(&comm->mu);
-    comm->busy = false;
     pthread_cond_broadcast(&comm->done_cv);
   }
   pthread_mutex_unlock(&comm->mu);
@@ -154,34 +157,36 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
   return GW_SUCCESS;
 }
 
-/* Blocking: runs inline when nothing is queued or running, else queues and waits.
- * Non-blocking (reqp != NULL): queues for the progress thread. */
+/* Blocking: runs inline when nothing is queued or running (no lock, no thread
+ * handoff on the latency path), else queues behind the earlier operations and
+ * waits.  Non-blocking (reqp != NULL): queues for the progress thread.  Like an
+ * NCCL communicator, one communicator is driven by one thread at a time; calls
+ * from several threads at once need the caller's own ordering. */
 static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
-  pthread_mutex_lock(&comm->mu);
-  if (!reqp && !comm->busy && comm->q_head == NULL) {
-    op->desc.seq = comm->next_seq++;
-    comm->busy = true;
-    pthread_mutex_unlock(&comm->mu);
-    struct gw_errctx err = {{0}};
-    gw_result_t res = gw__run_op(comm, op, &err);
-    pthread_mutex_lock(&comm->mu);
-    comm->busy = false;
-    if (comm->q_head) pthread_cond_signal(&comm->work_cv);
-    pthread_mutex_unlock(&comm->mu);
-    return res;
+  if (!reqp && atomic_load(&comm->pending) == 0) {
+    atomic_store(&comm->inline_busy, true);
+    /* Re-check after announcing: the progress thread waits for inline_busy to
+     * clear before it starts anything queued meanwhile. */
+    if (atomic_load(&comm->pending) == 0) {
+      op->desc.seq = atomic_fetch_add(&comm->next_seq, 1);
+      struct gw_errctx err = {{0}};
+      gw_result_t res = gw__run_op(comm, op, &err);
+      atomic_store_explicit(&comm->inline_busy, false, memory_order_release);
+      return res;
+    }
+    atomic_store(&comm->inline_busy, false);
   }
   struct gw_request *req = calloc(1, sizeof *req);
-  if (!req) {
-    pthread_mutex_unlock(&comm->mu);
-    return GW_ERR_SYSTEM;
-  }
+  if (!req) return GW_ERR_SYSTEM;
+  pthread_mutex_lock(&comm->mu);
   gw_result_t res = start_thread_locked(comm);
   if (res != GW_SUCCESS) {
     pthread_mutex_unlock(&comm->mu);
     free(req);
     return res;
   }
-  op->desc.seq = comm->next_seq++;
+  atomic_fetch_add(&comm->pending, 1);
+  op->desc.seq = atomic_fetch_add(&comm->next_seq, 1);
   req->op = *op;
   req->comm = comm;
   if (comm->q_tail) comm->q_tail->next = req;

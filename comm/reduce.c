@@ -4,6 +4,9 @@
 #include <pthread.h>
 #include <string.h>
 #include <strings.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "core.h"
 #include "reduce.h"
@@ -59,6 +62,29 @@ const char *gw__reduce_simd_name(void) {
 void gw__copy2(void *dst0, void *dst1, const void *src, size_t bytes) {
   if (dst0 != src) memcpy(dst0, src, bytes);
   if (dst1) memcpy(dst1, src, bytes);
+}
+
+void gw__copy_stream(void *dst, const void *src, size_t bytes) {
+#if defined(__x86_64__)
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+  if (head > bytes) head = bytes;
+  memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 64; bytes -= 64, d += 64, s += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+    _mm_stream_si128((__m128i *)d, a);
+    _mm_stream_si128((__m128i *)(d + 16), b);
+    _mm_stream_si128((__m128i *)(d + 32), c);
+    _mm_stream_si128((__m128i *)(d + 48), e);
+  }
+  memcpy(d, s, bytes);
+  _mm_sfence(); /* streaming stores are weakly ordered: finish them before anything is published */
+#else
+  memcpy(dst, src, bytes);
+#endif
 }
 
 float gw__half_to_float(uint16_t h) { return cvt_h2f(h); }

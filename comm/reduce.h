@@ -39,6 +39,9 @@ static inline gw_reduce_fn gw__reduce_fn(gw_dtype_t dt, gw_op_t op) {
 
 /* dst0 = dst1 = src (dst1 may be NULL). */
 void gw__copy2(void *dst0, void *dst1, const void *src, size_t bytes);
+/* dst = src with non-temporal stores: for large outputs that will not be read
+ * again soon, it saves the read-for-ownership of every destination line. */
+void gw__copy_stream(void *dst, const void *src, size_t bytes);
 
 /* Scalar conversions, exact and round-to-nearest-even (exposed for tests). */
 float gw__half_to_float(uint16_t h);

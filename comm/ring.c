@@ -19,7 +19,10 @@ struct prims {
   gw_reduce_fn red;
   size_t es;       /* element size */
   uint32_t sent;   /* chunks sent so far */
+  bool stream_out; /* write the user's output with non-temporal stores */
 };
+
+GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
 
 const char *gw__coll_name(int coll) {
   switch (coll) {
@@ -148,7 +151,8 @@ static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t
 static gw_result_t prim_recv(struct prims *p, void *dst, size_t n) {
   const void *data;
   GW_CHECK(wait_recv(p, &data, n * p->es));
-  if (n) memcpy(dst, data, n * p->es);
+  if (n && p->stream_out) gw__copy_stream(dst, data, n * p->es);
+  else if (n) memcpy(dst, data, n * p->es);
   return release(p);
 }
 
@@ -168,7 +172,13 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
   void *slot;
   GW_CHECK(wait_recv(p, &data, n * p->es));
   GW_CHECK(wait_slot(p, &slot));
-  if (n) p->red(dst, slot, data, src, n, div);
+  if (n && p->stream_out) {
+    /* reduce once into the slot (it stays in cache), then stream it out */
+    p->red(slot, NULL, data, src, n, div);
+    gw__copy_stream(dst, slot, n * p->es);
+  } else if (n) {
+    p->red(dst, slot, data, src, n, div);
+  }
   GW_CHECK(post(p, n * p->es));
   return release(p);
 }
@@ -185,7 +195,12 @@ static gw_result_t prim_recv_copy_send(struct prims *p, void *dst, size_t n) {
   void *slot;
   GW_CHECK(wait_recv(p, &data, n * p->es));
   GW_CHECK(wait_slot(p, &slot));
-  if (n) gw__copy2(dst, slot, data, n * p->es);
+  if (n && p->stream_out) {
+    memcpy(slot, data, n * p->es);
+    gw__copy_stream(dst, data, n * p->es);
+  } else if (n) {
+    gw__copy2(dst, slot, data, n * p->es);
+  }
   GW_CHECK(post(p, n * p->es));
   return release(p);
 }
@@ -318,6 +333,11 @@ gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errct
   struct prims p = {.comm = comm, .op = op, .err = err, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype)};
   if (comm->nranks == 1) return single_rank(op, p.es);
   p.red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op);
+  /* Out of place and too big to stay in cache: the output is written once and not
+   * read back soon, so skip reading its lines in (see docs/architecture.md). */
+  size_t out_bytes = op->desc.count * p.es;
+  if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
+  p.stream_out = op->sendbuf != op->recvbuf && out_bytes >= (size_t)gw__param_StreamThreshold();
   switch (op->desc.coll) {
     case GW_COLL_ALLREDUCE:
     case GW_COLL_BARRIER: return ring_allreduce(&p);

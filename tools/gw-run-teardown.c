@@ -1,0 +1,385 @@
+/*
+ * gw-run-teardown.c: how the gw-run launcher reacts to signals and failures.
+ *
+ * What it is: the signal handling (a self-pipe that wakes the poll loop,
+ * forwarding SIGINT and SIGTERM to the ranks, restoring the caller's
+ * dispositions in each child), reaping exited ranks and deciding which exits
+ * are failures, and tearing the job down: SIGTERM to every remaining rank and
+ * to the processes they left behind, SIGKILL once the grace is over.
+ *
+ * What it is not: it parses no arguments, spawns nothing and runs no loop
+ * (gw-run.c does), and it reads or writes no rank output beyond asking
+ * gw-run-io.c to pass on a failed rank's last lines.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include "gw-run.h"
+
+static bool escalated; /* the grace is over: stragglers get SIGKILL at once */
+
+/* Rank pids sorted, to tell ranks from strays among our children quickly. */
+struct pid_index {
+    pid_t pid;
+    int rank;
+};
+static struct pid_index *pid_index;
+
+/* Strays: processes a rank started that outlived it. gw-run is a child
+ * subreaper, so they are re-parented to it instead of to init, which lets a
+ * teardown stop them too (a rank that is a wrapper script would otherwise
+ * leave the real program running, holding GPUs and blocked in a collective)
+ * and lets gw-run reap them where init does not. */
+static int strays;          /* strays seen by the last scan while stopping */
+static pid_t *stray_termed; /* strays already sent SIGTERM, so a trap runs once */
+static size_t nstray_termed, stray_termed_cap;
+
+/* The signal handler only sets a flag and writes a byte into this pipe to
+ * wake poll(), so all real work happens in the loop, where anything is safe. */
+static int sig_pipe[2] = {-1, -1};
+static volatile sig_atomic_t pending_chld, pending_int, pending_term;
+
+/* What the caller left us with, restored in each child before exec so that
+ * the ranks start exactly as they would without the launcher. */
+static sigset_t orig_mask;
+static bool int_ignored, term_ignored, pipe_ignored;
+
+int64_t gw__run_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *signal_name(int sig)
+{
+    switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: return "unknown";
+    }
+}
+
+static void signal_ranks(int sig, bool mark_stopped)
+{
+    for (int i = 0; i < gw__run.nranks; i++) {
+        if (gw__run.ranks[i].pid > 0) {
+            kill(gw__run.ranks[i].pid, sig);
+            if (mark_stopped)
+                gw__run.ranks[i].stopped_by_us = true;
+        }
+    }
+}
+
+/* After the first failure the others would only block in a collective waiting
+ * for the dead rank, so they are asked to stop, then killed after the grace. */
+void gw__run_teardown(void)
+{
+    if (gw__run.alive == 0)
+        return;
+    fprintf(stderr, "gw-run: stopping the %d other running rank%s (SIGTERM, SIGKILL after %g s)\n",
+            gw__run.alive, gw__run.alive == 1 ? "" : "s", gw__run.kill_grace_s);
+    signal_ranks(SIGTERM, true);
+    gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
+}
+
+static void forward_signal(int sig)
+{
+    if (!gw__run.got_signal)
+        gw__run.got_signal = sig;
+    if (gw__run.alive == 0)
+        return;
+    fprintf(stderr, "gw-run: received %s, forwarding it to %d rank%s\n", signal_name(sig),
+            gw__run.alive, gw__run.alive == 1 ? "" : "s");
+    signal_ranks(sig, false);
+    /* A rank that ignores the signal must not keep the job alive forever. */
+    if (!gw__run.kill_deadline_ms)
+        gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
+}
+
+static void rank_exited(struct rank *r, pid_t pid, int status)
+{
+    int code;
+    if (WIFEXITED(status))
+        code = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status))
+        code = 128 + WTERMSIG(status);
+    else
+        return;
+    if (code == 0 || r->stopped_by_us)
+        return;
+    /* Print the rank's last words (often the reason it failed) before our
+     * verdict; a grandchild that still holds the pipe cannot stall this
+     * because the pipes are non-blocking. */
+    for (int k = 0; k < 2; k++)
+        while (gw__run_pump(r, &r->s[k])) {
+        }
+    if (WIFEXITED(status))
+        fprintf(stderr, "gw-run: rank %d (pid %ld) exited with code %d\n", r->global, (long)pid,
+                code);
+    else
+        fprintf(stderr, "gw-run: rank %d (pid %ld) was killed by signal %d (%s)\n", r->global,
+                (long)pid, WTERMSIG(status), signal_name(WTERMSIG(status)));
+    if (!gw__run.have_failure) {
+        gw__run.have_failure = true;
+        gw__run.exit_code = code;
+        gw__run_teardown();
+    }
+}
+
+static int cmp_pid_index(const void *a, const void *b)
+{
+    pid_t x = ((const struct pid_index *)a)->pid, y = ((const struct pid_index *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* Called once the ranks are spawned, with signals unblocked again. */
+void gw__run_index_ranks(void)
+{
+    pid_index = calloc((size_t)gw__run.nranks + 1, sizeof *pid_index);
+    if (!pid_index) {
+        fprintf(stderr, "gw-run: out of memory\n");
+        signal_ranks(SIGKILL, true);
+        exit(1);
+    }
+    for (int i = 0; i < gw__run.nranks; i++)
+        pid_index[i] = (struct pid_index){.pid = gw__run.ranks[i].pid, .rank = i};
+    qsort(pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
+}
+
+static bool is_live_rank(pid_t pid)
+{
+    struct pid_index key = {.pid = pid, .rank = 0};
+    const struct pid_index *hit =
+        bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
+    return hit && gw__run.ranks[hit->rank].pid == pid;
+}
+
+bool gw__run_stopping(void)
+{
+    return gw__run.have_failure || gw__run.got_signal;
+}
+
+/* While stopping, the loop keeps running until the strays are gone too. */
+bool gw__run_waiting_for_strays(void)
+{
+    return gw__run_stopping() && strays > 0;
+}
+
+/* Signals our children that are not ranks: SIGTERM once, SIGKILL after the
+ * grace. Only called while stopping; after a clean run, a process a rank left
+ * behind on purpose is left alone. Without /proc the strays are not chased. */
+void gw__run_scan_strays(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)getpid());
+    FILE *f = fopen(path, "re");
+    strays = 0;
+    if (!f)
+        return;
+    int fresh = 0;
+    long v;
+    while (fscanf(f, "%ld", &v) == 1) {
+        pid_t pid = (pid_t)v;
+        if (is_live_rank(pid))
+            continue;
+        strays++;
+        if (escalated) {
+            kill(pid, SIGKILL);
+            continue;
+        }
+        bool seen = false;
+        for (size_t i = 0; i < nstray_termed && !seen; i++)
+            seen = stray_termed[i] == pid;
+        if (seen)
+            continue;
+        if (nstray_termed == stray_termed_cap) {
+            size_t cap = stray_termed_cap ? 2 * stray_termed_cap : 16;
+            pid_t *np = realloc(stray_termed, cap * sizeof *np);
+            if (!np)
+                continue; /* it will get SIGKILL after the grace instead */
+            stray_termed = np;
+            stray_termed_cap = cap;
+        }
+        stray_termed[nstray_termed++] = pid;
+        kill(pid, SIGTERM);
+        fresh++;
+    }
+    fclose(f);
+    if (fresh)
+        fprintf(stderr, "gw-run: stopping %d process%s left behind by exited ranks\n", fresh,
+                fresh == 1 ? "" : "es");
+    if (strays && !gw__run.kill_deadline_ms && !escalated)
+        gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
+}
+
+/* The kill deadline has passed: SIGKILL for every rank and stray still there,
+ * and at once for any stray found from now on. */
+void gw__run_escalate(void)
+{
+    if (gw__run.alive > 0)
+        fprintf(stderr, "gw-run: %d rank%s still running after %g s, sending SIGKILL\n",
+                gw__run.alive, gw__run.alive == 1 ? "" : "s", gw__run.kill_grace_s);
+    signal_ranks(SIGKILL, true);
+    gw__run.kill_deadline_ms = 0;
+    escalated = true;
+    gw__run_scan_strays();
+}
+
+/* Collects every exited child: ranks are accounted for, strays only reaped. */
+void gw__run_reap(void)
+{
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid <= 0)
+            return;
+        struct pid_index key = {.pid = pid, .rank = 0};
+        const struct pid_index *hit =
+            bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
+        if (hit && gw__run.ranks[hit->rank].pid == pid) {
+            struct rank *r = &gw__run.ranks[hit->rank];
+            r->pid = 0;
+            gw__run.alive--;
+            rank_exited(r, pid, status);
+        }
+    }
+}
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    if (sig == SIGCHLD)
+        pending_chld = 1;
+    else if (sig == SIGINT)
+        pending_int = 1;
+    else if (sig == SIGTERM)
+        pending_term = 1;
+    /* The byte only wakes poll(); the flags say what happened, so nothing is
+     * lost when the pipe is full (then it already holds a wake-up). */
+    unsigned char b = (unsigned char)sig;
+    ssize_t w = write(sig_pipe[1], &b, 1);
+    (void)w;
+    errno = saved;
+}
+
+/* Creates the wake-up pipe, notes the caller's signal mask and installs our
+ * handlers. A signal the caller ignored (nohup, a background job in a script)
+ * stays ignored, for us and for the ranks. Returns false, having said why,
+ * when the pipe cannot be created. */
+bool gw__run_setup_signals(void)
+{
+    if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+        fprintf(stderr, "gw-run: cannot create a pipe: %s\n", strerror(errno));
+        return false;
+    }
+    sigprocmask(SIG_SETMASK, NULL, &orig_mask);
+
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+
+    sigaction(SIGINT, NULL, &old);
+    int_ignored = old.sa_handler == SIG_IGN;
+    if (!int_ignored)
+        sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, NULL, &old);
+    term_ignored = old.sa_handler == SIG_IGN;
+    if (!term_ignored)
+        sigaction(SIGTERM, &sa, NULL);
+
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+
+    /* Writing to a closed stdout must cost us log lines, not the job. */
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old);
+    pipe_ignored = old.sa_handler == SIG_IGN;
+    return true;
+}
+
+/* The read end of the wake-up pipe, for the loop to poll. */
+int gw__run_signal_fd(void)
+{
+    return sig_pipe[0];
+}
+
+/* Called when the wake-up pipe is readable: empties it and acts on what the
+ * handler noted. Sets *child_event when the loop should reap and rescan. */
+void gw__run_drain_signals(bool *child_event)
+{
+    unsigned char b[256];
+    while (read(sig_pipe[0], b, sizeof b) > 0) {
+    }
+    if (pending_chld) {
+        pending_chld = 0;
+        *child_event = true;
+    }
+    if (pending_int) {
+        pending_int = 0;
+        forward_signal(SIGINT);
+        *child_event = true; /* rescan for strays now that we are stopping */
+    }
+    if (pending_term) {
+        pending_term = 0;
+        forward_signal(SIGTERM);
+        *child_event = true;
+    }
+}
+
+static void set_default(int sig)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, NULL);
+}
+
+/* Runs in the child between fork and exec: gives the rank the dispositions
+ * and signal mask that the caller gave gw-run. */
+void gw__run_child_signals(void)
+{
+    if (!int_ignored)
+        set_default(SIGINT);
+    if (!term_ignored)
+        set_default(SIGTERM);
+    set_default(SIGCHLD);
+    if (!pipe_ignored)
+        set_default(SIGPIPE);
+    sigprocmask(SIG_SETMASK, &orig_mask, NULL);
+}
