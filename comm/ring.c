@@ -23,6 +23,7 @@ struct prims {
 };
 
 GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
+GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", 256 << 10)
 
 const char *gw__coll_name(int coll) {
   switch (coll) {
@@ -62,14 +63,14 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
                  p->comm->rank, me, p->comm->timeout_s, what, peer);
 }
 
-static gw_result_t wait_slot(struct prims *p, void **slot) {
+static gw_result_t wait_slot(struct prims *p, size_t bytes, void **slot) {
   struct gw_conn *c = &p->comm->ring.send;
   size_t cap;
-  gw_result_t r = c->tp->send_slot(c, slot, &cap);
+  gw_result_t r = c->tp->send_slot(c, bytes, slot, &cap);
   if (r != GW_INPROGRESS) return r;
   struct gw_waiter w;
   gw__waiter_init(&w, p->comm->timeout_s);
-  while ((r = c->tp->send_slot(c, slot, &cap)) == GW_INPROGRESS)
+  while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS)
     if (!gw__waiter_pause(&w)) return timeout_error(p, "a free slot at", c->peer);
   return r;
 }
@@ -123,12 +124,12 @@ void gw__ring_send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, con
   struct gw_conn *c = &comm->ring.send;
   if (!c->tp) return;
   void *slot;
-  size_t cap;
+  size_t cap, want = GW_MIN(strlen(msg), (size_t)comm->conn_params.slot_bytes);
   /* A full FIFO means the successor is busy or stuck: give up after a moment. */
   struct gw_waiter w;
   gw__waiter_init(&w, 0.5);
   gw_result_t r;
-  while ((r = c->tp->send_slot(c, &slot, &cap)) == GW_INPROGRESS)
+  while ((r = c->tp->send_slot(c, want, &slot, &cap)) == GW_INPROGRESS)
     if (!gw__waiter_pause(&w)) return;
   if (r != GW_SUCCESS) return;
   size_t len = GW_MIN(strlen(msg), cap);
@@ -143,7 +144,7 @@ void gw__ring_send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, con
 /* slot <- src, and dst <- src too when dst is not NULL. */
 static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t n) {
   void *slot;
-  GW_CHECK(wait_slot(p, &slot));
+  GW_CHECK(wait_slot(p, n * p->es, &slot));
   if (n) gw__copy2(slot, dst, src, n * p->es);
   return post(p, n * p->es);
 }
@@ -160,7 +161,7 @@ static gw_result_t prim_recv_reduce_send(struct prims *p, const void *src, size_
   const void *data;
   void *slot;
   GW_CHECK(wait_recv(p, &data, n * p->es));
-  GW_CHECK(wait_slot(p, &slot));
+  GW_CHECK(wait_slot(p, n * p->es, &slot));
   if (n) p->red(slot, NULL, data, src, n, 0);
   GW_CHECK(post(p, n * p->es));
   return release(p);
@@ -171,7 +172,7 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
   const void *data;
   void *slot;
   GW_CHECK(wait_recv(p, &data, n * p->es));
-  GW_CHECK(wait_slot(p, &slot));
+  GW_CHECK(wait_slot(p, n * p->es, &slot));
   if (n && p->stream_out) {
     /* reduce once into the slot (it stays in cache), then stream it out */
     p->red(slot, NULL, data, src, n, div);
@@ -183,10 +184,15 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
   return release(p);
 }
 
-static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div) {
+/* local_first: pass the local data as the first operand, so that two ranks
+ * computing the same reduction order their operands the same way (max/min pick
+ * the second operand on NaN; every other op is commutative bit for bit). */
+static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div,
+                                         bool local_first) {
   const void *data;
   GW_CHECK(wait_recv(p, &data, n * p->es));
-  if (n) p->red(dst, NULL, data, src, n, div);
+  if (n && local_first) p->red(dst, NULL, src, data, n, div);
+  else if (n) p->red(dst, NULL, data, src, n, div);
   return release(p);
 }
 
@@ -194,7 +200,7 @@ static gw_result_t prim_recv_copy_send(struct prims *p, void *dst, size_t n) {
   const void *data;
   void *slot;
   GW_CHECK(wait_recv(p, &data, n * p->es));
-  GW_CHECK(wait_slot(p, &slot));
+  GW_CHECK(wait_slot(p, n * p->es, &slot));
   if (n && p->stream_out) {
     memcpy(slot, data, n * p->es);
     gw__copy_stream(dst, data, n * p->es);
@@ -252,6 +258,24 @@ static gw_result_t ring_allreduce(struct prims *p) {
   return GW_SUCCESS;
 }
 
+/* Two ranks, small data: both send everything and both reduce, one hop instead
+ * of the ring's two.  Rank 0's data is always the first operand, so both ranks
+ * compute bit-identical results. */
+static gw_result_t exchange_allreduce(struct prims *p) {
+  const size_t count = p->op->desc.count, es = p->es;
+  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const uint32_t div = p->op->desc.op == GW_AVG ? 2 : 0;
+  size_t off = 0;
+  do {
+    size_t len = blk_len(count, off, chunk);
+    GW_CHECK(prim_send(p, cat(p->op->sendbuf, off, es), NULL, len));
+    GW_CHECK(prim_recv_reduce_copy(p, cat(p->op->sendbuf, off, es), at(p->op->recvbuf, off, es), len, div,
+                                   p->comm->rank == 0));
+    off += chunk;
+  } while (off < count);
+  return GW_SUCCESS;
+}
+
 static gw_result_t ring_reduce_scatter(struct prims *p) {
   const int n = p->comm->nranks, r = p->comm->rank;
   const size_t rc = p->op->desc.count, es = p->es;
@@ -268,7 +292,7 @@ static gw_result_t ring_reduce_scatter(struct prims *p) {
       k = mod(r - j, n);
       GW_CHECK(prim_recv_reduce_send(p, cat(in, (size_t)k * rc + off, es), len));
     }
-    GW_CHECK(prim_recv_reduce_copy(p, cat(in, (size_t)r * rc + off, es), at(out, off, es), len, div));
+    GW_CHECK(prim_recv_reduce_copy(p, cat(in, (size_t)r * rc + off, es), at(out, off, es), len, div, false));
     off += chunk;
   } while (off < rc);
   return GW_SUCCESS;
@@ -340,7 +364,9 @@ gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errct
   p.stream_out = op->sendbuf != op->recvbuf && out_bytes >= (size_t)gw__param_StreamThreshold();
   switch (op->desc.coll) {
     case GW_COLL_ALLREDUCE:
-    case GW_COLL_BARRIER: return ring_allreduce(&p);
+    case GW_COLL_BARRIER:
+      if (comm->nranks == 2 && out_bytes <= (size_t)gw__param_ExchangeMaxBytes()) return exchange_allreduce(&p);
+      return ring_allreduce(&p);
     case GW_COLL_REDUCE_SCATTER: return ring_reduce_scatter(&p);
     case GW_COLL_ALLGATHER: return ring_allgather(&p);
     case GW_COLL_BROADCAST: return ring_broadcast(&p);

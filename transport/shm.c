@@ -2,8 +2,10 @@
  * segment created by the receiver, holding a control block (head/tail counters on
  * their own cache lines, one chunk header per slot) and the slots.  The sender
  * writes chunks by direct stores into the slot (the collective reduces straight
- * into it), then publishes by advancing tail; the receiver consumes in place and
- * advances head.  Segments are created 0600, pre-faulted once, and unlinked as soon
+ * into it), then publishes by storing the chunk's position into the slot's
+ * header line; the receiver polls that line, consumes in place and advances head.
+ * A chunk of at most GW_SHM_INLINE bytes travels inside its header line, so a
+ * small message costs the receiver one cache-line transfer, not three.  Segments are created 0600, pre-faulted once, and unlinked as soon
  * as both sides have mapped them, so no crash leaves files in /dev/shm after setup.
  * Not here: waiting (the caller's policy) and any notion of a collective. */
 #include <errno.h>
@@ -21,13 +23,21 @@
 #define SHM_MAGIC 0x67777368u /* "gwsh" */
 #define SHM_MAX_SLOTS 64
 
+#define GW_SHM_INLINE 24
+/* One cache line per slot: the flag, the header and a small payload together. */
+struct shm_line {
+  _Atomic uint64_t pos; /* 1 + the chunk's position in the stream once published */
+  struct gw_chunk_hdr hdr;
+  uint8_t inline_data[GW_SHM_INLINE];
+};
+_Static_assert(sizeof(struct shm_line) == GW_CACHELINE, "a slot header is one cache line");
+
 struct shm_ctrl {
-  _Atomic uint64_t tail; /* chunks published; written by the sender only */
-  char pad0[GW_CACHELINE - sizeof(uint64_t)];
   _Atomic uint64_t head; /* chunks released; written by the receiver only */
   char pad1[GW_CACHELINE - sizeof(uint64_t)];
   uint32_t magic, nslots, slot_bytes, pad2;
-  struct gw_chunk_hdr hdr[SHM_MAX_SLOTS];
+  char pad2b[GW_CACHELINE - 4 * sizeof(uint32_t)];
+  struct shm_line line[SHM_MAX_SLOTS];
 };
 
 struct shm_handle {
@@ -42,8 +52,8 @@ struct shm_conn {
   uint8_t *slots;
   size_t map_size;
   uint32_t nslots, slot_bytes;
-  uint64_t pos;       /* sender: next slot to fill; receiver: next slot to read */
-  uint64_t peer_pos;  /* cached copy of the other side's counter */
+  uint64_t pos;       /* sender: next chunk to fill; receiver: next chunk to read */
+  uint64_t peer_pos;  /* sender: cached copy of the receiver's head */
   char name[64];
   bool owner_unlinked;
 };
@@ -92,8 +102,8 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   close(fd);
   s->ctrl = m;
   s->slots = (uint8_t *)m + data_offset();
-  atomic_store(&s->ctrl->tail, 0);
   atomic_store(&s->ctrl->head, 0);
+  for (uint32_t i = 0; i < SHM_MAX_SLOTS; i++) atomic_store(&s->ctrl->line[i].pos, 0);
   s->ctrl->nslots = s->nslots;
   s->ctrl->slot_bytes = s->slot_bytes;
   s->ctrl->magic = SHM_MAGIC;
@@ -167,34 +177,40 @@ static gw_result_t shm_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   return GW_SUCCESS;
 }
 
-static gw_result_t shm_send_slot(struct gw_conn *c, void **buf, size_t *cap) {
+static gw_result_t shm_send_slot(struct gw_conn *c, size_t bytes, void **buf, size_t *cap) {
   struct shm_conn *s = c->priv;
   if (s->pos - s->peer_pos >= s->nslots) {
     s->peer_pos = atomic_load_explicit(&s->ctrl->head, memory_order_acquire);
     if (s->pos - s->peer_pos >= s->nslots) return GW_INPROGRESS;
   }
-  *buf = s->slots + (size_t)(s->pos % s->nslots) * s->slot_bytes;
-  *cap = s->slot_bytes;
+  uint32_t slot = (uint32_t)(s->pos % s->nslots);
+  if (bytes <= GW_SHM_INLINE) {
+    *buf = s->ctrl->line[slot].inline_data;
+    *cap = GW_SHM_INLINE;
+  } else {
+    *buf = s->slots + (size_t)slot * s->slot_bytes;
+    *cap = s->slot_bytes;
+  }
   return GW_SUCCESS;
 }
 
 static gw_result_t shm_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
   struct shm_conn *s = c->priv;
-  s->ctrl->hdr[s->pos % s->nslots] = *h;
+  struct shm_line *l = &s->ctrl->line[s->pos % s->nslots];
+  l->hdr = *h;
   s->pos++;
-  atomic_store_explicit(&s->ctrl->tail, s->pos, memory_order_release);
+  atomic_store_explicit(&l->pos, s->pos, memory_order_release);
   return GW_SUCCESS;
 }
 
 static gw_result_t shm_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data) {
   struct shm_conn *s = c->priv;
-  if (s->peer_pos == s->pos) {
-    s->peer_pos = atomic_load_explicit(&s->ctrl->tail, memory_order_acquire);
-    if (s->peer_pos == s->pos) return GW_INPROGRESS;
-  }
   uint32_t slot = (uint32_t)(s->pos % s->nslots);
-  *h = &s->ctrl->hdr[slot];
-  *data = s->slots + (size_t)slot * s->slot_bytes;
+  struct shm_line *l = &s->ctrl->line[slot];
+  if (atomic_load_explicit(&l->pos, memory_order_acquire) != s->pos + 1) return GW_INPROGRESS;
+  *h = &l->hdr;
+  *data = l->hdr.bytes <= GW_SHM_INLINE ? (const void *)l->inline_data
+                                        : (const void *)(s->slots + (size_t)slot * s->slot_bytes);
   return GW_SUCCESS;
 }
 

@@ -76,9 +76,11 @@ struct gw_transport {
                               const struct gw_conn_handle *in, struct gw_errctx *err);
   gw_result_t (*recv_connect)(struct gw_conn *c, struct gw_errctx *err);
 
-  /* Sender: the next free slot (*buf, *cap bytes), or GW_INPROGRESS when the FIFO is
-   * full.  Calling it again before send_post returns the same slot. */
-  gw_result_t (*send_slot)(struct gw_conn *c, void **buf, size_t *cap);
+  /* Sender: room for the next chunk of `bytes` bytes (*buf, *cap >= bytes), or
+   * GW_INPROGRESS when the FIFO is full.  Calling it again before send_post with
+   * the same size returns the same room.  Small chunks may travel inline with
+   * their header (one cache line on shm). */
+  gw_result_t (*send_slot)(struct gw_conn *c, size_t bytes, void **buf, size_t *cap);
   /* Sender: publishes the slot returned by send_slot with this header. */
   gw_result_t (*send_post)(struct gw_conn *c, const struct gw_chunk_hdr *h);
   /* Receiver: the oldest unconsumed chunk, or GW_INPROGRESS. */
