@@ -89,10 +89,14 @@ static gw_result_t check_args(struct gw_comm *comm, const char *fn, const struct
                               size_t send_elems, size_t recv_elems) {
   char detail[200];
   if (!comm) return bad_arg(NULL, "rank %d: %s: %s", fn, "comm is NULL (was gw_comm_init successful?)");
-  if (stream)
-    return bad_arg(comm, "rank %d: %s: %s", fn,
-                   "a CUDA stream was given, but this gradwire has host-memory collectives only; "
-                   "pass stream = NULL with host buffers");
+  if (stream) {
+    struct gw_errctx err;
+    gw__err(&err, GW_ERR_UNSUPPORTED,
+            "rank %d: %s: a CUDA stream was given, but this gradwire has host-memory collectives only; "
+            "pass stream = NULL with host buffers", comm->rank, fn);
+    gw__comm_set_error(comm, err.msg);
+    return GW_ERR_UNSUPPORTED;
+  }
   if (op->desc.coll == GW_COLL_BROADCAST && (op->desc.root < 0 || op->desc.root >= comm->nranks)) {
     snprintf(detail, sizeof detail, "root %d is not a rank of this %d-rank communicator", op->desc.root, comm->nranks);
     return bad_arg(comm, "rank %d: %s: %s", fn, detail);
