@@ -102,51 +102,12 @@ int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s) {
   return failed;
 }
 
-double test_load(const void *buf, gw_dtype_t dt, size_t i) {
-  switch (dt) {
-    case GW_INT8: return ((const int8_t *)buf)[i];
-    case GW_UINT8: return ((const uint8_t *)buf)[i];
-    case GW_INT32: return ((const int32_t *)buf)[i];
-    case GW_INT64: return (double)((const int64_t *)buf)[i];
-    case GW_FLOAT16: {
-      _Float16 h;
-      memcpy(&h, (const char *)buf + 2 * i, 2);
-      return (double)h;
-    }
-    case GW_BFLOAT16: {
-      uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
-      float f;
-      memcpy(&f, &u, 4);
-      return f;
-    }
-    case GW_FLOAT32: return ((const float *)buf)[i];
-    case GW_FLOAT64: return ((const double *)buf)[i];
-    default: return 0;
-  }
-}
-
-void test_store(void *buf, gw_dtype_t dt, size_t i, double v) {
-  switch (dt) {
-    case GW_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case GW_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case GW_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case GW_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case GW_FLOAT16: {
-      _Float16 h = (_Float16)v;
-      memcpy((char *)buf + 2 * i, &h, 2);
-      break;
-    }
-    case GW_BFLOAT16: { /* truncation: any bf16 is a fine input, the value read back is exact */
-      float f = (float)v;
-      uint32_t u;
-      memcpy(&u, &f, 4);
-      ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
-      break;
-    }
-    case GW_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case GW_FLOAT64: ((double *)buf)[i] = v; break;
-    default: break;
-  }
+int run_suite(Suite *s) {
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
 }
 
 double test_unit_roundoff(gw_dtype_t dt) {

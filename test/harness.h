@@ -7,6 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <check.h>
+
+#include "dtype_values.h"
 #include "gradwire.h"
 
 /* Returns 0 on success; anything else fails the rank (the message goes to stderr). */
@@ -30,10 +33,9 @@ static inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/* Host-side dtype access written independently of the library's kernels (uses the
- * compiler's _Float16, and bf16 as the top half of a float). */
-double test_load(const void *buf, gw_dtype_t dt, size_t i);
-void test_store(void *buf, gw_dtype_t dt, size_t i, double v);
+/* Runs every test of the suite (Check forks each); the process exit code. */
+int run_suite(Suite *s);
+
 /* Unit roundoff of a floating dtype (0 for integers). */
 double test_unit_roundoff(gw_dtype_t dt);
 int test_is_float(gw_dtype_t dt);

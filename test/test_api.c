@@ -319,9 +319,5 @@ int main(void) {
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_no_shm_leftovers);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return run_suite(s);
 }

@@ -85,7 +85,7 @@ static void store_int(void *buf, gw_dtype_t dt, size_t i, uint64_t v) {
 
 static void fill_input(void *buf, gw_dtype_t dt, int op, int r, size_t n, size_t first) {
   if (test_is_float(dt))
-    for (size_t i = 0; i < n; i++) test_store(buf, dt, i, fval(op, r, first + i));
+    for (size_t i = 0; i < n; i++) gw_value_store(buf, dt, i, fval(op, r, first + i));
   else
     for (size_t i = 0; i < n; i++) store_int(buf, dt, i, ival(r, first + i));
 }
@@ -94,8 +94,8 @@ static void fill_input(void *buf, gw_dtype_t dt, int op, int r, size_t n, size_t
 static double fin(gw_dtype_t dt, int op, int r, size_t i) {
   double v = fval(op, r, i);
   uint8_t tmp[8];
-  test_store(tmp, dt, 0, v);
-  return test_load(tmp, dt, 0);
+  gw_value_store(tmp, dt, 0, v);
+  return gw_value_load(tmp, dt, 0);
 }
 
 /* Checks element i of out against the reduction of every rank's input i_in. */
@@ -135,7 +135,7 @@ static int check_reduced(const void *out, size_t i, gw_dtype_t dt, int op, int n
   if (op == GW_SUM) tol = (n + 1) * u * mag;
   if (op == GW_AVG) acc /= n, tol = (n + 2) * u * mag / n;
   if (op == GW_PROD) tol = (n + 1) * 1.01 * u * fabs(acc);
-  double got = test_load(out, dt, i);
+  double got = gw_value_load(out, dt, i);
   if (fabs(got - acc) <= tol) return 0;
   fprintf(stderr, "rank %d: %s %s/%s n=%d element %zu: got %.9g, expected %.9g (tolerance %.3g)\n", rank, what,
           gw_dtype_name(dt), gw_op_name(op), n, i, got, acc, tol);
@@ -331,9 +331,5 @@ int main(void) {
   tcase_add_test(tc, test_broadcast_grid);
   tcase_add_test(tc, test_barrier);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return run_suite(s);
 }

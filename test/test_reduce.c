@@ -16,7 +16,7 @@ static const char *variants[] = {"generic", "avx2", "avx512"};
 /* The scalar reference: exact integer semantics, fp16/bf16 via float with one rounding. */
 static void ref_elem(gw_dtype_t dt, int kop, uint32_t div, const void *a, const void *b, size_t i, void *out) {
   if (test_is_float(dt)) {
-    double x = test_load(a, dt, i), y = test_load(b, dt, i), r;
+    double x = gw_value_load(a, dt, i), y = gw_value_load(b, dt, i), r;
     if (dt == GW_FLOAT16 || dt == GW_BFLOAT16 || dt == GW_FLOAT32) {
       float fx = (float)x, fy = (float)y, fr;
       fr = kop == GW_KOP_SUM ? fx + fy : kop == GW_KOP_PROD ? fx * fy : kop == GW_KOP_MAX ? (fx > fy ? fx : fy) : (fx < fy ? fx : fy);
@@ -35,7 +35,7 @@ static void ref_elem(gw_dtype_t dt, int kop, uint32_t div, const void *a, const 
       if (rest > 0x8000 || (rest == 0x8000 && lsb)) hi++;
       *(uint16_t *)out = (uint16_t)hi;
     } else {
-      test_store(out, dt, 0, r);
+      gw_value_store(out, dt, 0, r);
     }
     return;
   }
@@ -65,7 +65,7 @@ static void ref_elem(gw_dtype_t dt, int kop, uint32_t div, const void *a, const 
 static void fill(void *buf, gw_dtype_t dt, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; i++) {
     uint64_t h = mix64(seed * 1000003 + i);
-    if (test_is_float(dt)) test_store(buf, dt, i, ((double)(h >> 11) * 0x1p-53) * 8 - 4);
+    if (test_is_float(dt)) gw_value_store(buf, dt, i, ((double)(h >> 11) * 0x1p-53) * 8 - 4);
     else memcpy((char *)buf + i * gw_dtype_size(dt), &h, gw_dtype_size(dt));
   }
 }
@@ -156,9 +156,5 @@ int main(void) {
   tcase_add_test(tc, test_half_conversions_exact);
   tcase_add_test(tc, test_bf16_conversions);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return run_suite(s);
 }

@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "dtype_values.h"
 #include "gradwire.h"
 
 enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST };
@@ -81,53 +82,6 @@ static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
 
 /* ---- values: small integers so every reduction is exact or nearly so ---- */
 static double value_of(int r, size_t i) { return (double)((i * 7 + (size_t)r * 3) % 5 + 1); }
-
-static void store(void *buf, gw_dtype_t dt, size_t i, double v) {
-  switch (dt) {
-    case GW_INT8: ((int8_t *)buf)[i] = (int8_t)(int64_t)v; break;
-    case GW_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
-    case GW_INT32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
-    case GW_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case GW_FLOAT16: {
-      _Float16 h = (_Float16)v;
-      memcpy((uint16_t *)buf + i, &h, 2);
-      break;
-    }
-    case GW_BFLOAT16: {
-      float f = (float)v;
-      uint32_t u;
-      memcpy(&u, &f, 4);
-      ((uint16_t *)buf)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-      break;
-    }
-    case GW_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case GW_FLOAT64: ((double *)buf)[i] = v; break;
-    default: break;
-  }
-}
-
-static double load(const void *buf, gw_dtype_t dt, size_t i) {
-  switch (dt) {
-    case GW_INT8: return ((const int8_t *)buf)[i];
-    case GW_UINT8: return ((const uint8_t *)buf)[i];
-    case GW_INT32: return ((const int32_t *)buf)[i];
-    case GW_INT64: return (double)((const int64_t *)buf)[i];
-    case GW_FLOAT16: {
-      _Float16 h;
-      memcpy(&h, (const uint16_t *)buf + i, 2);
-      return (double)h;
-    }
-    case GW_BFLOAT16: {
-      uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
-      float f;
-      memcpy(&f, &u, 4);
-      return f;
-    }
-    case GW_FLOAT32: return ((const float *)buf)[i];
-    case GW_FLOAT64: return ((const double *)buf)[i];
-    default: return 0;
-  }
-}
 
 /* The exact reduction of value_of over all ranks, wrapped to the integer type. */
 static double expected_reduce(gw_dtype_t dt, int op, size_t i) {
@@ -224,7 +178,7 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uin
   }
   for (size_t i = 0; i < in_elems; i++) {
     size_t gi = o->coll == C_REDUCE_SCATTER ? i : i; /* global element index */
-    store(send, dt, i, value_of(rank, gi));
+    gw_value_store(send, dt, i, value_of(rank, gi));
   }
   run_once(o, dt, op, send, recv, count);
   long long wrong = 0;
@@ -236,7 +190,7 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uin
       case C_ALLGATHER: want = value_of((int)(i / (count ? count : 1)), i % (count ? count : 1)); break;
       default: want = value_of(o->root, i); break;
     }
-    if (!close_enough(dt, load(recv, dt, i), want)) wrong++;
+    if (!close_enough(dt, gw_value_load(recv, dt, i), want)) wrong++;
   }
   (void)sendbuf;
   return wrong;
