@@ -87,6 +87,9 @@ static bool parse_int(const char *s, long lo, long hi, int *out) {
   return true;
 }
 
+static const char *const local_vars[] = {"GW_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
+
 /* The job token: GW_JOB_TOKEN, else an id every rank of the same launch shares. */
 static bool job_token(char *out, size_t len) {
   const char *t = getenv("GW_JOB_TOKEN");
@@ -217,6 +220,13 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->nranks = nranks;
   c->next_seq = 1;
   c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
+  const char *algo = gw__env_str("GW_ALGO", "auto");
+  if (!strcasecmp(algo, "ring")) c->algo = GW_ALGO_RING;
+  else if (!strcasecmp(algo, "exchange")) c->algo = nranks == 2 ? GW_ALGO_EXCHANGE : GW_ALGO_AUTO;
+  else if (strcasecmp(algo, "auto") != 0)
+    GW_WARN(GW_SUB_INIT, "GW_ALGO=%s is not one of auto, ring, exchange; using auto", algo);
+  if (c->algo == GW_ALGO_AUTO && !strcasecmp(algo, "exchange"))
+    GW_WARN(GW_SUB_INIT, "GW_ALGO=exchange needs exactly 2 ranks (this job has %d); using auto", nranks);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_cond_init(&c->work_cv, NULL);
@@ -255,6 +265,10 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
       c->peers[r].host[sizeof c->peers[r].host - 1] = 0;
       if (r < rank && !strcmp(c->peers[r].node_id, me.node_id)) c->local_rank++;
     }
+    const char *env_local = first_env(local_vars);
+    if (env_local && atoi(env_local) != c->local_rank)
+      GW_WARN(GW_SUB_INIT, "rank %d: the launcher says local rank %s but the rendezvous found %d ranks before it "
+              "on this machine; using %d", rank, env_local, c->local_rank, c->local_rank);
     GW_CHECK_GOTO(connect_ring(c, &err), res, fail);
   }
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
@@ -276,6 +290,12 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
   if (!comm || !rank) return GW_ERR_INVALID_ARGUMENT;
   *rank = comm->rank;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
+  if (!comm || !local_rank) return GW_ERR_INVALID_ARGUMENT;
+  *local_rank = comm->local_rank;
   return GW_SUCCESS;
 }
 

@@ -22,6 +22,9 @@ enum gw_coll {
 };
 const char *gw__coll_name(int coll);
 
+/* GW_ALGO: which allreduce algorithm; auto picks by world size and bytes. */
+enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2 };
+
 /* One operation as the algorithms see it. */
 struct gw_op {
   struct gw_opdesc desc; /* seq, count, root, coll, dtype, op */
@@ -47,6 +50,7 @@ struct gw_request {
 struct gw_comm {
   int rank, nranks, local_rank;
   double timeout_s; /* every wait on the data path */
+  enum gw_algo algo;
   struct gw_bootstrap *bs;
   struct gw_peer_info *peers; /* [nranks] */
   struct gw_ring ring;

@@ -76,6 +76,9 @@ gw_result_t gw_comm_destroy(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);
 gw_result_t gw_comm_size(gw_comm_t comm, int *size);
+/* This rank's index among the ranks on its machine (found at the rendezvous from
+ * host name and boot id, so it is right whatever the launcher set). */
+gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank);
 
 /* Per-communicator deadline for every blocking wait, in seconds (default
  * GW_TIMEOUT, 300 s).  0 or negative means wait forever. */

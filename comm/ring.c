@@ -365,7 +365,9 @@ gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errct
   switch (op->desc.coll) {
     case GW_COLL_ALLREDUCE:
     case GW_COLL_BARRIER:
-      if (comm->nranks == 2 && out_bytes <= (size_t)gw__param_ExchangeMaxBytes()) return exchange_allreduce(&p);
+      if (comm->nranks == 2 && (comm->algo == GW_ALGO_EXCHANGE ||
+                                (comm->algo == GW_ALGO_AUTO && out_bytes <= (size_t)gw__param_ExchangeMaxBytes())))
+        return exchange_allreduce(&p);
       return ring_allreduce(&p);
     case GW_COLL_REDUCE_SCATTER: return ring_reduce_scatter(&p);
     case GW_COLL_ALLGATHER: return ring_allgather(&p);
