@@ -3,6 +3,8 @@
  * deadline and every failure names the rank, the peer and the address.  A
  * connection that does not present the job token is refused and logged. */
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -376,4 +378,37 @@ void gw__bootstrap_free(struct gw_bootstrap *bs) {
   if (bs->listen_fd >= 0) close(bs->listen_fd);
   free(bs->socks);
   free(bs);
+}
+
+gw_result_t gw__bootstrap_local_addr(struct gw_bootstrap *bs, struct sockaddr_storage *addr, socklen_t *len,
+                                     struct gw_errctx *err) {
+  const char *ifname = gw__env_str("GW_SOCKET_IFNAME", NULL);
+  memset(addr, 0, sizeof *addr);
+  if (ifname) {
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+      return gw__err(err, GW_ERR_SYSTEM, "rank %d: getifaddrs failed: %s", bs->rank, strerror(errno));
+    bool found = false;
+    /* IPv4 first, then IPv6, of the named interface. */
+    for (int fam = 0; fam < 2 && !found; fam++)
+      for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || strcmp(i->ifa_name, ifname) != 0) continue;
+        int want = fam == 0 ? AF_INET : AF_INET6;
+        if (i->ifa_addr->sa_family != want) continue;
+        *len = want == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+        memcpy(addr, i->ifa_addr, *len);
+        found = true;
+      }
+    freeifaddrs(ifs);
+    if (!found)
+      return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_IFNAME=%s has no IP address on this machine",
+                     bs->rank, ifname);
+    return GW_SUCCESS;
+  }
+  int fd = bs->rank == 0 ? bs->listen_fd : bs->socks[0];
+  *len = sizeof *addr;
+  if (fd < 0 || getsockname(fd, (struct sockaddr *)addr, len) != 0)
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot tell this rank's address towards %s: %s", bs->rank,
+                   bs->master, strerror(errno));
+  return GW_SUCCESS;
 }

@@ -6,6 +6,7 @@
 #define GW_BOOTSTRAP_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 
 #include "core.h"
 
@@ -20,6 +21,12 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
                                     struct gw_errctx *err);
 gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err);
 void gw__bootstrap_free(struct gw_bootstrap *bs);
+
+/* The address other ranks can reach this one at: GW_SOCKET_IFNAME's address when
+ * set, else the local end of the route to the master (rank 0: the master
+ * address itself).  The port is unspecified. */
+gw_result_t gw__bootstrap_local_addr(struct gw_bootstrap *bs, struct sockaddr_storage *addr, socklen_t *len,
+                                     struct gw_errctx *err);
 
 /* Splits "host:port" / "[v6]:port"; false when malformed. */
 bool gw__parse_host_port(const char *s, char *host, size_t hostlen, char *port, size_t portlen);

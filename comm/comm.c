@@ -12,6 +12,7 @@
 
 GW_PARAM(ShmSlots, "GW_SHM_SLOTS", 8)
 GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
+GW_PARAM(SocketStreams, "GW_SOCKET_NSTREAMS", 2)
 
 /* ---- dtype / op helpers ---------------------------------------------------------- */
 static const struct {
@@ -139,22 +140,53 @@ static uint64_t fnv1a(const char *s) {
   return h;
 }
 
+/* Orders the ring by machine (in order of each machine's lowest rank), ranks
+ * ascending within a machine, so the ring crosses the network once in each
+ * direction per machine whatever the launcher's rank placement. */
+static gw_result_t build_ring_order(struct gw_comm *c, struct gw_errctx *err) {
+  struct gw_ring *ring = &c->ring;
+  int n = c->nranks;
+  ring->order = malloc(sizeof(int) * (size_t)n);
+  ring->pos_of = malloc(sizeof(int) * (size_t)n);
+  bool *placed = calloc((size_t)n, sizeof(bool));
+  if (!ring->order || !ring->pos_of || !placed) {
+    free(placed);
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
+  }
+  int pos = 0;
+  for (int first = 0; first < n; first++) {
+    if (placed[first]) continue;
+    for (int r = first; r < n; r++)
+      if (!placed[r] && !strcmp(c->peers[r].node_id, c->peers[first].node_id)) {
+        placed[r] = true;
+        ring->pos_of[r] = pos;
+        ring->order[pos++] = r;
+      }
+  }
+  free(placed);
+  ring->index = ring->pos_of[c->rank];
+  ring->prev = ring->order[(ring->index - 1 + n) % n];
+  ring->next = ring->order[(ring->index + 1) % n];
+  return GW_SUCCESS;
+}
+
 static gw_result_t connect_ring(struct gw_comm *c, struct gw_errctx *err) {
   struct gw_ring *ring = &c->ring;
-  ring->prev = (c->rank - 1 + c->nranks) % c->nranks;
-  ring->next = (c->rank + 1) % c->nranks;
+  GW_CHECK(build_ring_order(c, err));
+  GW_CHECK(gw__bootstrap_local_addr(c->bs, &c->conn_params.local_addr, &c->conn_params.local_addr_len, err));
   const struct gw_transport *tsend = gw__transport_select(&c->peers[c->rank], &c->peers[ring->next]);
   const struct gw_transport *trecv = gw__transport_select(&c->peers[c->rank], &c->peers[ring->prev]);
   if (!tsend || !trecv) {
     int peer = !tsend ? ring->next : ring->prev;
     return gw__err(err, GW_ERR_UNSUPPORTED,
-                   "rank %d (%s): no transport connects it with rank %d (%s): this build has shm only, which "
-                   "needs both ranks on one machine%s",
-                   c->rank, c->peers[c->rank].host, peer, c->peers[peer].host,
-                   getenv("GW_TRANSPORT") ? " (GW_TRANSPORT restricts the choice)" : "");
+                   "rank %d (%s): no transport connects it with rank %d (%s)%s", c->rank, c->peers[c->rank].host,
+                   peer, c->peers[peer].host,
+                   getenv("GW_TRANSPORT") ? ": GW_TRANSPORT restricts the choice (shm needs both on one machine)" : "");
   }
   ring->recv = (struct gw_conn){.tp = trecv, .self = c->rank, .peer = ring->prev, .is_send = false};
   ring->send = (struct gw_conn){.tp = tsend, .self = c->rank, .peer = ring->next, .is_send = true};
+  snprintf(ring->recv.peer_host, sizeof ring->recv.peer_host, "%s", c->peers[ring->prev].host);
+  snprintf(ring->send.peer_host, sizeof ring->send.peer_host, "%s", c->peers[ring->next].host);
   snprintf(ring->recv.desc, sizeof ring->recv.desc, "ring 0: %d -> %d via %s", ring->prev, c->rank, trecv->name);
   snprintf(ring->send.desc, sizeof ring->send.desc, "ring 0: %d -> %d via %s", c->rank, ring->next, tsend->name);
 
@@ -177,6 +209,8 @@ static void comm_free(struct gw_comm *c) {
   if (!c) return;
   gw__conn_close(&c->ring.send);
   gw__conn_close(&c->ring.recv);
+  free(c->ring.order);
+  free(c->ring.pos_of);
   gw__bootstrap_free(c->bs);
   free(c->peers);
   pthread_cond_destroy(&c->work_cv);
@@ -238,8 +272,15 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
                   "64; 2..64 slots)", rank, (long long)slot_bytes, (long long)nslots);
     goto fail;
   }
+  int64_t nstreams = gw__param_SocketStreams();
+  if (nstreams < 1 || nstreams > 16) {
+    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_NSTREAMS=%lld is not in 1..16", rank,
+                  (long long)nstreams);
+    goto fail;
+  }
   c->conn_params = (struct gw_conn_params){.nslots = (uint32_t)nslots, .slot_bytes = (uint32_t)slot_bytes,
-                                           .job_hash = fnv1a(token)};
+                                           .job_hash = fnv1a(token), .nstreams = (uint32_t)nstreams,
+                                           .timeout_s = gw__env_double("GW_BOOTSTRAP_TIMEOUT", 60.0)};
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   if (!c->peers) {
     res = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
@@ -251,6 +292,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   me.host[sizeof me.host - 1] = 0;
   if (nranks == 1) {
     c->peers[0] = me;
+    GW_CHECK_GOTO(build_ring_order(c, &err), res, fail);
   } else {
     double boot_timeout = gw__env_double("GW_BOOTSTRAP_TIMEOUT", 60.0);
     GW_CHECK_GOTO(gw__bootstrap_init(&c->bs, rank, nranks, master, token, boot_timeout, &err), res, fail);

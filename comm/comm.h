@@ -32,8 +32,12 @@ struct gw_op {
   void *recvbuf;
 };
 
-/* A ring: this rank receives from prev and sends to next. */
+/* A ring: this rank receives from prev and sends to next.  Ranks of one machine
+ * are contiguous in it, so the ring crosses the network once each way per node. */
 struct gw_ring {
+  int index;   /* this rank's position */
+  int *order;  /* [nranks] rank at each position */
+  int *pos_of; /* [nranks] position of each rank */
   int prev, next;
   struct gw_conn send; /* to next */
   struct gw_conn recv; /* from prev */

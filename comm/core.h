@@ -94,9 +94,9 @@ const char *gw__env_str(const char *name, const char *dflt);
 /* ---- time and waiting ---------------------------------------------------------- */
 double gw__now(void); /* monotonic seconds */
 
-/* The waiting policy for every poll loop in the runtime: spin with a pause for a
- * short while, then sched_yield, then sleep with growing intervals (up to 100 us),
- * so that more ranks than cores still make progress.  `deadline` is an absolute
+/* The waiting policy for every poll loop in the runtime: spin with a pause for
+ * 50 us, then sched_yield until 2 ms, then sleep with growing intervals (up to
+ * 100 us), so that more ranks than cores still make progress.  `deadline` is an absolute
  * gw__now() time, or 0 for none. */
 struct gw_waiter {
   uint32_t iter;
@@ -106,6 +106,11 @@ struct gw_waiter {
 void gw__waiter_init(struct gw_waiter *w, double timeout_s);
 /* One back-off step.  Returns false once the deadline has passed. */
 bool gw__waiter_pause(struct gw_waiter *w);
+/* Past the spinning phase: a caller that can block on file descriptors (poll)
+ * should do that instead of yielding or sleeping. */
+bool gw__waiter_done_spinning(const struct gw_waiter *w);
+/* The deadline has passed (checks the clock). */
+bool gw__waiter_expired(const struct gw_waiter *w);
 
 static inline void gw__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -175,32 +175,45 @@ void gw__waiter_init(struct gw_waiter *w, double timeout_s) {
   w->deadline = timeout_s > 0 ? timeout_s : 0; /* made absolute on the first slow pause */
 }
 
-/* Spin iterations before yielding, yields before sleeping.  With as many ranks as
- * cores the spin phase catches almost every handoff; with more ranks than cores
- * the yield lets the peer we wait for run. */
-#define SPIN_ITERS 2000
-#define YIELD_ITERS 200
+/* Time-based phases, so the policy means the same whether a poll is a load from
+ * shared memory (shm) or a system call (tcp): spin for 50 us (catches almost
+ * every handoff when ranks have cores of their own), then yield until 2 ms (with
+ * more ranks than cores, lets the rank we wait for run), then sleep with
+ * growing intervals up to 100 us. */
+#define QUICK_SPINS 128
+#define SPIN_S 50e-6
+#define YIELD_S 2e-3
 
 bool gw__waiter_pause(struct gw_waiter *w) {
   uint32_t it = w->iter++;
-  if (it < SPIN_ITERS) {
+  if (it < QUICK_SPINS) {
     gw__cpu_relax();
     return true;
   }
-  if (it == SPIN_ITERS) {
-    w->start = gw__now();
-    if (w->deadline > 0) w->deadline += w->start;
+  double now = gw__now();
+  if (it == QUICK_SPINS) {
+    w->start = now;
+    if (w->deadline > 0) w->deadline += now;
   }
-  if (it < SPIN_ITERS + YIELD_ITERS) {
+  double waited = now - w->start;
+  if (waited < SPIN_S) {
+    for (int i = 0; i < 16; i++) gw__cpu_relax();
+  } else if (waited < YIELD_S) {
     sched_yield();
   } else {
-    uint32_t k = it - SPIN_ITERS - YIELD_ITERS;
-    long ns = k < 64 ? 2000 : k < 1024 ? 20000 : 100000;
+    long ns = waited < 20e-3 ? 2000 : waited < 200e-3 ? 20000 : 100000;
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
   }
-  if (w->deadline > 0 && (it & 31) == 0 && gw__now() > w->deadline) return false;
-  return true;
+  return !(w->deadline > 0 && now > w->deadline);
+}
+
+bool gw__waiter_done_spinning(const struct gw_waiter *w) {
+  return w->iter > QUICK_SPINS && gw__now() - w->start >= SPIN_S;
+}
+
+bool gw__waiter_expired(const struct gw_waiter *w) {
+  return w->iter > QUICK_SPINS && w->deadline > 0 && gw__now() > w->deadline;
 }
 
 /* ---- node identity ------------------------------------------------------------- */

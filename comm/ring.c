@@ -63,6 +63,64 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
                  p->comm->rank, me, p->comm->timeout_s, what, peer);
 }
 
+/* Transports that queue bytes in user space (tcp) move them while we wait on
+ * anything, so two ranks waiting on each other's queued sends cannot deadlock. */
+static gw_result_t pump(struct prims *p) {
+  struct gw_ring *ring = &p->comm->ring;
+  if (!ring->send.tp->progress && !ring->recv.tp->progress) return GW_SUCCESS;
+  if (ring->send.tp->progress) {
+    gw_result_t r = ring->send.tp->progress(&ring->send, p->err);
+    if (r != GW_SUCCESS && r != GW_INPROGRESS) return r;
+  }
+  if (ring->recv.tp->progress) {
+    gw_result_t r = ring->recv.tp->progress(&ring->recv, p->err);
+    if (r != GW_SUCCESS && r != GW_INPROGRESS) return r;
+  }
+  return GW_SUCCESS;
+}
+
+/* One wait step: past the spinning phase, ranks whose connections have file
+ * descriptors sleep in poll() until one is ready (at most 1 ms, then look again);
+ * otherwise the common back-off.  False once the deadline has passed. */
+static bool wait_step(struct prims *p, struct gw_waiter *w) {
+  struct gw_ring *ring = &p->comm->ring;
+  if ((ring->send.tp->pollfds || ring->recv.tp->pollfds) && gw__waiter_done_spinning(w)) {
+    struct pollfd fds[32];
+    int n = 0;
+    if (ring->send.tp->pollfds) n += ring->send.tp->pollfds(&ring->send, fds, 16);
+    if (ring->recv.tp->pollfds) n += ring->recv.tp->pollfds(&ring->recv, fds + n, 16);
+    if (n > 0) {
+      poll(fds, (nfds_t)n, 1);
+      return !gw__waiter_expired(w);
+    }
+  }
+  return gw__waiter_pause(w);
+}
+
+/* A data-path call failed: let the transport say why (it keeps the message). */
+static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r) {
+  if (c->tp->progress) {
+    gw_result_t r2 = c->tp->progress(c, p->err);
+    if (r2 != GW_SUCCESS && r2 != GW_INPROGRESS) return r2;
+  }
+  return gw__err(p->err, r, "rank %d: %s failed", p->comm->rank, c->desc);
+}
+
+/* Before an operation completes, everything it sent must have left user space. */
+static gw_result_t flush(struct prims *p) {
+  struct gw_conn *c = &p->comm->ring.send;
+  if (!c->tp->progress) return GW_SUCCESS;
+  struct gw_waiter w;
+  gw__waiter_init(&w, p->comm->timeout_s);
+  for (;;) {
+    gw_result_t r = c->tp->progress(c, p->err);
+    if (r == GW_SUCCESS) return GW_SUCCESS;
+    if (r != GW_INPROGRESS) return r;
+    GW_CHECK(pump(p));
+    if (!wait_step(p, &w)) return timeout_error(p, "its socket to drain towards", c->peer);
+  }
+}
+
 static gw_result_t wait_slot(struct prims *p, size_t bytes, void **slot) {
   struct gw_conn *c = &p->comm->ring.send;
   size_t cap;
@@ -70,15 +128,20 @@ static gw_result_t wait_slot(struct prims *p, size_t bytes, void **slot) {
   if (r != GW_INPROGRESS) return r;
   struct gw_waiter w;
   gw__waiter_init(&w, p->comm->timeout_s);
-  while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS)
-    if (!gw__waiter_pause(&w)) return timeout_error(p, "a free slot at", c->peer);
-  return r;
+  while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
+    GW_CHECK(pump(p));
+    if (!wait_step(p, &w)) return timeout_error(p, "a free slot at", c->peer);
+  }
+  return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
+
+static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r);
 
 static gw_result_t post(struct prims *p, size_t bytes) {
   struct gw_conn *c = &p->comm->ring.send;
   struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = (uint32_t)bytes, .step = p->sent++};
-  return c->tp->send_post(c, &h);
+  gw_result_t r = c->tp->send_post(c, &h);
+  return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
 
 static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
@@ -88,10 +151,12 @@ static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
   if (r == GW_INPROGRESS) {
     struct gw_waiter w;
     gw__waiter_init(&w, p->comm->timeout_s);
-    while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS)
-      if (!gw__waiter_pause(&w)) return timeout_error(p, "data from", c->peer);
+    while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
+      GW_CHECK(pump(p));
+      if (!wait_step(p, &w)) return timeout_error(p, "data from", c->peer);
+    }
   }
-  if (r != GW_SUCCESS) return r;
+  if (r != GW_SUCCESS) return conn_error(p, c, r);
   struct gw_opdesc theirs = h->op;
   if (theirs.coll == GW_COLL_ABORT) {
     char msg[GW_ERRMSG_MAX];
@@ -224,8 +289,12 @@ static inline size_t blk_len(size_t count, size_t start, size_t len) {
 }
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
+/* The algorithms walk ring positions (ring->index is this rank's), not ranks:
+ * the ring is ordered by machine.  Blocks of allreduce belong to positions; the
+ * blocks of reduce-scatter, allgather and the broadcast root belong to ranks, so
+ * those map positions to ranks through ring->order. */
 static gw_result_t ring_allreduce(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->rank;
+  const int n = p->comm->nranks, r = p->comm->ring.index;
   const size_t count = p->op->desc.count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
   const size_t align = GW_MAX((size_t)1, 64 / es); /* keep blocks cache-line aligned */
@@ -277,7 +346,8 @@ static gw_result_t exchange_allreduce(struct prims *p) {
 }
 
 static gw_result_t ring_reduce_scatter(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->rank;
+  const int n = p->comm->nranks, r = p->comm->ring.index;
+  const int *order = p->comm->ring.order;
   const size_t rc = p->op->desc.count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
   const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
@@ -286,20 +356,22 @@ static gw_result_t ring_reduce_scatter(struct prims *p) {
   size_t off = 0;
   do {
     size_t len = blk_len(rc, off, chunk);
-    int k = mod(r - 1, n);
+    int k = order[mod(r - 1, n)];
     GW_CHECK(prim_send(p, cat(in, (size_t)k * rc + off, es), NULL, len));
     for (int j = 2; j < n; j++) {
-      k = mod(r - j, n);
+      k = order[mod(r - j, n)];
       GW_CHECK(prim_recv_reduce_send(p, cat(in, (size_t)k * rc + off, es), len));
     }
-    GW_CHECK(prim_recv_reduce_copy(p, cat(in, (size_t)r * rc + off, es), at(out, off, es), len, div, false));
+    k = order[r];
+    GW_CHECK(prim_recv_reduce_copy(p, cat(in, (size_t)k * rc + off, es), at(out, off, es), len, div, false));
     off += chunk;
   } while (off < rc);
   return GW_SUCCESS;
 }
 
 static gw_result_t ring_allgather(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->rank;
+  const int n = p->comm->nranks, r = p->comm->ring.index, me = p->comm->rank;
+  const int *order = p->comm->ring.order;
   const size_t sc = p->op->desc.count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
   const void *in = p->op->sendbuf;
@@ -308,13 +380,13 @@ static gw_result_t ring_allgather(struct prims *p) {
   do {
     size_t len = blk_len(sc, off, chunk);
     const uint8_t *own = cat(in, off, es);
-    uint8_t *own_out = at(out, (size_t)r * sc + off, es);
+    uint8_t *own_out = at(out, (size_t)me * sc + off, es);
     GW_CHECK(prim_send(p, own, own_out == own ? NULL : own_out, len));
     for (int j = 1; j < n - 1; j++) {
-      int k = mod(r - j, n);
+      int k = order[mod(r - j, n)];
       GW_CHECK(prim_recv_copy_send(p, at(out, (size_t)k * sc + off, es), len));
     }
-    int k = mod(r + 1, n);
+    int k = order[mod(r + 1, n)];
     GW_CHECK(prim_recv(p, at(out, (size_t)k * sc + off, es), len));
     off += chunk;
   } while (off < sc);
@@ -322,10 +394,10 @@ static gw_result_t ring_allgather(struct prims *p) {
 }
 
 static gw_result_t ring_broadcast(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->rank;
+  const int n = p->comm->nranks, r = p->comm->ring.index;
   const size_t count = p->op->desc.count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
-  const int pos = mod(r - p->op->desc.root, n); /* distance from the root along the ring */
+  const int pos = mod(r - p->comm->ring.pos_of[p->op->desc.root], n); /* distance from the root along the ring */
   const void *in = p->op->sendbuf;
   void *out = p->op->recvbuf;
   size_t off = 0;
@@ -362,16 +434,20 @@ gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errct
   size_t out_bytes = op->desc.count * p.es;
   if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
   p.stream_out = op->sendbuf != op->recvbuf && out_bytes >= (size_t)gw__param_StreamThreshold();
+  gw_result_t res;
   switch (op->desc.coll) {
     case GW_COLL_ALLREDUCE:
     case GW_COLL_BARRIER:
       if (comm->nranks == 2 && (comm->algo == GW_ALGO_EXCHANGE ||
                                 (comm->algo == GW_ALGO_AUTO && out_bytes <= (size_t)gw__param_ExchangeMaxBytes())))
-        return exchange_allreduce(&p);
-      return ring_allreduce(&p);
-    case GW_COLL_REDUCE_SCATTER: return ring_reduce_scatter(&p);
-    case GW_COLL_ALLGATHER: return ring_allgather(&p);
-    case GW_COLL_BROADCAST: return ring_broadcast(&p);
+        res = exchange_allreduce(&p);
+      else
+        res = ring_allreduce(&p);
+      break;
+    case GW_COLL_REDUCE_SCATTER: res = ring_reduce_scatter(&p); break;
+    case GW_COLL_ALLGATHER: res = ring_allgather(&p); break;
+    case GW_COLL_BROADCAST: res = ring_broadcast(&p); break;
+    default: return gw__err(err, GW_ERR_INTERNAL, "rank %d: unknown collective %d", comm->rank, op->desc.coll);
   }
-  return gw__err(err, GW_ERR_INTERNAL, "rank %d: unknown collective %d", comm->rank, op->desc.coll);
+  return res == GW_SUCCESS ? flush(&p) : res;
 }

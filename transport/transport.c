@@ -1,10 +1,10 @@
-/* transport.c - chooses the transport for a pair of ranks.  Only host-memory
- * transports exist so far: shm inside a machine (GW_TRANSPORT=shm forces it). */
+/* transport.c - chooses the transport for a pair of ranks: shm inside a machine,
+ * tcp between machines (and inside one when GW_TRANSPORT=tcp forces it). */
 #include <string.h>
 
 #include "transport.h"
 
-static const struct gw_transport *const all_transports[] = {&gw__shm_transport};
+static const struct gw_transport *const all_transports[] = {&gw__shm_transport, &gw__tcp_transport};
 
 const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,
                                                 const struct gw_peer_info *peer) {

@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include "core.h"
 
@@ -54,7 +56,11 @@ struct gw_conn_handle {
 struct gw_conn_params {
   uint32_t nslots;     /* FIFO depth */
   uint32_t slot_bytes; /* payload bytes per slot, a multiple of 64 */
-  uint64_t job_hash;   /* makes names unique per job */
+  uint64_t job_hash;   /* makes names unique per job; proves a tcp peer is of this job */
+  double timeout_s;    /* connection setup deadline */
+  uint32_t nstreams;   /* tcp: sockets per connection (GW_SOCKET_NSTREAMS) */
+  struct sockaddr_storage local_addr; /* tcp: the address to listen on (port ignored) */
+  socklen_t local_addr_len;
 };
 
 struct gw_transport;
@@ -62,6 +68,7 @@ struct gw_conn {
   const struct gw_transport *tp;
   int self, peer;   /* ranks */
   bool is_send;     /* which end this is */
+  char peer_host[64]; /* for messages */
   void *priv;       /* the transport's state */
   char desc[96];    /* "rank 0 -> rank 1 via shm", for messages */
 };
@@ -87,12 +94,24 @@ struct gw_transport {
   gw_result_t (*recv_peek)(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data);
   /* Receiver: gives the chunk from recv_peek back to the sender. */
   gw_result_t (*recv_release)(struct gw_conn *c);
+  /* Moves bytes that are queued in user space (NULL when the transport has none,
+   * as shm).  Returns GW_SUCCESS when nothing is left to send, GW_INPROGRESS when
+   * sends are still queued, or an error naming the peer.  The collectives call it
+   * for every connection while they wait, and until it returns GW_SUCCESS on the
+   * send side before an operation completes. */
+  gw_result_t (*progress)(struct gw_conn *c, struct gw_errctx *err);
+  /* Fills up to max pollfds that become ready when this connection can make
+   * progress (data to read, room to write queued bytes); returns how many.  NULL
+   * for transports that poll memory.  Lets a waiting rank sleep in the kernel
+   * instead of spinning on system calls. */
+  int (*pollfds)(struct gw_conn *c, struct pollfd *out, int max);
 
   /* Frees everything; accepts a connection that was never set up. */
   void (*close)(struct gw_conn *c);
 };
 
 extern const struct gw_transport gw__shm_transport;
+extern const struct gw_transport gw__tcp_transport;
 
 /* The transport for a pair of ranks, or NULL when none can connect them. */
 const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,

@@ -1,0 +1,114 @@
+/* test_tcp.c - the tcp transport and the transport choice on one machine: ranks
+ * on one machine use shm, GW_TRANSPORT=tcp forces tcp; a corrupted frame (the
+ * GW_TCP_TEST_CORRUPT hook) is reported as an error naming the peer, not crashed
+ * on; a rank killed with SIGKILL makes the others fail quickly with a message
+ * naming it (its sockets close), not after the deadline.  The collective grid
+ * itself runs over tcp as separate meson tests (test_collectives). */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "harness.h"
+
+#define EXPECT(cond, ...)                                 \
+  do {                                                    \
+    if (!(cond)) {                                        \
+      fprintf(stderr, "rank %d: ", rank);                 \
+      fprintf(stderr, __VA_ARGS__);                       \
+      fprintf(stderr, " [%s:%d]\n", __FILE__, __LINE__);  \
+      return 1;                                           \
+    }                                                     \
+  } while (0)
+
+static int body_choice(gw_comm_t comm, int rank, int n, void *arg) {
+  const char *want = arg;
+  (void)n;
+  EXPECT(!strcmp(comm->ring.send.tp->name, want) && !strcmp(comm->ring.recv.tp->name, want),
+         "ring uses %s/%s, expected %s", comm->ring.send.tp->name, comm->ring.recv.tp->name, want);
+  int64_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "sum %lld", (long long)v);
+  return 0;
+}
+
+START_TEST(test_transport_choice) {
+  unsetenv("GW_TRANSPORT");
+  ck_assert_int_eq(run_ranks(3, body_choice, "shm", 60), 0);
+  setenv("GW_TRANSPORT", "tcp", 1);
+  ck_assert_int_eq(run_ranks(3, body_choice, "tcp", 60), 0);
+  unsetenv("GW_TRANSPORT");
+}
+END_TEST
+
+static int body_corrupt(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 30);
+  enum { COUNT = 1 << 20 };
+  float *buf = calloc(COUNT, sizeof *buf);
+  gw_result_t r = gw_allreduce(buf, buf, COUNT, GW_FLOAT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_ERR_REMOTE, "allreduce over a corrupted stream returned %s", gw_strerror(r));
+  if (rank == 1)
+    EXPECT(strstr(gw_comm_last_error(comm), "rank 0") && strstr(gw_comm_last_error(comm), "does not match"),
+           "message: %s", gw_comm_last_error(comm));
+  free(buf);
+  return 0;
+}
+
+static int raw_corrupt(int rank, int n, const char *master, void *arg) {
+  setenv("GW_TRANSPORT", "tcp", 1);
+  if (rank == 0) setenv("GW_TCP_TEST_CORRUPT", "3", 1); /* rank 0 garbles its third frame */
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  int rc = body_corrupt(comm, rank, n, arg);
+  gw_comm_destroy(comm);
+  return rc;
+}
+
+START_TEST(test_corrupt_frame_reported) { ck_assert_int_eq(run_ranks_raw(2, raw_corrupt, NULL, 60), 0); }
+END_TEST
+
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int raw_killed(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_TRANSPORT", "tcp", 1);
+  setenv("GW_TIMEOUT", "60", 1);
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  int32_t v = 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == n, "first sum");
+  if (rank == 1) raise(SIGKILL);
+  double t0 = mono();
+  gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
+  double took = mono() - t0;
+  EXPECT(r == GW_ERR_REMOTE, "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
+  EXPECT(took < 20, "took %.1f s to notice", took);
+  EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_killed_rank_named) {
+  /* rank 1 dies by SIGKILL on purpose, so exactly one rank "fails" */
+  ck_assert_int_eq(run_ranks_raw(3, raw_killed, NULL, 90), 1);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("tcp");
+  TCase *tc = tcase_create("tcp");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_transport_choice);
+  tcase_add_test(tc, test_corrupt_frame_reported);
+  tcase_add_test(tc, test_killed_rank_named);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}

@@ -1,0 +1,582 @@
+/* tcp.c - the TCP transport: the connection of DESIGN.md over GW_SOCKET_NSTREAMS
+ * non-blocking sockets.  The receiver owns a FIFO of slots (staging memory) and
+ * reads frames straight into them; the sender stages chunks in its own slots and
+ * writes them out as the sockets accept bytes.  Each chunk is split into up to
+ * nstreams parts (64 KiB at least), one per socket, so big chunks use several
+ * sockets at once.  Every frame carries the chunk's stream position, the part's
+ * offset and length and the chunk header, and every field is checked before a
+ * byte of payload is read: a malformed, oversized or out-of-order frame, or a peer
+ * that closes its socket, is an error naming the peer, never an over-read or a
+ * hang.  Nothing here blocks on the data path; setup (connect, accept, hello)
+ * waits with a deadline.  Not here: which chunks to send (comm/). */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "transport.h"
+
+#define TCP_FRAME_MAGIC 0x6672777au /* "zwrf" */
+#define TCP_HELLO_MAGIC 0x6c68777au
+#define TCP_MAX_STREAMS 16
+#define TCP_MIN_PART (64u << 10)
+
+struct tcp_handle {
+  uint16_t family, port;
+  uint32_t nstreams;
+  uint64_t nonce; /* this connection's id, so a stray connect is refused */
+  uint8_t addr[16];
+};
+_Static_assert(sizeof(struct tcp_handle) <= GW_CONN_HANDLE_BYTES, "tcp handle fits the opaque handle");
+
+struct tcp_hello {
+  uint32_t magic;
+  uint32_t stream;
+  uint64_t job_hash;
+  uint64_t nonce;
+  int32_t sender;
+  uint32_t pad;
+};
+
+struct tcp_frame {
+  uint32_t magic;
+  uint32_t stream;
+  uint64_t pos;  /* the chunk's position in this connection's stream of chunks */
+  uint32_t off;  /* this part's offset in the chunk */
+  uint32_t len;  /* this part's payload bytes */
+  struct gw_chunk_hdr hdr;
+};
+
+/* How a chunk of `bytes` is split: parts of equal 64-byte-aligned size. */
+static uint32_t nparts_of(uint32_t bytes, uint32_t nstreams) {
+  uint32_t n = bytes == 0 ? 1 : (uint32_t)GW_DIV_UP(bytes, TCP_MIN_PART);
+  return n < nstreams ? n : nstreams;
+}
+static void part_of(uint32_t bytes, uint32_t nparts, uint32_t k, uint32_t *off, uint32_t *len) {
+  uint32_t size = (uint32_t)GW_ALIGN_UP(GW_DIV_UP(bytes, nparts), 64);
+  uint64_t o = (uint64_t)k * size;
+  *off = o >= bytes ? bytes : (uint32_t)o;
+  *len = GW_MIN(size, bytes - *off);
+}
+
+struct tcp_sstream { /* sender side of one socket */
+  int fd;
+  uint64_t next_pos; /* next chunk to send a part of */
+  bool busy;         /* cur is being written */
+  size_t done;       /* bytes of frame + payload written */
+  struct tcp_frame cur;
+};
+
+struct tcp_rstream { /* receiver side of one socket */
+  int fd;
+  bool have_frame;
+  size_t got; /* bytes of the frame (then of the payload) read */
+  uint64_t last_pos;
+  bool any;
+  bool eof; /* the peer closed this socket; an error only if a part is still owed */
+  struct tcp_frame f;
+};
+
+struct tcp_rslot {
+  struct gw_chunk_hdr hdr;
+  bool have_hdr;
+  uint32_t parts, parts_done;
+};
+
+struct tcp_conn {
+  uint32_t nslots, slot_bytes, nstreams;
+  uint8_t *slots;
+  size_t map_bytes;
+  uint64_t pos; /* sender: chunks posted; receiver: next chunk to deliver */
+  struct gw_chunk_hdr *shdr;  /* sender: the posted headers [nslots] */
+  struct tcp_rslot *rslot;    /* receiver [nslots] */
+  struct tcp_sstream ss[TCP_MAX_STREAMS];
+  struct tcp_rstream rs[TCP_MAX_STREAMS];
+  int listen_fd;
+  uint64_t nonce, job_hash;
+  double timeout_s;
+  gw_result_t failed;
+  char failmsg[GW_ERRMSG_MAX];
+  int test_corrupt; /* GW_TCP_TEST_CORRUPT: corrupt the Nth frame sent (tests) */
+  uint32_t frames_sent;
+};
+
+static bool tcp_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
+  (void)self, (void)peer;
+  return true; /* any two ranks with IP connectivity */
+}
+
+static void set_nonblock(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static gw_result_t alloc_slots(struct gw_conn *c, struct tcp_conn *t, struct gw_errctx *err) {
+  t->map_bytes = (size_t)t->nslots * t->slot_bytes;
+  /* Pre-faulted once per communicator (first touch is slow on some machines). */
+  void *m = mmap(NULL, t->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (m == MAP_FAILED)
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot allocate %zu bytes of tcp staging: %s", c->self,
+                   t->map_bytes, strerror(errno));
+  t->slots = m;
+  return GW_SUCCESS;
+}
+
+static struct tcp_conn *conn_new(const struct gw_conn_params *p) {
+  struct tcp_conn *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->nslots = p->nslots;
+  t->slot_bytes = p->slot_bytes;
+  t->nstreams = GW_MAX(1u, GW_MIN(p->nstreams, (uint32_t)TCP_MAX_STREAMS));
+  t->job_hash = p->job_hash;
+  t->timeout_s = p->timeout_s > 0 ? p->timeout_s : 60;
+  t->listen_fd = -1;
+  for (int i = 0; i < TCP_MAX_STREAMS; i++) t->ss[i].fd = t->rs[i].fd = -1;
+  t->test_corrupt = (int)gw__env_int("GW_TCP_TEST_CORRUPT", 0);
+  return t;
+}
+
+static void addr_str(const struct sockaddr_storage *a, char *buf, size_t len) {
+  char host[64] = "?";
+  int port = 0;
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)a;
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+  } else if (a->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)a;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+  }
+  snprintf(buf, len, "%s:%d", host, port);
+}
+
+/* ---- setup ------------------------------------------------------------------------ */
+static gw_result_t tcp_recv_setup(struct gw_conn *c, const struct gw_conn_params *p, struct gw_conn_handle *out,
+                                  struct gw_errctx *err) {
+  gw_result_t res;
+  struct tcp_conn *t = conn_new(p);
+  if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+  if (p->local_addr_len == 0) {
+    res = gw__err(err, GW_ERR_INTERNAL, "rank %d: no local address for tcp", c->self);
+    goto fail;
+  }
+  struct sockaddr_storage a = p->local_addr;
+  if (a.ss_family == AF_INET) ((struct sockaddr_in *)&a)->sin_port = 0;
+  else ((struct sockaddr_in6 *)&a)->sin6_port = 0;
+  t->listen_fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t al = p->local_addr_len;
+  char where[96];
+  addr_str(&a, where, sizeof where);
+  if (t->listen_fd < 0 || bind(t->listen_fd, (struct sockaddr *)&a, al) != 0 ||
+      listen(t->listen_fd, TCP_MAX_STREAMS * 2) != 0 || getsockname(t->listen_fd, (struct sockaddr *)&a, &al) != 0) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s (check GW_SOCKET_IFNAME)",
+                  c->self, c->peer, where, strerror(errno));
+    goto fail;
+  }
+  GW_CHECK_GOTO(alloc_slots(c, t, err), res, fail);
+  t->rslot = calloc(t->nslots, sizeof *t->rslot);
+  if (!t->rslot || getrandom(&t->nonce, sizeof t->nonce, 0) != sizeof t->nonce) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory or entropy", c->self);
+    goto fail;
+  }
+  struct tcp_handle h = {.family = a.ss_family, .nstreams = t->nstreams, .nonce = t->nonce};
+  if (a.ss_family == AF_INET) {
+    h.port = ntohs(((struct sockaddr_in *)&a)->sin_port);
+    memcpy(h.addr, &((struct sockaddr_in *)&a)->sin_addr, 4);
+  } else {
+    h.port = ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
+    memcpy(h.addr, &((struct sockaddr_in6 *)&a)->sin6_addr, 16);
+  }
+  memset(out, 0, sizeof *out);
+  memcpy(out->bytes, &h, sizeof h);
+  c->priv = t;
+  return GW_SUCCESS;
+fail:
+  if (t->listen_fd >= 0) close(t->listen_fd);
+  if (t->slots) munmap(t->slots, t->map_bytes);
+  free(t->rslot);
+  free(t);
+  return res;
+}
+
+/* Blocking setup I/O with a deadline (never on the data path). */
+static bool io_deadline(int fd, void *buf, size_t len, bool sending, double deadline) {
+  uint8_t *b = buf;
+  while (len) {
+    struct pollfd pfd = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
+    int ms = (int)((deadline - gw__now()) * 1000);
+    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) return false;
+    ssize_t n = sending ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
+    if (n <= 0) {
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      return false;
+    }
+    b += n;
+    len -= (size_t)n;
+  }
+  return true;
+}
+
+static gw_result_t tcp_send_connect(struct gw_conn *c, const struct gw_conn_params *p, const struct gw_conn_handle *in,
+                                    struct gw_errctx *err) {
+  struct tcp_handle h;
+  memcpy(&h, in->bytes, sizeof h);
+  if (h.nstreams < 1 || h.nstreams > TCP_MAX_STREAMS || (h.family != AF_INET && h.family != AF_INET6))
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d sent a malformed tcp handle", c->self, c->peer);
+  struct tcp_conn *t = conn_new(p);
+  if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+  t->nstreams = h.nstreams; /* the receiver decides */
+  gw_result_t res = alloc_slots(c, t, err);
+  if (res != GW_SUCCESS) goto fail;
+  t->shdr = calloc(t->nslots, sizeof *t->shdr);
+  if (!t->shdr) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+    goto fail;
+  }
+  struct sockaddr_storage a = {0};
+  socklen_t al;
+  if (h.family == AF_INET) {
+    struct sockaddr_in *in4 = (struct sockaddr_in *)&a;
+    in4->sin_family = AF_INET;
+    in4->sin_port = htons(h.port);
+    memcpy(&in4->sin_addr, h.addr, 4);
+    al = sizeof *in4;
+  } else {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&a;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(h.port);
+    memcpy(&in6->sin6_addr, h.addr, 16);
+    al = sizeof *in6;
+  }
+  char where[96];
+  addr_str(&a, where, sizeof where);
+  double deadline = gw__now() + t->timeout_s;
+  for (uint32_t s = 0; s < t->nstreams; s++) {
+    int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    t->ss[s].fd = fd;
+    struct tcp_hello hello = {.magic = TCP_HELLO_MAGIC, .stream = s, .job_hash = t->job_hash, .nonce = h.nonce,
+                              .sender = c->self};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, al) != 0 || !io_deadline(fd, &hello, sizeof hello, true, deadline)) {
+      res = gw__err(err, GW_ERR_REMOTE, "rank %d: cannot connect to rank %d (%s) at %s: %s", c->self, c->peer,
+                    c->peer_host, where, strerror(errno));
+      goto fail;
+    }
+    set_nonblock(fd);
+  }
+  c->priv = t;
+  snprintf(c->desc + strlen(c->desc), sizeof c->desc - strlen(c->desc), " %s", where);
+  return GW_SUCCESS;
+fail:
+  for (uint32_t s = 0; s < TCP_MAX_STREAMS; s++)
+    if (t->ss[s].fd >= 0) close(t->ss[s].fd);
+  if (t->slots) munmap(t->slots, t->map_bytes);
+  free(t->shdr);
+  free(t);
+  return res;
+}
+
+static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
+  struct tcp_conn *t = c->priv;
+  double deadline = gw__now() + t->timeout_s;
+  uint32_t joined = 0;
+  while (joined < t->nstreams) {
+    struct pollfd pfd = {.fd = t->listen_fd, .events = POLLIN};
+    int ms = (int)((deadline - gw__now()) * 1000);
+    if (ms <= 0 || poll(&pfd, 1, ms) <= 0)
+      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) opened %u of %u tcp streams within %.0f s",
+                     c->self, c->peer, c->peer_host, joined, t->nstreams, t->timeout_s);
+    int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    struct tcp_hello hello;
+    bool ok = io_deadline(fd, &hello, sizeof hello, false, GW_MIN(deadline, gw__now() + 5.0));
+    if (!ok || hello.magic != TCP_HELLO_MAGIC || hello.job_hash != t->job_hash || hello.nonce != t->nonce ||
+        hello.sender != c->peer || hello.stream >= t->nstreams || t->rs[hello.stream].fd >= 0) {
+      GW_WARN(GW_SUB_ALL, "rank %d: refused a tcp connection that is not rank %d's stream of this job", c->self, c->peer);
+      close(fd);
+      continue;
+    }
+    set_nonblock(fd);
+    t->rs[hello.stream].fd = fd;
+    joined++;
+  }
+  close(t->listen_fd);
+  t->listen_fd = -1;
+  return GW_SUCCESS;
+}
+
+/* ---- data path: sender --------------------------------------------------------- */
+static gw_result_t fail(struct gw_conn *c, struct tcp_conn *t, gw_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static gw_result_t fail(struct gw_conn *c, struct tcp_conn *t, gw_result_t code, const char *fmt, ...) {
+  if (t->failed) return t->failed;
+  char what[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  snprintf(t->failmsg, sizeof t->failmsg, "rank %d: tcp connection %s rank %d (%s): %s", c->self,
+           c->is_send ? "to" : "from", c->peer, c->peer_host, what);
+  t->failed = code;
+  return code;
+}
+
+static uint64_t min_stream_pos(const struct tcp_conn *t) {
+  uint64_t m = UINT64_MAX;
+  for (uint32_t s = 0; s < t->nstreams; s++) m = GW_MIN(m, t->ss[s].next_pos);
+  return m;
+}
+
+/* Writes as much as the sockets take.  GW_INPROGRESS while bytes are queued. */
+static gw_result_t pump_send(struct gw_conn *c, struct tcp_conn *t) {
+  bool pending = false;
+  for (uint32_t s = 0; s < t->nstreams; s++) {
+    struct tcp_sstream *st = &t->ss[s];
+    while (st->next_pos < t->pos) {
+      if (!st->busy) {
+        const struct gw_chunk_hdr *h = &t->shdr[st->next_pos % t->nslots];
+        uint32_t nparts = nparts_of(h->bytes, t->nstreams);
+        if (s >= nparts) { /* this chunk has no part on this socket */
+          st->next_pos++;
+          continue;
+        }
+        st->cur = (struct tcp_frame){.magic = TCP_FRAME_MAGIC, .stream = s, .pos = st->next_pos, .hdr = *h};
+        part_of(h->bytes, nparts, s, &st->cur.off, &st->cur.len);
+        if (t->test_corrupt && ++t->frames_sent == (uint32_t)t->test_corrupt) st->cur.len = 0xfffffff0u;
+        st->busy = true;
+        st->done = 0;
+      }
+      const uint8_t *payload = t->slots + (size_t)(st->next_pos % t->nslots) * t->slot_bytes + st->cur.off;
+      size_t flen = sizeof st->cur, total = flen + (st->cur.len == 0xfffffff0u ? 0 : st->cur.len);
+      struct iovec iov[2];
+      int n = 0;
+      if (st->done < flen) iov[n++] = (struct iovec){(uint8_t *)&st->cur + st->done, flen - st->done};
+      size_t pdone = st->done > flen ? st->done - flen : 0;
+      if (total > flen) iov[n++] = (struct iovec){(void *)(payload + pdone), total - flen - pdone};
+      ssize_t w = n ? sendmsg(st->fd, &(struct msghdr){.msg_iov = iov, .msg_iovlen = (size_t)n},
+                              MSG_NOSIGNAL | MSG_DONTWAIT)
+                    : 0;
+      if (w < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          pending = true;
+          break;
+        }
+        return fail(c, t, GW_ERR_REMOTE, "send failed: %s (did rank %d exit?)", strerror(errno), c->peer);
+      }
+      st->done += (size_t)w;
+      if (st->done < total) {
+        pending = true;
+        break;
+      }
+      st->busy = false;
+      st->next_pos++;
+    }
+  }
+  return pending ? GW_INPROGRESS : GW_SUCCESS;
+}
+
+static gw_result_t tcp_send_slot(struct gw_conn *c, size_t bytes, void **buf, size_t *cap) {
+  struct tcp_conn *t = c->priv;
+  (void)bytes;
+  if (t->failed) return t->failed;
+  if (t->pos - min_stream_pos(t) >= t->nslots) {
+    gw_result_t r = pump_send(c, t);
+    if (r != GW_SUCCESS && r != GW_INPROGRESS) return r;
+    if (t->pos - min_stream_pos(t) >= t->nslots) return GW_INPROGRESS;
+  }
+  *buf = t->slots + (size_t)(t->pos % t->nslots) * t->slot_bytes;
+  *cap = t->slot_bytes;
+  return GW_SUCCESS;
+}
+
+static gw_result_t tcp_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
+  struct tcp_conn *t = c->priv;
+  t->shdr[t->pos % t->nslots] = *h;
+  t->pos++;
+  gw_result_t r = pump_send(c, t);
+  return r == GW_INPROGRESS ? GW_SUCCESS : r;
+}
+
+/* ---- data path: receiver ---------------------------------------------------------- */
+static gw_result_t check_frame(struct gw_conn *c, struct tcp_conn *t, uint32_t s, const struct tcp_frame *f) {
+  const struct tcp_rstream *rs = &t->rs[s];
+  if (f->magic != TCP_FRAME_MAGIC || f->stream != s)
+    return fail(c, t, GW_ERR_REMOTE, "malformed frame on stream %u (magic 0x%08x, stream %u)", s, f->magic, f->stream);
+  if (f->hdr.bytes > t->slot_bytes)
+    return fail(c, t, GW_ERR_REMOTE, "frame announces a %u-byte chunk, more than the %u-byte slots", f->hdr.bytes,
+                t->slot_bytes);
+  if ((rs->any && f->pos <= rs->last_pos) || f->pos < t->pos)
+    return fail(c, t, GW_ERR_REMOTE, "frame for chunk %llu arrived out of order on stream %u",
+                (unsigned long long)f->pos, s);
+  uint32_t nparts = nparts_of(f->hdr.bytes, t->nstreams), off, len;
+  if (s >= nparts) return fail(c, t, GW_ERR_REMOTE, "stream %u carries a part of a %u-part chunk", s, nparts);
+  part_of(f->hdr.bytes, nparts, s, &off, &len);
+  if (f->off != off || f->len != len)
+    return fail(c, t, GW_ERR_REMOTE, "frame part %u+%u does not match its %u-byte chunk (expected %u+%u)", f->off,
+                f->len, f->hdr.bytes, off, len);
+  return GW_SUCCESS;
+}
+
+static gw_result_t pump_recv(struct gw_conn *c, struct tcp_conn *t) {
+  for (uint32_t s = 0; s < t->nstreams; s++) {
+    struct tcp_rstream *rs = &t->rs[s];
+    for (;;) {
+      uint8_t *dst;
+      size_t want;
+      if (!rs->have_frame) {
+        dst = (uint8_t *)&rs->f + rs->got;
+        want = sizeof rs->f - rs->got;
+      } else {
+        if (rs->f.pos >= t->pos + t->nslots) break; /* its slot is still in use: read on later */
+        dst = t->slots + (size_t)(rs->f.pos % t->nslots) * t->slot_bytes + rs->f.off + rs->got;
+        want = rs->f.len - rs->got;
+      }
+      if (want > 0) {
+        if (rs->eof) break;
+        ssize_t n = recv(rs->fd, dst, want, MSG_DONTWAIT);
+        if (n == 0) {
+          /* A sender that finished closes all its sockets; a socket with nothing
+           * more to carry may close before another delivers the last part. */
+          if (rs->have_frame || rs->got) return fail(c, t, GW_ERR_REMOTE, "closed by the peer in the middle of a frame (did rank %d exit?)", c->peer);
+          rs->eof = true;
+          break;
+        }
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+          return fail(c, t, GW_ERR_REMOTE, "receive failed: %s", strerror(errno));
+        }
+        rs->got += (size_t)n;
+        if ((size_t)n < want) continue;
+      }
+      if (!rs->have_frame) {
+        GW_CHECK(check_frame(c, t, s, &rs->f));
+        rs->have_frame = true;
+        rs->got = 0;
+        struct tcp_rslot *sl = &t->rslot[rs->f.pos % t->nslots];
+        if (rs->f.pos < t->pos + t->nslots) {
+          if (!sl->have_hdr) {
+            sl->hdr = rs->f.hdr;
+            sl->have_hdr = true;
+            sl->parts = nparts_of(rs->f.hdr.bytes, t->nstreams);
+            sl->parts_done = 0;
+          } else if (memcmp(&sl->hdr, &rs->f.hdr, sizeof sl->hdr) != 0) {
+            return fail(c, t, GW_ERR_REMOTE, "the parts of chunk %llu disagree on its header",
+                        (unsigned long long)rs->f.pos);
+          }
+        }
+        continue;
+      }
+      /* a whole part is in its slot */
+      struct tcp_rslot *sl = &t->rslot[rs->f.pos % t->nslots];
+      if (!sl->have_hdr) { /* the header was parsed while the slot was still busy */
+        sl->hdr = rs->f.hdr;
+        sl->have_hdr = true;
+        sl->parts = nparts_of(rs->f.hdr.bytes, t->nstreams);
+        sl->parts_done = 0;
+      }
+      sl->parts_done++;
+      rs->last_pos = rs->f.pos;
+      rs->any = true;
+      rs->have_frame = false;
+      rs->got = 0;
+    }
+  }
+  return GW_SUCCESS;
+}
+
+/* The next chunk is incomplete: is a socket that owes part of it closed? */
+static gw_result_t check_owed(struct gw_conn *c, struct tcp_conn *t, const struct tcp_rslot *sl) {
+  for (uint32_t s = 0; s < t->nstreams; s++) {
+    const struct tcp_rstream *rs = &t->rs[s];
+    bool owes = s == 0 || (sl->have_hdr && s < sl->parts);
+    bool delivered = rs->any && rs->last_pos >= t->pos;
+    if (rs->eof && owes && !delivered)
+      return fail(c, t, GW_ERR_REMOTE, "closed by the peer (did rank %d exit?)", c->peer);
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t tcp_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data) {
+  struct tcp_conn *t = c->priv;
+  if (t->failed) return t->failed;
+  struct tcp_rslot *sl = &t->rslot[t->pos % t->nslots];
+  if (!(sl->have_hdr && sl->parts_done == sl->parts)) {
+    GW_CHECK(pump_recv(c, t));
+    if (!(sl->have_hdr && sl->parts_done == sl->parts)) {
+      GW_CHECK(check_owed(c, t, sl));
+      return GW_INPROGRESS;
+    }
+  }
+  *h = &sl->hdr;
+  *data = t->slots + (size_t)(t->pos % t->nslots) * t->slot_bytes;
+  return GW_SUCCESS;
+}
+
+static gw_result_t tcp_recv_release(struct gw_conn *c) {
+  struct tcp_conn *t = c->priv;
+  t->rslot[t->pos % t->nslots].have_hdr = false;
+  t->pos++;
+  return GW_SUCCESS;
+}
+
+static gw_result_t tcp_progress(struct gw_conn *c, struct gw_errctx *err) {
+  struct tcp_conn *t = c->priv;
+  gw_result_t r = t->failed ? t->failed : c->is_send ? pump_send(c, t) : pump_recv(c, t);
+  if (r != GW_SUCCESS && r != GW_INPROGRESS) return gw__err(err, r, "%s", t->failmsg);
+  return r;
+}
+
+static int tcp_pollfds(struct gw_conn *c, struct pollfd *out, int max) {
+  struct tcp_conn *t = c->priv;
+  int n = 0;
+  for (uint32_t s = 0; s < t->nstreams && n < max; s++) {
+    if (c->is_send) {
+      if (t->ss[s].next_pos < t->pos) out[n++] = (struct pollfd){.fd = t->ss[s].fd, .events = POLLOUT};
+    } else if (!t->rs[s].eof) {
+      out[n++] = (struct pollfd){.fd = t->rs[s].fd, .events = POLLIN};
+    }
+  }
+  return n;
+}
+
+static void tcp_close(struct gw_conn *c) {
+  struct tcp_conn *t = c->priv;
+  if (!t) return;
+  for (int s = 0; s < TCP_MAX_STREAMS; s++) {
+    if (t->ss[s].fd >= 0) close(t->ss[s].fd);
+    if (t->rs[s].fd >= 0) close(t->rs[s].fd);
+  }
+  if (t->listen_fd >= 0) close(t->listen_fd);
+  if (t->slots) munmap(t->slots, t->map_bytes);
+  free(t->shdr);
+  free(t->rslot);
+  free(t);
+  c->priv = NULL;
+}
+
+const struct gw_transport gw__tcp_transport = {
+    .name = "tcp",
+    .can_connect = tcp_can_connect,
+    .recv_setup = tcp_recv_setup,
+    .send_connect = tcp_send_connect,
+    .recv_connect = tcp_recv_connect,
+    .send_slot = tcp_send_slot,
+    .send_post = tcp_send_post,
+    .recv_peek = tcp_recv_peek,
+    .recv_release = tcp_recv_release,
+    .progress = tcp_progress,
+    .pollfds = tcp_pollfds,
+    .close = tcp_close,
+};
