@@ -3,7 +3,7 @@
 # benchmarks with, only when some are missing (safe to rerun; no network use when
 # everything is there).  Sourced by run.sh and test.sh.
 gw_install_deps() {
-  local pkgs=(meson ninja-build pkg-config gcc libc6-dev check python3
+  local pkgs=(meson ninja-build pkg-config gcc libc6-dev check python3 iproute2 util-linux
               libopenmpi-dev openmpi-bin)
   local missing=()
   for p in "${pkgs[@]}"; do

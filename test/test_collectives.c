@@ -320,8 +320,37 @@ GRID_TEST(test_allgather_grid, body_allgather)
 GRID_TEST(test_broadcast_grid, body_broadcast)
 GRID_TEST(test_barrier, body_barrier)
 
-int main(void) {
+/* Launched by gw-run (one process per rank, possibly on several machines): run
+ * every grid body on one communicator from the environment, no Check. */
+static int run_from_env(void) {
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init_env(&comm);
+  if (r != GW_SUCCESS) {
+    fprintf(stderr, "gw_comm_init_env failed: %s\n", gw_comm_last_error(NULL));
+    return 1;
+  }
+  int rank, n;
+  gw_comm_rank(comm, &rank);
+  gw_comm_size(comm, &n);
+  static const struct {
+    const char *name;
+    rank_body_fn fn;
+  } bodies[] = {{"allreduce", body_allreduce}, {"reduce_scatter", body_reduce_scatter},
+                {"allgather", body_allgather}, {"broadcast", body_broadcast}, {"barrier", body_barrier}};
+  int failed = 0;
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+    int rc = bodies[i].fn(comm, rank, n, NULL);
+    if (rank == 0 || rc) printf("%s grid on %d ranks: %s\n", bodies[i].name, n, rc ? "FAILED" : "ok");
+    failed |= rc;
+    if (rc) break; /* the communicator is unusable after a failure */
+  }
+  gw_comm_destroy(comm);
+  return failed;
+}
+
+int main(int argc, char **argv) {
   init_counts();
+  if (argc > 1 && !strcmp(argv[1], "--from-env")) return run_from_env();
   Suite *s = suite_create("collectives");
   TCase *tc = tcase_create("grid");
   tcase_set_timeout(tc, 1800);

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# netns.sh BUILD NNODES - runs gradwire across NNODES "machines" on this one:
+# each node is a network namespace plus a UTS namespace with its own host name
+# (so the runtime sees different machines), joined by veth pairs to a bridge in a
+# switch namespace of its own; addresses 10.79.0.K+1/24 exist only inside these
+# namespaces.  On each node gw-run starts 2 ranks.  Checks: the collective grid
+# across the nodes (GW_TEST_MAX_COUNT, default 65537), same-node pairs on shm and
+# cross-node pairs on tcp, gw-perf with checking, and everything forced onto tcp.
+# The namespaces are removed on exit, also when a check fails.  Exits 77 (meson:
+# skipped) without root or without `ip netns`.
+set -u
+build=${1:?usage: netns.sh BUILD NNODES}
+nnodes=${2:-2}
+rpn=2
+build=$(cd "$build" && pwd)
+gwrun=$build/tools/gw-run
+[ "$(id -u)" -eq 0 ] || { echo "netns: needs root; skipped"; exit 77; }
+command -v ip >/dev/null && command -v unshare >/dev/null || { echo "netns: needs ip and unshare; skipped"; exit 77; }
+
+tag="gw$$"
+work=$(mktemp -d)
+namespaces=()
+cleanup() {
+  for ns in "${namespaces[@]}"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ns_add() { ip netns add "$1" && namespaces+=("$1") && ip -n "$1" link set lo up; }
+if ! ns_add "${tag}sw" 2>/dev/null; then echo "netns: cannot create network namespaces; skipped"; exit 77; fi
+ip -n "${tag}sw" link add br0 type bridge && ip -n "${tag}sw" link set br0 up || exit 1
+for ((k = 0; k < nnodes; k++)); do
+  ns_add "${tag}n$k" || exit 1
+  ip link add "${tag}a$k" type veth peer name "${tag}b$k" || exit 1
+  ip link set "${tag}a$k" netns "${tag}n$k" && ip link set "${tag}b$k" netns "${tag}sw" || exit 1
+  ip -n "${tag}n$k" link set "${tag}a$k" name eth0
+  ip -n "${tag}n$k" addr add "10.79.0.$((k + 1))/24" dev eth0
+  ip -n "${tag}n$k" link set eth0 up
+  ip -n "${tag}sw" link set "${tag}b$k" master br0
+  ip -n "${tag}sw" link set "${tag}b$k" up
+done
+export GW_JOB_TOKEN="netns-$$-$RANDOM"
+
+failures=0
+# run_job NAME TIMEOUT CMD...: gw-run on every node, in parallel; all must exit 0.
+run_job() {
+  local name=$1 limit=$2
+  shift 2
+  local pids=()
+  for ((k = 0; k < nnodes; k++)); do
+    ip netns exec "${tag}n$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
+      timeout "$limit" "$gwrun" -n "$rpn" --nnodes "$nnodes" --node-rank "$k" --master 10.79.0.1:29500 "$@" \
+      >"$work/$name.$k.log" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
+  for ((k = 0; k < nnodes; k++)); do
+    local code=0
+    wait "${pids[$k]}" || code=$?
+    [ $code -eq 0 ] || { rc=1; echo "netns: $name: node $k failed (exit $code)"; }
+  done
+  if [ $rc -ne 0 ]; then
+    for ((k = 0; k < nnodes; k++)); do echo "--- $name node $k"; tail -n 30 "$work/$name.$k.log"; done
+    failures=$((failures + 1))
+  else
+    echo "netns: $name on $nnodes nodes x $rpn ranks: ok"
+  fi
+  return $rc
+}
+
+expect_in_logs() { # NAME PATTERN WHAT
+  if cat "$work/$1".*.log | grep -q "$2"; then echo "netns: $3: ok"; else
+    echo "netns: $3: no line matching '$2'"; failures=$((failures + 1)); fi
+}
+
+export GW_TEST_MAX_COUNT=${GW_TEST_MAX_COUNT:-65537}
+GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT run_job grid 900 "$build/test/test_collectives" --from-env
+expect_in_logs grid "via shm" "same-node pairs use shm"
+expect_in_logs grid "via tcp 10.79.0" "cross-node pairs use tcp"
+run_job perf 300 "$build/tools/gw-perf" -b 8 -e 16M -f 8 -n 3 -w 1 -c 1 -d all
+GW_TRANSPORT=tcp GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT GW_TEST_MAX_COUNT=1023 run_job grid-tcp 600 \
+  "$build/test/test_collectives" --from-env
+if cat "$work"/grid-tcp.*.log | grep -q "via shm"; then
+  echo "netns: GW_TRANSPORT=tcp still used shm"; failures=$((failures + 1))
+else
+  echo "netns: GW_TRANSPORT=tcp keeps every pair on tcp: ok"
+fi
+echo "netns: $failures failed"
+[ $failures -eq 0 ]
