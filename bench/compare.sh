@@ -8,7 +8,9 @@
 # keeping freed memory (GLIBC_TUNABLES below).  All float32 sum, sizes
 # BENCH_MIN..BENCH_MAX by BENCH_FACTOR.  Then prints one line per size (each tool's
 # best round) and writes the same table as CSV to bench/results/compare-<date>.csv.  It builds nothing except `meson compile -C $BUILD`
-# when a binary is missing; it does not configure a build directory.
+# when a binary is missing; it does not configure a build directory.  Its shell and
+# Python helpers are in bench/lib.sh and bench/compare_lib.py (shared with
+# compare-tcp.sh).
 #
 # Environment (defaults in brackets):
 #   BUILD               build directory, relative to the repository root [build]
@@ -27,9 +29,10 @@
 #   MEMBW_ARGS          passed to membw [-s 256 -r 10]
 set -euo pipefail
 
-die() { echo "compare.sh: $*" >&2; exit 1; }
-
+prog=compare.sh
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 root=$(cd "$here/.." && pwd)
 build=${BUILD:-build}
 [[ $build == /* ]] || build=$root/$build
@@ -62,56 +65,9 @@ if [[ $skip_gw != 1 ]]; then
   [[ -x $gw_run && -x $gw_perf ]] || die "$gw_run or $gw_perf was not built (BENCH_SKIP_GW=1 leaves gradwire out)"
 fi
 
-# "256M" -> 268435456 (powers of 1024, as gw-perf and mpi_allreduce read them).
-to_bytes() {
-  local v=$1 n mult=1
-  [[ $v =~ ^([0-9]+)([kKmMgG]?)[bB]?$ ]] || die "bad size '$v'"
-  n=${BASH_REMATCH[1]}
-  case ${BASH_REMATCH[2]} in
-    k|K) mult=1024 ;;
-    m|M) mult=$((1024 * 1024)) ;;
-    g|G) mult=$((1024 * 1024 * 1024)) ;;
-  esac
-  echo $((n * mult))
-}
+bench_settings 2
 
-min=$(to_bytes "${BENCH_MIN:-8}")
-max=$(to_bytes "${BENCH_MAX:-256M}")
-split=$(to_bytes "${BENCH_SPLIT:-1M}")
-factor=${BENCH_FACTOR:-2}
-iters=${BENCH_ITERS:-100}
-warmup=${BENCH_WARMUP:-10}
-iters_large=${BENCH_ITERS_LARGE:-20}
-warmup_large=${BENCH_WARMUP_LARGE:-3}
-step_timeout=${BENCH_TIMEOUT:-300}
-rounds=${BENCH_ROUNDS:-2}
-[[ $rounds =~ ^[0-9]+$ && $rounds -ge 1 ]] || die "BENCH_ROUNDS must be an integer >= 1"
-[[ $factor =~ ^[0-9]+$ && $factor -ge 2 ]] || die "BENCH_FACTOR must be an integer >= 2"
-((min >= 4 && min <= max)) || die "need 4 <= BENCH_MIN <= BENCH_MAX"
-
-# Split min..max into at most two ranges, so big sizes can run fewer iterations:
-# each entry is "first last iters warmup" for one invocation of each tool.
-ranges=()
-if ((max <= split)); then
-  ranges+=("$min $max $iters $warmup")
-elif ((min > split)); then
-  ranges+=("$min $max $iters_large $warmup_large")
-else
-  s=$min
-  while ((s * factor <= split)); do s=$((s * factor)); done
-  ranges+=("$min $s $iters $warmup")
-  if ((s * factor <= max)); then ranges+=("$((s * factor)) $max $iters_large $warmup_large"); fi
-fi
-
-if [[ -n ${MPIRUN_ARGS:-} ]]; then
-  read -r -a mpi_opts <<<"$MPIRUN_ARGS"
-else
-  mpi_opts=(--bind-to none --oversubscribe --mca pml ob1 --mca btl "self,vader")
-fi
-if [[ $(id -u) == 0 ]]; then
-  mpi_opts+=(--allow-run-as-root)
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+bench_mpi_opts --bind-to none --oversubscribe --mca pml ob1 --mca btl "self,vader"
 # Freed memory stays in the heap instead of going back to the kernel, so a buffer
 # malloc'd again (Open MPI's temporary buffer in each large allreduce) is not faulted
 # in afresh each time.
@@ -119,41 +75,11 @@ tunables=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gw-compare.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-results=$here/results
-mkdir -p "$results"
-[[ -f $results/.gitignore ]] || printf '*.csv\n*.log\n' >"$results/.gitignore"
-stamp=$(date +%Y-%m-%d-%H%M%S)
-out_csv=$results/compare-$stamp.csv
-
-# run_step NAME CSVPREFIX COMMAND...: runs COMMAND once per range with the range's
-# -b -e -n -w and --csv appended, echoing its output, then joins the CSVs.
-run_step() {
-  local name=$1 prefix=$2 i=0 r first last n w rc
-  shift 2
-  echo
-  echo "## $name"
-  for r in "${ranges[@]}"; do
-    read -r first last n w <<<"$r"
-    timeout --kill-after=10 "$step_timeout" \
-      "$@" -b "$first" -e "$last" -f "$factor" -n "$n" -w "$w" --csv "$work/$prefix.part$i.csv" 2>&1 |
-      tee -a "$work/$prefix.log" || {
-      rc=${PIPESTATUS[0]}
-      ((rc != 124 && rc != 137)) || die "$name did not finish within $step_timeout s (BENCH_TIMEOUT); its output is above"
-      die "$name failed (exit $rc); its output is above"
-    }
-    [[ -s $work/$prefix.part$i.csv ]] || die "$name wrote no CSV"
-    i=$((i + 1))
-  done
-  # One header, then every range's rows.
-  awk 'FNR == 1 && NR != 1 { next } { print }' "$work/$prefix".part*.csv >"$work/$prefix.csv"
-}
+bench_results compare
 
 t_start=$SECONDS
 echo "# compare.sh $stamp on $(hostname), $(nproc) CPUs; sizes $min..$max B by $factor"
-for r in "${ranges[@]}"; do
-  read -r first last n w <<<"$r"
-  echo "#   $first..$last B: $n iterations after $w warmup"
-done
+bench_print_ranges
 
 echo
 echo "## membw ${MEMBW_ARGS:-}"
@@ -176,52 +102,13 @@ done
 
 echo
 echo "## comparison (out-of-place, best of $rounds rounds; busbw in GB/s)"
-python3 - "$work" "$out_csv" "$skip_gw" "$rounds" <<'PY'
-import csv, math, os, sys
+PYTHONPATH=$here PYTHONDONTWRITEBYTECODE=1 python3 - "$work" "$out_csv" "$skip_gw" "$rounds" <<'PY'
+import csv, os, sys
+from compare_lib import fmt, human, load as load_rounds, num, wrong_results
 
 work, out_csv, skip_gw, rounds = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-NEEDED = ("size", "oop_time_us", "oop_busbw", "oop_wrong", "ip_wrong")
-
-def load_one(name):
-    path = os.path.join(work, name + ".csv")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        lacking = [k for k in NEEDED if k not in (reader.fieldnames or [])]
-        if lacking:
-            sys.exit("compare.sh: %s.csv lacks %s; header is %s" % (
-                name, ",".join(lacking), ",".join(reader.fieldnames or [])))
-        return {int(row["size"]): row for row in reader}
-
 def load(name):
-    """Per size, the round with the lowest out-of-place time; wrong counts from
-    every round are kept so that no wrong result hides behind a fast round."""
-    best = {}
-    for r in range(1, rounds + 1):
-        for size, row in load_one("%s-r%d" % (name, r)).items():
-            row["round"] = r
-            best.setdefault(size, []).append(row)
-    out = {}
-    for size, rows in best.items():
-        timed = [row for row in rows if num(row, "oop_time_us") is not None]
-        out[size] = dict(min(timed, key=lambda row: num(row, "oop_time_us")) if timed else rows[0])
-        out[size]["all_rounds"] = rows
-    return out
-
-def num(row, key):
-    try:
-        v = float(row[key])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-def human(n):
-    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= div and n % div == 0:
-            return "%d%s" % (n // div, unit)
-    return str(n)
-
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+    return load_rounds(work, name, rounds, "compare.sh")
 
 membw = {}
 with open(os.path.join(work, "membw.txt")) as f:
@@ -231,13 +118,7 @@ with open(os.path.join(work, "membw.txt")) as f:
             membw[parts[0]] = float(parts[1])
 
 gw, mpi, mpit = ({} if skip_gw else load("gw")), load("mpi"), load("mpit")
-wrong = []
-for name, table in (("gradwire", gw), ("Open MPI", mpi), ("Open MPI tuned", mpit)):
-    for size, best in table.items():
-        for row in best["all_rounds"]:
-            for key in ("oop_wrong", "ip_wrong"):
-                if row.get(key) not in (None, "", "0", "-1", "N/A"):
-                    wrong.append("%s %s B round %d %s=%s" % (name, size, row["round"], key, row[key]))
+wrong = wrong_results((("gradwire", gw), ("Open MPI", mpi), ("Open MPI tuned", mpit)))
 
 cols = ["size", "gw_time_us", "gw_busbw", "mpi_time_us", "mpi_busbw", "mpi_tuned_time_us",
         "mpi_tuned_busbw", "mpi_best_busbw", "busbw_ratio", "latency_ratio"]

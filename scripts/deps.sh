@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # scripts/deps.sh - installs the Debian packages gradwire builds, tests and
-# benchmarks with, only when some are missing (safe to rerun; no network use when
+# benchmarks with (Open MPI and Gloo are the peers bench/ compares against), only when some are missing (safe to rerun; no network use when
 # everything is there).  Sourced by run.sh and test.sh.
 gw_install_deps() {
   local pkgs=(meson ninja-build pkg-config gcc libc6-dev check python3 iproute2 util-linux
-              libopenmpi-dev openmpi-bin)
+              libopenmpi-dev openmpi-bin g++ libgloo-dev)
   local missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
