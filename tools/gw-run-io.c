@@ -7,22 +7,35 @@
  * of different ranks never interleave, and the output side of the poll loop
  * (which pipes to watch, giving up on pipes nobody will close).
  *
- * What it is not: it creates no pipes (gw-run.c does, when it spawns a rank),
- * decides nothing about failures or signals (gw-run-teardown.c) and does not
- * run the loop itself (gw-run.c).
+ * It also moves the frames of the launcher control channel between the
+ * gw-runs of a multi-node job: encoding and decoding them, queueing what is
+ * to be sent, reading what arrived with every length checked.
+ *
+ * What it is not: it creates no pipes (gw-run.c does, when it spawns a rank)
+ * and no sockets (gw-run-net.c does), decides nothing about failures, signals
+ * or what a frame means (gw-run-teardown.c, gw-run-net.c) and does not run
+ * the loop itself (gw-run.c).
  */
 #include <errno.h>
 #include <poll.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include "gw-run.h"
 
 enum {
     MAX_LINE = 64 * 1024, /* longer lines are split into pieces of this size */
+    MAX_FRAME = GW_RUN_MAX_FRAME,
+    MAX_STR = GW_RUN_MAX_STR,
+    MAX_OUT = 256 * 1024, /* unsent bytes on one connection before we drop it */
 };
 
 static char outbuf[2 * MAX_LINE + 64];
@@ -178,4 +191,211 @@ void gw__run_abandon_output(void)
     for (int i = 0; i < gw__run.nranks; i++)
         for (int k = 0; k < 2; k++)
             close_stream(&gw__run.ranks[i], &gw__run.ranks[i].s[k]);
+}
+
+/* ---- control-channel frames ----
+ *
+ * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
+ * a type byte and the fields its layout below lists, u = 4-byte big-endian,
+ * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
+ *   HELLO   node -> 0  uuuuTs  magic "GWL1", node, nnodes, nproc, token, host
+ *   WELCOME 0 -> node  s       node 0's hostname
+ *   REFUSE  0 -> node  s       the reason; node 0 closes the connection
+ *   FAIL    both ways  uubus   global rank, node, signaled, code or signal,
+ *                              host: a rank failed there
+ *   LOST    0 -> node  us      node, host: its launcher went away
+ *   ABORT   0 -> node  bs      exit code, message: the job failed for a
+ *                              reason that is no rank's (a node missing or
+ *                              disagreeing)
+ *   STOP    both ways  uus     node, signal, host: SIGINT/SIGTERM reached it
+ *   DONE    node -> 0  u       node: every rank there exited 0
+ * A frame that breaks these rules closes its connection with a log line.
+ */
+
+static const char *const layout[] = {
+    [F_HELLO] = "uuuuTs", [F_WELCOME] = "s", [F_REFUSE] = "s", [F_FAIL] = "uubus",
+    [F_LOST] = "us",      [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
+};
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Encodes m by its type's layout. No layout has more than two strings of
+ * MAX_STR bytes, so no frame can overflow. */
+void gw__run_pack(struct frame *f, const struct msg *m)
+{
+    int nv = 0;
+    f->n = 4;
+    f->b[f->n++] = (unsigned char)m->type;
+    for (const char *l = layout[m->type]; *l; l++) {
+        if (*l == 'b') {
+            f->b[f->n++] = (unsigned char)m->v[nv++];
+        } else if (*l == 'u') {
+            put_u32(f->b + f->n, m->v[nv++]);
+            f->n += 4;
+        } else {
+            const void *s = *l == 'T' ? (const void *)m->tok : m->s;
+            size_t len = *l == 'T' ? m->toklen : strlen(m->s);
+            len = len > MAX_STR ? MAX_STR : len;
+            f->b[f->n++] = (unsigned char)(len >> 8);
+            f->b[f->n++] = (unsigned char)len;
+            memcpy(f->b + f->n, s, len);
+            f->n += len;
+        }
+    }
+    put_u32(f->b, (uint32_t)(f->n - 4));
+}
+
+/* Decodes a body of n >= 1 bytes; false unless it matches its layout exactly. */
+static bool unpack(const unsigned char *p, size_t n, struct msg *m)
+{
+    size_t pos = 1, nv = 0;
+    m->type = p[0];
+    m->s[0] = '\0';
+    if (m->type < F_HELLO || m->type > F_DONE)
+        return false;
+    for (const char *l = layout[m->type]; *l; l++) {
+        size_t w = *l == 'b' ? 1 : *l == 'u' ? 4 : 2;
+        if (n - pos < w)
+            return false;
+        if (*l == 'b' || *l == 'u') {
+            m->v[nv++] = w == 1 ? p[pos] : get_u32(p + pos);
+            pos += w;
+            continue;
+        }
+        size_t len = (size_t)p[pos] << 8 | p[pos + 1];
+        pos += 2;
+        if (len > MAX_STR || n - pos < len)
+            return false;
+        if (*l == 'T') {
+            m->tok = p + pos;
+            m->toklen = len;
+        } else {
+            for (size_t i = 0; i < len; i++)
+                m->s[i] = p[pos + i] >= 0x20 && p[pos + i] < 0x7f ? (char)p[pos + i] : '?';
+            m->s[len] = '\0';
+        }
+        pos += len;
+    }
+    return pos == n;
+}
+
+void gw__run_tune_socket(int fd)
+{
+    int one = 1, idle = 10, intvl = 5, cnt = 4;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* A machine that dies or drops off the network sends no FIN; keepalive
+     * turns its silence into an error within about 30 s. */
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
+void gw__run_conn_close(struct conn *c)
+{
+    if (c->fd < 0)
+        return;
+    /* Unread input would make close() send a reset, which can destroy frames
+     * the peer has not read yet (a REFUSE, a FAIL). */
+    unsigned char sink[512];
+    for (int i = 0; i < 64 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+    }
+    close(c->fd);
+    c->fd = -1;
+    c->connecting = false;
+    c->inlen = c->outlen = 0;
+}
+
+bool gw__run_out_add(struct conn *c, const void *p, size_t n)
+{
+    if (c->outlen + n > MAX_OUT)
+        return false;
+    if (c->outlen + n > c->outcap) {
+        size_t cap = c->outcap ? c->outcap : 1024;
+        while (cap < c->outlen + n)
+            cap *= 2;
+        unsigned char *nb = realloc(c->out, cap);
+        if (!nb)
+            return false;
+        c->out = nb;
+        c->outcap = cap;
+    }
+    memcpy(c->out + c->outlen, p, n);
+    c->outlen += n;
+    return true;
+}
+
+/* Only queues: the poll loop sends when the socket can take it. */
+void gw__run_conn_send(struct conn *c, const struct frame *f)
+{
+    if (c->fd >= 0 && !gw__run_out_add(c, f->b, f->n))
+        c->broken = true;
+}
+
+/* Sends what the socket takes now; false on a connection error. */
+bool gw__run_conn_flush(struct conn *c)
+{
+    while (c->fd >= 0 && c->outlen > 0) {
+        ssize_t w = send(c->fd, c->out, c->outlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        memmove(c->out, c->out + w, c->outlen - (size_t)w);
+        c->outlen -= (size_t)w;
+    }
+    return true;
+}
+
+/* Reads what has arrived (a bounded amount per call) and hands each complete
+ * frame to handle, which may close the connection. */
+int gw__run_conn_read(struct conn *c, bool (*handle)(struct conn *, const struct msg *),
+                      const char **why)
+{
+    static struct msg m;
+    static char badlen[64];
+    for (int round = 0; round < 16; round++) {
+        ssize_t n = recv(c->fd, c->in + c->inlen, sizeof c->in - c->inlen, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return R_OPEN;
+        if (n <= 0)
+            return R_GONE; /* the end or an error: either way the peer is gone */
+        c->inlen += (size_t)n;
+        size_t off = 0;
+        while (c->inlen - off >= 4) {
+            uint32_t len = get_u32(c->in + off);
+            if (len == 0 || len > MAX_FRAME) {
+                snprintf(badlen, sizeof badlen, "frame length %u (1..%d)", len, MAX_FRAME);
+                *why = badlen;
+                return R_BAD;
+            }
+            if (c->inlen - off - 4 < len)
+                break;
+            if (!unpack(c->in + off + 4, len, &m)) {
+                *why = "malformed frame";
+                return R_BAD;
+            }
+            if (!handle(c, &m))
+                return R_BAD;
+            if (c->fd < 0)
+                return R_CLOSED;
+            off += 4 + len;
+        }
+        memmove(c->in, c->in + off, c->inlen - off);
+        c->inlen -= off;
+    }
+    return R_OPEN;
 }

@@ -7,6 +7,11 @@
  * are failures, and tearing the job down: SIGTERM to every remaining rank and
  * to the processes they left behind, SIGKILL once the grace is over.
  *
+ * In a multi-node job the same paths also serve failures and signals that
+ * arrive from other nodes (gw-run-net.c calls gw__run_fail and
+ * gw__run_remote_signal), and a local rank failure or signal is reported to
+ * the other nodes through gw-run-net.c.
+ *
  * What it is not: it parses no arguments, spawns nothing and runs no loop
  * (gw-run.c does), and it reads or writes no rank output beyond asking
  * gw-run-io.c to pass on a failed rank's last lines.
@@ -62,7 +67,7 @@ int64_t gw__run_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static const char *signal_name(int sig)
+const char *gw__run_signal_name(int sig)
 {
     switch (sig) {
     case SIGHUP: return "SIGHUP";
@@ -110,18 +115,41 @@ void gw__run_teardown(void)
     gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
 }
 
-static void forward_signal(int sig)
+/* A failure decided elsewhere (another node's rank, a lost node, a node that
+ * did not join): stops the job as a local rank failure does. Returns false
+ * when the job had already failed, whose exit code then stands. */
+bool gw__run_fail(int code)
+{
+    if (gw__run.have_failure)
+        return false;
+    gw__run.have_failure = true;
+    gw__run.exit_code = code;
+    gw__run_teardown();
+    return true;
+}
+
+/* remote: the signal reached another node's gw-run, which passed it on. */
+static void forward_signal(int sig, bool remote)
 {
     if (!gw__run.got_signal)
         gw__run.got_signal = sig;
     if (gw__run.alive == 0)
         return;
-    fprintf(stderr, "gw-run: received %s, forwarding it to %d rank%s\n", signal_name(sig),
-            gw__run.alive, gw__run.alive == 1 ? "" : "s");
+    if (remote)
+        fprintf(stderr, "gw-run: forwarding %s to %d rank%s\n", gw__run_signal_name(sig),
+                gw__run.alive, gw__run.alive == 1 ? "" : "s");
+    else
+        fprintf(stderr, "gw-run: received %s, forwarding it to %d rank%s\n",
+                gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
     signal_ranks(sig, false);
     /* A rank that ignores the signal must not keep the job alive forever. */
     if (!gw__run.kill_deadline_ms)
         gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
+}
+
+void gw__run_remote_signal(int sig)
+{
+    forward_signal(sig, true);
 }
 
 static void rank_exited(struct rank *r, pid_t pid, int status)
@@ -146,10 +174,15 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
                 code);
     else
         fprintf(stderr, "gw-run: rank %d (pid %ld) was killed by signal %d (%s)\n", r->global,
-                (long)pid, WTERMSIG(status), signal_name(WTERMSIG(status)));
+                (long)pid, WTERMSIG(status), gw__run_signal_name(WTERMSIG(status)));
     if (!gw__run.have_failure) {
         gw__run.have_failure = true;
         gw__run.exit_code = code;
+        /* After a signal the ranks' deaths are its consequence, not news for
+         * the other nodes, which got the signal itself as a STOP. */
+        if (!gw__run.got_signal)
+            gw__run_net_rank_failed(r->global, WIFSIGNALED(status),
+                                    WIFSIGNALED(status) ? WTERMSIG(status) : code);
         gw__run_teardown();
     }
 }
@@ -351,12 +384,14 @@ void gw__run_drain_signals(bool *child_event)
     }
     if (pending_int) {
         pending_int = 0;
-        forward_signal(SIGINT);
+        forward_signal(SIGINT, false);
+        gw__run_net_signal(SIGINT);
         *child_event = true; /* rescan for strays now that we are stopping */
     }
     if (pending_term) {
         pending_term = 0;
-        forward_signal(SIGTERM);
+        forward_signal(SIGTERM, false);
+        gw__run_net_signal(SIGTERM);
         *child_event = true;
     }
 }

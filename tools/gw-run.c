@@ -8,16 +8,20 @@
  * SIGTERM, and tears the whole job down as soon as one rank fails, so a crash
  * on one rank never leaves the others hanging in a collective.
  *
- * What it is not: it does no rendezvous, no networking and no elastic
- * restarts, and it does not reach other machines. For a multi-node job you run
- * one gw-run per node (with ssh, Slurm or by hand) giving each the same
- * --master and GW_JOB_TOKEN; the ranks themselves meet at the master address.
- * It links nothing from gradwire on purpose, so it builds and works even when
- * the library does not.
+ * For a multi-node job you run one gw-run per node (with ssh, Slurm or by
+ * hand) giving each the same --master and GW_JOB_TOKEN. The ranks meet at the
+ * master address in the library's rendezvous; the gw-runs meet on the
+ * launcher port next to it (gw-run-net.c), so that a failure, a signal or a
+ * missing node anywhere stops the job on every machine.
+ *
+ * What it is not: it does no rendezvous of its own and no elastic restarts,
+ * and it does not start anything on other machines. It links nothing from
+ * gradwire on purpose, so it builds and works even when the library does not.
  *
  * This file parses the arguments, sets up the environment, spawns the ranks
- * and runs the main loop; gw-run-io.c forwards the ranks' output and
- * gw-run-teardown.c handles signals, failures, teardown and reaping.
+ * and runs the main loop; gw-run-io.c forwards the ranks' output,
+ * gw-run-teardown.c handles signals, failures, teardown and reaping, and
+ * gw-run-net.c is the control channel between the nodes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -52,26 +56,36 @@ enum {
 };
 
 #define DEFAULT_KILL_GRACE_S 5.0
+#define DEFAULT_JOIN_TIMEOUT_S 120.0
 
 static const char usage_text[] =
     "usage: gw-run -n N [--nnodes M --node-rank R --master HOST:PORT] [--] PROGRAM [ARGS...]\n"
     "\n"
     "Starts N ranks of PROGRAM on this machine with the GW_* environment set,\n"
     "prefixes their output lines with [rank], and stops the job when a rank fails.\n"
+    "With --nnodes M > 1, run one gw-run per node: node 0's gw-run listens on the\n"
+    "launcher port (PORT + 1) of the master HOST, the others connect to it, and a\n"
+    "rank failure, a signal or a missing node on any node stops the job everywhere.\n"
     "\n"
     "options:\n"
     "  -n, --nproc-per-node N  ranks to start on this node (1..4096)\n"
     "  --nnodes M              nodes in the job (default 1); run one gw-run per node\n"
     "  --node-rank R           index of this node, 0..M-1 (default 0)\n"
     "  --master HOST:PORT      rendezvous address, [v6addr]:PORT for IPv6; required\n"
-    "                          with --nnodes > 1, else 127.0.0.1 and a free port\n"
+    "                          with --nnodes > 1, else 127.0.0.1 and a free port;\n"
+    "                          node 0 must run on the machine HOST names\n"
+    "  --launcher-port P       port of the launcher control channel between the\n"
+    "                          gw-runs of a multi-node job (default PORT + 1),\n"
+    "                          bound by node 0 on the master HOST only\n"
     "  -h, --help              show this help\n"
     "\n"
     "environment:\n"
     "  GW_JOB_TOKEN       shared secret of the job; generated if unset, but must be\n"
     "                     set (to the same value on every node) with --nnodes > 1\n"
     "  OMP_NUM_THREADS    passed through if set, else online cores / N (at least 1)\n"
-    "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n";
+    "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n"
+    "  GW_RUN_JOIN_TIMEOUT seconds for every node's gw-run to join node 0's\n"
+    "                     (default 120); a node still missing then fails the job\n";
 
 struct job gw__run = {.kill_grace_s = DEFAULT_KILL_GRACE_S};
 
@@ -192,12 +206,13 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid
     _exit(EXIT_NOT_FOUND);
 }
 
-/* Each rank needs two pipes; thousands of ranks exceed the usual soft limit of
- * 1024 descriptors, so raise it up to the hard limit when needed. */
-static void ensure_fd_limit(int n)
+/* Each rank needs two pipes (node 0 of a large job one socket per node on top,
+ * counted in extra); thousands of ranks exceed the usual soft limit of 1024
+ * descriptors, so raise it up to the hard limit when needed. */
+static void ensure_fd_limit(int n, int extra)
 {
     getrlimit(RLIMIT_NOFILE, &orig_nofile);
-    rlim_t need = (rlim_t)n * 2 + 64;
+    rlim_t need = (rlim_t)n * 2 + (rlim_t)extra + 64;
     if (orig_nofile.rlim_cur != RLIM_INFINITY && orig_nofile.rlim_cur < need) {
         struct rlimit raised = orig_nofile;
         raised.rlim_cur = orig_nofile.rlim_max == RLIM_INFINITY || orig_nofile.rlim_max > need
@@ -294,9 +309,10 @@ static void spawn_all(int local_n, int node_rank, char **argv)
 
 static void run_loop(void)
 {
-    struct pollfd *pfds = calloc((size_t)gw__run.nranks * 2 + 1, sizeof *pfds);
-    struct stream **owner = calloc((size_t)gw__run.nranks * 2 + 1, sizeof *owner);
-    struct rank **owner_rank = calloc((size_t)gw__run.nranks * 2 + 1, sizeof *owner_rank);
+    size_t max_fds = (size_t)gw__run.nranks * 2 + 1 + (size_t)gw__run_net_max_fds();
+    struct pollfd *pfds = calloc(max_fds, sizeof *pfds);
+    struct stream **owner = calloc(max_fds, sizeof *owner);
+    struct rank **owner_rank = calloc(max_fds, sizeof *owner_rank);
     if (!pfds || !owner || !owner_rank) {
         fprintf(stderr, "gw-run: out of memory\n");
         exit(1);
@@ -311,8 +327,17 @@ static void run_loop(void)
             if (gw__run_stopping())
                 gw__run_scan_strays();
         }
+        /* A failure or signal from another node starts a teardown here, after
+         * which the strays are scanned for as after a local one. */
+        bool was_stopping = gw__run_stopping();
+        gw__run_net_tick();
+        if (!was_stopping && gw__run_stopping()) {
+            child_event = true;
+            continue;
+        }
         bool wait_strays = gw__run_waiting_for_strays();
-        if (gw__run.alive == 0 && gw__run.open_streams == 0 && !wait_strays)
+        if (gw__run.alive == 0 && gw__run.open_streams == 0 && !wait_strays &&
+            gw__run_net_finish())
             break;
         int64_t now = gw__run_now_ms();
         if ((gw__run.alive > 0 || wait_strays) && gw__run.kill_deadline_ms &&
@@ -332,12 +357,14 @@ static void run_loop(void)
         int nfds = 0;
         pfds[nfds++] = (struct pollfd){.fd = gw__run_signal_fd(), .events = POLLIN};
         nfds = gw__run_io_pollfds(pfds, nfds, owner, owner_rank);
+        int net0 = nfds;
         int64_t deadline = 0;
         if ((gw__run.alive > 0 || wait_strays) && gw__run.kill_deadline_ms)
             deadline = gw__run.kill_deadline_ms;
         if (gw__run.alive == 0 && gw__run.open_streams > 0 &&
             (!deadline || drain_deadline_ms < deadline))
             deadline = drain_deadline_ms;
+        nfds = gw__run_net_pollfds(pfds, nfds, &deadline);
         int timeout = -1;
         if (deadline) {
             int64_t left = deadline - now;
@@ -353,9 +380,13 @@ static void run_loop(void)
         }
         if (pfds[0].revents)
             gw__run_drain_signals(&child_event);
-        for (int j = 1; j < nfds; j++)
+        for (int j = 1; j < net0; j++)
             if (pfds[j].revents)
                 gw__run_pump(owner_rank[j], owner[j]);
+        was_stopping = gw__run_stopping();
+        gw__run_net_events(pfds + net0, nfds - net0);
+        if (!was_stopping && gw__run_stopping())
+            child_event = true;
     }
     free(pfds);
     free(owner);
@@ -369,10 +400,11 @@ int main(int argc, char **argv)
         {"nnodes", required_argument, NULL, 'N'},
         {"node-rank", required_argument, NULL, 'r'},
         {"master", required_argument, NULL, 'm'},
+        {"launcher-port", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    long local_n = 0, nnodes = 1, node_rank = 0, port = 0;
+    long local_n = 0, nnodes = 1, node_rank = 0, port = 0, lport = 0;
     const char *master = NULL;
     char host[256];
 
@@ -396,6 +428,10 @@ int main(int argc, char **argv)
             break;
         case 'm':
             master = optarg;
+            break;
+        case 'L':
+            if (!parse_long(optarg, 1, 65535, &lport))
+                usage_error("--launcher-port must be a port from 1 to 65535, not '%s'", optarg);
             break;
         case 'h':
             fputs(usage_text, stdout);
@@ -421,6 +457,12 @@ int main(int argc, char **argv)
     if (nnodes > 1 && !master)
         usage_error("%s--nnodes > 1 needs --master HOST:PORT (the address of node 0's rank 0)",
                     "");
+    if (nnodes > 1 && !lport && port == 65535)
+        usage_error("%s--master port 65535 leaves no room for the launcher port (PORT + 1); "
+                    "give --launcher-port", "");
+    if (nnodes > 1 && lport == port)
+        usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
+                    "listens on", master);
     if (node_rank >= nnodes) {
         fprintf(stderr, "gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)\n",
                 node_rank, nnodes, nnodes - 1);
@@ -446,6 +488,10 @@ int main(int argc, char **argv)
             return 1;
         }
         token = token_buf;
+    }
+    if (nnodes > 1 && strlen(token) > GW_RUN_MAX_STR) {
+        fprintf(stderr, "gw-run: GW_JOB_TOKEN is longer than %d bytes\n", GW_RUN_MAX_STR);
+        return EXIT_USAGE;
     }
 
     if (!master) {
@@ -490,9 +536,21 @@ int main(int argc, char **argv)
         else
             gw__run.kill_grace_s = g;
     }
+    double join_timeout_s = DEFAULT_JOIN_TIMEOUT_S;
+    const char *join = getenv("GW_RUN_JOIN_TIMEOUT");
+    if (join && *join) {
+        char *end;
+        double j = strtod(join, &end);
+        if (*end != '\0' || !isfinite(j) || j <= 0 || j > 86400)
+            fprintf(stderr,
+                    "gw-run: ignoring GW_RUN_JOIN_TIMEOUT='%s' (want seconds, above 0, at most "
+                    "86400)\n", join);
+        else
+            join_timeout_s = j;
+    }
 
     ensure_std_fds();
-    ensure_fd_limit((int)local_n);
+    ensure_fd_limit((int)local_n, node_rank == 0 && nnodes > 1 ? (int)nnodes + 64 : 0);
     if (!gw__run_setup_signals())
         return 1;
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* see gw__run_scan_strays(); best effort */
@@ -505,8 +563,24 @@ int main(int argc, char **argv)
     for (long i = 0; i < local_n; i++)
         gw__run.ranks[i].s[0].fd = gw__run.ranks[i].s[1].fd = -1;
 
+    /* Node 0 binds the launcher port before any rank starts, so that a wrong
+     * --master fails at once and cleanly; the ranks do not wait for the other
+     * nodes to join (their own rendezvous orders them). */
+    struct net_config net = {
+        .node = (int)node_rank,
+        .nnodes = (int)nnodes,
+        .nproc = (int)local_n,
+        .host = host,
+        .lport = (int)(lport ? lport : port + 1),
+        .token = token,
+        .join_timeout_s = join_timeout_s,
+    };
+    if (!gw__run_net_init(&net))
+        return 1;
+
     spawn_all((int)local_n, (int)node_rank, argv + optind);
     run_loop();
+    gw__run_net_close();
 
     if (gw__run.have_failure)
         return gw__run.exit_code;

@@ -1,11 +1,12 @@
 /*
- * gw-run.h: what the three files of the gw-run launcher share.
+ * gw-run.h: what the four files of the gw-run launcher share.
  *
  * What it is: the rank and stream structs, the job state that more than one
  * file reads or writes, and the gw__run_ functions each file offers the
  * others. gw-run.c parses arguments, sets up the environment, spawns the ranks
  * and runs the main loop; gw-run-io.c forwards their output; gw-run-teardown.c
- * handles signals, failures, teardown and reaping.
+ * handles signals, failures, teardown and reaping; gw-run-net.c is the
+ * launcher control channel between the nodes of a multi-node job.
  *
  * What it is not: an interface for anything outside tools/gw-run*.c. gw-run
  * links nothing from gradwire, and nothing else includes this header.
@@ -50,14 +51,85 @@ struct job {
 
 extern struct job gw__run;
 
-/* gw-run-io.c: output forwarding. */
+/* The launcher control channel's frames: gw-run-io.c encodes them and moves
+ * them through non-blocking sockets, gw-run-net.c decides what they mean. */
+enum {
+    GW_RUN_MAX_FRAME = 4096, /* body bytes; a larger length prefix is garbage */
+    GW_RUN_MAX_STR = 1024,   /* bytes in one string field */
+};
+enum { F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE };
+/* What reading a connection came to. */
+enum { R_OPEN, R_GONE, R_BAD, R_CLOSED };
+
+struct frame {
+    unsigned char b[4 + GW_RUN_MAX_FRAME];
+    size_t n;
+};
+
+/* A frame's fields: v[] the integers in layout order, tok HELLO's token (raw
+ * bytes, pointing into the frame), s the string, control bytes made '?' so a
+ * peer cannot send escape sequences to our terminal. */
+struct msg {
+    unsigned type;
+    uint32_t v[4];
+    const unsigned char *tok;
+    size_t toklen;
+    char s[GW_RUN_MAX_STR + 1];
+};
+
+/* One end of a control connection between two nodes' gw-runs. */
+struct conn {
+    int fd;              /* -1 once closed */
+    int node;            /* node 0: the peer's node rank once joined, else -1 */
+    bool connecting;     /* the other nodes: connect() in progress */
+    bool broken;         /* too much unsent output: to be closed */
+    int64_t deadline_ms; /* hello due (node 0) or this connect attempt over */
+    char peer[80];       /* the other end's address, for messages */
+    unsigned char in[4 + GW_RUN_MAX_FRAME]; /* [inlen]: the start of the next frames */
+    size_t inlen;
+    unsigned char *out; /* [outlen], capacity outcap: frames not yet sent */
+    size_t outlen, outcap;
+};
+
+/* What the control channel needs from the command line (gw-run.c). */
+struct net_config {
+    int node, nnodes, nproc; /* --node-rank, --nnodes, -n */
+    const char *host;        /* the master HOST, without IPv6 brackets */
+    int lport;               /* the launcher port: master PORT + 1 or --launcher-port */
+    const char *token;       /* GW_JOB_TOKEN */
+    double join_timeout_s;   /* GW_RUN_JOIN_TIMEOUT */
+};
+
+/* gw-run-io.c: output forwarding, and control-channel frames. */
 int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
                        struct rank **owner_rank);
 bool gw__run_pump(const struct rank *r, struct stream *s);
 void gw__run_abandon_output(void);
+void gw__run_pack(struct frame *f, const struct msg *m);
+void gw__run_tune_socket(int fd);
+bool gw__run_out_add(struct conn *c, const void *p, size_t n);
+void gw__run_conn_send(struct conn *c, const struct frame *f);
+bool gw__run_conn_flush(struct conn *c);
+int gw__run_conn_read(struct conn *c, bool (*handle)(struct conn *, const struct msg *),
+                      const char **why);
+void gw__run_conn_close(struct conn *c);
+
+/* gw-run-net.c: the launcher control channel (nothing at all with one node). */
+bool gw__run_net_init(const struct net_config *cfg);
+int gw__run_net_max_fds(void);
+int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms);
+void gw__run_net_events(const struct pollfd *pfds, int nfds);
+void gw__run_net_tick(void);
+bool gw__run_net_finish(void);
+void gw__run_net_rank_failed(int global, bool signaled, int value);
+void gw__run_net_signal(int sig);
+void gw__run_net_close(void);
 
 /* gw-run-teardown.c: signals, failures, teardown, reaping. */
 int64_t gw__run_now_ms(void);
+const char *gw__run_signal_name(int sig);
+bool gw__run_fail(int code);
+void gw__run_remote_signal(int sig);
 bool gw__run_setup_signals(void);
 int gw__run_signal_fd(void);
 void gw__run_drain_signals(bool *child_event);

@@ -1,0 +1,745 @@
+/*
+ * gw-run-net.c: the launcher control channel that ties together the gw-run
+ * processes of a multi-node job.
+ *
+ * What it is: one TCP connection from each other node's gw-run to node 0's,
+ * on the launcher port (the master port + 1 unless --launcher-port says
+ * otherwise). Node 0 listens on the master address only and admits a node
+ * once it said hello with the job token and the same --nnodes and -n. From
+ * then on the nodes report rank failures, SIGINT/SIGTERM and success to node
+ * 0, which passes failures and signals on to every other node, so that a
+ * failure anywhere stops the whole job on every machine. Node 0 also fails
+ * the job when a node does not join in time or its launcher goes away.
+ *
+ * What it is not: it starts nothing on other machines (one gw-run per node is
+ * still started by ssh, Slurm or by hand) and carries no rank traffic: the
+ * ranks meet in the library's own rendezvous and start without waiting for
+ * the nodes to join. Nothing here blocks, name resolution before the ranks
+ * start aside: the sockets are non-blocking and gw-run.c's poll loop drives
+ * them. With one node none of this exists.
+ *
+ * The frames themselves (their layouts, encoding, buffering) are in
+ * gw-run-io.c; this file decides what they mean.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "gw-run.h"
+
+enum {
+    MAX_PENDING = 64, /* accepted connections that have not said hello */
+    HELLO_TIMEOUT_MS = 5000,
+    CONNECT_ATTEMPT_MS = 3000, /* one connect() to a host that does not answer */
+    RETRY_MIN_MS = 50,
+    RETRY_MAX_MS = 1000,
+    LINGER_MS = 5000, /* a node that failed, still trying to tell node 0 */
+    FLUSH_MS = 2000,  /* sending the last frames before exiting */
+};
+#define HELLO_MAGIC 0x47574c31u /* "GWL1" */
+
+/* What node 0 knows of each other node. ENDED: it failed, stopped or left. */
+enum { N_ABSENT, N_JOINED, N_DONE, N_ENDED };
+
+static struct {
+    bool on, verbose;
+    struct net_config cfg;
+    char where[320];  /* HOST:LPORT, for messages */
+    char myhost[256]; /* this machine's hostname */
+    int64_t join_deadline_ms, flush_ms, linger_ms;
+    struct conn **pmap;  /* the connection behind each polled descriptor; NULL: listener */
+    struct conn **conns; /* [nconns]: node 0's pending and joined ones, or up */
+    int nconns;
+    /* node 0 */
+    int lfd;
+    int npending, joined, done;
+    unsigned char *state; /* [nnodes] N_* */
+    char **hosts;         /* [nnodes] each node's hostname from its hello */
+    struct frame end;     /* how the job ended, for nodes that join after that */
+    bool have_end, join_reported;
+    /* the other nodes */
+    struct conn *up;
+    struct addrinfo *ai, *ai_next;
+    struct conn pending; /* only .out: frames sent again after a reconnect */
+    char host0[256];
+    bool welcomed, given_up, final_sent;
+    int64_t retry_at_ms;
+    int retry_ms;
+} net = {.lfd = -1};
+
+static const char *why; /* what a frame handler found wrong */
+
+static bool bad(const char *what)
+{
+    why = what;
+    return false;
+}
+
+/* Range checks that do not depend on who sent the frame. */
+static bool sane(const struct msg *m)
+{
+    uint32_t nn = (uint32_t)net.cfg.nnodes, sig = m->v[1];
+    switch (m->type) {
+    case F_FAIL:
+        return m->v[0] < nn * (uint32_t)net.cfg.nproc && m->v[1] < nn && m->v[2] <= 1 &&
+               m->v[3] >= 1 && m->v[3] <= (m->v[2] ? 64u : 255u);
+    case F_STOP:
+        return m->v[0] < nn && (sig == SIGINT || sig == SIGTERM);
+    case F_LOST:
+    case F_DONE:
+        return m->v[0] < nn;
+    case F_ABORT:
+        return m->v[0] >= 1;
+    default:
+        return true;
+    }
+}
+
+static void fmt_addr(char *dst, size_t cap, const char *host, const char *port)
+{
+    snprintf(dst, cap, strchr(host, ':') ? "[%s]:%s" : "%s:%s", host, port);
+}
+
+/* ---- what every node does with news from the others ---- */
+
+/* Node 0: tells every other node (but except) how the job ended, keeping it
+ * for nodes that join later. */
+static void announce_end(const struct frame *f, int except)
+{
+    for (int i = 0; i < net.nconns; i++)
+        if (net.conns[i]->node > 0 && net.conns[i]->node != except)
+            gw__run_conn_send(net.conns[i], f);
+    if (!net.have_end) {
+        net.end = *f;
+        net.have_end = true;
+    }
+}
+
+/* A FAIL, LOST, ABORT or STOP that came from node `from`: acted on here as a
+ * local failure or signal would be, and passed on by node 0. Only the first
+ * failure counts: later ones are consequences of the teardown. */
+static void apply(const struct msg *m, int from)
+{
+    if (m->type != F_STOP && gw__run_stopping())
+        return;
+    int code = 1;
+    if (m->type == F_FAIL && m->v[2]) {
+        fprintf(stderr, "gw-run: rank %u on node %u (host %s) was killed by signal %u (%s)\n",
+                m->v[0], m->v[1], m->s, m->v[3], gw__run_signal_name((int)m->v[3]));
+        code = 128 + (int)m->v[3];
+    } else if (m->type == F_FAIL) {
+        fprintf(stderr, "gw-run: rank %u on node %u (host %s) exited with code %u\n", m->v[0],
+                m->v[1], m->s, m->v[3]);
+        code = (int)m->v[3];
+    } else if (m->type == F_LOST) {
+        fprintf(stderr,
+                "gw-run: lost node %u (host %s): its launcher exited or the network failed\n",
+                m->v[0], m->s);
+    } else if (m->type == F_ABORT) {
+        fprintf(stderr, "%s\n", m->s);
+        code = (int)m->v[0];
+    } else {
+        fprintf(stderr, "gw-run: node %u (host %s) received %s; stopping %s\n", m->v[0], m->s,
+                gw__run_signal_name((int)m->v[1]),
+                net.cfg.node == 0 ? "the job" : "this node too");
+    }
+    if (net.cfg.node == 0) {
+        struct frame f;
+        gw__run_pack(&f, m);
+        announce_end(&f, from);
+    }
+    if (m->type == F_STOP)
+        gw__run_remote_signal((int)m->v[1]);
+    else
+        gw__run_fail(code);
+}
+
+/* ---- node 0 ---- */
+
+/* WELCOME, or REFUSE and the end of the connection. */
+static void answer(struct conn *c, unsigned type, const char *text)
+{
+    struct msg m = {.type = type};
+    struct frame f;
+    snprintf(m.s, sizeof m.s, "%s", text);
+    gw__run_pack(&f, &m);
+    gw__run_conn_send(c, &f);
+    if (type == F_REFUSE) {
+        gw__run_conn_flush(c);
+        gw__run_conn_close(c);
+    }
+}
+
+/* Constant time in the token we were sent, so that a stranger cannot learn
+ * the token byte by byte from how fast we answer. */
+static bool token_ok(const unsigned char *t, size_t len)
+{
+    size_t mine = strlen(net.cfg.token);
+    unsigned diff = len != mine;
+    for (size_t i = 0; i < len; i++)
+        diff |= t[i] ^ (unsigned char)net.cfg.token[i < mine ? i : 0];
+    return diff == 0;
+}
+
+static bool hello0(struct conn *c, const struct msg *h)
+{
+    uint32_t node = h->v[1], nnodes = h->v[2], nproc = h->v[3];
+    char reason[1024];
+    if (h->v[0] != HELLO_MAGIC)
+        return bad("not a gw-run hello");
+    if (!token_ok(h->tok, h->toklen)) {
+        fprintf(stderr,
+                "gw-run: refused a launcher connection from %s (says node %u, host %s): wrong job "
+                "token; every node needs the same GW_JOB_TOKEN\n",
+                c->peer, node, h->s);
+        answer(c, F_REFUSE, "wrong job token (GW_JOB_TOKEN differs from node 0's)");
+        return true;
+    }
+    if (nnodes != (uint32_t)net.cfg.nnodes || nproc != (uint32_t)net.cfg.nproc) {
+        /* The job cannot run: the ranks would disagree on the world size. */
+        bool nn = nnodes != (uint32_t)net.cfg.nnodes;
+        snprintf(reason, sizeof reason,
+                 "node %u (host %.255s) was started with %s %u but node 0 (host %s) with %s %d; "
+                 "every node must use the same -n and --nnodes",
+                 node, h->s, nn ? "--nnodes" : "-n", nn ? nnodes : nproc, net.myhost,
+                 nn ? "--nnodes" : "-n", nn ? net.cfg.nnodes : net.cfg.nproc);
+        answer(c, F_REFUSE, reason);
+        struct msg m = {.type = F_ABORT, .v = {1}};
+        snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
+        if (gw__run_stopping()) /* apply() says nothing then */
+            fprintf(stderr, "%s\n", m.s);
+        apply(&m, -1);
+        return true;
+    }
+    if (node < 1 || node >= nnodes || net.state[node] != N_ABSENT) {
+        if (node < 1 || node >= nnodes)
+            snprintf(reason, sizeof reason, "node rank %u is out of range 1..%d", node,
+                     net.cfg.nnodes - 1);
+        else
+            snprintf(reason, sizeof reason,
+                     "node %u already joined (host %s); is --node-rank %u given twice?", node,
+                     net.hosts[node], node);
+        fprintf(stderr, "gw-run: refused a launcher connection from %s (host %s): %s\n", c->peer,
+                h->s, reason);
+        answer(c, F_REFUSE, reason);
+        return true;
+    }
+    if (!(net.hosts[node] = strdup(h->s)))
+        return bad("out of memory");
+    c->node = (int)node;
+    net.npending--;
+    net.state[node] = N_JOINED;
+    net.joined++;
+    answer(c, F_WELCOME, net.myhost);
+    if (net.have_end)
+        gw__run_conn_send(c, &net.end);
+    if (net.verbose)
+        fprintf(stderr, "gw-run: node %u (host %s) joined from %s%s\n", node, h->s, c->peer,
+                net.joined == net.cfg.nnodes - 1 ? "; all nodes joined" : "");
+    return true;
+}
+
+static bool frame0(struct conn *c, const struct msg *m)
+{
+    if (!sane(m))
+        return bad("field out of range");
+    if (c->node < 0)
+        return m->type == F_HELLO ? hello0(c, m) : bad("expected a hello");
+    int n = c->node;
+    if ((m->type != F_FAIL && m->type != F_STOP && m->type != F_DONE) ||
+        m->v[m->type == F_FAIL ? 1 : 0] != (uint32_t)n)
+        return bad("unexpected frame from a joined node");
+    if (net.state[n] == N_JOINED) {
+        net.state[n] = m->type == F_DONE ? N_DONE : N_ENDED;
+        net.done += m->type == F_DONE;
+    }
+    if (m->type != F_DONE)
+        apply(m, n);
+    return true;
+}
+
+/* A connection ended: after EOF or an error (badly == NULL) or a bad frame. */
+static void conn0_ended(struct conn *c, const char *badly)
+{
+    int n = c->node;
+    if (badly)
+        fprintf(stderr, "gw-run: closing the launcher connection from %s%s: %s\n", c->peer,
+                n > 0 ? " (a joined node)" : "", badly);
+    gw__run_conn_close(c);
+    if (n <= 0 || net.state[n] != N_JOINED)
+        return; /* a stranger, or a node that already said how it ended */
+    net.state[n] = N_ENDED;
+    struct msg m = {.type = F_LOST, .v = {(uint32_t)n}};
+    snprintf(m.s, sizeof m.s, "%s", net.hosts[n]);
+    apply(&m, n); /* nothing if the job is ending anyway and nodes leave as they stop */
+}
+
+static void accept_all(void)
+{
+    while (net.npending < MAX_PENDING) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int fd = accept4(net.lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && errno == EINTR)
+            continue;
+        if (fd < 0)
+            return; /* EAGAIN, or a peer that gave up already */
+        struct conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            return;
+        }
+        c->fd = fd;
+        c->node = -1;
+        c->deadline_ms = gw__run_now_ms() + HELLO_TIMEOUT_MS;
+        char h[NI_MAXHOST], s[NI_MAXSERV];
+        if (getnameinfo((struct sockaddr *)&ss, len, h, sizeof h, s, sizeof s,
+                        NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+            fmt_addr(c->peer, sizeof c->peer, h, s);
+        else
+            snprintf(c->peer, sizeof c->peer, "an unknown address");
+        gw__run_tune_socket(fd);
+        net.conns[net.nconns++] = c; /* room: joined nodes + MAX_PENDING */
+        net.npending++;
+    }
+}
+
+static void compact(void)
+{
+    int k = 0;
+    for (int i = 0; i < net.nconns; i++) {
+        struct conn *c = net.conns[i];
+        if (c->fd >= 0) {
+            net.conns[k++] = c;
+            continue;
+        }
+        if (c->node < 0)
+            net.npending--;
+        free(c->out);
+        free(c);
+    }
+    net.nconns = k;
+}
+
+static void report_missing(void)
+{
+    char list[256];
+    size_t len = 0;
+    int shown = 0, missing = 0;
+    for (int n = 1; n < net.cfg.nnodes; n++)
+        if (net.state[n] == N_ABSENT && ++missing <= 16)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", shown++ ? ", " : "", n);
+    if (missing > shown)
+        snprintf(list + len, sizeof list - len, " and %d more", missing - shown);
+    struct msg m = {.type = F_ABORT, .v = {1}};
+    snprintf(m.s, sizeof m.s, "gw-run: node(s) %s did not join within %g s (launcher port %s)",
+             list, net.cfg.join_timeout_s, net.where);
+    apply(&m, -1);
+}
+
+static int resolve(void)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    char port[16];
+    snprintf(port, sizeof port, "%d", net.cfg.lport);
+    int rc = getaddrinfo(net.cfg.host, port, &hints, &net.ai);
+    if (rc != 0)
+        net.ai = NULL;
+    return rc;
+}
+
+/* Binds the master HOST's own address, not every interface: the launcher
+ * port is only for the job's nodes, which reach node 0 there anyway. */
+static bool listen0(void)
+{
+    int err = 0, one = 1;
+    for (struct addrinfo *a = net.ai; a && net.lfd < 0; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+            bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0)
+            net.lfd = fd;
+        else if (fd >= 0)
+            close(fd);
+        err = net.lfd < 0 ? errno : 0;
+    }
+    if (net.lfd < 0)
+        fprintf(stderr, "gw-run: node 0 (host %s) cannot listen on the launcher port %s: %s\n",
+                net.myhost, net.where,
+                err == EADDRNOTAVAIL ? "the master HOST is not an address of this machine; start "
+                                       "node 0 on the machine that --master names"
+                : err == EADDRINUSE ? "the port is in use; choose another --master port or "
+                                      "--launcher-port"
+                                    : strerror(err));
+    return net.lfd >= 0;
+}
+
+/* ---- the other nodes ---- */
+
+static void schedule_retry(void)
+{
+    gw__run_conn_close(net.up);
+    net.retry_at_ms = gw__run_now_ms() + net.retry_ms;
+    net.retry_ms = net.retry_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : net.retry_ms * 2;
+}
+
+static void give_up(void)
+{
+    net.given_up = true;
+    gw__run_conn_close(net.up);
+}
+
+static void up_connected(void)
+{
+    struct conn *c = net.up;
+    c->connecting = false;
+    gw__run_tune_socket(c->fd);
+    struct msg h = {.type = F_HELLO,
+                    .v = {HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
+                          (uint32_t)net.cfg.nproc},
+                    .tok = (const unsigned char *)net.cfg.token,
+                    .toklen = strlen(net.cfg.token)};
+    struct frame f;
+    snprintf(h.s, sizeof h.s, "%s", net.myhost);
+    gw__run_pack(&f, &h);
+    gw__run_conn_send(c, &f);
+    if (!gw__run_out_add(c, net.pending.out, net.pending.outlen))
+        c->broken = true;
+}
+
+static void up_connect(void)
+{
+    struct conn *c = net.up;
+    if (!net.ai && resolve() != 0) {
+        schedule_retry(); /* a transient failure (EAI_AGAIN): try again later */
+        return;
+    }
+    struct addrinfo *a = net.ai_next ? net.ai_next : net.ai;
+    net.ai_next = a->ai_next;
+    c->fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    c->broken = false;
+    if (c->fd >= 0 && connect(c->fd, a->ai_addr, a->ai_addrlen) == 0) {
+        up_connected();
+    } else if (c->fd >= 0 && errno == EINPROGRESS) {
+        c->connecting = true;
+        c->deadline_ms = gw__run_now_ms() + CONNECT_ATTEMPT_MS;
+    } else {
+        schedule_retry();
+    }
+}
+
+static void up_ended(const char *badly)
+{
+    if (badly)
+        fprintf(stderr, "gw-run: node %d: closing the launcher connection to node 0 at %s: %s\n",
+                net.cfg.node, net.where, badly);
+    gw__run_conn_close(net.up);
+    if (net.given_up)
+        return;
+    if (!net.welcomed) {
+        schedule_retry(); /* not node 0's gw-run after all, or it was restarting */
+        return;
+    }
+    net.given_up = true;
+    if (net.final_sent)
+        return; /* our DONE is out: node 0 had no more to say to us */
+    struct msg m = {.type = F_LOST, .v = {0}};
+    snprintf(m.s, sizeof m.s, "%s", net.host0);
+    apply(&m, 0);
+}
+
+static bool frame_up(struct conn *c, const struct msg *m)
+{
+    if (!sane(m))
+        return bad("field out of range");
+    if (net.welcomed) {
+        if (m->type != F_FAIL && m->type != F_LOST && m->type != F_ABORT && m->type != F_STOP)
+            return bad("unexpected frame type");
+        apply(m, 0);
+        return true;
+    }
+    if (m->type == F_WELCOME) {
+        net.welcomed = true;
+        net.pending.outlen = 0;
+        snprintf(net.host0, sizeof net.host0, "%.255s", m->s);
+        if (net.verbose)
+            fprintf(stderr, "gw-run: node %d joined node 0 (host %s) at %s\n", net.cfg.node,
+                    net.host0, net.where);
+        return true;
+    }
+    if (m->type != F_REFUSE)
+        return bad("expected a welcome");
+    fprintf(stderr, "gw-run: node %d: node 0 at %s refused this node: %s\n", net.cfg.node,
+            net.where, m->s);
+    give_up();
+    gw__run_fail(1);
+    return true;
+}
+
+/* ---- the interface to the loop ---- */
+
+bool gw__run_net_init(const struct net_config *cfg)
+{
+    if (cfg->nnodes <= 1)
+        return true;
+    net.on = true;
+    net.cfg = *cfg;
+    if (gethostname(net.myhost, sizeof net.myhost - 1) != 0)
+        snprintf(net.myhost, sizeof net.myhost, "unknown");
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->lport);
+    fmt_addr(net.where, sizeof net.where, cfg->host, port);
+    const char *d = getenv("GW_DEBUG");
+    net.verbose = d && (strcasecmp(d, "INFO") == 0 || strcasecmp(d, "TRACE") == 0);
+    net.join_deadline_ms = gw__run_now_ms() + (int64_t)(cfg->join_timeout_s * 1000.0);
+    /* Node 0: every joined node and MAX_PENDING strangers; the others: the
+     * one connection to node 0, kept (closed) between connect attempts. */
+    net.pmap = calloc((size_t)gw__run_net_max_fds(), sizeof *net.pmap);
+    net.conns = calloc((size_t)gw__run_net_max_fds(), sizeof *net.conns);
+    if (cfg->node == 0) {
+        net.state = calloc((size_t)cfg->nnodes, 1);
+        net.hosts = calloc((size_t)cfg->nnodes, sizeof *net.hosts);
+    } else if (net.conns && (net.up = net.conns[0] = calloc(1, sizeof *net.up)) != NULL) {
+        net.nconns = 1;
+        net.up->fd = -1;
+        net.retry_ms = RETRY_MIN_MS;
+        net.retry_at_ms = gw__run_now_ms();
+    }
+    if (!net.pmap || !net.conns || (cfg->node == 0 ? !net.state || !net.hosts : !net.up)) {
+        fprintf(stderr, "gw-run: out of memory\n");
+        return false;
+    }
+    /* Another node may retry a transient failure (EAI_AGAIN) as it connects. */
+    int rc = resolve();
+    if (rc != 0 && (rc != EAI_AGAIN || cfg->node == 0)) {
+        fprintf(stderr, "gw-run: node %d cannot resolve the master host '%s': %s\n", cfg->node,
+                cfg->host, gai_strerror(rc));
+        return false;
+    }
+    if (cfg->node != 0)
+        return true;
+    bool ok = listen0();
+    freeaddrinfo(net.ai);
+    net.ai = NULL;
+    return ok;
+}
+
+int gw__run_net_max_fds(void)
+{
+    if (!net.on)
+        return 0;
+    return net.cfg.node == 0 ? net.cfg.nnodes + MAX_PENDING : 1;
+}
+
+static void lower(int64_t *deadline, int64_t t)
+{
+    if (t && (!*deadline || t < *deadline))
+        *deadline = t;
+}
+
+/* Adds our descriptors to pfds from nfds on and lowers *deadline_ms to our
+ * next timer; returns the new count. */
+int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
+{
+    if (!net.on)
+        return nfds;
+    int k = 0;
+    bool zero = net.cfg.node == 0, joining = !net.welcomed && !net.given_up;
+    lower(deadline_ms, net.flush_ms);
+    lower(deadline_ms, net.linger_ms);
+    if (zero ? !net.join_reported && net.joined < net.cfg.nnodes - 1 : joining)
+        lower(deadline_ms, net.join_deadline_ms);
+    if (!zero && joining && net.up->fd < 0)
+        lower(deadline_ms, net.retry_at_ms);
+    if (zero && net.npending < MAX_PENDING) {
+        net.pmap[k++] = NULL;
+        pfds[nfds++] = (struct pollfd){.fd = net.lfd, .events = POLLIN};
+    }
+    for (int i = 0; i < net.nconns; i++) {
+        struct conn *c = net.conns[i];
+        if (c->fd < 0)
+            continue;
+        net.pmap[k++] = c;
+        pfds[nfds++] = (struct pollfd){
+            .fd = c->fd, .events = c->connecting ? POLLOUT : c->outlen ? POLLIN | POLLOUT : POLLIN};
+        if (c->node < 0 || c->connecting)
+            lower(deadline_ms, c->deadline_ms); /* hello due, or connect attempt over */
+    }
+    return nfds;
+}
+
+/* Acts on what poll() reported for the descriptors gw__run_net_pollfds added. */
+void gw__run_net_events(const struct pollfd *pfds, int nfds)
+{
+    bool zero = net.cfg.node == 0;
+    for (int i = 0; i < nfds; i++) {
+        short ev = pfds[i].revents;
+        struct conn *c = net.pmap[i];
+        if (!ev || (c && c->fd < 0))
+            continue;
+        if (!c) {
+            accept_all();
+        } else if (c->connecting) {
+            int err = 0;
+            socklen_t len = sizeof err;
+            if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0 ||
+                !(ev & POLLOUT))
+                schedule_retry();
+            else
+                up_connected();
+        } else {
+            int rc = R_OPEN;
+            if (ev & (POLLIN | POLLHUP | POLLERR))
+                rc = gw__run_conn_read(c, zero ? frame0 : frame_up, &why);
+            if (rc == R_OPEN && (ev & POLLOUT) && !gw__run_conn_flush(c))
+                rc = R_GONE;
+            if ((rc == R_GONE || rc == R_BAD) && zero)
+                conn0_ended(c, rc == R_BAD ? why : NULL);
+            else if (rc == R_GONE || rc == R_BAD)
+                up_ended(rc == R_BAD ? why : NULL);
+        }
+    }
+    if (net.on && zero)
+        compact();
+}
+
+/* The timers: hello and join deadlines, connect attempts. */
+void gw__run_net_tick(void)
+{
+    if (!net.on)
+        return;
+    int64_t now = gw__run_now_ms();
+    if (net.cfg.node == 0) {
+        for (int i = 0; i < net.nconns; i++) {
+            struct conn *c = net.conns[i];
+            if (c->broken) {
+                conn0_ended(c, "it does not read what node 0 sends");
+            } else if (c->node < 0 && now >= c->deadline_ms) {
+                fprintf(stderr,
+                        "gw-run: closing the launcher connection from %s: no hello within %d s\n",
+                        c->peer, HELLO_TIMEOUT_MS / 1000);
+                gw__run_conn_close(c);
+            }
+        }
+        compact();
+        if (!net.join_reported && net.joined < net.cfg.nnodes - 1 && now >= net.join_deadline_ms) {
+            net.join_reported = true;
+            if (!gw__run_stopping())
+                report_missing();
+        }
+        return;
+    }
+    struct conn *c = net.up;
+    if (c->fd >= 0 && c->broken)
+        up_ended("node 0 does not read what this node sends");
+    if (net.welcomed || net.given_up)
+        return;
+    if (now >= net.join_deadline_ms) {
+        fprintf(stderr, "gw-run: node %d: no answer from node 0 at %s after %g s\n", net.cfg.node,
+                net.where, net.cfg.join_timeout_s);
+        give_up();
+        gw__run_fail(1);
+    } else if (c->fd >= 0 && c->connecting && now >= c->deadline_ms) {
+        schedule_retry();
+    } else if (c->fd < 0 && now >= net.retry_at_ms) {
+        up_connect();
+    }
+}
+
+/* Tells the other nodes about this one: node 0 tells them all, the others
+ * tell node 0, keeping the frame until node 0 welcomed them, so that a
+ * reconnect sends it again. */
+static void report(struct msg *m)
+{
+    struct frame f;
+    snprintf(m->s, sizeof m->s, "%s", net.myhost);
+    gw__run_pack(&f, m);
+    if (net.cfg.node == 0) {
+        announce_end(&f, -1);
+        return;
+    }
+    if (!net.welcomed)
+        gw__run_out_add(&net.pending, f.b, f.n);
+    if (!net.up->connecting)
+        gw__run_conn_send(net.up, &f);
+}
+
+/* Whether every frame went out, or we waited long enough for that. */
+static bool flushed(int64_t now)
+{
+    bool empty = true; /* a closed connection has nothing to send */
+    for (int i = 0; i < net.nconns; i++)
+        empty = empty && net.conns[i]->outlen == 0;
+    if (empty)
+        return true;
+    if (!net.flush_ms)
+        net.flush_ms = now + FLUSH_MS;
+    return now >= net.flush_ms;
+}
+
+/* Called once the local ranks are all gone: whether gw-run may exit now. */
+bool gw__run_net_finish(void)
+{
+    if (!net.on)
+        return true;
+    int64_t now = gw__run_now_ms();
+    bool stopping = gw__run_stopping();
+    if (net.cfg.node == 0) /* success is every node's DONE; a failure was told */
+        return (stopping || net.done == net.cfg.nnodes - 1) && flushed(now);
+    if (net.given_up)
+        return true;
+    if (!net.welcomed) {
+        if (!stopping)
+            return false; /* keep trying until the join deadline */
+        /* This node failed or was stopped before node 0 answered: try a
+         * little longer to tell it, but do not hold the user for minutes. */
+        if (!net.linger_ms)
+            net.linger_ms = now + LINGER_MS;
+        if (now < net.linger_ms)
+            return false;
+        fprintf(stderr, "gw-run: node %d: could not tell node 0 at %s that this node stopped\n",
+                net.cfg.node, net.where);
+        give_up();
+        return true;
+    }
+    struct msg m = {.type = F_DONE, .v = {(uint32_t)net.cfg.node}};
+    if (!net.final_sent && !stopping)
+        report(&m);
+    net.final_sent = true;
+    return flushed(now);
+}
+
+/* A local rank failed (the first failure, not after a signal). */
+void gw__run_net_rank_failed(int global, bool signaled, int value)
+{
+    struct msg m = {.type = F_FAIL,
+                    .v = {(uint32_t)global, (uint32_t)net.cfg.node, signaled, (uint32_t)value}};
+    if (net.on)
+        report(&m);
+}
+
+/* SIGINT or SIGTERM reached this gw-run. */
+void gw__run_net_signal(int sig)
+{
+    struct msg m = {.type = F_STOP, .v = {(uint32_t)net.cfg.node, (uint32_t)sig}};
+    if (net.on)
+        report(&m);
+}
+
+void gw__run_net_close(void)
+{
+    for (int i = 0; i < net.nconns; i++)
+        gw__run_conn_close(net.conns[i]);
+    if (net.lfd >= 0)
+        close(net.lfd);
+}
