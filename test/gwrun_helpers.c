@@ -1,0 +1,254 @@
+/*
+ * gwrun_helpers: shared helpers for the gw-run Check suites; see
+ * gwrun_helpers.h.
+ *
+ * What it is: the runner of the built gw-run (fork, exec with the given
+ * environment, output captured in /tmp files, killed past its timeout), line
+ * helpers over the captured output, a free loopback port pair, the pid-file
+ * reader and the suites' shared main().
+ *
+ * What it is not: any test case; nothing here knows what a test expects.
+ */
+#include "gwrun_helpers.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+double gwrun_seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+void gwrun_sleep(double s)
+{
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+}
+
+static const char *gwrun_bin(void)
+{
+    const char *b = getenv("GW_RUN_BIN");
+    ck_assert_msg(b && *b, "GW_RUN_BIN is not set (point it at the built gw-run)");
+    return b;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len - 1 == 0) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            ck_assert_ptr_nonnull(buf);
+        }
+    }
+    fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Starts gw-run with args (NULL-terminated, without argv[0]). env holds
+ * "NAME=VALUE" to set and "NAME" to unset in the child, NULL-terminated. */
+void gwrun_start(struct run *r, const char *const *env, const char *const *args)
+{
+    memset(r, 0, sizeof *r);
+    const char *bin = gwrun_bin();
+    snprintf(r->out_path, sizeof r->out_path, "/tmp/test_gwrun_out_XXXXXX");
+    snprintf(r->err_path, sizeof r->err_path, "/tmp/test_gwrun_err_XXXXXX");
+    int ofd = mkstemp(r->out_path);
+    int efd = mkstemp(r->err_path);
+    ck_assert_msg(ofd >= 0 && efd >= 0, "mkstemp failed: %s", strerror(errno));
+
+    const char *argv[64];
+    int argc = 0;
+    argv[argc++] = bin;
+    for (int i = 0; args[i]; i++) {
+        ck_assert_int_lt(argc, 63);
+        argv[argc++] = args[i];
+    }
+    argv[argc] = NULL;
+
+    clock_gettime(CLOCK_MONOTONIC, &r->t0);
+    r->pid = fork();
+    ck_assert_int_ge(r->pid, 0);
+    if (r->pid == 0) {
+        dup2(ofd, 1);
+        dup2(efd, 2);
+        close(ofd);
+        close(efd);
+        for (int i = 0; env && env[i]; i++) {
+            const char *eq = strchr(env[i], '=');
+            if (eq) {
+                char name[128];
+                snprintf(name, sizeof name, "%.*s", (int)(eq - env[i]), env[i]);
+                setenv(name, eq + 1, 1);
+            } else {
+                unsetenv(env[i]);
+            }
+        }
+        execv(bin, (char *const *)argv);
+        dprintf(2, "test_gwrun: cannot exec %s: %s\n", bin, strerror(errno));
+        _exit(126);
+    }
+    close(ofd);
+    close(efd);
+}
+
+/* Waits for gw-run, killing it after timeout_s, then collects its output. */
+void gwrun_wait(struct run *r, double timeout_s)
+{
+    for (;;) {
+        pid_t p = waitpid(r->pid, &r->status, WNOHANG);
+        if (p == r->pid)
+            break;
+        ck_assert_msg(p == 0 || errno == EINTR, "waitpid failed: %s", strerror(errno));
+        if (gwrun_seconds_since(&r->t0) > timeout_s) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &r->status, 0);
+            r->timed_out = true;
+            break;
+        }
+        gwrun_sleep(0.01);
+    }
+    r->elapsed = gwrun_seconds_since(&r->t0);
+    r->code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
+    r->out = slurp(r->out_path);
+    r->err = slurp(r->err_path);
+    unlink(r->out_path);
+    unlink(r->err_path);
+}
+
+void gwrun_run(struct run *r, const char *const *env, const char *const *args)
+{
+    gwrun_start(r, env, args);
+    gwrun_wait(r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(!r->timed_out, "gw-run did not finish within %.0f s; stderr:\n%s",
+                  GWRUN_TIMEOUT_S, r->err);
+}
+
+void gwrun_free(struct run *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+/* Whether text holds exactly this line (without its newline). */
+bool gwrun_has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        if (len == n && memcmp(p, line, n) == 0)
+            return true;
+        if (!nl)
+            break;
+        p = nl + 1;
+    }
+    return false;
+}
+
+int gwrun_count_lines(const char *text)
+{
+    int n = 0;
+    for (const char *p = text; *p; p++)
+        if (*p == '\n')
+            n++;
+    return n;
+}
+
+/* Calls fn on each line of text, copied into a NUL-terminated buffer. */
+void gwrun_for_each_line(const char *text, void (*fn)(const char *line, void *arg), void *arg)
+{
+    static char line[256 * 1024];
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        ck_assert_uint_lt(len, sizeof line);
+        memcpy(line, p, len);
+        line[len] = '\0';
+        fn(line, arg);
+        if (!nl)
+            break;
+        p = nl + 1;
+    }
+}
+
+/* A port P with P and P + 1 both free on 127.0.0.1: the master port and
+ * node 0's launcher port. Released before use, so another process could take
+ * it in between; on a test machine that is rare enough. */
+int gwrun_free_port_pair(void)
+{
+    for (int tries = 0; tries < 100; tries++) {
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+        ck_assert_int_ge(fd, 0);
+        if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+            port = ntohs(a.sin_port);
+        close(fd);
+        if (port <= 0 || port >= 65535)
+            continue;
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        a.sin_port = htons((uint16_t)(port + 1));
+        bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok)
+            return port;
+    }
+    ck_abort_msg("no two adjacent free ports on 127.0.0.1");
+    return -1;
+}
+
+pid_t gwrun_read_pid_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    long pid = 0;
+    char nl = 0;
+    /* Only a complete line counts: the rank may still be writing it. */
+    if (fscanf(f, "%ld%c", &pid, &nl) != 2 || nl != '\n')
+        pid = 0;
+    fclose(f);
+    return (pid_t)pid;
+}
+
+int gwrun_main(const char *prog, Suite *(*make_suite)(void))
+{
+    const char *bin = getenv("GW_RUN_BIN");
+    if (!bin || !*bin || access(bin, X_OK) != 0) {
+        fprintf(stderr, "%s: GW_RUN_BIN must name the built gw-run (got '%s')\n", prog,
+                bin ? bin : "");
+        return 1;
+    }
+    SRunner *sr = srunner_create(make_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

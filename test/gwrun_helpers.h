@@ -1,0 +1,65 @@
+/*
+ * gwrun_helpers: shared helpers for the gw-run Check suites (test_gwrun.c,
+ * test_gwrun_multinode.c).
+ *
+ * What it is: running the built gw-run binary (GW_RUN_BIN) with its stdout
+ * and stderr captured in temporary files and a timeout guard, so that a
+ * broken gw-run fails a test instead of hanging the suite; searching the
+ * captured output by line; finding free loopback ports; reading the pid
+ * files that test ranks write; and the common main() of both suites.
+ *
+ * What it is not: a test itself, nor anything specific to one suite (the
+ * multi-node helpers that start one gw-run per node stay in
+ * test_gwrun_multinode.c). The helpers fail the calling test through Check's
+ * assertions, so they may only be called from inside a test.
+ */
+#ifndef GWRUN_HELPERS_H
+#define GWRUN_HELPERS_H
+
+#include <check.h>
+#include <stdbool.h>
+#include <sys/types.h>
+#include <time.h>
+
+/* Generous: the CI machines have 2 shared cores. */
+#define GWRUN_TIMEOUT_S 40.0
+
+struct run {
+    pid_t pid;
+    char out_path[64], err_path[64];
+    struct timespec t0;
+    int status;
+    int code;       /* exit code, or 128 + signal when gw-run itself was killed */
+    bool timed_out; /* gw-run did not finish in time and was killed */
+    double elapsed; /* seconds from start to exit */
+    char *out, *err;
+};
+
+double gwrun_seconds_since(const struct timespec *t0);
+void gwrun_sleep(double s);
+
+/* Starts gw-run with args (NULL-terminated, without argv[0]). env holds
+ * "NAME=VALUE" to set and "NAME" to unset in the child, NULL-terminated. */
+void gwrun_start(struct run *r, const char *const *env, const char *const *args);
+/* Waits for gw-run, killing it after timeout_s, then collects its output. */
+void gwrun_wait(struct run *r, double timeout_s);
+/* gwrun_start, then gwrun_wait with GWRUN_TIMEOUT_S; fails the test on a timeout. */
+void gwrun_run(struct run *r, const char *const *env, const char *const *args);
+void gwrun_free(struct run *r);
+
+/* Whether text holds exactly this line (without its newline). */
+bool gwrun_has_line(const char *text, const char *line);
+int gwrun_count_lines(const char *text);
+/* Calls fn on each line of text, copied into a NUL-terminated buffer. */
+void gwrun_for_each_line(const char *text, void (*fn)(const char *line, void *arg), void *arg);
+
+/* A port P with P and P + 1 both free on 127.0.0.1 (master and launcher port). */
+int gwrun_free_port_pair(void);
+/* The pid on the first, complete line of path; 0 if there is none yet. */
+pid_t gwrun_read_pid_file(const char *path);
+
+/* main() of a gw-run suite: checks GW_RUN_BIN (prog names the binary in the
+ * message), runs the suite make_suite builds, and returns the exit status. */
+int gwrun_main(const char *prog, Suite *(*make_suite)(void));
+
+#endif

@@ -1,0 +1,441 @@
+/*
+ * test_gwrun_multinode: Check suite for gw-run across nodes (tools/gw-run.c).
+ *
+ * What it is: multi-node jobs run as several gw-runs on this one machine, one
+ * per node, with 127.0.0.1 as the master, so that their launcher control
+ * channel is exercised for real: joining and the join deadline, the job
+ * token, mismatched command lines, failure and stop propagation, a lost
+ * node, and garbage frames on the launcher port. Each gw-run is the built
+ * binary (GW_RUN_BIN) with sh scripts as ranks and its output captured.
+ *
+ * What it is not: the single-node launcher (environment, output routing,
+ * teardown, flag checks), which test_gwrun.c covers, nor a test of the
+ * library's bootstrap; the ranks here never talk to each other. Every run
+ * has a timeout guard (gwrun_helpers.c), and the tests wait for every gw-run
+ * they started before asserting anything, so that a failed check leaves no
+ * process behind. It binds loopback ports, so meson runs it on its own.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gwrun_helpers.h"
+
+/* ---- multi-node: one gw-run per node, all on this machine ---- */
+
+/* Every multi-node run ends within seconds unless gw-run is broken; this
+ * bound only keeps a broken one from stalling the suite. */
+#define NODE_TIMEOUT_S 20.0
+
+/* Starts node `node` of an nnodes-node job with master 127.0.0.1:port. */
+static void node_start(struct run *r, const char *const *env, int port, int nnodes, int node,
+                       const char *nproc, const char *script)
+{
+    char nn[16], nr[16], master[64];
+    snprintf(nn, sizeof nn, "%d", nnodes);
+    snprintf(nr, sizeof nr, "%d", node);
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    const char *args[] = {"-n",     nproc, "--nnodes", nn,     "--node-rank", nr,
+                          "--master", master, "sh",       "-c", script,        NULL};
+    gwrun_start(r, env, args);
+}
+
+/* Waits for every run (each killed after NODE_TIMEOUT_S from its start)
+ * before any assertion, so that a failed check leaves no gw-run behind. */
+static void nodes_wait(struct run *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        gwrun_wait(&r[i], NODE_TIMEOUT_S);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(!r[i].timed_out, "node %d's gw-run did not finish within %.0f s; stderr:\n%s",
+                      i, NODE_TIMEOUT_S, r[i].err);
+}
+
+static void nodes_free(struct run *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        gwrun_free(&r[i]);
+}
+
+/* Whether a running gw-run's stderr file holds needle within timeout_s. */
+static bool wait_for_stderr(const struct run *r, const char *needle, double timeout_s)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char buf[16384];
+    while (gwrun_seconds_since(&t0) < timeout_s) {
+        FILE *f = fopen(r->err_path, "rb");
+        if (f) {
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            if (strstr(buf, needle))
+                return true;
+        }
+        gwrun_sleep(0.02);
+    }
+    return false;
+}
+
+static const char *hostname(void)
+{
+    static char h[256];
+    if (!h[0] && gethostname(h, sizeof h - 1) != 0)
+        snprintf(h, sizeof h, "unknown");
+    return h;
+}
+
+/* Whether every pid in the files dir/pid.0 .. pid.(n-1) is gone, allowing
+ * a moment for the parent-death signal of a SIGKILLed gw-run to land. */
+static bool ranks_gone(const char *dir, int n)
+{
+    for (int tries = 0; tries < 300; tries++) {
+        bool any = false;
+        for (int i = 0; i < n; i++) {
+            char path[200];
+            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+            pid_t pid = gwrun_read_pid_file(path);
+            any = any || (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH));
+        }
+        if (!any)
+            return true;
+        gwrun_sleep(0.01);
+    }
+    return false;
+}
+
+static void remove_pid_files(const char *dir, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char path[200];
+        snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+START_TEST(test_multinode_all_succeed)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-ok", NULL};
+    const char *script = "echo $GW_RANK $GW_WORLD_SIZE $GW_NODE_RANK $GW_LOCAL_RANK; sleep 0.2";
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "2", script);
+    node_start(&r[1], env, port, 2, 1, "2", script);
+    nodes_wait(r, 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(gwrun_has_line(r[0].out, "[0] 0 4 0 0") &&
+                      gwrun_has_line(r[0].out, "[1] 1 4 0 1") && gwrun_count_lines(r[0].out) == 2,
+                  "node 0 stdout:\n%s", r[0].out);
+    ck_assert_msg(gwrun_has_line(r[1].out, "[2] 2 4 1 0") &&
+                      gwrun_has_line(r[1].out, "[3] 3 4 1 1") && gwrun_count_lines(r[1].out) == 2,
+                  "node 1 stdout:\n%s", r[1].out);
+    nodes_free(r, 2);
+}
+END_TEST
+
+START_TEST(test_multinode_rank_failure)
+{
+    /* Rank 3 (node 1) fails once every node had time to join; the others
+     * would sleep 30 s, and a long grace leaves only the teardown's SIGTERM
+     * to end them quickly. */
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-fail", "GW_RUN_KILL_GRACE=30", NULL};
+    const char *script = "if [ \"$GW_RANK\" = 3 ]; then sleep 1; exit 5; fi; exec sleep 30";
+    struct run r[3];
+    for (int i = 0; i < 3; i++)
+        node_start(&r[i], env, port, 3, i, "2", script);
+    nodes_wait(r, 3);
+    char want[800];
+    snprintf(want, sizeof want, "gw-run: rank 3 on node 1 (host %s) exited with code 5",
+             hostname());
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(r[i].code == 5, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+        ck_assert_msg(r[i].elapsed < 10.0, "node %d took %.1f s", i, r[i].elapsed);
+    }
+    ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
+    ck_assert_msg(gwrun_has_line(r[2].err, want), "node 2 stderr lacks '%s':\n%s", want, r[2].err);
+    ck_assert_msg(strstr(r[1].err, "rank 3 (pid"), "node 1 stderr:\n%s", r[1].err);
+    nodes_free(r, 3);
+
+    /* A rank killed by a signal: 128 + signal everywhere, and the signal named. */
+    port = gwrun_free_port_pair();
+    script = "if [ \"$GW_RANK\" = 1 ]; then sleep 1; kill -9 $$; fi; exec sleep 30";
+    node_start(&r[0], env, port, 2, 0, "1", script);
+    node_start(&r[1], env, port, 2, 1, "1", script);
+    nodes_wait(r, 2);
+    snprintf(want, sizeof want,
+             "gw-run: rank 1 on node 1 (host %s) was killed by signal 9 (SIGKILL)",
+             hostname());
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 137, "node %d: exit code %d, stderr:\n%s", i, r[i].code,
+                      r[i].err);
+    ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
+    nodes_free(r, 2);
+}
+END_TEST
+
+START_TEST(test_multinode_node_missing)
+{
+    /* Node 2 of 3 never starts: nodes 0 and 1 fail at the join deadline. */
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-missing", "GW_RUN_JOIN_TIMEOUT=2", NULL};
+    const char *script = "exec sleep 30";
+    struct run r[2];
+    node_start(&r[0], env, port, 3, 0, "1", script);
+    node_start(&r[1], env, port, 3, 1, "1", script);
+    nodes_wait(r, 2);
+    char want[200];
+    snprintf(want, sizeof want,
+             "gw-run: node(s) 2 did not join within 2 s (launcher port 127.0.0.1:%d)", port + 1);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(r[i].code != 0, "node %d exited 0; stderr:\n%s", i, r[i].err);
+        ck_assert_msg(r[i].elapsed < 10.0, "node %d took %.1f s", i, r[i].elapsed);
+        ck_assert_msg(gwrun_has_line(r[i].err, want), "node %d stderr lacks '%s':\n%s", i, want,
+                      r[i].err);
+    }
+    nodes_free(r, 2);
+
+    /* Node 0 never starts: node 1 gives up at its deadline. */
+    port = gwrun_free_port_pair();
+    node_start(&r[1], env, port, 2, 1, "1", script);
+    nodes_wait(&r[1], 1);
+    snprintf(want, sizeof want, "gw-run: node 1: no answer from node 0 at 127.0.0.1:%d after 2 s",
+             port + 1);
+    ck_assert_msg(r[1].code != 0 && r[1].elapsed < 10.0, "exit code %d after %.1f s", r[1].code,
+                  r[1].elapsed);
+    ck_assert_msg(gwrun_has_line(r[1].err, want), "stderr lacks '%s':\n%s", want, r[1].err);
+    gwrun_free(&r[1]);
+}
+END_TEST
+
+START_TEST(test_multinode_wrong_token)
+{
+    int port = gwrun_free_port_pair();
+    const char *env0[] = {"GW_JOB_TOKEN=mn-right", "GW_RUN_JOIN_TIMEOUT=2", NULL};
+    const char *env1[] = {"GW_JOB_TOKEN=mn-wrong", "GW_RUN_JOIN_TIMEOUT=2", NULL};
+    struct run r[2];
+    node_start(&r[0], env0, port, 2, 0, "1", "exec sleep 30");
+    node_start(&r[1], env1, port, 2, 1, "1", "exec sleep 30");
+    nodes_wait(r, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(r[i].code != 0, "node %d exited 0; stderr:\n%s", i, r[i].err);
+        ck_assert_msg(r[i].elapsed < 10.0, "node %d took %.1f s", i, r[i].elapsed);
+    }
+    ck_assert_msg(strstr(r[0].err, "refused a launcher connection") &&
+                      strstr(r[0].err, "wrong job token") &&
+                      strstr(r[0].err, "node(s) 1 did not join"),
+                  "node 0 stderr:\n%s", r[0].err);
+    ck_assert_msg(strstr(r[1].err, "refused this node") && strstr(r[1].err, "wrong job token"),
+                  "node 1 stderr:\n%s", r[1].err);
+    nodes_free(r, 2);
+}
+END_TEST
+
+START_TEST(test_multinode_mismatch)
+{
+    const char *env[] = {"GW_JOB_TOKEN=mn-mismatch", "GW_RUN_JOIN_TIMEOUT=5", NULL};
+    char want[800];
+    struct run r[2];
+    /* -n differs */
+    int port = gwrun_free_port_pair();
+    node_start(&r[0], env, port, 2, 0, "2", "exec sleep 30");
+    node_start(&r[1], env, port, 2, 1, "1", "exec sleep 30");
+    nodes_wait(r, 2);
+    snprintf(want, sizeof want,
+             "node 1 (host %s) was started with -n 1 but node 0 (host %s) with -n 2",
+             hostname(), hostname());
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(r[i].code != 0, "node %d exited 0; stderr:\n%s", i, r[i].err);
+        ck_assert_msg(r[i].elapsed < 4.0, "node %d took %.1f s: not failed at once", i,
+                      r[i].elapsed);
+        ck_assert_msg(strstr(r[i].err, want), "node %d stderr lacks '%s':\n%s", i, want, r[i].err);
+    }
+    nodes_free(r, 2);
+
+    /* --nnodes differs: node 1 thinks there are 3 nodes */
+    port = gwrun_free_port_pair();
+    node_start(&r[0], env, port, 2, 0, "1", "exec sleep 30");
+    node_start(&r[1], env, port, 3, 1, "1", "exec sleep 30");
+    nodes_wait(r, 2);
+    snprintf(want, sizeof want, "node 1 (host %s) was started with --nnodes 3 but node 0",
+             hostname());
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code != 0, "node %d exited 0; stderr:\n%s", i, r[i].err);
+    ck_assert_msg(strstr(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
+    nodes_free(r, 2);
+
+    /* --node-rank 1 twice: the second one is refused, the job runs on. */
+    struct run d[3];
+    port = gwrun_free_port_pair();
+    node_start(&d[0], env, port, 2, 0, "1", "sleep 1");
+    node_start(&d[1], env, port, 2, 1, "1", "sleep 1");
+    node_start(&d[2], env, port, 2, 1, "1", "sleep 1");
+    nodes_wait(d, 3);
+    ck_assert_msg(d[0].code == 0, "node 0: exit code %d, stderr:\n%s", d[0].code, d[0].err);
+    ck_assert_msg((d[1].code == 0) != (d[2].code == 0),
+                  "not exactly one node 1 refused: exit codes %d, %d", d[1].code, d[2].code);
+    ck_assert_msg(strstr(d[0].err, "node 1 already joined"), "node 0 stderr:\n%s", d[0].err);
+    ck_assert_msg(strstr(d[d[1].code ? 1 : 2].err, "refused this node"), "stderr:\n%s",
+                  d[d[1].code ? 1 : 2].err);
+    nodes_free(d, 3);
+}
+END_TEST
+
+/* Starts a 2-node job whose ranks write their pids to dir/pid.RANK and wait,
+ * and returns once node 0 has seen node 1 join (false if it never did). */
+static bool start_joined_pair(struct run *r, char *dir, char *dir_env, size_t dir_env_size,
+                              const char *token)
+{
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(dir_env, dir_env_size, "GWT_DIR=%s", dir);
+    const char *env[] = {token, dir_env, "GW_DEBUG=INFO", "GW_RUN_KILL_GRACE=30", NULL};
+    const char *script = "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; exec sleep 30";
+    int port = gwrun_free_port_pair();
+    node_start(&r[0], env, port, 2, 0, "1", script);
+    node_start(&r[1], env, port, 2, 1, "1", script);
+    return wait_for_stderr(&r[0], "node 1 (host", 10.0) &&
+           wait_for_stderr(&r[1], "node 1 joined node 0", 10.0);
+}
+
+START_TEST(test_multinode_lost_node)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
+    struct run r[2];
+    bool joined = start_joined_pair(r, dir, dir_env, sizeof dir_env, "GW_JOB_TOKEN=mn-lost");
+    if (joined)
+        kill(r[1].pid, SIGKILL);
+    struct timespec t_kill;
+    clock_gettime(CLOCK_MONOTONIC, &t_kill);
+    nodes_wait(r, 2); /* node 1 without the kill: stopped by its timeout */
+    double after = gwrun_seconds_since(&t_kill);
+    bool gone = ranks_gone(dir, 2);
+    remove_pid_files(dir, 2); /* before any assertion can skip it */
+    ck_assert_msg(joined, "node 1 never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
+    ck_assert_msg(r[0].code != 0, "node 0 exited 0; stderr:\n%s", r[0].err);
+    ck_assert_msg(after < 8.0, "node 0 took %.1f s to notice", after);
+    char want[800];
+    snprintf(want, sizeof want,
+             "gw-run: lost node 1 (host %s): its launcher exited or the network failed",
+             hostname());
+    ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
+    ck_assert_msg(gone, "a rank outlived the job");
+    nodes_free(r, 2);
+}
+END_TEST
+
+START_TEST(test_multinode_sigterm_node0)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
+    struct run r[2];
+    bool joined = start_joined_pair(r, dir, dir_env, sizeof dir_env, "GW_JOB_TOKEN=mn-term");
+    if (joined)
+        kill(r[0].pid, SIGTERM);
+    struct timespec t_kill;
+    clock_gettime(CLOCK_MONOTONIC, &t_kill);
+    nodes_wait(r, 2);
+    double after = gwrun_seconds_since(&t_kill);
+    bool gone = ranks_gone(dir, 2);
+    remove_pid_files(dir, 2); /* before any assertion can skip it */
+    ck_assert_msg(joined, "node 1 never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 128 + SIGTERM, "node %d: exit code %d, stderr:\n%s", i,
+                      r[i].code, r[i].err);
+    ck_assert_msg(after < 8.0, "the job took %.1f s to stop", after);
+    char want[800];
+    snprintf(want, sizeof want, "gw-run: node 0 (host %s) received SIGTERM; stopping this node too",
+             hostname());
+    ck_assert_msg(gwrun_has_line(r[1].err, want), "node 1 stderr lacks '%s':\n%s", want, r[1].err);
+    ck_assert_msg(gone, "a rank outlived the job");
+    nodes_free(r, 2);
+}
+END_TEST
+
+/* Writes a frame header claiming len body bytes, then body. */
+static void send_raw(int fd, uint32_t len, const char *body, size_t n)
+{
+    unsigned char hdr[4] = {(unsigned char)(len >> 24), (unsigned char)(len >> 16),
+                            (unsigned char)(len >> 8), (unsigned char)len};
+    ssize_t w = write(fd, hdr, 4);
+    if (n)
+        w = write(fd, body, n);
+    (void)w;
+}
+
+START_TEST(test_multinode_garbage_frames)
+{
+    /* Strangers on the launcher port get their connection closed with a log
+     * line; the job itself is unaffected. */
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-garbage", "GW_DEBUG=INFO", NULL};
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "1", "sleep 1.5");
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)(port + 1));
+    int sent = 0;
+    for (int tries = 0; tries < 200 && sent < 3; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            /* Over the 4 KiB limit; no such frame type; a hello cut short. */
+            if (sent == 0)
+                send_raw(fd, 100000, "xxxx", 4);
+            else if (sent == 1)
+                send_raw(fd, 5, "\x63" "abcd", 5);
+            else
+                send_raw(fd, 3, "\x01" "ab", 3);
+            sent++;
+            gwrun_sleep(0.1);
+        } else {
+            gwrun_sleep(0.02);
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    node_start(&r[1], env, port, 2, 1, "1", "true");
+    nodes_wait(r, 2);
+    ck_assert_int_eq(sent, 3);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(strstr(r[0].err, "frame length 100000") && strstr(r[0].err, "malformed frame"),
+                  "node 0 did not log the bad frames:\n%s", r[0].err);
+    nodes_free(r, 2);
+}
+END_TEST
+
+static Suite *gwrun_multinode_suite(void)
+{
+    Suite *s = suite_create("gw-run-multinode");
+    TCase *mn = tcase_create("multi-node");
+    tcase_set_timeout(mn, 60);
+    tcase_add_test(mn, test_multinode_all_succeed);
+    tcase_add_test(mn, test_multinode_rank_failure);
+    tcase_add_test(mn, test_multinode_node_missing);
+    tcase_add_test(mn, test_multinode_wrong_token);
+    tcase_add_test(mn, test_multinode_mismatch);
+    tcase_add_test(mn, test_multinode_lost_node);
+    tcase_add_test(mn, test_multinode_sigterm_node0);
+    tcase_add_test(mn, test_multinode_garbage_frames);
+    suite_add_tcase(s, mn);
+    return s;
+}
+
+int main(void)
+{
+    return gwrun_main("test_gwrun_multinode", gwrun_multinode_suite);
+}
