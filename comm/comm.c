@@ -12,7 +12,7 @@
 
 GW_PARAM(ShmSlots, "GW_SHM_SLOTS", 8)
 GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
-GW_PARAM(SocketStreams, "GW_SOCKET_NSTREAMS", 2)
+GW_PARAM(SocketStreams, "GW_SOCKET_NSTREAMS", 1)
 
 /* ---- dtype / op helpers ---------------------------------------------------------- */
 static const struct {

@@ -85,6 +85,8 @@ struct tcp_rstream { /* receiver side of one socket */
   bool any;
   bool eof; /* the peer closed this socket; an error only if a part is still owed */
   struct tcp_frame f;
+  uint32_t boff, blen; /* unread bytes of buf */
+  uint8_t buf[4096];
 };
 
 struct tcp_rslot {
@@ -429,63 +431,97 @@ static gw_result_t check_frame(struct gw_conn *c, struct tcp_conn *t, uint32_t s
   return GW_SUCCESS;
 }
 
+/* Reads what the socket has into the stream's small buffer.  Returns GW_SUCCESS
+ * when bytes arrived, GW_INPROGRESS when none (would block, or the peer closed at
+ * a frame boundary), or an error. */
+static gw_result_t fill(struct gw_conn *c, struct tcp_conn *t, struct tcp_rstream *rs) {
+  if (rs->eof) return GW_INPROGRESS;
+  if (rs->boff == rs->blen) rs->boff = rs->blen = 0;
+  if (rs->blen == sizeof rs->buf) { /* keep the unread tail, make room behind it */
+    memmove(rs->buf, rs->buf + rs->boff, rs->blen - rs->boff);
+    rs->blen -= rs->boff;
+    rs->boff = 0;
+  }
+  ssize_t n = recv(rs->fd, rs->buf + rs->blen, sizeof rs->buf - rs->blen, MSG_DONTWAIT);
+  if (n > 0) {
+    rs->blen += (uint32_t)n;
+    return GW_SUCCESS;
+  }
+  if (n == 0) {
+    /* A sender that finished closes all its sockets; a socket with nothing more to
+     * carry may close before another delivers the last part (see check_owed). */
+    if (rs->have_frame || rs->blen > rs->boff)
+      return fail(c, t, GW_ERR_REMOTE, "closed by the peer in the middle of a frame (did rank %d exit?)", c->peer);
+    rs->eof = true;
+    return GW_INPROGRESS;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return GW_INPROGRESS;
+  return fail(c, t, GW_ERR_REMOTE, "receive failed: %s", strerror(errno));
+}
+
+static void slot_take_hdr(struct tcp_conn *t, struct tcp_rslot *sl, const struct tcp_frame *f) {
+  sl->hdr = f->hdr;
+  sl->have_hdr = true;
+  sl->parts = nparts_of(f->hdr.bytes, t->nstreams);
+  sl->parts_done = 0;
+}
+
+/* Small frames are read through a per-socket buffer (one recv for header and
+ * payload, often for several frames); big payloads go straight from the socket
+ * into their slot, so bulk data is copied once. */
 static gw_result_t pump_recv(struct gw_conn *c, struct tcp_conn *t) {
   for (uint32_t s = 0; s < t->nstreams; s++) {
     struct tcp_rstream *rs = &t->rs[s];
     for (;;) {
-      uint8_t *dst;
-      size_t want;
       if (!rs->have_frame) {
-        dst = (uint8_t *)&rs->f + rs->got;
-        want = sizeof rs->f - rs->got;
-      } else {
-        if (rs->f.pos >= t->pos + t->nslots) break; /* its slot is still in use: read on later */
-        dst = t->slots + (size_t)(rs->f.pos % t->nslots) * t->slot_bytes + rs->f.off + rs->got;
-        want = rs->f.len - rs->got;
-      }
-      if (want > 0) {
-        if (rs->eof) break;
-        ssize_t n = recv(rs->fd, dst, want, MSG_DONTWAIT);
-        if (n == 0) {
-          /* A sender that finished closes all its sockets; a socket with nothing
-           * more to carry may close before another delivers the last part. */
-          if (rs->have_frame || rs->got) return fail(c, t, GW_ERR_REMOTE, "closed by the peer in the middle of a frame (did rank %d exit?)", c->peer);
-          rs->eof = true;
-          break;
+        if (rs->blen - rs->boff < sizeof rs->f) {
+          gw_result_t r = fill(c, t, rs);
+          if (r == GW_INPROGRESS) break;
+          if (r != GW_SUCCESS) return r;
+          continue;
         }
-        if (n < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-          return fail(c, t, GW_ERR_REMOTE, "receive failed: %s", strerror(errno));
-        }
-        rs->got += (size_t)n;
-        if ((size_t)n < want) continue;
-      }
-      if (!rs->have_frame) {
+        memcpy(&rs->f, rs->buf + rs->boff, sizeof rs->f);
+        rs->boff += (uint32_t)sizeof rs->f;
         GW_CHECK(check_frame(c, t, s, &rs->f));
         rs->have_frame = true;
         rs->got = 0;
-        struct tcp_rslot *sl = &t->rslot[rs->f.pos % t->nslots];
         if (rs->f.pos < t->pos + t->nslots) {
-          if (!sl->have_hdr) {
-            sl->hdr = rs->f.hdr;
-            sl->have_hdr = true;
-            sl->parts = nparts_of(rs->f.hdr.bytes, t->nstreams);
-            sl->parts_done = 0;
-          } else if (memcmp(&sl->hdr, &rs->f.hdr, sizeof sl->hdr) != 0) {
+          struct tcp_rslot *sl = &t->rslot[rs->f.pos % t->nslots];
+          if (!sl->have_hdr) slot_take_hdr(t, sl, &rs->f);
+          else if (memcmp(&sl->hdr, &rs->f.hdr, sizeof sl->hdr) != 0)
             return fail(c, t, GW_ERR_REMOTE, "the parts of chunk %llu disagree on its header",
                         (unsigned long long)rs->f.pos);
+        }
+        continue;
+      }
+      if (rs->f.pos >= t->pos + t->nslots) break; /* its slot is still in use: read on later */
+      uint8_t *dst = t->slots + (size_t)(rs->f.pos % t->nslots) * t->slot_bytes + rs->f.off + rs->got;
+      size_t want = rs->f.len - rs->got;
+      if (want > 0) {
+        size_t avail = rs->blen - rs->boff;
+        if (avail > 0) {
+          size_t n = GW_MIN(avail, want);
+          memcpy(dst, rs->buf + rs->boff, n);
+          rs->boff += (uint32_t)n;
+          rs->got += n;
+        } else if (want >= sizeof rs->buf && !rs->eof) {
+          ssize_t n = recv(rs->fd, dst, want, MSG_DONTWAIT);
+          if (n == 0) return fail(c, t, GW_ERR_REMOTE, "closed by the peer in the middle of a frame (did rank %d exit?)", c->peer);
+          if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+            return fail(c, t, GW_ERR_REMOTE, "receive failed: %s", strerror(errno));
           }
+          rs->got += (size_t)n;
+        } else {
+          gw_result_t r = fill(c, t, rs);
+          if (r == GW_INPROGRESS) break;
+          if (r != GW_SUCCESS) return r;
         }
         continue;
       }
       /* a whole part is in its slot */
       struct tcp_rslot *sl = &t->rslot[rs->f.pos % t->nslots];
-      if (!sl->have_hdr) { /* the header was parsed while the slot was still busy */
-        sl->hdr = rs->f.hdr;
-        sl->have_hdr = true;
-        sl->parts = nparts_of(rs->f.hdr.bytes, t->nstreams);
-        sl->parts_done = 0;
-      }
+      if (!sl->have_hdr) slot_take_hdr(t, sl, &rs->f); /* its header came while the slot was busy */
       sl->parts_done++;
       rs->last_pos = rs->f.pos;
       rs->any = true;
