@@ -13,6 +13,7 @@
 GW_PARAM(ShmSlots, "GW_SHM_SLOTS", 8)
 GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
 GW_PARAM(SocketStreams, "GW_SOCKET_NSTREAMS", 1)
+GW_PARAM(Channels, "GW_NCHANNELS", 1)
 
 /* ---- dtype / op helpers ---------------------------------------------------------- */
 static const struct {
@@ -144,7 +145,7 @@ static uint64_t fnv1a(const char *s) {
  * ascending within a machine, so the ring crosses the network once in each
  * direction per machine whatever the launcher's rank placement. */
 static gw_result_t build_ring_order(struct gw_comm *c, struct gw_errctx *err) {
-  struct gw_ring *ring = &c->ring;
+  struct gw_ring *ring = &c->rings[0];
   int n = c->nranks;
   ring->order = malloc(sizeof(int) * (size_t)n);
   ring->pos_of = malloc(sizeof(int) * (size_t)n);
@@ -167,13 +168,18 @@ static gw_result_t build_ring_order(struct gw_comm *c, struct gw_errctx *err) {
   ring->index = ring->pos_of[c->rank];
   ring->prev = ring->order[(ring->index - 1 + n) % n];
   ring->next = ring->order[(ring->index + 1) % n];
+  for (int ch = 1; ch < c->nchannels; ch++) { /* every channel's ring has the same order */
+    c->rings[ch].index = ring->index;
+    c->rings[ch].order = ring->order;
+    c->rings[ch].pos_of = ring->pos_of;
+    c->rings[ch].prev = ring->prev;
+    c->rings[ch].next = ring->next;
+  }
   return GW_SUCCESS;
 }
 
-static gw_result_t connect_ring(struct gw_comm *c, struct gw_errctx *err) {
-  struct gw_ring *ring = &c->ring;
-  GW_CHECK(build_ring_order(c, err));
-  GW_CHECK(gw__bootstrap_local_addr(c->bs, &c->conn_params.local_addr, &c->conn_params.local_addr_len, err));
+static gw_result_t connect_channel(struct gw_comm *c, int ch, struct gw_errctx *err) {
+  struct gw_ring *ring = &c->rings[ch];
   const struct gw_transport *tsend = gw__transport_select(&c->peers[c->rank], &c->peers[ring->next]);
   const struct gw_transport *trecv = gw__transport_select(&c->peers[c->rank], &c->peers[ring->prev]);
   if (!tsend || !trecv) {
@@ -187,8 +193,8 @@ static gw_result_t connect_ring(struct gw_comm *c, struct gw_errctx *err) {
   ring->send = (struct gw_conn){.tp = tsend, .self = c->rank, .peer = ring->next, .is_send = true};
   snprintf(ring->recv.peer_host, sizeof ring->recv.peer_host, "%s", c->peers[ring->prev].host);
   snprintf(ring->send.peer_host, sizeof ring->send.peer_host, "%s", c->peers[ring->next].host);
-  snprintf(ring->recv.desc, sizeof ring->recv.desc, "ring 0: %d -> %d via %s", ring->prev, c->rank, trecv->name);
-  snprintf(ring->send.desc, sizeof ring->send.desc, "ring 0: %d -> %d via %s", c->rank, ring->next, tsend->name);
+  snprintf(ring->recv.desc, sizeof ring->recv.desc, "ring %d: %d -> %d via %s", ch, ring->prev, c->rank, trecv->name);
+  snprintf(ring->send.desc, sizeof ring->send.desc, "ring %d: %d -> %d via %s", ch, c->rank, ring->next, tsend->name);
 
   struct gw_conn_handle mine, *all = calloc((size_t)c->nranks, sizeof *all);
   if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
@@ -205,12 +211,22 @@ out:
   return res;
 }
 
+static gw_result_t connect_rings(struct gw_comm *c, struct gw_errctx *err) {
+  GW_CHECK(build_ring_order(c, err));
+  GW_CHECK(gw__bootstrap_local_addr(c->bs, &c->conn_params.local_addr, &c->conn_params.local_addr_len, err));
+  for (int ch = 0; ch < c->nchannels; ch++) GW_CHECK(connect_channel(c, ch, err));
+  return gw__channels_start(c, err);
+}
+
 static void comm_free(struct gw_comm *c) {
   if (!c) return;
-  gw__conn_close(&c->ring.send);
-  gw__conn_close(&c->ring.recv);
-  free(c->ring.order);
-  free(c->ring.pos_of);
+  gw__channels_stop(c);
+  for (int ch = 0; ch < GW_MAX_CHANNELS; ch++) {
+    gw__conn_close(&c->rings[ch].send);
+    gw__conn_close(&c->rings[ch].recv);
+  }
+  free(c->rings[0].order);
+  free(c->rings[0].pos_of);
   gw__bootstrap_free(c->bs);
   free(c->peers);
   pthread_cond_destroy(&c->work_cv);
@@ -272,6 +288,13 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
                   "64; 2..64 slots)", rank, (long long)slot_bytes, (long long)nslots);
     goto fail;
   }
+  int64_t nchannels = gw__param_Channels();
+  if (nchannels < 1 || nchannels > GW_MAX_CHANNELS) {
+    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_NCHANNELS=%lld is not in 1..%d", rank,
+                  (long long)nchannels, GW_MAX_CHANNELS);
+    goto fail;
+  }
+  c->nchannels = nranks == 1 ? 1 : (int)nchannels;
   int64_t nstreams = gw__param_SocketStreams();
   if (nstreams < 1 || nstreams > 16) {
     res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_NSTREAMS=%lld is not in 1..16", rank,
@@ -311,7 +334,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     if (env_local && atoi(env_local) != c->local_rank)
       GW_WARN(GW_SUB_INIT, "rank %d: the launcher says local rank %s but the rendezvous found %d ranks before it "
               "on this machine; using %d", rank, env_local, c->local_rank, c->local_rank);
-    GW_CHECK_GOTO(connect_ring(c, &err), res, fail);
+    GW_CHECK_GOTO(connect_rings(c, &err), res, fail);
   }
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());

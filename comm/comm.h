@@ -22,6 +22,9 @@ enum gw_coll {
 };
 const char *gw__coll_name(int coll);
 
+#define GW_MAX_CHANNELS 8
+struct gw_channels;
+
 /* GW_ALGO: which allreduce algorithm; auto picks by world size and bytes. */
 enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2 };
 
@@ -57,7 +60,9 @@ struct gw_comm {
   enum gw_algo algo;
   struct gw_bootstrap *bs;
   struct gw_peer_info *peers; /* [nranks] */
-  struct gw_ring ring;
+  struct gw_ring rings[GW_MAX_CHANNELS]; /* same order, own connections */
+  int nchannels;
+  struct gw_channels *channels; /* worker threads for channels 1..n-1 */
   struct gw_conn_params conn_params;
 
   /* Operations run one at a time, in call order: inline on the caller's thread
@@ -82,8 +87,13 @@ struct gw_comm {
 
 /* Runs one operation to completion (any thread; the caller serializes). */
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
-/* Ring algorithms (ring.c). */
+/* Runs op on every channel (channels.c): channel 0 on the calling thread, the
+ * others on the communicator's channel threads, each on its slice of the data. */
 gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+gw_result_t gw__channels_start(struct gw_comm *comm, struct gw_errctx *err);
+void gw__channels_stop(struct gw_comm *comm);
+/* Ring algorithms on one channel (ring.c). */
+gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const struct gw_op *op, struct gw_errctx *err);
 /* Best effort: tells the ring successor that this rank failed, with the message,
  * so it fails at once instead of waiting for its deadline (and passes it on). */
 void gw__ring_send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg);

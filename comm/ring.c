@@ -14,7 +14,12 @@
 
 struct prims {
   struct gw_comm *comm;
+  struct gw_ring *ring; /* this channel's ring */
   const struct gw_op *op;
+  const void *in;  /* this channel's part of the input (NULL when empty) */
+  void *out;       /* and of the output */
+  size_t count;    /* elements this channel moves (per rank's block for RS/AG) */
+  size_t stride;   /* RS/AG: elements between consecutive ranks' blocks */
   struct gw_errctx *err;
   gw_reduce_fn red;
   size_t es;       /* element size */
@@ -66,7 +71,7 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
 /* Transports that queue bytes in user space (tcp) move them while we wait on
  * anything, so two ranks waiting on each other's queued sends cannot deadlock. */
 static gw_result_t pump(struct prims *p) {
-  struct gw_ring *ring = &p->comm->ring;
+  struct gw_ring *ring = p->ring;
   if (!ring->send.tp->progress && !ring->recv.tp->progress) return GW_SUCCESS;
   if (ring->send.tp->progress) {
     gw_result_t r = ring->send.tp->progress(&ring->send, p->err);
@@ -83,7 +88,7 @@ static gw_result_t pump(struct prims *p) {
  * descriptors sleep in poll() until one is ready (at most 1 ms, then look again);
  * otherwise the common back-off.  False once the deadline has passed. */
 static bool wait_step(struct prims *p, struct gw_waiter *w) {
-  struct gw_ring *ring = &p->comm->ring;
+  struct gw_ring *ring = p->ring;
   if ((ring->send.tp->pollfds || ring->recv.tp->pollfds) && gw__waiter_done_spinning(w)) {
     struct pollfd fds[32];
     int n = 0;
@@ -108,7 +113,7 @@ static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r)
 
 /* Before an operation completes, everything it sent must have left user space. */
 static gw_result_t flush(struct prims *p) {
-  struct gw_conn *c = &p->comm->ring.send;
+  struct gw_conn *c = &p->ring->send;
   if (!c->tp->progress) return GW_SUCCESS;
   struct gw_waiter w;
   gw__waiter_init(&w, p->comm->timeout_s);
@@ -122,7 +127,7 @@ static gw_result_t flush(struct prims *p) {
 }
 
 static gw_result_t wait_slot(struct prims *p, size_t bytes, void **slot) {
-  struct gw_conn *c = &p->comm->ring.send;
+  struct gw_conn *c = &p->ring->send;
   size_t cap;
   gw_result_t r = c->tp->send_slot(c, bytes, slot, &cap);
   if (r != GW_INPROGRESS) return r;
@@ -138,14 +143,14 @@ static gw_result_t wait_slot(struct prims *p, size_t bytes, void **slot) {
 static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r);
 
 static gw_result_t post(struct prims *p, size_t bytes) {
-  struct gw_conn *c = &p->comm->ring.send;
+  struct gw_conn *c = &p->ring->send;
   struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = (uint32_t)bytes, .step = p->sent++};
   gw_result_t r = c->tp->send_post(c, &h);
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
 
 static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
-  struct gw_conn *c = &p->comm->ring.recv;
+  struct gw_conn *c = &p->ring->recv;
   const struct gw_chunk_hdr *h;
   gw_result_t r = c->tp->recv_peek(c, &h, data);
   if (r == GW_INPROGRESS) {
@@ -181,12 +186,17 @@ static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
 }
 
 static gw_result_t release(struct prims *p) {
-  struct gw_conn *c = &p->comm->ring.recv;
+  struct gw_conn *c = &p->ring->recv;
   return c->tp->recv_release(c);
 }
 
+static void abort_one(struct gw_comm *comm, struct gw_conn *c, const struct gw_opdesc *desc, const char *msg);
+
 void gw__ring_send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg) {
-  struct gw_conn *c = &comm->ring.send;
+  for (int ch = 0; ch < comm->nchannels; ch++) abort_one(comm, &comm->rings[ch].send, desc, msg);
+}
+
+static void abort_one(struct gw_comm *comm, struct gw_conn *c, const struct gw_opdesc *desc, const char *msg) {
   if (!c->tp) return;
   void *slot;
   size_t cap, want = GW_MIN(strlen(msg), (size_t)comm->conn_params.slot_bytes);
@@ -294,13 +304,13 @@ static inline int mod(int a, int n) { return ((a % n) + n) % n; }
  * blocks of reduce-scatter, allgather and the broadcast root belong to ranks, so
  * those map positions to ranks through ring->order. */
 static gw_result_t ring_allreduce(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->ring.index;
-  const size_t count = p->op->desc.count, es = p->es;
+  const int n = p->comm->nranks, r = p->ring->index;
+  const size_t count = p->count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
   const size_t align = GW_MAX((size_t)1, 64 / es); /* keep blocks cache-line aligned */
   const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
-  const void *in = p->op->sendbuf;
-  void *out = p->op->recvbuf;
+  const void *in = p->in;
+  void *out = p->out;
   size_t off = 0;
   do {
     size_t real = GW_MIN(chunk, GW_ALIGN_UP(GW_DIV_UP(count - off, (size_t)n), align));
@@ -331,14 +341,14 @@ static gw_result_t ring_allreduce(struct prims *p) {
  * of the ring's two.  Rank 0's data is always the first operand, so both ranks
  * compute bit-identical results. */
 static gw_result_t exchange_allreduce(struct prims *p) {
-  const size_t count = p->op->desc.count, es = p->es;
+  const size_t count = p->count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
   const uint32_t div = p->op->desc.op == GW_AVG ? 2 : 0;
   size_t off = 0;
   do {
     size_t len = blk_len(count, off, chunk);
-    GW_CHECK(prim_send(p, cat(p->op->sendbuf, off, es), NULL, len));
-    GW_CHECK(prim_recv_reduce_copy(p, cat(p->op->sendbuf, off, es), at(p->op->recvbuf, off, es), len, div,
+    GW_CHECK(prim_send(p, cat(p->in, off, es), NULL, len));
+    GW_CHECK(prim_recv_reduce_copy(p, cat(p->in, off, es), at(p->out, off, es), len, div,
                                    p->comm->rank == 0));
     off += chunk;
   } while (off < count);
@@ -346,16 +356,16 @@ static gw_result_t exchange_allreduce(struct prims *p) {
 }
 
 static gw_result_t ring_reduce_scatter(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->ring.index;
-  const int *order = p->comm->ring.order;
-  const size_t rc = p->op->desc.count, es = p->es;
+  const int n = p->comm->nranks, r = p->ring->index;
+  const int *order = p->ring->order;
+  const size_t rc = p->stride, count = p->count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
   const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
-  const void *in = p->op->sendbuf;
-  void *out = p->op->recvbuf;
+  const void *in = p->in;
+  void *out = p->out;
   size_t off = 0;
   do {
-    size_t len = blk_len(rc, off, chunk);
+    size_t len = blk_len(count, off, chunk);
     int k = order[mod(r - 1, n)];
     GW_CHECK(prim_send(p, cat(in, (size_t)k * rc + off, es), NULL, len));
     for (int j = 2; j < n; j++) {
@@ -365,20 +375,20 @@ static gw_result_t ring_reduce_scatter(struct prims *p) {
     k = order[r];
     GW_CHECK(prim_recv_reduce_copy(p, cat(in, (size_t)k * rc + off, es), at(out, off, es), len, div, false));
     off += chunk;
-  } while (off < rc);
+  } while (off < count);
   return GW_SUCCESS;
 }
 
 static gw_result_t ring_allgather(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->ring.index, me = p->comm->rank;
-  const int *order = p->comm->ring.order;
-  const size_t sc = p->op->desc.count, es = p->es;
+  const int n = p->comm->nranks, r = p->ring->index, me = p->comm->rank;
+  const int *order = p->ring->order;
+  const size_t sc = p->stride, count = p->count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
-  const void *in = p->op->sendbuf;
-  void *out = p->op->recvbuf;
+  const void *in = p->in;
+  void *out = p->out;
   size_t off = 0;
   do {
-    size_t len = blk_len(sc, off, chunk);
+    size_t len = blk_len(count, off, chunk);
     const uint8_t *own = cat(in, off, es);
     uint8_t *own_out = at(out, (size_t)me * sc + off, es);
     GW_CHECK(prim_send(p, own, own_out == own ? NULL : own_out, len));
@@ -389,17 +399,17 @@ static gw_result_t ring_allgather(struct prims *p) {
     int k = order[mod(r + 1, n)];
     GW_CHECK(prim_recv(p, at(out, (size_t)k * sc + off, es), len));
     off += chunk;
-  } while (off < sc);
+  } while (off < count);
   return GW_SUCCESS;
 }
 
 static gw_result_t ring_broadcast(struct prims *p) {
-  const int n = p->comm->nranks, r = p->comm->ring.index;
-  const size_t count = p->op->desc.count, es = p->es;
+  const int n = p->comm->nranks, r = p->ring->index;
+  const size_t count = p->count, es = p->es;
   const size_t chunk = p->comm->conn_params.slot_bytes / es;
-  const int pos = mod(r - p->comm->ring.pos_of[p->op->desc.root], n); /* distance from the root along the ring */
-  const void *in = p->op->sendbuf;
-  void *out = p->op->recvbuf;
+  const int pos = mod(r - p->ring->pos_of[p->op->desc.root], n); /* distance from the root along the ring */
+  const void *in = p->in;
+  void *out = p->out;
   size_t off = 0;
   do {
     size_t len = blk_len(count, off, chunk);
@@ -425,15 +435,30 @@ static gw_result_t single_rank(const struct gw_op *op, size_t es) {
   return GW_SUCCESS;
 }
 
-gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
-  struct prims p = {.comm = comm, .op = op, .err = err, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype)};
-  if (comm->nranks == 1) return single_rank(op, p.es);
+/* Channel ch's share of [0, total): equal parts aligned to 64 bytes. */
+static void channel_part(size_t total, size_t es, int ch, int nch, size_t *base, size_t *len) {
+  size_t part = GW_ALIGN_UP(GW_DIV_UP(total, (size_t)nch), GW_MAX((size_t)1, 64 / es));
+  size_t b = GW_MIN(total, (size_t)ch * part);
+  *base = b;
+  *len = GW_MIN(part, total - b);
+}
+
+gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const struct gw_op *op, struct gw_errctx *err) {
+  struct prims p = {.comm = comm, .ring = &comm->rings[ch], .op = op, .err = err,
+                    .es = gw_dtype_size((gw_dtype_t)op->desc.dtype)};
+  if (comm->nranks == 1) return ch == 0 ? single_rank(op, p.es) : GW_SUCCESS;
   p.red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op);
   /* Out of place and too big to stay in cache: the output is written once and not
    * read back soon, so skip reading its lines in (see docs/architecture.md). */
   size_t out_bytes = op->desc.count * p.es;
   if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
   p.stream_out = op->sendbuf != op->recvbuf && out_bytes >= (size_t)gw__param_StreamThreshold();
+  /* Each channel moves its own slice: of the buffer, or of every rank's block. */
+  size_t base;
+  channel_part(op->desc.count, p.es, ch, nch, &base, &p.count);
+  p.stride = op->desc.count;
+  p.in = p.count ? cat(op->sendbuf, base, p.es) : NULL;
+  p.out = p.count ? at(op->recvbuf, base, p.es) : NULL;
   gw_result_t res;
   switch (op->desc.coll) {
     case GW_COLL_ALLREDUCE:

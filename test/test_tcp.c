@@ -28,8 +28,8 @@
 static int body_choice(gw_comm_t comm, int rank, int n, void *arg) {
   const char *want = arg;
   (void)n;
-  EXPECT(!strcmp(comm->ring.send.tp->name, want) && !strcmp(comm->ring.recv.tp->name, want),
-         "ring uses %s/%s, expected %s", comm->ring.send.tp->name, comm->ring.recv.tp->name, want);
+  EXPECT(!strcmp(comm->rings[0].send.tp->name, want) && !strcmp(comm->rings[0].recv.tp->name, want),
+         "ring uses %s/%s, expected %s", comm->rings[0].send.tp->name, comm->rings[0].recv.tp->name, want);
   int64_t v = rank + 1;
   EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "sum %lld", (long long)v);
   return 0;
