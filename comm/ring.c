@@ -6,7 +6,9 @@
  * checked against this rank's own call, so ranks that called different
  * collectives fail with a message naming both calls instead of corrupting data.
  * The same code serves every transport; only host memory is handled here. */
+#include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -83,6 +85,39 @@ static gw_result_t pump(struct prims *p) {
   return GW_SUCCESS;
 }
 
+/* Whether a peer on this machine still runs (a zombie counts as dead: its
+ * launcher has not reaped it yet).  Peers elsewhere are watched by their
+ * transport (a closed socket). */
+static bool peer_alive(const struct gw_comm *comm, int peer) {
+  const struct gw_peer_info *pi = &comm->peers[peer];
+  if (strcmp(pi->node_id, comm->peers[comm->rank].node_id) != 0 || pi->pid <= 0) return true;
+  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pi->pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return true;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
+  return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+}
+
+/* While a wait drags on, look every ~1024 slow steps whether the rank we wait
+ * for (on this machine) died (kill -9, crash): fail within a second or so instead
+ * of at the deadline.  Returns true when it is dead. */
+static bool waited_peer_dead(struct prims *p, const struct gw_waiter *w, int peer) {
+  if (!gw__waiter_done_spinning(w) || (w->iter & 1023) != 0) return false;
+  return !peer_alive(p->comm, peer);
+}
+
+static gw_result_t dead_peer_error(struct prims *p, int peer) {
+  char me[160];
+  describe(&p->op->desc, me, sizeof me);
+  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d on this machine) died during operation %s",
+                 p->comm->rank, peer, (int)p->comm->peers[peer].pid, me);
+}
+
 /* One wait step: past the spinning phase, ranks whose connections have file
  * descriptors sleep in poll() until one is ready (at most 1 ms, then look again);
  * otherwise the common back-off.  False once the deadline has passed. */
@@ -134,6 +169,9 @@ static gw_result_t wait_slot(struct prims *p, size_t bytes, void **slot) {
   gw__waiter_init(&w, p->comm->timeout_s);
   while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
     GW_CHECK(pump(p));
+    /* it may have freed the slot just before it exited: look once more */
+    if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)
+      return dead_peer_error(p, c->peer);
     if (!wait_step(p, &w)) return timeout_error(p, "a free slot at", c->peer);
   }
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
@@ -157,6 +195,9 @@ static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
     gw__waiter_init(&w, p->comm->timeout_s);
     while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
+      /* it may have posted the chunk just before it exited: look once more */
+      if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
+        return dead_peer_error(p, c->peer);
       if (!wait_step(p, &w)) return timeout_error(p, "data from", c->peer);
     }
   }

@@ -7,6 +7,7 @@
  * /dev/shm. */
 #include <check.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,32 @@ static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_straggler, NULL, 60), 0); }
+END_TEST
+
+/* ---- a rank killed on this machine: the others fail fast, naming it ---- */
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int body_killed(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  gw_comm_set_timeout(comm, 60);
+  int32_t v = 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == n, "first sum");
+  if (rank == 1) raise(SIGKILL);
+  double t0 = mono_s();
+  gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
+  double took = mono_s() - t0;
+  EXPECT(r == GW_ERR_REMOTE, "returned %s after %.1f s", gw_strerror(r), took);
+  EXPECT(took < 15, "took %.1f s to notice", took);
+  EXPECT(has(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  return 0;
+}
+
+/* rank 1 dies on purpose: exactly one rank fails */
+START_TEST(test_killed_rank_shm) { ck_assert_int_eq(run_ranks(3, body_killed, NULL, 90), 1); }
 END_TEST
 
 /* ---- rendezvous: wrong token refused, world-size mismatch reported ---- */
@@ -314,6 +341,7 @@ int main(void) {
   tcase_add_test(tc, test_mismatched_calls);
   tcase_add_test(tc, test_mismatched_collectives);
   tcase_add_test(tc, test_timeout_names_straggler);
+  tcase_add_test(tc, test_killed_rank_shm);
   tcase_add_test(tc, test_wrong_token_refused);
   tcase_add_test(tc, test_world_size_mismatch);
   tcase_add_test(tc, test_master_absent);
