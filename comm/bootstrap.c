@@ -24,6 +24,7 @@ struct gw_bootstrap {
   int rank, nranks;
   int *socks;      /* rank 0: socks[r] for r >= 1; others: socks[0] to rank 0 */
   int listen_fd;
+  bool told_error; /* rank 0 sent ERROR frames: close those sockets gracefully */
   char master[300];
   double timeout_s;
 };
@@ -191,9 +192,25 @@ static bool tokens_equal(const char *a, uint32_t alen, const char *b, size_t ble
   return diff == 0;
 }
 
+/* Closes a socket the peer may still have written to without a reset: a reset
+ * would make the peer's kernel drop our last frame (the reason it was refused)
+ * before the peer reads it.  Shut our side, read until the peer closes or a
+ * short deadline passes, then close. */
+static void close_gracefully(int fd, double deadline) {
+  shutdown(fd, SHUT_WR);
+  char sink[512];
+  for (;;) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int ms = (int)(remaining(deadline) * 1000.0);
+    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) break;
+    if (recv(fd, sink, sizeof sink, 0) <= 0) break;
+  }
+  close(fd);
+}
+
 static void refuse(int fd, const char *why, double deadline) {
   send_frame(fd, GW_BOOT_ERROR, why, strlen(why), deadline);
-  close(fd);
+  close_gracefully(fd, GW_MIN(deadline, gw__now() + 2.0));
 }
 
 /* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes. */
@@ -248,6 +265,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       /* A job whose ranks disagree cannot run: tell everyone who joined so far. */
       for (int r = 1; r < bs->nranks; r++)
         if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, why, strlen(why), hello_deadline);
+      bs->told_error = true;
       return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: %s", why);
     }
     bs->socks[h.rank] = fd;
@@ -314,6 +332,7 @@ static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, s
 /* Rank 0 tells every other rank why the job cannot go on (best effort). */
 static void root_broadcast_error(struct gw_bootstrap *bs, const char *msg) {
   double deadline = gw__now() + 1.0;
+  bs->told_error = true;
   for (int r = 1; r < bs->nranks; r++)
     if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
 }
@@ -372,9 +391,13 @@ gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err
 
 void gw__bootstrap_free(struct gw_bootstrap *bs) {
   if (!bs) return;
+  double deadline = gw__now() + 1.0;
   if (bs->socks)
-    for (int r = 0; r < (bs->rank == 0 ? bs->nranks : 1); r++)
-      if (bs->socks[r] >= 0) close(bs->socks[r]);
+    for (int r = 0; r < (bs->rank == 0 ? bs->nranks : 1); r++) {
+      if (bs->socks[r] < 0) continue;
+      if (bs->told_error) close_gracefully(bs->socks[r], deadline);
+      else close(bs->socks[r]);
+    }
   if (bs->listen_fd >= 0) close(bs->listen_fd);
   free(bs->socks);
   free(bs);
