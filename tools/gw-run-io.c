@@ -319,6 +319,8 @@ void gw__run_conn_close(struct conn *c)
 
 bool gw__run_out_add(struct conn *c, const void *p, size_t n)
 {
+    if (n == 0)
+        return true; /* nothing to queue (p may be NULL) */
     if (c->outlen + n > MAX_OUT)
         return false;
     if (c->outlen + n > c->outcap) {
