@@ -1,0 +1,132 @@
+/* backend.h - the one table of operations a compute backend provides to run the
+ * layers of resnet.h: the cpu backend (oneDNN, backend_cpu.c) now, a cuDNN one
+ * beside it later, chosen by the trainer without the model code changing.
+ *
+ * This is an interface, not an executor: it does not decide the order of layers,
+ * where activations live or when gradients are ready (the training loop does).
+ *
+ * Conventions every backend follows:
+ * - Tensors are fp32 in PyTorch's plain layouts: activations NCHW, conv weights
+ *   OIHW, fc weight [classes, features]; in memory the backend can address (host
+ *   for cpu, device for cudnn: see alloc/upload/download).  A backend may reorder
+ *   internally (oneDNN's blocked formats) but every pointer crossing this table is
+ *   plain, so any tensor can be compared with PyTorch's directly.
+ * - A layer is planned once (op_create: shapes, batch size and algorithm fixed,
+ *   primitives and scratch memory made) and run many times with new pointers.
+ * - Outputs are overwritten, never accumulated (where a tensor has two consumers,
+ *   as a block's input has, the executor sums the two gradients with `add`).
+ * - Every call returns gw_result_t; on failure gw_model_last_error() says which
+ *   operation, which shape and what the library reported.
+ */
+#ifndef GW_MODEL_BACKEND_H
+#define GW_MODEL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gw_config.h"
+#include "resnet.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gw_backend;  /* one instance: engine, stream, thread settings */
+struct gw_op;       /* one planned layer */
+
+struct gw_backend_config {
+  int threads;      /* compute threads for this rank; 0 keeps the runtime's default */
+};
+
+/* One layer at one batch size.  Shapes are per the layer kind:
+ *   CONV     x [n, c, h, w], w [k, c, kernel, kernel], y [n, k, p, q]
+ *   BN       x, y [n, c, h, w] (k = c, p = h, q = w); eps, momentum as PyTorch
+ *   RELU, ADD x, y [n, c, h, w]
+ *   MAXPOOL  x [n, c, h, w], y [n, c, p, q]
+ *   AVGPOOL  x [n, c, h, w], y [n, c, 1, 1]
+ *   FC       x [n, c * h * w], w [k, c * h * w], b [k], y [n, k]
+ *   LOSS     logits [n, k], labels [n] (the softmax cross-entropy; see loss_fwd_bwd) */
+enum { GW_OP_LOSS = 100 };
+struct gw_op_desc {
+  int kind;                  /* enum gw_layer_kind, or GW_OP_LOSS */
+  int n;                     /* batch */
+  int c, h, w;               /* input, one sample */
+  int k, p, q;               /* output channels, height, width */
+  int kernel, stride, pad;   /* CONV, MAXPOOL (pad on every side) */
+  float eps, momentum;       /* BN: 1e-5 and 0.1 in torchvision */
+  float label_smoothing;     /* LOSS: 0 for plain cross-entropy */
+};
+
+/* The description of model layer i at batch size n (BN: eps 1e-5, momentum 0.1). */
+void gw_model_op_desc(const struct gw_model *m, int layer, int n, struct gw_op_desc *d);
+
+struct gw_backend_ops {
+  const char *name;          /* "cpu", "cudnn" */
+  gw_result_t (*create)(const struct gw_backend_config *cfg, struct gw_backend **b);
+  void (*destroy)(struct gw_backend *b);             /* accepts NULL */
+
+  /* Memory the backend computes on (64-byte aligned host memory for cpu). */
+  void *(*alloc)(struct gw_backend *b, size_t bytes);
+  void (*dealloc)(struct gw_backend *b, void *p);
+  gw_result_t (*upload)(struct gw_backend *b, void *dst, const void *host_src, size_t bytes);
+  gw_result_t (*download)(struct gw_backend *b, void *host_dst, const void *src, size_t bytes);
+
+  gw_result_t (*op_create)(struct gw_backend *b, const struct gw_op_desc *d, struct gw_op **op);
+  void (*op_destroy)(struct gw_op *op);              /* accepts NULL */
+
+  /* Convolution without bias.  bwd_data: dx [n, c, h, w] from dy [n, k, p, q];
+   * bwd_weights: dw [k, c, kernel, kernel] from x and dy. */
+  gw_result_t (*conv_fwd)(struct gw_op *op, const float *x, const float *w, float *y);
+  gw_result_t (*conv_bwd_data)(struct gw_op *op, const float *dy, const float *w, float *dx);
+  gw_result_t (*conv_bwd_weights)(struct gw_op *op, const float *x, const float *dy, float *dw);
+
+  /* Batch norm.  Training: normalizes with the batch statistics, writes them to
+   * save_mean / save_rstd [c] (1/sqrt(var + eps), biased var) for backward, and
+   * updates running_mean / running_var [c] with momentum and the UNBIASED variance
+   * (PyTorch's rule).  Inference uses the running statistics. */
+  gw_result_t (*bn_fwd_train)(struct gw_op *op, const float *x, const float *gamma, const float *beta, float *y,
+                              float *save_mean, float *save_rstd, float *running_mean, float *running_var);
+  gw_result_t (*bn_fwd_infer)(struct gw_op *op, const float *x, const float *gamma, const float *beta,
+                              const float *running_mean, const float *running_var, float *y);
+  gw_result_t (*bn_bwd)(struct gw_op *op, const float *x, const float *dy, const float *gamma,
+                        const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta);
+
+  /* ReLU (y may alias x; bwd takes the forward output y). */
+  gw_result_t (*relu_fwd)(struct gw_op *op, const float *x, float *y);
+  gw_result_t (*relu_bwd)(struct gw_op *op, const float *y, const float *dy, float *dx);
+
+  /* Max pool keeps the argmax positions in `workspace` (workspace_bytes(op) bytes,
+   * the executor's memory) for backward. */
+  size_t (*workspace_bytes)(struct gw_op *op);
+  gw_result_t (*maxpool_fwd)(struct gw_op *op, const float *x, float *y, void *workspace);
+  gw_result_t (*maxpool_bwd)(struct gw_op *op, const float *dy, const void *workspace, float *dx);
+
+  /* Global average pool. */
+  gw_result_t (*avgpool_fwd)(struct gw_op *op, const float *x, float *y);
+  gw_result_t (*avgpool_bwd)(struct gw_op *op, const float *dy, float *dx);
+
+  /* Fully connected: y = x w^T + b; backward gives dx, dw, db. */
+  gw_result_t (*fc_fwd)(struct gw_op *op, const float *x, const float *w, const float *b, float *y);
+  gw_result_t (*fc_bwd)(struct gw_op *op, const float *x, const float *w, const float *dy, float *dx, float *dw,
+                        float *db);
+
+  /* Residual add, also the sum of two gradients: y = a + b (y may alias a or b). */
+  gw_result_t (*add)(struct gw_op *op, const float *a, const float *b, float *y);
+
+  /* Softmax cross-entropy with label smoothing, mean over the batch (PyTorch's
+   * CrossEntropyLoss(label_smoothing=s)): *loss (host) and dlogits [n, k]. */
+  gw_result_t (*loss_fwd_bwd)(struct gw_op *op, const float *logits, const int32_t *labels, float *loss,
+                              float *dlogits);
+};
+
+#if GW_HAVE_ONEDNN
+/* oneDNN on the host.  Implemented so far: create/destroy, memory, op_create for
+ * CONV and conv_fwd; every other entry is NULL until it lands (see
+ * backend_cpu.c's header comment). */
+extern const struct gw_backend_ops gw_backend_cpu;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GW_MODEL_BACKEND_H */

@@ -1,0 +1,43 @@
+/* model_internal.h - the inside of struct gw_model, shared by the files of model/
+ * that build, initialize and (later) execute it.  Not for the trainer's tools: they
+ * use the accessors of resnet.h. */
+#ifndef GW_MODEL_INTERNAL_H
+#define GW_MODEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "resnet.h"
+
+struct gw_model {
+  struct gw_model_config cfg;
+  struct gw_layer *layers; /* [nlayers] in forward order */
+  int nlayers, cap_layers;
+  struct gw_act *acts;     /* [nacts]: 0 is the input, nacts - 1 the logits */
+  int nacts, cap_acts;
+  struct gw_tensor *params_t;  /* [nparams_t] in named_parameters() order */
+  int nparams_t, cap_params_t;
+  struct gw_tensor *buffers_t; /* [nbuffers_t] in named_buffers() order */
+  int nbuffers_t, cap_buffers_t;
+  int oom;                 /* an allocation failed while building */
+
+  size_t num_params;       /* scalars in param_data / grad_data */
+  size_t num_running;      /* scalars in running_data */
+  size_t num_counters;     /* entries in counter_data (one per BN) */
+  float *param_data;       /* [num_params], reverse forward order, 64-byte aligned */
+  float *grad_data;        /* [num_params], same layout */
+  float *running_data;     /* [num_running]: per BN running_mean[C] then running_var[C] */
+  int64_t *counter_data;   /* [num_counters]: per BN num_batches_tracked */
+};
+
+/* Records this thread's error message (gw_model_last_error) and returns code. */
+gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Returns a failure at once (the message is already recorded). */
+#define GW_MODEL_TRY(call)                                                           \
+  do {                                                                               \
+    gw_result_t gw_model_try_res_ = (call);                                          \
+    if (gw_model_try_res_ != GW_SUCCESS) return gw_model_try_res_;                   \
+  } while (0)
+
+#endif
