@@ -2,14 +2,28 @@
 # ./test.sh - installs what is missing, builds into build/ with warnings as
 # errors, runs every test suite with `meson test`, and ends with one line:
 # "N passed, N failed, N skipped" (meson's counts).
+#   ./test.sh --sanitize=address   the same in build-asan/ with ASan + UBSan
+#   ./test.sh --sanitize=thread    the same in build-tsan/ with TSan
+# Other arguments go to `meson test` (a test name, --suite grid, ...).
 set -uo pipefail
 cd "$(dirname "$0")"
 . scripts/deps.sh
+dir=build
+extra=()
+if [[ ${1:-} == --sanitize=* ]]; then
+  case "${1#--sanitize=}" in
+    address) dir=build-asan; extra=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized)
+             export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} ;;
+    thread) dir=build-tsan; extra=(-Db_sanitize=thread -Db_lundef=false -Dbuildtype=debugoptimized) ;;
+    *) echo "test.sh: --sanitize takes address or thread" >&2; exit 2 ;;
+  esac
+  shift
+fi
 gw_install_deps || exit 1
-gw_build build || { echo "build failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+gw_build "$dir" "${extra[@]}" || { echo "build failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
-log=build/meson-logs/test-summary.txt
-meson test -C build --print-errorlogs "$@" 2>&1 | tee "$log"
+log=$dir/meson-logs/test-summary.txt
+meson test -C "$dir" --print-errorlogs "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 count() { awk -v k="$1" '$0 ~ "^"k":" {print $NF; exit}' "$log"; }
 ok=$(count "Ok"); fail=$(count "Fail"); xpass=$(count "Unexpected Pass"); tmo=$(count "Timeout"); skip=$(count "Skipped")

@@ -18,13 +18,15 @@ gw_install_deps() {
     { echo "apt-get install ${missing[*]} failed" >&2; return 1; }
 }
 
-# Configures build/ (warnings are errors, as in CI) and compiles it.
+# Configures DIR (default build/; warnings are errors, as in CI) with any extra
+# meson options, and compiles it.
 gw_build() {
   local dir="${1:-build}"
+  shift || true
   if [ -f "$dir/build.ninja" ]; then
-    meson setup --reconfigure "$dir" -Dwerror=true >/dev/null || return 1
+    meson setup --reconfigure "$dir" -Dwerror=true "$@" >/dev/null || return 1
   else
-    meson setup "$dir" -Dwerror=true >/dev/null || return 1
+    meson setup "$dir" -Dwerror=true "$@" >/dev/null || return 1
   fi
   meson compile -C "$dir" >/dev/null || meson compile -C "$dir"
 }
