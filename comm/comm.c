@@ -352,6 +352,13 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
   return GW_SUCCESS;
 }
 
+gw_result_t gw_comm_abort(gw_comm_t comm) {
+  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  atomic_store(&comm->aborted, true);
+  GW_WARN(GW_SUB_INIT, "rank %d: communicator aborted by gw_comm_abort", comm->rank);
+  return GW_SUCCESS;
+}
+
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
   if (!comm || !rank) return GW_ERR_INVALID_ARGUMENT;
   *rank = comm->rank;

@@ -80,6 +80,7 @@ struct gw_comm {
   /* Once an operation fails the ring may hold half-sent chunks, so the
    * communicator refuses further operations with the first failure's code. */
   _Atomic int failed;
+  _Atomic bool aborted; /* gw_comm_abort: every wait gives up */
   pthread_mutex_t err_mu;
   char last_error[GW_ERRMSG_MAX];
   char first_error[GW_ERRMSG_MAX];

@@ -114,6 +114,7 @@ const char *gw_strerror(gw_result_t r) {
     case GW_ERR_UNSUPPORTED: return "unsupported";
     case GW_ERR_CUDA: return "CUDA error";
     case GW_INPROGRESS: return "in progress";
+    case GW_ERR_ABORTED: return "aborted";
   }
   return "unknown result code";
 }

@@ -11,6 +11,13 @@
 #include "comm.h"
 
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  if (atomic_load(&comm->aborted) && !atomic_load(&comm->failed)) {
+    int expected = 0;
+    atomic_compare_exchange_strong(&comm->failed, &expected, (int)GW_ERR_ABORTED);
+    pthread_mutex_lock(&comm->err_mu);
+    snprintf(comm->first_error, sizeof comm->first_error, "rank %d: aborted by gw_comm_abort", comm->rank);
+    pthread_mutex_unlock(&comm->err_mu);
+  }
   int failed = atomic_load(&comm->failed);
   if (failed) {
     char first[GW_ERRMSG_MAX];

@@ -32,7 +32,8 @@ typedef enum {
   GW_ERR_INTERNAL = 5,         /* a bug in gradwire: please report it */
   GW_ERR_UNSUPPORTED = 6,      /* not available in this build or on this system */
   GW_ERR_CUDA = 7,             /* a CUDA call failed */
-  GW_INPROGRESS = 8            /* gw_test: the operation has not finished yet */
+  GW_INPROGRESS = 8,           /* gw_test: the operation has not finished yet */
+  GW_ERR_ABORTED = 9           /* gw_comm_abort was called on the communicator */
 } gw_result_t;
 
 typedef enum {
@@ -73,6 +74,11 @@ gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *mast
 
 /* Frees everything the communicator holds; accepts NULL. */
 gw_result_t gw_comm_destroy(gw_comm_t comm);
+
+/* From any thread: every operation of comm that is waiting, and every later one,
+ * fails with GW_ERR_ABORTED (peers are told, as for any failure).  Destroy the
+ * communicator afterwards; a new one can be made. */
+gw_result_t gw_comm_abort(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);
 gw_result_t gw_comm_size(gw_comm_t comm, int *size);

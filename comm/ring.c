@@ -118,11 +118,20 @@ static gw_result_t dead_peer_error(struct prims *p, int peer) {
                  p->comm->rank, peer, (int)p->comm->peers[peer].pid, me);
 }
 
+static gw_result_t aborted_error(struct prims *p) {
+  char me[160];
+  describe(&p->op->desc, me, sizeof me);
+  return gw__err(p->err, GW_ERR_ABORTED, "rank %d: operation %s stopped: the communicator was aborted (gw_comm_abort)",
+                 p->comm->rank, me);
+}
+
 /* One wait step: past the spinning phase, ranks whose connections have file
  * descriptors sleep in poll() until one is ready (at most 1 ms, then look again);
- * otherwise the common back-off.  False once the deadline has passed. */
+ * otherwise the common back-off.  False once the deadline has passed or the
+ * communicator was aborted (the caller tells which by looking at `aborted`). */
 static bool wait_step(struct prims *p, struct gw_waiter *w) {
   struct gw_ring *ring = p->ring;
+  if (atomic_load_explicit(&p->comm->aborted, memory_order_relaxed)) return false;
   if ((ring->send.tp->pollfds || ring->recv.tp->pollfds) && gw__waiter_done_spinning(w)) {
     struct pollfd fds[32];
     int n = 0;
@@ -156,7 +165,7 @@ static gw_result_t flush(struct prims *p) {
     if (r == GW_SUCCESS) return GW_SUCCESS;
     if (r != GW_INPROGRESS) return r;
     GW_CHECK(pump(p));
-    if (!wait_step(p, &w)) return timeout_error(p, "its socket to drain towards", c->peer);
+    if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer);
   }
 }
 
@@ -172,7 +181,7 @@ static gw_result_t wait_slot(struct prims *p, size_t bytes, void **slot) {
     /* it may have freed the slot just before it exited: look once more */
     if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)
       return dead_peer_error(p, c->peer);
-    if (!wait_step(p, &w)) return timeout_error(p, "a free slot at", c->peer);
+    if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "a free slot at", c->peer);
   }
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
@@ -198,7 +207,7 @@ static gw_result_t wait_recv(struct prims *p, const void **data, size_t bytes) {
       /* it may have posted the chunk just before it exited: look once more */
       if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
         return dead_peer_error(p, c->peer);
-      if (!wait_step(p, &w)) return timeout_error(p, "data from", c->peer);
+      if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "data from", c->peer);
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);

@@ -7,6 +7,7 @@
  * /dev/shm. */
 #include <check.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +160,48 @@ static int body_killed(gw_comm_t comm, int rank, int n, void *arg) {
 
 /* rank 1 dies on purpose: exactly one rank fails */
 START_TEST(test_killed_rank_shm) { ck_assert_int_eq(run_ranks(3, body_killed, NULL, 90), 1); }
+END_TEST
+
+/* ---- gw_comm_abort from another thread unblocks a waiting call ---- */
+struct abort_arg {
+  gw_comm_t comm;
+};
+
+static void *abort_later(void *argp) {
+  struct abort_arg *a = argp;
+  struct timespec ts = {0, 300 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  gw_comm_abort(a->comm);
+  return NULL;
+}
+
+static int body_abort(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 60);
+  if (rank == 1) { /* stays alive and never calls until rank 0 has aborted */
+    sleep(3);
+    return 0;
+  }
+  struct abort_arg a = {comm};
+  pthread_t t;
+  pthread_create(&t, NULL, abort_later, &a);
+  double t0 = mono_s();
+  float x = 1;
+  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  double took = mono_s() - t0;
+  pthread_join(t, NULL);
+  EXPECT(r == GW_ERR_ABORTED && took < 5, "returned %s after %.1f s", gw_strerror(r), took);
+  EXPECT(has(gw_comm_last_error(comm), "aborted"), "message: %s", gw_comm_last_error(comm));
+  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_ERR_ABORTED, "later call not refused");
+  /* a fresh communicator works afterwards */
+  gw_comm_t solo;
+  EXPECT(gw_comm_init(&solo, 1, 0, NULL) == GW_SUCCESS, "new communicator");
+  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, solo, NULL) == GW_SUCCESS, "new communicator's call");
+  gw_comm_destroy(solo);
+  return 0;
+}
+
+START_TEST(test_abort_unblocks) { ck_assert_int_eq(run_ranks(2, body_abort, NULL, 60), 0); }
 END_TEST
 
 /* ---- rendezvous: wrong token refused, world-size mismatch reported ---- */
@@ -342,6 +385,7 @@ int main(void) {
   tcase_add_test(tc, test_mismatched_collectives);
   tcase_add_test(tc, test_timeout_names_straggler);
   tcase_add_test(tc, test_killed_rank_shm);
+  tcase_add_test(tc, test_abort_unblocks);
   tcase_add_test(tc, test_wrong_token_refused);
   tcase_add_test(tc, test_world_size_mismatch);
   tcase_add_test(tc, test_master_absent);
