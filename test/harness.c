@@ -63,7 +63,11 @@ int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s) {
   fflush(NULL);
   for (int r = 0; r < nranks; r++) {
     pid_t p = fork();
-    if (p == 0) _exit(body(r, nranks, master, arg));
+    if (p == 0) {
+      int rc = body(r, nranks, master, arg);
+      fflush(NULL); /* _exit skips stdio: keep what the rank printed */
+      _exit(rc);
+    }
     pids[r] = p;
   }
   int failed = 0, left = nranks;
