@@ -213,6 +213,13 @@ static void refuse(int fd, const char *why, double deadline) {
   close_gracefully(fd, GW_MIN(deadline, gw__now() + 2.0));
 }
 
+/* Reads one HELLO frame: header, kind, exact length, then the body. */
+static bool read_hello(int fd, struct gw_boot_hello *h, double deadline) {
+  struct gw_boot_frame f;
+  return recv_frame_hdr(fd, &f, deadline) == GW_SUCCESS && f.kind == GW_BOOT_HELLO && f.len == sizeof *h &&
+         io_all(fd, h, sizeof *h, false, deadline) == GW_SUCCESS;
+}
+
 /* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes. */
 static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, double deadline,
                                    struct gw_errctx *err) {
@@ -240,10 +247,8 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     getnameinfo((struct sockaddr *)&from, fl, who, sizeof who, NULL, 0, NI_NUMERICHOST);
     /* A stranger gets a few seconds to say hello, so it cannot stall the job. */
     double hello_deadline = GW_MIN(deadline, gw__now() + 5.0);
-    struct gw_boot_frame f;
     struct gw_boot_hello h;
-    if (recv_frame_hdr(fd, &f, hello_deadline) != GW_SUCCESS || f.kind != GW_BOOT_HELLO ||
-        f.len != sizeof h || io_all(fd, &h, sizeof h, false, hello_deadline) != GW_SUCCESS) {
+    if (!read_hello(fd, &h, hello_deadline)) {
       GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", who, bs->master);
       close(fd);
       continue;

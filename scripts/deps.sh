@@ -4,7 +4,7 @@
 # everything is there).  Sourced by run.sh and test.sh.
 gw_install_deps() {
   local pkgs=(meson ninja-build pkg-config gcc libc6-dev check python3 iproute2 util-linux
-              libopenmpi-dev openmpi-bin g++ libgloo-dev)
+              libopenmpi-dev openmpi-bin g++ libgloo-dev clang libclang-rt-14-dev)
   local missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
