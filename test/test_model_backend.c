@@ -1,8 +1,16 @@
-/* test_model_backend.c - the cpu backend (model/backend_cpu.c, oneDNN) against
- * naive references written here in double precision: convolution forward over a
- * grid of shapes (strides, paddings, 1x1 / 3x3 / 7x7 kernels, non-square inputs)
- * and over every convolution of two small ResNets, plus the messages for shapes it
- * refuses.  Exits 77 (skipped) when the build has no oneDNN.
+/* test_model_backend.c - the cpu backend (model/backend_cpu*.c, oneDNN) against
+ * naive references written here in double precision, every output buffer
+ * prefilled with NaN so an unwritten element fails: convolution forward and both
+ * backwards over a grid of shapes (strides, paddings, 1x1 / 3x3 / 5x5 / 7x7
+ * kernels, odd and non-square inputs), forward over every convolution of two small
+ * ResNets, and finite differences through the backend's own forward; ReLU and add
+ * (exact); batch norm training / inference / backward, the running-statistics
+ * update to the bit as PyTorch computes it, and finite differences; max pool and
+ * global average pool forward and backward; fully connected; softmax
+ * cross-entropy with label smoothing (closed form and finite differences); every
+ * layer of three small ResNets planning; the messages for what it refuses.  Exits
+ * 77 (skipped) when the build has no oneDNN.  Each test states its tolerance; the
+ * convolutions' is:
  *
  * Tolerance: |y - ref| <= 1e-5 * sum_i |x_i * w_i| for each output, i.e. relative
  * to the magnitude of the terms summed; a float sum of n terms in any order is
@@ -176,6 +184,647 @@ START_TEST(test_conv_fwd_model_layers) {
 }
 END_TEST
 
+/* Compares out [n] with a double reference: |out - ref| <= rel * mag + abs_tol for
+ * each element (mag: the magnitude of the terms summed into it).  NaN fails. */
+static void compare(const float *out, const double *ref, const double *mag, size_t n, double rel, double abs_tol,
+                    const char *label) {
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; i++) {
+    double err = fabs((double)out[i] - ref[i]), tol = rel * (mag ? mag[i] : fabs(ref[i])) + abs_tol;
+    if (!(err <= tol)) {
+      if (!bad) first = i;
+      bad++;
+    }
+  }
+  ck_assert_msg(bad == 0, "%s: %zu of %zu off, first [%zu] = %.9g, want %.9g (terms %.3g)", label, bad, n, first,
+                (double)out[first], ref[first], mag ? mag[first] : fabs(ref[first]));
+}
+
+static void nan_fill(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+/* The gradients of the convolution, in double: dx [n, c, h, w] from dy and w, dw
+ * [k, c, kernel, kernel] from x and dy, each with the magnitude of its terms. */
+static void conv_bwd_ref(const struct gw_op_desc *d, const float *x, const float *w, const float *dy, double *dx,
+                         double *dxmag, double *dw, double *dwmag) {
+  size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
+  memset(dx, 0, nx * sizeof *dx), memset(dxmag, 0, nx * sizeof *dxmag);
+  memset(dw, 0, nw * sizeof *dw), memset(dwmag, 0, nw * sizeof *dwmag);
+  for (int n = 0; n < d->n; n++)
+    for (int k = 0; k < d->k; k++)
+      for (int p = 0; p < d->p; p++)
+        for (int q = 0; q < d->q; q++) {
+          double g = dy[(((size_t)n * d->k + k) * d->p + p) * d->q + q];
+          for (int c = 0; c < d->c; c++)
+            for (int r = 0; r < d->kernel; r++) {
+              int ih = p * d->stride - d->pad + r;
+              if (ih < 0 || ih >= d->h) continue;
+              for (int t = 0; t < d->kernel; t++) {
+                int iw = q * d->stride - d->pad + t;
+                if (iw < 0 || iw >= d->w) continue;
+                size_t xi = (((size_t)n * d->c + c) * d->h + ih) * d->w + iw;
+                size_t wi = (((size_t)k * d->c + c) * d->kernel + r) * d->kernel + t;
+                dx[xi] += g * w[wi], dxmag[xi] += fabs(g * w[wi]);
+                dw[wi] += g * x[xi], dwmag[wi] += fabs(g * x[xi]);
+              }
+            }
+        }
+}
+
+/* conv_bwd_data and conv_bwd_weights against conv_bwd_ref, twice with new
+ * buffers, after a forward on the same op (so the steps share nothing stale). */
+static void check_conv_bwd(struct gw_backend *b, const struct gw_op_desc *d, const char *label) {
+  size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
+  size_t ny = (size_t)d->n * d->k * d->p * d->q;
+  float *x = be->alloc(b, nx * 4), *w = be->alloc(b, nw * 4), *y = be->alloc(b, ny * 4), *dy = be->alloc(b, ny * 4);
+  float *dx = be->alloc(b, nx * 4), *dw = be->alloc(b, nw * 4);
+  double *rdx = malloc(nx * 8), *mdx = malloc(nx * 8), *rdw = malloc(nw * 8), *mdw = malloc(nw * 8);
+  ck_assert(x && w && y && dy && dx && dw && rdx && mdx && rdw && mdw);
+  struct gw_op *op = NULL;
+  ck_assert_msg(be->op_create(b, d, &op) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+  for (int round = 0; round < 2; round++) {
+    fill(x, nx, 3000 + (uint64_t)round), fill(w, nw, 4000 + (uint64_t)round), fill(dy, ny, 5000 + (uint64_t)round);
+    ck_assert_msg(be->conv_fwd(op, x, w, y) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+    nan_fill(dx, nx), nan_fill(dw, nw);
+    ck_assert_msg(be->conv_bwd_data(op, dy, w, dx) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+    ck_assert_msg(be->conv_bwd_weights(op, x, dy, dw) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+    conv_bwd_ref(d, x, w, dy, rdx, mdx, rdw, mdw);
+    char l2[160];
+    snprintf(l2, sizeof l2, "%s round %d dx", label, round);
+    compare(dx, rdx, mdx, nx, 1e-5, 0, l2);
+    snprintf(l2, sizeof l2, "%s round %d dw", label, round);
+    compare(dw, rdw, mdw, nw, 1e-5, 0, l2);
+  }
+  be->op_destroy(op);
+  float *f[] = {x, w, y, dy, dx, dw};
+  for (int i = 0; i < 6; i++) be->dealloc(b, f[i]);
+  free(rdx), free(mdx), free(rdw), free(mdw);
+}
+
+START_TEST(test_conv_bwd_grid) {
+  static const int shapes[][8] = {
+      /* n, c, h, w, k, kernel, stride, pad */
+      {2, 3, 11, 11, 5, 3, 1, 1},  {2, 4, 9, 9, 8, 3, 2, 1},   {1, 3, 33, 33, 16, 7, 2, 3},
+      {3, 16, 8, 8, 32, 1, 2, 0},  {2, 16, 7, 7, 16, 1, 1, 0}, {2, 32, 14, 14, 64, 3, 1, 1},
+      {2, 5, 10, 7, 6, 3, 2, 1},   {1, 8, 6, 6, 8, 3, 1, 0},   {2, 1, 28, 28, 8, 3, 1, 1},
+      {1, 24, 5, 5, 40, 5, 3, 2},
+  };
+  struct gw_backend *b = backend();
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int *s = shapes[i];
+    struct gw_op_desc d = conv_desc(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]);
+    char label[96];
+    snprintf(label, sizeof label, "bwd n%d c%d %dx%d k%d kernel%d stride%d pad%d", s[0], s[1], s[2], s[3], s[4],
+             s[5], s[6], s[7]);
+    check_conv_bwd(b, &d, label);
+  }
+  be->destroy(b);
+}
+END_TEST
+
+/* Finite differences through the backend's own forward on a tiny convolution: with
+ * L = sum(y * g), dL/dw = conv_bwd_weights(x, g) and dL/dx = conv_bwd_data(g, w).
+ * L is linear in each, so a central difference with a large step (0.25) is exact
+ * but for float rounding of y (about 1e-7 of |y|, over 2 * 0.25). */
+START_TEST(test_conv_bwd_finite_difference) {
+  struct gw_backend *b = backend();
+  struct gw_op_desc d = conv_desc(2, 2, 5, 5, 3, 3, 2, 1);
+  size_t nx = 2 * 2 * 5 * 5, nw = 3 * 2 * 3 * 3, ny = (size_t)2 * 3 * d.p * d.q;
+  float *x = be->alloc(b, nx * 4), *w = be->alloc(b, nw * 4), *y = be->alloc(b, ny * 4), *g = be->alloc(b, ny * 4);
+  float *dx = be->alloc(b, nx * 4), *dw = be->alloc(b, nw * 4);
+  fill(x, nx, 11), fill(w, nw, 12), fill(g, ny, 13);
+  struct gw_op *op = NULL;
+  ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert(be->conv_bwd_data(op, g, w, dx) == GW_SUCCESS);
+  ck_assert(be->conv_bwd_weights(op, x, g, dw) == GW_SUCCESS);
+  const double h = 0.25;
+  for (int which = 0; which < 2; which++) {
+    float *t = which ? w : x, *grad = which ? dw : dx;
+    size_t nt = which ? nw : nx;
+    for (size_t i = 0; i < nt; i += 3) {
+      double l[2];
+      float keep = t[i];
+      for (int sgn = 0; sgn < 2; sgn++) {
+        t[i] = (float)(keep + (sgn ? h : -h));
+        ck_assert(be->conv_fwd(op, x, w, y) == GW_SUCCESS);
+        l[sgn] = 0;
+        for (size_t j = 0; j < ny; j++) l[sgn] += (double)y[j] * g[j];
+      }
+      t[i] = keep;
+      double fd = (l[1] - l[0]) / (2 * h);
+      ck_assert_msg(fabs(fd - grad[i]) <= 1e-4 * (1 + fabs(fd)), "%s[%zu]: backend %.7g, finite difference %.7g",
+                    which ? "dw" : "dx", i, (double)grad[i], fd);
+    }
+  }
+  be->op_destroy(op);
+  float *f[] = {x, w, y, g, dx, dw};
+  for (int i = 0; i < 6; i++) be->dealloc(b, f[i]);
+  be->destroy(b);
+}
+END_TEST
+
+static struct gw_op_desc same_desc(int kind, int n, int c, int h, int w) {
+  struct gw_op_desc d = {.kind = kind, .n = n, .c = c, .h = h, .w = w, .k = c, .p = h, .q = w};
+  return d;
+}
+
+/* ReLU forward (out of place and in place) and backward from the output, exactly:
+ * y = max(x, 0), dx = y > 0 ? dy : 0 (PyTorch's threshold_backward).  Some inputs
+ * are exactly 0 and -0. */
+START_TEST(test_relu) {
+  static const int shapes[][4] = {{2, 3, 7, 5}, {1, 16, 8, 8}, {3, 5, 1, 1}, {2, 64, 14, 14}};
+  struct gw_backend *b = backend();
+  for (size_t si = 0; si < 4; si++) {
+    const int *s = shapes[si];
+    struct gw_op_desc d = same_desc(GW_LAYER_RELU, s[0], s[1], s[2], s[3]);
+    size_t n = (size_t)s[0] * s[1] * s[2] * s[3];
+    float *x = be->alloc(b, n * 4), *y = be->alloc(b, n * 4), *dy = be->alloc(b, n * 4), *dx = be->alloc(b, n * 4);
+    fill(x, n, 21 + si), fill(dy, n, 22 + si);
+    for (size_t i = 0; i < n; i += 7) x[i] = (i % 14) ? 0.f : -0.f;
+    struct gw_op *op = NULL;
+    ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+    nan_fill(y, n), nan_fill(dx, n);
+    ck_assert(be->relu_fwd(op, x, y) == GW_SUCCESS);
+    ck_assert(be->relu_bwd(op, y, dy, dx) == GW_SUCCESS);
+    for (size_t i = 0; i < n; i++) {
+      float want = x[i] > 0 ? x[i] : 0.f;
+      ck_assert_msg(y[i] == want, "relu shape %zu y[%zu] = %g, want %g", si, i, (double)y[i], (double)want);
+      float gwant = y[i] > 0 ? dy[i] : 0.f;
+      ck_assert_msg(dx[i] == gwant, "relu shape %zu dx[%zu] = %g, want %g", si, i, (double)dx[i], (double)gwant);
+    }
+    ck_assert(be->relu_fwd(op, x, x) == GW_SUCCESS); /* in place */
+    ck_assert(memcmp(x, y, n * 4) == 0 || n == 0);
+    for (size_t i = 0; i < n; i++) ck_assert(x[i] == y[i]);
+    be->op_destroy(op);
+    be->dealloc(b, x), be->dealloc(b, y), be->dealloc(b, dy), be->dealloc(b, dx);
+  }
+  be->destroy(b);
+}
+END_TEST
+
+/* Residual add, exactly, out of place and into either input. */
+START_TEST(test_add) {
+  struct gw_backend *b = backend();
+  struct gw_op_desc d = same_desc(GW_LAYER_ADD, 3, 5, 7, 9);
+  size_t n = 3 * 5 * 7 * 9;
+  float *a = be->alloc(b, n * 4), *c = be->alloc(b, n * 4), *y = be->alloc(b, n * 4), *a2 = be->alloc(b, n * 4);
+  fill(a, n, 31), fill(c, n, 32);
+  memcpy(a2, a, n * 4);
+  struct gw_op *op = NULL;
+  ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+  nan_fill(y, n);
+  ck_assert(be->add(op, a, c, y) == GW_SUCCESS);
+  for (size_t i = 0; i < n; i++) ck_assert_msg(y[i] == a[i] + c[i], "add [%zu]", i);
+  ck_assert(be->add(op, a, c, a) == GW_SUCCESS);
+  ck_assert(memcmp(a, y, n * 4) == 0);
+  ck_assert(be->add(op, a2, c, c) == GW_SUCCESS);
+  ck_assert(memcmp(c, y, n * 4) == 0);
+  struct gw_op_desc cd = conv_desc(1, 3, 8, 8, 4, 3, 1, 1);
+  struct gw_op *conv = NULL;
+  ck_assert(be->op_create(b, &cd, &conv) == GW_SUCCESS);
+  ck_assert_int_eq(be->add(conv, a, c, y), GW_ERR_INVALID_ARGUMENT); /* wrong kind */
+  ck_assert(strstr(gw_model_last_error(), "add called on an op of kind 0"));
+  be->op_destroy(conv);
+  be->op_destroy(op);
+  be->dealloc(b, a), be->dealloc(b, c), be->dealloc(b, y), be->dealloc(b, a2);
+  be->destroy(b);
+}
+END_TEST
+
+/* Batch norm in double, straight from PyTorch's definitions: batch mean and biased
+ * variance per channel normalize; running stats move by momentum toward the mean
+ * and the UNBIASED variance; backward is the derivative of that normalization. */
+struct bn_ref {
+  double *y, *dx, *dgamma, *dbeta, *mean, *rstd, *rmean, *rvar;
+};
+
+static void bn_reference(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
+                         const float *dy, const float *rmean0, const float *rvar0, struct bn_ref *r) {
+  size_t hw = (size_t)d->h * d->w, m = (size_t)d->n * hw;
+  for (int ch = 0; ch < d->c; ch++) {
+    double s = 0, ss = 0;
+    for (int n = 0; n < d->n; n++)
+      for (size_t i = 0; i < hw; i++) s += x[((size_t)n * d->c + ch) * hw + i];
+    double mean = s / m;
+    for (int n = 0; n < d->n; n++)
+      for (size_t i = 0; i < hw; i++) {
+        double v = x[((size_t)n * d->c + ch) * hw + i] - mean;
+        ss += v * v;
+      }
+    double var = ss / m, rstd = 1 / sqrt(var + (double)d->eps), sdy = 0, sdyxh = 0;
+    for (int n = 0; n < d->n; n++)
+      for (size_t i = 0; i < hw; i++) {
+        size_t o = ((size_t)n * d->c + ch) * hw + i;
+        double xh = (x[o] - mean) * rstd;
+        r->y[o] = xh * gamma[ch] + beta[ch];
+        sdy += dy[o], sdyxh += dy[o] * xh;
+      }
+    for (int n = 0; n < d->n; n++)
+      for (size_t i = 0; i < hw; i++) {
+        size_t o = ((size_t)n * d->c + ch) * hw + i;
+        double xh = (x[o] - mean) * rstd;
+        r->dx[o] = gamma[ch] * rstd * (dy[o] - sdy / m - xh * sdyxh / m);
+      }
+    r->dgamma[ch] = sdyxh, r->dbeta[ch] = sdy, r->mean[ch] = mean, r->rstd[ch] = rstd;
+    double mom = (double)d->momentum;
+    r->rmean[ch] = (1 - mom) * rmean0[ch] + mom * mean;
+    r->rvar[ch] = (1 - mom) * rvar0[ch] + mom * ss / (m - 1);
+  }
+}
+
+/* Training forward, backward and inference over several shapes, with channel
+ * offsets (mean 3, scale up to 2) so centring matters.  Tolerances: y, dx and the
+ * statistics within 2e-6 relative plus 1e-6 absolute (a handful of float roundings
+ * on values of order 1); dgamma, dbeta (sums of m terms) within 1e-5 of the sum of
+ * the magnitudes. */
+START_TEST(test_bn) {
+  static const int shapes[][4] = {{2, 3, 5, 7}, {4, 8, 4, 4}, {3, 5, 1, 1}, {1, 16, 9, 9}, {2, 64, 14, 14}};
+  struct gw_backend *b = backend();
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const int *s = shapes[si];
+    struct gw_op_desc d = same_desc(GW_LAYER_BN, s[0], s[1], s[2], s[3]);
+    d.eps = 1e-5f, d.momentum = 0.1f;
+    size_t n = (size_t)s[0] * s[1] * s[2] * s[3], c = (size_t)s[1];
+    float *x = malloc(n * 4), *y = malloc(n * 4), *dy = malloc(n * 4), *dx = malloc(n * 4), *v = malloc(8 * c * 4);
+    double *dd = malloc((3 * n + 6 * c) * 8), *mag = malloc(c * 8);
+    ck_assert(x && y && dy && dx && v && dd && mag);
+    float *gamma = v, *beta = v + c, *mean = v + 2 * c, *rstd = v + 3 * c, *rmean = v + 4 * c, *rvar = v + 5 * c;
+    float *dgamma = v + 6 * c, *dbeta = v + 7 * c;
+    struct bn_ref r = {dd, dd + n, dd + 2 * n, dd + 2 * n + c, dd + 2 * n + 2 * c, dd + 2 * n + 3 * c,
+                       dd + 2 * n + 4 * c, dd + 2 * n + 5 * c};
+    fill(x, n, 41 + si), fill(dy, n, 42 + si), fill(gamma, c, 43 + si), fill(beta, c, 44 + si);
+    for (size_t i = 0; i < n; i++) x[i] = x[i] * (float)(1 + (i / (s[2] * s[3])) % 2) + 3.f;
+    float rm0[64], rv0[64];
+    for (size_t i = 0; i < c; i++) rm0[i] = rmean[i] = 0.5f * (float)i, rv0[i] = rvar[i] = 1.f + 0.25f * (float)i;
+    nan_fill(y, n), nan_fill(dx, n), nan_fill(mean, 2 * c), nan_fill(dgamma, 2 * c);
+    struct gw_op *op = NULL;
+    ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert_msg(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rmean, rvar) == GW_SUCCESS, "%s",
+                  gw_model_last_error());
+    ck_assert(be->bn_bwd(op, x, dy, gamma, mean, rstd, dx, dgamma, dbeta) == GW_SUCCESS);
+    bn_reference(&d, x, gamma, beta, dy, rm0, rv0, &r);
+    char l[96];
+    snprintf(l, sizeof l, "bn %dx%dx%dx%d", s[0], s[1], s[2], s[3]);
+    compare(y, r.y, NULL, n, 2e-6, 1e-6, l);
+    compare(dx, r.dx, NULL, n, 2e-6, 1e-6, l);
+    compare(mean, r.mean, NULL, c, 2e-6, 1e-6, l);
+    compare(rstd, r.rstd, NULL, c, 2e-6, 1e-6, l);
+    compare(rmean, r.rmean, NULL, c, 2e-6, 1e-6, l);
+    compare(rvar, r.rvar, NULL, c, 2e-6, 1e-6, l);
+    size_t hw = (size_t)s[2] * s[3];
+    for (size_t ch = 0; ch < c; ch++) {
+      mag[ch] = 0;
+      for (int i = 0; i < s[0]; i++)
+        for (size_t j = 0; j < hw; j++) mag[ch] += fabs(dy[((size_t)i * c + ch) * hw + j]) * 4;
+    }
+    compare(dgamma, r.dgamma, mag, c, 1e-5, 0, l);
+    compare(dbeta, r.dbeta, mag, c, 1e-5, 0, l);
+    /* Inference with the running stats just updated. */
+    nan_fill(y, n);
+    ck_assert(be->bn_fwd_infer(op, x, gamma, beta, rmean, rvar, y) == GW_SUCCESS);
+    for (size_t i = 0; i < n; i++) {
+      size_t ch = (i / hw) % c;
+      double want = (x[i] - (double)rmean[ch]) / sqrt((double)rvar[ch] + 1e-5) * gamma[ch] + beta[ch];
+      ck_assert_msg(fabs(y[i] - want) <= 2e-6 * fabs(want) + 1e-6, "%s infer [%zu] = %.9g, want %.9g", l, i,
+                    (double)y[i], want);
+    }
+    be->op_destroy(op);
+    free(x), free(y), free(dy), free(dx), free(v), free(dd), free(mag);
+  }
+  be->destroy(b);
+}
+END_TEST
+
+/* The running-stat update to the bit, as PyTorch computes it on the CPU (in double,
+ * rounded to float once): x chosen so the batch statistics are exact (channel 0:
+ * 1, 2, 3, 4 -> mean 2.5, unbiased var 5/3; channel 1: 0, 0, 8, 8 -> mean 4, var
+ * 64/3), then running = momentum * batch + (1 - momentum) * running, for momentum
+ * 0.1 and 1; and training refuses one value per channel, as PyTorch does. */
+START_TEST(test_bn_running_stats_exact) {
+  struct gw_backend *b = backend();
+  struct gw_op_desc d = same_desc(GW_LAYER_BN, 2, 2, 1, 2);
+  d.eps = 1e-5f;
+  /* [n=2][c=2][1][2] */
+  const float x[8] = {1, 2, 0, 0, 3, 4, 8, 8}, gamma[2] = {1, 1}, beta[2] = {0, 0};
+  for (int mi = 0; mi < 2; mi++) {
+    d.momentum = mi ? 1.f : 0.1f;
+    struct gw_op *op = NULL;
+    ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
+    float y[8], mean[2], rstd[2], rm[2] = {0.3f, -1.7f}, rv[2] = {0.9f, 2.2f};
+    const float rm0[2] = {0.3f, -1.7f}, rv0[2] = {0.9f, 2.2f};
+    ck_assert(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv) == GW_SUCCESS);
+    const double bm[2] = {2.5, 4}, bv[2] = {5.0 / 3.0, 64.0 / 3.0};
+    for (int ch = 0; ch < 2; ch++) {
+      double mom = (double)d.momentum;
+      float want_m = (float)(mom * bm[ch] + (1 - mom) * (double)rm0[ch]);
+      float want_v = (float)(mom * bv[ch] + (1 - mom) * (double)rv0[ch]);
+      ck_assert_msg(rm[ch] == want_m, "momentum %g channel %d running_mean %.9g, want %.9g", mom, ch, (double)rm[ch],
+                    (double)want_m);
+      ck_assert_msg(rv[ch] == want_v, "momentum %g channel %d running_var %.9g, want %.9g", mom, ch, (double)rv[ch],
+                    (double)want_v);
+      ck_assert(mean[ch] == (float)bm[ch]);
+      ck_assert(rstd[ch] == (float)(1 / sqrt(bv[ch] * 3 / 4 + (double)1e-5f)));
+    }
+    be->op_destroy(op);
+  }
+  d = same_desc(GW_LAYER_BN, 1, 2, 1, 1);
+  d.eps = 1e-5f, d.momentum = 0.1f;
+  struct gw_op *op = NULL;
+  ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
+  float y[2], mean[2], rstd[2], rm[2] = {0, 0}, rv[2] = {1, 1};
+  ck_assert_int_eq(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "one value per channel"));
+  ck_assert(be->bn_fwd_infer(op, x, gamma, beta, rm, rv, y) == GW_SUCCESS); /* inference is fine */
+  be->op_destroy(op);
+  be->destroy(b);
+}
+END_TEST
+
+/* Max pool (3x3/2 pad 1 as in the stem, and others) against the naive window max;
+ * backward routes each dy to its window's argmax (first on ties, never hit with
+ * random data) and sums where windows overlap.  y exactly; dx (sums of up to 9
+ * values where windows overlap) within 1e-6 of the sum of their magnitudes. */
+START_TEST(test_maxpool) {
+  static const int shapes[][7] = {/* n, c, h, w, kernel, stride, pad */
+                                  {2, 3, 16, 16, 3, 2, 1}, {1, 4, 17, 13, 3, 2, 1}, {3, 2, 7, 7, 3, 2, 1},
+                                  {2, 5, 8, 8, 2, 2, 0},   {1, 3, 9, 10, 3, 1, 1},  {2, 8, 2, 2, 3, 2, 1}};
+  struct gw_backend *b = backend();
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const int *s = shapes[si];
+    struct gw_op_desc d = conv_desc(s[0], s[1], s[2], s[3], s[1], s[4], s[5], s[6]);
+    d.kind = GW_LAYER_MAXPOOL;
+    size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.p * d.q;
+    float *x = malloc(nx * 4), *dx = malloc(nx * 4), *y = malloc(ny * 4), *dy = malloc(ny * 4);
+    double *rdx = calloc(nx, 8), *mdx = calloc(nx, 8), *ry = malloc(ny * 8);
+    fill(x, nx, 51 + si), fill(dy, ny, 52 + si);
+    struct gw_op *op = NULL;
+    ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+    size_t wsb = be->workspace_bytes(op);
+    ck_assert(wsb > 0);
+    void *ws = be->alloc(b, wsb);
+    nan_fill(y, ny), nan_fill(dx, nx);
+    ck_assert(be->maxpool_fwd(op, x, y, ws) == GW_SUCCESS);
+    ck_assert(be->maxpool_bwd(op, dy, ws, dx) == GW_SUCCESS);
+    for (int n = 0; n < d.n; n++)
+      for (int c = 0; c < d.c; c++)
+        for (int p = 0; p < d.p; p++)
+          for (int q = 0; q < d.q; q++) {
+            double best = -INFINITY;
+            size_t arg = 0;
+            for (int r = 0; r < d.kernel; r++)
+              for (int t = 0; t < d.kernel; t++) {
+                int ih = p * d.stride - d.pad + r, iw = q * d.stride - d.pad + t;
+                if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) continue;
+                size_t xi = (((size_t)n * d.c + c) * d.h + ih) * d.w + iw;
+                if (x[xi] > best) best = x[xi], arg = xi;
+              }
+            size_t o = (((size_t)n * d.c + c) * d.p + p) * d.q + q;
+            ry[o] = best;
+            rdx[arg] += dy[o], mdx[arg] += fabs(dy[o]);
+          }
+    char l[64];
+    snprintf(l, sizeof l, "maxpool shape %zu", si);
+    compare(y, ry, NULL, ny, 0, 0, l);
+    compare(dx, rdx, mdx, nx, 1e-6, 0, l);
+    be->op_destroy(op);
+    be->dealloc(b, ws);
+    free(x), free(dx), free(y), free(dy), free(rdx), free(mdx), free(ry);
+  }
+  be->destroy(b);
+}
+END_TEST
+
+/* Global average pool: y = mean over h x w, dx = dy / (h w) everywhere.  1e-6
+ * relative plus 1e-7 absolute. */
+START_TEST(test_avgpool) {
+  static const int shapes[][4] = {{2, 3, 7, 7}, {4, 16, 1, 1}, {1, 5, 3, 9}, {2, 64, 4, 4}};
+  struct gw_backend *b = backend();
+  for (size_t si = 0; si < 4; si++) {
+    const int *s = shapes[si];
+    struct gw_op_desc d = same_desc(GW_LAYER_AVGPOOL, s[0], s[1], s[2], s[3]);
+    d.p = d.q = 1;
+    size_t hw = (size_t)s[2] * s[3], planes = (size_t)s[0] * s[1];
+    float *x = malloc(planes * hw * 4), *dx = malloc(planes * hw * 4);
+    float *y = malloc(planes * 4), *dy = malloc(planes * 4);
+    double *ry = malloc(planes * 8), *rdx = malloc(planes * hw * 8);
+    fill(x, planes * hw, 61 + si), fill(dy, planes, 62 + si);
+    struct gw_op *op = NULL;
+    ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+    nan_fill(y, planes), nan_fill(dx, planes * hw);
+    ck_assert(be->avgpool_fwd(op, x, y) == GW_SUCCESS);
+    ck_assert(be->avgpool_bwd(op, dy, dx) == GW_SUCCESS);
+    for (size_t pl = 0; pl < planes; pl++) {
+      double sum = 0;
+      for (size_t i = 0; i < hw; i++) sum += x[pl * hw + i], rdx[pl * hw + i] = (double)dy[pl] / hw;
+      ry[pl] = sum / hw;
+    }
+    compare(y, ry, NULL, planes, 1e-6, 1e-7, "avgpool y");
+    compare(dx, rdx, NULL, planes * hw, 1e-6, 1e-7, "avgpool dx");
+    be->op_destroy(op);
+    free(x), free(dx), free(y), free(dy), free(ry), free(rdx);
+  }
+  be->destroy(b);
+}
+END_TEST
+
+/* Fully connected y = x W^T + b (W [out, in] as PyTorch's Linear) and its three
+ * gradients against double sums; 1e-5 of the sum of the terms' magnitudes. */
+START_TEST(test_fc) {
+  static const int shapes[][5] = {/* n, c, h, w, k */
+                                  {4, 64, 1, 1, 10}, {3, 7, 1, 1, 5}, {1, 2048, 1, 1, 1000}, {5, 3, 2, 3, 11},
+                                  {64, 32, 1, 1, 10}};
+  struct gw_backend *b = backend();
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const int *s = shapes[si];
+    struct gw_op_desc d = {.kind = GW_LAYER_FC, .n = s[0], .c = s[1], .h = s[2], .w = s[3], .k = s[4], .p = 1, .q = 1};
+    size_t N = (size_t)s[0], F = (size_t)s[1] * s[2] * s[3], K = (size_t)s[4];
+    float *x = malloc(N * F * 4), *w = malloc(K * F * 4), *bias = malloc(K * 4), *y = malloc(N * K * 4);
+    float *dy = malloc(N * K * 4), *dx = malloc(N * F * 4), *dw = malloc(K * F * 4), *db = malloc(K * 4);
+    double *ry = calloc(N * K, 8), *my = calloc(N * K, 8), *rdx = calloc(N * F, 8), *mdx = calloc(N * F, 8);
+    double *rdw = calloc(K * F, 8), *mdw = calloc(K * F, 8), *rdb = calloc(K, 8), *mdb = calloc(K, 8);
+    fill(x, N * F, 71 + si), fill(w, K * F, 72 + si), fill(bias, K, 73 + si), fill(dy, N * K, 74 + si);
+    struct gw_op *op = NULL;
+    ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+    nan_fill(y, N * K), nan_fill(dx, N * F), nan_fill(dw, K * F), nan_fill(db, K);
+    ck_assert_msg(be->fc_fwd(op, x, w, bias, y) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert_msg(be->fc_bwd(op, x, w, dy, dx, dw, db) == GW_SUCCESS, "%s", gw_model_last_error());
+    for (size_t n = 0; n < N; n++)
+      for (size_t k = 0; k < K; k++) {
+        size_t o = n * K + k;
+        ry[o] = bias[k], my[o] = fabs(bias[k]);
+        rdb[k] += dy[o], mdb[k] += fabs(dy[o]);
+        for (size_t f = 0; f < F; f++) {
+          double xw = (double)x[n * F + f] * w[k * F + f], gw = (double)dy[o] * w[k * F + f],
+                 gx = (double)dy[o] * x[n * F + f];
+          ry[o] += xw, my[o] += fabs(xw);
+          rdx[n * F + f] += gw, mdx[n * F + f] += fabs(gw);
+          rdw[k * F + f] += gx, mdw[k * F + f] += fabs(gx);
+        }
+      }
+    char l[64];
+    snprintf(l, sizeof l, "fc shape %zu", si);
+    compare(y, ry, my, N * K, 1e-5, 0, l);
+    compare(dx, rdx, mdx, N * F, 1e-5, 0, l);
+    compare(dw, rdw, mdw, K * F, 1e-5, 0, l);
+    compare(db, rdb, mdb, K, 1e-5, 0, l);
+    be->op_destroy(op);
+    float *fs[] = {x, w, bias, y, dy, dx, dw, db};
+    for (int i = 0; i < 8; i++) free(fs[i]);
+    double *ds[] = {ry, my, rdx, mdx, rdw, mdw, rdb, mdb};
+    for (int i = 0; i < 8; i++) free(ds[i]);
+  }
+  be->destroy(b);
+}
+END_TEST
+
+/* Softmax cross-entropy with label smoothing, mean over the batch, in PyTorch's
+ * terms: loss = mean_i[(1 - s) * -log p_i[y_i] + s * mean_j(-log p_ij)], and
+ * its gradient by central differences of that double reference (step 1e-4) as
+ * well as in closed form.  Large logits (around 80) check the max subtraction.
+ * 1e-6 relative plus 1e-7 absolute. */
+static double loss_ref(int n, int k, const double *z, const int32_t *labels, double s) {
+  double total = 0;
+  for (int i = 0; i < n; i++) {
+    double mx = -INFINITY, sum = 0, nll_all = 0;
+    for (int j = 0; j < k; j++) mx = fmax(mx, z[i * k + j]);
+    for (int j = 0; j < k; j++) sum += exp(z[i * k + j] - mx);
+    double lse = mx + log(sum);
+    for (int j = 0; j < k; j++) nll_all += lse - z[i * k + j];
+    total += (1 - s) * (lse - z[i * k + labels[i]]) + s * nll_all / k;
+  }
+  return total / n;
+}
+
+START_TEST(test_loss) {
+  static const struct { int n, k; float s, scale; } cases[] = {
+      {4, 10, 0.f, 3}, {4, 10, 0.1f, 3}, {1, 1000, 0.1f, 5}, {7, 3, 0.5f, 1}, {3, 5, 0.1f, 80}, {2, 2, 1.f, 2}};
+  struct gw_backend *b = backend();
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    int n = cases[ci].n, k = cases[ci].k;
+    struct gw_op_desc d = {.kind = GW_OP_LOSS, .n = n, .k = k, .label_smoothing = cases[ci].s};
+    float *z = malloc((size_t)n * k * 4), *g = malloc((size_t)n * k * 4), loss = NAN;
+    double *zd = malloc((size_t)n * k * 8), *rg = malloc((size_t)n * k * 8);
+    int32_t labels[8];
+    fill(z, (size_t)n * k, 81 + ci);
+    for (int i = 0; i < n * k; i++) z[i] *= cases[ci].scale, zd[i] = z[i];
+    for (int i = 0; i < n; i++) labels[i] = (int32_t)((i * 7 + 3) % k);
+    struct gw_op *op = NULL;
+    ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
+    nan_fill(g, (size_t)n * k);
+    ck_assert_msg(be->loss_fwd_bwd(op, z, labels, &loss, g) == GW_SUCCESS, "%s", gw_model_last_error());
+    double s = cases[ci].s, want = loss_ref(n, k, zd, labels, s);
+    ck_assert_msg(fabs(loss - want) <= 1e-6 * fabs(want) + 1e-7, "case %zu loss %.9g, want %.9g", ci, (double)loss,
+                  want);
+    for (int i = 0; i < n; i++) {
+      double mx = -INFINITY, sum = 0;
+      for (int j = 0; j < k; j++) mx = fmax(mx, zd[i * k + j]);
+      for (int j = 0; j < k; j++) sum += exp(zd[i * k + j] - mx);
+      for (int j = 0; j < k; j++)
+        rg[i * k + j] = (exp(zd[i * k + j] - mx) / sum - (1 - s) * (j == labels[i]) - s / k) / n;
+    }
+    char l[64];
+    snprintf(l, sizeof l, "loss case %zu dlogits", ci);
+    compare(g, rg, NULL, (size_t)n * k, 1e-6, 1e-7, l);
+    for (int i = 0; i < n * k; i += (k > 20 ? 97 : 1)) { /* finite differences of the reference */
+      double keep = zd[i], h = 1e-4, lp, lm;
+      zd[i] = keep + h, lp = loss_ref(n, k, zd, labels, s);
+      zd[i] = keep - h, lm = loss_ref(n, k, zd, labels, s);
+      zd[i] = keep;
+      double fd = (lp - lm) / (2 * h);
+      ck_assert_msg(fabs(fd - g[i]) <= 1e-5 * fabs(fd) + 1e-6, "%s [%d] = %.9g, finite difference %.9g", l, i,
+                    (double)g[i], fd);
+    }
+    be->op_destroy(op);
+    free(z), free(g), free(zd), free(rg);
+  }
+  struct gw_op_desc d = {.kind = GW_OP_LOSS, .n = 2, .k = 3};
+  struct gw_op *op = NULL;
+  ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
+  float z[6] = {0}, g[6], loss;
+  int32_t bad[2] = {1, 3};
+  ck_assert_int_eq(be->loss_fwd_bwd(op, z, bad, &loss, g), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "label 3 of sample 1 is not in [0, 3)"));
+  be->op_destroy(op);
+  be->destroy(b);
+}
+END_TEST
+
+/* Batch norm training by central differences through the backend's own forward
+ * (float, step 1e-2) on a tiny case: L = sum(y * g) against bn_bwd(dy = g) for dx,
+ * dgamma and dbeta.  Float rounding of L over 2e-2 and the O(h^2) truncation stay
+ * well inside 2e-3 * (1 + |fd|). */
+START_TEST(test_bn_finite_difference) {
+  struct gw_backend *b = backend();
+  struct gw_op_desc d = same_desc(GW_LAYER_BN, 2, 2, 3, 3);
+  d.eps = 1e-5f, d.momentum = 0.1f;
+  enum { N = 36, C = 2 };
+  float x[N], g[N], y[N], dx[N], gamma[C], beta[C], mean[C], rstd[C], rm[C], rv[C], dgamma[C], dbeta[C];
+  fill(x, N, 91), fill(g, N, 92), fill(gamma, C, 93), fill(beta, C, 94);
+  struct gw_op *op = NULL;
+  ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
+  ck_assert(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv) == GW_SUCCESS);
+  ck_assert(be->bn_bwd(op, x, g, gamma, mean, rstd, dx, dgamma, dbeta) == GW_SUCCESS);
+  float *tensors[] = {x, gamma, beta}, *grads[] = {dx, dgamma, dbeta};
+  const int counts[] = {N, C, C};
+  for (int t = 0; t < 3; t++)
+    for (int i = 0; i < counts[t]; i++) {
+      float keep = tensors[t][i];
+      double l[2];
+      for (int sgn = 0; sgn < 2; sgn++) {
+        tensors[t][i] = keep + (sgn ? 1e-2f : -1e-2f);
+        ck_assert(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv) == GW_SUCCESS);
+        l[sgn] = 0;
+        for (int j = 0; j < N; j++) l[sgn] += (double)y[j] * g[j];
+      }
+      double h = ((double)(keep + 1e-2f) - (double)(keep - 1e-2f)) / 2;
+      tensors[t][i] = keep;
+      double fd = (l[1] - l[0]) / (2 * h);
+      ck_assert_msg(fabs(fd - grads[t][i]) <= 2e-3 * (1 + fabs(fd)), "bn tensor %d [%d]: backend %.7g, fd %.7g", t, i,
+                    (double)grads[t][i], fd);
+    }
+  be->op_destroy(op);
+  be->destroy(b);
+}
+END_TEST
+
+/* Every layer of three small ResNets plans on this backend from the description
+ * the model gives (gw_model_op_desc), and the loss over its logits. */
+START_TEST(test_model_layers_plan) {
+  struct gw_backend *b = backend();
+  static const struct { int depth, image, div; enum gw_stem stem; } models[] = {
+      {50, 32, 8, GW_STEM_SMALL}, {18, 64, 8, GW_STEM_IMAGENET}, {34, 28, 16, GW_STEM_SMALL}};
+  for (int mi = 0; mi < 3; mi++) {
+    struct gw_model_config cfg;
+    gw_model_config_default(&cfg);
+    cfg.depth = models[mi].depth, cfg.image_size = models[mi].image, cfg.width_divisor = models[mi].div;
+    cfg.stem = models[mi].stem, cfg.classes = 10, cfg.seed = 3;
+    if (mi == 2) cfg.in_channels = 1;
+    struct gw_model *m = NULL;
+    ck_assert_msg(gw_model_init(&m, &cfg) == GW_SUCCESS, "%s", gw_model_last_error());
+    int kinds[7] = {0};
+    for (int i = 0; i < gw_model_num_layers(m); i++) {
+      struct gw_op_desc d;
+      gw_model_op_desc(m, i, 2, &d);
+      struct gw_op *op = NULL;
+      ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "resnet%d %s: %s", cfg.depth, gw_model_layer(m, i)->name,
+                    gw_model_last_error());
+      be->op_destroy(op);
+      kinds[d.kind]++;
+    }
+    for (int k = 0; k < 7; k++)
+      ck_assert_msg(kinds[k] > 0 || (k == GW_LAYER_MAXPOOL && cfg.stem == GW_STEM_SMALL),
+                    "resnet%d: no layer of kind %d", cfg.depth, k);
+    struct gw_op_desc ld = {.kind = GW_OP_LOSS, .n = 2, .k = cfg.classes, .label_smoothing = 0.1f};
+    struct gw_op *op = NULL;
+    ck_assert(be->op_create(b, &ld, &op) == GW_SUCCESS);
+    be->op_destroy(op);
+    gw_model_free(m);
+  }
+  be->destroy(b);
+}
+END_TEST
+
 static void expect_refused(struct gw_backend *b, struct gw_op_desc d, gw_result_t code, const char *substring) {
   struct gw_op *op = (struct gw_op *)b; /* must come back NULL */
   ck_assert_int_eq(be->op_create(b, &d, &op), code);
@@ -193,8 +842,15 @@ START_TEST(test_refused) {
   expect_refused(b, d, GW_ERR_INVALID_ARGUMENT, "output 7x8 given, the geometry makes 8x8");
   d = conv_desc(0, 3, 8, 8, 4, 3, 1, 1);
   expect_refused(b, d, GW_ERR_INVALID_ARGUMENT, "every size must be positive");
-  d.kind = GW_LAYER_BN;
-  expect_refused(b, d, GW_ERR_UNSUPPORTED, "only convolutions are implemented so far");
+  d.kind = 99;
+  expect_refused(b, d, GW_ERR_UNSUPPORTED, "unknown op kind");
+  d = conv_desc(1, 3, 8, 8, 4, 3, 2, 1);
+  d.kind = GW_LAYER_MAXPOOL;
+  expect_refused(b, d, GW_ERR_INVALID_ARGUMENT, "pooling keeps the channels");
+  struct gw_op_desc bn = {.kind = GW_LAYER_BN, .n = 2, .c = 3, .h = 4, .w = 4, .k = 3, .p = 4, .q = 4, .eps = 0};
+  expect_refused(b, bn, GW_ERR_INVALID_ARGUMENT, "eps 0 must be > 0");
+  struct gw_op_desc lo = {.kind = GW_OP_LOSS, .n = 2, .k = 3, .label_smoothing = 1.5f};
+  expect_refused(b, lo, GW_ERR_INVALID_ARGUMENT, "label smoothing 1.5 must be in [0, 1]");
   be->destroy(b);
   be->destroy(NULL);
   be->op_destroy(NULL);
@@ -212,6 +868,18 @@ int main(void) {
   tcase_add_test(tc, test_conv_fwd_grid);
   tcase_add_test(tc, test_conv_fwd_model_layers);
   tcase_add_test(tc, test_refused);
+  tcase_add_test(tc, test_conv_bwd_grid);
+  tcase_add_test(tc, test_conv_bwd_finite_difference);
+  tcase_add_test(tc, test_relu);
+  tcase_add_test(tc, test_add);
+  tcase_add_test(tc, test_bn);
+  tcase_add_test(tc, test_bn_running_stats_exact);
+  tcase_add_test(tc, test_maxpool);
+  tcase_add_test(tc, test_avgpool);
+  tcase_add_test(tc, test_fc);
+  tcase_add_test(tc, test_loss);
+  tcase_add_test(tc, test_bn_finite_difference);
+  tcase_add_test(tc, test_model_layers_plan);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

@@ -1,0 +1,76 @@
+/* backend_cpu_internal.h - the inside of the cpu backend, shared by its files:
+ * backend_cpu.c (lifecycle, memory, the argument/step machinery, the table) and
+ * backend_cpu_prims.c (planning each kind of oneDNN primitive).  Not part of
+ * backend.h's interface. */
+#ifndef GW_MODEL_BACKEND_CPU_INTERNAL_H
+#define GW_MODEL_BACKEND_CPU_INTERNAL_H
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include "backend.h"
+#include "model_internal.h"
+
+struct gw_backend {
+  dnnl_engine_t engine;
+  dnnl_stream_t stream;
+  int threads;
+};
+
+/* One tensor argument: the plain memory the caller's pointer goes into, and when
+ * oneDNN wants another layout, the reordered copy and the reorder primitive. */
+struct arg {
+  dnnl_memory_t user;     /* plain layout, data handle set per call */
+  dnnl_memory_t internal; /* NULL when oneDNN takes the plain layout */
+  dnnl_primitive_t reorder;
+};
+
+/* One primitive and its arguments in execution order (inputs are reordered in
+ * before, outputs out after). */
+#define STEP_MAX_ARGS 4
+struct step {
+  dnnl_primitive_t prim;
+  int nargs;
+  int id[STEP_MAX_ARGS];        /* DNNL_ARG_* */
+  int is_output[STEP_MAX_ARGS];
+  struct arg a[STEP_MAX_ARGS];
+};
+
+struct gw_op {
+  struct gw_backend *b;
+  struct gw_op_desc d;
+  struct step fwd;      /* CONV: src, weights -> dst; RELU: src -> dst */
+  struct step bwd_data; /* CONV: diff_dst, weights -> diff_src; RELU: dst, diff_dst -> diff_src */
+  struct step bwd_wei;  /* CONV: src, diff_dst -> diff_weights; FC: also diff_bias */
+  size_t workspace_bytes; /* MAXPOOL: the argmax positions backward needs */
+};
+
+#define DNNL_TRY(call, what)                                                                   \
+  do {                                                                                          \
+    dnnl_status_t st_ = (call);                                                                 \
+    if (st_ != dnnl_success) {                                                                  \
+      res = gw__model_fail(GW_ERR_INTERNAL, "cpu backend: %s: %s failed: %s", (what), #call,    \
+                           dnnl_status2str(st_));                                               \
+      goto fail;                                                                                \
+    }                                                                                           \
+  } while (0)
+
+/* A call that already recorded its message: keep its code, clean up. */
+#define GW_MODEL_TRY_GOTO(call)                                                                \
+  do {                                                                                          \
+    res = (call);                                                                               \
+    if (res != GW_SUCCESS) goto fail;                                                           \
+  } while (0)
+
+/* Adds argument `id` to a step: `plain` is the caller's layout, `chosen` the one
+ * the primitive descriptor settled on (a reorder between them when they differ). */
+gw_result_t gw__cpu_step_arg(struct gw_backend *b, struct step *st, int id, const dnnl_memory_desc_t *plain,
+                             const dnnl_memory_desc_t *chosen, int is_output, const char *what);
+
+/* Planners: fill op->fwd / bwd_data / bwd_wei for op->d (already checked). */
+gw_result_t gw__cpu_conv_create(struct gw_op *op, const char *what);
+gw_result_t gw__cpu_relu_create(struct gw_op *op, const char *what);
+gw_result_t gw__cpu_maxpool_create(struct gw_op *op, const char *what);
+gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what);
+
+#endif

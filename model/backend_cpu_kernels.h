@@ -1,0 +1,29 @@
+/* backend_cpu_kernels.h - the cpu backend's operations written as plain C loops
+ * rather than oneDNN primitives (backend_cpu_kernels.c): batch norm, global
+ * average pool and the loss.  Internal to backend_cpu.c, which checks the op kind
+ * and shapes before calling them.  Shapes are those of struct gw_op_desc. */
+#ifndef GW_MODEL_BACKEND_CPU_KERNELS_H
+#define GW_MODEL_BACKEND_CPU_KERNELS_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+/* x, y [n, c, h, w]; gamma, beta, save_mean, save_rstd, running_mean, running_var [c].
+ * Needs n * h * w >= 2 (the unbiased variance divides by n * h * w - 1). */
+void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
+                          float *y, float *save_mean, float *save_rstd, float *running_mean, float *running_var);
+void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
+                          const float *running_mean, const float *running_var, float *y);
+void gw__cpu_bn_bwd(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
+                    const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta);
+
+/* x, dx [n, c, h, w]; y, dy [n, c]. */
+void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y);
+void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, const float *dy, float *dx);
+
+/* logits, dlogits [n, k]; labels [n] in [0, k) (checked by the caller). */
+void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, const float *logits, const int32_t *labels, float *loss,
+                          float *dlogits);
+
+#endif
