@@ -48,7 +48,7 @@ int run_ranks(int nranks, rank_body_fn body, void *arg, double timeout_s) {
   return run_ranks_raw(nranks, comm_body, &w, timeout_s);
 }
 
-static double now_s(void) {
+double test_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -57,7 +57,7 @@ static double now_s(void) {
 int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s) {
   char master[64], token[64];
   snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
-  snprintf(token, sizeof token, "test-%d-%llx", (int)getpid(), (unsigned long long)mix64((uint64_t)now_s()));
+  snprintf(token, sizeof token, "test-%d-%llx", (int)getpid(), (unsigned long long)mix64((uint64_t)test_now()));
   setenv("GW_JOB_TOKEN", token, 1);
   pid_t *pids = calloc((size_t)nranks, sizeof *pids);
   fflush(NULL);
@@ -71,7 +71,7 @@ int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s) {
     pids[r] = p;
   }
   int failed = 0, left = nranks;
-  double deadline = now_s() + timeout_s;
+  double deadline = test_now() + timeout_s;
   while (left > 0) {
     int status;
     pid_t p = waitpid(-1, &status, WNOHANG);
@@ -87,7 +87,7 @@ int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s) {
         }
       continue;
     }
-    if (now_s() > deadline) {
+    if (test_now() > deadline) {
       for (int r = 0; r < nranks; r++)
         if (pids[r]) {
           fprintf(stderr, "harness: rank %d still running after %.0f s: killed\n", r, timeout_s);

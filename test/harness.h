@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <check.h>
+#include <stdio.h>
 
 #include "dtype_values.h"
 #include "gradwire.h"
@@ -32,6 +33,21 @@ static inline uint64_t mix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+/* Inside a rank body (which has `rank`): on failure print the message with the
+ * place and make the rank fail. */
+#define EXPECT(cond, ...)                                 \
+  do {                                                    \
+    if (!(cond)) {                                        \
+      fprintf(stderr, "rank %d: ", rank);                 \
+      fprintf(stderr, __VA_ARGS__);                       \
+      fprintf(stderr, " [%s:%d]\n", __FILE__, __LINE__);  \
+      return 1;                                           \
+    }                                                     \
+  } while (0)
+
+/* Monotonic seconds (one clock for every process of this machine). */
+double test_now(void);
 
 /* Runs every test of the suite (Check forks each); the process exit code. */
 int run_suite(Suite *s);

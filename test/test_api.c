@@ -17,16 +17,6 @@
 
 #include "harness.h"
 
-#define EXPECT(cond, ...)                       \
-  do {                                          \
-    if (!(cond)) {                              \
-      fprintf(stderr, "rank %d: ", rank);       \
-      fprintf(stderr, __VA_ARGS__);             \
-      fprintf(stderr, " [%s:%d]\n", __FILE__, __LINE__); \
-      return 1;                                 \
-    }                                           \
-  } while (0)
-
 static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
 /* ---- bad arguments (one rank: no peers needed for the checks) ---- */
@@ -137,21 +127,15 @@ START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_st
 END_TEST
 
 /* ---- a rank killed on this machine: the others fail fast, naming it ---- */
-static double mono_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int body_killed(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   gw_comm_set_timeout(comm, 60);
   int32_t v = 1;
   EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == n, "first sum");
   if (rank == 1) raise(SIGKILL);
-  double t0 = mono_s();
+  double t0 = test_now();
   gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
-  double took = mono_s() - t0;
+  double took = test_now() - t0;
   EXPECT(r == GW_ERR_REMOTE, "returned %s after %.1f s", gw_strerror(r), took);
   EXPECT(took < 15, "took %.1f s to notice", took);
   EXPECT(has(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
@@ -185,10 +169,10 @@ static int body_abort(gw_comm_t comm, int rank, int n, void *arg) {
   struct abort_arg a = {comm};
   pthread_t t;
   pthread_create(&t, NULL, abort_later, &a);
-  double t0 = mono_s();
+  double t0 = test_now();
   float x = 1;
   gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
-  double took = mono_s() - t0;
+  double took = test_now() - t0;
   pthread_join(t, NULL);
   EXPECT(r == GW_ERR_ABORTED && took < 5, "returned %s after %.1f s", gw_strerror(r), took);
   EXPECT(has(gw_comm_last_error(comm), "aborted"), "message: %s", gw_comm_last_error(comm));

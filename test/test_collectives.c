@@ -288,12 +288,6 @@ static int body_broadcast(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-static double mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* No rank may leave a barrier before the last one entered it. */
 static int body_barrier(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
@@ -302,9 +296,9 @@ static int body_barrier(gw_comm_t comm, int rank, int n, void *arg) {
   for (int round = 0; round < 3; round++) {
     struct timespec ts = {0, (long)(((rank + round) % n) * 20) * 1000000L};
     nanosleep(&ts, NULL);
-    double t_in = mono();
+    double t_in = test_now();
     CALL(gw_barrier(comm), "gw_barrier");
-    double t_out = mono();
+    double t_out = test_now();
     CALL(gw_allgather(&t_in, entered, 1, GW_FLOAT64, comm, NULL), "gw_allgather(times)");
     for (int r = 0; r < n; r++)
       if (entered[r] > t_out) {

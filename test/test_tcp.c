@@ -15,16 +15,6 @@
 #include "comm.h"
 #include "harness.h"
 
-#define EXPECT(cond, ...)                                 \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      fprintf(stderr, "rank %d: ", rank);                 \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fprintf(stderr, " [%s:%d]\n", __FILE__, __LINE__);  \
-      return 1;                                           \
-    }                                                     \
-  } while (0)
-
 static int body_choice(gw_comm_t comm, int rank, int n, void *arg) {
   const char *want = arg;
   (void)n;
@@ -71,12 +61,6 @@ static int raw_corrupt(int rank, int n, const char *master, void *arg) {
 START_TEST(test_corrupt_frame_reported) { ck_assert_int_eq(run_ranks_raw(2, raw_corrupt, NULL, 60), 0); }
 END_TEST
 
-static double mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int raw_killed(int rank, int n, const char *master, void *arg) {
   (void)arg;
   setenv("GW_TRANSPORT", "tcp", 1);
@@ -86,9 +70,9 @@ static int raw_killed(int rank, int n, const char *master, void *arg) {
   int32_t v = 1;
   EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == n, "first sum");
   if (rank == 1) raise(SIGKILL);
-  double t0 = mono();
+  double t0 = test_now();
   gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
-  double took = mono() - t0;
+  double took = test_now() - t0;
   EXPECT(r == GW_ERR_REMOTE, "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
   EXPECT(took < 20, "took %.1f s to notice", took);
   EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
