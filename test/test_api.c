@@ -126,6 +126,8 @@ static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_straggler, NULL, 60), 0); }
 END_TEST
 
+static int count_segments(void);
+
 /* ---- a rank killed on this machine: the others fail fast, naming it ---- */
 static int body_killed(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
@@ -143,7 +145,11 @@ static int body_killed(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 /* rank 1 dies on purpose: exactly one rank fails */
-START_TEST(test_killed_rank_shm) { ck_assert_int_eq(run_ranks(3, body_killed, NULL, 90), 1); }
+START_TEST(test_killed_rank_shm) {
+  int before = count_segments();
+  ck_assert_int_eq(run_ranks(3, body_killed, NULL, 90), 1);
+  ck_assert_int_eq(count_segments(), before); /* kill -9 leaves nothing in /dev/shm */
+}
 END_TEST
 
 /* ---- gw_comm_abort from another thread unblocks a waiting call ---- */
@@ -185,7 +191,11 @@ static int body_abort(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-START_TEST(test_abort_unblocks) { ck_assert_int_eq(run_ranks(2, body_abort, NULL, 60), 0); }
+START_TEST(test_abort_unblocks) {
+  int before = count_segments();
+  ck_assert_int_eq(run_ranks(2, body_abort, NULL, 60), 0);
+  ck_assert_int_eq(count_segments(), before);
+}
 END_TEST
 
 /* ---- rendezvous: wrong token refused, world-size mismatch reported ---- */
