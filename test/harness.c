@@ -106,6 +106,21 @@ int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s) {
   return failed;
 }
 
+int body_rank1_killed(gw_comm_t comm, int rank, int n, void *arg) {
+  double limit = *(const double *)arg;
+  gw_comm_set_timeout(comm, 60);
+  int32_t v = 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == n, "first sum");
+  if (rank == 1) raise(SIGKILL);
+  double t0 = test_now();
+  gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
+  double took = test_now() - t0;
+  EXPECT(r == GW_ERR_REMOTE, "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
+  EXPECT(took < limit, "took %.1f s to notice", took);
+  EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  return 0;
+}
+
 int run_suite(Suite *s) {
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -49,6 +49,12 @@ static inline uint64_t mix64(uint64_t x) {
 /* Monotonic seconds (one clock for every process of this machine). */
 double test_now(void);
 
+/* A rank body for the dead-peer tests: after one allreduce rank 1 kills itself
+ * with SIGKILL; every other rank's next allreduce must fail with GW_ERR_REMOTE
+ * naming rank 1 within *(double *)arg seconds.  Run it on 3 or more ranks;
+ * exactly one rank (the killed one) then counts as failed. */
+int body_rank1_killed(gw_comm_t comm, int rank, int n, void *arg);
+
 /* Runs every test of the suite (Check forks each); the process exit code. */
 int run_suite(Suite *s);
 

@@ -61,28 +61,12 @@ static int raw_corrupt(int rank, int n, const char *master, void *arg) {
 START_TEST(test_corrupt_frame_reported) { ck_assert_int_eq(run_ranks_raw(2, raw_corrupt, NULL, 60), 0); }
 END_TEST
 
-static int raw_killed(int rank, int n, const char *master, void *arg) {
-  (void)arg;
-  setenv("GW_TRANSPORT", "tcp", 1);
-  setenv("GW_TIMEOUT", "60", 1);
-  gw_comm_t comm;
-  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
-  int32_t v = 1;
-  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == n, "first sum");
-  if (rank == 1) raise(SIGKILL);
-  double t0 = test_now();
-  gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
-  double took = test_now() - t0;
-  EXPECT(r == GW_ERR_REMOTE, "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
-  EXPECT(took < 20, "took %.1f s to notice", took);
-  EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
-  gw_comm_destroy(comm);
-  return 0;
-}
-
 START_TEST(test_killed_rank_named) {
   /* rank 1 dies by SIGKILL on purpose, so exactly one rank "fails" */
-  ck_assert_int_eq(run_ranks_raw(3, raw_killed, NULL, 90), 1);
+  double limit = 20;
+  setenv("GW_TRANSPORT", "tcp", 1);
+  ck_assert_int_eq(run_ranks(3, body_rank1_killed, &limit, 90), 1);
+  unsetenv("GW_TRANSPORT");
 }
 END_TEST
 
