@@ -62,6 +62,9 @@ void gw_model_op_desc(const struct gw_model *m, int layer, int n, struct gw_op_d
 
 struct gw_backend_ops {
   const char *name;          /* "cpu", "cudnn" */
+  int host_memory;           /* 1: alloc returns host memory the caller may read and write
+                                directly (cpu); 0: device memory, reached through upload /
+                                download / copy only */
   gw_result_t (*create)(const struct gw_backend_config *cfg, struct gw_backend **b);
   void (*destroy)(struct gw_backend *b);             /* accepts NULL */
 
@@ -70,6 +73,7 @@ struct gw_backend_ops {
   void (*dealloc)(struct gw_backend *b, void *p);
   gw_result_t (*upload)(struct gw_backend *b, void *dst, const void *host_src, size_t bytes);
   gw_result_t (*download)(struct gw_backend *b, void *host_dst, const void *src, size_t bytes);
+  gw_result_t (*copy)(struct gw_backend *b, void *dst, const void *src, size_t bytes); /* backend to backend */
 
   gw_result_t (*op_create)(struct gw_backend *b, const struct gw_op_desc *d, struct gw_op **op);
   void (*op_destroy)(struct gw_op *op);              /* accepts NULL */

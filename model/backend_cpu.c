@@ -372,12 +372,14 @@ static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const float *logits, const
 
 const struct gw_backend_ops gw_backend_cpu = {
     .name = "cpu",
+    .host_memory = 1,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
     .op_create = cpu_op_create,
     .op_destroy = cpu_op_destroy,
     .conv_fwd = cpu_conv_fwd,

@@ -15,7 +15,7 @@ flags=(-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sa
        -I"$src/comm" -I"$src/transport" -I"$work")
 printf '#pragma once\n' > "$work/gw_config.h"
 fail=0
-for t in bootstrap tcp; do
+for t in bootstrap tcp safetensors; do
   if ! clang "${flags[@]}" "$src/test/fuzz/fuzz_$t.c" "$src/comm/debug.c" -o "$work/fuzz_$t" -lpthread -lm; then
     echo "fuzz: fuzz_$t does not build"; fail=1; continue
   fi

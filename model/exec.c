@@ -1,0 +1,423 @@
+/* exec.c - the executor of exec.h: plans memory for one batch size, then runs
+ * the layer list forward and backward through a backend's table.
+ *
+ * Planning (once):
+ * - activation storage: one buffer per activation, except that a ReLU or a
+ *   residual add writes over its input when that input has no other reader and
+ *   the layer that produced it does not need its own output in backward (only a
+ *   ReLU does).  In ResNet this puts bn -> relu and bn3 -> add -> relu in one
+ *   buffer, about a third of the activation memory.
+ * - activation gradients: the gradient of activation a is first written by its
+ *   last reader and last read by its producer, so backward needs it only in that
+ *   window; buffers are handed out from a pool by best fit over those windows.
+ * - an activation read by two layers (a block's input) gets its gradient from
+ *   both: the later reader (first in backward) writes it, the earlier one adds
+ *   its contribution through a scratch buffer.
+ */
+#include "exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+struct exec_layer {
+  struct gw_op *op;
+  struct gw_op *acc;      /* ADD op of the input's shape when this layer adds into a gradient */
+  void *workspace;        /* MAXPOOL: argmax positions */
+  float *save_mean, *save_rstd; /* BN: batch statistics for backward */
+  int acc_in, acc_in2;    /* not the last reader of in / in2: add to the gradient, don't overwrite */
+  size_t ready_after;     /* gradient elements final once backward has passed this layer */
+};
+
+struct gw_exec {
+  struct gw_model *m;
+  const struct gw_backend_ops *ops;
+  struct gw_backend *b;
+  struct gw_exec_config cfg;
+  struct exec_layer *L;   /* [nlayers] */
+  struct gw_op *loss_op;
+  float **act;            /* [nacts] storage (in-place layers share) */
+  float **grad;           /* [nacts] gradient buffer during its window (NULL for the input) */
+  float *scratch;         /* a second reader's contribution before it is added */
+  void **owned;           /* every allocation, freed at the end */
+  int nowned, cap_owned;
+  float *params, *grads, *running; /* the model's storage, or backend copies */
+  int32_t *labels;        /* backend copy of the labels */
+  int trained_forward;    /* the last forward was a training one: backward may run */
+  size_t bytes;
+};
+
+static size_t act_elems(const struct gw_exec *e, int a) {
+  const struct gw_act *s = &e->m->acts[a];
+  return (size_t)e->cfg.batch * s->c * s->h * s->w;
+}
+
+static void *ex_alloc(struct gw_exec *e, size_t bytes, const char *what) {
+  if (e->nowned == e->cap_owned) {
+    int cap = e->cap_owned ? e->cap_owned * 2 : 64;
+    void **o = realloc(e->owned, (size_t)cap * sizeof *o);
+    if (!o) return NULL;
+    e->owned = o, e->cap_owned = cap;
+  }
+  void *p = e->ops->alloc(e->b, bytes);
+  if (!p) {
+    gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory allocating %zu bytes for %s", bytes, what);
+    return NULL;
+  }
+  e->owned[e->nowned++] = p;
+  e->bytes += bytes;
+  return p;
+}
+
+#define EX_ALLOC(ptr, e, bytes, what)                                    \
+  do {                                                                   \
+    if (!((ptr) = ex_alloc((e), (bytes), (what)))) return GW_ERR_SYSTEM; \
+  } while (0)
+
+/* ---- planning */
+
+/* Per activation: how many layers read it and the index of the last one. */
+static void readers(const struct gw_model *m, int *count, int *last) {
+  for (int a = 0; a < m->nacts; a++) count[a] = 0, last[a] = -1;
+  for (int i = 0; i < m->nlayers; i++) {
+    const struct gw_layer *l = &m->layers[i];
+    count[l->in]++, last[l->in] = i;
+    if (l->in2 >= 0) count[l->in2]++, last[l->in2] = i;
+  }
+  last[m->nacts - 1] = m->nlayers; /* the logits: read by the loss */
+}
+
+static gw_result_t plan_activations(struct gw_exec *e, const int *count, int *producer) {
+  const struct gw_model *m = e->m;
+  for (int a = 0; a < m->nacts; a++) producer[a] = -1;
+  EX_ALLOC(e->act[0], e, act_elems(e, 0) * sizeof(float), "the input batch");
+  for (int i = 0; i < m->nlayers; i++) {
+    const struct gw_layer *l = &m->layers[i];
+    producer[l->out] = i;
+    int p = producer[l->in];
+    int in_place = (l->kind == GW_LAYER_RELU || l->kind == GW_LAYER_ADD) && l->in != 0 && count[l->in] == 1 &&
+                   p >= 0 && m->layers[p].kind != GW_LAYER_RELU;
+    if (in_place) e->act[l->out] = e->act[l->in];
+    else EX_ALLOC(e->act[l->out], e, act_elems(e, l->out) * sizeof(float), l->name);
+  }
+  return GW_SUCCESS;
+}
+
+/* The gradient pool: best-fit reuse of buffers over each gradient's window. */
+struct pool {
+  float **buf;
+  size_t *size;
+  int *busy;
+  int n;
+};
+
+static float *pool_take(struct gw_exec *e, struct pool *p, size_t elems) {
+  int best = -1;
+  for (int i = 0; i < p->n; i++)
+    if (!p->busy[i] && p->size[i] >= elems && (best < 0 || p->size[i] < p->size[best])) best = i;
+  if (best < 0) {
+    best = p->n;
+    p->buf[best] = ex_alloc(e, elems * sizeof(float), "activation gradients");
+    if (!p->buf[best]) return NULL;
+    p->size[best] = elems;
+    p->n++;
+  }
+  p->busy[best] = 1;
+  return p->buf[best];
+}
+
+static void pool_give(struct pool *p, const float *buf) {
+  for (int i = 0; i < p->n; i++)
+    if (p->buf[i] == buf) p->busy[i] = 0;
+}
+
+static gw_result_t take_grad(struct gw_exec *e, struct pool *p, int a, const int *last, int step) {
+  if (a <= 0 || last[a] != step) return GW_SUCCESS; /* the input has none; others start at their last reader */
+  e->grad[a] = pool_take(e, p, act_elems(e, a));
+  return e->grad[a] ? GW_SUCCESS : GW_ERR_SYSTEM;
+}
+
+/* Walks backward's order, giving each gradient a buffer at its last reader and
+ * returning it after its producer.  Assignments are fixed for every step. */
+static gw_result_t plan_gradients(struct gw_exec *e, const int *last) {
+  const struct gw_model *m = e->m;
+  int nmax = 2 * m->nacts + 1;
+  struct pool p = {calloc((size_t)nmax, sizeof(float *)), calloc((size_t)nmax, sizeof(size_t)),
+                   calloc((size_t)nmax, sizeof(int)), 0};
+  gw_result_t res = GW_ERR_SYSTEM;
+  if (!p.buf || !p.size || !p.busy) {
+    gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory planning gradients");
+    goto out;
+  }
+  if (take_grad(e, &p, m->nacts - 1, last, m->nlayers) != GW_SUCCESS) goto out;
+  for (int i = m->nlayers - 1; i >= 0; i--) {
+    const struct gw_layer *l = &m->layers[i];
+    if (take_grad(e, &p, l->in, last, i) != GW_SUCCESS) goto out;
+    if (l->in2 >= 0 && take_grad(e, &p, l->in2, last, i) != GW_SUCCESS) goto out;
+    pool_give(&p, e->grad[l->out]);
+  }
+  res = GW_SUCCESS;
+out:
+  free(p.buf), free(p.size), free(p.busy);
+  return res;
+}
+
+static gw_result_t plan_layer(struct gw_exec *e, int i, const int *last) {
+  const struct gw_model *m = e->m;
+  const struct gw_layer *l = &m->layers[i];
+  struct exec_layer *x = &e->L[i];
+  struct gw_op_desc d;
+  gw_model_op_desc(m, i, e->cfg.batch, &d);
+  if (l->in == 0 && l->kind != GW_LAYER_CONV)
+    return gw__model_fail(GW_ERR_UNSUPPORTED, "executor: layer %s reads the input image; only a convolution may",
+                          l->name);
+  GW_MODEL_TRY(e->ops->op_create(e->b, &d, &x->op));
+  x->acc_in = l->in != 0 && last[l->in] != i;
+  x->acc_in2 = l->in2 >= 0 && last[l->in2] != i;
+  if (x->acc_in && l->kind != GW_LAYER_ADD) {
+    const struct gw_act *s = &m->acts[l->in];
+    struct gw_op_desc a = {.kind = GW_LAYER_ADD, .n = e->cfg.batch, .c = s->c, .h = s->h, .w = s->w,
+                           .k = s->c, .p = s->h, .q = s->w};
+    GW_MODEL_TRY(e->ops->op_create(e->b, &a, &x->acc));
+  }
+  if (l->kind == GW_LAYER_MAXPOOL) EX_ALLOC(x->workspace, e, e->ops->workspace_bytes(x->op), l->name);
+  if (l->kind == GW_LAYER_BN) {
+    size_t c = (size_t)m->acts[l->in].c * sizeof(float);
+    EX_ALLOC(x->save_mean, e, c, l->name);
+    EX_ALLOC(x->save_rstd, e, c, l->name);
+  }
+  return GW_SUCCESS;
+}
+
+/* ready_after[i]: the end of the furthest parameter of layers i..last, which in
+ * reverse forward order is everything backward has finished by then. */
+static void plan_ready(struct gw_exec *e) {
+  const struct gw_model *m = e->m;
+  size_t ready = 0;
+  for (int i = m->nlayers - 1; i >= 0; i--) {
+    const struct gw_layer *l = &m->layers[i];
+    int p[2] = {l->weight, l->bias};
+    for (int k = 0; k < 2; k++) {
+      if (p[k] < 0) continue;
+      const struct gw_tensor *t = &m->params_t[p[k]];
+      if (t->offset + t->numel > ready) ready = t->offset + t->numel;
+    }
+    e->L[i].ready_after = ready;
+  }
+}
+
+/* Parameters, gradients and statistics: the model's own for host backends. */
+static gw_result_t plan_model_storage(struct gw_exec *e) {
+  struct gw_model *m = e->m;
+  if (e->ops->host_memory) {
+    e->params = m->param_data, e->grads = m->grad_data, e->running = m->running_data;
+    return GW_SUCCESS;
+  }
+  EX_ALLOC(e->params, e, m->num_params * sizeof(float), "parameters");
+  EX_ALLOC(e->grads, e, m->num_params * sizeof(float), "gradients");
+  EX_ALLOC(e->running, e, (m->num_running ? m->num_running : 1) * sizeof(float), "running statistics");
+  return gw_exec_upload_model(e);
+}
+
+static gw_result_t plan(struct gw_exec *e) {
+  const struct gw_model *m = e->m;
+  int *count = calloc((size_t)m->nacts, sizeof(int)), *last = calloc((size_t)m->nacts, sizeof(int));
+  int *producer = calloc((size_t)m->nacts, sizeof(int));
+  gw_result_t res = GW_ERR_SYSTEM;
+  if (!count || !last || !producer) {
+    gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory planning");
+    goto out;
+  }
+  readers(m, count, last);
+  if ((res = plan_activations(e, count, producer)) != GW_SUCCESS) goto out;
+  if ((res = plan_gradients(e, last)) != GW_SUCCESS) goto out;
+  size_t max_elems = 0;
+  for (int i = 0; i < m->nlayers; i++) {
+    if ((res = plan_layer(e, i, last)) != GW_SUCCESS) goto out;
+    if (e->L[i].acc_in && act_elems(e, m->layers[i].in) > max_elems) max_elems = act_elems(e, m->layers[i].in);
+  }
+  plan_ready(e);
+  res = GW_ERR_SYSTEM;
+  if (max_elems && !(e->scratch = ex_alloc(e, max_elems * sizeof(float), "gradient scratch"))) goto out;
+  if (!(e->labels = ex_alloc(e, (size_t)e->cfg.batch * sizeof(int32_t), "labels"))) goto out;
+  struct gw_op_desc d = {.kind = GW_OP_LOSS, .n = e->cfg.batch, .k = m->cfg.classes, .c = m->cfg.classes,
+                         .h = 1, .w = 1, .p = 1, .q = 1, .label_smoothing = e->cfg.label_smoothing};
+  if ((res = e->ops->op_create(e->b, &d, &e->loss_op)) != GW_SUCCESS) goto out;
+  res = plan_model_storage(e);
+out:
+  free(count), free(last), free(producer);
+  return res;
+}
+
+gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops, struct gw_backend *b,
+                           const struct gw_exec_config *cfg, struct gw_exec **out) {
+  *out = NULL;
+  if (!m || !ops || !b || !cfg)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: model, backend and config are required");
+  if (cfg->batch < 1)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: batch must be at least 1 (got %d)", cfg->batch);
+  if (!(cfg->label_smoothing >= 0 && cfg->label_smoothing <= 1))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: label smoothing %g must be in [0, 1]",
+                          (double)cfg->label_smoothing);
+  struct gw_exec *e = calloc(1, sizeof *e);
+  if (!e) return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
+  e->m = m, e->ops = ops, e->b = b, e->cfg = *cfg;
+  e->L = calloc((size_t)m->nlayers, sizeof *e->L);
+  e->act = calloc((size_t)m->nacts, sizeof *e->act);
+  e->grad = calloc((size_t)m->nacts, sizeof *e->grad);
+  gw_result_t res = GW_ERR_SYSTEM;
+  if (!e->L || !e->act || !e->grad) gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
+  else res = plan(e);
+  if (res != GW_SUCCESS) {
+    gw_exec_free(e);
+    return res;
+  }
+  *out = e;
+  return GW_SUCCESS;
+}
+
+void gw_exec_free(struct gw_exec *e) {
+  if (!e) return;
+  if (e->L)
+    for (int i = 0; i < e->m->nlayers; i++) {
+      e->ops->op_destroy(e->L[i].op);
+      e->ops->op_destroy(e->L[i].acc);
+    }
+  e->ops->op_destroy(e->loss_op);
+  for (int i = 0; i < e->nowned; i++) e->ops->dealloc(e->b, e->owned[i]);
+  free(e->owned), free(e->L), free(e->act), free(e->grad);
+  free(e);
+}
+
+size_t gw_exec_memory_bytes(const struct gw_exec *e) { return e->bytes; }
+
+/* ---- running */
+
+static float *P(struct gw_exec *e, int t) { return e->params + e->m->params_t[t].offset; }
+static float *G(struct gw_exec *e, int t) { return e->grads + e->m->params_t[t].offset; }
+static float *R(struct gw_exec *e, int t) { return e->running + e->m->buffers_t[t].offset; }
+
+static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
+  const struct gw_layer *l = &e->m->layers[i];
+  struct exec_layer *x = &e->L[i];
+  const struct gw_backend_ops *o = e->ops;
+  float *in = e->act[l->in], *out = e->act[l->out];
+  switch (l->kind) {
+  case GW_LAYER_CONV: return o->conv_fwd(x->op, in, P(e, l->weight), out);
+  case GW_LAYER_BN:
+    if (!train)
+      return o->bn_fwd_infer(x->op, in, P(e, l->weight), P(e, l->bias), R(e, l->running_mean),
+                             R(e, l->running_var), out);
+    e->m->counter_data[e->m->buffers_t[l->num_batches_tracked].offset]++;
+    return o->bn_fwd_train(x->op, in, P(e, l->weight), P(e, l->bias), out, x->save_mean, x->save_rstd,
+                           R(e, l->running_mean), R(e, l->running_var));
+  case GW_LAYER_RELU: return o->relu_fwd(x->op, in, out);
+  case GW_LAYER_MAXPOOL: return o->maxpool_fwd(x->op, in, out, x->workspace);
+  case GW_LAYER_AVGPOOL: return o->avgpool_fwd(x->op, in, out);
+  case GW_LAYER_FC: return o->fc_fwd(x->op, in, P(e, l->weight), P(e, l->bias), out);
+  case GW_LAYER_ADD: return o->add(x->op, in, e->act[l->in2], out);
+  }
+  return gw__model_fail(GW_ERR_INTERNAL, "executor: layer %s has unknown kind %d", l->name, (int)l->kind);
+}
+
+gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
+  if (!images) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: forward needs an input batch");
+  e->trained_forward = 0;
+  GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, act_elems(e, 0) * sizeof(float)));
+  for (int i = 0; i < e->m->nlayers; i++) GW_MODEL_TRY(forward_layer(e, i, train));
+  e->trained_forward = train != 0;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits) {
+  int a = e->m->nacts - 1;
+  return e->ops->download(e->b, host_logits, e->act[a], act_elems(e, a) * sizeof(float));
+}
+
+/* The gradient of an input: written straight into its buffer by the last
+ * reader, into the scratch (then added) by an earlier one. */
+static float *dx_target(struct gw_exec *e, const struct gw_layer *l, const struct exec_layer *x) {
+  if (l->in == 0) return NULL;
+  return x->acc_in ? e->scratch : e->grad[l->in];
+}
+
+static gw_result_t add_into(struct gw_exec *e, struct gw_op *op, int a, const float *contribution, int accumulate) {
+  if (accumulate) return e->ops->add(op, e->grad[a], contribution, e->grad[a]);
+  return e->ops->copy(e->b, e->grad[a], contribution, act_elems(e, a) * sizeof(float));
+}
+
+static gw_result_t backward_layer(struct gw_exec *e, int i) {
+  const struct gw_layer *l = &e->m->layers[i];
+  struct exec_layer *x = &e->L[i];
+  const struct gw_backend_ops *o = e->ops;
+  const float *dy = e->grad[l->out], *in = e->act[l->in];
+  float *dx = dx_target(e, l, x);
+  switch (l->kind) {
+  case GW_LAYER_CONV:
+    if (dx) GW_MODEL_TRY(o->conv_bwd_data(x->op, dy, P(e, l->weight), dx));
+    GW_MODEL_TRY(o->conv_bwd_weights(x->op, in, dy, G(e, l->weight)));
+    break;
+  case GW_LAYER_BN:
+    GW_MODEL_TRY(o->bn_bwd(x->op, in, dy, P(e, l->weight), x->save_mean, x->save_rstd, dx, G(e, l->weight),
+                           G(e, l->bias)));
+    break;
+  case GW_LAYER_RELU: GW_MODEL_TRY(o->relu_bwd(x->op, e->act[l->out], dy, dx)); break;
+  case GW_LAYER_MAXPOOL: GW_MODEL_TRY(o->maxpool_bwd(x->op, dy, x->workspace, dx)); break;
+  case GW_LAYER_AVGPOOL: GW_MODEL_TRY(o->avgpool_bwd(x->op, dy, dx)); break;
+  case GW_LAYER_FC:
+    GW_MODEL_TRY(o->fc_bwd(x->op, in, P(e, l->weight), dy, dx, G(e, l->weight), G(e, l->bias)));
+    break;
+  case GW_LAYER_ADD:
+    /* Both inputs receive dy unchanged. */
+    GW_MODEL_TRY(add_into(e, x->op, l->in, dy, x->acc_in));
+    return add_into(e, x->op, l->in2, dy, x->acc_in2);
+  }
+  if (dx && x->acc_in) GW_MODEL_TRY(o->add(x->acc, e->grad[l->in], e->scratch, e->grad[l->in]));
+  return GW_SUCCESS;
+}
+
+static gw_result_t check_labels(const struct gw_exec *e, const int32_t *labels) {
+  if (!labels) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: backward needs the labels");
+  for (int i = 0; i < e->cfg.batch; i++)
+    if (labels[i] < 0 || labels[i] >= e->m->cfg.classes)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: label %d of sample %d is not a class in [0, %d)",
+                            (int)labels[i], i, e->m->cfg.classes);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,
+                             void *ready_arg) {
+  if (!e->trained_forward)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                          "executor: backward needs a training forward first (the last forward was evaluation, "
+                          "failed, or already went backward)");
+  GW_MODEL_TRY(check_labels(e, labels));
+  e->trained_forward = 0; /* backward reuses gradient buffers: one backward per forward */
+  GW_MODEL_TRY(e->ops->upload(e->b, e->labels, labels, (size_t)e->cfg.batch * sizeof(int32_t)));
+  int logits = e->m->nacts - 1;
+  float host_loss = 0;
+  GW_MODEL_TRY(e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], e->labels, &host_loss, e->grad[logits]));
+  if (loss) *loss = host_loss;
+  size_t reported = 0;
+  for (int i = e->m->nlayers - 1; i >= 0; i--) {
+    GW_MODEL_TRY(backward_layer(e, i));
+    if (ready && e->L[i].ready_after > reported) ready(ready_arg, reported = e->L[i].ready_after);
+  }
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_exec_upload_model(struct gw_exec *e) {
+  struct gw_model *m = e->m;
+  if (e->ops->host_memory) return GW_SUCCESS;
+  GW_MODEL_TRY(e->ops->upload(e->b, e->params, m->param_data, m->num_params * sizeof(float)));
+  return e->ops->upload(e->b, e->running, m->running_data, m->num_running * sizeof(float));
+}
+
+gw_result_t gw_exec_download_model(struct gw_exec *e) {
+  struct gw_model *m = e->m;
+  if (e->ops->host_memory) return GW_SUCCESS;
+  GW_MODEL_TRY(e->ops->download(e->b, m->param_data, e->params, m->num_params * sizeof(float)));
+  GW_MODEL_TRY(e->ops->download(e->b, m->grad_data, e->grads, m->num_params * sizeof(float)));
+  return e->ops->download(e->b, m->running_data, e->running, m->num_running * sizeof(float));
+}

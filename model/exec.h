@@ -1,0 +1,79 @@
+/* exec.h - runs a model (resnet.h) on a backend (backend.h) at one batch size:
+ * forward in training or evaluation mode, then the loss and backward, which
+ * writes every parameter gradient into the model's one contiguous gradient
+ * buffer and reports, as it goes, how much of that buffer is final.
+ *
+ * Because parameters are laid out in reverse forward order, backward finishes
+ * them from offset 0 upward: the report is a single growing count ("gradients
+ * [0, ready) will not change again this step"), which is exactly what a
+ * gradient bucketer needs to start a bucket's allreduce while backward goes on.
+ *
+ * Memory is planned once at creation: every activation backward needs is kept
+ * (ReLU and the residual add run in place where nothing needs their input
+ * afterwards), and activation gradients share a small pool of buffers whose
+ * lifetimes are worked out from the layer graph.
+ */
+#ifndef GW_MODEL_EXEC_H
+#define GW_MODEL_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "resnet.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gw_exec;
+
+struct gw_exec_config {
+  int batch;              /* samples per forward, >= 1 */
+  float label_smoothing;  /* of the cross-entropy, in [0, 1] */
+};
+
+/* Called during backward with the number of leading gradient elements that are
+ * final; the values only grow within a step and the last call says
+ * gw_model_num_params().  Runs on the thread calling gw_exec_backward. */
+typedef void (*gw_grad_ready_fn)(void *arg, size_t ready);
+
+/* Plans every layer of m on backend b (ops) for cfg->batch samples and allocates
+ * activations and work memory.  The model must outlive the executor.  With a
+ * host-memory backend the executor computes on the model's own parameter,
+ * gradient and statistics storage; otherwise it keeps backend copies (see
+ * gw_exec_upload_model / gw_exec_download_model). */
+gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops, struct gw_backend *b,
+                           const struct gw_exec_config *cfg, struct gw_exec **out);
+void gw_exec_free(struct gw_exec *e); /* accepts NULL */
+
+/* Forward over `images` (host, NCHW fp32 [batch, in_channels, size, size]).
+ * train != 0: batch statistics, running statistics updated (momentum 0.1,
+ * unbiased variance) and num_batches_tracked incremented, activations kept for
+ * backward; train == 0: running statistics, nothing updated. */
+gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train);
+
+/* The logits of the last forward, copied to host memory [batch, classes]. */
+gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits);
+
+/* After a training forward: the mean label-smoothed cross-entropy over the batch
+ * against `labels` (host, [batch], each in [0, classes)) into *loss, then
+ * backward through every layer into the gradient buffer (overwritten, not
+ * accumulated).  ready (may be NULL) is called as gradients become final. */
+gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,
+                             void *ready_arg);
+
+/* For device-memory backends: copy the model's host parameters and running
+ * statistics to the backend (after loading weights or an optimizer step on the
+ * host), and the backend's parameters, gradients and statistics back.  No-ops
+ * for host-memory backends. */
+gw_result_t gw_exec_upload_model(struct gw_exec *e);
+gw_result_t gw_exec_download_model(struct gw_exec *e);
+
+/* Bytes the executor allocated (activations, gradient pool, work memory). */
+size_t gw_exec_memory_bytes(const struct gw_exec *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GW_MODEL_EXEC_H */

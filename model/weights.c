@@ -1,0 +1,113 @@
+/* weights.c - a model's parameters and batch-norm buffers to and from a
+ * safetensors file under torchvision's names (gw_model_save_weights /
+ * gw_model_load_weights of resnet.h), so weights move between gradwire and
+ * torchvision's resnet (safetensors.torch.load_file + load_state_dict) as they are.
+ *
+ * It is not a checkpoint: no gradients, optimizer state or step counter.  Loading is
+ * all or nothing: every name, dtype and shape is checked before the first value is
+ * copied, so a refused file leaves the model exactly as it was.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+#include "safetensors.h"
+
+/* Both tables as one sequence, parameters first (the order the file is written in
+ * and mismatches are reported in). */
+static int num_tensors(const struct gw_model *m) { return m->nparams_t + m->nbuffers_t; }
+
+static const struct gw_tensor *tensor_at(const struct gw_model *m, int i) {
+  return i < m->nparams_t ? &m->params_t[i] : &m->buffers_t[i - m->nparams_t];
+}
+
+/* The config, for the file's metadata: enough to rebuild a matching model. */
+static void describe(const struct gw_model_config *c, char *buf, size_t cap) {
+  snprintf(buf, cap, "resnet%d classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d", c->depth,
+           c->classes, c->in_channels, c->image_size, c->stem == GW_STEM_SMALL ? "small" : "imagenet",
+           c->width_divisor);
+}
+
+gw_result_t gw_model_save_weights(struct gw_model *m, const char *path) {
+  if (!m || !path) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_model_save_weights: NULL model or path");
+  int n = num_tensors(m);
+  struct gw_st_tensor *ts = calloc((size_t)n, sizeof *ts);
+  if (!ts) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  for (int i = 0; i < n; i++) {
+    const struct gw_tensor *t = tensor_at(m, i);
+    ts[i].name = t->name;
+    ts[i].dtype = t->dtype;
+    ts[i].ndim = t->ndim;
+    memcpy(ts[i].shape, t->shape, sizeof t->shape);
+    ts[i].nbytes = t->numel * gw_st_dtype_size(t->dtype);
+    ts[i].data = gw_model_tensor_data(m, t);
+  }
+  char desc[160];
+  describe(&m->cfg, desc, sizeof desc);
+  /* "format": "pt" is what safetensors.torch writes; transformers checks it. */
+  const char *const meta[] = {"format", "pt", "gradwire_model", desc, NULL};
+  gw_result_t r = gw_st_write(path, ts, n, meta);
+  free(ts);
+  return r;
+}
+
+static int same_shape(const struct gw_tensor *t, const struct gw_st_tensor *s) {
+  if (t->ndim != s->ndim) return 0;
+  for (int d = 0; d < t->ndim; d++)
+    if (t->shape[d] != s->shape[d]) return 0;
+  return 1;
+}
+
+/* The file's tensor for the model's t, or a failure saying what differs. */
+static gw_result_t match_one(const struct gw_tensor *t, const struct gw_st_file *f, const char *path,
+                             const struct gw_st_tensor **out) {
+  const struct gw_st_tensor *s = gw_st_find(f, t->name);
+  if (!s)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: missing: %s (the model has it; saved from another config?)",
+                          path, t->name);
+  if (s->dtype != t->dtype)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: dtype %s in model, %s in %s", t->name,
+                          gw_st_dtype_name(t->dtype), s->dtype_name, path);
+  if (!same_shape(t, s)) {
+    char want[GW_ST_SHAPE_TEXT], got[GW_ST_SHAPE_TEXT];
+    gw_st_format_shape(want, sizeof want, t->shape, t->ndim);
+    gw_st_format_shape(got, sizeof got, s->shape, s->ndim);
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: shape %s in model, %s in %s", t->name, want, got, path);
+  }
+  *out = s;
+  return GW_SUCCESS;
+}
+
+/* src[i] := the file's tensor for model tensor i; then no file tensor may be left
+ * over.  The first mismatch in table order is the one reported. */
+static gw_result_t match_all(const struct gw_model *m, const struct gw_st_file *f, const char *path,
+                             const struct gw_st_tensor **src) {
+  char *used = calloc(f->ntensors ? (size_t)f->ntensors : 1, 1);
+  if (!used) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  gw_result_t r = GW_SUCCESS;
+  for (int i = 0; i < num_tensors(m) && r == GW_SUCCESS; i++) {
+    r = match_one(tensor_at(m, i), f, path, &src[i]);
+    if (r == GW_SUCCESS) used[src[i] - f->tensors] = 1;
+  }
+  for (int j = 0; j < f->ntensors && r == GW_SUCCESS; j++)
+    if (!used[j])
+      r = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: unexpected: %s (the model has no tensor of that name)", path,
+                         f->tensors[j].name);
+  free(used);
+  return r;
+}
+
+gw_result_t gw_model_load_weights(struct gw_model *m, const char *path) {
+  if (!m || !path) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_model_load_weights: NULL model or path");
+  struct gw_st_file *f;
+  GW_MODEL_TRY(gw_st_open(&f, path));
+  int n = num_tensors(m);
+  const struct gw_st_tensor **src = calloc((size_t)n, sizeof *src);
+  gw_result_t r = src ? match_all(m, f, path, src) : gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  for (int i = 0; i < n && r == GW_SUCCESS; i++)
+    memcpy(gw_model_tensor_data(m, tensor_at(m, i)), src[i]->data, src[i]->nbytes);
+  free(src);
+  gw_st_free(f);
+  return r;
+}

@@ -1,0 +1,316 @@
+/* test_model_exec.c - the executor (model/exec.c) and SGD (model/sgd.c) on the
+ * cpu backend, without PyTorch (test_model_torch.c compares with PyTorch's
+ * fixtures):
+ * (Whole-network finite differences are not here on purpose: on networks this
+ * small the loss is too rough at any step size fp32 allows (ReLU kinks, batch
+ * statistics over few values; directional differences along each tensor's own
+ * gradient still miss by 5-10%), so such a test either fails or tests nothing.
+ * Each layer's backward is checked by finite differences in test_model_backend.c
+ * and the whole network's against PyTorch in test_model_torch.c, to 5e-5.)
+ * - the grad-ready reports: growing, ending at the parameter count, and every
+ *   announced prefix already final when announced;
+ * - running statistics and num_batches_tracked: updated by training forwards
+ *   only; evaluation forwards change nothing and repeat exactly;
+ * - a device-memory backend (the cpu one with host_memory = 0, so every tensor
+ *   crosses upload/download/copy) gives bit-identical results;
+ * - what it refuses: backward without a training forward, a label out of range,
+ *   a bad batch;
+ * - SGD against a double-precision reference of torch.optim.SGD's formula, with
+ *   and without Nesterov, and weight decay only on weights of 2+ dimensions.
+ * Exits 77 (skipped) without oneDNN.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gw_config.h"
+#include "harness.h"
+
+#if GW_HAVE_ONEDNN
+
+#include "backend.h"
+#include "exec.h"
+#include "resnet.h"
+#include "sgd.h"
+
+struct rig {
+  struct gw_model *m;
+  struct gw_backend *b;
+  struct gw_exec *e;
+  float *x;
+  int32_t *y;
+  int batch;
+};
+
+static void small_config(struct gw_model_config *cfg, int depth) {
+  gw_model_config_default(cfg);
+  cfg->depth = depth;
+  cfg->classes = 3;
+  cfg->in_channels = 2;
+  cfg->image_size = depth == 18 ? 16 : 64;
+  cfg->stem = depth == 18 ? GW_STEM_SMALL : GW_STEM_IMAGENET;
+  cfg->width_divisor = 16;
+  cfg->seed = 7;
+}
+
+static void rig_up(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch) {
+  struct gw_model_config cfg;
+  small_config(&cfg, depth);
+  memset(r, 0, sizeof *r);
+  r->batch = batch;
+  ck_assert_msg(gw_model_init(&r->m, &cfg) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct gw_backend_config bc = {.threads = 1};
+  ck_assert_msg(ops->create(&bc, &r->b) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
+  ck_assert_msg(gw_exec_create(r->m, ops, r->b, &ec, &r->e) == GW_SUCCESS, "%s", gw_model_last_error());
+  size_t n = (size_t)batch * cfg.in_channels * cfg.image_size * cfg.image_size;
+  r->x = malloc(n * sizeof(float));
+  r->y = malloc((size_t)batch * sizeof(int32_t));
+  for (size_t i = 0; i < n; i++) r->x[i] = (float)((double)(mix64(i + 11) >> 11) / 9007199254740992.0 * 2 - 1);
+  for (int i = 0; i < batch; i++) r->y[i] = (int32_t)(mix64(1000 + (uint64_t)i) % (uint64_t)cfg.classes);
+}
+
+static void rig_down(struct rig *r, const struct gw_backend_ops *ops) {
+  gw_exec_free(r->e);
+  ops->destroy(r->b);
+  gw_model_free(r->m);
+  free(r->x), free(r->y);
+}
+
+static float train_step(struct rig *r, gw_grad_ready_fn fn, void *arg) {
+  float loss = NAN;
+  ck_assert_msg(gw_exec_forward(r->e, r->x, 1) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_msg(gw_exec_backward(r->e, r->y, &loss, fn, arg) == GW_SUCCESS, "%s", gw_model_last_error());
+  return loss;
+}
+
+/* Every report: the prefix [previous, ready) is copied at the time of the
+ * report; at the end the copies must equal the final gradients bit for bit. */
+struct ready_log {
+  const float *grads;
+  float *shadow;
+  size_t last;
+  int calls, regressions;
+};
+
+static void on_ready(void *arg, size_t ready) {
+  struct ready_log *l = arg;
+  if (ready <= l->last) l->regressions++;
+  else memcpy(l->shadow + l->last, l->grads + l->last, (ready - l->last) * sizeof(float));
+  l->last = ready > l->last ? ready : l->last;
+  l->calls++;
+}
+
+START_TEST(test_grad_ready_reports) {
+  struct rig r;
+  rig_up(&r, &gw_backend_cpu, 50, 2);
+  size_t np = gw_model_num_params(r.m);
+  struct ready_log log = {gw_model_grads(r.m), malloc(np * sizeof(float)), 0, 0, 0};
+  memset(gw_model_grads(r.m), 0xff, np * sizeof(float)); /* NaN: anything unwritten shows */
+  train_step(&r, on_ready, &log);
+  ck_assert_int_eq(log.regressions, 0);
+  ck_assert_uint_eq(log.last, np);
+  ck_assert_int_ge(log.calls, gw_model_num_param_tensors(r.m) / 3); /* one per layer with parameters */
+  ck_assert_msg(memcmp(log.shadow, gw_model_grads(r.m), np * sizeof(float)) == 0,
+                "a gradient changed after its prefix was reported final");
+  for (size_t i = 0; i < np; i++) ck_assert_msg(isfinite(gw_model_grads(r.m)[i]), "gradient %zu unwritten", i);
+  free(log.shadow);
+  rig_down(&r, &gw_backend_cpu);
+}
+END_TEST
+
+START_TEST(test_running_statistics) {
+  struct rig r;
+  rig_up(&r, &gw_backend_cpu, 18, 4);
+  size_t nrun = 0;
+  for (int i = 0; i < gw_model_num_buffer_tensors(r.m); i++) {
+    const struct gw_tensor *t = gw_model_buffer_tensor(r.m, i);
+    if (t->kind == GW_TENSOR_RUNNING) nrun += t->numel;
+  }
+  float *before = malloc(nrun * sizeof(float));
+  memcpy(before, gw_model_running(r.m), nrun * sizeof(float));
+  int nclasses = gw_model_get_config(r.m)->classes;
+  float *l1 = malloc((size_t)r.batch * nclasses * sizeof(float)), *l2 = malloc((size_t)r.batch * nclasses * sizeof(float));
+  ck_assert(gw_exec_forward(r.e, r.x, 0) == GW_SUCCESS);
+  ck_assert(gw_exec_logits(r.e, l1) == GW_SUCCESS);
+  ck_assert_msg(memcmp(before, gw_model_running(r.m), nrun * sizeof(float)) == 0, "eval changed running stats");
+  for (int i = 0; i < gw_model_num_buffer_tensors(r.m); i++) {
+    const struct gw_tensor *t = gw_model_buffer_tensor(r.m, i);
+    if (t->kind == GW_TENSOR_COUNTER)
+      ck_assert_msg(*(int64_t *)gw_model_tensor_data(r.m, t) == 0, "%s counted an eval forward", t->name);
+  }
+  train_step(&r, NULL, NULL);
+  train_step(&r, NULL, NULL);
+  ck_assert_msg(memcmp(before, gw_model_running(r.m), nrun * sizeof(float)) != 0, "training kept running stats");
+  for (int i = 0; i < gw_model_num_buffer_tensors(r.m); i++) {
+    const struct gw_tensor *t = gw_model_buffer_tensor(r.m, i);
+    if (t->kind == GW_TENSOR_COUNTER)
+      ck_assert_msg(*(int64_t *)gw_model_tensor_data(r.m, t) == 2, "%s = %lld after 2 steps", t->name,
+                    (long long)*(int64_t *)gw_model_tensor_data(r.m, t));
+  }
+  /* Evaluation now uses the updated statistics, and repeats exactly. */
+  ck_assert(gw_exec_forward(r.e, r.x, 0) == GW_SUCCESS);
+  ck_assert(gw_exec_logits(r.e, l2) == GW_SUCCESS);
+  ck_assert(memcmp(l1, l2, (size_t)r.batch * nclasses * sizeof(float)) != 0);
+  ck_assert(gw_exec_forward(r.e, r.x, 0) == GW_SUCCESS);
+  ck_assert(gw_exec_logits(r.e, l1) == GW_SUCCESS);
+  ck_assert(memcmp(l1, l2, (size_t)r.batch * nclasses * sizeof(float)) == 0);
+  free(before), free(l1), free(l2);
+  rig_down(&r, &gw_backend_cpu);
+}
+END_TEST
+
+START_TEST(test_device_memory_path) {
+  struct gw_backend_ops dev = gw_backend_cpu;
+  dev.host_memory = 0;
+  struct rig a, b;
+  rig_up(&a, &gw_backend_cpu, 50, 2);
+  rig_up(&b, &dev, 50, 2);
+  float la = train_step(&a, NULL, NULL), lb = train_step(&b, NULL, NULL);
+  ck_assert_msg(la == lb, "loss %.9g on host memory, %.9g through upload/download", la, lb);
+  size_t np = gw_model_num_params(a.m);
+  /* The model's host copy of the gradients is stale until downloaded. */
+  ck_assert(gw_exec_download_model(b.e) == GW_SUCCESS);
+  ck_assert(memcmp(gw_model_grads(a.m), gw_model_grads(b.m), np * sizeof(float)) == 0);
+  ck_assert(memcmp(gw_model_running(a.m), gw_model_running(b.m), 10 * sizeof(float)) == 0);
+  /* A host-side change reaches the backend only when uploaded. */
+  gw_model_params(b.m)[0] += 1.0f;
+  gw_model_params(a.m)[0] += 1.0f;
+  ck_assert(gw_exec_upload_model(b.e) == GW_SUCCESS);
+  la = train_step(&a, NULL, NULL), lb = train_step(&b, NULL, NULL);
+  ck_assert_msg(la == lb, "after upload: loss %.9g vs %.9g", la, lb);
+  rig_down(&a, &gw_backend_cpu);
+  rig_down(&b, &dev);
+}
+END_TEST
+
+START_TEST(test_refusals) {
+  struct rig r;
+  rig_up(&r, &gw_backend_cpu, 18, 2);
+  float loss;
+  ck_assert_int_eq(gw_exec_backward(r.e, r.y, &loss, NULL, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(gw_model_last_error(), "training forward"));
+  ck_assert(gw_exec_forward(r.e, r.x, 0) == GW_SUCCESS);
+  ck_assert_int_eq(gw_exec_backward(r.e, r.y, &loss, NULL, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(gw_exec_forward(r.e, r.x, 1) == GW_SUCCESS);
+  r.y[1] = 3; /* 3 classes: 0..2 */
+  ck_assert_int_eq(gw_exec_backward(r.e, r.y, &loss, NULL, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_model_last_error(), "label 3 of sample 1"), "%s", gw_model_last_error());
+  r.y[1] = 0;
+  ck_assert(gw_exec_backward(r.e, r.y, &loss, NULL, NULL) == GW_SUCCESS); /* the forward is still usable */
+  ck_assert_int_eq(gw_exec_backward(r.e, r.y, &loss, NULL, NULL), GW_ERR_INVALID_ARGUMENT); /* once per forward */
+  struct gw_exec *e = NULL;
+  struct gw_exec_config bad = {.batch = 0};
+  ck_assert_int_eq(gw_exec_create(r.m, &gw_backend_cpu, r.b, &bad, &e), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_null(e);
+  bad.batch = 2, bad.label_smoothing = 1.5f;
+  ck_assert_int_eq(gw_exec_create(r.m, &gw_backend_cpu, r.b, &bad, &e), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(gw_model_last_error(), "label smoothing"));
+  rig_down(&r, &gw_backend_cpu);
+}
+END_TEST
+
+/* torch.optim.SGD's update in double precision, element by element. */
+static void sgd_reference(double *p, double *buf, const float *g, size_t n, double lr, double mu, double damp,
+                          double wd, int nesterov, int first) {
+  for (size_t i = 0; i < n; i++) {
+    double d = g[i] + wd * p[i];
+    buf[i] = first ? d : mu * buf[i] + (1 - damp) * d;
+    p[i] -= lr * (nesterov ? d + mu * buf[i] : buf[i]);
+  }
+}
+
+static void sgd_case(int nesterov, float damp) {
+  struct gw_model_config cfg;
+  small_config(&cfg, 18);
+  struct gw_model *m;
+  ck_assert(gw_model_init(&m, &cfg) == GW_SUCCESS);
+  size_t n = gw_model_num_params(m);
+  float *p = gw_model_params(m), *g = gw_model_grads(m);
+  double *rp = malloc(n * sizeof(double)), *rb = malloc(n * sizeof(double));
+  struct gw_sgd_config sc = {.momentum = 0.9f, .dampening = damp, .weight_decay = 5e-3f, .nesterov = nesterov};
+  struct gw_sgd *s;
+  ck_assert_msg(gw_sgd_create(m, &sc, &s) == GW_SUCCESS, "%s", gw_model_last_error());
+  for (size_t i = 0; i < n; i++) rp[i] = p[i];
+  for (int step = 0; step < 3; step++) {
+    for (size_t i = 0; i < n; i++) g[i] = (float)((double)(mix64(i * 3 + (size_t)step) >> 40) / 16777216.0 - 0.5);
+    ck_assert(gw_sgd_step(s, p, g, 0.1f) == GW_SUCCESS);
+    for (int t = 0; t < gw_model_num_param_tensors(m); t++) {
+      const struct gw_tensor *tt = gw_model_param_tensor(m, t);
+      double wd = tt->ndim >= 2 ? (double)sc.weight_decay : 0.0;
+      sgd_reference(rp + tt->offset, rb + tt->offset, g + tt->offset, tt->numel, (double)0.1f, (double)0.9f,
+                    (double)damp, wd, nesterov, step == 0);
+    }
+    for (size_t i = 0; i < n; i++)
+      ck_assert_msg(fabs(p[i] - rp[i]) <= 1e-6 * (1 + fabs(rp[i])), "step %d, element %zu: %.9g vs %.9g", step, i,
+                    (double)p[i], rp[i]);
+  }
+  ck_assert_int_eq(gw_sgd_steps(s), 3);
+  gw_sgd_free(s);
+  gw_model_free(m);
+  free(rp), free(rb);
+}
+
+START_TEST(test_sgd_momentum) { sgd_case(0, 0.0f); }
+END_TEST
+START_TEST(test_sgd_nesterov) { sgd_case(1, 0.0f); }
+END_TEST
+START_TEST(test_sgd_dampening) { sgd_case(0, 0.25f); }
+END_TEST
+
+START_TEST(test_sgd_decay_targets) {
+  struct gw_model_config cfg;
+  small_config(&cfg, 18);
+  struct gw_model *m;
+  ck_assert(gw_model_init(&m, &cfg) == GW_SUCCESS);
+  size_t n = gw_model_num_params(m);
+  float *p = gw_model_params(m), *g = gw_model_grads(m), *before = malloc(n * sizeof(float));
+  memcpy(before, p, n * sizeof(float));
+  memset(g, 0, n * sizeof(float));
+  struct gw_sgd_config sc = {.weight_decay = 0.5f};
+  struct gw_sgd *s;
+  ck_assert(gw_sgd_create(m, &sc, &s) == GW_SUCCESS);
+  ck_assert(gw_sgd_step(s, p, g, 0.1f) == GW_SUCCESS);
+  for (int t = 0; t < gw_model_num_param_tensors(m); t++) {
+    const struct gw_tensor *tt = gw_model_param_tensor(m, t);
+    size_t i = tt->offset;
+    float want = tt->ndim >= 2 ? before[i] - 0.1f * (0.5f * before[i]) : before[i];
+    ck_assert_msg(p[i] == want, "%s: %.9g, want %.9g (decay %s)", tt->name, (double)p[i], (double)want,
+                  tt->ndim >= 2 ? "on" : "off");
+  }
+  ck_assert_int_eq(gw_sgd_step(s, p, g, -1.0f), GW_ERR_INVALID_ARGUMENT);
+  gw_sgd_free(s);
+  struct gw_sgd_config bad = {.momentum = 0, .nesterov = 1};
+  ck_assert_int_eq(gw_sgd_create(m, &bad, &s), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(gw_model_last_error(), "Nesterov"));
+  gw_model_free(m);
+  free(before);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("model-exec");
+  TCase *tc = tcase_create("exec");
+  tcase_set_timeout(tc, 240);
+  tcase_add_test(tc, test_grad_ready_reports);
+  tcase_add_test(tc, test_running_statistics);
+  tcase_add_test(tc, test_device_memory_path);
+  tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_sgd_momentum);
+  tcase_add_test(tc, test_sgd_nesterov);
+  tcase_add_test(tc, test_sgd_dampening);
+  tcase_add_test(tc, test_sgd_decay_targets);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
+
+#else
+
+int main(void) {
+  printf("model-exec: built without oneDNN, skipped\n");
+  return 77;
+}
+
+#endif

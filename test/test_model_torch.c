@@ -1,0 +1,257 @@
+/* test_model_torch.c - gradwire's ResNets (cpu backend) against PyTorch, tensor by
+ * tensor, from the committed fixture test/fixtures/resnet_w8.safetensors (made by
+ * test/fixtures/make_resnet_fixtures.py from weights gradwire exported; its
+ * docstring says what is in it and why there are two networks).  Compared, each
+ * naming the first tensor that differs:
+ *   ResNet-50 at 1/8 width: logits and loss of a training-mode forward, every
+ *   parameter gradient, running statistics and num_batches_tracked after it;
+ *   ResNet-18 at 1/8 width: every parameter and buffer after 3 steps of SGD with
+ *   momentum (forward, backward, step, on the same batch).
+ *
+ * Tolerances, for each tensor (max over its elements):
+ *   one step:  |ours - torch| <= rtol * max |torch| + 1e-6 with rtol 2e-4 for
+ *              logits, loss and statistics, 2e-3 for gradients (a sum over the
+ *              batch and every position, through 50 layers of BN).  fp32 with a
+ *              different summation order on each side gives about 1e-6 relative
+ *              per layer; a wrong index or formula moves a tensor by whole percent.
+ *   3 steps:   |ours - torch| <= 0.1 * max |torch - initial| + 1e-6, i.e. within a
+ *              tenth of how far training moved the tensor.  After 3 steps rounding
+ *              has been amplified by the training itself (PyTorch against itself,
+ *              oneDNN on vs off, differs by ~3% of the update on this network);
+ *              a missing momentum or a wrong learning rate is off by 50-100%.
+ * Exits 77 (skipped) without oneDNN.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gw_config.h"
+#include "harness.h"
+
+#if GW_HAVE_ONEDNN
+
+#include "backend.h"
+#include "exec.h"
+#include "resnet.h"
+#include "safetensors.h"
+#include "sgd.h"
+
+/* What make_resnet_fixtures.py's R50 and R18 say (metadata "r50.config" and
+ * "r18.config" must match). */
+#define R50_CONFIG "depth=50 classes=10 in_channels=3 image_size=32 stem=small width_divisor=8 seed=1 batch=4"
+#define R18_CONFIG "depth=18 classes=10 in_channels=3 image_size=32 stem=small width_divisor=8 seed=2 batch=8"
+#define STEP3_RTOL 0.1
+
+static struct gw_st_file *fx;
+
+static void load_fixture(void) {
+  const char *dir = getenv("GW_FIXTURES");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/resnet_w8.safetensors", dir ? dir : "test/fixtures");
+  ck_assert_msg(gw_st_open(&fx, path) == GW_SUCCESS, "%s", gw_model_last_error());
+  const char *c50 = gw_st_metadata(fx, "r50.config"), *c18 = gw_st_metadata(fx, "r18.config");
+  ck_assert_msg(c50 && c18 && strcmp(c50, R50_CONFIG) == 0 && strcmp(c18, R18_CONFIG) == 0,
+                "%s was made for '%s' and '%s', this test runs '%s' and '%s'", path, c50 ? c50 : "?", c18 ? c18 : "?",
+                R50_CONFIG, R18_CONFIG);
+}
+
+static const struct gw_st_tensor *ref(const char *name, size_t numel, gw_dtype_t dtype) {
+  const struct gw_st_tensor *t = gw_st_find(fx, name);
+  ck_assert_msg(t, "the fixture has no tensor %s", name);
+  ck_assert_msg(t->dtype == dtype && t->nbytes == numel * gw_st_dtype_size(dtype),
+                "fixture tensor %s: %s of %zu bytes, expected %zu elements of %s", name, t->dtype_name, t->nbytes,
+                numel, gw_st_dtype_name(dtype));
+  return t;
+}
+
+/* Worst error relative to the bound over everything compared, per category. */
+static double worst[4];
+enum { W_FWD, W_GRAD, W_STEP1, W_STEP3 };
+
+/* max |ours - torch| <= rtol * max |torch - base| + 1e-6, where base is NULL
+ * (zero: relative to the tensor's size) or the values before training (relative
+ * to how far training moved the tensor). */
+static void compare_from(const char *name, const float *ours, const float *base, size_t numel, double rtol,
+                         int category) {
+  const struct gw_st_tensor *t = ref(name, numel, GW_FLOAT32);
+  float *r = malloc(numel * sizeof(float) + 1);
+  memcpy(r, t->data, numel * sizeof(float));
+  double scale = 0, err = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < numel; i++) scale = fmax(scale, fabs(r[i] - (base ? base[i] : 0.0f)));
+  for (size_t i = 0; i < numel; i++) {
+    double d = fabs((double)ours[i] - r[i]);
+    if (!(d <= err)) err = d, at = i; /* NaN counts as the worst */
+  }
+  double bound = rtol * scale + 1e-6;
+  if (getenv("GW_TORCH_VERBOSE")) printf("%-50s %.3g of the bound\n", name, err / bound);
+  ck_assert_msg(err <= bound, "%s differs from PyTorch: element %zu is %.9g, PyTorch %.9g (max |diff| %.3g > %.3g)",
+                name, at, (double)ours[at], (double)r[at], err, bound);
+  worst[category] = fmax(worst[category], err / bound);
+  free(r);
+}
+
+static void compare(const char *name, const float *ours, size_t numel, double rtol, int category) {
+  compare_from(name, ours, NULL, numel, rtol, category);
+}
+
+/* Buffers: counters exactly; running statistics by compare_from with base (the
+ * values before training, or NULL) and rtol. */
+static void compare_buffers(struct gw_model *m, const char *prefix, const float *base, double rtol, int category) {
+  for (int i = 0; i < gw_model_num_buffer_tensors(m); i++) {
+    const struct gw_tensor *t = gw_model_buffer_tensor(m, i);
+    char name[160];
+    snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    if (t->kind == GW_TENSOR_COUNTER) {
+      int64_t want;
+      memcpy(&want, ref(name, 1, GW_INT64)->data, sizeof want);
+      ck_assert_msg(*(int64_t *)gw_model_tensor_data(m, t) == want, "%s: %lld, PyTorch %lld", name,
+                    (long long)*(int64_t *)gw_model_tensor_data(m, t), (long long)want);
+    } else {
+      compare_from(name, gw_model_tensor_data(m, t), base ? base + t->offset : NULL, t->numel, rtol, category);
+    }
+  }
+}
+
+static uint64_t fnv1a64(const void *p, size_t n) {
+  const unsigned char *b = p;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* One network of the fixture, set up as the script set it up. */
+struct net {
+  const char *prefix; /* "r50." */
+  struct gw_model *m;
+  struct gw_backend *b;
+  struct gw_exec *e;
+  float *x;
+  int32_t *y;
+  int batch;
+};
+
+static void net_up(struct net *n, const char *prefix, int depth, uint64_t seed, int batch) {
+  char name[64];
+  memset(n, 0, sizeof *n);
+  n->prefix = prefix, n->batch = batch;
+  struct gw_model_config cfg;
+  gw_model_config_default(&cfg);
+  cfg.depth = depth, cfg.classes = 10, cfg.in_channels = 3, cfg.image_size = 32, cfg.stem = GW_STEM_SMALL;
+  cfg.width_divisor = 8, cfg.seed = seed;
+  ck_assert(gw_model_init(&n->m, &cfg) == GW_SUCCESS);
+  char hash[32];
+  snprintf(hash, sizeof hash, "%016llx",
+           (unsigned long long)fnv1a64(gw_model_params(n->m), gw_model_num_params(n->m) * sizeof(float)));
+  snprintf(name, sizeof name, "%sinit_fnv1a64", prefix);
+  const char *want = gw_st_metadata(fx, name);
+  ck_assert_msg(want && strcmp(want, hash) == 0,
+                "resnet%d initializes to weights with hash %s, the fixture was made from %s: the initialization "
+                "changed; remake the fixture with test/fixtures/make_resnet_fixtures.py",
+                depth, hash, want ? want : "(none)");
+  struct gw_backend_config bc = {.threads = 1};
+  ck_assert(gw_backend_cpu.create(&bc, &n->b) == GW_SUCCESS);
+  struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
+  ck_assert_msg(gw_exec_create(n->m, &gw_backend_cpu, n->b, &ec, &n->e) == GW_SUCCESS, "%s", gw_model_last_error());
+  size_t nx = (size_t)batch * 3 * 32 * 32;
+  n->x = malloc(nx * sizeof(float));
+  n->y = malloc((size_t)batch * sizeof(int32_t));
+  snprintf(name, sizeof name, "%sinput", prefix);
+  memcpy(n->x, ref(name, nx, GW_FLOAT32)->data, nx * sizeof(float));
+  snprintf(name, sizeof name, "%slabels", prefix);
+  memcpy(n->y, ref(name, (size_t)batch, GW_INT32)->data, (size_t)batch * sizeof(int32_t));
+}
+
+static void net_down(struct net *n) {
+  gw_exec_free(n->e);
+  gw_backend_cpu.destroy(n->b);
+  gw_model_free(n->m);
+  free(n->x), free(n->y);
+}
+
+static void train_step(struct net *n, float *loss) {
+  ck_assert(gw_exec_forward(n->e, n->x, 1) == GW_SUCCESS);
+  ck_assert(gw_exec_backward(n->e, n->y, loss, NULL, NULL) == GW_SUCCESS);
+}
+
+static size_t running_elems(const struct gw_model *m) {
+  size_t nrun = 0;
+  for (int i = 0; i < gw_model_num_buffer_tensors(m); i++)
+    if (gw_model_buffer_tensor(m, i)->kind == GW_TENSOR_RUNNING) nrun += gw_model_buffer_tensor(m, i)->numel;
+  return nrun;
+}
+
+START_TEST(test_resnet50_one_step) {
+  load_fixture();
+  struct net n;
+  net_up(&n, "r50.", 50, 1, 4);
+  float logits[4 * 10], loss;
+  char name[160];
+  ck_assert(gw_exec_forward(n.e, n.x, 1) == GW_SUCCESS);
+  ck_assert(gw_exec_logits(n.e, logits) == GW_SUCCESS);
+  compare("r50.logits", logits, 4 * 10, 2e-4, W_FWD);
+  ck_assert(gw_exec_backward(n.e, n.y, &loss, NULL, NULL) == GW_SUCCESS);
+  compare("r50.loss", &loss, 1, 2e-4, W_FWD);
+  for (int i = 0; i < gw_model_num_param_tensors(n.m); i++) {
+    const struct gw_tensor *t = gw_model_param_tensor(n.m, i);
+    snprintf(name, sizeof name, "r50.grad.%s", t->name);
+    compare(name, gw_model_grads(n.m) + t->offset, t->numel, 2e-3, W_GRAD);
+  }
+  compare_buffers(n.m, "r50.step1.", NULL, 2e-4, W_STEP1);
+  printf("resnet50 against PyTorch, worst error / bound: forward %.3f, gradients %.3f, statistics %.3f\n", worst[W_FWD],
+         worst[W_GRAD], worst[W_STEP1]);
+  net_down(&n);
+  gw_st_free(fx);
+}
+END_TEST
+
+START_TEST(test_resnet18_three_sgd_steps) {
+  load_fixture();
+  struct net n;
+  net_up(&n, "r18.", 18, 2, 8);
+  size_t np = gw_model_num_params(n.m), nrun = running_elems(n.m);
+  float *params0 = malloc(np * sizeof(float)), *running0 = malloc(nrun * sizeof(float)), loss;
+  memcpy(params0, gw_model_params(n.m), np * sizeof(float));
+  memcpy(running0, gw_model_running(n.m), nrun * sizeof(float));
+  struct gw_sgd *s;
+  struct gw_sgd_config sc = {.momentum = 0.9f, .weight_decay = 1e-4f};
+  ck_assert(gw_sgd_create(n.m, &sc, &s) == GW_SUCCESS);
+  for (int step = 0; step < 3; step++) {
+    train_step(&n, &loss);
+    ck_assert(gw_sgd_step(s, gw_model_params(n.m), gw_model_grads(n.m), 0.01f) == GW_SUCCESS);
+  }
+  char name[160];
+  for (int i = 0; i < gw_model_num_param_tensors(n.m); i++) {
+    const struct gw_tensor *t = gw_model_param_tensor(n.m, i);
+    snprintf(name, sizeof name, "r18.step3.%s", t->name);
+    compare_from(name, gw_model_tensor_data(n.m, t), params0 + t->offset, t->numel, STEP3_RTOL, W_STEP3);
+  }
+  compare_buffers(n.m, "r18.step3.", running0, STEP3_RTOL, W_STEP3);
+  printf("resnet18 against PyTorch after 3 SGD steps, worst error / bound: %.3f\n", worst[W_STEP3]);
+  gw_sgd_free(s);
+  net_down(&n);
+  free(params0), free(running0);
+  gw_st_free(fx);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("model-torch");
+  TCase *tc = tcase_create("fixture");
+  tcase_set_timeout(tc, 240);
+  tcase_add_test(tc, test_resnet50_one_step);
+  tcase_add_test(tc, test_resnet18_three_sgd_steps);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
+
+#else
+
+int main(void) {
+  printf("model-torch: built without oneDNN, skipped\n");
+  return 77;
+}
+
+#endif
