@@ -95,6 +95,23 @@ struct gw_backend_ops {
   gw_result_t (*bn_bwd)(struct gw_op *op, const float *x, const float *dy, const float *gamma,
                         const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta);
 
+  /* Batch norm in phases, for statistics shared across ranks (SyncBatchNorm): the
+   * executor sums the per-rank partial sums over all ranks between the phases.
+   * bn_sums:      sums[ch] = sum x, sums[c + ch] = sum x^2 over this rank's n*h*w
+   *               values of channel ch (double: the global variance is
+   *               E[x^2] - mean^2, exact enough in double, not in float).
+   * bn_fwd_apply: y = (x - mean) * rstd * gamma + beta with the given statistics.
+   * bn_bwd_sums:  sums[ch] = sum dy, sums[c + ch] = sum dy * (x - mean) * rstd.
+   * bn_bwd_apply: dx = gamma * rstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count)
+   *               with the sums and the value count over every rank. */
+  gw_result_t (*bn_sums)(struct gw_op *op, const float *x, double *sums);
+  gw_result_t (*bn_fwd_apply)(struct gw_op *op, const float *x, const float *gamma, const float *beta,
+                              const float *mean, const float *rstd, float *y);
+  gw_result_t (*bn_bwd_sums)(struct gw_op *op, const float *x, const float *dy, const float *mean,
+                             const float *rstd, double *sums);
+  gw_result_t (*bn_bwd_apply)(struct gw_op *op, const float *x, const float *dy, const float *gamma,
+                              const float *mean, const float *rstd, const double *sums, double count, float *dx);
+
   /* ReLU (y may alias x; bwd takes the forward output y). */
   gw_result_t (*relu_fwd)(struct gw_op *op, const float *x, float *y);
   gw_result_t (*relu_bwd)(struct gw_op *op, const float *y, const float *dy, float *dx);

@@ -318,6 +318,34 @@ static gw_result_t cpu_bn_bwd(struct gw_op *op, const float *x, const float *dy,
   return GW_SUCCESS;
 }
 
+static gw_result_t cpu_bn_sums(struct gw_op *op, const float *x, double *sums) {
+  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_sums"));
+  gw__cpu_bn_sums(&op->d, x, sums);
+  return GW_SUCCESS;
+}
+
+static gw_result_t cpu_bn_fwd_apply(struct gw_op *op, const float *x, const float *gamma, const float *beta,
+                                    const float *mean, const float *rstd, float *y) {
+  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_apply"));
+  gw__cpu_bn_fwd_apply(&op->d, x, gamma, beta, mean, rstd, y);
+  return GW_SUCCESS;
+}
+
+static gw_result_t cpu_bn_bwd_sums(struct gw_op *op, const float *x, const float *dy, const float *mean,
+                                   const float *rstd, double *sums) {
+  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_sums"));
+  gw__cpu_bn_bwd_sums(&op->d, x, dy, mean, rstd, sums);
+  return GW_SUCCESS;
+}
+
+static gw_result_t cpu_bn_bwd_apply(struct gw_op *op, const float *x, const float *dy, const float *gamma,
+                                    const float *mean, const float *rstd, const double *sums, double count,
+                                    float *dx) {
+  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_apply"));
+  gw__cpu_bn_bwd_apply(&op->d, x, dy, gamma, mean, rstd, sums, count, dx);
+  return GW_SUCCESS;
+}
+
 static size_t cpu_workspace_bytes(struct gw_op *op) { return op->workspace_bytes; }
 
 static gw_result_t cpu_maxpool_fwd(struct gw_op *op, const float *x, float *y, void *workspace) {
@@ -391,6 +419,10 @@ const struct gw_backend_ops gw_backend_cpu = {
     .bn_fwd_train = cpu_bn_fwd_train,
     .bn_fwd_infer = cpu_bn_fwd_infer,
     .bn_bwd = cpu_bn_bwd,
+    .bn_sums = cpu_bn_sums,
+    .bn_fwd_apply = cpu_bn_fwd_apply,
+    .bn_bwd_sums = cpu_bn_bwd_sums,
+    .bn_bwd_apply = cpu_bn_bwd_apply,
     .workspace_bytes = cpu_workspace_bytes,
     .maxpool_fwd = cpu_maxpool_fwd,
     .maxpool_bwd = cpu_maxpool_bwd,

@@ -102,6 +102,68 @@ void gw__cpu_bn_bwd(const struct gw_op_desc *d, const float *x, const float *dy,
   }
 }
 
+/* SyncBatchNorm's phases: the same arithmetic as above, split where the sums
+ * cross ranks. */
+void gw__cpu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums) {
+  const int c = d->c;
+  const size_t hw = (size_t)d->h * d->w;
+  OMP_FOR
+  for (int ch = 0; ch < c; ch++) {
+    double s = 0, sq = 0;
+    for (int n = 0; n < d->n; n++) {
+      const float *p = PLANE(x, n, ch, c, hw);
+      for (size_t i = 0; i < hw; i++) s += p[i], sq += (double)p[i] * p[i];
+    }
+    sums[ch] = s, sums[c + ch] = sq;
+  }
+}
+
+void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
+                          const float *mean, const float *rstd, float *y) {
+  const int c = d->c;
+  const size_t hw = (size_t)d->h * d->w;
+  OMP_FOR
+  for (int ch = 0; ch < c; ch++) {
+    double scale = (double)gamma[ch] * rstd[ch], shift = (double)beta[ch] - (double)mean[ch] * scale;
+    for (int n = 0; n < d->n; n++) {
+      const float *p = PLANE(x, n, ch, c, hw);
+      float *q = PLANE(y, n, ch, c, hw);
+      for (size_t i = 0; i < hw; i++) q[i] = (float)((double)p[i] * scale + shift);
+    }
+  }
+}
+
+void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, const float *x, const float *dy, const float *mean,
+                         const float *rstd, double *sums) {
+  const int c = d->c;
+  const size_t hw = (size_t)d->h * d->w;
+  OMP_FOR
+  for (int ch = 0; ch < c; ch++) {
+    double mu = mean[ch], r = rstd[ch], sdy = 0, sdyx = 0;
+    for (int n = 0; n < d->n; n++) {
+      const float *p = PLANE(x, n, ch, c, hw), *g = PLANE(dy, n, ch, c, hw);
+      for (size_t i = 0; i < hw; i++) sdy += g[i], sdyx += (double)g[i] * (((double)p[i] - mu) * r);
+    }
+    sums[ch] = sdy, sums[c + ch] = sdyx;
+  }
+}
+
+void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
+                          const float *mean, const float *rstd, const double *sums, double count, float *dx) {
+  const int c = d->c;
+  const size_t hw = (size_t)d->h * d->w;
+  OMP_FOR
+  for (int ch = 0; ch < c; ch++) {
+    double mu = mean[ch], r = rstd[ch], k = (double)gamma[ch] * r;
+    double a = sums[ch] / count, bq = sums[c + ch] / count;
+    for (int n = 0; n < d->n; n++) {
+      const float *p = PLANE(x, n, ch, c, hw), *g = PLANE(dy, n, ch, c, hw);
+      float *q = PLANE(dx, n, ch, c, hw);
+      for (size_t i = 0; i < hw; i++) q[i] = (float)(k * ((double)g[i] - a - ((double)p[i] - mu) * r * bq));
+    }
+  }
+}
+
 void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y) {
   const size_t hw = (size_t)d->h * d->w, planes = (size_t)d->n * d->c;
   OMP_FOR

@@ -18,6 +18,15 @@ void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, const float *x, const floa
 void gw__cpu_bn_bwd(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
                     const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta);
 
+/* The phases of SyncBatchNorm (backend.h: bn_sums ... bn_bwd_apply). */
+void gw__cpu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums);
+void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
+                          const float *mean, const float *rstd, float *y);
+void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, const float *x, const float *dy, const float *mean,
+                         const float *rstd, double *sums);
+void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
+                          const float *mean, const float *rstd, const double *sums, double count, float *dx);
+
 /* x, dx [n, c, h, w]; y, dy [n, c]. */
 void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y);
 void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, const float *dy, float *dx);

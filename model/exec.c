@@ -16,6 +16,7 @@
  */
 #include "exec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,11 @@ struct gw_exec {
   float *params, *grads, *running; /* the model's storage, or backend copies */
   int32_t *labels;        /* backend copy of the labels */
   int trained_forward;    /* the last forward was a training one: backward may run */
+  gw_exec_sum_fn sync_sum; /* SyncBatchNorm's cross-rank sum, or NULL */
+  void *sync_arg;
+  double *sums;           /* backend memory, [2 * max BN channels + 1] */
+  double *host_sums;      /* the same on the host, where they are summed across ranks */
+  float *host_stats;      /* [4 * max BN channels]: mean, rstd, running mean, running var */
   size_t bytes;
 };
 
@@ -239,6 +245,15 @@ static gw_result_t plan(struct gw_exec *e) {
   }
   plan_ready(e);
   res = GW_ERR_SYSTEM;
+  size_t maxc = 1;
+  for (int i = 0; i < m->nlayers; i++)
+    if (m->layers[i].kind == GW_LAYER_BN && (size_t)m->acts[m->layers[i].in].c > maxc)
+      maxc = (size_t)m->acts[m->layers[i].in].c;
+  if (!(e->sums = ex_alloc(e, (2 * maxc + 1) * sizeof(double), "batch-norm sums"))) goto out;
+  if (!(e->host_sums = malloc((2 * maxc + 1) * sizeof(double))) || !(e->host_stats = malloc(4 * maxc * sizeof(float)))) {
+    gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
+    goto out;
+  }
   if (max_elems && !(e->scratch = ex_alloc(e, max_elems * sizeof(float), "gradient scratch"))) goto out;
   if (!(e->labels = ex_alloc(e, (size_t)e->cfg.batch * sizeof(int32_t), "labels"))) goto out;
   struct gw_op_desc d = {.kind = GW_OP_LOSS, .n = e->cfg.batch, .k = m->cfg.classes, .c = m->cfg.classes,
@@ -287,6 +302,7 @@ void gw_exec_free(struct gw_exec *e) {
   e->ops->op_destroy(e->loss_op);
   for (int i = 0; i < e->nowned; i++) e->ops->dealloc(e->b, e->owned[i]);
   free(e->owned), free(e->L), free(e->act), free(e->grad);
+  free(e->host_sums), free(e->host_stats);
   free(e);
 }
 
@@ -297,6 +313,71 @@ size_t gw_exec_memory_bytes(const struct gw_exec *e) { return e->bytes; }
 static float *P(struct gw_exec *e, int t) { return e->params + e->m->params_t[t].offset; }
 static float *G(struct gw_exec *e, int t) { return e->grads + e->m->params_t[t].offset; }
 static float *R(struct gw_exec *e, int t) { return e->running + e->m->buffers_t[t].offset; }
+
+/* ---- SyncBatchNorm: the phases of backend.h with the sums crossing ranks */
+
+void gw_exec_set_sync_bn(struct gw_exec *e, gw_exec_sum_fn sum, void *arg) {
+  e->sync_sum = sum;
+  e->sync_arg = arg;
+}
+
+/* The backend's partial sums [2c] plus this rank's value count, summed over
+ * every rank into e->host_sums [2c + 1]. */
+static gw_result_t sum_across_ranks(struct gw_exec *e, const struct gw_layer *l, int c) {
+  GW_MODEL_TRY(e->ops->download(e->b, e->host_sums, e->sums, 2 * (size_t)c * sizeof(double)));
+  const struct gw_act *a = &e->m->acts[l->in];
+  e->host_sums[2 * c] = (double)e->cfg.batch * a->h * a->w;
+  gw_result_t res = e->sync_sum(e->sync_arg, e->host_sums, 2 * (size_t)c + 1);
+  if (res != GW_SUCCESS)
+    return gw__model_fail(res, "executor: SyncBatchNorm %s: summing statistics across ranks failed (%s)", l->name,
+                          gw_strerror(res));
+  return GW_SUCCESS;
+}
+
+static gw_result_t sync_bn_forward(struct gw_exec *e, const struct gw_layer *l, struct exec_layer *x) {
+  const struct gw_backend_ops *o = e->ops;
+  const int c = e->m->acts[l->in].c;
+  const float momentum = 0.1f, eps = 1e-5f; /* gw_model_op_desc's, as torchvision */
+  float *mean = e->host_stats, *rstd = mean + c, *rmean = rstd + c, *rvar = rmean + c;
+  GW_MODEL_TRY(o->bn_sums(x->op, e->act[l->in], e->sums));
+  GW_MODEL_TRY(sum_across_ranks(e, l, c));
+  double count = e->host_sums[2 * c];
+  if (count < 2)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: SyncBatchNorm %s sees %.0f values per channel; "
+                          "training needs more", l->name, count);
+  GW_MODEL_TRY(o->download(e->b, rmean, R(e, l->running_mean), (size_t)c * sizeof(float)));
+  GW_MODEL_TRY(o->download(e->b, rvar, R(e, l->running_var), (size_t)c * sizeof(float)));
+  for (int ch = 0; ch < c; ch++) {
+    double mu = e->host_sums[ch] / count, var = e->host_sums[c + ch] / count - mu * mu;
+    if (var < 0) var = 0; /* rounding of E[x^2] - mean^2 */
+    mean[ch] = (float)mu;
+    rstd[ch] = (float)(1.0 / sqrt(var + eps));
+    rmean[ch] = (float)(momentum * mu + (1 - momentum) * (double)rmean[ch]);
+    rvar[ch] = (float)(momentum * var * count / (count - 1) + (1 - momentum) * (double)rvar[ch]);
+  }
+  GW_MODEL_TRY(o->upload(e->b, x->save_mean, mean, (size_t)c * sizeof(float)));
+  GW_MODEL_TRY(o->upload(e->b, x->save_rstd, rstd, (size_t)c * sizeof(float)));
+  GW_MODEL_TRY(o->upload(e->b, R(e, l->running_mean), rmean, (size_t)c * sizeof(float)));
+  GW_MODEL_TRY(o->upload(e->b, R(e, l->running_var), rvar, (size_t)c * sizeof(float)));
+  return o->bn_fwd_apply(x->op, e->act[l->in], P(e, l->weight), P(e, l->bias), x->save_mean, x->save_rstd,
+                         e->act[l->out]);
+}
+
+static gw_result_t sync_bn_backward(struct gw_exec *e, const struct gw_layer *l, struct exec_layer *x, const float *dy,
+                                    float *dx) {
+  const struct gw_backend_ops *o = e->ops;
+  const int c = e->m->acts[l->in].c;
+  float *dgamma = e->host_stats, *dbeta = dgamma + c;
+  GW_MODEL_TRY(o->bn_bwd_sums(x->op, e->act[l->in], dy, x->save_mean, x->save_rstd, e->sums));
+  GW_MODEL_TRY(o->download(e->b, e->host_sums, e->sums, 2 * (size_t)c * sizeof(double)));
+  for (int ch = 0; ch < c; ch++) dbeta[ch] = (float)e->host_sums[ch], dgamma[ch] = (float)e->host_sums[c + ch];
+  GW_MODEL_TRY(o->upload(e->b, G(e, l->weight), dgamma, (size_t)c * sizeof(float)));
+  GW_MODEL_TRY(o->upload(e->b, G(e, l->bias), dbeta, (size_t)c * sizeof(float)));
+  GW_MODEL_TRY(sum_across_ranks(e, l, c));
+  GW_MODEL_TRY(o->upload(e->b, e->sums, e->host_sums, 2 * (size_t)c * sizeof(double)));
+  return o->bn_bwd_apply(x->op, e->act[l->in], dy, P(e, l->weight), x->save_mean, x->save_rstd, e->sums,
+                         e->host_sums[2 * c], dx);
+}
 
 static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
   const struct gw_layer *l = &e->m->layers[i];
@@ -310,6 +391,7 @@ static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
       return o->bn_fwd_infer(x->op, in, P(e, l->weight), P(e, l->bias), R(e, l->running_mean),
                              R(e, l->running_var), out);
     e->m->counter_data[e->m->buffers_t[l->num_batches_tracked].offset]++;
+    if (e->sync_sum) return sync_bn_forward(e, l, x);
     return o->bn_fwd_train(x->op, in, P(e, l->weight), P(e, l->bias), out, x->save_mean, x->save_rstd,
                            R(e, l->running_mean), R(e, l->running_var));
   case GW_LAYER_RELU: return o->relu_fwd(x->op, in, out);
@@ -359,8 +441,10 @@ static gw_result_t backward_layer(struct gw_exec *e, int i) {
     GW_MODEL_TRY(o->conv_bwd_weights(x->op, in, dy, G(e, l->weight)));
     break;
   case GW_LAYER_BN:
-    GW_MODEL_TRY(o->bn_bwd(x->op, in, dy, P(e, l->weight), x->save_mean, x->save_rstd, dx, G(e, l->weight),
-                           G(e, l->bias)));
+    if (e->sync_sum) GW_MODEL_TRY(sync_bn_backward(e, l, x, dy, dx));
+    else
+      GW_MODEL_TRY(o->bn_bwd(x->op, in, dy, P(e, l->weight), x->save_mean, x->save_rstd, dx, G(e, l->weight),
+                             G(e, l->bias)));
     break;
   case GW_LAYER_RELU: GW_MODEL_TRY(o->relu_bwd(x->op, e->act[l->out], dy, dx)); break;
   case GW_LAYER_MAXPOOL: GW_MODEL_TRY(o->maxpool_bwd(x->op, dy, x->workspace, dx)); break;

@@ -63,6 +63,16 @@ gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits);
 gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,
                              void *ready_arg);
 
+/* SyncBatchNorm: from now on every training-mode batch norm normalizes with the
+ * statistics of the batch over ALL ranks (forward: sum x, sum x^2 and the count;
+ * backward: sum dy, sum dy * xhat), which `sum` adds up across ranks in place
+ * (n doubles; every rank calls it in the same order, once per BN per pass).
+ * The running statistics then follow the global batch, as PyTorch's
+ * SyncBatchNorm.  The BN parameters' own gradients stay this rank's (the
+ * gradient allreduce averages them like every other).  sum == NULL turns it off. */
+typedef gw_result_t (*gw_exec_sum_fn)(void *arg, double *buf, size_t n);
+void gw_exec_set_sync_bn(struct gw_exec *e, gw_exec_sum_fn sum, void *arg);
+
 /* For device-memory backends: copy the model's host parameters and running
  * statistics to the backend (after loading weights or an optimizer step on the
  * host), and the backend's parameters, gradients and statistics back.  No-ops
