@@ -134,6 +134,43 @@ gw_result_t gw_wait(gw_request_t *req);
  * result; otherwise returns GW_SUCCESS and leaves *req alone. */
 gw_result_t gw_test(gw_request_t *req, int *done);
 
+/* ---- gradient buckets (DDP-style overlap of allreduce with backward) ---------
+ * A bucketer owns nothing but bookkeeping over the caller's contiguous gradient
+ * buffer: buckets are consecutive ranges [bounds[i], bounds[i+1]) of it.  During
+ * backward the caller marks ranges ready (in any order, each element once per
+ * step); as soon as bucket 0..k are all complete, their in-place allreduces are
+ * started in bucket order, so every rank issues the same sequence whatever order
+ * its gradients finished in.  gw_bucketer_wait() waits for all of them and makes
+ * the bucketer ready for the next step.  Host buffers only. */
+typedef struct gw_bucketer *gw_bucketer_t;
+
+/* Bucket boundaries in the style of PyTorch DDP: the first bucket first_bytes,
+ * the others bucket_bytes (both rounded up to whole elements, at least one), the
+ * last one whatever remains.  Writes nbuckets + 1 bounds (bounds[0] = 0,
+ * bounds[nbuckets] = count) into bounds[0..max_bounds) and returns nbuckets, or
+ * -1 if max_bounds is too small or an argument is zero. */
+int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t bucket_bytes, size_t *bounds,
+                     int max_bounds);
+
+/* op is applied by every allreduce (GW_AVG averages gradients across ranks). */
+gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                               const size_t *bounds, int nbuckets, gw_bucketer_t *out);
+/* Marks buf[offset, offset + count) ready; starts every allreduce that became
+ * startable.  Marking an element twice in one step, or outside the buffer, is
+ * GW_ERR_INVALID_ARGUMENT. */
+gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
+/* Waits for every bucket's allreduce.  Fails (without waiting forever) when some
+ * bucket was never completely marked, naming it.  Resets for the next step. */
+gw_result_t gw_bucketer_wait(gw_bucketer_t b);
+/* Timing of the last completed step, in seconds on the monotonic clock: when the
+ * first allreduce started, when the last bucket became ready, and when wait()
+ * returned. */
+struct gw_bucketer_times {
+  double first_start, last_ready, done;
+};
+gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t);
+void gw_bucketer_destroy(gw_bucketer_t b); /* waits for what is in flight; accepts NULL */
+
 /* ---- helpers -------------------------------------------------------------- */
 size_t gw_dtype_size(gw_dtype_t dtype);          /* 0 for an unknown dtype */
 const char *gw_dtype_name(gw_dtype_t dtype);     /* "float32", ...; "?" if unknown */

@@ -329,8 +329,8 @@ static gw_result_t sum_across_ranks(struct gw_exec *e, const struct gw_layer *l,
   e->host_sums[2 * c] = (double)e->cfg.batch * a->h * a->w;
   gw_result_t res = e->sync_sum(e->sync_arg, e->host_sums, 2 * (size_t)c + 1);
   if (res != GW_SUCCESS)
-    return gw__model_fail(res, "executor: SyncBatchNorm %s: summing statistics across ranks failed (%s)", l->name,
-                          gw_strerror(res));
+    return gw__model_fail(res, "executor: SyncBatchNorm %s: summing statistics across ranks failed (gw_result_t %d)",
+                          l->name, (int)res);
   return GW_SUCCESS;
 }
 

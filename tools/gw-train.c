@@ -1,51 +1,76 @@
-/* gw-train - the trainer.  This first part builds the model from the command
- * line and moves its weights in and out as safetensors (torchvision's names and
- * layouts):
+/* gw-train - data-parallel ResNet training on gradwire.  One process per rank,
+ * launched by gw-run (or torchrun / srun / mpirun: gw_comm_init_env reads their
+ * variables); alone it trains on one process.
  *
+ *   gw-run -n 2 gw-train --data fashion-mnist --model resnet50 --epochs 2 --batch 32
  *   gw-train --model resnet50 --steps 0 --save-weights init.safetensors
- *   gw-train --model resnet50 --load-weights trained.safetensors --steps 0
  *
- * --steps 0 builds (and loads / saves) the model and exits; the training loop
- * itself (data, optimizer schedule, bucketed allreduce) is the training issue's
- * and refuses to run until it exists rather than pretending. */
+ * This file reads and checks the command line (every contradiction is refused
+ * before any work starts); gw-train-loop.c does the work. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "resnet.h"
-
-struct opts {
-  struct gw_model_config model;
-  const char *model_name;
-  long steps;
-  const char *save_weights, *load_weights;
-};
+#include "gw-train.h"
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: gw-train [options]\n"
+          "usage: [gw-run -n N] gw-train [options]\n"
+          "data:\n"
+          "  --data SPEC              fashion-mnist[:DIR] (default), imagenet:DIR or synthetic\n"
+          "  --augment                random flips and crops on the training set\n"
+          "  --drop-last              drop the samples that do not fill a shard evenly\n"
+          "  --synthetic-samples N    samples of the synthetic set (default 10000)\n"
+          "  --loader-threads T       decoding threads per rank (default 1)\n"
           "model:\n"
-          "  --model NAME           resnet18, resnet34, resnet50 (default), resnet101, resnet152\n"
-          "  --classes N            outputs of the classifier (default 1000)\n"
-          "  --in-channels C        channels of the input images (default 3)\n"
-          "  --image-size S         input height = width (default 224)\n"
-          "  --stem imagenet|small  7x7/2 conv + max pool (default), or 3x3/1 conv for small images\n"
-          "  --width-divisor D      divide every layer width by D (1, 2, 4, ..., 64; default 1 = torchvision)\n"
-          "  --zero-init-residual   start the last BN gamma of every block at 0\n"
-          "  --seed S               initialization seed (default 0)\n"
-          "weights:\n"
-          "  --load-weights FILE    start from FILE (safetensors, torchvision names); refused unless every\n"
-          "                         name, shape and dtype matches the model\n"
-          "  --save-weights FILE    write the weights (safetensors) when done\n"
-          "run:\n"
-          "  --steps N              training steps; 0 builds, loads and saves the model only\n"
+          "  --model NAME             resnet18, resnet34, resnet50 (default), resnet101, resnet152\n"
+          "  --classes N --in-channels C --image-size S\n"
+          "                           default: the dataset's (given ones must agree with it)\n"
+          "  --stem imagenet|small    7x7/2 conv + max pool (default), or 3x3/1 conv for small images\n"
+          "  --width-divisor D        narrower layers (1, 2, 4, ..., 64; default 1 = torchvision)\n"
+          "  --zero-init-residual     start the last BN gamma of every block at 0\n"
+          "  --seed S                 initialization, shuffling and augmentation seed (default 0)\n"
+          "  --load-weights FILE      start from FILE (safetensors, torchvision names)\n"
+          "  --save-weights FILE      write the trained weights (safetensors) at the end\n"
+          "training:\n"
+          "  --epochs E | --steps S   how long (exactly one; --steps 0 only builds, loads and saves)\n"
+          "  --batch B                samples per rank per step (default 32)\n"
+          "  --lr LR                  base learning rate for a global batch of 256 (default 0.1);\n"
+          "                           the rate used is LR x global batch / 256\n"
+          "  --momentum M             (default 0.9)  --nesterov\n"
+          "  --wd WD                  weight decay on conv and fc weights, never BN or biases (default 1e-4)\n"
+          "  --warmup-epochs W        linear warmup (default 0.2; fractions allowed)\n"
+          "  --schedule cosine|step   after warmup: cosine to 0 (default) or x0.1 at 1/3 and 2/3\n"
+          "  --label-smoothing L      (default 0)\n"
+          "  --threads T              compute threads per rank (default: cores / ranks on this machine)\n"
+          "communication:\n"
+          "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
+          "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
+          "  --no-overlap             allreduce after backward instead of during it (for comparison)\n"
+          "checkpoints:\n"
+          "  --checkpoint-dir DIR     rank 0 writes checkpoints there (atomic, checksummed)\n"
+          "  --checkpoint-every N     also every N steps (default: at epoch ends only)\n"
+          "  --keep-checkpoints K     newest kept (default 3)\n"
+          "  --resume                 continue from the newest valid checkpoint in --checkpoint-dir\n"
+          "output:\n"
+          "  --metrics FILE.jsonl     one JSON object per step and per evaluation\n"
+          "  --plot FILE.png          loss and accuracy per epoch (gnuplot)\n"
+          "  --log-every N            steps between plain log lines when not on a terminal (default 50)\n"
+          "  --no-eval                skip the evaluation at each epoch end\n"
           "  -h, --help\n");
 }
 
-/* A whole decimal number in [lo, hi], or a message naming the option. */
+static int bad(const char *fmt, const char *a, const char *b) {
+  fprintf(stderr, "gw-train: ");
+  fprintf(stderr, fmt, a, b);
+  fputc('\n', stderr);
+  return -1;
+}
+
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
   char *end;
   errno = 0;
@@ -65,71 +90,173 @@ static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
   return 0;
 }
 
-static int parse_model_option(struct opts *o, int c, const char *arg) {
-  struct gw_model_config *m = &o->model;
-  switch (c) {
-  case 'm':
-    o->model_name = arg;
-    if (gw_model_depth_from_name(arg, &m->depth) == 0) return 0;
-    fprintf(stderr, "gw-train: --model '%s' is not one of resnet18, resnet34, resnet50, resnet101, resnet152\n",
-            arg);
+static int parse_double(const char *opt, const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+    fprintf(stderr, "gw-train: %s wants a number in [%g, %g], got '%s'\n", opt, lo, hi, s);
     return -1;
-  case 'k': return parse_int("--classes", arg, 1, 1 << 24, &m->classes);
-  case 'i': return parse_int("--in-channels", arg, 1, 4096, &m->in_channels);
-  case 's': return parse_int("--image-size", arg, 1, 8192, &m->image_size);
-  case 'w': return parse_int("--width-divisor", arg, 1, 64, &m->width_divisor);
-  case 'z': m->zero_init_residual = 1; return 0;
-  case 'S': {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(arg, &end, 10);
-    if (errno || end == arg || *end || arg[0] == '-') {
-      fprintf(stderr, "gw-train: --seed wants a non-negative whole number, got '%s'\n", arg);
-      return -1;
-    }
-    m->seed = v;
-    return 0;
   }
-  case 't':
-    if (strcmp(arg, "imagenet") == 0) m->stem = GW_STEM_IMAGENET;
-    else if (strcmp(arg, "small") == 0) m->stem = GW_STEM_SMALL;
-    else {
-      fprintf(stderr, "gw-train: --stem '%s' is not imagenet or small\n", arg);
-      return -1;
-    }
-    return 0;
-  }
-  return 1; /* not a model option */
+  *out = v;
+  return 0;
 }
 
-/* Returns 0 to go on, 1 to exit successfully (--help), 2 on a usage error. */
-static int parse(int argc, char **argv, struct opts *o) {
-  static const struct option longopts[] = {
-      {"model", required_argument, NULL, 'm'},        {"classes", required_argument, NULL, 'k'},
-      {"in-channels", required_argument, NULL, 'i'},  {"image-size", required_argument, NULL, 's'},
-      {"stem", required_argument, NULL, 't'},         {"width-divisor", required_argument, NULL, 'w'},
-      {"zero-init-residual", no_argument, NULL, 'z'}, {"seed", required_argument, NULL, 'S'},
-      {"steps", required_argument, NULL, 'n'},        {"save-weights", required_argument, NULL, 'o'},
-      {"load-weights", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
+enum {
+  O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
+  O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
+  O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
+  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL
+};
+
+static const struct option longopts[] = {
+    {"model", required_argument, NULL, O_MODEL},          {"classes", required_argument, NULL, O_CLASSES},
+    {"in-channels", required_argument, NULL, O_INCH},      {"image-size", required_argument, NULL, O_SIZE},
+    {"stem", required_argument, NULL, O_STEM},            {"width-divisor", required_argument, NULL, O_WIDTH},
+    {"zero-init-residual", no_argument, NULL, O_ZERO},     {"seed", required_argument, NULL, O_SEED},
+    {"steps", required_argument, NULL, O_STEPS},          {"save-weights", required_argument, NULL, O_SAVE},
+    {"load-weights", required_argument, NULL, O_LOAD},     {"data", required_argument, NULL, O_DATA},
+    {"augment", no_argument, NULL, O_AUGMENT},            {"drop-last", no_argument, NULL, O_DROPLAST},
+    {"synthetic-samples", required_argument, NULL, O_SYNSAMPLES},
+    {"loader-threads", required_argument, NULL, O_LTHREADS}, {"epochs", required_argument, NULL, O_EPOCHS},
+    {"batch", required_argument, NULL, O_BATCH},          {"lr", required_argument, NULL, O_LR},
+    {"momentum", required_argument, NULL, O_MOMENTUM},     {"nesterov", no_argument, NULL, O_NESTEROV},
+    {"wd", required_argument, NULL, O_WD},                {"warmup-epochs", required_argument, NULL, O_WARMUP},
+    {"schedule", required_argument, NULL, O_SCHED},        {"label-smoothing", required_argument, NULL, O_SMOOTH},
+    {"threads", required_argument, NULL, O_THREADS},       {"sync-bn", no_argument, NULL, O_SYNCBN},
+    {"bucket-mb", required_argument, NULL, O_BUCKET},      {"no-overlap", no_argument, NULL, O_NOOVERLAP},
+    {"checkpoint-dir", required_argument, NULL, O_CKDIR},  {"checkpoint-every", required_argument, NULL, O_CKEVERY},
+    {"keep-checkpoints", required_argument, NULL, O_CKKEEP}, {"resume", no_argument, NULL, O_RESUME},
+    {"metrics", required_argument, NULL, O_METRICS},       {"plot", required_argument, NULL, O_PLOT},
+    {"log-every", required_argument, NULL, O_LOGEVERY},    {"no-eval", no_argument, NULL, O_NOEVAL},
+    {"help", no_argument, NULL, 'h'},                     {NULL, 0, NULL, 0}};
+
+static int parse_seed(const char *arg, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(arg, &end, 10);
+  if (errno || end == arg || *end || arg[0] == '-')
+    return bad("--seed wants a non-negative whole number, got '%s'%s", arg, "");
+  *out = v;
+  return 0;
+}
+
+/* The model's options; 1 when c is not one of them. */
+static int parse_model_option(struct train_opts *o, int c, const char *arg) {
+  struct gw_model_config *m = &o->model;
+  switch (c) {
+  case O_MODEL:
+    o->model_name = arg;
+    if (gw_model_depth_from_name(arg, &m->depth) == 0) return 0;
+    return bad("--model '%s' is not one of resnet18, resnet34, resnet50, resnet101, resnet152%s", arg, "");
+  case O_CLASSES: o->classes_given = 1; return parse_int("--classes", arg, 1, 1 << 24, &m->classes);
+  case O_INCH: o->in_channels_given = 1; return parse_int("--in-channels", arg, 1, 4096, &m->in_channels);
+  case O_SIZE: o->image_size_given = 1; return parse_int("--image-size", arg, 1, 8192, &m->image_size);
+  case O_WIDTH: return parse_int("--width-divisor", arg, 1, 64, &m->width_divisor);
+  case O_ZERO: m->zero_init_residual = 1; return 0;
+  case O_SEED: return parse_seed(arg, &m->seed);
+  case O_STEM:
+    o->stem_given = 1;
+    if (strcmp(arg, "imagenet") == 0) m->stem = GW_STEM_IMAGENET;
+    else if (strcmp(arg, "small") == 0) m->stem = GW_STEM_SMALL;
+    else return bad("--stem '%s' is not imagenet or small%s", arg, "");
+    return 0;
+  }
+  return 1;
+}
+
+/* The optimizer's and schedule's options; 1 when c is not one of them. */
+static int parse_optim_option(struct train_opts *o, int c, const char *arg) {
+  switch (c) {
+  case O_EPOCHS: return parse_long("--epochs", arg, 1, 1000000, &o->epochs);
+  case O_STEPS: return parse_long("--steps", arg, 0, LONG_MAX / 2, &o->steps);
+  case O_BATCH: return parse_int("--batch", arg, 1, 1 << 20, &o->batch);
+  case O_LR: return parse_double("--lr", arg, 0, 1e3, &o->lr);
+  case O_MOMENTUM: return parse_double("--momentum", arg, 0, 1, &o->momentum);
+  case O_NESTEROV: o->nesterov = 1; return 0;
+  case O_WD: return parse_double("--wd", arg, 0, 1, &o->wd);
+  case O_WARMUP: return parse_double("--warmup-epochs", arg, 0, 1e6, &o->warmup_epochs);
+  case O_SMOOTH: return parse_double("--label-smoothing", arg, 0, 1, &o->label_smoothing);
+  case O_THREADS: return parse_int("--threads", arg, 0, 4096, &o->threads);
+  case O_SCHED:
+    if (strcmp(arg, "cosine") == 0) o->schedule = GW_SCHED_COSINE;
+    else if (strcmp(arg, "step") == 0) o->schedule = GW_SCHED_STEP;
+    else return bad("--schedule '%s' is not cosine or step%s", arg, "");
+    return 0;
+  }
+  return 1;
+}
+
+/* Everything else; -1 on a bad value, 1 for an unknown option. */
+static int parse_run_option(struct train_opts *o, int c, const char *arg) {
+  switch (c) {
+  case O_DATA: o->data = arg; return 0;
+  case O_AUGMENT: o->augment = 1; return 0;
+  case O_DROPLAST: o->drop_last = 1; return 0;
+  case O_SYNSAMPLES: {
+    long v;
+    if (parse_long("--synthetic-samples", arg, 1, LONG_MAX / 2, &v) != 0) return -1;
+    o->synthetic_samples = v;
+    return 0;
+  }
+  case O_LTHREADS: return parse_int("--loader-threads", arg, 1, 256, &o->loader_threads);
+  case O_SYNCBN: o->sync_bn = 1; return 0;
+  case O_BUCKET: return parse_double("--bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->bucket_mb);
+  case O_NOOVERLAP: o->no_overlap = 1; return 0;
+  case O_CKDIR: o->checkpoint_dir = arg; return 0;
+  case O_CKEVERY: return parse_long("--checkpoint-every", arg, 1, LONG_MAX / 2, &o->checkpoint_every);
+  case O_CKKEEP: return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
+  case O_RESUME: o->resume = 1; return 0;
+  case O_METRICS: o->metrics = arg; return 0;
+  case O_PLOT: o->plot = arg; return 0;
+  case O_LOGEVERY: return parse_long("--log-every", arg, 1, LONG_MAX / 2, &o->log_every);
+  case O_NOEVAL: o->eval = 0; return 0;
+  case O_SAVE: o->save_weights = arg; return 0;
+  case O_LOAD: o->load_weights = arg; return 0;
+  }
+  return 1;
+}
+
+static void defaults(struct train_opts *o) {
   memset(o, 0, sizeof *o);
   gw_model_config_default(&o->model);
   o->model_name = "resnet50";
-  o->steps = -1;
+  o->data = "fashion-mnist";
+  o->epochs = 0, o->steps = -1;
+  o->batch = 32, o->lr = 0.1, o->momentum = 0.9, o->wd = 1e-4, o->warmup_epochs = 0.2;
+  o->bucket_mb = 25, o->first_bucket_mb = 1;
+  o->keep_checkpoints = 3, o->loader_threads = 1, o->log_every = 50, o->eval = 1;
+  o->synthetic_samples = 10000;
+}
+
+/* Contradictions, refused before any work. */
+static int check(const struct train_opts *o) {
+  if (o->epochs > 0 && o->steps >= 0) return bad("give --epochs or --steps, not both%s%s", "", "");
+  if (o->epochs == 0 && o->steps < 0)
+    return bad("say how long to train: --epochs E or --steps S (--steps 0: build, load and save only)%s%s", "", "");
+  if (o->resume && !o->checkpoint_dir) return bad("--resume needs --checkpoint-dir DIR%s%s", "", "");
+  if (o->checkpoint_every && !o->checkpoint_dir) return bad("--checkpoint-every needs --checkpoint-dir DIR%s%s", "", "");
+  if (o->nesterov && o->momentum <= 0) return bad("--nesterov needs a momentum > 0%s%s", "", "");
+  if (o->steps == 0 && (o->resume || o->checkpoint_dir || o->metrics || o->plot))
+    return bad("--steps 0 trains nothing: --resume, --checkpoint-dir, --metrics and --plot do not apply%s%s", "", "");
+  return 0;
+}
+
+/* Returns 0 to go on, 1 to exit successfully (--help), 2 on a usage error. */
+static int parse(int argc, char **argv, struct train_opts *o) {
+  defaults(o);
   int c;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    if (c == 'h') {
+      usage(stdout);
+      return 1;
+    }
     int r = parse_model_option(o, c, optarg);
+    if (r == 1) r = parse_optim_option(o, c, optarg);
+    if (r == 1) r = parse_run_option(o, c, optarg);
     if (r < 0) return 2;
-    if (r == 0) continue;
-    switch (c) {
-    case 'n':
-      if (parse_long("--steps", optarg, 0, LONG_MAX, &o->steps) != 0) return 2;
-      break;
-    case 'o': o->save_weights = optarg; break;
-    case 'l': o->load_weights = optarg; break;
-    case 'h': usage(stdout); return 1;
-    default:
+    if (r == 1) {
       fprintf(stderr, "gw-train: unknown option or missing value: '%s' (see --help)\n", argv[optind - 1]);
       return 2;
     }
@@ -138,41 +265,39 @@ static int parse(int argc, char **argv, struct opts *o) {
     fprintf(stderr, "gw-train: unexpected argument '%s' (see --help)\n", argv[optind]);
     return 2;
   }
-  if (o->steps < 0) {
-    fprintf(stderr, "gw-train: say how many training steps with --steps N (0: build, load and save only)\n");
-    return 2;
-  }
-  return 0;
+  return check(o) == 0 ? 0 : 2;
 }
 
-int main(int argc, char **argv) {
-  struct opts o;
-  int p = parse(argc, argv, &o);
-  if (p) return p == 1 ? 0 : 2;
-  if (o.steps > 0) {
-    fprintf(stderr, "gw-train: the training loop is not part of this build yet; use --steps 0\n");
-    return 2;
-  }
+/* --steps 0: the model alone, from the command line's shape. */
+static int build_only(const struct train_opts *o) {
   struct gw_model *m = NULL;
-  if (gw_model_init(&m, &o.model) != GW_SUCCESS) {
+  if (gw_model_init(&m, &o->model) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: %s\n", gw_model_last_error());
     return 1;
   }
   int rc = 0;
-  if (o.load_weights && gw_model_load_weights(m, o.load_weights) != GW_SUCCESS) {
+  if (o->load_weights && gw_model_load_weights(m, o->load_weights) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: --load-weights: %s\n", gw_model_last_error());
     rc = 1;
-  } else if (o.save_weights && gw_model_save_weights(m, o.save_weights) != GW_SUCCESS) {
+  } else if (o->save_weights && gw_model_save_weights(m, o->save_weights) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: --save-weights: %s\n", gw_model_last_error());
     rc = 1;
   } else {
     printf("gw-train: %s, %d classes, %d input channels, %dx%d, %s stem%s: %zu parameters in %d tensors%s%s%s%s\n",
-           o.model_name, o.model.classes, o.model.in_channels, o.model.image_size, o.model.image_size,
-           o.model.stem == GW_STEM_SMALL ? "small" : "imagenet", o.model.width_divisor > 1 ? " (narrowed)" : "",
-           gw_model_num_params(m), gw_model_num_param_tensors(m), o.load_weights ? ", loaded " : "",
-           o.load_weights ? o.load_weights : "", o.save_weights ? ", saved " : "",
-           o.save_weights ? o.save_weights : "");
+           o->model_name, o->model.classes, o->model.in_channels, o->model.image_size, o->model.image_size,
+           o->model.stem == GW_STEM_SMALL ? "small" : "imagenet", o->model.width_divisor > 1 ? " (narrowed)" : "",
+           gw_model_num_params(m), gw_model_num_param_tensors(m), o->load_weights ? ", loaded " : "",
+           o->load_weights ? o->load_weights : "", o->save_weights ? ", saved " : "",
+           o->save_weights ? o->save_weights : "");
   }
   gw_model_free(m);
   return rc;
+}
+
+int main(int argc, char **argv) {
+  struct train_opts o;
+  int p = parse(argc, argv, &o);
+  if (p) return p == 1 ? 0 : 2;
+  if (o.steps == 0) return build_only(&o);
+  return gw_train_run(&o);
 }

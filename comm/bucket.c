@@ -1,0 +1,245 @@
+/* bucket.c - the gradient bucketer of gradwire.h: bookkeeping over a caller's
+ * contiguous gradient buffer that starts each bucket's in-place allreduce as
+ * soon as it (and every bucket before it) is completely marked ready.
+ *
+ * Why "every bucket before it": the allreduces of a communicator must be issued
+ * in the same order on every rank, but gradients can finish in a different order
+ * on different ranks (a backend that runs layers concurrently, or a caller that
+ * marks in a different order).  Starting strictly in bucket order makes the
+ * sequence identical by construction; with the model's reverse layout the
+ * buckets complete in that order anyway, so nothing waits in practice.
+ *
+ * Marked ranges are kept as a sorted set of disjoint intervals, so marking an
+ * element twice is caught (it would otherwise let a bucket start with one of
+ * its gradients still being written: silent corruption).  A step marks one range
+ * per layer, so the set stays small.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "core.h"
+#include "gradwire.h"
+
+struct interval {
+  size_t lo, hi; /* [lo, hi) */
+};
+
+struct gw_bucketer {
+  gw_comm_t comm;
+  char *buf;
+  size_t count, esize;
+  gw_dtype_t dtype;
+  gw_op_t op;
+  size_t *bounds;          /* [n + 1] */
+  int n;
+  size_t *ready;           /* [n] elements marked in each bucket this step */
+  gw_request_t *req;       /* [n] */
+  int next;                /* first bucket not started */
+  size_t marked;           /* elements marked this step */
+  struct interval *iv;     /* marked ranges, sorted, disjoint, merged */
+  int niv, cap_iv;
+  double first_start, last_ready;
+  struct gw_bucketer_times last; /* of the last completed step */
+};
+
+static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) {
+  char msg[GW_ERRMSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  struct gw_errctx err;
+  gw__err(&err, code, "%s", msg);
+  if (comm) gw__comm_set_error(comm, err.msg);
+  else gw__set_thread_error(err.msg);
+  return code;
+}
+
+int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t bucket_bytes, size_t *bounds,
+                     int max_bounds) {
+  if (!count || !elem_size || !first_bytes || !bucket_bytes || !bounds || max_bounds < 2) return -1;
+  size_t first = (first_bytes + elem_size - 1) / elem_size, rest = (bucket_bytes + elem_size - 1) / elem_size;
+  int n = 0;
+  bounds[0] = 0;
+  for (size_t at = 0; at < count; n++) {
+    if (n + 2 > max_bounds) return -1;
+    size_t len = n == 0 ? first : rest;
+    at = count - at <= len ? count : at + len;
+    bounds[n + 1] = at;
+  }
+  return n;
+}
+
+static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                                const size_t *bounds, int nbuckets) {
+  if (!comm) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: comm is NULL");
+  if (!buf || !count || !gw_dtype_size(dtype) || (unsigned)op >= GW_NUM_OPS)
+    return fail(comm, GW_ERR_INVALID_ARGUMENT,
+                "gw_bucketer_create: needs a buffer, a count > 0, a known dtype and op (got %p, %zu, %d, %d)", buf,
+                count, (int)dtype, (int)op);
+  if (!bounds || nbuckets < 1 || bounds[0] != 0 || bounds[nbuckets] != count)
+    return fail(comm, GW_ERR_INVALID_ARGUMENT,
+                "gw_bucketer_create: bounds must run from 0 to count %zu over nbuckets %d >= 1", count, nbuckets);
+  for (int i = 0; i < nbuckets; i++)
+    if (bounds[i + 1] <= bounds[i])
+      return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: bucket %d [%zu, %zu) is empty or reversed", i,
+                  bounds[i], bounds[i + 1]);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                               const size_t *bounds, int nbuckets, gw_bucketer_t *out) {
+  if (out) *out = NULL;
+  gw_result_t res = check_create(comm, buf, count, dtype, op, bounds, nbuckets);
+  if (res != GW_SUCCESS) return res;
+  if (!out) return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: out is NULL");
+  struct gw_bucketer *b = calloc(1, sizeof *b);
+  if (b) {
+    b->bounds = malloc((size_t)(nbuckets + 1) * sizeof *b->bounds);
+    b->ready = calloc((size_t)nbuckets, sizeof *b->ready);
+    b->req = calloc((size_t)nbuckets, sizeof *b->req);
+  }
+  if (!b || !b->bounds || !b->ready || !b->req) {
+    gw_bucketer_destroy(b);
+    return fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory for %d buckets", nbuckets);
+  }
+  memcpy(b->bounds, bounds, (size_t)(nbuckets + 1) * sizeof *b->bounds);
+  b->comm = comm, b->buf = buf, b->count = count, b->esize = gw_dtype_size(dtype);
+  b->dtype = dtype, b->op = op, b->n = nbuckets;
+  *out = b;
+  return GW_SUCCESS;
+}
+
+/* Index of the first interval with hi > x (the one x may fall into or precede). */
+static int iv_search(const struct gw_bucketer *b, size_t x) {
+  int lo = 0, hi = b->niv;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (b->iv[mid].hi <= x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Adds [lo, hi) to the set; -1 if it overlaps what is there, -2 out of memory. */
+static int iv_add(struct gw_bucketer *b, size_t lo, size_t hi) {
+  int i = iv_search(b, lo);
+  if (i < b->niv && b->iv[i].lo < hi) return -1;
+  int join_left = i > 0 && b->iv[i - 1].hi == lo, join_right = i < b->niv && b->iv[i].lo == hi;
+  if (join_left && join_right) {
+    b->iv[i - 1].hi = b->iv[i].hi;
+    memmove(&b->iv[i], &b->iv[i + 1], (size_t)(b->niv - i - 1) * sizeof *b->iv);
+    b->niv--;
+  } else if (join_left) {
+    b->iv[i - 1].hi = hi;
+  } else if (join_right) {
+    b->iv[i].lo = lo;
+  } else {
+    if (b->niv == b->cap_iv) {
+      int cap = b->cap_iv ? 2 * b->cap_iv : 64;
+      struct interval *v = realloc(b->iv, (size_t)cap * sizeof *v);
+      if (!v) return -2;
+      b->iv = v, b->cap_iv = cap;
+    }
+    memmove(&b->iv[i + 1], &b->iv[i], (size_t)(b->niv - i) * sizeof *b->iv);
+    b->iv[i] = (struct interval){lo, hi};
+    b->niv++;
+  }
+  return 0;
+}
+
+/* First bucket whose range ends after x. */
+static int bucket_of(const struct gw_bucketer *b, size_t x) {
+  int lo = 0, hi = b->n - 1;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (b->bounds[mid + 1] <= x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
+  while (b->next < b->n && b->ready[b->next] == b->bounds[b->next + 1] - b->bounds[b->next]) {
+    int k = b->next;
+    void *p = b->buf + b->bounds[k] * b->esize;
+    if (k == 0) b->first_start = gw__now();
+    gw_result_t res =
+        gw_iallreduce(p, p, b->bounds[k + 1] - b->bounds[k], b->dtype, b->op, b->comm, NULL, &b->req[k]);
+    if (res != GW_SUCCESS) return res; /* the communicator holds the message */
+    b->next++;
+  }
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: bucketer is NULL");
+  if (count == 0) return GW_SUCCESS;
+  if (offset > b->count || count > b->count - offset)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: [%zu, %zu) is outside the buffer of %zu elements",
+                offset, offset + count, b->count);
+  int r = iv_add(b, offset, offset + count);
+  if (r == -1)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
+                "gw_bucketer_ready: [%zu, %zu) overlaps a range already marked ready in this step (each gradient "
+                "element is marked once per step)",
+                offset, offset + count);
+  if (r == -2) return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_ready: out of memory");
+  for (int k = bucket_of(b, offset); k < b->n && b->bounds[k] < offset + count; k++) {
+    size_t lo = b->bounds[k] > offset ? b->bounds[k] : offset;
+    size_t hi = b->bounds[k + 1] < offset + count ? b->bounds[k + 1] : offset + count;
+    b->ready[k] += hi - lo;
+  }
+  b->marked += count;
+  if (b->marked == b->count) b->last_ready = gw__now();
+  return start_ready_buckets(b);
+}
+
+static void reset(struct gw_bucketer *b) {
+  memset(b->ready, 0, (size_t)b->n * sizeof *b->ready);
+  b->next = 0, b->marked = 0, b->niv = 0;
+}
+
+/* Waits for every started bucket; returns the first failure. */
+static gw_result_t wait_started(struct gw_bucketer *b) {
+  gw_result_t first = GW_SUCCESS;
+  for (int k = 0; k < b->next; k++) {
+    gw_result_t res = gw_wait(&b->req[k]);
+    if (first == GW_SUCCESS) first = res;
+  }
+  return first;
+}
+
+gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
+  int incomplete = b->next < b->n ? b->next : -1;
+  size_t had = incomplete >= 0 ? b->ready[incomplete] : 0;
+  gw_result_t res = wait_started(b);
+  b->last = (struct gw_bucketer_times){b->first_start, b->last_ready, gw__now()};
+  reset(b);
+  if (res != GW_SUCCESS) return res;
+  if (incomplete >= 0)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
+                "gw_bucketer_wait: bucket %d of %d [%zu, %zu) has only %zu of its %zu elements marked ready, so it "
+                "and the buckets after it were never reduced",
+                incomplete, b->n, b->bounds[incomplete], b->bounds[incomplete + 1], had,
+                b->bounds[incomplete + 1] - b->bounds[incomplete]);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
+  if (!b || !t) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: NULL argument");
+  *t = b->last;
+  return GW_SUCCESS;
+}
+
+void gw_bucketer_destroy(gw_bucketer_t b) {
+  if (!b) return;
+  if (b->req) wait_started(b);
+  free(b->bounds), free(b->ready), free(b->req), free(b->iv);
+  free(b);
+}

@@ -1,0 +1,51 @@
+/* data_internal.h - the inside of struct gw_dataset (a table of operations and the
+ * common description each kind fills in), shared by the files of data/.  Not for
+ * the trainer: it uses dataset.h. */
+#ifndef GW_DATA_INTERNAL_H
+#define GW_DATA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dataset.h"
+#include "model_internal.h" /* gw__model_fail: data reports through the model's channel */
+#include "rng.h"
+
+struct gw_dataset_ops {
+  /* index is already range-checked. */
+  gw_result_t (*get)(const struct gw_dataset *ds, int64_t index, int train, uint64_t key, float *out,
+                     int32_t *label);
+  /* Frees what the kind owns and the containing object (class names excluded). */
+  void (*destroy)(struct gw_dataset *ds);
+};
+
+/* Each kind embeds this as its first member. */
+struct gw_dataset {
+  const struct gw_dataset_ops *ops;
+  int64_t size;
+  int c, h, w;
+  int classes;
+  char **class_names; /* [classes] or NULL, owned (freed by gw_dataset_free) */
+  char description[320];
+};
+
+/* Uniform integer in [0, bound) without modulo bias (bound >= 1). */
+static inline uint64_t gw__rng_below(struct gw_rng *r, uint64_t bound) {
+  uint64_t threshold = (0 - bound) % bound; /* 2^64 mod bound: the biased low values */
+  uint64_t x;
+  do x = gw__rng_next(r);
+  while (x < threshold);
+  return x % bound;
+}
+
+/* A stream whose whole state is key (the loader derives keys per sample). */
+static inline void gw__rng_from_key(struct gw_rng *r, uint64_t key) {
+  r->state = key;
+  r->has_spare = 0;
+  r->spare = 0;
+}
+
+/* Copies n names into ds->class_names; GW_ERR_SYSTEM when out of memory. */
+gw_result_t gw__dataset_set_classes(struct gw_dataset *ds, const char *const *names, int n);
+
+#endif

@@ -1,0 +1,181 @@
+/* fashion_mnist.c - Fashion-MNIST read straight from its IDX .gz files with zlib
+ * (train-* for the training split, t10k-* for the test split), held in memory as
+ * bytes (47 MB for train) and normalized per get() with the dataset's mean 0.2860
+ * and std 0.3530.  Training gets may augment as the usual torchvision recipe does:
+ * RandomCrop(28, padding=2) with zero padding, then RandomHorizontalFlip.
+ *
+ * IDX: a big-endian header (magic 0x00000803 + count, rows, cols for images;
+ * 0x00000801 + count for labels) followed by unsigned bytes.  Every header field
+ * and the data length are checked, and a message names the file. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "data_internal.h"
+
+#define IDX_IMAGES_MAGIC 0x00000803u
+#define IDX_LABELS_MAGIC 0x00000801u
+#define SIDE 28
+#define PIXELS (SIDE * SIDE)
+#define CLASSES 10
+#define PAD 2 /* RandomCrop's zero padding on each side */
+#define MAX_COUNT 10000000u /* far above the 60000 of train: a bound against absurd headers */
+
+static const float MEAN = 0.2860f, STD = 0.3530f;
+
+static const char *const CLASS_NAMES[CLASSES] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                                 "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+
+struct fmnist {
+  struct gw_dataset base;
+  uint8_t *pixels; /* [size, 28, 28] */
+  uint8_t *labels; /* [size] */
+  int augment;
+};
+
+/* Reads exactly len bytes; anything short is a truncated file. */
+static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len, const char *what) {
+  size_t got = 0;
+  while (got < len) {
+    size_t chunk = len - got > (1u << 30) ? (1u << 30) : len - got;
+    int n = gzread(f, (char *)buf + got, (unsigned)chunk);
+    if (n <= 0) {
+      int zerr = 0;
+      const char *zmsg = gzerror(f, &zerr);
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                            "fashion-mnist: %s: truncated or corrupt: %s needs %zu bytes, the file ends after %zu%s%s",
+                            path, what, len, got, zerr ? " (zlib: " : "", zerr ? zmsg : "");
+    }
+    got += (size_t)n;
+  }
+  return GW_SUCCESS;
+}
+
+static uint32_t be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static gw_result_t open_gz(gzFile *f, const char *path) {
+  *f = gzopen(path, "rb");
+  if (!*f)
+    return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: %s (is dataset-fashion-mnist installed?)",
+                          path, errno ? strerror(errno) : "out of memory");
+  gzbuffer(*f, 1 << 17);
+  return GW_SUCCESS;
+}
+
+/* Reads the header fields after the magic number: nfields big-endian words. */
+static gw_result_t read_header(gzFile f, const char *path, uint32_t magic, uint32_t *fields, int nfields) {
+  uint8_t h[16];
+  GW_MODEL_TRY(read_exact(f, path, h, 4 * (size_t)(nfields + 1), "the IDX header"));
+  if (be32(h) != magic)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                          "fashion-mnist: %s: bad magic number 0x%08x (an IDX %s file starts with 0x%08x)", path,
+                          be32(h), magic == IDX_IMAGES_MAGIC ? "image" : "label", magic);
+  for (int i = 0; i < nfields; i++) fields[i] = be32(h + 4 * (i + 1));
+  if (fields[0] == 0 || fields[0] > MAX_COUNT)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: implausible item count %u", path, fields[0]);
+  return GW_SUCCESS;
+}
+
+/* Reads an IDX file whole: images (magic 0x803: count, rows, cols; 28x28 bytes
+ * each) or labels (0x801: count; one byte each) into a new buffer *data. */
+static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, uint32_t *count) {
+  int images = magic == IDX_IMAGES_MAGIC;
+  gzFile f;
+  GW_MODEL_TRY(open_gz(&f, path));
+  uint32_t hdr[3] = {0};
+  gw_result_t res = read_header(f, path, magic, hdr, images ? 3 : 1);
+  if (res == GW_SUCCESS && images && (hdr[1] != SIDE || hdr[2] != SIDE))
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: images are %ux%u, expected %dx%d", path,
+                         hdr[1], hdr[2], SIDE, SIDE);
+  size_t bytes = (size_t)hdr[0] * (images ? PIXELS : 1);
+  if (res == GW_SUCCESS && !(*data = malloc(bytes)))
+    res = gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: out of memory for %s", path);
+  if (res == GW_SUCCESS) res = read_exact(f, path, *data, bytes, images ? "the pixels" : "the labels");
+  *count = hdr[0];
+  gzclose(f);
+  return res;
+}
+
+static gw_result_t check_labels(const struct fmnist *d, const char *path, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    if (d->labels[i] >= CLASSES)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: label %u of item %u is not below %d", path,
+                            d->labels[i], i, CLASSES);
+  return GW_SUCCESS;
+}
+
+static gw_result_t fmnist_get(const struct gw_dataset *ds, int64_t index, int train, uint64_t key, float *out,
+                              int32_t *label) {
+  const struct fmnist *d = (const struct fmnist *)ds;
+  const uint8_t *src = d->pixels + (size_t)index * PIXELS;
+  int dy = 0, dx = 0, flip = 0; /* crop offset into the image padded by PAD, and the flip */
+  if (train && d->augment) {
+    struct gw_rng r;
+    gw__rng_from_key(&r, key);
+    dy = (int)gw__rng_below(&r, 2 * PAD + 1) - PAD;
+    dx = (int)gw__rng_below(&r, 2 * PAD + 1) - PAD;
+    flip = gw__rng_uniform(&r) < 0.5;
+  }
+  /* Precomputed affine form of (v / 255 - mean) / std. */
+  const float scale = 1.0f / (255.0f * STD), shift = -MEAN / STD;
+  for (int y = 0; y < SIDE; y++) {
+    for (int x = 0; x < SIDE; x++) {
+      int sy = y + dy, sx = (flip ? SIDE - 1 - x : x) + dx;
+      int v = (sy >= 0 && sy < SIDE && sx >= 0 && sx < SIDE) ? src[sy * SIDE + sx] : 0;
+      out[y * SIDE + x] = (float)v * scale + shift;
+    }
+  }
+  *label = d->labels[index];
+  return GW_SUCCESS;
+}
+
+static void fmnist_destroy(struct gw_dataset *ds) {
+  struct fmnist *d = (struct fmnist *)ds;
+  free(d->pixels);
+  free(d->labels);
+  free(d);
+}
+
+static const struct gw_dataset_ops FMNIST_OPS = {fmnist_get, fmnist_destroy};
+
+static gw_result_t fmnist_load(struct fmnist *d, const char *dir, enum gw_split split) {
+  const char *prefix = split == GW_SPLIT_TRAIN ? "train" : "t10k";
+  char ipath[4096], lpath[4096];
+  int n = snprintf(ipath, sizeof ipath, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
+  snprintf(lpath, sizeof lpath, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
+  if (n < 0 || (size_t)n >= sizeof ipath)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: the directory name %s is too long", dir);
+  uint32_t nimages = 0, nlabels = 0;
+  GW_MODEL_TRY(load_idx(ipath, IDX_IMAGES_MAGIC, &d->pixels, &nimages));
+  GW_MODEL_TRY(load_idx(lpath, IDX_LABELS_MAGIC, &d->labels, &nlabels));
+  GW_MODEL_TRY(check_labels(d, lpath, nlabels));
+  if (nimages != nlabels)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s has %u images but %s has %u labels", ipath,
+                          nimages, lpath, nlabels);
+  d->base.size = nimages;
+  snprintf(d->base.description, sizeof d->base.description, "fashion-mnist %s (%u samples) from %s",
+           split == GW_SPLIT_TRAIN ? "train" : "test", nimages, dir);
+  return gw__dataset_set_classes(&d->base, CLASS_NAMES, CLASSES);
+}
+
+gw_result_t gw_dataset_fashion_mnist(struct gw_dataset **ds, const char *dir, enum gw_split split, int augment) {
+  *ds = NULL;
+  struct fmnist *d = calloc(1, sizeof *d);
+  if (!d) return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: out of memory");
+  d->base.ops = &FMNIST_OPS;
+  d->base.c = 1;
+  d->base.h = d->base.w = SIDE;
+  d->base.classes = CLASSES;
+  d->augment = augment;
+  gw_result_t res = fmnist_load(d, dir, split);
+  if (res != GW_SUCCESS) {
+    gw_dataset_free(&d->base);
+    return res;
+  }
+  *ds = &d->base;
+  return GW_SUCCESS;
+}

@@ -1,0 +1,165 @@
+/* imagefolder.c - ImageNet-style class folders (imagefolder_scan.c finds the
+ * files): get() reads one JPEG, decodes it with libjpeg-turbo to RGB (grayscale
+ * and CMYK files too, as PIL's convert("RGB") would), and applies torchvision's
+ * transforms (transform.c): RandomResizedCrop + flip for training, Resize +
+ * CenterCrop for validation, normalized with ImageNet's mean and std.
+ *
+ * A file that cannot be read, is not a JPEG or ends early is GW_DATA_SKIPPED with a
+ * message naming it, never an error: one bad image among a million must not stop
+ * a run (the loader substitutes and counts). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+
+#include "imagefolder.h"
+#include "transform.h"
+
+#define MAX_FILE_BYTES (256u << 20)     /* no photo is larger; a bound against reading anything */
+#define MAX_PIXELS (16384ull * 16384ull) /* decoded size bound, for the same reason */
+
+static const float MEAN[3] = {0.485f, 0.456f, 0.406f};
+static const float STD[3] = {0.229f, 0.224f, 0.225f};
+
+gw_result_t gw__folder_add(struct gw__folder *f, const char *path, int32_t label) {
+  size_t len = strlen(path) + 1;
+  if (f->base.size == f->cap) {
+    int64_t cap = f->cap ? 2 * f->cap : 1024;
+    size_t *at = realloc(f->path_at, (size_t)cap * sizeof *at);
+    if (at) f->path_at = at;
+    int32_t *labels = realloc(f->labels, (size_t)cap * sizeof *labels);
+    if (labels) f->labels = labels;
+    if (!at || !labels) return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory for the file list");
+    f->cap = cap;
+  }
+  if (f->paths_len + len > f->paths_cap) {
+    size_t cap = f->paths_cap ? 2 * f->paths_cap : 1 << 16;
+    while (cap < f->paths_len + len) cap *= 2;
+    char *p = realloc(f->paths, cap);
+    if (!p) return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory for the file list");
+    f->paths = p;
+    f->paths_cap = cap;
+  }
+  memcpy(f->paths + f->paths_len, path, len);
+  f->path_at[f->base.size] = f->paths_len;
+  f->labels[f->base.size++] = label;
+  f->paths_len += len;
+  return GW_SUCCESS;
+}
+
+/* The whole file in a new buffer; unreadable is a skip, no memory an error. */
+static gw_result_t read_file(const char *path, unsigned char **buf, size_t *len) {
+  FILE *fp = fopen(path, "rb");
+  struct stat st;
+  if (!fp || fstat(fileno(fp), &st) != 0) {
+    gw_result_t res = gw__model_fail(GW_DATA_SKIPPED, "%s: cannot read: %s", path, strerror(errno));
+    if (fp) fclose(fp);
+    return res;
+  }
+  gw_result_t res = GW_SUCCESS;
+  if (st.st_size <= 0 || (uint64_t)st.st_size > MAX_FILE_BYTES)
+    res = gw__model_fail(GW_DATA_SKIPPED, "%s: %lld bytes is no plausible JPEG", path, (long long)st.st_size);
+  else if (!(*buf = malloc((size_t)st.st_size)))
+    res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory reading %s", path);
+  else if (fread(*buf, 1, (size_t)st.st_size, fp) != (size_t)st.st_size)
+    res = gw__model_fail(GW_DATA_SKIPPED, "%s: read failed: %s", path, ferror(fp) ? strerror(errno) : "short file");
+  *len = (size_t)st.st_size;
+  fclose(fp);
+  return res;
+}
+
+/* libjpeg keeps Adobe CMYK inverted, so (as PIL's CMYK -> RGB) r = c * k / 255. */
+static void cmyk_to_rgb(unsigned char *px, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char *s = px + 4 * i;
+    unsigned k = s[3];
+    unsigned char r = (unsigned char)((s[0] * k + 127) / 255), g = (unsigned char)((s[1] * k + 127) / 255),
+                  b = (unsigned char)((s[2] * k + 127) / 255);
+    px[3 * i] = r;
+    px[3 * i + 1] = g;
+    px[3 * i + 2] = b;
+  }
+}
+
+/* A decode failure is a skip, except a warning that is not about missing data:
+ * libjpeg warns about recoverable damage (extraneous bytes and the like) in files
+ * PIL reads without complaint. */
+static int decode_failed(tjhandle tj) {
+  return tjGetErrorCode(tj) != TJERR_WARNING || strstr(tjGetErrorStr2(tj), "Premature end of JPEG file");
+}
+
+/* Decodes buf into a new RGB image [h, w, 3]. */
+static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *buf, size_t len, unsigned char **rgb,
+                          int *w, int *h) {
+  int subsamp, colorspace;
+  if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0)
+    return gw__model_fail(GW_DATA_SKIPPED, "%s: not a JPEG: %s", path, tjGetErrorStr2(tj));
+  if ((unsigned long long)*w * (unsigned long long)*h > MAX_PIXELS)
+    return gw__model_fail(GW_DATA_SKIPPED, "%s: %dx%d pixels is too large to decode", path, *w, *h);
+  int pf = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK ? TJPF_CMYK : TJPF_RGB;
+  *rgb = malloc((size_t)*w * (size_t)*h * (size_t)tjPixelSize[pf]);
+  if (!*rgb) return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s (%dx%d)", path, *w, *h);
+  if (tjDecompress2(tj, buf, (unsigned long)len, *rgb, *w, 0, *h, pf, 0) != 0 && decode_failed(tj))
+    return gw__model_fail(GW_DATA_SKIPPED, "%s: cannot decode: %s", path, tjGetErrorStr2(tj));
+  if (pf == TJPF_CMYK) cmyk_to_rgb(*rgb, (size_t)*w * (size_t)*h);
+  return GW_SUCCESS;
+}
+
+static gw_result_t folder_get(const struct gw_dataset *ds, int64_t index, int train, uint64_t key, float *out,
+                              int32_t *label) {
+  const struct gw__folder *f = (const struct gw__folder *)ds;
+  const char *path = f->paths + f->path_at[index];
+  unsigned char *file = NULL, *rgb = NULL;
+  size_t len = 0;
+  int w = 0, h = 0;
+  /* A handle per call: TurboJPEG handles are not shareable between threads, and
+   * making one costs little next to decoding a photo. */
+  tjhandle tj = tjInitDecompress();
+  gw_result_t res = tj ? read_file(path, &file, &len)
+                       : gw__model_fail(GW_ERR_SYSTEM, "imagenet: cannot create a JPEG decoder: %s",
+                                        tjGetErrorStr2(NULL));
+  if (res == GW_SUCCESS) res = decode(tj, path, file, len, &rgb, &w, &h);
+  if (res == GW_SUCCESS) {
+    struct gw__view v;
+    if (train) gw__view_train(&v, w, h, f->out_size, key);
+    else gw__view_val(&v, w, h, f->out_size);
+    res = gw__resample(rgb, w, h, 3, &v, f->out_size, f->out_size, MEAN, STD, out);
+  }
+  *label = f->labels[index];
+  free(rgb);
+  free(file);
+  if (tj) tjDestroy(tj);
+  return res;
+}
+
+static void folder_destroy(struct gw_dataset *ds) {
+  struct gw__folder *f = (struct gw__folder *)ds;
+  free(f->paths);
+  free(f->path_at);
+  free(f->labels);
+  free(f);
+}
+
+static const struct gw_dataset_ops FOLDER_OPS = {folder_get, folder_destroy};
+
+gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum gw_split split, int image_size) {
+  *ds = NULL;
+  if (image_size < 8 || image_size > 4096)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: image size %d is outside [8, 4096]", image_size);
+  struct gw__folder *f = calloc(1, sizeof *f);
+  if (!f) return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory");
+  f->base.ops = &FOLDER_OPS;
+  f->base.c = 3;
+  f->base.h = f->base.w = f->out_size = image_size;
+  gw_result_t res = gw__folder_scan(f, dir, split);
+  if (res != GW_SUCCESS) {
+    gw_dataset_free(&f->base);
+    return res;
+  }
+  snprintf(f->base.description, sizeof f->base.description, "imagenet %s (%lld images, %d classes) from %s",
+           split == GW_SPLIT_TRAIN ? "train" : "val", (long long)f->base.size, f->base.classes, dir);
+  *ds = &f->base;
+  return GW_SUCCESS;
+}

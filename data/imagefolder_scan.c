@@ -1,0 +1,192 @@
+/* imagefolder_scan.c - finds the samples of an ImageNet-style tree the way
+ * torchvision's ImageFolder does: classes are the sorted subdirectories, and each
+ * class's files are every *.jpg / *.jpeg (any case) below its directory, following
+ * links, ordered by (directory, file name) as sorted(os.walk(...)) gives them.
+ *
+ * Unlike torchvision, the class list of both splits comes from DIR/train, so a
+ * validation tree missing a class cannot shift every later label; a validation
+ * class unknown to train is refused.  Decoding is imagefolder.c's. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "imagefolder.h"
+
+#define MAX_DEPTH 32 /* below a class directory: a bound against link cycles */
+#define PATH_BUF 4096
+
+/* A path split where its last component starts: s + name is the name, and the
+ * directory is the first name - 1 characters (none when name is 0). */
+struct entry {
+  char *s;
+  int name;
+};
+
+/* A growable list of entries. */
+struct names {
+  struct entry *e;
+  size_t n, cap;
+};
+
+static void names_free(struct names *l) {
+  for (size_t i = 0; i < l->n; i++) free(l->e[i].s);
+  free(l->e);
+  memset(l, 0, sizeof *l);
+}
+
+static int names_push(struct names *l, const char *dir, const char *name) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    struct entry *e = realloc(l->e, cap * sizeof *e);
+    if (!e) return -1;
+    l->e = e;
+    l->cap = cap;
+  }
+  size_t dl = dir ? strlen(dir) + 1 : 0, nl = strlen(name);
+  char *p = malloc(dl + nl + 1);
+  if (!p) return -1;
+  if (dir) {
+    memcpy(p, dir, dl - 1);
+    p[dl - 1] = '/';
+  }
+  memcpy(p + dl, name, nl + 1);
+  l->e[l->n].s = p;
+  l->e[l->n++].name = (int)dl;
+  return 0;
+}
+
+/* dir/name into out [PATH_BUF]; -1 (with the message) when it does not fit. */
+static int join(char *out, const char *dir, const char *name) {
+  int n = snprintf(out, PATH_BUF, "%s/%s", dir, name);
+  if (n >= 0 && n < PATH_BUF) return 0;
+  gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: the path %s/%s is longer than %d bytes", dir, name, PATH_BUF - 1);
+  return -1;
+}
+
+static int is_jpeg_name(const char *name) {
+  size_t n = strlen(name);
+  return (n > 4 && !strcasecmp(name + n - 4, ".jpg")) || (n > 5 && !strcasecmp(name + n - 5, ".jpeg"));
+}
+
+/* 1 directory, 0 regular file, -1 other or unreadable; links are followed. */
+static int entry_kind(const char *dir, const struct dirent *e) {
+  if (e->d_type == DT_DIR) return 1;
+  if (e->d_type == DT_REG) return 0;
+  char path[PATH_BUF];
+  struct stat st;
+  if (join(path, dir, e->d_name) || stat(path, &st) != 0) return -1;
+  return S_ISDIR(st.st_mode) ? 1 : S_ISREG(st.st_mode) ? 0 : -1;
+}
+
+/* sorted(os.walk()) order: by directory, then by name within it (for the plain
+ * names of list_subdirs, simply by name). */
+static int cmp_entry(const void *a, const void *b) {
+  const struct entry *x = a, *y = b;
+  size_t dx = x->name ? (size_t)x->name - 1 : 0, dy = y->name ? (size_t)y->name - 1 : 0;
+  int m = memcmp(x->s, y->s, dx < dy ? dx : dy);
+  if (m || dx != dy) return m ? m : (dx < dy ? -1 : 1);
+  return strcmp(x->s + x->name, y->s + y->name);
+}
+
+/* The sorted subdirectory names of dir. */
+static gw_result_t list_subdirs(const char *dir, struct names *out) {
+  DIR *d = opendir(dir);
+  if (!d) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", dir, strerror(errno));
+  for (struct dirent *e; (e = readdir(d));) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || entry_kind(dir, e) != 1) continue;
+    if (names_push(out, NULL, e->d_name)) {
+      closedir(d);
+      return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
+    }
+  }
+  closedir(d);
+  if (out->n) qsort(out->e, out->n, sizeof *out->e, cmp_entry);
+  return GW_SUCCESS;
+}
+
+/* Appends every JPEG below dir (recursively) to files. */
+static gw_result_t walk(const char *dir, int depth, struct names *files) {
+  DIR *d = opendir(dir);
+  if (!d) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", dir, strerror(errno));
+  gw_result_t res = GW_SUCCESS;
+  for (struct dirent *e; res == GW_SUCCESS && (e = readdir(d));) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    int kind = entry_kind(dir, e);
+    if (kind == 1 && depth < MAX_DEPTH) {
+      char sub[PATH_BUF];
+      res = join(sub, dir, e->d_name) ? GW_ERR_INVALID_ARGUMENT : walk(sub, depth + 1, files);
+    } else if (kind == 0 && is_jpeg_name(e->d_name) && names_push(files, dir, e->d_name)) {
+      res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
+    }
+  }
+  closedir(d);
+  return res;
+}
+
+/* Appends the files of one class, in order, to the dataset's path table. */
+static gw_result_t add_class(struct gw__folder *f, const char *class_dir, int32_t label) {
+  struct names files = {0};
+  gw_result_t res = walk(class_dir, 0, &files);
+  if (res == GW_SUCCESS && files.n) qsort(files.e, files.n, sizeof *files.e, cmp_entry);
+  for (size_t i = 0; i < files.n && res == GW_SUCCESS; i++) res = gw__folder_add(f, files.e[i].s, label);
+  names_free(&files);
+  return res;
+}
+
+static gw_result_t set_class_names(struct gw__folder *f, const struct names *classes) {
+  const char **names = malloc(classes->n * sizeof *names);
+  if (!names) return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory");
+  for (size_t i = 0; i < classes->n; i++) names[i] = classes->e[i].s;
+  gw_result_t res = gw__dataset_set_classes(&f->base, names, (int)classes->n);
+  free(names);
+  return res;
+}
+
+/* Index of name in the sorted class list, or -1. */
+static int find_class(const struct names *classes, const char *name) {
+  struct entry key = {(char *)name, 0};
+  const struct entry *hit = bsearch(&key, classes->e, classes->n, sizeof *classes->e, cmp_entry);
+  return hit ? (int)(hit - classes->e) : -1;
+}
+
+static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const struct names *classes) {
+  struct names subdirs = {0};
+  gw_result_t res = list_subdirs(split_dir, &subdirs);
+  for (size_t i = 0; res == GW_SUCCESS && i < subdirs.n; i++) {
+    int label = find_class(classes, subdirs.e[i].s);
+    char class_dir[PATH_BUF];
+    if (join(class_dir, split_dir, subdirs.e[i].s))
+      res = GW_ERR_INVALID_ARGUMENT;
+    else if (label < 0)
+      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s is not a class of the training split", class_dir);
+    else
+      res = add_class(f, class_dir, label);
+  }
+  names_free(&subdirs);
+  return res;
+}
+
+gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split split) {
+  char train_dir[PATH_BUF], split_dir[PATH_BUF];
+  if (join(train_dir, dir, "train") || join(split_dir, dir, split == GW_SPLIT_TRAIN ? "train" : "val"))
+    return GW_ERR_INVALID_ARGUMENT;
+  struct names classes = {0};
+  gw_result_t res = list_subdirs(train_dir, &classes);
+  if (res == GW_SUCCESS && classes.n == 0)
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s has no class directories", train_dir);
+  if (res == GW_SUCCESS && classes.n > INT32_MAX / 2)
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s has too many classes", train_dir);
+  if (res == GW_SUCCESS) {
+    f->base.classes = (int)classes.n;
+    res = set_class_names(f, &classes);
+  }
+  if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes);
+  if (res == GW_SUCCESS && f->base.size == 0)
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no .jpg or .jpeg files under %s", split_dir);
+  names_free(&classes);
+  return res;
+}

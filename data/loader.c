@@ -1,0 +1,403 @@
+/* loader.c - the prefetching loader of loader.h.
+ *
+ * The stream is a sequence of batches numbered 0, 1, ... from the last seek.
+ * Batch seq lives in slot seq % nslots.  Workers claim batch numbers in order
+ * under the mutex (so the claim cursor, not thread timing, decides which samples a
+ * batch holds), decode outside it, and mark the slot ready; the consumer takes
+ * slot head % nslots when it is ready and frees it on its next call.  A slot is
+ * reused only after the consumer freed it, so ready slots can never be mistaken
+ * for a later batch.
+ *
+ * Shards (a rank's indices for one epoch) are computed once per epoch into a small
+ * cache with reference counts: with a short epoch and a deep queue, workers can be
+ * decoding batches of two or more epochs at once. */
+#include "loader.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data_internal.h"
+
+#define MAX_THREADS 256
+
+enum slot_state { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY };
+
+struct slot {
+  enum slot_state state;
+  int64_t seq;
+  struct gw_batch b;
+  float *x;      /* [batch, c, h, w], 64-byte aligned, touched once at init */
+  int32_t *y;    /* [batch] */
+  gw_result_t err;
+  char msg[512]; /* err's message, or the last skip's reason when err is GW_SUCCESS */
+};
+
+struct shard_entry {
+  int64_t epoch; /* -1: holds nothing */
+  int refs;
+  int64_t *idx;  /* [num_samples] */
+};
+
+struct gw_loader {
+  const struct gw_dataset *ds;
+  struct gw_sampler sampler;
+  struct gw_loader_config cfg;
+  size_t sample_floats;
+  int64_t ns; /* the rank's shard length */
+
+  pthread_mutex_t mu;
+  pthread_cond_t space; /* a slot was freed, the stream ended, or stop */
+  pthread_cond_t ready; /* a slot is ready, or the stream ended */
+  pthread_t *threads;
+  int running;
+  atomic_int stop;      /* read by workers between samples, without the mutex */
+
+  struct slot *slots;
+  int nslots;
+  struct shard_entry *shards;
+  int nshards;
+
+  /* The claim cursor (under mu): the next batch a worker takes. */
+  int64_t start_epoch, claim_epoch, claim_pos, claim_seq;
+  int64_t end_seq; /* the batch number where the stream ends; -1 while unknown */
+
+  /* The consumer's side (its thread only; head also read under mu). */
+  int64_t head;    /* the next batch to hand out */
+  int held;        /* slot (head - 1) % nslots is with the consumer */
+  int64_t epoch, position;
+  gw_result_t failed;
+  char failed_msg[512];
+  int64_t skipped;
+  char last_skip[512];
+};
+
+void gw_loader_config_default(struct gw_loader_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->batch = 1;
+  cfg->threads = 1;
+}
+
+/* ---- the stream's geometry -------------------------------------------------- */
+
+/* Moves a cursor with no batch left in its epoch to the next epoch's start. */
+static void normalize(const struct gw_loader *l, int64_t *epoch, int64_t *pos) {
+  int64_t left = l->ns - *pos;
+  if (left <= 0 || (l->cfg.drop_last_batch && left < l->cfg.batch)) {
+    (*epoch)++;
+    *pos = 0;
+  }
+}
+
+int64_t gw_loader_batches_per_epoch(const struct gw_loader *l) {
+  return l->cfg.drop_last_batch ? l->ns / l->cfg.batch : (l->ns + l->cfg.batch - 1) / l->cfg.batch;
+}
+
+/* A sample's augmentation key: a function of (seed, epoch, index) only, so thread
+ * count and resume cannot change it. */
+static uint64_t sample_key(uint64_t seed, int64_t epoch, int64_t index) {
+  return gw__mix64(gw__mix64(gw__mix64(seed ^ 0x6a09e667f3bcc908ull) ^ (uint64_t)epoch) ^ (uint64_t)index);
+}
+
+static struct slot *slot_of(struct gw_loader *l, int64_t seq) { return &l->slots[seq % l->nslots]; }
+
+/* ---- shard cache (under mu) --------------------------------------------------- */
+
+/* The shard of epoch, computed if no entry holds it; NULL when out of memory.
+ * There is always an unreferenced entry: nshards exceeds the worker count. */
+static const int64_t *shard_acquire(struct gw_loader *l, int64_t epoch) {
+  struct shard_entry *victim = NULL;
+  for (int i = 0; i < l->nshards; i++) {
+    struct shard_entry *e = &l->shards[i];
+    if (e->epoch == epoch) {
+      e->refs++;
+      return e->idx;
+    }
+    if (e->refs == 0 && (!victim || (e->idx && !victim->idx))) victim = e; /* reuse memory first */
+  }
+  victim->epoch = -1;
+  if (!victim->idx && !(victim->idx = malloc((size_t)l->ns * sizeof *victim->idx))) {
+    gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory for a shard of %lld indices", (long long)l->ns);
+    return NULL;
+  }
+  /* Computed under the mutex: once per epoch, and it stalls the consumer only when
+   * the queue has nothing ready anyway. */
+  if (gw_sampler_shard(&l->sampler, epoch, victim->idx) != GW_SUCCESS) return NULL;
+  victim->epoch = epoch;
+  victim->refs = 1;
+  return victim->idx;
+}
+
+static void shard_release(struct gw_loader *l, const int64_t *idx) {
+  for (int i = 0; i < l->nshards; i++)
+    if (idx && l->shards[i].idx == idx) l->shards[i].refs--;
+}
+
+/* ---- workers ------------------------------------------------------------------ */
+
+static void slot_fail(struct slot *s, gw_result_t err) {
+  s->err = err;
+  snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
+}
+
+/* Decodes the sample at shard position pos into place i of the slot, moving on
+ * through the shard (wrapping) past samples the dataset skips. */
+static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_t *shard, int64_t pos, int i) {
+  float *out = s->x + (size_t)i * l->sample_floats;
+  for (int64_t k = 0; k < l->ns; k++) {
+    int64_t index = shard[(pos + k) % l->ns];
+    gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, sample_key(l->cfg.seed, s->b.epoch, index), out,
+                                   &s->y[i]);
+    if (r != GW_DATA_SKIPPED) return r;
+    s->b.skipped++;
+    snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
+  }
+  return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                        "loader: rank %d: none of the %lld samples of its shard is readable (%s)", l->sampler.rank,
+                        (long long)l->ns, s->msg);
+}
+
+static void fill(struct gw_loader *l, struct slot *s, const int64_t *shard) {
+  s->err = GW_SUCCESS;
+  s->msg[0] = '\0';
+  s->b.skipped = 0;
+  for (int i = 0; i < s->b.n && !atomic_load(&l->stop); i++) {
+    gw_result_t r = fill_sample(l, s, shard, s->b.position + i, i);
+    if (r != GW_SUCCESS) {
+      slot_fail(s, r);
+      return;
+    }
+  }
+}
+
+/* Takes the next batch number for slot s and advances the cursor (under mu);
+ * returns 0, or -1 when the stream has ended there. */
+static int claim(struct gw_loader *l, struct slot *s) {
+  if (l->cfg.epochs > 0 && l->claim_epoch >= l->start_epoch + l->cfg.epochs) {
+    l->end_seq = l->claim_seq;
+    pthread_cond_broadcast(&l->ready);
+    pthread_cond_broadcast(&l->space);
+    return -1;
+  }
+  int64_t left = l->ns - l->claim_pos;
+  s->seq = l->claim_seq++;
+  s->state = SLOT_FILLING;
+  s->b.epoch = l->claim_epoch;
+  s->b.position = l->claim_pos;
+  s->b.n = (int)(left < l->cfg.batch ? left : l->cfg.batch);
+  l->claim_pos += s->b.n;
+  normalize(l, &l->claim_epoch, &l->claim_pos);
+  return 0;
+}
+
+static void *worker_main(void *arg) {
+  struct gw_loader *l = arg;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    while (!atomic_load(&l->stop) && l->end_seq < 0 && slot_of(l, l->claim_seq)->state != SLOT_FREE)
+      pthread_cond_wait(&l->space, &l->mu);
+    struct slot *s = slot_of(l, l->claim_seq);
+    if (atomic_load(&l->stop) || l->end_seq >= 0 || claim(l, s) != 0) break;
+    const int64_t *shard = shard_acquire(l, s->b.epoch);
+    if (!shard) slot_fail(s, GW_ERR_SYSTEM);
+    pthread_mutex_unlock(&l->mu);
+    if (shard) fill(l, s, shard);
+    pthread_mutex_lock(&l->mu);
+    shard_release(l, shard);
+    s->state = SLOT_READY;
+    pthread_cond_broadcast(&l->ready);
+  }
+  pthread_mutex_unlock(&l->mu);
+  return NULL;
+}
+
+/* ---- lifecycle -------------------------------------------------------------- */
+
+static void stop_workers(struct gw_loader *l) {
+  if (!l->running) return;
+  pthread_mutex_lock(&l->mu);
+  atomic_store(&l->stop, 1);
+  pthread_cond_broadcast(&l->space);
+  pthread_mutex_unlock(&l->mu);
+  for (int i = 0; i < l->running; i++) pthread_join(l->threads[i], NULL);
+  l->running = 0;
+  atomic_store(&l->stop, 0);
+}
+
+static gw_result_t start_workers(struct gw_loader *l) {
+  for (int i = 0; i < l->cfg.threads; i++) {
+    int rc = pthread_create(&l->threads[i], NULL, worker_main, l);
+    if (rc != 0) {
+      stop_workers(l);
+      return gw__model_fail(GW_ERR_SYSTEM, "loader: cannot start worker thread %d of %d: %s", i, l->cfg.threads,
+                            strerror(rc));
+    }
+    l->running = i + 1;
+  }
+  return GW_SUCCESS;
+}
+
+/* Puts the stream at (epoch, position) with nothing decoded; workers are stopped. */
+static void reset_stream(struct gw_loader *l, int64_t epoch, int64_t position) {
+  normalize(l, &epoch, &position);
+  l->start_epoch = l->claim_epoch = l->epoch = epoch;
+  l->claim_pos = l->position = position;
+  l->claim_seq = l->head = 0;
+  l->end_seq = -1;
+  l->held = 0;
+  l->failed = GW_SUCCESS;
+  for (int i = 0; i < l->nslots; i++) l->slots[i].state = SLOT_FREE;
+}
+
+static gw_result_t check_config(const struct gw_dataset *ds, const struct gw_sampler *s,
+                                const struct gw_loader_config *c) {
+  if (c->batch < 1 || c->threads < 1 || c->threads > MAX_THREADS || c->depth < 0 || c->epochs < 0)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                          "loader: batch %d, threads %d, depth %d, epochs %lld: need batch >= 1, 1 <= threads <= %d, "
+                          "depth >= 0, epochs >= 0",
+                          c->batch, c->threads, c->depth, (long long)c->epochs, MAX_THREADS);
+  if (s->n != gw_dataset_size(ds))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "loader: the sampler covers %lld samples, %s has %lld",
+                          (long long)s->n, gw_dataset_description(ds), (long long)gw_dataset_size(ds));
+  if (c->drop_last_batch && s->num_samples < c->batch)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                          "loader: rank %d's %lld samples make no full batch of %d (drop_last_batch); "
+                          "use a smaller batch",
+                          s->rank, (long long)s->num_samples, c->batch);
+  return GW_SUCCESS;
+}
+
+/* The slots' buffers, allocated once and written once so their pages are present
+ * before the first batch is timed. */
+static gw_result_t alloc_slots(struct gw_loader *l) {
+  size_t xbytes = (size_t)l->cfg.batch * l->sample_floats * sizeof(float);
+  xbytes = (xbytes + 63) / 64 * 64;
+  for (int i = 0; i < l->nslots; i++) {
+    struct slot *s = &l->slots[i];
+    s->x = aligned_alloc(64, xbytes);
+    s->y = calloc((size_t)l->cfg.batch, sizeof *s->y);
+    if (!s->x || !s->y)
+      return gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory for %d batches of %zu bytes", l->nslots, xbytes);
+    memset(s->x, 0, xbytes);
+    s->b.x = s->x;
+    s->b.y = s->y;
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t alloc_loader(struct gw_loader *l) {
+  l->nslots = (l->cfg.depth ? l->cfg.depth : l->cfg.threads + 1) + 1; /* + the consumer's */
+  l->nshards = l->cfg.threads + 1;
+  l->slots = calloc((size_t)l->nslots, sizeof *l->slots);
+  l->shards = calloc((size_t)l->nshards, sizeof *l->shards);
+  l->threads = calloc((size_t)l->cfg.threads, sizeof *l->threads);
+  if (!l->slots || !l->shards || !l->threads) return gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory");
+  for (int i = 0; i < l->nshards; i++) l->shards[i].epoch = -1;
+  return alloc_slots(l);
+}
+
+gw_result_t gw_loader_init(struct gw_loader **lp, const struct gw_dataset *ds, const struct gw_sampler *s,
+                           const struct gw_loader_config *cfg) {
+  *lp = NULL;
+  GW_MODEL_TRY(check_config(ds, s, cfg));
+  struct gw_loader *l = calloc(1, sizeof *l);
+  if (!l) return gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory");
+  l->ds = ds;
+  l->sampler = *s;
+  l->cfg = *cfg;
+  l->sample_floats = gw_dataset_sample_floats(ds);
+  l->ns = s->num_samples;
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->space, NULL);
+  pthread_cond_init(&l->ready, NULL);
+  atomic_init(&l->stop, 0);
+  gw_result_t res = alloc_loader(l);
+  if (res != GW_SUCCESS) {
+    gw_loader_free(l);
+    return res;
+  }
+  reset_stream(l, 0, 0);
+  *lp = l;
+  return GW_SUCCESS;
+}
+
+void gw_loader_free(struct gw_loader *l) {
+  if (!l) return;
+  stop_workers(l);
+  for (int i = 0; l->slots && i < l->nslots; i++) {
+    free(l->slots[i].x);
+    free(l->slots[i].y);
+  }
+  for (int i = 0; l->shards && i < l->nshards; i++) free(l->shards[i].idx);
+  free(l->slots);
+  free(l->shards);
+  free(l->threads);
+  pthread_cond_destroy(&l->ready);
+  pthread_cond_destroy(&l->space);
+  pthread_mutex_destroy(&l->mu);
+  free(l);
+}
+
+/* ---- the consumer ---------------------------------------------------------------- */
+
+/* Records a taken batch: the state to resume from and the skip count. */
+static void take(struct gw_loader *l, const struct slot *s) {
+  l->epoch = s->b.epoch;
+  l->position = s->b.position + s->b.n;
+  normalize(l, &l->epoch, &l->position);
+  l->skipped += s->b.skipped;
+  if (s->b.skipped) snprintf(l->last_skip, sizeof l->last_skip, "%s", s->msg);
+}
+
+/* Waits for batch head (under mu); NULL at the stream's end. */
+static struct slot *wait_head(struct gw_loader *l) {
+  while (l->end_seq != l->head && slot_of(l, l->head)->state != SLOT_READY) pthread_cond_wait(&l->ready, &l->mu);
+  return l->end_seq == l->head ? NULL : slot_of(l, l->head);
+}
+
+gw_result_t gw_loader_next(struct gw_loader *l, const struct gw_batch **batch) {
+  *batch = NULL;
+  if (l->failed != GW_SUCCESS) return gw__model_fail(l->failed, "%s", l->failed_msg);
+  if (!l->running) GW_MODEL_TRY(start_workers(l)); /* outside mu: a failed start joins */
+  pthread_mutex_lock(&l->mu);
+  if (l->held) {
+    slot_of(l, l->head - 1)->state = SLOT_FREE;
+    l->held = 0;
+    pthread_cond_broadcast(&l->space);
+  }
+  struct slot *s = wait_head(l);
+  if (s) {
+    l->head++;
+    l->held = 1;
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (!s) return GW_SUCCESS;
+  if (s->err != GW_SUCCESS) {
+    l->failed = s->err;
+    snprintf(l->failed_msg, sizeof l->failed_msg, "%s", s->msg);
+    return gw__model_fail(l->failed, "%s", l->failed_msg);
+  }
+  take(l, s);
+  *batch = &s->b;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_loader_seek(struct gw_loader *l, int64_t epoch, int64_t position) {
+  if (epoch < 0 || position < 0 || position > l->ns)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "loader: cannot seek to epoch %lld position %lld (shard of %lld)",
+                          (long long)epoch, (long long)position, (long long)l->ns);
+  stop_workers(l);
+  reset_stream(l, epoch, position);
+  return GW_SUCCESS;
+}
+
+void gw_loader_state(const struct gw_loader *l, int64_t *epoch, int64_t *position) {
+  *epoch = l->epoch;
+  *position = l->position;
+}
+
+int64_t gw_loader_skipped(const struct gw_loader *l) { return l->skipped; }
+
+const char *gw_loader_last_skip(const struct gw_loader *l) { return l->last_skip; }

@@ -1,0 +1,809 @@
+/* test_data.c - the trainer's data side (data/): Fashion-MNIST against values read
+ * independently with Python, its refusal of damaged files; the ImageNet-style
+ * folder dataset on a tiny tree of JPEGs made here (class order, the validation
+ * and training transforms, bad files skipped); the distributed sampler against
+ * PyTorch DistributedSampler's rules; the loader's bit-identical batches for any
+ * thread count and after a seek, skip substitution, and shutdown mid-epoch.
+ * Every file is written under a temporary directory.  The Fashion-MNIST cases on
+ * the installed dataset are left out (and say so) when it is not installed. */
+#include <check.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "dataset.h"
+#include "harness.h"
+#include "loader.h"
+#include "sampler.h"
+
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* ---- temporary files ------------------------------------------------------------ */
+
+static char tmpdir[64];
+
+static void make_tmpdir(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/gw_data_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+static void remove_tmpdir(void) { nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static const char *in_tmp(const char *name) {
+  static char p[4][512];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
+  return p[k];
+}
+
+static void mkdirs(const char *rel) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", tmpdir, rel);
+  for (char *s = p + strlen(tmpdir) + 1; *s; s++)
+    if (*s == '/') {
+      *s = '\0';
+      mkdir(p, 0755);
+      *s = '/';
+    }
+  mkdir(p, 0755);
+}
+
+static void write_file(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_msg(f != NULL, "cannot create %s", path);
+  ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+  fclose(f);
+}
+
+static void expect_error(gw_result_t res, const char *part1, const char *part2) {
+  const char *msg = gw_data_last_error();
+  ck_assert_msg(res != GW_SUCCESS, "expected a failure mentioning %s", part2);
+  ck_assert_msg(strstr(msg, part1) && strstr(msg, part2), "message \"%s\" should name \"%s\" and \"%s\"", msg, part1,
+                part2);
+}
+
+/* ---- Fashion-MNIST on the installed files --------------------------------------- */
+
+static int fmnist_installed(void) { return access(FMNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) == 0; }
+
+/* Expected values, read with Python's gzip module from Debian's
+ * dataset-fashion-mnist:
+ *   im = gzip.open(split + '-images-idx3-ubyte.gz').read()
+ *   lb = gzip.open(split + '-labels-idx1-ubyte.gz').read()
+ *   list(lb[8:18]); list(im[16 + 14*28 : 16 + 15*28]); sum(im[16:16+784]); lb[-1] */
+struct fmnist_expect {
+  enum gw_split split;
+  int64_t size;
+  int per_class;
+  int first_labels[10];
+  int row14[28];  /* image 0, row 14 */
+  long image0_sum;
+  int last_label;
+};
+
+static const struct fmnist_expect FMNIST_EXPECT[2] = {
+  {GW_SPLIT_TRAIN, 60000, 6000, {9, 0, 0, 3, 0, 2, 7, 2, 5, 5},
+   {0, 0, 1, 4, 6, 7, 2, 0, 0, 0, 0, 0, 237, 226, 217, 223, 222, 219, 222, 221, 216, 223, 229, 215, 218, 255, 77, 0},
+   76247, 5},
+  {GW_SPLIT_VAL, 10000, 1000, {9, 2, 1, 1, 6, 1, 4, 6, 5, 7},
+   {0, 0, 0, 0, 0, 0, 2, 4, 1, 0, 0, 0, 98, 136, 110, 109, 110, 162, 135, 144, 149, 159, 167, 144, 158, 169, 119, 0},
+   33456, 5},
+};
+
+static float fmnist_norm(int v) { return ((float)v / 255.0f - 0.2860f) / 0.3530f; }
+static int fmnist_raw(float x) { return (int)lrintf((x * 0.3530f + 0.2860f) * 255.0f); }
+
+START_TEST(fmnist_values) {
+  const struct fmnist_expect *e = &FMNIST_EXPECT[_i];
+  struct gw_dataset *ds;
+  ck_assert_msg(gw_dataset_open(&ds, "fashion-mnist", e->split, NULL) == GW_SUCCESS, "%s", gw_data_last_error());
+  int c, h, w;
+  gw_dataset_shape(ds, &c, &h, &w);
+  ck_assert_int_eq(gw_dataset_size(ds), e->size);
+  ck_assert(c == 1 && h == 28 && w == 28);
+  ck_assert_int_eq(gw_dataset_classes(ds), 10);
+  ck_assert_str_eq(gw_dataset_class_name(ds, 0), "T-shirt/top");
+  ck_assert_str_eq(gw_dataset_class_name(ds, 9), "Ankle boot");
+  float x[784];
+  int32_t y;
+  int hist[10] = {0};
+  for (int64_t i = 0; i < e->size; i++) {
+    ck_assert_int_eq(gw_dataset_get(ds, i, 0, 0, x, &y), GW_SUCCESS);
+    ck_assert(y >= 0 && y < 10);
+    hist[y]++;
+    if (i < 10) ck_assert_int_eq(y, e->first_labels[i]);
+    if (i == e->size - 1) ck_assert_int_eq(y, e->last_label);
+  }
+  for (int k = 0; k < 10; k++) ck_assert_int_eq(hist[k], e->per_class);
+  ck_assert_int_eq(gw_dataset_get(ds, 0, 0, 0, x, &y), GW_SUCCESS);
+  long sum = 0;
+  for (int i = 0; i < 784; i++) sum += fmnist_raw(x[i]);
+  ck_assert_int_eq(sum, e->image0_sum);
+  for (int i = 0; i < 28; i++) ck_assert_float_eq_tol(x[14 * 28 + i], fmnist_norm(e->row14[i]), 1e-6);
+  ck_assert_int_ne(gw_dataset_get(ds, e->size, 0, 0, x, &y), GW_SUCCESS); /* out of range */
+  gw_dataset_free(ds);
+}
+END_TEST
+
+/* The augmented sample is the plain one shifted by up to 2 pixels (zeros coming
+ * in) and maybe mirrored; the same key gives the same bits. */
+static int is_shift_of(const float *aug, const float *plain) {
+  for (int flip = 0; flip < 2; flip++)
+    for (int dy = -2; dy <= 2; dy++)
+      for (int dx = -2; dx <= 2; dx++) {
+        int ok = 1;
+        for (int y = 0; y < 28 && ok; y++)
+          for (int x = 0; x < 28 && ok; x++) {
+            int sy = y + dy, sx = (flip ? 27 - x : x) + dx;
+            float v = sy >= 0 && sy < 28 && sx >= 0 && sx < 28 ? plain[sy * 28 + sx] : fmnist_norm(0);
+            ok = fabsf(aug[y * 28 + x] - v) < 1e-5f;
+          }
+        if (ok) return 1;
+      }
+  return 0;
+}
+
+START_TEST(fmnist_augment) {
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_fashion_mnist(&ds, FMNIST_DIR, GW_SPLIT_VAL, 1), GW_SUCCESS);
+  float plain[784], a[784], b[784];
+  int32_t y;
+  int differs = 0;
+  for (uint64_t key = 1; key <= 20; key++) {
+    ck_assert_int_eq(gw_dataset_get(ds, 3, 0, key, plain, &y), GW_SUCCESS); /* train off: no augmentation */
+    ck_assert_int_eq(gw_dataset_get(ds, 3, 1, key, a, &y), GW_SUCCESS);
+    ck_assert_int_eq(gw_dataset_get(ds, 3, 1, key, b, &y), GW_SUCCESS);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    ck_assert(is_shift_of(a, plain));
+    differs += memcmp(a, plain, sizeof a) != 0;
+  }
+  ck_assert_int_gt(differs, 10);
+  gw_dataset_free(ds);
+}
+END_TEST
+
+/* ---- Fashion-MNIST: damaged files ------------------------------------------------ */
+
+static void put_be32(unsigned char *p, uint32_t v) {
+  for (int k = 0; k < 4; k++) p[k] = (unsigned char)(v >> (24 - 8 * k));
+}
+
+static void write_gz(const char *path, const unsigned char *data, size_t len) {
+  gzFile f = gzopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(gzwrite(f, data, (unsigned)len), (int)len);
+  gzclose(f);
+}
+
+/* A train split of n images (rows x cols) and labels; *_bytes cut the data short. */
+struct idx_spec {
+  uint32_t image_magic, label_magic, images, labels, rows, cols;
+  size_t image_bytes, label_bytes;
+  unsigned char bad_label;
+};
+
+static void write_idx(const struct idx_spec *s) {
+  unsigned char *buf = calloc(1, 16 + s->image_bytes + s->label_bytes + 8);
+  put_be32(buf, s->image_magic), put_be32(buf + 4, s->images), put_be32(buf + 8, s->rows), put_be32(buf + 12, s->cols);
+  write_gz(in_tmp("train-images-idx3-ubyte.gz"), buf, 16 + s->image_bytes);
+  memset(buf, 0, 8 + s->label_bytes);
+  put_be32(buf, s->label_magic), put_be32(buf + 4, s->labels);
+  if (s->label_bytes) buf[8 + s->label_bytes - 1] = s->bad_label;
+  write_gz(in_tmp("train-labels-idx1-ubyte.gz"), buf, 8 + s->label_bytes);
+  free(buf);
+}
+
+static struct idx_spec good_idx(void) {
+  struct idx_spec s = {0x803, 0x801, 3, 3, 28, 28, 3 * 784, 3, 0};
+  return s;
+}
+
+static gw_result_t open_tmp_fmnist(void) {
+  struct gw_dataset *ds = NULL;
+  gw_result_t res = gw_dataset_fashion_mnist(&ds, tmpdir, GW_SPLIT_TRAIN, 0);
+  gw_dataset_free(ds);
+  return res;
+}
+
+START_TEST(fmnist_bad_files) {
+  make_tmpdir();
+  struct idx_spec s = good_idx();
+  write_idx(&s);
+  ck_assert_msg(open_tmp_fmnist() == GW_SUCCESS, "%s", gw_data_last_error());
+  s.image_magic = 0x801;
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "magic");
+  s = good_idx(), s.label_magic = 0x803;
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-labels-idx1-ubyte.gz", "magic");
+  s = good_idx(), s.image_bytes -= 100; /* the header promises more pixels than follow */
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "truncated");
+  s = good_idx(), s.rows = 32;
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "32x28");
+  s = good_idx(), s.labels = 2, s.label_bytes = 2;
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-labels-idx1-ubyte.gz", "2 labels");
+  s = good_idx(), s.bad_label = 12;
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-labels-idx1-ubyte.gz", "label 12");
+  remove_tmpdir();
+}
+END_TEST
+
+/* A .gz file cut in the middle of its compressed stream. */
+START_TEST(fmnist_truncated_gzip) {
+  make_tmpdir();
+  struct idx_spec s = good_idx();
+  s.images = s.labels = 300, s.image_bytes = 300 * 784, s.label_bytes = 300;
+  unsigned char *noise = malloc(16 + s.image_bytes);
+  for (size_t i = 0; i < 16 + s.image_bytes; i++) noise[i] = (unsigned char)mix64(i);
+  put_be32(noise, 0x803), put_be32(noise + 4, 300), put_be32(noise + 8, 28), put_be32(noise + 12, 28);
+  write_idx(&s);
+  write_gz(in_tmp("train-images-idx3-ubyte.gz"), noise, 16 + s.image_bytes);
+  FILE *f = fopen(in_tmp("train-images-idx3-ubyte.gz"), "rb");
+  char *gz = malloc(1 << 20);
+  size_t len = fread(gz, 1, 1 << 20, f);
+  fclose(f);
+  write_file(in_tmp("train-images-idx3-ubyte.gz"), gz, len / 2);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "truncated");
+  unlink(in_tmp("train-images-idx3-ubyte.gz"));
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "cannot open");
+  free(gz);
+  free(noise);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(bad_specs) {
+  struct gw_dataset *ds = (struct gw_dataset *)1;
+  expect_error(gw_dataset_open(&ds, "cifar10", GW_SPLIT_TRAIN, NULL), "cifar10", "fashion-mnist[:DIR]");
+  ck_assert_ptr_null(ds);
+  expect_error(gw_dataset_open(&ds, "imagenet", GW_SPLIT_TRAIN, NULL), "imagenet", "imagenet:DIR");
+  expect_error(gw_dataset_open(&ds, "imagenet:/nonexistent/x", GW_SPLIT_TRAIN, NULL), "/nonexistent/x/train",
+               "cannot open");
+  expect_error(gw_dataset_synthetic(&ds, 0, 3, 8, 10, 0), "synthetic", "positive");
+}
+END_TEST
+
+/* ---- ImageNet-style folders ----------------------------------------------------------- */
+
+/* A w x h image with 1 (gray) or 3 channels: constant colour rgb, or noise when
+ * rgb is NULL.  Returns the JPEG size. */
+static size_t write_jpeg(const char *rel, int w, int h, int gray, const unsigned char *rgb, double keep) {
+  int ch = gray ? 1 : 3;
+  unsigned char *px = malloc((size_t)w * h * ch);
+  for (size_t i = 0; i < (size_t)w * h * ch; i++)
+    px[i] = rgb ? rgb[i % ch] : (unsigned char)(((i / ch) % w + (i / ch) / w * 3 + (mix64(i) & 31)) & 255);
+  tjhandle tj = tjInitCompress();
+  unsigned char *jpg = NULL;
+  unsigned long len = 0;
+  ck_assert_int_eq(tjCompress2(tj, px, w, 0, h, gray ? TJPF_GRAY : TJPF_RGB, &jpg, &len,
+                               gray ? TJSAMP_GRAY : TJSAMP_444, 95, 0), 0);
+  write_file(in_tmp(rel), jpg, (size_t)(len * keep));
+  tjFree(jpg);
+  tjDestroy(tj);
+  free(px);
+  return len;
+}
+
+/* Decodes a JPEG of the tree back (the reference for expected values). */
+static unsigned char *read_jpeg(const char *rel, int *w, int *h) {
+  FILE *f = fopen(in_tmp(rel), "rb");
+  ck_assert_ptr_nonnull(f);
+  static unsigned char buf[1 << 21];
+  size_t len = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  tjhandle tj = tjInitDecompress();
+  int ss, cs;
+  ck_assert_int_eq(tjDecompressHeader3(tj, buf, len, w, h, &ss, &cs), 0);
+  unsigned char *px = malloc((size_t)*w * *h * 3);
+  ck_assert_int_eq(tjDecompress2(tj, buf, len, px, *w, 0, *h, TJPF_RGB, 0), 0);
+  tjDestroy(tj);
+  return px;
+}
+
+static const unsigned char COLOUR[3] = {200, 90, 30};
+static const float IMNET_MEAN[3] = {0.485f, 0.456f, 0.406f}, IMNET_STD[3] = {0.229f, 0.224f, 0.225f};
+
+/* The tree (classes ant, cat, dog; sorted order is not creation order):
+ *   train: ant/e.jpg | cat/a.jpg cat/b.JPEG cat/sub/c.jpg (gray) | dog/bad.jpg
+ *          (truncated) dog/d.jpeg dog/text.jpg (not a JPEG) dog/notes.txt (ignored)
+ *   val:   cat/const.jpg (constant colour) cat/gray.jpg dog/big.jpg (512x512)
+ *          dog/mid.jpg (256x256) */
+static void make_tree(void) {
+  make_tmpdir();
+  const char *dirs[] = {"train/dog", "train/cat/sub", "train/ant", "val/cat", "val/dog"};
+  for (int i = 0; i < 5; i++) mkdirs(dirs[i]);
+  write_jpeg("train/cat/a.jpg", 64, 48, 0, NULL, 1);
+  write_jpeg("train/cat/b.JPEG", 40, 30, 0, COLOUR, 1);
+  write_jpeg("train/cat/sub/c.jpg", 50, 70, 1, NULL, 1);
+  write_jpeg("train/dog/d.jpeg", 100, 80, 0, NULL, 1);
+  ck_assert_uint_gt(write_jpeg("train/dog/bad.jpg", 160, 120, 0, NULL, 0.6), 4000);
+  write_file(in_tmp("train/dog/text.jpg"), "hello, not an image\n", 20);
+  write_file(in_tmp("train/dog/notes.txt"), "notes\n", 6);
+  write_jpeg("train/ant/e.jpg", 32, 32, 0, NULL, 1);
+  write_jpeg("val/cat/const.jpg", 300, 200, 0, COLOUR, 1);
+  write_jpeg("val/cat/gray.jpg", 90, 120, 1, NULL, 1);
+  write_jpeg("val/dog/big.jpg", 512, 512, 0, NULL, 1);
+  write_jpeg("val/dog/mid.jpg", 256, 256, 0, NULL, 1);
+}
+
+#define OUT_FLOATS (3 * 224 * 224)
+
+/* Gets a sample into a buffer with a guard after it, checking the guard. */
+static gw_result_t get_guarded(struct gw_dataset *ds, int64_t i, int train, uint64_t key, float *out, int32_t *y) {
+  for (int k = 0; k < 64; k++) out[OUT_FLOATS + k] = -12345.0f;
+  gw_result_t res = gw_dataset_get(ds, i, train, key, out, y);
+  for (int k = 0; k < 64; k++) ck_assert_float_eq(out[OUT_FLOATS + k], -12345.0f);
+  return res;
+}
+
+START_TEST(folder_classes_and_skips) {
+  make_tree();
+  struct gw_dataset *ds;
+  char spec[128];
+  snprintf(spec, sizeof spec, "imagenet:%s", tmpdir);
+  ck_assert_msg(gw_dataset_open(&ds, spec, GW_SPLIT_TRAIN, NULL) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_classes(ds), 3);
+  ck_assert_str_eq(gw_dataset_class_name(ds, 0), "ant");
+  ck_assert_str_eq(gw_dataset_class_name(ds, 1), "cat");
+  ck_assert_str_eq(gw_dataset_class_name(ds, 2), "dog");
+  ck_assert_int_eq(gw_dataset_size(ds), 7);
+  /* torchvision's order: class, then directory, then name. */
+  const int labels[7] = {0, 1, 1, 1, 2, 2, 2};
+  const char *skipped[7] = {NULL, NULL, NULL, NULL, "train/dog/bad.jpg", NULL, "train/dog/text.jpg"};
+  float *out = malloc((OUT_FLOATS + 64) * sizeof *out);
+  for (int i = 0; i < 7; i++) {
+    int32_t y = -1;
+    gw_result_t res = get_guarded(ds, i, 1, 7, out, &y);
+    if (skipped[i]) {
+      ck_assert_int_eq(res, GW_DATA_SKIPPED);
+      ck_assert_msg(strstr(gw_data_last_error(), skipped[i]), "%s", gw_data_last_error());
+    } else {
+      ck_assert_msg(res == GW_SUCCESS, "sample %d: %s", i, gw_data_last_error());
+      ck_assert_int_eq(y, labels[i]);
+    }
+  }
+  free(out);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+/* (v / 255 - mean) / std, the expected value of a pixel v. */
+static float imnet_norm(int v, int c) { return ((float)v / 255.0f - IMNET_MEAN[c]) / IMNET_STD[c]; }
+
+START_TEST(folder_constant_colour) {
+  make_tree();
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 224), GW_SUCCESS);
+  ck_assert_int_eq(gw_dataset_size(ds), 4);
+  int w, h;
+  unsigned char *ref = read_jpeg("val/cat/const.jpg", &w, &h); /* JPEG may shift the colour slightly */
+  for (int i = 0; i < w * h * 3; i++) ck_assert_int_eq(ref[i], ref[i % 3]);
+  for (int c = 0; c < 3; c++) ck_assert_int_le(abs(ref[c] - COLOUR[c]), 3);
+  float *out = malloc((OUT_FLOATS + 64) * sizeof *out);
+  int32_t y;
+  for (int train = 0; train < 2; train++) { /* any crop of a constant image is the colour */
+    ck_assert_int_eq(get_guarded(ds, 0, train, 99, out, &y), GW_SUCCESS);
+    ck_assert_int_eq(y, 1);
+    for (int i = 0; i < OUT_FLOATS; i++) {
+      int c = i / (224 * 224);
+      ck_assert_float_eq_tol(out[i], imnet_norm(ref[c], c), 1e-5);
+    }
+  }
+  /* A grayscale JPEG comes out with three equal channels. */
+  ck_assert_int_eq(get_guarded(ds, 1, 0, 0, out, &y), GW_SUCCESS);
+  for (int i = 0; i < 224 * 224; i++) {
+    float v0 = out[i] * IMNET_STD[0] + IMNET_MEAN[0];
+    ck_assert_float_eq_tol(out[224 * 224 + i] * IMNET_STD[1] + IMNET_MEAN[1], v0, 1e-5);
+    ck_assert_float_eq_tol(out[2 * 224 * 224 + i] * IMNET_STD[2] + IMNET_MEAN[2], v0, 1e-5);
+  }
+  free(ref);
+  free(out);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Validation geometry against hand-derived cases: a 256 x 256 image is not
+ * resampled and the crop starts at (16, 16); a 512 x 512 image is halved by PIL's
+ * bilinear filter, whose taps at a factor of 2 are [1, 3, 3, 1] / 8. */
+START_TEST(folder_val_geometry) {
+  make_tree();
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 224), GW_SUCCESS);
+  float *out = malloc((OUT_FLOATS + 64) * sizeof *out);
+  int32_t y;
+  int w, h;
+  unsigned char *mid = read_jpeg("val/dog/mid.jpg", &w, &h);
+  ck_assert_int_eq(get_guarded(ds, 3, 0, 0, out, &y), GW_SUCCESS);
+  ck_assert_int_eq(y, 2);
+  for (int c = 0; c < 3; c++)
+    for (int i = 0; i < 224; i++)
+      for (int j = 0; j < 224; j++)
+        ck_assert_float_eq_tol(out[(c * 224 + i) * 224 + j], imnet_norm(mid[((i + 16) * 256 + j + 16) * 3 + c], c),
+                               1e-5);
+  unsigned char *big = read_jpeg("val/dog/big.jpg", &w, &h);
+  ck_assert_int_eq(get_guarded(ds, 2, 0, 0, out, &y), GW_SUCCESS);
+  const float taps[4] = {0.125f, 0.375f, 0.375f, 0.125f};
+  for (int c = 0; c < 3; c++)
+    for (int i = 0; i < 224; i += 7)
+      for (int j = 0; j < 224; j += 5) {
+        int sy = 2 * (i + 16) - 1, sx = 2 * (j + 16) - 1;
+        float v = 0;
+        for (int a = 0; a < 4; a++)
+          for (int b = 0; b < 4; b++) v += taps[a] * taps[b] * big[((sy + a) * 512 + sx + b) * 3 + c];
+        ck_assert_float_eq_tol(out[(c * 224 + i) * 224 + j], (v / 255.0f - IMNET_MEAN[c]) / IMNET_STD[c], 1e-4);
+      }
+  free(mid);
+  free(big);
+  free(out);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(folder_train_keys) {
+  make_tree();
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), GW_SUCCESS);
+  float *a = malloc((OUT_FLOATS + 64) * sizeof *a), *b = malloc((OUT_FLOATS + 64) * sizeof *b);
+  int32_t y;
+  for (int64_t i = 1; i <= 3; i++) { /* cat/a (colour), cat/b (constant), cat/sub/c (gray) */
+    ck_assert_int_eq(get_guarded(ds, i, 1, 1234, a, &y), GW_SUCCESS);
+    ck_assert_int_eq(get_guarded(ds, i, 1, 1234, b, &y), GW_SUCCESS);
+    ck_assert(memcmp(a, b, OUT_FLOATS * sizeof *a) == 0);
+    if (i == 2) continue; /* a constant image looks the same through any crop */
+    int differs = 0;
+    for (uint64_t key = 1; key <= 4; key++) {
+      ck_assert_int_eq(get_guarded(ds, i, 1, key, b, &y), GW_SUCCESS);
+      differs += memcmp(a, b, OUT_FLOATS * sizeof *a) != 0;
+    }
+    ck_assert_int_eq(differs, 4);
+  }
+  free(a);
+  free(b);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(folder_bad_trees) {
+  make_tmpdir();
+  mkdirs("train");
+  struct gw_dataset *ds;
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), "train", "no class directories");
+  mkdirs("train/a");
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), "train", "no .jpg or .jpeg files");
+  mkdirs("val/zebra");
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 224), "val/zebra", "not a class");
+  /* A shard with no readable sample at all is an error, not an endless search. */
+  write_file(in_tmp("train/a/t.jpg"), "text", 4);
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), GW_SUCCESS);
+  struct gw_sampler s;
+  gw_sampler_init(&s, 1, 1, 0, 0, 0, 0);
+  struct gw_loader_config cfg;
+  gw_loader_config_default(&cfg);
+  struct gw_loader *l;
+  ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+  const struct gw_batch *b;
+  for (int k = 0; k < 2; k++) expect_error(gw_loader_next(l, &b), "none of the 1 samples", "t.jpg");
+  gw_loader_free(l);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- sampler ---------------------------------------------------------------------- */
+
+/* Every rank's shard, interleaved back into the padded list PyTorch builds. */
+static int64_t *gather_shards(int64_t n, int world, int shuffle, int drop_last, uint64_t seed, int64_t epoch,
+                              int64_t *total) {
+  struct gw_sampler s;
+  ck_assert_int_eq(gw_sampler_init(&s, n, world, 0, shuffle, drop_last, seed), GW_SUCCESS);
+  *total = s.num_samples * world;
+  int64_t *all = malloc((size_t)*total * sizeof *all), *shard = malloc((size_t)s.num_samples * sizeof *shard);
+  for (int r = 0; r < world; r++) {
+    ck_assert_int_eq(gw_sampler_init(&s, n, world, r, shuffle, drop_last, seed), GW_SUCCESS);
+    ck_assert_int_eq(gw_sampler_shard(&s, epoch, shard), GW_SUCCESS);
+    for (int64_t i = 0; i < s.num_samples; i++) all[r + i * world] = shard[i];
+  }
+  free(shard);
+  return all;
+}
+
+START_TEST(sampler_unshuffled_matches_pytorch) {
+  /* list(DistributedSampler(range(10), num_replicas=4, rank=r, shuffle=False)) */
+  const int64_t expect[4][3] = {{0, 4, 8}, {1, 5, 9}, {2, 6, 0}, {3, 7, 1}};
+  int64_t total;
+  int64_t *all = gather_shards(10, 4, 0, 0, 0, 0, &total);
+  ck_assert_int_eq(total, 12);
+  for (int r = 0; r < 4; r++)
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(all[r + 4 * i], expect[r][i]);
+  free(all);
+  all = gather_shards(10, 4, 0, 1, 0, 0, &total); /* drop_last: [0, 4], [1, 5], [2, 6], [3, 7] */
+  ck_assert_int_eq(total, 8);
+  for (int k = 0; k < 8; k++) ck_assert_int_eq(all[k], k);
+  free(all);
+  all = gather_shards(2, 5, 0, 0, 0, 0, &total); /* fewer samples than ranks: 0 1 0 1 0 */
+  ck_assert_int_eq(total, 5);
+  for (int k = 0; k < 5; k++) ck_assert_int_eq(all[k], k % 2);
+  free(all);
+}
+END_TEST
+
+START_TEST(sampler_shuffled_epochs) {
+  const int64_t ns[] = {1, 7, 10, 64, 1001};
+  const int worlds[] = {1, 2, 3, 4, 8};
+  for (int a = 0; a < 5; a++)
+    for (int b = 0; b < 5; b++)
+      for (int drop = 0; drop < 2; drop++) {
+        int64_t n = ns[a], total, total2;
+        if (drop && n < worlds[b]) continue;
+        int64_t *all = gather_shards(n, worlds[b], 1, drop, 42, 3, &total);
+        int64_t *order = malloc((size_t)n * sizeof *order);
+        struct gw_sampler s;
+        gw_sampler_init(&s, n, worlds[b], 0, 1, drop, 42);
+        gw_sampler_order(&s, 3, order);
+        /* The padded list is the epoch's order, then its start repeated (or cut). */
+        ck_assert_int_eq(total, drop ? n / worlds[b] * worlds[b] : (n + worlds[b] - 1) / worlds[b] * worlds[b]);
+        for (int64_t k = 0; k < total; k++) ck_assert_int_eq(all[k], order[k % n]);
+        char *seen = calloc((size_t)n, 1);
+        for (int64_t k = 0; k < n; k++) seen[order[k]]++;
+        for (int64_t k = 0; k < n; k++) ck_assert_int_eq(seen[k], 1);
+        int64_t *again = gather_shards(n, worlds[b], 1, drop, 42, 3, &total2);
+        ck_assert(memcmp(all, again, (size_t)total * sizeof *all) == 0);
+        free(again), free(seen), free(order), free(all);
+      }
+}
+END_TEST
+
+START_TEST(sampler_orders_differ) {
+  struct gw_sampler s;
+  ck_assert_int_eq(gw_sampler_init(&s, 1000, 1, 0, 1, 0, 7), GW_SUCCESS);
+  int64_t e0[1000], e1[1000], other[1000];
+  gw_sampler_order(&s, 0, e0);
+  gw_sampler_order(&s, 1, e1);
+  ck_assert(memcmp(e0, e1, sizeof e0) != 0);
+  s.seed = 8;
+  gw_sampler_order(&s, 0, other);
+  ck_assert(memcmp(e0, other, sizeof e0) != 0);
+  s.shuffle = 0;
+  gw_sampler_order(&s, 5, other);
+  for (int i = 0; i < 1000; i++) ck_assert_int_eq(other[i], i);
+  expect_error(gw_sampler_init(&s, 10, 4, 4, 1, 0, 0), "sampler", "rank 4 of 4");
+  expect_error(gw_sampler_init(&s, 3, 4, 0, 1, 1, 0), "sampler", "drop_last");
+}
+END_TEST
+
+/* ---- loader ------------------------------------------------------------------------- */
+
+/* Everything a stream delivered, in order. */
+struct capture {
+  int nbatches;
+  float *x;
+  int32_t *y;
+  int64_t meta[256][3]; /* epoch, position, n */
+  size_t floats;        /* per batch */
+  int batch;
+};
+
+static void capture_init(struct capture *c, const struct gw_dataset *ds, int batch, int max) {
+  memset(c, 0, sizeof *c);
+  c->batch = batch;
+  c->floats = (size_t)batch * gw_dataset_sample_floats(ds);
+  c->x = calloc((size_t)max * c->floats, sizeof *c->x);
+  c->y = calloc((size_t)max * batch, sizeof *c->y);
+}
+
+static void capture_free(struct capture *c) {
+  free(c->x);
+  free(c->y);
+}
+
+/* Takes up to max batches (all of a finite stream when max is large). */
+static void run_stream(struct gw_loader *l, struct capture *c, int max) {
+  const struct gw_batch *b;
+  while (c->nbatches < max) {
+    ck_assert_msg(gw_loader_next(l, &b) == GW_SUCCESS, "%s", gw_data_last_error());
+    if (!b) break;
+    int k = c->nbatches++;
+    memcpy(c->x + k * c->floats, b->x, (size_t)b->n * (c->floats / c->batch) * sizeof(float));
+    memcpy(c->y + k * c->batch, b->y, (size_t)b->n * sizeof(int32_t));
+    c->meta[k][0] = b->epoch, c->meta[k][1] = b->position, c->meta[k][2] = b->n;
+  }
+}
+
+static void assert_same_batches(const struct capture *a, int from, const struct capture *b, int count) {
+  for (int k = 0; k < count; k++) {
+    ck_assert_msg(memcmp(a->meta[from + k], b->meta[k], sizeof a->meta[0]) == 0, "batch %d: other place", from + k);
+    ck_assert_msg(memcmp(a->x + (from + k) * a->floats, b->x + k * b->floats, a->floats * sizeof(float)) == 0,
+                  "batch %d: other pixels", from + k);
+    ck_assert(memcmp(a->y + (from + k) * a->batch, b->y + k * b->batch, a->batch * sizeof(int32_t)) == 0);
+  }
+}
+
+/* The training tree at 32 x 32, 2 ranks (rank 1: 4 samples, incl. the two bad
+ * files for some epochs), batch 3, shuffle, 3 epochs of 2 batches each. */
+static struct gw_loader *tree_loader(struct gw_dataset *ds, int threads, int depth) {
+  struct gw_sampler s;
+  ck_assert_int_eq(gw_sampler_init(&s, gw_dataset_size(ds), 2, 1, 1, 0, 5), GW_SUCCESS);
+  struct gw_loader_config cfg;
+  gw_loader_config_default(&cfg);
+  cfg.batch = 3, cfg.threads = threads, cfg.depth = depth, cfg.train = 1, cfg.epochs = 3, cfg.seed = 11;
+  struct gw_loader *l;
+  ck_assert_msg(gw_loader_init(&l, ds, &s, &cfg) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_loader_batches_per_epoch(l), 2);
+  return l;
+}
+
+START_TEST(loader_threads_and_seek) {
+  make_tree();
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), GW_SUCCESS);
+  struct capture ref, other, resumed;
+  capture_init(&ref, ds, 3, 8);
+  capture_init(&other, ds, 3, 8);
+  capture_init(&resumed, ds, 3, 8);
+  struct gw_loader *l = tree_loader(ds, 1, 1);
+  run_stream(l, &ref, 100);
+  ck_assert_int_eq(ref.nbatches, 6);
+  const int64_t meta[6][3] = {{0, 0, 3}, {0, 3, 1}, {1, 0, 3}, {1, 3, 1}, {2, 0, 3}, {2, 3, 1}};
+  ck_assert(memcmp(ref.meta, meta, sizeof meta) == 0);
+  int64_t skipped_ref = gw_loader_skipped(l);
+  gw_loader_free(l);
+  for (int depth = 0; depth <= 5; depth += 5) { /* 3 threads, default and deep queue */
+    l = tree_loader(ds, 3, depth);
+    other.nbatches = 0;
+    run_stream(l, &other, 100);
+    ck_assert_int_eq(other.nbatches, 6);
+    assert_same_batches(&ref, 0, &other, 6);
+    ck_assert_int_eq(gw_loader_skipped(l), skipped_ref);
+    gw_loader_free(l);
+  }
+  /* Resume in the middle of epoch 1 from the state after 3 batches. */
+  l = tree_loader(ds, 2, 0);
+  other.nbatches = 0;
+  run_stream(l, &other, 3);
+  int64_t epoch, pos;
+  gw_loader_state(l, &epoch, &pos);
+  ck_assert(epoch == 1 && pos == 3);
+  gw_loader_free(l);
+  l = tree_loader(ds, 3, 0);
+  ck_assert_int_eq(gw_loader_seek(l, epoch, pos), GW_SUCCESS);
+  run_stream(l, &resumed, 3);
+  assert_same_batches(&ref, 3, &resumed, 3);
+  gw_loader_free(l);
+  capture_free(&ref), capture_free(&other), capture_free(&resumed);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Unshuffled, one rank, one batch of all 7: bad.jpg (position 4) becomes the next
+ * index, d.jpeg; text.jpg (6, the last) wraps around to e.jpg (0). */
+START_TEST(loader_skip_substitution) {
+  make_tree();
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), GW_SUCCESS);
+  struct gw_sampler s;
+  gw_sampler_init(&s, 7, 1, 0, 0, 0, 0);
+  struct gw_loader_config cfg;
+  gw_loader_config_default(&cfg);
+  cfg.batch = 7, cfg.threads = 2, cfg.epochs = 2;
+  struct gw_loader *l;
+  ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+  const struct gw_batch *b;
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  ck_assert_int_eq(b->n, 7);
+  ck_assert_int_eq(b->skipped, 2);
+  const int32_t labels[7] = {0, 1, 1, 1, 2, 2, 0};
+  for (int i = 0; i < 7; i++) ck_assert_int_eq(b->y[i], labels[i]);
+  size_t f = gw_dataset_sample_floats(ds);
+  ck_assert(memcmp(b->x + 4 * f, b->x + 5 * f, f * sizeof(float)) == 0);
+  ck_assert(memcmp(b->x + 6 * f, b->x, f * sizeof(float)) == 0);
+  ck_assert_int_eq(gw_loader_skipped(l), 2);
+  ck_assert_msg(strstr(gw_loader_last_skip(l), "text.jpg"), "%s", gw_loader_last_skip(l));
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  ck_assert_int_eq(gw_loader_skipped(l), 4);
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  ck_assert_ptr_null(b); /* two epochs delivered */
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  ck_assert_ptr_null(b);
+  gw_loader_free(l);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(loader_shutdown_mid_epoch) {
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_synthetic(&ds, 5000, 3, 64, 10, 1), GW_SUCCESS);
+  struct gw_sampler s;
+  gw_sampler_init(&s, 5000, 2, 0, 1, 1, 3);
+  struct gw_loader_config cfg;
+  gw_loader_config_default(&cfg);
+  cfg.batch = 32, cfg.threads = 3, cfg.depth = 4, cfg.drop_last_batch = 1;
+  struct gw_loader *l;
+  for (int taken = 0; taken < 4; taken++) {
+    ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+    const struct gw_batch *b = NULL;
+    for (int k = 0; k < taken; k++) {
+      ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+      ck_assert(b && b->n == 32 && b->position == 32 * k);
+    }
+    if (taken == 3) ck_assert_int_eq(gw_loader_seek(l, 4, 64), GW_SUCCESS); /* seek with workers running */
+    double t0 = test_now();
+    gw_loader_free(l);
+    ck_assert_double_lt(test_now() - t0, 2.0);
+  }
+  /* An endless stream runs across epochs; drop_last_batch: 78 batches of 32 per epoch. */
+  ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+  ck_assert_int_eq(gw_loader_batches_per_epoch(l), 78);
+  ck_assert_int_eq(gw_loader_seek(l, 0, 77 * 32), GW_SUCCESS);
+  const struct gw_batch *b;
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  ck_assert(b->epoch == 0 && b->position == 77 * 32);
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  ck_assert(b->epoch == 1 && b->position == 0);
+  expect_error(gw_loader_seek(l, 0, 5000), "loader", "cannot seek");
+  gw_loader_free(l);
+  cfg.batch = 3000;
+  expect_error(gw_loader_init(&l, ds, &s, &cfg), "loader", "no full batch");
+  gw_dataset_free(ds);
+}
+END_TEST
+
+static Suite *data_suite(void) {
+  Suite *s = suite_create("data");
+  TCase *tc = tcase_create("fashion-mnist");
+  tcase_set_timeout(tc, 60);
+  if (fmnist_installed()) {
+    tcase_add_loop_test(tc, fmnist_values, 0, 2);
+    tcase_add_test(tc, fmnist_augment);
+  } else {
+    fprintf(stderr, "test_data: %s not installed: the Fashion-MNIST value cases are skipped\n", FMNIST_DIR);
+  }
+  tcase_add_test(tc, fmnist_bad_files);
+  tcase_add_test(tc, fmnist_truncated_gzip);
+  tcase_add_test(tc, bad_specs);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("imagefolder");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, folder_classes_and_skips);
+  tcase_add_test(tc, folder_constant_colour);
+  tcase_add_test(tc, folder_val_geometry);
+  tcase_add_test(tc, folder_train_keys);
+  tcase_add_test(tc, folder_bad_trees);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("sampler");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, sampler_unshuffled_matches_pytorch);
+  tcase_add_test(tc, sampler_shuffled_epochs);
+  tcase_add_test(tc, sampler_orders_differ);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("loader");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, loader_threads_and_seek);
+  tcase_add_test(tc, loader_skip_substitution);
+  tcase_add_test(tc, loader_shutdown_mid_epoch);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return run_suite(data_suite()); }

@@ -1,0 +1,184 @@
+/* gw-train-ckpt.c - checkpoints: DIR/ckpt-<step>.safetensors holding the
+ * parameters, the momentum buffer, the BN statistics and counters, and the
+ * training state (step, where the data continues, the epoch's loss so far), with
+ * metadata naming the run's configuration and an FNV-1a 64 checksum over every
+ * tensor's bytes.  Written atomically by the safetensors writer (temporary file,
+ * fsync, rename, directory fsync), so a crash leaves the previous checkpoint
+ * whole; the newest `keep` are kept.  On resume the newest file that parses,
+ * matches the configuration and passes its checksum is used; a damaged newer one
+ * is named in a warning and skipped, never deleted (it may be worth a look).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gw-train.h"
+#include "safetensors.h"
+#include "sgd.h"
+
+#define MAX_CKPT 4096
+
+static uint64_t fnv1a64(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static size_t buffer_elems(const struct gw_model *m, enum gw_tensor_kind kind) {
+  size_t n = 0;
+  for (int i = 0; i < gw_model_num_buffer_tensors(m); i++)
+    if (gw_model_buffer_tensor(m, i)->kind == kind) n += gw_model_buffer_tensor(m, i)->numel;
+  return n;
+}
+
+/* The checkpoint's tensors, in file order; n is how many. */
+struct ckpt_tensors {
+  struct gw_st_tensor t[6];
+  int n;
+  int64_t state[5];
+  double loss_sum;
+};
+
+static void add(struct ckpt_tensors *c, const char *name, gw_dtype_t dtype, const void *data, size_t numel) {
+  struct gw_st_tensor *t = &c->t[c->n++];
+  memset(t, 0, sizeof *t);
+  t->name = name, t->dtype = dtype, t->ndim = 1, t->shape[0] = (int64_t)numel;
+  t->nbytes = numel * gw_st_dtype_size(dtype), t->data = data;
+}
+
+static void describe(struct ckpt_tensors *c, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st) {
+  c->n = 0;
+  size_t np = gw_model_num_params(m);
+  add(c, "params", GW_FLOAT32, gw_model_params(m), np);
+  if (gw_sgd_momentum(sgd)) add(c, "momentum", GW_FLOAT32, gw_sgd_momentum(sgd), np);
+  add(c, "running", GW_FLOAT32, gw_model_running(m), buffer_elems(m, GW_TENSOR_RUNNING));
+  add(c, "counters", GW_INT64, gw_model_counters(m), buffer_elems(m, GW_TENSOR_COUNTER));
+  int64_t s[5] = {st->step, st->epoch, st->position, st->sgd_steps, st->loss_count};
+  memcpy(c->state, s, sizeof s);
+  c->loss_sum = st->loss_sum;
+  add(c, "state", GW_INT64, c->state, 5);
+  add(c, "loss_sum", GW_FLOAT64, &c->loss_sum, 1);
+}
+
+static uint64_t checksum(const struct ckpt_tensors *c) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int i = 0; i < c->n; i++) h = fnv1a64(h, c->t[i].data, c->t[i].nbytes);
+  return h;
+}
+
+/* Steps of the checkpoint files in dir, newest first. */
+static int list_steps(const char *dir, int64_t *steps, int max) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) && n < max) {
+    long long s;
+    char tail[32];
+    if (sscanf(de->d_name, "ckpt-%lld.%31s", &s, tail) == 2 && strcmp(tail, "safetensors") == 0 && s >= 0)
+      steps[n++] = s;
+  }
+  closedir(d);
+  for (int i = 1; i < n; i++) /* insertion sort, descending: few files */
+    for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
+      int64_t x = steps[j];
+      steps[j] = steps[j - 1], steps[j - 1] = x;
+    }
+  return n;
+}
+
+static void prune(const char *dir, int keep) {
+  int64_t steps[MAX_CKPT];
+  int n = list_steps(dir, steps, MAX_CKPT);
+  char path[4096];
+  for (int i = keep; i < n; i++) {
+    snprintf(path, sizeof path, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[i]);
+    unlink(path);
+  }
+}
+
+int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
+              const char *config, char *err, size_t errlen) {
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  struct ckpt_tensors c;
+  describe(&c, m, sgd, st);
+  char sum[32], path[4096];
+  snprintf(sum, sizeof sum, "%016" PRIx64, checksum(&c));
+  snprintf(path, sizeof path, "%s/ckpt-%" PRId64 ".safetensors", dir, st->step);
+  const char *meta[] = {"format", "gradwire-checkpoint", "config", config, "checksum", sum, NULL};
+  if (gw_st_write(path, c.t, c.n, meta) != GW_SUCCESS) {
+    snprintf(err, errlen, "%s", gw_model_last_error());
+    return -1;
+  }
+  prune(dir, keep);
+  return 0;
+}
+
+/* Checks f against the model and the run, then copies it in; 0 or -1 + why. */
+static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
+                    const char *config, char *why, size_t whylen) {
+  const char *cfg = gw_st_metadata(f, "config"), *sum = gw_st_metadata(f, "checksum");
+  if (!cfg || strcmp(cfg, config) != 0) {
+    snprintf(why, whylen, "it is from another run (%s; this run is %s)", cfg ? cfg : "no configuration", config);
+    return -1;
+  }
+  struct ckpt_tensors want;
+  struct ckpt_state zero = {0};
+  describe(&want, m, sgd, &zero);
+  struct ckpt_tensors got = want;
+  for (int i = 0; i < want.n; i++) {
+    const struct gw_st_tensor *t = gw_st_find(f, want.t[i].name);
+    if (!t || t->dtype != want.t[i].dtype || t->nbytes != want.t[i].nbytes) {
+      snprintf(why, whylen, "tensor %s is missing or has the wrong size", want.t[i].name);
+      return -1;
+    }
+    got.t[i].data = t->data;
+  }
+  char have[32];
+  snprintf(have, sizeof have, "%016" PRIx64, checksum(&got));
+  if (!sum || strcmp(sum, have) != 0) {
+    snprintf(why, whylen, "its checksum %s does not match its contents (%s): the file is damaged", sum ? sum : "(none)",
+             have);
+    return -1;
+  }
+  for (int i = 0; i < want.n; i++) memcpy((void *)want.t[i].data, got.t[i].data, want.t[i].nbytes);
+  st->step = want.state[0], st->epoch = want.state[1], st->position = want.state[2];
+  st->sgd_steps = want.state[3], st->loss_count = want.state[4], st->loss_sum = want.loss_sum;
+  return 0;
+}
+
+int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
+                     const char *config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
+                     size_t errlen) {
+  int64_t steps[MAX_CKPT];
+  int n = list_steps(dir, steps, MAX_CKPT);
+  if (n < 0) return errno == ENOENT ? 1 : (snprintf(err, errlen, "cannot read %s: %s", dir, strerror(errno)), -1);
+  char why[600];
+  size_t used = 0;
+  err_note[0] = 0;
+  for (int i = 0; i < n; i++) {
+    snprintf(path_out, pathlen, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[i]);
+    struct gw_st_file *f = NULL;
+    int ok = gw_st_open(&f, path_out) == GW_SUCCESS;
+    if (!ok) snprintf(why, sizeof why, "%s", gw_model_last_error());
+    ok = ok && load_one(f, m, sgd, st, config, why, sizeof why) == 0;
+    gw_st_free(f);
+    if (ok) return 0;
+    /* Remember what was wrong with each newer file; go on to the older one. */
+    int w = snprintf(err_note + used, notelen > used ? notelen - used : 0, "%scheckpoint %s refused: %s",
+                     used ? "; " : "", path_out, why);
+    if (w > 0) used += (size_t)w < notelen - used ? (size_t)w : notelen - used - 1;
+  }
+  if (n == 0) return 1;
+  snprintf(err, errlen, "no usable checkpoint in %s: %s", dir, err_note);
+  err_note[0] = 0;
+  return -1;
+}

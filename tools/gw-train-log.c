@@ -1,0 +1,152 @@
+/* gw-train-log.c - what gw-train shows and records, all from rank 0: a live
+ * progress line when stdout is a terminal (plain lines every --log-every steps
+ * otherwise), the metrics file (one JSON object per step and per evaluation), and
+ * a PNG of loss and accuracy per epoch drawn by gnuplot from a small data file
+ * kept next to it. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gw-train.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen) {
+  memset(l, 0, sizeof *l);
+  l->rank = rank;
+  l->start = now();
+  l->tty = rank == 0 && isatty(STDOUT_FILENO);
+  if (rank != 0 || !metrics_path) return 0;
+  l->metrics = fopen(metrics_path, "a");
+  if (!l->metrics) {
+    snprintf(err, errlen, "cannot open %s for appending", metrics_path);
+    return -1;
+  }
+  return 0;
+}
+
+static void end_line(struct train_log *l) {
+  if (l->line_open) fputc('\n', stdout);
+  l->line_open = 0;
+}
+
+void log_close(struct train_log *l) {
+  if (l->rank != 0) return;
+  end_line(l);
+  if (l->metrics) fclose(l->metrics);
+  l->metrics = NULL;
+}
+
+void log_text(struct train_log *l, const char *fmt, ...) {
+  if (l->rank != 0) return;
+  end_line(l);
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("gw-train: ", stdout);
+  vprintf(fmt, ap);
+  va_end(ap);
+  fputc('\n', stdout);
+  fflush(stdout);
+}
+
+static void eta(char *buf, size_t cap, double seconds) {
+  long s = seconds > 0 && seconds < 1e8 ? (long)seconds : 0;
+  if (s >= 3600) snprintf(buf, cap, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else snprintf(buf, cap, "%ld:%02ld", s / 60, s % 60);
+}
+
+void log_step(struct train_log *l, const struct step_report *r, int print) {
+  if (l->rank != 0) return;
+  if (l->metrics) {
+    fprintf(l->metrics,
+            "{\"type\":\"train\",\"step\":%lld,\"epoch\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"img_per_s\":%.2f,"
+            "\"compute_ms\":%.2f,\"comm_ms\":%.2f,\"comm_exposed_ms\":%.2f,\"data_ms\":%.2f,\"skipped\":%lld}\n",
+            (long long)r->step, (long long)r->epoch + 1, r->loss, r->lr, r->img_per_s, r->compute_ms, r->comm_ms,
+            r->exposed_ms, r->data_ms, (long long)r->skipped);
+    fflush(l->metrics);
+  }
+  if (!l->tty && !print) return;
+  double elapsed = now() - l->start;
+  char left[32];
+  eta(left, sizeof left, elapsed / (double)r->step * (double)(r->steps_total - r->step));
+  char line[320];
+  snprintf(line, sizeof line,
+           "epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g %.1f img/s exposed comm %.1f ms ETA %s",
+           (long long)r->epoch + 1, (long long)r->epochs, (long long)r->step_in_epoch, (long long)r->steps_per_epoch,
+           r->loss, r->lr, r->img_per_s, r->exposed_ms, left);
+  if (l->tty) {
+    printf("\r%-110s", line);
+    l->line_open = 1;
+  } else {
+    printf("gw-train: %s\n", line);
+  }
+  fflush(stdout);
+}
+
+void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, double loss, int64_t samples) {
+  if (l->rank != 0) return;
+  log_text(l, "epoch %lld evaluation: top-1 %.2f%%, top-5 %.2f%%, loss %.4f over %lld samples", (long long)epoch,
+           100 * top1, 100 * top5, loss, (long long)samples);
+  if (l->metrics) {
+    fprintf(l->metrics, "{\"type\":\"eval\",\"epoch\":%lld,\"top1\":%.6f,\"top5\":%.6f,\"loss\":%.6f,\"samples\":%lld}\n",
+            (long long)epoch, top1, top5, loss, (long long)samples);
+    fflush(l->metrics);
+  }
+}
+
+/* Runs gnuplot on script; 0 when it drew. */
+static int run_gnuplot(const char *script, char *err, size_t errlen) {
+  pid_t pid = fork();
+  if (pid < 0) {
+    snprintf(err, errlen, "fork failed");
+    return -1;
+  }
+  if (pid == 0) {
+    execlp("gnuplot", "gnuplot", script, (char *)NULL);
+    _exit(127);
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+  snprintf(err, errlen, WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "gnuplot is not installed (apt-get "
+                                                                          "install gnuplot-nox)"
+                                                                        : "gnuplot failed");
+  return -1;
+}
+
+int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, double top5, char *err,
+               size_t errlen) {
+  char data[4096], script[4200];
+  snprintf(data, sizeof data, "%s.dat", png);
+  snprintf(script, sizeof script, "%s.gp", png);
+  FILE *f = fopen(data, epoch <= 1 ? "w" : "a");
+  if (!f) {
+    snprintf(err, errlen, "cannot write %s", data);
+    return -1;
+  }
+  fprintf(f, "%lld %.6f %.4f %.4f\n", (long long)epoch, train_loss, 100 * top1, 100 * top5);
+  fclose(f);
+  f = fopen(script, "w");
+  if (!f) {
+    snprintf(err, errlen, "cannot write %s", script);
+    return -1;
+  }
+  fprintf(f,
+          "set terminal png size 900,500\nset output '%s'\nset xlabel 'epoch'\nset ylabel 'training loss'\n"
+          "set y2label 'test accuracy (%%)'\nset ytics nomirror\nset y2tics\nset key center right\nset grid\n"
+          "plot '%s' using 1:2 with linespoints title 'training loss' axes x1y1, "
+          "'%s' using 1:3 with linespoints title 'top-1' axes x1y2, "
+          "'%s' using 1:4 with linespoints title 'top-5' axes x1y2\n",
+          png, data, data, data);
+  fclose(f);
+  return run_gnuplot(script, err, errlen);
+}

@@ -1,0 +1,542 @@
+/* gw-train-loop.c - the data-parallel training job of gw-train.
+ *
+ * Per step: take the next batch (prefetched by loader threads), forward, loss and
+ * backward; as backward finishes each layer's gradients the executor reports the
+ * final prefix of the gradient buffer and the bucketer starts the allreduce (AVG)
+ * of every bucket that became complete, on the communicator's progress thread,
+ * while backward goes on; then wait for the buckets, SGD step.  The step's
+ * compute time, communication time (first bucket start to last done) and exposed
+ * communication (backward end to last done) are logged.
+ *
+ * Every rank starts from rank 0's weights (broadcast), so the replicas stay
+ * identical; BN running statistics are rank 0's before each evaluation and in
+ * checkpoints, as PyTorch DDP's broadcast_buffers.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gw_config.h"
+
+#if GW_HAVE_ONEDNN
+
+#include "backend.h"
+#include "dataset.h"
+#include "exec.h"
+#include "gw-train.h"
+#include "loader.h"
+#include "sampler.h"
+#include "sgd.h"
+
+struct trainer {
+  const struct train_opts *o;
+  gw_comm_t comm; /* NULL when alone */
+  int rank, world;
+  struct gw_dataset *train_ds, *val_ds;
+  struct gw_sampler train_s, val_s;
+  struct gw_loader *train_ld, *val_ld;
+  struct gw_model *m;
+  struct gw_backend *b;
+  struct gw_exec *e;
+  struct gw_sgd *sgd;
+  gw_bucketer_t bk;
+  size_t np, nrun, ncounters;
+  size_t marked;            /* gradient elements handed to the bucketer this step */
+  gw_result_t ready_err;
+  int64_t spe, total_steps, warmup_steps; /* steps per epoch, in all, of warmup */
+  int64_t epochs;
+  double peak_lr;
+  struct ckpt_state st;
+  struct train_log log;
+  char config[512];
+  float *pad_x, *logits;
+  int32_t *pad_y;
+};
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prints the message once (rank-prefixed when there are several) and returns -1. */
+static int fail(const struct trainer *t, const char *what, const char *detail) {
+  if (t->world > 1) fprintf(stderr, "gw-train: rank %d: %s: %s\n", t->rank, what, detail);
+  else fprintf(stderr, "gw-train: %s: %s\n", what, detail);
+  return -1;
+}
+
+static int comm_fail(const struct trainer *t, const char *what, gw_result_t r) {
+  char d[600];
+  snprintf(d, sizeof d, "%s (%s)", gw_comm_last_error(t->comm), gw_strerror(r));
+  return fail(t, what, d);
+}
+
+/* ---- communication helpers: no-ops when alone */
+
+static int launched_as_rank(void) {
+  static const char *const vars[] = {"GW_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+    if (getenv(vars[i])) return 1;
+  return 0;
+}
+
+static int setup_comm(struct trainer *t) {
+  t->world = 1;
+  if (!launched_as_rank()) return 0;
+  gw_result_t r = gw_comm_init_env(&t->comm);
+  if (r != GW_SUCCESS) {
+    fprintf(stderr, "gw-train: joining the job failed: %s\n", gw_comm_last_error(NULL));
+    return -1;
+  }
+  gw_comm_rank(t->comm, &t->rank);
+  gw_comm_size(t->comm, &t->world);
+  return 0;
+}
+
+static int bcast(struct trainer *t, void *buf, size_t count, gw_dtype_t dtype, const char *what) {
+  if (!t->comm || !count) return 0;
+  gw_result_t r = gw_broadcast(buf, buf, count, dtype, 0, t->comm, NULL);
+  return r == GW_SUCCESS ? 0 : comm_fail(t, what, r);
+}
+
+static int allreduce_d(struct trainer *t, double *buf, size_t n, const char *what) {
+  if (!t->comm) return 0;
+  gw_result_t r = gw_allreduce(buf, buf, n, GW_FLOAT64, GW_SUM, t->comm, NULL);
+  return r == GW_SUCCESS ? 0 : comm_fail(t, what, r);
+}
+
+static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
+  return gw_allreduce(buf, buf, n, GW_FLOAT64, GW_SUM, (gw_comm_t)arg, NULL);
+}
+
+/* ---- setup */
+
+static int open_data(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  struct gw_data_options d;
+  gw_data_options_default(&d);
+  d.augment = o->augment;
+  d.synthetic_samples = o->synthetic_samples;
+  d.synthetic_channels = o->model.in_channels;
+  d.synthetic_size = o->model.image_size;
+  d.synthetic_classes = o->model.classes;
+  d.synthetic_seed = o->model.seed;
+  if (o->image_size_given) d.image_size = o->model.image_size;
+  if (gw_dataset_open(&t->train_ds, o->data, GW_SPLIT_TRAIN, &d) != GW_SUCCESS)
+    return fail(t, "--data", gw_data_last_error());
+  if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
+    return fail(t, "--data (evaluation split)", gw_data_last_error());
+  /* Every step takes a whole batch from each rank's share of the data. */
+  int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
+  if (share < o->batch) {
+    char detail[200];
+    snprintf(detail, sizeof detail, "a rank's share of the %lld training samples (%lld) is less than one batch of %d",
+             (long long)n, (long long)share, o->batch);
+    return fail(t, "--batch", detail);
+  }
+  return 0;
+}
+
+/* The model takes the dataset's shape; options given must agree with it. */
+static int model_config(struct trainer *t, struct gw_model_config *cfg) {
+  const struct train_opts *o = t->o;
+  char d[300];
+  int c, h, w;
+  gw_dataset_shape(t->train_ds, &c, &h, &w);
+  *cfg = o->model;
+  int classes = gw_dataset_classes(t->train_ds);
+  if ((o->in_channels_given && o->model.in_channels != c) || (o->image_size_given && o->model.image_size != h) ||
+      (o->classes_given && o->model.classes != classes) || h != w) {
+    snprintf(d, sizeof d,
+             "the data has %d classes of %dx%dx%d images; --classes %d --in-channels %d --image-size %d disagree",
+             classes, c, h, w, o->model.classes, o->model.in_channels, o->model.image_size);
+    return fail(t, o->data, d);
+  }
+  cfg->in_channels = c, cfg->image_size = h, cfg->classes = classes;
+  return 0;
+}
+
+static int default_threads(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const char *lw = getenv("GW_LOCAL_WORLD_SIZE");
+  long local = lw ? atol(lw) : 1;
+  if (local < 1) local = 1;
+  return cpus / local > 0 ? (int)(cpus / local) : 1;
+}
+
+static size_t count_buffers(const struct gw_model *m, enum gw_tensor_kind kind) {
+  size_t n = 0;
+  for (int i = 0; i < gw_model_num_buffer_tensors(m); i++)
+    if (gw_model_buffer_tensor(m, i)->kind == kind) n += gw_model_buffer_tensor(m, i)->numel;
+  return n;
+}
+
+static int setup_model(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  struct gw_model_config cfg;
+  if (model_config(t, &cfg) != 0) return -1;
+  if (gw_model_init(&t->m, &cfg) != GW_SUCCESS) return fail(t, "model", gw_model_last_error());
+  if (o->load_weights && gw_model_load_weights(t->m, o->load_weights) != GW_SUCCESS)
+    return fail(t, "--load-weights", gw_model_last_error());
+  t->np = gw_model_num_params(t->m);
+  t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
+  t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
+  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads()};
+  if (gw_backend_cpu.create(&bc, &t->b) != GW_SUCCESS) return fail(t, "cpu backend", gw_model_last_error());
+  struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
+  if (gw_exec_create(t->m, &gw_backend_cpu, t->b, &ec, &t->e) != GW_SUCCESS)
+    return fail(t, "model", gw_model_last_error());
+  struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
+  if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
+  snprintf(t->config, sizeof t->config,
+           "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d seed=%llu",
+           o->model_name, cfg.classes, cfg.in_channels, cfg.image_size,
+           cfg.stem == GW_STEM_SMALL ? "small" : "imagenet", cfg.width_divisor, o->data, t->world, o->batch,
+           (unsigned long long)cfg.seed);
+  /* One model everywhere: rank 0's. */
+  if (bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "broadcasting the initial weights") != 0) return -1;
+  return bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "broadcasting the BN statistics");
+}
+
+static int setup_comm_parts(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  if (!t->comm) return 0;
+  if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
+  size_t bounds[4096];
+  int nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
+                            (size_t)(o->bucket_mb * 1048576), bounds, 4096);
+  if (nb < 1) return fail(t, "--bucket-mb", "too many buckets for the model (at most 4095)");
+  gw_result_t r = gw_bucketer_create(t->comm, gw_model_grads(t->m), t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
+  return r == GW_SUCCESS ? 0 : comm_fail(t, "bucketer", r);
+}
+
+static int setup_loaders(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  uint64_t seed = o->model.seed;
+  if (gw_sampler_init(&t->train_s, gw_dataset_size(t->train_ds), t->world, t->rank, 1, o->drop_last, seed) !=
+      GW_SUCCESS)
+    return fail(t, "sampler", gw_data_last_error());
+  struct gw_loader_config lc;
+  gw_loader_config_default(&lc);
+  lc.batch = o->batch, lc.threads = o->loader_threads, lc.train = 1, lc.drop_last_batch = 1, lc.seed = seed;
+  if (gw_loader_init(&t->train_ld, t->train_ds, &t->train_s, &lc) != GW_SUCCESS)
+    return fail(t, "loader", gw_data_last_error());
+  t->spe = gw_loader_batches_per_epoch(t->train_ld);
+  if (t->spe < 1) {
+    char d[200];
+    snprintf(d, sizeof d, "a rank's share of the %lld training samples is less than one batch of %d",
+             (long long)gw_dataset_size(t->train_ds), o->batch);
+    return fail(t, "--batch", d);
+  }
+  if (!t->val_ds) return 0;
+  if (gw_sampler_init(&t->val_s, gw_dataset_size(t->val_ds), t->world, t->rank, 0, 0, seed) != GW_SUCCESS)
+    return fail(t, "sampler", gw_data_last_error());
+  lc.train = 0, lc.drop_last_batch = 0, lc.epochs = 1;
+  if (gw_loader_init(&t->val_ld, t->val_ds, &t->val_s, &lc) != GW_SUCCESS)
+    return fail(t, "loader", gw_data_last_error());
+  return 0;
+}
+
+static void plan_schedule(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  t->total_steps = o->epochs > 0 ? o->epochs * t->spe : o->steps;
+  t->epochs = (t->total_steps + t->spe - 1) / t->spe;
+  t->warmup_steps = (int64_t)llround(o->warmup_epochs * (double)t->spe);
+  if (t->warmup_steps > t->total_steps) t->warmup_steps = t->total_steps;
+  t->peak_lr = o->lr * (double)o->batch * t->world / 256.0;
+}
+
+/* Linear warmup to the peak, then cosine to 0 or steps of 10x at 1/3 and 2/3. */
+static double lr_at(const struct trainer *t, int64_t step) {
+  if (step < t->warmup_steps) return t->peak_lr * (double)(step + 1) / (double)t->warmup_steps;
+  int64_t rest = t->total_steps - t->warmup_steps;
+  double p = rest > 0 ? (double)(step - t->warmup_steps) / (double)rest : 1.0;
+  if (t->o->schedule == GW_SCHED_STEP) return t->peak_lr * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? 0.1 : 0.01);
+  return t->peak_lr * 0.5 * (1.0 + cos(M_PI * p));
+}
+
+/* ---- checkpoints: rank 0 writes, everyone resumes from rank 0's reading */
+
+static int save_checkpoint(struct trainer *t) {
+  char err[600];
+  if (!t->o->checkpoint_dir || t->rank != 0) return 0;
+  if (ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
+    return fail(t, "checkpoint", err);
+  return 0;
+}
+
+static int share_state(struct trainer *t) {
+  int64_t s[7] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0};
+  memcpy(&s[5], &t->st.loss_sum, sizeof(double));
+  if (bcast(t, s, 7, GW_INT64, "sharing the resumed state") != 0) return -1;
+  t->st.step = s[0], t->st.epoch = s[1], t->st.position = s[2], t->st.sgd_steps = s[3], t->st.loss_count = s[4];
+  memcpy(&t->st.loss_sum, &s[5], sizeof(double));
+  float *mom = gw_sgd_momentum(t->sgd);
+  if (bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "sharing the resumed weights") != 0) return -1;
+  if (mom && bcast(t, mom, t->np, GW_FLOAT32, "sharing the resumed momentum") != 0) return -1;
+  if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing the resumed BN statistics") != 0) return -1;
+  return bcast(t, gw_model_counters(t->m), t->ncounters, GW_INT64, "sharing the resumed BN counters");
+}
+
+static int resume(struct trainer *t) {
+  int found = 0;
+  if (t->rank == 0) {
+    char path[4096], note[700], err[700];
+    note[0] = 0;
+    int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, path, sizeof path, note,
+                             sizeof note, err, sizeof err);
+    if (note[0]) log_text(&t->log, "warning: %s", note);
+    if (r < 0) {
+      fail(t, "--resume", err);
+      found = -1;
+    } else {
+      found = r == 0;
+      if (found) log_text(&t->log, "resumed from %s at step %lld", path, (long long)t->st.step);
+      else log_text(&t->log, "--resume: no checkpoint in %s yet; starting from the beginning", t->o->checkpoint_dir);
+    }
+  }
+  int64_t f = found;
+  if (bcast(t, &f, 1, GW_INT64, "sharing the resume decision") != 0 || f < 0) return -1;
+  if (f == 0) return 0;
+  if (share_state(t) != 0) return -1;
+  gw_sgd_set_steps(t->sgd, t->st.sgd_steps);
+  if (gw_loader_seek(t->train_ld, t->st.epoch, t->st.position) != GW_SUCCESS)
+    return fail(t, "resume", gw_data_last_error());
+  return 0;
+}
+
+/* ---- evaluation: every validation sample exactly once across ranks */
+
+struct eval_counts {
+  double top1, top5, loss, n;
+};
+
+/* Cross-entropy (no smoothing) and whether the label is in the top 1 / 5. */
+static void score(const float *z, int k, int label, struct eval_counts *c) {
+  double mx = z[0], s = 0;
+  int above = 0;
+  for (int j = 1; j < k; j++) mx = z[j] > mx ? z[j] : mx;
+  for (int j = 0; j < k; j++) {
+    s += exp((double)z[j] - mx);
+    above += z[j] > z[label] || (z[j] == z[label] && j < label);
+  }
+  c->loss += mx + log(s) - z[label];
+  c->top1 += above < 1;
+  c->top5 += above < 5;
+  c->n += 1;
+}
+
+static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_counts *c) {
+  const int B = t->o->batch, k = gw_dataset_classes(t->val_ds);
+  size_t sample = gw_dataset_sample_floats(t->val_ds);
+  const float *x = bt->x;
+  if (bt->n < B) { /* the last, short batch: pad with its own last sample */
+    memcpy(t->pad_x, bt->x, (size_t)bt->n * sample * sizeof(float));
+    for (int i = bt->n; i < B; i++) memcpy(t->pad_x + (size_t)i * sample, bt->x + (size_t)(bt->n - 1) * sample,
+                                           sample * sizeof(float));
+    x = t->pad_x;
+  }
+  if (gw_exec_forward(t->e, x, 0) != GW_SUCCESS || gw_exec_logits(t->e, t->logits) != GW_SUCCESS)
+    return fail(t, "evaluation", gw_model_last_error());
+  int64_t n = gw_dataset_size(t->val_ds);
+  for (int i = 0; i < bt->n; i++) {
+    /* The sampler pads the last shards by repeating the first samples: count
+     * each sample once. */
+    int64_t global = t->rank + (int64_t)t->world * (bt->position + i);
+    if (global < n) score(t->logits + (size_t)i * k, k, bt->y[i], c);
+  }
+  return 0;
+}
+
+static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
+  if (!t->val_ld) return 0;
+  if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
+  if (gw_loader_seek(t->val_ld, 0, 0) != GW_SUCCESS) return fail(t, "evaluation", gw_data_last_error());
+  struct eval_counts c = {0, 0, 0, 0};
+  const struct gw_batch *bt;
+  for (;;) {
+    if (gw_loader_next(t->val_ld, &bt) != GW_SUCCESS) return fail(t, "evaluation data", gw_data_last_error());
+    if (!bt) break;
+    if (eval_batch(t, bt, &c) != 0) return -1;
+  }
+  if (allreduce_d(t, &c.top1, 4, "summing the evaluation") != 0) return -1;
+  double top1 = c.top1 / c.n, top5 = c.top5 / c.n;
+  log_eval(&t->log, epoch, top1, top5, c.loss / c.n, (int64_t)c.n);
+  if (t->rank == 0 && t->o->plot) {
+    char err[300];
+    if (plot_epoch(t->o->plot, epoch, train_loss, top1, top5, err, sizeof err) != 0)
+      log_text(&t->log, "warning: --plot: %s", err);
+  }
+  return 0;
+}
+
+/* ---- the step */
+
+static void on_ready(void *arg, size_t ready) {
+  struct trainer *t = arg;
+  if (t->ready_err != GW_SUCCESS) return;
+  t->ready_err = gw_bucketer_ready(t->bk, t->marked, ready - t->marked);
+  t->marked = ready;
+}
+
+/* Allreduces the gradients (the buckets already in flight when overlapping). */
+static int finish_gradients(struct trainer *t, struct step_report *r, double t_bwd) {
+  if (!t->bk) return 0;
+  gw_result_t res = t->ready_err;
+  if (res == GW_SUCCESS && t->o->no_overlap) res = gw_bucketer_ready(t->bk, 0, t->np);
+  gw_result_t w = gw_bucketer_wait(t->bk); /* always: nothing may stay in flight */
+  if (res == GW_SUCCESS) res = w;
+  if (res != GW_SUCCESS) return comm_fail(t, "gradient allreduce", res);
+  struct gw_bucketer_times bt;
+  gw_bucketer_times(t->bk, &bt);
+  r->comm_ms = 1e3 * (bt.done - bt.first_start);
+  r->exposed_ms = 1e3 * (bt.done - t_bwd);
+  return 0;
+}
+
+static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_report *r) {
+  const struct train_opts *o = t->o;
+  double t0 = now();
+  float loss = 0;
+  t->marked = 0, t->ready_err = GW_SUCCESS;
+  if (gw_exec_forward(t->e, bt->x, 1) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
+  gw_grad_ready_fn ready = t->bk && !o->no_overlap ? on_ready : NULL;
+  if (gw_exec_backward(t->e, bt->y, &loss, ready, t) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
+  double t_bwd = now();
+  if (finish_gradients(t, r, t_bwd) != 0) return -1;
+  double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
+  if (allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
+  if (gw_sgd_step(t->sgd, gw_model_params(t->m), gw_model_grads(t->m), (float)lr) != GW_SUCCESS)
+    return fail(t, "optimizer", gw_model_last_error());
+  double t_end = now();
+  r->loss = lsum / t->world;
+  r->lr = lr;
+  r->compute_ms = 1e3 * ((t_bwd - t0) + (t_end - t_comm)); /* forward, backward, optimizer */
+  r->img_per_s = (double)o->batch * t->world / (t_end - t0 + r->data_ms / 1e3);
+  return 0;
+}
+
+static int epoch_end(struct trainer *t, int64_t epoch) {
+  double mean = t->st.loss_count ? t->st.loss_sum / (double)t->st.loss_count : 0;
+  log_text(&t->log, "epoch %lld done: mean training loss %.4f", (long long)epoch + 1, mean);
+  if (t->o->eval && evaluate(t, epoch + 1, mean) != 0) return -1;
+  t->st.loss_sum = 0, t->st.loss_count = 0;
+  return save_checkpoint(t);
+}
+
+/* A test hook: GW_TRAIN_STOP_AT_STEP=N ends the job right after step N (and its
+ * checkpoint) as an interruption would, exit code 75, so resume can be tested
+ * deterministically. */
+enum { STOPPED = 75 };
+static int interrupted_here(struct trainer *t) {
+  const char *s = getenv("GW_TRAIN_STOP_AT_STEP");
+  if (!s || atoll(s) != t->st.step) return 0;
+  log_text(&t->log, "stopping after step %lld (GW_TRAIN_STOP_AT_STEP)", (long long)t->st.step);
+  return 1;
+}
+
+static int run_steps(struct trainer *t) {
+  const struct gw_batch *bt;
+  while (t->st.step < t->total_steps) {
+    double t0 = now();
+    if (gw_loader_next(t->train_ld, &bt) != GW_SUCCESS) return fail(t, "training data", gw_data_last_error());
+    struct step_report r = {0};
+    r.data_ms = 1e3 * (now() - t0);
+    if (train_step(t, bt, &r) != 0) return -1;
+    t->st.step++;
+    t->st.sgd_steps = gw_sgd_steps(t->sgd);
+    gw_loader_state(t->train_ld, &t->st.epoch, &t->st.position);
+    t->st.loss_sum += r.loss, t->st.loss_count++;
+    r.step = t->st.step, r.steps_total = t->total_steps, r.epoch = bt->epoch, r.epochs = t->epochs;
+    r.step_in_epoch = bt->position / t->o->batch + 1, r.steps_per_epoch = t->spe;
+    r.skipped = gw_loader_skipped(t->train_ld);
+    log_step(&t->log, &r, t->st.step % t->o->log_every == 0 || t->st.step == t->total_steps);
+    int last_of_epoch = r.step_in_epoch == t->spe;
+    if (last_of_epoch && epoch_end(t, bt->epoch) != 0) return -1;
+    if (!last_of_epoch && t->o->checkpoint_every && t->st.step % t->o->checkpoint_every == 0 &&
+        save_checkpoint(t) != 0)
+      return -1;
+    if (interrupted_here(t)) return STOPPED;
+  }
+  return 0;
+}
+
+/* ---- the job */
+
+static int setup(struct trainer *t) {
+  if (setup_comm(t) != 0 || open_data(t) != 0 || setup_model(t) != 0 || setup_comm_parts(t) != 0 ||
+      setup_loaders(t) != 0)
+    return -1;
+  plan_schedule(t);
+  size_t sample = gw_dataset_sample_floats(t->train_ds);
+  t->pad_x = malloc((size_t)t->o->batch * sample * sizeof(float));
+  t->logits = malloc((size_t)t->o->batch * gw_model_get_config(t->m)->classes * sizeof(float));
+  if (!t->pad_x || !t->logits) return fail(t, "setup", "out of memory");
+  char err[600];
+  if (log_open(&t->log, t->o->metrics, t->rank, err, sizeof err) != 0) return fail(t, "--metrics", err);
+  return t->o->resume ? resume(t) : 0;
+}
+
+static void announce(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  log_text(&t->log, "%s on %s: %d rank%s x batch %d, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu parameters",
+           o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
+           (long long)t->total_steps, (long long)t->spe, t->peak_lr, t->world == 1 ? "no allreduce" :
+           o->no_overlap ? "allreduce after backward" : "allreduce overlapped with backward",
+           o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
+}
+
+static void teardown(struct trainer *t) {
+  log_close(&t->log);
+  gw_bucketer_destroy(t->bk);
+  gw_loader_free(t->train_ld);
+  gw_loader_free(t->val_ld);
+  gw_sgd_free(t->sgd);
+  gw_exec_free(t->e);
+  if (t->b) gw_backend_cpu.destroy(t->b);
+  gw_model_free(t->m);
+  gw_dataset_free(t->train_ds);
+  gw_dataset_free(t->val_ds);
+  free(t->pad_x), free(t->logits), free(t->pad_y);
+  if (t->comm) gw_comm_destroy(t->comm);
+}
+
+static int finish(struct trainer *t) {
+  if (!t->o->save_weights) return 0;
+  if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
+  if (t->rank == 0 && gw_model_save_weights(t->m, t->o->save_weights) != GW_SUCCESS)
+    return fail(t, "--save-weights", gw_model_last_error());
+  if (t->rank == 0) log_text(&t->log, "weights written to %s", t->o->save_weights);
+  return 0;
+}
+
+int gw_train_run(const struct train_opts *o) {
+  struct trainer t;
+  memset(&t, 0, sizeof t);
+  t.o = o;
+  t.log.rank = -1;
+  int rc = setup(&t);
+  if (rc == 0) {
+    announce(&t);
+    rc = run_steps(&t);
+  }
+  if (rc == 0) rc = finish(&t);
+  if (rc < 0 && t.comm) gw_comm_abort(t.comm); /* the other ranks fail at once instead of timing out */
+  teardown(&t);
+  return rc == STOPPED ? STOPPED : rc == 0 ? 0 : 1;
+}
+
+#else /* !GW_HAVE_ONEDNN */
+
+int gw_train_run(const struct train_opts *o) {
+  (void)o;
+  fprintf(stderr, "gw-train: this build has no compute backend (oneDNN was not found when it was configured: "
+                  "apt-get install libdnnl-dev, then reconfigure); only --steps 0 works\n");
+  return 1;
+}
+
+#endif

@@ -1,0 +1,96 @@
+/* gw-train.h - the pieces of gw-train shared by its files:
+ *   gw-train.c        options and main()
+ *   gw-train-loop.c   setup, the training loop with bucketed allreduce, evaluation
+ *   gw-train-ckpt.c   checkpoints (atomic, checksummed, last K kept) and resume
+ *   gw-train-log.c    metrics JSON lines, the progress line, the gnuplot plot
+ */
+#ifndef GW_TRAIN_H
+#define GW_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gradwire.h"
+#include "resnet.h"
+
+enum gw_schedule { GW_SCHED_COSINE = 0, GW_SCHED_STEP = 1 };
+
+struct train_opts {
+  struct gw_model_config model;
+  const char *model_name;
+  int classes_given, in_channels_given, image_size_given, stem_given;
+  const char *data;         /* fashion-mnist[:DIR] | imagenet:DIR | synthetic */
+  long epochs, steps;       /* exactly one is set (> 0), or steps == 0 */
+  int batch;                /* per rank */
+  double lr;                /* base LR for a global batch of 256 */
+  double momentum, wd, label_smoothing, warmup_epochs;
+  int nesterov;
+  enum gw_schedule schedule;
+  int sync_bn, no_overlap, augment, drop_last;
+  double bucket_mb, first_bucket_mb;
+  const char *checkpoint_dir;
+  long checkpoint_every;    /* steps; 0: only at epoch ends */
+  int keep_checkpoints;
+  int resume;
+  const char *metrics, *plot;
+  int threads, loader_threads;
+  long log_every;           /* steps between plain log lines */
+  int eval;                 /* evaluate at each epoch end */
+  const char *save_weights, *load_weights;
+  int64_t synthetic_samples;
+};
+
+/* Everything the loop needs, made once. */
+struct trainer;
+
+/* gw-train-loop.c: runs the whole job; returns the process exit code. */
+int gw_train_run(const struct train_opts *o);
+
+/* ---- checkpoints (gw-train-ckpt.c) */
+struct ckpt_state {
+  int64_t step;       /* optimizer steps taken */
+  int64_t epoch, position; /* the loader's state: where the data continues */
+  int64_t sgd_steps;
+  double loss_sum;    /* of the current epoch so far, for the epoch's mean */
+  int64_t loss_count;
+};
+struct gw_model;
+struct gw_sgd;
+/* Rank 0 only: writes DIR/ckpt-<step>.safetensors atomically with a checksum and
+ * removes all but the newest keep.  config describes the run (checked on resume). */
+int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
+              const char *config, char *err, size_t errlen);
+/* Loads the newest valid checkpoint of dir; a corrupt newer one is reported in
+ * err_note (and skipped).  Returns 0 on success, 1 when dir holds none, -1 on an
+ * error (err says which file and why). */
+int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
+                     const char *config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
+                     size_t errlen);
+
+/* ---- output (gw-train-log.c) */
+struct train_log {
+  FILE *metrics;      /* NULL: none */
+  int tty;            /* rank 0's stdout is a terminal: one live progress line */
+  int rank;
+  double start;
+  int line_open;      /* a progress line without its newline is on screen */
+};
+struct step_report {
+  int64_t step, steps_total, epoch, epochs;
+  int64_t step_in_epoch, steps_per_epoch;
+  double loss, lr, img_per_s;
+  double compute_ms, comm_ms, exposed_ms, data_ms;
+  int64_t skipped;
+};
+int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen);
+void log_close(struct train_log *l);
+void log_step(struct train_log *l, const struct step_report *r, int print);
+void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, double loss, int64_t samples);
+void log_text(struct train_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends (epoch, mean train loss, top1, top5) to the plot data and redraws the
+ * PNG with gnuplot when it exists; returns 0, or -1 with a reason in err. */
+int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, double top5, char *err,
+               size_t errlen);
+
+#endif
