@@ -1,7 +1,7 @@
 /* comm.c - communicator lifecycle: reading the launcher's environment, the
- * rendezvous, building the ring's connections, and teardown.  Also the small
- * dtype/op helpers of the public API.  The collectives live in enqueue.c and
- * ring.c. */
+ * rendezvous, connecting ranks (the rings, and the trees when asked for) and
+ * teardown.  Also the small dtype/op helpers of the public API.  The
+ * collectives live in enqueue.c, ring.c and tree.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +135,24 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
 }
 
 /* ---- setup ----------------------------------------------------------------------- */
+static const char *const algo_names[] = {[GW_ALGO_AUTO] = "auto", [GW_ALGO_RING] = "ring",
+                                         [GW_ALGO_EXCHANGE] = "exchange", [GW_ALGO_TREE] = "tree"};
+#define NUM_ALGOS (int)(sizeof algo_names / sizeof algo_names[0])
+
+static enum gw_algo algo_from_env(int nranks) {
+  const char *want = gw__env_str("GW_ALGO", "auto");
+  for (int a = 0; a < NUM_ALGOS; a++) {
+    if (strcasecmp(want, algo_names[a]) != 0) continue;
+    if (a == GW_ALGO_EXCHANGE && nranks != 2) {
+      GW_WARN(GW_SUB_INIT, "GW_ALGO=exchange needs exactly 2 ranks (this job has %d); using auto", nranks);
+      return GW_ALGO_AUTO;
+    }
+    return (enum gw_algo)a;
+  }
+  GW_WARN(GW_SUB_INIT, "GW_ALGO=%s is not one of auto, ring, tree, exchange; using auto", want);
+  return GW_ALGO_AUTO;
+}
+
 static uint64_t fnv1a(const char *s) {
   uint64_t h = 1469598103934665603ull;
   for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
@@ -178,43 +196,122 @@ static gw_result_t build_ring_order(struct gw_comm *c, struct gw_errctx *err) {
   return GW_SUCCESS;
 }
 
-static gw_result_t connect_channel(struct gw_comm *c, int ch, struct gw_errctx *err) {
-  struct gw_ring *ring = &c->rings[ch];
-  const struct gw_transport *tsend = gw__transport_select(&c->peers[c->rank], &c->peers[ring->next]);
-  const struct gw_transport *trecv = gw__transport_select(&c->peers[c->rank], &c->peers[ring->prev]);
-  if (!tsend || !trecv) {
-    int peer = !tsend ? ring->next : ring->prev;
+/* What a receiving end publishes at the rendezvous: its handle, and which
+ * sender and graph it is for. */
+struct published {
+  int32_t from, graph; /* from = -1: an unused entry */
+  struct gw_conn_handle handle;
+};
+
+/* Picks the transport for one link and names the connection for messages and
+ * the INFO line ("ring 0: 1 -> 2 via shm", "tree 1: 3 -> 1 via tcp"). */
+static gw_result_t prepare_link(struct gw_comm *c, const struct gw_link *l, struct gw_errctx *err) {
+  const struct gw_transport *tp = gw__transport_select(&c->peers[c->rank], &c->peers[l->peer]);
+  if (!tp)
     return gw__err(err, GW_ERR_UNSUPPORTED,
                    "rank %d (%s): no transport connects it with rank %d (%s)%s", c->rank, c->peers[c->rank].host,
-                   peer, c->peers[peer].host,
+                   l->peer, c->peers[l->peer].host,
                    getenv("GW_TRANSPORT") ? ": GW_TRANSPORT restricts the choice (shm needs both on one machine)" : "");
-  }
-  ring->recv = (struct gw_conn){.tp = trecv, .self = c->rank, .peer = ring->prev, .is_send = false};
-  ring->send = (struct gw_conn){.tp = tsend, .self = c->rank, .peer = ring->next, .is_send = true};
-  snprintf(ring->recv.peer_host, sizeof ring->recv.peer_host, "%s", c->peers[ring->prev].host);
-  snprintf(ring->send.peer_host, sizeof ring->send.peer_host, "%s", c->peers[ring->next].host);
-  snprintf(ring->recv.desc, sizeof ring->recv.desc, "ring %d: %d -> %d via %s", ch, ring->prev, c->rank, trecv->name);
-  snprintf(ring->send.desc, sizeof ring->send.desc, "ring %d: %d -> %d via %s", ch, c->rank, ring->next, tsend->name);
+  struct gw_conn *conn = l->conn;
+  *conn = (struct gw_conn){.tp = tp, .self = c->rank, .peer = l->peer, .is_send = l->is_send};
+  snprintf(conn->peer_host, sizeof conn->peer_host, "%s", c->peers[l->peer].host);
+  bool ring = l->graph < GW_MAX_CHANNELS;
+  snprintf(conn->desc, sizeof conn->desc, "%s %d: %d -> %d via %s", ring ? "ring" : "tree",
+           ring ? l->graph : l->graph - GW_GRAPH_TREE(0), l->is_send ? c->rank : l->peer,
+           l->is_send ? l->peer : c->rank, tp->name);
+  return GW_SUCCESS;
+}
 
-  struct gw_conn_handle mine, *all = calloc((size_t)c->nranks, sizeof *all);
-  if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
-  gw_result_t res;
-  GW_CHECK_GOTO(trecv->recv_setup(&ring->recv, &c->conn_params, &mine, err), res, out);
-  GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err), res, out);
-  /* My sends land in my next rank's receive FIFO, whose handle it published. */
-  GW_CHECK_GOTO(tsend->send_connect(&ring->send, &c->conn_params, &all[ring->next], err), res, out);
+/* The handle rank `self` needs to send on `graph`, in the receiver's entries. */
+static const struct published *find_handle(const struct published *entries, int n, int self, int graph) {
+  for (int i = 0; i < n; i++)
+    if (entries[i].from == self && entries[i].graph == graph) return &entries[i];
+  return NULL;
+}
+
+/* Receivers set up and publish, everyone exchanges, senders attach to their
+ * receiver's handle, and after a barrier (every sender attached) the receivers
+ * finish: the order every transport's lifecycle asks for (transport.h). */
+gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
+                        struct gw_errctx *err) {
+  struct published *mine = calloc((size_t)max_recv, sizeof *mine);
+  struct published *all = calloc((size_t)c->nranks * (size_t)max_recv, sizeof *all);
+  gw_result_t res = GW_SUCCESS;
+  if (!mine || !all) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
+    goto out;
+  }
+  for (int i = 0; i < max_recv; i++) mine[i].from = -1;
+  for (int i = 0, nrecv = 0; i < nlinks; i++) {
+    const struct gw_link *l = &links[i];
+    GW_CHECK_GOTO(prepare_link(c, l, err), res, out);
+    if (l->is_send) continue;
+    if (nrecv == max_recv) {
+      res = gw__err(err, GW_ERR_INTERNAL, "rank %d: more than %d receiving connections", c->rank, max_recv);
+      goto out;
+    }
+    mine[nrecv] = (struct published){.from = l->peer, .graph = l->graph};
+    GW_CHECK_GOTO(l->conn->tp->recv_setup(l->conn, &c->conn_params, &mine[nrecv++].handle, err), res, out);
+  }
+  GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, mine, all, sizeof *mine * (size_t)max_recv, err), res, out);
+  for (int i = 0; i < nlinks; i++) {
+    const struct gw_link *l = &links[i];
+    if (!l->is_send) continue;
+    const struct published *e = find_handle(all + (size_t)l->peer * (size_t)max_recv, max_recv, c->rank, l->graph);
+    if (!e) {
+      res = gw__err(err, GW_ERR_INTERNAL, "rank %d: rank %d published no handle for %s", c->rank, l->peer,
+                    l->conn->desc);
+      goto out;
+    }
+    GW_CHECK_GOTO(l->conn->tp->send_connect(l->conn, &c->conn_params, &e->handle, err), res, out);
+  }
   GW_CHECK_GOTO(gw__bootstrap_barrier(c->bs, err), res, out);
-  GW_CHECK_GOTO(trecv->recv_connect(&ring->recv, err), res, out);
-  GW_INFO(GW_SUB_INIT, "%s", ring->send.desc);
+  for (int i = 0; i < nlinks; i++)
+    if (!links[i].is_send) GW_CHECK_GOTO(links[i].conn->tp->recv_connect(links[i].conn, err), res, out);
+  for (int i = 0; i < nlinks; i++)
+    if (links[i].is_send) GW_INFO(GW_SUB_INIT, "%s", links[i].conn->desc);
 out:
   free(all);
+  free(mine);
   return res;
 }
 
 static gw_result_t connect_rings(struct gw_comm *c, struct gw_errctx *err) {
   GW_CHECK(build_ring_order(c, err));
+  struct gw_link links[2 * GW_MAX_CHANNELS];
+  for (int ch = 0; ch < c->nchannels; ch++) {
+    struct gw_ring *ring = &c->rings[ch];
+    links[2 * ch] = (struct gw_link){.conn = &ring->recv, .peer = ring->prev, .is_send = false, .graph = ch};
+    links[2 * ch + 1] = (struct gw_link){.conn = &ring->send, .peer = ring->next, .is_send = true, .graph = ch};
+  }
+  return gw__connect(c, links, 2 * c->nchannels, c->nchannels, err);
+}
+
+/* GW_ALGO and GW_NCHANNELS decide which connections exist and which algorithm
+ * runs a call, so ranks that disagree would hang in the rendezvous or in their
+ * first operation: find out here and say which rank differs. */
+static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
+  struct settings {
+    int32_t algo, nchannels;
+  } mine = {(int32_t)c->algo, c->nchannels}, *all = calloc((size_t)c->nranks, sizeof *all);
+  if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
+  gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
+  for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++)
+    if (all[r].algo != mine.algo || all[r].nchannels != mine.nchannels)
+      res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
+                    "rank %d: GW_ALGO=%s and GW_NCHANNELS=%d here, but rank %d has GW_ALGO=%s and GW_NCHANNELS=%d; "
+                    "set them alike on every rank", c->rank, algo_names[mine.algo], mine.nchannels, r,
+                    all[r].algo >= 0 && all[r].algo < NUM_ALGOS ? algo_names[all[r].algo] : "?", all[r].nchannels);
+  free(all);
+  return res;
+}
+
+static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
+  GW_CHECK(check_settings_agree(c, err));
   GW_CHECK(gw__bootstrap_local_addr(c->bs, &c->conn_params.local_addr, &c->conn_params.local_addr_len, err));
-  for (int ch = 0; ch < c->nchannels; ch++) GW_CHECK(connect_channel(c, ch, err));
+  GW_CHECK(connect_rings(c, err));
+  /* Only a communicator that may run the tree pays for its connections. */
+  if (c->algo == GW_ALGO_TREE) GW_CHECK(gw__tree_connect(c, err));
   return gw__channels_start(c, err);
 }
 
@@ -224,6 +321,11 @@ static void comm_free(struct gw_comm *c) {
   for (int ch = 0; ch < GW_MAX_CHANNELS; ch++) {
     gw__conn_close(&c->rings[ch].send);
     gw__conn_close(&c->rings[ch].recv);
+  }
+  for (int t = 0; t < GW_NTREES; t++) {
+    struct gw_conn *conns[6];
+    gw__tree_conns(&c->trees[t], conns);
+    for (int i = 0; i < 6; i++) gw__conn_close(conns[i]);
   }
   free(c->rings[0].order);
   free(c->rings[0].pos_of);
@@ -270,13 +372,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->nranks = nranks;
   c->next_seq = 1;
   c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
-  const char *algo = gw__env_str("GW_ALGO", "auto");
-  if (!strcasecmp(algo, "ring")) c->algo = GW_ALGO_RING;
-  else if (!strcasecmp(algo, "exchange")) c->algo = nranks == 2 ? GW_ALGO_EXCHANGE : GW_ALGO_AUTO;
-  else if (strcasecmp(algo, "auto") != 0)
-    GW_WARN(GW_SUB_INIT, "GW_ALGO=%s is not one of auto, ring, exchange; using auto", algo);
-  if (c->algo == GW_ALGO_AUTO && !strcasecmp(algo, "exchange"))
-    GW_WARN(GW_SUB_INIT, "GW_ALGO=exchange needs exactly 2 ranks (this job has %d); using auto", nranks);
+  c->algo = algo_from_env(nranks);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_cond_init(&c->work_cv, NULL);
@@ -334,7 +430,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     if (env_local && atoi(env_local) != c->local_rank)
       GW_WARN(GW_SUB_INIT, "rank %d: the launcher says local rank %s but the rendezvous found %d ranks before it "
               "on this machine; using %d", rank, env_local, c->local_rank, c->local_rank);
-    GW_CHECK_GOTO(connect_rings(c, &err), res, fail);
+    GW_CHECK_GOTO(connect_all(c, &err), res, fail);
   }
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());

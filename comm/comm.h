@@ -1,6 +1,7 @@
-/* comm.h - the communicator's internal state, shared by comm.c (lifecycle),
- * enqueue.c (API entry points, progress thread), prims.c and ring.c (the
- * algorithms).  Not installed. */
+/* comm.h - the communicator's internal state, shared by comm.c (lifecycle,
+ * connections), enqueue.c (API entry points, progress thread), channels.c,
+ * prims.c (what the algorithms wait with), ring.c and tree.c (the algorithms).
+ * Not installed. */
 #ifndef GW_COMM_H
 #define GW_COMM_H
 
@@ -26,7 +27,7 @@ const char *gw__coll_name(int coll);
 struct gw_channels;
 
 /* GW_ALGO: which allreduce algorithm; auto picks by world size and bytes. */
-enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2 };
+enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO_TREE = 3 };
 
 /* One operation as the algorithms see it. */
 struct gw_op {
@@ -46,6 +47,35 @@ struct gw_ring {
   struct gw_conn recv; /* from prev */
 };
 
+/* One of the double binary tree's two trees, as this rank sees it (tree.c):
+ * ranks of the parent and children (-1 where none; down[0] is set whenever a
+ * child exists) and a connection each way to each of them. */
+#define GW_NTREES 2
+struct gw_tree {
+  int up;
+  int down[2];
+  struct gw_conn send_up, recv_up;
+  struct gw_conn send_down[2], recv_down[2];
+};
+/* All six connections of a tree, connected or not, for code that treats them
+ * alike (closing, abort notices, watching). */
+static inline void gw__tree_conns(struct gw_tree *t, struct gw_conn *out[6]) {
+  out[0] = &t->send_up, out[1] = &t->recv_up;
+  out[2] = &t->send_down[0], out[3] = &t->recv_down[0];
+  out[4] = &t->send_down[1], out[5] = &t->recv_down[1];
+}
+
+/* One directed connection this rank takes part in, for gw__connect.  Each
+ * graph (a ring channel, a tree) has its own connections, so several may join
+ * the same two ranks. */
+#define GW_GRAPH_TREE(t) (GW_MAX_CHANNELS + (t)) /* graphs 0..GW_MAX_CHANNELS-1 are the ring channels */
+struct gw_link {
+  struct gw_conn *conn; /* filled in by gw__connect */
+  int peer;
+  bool is_send;
+  int graph;
+};
+
 struct gw_request {
   struct gw_request *next; /* queue link */
   struct gw_comm *comm;
@@ -63,6 +93,7 @@ struct gw_comm {
   struct gw_ring rings[GW_MAX_CHANNELS]; /* same order, own connections */
   int nchannels;
   struct gw_channels *channels; /* worker threads for channels 1..n-1 */
+  struct gw_tree trees[GW_NTREES]; /* connected at init when GW_ALGO=tree */
   struct gw_conn_params conn_params;
 
   /* Operations run one at a time, in call order: inline on the caller's thread
@@ -86,6 +117,12 @@ struct gw_comm {
   char first_error[GW_ERRMSG_MAX];
 };
 
+/* Connects links[0..nlinks) over the transport each pair allows (shm on one
+ * machine, else tcp), with one rendezvous round for all of them; every rank
+ * calls it at the same point, with at most max_recv receiving links. */
+gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
+                        struct gw_errctx *err);
+
 /* Runs one operation to completion (any thread; the caller serializes). */
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
 /* Runs op on every channel (channels.c): channel 0 on the calling thread, the
@@ -95,9 +132,16 @@ gw_result_t gw__channels_start(struct gw_comm *comm, struct gw_errctx *err);
 void gw__channels_stop(struct gw_comm *comm);
 /* Ring algorithms on one channel (ring.c). */
 gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const struct gw_op *op, struct gw_errctx *err);
-/* Best effort: tells the ring successor that this rank failed, with the message,
- * so it fails at once instead of waiting for its deadline (and passes it on). */
-void gw__ring_send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg);
+/* The double binary tree (tree.c): position pos's parent and children in tree
+ * t (0 or 1) of n positions, -1 where none; the trees' connections; allreduce
+ * (and the barrier) over both trees. */
+void gw__tree_shape(int n, int pos, int t, int *up, int down[2]);
+gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err);
+gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
+/* Best effort: tells every peer this rank sends to (ring successors, tree
+ * neighbours) that it failed, with the message, so they fail at once instead of
+ * waiting for their deadline (and pass it on). */
+void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg);
 
 /* Records msg as the communicator's last error. */
 void gw__comm_set_error(struct gw_comm *comm, const char *msg);

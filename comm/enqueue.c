@@ -3,12 +3,20 @@
  * the caller's thread (a blocking call with nothing queued) or on the
  * communicator's progress thread (non-blocking calls and anything queued behind
  * them).  The progress thread starts with the first non-blocking call, so
- * blocking-only users never pay for it.  The algorithms live in ring.c. */
+ * blocking-only users never pay for it.  The algorithms live in ring.c and tree.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
+
+/* The tree where GW_ALGO=tree asks for it (allreduce, and the barrier: an
+ * allreduce of nothing), else the ring (with its two-rank exchange).  Every
+ * rank decides alike from the same call.  Issue 4's cost model decides here. */
+static bool use_tree(const struct gw_comm *comm, const struct gw_op *op) {
+  return comm->algo == GW_ALGO_TREE && comm->nranks > 1 &&
+         (op->desc.coll == GW_COLL_ALLREDUCE || op->desc.coll == GW_COLL_BARRIER);
+}
 
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   if (atomic_load(&comm->aborted) && !atomic_load(&comm->failed)) {
@@ -30,14 +38,14 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     gw__comm_set_error(comm, err->msg);
     return (gw_result_t)failed;
   }
-  gw_result_t res = gw__ring_run(comm, op, err);
+  gw_result_t res = use_tree(comm, op) ? gw__tree_run(comm, op, err) : gw__ring_run(comm, op, err);
   if (res != GW_SUCCESS) {
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {
       pthread_mutex_lock(&comm->err_mu);
       snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
       pthread_mutex_unlock(&comm->err_mu);
-      if (comm->nranks > 1) gw__ring_send_abort(comm, &op->desc, err->msg);
+      if (comm->nranks > 1) gw__send_abort(comm, &op->desc, err->msg);
     }
     gw__comm_set_error(comm, err->msg);
   }

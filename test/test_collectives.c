@@ -12,7 +12,13 @@
  * also end with bit-identical allreduce results.  Check's case name selects the
  * world size (GW_TEST_NRANKS=8 runs 8 ranks), so meson runs the sizes in parallel;
  * GW_TEST_MAX_COUNT leaves out larger counts (the 64-rank run keeps to small
- * ones: 64 processes on 2 cores). */
+ * ones: 64 processes on 2 cores), GW_TEST_COUNTS=0,1,... replaces the list (the
+ * tree's runs add the counts around its half split and chunk boundaries).  The
+ * allreduce grid and the barrier are the Check case "allreduce", the other
+ * collectives "grid", so CK_RUN_CASE can pick one.  `--tree` runs the tree's
+ * own tests instead: the shape of both trees for every world size up to 300, a
+ * rank killed during a tree allreduce, a tree allreduce against a ring
+ * collective, and ranks that disagree on GW_ALGO. */
 #include <check.h>
 #include <inttypes.h>
 #include <math.h>
@@ -22,20 +28,27 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "comm.h" /* gw__tree_shape */
 #include "harness.h"
 
-static const size_t all_counts[] = {0, 1, 2, 7, 1023, 65537, 4194307};
-static size_t counts[sizeof all_counts / sizeof all_counts[0]];
+#define MAX_COUNT 4194307u
+static size_t counts[64];
 static size_t NCOUNTS;
 
 static void init_counts(void) {
-  const char *cap = getenv("GW_TEST_MAX_COUNT");
+  const char *cap = getenv("GW_TEST_MAX_COUNT"), *list = getenv("GW_TEST_COUNTS");
   size_t max = cap ? (size_t)strtoull(cap, NULL, 10) : SIZE_MAX;
+  if (!list) list = "0,1,2,7,1023,65537,4194307";
   NCOUNTS = 0;
-  for (size_t i = 0; i < sizeof all_counts / sizeof all_counts[0]; i++)
-    if (all_counts[i] <= max) counts[NCOUNTS++] = all_counts[i];
+  for (char *end = NULL; !end || *end; list = end + 1) {
+    size_t c = (size_t)strtoull(list, &end, 10);
+    if (end == list || (*end && *end != ',') || c > MAX_COUNT || NCOUNTS == sizeof counts / sizeof counts[0]) {
+      fprintf(stderr, "GW_TEST_COUNTS: '%s' is not a list of counts up to %u\n", list, MAX_COUNT);
+      exit(2);
+    }
+    if (c <= max) counts[NCOUNTS++] = c;
+  }
 }
-#define MAX_COUNT 4194307u
 #define TAB 65536
 
 /* ---- inputs: per dtype and op class a table of values, indexed by (rank, i) ---- */
@@ -328,6 +341,109 @@ GRID_TEST(test_allgather_grid, body_allgather)
 GRID_TEST(test_broadcast_grid, body_broadcast)
 GRID_TEST(test_barrier, body_barrier)
 
+/* ---- the tree's own tests (--tree) ---------------------------------------- */
+
+/* Tree t of n positions: one root, parents and children agree, no cycle, depth
+ * at most log2(n) + 1.  Counts into interior[] the positions with children. */
+static void check_tree(int n, int t, int *interior) {
+  int up[300], down[300][2], roots = 0;
+  for (int p = 0; p < n; p++) gw__tree_shape(n, p, t, &up[p], down[p]);
+  for (int p = 0; p < n; p++) {
+    roots += up[p] < 0;
+    ck_assert_msg(up[p] < 0 || down[up[p]][0] == p || down[up[p]][1] == p,
+                  "n=%d tree %d: %d's parent %d does not list it", n, t, p, up[p]);
+    ck_assert_msg(down[p][1] < 0 || down[p][0] >= 0, "n=%d tree %d: %d has a second child only", n, t, p);
+    for (int i = 0; i < 2; i++) {
+      int c = down[p][i];
+      ck_assert_msg(c < n && (c < 0 || up[c] == p), "n=%d tree %d: %d's child %d has another parent", n, t, p, c);
+    }
+    interior[p] += down[p][0] >= 0;
+    int depth = 0, max_depth = 1;
+    while ((1 << (max_depth - 1)) < n) max_depth++;
+    for (int q = p; up[q] >= 0; q = up[q]) ck_assert_msg(++depth <= max_depth, "n=%d tree %d: %d too deep", n, t, p);
+  }
+  ck_assert_msg(roots == 1, "n=%d tree %d: %d roots", n, t, roots);
+}
+
+/* Every position forwards data in one tree only (NCCL's property), except
+ * position 0 for an odd world size: tree 0's root, with one child. */
+START_TEST(test_tree_shape) {
+  for (int n = 1; n <= 300; n++) {
+    int interior[300] = {0};
+    check_tree(n, 0, interior);
+    check_tree(n, 1, interior);
+    for (int p = 0; p < n; p++)
+      ck_assert_msg(interior[p] <= 1 || (p == 0 && n % 2 == 1), "n=%d: %d is interior in both trees", n, p);
+  }
+}
+END_TEST
+
+/* rank 1 dies on purpose, so exactly one rank fails; the notice travels up and
+ * down the tree (5 ranks: rank 1 is a leaf two hops from the root). */
+START_TEST(test_tree_killed_rank) {
+  double limit = 15;
+  setenv("GW_ALGO", "tree", 1);
+  ck_assert_int_eq(run_ranks(3, body_rank1_killed, &limit, 90), 1);
+  ck_assert_int_eq(run_ranks(5, body_rank1_killed, &limit, 90), 1);
+  unsetenv("GW_ALGO");
+}
+END_TEST
+
+/* The tree and the ring use different connections, yet a tree allreduce
+ * against a ring allgather fails on every rank within seconds, naming both
+ * calls: waits look at the other algorithm's connections. */
+static int body_tree_vs_ring(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 60);
+  int32_t buf[64] = {0};
+  double t0 = test_now();
+  gw_result_t r = rank == 0 ? gw_allreduce(buf, buf, 8, GW_INT32, GW_MAX, comm, NULL)
+                            : gw_allgather(buf, buf + 8, 8, GW_INT32, comm, NULL);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT || r == GW_ERR_REMOTE, "returned %s: %s", gw_strerror(r), msg);
+  EXPECT(test_now() - t0 < 10, "took %.1f s to notice", test_now() - t0);
+  EXPECT(strstr(msg, "allgather") && strstr(msg, "allreduce"), "message does not name both calls: %s", msg);
+  return 0;
+}
+
+START_TEST(test_tree_vs_ring_named) {
+  setenv("GW_ALGO", "tree", 1);
+  ck_assert_int_eq(run_ranks(3, body_tree_vs_ring, NULL, 90), 0);
+  setenv("GW_TRANSPORT", "tcp", 1);
+  ck_assert_int_eq(run_ranks(3, body_tree_vs_ring, NULL, 90), 0);
+  unsetenv("GW_TRANSPORT");
+  unsetenv("GW_ALGO");
+}
+END_TEST
+
+/* Ranks that disagree on GW_ALGO would wait for each other on different
+ * connections: gw_comm_init refuses, naming the setting. */
+static int raw_algo_differs(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_ALGO", rank == 1 ? "ring" : "tree", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(NULL), "GW_ALGO"), "init returned %s: %s",
+         gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_tree_algo_must_agree) { ck_assert_int_eq(run_ranks_raw(3, raw_algo_differs, NULL, 90), 0); }
+END_TEST
+
+static int run_tree_tests(void) {
+  Suite *s = suite_create("tree");
+  TCase *tc = tcase_create("tree");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_tree_shape);
+  tcase_add_test(tc, test_tree_killed_rank);
+  tcase_add_test(tc, test_tree_vs_ring_named);
+  tcase_add_test(tc, test_tree_algo_must_agree);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
+
 /* Launched by gw-run (one process per rank, possibly on several machines): run
  * every grid body on one communicator from the environment, no Check. */
 static int run_from_env(void) {
@@ -359,14 +475,17 @@ static int run_from_env(void) {
 int main(int argc, char **argv) {
   init_counts();
   if (argc > 1 && !strcmp(argv[1], "--from-env")) return run_from_env();
+  if (argc > 1 && !strcmp(argv[1], "--tree")) return run_tree_tests();
   Suite *s = suite_create("collectives");
-  TCase *tc = tcase_create("grid");
-  tcase_set_timeout(tc, 1800);
-  tcase_add_test(tc, test_allreduce_grid);
-  tcase_add_test(tc, test_reduce_scatter_grid);
-  tcase_add_test(tc, test_allgather_grid);
-  tcase_add_test(tc, test_broadcast_grid);
-  tcase_add_test(tc, test_barrier);
-  suite_add_tcase(s, tc);
+  TCase *reduce = tcase_create("allreduce"), *grid = tcase_create("grid");
+  tcase_set_timeout(reduce, 1800);
+  tcase_set_timeout(grid, 1800);
+  tcase_add_test(reduce, test_allreduce_grid);
+  tcase_add_test(reduce, test_barrier);
+  tcase_add_test(grid, test_reduce_scatter_grid);
+  tcase_add_test(grid, test_allgather_grid);
+  tcase_add_test(grid, test_broadcast_grid);
+  suite_add_tcase(s, reduce);
+  suite_add_tcase(s, grid);
   return run_suite(s);
 }

@@ -53,7 +53,7 @@ static void usage(FILE *f) {
           "  -d, --datatype T      int8|uint8|int32|int64|float16|bfloat16|float32|float64|all (default float32)\n"
           "  -o, --op OP           sum|prod|max|min|avg|all (default sum)\n"
           "  -c, --check 0|1       verify results (default 1)\n"
-          "  -a, --algo NAME       auto|ring|exchange (exchange: 2 ranks only; default auto)\n"
+          "  -a, --algo NAME       auto|ring|tree|exchange (allreduce; exchange: 2 ranks only; default auto)\n"
           "  -C, --collective NAME allreduce|allgather|reduce_scatter|broadcast (default allreduce)\n"
           "  -r, --root R          broadcast root (default 0)\n"
           "      --csv FILE        write the results as CSV (rank 0)\n"
@@ -290,8 +290,8 @@ int main(int argc, char **argv) {
         break;
       case 'a':
         /* The library reads GW_ALGO when the communicator is made, just below. */
-        if (strcmp(optarg, "ring") && strcmp(optarg, "exchange") && strcmp(optarg, "auto"))
-          die("-a '%s': unknown algorithm (available: auto, ring, exchange)", optarg);
+        if (strcmp(optarg, "ring") && strcmp(optarg, "tree") && strcmp(optarg, "exchange") && strcmp(optarg, "auto"))
+          die("-a '%s': unknown algorithm (available: auto, ring, tree, exchange)", optarg);
         setenv("GW_ALGO", optarg, 1);
         break;
       case 'C': {

@@ -1,0 +1,282 @@
+/* prims.c - see prims.h: the waits every algorithm's primitives are made of, the
+ * header check of every received chunk, flushing, and the abort notice.  Works
+ * on any connection of any algorithm; knows no data layout. */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "prims.h"
+
+const char *gw__coll_name(int coll) {
+  switch (coll) {
+    case GW_COLL_ALLREDUCE: return "allreduce";
+    case GW_COLL_BROADCAST: return "broadcast";
+    case GW_COLL_ALLGATHER: return "allgather";
+    case GW_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case GW_COLL_BARRIER: return "barrier";
+  }
+  return "unknown-collective";
+}
+
+static void describe(const struct gw_opdesc *d, char *buf, size_t len) {
+  const char *dt = gw_dtype_name((gw_dtype_t)d->dtype);
+  switch (d->coll) {
+    case GW_COLL_BARRIER:
+      snprintf(buf, len, "#%" PRIu64 " barrier()", d->seq);
+      break;
+    case GW_COLL_BROADCAST:
+      snprintf(buf, len, "#%" PRIu64 " broadcast(count=%" PRIu64 ", %s, root=%d)", d->seq, d->count, dt, d->root);
+      break;
+    case GW_COLL_ALLGATHER:
+      snprintf(buf, len, "#%" PRIu64 " allgather(count=%" PRIu64 ", %s)", d->seq, d->count, dt);
+      break;
+    default:
+      snprintf(buf, len, "#%" PRIu64 " %s(count=%" PRIu64 ", %s, %s)", d->seq, gw__coll_name(d->coll), d->count,
+               dt, gw_op_name((gw_op_t)d->op));
+  }
+}
+
+static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
+  char me[160];
+  describe(&p->op->desc, me, sizeof me);
+  return gw__err(p->err, GW_ERR_TIMEOUT,
+                 "rank %d: operation %s waited %.0f s for %s rank %d; that rank is stuck, dead or "
+                 "in a different operation (raise GW_TIMEOUT if it is just slow)",
+                 p->comm->rank, me, p->comm->timeout_s, what, peer);
+}
+
+/* Transports that queue bytes in user space (tcp) move them while we wait on
+ * anything, so two ranks waiting on each other's queued sends cannot deadlock. */
+static gw_result_t pump(struct prims *p) {
+  for (int i = 0; i < p->nconns; i++) {
+    struct gw_conn *c = p->conns[i];
+    if (!c->tp->progress) continue;
+    gw_result_t r = c->tp->progress(c, p->err);
+    if (r != GW_SUCCESS && r != GW_INPROGRESS) return r;
+  }
+  return GW_SUCCESS;
+}
+
+/* Whether a peer on this machine still runs (a zombie counts as dead: its
+ * launcher has not reaped it yet).  Peers elsewhere are watched by their
+ * transport (a closed socket). */
+static bool peer_alive(const struct gw_comm *comm, int peer) {
+  const struct gw_peer_info *pi = &comm->peers[peer];
+  if (strcmp(pi->node_id, comm->peers[comm->rank].node_id) != 0 || pi->pid <= 0) return true;
+  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pi->pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return true;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
+  return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+}
+
+/* What a wait does only now and then: every ~1024 slow steps, about a second. */
+static bool slow_check_due(const struct gw_waiter *w) {
+  return gw__waiter_done_spinning(w) && (w->iter & 1023) == 0;
+}
+
+/* While a wait drags on, look whether the rank we wait for (on this machine)
+ * died (kill -9, crash): fail within a second or so instead of at the
+ * deadline.  Returns true when it is dead. */
+static bool waited_peer_dead(struct prims *p, const struct gw_waiter *w, int peer) {
+  return slow_check_due(w) && !peer_alive(p->comm, peer);
+}
+
+static gw_result_t dead_peer_error(struct prims *p, int peer) {
+  char me[160];
+  describe(&p->op->desc, me, sizeof me);
+  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d on this machine) died during operation %s",
+                 p->comm->rank, peer, (int)p->comm->peers[peer].pid, me);
+}
+
+static gw_result_t aborted_error(struct prims *p) {
+  char me[160];
+  describe(&p->op->desc, me, sizeof me);
+  return gw__err(p->err, GW_ERR_ABORTED, "rank %d: operation %s stopped: the communicator was aborted (gw_comm_abort)",
+                 p->comm->rank, me);
+}
+
+/* One wait step: past the spinning phase, ranks whose connections have file
+ * descriptors sleep in poll() until one is ready (at most 1 ms, then look again);
+ * otherwise the common back-off.  False once the deadline has passed or the
+ * communicator was aborted (the caller tells which by looking at `aborted`). */
+static bool wait_step(struct prims *p, struct gw_waiter *w) {
+  if (atomic_load_explicit(&p->comm->aborted, memory_order_relaxed)) return false;
+  if (gw__waiter_done_spinning(w)) {
+    struct pollfd fds[GW_PRIMS_MAX_CONNS * 16];
+    int n = 0;
+    for (int i = 0; i < p->nconns; i++)
+      if (p->conns[i]->tp->pollfds) n += p->conns[i]->tp->pollfds(p->conns[i], fds + n, 16);
+    if (n > 0) {
+      poll(fds, (nfds_t)n, 1);
+      w->iter++; /* counts the slow steps here too (slow_check_due) */
+      return !gw__waiter_expired(w);
+    }
+  }
+  return gw__waiter_pause(w);
+}
+
+/* A data-path call failed: let the transport say why (it keeps the message). */
+static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r) {
+  if (c->tp->progress) {
+    gw_result_t r2 = c->tp->progress(c, p->err);
+    if (r2 != GW_SUCCESS && r2 != GW_INPROGRESS) return r2;
+  }
+  return gw__err(p->err, r, "rank %d: %s failed", p->comm->rank, c->desc);
+}
+
+/* A received header against this rank's own call: a peer's abort notice, a
+ * different call or a wrong size are errors naming the peer. */
+static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct gw_chunk_hdr *h, const void *data,
+                                size_t bytes) {
+  struct gw_opdesc theirs = h->op;
+  if (theirs.coll == GW_COLL_ABORT) {
+    char msg[GW_ERRMSG_MAX];
+    size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
+    memcpy(msg, data, len);
+    msg[len] = 0;
+    return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d failed and stopped the job: %s", p->comm->rank,
+                   c->peer, msg);
+  }
+  if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
+    char me[160], them[160];
+    describe(&p->op->desc, me, sizeof me);
+    describe(&theirs, them, sizeof them);
+    return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
+                   "rank %d: collective calls differ across ranks: this rank called %s but rank %d called %s",
+                   p->comm->rank, me, c->peer, them);
+  }
+  if (h->bytes != bytes)
+    return gw__err(p->err, GW_ERR_INTERNAL, "rank %d: chunk %u from rank %d has %u bytes, expected %zu",
+                   p->comm->rank, h->step, c->peer, h->bytes, bytes);
+  return GW_SUCCESS;
+}
+
+/* The heads of the watched connections: a later operation's chunk may wait
+ * there (its sender is ahead), but a chunk of this operation means its sender
+ * called something else (or runs it on other connections), and an abort notice
+ * means it failed. */
+static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w) {
+  if (!slow_check_due(w)) return GW_SUCCESS;
+  for (int i = 0; i < p->nwatch; i++) {
+    struct gw_conn *c = p->watch[i];
+    const struct gw_chunk_hdr *h;
+    const void *data;
+    if (c->tp->recv_peek(c, &h, &data) != GW_SUCCESS) continue;
+    if (h->op.coll != GW_COLL_ABORT && h->op.seq != p->op->desc.seq) continue;
+    GW_CHECK(check_header(p, c, h, data, h->bytes));
+    char me[160];
+    describe(&p->op->desc, me, sizeof me);
+    return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
+                   "rank %d: rank %d runs operation %s on other connections (%s) than this rank; do GW_ALGO "
+                   "and GW_NCHANNELS agree on every rank?", p->comm->rank, c->peer, me, c->desc);
+  }
+  return GW_SUCCESS;
+}
+
+/* Everything c queued in user space leaves it (or the wait fails). */
+static gw_result_t drain(struct prims *p, struct gw_conn *c) {
+  struct gw_waiter w;
+  gw__waiter_init(&w, p->comm->timeout_s);
+  for (;;) {
+    gw_result_t r = c->tp->progress(c, p->err);
+    if (r == GW_SUCCESS) return GW_SUCCESS;
+    if (r != GW_INPROGRESS) return r;
+    GW_CHECK(pump(p));
+    GW_CHECK(look_at_watched(p, &w));
+    if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer);
+  }
+}
+
+/* Before an operation completes, everything it sent must have left user space. */
+gw_result_t gw__flush(struct prims *p) {
+  for (int i = 0; i < p->nconns; i++)
+    if (p->conns[i]->is_send && p->conns[i]->tp->progress) GW_CHECK(drain(p, p->conns[i]));
+  return GW_SUCCESS;
+}
+
+gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot) {
+  size_t cap;
+  gw_result_t r = c->tp->send_slot(c, bytes, slot, &cap);
+  if (r != GW_INPROGRESS) return r == GW_SUCCESS ? r : conn_error(p, c, r);
+  struct gw_waiter w;
+  gw__waiter_init(&w, p->comm->timeout_s);
+  while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
+    GW_CHECK(pump(p));
+    GW_CHECK(look_at_watched(p, &w));
+    /* it may have freed the slot just before it exited: look once more */
+    if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)
+      return dead_peer_error(p, c->peer);
+    if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "a free slot at", c->peer);
+  }
+  return r == GW_SUCCESS ? r : conn_error(p, c, r);
+}
+
+gw_result_t gw__post(struct prims *p, struct gw_conn *c, size_t bytes) {
+  struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = (uint32_t)bytes, .step = p->sent++};
+  gw_result_t r = c->tp->send_post(c, &h);
+  return r == GW_SUCCESS ? r : conn_error(p, c, r);
+}
+
+gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes) {
+  const struct gw_chunk_hdr *h;
+  gw_result_t r = c->tp->recv_peek(c, &h, data);
+  if (r == GW_INPROGRESS) {
+    struct gw_waiter w;
+    gw__waiter_init(&w, p->comm->timeout_s);
+    while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
+      GW_CHECK(pump(p));
+      GW_CHECK(look_at_watched(p, &w));
+      /* it may have posted the chunk just before it exited: look once more */
+      if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
+        return dead_peer_error(p, c->peer);
+      if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "data from", c->peer);
+    }
+  }
+  if (r != GW_SUCCESS) return conn_error(p, c, r);
+  return check_header(p, c, h, *data, bytes);
+}
+
+gw_result_t gw__release(struct prims *p, struct gw_conn *c) {
+  (void)p;
+  return c->tp->recv_release(c);
+}
+
+/* Best effort: one abort notice on one sending connection. */
+static void abort_one(struct gw_comm *comm, struct gw_conn *c, const struct gw_opdesc *desc, const char *msg) {
+  if (!c->tp) return;
+  void *slot;
+  size_t cap, want = GW_MIN(strlen(msg), (size_t)comm->conn_params.slot_bytes);
+  /* A full FIFO means the peer is busy or stuck: give up after a moment. */
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0.5);
+  gw_result_t r;
+  while ((r = c->tp->send_slot(c, want, &slot, &cap)) == GW_INPROGRESS)
+    if (!gw__waiter_pause(&w)) return;
+  if (r != GW_SUCCESS) return;
+  size_t len = GW_MIN(strlen(msg), cap);
+  memcpy(slot, msg, len);
+  struct gw_chunk_hdr h = {.op = *desc, .bytes = (uint32_t)len};
+  h.op.coll = GW_COLL_ABORT;
+  c->tp->send_post(c, &h);
+}
+
+/* Every peer this rank sends to hears of the failure, on the ring and on both
+ * trees: whichever of them a neighbour waits on, it fails at once and passes
+ * the notice on to its own neighbours. */
+void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg) {
+  for (int ch = 0; ch < comm->nchannels; ch++) abort_one(comm, &comm->rings[ch].send, desc, msg);
+  for (int t = 0; t < GW_NTREES; t++) {
+    struct gw_conn *conns[6];
+    gw__tree_conns(&comm->trees[t], conns);
+    for (int i = 0; i < 6; i++)
+      if (conns[i]->is_send) abort_one(comm, conns[i], desc, msg);
+  }
+}

@@ -1,0 +1,78 @@
+/* prims.h - what every algorithm (ring.c, tree.c) builds its primitives from
+ * (prims.c): waiting for room on a sending connection or for a chunk on a
+ * receiving one, under the runtime's waiting policy, the deadline, dead-peer
+ * detection and gw_comm_abort; checking each received header against this
+ * rank's own call; flushing queued sends before an operation completes; the
+ * abort notice.  Not here: which connection carries what (the algorithms), or
+ * how data is reduced (reduce.h).  Not installed. */
+#ifndef GW_PRIMS_H
+#define GW_PRIMS_H
+
+#include "comm.h"
+
+/* Every connection one algorithm may use on one rank: the two trees' links to
+ * a parent and two children in both directions (the ring needs two). */
+#define GW_PRIMS_MAX_CONNS 12
+/* Receiving connections of the other algorithm: every ring channel's. */
+#define GW_PRIMS_MAX_WATCH GW_MAX_CHANNELS
+
+/* One operation on one rank as an algorithm runs it. */
+struct prims {
+  struct gw_comm *comm;
+  const struct gw_op *op;
+  struct gw_errctx *err;
+  /* Every connection of the algorithm: all of them are pumped (tcp moves queued
+   * bytes only when asked) and polled while any one is waited on, and the
+   * sending ones are flushed before the operation completes. */
+  struct gw_conn *conns[GW_PRIMS_MAX_CONNS];
+  int nconns;
+  /* The other algorithm's receiving connections: a peer that called another
+   * collective sends there, so a wait that drags on looks at them to name the
+   * difference (or an abort notice) instead of waiting for the deadline. */
+  struct gw_conn *watch[GW_PRIMS_MAX_WATCH];
+  int nwatch;
+  struct gw_ring *ring; /* the ring's channel (ring.c only) */
+  const void *in;       /* this rank's part of the input (NULL when empty) */
+  void *out;            /* and of the output */
+  size_t count;         /* elements moved (per rank's block for RS/AG) */
+  size_t stride;        /* RS/AG: elements between consecutive ranks' blocks */
+  gw_reduce_fn red;
+  size_t es;            /* element size */
+  uint32_t sent;        /* chunks sent so far (the header's step, for diagnostics) */
+  bool stream_out;      /* write the user's output with non-temporal stores */
+};
+
+/* Adds c, when it is connected, to the connections the operation uses. */
+static inline void gw__use(struct prims *p, struct gw_conn *c) {
+  if (c->tp) p->conns[p->nconns++] = c;
+}
+/* Adds c, when it is a connected receiving end, to those it watches. */
+static inline void gw__watch(struct prims *p, struct gw_conn *c) {
+  if (c->tp && !c->is_send) p->watch[p->nwatch++] = c;
+}
+
+/* Room for `bytes` on sending connection c (*slot), waiting as long as it takes. */
+gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot);
+/* Publishes the room from gw__wait_slot with this operation's header. */
+gw_result_t gw__post(struct prims *p, struct gw_conn *c, size_t bytes);
+/* The next chunk on receiving connection c, which must be `bytes` long and
+ * belong to this rank's own call; a peer's abort notice or a different call
+ * fails with a message naming the peer. */
+gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes);
+/* Gives the chunk from gw__wait_recv back to its sender. */
+gw_result_t gw__release(struct prims *p, struct gw_conn *c);
+/* Waits until every sending connection has moved its queued bytes out. */
+gw_result_t gw__flush(struct prims *p);
+
+static inline const uint8_t *cat(const void *base, size_t idx, size_t es) {
+  return base ? (const uint8_t *)base + idx * es : NULL;
+}
+static inline uint8_t *at(void *base, size_t idx, size_t es) {
+  return base ? (uint8_t *)base + idx * es : NULL;
+}
+/* Elements of the block [start, start + len) that lie inside [0, count). */
+static inline size_t blk_len(size_t count, size_t start, size_t len) {
+  return start >= count ? 0 : GW_MIN(len, count - start);
+}
+
+#endif
