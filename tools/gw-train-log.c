@@ -110,6 +110,8 @@ static int run_gnuplot(const char *script, char *err, size_t errlen) {
     return -1;
   }
   if (pid == 0) {
+    /* gnuplot's warnings (a single point's empty range) are noise on the log. */
+    if (!freopen("/dev/null", "w", stderr)) _exit(126);
     execlp("gnuplot", "gnuplot", script, (char *)NULL);
     _exit(127);
   }
