@@ -47,6 +47,26 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
                  p->comm->rank, me, p->comm->timeout_s, what, peer);
 }
 
+/* A receive timed out.  When the peer never sent anything of this operation, it
+ * is the straggler (or waits for one before its first send): name it.  When it
+ * did, it is inside the operation waiting on someone else, and every rank's
+ * deadline expires at about the same moment; the rank that waits on the real
+ * straggler reports first and its notice travels here, so this rank waits a
+ * little longer for it (see gw__wait_recv) and then says who had started. */
+static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c) {
+  char me[160];
+  describe(&p->op->desc, me, sizeof me);
+  if (c->seen_seq != p->op->desc.seq + 1)
+    return gw__err(p->err, GW_ERR_TIMEOUT,
+                   "rank %d: operation %s waited %.0f s for data from rank %d, which has not started it (it is "
+                   "stuck before it, or called something else; raise GW_TIMEOUT if it is just slow)",
+                   p->comm->rank, me, p->comm->timeout_s, c->peer);
+  return gw__err(p->err, GW_ERR_TIMEOUT,
+                 "rank %d: operation %s waited %.0f s for more data from rank %d, which started it and is itself "
+                 "waiting (another rank is the straggler; its neighbour names it)",
+                 p->comm->rank, me, p->comm->timeout_s, c->peer);
+}
+
 /* Transports that queue bytes in user space (tcp) move them while we wait on
  * anything, so two ranks waiting on each other's queued sends cannot deadlock. */
 static gw_result_t pump(struct prims *p) {
@@ -132,6 +152,19 @@ static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r)
   return gw__err(p->err, r, "rank %d: %s failed", p->comm->rank, c->desc);
 }
 
+/* A failure travels rank to rank as an abort notice.  Each rank reports the
+ * ORIGINAL message behind one fixed prefix, never a growing chain of them, so
+ * the root cause (which rank, what happened) survives any number of hops. */
+#define FORWARDED "stopped because another rank failed: "
+
+const char *gw__root_cause(const char *msg) {
+  for (;;) {
+    const char *f = strstr(msg, FORWARDED);
+    if (!f || strncmp(msg, "rank ", 5) != 0 || f - msg > 16) return msg; /* "rank N: " + prefix */
+    msg = f + strlen(FORWARDED);
+  }
+}
+
 /* A received header against this rank's own call: a peer's abort notice, a
  * different call or a wrong size are errors naming the peer. */
 static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct gw_chunk_hdr *h, const void *data,
@@ -142,8 +175,7 @@ static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct
     size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
     memcpy(msg, data, len);
     msg[len] = 0;
-    return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d failed and stopped the job: %s", p->comm->rank,
-                   c->peer, msg);
+    return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, FORWARDED, gw__root_cause(msg));
   }
   if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
     char me[160], them[160];
@@ -225,11 +257,16 @@ gw_result_t gw__post(struct prims *p, struct gw_conn *c, size_t bytes) {
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
 
+/* How much longer a rank whose peer had started the operation waits, after its
+ * deadline, for the notice of the rank that names the straggler. */
+static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 ? comm->timeout_s : 10; }
+
 gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes) {
   const struct gw_chunk_hdr *h;
   gw_result_t r = c->tp->recv_peek(c, &h, data);
   if (r == GW_INPROGRESS) {
     struct gw_waiter w;
+    bool extended = false;
     gw__waiter_init(&w, p->comm->timeout_s);
     while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
@@ -237,11 +274,17 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       /* it may have posted the chunk just before it exited: look once more */
       if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
         return dead_peer_error(p, c->peer);
-      if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "data from", c->peer);
+      if (wait_step(p, &w)) continue;
+      if (p->comm->aborted) return aborted_error(p);
+      if (extended || c->seen_seq != p->op->desc.seq + 1) return recv_timeout_error(p, c);
+      extended = true;
+      gw__waiter_init(&w, grace_s(p->comm));
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);
-  return check_header(p, c, h, *data, bytes);
+  GW_CHECK(check_header(p, c, h, *data, bytes));
+  c->seen_seq = p->op->desc.seq + 1;
+  return GW_SUCCESS;
 }
 
 gw_result_t gw__release(struct prims *p, struct gw_conn *c) {

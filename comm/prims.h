@@ -42,6 +42,9 @@ struct prims {
   bool stream_out;      /* write the user's output with non-temporal stores */
 };
 
+/* The original failure behind any forwarding prefixes of an abort notice. */
+const char *gw__root_cause(const char *msg);
+
 /* Adds c, when it is connected, to the connections the operation uses. */
 static inline void gw__use(struct prims *p, struct gw_conn *c) {
   if (c->tp) p->conns[p->nconns++] = c;

@@ -126,6 +126,40 @@ static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_straggler, NULL, 60), 0); }
 END_TEST
 
+/* ---- 4 ranks, rank 2 never calls: EVERY other rank names rank 2 ----
+ * Only rank 3 waits on rank 2 directly; ranks 0 and 1 wait on neighbours that
+ * started the operation and are stuck themselves.  Their deadlines expire at
+ * the same moment as rank 3's, so they must wait a little longer for rank 3's
+ * notice rather than blame their innocent neighbour. */
+static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  if (rank == 2) {
+    sleep(9);
+    return 0;
+  }
+  gw_comm_set_timeout(comm, 1.5);
+  double t0 = test_now();
+  float x = 1;
+  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  double took = test_now() - t0;
+  EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
+  EXPECT(took < 6, "took %.1f s to report", took);
+  EXPECT(has(gw_comm_last_error(comm), "from rank 2, which has not started"),
+         "message does not name the straggler rank 2: %s", gw_comm_last_error(comm));
+  return 0;
+}
+
+static void straggler4(const char *transport) {
+  setenv("GW_TRANSPORT", transport, 1);
+  ck_assert_int_eq(run_ranks(4, body_straggler4, NULL, 60), 0);
+  unsetenv("GW_TRANSPORT");
+}
+
+START_TEST(test_timeout_every_rank_names_straggler_shm) { straggler4("shm"); }
+END_TEST
+START_TEST(test_timeout_every_rank_names_straggler_tcp) { straggler4("tcp"); }
+END_TEST
+
 static int count_segments(void);
 
 /* ---- a rank killed on this machine: the others fail fast, naming it ---- */
@@ -364,6 +398,8 @@ int main(void) {
   tcase_add_test(tc, test_mismatched_calls);
   tcase_add_test(tc, test_mismatched_collectives);
   tcase_add_test(tc, test_timeout_names_straggler);
+  tcase_add_test(tc, test_timeout_every_rank_names_straggler_shm);
+  tcase_add_test(tc, test_timeout_every_rank_names_straggler_tcp);
   tcase_add_test(tc, test_killed_rank_shm);
   tcase_add_test(tc, test_abort_unblocks);
   tcase_add_test(tc, test_wrong_token_refused);

@@ -71,6 +71,9 @@ struct gw_conn {
   char peer_host[64]; /* for messages */
   void *priv;       /* the transport's state */
   char desc[96];    /* "rank 0 -> rank 1 via shm", for messages */
+  uint64_t seen_seq; /* receiving end: 1 + the operation (seq) of the last chunk
+                        that arrived, 0 before any (comm/prims.c: a peer that started
+                        an operation is not the straggler a timeout should name) */
 };
 
 struct gw_transport {
