@@ -27,6 +27,7 @@
 #include "gwrun_helpers.h"
 #include "resnet.h"
 #include "safetensors.h"
+#include <turbojpeg.h>
 
 static char tmpdir[256];
 
@@ -227,6 +228,75 @@ START_TEST(test_damaged_checkpoint) {
 }
 END_TEST
 
+/* A JPEG of w x h pseudo-random pixels at path, cut to `keep` of its length. */
+static void write_jpeg(const char *file, int w, int h, unsigned seed, double keep) {
+  unsigned char *px = malloc((size_t)w * h * 3);
+  for (size_t i = 0; i < (size_t)w * h * 3; i++) px[i] = (unsigned char)((i * 2654435761u + seed * 97u) >> 13);
+  tjhandle tj = tjInitCompress();
+  unsigned char *jpg = NULL;
+  unsigned long len = 0;
+  ck_assert_int_eq(tjCompress2(tj, px, w, 0, h, TJPF_RGB, &jpg, &len, TJSAMP_444, 90, 0), 0);
+  FILE *f = fopen(file, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(jpg, 1, (size_t)(len * keep), f), (size_t)(len * keep));
+  fclose(f);
+  tjFree(jpg);
+  tjDestroy(tj);
+  free(px);
+}
+
+/* An ImageNet-style tree with a truncated JPEG and a text file posing as one:
+ * training goes on, and the metrics count the samples that were replaced. */
+START_TEST(test_imagefolder_bad_files_skipped) {
+  char root[512], dir[700], file[800], metrics[512];
+  path(root, sizeof root, "folder");
+  path(metrics, sizeof metrics, "folder.jsonl");
+  static const char *const splits[] = {"train", "val"}, *const classes[] = {"cat", "dog"};
+  for (int s = 0; s < 2; s++)
+    for (int c = 0; c < 2; c++) {
+      snprintf(dir, sizeof dir, "%s/%s", root, splits[s]);
+      mkdir(root, 0777), mkdir(dir, 0777);
+      snprintf(dir, sizeof dir, "%s/%s/%s", root, splits[s], classes[c]);
+      ck_assert_int_eq(mkdir(dir, 0777), 0);
+      for (int i = 0; i < 4; i++) {
+        snprintf(file, sizeof file, "%s/img%d.jpg", dir, i);
+        write_jpeg(file, 40 + 8 * i, 36, (unsigned)(s * 100 + c * 10 + i), 1.0);
+      }
+    }
+  snprintf(file, sizeof file, "%s/train/cat/truncated.jpg", root);
+  write_jpeg(file, 64, 64, 7, 0.3);
+  snprintf(file, sizeof file, "%s/train/dog/notes.jpg", root);
+  FILE *f = fopen(file, "w");
+  fputs("not a picture\n", f);
+  fclose(f);
+  char spec[600];
+  snprintf(spec, sizeof spec, "imagenet:%s", root);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *args[] = {"-n", "1", train_bin(), "--data", spec, "--image-size", "32", "--model", "resnet18",
+                        "--width-divisor", "16", "--batch", "5", "--epochs", "2", "--threads", "1",
+                        "--metrics", metrics, NULL};
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "evaluation: top-1"), "no evaluation:\n%s", r.out);
+  gwrun_free(&r);
+  f = fopen(metrics, "r");
+  ck_assert_ptr_nonnull(f);
+  char line[1024];
+  long long skipped = -1;
+  while (fgets(line, sizeof line, f)) {
+    const char *p = strstr(line, "\"skipped\":");
+    if (p) skipped = atoll(p + 10);
+  }
+  fclose(f);
+  /* 10 training files, 2 unreadable, 2 epochs of 2 batches of 5: each bad file is
+   * met once per epoch, and a replacement can itself be the other bad file (the
+   * shuffled order decides), so 4 to 8 replacements. */
+  ck_assert_msg(skipped >= 4 && skipped <= 8, "the metrics count %lld skipped samples, expected 4 to 8", skipped);
+}
+END_TEST
+
 /* Refused before any work: exit 2 and a message naming the flag. */
 static void refused(const char *const *args, const char *words) {
   struct run r;
@@ -264,6 +334,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
   tcase_add_test(tc, test_resume_is_bit_exact);
   tcase_add_test(tc, test_damaged_checkpoint);
+  tcase_add_test(tc, test_imagefolder_bad_files_skipped);
   suite_add_tcase(s, tc);
   return s;
 }
