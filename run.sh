@@ -13,7 +13,7 @@ gw_install_deps
 gw_build build
 out=${GW_RUN_DIR:-runs/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
-build/tools/gw-run -n 2 build/tools/gw-train --data fashion-mnist --model resnet50 --epochs 2 --batch 64 \
+build/tools/gw-run -n 2 build/tools/gw-train --data fashion-mnist --model resnet50 --epochs 3 --batch 32 \
   --lr 0.2 --warmup-epochs 0.3 --zero-init-residual --label-smoothing 0.1 \
   --metrics "$out/metrics.jsonl" --plot "$out/plot.png" --checkpoint-dir "$out/checkpoints" \
   --save-weights "$out/resnet50-fashion-mnist.safetensors" "$@"
