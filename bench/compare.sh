@@ -27,6 +27,14 @@
 #   MPIRUN_ARGS         replaces the default Open MPI options
 #                       [--bind-to none --oversubscribe --mca pml ob1 --mca btl self,vader]
 #   MEMBW_ARGS          passed to membw [-s 256 -r 10]
+#
+# `compare.sh --latency` instead measures small-message latency: allreduce time at
+# 8 B .. 64 KiB (by 2; the table shows 8 B, 64 B, 1 KiB, 4 KiB, 64 KiB) for gradwire
+# auto, ring and tree (gw-perf -a) and Open MPI as is, at 2 and 4 ranks
+# (BENCH_NRANKS), all in one run, BENCH_ROUNDS rounds alternating the tools;
+# BENCH_ITERS / BENCH_WARMUP / BENCH_ROUNDS default to 1000 / 100 / 3 there.  It prints the issue's
+# goals (auto no slower than Open MPI, within 10% of the better of ring and tree)
+# and the ring/tree crossover, and writes bench/results/latency-<date>.csv.
 set -euo pipefail
 
 prog=compare.sh
@@ -65,6 +73,14 @@ if [[ $skip_gw != 1 ]]; then
   [[ -x $gw_run && -x $gw_perf ]] || die "$gw_run or $gw_perf was not built (BENCH_SKIP_GW=1 leaves gradwire out)"
 fi
 
+mode=bandwidth
+if [[ ${1:-} == --latency ]]; then
+  mode=latency
+  : "${BENCH_MIN:=8}" "${BENCH_MAX:=64K}" "${BENCH_ITERS:=1000}" "${BENCH_WARMUP:=100}" "${BENCH_ROUNDS:=3}"
+  export BENCH_MIN BENCH_MAX BENCH_ITERS BENCH_WARMUP BENCH_ROUNDS
+elif [[ -n ${1:-} ]]; then
+  die "unknown argument '$1' (only --latency)"
+fi
 bench_settings 2
 
 bench_mpi_opts --bind-to none --oversubscribe --mca pml ob1 --mca btl "self,vader"
@@ -78,6 +94,46 @@ trap 'rm -rf "$work"' EXIT
 bench_results compare
 
 t_start=$SECONDS
+if [[ $mode == latency ]]; then
+  [[ $skip_gw != 1 ]] || die "--latency compares gradwire: BENCH_SKIP_GW=1 makes no sense here"
+  bench_results latency
+  read -r -a nranks_list <<<"${BENCH_NRANKS:-2 4}"
+  echo "# compare.sh --latency $stamp on $(hostname), $(nproc) CPUs; ${nranks_list[*]} ranks; sizes $min..$max B by $factor"
+  bench_print_ranges
+  for ((round = 1; round <= rounds; round++)); do
+    for n in "${nranks_list[@]}"; do
+      for algo in auto ring tree; do
+        run_step "gradwire $algo, $n ranks, round $round/$rounds" "$algo-n$n-r$round" \
+          "$gw_run" -n "$n" "$gw_perf" -a "$algo" -d float32 -o sum -c 1
+      done
+      run_step "Open MPI, $n ranks, round $round/$rounds" "mpi-n$n-r$round" \
+        mpirun "${mpi_opts[@]}" -np "$n" "$mpi_allreduce" -c 1
+    done
+  done
+  PYTHONPATH=$here PYTHONDONTWRITEBYTECODE=1 python3 - "$work" "$out_csv" "$rounds" "$(nproc)" \
+    "${nranks_list[@]}" <<'PY'
+import csv, sys
+from compare_lib import latency_report, wrong_results, load
+work, out_csv, rounds, ncores = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+nranks = [int(x) for x in sys.argv[5:]]
+rows, misses = latency_report(work, rounds, nranks, ncores, "compare.sh")
+with open(out_csv, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["nranks", "size", "auto_us", "ring_us", "tree_us", "mpi_us", "auto_over_best", "auto_over_mpi"])
+    for r in rows:
+        w.writerow(r[:2] + ["" if v is None else "%.4f" % v for v in r[2:]])
+print()
+print("goals missed: " + ("; ".join(misses) if misses else "none"))
+print("CSV: %s" % out_csv)
+wrong = wrong_results([("%s n=%d" % (k, n), load(work, "%s-n%d" % (k, n), rounds, "compare.sh"))
+                       for n in nranks for k in ("auto", "ring", "tree", "mpi")])
+if wrong:
+    print("WRONG RESULTS (figures not valid): " + "; ".join(wrong))
+    sys.exit(1)
+PY
+  echo "# compare.sh --latency took $((SECONDS - t_start)) s"
+  exit 0
+fi
 echo "# compare.sh $stamp on $(hostname), $(nproc) CPUs; sizes $min..$max B by $factor"
 bench_print_ranges
 

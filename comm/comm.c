@@ -1,6 +1,6 @@
 /* comm.c - communicator lifecycle: reading the launcher's environment, the
- * rendezvous, connecting ranks (the rings, and the trees when asked for) and
- * teardown.  Also the small dtype/op helpers of the public API.  The
+ * rendezvous, connecting ranks (the rings, and the trees unless GW_ALGO rules
+ * them out), the cost model's table and teardown.  Also the small dtype/op helpers of the public API.  The
  * collectives live in enqueue.c, ring.c and tree.c. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,7 @@ GW_PARAM(ShmSlots, "GW_SHM_SLOTS", 8)
 GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
 GW_PARAM(SocketStreams, "GW_SOCKET_NSTREAMS", 1)
 GW_PARAM(Channels, "GW_NCHANNELS", 1)
+GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", 256 << 10)
 
 /* ---- dtype / op helpers ---------------------------------------------------------- */
 static const struct {
@@ -135,22 +136,40 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
 }
 
 /* ---- setup ----------------------------------------------------------------------- */
-static const char *const algo_names[] = {[GW_ALGO_AUTO] = "auto", [GW_ALGO_RING] = "ring",
-                                         [GW_ALGO_EXCHANGE] = "exchange", [GW_ALGO_TREE] = "tree"};
-#define NUM_ALGOS (int)(sizeof algo_names / sizeof algo_names[0])
-
 static enum gw_algo algo_from_env(int nranks) {
   const char *want = gw__env_str("GW_ALGO", "auto");
-  for (int a = 0; a < NUM_ALGOS; a++) {
-    if (strcasecmp(want, algo_names[a]) != 0) continue;
-    if (a == GW_ALGO_EXCHANGE && nranks != 2) {
-      GW_WARN(GW_SUB_INIT, "GW_ALGO=exchange needs exactly 2 ranks (this job has %d); using auto", nranks);
-      return GW_ALGO_AUTO;
-    }
-    return (enum gw_algo)a;
+  int a = gw__algo_from_name(want);
+  if (a < 0) {
+    GW_WARN(GW_SUB_INIT, "GW_ALGO=%s is not one of auto, ring, tree, exchange; using auto", want);
+    return GW_ALGO_AUTO;
   }
-  GW_WARN(GW_SUB_INIT, "GW_ALGO=%s is not one of auto, ring, tree, exchange; using auto", want);
-  return GW_ALGO_AUTO;
+  if (a == GW_ALGO_EXCHANGE && nranks != 2) {
+    GW_WARN(GW_SUB_INIT, "GW_ALGO=exchange needs exactly 2 ranks (this job has %d); using auto", nranks);
+    return GW_ALGO_AUTO;
+  }
+  return (enum gw_algo)a;
+}
+
+static int proto_from_env(void) {
+  const char *want = gw__env_str("GW_PROTO", "auto");
+  int p = gw__proto_from_name(want);
+  if (p == -1) GW_WARN(GW_SUB_INIT, "GW_PROTO=%s is not one of auto, simple, ll; using auto", want);
+  return p < 0 ? -1 : p;
+}
+
+/* The built-in table, or GW_TUNING_FILE's; a file that does not parse is
+ * refused (the warning names the line) and the built-in table stays. */
+static void model_init(struct gw_model *m) {
+  gw__model_defaults(m);
+  const char *path = gw__env_str("GW_TUNING_FILE", "");
+  struct gw_errctx err;
+  if (*path && gw__model_load(m, path, &err) == GW_SUCCESS) GW_INFO(GW_SUB_TUNE, "cost model from %s", path);
+}
+
+void gw__pick_base(const struct gw_comm *c, struct gw_pick_args *a) {
+  *a = (struct gw_pick_args){.nranks = c->nranks, .algo = c->algo, .proto = c->proto, .tree_ok = c->tree_ok,
+                             .ll_ok = c->ll_chunk_bytes > 0,
+                             .exchange_max = (size_t)GW_MAX(0, gw__param_ExchangeMaxBytes())};
 }
 
 static uint64_t fnv1a(const char *s) {
@@ -287,31 +306,83 @@ static gw_result_t connect_rings(struct gw_comm *c, struct gw_errctx *err) {
   return gw__connect(c, links, 2 * c->nchannels, c->nchannels, err);
 }
 
-/* GW_ALGO and GW_NCHANNELS decide which connections exist and which algorithm
- * runs a call, so ranks that disagree would hang in the rendezvous or in their
- * first operation: find out here and say which rank differs. */
+/* GW_ALGO, GW_PROTO, GW_NCHANNELS and the cost model's table decide which
+ * connections exist and how each call runs, so ranks that disagree would hang
+ * in the rendezvous or in their first operation: find out here and say which
+ * rank differs. */
+struct settings {
+  int32_t algo, nchannels, proto, pad;
+  uint64_t model_hash;
+};
+
+static void describe_settings(const struct settings *s, char *buf, size_t len) {
+  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_NCHANNELS=%d, cost model %016llx", gw__algo_name(s->algo),
+           gw__proto_name(s->proto), s->nchannels, (unsigned long long)s->model_hash);
+}
+
 static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
-  struct settings {
-    int32_t algo, nchannels;
-  } mine = {(int32_t)c->algo, c->nchannels}, *all = calloc((size_t)c->nranks, sizeof *all);
+  struct settings mine = {(int32_t)c->algo, c->nchannels, c->proto, 0, gw__model_hash(&c->model)};
+  struct settings *all = calloc((size_t)c->nranks, sizeof *all);
   if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
   gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
-  for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++)
-    if (all[r].algo != mine.algo || all[r].nchannels != mine.nchannels)
-      res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
-                    "rank %d: GW_ALGO=%s and GW_NCHANNELS=%d here, but rank %d has GW_ALGO=%s and GW_NCHANNELS=%d; "
-                    "set them alike on every rank", c->rank, algo_names[mine.algo], mine.nchannels, r,
-                    all[r].algo >= 0 && all[r].algo < NUM_ALGOS ? algo_names[all[r].algo] : "?", all[r].nchannels);
+  for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++) {
+    if (!memcmp(&all[r], &mine, sizeof mine)) continue;
+    char here[160], there[160];
+    describe_settings(&mine, here, sizeof here);
+    describe_settings(&all[r], there, sizeof there);
+    res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
+                  "rank %d: %s here, but rank %d has %s; set them (and GW_TUNING_FILE) alike on every rank", c->rank,
+                  here, r, there);
+  }
   free(all);
   return res;
 }
 
+/* The LL format's chunk size: the smallest any rank's connections allow, 0
+ * when one of them has none (tcp), so every rank chunks an LL operation alike. */
+static uint32_t conn_ll_bytes(const struct gw_conn *conn, uint32_t cur) {
+  return conn->tp ? GW_MIN(cur, conn->tp->ll_chunk_bytes) : cur;
+}
+
+static gw_result_t agree_ll(struct gw_comm *c, struct gw_errctx *err) {
+  uint32_t mine = UINT32_MAX;
+  for (int ch = 0; ch < c->nchannels; ch++)
+    mine = conn_ll_bytes(&c->rings[ch].recv, conn_ll_bytes(&c->rings[ch].send, mine));
+  for (int t = 0; t < GW_NTREES; t++) {
+    struct gw_conn *conns[6];
+    gw__tree_conns(&c->trees[t], conns);
+    for (int i = 0; i < 6; i++) mine = conn_ll_bytes(conns[i], mine);
+  }
+  uint32_t *all = calloc((size_t)c->nranks, sizeof *all);
+  if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
+  gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
+  for (int r = 0; r < c->nranks; r++) mine = GW_MIN(mine, all[r]);
+  free(all);
+  c->ll_chunk_bytes = mine;
+  if (res == GW_SUCCESS && c->proto == GW_PROTO_LL && !mine)
+    GW_WARN(GW_SUB_INIT, "rank %d: GW_PROTO=ll, but some connections (tcp) have no LL format: using simple", c->rank);
+  return res;
+}
+
 static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
+  /* How long waits spin before they yield: adaptive unless fixed (gw__waiter_pause). */
+  int64_t spin_us = gw__env_int("GW_SPIN_US", -1);
+  if (spin_us >= 0) gw__waiter_set_spin((double)spin_us * 1e-6);
   GW_CHECK(check_settings_agree(c, err));
   GW_CHECK(gw__bootstrap_local_addr(c->bs, &c->conn_params.local_addr, &c->conn_params.local_addr_len, err));
   GW_CHECK(connect_rings(c, err));
-  /* Only a communicator that may run the tree pays for its connections. */
-  if (c->algo == GW_ALGO_TREE) GW_CHECK(gw__tree_connect(c, err));
+  /* Auto may pick the tree for any call, so every rank connects the trees at
+   * init (a lazy connect would need every rank in the rendezvous at the same
+   * call, and a mismatched call would then hang there instead of failing with
+   * a message); a communicator forced onto the ring pays nothing for them. */
+  c->tree_ok = c->algo == GW_ALGO_AUTO || c->algo == GW_ALGO_TREE;
+  if (c->tree_ok) GW_CHECK(gw__tree_connect(c, err));
+  GW_CHECK(agree_ll(c, err));
+  if (c->rank == 0) {
+    struct gw_pick_args base;
+    gw__pick_base(c, &base);
+    gw__model_log(&c->model, &base);
+  }
   return gw__channels_start(c, err);
 }
 
@@ -373,6 +444,8 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->next_seq = 1;
   c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
   c->algo = algo_from_env(nranks);
+  c->proto = proto_from_env();
+  model_init(&c->model);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_cond_init(&c->work_cv, NULL);
@@ -470,6 +543,28 @@ gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
 gw_result_t gw_comm_size(gw_comm_t comm, int *size) {
   if (!comm || !size) return GW_ERR_INVALID_ARGUMENT;
   *size = comm->nranks;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto) {
+  if (!comm || !algo || !proto) return GW_ERR_INVALID_ARGUMENT;
+  int a = gw__algo_from_name(algo), p = gw__proto_from_name(proto);
+  struct gw_errctx err;
+  gw_result_t res = GW_SUCCESS;
+  if (a < 0 || p == -1)
+    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_comm_set_algo: '%s' / '%s' is not an algorithm "
+                  "(auto, ring, tree, exchange) / protocol (auto, simple, ll)", comm->rank, algo, proto);
+  else if ((a == GW_ALGO_TREE && !comm->tree_ok && comm->nranks > 1) || (a == GW_ALGO_EXCHANGE && comm->nranks != 2) ||
+           (p == GW_PROTO_LL && !comm->ll_chunk_bytes && comm->nranks > 1))
+    res = gw__err(&err, GW_ERR_UNSUPPORTED, "rank %d: gw_comm_set_algo: %s/%s is not available on this "
+                  "communicator (tree: made with GW_ALGO auto or tree; exchange: 2 ranks; ll: shm only)",
+                  comm->rank, algo, proto);
+  if (res != GW_SUCCESS) {
+    gw__comm_set_error(comm, err.msg);
+    return res;
+  }
+  comm->algo = (enum gw_algo)a;
+  comm->proto = p < 0 ? -1 : p;
   return GW_SUCCESS;
 }
 

@@ -12,6 +12,7 @@
 #include "core.h"
 #include "reduce.h"
 #include "transport.h"
+#include "tune.h"
 
 enum gw_coll {
   GW_COLL_ALLREDUCE = 1,
@@ -26,7 +27,7 @@ const char *gw__coll_name(int coll);
 #define GW_MAX_CHANNELS 8
 struct gw_channels;
 
-/* GW_ALGO: which allreduce algorithm; auto picks by world size and bytes. */
+/* GW_ALGO: which allreduce algorithm; auto lets the cost model (tune.c) pick. */
 enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO_TREE = 3 };
 
 /* One operation as the algorithms see it. */
@@ -34,6 +35,7 @@ struct gw_op {
   struct gw_opdesc desc; /* seq, count, root, coll, dtype, op */
   const void *sendbuf;
   void *recvbuf;
+  uint8_t algo, proto; /* enum gw_algo (never auto), enum gw_proto: gw__run_op's choice */
 };
 
 /* A ring: this rank receives from prev and sends to next.  Ranks of one machine
@@ -87,13 +89,17 @@ struct gw_request {
 struct gw_comm {
   int rank, nranks, local_rank;
   double timeout_s; /* every wait on the data path */
-  enum gw_algo algo;
+  enum gw_algo algo;  /* GW_ALGO, or gw_comm_set_algo */
+  int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */
+  struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
+  bool tree_ok;       /* the trees are connected (GW_ALGO auto or tree) */
+  uint32_t ll_chunk_bytes; /* LL chunk capacity of every connection; 0: some have no LL */
   struct gw_bootstrap *bs;
   struct gw_peer_info *peers; /* [nranks] */
   struct gw_ring rings[GW_MAX_CHANNELS]; /* same order, own connections */
   int nchannels;
   struct gw_channels *channels; /* worker threads for channels 1..n-1 */
-  struct gw_tree trees[GW_NTREES]; /* connected at init when GW_ALGO=tree */
+  struct gw_tree trees[GW_NTREES]; /* connected at init unless GW_ALGO=ring|exchange */
   struct gw_conn_params conn_params;
 
   /* Operations run one at a time, in call order: inline on the caller's thread
@@ -142,6 +148,9 @@ gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw
  * neighbours) that it failed, with the message, so they fail at once instead of
  * waiting for their deadline (and pass it on). */
 void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg);
+
+/* The cost model's inputs that hold for every operation of comm (comm.c). */
+void gw__pick_base(const struct gw_comm *comm, struct gw_pick_args *a);
 
 /* Records msg as the communicator's last error. */
 void gw__comm_set_error(struct gw_comm *comm, const char *msg);

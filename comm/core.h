@@ -20,6 +20,7 @@ enum gw_subsys {
   GW_SUB_COLL = 1u << 3,
   GW_SUB_PROXY = 1u << 4, /* the progress thread */
   GW_SUB_ENV = 1u << 5,
+  GW_SUB_TUNE = 1u << 6, /* the cost model's table and choices */
   GW_SUB_ALL = ~0u
 };
 
@@ -100,12 +101,16 @@ double gw__now(void); /* monotonic seconds */
  * gw__now() time, or 0 for none. */
 struct gw_waiter {
   uint32_t iter;
+  uint32_t quick; /* polls before the clock is read (fewer when the cores are contended) */
   double start;
   double deadline;
 };
 void gw__waiter_init(struct gw_waiter *w, double timeout_s);
 /* One back-off step.  Returns false once the deadline has passed. */
 bool gw__waiter_pause(struct gw_waiter *w);
+/* Fixes the spin phase of every waiter of the process (GW_SPIN_US); without
+ * it the phase adapts between 2 and 50 us to how busy the cores are. */
+void gw__waiter_set_spin(double seconds);
 /* Past the spinning phase: a caller that can block on file descriptors (poll)
  * should do that instead of yielding or sleeping. */
 bool gw__waiter_done_spinning(const struct gw_waiter *w);

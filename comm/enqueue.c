@@ -10,12 +10,17 @@
 
 #include "comm.h"
 
-/* The tree where GW_ALGO=tree asks for it (allreduce, and the barrier: an
- * allreduce of nothing), else the ring (with its two-rank exchange).  Every
- * rank decides alike from the same call.  Issue 4's cost model decides here. */
-static bool use_tree(const struct gw_comm *comm, const struct gw_op *op) {
-  return comm->algo == GW_ALGO_TREE && comm->nranks > 1 &&
-         (op->desc.coll == GW_COLL_ALLREDUCE || op->desc.coll == GW_COLL_BARRIER);
+/* The cost model's pick for this call, within what GW_ALGO / GW_PROTO allow
+ * (tune.c).  Every rank decides alike from the same call. */
+static void choose(const struct gw_comm *comm, struct gw_op *op) {
+  struct gw_pick_args a;
+  gw__pick_base(comm, &a);
+  a.coll = op->desc.coll;
+  a.bytes = op->desc.count * gw_dtype_size((gw_dtype_t)op->desc.dtype);
+  if (a.coll == GW_COLL_ALLGATHER || a.coll == GW_COLL_REDUCE_SCATTER) a.bytes *= (size_t)comm->nranks;
+  int algo, proto;
+  gw__model_pick(&comm->model, &a, &algo, &proto);
+  op->algo = (uint8_t)algo, op->proto = (uint8_t)proto;
 }
 
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
@@ -38,7 +43,8 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     gw__comm_set_error(comm, err->msg);
     return (gw_result_t)failed;
   }
-  gw_result_t res = use_tree(comm, op) ? gw__tree_run(comm, op, err) : gw__ring_run(comm, op, err);
+  choose(comm, op);
+  gw_result_t res = op->algo == GW_ALGO_TREE ? gw__tree_run(comm, op, err) : gw__ring_run(comm, op, err);
   if (res != GW_SUCCESS) {
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {

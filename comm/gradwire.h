@@ -89,6 +89,25 @@ gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank);
 /* Per-communicator deadline for every blocking wait, in seconds (default
  * GW_TIMEOUT, 300 s).  0 or negative means wait forever. */
 gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds);
+/* Forces the algorithm ("auto", "ring", "tree", "exchange") and protocol ("auto",
+ * "simple", "ll") of later operations, as GW_ALGO / GW_PROTO do at init.  Every
+ * rank must make the same call at the same point between operations.  "tree"
+ * needs a communicator made with GW_ALGO auto or tree, "ll" one whose
+ * connections are all shared memory (GW_ERR_UNSUPPORTED otherwise). */
+gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto);
+
+/* One measured allreduce time for gw_tune_write (gw-perf --tune). */
+struct gw_tune_sample {
+  const char *algo, *proto; /* as for gw_comm_set_algo */
+  size_t bytes;
+  double time_us;
+};
+/* Fits the cost model's latency and bandwidth for every (algorithm, protocol)
+ * with at least two samples, measured on nranks ranks, and writes them as a
+ * tuning file (GW_TUNING_FILE) with `note` in its comment.  Errors are in
+ * gw_comm_last_error(NULL). */
+gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
+                          const char *note);
 
 const char *gw_strerror(gw_result_t result);
 

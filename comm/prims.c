@@ -236,6 +236,7 @@ gw_result_t gw__flush(struct prims *p) {
 
 gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot) {
   size_t cap;
+  c->proto = p->op->proto;
   gw_result_t r = c->tp->send_slot(c, bytes, slot, &cap);
   if (r != GW_INPROGRESS) return r == GW_SUCCESS ? r : conn_error(p, c, r);
   struct gw_waiter w;
@@ -263,6 +264,7 @@ static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 
 
 gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes) {
   const struct gw_chunk_hdr *h;
+  c->expect = (uint32_t)bytes, c->proto = p->op->proto;
   gw_result_t r = c->tp->recv_peek(c, &h, data);
   if (r == GW_INPROGRESS) {
     struct gw_waiter w;

@@ -39,8 +39,15 @@ struct prims {
   gw_reduce_fn red;
   size_t es;            /* element size */
   uint32_t sent;        /* chunks sent so far (the header's step, for diagnostics) */
+  size_t chunk_bytes;   /* the most one chunk carries: a slot, or an LL chunk */
   bool stream_out;      /* write the user's output with non-temporal stores */
 };
+
+/* The chunk size of op's protocol (every connection an operation uses has the
+ * same transport limits). */
+static inline size_t gw__chunk_bytes(const struct gw_comm *c, const struct gw_op *op) {
+  return op->proto == GW_PROTO_LL ? c->ll_chunk_bytes : c->conn_params.slot_bytes;
+}
 
 /* The original failure behind any forwarding prefixes of an abort notice. */
 const char *gw__root_cause(const char *msg);

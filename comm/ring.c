@@ -1,17 +1,18 @@
 /* ring.c - ring algorithms for every collective, built from the primitive set of
  * NCCL's ring (send, recv, recv-reduce-send, recv-reduce-copy-send,
  * recv-copy-send, recv-reduce-copy) over the ring's two connections.  Data is
- * split into blocks of at most one slot, so the FIFO depth keeps several chunks
- * in flight and the ring stays pipelined.  The waits under the primitives, and
- * the check of every received header against this rank's own call, are
- * prims.c's.  The same code serves every transport; only host memory is
+ * split into blocks of at most one chunk (a slot, or an LL chunk when the
+ * operation's protocol is LL: gw__chunk_bytes), so the FIFO depth keeps several
+ * chunks in flight and the ring stays pipelined.  Which algorithm and protocol
+ * a call takes is the cost model's (tune.c), decided in enqueue.c.  The waits
+ * under the primitives, and the check of every received header against this
+ * rank's own call, are prims.c's.  The same code serves every transport; only host memory is
  * handled here. */
 #include <string.h>
 
 #include "prims.h"
 
 GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
-GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", 256 << 10)
 
 /* ---- the primitives: n is in elements, pointers may be NULL when n == 0 ---- */
 
@@ -96,7 +97,7 @@ static inline int mod(int a, int n) { return ((a % n) + n) % n; }
 static gw_result_t ring_allreduce(struct prims *p) {
   const int n = p->comm->nranks, r = p->ring->index;
   const size_t count = p->count, es = p->es;
-  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const size_t chunk = p->chunk_bytes / es;
   const size_t align = GW_MAX((size_t)1, 64 / es); /* keep blocks cache-line aligned */
   const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
   const void *in = p->in;
@@ -132,7 +133,7 @@ static gw_result_t ring_allreduce(struct prims *p) {
  * compute bit-identical results. */
 static gw_result_t exchange_allreduce(struct prims *p) {
   const size_t count = p->count, es = p->es;
-  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const size_t chunk = p->chunk_bytes / es;
   const uint32_t div = p->op->desc.op == GW_AVG ? 2 : 0;
   size_t off = 0;
   do {
@@ -149,7 +150,7 @@ static gw_result_t ring_reduce_scatter(struct prims *p) {
   const int n = p->comm->nranks, r = p->ring->index;
   const int *order = p->ring->order;
   const size_t rc = p->stride, count = p->count, es = p->es;
-  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const size_t chunk = p->chunk_bytes / es;
   const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
   const void *in = p->in;
   void *out = p->out;
@@ -173,7 +174,7 @@ static gw_result_t ring_allgather(struct prims *p) {
   const int n = p->comm->nranks, r = p->ring->index, me = p->comm->rank;
   const int *order = p->ring->order;
   const size_t sc = p->stride, count = p->count, es = p->es;
-  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const size_t chunk = p->chunk_bytes / es;
   const void *in = p->in;
   void *out = p->out;
   size_t off = 0;
@@ -196,7 +197,7 @@ static gw_result_t ring_allgather(struct prims *p) {
 static gw_result_t ring_broadcast(struct prims *p) {
   const int n = p->comm->nranks, r = p->ring->index;
   const size_t count = p->count, es = p->es;
-  const size_t chunk = p->comm->conn_params.slot_bytes / es;
+  const size_t chunk = p->chunk_bytes / es;
   const int pos = mod(r - p->ring->pos_of[p->op->desc.root], n); /* distance from the root along the ring */
   const void *in = p->in;
   void *out = p->out;
@@ -236,7 +237,8 @@ static void channel_part(size_t total, size_t es, int ch, int nch, size_t *base,
 gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const struct gw_op *op, struct gw_errctx *err) {
   struct gw_ring *ring = &comm->rings[ch];
   struct prims p = {.comm = comm, .ring = ring, .op = op, .err = err, .conns = {&ring->send, &ring->recv},
-                    .nconns = 2, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype)};
+                    .nconns = 2, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
+                    .chunk_bytes = gw__chunk_bytes(comm, op)};
   if (comm->nranks == 1) return ch == 0 ? single_rank(op, p.es) : GW_SUCCESS;
   /* Channel 0 runs on the thread that also runs the tree (the others' threads
    * must not touch the tree's connections). */
@@ -261,9 +263,7 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
   switch (op->desc.coll) {
     case GW_COLL_ALLREDUCE:
     case GW_COLL_BARRIER:
-      if (comm->nranks == 2 && (comm->algo == GW_ALGO_EXCHANGE ||
-                                (comm->algo == GW_ALGO_AUTO && out_bytes <= (size_t)gw__param_ExchangeMaxBytes())))
-        res = exchange_allreduce(&p);
+      if (op->algo == GW_ALGO_EXCHANGE) res = exchange_allreduce(&p);
       else
         res = ring_allreduce(&p);
       break;

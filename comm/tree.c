@@ -5,7 +5,8 @@
  * sends the first chunks down while later ones still climb.  A message crosses
  * about 2 log2(n) hops instead of the ring's 2(n - 1), which is what small,
  * latency-bound allreduces need; the ring stays the better choice for
- * bandwidth.  Not here: the choice between them (enqueue.c), the waits (prims.c). */
+ * bandwidth.  Not here: the choice between them (tune.c, enqueue.c), the waits
+ * (prims.c), the chunk format (the protocol: the transport's). */
 #include <string.h>
 
 #include "prims.h"
@@ -195,14 +196,15 @@ static gw_result_t run_halves(struct prims *p, const struct half *halves, int nt
 gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
   struct prims p = {.comm = comm, .op = op, .err = err, .in = op->sendbuf, .out = op->recvbuf,
                     .count = op->desc.count, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
-                    .red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op)};
+                    .red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op),
+                    .chunk_bytes = gw__chunk_bytes(comm, op)};
   for (int t = 0; t < GW_NTREES; t++) {
     struct gw_conn *conns[6];
     gw__tree_conns(&comm->trees[t], conns);
     for (int i = 0; i < 6; i++) gw__use(&p, conns[i]);
   }
   for (int ch = 0; ch < comm->nchannels; ch++) gw__watch(&p, &comm->rings[ch].recv);
-  const size_t chunk = comm->conn_params.slot_bytes / p.es;
+  const size_t chunk = p.chunk_bytes / p.es;
   const size_t align = GW_MAX((size_t)1, GW_CACHELINE / p.es);
   const size_t first = GW_MIN(p.count, GW_ALIGN_UP(GW_DIV_UP(p.count, 2), align));
   struct half halves[GW_NTREES];

@@ -13,12 +13,13 @@
  * world size (GW_TEST_NRANKS=8 runs 8 ranks), so meson runs the sizes in parallel;
  * GW_TEST_MAX_COUNT leaves out larger counts (the 64-rank run keeps to small
  * ones: 64 processes on 2 cores), GW_TEST_COUNTS=0,1,... replaces the list (the
- * tree's runs add the counts around its half split and chunk boundaries).  The
+ * tree's runs add the counts around its half split and chunk boundaries, the
+ * LL runs (GW_PROTO=ll) those around LL's inline bytes, lines and chunks).  The
  * allreduce grid and the barrier are the Check case "allreduce", the other
  * collectives "grid", so CK_RUN_CASE can pick one.  `--tree` runs the tree's
  * own tests instead: the shape of both trees for every world size up to 300, a
  * rank killed during a tree allreduce, a tree allreduce against a ring
- * collective, and ranks that disagree on GW_ALGO. */
+ * collective (both also in the LL format), and ranks that disagree on GW_ALGO. */
 #include <check.h>
 #include <inttypes.h>
 #include <math.h>
@@ -385,6 +386,9 @@ START_TEST(test_tree_killed_rank) {
   setenv("GW_ALGO", "tree", 1);
   ck_assert_int_eq(run_ranks(3, body_rank1_killed, &limit, 90), 1);
   ck_assert_int_eq(run_ranks(5, body_rank1_killed, &limit, 90), 1);
+  setenv("GW_PROTO", "ll", 1); /* the LL format's waits notice a dead peer alike */
+  ck_assert_int_eq(run_ranks(5, body_rank1_killed, &limit, 90), 1);
+  unsetenv("GW_PROTO");
   unsetenv("GW_ALGO");
 }
 END_TEST
@@ -409,6 +413,9 @@ static int body_tree_vs_ring(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_tree_vs_ring_named) {
   setenv("GW_ALGO", "tree", 1);
   ck_assert_int_eq(run_ranks(3, body_tree_vs_ring, NULL, 90), 0);
+  setenv("GW_PROTO", "ll", 1); /* LL chunks carry the same header, checked alike */
+  ck_assert_int_eq(run_ranks(3, body_tree_vs_ring, NULL, 90), 0);
+  unsetenv("GW_PROTO");
   setenv("GW_TRANSPORT", "tcp", 1);
   ck_assert_int_eq(run_ranks(3, body_tree_vs_ring, NULL, 90), 0);
   unsetenv("GW_TRANSPORT");

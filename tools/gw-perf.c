@@ -2,7 +2,9 @@
  * Launch one process per rank (gw-run -n 2 gw-perf ...).  For each size it times
  * out-of-place and in-place runs, reports time, algbw and busbw (nccl-tests
  * definitions) and the number of wrong elements, and writes the same figures as
- * CSV or JSON.  Uses only the public API (gradwire.h). */
+ * CSV or JSON.  `--tune FILE` instead times allreduce for every algorithm and
+ * protocol at a few sizes and writes the fitted cost model (GW_TUNING_FILE).
+ * Uses only the public API (gradwire.h). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -26,7 +28,7 @@ struct opts {
   int iters, warmup, check, coll, root;
   int dtypes[GW_NUM_DTYPES], ndtypes;
   int ops[GW_NUM_OPS], nops;
-  const char *csv, *json;
+  const char *csv, *json, *tune;
 };
 
 static int rank, nranks;
@@ -54,6 +56,8 @@ static void usage(FILE *f) {
           "  -o, --op OP           sum|prod|max|min|avg|all (default sum)\n"
           "  -c, --check 0|1       verify results (default 1)\n"
           "  -a, --algo NAME       auto|ring|tree|exchange (allreduce; exchange: 2 ranks only; default auto)\n"
+          "  -p, --proto NAME      auto|simple|ll (ll: shared memory only; default auto)\n"
+          "      --tune FILE       measure every algorithm and protocol, write the fitted cost model to FILE\n"
           "  -C, --collective NAME allreduce|allgather|reduce_scatter|broadcast (default allreduce)\n"
           "  -r, --root R          broadcast root (default 0)\n"
           "      --csv FILE        write the results as CSV (rank 0)\n"
@@ -240,6 +244,57 @@ static void *alloc_prefaulted(size_t bytes) {
   return p;
 }
 
+/* ---- --tune: the cost model's constants, measured ---- */
+
+static void tune_op(void *send, void *recv, size_t count) {
+  check_gw(gw_allreduce(send, recv, count, GW_FLOAT32, GW_SUM, comm, NULL), "gw_allreduce");
+}
+
+/* Mean time of one allreduce of `bytes` (float32 sum), the best of three rounds,
+ * as the slowest rank saw it (so every rank holds the same figure). */
+static double tune_time(void *send, void *recv, size_t bytes) {
+  size_t count = bytes / 4;
+  int iters = bytes <= (64u << 10) ? 300 : 20;
+  double best = 1e30;
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 5; i++) tune_op(send, recv, count);
+    check_gw(gw_barrier(comm), "gw_barrier");
+    double t0 = now();
+    for (int i = 0; i < iters; i++) tune_op(send, recv, count);
+    double t = (now() - t0) / iters * 1e6;
+    check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
+    best = t < best ? t : best;
+  }
+  return best;
+}
+
+/* Sizes per protocol: LL is for small messages, so its fit stays below 64 KiB;
+ * simple reaches 16 MiB, where the output no longer stays in cache. */
+static int tune(const char *path) {
+  static const char *algos[] = {"ring", "tree", "exchange"}, *protos[] = {"simple", "ll"};
+  static const size_t sizes[2][4] = {{8, 4096, 256u << 10, 16u << 20}, {8, 512, 4096, 32768}};
+  struct gw_tune_sample samples[3 * 2 * 4];
+  int ns = 0;
+  void *send = alloc_prefaulted(16u << 20), *recv = alloc_prefaulted(16u << 20);
+  if (rank == 0) printf("# gw-perf --tune: %d ranks, float32 sum allreduce, best of 3 rounds (us)\n", nranks);
+  for (int a = 0; a < 3; a++)
+    for (int p = 0; p < 2; p++) {
+      if (gw_comm_set_algo(comm, algos[a], protos[p]) != GW_SUCCESS) continue; /* alike on every rank */
+      for (int s = 0; s < 4; s++) {
+        samples[ns] = (struct gw_tune_sample){algos[a], protos[p], sizes[p][s], tune_time(send, recv, sizes[p][s])};
+        if (rank == 0) printf("%-8s %-6s %10zu B %10.2f us\n", algos[a], protos[p], sizes[p][s], samples[ns].time_us);
+        ns++;
+      }
+    }
+  char note[128];
+  snprintf(note, sizeof note, "%d ranks", nranks);
+  if (rank == 0 && gw_tune_write(path, nranks, samples, ns, note) != GW_SUCCESS)
+    die("%s", gw_comm_last_error(NULL));
+  if (rank == 0) printf("# wrote %s (use it with GW_TUNING_FILE=%s)\n", path, path);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   struct opts o = {.min_bytes = 8, .max_bytes = 64u << 20, .factor = 2, .iters = 20, .warmup = 5, .check = 1,
                    .coll = C_ALLREDUCE, .root = 0};
@@ -252,9 +307,10 @@ int main(int argc, char **argv) {
       {"op", required_argument, 0, 'o'}, {"check", required_argument, 0, 'c'},
       {"algo", required_argument, 0, 'a'}, {"collective", required_argument, 0, 'C'},
       {"root", required_argument, 0, 'r'}, {"csv", required_argument, 0, 1},
-      {"json", required_argument, 0, 2}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+      {"json", required_argument, 0, 2}, {"help", no_argument, 0, 'h'}, {"proto", required_argument, 0, 'p'},
+      {"tune", required_argument, 0, 3}, {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:h", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:p:h", longopts, NULL)) != -1) {
     switch (c) {
       case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
       case 'e': o.max_bytes = parse_size(optarg, "-e"); break;
@@ -294,6 +350,12 @@ int main(int argc, char **argv) {
           die("-a '%s': unknown algorithm (available: auto, ring, tree, exchange)", optarg);
         setenv("GW_ALGO", optarg, 1);
         break;
+      case 'p':
+        if (strcmp(optarg, "simple") && strcmp(optarg, "ll") && strcmp(optarg, "auto"))
+          die("-p '%s': unknown protocol (available: auto, simple, ll)", optarg);
+        setenv("GW_PROTO", optarg, 1);
+        break;
+      case 3: o.tune = optarg; break;
       case 'C': {
         int found = -1;
         for (int i = 0; i < 4; i++)
@@ -321,6 +383,7 @@ int main(int argc, char **argv) {
   if (o.root >= nranks) die("-r %d is not a rank of %d", o.root, nranks);
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
 
+  if (o.tune) return tune(o.tune);
   size_t buf_bytes = o.max_bytes + 64;
   uint8_t *sendbuf = alloc_prefaulted(buf_bytes), *recvbuf = alloc_prefaulted(buf_bytes);
 

@@ -1,13 +1,21 @@
 /* shm.c - the shared-memory transport: one connection is a POSIX shared-memory
  * segment created by the receiver, holding a control block (head/tail counters on
- * their own cache lines, one chunk header per slot) and the slots.  The sender
- * writes chunks by direct stores into the slot (the collective reduces straight
- * into it), then publishes by storing the chunk's position into the slot's
- * header line; the receiver polls that line, consumes in place and advances head.
- * A chunk of at most GW_SHM_INLINE bytes travels inside its header line, so a
- * small message costs the receiver one cache-line transfer, not three.  Segments are created 0600, pre-faulted once, and unlinked as soon
- * as both sides have mapped them, so no crash leaves files in /dev/shm after setup.
- * Not here: waiting (the caller's policy) and any notion of a collective. */
+ * their own cache lines, one chunk header per slot), the slots, and per slot
+ * the lines of a low-latency (LL) chunk.  Simple format: the sender writes
+ * chunks by direct stores into the slot (the collective reduces straight into
+ * it), then publishes by storing the chunk's position into the slot's header
+ * line; the receiver polls that line, consumes in place and advances head.  A
+ * chunk of at most GW_SHM_INLINE bytes travels inside its header line, so a
+ * small message costs the receiver one cache-line transfer, not three.  LL
+ * format (small chunks, when the collective asks): the payload continues in
+ * lines of 56 data bytes plus the chunk's position, each stored with release
+ * order after its data, so the receiver takes each line the moment it lands and
+ * watches all of them at once instead of the header first and the data after
+ * it (one cache-line transfer per hop instead of two).  Positions only grow, so
+ * the lines are reused without clearing.  Segments are created 0600,
+ * pre-faulted once, and unlinked as soon as both sides have mapped them, so no
+ * crash leaves files in /dev/shm after setup.  Not here: waiting (the caller's
+ * policy) and any notion of a collective. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -32,6 +40,24 @@ struct shm_line {
 };
 _Static_assert(sizeof(struct shm_line) == GW_CACHELINE, "a slot header is one cache line");
 
+/* One line of an LL chunk: data, then the flag (1 + the chunk's position). */
+#define LL_LINE_DATA 56
+struct ll_line {
+  uint8_t data[LL_LINE_DATA];
+  _Atomic uint64_t flag;
+};
+_Static_assert(sizeof(struct ll_line) == GW_CACHELINE, "an LL line is one cache line");
+/* An LL chunk: GW_SHM_INLINE bytes in the header line and up to LL_LINES lines;
+ * its capacity is rounded down to a cache line, so blocks stay aligned.  The
+ * staging buffer holds all the lines' bytes (LL_STAGE_BYTES), so whole lines
+ * are always copied. */
+#define LL_LINES 64
+#define LL_CHUNK_BYTES 3584
+#define LL_STAGE_BYTES GW_ALIGN_UP(GW_SHM_INLINE + LL_LINES * LL_LINE_DATA, GW_CACHELINE)
+_Static_assert(LL_CHUNK_BYTES % 64 == 0 && LL_CHUNK_BYTES <= GW_SHM_INLINE + LL_LINES * LL_LINE_DATA, "LL capacity");
+/* Set in the header line's flag: the chunk is in the LL format. */
+#define LL_BIT (1ull << 63)
+
 struct shm_ctrl {
   _Atomic uint64_t head; /* chunks released; written by the receiver only */
   char pad1[GW_CACHELINE - sizeof(uint64_t)];
@@ -54,11 +80,27 @@ struct shm_conn {
   uint32_t nslots, slot_bytes;
   uint64_t pos;       /* sender: next chunk to fill; receiver: next chunk to read */
   uint64_t peer_pos;  /* sender: cached copy of the receiver's head */
+  struct ll_line *ll; /* [nslots][LL_LINES] in the segment */
+  uint8_t *stage;     /* private, LL_STAGE_BYTES: the sender's chunk before it is
+                         spread over lines, the receiver's after it is gathered */
+  bool cur_ll;        /* sender: the room handed out is stage (an LL chunk) */
   char name[64];
   bool owner_unlinked;
 };
 
 static size_t data_offset(void) { return GW_ALIGN_UP(sizeof(struct shm_ctrl), 4096); }
+static size_t ll_offset(uint32_t nslots, uint32_t slot_bytes) { return data_offset() + (size_t)nslots * slot_bytes; }
+static size_t map_bytes(uint32_t nslots, uint32_t slot_bytes) {
+  return ll_offset(nslots, slot_bytes) + (size_t)nslots * LL_LINES * sizeof(struct ll_line);
+}
+
+/* The LL lines and the private staging buffer of a mapped connection. */
+static bool ll_attach(struct shm_conn *s, void *map) {
+  s->ll = (struct ll_line *)((uint8_t *)map + ll_offset(s->nslots, s->slot_bytes));
+  s->stage = aligned_alloc(GW_CACHELINE, LL_STAGE_BYTES);
+  if (s->stage) memset(s->stage, 0, LL_STAGE_BYTES); /* whole lines are copied: no byte is ever undefined */
+  return s->stage != NULL;
+}
 
 static bool shm_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
   return strcmp(self->node_id, peer->node_id) == 0;
@@ -76,7 +118,7 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   if (!s) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
   s->nslots = p->nslots;
   s->slot_bytes = p->slot_bytes;
-  s->map_size = data_offset() + (size_t)p->nslots * p->slot_bytes;
+  s->map_size = map_bytes(p->nslots, p->slot_bytes);
   snprintf(s->name, sizeof s->name, "/gw-%08llx-%d-%d-%d-%u", (unsigned long long)(p->job_hash & 0xffffffffu),
            c->peer, c->self, (int)getpid(), atomic_fetch_add(&counter, 1));
 
@@ -102,6 +144,13 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   close(fd);
   s->ctrl = m;
   s->slots = (uint8_t *)m + data_offset();
+  if (!ll_attach(s, m)) {
+    munmap(m, s->map_size);
+    shm_unlink(s->name);
+    free(s);
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+  }
+  /* A fresh mapping is zero: no LL line carries a flag yet. */
   atomic_store(&s->ctrl->head, 0);
   for (uint32_t i = 0; i < SHM_MAX_SLOTS; i++) atomic_store(&s->ctrl->line[i].pos, 0);
   s->ctrl->nslots = s->nslots;
@@ -128,7 +177,7 @@ static gw_result_t shm_send_connect(struct gw_conn *c, const struct gw_conn_para
   struct shm_handle h;
   memcpy(&h, in->bytes, sizeof h);
   h.name[sizeof h.name - 1] = 0;
-  if (h.nslots != p->nslots || h.slot_bytes != p->slot_bytes)
+  if (h.nslots != p->nslots || h.slot_bytes != p->slot_bytes || h.size != map_bytes(h.nslots, h.slot_bytes))
     return gw__err(err, GW_ERR_INVALID_ARGUMENT,
                    "rank %d: rank %d's shm FIFO has %u x %u bytes, this rank expects %u x %u "
                    "(set the same GW_SHM_SLOTS / GW_SHM_SLOT_BYTES on every rank)",
@@ -158,8 +207,9 @@ static gw_result_t shm_send_connect(struct gw_conn *c, const struct gw_conn_para
   s->nslots = h.nslots;
   s->slot_bytes = h.slot_bytes;
   snprintf(s->name, sizeof s->name, "%s", h.name);
-  if (s->ctrl->magic != SHM_MAGIC) {
+  if (s->ctrl->magic != SHM_MAGIC || !ll_attach(s, m)) {
     munmap(m, h.size);
+    free(s->stage);
     free(s);
     return gw__err(err, GW_ERR_REMOTE, "rank %d: segment %s from rank %d is not a gradwire FIFO",
                    c->self, h.name, c->peer);
@@ -184,9 +234,13 @@ static gw_result_t shm_send_slot(struct gw_conn *c, size_t bytes, void **buf, si
     if (s->pos - s->peer_pos >= s->nslots) return GW_INPROGRESS;
   }
   uint32_t slot = (uint32_t)(s->pos % s->nslots);
+  s->cur_ll = c->proto == GW_PROTO_LL && bytes > GW_SHM_INLINE && bytes <= LL_CHUNK_BYTES;
   if (bytes <= GW_SHM_INLINE) {
     *buf = s->ctrl->line[slot].inline_data;
     *cap = GW_SHM_INLINE;
+  } else if (s->cur_ll) {
+    *buf = s->stage;
+    *cap = LL_CHUNK_BYTES;
   } else {
     *buf = s->slots + (size_t)slot * s->slot_bytes;
     *cap = s->slot_bytes;
@@ -194,23 +248,74 @@ static gw_result_t shm_send_slot(struct gw_conn *c, size_t bytes, void **buf, si
   return GW_SUCCESS;
 }
 
+/* Lines after the header line that an LL chunk of `bytes` fills. */
+static size_t ll_nlines(size_t bytes) {
+  return bytes <= GW_SHM_INLINE ? 0 : GW_DIV_UP(bytes - GW_SHM_INLINE, LL_LINE_DATA);
+}
+
+/* Spreads the staged chunk over its header line and LL lines; each line's flag
+ * is stored after its data with release order (a plain store on x86), so no
+ * fence is needed anywhere. */
+static void ll_scatter(struct shm_conn *s, uint32_t slot, size_t bytes, uint64_t flag) {
+  struct ll_line *lines = s->ll + (size_t)slot * LL_LINES;
+  memcpy(s->ctrl->line[slot].inline_data, s->stage, GW_SHM_INLINE);
+  /* Whole lines are copied with a constant size (a few vector moves, no call);
+   * the staging buffer has room past the end, so the last one may be whole too. */
+  for (size_t i = 0, n = ll_nlines(bytes); i < n; i++) {
+    memcpy(lines[i].data, s->stage + GW_SHM_INLINE + i * LL_LINE_DATA, LL_LINE_DATA);
+    atomic_store_explicit(&lines[i].flag, flag, memory_order_release);
+  }
+}
+
 static gw_result_t shm_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
   struct shm_conn *s = c->priv;
-  struct shm_line *l = &s->ctrl->line[s->pos % s->nslots];
+  uint32_t slot = (uint32_t)(s->pos % s->nslots);
+  struct shm_line *l = &s->ctrl->line[slot];
+  bool ll = s->cur_ll && h->bytes > GW_SHM_INLINE;
+  if (ll) ll_scatter(s, slot, h->bytes, s->pos + 1);
   l->hdr = *h;
   s->pos++;
-  atomic_store_explicit(&l->pos, s->pos, memory_order_release);
+  atomic_store_explicit(&l->pos, s->pos | (ll ? LL_BIT : 0), memory_order_release);
   return GW_SUCCESS;
+}
+
+/* Whether the first n lines of slot's LL chunk carry flag.  Reads them all, so
+ * their transfers overlap when the receiver waits on several. */
+static bool ll_ready(const struct shm_conn *s, uint32_t slot, size_t n, uint64_t flag) {
+  const struct ll_line *lines = s->ll + (size_t)slot * LL_LINES;
+  bool ready = true;
+  for (size_t i = 0; i < n; i++) ready &= atomic_load_explicit(&lines[i].flag, memory_order_acquire) == flag;
+  return ready;
+}
+
+static void ll_gather(struct shm_conn *s, uint32_t slot, size_t bytes) {
+  const struct ll_line *lines = s->ll + (size_t)slot * LL_LINES;
+  memcpy(s->stage, s->ctrl->line[slot].inline_data, GW_SHM_INLINE);
+  for (size_t i = 0, n = ll_nlines(bytes); i < n; i++)
+    memcpy(s->stage + GW_SHM_INLINE + i * LL_LINE_DATA, lines[i].data, LL_LINE_DATA);
 }
 
 static gw_result_t shm_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data) {
   struct shm_conn *s = c->priv;
   uint32_t slot = (uint32_t)(s->pos % s->nslots);
   struct shm_line *l = &s->ctrl->line[slot];
-  if (atomic_load_explicit(&l->pos, memory_order_acquire) != s->pos + 1) return GW_INPROGRESS;
+  uint64_t flag = atomic_load_explicit(&l->pos, memory_order_acquire);
+  if ((flag & ~LL_BIT) != s->pos + 1) {
+    /* Watch the lines the expected chunk will fill while its header is not here. */
+    if (c->proto == GW_PROTO_LL && c->expect <= LL_CHUNK_BYTES)
+      (void)ll_ready(s, slot, ll_nlines(c->expect), s->pos + 1);
+    return GW_INPROGRESS;
+  }
   *h = &l->hdr;
-  *data = l->hdr.bytes <= GW_SHM_INLINE ? (const void *)l->inline_data
-                                        : (const void *)(s->slots + (size_t)slot * s->slot_bytes);
+  if (!(flag & LL_BIT)) {
+    *data = l->hdr.bytes <= GW_SHM_INLINE ? (const void *)l->inline_data
+                                          : (const void *)(s->slots + (size_t)slot * s->slot_bytes);
+    return GW_SUCCESS;
+  }
+  if (l->hdr.bytes > LL_CHUNK_BYTES) return GW_ERR_REMOTE; /* not a chunk this transport sends */
+  if (!ll_ready(s, slot, ll_nlines(l->hdr.bytes), s->pos + 1)) return GW_INPROGRESS;
+  ll_gather(s, slot, l->hdr.bytes);
+  *data = s->stage;
   return GW_SUCCESS;
 }
 
@@ -226,12 +331,14 @@ static void shm_close(struct gw_conn *c) {
   if (!s) return;
   if (!c->is_send && !s->owner_unlinked) shm_unlink(s->name);
   if (s->ctrl) munmap(s->ctrl, s->map_size);
+  free(s->stage);
   free(s);
   c->priv = NULL;
 }
 
 const struct gw_transport gw__shm_transport = {
     .name = "shm",
+    .ll_chunk_bytes = LL_CHUNK_BYTES,
     .can_connect = shm_can_connect,
     .recv_setup = shm_recv_setup,
     .send_connect = shm_send_connect,

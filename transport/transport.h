@@ -74,10 +74,27 @@ struct gw_conn {
   uint64_t seen_seq; /* receiving end: 1 + the operation (seq) of the last chunk
                         that arrived, 0 before any (comm/prims.c: a peer that started
                         an operation is not the straggler a timeout should name) */
+  /* Hints from the collective for its next data-path call (comm/prims.c sets
+   * them; a transport without a low-latency format ignores both):
+   * proto: the format the next send_slot should prepare (sending end), or the
+   * next chunk most likely has (receiving end; its header says for sure).
+   * expect: receiving end, the payload bytes the next chunk should have, so a
+   * receiver can watch the lines of a low-latency chunk before its header lands. */
+  uint8_t proto;   /* enum gw_proto */
+  uint32_t expect;
 };
+
+/* The chunk formats.  SIMPLE: payload in the slot, published by the header's
+ * flag (stored last).  LL (low latency): every 64-byte line of the payload
+ * carries its own flag, so the receiver reads the data as each line lands,
+ * with no separate flag round trip; at most the transport's ll_chunk_bytes. */
+enum gw_proto { GW_PROTO_SIMPLE = 0, GW_PROTO_LL = 1 };
 
 struct gw_transport {
   const char *name;
+  /* Largest payload of a low-latency (LL) chunk; 0: no LL format (tcp: a
+   * socket delivers a frame whole, so flags in the data would buy nothing). */
+  uint32_t ll_chunk_bytes;
   /* Whether this transport can connect the two ranks (shm: same machine). */
   bool (*can_connect)(const struct gw_peer_info *self, const struct gw_peer_info *peer);
   gw_result_t (*recv_setup)(struct gw_conn *c, const struct gw_conn_params *p,

@@ -1,0 +1,254 @@
+/* tune.c - the cost model (tune.h): its built-in table, the tuning file
+ * (GW_TUNING_FILE; read here, written by gw_tune_write for `gw-perf --tune`),
+ * the time of an operation by algorithm and protocol, and the choice of the
+ * cheapest.  Every rank computes the same choice from the same call and the
+ * same table (comm.c checks the tables agree at init), so no rank waits on
+ * connections its peers do not use.  Not here: the algorithms. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "comm.h"
+#include "tune.h"
+
+static const char *const algo_names[GW_MODEL_NALGOS] = {[GW_ALGO_AUTO] = "auto", [GW_ALGO_RING] = "ring",
+                                                        [GW_ALGO_EXCHANGE] = "exchange", [GW_ALGO_TREE] = "tree"};
+static const char *const proto_names[GW_MODEL_NPROTOS] = {[GW_PROTO_SIMPLE] = "simple", [GW_PROTO_LL] = "ll"};
+
+const char *gw__algo_name(int algo) { return algo >= 0 && algo < GW_MODEL_NALGOS ? algo_names[algo] : "?"; }
+const char *gw__proto_name(int proto) { return proto >= 0 && proto < GW_MODEL_NPROTOS ? proto_names[proto] : "auto"; }
+
+int gw__algo_from_name(const char *s) {
+  for (int a = 0; a < GW_MODEL_NALGOS; a++)
+    if (!strcasecmp(s, algo_names[a])) return a;
+  return -1;
+}
+
+int gw__proto_from_name(const char *s) {
+  if (!strcasecmp(s, "auto")) return -2;
+  for (int p = 0; p < GW_MODEL_NPROTOS; p++)
+    if (!strcasecmp(s, proto_names[p])) return p;
+  return -1;
+}
+
+/* Fitted by `gw-perf --tune` on the 2-core development machine (2 ranks, shm,
+ * idle; two runs averaged), except the tree's simple bandwidth: at 2 ranks the
+ * trees are two one-hop pipes and measure like the ring, but an interior node
+ * handles three streams, and at 16 MiB the tree took 1.4x the ring's time
+ * (docs/architecture.md, "Choosing the algorithm and protocol"); and the
+ * exchange's, set to the ring's: the fit's two points (4 KiB, 256 KiB) hide
+ * that it beat the ring at every size up to 256 KiB in direct runs. */
+void gw__model_defaults(struct gw_model *m) {
+  static const struct { int algo, proto; double lat_us, bw_gbps; } rows[] = {
+      {GW_ALGO_RING, GW_PROTO_SIMPLE, 0.12, 14.5},     {GW_ALGO_RING, GW_PROTO_LL, 0.11, 4.3},
+      {GW_ALGO_TREE, GW_PROTO_SIMPLE, 0.13, 10.0},     {GW_ALGO_TREE, GW_PROTO_LL, 0.11, 4.7},
+      {GW_ALGO_EXCHANGE, GW_PROTO_SIMPLE, 0.18, 14.5}, {GW_ALGO_EXCHANGE, GW_PROTO_LL, 0.14, 4.4},
+  };
+  memset(m, 0, sizeof *m);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    m->lat_us[rows[i].algo][rows[i].proto] = rows[i].lat_us;
+    m->bw_gbps[rows[i].algo][rows[i].proto] = rows[i].bw_gbps;
+  }
+}
+
+static int ceil_log2(int n) {
+  int d = 0;
+  while ((1 << d) < n) d++;
+  return d;
+}
+
+/* Hops a message crosses, and the share of the data each rank sends: the
+ * ring's 2(n - 1) steps moving 2(n - 1)/n of the data (half of both for
+ * reduce-scatter and allgather; n - 1 steps of all of it for a broadcast); the
+ * trees' 2 log2(n) levels, where a rank interior in one tree sends its half up
+ * once and down twice and its other half once as a leaf: about 2(n - 1)/n as
+ * well (exactly 1 at n = 2); the exchange's one hop with all of it. */
+static void shape(int algo, int coll, int n, double *steps, double *factor) {
+  if (algo == GW_ALGO_TREE) *steps = 2.0 * ceil_log2(n), *factor = 2.0 * (n - 1) / n;
+  else if (algo == GW_ALGO_EXCHANGE) *steps = 1, *factor = 1;
+  else if (coll == GW_COLL_ALLREDUCE || coll == GW_COLL_BARRIER) *steps = 2.0 * (n - 1), *factor = 2.0 * (n - 1) / n;
+  else if (coll == GW_COLL_BROADCAST) *steps = n - 1, *factor = 1;
+  else *steps = n - 1, *factor = (double)(n - 1) / n;
+}
+
+double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks) {
+  double steps, factor;
+  shape(algo, coll, nranks, &steps, &factor);
+  return steps * m->lat_us[algo][proto] + (double)bytes * factor / (m->bw_gbps[algo][proto] * 1e3);
+}
+
+static bool algo_allowed(const struct gw_pick_args *a, int algo) {
+  bool reduce = a->coll == GW_COLL_ALLREDUCE || a->coll == GW_COLL_BARRIER;
+  if (algo == GW_ALGO_TREE) return reduce && a->tree_ok && (a->algo == GW_ALGO_AUTO || a->algo == GW_ALGO_TREE);
+  if (algo == GW_ALGO_EXCHANGE)
+    return reduce && a->nranks == 2 &&
+           (a->algo == GW_ALGO_EXCHANGE || (a->algo == GW_ALGO_AUTO && a->bytes <= a->exchange_max));
+  /* The ring runs everything the others do not. */
+  return a->algo == GW_ALGO_AUTO || a->algo == GW_ALGO_RING || !reduce ||
+         (a->algo == GW_ALGO_TREE && !a->tree_ok) || (a->algo == GW_ALGO_EXCHANGE && a->nranks != 2);
+}
+
+void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int *algo, int *proto) {
+  static const int order[] = {GW_ALGO_RING, GW_ALGO_TREE, GW_ALGO_EXCHANGE}; /* ties go to the first */
+  double best = INFINITY;
+  *algo = GW_ALGO_RING, *proto = GW_PROTO_SIMPLE;
+  if (a->nranks < 2) return;
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    if (!algo_allowed(a, order[i])) continue;
+    for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
+      if ((a->proto >= 0 && p != a->proto && a->ll_ok) || (p == GW_PROTO_LL && !a->ll_ok)) continue;
+      double t = gw__model_time(m, order[i], p, a->coll, a->bytes, a->nranks);
+      if (t < best) best = t, *algo = order[i], *proto = p;
+    }
+  }
+}
+
+uint64_t gw__model_hash(const struct gw_model *m) {
+  const uint8_t *b = (const uint8_t *)m;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof *m; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* ---- the tuning file ------------------------------------------------------------
+ * Text, one row per line: `ALGO PROTO LATENCY_US BANDWIDTH_GBPS` (ALGO ring, tree
+ * or exchange; PROTO simple or ll); `#` starts a comment; rows not given keep
+ * the built-in value.  Anything else refuses the whole file. */
+
+static gw_result_t parse_row(char *line, struct gw_model *m, bool seen[GW_MODEL_NALGOS][GW_MODEL_NPROTOS],
+                             const char **why) {
+  char *save, *f[5];
+  int nf = 0;
+  for (char *t = strtok_r(line, " \t\r\n", &save); t && nf < 5; t = strtok_r(NULL, " \t\r\n", &save)) f[nf++] = t;
+  if (nf == 0) return GW_SUCCESS;
+  if (nf != 4) return *why = "expected 4 fields: algo proto latency_us bandwidth_GBps", GW_ERR_INVALID_ARGUMENT;
+  int a = gw__algo_from_name(f[0]), p = gw__proto_from_name(f[1]);
+  if (a <= GW_ALGO_AUTO) return *why = "unknown algorithm (ring, tree, exchange)", GW_ERR_INVALID_ARGUMENT;
+  if (p < 0) return *why = "unknown protocol (simple, ll)", GW_ERR_INVALID_ARGUMENT;
+  if (seen[a][p]) return *why = "a second row for this algorithm and protocol", GW_ERR_INVALID_ARGUMENT;
+  char *e1, *e2;
+  errno = 0;
+  double lat = strtod(f[2], &e1), bw = strtod(f[3], &e2);
+  if (errno || *e1 || *e2 || !(lat >= 0 && lat < 1e6) || !(bw > 0 && bw < 1e5))
+    return *why = "latency must be a number in [0, 1e6) us and bandwidth in (0, 1e5) GB/s", GW_ERR_INVALID_ARGUMENT;
+  seen[a][p] = true;
+  m->lat_us[a][p] = lat;
+  m->bw_gbps[a][p] = bw;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw__model_load(struct gw_model *m, const char *path, struct gw_errctx *err) {
+  FILE *f = fopen(path, "r");
+  if (!f) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: cannot open: %s", path, strerror(errno));
+  struct gw_model tmp = *m;
+  bool seen[GW_MODEL_NALGOS][GW_MODEL_NPROTOS] = {{false}};
+  char line[512];
+  const char *why = NULL;
+  gw_result_t res = GW_SUCCESS;
+  for (int no = 1; res == GW_SUCCESS && fgets(line, sizeof line, f); no++) {
+    if (!strchr(line, '\n') && !feof(f)) why = "line too long", res = GW_ERR_INVALID_ARGUMENT;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    if (res == GW_SUCCESS) res = parse_row(line, &tmp, seen, &why);
+    if (res != GW_SUCCESS)
+      gw__err(err, res, "GW_TUNING_FILE %s:%d: %s; using the built-in table", path, no, why);
+  }
+  fclose(f);
+  if (res == GW_SUCCESS) *m = tmp;
+  return res;
+}
+
+/* ---- printing (GW_DEBUG_SUBSYS=TUNE) -------------------------------------------- */
+
+/* The table and the model's time for every algorithm and protocol at sizes 8 B
+ * .. 64 MiB, with the pick an allreduce of that size gets. */
+void gw__model_log(const struct gw_model *m, const struct gw_pick_args *base) {
+  if (gw__log_level < GW_LOG_INFO) return;
+  for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
+    for (int p = 0; p < GW_MODEL_NPROTOS; p++)
+      GW_INFO(GW_SUB_TUNE, "model: %-8s %-6s latency %.3f us/step, bandwidth %.2f GB/s", algo_names[a],
+              proto_names[p], m->lat_us[a][p], m->bw_gbps[a][p]);
+  GW_INFO(GW_SUB_TUNE, "model: allreduce on %d ranks, us: %10s %9s %9s %9s %9s %9s  pick", base->nranks, "bytes",
+          "ring", "ring/ll", "tree", "tree/ll", "exch");
+  for (size_t bytes = 8; bytes <= (64u << 20); bytes *= 8) {
+    struct gw_pick_args a = *base;
+    a.coll = GW_COLL_ALLREDUCE, a.bytes = bytes;
+    int algo, proto;
+    gw__model_pick(m, &a, &algo, &proto);
+    char t[5][16]; /* "-" where the pair is not allowed for this communicator */
+    for (int i = 0; i < 5; i++) {
+      int ai = i < 2 ? GW_ALGO_RING : i < 4 ? GW_ALGO_TREE : GW_ALGO_EXCHANGE, pi = i % 2;
+      a.algo = ai;
+      bool ok = algo_allowed(&a, ai) && (pi == GW_PROTO_SIMPLE || a.ll_ok);
+      snprintf(t[i], sizeof t[i], ok ? "%.2f" : "-", gw__model_time(m, ai, pi, a.coll, bytes, a.nranks));
+    }
+    GW_INFO(GW_SUB_TUNE, "model: %32zu %9s %9s %9s %9s %9s  %s/%s", bytes, t[0], t[1], t[2], t[3], t[4],
+            algo_names[algo], proto_names[proto]);
+  }
+}
+
+/* ---- fitting (gw-perf --tune) ------------------------------------------------------ */
+
+/* t = a + b x by least squares on the relative error (weights 1 / t^2), so
+ * the small sizes fix the latency and the large ones the bandwidth. */
+static void fit_line(const double *x, const double *t, int n, double *a, double *b) {
+  double s = 0, sx = 0, sxx = 0, st = 0, sxt = 0;
+  for (int i = 0; i < n; i++) {
+    double w = 1.0 / (t[i] * t[i]);
+    s += w, sx += w * x[i], sxx += w * x[i] * x[i], st += w * t[i], sxt += w * x[i] * t[i];
+  }
+  double det = s * sxx - sx * sx;
+  *b = det > 0 ? (s * sxt - sx * st) / det : 0;
+  if (*b < 1e-9) *b = 1e-9; /* flat: the bandwidth term does not matter */
+  *a = (st - *b * sx) / s;
+  if (*a < 0) *a = 0;
+}
+
+#define FIT_MAX 64
+
+/* Fits the samples of one (algorithm, protocol); false when fewer than 2. */
+static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, const char *proto, int nranks,
+                    double *lat, double *bw) {
+  double x[FIT_MAX], t[FIT_MAX];
+  int n = 0;
+  for (int i = 0; i < ns && n < FIT_MAX; i++)
+    if (!strcasecmp(s[i].algo, algo) && !strcasecmp(s[i].proto, proto) && s[i].time_us > 0)
+      x[n] = (double)s[i].bytes, t[n++] = s[i].time_us;
+  if (n < 2) return false;
+  double a, b, steps, factor;
+  fit_line(x, t, n, &a, &b);
+  shape(gw__algo_from_name(algo), GW_COLL_ALLREDUCE, nranks, &steps, &factor);
+  *lat = a / steps;
+  *bw = GW_MIN(factor / (b * 1e3), 9e4);
+  return true;
+}
+
+gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
+                          const char *note) {
+  struct gw_errctx err;
+  if (!path || !samples || nranks < 2 || nsamples < 2)
+    return gw__set_thread_error("gw_tune_write: needs a path and samples from at least 2 ranks"),
+           GW_ERR_INVALID_ARGUMENT;
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: cannot write %s: %s", path, strerror(errno));
+    return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
+  }
+  fprintf(f, "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune%s%s\n", note ? ": " : "",
+          note ? note : "");
+  fprintf(f, "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth; fitted on %d ranks\n", nranks);
+  fprintf(f, "# algo proto latency_us bandwidth_GBps\n");
+  for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
+    for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
+      double lat, bw;
+      if (fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, &lat, &bw))
+        fprintf(f, "%s %s %.4f %.3f\n", algo_names[a], proto_names[p], lat, bw);
+    }
+  bool ok = fclose(f) == 0;
+  if (ok) return GW_SUCCESS;
+  gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: writing %s failed: %s", path, strerror(errno));
+  return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
+}

@@ -1,0 +1,51 @@
+/* tune.h - the cost model that picks an algorithm and protocol per operation
+ * (tune.c): time(bytes, n) = latency x steps(n) + bytes x factor(n) / bandwidth
+ * per (algorithm, protocol), with built-in constants or those of a tuning file
+ * (GW_TUNING_FILE, written by `gw-perf --tune`).  Not here: running anything
+ * (ring.c, tree.c) or measuring (tools/gw-perf.c). */
+#ifndef GW_TUNE_H
+#define GW_TUNE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core.h"
+
+#define GW_MODEL_NALGOS 4  /* indexed by enum gw_algo; [GW_ALGO_AUTO] unused */
+#define GW_MODEL_NPROTOS 2 /* indexed by enum gw_proto */
+
+struct gw_model {
+  double lat_us[GW_MODEL_NALGOS][GW_MODEL_NPROTOS];   /* per step */
+  double bw_gbps[GW_MODEL_NALGOS][GW_MODEL_NPROTOS];  /* per rank's link */
+};
+
+/* What an operation's choice depends on; every rank has the same. */
+struct gw_pick_args {
+  int nranks, coll;  /* enum gw_coll */
+  size_t bytes;      /* the whole operation's data (every block for RS/AG) */
+  int algo;          /* enum gw_algo: GW_ALGO_AUTO or the one forced */
+  int proto;         /* enum gw_proto, or -1: the model decides */
+  bool tree_ok;      /* the trees are connected */
+  bool ll_ok;        /* every connection has the LL format */
+  size_t exchange_max; /* the two-rank exchange only up to this many bytes */
+};
+
+void gw__model_defaults(struct gw_model *m);
+/* Reads a tuning file over m.  A file that does not parse changes nothing and
+ * fails with a message naming the line. */
+gw_result_t gw__model_load(struct gw_model *m, const char *path, struct gw_errctx *err);
+/* The model's time in microseconds; steps and factor by algorithm and collective. */
+double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks);
+/* The cheapest allowed (algorithm, protocol) for an operation. */
+void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int *algo, int *proto);
+/* A digest of the table, so ranks can check they decide alike. */
+uint64_t gw__model_hash(const struct gw_model *m);
+/* At INFO level, subsystem TUNE: the table, and the model's times and pick for
+ * allreduces of 8 B .. 64 MiB under base's constraints. */
+void gw__model_log(const struct gw_model *m, const struct gw_pick_args *base);
+const char *gw__algo_name(int algo);
+const char *gw__proto_name(int proto);
+int gw__algo_from_name(const char *s);  /* -1 when unknown */
+int gw__proto_from_name(const char *s); /* -1 when unknown; "auto" is -2 */
+
+#endif

@@ -1,0 +1,171 @@
+/* test_tune.c - the cost model (comm/tune.c): what the built-in table picks
+ * for small and large allreduces, overrides, the tuning file (a written file
+ * reads back; a damaged one is refused naming its line and changes nothing),
+ * and ranks that disagree on GW_PROTO or the table failing at init. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "harness.h"
+#include "tune.h"
+
+static struct gw_pick_args args(int n, size_t bytes) {
+  return (struct gw_pick_args){.nranks = n, .coll = GW_COLL_ALLREDUCE, .bytes = bytes, .algo = GW_ALGO_AUTO,
+                               .proto = -1, .tree_ok = true, .ll_ok = true, .exchange_max = 256 << 10};
+}
+
+START_TEST(test_default_picks) {
+  struct gw_model m;
+  gw__model_defaults(&m);
+  for (int n = 2; n <= 64; n *= 2) {
+    struct gw_pick_args a = args(n, 8);
+    int algo, proto;
+    gw__model_pick(&m, &a, &algo, &proto);
+    ck_assert_msg(algo != GW_ALGO_RING || proto == GW_PROTO_LL, "n=%d, 8 B: picked %s/%s", n, gw__algo_name(algo),
+                  gw__proto_name(proto));
+    if (n >= 4) ck_assert_msg(algo == GW_ALGO_TREE, "n=%d, 8 B: picked %s", n, gw__algo_name(algo));
+    a = args(n, 64u << 20);
+    gw__model_pick(&m, &a, &algo, &proto);
+    ck_assert_msg(algo == GW_ALGO_RING && proto == GW_PROTO_SIMPLE, "n=%d, 64 MiB: picked %s/%s", n,
+                  gw__algo_name(algo), gw__proto_name(proto));
+  }
+}
+END_TEST
+
+/* GW_ALGO / GW_PROTO restrict the choice; what a transport cannot do is never picked. */
+START_TEST(test_overrides) {
+  struct gw_model m;
+  gw__model_defaults(&m);
+  int algo, proto;
+  struct gw_pick_args a = args(8, 8);
+  a.algo = GW_ALGO_RING;
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert_int_eq(algo, GW_ALGO_RING);
+  a = args(8, 8);
+  a.proto = GW_PROTO_SIMPLE;
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert_int_eq(proto, GW_PROTO_SIMPLE);
+  a = args(8, 64u << 20);
+  a.algo = GW_ALGO_TREE, a.proto = GW_PROTO_LL;
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert(algo == GW_ALGO_TREE && proto == GW_PROTO_LL);
+  a.ll_ok = false, a.tree_ok = false; /* tcp, or a communicator without trees */
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert(algo == GW_ALGO_RING && proto == GW_PROTO_SIMPLE);
+  a = args(8, 8);
+  a.coll = GW_COLL_BROADCAST; /* only the ring runs it */
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert_int_eq(algo, GW_ALGO_RING);
+}
+END_TEST
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Each damaged file is refused with its line named, and the table is unchanged. */
+START_TEST(test_corrupt_file_refused) {
+  static const struct { const char *text, *line; } bad[] = {
+      {"# ok\nring simple 0.1 10\nring simple 0.1\n", ":3:"},
+      {"tree ll 0.1 3\n\nbogus ll 0.1 3\n", ":3:"},
+      {"ring ll 0.1 x3\n", ":1:"},
+      {"ring simple -1 10\n", ":1:"},
+      {"ring simple 0.1 0\n", ":1:"},
+      {"ring simple 0.1 10\ntree simple 0.1 5\nring simple 0.2 10\n", ":3:"},
+      {"ring fast 0.1 10\n", ":1:"},
+  };
+  char path[] = "/tmp/gw-tune-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  struct gw_model def, m;
+  gw__model_defaults(&def);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    write_file(path, bad[i].text);
+    m = def;
+    struct gw_errctx err = {{0}};
+    ck_assert_int_eq(gw__model_load(&m, path, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(err.msg, bad[i].line) && strstr(err.msg, path), "case %zu: %s", i, err.msg);
+    ck_assert_msg(!memcmp(&m, &def, sizeof m), "case %zu changed the table", i);
+  }
+  struct gw_errctx err;
+  write_file(path, "# comment\n  tree ll 0.5 2.5   # trailing\n");
+  ck_assert_int_eq(gw__model_load(&m, path, &err), GW_SUCCESS);
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.5 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 2.5);
+  ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE] == def.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE]);
+  unlink(path);
+}
+END_TEST
+
+/* gw_tune_write fits times made by a known model back to its constants. */
+START_TEST(test_fit_roundtrip) {
+  struct gw_model truth;
+  gw__model_defaults(&truth);
+  static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
+  struct gw_tune_sample s[8];
+  int ns = 0;
+  for (int p = 0; p < 2; p++)
+    for (int i = 0; i < 4; i++)
+      s[ns++] = (struct gw_tune_sample){"ring", p ? "ll" : "simple", sizes[i],
+                                        gw__model_time(&truth, GW_ALGO_RING, p, GW_COLL_ALLREDUCE, sizes[i], 4)};
+  char path[] = "/tmp/gw-tune-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_int_eq(gw_tune_write(path, 4, s, ns, "test"), GW_SUCCESS);
+  struct gw_model m;
+  memset(&m, 0, sizeof m);
+  struct gw_errctx err;
+  ck_assert_msg(gw__model_load(&m, path, &err) == GW_SUCCESS, "%s", err.msg);
+  for (int p = 0; p < 2; p++) {
+    ck_assert_double_eq_tol(m.lat_us[GW_ALGO_RING][p], truth.lat_us[GW_ALGO_RING][p], 1e-3);
+    ck_assert_double_eq_tol(m.bw_gbps[GW_ALGO_RING][p], truth.bw_gbps[GW_ALGO_RING][p], 1e-2);
+  }
+  unlink(path);
+}
+END_TEST
+
+/* Ranks that would decide differently fail at init, naming what differs. */
+static char other_file[64]; /* rank 1's tuning file (the ranks are forked after it is set) */
+
+static int raw_settings_differ(int rank, int n, const char *master, void *arg) {
+  const char *what = arg;
+  if (!strcmp(what, "GW_PROTO")) setenv("GW_PROTO", rank == 1 ? "ll" : "simple", 1);
+  else setenv("GW_TUNING_FILE", rank == 1 ? other_file : "/dev/null", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  const char *named = !strcmp(what, "GW_PROTO") ? (rank == 1 ? "GW_PROTO=simple" : "GW_PROTO=ll") : "cost model";
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(NULL), named), "init returned %s: %s",
+         gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_settings_must_agree) {
+  ck_assert_int_eq(run_ranks_raw(3, raw_settings_differ, "GW_PROTO", 90), 0);
+  snprintf(other_file, sizeof other_file, "/tmp/gw-tune-other-%d", (int)getpid());
+  write_file(other_file, "ring simple 1 1\n");
+  ck_assert_int_eq(run_ranks_raw(3, raw_settings_differ, "GW_TUNING_FILE", 90), 0);
+  unlink(other_file);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("tune");
+  TCase *tc = tcase_create("tune");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_default_picks);
+  tcase_add_test(tc, test_overrides);
+  tcase_add_test(tc, test_corrupt_file_refused);
+  tcase_add_test(tc, test_fit_roundtrip);
+  tcase_add_test(tc, test_settings_must_agree);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
