@@ -230,7 +230,8 @@ static gw_result_t prepare_link(struct gw_comm *c, const struct gw_link *l, stru
     return gw__err(err, GW_ERR_UNSUPPORTED,
                    "rank %d (%s): no transport connects it with rank %d (%s)%s", c->rank, c->peers[c->rank].host,
                    l->peer, c->peers[l->peer].host,
-                   getenv("GW_TRANSPORT") ? ": GW_TRANSPORT restricts the choice (shm needs both on one machine)" : "");
+                   getenv("GW_TRANSPORT") ? ": GW_TRANSPORT restricts the choice (shm needs both on one machine, ib an "
+                                            "active port on both: GW_IB_HCA, or GW_IB_EMULATE=1 in tests)" : "");
   struct gw_conn *conn = l->conn;
   *conn = (struct gw_conn){.tp = tp, .self = c->rank, .peer = l->peer, .is_send = l->is_send};
   snprintf(conn->peer_host, sizeof conn->peer_host, "%s", c->peers[l->peer].host);
@@ -478,7 +479,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     res = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
     goto fail;
   }
-  struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid()};
+  struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid(), .caps = gw__transport_caps()};
   gw__node_id(me.node_id, sizeof me.node_id);
   if (gethostname(me.host, sizeof me.host) != 0) snprintf(me.host, sizeof me.host, "?");
   me.host[sizeof me.host - 1] = 0;

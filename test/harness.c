@@ -1,5 +1,6 @@
 /* harness.c - see harness.h. */
 #include "harness.h"
+#include "comm.h" /* the ring's connections, for body_uses_transport */
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -118,6 +119,16 @@ int body_rank1_killed(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(r == GW_ERR_REMOTE, "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
   EXPECT(took < limit, "took %.1f s to notice", took);
   EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  return 0;
+}
+
+int body_uses_transport(gw_comm_t comm, int rank, int n, void *arg) {
+  const char *want = arg;
+  (void)n;
+  EXPECT(!strcmp(comm->rings[0].send.tp->name, want) && !strcmp(comm->rings[0].recv.tp->name, want),
+         "ring uses %s/%s, expected %s", comm->rings[0].send.tp->name, comm->rings[0].recv.tp->name, want);
+  int64_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "sum %lld", (long long)v);
   return 0;
 }
 

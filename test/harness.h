@@ -55,6 +55,10 @@ double test_now(void);
  * exactly one rank (the killed one) then counts as failed. */
 int body_rank1_killed(gw_comm_t comm, int rank, int n, void *arg);
 
+/* A rank body for the transport-choice tests, on 3 ranks: both ring connections
+ * use the transport named by (const char *)arg, and an allreduce over them sums. */
+int body_uses_transport(gw_comm_t comm, int rank, int n, void *arg);
+
 /* Runs every test of the suite (Check forks each); the process exit code. */
 int run_suite(Suite *s);
 

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# netns.sh BUILD NNODES - runs gradwire across NNODES "machines" on this one:
+# netns.sh BUILD NNODES [RPN] - runs gradwire across NNODES "machines" on this one:
 # each node is a network namespace plus a UTS namespace with its own host name
 # (so the runtime sees different machines), joined by veth pairs to a bridge in a
 # switch namespace of its own; addresses 10.79.0.K+1/24 exist only inside these
-# namespaces.  On each node gw-run starts 2 ranks.  Checks: the collective grid
+# namespaces.  On each node gw-run starts RPN ranks (default 2).  Checks: the collective grid
 # across the nodes (GW_TEST_MAX_COUNT, default 65537), same-node pairs on shm and
-# cross-node pairs on tcp, gw-perf with checking, and everything forced onto tcp.
+# cross-node pairs on tcp, gw-perf with checking, everything forced onto tcp, and
+# (when built with libibverbs) the same over the ib transport's verbs emulator.
 # The namespaces are removed on exit, also when a check fails.  Exits 77 (meson:
 # skipped) without root or without `ip netns`.
 set -u
-build=${1:?usage: netns.sh BUILD NNODES}
+build=${1:?usage: netns.sh BUILD NNODES [RPN]}
 nnodes=${2:-2}
-rpn=2
+rpn=${3:-2}
 build=$(cd "$build" && pwd)
 gwrun=$build/tools/gw-run
 [ "$(id -u)" -eq 0 ] || { echo "netns: needs root; skipped"; exit 77; }
@@ -79,7 +80,7 @@ expect_in_logs() { # NAME PATTERN WHAT
 
 export GW_TEST_MAX_COUNT=${GW_TEST_MAX_COUNT:-65537}
 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT run_job grid 900 "$build/test/test_collectives" --from-env
-expect_in_logs grid "via shm" "same-node pairs use shm"
+[ "$rpn" -gt 1 ] && expect_in_logs grid "via shm" "same-node pairs use shm"
 expect_in_logs grid "via tcp 10.79.0" "cross-node pairs use tcp"
 run_job perf 300 "$build/tools/gw-perf" -b 8 -e 16M -f 8 -n 3 -w 1 -c 1 -d all
 GW_TRANSPORT=tcp GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT GW_TEST_MAX_COUNT=1023 run_job grid-tcp 600 \
@@ -88,6 +89,15 @@ if cat "$work"/grid-tcp.*.log | grep -q "via shm"; then
   echo "netns: GW_TRANSPORT=tcp still used shm"; failures=$((failures + 1))
 else
   echo "netns: GW_TRANSPORT=tcp keeps every pair on tcp: ok"
+fi
+# The ib transport (verbs emulator) between the machines: shm inside a node, ib
+# across, the grid and gw-perf with checking.
+if [ -e "$build/test/test_ib" ]; then
+  GW_IB_EMULATE=1 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT GW_TEST_MAX_COUNT=65537 run_job grid-ib 900 \
+    "$build/test/test_collectives" --from-env
+  expect_in_logs grid-ib "via ib gwemu0" "cross-node pairs use ib (emulated)"
+  [ "$rpn" -gt 1 ] && expect_in_logs grid-ib "via shm" "same-node pairs still use shm"
+  GW_IB_EMULATE=1 run_job perf-ib 300 "$build/tools/gw-perf" -b 8 -e 16M -f 8 -n 3 -w 1 -c 1 -d all
 fi
 echo "netns: $failures failed"
 [ $failures -eq 0 ]

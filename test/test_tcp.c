@@ -15,21 +15,11 @@
 #include "comm.h"
 #include "harness.h"
 
-static int body_choice(gw_comm_t comm, int rank, int n, void *arg) {
-  const char *want = arg;
-  (void)n;
-  EXPECT(!strcmp(comm->rings[0].send.tp->name, want) && !strcmp(comm->rings[0].recv.tp->name, want),
-         "ring uses %s/%s, expected %s", comm->rings[0].send.tp->name, comm->rings[0].recv.tp->name, want);
-  int64_t v = rank + 1;
-  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "sum %lld", (long long)v);
-  return 0;
-}
-
 START_TEST(test_transport_choice) {
   unsetenv("GW_TRANSPORT");
-  ck_assert_int_eq(run_ranks(3, body_choice, "shm", 60), 0);
+  ck_assert_int_eq(run_ranks(3, body_uses_transport, "shm", 60), 0);
   setenv("GW_TRANSPORT", "tcp", 1);
-  ck_assert_int_eq(run_ranks(3, body_choice, "tcp", 60), 0);
+  ck_assert_int_eq(run_ranks(3, body_uses_transport, "tcp", 60), 0);
   unsetenv("GW_TRANSPORT");
 }
 END_TEST

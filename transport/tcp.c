@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "sock.h"
 #include "transport.h"
 
 #define TCP_FRAME_MAGIC 0x6672777au /* "zwrf" */
@@ -32,10 +33,9 @@
 #define TCP_MIN_PART (64u << 10)
 
 struct tcp_handle {
-  uint16_t family, port;
+  struct gw_sockaddr_packed addr;
   uint32_t nstreams;
   uint64_t nonce; /* this connection's id, so a stray connect is refused */
-  uint8_t addr[16];
 };
 _Static_assert(sizeof(struct tcp_handle) <= GW_CONN_HANDLE_BYTES, "tcp handle fits the opaque handle");
 
@@ -56,18 +56,6 @@ struct tcp_frame {
   uint32_t len;  /* this part's payload bytes */
   struct gw_chunk_hdr hdr;
 };
-
-/* How a chunk of `bytes` is split: parts of equal 64-byte-aligned size. */
-static uint32_t nparts_of(uint32_t bytes, uint32_t nstreams) {
-  uint32_t n = bytes == 0 ? 1 : (uint32_t)GW_DIV_UP(bytes, TCP_MIN_PART);
-  return n < nstreams ? n : nstreams;
-}
-static void part_of(uint32_t bytes, uint32_t nparts, uint32_t k, uint32_t *off, uint32_t *len) {
-  uint32_t size = (uint32_t)GW_ALIGN_UP(GW_DIV_UP(bytes, nparts), 64);
-  uint64_t o = (uint64_t)k * size;
-  *off = o >= bytes ? bytes : (uint32_t)o;
-  *len = GW_MIN(size, bytes - *off);
-}
 
 struct tcp_sstream { /* sender side of one socket */
   int fd;
@@ -118,25 +106,6 @@ static bool tcp_can_connect(const struct gw_peer_info *self, const struct gw_pee
   return true; /* any two ranks with IP connectivity */
 }
 
-/* Data sockets: non-blocking, no Nagle delay, and TCP keepalive probing after
- * GW_SOCKET_KEEPALIVE seconds of silence (default 10; 3 probes 2 s apart), so a
- * peer whose machine vanished without closing its sockets (power, network) turns
- * into a socket error within about 16 s of a wait, not only at GW_TIMEOUT. */
-static void set_nonblock(int fd) {
-  int fl = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  int idle = (int)gw__env_int("GW_SOCKET_KEEPALIVE", 10);
-  if (idle > 0) {
-    int intvl = 2, cnt = 3;
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-  }
-}
-
 static gw_result_t alloc_slots(struct gw_conn *c, struct tcp_conn *t, struct gw_errctx *err) {
   t->map_bytes = (size_t)t->nslots * t->slot_bytes;
   /* Pre-faulted once per communicator (first touch is slow on some machines). */
@@ -162,21 +131,6 @@ static struct tcp_conn *conn_new(const struct gw_conn_params *p) {
   return t;
 }
 
-static void addr_str(const struct sockaddr_storage *a, char *buf, size_t len) {
-  char host[64] = "?";
-  int port = 0;
-  if (a->ss_family == AF_INET) {
-    const struct sockaddr_in *in = (const struct sockaddr_in *)a;
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-  } else if (a->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)a;
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
-  }
-  snprintf(buf, len, "%s:%d", host, port);
-}
-
 /* ---- setup ------------------------------------------------------------------------ */
 static gw_result_t tcp_recv_setup(struct gw_conn *c, const struct gw_conn_params *p, struct gw_conn_handle *out,
                                   struct gw_errctx *err) {
@@ -187,15 +141,11 @@ static gw_result_t tcp_recv_setup(struct gw_conn *c, const struct gw_conn_params
     res = gw__err(err, GW_ERR_INTERNAL, "rank %d: no local address for tcp", c->self);
     goto fail;
   }
-  struct sockaddr_storage a = p->local_addr;
-  if (a.ss_family == AF_INET) ((struct sockaddr_in *)&a)->sin_port = 0;
-  else ((struct sockaddr_in6 *)&a)->sin6_port = 0;
-  t->listen_fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  socklen_t al = p->local_addr_len;
+  struct sockaddr_storage a;
   char where[96];
-  addr_str(&a, where, sizeof where);
-  if (t->listen_fd < 0 || bind(t->listen_fd, (struct sockaddr *)&a, al) != 0 ||
-      listen(t->listen_fd, TCP_MAX_STREAMS * 2) != 0 || getsockname(t->listen_fd, (struct sockaddr *)&a, &al) != 0) {
+  gw__sock_addr_str(&p->local_addr, where, sizeof where);
+  t->listen_fd = gw__sock_listen(&p->local_addr, p->local_addr_len, TCP_MAX_STREAMS * 2, &a);
+  if (t->listen_fd < 0) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s (check GW_SOCKET_IFNAME)",
                   c->self, c->peer, where, strerror(errno));
     goto fail;
@@ -206,14 +156,8 @@ static gw_result_t tcp_recv_setup(struct gw_conn *c, const struct gw_conn_params
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory or entropy", c->self);
     goto fail;
   }
-  struct tcp_handle h = {.family = a.ss_family, .nstreams = t->nstreams, .nonce = t->nonce};
-  if (a.ss_family == AF_INET) {
-    h.port = ntohs(((struct sockaddr_in *)&a)->sin_port);
-    memcpy(h.addr, &((struct sockaddr_in *)&a)->sin_addr, 4);
-  } else {
-    h.port = ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
-    memcpy(h.addr, &((struct sockaddr_in6 *)&a)->sin6_addr, 16);
-  }
+  struct tcp_handle h = {.nstreams = t->nstreams, .nonce = t->nonce};
+  gw__sock_pack(&a, &h.addr);
   memset(out, 0, sizeof *out);
   memcpy(out->bytes, &h, sizeof h);
   c->priv = t;
@@ -226,29 +170,13 @@ fail:
   return res;
 }
 
-/* Blocking setup I/O with a deadline (never on the data path). */
-static bool io_deadline(int fd, void *buf, size_t len, bool sending, double deadline) {
-  uint8_t *b = buf;
-  while (len) {
-    struct pollfd pfd = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
-    int ms = (int)((deadline - gw__now()) * 1000);
-    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) return false;
-    ssize_t n = sending ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
-    if (n <= 0) {
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      return false;
-    }
-    b += n;
-    len -= (size_t)n;
-  }
-  return true;
-}
-
 static gw_result_t tcp_send_connect(struct gw_conn *c, const struct gw_conn_params *p, const struct gw_conn_handle *in,
                                     struct gw_errctx *err) {
   struct tcp_handle h;
   memcpy(&h, in->bytes, sizeof h);
-  if (h.nstreams < 1 || h.nstreams > TCP_MAX_STREAMS || (h.family != AF_INET && h.family != AF_INET6))
+  struct sockaddr_storage a;
+  socklen_t al;
+  if (h.nstreams < 1 || h.nstreams > TCP_MAX_STREAMS || !gw__sock_unpack(&h.addr, &a, &al))
     return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d sent a malformed tcp handle", c->self, c->peer);
   struct tcp_conn *t = conn_new(p);
   if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
@@ -260,35 +188,20 @@ static gw_result_t tcp_send_connect(struct gw_conn *c, const struct gw_conn_para
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
     goto fail;
   }
-  struct sockaddr_storage a = {0};
-  socklen_t al;
-  if (h.family == AF_INET) {
-    struct sockaddr_in *in4 = (struct sockaddr_in *)&a;
-    in4->sin_family = AF_INET;
-    in4->sin_port = htons(h.port);
-    memcpy(&in4->sin_addr, h.addr, 4);
-    al = sizeof *in4;
-  } else {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&a;
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(h.port);
-    memcpy(&in6->sin6_addr, h.addr, 16);
-    al = sizeof *in6;
-  }
   char where[96];
-  addr_str(&a, where, sizeof where);
+  gw__sock_addr_str(&a, where, sizeof where);
   double deadline = gw__now() + t->timeout_s;
   for (uint32_t s = 0; s < t->nstreams; s++) {
-    int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    t->ss[s].fd = fd;
     struct tcp_hello hello = {.magic = TCP_HELLO_MAGIC, .stream = s, .job_hash = t->job_hash, .nonce = h.nonce,
                               .sender = c->self};
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, al) != 0 || !io_deadline(fd, &hello, sizeof hello, true, deadline)) {
+    int fd = gw__sock_connect_hello(&a, al, &hello, sizeof hello, deadline);
+    t->ss[s].fd = fd;
+    if (fd < 0) {
       res = gw__err(err, GW_ERR_REMOTE, "rank %d: cannot connect to rank %d (%s) at %s: %s", c->self, c->peer,
                     c->peer_host, where, strerror(errno));
       goto fail;
     }
-    set_nonblock(fd);
+    gw__sock_tune(fd);
   }
   c->priv = t;
   snprintf(c->desc + strlen(c->desc), sizeof c->desc - strlen(c->desc), " %s", where);
@@ -307,22 +220,18 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   double deadline = gw__now() + t->timeout_s;
   uint32_t joined = 0;
   while (joined < t->nstreams) {
-    struct pollfd pfd = {.fd = t->listen_fd, .events = POLLIN};
-    int ms = (int)((deadline - gw__now()) * 1000);
-    if (ms <= 0 || poll(&pfd, 1, ms) <= 0)
+    struct tcp_hello hello;
+    int fd = gw__sock_accept_hello(t->listen_fd, &hello, sizeof hello, deadline);
+    if (fd < 0)
       return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) opened %u of %u tcp streams within %.0f s",
                      c->self, c->peer, c->peer_host, joined, t->nstreams, t->timeout_s);
-    int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    struct tcp_hello hello;
-    bool ok = io_deadline(fd, &hello, sizeof hello, false, GW_MIN(deadline, gw__now() + 5.0));
-    if (!ok || hello.magic != TCP_HELLO_MAGIC || hello.job_hash != t->job_hash || hello.nonce != t->nonce ||
+    if (hello.magic != TCP_HELLO_MAGIC || hello.job_hash != t->job_hash || hello.nonce != t->nonce ||
         hello.sender != c->peer || hello.stream >= t->nstreams || t->rs[hello.stream].fd >= 0) {
       GW_WARN(GW_SUB_ALL, "rank %d: refused a tcp connection that is not rank %d's stream of this job", c->self, c->peer);
       close(fd);
       continue;
     }
-    set_nonblock(fd);
+    gw__sock_tune(fd);
     t->rs[hello.stream].fd = fd;
     joined++;
   }
@@ -332,20 +241,7 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
 }
 
 /* ---- data path: sender --------------------------------------------------------- */
-static gw_result_t fail(struct gw_conn *c, struct tcp_conn *t, gw_result_t code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static gw_result_t fail(struct gw_conn *c, struct tcp_conn *t, gw_result_t code, const char *fmt, ...) {
-  if (t->failed) return t->failed;
-  char what[300];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  snprintf(t->failmsg, sizeof t->failmsg, "rank %d: tcp connection %s rank %d (%s): %s", c->self,
-           c->is_send ? "to" : "from", c->peer, c->peer_host, what);
-  t->failed = code;
-  return code;
-}
+#define fail(c, t, code, ...) gw__conn_fail((c), &(t)->failed, (t)->failmsg, "", (code), __VA_ARGS__)
 
 static uint64_t min_stream_pos(const struct tcp_conn *t) {
   uint64_t m = UINT64_MAX;
@@ -361,13 +257,13 @@ static gw_result_t pump_send(struct gw_conn *c, struct tcp_conn *t) {
     while (st->next_pos < t->pos) {
       if (!st->busy) {
         const struct gw_chunk_hdr *h = &t->shdr[st->next_pos % t->nslots];
-        uint32_t nparts = nparts_of(h->bytes, t->nstreams);
+        uint32_t nparts = gw__nparts(h->bytes, t->nstreams, TCP_MIN_PART);
         if (s >= nparts) { /* this chunk has no part on this socket */
           st->next_pos++;
           continue;
         }
         st->cur = (struct tcp_frame){.magic = TCP_FRAME_MAGIC, .stream = s, .pos = st->next_pos, .hdr = *h};
-        part_of(h->bytes, nparts, s, &st->cur.off, &st->cur.len);
+        gw__part_of(h->bytes, nparts, s, &st->cur.off, &st->cur.len);
         if (t->test_corrupt && ++t->frames_sent == (uint32_t)t->test_corrupt) st->cur.len = 0xfffffff0u;
         st->busy = true;
         st->done = 0;
@@ -434,9 +330,9 @@ static gw_result_t check_frame(struct gw_conn *c, struct tcp_conn *t, uint32_t s
   if ((rs->any && f->pos <= rs->last_pos) || f->pos < t->pos)
     return fail(c, t, GW_ERR_REMOTE, "frame for chunk %llu arrived out of order on stream %u",
                 (unsigned long long)f->pos, s);
-  uint32_t nparts = nparts_of(f->hdr.bytes, t->nstreams), off, len;
+  uint32_t nparts = gw__nparts(f->hdr.bytes, t->nstreams, TCP_MIN_PART), off, len;
   if (s >= nparts) return fail(c, t, GW_ERR_REMOTE, "stream %u carries a part of a %u-part chunk", s, nparts);
-  part_of(f->hdr.bytes, nparts, s, &off, &len);
+  gw__part_of(f->hdr.bytes, nparts, s, &off, &len);
   if (f->off != off || f->len != len)
     return fail(c, t, GW_ERR_REMOTE, "frame part %u+%u does not match its %u-byte chunk (expected %u+%u)", f->off,
                 f->len, f->hdr.bytes, off, len);
@@ -474,7 +370,7 @@ static gw_result_t fill(struct gw_conn *c, struct tcp_conn *t, struct tcp_rstrea
 static void slot_take_hdr(struct tcp_conn *t, struct tcp_rslot *sl, const struct tcp_frame *f) {
   sl->hdr = f->hdr;
   sl->have_hdr = true;
-  sl->parts = nparts_of(f->hdr.bytes, t->nstreams);
+  sl->parts = gw__nparts(f->hdr.bytes, t->nstreams, TCP_MIN_PART);
   sl->parts_done = 0;
 }
 

@@ -1,10 +1,29 @@
-/* transport.c - chooses the transport for a pair of ranks: shm inside a machine,
- * tcp between machines (and inside one when GW_TRANSPORT=tcp forces it). */
+/* transport.c - chooses the transport for a pair of ranks: shm inside a machine;
+ * between machines ib when both ranks have an active InfiniBand/RoCE port (or
+ * the verbs emulator), else tcp.  GW_TRANSPORT restricts the choice (e.g. tcp or
+ * ib inside one machine). */
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "transport.h"
 
-static const struct gw_transport *const all_transports[] = {&gw__shm_transport, &gw__tcp_transport};
+static const struct gw_transport *const all_transports[] = {
+    &gw__shm_transport,
+#if GW_HAVE_IBVERBS
+    &gw__ib_transport,
+#endif
+    &gw__tcp_transport,
+};
+
+uint32_t gw__transport_caps(void) {
+  uint32_t caps = 0;
+#if GW_HAVE_IBVERBS
+  const char *want = gw__env_str("GW_TRANSPORT", NULL);
+  if ((!want || !strcmp(want, "ib")) && gw__ib_available()) caps |= GW_CAP_IB;
+#endif
+  return caps;
+}
 
 const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,
                                                 const struct gw_peer_info *peer) {
@@ -15,4 +34,18 @@ const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,
     if (t->can_connect(self, peer)) return t;
   }
   return NULL;
+}
+
+gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *msg, const char *where, gw_result_t code,
+                          const char *fmt, ...) {
+  if (*failed) return *failed;
+  char what[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  snprintf(msg, GW_ERRMSG_MAX, "rank %d: %s connection %s rank %d (%s)%s: %s", c->self, c->tp ? c->tp->name : "?",
+           c->is_send ? "to" : "from", c->peer, c->peer_host, where, what);
+  *failed = code;
+  return code;
 }

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 
 #include "core.h"
+#include "gw_config.h"
 
 /* What every chunk carries besides its payload: which operation it belongs to, so
  * a receiver can tell a peer that called something else (DESIGN.md: sequence
@@ -46,7 +47,9 @@ struct gw_peer_info {
   int32_t pid;
   char node_id[192]; /* host name + boot id: equal strings share a machine */
   char host[64];     /* for messages */
+  uint32_t caps;     /* GW_CAP_*: what this rank can connect with besides shm and tcp */
 };
+#define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
 
 #define GW_CONN_HANDLE_BYTES 128
 struct gw_conn_handle {
@@ -132,6 +135,34 @@ struct gw_transport {
 
 extern const struct gw_transport gw__shm_transport;
 extern const struct gw_transport gw__tcp_transport;
+#if GW_HAVE_IBVERBS
+extern const struct gw_transport gw__ib_transport;
+/* Whether this process has an ib port to use (opens the devices once). */
+bool gw__ib_available(void);
+#endif
+
+/* A connection's first failure, for the transport to report from its data-path
+ * calls: formats "rank S: <transport> connection to|from rank P (host)<where>:
+ * <what>" into msg (GW_ERRMSG_MAX bytes) and sets *failed to code; a later
+ * failure keeps the first.  Returns *failed. */
+gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *msg, const char *where, gw_result_t code,
+                          const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* This rank's GW_CAP_* flags, for its gw_peer_info. */
+uint32_t gw__transport_caps(void);
+
+/* How a chunk of `bytes` is split over several streams or queue pairs: parts of
+ * at least min_part bytes (64-byte aligned), at most nstreams of them. */
+static inline uint32_t gw__nparts(uint32_t bytes, uint32_t nstreams, uint32_t min_part) {
+  uint32_t n = bytes == 0 ? 1 : (uint32_t)GW_DIV_UP(bytes, min_part);
+  return n < nstreams ? n : nstreams;
+}
+static inline void gw__part_of(uint32_t bytes, uint32_t nparts, uint32_t k, uint32_t *off, uint32_t *len) {
+  uint32_t size = (uint32_t)GW_ALIGN_UP(GW_DIV_UP(bytes, nparts), 64);
+  uint64_t o = (uint64_t)k * size;
+  *off = o >= bytes ? bytes : (uint32_t)o;
+  *len = GW_MIN(size, bytes - *off);
+}
 
 /* The transport for a pair of ranks, or NULL when none can connect them. */
 const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,

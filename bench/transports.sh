@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# transports.sh - gradwire's allreduce over each of its transports on this one
+# machine, measured in one run: shm, tcp (loopback, GW_TRANSPORT=tcp) and ib
+# through the user-space verbs emulator (GW_TRANSPORT=ib GW_IB_EMULATE=1), at
+# BENCH_NRANKS ranks (default "2 4"), float32 sum, every result checked (#wrong
+# must be 0).  Prints, per world size and size, each transport's best out-of-place
+# busbw over BENCH_ROUNDS rounds (default 2) and ib's ratio to tcp and shm, and
+# writes bench/results/transports-<date>.csv.  The emulated ib moves data with
+# process_vm_writev: its figures say the transport runs and checks at every size
+# and how much it costs on top of a copy, not what an HCA would do (see
+# docs/architecture.md for what to measure on a real one).
+#
+# Usage: bench/transports.sh [BUILD]   (BUILD defaults to ./build)
+# Environment: BENCH_NRANKS ("2 4"), BENCH_ROUNDS (2), BENCH_MIN (1K), BENCH_MAX
+# (64M), BENCH_FACTOR (4), BENCH_ITERS (10).
+set -euo pipefail
+prog=transports.sh
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-$here/../build}" && pwd)
+gwrun=$build/tools/gw-run
+gwperf=$build/tools/gw-perf
+[ -x "$gwrun" ] && [ -x "$gwperf" ] || { echo "$prog: build gw-run and gw-perf first ($build)" >&2; exit 1; }
+[ -x "$build/test/test_ib" ] || echo "$prog: this build has no ib transport (libibverbs missing): shm and tcp only" >&2
+nranks_list=${BENCH_NRANKS:-2 4}
+rounds=${BENCH_ROUNDS:-2}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+transports="shm tcp"
+[ -x "$build/test/test_ib" ] && transports="shm tcp ib"
+
+status=0
+for n in $nranks_list; do
+  for ((r = 1; r <= rounds; r++)); do
+    for t in $transports; do
+      env=(GW_TRANSPORT="$t")
+      [ "$t" = ib ] && env+=(GW_IB_EMULATE=1)
+      if ! env "${env[@]}" timeout 600 "$gwrun" -n "$n" "$gwperf" -b "${BENCH_MIN:-1K}" -e "${BENCH_MAX:-64M}" \
+        -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-10}" -w 2 -c 1 --csv "$work/$t-$n-$r.csv" >"$work/$t-$n-$r.log" 2>&1; then
+        echo "$prog: $t at $n ranks, round $r failed:" >&2
+        tail -n 5 "$work/$t-$n-$r.log" >&2
+        status=1
+      fi
+    done
+  done
+done
+
+mkdir -p "$here/results"
+out=$here/results/transports-$(date +%Y-%m-%d).csv
+/usr/bin/env python3 - "$work" "$out" "$transports" "$nranks_list" "$rounds" <<'EOF' || status=1
+import csv, glob, os, sys
+work, out, transports, nranks_list, rounds = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), int(sys.argv[5])
+best, wrong = {}, 0
+for path in glob.glob(os.path.join(work, "*.csv")):
+    t, n, _ = os.path.basename(path)[:-4].split("-")
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            size = int(row["size"])
+            bw = float(row["oop_busbw"])
+            wrong += int(row["oop_wrong"]) + int(row["ip_wrong"])
+            key = (int(n), size, t)
+            best[key] = max(best.get(key, 0.0), bw)
+rows = []
+for n in sorted({k[0] for k in best}):
+    print(f"\n{n} ranks, float32 sum, out-of-place busbw GB/s (best of {rounds})")
+    print(f"{'size':>10} " + " ".join(f"{t:>8}" for t in transports) + ("   ib/tcp   ib/shm" if "ib" in transports else ""))
+    for size in sorted({k[1] for k in best if k[0] == n}):
+        vals = {t: best.get((n, size, t)) for t in transports}
+        line = f"{size:>10} " + " ".join(f"{vals[t]:8.2f}" if vals[t] is not None else f"{'-':>8}" for t in transports)
+        if "ib" in transports and vals.get("ib") and vals.get("tcp") and vals.get("shm"):
+            line += f"   {vals['ib'] / vals['tcp']:6.2f}x  {vals['ib'] / vals['shm']:6.2f}x"
+        print(line)
+        rows.append([n, size] + [vals[t] if vals[t] is not None else "" for t in transports])
+with open(out, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["nranks", "bytes"] + [f"{t}_busbw_gbps" for t in transports])
+    w.writerows(rows)
+print(f"\n#wrong over every run: {wrong}; CSV: {out}")
+sys.exit(1 if wrong else 0)
+EOF
+exit $status

@@ -1,0 +1,245 @@
+/* test_ib.c - the ib transport over the user-space verbs emulator
+ * (GW_IB_EMULATE=1): the transport choice; credits (a sender that runs out of
+ * credits waits, and never overwrites a slot its receiver has not read), with one
+ * queue pair and with chunks split over three; a bad rkey reported as a remote
+ * access error naming the peer; a rank killed with SIGKILL (each rank on its own
+ * "machine") makes the others fail quickly, naming it; the locked-memory limit
+ * and slot settings that differ across ranks as clear errors.  The collective
+ * grid over ib runs as separate meson tests (test_collectives). */
+#include <check.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "comm.h"
+#include "harness.h"
+#include "transport.h"
+
+static void emulate(void) {
+  setenv("GW_IB_EMULATE", "1", 1);
+  setenv("GW_TRANSPORT", "ib", 1);
+}
+
+static int raw_no_port(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r == GW_ERR_UNSUPPORTED, "init without an ib port returned %s", gw_strerror(r));
+  EXPECT(strstr(gw_comm_last_error(NULL), "ib"), "message does not mention ib: %s", gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_transport_choice) {
+  setenv("GW_IB_EMULATE", "1", 1);
+  unsetenv("GW_TRANSPORT");
+  ck_assert_int_eq(run_ranks(3, body_uses_transport, "shm", 60), 0); /* one machine: shm first */
+  emulate();
+  ck_assert_int_eq(run_ranks(3, body_uses_transport, "ib", 60), 0);
+  unsetenv("GW_IB_EMULATE");
+  if (!gw__ib_available()) /* a machine without an HCA: forcing ib is a clear error */
+    ck_assert_int_eq(run_ranks_raw(2, raw_no_port, NULL, 60), 0);
+  unsetenv("GW_TRANSPORT");
+}
+END_TEST
+
+/* ---- credits, straight on the transport ---- */
+enum { NCHUNKS = 300, NSLOTS = 4 };
+
+static uint32_t chunk_bytes(uint32_t i, uint32_t slot_bytes) {
+  return i % 7 == 0 ? slot_bytes : (uint32_t)((i * 2654435761u) % slot_bytes);
+}
+static uint8_t pattern(uint32_t i, uint32_t j) { return (uint8_t)(i * 31 + j * 7 + (j >> 8)); }
+
+static struct gw_conn_params params(uint32_t slot_bytes) {
+  struct gw_conn_params p = {.nslots = NSLOTS, .slot_bytes = slot_bytes, .job_hash = 42, .timeout_s = 20};
+  struct sockaddr_in *a = (struct sockaddr_in *)&p.local_addr;
+  a->sin_family = AF_INET;
+  a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  p.local_addr_len = sizeof *a;
+  return p;
+}
+
+/* The sending process: posts NCHUNKS patterned chunks; returns how long it
+ * waited for the slot of chunk NSLOTS (the receiver sleeps before reading). */
+static int sender(int hfd, int syncfd, uint32_t slot_bytes) {
+  struct gw_conn_params p = params(slot_bytes);
+  struct gw_conn_handle h;
+  if (read(hfd, &h, sizeof h) != sizeof h) return 10;
+  struct gw_conn c = {.tp = &gw__ib_transport, .self = 0, .peer = 1, .is_send = true};
+  struct gw_errctx err = {{0}};
+  if (c.tp->send_connect(&c, &p, &h, &err) != GW_SUCCESS) {
+    fprintf(stderr, "send_connect: %s\n", err.msg);
+    return 11;
+  }
+  char one = 1;
+  if (write(syncfd, &one, 1) != 1) return 12;
+  double waited_full = 0;
+  for (uint32_t i = 0; i < NCHUNKS; i++) {
+    void *buf;
+    size_t cap;
+    double t0 = test_now();
+    gw_result_t r;
+    while ((r = c.tp->send_slot(&c, slot_bytes, &buf, &cap)) == GW_INPROGRESS) {
+      if (test_now() - t0 > 15) return 13;
+      sched_yield();
+    }
+    if (r != GW_SUCCESS || cap < slot_bytes) return 14;
+    if (i == NSLOTS) waited_full = test_now() - t0;
+    uint32_t n = chunk_bytes(i, slot_bytes);
+    for (uint32_t j = 0; j < n; j++) ((uint8_t *)buf)[j] = pattern(i, j);
+    struct gw_chunk_hdr hdr = {.op = {.seq = i + 1, .count = n, .root = -1}, .bytes = n, .step = i};
+    if (c.tp->send_post(&c, &hdr) != GW_SUCCESS) return 15;
+    if (c.tp->progress(&c, &err) != GW_SUCCESS) return 16;
+  }
+  c.tp->close(&c);
+  /* the receiver slept 0.3 s before reading: chunk NSLOTS had to wait for a credit */
+  return waited_full > 0.15 ? 0 : 17;
+}
+
+static void credits(uint32_t slot_bytes) {
+  emulate();
+  int hp[2], sp[2];
+  ck_assert(pipe(hp) == 0 && pipe(sp) == 0);
+  pid_t pid = fork();
+  if (pid == 0) _exit(sender(hp[0], sp[1], slot_bytes));
+  struct gw_conn_params p = params(slot_bytes);
+  struct gw_conn c = {.tp = &gw__ib_transport, .self = 1, .peer = 0, .is_send = false};
+  struct gw_errctx err = {{0}};
+  struct gw_conn_handle h;
+  ck_assert_msg(c.tp->recv_setup(&c, &p, &h, &err) == GW_SUCCESS, "recv_setup: %s", err.msg);
+  ck_assert(write(hp[1], &h, sizeof h) == sizeof h);
+  char one;
+  ck_assert(read(sp[0], &one, 1) == 1);
+  ck_assert_msg(c.tp->recv_connect(&c, &err) == GW_SUCCESS, "recv_connect: %s", err.msg);
+  usleep(300 * 1000);
+  for (uint32_t i = 0; i < NCHUNKS; i++) {
+    const struct gw_chunk_hdr *hdr;
+    const void *data;
+    gw_result_t r;
+    double t0 = test_now();
+    while ((r = c.tp->recv_peek(&c, &hdr, &data)) == GW_INPROGRESS) {
+      ck_assert_msg(test_now() - t0 < 15, "chunk %u never arrived", i);
+      sched_yield();
+    }
+    ck_assert_msg(r == GW_SUCCESS, "chunk %u: %s", i, gw_strerror(r));
+    uint32_t n = chunk_bytes(i, slot_bytes);
+    ck_assert_msg(hdr->op.seq == i + 1 && hdr->bytes == n && hdr->step == i, "chunk %u: header seq %llu bytes %u",
+                  i, (unsigned long long)hdr->op.seq, hdr->bytes);
+    uint32_t bad = n;
+    for (uint32_t j = 0; j < n && bad == n; j++)
+      if (((const uint8_t *)data)[j] != pattern(i, j)) bad = j;
+    ck_assert_msg(bad == n, "chunk %u byte %u overwritten or wrong", i, bad);
+    ck_assert(c.tp->recv_release(&c) == GW_SUCCESS);
+  }
+  int status;
+  ck_assert(waitpid(pid, &status, 0) == pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "sender exited with %d", WEXITSTATUS(status));
+  c.tp->close(&c);
+}
+
+START_TEST(test_credits_one_qp) {
+  setenv("GW_IB_QPS_PER_CONN", "1", 1);
+  credits(4096);
+}
+END_TEST
+
+START_TEST(test_credits_three_qps) {
+  setenv("GW_IB_QPS_PER_CONN", "3", 1); /* 256 KiB slots: chunks split in up to 3 parts */
+  credits(256 << 10);
+}
+END_TEST
+
+/* ---- a bad rkey ---- */
+static int raw_bad_rkey(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  emulate();
+  if (rank == 0) setenv("GW_IB_TEST_BAD_RKEY", "3", 1); /* rank 0's third write */
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  gw_comm_set_timeout(comm, 20);
+  enum { COUNT = 1 << 20 };
+  float *buf = calloc(COUNT, sizeof *buf);
+  double t0 = test_now();
+  gw_result_t r = gw_allreduce(buf, buf, COUNT, GW_FLOAT32, GW_SUM, comm, NULL);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_REMOTE, "allreduce with a bad rkey returned %s: %s", gw_strerror(r), msg);
+  EXPECT(test_now() - t0 < 10, "took %.1f s", test_now() - t0);
+  if (rank == 0)
+    EXPECT(strstr(msg, "rank 1") && strstr(msg, "refused the write") && strstr(msg, "gwemu0"), "message: %s", msg);
+  free(buf);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_bad_rkey_reported) { ck_assert_int_eq(run_ranks_raw(2, raw_bad_rkey, NULL, 60), 0); }
+END_TEST
+
+/* ---- a killed rank, every rank on its own "machine" (a UTS namespace of its
+ * own, so no rank can watch another's pid: only the transport notices) ---- */
+static int raw_killed(int rank, int n, const char *master, void *arg) {
+  emulate();
+  char name[32];
+  snprintf(name, sizeof name, "ibnode%d", rank);
+  if (unshare(CLONE_NEWUTS) == 0 && sethostname(name, strlen(name)) != 0) return 1;
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  int rc = body_rank1_killed(comm, rank, n, arg);
+  gw_comm_destroy(comm);
+  return rc;
+}
+
+START_TEST(test_killed_rank_named) {
+  double limit = 5;
+  ck_assert_int_eq(run_ranks_raw(3, raw_killed, &limit, 90), 1); /* rank 1 dies on purpose */
+}
+END_TEST
+
+/* ---- setup errors ---- */
+static int raw_memlock(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  emulate();
+  setenv("GW_IB_EMULATE_MEMLOCK", "65536", 1); /* far below 8 slots of 256 KiB */
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r != GW_SUCCESS, "init succeeded beyond the locked-memory limit");
+  EXPECT(strstr(gw_comm_last_error(NULL), "ulimit -l"), "no memlock hint: %s", gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_memlock_hint) { ck_assert_int_eq(run_ranks_raw(2, raw_memlock, NULL, 60), 0); }
+END_TEST
+
+static int raw_slots_differ(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  emulate();
+  if (rank == 1) setenv("GW_SHM_SLOTS", "4", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r != GW_SUCCESS, "init succeeded with different slot settings");
+  /* the sender of each pair sees it; its partner fails the same setup */
+  if (r == GW_ERR_INVALID_ARGUMENT) EXPECT(strstr(gw_comm_last_error(NULL), "GW_SHM_SLOTS"), "%s", gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_slot_settings_differ) { ck_assert_int_eq(run_ranks_raw(2, raw_slots_differ, NULL, 60), 0); }
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("ib");
+  TCase *tc = tcase_create("ib");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_transport_choice);
+  tcase_add_test(tc, test_credits_one_qp);
+  tcase_add_test(tc, test_credits_three_qps);
+  tcase_add_test(tc, test_bad_rkey_reported);
+  tcase_add_test(tc, test_killed_rank_named);
+  tcase_add_test(tc, test_memlock_hint);
+  tcase_add_test(tc, test_slot_settings_differ);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}

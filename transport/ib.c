@@ -1,0 +1,762 @@
+/* ib.c - the InfiniBand (and RoCE) verbs transport: the connection of DESIGN.md
+ * between machines, the way NCCL's net_ib moves data.  The receiver owns the
+ * slot FIFO, registered for remote writes; the sender stages each chunk in its
+ * own registered slot and writes it, header first, straight into the receiver's
+ * slot with RDMA WRITE WITH IMM (one write per queue pair when a chunk is split
+ * over GW_IB_QPS_PER_CONN reliable-connected QPs); the immediate carries the
+ * chunk's position and part count, and consumes a receive the receiver posted
+ * ahead.  The receiver hands slots back by writing the released position into
+ * the sender's registered credit array (an inline RDMA WRITE), which the sender
+ * polls in its own memory: credits, so a write never lands in an unread slot.
+ * Sends are unsignaled except every sig_every-th per QP, so the send queue never
+ * overflows and completions stay rare; every failed work request completes
+ * anyway, with a status this file turns into an error naming both ranks and the
+ * device, with a hint.
+ *
+ * Connection setup is out of band: the receiver's QP numbers, address (LID/GID),
+ * slot address and rkey travel in the connection handle through the bootstrap;
+ * the sender sends its own over a TCP socket to the receiver, which stays open as
+ * the connection's liveness channel (a peer that dies closes it at once, long
+ * before the HCA's retry timeout would say so) and carries the receiver's "ready"
+ * byte so no write reaches a QP that is not yet ready to receive.  Not librdmacm:
+ * its connection manager needs IP addresses on the IB interfaces (IPoIB) and its
+ * own event loop, while every rank already reaches every other over the
+ * bootstrap's network; NCCL makes the same choice.
+ *
+ * Verbs are called through one table (ibv.h): libibverbs, or the user-space
+ * emulator when GW_IB_EMULATE=1 (tests on machines without an HCA). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ibv.h"
+#include "sock.h"
+#include "transport.h"
+
+#define IB_MAX_PORTS 16
+#define IB_MAX_QPS 8
+#define IB_HDR_BYTES 64u /* the chunk header at the start of every slot */
+#define IB_MIN_PART (64u << 10)
+#define IB_HANDLE_MAGIC 0x62697767u /* "gwib" */
+#define IB_HELLO_MAGIC 0x6c686267u
+#define IB_READY_BYTE 'R'
+#define IB_RECV_WRID (1ull << 63) /* receive work requests: this bit + QP index */
+
+/* ---- devices: opened once per process ------------------------------------------------ */
+struct ib_port {
+  char name[64];
+  uint8_t num;
+  struct ibv_context *ctx;
+  struct ibv_pd *pd;
+  struct ibv_port_attr attr;
+  union ibv_gid gid;
+  int gid_index; /* -1: route by LID (InfiniBand without GW_IB_GID_INDEX) */
+  bool eth;      /* RoCE: link layer Ethernet, routed by GID */
+};
+
+static struct {
+  pthread_once_t once;
+  const struct gw_ibv *v;
+  int n;
+  struct ib_port ports[IB_MAX_PORTS];
+  atomic_uint next; /* round robin over the ports, per connection */
+} ibs = {.once = PTHREAD_ONCE_INIT};
+
+static const char *mtu_str(enum ibv_mtu m) {
+  static const char *s[] = {"?", "256", "512", "1024", "2048", "4096"};
+  return (unsigned)m < 6 ? s[m] : "?";
+}
+
+/* Opens one device and takes its port `want` (0: the first active one). */
+static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
+  const struct gw_ibv *v = ibs.v;
+  const char *name = v->get_device_name(dev);
+  struct ibv_context *ctx = v->open_device(dev);
+  if (!ctx) {
+    GW_WARN(GW_SUB_INIT, "ib: cannot open %s: %s", name, strerror(errno));
+    return false;
+  }
+  struct ibv_device_attr da;
+  if (v->query_device(ctx, &da) != 0) da.phys_port_cnt = 1;
+  for (uint8_t p = want ? want : 1; p <= (want ? want : da.phys_port_cnt); p++) {
+    struct ib_port *pt = &ibs.ports[ibs.n];
+    memset(pt, 0, sizeof *pt);
+    if (v->query_port(ctx, p, &pt->attr) != 0) {
+      if (named) GW_WARN(GW_SUB_INIT, "ib: %s has no port %u", name, p);
+      continue;
+    }
+    if (pt->attr.state != IBV_PORT_ACTIVE) {
+      if (named) GW_WARN(GW_SUB_INIT, "ib: %s port %u is not active (state %d); not used", name, p, pt->attr.state);
+      continue;
+    }
+    pt->eth = pt->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
+    int64_t gi = gw__env_int("GW_IB_GID_INDEX", pt->eth ? 0 : -1);
+    pt->gid_index = (int)gi;
+    if (gi >= 0 && v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
+      GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %d (GW_IB_GID_INDEX): not used", name, p, (int)gi);
+      continue;
+    }
+    pt->pd = v->alloc_pd(ctx);
+    if (!pt->pd) {
+      GW_WARN(GW_SUB_INIT, "ib: cannot allocate a protection domain on %s: %s", name, strerror(errno));
+      continue;
+    }
+    snprintf(pt->name, sizeof pt->name, "%s:%u", name, p);
+    pt->ctx = ctx;
+    pt->num = p;
+    GW_INFO(GW_SUB_INIT, "ib: using %s (%s, %s %u, MTU %s%s)", pt->name, pt->eth ? "RoCE" : "InfiniBand",
+            pt->gid_index >= 0 ? "GID index" : "LID", pt->gid_index >= 0 ? (unsigned)pt->gid_index : pt->attr.lid,
+            mtu_str(pt->attr.active_mtu), v == &gw__ibv_emu ? ", emulated" : "");
+    ibs.n++;
+    if (!want || ibs.n == IB_MAX_PORTS) return true; /* the first active port of the device */
+  }
+  if (!ibs.n || ibs.ports[ibs.n - 1].ctx != ctx) v->close_device(ctx);
+  return ibs.n > 0;
+}
+
+/* Device (GPU) buffers: an HCA can write GPU memory directly (GPUDirect RDMA)
+ * when the peer-memory module (nvidia_peermem) is loaded; dma-buf export needs a
+ * GPU driver too.  Device buffers do not reach the transports yet (the
+ * collectives stage them), so this is only reported, once. */
+static const char *gdr_support(void) {
+  if (access("/sys/kernel/mm/memory_peers/nv_mem/version", F_OK) == 0 || access("/sys/module/nvidia_peermem", F_OK) == 0)
+    return "possible (nvidia_peermem is loaded)";
+  if (access("/proc/driver/nvidia/version", F_OK) == 0) return "unavailable (no nvidia_peermem; dma-buf not tried)";
+  return "unavailable (no NVIDIA driver)";
+}
+
+/* GW_IB_HCA: "mlx5_0:1,mlx5_1" (device[:port], several allowed); unset: the first
+ * device with an active port.  GW_IB_DISABLE=1 turns the transport off. */
+static void ib_init(void) {
+  if (gw__env_int("GW_IB_DISABLE", 0)) return;
+  ibs.v = gw__ibv();
+  int ndev = 0;
+  struct ibv_device **list = ibs.v->get_device_list(&ndev);
+  if (!list) return;
+  const char *hca = gw__env_str("GW_IB_HCA", NULL);
+  if (!hca) {
+    for (int i = 0; i < ndev && !ibs.n; i++) open_port(list[i], 0, false);
+  } else {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", hca);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok && ibs.n < IB_MAX_PORTS; tok = strtok_r(NULL, ",", &save)) {
+      char *colon = strchr(tok, ':');
+      uint8_t port = 0;
+      if (colon) *colon = 0, port = (uint8_t)atoi(colon + 1);
+      int i = 0;
+      while (i < ndev && strcmp(ibs.v->get_device_name(list[i]), tok) != 0) i++;
+      if (i == ndev) {
+        char names[160] = "";
+        for (int k = 0; k < ndev; k++)
+          snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "",
+                   ibs.v->get_device_name(list[k]));
+        GW_WARN(GW_SUB_INIT, "ib: GW_IB_HCA names %s, which is not among this machine's devices (%s)", tok,
+                ndev ? names : "none");
+        continue;
+      }
+      open_port(list[i], port, true);
+    }
+  }
+  ibs.v->free_device_list(list);
+  if (ibs.n) GW_INFO(GW_SUB_INIT, "ib: GPUDirect RDMA %s; device buffers are staged through the registered host slots",
+                     gdr_support());
+}
+
+bool gw__ib_available(void) {
+  pthread_once(&ibs.once, ib_init);
+  return ibs.n > 0;
+}
+
+static bool ib_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
+  return (self->caps & GW_CAP_IB) && (peer->caps & GW_CAP_IB);
+}
+
+/* ---- connection state ----------------------------------------------------------------- */
+struct ib_qpx {
+  struct ibv_qp *qp;
+  uint64_t posted; /* send work requests posted */
+  uint64_t done;   /* of them, known complete (a signaled completion covers all before it) */
+  uint32_t unsig;  /* unsignaled since the last signaled one */
+};
+
+/* The handle the receiver publishes: everything the sender needs to connect. */
+struct ib_handle {
+  uint32_t magic;
+  uint8_t nqps, nslots, mtu, eth;
+  struct gw_sockaddr_packed addr; /* the receiver's liveness socket */
+  uint64_t nonce;
+  uint64_t slots_addr;
+  uint32_t slots_rkey, slot_bytes;
+  uint32_t qpn[IB_MAX_QPS];
+  uint8_t gid[16];
+  uint16_t lid;
+};
+_Static_assert(sizeof(struct ib_handle) <= GW_CONN_HANDLE_BYTES, "ib handle fits the opaque handle");
+
+/* What the sender tells the receiver over the socket. */
+struct ib_hello {
+  uint32_t magic;
+  int32_t sender;
+  uint64_t job_hash, nonce;
+  uint64_t credit_addr;
+  uint32_t credit_rkey, nqps;
+  uint32_t qpn[IB_MAX_QPS];
+  uint8_t gid[16];
+  uint16_t lid;
+  uint8_t mtu, eth;
+};
+
+struct ib_conn {
+  struct ib_port *port;
+  uint32_t nslots, slot_bytes, stride, nqps, depth, sig_every;
+  struct ibv_cq *cq;
+  struct ib_qpx q[IB_MAX_QPS];
+  uint8_t *buf; /* sender: staging slots; receiver: the slots the sender writes */
+  size_t buf_bytes;
+  struct ibv_mr *mr;
+  uint64_t *credits; /* sender: entry pos % nslots = pos + 1 once chunk pos was released */
+  struct ibv_mr *credit_mr;
+  uint64_t raddr; /* sender: the receiver's slots; receiver: the sender's credits */
+  uint32_t rkey;
+  uint64_t pos;            /* sender: chunks posted; receiver: next chunk to deliver */
+  uint8_t *got, *need;     /* receiver, per slot: parts arrived, parts expected */
+  uint64_t credits_posted; /* receiver: releases written to the sender so far */
+  int fd, listen_fd;
+  bool ready; /* sender: the receiver's QPs are ready (its byte arrived) */
+  bool eof;   /* the peer closed the liveness socket */
+  uint64_t nonce, job_hash;
+  double timeout_s, next_check;
+  gw_result_t failed;
+  char failmsg[GW_ERRMSG_MAX];
+  char where[80]; /* " on mlx5_0:1", for messages */
+  int test_bad_rkey; /* GW_IB_TEST_BAD_RKEY: the Nth data write uses a wrong rkey (tests) */
+  uint32_t writes;
+};
+
+#define fail(c, t, code, ...) gw__conn_fail((c), &(t)->failed, (t)->failmsg, (t)->where, (code), __VA_ARGS__)
+
+static void conn_free(struct ib_conn *t) {
+  const struct gw_ibv *v = ibs.v;
+  for (uint32_t i = 0; i < IB_MAX_QPS; i++)
+    if (t->q[i].qp) v->destroy_qp(t->q[i].qp);
+  if (t->cq) v->destroy_cq(t->cq);
+  if (t->mr) v->dereg_mr(t->mr);
+  if (t->credit_mr) v->dereg_mr(t->credit_mr);
+  if (t->buf) munmap(t->buf, t->buf_bytes);
+  free(t->credits);
+  free(t->got);
+  free(t->need);
+  if (t->fd >= 0) close(t->fd);
+  if (t->listen_fd >= 0) close(t->listen_fd);
+  free(t);
+}
+
+/* ibv_reg_mr with the hint a user needs when it fails. */
+static struct ibv_mr *reg(struct gw_conn *c, struct ib_conn *t, void *addr, size_t len, int access,
+                          struct gw_errctx *err, gw_result_t *res) {
+  struct ibv_mr *mr = ibs.v->reg_mr(t->port->pd, addr, len, access);
+  if (mr) return mr;
+  int e = errno;
+  *res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot register %zu bytes with %s for rank %d: %s%s", c->self, len,
+                 t->port->name, c->peer, strerror(e),
+                 e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`, e.g. to unlimited, "
+                               "or lower GW_SHM_SLOTS / GW_SHM_SLOT_BYTES)"
+                             : "");
+  return NULL;
+}
+
+/* Everything both ends create: the port, the slots (staging or receive), the CQ
+ * and the QPs in INIT. */
+static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p, uint32_t nqps, int buf_access,
+                               struct ib_conn **out, struct gw_errctx *err) {
+  if (!gw__ib_available())
+    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: no active ib port (GW_IB_HCA, GW_IB_EMULATE)", c->self);
+  struct ib_conn *t = calloc(1, sizeof *t);
+  if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+  const struct gw_ibv *v = ibs.v;
+  gw_result_t res = GW_SUCCESS;
+  t->fd = t->listen_fd = -1;
+  t->port = &ibs.ports[atomic_fetch_add(&ibs.next, 1) % (unsigned)ibs.n];
+  snprintf(t->where, sizeof t->where, " on %s", t->port->name);
+  t->nslots = p->nslots;
+  t->slot_bytes = p->slot_bytes;
+  t->stride = IB_HDR_BYTES + p->slot_bytes;
+  t->nqps = nqps;
+  t->depth = t->nslots + 8;
+  t->sig_every = GW_MAX(1u, t->depth / 4);
+  t->job_hash = p->job_hash;
+  t->timeout_s = p->timeout_s > 0 ? p->timeout_s : 60;
+  t->test_bad_rkey = (int)gw__env_int("GW_IB_TEST_BAD_RKEY", 0);
+  t->buf_bytes = (size_t)t->nslots * t->stride;
+  void *m = mmap(NULL, t->buf_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (m == MAP_FAILED) {
+    t->buf = NULL;
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot allocate %zu bytes of ib slots: %s", c->self, t->buf_bytes,
+                  strerror(errno));
+    goto fail;
+  }
+  t->buf = m;
+  if (!(t->mr = reg(c, t, t->buf, t->buf_bytes, buf_access, err, &res))) goto fail;
+  int cqe = (int)(nqps * (t->nslots + t->depth) + 16);
+  t->cq = v->create_cq(t->port->ctx, cqe, NULL, NULL, 0);
+  if (!t->cq) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot create a completion queue of %d on %s: %s", c->self, cqe,
+                  t->port->name, strerror(errno));
+    goto fail;
+  }
+  for (uint32_t i = 0; i < nqps; i++) {
+    struct ibv_qp_init_attr ia = {.send_cq = t->cq, .recv_cq = t->cq, .qp_type = IBV_QPT_RC,
+                                  .cap = {.max_send_wr = t->depth, .max_recv_wr = t->nslots, .max_send_sge = 1,
+                                          .max_recv_sge = 1, .max_inline_data = 64}};
+    t->q[i].qp = v->create_qp(t->port->pd, &ia);
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = t->port->num,
+                            .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
+    int e = t->q[i].qp ? v->modify_qp(t->q[i].qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                                           IBV_QP_ACCESS_FLAGS)
+                       : errno;
+    if (e) {
+      res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot create queue pair %u of %u on %s for rank %d: %s", c->self,
+                    i + 1, nqps, t->port->name, c->peer, strerror(e));
+      goto fail;
+    }
+  }
+  *out = t;
+  return GW_SUCCESS;
+fail:
+  conn_free(t);
+  return res;
+}
+
+/* A QP through RTR and RTS towards the remote QP `qpn`. */
+static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16_t lid, const uint8_t gid[16],
+                      uint8_t mtu) {
+  const struct ib_port *pt = t->port;
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                          .path_mtu = (enum ibv_mtu)GW_MIN((unsigned)pt->attr.active_mtu, (unsigned)mtu),
+                          .dest_qp_num = qpn, .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12};
+  a.ah_attr.dlid = lid;
+  a.ah_attr.sl = (uint8_t)gw__env_int("GW_IB_SL", 0);
+  a.ah_attr.port_num = pt->num;
+  if (pt->gid_index >= 0) {
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
+    a.ah_attr.grh.sgid_index = (uint8_t)pt->gid_index;
+    a.ah_attr.grh.hop_limit = 255;
+    a.ah_attr.grh.traffic_class = (uint8_t)gw__env_int("GW_IB_TC", 0);
+  }
+  int e = ibs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (e) return e;
+  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = (uint8_t)gw__env_int("GW_IB_TIMEOUT", 18),
+                           .retry_cnt = (uint8_t)gw__env_int("GW_IB_RETRY_CNT", 7), .rnr_retry = 7, .sq_psn = 0,
+                           .max_rd_atomic = 1};
+  return ibs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                      IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int post_recv(struct ib_conn *t, uint32_t qi) {
+  struct ibv_recv_wr wr = {.wr_id = IB_RECV_WRID | qi}, *bad;
+  return ibs.v->post_recv(t->q[qi].qp, &wr, &bad);
+}
+
+static uint32_t qps_per_conn(void) {
+  int64_t n = gw__env_int("GW_IB_QPS_PER_CONN", 1);
+  return (uint32_t)GW_MAX(1, GW_MIN(n, IB_MAX_QPS));
+}
+
+/* ---- setup ----------------------------------------------------------------------------- */
+static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params *p, struct gw_conn_handle *out,
+                                 struct gw_errctx *err) {
+  struct ib_conn *t;
+  if (p->local_addr_len == 0) return gw__err(err, GW_ERR_INTERNAL, "rank %d: no local address for ib", c->self);
+  GW_CHECK(conn_create(c, p, qps_per_conn(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &t, err));
+  gw_result_t res = GW_SUCCESS;
+  t->got = calloc(t->nslots, 1);
+  t->need = calloc(t->nslots, 1);
+  if (!t->got || !t->need || getrandom(&t->nonce, sizeof t->nonce, 0) != sizeof t->nonce) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory or entropy", c->self);
+    goto fail;
+  }
+  for (uint32_t i = 0; i < t->nqps; i++)
+    for (uint32_t k = 0; k < t->nslots; k++) {
+      int e = post_recv(t, i);
+      if (e) {
+        res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot post receives on %s: %s", c->self, t->port->name,
+                      strerror(e));
+        goto fail;
+      }
+    }
+  struct sockaddr_storage a;
+  t->listen_fd = gw__sock_listen(&p->local_addr, p->local_addr_len, 4, &a);
+  if (t->listen_fd < 0) {
+    char where[96];
+    gw__sock_addr_str(&p->local_addr, where, sizeof where);
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s (check GW_SOCKET_IFNAME)",
+                  c->self, c->peer, where, strerror(errno));
+    goto fail;
+  }
+  struct ib_handle h = {.magic = IB_HANDLE_MAGIC, .nqps = (uint8_t)t->nqps, .nslots = (uint8_t)t->nslots,
+                        .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth, .nonce = t->nonce,
+                        .slots_addr = (uintptr_t)t->buf, .slots_rkey = t->mr->rkey, .slot_bytes = t->slot_bytes,
+                        .lid = t->port->attr.lid};
+  gw__sock_pack(&a, &h.addr);
+  memcpy(h.gid, t->port->gid.raw, 16);
+  for (uint32_t i = 0; i < t->nqps; i++) h.qpn[i] = t->q[i].qp->qp_num;
+  memset(out, 0, sizeof *out);
+  memcpy(out->bytes, &h, sizeof h);
+  c->priv = t;
+  return GW_SUCCESS;
+fail:
+  conn_free(t);
+  return res;
+}
+
+static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_params *p, const struct gw_conn_handle *in,
+                                   struct gw_errctx *err) {
+  struct ib_handle h;
+  memcpy(&h, in->bytes, sizeof h);
+  struct sockaddr_storage a;
+  socklen_t al;
+  if (h.magic != IB_HANDLE_MAGIC || h.nqps < 1 || h.nqps > IB_MAX_QPS || !gw__sock_unpack(&h.addr, &a, &al))
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d sent a malformed ib handle", c->self, c->peer);
+  if (h.nslots != p->nslots || h.slot_bytes != p->slot_bytes)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT,
+                   "rank %d: rank %d uses %u slots of %u bytes, this rank %u of %u: GW_SHM_SLOTS and "
+                   "GW_SHM_SLOT_BYTES must agree on every rank", c->self, c->peer, h.nslots, h.slot_bytes,
+                   p->nslots, p->slot_bytes);
+  if (!gw__ib_available() || (bool)h.eth != ibs.ports[0].eth)
+    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: rank %d's ib port is %s, this rank's is not", c->self, c->peer,
+                   h.eth ? "RoCE (Ethernet)" : "InfiniBand");
+  struct ib_conn *t;
+  GW_CHECK(conn_create(c, p, h.nqps, IBV_ACCESS_LOCAL_WRITE, &t, err)); /* the receiver decides nqps */
+  gw_result_t res = GW_SUCCESS;
+  t->raddr = h.slots_addr;
+  t->rkey = h.slots_rkey;
+  t->credits = aligned_alloc(64, GW_ALIGN_UP(t->nslots * sizeof(uint64_t), 64));
+  if (!t->credits) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+    goto fail;
+  }
+  memset(t->credits, 0, t->nslots * sizeof(uint64_t));
+  t->credit_mr = reg(c, t, t->credits, t->nslots * sizeof(uint64_t), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+                     err, &res);
+  if (!t->credit_mr) goto fail;
+  struct ib_hello hello = {.magic = IB_HELLO_MAGIC, .sender = c->self, .job_hash = t->job_hash, .nonce = h.nonce,
+                           .credit_addr = (uintptr_t)t->credits, .credit_rkey = t->credit_mr->rkey, .nqps = t->nqps,
+                           .lid = t->port->attr.lid, .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth};
+  memcpy(hello.gid, t->port->gid.raw, 16);
+  for (uint32_t i = 0; i < t->nqps; i++) hello.qpn[i] = t->q[i].qp->qp_num;
+  char where[96];
+  gw__sock_addr_str(&a, where, sizeof where);
+  t->fd = gw__sock_connect_hello(&a, al, &hello, sizeof hello, gw__now() + t->timeout_s);
+  if (t->fd < 0) {
+    res = gw__err(err, GW_ERR_REMOTE, "rank %d: cannot connect to rank %d (%s) at %s: %s", c->self, c->peer,
+                  c->peer_host, where, strerror(errno));
+    goto fail;
+  }
+  gw__sock_tune(t->fd);
+  for (uint32_t i = 0; i < t->nqps; i++) {
+    int e = qp_connect(t, t->q[i].qp, h.qpn[i], h.lid, h.gid, h.mtu);
+    if (e) {
+      res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot connect queue pair %u on %s to rank %d's: %s%s", c->self, i,
+                    t->port->name, c->peer, strerror(e), t->port->eth ? " (check GW_IB_GID_INDEX)" : "");
+      goto fail;
+    }
+  }
+  c->priv = t;
+  snprintf(c->desc + strlen(c->desc), sizeof c->desc - strlen(c->desc), " %s", t->port->name);
+  return GW_SUCCESS;
+fail:
+  conn_free(t);
+  return res;
+}
+
+static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
+  struct ib_conn *t = c->priv;
+  double deadline = gw__now() + t->timeout_s;
+  struct ib_hello hello;
+  for (;;) {
+    int fd = gw__sock_accept_hello(t->listen_fd, &hello, sizeof hello, deadline);
+    if (fd < 0)
+      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) did not connect its ib queue pairs within %.0f s",
+                     c->self, c->peer, c->peer_host, t->timeout_s);
+    if (hello.magic == IB_HELLO_MAGIC && hello.job_hash == t->job_hash && hello.nonce == t->nonce &&
+        hello.sender == c->peer && hello.nqps == t->nqps) {
+      t->fd = fd;
+      break;
+    }
+    GW_WARN(GW_SUB_ALL, "rank %d: refused a connection that is not rank %d's ib connection of this job", c->self,
+            c->peer);
+    close(fd);
+  }
+  close(t->listen_fd);
+  t->listen_fd = -1;
+  t->raddr = hello.credit_addr;
+  t->rkey = hello.credit_rkey;
+  for (uint32_t i = 0; i < t->nqps; i++) {
+    int e = qp_connect(t, t->q[i].qp, hello.qpn[i], hello.lid, hello.gid, hello.mtu);
+    if (e)
+      return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot connect queue pair %u on %s to rank %d's: %s%s", c->self, i,
+                     t->port->name, c->peer, strerror(e), t->port->eth ? " (check GW_IB_GID_INDEX)" : "");
+  }
+  char ready = IB_READY_BYTE;
+  if (!gw__sock_io_deadline(t->fd, &ready, 1, true, deadline))
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d (%s) closed its ib connection during setup", c->self,
+                   c->peer, c->peer_host);
+  gw__sock_tune(t->fd);
+  return GW_SUCCESS;
+}
+
+/* ---- completions, liveness ---------------------------------------------------------------- */
+static const char *status_hint(enum ibv_wc_status s) {
+  switch (s) {
+    case IBV_WC_RETRY_EXC_ERR:
+      return "the peer is unreachable or dead: check the link (ibstat), GW_IB_GID_INDEX on RoCE, and whether the "
+             "peer process still runs";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "the peer posted no receive in time (receiver not ready)";
+    case IBV_WC_REM_ACCESS_ERR: return "the peer refused the write: a wrong rkey or an address outside its slots";
+    case IBV_WC_LOC_PROT_ERR: return "a local buffer is not registered";
+    case IBV_WC_WR_FLUSH_ERR: return "flushed: the queue pair failed earlier (see the first error on either side)";
+    default: return "see ibv_wc_status_str";
+  }
+}
+
+static struct ib_qpx *qpx_of(struct ib_conn *t, uint32_t qp_num, uint32_t *index) {
+  for (uint32_t i = 0; i < t->nqps; i++)
+    if (t->q[i].qp->qp_num == qp_num) {
+      if (index) *index = i;
+      return &t->q[i];
+    }
+  return NULL;
+}
+
+/* A receive completion: one part of the chunk at the position in its immediate. */
+static gw_result_t on_arrival(struct gw_conn *c, struct ib_conn *t, const struct ibv_wc *wc) {
+  uint32_t qi;
+  if (!qpx_of(t, wc->qp_num, &qi)) return fail(c, t, GW_ERR_INTERNAL, "a completion of an unknown queue pair");
+  uint32_t imm = ntohl(wc->imm_data), p24 = imm >> 8, nparts = (imm >> 4) & 15, part = imm & 15;
+  uint64_t pos = t->pos + ((p24 - (uint32_t)(t->pos & 0xffffff)) & 0xffffff);
+  if (pos >= t->pos + t->nslots || nparts < 1 || nparts > t->nqps || part >= nparts)
+    return fail(c, t, GW_ERR_REMOTE, "a write with a malformed immediate 0x%08x (next chunk %" PRIu64 ")", imm,
+                t->pos);
+  uint32_t s = (uint32_t)(pos % t->nslots);
+  if (t->got[s] && t->need[s] != nparts)
+    return fail(c, t, GW_ERR_REMOTE, "chunk %" PRIu64 " arrives in both %u and %u parts", pos, t->need[s], nparts);
+  t->need[s] = (uint8_t)nparts;
+  if (++t->got[s] > nparts) return fail(c, t, GW_ERR_REMOTE, "chunk %" PRIu64 " has too many parts", pos);
+  int e = post_recv(t, qi);
+  if (e) return fail(c, t, GW_ERR_SYSTEM, "cannot post a receive: %s", strerror(e));
+  return GW_SUCCESS;
+}
+
+static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
+  struct ibv_wc wc[16];
+  int n;
+  while ((n = ibs.v->poll_cq(t->cq, 16, wc)) > 0) {
+    for (int i = 0; i < n; i++) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        if (t->failed) continue;
+        if (wc[i].status == IBV_WC_WR_FLUSH_ERR && t->eof)
+          return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or failed)", c->peer);
+        return fail(c, t, GW_ERR_REMOTE, "%s failed: %s (status %d): %s",
+                    (wc[i].wr_id & IB_RECV_WRID) ? "a receive" : "an RDMA write",
+                    ibv_wc_status_str(wc[i].status), (int)wc[i].status, status_hint(wc[i].status));
+      }
+      if (wc[i].wr_id & IB_RECV_WRID) {
+        if (c->is_send) return fail(c, t, GW_ERR_INTERNAL, "a receive completion on the sending end");
+        GW_CHECK(on_arrival(c, t, &wc[i]));
+      } else {
+        struct ib_qpx *q = qpx_of(t, wc[i].qp_num, NULL);
+        if (q && wc[i].wr_id > q->done) q->done = wc[i].wr_id;
+      }
+    }
+  }
+  if (n < 0) return fail(c, t, GW_ERR_SYSTEM, "polling the completion queue failed (%d)", n);
+  return t->failed;
+}
+
+/* The liveness socket, looked at about every 10 ms: the receiver's ready byte,
+ * or the peer closing it (exit, crash, kill). */
+static void check_socket(struct ib_conn *t) {
+  double now = gw__now();
+  if (t->eof || (t->ready && now < t->next_check)) return; /* before ready: at every look */
+  t->next_check = now + 0.01;
+  char b;
+  ssize_t n = recv(t->fd, &b, 1, MSG_DONTWAIT);
+  if (n == 1 && b == IB_READY_BYTE) t->ready = true;
+  else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) t->eof = true;
+}
+
+static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *waiting) {
+  return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or died) while this rank waited for %s",
+              c->peer, waiting);
+}
+
+/* One RDMA write; signaled every sig_every-th on its QP, or when asked. */
+static int post_write(struct ib_conn *t, struct ib_qpx *q, struct ibv_sge *sge, int nsge, uint64_t raddr,
+                      uint32_t rkey, bool imm, uint32_t imm_data, bool inl, bool signal) {
+  struct ibv_send_wr wr = {.sg_list = sge, .num_sge = nsge,
+                           .opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                           .send_flags = inl ? IBV_SEND_INLINE : 0, .imm_data = htonl(imm_data)},
+                     *bad;
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  if (signal || ++q->unsig >= t->sig_every) wr.send_flags |= IBV_SEND_SIGNALED, q->unsig = 0;
+  wr.wr_id = q->posted + 1;
+  int e = ibs.v->post_send(q->qp, &wr, &bad);
+  if (!e) q->posted++;
+  return e;
+}
+
+static bool sq_room(const struct ib_conn *t, const struct ib_qpx *q) { return q->posted - q->done + 1 < t->depth; }
+
+/* ---- data path: sender ------------------------------------------------------------------- */
+static gw_result_t ib_send_slot(struct gw_conn *c, size_t bytes, void **buf, size_t *cap) {
+  struct ib_conn *t = c->priv;
+  (void)bytes;
+  if (t->failed) return t->failed;
+  GW_CHECK(poll_cq(c, t));
+  check_socket(t);
+  bool room = t->ready;
+  if (room && t->pos >= t->nslots) {
+    uint64_t want = t->pos - t->nslots + 1;
+    room = __atomic_load_n(&t->credits[t->pos % t->nslots], __ATOMIC_ACQUIRE) == want;
+  }
+  for (uint32_t i = 0; room && i < t->nqps; i++) room = sq_room(t, &t->q[i]);
+  if (!room) return t->eof ? peer_gone(c, t, "a free slot") : GW_INPROGRESS;
+  *buf = t->buf + (size_t)(t->pos % t->nslots) * t->stride + IB_HDR_BYTES;
+  *cap = t->slot_bytes;
+  return GW_SUCCESS;
+}
+
+static gw_result_t ib_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
+  struct ib_conn *t = c->priv;
+  uint32_t s = (uint32_t)(t->pos % t->nslots), total = IB_HDR_BYTES + h->bytes;
+  uint8_t *slot = t->buf + (size_t)s * t->stride;
+  memcpy(slot, h, sizeof *h);
+  uint32_t nparts = gw__nparts(total, t->nqps, IB_MIN_PART);
+  for (uint32_t k = 0; k < nparts; k++) {
+    uint32_t off, len;
+    gw__part_of(total, nparts, k, &off, &len);
+    struct ib_qpx *q = &t->q[(t->pos + k) % t->nqps];
+    struct ibv_sge sge = {.addr = (uintptr_t)(slot + off), .length = len, .lkey = t->mr->lkey};
+    uint32_t rkey = t->rkey;
+    if (t->test_bad_rkey && ++t->writes == (uint32_t)t->test_bad_rkey) rkey ^= 0x5a5a00u;
+    uint32_t imm = (uint32_t)(t->pos & 0xffffff) << 8 | nparts << 4 | k;
+    int e = post_write(t, q, &sge, 1, t->raddr + (uint64_t)s * t->stride + off, rkey, true, imm, false, false);
+    if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send failed: %s", strerror(e));
+  }
+  t->pos++;
+  return GW_SUCCESS;
+}
+
+/* ---- data path: receiver ------------------------------------------------------------------ */
+/* Tells the sender about every slot released so far (an inline write of the
+ * released position into its credit array), as far as the send queue has room. */
+static gw_result_t push_credits(struct gw_conn *c, struct ib_conn *t) {
+  struct ib_qpx *q = &t->q[0];
+  while (t->credits_posted < t->pos) {
+    if (!sq_room(t, q)) {
+      GW_CHECK(poll_cq(c, t));
+      if (!sq_room(t, q)) return GW_SUCCESS; /* later: recv_peek and progress come back here */
+    }
+    uint64_t p = t->credits_posted, value = p + 1;
+    struct ibv_sge sge = {.addr = (uintptr_t)&value, .length = sizeof value};
+    int e = post_write(t, q, &sge, 1, t->raddr + (p % t->nslots) * sizeof(uint64_t), t->rkey, false, 0, true, false);
+    if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send (credit) failed: %s", strerror(e));
+    t->credits_posted++;
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t ib_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data) {
+  struct ib_conn *t = c->priv;
+  if (t->failed) return t->failed;
+  uint32_t s = (uint32_t)(t->pos % t->nslots);
+  if (!t->got[s] || t->got[s] < t->need[s]) {
+    GW_CHECK(poll_cq(c, t));
+    GW_CHECK(push_credits(c, t));
+    if (!t->got[s] || t->got[s] < t->need[s]) {
+      check_socket(t);
+      return t->eof ? peer_gone(c, t, "a chunk") : GW_INPROGRESS;
+    }
+  }
+  const uint8_t *slot = t->buf + (size_t)s * t->stride;
+  const struct gw_chunk_hdr *hdr = (const struct gw_chunk_hdr *)slot;
+  if (hdr->bytes > t->slot_bytes || gw__nparts(IB_HDR_BYTES + hdr->bytes, t->nqps, IB_MIN_PART) != t->need[s])
+    return fail(c, t, GW_ERR_REMOTE, "chunk %" PRIu64 " has a malformed header (%u bytes in %u parts)", t->pos,
+                hdr->bytes, t->need[s]);
+  *h = hdr;
+  *data = slot + IB_HDR_BYTES;
+  return GW_SUCCESS;
+}
+
+static gw_result_t ib_recv_release(struct gw_conn *c) {
+  struct ib_conn *t = c->priv;
+  uint32_t s = (uint32_t)(t->pos % t->nslots);
+  t->got[s] = t->need[s] = 0;
+  t->pos++;
+  return push_credits(c, t);
+}
+
+static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
+  struct ib_conn *t = c->priv;
+  gw_result_t r = t->failed;
+  if (!r) r = poll_cq(c, t);
+  if (!r && !c->is_send) r = push_credits(c, t);
+  if (!r) check_socket(t);
+  if (r && err) gw__err(err, r, "%s", t->failmsg);
+  return r;
+}
+
+/* Before the QPs go: a last signaled write on every QP with unsignaled writes
+ * outstanding, so the data is known to have landed (at most 2 s; not when the
+ * peer is already gone). */
+static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
+  double deadline = gw__now() + 2.0;
+  for (uint32_t i = 0; i < t->nqps && !t->failed; i++) {
+    struct ib_qpx *q = &t->q[i];
+    if (q->done == q->posted) continue;
+    struct ibv_sge sge = {.addr = (uintptr_t)t->buf, .length = 0, .lkey = t->mr->lkey};
+    if (post_write(t, q, &sge, 0, t->raddr, t->rkey, false, 0, false, true) != 0) return;
+    while (q->done < q->posted && !t->failed && !t->eof && gw__now() < deadline) {
+      poll_cq(c, t);
+      check_socket(t);
+    }
+  }
+}
+
+static void ib_close(struct gw_conn *c) {
+  struct ib_conn *t = c->priv;
+  if (!t) return;
+  if (c->is_send && t->ready) flush_sends(c, t);
+  conn_free(t);
+  c->priv = NULL;
+}
+
+const struct gw_transport gw__ib_transport = {
+    .name = "ib",
+    .ll_chunk_bytes = 0,
+    .can_connect = ib_can_connect,
+    .recv_setup = ib_recv_setup,
+    .send_connect = ib_send_connect,
+    .recv_connect = ib_recv_connect,
+    .send_slot = ib_send_slot,
+    .send_post = ib_send_post,
+    .recv_peek = ib_recv_peek,
+    .recv_release = ib_recv_release,
+    .progress = ib_progress,
+    .pollfds = NULL,
+    .close = ib_close,
+};

@@ -1,0 +1,1136 @@
+/* ibemu.c - a user-space emulator of the verbs in ibv.h, so the ib transport
+ * can be tested on machines without an HCA (GW_IB_EMULATE=1).  It connects RC
+ * queue pairs of processes on one host (network and UTS namespaces may differ;
+ * the PID namespace and uid must be shared) and keeps libibverbs' contract:
+ * its types, its return conventions, key and bounds checks on both ends, RNR
+ * retries, transport retries with the QP's timeout, in-order completions,
+ * flushes once a QP is in the error state.
+ *
+ * What is emulated: devices gwemu0.. (GW_IB_EMULATE_DEVICES, default 1) with one
+ * active port (GW_IB_EMULATE_LINK=ib|eth), PDs, MRs (GW_IB_EMULATE_MEMLOCK
+ * simulates `ulimit -l`), CQs, RC QPs, RDMA WRITE and RDMA WRITE WITH IMM.  Not
+ * emulated: SEND, READ, atomics, UD/UC, SRQ, completion channels and events,
+ * memory windows, path migration.
+ *
+ * How: every context owns a memfd "segment" holding what a remote must see (MR
+ * table, per QP its state and receive-queue counters, inbound completions),
+ * announced by its LID in a host-wide registry /dev/shm/gw-ibemu-lids-<uid>.  A
+ * requester maps a remote segment with pidfd_getfd, checks keys and bounds
+ * there, moves the data itself with process_vm_writev (memcpy in the same
+ * process) and publishes the inbound completion with a release store; the
+ * receiver sees it when it polls.  Work that cannot complete yet (receiver not
+ * ready, remote unreachable) stays queued and is retried whenever the owner
+ * posts to that QP or polls its send CQ.  The registry (1 MiB, one per uid) is
+ * the only file; everything else dies with its process, and a dead process's
+ * LID is taken over by the next one that needs it.  As with real verbs, a
+ * context belongs to the process that opened it: open devices after fork(). */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "ibv.h"
+
+#define EMU_MAGIC 0x756d656269777767ull /* "gwibemu" */
+#define MAX_DEVICES 16
+#define MAX_QP 1024    /* QP slots per context; qp_num = generation << 10 | slot */
+#define MAX_MR 4096    /* MR slots per context; key = generation << 12 | slot */
+#define RQ_SLOTS 4096  /* inbound completion slots per QP (>= MAX_WR) */
+#define MAX_WR 4096
+#define MAX_SGE 16
+#define MAX_INLINE 256
+#define MAX_CQE (1 << 22)
+#define NLIDS 65536
+#define RQ_CLOSED UINT64_MAX /* rq `claimed` while the QP takes no inbound messages */
+#define BLOCKED (-1)         /* a send WR that cannot complete yet */
+#define MR_ACCESS_OK                                                                       \
+  (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |            \
+   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING)
+#define SEND_FLAGS_OK (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE)
+
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
+               "the segment is shared between processes: its atomics must be lock-free");
+
+/* ---- the shared segment: only atomics on naturally aligned words ------------- */
+struct seg_mr {
+  _Atomic uint32_t key; /* 0 while the slot is free; written last (release) */
+  _Atomic uint32_t access, pd, pad;
+  _Atomic uint64_t addr, length;
+};
+struct seg_in { /* one inbound WRITE_WITH_IMM, at slot claimed % RQ_SLOTS */
+  _Atomic uint64_t seq; /* claimed index + 1, published last (release) */
+  _Atomic uint32_t imm, byte_len;
+};
+struct seg_qp {
+  _Atomic uint32_t qpn; /* 0 while the slot is free */
+  _Atomic uint32_t state, pd, access, min_rnr_timer, pad[3];
+  _Atomic uint64_t posted;  /* receives posted by the owner, ever (release) */
+  _Atomic uint64_t claimed; /* receives taken by senders, ever; RQ_CLOSED when closed */
+  uint64_t pad2[4];
+  struct seg_in in[RQ_SLOTS];
+};
+struct seg_hdr {
+  uint64_t magic, nonce;
+  int32_t pid;
+  _Atomic uint32_t alive;
+};
+struct seg {
+  union {
+    struct seg_hdr h;
+    char page[4096];
+  } hdr;
+  struct seg_mr mr[MAX_MR];
+  struct seg_qp qp[MAX_QP];
+};
+#define SEG_SIZE sizeof(struct seg) /* about 64 MiB, sparse: untouched pages cost nothing */
+
+/* ---- process-local objects ------------------------------------------------------ */
+struct swr { /* a posted send WR, as the requester keeps it */
+  uint64_t wr_id, raddr;
+  uint32_t rkey, imm, len;
+  int with_imm, signaled, inl, nsge, started, rnr_count, status;
+  double t_first, t_rnr; /* first attempt; when the running RNR timer expires */
+};
+struct emu_ctx;
+struct emu_pd {
+  struct ibv_pd pd;
+  int refs;
+  struct emu_pd *next;
+};
+struct emu_cq {
+  struct ibv_cq cq;
+  int refs, overrun;
+  struct emu_cq *next;
+};
+struct emu_mr {
+  struct ibv_mr mr;
+  int slot;
+  uint64_t locked;
+};
+struct emu_qp {
+  struct ibv_qp qp;
+  struct emu_ctx *ctx;
+  struct seg_qp *sh;
+  struct emu_cq *scq, *rcq;
+  struct ibv_qp_cap cap;
+  int sig_all, errored;
+  struct ibv_ah_attr ah;
+  uint32_t dest_qpn;
+  uint64_t dest_nonce; /* the context the QP reached first: a later owner of its LID is not it */
+  uint8_t timeout, retry_cnt, rnr_retry;
+  struct swr *sq;
+  struct ibv_sge *sge; /* max_send_sge per SQ entry */
+  uint8_t *inl;        /* max_inline_data per SQ entry */
+  uint64_t sq_head, sq_rep, sq_exec, sq_tail; /* covered <= reported <= executed <= posted */
+  uint64_t sq_cqes;                           /* completions made, not yet polled */
+  uint64_t *rq_wrid;
+  uint64_t rq_post, rq_cons;
+};
+struct remote { /* a mapped remote segment, by LID */
+  uint16_t lid;
+  int32_t pid;
+  int pidfd, exited;
+  uint64_t nonce;
+  double checked; /* when its process was last seen alive */
+  struct seg *seg;
+};
+struct emu_ctx {
+  struct ibv_context ctx;
+  pthread_mutex_t lock;
+  int memfd, eth;
+  int32_t pid;
+  uint16_t lid;
+  uint64_t nonce;
+  struct seg *seg;
+  struct emu_qp *qps[MAX_QP];
+  uint16_t qp_gen[MAX_QP];
+  struct emu_qp *live[MAX_QP];
+  int nlive;
+  unsigned rot;
+  struct emu_mr *mrs[MAX_MR];
+  uint32_t mr_gen[MAX_MR];
+  struct emu_pd *pds;
+  struct emu_cq *cqs;
+  uint32_t handles;
+  struct remote *rem;
+  int nrem, caprem;
+};
+
+#define CTX(c) ((struct emu_ctx *)(c))
+#define QP(q) ((struct emu_qp *)(q))
+#define CQ(q) ((struct emu_cq *)(q))
+#define PD(p) ((struct emu_pd *)(p))
+#define MR(m) ((struct emu_mr *)(m))
+
+static void *fail(int err) {
+  errno = err;
+  return NULL;
+}
+
+/* ---- the LID registry: {pid, memfd number, nonce} per LID ------------------------- */
+struct lid_ent {
+  _Atomic int32_t pid, fd;
+  _Atomic uint64_t nonce; /* written last when claimed (release), cleared first on release */
+};
+static struct lid_ent *registry;
+static int registry_errno;
+static pthread_once_t registry_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t memlocked; /* bytes registered by this process, all contexts */
+
+static void registry_init(void) {
+  char path[64];
+  snprintf(path, sizeof path, "/dev/shm/gw-ibemu-lids-%u", (unsigned)getuid());
+  size_t size = NLIDS * sizeof(struct lid_ent);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != getuid() ||
+      ((size_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0)) {
+    registry_errno = fd < 0 ? errno : EACCES;
+    GW_WARN(GW_SUB_INIT, "ibemu: cannot use the LID registry %s: %s", path, strerror(registry_errno));
+    if (fd >= 0) close(fd);
+    return;
+  }
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  registry_errno = errno;
+  close(fd);
+  if (p != MAP_FAILED) registry = p;
+}
+
+static int pid_dead(int32_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+/* Claims a free LID (its pid 0 or dead) for this context; 0 when none is left.
+ * The search starts at a random LID, so a LID freed by a dead process is rarely
+ * taken again at once (a peer may still be trying to reach the dead one). */
+static uint16_t lid_claim(int32_t pid, int fd, uint64_t nonce) {
+  for (unsigned k = 0; k < NLIDS - 1; k++) {
+    unsigned lid = 1 + (unsigned)((nonce + k) % (NLIDS - 1));
+    struct lid_ent *e = &registry[lid];
+    int32_t p = atomic_load(&e->pid);
+    if (p != 0 && !pid_dead(p)) continue;
+    if (!atomic_compare_exchange_strong(&e->pid, &p, pid)) continue;
+    atomic_store(&e->nonce, 0);
+    atomic_store(&e->fd, fd);
+    atomic_store_explicit(&e->nonce, nonce, memory_order_release);
+    return (uint16_t)lid;
+  }
+  return 0;
+}
+
+static void lid_release(uint16_t lid) {
+  atomic_store(&registry[lid].nonce, 0);
+  atomic_store(&registry[lid].fd, -1);
+  atomic_store_explicit(&registry[lid].pid, 0, memory_order_release);
+}
+
+/* A consistent {pid, fd, nonce} of a LID in use; false when none.  The segment's
+ * own nonce is checked after mapping, so a torn read cannot reach a wrong one. */
+static int lid_read(uint16_t lid, int32_t *pid, int *fd, uint64_t *nonce) {
+  struct lid_ent *e = &registry[lid];
+  *nonce = atomic_load_explicit(&e->nonce, memory_order_acquire);
+  *pid = atomic_load(&e->pid);
+  *fd = atomic_load(&e->fd);
+  return *nonce != 0 && *pid > 0 && *fd >= 0 && atomic_load(&e->nonce) == *nonce;
+}
+
+/* ---- GIDs: index 0 fe80::6777:656d:7500:<lid>, index 1 ::ffff:127.103.<lid> ------- */
+static void lid_gid(uint16_t lid, int index, union ibv_gid *g) {
+  static const uint8_t magic[6] = {'g', 'w', 'e', 'm', 'u', 0};
+  memset(g, 0, sizeof *g);
+  if (index == 0) {
+    g->raw[0] = 0xfe, g->raw[1] = 0x80;
+    memcpy(g->raw + 8, magic, sizeof magic);
+  } else {
+    g->raw[10] = g->raw[11] = 0xff;
+    g->raw[12] = 127, g->raw[13] = 'g';
+  }
+  g->raw[14] = (uint8_t)(lid >> 8), g->raw[15] = (uint8_t)lid;
+}
+
+static uint16_t gid_lid(const union ibv_gid *g) {
+  uint16_t lid = (uint16_t)(g->raw[14] << 8 | g->raw[15]);
+  union ibv_gid want;
+  for (int i = 0; i < 2; i++) {
+    lid_gid(lid, i, &want);
+    if (!memcmp(want.raw, g->raw, sizeof want.raw)) return lid;
+  }
+  return 0;
+}
+
+/* ---- devices --------------------------------------------------------------------- */
+static struct ibv_device devices[MAX_DEVICES];
+static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+
+static void devices_init(void) {
+  for (int i = 0; i < MAX_DEVICES; i++) {
+    devices[i].node_type = IBV_NODE_CA;
+    devices[i].transport_type = IBV_TRANSPORT_IB;
+    snprintf(devices[i].name, sizeof devices[i].name, "gwemu%d", i);
+    snprintf(devices[i].dev_name, sizeof devices[i].dev_name, "uverbs-emu%d", i);
+  }
+}
+
+static struct ibv_device **emu_get_device_list(int *num) {
+  pthread_once(&devices_once, devices_init);
+  int64_t n = gw__env_int("GW_IB_EMULATE_DEVICES", 1);
+  n = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
+  struct ibv_device **list = calloc((size_t)n + 1, sizeof *list);
+  if (!list) return NULL;
+  for (int i = 0; i < n; i++) list[i] = &devices[i];
+  if (num) *num = (int)n;
+  return list;
+}
+
+static void emu_free_device_list(struct ibv_device **list) { free(list); }
+static const char *emu_get_device_name(struct ibv_device *d) { return d ? d->name : NULL; }
+
+/* ---- contexts ---------------------------------------------------------------------- */
+static struct seg *seg_create(int *memfd) {
+  *memfd = memfd_create("gw-ibemu", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (*memfd < 0) return NULL;
+  /* Sealed against shrinking, so a mapping peer can never fault past its end. */
+  if (ftruncate(*memfd, SEG_SIZE) == 0 &&
+      fcntl(*memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+    void *p = mmap(NULL, SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0);
+    if (p != MAP_FAILED) return p;
+  }
+  int e = errno;
+  close(*memfd);
+  errno = e;
+  return NULL;
+}
+
+static struct ibv_context *emu_open_device(struct ibv_device *dev) {
+  pthread_once(&registry_once, registry_init);
+  if (!dev || dev < devices || dev >= devices + MAX_DEVICES) return fail(EINVAL);
+  if (!registry) return fail(registry_errno ? registry_errno : EACCES);
+  const char *link = gw__env_str("GW_IB_EMULATE_LINK", "ib");
+  if (strcmp(link, "ib") && strcmp(link, "eth")) {
+    GW_WARN(GW_SUB_INIT, "ibemu: GW_IB_EMULATE_LINK=%s is not ib or eth", link);
+    return fail(EINVAL);
+  }
+  struct emu_ctx *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->eth = !strcmp(link, "eth");
+  c->pid = getpid();
+  if (!(c->seg = seg_create(&c->memfd))) goto fail_free;
+  while (c->nonce == 0)
+    if (getrandom(&c->nonce, sizeof c->nonce, 0) != sizeof c->nonce) goto fail_seg;
+  for (int i = 0; i < MAX_QP; i++) c->qp_gen[i] = (uint16_t)(c->nonce >> 20);
+  for (int i = 0; i < MAX_MR; i++) c->mr_gen[i] = (uint32_t)(c->nonce >> 40);
+  c->seg->hdr.h.magic = EMU_MAGIC;
+  c->seg->hdr.h.nonce = c->nonce;
+  c->seg->hdr.h.pid = c->pid;
+  atomic_store(&c->seg->hdr.h.alive, 1);
+  if (!(c->lid = lid_claim(c->pid, c->memfd, c->nonce))) {
+    errno = ENOSPC;
+    goto fail_seg;
+  }
+  /* Peers that are not root reach us under Yama's ptrace_scope=1 too. */
+  (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->ctx.mutex, NULL);
+  c->ctx.device = dev;
+  c->ctx.cmd_fd = c->ctx.async_fd = -1;
+  c->ctx.num_comp_vectors = 1;
+  GW_INFO(GW_SUB_INIT, "ibemu: opened %s as lid %u (%s)", dev->name, c->lid, link);
+  return &c->ctx;
+fail_seg:;
+  int e = errno;
+  munmap(c->seg, SEG_SIZE);
+  close(c->memfd);
+  errno = e;
+fail_free:
+  free(c);
+  return NULL;
+}
+
+static void qp_free(struct emu_qp *q);
+static void mr_free(struct emu_mr *m);
+
+/* Frees what the caller left behind, as closing a real context does. */
+static int emu_close_device(struct ibv_context *ibctx) {
+  struct emu_ctx *c = CTX(ibctx);
+  if (!c) return EINVAL;
+  atomic_store(&c->seg->hdr.h.alive, 0);
+  lid_release(c->lid);
+  int left = c->nlive;
+  while (c->nlive) qp_free(c->live[0]);
+  for (int i = 0; i < MAX_MR; i++)
+    if (c->mrs[i]) mr_free(c->mrs[i]), left++;
+  for (struct emu_cq *q; (q = c->cqs); left++) c->cqs = q->next, free(q);
+  for (struct emu_pd *p; (p = c->pds); left++) c->pds = p->next, free(p);
+  if (left) GW_INFO(GW_SUB_INIT, "ibemu: close_device freed %d objects still in use", left);
+  for (int i = 0; i < c->nrem; i++) {
+    if (c->rem[i].seg) munmap(c->rem[i].seg, SEG_SIZE), close(c->rem[i].pidfd);
+  }
+  free(c->rem);
+  munmap(c->seg, SEG_SIZE);
+  close(c->memfd);
+  pthread_mutex_destroy(&c->lock);
+  pthread_mutex_destroy(&c->ctx.mutex);
+  free(c);
+  return 0;
+}
+
+static int emu_query_device(struct ibv_context *ibctx, struct ibv_device_attr *a) {
+  *a = (struct ibv_device_attr){
+      .fw_ver = "gwemu-1.0", .node_guid = (uint64_t)(ibctx->device - devices) + 1, .max_mr_size = UINT64_MAX,
+      .page_size_cap = 4096, .max_qp = MAX_QP, .max_qp_wr = MAX_WR, .device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN,
+      .max_sge = MAX_SGE, .max_cq = 65536, .max_cqe = MAX_CQE, .max_mr = MAX_MR, .max_pd = 65536,
+      .max_qp_rd_atom = 16, .max_qp_init_rd_atom = 16, .max_res_rd_atom = MAX_QP * 16, .max_pkeys = 1,
+      .local_ca_ack_delay = 16, .phys_port_cnt = 1};
+  a->sys_image_guid = a->node_guid;
+  return 0;
+}
+
+/* Width 4x, speed EDR, physical state LinkUp; no LID on Ethernet. */
+static int emu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_port_attr *a) {
+  struct emu_ctx *c = CTX(ibctx);
+  if (port != 1) return EINVAL;
+  *a = (struct ibv_port_attr){
+      .state = IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096, .active_mtu = IBV_MTU_4096, .gid_tbl_len = 2,
+      .max_msg_sz = 1u << 31, .pkey_tbl_len = 1, .lid = c->eth ? 0 : c->lid, .sm_lid = c->eth ? 0 : 1,
+      .max_vl_num = 1, .active_width = 2, .active_speed = 32, .phys_state = 5,
+      .link_layer = c->eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND};
+  return 0;
+}
+
+static int emu_query_gid(struct ibv_context *ibctx, uint8_t port, int index, union ibv_gid *gid) {
+  if (port != 1 || index < 0 || index > 1) return EINVAL;
+  lid_gid(CTX(ibctx)->lid, index, gid);
+  return 0;
+}
+
+/* ---- protection domains and memory regions --------------------------------------- */
+static struct ibv_pd *emu_alloc_pd(struct ibv_context *ibctx) {
+  struct emu_ctx *c = CTX(ibctx);
+  struct emu_pd *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  pthread_mutex_lock(&c->lock);
+  p->pd.context = ibctx;
+  p->pd.handle = ++c->handles;
+  p->next = c->pds;
+  c->pds = p;
+  pthread_mutex_unlock(&c->lock);
+  return &p->pd;
+}
+
+/* Real verbs refuse to free a PD that MRs or QPs still use (EBUSY); so do we. */
+static int emu_dealloc_pd(struct ibv_pd *pd) {
+  struct emu_ctx *c = CTX(pd->context);
+  struct emu_pd *p = PD(pd);
+  pthread_mutex_lock(&c->lock);
+  int busy = p->refs > 0;
+  if (!busy) {
+    struct emu_pd **pp = &c->pds;
+    while (*pp != p) pp = &(*pp)->next;
+    *pp = p->next;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (busy) return EBUSY;
+  free(p);
+  return 0;
+}
+
+static uint64_t pinned_bytes(const void *addr, size_t len) {
+  uint64_t a = (uintptr_t)addr, end = a + len;
+  return ((end + 4095) & ~(uint64_t)4095) - (a & ~(uint64_t)4095);
+}
+
+static struct ibv_mr *emu_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+  struct emu_ctx *c = CTX(pd->context);
+  if (!addr || !len || (access & ~MR_ACCESS_OK) ||
+      ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)))
+    return fail(EINVAL);
+  /* GW_IB_EMULATE_MEMLOCK stands for RLIMIT_MEMLOCK: pages pinned by this process. */
+  uint64_t pin = pinned_bytes(addr, len);
+  int64_t limit = gw__env_int("GW_IB_EMULATE_MEMLOCK", -1);
+  if (limit >= 0 && atomic_fetch_add(&memlocked, pin) + pin > (uint64_t)limit) {
+    atomic_fetch_sub(&memlocked, pin);
+    return fail(ENOMEM);
+  } else if (limit < 0) {
+    atomic_fetch_add(&memlocked, pin);
+  }
+  struct emu_mr *m = calloc(1, sizeof *m);
+  pthread_mutex_lock(&c->lock);
+  int slot = 0;
+  while (slot < MAX_MR && c->mrs[slot]) slot++;
+  if (!m || slot == MAX_MR) {
+    pthread_mutex_unlock(&c->lock);
+    atomic_fetch_sub(&memlocked, pin);
+    free(m);
+    return fail(ENOMEM);
+  }
+  c->mr_gen[slot] = c->mr_gen[slot] % 0xfffff + 1;
+  uint32_t key = c->mr_gen[slot] << 12 | (uint32_t)slot;
+  struct seg_mr *s = &c->seg->mr[slot];
+  atomic_thread_fence(memory_order_release); /* the key went to 0 before these (seqlock) */
+  atomic_store_explicit(&s->addr, (uintptr_t)addr, memory_order_relaxed);
+  atomic_store_explicit(&s->length, len, memory_order_relaxed);
+  atomic_store_explicit(&s->access, (uint32_t)access, memory_order_relaxed);
+  atomic_store_explicit(&s->pd, pd->handle, memory_order_relaxed);
+  atomic_store_explicit(&s->key, key, memory_order_release);
+  *m = (struct emu_mr){.mr = {.context = pd->context, .pd = pd, .addr = addr, .length = len,
+                              .handle = key, .lkey = key, .rkey = key},
+                       .slot = slot, .locked = pin};
+  c->mrs[slot] = m;
+  PD(pd)->refs++;
+  pthread_mutex_unlock(&c->lock);
+  return &m->mr;
+}
+
+static void mr_free(struct emu_mr *m) {
+  struct emu_ctx *c = CTX(m->mr.context);
+  atomic_store_explicit(&c->seg->mr[m->slot].key, 0, memory_order_release);
+  c->mrs[m->slot] = NULL;
+  PD(m->mr.pd)->refs--;
+  atomic_fetch_sub(&memlocked, m->locked);
+  free(m);
+}
+
+/* The key is invalid for remote writers from the moment this returns. */
+static int emu_dereg_mr(struct ibv_mr *mr) {
+  struct emu_ctx *c = CTX(mr->context);
+  pthread_mutex_lock(&c->lock);
+  mr_free(MR(mr));
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+/* [addr, addr+len) lies in the MR of `key` in segment s, of PD pd, with `need`
+ * access.  A seqlock read: the key is read again after the fields. */
+static int mr_check(struct seg *s, uint32_t key, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need) {
+  struct seg_mr *m = &s->mr[key % MAX_MR];
+  if (key == 0 || atomic_load_explicit(&m->key, memory_order_acquire) != key) return 0;
+  uint64_t a = atomic_load_explicit(&m->addr, memory_order_relaxed);
+  uint64_t l = atomic_load_explicit(&m->length, memory_order_relaxed);
+  uint32_t acc = atomic_load_explicit(&m->access, memory_order_relaxed);
+  uint32_t p = atomic_load_explicit(&m->pd, memory_order_relaxed);
+  atomic_thread_fence(memory_order_acquire);
+  if (atomic_load_explicit(&m->key, memory_order_relaxed) != key) return 0;
+  return p == pd && (acc & need) == need && addr >= a && len <= l && addr - a <= l - len;
+}
+
+/* ---- completion queues ------------------------------------------------------------- */
+static struct ibv_cq *emu_create_cq(struct ibv_context *ibctx, int cqe, void *cq_context,
+                                    struct ibv_comp_channel *channel, int comp_vector) {
+  struct emu_ctx *c = CTX(ibctx);
+  if (channel) return fail(EOPNOTSUPP);
+  if (cqe < 1 || cqe > MAX_CQE || comp_vector != 0) return fail(EINVAL);
+  struct emu_cq *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  pthread_mutex_lock(&c->lock);
+  q->cq.context = ibctx;
+  q->cq.cq_context = cq_context;
+  q->cq.handle = ++c->handles;
+  q->cq.cqe = cqe; /* exactly what was asked: overruns show here first */
+  q->next = c->cqs;
+  c->cqs = q;
+  pthread_mutex_unlock(&c->lock);
+  return &q->cq;
+}
+
+static int emu_destroy_cq(struct ibv_cq *cq) {
+  struct emu_ctx *c = CTX(cq->context);
+  struct emu_cq *q = CQ(cq);
+  pthread_mutex_lock(&c->lock);
+  int busy = q->refs > 0;
+  if (!busy) {
+    struct emu_cq **pp = &c->cqs;
+    while (*pp != q) pp = &(*pp)->next;
+    *pp = q->next;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (busy) return EBUSY;
+  free(q);
+  return 0;
+}
+
+/* ---- queue pairs ---------------------------------------------------------------------- */
+static struct ibv_qp *emu_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
+  struct emu_ctx *c = CTX(pd->context);
+  struct ibv_qp_cap *cap = &a->cap;
+  if (a->qp_type != IBV_QPT_RC || a->srq) return fail(EOPNOTSUPP);
+  if (!a->send_cq || !a->recv_cq || a->send_cq->context != pd->context || a->recv_cq->context != pd->context ||
+      cap->max_send_wr < 1 || cap->max_send_wr > MAX_WR || cap->max_recv_wr > MAX_WR ||
+      cap->max_send_sge > MAX_SGE || cap->max_recv_sge > MAX_SGE || cap->max_inline_data > MAX_INLINE)
+    return fail(EINVAL);
+  struct emu_qp *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  q->sq = calloc(cap->max_send_wr, sizeof *q->sq);
+  q->sge = calloc((size_t)cap->max_send_wr * (cap->max_send_sge ? cap->max_send_sge : 1), sizeof *q->sge);
+  q->inl = malloc((size_t)cap->max_send_wr * (cap->max_inline_data ? cap->max_inline_data : 1));
+  q->rq_wrid = calloc(cap->max_recv_wr ? cap->max_recv_wr : 1, sizeof *q->rq_wrid);
+  pthread_mutex_lock(&c->lock);
+  int slot = 0;
+  while (slot < MAX_QP && c->qps[slot]) slot++;
+  if (!q->sq || !q->sge || !q->inl || !q->rq_wrid || slot == MAX_QP) {
+    pthread_mutex_unlock(&c->lock);
+    free(q->sq), free(q->sge), free(q->inl), free(q->rq_wrid), free(q);
+    return fail(ENOMEM);
+  }
+  c->qp_gen[slot] = (uint16_t)(c->qp_gen[slot] % 16383 + 1);
+  q->ctx = c;
+  q->sh = &c->seg->qp[slot];
+  q->scq = CQ(a->send_cq), q->rcq = CQ(a->recv_cq);
+  q->cap = *cap;
+  q->sig_all = a->sq_sig_all;
+  /* The receive counters only grow, across QPs of this slot too, so an inbound
+   * entry left by an earlier incarnation never matches a later index. */
+  q->rq_post = q->rq_cons = atomic_load(&q->sh->posted);
+  atomic_store(&q->sh->claimed, RQ_CLOSED);
+  atomic_store(&q->sh->state, IBV_QPS_RESET);
+  atomic_store(&q->sh->pd, pd->handle);
+  atomic_store(&q->sh->access, 0);
+  atomic_store(&q->sh->min_rnr_timer, 0);
+  q->qp = (struct ibv_qp){.context = pd->context, .qp_context = a->qp_context, .pd = pd,
+                          .send_cq = a->send_cq, .recv_cq = a->recv_cq, .handle = (uint32_t)slot,
+                          .qp_num = (uint32_t)c->qp_gen[slot] << 10 | (uint32_t)slot,
+                          .state = IBV_QPS_RESET, .qp_type = IBV_QPT_RC};
+  atomic_store_explicit(&q->sh->qpn, q->qp.qp_num, memory_order_release);
+  c->qps[slot] = q;
+  c->live[c->nlive++] = q;
+  PD(pd)->refs++, q->scq->refs++, q->rcq->refs++;
+  pthread_mutex_unlock(&c->lock);
+  return &q->qp;
+}
+
+static void qp_free(struct emu_qp *q) {
+  struct emu_ctx *c = q->ctx;
+  atomic_store(&q->sh->state, IBV_QPS_RESET);
+  atomic_store(&q->sh->claimed, RQ_CLOSED);
+  atomic_store_explicit(&q->sh->qpn, 0, memory_order_release);
+  c->qps[q->qp.handle] = NULL;
+  for (int i = 0; i < c->nlive; i++)
+    if (c->live[i] == q) c->live[i] = c->live[--c->nlive];
+  PD(q->qp.pd)->refs--, q->scq->refs--, q->rcq->refs--;
+  free(q->sq), free(q->sge), free(q->inl), free(q->rq_wrid), free(q);
+}
+
+/* Destroying a QP always succeeds; its pending completions go with it. */
+static int emu_destroy_qp(struct ibv_qp *qp) {
+  struct emu_ctx *c = QP(qp)->ctx;
+  pthread_mutex_lock(&c->lock);
+  qp_free(QP(qp));
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+static void sq_complete(struct emu_qp *q, struct swr *w, int status) {
+  w->status = status;
+  if (status != IBV_WC_SUCCESS || w->signaled) q->sq_cqes++;
+  q->sq_exec++;
+}
+
+/* The error state: queued sends are flushed, the receive queue takes no more
+ * inbound messages and its receives are flushed as the owner polls. */
+static void enter_error(struct emu_qp *q) {
+  atomic_store(&q->sh->state, IBV_QPS_ERR);
+  q->qp.state = IBV_QPS_ERR;
+  if (!q->errored) atomic_store(&q->sh->claimed, RQ_CLOSED);
+  q->errored = 1;
+  while (q->sq_exec < q->sq_tail) sq_complete(q, &q->sq[q->sq_exec % q->cap.max_send_wr], IBV_WC_WR_FLUSH_ERR);
+}
+
+/* Notices an error state set by a remote requester (remote access error). */
+static int sync_error(struct emu_qp *q) {
+  if (!q->errored && atomic_load(&q->sh->state) == IBV_QPS_ERR) enter_error(q);
+  return q->errored;
+}
+
+static void qp_reset(struct emu_qp *q) {
+  atomic_store(&q->sh->state, IBV_QPS_RESET);
+  atomic_store(&q->sh->claimed, RQ_CLOSED);
+  q->qp.state = IBV_QPS_RESET;
+  q->errored = 0;
+  q->sq_head = q->sq_rep = q->sq_exec = q->sq_tail;
+  q->sq_cqes = 0;
+  q->rq_cons = q->rq_post;
+}
+
+/* The RC transitions with their required and optional attributes (the kernel's
+ * qp_state_table); path migration is not emulated, so ALT_PATH is refused. */
+static const struct {
+  enum ibv_qp_state from, to;
+  int req, opt;
+} transitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR,
+     IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+         IBV_QP_MIN_RNR_TIMER,
+     IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {IBV_QPS_RTR, IBV_QPS_RTS,
+     IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
+};
+
+static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, int cur) {
+  const struct ibv_ah_attr *ah = &a->ah_attr;
+  if ((mask & IBV_QP_CUR_STATE) && (int)a->cur_qp_state != cur) return 0;
+  if ((mask & IBV_QP_PORT) && a->port_num != 1) return 0;
+  if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0) return 0;
+  if ((mask & IBV_QP_ACCESS_FLAGS) && (a->qp_access_flags & ~MR_ACCESS_OK)) return 0;
+  if ((mask & IBV_QP_AV) && (ah->port_num != 1 || (q->ctx->eth && !ah->is_global) ||
+                             (ah->is_global && ah->grh.sgid_index > 1)))
+    return 0;
+  if ((mask & IBV_QP_PATH_MTU) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096)) return 0;
+  if ((mask & IBV_QP_DEST_QPN) && a->dest_qp_num > 0xffffff) return 0;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31) return 0;
+  if ((mask & IBV_QP_TIMEOUT) && a->timeout > 31) return 0;
+  if ((mask & IBV_QP_RETRY_CNT) && a->retry_cnt > 7) return 0;
+  if ((mask & IBV_QP_RNR_RETRY) && a->rnr_retry > 7) return 0;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > 16) return 0;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > 16) return 0;
+  return 1;
+}
+
+static struct seg *qp_remote(struct emu_qp *q, int32_t *pid);
+
+static void attrs_apply(struct emu_qp *q, const struct ibv_qp_attr *a, int mask) {
+  int32_t pid;
+  if (mask & IBV_QP_ACCESS_FLAGS) atomic_store(&q->sh->access, (uint32_t)a->qp_access_flags);
+  if (mask & IBV_QP_AV) q->ah = a->ah_attr, q->dest_nonce = 0, (void)qp_remote(q, &pid);
+  if (mask & IBV_QP_DEST_QPN) q->dest_qpn = a->dest_qp_num;
+  if (mask & IBV_QP_MIN_RNR_TIMER) atomic_store(&q->sh->min_rnr_timer, a->min_rnr_timer);
+  if (mask & IBV_QP_TIMEOUT) q->timeout = a->timeout;
+  if (mask & IBV_QP_RETRY_CNT) q->retry_cnt = a->retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) q->rnr_retry = a->rnr_retry;
+}
+
+static int qp_modify(struct emu_qp *q, struct ibv_qp_attr *a, int mask) {
+  if (!(mask & IBV_QP_STATE)) return EINVAL;
+  sync_error(q);
+  int cur = (int)atomic_load(&q->sh->state), to = (int)a->qp_state;
+  if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) {
+    if (mask != IBV_QP_STATE) return EINVAL;
+    if (to == IBV_QPS_RESET) qp_reset(q);
+    else enter_error(q);
+    return 0;
+  }
+  int rest = mask & ~IBV_QP_STATE;
+  for (size_t i = 0; i < sizeof transitions / sizeof transitions[0]; i++) {
+    if ((int)transitions[i].from != cur || (int)transitions[i].to != to) continue;
+    if ((rest & transitions[i].req) != transitions[i].req ||
+        (rest & ~(transitions[i].req | transitions[i].opt)) || !attrs_valid(q, a, rest, cur))
+      return EINVAL;
+    attrs_apply(q, a, rest);
+    if (cur == IBV_QPS_RESET) atomic_store(&q->sh->claimed, q->rq_post);
+    /* A CAS, so an error state set meanwhile by a remote requester stays. */
+    uint32_t expect = (uint32_t)cur;
+    if (!atomic_compare_exchange_strong(&q->sh->state, &expect, (uint32_t)to)) {
+      sync_error(q);
+      return EINVAL;
+    }
+    q->qp.state = (enum ibv_qp_state)to;
+    return 0;
+  }
+  return EINVAL;
+}
+
+static int emu_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
+  struct emu_ctx *c = QP(qp)->ctx;
+  pthread_mutex_lock(&c->lock);
+  int r = qp_modify(QP(qp), a, mask);
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
+/* ---- reaching the responder -------------------------------------------------------- */
+static struct seg *seg_attach(int32_t pid, int fd, uint64_t nonce, int *pidfd_out) {
+  int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (pidfd < 0) return NULL;
+  int mfd = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+  int seals = mfd >= 0 ? fcntl(mfd, F_GET_SEALS) : -1;
+  struct stat st;
+  struct seg *s = MAP_FAILED;
+  /* Only a sealed memfd of the right size is mapped: it cannot shrink under us. */
+  if (seals > 0 && (seals & F_SEAL_SHRINK) && fstat(mfd, &st) == 0 && (size_t)st.st_size == SEG_SIZE)
+    s = mmap(NULL, SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+  if (mfd >= 0) close(mfd);
+  if (s != MAP_FAILED && s->hdr.h.magic == EMU_MAGIC && s->hdr.h.nonce == nonce && s->hdr.h.pid == pid) {
+    *pidfd_out = pidfd;
+    return s;
+  }
+  if (s != MAP_FAILED) munmap(s, SEG_SIZE);
+  close(pidfd);
+  return NULL;
+}
+
+static int process_exited(int pidfd) {
+  struct pollfd p = {.fd = pidfd, .events = POLLIN};
+  return poll(&p, 1, 0) != 0;
+}
+
+static struct remote *remote_slot(struct emu_ctx *c, uint16_t lid) {
+  for (int i = 0; i < c->nrem; i++)
+    if (c->rem[i].lid == lid) return &c->rem[i];
+  if (c->nrem == c->caprem) {
+    int cap = c->caprem ? 2 * c->caprem : 8;
+    struct remote *r = realloc(c->rem, (size_t)cap * sizeof *r);
+    if (!r) return NULL;
+    c->rem = r, c->caprem = cap;
+  }
+  c->rem[c->nrem] = (struct remote){.lid = lid, .pidfd = -1};
+  return &c->rem[c->nrem++];
+}
+
+/* The segment behind a LID and its process, or NULL while it cannot be reached
+ * (unknown LID, closed context, dead process). */
+static struct seg *remote_seg(struct emu_ctx *c, uint16_t lid, int32_t *pid) {
+  if (lid == 0) return NULL;
+  if (lid == c->lid) {
+    *pid = c->pid;
+    return c->seg;
+  }
+  int32_t rpid;
+  int rfd;
+  uint64_t nonce;
+  struct remote *r;
+  if (!lid_read(lid, &rpid, &rfd, &nonce) || !(r = remote_slot(c, lid))) return NULL;
+  if (r->seg && r->nonce != nonce) {
+    munmap(r->seg, SEG_SIZE), close(r->pidfd);
+    r->seg = NULL;
+  }
+  if (!r->seg) {
+    if (!(r->seg = seg_attach(rpid, rfd, nonce, &r->pidfd))) return NULL;
+    r->pid = rpid, r->nonce = nonce, r->exited = 0, r->checked = 0;
+  }
+  /* A crashed process leaves alive = 1; its pidfd says so (a system call, so at
+   * most once a millisecond: writes with data see ESRCH at once anyway). */
+  double t = gw__now();
+  if (t - r->checked >= 1e-3) r->checked = t, r->exited = process_exited(r->pidfd);
+  if (!atomic_load(&r->seg->hdr.h.alive) || r->exited) return NULL;
+  *pid = r->pid;
+  return r->seg;
+}
+
+/* The responder's segment for q.  A QP stays bound to the context it reached
+ * first (from RTR on): if that one died and another took its LID, the other is
+ * unreachable for this QP, as a new machine behind an old address would be. */
+static struct seg *qp_remote(struct emu_qp *q, int32_t *pid) {
+  struct seg *rs = remote_seg(q->ctx, q->ah.is_global ? gid_lid(&q->ah.grh.dgid) : q->ah.dlid, pid);
+  if (rs && !q->dest_nonce) q->dest_nonce = rs->hdr.h.nonce;
+  return rs && rs->hdr.h.nonce == q->dest_nonce ? rs : NULL;
+}
+
+/* ---- executing send WRs (the requester's side of the wire) ------------------------ */
+/* The IB spec's RNR timer encoding, in milliseconds. */
+static const double rnr_ms[32] = {655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32,
+                                  0.48,   0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36,
+                                  20.48,  30.72, 40.96, 61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52};
+
+/* Unreachable: retried until 4.096 us * 2^timeout * (retry_cnt + 1) have passed
+ * since the first attempt.  timeout 0 ("infinite" in the spec) counts as 14. */
+static int unreachable(struct emu_qp *q, struct swr *w, double now) {
+  double span = 4.096e-6 * (double)(1u << (q->timeout ? q->timeout : 14)) * (q->retry_cnt + 1);
+  return now - w->t_first >= span ? IBV_WC_RETRY_EXC_ERR : BLOCKED;
+}
+
+/* Receiver not ready: a NAK counts as a retry once the responder's timer ran out
+ * (attempts in between are free); rnr_retry 7 retries forever. */
+static int rnr_nak(struct emu_qp *q, struct swr *w, struct seg_qp *rq, double now) {
+  if (now < w->t_rnr) return BLOCKED;
+  if (q->rnr_retry != 7 && w->rnr_count >= q->rnr_retry) return IBV_WC_RNR_RETRY_EXC_ERR;
+  w->rnr_count++;
+  w->t_rnr = now + 1e-3 * rnr_ms[atomic_load(&rq->min_rnr_timer) % 32];
+  return BLOCKED;
+}
+
+static int local_iov(struct emu_qp *q, const struct swr *w, struct iovec *iov, int *niov) {
+  const struct ibv_sge *sge = &q->sge[(w - q->sq) * (q->cap.max_send_sge ? q->cap.max_send_sge : 1)];
+  uint32_t pd = q->qp.pd->handle;
+  *niov = 0;
+  if (w->inl) {
+    iov[0] = (struct iovec){&q->inl[(size_t)(w - q->sq) * q->cap.max_inline_data], w->len};
+    *niov = w->len > 0;
+    return 1;
+  }
+  for (int i = 0; i < w->nsge; i++) {
+    if (!sge[i].length) continue;
+    if (!mr_check(q->ctx->seg, sge[i].lkey, pd, sge[i].addr, sge[i].length, 0)) return 0;
+    iov[(*niov)++] = (struct iovec){(void *)(uintptr_t)sge[i].addr, sge[i].length};
+  }
+  return 1;
+}
+
+/* Moves the payload into the responder: BLOCKED when it is gone. */
+static int copy_out(struct emu_ctx *c, int32_t pid, const struct iovec *iov, int niov, const struct swr *w) {
+  if (w->len == 0) return IBV_WC_SUCCESS;
+  if (pid == c->pid) {
+    char *d = (char *)(uintptr_t)w->raddr;
+    for (int i = 0; i < niov; d += iov[i].iov_len, i++) memmove(d, iov[i].iov_base, iov[i].iov_len);
+    return IBV_WC_SUCCESS;
+  }
+  struct iovec r = {(void *)(uintptr_t)w->raddr, w->len};
+  ssize_t n = process_vm_writev(pid, iov, (unsigned long)niov, &r, 1, 0);
+  if (n == (ssize_t)w->len) return IBV_WC_SUCCESS;
+  if (n < 0 && errno == ESRCH) return BLOCKED;
+  if (n < 0 && errno == EPERM) {
+    GW_WARN(GW_SUB_INIT, "ibemu: process_vm_writev to pid %d: %s (ptrace permission)", (int)pid, strerror(errno));
+    return BLOCKED;
+  }
+  return IBV_WC_REM_ACCESS_ERR; /* the registered memory is no longer mapped there */
+}
+
+/* A remote access error puts the responder's QP into the error state as well. */
+static void remote_error(struct seg_qp *rq) {
+  for (uint32_t s = IBV_QPS_RTR; s <= IBV_QPS_RTS; s++) {
+    uint32_t expect = s;
+    atomic_compare_exchange_strong(&rq->state, &expect, IBV_QPS_ERR);
+  }
+}
+
+enum { CLAIM_OK, CLAIM_RNR, CLAIM_CLOSED };
+
+static int rq_claim(struct seg_qp *rq, uint64_t *slot) {
+  uint64_t c = atomic_load_explicit(&rq->claimed, memory_order_acquire);
+  for (;;) {
+    if (c == RQ_CLOSED) return CLAIM_CLOSED;
+    if (c >= atomic_load_explicit(&rq->posted, memory_order_acquire)) return CLAIM_RNR;
+    if (atomic_compare_exchange_weak(&rq->claimed, &c, c + 1)) break;
+  }
+  *slot = c;
+  return CLAIM_OK;
+}
+
+/* One attempt at a send WR: its completion status, or BLOCKED. */
+static int sq_exec_one(struct emu_qp *q, struct swr *w, double now) {
+  struct iovec iov[MAX_SGE];
+  int niov;
+  if (!local_iov(q, w, iov, &niov)) return IBV_WC_LOC_PROT_ERR;
+  int32_t pid = 0;
+  struct seg *rs = qp_remote(q, &pid);
+  struct seg_qp *rq = rs ? &rs->qp[q->dest_qpn % MAX_QP] : NULL;
+  uint32_t rstate = rq ? atomic_load(&rq->state) : 0;
+  if (!rq || atomic_load(&rq->qpn) != q->dest_qpn || (rstate != IBV_QPS_RTR && rstate != IBV_QPS_RTS))
+    return unreachable(q, w, now);
+  /* A zero-length write checks no R_Key (IB spec), so it may carry rkey 0. */
+  if (w->len > 0 && (!(atomic_load(&rq->access) & IBV_ACCESS_REMOTE_WRITE) ||
+                     !mr_check(rs, w->rkey, atomic_load(&rq->pd), w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE))) {
+    remote_error(rq);
+    return IBV_WC_REM_ACCESS_ERR;
+  }
+  uint64_t slot = 0;
+  if (w->with_imm) {
+    int r = rq_claim(rq, &slot);
+    if (r == CLAIM_RNR) return rnr_nak(q, w, rq, now);
+    if (r == CLAIM_CLOSED) return unreachable(q, w, now);
+  }
+  int st = copy_out(q->ctx, pid, iov, niov, w);
+  if (st == BLOCKED) return unreachable(q, w, now); /* a claimed receive dies with its process */
+  if (st != IBV_WC_SUCCESS) {
+    remote_error(rq);
+    return st;
+  }
+  if (w->with_imm) {
+    struct seg_in *e = &rq->in[slot % RQ_SLOTS];
+    atomic_store_explicit(&e->imm, w->imm, memory_order_relaxed);
+    atomic_store_explicit(&e->byte_len, w->len, memory_order_relaxed);
+    atomic_store_explicit(&e->seq, slot + 1, memory_order_release);
+  }
+  return IBV_WC_SUCCESS;
+}
+
+/* Runs queued WRs in order until one blocks; a failure puts the QP in error. */
+static void sq_progress(struct emu_qp *q) {
+  while (q->sq_exec < q->sq_tail && !sync_error(q)) {
+    struct swr *w = &q->sq[q->sq_exec % q->cap.max_send_wr];
+    double now = gw__now();
+    if (!w->started) w->started = 1, w->t_first = now;
+    int st = sq_exec_one(q, w, now);
+    if (st == BLOCKED) return;
+    sq_complete(q, w, st);
+    if (st != IBV_WC_SUCCESS) enter_error(q);
+  }
+}
+
+static int sq_append(struct emu_qp *q, const struct ibv_send_wr *wr) {
+  uint32_t state = atomic_load(&q->sh->state);
+  if ((state != IBV_QPS_RTS && state != IBV_QPS_ERR) ||
+      (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) || wr->num_sge < 0 ||
+      (uint32_t)wr->num_sge > q->cap.max_send_sge || (wr->send_flags & ~(unsigned)SEND_FLAGS_OK))
+    return EINVAL;
+  uint64_t len = 0;
+  for (int i = 0; i < wr->num_sge; i++) len += wr->sg_list[i].length;
+  if (len > 1u << 31 || ((wr->send_flags & IBV_SEND_INLINE) && len > q->cap.max_inline_data)) return EINVAL;
+  if (q->sq_tail - q->sq_head >= q->cap.max_send_wr) return ENOMEM;
+  size_t i = q->sq_tail % q->cap.max_send_wr;
+  struct swr *w = &q->sq[i];
+  *w = (struct swr){.wr_id = wr->wr_id, .raddr = wr->wr.rdma.remote_addr, .rkey = wr->wr.rdma.rkey,
+                    .imm = wr->imm_data, .len = (uint32_t)len,
+                    .with_imm = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM,
+                    .signaled = q->sig_all || (wr->send_flags & IBV_SEND_SIGNALED),
+                    .inl = !!(wr->send_flags & IBV_SEND_INLINE), .nsge = wr->num_sge, .status = BLOCKED};
+  if (w->inl) { /* inline data is copied now; its buffers need no MR */
+    uint8_t *d = &q->inl[i * q->cap.max_inline_data];
+    for (int k = 0; k < wr->num_sge; d += wr->sg_list[k].length, k++)
+      memcpy(d, (void *)(uintptr_t)wr->sg_list[k].addr, wr->sg_list[k].length);
+  } else if (wr->num_sge) {
+    memcpy(&q->sge[i * (q->cap.max_send_sge ? q->cap.max_send_sge : 1)], wr->sg_list,
+           (size_t)wr->num_sge * sizeof *wr->sg_list);
+  }
+  q->sq_tail++;
+  return 0;
+}
+
+/* Posting also runs the QP's queue: a write whose responder is ready completes
+ * before this returns.  WRs before *bad_wr are posted, as in libibverbs. */
+static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr) {
+  struct emu_qp *q = QP(qp);
+  pthread_mutex_lock(&q->ctx->lock);
+  sync_error(q);
+  int err = 0;
+  for (; wr && !(err = sq_append(q, wr)); wr = wr->next) {}
+  if (err && bad_wr) *bad_wr = wr;
+  if (q->errored) enter_error(q); /* flushes what was just posted */
+  else sq_progress(q);
+  pthread_mutex_unlock(&q->ctx->lock);
+  return err;
+}
+
+/* Receive SGEs are not used (WRITE_WITH_IMM places no data by them). */
+static int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr) {
+  struct emu_qp *q = QP(qp);
+  int err = 0;
+  pthread_mutex_lock(&q->ctx->lock);
+  sync_error(q);
+  for (; wr; wr = wr->next) {
+    if (atomic_load(&q->sh->state) == IBV_QPS_RESET || wr->num_sge < 0 ||
+        (uint32_t)wr->num_sge > q->cap.max_recv_sge)
+      err = EINVAL;
+    else if (q->rq_post - q->rq_cons >= q->cap.max_recv_wr)
+      err = ENOMEM;
+    if (err) break;
+    q->rq_wrid[q->rq_post % q->cap.max_recv_wr] = wr->wr_id;
+    atomic_store_explicit(&q->sh->posted, ++q->rq_post, memory_order_release);
+  }
+  if (err && bad_wr) *bad_wr = wr;
+  pthread_mutex_unlock(&q->ctx->lock);
+  return err;
+}
+
+/* ---- polling ----------------------------------------------------------------------- */
+static int sq_drain(struct emu_qp *q, struct ibv_wc *wc, int max) {
+  int n = 0;
+  for (; n < max && q->sq_rep < q->sq_exec; q->sq_rep++) {
+    struct swr *w = &q->sq[q->sq_rep % q->cap.max_send_wr];
+    if (w->status == IBV_WC_SUCCESS && !w->signaled) continue;
+    wc[n++] = (struct ibv_wc){.wr_id = w->wr_id, .status = (enum ibv_wc_status)w->status,
+                              .opcode = IBV_WC_RDMA_WRITE, .byte_len = w->len, .qp_num = q->qp.qp_num};
+    q->sq_head = q->sq_rep + 1; /* a polled completion frees every earlier WR */
+    q->sq_cqes--;
+  }
+  return n;
+}
+
+/* Inbound completions in order; in the error state what has not arrived is flushed. */
+static int rq_drain(struct emu_qp *q, struct ibv_wc *wc, int max) {
+  int n = 0;
+  for (; n < max && q->rq_cons < q->rq_post; q->rq_cons++) {
+    struct seg_in *e = &q->sh->in[q->rq_cons % RQ_SLOTS];
+    struct ibv_wc *x = &wc[n];
+    *x = (struct ibv_wc){.wr_id = q->rq_wrid[q->rq_cons % q->cap.max_recv_wr], .qp_num = q->qp.qp_num};
+    if (atomic_load_explicit(&e->seq, memory_order_acquire) == q->rq_cons + 1) {
+      x->status = IBV_WC_SUCCESS, x->opcode = IBV_WC_RECV_RDMA_WITH_IMM, x->wc_flags = IBV_WC_WITH_IMM;
+      x->imm_data = atomic_load_explicit(&e->imm, memory_order_relaxed);
+      x->byte_len = atomic_load_explicit(&e->byte_len, memory_order_relaxed);
+    } else if (q->errored) {
+      x->status = IBV_WC_WR_FLUSH_ERR, x->opcode = IBV_WC_RECV;
+    } else {
+      break;
+    }
+    n++;
+  }
+  return n;
+}
+
+/* Completions this CQ holds or will hold for what has already happened. */
+static uint64_t cq_pending(struct emu_ctx *c, struct emu_cq *cq) {
+  uint64_t n = 0;
+  for (int i = 0; i < c->nlive; i++) {
+    struct emu_qp *q = c->live[i];
+    if (q->scq == cq) n += q->sq_cqes;
+    uint64_t claimed = atomic_load(&q->sh->claimed);
+    if (q->rcq == cq) n += q->errored ? q->rq_post - q->rq_cons : claimed == RQ_CLOSED ? 0 : claimed - q->rq_cons;
+  }
+  return n;
+}
+
+/* More completions than the CQ has entries is an overrun: on hardware the CQ
+ * and its QPs go to the error state.  Here every later poll fails (EOVERFLOW). */
+static int cq_overrun(struct emu_ctx *c, struct emu_cq *cq, uint64_t pending) {
+  if (!cq->overrun)
+    GW_WARN(GW_SUB_INIT, "ibemu: CQ overrun: %llu completions for %d entries (create the CQ larger)",
+            (unsigned long long)pending, cq->cq.cqe);
+  cq->overrun = 1;
+  for (int i = 0; i < c->nlive; i++)
+    if (c->live[i]->scq == cq || c->live[i]->rcq == cq) enter_error(c->live[i]);
+  errno = EOVERFLOW;
+  return -1;
+}
+
+/* Retries the blocked sends of the QPs that complete here, then reports. */
+static int emu_poll_cq(struct ibv_cq *ibcq, int max, struct ibv_wc *wc) {
+  struct emu_ctx *c = CTX(ibcq->context);
+  struct emu_cq *cq = CQ(ibcq);
+  if (max < 0) return -1;
+  pthread_mutex_lock(&c->lock);
+  for (int i = 0; i < c->nlive; i++) {
+    if (c->live[i]->scq == cq) sq_progress(c->live[i]);
+    if (c->live[i]->rcq == cq) sync_error(c->live[i]);
+  }
+  uint64_t pending = cq_pending(c, cq);
+  if (cq->overrun || pending > (uint64_t)cq->cq.cqe) {
+    int r = cq_overrun(c, cq, pending);
+    pthread_mutex_unlock(&c->lock);
+    return r;
+  }
+  int n = 0;
+  for (int k = 0; k < c->nlive && n < max; k++) { /* rotating start: no QP starves */
+    struct emu_qp *q = c->live[(c->rot + (unsigned)k) % (unsigned)c->nlive];
+    if (q->scq == cq) n += sq_drain(q, wc + n, max - n);
+    if (q->rcq == cq) n += rq_drain(q, wc + n, max - n);
+  }
+  c->rot++;
+  pthread_mutex_unlock(&c->lock);
+  return n;
+}
+
+const struct gw_ibv gw__ibv_emu = {
+    .name = "emulator",
+    .get_device_list = emu_get_device_list,
+    .free_device_list = emu_free_device_list,
+    .get_device_name = emu_get_device_name,
+    .open_device = emu_open_device,
+    .close_device = emu_close_device,
+    .query_device = emu_query_device,
+    .query_port = emu_query_port,
+    .query_gid = emu_query_gid,
+    .alloc_pd = emu_alloc_pd,
+    .dealloc_pd = emu_dealloc_pd,
+    .reg_mr = emu_reg_mr,
+    .dereg_mr = emu_dereg_mr,
+    .create_cq = emu_create_cq,
+    .destroy_cq = emu_destroy_cq,
+    .poll_cq = emu_poll_cq,
+    .create_qp = emu_create_qp,
+    .modify_qp = emu_modify_qp,
+    .destroy_qp = emu_destroy_qp,
+    .post_send = emu_post_send,
+    .post_recv = emu_post_recv,
+};

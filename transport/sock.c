@@ -1,0 +1,142 @@
+/* sock.c - see sock.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "core.h"
+#include "sock.h"
+
+void gw__sock_pack(const struct sockaddr_storage *a, struct gw_sockaddr_packed *out) {
+  memset(out, 0, sizeof *out);
+  out->family = a->ss_family;
+  if (a->ss_family == AF_INET) {
+    out->port = ntohs(((const struct sockaddr_in *)a)->sin_port);
+    memcpy(out->addr, &((const struct sockaddr_in *)a)->sin_addr, 4);
+  } else {
+    out->port = ntohs(((const struct sockaddr_in6 *)a)->sin6_port);
+    memcpy(out->addr, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
+  }
+}
+
+bool gw__sock_unpack(const struct gw_sockaddr_packed *p, struct sockaddr_storage *a, socklen_t *len) {
+  memset(a, 0, sizeof *a);
+  if (p->family == AF_INET) {
+    struct sockaddr_in *in4 = (struct sockaddr_in *)a;
+    in4->sin_family = AF_INET;
+    in4->sin_port = htons(p->port);
+    memcpy(&in4->sin_addr, p->addr, 4);
+    *len = sizeof *in4;
+    return true;
+  }
+  if (p->family == AF_INET6) {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)a;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(p->port);
+    memcpy(&in6->sin6_addr, p->addr, 16);
+    *len = sizeof *in6;
+    return true;
+  }
+  return false;
+}
+
+void gw__sock_addr_str(const struct sockaddr_storage *a, char *buf, size_t len) {
+  char host[64] = "?";
+  int port = 0;
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)a;
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+  } else if (a->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)a;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+  }
+  snprintf(buf, len, "%s:%d", host, port);
+}
+
+int gw__sock_listen(const struct sockaddr_storage *local, socklen_t len, int backlog, struct sockaddr_storage *bound) {
+  *bound = *local;
+  if (bound->ss_family == AF_INET) ((struct sockaddr_in *)bound)->sin_port = 0;
+  else ((struct sockaddr_in6 *)bound)->sin6_port = 0;
+  int fd = socket(bound->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t al = len;
+  if (fd < 0) return -1;
+  if (bind(fd, (struct sockaddr *)bound, al) != 0 || listen(fd, backlog) != 0 ||
+      getsockname(fd, (struct sockaddr *)bound, &al) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+bool gw__sock_io_deadline(int fd, void *buf, size_t len, bool sending, double deadline) {
+  uint8_t *b = buf;
+  while (len) {
+    struct pollfd pfd = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
+    int ms = (int)((deadline - gw__now()) * 1000);
+    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) {
+      if (ms <= 0) errno = ETIMEDOUT;
+      return false;
+    }
+    ssize_t n = sending ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
+    if (n <= 0) {
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n == 0) errno = ECONNRESET;
+      return false;
+    }
+    b += n;
+    len -= (size_t)n;
+  }
+  return true;
+}
+
+int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const void *hello, size_t len,
+                           double deadline) {
+  int fd = socket(a->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, (const struct sockaddr *)a, al) != 0 || !gw__sock_io_deadline(fd, (void *)hello, len, true, deadline)) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadline) {
+  for (;;) {
+    struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
+    int ms = (int)((deadline - gw__now()) * 1000);
+    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    if (gw__sock_io_deadline(fd, hello, len, false, GW_MIN(deadline, gw__now() + 5.0))) return fd;
+    close(fd);
+  }
+}
+
+void gw__sock_tune(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  int idle = (int)gw__env_int("GW_SOCKET_KEEPALIVE", 10);
+  if (idle > 0) {
+    int intvl = 2, cnt = 3;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  }
+}
