@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # transports.sh - gradwire's allreduce over each of its transports on this one
 # machine, measured in one run: shm, tcp (loopback, GW_TRANSPORT=tcp) and ib
-# through the user-space verbs emulator (GW_TRANSPORT=ib GW_IB_EMULATE=1), at
+# through the user-space verbs emulator (GW_TRANSPORT=ib GW_IB_EMULATE=1), the
+# same with the buffers registered (gw-perf -R: "ibreg", chunks leave straight
+# from them), at
 # BENCH_NRANKS ranks (default "2 4"), float32 sum, every result checked (#wrong
 # must be 0).  Prints, per world size and size, each transport's best out-of-place
 # busbw over BENCH_ROUNDS rounds (default 2) and ib's ratio to tcp and shm, and
@@ -26,16 +28,17 @@ rounds=${BENCH_ROUNDS:-2}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 transports="shm tcp"
-[ -x "$build/test/test_ib" ] && transports="shm tcp ib"
+[ -x "$build/test/test_ib" ] && transports="shm tcp ib ibreg"
 
 status=0
 for n in $nranks_list; do
   for ((r = 1; r <= rounds; r++)); do
     for t in $transports; do
-      env=(GW_TRANSPORT="$t")
-      [ "$t" = ib ] && env+=(GW_IB_EMULATE=1)
+      env=(GW_TRANSPORT="${t%reg}") extra=()
+      [ "${t%reg}" = ib ] && env+=(GW_IB_EMULATE=1)
+      [ "$t" = ibreg ] && extra=(-R)
       if ! env "${env[@]}" timeout 600 "$gwrun" -n "$n" "$gwperf" -b "${BENCH_MIN:-1K}" -e "${BENCH_MAX:-64M}" \
-        -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-10}" -w 2 -c 1 --csv "$work/$t-$n-$r.csv" >"$work/$t-$n-$r.log" 2>&1; then
+        -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-10}" -w 2 -c 1 "${extra[@]}" --csv "$work/$t-$n-$r.csv" >"$work/$t-$n-$r.log" 2>&1; then
         echo "$prog: $t at $n ranks, round $r failed:" >&2
         tail -n 5 "$work/$t-$n-$r.log" >&2
         status=1
@@ -62,12 +65,13 @@ for path in glob.glob(os.path.join(work, "*.csv")):
 rows = []
 for n in sorted({k[0] for k in best}):
     print(f"\n{n} ranks, float32 sum, out-of-place busbw GB/s (best of {rounds})")
-    print(f"{'size':>10} " + " ".join(f"{t:>8}" for t in transports) + ("   ib/tcp   ib/shm" if "ib" in transports else ""))
+    print(f"{'size':>10} " + " ".join(f"{t:>8}" for t in transports) + ("   ib/tcp   ib/shm  ibreg/ib" if "ib" in transports else ""))
     for size in sorted({k[1] for k in best if k[0] == n}):
         vals = {t: best.get((n, size, t)) for t in transports}
         line = f"{size:>10} " + " ".join(f"{vals[t]:8.2f}" if vals[t] is not None else f"{'-':>8}" for t in transports)
         if "ib" in transports and vals.get("ib") and vals.get("tcp") and vals.get("shm"):
             line += f"   {vals['ib'] / vals['tcp']:6.2f}x  {vals['ib'] / vals['shm']:6.2f}x"
+            if vals.get("ibreg"): line += f"   {vals['ibreg'] / vals['ib']:6.2f}x"
         print(line)
         rows.append([n, size] + [vals[t] if vals[t] is not None else "" for t in transports])
 with open(out, "w", newline="") as f:

@@ -569,6 +569,48 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
   return GW_SUCCESS;
 }
 
+/* A registration: the transport's handle (NULL without ib), so the caller's
+ * handle is never NULL after success. */
+struct gw_registration {
+  void *ib;
+};
+
+gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle) {
+  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  struct gw_errctx err = {{0}};
+  gw_result_t r = GW_SUCCESS;
+  struct gw_registration *reg = NULL;
+  if (!buf || !bytes || !handle) {
+    r = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_comm_register(buf=%p, bytes=%zu, handle=%p): needs a "
+                "buffer, a size and a place for the handle", comm->rank, buf, bytes, (void *)handle);
+  } else if (!(reg = calloc(1, sizeof *reg))) {
+    r = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+  } else {
+#if GW_HAVE_IBVERBS
+    r = gw__ib_register(buf, bytes, &reg->ib, &err);
+#endif
+  }
+  if (r != GW_SUCCESS) {
+    free(reg);
+    gw__comm_set_error(comm, err.msg);
+    return r;
+  }
+  *handle = reg;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle) {
+  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  struct gw_registration *reg = handle;
+  if (reg) {
+#if GW_HAVE_IBVERBS
+    gw__ib_deregister(reg->ib);
+#endif
+    free(reg);
+  }
+  return GW_SUCCESS;
+}
+
 gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds) {
   if (!comm) return GW_ERR_INVALID_ARGUMENT;
   comm->timeout_s = seconds > 0 ? seconds : 0;

@@ -86,6 +86,17 @@ gw_result_t gw_comm_size(gw_comm_t comm, int *size);
  * host name and boot id, so it is right whatever the launcher set). */
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank);
 
+/* Registers [buf, buf + bytes) with the network devices (ncclCommRegister's
+ * role): over ib, chunks of collectives whose data lies in a registered range
+ * are written to the peer straight from it instead of being copied into staging
+ * memory first.  Registrations are cached per process: a range inside one
+ * already registered (by any communicator) takes a reference on it instead of
+ * registering again.  Keep the memory mapped until gw_comm_deregister.  Without
+ * an ib port it does nothing and succeeds.  *handle is for gw_comm_deregister. */
+gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle);
+/* Drops a registration from gw_comm_register; accepts NULL. */
+gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle);
+
 /* Per-communicator deadline for every blocking wait, in seconds (default
  * GW_TIMEOUT, 300 s).  0 or negative means wait forever. */
 gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds);

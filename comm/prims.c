@@ -258,6 +258,12 @@ gw_result_t gw__post(struct prims *p, struct gw_conn *c, size_t bytes) {
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
 
+gw_result_t gw__post_direct(struct prims *p, struct gw_conn *c, const void *src, size_t bytes) {
+  struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = (uint32_t)bytes, .step = p->sent++};
+  gw_result_t r = c->tp->send_direct(c, &h, src);
+  return r == GW_SUCCESS ? r : conn_error(p, c, r);
+}
+
 /* How much longer a rank whose peer had started the operation waits, after its
  * deadline, for the notice of the rank that names the straggler. */
 static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 ? comm->timeout_s : 10; }

@@ -65,6 +65,14 @@ static inline void gw__watch(struct prims *p, struct gw_conn *c) {
 gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot);
 /* Publishes the room from gw__wait_slot with this operation's header. */
 gw_result_t gw__post(struct prims *p, struct gw_conn *c, size_t bytes);
+/* Whether the chunk of `bytes` at src can leave straight from the caller's
+ * memory on c (a registered range over a transport that can: ib). */
+static inline bool gw__direct_ok(struct gw_conn *c, const void *src, size_t bytes) {
+  return c->tp->direct_ok && c->tp->direct_ok(c, src, bytes);
+}
+/* After gw__wait_slot and a yes from gw__direct_ok: sends the chunk from src
+ * instead of the slot (the operation's flush waits until src was read). */
+gw_result_t gw__post_direct(struct prims *p, struct gw_conn *c, const void *src, size_t bytes);
 /* The next chunk on receiving connection c, which must be `bytes` long and
  * belong to this rank's own call; a peer's abort notice or a different call
  * fails with a message naming the peer. */

@@ -20,6 +20,7 @@ GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
 static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t n) {
   void *slot;
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  if (!dst && gw__direct_ok(&p->ring->send, src, n * p->es)) return gw__post_direct(p, &p->ring->send, src, n * p->es);
   if (n) gw__copy2(slot, dst, src, n * p->es);
   return gw__post(p, &p->ring->send, n * p->es);
 }
@@ -76,6 +77,12 @@ static gw_result_t prim_recv_copy_send(struct prims *p, void *dst, size_t n) {
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  if (gw__direct_ok(&p->ring->send, dst, n * p->es)) { /* dst is registered: it is the source of the send */
+    if (p->stream_out) gw__copy_stream(dst, data, n * p->es);
+    else memcpy(dst, data, n * p->es);
+    GW_CHECK(gw__post_direct(p, &p->ring->send, dst, n * p->es));
+    return gw__release(p, &p->ring->recv);
+  }
   if (n && p->stream_out) {
     memcpy(slot, data, n * p->es);
     gw__copy_stream(dst, data, n * p->es);

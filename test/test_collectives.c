@@ -156,16 +156,39 @@ static int check_reduced(const void *out, size_t i, gw_dtype_t dt, int op, int n
   return 1;
 }
 
-static void *big_alloc(size_t bytes) {
+/* Test buffers: pre-faulted, and with GW_TEST_REGISTER=1 registered with the
+ * communicator (gw_comm_register), so chunks over ib leave straight from them. */
+static struct {
+  void *p, *handle;
+} regs[8];
+
+static void *big_alloc(gw_comm_t comm, size_t bytes) {
   void *p = mmap(NULL, bytes + 64, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
     perror("mmap");
     exit(98);
   }
+  if (getenv("GW_TEST_REGISTER") && atoi(getenv("GW_TEST_REGISTER")))
+    for (size_t i = 0; i < sizeof regs / sizeof regs[0]; i++)
+      if (!regs[i].p) {
+        if (gw_comm_register(comm, p, bytes + 64, &regs[i].handle) != GW_SUCCESS) {
+          fprintf(stderr, "gw_comm_register: %s\n", gw_comm_last_error(comm));
+          exit(97);
+        }
+        regs[i].p = p;
+        break;
+      }
   return p;
 }
 
-static void big_free(void *p, size_t bytes) { munmap(p, bytes + 64); }
+static void big_free(gw_comm_t comm, void *p, size_t bytes) {
+  for (size_t i = 0; i < sizeof regs / sizeof regs[0]; i++)
+    if (regs[i].p == p) {
+      gw_comm_deregister(comm, regs[i].handle);
+      regs[i].p = NULL;
+    }
+  munmap(p, bytes + 64);
+}
 
 static uint64_t hash_bytes(const void *p, size_t len) {
   const uint8_t *b = p;
@@ -194,7 +217,7 @@ static uint64_t hash_bytes(const void *p, size_t len) {
 static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   init_tables();
-  uint8_t *send = big_alloc(MAX_COUNT * 8), *recv = big_alloc(MAX_COUNT * 8);
+  uint8_t *send = big_alloc(comm, MAX_COUNT * 8), *recv = big_alloc(comm, MAX_COUNT * 8);
   uint64_t hashes[256]; /* n <= 256 in every test */
   if (n > 256) return 1;
   for (size_t ci = 0; ci < NCOUNTS; ci++)
@@ -218,8 +241,8 @@ static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
         CALL(gw_allreduce(recv, recv, count, dt, op, comm, NULL), "gw_allreduce(in place)");
         CHECK_RANGE(count, check_reduced(recv, i, dt, op, n, i, rank, "allreduce in place"));
       }
-  big_free(send, MAX_COUNT * 8);
-  big_free(recv, MAX_COUNT * 8);
+  big_free(comm, send, MAX_COUNT * 8);
+  big_free(comm, recv, MAX_COUNT * 8);
   return 0;
 }
 
@@ -228,7 +251,7 @@ static size_t capped(size_t count, int n) { return count == MAX_COUNT ? MAX_COUN
 static int body_reduce_scatter(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   init_tables();
-  uint8_t *send = big_alloc(MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(MAX_COUNT * 8 + 64 * 8);
+  uint8_t *send = big_alloc(comm, MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(comm, MAX_COUNT * 8 + 64 * 8);
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
       for (int op = 0; op < GW_NUM_OPS; op++) {
@@ -242,8 +265,8 @@ static int body_reduce_scatter(gw_comm_t comm, int rank, int n, void *arg) {
         CALL(gw_reduce_scatter(recv, mine, rc, dt, op, comm, NULL), "gw_reduce_scatter(in place)");
         CHECK_RANGE(rc, check_reduced(mine, i, dt, op, n, (size_t)rank * rc + i, rank, "reduce_scatter in place"));
       }
-  big_free(send, MAX_COUNT * 8 + 64 * 8);
-  big_free(recv, MAX_COUNT * 8 + 64 * 8);
+  big_free(comm, send, MAX_COUNT * 8 + 64 * 8);
+  big_free(comm, recv, MAX_COUNT * 8 + 64 * 8);
   return 0;
 }
 
@@ -256,8 +279,8 @@ static int same_bits(const void *a, const void *b, size_t bytes, int rank, const
 static int body_allgather(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   init_tables();
-  uint8_t *send = big_alloc(MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(MAX_COUNT * 8 + 64 * 8);
-  uint8_t *expect = big_alloc(MAX_COUNT * 8 + 64 * 8);
+  uint8_t *send = big_alloc(comm, MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(comm, MAX_COUNT * 8 + 64 * 8);
+  uint8_t *expect = big_alloc(comm, MAX_COUNT * 8 + 64 * 8);
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < GW_NUM_DTYPES; dt++) {
       size_t sc = capped(counts[ci], n), es = gw_dtype_size(dt);
@@ -271,16 +294,16 @@ static int body_allgather(gw_comm_t comm, int rank, int n, void *arg) {
       CALL(gw_allgather(recv + (size_t)rank * sc * es, recv, sc, dt, comm, NULL), "gw_allgather(in place)");
       if (same_bits(recv, expect, sc * (size_t)n * es, rank, "allgather in place", dt, sc)) return 1;
     }
-  big_free(send, MAX_COUNT * 8 + 64 * 8);
-  big_free(recv, MAX_COUNT * 8 + 64 * 8);
-  big_free(expect, MAX_COUNT * 8 + 64 * 8);
+  big_free(comm, send, MAX_COUNT * 8 + 64 * 8);
+  big_free(comm, recv, MAX_COUNT * 8 + 64 * 8);
+  big_free(comm, expect, MAX_COUNT * 8 + 64 * 8);
   return 0;
 }
 
 static int body_broadcast(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   init_tables();
-  uint8_t *send = big_alloc(MAX_COUNT * 8), *recv = big_alloc(MAX_COUNT * 8), *expect = big_alloc(MAX_COUNT * 8);
+  uint8_t *send = big_alloc(comm, MAX_COUNT * 8), *recv = big_alloc(comm, MAX_COUNT * 8), *expect = big_alloc(comm, MAX_COUNT * 8);
   int roots[2] = {0, n - 1};
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
@@ -296,9 +319,9 @@ static int body_broadcast(gw_comm_t comm, int rank, int n, void *arg) {
         CALL(gw_broadcast(recv, recv, count, dt, root, comm, NULL), "gw_broadcast(in place)");
         if (same_bits(recv, expect, count * es, rank, "broadcast in place", dt, count)) return 1;
       }
-  big_free(send, MAX_COUNT * 8);
-  big_free(recv, MAX_COUNT * 8);
-  big_free(expect, MAX_COUNT * 8);
+  big_free(comm, send, MAX_COUNT * 8);
+  big_free(comm, recv, MAX_COUNT * 8);
+  big_free(comm, expect, MAX_COUNT * 8);
   return 0;
 }
 

@@ -4,7 +4,9 @@
  * queue pair and with chunks split over three; a bad rkey reported as a remote
  * access error naming the peer; a rank killed with SIGKILL (each rank on its own
  * "machine") makes the others fail quickly, naming it; the locked-memory limit
- * and slot settings that differ across ranks as clear errors.  The collective
+ * and slot settings that differ across ranks as clear errors; buffers
+ * registered with gw_comm_register are sent from directly (registered once:
+ * the cache), in place and out of place, and no longer after deregistering.  The collective
  * grid over ib runs as separate meson tests (test_collectives). */
 #include <check.h>
 #include <sched.h>
@@ -199,6 +201,51 @@ START_TEST(test_killed_rank_named) {
 }
 END_TEST
 
+/* ---- registered buffers: chunks leave straight from user memory ---- */
+static int body_registered(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  enum { COUNT = (4 << 20) + 17 };
+  int32_t *in = malloc(COUNT * sizeof *in), *out = malloc(COUNT * sizeof *out);
+  EXPECT(in && out, "out of memory");
+  void *hin, *hout, *hsub;
+  EXPECT(gw_comm_register(comm, in, COUNT * sizeof *in, &hin) == GW_SUCCESS, "register: %s", gw_comm_last_error(comm));
+  EXPECT(gw_comm_register(comm, out, COUNT * sizeof *out, &hout) == GW_SUCCESS, "register");
+  unsigned long regs = gw__ib_stat(0);
+  EXPECT(regs == 2, "%lu ibv_reg_mr calls for two ranges on one port", regs);
+  EXPECT(gw_comm_register(comm, out + 100, 1000, &hsub) == GW_SUCCESS && gw__ib_stat(0) == regs,
+         "a range inside a registered one was registered again");
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < COUNT; i++) in[i] = (int32_t)(i * 7 + rank * 1000003 + round);
+    bool inplace = round == 2;
+    if (inplace) memcpy(out, in, COUNT * sizeof *in);
+    unsigned long before = gw__ib_stat(1);
+    EXPECT(gw_allreduce(inplace ? out : in, out, COUNT, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS, "allreduce: %s",
+           gw_comm_last_error(comm));
+    EXPECT(gw__ib_stat(1) > before, "round %d sent nothing straight from user memory", round);
+    for (int i = 0; i < COUNT; i++) {
+      int32_t want = 0;
+      for (int r = 0; r < n; r++) want += (int32_t)(i * 7 + r * 1000003 + round);
+      EXPECT(out[i] == want, "round %d element %d: %d, expected %d", round, i, out[i], want);
+    }
+  }
+  EXPECT(gw_comm_deregister(comm, hsub) == GW_SUCCESS && gw_comm_deregister(comm, hin) == GW_SUCCESS &&
+             gw_comm_deregister(comm, hout) == GW_SUCCESS, "deregister");
+  unsigned long before = gw__ib_stat(1);
+  EXPECT(gw_allreduce(in, out, COUNT, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS, "allreduce after deregister");
+  EXPECT(gw__ib_stat(1) == before, "sent from user memory after deregistering it");
+  EXPECT(gw_comm_register(comm, NULL, 10, &hin) == GW_ERR_INVALID_ARGUMENT &&
+             strstr(gw_comm_last_error(comm), "gw_comm_register"), "NULL buffer accepted");
+  free(in);
+  free(out);
+  return 0;
+}
+
+START_TEST(test_registered_buffers) {
+  emulate();
+  ck_assert_int_eq(run_ranks(3, body_registered, NULL, 120), 0);
+}
+END_TEST
+
 /* ---- setup errors ---- */
 static int raw_memlock(int rank, int n, const char *master, void *arg) {
   (void)arg;
@@ -236,6 +283,7 @@ int main(void) {
   tcase_add_test(tc, test_transport_choice);
   tcase_add_test(tc, test_credits_one_qp);
   tcase_add_test(tc, test_credits_three_qps);
+  tcase_add_test(tc, test_registered_buffers);
   tcase_add_test(tc, test_bad_rkey_reported);
   tcase_add_test(tc, test_killed_rank_named);
   tcase_add_test(tc, test_memlock_hint);

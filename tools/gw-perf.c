@@ -25,7 +25,7 @@ static const char *coll_names[] = {"allreduce", "allgather", "reduce_scatter", "
 struct opts {
   size_t min_bytes, max_bytes;
   double factor;
-  int iters, warmup, check, coll, root;
+  int iters, warmup, check, coll, root, reg;
   int dtypes[GW_NUM_DTYPES], ndtypes;
   int ops[GW_NUM_OPS], nops;
   const char *csv, *json, *tune;
@@ -57,6 +57,7 @@ static void usage(FILE *f) {
           "  -c, --check 0|1       verify results (default 1)\n"
           "  -a, --algo NAME       auto|ring|tree|exchange (allreduce; exchange: 2 ranks only; default auto)\n"
           "  -p, --proto NAME      auto|simple|ll (ll: shared memory only; default auto)\n"
+          "  -R, --register        register the buffers (gw_comm_register): over ib, chunks go straight from them\n"
           "      --tune FILE       measure every algorithm and protocol, write the fitted cost model to FILE\n"
           "  -C, --collective NAME allreduce|allgather|reduce_scatter|broadcast (default allreduce)\n"
           "  -r, --root R          broadcast root (default 0)\n"
@@ -308,9 +309,9 @@ int main(int argc, char **argv) {
       {"algo", required_argument, 0, 'a'}, {"collective", required_argument, 0, 'C'},
       {"root", required_argument, 0, 'r'}, {"csv", required_argument, 0, 1},
       {"json", required_argument, 0, 2}, {"help", no_argument, 0, 'h'}, {"proto", required_argument, 0, 'p'},
-      {"tune", required_argument, 0, 3}, {0, 0, 0, 0}};
+      {"tune", required_argument, 0, 3}, {"register", no_argument, 0, 'R'}, {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:p:h", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:p:Rh", longopts, NULL)) != -1) {
     switch (c) {
       case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
       case 'e': o.max_bytes = parse_size(optarg, "-e"); break;
@@ -324,6 +325,7 @@ int main(int argc, char **argv) {
       case 'w': o.warmup = parse_int_arg(optarg, 0, 1000000, "-w"); break;
       case 'c': o.check = parse_int_arg(optarg, 0, 1, "-c"); break;
       case 'r': o.root = parse_int_arg(optarg, 0, 1 << 20, "-r"); break;
+      case 'R': o.reg = 1; break;
       case 'd':
         o.ndtypes = 0;
         if (!strcmp(optarg, "all")) {
@@ -386,6 +388,10 @@ int main(int argc, char **argv) {
   if (o.tune) return tune(o.tune);
   size_t buf_bytes = o.max_bytes + 64;
   uint8_t *sendbuf = alloc_prefaulted(buf_bytes), *recvbuf = alloc_prefaulted(buf_bytes);
+  void *reg_send = NULL, *reg_recv = NULL;
+  if (o.reg && (gw_comm_register(comm, sendbuf, buf_bytes, &reg_send) != GW_SUCCESS ||
+                gw_comm_register(comm, recvbuf, buf_bytes, &reg_recv) != GW_SUCCESS))
+    die("-R: %s", gw_comm_last_error(comm));
 
   FILE *csv = NULL, *json = NULL;
   if (rank == 0 && o.csv) {
@@ -451,6 +457,8 @@ int main(int argc, char **argv) {
     fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"wrong\": %lld\n}\n", avg, total_wrong);
     fclose(json);
   }
+  gw_comm_deregister(comm, reg_send);
+  gw_comm_deregister(comm, reg_recv);
   gw_comm_destroy(comm);
   return total_wrong ? 1 : 0;
 }

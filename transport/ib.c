@@ -182,11 +182,98 @@ static bool ib_can_connect(const struct gw_peer_info *self, const struct gw_peer
   return (self->caps & GW_CAP_IB) && (peer->caps & GW_CAP_IB);
 }
 
+/* ---- the registration cache: user buffers registered once per process ------------------ */
+/* gw_comm_register's ranges, each registered with every open port (one MR per
+ * port: the PD is per port).  A range inside one already registered takes a
+ * reference on it instead of registering again, whichever communicator asks;
+ * lookups on the data path take the registration that covers a chunk. */
+struct ib_reg {
+  uintptr_t lo, hi;
+  struct ibv_mr *mr[IB_MAX_PORTS];
+  int refs;
+};
+static struct {
+  pthread_mutex_t lock;
+  struct ib_reg *v[256];
+  int n;
+  atomic_ulong reg_calls, direct_chunks; /* for tests: ibv_reg_mr calls here, chunks sent from user memory */
+} regs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+unsigned long gw__ib_stat(int which) {
+  return which == 0 ? atomic_load(&regs.reg_calls) : atomic_load(&regs.direct_chunks);
+}
+
+gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_errctx *err) {
+  *handle = NULL;
+  if (!gw__ib_available()) return GW_SUCCESS; /* nothing to register with */
+  uintptr_t lo = (uintptr_t)buf, hi = lo + bytes;
+  gw_result_t res = GW_SUCCESS;
+  pthread_mutex_lock(&regs.lock);
+  for (int i = 0; i < regs.n; i++)
+    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) {
+      regs.v[i]->refs++;
+      *handle = regs.v[i];
+      goto out;
+    }
+  struct ib_reg *r = calloc(1, sizeof *r);
+  if (!r || regs.n == (int)(sizeof regs.v / sizeof regs.v[0])) {
+    free(r);
+    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory or more than %d registered ranges",
+                  (int)(sizeof regs.v / sizeof regs.v[0]));
+    goto out;
+  }
+  *r = (struct ib_reg){.lo = lo, .hi = hi, .refs = 1};
+  for (int p = 0; p < ibs.n; p++) {
+    r->mr[p] = ibs.v->reg_mr(ibs.ports[p].pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE);
+    atomic_fetch_add(&regs.reg_calls, 1);
+    if (!r->mr[p]) {
+      int e = errno;
+      res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: cannot register %zu bytes at %p with %s: %s%s", bytes, buf,
+                    ibs.ports[p].name, strerror(e),
+                    e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`)" : "");
+      while (p-- > 0) ibs.v->dereg_mr(r->mr[p]);
+      free(r);
+      goto out;
+    }
+  }
+  regs.v[regs.n++] = r;
+  *handle = r;
+out:
+  pthread_mutex_unlock(&regs.lock);
+  return res;
+}
+
+void gw__ib_deregister(void *handle) {
+  if (!handle) return;
+  pthread_mutex_lock(&regs.lock);
+  for (int i = 0; i < regs.n; i++) {
+    struct ib_reg *r = regs.v[i];
+    if (r != handle || --r->refs > 0) continue;
+    for (int p = 0; p < ibs.n; p++) ibs.v->dereg_mr(r->mr[p]);
+    regs.v[i] = regs.v[--regs.n];
+    free(r);
+    break;
+  }
+  pthread_mutex_unlock(&regs.lock);
+}
+
+/* The lkey of a registration covering [src, src + len) on port p, or 0. */
+static uint32_t reg_lkey(int p, const void *src, size_t len) {
+  uintptr_t lo = (uintptr_t)src, hi = lo + len;
+  uint32_t key = 0;
+  pthread_mutex_lock(&regs.lock);
+  for (int i = 0; i < regs.n && !key; i++)
+    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) key = regs.v[i]->mr[p]->lkey;
+  pthread_mutex_unlock(&regs.lock);
+  return key;
+}
+
 /* ---- connection state ----------------------------------------------------------------- */
 struct ib_qpx {
   struct ibv_qp *qp;
   uint64_t posted; /* send work requests posted */
   uint64_t done;   /* of them, known complete (a signaled completion covers all before it) */
+  uint64_t direct; /* the last write that reads user memory: the operation waits for it */
   uint32_t unsig;  /* unsignaled since the last signaled one */
 };
 
@@ -217,6 +304,8 @@ struct ib_hello {
   uint8_t mtu, eth;
 };
 
+#define IB_DIRECT_MIN (16u << 10) /* smaller chunks are cheaper to copy into a slot */
+
 struct ib_conn {
   struct ib_port *port;
   uint32_t nslots, slot_bytes, stride, nqps, depth, sig_every;
@@ -240,6 +329,7 @@ struct ib_conn {
   gw_result_t failed;
   char failmsg[GW_ERRMSG_MAX];
   char where[80]; /* " on mlx5_0:1", for messages */
+  uint32_t direct_lkey; /* sender: of the registration direct_ok found */
   int test_bad_rkey; /* GW_IB_TEST_BAD_RKEY: the Nth data write uses a wrong rkey (tests) */
   uint32_t writes;
 };
@@ -317,7 +407,7 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   }
   for (uint32_t i = 0; i < nqps; i++) {
     struct ibv_qp_init_attr ia = {.send_cq = t->cq, .recv_cq = t->cq, .qp_type = IBV_QPT_RC,
-                                  .cap = {.max_send_wr = t->depth, .max_recv_wr = t->nslots, .max_send_sge = 1,
+                                  .cap = {.max_send_wr = t->depth, .max_recv_wr = t->nslots, .max_send_sge = 2,
                                           .max_recv_sge = 1, .max_inline_data = 64}};
     t->q[i].qp = v->create_qp(t->port->pd, &ia);
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = t->port->num,
@@ -640,8 +730,14 @@ static gw_result_t ib_send_slot(struct gw_conn *c, size_t bytes, void **buf, siz
   return GW_SUCCESS;
 }
 
-static gw_result_t ib_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
-  struct ib_conn *t = c->priv;
+/* Writes the chunk in slot pos % nslots, header first, split over the QPs:
+ * from the staging slot, or (src != NULL) the header from the staging slot and
+ * the payload straight from registered user memory (lkey), gathered by the
+ * first part's two SGEs; those writes are signaled and remembered in
+ * q->direct, and progress waits for them, so the caller may reuse src once
+ * its operation completes. */
+static gw_result_t post_chunk(struct gw_conn *c, struct ib_conn *t, const struct gw_chunk_hdr *h, const void *src,
+                              uint32_t lkey) {
   uint32_t s = (uint32_t)(t->pos % t->nslots), total = IB_HDR_BYTES + h->bytes;
   uint8_t *slot = t->buf + (size_t)s * t->stride;
   memcpy(slot, h, sizeof *h);
@@ -650,15 +746,43 @@ static gw_result_t ib_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h)
     uint32_t off, len;
     gw__part_of(total, nparts, k, &off, &len);
     struct ib_qpx *q = &t->q[(t->pos + k) % t->nqps];
-    struct ibv_sge sge = {.addr = (uintptr_t)(slot + off), .length = len, .lkey = t->mr->lkey};
+    struct ibv_sge sge[2] = {{.addr = (uintptr_t)(slot + off), .length = len, .lkey = t->mr->lkey}};
+    int nsge = 1;
+    if (src) { /* the payload part of [off, off + len) comes from src */
+      uint32_t hdr_len = off < IB_HDR_BYTES ? GW_MIN(len, IB_HDR_BYTES - off) : 0;
+      struct ibv_sge payload = {.addr = (uintptr_t)src + (off + hdr_len - IB_HDR_BYTES), .length = len - hdr_len,
+                                .lkey = lkey};
+      if (hdr_len) sge[0].length = hdr_len, sge[1] = payload, nsge = 2;
+      else sge[0] = payload;
+    }
     uint32_t rkey = t->rkey;
     if (t->test_bad_rkey && ++t->writes == (uint32_t)t->test_bad_rkey) rkey ^= 0x5a5a00u;
     uint32_t imm = (uint32_t)(t->pos & 0xffffff) << 8 | nparts << 4 | k;
-    int e = post_write(t, q, &sge, 1, t->raddr + (uint64_t)s * t->stride + off, rkey, true, imm, false, false);
+    int e = post_write(t, q, sge, nsge, t->raddr + (uint64_t)s * t->stride + off, rkey, true, imm, false, src != NULL);
     if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send failed: %s", strerror(e));
+    if (src) q->direct = q->posted;
   }
+  if (src) atomic_fetch_add(&regs.direct_chunks, 1);
   t->pos++;
   return GW_SUCCESS;
+}
+
+static gw_result_t ib_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
+  return post_chunk(c, c->priv, h, NULL, 0);
+}
+
+/* Whether a chunk of `bytes` from src can go straight from user memory: big
+ * enough, and inside a gw_comm_register'ed range. */
+static bool ib_direct_ok(struct gw_conn *c, const void *src, size_t bytes) {
+  struct ib_conn *t = c->priv;
+  if (bytes < IB_DIRECT_MIN || !src) return false;
+  t->direct_lkey = reg_lkey((int)(t->port - ibs.ports), src, bytes);
+  return t->direct_lkey != 0;
+}
+
+static gw_result_t ib_send_direct(struct gw_conn *c, const struct gw_chunk_hdr *h, const void *src) {
+  struct ib_conn *t = c->priv;
+  return post_chunk(c, t, h, src, t->direct_lkey);
 }
 
 /* ---- data path: receiver ------------------------------------------------------------------ */
@@ -717,6 +841,9 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
   if (!r && !c->is_send) r = push_credits(c, t);
   if (!r) check_socket(t);
   if (r && err) gw__err(err, r, "%s", t->failmsg);
+  if (!r && c->is_send)
+    for (uint32_t i = 0; i < t->nqps; i++)
+      if (t->q[i].done < t->q[i].direct) return t->eof ? peer_gone(c, t, "its writes from user memory") : GW_INPROGRESS;
   return r;
 }
 
@@ -757,6 +884,8 @@ const struct gw_transport gw__ib_transport = {
     .recv_peek = ib_recv_peek,
     .recv_release = ib_recv_release,
     .progress = ib_progress,
+    .direct_ok = ib_direct_ok,
+    .send_direct = ib_send_direct,
     .pollfds = NULL,
     .close = ib_close,
 };

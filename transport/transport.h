@@ -113,6 +113,14 @@ struct gw_transport {
   gw_result_t (*send_slot)(struct gw_conn *c, size_t bytes, void **buf, size_t *cap);
   /* Sender: publishes the slot returned by send_slot with this header. */
   gw_result_t (*send_post)(struct gw_conn *c, const struct gw_chunk_hdr *h);
+  /* Sender, optional (NULL: never): whether a chunk of `bytes` can be sent
+   * straight from the caller's memory at src (registered with
+   * gw_comm_register), instead of being copied into the slot. */
+  bool (*direct_ok)(struct gw_conn *c, const void *src, size_t bytes);
+  /* Sender: after send_slot gave room and direct_ok said yes, sends the chunk
+   * with header h and its payload from src.  src must stay unchanged until
+   * progress() returns GW_SUCCESS (the operation's flush waits for that). */
+  gw_result_t (*send_direct)(struct gw_conn *c, const struct gw_chunk_hdr *h, const void *src);
   /* Receiver: the oldest unconsumed chunk, or GW_INPROGRESS. */
   gw_result_t (*recv_peek)(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data);
   /* Receiver: gives the chunk from recv_peek back to the sender. */
@@ -139,6 +147,13 @@ extern const struct gw_transport gw__tcp_transport;
 extern const struct gw_transport gw__ib_transport;
 /* Whether this process has an ib port to use (opens the devices once). */
 bool gw__ib_available(void);
+/* The registration cache (gw_comm_register): registers [buf, buf + bytes) with
+ * every open port, or takes a reference on a registration that covers it;
+ * *handle is NULL when there is no ib port.  Deregister drops the reference. */
+gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_errctx *err);
+void gw__ib_deregister(void *handle);
+/* Tests: 0 = ibv_reg_mr calls by the cache, 1 = chunks sent from user memory. */
+unsigned long gw__ib_stat(int which);
 #endif
 
 /* A connection's first failure, for the transport to report from its data-path
