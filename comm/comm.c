@@ -168,7 +168,7 @@ static void model_init(struct gw_model *m) {
 
 void gw__pick_base(const struct gw_comm *c, struct gw_pick_args *a) {
   *a = (struct gw_pick_args){.nranks = c->nranks, .algo = c->algo, .proto = c->proto, .tree_ok = c->tree_ok,
-                             .ll_ok = c->ll_chunk_bytes > 0,
+                             .ll_ok = c->ll_chunk_bytes > 0, .tree_levels = c->tree_levels,
                              .exchange_max = (size_t)GW_MAX(0, gw__param_ExchangeMaxBytes())};
 }
 

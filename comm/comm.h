@@ -93,6 +93,7 @@ struct gw_comm {
   int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */
   struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
   bool tree_ok;       /* the trees are connected (GW_ALGO auto or tree) */
+  int tree_levels;    /* hierarchical trees: their depth (the cost model's); 0: flat */
   uint32_t ll_chunk_bytes; /* LL chunk capacity of every connection; 0: some have no LL */
   struct gw_bootstrap *bs;
   struct gw_peer_info *peers; /* [nranks] */
@@ -142,6 +143,7 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
  * t (0 or 1) of n positions, -1 where none; the trees' connections; allreduce
  * (and the barrier) over both trees. */
 void gw__tree_shape(int n, int pos, int t, int *up, int down[2]);
+void gw__tree_shape_hier(int n, const int *node_of, int pos, int t, int *up, int down[2]);
 gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err);
 gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
 /* Best effort: tells every peer this rank sends to (ring successors, tree

@@ -7,6 +7,7 @@
  * latency-bound allreduces need; the ring stays the better choice for
  * bandwidth.  Not here: the choice between them (tune.c, enqueue.c), the waits
  * (prims.c), the chunk format (the protocol: the transport's). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "prims.h"
@@ -57,6 +58,48 @@ void gw__tree_shape(int n, int pos, int t, int *up, int down[2]) {
     if (*nodes[i] >= 0) *nodes[i] = mirror ? n - 1 - *nodes[i] : (*nodes[i] + 1) % n;
 }
 
+/* Several machines with several ranks on some: the double binary tree over the
+ * machines, a chain inside each.  node_of[pos] is the machine of each ring
+ * position (non-decreasing: the ring is ordered by machine).  In tree t a
+ * machine's chain runs from its head to its tail (tree 0: first to last
+ * position; tree 1 reversed, so the machine's ends swap roles between the
+ * trees); the head's parent is the tail of the parent machine in the machines'
+ * tree t, and the tail's children are the heads of that machine's children.
+ * Every position keeps at most two children, and the data crosses the network
+ * once per machine level, not once per rank level as the flat tree over ring
+ * positions would. */
+static void node_span(int n, const int *node_of, int node, int *first, int *last) {
+  *first = 0;
+  while (node_of[*first] != node) (*first)++;
+  *last = *first;
+  while (*last + 1 < n && node_of[*last + 1] == node) (*last)++;
+}
+
+void gw__tree_shape_hier(int n, const int *node_of, int pos, int t, int *up, int down[2]) {
+  int nnodes = node_of[n - 1] + 1, node = node_of[pos], first, last, P, C[2];
+  node_span(n, node_of, node, &first, &last);
+  int head = t ? last : first, tail = t ? first : last, step = t ? -1 : 1;
+  gw__tree_shape(nnodes, node, t, &P, C);
+  down[0] = down[1] = -1;
+  if (pos != head) *up = pos - step;
+  else if (P < 0) *up = -1;
+  else {
+    int f, l;
+    node_span(n, node_of, P, &f, &l);
+    *up = t ? f : l; /* the parent machine's tail */
+  }
+  if (pos != tail) {
+    down[0] = pos + step;
+    return;
+  }
+  for (int i = 0; i < 2; i++)
+    if (C[i] >= 0) {
+      int f, l;
+      node_span(n, node_of, C[i], &f, &l);
+      down[i] = t ? l : f; /* the child machine's head */
+    }
+}
+
 /* ---- connections ------------------------------------------------------------ */
 
 static void add_peer(struct gw_link *links, int *n, struct gw_conn *send, struct gw_conn *recv, int peer, int t) {
@@ -64,16 +107,39 @@ static void add_peer(struct gw_link *links, int *n, struct gw_conn *send, struct
   links[(*n)++] = (struct gw_link){.conn = send, .peer = peer, .is_send = true, .graph = GW_GRAPH_TREE(t)};
 }
 
-/* The trees are built over ring positions, so on several machines subtrees of
- * neighbouring positions share a machine. */
+/* The trees over ring positions: flat on one machine (or one rank per
+ * machine), hierarchical across machines with several ranks on one.  Records
+ * the trees' depth for the cost model. */
 gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
   const struct gw_ring *ring = &comm->rings[0];
+  const int n = comm->nranks;
   struct gw_link links[GW_PRIMS_MAX_CONNS];
   int nlinks = 0;
+  int *node_of = malloc(sizeof(int) * (size_t)n), (*ups)[2] = malloc(sizeof(int[2]) * (size_t)n);
+  if (!node_of || !ups) {
+    free(node_of), free(ups);
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+  }
+  node_of[0] = 0;
+  for (int p = 1; p < n; p++)
+    node_of[p] = node_of[p - 1] + (strcmp(comm->peers[ring->order[p]].node_id, comm->peers[ring->order[p - 1]].node_id) != 0);
+  bool hier = node_of[n - 1] > 0 && node_of[n - 1] < n - 1;
+  comm->tree_levels = 0;
   for (int t = 0; t < GW_NTREES; t++) {
+    for (int p = 0; p < n; p++) { /* every position's parent, for the depth */
+      int d[2];
+      if (hier) gw__tree_shape_hier(n, node_of, p, t, &ups[p][t], d);
+      else gw__tree_shape(n, p, t, &ups[p][t], d);
+    }
+    for (int p = 0; p < n && hier; p++) {
+      int depth = 0;
+      for (int q = p; ups[q][t] >= 0 && depth <= n; q = ups[q][t]) depth++;
+      comm->tree_levels = GW_MAX(comm->tree_levels, depth);
+    }
     struct gw_tree *tree = &comm->trees[t];
     int up, down[2];
-    gw__tree_shape(comm->nranks, ring->index, t, &up, down);
+    if (hier) gw__tree_shape_hier(n, node_of, ring->index, t, &up, down);
+    else gw__tree_shape(n, ring->index, t, &up, down);
     tree->up = up < 0 ? -1 : ring->order[up];
     if (tree->up >= 0) add_peer(links, &nlinks, &tree->send_up, &tree->recv_up, tree->up, t);
     for (int i = 0; i < 2; i++) {
@@ -81,6 +147,11 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
       if (tree->down[i] >= 0) add_peer(links, &nlinks, &tree->send_down[i], &tree->recv_down[i], tree->down[i], t);
     }
   }
+  if (hier)
+    GW_INFO(GW_SUB_INIT, "trees: hierarchical over %d machines (a chain inside each), %d levels", node_of[n - 1] + 1,
+            comm->tree_levels);
+  free(node_of);
+  free(ups);
   /* A rank receives from at most a parent and two children in each tree. */
   return gw__connect(comm, links, nlinks, 3 * GW_NTREES, err);
 }

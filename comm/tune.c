@@ -65,18 +65,20 @@ static int ceil_log2(int n) {
  * reduce-scatter and allgather; n - 1 steps of all of it for a broadcast); the
  * trees' 2 log2(n) levels, where a rank interior in one tree sends its half up
  * once and down twice and its other half once as a leaf: about 2(n - 1)/n as
- * well (exactly 1 at n = 2); the exchange's one hop with all of it. */
-static void shape(int algo, int coll, int n, double *steps, double *factor) {
-  if (algo == GW_ALGO_TREE) *steps = 2.0 * ceil_log2(n), *factor = 2.0 * (n - 1) / n;
+ * well (exactly 1 at n = 2); hierarchical trees (several machines) their
+ * measured depth instead of log2(n); the exchange's one hop with all of it. */
+static void shape(int algo, int coll, int n, int tree_levels, double *steps, double *factor) {
+  if (algo == GW_ALGO_TREE) *steps = 2.0 * (tree_levels ? tree_levels : ceil_log2(n)), *factor = 2.0 * (n - 1) / n;
   else if (algo == GW_ALGO_EXCHANGE) *steps = 1, *factor = 1;
   else if (coll == GW_COLL_ALLREDUCE || coll == GW_COLL_BARRIER) *steps = 2.0 * (n - 1), *factor = 2.0 * (n - 1) / n;
   else if (coll == GW_COLL_BROADCAST) *steps = n - 1, *factor = 1;
   else *steps = n - 1, *factor = (double)(n - 1) / n;
 }
 
-double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks) {
+double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks,
+                      int tree_levels) {
   double steps, factor;
-  shape(algo, coll, nranks, &steps, &factor);
+  shape(algo, coll, nranks, tree_levels, &steps, &factor);
   return steps * m->lat_us[algo][proto] + (double)bytes * factor / (m->bw_gbps[algo][proto] * 1e3);
 }
 
@@ -100,7 +102,7 @@ void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int 
     if (!algo_allowed(a, order[i])) continue;
     for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
       if ((a->proto >= 0 && p != a->proto && a->ll_ok) || (p == GW_PROTO_LL && !a->ll_ok)) continue;
-      double t = gw__model_time(m, order[i], p, a->coll, a->bytes, a->nranks);
+      double t = gw__model_time(m, order[i], p, a->coll, a->bytes, a->nranks, a->tree_levels);
       if (t < best) best = t, *algo = order[i], *proto = p;
     }
   }
@@ -183,7 +185,7 @@ void gw__model_log(const struct gw_model *m, const struct gw_pick_args *base) {
       int ai = i < 2 ? GW_ALGO_RING : i < 4 ? GW_ALGO_TREE : GW_ALGO_EXCHANGE, pi = i % 2;
       a.algo = ai;
       bool ok = algo_allowed(&a, ai) && (pi == GW_PROTO_SIMPLE || a.ll_ok);
-      snprintf(t[i], sizeof t[i], ok ? "%.2f" : "-", gw__model_time(m, ai, pi, a.coll, bytes, a.nranks));
+      snprintf(t[i], sizeof t[i], ok ? "%.2f" : "-", gw__model_time(m, ai, pi, a.coll, bytes, a.nranks, a.tree_levels));
     }
     GW_INFO(GW_SUB_TUNE, "model: %32zu %9s %9s %9s %9s %9s  %s/%s", bytes, t[0], t[1], t[2], t[3], t[4],
             algo_names[algo], proto_names[proto]);
@@ -220,7 +222,7 @@ static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, co
   if (n < 2) return false;
   double a, b, steps, factor;
   fit_line(x, t, n, &a, &b);
-  shape(gw__algo_from_name(algo), GW_COLL_ALLREDUCE, nranks, &steps, &factor);
+  shape(gw__algo_from_name(algo), GW_COLL_ALLREDUCE, nranks, 0, &steps, &factor);
   *lat = a / steps;
   *bw = GW_MIN(factor / (b * 1e3), 9e4);
   return true;

@@ -28,6 +28,7 @@ struct gw_pick_args {
   bool tree_ok;      /* the trees are connected */
   bool ll_ok;        /* every connection has the LL format */
   size_t exchange_max; /* the two-rank exchange only up to this many bytes */
+  int tree_levels;     /* the trees' depth when hierarchical; 0: flat, log2(nranks) */
 };
 
 void gw__model_defaults(struct gw_model *m);
@@ -35,7 +36,8 @@ void gw__model_defaults(struct gw_model *m);
  * fails with a message naming the line. */
 gw_result_t gw__model_load(struct gw_model *m, const char *path, struct gw_errctx *err);
 /* The model's time in microseconds; steps and factor by algorithm and collective. */
-double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks);
+double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks,
+                      int tree_levels);
 /* The cheapest allowed (algorithm, protocol) for an operation. */
 void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int *algo, int *proto);
 /* A digest of the table, so ranks can check they decide alike. */

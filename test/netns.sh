@@ -5,7 +5,8 @@
 # switch namespace of its own; addresses 10.79.0.K+1/24 exist only inside these
 # namespaces.  On each node gw-run starts RPN ranks (default 2).  Checks: the collective grid
 # across the nodes (GW_TEST_MAX_COUNT, default 65537), same-node pairs on shm and
-# cross-node pairs on tcp, gw-perf with checking, everything forced onto tcp, and
+# cross-node pairs on tcp, gw-perf with checking, the (hierarchical) tree,
+# everything forced onto tcp, and
 # (when built with libibverbs) the same over the ib transport's verbs emulator.
 # The namespaces are removed on exit, also when a check fails.  Exits 77 (meson:
 # skipped) without root or without `ip netns`.
@@ -83,6 +84,11 @@ GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT run_job grid 900 "$build/test/test_collective
 [ "$rpn" -gt 1 ] && expect_in_logs grid "via shm" "same-node pairs use shm"
 expect_in_logs grid "via tcp 10.79.0" "cross-node pairs use tcp"
 run_job perf 300 "$build/tools/gw-perf" -b 8 -e 16M -f 8 -n 3 -w 1 -c 1 -d all
+# The tree across machines: hierarchical (a chain inside each machine) when a
+# machine has several ranks; the tree's counts around its half split and chunks.
+GW_ALGO=tree GW_TEST_COUNTS=0,1,7,9,64,65,1023,65537,131073 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT \
+  run_job grid-tree 900 "$build/test/test_collectives" --from-env
+[ "$rpn" -gt 1 ] && expect_in_logs grid-tree "trees: hierarchical over $nnodes machines" "the trees are hierarchical"
 GW_TRANSPORT=tcp GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT GW_TEST_MAX_COUNT=1023 run_job grid-tcp 600 \
   "$build/test/test_collectives" --from-env
 if cat "$work"/grid-tcp.*.log | grep -q "via shm"; then

@@ -367,11 +367,11 @@ GRID_TEST(test_barrier, body_barrier)
 
 /* ---- the tree's own tests (--tree) ---------------------------------------- */
 
-/* Tree t of n positions: one root, parents and children agree, no cycle, depth
- * at most log2(n) + 1.  Counts into interior[] the positions with children. */
-static void check_tree(int n, int t, int *interior) {
-  int up[300], down[300][2], roots = 0;
-  for (int p = 0; p < n; p++) gw__tree_shape(n, p, t, &up[p], down[p]);
+/* Tree t of n positions given by up[] and down[][]: one root, parents and
+ * children agree, no cycle, depth at most max_depth.  Counts into interior[]
+ * the positions with children. */
+static void check_links(int n, int t, const int *up, int (*down)[2], int max_depth, int *interior) {
+  int roots = 0;
   for (int p = 0; p < n; p++) {
     roots += up[p] < 0;
     ck_assert_msg(up[p] < 0 || down[up[p]][0] == p || down[up[p]][1] == p,
@@ -382,11 +382,23 @@ static void check_tree(int n, int t, int *interior) {
       ck_assert_msg(c < n && (c < 0 || up[c] == p), "n=%d tree %d: %d's child %d has another parent", n, t, p, c);
     }
     interior[p] += down[p][0] >= 0;
-    int depth = 0, max_depth = 1;
-    while ((1 << (max_depth - 1)) < n) max_depth++;
+    int depth = 0;
     for (int q = p; up[q] >= 0; q = up[q]) ck_assert_msg(++depth <= max_depth, "n=%d tree %d: %d too deep", n, t, p);
   }
   ck_assert_msg(roots == 1, "n=%d tree %d: %d roots", n, t, roots);
+}
+
+static int ceil_log2(int n) {
+  int d = 0;
+  while ((1 << d) < n) d++;
+  return d;
+}
+
+/* The flat trees: depth at most log2(n) + 1. */
+static void check_tree(int n, int t, int *interior) {
+  int up[300], down[300][2];
+  for (int p = 0; p < n; p++) gw__tree_shape(n, p, t, &up[p], down[p]);
+  check_links(n, t, up, down, ceil_log2(n) + 1, interior);
 }
 
 /* Every position forwards data in one tree only (NCCL's property), except
@@ -399,6 +411,40 @@ START_TEST(test_tree_shape) {
     for (int p = 0; p < n; p++)
       ck_assert_msg(interior[p] <= 1 || (p == 0 && n % 2 == 1), "n=%d: %d is interior in both trees", n, p);
   }
+}
+END_TEST
+
+/* The hierarchical trees (several machines, a chain inside each), for 2..12
+ * machines with 1..6 ranks each, uniform and uneven: sound trees no deeper than
+ * the chain times the machines' tree depth, and the network crossed only by a
+ * machine's head going up and its tail going down, once each per tree. */
+START_TEST(test_tree_shape_hier) {
+  for (int nodes = 2; nodes <= 12; nodes++)
+    for (int layout = 0; layout < 7; layout++) {
+      int node_of[80], n = 0, lmax = 0;
+      for (int k = 0; k < nodes; k++) {
+        int l = layout < 6 ? layout + 1 : 1 + (k * 7) % 4;
+        lmax = l > lmax ? l : lmax;
+        for (int j = 0; j < l; j++) node_of[n++] = k;
+      }
+      for (int t = 0; t < 2; t++) {
+        int up[80], down[80][2], interior[80] = {0}, ups_out[12] = {0}, downs_out[12] = {0};
+        for (int p = 0; p < n; p++) gw__tree_shape_hier(n, node_of, p, t, &up[p], down[p]);
+        check_links(n, t, up, down, lmax * (ceil_log2(nodes) + 1), interior);
+        for (int p = 0; p < n; p++) {
+          ups_out[node_of[p]] += up[p] >= 0 && node_of[up[p]] != node_of[p];
+          for (int i = 0; i < 2; i++) downs_out[node_of[p]] += down[p][i] >= 0 && node_of[down[p][i]] != node_of[p];
+        }
+        int roots = 0;
+        for (int k = 0; k < nodes; k++) {
+          ck_assert_msg(ups_out[k] <= 1, "%d machines layout %d tree %d: machine %d goes up %d times", nodes, layout,
+                        t, k, ups_out[k]);
+          ck_assert_msg(downs_out[k] <= 2, "machine %d has %d children machines", k, downs_out[k]);
+          roots += ups_out[k] == 0;
+        }
+        ck_assert_msg(roots == 1, "%d machines layout %d tree %d: %d root machines", nodes, layout, t, roots);
+      }
+    }
 }
 END_TEST
 
@@ -467,6 +513,7 @@ static int run_tree_tests(void) {
   TCase *tc = tcase_create("tree");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_tree_shape);
+  tcase_add_test(tc, test_tree_shape_hier);
   tcase_add_test(tc, test_tree_killed_rank);
   tcase_add_test(tc, test_tree_vs_ring_named);
   tcase_add_test(tc, test_tree_algo_must_agree);

@@ -114,7 +114,7 @@ START_TEST(test_fit_roundtrip) {
   for (int p = 0; p < 2; p++)
     for (int i = 0; i < 4; i++)
       s[ns++] = (struct gw_tune_sample){"ring", p ? "ll" : "simple", sizes[i],
-                                        gw__model_time(&truth, GW_ALGO_RING, p, GW_COLL_ALLREDUCE, sizes[i], 4)};
+                                        gw__model_time(&truth, GW_ALGO_RING, p, GW_COLL_ALLREDUCE, sizes[i], 4, 0)};
   char path[] = "/tmp/gw-tune-XXXXXX";
   int fd = mkstemp(path);
   ck_assert_int_ge(fd, 0);
