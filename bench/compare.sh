@@ -30,10 +30,10 @@
 #
 # `compare.sh --latency` instead measures small-message latency: allreduce time at
 # 8 B .. 64 KiB (by 2; the table shows 8 B, 64 B, 1 KiB, 4 KiB, 64 KiB) for gradwire
-# auto, ring and tree (gw-perf -a) and Open MPI as is, at 2 and 4 ranks
+# auto, ring, tree and exchange (recursive doubling; gw-perf -a) and Open MPI as is, at 2 and 4 ranks
 # (BENCH_NRANKS), all in one run, BENCH_ROUNDS rounds alternating the tools;
 # BENCH_ITERS / BENCH_WARMUP / BENCH_ROUNDS default to 1000 / 100 / 3 there.  It prints the issue's
-# goals (auto no slower than Open MPI, within 10% of the better of ring and tree)
+# goals (auto no slower than Open MPI, within 10% of the best of ring, tree and exchange)
 # and the ring/tree crossover, and writes bench/results/latency-<date>.csv.
 set -euo pipefail
 
@@ -102,7 +102,7 @@ if [[ $mode == latency ]]; then
   bench_print_ranges
   for ((round = 1; round <= rounds; round++)); do
     for n in "${nranks_list[@]}"; do
-      for algo in auto ring tree; do
+      for algo in auto ring tree exchange; do
         run_step "gradwire $algo, $n ranks, round $round/$rounds" "$algo-n$n-r$round" \
           "$gw_run" -n "$n" "$gw_perf" -a "$algo" -d float32 -o sum -c 1
       done
@@ -119,14 +119,14 @@ nranks = [int(x) for x in sys.argv[5:]]
 rows, misses = latency_report(work, rounds, nranks, ncores, "compare.sh")
 with open(out_csv, "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["nranks", "size", "auto_us", "ring_us", "tree_us", "mpi_us", "auto_over_best", "auto_over_mpi"])
+    w.writerow(["nranks", "size", "auto_us", "ring_us", "tree_us", "exchange_us", "mpi_us", "auto_over_best", "auto_over_mpi"])
     for r in rows:
         w.writerow(r[:2] + ["" if v is None else "%.4f" % v for v in r[2:]])
 print()
 print("goals missed: " + ("; ".join(misses) if misses else "none"))
 print("CSV: %s" % out_csv)
 wrong = wrong_results([("%s n=%d" % (k, n), load(work, "%s-n%d" % (k, n), rounds, "compare.sh"))
-                       for n in nranks for k in ("auto", "ring", "tree", "mpi")])
+                       for n in nranks for k in ("auto", "ring", "tree", "exchange", "mpi")])
 if wrong:
     print("WRONG RESULTS (figures not valid): " + "; ".join(wrong))
     sys.exit(1)

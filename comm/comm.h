@@ -67,10 +67,20 @@ static inline void gw__tree_conns(struct gw_tree *t, struct gw_conn *out[6]) {
   out[4] = &t->send_down[1], out[5] = &t->recv_down[1];
 }
 
+/* Recursive doubling's links (rd.c): [0, npartners) the partners of each
+ * step, then the extra (folded) position's or its home's, both directions. */
+#define GW_RD_MAX 16
+struct gw_rd {
+  int npartners, nlinks;
+  int peer[GW_RD_MAX]; /* ranks */
+  struct gw_conn send[GW_RD_MAX], recv[GW_RD_MAX];
+};
+
 /* One directed connection this rank takes part in, for gw__connect.  Each
  * graph (a ring channel, a tree) has its own connections, so several may join
  * the same two ranks. */
 #define GW_GRAPH_TREE(t) (GW_MAX_CHANNELS + (t)) /* graphs 0..GW_MAX_CHANNELS-1 are the ring channels */
+#define GW_GRAPH_RD (GW_MAX_CHANNELS + GW_NTREES) /* recursive doubling (rd.c) */
 struct gw_link {
   struct gw_conn *conn; /* filled in by gw__connect */
   int peer;
@@ -101,6 +111,8 @@ struct gw_comm {
   int nchannels;
   struct gw_channels *channels; /* worker threads for channels 1..n-1 */
   struct gw_tree trees[GW_NTREES]; /* connected at init unless GW_ALGO=ring|exchange */
+  bool rd_ok;                      /* recursive doubling connected (more than 2 ranks, GW_ALGO auto|exchange) */
+  struct gw_rd rd;
   struct gw_conn_params conn_params;
 
   /* Operations run one at a time, in call order: inline on the caller's thread
@@ -145,6 +157,13 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
 void gw__tree_shape(int n, int pos, int t, int *up, int down[2]);
 void gw__tree_shape_hier(int n, const int *node_of, int pos, int t, int *up, int down[2]);
 gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err);
+int gw__rd_shape(int n, int pos, int *extra, int partners[GW_RD_MAX]);
+gw_result_t gw__rd_connect(struct gw_comm *comm, struct gw_errctx *err);
+gw_result_t gw__rd_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
+/* Every connection besides the rings' (the trees' and recursive doubling's),
+ * connected or not; returns how many (at most GW_EXTRA_CONNS). */
+#define GW_EXTRA_CONNS (6 * GW_NTREES + 2 * GW_RD_MAX)
+int gw__extra_conns(struct gw_comm *comm, struct gw_conn *out[GW_EXTRA_CONNS]);
 gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
 /* Best effort: tells every peer this rank sends to (ring successors, tree
  * neighbours) that it failed, with the message, so they fail at once instead of

@@ -44,7 +44,9 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     return (gw_result_t)failed;
   }
   choose(comm, op);
-  gw_result_t res = op->algo == GW_ALGO_TREE ? gw__tree_run(comm, op, err) : gw__ring_run(comm, op, err);
+  gw_result_t res = op->algo == GW_ALGO_TREE                              ? gw__tree_run(comm, op, err)
+                    : op->algo == GW_ALGO_EXCHANGE && comm->nranks > 2 ? gw__rd_run(comm, op, err)
+                                                                       : gw__ring_run(comm, op, err);
   if (res != GW_SUCCESS) {
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {

@@ -114,8 +114,10 @@ struct gw_tune_sample {
   double time_us;
 };
 /* Fits the cost model's latency and bandwidth for every (algorithm, protocol)
- * with at least two samples, measured on nranks ranks, and writes them as a
- * tuning file (GW_TUNING_FILE) with `note` in its comment.  Errors are in
+ * with at least two samples, measured on nranks ranks, and writes them as rows
+ * for that world size into the tuning file (GW_TUNING_FILE) with `note` in its
+ * comment, keeping the rows an existing file has for other world sizes (so one
+ * file can hold tables fitted at 2, 4, 8 ... ranks).  Errors are in
  * gw_comm_last_error(NULL). */
 gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
                           const char *note);

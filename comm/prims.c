@@ -56,6 +56,11 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c) {
   char me[160];
   describe(&p->op->desc, me, sizeof me);
+  if (c->seen_seq != p->op->desc.seq + 1 && p->peer_may_wait)
+    return gw__err(p->err, GW_ERR_TIMEOUT,
+                   "rank %d: operation %s waited %.0f s for data from rank %d, which has not sent it (it is stuck "
+                   "before the operation, or in it waiting on another rank; raise GW_TIMEOUT if it is just slow)",
+                   p->comm->rank, me, p->comm->timeout_s, c->peer);
   if (c->seen_seq != p->op->desc.seq + 1)
     return gw__err(p->err, GW_ERR_TIMEOUT,
                    "rank %d: operation %s waited %.0f s for data from rank %d, which has not started it (it is "
@@ -284,7 +289,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
         return dead_peer_error(p, c->peer);
       if (wait_step(p, &w)) continue;
       if (p->comm->aborted) return aborted_error(p);
-      if (extended || c->seen_seq != p->op->desc.seq + 1) return recv_timeout_error(p, c);
+      if (extended || (c->seen_seq != p->op->desc.seq + 1 && !p->peer_may_wait)) return recv_timeout_error(p, c);
       extended = true;
       gw__waiter_init(&w, grace_s(p->comm));
     }
@@ -319,15 +324,12 @@ static void abort_one(struct gw_comm *comm, struct gw_conn *c, const struct gw_o
   c->tp->send_post(c, &h);
 }
 
-/* Every peer this rank sends to hears of the failure, on the ring and on both
- * trees: whichever of them a neighbour waits on, it fails at once and passes
+/* Every peer this rank sends to hears of the failure, on the ring, both trees
+ * and recursive doubling's links: whichever of them a neighbour waits on, it fails at once and passes
  * the notice on to its own neighbours. */
 void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg) {
   for (int ch = 0; ch < comm->nchannels; ch++) abort_one(comm, &comm->rings[ch].send, desc, msg);
-  for (int t = 0; t < GW_NTREES; t++) {
-    struct gw_conn *conns[6];
-    gw__tree_conns(&comm->trees[t], conns);
-    for (int i = 0; i < 6; i++)
-      if (conns[i]->is_send) abort_one(comm, conns[i], desc, msg);
-  }
+  struct gw_conn *extra[GW_EXTRA_CONNS];
+  for (int i = 0, n = gw__extra_conns(comm, extra); i < n; i++)
+    if (extra[i]->is_send) abort_one(comm, extra[i], desc, msg);
 }

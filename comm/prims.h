@@ -10,11 +10,12 @@
 
 #include "comm.h"
 
-/* Every connection one algorithm may use on one rank: the two trees' links to
- * a parent and two children in both directions (the ring needs two). */
-#define GW_PRIMS_MAX_CONNS 12
-/* Receiving connections of the other algorithm: every ring channel's. */
-#define GW_PRIMS_MAX_WATCH GW_MAX_CHANNELS
+/* Every connection one algorithm may use on one rank: recursive doubling's
+ * links (the most), both trees' 12, the ring's two. */
+#define GW_PRIMS_MAX_CONNS (2 * GW_RD_MAX)
+/* Receiving connections of the other algorithms: every ring channel's, the
+ * trees', recursive doubling's. */
+#define GW_PRIMS_MAX_WATCH (GW_MAX_CHANNELS + 3 * GW_NTREES + GW_RD_MAX)
 
 /* One operation on one rank as an algorithm runs it. */
 struct prims {
@@ -41,6 +42,11 @@ struct prims {
   uint32_t sent;        /* chunks sent so far (the header's step, for diagnostics) */
   size_t chunk_bytes;   /* the most one chunk carries: a slot, or an LL chunk */
   bool stream_out;      /* write the user's output with non-temporal stores */
+  /* The peer of the next receive may be inside the operation yet not have sent
+   * on this connection, waiting on another rank first (recursive doubling's
+   * later steps): a timeout then waits the grace period for the notice of the
+   * rank that names the real straggler instead of blaming this peer. */
+  bool peer_may_wait;
 };
 
 /* The chunk size of op's protocol (every connection an operation uses has the

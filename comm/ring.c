@@ -247,13 +247,10 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
                     .nconns = 2, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .chunk_bytes = gw__chunk_bytes(comm, op)};
   if (comm->nranks == 1) return ch == 0 ? single_rank(op, p.es) : GW_SUCCESS;
-  /* Channel 0 runs on the thread that also runs the tree (the others' threads
-   * must not touch the tree's connections). */
-  for (int t = 0; t < GW_NTREES && ch == 0; t++) {
-    struct gw_conn *conns[6];
-    gw__tree_conns(&comm->trees[t], conns);
-    for (int i = 0; i < 6; i++) gw__watch(&p, conns[i]);
-  }
+  /* Channel 0 runs on the thread that also runs the tree and recursive doubling
+   * (the others' threads must not touch their connections): it watches them. */
+  struct gw_conn *extra[GW_EXTRA_CONNS];
+  for (int i = 0, n = ch == 0 ? gw__extra_conns(comm, extra) : 0; i < n; i++) gw__watch(&p, extra[i]);
   p.red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op);
   /* Out of place and too big to stay in cache: the output is written once and not
    * read back soon, so skip reading its lines in (see docs/architecture.md). */

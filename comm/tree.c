@@ -275,6 +275,7 @@ gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw
     for (int i = 0; i < 6; i++) gw__use(&p, conns[i]);
   }
   for (int ch = 0; ch < comm->nchannels; ch++) gw__watch(&p, &comm->rings[ch].recv);
+  for (int k = 0; k < comm->rd.nlinks; k++) gw__watch(&p, &comm->rd.recv[k]);
   const size_t chunk = p.chunk_bytes / p.es;
   const size_t align = GW_MAX((size_t)1, GW_CACHELINE / p.es);
   const size_t first = GW_MIN(p.count, GW_ALIGN_UP(GW_DIV_UP(p.count, 2), align));

@@ -60,16 +60,25 @@ static int ceil_log2(int n) {
   return d;
 }
 
+/* Recursive doubling's steps (rd.c): log2 p exchanges (p the largest power of
+ * two <= n), 2 more to fold the other n - p ranks in and out; 1 at n = 2. */
+static int rd_steps(int n) {
+  int p = 1, k = 0;
+  while (p * 2 <= n) p *= 2, k++;
+  return k + (n > p ? 2 : 0);
+}
+
 /* Hops a message crosses, and the share of the data each rank sends: the
  * ring's 2(n - 1) steps moving 2(n - 1)/n of the data (half of both for
  * reduce-scatter and allgather; n - 1 steps of all of it for a broadcast); the
  * trees' 2 log2(n) levels, where a rank interior in one tree sends its half up
  * once and down twice and its other half once as a leaf: about 2(n - 1)/n as
  * well (exactly 1 at n = 2); hierarchical trees (several machines) their
- * measured depth instead of log2(n); the exchange's one hop with all of it. */
+ * measured depth instead of log2(n); the exchange (recursive doubling) its
+ * steps, each with all of the data (one hop at n = 2). */
 static void shape(int algo, int coll, int n, int tree_levels, double *steps, double *factor) {
   if (algo == GW_ALGO_TREE) *steps = 2.0 * (tree_levels ? tree_levels : ceil_log2(n)), *factor = 2.0 * (n - 1) / n;
-  else if (algo == GW_ALGO_EXCHANGE) *steps = 1, *factor = 1;
+  else if (algo == GW_ALGO_EXCHANGE) *steps = *factor = rd_steps(n);
   else if (coll == GW_COLL_ALLREDUCE || coll == GW_COLL_BARRIER) *steps = 2.0 * (n - 1), *factor = 2.0 * (n - 1) / n;
   else if (coll == GW_COLL_BROADCAST) *steps = n - 1, *factor = 1;
   else *steps = n - 1, *factor = (double)(n - 1) / n;
@@ -86,11 +95,11 @@ static bool algo_allowed(const struct gw_pick_args *a, int algo) {
   bool reduce = a->coll == GW_COLL_ALLREDUCE || a->coll == GW_COLL_BARRIER;
   if (algo == GW_ALGO_TREE) return reduce && a->tree_ok && (a->algo == GW_ALGO_AUTO || a->algo == GW_ALGO_TREE);
   if (algo == GW_ALGO_EXCHANGE)
-    return reduce && a->nranks == 2 &&
+    return reduce && (a->nranks == 2 || a->rd_ok) &&
            (a->algo == GW_ALGO_EXCHANGE || (a->algo == GW_ALGO_AUTO && a->bytes <= a->exchange_max));
   /* The ring runs everything the others do not. */
   return a->algo == GW_ALGO_AUTO || a->algo == GW_ALGO_RING || !reduce ||
-         (a->algo == GW_ALGO_TREE && !a->tree_ok) || (a->algo == GW_ALGO_EXCHANGE && a->nranks != 2);
+         (a->algo == GW_ALGO_TREE && !a->tree_ok) || (a->algo == GW_ALGO_EXCHANGE && a->nranks != 2 && !a->rd_ok);
 }
 
 void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int *algo, int *proto) {
@@ -116,47 +125,64 @@ uint64_t gw__model_hash(const struct gw_model *m) {
 }
 
 /* ---- the tuning file ------------------------------------------------------------
- * Text, one row per line: `ALGO PROTO LATENCY_US BANDWIDTH_GBPS` (ALGO ring, tree
- * or exchange; PROTO simple or ll); `#` starts a comment; rows not given keep
- * the built-in value.  Anything else refuses the whole file. */
+ * Text, one row per line: `ALGO PROTO LATENCY_US BANDWIDTH_GBPS [RANKS]` (ALGO
+ * ring, tree or exchange; PROTO simple or ll); `#` starts a comment.  A row with
+ * RANKS applies only to communicators of that many ranks and wins over a row
+ * without (which applies to every size); rows not given keep the built-in
+ * value.  Anything else refuses the whole file.  Several world sizes matter
+ * because the per-step latency does not scale alike for every algorithm (4
+ * ranks on 2 cores: every step a context switch), so a table fitted on 2 ranks
+ * mispicks at 4. */
 
-static gw_result_t parse_row(char *line, struct gw_model *m, bool seen[GW_MODEL_NALGOS][GW_MODEL_NPROTOS],
-                             const char **why) {
-  char *save, *f[5];
+/* One row: into m when it applies to nranks (pass 0: untagged rows, pass 1:
+ * rows tagged nranks); checked either way. */
+static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pass,
+                             bool seen[2][GW_MODEL_NALGOS][GW_MODEL_NPROTOS], const char **why) {
+  char *save, *f[6];
   int nf = 0;
-  for (char *t = strtok_r(line, " \t\r\n", &save); t && nf < 5; t = strtok_r(NULL, " \t\r\n", &save)) f[nf++] = t;
+  for (char *t = strtok_r(line, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) f[nf++] = t;
   if (nf == 0) return GW_SUCCESS;
-  if (nf != 4) return *why = "expected 4 fields: algo proto latency_us bandwidth_GBps", GW_ERR_INVALID_ARGUMENT;
+  if (nf != 4 && nf != 5)
+    return *why = "expected 4 or 5 fields: algo proto latency_us bandwidth_GBps [ranks]", GW_ERR_INVALID_ARGUMENT;
   int a = gw__algo_from_name(f[0]), p = gw__proto_from_name(f[1]);
   if (a <= GW_ALGO_AUTO) return *why = "unknown algorithm (ring, tree, exchange)", GW_ERR_INVALID_ARGUMENT;
   if (p < 0) return *why = "unknown protocol (simple, ll)", GW_ERR_INVALID_ARGUMENT;
-  if (seen[a][p]) return *why = "a second row for this algorithm and protocol", GW_ERR_INVALID_ARGUMENT;
-  char *e1, *e2;
+  char *e1, *e2, *e3 = "";
   errno = 0;
   double lat = strtod(f[2], &e1), bw = strtod(f[3], &e2);
+  long ranks = nf == 5 ? strtol(f[4], &e3, 10) : 0;
   if (errno || *e1 || *e2 || !(lat >= 0 && lat < 1e6) || !(bw > 0 && bw < 1e5))
     return *why = "latency must be a number in [0, 1e6) us and bandwidth in (0, 1e5) GB/s", GW_ERR_INVALID_ARGUMENT;
-  seen[a][p] = true;
+  if (*e3 || (nf == 5 && (ranks < 2 || ranks > 1 << 20)))
+    return *why = "ranks must be a world size of at least 2", GW_ERR_INVALID_ARGUMENT;
+  bool tagged = nf == 5;
+  if (tagged && ranks != nranks) return GW_SUCCESS; /* another world size's */
+  if (tagged != (pass == 1)) return GW_SUCCESS;
+  if (seen[tagged][a][p]) return *why = "a second row for this algorithm, protocol and world size", GW_ERR_INVALID_ARGUMENT;
+  seen[tagged][a][p] = true;
   m->lat_us[a][p] = lat;
   m->bw_gbps[a][p] = bw;
   return GW_SUCCESS;
 }
 
-gw_result_t gw__model_load(struct gw_model *m, const char *path, struct gw_errctx *err) {
+gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err) {
   FILE *f = fopen(path, "r");
   if (!f) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: cannot open: %s", path, strerror(errno));
   struct gw_model tmp = *m;
-  bool seen[GW_MODEL_NALGOS][GW_MODEL_NPROTOS] = {{false}};
+  bool seen[2][GW_MODEL_NALGOS][GW_MODEL_NPROTOS] = {{{false}}};
   char line[512];
   const char *why = NULL;
   gw_result_t res = GW_SUCCESS;
-  for (int no = 1; res == GW_SUCCESS && fgets(line, sizeof line, f); no++) {
-    if (!strchr(line, '\n') && !feof(f)) why = "line too long", res = GW_ERR_INVALID_ARGUMENT;
-    char *hash = strchr(line, '#');
-    if (hash) *hash = 0;
-    if (res == GW_SUCCESS) res = parse_row(line, &tmp, seen, &why);
-    if (res != GW_SUCCESS)
-      gw__err(err, res, "GW_TUNING_FILE %s:%d: %s; using the built-in table", path, no, why);
+  for (int pass = 0; pass < 2 && res == GW_SUCCESS; pass++) { /* untagged rows, then this size's over them */
+    rewind(f);
+    for (int no = 1; res == GW_SUCCESS && fgets(line, sizeof line, f); no++) {
+      if (!strchr(line, '\n') && !feof(f)) why = "line too long", res = GW_ERR_INVALID_ARGUMENT;
+      char *hash = strchr(line, '#');
+      if (hash) *hash = 0;
+      if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, pass, seen, &why);
+      if (res != GW_SUCCESS)
+        gw__err(err, res, "GW_TUNING_FILE %s:%d: %s; using the built-in table", path, no, why);
+    }
   }
   fclose(f);
   if (res == GW_SUCCESS) *m = tmp;
@@ -228,26 +254,60 @@ static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, co
   return true;
 }
 
+/* The rows of an existing tuning file that gw_tune_write keeps: every row not
+ * tagged with nranks (other world sizes', and untagged ones), verbatim. */
+static char *kept_rows(const char *path, int nranks) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  size_t cap = 4096, len = 0;
+  char *out = malloc(cap), line[512];
+  while (out && fgets(line, sizeof line, f)) {
+    char copy[512], *save, *fld[6];
+    snprintf(copy, sizeof copy, "%s", line);
+    char *hash = strchr(copy, '#');
+    if (hash) *hash = 0;
+    int nf = 0;
+    for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
+    if ((nf != 4 && nf != 5) || (nf == 5 && atoi(fld[4]) == nranks)) continue;
+    size_t n = strlen(line);
+    if (len + n + 2 > cap) {
+      char *grown = realloc(out, cap *= 2);
+      if (!grown) break;
+      out = grown;
+    }
+    memcpy(out + len, line, n);
+    len += n;
+    if (line[n - 1] != '\n') out[len++] = '\n';
+  }
+  fclose(f);
+  if (out) out[len] = 0;
+  return out;
+}
+
 gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
                           const char *note) {
   struct gw_errctx err;
   if (!path || !samples || nranks < 2 || nsamples < 2)
     return gw__set_thread_error("gw_tune_write: needs a path and samples from at least 2 ranks"),
            GW_ERR_INVALID_ARGUMENT;
+  char *kept = kept_rows(path, nranks);
   FILE *f = fopen(path, "w");
   if (!f) {
+    free(kept);
     gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: cannot write %s: %s", path, strerror(errno));
     return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
   }
   fprintf(f, "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune%s%s\n", note ? ": " : "",
           note ? note : "");
-  fprintf(f, "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth; fitted on %d ranks\n", nranks);
-  fprintf(f, "# algo proto latency_us bandwidth_GBps\n");
+  fprintf(f, "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth\n");
+  fprintf(f, "# algo proto latency_us bandwidth_GBps [ranks: this row only for that world size]\n");
+  if (kept && *kept) fprintf(f, "%s", kept);
+  free(kept);
   for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
     for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
       double lat, bw;
       if (fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, &lat, &bw))
-        fprintf(f, "%s %s %.4f %.3f\n", algo_names[a], proto_names[p], lat, bw);
+        fprintf(f, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
     }
   bool ok = fclose(f) == 0;
   if (ok) return GW_SUCCESS;

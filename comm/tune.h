@@ -29,12 +29,14 @@ struct gw_pick_args {
   bool ll_ok;        /* every connection has the LL format */
   size_t exchange_max; /* the two-rank exchange only up to this many bytes */
   int tree_levels;     /* the trees' depth when hierarchical; 0: flat, log2(nranks) */
+  bool rd_ok;          /* recursive doubling is connected (the exchange at more than 2 ranks) */
 };
 
 void gw__model_defaults(struct gw_model *m);
-/* Reads a tuning file over m.  A file that does not parse changes nothing and
- * fails with a message naming the line. */
-gw_result_t gw__model_load(struct gw_model *m, const char *path, struct gw_errctx *err);
+/* Reads a tuning file over m for a communicator of nranks (rows tagged with
+ * another world size are checked and skipped).  A file that does not parse
+ * changes nothing and fails with a message naming the line. */
+gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err);
 /* The model's time in microseconds; steps and factor by algorithm and collective. */
 double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks,
                       int tree_levels);

@@ -36,6 +36,29 @@ START_TEST(test_default_picks) {
 }
 END_TEST
 
+/* With recursive doubling connected (more than 2 ranks), 8 B goes to it: log2 n
+ * hops (+2 when n is not a power of two) against the tree's 2 log2 n; 64 MiB
+ * stays on the ring, where every step moving all of the data would cost log2 n
+ * times the ring's bytes; its hop count drives the crossover. */
+START_TEST(test_rd_picks) {
+  struct gw_model m;
+  gw__model_defaults(&m);
+  for (int n = 3; n <= 64; n++) {
+    struct gw_pick_args a = args(n, 8);
+    a.rd_ok = true;
+    int algo, proto;
+    gw__model_pick(&m, &a, &algo, &proto);
+    ck_assert_msg(algo == GW_ALGO_EXCHANGE, "n=%d, 8 B with recursive doubling: picked %s", n, gw__algo_name(algo));
+    a.bytes = 64u << 20;
+    gw__model_pick(&m, &a, &algo, &proto);
+    ck_assert_msg(algo == GW_ALGO_RING, "n=%d, 64 MiB: picked %s", n, gw__algo_name(algo));
+    a.bytes = 1u << 20; /* past GW_EXCHANGE_MAX_BYTES: never recursive doubling */
+    gw__model_pick(&m, &a, &algo, &proto);
+    ck_assert_msg(algo != GW_ALGO_EXCHANGE, "n=%d, 1 MiB: picked exchange past its limit", n);
+  }
+}
+END_TEST
+
 /* GW_ALGO / GW_PROTO restrict the choice; what a transport cannot do is never picked. */
 START_TEST(test_overrides) {
   struct gw_model m;
@@ -91,13 +114,13 @@ START_TEST(test_corrupt_file_refused) {
     write_file(path, bad[i].text);
     m = def;
     struct gw_errctx err = {{0}};
-    ck_assert_int_eq(gw__model_load(&m, path, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(err.msg, bad[i].line) && strstr(err.msg, path), "case %zu: %s", i, err.msg);
     ck_assert_msg(!memcmp(&m, &def, sizeof m), "case %zu changed the table", i);
   }
   struct gw_errctx err;
   write_file(path, "# comment\n  tree ll 0.5 2.5   # trailing\n");
-  ck_assert_int_eq(gw__model_load(&m, path, &err), GW_SUCCESS);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_SUCCESS);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.5 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 2.5);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE] == def.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE]);
   unlink(path);
@@ -123,11 +146,51 @@ START_TEST(test_fit_roundtrip) {
   struct gw_model m;
   memset(&m, 0, sizeof m);
   struct gw_errctx err;
-  ck_assert_msg(gw__model_load(&m, path, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
   for (int p = 0; p < 2; p++) {
     ck_assert_double_eq_tol(m.lat_us[GW_ALGO_RING][p], truth.lat_us[GW_ALGO_RING][p], 1e-3);
     ck_assert_double_eq_tol(m.bw_gbps[GW_ALGO_RING][p], truth.bw_gbps[GW_ALGO_RING][p], 1e-2);
   }
+  unlink(path);
+}
+END_TEST
+
+/* Rows for a world size apply only there and win over untagged ones;
+ * gw_tune_write keeps the other sizes' rows of the file it rewrites. */
+START_TEST(test_rows_per_world_size) {
+  char path[] = "/tmp/gw-tune-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  write_file(path, "tree simple 0.9 8 4\ntree simple 0.5 9\ntree simple 0.7 7 2\nring ll 0.3 3 8\n");
+  struct gw_model def, m;
+  gw__model_defaults(&def);
+  struct gw_errctx err;
+  m = def;
+  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.9 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 8);
+  ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == def.lat_us[GW_ALGO_RING][GW_PROTO_LL]); /* 8 ranks' row */
+  m = def;
+  ck_assert(gw__model_load(&m, path, 3, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.5);
+  write_file(path, "tree simple 0.9 8 4\ntree simple 0.8 8 4\n"); /* two rows for 4 ranks */
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  write_file(path, "tree simple 0.9 8 1\n");
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  /* rewrite for 4 ranks: the 2-rank row stays, the old 4-rank row goes */
+  write_file(path, "# old\ntree simple 0.7 7 2\ntree simple 0.9 8 4\n");
+  struct gw_model truth;
+  gw__model_defaults(&truth);
+  static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
+  struct gw_tune_sample s[4];
+  for (int i = 0; i < 4; i++)
+    s[i] = (struct gw_tune_sample){"tree", "simple", sizes[i],
+                                   gw__model_time(&truth, GW_ALGO_TREE, 0, GW_COLL_ALLREDUCE, sizes[i], 4, 0)};
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_SUCCESS);
+  m = def;
+  ck_assert(gw__model_load(&m, path, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  m = def;
+  ck_assert(gw__model_load(&m, path, 4, &err) == GW_SUCCESS);
+  ck_assert_double_eq_tol(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], truth.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], 1e-3);
   unlink(path);
 }
 END_TEST
@@ -162,6 +225,8 @@ int main(void) {
   TCase *tc = tcase_create("tune");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_default_picks);
+  tcase_add_test(tc, test_rd_picks);
+  tcase_add_test(tc, test_rows_per_world_size);
   tcase_add_test(tc, test_overrides);
   tcase_add_test(tc, test_corrupt_file_refused);
   tcase_add_test(tc, test_fit_roundtrip);

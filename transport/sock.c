@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 
 #include "core.h"
 #include "sock.h"
+#include "transport.h"
 
 void gw__sock_pack(const struct sockaddr_storage *a, struct gw_sockaddr_packed *out) {
   memset(out, 0, sizeof *out);
@@ -139,4 +141,18 @@ void gw__sock_tune(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
   }
+}
+
+gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *msg, const char *where, gw_result_t code,
+                          const char *fmt, ...) {
+  if (*failed) return *failed;
+  char what[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  snprintf(msg, GW_ERRMSG_MAX, "rank %d: %s connection %s rank %d (%s)%s: %s", c->self, c->tp ? c->tp->name : "?",
+           c->is_send ? "to" : "from", c->peer, c->peer_host, where, what);
+  *failed = code;
+  return code;
 }

@@ -1,4 +1,5 @@
-/* sock.h - the socket chores the tcp and ib transports share: a listening socket
+/* sock.h - what the network transports (tcp, ib) share: a connection's error
+ * message, and socket chores: a listening socket
  * on the communicator's address and its packed form for a connection handle,
  * blocking setup I/O with a deadline, and tuning of a data socket (non-blocking,
  * no Nagle, keepalive).  Never on a data path. */
@@ -9,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+
+#include "core.h"
 
 /* An address as it travels inside a connection handle. */
 struct gw_sockaddr_packed {
@@ -38,5 +41,13 @@ bool gw__sock_io_deadline(int fd, void *buf, size_t len, bool sending, double de
  * keepalive after GW_SOCKET_KEEPALIVE seconds of silence (default 10; 3 probes 2 s
  * apart), so a peer whose machine vanished turns into a socket error. */
 void gw__sock_tune(int fd);
+
+/* A connection's first failure, for the transport to report from its data-path
+ * calls: formats "rank S: <transport> connection to|from rank P (host)<where>:
+ * <what>" into msg (GW_ERRMSG_MAX bytes) and sets *failed to code; a later
+ * failure keeps the first.  Returns *failed. */
+struct gw_conn;
+gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *msg, const char *where, gw_result_t code,
+                          const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 #endif

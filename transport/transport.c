@@ -2,8 +2,6 @@
  * between machines ib when both ranks have an active InfiniBand/RoCE port (or
  * the verbs emulator), else tcp.  GW_TRANSPORT restricts the choice (e.g. tcp or
  * ib inside one machine). */
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "transport.h"
@@ -34,18 +32,4 @@ const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,
     if (t->can_connect(self, peer)) return t;
   }
   return NULL;
-}
-
-gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *msg, const char *where, gw_result_t code,
-                          const char *fmt, ...) {
-  if (*failed) return *failed;
-  char what[300];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  snprintf(msg, GW_ERRMSG_MAX, "rank %d: %s connection %s rank %d (%s)%s: %s", c->self, c->tp ? c->tp->name : "?",
-           c->is_send ? "to" : "from", c->peer, c->peer_host, where, what);
-  *failed = code;
-  return code;
 }

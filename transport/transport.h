@@ -156,13 +156,6 @@ void gw__ib_deregister(void *handle);
 unsigned long gw__ib_stat(int which);
 #endif
 
-/* A connection's first failure, for the transport to report from its data-path
- * calls: formats "rank S: <transport> connection to|from rank P (host)<where>:
- * <what>" into msg (GW_ERRMSG_MAX bytes) and sets *failed to code; a later
- * failure keeps the first.  Returns *failed. */
-gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *msg, const char *where, gw_result_t code,
-                          const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-
 /* This rank's GW_CAP_* flags, for its gw_peer_info. */
 uint32_t gw__transport_caps(void);
 
