@@ -10,12 +10,9 @@
 
 #include "comm.h"
 
-/* Every connection one algorithm may use on one rank: recursive doubling's
- * links (the most), both trees' 12, the ring's two. */
+/* The most connections one algorithm uses on one rank: recursive doubling's
+ * links (both trees have 12, the ring two). */
 #define GW_PRIMS_MAX_CONNS (2 * GW_RD_MAX)
-/* Receiving connections of the other algorithms: every ring channel's, the
- * trees', recursive doubling's. */
-#define GW_PRIMS_MAX_WATCH (GW_MAX_CHANNELS + 3 * GW_NTREES + GW_RD_MAX)
 
 /* One operation on one rank as an algorithm runs it. */
 struct prims {
@@ -25,12 +22,13 @@ struct prims {
   /* Every connection of the algorithm: all of them are pumped (tcp moves queued
    * bytes only when asked) and polled while any one is waited on, and the
    * sending ones are flushed before the operation completes. */
-  struct gw_conn *conns[GW_PRIMS_MAX_CONNS];
+  struct gw_conn **conns; /* the runner's array, of room for all it adds */
   int nconns;
   /* The other algorithm's receiving connections: a peer that called another
    * collective sends there, so a wait that drags on looks at them to name the
    * difference (or an abort notice) instead of waiting for the deadline. */
-  struct gw_conn *watch[GW_PRIMS_MAX_WATCH];
+  struct gw_conn **watch; /* likewise; runners keep both arrays on their stack, not
+                            in the struct, so starting an operation zeroes little */
   int nwatch;
   struct gw_ring *ring; /* the ring's channel (ring.c only) */
   const void *in;       /* this rank's part of the input (NULL when empty) */

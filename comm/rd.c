@@ -115,7 +115,9 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
 }
 
 gw_result_t gw__rd_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
-  struct prims p = {.comm = comm, .op = op, .err = err, .in = op->sendbuf, .out = op->recvbuf,
+  struct gw_conn *conns[2 * GW_RD_MAX], *watch[GW_MAX_CHANNELS + 3 * GW_NTREES];
+  struct prims p = {.comm = comm, .op = op, .err = err, .in = op->sendbuf, .out = op->recvbuf, .conns = conns,
+                    .watch = watch,
                     .count = op->desc.count, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op),
                     .chunk_bytes = gw__chunk_bytes(comm, op)};
@@ -123,9 +125,9 @@ gw_result_t gw__rd_run(struct gw_comm *comm, const struct gw_op *op, struct gw_e
   for (int k = 0; k < rd->nlinks; k++) gw__use(&p, &rd->send[k]), gw__use(&p, &rd->recv[k]);
   for (int ch = 0; ch < comm->nchannels; ch++) gw__watch(&p, &comm->rings[ch].recv);
   for (int t = 0; t < GW_NTREES; t++) {
-    struct gw_conn *conns[6];
-    gw__tree_conns(&comm->trees[t], conns);
-    for (int i = 0; i < 6; i++) gw__watch(&p, conns[i]);
+    struct gw_conn *tc[6];
+    gw__tree_conns(&comm->trees[t], tc);
+    for (int i = 0; i < 6; i++) gw__watch(&p, tc[i]);
   }
   const size_t chunk = p.chunk_bytes / p.es;
   const uint32_t div = op->desc.op == GW_AVG ? (uint32_t)comm->nranks : 0;

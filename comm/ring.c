@@ -243,14 +243,18 @@ static void channel_part(size_t total, size_t es, int ch, int nch, size_t *base,
 
 gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const struct gw_op *op, struct gw_errctx *err) {
   struct gw_ring *ring = &comm->rings[ch];
-  struct prims p = {.comm = comm, .ring = ring, .op = op, .err = err, .conns = {&ring->send, &ring->recv},
-                    .nconns = 2, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
+  struct gw_conn *conns[2] = {&ring->send, &ring->recv}, *watch[3 * GW_NTREES + GW_RD_MAX];
+  struct prims p = {.comm = comm, .ring = ring, .op = op, .err = err, .conns = conns, .nconns = 2, .watch = watch, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .chunk_bytes = gw__chunk_bytes(comm, op)};
   if (comm->nranks == 1) return ch == 0 ? single_rank(op, p.es) : GW_SUCCESS;
   /* Channel 0 runs on the thread that also runs the tree and recursive doubling
    * (the others' threads must not touch their connections): it watches them. */
-  struct gw_conn *extra[GW_EXTRA_CONNS];
-  for (int i = 0, n = ch == 0 ? gw__extra_conns(comm, extra) : 0; i < n; i++) gw__watch(&p, extra[i]);
+  for (int t = 0; t < GW_NTREES && ch == 0; t++) {
+    gw__watch(&p, &comm->trees[t].recv_up);
+    gw__watch(&p, &comm->trees[t].recv_down[0]);
+    gw__watch(&p, &comm->trees[t].recv_down[1]);
+  }
+  for (int k = 0; k < comm->rd.nlinks && ch == 0; k++) gw__watch(&p, &comm->rd.recv[k]);
   p.red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op);
   /* Out of place and too big to stay in cache: the output is written once and not
    * read back soon, so skip reading its lines in (see docs/architecture.md). */

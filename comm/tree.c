@@ -113,7 +113,7 @@ static void add_peer(struct gw_link *links, int *n, struct gw_conn *send, struct
 gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
   const struct gw_ring *ring = &comm->rings[0];
   const int n = comm->nranks;
-  struct gw_link links[GW_PRIMS_MAX_CONNS];
+  struct gw_link links[6 * GW_NTREES];
   int nlinks = 0;
   int *node_of = malloc(sizeof(int) * (size_t)n), (*ups)[2] = malloc(sizeof(int[2]) * (size_t)n);
   if (!node_of || !ups) {
@@ -265,14 +265,16 @@ static gw_result_t run_halves(struct prims *p, const struct half *halves, int nt
 /* The halves are split on a cache line, so data of one line or less (a loss
  * value, a barrier) takes tree 0 alone. */
 gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
-  struct prims p = {.comm = comm, .op = op, .err = err, .in = op->sendbuf, .out = op->recvbuf,
+  struct gw_conn *conns[6 * GW_NTREES], *watch[GW_MAX_CHANNELS + GW_RD_MAX];
+  struct prims p = {.comm = comm, .op = op, .err = err, .in = op->sendbuf, .out = op->recvbuf, .conns = conns,
+                    .watch = watch,
                     .count = op->desc.count, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op),
                     .chunk_bytes = gw__chunk_bytes(comm, op)};
   for (int t = 0; t < GW_NTREES; t++) {
-    struct gw_conn *conns[6];
-    gw__tree_conns(&comm->trees[t], conns);
-    for (int i = 0; i < 6; i++) gw__use(&p, conns[i]);
+    struct gw_conn *tc[6];
+    gw__tree_conns(&comm->trees[t], tc);
+    for (int i = 0; i < 6; i++) gw__use(&p, tc[i]);
   }
   for (int ch = 0; ch < comm->nchannels; ch++) gw__watch(&p, &comm->rings[ch].recv);
   for (int k = 0; k < comm->rd.nlinks; k++) gw__watch(&p, &comm->rd.recv[k]);
