@@ -74,6 +74,42 @@ static struct gw_st_file *open_st(const char *name) {
   return f;
 }
 
+/* The gradients travel over the ib transport (the verbs emulator), sent
+ * straight from the registered gradient buffer: the same weights as over shm,
+ * bit for bit (the reductions run in the same order whatever moves the bytes). */
+static char *slurp(const char *name, size_t *len) {
+  char p[512];
+  path(p, sizeof p, name);
+  FILE *f = fopen(p, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s", p);
+  fseek(f, 0, SEEK_END);
+  *len = (size_t)ftell(f);
+  rewind(f);
+  char *b = malloc(*len + 1);
+  ck_assert(b && fread(b, 1, *len, f) == *len);
+  fclose(f);
+  return b;
+}
+
+START_TEST(test_over_ib_equals_shm) {
+  char shm[512], ib[512];
+  path(shm, sizeof shm, "shm.safetensors");
+  path(ib, sizeof ib, "ib.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL}, *const ibenv[] = {"GW_TRANSPORT=ib", "GW_IB_EMULATE=1", NULL};
+  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--save-weights", shm, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train(&r, ibenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--save-weights", ib, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  size_t n1, n2;
+  char *a = slurp("shm.safetensors", &n1), *b = slurp("ib.safetensors", &n2);
+  ck_assert_msg(n1 == n2 && !memcmp(a, b, n1), "weights trained over ib differ from those over shm");
+  free(a), free(b);
+}
+END_TEST
+
 START_TEST(test_two_ranks_equal_one_rank_double_batch) {
   char init[512], one[512], two[512];
   path(init, sizeof init, "init.safetensors");
@@ -332,6 +368,9 @@ static Suite *make_suite(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
+#if GW_HAVE_IBVERBS
+  tcase_add_test(tc, test_over_ib_equals_shm);
+#endif
   tcase_add_test(tc, test_resume_is_bit_exact);
   tcase_add_test(tc, test_damaged_checkpoint);
   tcase_add_test(tc, test_imagefolder_bad_files_skipped);

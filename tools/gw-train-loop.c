@@ -43,6 +43,7 @@ struct trainer {
   struct gw_exec *e;
   struct gw_sgd *sgd;
   gw_bucketer_t bk;
+  void *grads_reg; /* gw_comm_register of the gradients (over ib: sent from directly) */
   size_t np, nrun, ncounters;
   size_t marked;            /* gradient elements handed to the bucketer this step */
   gw_result_t ready_err;
@@ -210,7 +211,11 @@ static int setup_comm_parts(struct trainer *t) {
   int nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
                             (size_t)(o->bucket_mb * 1048576), bounds, 4096);
   if (nb < 1) return fail(t, "--bucket-mb", "too many buckets for the model (at most 4095)");
-  gw_result_t r = gw_bucketer_create(t->comm, gw_model_grads(t->m), t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
+  /* The gradients live in one buffer for the whole run: registered once, the
+   * allreduces over ib send their chunks straight from it (no-op without ib). */
+  gw_result_t r = gw_comm_register(t->comm, gw_model_grads(t->m), t->np * sizeof(float), &t->grads_reg);
+  if (r != GW_SUCCESS) return comm_fail(t, "registering the gradients", r);
+  r = gw_bucketer_create(t->comm, gw_model_grads(t->m), t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
   return r == GW_SUCCESS ? 0 : comm_fail(t, "bucketer", r);
 }
 
@@ -502,7 +507,7 @@ static void teardown(struct trainer *t) {
   gw_dataset_free(t->train_ds);
   gw_dataset_free(t->val_ds);
   free(t->pad_x), free(t->logits), free(t->pad_y);
-  if (t->comm) gw_comm_destroy(t->comm);
+  if (t->comm) gw_comm_deregister(t->comm, t->grads_reg), gw_comm_destroy(t->comm);
 }
 
 static int finish(struct trainer *t) {
