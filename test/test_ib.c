@@ -2,7 +2,8 @@
  * (GW_IB_EMULATE=1): the transport choice; credits (a sender that runs out of
  * credits waits, and never overwrites a slot its receiver has not read), with one
  * queue pair and with chunks split over three; a bad rkey reported as a remote
- * access error naming the peer; a rank killed with SIGKILL (each rank on its own
+ * access error naming the peer; GW_IB_HCA with two devices uses both, and a
+ * name that is no device leaves ib unavailable; a rank killed with SIGKILL (each rank on its own
  * "machine") makes the others fail quickly, naming it; the locked-memory limit
  * and slot settings that differ across ranks as clear errors; buffers
  * registered with gw_comm_register are sent from directly (registered once:
@@ -46,6 +47,38 @@ START_TEST(test_transport_choice) {
   if (!gw__ib_available()) /* a machine without an HCA: forcing ib is a clear error */
     ck_assert_int_eq(run_ranks_raw(2, raw_no_port, NULL, 60), 0);
   unsetenv("GW_TRANSPORT");
+}
+END_TEST
+
+/* GW_IB_HCA with two (emulated) devices: connections take them in turn; a name
+ * that is not a device leaves no port, so forcing ib fails at init. */
+static int body_two_devices(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  bool dev[2] = {false, false};
+  for (int t = 0; t < GW_NTREES; t++) {
+    struct gw_conn *tc[6];
+    gw__tree_conns(&comm->trees[t], tc);
+    for (int i = 0; i < 6; i++)
+      if (tc[i]->tp && tc[i]->is_send) {
+        dev[0] |= strstr(tc[i]->desc, "gwemu0:1") != NULL;
+        dev[1] |= strstr(tc[i]->desc, "gwemu1:1") != NULL;
+      }
+  }
+  dev[0] |= strstr(comm->rings[0].send.desc, "gwemu0:1") != NULL;
+  dev[1] |= strstr(comm->rings[0].send.desc, "gwemu1:1") != NULL;
+  EXPECT(dev[0] && dev[1], "rank %d's connections do not use both devices (ring: %s)", rank, comm->rings[0].send.desc);
+  int64_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "sum %lld", (long long)v);
+  return 0;
+}
+
+START_TEST(test_several_devices) {
+  emulate();
+  setenv("GW_IB_EMULATE_DEVICES", "2", 1);
+  setenv("GW_IB_HCA", "gwemu0,gwemu1:1", 1);
+  ck_assert_int_eq(run_ranks(3, body_two_devices, NULL, 60), 0);
+  setenv("GW_IB_HCA", "mlx5_9", 1);
+  ck_assert_int_eq(run_ranks_raw(2, raw_no_port, NULL, 60), 0);
 }
 END_TEST
 
@@ -281,6 +314,7 @@ int main(void) {
   TCase *tc = tcase_create("ib");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_transport_choice);
+  tcase_add_test(tc, test_several_devices);
   tcase_add_test(tc, test_credits_one_qp);
   tcase_add_test(tc, test_credits_three_qps);
   tcase_add_test(tc, test_registered_buffers);
