@@ -44,230 +44,16 @@
 #include "core.h"
 #include "ibv.h"
 
-#define EMU_MAGIC 0x756d656269777767ull /* "gwibemu" */
-#define MAX_DEVICES 16
-#define MAX_QP 1024    /* QP slots per context; qp_num = generation << 10 | slot */
-#define MAX_MR 4096    /* MR slots per context; key = generation << 12 | slot */
-#define RQ_SLOTS 4096  /* inbound completion slots per QP (>= MAX_WR) */
-#define MAX_WR 4096
-#define MAX_SGE 16
-#define MAX_INLINE 256
-#define MAX_CQE (1 << 22)
-#define NLIDS 65536
-#define RQ_CLOSED UINT64_MAX /* rq `claimed` while the QP takes no inbound messages */
-#define BLOCKED (-1)         /* a send WR that cannot complete yet */
-#define MR_ACCESS_OK                                                                       \
-  (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |            \
-   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING)
-#define SEND_FLAGS_OK (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE)
-
-_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
-               "the segment is shared between processes: its atomics must be lock-free");
-
-/* ---- the shared segment: only atomics on naturally aligned words ------------- */
-struct seg_mr {
-  _Atomic uint32_t key; /* 0 while the slot is free; written last (release) */
-  _Atomic uint32_t access, pd, pad;
-  _Atomic uint64_t addr, length;
-};
-struct seg_in { /* one inbound WRITE_WITH_IMM, at slot claimed % RQ_SLOTS */
-  _Atomic uint64_t seq; /* claimed index + 1, published last (release) */
-  _Atomic uint32_t imm, byte_len;
-};
-struct seg_qp {
-  _Atomic uint32_t qpn; /* 0 while the slot is free */
-  _Atomic uint32_t state, pd, access, min_rnr_timer, pad[3];
-  _Atomic uint64_t posted;  /* receives posted by the owner, ever (release) */
-  _Atomic uint64_t claimed; /* receives taken by senders, ever; RQ_CLOSED when closed */
-  uint64_t pad2[4];
-  struct seg_in in[RQ_SLOTS];
-};
-struct seg_hdr {
-  uint64_t magic, nonce;
-  int32_t pid;
-  _Atomic uint32_t alive;
-};
-struct seg {
-  union {
-    struct seg_hdr h;
-    char page[4096];
-  } hdr;
-  struct seg_mr mr[MAX_MR];
-  struct seg_qp qp[MAX_QP];
-};
-#define SEG_SIZE sizeof(struct seg) /* about 64 MiB, sparse: untouched pages cost nothing */
-
-/* ---- process-local objects ------------------------------------------------------ */
-struct swr { /* a posted send WR, as the requester keeps it */
-  uint64_t wr_id, raddr;
-  uint32_t rkey, imm, len;
-  int with_imm, signaled, inl, nsge, started, rnr_count, status;
-  double t_first, t_rnr; /* first attempt; when the running RNR timer expires */
-};
-struct emu_ctx;
-struct emu_pd {
-  struct ibv_pd pd;
-  int refs;
-  struct emu_pd *next;
-};
-struct emu_cq {
-  struct ibv_cq cq;
-  int refs, overrun;
-  struct emu_cq *next;
-};
-struct emu_mr {
-  struct ibv_mr mr;
-  int slot;
-  uint64_t locked;
-};
-struct emu_qp {
-  struct ibv_qp qp;
-  struct emu_ctx *ctx;
-  struct seg_qp *sh;
-  struct emu_cq *scq, *rcq;
-  struct ibv_qp_cap cap;
-  int sig_all, errored;
-  struct ibv_ah_attr ah;
-  uint32_t dest_qpn;
-  uint64_t dest_nonce; /* the context the QP reached first: a later owner of its LID is not it */
-  uint8_t timeout, retry_cnt, rnr_retry;
-  struct swr *sq;
-  struct ibv_sge *sge; /* max_send_sge per SQ entry */
-  uint8_t *inl;        /* max_inline_data per SQ entry */
-  uint64_t sq_head, sq_rep, sq_exec, sq_tail; /* covered <= reported <= executed <= posted */
-  uint64_t sq_cqes;                           /* completions made, not yet polled */
-  uint64_t *rq_wrid;
-  uint64_t rq_post, rq_cons;
-};
-struct remote { /* a mapped remote segment, by LID */
-  uint16_t lid;
-  int32_t pid;
-  int pidfd, exited;
-  uint64_t nonce;
-  double checked; /* when its process was last seen alive */
-  struct seg *seg;
-};
-struct emu_ctx {
-  struct ibv_context ctx;
-  pthread_mutex_t lock;
-  int memfd, eth;
-  int32_t pid;
-  uint16_t lid;
-  uint64_t nonce;
-  struct seg *seg;
-  struct emu_qp *qps[MAX_QP];
-  uint16_t qp_gen[MAX_QP];
-  struct emu_qp *live[MAX_QP];
-  int nlive;
-  unsigned rot;
-  struct emu_mr *mrs[MAX_MR];
-  uint32_t mr_gen[MAX_MR];
-  struct emu_pd *pds;
-  struct emu_cq *cqs;
-  uint32_t handles;
-  struct remote *rem;
-  int nrem, caprem;
-};
-
-#define CTX(c) ((struct emu_ctx *)(c))
-#define QP(q) ((struct emu_qp *)(q))
-#define CQ(q) ((struct emu_cq *)(q))
-#define PD(p) ((struct emu_pd *)(p))
-#define MR(m) ((struct emu_mr *)(m))
+#include "ibemu.h"
 
 static void *fail(int err) {
   errno = err;
   return NULL;
 }
 
-/* ---- the LID registry: {pid, memfd number, nonce} per LID ------------------------- */
-struct lid_ent {
-  _Atomic int32_t pid, fd;
-  _Atomic uint64_t nonce; /* written last when claimed (release), cleared first on release */
-};
-static struct lid_ent *registry;
-static int registry_errno;
-static pthread_once_t registry_once = PTHREAD_ONCE_INIT;
-static _Atomic uint64_t memlocked; /* bytes registered by this process, all contexts */
+/* bytes registered by this process, all contexts (GW_IB_EMULATE_MEMLOCK) */
+static _Atomic uint64_t memlocked;
 
-static void registry_init(void) {
-  char path[64];
-  snprintf(path, sizeof path, "/dev/shm/gw-ibemu-lids-%u", (unsigned)getuid());
-  size_t size = NLIDS * sizeof(struct lid_ent);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != getuid() ||
-      ((size_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0)) {
-    registry_errno = fd < 0 ? errno : EACCES;
-    GW_WARN(GW_SUB_INIT, "ibemu: cannot use the LID registry %s: %s", path, strerror(registry_errno));
-    if (fd >= 0) close(fd);
-    return;
-  }
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  registry_errno = errno;
-  close(fd);
-  if (p != MAP_FAILED) registry = p;
-}
-
-static int pid_dead(int32_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
-
-/* Claims a free LID (its pid 0 or dead) for this context; 0 when none is left.
- * The search starts at a random LID, so a LID freed by a dead process is rarely
- * taken again at once (a peer may still be trying to reach the dead one). */
-static uint16_t lid_claim(int32_t pid, int fd, uint64_t nonce) {
-  for (unsigned k = 0; k < NLIDS - 1; k++) {
-    unsigned lid = 1 + (unsigned)((nonce + k) % (NLIDS - 1));
-    struct lid_ent *e = &registry[lid];
-    int32_t p = atomic_load(&e->pid);
-    if (p != 0 && !pid_dead(p)) continue;
-    if (!atomic_compare_exchange_strong(&e->pid, &p, pid)) continue;
-    atomic_store(&e->nonce, 0);
-    atomic_store(&e->fd, fd);
-    atomic_store_explicit(&e->nonce, nonce, memory_order_release);
-    return (uint16_t)lid;
-  }
-  return 0;
-}
-
-static void lid_release(uint16_t lid) {
-  atomic_store(&registry[lid].nonce, 0);
-  atomic_store(&registry[lid].fd, -1);
-  atomic_store_explicit(&registry[lid].pid, 0, memory_order_release);
-}
-
-/* A consistent {pid, fd, nonce} of a LID in use; false when none.  The segment's
- * own nonce is checked after mapping, so a torn read cannot reach a wrong one. */
-static int lid_read(uint16_t lid, int32_t *pid, int *fd, uint64_t *nonce) {
-  struct lid_ent *e = &registry[lid];
-  *nonce = atomic_load_explicit(&e->nonce, memory_order_acquire);
-  *pid = atomic_load(&e->pid);
-  *fd = atomic_load(&e->fd);
-  return *nonce != 0 && *pid > 0 && *fd >= 0 && atomic_load(&e->nonce) == *nonce;
-}
-
-/* ---- GIDs: index 0 fe80::6777:656d:7500:<lid>, index 1 ::ffff:127.103.<lid> ------- */
-static void lid_gid(uint16_t lid, int index, union ibv_gid *g) {
-  static const uint8_t magic[6] = {'g', 'w', 'e', 'm', 'u', 0};
-  memset(g, 0, sizeof *g);
-  if (index == 0) {
-    g->raw[0] = 0xfe, g->raw[1] = 0x80;
-    memcpy(g->raw + 8, magic, sizeof magic);
-  } else {
-    g->raw[10] = g->raw[11] = 0xff;
-    g->raw[12] = 127, g->raw[13] = 'g';
-  }
-  g->raw[14] = (uint8_t)(lid >> 8), g->raw[15] = (uint8_t)lid;
-}
-
-static uint16_t gid_lid(const union ibv_gid *g) {
-  uint16_t lid = (uint16_t)(g->raw[14] << 8 | g->raw[15]);
-  union ibv_gid want;
-  for (int i = 0; i < 2; i++) {
-    lid_gid(lid, i, &want);
-    if (!memcmp(want.raw, g->raw, sizeof want.raw)) return lid;
-  }
-  return 0;
-}
 
 /* ---- devices --------------------------------------------------------------------- */
 static struct ibv_device devices[MAX_DEVICES];
@@ -297,25 +83,11 @@ static void emu_free_device_list(struct ibv_device **list) { free(list); }
 static const char *emu_get_device_name(struct ibv_device *d) { return d ? d->name : NULL; }
 
 /* ---- contexts ---------------------------------------------------------------------- */
-static struct seg *seg_create(int *memfd) {
-  *memfd = memfd_create("gw-ibemu", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (*memfd < 0) return NULL;
-  /* Sealed against shrinking, so a mapping peer can never fault past its end. */
-  if (ftruncate(*memfd, SEG_SIZE) == 0 &&
-      fcntl(*memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
-    void *p = mmap(NULL, SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0);
-    if (p != MAP_FAILED) return p;
-  }
-  int e = errno;
-  close(*memfd);
-  errno = e;
-  return NULL;
-}
 
 static struct ibv_context *emu_open_device(struct ibv_device *dev) {
-  pthread_once(&registry_once, registry_init);
   if (!dev || dev < devices || dev >= devices + MAX_DEVICES) return fail(EINVAL);
-  if (!registry) return fail(registry_errno ? registry_errno : EACCES);
+  int rerr = gw__ibemu_registry_open();
+  if (rerr) return fail(rerr);
   const char *link = gw__env_str("GW_IB_EMULATE_LINK", "ib");
   if (strcmp(link, "ib") && strcmp(link, "eth")) {
     GW_WARN(GW_SUB_INIT, "ibemu: GW_IB_EMULATE_LINK=%s is not ib or eth", link);
@@ -325,7 +97,7 @@ static struct ibv_context *emu_open_device(struct ibv_device *dev) {
   if (!c) return NULL;
   c->eth = !strcmp(link, "eth");
   c->pid = getpid();
-  if (!(c->seg = seg_create(&c->memfd))) goto fail_free;
+  if (!(c->seg = gw__ibemu_seg_create(&c->memfd))) goto fail_free;
   while (c->nonce == 0)
     if (getrandom(&c->nonce, sizeof c->nonce, 0) != sizeof c->nonce) goto fail_seg;
   for (int i = 0; i < MAX_QP; i++) c->qp_gen[i] = (uint16_t)(c->nonce >> 20);
@@ -334,7 +106,7 @@ static struct ibv_context *emu_open_device(struct ibv_device *dev) {
   c->seg->hdr.h.nonce = c->nonce;
   c->seg->hdr.h.pid = c->pid;
   atomic_store(&c->seg->hdr.h.alive, 1);
-  if (!(c->lid = lid_claim(c->pid, c->memfd, c->nonce))) {
+  if (!(c->lid = gw__ibemu_lid_claim(c->pid, c->memfd, c->nonce))) {
     errno = ENOSPC;
     goto fail_seg;
   }
@@ -365,7 +137,7 @@ static int emu_close_device(struct ibv_context *ibctx) {
   struct emu_ctx *c = CTX(ibctx);
   if (!c) return EINVAL;
   atomic_store(&c->seg->hdr.h.alive, 0);
-  lid_release(c->lid);
+  gw__ibemu_lid_release(c->lid);
   int left = c->nlive;
   while (c->nlive) qp_free(c->live[0]);
   for (int i = 0; i < MAX_MR; i++)
@@ -410,7 +182,7 @@ static int emu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_po
 
 static int emu_query_gid(struct ibv_context *ibctx, uint8_t port, int index, union ibv_gid *gid) {
   if (port != 1 || index < 0 || index > 1) return EINVAL;
-  lid_gid(CTX(ibctx)->lid, index, gid);
+  gw__ibemu_lid_gid(CTX(ibctx)->lid, index, gid);
   return 0;
 }
 
@@ -699,12 +471,11 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
   return 1;
 }
 
-static struct seg *qp_remote(struct emu_qp *q, int32_t *pid);
 
 static void attrs_apply(struct emu_qp *q, const struct ibv_qp_attr *a, int mask) {
   int32_t pid;
   if (mask & IBV_QP_ACCESS_FLAGS) atomic_store(&q->sh->access, (uint32_t)a->qp_access_flags);
-  if (mask & IBV_QP_AV) q->ah = a->ah_attr, q->dest_nonce = 0, (void)qp_remote(q, &pid);
+  if (mask & IBV_QP_AV) q->ah = a->ah_attr, q->dest_nonce = 0, (void)gw__ibemu_qp_remote(q, &pid);
   if (mask & IBV_QP_DEST_QPN) q->dest_qpn = a->dest_qp_num;
   if (mask & IBV_QP_MIN_RNR_TIMER) atomic_store(&q->sh->min_rnr_timer, a->min_rnr_timer);
   if (mask & IBV_QP_TIMEOUT) q->timeout = a->timeout;
@@ -750,83 +521,6 @@ static int emu_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
   return r;
 }
 
-/* ---- reaching the responder -------------------------------------------------------- */
-static struct seg *seg_attach(int32_t pid, int fd, uint64_t nonce, int *pidfd_out) {
-  int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-  if (pidfd < 0) return NULL;
-  int mfd = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
-  int seals = mfd >= 0 ? fcntl(mfd, F_GET_SEALS) : -1;
-  struct stat st;
-  struct seg *s = MAP_FAILED;
-  /* Only a sealed memfd of the right size is mapped: it cannot shrink under us. */
-  if (seals > 0 && (seals & F_SEAL_SHRINK) && fstat(mfd, &st) == 0 && (size_t)st.st_size == SEG_SIZE)
-    s = mmap(NULL, SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-  if (mfd >= 0) close(mfd);
-  if (s != MAP_FAILED && s->hdr.h.magic == EMU_MAGIC && s->hdr.h.nonce == nonce && s->hdr.h.pid == pid) {
-    *pidfd_out = pidfd;
-    return s;
-  }
-  if (s != MAP_FAILED) munmap(s, SEG_SIZE);
-  close(pidfd);
-  return NULL;
-}
-
-static int process_exited(int pidfd) {
-  struct pollfd p = {.fd = pidfd, .events = POLLIN};
-  return poll(&p, 1, 0) != 0;
-}
-
-static struct remote *remote_slot(struct emu_ctx *c, uint16_t lid) {
-  for (int i = 0; i < c->nrem; i++)
-    if (c->rem[i].lid == lid) return &c->rem[i];
-  if (c->nrem == c->caprem) {
-    int cap = c->caprem ? 2 * c->caprem : 8;
-    struct remote *r = realloc(c->rem, (size_t)cap * sizeof *r);
-    if (!r) return NULL;
-    c->rem = r, c->caprem = cap;
-  }
-  c->rem[c->nrem] = (struct remote){.lid = lid, .pidfd = -1};
-  return &c->rem[c->nrem++];
-}
-
-/* The segment behind a LID and its process, or NULL while it cannot be reached
- * (unknown LID, closed context, dead process). */
-static struct seg *remote_seg(struct emu_ctx *c, uint16_t lid, int32_t *pid) {
-  if (lid == 0) return NULL;
-  if (lid == c->lid) {
-    *pid = c->pid;
-    return c->seg;
-  }
-  int32_t rpid;
-  int rfd;
-  uint64_t nonce;
-  struct remote *r;
-  if (!lid_read(lid, &rpid, &rfd, &nonce) || !(r = remote_slot(c, lid))) return NULL;
-  if (r->seg && r->nonce != nonce) {
-    munmap(r->seg, SEG_SIZE), close(r->pidfd);
-    r->seg = NULL;
-  }
-  if (!r->seg) {
-    if (!(r->seg = seg_attach(rpid, rfd, nonce, &r->pidfd))) return NULL;
-    r->pid = rpid, r->nonce = nonce, r->exited = 0, r->checked = 0;
-  }
-  /* A crashed process leaves alive = 1; its pidfd says so (a system call, so at
-   * most once a millisecond: writes with data see ESRCH at once anyway). */
-  double t = gw__now();
-  if (t - r->checked >= 1e-3) r->checked = t, r->exited = process_exited(r->pidfd);
-  if (!atomic_load(&r->seg->hdr.h.alive) || r->exited) return NULL;
-  *pid = r->pid;
-  return r->seg;
-}
-
-/* The responder's segment for q.  A QP stays bound to the context it reached
- * first (from RTR on): if that one died and another took its LID, the other is
- * unreachable for this QP, as a new machine behind an old address would be. */
-static struct seg *qp_remote(struct emu_qp *q, int32_t *pid) {
-  struct seg *rs = remote_seg(q->ctx, q->ah.is_global ? gid_lid(&q->ah.grh.dgid) : q->ah.dlid, pid);
-  if (rs && !q->dest_nonce) q->dest_nonce = rs->hdr.h.nonce;
-  return rs && rs->hdr.h.nonce == q->dest_nonce ? rs : NULL;
-}
 
 /* ---- executing send WRs (the requester's side of the wire) ------------------------ */
 /* The IB spec's RNR timer encoding, in milliseconds. */
@@ -914,7 +608,7 @@ static int sq_exec_one(struct emu_qp *q, struct swr *w, double now) {
   int niov;
   if (!local_iov(q, w, iov, &niov)) return IBV_WC_LOC_PROT_ERR;
   int32_t pid = 0;
-  struct seg *rs = qp_remote(q, &pid);
+  struct seg *rs = gw__ibemu_qp_remote(q, &pid);
   struct seg_qp *rq = rs ? &rs->qp[q->dest_qpn % MAX_QP] : NULL;
   uint32_t rstate = rq ? atomic_load(&rq->state) : 0;
   if (!rq || atomic_load(&rq->qpn) != q->dest_qpn || (rstate != IBV_QPS_RTR && rstate != IBV_QPS_RTS))
