@@ -366,18 +366,33 @@ static struct ibv_mr *reg(struct gw_conn *c, struct ib_conn *t, void *addr, size
   return NULL;
 }
 
-/* Everything both ends create: the port, the slots (staging or receive), the CQ
- * and the QPs in INIT. */
+/* The next port round robin, of the link layer want_eth (0 InfiniBand, 1
+ * RoCE, -1 either), or NULL when this process has none of that kind. */
+static struct ib_port *pick_port(int want_eth) {
+  unsigned first = atomic_fetch_add(&ibs.next, 1);
+  for (int k = 0; k < ibs.n; k++) {
+    struct ib_port *pt = &ibs.ports[(first + (unsigned)k) % (unsigned)ibs.n];
+    if (want_eth < 0 || pt->eth == (want_eth == 1)) return pt;
+  }
+  return NULL;
+}
+
+/* Everything both ends create: the port (of the peer's link layer, want_eth as
+ * for pick_port), the slots (staging or receive), the CQ and the QPs in INIT. */
 static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p, uint32_t nqps, int buf_access,
-                               struct ib_conn **out, struct gw_errctx *err) {
+                               int want_eth, struct ib_conn **out, struct gw_errctx *err) {
   if (!gw__ib_available())
     return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: no active ib port (GW_IB_HCA, GW_IB_EMULATE)", c->self);
+  struct ib_port *port = pick_port(want_eth);
+  if (!port)
+    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: rank %d's ib port is %s, none of this rank's is", c->self,
+                   c->peer, want_eth ? "RoCE (Ethernet)" : "InfiniBand");
   struct ib_conn *t = calloc(1, sizeof *t);
   if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
   const struct gw_ibv *v = ibs.v;
   gw_result_t res = GW_SUCCESS;
   t->fd = t->listen_fd = -1;
-  t->port = &ibs.ports[atomic_fetch_add(&ibs.next, 1) % (unsigned)ibs.n];
+  t->port = port;
   snprintf(t->where, sizeof t->where, " on %s", t->port->name);
   t->nslots = p->nslots;
   t->slot_bytes = p->slot_bytes;
@@ -470,7 +485,7 @@ static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params 
                                  struct gw_errctx *err) {
   struct ib_conn *t;
   if (p->local_addr_len == 0) return gw__err(err, GW_ERR_INTERNAL, "rank %d: no local address for ib", c->self);
-  GW_CHECK(conn_create(c, p, qps_per_conn(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &t, err));
+  GW_CHECK(conn_create(c, p, qps_per_conn(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, -1, &t, err));
   gw_result_t res = GW_SUCCESS;
   t->got = calloc(t->nslots, 1);
   t->need = calloc(t->nslots, 1);
@@ -525,11 +540,8 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
                    "rank %d: rank %d uses %u slots of %u bytes, this rank %u of %u: GW_SHM_SLOTS and "
                    "GW_SHM_SLOT_BYTES must agree on every rank", c->self, c->peer, h.nslots, h.slot_bytes,
                    p->nslots, p->slot_bytes);
-  if (!gw__ib_available() || (bool)h.eth != ibs.ports[0].eth)
-    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: rank %d's ib port is %s, this rank's is not", c->self, c->peer,
-                   h.eth ? "RoCE (Ethernet)" : "InfiniBand");
-  struct ib_conn *t;
-  GW_CHECK(conn_create(c, p, h.nqps, IBV_ACCESS_LOCAL_WRITE, &t, err)); /* the receiver decides nqps */
+  struct ib_conn *t; /* the receiver decides nqps; a port of its link layer */
+  GW_CHECK(conn_create(c, p, h.nqps, IBV_ACCESS_LOCAL_WRITE, h.eth ? 1 : 0, &t, err));
   gw_result_t res = GW_SUCCESS;
   t->raddr = h.slots_addr;
   t->rkey = h.slots_rkey;
