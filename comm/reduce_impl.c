@@ -41,9 +41,9 @@
 #define DEF_INT(NAME, T, UT)                                                         \
   static void NAME##_sum(void *d0, void *d1, const void *a, const void *b, size_t n,  \
                          uint32_t div) {                                              \
-    if (div > 1) {                                                                   \
-      const T dv = (T)div;                                                           \
-      LOOP(T, (T)((T)((UT)x[i] + (UT)y[i]) / dv))                                    \
+    if (div > 1) { /* divided in int64: (T)div would be 0 or negative for int8 */   \
+      const int64_t dv = (int64_t)div;                                               \
+      LOOP(T, (T)((int64_t)(T)((UT)x[i] + (UT)y[i]) / dv))                           \
     } else {                                                                         \
       LOOP(T, (T)((UT)x[i] + (UT)y[i]))                                              \
     }                                                                                \
