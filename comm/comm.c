@@ -402,6 +402,8 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
 static void comm_free(struct gw_comm *c) {
   if (!c) return;
   gw__channels_stop(c);
+  gw__dev_free(c);
+  gw__dev_ring_free(c);
   for (int ch = 0; ch < GW_MAX_CHANNELS; ch++) {
     gw__conn_close(&c->rings[ch].send);
     gw__conn_close(&c->rings[ch].recv);
@@ -450,6 +452,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   struct gw_comm *c = calloc(1, sizeof *c);
   if (!c) return init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
   c->rank = rank;
+  c->device = -1;
   c->nranks = nranks;
   c->next_seq = 1;
   c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
@@ -488,7 +491,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     res = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
     goto fail;
   }
-  struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid(), .caps = gw__transport_caps()};
+  struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid(), .caps = gw__transport_caps() | gw__dev_caps()};
   gw__node_id(me.node_id, sizeof me.node_id);
   if (gethostname(me.host, sizeof me.host) != 0) snprintf(me.host, sizeof me.host, "?");
   me.host[sizeof me.host - 1] = 0;
@@ -515,6 +518,8 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
               "on this machine; using %d", rank, env_local, c->local_rank, c->local_rank);
     GW_CHECK_GOTO(connect_all(c, &err), res, fail);
   }
+  GW_CHECK_GOTO(gw__dev_bind(c, &err), res, fail);
+  GW_CHECK_GOTO(gw__dev_ring_setup(c, &err), res, fail);
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());
   *out = c;
@@ -547,6 +552,18 @@ gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
   if (!comm || !local_rank) return GW_ERR_INVALID_ARGUMENT;
   *local_rank = comm->local_rank;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_device(gw_comm_t comm, int *device) {
+  if (!comm || !device) return GW_ERR_INVALID_ARGUMENT;
+  *device = comm->device;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error) {
+  if (!comm || !async_error) return GW_ERR_INVALID_ARGUMENT;
+  *async_error = (gw_result_t)atomic_load(&comm->failed);
   return GW_SUCCESS;
 }
 

@@ -30,12 +30,22 @@ struct gw_channels;
 /* GW_ALGO: which allreduce algorithm; auto lets the cost model (tune.c) pick. */
 enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO_TREE = 3 };
 
+/* gw_opdesc.pad: the operation's buffers are device memory on the device ring
+ * (a rank with host buffers in the same call is a mismatch, caught by the
+ * header check). */
+#define GW_DESC_DEVICE 1u
+
 /* One operation as the algorithms see it. */
 struct gw_op {
   struct gw_opdesc desc; /* seq, count, root, coll, dtype, op */
   const void *sendbuf;
   void *recvbuf;
   uint8_t algo, proto; /* enum gw_algo (never auto), enum gw_proto: gw__run_op's choice */
+  /* Stream-ordered operations (device.c): the caller's stream, whether the
+   * buffers are device memory, and the ticket of its start/done flags. */
+  bool ordered, device_mem;
+  void *stream;
+  uint64_t ticket;
 };
 
 /* A ring: this rank receives from prev and sends to next.  Ranks of one machine
@@ -94,7 +104,9 @@ struct gw_request {
   struct gw_op op;
   _Atomic int done;
   gw_result_t result;
+  bool detached; /* nobody waits: the progress thread frees it (stream-ordered calls) */
 };
+struct gw_devstate;
 
 struct gw_comm {
   int rank, nranks, local_rank;
@@ -114,6 +126,9 @@ struct gw_comm {
   bool rd_ok;                      /* recursive doubling connected (more than 2 ranks, GW_ALGO auto|exchange) */
   struct gw_rd rd;
   struct gw_conn_params conn_params;
+  int device;                /* the device this rank is bound to, -1 for none (device.c) */
+  struct gw_devstate *dev;   /* stream flags and staging, made on first use */
+  struct gw_devring *devring; /* the device ring (device.c), NULL when not every rank has one */
 
   /* Operations run one at a time, in call order: inline on the caller's thread
    * when nothing is queued, else on the progress thread.  mu guards the queue and
@@ -122,6 +137,7 @@ struct gw_comm {
   pthread_cond_t work_cv, done_cv;
   struct gw_request *q_head, *q_tail;
   bool shutdown, thread_started;
+  _Atomic bool stopping; /* shutdown, readable without mu */
   pthread_t thread;
   _Atomic int pending;       /* operations queued or running on the progress thread */
   _Atomic bool inline_busy;  /* a blocking call is running on its caller's thread */
@@ -172,6 +188,31 @@ void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const ch
 
 /* The cost model's inputs that hold for every operation of comm (comm.c). */
 void gw__pick_base(const struct gw_comm *comm, struct gw_pick_args *a);
+
+/* Marks the communicator failed by res (the first failure wins: it is kept
+ * and told to the peers). */
+void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result_t res, struct gw_errctx *err);
+
+/* Device memory and streams (device.c). */
+gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err);
+void gw__dev_thread_start(struct gw_comm *comm);
+/* GW_CAP_DEVICE when this rank can join a device ring (published at the rendezvous). */
+uint32_t gw__dev_caps(void);
+/* After the rings are connected: the device-memory twins of ring 0's slots,
+ * when every rank can have them (one collective step for all ranks). */
+gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err);
+/* The device ring's chunk size, or 0 when op does not run on it. */
+size_t gw__dev_ring_chunk(const struct gw_comm *comm, const struct gw_op *op);
+void gw__dev_ring_free(struct gw_comm *comm);
+/* Classifies the buffers (host or device) and sets op's stream fields. */
+gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
+                          size_t recv_elems, struct gw_errctx *err);
+/* How many sequence numbers a stream-ordered op takes (its staging pieces). */
+uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op);
+void gw__dev_throttle(struct gw_comm *comm);
+gw_result_t gw__dev_enqueue_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+void gw__dev_free(struct gw_comm *comm);
 
 /* Records msg as the communicator's last error. */
 void gw__comm_set_error(struct gw_comm *comm, const char *msg);

@@ -43,27 +43,37 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     gw__comm_set_error(comm, err->msg);
     return (gw_result_t)failed;
   }
-  choose(comm, op);
-  gw_result_t res = op->algo == GW_ALGO_TREE                              ? gw__tree_run(comm, op, err)
-                    : op->algo == GW_ALGO_EXCHANGE && comm->nranks > 2 ? gw__rd_run(comm, op, err)
-                                                                       : gw__ring_run(comm, op, err);
-  if (res != GW_SUCCESS) {
-    int expected = 0;
-    if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {
-      pthread_mutex_lock(&comm->err_mu);
-      snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
-      pthread_mutex_unlock(&comm->err_mu);
-      if (comm->nranks > 1) gw__send_abort(comm, &op->desc, err->msg);
-    }
-    gw__comm_set_error(comm, err->msg);
+  gw_result_t res;
+  if (gw__dev_ring_chunk(comm, op)) {
+    /* Device buffers on the device ring: the ring, one channel (device.c). */
+    op->algo = GW_ALGO_RING, op->proto = GW_PROTO_SIMPLE;
+    res = gw__ring_run_channel(comm, 0, 1, op, err);
+  } else {
+    choose(comm, op);
+    res = op->algo == GW_ALGO_TREE                              ? gw__tree_run(comm, op, err)
+          : op->algo == GW_ALGO_EXCHANGE && comm->nranks > 2 ? gw__rd_run(comm, op, err)
+                                                             : gw__ring_run(comm, op, err);
   }
+  if (res != GW_SUCCESS) gw__comm_fail(comm, &op->desc, res, err);
   return res;
+}
+
+void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result_t res, struct gw_errctx *err) {
+  int expected = 0;
+  if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {
+    pthread_mutex_lock(&comm->err_mu);
+    snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
+    pthread_mutex_unlock(&comm->err_mu);
+    if (comm->nranks > 1) gw__send_abort(comm, desc, err->msg);
+  }
+  gw__comm_set_error(comm, err->msg);
 }
 
 /* ---- progress thread ------------------------------------------------------------- */
 static void *progress_main(void *arg) {
   struct gw_comm *comm = arg;
   gw__log_set_rank(comm->rank);
+  gw__dev_thread_start(comm);
   pthread_mutex_lock(&comm->mu);
   for (;;) {
     while (!comm->shutdown && comm->q_head == NULL) pthread_cond_wait(&comm->work_cv, &comm->mu);
@@ -78,8 +88,10 @@ static void *progress_main(void *arg) {
     gw__waiter_init(&w, 0);
     while (atomic_load_explicit(&comm->inline_busy, memory_order_acquire)) gw__waiter_pause(&w);
     struct gw_errctx err = {{0}};
-    req->result = gw__run_op(comm, &req->op, &err);
+    req->result = req->op.ordered ? gw__dev_run(comm, &req->op, &err) : gw__run_op(comm, &req->op, &err);
+    bool detached = req->detached;
     atomic_store_explicit(&req->done, 1, memory_order_release);
+    if (detached) free(req);
     atomic_fetch_sub(&comm->pending, 1);
 
     pthread_mutex_lock(&comm->mu);
@@ -92,6 +104,7 @@ static void *progress_main(void *arg) {
 void gw__progress_stop(struct gw_comm *comm) {
   pthread_mutex_lock(&comm->mu);
   comm->shutdown = true;
+  atomic_store(&comm->stopping, true);
   pthread_cond_broadcast(&comm->work_cv);
   bool started = comm->thread_started;
   pthread_mutex_unlock(&comm->mu);
@@ -108,18 +121,10 @@ static gw_result_t bad_arg(struct gw_comm *comm, const char *fmt, const char *fn
   return res;
 }
 
-static gw_result_t check_args(struct gw_comm *comm, const char *fn, const struct gw_op *op, void *stream,
+static gw_result_t check_args(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream,
                               size_t send_elems, size_t recv_elems) {
   char detail[200];
   if (!comm) return bad_arg(NULL, "rank %d: %s: %s", fn, "comm is NULL (was gw_comm_init successful?)");
-  if (stream) {
-    struct gw_errctx err;
-    gw__err(&err, GW_ERR_UNSUPPORTED,
-            "rank %d: %s: a CUDA stream was given, but this gradwire has host-memory collectives only; "
-            "pass stream = NULL with host buffers", comm->rank, fn);
-    gw__comm_set_error(comm, err.msg);
-    return GW_ERR_UNSUPPORTED;
-  }
   if (op->desc.coll == GW_COLL_BROADCAST && (op->desc.root < 0 || op->desc.root >= comm->nranks)) {
     snprintf(detail, sizeof detail, "root %d is not a rank of this %d-rank communicator", op->desc.root, comm->nranks);
     return bad_arg(comm, "rank %d: %s: %s", fn, detail);
@@ -143,7 +148,12 @@ static gw_result_t check_args(struct gw_comm *comm, const char *fn, const struct
       return bad_arg(comm, "rank %d: %s: %s", fn,
                      "send and receive buffers overlap without being the in-place layout");
   }
-  return GW_SUCCESS;
+  /* Host or device memory, and the stream: after the checks above, so a NULL
+   * buffer is reported as such. */
+  struct gw_errctx err;
+  gw_result_t res = gw__dev_check(comm, fn, op, stream, send_elems, recv_elems, &err);
+  if (res != GW_SUCCESS) gw__comm_set_error(comm, err.msg);
+  return res;
 }
 
 /* Checked before the values are narrowed into the operation descriptor. */
@@ -190,7 +200,7 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
  * NCCL communicator, one communicator is driven by one thread at a time; calls
  * from several threads at once need the caller's own ordering. */
 static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
-  if (!reqp && atomic_load(&comm->pending) == 0) {
+  if (!reqp && !op->ordered && atomic_load(&comm->pending) == 0) {
     atomic_store(&comm->inline_busy, true);
     /* Re-check after announcing: the progress thread waits for inline_busy to
      * clear before it starts anything queued meanwhile. */
@@ -205,6 +215,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   }
   struct gw_request *req = calloc(1, sizeof *req);
   if (!req) return GW_ERR_SYSTEM;
+  if (op->ordered) gw__dev_throttle(comm);
   pthread_mutex_lock(&comm->mu);
   gw_result_t res = start_thread_locked(comm);
   if (res != GW_SUCCESS) {
@@ -212,15 +223,31 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     free(req);
     return res;
   }
+  if (op->ordered) {
+    /* Stream-ordered: the caller's stream gets the flag write and wait now, in
+     * the same order as the queue. */
+    struct gw_errctx err;
+    res = gw__dev_enqueue_locked(comm, op, &err);
+    if (res != GW_SUCCESS) {
+      pthread_mutex_unlock(&comm->mu);
+      gw__comm_set_error(comm, err.msg);
+      free(req);
+      return res;
+    }
+    /* With a stream and no request nobody waits: the call returns now. */
+    req->detached = !reqp && op->stream;
+  }
   atomic_fetch_add(&comm->pending, 1);
-  op->desc.seq = atomic_fetch_add(&comm->next_seq, 1);
+  op->desc.seq = atomic_fetch_add(&comm->next_seq, op->ordered ? gw__dev_npieces(comm, op) : 1);
   req->op = *op;
   req->comm = comm;
+  bool detached = req->detached;
   if (comm->q_tail) comm->q_tail->next = req;
   else comm->q_head = req;
   comm->q_tail = req;
   pthread_cond_signal(&comm->work_cv);
   pthread_mutex_unlock(&comm->mu);
+  if (detached) return GW_SUCCESS; /* req may be gone already */
   if (reqp) {
     *reqp = req;
     return GW_SUCCESS;

@@ -2,8 +2,9 @@
  *
  * Shaped like NCCL's API so code written for NCCL ports with a rename: the
  * collectives take (send, recv, count, dtype, [op|root], comm, stream) in the order
- * of ncclAllReduce, ncclBroadcast, ncclAllGather and ncclReduceScatter.  A NULL
- * stream means host buffers and a blocking call.  The non-blocking forms
+ * of ncclAllReduce, ncclBroadcast, ncclAllGather and ncclReduceScatter.  Buffers
+ * may be host or device (CUDA) memory, found from the pointers; a CUDA stream
+ * orders a call on that stream without blocking the caller.  The non-blocking forms
  * (gw_i...) take a request pointer last and complete through gw_wait / gw_test.
  *
  * Every function returns a gw_result_t; gw_comm_last_error() gives the detailed
@@ -86,6 +87,12 @@ gw_result_t gw_comm_size(gw_comm_t comm, int *size);
  * host name and boot id, so it is right whatever the launcher set). */
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank);
 
+/* The device this rank is bound to (-1: none).  gw_comm_init binds it, on the
+ * calling thread: GW_DEVICE if set (an ordinal, or "none"), else the device the
+ * thread already uses (cudaSetDevice before init), else the local rank modulo
+ * the number of devices.  Several ranks may share a device. */
+gw_result_t gw_comm_device(gw_comm_t comm, int *device);
+
 /* Registers [buf, buf + bytes) with the network devices (ncclCommRegister's
  * role): over ib, chunks of collectives whose data lies in a registered range
  * are written to the peer straight from it instead of being copied into staging
@@ -129,8 +136,21 @@ const char *gw_strerror(gw_result_t result);
  * The string stays valid until the next failure on the same communicator. */
 const char *gw_comm_last_error(gw_comm_t comm);
 
+/* The failure of an operation that ran asynchronously (stream-ordered calls
+ * report nothing when they return): GW_SUCCESS, or the code of the first
+ * failure; the message is gw_comm_last_error's.  A failed stream-ordered
+ * operation still releases its stream, with its output undefined: check this
+ * after synchronizing the stream (ncclCommGetAsyncError's role). */
+gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error);
+
 /* ---- collectives ---------------------------------------------------------- */
-/* stream: NULL for host buffers (the call blocks until done).  In place when
+/* stream: NULL with host buffers: the call blocks until done.  A CUDA stream
+ * (cudaStream_t): the operation runs after everything enqueued on the stream
+ * before it, later work on the stream waits for its result, and the call
+ * returns at once (errors of the run: gw_comm_get_async_error; with the gw_i...
+ * forms also gw_wait).  Device buffers with a NULL stream: ordered on the
+ * default stream, and the call blocks until done.  sendbuf and recvbuf must
+ * both be host or both device memory of the communicator's device.  In place when
  * sendbuf == recvbuf (allgather: sendbuf == recvbuf + rank * sendcount elements;
  * reduce-scatter: recvbuf == sendbuf + rank * recvcount elements). */
 

@@ -36,6 +36,8 @@ static void describe(const struct gw_opdesc *d, char *buf, size_t len) {
       snprintf(buf, len, "#%" PRIu64 " %s(count=%" PRIu64 ", %s, %s)", d->seq, gw__coll_name(d->coll), d->count,
                dt, gw_op_name((gw_op_t)d->op));
   }
+  size_t used = strlen(buf);
+  if (d->pad & GW_DESC_DEVICE && used < len) snprintf(buf + used, len - used, " on device memory");
 }
 
 static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {

@@ -9,6 +9,7 @@
 #define GW_PRIMS_H
 
 #include "comm.h"
+#include "dev.h"
 
 /* The most connections one algorithm uses on one rank: recursive doubling's
  * links (both trees have 12, the ring two). */
@@ -45,7 +46,20 @@ struct prims {
    * later steps): a timeout then waits the grace period for the notice of the
    * rank that names the real straggler instead of blaming this peer. */
   bool peer_may_wait;
+  /* Device buffers on the device ring (device.c): the payload moves between
+   * device-memory twins of the slots, by copies and kernels on the engine's
+   * stream; NULL for host memory. */
+  const struct gw_devring *dev;
 };
+
+/* The device ring's primitives (device.c), the device forms of ring.c's. */
+gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n);
+gw_result_t gw__dprim_recv(struct prims *p, void *dst, size_t n);
+gw_result_t gw__dprim_recv_reduce_send(struct prims *p, const void *src, size_t n);
+gw_result_t gw__dprim_recv_reduce_copy_send(struct prims *p, const void *src, void *dst, size_t n, uint32_t div);
+gw_result_t gw__dprim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div,
+                                       bool local_first);
+gw_result_t gw__dprim_recv_copy_send(struct prims *p, void *dst, size_t n);
 
 /* The chunk size of op's protocol (every connection an operation uses has the
  * same transport limits). */

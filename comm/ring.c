@@ -6,8 +6,10 @@
  * chunks in flight and the ring stays pipelined.  Which algorithm and protocol
  * a call takes is the cost model's (tune.c), decided in enqueue.c.  The waits
  * under the primitives, and the check of every received header against this
- * rank's own call, are prims.c's.  The same code serves every transport; only host memory is
- * handled here. */
+ * rank's own call, are prims.c's.  The same code serves every transport, and
+ * device memory too: on the device ring each primitive hands over to its
+ * device form (device.c), which moves the payload between device twins of the
+ * slots while the headers travel as always. */
 #include <string.h>
 
 #include "prims.h"
@@ -18,6 +20,7 @@ GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
 
 /* slot <- src, and dst <- src too when dst is not NULL. */
 static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t n) {
+  if (p->dev) return gw__dprim_send(p, src, dst, n);
   void *slot;
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
   if (!dst && gw__direct_ok(&p->ring->send, src, n * p->es)) return gw__post_direct(p, &p->ring->send, src, n * p->es);
@@ -26,6 +29,7 @@ static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t
 }
 
 static gw_result_t prim_recv(struct prims *p, void *dst, size_t n) {
+  if (p->dev) return gw__dprim_recv(p, dst, n);
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   if (n && p->stream_out) gw__copy_stream(dst, data, n * p->es);
@@ -34,6 +38,7 @@ static gw_result_t prim_recv(struct prims *p, void *dst, size_t n) {
 }
 
 static gw_result_t prim_recv_reduce_send(struct prims *p, const void *src, size_t n) {
+  if (p->dev) return gw__dprim_recv_reduce_send(p, src, n);
   const void *data;
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
@@ -45,6 +50,7 @@ static gw_result_t prim_recv_reduce_send(struct prims *p, const void *src, size_
 
 static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, void *dst, size_t n,
                                               uint32_t div) {
+  if (p->dev) return gw__dprim_recv_reduce_copy_send(p, src, dst, n, div);
   const void *data;
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
@@ -65,6 +71,7 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
  * the second operand on NaN; every other op is commutative bit for bit). */
 static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div,
                                          bool local_first) {
+  if (p->dev) return gw__dprim_recv_reduce_copy(p, src, dst, n, div, local_first);
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   if (n && local_first) p->red(dst, NULL, src, data, n, div);
@@ -73,6 +80,7 @@ static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void 
 }
 
 static gw_result_t prim_recv_copy_send(struct prims *p, void *dst, size_t n) {
+  if (p->dev) return gw__dprim_recv_copy_send(p, dst, n);
   const void *data;
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
@@ -244,8 +252,10 @@ static void channel_part(size_t total, size_t es, int ch, int nch, size_t *base,
 gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const struct gw_op *op, struct gw_errctx *err) {
   struct gw_ring *ring = &comm->rings[ch];
   struct gw_conn *conns[2] = {&ring->send, &ring->recv}, *watch[3 * GW_NTREES + GW_RD_MAX];
+  size_t dev_chunk = gw__dev_ring_chunk(comm, op);
   struct prims p = {.comm = comm, .ring = ring, .op = op, .err = err, .conns = conns, .nconns = 2, .watch = watch, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
-                    .chunk_bytes = gw__chunk_bytes(comm, op)};
+                    .chunk_bytes = dev_chunk ? dev_chunk : gw__chunk_bytes(comm, op),
+                    .dev = dev_chunk ? comm->devring : NULL};
   if (comm->nranks == 1) return ch == 0 ? single_rank(op, p.es) : GW_SUCCESS;
   /* Channel 0 runs on the thread that also runs the tree and recursive doubling
    * (the others' threads must not touch their connections): it watches them. */
@@ -260,7 +270,7 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
    * read back soon, so skip reading its lines in (see docs/architecture.md). */
   size_t out_bytes = op->desc.count * p.es;
   if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
-  p.stream_out = op->sendbuf != op->recvbuf && out_bytes >= (size_t)gw__param_StreamThreshold();
+  p.stream_out = !p.dev && op->sendbuf != op->recvbuf && out_bytes >= (size_t)gw__param_StreamThreshold();
   /* Each channel moves its own slice: of the buffer, or of every rank's block. */
   size_t base;
   channel_part(op->desc.count, p.es, ch, nch, &base, &p.count);

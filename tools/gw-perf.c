@@ -4,7 +4,9 @@
  * definitions) and the number of wrong elements, and writes the same figures as
  * CSV or JSON.  `--tune FILE` instead times allreduce for every algorithm and
  * protocol at a few sizes and writes the fitted cost model (GW_TUNING_FILE).
- * Uses only the public API (gradwire.h). */
+ * Uses the public API (gradwire.h), and the device layer (dev.h) for -D, which
+ * puts the buffers in device memory and orders every call on one stream (CUDA,
+ * or the emulator under GW_DEV_EMULATE). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -16,6 +18,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "dev.h"
 #include "dtype_values.h"
 #include "gradwire.h"
 
@@ -25,7 +28,7 @@ static const char *coll_names[] = {"allreduce", "allgather", "reduce_scatter", "
 struct opts {
   size_t min_bytes, max_bytes;
   double factor;
-  int iters, warmup, check, coll, root, reg;
+  int iters, warmup, check, coll, root, reg, device;
   int dtypes[GW_NUM_DTYPES], ndtypes;
   int ops[GW_NUM_OPS], nops;
   const char *csv, *json, *tune;
@@ -58,6 +61,7 @@ static void usage(FILE *f) {
           "  -a, --algo NAME       auto|ring|tree|exchange (allreduce; exchange: 2 ranks only; default auto)\n"
           "  -p, --proto NAME      auto|simple|ll (ll: shared memory only; default auto)\n"
           "  -R, --register        register the buffers (gw_comm_register): over ib, chunks go straight from them\n"
+          "  -D, --device          buffers in device memory, calls ordered on a stream (times to the stream's end)\n"
           "      --tune FILE       measure every algorithm and protocol, write the fitted cost model to FILE\n"
           "  -C, --collective NAME allreduce|allgather|reduce_scatter|broadcast (default allreduce)\n"
           "  -r, --root R          broadcast root (default 0)\n"
@@ -148,18 +152,40 @@ static double now(void) {
 
 static gw_comm_t comm;
 
+/* -D: the device layer, the stream every call goes on, and host mirrors of the
+ * device buffers for filling and checking. */
+static const struct gw_dev_ops *dev;
+static gw_dev_stream_t stream;
+static uint8_t *dsend, *drecv, *hsend, *hrecv;
+static size_t dbytes;
+
+static void check_dev(int r, const char *what) {
+  if (r) die("%s failed: %s", what, dev->error());
+}
+
+/* The host mirror of a pointer into the device buffers. */
+static uint8_t *mirror(const void *p) {
+  const uint8_t *c = p;
+  if (c >= dsend && c < dsend + dbytes) return hsend + (c - dsend);
+  return hrecv + (c - drecv);
+}
+
+static void sync_stream(void) {
+  if (dev) check_dev(dev->stream_sync(stream), "stream_sync");
+}
+
 static void check_gw(gw_result_t r, const char *what) {
   if (r != GW_SUCCESS) die("%s failed: %s: %s", what, gw_strerror(r), gw_comm_last_error(comm));
 }
 
 static void run_once(const struct opts *o, gw_dtype_t dt, int op, const void *send, void *recv, size_t count) {
   switch (o->coll) {
-    case C_ALLREDUCE: check_gw(gw_allreduce(send, recv, count, dt, (gw_op_t)op, comm, NULL), "gw_allreduce"); break;
-    case C_ALLGATHER: check_gw(gw_allgather(send, recv, count, dt, comm, NULL), "gw_allgather"); break;
+    case C_ALLREDUCE: check_gw(gw_allreduce(send, recv, count, dt, (gw_op_t)op, comm, stream), "gw_allreduce"); break;
+    case C_ALLGATHER: check_gw(gw_allgather(send, recv, count, dt, comm, stream), "gw_allgather"); break;
     case C_REDUCE_SCATTER:
-      check_gw(gw_reduce_scatter(send, recv, count, dt, (gw_op_t)op, comm, NULL), "gw_reduce_scatter");
+      check_gw(gw_reduce_scatter(send, recv, count, dt, (gw_op_t)op, comm, stream), "gw_reduce_scatter");
       break;
-    case C_BROADCAST: check_gw(gw_broadcast(send, recv, count, dt, o->root, comm, NULL), "gw_broadcast"); break;
+    case C_BROADCAST: check_gw(gw_broadcast(send, recv, count, dt, o->root, comm, stream), "gw_broadcast"); break;
   }
 }
 
@@ -181,11 +207,15 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uin
     run_once(o, dt, op, send, recv, count);
     return 0;
   }
-  for (size_t i = 0; i < in_elems; i++) {
-    size_t gi = o->coll == C_REDUCE_SCATTER ? i : i; /* global element index */
-    gw_value_store(send, dt, i, value_of(rank, gi));
-  }
+  uint8_t *hs = dev ? mirror(send) : send, *hr = dev ? mirror(recv) : recv;
+  for (size_t i = 0; i < in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
+  if (dev) check_dev(dev->memcpy_async(send, hs, in_elems * es, stream), "copying the input in");
   run_once(o, dt, op, send, recv, count);
+  if (dev) {
+    check_dev(dev->memcpy_async(hr, recv, out_elems * es, stream), "copying the output out");
+    sync_stream();
+  }
+  recv = hr;
   long long wrong = 0;
   for (size_t i = 0; i < out_elems; i++) {
     double want;
@@ -223,9 +253,11 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     void *recv;
     long long wrong = fill_run_check(o, dt, op, sendbuf, recvbuf, count, ip == 1, &send, &recv);
     for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, send, recv, count);
+    sync_stream();
     check_gw(gw_barrier(comm), "gw_barrier");
     double t0 = now();
     for (int i = 0; i < o->iters; i++) run_once(o, dt, op, send, recv, count);
+    sync_stream();
     double t = (now() - t0) / o->iters;
     /* The slowest rank's time is the collective's time. */
     check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
@@ -309,9 +341,10 @@ int main(int argc, char **argv) {
       {"algo", required_argument, 0, 'a'}, {"collective", required_argument, 0, 'C'},
       {"root", required_argument, 0, 'r'}, {"csv", required_argument, 0, 1},
       {"json", required_argument, 0, 2}, {"help", no_argument, 0, 'h'}, {"proto", required_argument, 0, 'p'},
-      {"tune", required_argument, 0, 3}, {"register", no_argument, 0, 'R'}, {0, 0, 0, 0}};
+      {"tune", required_argument, 0, 3}, {"register", no_argument, 0, 'R'}, {"device", no_argument, 0, 'D'},
+      {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:p:Rh", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:p:RDh", longopts, NULL)) != -1) {
     switch (c) {
       case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
       case 'e': o.max_bytes = parse_size(optarg, "-e"); break;
@@ -326,6 +359,7 @@ int main(int argc, char **argv) {
       case 'c': o.check = parse_int_arg(optarg, 0, 1, "-c"); break;
       case 'r': o.root = parse_int_arg(optarg, 0, 1 << 20, "-r"); break;
       case 'R': o.reg = 1; break;
+      case 'D': o.device = 1; break;
       case 'd':
         o.ndtypes = 0;
         if (!strcmp(optarg, "all")) {
@@ -387,7 +421,20 @@ int main(int argc, char **argv) {
 
   if (o.tune) return tune(o.tune);
   size_t buf_bytes = o.max_bytes + 64;
-  uint8_t *sendbuf = alloc_prefaulted(buf_bytes), *recvbuf = alloc_prefaulted(buf_bytes);
+  uint8_t *sendbuf, *recvbuf;
+  if (o.device) {
+    if (o.reg) die("-R and -D: registering device memory is not supported yet");
+    if (!(dev = gw__dev())) die("-D: no device: %s", gw__dev_absent_reason());
+    dbytes = buf_bytes;
+    check_dev(dev->stream_create(&stream), "stream_create");
+    check_dev(dev->alloc((void **)&dsend, dbytes), "allocating device memory");
+    check_dev(dev->alloc((void **)&drecv, dbytes), "allocating device memory");
+    check_dev(dev->host_alloc((void **)&hsend, dbytes), "allocating pinned host memory");
+    check_dev(dev->host_alloc((void **)&hrecv, dbytes), "allocating pinned host memory");
+    sendbuf = dsend, recvbuf = drecv;
+  } else {
+    sendbuf = alloc_prefaulted(buf_bytes), recvbuf = alloc_prefaulted(buf_bytes);
+  }
   void *reg_send = NULL, *reg_recv = NULL;
   if (o.reg && (gw_comm_register(comm, sendbuf, buf_bytes, &reg_send) != GW_SUCCESS ||
                 gw_comm_register(comm, recvbuf, buf_bytes, &reg_recv) != GW_SUCCESS))
@@ -405,8 +452,8 @@ int main(int argc, char **argv) {
     fprintf(json, "{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"results\": [", coll_names[o.coll], nranks);
   }
   if (rank == 0) {
-    printf("# gw-perf: %s, %d ranks, %d iterations, %d warmup, check %d\n", coll_names[o.coll], nranks, o.iters,
-           o.warmup, o.check);
+    printf("# gw-perf: %s, %d ranks, %d iterations, %d warmup, check %d, %s memory\n", coll_names[o.coll], nranks,
+           o.iters, o.warmup, o.check, dev ? (strcmp(dev->name, "cuda") ? "emulated device" : "device") : "host");
     printf("#                                                       out-of-place                       in-place\n");
     printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
     printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
@@ -459,6 +506,11 @@ int main(int argc, char **argv) {
   }
   gw_comm_deregister(comm, reg_send);
   gw_comm_deregister(comm, reg_recv);
+  if (dev) {
+    sync_stream();
+    dev->free(dsend), dev->free(drecv), dev->host_free(hsend), dev->host_free(hrecv);
+    dev->stream_destroy(stream);
+  }
   gw_comm_destroy(comm);
   return total_wrong ? 1 : 0;
 }

@@ -326,6 +326,8 @@ static gw_result_t shm_recv_release(struct gw_conn *c) {
   return GW_SUCCESS;
 }
 
+static uint64_t shm_position(const struct gw_conn *c) { return ((const struct shm_conn *)c->priv)->pos; }
+
 static void shm_close(struct gw_conn *c) {
   struct shm_conn *s = c->priv;
   if (!s) return;
@@ -344,6 +346,7 @@ const struct gw_transport gw__shm_transport = {
     .send_connect = shm_send_connect,
     .recv_connect = shm_recv_connect,
     .send_slot = shm_send_slot,
+    .position = shm_position,
     .send_post = shm_send_post,
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,

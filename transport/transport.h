@@ -50,6 +50,7 @@ struct gw_peer_info {
   uint32_t caps;     /* GW_CAP_*: what this rank can connect with besides shm and tcp */
 };
 #define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
+#define GW_CAP_DEVICE 2u /* bound to a device that can map its peers' memory (comm/device.c) */
 
 #define GW_CONN_HANDLE_BYTES 128
 struct gw_conn_handle {
@@ -136,6 +137,13 @@ struct gw_transport {
    * for transports that poll memory.  Lets a waiting rank sleep in the kernel
    * instead of spinning on system calls. */
   int (*pollfds)(struct gw_conn *c, struct pollfd *out, int max);
+  /* Optional (NULL: none): the FIFO position of the chunk this end handles
+   * next (sender: after send_slot, the one send_post publishes; receiver: the
+   * one recv_peek shows).  Both ends count alike, so position modulo the FIFO
+   * depth names the same slot on both: comm/device.c keeps a device-memory
+   * twin of every slot and moves the payload there, while the chunk's header
+   * (sequence number, checks, abort notices) still travels here. */
+  uint64_t (*position)(const struct gw_conn *c);
 
   /* Frees everything; accepts a connection that was never set up. */
   void (*close)(struct gw_conn *c);

@@ -1,0 +1,580 @@
+/* device.c - collectives ordered on a CUDA stream, and collectives on device
+ * memory (DESIGN.md, data flow step 5).
+ *
+ * A call with a stream (or with device buffers) never runs on the caller's
+ * thread and never blocks it.  The caller enqueues two things on its stream:
+ * a write of the operation's ticket into a start flag, and a wait until the
+ * done flag reaches the ticket.  The progress thread runs the operation once
+ * the start flag says the stream got there (everything earlier on the stream
+ * has finished), then writes the done flag, which lets the stream go on.  Both
+ * flags live in pinned host memory, so no event has to be recorded before it
+ * exists (the race of cudaStreamWaitEvent on an event recorded later).
+ *
+ * Device buffers travel through pinned host staging: the operation is cut into
+ * pieces, and while the host algorithm (ring, tree, ...) reduces piece k over
+ * whatever transport joins the ranks, the engine's own stream copies piece k+1
+ * in and piece k-1 out.  Each piece is an operation of its own to the
+ * algorithms, with its own sequence number (reserved at the call, so every
+ * rank numbers them alike).
+ *
+ * The device ring keeps device data on the devices when every rank's ring
+ * neighbours are on its machine: each slot of ring 0's shared-memory FIFOs has
+ * a twin in the receiver's device memory, which the sender maps once by IPC
+ * handle (cudaIpcOpenMemHandle).  A primitive moves the payload into the
+ * peer's twin (a copy, or the reduction kernel writing there directly), waits
+ * for the engine's stream, then posts the chunk's header on the host FIFO as
+ * always, so sequence numbers, call checks, deadlines, dead peers and abort
+ * notices work unchanged.  Without it (ranks on several machines, no IPC, GW_DEV_IPC=0)
+ * device buffers go through the staging above. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "dev.h"
+#include "prims.h"
+
+/* Bytes of one staging buffer (two are used).  Every rank must use the same. */
+GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
+
+/* The device ring's chunk (and twin slot) size, and a switch for it. */
+GW_PARAM(DevChunkBytes, "GW_DEV_CHUNK_BYTES", 1 << 20)
+GW_PARAM(DevIpc, "GW_DEV_IPC", 1)
+
+/* The device ring of a communicator (set up at init, used by the progress thread). */
+struct gw_devring {
+  const struct gw_dev_ops *ops;
+  gw_dev_stream_t stream; /* the engine's (devstate's), set before each operation */
+  char *recv_twin;        /* own device memory: twins of the slots ring 0's prev writes */
+  char *send_twin;        /* the next rank's recv_twin, mapped by IPC */
+  size_t chunk;
+  uint32_t nslots;
+  int dtype, kop;
+};
+
+/* Start flags: one per ticket modulo this many; at most this many stream
+ * operations may be outstanding (the caller waits beyond that). */
+#define GW_DEV_TICKETS 1024
+
+struct gw_devstate {
+  const struct gw_dev_ops *ops;
+  uint64_t *flags;      /* host_alloc: [GW_DEV_TICKETS] start flags, then the done flag */
+  uint64_t next_ticket; /* the caller's side, under comm->mu */
+  /* The progress thread's side, made on first use on its device: */
+  gw_dev_stream_t stream;
+  bool stream_made;
+  char *stage[2];
+  size_t stage_bytes;
+};
+
+static uint64_t *done_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS]; }
+
+static gw_result_t dev_fail(struct gw_errctx *err, const struct gw_comm *comm, const char *what) {
+  const struct gw_dev_ops *dv = gw__dev();
+  return gw__err(err, GW_ERR_CUDA, "rank %d: %s failed: %s", comm->rank, what, dv ? dv->error() : "no device");
+}
+
+/* The emulator's reductions are the host kernels. */
+static void host_reduce(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
+                        uint32_t div) {
+  (*gw__reduce_table())[dtype][kop](dst0, dst1, a, b, n, div);
+}
+
+/* ---- binding a rank to a device ------------------------------------------------------- */
+gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err) {
+  comm->device = -1;
+  const struct gw_dev_ops *dv = gw__dev();
+  if (!dv) return GW_SUCCESS;
+  const char *want = gw__env_str("GW_DEVICE", NULL);
+  if (want && !strcmp(want, "none")) return GW_SUCCESS;
+  int ndev = 0, dev = -1, in_use = 0;
+  if (dv->device_count(&ndev) || ndev < 1) return dev_fail(err, comm, "counting the devices");
+  if (want && *want) {
+    char *end;
+    long v = strtol(want, &end, 10);
+    if (*end || v < 0 || v >= ndev)
+      return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_DEVICE=%s is not 'none' or a device in 0..%d",
+                     comm->rank, want, ndev - 1);
+    dev = (int)v;
+  } else {
+    if (dv->device_in_use(&in_use)) return dev_fail(err, comm, "asking for the current device");
+    if (in_use && dv->get_device(&dev)) return dev_fail(err, comm, "asking for the current device");
+    if (!in_use) dev = comm->local_rank % ndev;
+  }
+  if (dv->set_device(dev)) return dev_fail(err, comm, "binding to a device");
+  comm->device = dev;
+  gw__dev_set_host_reduce(host_reduce);
+  GW_INFO(GW_SUB_INIT, "rank %d: device %d of %d (%s, %s)", comm->rank, dev, ndev, dv->name,
+          want && *want ? "GW_DEVICE" : in_use ? "already current" : "local rank modulo devices");
+  return GW_SUCCESS;
+}
+
+uint32_t gw__dev_caps(void) {
+  const char *want = gw__env_str("GW_DEVICE", NULL);
+  return gw__dev() && gw__param_DevIpc() != 0 && !(want && !strcmp(want, "none")) ? GW_CAP_DEVICE : 0;
+}
+
+void gw__dev_thread_start(struct gw_comm *comm) {
+  const struct gw_dev_ops *dv = gw__dev();
+  if (dv && comm->device >= 0 && dv->set_device(comm->device))
+    GW_WARN(GW_SUB_PROXY, "rank %d: the progress thread cannot use device %d: %s", comm->rank, comm->device,
+            dv->error());
+}
+
+/* ---- argument checks --------------------------------------------------------------------- */
+static gw_result_t kind_of(struct gw_comm *comm, const char *fn, const char *name, const void *p, int *is_dev,
+                           struct gw_errctx *err) {
+  int dev = -1;
+  *is_dev = 0;
+  const struct gw_dev_ops *dv = gw__dev();
+  if (!dv || !p) return GW_SUCCESS;
+  dv->ptr_kind(p, is_dev, &dev);
+  if (!*is_dev) return GW_SUCCESS;
+  if (comm->device < 0)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: %s is device memory, but this communicator is "
+                   "bound to no device (GW_DEVICE=none)", comm->rank, fn, name);
+  if (dev != comm->device)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: %s is memory of device %d, but this communicator "
+                   "is bound to device %d", comm->rank, fn, name, dev, comm->device);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
+                          size_t recv_elems, struct gw_errctx *err) {
+  op->stream = stream;
+  op->ordered = false;
+  op->device_mem = false;
+  int sdev = 0, rdev = 0;
+  if (send_elems) GW_CHECK(kind_of(comm, fn, "sendbuf", op->sendbuf, &sdev, err));
+  if (recv_elems) GW_CHECK(kind_of(comm, fn, "recvbuf", op->recvbuf, &rdev, err));
+  if (send_elems && recv_elems && sdev != rdev)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: sendbuf is %s memory but recvbuf is %s memory; both "
+                   "must be on the same side (copy one of them first)", comm->rank, fn, sdev ? "device" : "host",
+                   rdev ? "device" : "host");
+  op->device_mem = sdev || rdev;
+  if (stream && !gw__dev())
+    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given, but %s; pass stream = NULL with "
+                   "host buffers", comm->rank, fn, gw__dev_absent_reason());
+  if (stream && comm->device < 0)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: a CUDA stream was given, but this communicator is "
+                   "bound to no device (GW_DEVICE=none)", comm->rank, fn);
+  op->ordered = stream || op->device_mem;
+  if (op->device_mem && comm->devring) op->desc.pad |= GW_DESC_DEVICE;
+  return GW_SUCCESS;
+}
+
+/* ---- pieces -------------------------------------------------------------------------------- */
+static size_t stage_bytes_param(const struct gw_comm *comm) {
+  size_t s = (size_t)GW_MAX(gw__param_DevStageBytes(), 4096);
+  return GW_MAX(s, (size_t)comm->nranks * 16); /* room for one element of each rank */
+}
+
+/* Elements per piece along the call's count (per rank for allgather and
+ * reduce-scatter, whose staging holds every rank's part). */
+static size_t piece_elems(const struct gw_comm *comm, const struct gw_op *op) {
+  size_t es = gw_dtype_size((gw_dtype_t)op->desc.dtype);
+  bool per_rank = op->desc.coll == GW_COLL_ALLGATHER || op->desc.coll == GW_COLL_REDUCE_SCATTER;
+  size_t mult = per_rank ? (size_t)comm->nranks : 1;
+  return GW_MAX(stage_bytes_param(comm) / (es * mult), (size_t)1);
+}
+
+uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op) {
+  if (!op->device_mem || op->desc.count == 0 || comm->devring) return 1;
+  size_t pc = piece_elems(comm, op);
+  return (op->desc.count + pc - 1) / pc;
+}
+
+/* ---- the caller's side ---------------------------------------------------------------------- */
+/* Before comm->mu is taken: a start flag is reused GW_DEV_TICKETS tickets
+ * later, so the next ticket waits for the one that used its flag to be done.
+ * (One thread drives a communicator at a time, so next_ticket is stable.) */
+void gw__dev_throttle(struct gw_comm *comm) {
+  struct gw_devstate *d = comm->dev;
+  if (!d || d->next_ticket + 1 <= GW_DEV_TICKETS) return;
+  uint64_t need = d->next_ticket + 1 - GW_DEV_TICKETS;
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  while (atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) < need) gw__waiter_pause(&w);
+}
+
+/* Under comm->mu.  Makes the flags on first use, takes a ticket and enqueues
+ * the flag write and wait on the caller's stream. */
+gw_result_t gw__dev_enqueue_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  const struct gw_dev_ops *dv = gw__dev();
+  struct gw_devstate *d = comm->dev;
+  if (!d) {
+    if (!(d = calloc(1, sizeof *d))) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+    d->ops = dv;
+    void *flags = NULL;
+    if (dv->host_alloc(&flags, (GW_DEV_TICKETS + 1) * sizeof(uint64_t))) {
+      free(d);
+      return dev_fail(err, comm, "allocating pinned host memory for the stream flags");
+    }
+    d->flags = flags;
+    comm->dev = d;
+  }
+  uint64_t t = ++d->next_ticket;
+  gw_dev_stream_t s = op->stream;
+  if (dv->flag_write(&d->flags[t % GW_DEV_TICKETS], t, s) || dv->flag_wait(done_flag(d), t, s)) {
+    d->next_ticket--;
+    return dev_fail(err, comm, "enqueueing on the caller's stream");
+  }
+  op->ticket = t;
+  return GW_SUCCESS;
+}
+
+/* ---- the progress thread's side ------------------------------------------------------------ */
+static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
+                              struct gw_errctx *err) {
+  _Atomic uint64_t *flag = (_Atomic uint64_t *)&d->flags[op->ticket % GW_DEV_TICKETS];
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  double give_up = 0;
+  while (atomic_load_explicit(flag, memory_order_acquire) < op->ticket) {
+    if (atomic_load(&comm->aborted))
+      return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while waiting for the stream to reach operation #%llu",
+                     comm->rank, (unsigned long long)op->desc.seq);
+    /* No deadline while the stream has work ahead (a forward pass may take long),
+     * but a communicator being destroyed waits GW_TIMEOUT at most. */
+    bool stopping = atomic_load(&comm->stopping);
+    if (stopping && give_up == 0) give_up = gw__now() + (comm->timeout_s > 0 ? comm->timeout_s : 1.0);
+    if (give_up && gw__now() > give_up)
+      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: gw_comm_destroy: the stream of operation #%llu never got to it "
+                     "(synchronize the streams before destroying the communicator)", comm->rank,
+                     (unsigned long long)op->desc.seq);
+    gw__waiter_pause(&w);
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
+  if (!d->stream_made) {
+    if (d->ops->stream_create(&d->stream)) return dev_fail(err, comm, "creating the engine's stream");
+    d->stream_made = true;
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
+  GW_CHECK(engine_stream(comm, d, err));
+  if (!d->stage[0]) {
+    size_t bytes = stage_bytes_param(comm);
+    for (int i = 0; i < 2; i++) {
+      void *p = NULL;
+      if (d->ops->host_alloc(&p, bytes)) return dev_fail(err, comm, "allocating pinned staging memory");
+      d->stage[i] = p;
+    }
+    d->stage_bytes = bytes;
+  }
+  return GW_SUCCESS;
+}
+
+/* The piece k of op as the host algorithms see it, in staging buffer buf,
+ * and the copies that bring it in (in = true) or take it out. */
+struct piece {
+  size_t off, n; /* elements along the call's count */
+  struct gw_op sub;
+};
+
+static void piece_of(const struct gw_comm *comm, const struct gw_op *op, uint64_t k, char *buf, struct piece *p) {
+  size_t pc = piece_elems(comm, op), es = gw_dtype_size((gw_dtype_t)op->desc.dtype);
+  p->off = (size_t)k * pc;
+  p->n = GW_MIN(pc, op->desc.count - p->off);
+  p->sub = *op;
+  p->sub.desc.count = p->n;
+  p->sub.desc.seq = op->desc.seq + k;
+  p->sub.ordered = false;
+  p->sub.device_mem = false;
+  p->sub.sendbuf = p->sub.recvbuf = buf;
+  if (op->desc.coll == GW_COLL_ALLGATHER) p->sub.sendbuf = buf + (size_t)comm->rank * p->n * es;
+  if (op->desc.coll == GW_COLL_REDUCE_SCATTER) p->sub.recvbuf = buf + (size_t)comm->rank * p->n * es;
+}
+
+static int piece_copies(const struct gw_comm *comm, const struct gw_dev_ops *dv, gw_dev_stream_t s,
+                        const struct gw_op *op, const struct piece *p, char *buf, bool in) {
+  size_t es = gw_dtype_size((gw_dtype_t)op->desc.dtype), bytes = p->n * es, total = op->desc.count;
+  const char *send = op->sendbuf;
+  char *recv = op->recvbuf;
+  int r = 0;
+  switch (op->desc.coll) {
+  case GW_COLL_ALLREDUCE:
+  case GW_COLL_BROADCAST:
+    if (in && (op->desc.coll == GW_COLL_ALLREDUCE || comm->rank == op->desc.root))
+      r = dv->memcpy_async(buf, send + p->off * es, bytes, s);
+    if (!in) r = dv->memcpy_async(recv + p->off * es, buf, bytes, s);
+    break;
+  case GW_COLL_ALLGATHER:
+    if (in) r = dv->memcpy_async(buf + (size_t)comm->rank * bytes, send + p->off * es, bytes, s);
+    for (int q = 0; !in && !r && q < comm->nranks; q++)
+      r = dv->memcpy_async(recv + ((size_t)q * total + p->off) * es, buf + (size_t)q * bytes, bytes, s);
+    break;
+  case GW_COLL_REDUCE_SCATTER:
+    for (int q = 0; in && !r && q < comm->nranks; q++)
+      r = dv->memcpy_async(buf + (size_t)q * bytes, send + ((size_t)q * total + p->off) * es, bytes, s);
+    if (!in) r = dv->memcpy_async(recv + p->off * es, buf + (size_t)comm->rank * bytes, bytes, s);
+    break;
+  default:
+    break;
+  }
+  return r;
+}
+
+static gw_result_t run_staged(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
+                              struct gw_errctx *err) {
+  GW_CHECK(stage_ready(comm, d, err));
+  const struct gw_dev_ops *dv = d->ops;
+  uint64_t np = gw__dev_npieces(comm, op);
+  struct piece cur, next;
+  piece_of(comm, op, 0, d->stage[0], &cur);
+  next = cur;
+  if (piece_copies(comm, dv, d->stream, op, &cur, d->stage[0], true)) return dev_fail(err, comm, "copying in");
+  for (uint64_t k = 0; k < np; k++) {
+    char *buf = d->stage[k % 2], *nbuf = d->stage[(k + 1) % 2];
+    /* Piece k is in (and piece k-1 out of the other buffer); start k+1's copy
+     * in behind k-1's copy out, then reduce k while they run. */
+    if (dv->stream_sync(d->stream)) return dev_fail(err, comm, "waiting for the staging copies");
+    if (k + 1 < np) {
+      piece_of(comm, op, k + 1, nbuf, &next);
+      if (piece_copies(comm, dv, d->stream, op, &next, nbuf, true)) return dev_fail(err, comm, "copying in");
+    }
+    gw_result_t res = gw__run_op(comm, &cur.sub, err);
+    if (res != GW_SUCCESS) {
+      dv->stream_sync(d->stream);
+      return res;
+    }
+    if (piece_copies(comm, dv, d->stream, op, &cur, buf, false)) return dev_fail(err, comm, "copying out");
+    cur = next;
+  }
+  if (dv->stream_sync(d->stream)) return dev_fail(err, comm, "waiting for the staging copies");
+  return GW_SUCCESS;
+}
+
+gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  struct gw_devstate *d = comm->dev;
+  gw_result_t res = wait_start(comm, d, op, err);
+  if (res == GW_SUCCESS) {
+    if (!op->device_mem || comm->devring) {
+      struct gw_op run = *op;
+      run.ordered = false;
+      if (op->device_mem && (res = engine_stream(comm, d, err)) == GW_SUCCESS) {
+        comm->devring->stream = d->stream;
+        comm->devring->dtype = op->desc.dtype;
+        comm->devring->kop = op->desc.op == GW_AVG ? GW_KOP_SUM : op->desc.op;
+      }
+      if (res == GW_SUCCESS) res = gw__run_op(comm, &run, err); /* the device ring when device_mem */
+      /* Nothing of it may still run on the device when the caller's stream goes on. */
+      if (op->device_mem && d->stream_made && d->ops->stream_sync(d->stream) && res == GW_SUCCESS)
+        res = dev_fail(err, comm, "waiting for the device ring's stream");
+    } else {
+      res = run_staged(comm, d, op, err);
+    }
+    if (res != GW_SUCCESS) gw__comm_fail(comm, &op->desc, res, err);
+  } else {
+    gw__comm_fail(comm, &op->desc, res, err);
+  }
+  /* Always let the stream go on: on failure its output is undefined and the
+   * error is the communicator's (gw_comm_get_async_error, gw_wait). */
+  atomic_store_explicit((_Atomic uint64_t *)done_flag(d), op->ticket, memory_order_release);
+  return res;
+}
+
+/* After the progress thread stopped. */
+void gw__dev_free(struct gw_comm *comm) {
+  struct gw_devstate *d = comm->dev;
+  if (!d) return;
+  if (d->stream_made) {
+    d->ops->stream_sync(d->stream);
+    d->ops->stream_destroy(d->stream);
+  }
+  for (int i = 0; i < 2; i++)
+    if (d->stage[i]) d->ops->host_free(d->stage[i]);
+  /* The flags stay: a caller's stream may not have run its last wait on the
+   * done flag yet, and freeing the page under it would fault (one page per
+   * communicator that used streams). */
+  free(d);
+  comm->dev = NULL;
+}
+
+/* ---- the device ring ----------------------------------------------------------------------- */
+size_t gw__dev_ring_chunk(const struct gw_comm *comm, const struct gw_op *op) {
+  return op->device_mem && comm->devring ? comm->devring->chunk : 0;
+}
+
+/* Whether this rank can take part: a device that maps its peers' memory, and
+ * ring 0's neighbours reached over shared memory (same machine). */
+static bool ring_candidate(const struct gw_comm *comm) {
+  const struct gw_ring *r = &comm->rings[0];
+  return comm->device >= 0 && gw__dev() && gw__param_DevIpc() != 0 && r->send.tp && r->recv.tp &&
+         r->send.tp->position && r->recv.tp->position;
+}
+
+static void ring_free(struct gw_devring *dr) {
+  if (!dr) return;
+  if (dr->send_twin) dr->ops->ipc_close(dr->send_twin);
+  if (dr->recv_twin) dr->ops->free(dr->recv_twin);
+  free(dr);
+}
+
+struct ring_offer {
+  int32_t ok;
+  uint32_t nslots;
+  uint64_t chunk;
+  struct gw_dev_ipc ipc;
+};
+
+gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
+  comm->devring = NULL;
+  if (comm->nranks < 2) return GW_SUCCESS;
+  /* Only when every rank says it could (the rendezvous' capability flags), so
+   * host-only jobs spend no round on it. */
+  for (int r = 0; r < comm->nranks; r++)
+    if (!(comm->peers[r].caps & GW_CAP_DEVICE)) return GW_SUCCESS;
+  const struct gw_dev_ops *dv = gw__dev();
+  struct gw_devring *dr = calloc(1, sizeof *dr);
+  struct ring_offer mine = {0}, *all = calloc((size_t)comm->nranks, sizeof *all);
+  gw_result_t res = dr && all ? GW_SUCCESS : gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+  if (res != GW_SUCCESS) goto out;
+  dr->ops = dv;
+  dr->nslots = comm->conn_params.nslots;
+  dr->chunk = (size_t)GW_ALIGN_UP(GW_MAX(gw__param_DevChunkBytes(), 4096), 256);
+  void *twin = NULL;
+  if (ring_candidate(comm) && dv->alloc(&twin, (size_t)dr->nslots * dr->chunk) == 0) {
+    dr->recv_twin = twin;
+    mine.ok = dv->ipc_get(twin, &mine.ipc) == 0;
+    if (!mine.ok) GW_WARN(GW_SUB_INIT, "rank %d: no IPC handle for the device ring: %s", comm->rank, dv->error());
+  } else if (ring_candidate(comm)) {
+    GW_WARN(GW_SUB_INIT, "rank %d: no device memory for the device ring: %s", comm->rank, dv->error());
+  }
+  mine.nslots = dr->nslots, mine.chunk = dr->chunk;
+  GW_CHECK_GOTO(gw__bootstrap_allgather(comm->bs, &mine, all, sizeof mine, err), res, out);
+  bool agree = true;
+  for (int r = 0; r < comm->nranks; r++)
+    agree &= all[r].ok && all[r].nslots == mine.nslots && all[r].chunk == mine.chunk;
+  if (agree) {
+    /* Second round: every rank maps its ring successor's twins. */
+    void *peer = NULL;
+    int32_t opened = dv->ipc_open(&all[comm->rings[0].next].ipc, &peer) == 0, *oks = calloc((size_t)comm->nranks, 4);
+    if (!opened) GW_WARN(GW_SUB_INIT, "rank %d: cannot map rank %d's device memory: %s", comm->rank,
+                         comm->rings[0].next, dv->error());
+    dr->send_twin = opened ? peer : NULL;
+    if (!oks) {
+      res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+      goto out;
+    }
+    res = gw__bootstrap_allgather(comm->bs, &opened, oks, sizeof opened, err);
+    for (int r = 0; r < comm->nranks && res == GW_SUCCESS; r++) agree &= oks[r] != 0;
+    free(oks);
+    if (res != GW_SUCCESS) goto out;
+  }
+  if (agree) {
+    comm->devring = dr;
+    dr = NULL;
+    GW_INFO(GW_SUB_INIT, "rank %d: device ring over IPC (%u slots of %zu bytes)", comm->rank,
+            comm->devring->nslots, comm->devring->chunk);
+  } else {
+    GW_INFO(GW_SUB_INIT, "rank %d: no device ring (not every rank can map its neighbour's device memory); "
+            "device buffers go through host staging", comm->rank);
+  }
+out:
+  ring_free(dr);
+  free(all);
+  return res;
+}
+
+void gw__dev_ring_free(struct gw_comm *comm) {
+  ring_free(comm->devring);
+  comm->devring = NULL;
+}
+
+/* The twin of the slot a connection handles next. */
+static char *twin_of(const struct prims *p, struct gw_conn *c, bool send) {
+  const struct gw_devring *dr = p->dev;
+  uint64_t pos = c->tp->position(c);
+  return (send ? dr->send_twin : dr->recv_twin) + (size_t)(pos % dr->nslots) * dr->chunk;
+}
+
+static gw_result_t dev_err(struct prims *p, const char *what) {
+  return gw__err(p->err, GW_ERR_CUDA, "rank %d: the device ring's %s failed: %s", p->comm->rank, what,
+                 p->dev->ops->error());
+}
+
+/* The engine's stream finishes what a primitive enqueued before its header goes out. */
+static gw_result_t dsync(struct prims *p) {
+  return p->dev->ops->stream_sync(p->dev->stream) ? dev_err(p, "stream") : GW_SUCCESS;
+}
+
+static gw_result_t dcopy(struct prims *p, void *dst, const void *src, size_t n) {
+  if (!n || !dst) return GW_SUCCESS;
+  return p->dev->ops->memcpy_async(dst, src, n * p->es, p->dev->stream) ? dev_err(p, "copy") : GW_SUCCESS;
+}
+
+static gw_result_t dreduce(struct prims *p, void *dst0, void *dst1, const void *a, const void *b, size_t n,
+                           uint32_t div) {
+  const struct gw_devring *dr = p->dev;
+  if (!n) return GW_SUCCESS;
+  return dr->ops->reduce_async(dst0, dst1, a, b, n, dr->dtype, dr->kop, div, dr->stream) ? dev_err(p, "reduction")
+                                                                                         : GW_SUCCESS;
+}
+
+gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n) {
+  void *slot;
+  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), src, n));
+  GW_CHECK(dcopy(p, dst, src, n));
+  GW_CHECK(dsync(p));
+  return gw__post(p, &p->ring->send, n * p->es);
+}
+
+gw_result_t gw__dprim_recv(struct prims *p, void *dst, size_t n) {
+  const void *data;
+  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
+  GW_CHECK(dcopy(p, dst, twin_of(p, &p->ring->recv, false), n));
+  GW_CHECK(dsync(p));
+  return gw__release(p, &p->ring->recv);
+}
+
+gw_result_t gw__dprim_recv_reduce_send(struct prims *p, const void *src, size_t n) {
+  const void *data;
+  void *slot;
+  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
+  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  /* The kernel reads this rank's twin and writes straight into the next rank's. */
+  GW_CHECK(dreduce(p, twin_of(p, &p->ring->send, true), NULL, twin_of(p, &p->ring->recv, false), src, n, 0));
+  GW_CHECK(dsync(p));
+  GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
+  return gw__release(p, &p->ring->recv);
+}
+
+gw_result_t gw__dprim_recv_reduce_copy_send(struct prims *p, const void *src, void *dst, size_t n, uint32_t div) {
+  const void *data;
+  void *slot;
+  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
+  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  GW_CHECK(dreduce(p, dst, twin_of(p, &p->ring->send, true), twin_of(p, &p->ring->recv, false), src, n, div));
+  GW_CHECK(dsync(p));
+  GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
+  return gw__release(p, &p->ring->recv);
+}
+
+gw_result_t gw__dprim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div,
+                                       bool local_first) {
+  const void *data;
+  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
+  const void *in = twin_of(p, &p->ring->recv, false);
+  GW_CHECK(local_first ? dreduce(p, dst, NULL, src, in, n, div) : dreduce(p, dst, NULL, in, src, n, div));
+  GW_CHECK(dsync(p));
+  return gw__release(p, &p->ring->recv);
+}
+
+gw_result_t gw__dprim_recv_copy_send(struct prims *p, void *dst, size_t n) {
+  const void *data;
+  void *slot;
+  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
+  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  const void *in = twin_of(p, &p->ring->recv, false);
+  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), in, n));
+  GW_CHECK(dcopy(p, dst, in, n));
+  GW_CHECK(dsync(p));
+  GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
+  return gw__release(p, &p->ring->recv);
+}

@@ -1,0 +1,264 @@
+/* dev_cuda.c - the device layer (dev.h) on the CUDA runtime: a table of thin
+ * wrappers, with the kernels behind reduce_async, flag_write, flag_wait and
+ * sleep_async in kernels.cu.  A gw_dev_stream_t is a cudaStream_t (NULL: the
+ * legacy default stream).  Failures leave "<call>: <cudaGetErrorName>:
+ * <cudaGetErrorString>" in a per-thread buffer for error(). */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "dev.h"
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) <= GW_DEV_IPC_BYTES, "a cudaIpcMemHandle_t must fit in struct gw_dev_ipc");
+
+static _Thread_local char cu_errbuf[256];
+
+/* Records a failed CUDA call and returns nonzero (the error code). */
+static int cu_fail(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int cu_fail(cudaError_t e, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int len = vsnprintf(cu_errbuf, sizeof cu_errbuf, fmt, ap);
+  va_end(ap);
+  if (len >= 0 && (size_t)len < sizeof cu_errbuf)
+    snprintf(cu_errbuf + len, sizeof cu_errbuf - (size_t)len, ": %s: %s", cudaGetErrorName(e),
+             cudaGetErrorString(e));
+  return e != cudaSuccess ? (int)e : (int)cudaErrorUnknown;
+}
+
+/* Records a failure of ours (bad arguments) and returns nonzero. */
+static int cu_fail_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int cu_fail_msg(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cu_errbuf, sizeof cu_errbuf, fmt, ap);
+  va_end(ap);
+  return (int)cudaErrorInvalidValue;
+}
+
+static const char *cu_error(void) { return cu_errbuf; }
+
+static cudaStream_t cs(gw_dev_stream_t s) { return (cudaStream_t)(void *)s; }
+
+/* ---- devices ------------------------------------------------------------------------------ */
+static int cu_device_count(int *n) {
+  cudaError_t e = cudaGetDeviceCount(n);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaGetDeviceCount");
+}
+
+static int cu_get_device(int *dev) {
+  cudaError_t e = cudaGetDevice(dev);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaGetDevice");
+}
+
+static int cu_set_device(int dev) {
+  cudaError_t e = cudaSetDevice(dev);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaSetDevice(%d)", dev);
+}
+
+/* cuCtxGetCurrent from the driver, looked up once (NULL when unavailable). */
+typedef int (*cu_ctx_get_current_fn)(void **ctx);
+static pthread_once_t ctx_fn_once = PTHREAD_ONCE_INIT;
+static cu_ctx_get_current_fn ctx_get_current;
+
+static void ctx_fn_lookup(void) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &qres);
+  if (e != cudaSuccess || qres != cudaDriverEntryPointSuccess || !fn) {
+    (void)cudaGetLastError();
+    return;
+  }
+  /* a data pointer to a function pointer: the documented use of this API */
+  memcpy(&ctx_get_current, &fn, sizeof ctx_get_current);
+}
+
+static int cu_device_in_use(int *yes) {
+  pthread_once(&ctx_fn_once, ctx_fn_lookup);
+  void *ctx = NULL;
+  *yes = ctx_get_current && ctx_get_current(&ctx) == 0 && ctx != NULL;
+  return 0;
+}
+
+static int cu_ptr_kind(const void *p, int *is_device, int *device) {
+  struct cudaPointerAttributes attr;
+  *is_device = 0;
+  *device = -1;
+  if (!p) return 0;
+  memset(&attr, 0, sizeof attr);
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError(); /* an unknown pointer is host memory, not an error */
+    return 0;
+  }
+  if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) {
+    *is_device = 1;
+    *device = attr.device;
+  }
+  return 0;
+}
+
+/* ---- memory ----------------------------------------------------------------------------------- */
+static int cu_alloc(void **p, size_t bytes) {
+  cudaError_t e = cudaMalloc(p, bytes ? bytes : 1); /* a distinct pointer for 0 bytes too, as the emulator */
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaMalloc(%zu bytes)", bytes);
+}
+
+static int cu_free(void *p) {
+  cudaError_t e = cudaFree(p);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaFree(%p)", p);
+}
+
+static int cu_host_alloc(void **p, size_t bytes) {
+  size_t size = bytes ? bytes : 1;
+  cudaError_t e = cudaHostAlloc(p, size, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e != cudaSuccess) return cu_fail(e, "cudaHostAlloc(%zu bytes, mapped | portable)", bytes);
+  memset(*p, 0, size);
+  return 0;
+}
+
+static int cu_host_free(void *p) {
+  cudaError_t e = cudaFreeHost(p);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaFreeHost(%p)", p);
+}
+
+/* ---- streams ------------------------------------------------------------------------------------ */
+static int cu_stream_create(gw_dev_stream_t *s) {
+  cudaStream_t st = NULL;
+  cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cu_fail(e, "cudaStreamCreateWithFlags(cudaStreamNonBlocking)");
+  *s = (gw_dev_stream_t)(void *)st;
+  return 0;
+}
+
+static int cu_stream_destroy(gw_dev_stream_t s) {
+  if (!s) return cu_fail_msg("stream_destroy: the default stream cannot be destroyed");
+  cudaError_t e = cudaStreamDestroy(cs(s));
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaStreamDestroy");
+}
+
+static int cu_stream_sync(gw_dev_stream_t s) {
+  cudaError_t e = cudaStreamSynchronize(cs(s));
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaStreamSynchronize");
+}
+
+static int cu_stream_idle(gw_dev_stream_t s, int *idle) {
+  cudaError_t e = cudaStreamQuery(cs(s));
+  if (e == cudaSuccess) {
+    *idle = 1;
+    return 0;
+  }
+  if (e == cudaErrorNotReady) { /* busy, not a failure */
+    (void)cudaGetLastError();
+    *idle = 0;
+    return 0;
+  }
+  return cu_fail(e, "cudaStreamQuery");
+}
+
+/* ---- stream-ordered work ------------------------------------------------------------------------ */
+static int cu_memcpy_async(void *dst, const void *src, size_t bytes, gw_dev_stream_t s) {
+  if (!bytes) return 0;
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cs(s));
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaMemcpyAsync(%p, %p, %zu bytes)", dst, src, bytes);
+}
+
+static int cu_reduce_async(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
+                           uint32_t div, gw_dev_stream_t s) {
+  if (!n) return 0;
+  if (!dst0 || !a || !b) return cu_fail_msg("reduce_async(%p, %p, %p, %p, %zu): NULL pointer", dst0, dst1, a, b, n);
+  /* an unknown dtype or op comes back as cudaErrorInvalidValue */
+  int e = gw__cuda_reduce(dst0, dst1, a, b, n, dtype, kop, div, (void *)cs(s));
+  return e == 0 ? 0 : cu_fail((cudaError_t)e, "reduce kernel launch (dtype %d, op %d, %zu elements)", dtype, kop, n);
+}
+
+static int cu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
+  if (!flag) return cu_fail_msg("flag_write: NULL flag");
+  int e = gw__cuda_flag_write(flag, v, (void *)cs(s));
+  return e == 0 ? 0 : cu_fail((cudaError_t)e, "flag write kernel launch");
+}
+
+static int cu_flag_wait(const uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
+  if (!flag) return cu_fail_msg("flag_wait: NULL flag");
+  int e = gw__cuda_flag_wait(flag, v, (void *)cs(s));
+  return e == 0 ? 0 : cu_fail((cudaError_t)e, "flag wait kernel launch");
+}
+
+static int cu_sleep_async(double seconds, gw_dev_stream_t s) {
+  int e = gw__cuda_sleep(seconds, (void *)cs(s));
+  return e == 0 ? 0 : cu_fail((cudaError_t)e, "sleep kernel launch");
+}
+
+/* ---- IPC ------------------------------------------------------------------------------------------ */
+static int cu_ipc_get(void *base, struct gw_dev_ipc *h) {
+  cudaIpcMemHandle_t mh;
+  cudaError_t e = cudaIpcGetMemHandle(&mh, base);
+  if (e != cudaSuccess) return cu_fail(e, "cudaIpcGetMemHandle(%p)", base);
+  memset(h, 0, sizeof *h);
+  memcpy(h->bytes, &mh, sizeof mh);
+  return 0;
+}
+
+static int cu_ipc_open(const struct gw_dev_ipc *h, void **p) {
+  cudaIpcMemHandle_t mh;
+  memcpy(&mh, h->bytes, sizeof mh);
+  cudaError_t e = cudaIpcOpenMemHandle(p, mh, cudaIpcMemLazyEnablePeerAccess);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaIpcOpenMemHandle");
+}
+
+static int cu_ipc_close(void *p) {
+  cudaError_t e = cudaIpcCloseMemHandle(p);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaIpcCloseMemHandle(%p)", p);
+}
+
+static const struct gw_dev_ops cuda_ops = {
+    .name = "cuda",
+    .device_count = cu_device_count,
+    .get_device = cu_get_device,
+    .set_device = cu_set_device,
+    .device_in_use = cu_device_in_use,
+    .ptr_kind = cu_ptr_kind,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .stream_create = cu_stream_create,
+    .stream_destroy = cu_stream_destroy,
+    .stream_sync = cu_stream_sync,
+    .stream_idle = cu_stream_idle,
+    .memcpy_async = cu_memcpy_async,
+    .reduce_async = cu_reduce_async,
+    .flag_write = cu_flag_write,
+    .flag_wait = cu_flag_wait,
+    .sleep_async = cu_sleep_async,
+    .ipc_get = cu_ipc_get,
+    .ipc_open = cu_ipc_open,
+    .ipc_close = cu_ipc_close,
+    .error = cu_error,
+};
+
+/* Probed once: whether the process sees a GPU, and if not why. */
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static const struct gw_dev_ops *probe_ops;
+static char probe_reason[256];
+
+static void probe(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(probe_reason, sizeof probe_reason, "no CUDA device: cudaGetDeviceCount: %s", cudaGetErrorString(e));
+    (void)cudaGetLastError();
+  } else if (n < 1) {
+    snprintf(probe_reason, sizeof probe_reason, "no CUDA device: cudaGetDeviceCount found none");
+  } else {
+    probe_ops = &cuda_ops;
+  }
+}
+
+const struct gw_dev_ops *gw__dev_cuda_ops(const char **why_not) {
+  pthread_once(&probe_once, probe);
+  if (!probe_ops && why_not) *why_not = probe_reason;
+  return probe_ops;
+}

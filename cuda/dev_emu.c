@@ -1,0 +1,464 @@
+/* dev_emu.c - the device emulator (GW_DEV_EMULATE=N): the device layer's
+ * contract (dev.h) in host memory, so the stream-ordered collectives and what
+ * sits on them are tested without a GPU.
+ *   - Device memory is a memfd mapping, recorded in a registry of ranges; that
+ *     registry is what makes a pointer "device" (ptr_kind).  Another process
+ *     maps it from an IPC handle (pid, fd, size) with pidfd_getfd, as the verbs
+ *     emulator reaches its peers' segments.
+ *   - A stream is a thread that runs its work items in order (copies,
+ *     reductions through the host kernels, flag writes and waits, sleeps).
+ *     Created streams are independent, as cudaStreamNonBlocking ones are; the
+ *     default (NULL) stream is one more such thread per process (the legacy
+ *     stream's implicit synchronization with other streams is not emulated).
+ *   - Devices are numbers 0..N-1 chosen per thread with set_device; nothing
+ *     else differs between them.
+ * What it cannot show: a kernel's speed, or the host touching device memory by
+ * mistake (it is host memory here). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "dev.h"
+
+static int emu_ndev = 1;
+static _Thread_local char emu_errbuf[256];
+static _Thread_local int cur_dev;
+static _Thread_local bool dev_chosen;
+
+__attribute__((format(printf, 1, 2))) static int fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(emu_errbuf, sizeof emu_errbuf, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+static const char *emu_error(void) { return emu_errbuf; }
+
+/* ---- the registry of mappings ------------------------------------------------------ */
+enum { R_DEVICE = 1, R_HOST = 2, R_IPC = 3 }; /* own device memory, pinned host, opened by IPC */
+struct range {
+  char *base;
+  size_t size;
+  int kind, device, fd;
+};
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct range *ranges;
+static int nranges, cap_ranges;
+
+static int reg_add(struct range r) {
+  pthread_mutex_lock(&reg_mu);
+  if (nranges == cap_ranges) {
+    int ncap = cap_ranges ? 2 * cap_ranges : 16;
+    struct range *n = realloc(ranges, (size_t)ncap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&reg_mu);
+      return fail("emulated device: out of memory for the allocation registry");
+    }
+    ranges = n, cap_ranges = ncap;
+  }
+  ranges[nranges++] = r;
+  pthread_mutex_unlock(&reg_mu);
+  return 0;
+}
+
+/* Removes the range starting at p of one of the kinds in mask (bits 1 << kind). */
+static bool reg_take(const void *p, unsigned mask, struct range *out) {
+  bool found = false;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nranges; i++) {
+    if (ranges[i].base == p && (mask & (1u << ranges[i].kind))) {
+      *out = ranges[i];
+      ranges[i] = ranges[--nranges];
+      found = true;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&reg_mu);
+  return found;
+}
+
+static bool reg_find(const void *p, struct range *out) {
+  const char *c = p;
+  bool found = false;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nranges && !found; i++) {
+    if (c >= ranges[i].base && c < ranges[i].base + ranges[i].size) {
+      *out = ranges[i];
+      found = true;
+    }
+  }
+  pthread_mutex_unlock(&reg_mu);
+  return found;
+}
+
+/* ---- devices -------------------------------------------------------------------------- */
+static int emu_device_count(int *n) {
+  *n = emu_ndev;
+  return 0;
+}
+
+static int emu_get_device(int *dev) {
+  *dev = cur_dev;
+  return 0;
+}
+
+static int emu_set_device(int dev) {
+  if (dev < 0 || dev >= emu_ndev)
+    return fail("set_device(%d): the emulator has %d device(s) (GW_DEV_EMULATE=%d)", dev, emu_ndev, emu_ndev);
+  cur_dev = dev;
+  dev_chosen = true;
+  return 0;
+}
+
+static int emu_device_in_use(int *yes) {
+  *yes = dev_chosen;
+  return 0;
+}
+
+static int emu_ptr_kind(const void *p, int *is_device, int *device) {
+  struct range r;
+  *is_device = 0;
+  *device = -1;
+  if (p && reg_find(p, &r) && r.kind != R_HOST) *is_device = 1, *device = r.device;
+  return 0;
+}
+
+/* ---- memory --------------------------------------------------------------------------- */
+static size_t page_round(size_t bytes) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return (bytes ? bytes + pg - 1 : pg) / pg * pg;
+}
+
+/* IPC peers are siblings, not ancestors: let them reach this process's
+ * memfds under Yama's ptrace_scope=1 too (as the verbs emulator does). */
+static pthread_once_t ptracer_once = PTHREAD_ONCE_INIT;
+static void allow_ptracers(void) { (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); }
+
+static int emu_alloc(void **p, size_t bytes) {
+  pthread_once(&ptracer_once, allow_ptracers);
+  size_t size = page_round(bytes);
+  int fd = (int)syscall(SYS_memfd_create, "gw-dev-emu", 0u);
+  if (fd < 0) return fail("alloc(%zu): memfd_create: %s", bytes, strerror(errno));
+  if (ftruncate(fd, (off_t)size) != 0) {
+    int e = errno;
+    close(fd);
+    return fail("alloc(%zu): ftruncate: %s", bytes, strerror(e));
+  }
+  void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (m == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    return fail("alloc(%zu): out of memory (mmap: %s)", bytes, strerror(e));
+  }
+  if (reg_add((struct range){.base = m, .size = size, .kind = R_DEVICE, .device = cur_dev, .fd = fd})) {
+    munmap(m, size);
+    close(fd);
+    return 1;
+  }
+  *p = m;
+  return 0;
+}
+
+static int emu_free(void *p) {
+  struct range r;
+  if (!p) return 0;
+  if (!reg_take(p, 1u << R_DEVICE, &r)) return fail("free(%p): not the start of an emulated device allocation", p);
+  munmap(r.base, r.size);
+  close(r.fd);
+  return 0;
+}
+
+static int emu_host_alloc(void **p, size_t bytes) {
+  size_t size = page_round(bytes);
+  void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (m == MAP_FAILED) return fail("host_alloc(%zu): out of memory (mmap: %s)", bytes, strerror(errno));
+  if (reg_add((struct range){.base = m, .size = size, .kind = R_HOST, .device = -1, .fd = -1})) {
+    munmap(m, size);
+    return 1;
+  }
+  *p = m;
+  return 0;
+}
+
+static int emu_host_free(void *p) {
+  struct range r;
+  if (!p) return 0;
+  if (!reg_take(p, 1u << R_HOST, &r)) return fail("host_free(%p): not from host_alloc", p);
+  munmap(r.base, r.size);
+  return 0;
+}
+
+/* ---- IPC -------------------------------------------------------------------------------- */
+#define IPC_MAGIC 0x47574456u /* "GWDV" */
+struct emu_ipc {
+  uint32_t magic;
+  int32_t pid, fd, device;
+  uint64_t size;
+};
+_Static_assert(sizeof(struct emu_ipc) <= GW_DEV_IPC_BYTES, "the IPC handle must fit");
+
+static int emu_ipc_get(void *base, struct gw_dev_ipc *h) {
+  struct range r;
+  if (!reg_find(base, &r) || r.kind != R_DEVICE || r.base != (char *)base)
+    return fail("ipc_get(%p): not the start of a device allocation made by this process", base);
+  struct emu_ipc e = {.magic = IPC_MAGIC, .pid = (int32_t)getpid(), .fd = r.fd, .device = r.device, .size = r.size};
+  memset(h, 0, sizeof *h);
+  memcpy(h->bytes, &e, sizeof e);
+  return 0;
+}
+
+static int emu_ipc_open(const struct gw_dev_ipc *h, void **p) {
+  struct emu_ipc e;
+  memcpy(&e, h->bytes, sizeof e);
+  if (e.magic != IPC_MAGIC) return fail("ipc_open: not an emulated device IPC handle");
+  if (e.pid == (int32_t)getpid()) return fail("ipc_open: the handle was made by this process (CUDA refuses that too)");
+  int pidfd = (int)syscall(SYS_pidfd_open, e.pid, 0);
+  if (pidfd < 0) return fail("ipc_open: process %d is gone (pidfd_open: %s)", e.pid, strerror(errno));
+  int fd = (int)syscall(SYS_pidfd_getfd, pidfd, e.fd, 0);
+  int err = errno;
+  close(pidfd);
+  if (fd < 0)
+    return fail("ipc_open: cannot reach the memory of process %d (pidfd_getfd: %s; needs ptrace permission, "
+                "e.g. the same user and kernel.yama.ptrace_scope 0 or 1 with a common parent)", e.pid, strerror(err));
+  void *m = mmap(NULL, e.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  err = errno;
+  close(fd);
+  if (m == MAP_FAILED) return fail("ipc_open: mmap of %llu bytes: %s", (unsigned long long)e.size, strerror(err));
+  if (reg_add((struct range){.base = m, .size = e.size, .kind = R_IPC, .device = e.device, .fd = -1})) {
+    munmap(m, e.size);
+    return 1;
+  }
+  *p = m;
+  return 0;
+}
+
+static int emu_ipc_close(void *p) {
+  struct range r;
+  if (!reg_take(p, 1u << R_IPC, &r)) return fail("ipc_close(%p): not a mapping made by ipc_open", p);
+  munmap(r.base, r.size);
+  return 0;
+}
+
+/* ---- streams ---------------------------------------------------------------------------- */
+enum { IT_COPY, IT_REDUCE, IT_FLAG_WRITE, IT_FLAG_WAIT, IT_SLEEP };
+struct item {
+  struct item *next;
+  int kind, dtype, kop;
+  void *dst0, *dst1;
+  const void *a, *b;
+  size_t n;
+  uint32_t div;
+  uint64_t *flag;
+  uint64_t v;
+  double seconds;
+};
+
+struct gw_dev_stream {
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv, idle_cv;
+  struct item *head, *tail;
+  uint64_t enqueued, finished;
+  bool stop;
+};
+
+static void run_item(const struct item *it) {
+  switch (it->kind) {
+  case IT_COPY:
+    memmove(it->dst0, it->a, it->n);
+    break;
+  case IT_REDUCE:
+    gw__dev_host_reduce()(it->dst0, it->dst1, it->a, it->b, it->n, it->dtype, it->kop, it->div);
+    break;
+  case IT_FLAG_WRITE:
+    atomic_store_explicit((_Atomic uint64_t *)it->flag, it->v, memory_order_release);
+    break;
+  case IT_FLAG_WAIT: {
+    struct gw_waiter w;
+    gw__waiter_init(&w, 0);
+    while (atomic_load_explicit((_Atomic uint64_t *)it->flag, memory_order_acquire) < it->v) gw__waiter_pause(&w);
+    break;
+  }
+  case IT_SLEEP: {
+    struct timespec ts = {.tv_sec = (time_t)it->seconds,
+                          .tv_nsec = (long)((it->seconds - (double)(time_t)it->seconds) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    break;
+  }
+  }
+}
+
+/* The stream's thread.  It owns the stream once stop is set and frees it after
+ * the last item, as cudaStreamDestroy lets queued work finish. */
+static void *stream_main(void *arg) {
+  struct gw_dev_stream *s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+    if (!s->head) break;
+    struct item *it = s->head;
+    pthread_mutex_unlock(&s->mu);
+    run_item(it);
+    pthread_mutex_lock(&s->mu);
+    s->head = it->next;
+    if (!s->head) s->tail = NULL;
+    free(it);
+    s->finished++;
+    pthread_cond_broadcast(&s->idle_cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->work_cv);
+  pthread_cond_destroy(&s->idle_cv);
+  free(s);
+  return NULL;
+}
+
+static int stream_new(struct gw_dev_stream **out) {
+  struct gw_dev_stream *s = calloc(1, sizeof *s);
+  if (!s) return fail("stream_create: out of memory");
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->work_cv, NULL);
+  pthread_cond_init(&s->idle_cv, NULL);
+  pthread_t th;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&th, &attr, stream_main, s);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    free(s);
+    return fail("stream_create: pthread_create: %s", strerror(rc));
+  }
+  *out = s;
+  return 0;
+}
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static struct gw_dev_stream *default_stream;
+static void default_make(void) {
+  if (stream_new(&default_stream)) default_stream = NULL;
+}
+
+static struct gw_dev_stream *resolve(gw_dev_stream_t s) {
+  if (s) return s;
+  pthread_once(&default_once, default_make);
+  if (!default_stream) fail("the default stream could not be started");
+  return default_stream;
+}
+
+static int emu_stream_create(gw_dev_stream_t *out) { return stream_new(out); }
+
+static int emu_stream_destroy(gw_dev_stream_t s) {
+  if (!s) return fail("stream_destroy: the default stream cannot be destroyed");
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static int emu_stream_sync(gw_dev_stream_t s0) {
+  struct gw_dev_stream *s = resolve(s0);
+  if (!s) return 1;
+  pthread_mutex_lock(&s->mu);
+  uint64_t target = s->enqueued;
+  while (s->finished < target) pthread_cond_wait(&s->idle_cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static int emu_stream_idle(gw_dev_stream_t s0, int *idle) {
+  struct gw_dev_stream *s = resolve(s0);
+  if (!s) return 1;
+  pthread_mutex_lock(&s->mu);
+  *idle = s->finished == s->enqueued;
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static int push(gw_dev_stream_t s0, const struct item *tmpl) {
+  struct gw_dev_stream *s = resolve(s0);
+  if (!s) return 1;
+  struct item *it = malloc(sizeof *it);
+  if (!it) return fail("out of memory for a stream's work item");
+  *it = *tmpl;
+  it->next = NULL;
+  pthread_mutex_lock(&s->mu);
+  if (s->tail) s->tail->next = it;
+  else s->head = it;
+  s->tail = it;
+  s->enqueued++;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static int emu_memcpy_async(void *dst, const void *src, size_t bytes, gw_dev_stream_t s) {
+  if (!bytes) return 0;
+  if (!dst || !src) return fail("memcpy_async(%p, %p, %zu): NULL pointer", dst, src, bytes);
+  return push(s, &(struct item){.kind = IT_COPY, .dst0 = dst, .a = src, .n = bytes});
+}
+
+static int emu_reduce_async(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
+                            uint32_t div, gw_dev_stream_t s) {
+  if (!n) return 0;
+  if (!gw__dev_host_reduce()) return fail("reduce_async: the emulator has no host reduction (internal)");
+  return push(s, &(struct item){.kind = IT_REDUCE, .dst0 = dst0, .dst1 = dst1, .a = a, .b = b, .n = n,
+                                .dtype = dtype, .kop = kop, .div = div});
+}
+
+static int emu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
+  return push(s, &(struct item){.kind = IT_FLAG_WRITE, .flag = flag, .v = v});
+}
+
+static int emu_flag_wait(const uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
+  return push(s, &(struct item){.kind = IT_FLAG_WAIT, .flag = (uint64_t *)flag, .v = v});
+}
+
+static int emu_sleep_async(double seconds, gw_dev_stream_t s) {
+  return push(s, &(struct item){.kind = IT_SLEEP, .seconds = seconds > 0 ? seconds : 0});
+}
+
+static const struct gw_dev_ops emu_ops = {
+    .name = "emulated",
+    .device_count = emu_device_count,
+    .get_device = emu_get_device,
+    .set_device = emu_set_device,
+    .device_in_use = emu_device_in_use,
+    .ptr_kind = emu_ptr_kind,
+    .alloc = emu_alloc,
+    .free = emu_free,
+    .host_alloc = emu_host_alloc,
+    .host_free = emu_host_free,
+    .stream_create = emu_stream_create,
+    .stream_destroy = emu_stream_destroy,
+    .stream_sync = emu_stream_sync,
+    .stream_idle = emu_stream_idle,
+    .memcpy_async = emu_memcpy_async,
+    .reduce_async = emu_reduce_async,
+    .flag_write = emu_flag_write,
+    .flag_wait = emu_flag_wait,
+    .sleep_async = emu_sleep_async,
+    .ipc_get = emu_ipc_get,
+    .ipc_open = emu_ipc_open,
+    .ipc_close = emu_ipc_close,
+    .error = emu_error,
+};
+
+const struct gw_dev_ops *gw__dev_emu_ops(int ndevices) {
+  emu_ndev = ndevices > 0 ? ndevices : 1;
+  return &emu_ops;
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh OUTDIR - the project's one GPU check (docs/gpu.md).
+#
+# On a machine with an NVIDIA GPU, nvcc, a C compiler, meson and ninja (pip's
+# are fine; no Check, libibverbs or oneDNN needed, nothing is installed):
+#   1. uses build-gpu/ if it was carried along and runs here, else builds it
+#      (meson -Druntime_only=true: the runtime, gw-perf, gw-run, the device
+#      suite on a stand-in for Check when Check is missing, the kernel bench);
+#   2. runs the GPU suite (test_device on the real device: the grid at 2, 3
+#      and 4 ranks on this one GPU, stream ordering, misuse, a dead peer, IPC);
+#   3. runs gw-perf on device buffers at 2 and 4 ranks over the device ring
+#      (#wrong must be 0), at 2 ranks through host staging, and on host
+#      buffers at 2 ranks beside them;
+#   4. measures the reduction kernel against cudaMemcpy device-to-device;
+# and writes summary.txt, log.txt and the CSVs into OUTDIR.  Each step has its
+# own time limit; the whole script stays under 8 minutes on one H200.
+set -u
+OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+exec > >(tee "$OUT/log.txt") 2>&1
+START=$(date +%s)
+: >"$OUT/summary.txt"
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+elapsed() { echo $(($(date +%s) - START)); }
+B=build-gpu
+
+say "# gradwire GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+say "nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null) | tail -1)"
+say "torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
+
+# ---- 1. build ----------------------------------------------------------------------
+MESON=(meson)
+command -v meson >/dev/null || MESON=(python3 -m mesonbuild.mesonmain)
+command -v nvcc >/dev/null || export PATH="$PATH:/usr/local/cuda/bin"
+runs_here() {
+  [ -x "$B/test/test_device" ] && [ -x "$B/tools/gw-perf" ] && [ -x "$B/bench/gpu_reduce_bw" ] || return 1
+  ! ldd "$B/test/test_device" "$B/tools/gw-perf" "$B/bench/gpu_reduce_bw" 2>&1 | grep -q "not found" || return 1
+  GW_DEV_EMULATE=1 CK_RUN_CASE=ipc timeout 60 "$B/test/test_device" >/dev/null 2>&1
+}
+if runs_here; then
+  say "build: the carried $B runs here"
+else
+  [ -d "$B" ] && say "build: the carried $B does not run here; building"
+  rm -rf "$B"
+  if ! timeout 240 "${MESON[@]}" setup "$B" -Druntime_only=true -Dbuildtype=release -Dcuda=enabled \
+      -Dibverbs=disabled -Donednn=disabled -Dcudnn=disabled >"$OUT/build.txt" 2>&1 ||
+     ! timeout 240 "${MESON[@]}" compile -C "$B" >>"$OUT/build.txt" 2>&1; then
+    tail -30 "$OUT/build.txt"
+    say "build: FAILED after $(elapsed) s (see build.txt)"
+    exit 1
+  fi
+  say "build: built $B in $(elapsed) s"
+fi
+
+# ---- 2. the GPU suite ------------------------------------------------------------------
+suite_fail=0
+for n in 2 3 4; do
+  case_env=()
+  [ "$n" != 2 ] && case_env=(CK_RUN_CASE=grid)
+  t0=$(date +%s)
+  env GW_TEST_NRANKS=$n "${case_env[@]}" timeout 150 "$B/test/test_device" >"$OUT/gpu-suite-n$n.txt" 2>&1
+  rc=$?
+  verdict=$([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)"))
+  [ $rc = 0 ] || suite_fail=1
+  say "gpu suite, $n ranks$([ $n != 2 ] && echo ' (grid)' || echo ' (all cases)'): $verdict in $(($(date +%s) - t0)) s: $(grep -E 'Checks:' "$OUT/gpu-suite-n$n.txt" | tail -1)"
+  [ $rc = 0 ] || tail -20 "$OUT/gpu-suite-n$n.txt"
+done
+
+# ---- 3. gw-perf on device buffers --------------------------------------------------------
+perf() { # NAME RANKS ENV ARGS... (ENV: VAR=value, or - for none)
+  local name=$1 n=$2 envv=$3
+  shift 3
+  [ "$envv" = - ] && envv=GW_UNUSED=0
+  env "$envv" timeout 120 "$B/tools/gw-run" -n "$n" "$B/tools/gw-perf" -b 8 -e 256M -f 4 -n 10 -w 2 "$@" \
+    --csv "$OUT/$name.csv" >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  say "$name: exit $rc, $(grep -E 'Out of bounds|Avg bus' "$OUT/$name.txt" | sed 's/^\[0\] # //' | tr '\n' ' ')"
+}
+perf gw-perf-device-n2 2 - -D                     # the device ring (CUDA IPC)
+perf gw-perf-device-n4 4 - -D
+perf gw-perf-device-staged-n2 2 GW_DEV_IPC=0 -D   # through pinned host staging
+perf gw-perf-host-n2 2 - 
+
+# ---- 4. the reduction kernel against a device-to-device copy ----------------------------------
+timeout 120 "$B/bench/gpu_reduce_bw" --csv "$OUT/reduce-bw.csv" >"$OUT/reduce-bw.txt" 2>&1
+say "reduce kernel bench: exit $?"
+cat "$OUT/reduce-bw.txt"
+
+# ---- summary -----------------------------------------------------------------------------------
+python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+import csv, os, sys
+out = sys.argv[1]
+def rows(name):
+    p = os.path.join(out, name)
+    return list(csv.DictReader(open(p))) if os.path.exists(p) and os.path.getsize(p) else []
+for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2"):
+    r = rows(name + ".csv")
+    if not r:
+        print(f"{name}: no results"); continue
+    wrong = sum(int(x["oop_wrong"]) + int(x["ip_wrong"]) for x in r)
+    big = max(r, key=lambda x: int(x["size"]))
+    small = min(r, key=lambda x: int(x["size"]))
+    print(f"{name}: #wrong {wrong} over {len(r)} sizes; {small['size']} B {float(small['oop_time_us']):.1f} us; "
+          f"{big['size']} B busbw {float(big['oop_busbw']):.2f} GB/s")
+r = rows("reduce-bw.csv")
+if r:
+    worst = min(float(x["ratio"]) for x in r)
+    for x in r:
+        print(f"reduce {x['dtype']:>9} {int(x['bytes']) >> 20:5d} MiB: {float(x['reduce_GBps']):8.1f} GB/s vs copy "
+              f"{float(x['copy_GBps']):8.1f} GB/s = {float(x['ratio']):.3f}")
+    print(f"goal (reduce >= 0.90 of copy): {'met' if worst >= 0.9 else 'MISSED'} (worst {worst:.3f})")
+EOF
+say "total: $(elapsed) s"
+exit $suite_fail

@@ -1,0 +1,91 @@
+/* check.c - see check.h. */
+#include "check.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_TESTS 64
+struct TCase {
+  const char *name;
+  const TTest *tests[MAX_TESTS];
+  int ntests;
+  double timeout;
+};
+struct Suite {
+  const char *name;
+  TCase *cases[MAX_TESTS];
+  int ncases;
+};
+struct SRunner {
+  Suite *suite;
+  int run, failed;
+};
+
+Suite *suite_create(const char *name) {
+  Suite *s = calloc(1, sizeof *s);
+  if (s) s->name = name;
+  return s;
+}
+
+TCase *tcase_create(const char *name) {
+  TCase *tc = calloc(1, sizeof *tc);
+  if (tc) tc->name = name, tc->timeout = 4;
+  return tc;
+}
+
+void tcase_add_test(TCase *tc, const TTest *t) {
+  if (tc->ntests < MAX_TESTS) tc->tests[tc->ntests++] = t;
+}
+
+void tcase_set_timeout(TCase *tc, double seconds) { tc->timeout = seconds; }
+
+void suite_add_tcase(Suite *s, TCase *tc) {
+  if (s->ncases < MAX_TESTS) s->cases[s->ncases++] = tc;
+}
+
+SRunner *srunner_create(Suite *s) {
+  SRunner *sr = calloc(1, sizeof *sr);
+  if (sr) sr->suite = s;
+  return sr;
+}
+
+void srunner_run_all(SRunner *sr, enum print_output mode) {
+  const char *only = getenv("CK_RUN_CASE");
+  printf("Running suite(s): %s\n", sr->suite->name);
+  fflush(stdout);
+  for (int c = 0; c < sr->suite->ncases; c++) {
+    TCase *tc = sr->suite->cases[c];
+    if (only && strcmp(only, tc->name) != 0) continue;
+    for (int t = 0; t < tc->ntests; t++) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        alarm((unsigned)(tc->timeout + 0.999));
+        tc->tests[t]->fn(0);
+        exit(0);
+      }
+      int status = 0;
+      sr->run++;
+      if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        sr->failed++;
+        fprintf(stderr, "%s:%s: failed (%s %d)\n", tc->name, tc->tests[t]->name,
+                pid > 0 && WIFSIGNALED(status) ? "signal" : "exit",
+                pid > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+      } else if (mode == CK_VERBOSE) {
+        printf("%s:%s: Passed\n", tc->name, tc->tests[t]->name);
+      }
+    }
+  }
+  printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", sr->run ? 100 * (sr->run - sr->failed) / sr->run : 100,
+         sr->run, sr->failed);
+}
+
+int srunner_ntests_failed(SRunner *sr) { return sr->failed; }
+
+void srunner_free(SRunner *sr) {
+  if (!sr) return;
+  for (int c = 0; c < sr->suite->ncases; c++) free(sr->suite->cases[c]);
+  free(sr->suite);
+  free(sr);
+}

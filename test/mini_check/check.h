@@ -1,0 +1,55 @@
+/* check.h - a stand-in for the small part of Check (libcheck) that the device
+ * suite uses, for machines without Check: scripts/gpu-check.sh builds with it
+ * on a GPU machine where nothing can be installed (-Druntime_only=true and no
+ * Check found).  Each test runs in a forked child under its case's timeout;
+ * CK_RUN_CASE picks one case, as in Check.  Not a general replacement. */
+#ifndef GW_MINI_CHECK_H
+#define GW_MINI_CHECK_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct TTest {
+  const char *name;
+  void (*fn)(int);
+} TTest;
+typedef struct TCase TCase;
+typedef struct Suite Suite;
+typedef struct SRunner SRunner;
+enum print_output { CK_SILENT, CK_MINIMAL, CK_NORMAL, CK_VERBOSE };
+
+#define START_TEST(name)                                   \
+  static void name##_fn(int _i);                           \
+  static const TTest name##_ttest = {#name, name##_fn};    \
+  static const TTest *name = &name##_ttest;                \
+  static void name##_fn(int _i __attribute__((unused)))
+#define END_TEST
+
+#define ck_assert_msg(cond, ...)                                                       \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      fprintf(stderr, "%s:%d: Assertion '%s' failed: ", __FILE__, __LINE__, #cond);    \
+      fprintf(stderr, __VA_ARGS__);                                                    \
+      fputc('\n', stderr);                                                             \
+      exit(1);                                                                         \
+    }                                                                                  \
+  } while (0)
+#define ck_assert(cond) ck_assert_msg(cond, "%s", "")
+#define ck_assert_int_eq(a, b)                                                          \
+  do {                                                                                  \
+    intmax_t ck_a_ = (intmax_t)(a), ck_b_ = (intmax_t)(b);                              \
+    ck_assert_msg(ck_a_ == ck_b_, "%s == %jd, %s == %jd", #a, ck_a_, #b, ck_b_);         \
+  } while (0)
+
+Suite *suite_create(const char *name);
+TCase *tcase_create(const char *name);
+void tcase_add_test(TCase *tc, const TTest *t);
+void tcase_set_timeout(TCase *tc, double seconds);
+void suite_add_tcase(Suite *s, TCase *tc);
+SRunner *srunner_create(Suite *s);
+void srunner_run_all(SRunner *sr, enum print_output mode);
+int srunner_ntests_failed(SRunner *sr);
+void srunner_free(SRunner *sr);
+
+#endif

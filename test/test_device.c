@@ -1,0 +1,479 @@
+/* test_device.c - collectives on device memory, ordered on streams.  One
+ * source, two suites:
+ *   - "gpu": the real CUDA device layer.  Exits 77 (meson: skipped) when this
+ *     build has no CUDA or no GPU is visible, so it is never reported passed
+ *     without one.
+ *   - "device-emu" (GW_DEV_EMULATE set): the same cases on the device
+ *     emulator (cuda/dev_emu.c), so the stream-ordered engine, the staging
+ *     pipeline and the misuse errors run on every machine.
+ * Cases: "grid" (GW_TEST_NRANKS ranks: every collective, several dtypes and
+ * ops, counts across staging pieces, in place and not, exact results),
+ * "ordering" (the caller never blocks; slow work ahead on the stream and a
+ * stream closed by a host gate; a chain of operations with one sync at the
+ * end; a request from the gw_i... form), "misuse" (host and device buffers
+ * mixed; another device's memory; a stream on a communicator bound to no
+ * device; the binding rule), "dead-peer" (a rank dies during stream-ordered
+ * operations: the others' streams are released and the async error names
+ * it), "ipc" (a device allocation mapped by another process).
+ * The parent process never touches the device before forking the ranks (a
+ * CUDA process cannot fork usable children). */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm.h" /* comm->devring */
+#include "dev.h"
+#include "harness.h"
+#include "reduce.h" /* fp16/bf16 conversions for expected values */
+
+static const struct gw_dev_ops *dv;
+
+#define DCHECK(call) EXPECT((call) == 0, "%s: %s", #call, dv->error())
+#define GWCHECK(call, comm) EXPECT((call) == GW_SUCCESS, "%s: %s", #call, gw_comm_last_error(comm))
+
+static int nranks_env(void) {
+  const char *e = getenv("GW_TEST_NRANKS");
+  return e ? atoi(e) : 2;
+}
+
+/* ---- values ---------------------------------------------------------------------------- */
+/* Small integers, so every sum, product, max and min is exact in every dtype. */
+static int val(int op, int r, size_t i) {
+  if (op == GW_PROD) return (int)((i + (size_t)r) % 5) - 2;
+  return (int)((i * 7 + (size_t)r * 13) % 23) - 11;
+}
+
+static void store(gw_dtype_t dt, void *buf, size_t i, double v) {
+  switch (dt) {
+    case GW_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case GW_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case GW_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case GW_FLOAT16: ((uint16_t *)buf)[i] = gw__float_to_half((float)v); break;
+    case GW_BFLOAT16: ((uint16_t *)buf)[i] = gw__float_to_bf16((float)v); break;
+    case GW_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case GW_FLOAT64: ((double *)buf)[i] = v; break;
+    default: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  }
+}
+
+static double load(gw_dtype_t dt, const void *buf, size_t i) {
+  switch (dt) {
+    case GW_INT8: return ((const int8_t *)buf)[i];
+    case GW_INT32: return ((const int32_t *)buf)[i];
+    case GW_INT64: return (double)((const int64_t *)buf)[i];
+    case GW_FLOAT16: return gw__half_to_float(((const uint16_t *)buf)[i]);
+    case GW_BFLOAT16: return gw__bf16_to_float(((const uint16_t *)buf)[i]);
+    case GW_FLOAT32: return ((const float *)buf)[i];
+    case GW_FLOAT64: return ((const double *)buf)[i];
+    default: return ((const uint8_t *)buf)[i];
+  }
+}
+
+/* The reduction of element i over n ranks, as the dtype holds it. */
+static double expect_reduce(gw_dtype_t dt, int op, int n, size_t i) {
+  double acc = val(op, 0, i);
+  for (int r = 1; r < n; r++) {
+    double x = val(op, r, i);
+    acc = op == GW_PROD ? acc * x : op == GW_MAX ? fmax(acc, x) : op == GW_MIN ? fmin(acc, x) : acc + x;
+  }
+  if (op != GW_AVG) return acc;
+  if (!test_is_float(dt)) return (double)((long long)acc / n); /* C division, as the kernels */
+  char tmp[8];
+  store(dt, tmp, 0, dt == GW_FLOAT64 ? acc / n : (double)((float)acc / (float)n));
+  return load(dt, tmp, 0);
+}
+
+/* ---- the grid ------------------------------------------------------------------------------ */
+static const size_t grid_counts[] = {0, 1, 7, 1023, 65537, 300007};
+#define MAXC 300007
+static const gw_dtype_t grid_dtypes[] = {GW_INT8, GW_INT32, GW_FLOAT16, GW_BFLOAT16, GW_FLOAT32, GW_FLOAT64};
+
+struct grid_bufs {
+  char *dsend, *drecv, *hin, *hout;
+  size_t bytes;
+  gw_dev_stream_t s;
+};
+
+/* One call: inputs up, the collective, outputs down, then a check of every element. */
+static int grid_one(gw_comm_t comm, int rank, int n, struct grid_bufs *b, int coll, gw_dtype_t dt, int op,
+                    size_t count, int in_place) {
+  size_t es = gw_dtype_size(dt);
+  size_t in_elems = coll == 3 ? count * (size_t)n : count, out_elems = coll == 2 ? count * (size_t)n : count;
+  int root = (int)(count % (size_t)n);
+  char *send = b->dsend, *recv = b->drecv;
+  if (in_place) {
+    send = recv;
+    if (coll == 2) send = recv + (size_t)rank * count * es;
+    if (coll == 3) recv = send + (size_t)rank * count * es;
+  }
+  /* Garbage in the output first, so an unwritten element shows. */
+  memset(b->hout, 0xA5, out_elems * es + 64);
+  DCHECK(dv->memcpy_async(b->drecv, b->hout, (coll == 2 ? out_elems : in_elems) * es, b->s));
+  for (size_t i = 0; i < in_elems; i++) store(dt, b->hin, i, val(op, rank, i));
+  DCHECK(dv->memcpy_async(send, b->hin, in_elems * es, b->s));
+  gw_result_t r;
+  switch (coll) {
+    case 0: r = gw_allreduce(send, recv, count, dt, (gw_op_t)op, comm, b->s); break;
+    case 1: r = gw_broadcast(send, recv, count, dt, root, comm, b->s); break;
+    case 2: r = gw_allgather(send, recv, count, dt, comm, b->s); break;
+    default: r = gw_reduce_scatter(send, recv, count, dt, (gw_op_t)op, comm, b->s); break;
+  }
+  EXPECT(r == GW_SUCCESS, "coll %d %s count %zu: %s", coll, gw_dtype_name(dt), count, gw_comm_last_error(comm));
+  DCHECK(dv->memcpy_async(b->hout, recv, out_elems * es, b->s));
+  DCHECK(dv->stream_sync(b->s));
+  gw_result_t async;
+  EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS && async == GW_SUCCESS, "async error: %s",
+         gw_comm_last_error(comm));
+  for (size_t i = 0; i < out_elems; i++) {
+    double want;
+    if (coll == 0) want = expect_reduce(dt, op, n, i);
+    else if (coll == 1) want = val(op, root, i);
+    else if (coll == 2) want = val(op, (int)(i / count), i % count);
+    else want = expect_reduce(dt, op, n, (size_t)rank * count + i);
+    double got = load(dt, b->hout, i);
+    EXPECT(got == want, "%s(%s, %s, count %zu, %s): element %zu is %g, expected %g",
+           coll == 0 ? "allreduce" : coll == 1 ? "broadcast" : coll == 2 ? "allgather" : "reduce_scatter",
+           gw_dtype_name(dt), gw_op_name((gw_op_t)op), count, in_place ? "in place" : "out of place", i, got, want);
+  }
+  return 0;
+}
+
+static int body_grid(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  EXPECT(dv, "no device layer: %s", gw__dev_absent_reason());
+  struct grid_bufs b = {.bytes = (size_t)MAXC * (size_t)n * 8 + 64};
+  DCHECK(dv->stream_create(&b.s));
+  DCHECK(dv->alloc((void **)&b.dsend, b.bytes));
+  DCHECK(dv->alloc((void **)&b.drecv, b.bytes));
+  DCHECK(dv->host_alloc((void **)&b.hin, b.bytes));
+  DCHECK(dv->host_alloc((void **)&b.hout, b.bytes));
+  static const int ar_ops[] = {GW_SUM, GW_PROD, GW_MAX, GW_MIN, GW_AVG};
+  for (size_t d = 0; d < sizeof grid_dtypes / sizeof *grid_dtypes; d++) {
+    for (size_t c = 0; c < sizeof grid_counts / sizeof *grid_counts; c++) {
+      size_t count = grid_counts[c];
+      if (count == MAXC && grid_dtypes[d] != GW_FLOAT32 && grid_dtypes[d] != GW_BFLOAT16) continue;
+      for (int in_place = 0; in_place < 2; in_place++) {
+        for (size_t o = 0; o < 5; o++)
+          if (grid_one(comm, rank, n, &b, 0, grid_dtypes[d], ar_ops[o], count, in_place)) return 1;
+        if (grid_one(comm, rank, n, &b, 1, grid_dtypes[d], GW_SUM, count, in_place)) return 1;
+        if (grid_one(comm, rank, n, &b, 2, grid_dtypes[d], GW_SUM, count, in_place)) return 1;
+        if (grid_one(comm, rank, n, &b, 3, grid_dtypes[d], GW_SUM, count, in_place)) return 1;
+        if (grid_one(comm, rank, n, &b, 3, grid_dtypes[d], GW_AVG, count, in_place)) return 1;
+      }
+    }
+  }
+  DCHECK(dv->free(b.dsend));
+  DCHECK(dv->free(b.drecv));
+  DCHECK(dv->host_free(b.hin));
+  DCHECK(dv->host_free(b.hout));
+  DCHECK(dv->stream_destroy(b.s));
+  return 0;
+}
+
+START_TEST(grid) { ck_assert_int_eq(run_ranks(nranks_env(), body_grid, NULL, 1200), 0); }
+END_TEST
+
+/* ---- ordering ------------------------------------------------------------------------------- */
+static _Atomic uint64_t *gate;
+static _Atomic int gate_forced;
+
+static void *gate_watchdog(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 2000 && atomic_load(gate) == 0; i++) usleep(10000);
+  if (atomic_load(gate) == 0) atomic_store(&gate_forced, 1);
+  atomic_store(gate, 1);
+  return NULL;
+}
+
+static int body_ordering(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  const size_t count = 1 << 20;
+  gw_dev_stream_t s;
+  int32_t *din, *dout, *h;
+  DCHECK(dv->stream_create(&s));
+  DCHECK(dv->alloc((void **)&din, count * 4));
+  DCHECK(dv->alloc((void **)&dout, count * 4));
+  DCHECK(dv->host_alloc((void **)&h, count * 4));
+  DCHECK(dv->host_alloc((void **)&gate, 64));
+
+  /* 1. The stream is closed by a host gate the test opens only after the call
+   * returned: a call that waited for its stream would never return (the
+   * watchdog opens the gate after 20 s and the case fails).  Behind the gate
+   * comes slow work, then the input: an operation that did not wait for its
+   * stream would read the garbage put there first. */
+  memset(h, 0xff, count * 4);
+  DCHECK(dv->memcpy_async(din, h, count * 4, s));
+  DCHECK(dv->stream_sync(s));
+  for (size_t i = 0; i < count; i++) h[i] = (int32_t)(i % 1000) + rank;
+  pthread_t wd;
+  pthread_create(&wd, NULL, gate_watchdog, NULL);
+  DCHECK(dv->flag_wait((uint64_t *)gate, 1, s));
+  DCHECK(dv->sleep_async(0.2, s));
+  DCHECK(dv->memcpy_async(din, h, count * 4, s));
+  GWCHECK(gw_allreduce(din, dout, count, GW_INT32, GW_SUM, comm, s), comm);
+  EXPECT(atomic_load(gate) == 0, "gw_allreduce blocked until its stream got to it");
+  int idle = 1;
+  DCHECK(dv->stream_idle(s, &idle));
+  EXPECT(!idle, "the stream finished before its gate opened");
+  atomic_store(gate, 1);
+  int32_t *hout = h; /* reuse the pinned buffer for the result */
+  DCHECK(dv->memcpy_async(hout, dout, count * 4, s));
+  DCHECK(dv->stream_sync(s));
+  EXPECT(!atomic_load(&gate_forced), "the gate had to be forced open");
+  for (size_t i = 0; i < count; i++)
+    EXPECT(hout[i] == (int32_t)(n * (int)(i % 1000) + n * (n - 1) / 2), "element %zu is %d", i, hout[i]);
+  pthread_join(wd, NULL);
+
+  /* 2. A chain: out = allreduce(out) ten times with no host sync between. */
+  for (size_t i = 0; i < count; i++) h[i] = 1;
+  DCHECK(dv->memcpy_async(dout, h, count * 4, s));
+  for (int k = 0; k < 10; k++) GWCHECK(gw_allreduce(dout, dout, count, GW_INT32, GW_SUM, comm, s), comm);
+  DCHECK(dv->memcpy_async(h, dout, count * 4, s));
+  DCHECK(dv->stream_sync(s));
+  int32_t want = 1;
+  for (int k = 0; k < 10; k++) want *= n;
+  for (size_t i = 0; i < count; i++) EXPECT(h[i] == want, "chain: element %zu is %d, expected %d", i, h[i], want);
+
+  /* 3. The request form on a stream, and a host-memory call ordered on it. */
+  gw_request_t req;
+  for (size_t i = 0; i < count; i++) h[i] = rank + 1;
+  DCHECK(dv->memcpy_async(din, h, count * 4, s));
+  GWCHECK(gw_iallreduce(din, dout, count, GW_INT32, GW_MAX, comm, s, &req), comm);
+  GWCHECK(gw_wait(&req), comm);
+  int32_t *hh = malloc(64 * 4);
+  for (int i = 0; i < 64; i++) hh[i] = rank;
+  GWCHECK(gw_allreduce(hh, hh, 64, GW_INT32, GW_SUM, comm, s), comm);
+  DCHECK(dv->memcpy_async(h, dout, count * 4, s));
+  DCHECK(dv->stream_sync(s));
+  for (size_t i = 0; i < count; i++) EXPECT(h[i] == n, "request: element %zu is %d", i, h[i]);
+  for (int i = 0; i < 64; i++) EXPECT(hh[i] == n * (n - 1) / 2, "host memory on a stream: element %d is %d", i, hh[i]);
+  free(hh);
+  /* A blocking host call after stream work queues behind it. */
+  int32_t one = 1;
+  GWCHECK(gw_allreduce(&one, &one, 1, GW_INT32, GW_SUM, comm, NULL), comm);
+  EXPECT(one == n, "blocking call after stream calls: %d", one);
+  /* Device buffers with no stream: the default stream, and the call blocks. */
+  for (size_t i = 0; i < count; i++) h[i] = 2;
+  DCHECK(dv->memcpy_async(din, h, count * 4, NULL));
+  DCHECK(dv->stream_sync(NULL));
+  GWCHECK(gw_allreduce(din, dout, count, GW_INT32, GW_SUM, comm, NULL), comm);
+  DCHECK(dv->memcpy_async(h, dout, count * 4, NULL));
+  DCHECK(dv->stream_sync(NULL));
+  for (size_t i = 0; i < count; i++) EXPECT(h[i] == 2 * n, "no stream: element %zu is %d", i, h[i]);
+  DCHECK(dv->free(din));
+  DCHECK(dv->free(dout));
+  DCHECK(dv->host_free(h));
+  DCHECK(dv->stream_destroy(s));
+  return 0;
+}
+
+START_TEST(ordering) { ck_assert_int_eq(run_ranks(2, body_ordering, NULL, 300), 0); }
+END_TEST
+
+/* ---- misuse ------------------------------------------------------------------------------------ */
+static int expect_error(gw_result_t r, gw_result_t code, gw_comm_t comm, const char *needle, int rank) {
+  EXPECT(r == code, "expected %s, got %s (%s)", gw_strerror(code), gw_strerror(r), gw_comm_last_error(comm));
+  EXPECT(strstr(gw_comm_last_error(comm), needle), "message '%s' lacks '%s'", gw_comm_last_error(comm), needle);
+  return 0;
+}
+
+static int body_misuse(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  int ndev = 0;
+  DCHECK(dv->device_count(&ndev));
+  /* Rank 1 picks its device before init: the communicator keeps it. */
+  if (rank == 1) DCHECK(dv->set_device(ndev - 1));
+  gw_comm_t comm;
+  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  int dev = -2;
+  GWCHECK(gw_comm_device(comm, &dev), comm);
+  EXPECT(dev == (rank == 1 ? ndev - 1 : 0), "bound to device %d", dev);
+  int32_t host[16] = {0}, *d = NULL;
+  gw_dev_stream_t s;
+  DCHECK(dv->stream_create(&s));
+  DCHECK(dv->alloc((void **)&d, 64));
+  if (expect_error(gw_allreduce(d, host, 16, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm,
+                   "sendbuf is device memory but recvbuf is host memory", rank))
+    return 1;
+  if (expect_error(gw_allgather(host, d, 4, GW_INT32, comm, NULL), GW_ERR_INVALID_ARGUMENT, comm,
+                   "sendbuf is host memory but recvbuf is device memory", rank))
+    return 1;
+  if (ndev > 1) {
+    /* Memory of another device than the communicator's. */
+    int other = (dev + 1) % ndev, *od = NULL;
+    DCHECK(dv->set_device(other));
+    DCHECK(dv->alloc((void **)&od, 64));
+    DCHECK(dv->set_device(dev));
+    char want[64];
+    snprintf(want, sizeof want, "recvbuf is memory of device %d", other);
+    if (expect_error(gw_allreduce(d, od, 16, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm, want, rank))
+      return 1;
+    DCHECK(dv->free(od));
+  }
+  /* The communicator still works after refused calls. */
+  int32_t v = rank;
+  GWCHECK(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, s), comm);
+  DCHECK(dv->stream_sync(s));
+  EXPECT(v == n * (n - 1) / 2, "after misuse: %d", v);
+  if (comm->devring) {
+    /* On the device ring, device buffers on one rank and host buffers on the
+     * other in the same call are a mismatch (the payload would be in the wrong
+     * place), reported on both: rank 0's asynchronously. */
+    gw_result_t r = rank == 0 ? gw_allreduce(d, d, 16, GW_INT32, GW_SUM, comm, s)
+                              : gw_allreduce(host, host, 16, GW_INT32, GW_SUM, comm, NULL);
+    DCHECK(dv->stream_sync(s));
+    gw_result_t async = GW_SUCCESS;
+    GWCHECK(gw_comm_get_async_error(comm, &async), comm);
+    EXPECT((rank == 0 ? r == GW_SUCCESS && async == GW_ERR_INVALID_ARGUMENT : r == GW_ERR_INVALID_ARGUMENT),
+           "host/device mismatch: returned %s, async %s", gw_strerror(r), gw_strerror(async));
+    EXPECT(strstr(gw_comm_last_error(comm), "differ") && strstr(gw_comm_last_error(comm), "on device memory"),
+           "message: %s", gw_comm_last_error(comm));
+  }
+  gw_comm_destroy(comm);
+
+  /* A communicator bound to no device refuses streams and device memory. */
+  setenv("GW_DEVICE", "none", 1);
+  GWCHECK(gw_comm_init(&comm, 1, 0, NULL), NULL);
+  GWCHECK(gw_comm_device(comm, &dev), comm);
+  EXPECT(dev == -1, "GW_DEVICE=none bound device %d", dev);
+  if (expect_error(gw_allreduce(host, host, 16, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm,
+                   "bound to no device", rank))
+    return 1;
+  if (expect_error(gw_allreduce(d, d, 16, GW_INT32, GW_SUM, comm, NULL), GW_ERR_INVALID_ARGUMENT, comm,
+                   "bound to no device", rank))
+    return 1;
+  gw_comm_destroy(comm);
+  unsetenv("GW_DEVICE");
+  setenv("GW_DEVICE", "99", 1);
+  EXPECT(gw_comm_init(&comm, 1, 0, NULL) == GW_ERR_INVALID_ARGUMENT, "GW_DEVICE=99 accepted");
+  EXPECT(strstr(gw_comm_last_error(NULL), "GW_DEVICE=99"), "message: %s", gw_comm_last_error(NULL));
+  unsetenv("GW_DEVICE");
+  DCHECK(dv->free(d));
+  DCHECK(dv->stream_destroy(s));
+  return 0;
+}
+
+START_TEST(misuse) { ck_assert_int_eq(run_ranks_raw(2, body_misuse, NULL, 120), 0); }
+END_TEST
+
+/* ---- a peer dies ------------------------------------------------------------------------------------ */
+static int body_dead_peer(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  gw_comm_set_timeout(comm, 20);
+  const size_t count = 1 << 16;
+  gw_dev_stream_t s;
+  int32_t *d;
+  DCHECK(dv->stream_create(&s));
+  DCHECK(dv->alloc((void **)&d, count * 4));
+  GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s), comm);
+  DCHECK(dv->stream_sync(s));
+  if (rank == 1) _exit(3); /* dies between operations, its peers about to call the next */
+  double t0 = test_now();
+  for (int k = 0; k < 4; k++) GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s), comm);
+  DCHECK(dv->stream_sync(s)); /* released, not hung */
+  double took = test_now() - t0;
+  gw_result_t async = GW_SUCCESS;
+  GWCHECK(gw_comm_get_async_error(comm, &async), comm);
+  EXPECT(async == GW_ERR_REMOTE || async == GW_ERR_TIMEOUT, "async error %s", gw_strerror(async));
+  EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  EXPECT(took < 15, "the streams were released after %.1f s", took);
+  /* Later calls are refused at once and still release their stream. */
+  GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s), comm);
+  DCHECK(dv->stream_sync(s));
+  (void)n;
+  return 0;
+}
+
+START_TEST(dead_peer) {
+  /* Exactly the killed rank fails (exit code 3). */
+  ck_assert_int_eq(run_ranks(3, body_dead_peer, NULL, 120), 1);
+}
+END_TEST
+
+/* ---- IPC ------------------------------------------------------------------------------------------ */
+static int body_ipc(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  (void)n;
+  dv = gw__dev();
+  const size_t bytes = 1 << 20;
+  uint8_t *h;
+  void *mine = NULL;
+  struct gw_dev_ipc handle;
+  DCHECK(dv->host_alloc((void **)&h, bytes));
+  if (rank == 0) {
+    DCHECK(dv->alloc(&mine, bytes));
+    for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)(i * 31 + 7);
+    DCHECK(dv->memcpy_async(mine, h, bytes, NULL));
+    DCHECK(dv->stream_sync(NULL));
+    DCHECK(dv->ipc_get(mine, &handle));
+    EXPECT(dv->ipc_open(&handle, &(void *){NULL}) != 0, "opened its own IPC handle");
+  }
+  GWCHECK(gw_broadcast(&handle, &handle, sizeof handle, GW_UINT8, 0, comm, NULL), comm);
+  if (rank == 1) {
+    void *peer = NULL;
+    DCHECK(dv->ipc_open(&handle, &peer));
+    int is_dev = 0, dev = -1;
+    DCHECK(dv->ptr_kind(peer, &is_dev, &dev));
+    EXPECT(is_dev, "an IPC mapping is not device memory");
+    DCHECK(dv->memcpy_async(h, peer, bytes, NULL));
+    DCHECK(dv->stream_sync(NULL));
+    for (size_t i = 0; i < bytes; i++) EXPECT(h[i] == (uint8_t)(i * 31 + 7), "byte %zu is %u", i, h[i]);
+    memset(h, 0x5a, bytes);
+    DCHECK(dv->memcpy_async(peer, h, bytes, NULL));
+    DCHECK(dv->stream_sync(NULL));
+    DCHECK(dv->ipc_close(peer));
+  }
+  GWCHECK(gw_barrier(comm), comm);
+  if (rank == 0) {
+    DCHECK(dv->memcpy_async(h, mine, bytes, NULL));
+    DCHECK(dv->stream_sync(NULL));
+    for (size_t i = 0; i < bytes; i++) EXPECT(h[i] == 0x5a, "byte %zu is %u after the peer wrote", i, h[i]);
+    DCHECK(dv->free(mine));
+  }
+  DCHECK(dv->host_free(h));
+  return 0;
+}
+
+START_TEST(ipc) { ck_assert_int_eq(run_ranks(2, body_ipc, NULL, 120), 0); }
+END_TEST
+
+/* In a child, so this process never initializes CUDA (its forks could not use it). */
+static int device_present(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    const struct gw_dev_ops *d = gw__dev();
+    if (!d) fprintf(stderr, "SKIP: %s\n", gw__dev_absent_reason());
+    _exit(d ? 0 : 77);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return 0;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int main(void) {
+  if (!device_present()) return 77;
+  Suite *s = suite_create(getenv("GW_DEV_EMULATE") ? "device-emu" : "gpu");
+  TCase *tc = tcase_create("grid");
+  tcase_add_test(tc, grid);
+  tcase_set_timeout(tc, 1300);
+  suite_add_tcase(s, tc);
+  const char *names[] = {"ordering", "misuse", "dead-peer", "ipc"};
+  const TTest *tests[] = {ordering, misuse, dead_peer, ipc};
+  for (int i = 0; i < 4; i++) {
+    tc = tcase_create(names[i]);
+    tcase_add_test(tc, tests[i]);
+    tcase_set_timeout(tc, 300);
+    suite_add_tcase(s, tc);
+  }
+  return run_suite(s);
+}
