@@ -5,7 +5,7 @@
 # switch namespace of its own; addresses 10.79.0.K+1/24 exist only inside these
 # namespaces.  On each node gw-run starts RPN ranks (default 2).  Checks: the collective grid
 # across the nodes (GW_TEST_MAX_COUNT, default 65537), same-node pairs on shm and
-# cross-node pairs on tcp, gw-perf with checking, the (hierarchical) tree,
+# cross-node pairs on tcp, gw-perf with checking (also on emulated device buffers), the (hierarchical) tree,
 # everything forced onto tcp, and
 # (when built with libibverbs) the same over the ib transport's verbs emulator.
 # The namespaces are removed on exit, also when a check fails.  Exits 77 (meson:
@@ -84,6 +84,12 @@ GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT run_job grid 900 "$build/test/test_collective
 [ "$rpn" -gt 1 ] && expect_in_logs grid "via shm" "same-node pairs use shm"
 expect_in_logs grid "via tcp 10.79.0" "cross-node pairs use tcp"
 run_job perf 300 "$build/tools/gw-perf" -b 8 -e 16M -f 8 -n 3 -w 1 -c 1 -d all
+# Device buffers (emulated GPUs) across machines: no device ring (its neighbours
+# are not all on one machine), so they go through pinned host staging, every
+# result checked.
+GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT run_job perf-device 300 \
+  "$build/tools/gw-perf" -D -b 8 -e 4M -f 8 -n 2 -w 1 -c 1 -d all
+expect_in_logs perf-device "no device ring" "device buffers across machines go through staging"
 # The tree across machines: hierarchical (a chain inside each machine) when a
 # machine has several ranks; the tree's counts around its half split and chunks.
 GW_ALGO=tree GW_TEST_COUNTS=0,1,7,9,64,65,1023,65537,131073 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT \
@@ -104,6 +110,8 @@ if [ -e "$build/test/test_ib" ]; then
   expect_in_logs grid-ib "via ib gwemu0" "cross-node pairs use ib (emulated)"
   [ "$rpn" -gt 1 ] && expect_in_logs grid-ib "via shm" "same-node pairs still use shm"
   GW_IB_EMULATE=1 run_job perf-ib 300 "$build/tools/gw-perf" -b 8 -e 16M -f 8 -n 3 -w 1 -c 1 -d all
+  GW_IB_EMULATE=1 GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 run_job perf-device-ib 300 \
+    "$build/tools/gw-perf" -D -b 8 -e 4M -f 8 -n 2 -w 1 -c 1 -d all
 fi
 echo "netns: $failures failed"
 [ $failures -eq 0 ]
