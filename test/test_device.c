@@ -14,7 +14,9 @@
  * mixed; another device's memory; a stream on a communicator bound to no
  * device; the binding rule), "dead-peer" (a rank dies during stream-ordered
  * operations: the others' streams are released and the async error names
- * it), "ipc" (a device allocation mapped by another process).
+ * it), "destroy" (a communicator destroyed while its stream never reached an
+ * operation gives up after the timeout and releases the stream), "ipc" (a
+ * device allocation mapped by another process).
  * The parent process never touches the device before forking the ranks (a
  * CUDA process cannot fork usable children). */
 #include <check.h>
@@ -400,6 +402,33 @@ START_TEST(dead_peer) {
 }
 END_TEST
 
+/* ---- destroy with an operation its stream never reaches ------------------------------------------- */
+static int body_destroy(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  gw_comm_t comm;
+  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  gw_comm_set_timeout(comm, 2);
+  gw_dev_stream_t s;
+  uint64_t *closed;
+  int32_t *d;
+  DCHECK(dv->stream_create(&s));
+  DCHECK(dv->host_alloc((void **)&closed, 64));
+  DCHECK(dv->alloc((void **)&d, 4096));
+  DCHECK(dv->flag_wait(closed, 1, s)); /* never opened before the destroy */
+  GWCHECK(gw_allreduce(d, d, 1024, GW_INT32, GW_SUM, comm, s), comm);
+  double t0 = test_now();
+  gw_comm_destroy(comm); /* gives up on the operation after the timeout instead of hanging */
+  double took = test_now() - t0;
+  EXPECT(took < 10, "gw_comm_destroy took %.1f s", took);
+  atomic_store((_Atomic uint64_t *)closed, 1);
+  DCHECK(dv->stream_sync(s)); /* the stream was released */
+  return 0;
+}
+
+START_TEST(destroy) { ck_assert_int_eq(run_ranks_raw(2, body_destroy, NULL, 60), 0); }
+END_TEST
+
 /* ---- IPC ------------------------------------------------------------------------------------------ */
 static int body_ipc(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
@@ -467,9 +496,9 @@ int main(void) {
   tcase_add_test(tc, grid);
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
-  const char *names[] = {"ordering", "misuse", "dead-peer", "ipc"};
-  const TTest *tests[] = {ordering, misuse, dead_peer, ipc};
-  for (int i = 0; i < 4; i++) {
+  const char *names[] = {"ordering", "misuse", "dead-peer", "destroy", "ipc"};
+  const TTest *tests[] = {ordering, misuse, dead_peer, destroy, ipc};
+  for (int i = 0; i < 5; i++) {
     tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);
