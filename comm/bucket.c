@@ -22,6 +22,7 @@
 #include "comm.h"
 #include "core.h"
 #include "gradwire.h"
+#include "reduce.h"
 
 struct interval {
   size_t lo, hi; /* [lo, hi) */
@@ -43,6 +44,10 @@ struct gw_bucketer {
   int niv, cap_iv;
   double first_start, last_ready;
   struct gw_bucketer_times last; /* of the last completed step */
+  /* gw_bucketer_set_wire: the dtype buckets travel in (== dtype: as they are),
+   * and the buffer they are converted into for it. */
+  gw_dtype_t wire;
+  char *wbuf;
 };
 
 static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -109,7 +114,7 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
   }
   memcpy(b->bounds, bounds, (size_t)(nbuckets + 1) * sizeof *b->bounds);
   b->comm = comm, b->buf = buf, b->count = count, b->esize = gw_dtype_size(dtype);
-  b->dtype = dtype, b->op = op, b->n = nbuckets;
+  b->dtype = dtype, b->op = op, b->n = nbuckets, b->wire = dtype;
   *out = b;
   return GW_SUCCESS;
 }
@@ -167,9 +172,14 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
   while (b->next < b->n && b->ready[b->next] == b->bounds[b->next + 1] - b->bounds[b->next]) {
     int k = b->next;
     void *p = b->buf + b->bounds[k] * b->esize;
+    size_t n = b->bounds[k + 1] - b->bounds[k];
     if (k == 0) b->first_start = gw__now();
-    gw_result_t res =
-        gw_iallreduce(p, p, b->bounds[k + 1] - b->bounds[k], b->dtype, b->op, b->comm, NULL, &b->req[k]);
+    if (b->wire != b->dtype) { /* float32 into the 16-bit wire format; back in wait_started */
+      void *w = b->wbuf + b->bounds[k] * 2;
+      gw__cvt_from_f32(b->wire, w, p, n);
+      p = w;
+    }
+    gw_result_t res = gw_iallreduce(p, p, n, b->wire, b->op, b->comm, NULL, &b->req[k]);
     if (res != GW_SUCCESS) return res; /* the communicator holds the message */
     b->next++;
   }
@@ -209,6 +219,9 @@ static gw_result_t wait_started(struct gw_bucketer *b) {
   gw_result_t first = GW_SUCCESS;
   for (int k = 0; k < b->next; k++) {
     gw_result_t res = gw_wait(&b->req[k]);
+    if (res == GW_SUCCESS && b->wire != b->dtype)
+      gw__cvt_to_f32(b->wire, (float *)(b->buf + b->bounds[k] * b->esize), b->wbuf + b->bounds[k] * 2,
+                     b->bounds[k + 1] - b->bounds[k]);
     if (first == GW_SUCCESS) first = res;
   }
   return first;
@@ -231,6 +244,25 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
   return GW_SUCCESS;
 }
 
+gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: bucketer is NULL");
+  if (b->next || b->marked)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: a step is under way (call it between "
+                "gw_bucketer_wait and the next gw_bucketer_ready)");
+  if (wire == b->dtype) {
+    b->wire = wire;
+    return GW_SUCCESS;
+  }
+  if (b->dtype != GW_FLOAT32 || (wire != GW_BFLOAT16 && wire != GW_FLOAT16))
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: %s gradients can travel as themselves%s, "
+                "not as %s", gw_dtype_name(b->dtype), b->dtype == GW_FLOAT32 ? ", bfloat16 or float16" : "",
+                gw_dtype_name(wire));
+  if (!b->wbuf && !(b->wbuf = malloc(b->count * 2)))
+    return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_wire: out of memory for %zu wire elements", b->count);
+  b->wire = wire;
+  return GW_SUCCESS;
+}
+
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
   if (!b || !t) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: NULL argument");
   *t = b->last;
@@ -240,6 +272,6 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 void gw_bucketer_destroy(gw_bucketer_t b) {
   if (!b) return;
   if (b->req) wait_started(b);
-  free(b->bounds), free(b->ready), free(b->req), free(b->iv);
+  free(b->bounds), free(b->ready), free(b->req), free(b->iv), free(b->wbuf);
   free(b);
 }

@@ -214,6 +214,13 @@ gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
 /* Waits for every bucket's allreduce.  Fails (without waiting forever) when some
  * bucket was never completely marked, naming it.  Resets for the next step. */
 gw_result_t gw_bucketer_wait(gw_bucketer_t b);
+/* The format buckets travel in: the buffer's own dtype (the default), or for
+ * a float32 buffer GW_BFLOAT16 or GW_FLOAT16: each bucket is rounded to 16 bits
+ * when it starts (half the bytes on the wire), every reduction step of the
+ * allreduce computes in float32 and rounds once, and the result comes back
+ * into the float32 buffer by gw_bucketer_wait (the same on every rank).  Every
+ * rank must choose the same; only between steps. */
+gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
 /* Timing of the last completed step, in seconds on the monotonic clock: when the
  * first allreduce started, when the last bucket became ready, and when wait()
  * returned. */

@@ -91,3 +91,26 @@ float gw__half_to_float(uint16_t h) { return cvt_h2f(h); }
 uint16_t gw__float_to_half(float f) { return cvt_f2h(f); }
 float gw__bf16_to_float(uint16_t h) { return cvt_bf2f(h); }
 uint16_t gw__float_to_bf16(float f) { return cvt_f2bf(f); }
+
+/* The conversions of the instruction set the kernels were chosen for. */
+void gw__cvt_from_f32(gw_dtype_t to, void *dst, const float *src, size_t n) {
+  const gw_reduce_table_t *t = gw__reduce_table();
+  int bf = to == GW_BFLOAT16;
+#ifdef GW_HAVE_X86_SIMD
+  if (t == &gw__reduce_table_avx512) return gw__cvt_to16_avx512(bf, dst, src, n);
+  if (t == &gw__reduce_table_avx2) return gw__cvt_to16_avx2(bf, dst, src, n);
+#endif
+  (void)t;
+  gw__cvt_to16_generic(bf, dst, src, n);
+}
+
+void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n) {
+  const gw_reduce_table_t *t = gw__reduce_table();
+  int bf = from == GW_BFLOAT16;
+#ifdef GW_HAVE_X86_SIMD
+  if (t == &gw__reduce_table_avx512) return gw__cvt_from16_avx512(bf, dst, src, n);
+  if (t == &gw__reduce_table_avx2) return gw__cvt_from16_avx2(bf, dst, src, n);
+#endif
+  (void)t;
+  gw__cvt_from16_generic(bf, dst, src, n);
+}

@@ -26,6 +26,16 @@ extern const gw_reduce_table_t gw__reduce_table_generic;
 extern const gw_reduce_table_t gw__reduce_table_avx2;
 extern const gw_reduce_table_t gw__reduce_table_avx512;
 #endif
+/* The same instruction-set builds of the float32 <-> 16-bit array conversions
+ * (bf16 != 0: bfloat16, else float16); gw__cvt_* below pick one. */
+#define GW_DECL_CVT(SUF)                                                                \
+  void gw__cvt_to16_##SUF(int bf16, uint16_t *restrict d, const float *restrict s, size_t n); \
+  void gw__cvt_from16_##SUF(int bf16, float *restrict d, const uint16_t *restrict s, size_t n);
+GW_DECL_CVT(generic)
+#ifdef GW_HAVE_X86_SIMD
+GW_DECL_CVT(avx2)
+GW_DECL_CVT(avx512)
+#endif
 
 /* The table for this CPU (GW_SIMD=generic|avx2|avx512 forces a lower one). */
 const gw_reduce_table_t *gw__reduce_table(void);
@@ -42,6 +52,11 @@ void gw__copy2(void *dst0, void *dst1, const void *src, size_t bytes);
 /* dst = src with non-temporal stores: for large outputs that will not be read
  * again soon, it saves the read-for-ownership of every destination line. */
 void gw__copy_stream(void *dst, const void *src, size_t bytes);
+
+/* Arrays between float32 and a 16-bit dtype (GW_FLOAT16 or GW_BFLOAT16),
+ * rounding to nearest even (the gradient bucketer's wire format). */
+void gw__cvt_from_f32(gw_dtype_t to, void *dst, const float *src, size_t n);
+void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n);
 
 /* Scalar conversions, exact and round-to-nearest-even (exposed for tests). */
 float gw__half_to_float(uint16_t h);

@@ -163,3 +163,30 @@ const gw_reduce_table_t TABLE = {
     [GW_INT64] = ROW(i64),   [GW_FLOAT16] = ROW(f16),   [GW_BFLOAT16] = ROW(bf16),
     [GW_FLOAT32] = ROW(f32), [GW_FLOAT64] = ROW(f64),
 };
+
+/* float32 <-> 16-bit arrays (the bucketer's wire format): F16C for fp16 where
+ * the build has it, integer rounding for bf16 (vectorized by the compiler). */
+void CAT(gw__cvt_to16_, GW_SIMD_SUFFIX)(int bf16, uint16_t *restrict d, const float *restrict s, size_t n) {
+  size_t i = 0;
+  if (bf16) {
+    for (; i < n; i++) d[i] = cvt_f2bf(s[i]);
+    return;
+  }
+#if defined(__F16C__) && defined(__AVX2__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; i++) d[i] = cvt_f2h(s[i]);
+}
+
+void CAT(gw__cvt_from16_, GW_SIMD_SUFFIX)(int bf16, float *restrict d, const uint16_t *restrict s, size_t n) {
+  size_t i = 0;
+  if (bf16) {
+    for (; i < n; i++) d[i] = cvt_bf2f(s[i]);
+    return;
+  }
+#if defined(__F16C__) && defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+  for (; i < n; i++) d[i] = cvt_h2f(s[i]);
+}

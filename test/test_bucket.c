@@ -8,13 +8,20 @@
  * - marking an element twice, or outside the buffer, is refused with a message;
  *   a bucket never completed makes wait fail naming it, after the buckets that
  *   were started finished, and the next step works;
- * - the step's timestamps are ordered.
+ * - the step's timestamps are ordered;
+ * - a 16-bit wire (gw_bucketer_set_wire, bfloat16 and float16, SUM and AVG) on
+ *   3 ranks: every result is a value of the wire dtype, within the rounding
+ *   bound of the exact float32 sum, and bit-identical on every rank; back to
+ *   float32 the sums are exact again; wrong wire dtypes and a change during a
+ *   step are refused.
  */
 #include <check.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+#include "reduce.h" /* gw__cvt_* */
 
 START_TEST(test_bounds) {
   size_t b[16];
@@ -108,6 +115,78 @@ static int body_avg(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_avg) { ck_assert_int_eq(run_ranks(2, body_avg, NULL, 60), 0); }
 END_TEST
 
+static float wire_val(int r, int i) { return (float)((double)(mix64((uint64_t)(i * 7 + r)) >> 11) * 0x1p-52 - 1.0); }
+
+static int body_wire(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  enum { M = 50000 };
+  static float g[M];
+  size_t bounds[64];
+  int nb = gw_bucket_bounds(M, sizeof(float), 4096, 65536, bounds, 64);
+  for (int wi = 0; wi < 2; wi++) {
+    gw_dtype_t wire = wi == 0 ? GW_BFLOAT16 : GW_FLOAT16;
+    double u = wire == GW_BFLOAT16 ? 0x1p-8 : 0x1p-11;
+    for (int avg = 0; avg < 2; avg++) {
+      gw_bucketer_t bk;
+      EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, avg ? GW_AVG : GW_SUM, bounds, nb, &bk) == GW_SUCCESS,
+             "create");
+      EXPECT(gw_bucketer_set_wire(bk, wire) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
+      for (int i = 0; i < M; i++) g[i] = wire_val(rank, i);
+      for (int i = M; i > 0; i -= 1000) EXPECT(gw_bucketer_ready(bk, (size_t)(i - 1000), 1000) == GW_SUCCESS, "ready");
+      EXPECT(gw_bucketer_set_wire(bk, GW_FLOAT32) == GW_ERR_INVALID_ARGUMENT, "wire changed during a step");
+      EXPECT(gw_bucketer_wait(bk) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
+      uint64_t h = 1469598103934665603ull;
+      for (int i = 0; i < M; i++) {
+        double exact = 0, mag = 0;
+        for (int r = 0; r < n; r++) exact += wire_val(r, i), mag += fabs(wire_val(r, i));
+        double tol = (n + 1) * u * mag;
+        if (avg) exact /= n, tol = (n + 2) * u * mag / n;
+        uint16_t w;
+        float back;
+        gw__cvt_from_f32(wire, &w, &g[i], 1);
+        gw__cvt_to_f32(wire, &back, &w, 1);
+        EXPECT(back == g[i], "%s: element %d = %.9g is not a %s value", gw_dtype_name(wire), i, (double)g[i],
+               gw_dtype_name(wire));
+        EXPECT(fabs(g[i] - exact) <= tol, "%s %s: element %d = %.9g, exact %.9g, bound %.3g", gw_dtype_name(wire),
+               avg ? "avg" : "sum", i, (double)g[i], exact, tol);
+        uint32_t bits;
+        memcpy(&bits, &g[i], 4);
+        h = (h ^ bits) * 1099511628211ull;
+      }
+      uint64_t hmax = h, hmin = h;
+      EXPECT(gw_allreduce(&hmax, &hmax, 1, GW_INT64, GW_MAX, comm, NULL) == GW_SUCCESS &&
+                 gw_allreduce(&hmin, &hmin, 1, GW_INT64, GW_MIN, comm, NULL) == GW_SUCCESS && hmax == hmin,
+             "%s: the ranks' results differ", gw_dtype_name(wire));
+      /* Back to float32: exact sums of small integers again. */
+      EXPECT(gw_bucketer_set_wire(bk, GW_FLOAT32) == GW_SUCCESS, "set float32");
+      for (int i = 0; i < M; i++) g[i] = (float)(i % 1000 + rank);
+      EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "float32 step");
+      for (int i = 0; i < M; i++) {
+        double want = (double)n * (i % 1000) + n * (n - 1) / 2.0;
+        if (avg) want = (float)want / (float)n;
+        EXPECT(g[i] == (float)want, "float32 again: element %d = %g, expected %g", i, (double)g[i], want);
+      }
+      gw_bucketer_destroy(bk);
+    }
+  }
+  /* Refusals: only float32 buffers, only 16-bit floats. */
+  gw_bucketer_t bk;
+  int32_t ib[64];
+  size_t b2[] = {0, 64};
+  EXPECT(gw_bucketer_create(comm, ib, 64, GW_INT32, GW_SUM, b2, 1, &bk) == GW_SUCCESS, "create int32");
+  EXPECT(gw_bucketer_set_wire(bk, GW_BFLOAT16) == GW_ERR_INVALID_ARGUMENT, "int32 over bfloat16 accepted");
+  EXPECT(strstr(gw_comm_last_error(comm), "int32 gradients can travel as themselves"), "message: %s",
+         gw_comm_last_error(comm));
+  gw_bucketer_destroy(bk);
+  EXPECT(gw_bucketer_create(comm, g, 64, GW_FLOAT32, GW_SUM, b2, 1, &bk) == GW_SUCCESS, "create");
+  EXPECT(gw_bucketer_set_wire(bk, GW_INT8) == GW_ERR_INVALID_ARGUMENT, "int8 wire accepted");
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_wire) { ck_assert_int_eq(run_ranks(3, body_wire, NULL, 300), 0); }
+END_TEST
+
 static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg, (void)n;
   enum { M = 1000 };
@@ -152,6 +231,7 @@ int main(void) {
   tcase_add_test(tc, test_sum_any_order);
   tcase_add_test(tc, test_avg);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_wire);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

@@ -13,6 +13,13 @@
 
 static const char *variants[] = {"generic", "avx2", "avx512"};
 
+static uint32_t mix_bits(int i) {
+  uint32_t x = (uint32_t)i * 2654435761u;
+  x ^= x >> 13;
+  x *= 0x5bd1e995u;
+  return x ^ (x >> 15);
+}
+
 /* The scalar reference: exact integer semantics, fp16/bf16 via float with one rounding. */
 static void ref_elem(gw_dtype_t dt, int kop, uint32_t div, const void *a, const void *b, size_t i, void *out) {
   if (test_is_float(dt)) {
@@ -112,6 +119,52 @@ START_TEST(test_kernels_match_reference) {
 }
 END_TEST
 
+/* The array conversions of every instruction-set build against the scalar
+ * ones: every 16-bit pattern widened, and floats around every rounding case
+ * narrowed (NaN payloads aside: F16C keeps them, the scalar code does not). */
+START_TEST(test_array_conversions) {
+  typedef void (*to16_fn)(int, uint16_t *, const float *, size_t);
+  typedef void (*from16_fn)(int, float *, const uint16_t *, size_t);
+  to16_fn to16[] = {gw__cvt_to16_generic,
+#ifdef GW_HAVE_X86_SIMD
+                    gw__cvt_to16_avx2, gw__cvt_to16_avx512
+#endif
+  };
+  from16_fn from16[] = {gw__cvt_from16_generic,
+#ifdef GW_HAVE_X86_SIMD
+                        gw__cvt_from16_avx2, gw__cvt_from16_avx512
+#endif
+  };
+  enum { N = 65536 };
+  static uint16_t h[N], h2[N];
+  static float f[N], g[N];
+  for (size_t v = 0; v < sizeof to16 / sizeof *to16; v++) {
+    if (!gw__reduce_table_named(variants[v])) continue; /* this CPU cannot run it */
+    for (int bf = 0; bf < 2; bf++) {
+      for (int i = 0; i < N; i++) h[i] = (uint16_t)i;
+      from16[v](bf, f, h, N);
+      for (int i = 0; i < N; i++) {
+        float want = bf ? gw__bf16_to_float(h[i]) : gw__half_to_float(h[i]);
+        ck_assert_msg(!memcmp(&f[i], &want, 4) || (want != want && f[i] != f[i]), "%s %s widen 0x%04x", variants[v],
+                      bf ? "bf16" : "fp16", i);
+      }
+      /* halfway and near-halfway floats between neighbours, and out of range */
+      for (int i = 0; i < N; i++) {
+        uint32_t u = ((uint32_t)i << 16) | (uint32_t)(mix_bits(i) & 0xffff);
+        memcpy(&g[i], &u, 4);
+        if (g[i] != g[i]) g[i] = 0;
+      }
+      to16[v](bf, h2, g, N);
+      for (int i = 0; i < N; i++) {
+        uint16_t want = bf ? gw__float_to_bf16(g[i]) : gw__float_to_half(g[i]);
+        ck_assert_msg(h2[i] == want, "%s %s narrow %a: 0x%04x, want 0x%04x", variants[v], bf ? "bf16" : "fp16",
+                      (double)g[i], h2[i], want);
+      }
+    }
+  }
+}
+END_TEST
+
 START_TEST(test_half_conversions_exact) {
   /* every half converts to the float the compiler computes, and back to itself */
   for (uint32_t h = 0; h < 65536; h++) {
@@ -157,6 +210,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_kernels_match_reference);
   tcase_add_test(tc, test_half_conversions_exact);
+  tcase_add_test(tc, test_array_conversions);
   tcase_add_test(tc, test_bf16_conversions);
   suite_add_tcase(s, tc);
   return run_suite(s);

@@ -216,6 +216,7 @@ static int setup_comm_parts(struct trainer *t) {
   gw_result_t r = gw_comm_register(t->comm, gw_model_grads(t->m), t->np * sizeof(float), &t->grads_reg);
   if (r != GW_SUCCESS) return comm_fail(t, "registering the gradients", r);
   r = gw_bucketer_create(t->comm, gw_model_grads(t->m), t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
+  if (r == GW_SUCCESS && o->grad_wire != GW_FLOAT32) r = gw_bucketer_set_wire(t->bk, (gw_dtype_t)o->grad_wire);
   return r == GW_SUCCESS ? 0 : comm_fail(t, "bucketer", r);
 }
 

@@ -51,6 +51,8 @@ static void usage(FILE *f) {
           "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
           "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
           "  --no-overlap             allreduce after backward instead of during it (for comparison)\n"
+          "  --grad-wire T            gradients travel as float32 (default), bfloat16 or float16: half the bytes,\n"
+          "                           every reduction step in float32, the result back in float32\n"
           "checkpoints:\n"
           "  --checkpoint-dir DIR     rank 0 writes checkpoints there (atomic, checksummed)\n"
           "  --checkpoint-every N     also every N steps (default: at epoch ends only)\n"
@@ -106,7 +108,7 @@ enum {
   O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
-  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL
+  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE
 };
 
 static const struct option longopts[] = {
@@ -129,6 +131,7 @@ static const struct option longopts[] = {
     {"keep-checkpoints", required_argument, NULL, O_CKKEEP}, {"resume", no_argument, NULL, O_RESUME},
     {"metrics", required_argument, NULL, O_METRICS},       {"plot", required_argument, NULL, O_PLOT},
     {"log-every", required_argument, NULL, O_LOGEVERY},    {"no-eval", no_argument, NULL, O_NOEVAL},
+    {"grad-wire", required_argument, NULL, O_WIRE},
     {"help", no_argument, NULL, 'h'},                     {NULL, 0, NULL, 0}};
 
 static int parse_seed(const char *arg, uint64_t *out) {
@@ -203,6 +206,12 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_SYNCBN: o->sync_bn = 1; return 0;
   case O_BUCKET: return parse_double("--bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->bucket_mb);
   case O_NOOVERLAP: o->no_overlap = 1; return 0;
+  case O_WIRE:
+    if (!strcmp(arg, "float32") || !strcmp(arg, "fp32")) o->grad_wire = GW_FLOAT32;
+    else if (!strcmp(arg, "bfloat16") || !strcmp(arg, "bf16")) o->grad_wire = GW_BFLOAT16;
+    else if (!strcmp(arg, "float16") || !strcmp(arg, "fp16")) o->grad_wire = GW_FLOAT16;
+    else return bad("--grad-wire '%s' is not float32, bfloat16 or float16%s", arg, "");
+    return 0;
   case O_CKDIR: o->checkpoint_dir = arg; return 0;
   case O_CKEVERY: return parse_long("--checkpoint-every", arg, 1, LONG_MAX / 2, &o->checkpoint_every);
   case O_CKKEEP: return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
@@ -224,7 +233,7 @@ static void defaults(struct train_opts *o) {
   o->data = "fashion-mnist";
   o->epochs = 0, o->steps = -1;
   o->batch = 32, o->lr = 0.1, o->momentum = 0.9, o->wd = 1e-4, o->warmup_epochs = 0.2;
-  o->bucket_mb = 25, o->first_bucket_mb = 1;
+  o->bucket_mb = 25, o->first_bucket_mb = 1, o->grad_wire = GW_FLOAT32;
   o->keep_checkpoints = 3, o->loader_threads = 1, o->log_every = 50, o->eval = 1;
   o->synthetic_samples = 10000;
 }

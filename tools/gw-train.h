@@ -29,6 +29,7 @@ struct train_opts {
   enum gw_schedule schedule;
   int sync_bn, no_overlap, augment, drop_last;
   double bucket_mb, first_bucket_mb;
+  int grad_wire; /* gw_dtype_t the gradients travel as (--grad-wire) */
   const char *checkpoint_dir;
   long checkpoint_every;    /* steps; 0: only at epoch ends */
   int keep_checkpoints;

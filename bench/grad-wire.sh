@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# grad-wire.sh - gw-train's gradient allreduce time with float32 gradients
+# against --grad-wire bf16 (and fp16), across a link of a given rate: two
+# "machines" (network + UTS namespaces) joined by a veth pair shaped with tc tbf,
+# one rank each, ResNet-50 on Fashion-MNIST (batch 32), --no-overlap so the whole
+# allreduce is measured.  Runs alternate (fp32, bf16, fp16, fp32, ...); prints
+# the median comm_ms of each after the warm-up steps and the ratios.  Needs root.
+#
+# Environment: BUILD [build]  RATES ["2gbit 10gbit"]  BENCH_STEPS [8]  BENCH_SKIP [3]  BENCH_REPS [2]
+set -euo pipefail
+prog=grad-wire.sh
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+root=$(cd "$here/.." && pwd)
+build=${BUILD:-build}
+[[ $build == /* ]] || build=$root/$build
+rates=${RATES:-"2gbit 10gbit"}
+steps=${BENCH_STEPS:-8} skip=${BENCH_SKIP:-3} reps=${BENCH_REPS:-2}
+[ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, tc)"
+command -v tc >/dev/null || die "needs tc (iproute2)"
+work=$(mktemp -d)
+tag=gwire$$
+cleanup() { ip netns del "${tag}0" 2>/dev/null || true; ip netns del "${tag}1" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+ip netns add "${tag}0" && ip netns add "${tag}1"
+ip link add "${tag}a" type veth peer name "${tag}b"
+ip link set "${tag}a" netns "${tag}0" && ip link set "${tag}b" netns "${tag}1"
+for k in 0 1; do
+  dev=$([ $k = 0 ] && echo "${tag}a" || echo "${tag}b")
+  ip -n "$tag$k" addr add "10.89.0.$((k + 1))/24" dev "$dev"
+  ip -n "$tag$k" link set "$dev" up
+  ip -n "$tag$k" link set lo up
+done
+export GW_JOB_TOKEN="grad-wire-$$"
+
+run() { # wire -> median comm_ms
+  local w=$1
+  for k in 0 1; do
+    ip netns exec "$tag$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
+      "$build/tools/gw-run" -n 1 --nnodes 2 --node-rank $k --master 10.89.0.1:29533 \
+      "$build/tools/gw-train" --model resnet50 --steps "$steps" --no-eval --data fashion-mnist --batch 32 \
+      --no-overlap --grad-wire "$w" --metrics "$work/$w-$k.jsonl" >"$work/$w-$k.log" 2>&1 &
+  done
+  wait || { tail -5 "$work/$w-0.log" "$work/$w-1.log" >&2; die "gw-train failed ($w)"; }
+  python3 - "$work/$w-0.jsonl" "$skip" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"type":"train"' in l][int(sys.argv[2]):]
+c = sorted(r["comm_ms"] for r in rows)
+print("%.1f" % c[len(c) // 2])
+PY
+}
+
+for rate in $rates; do
+  for k in 0 1; do
+    dev=$([ $k = 0 ] && echo "${tag}a" || echo "${tag}b")
+    ip netns exec "$tag$k" tc qdisc replace dev "$dev" root tbf rate "$rate" burst 4mb latency 50ms
+  done
+  declare -A best=()
+  for ((r = 0; r < reps; r++)); do
+    for w in fp32 bf16 fp16; do
+      t=$(run $w)
+      echo "$rate $w: comm ${t} ms"
+      if [ -z "${best[$w]:-}" ] || awk -v a="$t" -v b="${best[$w]}" 'BEGIN{exit !(a < b)}'; then best[$w]=$t; fi
+    done
+  done
+  printf '%s: fp32 %s ms, bf16 %s ms (%.2fx), fp16 %s ms (%.2fx)\n' "$rate" "${best[fp32]}" "${best[bf16]}" \
+    "$(awk -v a="${best[fp32]}" -v b="${best[bf16]}" 'BEGIN{print a / b}')" "${best[fp16]}" \
+    "$(awk -v a="${best[fp32]}" -v b="${best[fp16]}" 'BEGIN{print a / b}')"
+  unset best
+done
