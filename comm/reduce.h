@@ -28,9 +28,9 @@ extern const gw_reduce_table_t gw__reduce_table_avx512;
 #endif
 /* The same instruction-set builds of the float32 <-> 16-bit array conversions
  * (bf16 != 0: bfloat16, else float16); gw__cvt_* below pick one. */
-#define GW_DECL_CVT(SUF)                                                                \
-  void gw__cvt_to16_##SUF(int bf16, uint16_t *restrict d, const float *restrict s, size_t n); \
-  void gw__cvt_from16_##SUF(int bf16, float *restrict d, const uint16_t *restrict s, size_t n);
+#define GW_DECL_CVT(SUF)                                                      \
+  void gw__cvt_to16_##SUF(int bf16, uint16_t *d, const float *s, size_t n); \
+  void gw__cvt_from16_##SUF(int bf16, float *d, const uint16_t *s, size_t n);
 GW_DECL_CVT(generic)
 #ifdef GW_HAVE_X86_SIMD
 GW_DECL_CVT(avx2)
