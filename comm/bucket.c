@@ -22,6 +22,7 @@
 #include "comm.h"
 #include "core.h"
 #include "gradwire.h"
+#include "dev.h"
 #include "reduce.h"
 
 struct interval {
@@ -48,6 +49,7 @@ struct gw_bucketer {
    * and the buffer they are converted into for it. */
   gw_dtype_t wire;
   char *wbuf;
+  void *stream; /* gw_bucketer_set_stream */
 };
 
 static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -179,7 +181,7 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
       gw__cvt_from_f32(b->wire, w, p, n);
       p = w;
     }
-    gw_result_t res = gw_iallreduce(p, p, n, b->wire, b->op, b->comm, NULL, &b->req[k]);
+    gw_result_t res = gw_iallreduce(p, p, n, b->wire, b->op, b->comm, b->stream, &b->req[k]);
     if (res != GW_SUCCESS) return res; /* the communicator holds the message */
     b->next++;
   }
@@ -253,6 +255,11 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
     b->wire = wire;
     return GW_SUCCESS;
   }
+  int is_dev = 0, dev = -1;
+  if (gw__dev()) gw__dev()->ptr_kind(b->buf, &is_dev, &dev);
+  if (is_dev)
+    return fail(b->comm, GW_ERR_UNSUPPORTED, "gw_bucketer_set_wire: the gradients are device memory; the 16-bit "
+                "wire converts on the host (host gradients only for now)");
   if (b->dtype != GW_FLOAT32 || (wire != GW_BFLOAT16 && wire != GW_FLOAT16))
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: %s gradients can travel as themselves%s, "
                 "not as %s", gw_dtype_name(b->dtype), b->dtype == GW_FLOAT32 ? ", bfloat16 or float16" : "",
@@ -260,6 +267,15 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   if (!b->wbuf && !(b->wbuf = malloc(b->count * 2)))
     return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_wire: out of memory for %zu wire elements", b->count);
   b->wire = wire;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: bucketer is NULL");
+  if (b->next || b->marked)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: a step is under way (call it between "
+                "gw_bucketer_wait and the next gw_bucketer_ready)");
+  b->stream = stream;
   return GW_SUCCESS;
 }
 

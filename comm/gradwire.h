@@ -193,7 +193,8 @@ gw_result_t gw_test(gw_request_t *req, int *done);
  * step); as soon as bucket 0..k are all complete, their in-place allreduces are
  * started in bucket order, so every rank issues the same sequence whatever order
  * its gradients finished in.  gw_bucketer_wait() waits for all of them and makes
- * the bucketer ready for the next step.  Host buffers only. */
+ * the bucketer ready for the next step.  Host or device buffers (device:
+ * give the allreduces a stream with gw_bucketer_set_stream). */
 typedef struct gw_bucketer *gw_bucketer_t;
 
 /* Bucket boundaries in the style of PyTorch DDP: the first bucket first_bytes,
@@ -219,8 +220,16 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b);
  * when it starts (half the bytes on the wire), every reduction step of the
  * allreduce computes in float32 and rounds once, and the result comes back
  * into the float32 buffer by gw_bucketer_wait (the same on every rank).  Every
- * rank must choose the same; only between steps. */
+ * rank must choose the same; only between steps; host gradients only
+ * (GW_ERR_UNSUPPORTED for device memory). */
 gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
+/* The stream every bucket's allreduce is ordered on (NULL, the default: host
+ * buffers and no stream).  With device gradients, make it a communication
+ * stream that waits (cudaStreamWaitEvent) for the kernels that wrote each
+ * bucket's gradients before marking them ready; gw_bucketer_wait then returns
+ * once every allreduce ran, and later work on the stream sees the results.
+ * Only between steps. */
+gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream);
 /* Timing of the last completed step, in seconds on the monotonic clock: when the
  * first allreduce started, when the last bucket became ready, and when wait()
  * returned. */

@@ -15,7 +15,9 @@
  * device; the binding rule), "dead-peer" (a rank dies during stream-ordered
  * operations: the others' streams are released and the async error names
  * it), "destroy" (a communicator destroyed while its stream never reached an
- * operation gives up after the timeout and releases the stream), "ipc" (a
+ * operation gives up after the timeout and releases the stream), "bucketer"
+ * (the gradient bucketer over device gradients written on its stream behind
+ * slow work and marked ready at once: exact sums, three steps), "ipc" (a
  * device allocation mapped by another process).
  * The parent process never touches the device before forking the ranks (a
  * CUDA process cannot fork usable children). */
@@ -402,6 +404,47 @@ START_TEST(dead_peer) {
 }
 END_TEST
 
+/* ---- the gradient bucketer on device memory and a stream ------------------------------------------ */
+static int body_bucketer(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  enum { M = 100000 };
+  gw_dev_stream_t s;
+  float *g, *h;
+  DCHECK(dv->stream_create(&s));
+  DCHECK(dv->alloc((void **)&g, M * 4));
+  DCHECK(dv->host_alloc((void **)&h, M * 4));
+  size_t bounds[64];
+  int nb = gw_bucket_bounds(M, 4, 4096, 65536, bounds, 64);
+  gw_bucketer_t bk;
+  GWCHECK(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, nb, &bk), comm);
+  GWCHECK(gw_bucketer_set_stream(bk, s), comm);
+  EXPECT(gw_bucketer_set_wire(bk, GW_BFLOAT16) == GW_ERR_UNSUPPORTED, "a 16-bit wire on device gradients accepted");
+  for (int step = 0; step < 3; step++) {
+    /* "Backward" writes the gradients on the stream, behind slow work, and
+     * marks them ready at once: the allreduces must wait for the writes. */
+    for (int i = 0; i < M; i++) h[i] = (float)(i % 100 + rank + step);
+    DCHECK(dv->sleep_async(0.05, s));
+    DCHECK(dv->memcpy_async(g, h, M * 4, s));
+    for (int i = M; i > 0; i -= 10000) GWCHECK(gw_bucketer_ready(bk, (size_t)(i - 10000), 10000), comm);
+    GWCHECK(gw_bucketer_wait(bk), comm);
+    DCHECK(dv->memcpy_async(h, g, M * 4, s));
+    DCHECK(dv->stream_sync(s));
+    for (int i = 0; i < M; i++) {
+      float want = (float)(n * (i % 100 + step) + n * (n - 1) / 2);
+      EXPECT(h[i] == want, "step %d: element %d is %g, expected %g", step, i, (double)h[i], (double)want);
+    }
+  }
+  gw_bucketer_destroy(bk);
+  DCHECK(dv->free(g));
+  DCHECK(dv->host_free(h));
+  DCHECK(dv->stream_destroy(s));
+  return 0;
+}
+
+START_TEST(bucketer) { ck_assert_int_eq(run_ranks(nranks_env(), body_bucketer, NULL, 120), 0); }
+END_TEST
+
 /* ---- destroy with an operation its stream never reaches ------------------------------------------- */
 static int body_destroy(int rank, int n, const char *master, void *arg) {
   (void)arg;
@@ -496,9 +539,9 @@ int main(void) {
   tcase_add_test(tc, grid);
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
-  const char *names[] = {"ordering", "misuse", "dead-peer", "destroy", "ipc"};
-  const TTest *tests[] = {ordering, misuse, dead_peer, destroy, ipc};
-  for (int i = 0; i < 5; i++) {
+  const char *names[] = {"ordering", "misuse", "dead-peer", "destroy", "bucketer", "ipc"};
+  const TTest *tests[] = {ordering, misuse, dead_peer, destroy, bucketer, ipc};
+  for (int i = 0; i < 6; i++) {
     tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);
