@@ -158,6 +158,10 @@ gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op
   if (stream && comm->device < 0)
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: a CUDA stream was given, but this communicator is "
                    "bound to no device (GW_DEVICE=none)", comm->rank, fn);
+  int capturing = 0;
+  if (stream && gw__dev()->stream_capturing(stream, &capturing) == 0 && capturing)
+    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: %s: the stream is being captured into a CUDA graph; gradwire "
+                   "calls cannot be captured yet (make the call outside the capture)", comm->rank, fn);
   op->ordered = stream || op->device_mem;
   if (op->device_mem && comm->devring) op->desc.pad |= GW_DESC_DEVICE;
   return GW_SUCCESS;

@@ -49,6 +49,9 @@ struct gw_dev_ops {
   int (*stream_destroy)(gw_dev_stream_t s);
   int (*stream_sync)(gw_dev_stream_t s);           /* waits for everything enqueued so far */
   int (*stream_idle)(gw_dev_stream_t s, int *idle); /* *idle = 1 when it has nothing left */
+  /* *yes = 1 while s is being captured into a CUDA graph (work enqueued on it
+   * is recorded, not run). */
+  int (*stream_capturing)(gw_dev_stream_t s, int *yes);
 
   /* Stream-ordered work.  Copies take any pair of host/device pointers. */
   int (*memcpy_async)(void *dst, const void *src, size_t bytes, gw_dev_stream_t s);
@@ -88,6 +91,9 @@ typedef void (*gw_dev_host_reduce_fn)(void *dst0, void *dst1, const void *a, con
                                       int kop, uint32_t div);
 void gw__dev_set_host_reduce(gw_dev_host_reduce_fn fn);
 gw_dev_host_reduce_fn gw__dev_host_reduce(void);
+
+/* Tests: makes an emulated stream report that it is being captured. */
+void gw__dev_emu_set_capturing(gw_dev_stream_t s, int on);
 
 /* The implementations (dev.c picks one). */
 const struct gw_dev_ops *gw__dev_emu_ops(int ndevices);

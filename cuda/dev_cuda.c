@@ -158,6 +158,14 @@ static int cu_stream_idle(gw_dev_stream_t s, int *idle) {
   return cu_fail(e, "cudaStreamQuery");
 }
 
+static int cu_stream_capturing(gw_dev_stream_t s, int *yes) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(cs(s), &st);
+  if (e != cudaSuccess) return cu_fail(e, "cudaStreamIsCapturing");
+  *yes = st != cudaStreamCaptureStatusNone; /* active, or invalidated by an error */
+  return 0;
+}
+
 /* ---- stream-ordered work ------------------------------------------------------------------------ */
 static int cu_memcpy_async(void *dst, const void *src, size_t bytes, gw_dev_stream_t s) {
   if (!bytes) return 0;
@@ -228,6 +236,7 @@ static const struct gw_dev_ops cuda_ops = {
     .stream_destroy = cu_stream_destroy,
     .stream_sync = cu_stream_sync,
     .stream_idle = cu_stream_idle,
+    .stream_capturing = cu_stream_capturing,
     .memcpy_async = cu_memcpy_async,
     .reduce_async = cu_reduce_async,
     .flag_write = cu_flag_write,

@@ -271,6 +271,7 @@ struct gw_dev_stream {
   struct item *head, *tail;
   uint64_t enqueued, finished;
   bool stop;
+  _Atomic bool capturing; /* gw__dev_emu_set_capturing */
 };
 
 static void run_item(const struct item *it) {
@@ -389,6 +390,18 @@ static int emu_stream_idle(gw_dev_stream_t s0, int *idle) {
   return 0;
 }
 
+static int emu_stream_capturing(gw_dev_stream_t s0, int *yes) {
+  struct gw_dev_stream *s = resolve(s0);
+  if (!s) return 1;
+  *yes = atomic_load(&s->capturing);
+  return 0;
+}
+
+void gw__dev_emu_set_capturing(gw_dev_stream_t s0, int on) {
+  struct gw_dev_stream *s = resolve(s0);
+  if (s) atomic_store(&s->capturing, on != 0);
+}
+
 static int push(gw_dev_stream_t s0, const struct item *tmpl) {
   struct gw_dev_stream *s = resolve(s0);
   if (!s) return 1;
@@ -447,6 +460,7 @@ static const struct gw_dev_ops emu_ops = {
     .stream_destroy = emu_stream_destroy,
     .stream_sync = emu_stream_sync,
     .stream_idle = emu_stream_idle,
+    .stream_capturing = emu_stream_capturing,
     .memcpy_async = emu_memcpy_async,
     .reduce_async = emu_reduce_async,
     .flag_write = emu_flag_write,

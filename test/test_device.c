@@ -12,7 +12,7 @@
  * stream closed by a host gate; a chain of operations with one sync at the
  * end; a request from the gw_i... form), "misuse" (host and device buffers
  * mixed; another device's memory; a stream on a communicator bound to no
- * device; the binding rule), "dead-peer" (a rank dies during stream-ordered
+ * device; a stream under CUDA graph capture (emulator); the binding rule), "dead-peer" (a rank dies during stream-ordered
  * operations: the others' streams are released and the async error names
  * it), "destroy" (a communicator destroyed while its stream never reached an
  * operation gives up after the timeout and releases the stream), "bucketer"
@@ -322,6 +322,15 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
     if (expect_error(gw_allreduce(d, od, 16, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm, want, rank))
       return 1;
     DCHECK(dv->free(od));
+  }
+  if (!strcmp(dv->name, "emulated")) {
+    /* A stream being captured into a CUDA graph is refused (the emulator can
+     * pretend one is; on a GPU the capture itself would be needed). */
+    gw__dev_emu_set_capturing(s, 1);
+    if (expect_error(gw_allreduce(d, d, 16, GW_INT32, GW_SUM, comm, s), GW_ERR_UNSUPPORTED, comm,
+                     "captured into a CUDA graph", rank))
+      return 1;
+    gw__dev_emu_set_capturing(s, 0);
   }
   /* The communicator still works after refused calls. */
   int32_t v = rank;
