@@ -24,7 +24,8 @@
  * bootstrap's network; NCCL makes the same choice.
  *
  * Verbs are called through one table (ibv.h): libibverbs, or the user-space
- * emulator when GW_IB_EMULATE=1 (tests on machines without an HCA). */
+ * emulator when GW_IB_EMULATE=1 (tests on machines without an HCA).  The ports
+ * and the registration cache, which outlive connections, are in ib_dev.c. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -39,11 +40,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "ib_dev.h"
 #include "ibv.h"
 #include "sock.h"
 #include "transport.h"
 
-#define IB_MAX_PORTS 16
 #define IB_MAX_QPS 8
 #define IB_HDR_BYTES 64u /* the chunk header at the start of every slot */
 #define IB_MIN_PART (64u << 10)
@@ -51,221 +52,8 @@
 #define IB_HELLO_MAGIC 0x6c686267u
 #define IB_READY_BYTE 'R'
 #define IB_RECV_WRID (1ull << 63) /* receive work requests: this bit + QP index */
-
-/* ---- devices: opened once per process ------------------------------------------------ */
-struct ib_port {
-  char name[64];
-  uint8_t num;
-  struct ibv_context *ctx;
-  struct ibv_pd *pd;
-  struct ibv_port_attr attr;
-  union ibv_gid gid;
-  int gid_index; /* -1: route by LID (InfiniBand without GW_IB_GID_INDEX) */
-  bool eth;      /* RoCE: link layer Ethernet, routed by GID */
-};
-
-static struct {
-  pthread_once_t once;
-  const struct gw_ibv *v;
-  int n;
-  struct ib_port ports[IB_MAX_PORTS];
-  atomic_uint next; /* round robin over the ports, per connection */
-} ibs = {.once = PTHREAD_ONCE_INIT};
-
-static const char *mtu_str(enum ibv_mtu m) {
-  static const char *s[] = {"?", "256", "512", "1024", "2048", "4096"};
-  return (unsigned)m < 6 ? s[m] : "?";
-}
-
-/* Opens one device and takes its port `want` (0: the first active one). */
-static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
-  const struct gw_ibv *v = ibs.v;
-  const char *name = v->get_device_name(dev);
-  struct ibv_context *ctx = v->open_device(dev);
-  if (!ctx) {
-    GW_WARN(GW_SUB_INIT, "ib: cannot open %s: %s", name, strerror(errno));
-    return false;
-  }
-  struct ibv_device_attr da;
-  if (v->query_device(ctx, &da) != 0) da.phys_port_cnt = 1;
-  for (uint8_t p = want ? want : 1; p <= (want ? want : da.phys_port_cnt); p++) {
-    struct ib_port *pt = &ibs.ports[ibs.n];
-    memset(pt, 0, sizeof *pt);
-    if (v->query_port(ctx, p, &pt->attr) != 0) {
-      if (named) GW_WARN(GW_SUB_INIT, "ib: %s has no port %u", name, p);
-      continue;
-    }
-    if (pt->attr.state != IBV_PORT_ACTIVE) {
-      if (named) GW_WARN(GW_SUB_INIT, "ib: %s port %u is not active (state %d); not used", name, p, pt->attr.state);
-      continue;
-    }
-    pt->eth = pt->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
-    int64_t gi = gw__env_int("GW_IB_GID_INDEX", pt->eth ? 0 : -1);
-    pt->gid_index = (int)gi;
-    if (gi >= 0 && v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
-      GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %d (GW_IB_GID_INDEX): not used", name, p, (int)gi);
-      continue;
-    }
-    pt->pd = v->alloc_pd(ctx);
-    if (!pt->pd) {
-      GW_WARN(GW_SUB_INIT, "ib: cannot allocate a protection domain on %s: %s", name, strerror(errno));
-      continue;
-    }
-    snprintf(pt->name, sizeof pt->name, "%s:%u", name, p);
-    pt->ctx = ctx;
-    pt->num = p;
-    GW_INFO(GW_SUB_INIT, "ib: using %s (%s, %s %u, MTU %s%s)", pt->name, pt->eth ? "RoCE" : "InfiniBand",
-            pt->gid_index >= 0 ? "GID index" : "LID", pt->gid_index >= 0 ? (unsigned)pt->gid_index : pt->attr.lid,
-            mtu_str(pt->attr.active_mtu), v == &gw__ibv_emu ? ", emulated" : "");
-    ibs.n++;
-    if (!want || ibs.n == IB_MAX_PORTS) return true; /* the first active port of the device */
-  }
-  if (!ibs.n || ibs.ports[ibs.n - 1].ctx != ctx) v->close_device(ctx);
-  return ibs.n > 0;
-}
-
-/* Device (GPU) buffers: an HCA can write GPU memory directly (GPUDirect RDMA)
- * when the peer-memory module (nvidia_peermem) is loaded; dma-buf export needs a
- * GPU driver too.  Device buffers do not reach the transports yet (the
- * collectives stage them), so this is only reported, once. */
-static const char *gdr_support(void) {
-  if (access("/sys/kernel/mm/memory_peers/nv_mem/version", F_OK) == 0 || access("/sys/module/nvidia_peermem", F_OK) == 0)
-    return "possible (nvidia_peermem is loaded)";
-  if (access("/proc/driver/nvidia/version", F_OK) == 0) return "unavailable (no nvidia_peermem; dma-buf not tried)";
-  return "unavailable (no NVIDIA driver)";
-}
-
-/* GW_IB_HCA: "mlx5_0:1,mlx5_1" (device[:port], several allowed); unset: the first
- * device with an active port.  GW_IB_DISABLE=1 turns the transport off. */
-static void ib_init(void) {
-  if (gw__env_int("GW_IB_DISABLE", 0)) return;
-  ibs.v = gw__ibv();
-  int ndev = 0;
-  struct ibv_device **list = ibs.v->get_device_list(&ndev);
-  if (!list) return;
-  const char *hca = gw__env_str("GW_IB_HCA", NULL);
-  if (!hca) {
-    for (int i = 0; i < ndev && !ibs.n; i++) open_port(list[i], 0, false);
-  } else {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", hca);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok && ibs.n < IB_MAX_PORTS; tok = strtok_r(NULL, ",", &save)) {
-      char *colon = strchr(tok, ':');
-      uint8_t port = 0;
-      if (colon) *colon = 0, port = (uint8_t)atoi(colon + 1);
-      int i = 0;
-      while (i < ndev && strcmp(ibs.v->get_device_name(list[i]), tok) != 0) i++;
-      if (i == ndev) {
-        char names[160] = "";
-        for (int k = 0; k < ndev; k++)
-          snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "",
-                   ibs.v->get_device_name(list[k]));
-        GW_WARN(GW_SUB_INIT, "ib: GW_IB_HCA names %s, which is not among this machine's devices (%s)", tok,
-                ndev ? names : "none");
-        continue;
-      }
-      open_port(list[i], port, true);
-    }
-  }
-  ibs.v->free_device_list(list);
-  if (ibs.n) GW_INFO(GW_SUB_INIT, "ib: GPUDirect RDMA %s; device buffers are staged through the registered host slots",
-                     gdr_support());
-}
-
-bool gw__ib_available(void) {
-  pthread_once(&ibs.once, ib_init);
-  return ibs.n > 0;
-}
-
 static bool ib_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
   return (self->caps & GW_CAP_IB) && (peer->caps & GW_CAP_IB);
-}
-
-/* ---- the registration cache: user buffers registered once per process ------------------ */
-/* gw_comm_register's ranges, each registered with every open port (one MR per
- * port: the PD is per port).  A range inside one already registered takes a
- * reference on it instead of registering again, whichever communicator asks;
- * lookups on the data path take the registration that covers a chunk. */
-struct ib_reg {
-  uintptr_t lo, hi;
-  struct ibv_mr *mr[IB_MAX_PORTS];
-  int refs;
-};
-static struct {
-  pthread_mutex_t lock;
-  struct ib_reg *v[256];
-  int n;
-  atomic_ulong reg_calls, direct_chunks; /* for tests: ibv_reg_mr calls here, chunks sent from user memory */
-} regs = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-unsigned long gw__ib_stat(int which) {
-  return which == 0 ? atomic_load(&regs.reg_calls) : atomic_load(&regs.direct_chunks);
-}
-
-gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_errctx *err) {
-  *handle = NULL;
-  if (!gw__ib_available()) return GW_SUCCESS; /* nothing to register with */
-  uintptr_t lo = (uintptr_t)buf, hi = lo + bytes;
-  gw_result_t res = GW_SUCCESS;
-  pthread_mutex_lock(&regs.lock);
-  for (int i = 0; i < regs.n; i++)
-    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) {
-      regs.v[i]->refs++;
-      *handle = regs.v[i];
-      goto out;
-    }
-  struct ib_reg *r = calloc(1, sizeof *r);
-  if (!r || regs.n == (int)(sizeof regs.v / sizeof regs.v[0])) {
-    free(r);
-    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory or more than %d registered ranges",
-                  (int)(sizeof regs.v / sizeof regs.v[0]));
-    goto out;
-  }
-  *r = (struct ib_reg){.lo = lo, .hi = hi, .refs = 1};
-  for (int p = 0; p < ibs.n; p++) {
-    r->mr[p] = ibs.v->reg_mr(ibs.ports[p].pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE);
-    atomic_fetch_add(&regs.reg_calls, 1);
-    if (!r->mr[p]) {
-      int e = errno;
-      res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: cannot register %zu bytes at %p with %s: %s%s", bytes, buf,
-                    ibs.ports[p].name, strerror(e),
-                    e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`)" : "");
-      while (p-- > 0) ibs.v->dereg_mr(r->mr[p]);
-      free(r);
-      goto out;
-    }
-  }
-  regs.v[regs.n++] = r;
-  *handle = r;
-out:
-  pthread_mutex_unlock(&regs.lock);
-  return res;
-}
-
-void gw__ib_deregister(void *handle) {
-  if (!handle) return;
-  pthread_mutex_lock(&regs.lock);
-  for (int i = 0; i < regs.n; i++) {
-    struct ib_reg *r = regs.v[i];
-    if (r != handle || --r->refs > 0) continue;
-    for (int p = 0; p < ibs.n; p++) ibs.v->dereg_mr(r->mr[p]);
-    regs.v[i] = regs.v[--regs.n];
-    free(r);
-    break;
-  }
-  pthread_mutex_unlock(&regs.lock);
-}
-
-/* The lkey of a registration covering [src, src + len) on port p, or 0. */
-static uint32_t reg_lkey(int p, const void *src, size_t len) {
-  uintptr_t lo = (uintptr_t)src, hi = lo + len;
-  uint32_t key = 0;
-  pthread_mutex_lock(&regs.lock);
-  for (int i = 0; i < regs.n && !key; i++)
-    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) key = regs.v[i]->mr[p]->lkey;
-  pthread_mutex_unlock(&regs.lock);
-  return key;
 }
 
 /* ---- connection state ----------------------------------------------------------------- */
@@ -337,7 +125,7 @@ struct ib_conn {
 #define fail(c, t, code, ...) gw__conn_fail((c), &(t)->failed, (t)->failmsg, (t)->where, (code), __VA_ARGS__)
 
 static void conn_free(struct ib_conn *t) {
-  const struct gw_ibv *v = ibs.v;
+  const struct gw_ibv *v = gw__ib_devs.v;
   for (uint32_t i = 0; i < IB_MAX_QPS; i++)
     if (t->q[i].qp) v->destroy_qp(t->q[i].qp);
   if (t->cq) v->destroy_cq(t->cq);
@@ -355,7 +143,7 @@ static void conn_free(struct ib_conn *t) {
 /* ibv_reg_mr with the hint a user needs when it fails. */
 static struct ibv_mr *reg(struct gw_conn *c, struct ib_conn *t, void *addr, size_t len, int access,
                           struct gw_errctx *err, gw_result_t *res) {
-  struct ibv_mr *mr = ibs.v->reg_mr(t->port->pd, addr, len, access);
+  struct ibv_mr *mr = gw__ib_devs.v->reg_mr(t->port->pd, addr, len, access);
   if (mr) return mr;
   int e = errno;
   *res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot register %zu bytes with %s for rank %d: %s%s", c->self, len,
@@ -369,9 +157,9 @@ static struct ibv_mr *reg(struct gw_conn *c, struct ib_conn *t, void *addr, size
 /* The next port round robin, of the link layer want_eth (0 InfiniBand, 1
  * RoCE, -1 either), or NULL when this process has none of that kind. */
 static struct ib_port *pick_port(int want_eth) {
-  unsigned first = atomic_fetch_add(&ibs.next, 1);
-  for (int k = 0; k < ibs.n; k++) {
-    struct ib_port *pt = &ibs.ports[(first + (unsigned)k) % (unsigned)ibs.n];
+  unsigned first = atomic_fetch_add(&gw__ib_devs.next, 1);
+  for (int k = 0; k < gw__ib_devs.n; k++) {
+    struct ib_port *pt = &gw__ib_devs.ports[(first + (unsigned)k) % (unsigned)gw__ib_devs.n];
     if (want_eth < 0 || pt->eth == (want_eth == 1)) return pt;
   }
   return NULL;
@@ -389,7 +177,7 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
                    c->peer, want_eth ? "RoCE (Ethernet)" : "InfiniBand");
   struct ib_conn *t = calloc(1, sizeof *t);
   if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
-  const struct gw_ibv *v = ibs.v;
+  const struct gw_ibv *v = gw__ib_devs.v;
   gw_result_t res = GW_SUCCESS;
   t->fd = t->listen_fd = -1;
   t->port = port;
@@ -460,19 +248,19 @@ static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16
     a.ah_attr.grh.hop_limit = 255;
     a.ah_attr.grh.traffic_class = (uint8_t)gw__env_int("GW_IB_TC", 0);
   }
-  int e = ibs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+  int e = gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (e) return e;
   a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = (uint8_t)gw__env_int("GW_IB_TIMEOUT", 18),
                            .retry_cnt = (uint8_t)gw__env_int("GW_IB_RETRY_CNT", 7), .rnr_retry = 7, .sq_psn = 0,
                            .max_rd_atomic = 1};
-  return ibs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+  return gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                       IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
 static int post_recv(struct ib_conn *t, uint32_t qi) {
   struct ibv_recv_wr wr = {.wr_id = IB_RECV_WRID | qi}, *bad;
-  return ibs.v->post_recv(t->q[qi].qp, &wr, &bad);
+  return gw__ib_devs.v->post_recv(t->q[qi].qp, &wr, &bad);
 }
 
 static uint32_t qps_per_conn(void) {
@@ -665,7 +453,7 @@ static gw_result_t on_arrival(struct gw_conn *c, struct ib_conn *t, const struct
 static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
   struct ibv_wc wc[16];
   int n;
-  while ((n = ibs.v->poll_cq(t->cq, 16, wc)) > 0) {
+  while ((n = gw__ib_devs.v->poll_cq(t->cq, 16, wc)) > 0) {
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
         if (t->failed) continue;
@@ -716,7 +504,7 @@ static int post_write(struct ib_conn *t, struct ib_qpx *q, struct ibv_sge *sge, 
   wr.wr.rdma.rkey = rkey;
   if (signal || ++q->unsig >= t->sig_every) wr.send_flags |= IBV_SEND_SIGNALED, q->unsig = 0;
   wr.wr_id = q->posted + 1;
-  int e = ibs.v->post_send(q->qp, &wr, &bad);
+  int e = gw__ib_devs.v->post_send(q->qp, &wr, &bad);
   if (!e) q->posted++;
   return e;
 }
@@ -774,7 +562,7 @@ static gw_result_t post_chunk(struct gw_conn *c, struct ib_conn *t, const struct
     if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send failed: %s", strerror(e));
     if (src) q->direct = q->posted;
   }
-  if (src) atomic_fetch_add(&regs.direct_chunks, 1);
+  if (src) gw__ib_count_direct();
   t->pos++;
   return GW_SUCCESS;
 }
@@ -788,7 +576,7 @@ static gw_result_t ib_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h)
 static bool ib_direct_ok(struct gw_conn *c, const void *src, size_t bytes) {
   struct ib_conn *t = c->priv;
   if (bytes < IB_DIRECT_MIN || !src) return false;
-  t->direct_lkey = reg_lkey((int)(t->port - ibs.ports), src, bytes);
+  t->direct_lkey = gw__ib_reg_lkey((int)(t->port - gw__ib_devs.ports), src, bytes);
   return t->direct_lkey != 0;
 }
 

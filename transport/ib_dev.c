@@ -1,0 +1,208 @@
+/* ib_dev.c - the ib transport's process-wide state (ib.c has the connections):
+ * the HCA ports, found and opened once per process (GW_IB_HCA, GW_IB_GID_INDEX,
+ * GW_IB_DISABLE), and the registration cache behind gw_comm_register. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ib_dev.h"
+#include "transport.h"
+
+/* ---- devices: opened once per process ------------------------------------------------ */
+struct gw_ib_devs gw__ib_devs = {.once = PTHREAD_ONCE_INIT};
+
+static const char *mtu_str(enum ibv_mtu m) {
+  static const char *s[] = {"?", "256", "512", "1024", "2048", "4096"};
+  return (unsigned)m < 6 ? s[m] : "?";
+}
+
+/* Opens one device and takes its port `want` (0: the first active one). */
+static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
+  const struct gw_ibv *v = gw__ib_devs.v;
+  const char *name = v->get_device_name(dev);
+  struct ibv_context *ctx = v->open_device(dev);
+  if (!ctx) {
+    GW_WARN(GW_SUB_INIT, "ib: cannot open %s: %s", name, strerror(errno));
+    return false;
+  }
+  struct ibv_device_attr da;
+  if (v->query_device(ctx, &da) != 0) da.phys_port_cnt = 1;
+  for (uint8_t p = want ? want : 1; p <= (want ? want : da.phys_port_cnt); p++) {
+    struct ib_port *pt = &gw__ib_devs.ports[gw__ib_devs.n];
+    memset(pt, 0, sizeof *pt);
+    if (v->query_port(ctx, p, &pt->attr) != 0) {
+      if (named) GW_WARN(GW_SUB_INIT, "ib: %s has no port %u", name, p);
+      continue;
+    }
+    if (pt->attr.state != IBV_PORT_ACTIVE) {
+      if (named) GW_WARN(GW_SUB_INIT, "ib: %s port %u is not active (state %d); not used", name, p, pt->attr.state);
+      continue;
+    }
+    pt->eth = pt->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
+    int64_t gi = gw__env_int("GW_IB_GID_INDEX", pt->eth ? 0 : -1);
+    pt->gid_index = (int)gi;
+    if (gi >= 0 && v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
+      GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %d (GW_IB_GID_INDEX): not used", name, p, (int)gi);
+      continue;
+    }
+    pt->pd = v->alloc_pd(ctx);
+    if (!pt->pd) {
+      GW_WARN(GW_SUB_INIT, "ib: cannot allocate a protection domain on %s: %s", name, strerror(errno));
+      continue;
+    }
+    snprintf(pt->name, sizeof pt->name, "%s:%u", name, p);
+    pt->ctx = ctx;
+    pt->num = p;
+    GW_INFO(GW_SUB_INIT, "ib: using %s (%s, %s %u, MTU %s%s)", pt->name, pt->eth ? "RoCE" : "InfiniBand",
+            pt->gid_index >= 0 ? "GID index" : "LID", pt->gid_index >= 0 ? (unsigned)pt->gid_index : pt->attr.lid,
+            mtu_str(pt->attr.active_mtu), v == &gw__ibv_emu ? ", emulated" : "");
+    gw__ib_devs.n++;
+    if (!want || gw__ib_devs.n == IB_MAX_PORTS) return true; /* the first active port of the device */
+  }
+  if (!gw__ib_devs.n || gw__ib_devs.ports[gw__ib_devs.n - 1].ctx != ctx) v->close_device(ctx);
+  return gw__ib_devs.n > 0;
+}
+
+/* Device (GPU) buffers: an HCA can write GPU memory directly (GPUDirect RDMA)
+ * when the peer-memory module (nvidia_peermem) is loaded; dma-buf export needs a
+ * GPU driver too.  Device buffers do not reach the transports yet (the
+ * collectives stage them), so this is only reported, once. */
+static const char *gdr_support(void) {
+  if (access("/sys/kernel/mm/memory_peers/nv_mem/version", F_OK) == 0 || access("/sys/module/nvidia_peermem", F_OK) == 0)
+    return "possible (nvidia_peermem is loaded)";
+  if (access("/proc/driver/nvidia/version", F_OK) == 0) return "unavailable (no nvidia_peermem; dma-buf not tried)";
+  return "unavailable (no NVIDIA driver)";
+}
+
+/* GW_IB_HCA: "mlx5_0:1,mlx5_1" (device[:port], several allowed); unset: the first
+ * device with an active port.  GW_IB_DISABLE=1 turns the transport off. */
+static void ib_init(void) {
+  if (gw__env_int("GW_IB_DISABLE", 0)) return;
+  gw__ib_devs.v = gw__ibv();
+  int ndev = 0;
+  struct ibv_device **list = gw__ib_devs.v->get_device_list(&ndev);
+  if (!list) return;
+  const char *hca = gw__env_str("GW_IB_HCA", NULL);
+  if (!hca) {
+    for (int i = 0; i < ndev && !gw__ib_devs.n; i++) open_port(list[i], 0, false);
+  } else {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", hca);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok && gw__ib_devs.n < IB_MAX_PORTS; tok = strtok_r(NULL, ",", &save)) {
+      char *colon = strchr(tok, ':');
+      uint8_t port = 0;
+      if (colon) *colon = 0, port = (uint8_t)atoi(colon + 1);
+      int i = 0;
+      while (i < ndev && strcmp(gw__ib_devs.v->get_device_name(list[i]), tok) != 0) i++;
+      if (i == ndev) {
+        char names[160] = "";
+        for (int k = 0; k < ndev; k++)
+          snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "",
+                   gw__ib_devs.v->get_device_name(list[k]));
+        GW_WARN(GW_SUB_INIT, "ib: GW_IB_HCA names %s, which is not among this machine's devices (%s)", tok,
+                ndev ? names : "none");
+        continue;
+      }
+      open_port(list[i], port, true);
+    }
+  }
+  gw__ib_devs.v->free_device_list(list);
+  if (gw__ib_devs.n) GW_INFO(GW_SUB_INIT, "ib: GPUDirect RDMA %s; device buffers are staged through the registered host slots",
+                     gdr_support());
+}
+
+bool gw__ib_available(void) {
+  pthread_once(&gw__ib_devs.once, ib_init);
+  return gw__ib_devs.n > 0;
+}
+
+/* ---- the registration cache: user buffers registered once per process ------------------ */
+/* gw_comm_register's ranges, each registered with every open port (one MR per
+ * port: the PD is per port).  A range inside one already registered takes a
+ * reference on it instead of registering again, whichever communicator asks;
+ * lookups on the data path take the registration that covers a chunk. */
+struct ib_reg {
+  uintptr_t lo, hi;
+  struct ibv_mr *mr[IB_MAX_PORTS];
+  int refs;
+};
+static struct {
+  pthread_mutex_t lock;
+  struct ib_reg *v[256];
+  int n;
+  atomic_ulong reg_calls, direct_chunks; /* for tests: ibv_reg_mr calls here, chunks sent from user memory */
+} regs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+unsigned long gw__ib_stat(int which) {
+  return which == 0 ? atomic_load(&regs.reg_calls) : atomic_load(&regs.direct_chunks);
+}
+
+gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_errctx *err) {
+  *handle = NULL;
+  if (!gw__ib_available()) return GW_SUCCESS; /* nothing to register with */
+  uintptr_t lo = (uintptr_t)buf, hi = lo + bytes;
+  gw_result_t res = GW_SUCCESS;
+  pthread_mutex_lock(&regs.lock);
+  for (int i = 0; i < regs.n; i++)
+    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) {
+      regs.v[i]->refs++;
+      *handle = regs.v[i];
+      goto out;
+    }
+  struct ib_reg *r = calloc(1, sizeof *r);
+  if (!r || regs.n == (int)(sizeof regs.v / sizeof regs.v[0])) {
+    free(r);
+    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory or more than %d registered ranges",
+                  (int)(sizeof regs.v / sizeof regs.v[0]));
+    goto out;
+  }
+  *r = (struct ib_reg){.lo = lo, .hi = hi, .refs = 1};
+  for (int p = 0; p < gw__ib_devs.n; p++) {
+    r->mr[p] = gw__ib_devs.v->reg_mr(gw__ib_devs.ports[p].pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE);
+    atomic_fetch_add(&regs.reg_calls, 1);
+    if (!r->mr[p]) {
+      int e = errno;
+      res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: cannot register %zu bytes at %p with %s: %s%s", bytes, buf,
+                    gw__ib_devs.ports[p].name, strerror(e),
+                    e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`)" : "");
+      while (p-- > 0) gw__ib_devs.v->dereg_mr(r->mr[p]);
+      free(r);
+      goto out;
+    }
+  }
+  regs.v[regs.n++] = r;
+  *handle = r;
+out:
+  pthread_mutex_unlock(&regs.lock);
+  return res;
+}
+
+void gw__ib_deregister(void *handle) {
+  if (!handle) return;
+  pthread_mutex_lock(&regs.lock);
+  for (int i = 0; i < regs.n; i++) {
+    struct ib_reg *r = regs.v[i];
+    if (r != handle || --r->refs > 0) continue;
+    for (int p = 0; p < gw__ib_devs.n; p++) gw__ib_devs.v->dereg_mr(r->mr[p]);
+    regs.v[i] = regs.v[--regs.n];
+    free(r);
+    break;
+  }
+  pthread_mutex_unlock(&regs.lock);
+}
+
+uint32_t gw__ib_reg_lkey(int p, const void *src, size_t len) {
+  uintptr_t lo = (uintptr_t)src, hi = lo + len;
+  uint32_t key = 0;
+  pthread_mutex_lock(&regs.lock);
+  for (int i = 0; i < regs.n && !key; i++)
+    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) key = regs.v[i]->mr[p]->lkey;
+  pthread_mutex_unlock(&regs.lock);
+  return key;
+}
+
+void gw__ib_count_direct(void) { atomic_fetch_add(&regs.direct_chunks, 1); }

@@ -1,0 +1,44 @@
+/* ib_dev.h - what the ib transport's two files share (not installed):
+ * ib_dev.c holds the process-wide state (the HCA ports, opened once, and the
+ * registration cache of gw_comm_register), ib.c the connections. */
+#ifndef GW_IB_DEV_H
+#define GW_IB_DEV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ibv.h"
+
+#define IB_MAX_PORTS 16
+
+struct ib_port {
+  char name[64];
+  uint8_t num;
+  struct ibv_context *ctx;
+  struct ibv_pd *pd;
+  struct ibv_port_attr attr;
+  union ibv_gid gid;
+  int gid_index; /* -1: route by LID (InfiniBand without GW_IB_GID_INDEX) */
+  bool eth;      /* RoCE: link layer Ethernet, routed by GID */
+};
+
+/* Every open port of the process (gw__ib_available opens them once). */
+struct gw_ib_devs {
+  pthread_once_t once;
+  const struct gw_ibv *v;
+  int n;
+  struct ib_port ports[IB_MAX_PORTS];
+  atomic_uint next; /* round robin over the ports, per connection */
+};
+extern struct gw_ib_devs gw__ib_devs;
+
+/* The lkey of a gw_comm_register registration covering [src, src + len) on
+ * port p, or 0. */
+uint32_t gw__ib_reg_lkey(int p, const void *src, size_t len);
+/* Counts a chunk sent straight from user memory (gw__ib_stat(1), tests). */
+void gw__ib_count_direct(void);
+
+#endif
