@@ -74,6 +74,7 @@ static struct gw_st_file *open_st(const char *name) {
   return f;
 }
 
+#if GW_HAVE_IBVERBS
 /* The gradients travel over the ib transport (the verbs emulator), sent
  * straight from the registered gradient buffer: the same weights as over shm,
  * bit for bit (the reductions run in the same order whatever moves the bytes). */
@@ -109,6 +110,7 @@ START_TEST(test_over_ib_equals_shm) {
   free(a), free(b);
 }
 END_TEST
+#endif
 
 /* Gradients over a bfloat16 wire (--grad-wire bf16): one step moves the
  * weights as with float32 gradients up to bfloat16's rounding (each rank's
