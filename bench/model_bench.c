@@ -1,11 +1,15 @@
-/* model_bench - training throughput of the model on the cpu backend: forward,
- * loss + backward and an SGD-with-momentum step on one fixed random batch, the
- * same work bench/model_bench_torch.py times in PyTorch.  Prints one line:
+/* model_bench - training throughput of the model on a backend (cpu: oneDNN, or
+ * cudnn: the GPU): forward, loss + backward and an SGD-with-momentum step on one
+ * fixed random batch, the same work bench/model_bench_torch.py times in PyTorch.
+ * On a device backend a step also copies the model up before forward and back
+ * after backward, as gw-train does (the optimizer runs on the host).  Prints one
+ * line:
  *
- *   gradwire resnet50 224x224x3 batch 16 threads 2: 12.3 img/s (median of 5 steps, 1.30 s/step)
+ *   gradwire resnet50 224x224x3 batch 16 cpu threads 2: 12.3 img/s (median of 5 steps, 1.30 s/step)
  *
- * usage: model_bench [--depth 50] [--image-size 224] [--in-channels 3]
- *                    [--classes 1000] [--batch 16] [--threads T] [--steps 5] [--warmup 2]
+ * usage: model_bench [--depth 50] [--image-size 224] [--in-channels 3] [--classes 1000]
+ *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--threads T]
+ *                    [--steps 5] [--warmup 2]
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -14,6 +18,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "gw_config.h"
 #include "exec.h"
 #include "resnet.h"
 #include "sgd.h"
@@ -48,17 +53,24 @@ static int arg_int(const char *s, const char *name, int lo) {
   } while (0)
 
 int main(int argc, char **argv) {
-#if !GW_HAVE_ONEDNN
+#if !GW_HAVE_ONEDNN && !GW_HAVE_CUDNN
   (void)argc, (void)argv;
-  fprintf(stderr, "model_bench: built without oneDNN\n");
+  fprintf(stderr, "model_bench: built without a backend (oneDNN or cuDNN)\n");
   return 77;
 #else
   struct gw_model_config cfg;
   gw_model_config_default(&cfg);
-  int batch = 16, threads = 0, steps = 5, warmup = 2;
+  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0;
+  const struct gw_backend_ops *ops = NULL;
+#if GW_HAVE_ONEDNN
+  ops = &gw_backend_cpu;
+#else
+  ops = &gw_backend_cudnn;
+#endif
   static const struct option lo[] = {{"depth", 1, 0, 'd'},   {"image-size", 1, 0, 's'}, {"in-channels", 1, 0, 'c'},
                                      {"classes", 1, 0, 'k'}, {"batch", 1, 0, 'b'},      {"threads", 1, 0, 't'},
-                                     {"steps", 1, 0, 'n'},   {"warmup", 1, 0, 'w'},     {0, 0, 0, 0}};
+                                     {"steps", 1, 0, 'n'},   {"warmup", 1, 0, 'w'},     {"backend", 1, 0, 'B'},
+                                     {"tf32", 1, 0, 'T'},    {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -70,6 +82,20 @@ int main(int argc, char **argv) {
     case 't': threads = arg_int(optarg, "--threads", 0); break;
     case 'n': steps = arg_int(optarg, "--steps", 1); break;
     case 'w': warmup = arg_int(optarg, "--warmup", 0); break;
+    case 'T': tf32 = arg_int(optarg, "--tf32", 0) != 0; break;
+    case 'B':
+      ops = NULL;
+#if GW_HAVE_ONEDNN
+      if (!strcmp(optarg, "cpu")) ops = &gw_backend_cpu;
+#endif
+#if GW_HAVE_CUDNN
+      if (!strcmp(optarg, "cudnn")) ops = &gw_backend_cudnn;
+#endif
+      if (!ops) {
+        fprintf(stderr, "model_bench: --backend %s is not in this build\n", optarg);
+        return 77;
+      }
+      break;
     default: fprintf(stderr, "model_bench: unknown option (see the header of bench/model_bench.c)\n"); return 2;
     }
   }
@@ -78,10 +104,15 @@ int main(int argc, char **argv) {
   struct gw_exec *e;
   struct gw_sgd *sgd;
   CHECK(gw_model_init(&m, &cfg));
-  struct gw_backend_config bc = {.threads = threads};
-  CHECK(gw_backend_cpu.create(&bc, &b));
+  struct gw_backend_config bc = {.threads = threads, .tf32 = tf32};
+  gw_result_t r = ops->create(&bc, &b);
+  if (r == GW_ERR_UNSUPPORTED) {
+    fprintf(stderr, "model_bench: %s\n", gw_model_last_error());
+    return 77;
+  }
+  CHECK(r);
   struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
-  CHECK(gw_exec_create(m, &gw_backend_cpu, b, &ec, &e));
+  CHECK(gw_exec_create(m, ops, b, &ec, &e));
   struct gw_sgd_config sc = {.momentum = 0.9f, .weight_decay = 1e-4f};
   CHECK(gw_sgd_create(m, &sc, &sgd));
   size_t n = (size_t)batch * cfg.in_channels * cfg.image_size * cfg.image_size;
@@ -95,21 +126,24 @@ int main(int argc, char **argv) {
   float loss = 0;
   for (int s = 0; s < warmup + steps; s++) {
     double t0 = now();
+    CHECK(gw_exec_upload_model(e)); /* no-ops on the cpu backend */
     CHECK(gw_exec_forward(e, x, 1));
     CHECK(gw_exec_backward(e, y, &loss, NULL, NULL));
+    CHECK(gw_exec_download_model(e));
     CHECK(gw_sgd_step(sgd, gw_model_params(m), gw_model_grads(m), 0.01f));
     if (s >= warmup) t[s - warmup] = now() - t0;
   }
   qsort(t, (size_t)steps, sizeof *t, cmp_double);
   double med = t[steps / 2];
-  printf("gradwire resnet%d %dx%dx%d batch %d threads %d: %.2f img/s (median of %d steps, %.3f s/step, "
+  printf("gradwire resnet%d %dx%dx%d batch %d %s%s threads %d: %.2f img/s (median of %d steps, %.3f s/step, "
          "loss %.3f, %.0f MiB work memory)\n",
-         cfg.depth, cfg.image_size, cfg.image_size, cfg.in_channels, batch, threads, batch / med, steps, med,
+         cfg.depth, cfg.image_size, cfg.image_size, cfg.in_channels, batch, ops->name,
+         ops->host_memory ? "" : tf32 ? " tf32" : " fp32", threads, batch / med, steps, med,
          (double)loss, (double)gw_exec_memory_bytes(e) / (1 << 20));
   free(t), free(x), free(y);
   gw_sgd_free(sgd);
   gw_exec_free(e);
-  gw_backend_cpu.destroy(b);
+  ops->destroy(b);
   gw_model_free(m);
   return 0;
 #endif

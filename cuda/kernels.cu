@@ -53,11 +53,13 @@ extern "C" {
 #include "../comm/reduce.h"
 #include "dev.h"
 }
+#include "dev_cache.cuh"
 
 namespace {
 
 constexpr int kThreads = 512;   /* threads per block of the reduction */
-constexpr int kMaxDevCache = 64; /* devices whose SM counts / occupancies are cached */
+using gwcu::kMaxDevCache;
+using gwcu::sm_count;
 
 /* ---- bits and fp32/fp64 arithmetic ------------------------------------------------------ */
 __host__ __device__ __forceinline__ uint32_t f2u(float f) {
@@ -381,32 +383,14 @@ __host__ Plan plan_reduce(const void *d0, const void *d1, const void *a, const v
   return p;
 }
 
-/* The SM count of device dev, cached (0 when unknown). */
-__host__ int sm_count(int dev) {
-  static int cache[kMaxDevCache];
-  int v = dev >= 0 && dev < kMaxDevCache ? __atomic_load_n(&cache[dev], __ATOMIC_RELAXED) : 0;
-  if (v > 0) return v;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v < 1) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (dev >= 0 && dev < kMaxDevCache) __atomic_store_n(&cache[dev], v, __ATOMIC_RELAXED);
-  return v;
-}
-
 /* Blocks of this kernel resident at once on one SM of device dev, cached per
  * kernel and device (1 when the occupancy API cannot tell). */
 template <class Op, bool BYTES>
 __host__ int blocks_per_sm(int dev) {
   static int cache[kMaxDevCache];
-  int v = dev >= 0 && dev < kMaxDevCache ? __atomic_load_n(&cache[dev], __ATOMIC_RELAXED) : 0;
-  if (v > 0) return v;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_reduce<Op, BYTES>, kThreads, 0) != cudaSuccess || v < 1) {
-    (void)cudaGetLastError();
-    return 1;
-  }
-  if (dev >= 0 && dev < kMaxDevCache) __atomic_store_n(&cache[dev], v, __ATOMIC_RELAXED);
-  return v;
+  return gwcu::cached_per_device(cache, dev, 1, [](int *v) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, k_reduce<Op, BYTES>, kThreads, 0);
+  });
 }
 
 template <class Op, bool BYTES>

@@ -35,7 +35,11 @@ struct gw_backend;  /* one instance: engine, stream, thread settings */
 struct gw_op;       /* one planned layer */
 
 struct gw_backend_config {
-  int threads;      /* compute threads for this rank; 0 keeps the runtime's default */
+  int threads;      /* cpu: compute threads for this rank; 0 keeps the runtime's default */
+  int tf32;         /* cudnn: 1 lets fp32 convolutions and the fc layer run on TF32 tensor
+                       cores (inputs rounded to 10-bit mantissas: PyTorch's default for
+                       convolutions); 0 keeps full fp32 (engines with tensor-core, Winograd
+                       or FFT numerics are not used) */
 };
 
 /* One layer at one batch size.  Shapes are per the layer kind:
@@ -144,6 +148,15 @@ struct gw_backend_ops {
 /* oneDNN on the host (backend_cpu*.c): every entry implemented, each checked
  * against a naive double-precision reference in test/test_model_backend.c. */
 extern const struct gw_backend_ops gw_backend_cpu;
+#endif
+
+#if GW_HAVE_CUDNN
+/* CUDA on the device current when create is called (backend_cudnn.c): cuDNN's
+ * graph API for the convolutions, cuBLAS for the fully connected layer, its own
+ * kernels (cudnn_kernels.cu) for the rest.  Memory is device memory; everything
+ * runs in order on one stream of the backend's; upload and download wait for it.
+ * create returns GW_ERR_UNSUPPORTED when there is no usable GPU. */
+extern const struct gw_backend_ops gw_backend_cudnn;
 #endif
 
 #ifdef __cplusplus

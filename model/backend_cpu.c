@@ -167,69 +167,10 @@ fail:
   return res;
 }
 
-static int conv_out(int in, int kernel, int stride, int pad) { return (in + 2 * pad - kernel) / stride + 1; }
-
-static gw_result_t check_conv_desc(const struct gw_op_desc *d, const char *what) {
-  if (d->n < 1 || d->c < 1 || d->h < 1 || d->w < 1 || d->k < 1 || d->kernel < 1 || d->stride < 1 || d->pad < 0)
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: every size must be positive", what);
-  if (d->h + 2 * d->pad < d->kernel || d->w + 2 * d->pad < d->kernel)
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: the %dx%d kernel is larger than the padded input",
-                          what, d->kernel, d->kernel);
-  int p = conv_out(d->h, d->kernel, d->stride, d->pad), q = conv_out(d->w, d->kernel, d->stride, d->pad);
-  if (d->p != p || d->q != q)
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: output %dx%d given, the geometry makes %dx%d",
-                          what, d->p, d->q, p, q);
-  return GW_SUCCESS;
-}
-
-/* RELU and ADD: x and y are both [n, c, h, w]. */
-static gw_result_t check_same_desc(const struct gw_op_desc *d, const char *what) {
-  if (d->n < 1 || d->c < 1 || d->h < 1 || d->w < 1)
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: every size must be positive", what);
-  return GW_SUCCESS;
-}
-
 static gw_result_t cpu_op_create(struct gw_backend *b, const struct gw_op_desc *d, struct gw_op **out) {
   char what[160];
-  gw_result_t res;
   *out = NULL;
-  snprintf(what, sizeof what, "op kind %d, batch %d, %dx%dx%d -> %dx%dx%d, kernel %d stride %d pad %d", d->kind,
-           d->n, d->c, d->h, d->w, d->k, d->p, d->q, d->kernel, d->stride, d->pad);
-  switch (d->kind) {
-  case GW_LAYER_CONV: res = check_conv_desc(d, what); break;
-  case GW_LAYER_MAXPOOL:
-    res = check_conv_desc(d, what);
-    if (res == GW_SUCCESS && d->k != d->c)
-      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: pooling keeps the channels (k = c)", what);
-    break;
-  case GW_LAYER_BN:
-    res = check_same_desc(d, what);
-    if (res == GW_SUCCESS && !(d->eps > 0 && d->momentum >= 0 && d->momentum <= 1))
-      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: eps %g must be > 0 and momentum %g in [0, 1]",
-                           what, (double)d->eps, (double)d->momentum);
-    break;
-  case GW_LAYER_RELU:
-  case GW_LAYER_ADD: res = check_same_desc(d, what); break;
-  case GW_LAYER_AVGPOOL:
-    res = check_same_desc(d, what);
-    if (res == GW_SUCCESS && (d->k != d->c || d->p != 1 || d->q != 1))
-      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: global pooling makes [n, c, 1, 1]", what);
-    break;
-  case GW_LAYER_FC:
-    res = check_same_desc(d, what);
-    if (res == GW_SUCCESS && d->k < 1)
-      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: every size must be positive", what);
-    break;
-  case GW_OP_LOSS:
-    res = GW_SUCCESS;
-    if (d->n < 1 || d->k < 1)
-      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: every size must be positive", what);
-    else if (!(d->label_smoothing >= 0 && d->label_smoothing <= 1))
-      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: label smoothing %g must be in [0, 1]", what,
-                           (double)d->label_smoothing);
-    break;
-  default: return gw__model_fail(GW_ERR_UNSUPPORTED, "cpu backend: %s: unknown op kind", what);
-  }
+  gw_result_t res = gw__backend_check_desc("cpu", d, what, sizeof what);
   if (res != GW_SUCCESS) return res;
   struct gw_op *op = calloc(1, sizeof *op);
   if (!op) return gw__model_fail(GW_ERR_SYSTEM, "cpu backend: out of memory");
@@ -248,9 +189,7 @@ static gw_result_t cpu_op_create(struct gw_backend *b, const struct gw_op_desc *
 }
 
 static gw_result_t expect_kind(const struct gw_op *op, int kind, const char *what) {
-  if (op->d.kind != kind)
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s called on an op of kind %d", what, op->d.kind);
-  return GW_SUCCESS;
+  return gw__backend_expect_kind("cpu", op->d.kind, kind, what);
 }
 
 static gw_result_t cpu_conv_fwd(struct gw_op *op, const float *x, const float *w, float *y) {

@@ -33,6 +33,14 @@ struct gw_model {
 /* Records this thread's error message (gw_model_last_error) and returns code. */
 gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+struct gw_op_desc;
+/* op_create's checks of d for backend `be` ("cpu", "cudnn"): the shapes of its
+ * kind (backend.h), with a message naming the backend and the op.  Writes the op's
+ * description into what[what_len] for the backend's own messages. */
+gw_result_t gw__backend_check_desc(const char *be, const struct gw_op_desc *d, char *what, size_t what_len);
+/* An entry of the table called on an op of another kind. */
+gw_result_t gw__backend_expect_kind(const char *be, int kind, int want, const char *what);
+
 /* Returns a failure at once (the message is already recorded). */
 #define GW_MODEL_TRY(call)                                                           \
   do {                                                                               \

@@ -1,45 +1,121 @@
-/* test_model_backend.c - the cpu backend (model/backend_cpu*.c, oneDNN) against
- * naive references written here in double precision, every output buffer
- * prefilled with NaN so an unwritten element fails: convolution forward and both
- * backwards over a grid of shapes (strides, paddings, 1x1 / 3x3 / 5x5 / 7x7
- * kernels, odd and non-square inputs), forward over every convolution of two small
- * ResNets, and finite differences through the backend's own forward; ReLU and add
- * (exact); batch norm training / inference / backward, the running-statistics
- * update to the bit as PyTorch computes it, and finite differences; max pool and
- * global average pool forward and backward; fully connected; softmax
- * cross-entropy with label smoothing (closed form and finite differences); every
- * layer of three small ResNets planning; the messages for what it refuses.  Exits
- * 77 (skipped) when the build has no oneDNN.  Each test states its tolerance; the
- * convolutions' is:
+/* test_model_backend.c - a backend of backend.h (the cpu one: oneDNN,
+ * model/backend_cpu*.c; the cudnn one: model/backend_cudnn.c) against naive
+ * references written here in double precision, the same checks for either:
+ * convolution forward and both backwards over a grid of shapes (strides,
+ * paddings, 1x1 / 3x3 / 5x5 / 7x7 kernels, odd and non-square inputs), forward
+ * over every convolution of two small ResNets, and finite differences through the
+ * backend's own forward; ReLU and add (exact); batch norm training / inference /
+ * backward, the running-statistics update to the bit as PyTorch computes it, and
+ * finite differences; max pool and global average pool forward and backward;
+ * fully connected; softmax cross-entropy with label smoothing (closed form and
+ * finite differences); every layer of three small ResNets planning; the messages
+ * for what it refuses.
+ *
+ * Which backend: argv[1], "cpu" (the default) or "cudnn".  Exits 77 (skipped)
+ * when this build has no such backend (no oneDNN, no cuDNN) or when its create()
+ * says GW_ERR_UNSUPPORTED (cudnn on a machine without a usable GPU).
+ *
+ * Every tensor is kept on the host (filled and compared there) and crosses to the
+ * backend's memory only through be->upload before a call and be->download after
+ * (struct tensor below), since a backend's memory may be the device's.  Outputs
+ * are prefilled with NaN on the host and uploaded, so an element the backend does
+ * not write fails.  Each test states its tolerance, the same for every backend
+ * (cuDNN in strict fp32 meets them); the convolutions' is:
  *
  * Tolerance: |y - ref| <= 1e-5 * sum_i |x_i * w_i| for each output, i.e. relative
  * to the magnitude of the terms summed; a float sum of n terms in any order is
  * within about n * 2^-24 of that (worst case), and in practice sqrt(n) * 2^-24, so
- * 1e-5 is loose enough for every reduction order oneDNN picks and tight enough to
- * catch any wrong index (which moves a result by a whole term).
+ * 1e-5 is loose enough for every reduction order a library picks and tight enough
+ * to catch any wrong index (which moves a result by a whole term).
  */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gw_config.h"
 #include "harness.h"
 
-#if GW_HAVE_ONEDNN
-
 #include "backend.h"
 #include "resnet.h"
 
-static const struct gw_backend_ops *be = &gw_backend_cpu;
+/* The backend under test and its name (argv[1]): set by main() before the suite
+ * runs (Check's forked test processes inherit them). */
+static const struct gw_backend_ops *be;
+static const char *chosen;
+
+/* The configuration of every backend the checks make, strict: one thread (cpu),
+ * and every other field 0 (cudnn: tf32 0, full fp32). */
+static struct gw_backend_config strict_config(void) {
+  struct gw_backend_config cfg = {.threads = 1};
+  return cfg;
+}
 
 static struct gw_backend *backend(void) {
-  struct gw_backend_config cfg = {.threads = 1};
+  struct gw_backend_config cfg = strict_config();
   struct gw_backend *b = NULL;
   gw_result_t r = be->create(&cfg, &b);
   ck_assert_msg(r == GW_SUCCESS, "%s", gw_model_last_error());
   return b;
+}
+
+static void nan_fill(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+/* Host <-> backend copies of raw bytes, failing the test on an error. */
+static void to_backend(struct gw_backend *b, void *dst, const void *host_src, size_t bytes) {
+  gw_result_t r = be->upload(b, dst, host_src, bytes);
+  ck_assert_msg(r == GW_SUCCESS, "upload of %zu bytes: %s", bytes, gw_model_last_error());
+}
+
+static void from_backend(struct gw_backend *b, void *host_dst, const void *src, size_t bytes) {
+  gw_result_t r = be->download(b, host_dst, src, bytes);
+  ck_assert_msg(r == GW_SUCCESS, "download of %zu bytes: %s", bytes, gw_model_last_error());
+}
+
+/* A tensor of n floats: h on the host (what the test fills, reads and compares),
+ * d in the backend's memory (what the calls are given).  up() copies h to d before
+ * a call, down() d to h after it; nan_up() makes an output: h all NaN, uploaded. */
+struct tensor {
+  struct gw_backend *b;
+  float *h, *d;
+  size_t n;
+};
+
+static struct tensor tensor_new(struct gw_backend *b, size_t n) {
+  struct tensor t = {b, malloc(n * sizeof(float)), be->alloc(b, n * sizeof(float)), n};
+  ck_assert_msg(t.h && t.d, "allocating a tensor of %zu floats", n);
+  nan_fill(t.h, n);
+  return t;
+}
+
+static void up(struct tensor t) { to_backend(t.b, t.d, t.h, t.n * sizeof(float)); }
+static void down(struct tensor t) { from_backend(t.b, t.h, t.d, t.n * sizeof(float)); }
+
+static void nan_up(struct tensor t) {
+  nan_fill(t.h, t.n);
+  up(t);
+}
+
+/* A tensor holding a copy of host values, uploaded. */
+static struct tensor tensor_of(struct gw_backend *b, const float *values, size_t n) {
+  struct tensor t = tensor_new(b, n);
+  memcpy(t.h, values, n * sizeof(float));
+  up(t);
+  return t;
+}
+
+static void tensor_free(struct tensor t) {
+  free(t.h);
+  be->dealloc(t.b, t.d);
+}
+
+static void tensors_free(struct tensor *t, size_t n) {
+  for (size_t i = 0; i < n; i++) tensor_free(t[i]);
 }
 
 static void fill(float *x, size_t n, uint64_t seed) {
@@ -79,26 +155,26 @@ static void conv_ref(const struct gw_op_desc *d, const float *x, const float *w,
 static void check_conv(struct gw_backend *b, const struct gw_op_desc *d, const float *given_w, const char *label) {
   size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
   size_t ny = (size_t)d->n * d->k * d->p * d->q;
-  float *x = be->alloc(b, nx * sizeof(float)), *w = be->alloc(b, nw * sizeof(float));
-  float *y = be->alloc(b, ny * sizeof(float)), *y2 = be->alloc(b, ny * sizeof(float));
+  struct tensor x = tensor_new(b, nx), w = tensor_new(b, nw), y = tensor_new(b, ny), y2 = tensor_new(b, ny);
   double *ref = malloc(ny * sizeof(double)), *mag = malloc(ny * sizeof(double));
-  ck_assert(x && w && y && y2 && ref && mag);
+  ck_assert(ref && mag);
   struct gw_op *op = NULL;
   gw_result_t r = be->op_create(b, d, &op);
   ck_assert_msg(r == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
   for (int round = 0; round < 2; round++) {
-    float *out = round ? y2 : y;
-    fill(x, nx, 1000 + (uint64_t)round);
-    if (given_w) memcpy(w, given_w, nw * sizeof(float));
-    else fill(w, nw, 2000 + (uint64_t)round);
-    for (size_t i = 0; i < ny; i++) out[i] = NAN; /* every output must be written */
-    r = be->conv_fwd(op, x, w, out);
+    struct tensor o = round ? y2 : y;
+    fill(x.h, nx, 1000 + (uint64_t)round);
+    if (given_w) memcpy(w.h, given_w, nw * sizeof(float));
+    else fill(w.h, nw, 2000 + (uint64_t)round);
+    up(x), up(w), nan_up(o); /* every output must be written */
+    r = be->conv_fwd(op, x.d, w.d, o.d);
     ck_assert_msg(r == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
-    conv_ref(d, x, w, ref, mag);
+    down(o);
+    conv_ref(d, x.h, w.h, ref, mag);
     size_t bad = 0, first = 0;
     double worst = 0;
     for (size_t i = 0; i < ny; i++) {
-      double err = fabs((double)out[i] - ref[i]), tol = 1e-5 * mag[i];
+      double err = fabs((double)o.h[i] - ref[i]), tol = 1e-5 * mag[i];
       if (!(err <= tol)) {
         if (!bad) first = i;
         bad++;
@@ -106,14 +182,12 @@ static void check_conv(struct gw_backend *b, const struct gw_op_desc *d, const f
       if (mag[i] > 0 && err / mag[i] > worst) worst = err / mag[i];
     }
     ck_assert_msg(bad == 0, "%s (round %d): %zu of %zu outputs off, first [%zu] = %.9g, want %.9g (terms %.3g)", label,
-                  round, bad, ny, first, (double)out[first], ref[first], mag[first]);
+                  round, bad, ny, first, (double)o.h[first], ref[first], mag[first]);
     ck_assert_msg(worst < 1e-5, "%s: worst relative error %g", label, worst);
   }
   be->op_destroy(op);
-  be->dealloc(b, x);
-  be->dealloc(b, w);
-  be->dealloc(b, y);
-  be->dealloc(b, y2);
+  struct tensor all[] = {x, w, y, y2};
+  tensors_free(all, 4);
   free(ref);
   free(mag);
 }
@@ -200,10 +274,6 @@ static void compare(const float *out, const double *ref, const double *mag, size
                 (double)out[first], ref[first], mag ? mag[first] : fabs(ref[first]));
 }
 
-static void nan_fill(float *x, size_t n) {
-  for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-
 /* The gradients of the convolution, in double: dx [n, c, h, w] from dy and w, dw
  * [k, c, kernel, kernel] from x and dy, each with the magnitude of its terms. */
 static void conv_bwd_ref(const struct gw_op_desc *d, const float *x, const float *w, const float *dy, double *dx,
@@ -237,28 +307,31 @@ static void conv_bwd_ref(const struct gw_op_desc *d, const float *x, const float
 static void check_conv_bwd(struct gw_backend *b, const struct gw_op_desc *d, const char *label) {
   size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
   size_t ny = (size_t)d->n * d->k * d->p * d->q;
-  float *x = be->alloc(b, nx * 4), *w = be->alloc(b, nw * 4), *y = be->alloc(b, ny * 4), *dy = be->alloc(b, ny * 4);
-  float *dx = be->alloc(b, nx * 4), *dw = be->alloc(b, nw * 4);
+  struct tensor x = tensor_new(b, nx), w = tensor_new(b, nw), y = tensor_new(b, ny), dy = tensor_new(b, ny);
+  struct tensor dx = tensor_new(b, nx), dw = tensor_new(b, nw);
   double *rdx = malloc(nx * 8), *mdx = malloc(nx * 8), *rdw = malloc(nw * 8), *mdw = malloc(nw * 8);
-  ck_assert(x && w && y && dy && dx && dw && rdx && mdx && rdw && mdw);
+  ck_assert(rdx && mdx && rdw && mdw);
   struct gw_op *op = NULL;
   ck_assert_msg(be->op_create(b, d, &op) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
   for (int round = 0; round < 2; round++) {
-    fill(x, nx, 3000 + (uint64_t)round), fill(w, nw, 4000 + (uint64_t)round), fill(dy, ny, 5000 + (uint64_t)round);
-    ck_assert_msg(be->conv_fwd(op, x, w, y) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
-    nan_fill(dx, nx), nan_fill(dw, nw);
-    ck_assert_msg(be->conv_bwd_data(op, dy, w, dx) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
-    ck_assert_msg(be->conv_bwd_weights(op, x, dy, dw) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
-    conv_bwd_ref(d, x, w, dy, rdx, mdx, rdw, mdw);
+    fill(x.h, nx, 3000 + (uint64_t)round), fill(w.h, nw, 4000 + (uint64_t)round);
+    fill(dy.h, ny, 5000 + (uint64_t)round);
+    up(x), up(w), up(dy);
+    ck_assert_msg(be->conv_fwd(op, x.d, w.d, y.d) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+    nan_up(dx), nan_up(dw);
+    ck_assert_msg(be->conv_bwd_data(op, dy.d, w.d, dx.d) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+    ck_assert_msg(be->conv_bwd_weights(op, x.d, dy.d, dw.d) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+    down(dx), down(dw);
+    conv_bwd_ref(d, x.h, w.h, dy.h, rdx, mdx, rdw, mdw);
     char l2[160];
     snprintf(l2, sizeof l2, "%s round %d dx", label, round);
-    compare(dx, rdx, mdx, nx, 1e-5, 0, l2);
+    compare(dx.h, rdx, mdx, nx, 1e-5, 0, l2);
     snprintf(l2, sizeof l2, "%s round %d dw", label, round);
-    compare(dw, rdw, mdw, nw, 1e-5, 0, l2);
+    compare(dw.h, rdw, mdw, nw, 1e-5, 0, l2);
   }
   be->op_destroy(op);
-  float *f[] = {x, w, y, dy, dx, dw};
-  for (int i = 0; i < 6; i++) be->dealloc(b, f[i]);
+  struct tensor all[] = {x, w, y, dy, dx, dw};
+  tensors_free(all, 6);
   free(rdx), free(mdx), free(rdw), free(mdw);
 }
 
@@ -291,35 +364,39 @@ START_TEST(test_conv_bwd_finite_difference) {
   struct gw_backend *b = backend();
   struct gw_op_desc d = conv_desc(2, 2, 5, 5, 3, 3, 2, 1);
   size_t nx = 2 * 2 * 5 * 5, nw = 3 * 2 * 3 * 3, ny = (size_t)2 * 3 * d.p * d.q;
-  float *x = be->alloc(b, nx * 4), *w = be->alloc(b, nw * 4), *y = be->alloc(b, ny * 4), *g = be->alloc(b, ny * 4);
-  float *dx = be->alloc(b, nx * 4), *dw = be->alloc(b, nw * 4);
-  fill(x, nx, 11), fill(w, nw, 12), fill(g, ny, 13);
+  struct tensor x = tensor_new(b, nx), w = tensor_new(b, nw), y = tensor_new(b, ny), g = tensor_new(b, ny);
+  struct tensor dx = tensor_new(b, nx), dw = tensor_new(b, nw);
+  fill(x.h, nx, 11), fill(w.h, nw, 12), fill(g.h, ny, 13);
+  up(x), up(w), up(g), nan_up(dx), nan_up(dw);
   struct gw_op *op = NULL;
   ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-  ck_assert(be->conv_bwd_data(op, g, w, dx) == GW_SUCCESS);
-  ck_assert(be->conv_bwd_weights(op, x, g, dw) == GW_SUCCESS);
+  ck_assert(be->conv_bwd_data(op, g.d, w.d, dx.d) == GW_SUCCESS);
+  ck_assert(be->conv_bwd_weights(op, x.d, g.d, dw.d) == GW_SUCCESS);
+  down(dx), down(dw);
   const double h = 0.25;
   for (int which = 0; which < 2; which++) {
-    float *t = which ? w : x, *grad = which ? dw : dx;
-    size_t nt = which ? nw : nx;
-    for (size_t i = 0; i < nt; i += 3) {
+    struct tensor t = which ? w : x, grad = which ? dw : dx;
+    for (size_t i = 0; i < t.n; i += 3) {
       double l[2];
-      float keep = t[i];
+      float keep = t.h[i];
       for (int sgn = 0; sgn < 2; sgn++) {
-        t[i] = (float)(keep + (sgn ? h : -h));
-        ck_assert(be->conv_fwd(op, x, w, y) == GW_SUCCESS);
+        t.h[i] = (float)(keep + (sgn ? h : -h));
+        up(t), nan_up(y);
+        ck_assert(be->conv_fwd(op, x.d, w.d, y.d) == GW_SUCCESS);
+        down(y);
         l[sgn] = 0;
-        for (size_t j = 0; j < ny; j++) l[sgn] += (double)y[j] * g[j];
+        for (size_t j = 0; j < ny; j++) l[sgn] += (double)y.h[j] * g.h[j];
       }
-      t[i] = keep;
+      t.h[i] = keep;
+      up(t);
       double fd = (l[1] - l[0]) / (2 * h);
-      ck_assert_msg(fabs(fd - grad[i]) <= 1e-4 * (1 + fabs(fd)), "%s[%zu]: backend %.7g, finite difference %.7g",
-                    which ? "dw" : "dx", i, (double)grad[i], fd);
+      ck_assert_msg(fabs(fd - grad.h[i]) <= 1e-4 * (1 + fabs(fd)), "%s[%zu]: backend %.7g, finite difference %.7g",
+                    which ? "dw" : "dx", i, (double)grad.h[i], fd);
     }
   }
   be->op_destroy(op);
-  float *f[] = {x, w, y, g, dx, dw};
-  for (int i = 0; i < 6; i++) be->dealloc(b, f[i]);
+  struct tensor all[] = {x, w, y, g, dx, dw};
+  tensors_free(all, 6);
   be->destroy(b);
 }
 END_TEST
@@ -339,25 +416,28 @@ START_TEST(test_relu) {
     const int *s = shapes[si];
     struct gw_op_desc d = same_desc(GW_LAYER_RELU, s[0], s[1], s[2], s[3]);
     size_t n = (size_t)s[0] * s[1] * s[2] * s[3];
-    float *x = be->alloc(b, n * 4), *y = be->alloc(b, n * 4), *dy = be->alloc(b, n * 4), *dx = be->alloc(b, n * 4);
-    fill(x, n, 21 + si), fill(dy, n, 22 + si);
-    for (size_t i = 0; i < n; i += 7) x[i] = (i % 14) ? 0.f : -0.f;
+    struct tensor x = tensor_new(b, n), y = tensor_new(b, n), dy = tensor_new(b, n), dx = tensor_new(b, n);
+    fill(x.h, n, 21 + si), fill(dy.h, n, 22 + si);
+    for (size_t i = 0; i < n; i += 7) x.h[i] = (i % 14) ? 0.f : -0.f;
+    up(x), up(dy), nan_up(y), nan_up(dx);
     struct gw_op *op = NULL;
     ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-    nan_fill(y, n), nan_fill(dx, n);
-    ck_assert(be->relu_fwd(op, x, y) == GW_SUCCESS);
-    ck_assert(be->relu_bwd(op, y, dy, dx) == GW_SUCCESS);
+    ck_assert(be->relu_fwd(op, x.d, y.d) == GW_SUCCESS);
+    ck_assert(be->relu_bwd(op, y.d, dy.d, dx.d) == GW_SUCCESS);
+    down(y), down(dx);
     for (size_t i = 0; i < n; i++) {
-      float want = x[i] > 0 ? x[i] : 0.f;
-      ck_assert_msg(y[i] == want, "relu shape %zu y[%zu] = %g, want %g", si, i, (double)y[i], (double)want);
-      float gwant = y[i] > 0 ? dy[i] : 0.f;
-      ck_assert_msg(dx[i] == gwant, "relu shape %zu dx[%zu] = %g, want %g", si, i, (double)dx[i], (double)gwant);
+      float want = x.h[i] > 0 ? x.h[i] : 0.f;
+      ck_assert_msg(y.h[i] == want, "relu shape %zu y[%zu] = %g, want %g", si, i, (double)y.h[i], (double)want);
+      float gwant = y.h[i] > 0 ? dy.h[i] : 0.f;
+      ck_assert_msg(dx.h[i] == gwant, "relu shape %zu dx[%zu] = %g, want %g", si, i, (double)dx.h[i], (double)gwant);
     }
-    ck_assert(be->relu_fwd(op, x, x) == GW_SUCCESS); /* in place */
-    ck_assert(memcmp(x, y, n * 4) == 0 || n == 0);
-    for (size_t i = 0; i < n; i++) ck_assert(x[i] == y[i]);
+    ck_assert(be->relu_fwd(op, x.d, x.d) == GW_SUCCESS); /* in place */
+    down(x);
+    ck_assert(memcmp(x.h, y.h, n * 4) == 0 || n == 0);
+    for (size_t i = 0; i < n; i++) ck_assert(x.h[i] == y.h[i]);
     be->op_destroy(op);
-    be->dealloc(b, x), be->dealloc(b, y), be->dealloc(b, dy), be->dealloc(b, dx);
+    struct tensor all[] = {x, y, dy, dx};
+    tensors_free(all, 4);
   }
   be->destroy(b);
 }
@@ -368,26 +448,30 @@ START_TEST(test_add) {
   struct gw_backend *b = backend();
   struct gw_op_desc d = same_desc(GW_LAYER_ADD, 3, 5, 7, 9);
   size_t n = 3 * 5 * 7 * 9;
-  float *a = be->alloc(b, n * 4), *c = be->alloc(b, n * 4), *y = be->alloc(b, n * 4), *a2 = be->alloc(b, n * 4);
-  fill(a, n, 31), fill(c, n, 32);
-  memcpy(a2, a, n * 4);
+  struct tensor a = tensor_new(b, n), c = tensor_new(b, n), y = tensor_new(b, n), a2 = tensor_new(b, n);
+  fill(a.h, n, 31), fill(c.h, n, 32);
+  memcpy(a2.h, a.h, n * 4);
+  up(a), up(c), up(a2), nan_up(y);
   struct gw_op *op = NULL;
   ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-  nan_fill(y, n);
-  ck_assert(be->add(op, a, c, y) == GW_SUCCESS);
-  for (size_t i = 0; i < n; i++) ck_assert_msg(y[i] == a[i] + c[i], "add [%zu]", i);
-  ck_assert(be->add(op, a, c, a) == GW_SUCCESS);
-  ck_assert(memcmp(a, y, n * 4) == 0);
-  ck_assert(be->add(op, a2, c, c) == GW_SUCCESS);
-  ck_assert(memcmp(c, y, n * 4) == 0);
+  ck_assert(be->add(op, a.d, c.d, y.d) == GW_SUCCESS);
+  down(y);
+  for (size_t i = 0; i < n; i++) ck_assert_msg(y.h[i] == a.h[i] + c.h[i], "add [%zu]", i);
+  ck_assert(be->add(op, a.d, c.d, a.d) == GW_SUCCESS);
+  down(a);
+  ck_assert(memcmp(a.h, y.h, n * 4) == 0);
+  ck_assert(be->add(op, a2.d, c.d, c.d) == GW_SUCCESS);
+  down(c);
+  ck_assert(memcmp(c.h, y.h, n * 4) == 0);
   struct gw_op_desc cd = conv_desc(1, 3, 8, 8, 4, 3, 1, 1);
   struct gw_op *conv = NULL;
   ck_assert(be->op_create(b, &cd, &conv) == GW_SUCCESS);
-  ck_assert_int_eq(be->add(conv, a, c, y), GW_ERR_INVALID_ARGUMENT); /* wrong kind */
+  ck_assert_int_eq(be->add(conv, a.d, c.d, y.d), GW_ERR_INVALID_ARGUMENT); /* wrong kind */
   ck_assert(strstr(gw_model_last_error(), "add called on an op of kind 0"));
   be->op_destroy(conv);
   be->op_destroy(op);
-  be->dealloc(b, a), be->dealloc(b, c), be->dealloc(b, y), be->dealloc(b, a2);
+  struct tensor all[] = {a, c, y, a2};
+  tensors_free(all, 4);
   be->destroy(b);
 }
 END_TEST
@@ -446,51 +530,58 @@ START_TEST(test_bn) {
     struct gw_op_desc d = same_desc(GW_LAYER_BN, s[0], s[1], s[2], s[3]);
     d.eps = 1e-5f, d.momentum = 0.1f;
     size_t n = (size_t)s[0] * s[1] * s[2] * s[3], c = (size_t)s[1];
-    float *x = malloc(n * 4), *y = malloc(n * 4), *dy = malloc(n * 4), *dx = malloc(n * 4), *v = malloc(8 * c * 4);
+    struct tensor x = tensor_new(b, n), y = tensor_new(b, n), dy = tensor_new(b, n), dx = tensor_new(b, n);
+    struct tensor gamma = tensor_new(b, c), beta = tensor_new(b, c), mean = tensor_new(b, c);
+    struct tensor rstd = tensor_new(b, c), rmean = tensor_new(b, c), rvar = tensor_new(b, c);
+    struct tensor dgamma = tensor_new(b, c), dbeta = tensor_new(b, c);
     double *dd = malloc((3 * n + 6 * c) * 8), *mag = malloc(c * 8);
-    ck_assert(x && y && dy && dx && v && dd && mag);
-    float *gamma = v, *beta = v + c, *mean = v + 2 * c, *rstd = v + 3 * c, *rmean = v + 4 * c, *rvar = v + 5 * c;
-    float *dgamma = v + 6 * c, *dbeta = v + 7 * c;
+    ck_assert(dd && mag);
     struct bn_ref r = {dd, dd + n, dd + 2 * n, dd + 2 * n + c, dd + 2 * n + 2 * c, dd + 2 * n + 3 * c,
                        dd + 2 * n + 4 * c, dd + 2 * n + 5 * c};
-    fill(x, n, 41 + si), fill(dy, n, 42 + si), fill(gamma, c, 43 + si), fill(beta, c, 44 + si);
-    for (size_t i = 0; i < n; i++) x[i] = x[i] * (float)(1 + (i / (s[2] * s[3])) % 2) + 3.f;
+    fill(x.h, n, 41 + si), fill(dy.h, n, 42 + si), fill(gamma.h, c, 43 + si), fill(beta.h, c, 44 + si);
+    for (size_t i = 0; i < n; i++) x.h[i] = x.h[i] * (float)(1 + (i / (s[2] * s[3])) % 2) + 3.f;
     float rm0[64], rv0[64];
-    for (size_t i = 0; i < c; i++) rm0[i] = rmean[i] = 0.5f * (float)i, rv0[i] = rvar[i] = 1.f + 0.25f * (float)i;
-    nan_fill(y, n), nan_fill(dx, n), nan_fill(mean, 2 * c), nan_fill(dgamma, 2 * c);
+    for (size_t i = 0; i < c; i++)
+      rm0[i] = rmean.h[i] = 0.5f * (float)i, rv0[i] = rvar.h[i] = 1.f + 0.25f * (float)i;
+    up(x), up(dy), up(gamma), up(beta), up(rmean), up(rvar);
+    nan_up(y), nan_up(dx), nan_up(mean), nan_up(rstd), nan_up(dgamma), nan_up(dbeta);
     struct gw_op *op = NULL;
     ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-    ck_assert_msg(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rmean, rvar) == GW_SUCCESS, "%s",
-                  gw_model_last_error());
-    ck_assert(be->bn_bwd(op, x, dy, gamma, mean, rstd, dx, dgamma, dbeta) == GW_SUCCESS);
-    bn_reference(&d, x, gamma, beta, dy, rm0, rv0, &r);
+    ck_assert_msg(be->bn_fwd_train(op, x.d, gamma.d, beta.d, y.d, mean.d, rstd.d, rmean.d, rvar.d) == GW_SUCCESS,
+                  "%s", gw_model_last_error());
+    ck_assert(be->bn_bwd(op, x.d, dy.d, gamma.d, mean.d, rstd.d, dx.d, dgamma.d, dbeta.d) == GW_SUCCESS);
+    down(y), down(dx), down(mean), down(rstd), down(rmean), down(rvar), down(dgamma), down(dbeta);
+    bn_reference(&d, x.h, gamma.h, beta.h, dy.h, rm0, rv0, &r);
     char l[96];
     snprintf(l, sizeof l, "bn %dx%dx%dx%d", s[0], s[1], s[2], s[3]);
-    compare(y, r.y, NULL, n, 2e-6, 1e-6, l);
-    compare(dx, r.dx, NULL, n, 2e-6, 1e-6, l);
-    compare(mean, r.mean, NULL, c, 2e-6, 1e-6, l);
-    compare(rstd, r.rstd, NULL, c, 2e-6, 1e-6, l);
-    compare(rmean, r.rmean, NULL, c, 2e-6, 1e-6, l);
-    compare(rvar, r.rvar, NULL, c, 2e-6, 1e-6, l);
+    compare(y.h, r.y, NULL, n, 2e-6, 1e-6, l);
+    compare(dx.h, r.dx, NULL, n, 2e-6, 1e-6, l);
+    compare(mean.h, r.mean, NULL, c, 2e-6, 1e-6, l);
+    compare(rstd.h, r.rstd, NULL, c, 2e-6, 1e-6, l);
+    compare(rmean.h, r.rmean, NULL, c, 2e-6, 1e-6, l);
+    compare(rvar.h, r.rvar, NULL, c, 2e-6, 1e-6, l);
     size_t hw = (size_t)s[2] * s[3];
     for (size_t ch = 0; ch < c; ch++) {
       mag[ch] = 0;
       for (int i = 0; i < s[0]; i++)
-        for (size_t j = 0; j < hw; j++) mag[ch] += fabs(dy[((size_t)i * c + ch) * hw + j]) * 4;
+        for (size_t j = 0; j < hw; j++) mag[ch] += fabs(dy.h[((size_t)i * c + ch) * hw + j]) * 4;
     }
-    compare(dgamma, r.dgamma, mag, c, 1e-5, 0, l);
-    compare(dbeta, r.dbeta, mag, c, 1e-5, 0, l);
+    compare(dgamma.h, r.dgamma, mag, c, 1e-5, 0, l);
+    compare(dbeta.h, r.dbeta, mag, c, 1e-5, 0, l);
     /* Inference with the running stats just updated. */
-    nan_fill(y, n);
-    ck_assert(be->bn_fwd_infer(op, x, gamma, beta, rmean, rvar, y) == GW_SUCCESS);
+    nan_up(y);
+    ck_assert(be->bn_fwd_infer(op, x.d, gamma.d, beta.d, rmean.d, rvar.d, y.d) == GW_SUCCESS);
+    down(y);
     for (size_t i = 0; i < n; i++) {
       size_t ch = (i / hw) % c;
-      double want = (x[i] - (double)rmean[ch]) / sqrt((double)rvar[ch] + 1e-5) * gamma[ch] + beta[ch];
-      ck_assert_msg(fabs(y[i] - want) <= 2e-6 * fabs(want) + 1e-6, "%s infer [%zu] = %.9g, want %.9g", l, i,
-                    (double)y[i], want);
+      double want = (x.h[i] - (double)rmean.h[ch]) / sqrt((double)rvar.h[ch] + 1e-5) * gamma.h[ch] + beta.h[ch];
+      ck_assert_msg(fabs(y.h[i] - want) <= 2e-6 * fabs(want) + 1e-6, "%s infer [%zu] = %.9g, want %.9g", l, i,
+                    (double)y.h[i], want);
     }
     be->op_destroy(op);
-    free(x), free(y), free(dy), free(dx), free(v), free(dd), free(mag);
+    struct tensor all[] = {x, y, dy, dx, gamma, beta, mean, rstd, rmean, rvar, dgamma, dbeta};
+    tensors_free(all, 12);
+    free(dd), free(mag);
   }
   be->destroy(b);
 }
@@ -506,25 +597,30 @@ START_TEST(test_bn_running_stats_exact) {
   struct gw_op_desc d = same_desc(GW_LAYER_BN, 2, 2, 1, 2);
   d.eps = 1e-5f;
   /* [n=2][c=2][1][2] */
-  const float x[8] = {1, 2, 0, 0, 3, 4, 8, 8}, gamma[2] = {1, 1}, beta[2] = {0, 0};
+  const float xv[8] = {1, 2, 0, 0, 3, 4, 8, 8}, ones[2] = {1, 1}, zeros[2] = {0, 0};
+  struct tensor x = tensor_of(b, xv, 8), gamma = tensor_of(b, ones, 2), beta = tensor_of(b, zeros, 2);
+  struct tensor y = tensor_new(b, 8), mean = tensor_new(b, 2), rstd = tensor_new(b, 2);
+  struct tensor rm = tensor_new(b, 2), rv = tensor_new(b, 2);
+  const float rm0[2] = {0.3f, -1.7f}, rv0[2] = {0.9f, 2.2f};
   for (int mi = 0; mi < 2; mi++) {
     d.momentum = mi ? 1.f : 0.1f;
     struct gw_op *op = NULL;
     ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
-    float y[8], mean[2], rstd[2], rm[2] = {0.3f, -1.7f}, rv[2] = {0.9f, 2.2f};
-    const float rm0[2] = {0.3f, -1.7f}, rv0[2] = {0.9f, 2.2f};
-    ck_assert(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv) == GW_SUCCESS);
+    memcpy(rm.h, rm0, sizeof rm0), memcpy(rv.h, rv0, sizeof rv0);
+    up(rm), up(rv), nan_up(y), nan_up(mean), nan_up(rstd);
+    ck_assert(be->bn_fwd_train(op, x.d, gamma.d, beta.d, y.d, mean.d, rstd.d, rm.d, rv.d) == GW_SUCCESS);
+    down(rm), down(rv), down(mean), down(rstd);
     const double bm[2] = {2.5, 4}, bv[2] = {5.0 / 3.0, 64.0 / 3.0};
     for (int ch = 0; ch < 2; ch++) {
       double mom = (double)d.momentum;
       float want_m = (float)(mom * bm[ch] + (1 - mom) * (double)rm0[ch]);
       float want_v = (float)(mom * bv[ch] + (1 - mom) * (double)rv0[ch]);
-      ck_assert_msg(rm[ch] == want_m, "momentum %g channel %d running_mean %.9g, want %.9g", mom, ch, (double)rm[ch],
-                    (double)want_m);
-      ck_assert_msg(rv[ch] == want_v, "momentum %g channel %d running_var %.9g, want %.9g", mom, ch, (double)rv[ch],
-                    (double)want_v);
-      ck_assert(mean[ch] == (float)bm[ch]);
-      ck_assert(rstd[ch] == (float)(1 / sqrt(bv[ch] * 3 / 4 + (double)1e-5f)));
+      ck_assert_msg(rm.h[ch] == want_m, "momentum %g channel %d running_mean %.9g, want %.9g", mom, ch,
+                    (double)rm.h[ch], (double)want_m);
+      ck_assert_msg(rv.h[ch] == want_v, "momentum %g channel %d running_var %.9g, want %.9g", mom, ch,
+                    (double)rv.h[ch], (double)want_v);
+      ck_assert(mean.h[ch] == (float)bm[ch]);
+      ck_assert(rstd.h[ch] == (float)(1 / sqrt(bv[ch] * 3 / 4 + (double)1e-5f)));
     }
     be->op_destroy(op);
   }
@@ -532,11 +628,15 @@ START_TEST(test_bn_running_stats_exact) {
   d.eps = 1e-5f, d.momentum = 0.1f;
   struct gw_op *op = NULL;
   ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
-  float y[2], mean[2], rstd[2], rm[2] = {0, 0}, rv[2] = {1, 1};
-  ck_assert_int_eq(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv), GW_ERR_INVALID_ARGUMENT);
+  memcpy(rm.h, zeros, sizeof zeros), memcpy(rv.h, ones, sizeof ones);
+  up(rm), up(rv);
+  ck_assert_int_eq(be->bn_fwd_train(op, x.d, gamma.d, beta.d, y.d, mean.d, rstd.d, rm.d, rv.d),
+                   GW_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(gw_model_last_error(), "one value per channel"));
-  ck_assert(be->bn_fwd_infer(op, x, gamma, beta, rm, rv, y) == GW_SUCCESS); /* inference is fine */
+  ck_assert(be->bn_fwd_infer(op, x.d, gamma.d, beta.d, rm.d, rv.d, y.d) == GW_SUCCESS); /* inference is fine */
   be->op_destroy(op);
+  struct tensor all[] = {x, gamma, beta, y, mean, rstd, rm, rv};
+  tensors_free(all, 8);
   be->destroy(b);
 }
 END_TEST
@@ -555,17 +655,21 @@ START_TEST(test_maxpool) {
     struct gw_op_desc d = conv_desc(s[0], s[1], s[2], s[3], s[1], s[4], s[5], s[6]);
     d.kind = GW_LAYER_MAXPOOL;
     size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.p * d.q;
-    float *x = malloc(nx * 4), *dx = malloc(nx * 4), *y = malloc(ny * 4), *dy = malloc(ny * 4);
+    struct tensor x = tensor_new(b, nx), dx = tensor_new(b, nx), y = tensor_new(b, ny), dy = tensor_new(b, ny);
+    const float *xh = x.h, *dyh = dy.h;
     double *rdx = calloc(nx, 8), *mdx = calloc(nx, 8), *ry = malloc(ny * 8);
-    fill(x, nx, 51 + si), fill(dy, ny, 52 + si);
+    ck_assert(rdx && mdx && ry);
+    fill(x.h, nx, 51 + si), fill(dy.h, ny, 52 + si);
+    up(x), up(dy), nan_up(y), nan_up(dx);
     struct gw_op *op = NULL;
     ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
     size_t wsb = be->workspace_bytes(op);
     ck_assert(wsb > 0);
-    void *ws = be->alloc(b, wsb);
-    nan_fill(y, ny), nan_fill(dx, nx);
-    ck_assert(be->maxpool_fwd(op, x, y, ws) == GW_SUCCESS);
-    ck_assert(be->maxpool_bwd(op, dy, ws, dx) == GW_SUCCESS);
+    void *ws = be->alloc(b, wsb); /* the backend's memory, never read here */
+    ck_assert(ws);
+    ck_assert(be->maxpool_fwd(op, x.d, y.d, ws) == GW_SUCCESS);
+    ck_assert(be->maxpool_bwd(op, dy.d, ws, dx.d) == GW_SUCCESS);
+    down(y), down(dx);
     for (int n = 0; n < d.n; n++)
       for (int c = 0; c < d.c; c++)
         for (int p = 0; p < d.p; p++)
@@ -577,19 +681,21 @@ START_TEST(test_maxpool) {
                 int ih = p * d.stride - d.pad + r, iw = q * d.stride - d.pad + t;
                 if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) continue;
                 size_t xi = (((size_t)n * d.c + c) * d.h + ih) * d.w + iw;
-                if (x[xi] > best) best = x[xi], arg = xi;
+                if (xh[xi] > best) best = xh[xi], arg = xi;
               }
             size_t o = (((size_t)n * d.c + c) * d.p + p) * d.q + q;
             ry[o] = best;
-            rdx[arg] += dy[o], mdx[arg] += fabs(dy[o]);
+            rdx[arg] += dyh[o], mdx[arg] += fabs(dyh[o]);
           }
     char l[64];
     snprintf(l, sizeof l, "maxpool shape %zu", si);
-    compare(y, ry, NULL, ny, 0, 0, l);
-    compare(dx, rdx, mdx, nx, 1e-6, 0, l);
+    compare(y.h, ry, NULL, ny, 0, 0, l);
+    compare(dx.h, rdx, mdx, nx, 1e-6, 0, l);
     be->op_destroy(op);
     be->dealloc(b, ws);
-    free(x), free(dx), free(y), free(dy), free(rdx), free(mdx), free(ry);
+    struct tensor all[] = {x, dx, y, dy};
+    tensors_free(all, 4);
+    free(rdx), free(mdx), free(ry);
   }
   be->destroy(b);
 }
@@ -605,24 +711,28 @@ START_TEST(test_avgpool) {
     struct gw_op_desc d = same_desc(GW_LAYER_AVGPOOL, s[0], s[1], s[2], s[3]);
     d.p = d.q = 1;
     size_t hw = (size_t)s[2] * s[3], planes = (size_t)s[0] * s[1];
-    float *x = malloc(planes * hw * 4), *dx = malloc(planes * hw * 4);
-    float *y = malloc(planes * 4), *dy = malloc(planes * 4);
+    struct tensor x = tensor_new(b, planes * hw), dx = tensor_new(b, planes * hw);
+    struct tensor y = tensor_new(b, planes), dy = tensor_new(b, planes);
     double *ry = malloc(planes * 8), *rdx = malloc(planes * hw * 8);
-    fill(x, planes * hw, 61 + si), fill(dy, planes, 62 + si);
+    ck_assert(ry && rdx);
+    fill(x.h, planes * hw, 61 + si), fill(dy.h, planes, 62 + si);
+    up(x), up(dy), nan_up(y), nan_up(dx);
     struct gw_op *op = NULL;
     ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-    nan_fill(y, planes), nan_fill(dx, planes * hw);
-    ck_assert(be->avgpool_fwd(op, x, y) == GW_SUCCESS);
-    ck_assert(be->avgpool_bwd(op, dy, dx) == GW_SUCCESS);
+    ck_assert(be->avgpool_fwd(op, x.d, y.d) == GW_SUCCESS);
+    ck_assert(be->avgpool_bwd(op, dy.d, dx.d) == GW_SUCCESS);
+    down(y), down(dx);
     for (size_t pl = 0; pl < planes; pl++) {
       double sum = 0;
-      for (size_t i = 0; i < hw; i++) sum += x[pl * hw + i], rdx[pl * hw + i] = (double)dy[pl] / hw;
+      for (size_t i = 0; i < hw; i++) sum += x.h[pl * hw + i], rdx[pl * hw + i] = (double)dy.h[pl] / hw;
       ry[pl] = sum / hw;
     }
-    compare(y, ry, NULL, planes, 1e-6, 1e-7, "avgpool y");
-    compare(dx, rdx, NULL, planes * hw, 1e-6, 1e-7, "avgpool dx");
+    compare(y.h, ry, NULL, planes, 1e-6, 1e-7, "avgpool y");
+    compare(dx.h, rdx, NULL, planes * hw, 1e-6, 1e-7, "avgpool dx");
     be->op_destroy(op);
-    free(x), free(dx), free(y), free(dy), free(ry), free(rdx);
+    struct tensor all[] = {x, dx, y, dy};
+    tensors_free(all, 4);
+    free(ry), free(rdx);
   }
   be->destroy(b);
 }
@@ -639,16 +749,20 @@ START_TEST(test_fc) {
     const int *s = shapes[si];
     struct gw_op_desc d = {.kind = GW_LAYER_FC, .n = s[0], .c = s[1], .h = s[2], .w = s[3], .k = s[4], .p = 1, .q = 1};
     size_t N = (size_t)s[0], F = (size_t)s[1] * s[2] * s[3], K = (size_t)s[4];
-    float *x = malloc(N * F * 4), *w = malloc(K * F * 4), *bias = malloc(K * 4), *y = malloc(N * K * 4);
-    float *dy = malloc(N * K * 4), *dx = malloc(N * F * 4), *dw = malloc(K * F * 4), *db = malloc(K * 4);
+    struct tensor tx = tensor_new(b, N * F), tw = tensor_new(b, K * F), tbias = tensor_new(b, K);
+    struct tensor ty = tensor_new(b, N * K), tdy = tensor_new(b, N * K), tdx = tensor_new(b, N * F);
+    struct tensor tdw = tensor_new(b, K * F), tdb = tensor_new(b, K);
+    const float *x = tx.h, *w = tw.h, *bias = tbias.h, *dy = tdy.h; /* the host values, for the reference */
     double *ry = calloc(N * K, 8), *my = calloc(N * K, 8), *rdx = calloc(N * F, 8), *mdx = calloc(N * F, 8);
     double *rdw = calloc(K * F, 8), *mdw = calloc(K * F, 8), *rdb = calloc(K, 8), *mdb = calloc(K, 8);
-    fill(x, N * F, 71 + si), fill(w, K * F, 72 + si), fill(bias, K, 73 + si), fill(dy, N * K, 74 + si);
+    ck_assert(ry && my && rdx && mdx && rdw && mdw && rdb && mdb);
+    fill(tx.h, N * F, 71 + si), fill(tw.h, K * F, 72 + si), fill(tbias.h, K, 73 + si), fill(tdy.h, N * K, 74 + si);
+    up(tx), up(tw), up(tbias), up(tdy), nan_up(ty), nan_up(tdx), nan_up(tdw), nan_up(tdb);
     struct gw_op *op = NULL;
     ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-    nan_fill(y, N * K), nan_fill(dx, N * F), nan_fill(dw, K * F), nan_fill(db, K);
-    ck_assert_msg(be->fc_fwd(op, x, w, bias, y) == GW_SUCCESS, "%s", gw_model_last_error());
-    ck_assert_msg(be->fc_bwd(op, x, w, dy, dx, dw, db) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert_msg(be->fc_fwd(op, tx.d, tw.d, tbias.d, ty.d) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert_msg(be->fc_bwd(op, tx.d, tw.d, tdy.d, tdx.d, tdw.d, tdb.d) == GW_SUCCESS, "%s", gw_model_last_error());
+    down(ty), down(tdx), down(tdw), down(tdb);
     for (size_t n = 0; n < N; n++)
       for (size_t k = 0; k < K; k++) {
         size_t o = n * K + k;
@@ -664,13 +778,13 @@ START_TEST(test_fc) {
       }
     char l[64];
     snprintf(l, sizeof l, "fc shape %zu", si);
-    compare(y, ry, my, N * K, 1e-5, 0, l);
-    compare(dx, rdx, mdx, N * F, 1e-5, 0, l);
-    compare(dw, rdw, mdw, K * F, 1e-5, 0, l);
-    compare(db, rdb, mdb, K, 1e-5, 0, l);
+    compare(ty.h, ry, my, N * K, 1e-5, 0, l);
+    compare(tdx.h, rdx, mdx, N * F, 1e-5, 0, l);
+    compare(tdw.h, rdw, mdw, K * F, 1e-5, 0, l);
+    compare(tdb.h, rdb, mdb, K, 1e-5, 0, l);
     be->op_destroy(op);
-    float *fs[] = {x, w, bias, y, dy, dx, dw, db};
-    for (int i = 0; i < 8; i++) free(fs[i]);
+    struct tensor all[] = {tx, tw, tbias, ty, tdy, tdx, tdw, tdb};
+    tensors_free(all, 8);
     double *ds[] = {ry, my, rdx, mdx, rdw, mdw, rdb, mdb};
     for (int i = 0; i < 8; i++) free(ds[i]);
   }
@@ -703,16 +817,21 @@ START_TEST(test_loss) {
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     int n = cases[ci].n, k = cases[ci].k;
     struct gw_op_desc d = {.kind = GW_OP_LOSS, .n = n, .k = k, .label_smoothing = cases[ci].s};
-    float *z = malloc((size_t)n * k * 4), *g = malloc((size_t)n * k * 4), loss = NAN;
+    struct tensor z = tensor_new(b, (size_t)n * k), tg = tensor_new(b, (size_t)n * k);
+    const float *g = tg.h;
+    float loss = NAN; /* host memory, as backend.h says */
     double *zd = malloc((size_t)n * k * 8), *rg = malloc((size_t)n * k * 8);
-    int32_t labels[8];
-    fill(z, (size_t)n * k, 81 + ci);
-    for (int i = 0; i < n * k; i++) z[i] *= cases[ci].scale, zd[i] = z[i];
+    int32_t labels[8], *dlabels = be->alloc(b, sizeof labels);
+    ck_assert(zd && rg && dlabels);
+    fill(z.h, (size_t)n * k, 81 + ci);
+    for (int i = 0; i < n * k; i++) z.h[i] *= cases[ci].scale, zd[i] = z.h[i];
     for (int i = 0; i < n; i++) labels[i] = (int32_t)((i * 7 + 3) % k);
+    up(z), nan_up(tg);
+    to_backend(b, dlabels, labels, (size_t)n * sizeof labels[0]);
     struct gw_op *op = NULL;
     ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-    nan_fill(g, (size_t)n * k);
-    ck_assert_msg(be->loss_fwd_bwd(op, z, labels, &loss, g) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert_msg(be->loss_fwd_bwd(op, z.d, dlabels, &loss, tg.d) == GW_SUCCESS, "%s", gw_model_last_error());
+    down(tg);
     double s = cases[ci].s, want = loss_ref(n, k, zd, labels, s);
     ck_assert_msg(fabs(loss - want) <= 1e-6 * fabs(want) + 1e-7, "case %zu loss %.9g, want %.9g", ci, (double)loss,
                   want);
@@ -736,16 +855,24 @@ START_TEST(test_loss) {
                     (double)g[i], fd);
     }
     be->op_destroy(op);
-    free(z), free(g), free(zd), free(rg);
+    tensor_free(z), tensor_free(tg), be->dealloc(b, dlabels);
+    free(zd), free(rg);
   }
+  /* A label out of range is refused (the labels are in the backend's memory too). */
   struct gw_op_desc d = {.kind = GW_OP_LOSS, .n = 2, .k = 3};
   struct gw_op *op = NULL;
   ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
-  float z[6] = {0}, g[6], loss;
-  int32_t bad[2] = {1, 3};
-  ck_assert_int_eq(be->loss_fwd_bwd(op, z, bad, &loss, g), GW_ERR_INVALID_ARGUMENT);
+  const float zeros[6] = {0};
+  struct tensor z = tensor_of(b, zeros, 6), g = tensor_new(b, 6);
+  float loss;
+  const int32_t bad[2] = {1, 3};
+  int32_t *dbad = be->alloc(b, sizeof bad);
+  ck_assert(dbad);
+  to_backend(b, dbad, bad, sizeof bad);
+  ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(gw_model_last_error(), "label 3 of sample 1 is not in [0, 3)"));
   be->op_destroy(op);
+  tensor_free(z), tensor_free(g), be->dealloc(b, dbad);
   be->destroy(b);
 }
 END_TEST
@@ -759,31 +886,40 @@ START_TEST(test_bn_finite_difference) {
   struct gw_op_desc d = same_desc(GW_LAYER_BN, 2, 2, 3, 3);
   d.eps = 1e-5f, d.momentum = 0.1f;
   enum { N = 36, C = 2 };
-  float x[N], g[N], y[N], dx[N], gamma[C], beta[C], mean[C], rstd[C], rm[C], rv[C], dgamma[C], dbeta[C];
-  fill(x, N, 91), fill(g, N, 92), fill(gamma, C, 93), fill(beta, C, 94);
+  struct tensor x = tensor_new(b, N), g = tensor_new(b, N), y = tensor_new(b, N), dx = tensor_new(b, N);
+  struct tensor gamma = tensor_new(b, C), beta = tensor_new(b, C), mean = tensor_new(b, C), rstd = tensor_new(b, C);
+  struct tensor rm = tensor_new(b, C), rv = tensor_new(b, C), dgamma = tensor_new(b, C), dbeta = tensor_new(b, C);
+  fill(x.h, N, 91), fill(g.h, N, 92), fill(gamma.h, C, 93), fill(beta.h, C, 94);
+  for (int i = 0; i < C; i++) rm.h[i] = 0, rv.h[i] = 1;
+  up(x), up(g), up(gamma), up(beta), up(rm), up(rv), nan_up(dx), nan_up(dgamma), nan_up(dbeta);
   struct gw_op *op = NULL;
   ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
-  ck_assert(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv) == GW_SUCCESS);
-  ck_assert(be->bn_bwd(op, x, g, gamma, mean, rstd, dx, dgamma, dbeta) == GW_SUCCESS);
-  float *tensors[] = {x, gamma, beta}, *grads[] = {dx, dgamma, dbeta};
-  const int counts[] = {N, C, C};
+  ck_assert(be->bn_fwd_train(op, x.d, gamma.d, beta.d, y.d, mean.d, rstd.d, rm.d, rv.d) == GW_SUCCESS);
+  ck_assert(be->bn_bwd(op, x.d, g.d, gamma.d, mean.d, rstd.d, dx.d, dgamma.d, dbeta.d) == GW_SUCCESS);
+  down(dx), down(dgamma), down(dbeta);
+  struct tensor tensors[] = {x, gamma, beta}, grads[] = {dx, dgamma, dbeta};
   for (int t = 0; t < 3; t++)
-    for (int i = 0; i < counts[t]; i++) {
-      float keep = tensors[t][i];
+    for (size_t i = 0; i < tensors[t].n; i++) {
+      float keep = tensors[t].h[i];
       double l[2];
       for (int sgn = 0; sgn < 2; sgn++) {
-        tensors[t][i] = keep + (sgn ? 1e-2f : -1e-2f);
-        ck_assert(be->bn_fwd_train(op, x, gamma, beta, y, mean, rstd, rm, rv) == GW_SUCCESS);
+        tensors[t].h[i] = keep + (sgn ? 1e-2f : -1e-2f);
+        up(tensors[t]), nan_up(y);
+        ck_assert(be->bn_fwd_train(op, x.d, gamma.d, beta.d, y.d, mean.d, rstd.d, rm.d, rv.d) == GW_SUCCESS);
+        down(y);
         l[sgn] = 0;
-        for (int j = 0; j < N; j++) l[sgn] += (double)y[j] * g[j];
+        for (int j = 0; j < N; j++) l[sgn] += (double)y.h[j] * g.h[j];
       }
       double h = ((double)(keep + 1e-2f) - (double)(keep - 1e-2f)) / 2;
-      tensors[t][i] = keep;
+      tensors[t].h[i] = keep;
+      up(tensors[t]);
       double fd = (l[1] - l[0]) / (2 * h);
-      ck_assert_msg(fabs(fd - grads[t][i]) <= 2e-3 * (1 + fabs(fd)), "bn tensor %d [%d]: backend %.7g, fd %.7g", t, i,
-                    (double)grads[t][i], fd);
+      ck_assert_msg(fabs(fd - grads[t].h[i]) <= 2e-3 * (1 + fabs(fd)), "bn tensor %d [%zu]: backend %.7g, fd %.7g", t,
+                    i, (double)grads[t].h[i], fd);
     }
   be->op_destroy(op);
+  struct tensor all[] = {x, g, y, dx, gamma, beta, mean, rstd, rm, rv, dgamma, dbeta};
+  tensors_free(all, 12);
   be->destroy(b);
 }
 END_TEST
@@ -825,10 +961,16 @@ START_TEST(test_model_layers_plan) {
 }
 END_TEST
 
+/* What op_create refuses, with a message that names the backend and says why
+ * (every backend checks a description with model/backend_check.c, one wording). */
 static void expect_refused(struct gw_backend *b, struct gw_op_desc d, gw_result_t code, const char *substring) {
   struct gw_op *op = (struct gw_op *)b; /* must come back NULL */
   ck_assert_int_eq(be->op_create(b, &d, &op), code);
   ck_assert_ptr_null(op);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "%s backend: ", be->name);
+  ck_assert_msg(strncmp(gw_model_last_error(), prefix, strlen(prefix)) == 0, "message \"%s\" does not start \"%s\"",
+                gw_model_last_error(), prefix);
   ck_assert_msg(strstr(gw_model_last_error(), substring), "message \"%s\" does not say \"%s\"", gw_model_last_error(),
                 substring);
 }
@@ -854,16 +996,77 @@ START_TEST(test_refused) {
   be->destroy(b);
   be->destroy(NULL);
   be->op_destroy(NULL);
-  struct gw_backend_config cfg = {.threads = -1};
+  struct gw_backend_config cfg = strict_config();
+  cfg.threads = -1;
   ck_assert_int_eq(be->create(&cfg, &b), GW_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_null(b);
-  ck_assert_str_eq(be->name, "cpu");
+  ck_assert_str_eq(be->name, chosen);
+  ck_assert_int_eq(be->host_memory, strcmp(chosen, "cpu") == 0); /* cpu: host memory; cudnn: the device's */
 }
 END_TEST
 
-int main(void) {
+/* The backend named `name` if this build has it, else NULL with *why set. */
+static const struct gw_backend_ops *built_backend(const char *name, const char **why) {
+  if (strcmp(name, "cpu") == 0) {
+#if GW_HAVE_ONEDNN
+    return &gw_backend_cpu;
+#else
+    *why = "this build has no oneDNN (GW_HAVE_ONEDNN is 0)";
+    return NULL;
+#endif
+  }
+  if (strcmp(name, "cudnn") == 0) {
+#if GW_HAVE_CUDNN
+    return &gw_backend_cudnn;
+#else
+    *why = "this build has no cuDNN (GW_HAVE_CUDNN is 0)";
+    return NULL;
+#endif
+  }
+  *why = "unknown backend";
+  return NULL;
+}
+
+/* Makes one backend in a child process, so this one never initializes the device
+ * (CUDA does not survive fork, and Check forks every test from this process).
+ * Returns 0 when create() succeeded, 77 when it said GW_ERR_UNSUPPORTED (no usable
+ * device), 1 on any other failure; the child prints why. */
+static int probe_backend(const char *name) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct gw_backend_config cfg = strict_config();
+    struct gw_backend *b = NULL;
+    gw_result_t r = be->create(&cfg, &b);
+    if (r == GW_ERR_UNSUPPORTED) printf("model-backend %s: skipped: %s\n", name, gw_model_last_error());
+    else if (r != GW_SUCCESS) printf("model-backend %s: create failed (%d): %s\n", name, (int)r, gw_model_last_error());
+    be->destroy(b);
+    fflush(NULL);
+    _exit(r == GW_SUCCESS ? 0 : r == GW_ERR_UNSUPPORTED ? 77 : 1);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+    perror("model-backend: fork / waitpid");
+    return 1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+int main(int argc, char **argv) {
+  chosen = argc > 1 ? argv[1] : "cpu";
+  const char *why = "";
+  if (argc > 2 || (strcmp(chosen, "cpu") != 0 && strcmp(chosen, "cudnn") != 0)) {
+    fprintf(stderr, "usage: %s [cpu|cudnn]  (the backend to test, cpu by default)\n", argv[0]);
+    return 2;
+  }
+  if (!(be = built_backend(chosen, &why))) {
+    printf("model-backend %s: %s, skipped\n", chosen, why);
+    return 77;
+  }
+  int probe = probe_backend(chosen);
+  if (probe != 0) return probe;
   Suite *s = suite_create("model-backend");
-  TCase *tc = tcase_create("cpu");
+  TCase *tc = tcase_create(chosen);
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, test_conv_fwd_grid);
   tcase_add_test(tc, test_conv_fwd_model_layers);
@@ -883,12 +1086,3 @@ int main(void) {
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
-
-#else
-
-int main(void) {
-  printf("model-backend: built without oneDNN, skipped\n");
-  return 77;
-}
-
-#endif

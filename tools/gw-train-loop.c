@@ -21,7 +21,7 @@
 
 #include "gw_config.h"
 
-#if GW_HAVE_ONEDNN
+#if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
 #include "backend.h"
 #include "dataset.h"
@@ -39,6 +39,7 @@ struct trainer {
   struct gw_sampler train_s, val_s;
   struct gw_loader *train_ld, *val_ld;
   struct gw_model *m;
+  const struct gw_backend_ops *ops; /* --backend */
   struct gw_backend *b;
   struct gw_exec *e;
   struct gw_sgd *sgd;
@@ -186,10 +187,27 @@ static int setup_model(struct trainer *t) {
   t->np = gw_model_num_params(t->m);
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
-  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads()};
-  if (gw_backend_cpu.create(&bc, &t->b) != GW_SUCCESS) return fail(t, "cpu backend", gw_model_last_error());
+  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32};
+#if GW_HAVE_CUDNN
+  if (!strcmp(o->backend, "cudnn")) t->ops = &gw_backend_cudnn;
+#endif
+#if GW_HAVE_ONEDNN
+  /* A test hook: GW_TRAIN_CPU_AS_DEVICE=1 runs the cpu backend as if its memory
+   * were a device's (host_memory = 0), so the loop's device path (copies up
+   * before the step and down after backward, allreduce after backward) is tested
+   * without a GPU, against the host path. */
+  static struct gw_backend_ops cpu_as_device;
+  if (!strcmp(o->backend, "cpu")) t->ops = &gw_backend_cpu;
+  if (t->ops == &gw_backend_cpu && getenv("GW_TRAIN_CPU_AS_DEVICE") && !strcmp(getenv("GW_TRAIN_CPU_AS_DEVICE"), "1")) {
+    cpu_as_device = gw_backend_cpu;
+    cpu_as_device.host_memory = 0;
+    t->ops = &cpu_as_device;
+  }
+#endif
+  if (!t->ops) return fail(t, "--backend", "not in this build"); /* gw-train.c refused it already */
+  if (t->ops->create(&bc, &t->b) != GW_SUCCESS) return fail(t, "--backend", gw_model_last_error());
   struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
-  if (gw_exec_create(t->m, &gw_backend_cpu, t->b, &ec, &t->e) != GW_SUCCESS)
+  if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
     return fail(t, "model", gw_model_last_error());
   struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
@@ -362,6 +380,7 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (!t->val_ld) return 0;
   if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
   if (gw_loader_seek(t->val_ld, 0, 0) != GW_SUCCESS) return fail(t, "evaluation", gw_data_last_error());
+  if (gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "evaluation", gw_model_last_error());
   struct eval_counts c = {0, 0, 0, 0};
   const struct gw_batch *bt;
   for (;;) {
@@ -409,9 +428,18 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
   double t0 = now();
   float loss = 0;
   t->marked = 0, t->ready_err = GW_SUCCESS;
+  /* A device backend computes on its own copies: the host model (weights, BN
+   * statistics) is the master that the optimizer, checkpoints and broadcasts
+   * use, so it goes up before the step and comes back after backward, and the
+   * gradients are allreduced on the host after backward (no overlap yet). */
+  int device = !t->ops->host_memory;
+  if (device && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
   if (gw_exec_forward(t->e, bt->x, 1) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
-  gw_grad_ready_fn ready = t->bk && !o->no_overlap ? on_ready : NULL;
+  gw_grad_ready_fn ready = t->bk && !o->no_overlap && !device ? on_ready : NULL;
   if (gw_exec_backward(t->e, bt->y, &loss, ready, t) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
+  if (device && gw_exec_download_model(t->e) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
+  if (device && t->bk && !o->no_overlap && (t->ready_err = gw_bucketer_ready(t->bk, 0, t->np)) == GW_SUCCESS)
+    t->marked = t->np;
   double t_bwd = now();
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
   double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
@@ -489,10 +517,13 @@ static int setup(struct trainer *t) {
 
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
-  log_text(&t->log, "%s on %s: %d rank%s x batch %d, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu parameters",
+  log_text(&t->log,
+           "%s on %s: %d rank%s x batch %d on %s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
-           (long long)t->total_steps, (long long)t->spe, t->peak_lr, t->world == 1 ? "no allreduce" :
-           o->no_overlap ? "allreduce after backward" : "allreduce overlapped with backward",
+           t->ops->name, (long long)t->total_steps, (long long)t->spe, t->peak_lr,
+           t->world == 1                            ? "no allreduce"
+           : o->no_overlap || !t->ops->host_memory ? "allreduce after backward"
+                                                    : "allreduce overlapped with backward",
            o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
 }
 
@@ -503,7 +534,7 @@ static void teardown(struct trainer *t) {
   gw_loader_free(t->val_ld);
   gw_sgd_free(t->sgd);
   gw_exec_free(t->e);
-  if (t->b) gw_backend_cpu.destroy(t->b);
+  if (t->b) t->ops->destroy(t->b);
   gw_model_free(t->m);
   gw_dataset_free(t->train_ds);
   gw_dataset_free(t->val_ds);
@@ -536,12 +567,12 @@ int gw_train_run(const struct train_opts *o) {
   return rc == STOPPED ? STOPPED : rc == 0 ? 0 : 1;
 }
 
-#else /* !GW_HAVE_ONEDNN */
+#else /* neither oneDNN nor cuDNN */
 
 int gw_train_run(const struct train_opts *o) {
   (void)o;
-  fprintf(stderr, "gw-train: this build has no compute backend (oneDNN was not found when it was configured: "
-                  "apt-get install libdnnl-dev, then reconfigure); only --steps 0 works\n");
+  fprintf(stderr, "gw-train: this build has no compute backend (neither oneDNN nor cuDNN was found when it was "
+                  "configured: apt-get install libdnnl-dev, then reconfigure); only --steps 0 works\n");
   return 1;
 }
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "gw-train.h"
+#include "gw_config.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -47,6 +48,9 @@ static void usage(FILE *f) {
           "  --schedule cosine|step   after warmup: cosine to 0 (default) or x0.1 at 1/3 and 2/3\n"
           "  --label-smoothing L      (default 0)\n"
           "  --threads T              compute threads per rank (default: cores / ranks on this machine)\n"
+          "  --backend cpu|cudnn      oneDNN on the host (default when built with it) or cuDNN on the GPU\n"
+          "  --tf32 on|off            cudnn: TF32 tensor cores for the fp32 convolutions and fc (default on,\n"
+          "                           as PyTorch's convolutions); off keeps full fp32\n"
           "communication:\n"
           "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
           "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
@@ -108,7 +112,7 @@ enum {
   O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
-  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE
+  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32
 };
 
 static const struct option longopts[] = {
@@ -131,7 +135,8 @@ static const struct option longopts[] = {
     {"keep-checkpoints", required_argument, NULL, O_CKKEEP}, {"resume", no_argument, NULL, O_RESUME},
     {"metrics", required_argument, NULL, O_METRICS},       {"plot", required_argument, NULL, O_PLOT},
     {"log-every", required_argument, NULL, O_LOGEVERY},    {"no-eval", no_argument, NULL, O_NOEVAL},
-    {"grad-wire", required_argument, NULL, O_WIRE},
+    {"grad-wire", required_argument, NULL, O_WIRE},        {"backend", required_argument, NULL, O_BACKEND},
+    {"tf32", required_argument, NULL, O_TF32},
     {"help", no_argument, NULL, 'h'},                     {NULL, 0, NULL, 0}};
 
 static int parse_seed(const char *arg, uint64_t *out) {
@@ -212,6 +217,19 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
     else if (!strcmp(arg, "float16") || !strcmp(arg, "fp16")) o->grad_wire = GW_FLOAT16;
     else return bad("--grad-wire '%s' is not float32, bfloat16 or float16%s", arg, "");
     return 0;
+  case O_BACKEND:
+    if (strcmp(arg, "cpu") && strcmp(arg, "cudnn")) return bad("--backend '%s' is not cpu or cudnn%s", arg, "");
+    if (!strcmp(arg, "cpu") && !GW_HAVE_ONEDNN)
+      return bad("--backend cpu: this build has no oneDNN (apt-get install libdnnl-dev, then reconfigure)%s%s", "", "");
+    if (!strcmp(arg, "cudnn") && !GW_HAVE_CUDNN)
+      return bad("--backend cudnn: this build has no cuDNN (it needs the CUDA toolkit, cuDNN and cuBLAS when "
+                 "configured)%s%s", "", "");
+    o->backend = arg;
+    return 0;
+  case O_TF32:
+    if (strcmp(arg, "on") && strcmp(arg, "off")) return bad("--tf32 '%s' is not on or off%s", arg, "");
+    o->tf32 = !strcmp(arg, "on");
+    return 0;
   case O_CKDIR: o->checkpoint_dir = arg; return 0;
   case O_CKEVERY: return parse_long("--checkpoint-every", arg, 1, LONG_MAX / 2, &o->checkpoint_every);
   case O_CKKEEP: return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
@@ -236,6 +254,8 @@ static void defaults(struct train_opts *o) {
   o->bucket_mb = 25, o->first_bucket_mb = 1, o->grad_wire = GW_FLOAT32;
   o->keep_checkpoints = 3, o->loader_threads = 1, o->log_every = 50, o->eval = 1;
   o->synthetic_samples = 10000;
+  o->backend = GW_HAVE_ONEDNN ? "cpu" : "cudnn";
+  o->tf32 = 1;
 }
 
 /* Contradictions, refused before any work. */

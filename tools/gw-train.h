@@ -36,6 +36,8 @@ struct train_opts {
   int resume;
   const char *metrics, *plot;
   int threads, loader_threads;
+  const char *backend;      /* "cpu" (oneDNN) or "cudnn" (--backend) */
+  int tf32;                 /* cudnn: TF32 tensor cores for fp32 convolutions and fc (--tf32) */
   long log_every;           /* steps between plain log lines */
   int eval;                 /* evaluate at each epoch end */
   const char *save_weights, *load_weights;

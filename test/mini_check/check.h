@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct TTest {
   const char *name;
@@ -40,6 +41,14 @@ enum print_output { CK_SILENT, CK_MINIMAL, CK_NORMAL, CK_VERBOSE };
   do {                                                                                  \
     intmax_t ck_a_ = (intmax_t)(a), ck_b_ = (intmax_t)(b);                              \
     ck_assert_msg(ck_a_ == ck_b_, "%s == %jd, %s == %jd", #a, ck_a_, #b, ck_b_);         \
+  } while (0)
+
+#define ck_assert_ptr_null(p) ck_assert_msg((p) == NULL, "%s is not NULL", #p)
+#define ck_assert_ptr_nonnull(p) ck_assert_msg((p) != NULL, "%s is NULL", #p)
+#define ck_assert_str_eq(a, b)                                                          \
+  do {                                                                                  \
+    const char *ck_s_ = (a), *ck_t_ = (b);                                              \
+    ck_assert_msg(!strcmp(ck_s_, ck_t_), "%s == \"%s\", %s == \"%s\"", #a, ck_s_, #b, ck_t_); \
   } while (0)
 
 Suite *suite_create(const char *name);

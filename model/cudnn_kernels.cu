@@ -1,0 +1,680 @@
+/* cudnn_kernels.cu - the cudnn backend's own CUDA kernels and their C launchers
+ * (cudnn_kernels.h): batch norm, ReLU, add, max and global average pooling,
+ * the fully connected bias, softmax cross-entropy.  The arithmetic lives in
+ * cudnn_kernels_math.cuh (__host__ __device__, tested on the host); this file
+ * is the parallel structure around it.  Not the backend itself
+ * (backend_cudnn.c checks shapes and calls these).
+ *
+ * Determinism: no floating-point atomics anywhere, and every reduction has a
+ * shape fixed by the tensor's shape alone, never by the device or the grid:
+ *   - per channel (bn_sums, bn_bwd_sums): the count = n * h * w values of a
+ *     channel are split into pieces of gwk::kPiece (8192) values; one block of
+ *     gwk::kRedThreads (256) threads per (piece, channel) adds its piece in
+ *     double (each thread a fixed set of quads, then a pairwise tree) and writes
+ *     the partial; a second kernel, one block per channel, adds the channel's
+ *     partials (thread t: partials t, t + 256, ..., then the tree).  BN over
+ *     [256, 64, 112, 112] makes 392 x 64 = 25088 blocks: the whole device is busy;
+ *   - per plane (avgpool): one warp per plane, lanes strided, a shuffle tree;
+ *   - per row (loss): one block per row, then one block for the mean;
+ *   - per column (bias_grad): 8 threads per column, each a fixed set of rows,
+ *     then their 8 sums in order.
+ * Element-wise kernels are grid-stride loops over quads (float4 loads and stores
+ * when the addresses allow, the same arithmetic either way).
+ *
+ * Scratch (the per-channel partials, 2 * c * pieces doubles: 400 KB for the
+ * largest ResNet-50 BN at batch 256): taken with cudaMallocFromPoolAsync on the
+ * caller's stream right before the two kernels and given back with cudaFreeAsync
+ * right after them, so it is stream-ordered: any number of threads and streams
+ * may call at once, and under CUDA graph capture it becomes the graph's own
+ * allocation node.  It comes from a private memory pool per device (made on
+ * first use under a mutex, never destroyed) whose release threshold keeps its
+ * memory (a few MB at most) instead of handing it back to the driver at every
+ * synchronization, as the default pool's threshold of 0 would; the default pool
+ * is left as it is for the rest of the process (and used instead where a
+ * private pool cannot be made).  The device is the current one
+ * (cudaGetDevice), which must be the stream's, as for any launch.
+ *
+ * Index limits: per-sample and per-channel indices are 32-bit (fast division):
+ * n * h * w, c * h * w and c * p * q must be below 2^31 (ResNet-50 at batch 256:
+ * 3.2M and 0.8M); larger shapes return cudaErrorInvalidValue.
+ *
+ * Must not be built with -use_fast_math (the math header's rounding). */
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cudnn_kernels.h"
+#include "cudnn_kernels_math.cuh"
+#include "dev_cache.cuh"
+
+namespace {
+
+using gwk::FastDiv;
+using gwk::kLossThreads;
+
+constexpr int kThreads = 256;        /* element-wise and other blocks */
+constexpr int kMaxGridY = 65535;     /* grid.y and grid.z limit */
+using gwcu::kMaxDevCache;             /* devices whose pools are kept */
+constexpr uint32_t kIndexLimit = 1u << 31; /* the fast division's range */
+
+/* ---- launch helpers ----------------------------------------------------------------------------- */
+/* The SM count of the current device (0 when unknown). */
+int sm_count(void) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return gwcu::sm_count(dev);
+}
+
+/* The most blocks a grid-stride loop gets: 8 resident blocks of kThreads per
+ * SM, 4 waves (the results never depend on this). */
+size_t grid_cap(void) {
+  const int sms = sm_count();
+  return (size_t)(sms > 0 ? sms : 128) * 32;
+}
+
+/* Blocks for a grid-stride loop over `work` items, one per thread. */
+unsigned grid_for(size_t work) {
+  size_t need = work / kThreads + (work % kThreads != 0);
+  const size_t cap = grid_cap();
+  if (need > cap) need = cap;
+  return (unsigned)(need > 0 ? need : 1);
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Launch bookkeeping: clear an older error before launching, report this one. */
+int launched(void) { return (int)cudaGetLastError(); }
+
+/* ---- scratch: a private stream-ordered pool per device ----------------------------------------------- */
+pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+cudaMemPool_t pools[kMaxDevCache];
+bool pool_failed[kMaxDevCache]; /* no private pool there: the default one */
+
+/* The private pool of device dev, made on first use; NULL where none can be made. */
+cudaMemPool_t pool_of(int dev) {
+  if (dev < 0 || dev >= kMaxDevCache) return nullptr;
+  pthread_mutex_lock(&pool_mu);
+  cudaMemPool_t pool = pools[dev];
+  if (!pool && !pool_failed[dev]) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaError_t e = cudaMemPoolCreate(&pool, &props);
+    if (e == cudaSuccess) {
+      uint64_t keep = UINT64_MAX; /* never trim: the pool holds a few MB at most */
+      e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      if (e != cudaSuccess) (void)cudaMemPoolDestroy(pool);
+    }
+    if (e == cudaSuccess) {
+      pools[dev] = pool;
+    } else {
+      (void)cudaGetLastError();
+      pool = nullptr;
+      pool_failed[dev] = true;
+    }
+  }
+  pthread_mutex_unlock(&pool_mu);
+  return pool;
+}
+
+cudaError_t scratch_alloc(void **p, size_t bytes, cudaStream_t st) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  cudaMemPool_t pool = pool_of(dev);
+  return pool ? cudaMallocFromPoolAsync(p, bytes, pool, st) : cudaMallocAsync(p, bytes, st);
+}
+
+/* ---- block reductions ------------------------------------------------------------------------------ */
+/* The sums over a block of B threads of a and b, in gwk::tree_sum's pairing
+ * (shared memory for the steps s >= 32, then shuffles); valid in thread 0.
+ * sa, sb: B doubles of shared memory each; the caller syncs before reusing them. */
+template <int B>
+__device__ __forceinline__ void block_sum2(double &a, double &b, double *sa, double *sb) {
+  static_assert(B >= 64 && (B & (B - 1)) == 0, "a power of two of at least two warps");
+  const int t = threadIdx.x;
+  sa[t] = a, sb[t] = b;
+  __syncthreads();
+#pragma unroll
+  for (int s = B / 2; s >= 32; s >>= 1) {
+    if (t < s) sa[t] += sa[t + s], sb[t] += sb[t + s];
+    __syncthreads();
+  }
+  if (t < 32) {
+    a = sa[t], b = sb[t];
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+      a += __shfl_down_sync(0xffffffffu, a, s);
+      b += __shfl_down_sync(0xffffffffu, b, s);
+    }
+  }
+}
+
+/* ---- per-channel reductions ---------------------------------------------------------------------------
+ * Pass 1: block (piece, channel) -> part[ch * pieces + piece] and
+ * part[(c + ch) * pieces + piece].  Pass 2: block ch -> out[ch], out[c + ch]. */
+template <class Acc>
+__global__ void __launch_bounds__(gwk::kRedThreads)
+    k_chan_partials(Acc proto, int c, uint32_t count, FastDiv hwd, uint32_t pieces, bool vec, double *part) {
+  __shared__ double sa[gwk::kRedThreads], sb[gwk::kRedThreads];
+  const uint32_t piece = blockIdx.x;
+  const uint32_t j0 = piece * gwk::kPiece, j1 = count - j0 < gwk::kPiece ? count : j0 + gwk::kPiece;
+  const size_t hw = hwd.d, sample_stride = (size_t)c * hw;
+  for (int ch = blockIdx.y; ch < c; ch += gridDim.y) {
+    Acc acc = proto;
+    acc.begin(ch);
+    gwk::chan_thread(acc, j0, j1, (int)threadIdx.x, hwd, (size_t)ch * hw, sample_stride, vec);
+    block_sum2<gwk::kRedThreads>(acc.s, acc.s2, sa, sb);
+    if (threadIdx.x == 0) {
+      part[(size_t)ch * pieces + piece] = acc.s;
+      part[((size_t)c + ch) * pieces + piece] = acc.s2;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(gwk::kRedThreads)
+    k_chan_finish(const double *part, int c, uint32_t pieces, double *out) {
+  __shared__ double sa[gwk::kRedThreads], sb[gwk::kRedThreads];
+  for (int ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    const double *p1 = part + (size_t)ch * pieces, *p2 = part + ((size_t)c + ch) * pieces;
+    double a = 0, b = 0;
+    for (uint32_t i = threadIdx.x; i < pieces; i += gwk::kRedThreads) a += p1[i], b += p2[i];
+    block_sum2<gwk::kRedThreads>(a, b, sa, sb);
+    if (threadIdx.x == 0) out[ch] = a, out[c + ch] = b;
+    __syncthreads();
+  }
+}
+
+/* The accumulators of the two reductions, with what they read per channel. */
+struct SumsAccDev : gwk::SumsAcc {
+  __device__ void begin(int) { s = 0, s2 = 0; }
+};
+struct BwdSumsAccDev : gwk::BwdSumsAcc {
+  const float *mean_p, *rstd_p;
+  __device__ void begin(int ch) { mean = mean_p[ch], rstd = rstd_p[ch], s = 0, s2 = 0; }
+};
+
+/* count values per channel, each channel's [n, hw] planes strided c * hw apart. */
+struct ChanShape {
+  int n, c;
+  uint32_t hw, count;
+};
+
+/* Shape checks shared by the NCHW kernels: 0 when fine, else an error. */
+int nchw_ok(const struct gw_op_desc *d, ChanShape *s) {
+  if (d->n < 0 || d->c < 0 || d->h < 0 || d->w < 0) return (int)cudaErrorInvalidValue;
+  const uint64_t hw = (uint64_t)d->h * (uint64_t)d->w;
+  if (hw * (uint64_t)d->n >= kIndexLimit || hw * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
+  s->n = d->n, s->c = d->c, s->hw = (uint32_t)hw, s->count = (uint32_t)(hw * (uint64_t)d->n);
+  return 0;
+}
+
+template <class Acc>
+int chan_reduce(const ChanShape &s, const Acc &proto, bool vec, double *sums, cudaStream_t st) {
+  const uint32_t pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece;
+  const int cy = s.c < kMaxGridY ? s.c : kMaxGridY;
+  (void)cudaGetLastError();
+  if (pieces == 0) { /* no values: every sum is 0 */
+    k_chan_finish<<<s.c, gwk::kRedThreads, 0, st>>>(nullptr, s.c, 0, sums);
+    return launched();
+  }
+  double *part = nullptr;
+  cudaError_t e = scratch_alloc((void **)&part, sizeof(double) * 2 * (size_t)s.c * pieces, st);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return (int)e;
+  }
+  k_chan_partials<Acc><<<dim3(pieces, cy), gwk::kRedThreads, 0, st>>>(proto, s.c, s.count,
+                                                                      gwk::fastdiv_make(s.hw ? s.hw : 1), pieces,
+                                                                      vec, part);
+  k_chan_finish<<<s.c, gwk::kRedThreads, 0, st>>>(part, s.c, pieces, sums);
+  e = cudaGetLastError();
+  const cudaError_t f = cudaFreeAsync(part, st);
+  if (f != cudaSuccess) (void)cudaGetLastError();
+  return (int)(e != cudaSuccess ? e : f);
+}
+
+/* ---- per-channel element-wise kernels -------------------------------------------------------------------
+ * grid.y walks the samples, grid.x the quads of one sample's c * hw values;
+ * Op::params(sample, ch) gives what one plane needs, Op::one / Op::quad apply it.
+ * Quads go through float4 when vec (hw % 4 == 0, every tensor 16-byte aligned). */
+template <class Op>
+__global__ void __launch_bounds__(kThreads) k_chan_elem(Op op, int n, uint32_t len, FastDiv hwd, bool vec) {
+  const uint32_t nquads = (len + 3) / 4, stride = gridDim.x * blockDim.x;
+  for (int smp = blockIdx.y; smp < n; smp += gridDim.y) {
+    const size_t base = (size_t)smp * len;
+    for (uint32_t qd = blockIdx.x * blockDim.x + threadIdx.x; qd < nquads; qd += stride) {
+      const uint32_t i = 4 * qd;
+      if (vec) {
+        op.quad(base + i, op.params(smp, gwk::fastdiv(hwd, i)));
+      } else {
+        const uint32_t e1 = i + 4 < len ? i + 4 : len;
+        uint32_t last = UINT32_MAX;
+        typename Op::P prm{};
+        for (uint32_t e = i; e < e1; e++) {
+          const uint32_t ch = gwk::fastdiv(hwd, e);
+          if (ch != last) prm = op.params(smp, ch), last = ch;
+          op.one(base + e, prm);
+        }
+      }
+    }
+  }
+}
+
+template <class Op>
+int launch_chan_elem(const ChanShape &s, const Op &op, bool vec, cudaStream_t st) {
+  const uint32_t len = (uint32_t)s.c * s.hw;
+  if (s.n == 0 || len == 0) return 0;
+  const unsigned gy = s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY;
+  /* the whole grid within the grid-stride cap, spread over the samples */
+  const size_t per_sample = grid_cap() / gy;
+  unsigned gx = grid_for((len + 3) / 4);
+  if (gx > per_sample) gx = (unsigned)(per_sample > 0 ? per_sample : 1);
+  (void)cudaGetLastError();
+  k_chan_elem<Op><<<dim3(gx, gy), kThreads, 0, st>>>(op, s.n, len, gwk::fastdiv_make(s.hw), vec);
+  return launched();
+}
+
+struct BnAffineTrainOp {
+  const float *x, *gamma, *beta, *mean, *rstd;
+  float *y;
+  typedef gwk::BnAffine P;
+  __device__ P params(int, uint32_t ch) const {
+    return gwk::bn_affine_train(gamma[ch], beta[ch], mean[ch], rstd[ch]);
+  }
+  __device__ void one(size_t i, const P &p) const { y[i] = gwk::bn_affine_apply(x[i], p); }
+  __device__ void quad(size_t i, const P &p) const {
+    gwk::Quad q = gwk::load4(x + i);
+    for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
+    gwk::store4(y + i, q);
+  }
+};
+
+struct BnAffineInferOp {
+  const float *x, *gamma, *beta, *rmean, *rvar;
+  float *y;
+  double eps;
+  typedef gwk::BnAffine P;
+  __device__ P params(int, uint32_t ch) const {
+    return gwk::bn_affine_infer(gamma[ch], beta[ch], rmean[ch], rvar[ch], eps);
+  }
+  __device__ void one(size_t i, const P &p) const { y[i] = gwk::bn_affine_apply(x[i], p); }
+  __device__ void quad(size_t i, const P &p) const {
+    gwk::Quad q = gwk::load4(x + i);
+    for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
+    gwk::store4(y + i, q);
+  }
+};
+
+struct BnBwdApplyOp {
+  const float *x, *dy, *gamma, *mean, *rstd;
+  const double *sums;
+  float *dx;
+  int c;
+  double count;
+  typedef gwk::BnBwd P;
+  __device__ P params(int, uint32_t ch) const {
+    return gwk::bn_bwd_channel(gamma[ch], mean[ch], rstd[ch], sums[ch], sums[c + ch], count);
+  }
+  __device__ void one(size_t i, const P &p) const { dx[i] = gwk::bn_bwd_apply(x[i], dy[i], p); }
+  __device__ void quad(size_t i, const P &p) const {
+    const gwk::Quad a = gwk::load4(x + i), g = gwk::load4(dy + i);
+    gwk::Quad r;
+    for (int l = 0; l < 4; l++) r.v[l] = gwk::bn_bwd_apply(a.v[l], g.v[l], p);
+    gwk::store4(dx + i, r);
+  }
+};
+
+struct AvgpoolBwdOp {
+  const float *dy;
+  float *dx;
+  int c;
+  uint32_t hw;
+  typedef float P;
+  __device__ P params(int smp, uint32_t ch) const { return gwk::avgpool_bwd_value(dy[(size_t)smp * c + ch], hw); }
+  __device__ void one(size_t i, const P &p) const { dx[i] = p; }
+  __device__ void quad(size_t i, const P &p) const {
+    gwk::Quad q;
+    for (int l = 0; l < 4; l++) q.v[l] = p;
+    gwk::store4(dx + i, q);
+  }
+};
+
+/* ---- flat element-wise kernels (relu, add) ----------------------------------------------------------- */
+struct ReluOp {
+  __device__ float operator()(float a, float) const { return gwk::relu(a); }
+};
+struct ReluBwdOp {
+  __device__ float operator()(float y, float dy) const { return gwk::relu_bwd(y, dy); }
+};
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+
+/* out[i] = f(a[i], b[i]) over n values (b unused by relu: it passes a).  Each
+ * thread reads its values before writing them, so out may alias a or b. */
+template <class F>
+__global__ void __launch_bounds__(kThreads) k_flat(F f, size_t n, const float *a, const float *b, float *out,
+                                                   bool vec) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x, nquads = vec ? n / 4 : 0;
+  const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (size_t qd = t0; qd < nquads; qd += stride) {
+    const gwk::Quad x = gwk::load4(a + 4 * qd), y = gwk::load4(b + 4 * qd);
+    gwk::Quad r;
+    for (int l = 0; l < 4; l++) r.v[l] = f(x.v[l], y.v[l]);
+    gwk::store4(out + 4 * qd, r);
+  }
+  for (size_t i = 4 * nquads + t0; i < n; i += stride) out[i] = f(a[i], b[i]);
+}
+
+template <class F>
+int launch_flat(size_t n, const float *a, const float *b, float *out, cudaStream_t st) {
+  if (n == 0) return 0;
+  const bool vec = aligned16(a) && aligned16(b) && aligned16(out);
+  (void)cudaGetLastError();
+  k_flat<F><<<grid_for(vec ? (n + 3) / 4 : n), kThreads, 0, st>>>(F{}, n, a, b, out, vec);
+  return launched();
+}
+
+/* ---- batch norm per channel ------------------------------------------------------------------------------- */
+__global__ void k_bn_stats(int c, const double *sums, double count, double eps, double momentum, float *mean,
+                           float *rstd, float *running_mean, float *running_var) {
+  for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x) {
+    const gwk::BnStats r = gwk::bn_stats_from_sums(sums[ch], sums[c + ch], count, eps);
+    mean[ch] = (float)r.mean;
+    rstd[ch] = (float)r.rstd;
+    if (running_mean)
+      gwk::bn_running_update(r.mean, r.var, count, momentum, &running_mean[ch], &running_var[ch]);
+  }
+}
+
+__global__ void k_bn_param_grads(int c, const double *sums, float *dgamma, float *dbeta) {
+  for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x) {
+    dgamma[ch] = (float)sums[c + ch];
+    dbeta[ch] = (float)sums[ch];
+  }
+}
+
+/* ---- pooling ------------------------------------------------------------------------------------------------- */
+/* grid.y: samples; x: the c * p * q outputs of one sample. */
+__global__ void __launch_bounds__(kThreads)
+    k_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int p, int q, int kernel,
+                  int stride, int pad, FastDiv pqd, FastDiv qd) {
+  const uint32_t len = (uint32_t)c * pqd.d, gs = gridDim.x * blockDim.x;
+  for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
+    for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < len; o += gs) {
+      const uint32_t ch = gwk::fastdiv(pqd, o), r = o - ch * pqd.d, oh = gwk::fastdiv(qd, r), ow = r - oh * qd.d;
+      const size_t plane = (size_t)smp * c + ch;
+      int32_t a;
+      const float v = gwk::maxpool_window(x + plane * h * w, h, w, (int)oh, (int)ow, kernel, stride, pad, &a);
+      const size_t oi = (size_t)smp * len + o;
+      y[oi] = v;
+      argmax[oi] = a;
+    }
+}
+
+/* grid.y: samples; x: the c * h * w inputs of one sample (each dx written once). */
+__global__ void __launch_bounds__(kThreads)
+    k_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int p, int q, int kernel,
+                  int stride, int pad, FastDiv hwd, FastDiv wd) {
+  const uint32_t len = (uint32_t)c * hwd.d, gs = gridDim.x * blockDim.x;
+  const size_t pq = (size_t)p * q;
+  for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gs) {
+      const uint32_t ch = gwk::fastdiv(hwd, i), r = i - ch * hwd.d, ih = gwk::fastdiv(wd, r), iw = r - ih * wd.d;
+      const size_t plane = (size_t)smp * c + ch;
+      dx[(size_t)smp * len + i] = gwk::maxpool_gather(dy + plane * pq, argmax + plane * pq, p, q, (int)ih, (int)iw,
+                                                      (int)wd.d, kernel, stride, pad);
+    }
+}
+
+/* One warp per plane of hw values. */
+__global__ void __launch_bounds__(kThreads) k_avgpool_fwd(const float *x, float *y, size_t planes, uint32_t hw) {
+  const int lane = threadIdx.x % gwk::kWarp;
+  const size_t warps = (size_t)gridDim.x * (kThreads / gwk::kWarp);
+  for (size_t pl = (size_t)blockIdx.x * (kThreads / gwk::kWarp) + threadIdx.x / gwk::kWarp; pl < planes;
+       pl += warps) {
+    double s = gwk::avgpool_lane_sum(x + pl * hw, hw, lane);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) y[pl] = gwk::avgpool_finish(s, hw);
+  }
+}
+
+/* ---- fully connected bias ------------------------------------------------------------------------------------ */
+__global__ void __launch_bounds__(kThreads) k_bias_add(size_t total, int k, const float *b, float *y) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+    y[i] = __fadd_rn(y[i], b[i % (size_t)k]);
+}
+
+/* 32 columns per block, 8 row groups per column (gwk::bias_grad_group), the
+ * groups added in order by the first row of threads. */
+__global__ void __launch_bounds__(gwk::kBiasCols * gwk::kBiasGroups)
+    k_bias_grad(int n, int k, const float *dy, float *db) {
+  __shared__ double sh[gwk::kBiasGroups][gwk::kBiasCols];
+  const int tx = threadIdx.x % gwk::kBiasCols, ty = threadIdx.x / gwk::kBiasCols;
+  for (int j0 = blockIdx.x * gwk::kBiasCols; j0 < k; j0 += gridDim.x * gwk::kBiasCols) {
+    const int j = j0 + tx;
+    sh[ty][tx] = j < k ? gwk::bias_grad_group(dy, n, k, j, ty) : 0.0;
+    __syncthreads();
+    if (ty == 0 && j < k) {
+      double s = 0;
+      for (int g = 0; g < gwk::kBiasGroups; g++) s += sh[g][tx];
+      db[j] = (float)s;
+    }
+    __syncthreads();
+  }
+}
+
+/* ---- softmax cross-entropy ------------------------------------------------------------------------------------ */
+__global__ void __launch_bounds__(kLossThreads)
+    k_loss_rows(const float *logits, const int32_t *labels, int n, int k, double s, float *row_loss,
+                float *dlogits) {
+  __shared__ float smax[kLossThreads];
+  __shared__ double sa[kLossThreads], sb[kLossThreads];
+  __shared__ double s_lse;
+  const int t = threadIdx.x;
+  for (int row = blockIdx.x; row < n; row += gridDim.x) {
+    const float *z = logits + (size_t)row * k;
+    float m = gwk::loss_thread_max(z, k, t, kLossThreads);
+    smax[t] = m;
+    __syncthreads();
+    for (int o = kLossThreads / 2; o > 0; o >>= 1) {
+      if (t < o) smax[t] = smax[t + o] > smax[t] ? smax[t + o] : smax[t];
+      __syncthreads();
+    }
+    const float mx = smax[0];
+    double se, zs;
+    gwk::loss_thread_sums(z, k, t, kLossThreads, mx, &se, &zs);
+    block_sum2<kLossThreads>(se, zs, sa, sb);
+    const int label = labels[row];
+    if (t == 0) {
+      const double lse = gwk::loss_lse(mx, se);
+      row_loss[row] = (float)gwk::loss_row_value(lse, z[label], zs, s, k);
+      s_lse = lse;
+    }
+    __syncthreads();
+    const double lse = s_lse;
+    float *g = dlogits + (size_t)row * k;
+    for (int j = t; j < k; j += kLossThreads) g[j] = gwk::loss_grad(z[j], lse, j == label, s, k, n);
+    __syncthreads(); /* smax, sa, sb, s_lse are reused by the next row */
+  }
+}
+
+/* *loss = the mean of row_loss [n]: one block, thread t adds rows t, t + B, ...,
+ * then the tree (n = 0 gives 0 / 0 = NaN, the mean of nothing, as the cpu backend). */
+__global__ void __launch_bounds__(kLossThreads) k_loss_mean(const float *row_loss, int n, float *loss) {
+  __shared__ double sa[kLossThreads], sb[kLossThreads];
+  double a = 0, b = 0;
+  for (int i = threadIdx.x; i < n; i += kLossThreads) a += (double)row_loss[i];
+  block_sum2<kLossThreads>(a, b, sa, sb);
+  if (threadIdx.x == 0) *loss = (float)(a / (double)n);
+}
+
+} /* namespace */
+
+/* ---- the C launchers ---------------------------------------------------------------------------------------- */
+extern "C" int gw__cu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums, void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  if (s.c == 0) return 0;
+  SumsAccDev acc{};
+  acc.x = x;
+  return chan_reduce(s, acc, s.hw % 4 == 0 && aligned16(x), sums, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, double count, float *mean,
+                               float *rstd, float *running_mean, float *running_var, void *stream) {
+  if (d->c <= 0) return d->c < 0 ? (int)cudaErrorInvalidValue : 0;
+  (void)cudaGetLastError();
+  k_bn_stats<<<(d->c + kThreads - 1) / kThreads, kThreads, 0, (cudaStream_t)stream>>>(
+      d->c, sums, count, (double)d->eps, (double)d->momentum, mean, rstd, running_mean, running_var);
+  return launched();
+}
+
+extern "C" int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, const float *x, const float *gamma,
+                                   const float *beta, const float *mean, const float *rstd, float *y,
+                                   void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const BnAffineTrainOp op = {x, gamma, beta, mean, rstd, y};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(x) && aligned16(y), (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, const float *x, const float *gamma,
+                                   const float *beta, const float *running_mean, const float *running_var, float *y,
+                                   void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const BnAffineInferOp op = {x, gamma, beta, running_mean, running_var, y, (double)d->eps};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(x) && aligned16(y), (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, const float *x, const float *dy, const float *mean,
+                                  const float *rstd, double *sums, void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  if (s.c == 0) return 0;
+  BwdSumsAccDev acc{};
+  acc.x = x, acc.dy = dy, acc.mean_p = mean, acc.rstd_p = rstd;
+  return chan_reduce(s, acc, s.hw % 4 == 0 && aligned16(x) && aligned16(dy), sums, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
+                                   const float *mean, const float *rstd, const double *sums, double count, float *dx,
+                                   void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const BnBwdApplyOp op = {x, dy, gamma, mean, rstd, sums, dx, s.c, count};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx),
+                          (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *sums, float *dgamma, float *dbeta,
+                                     void *stream) {
+  if (d->c <= 0) return d->c < 0 ? (int)cudaErrorInvalidValue : 0;
+  (void)cudaGetLastError();
+  k_bn_param_grads<<<(d->c + kThreads - 1) / kThreads, kThreads, 0, (cudaStream_t)stream>>>(d->c, sums, dgamma,
+                                                                                            dbeta);
+  return launched();
+}
+
+extern "C" int gw__cu_relu_fwd(size_t n, const float *x, float *y, void *stream) {
+  return launch_flat<ReluOp>(n, x, x, y, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_relu_bwd(size_t n, const float *y, const float *dy, float *dx, void *stream) {
+  return launch_flat<ReluBwdOp>(n, y, dy, dx, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_add(size_t n, const float *a, const float *b, float *y, void *stream) {
+  return launch_flat<AddOp>(n, a, b, y, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_maxpool_fwd(const struct gw_op_desc *d, const float *x, float *y, int32_t *argmax,
+                                  void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
+  const uint64_t pq = (uint64_t)d->p * (uint64_t)d->q;
+  if (pq * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
+  const uint32_t len = (uint32_t)(pq * (uint64_t)d->c);
+  if (d->n == 0 || len == 0) return 0;
+  const unsigned gy = d->n < kMaxGridY ? (unsigned)d->n : (unsigned)kMaxGridY;
+  (void)cudaGetLastError();
+  k_maxpool_fwd<<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, (cudaStream_t)stream>>>(
+      x, y, argmax, d->n, d->c, d->h, d->w, d->p, d->q, d->kernel, d->stride, d->pad,
+      gwk::fastdiv_make((uint32_t)pq), gwk::fastdiv_make((uint32_t)d->q));
+  return launched();
+}
+
+extern "C" int gw__cu_maxpool_bwd(const struct gw_op_desc *d, const float *dy, const int32_t *argmax, float *dx,
+                                  void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
+  const uint32_t len = (uint32_t)s.c * s.hw;
+  if (s.n == 0 || len == 0) return 0;
+  const unsigned gy = s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY;
+  (void)cudaGetLastError();
+  k_maxpool_bwd<<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, (cudaStream_t)stream>>>(
+      dy, argmax, dx, d->n, d->c, d->p, d->q, d->kernel, d->stride, d->pad, gwk::fastdiv_make(s.hw),
+      gwk::fastdiv_make((uint32_t)d->w));
+  return launched();
+}
+
+extern "C" int gw__cu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y, void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const size_t planes = (size_t)s.n * (size_t)s.c;
+  if (planes == 0) return 0;
+  const size_t per_block = kThreads / gwk::kWarp;
+  (void)cudaGetLastError();
+  k_avgpool_fwd<<<grid_for((planes + per_block - 1) / per_block * kThreads), kThreads, 0, (cudaStream_t)stream>>>(
+      x, y, planes, s.hw);
+  return launched();
+}
+
+extern "C" int gw__cu_avgpool_bwd(const struct gw_op_desc *d, const float *dy, float *dx, void *stream) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const AvgpoolBwdOp op = {dy, dx, s.c, s.hw};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(dx), (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_bias_add(int n, int k, const float *b, float *y, void *stream) {
+  if (n < 0 || k < 0) return (int)cudaErrorInvalidValue;
+  const size_t total = (size_t)n * (size_t)k;
+  if (total == 0) return 0;
+  (void)cudaGetLastError();
+  k_bias_add<<<grid_for(total), kThreads, 0, (cudaStream_t)stream>>>(total, k, b, y);
+  return launched();
+}
+
+extern "C" int gw__cu_bias_grad(int n, int k, const float *dy, float *db, void *stream) {
+  if (n < 0 || k < 0) return (int)cudaErrorInvalidValue;
+  if (k == 0) return 0;
+  (void)cudaGetLastError(); /* n == 0: db = 0, the sum of nothing */
+  k_bias_grad<<<(k + gwk::kBiasCols - 1) / gwk::kBiasCols, gwk::kBiasCols * gwk::kBiasGroups, 0,
+                (cudaStream_t)stream>>>(n, k, dy, db);
+  return launched();
+}
+
+extern "C" int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, const float *logits, const int32_t *labels,
+                                   float *row_loss, float *loss, float *dlogits, void *stream) {
+  if (d->n < 0 || d->k < 1) return (int)cudaErrorInvalidValue;
+  cudaStream_t st = (cudaStream_t)stream;
+  (void)cudaGetLastError();
+  if (d->n > 0)
+    k_loss_rows<<<d->n, kLossThreads, 0, st>>>(logits, labels, d->n, d->k, (double)d->label_smoothing, row_loss,
+                                               dlogits);
+  k_loss_mean<<<1, kLossThreads, 0, st>>>(row_loss, d->n, loss);
+  return launched();
+}

@@ -1,0 +1,108 @@
+/* cudnn_kernels.h - the cudnn backend's own CUDA kernels (cudnn_kernels.cu), for
+ * what cuDNN and cuBLAS do not do the way backend.h defines it: batch norm (with
+ * the saved 1/sqrt(var + eps) and PyTorch's running-statistics rule, and the
+ * SyncBatchNorm phases), ReLU, the residual add, max and global average pooling,
+ * the fully connected layer's bias, and softmax cross-entropy with label smoothing.
+ *
+ * C callable.  Every pointer is device memory; `stream` is the backend's
+ * cudaStream_t; each function enqueues its kernels on it and returns the launch's
+ * cudaError_t as an int (0: enqueued).  Tensors are fp32 in backend.h's plain
+ * layouts (NCHW), shapes as struct gw_op_desc; the caller (backend_cudnn.c) has
+ * checked the op kind and shapes.  Sums accumulate in double, as the cpu backend's
+ * (backend_cpu_kernels.c), so both agree to float rounding.  Results do not depend
+ * on the launch geometry or on timing (no atomics on floating point): the same
+ * inputs give the same bits on every run.  The arithmetic is in
+ * cudnn_kernels_math.cuh (host-tested by test/test_cudnn_kernels_host.cu).
+ *
+ * An output with no elements returns 0 without launching; a reduction over no
+ * values writes its empty result (sums 0; the loss of n = 0 rows is 0 / 0 = NaN,
+ * as the cpu backend's).  Index limits: n * h * w, c * h * w and c * p * q
+ * below 2^31 (else cudaErrorInvalidValue). */
+#ifndef GW_MODEL_CUDNN_KERNELS_H
+#define GW_MODEL_CUDNN_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Batch norm over x [n, c, h, w] per channel; count = n * h * w values per channel
+ * on this rank (SyncBatchNorm passes the count over all ranks where it says).
+ * sums [2c] doubles, mean / rstd / gamma / beta / running_* [c] floats. */
+
+/* sums[ch] = sum x, sums[c + ch] = sum x^2 (backend.h bn_sums).  This and
+ * bn_bwd_sums take 16 * c * ceil(n * h * w / 8192) bytes of scratch for the
+ * per-block partials, stream-ordered on `stream` (cudaMallocFromPoolAsync from a
+ * private pool of the current device, freed after the kernels): safe from any
+ * thread and stream, and under graph capture; may return cudaErrorMemoryAllocation. */
+int gw__cu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums, void *stream);
+/* From sums over `count` values: mean = s / count, var = s2 / count - mean^2
+ * (biased, clamped at 0), rstd = 1 / sqrt(var + eps).  When running_mean is not
+ * NULL also PyTorch's update with d->momentum and the unbiased variance
+ * var * count / (count - 1) (count >= 2), computed in double, rounded once;
+ * running_var must then be given too.  sums from bn_sums lose about
+ * log2(mean^2 / var) of double's 53 bits to the cancellation in var (the cpu
+ * backend's single-rank training path takes two passes instead): negligible
+ * unless |mean| is ~1e5 times the spread or more. */
+int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, double count, float *mean, float *rstd,
+                    float *running_mean, float *running_var, void *stream);
+/* y = (x - mean) * rstd * gamma + beta (backend.h bn_fwd_apply). */
+int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
+                        const float *mean, const float *rstd, float *y, void *stream);
+/* Inference: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta. */
+int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
+                        const float *running_mean, const float *running_var, float *y, void *stream);
+/* sums[ch] = sum dy, sums[c + ch] = sum dy * (x - mean) * rstd (backend.h bn_bwd_sums). */
+int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, const float *x, const float *dy, const float *mean,
+                       const float *rstd, double *sums, void *stream);
+/* dx = gamma * rstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count) (backend.h bn_bwd_apply). */
+int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
+                        const float *mean, const float *rstd, const double *sums, double count, float *dx,
+                        void *stream);
+/* dgamma[ch] = sums[c + ch], dbeta[ch] = sums[ch], rounded to float. */
+int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *sums, float *dgamma, float *dbeta, void *stream);
+
+/* Element-wise over n floats: y = max(x, 0) (y may alias x; a NaN passes, as
+ * PyTorch's and oneDNN's ReLU); dx = dy where y > 0, else 0 (dx may alias dy);
+ * y = a + b (y may alias a or b). */
+int gw__cu_relu_fwd(size_t n, const float *x, float *y, void *stream);
+int gw__cu_relu_bwd(size_t n, const float *y, const float *dy, float *dx, void *stream);
+int gw__cu_add(size_t n, const float *a, const float *b, float *y, void *stream);
+
+/* Max pool (d->kernel, d->stride, d->pad on every side; padding never wins):
+ * y [n, c, p, q] and argmax [n, c, p, q], the index within the input plane
+ * (ih * w + iw) of the value taken (the first in row-major window order on ties,
+ * as PyTorch; a NaN is taken as the max, `v > max || isnan(v)`, so with several
+ * NaNs the last one; a window wholly in the padding gives -inf and -1).
+ * Backward: dx [n, c, h, w] = the sum (in double, windows in row-major order) of
+ * dy over the windows whose argmax is that position (a gather: every element of
+ * dx written; no atomics). */
+int gw__cu_maxpool_fwd(const struct gw_op_desc *d, const float *x, float *y, int32_t *argmax, void *stream);
+int gw__cu_maxpool_bwd(const struct gw_op_desc *d, const float *dy, const int32_t *argmax, float *dx, void *stream);
+
+/* Global average pool: y [n, c] = mean over h * w of x [n, c, h, w]; dx = dy / (h * w). */
+int gw__cu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y, void *stream);
+int gw__cu_avgpool_bwd(const struct gw_op_desc *d, const float *dy, float *dx, void *stream);
+
+/* Fully connected bias: y [n, k] += b [k]; db [k] = sum over n of dy [n, k]. */
+int gw__cu_bias_add(int n, int k, const float *b, float *y, void *stream);
+int gw__cu_bias_grad(int n, int k, const float *dy, float *db, void *stream);
+
+/* Softmax cross-entropy with label smoothing s = d->label_smoothing over logits
+ * [n, k] (n = d->n, k = d->k) and labels [n] in [0, k) (checked by the caller),
+ * PyTorch's CrossEntropyLoss(label_smoothing=s, reduction='mean'):
+ *   row loss = logsumexp(z) - (1 - s) z[label] - (s / k) sum_j z[j]
+ *   dlogits[i, j] = (softmax(z_i)[j] - (1 - s) [j == label_i] - s / k) / n
+ * row_loss [n] is scratch; *loss (one float, device) = the mean of the row losses.
+ * Sums in double. */
+int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, const float *logits, const int32_t *labels, float *row_loss,
+                        float *loss, float *dlogits, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GW_MODEL_CUDNN_KERNELS_H */

@@ -1,0 +1,341 @@
+/* cudnn_kernels_math.cuh - the arithmetic of cudnn_kernels.cu, as __host__
+ * __device__ functions: what one thread of a kernel computes for one element,
+ * one window, one channel from its sums, one row of the loss, and how a
+ * reduction walks its values.  The kernels call these; a host test
+ * (test/test_cudnn_kernels_host.cu) runs the same functions over host arrays.
+ *
+ * Not a kernel file: nothing here launches or touches device memory by itself.
+ *
+ * Rounding: every multiply-add the device could contract into an FMA is written
+ * as an explicit fma(), and nothing else is contractible, so the host and the
+ * device compute the same bits (exp/log excepted: the device's double exp and
+ * log may differ from glibc's in the last bit).  Do not build with
+ * -use_fast_math.  Sums run in double, as backend_cpu_kernels.c's. */
+#ifndef GW_MODEL_CUDNN_KERNELS_MATH_CUH
+#define GW_MODEL_CUDNN_KERNELS_MATH_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GWK_HD __host__ __device__ __forceinline__
+
+namespace gwk {
+
+/* ---- fixed shapes of the reductions ---------------------------------------------------------
+ * A result never depends on the grid: a per-channel reduction splits the
+ * channel's count = n * h * w values into pieces of kPiece values (the last one
+ * shorter), one block of kRedThreads threads per piece, whatever the device. */
+constexpr int kRedThreads = 256;            /* threads of a reduction block (a power of two >= 64) */
+constexpr int kQuadsPerThread = 8;          /* quads (4 values) one thread takes from a piece */
+constexpr uint32_t kPiece = 4u * kRedThreads * kQuadsPerThread; /* 8192 values (32 KiB) per block */
+constexpr int kWarp = 32;
+constexpr int kLossThreads = 256;           /* threads of a loss block (one row each) */
+
+/* Block sums run as a pairwise tree over the kRedThreads per-thread values:
+ * for s = B/2, B/4, ..., 1: a[t] += a[t + s] for every t < s; the result is
+ * a[0].  The device does the steps s >= 32 in shared memory and the last five
+ * with __shfl_down_sync (the same pairing); this is the same order, serially,
+ * for the host. */
+template <class T>
+GWK_HD T tree_sum(T *a, int nthreads) {
+  for (int s = nthreads / 2; s > 0; s >>= 1)
+    for (int t = 0; t < s; t++) a[t] += a[t + s];
+  return a[0];
+}
+
+/* ---- division by a run-time constant -------------------------------------------------------
+ * n / d for 1 <= d and n < 2^31 with a multiply-high and a shift (Granlund and
+ * Montgomery; PyTorch's IntDivider), for the index arithmetic of every element. */
+struct FastDiv {
+  uint32_t d, m, s;
+};
+GWK_HD FastDiv fastdiv_make(uint32_t d) {
+  FastDiv f;
+  f.d = d;
+  f.s = 0;
+  while (f.s < 31 && (1u << f.s) < d) f.s++;
+  f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << f.s) - d)) / d + 1);
+  return f;
+}
+GWK_HD uint32_t fastdiv(const FastDiv &f, uint32_t n) {
+#ifdef __CUDA_ARCH__
+  const uint32_t t = __umulhi(n, f.m);
+#else
+  const uint32_t t = (uint32_t)(((uint64_t)n * f.m) >> 32);
+#endif
+  return (t + n) >> f.s;
+}
+
+/* ---- per-channel reductions (bn_sums, bn_bwd_sums) -----------------------------------------
+ * The values of channel ch of an NCHW tensor are numbered j = 0 .. count - 1,
+ * count = n * hw: value j is sample j / hw, position j % hw, at offset
+ * (j / hw) * c * hw + ch * hw + j % hw.  Piece p is j in [p * kPiece,
+ * min((p + 1) * kPiece, count)).  Thread t of its block takes the quads
+ * (4 consecutive j) starting at j0 + 4 t, j0 + 4 (t + B), ... and adds their
+ * values in order of j into its own accumulator (acc.add1 per value, or acc.add4
+ * for a whole quad when vec: hw % 4 == 0 and the tensors 16-byte aligned, so a
+ * quad never crosses a plane; add4 adds its 4 values in order, so both paths
+ * give the same bits).  Then the block's tree (tree_sum) makes the piece's
+ * partial; a second pass gives channel ch's result from its partials the same
+ * way (thread t adds partials t, t + B, ... in order, then the tree). */
+template <class Acc>
+GWK_HD void chan_thread(Acc &acc, uint32_t j0, uint32_t j1, int t, const FastDiv &hwd, size_t chan_off,
+                        size_t sample_stride, bool vec) {
+  for (uint32_t j = j0 + 4u * (uint32_t)t; j < j1; j += 4u * kRedThreads) {
+    if (vec && j + 4 <= j1) {
+      const uint32_t s = fastdiv(hwd, j);
+      acc.add4((size_t)s * sample_stride + chan_off + (j - s * hwd.d));
+    } else {
+      const uint32_t e1 = j + 4 < j1 ? j + 4 : j1;
+      for (uint32_t e = j; e < e1; e++) {
+        const uint32_t s = fastdiv(hwd, e);
+        acc.add1((size_t)s * sample_stride + chan_off + (e - s * hwd.d));
+      }
+    }
+  }
+}
+
+/* Four consecutive floats at p (16-byte aligned when called from add4). */
+struct Quad {
+  float v[4];
+};
+GWK_HD Quad load4(const float *p) {
+  Quad q;
+#ifdef __CUDA_ARCH__
+  const float4 f = *reinterpret_cast<const float4 *>(p);
+  q.v[0] = f.x, q.v[1] = f.y, q.v[2] = f.z, q.v[3] = f.w;
+#else
+  for (int i = 0; i < 4; i++) q.v[i] = p[i];
+#endif
+  return q;
+}
+GWK_HD void store4(float *p, const Quad &q) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<float4 *>(p) = make_float4(q.v[0], q.v[1], q.v[2], q.v[3]);
+#else
+  for (int i = 0; i < 4; i++) p[i] = q.v[i];
+#endif
+}
+
+/* bn_sums: s = sum x, s2 = sum x^2 (x * x is exact in double). */
+struct SumsAcc {
+  const float *x;
+  double s, s2;
+  GWK_HD void one(float xv) {
+    const double v = xv;
+    s += v;
+    s2 = fma(v, v, s2);
+  }
+  GWK_HD void add1(size_t off) { one(x[off]); }
+  GWK_HD void add4(size_t off) {
+    const Quad q = load4(x + off);
+    for (int i = 0; i < 4; i++) one(q.v[i]);
+  }
+};
+
+/* bn_bwd_sums: s = sum dy, s2 = sum dy * xhat with xhat = (x - mean) * rstd. */
+struct BwdSumsAcc {
+  const float *x, *dy;
+  double mean, rstd;
+  double s, s2;
+  GWK_HD void one(float xv, float gv) {
+    const double g = gv, xh = ((double)xv - mean) * rstd;
+    s += g;
+    s2 = fma(g, xh, s2);
+  }
+  GWK_HD void add1(size_t off) { one(x[off], dy[off]); }
+  GWK_HD void add4(size_t off) {
+    const Quad a = load4(x + off), b = load4(dy + off);
+    for (int i = 0; i < 4; i++) one(a.v[i], b.v[i]);
+  }
+};
+
+/* ---- batch norm, per channel and per element ------------------------------------------------ */
+struct BnStats {
+  double mean, var, rstd; /* var: biased, clamped at 0 */
+};
+/* From s = sum x and s2 = sum x^2 over count values: mean = s / count,
+ * var = s2 / count - mean^2 (clamped at 0; a NaN stays NaN), rstd = 1 / sqrt(var + eps).
+ * Where |mean| is large next to the spread, var loses about log2(mean^2 / var)
+ * bits to the cancellation (double keeps 53): a mean 1e5 times the standard
+ * deviation still leaves var good to ~1e-6. */
+GWK_HD BnStats bn_stats_from_sums(double s, double s2, double count, double eps) {
+  BnStats r;
+  r.mean = s / count;
+  r.var = fma(-r.mean, r.mean, s2 / count);
+  if (r.var < 0) r.var = 0;
+  r.rstd = 1.0 / sqrt(r.var + eps);
+  return r;
+}
+/* PyTorch's running-statistics update, in double, each rounded once:
+ * running = momentum * batch + (1 - momentum) * running, with the unbiased
+ * variance var * count / (count - 1) (count >= 2; at count 1 it is inf or NaN,
+ * as in the cpu backend). */
+GWK_HD void bn_running_update(double mean, double var, double count, double momentum, float *running_mean,
+                              float *running_var) {
+  const double unbiased = var * count / (count - 1);
+  *running_mean = (float)fma(momentum, mean, (1.0 - momentum) * (double)*running_mean);
+  *running_var = (float)fma(momentum, unbiased, (1.0 - momentum) * (double)*running_var);
+}
+
+/* y = x * scale + shift with the channel's scale and shift in double (the cpu
+ * backend's form: exact where |mean| is large next to the spread, which a float
+ * (x - mean) * rstd would not be after rounding mean). */
+struct BnAffine {
+  double scale, shift;
+};
+/* Training (and SyncBatchNorm) statistics: scale = gamma * rstd, shift = beta - mean * scale. */
+GWK_HD BnAffine bn_affine_train(float gamma, float beta, float mean, float rstd) {
+  BnAffine a;
+  a.scale = (double)gamma * (double)rstd;
+  a.shift = fma(-(double)mean, a.scale, (double)beta);
+  return a;
+}
+/* Inference: scale = gamma / sqrt(running_var + eps), shift = beta - running_mean * scale. */
+GWK_HD BnAffine bn_affine_infer(float gamma, float beta, float running_mean, float running_var, double eps) {
+  BnAffine a;
+  a.scale = (double)gamma / sqrt((double)running_var + eps);
+  a.shift = fma(-(double)running_mean, a.scale, (double)beta);
+  return a;
+}
+GWK_HD float bn_affine_apply(float x, const BnAffine &a) { return (float)fma((double)x, a.scale, a.shift); }
+
+/* Backward: dx = gamma * rstd * (dy - sdy / count - xhat * sdyx / count). */
+struct BnBwd {
+  double mean, rstd, k, a, b; /* k = gamma * rstd, a = sdy / count, b = sdyx / count */
+};
+GWK_HD BnBwd bn_bwd_channel(float gamma, float mean, float rstd, double sdy, double sdyx, double count) {
+  BnBwd p;
+  p.mean = mean;
+  p.rstd = rstd;
+  p.k = (double)gamma * p.rstd;
+  p.a = sdy / count;
+  p.b = sdyx / count;
+  return p;
+}
+GWK_HD float bn_bwd_apply(float x, float dy, const BnBwd &p) {
+  const double xh = ((double)x - p.mean) * p.rstd;
+  return (float)(p.k * fma(-xh, p.b, (double)dy - p.a));
+}
+
+/* ---- element-wise --------------------------------------------------------------------------- */
+/* ReLU passes a NaN on (PyTorch and oneDNN do); -0 and every x <= 0 give +0. */
+GWK_HD float relu(float x) { return (x > 0.0f || x != x) ? x : 0.0f; }
+/* dx = dy where y > 0, else 0 (backend.h: bwd takes the forward output). */
+GWK_HD float relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+/* ---- max pool --------------------------------------------------------------------------------
+ * Output (oh, ow) of one plane [h, w]: the window rows oh * stride - pad + [0, kernel)
+ * and columns likewise, clipped to the plane (padding never wins).  PyTorch's
+ * rule (max_pool2d, CPU and CUDA): start from -inf at the first in-plane position
+ * and take a value when `v > max || isnan(v)`, in row-major order; so ties keep
+ * the first position, a NaN always wins (several NaNs: the last one), and a
+ * window of -inf keeps its first position.  A window with no in-plane position
+ * (pad >= kernel, which PyTorch refuses) gives -inf and argmax -1. */
+GWK_HD float maxpool_window(const float *plane, int h, int w, int oh, int ow, int kernel, int stride, int pad,
+                            int32_t *argmax) {
+  const int h0 = oh * stride - pad, w0 = ow * stride - pad;
+  const int hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
+  const int he = h0 + kernel < h ? h0 + kernel : h, we = w0 + kernel < w ? w0 + kernel : w;
+  if (hs >= he || ws >= we) {
+    *argmax = -1;
+    return -INFINITY;
+  }
+  float m = -INFINITY;
+  int32_t best = hs * w + ws;
+  for (int ih = hs; ih < he; ih++)
+    for (int iw = ws; iw < we; iw++) {
+      const float v = plane[ih * w + iw];
+      if (v > m || v != v) m = v, best = ih * w + iw;
+    }
+  *argmax = best;
+  return m;
+}
+
+/* dx at input (ih, iw) of one plane: the sum, in double over the windows in
+ * row-major order, of dy over the windows that contain (ih, iw) and whose argmax
+ * is ih * w + iw (PyTorch's max_pool_backward_nchw gather, which sums in float).
+ * Windows containing row ih: ph in [ceil((ih + pad - kernel + 1) / stride),
+ * floor((ih + pad) / stride)], clipped to [0, p). */
+GWK_HD float maxpool_gather(const float *dy_plane, const int32_t *argmax_plane, int p, int q, int ih, int iw, int w,
+                            int kernel, int stride, int pad) {
+  const int phs = ih + pad < kernel ? 0 : (ih + pad - kernel) / stride + 1;
+  const int pws = iw + pad < kernel ? 0 : (iw + pad - kernel) / stride + 1;
+  const int phe0 = (ih + pad) / stride + 1, pwe0 = (iw + pad) / stride + 1;
+  const int phe = phe0 < p ? phe0 : p, pwe = pwe0 < q ? pwe0 : q;
+  const int32_t me = ih * w + iw;
+  double s = 0;
+  for (int ph = phs; ph < phe; ph++)
+    for (int pw = pws; pw < pwe; pw++)
+      if (argmax_plane[ph * q + pw] == me) s += (double)dy_plane[ph * q + pw];
+  return (float)s;
+}
+
+/* ---- global average pool ----------------------------------------------------------------------
+ * One warp per plane: lane l adds values l, l + 32, ... in double, the 32 lane
+ * sums go through tree_sum's pairing (shuffles), y = sum / hw rounded once. */
+GWK_HD double avgpool_lane_sum(const float *plane, uint32_t hw, int lane) {
+  double s = 0;
+  for (uint32_t i = (uint32_t)lane; i < hw; i += kWarp) s += (double)plane[i];
+  return s;
+}
+GWK_HD float avgpool_finish(double sum, uint32_t hw) { return (float)(sum / (double)hw); }
+GWK_HD float avgpool_bwd_value(float dy, uint32_t hw) { return (float)((double)dy / (double)hw); }
+
+/* ---- fully connected bias gradient -----------------------------------------------------------
+ * db[j] = sum over the n rows of dy[r, j]: kBiasGroups threads per column, group
+ * g adding rows g, g + kBiasGroups, ... in order (bias_grad_group), then the
+ * group sums added in order of g, all in double, rounded once. */
+constexpr int kBiasCols = 32, kBiasGroups = 8; /* a block: 32 columns x 8 row groups */
+GWK_HD double bias_grad_group(const float *dy, int n, int k, int j, int g) {
+  double s = 0;
+  for (int r = g; r < n; r += kBiasGroups) s += (double)dy[(size_t)r * k + j];
+  return s;
+}
+
+/* ---- softmax cross-entropy with label smoothing s --------------------------------------------
+ * With mx = max_j z_j, lse = mx + log(sum_j exp(z_j - mx)) (all in double):
+ *   row loss = (1 - s)(lse - z[label]) + s (lse - sum_j z_j / k)
+ *   dlogits_j = (exp(z_j - lse) - (1 - s)[j == label] - s / k) / n
+ * loss_row below is the definition, serially; the device runs one block per
+ * row: thread t takes j = t, t + B, ... for the max (loss_thread_max) and the
+ * two sums (loss_thread_sums), the block combines the maxima (order-free) and
+ * the sums by tree_sum's pairing, then uses loss_lse / loss_row_value /
+ * loss_grad as loss_row does. */
+GWK_HD float loss_thread_max(const float *z, int k, int t, int nthreads) {
+  float m = -INFINITY;
+  for (int j = t; j < k; j += nthreads) m = z[j] > m ? z[j] : m;
+  return m;
+}
+GWK_HD void loss_thread_sums(const float *z, int k, int t, int nthreads, float mx, double *sumexp, double *zsum) {
+  double se = 0, zs = 0;
+  for (int j = t; j < k; j += nthreads) {
+    se += exp((double)z[j] - (double)mx);
+    zs += (double)z[j];
+  }
+  *sumexp = se, *zsum = zs;
+}
+GWK_HD double loss_lse(float mx, double sumexp) { return (double)mx + log(sumexp); }
+GWK_HD double loss_row_value(double lse, float zlabel, double zsum, double s, int k) {
+  return fma(1.0 - s, lse - (double)zlabel, s * (lse - zsum / (double)k));
+}
+GWK_HD float loss_grad(float zj, double lse, bool is_label, double s, int k, int n) {
+  double t = s / (double)k;
+  if (is_label) t += 1.0 - s;
+  return (float)((exp((double)zj - lse) - t) / (double)n);
+}
+/* One row, serially: returns the row loss (double), writes g [k]. */
+GWK_HD double loss_row(const float *z, int k, int label, double s, int n, float *g) {
+  const float mx = loss_thread_max(z, k, 0, 1);
+  double se, zs;
+  loss_thread_sums(z, k, 0, 1, mx, &se, &zs);
+  const double lse = loss_lse(mx, se);
+  for (int j = 0; j < k; j++) g[j] = loss_grad(z[j], lse, j == label, s, k, n);
+  return loss_row_value(lse, z[label], zs, s, k);
+}
+
+} /* namespace gwk */
+
+#endif /* GW_MODEL_CUDNN_KERNELS_MATH_CUH */
