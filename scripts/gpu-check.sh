@@ -12,6 +12,12 @@
 #      (#wrong must be 0), at 2 ranks through host staging, and on host
 #      buffers at 2 ranks beside them;
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
+#   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
+#      pip wheels through a directory of links, $B-cuda-extra): the model
+#      backend suite on cudnn (every layer against naive references), ResNet-50
+#      training throughput of model_bench (TF32) beside PyTorch on the same GPU
+#      (TF32 NCHW, and channels_last + AMP fp16 for reference), and gw-train on
+#      synthetic 224x224 data at 1 and 2 ranks;
 # and writes summary.txt, log.txt and the CSVs into OUTDIR.  Each step has its
 # own time limit; the whole script stays under 8 minutes on one H200.
 set -u
@@ -35,9 +41,37 @@ say "torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.v
 MESON=(meson)
 command -v meson >/dev/null || MESON=(python3 -m mesonbuild.mesonmain)
 command -v nvcc >/dev/null || export PATH="$PATH:/usr/local/cuda/bin"
+# cuDNN and cuBLAS: in the toolkit, or else in PyTorch's pip wheels (nvidia/*/lib
+# holds only libcudnn.so.9 and the like, no unversioned names to link with): a
+# directory of links to them, given to meson as extra_cuda_libs and to the
+# loader as LD_LIBRARY_PATH.
+EXTRA_OPT=()
+cuda_extra() {
+  local top lib f d x="$ROOT/$B-cuda-extra" sp
+  top=$(cd "$(dirname "$(command -v nvcc)")/.." 2>/dev/null && pwd)
+  [ -e "$top/lib64/libcudnn.so" ] && [ -e "$top/lib64/libcublas.so" ] && return 0
+  sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
+  rm -rf "$x" && mkdir -p "$x/include" "$x/lib" || return 0
+  for lib in cudnn cublas; do
+    [ -e "$top/lib64/lib$lib.so" ] && continue
+    # shellcheck disable=SC2086
+    f=$(find $sp -path '*nvidia*' -name "lib$lib.so*" 2>/dev/null | sort | head -1)
+    [ -n "$f" ] || continue
+    d=$(dirname "$f")
+    ln -sf "$d"/* "$x/lib/" && ln -sf "$f" "$x/lib/lib$lib.so"
+    [ "$lib" = cublas ] && [ -e "$d/libcublasLt.so.13" ] && ln -sf "$d/libcublasLt.so.13" "$x/lib/libcublasLt.so"
+    [ -d "$d/../include" ] && ln -sf "$d/../include"/* "$x/include/"
+    export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  done
+  EXTRA_OPT=(-Dextra_cuda_libs="$x")
+  say "cuda extra: $(ls "$x/lib" | grep -E '^lib(cudnn|cublas)\.so$' | tr '\n' ' ')from $sp"
+}
+cuda_extra
 runs_here() {
-  [ -x "$B/test/test_device" ] && [ -x "$B/tools/gw-perf" ] && [ -x "$B/bench/gpu_reduce_bw" ] || return 1
-  ! ldd "$B/test/test_device" "$B/tools/gw-perf" "$B/bench/gpu_reduce_bw" 2>&1 | grep -q "not found" || return 1
+  local bins=("$B/test/test_device" "$B/tools/gw-perf" "$B/bench/gpu_reduce_bw" "$B/test/test_model_backend"
+              "$B/bench/model_bench" "$B/tools/gw-train")
+  for b in "${bins[@]}"; do [ -x "$b" ] || return 1; done
+  ! ldd "${bins[@]}" 2>&1 | grep -q "not found" || return 1
   GW_DEV_EMULATE=1 CK_RUN_CASE=ipc timeout 60 "$B/test/test_device" >/dev/null 2>&1
 }
 if runs_here; then
@@ -46,7 +80,7 @@ else
   [ -d "$B" ] && say "build: the carried $B does not run here; building"
   rm -rf "$B"
   if ! timeout 240 "${MESON[@]}" setup "$B" -Druntime_only=true -Dbuildtype=release -Dcuda=enabled \
-      -Dibverbs=disabled -Donednn=disabled -Dcudnn=disabled >"$OUT/build.txt" 2>&1 ||
+      -Dibverbs=disabled -Donednn=disabled "${EXTRA_OPT[@]}" >"$OUT/build.txt" 2>&1 ||
      ! timeout 240 "${MESON[@]}" compile -C "$B" >>"$OUT/build.txt" 2>&1; then
     tail -30 "$OUT/build.txt"
     say "build: FAILED after $(elapsed) s (see build.txt)"
@@ -89,6 +123,35 @@ timeout 120 "$B/bench/gpu_reduce_bw" --csv "$OUT/reduce-bw.csv" >"$OUT/reduce-bw
 say "reduce kernel bench: exit $?"
 cat "$OUT/reduce-bw.txt"
 
+# ---- 5. the cudnn backend ----------------------------------------------------------------------
+model_fail=0
+if [ -x "$B/test/test_model_backend" ]; then
+  t0=$(date +%s)
+  timeout 240 "$B/test/test_model_backend" cudnn >"$OUT/model-backend-cudnn.txt" 2>&1
+  rc=$?
+  [ $rc = 0 ] || model_fail=1
+  say "model backend suite on cudnn: $([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)")) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:' "$OUT/model-backend-cudnn.txt" | tail -1)"
+  [ $rc = 0 ] || tail -20 "$OUT/model-backend-cudnn.txt"
+  BATCH=${GW_CHECK_BATCH:-256}
+  mb=(--batch "$BATCH" --steps 10 --warmup 3)
+  timeout 200 "$B/bench/model_bench" --backend cudnn --tf32 1 "${mb[@]}" >"$OUT/model-bench.txt" 2>&1
+  say "model_bench cudnn: exit $? $(tail -1 "$OUT/model-bench.txt")"
+  for v in "--tf32 1" "--tf32 1 --channels-last --amp fp16"; do
+    # shellcheck disable=SC2086
+    timeout 150 python3 bench/model_bench_torch.py --device cuda $v "${mb[@]}" >>"$OUT/model-bench-torch.txt" 2>&1
+    say "model_bench_torch ($v): exit $? $(tail -1 "$OUT/model-bench-torch.txt")"
+  done
+  for n in 1 2; do
+    rm -f "$OUT/gw-train-n$n.jsonl"
+    timeout 200 "$B/tools/gw-run" -n $n "$B/tools/gw-train" --backend cudnn --data synthetic --image-size 224 \
+      --classes 1000 --synthetic-samples 20000 --batch $((BATCH / n)) --steps 20 --no-eval --loader-threads 6 \
+      --metrics "$OUT/gw-train-n$n.jsonl" >"$OUT/gw-train-n$n.txt" 2>&1
+    say "gw-train cudnn $n rank(s) x batch $((BATCH / n)): exit $?"
+  done
+else
+  say "cudnn backend: not built here (no cuDNN/cuBLAS found: see build.txt)"
+fi
+
 # ---- summary -----------------------------------------------------------------------------------
 python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
 import csv, os, sys
@@ -112,6 +175,25 @@ if r:
         print(f"reduce {x['dtype']:>9} {int(x['bytes']) >> 20:5d} MiB: {float(x['reduce_GBps']):8.1f} GB/s vs copy "
               f"{float(x['copy_GBps']):8.1f} GB/s = {float(x['ratio']):.3f}")
     print(f"goal (reduce >= 0.90 of copy): {'met' if worst >= 0.9 else 'MISSED'} (worst {worst:.3f})")
+import json, re
+def img_s(name):
+    p = os.path.join(out, name)
+    if not os.path.exists(p): return None
+    m = re.findall(r": ([0-9.]+) img/s", open(p).read())
+    return [float(x) for x in m]
+gw, pt = img_s("model-bench.txt"), img_s("model-bench-torch.txt")
+if gw and pt:
+    print(f"model_bench cudnn tf32 {gw[-1]:.1f} img/s vs pytorch tf32 {pt[0]:.1f} = {gw[-1] / pt[0]:.2f}x" +
+          (f"; pytorch channels_last amp fp16 {pt[1]:.1f} img/s (gw-train goal: 1.1x of that with AMP)" if len(pt) > 1 else ""))
+for n in (1, 2):
+    p = os.path.join(out, f"gw-train-n{n}.jsonl")
+    if not os.path.exists(p): continue
+    steps = [json.loads(l) for l in open(p) if '"train"' in l]
+    late = steps[len(steps) // 2:]
+    if late:
+        print(f"gw-train cudnn {n} rank(s): {sum(s['img_per_s'] for s in late) / len(late):.1f} img/s "
+              f"(mean of steps {late[0]['step']}..{late[-1]['step']}; compute {late[-1]['compute_ms']:.0f} ms, "
+              f"comm {late[-1]['comm_ms']:.0f} ms, data {late[-1]['data_ms']:.0f} ms in the last)")
 EOF
 say "total: $(elapsed) s"
-exit $suite_fail
+exit $((suite_fail || model_fail))
