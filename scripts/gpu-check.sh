@@ -13,7 +13,7 @@
 #      buffers at 2 ranks beside them;
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
-#      pip wheels through a directory of links, $B-cuda-extra): the model
+#      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
 #      backend suite on cudnn (every layer against naive references), ResNet-50
 #      training throughput of model_bench (TF32) beside PyTorch on the same GPU
 #      (TF32 NCHW, and channels_last + AMP fp16 for reference), and gw-train on
@@ -47,7 +47,8 @@ command -v nvcc >/dev/null || export PATH="$PATH:/usr/local/cuda/bin"
 # loader as LD_LIBRARY_PATH.
 EXTRA_OPT=()
 cuda_extra() {
-  local top lib f d x="$ROOT/$B-cuda-extra" sp
+  # outside the source tree (meson refuses include directories inside it)
+  local top lib f d x="${TMPDIR:-/tmp}/gradwire-cuda-extra" sp
   top=$(cd "$(dirname "$(command -v nvcc)")/.." 2>/dev/null && pwd)
   [ -e "$top/lib64/libcudnn.so" ] && [ -e "$top/lib64/libcublas.so" ] && return 0
   sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)

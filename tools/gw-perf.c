@@ -34,13 +34,14 @@ struct opts {
   const char *csv, *json, *tune;
 };
 
-static int rank, nranks;
+static int rank = -1, nranks; /* rank -1 until the communicator is made */
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "gw-perf: rank %d: ", rank);
+  if (rank >= 0) fprintf(stderr, "gw-perf: rank %d: ", rank);
+  else fprintf(stderr, "gw-perf: ");
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
