@@ -498,6 +498,21 @@ gw_result_t gw_exec_upload_model(struct gw_exec *e) {
   return e->ops->upload(e->b, e->running, m->running_data, m->num_running * sizeof(float));
 }
 
+gw_result_t gw_exec_download_grads(struct gw_exec *e, size_t first, size_t count) {
+  struct gw_model *m = e->m;
+  if (first > m->num_params || count > m->num_params - first)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: gradients [%zu, +%zu) are not within the %zu of the model",
+                          first, count, m->num_params);
+  if (e->ops->host_memory || count == 0) return GW_SUCCESS;
+  return e->ops->download(e->b, m->grad_data + first, e->grads + first, count * sizeof(float));
+}
+
+gw_result_t gw_exec_download_stats(struct gw_exec *e) {
+  struct gw_model *m = e->m;
+  if (e->ops->host_memory) return GW_SUCCESS;
+  return e->ops->download(e->b, m->running_data, e->running, m->num_running * sizeof(float));
+}
+
 gw_result_t gw_exec_download_model(struct gw_exec *e) {
   struct gw_model *m = e->m;
   if (e->ops->host_memory) return GW_SUCCESS;

@@ -80,6 +80,13 @@ void gw_exec_set_sync_bn(struct gw_exec *e, gw_exec_sum_fn sum, void *arg);
 gw_result_t gw_exec_upload_model(struct gw_exec *e);
 gw_result_t gw_exec_download_model(struct gw_exec *e);
 
+/* For device-memory backends, the parts that change in a training step: the
+ * gradients [first, first + count) (during backward, once `ready` has passed
+ * first + count: the download waits for the work that made them) and the BN
+ * running statistics.  No-ops for host-memory backends. */
+gw_result_t gw_exec_download_grads(struct gw_exec *e, size_t first, size_t count);
+gw_result_t gw_exec_download_stats(struct gw_exec *e);
+
 /* Bytes the executor allocated (activations, gradient pool, work memory). */
 size_t gw_exec_memory_bytes(const struct gw_exec *e);
 

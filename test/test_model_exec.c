@@ -173,7 +173,20 @@ START_TEST(test_device_memory_path) {
   float la = train_step(&a, NULL, NULL), lb = train_step(&b, NULL, NULL);
   ck_assert_msg(la == lb, "loss %.9g on host memory, %.9g through upload/download", la, lb);
   size_t np = gw_model_num_params(a.m);
-  /* The model's host copy of the gradients is stale until downloaded. */
+  /* The model's host copy of the gradients is stale until downloaded: a range
+   * of them, then the rest, then everything. */
+  float *g = gw_model_grads(b.m);
+  memset(g, 0, np * sizeof(float));
+  ck_assert(gw_exec_download_grads(b.e, 7, 100) == GW_SUCCESS);
+  ck_assert(g[6] == 0 && g[107] == 0 && memcmp(g + 7, gw_model_grads(a.m) + 7, 100 * sizeof(float)) == 0);
+  ck_assert_int_eq(gw_exec_download_grads(b.e, np - 5, 6), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "not within"));
+  ck_assert_int_eq(gw_exec_download_grads(b.e, np + 1, 0), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(gw_exec_download_grads(b.e, 0, np) == GW_SUCCESS);
+  ck_assert(memcmp(gw_model_grads(a.m), g, np * sizeof(float)) == 0);
+  memset(gw_model_running(b.m), 0, 10 * sizeof(float));
+  ck_assert(gw_exec_download_stats(b.e) == GW_SUCCESS);
+  ck_assert(memcmp(gw_model_running(a.m), gw_model_running(b.m), 10 * sizeof(float)) == 0);
   ck_assert(gw_exec_download_model(b.e) == GW_SUCCESS);
   ck_assert(memcmp(gw_model_grads(a.m), gw_model_grads(b.m), np * sizeof(float)) == 0);
   ck_assert(memcmp(gw_model_running(a.m), gw_model_running(b.m), 10 * sizeof(float)) == 0);

@@ -47,7 +47,11 @@ struct trainer {
   void *grads_reg; /* gw_comm_register of the gradients (over ib: sent from directly) */
   size_t np, nrun, ncounters;
   size_t marked;            /* gradient elements handed to the bucketer this step */
+  size_t downloaded;        /* device backends: gradient elements copied to the host this step */
+  size_t bounds[4096];      /* the buckets' bounds (nb + 1), where the device path copies gradients down */
+  int nb;
   gw_result_t ready_err;
+  char ready_msg[512];      /* device backends: a failed download during backward */
   int64_t spe, total_steps, warmup_steps; /* steps per epoch, in all, of warmup */
   int64_t epochs;
   double peak_lr;
@@ -225,9 +229,9 @@ static int setup_comm_parts(struct trainer *t) {
   const struct train_opts *o = t->o;
   if (!t->comm) return 0;
   if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
-  size_t bounds[4096];
-  int nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
-                            (size_t)(o->bucket_mb * 1048576), bounds, 4096);
+  size_t *bounds = t->bounds;
+  int nb = t->nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
+                                    (size_t)(o->bucket_mb * 1048576), bounds, 4096);
   if (nb < 1) return fail(t, "--bucket-mb", "too many buckets for the model (at most 4095)");
   /* The gradients live in one buffer for the whole run: registered once, the
    * allreduces over ib send their chunks straight from it (no-op without ib). */
@@ -408,6 +412,28 @@ static void on_ready(void *arg, size_t ready) {
   t->marked = ready;
 }
 
+/* A device backend's gradients come to the host bucket by bucket as backward
+ * finishes them (each download waits only for the work queued so far), and each
+ * bucket is handed to the bucketer at once when overlapping: the allreduce of the
+ * early buckets runs while the GPU computes the rest.  Alone (no bucketer) they
+ * come down in one piece at the end. */
+static void on_ready_device(void *arg, size_t ready) {
+  struct trainer *t = arg;
+  if (t->ready_err != GW_SUCCESS) return;
+  size_t upto = t->downloaded;
+  for (int i = 1; t->bk && i <= t->nb; i++)
+    if (t->bounds[i] <= ready) upto = t->bounds[i];
+  if (ready == t->np) upto = ready;
+  if (upto <= t->downloaded) return;
+  if (gw_exec_download_grads(t->e, t->downloaded, upto - t->downloaded) != GW_SUCCESS) {
+    t->ready_err = GW_ERR_INTERNAL;
+    snprintf(t->ready_msg, sizeof t->ready_msg, "%s", gw_model_last_error());
+    return;
+  }
+  t->downloaded = upto;
+  if (t->bk && !t->o->no_overlap) on_ready(t, upto);
+}
+
 /* Allreduces the gradients (the buckets already in flight when overlapping). */
 static int finish_gradients(struct trainer *t, struct step_report *r, double t_bwd) {
   if (!t->bk) return 0;
@@ -427,19 +453,18 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
   const struct train_opts *o = t->o;
   double t0 = now();
   float loss = 0;
-  t->marked = 0, t->ready_err = GW_SUCCESS;
+  t->marked = 0, t->downloaded = 0, t->ready_err = GW_SUCCESS, t->ready_msg[0] = 0;
   /* A device backend computes on its own copies: the host model (weights, BN
    * statistics) is the master that the optimizer, checkpoints and broadcasts
-   * use, so it goes up before the step and comes back after backward, and the
-   * gradients are allreduced on the host after backward (no overlap yet). */
+   * use, so it goes up before the step, and the gradients (during backward) and
+   * the statistics (after it) come back down. */
   int device = !t->ops->host_memory;
   if (device && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
   if (gw_exec_forward(t->e, bt->x, 1) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
-  gw_grad_ready_fn ready = t->bk && !o->no_overlap && !device ? on_ready : NULL;
+  gw_grad_ready_fn ready = device ? on_ready_device : t->bk && !o->no_overlap ? on_ready : NULL;
   if (gw_exec_backward(t->e, bt->y, &loss, ready, t) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
-  if (device && gw_exec_download_model(t->e) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
-  if (device && t->bk && !o->no_overlap && (t->ready_err = gw_bucketer_ready(t->bk, 0, t->np)) == GW_SUCCESS)
-    t->marked = t->np;
+  if (t->ready_msg[0]) return fail(t, "backward", t->ready_msg);
+  if (device && gw_exec_download_stats(t->e) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
   double t_bwd = now();
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
   double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
@@ -518,12 +543,13 @@ static int setup(struct trainer *t) {
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
   log_text(&t->log,
-           "%s on %s: %d rank%s x batch %d on %s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu parameters",
+           "%s on %s: %d rank%s x batch %d on %s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
-           t->ops->name, (long long)t->total_steps, (long long)t->spe, t->peak_lr,
-           t->world == 1                            ? "no allreduce"
-           : o->no_overlap || !t->ops->host_memory ? "allreduce after backward"
-                                                    : "allreduce overlapped with backward",
+           t->ops->name, t->ops->host_memory ? "" : " (device memory)", (long long)t->total_steps, (long long)t->spe,
+           t->peak_lr,
+           t->world == 1     ? "no allreduce"
+           : o->no_overlap ? "allreduce after backward"
+                             : "allreduce overlapped with backward",
            o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
 }
 
