@@ -409,7 +409,8 @@ __global__ void __launch_bounds__(kThreads)
                   int stride, int pad, FastDiv pqd, FastDiv qd) {
   const uint32_t len = (uint32_t)c * pqd.d, gs = gridDim.x * blockDim.x;
   for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
-    for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < len; o += gs) {
+    for (uint64_t o64 = blockIdx.x * blockDim.x + threadIdx.x; o64 < len; o64 += gs) { /* 64-bit: no wrap */
+      const uint32_t o = (uint32_t)o64;
       const uint32_t ch = gwk::fastdiv(pqd, o), r = o - ch * pqd.d, oh = gwk::fastdiv(qd, r), ow = r - oh * qd.d;
       const size_t plane = (size_t)smp * c + ch;
       int32_t a;
@@ -427,7 +428,8 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t len = (uint32_t)c * hwd.d, gs = gridDim.x * blockDim.x;
   const size_t pq = (size_t)p * q;
   for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gs) {
+    for (uint64_t i64 = blockIdx.x * blockDim.x + threadIdx.x; i64 < len; i64 += gs) { /* 64-bit: no wrap */
+      const uint32_t i = (uint32_t)i64;
       const uint32_t ch = gwk::fastdiv(hwd, i), r = i - ch * hwd.d, ih = gwk::fastdiv(wd, r), iw = r - ih * wd.d;
       const size_t plane = (size_t)smp * c + ch;
       dx[(size_t)smp * len + i] = gwk::maxpool_gather(dy + plane * pq, argmax + plane * pq, p, q, (int)ih, (int)iw,
@@ -620,6 +622,7 @@ extern "C" int gw__cu_maxpool_bwd(const struct gw_op_desc *d, const float *dy, c
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
+  if ((uint64_t)d->p * (uint64_t)d->q * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
   const uint32_t len = (uint32_t)s.c * s.hw;
   if (s.n == 0 || len == 0) return 0;
   const unsigned gy = s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY;
