@@ -50,6 +50,12 @@ struct gw_bucketer {
   gw_dtype_t wire;
   char *wbuf;
   void *stream; /* gw_bucketer_set_stream */
+  /* gw_bucketer_set_compute_stream: the stream the gradients are written on,
+   * an event per bucket recorded on it when the bucket starts (the allreduce's
+   * stream waits for it), and one recorded on the allreduce's stream after the
+   * last bucket that compute then waits for. */
+  void *compute;
+  gw_dev_event_t *ev; /* [n + 1], made on first use */
 };
 
 static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -181,6 +187,13 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
       gw__cvt_from_f32(b->wire, w, p, n);
       p = w;
     }
+    if (b->compute) { /* the allreduce's stream waits for what compute has queued so far */
+      const struct gw_dev_ops *d = gw__dev();
+      if (d->event_record(b->ev[k], (gw_dev_stream_t)b->compute) ||
+          d->stream_wait_event((gw_dev_stream_t)b->stream, b->ev[k]))
+        return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_ready: ordering bucket %d after the compute stream: %s", k,
+                    d->error());
+    }
     gw_result_t res = gw_iallreduce(p, p, n, b->wire, b->op, b->comm, b->stream, &b->req[k]);
     if (res != GW_SUCCESS) return res; /* the communicator holds the message */
     b->next++;
@@ -233,6 +246,18 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
   int incomplete = b->next < b->n ? b->next : -1;
   size_t had = incomplete >= 0 ? b->ready[incomplete] : 0;
+  if (b->compute && b->next > 0) { /* later work on compute sees the reduced gradients */
+    const struct gw_dev_ops *d = gw__dev();
+    if (d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
+        d->stream_wait_event((gw_dev_stream_t)b->compute, b->ev[b->n])) {
+      char msg[GW_ERRMSG_MAX];
+      snprintf(msg, sizeof msg, "%s", d->error());
+      wait_started(b);
+      reset(b);
+      return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
+                  msg);
+    }
+  }
   gw_result_t res = wait_started(b);
   b->last = (struct gw_bucketer_times){b->first_start, b->last_ready, gw__now()};
   reset(b);
@@ -279,6 +304,40 @@ gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
   return GW_SUCCESS;
 }
 
+gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: bucketer is NULL");
+  if (b->next || b->marked)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: a step is under way (call it "
+                "between gw_bucketer_wait and the next gw_bucketer_ready)");
+  if (!compute) {
+    b->compute = NULL;
+    return GW_SUCCESS;
+  }
+  const struct gw_dev_ops *d = gw__dev();
+  if (!d)
+    return fail(b->comm, GW_ERR_UNSUPPORTED, "gw_bucketer_set_compute_stream: no device layer (%s)",
+                gw__dev_absent_reason());
+  if (!b->stream || b->stream == compute)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: give the allreduces their own "
+                "stream first (gw_bucketer_set_stream), not the compute stream: on one stream backward would wait "
+                "for communication");
+  if (!b->ev) {
+    gw_dev_event_t *ev = calloc((size_t)b->n + 1, sizeof *ev);
+    if (!ev) return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_compute_stream: out of memory");
+    for (int i = 0; i <= b->n; i++)
+      if (d->event_create(&ev[i])) {
+        char msg[GW_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", d->error());
+        while (i-- > 0) d->event_destroy(ev[i]);
+        free(ev);
+        return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_set_compute_stream: creating events: %s", msg);
+      }
+    b->ev = ev;
+  }
+  b->compute = compute;
+  return GW_SUCCESS;
+}
+
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
   if (!b || !t) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: NULL argument");
   *t = b->last;
@@ -288,6 +347,8 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 void gw_bucketer_destroy(gw_bucketer_t b) {
   if (!b) return;
   if (b->req) wait_started(b);
+  for (int i = 0; b->ev && i <= b->n; i++) gw__dev()->event_destroy(b->ev[i]);
+  free(b->ev);
   free(b->bounds), free(b->ready), free(b->req), free(b->iv), free(b->wbuf);
   free(b);
 }

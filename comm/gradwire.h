@@ -230,6 +230,16 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
  * once every allreduce ran, and later work on the stream sees the results.
  * Only between steps. */
 gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream);
+/* The stream the gradients are written on (backward's), so that the bucketer
+ * orders the two streams itself, on the device, as DDP does: when a bucket
+ * starts, an event recorded on `compute` makes the allreduce's stream (set
+ * first with gw_bucketer_set_stream, and not this one) wait for the work that
+ * wrote it, so ready ranges may be marked as soon as their kernels are queued;
+ * gw_bucketer_wait makes `compute` wait for the last allreduce, so the
+ * optimizer queued on it after reads the results.  Neither backward nor the
+ * calling thread waits for communication in between.  NULL turns it off.
+ * Only between steps; GW_ERR_UNSUPPORTED without a device layer. */
+gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute);
 /* Timing of the last completed step, in seconds on the monotonic clock: when the
  * first allreduce started, when the last bucket became ready, and when wait()
  * returned. */

@@ -18,6 +18,8 @@
 
 /* A stream: a cudaStream_t for "cuda".  NULL is the default (legacy) stream. */
 typedef struct gw_dev_stream *gw_dev_stream_t;
+/* An event: a cudaEvent_t (timing disabled) for "cuda". */
+typedef struct gw_dev_event *gw_dev_event_t;
 
 /* What one process passes to another to map a device allocation. */
 #define GW_DEV_IPC_BYTES 64
@@ -66,6 +68,14 @@ struct gw_dev_ops {
    * thread that enqueued them. */
   int (*flag_write)(uint64_t *flag, uint64_t v, gw_dev_stream_t s);
   int (*flag_wait)(const uint64_t *flag, uint64_t v, gw_dev_stream_t s);
+  /* Events order two streams without the host: event_record marks the point
+   * after everything enqueued on s so far; stream_wait_event makes later work
+   * on s wait for the latest record of e (none yet: no wait).  An event may be
+   * destroyed while work still refers to it. */
+  int (*event_create)(gw_dev_event_t *e);
+  int (*event_destroy)(gw_dev_event_t e);
+  int (*event_record)(gw_dev_event_t e, gw_dev_stream_t s);
+  int (*stream_wait_event)(gw_dev_stream_t s, gw_dev_event_t e);
   /* A kernel that takes `seconds` (tests: slow work ahead of a collective). */
   int (*sleep_async)(double seconds, gw_dev_stream_t s);
 

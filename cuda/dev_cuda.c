@@ -194,6 +194,29 @@ static int cu_flag_wait(const uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "flag wait kernel launch");
 }
 
+static int cu_event_create(gw_dev_event_t *ev) {
+  cudaEvent_t e = NULL;
+  cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (r != cudaSuccess) return cu_fail(r, "cudaEventCreateWithFlags(cudaEventDisableTiming)");
+  *ev = (gw_dev_event_t)(void *)e;
+  return 0;
+}
+
+static int cu_event_destroy(gw_dev_event_t ev) {
+  cudaError_t r = cudaEventDestroy((cudaEvent_t)(void *)ev);
+  return r == cudaSuccess ? 0 : cu_fail(r, "cudaEventDestroy");
+}
+
+static int cu_event_record(gw_dev_event_t ev, gw_dev_stream_t s) {
+  cudaError_t r = cudaEventRecord((cudaEvent_t)(void *)ev, cs(s));
+  return r == cudaSuccess ? 0 : cu_fail(r, "cudaEventRecord");
+}
+
+static int cu_stream_wait_event(gw_dev_stream_t s, gw_dev_event_t ev) {
+  cudaError_t r = cudaStreamWaitEvent(cs(s), (cudaEvent_t)(void *)ev, 0);
+  return r == cudaSuccess ? 0 : cu_fail(r, "cudaStreamWaitEvent");
+}
+
 static int cu_sleep_async(double seconds, gw_dev_stream_t s) {
   int e = gw__cuda_sleep(seconds, (void *)cs(s));
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "sleep kernel launch");
@@ -241,6 +264,10 @@ static const struct gw_dev_ops cuda_ops = {
     .reduce_async = cu_reduce_async,
     .flag_write = cu_flag_write,
     .flag_wait = cu_flag_wait,
+    .event_create = cu_event_create,
+    .event_destroy = cu_event_destroy,
+    .event_record = cu_event_record,
+    .stream_wait_event = cu_stream_wait_event,
     .sleep_async = cu_sleep_async,
     .ipc_get = cu_ipc_get,
     .ipc_open = cu_ipc_open,

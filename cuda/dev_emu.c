@@ -253,6 +253,20 @@ static int emu_ipc_close(void *p) {
 
 /* ---- streams ---------------------------------------------------------------------------- */
 enum { IT_COPY, IT_REDUCE, IT_FLAG_WRITE, IT_FLAG_WAIT, IT_SLEEP };
+
+/* An event: a counter the recording stream's item raises to the record's
+ * number, which a waiting stream's item waits for (as flag_write / flag_wait);
+ * freed when destroyed and no queued item refers to it. */
+struct gw_dev_event {
+  _Atomic uint64_t done;     /* the last record completed */
+  uint64_t recorded;         /* records enqueued (by the recording thread) */
+  _Atomic int refs;          /* 1 for the owner until destroyed, +1 per queued item */
+};
+
+static void event_unref(struct gw_dev_event *ev) {
+  if (ev && atomic_fetch_sub(&ev->refs, 1) == 1) free(ev);
+}
+
 struct item {
   struct item *next;
   int kind, dtype, kop;
@@ -263,6 +277,7 @@ struct item {
   uint64_t *flag;
   uint64_t v;
   double seconds;
+  struct gw_dev_event *ev; /* referenced by a flag item on an event's counter */
 };
 
 struct gw_dev_stream {
@@ -283,7 +298,14 @@ static void run_item(const struct item *it) {
     gw__dev_host_reduce()(it->dst0, it->dst1, it->a, it->b, it->n, it->dtype, it->kop, it->div);
     break;
   case IT_FLAG_WRITE:
-    atomic_store_explicit((_Atomic uint64_t *)it->flag, it->v, memory_order_release);
+    if (it->ev) { /* an event's counter only grows (records on several streams may finish out of order) */
+      uint64_t cur = atomic_load_explicit(&it->ev->done, memory_order_relaxed);
+      while (cur < it->v && !atomic_compare_exchange_weak_explicit(&it->ev->done, &cur, it->v, memory_order_release,
+                                                                   memory_order_relaxed)) {
+      }
+    } else {
+      atomic_store_explicit((_Atomic uint64_t *)it->flag, it->v, memory_order_release);
+    }
     break;
   case IT_FLAG_WAIT: {
     struct gw_waiter w;
@@ -312,6 +334,7 @@ static void *stream_main(void *arg) {
     struct item *it = s->head;
     pthread_mutex_unlock(&s->mu);
     run_item(it);
+    event_unref(it->ev);
     pthread_mutex_lock(&s->mu);
     s->head = it->next;
     if (!s->head) s->tail = NULL;
@@ -441,6 +464,35 @@ static int emu_flag_wait(const uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   return push(s, &(struct item){.kind = IT_FLAG_WAIT, .flag = (uint64_t *)flag, .v = v});
 }
 
+static int emu_event_create(gw_dev_event_t *out) {
+  struct gw_dev_event *ev = calloc(1, sizeof *ev);
+  if (!ev) return fail("event_create: out of memory");
+  atomic_init(&ev->refs, 1);
+  *out = ev;
+  return 0;
+}
+
+static int emu_event_destroy(gw_dev_event_t ev) {
+  event_unref(ev);
+  return 0;
+}
+
+static int emu_event_record(gw_dev_event_t ev, gw_dev_stream_t s) {
+  atomic_fetch_add(&ev->refs, 1);
+  int rc = push(s, &(struct item){.kind = IT_FLAG_WRITE, .flag = (uint64_t *)&ev->done, .v = ev->recorded + 1,
+                                  .ev = ev});
+  if (rc) event_unref(ev);
+  else ev->recorded++;
+  return rc;
+}
+
+static int emu_stream_wait_event(gw_dev_stream_t s, gw_dev_event_t ev) {
+  atomic_fetch_add(&ev->refs, 1);
+  int rc = push(s, &(struct item){.kind = IT_FLAG_WAIT, .flag = (uint64_t *)&ev->done, .v = ev->recorded, .ev = ev});
+  if (rc) event_unref(ev);
+  return rc;
+}
+
 static int emu_sleep_async(double seconds, gw_dev_stream_t s) {
   return push(s, &(struct item){.kind = IT_SLEEP, .seconds = seconds > 0 ? seconds : 0});
 }
@@ -465,6 +517,10 @@ static const struct gw_dev_ops emu_ops = {
     .reduce_async = emu_reduce_async,
     .flag_write = emu_flag_write,
     .flag_wait = emu_flag_wait,
+    .event_create = emu_event_create,
+    .event_destroy = emu_event_destroy,
+    .event_record = emu_event_record,
+    .stream_wait_event = emu_stream_wait_event,
     .sleep_async = emu_sleep_async,
     .ipc_get = emu_ipc_get,
     .ipc_open = emu_ipc_open,

@@ -17,7 +17,9 @@
  * it), "destroy" (a communicator destroyed while its stream never reached an
  * operation gives up after the timeout and releases the stream), "bucketer"
  * (the gradient bucketer over device gradients written on its stream behind
- * slow work and marked ready at once: exact sums, three steps), "ipc" (a
+ * slow work and marked ready at once: exact sums, three steps; and with a
+ * separate compute stream the bucketer orders by events, the optimizer's work
+ * on it after wait seeing the sums), "ipc" (a
  * device allocation mapped by another process).
  * The parent process never touches the device before forking the ranks (a
  * CUDA process cannot fork usable children). */
@@ -414,44 +416,69 @@ START_TEST(dead_peer) {
 END_TEST
 
 /* ---- the gradient bucketer on device memory and a stream ------------------------------------------ */
+/* "Backward" writes the gradients behind 50 ms of slow work and marks them ready
+ * at once: the allreduces must wait for the writes.  *separate == 0: all on one
+ * stream (the caller's ordering).  *separate == 1: DDP's arrangement, gradients
+ * written on a compute stream, each bucket's allreduce on a communication stream
+ * that the bucketer orders behind the compute stream's work (an event per
+ * bucket), marking ready must not wait for that work, and the "optimizer" queued
+ * on the compute stream after gw_bucketer_wait sees the results. */
 static int body_bucketer(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)arg;
+  const int separate = *(const int *)arg;
   dv = gw__dev();
   enum { M = 100000 };
-  gw_dev_stream_t s;
+  gw_dev_stream_t s, compute;
   float *g, *h;
   DCHECK(dv->stream_create(&s));
+  compute = s;
+  if (separate) DCHECK(dv->stream_create(&compute));
   DCHECK(dv->alloc((void **)&g, M * 4));
   DCHECK(dv->host_alloc((void **)&h, M * 4));
   size_t bounds[64];
   int nb = gw_bucket_bounds(M, 4, 4096, 65536, bounds, 64);
   gw_bucketer_t bk;
   GWCHECK(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, nb, &bk), comm);
+  if (separate) {
+    EXPECT(gw_bucketer_set_compute_stream(bk, compute) == GW_ERR_INVALID_ARGUMENT, "a compute stream without an "
+           "allreduce stream accepted");
+    EXPECT(strstr(gw_comm_last_error(comm), "gw_bucketer_set_stream"), "message: %s", gw_comm_last_error(comm));
+  }
   GWCHECK(gw_bucketer_set_stream(bk, s), comm);
   EXPECT(gw_bucketer_set_wire(bk, GW_BFLOAT16) == GW_ERR_UNSUPPORTED, "a 16-bit wire on device gradients accepted");
+  if (separate) {
+    EXPECT(gw_bucketer_set_compute_stream(bk, s) == GW_ERR_INVALID_ARGUMENT, "the same stream for both accepted");
+    GWCHECK(gw_bucketer_set_compute_stream(bk, compute), comm);
+  }
   for (int step = 0; step < 3; step++) {
-    /* "Backward" writes the gradients on the stream, behind slow work, and
-     * marks them ready at once: the allreduces must wait for the writes. */
     for (int i = 0; i < M; i++) h[i] = (float)(i % 100 + rank + step);
-    DCHECK(dv->sleep_async(0.05, s));
-    DCHECK(dv->memcpy_async(g, h, M * 4, s));
+    DCHECK(dv->sleep_async(0.05, compute));
+    DCHECK(dv->memcpy_async(g, h, M * 4, compute));
+    double t0 = test_now();
     for (int i = M; i > 0; i -= 10000) GWCHECK(gw_bucketer_ready(bk, (size_t)(i - 10000), 10000), comm);
+    double marking = test_now() - t0;
+    EXPECT(!separate || marking < 0.04, "step %d: marking ready took %.3f s: it waited for the compute stream", step,
+           marking);
     GWCHECK(gw_bucketer_wait(bk), comm);
-    DCHECK(dv->memcpy_async(h, g, M * 4, s));
-    DCHECK(dv->stream_sync(s));
+    DCHECK(dv->memcpy_async(h, g, M * 4, compute));
+    DCHECK(dv->stream_sync(compute));
     for (int i = 0; i < M; i++) {
       float want = (float)(n * (i % 100 + step) + n * (n - 1) / 2);
       EXPECT(h[i] == want, "step %d: element %d is %g, expected %g", step, i, (double)h[i], (double)want);
     }
   }
+  if (separate) GWCHECK(gw_bucketer_set_compute_stream(bk, NULL), comm);
   gw_bucketer_destroy(bk);
   DCHECK(dv->free(g));
   DCHECK(dv->host_free(h));
   DCHECK(dv->stream_destroy(s));
+  if (separate) DCHECK(dv->stream_destroy(compute));
   return 0;
 }
 
-START_TEST(bucketer) { ck_assert_int_eq(run_ranks(nranks_env(), body_bucketer, NULL, 120), 0); }
+START_TEST(bucketer) {
+  for (int separate = 0; separate < 2; separate++)
+    ck_assert_int_eq(run_ranks(nranks_env(), body_bucketer, &separate, 120), 0);
+}
 END_TEST
 
 /* ---- destroy with an operation its stream never reaches ------------------------------------------- */
