@@ -8,7 +8,7 @@
  *   gradwire resnet50 224x224x3 batch 16 cpu threads 2: 12.3 img/s (median of 5 steps, 1.30 s/step)
  *
  * usage: model_bench [--depth 50] [--image-size 224] [--in-channels 3] [--classes 1000]
- *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--threads T]
+ *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16] [--threads T]
  *                    [--steps 5] [--warmup 2]
  */
 #include <getopt.h>
@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
 #else
   struct gw_model_config cfg;
   gw_model_config_default(&cfg);
-  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0;
+  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0, act = GW_FLOAT32;
   const struct gw_backend_ops *ops = NULL;
 #if GW_HAVE_ONEDNN
   ops = &gw_backend_cpu;
@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
   static const struct option lo[] = {{"depth", 1, 0, 'd'},   {"image-size", 1, 0, 's'}, {"in-channels", 1, 0, 'c'},
                                      {"classes", 1, 0, 'k'}, {"batch", 1, 0, 'b'},      {"threads", 1, 0, 't'},
                                      {"steps", 1, 0, 'n'},   {"warmup", 1, 0, 'w'},     {"backend", 1, 0, 'B'},
-                                     {"tf32", 1, 0, 'T'},    {0, 0, 0, 0}};
+                                     {"tf32", 1, 0, 'T'},    {"act", 1, 0, 'A'},        {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -83,6 +83,14 @@ int main(int argc, char **argv) {
     case 'n': steps = arg_int(optarg, "--steps", 1); break;
     case 'w': warmup = arg_int(optarg, "--warmup", 0); break;
     case 'T': tf32 = arg_int(optarg, "--tf32", 0) != 0; break;
+    case 'A':
+      if (!strcmp(optarg, "fp32")) act = GW_FLOAT32;
+      else if (!strcmp(optarg, "bf16")) act = GW_BFLOAT16;
+      else {
+        fprintf(stderr, "model_bench: --act is fp32 or bf16, not '%s'\n", optarg);
+        return 2;
+      }
+      break;
     case 'B':
       ops = NULL;
 #if GW_HAVE_ONEDNN
@@ -104,7 +112,7 @@ int main(int argc, char **argv) {
   struct gw_exec *e;
   struct gw_sgd *sgd;
   CHECK(gw_model_init(&m, &cfg));
-  struct gw_backend_config bc = {.threads = threads, .tf32 = tf32};
+  struct gw_backend_config bc = {.threads = threads, .tf32 = tf32, .act = act};
   gw_result_t r = ops->create(&bc, &b);
   if (r == GW_ERR_UNSUPPORTED) {
     fprintf(stderr, "model_bench: %s\n", gw_model_last_error());
@@ -135,10 +143,11 @@ int main(int argc, char **argv) {
   }
   qsort(t, (size_t)steps, sizeof *t, cmp_double);
   double med = t[steps / 2];
-  printf("gradwire resnet%d %dx%dx%d batch %d %s%s threads %d: %.2f img/s (median of %d steps, %.3f s/step, "
+  printf("gradwire resnet%d %dx%dx%d batch %d %s%s%s threads %d: %.2f img/s (median of %d steps, %.3f s/step, "
          "loss %.3f, %.0f MiB work memory)\n",
          cfg.depth, cfg.image_size, cfg.image_size, cfg.in_channels, batch, ops->name,
-         ops->host_memory ? "" : tf32 ? " tf32" : " fp32", threads, batch / med, steps, med,
+         ops->host_memory ? "" : tf32 ? " tf32" : " fp32", act == GW_BFLOAT16 ? " bf16 activations" : "", threads,
+         batch / med, steps, med,
          (double)loss, (double)gw_exec_memory_bytes(e) / (1 << 20));
   free(t), free(x), free(y);
   gw_sgd_free(sgd);

@@ -6,7 +6,7 @@
  * where activations live or when gradients are ready (the training loop does).
  *
  * Conventions every backend follows:
- * - Tensors are fp32 in PyTorch's plain layouts: activations NCHW, conv weights
+ * - Tensors are fp32 (activations: the backend's act dtype, gw_act_t) in PyTorch's plain layouts: activations NCHW, conv weights
  *   OIHW, fc weight [classes, features]; in memory the backend can address (host
  *   for cpu, device for cudnn: see alloc/upload/download).  A backend may reorder
  *   internally (oneDNN's blocked formats) but every pointer crossing this table is
@@ -40,7 +40,17 @@ struct gw_backend_config {
                        cores (inputs rounded to 10-bit mantissas: PyTorch's default for
                        convolutions); 0 keeps full fp32 (engines with tensor-core, Winograd
                        or FFT numerics are not used) */
+  int act;          /* the activations' dtype (mixed precision): 0 or GW_FLOAT32, or
+                       GW_BFLOAT16 (cpu: oneDNN's bf16 primitives, AVX512 at least);
+                       parameters, their gradients, BN statistics and the loss stay
+                       float32 whatever it is.  A backend refuses what it cannot do
+                       (GW_ERR_UNSUPPORTED). */
 };
+
+/* An activation tensor: the x, y, dx and dy of every layer, the logits and their
+ * gradient.  Its elements are of the backend's activation dtype (act_dtype):
+ * float32 unless the backend was created with another. */
+typedef void gw_act_t;
 
 /* One layer at one batch size.  Shapes are per the layer kind:
  *   CONV     x [n, c, h, w], w [k, c, kernel, kernel], y [n, k, p, q]
@@ -79,25 +89,28 @@ struct gw_backend_ops {
   gw_result_t (*download)(struct gw_backend *b, void *host_dst, const void *src, size_t bytes);
   gw_result_t (*copy)(struct gw_backend *b, void *dst, const void *src, size_t bytes); /* backend to backend */
 
+  /* The dtype of activation tensors (gw_dtype_t: GW_FLOAT32 or GW_BFLOAT16). */
+  int (*act_dtype)(const struct gw_backend *b);
+
   gw_result_t (*op_create)(struct gw_backend *b, const struct gw_op_desc *d, struct gw_op **op);
   void (*op_destroy)(struct gw_op *op);              /* accepts NULL */
 
   /* Convolution without bias.  bwd_data: dx [n, c, h, w] from dy [n, k, p, q];
    * bwd_weights: dw [k, c, kernel, kernel] from x and dy. */
-  gw_result_t (*conv_fwd)(struct gw_op *op, const float *x, const float *w, float *y);
-  gw_result_t (*conv_bwd_data)(struct gw_op *op, const float *dy, const float *w, float *dx);
-  gw_result_t (*conv_bwd_weights)(struct gw_op *op, const float *x, const float *dy, float *dw);
+  gw_result_t (*conv_fwd)(struct gw_op *op, const gw_act_t *x, const float *w, gw_act_t *y);
+  gw_result_t (*conv_bwd_data)(struct gw_op *op, const gw_act_t *dy, const float *w, gw_act_t *dx);
+  gw_result_t (*conv_bwd_weights)(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, float *dw);
 
   /* Batch norm.  Training: normalizes with the batch statistics, writes them to
    * save_mean / save_rstd [c] (1/sqrt(var + eps), biased var) for backward, and
    * updates running_mean / running_var [c] with momentum and the UNBIASED variance
    * (PyTorch's rule).  Inference uses the running statistics. */
-  gw_result_t (*bn_fwd_train)(struct gw_op *op, const float *x, const float *gamma, const float *beta, float *y,
+  gw_result_t (*bn_fwd_train)(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta, gw_act_t *y,
                               float *save_mean, float *save_rstd, float *running_mean, float *running_var);
-  gw_result_t (*bn_fwd_infer)(struct gw_op *op, const float *x, const float *gamma, const float *beta,
-                              const float *running_mean, const float *running_var, float *y);
-  gw_result_t (*bn_bwd)(struct gw_op *op, const float *x, const float *dy, const float *gamma,
-                        const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta);
+  gw_result_t (*bn_fwd_infer)(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                              const float *running_mean, const float *running_var, gw_act_t *y);
+  gw_result_t (*bn_bwd)(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
+                        const float *save_mean, const float *save_rstd, gw_act_t *dx, float *dgamma, float *dbeta);
 
   /* Batch norm in phases, for statistics shared across ranks (SyncBatchNorm): the
    * executor sums the per-rank partial sums over all ranks between the phases.
@@ -108,40 +121,40 @@ struct gw_backend_ops {
    * bn_bwd_sums:  sums[ch] = sum dy, sums[c + ch] = sum dy * (x - mean) * rstd.
    * bn_bwd_apply: dx = gamma * rstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count)
    *               with the sums and the value count over every rank. */
-  gw_result_t (*bn_sums)(struct gw_op *op, const float *x, double *sums);
-  gw_result_t (*bn_fwd_apply)(struct gw_op *op, const float *x, const float *gamma, const float *beta,
-                              const float *mean, const float *rstd, float *y);
-  gw_result_t (*bn_bwd_sums)(struct gw_op *op, const float *x, const float *dy, const float *mean,
+  gw_result_t (*bn_sums)(struct gw_op *op, const gw_act_t *x, double *sums);
+  gw_result_t (*bn_fwd_apply)(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                              const float *mean, const float *rstd, gw_act_t *y);
+  gw_result_t (*bn_bwd_sums)(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                              const float *rstd, double *sums);
-  gw_result_t (*bn_bwd_apply)(struct gw_op *op, const float *x, const float *dy, const float *gamma,
-                              const float *mean, const float *rstd, const double *sums, double count, float *dx);
+  gw_result_t (*bn_bwd_apply)(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
+                              const float *mean, const float *rstd, const double *sums, double count, gw_act_t *dx);
 
   /* ReLU (y may alias x; bwd takes the forward output y). */
-  gw_result_t (*relu_fwd)(struct gw_op *op, const float *x, float *y);
-  gw_result_t (*relu_bwd)(struct gw_op *op, const float *y, const float *dy, float *dx);
+  gw_result_t (*relu_fwd)(struct gw_op *op, const gw_act_t *x, gw_act_t *y);
+  gw_result_t (*relu_bwd)(struct gw_op *op, const gw_act_t *y, const gw_act_t *dy, gw_act_t *dx);
 
   /* Max pool keeps the argmax positions in `workspace` (workspace_bytes(op) bytes,
    * the executor's memory) for backward. */
   size_t (*workspace_bytes)(struct gw_op *op);
-  gw_result_t (*maxpool_fwd)(struct gw_op *op, const float *x, float *y, void *workspace);
-  gw_result_t (*maxpool_bwd)(struct gw_op *op, const float *dy, const void *workspace, float *dx);
+  gw_result_t (*maxpool_fwd)(struct gw_op *op, const gw_act_t *x, gw_act_t *y, void *workspace);
+  gw_result_t (*maxpool_bwd)(struct gw_op *op, const gw_act_t *dy, const void *workspace, gw_act_t *dx);
 
   /* Global average pool. */
-  gw_result_t (*avgpool_fwd)(struct gw_op *op, const float *x, float *y);
-  gw_result_t (*avgpool_bwd)(struct gw_op *op, const float *dy, float *dx);
+  gw_result_t (*avgpool_fwd)(struct gw_op *op, const gw_act_t *x, gw_act_t *y);
+  gw_result_t (*avgpool_bwd)(struct gw_op *op, const gw_act_t *dy, gw_act_t *dx);
 
   /* Fully connected: y = x w^T + b; backward gives dx, dw, db. */
-  gw_result_t (*fc_fwd)(struct gw_op *op, const float *x, const float *w, const float *b, float *y);
-  gw_result_t (*fc_bwd)(struct gw_op *op, const float *x, const float *w, const float *dy, float *dx, float *dw,
+  gw_result_t (*fc_fwd)(struct gw_op *op, const gw_act_t *x, const float *w, const float *b, gw_act_t *y);
+  gw_result_t (*fc_bwd)(struct gw_op *op, const gw_act_t *x, const float *w, const gw_act_t *dy, gw_act_t *dx, float *dw,
                         float *db);
 
   /* Residual add, also the sum of two gradients: y = a + b (y may alias a or b). */
-  gw_result_t (*add)(struct gw_op *op, const float *a, const float *b, float *y);
+  gw_result_t (*add)(struct gw_op *op, const gw_act_t *a, const gw_act_t *b, gw_act_t *y);
 
   /* Softmax cross-entropy with label smoothing, mean over the batch (PyTorch's
    * CrossEntropyLoss(label_smoothing=s)): *loss (host) and dlogits [n, k]. */
-  gw_result_t (*loss_fwd_bwd)(struct gw_op *op, const float *logits, const int32_t *labels, float *loss,
-                              float *dlogits);
+  gw_result_t (*loss_fwd_bwd)(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float *loss,
+                              gw_act_t *dlogits);
 };
 
 #if GW_HAVE_ONEDNN

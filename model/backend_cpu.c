@@ -43,6 +43,14 @@ static gw_result_t cpu_create(const struct gw_backend_config *cfg, struct gw_bac
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: threads must be 0 (default) or more, got %d",
                           cfg->threads);
   }
+  b->act = cfg && cfg->act ? cfg->act : GW_FLOAT32;
+  if (b->act != GW_FLOAT32 && b->act != GW_BFLOAT16) {
+    int act = b->act;
+    free(b);
+    return gw__model_fail(GW_ERR_UNSUPPORTED, "cpu backend: activations of dtype %d%s: only float32 and bfloat16", act,
+                          act == GW_FLOAT16 ? " (float16: oneDNN has no float16 training on this CPU)" : "");
+  }
+  b->adt = b->act == GW_BFLOAT16 ? dnnl_bf16 : dnnl_f32;
 #ifdef _OPENMP
   if (b->threads > 0) omp_set_num_threads(b->threads);
 #endif
@@ -62,6 +70,8 @@ static void cpu_destroy(struct gw_backend *b) {
   if (b->engine) dnnl_engine_destroy(b->engine);
   free(b);
 }
+
+static int cpu_act_dtype(const struct gw_backend *b) { return b->act; }
 
 static void *cpu_alloc(struct gw_backend *b, size_t bytes) {
   void *p = NULL;
@@ -192,45 +202,44 @@ static gw_result_t expect_kind(const struct gw_op *op, int kind, const char *wha
   return gw__backend_expect_kind("cpu", op->d.kind, kind, what);
 }
 
-static gw_result_t cpu_conv_fwd(struct gw_op *op, const float *x, const float *w, float *y) {
+static gw_result_t cpu_conv_fwd(struct gw_op *op, const gw_act_t *x, const float *w, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_CONV, "conv_fwd"));
   const void *ptr[] = {x, w, y};
   return step_run(op->b, &op->fwd, ptr, "conv_fwd");
 }
 
-static gw_result_t cpu_conv_bwd_data(struct gw_op *op, const float *dy, const float *w, float *dx) {
+static gw_result_t cpu_conv_bwd_data(struct gw_op *op, const gw_act_t *dy, const float *w, gw_act_t *dx) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_CONV, "conv_bwd_data"));
   const void *ptr[] = {dy, w, dx};
   return step_run(op->b, &op->bwd_data, ptr, "conv_bwd_data");
 }
 
-static gw_result_t cpu_conv_bwd_weights(struct gw_op *op, const float *x, const float *dy, float *dw) {
+static gw_result_t cpu_conv_bwd_weights(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, float *dw) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_CONV, "conv_bwd_weights"));
   const void *ptr[] = {x, dy, dw};
   return step_run(op->b, &op->bwd_wei, ptr, "conv_bwd_weights");
 }
 
-static gw_result_t cpu_relu_fwd(struct gw_op *op, const float *x, float *y) {
+static gw_result_t cpu_relu_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_RELU, "relu_fwd"));
   const void *ptr[] = {x, y};
   return step_run(op->b, &op->fwd, ptr, "relu_fwd");
 }
 
-static gw_result_t cpu_relu_bwd(struct gw_op *op, const float *y, const float *dy, float *dx) {
+static gw_result_t cpu_relu_bwd(struct gw_op *op, const gw_act_t *y, const gw_act_t *dy, gw_act_t *dx) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_RELU, "relu_bwd"));
   const void *ptr[] = {y, dy, dx};
   return step_run(op->b, &op->bwd_data, ptr, "relu_bwd");
 }
 
 /* A plain loop: memory-bound, and the compiler vectorizes it; y may alias a or b. */
-static gw_result_t cpu_add(struct gw_op *op, const float *a, const float *b, float *y) {
+static gw_result_t cpu_add(struct gw_op *op, const gw_act_t *a, const gw_act_t *b, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_ADD, "add"));
-  size_t n = (size_t)op->d.n * op->d.c * op->d.h * op->d.w;
-  for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+  gw__cpu_add((size_t)op->d.n * op->d.c * op->d.h * op->d.w, op->b->act, a, b, y);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_fwd_train(struct gw_op *op, const float *x, const float *gamma, const float *beta, float *y,
+static gw_result_t cpu_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta, gw_act_t *y,
                                     float *save_mean, float *save_rstd, float *running_mean, float *running_var) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_train"));
   const struct gw_op_desc *d = &op->d;
@@ -239,85 +248,85 @@ static gw_result_t cpu_bn_fwd_train(struct gw_op *op, const float *x, const floa
                           "cpu backend: bn_fwd_train: batch %d of %dx%d has one value per channel; training needs more "
                           "(as PyTorch)",
                           d->n, d->h, d->w);
-  gw__cpu_bn_fwd_train(d, x, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
+  gw__cpu_bn_fwd_train(d, op->b->act, x, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_fwd_infer(struct gw_op *op, const float *x, const float *gamma, const float *beta,
-                                    const float *running_mean, const float *running_var, float *y) {
+static gw_result_t cpu_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                                    const float *running_mean, const float *running_var, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_infer"));
-  gw__cpu_bn_fwd_infer(&op->d, x, gamma, beta, running_mean, running_var, y);
+  gw__cpu_bn_fwd_infer(&op->d, op->b->act, x, gamma, beta, running_mean, running_var, y);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_bwd(struct gw_op *op, const float *x, const float *dy, const float *gamma,
-                              const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta) {
+static gw_result_t cpu_bn_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
+                              const float *save_mean, const float *save_rstd, gw_act_t *dx, float *dgamma, float *dbeta) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd"));
-  gw__cpu_bn_bwd(&op->d, x, dy, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
+  gw__cpu_bn_bwd(&op->d, op->b->act, x, dy, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_sums(struct gw_op *op, const float *x, double *sums) {
+static gw_result_t cpu_bn_sums(struct gw_op *op, const gw_act_t *x, double *sums) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_sums"));
-  gw__cpu_bn_sums(&op->d, x, sums);
+  gw__cpu_bn_sums(&op->d, op->b->act, x, sums);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_fwd_apply(struct gw_op *op, const float *x, const float *gamma, const float *beta,
-                                    const float *mean, const float *rstd, float *y) {
+static gw_result_t cpu_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                                    const float *mean, const float *rstd, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_apply"));
-  gw__cpu_bn_fwd_apply(&op->d, x, gamma, beta, mean, rstd, y);
+  gw__cpu_bn_fwd_apply(&op->d, op->b->act, x, gamma, beta, mean, rstd, y);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_bwd_sums(struct gw_op *op, const float *x, const float *dy, const float *mean,
+static gw_result_t cpu_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                                    const float *rstd, double *sums) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_sums"));
-  gw__cpu_bn_bwd_sums(&op->d, x, dy, mean, rstd, sums);
+  gw__cpu_bn_bwd_sums(&op->d, op->b->act, x, dy, mean, rstd, sums);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_bwd_apply(struct gw_op *op, const float *x, const float *dy, const float *gamma,
+static gw_result_t cpu_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                                     const float *mean, const float *rstd, const double *sums, double count,
-                                    float *dx) {
+                                    gw_act_t *dx) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_apply"));
-  gw__cpu_bn_bwd_apply(&op->d, x, dy, gamma, mean, rstd, sums, count, dx);
+  gw__cpu_bn_bwd_apply(&op->d, op->b->act, x, dy, gamma, mean, rstd, sums, count, dx);
   return GW_SUCCESS;
 }
 
 static size_t cpu_workspace_bytes(struct gw_op *op) { return op->workspace_bytes; }
 
-static gw_result_t cpu_maxpool_fwd(struct gw_op *op, const float *x, float *y, void *workspace) {
+static gw_result_t cpu_maxpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y, void *workspace) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_MAXPOOL, "maxpool_fwd"));
   const void *ptr[] = {x, y, workspace};
   return step_run(op->b, &op->fwd, ptr, "maxpool_fwd");
 }
 
-static gw_result_t cpu_maxpool_bwd(struct gw_op *op, const float *dy, const void *workspace, float *dx) {
+static gw_result_t cpu_maxpool_bwd(struct gw_op *op, const gw_act_t *dy, const void *workspace, gw_act_t *dx) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_MAXPOOL, "maxpool_bwd"));
   const void *ptr[] = {dy, workspace, dx};
   return step_run(op->b, &op->bwd_data, ptr, "maxpool_bwd");
 }
 
-static gw_result_t cpu_avgpool_fwd(struct gw_op *op, const float *x, float *y) {
+static gw_result_t cpu_avgpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_AVGPOOL, "avgpool_fwd"));
-  gw__cpu_avgpool_fwd(&op->d, x, y);
+  gw__cpu_avgpool_fwd(&op->d, op->b->act, x, y);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_avgpool_bwd(struct gw_op *op, const float *dy, float *dx) {
+static gw_result_t cpu_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_act_t *dx) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_AVGPOOL, "avgpool_bwd"));
-  gw__cpu_avgpool_bwd(&op->d, dy, dx);
+  gw__cpu_avgpool_bwd(&op->d, op->b->act, dy, dx);
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_fc_fwd(struct gw_op *op, const float *x, const float *w, const float *b, float *y) {
+static gw_result_t cpu_fc_fwd(struct gw_op *op, const gw_act_t *x, const float *w, const float *b, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_FC, "fc_fwd"));
   const void *ptr[] = {x, w, b, y};
   return step_run(op->b, &op->fwd, ptr, "fc_fwd");
 }
 
-static gw_result_t cpu_fc_bwd(struct gw_op *op, const float *x, const float *w, const float *dy, float *dx, float *dw,
+static gw_result_t cpu_fc_bwd(struct gw_op *op, const gw_act_t *x, const float *w, const gw_act_t *dy, gw_act_t *dx, float *dw,
                               float *db) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_FC, "fc_bwd"));
   const void *pd[] = {dy, w, dx}, *pw[] = {x, dy, dw, db};
@@ -325,15 +334,15 @@ static gw_result_t cpu_fc_bwd(struct gw_op *op, const float *x, const float *w, 
   return step_run(op->b, &op->bwd_wei, pw, "fc_bwd (weights)");
 }
 
-static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const float *logits, const int32_t *labels, float *loss,
-                                    float *dlogits) {
+static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float *loss,
+                                    gw_act_t *dlogits) {
   GW_MODEL_TRY(expect_kind(op, GW_OP_LOSS, "loss_fwd_bwd"));
   for (int i = 0; i < op->d.n; i++)
     if (labels[i] < 0 || labels[i] >= op->d.k)
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                             "cpu backend: loss_fwd_bwd: label %d of sample %d is not in [0, %d)", (int)labels[i], i,
                             op->d.k);
-  gw__cpu_loss_fwd_bwd(&op->d, logits, labels, loss, dlogits);
+  gw__cpu_loss_fwd_bwd(&op->d, op->b->act, logits, labels, loss, dlogits);
   return GW_SUCCESS;
 }
 
@@ -347,6 +356,7 @@ const struct gw_backend_ops gw_backend_cpu = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
+    .act_dtype = cpu_act_dtype,
     .op_create = cpu_op_create,
     .op_destroy = cpu_op_destroy,
     .conv_fwd = cpu_conv_fwd,

@@ -15,6 +15,8 @@ struct gw_backend {
   dnnl_engine_t engine;
   dnnl_stream_t stream;
   int threads;
+  int act;                /* gw_dtype_t of the activations: GW_FLOAT32 or GW_BFLOAT16 */
+  dnnl_data_type_t adt;   /* the same for oneDNN */
 };
 
 /* One tensor argument: the plain memory the caller's pointer goes into, and when

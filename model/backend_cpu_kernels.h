@@ -5,34 +5,40 @@
 #ifndef GW_MODEL_BACKEND_CPU_KERNELS_H
 #define GW_MODEL_BACKEND_CPU_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend.h"
 
-/* x, y [n, c, h, w]; gamma, beta, save_mean, save_rstd, running_mean, running_var [c].
+/* act: the activations' gw_dtype_t (GW_FLOAT32 or GW_BFLOAT16): x, y, dx, dy,
+ * logits and dlogits hold such elements; everything else is float / double.
+ * x, y [n, c, h, w]; gamma, beta, save_mean, save_rstd, running_mean, running_var [c].
  * Needs n * h * w >= 2 (the unbiased variance divides by n * h * w - 1). */
-void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
-                          float *y, float *save_mean, float *save_rstd, float *running_mean, float *running_var);
-void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
-                          const float *running_mean, const float *running_var, float *y);
-void gw__cpu_bn_bwd(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
-                    const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta);
+void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
+                          void *y, float *save_mean, float *save_rstd, float *running_mean, float *running_var);
+void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
+                          const float *running_mean, const float *running_var, void *y);
+void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
+                    const float *save_mean, const float *save_rstd, void *dx, float *dgamma, float *dbeta);
 
 /* The phases of SyncBatchNorm (backend.h: bn_sums ... bn_bwd_apply). */
-void gw__cpu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums);
-void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
-                          const float *mean, const float *rstd, float *y);
-void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, const float *x, const float *dy, const float *mean,
+void gw__cpu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums);
+void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
+                          const float *mean, const float *rstd, void *y);
+void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *mean,
                          const float *rstd, double *sums);
-void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
-                          const float *mean, const float *rstd, const double *sums, double count, float *dx);
+void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
+                          const float *mean, const float *rstd, const double *sums, double count, void *dx);
 
 /* x, dx [n, c, h, w]; y, dy [n, c]. */
-void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y);
-void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, const float *dy, float *dx);
+void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y);
+void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx);
 
 /* logits, dlogits [n, k]; labels [n] in [0, k) (checked by the caller). */
-void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, const float *logits, const int32_t *labels, float *loss,
-                          float *dlogits);
+void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels, float *loss,
+                          void *dlogits);
+
+/* y = a + b over n elements (y may alias a or b). */
+void gw__cpu_add(size_t n, int act, const void *a, const void *b, void *y);
 
 #endif

@@ -25,15 +25,19 @@ gw_result_t gw__cpu_conv_create(struct gw_op *op, const char *what) {
   const struct gw_op_desc *d = &op->d;
   struct gw_backend *b = op->b;
   dnnl_primitive_desc_t pd = NULL, bpd = NULL;
-  dnnl_memory_desc_t src_plain, wei_plain, dst_plain, src_any, wei_any, dst_any;
+  dnnl_memory_desc_t src_plain, wei_plain, dst_plain, src_any, wei_any, dwei_any, dst_any;
   dnnl_dims_t src_dims = {d->n, d->c, d->h, d->w}, wei_dims = {d->k, d->c, d->kernel, d->kernel},
               dst_dims = {d->n, d->k, d->p, d->q}, strides = {d->stride, d->stride}, pads = {d->pad, d->pad};
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_plain, 4, src_dims, dnnl_f32, dnnl_nchw), what);
+  /* Activations in the backend's dtype; the weights are float32 in the caller's
+   * memory and in the activations' dtype inside (the reorder converts), and
+   * their gradient is float32 throughout (mixed precision's master copy). */
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_plain, 4, src_dims, b->adt, dnnl_nchw), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_plain, 4, wei_dims, dnnl_f32, dnnl_oihw), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_plain, 4, dst_dims, dnnl_f32, dnnl_nchw), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, 4, src_dims, dnnl_f32, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, 4, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, 4, dst_dims, dnnl_f32, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_plain, 4, dst_dims, b->adt, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, 4, src_dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, 4, wei_dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, 4, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, 4, dst_dims, b->adt, dnnl_format_tag_any), what);
   /* Direct, not auto: Winograd's error is far larger than the plain sum's. */
   dnnl_convolution_desc_t cd;
   DNNL_TRY(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &src_any, &wei_any,
@@ -60,8 +64,8 @@ gw_result_t gw__cpu_conv_create(struct gw_op *op, const char *what) {
   dnnl_primitive_desc_destroy(bpd);
   bpd = NULL;
 
-  DNNL_TRY(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &src_any, &wei_any, NULL, &dst_any,
-                                                       strides, pads, pads),
+  DNNL_TRY(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &src_any, &dwei_any, NULL,
+                                                       &dst_any, strides, pads, pads),
            what);
   DNNL_TRY(dnnl_primitive_desc_create(&bpd, &cd, NULL, b->engine, pd), what);
   DNNL_TRY(dnnl_primitive_create(&op->bwd_wei.prim, bpd), what);
@@ -86,7 +90,7 @@ gw_result_t gw__cpu_relu_create(struct gw_op *op, const char *what) {
   dnnl_primitive_desc_t pd = NULL, bpd = NULL;
   dnnl_memory_desc_t md;
   dnnl_dims_t dims = {d->n, d->c, d->h, d->w};
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&md, 4, dims, dnnl_f32, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&md, 4, dims, b->adt, dnnl_nchw), what);
   dnnl_eltwise_desc_t ed;
   DNNL_TRY(dnnl_eltwise_forward_desc_init(&ed, dnnl_forward_training, dnnl_eltwise_relu_use_dst_for_bwd, &md, 0.f, 0.f),
            what);
@@ -117,8 +121,8 @@ gw_result_t gw__cpu_maxpool_create(struct gw_op *op, const char *what) {
   dnnl_memory_desc_t src, dst;
   dnnl_dims_t src_dims = {d->n, d->c, d->h, d->w}, dst_dims = {d->n, d->c, d->p, d->q},
               strides = {d->stride, d->stride}, kernel = {d->kernel, d->kernel}, pads = {d->pad, d->pad};
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, src_dims, dnnl_f32, dnnl_nchw), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, dst_dims, dnnl_f32, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, src_dims, b->adt, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, dst_dims, b->adt, dnnl_nchw), what);
   dnnl_pooling_desc_t pdesc;
   DNNL_TRY(dnnl_pooling_forward_desc_init(&pdesc, dnnl_forward_training, dnnl_pooling_max, &src, &dst, strides, kernel,
                                           pads, pads),
@@ -150,16 +154,18 @@ gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what) {
   const struct gw_op_desc *d = &op->d;
   struct gw_backend *b = op->b;
   dnnl_primitive_desc_t pd = NULL, bpd = NULL;
-  dnnl_memory_desc_t src, wei, bias, dst, src_any, wei_any, dst_any;
+  dnnl_memory_desc_t src, wei, bias, dst, src_any, wei_any, dwei_any, dst_any;
   dnnl_dim_t f = (dnnl_dim_t)d->c * d->h * d->w;
   dnnl_dims_t src_dims = {d->n, f}, wei_dims = {d->k, f}, bias_dims = {d->k}, dst_dims = {d->n, d->k};
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 2, src_dims, dnnl_f32, dnnl_nc), what);
+  /* Dtypes as the convolution's (bias and its gradient float32). */
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 2, src_dims, b->adt, dnnl_nc), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei, 2, wei_dims, dnnl_f32, dnnl_oi), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&bias, 1, bias_dims, dnnl_f32, dnnl_x), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dst_dims, dnnl_f32, dnnl_nc), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, 2, src_dims, dnnl_f32, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, 2, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, 2, dst_dims, dnnl_f32, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dst_dims, b->adt, dnnl_nc), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, 2, src_dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, 2, wei_dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, 2, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, 2, dst_dims, b->adt, dnnl_format_tag_any), what);
   dnnl_inner_product_desc_t ipd;
   DNNL_TRY(dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &src_any, &wei_any, &bias, &dst_any),
            what);
@@ -183,7 +189,7 @@ gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what) {
   dnnl_primitive_desc_destroy(bpd);
   bpd = NULL;
 
-  DNNL_TRY(dnnl_inner_product_backward_weights_desc_init(&ipd, &src_any, &wei_any, &bias, &dst_any), what);
+  DNNL_TRY(dnnl_inner_product_backward_weights_desc_init(&ipd, &src_any, &dwei_any, &bias, &dst_any), what);
   DNNL_TRY(dnnl_primitive_desc_create(&bpd, &ipd, NULL, b->engine, pd), what);
   DNNL_TRY(dnnl_primitive_create(&op->bwd_wei.prim, bpd), what);
   GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_SRC, &src, query(bpd, dnnl_query_src_md), 0, what));

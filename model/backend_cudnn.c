@@ -185,6 +185,9 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
   if (cfg && (cfg->threads < 0 || cfg->tf32 < 0 || cfg->tf32 > 1))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: threads must be >= 0 and tf32 0 or 1 (got %d, %d)",
                           cfg->threads, cfg->tf32);
+  if (cfg && cfg->act && cfg->act != GW_FLOAT32)
+    return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: activations of dtype %d: only float32 so far (16-bit "
+                          "activations: the cpu backend has bfloat16; here they are the next step)", cfg->act);
   struct gw_backend *b = calloc(1, sizeof *b);
   if (!b) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   gw_result_t res = cudnn_create_on(b, cfg);
@@ -194,6 +197,11 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
   }
   *out = b;
   return GW_SUCCESS;
+}
+
+static int cudnn_act_dtype(const struct gw_backend *b) {
+  (void)b;
+  return GW_FLOAT32;
 }
 
 static void *cudnn_alloc(struct gw_backend *b, size_t bytes) {
@@ -626,13 +634,13 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_conv_fwd(struct gw_op *op, const float *x, const float *w, float *y) {
+static gw_result_t cudnn_conv_fwd(struct gw_op *op, const gw_act_t *x, const float *w, gw_act_t *y) {
   return conv_run(op, DIR_FWD, x, w, y);
 }
-static gw_result_t cudnn_conv_bwd_data(struct gw_op *op, const float *dy, const float *w, float *dx) {
+static gw_result_t cudnn_conv_bwd_data(struct gw_op *op, const gw_act_t *dy, const float *w, gw_act_t *dx) {
   return conv_run(op, DIR_BWD_DATA, dy, w, dx);
 }
-static gw_result_t cudnn_conv_bwd_weights(struct gw_op *op, const float *x, const float *dy, float *dw) {
+static gw_result_t cudnn_conv_bwd_weights(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, float *dw) {
   return conv_run(op, DIR_BWD_FILTER, x, dy, dw);
 }
 
@@ -684,25 +692,25 @@ static gw_result_t cudnn_op_create(struct gw_backend *b, const struct gw_op_desc
 
 static size_t elems(const struct gw_op_desc *d) { return (size_t)d->n * d->c * d->h * d->w; }
 
-static gw_result_t cudnn_relu_fwd(struct gw_op *op, const float *x, float *y) {
+static gw_result_t cudnn_relu_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   EXPECT(GW_LAYER_RELU, "relu_fwd");
   KERNEL_TRY(gw__cu_relu_fwd(elems(&op->d), x, y, STREAM(op)), "relu_fwd");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_relu_bwd(struct gw_op *op, const float *y, const float *dy, float *dx) {
+static gw_result_t cudnn_relu_bwd(struct gw_op *op, const gw_act_t *y, const gw_act_t *dy, gw_act_t *dx) {
   EXPECT(GW_LAYER_RELU, "relu_bwd");
   KERNEL_TRY(gw__cu_relu_bwd(elems(&op->d), y, dy, dx, STREAM(op)), "relu_bwd");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_add(struct gw_op *op, const float *a, const float *b, float *y) {
+static gw_result_t cudnn_add(struct gw_op *op, const gw_act_t *a, const gw_act_t *b, gw_act_t *y) {
   EXPECT(GW_LAYER_ADD, "add");
   KERNEL_TRY(gw__cu_add(elems(&op->d), a, b, y, STREAM(op)), "add");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_fwd_train(struct gw_op *op, const float *x, const float *gamma, const float *beta, float *y,
+static gw_result_t cudnn_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta, gw_act_t *y,
                                       float *save_mean, float *save_rstd, float *running_mean, float *running_var) {
   EXPECT(GW_LAYER_BN, "bn_fwd_train");
   const struct gw_op_desc *d = &op->d;
@@ -719,15 +727,15 @@ static gw_result_t cudnn_bn_fwd_train(struct gw_op *op, const float *x, const fl
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_fwd_infer(struct gw_op *op, const float *x, const float *gamma, const float *beta,
-                                      const float *running_mean, const float *running_var, float *y) {
+static gw_result_t cudnn_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                                      const float *running_mean, const float *running_var, gw_act_t *y) {
   EXPECT(GW_LAYER_BN, "bn_fwd_infer");
   KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, x, gamma, beta, running_mean, running_var, y, STREAM(op)), "bn_fwd_infer");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_bwd(struct gw_op *op, const float *x, const float *dy, const float *gamma,
-                                const float *save_mean, const float *save_rstd, float *dx, float *dgamma,
+static gw_result_t cudnn_bn_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
+                                const float *save_mean, const float *save_rstd, gw_act_t *dx, float *dgamma,
                                 float *dbeta) {
   EXPECT(GW_LAYER_BN, "bn_bwd");
   const struct gw_op_desc *d = &op->d;
@@ -738,29 +746,29 @@ static gw_result_t cudnn_bn_bwd(struct gw_op *op, const float *x, const float *d
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_sums(struct gw_op *op, const float *x, double *sums) {
+static gw_result_t cudnn_bn_sums(struct gw_op *op, const gw_act_t *x, double *sums) {
   EXPECT(GW_LAYER_BN, "bn_sums");
   KERNEL_TRY(gw__cu_bn_sums(&op->d, x, sums, STREAM(op)), "bn_sums");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_fwd_apply(struct gw_op *op, const float *x, const float *gamma, const float *beta,
-                                      const float *mean, const float *rstd, float *y) {
+static gw_result_t cudnn_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                                      const float *mean, const float *rstd, gw_act_t *y) {
   EXPECT(GW_LAYER_BN, "bn_fwd_apply");
   KERNEL_TRY(gw__cu_bn_fwd_apply(&op->d, x, gamma, beta, mean, rstd, y, STREAM(op)), "bn_fwd_apply");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_bwd_sums(struct gw_op *op, const float *x, const float *dy, const float *mean,
+static gw_result_t cudnn_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                                      const float *rstd, double *sums) {
   EXPECT(GW_LAYER_BN, "bn_bwd_sums");
   KERNEL_TRY(gw__cu_bn_bwd_sums(&op->d, x, dy, mean, rstd, sums, STREAM(op)), "bn_bwd_sums");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_bwd_apply(struct gw_op *op, const float *x, const float *dy, const float *gamma,
+static gw_result_t cudnn_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                                       const float *mean, const float *rstd, const double *sums, double count,
-                                      float *dx) {
+                                      gw_act_t *dx) {
   EXPECT(GW_LAYER_BN, "bn_bwd_apply");
   if (!(count >= 1))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: bn_bwd_apply: count %g must be >= 1", count);
@@ -774,25 +782,25 @@ static size_t cudnn_workspace_bytes(struct gw_op *op) {
   return (size_t)op->d.n * op->d.c * op->d.p * op->d.q * sizeof(int32_t);
 }
 
-static gw_result_t cudnn_maxpool_fwd(struct gw_op *op, const float *x, float *y, void *workspace) {
+static gw_result_t cudnn_maxpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y, void *workspace) {
   EXPECT(GW_LAYER_MAXPOOL, "maxpool_fwd");
   KERNEL_TRY(gw__cu_maxpool_fwd(&op->d, x, y, workspace, STREAM(op)), "maxpool_fwd");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_maxpool_bwd(struct gw_op *op, const float *dy, const void *workspace, float *dx) {
+static gw_result_t cudnn_maxpool_bwd(struct gw_op *op, const gw_act_t *dy, const void *workspace, gw_act_t *dx) {
   EXPECT(GW_LAYER_MAXPOOL, "maxpool_bwd");
   KERNEL_TRY(gw__cu_maxpool_bwd(&op->d, dy, workspace, dx, STREAM(op)), "maxpool_bwd");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_avgpool_fwd(struct gw_op *op, const float *x, float *y) {
+static gw_result_t cudnn_avgpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   EXPECT(GW_LAYER_AVGPOOL, "avgpool_fwd");
   KERNEL_TRY(gw__cu_avgpool_fwd(&op->d, x, y, STREAM(op)), "avgpool_fwd");
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_avgpool_bwd(struct gw_op *op, const float *dy, float *dx) {
+static gw_result_t cudnn_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_act_t *dx) {
   EXPECT(GW_LAYER_AVGPOOL, "avgpool_bwd");
   KERNEL_TRY(gw__cu_avgpool_bwd(&op->d, dy, dx, STREAM(op)), "avgpool_bwd");
   return GW_SUCCESS;
@@ -800,7 +808,7 @@ static gw_result_t cudnn_avgpool_bwd(struct gw_op *op, const float *dy, float *d
 
 /* Row-major x [n, f], w [k, f], y [n, k] are, to column-major cuBLAS, x^T [f, n],
  * w^T [f, k], y^T [k, n]:  y^T = w x^T  is  gemm(T, N) of w^T and x^T. */
-static gw_result_t cudnn_fc_fwd(struct gw_op *op, const float *x, const float *w, const float *bias, float *y) {
+static gw_result_t cudnn_fc_fwd(struct gw_op *op, const gw_act_t *x, const float *w, const float *bias, gw_act_t *y) {
   EXPECT(GW_LAYER_FC, "fc_fwd");
   const int n = op->d.n, k = op->d.k, f = op->d.c * op->d.h * op->d.w;
   const float one = 1, zero = 0;
@@ -811,7 +819,7 @@ static gw_result_t cudnn_fc_fwd(struct gw_op *op, const float *x, const float *w
 
 /* dx^T [f, n] = w^T dy^T: gemm(N, N) of w^T [f, k] and dy^T [k, n];
  * dw^T [f, k] = x^T dy:   gemm(N, T) of x^T [f, n] and dy^T [k, n]. */
-static gw_result_t cudnn_fc_bwd(struct gw_op *op, const float *x, const float *w, const float *dy, float *dx, float *dw,
+static gw_result_t cudnn_fc_bwd(struct gw_op *op, const gw_act_t *x, const float *w, const gw_act_t *dy, gw_act_t *dx, float *dw,
                                 float *db) {
   EXPECT(GW_LAYER_FC, "fc_bwd");
   const int n = op->d.n, k = op->d.k, f = op->d.c * op->d.h * op->d.w;
@@ -826,8 +834,8 @@ static gw_result_t cudnn_fc_bwd(struct gw_op *op, const float *x, const float *w
 
 /* The labels are device memory: they are fetched (n int32) and checked before
  * the kernel indexes with them; the loss comes back to the host, so this waits. */
-static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const float *logits, const int32_t *labels, float *loss,
-                                      float *dlogits) {
+static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float *loss,
+                                      gw_act_t *dlogits) {
   EXPECT(GW_OP_LOSS, "loss_fwd_bwd");
   const struct gw_op_desc *d = &op->d;
   GW_MODEL_TRY(cudnn_download(op->b, op->host_labels, labels, (size_t)d->n * sizeof(int32_t)));
@@ -850,6 +858,7 @@ const struct gw_backend_ops gw_backend_cudnn = {
     .upload = cudnn_upload,
     .download = cudnn_download,
     .copy = cudnn_copy,
+    .act_dtype = cudnn_act_dtype,
     .op_create = cudnn_op_create,
     .op_destroy = cudnn_op_destroy,
     .conv_fwd = cudnn_conv_fwd,

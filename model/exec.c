@@ -15,6 +15,7 @@
  *   its contribution through a scratch buffer.
  */
 #include "exec.h"
+#include "half.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,9 +39,12 @@ struct gw_exec {
   struct gw_exec_config cfg;
   struct exec_layer *L;   /* [nlayers] */
   struct gw_op *loss_op;
-  float **act;            /* [nacts] storage (in-place layers share) */
-  float **grad;           /* [nacts] gradient buffer during its window (NULL for the input) */
-  float *scratch;         /* a second reader's contribution before it is added */
+  int act_dt;             /* the backend's activation dtype (gw_dtype_t) */
+  size_t esz;             /* bytes per activation element */
+  void **act;             /* [nacts] storage (in-place layers share) */
+  void **grad;            /* [nacts] gradient buffer during its window (NULL for the input) */
+  void *scratch;          /* a second reader's contribution before it is added */
+  uint16_t *host_half;    /* 16-bit activations: the input batch or the logits converted on the host */
   void **owned;           /* every allocation, freed at the end */
   int nowned, cap_owned;
   float *params, *grads, *running; /* the model's storage, or backend copies */
@@ -97,7 +101,7 @@ static void readers(const struct gw_model *m, int *count, int *last) {
 static gw_result_t plan_activations(struct gw_exec *e, const int *count, int *producer) {
   const struct gw_model *m = e->m;
   for (int a = 0; a < m->nacts; a++) producer[a] = -1;
-  EX_ALLOC(e->act[0], e, act_elems(e, 0) * sizeof(float), "the input batch");
+  EX_ALLOC(e->act[0], e, act_elems(e, 0) * e->esz, "the input batch");
   for (int i = 0; i < m->nlayers; i++) {
     const struct gw_layer *l = &m->layers[i];
     producer[l->out] = i;
@@ -105,26 +109,26 @@ static gw_result_t plan_activations(struct gw_exec *e, const int *count, int *pr
     int in_place = (l->kind == GW_LAYER_RELU || l->kind == GW_LAYER_ADD) && l->in != 0 && count[l->in] == 1 &&
                    p >= 0 && m->layers[p].kind != GW_LAYER_RELU;
     if (in_place) e->act[l->out] = e->act[l->in];
-    else EX_ALLOC(e->act[l->out], e, act_elems(e, l->out) * sizeof(float), l->name);
+    else EX_ALLOC(e->act[l->out], e, act_elems(e, l->out) * e->esz, l->name);
   }
   return GW_SUCCESS;
 }
 
 /* The gradient pool: best-fit reuse of buffers over each gradient's window. */
 struct pool {
-  float **buf;
+  void **buf;
   size_t *size;
   int *busy;
   int n;
 };
 
-static float *pool_take(struct gw_exec *e, struct pool *p, size_t elems) {
+static void *pool_take(struct gw_exec *e, struct pool *p, size_t elems) {
   int best = -1;
   for (int i = 0; i < p->n; i++)
     if (!p->busy[i] && p->size[i] >= elems && (best < 0 || p->size[i] < p->size[best])) best = i;
   if (best < 0) {
     best = p->n;
-    p->buf[best] = ex_alloc(e, elems * sizeof(float), "activation gradients");
+    p->buf[best] = ex_alloc(e, elems * e->esz, "activation gradients");
     if (!p->buf[best]) return NULL;
     p->size[best] = elems;
     p->n++;
@@ -133,7 +137,7 @@ static float *pool_take(struct gw_exec *e, struct pool *p, size_t elems) {
   return p->buf[best];
 }
 
-static void pool_give(struct pool *p, const float *buf) {
+static void pool_give(struct pool *p, const void *buf) {
   for (int i = 0; i < p->n; i++)
     if (p->buf[i] == buf) p->busy[i] = 0;
 }
@@ -149,7 +153,7 @@ static gw_result_t take_grad(struct gw_exec *e, struct pool *p, int a, const int
 static gw_result_t plan_gradients(struct gw_exec *e, const int *last) {
   const struct gw_model *m = e->m;
   int nmax = 2 * m->nacts + 1;
-  struct pool p = {calloc((size_t)nmax, sizeof(float *)), calloc((size_t)nmax, sizeof(size_t)),
+  struct pool p = {calloc((size_t)nmax, sizeof(void *)), calloc((size_t)nmax, sizeof(size_t)),
                    calloc((size_t)nmax, sizeof(int)), 0};
   gw_result_t res = GW_ERR_SYSTEM;
   if (!p.buf || !p.size || !p.busy) {
@@ -254,7 +258,14 @@ static gw_result_t plan(struct gw_exec *e) {
     gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
     goto out;
   }
-  if (max_elems && !(e->scratch = ex_alloc(e, max_elems * sizeof(float), "gradient scratch"))) goto out;
+  if (max_elems && !(e->scratch = ex_alloc(e, max_elems * e->esz, "gradient scratch"))) goto out;
+  if (e->esz != sizeof(float)) { /* the input batch, or the logits, converted on the host */
+    size_t n = act_elems(e, 0), nl = act_elems(e, m->nacts - 1);
+    if (!(e->host_half = malloc((n > nl ? n : nl) * sizeof(uint16_t)))) {
+      gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
+      goto out;
+    }
+  }
   if (!(e->labels = ex_alloc(e, (size_t)e->cfg.batch * sizeof(int32_t), "labels"))) goto out;
   struct gw_op_desc d = {.kind = GW_OP_LOSS, .n = e->cfg.batch, .k = m->cfg.classes, .c = m->cfg.classes,
                          .h = 1, .w = 1, .p = 1, .q = 1, .label_smoothing = e->cfg.label_smoothing};
@@ -278,6 +289,14 @@ gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops,
   struct gw_exec *e = calloc(1, sizeof *e);
   if (!e) return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
   e->m = m, e->ops = ops, e->b = b, e->cfg = *cfg;
+  e->act_dt = ops->act_dtype(b);
+  if (e->act_dt != GW_FLOAT32 && e->act_dt != GW_BFLOAT16) {
+    int dt = e->act_dt;
+    free(e);
+    return gw__model_fail(GW_ERR_UNSUPPORTED, "executor: the backend's activations are of dtype %d: the executor "
+                          "takes float32 and bfloat16", dt);
+  }
+  e->esz = e->act_dt == GW_FLOAT32 ? sizeof(float) : sizeof(uint16_t);
   e->L = calloc((size_t)m->nlayers, sizeof *e->L);
   e->act = calloc((size_t)m->nacts, sizeof *e->act);
   e->grad = calloc((size_t)m->nacts, sizeof *e->grad);
@@ -302,7 +321,7 @@ void gw_exec_free(struct gw_exec *e) {
   e->ops->op_destroy(e->loss_op);
   for (int i = 0; i < e->nowned; i++) e->ops->dealloc(e->b, e->owned[i]);
   free(e->owned), free(e->L), free(e->act), free(e->grad);
-  free(e->host_sums), free(e->host_stats);
+  free(e->host_sums), free(e->host_stats), free(e->host_half);
   free(e);
 }
 
@@ -363,8 +382,8 @@ static gw_result_t sync_bn_forward(struct gw_exec *e, const struct gw_layer *l, 
                          e->act[l->out]);
 }
 
-static gw_result_t sync_bn_backward(struct gw_exec *e, const struct gw_layer *l, struct exec_layer *x, const float *dy,
-                                    float *dx) {
+static gw_result_t sync_bn_backward(struct gw_exec *e, const struct gw_layer *l, struct exec_layer *x, const void *dy,
+                                    void *dx) {
   const struct gw_backend_ops *o = e->ops;
   const int c = e->m->acts[l->in].c;
   float *dgamma = e->host_stats, *dbeta = dgamma + c;
@@ -383,7 +402,7 @@ static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
   const struct gw_layer *l = &e->m->layers[i];
   struct exec_layer *x = &e->L[i];
   const struct gw_backend_ops *o = e->ops;
-  float *in = e->act[l->in], *out = e->act[l->out];
+  void *in = e->act[l->in], *out = e->act[l->out];
   switch (l->kind) {
   case GW_LAYER_CONV: return o->conv_fwd(x->op, in, P(e, l->weight), out);
   case GW_LAYER_BN:
@@ -406,7 +425,13 @@ static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
 gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
   if (!images) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: forward needs an input batch");
   e->trained_forward = 0;
-  GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, act_elems(e, 0) * sizeof(float)));
+  size_t n = act_elems(e, 0);
+  if (e->host_half) { /* 16-bit activations: the batch converted on the host, then up */
+    gw_f32_to_bf16_n(e->host_half, images, n);
+    GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], e->host_half, n * e->esz));
+  } else {
+    GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, n * sizeof(float)));
+  }
   for (int i = 0; i < e->m->nlayers; i++) GW_MODEL_TRY(forward_layer(e, i, train));
   e->trained_forward = train != 0;
   return GW_SUCCESS;
@@ -414,27 +439,31 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
 
 gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits) {
   int a = e->m->nacts - 1;
-  return e->ops->download(e->b, host_logits, e->act[a], act_elems(e, a) * sizeof(float));
+  size_t n = act_elems(e, a);
+  if (!e->host_half) return e->ops->download(e->b, host_logits, e->act[a], n * sizeof(float));
+  GW_MODEL_TRY(e->ops->download(e->b, e->host_half, e->act[a], n * e->esz));
+  gw_bf16_to_f32_n(host_logits, e->host_half, n);
+  return GW_SUCCESS;
 }
 
 /* The gradient of an input: written straight into its buffer by the last
  * reader, into the scratch (then added) by an earlier one. */
-static float *dx_target(struct gw_exec *e, const struct gw_layer *l, const struct exec_layer *x) {
+static void *dx_target(struct gw_exec *e, const struct gw_layer *l, const struct exec_layer *x) {
   if (l->in == 0) return NULL;
   return x->acc_in ? e->scratch : e->grad[l->in];
 }
 
-static gw_result_t add_into(struct gw_exec *e, struct gw_op *op, int a, const float *contribution, int accumulate) {
+static gw_result_t add_into(struct gw_exec *e, struct gw_op *op, int a, const void *contribution, int accumulate) {
   if (accumulate) return e->ops->add(op, e->grad[a], contribution, e->grad[a]);
-  return e->ops->copy(e->b, e->grad[a], contribution, act_elems(e, a) * sizeof(float));
+  return e->ops->copy(e->b, e->grad[a], contribution, act_elems(e, a) * e->esz);
 }
 
 static gw_result_t backward_layer(struct gw_exec *e, int i) {
   const struct gw_layer *l = &e->m->layers[i];
   struct exec_layer *x = &e->L[i];
   const struct gw_backend_ops *o = e->ops;
-  const float *dy = e->grad[l->out], *in = e->act[l->in];
-  float *dx = dx_target(e, l, x);
+  const void *dy = e->grad[l->out], *in = e->act[l->in];
+  void *dx = dx_target(e, l, x);
   switch (l->kind) {
   case GW_LAYER_CONV:
     if (dx) GW_MODEL_TRY(o->conv_bwd_data(x->op, dy, P(e, l->weight), dx));

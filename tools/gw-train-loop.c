@@ -191,7 +191,8 @@ static int setup_model(struct trainer *t) {
   t->np = gw_model_num_params(t->m);
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
-  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32};
+  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32,
+                                 .act = o->amp};
 #if GW_HAVE_CUDNN
   if (!strcmp(o->backend, "cudnn")) t->ops = &gw_backend_cudnn;
 #endif
@@ -543,9 +544,11 @@ static int setup(struct trainer *t) {
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
   log_text(&t->log,
-           "%s on %s: %d rank%s x batch %d on %s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu parameters",
+           "%s on %s: %d rank%s x batch %d on %s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
+           "parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
-           t->ops->name, t->ops->host_memory ? "" : " (device memory)", (long long)t->total_steps, (long long)t->spe,
+           t->ops->name, t->ops->host_memory ? "" : " (device memory)", o->amp == GW_BFLOAT16 ? ", bf16 activations" : "",
+           (long long)t->total_steps, (long long)t->spe,
            t->peak_lr,
            t->world == 1     ? "no allreduce"
            : o->no_overlap ? "allreduce after backward"

@@ -51,6 +51,8 @@ static void usage(FILE *f) {
           "  --backend cpu|cudnn      oneDNN on the host (default when built with it) or cuDNN on the GPU\n"
           "  --tf32 on|off            cudnn: TF32 tensor cores for the fp32 convolutions and fc (default on,\n"
           "                           as PyTorch's convolutions); off keeps full fp32\n"
+          "  --amp off|bf16           mixed precision: activations in bfloat16, weights, gradients, optimizer and\n"
+          "                           BN statistics in float32 (cpu backend; default off)\n"
           "communication:\n"
           "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
           "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
@@ -112,7 +114,7 @@ enum {
   O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
-  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32
+  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP
 };
 
 static const struct option longopts[] = {
@@ -136,7 +138,7 @@ static const struct option longopts[] = {
     {"metrics", required_argument, NULL, O_METRICS},       {"plot", required_argument, NULL, O_PLOT},
     {"log-every", required_argument, NULL, O_LOGEVERY},    {"no-eval", no_argument, NULL, O_NOEVAL},
     {"grad-wire", required_argument, NULL, O_WIRE},        {"backend", required_argument, NULL, O_BACKEND},
-    {"tf32", required_argument, NULL, O_TF32},
+    {"tf32", required_argument, NULL, O_TF32},            {"amp", required_argument, NULL, O_AMP},
     {"help", no_argument, NULL, 'h'},                     {NULL, 0, NULL, 0}};
 
 static int parse_seed(const char *arg, uint64_t *out) {
@@ -230,6 +232,13 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
     if (strcmp(arg, "on") && strcmp(arg, "off")) return bad("--tf32 '%s' is not on or off%s", arg, "");
     o->tf32 = !strcmp(arg, "on");
     return 0;
+  case O_AMP:
+    if (!strcmp(arg, "off")) o->amp = GW_FLOAT32;
+    else if (!strcmp(arg, "bf16") || !strcmp(arg, "bfloat16")) o->amp = GW_BFLOAT16;
+    else if (!strcmp(arg, "fp16") || !strcmp(arg, "float16"))
+      return bad("--amp fp16: float16 needs loss scaling, which is not built yet; bf16 needs none%s%s", "", "");
+    else return bad("--amp '%s' is not off or bf16%s", arg, "");
+    return 0;
   case O_CKDIR: o->checkpoint_dir = arg; return 0;
   case O_CKEVERY: return parse_long("--checkpoint-every", arg, 1, LONG_MAX / 2, &o->checkpoint_every);
   case O_CKKEEP: return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
@@ -256,6 +265,7 @@ static void defaults(struct train_opts *o) {
   o->synthetic_samples = 10000;
   o->backend = GW_HAVE_ONEDNN ? "cpu" : "cudnn";
   o->tf32 = 1;
+  o->amp = GW_FLOAT32;
 }
 
 /* Contradictions, refused before any work. */

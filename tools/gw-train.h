@@ -38,6 +38,7 @@ struct train_opts {
   int threads, loader_threads;
   const char *backend;      /* "cpu" (oneDNN) or "cudnn" (--backend) */
   int tf32;                 /* cudnn: TF32 tensor cores for fp32 convolutions and fc (--tf32) */
+  int amp;                  /* activations' gw_dtype_t: GW_FLOAT32, or GW_BFLOAT16 (--amp bf16) */
   long log_every;           /* steps between plain log lines */
   int eval;                 /* evaluate at each epoch end */
   const char *save_weights, *load_weights;
