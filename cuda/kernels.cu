@@ -53,6 +53,7 @@ extern "C" {
 #include "../comm/reduce.h"
 #include "dev.h"
 }
+#include "bits.cuh"
 #include "dev_cache.cuh"
 
 namespace {
@@ -62,24 +63,8 @@ using gwcu::kMaxDevCache;
 using gwcu::sm_count;
 
 /* ---- bits and fp32/fp64 arithmetic ------------------------------------------------------ */
-__host__ __device__ __forceinline__ uint32_t f2u(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-__host__ __device__ __forceinline__ float u2f(uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
+using gwcu::f32_bits;
+using gwcu::f32_from_bits;
 __host__ __device__ __forceinline__ uint64_t d2u(double d) {
 #ifdef __CUDA_ARCH__
   return (uint64_t)__double_as_longlong(d);
@@ -105,7 +90,7 @@ __host__ __device__ __forceinline__ double u2d(uint64_t u) {
 #define GW_ARITH(T, NAME, INTR, EXPR) \
   __host__ __device__ __forceinline__ T NAME(T x, T y) { return INTR(x, y); }
 #else
-__host__ __forceinline__ float canon(float r) { return r == r ? r : u2f(0x7fffffffu); }
+__host__ __forceinline__ float canon(float r) { return r == r ? r : f32_from_bits(0x7fffffffu); }
 __host__ __forceinline__ double canon(double r) { return r == r ? r : u2d(0x7fffffffffffffffull); }
 #define GW_ARITH(T, NAME, INTR, EXPR) \
   __host__ __device__ __forceinline__ T NAME(T x, T y) { return canon(EXPR); }
@@ -123,9 +108,9 @@ GW_ARITH(double, op_div, __ddiv_rn, x / y)
  * second, quieted; else (an invalid operation) the negative default NaN. */
 __host__ __device__ __forceinline__ float x86_nan(float r, float x, float y) {
   if (r == r) return r;
-  if (x != x) return u2f(f2u(x) | 0x00400000u);
-  if (y != y) return u2f(f2u(y) | 0x00400000u);
-  return u2f(0xffc00000u);
+  if (x != x) return f32_from_bits(f32_bits(x) | 0x00400000u);
+  if (y != y) return f32_from_bits(f32_bits(y) | 0x00400000u);
+  return f32_from_bits(0xffc00000u);
 }
 __host__ __device__ __forceinline__ double x86_nan(double r, double x, double y) {
   if (r == r) return r;
@@ -135,7 +120,7 @@ __host__ __device__ __forceinline__ double x86_nan(double r, double x, double y)
 }
 /* s / dv with dv a finite number >= 2, as x86 divides: a NaN s comes out quieted. */
 __host__ __device__ __forceinline__ float div_x86(float s, float dv) {
-  return s == s ? op_div(s, dv) : u2f(f2u(s) | 0x00400000u);
+  return s == s ? op_div(s, dv) : f32_from_bits(f32_bits(s) | 0x00400000u);
 }
 __host__ __device__ __forceinline__ double div_x86(double s, double dv) {
   return s == s ? op_div(s, dv) : u2d(d2u(s) | 0x0008000000000000ull);
@@ -151,16 +136,16 @@ __host__ __device__ __forceinline__ float h2f(uint16_t h) {
     o += (uint32_t)(128 - 16) << 23; /* Inf / NaN */
   } else if (exp == 0) {             /* zero / subnormal: renormalize (exact) */
     o += 1u << 23;
-    o = f2u(op_add(u2f(o), -u2f(113u << 23)));
+    o = f32_bits(op_add(f32_from_bits(o), -f32_from_bits(113u << 23)));
   }
   o |= ((uint32_t)h & 0x8000u) << 16;
-  return u2f(o);
+  return f32_from_bits(o);
 }
 
 __host__ __device__ __forceinline__ uint16_t f2h(float ff) {
   const uint32_t f32infty = 255u << 23, f16max = (127u + 16u) << 23;
   const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-  uint32_t f = f2u(ff);
+  uint32_t f = f32_bits(ff);
   uint32_t sign = f & 0x80000000u;
   uint16_t o;
   f ^= sign;
@@ -168,7 +153,7 @@ __host__ __device__ __forceinline__ uint16_t f2h(float ff) {
     o = (f > f32infty) ? 0x7e00 : 0x7c00; /* NaN stays NaN, overflow -> Inf */
   } else if (f < (113u << 23)) {
     /* subnormal or zero: the float adder does the rounding (subnormal f included) */
-    o = (uint16_t)(f2u(op_add(u2f(f), u2f(denorm_magic))) - denorm_magic);
+    o = (uint16_t)(f32_bits(op_add(f32_from_bits(f), f32_from_bits(denorm_magic))) - denorm_magic);
   } else {
     uint32_t mant_odd = (f >> 13) & 1u;
     f += ((uint32_t)(15 - 127) << 23) + 0xfffu;
@@ -178,10 +163,10 @@ __host__ __device__ __forceinline__ uint16_t f2h(float ff) {
   return (uint16_t)(o | (sign >> 16));
 }
 
-__host__ __device__ __forceinline__ float bf2f(uint16_t h) { return u2f((uint32_t)h << 16); }
+__host__ __device__ __forceinline__ float bf2f(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 
 __host__ __device__ __forceinline__ uint16_t f2bf(float f) {
-  uint32_t u = f2u(f);
+  uint32_t u = f32_bits(f);
   uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   uint32_t nan = (u >> 16) | 0x40u; /* keep NaN a (quiet) NaN */
   return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? nan : rounded);

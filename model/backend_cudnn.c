@@ -13,8 +13,13 @@
  *   cfg->tf32 == 0 neither are tensor cores or reduced-precision reductions, and
  *   Winograd and FFT only where nothing else runs, so results meet full fp32
  *   tolerances.  The cuDNN library loaded must be 9.x.
- * - The fully connected layer is cuBLAS SGEMM (TF32 tensor-op math only with
- *   cfg->tf32), its bias a kernel of ours.
+ * - The fully connected layer is cuBLAS (cublasGemmEx, float32 accumulation;
+ *   TF32 tensor cores only with cfg->tf32), its bias a kernel of ours.
+ * - Mixed precision (cfg->act = GW_BFLOAT16): activations in bfloat16; the
+ *   float32 weights are rounded into a bfloat16 copy per op at each call, the
+ *   weight gradients come out in bfloat16 from cuDNN (widened into the caller's
+ *   float32) and in float32 straight from cuBLAS; tensor-core engines with float32
+ *   accumulation; the kernels widen every load and round every store once.
  * - Batch norm, ReLU, the residual add, pooling and the loss are our own kernels
  *   (cudnn_kernels.cu): backend.h wants batch norm's saved 1/sqrt(var + eps), the
  *   running statistics updated as PyTorch does, and the SyncBatchNorm phases,
@@ -49,6 +54,7 @@
 struct gw_backend {
   int device;
   int tf32;
+  int act;             /* the activations' gw_dtype_t: GW_FLOAT32 or GW_BFLOAT16 */
   cudaStream_t stream;
   cudnnHandle_t dnn;
   cublasHandle_t blas;
@@ -82,6 +88,7 @@ struct gw_op {
   double *sums;                    /* BN: [2c] scratch */
   float *row_loss, *loss;          /* LOSS: [n] and [1] on the device */
   int32_t *host_labels;            /* LOSS: the labels checked on the host */
+  void *w16, *dw16;                /* CONV, FC with 16-bit activations: the weights rounded, the weight gradient */
   char what[160];
 };
 
@@ -131,6 +138,8 @@ static const char *blas_name(cublasStatus_t st) {
   } while (0)
 /* Our kernels' launchers return a cudaError_t as int. */
 #define KERNEL_TRY(call, what) CU_TRY((cudaError_t)(call), what)
+#define STREAM(op) ((void *)(op)->b->stream)
+#define ACT(op) ((op)->b->act)
 
 /* ---- lifecycle and memory ---- */
 
@@ -165,6 +174,7 @@ static gw_result_t cudnn_create_on(struct gw_backend *b, const struct gw_backend
                           "%d.%d.%d (needs %d.x)", v / 10000, v / 100 % 100, v % 100, CUDNN_MAJOR, CUDNN_MINOR,
                           CUDNN_PATCHLEVEL, CUDNN_MAJOR);
   b->tf32 = cfg ? cfg->tf32 : 0;
+  b->act = cfg && cfg->act ? cfg->act : GW_FLOAT32;
   const char *mb = getenv("GW_CUDNN_WORKSPACE_MB");
   long lim = mb && *mb ? strtol(mb, NULL, 10) : 1024;
   if (lim < 0) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: GW_CUDNN_WORKSPACE_MB=%s is negative", mb);
@@ -176,7 +186,7 @@ static gw_result_t cudnn_create_on(struct gw_backend *b, const struct gw_backend
   DNN_TRY(cudnnSetStream(b->dnn, b->stream), "create");
   BLAS_TRY(cublasCreate(&b->blas), "create");
   BLAS_TRY(cublasSetStream(b->blas, b->stream), "create");
-  BLAS_TRY(cublasSetMathMode(b->blas, b->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "create");
+  /* The fc layer's precision is each cublasGemmEx's compute type (fc_fwd). */
   return GW_SUCCESS;
 }
 
@@ -185,9 +195,9 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
   if (cfg && (cfg->threads < 0 || cfg->tf32 < 0 || cfg->tf32 > 1))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: threads must be >= 0 and tf32 0 or 1 (got %d, %d)",
                           cfg->threads, cfg->tf32);
-  if (cfg && cfg->act && cfg->act != GW_FLOAT32)
-    return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: activations of dtype %d: only float32 so far (16-bit "
-                          "activations: the cpu backend has bfloat16; here they are the next step)", cfg->act);
+  if (cfg && cfg->act && cfg->act != GW_FLOAT32 && cfg->act != GW_BFLOAT16)
+    return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: activations of dtype %d: float32 or bfloat16 (float16 "
+                          "needs loss scaling, not built)", cfg->act);
   struct gw_backend *b = calloc(1, sizeof *b);
   if (!b) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   gw_result_t res = cudnn_create_on(b, cfg);
@@ -199,10 +209,7 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
   return GW_SUCCESS;
 }
 
-static int cudnn_act_dtype(const struct gw_backend *b) {
-  (void)b;
-  return GW_FLOAT32;
-}
+static int cudnn_act_dtype(const struct gw_backend *b) { return b->act; }
 
 static void *cudnn_alloc(struct gw_backend *b, size_t bytes) {
   void *p = NULL;
@@ -289,10 +296,9 @@ static void destroy_all(cudnnBackendDescriptor_t *d, int n) {
 }
 
 /* An fp32 tensor in the plain layout (NCHW / OIHW), id uid. */
-static gw_result_t make_tensor(int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w, int64_t align,
-                               cudnnBackendDescriptor_t *out, const char *what) {
+static gw_result_t make_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w,
+                               int64_t align, cudnnBackendDescriptor_t *out, const char *what) {
   int64_t dims[4] = {n, c, h, w}, strides[4] = {c * h * w, h * w, w, 1};
-  cudnnDataType_t dt = CUDNN_DATA_FLOAT;
   struct attr a[] = {{CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt},
                      {CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims},
                      {CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides},
@@ -310,9 +316,13 @@ static gw_result_t conv_graph(struct gw_op *op, int dir, int64_t align, cudnnBac
   cudnnBackendDescriptor_t t[3] = {NULL, NULL, NULL}, conv = NULL, oper = NULL;
   gw_result_t res;
   *graph = NULL;
-  if ((res = make_tensor(UID_X, d->n, d->c, d->h, d->w, align, &t[0], what)) != GW_SUCCESS ||
-      (res = make_tensor(UID_W, d->k, d->c, d->kernel, d->kernel, align, &t[1], what)) != GW_SUCCESS ||
-      (res = make_tensor(UID_Y, d->n, d->k, d->p, d->q, align, &t[2], what)) != GW_SUCCESS)
+  /* All three in the activations' dtype: with bfloat16 the weights are a
+   * bfloat16 copy and the weight gradient comes out in bfloat16 and is widened
+   * (conv_run); compute in float32 either way. */
+  cudnnDataType_t dt = op->b->act == GW_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  if ((res = make_tensor(UID_X, dt, d->n, d->c, d->h, d->w, align, &t[0], what)) != GW_SUCCESS ||
+      (res = make_tensor(UID_W, dt, d->k, d->c, d->kernel, d->kernel, align, &t[1], what)) != GW_SUCCESS ||
+      (res = make_tensor(UID_Y, dt, d->n, d->k, d->p, d->q, align, &t[2], what)) != GW_SUCCESS)
     goto out;
   {
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
@@ -370,11 +380,15 @@ static void drain_dnn_error(void) {
   cudnnGetLastErrorString(drop, sizeof drop);
 }
 
-/* What an engine's numerical notes may say, per mode: never down-converted
- * inputs (below TF32 even); TF32 mode allows the rest; strict fp32 first
- * allows none of tensor cores, reduced-precision reductions, Winograd and FFT,
- * and where no engine is left, Winograd and FFT (still fp32 arithmetic). */
-enum { NUM_STRICT, NUM_FP32, NUM_TF32 };
+/* What an engine's numerical notes may say: never down-converted inputs (below
+ * the tensors' own precision).  A level allows more:
+ *   NUM_STRICT  full fp32 arithmetic: no tensor cores, no reduced-precision
+ *               reductions, no Winograd or FFT;
+ *   NUM_FP32    the same with Winograd and FFT (where nothing else runs);
+ *   NUM_TC      tensor cores (bfloat16 activations: fp32 accumulation), still no
+ *               reduced-precision reductions; Winograd/FFT as a last resort;
+ *   NUM_TF32    anything else (cfg->tf32 on fp32 tensors). */
+enum { NUM_STRICT, NUM_FP32, NUM_TC, NUM_TC_ANY, NUM_TF32 };
 
 static int notes_allowed(cudnnBackendDescriptor_t cfg, int level) {
   cudnnBackendDescriptor_t engine = NULL;
@@ -391,6 +405,8 @@ static int notes_allowed(cudnnBackendDescriptor_t cfg, int level) {
       switch (notes[i]) {
       case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS: ok = 0; break;
       case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
+        if (level < NUM_TC) ok = 0;
+        break;
       case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
         if (level != NUM_TF32) ok = 0;
         break;
@@ -399,7 +415,7 @@ static int notes_allowed(cudnnBackendDescriptor_t cfg, int level) {
       case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4:
       case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6:
       case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13:
-        if (level == NUM_STRICT) ok = 0;
+        if (level == NUM_STRICT || level == NUM_TC) ok = 0;
         break;
       default: break;
       }
@@ -408,6 +424,20 @@ static int notes_allowed(cudnnBackendDescriptor_t cfg, int level) {
   }
   cudnnBackendDestroyDescriptor(engine);
   return ok;
+}
+
+/* The levels conv_choose tries in turn, and a name for messages. */
+static int levels_of(const struct gw_backend *b, int lv[2], const char **name) {
+  if (b->act != GW_FLOAT32) {
+    lv[0] = NUM_TC, lv[1] = NUM_TC_ANY, *name = "bfloat16 (tensor cores, fp32 accumulation)";
+    return 2;
+  }
+  if (b->tf32) {
+    lv[0] = NUM_TF32, *name = "TF32";
+    return 1;
+  }
+  lv[0] = NUM_STRICT, lv[1] = NUM_FP32, *name = "full fp32";
+  return 2;
 }
 
 /* Appends up to `cap` engine configs for the graph from heuristics mode `mode`
@@ -577,19 +607,17 @@ static gw_result_t conv_choose(struct gw_op *op, int dir, int ai, void *const pt
   int ncfg = all_configs(graph, cfg, why, sizeof why);
   int64_t best_ws = 0;
   int allowed = 0, ran = 0;
-  if (b->tf32) {
-    choose_among(op, what, cfg, ncfg, NUM_TF32, ptr, &best, &best_ws, &allowed, &ran);
-  } else {
-    choose_among(op, what, cfg, ncfg, NUM_STRICT, ptr, &best, &best_ws, &allowed, &ran);
-    if (!best) choose_among(op, what, cfg, ncfg, NUM_FP32, ptr, &best, &best_ws, &allowed, &ran);
-  }
+  int lv[2];
+  const char *numerics;
+  int nlv = levels_of(b, lv, &numerics);
+  for (int i = 0; i < nlv && !best; i++) choose_among(op, what, cfg, ncfg, lv[i], ptr, &best, &best_ws, &allowed, &ran);
   destroy_all(cfg, ncfg);
   cudnnBackendDestroyDescriptor(graph);
   if (!best)
     return gw__model_fail(GW_ERR_UNSUPPORTED,
                           BE " backend: %s: %s: no cuDNN engine runs it (%d proposed, %d allowed with %s numerics, "
                              "none ran; workspace limit %zu MiB)%s%s",
-                          op->what, what, ncfg, allowed, b->tf32 ? "TF32" : "full fp32", b->ws_limit >> 20,
+                          op->what, what, ncfg, allowed, numerics, b->ws_limit >> 20,
                           why[0] ? ": " : "", why);
   b->plans[b->nplans] = (struct plan_entry){key, best, best_ws};
   op->plan[dir][ai] = ++b->nplans;
@@ -605,14 +633,17 @@ static gw_result_t conv_check(struct gw_op *op) {
     char why[256] = "";
     GW_MODEL_TRY(conv_graph(op, dir, 16, &graph));
     int n = all_configs(graph, cfg, why, sizeof why), ok = 0;
-    for (int i = 0; i < n && !ok; i++) ok = notes_allowed(cfg[i], op->b->tf32 ? NUM_TF32 : NUM_FP32);
+    int lv[2];
+    const char *numerics;
+    int last = lv[levels_of(op->b, lv, &numerics) - 1];
+    for (int i = 0; i < n && !ok; i++) ok = notes_allowed(cfg[i], last);
     destroy_all(cfg, n);
     cudnnBackendDestroyDescriptor(graph);
     if (!ok)
       return gw__model_fail(GW_ERR_UNSUPPORTED,
                             BE " backend: %s: %s: cuDNN proposes no engine with %s numerics for this shape (%d "
                                "proposed)%s%s",
-                            op->what, dir_name[dir], op->b->tf32 ? "TF32" : "full fp32", n, why[0] ? ": " : "", why);
+                            op->what, dir_name[dir], numerics, n, why[0] ? ": " : "", why);
   }
   return GW_SUCCESS;
 }
@@ -624,6 +655,14 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
   if (dir == DIR_FWD) ptr[0] = (void *)p0, ptr[1] = (void *)p1, ptr[2] = (void *)p2;          /* x, w, y */
   else if (dir == DIR_BWD_DATA) ptr[0] = (void *)p2, ptr[1] = (void *)p1, ptr[2] = (void *)p0; /* dx, w, dy */
   else ptr[0] = (void *)p0, ptr[1] = (void *)p2, ptr[2] = (void *)p1;                          /* x, dw, dy */
+  const int b16 = op->b->act != GW_FLOAT32;
+  const size_t nw = (size_t)op->d.k * op->d.c * op->d.kernel * op->d.kernel;
+  if (b16 && dir != DIR_BWD_FILTER) { /* the float32 weights rounded into the op's 16-bit copy */
+    KERNEL_TRY(gw__cu_cast(nw, op->b->act, op->w16, GW_FLOAT32, ptr[1], STREAM(op)), dir_name[dir]);
+    ptr[1] = op->w16;
+  } else if (b16) { /* the weight gradient comes out 16-bit, then widened into the caller's float32 */
+    ptr[1] = op->dw16;
+  }
   int ai = 0;
   for (int i = 0; i < 3; i++)
     if ((uintptr_t)ptr[i] % 16) ai = 1;
@@ -631,6 +670,8 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
   const struct plan_entry *pl = &op->b->plans[op->plan[dir][ai] - 1];
   GW_MODEL_TRY(ensure_workspace(op->b, (size_t)pl->ws, dir_name[dir]));
   DNN_TRY(plan_execute(op->b, pl->plan, ptr), dir_name[dir]);
+  if (b16 && dir == DIR_BWD_FILTER)
+    KERNEL_TRY(gw__cu_cast(nw, GW_FLOAT32, (void *)p2, op->b->act, op->dw16, STREAM(op)), dir_name[dir]);
   return GW_SUCCESS;
 }
 
@@ -649,7 +690,9 @@ static gw_result_t cudnn_conv_bwd_weights(struct gw_op *op, const gw_act_t *x, c
 static void cudnn_op_destroy(struct gw_op *op) {
   if (!op) return;
   /* The plans are the backend's (shared by shape). */
-  if (op->sums || op->row_loss || op->loss) cudaStreamSynchronize(op->b->stream);
+  if (op->sums || op->row_loss || op->loss || op->w16) cudaStreamSynchronize(op->b->stream);
+  cudaFree(op->w16);
+  cudaFree(op->dw16);
   cudaFree(op->sums);
   cudaFree(op->row_loss);
   cudaFree(op->loss);
@@ -676,6 +719,12 @@ static gw_result_t cudnn_op_create(struct gw_backend *b, const struct gw_op_desc
     if (res == GW_SUCCESS && !(op->host_labels = malloc((size_t)d->n * sizeof(int32_t))))
       res = gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   }
+  if (res == GW_SUCCESS && b->act != GW_FLOAT32 && (d->kind == GW_LAYER_CONV || d->kind == GW_LAYER_FC)) {
+    size_t nw = d->kind == GW_LAYER_FC ? (size_t)d->k * d->c * d->h * d->w
+                                       : (size_t)d->k * d->c * d->kernel * d->kernel;
+    res = op_alloc(op, &op->w16, nw * 2);
+    if (res == GW_SUCCESS && d->kind == GW_LAYER_CONV) res = op_alloc(op, &op->dw16, nw * 2);
+  }
   /* Plans are chosen at the first call (they are timed on its buffers); that
    * cuDNN has engines for the shape at all is checked here. */
   if (res == GW_SUCCESS && d->kind == GW_LAYER_CONV) res = conv_check(op);
@@ -688,25 +737,24 @@ static gw_result_t cudnn_op_create(struct gw_backend *b, const struct gw_op_desc
 }
 
 #define EXPECT(want, what) GW_MODEL_TRY(gw__backend_expect_kind(BE, op->d.kind, (want), (what)))
-#define STREAM(op) ((void *)(op)->b->stream)
 
 static size_t elems(const struct gw_op_desc *d) { return (size_t)d->n * d->c * d->h * d->w; }
 
 static gw_result_t cudnn_relu_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   EXPECT(GW_LAYER_RELU, "relu_fwd");
-  KERNEL_TRY(gw__cu_relu_fwd(elems(&op->d), x, y, STREAM(op)), "relu_fwd");
+  KERNEL_TRY(gw__cu_relu_fwd(elems(&op->d), ACT(op), x, y, STREAM(op)), "relu_fwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_relu_bwd(struct gw_op *op, const gw_act_t *y, const gw_act_t *dy, gw_act_t *dx) {
   EXPECT(GW_LAYER_RELU, "relu_bwd");
-  KERNEL_TRY(gw__cu_relu_bwd(elems(&op->d), y, dy, dx, STREAM(op)), "relu_bwd");
+  KERNEL_TRY(gw__cu_relu_bwd(elems(&op->d), ACT(op), y, dy, dx, STREAM(op)), "relu_bwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_add(struct gw_op *op, const gw_act_t *a, const gw_act_t *b, gw_act_t *y) {
   EXPECT(GW_LAYER_ADD, "add");
-  KERNEL_TRY(gw__cu_add(elems(&op->d), a, b, y, STREAM(op)), "add");
+  KERNEL_TRY(gw__cu_add(elems(&op->d), ACT(op), a, b, y, STREAM(op)), "add");
   return GW_SUCCESS;
 }
 
@@ -720,17 +768,17 @@ static gw_result_t cudnn_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const
                           BE " backend: bn_fwd_train: batch %d of %dx%d has one value per channel; training needs more "
                              "(as PyTorch)",
                           d->n, d->h, d->w);
-  KERNEL_TRY(gw__cu_bn_sums(d, x, op->sums, STREAM(op)), "bn_fwd_train");
+  KERNEL_TRY(gw__cu_bn_sums(d, ACT(op), x, op->sums, STREAM(op)), "bn_fwd_train");
   KERNEL_TRY(gw__cu_bn_stats(d, op->sums, count, save_mean, save_rstd, running_mean, running_var, STREAM(op)),
              "bn_fwd_train");
-  KERNEL_TRY(gw__cu_bn_fwd_apply(d, x, gamma, beta, save_mean, save_rstd, y, STREAM(op)), "bn_fwd_train");
+  KERNEL_TRY(gw__cu_bn_fwd_apply(d, ACT(op), x, gamma, beta, save_mean, save_rstd, y, STREAM(op)), "bn_fwd_train");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                       const float *running_mean, const float *running_var, gw_act_t *y) {
   EXPECT(GW_LAYER_BN, "bn_fwd_infer");
-  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, x, gamma, beta, running_mean, running_var, y, STREAM(op)), "bn_fwd_infer");
+  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, gamma, beta, running_mean, running_var, y, STREAM(op)), "bn_fwd_infer");
   return GW_SUCCESS;
 }
 
@@ -740,29 +788,29 @@ static gw_result_t cudnn_bn_bwd(struct gw_op *op, const gw_act_t *x, const gw_ac
   EXPECT(GW_LAYER_BN, "bn_bwd");
   const struct gw_op_desc *d = &op->d;
   double count = (double)d->n * d->h * d->w;
-  KERNEL_TRY(gw__cu_bn_bwd_sums(d, x, dy, save_mean, save_rstd, op->sums, STREAM(op)), "bn_bwd");
+  KERNEL_TRY(gw__cu_bn_bwd_sums(d, ACT(op), x, dy, save_mean, save_rstd, op->sums, STREAM(op)), "bn_bwd");
   KERNEL_TRY(gw__cu_bn_param_grads(d, op->sums, dgamma, dbeta, STREAM(op)), "bn_bwd");
-  KERNEL_TRY(gw__cu_bn_bwd_apply(d, x, dy, gamma, save_mean, save_rstd, op->sums, count, dx, STREAM(op)), "bn_bwd");
+  KERNEL_TRY(gw__cu_bn_bwd_apply(d, ACT(op), x, dy, gamma, save_mean, save_rstd, op->sums, count, dx, STREAM(op)), "bn_bwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_bn_sums(struct gw_op *op, const gw_act_t *x, double *sums) {
   EXPECT(GW_LAYER_BN, "bn_sums");
-  KERNEL_TRY(gw__cu_bn_sums(&op->d, x, sums, STREAM(op)), "bn_sums");
+  KERNEL_TRY(gw__cu_bn_sums(&op->d, ACT(op), x, sums, STREAM(op)), "bn_sums");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                       const float *mean, const float *rstd, gw_act_t *y) {
   EXPECT(GW_LAYER_BN, "bn_fwd_apply");
-  KERNEL_TRY(gw__cu_bn_fwd_apply(&op->d, x, gamma, beta, mean, rstd, y, STREAM(op)), "bn_fwd_apply");
+  KERNEL_TRY(gw__cu_bn_fwd_apply(&op->d, ACT(op), x, gamma, beta, mean, rstd, y, STREAM(op)), "bn_fwd_apply");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                                      const float *rstd, double *sums) {
   EXPECT(GW_LAYER_BN, "bn_bwd_sums");
-  KERNEL_TRY(gw__cu_bn_bwd_sums(&op->d, x, dy, mean, rstd, sums, STREAM(op)), "bn_bwd_sums");
+  KERNEL_TRY(gw__cu_bn_bwd_sums(&op->d, ACT(op), x, dy, mean, rstd, sums, STREAM(op)), "bn_bwd_sums");
   return GW_SUCCESS;
 }
 
@@ -772,7 +820,7 @@ static gw_result_t cudnn_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const
   EXPECT(GW_LAYER_BN, "bn_bwd_apply");
   if (!(count >= 1))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: bn_bwd_apply: count %g must be >= 1", count);
-  KERNEL_TRY(gw__cu_bn_bwd_apply(&op->d, x, dy, gamma, mean, rstd, sums, count, dx, STREAM(op)), "bn_bwd_apply");
+  KERNEL_TRY(gw__cu_bn_bwd_apply(&op->d, ACT(op), x, dy, gamma, mean, rstd, sums, count, dx, STREAM(op)), "bn_bwd_apply");
   return GW_SUCCESS;
 }
 
@@ -784,26 +832,39 @@ static size_t cudnn_workspace_bytes(struct gw_op *op) {
 
 static gw_result_t cudnn_maxpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y, void *workspace) {
   EXPECT(GW_LAYER_MAXPOOL, "maxpool_fwd");
-  KERNEL_TRY(gw__cu_maxpool_fwd(&op->d, x, y, workspace, STREAM(op)), "maxpool_fwd");
+  KERNEL_TRY(gw__cu_maxpool_fwd(&op->d, ACT(op), x, y, workspace, STREAM(op)), "maxpool_fwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_maxpool_bwd(struct gw_op *op, const gw_act_t *dy, const void *workspace, gw_act_t *dx) {
   EXPECT(GW_LAYER_MAXPOOL, "maxpool_bwd");
-  KERNEL_TRY(gw__cu_maxpool_bwd(&op->d, dy, workspace, dx, STREAM(op)), "maxpool_bwd");
+  KERNEL_TRY(gw__cu_maxpool_bwd(&op->d, ACT(op), dy, workspace, dx, STREAM(op)), "maxpool_bwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_avgpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   EXPECT(GW_LAYER_AVGPOOL, "avgpool_fwd");
-  KERNEL_TRY(gw__cu_avgpool_fwd(&op->d, x, y, STREAM(op)), "avgpool_fwd");
+  KERNEL_TRY(gw__cu_avgpool_fwd(&op->d, ACT(op), x, y, STREAM(op)), "avgpool_fwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_act_t *dx) {
   EXPECT(GW_LAYER_AVGPOOL, "avgpool_bwd");
-  KERNEL_TRY(gw__cu_avgpool_bwd(&op->d, dy, dx, STREAM(op)), "avgpool_bwd");
+  KERNEL_TRY(gw__cu_avgpool_bwd(&op->d, ACT(op), dy, dx, STREAM(op)), "avgpool_bwd");
   return GW_SUCCESS;
+}
+
+/* C = A B (column-major, ops as cuBLAS's) with A and B in the activations'
+ * dtype (the weights already rounded where they are 16-bit) and C in it too, or
+ * in float32 when c_f32 (the weight gradient); float32 accumulation, on TF32
+ * tensor cores only when asked for fp32 tensors (bfloat16 uses tensor cores). */
+static cublasStatus_t gemm(struct gw_op *op, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                           const void *a, int lda, const void *bm, int ldb, void *c, int c_f32, int ldc) {
+  const float one = 1, zero = 0;
+  cudaDataType_t t = ACT(op) == GW_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F;
+  cublasComputeType_t ct = ACT(op) == GW_FLOAT32 && op->b->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  return cublasGemmEx(op->b->blas, ta, tb, m, n, k, &one, a, t, lda, bm, t, ldb, &zero, c, c_f32 ? CUDA_R_32F : t, ldc,
+                      ct, CUBLAS_GEMM_DEFAULT);
 }
 
 /* Row-major x [n, f], w [k, f], y [n, k] are, to column-major cuBLAS, x^T [f, n],
@@ -811,9 +872,13 @@ static gw_result_t cudnn_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_ac
 static gw_result_t cudnn_fc_fwd(struct gw_op *op, const gw_act_t *x, const float *w, const float *bias, gw_act_t *y) {
   EXPECT(GW_LAYER_FC, "fc_fwd");
   const int n = op->d.n, k = op->d.k, f = op->d.c * op->d.h * op->d.w;
-  const float one = 1, zero = 0;
-  BLAS_TRY(cublasSgemm(op->b->blas, CUBLAS_OP_T, CUBLAS_OP_N, k, n, f, &one, w, f, x, f, &zero, y, k), "fc_fwd");
-  KERNEL_TRY(gw__cu_bias_add(n, k, bias, y, STREAM(op)), "fc_fwd");
+  const void *wa = w;
+  if (ACT(op) != GW_FLOAT32) {
+    KERNEL_TRY(gw__cu_cast((size_t)k * f, ACT(op), op->w16, GW_FLOAT32, w, STREAM(op)), "fc_fwd");
+    wa = op->w16;
+  }
+  BLAS_TRY(gemm(op, CUBLAS_OP_T, CUBLAS_OP_N, k, n, f, wa, f, x, f, y, 0, k), "fc_fwd");
+  KERNEL_TRY(gw__cu_bias_add(n, k, ACT(op), bias, y, STREAM(op)), "fc_fwd");
   return GW_SUCCESS;
 }
 
@@ -823,12 +888,14 @@ static gw_result_t cudnn_fc_bwd(struct gw_op *op, const gw_act_t *x, const float
                                 float *db) {
   EXPECT(GW_LAYER_FC, "fc_bwd");
   const int n = op->d.n, k = op->d.k, f = op->d.c * op->d.h * op->d.w;
-  const float one = 1, zero = 0;
-  BLAS_TRY(cublasSgemm(op->b->blas, CUBLAS_OP_N, CUBLAS_OP_N, f, n, k, &one, w, f, dy, k, &zero, dx, f),
-           "fc_bwd (data)");
-  BLAS_TRY(cublasSgemm(op->b->blas, CUBLAS_OP_N, CUBLAS_OP_T, f, k, n, &one, x, f, dy, k, &zero, dw, f),
-           "fc_bwd (weights)");
-  KERNEL_TRY(gw__cu_bias_grad(n, k, dy, db, STREAM(op)), "fc_bwd (bias)");
+  const void *wa = w;
+  if (ACT(op) != GW_FLOAT32) {
+    KERNEL_TRY(gw__cu_cast((size_t)k * f, ACT(op), op->w16, GW_FLOAT32, w, STREAM(op)), "fc_bwd");
+    wa = op->w16;
+  }
+  BLAS_TRY(gemm(op, CUBLAS_OP_N, CUBLAS_OP_N, f, n, k, wa, f, dy, k, dx, 0, f), "fc_bwd (data)");
+  BLAS_TRY(gemm(op, CUBLAS_OP_N, CUBLAS_OP_T, f, k, n, x, f, dy, k, dw, 1, f), "fc_bwd (weights)");
+  KERNEL_TRY(gw__cu_bias_grad(n, k, ACT(op), dy, db, STREAM(op)), "fc_bwd (bias)");
   return GW_SUCCESS;
 }
 
@@ -844,7 +911,7 @@ static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, 
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                             BE " backend: loss_fwd_bwd: label %d of sample %d is not in [0, %d)",
                             (int)op->host_labels[i], i, d->k);
-  KERNEL_TRY(gw__cu_loss_fwd_bwd(d, logits, labels, op->row_loss, op->loss, dlogits, STREAM(op)), "loss_fwd_bwd");
+  KERNEL_TRY(gw__cu_loss_fwd_bwd(d, ACT(op), logits, labels, op->row_loss, op->loss, dlogits, STREAM(op)), "loss_fwd_bwd");
   return cudnn_download(op->b, loss, op->loss, sizeof(float));
 }
 

@@ -18,8 +18,18 @@
  *   - per row (loss): one block per row, then one block for the mean;
  *   - per column (bias_grad): 8 threads per column, each a fixed set of rows,
  *     then their 8 sums in order.
- * Element-wise kernels are grid-stride loops over quads (float4 loads and stores
- * when the addresses allow, the same arithmetic either way).
+ * Element-wise kernels are grid-stride loops over quads (per channel) or octets
+ * (flat), vector loads and stores when the addresses allow, the same arithmetic
+ * either way.
+ *
+ * Activations are float or bf16 (act = GW_FLOAT32 or GW_BFLOAT16): every kernel
+ * that touches them is a template over the element type (float, gwk::bf16),
+ * instantiated for both, and the launchers pick the instance once per call;
+ * nothing branches per element.  Loads widen to float (gwk::widen), stores
+ * round once (gwk::narrow), the arithmetic between is the float version's, so
+ * a bf16 result is the float path's result on the widened inputs, rounded.
+ * Vectors: a quad is a float4 or 8 bytes of bf16 (uint2), an octet two float4
+ * or 16 bytes of bf16 (uint4).
  *
  * Scratch (the per-channel partials, 2 * c * pieces doubles: 400 KB for the
  * largest ResNet-50 BN at batch 256): taken with cudaMallocFromPoolAsync on the
@@ -50,8 +60,11 @@
 
 namespace {
 
+using gwk::bf16;
 using gwk::FastDiv;
 using gwk::kLossThreads;
+using gwk::narrow;
+using gwk::widen;
 
 constexpr int kThreads = 256;        /* element-wise and other blocks */
 constexpr int kMaxGridY = 65535;     /* grid.y and grid.z limit */
@@ -85,6 +98,18 @@ unsigned grid_for(size_t work) {
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+/* Aligned for a quad of T (gwk::load4 / store4): 16 bytes for float, 8 for bf16. */
+template <class T>
+bool quad_aligned(const void *p) {
+  return ((uintptr_t)p & (4 * sizeof(T) - 1)) == 0;
+}
+
+/* The launchers' instance for the activations' dtype: fn<float> or fn<bf16>
+ * with the same arguments, or cudaErrorInvalidValue for any other act. */
+#define BY_ACT(act, fn, ...)                                                       \
+  ((act) == GW_FLOAT32    ? fn<float>(__VA_ARGS__)                                 \
+   : (act) == GW_BFLOAT16 ? fn<bf16>(__VA_ARGS__)                                  \
+                          : (int)cudaErrorInvalidValue)
 
 /* Launch bookkeeping: clear an older error before launching, report this one. */
 int launched(void) { return (int)cudaGetLastError(); }
@@ -193,12 +218,14 @@ __global__ void __launch_bounds__(gwk::kRedThreads)
 }
 
 /* The accumulators of the two reductions, with what they read per channel. */
-struct SumsAccDev : gwk::SumsAcc {
-  __device__ void begin(int) { s = 0, s2 = 0; }
+template <class T>
+struct SumsAccDev : gwk::SumsAcc<T> {
+  __device__ void begin(int) { this->s = 0, this->s2 = 0; }
 };
-struct BwdSumsAccDev : gwk::BwdSumsAcc {
+template <class T>
+struct BwdSumsAccDev : gwk::BwdSumsAcc<T> {
   const float *mean_p, *rstd_p;
-  __device__ void begin(int ch) { mean = mean_p[ch], rstd = rstd_p[ch], s = 0, s2 = 0; }
+  __device__ void begin(int ch) { this->mean = mean_p[ch], this->rstd = rstd_p[ch], this->s = 0, this->s2 = 0; }
 };
 
 /* count values per channel, each channel's [n, hw] planes strided c * hw apart. */
@@ -244,7 +271,8 @@ int chan_reduce(const ChanShape &s, const Acc &proto, bool vec, double *sums, cu
 /* ---- per-channel element-wise kernels -------------------------------------------------------------------
  * grid.y walks the samples, grid.x the quads of one sample's c * hw values;
  * Op::params(sample, ch) gives what one plane needs, Op::one / Op::quad apply it.
- * Quads go through float4 when vec (hw % 4 == 0, every tensor 16-byte aligned). */
+ * Quads go through gwk::load4 / store4 when vec (hw % 4 == 0, every tensor
+ * aligned for a quad of its type). */
 template <class Op>
 __global__ void __launch_bounds__(kThreads) k_chan_elem(Op op, int n, uint32_t len, FastDiv hwd, bool vec) {
   const uint32_t nquads = (len + 3) / 4, stride = gridDim.x * blockDim.x;
@@ -282,14 +310,16 @@ int launch_chan_elem(const ChanShape &s, const Op &op, bool vec, cudaStream_t st
   return launched();
 }
 
+template <class T>
 struct BnAffineTrainOp {
-  const float *x, *gamma, *beta, *mean, *rstd;
-  float *y;
+  const T *x;
+  const float *gamma, *beta, *mean, *rstd;
+  T *y;
   typedef gwk::BnAffine P;
   __device__ P params(int, uint32_t ch) const {
     return gwk::bn_affine_train(gamma[ch], beta[ch], mean[ch], rstd[ch]);
   }
-  __device__ void one(size_t i, const P &p) const { y[i] = gwk::bn_affine_apply(x[i], p); }
+  __device__ void one(size_t i, const P &p) const { y[i] = narrow<T>(gwk::bn_affine_apply(widen(x[i]), p)); }
   __device__ void quad(size_t i, const P &p) const {
     gwk::Quad q = gwk::load4(x + i);
     for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
@@ -297,15 +327,17 @@ struct BnAffineTrainOp {
   }
 };
 
+template <class T>
 struct BnAffineInferOp {
-  const float *x, *gamma, *beta, *rmean, *rvar;
-  float *y;
+  const T *x;
+  const float *gamma, *beta, *rmean, *rvar;
+  T *y;
   double eps;
   typedef gwk::BnAffine P;
   __device__ P params(int, uint32_t ch) const {
     return gwk::bn_affine_infer(gamma[ch], beta[ch], rmean[ch], rvar[ch], eps);
   }
-  __device__ void one(size_t i, const P &p) const { y[i] = gwk::bn_affine_apply(x[i], p); }
+  __device__ void one(size_t i, const P &p) const { y[i] = narrow<T>(gwk::bn_affine_apply(widen(x[i]), p)); }
   __device__ void quad(size_t i, const P &p) const {
     gwk::Quad q = gwk::load4(x + i);
     for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
@@ -313,17 +345,21 @@ struct BnAffineInferOp {
   }
 };
 
+template <class T>
 struct BnBwdApplyOp {
-  const float *x, *dy, *gamma, *mean, *rstd;
+  const T *x, *dy;
+  const float *gamma, *mean, *rstd;
   const double *sums;
-  float *dx;
+  T *dx;
   int c;
   double count;
   typedef gwk::BnBwd P;
   __device__ P params(int, uint32_t ch) const {
     return gwk::bn_bwd_channel(gamma[ch], mean[ch], rstd[ch], sums[ch], sums[c + ch], count);
   }
-  __device__ void one(size_t i, const P &p) const { dx[i] = gwk::bn_bwd_apply(x[i], dy[i], p); }
+  __device__ void one(size_t i, const P &p) const {
+    dx[i] = narrow<T>(gwk::bn_bwd_apply(widen(x[i]), widen(dy[i]), p));
+  }
   __device__ void quad(size_t i, const P &p) const {
     const gwk::Quad a = gwk::load4(x + i), g = gwk::load4(dy + i);
     gwk::Quad r;
@@ -332,14 +368,19 @@ struct BnBwdApplyOp {
   }
 };
 
+/* dx = dy / hw over the plane: the value is computed (in float) once per plane
+ * and rounded to T at each store (the same bits each time). */
+template <class T>
 struct AvgpoolBwdOp {
-  const float *dy;
-  float *dx;
+  const T *dy;
+  T *dx;
   int c;
   uint32_t hw;
   typedef float P;
-  __device__ P params(int smp, uint32_t ch) const { return gwk::avgpool_bwd_value(dy[(size_t)smp * c + ch], hw); }
-  __device__ void one(size_t i, const P &p) const { dx[i] = p; }
+  __device__ P params(int smp, uint32_t ch) const {
+    return gwk::avgpool_bwd_value(widen(dy[(size_t)smp * c + ch]), hw);
+  }
+  __device__ void one(size_t i, const P &p) const { dx[i] = narrow<T>(p); }
   __device__ void quad(size_t i, const P &p) const {
     gwk::Quad q;
     for (int l = 0; l < 4; l++) q.v[l] = p;
@@ -347,41 +388,83 @@ struct AvgpoolBwdOp {
   }
 };
 
-/* ---- flat element-wise kernels (relu, add) ----------------------------------------------------------- */
+/* ---- flat element-wise kernels (relu, add, cast) ---------------------------------------------------- */
 struct ReluOp {
+  static constexpr bool kBinary = false; /* reads a only */
   __device__ float operator()(float a, float) const { return gwk::relu(a); }
 };
 struct ReluBwdOp {
+  static constexpr bool kBinary = true;
   __device__ float operator()(float y, float dy) const { return gwk::relu_bwd(y, dy); }
 };
 struct AddOp {
-  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+  static constexpr bool kBinary = true;
+  __device__ float operator()(float a, float b) const { return gwk::add_rn(a, b); }
 };
 
-/* out[i] = f(a[i], b[i]) over n values (b unused by relu: it passes a).  Each
- * thread reads its values before writing them, so out may alias a or b. */
-template <class F>
-__global__ void __launch_bounds__(kThreads) k_flat(F f, size_t n, const float *a, const float *b, float *out,
-                                                   bool vec) {
-  const size_t stride = (size_t)gridDim.x * blockDim.x, nquads = vec ? n / 4 : 0;
+/* out[i] = f(a[i], b[i]) over n values (b unread by a unary f).  Octets
+ * (gwk::load8 / store8) when vec (a, b, out 16-byte aligned), then the tail
+ * one by one.  Each thread reads its values before writing them, so out may
+ * alias a or b. */
+template <class T, class F>
+__global__ void __launch_bounds__(kThreads) k_flat(F f, size_t n, const T *a, const T *b, T *out, bool vec) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x, noct = vec ? n / 8 : 0;
   const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  for (size_t qd = t0; qd < nquads; qd += stride) {
-    const gwk::Quad x = gwk::load4(a + 4 * qd), y = gwk::load4(b + 4 * qd);
-    gwk::Quad r;
-    for (int l = 0; l < 4; l++) r.v[l] = f(x.v[l], y.v[l]);
-    gwk::store4(out + 4 * qd, r);
+  for (size_t o = t0; o < noct; o += stride) {
+    const gwk::Vals<8> x = gwk::load8(a + 8 * o);
+    gwk::Vals<8> y = x;
+    if (F::kBinary) y = gwk::load8(b + 8 * o);
+    gwk::Vals<8> r;
+    for (int l = 0; l < 8; l++) r.v[l] = f(x.v[l], y.v[l]);
+    gwk::store8(out + 8 * o, r);
   }
-  for (size_t i = 4 * nquads + t0; i < n; i += stride) out[i] = f(a[i], b[i]);
+  for (size_t i = 8 * noct + t0; i < n; i += stride) {
+    const float x = widen(a[i]);
+    out[i] = narrow<T>(f(x, F::kBinary ? widen(b[i]) : x));
+  }
 }
 
-template <class F>
-int launch_flat(size_t n, const float *a, const float *b, float *out, cudaStream_t st) {
+template <class T, class F>
+int launch_flat(size_t n, const void *a, const void *b, void *out, cudaStream_t st) {
   if (n == 0) return 0;
   const bool vec = aligned16(a) && aligned16(b) && aligned16(out);
   (void)cudaGetLastError();
-  k_flat<F><<<grid_for(vec ? (n + 3) / 4 : n), kThreads, 0, st>>>(F{}, n, a, b, out, vec);
+  k_flat<T, F><<<grid_for(vec ? (n + 7) / 8 : n), kThreads, 0, st>>>(F{}, n, (const T *)a, (const T *)b, (T *)out,
+                                                                     vec);
   return launched();
 }
+template <class T>
+int relu_fwd_t(size_t n, const void *x, void *y, cudaStream_t st) {
+  return launch_flat<T, ReluOp>(n, x, x, y, st);
+}
+template <class T>
+int relu_bwd_t(size_t n, const void *y, const void *dy, void *dx, cudaStream_t st) {
+  return launch_flat<T, ReluBwdOp>(n, y, dy, dx, st);
+}
+template <class T>
+int add_t(size_t n, const void *a, const void *b, void *y, cudaStream_t st) {
+  return launch_flat<T, AddOp>(n, a, b, y, st);
+}
+
+/* dst[i] = src[i] converted (widened, then rounded once to D), octets when vec. */
+template <class D, class S>
+__global__ void __launch_bounds__(kThreads) k_cast(size_t n, const S *src, D *dst, bool vec) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x, noct = vec ? n / 8 : 0;
+  const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (size_t o = t0; o < noct; o += stride) gwk::store8(dst + 8 * o, gwk::load8(src + 8 * o));
+  for (size_t i = 8 * noct + t0; i < n; i += stride) dst[i] = narrow<D>(widen(src[i]));
+}
+
+template <class D, class S>
+int launch_cast(size_t n, void *dst, const void *src, cudaStream_t st) {
+  const bool vec = aligned16(dst) && aligned16(src);
+  (void)cudaGetLastError();
+  k_cast<D, S><<<grid_for(vec ? (n + 7) / 8 : n), kThreads, 0, st>>>(n, (const S *)src, (D *)dst, vec);
+  return launched();
+}
+
+/* The size of an element of dtype, 0 for a dtype cast does not take. */
+size_t act_size(int dtype) { return dtype == GW_FLOAT32 ? 4 : dtype == GW_BFLOAT16 ? 2 : 0; }
 
 /* ---- batch norm per channel ------------------------------------------------------------------------------- */
 __global__ void k_bn_stats(int c, const double *sums, double count, double eps, double momentum, float *mean,
@@ -404,8 +487,9 @@ __global__ void k_bn_param_grads(int c, const double *sums, float *dgamma, float
 
 /* ---- pooling ------------------------------------------------------------------------------------------------- */
 /* grid.y: samples; x: the c * p * q outputs of one sample. */
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    k_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int p, int q, int kernel,
+    k_maxpool_fwd(const T *x, T *y, int32_t *argmax, int n, int c, int h, int w, int p, int q, int kernel,
                   int stride, int pad, FastDiv pqd, FastDiv qd) {
   const uint32_t len = (uint32_t)c * pqd.d, gs = gridDim.x * blockDim.x;
   for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
@@ -416,14 +500,15 @@ __global__ void __launch_bounds__(kThreads)
       int32_t a;
       const float v = gwk::maxpool_window(x + plane * h * w, h, w, (int)oh, (int)ow, kernel, stride, pad, &a);
       const size_t oi = (size_t)smp * len + o;
-      y[oi] = v;
+      y[oi] = narrow<T>(v); /* a value of x: exact (a NaN made quiet) */
       argmax[oi] = a;
     }
 }
 
 /* grid.y: samples; x: the c * h * w inputs of one sample (each dx written once). */
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    k_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int p, int q, int kernel,
+    k_maxpool_bwd(const T *dy, const int32_t *argmax, T *dx, int n, int c, int p, int q, int kernel,
                   int stride, int pad, FastDiv hwd, FastDiv wd) {
   const uint32_t len = (uint32_t)c * hwd.d, gs = gridDim.x * blockDim.x;
   const size_t pq = (size_t)p * q;
@@ -432,13 +517,14 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t i = (uint32_t)i64;
       const uint32_t ch = gwk::fastdiv(hwd, i), r = i - ch * hwd.d, ih = gwk::fastdiv(wd, r), iw = r - ih * wd.d;
       const size_t plane = (size_t)smp * c + ch;
-      dx[(size_t)smp * len + i] = gwk::maxpool_gather(dy + plane * pq, argmax + plane * pq, p, q, (int)ih, (int)iw,
-                                                      (int)wd.d, kernel, stride, pad);
+      dx[(size_t)smp * len + i] = narrow<T>(gwk::maxpool_gather(dy + plane * pq, argmax + plane * pq, p, q, (int)ih,
+                                                                (int)iw, (int)wd.d, kernel, stride, pad));
     }
 }
 
 /* One warp per plane of hw values. */
-__global__ void __launch_bounds__(kThreads) k_avgpool_fwd(const float *x, float *y, size_t planes, uint32_t hw) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) k_avgpool_fwd(const T *x, T *y, size_t planes, uint32_t hw) {
   const int lane = threadIdx.x % gwk::kWarp;
   const size_t warps = (size_t)gridDim.x * (kThreads / gwk::kWarp);
   for (size_t pl = (size_t)blockIdx.x * (kThreads / gwk::kWarp) + threadIdx.x / gwk::kWarp; pl < planes;
@@ -446,20 +532,22 @@ __global__ void __launch_bounds__(kThreads) k_avgpool_fwd(const float *x, float 
     double s = gwk::avgpool_lane_sum(x + pl * hw, hw, lane);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-    if (lane == 0) y[pl] = gwk::avgpool_finish(s, hw);
+    if (lane == 0) y[pl] = narrow<T>(gwk::avgpool_finish(s, hw));
   }
 }
 
 /* ---- fully connected bias ------------------------------------------------------------------------------------ */
-__global__ void __launch_bounds__(kThreads) k_bias_add(size_t total, int k, const float *b, float *y) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) k_bias_add(size_t total, int k, const float *b, T *y) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
-    y[i] = __fadd_rn(y[i], b[i % (size_t)k]);
+    y[i] = narrow<T>(gwk::add_rn(widen(y[i]), b[i % (size_t)k]));
 }
 
 /* 32 columns per block, 8 row groups per column (gwk::bias_grad_group), the
  * groups added in order by the first row of threads. */
+template <class T>
 __global__ void __launch_bounds__(gwk::kBiasCols * gwk::kBiasGroups)
-    k_bias_grad(int n, int k, const float *dy, float *db) {
+    k_bias_grad(int n, int k, const T *dy, float *db) {
   __shared__ double sh[gwk::kBiasGroups][gwk::kBiasCols];
   const int tx = threadIdx.x % gwk::kBiasCols, ty = threadIdx.x / gwk::kBiasCols;
   for (int j0 = blockIdx.x * gwk::kBiasCols; j0 < k; j0 += gridDim.x * gwk::kBiasCols) {
@@ -476,15 +564,15 @@ __global__ void __launch_bounds__(gwk::kBiasCols * gwk::kBiasGroups)
 }
 
 /* ---- softmax cross-entropy ------------------------------------------------------------------------------------ */
+template <class T>
 __global__ void __launch_bounds__(kLossThreads)
-    k_loss_rows(const float *logits, const int32_t *labels, int n, int k, double s, float *row_loss,
-                float *dlogits) {
+    k_loss_rows(const T *logits, const int32_t *labels, int n, int k, double s, float *row_loss, T *dlogits) {
   __shared__ float smax[kLossThreads];
   __shared__ double sa[kLossThreads], sb[kLossThreads];
   __shared__ double s_lse;
   const int t = threadIdx.x;
   for (int row = blockIdx.x; row < n; row += gridDim.x) {
-    const float *z = logits + (size_t)row * k;
+    const T *z = logits + (size_t)row * k;
     float m = gwk::loss_thread_max(z, k, t, kLossThreads);
     smax[t] = m;
     __syncthreads();
@@ -499,13 +587,13 @@ __global__ void __launch_bounds__(kLossThreads)
     const int label = labels[row];
     if (t == 0) {
       const double lse = gwk::loss_lse(mx, se);
-      row_loss[row] = (float)gwk::loss_row_value(lse, z[label], zs, s, k);
+      row_loss[row] = (float)gwk::loss_row_value(lse, widen(z[label]), zs, s, k);
       s_lse = lse;
     }
     __syncthreads();
     const double lse = s_lse;
-    float *g = dlogits + (size_t)row * k;
-    for (int j = t; j < k; j += kLossThreads) g[j] = gwk::loss_grad(z[j], lse, j == label, s, k, n);
+    T *g = dlogits + (size_t)row * k;
+    for (int j = t; j < k; j += kLossThreads) g[j] = narrow<T>(gwk::loss_grad(widen(z[j]), lse, j == label, s, k, n));
     __syncthreads(); /* smax, sa, sb, s_lse are reused by the next row */
   }
 }
@@ -520,16 +608,147 @@ __global__ void __launch_bounds__(kLossThreads) k_loss_mean(const float *row_los
   if (threadIdx.x == 0) *loss = (float)(a / (double)n);
 }
 
-} /* namespace */
-
-/* ---- the C launchers ---------------------------------------------------------------------------------------- */
-extern "C" int gw__cu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums, void *stream) {
+/* ---- the launchers, per element type ---------------------------------------------------------------------- */
+template <class T>
+int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
-  SumsAccDev acc{};
-  acc.x = x;
-  return chan_reduce(s, acc, s.hw % 4 == 0 && aligned16(x), sums, (cudaStream_t)stream);
+  SumsAccDev<T> acc{};
+  acc.x = (const T *)x;
+  return chan_reduce(s, acc, s.hw % 4 == 0 && quad_aligned<T>(x), sums, st);
+}
+
+template <class T>
+int bn_fwd_apply_t(const struct gw_op_desc *d, const void *x, const float *gamma, const float *beta,
+                   const float *mean, const float *rstd, void *y, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const BnAffineTrainOp<T> op = {(const T *)x, gamma, beta, mean, rstd, (T *)y};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(y), st);
+}
+
+template <class T>
+int bn_fwd_infer_t(const struct gw_op_desc *d, const void *x, const float *gamma, const float *beta,
+                   const float *running_mean, const float *running_var, void *y, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const BnAffineInferOp<T> op = {(const T *)x, gamma, beta, running_mean, running_var, (T *)y, (double)d->eps};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(y), st);
+}
+
+template <class T>
+int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *dy, const float *mean, const float *rstd,
+                  double *sums, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  if (s.c == 0) return 0;
+  BwdSumsAccDev<T> acc{};
+  acc.x = (const T *)x, acc.dy = (const T *)dy, acc.mean_p = mean, acc.rstd_p = rstd;
+  return chan_reduce(s, acc, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy), sums, st);
+}
+
+template <class T>
+int bn_bwd_apply_t(const struct gw_op_desc *d, const void *x, const void *dy, const float *gamma, const float *mean,
+                   const float *rstd, const double *sums, double count, void *dx, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const BnBwdApplyOp<T> op = {(const T *)x, (const T *)dy, gamma, mean, rstd, sums, (T *)dx, s.c, count};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy) && quad_aligned<T>(dx),
+                          st);
+}
+
+template <class T>
+int maxpool_fwd_t(const struct gw_op_desc *d, const void *x, void *y, int32_t *argmax, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
+  const uint64_t pq = (uint64_t)d->p * (uint64_t)d->q;
+  if (pq * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
+  const uint32_t len = (uint32_t)(pq * (uint64_t)d->c);
+  if (d->n == 0 || len == 0) return 0;
+  const unsigned gy = d->n < kMaxGridY ? (unsigned)d->n : (unsigned)kMaxGridY;
+  (void)cudaGetLastError();
+  k_maxpool_fwd<T><<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, st>>>(
+      (const T *)x, (T *)y, argmax, d->n, d->c, d->h, d->w, d->p, d->q, d->kernel, d->stride, d->pad,
+      gwk::fastdiv_make((uint32_t)pq), gwk::fastdiv_make((uint32_t)d->q));
+  return launched();
+}
+
+template <class T>
+int maxpool_bwd_t(const struct gw_op_desc *d, const void *dy, const int32_t *argmax, void *dx, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
+  if ((uint64_t)d->p * (uint64_t)d->q * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
+  const uint32_t len = (uint32_t)s.c * s.hw;
+  if (s.n == 0 || len == 0) return 0;
+  const unsigned gy = s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY;
+  (void)cudaGetLastError();
+  k_maxpool_bwd<T><<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, st>>>(
+      (const T *)dy, argmax, (T *)dx, d->n, d->c, d->p, d->q, d->kernel, d->stride, d->pad, gwk::fastdiv_make(s.hw),
+      gwk::fastdiv_make((uint32_t)d->w));
+  return launched();
+}
+
+template <class T>
+int avgpool_fwd_t(const struct gw_op_desc *d, const void *x, void *y, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const size_t planes = (size_t)s.n * (size_t)s.c;
+  if (planes == 0) return 0;
+  const size_t per_block = kThreads / gwk::kWarp;
+  (void)cudaGetLastError();
+  k_avgpool_fwd<T><<<grid_for((planes + per_block - 1) / per_block * kThreads), kThreads, 0, st>>>(
+      (const T *)x, (T *)y, planes, s.hw);
+  return launched();
+}
+
+template <class T>
+int avgpool_bwd_t(const struct gw_op_desc *d, const void *dy, void *dx, cudaStream_t st) {
+  ChanShape s;
+  if (int e = nchw_ok(d, &s)) return e;
+  const AvgpoolBwdOp<T> op = {(const T *)dy, (T *)dx, s.c, s.hw};
+  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(dx), st);
+}
+
+template <class T>
+int bias_add_t(int n, int k, const float *b, void *y, cudaStream_t st) {
+  if (n < 0 || k < 0) return (int)cudaErrorInvalidValue;
+  const size_t total = (size_t)n * (size_t)k;
+  if (total == 0) return 0;
+  (void)cudaGetLastError();
+  k_bias_add<T><<<grid_for(total), kThreads, 0, st>>>(total, k, b, (T *)y);
+  return launched();
+}
+
+template <class T>
+int bias_grad_t(int n, int k, const void *dy, float *db, cudaStream_t st) {
+  if (n < 0 || k < 0) return (int)cudaErrorInvalidValue;
+  if (k == 0) return 0;
+  (void)cudaGetLastError(); /* n == 0: db = 0, the sum of nothing */
+  k_bias_grad<T><<<(k + gwk::kBiasCols - 1) / gwk::kBiasCols, gwk::kBiasCols * gwk::kBiasGroups, 0, st>>>(
+      n, k, (const T *)dy, db);
+  return launched();
+}
+
+template <class T>
+int loss_fwd_bwd_t(const struct gw_op_desc *d, const void *logits, const int32_t *labels, float *row_loss,
+                   float *loss, void *dlogits, cudaStream_t st) {
+  if (d->n < 0 || d->k < 1) return (int)cudaErrorInvalidValue;
+  (void)cudaGetLastError();
+  if (d->n > 0)
+    k_loss_rows<T><<<d->n, kLossThreads, 0, st>>>((const T *)logits, labels, d->n, d->k, (double)d->label_smoothing,
+                                                  row_loss, (T *)dlogits);
+  k_loss_mean<<<1, kLossThreads, 0, st>>>(row_loss, d->n, loss);
+  return launched();
+}
+
+} /* namespace */
+
+/* ---- the C launchers ---------------------------------------------------------------------------------------- */
+extern "C" int gw__cu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums, void *stream) {
+  return BY_ACT(act, bn_sums_t, d, x, sums, (cudaStream_t)stream);
 }
 
 extern "C" int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, double count, float *mean,
@@ -541,42 +760,26 @@ extern "C" int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, d
   return launched();
 }
 
-extern "C" int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, const float *x, const float *gamma,
-                                   const float *beta, const float *mean, const float *rstd, float *y,
-                                   void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  const BnAffineTrainOp op = {x, gamma, beta, mean, rstd, y};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(x) && aligned16(y), (cudaStream_t)stream);
+extern "C" int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const float *gamma,
+                                   const float *beta, const float *mean, const float *rstd, void *y, void *stream) {
+  return BY_ACT(act, bn_fwd_apply_t, d, x, gamma, beta, mean, rstd, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, const float *x, const float *gamma,
-                                   const float *beta, const float *running_mean, const float *running_var, float *y,
+extern "C" int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const float *gamma,
+                                   const float *beta, const float *running_mean, const float *running_var, void *y,
                                    void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  const BnAffineInferOp op = {x, gamma, beta, running_mean, running_var, y, (double)d->eps};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(x) && aligned16(y), (cudaStream_t)stream);
+  return BY_ACT(act, bn_fwd_infer_t, d, x, gamma, beta, running_mean, running_var, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, const float *x, const float *dy, const float *mean,
-                                  const float *rstd, double *sums, void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  if (s.c == 0) return 0;
-  BwdSumsAccDev acc{};
-  acc.x = x, acc.dy = dy, acc.mean_p = mean, acc.rstd_p = rstd;
-  return chan_reduce(s, acc, s.hw % 4 == 0 && aligned16(x) && aligned16(dy), sums, (cudaStream_t)stream);
+extern "C" int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *dy,
+                                  const float *mean, const float *rstd, double *sums, void *stream) {
+  return BY_ACT(act, bn_bwd_sums_t, d, x, dy, mean, rstd, sums, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
-                                   const float *mean, const float *rstd, const double *sums, double count, float *dx,
-                                   void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  const BnBwdApplyOp op = {x, dy, gamma, mean, rstd, sums, dx, s.c, count};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx),
-                          (cudaStream_t)stream);
+extern "C" int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *dy,
+                                   const float *gamma, const float *mean, const float *rstd, const double *sums,
+                                   double count, void *dx, void *stream) {
+  return BY_ACT(act, bn_bwd_apply_t, d, x, dy, gamma, mean, rstd, sums, count, dx, (cudaStream_t)stream);
 }
 
 extern "C" int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *sums, float *dgamma, float *dbeta,
@@ -588,96 +791,64 @@ extern "C" int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *s
   return launched();
 }
 
-extern "C" int gw__cu_relu_fwd(size_t n, const float *x, float *y, void *stream) {
-  return launch_flat<ReluOp>(n, x, x, y, (cudaStream_t)stream);
+extern "C" int gw__cu_relu_fwd(size_t n, int act, const void *x, void *y, void *stream) {
+  return BY_ACT(act, relu_fwd_t, n, x, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_relu_bwd(size_t n, const float *y, const float *dy, float *dx, void *stream) {
-  return launch_flat<ReluBwdOp>(n, y, dy, dx, (cudaStream_t)stream);
+extern "C" int gw__cu_relu_bwd(size_t n, int act, const void *y, const void *dy, void *dx, void *stream) {
+  return BY_ACT(act, relu_bwd_t, n, y, dy, dx, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_add(size_t n, const float *a, const float *b, float *y, void *stream) {
-  return launch_flat<AddOp>(n, a, b, y, (cudaStream_t)stream);
+extern "C" int gw__cu_add(size_t n, int act, const void *a, const void *b, void *y, void *stream) {
+  return BY_ACT(act, add_t, n, a, b, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_maxpool_fwd(const struct gw_op_desc *d, const float *x, float *y, int32_t *argmax,
+extern "C" int gw__cu_maxpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, int32_t *argmax,
                                   void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
-  const uint64_t pq = (uint64_t)d->p * (uint64_t)d->q;
-  if (pq * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
-  const uint32_t len = (uint32_t)(pq * (uint64_t)d->c);
-  if (d->n == 0 || len == 0) return 0;
-  const unsigned gy = d->n < kMaxGridY ? (unsigned)d->n : (unsigned)kMaxGridY;
-  (void)cudaGetLastError();
-  k_maxpool_fwd<<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, (cudaStream_t)stream>>>(
-      x, y, argmax, d->n, d->c, d->h, d->w, d->p, d->q, d->kernel, d->stride, d->pad,
-      gwk::fastdiv_make((uint32_t)pq), gwk::fastdiv_make((uint32_t)d->q));
-  return launched();
+  return BY_ACT(act, maxpool_fwd_t, d, x, y, argmax, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_maxpool_bwd(const struct gw_op_desc *d, const float *dy, const int32_t *argmax, float *dx,
-                                  void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
-  if ((uint64_t)d->p * (uint64_t)d->q * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
-  const uint32_t len = (uint32_t)s.c * s.hw;
-  if (s.n == 0 || len == 0) return 0;
-  const unsigned gy = s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY;
-  (void)cudaGetLastError();
-  k_maxpool_bwd<<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, (cudaStream_t)stream>>>(
-      dy, argmax, dx, d->n, d->c, d->p, d->q, d->kernel, d->stride, d->pad, gwk::fastdiv_make(s.hw),
-      gwk::fastdiv_make((uint32_t)d->w));
-  return launched();
+extern "C" int gw__cu_maxpool_bwd(const struct gw_op_desc *d, int act, const void *dy, const int32_t *argmax,
+                                  void *dx, void *stream) {
+  return BY_ACT(act, maxpool_bwd_t, d, dy, argmax, dx, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y, void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  const size_t planes = (size_t)s.n * (size_t)s.c;
-  if (planes == 0) return 0;
-  const size_t per_block = kThreads / gwk::kWarp;
-  (void)cudaGetLastError();
-  k_avgpool_fwd<<<grid_for((planes + per_block - 1) / per_block * kThreads), kThreads, 0, (cudaStream_t)stream>>>(
-      x, y, planes, s.hw);
-  return launched();
+extern "C" int gw__cu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, void *stream) {
+  return BY_ACT(act, avgpool_fwd_t, d, x, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_avgpool_bwd(const struct gw_op_desc *d, const float *dy, float *dx, void *stream) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  const AvgpoolBwdOp op = {dy, dx, s.c, s.hw};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && aligned16(dx), (cudaStream_t)stream);
+extern "C" int gw__cu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx, void *stream) {
+  return BY_ACT(act, avgpool_bwd_t, d, dy, dx, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bias_add(int n, int k, const float *b, float *y, void *stream) {
-  if (n < 0 || k < 0) return (int)cudaErrorInvalidValue;
-  const size_t total = (size_t)n * (size_t)k;
-  if (total == 0) return 0;
-  (void)cudaGetLastError();
-  k_bias_add<<<grid_for(total), kThreads, 0, (cudaStream_t)stream>>>(total, k, b, y);
-  return launched();
+extern "C" int gw__cu_bias_add(int n, int k, int act, const float *b, void *y, void *stream) {
+  return BY_ACT(act, bias_add_t, n, k, b, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bias_grad(int n, int k, const float *dy, float *db, void *stream) {
-  if (n < 0 || k < 0) return (int)cudaErrorInvalidValue;
-  if (k == 0) return 0;
-  (void)cudaGetLastError(); /* n == 0: db = 0, the sum of nothing */
-  k_bias_grad<<<(k + gwk::kBiasCols - 1) / gwk::kBiasCols, gwk::kBiasCols * gwk::kBiasGroups, 0,
-                (cudaStream_t)stream>>>(n, k, dy, db);
-  return launched();
+extern "C" int gw__cu_bias_grad(int n, int k, int act, const void *dy, float *db, void *stream) {
+  return BY_ACT(act, bias_grad_t, n, k, dy, db, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, const float *logits, const int32_t *labels,
-                                   float *row_loss, float *loss, float *dlogits, void *stream) {
-  if (d->n < 0 || d->k < 1) return (int)cudaErrorInvalidValue;
+extern "C" int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
+                                   float *row_loss, float *loss, void *dlogits, void *stream) {
+  return BY_ACT(act, loss_fwd_bwd_t, d, logits, labels, row_loss, loss, dlogits, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream) {
+  const size_t dsz = act_size(dst_dtype), ssz = act_size(src_dtype);
+  if (dsz == 0 || ssz == 0) return (int)cudaErrorInvalidValue;
+  if (n == 0 || (dst_dtype == src_dtype && dst == src)) return 0;
+  if (n > SIZE_MAX / 4) return (int)cudaErrorInvalidValue;
+  /* any other overlap: refused (the kernel and cudaMemcpyAsync need disjoint buffers) */
+  const uintptr_t d0 = (uintptr_t)dst, s0 = (uintptr_t)src;
+  if (d0 < s0 + n * ssz && s0 < d0 + n * dsz) return (int)cudaErrorInvalidValue;
   cudaStream_t st = (cudaStream_t)stream;
-  (void)cudaGetLastError();
-  if (d->n > 0)
-    k_loss_rows<<<d->n, kLossThreads, 0, st>>>(logits, labels, d->n, d->k, (double)d->label_smoothing, row_loss,
-                                               dlogits);
-  k_loss_mean<<<1, kLossThreads, 0, st>>>(row_loss, d->n, loss);
-  return launched();
+  if (dst_dtype == src_dtype) {
+    (void)cudaGetLastError();
+    const cudaError_t e = cudaMemcpyAsync(dst, src, n * dsz, cudaMemcpyDeviceToDevice, st);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return (int)e;
+  }
+  return dst_dtype == GW_BFLOAT16 ? launch_cast<bf16, float>(n, dst, src, st)
+                                  : launch_cast<float, bf16>(n, dst, src, st);
 }

@@ -6,10 +6,19 @@
  *
  * C callable.  Every pointer is device memory; `stream` is the backend's
  * cudaStream_t; each function enqueues its kernels on it and returns the launch's
- * cudaError_t as an int (0: enqueued).  Tensors are fp32 in backend.h's plain
+ * cudaError_t as an int (0: enqueued).  Tensors are in backend.h's plain
  * layouts (NCHW), shapes as struct gw_op_desc; the caller (backend_cudnn.c) has
  * checked the op kind and shapes.  Sums accumulate in double, as the cpu backend's
- * (backend_cpu_kernels.c), so both agree to float rounding.  Results do not depend
+ * (backend_cpu_kernels.c), so both agree to float rounding.
+ *
+ * Mixed precision: activation tensors (void *: x, y, dx, dy, the logits and
+ * dlogits) have the dtype `act`, GW_FLOAT32 or GW_BFLOAT16 (gw_dtype_t as an
+ * int; any other value returns cudaErrorInvalidValue before anything else);
+ * parameters, their gradients, BN statistics, sums and the loss are float or
+ * double as typed.  Every activation is read as float (exact), the arithmetic is
+ * the float32 path's, and every activation written is rounded once from float
+ * to `act` (bf16: to nearest even, a NaN kept a quiet NaN: model/half.h's
+ * gw_f32_to_bf16, the cpu backend's, bit for bit).  Results do not depend
  * on the launch geometry or on timing (no atomics on floating point): the same
  * inputs give the same bits on every run.  The arithmetic is in
  * cudnn_kernels_math.cuh (host-tested by test/test_cudnn_kernels_host.cu).
@@ -39,7 +48,7 @@ extern "C" {
  * per-block partials, stream-ordered on `stream` (cudaMallocFromPoolAsync from a
  * private pool of the current device, freed after the kernels): safe from any
  * thread and stream, and under graph capture; may return cudaErrorMemoryAllocation. */
-int gw__cu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums, void *stream);
+int gw__cu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums, void *stream);
 /* From sums over `count` values: mean = s / count, var = s2 / count - mean^2
  * (biased, clamped at 0), rstd = 1 / sqrt(var + eps).  When running_mean is not
  * NULL also PyTorch's update with d->momentum and the unbiased variance
@@ -51,27 +60,27 @@ int gw__cu_bn_sums(const struct gw_op_desc *d, const float *x, double *sums, voi
 int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, double count, float *mean, float *rstd,
                     float *running_mean, float *running_var, void *stream);
 /* y = (x - mean) * rstd * gamma + beta (backend.h bn_fwd_apply). */
-int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
-                        const float *mean, const float *rstd, float *y, void *stream);
+int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
+                        const float *mean, const float *rstd, void *y, void *stream);
 /* Inference: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta. */
-int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, const float *x, const float *gamma, const float *beta,
-                        const float *running_mean, const float *running_var, float *y, void *stream);
+int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
+                        const float *running_mean, const float *running_var, void *y, void *stream);
 /* sums[ch] = sum dy, sums[c + ch] = sum dy * (x - mean) * rstd (backend.h bn_bwd_sums). */
-int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, const float *x, const float *dy, const float *mean,
+int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *mean,
                        const float *rstd, double *sums, void *stream);
 /* dx = gamma * rstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count) (backend.h bn_bwd_apply). */
-int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, const float *x, const float *dy, const float *gamma,
-                        const float *mean, const float *rstd, const double *sums, double count, float *dx,
+int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
+                        const float *mean, const float *rstd, const double *sums, double count, void *dx,
                         void *stream);
 /* dgamma[ch] = sums[c + ch], dbeta[ch] = sums[ch], rounded to float. */
 int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *sums, float *dgamma, float *dbeta, void *stream);
 
-/* Element-wise over n floats: y = max(x, 0) (y may alias x; a NaN passes, as
+/* Element-wise over n activations: y = max(x, 0) (y may alias x; a NaN passes, as
  * PyTorch's and oneDNN's ReLU); dx = dy where y > 0, else 0 (dx may alias dy);
- * y = a + b (y may alias a or b). */
-int gw__cu_relu_fwd(size_t n, const float *x, float *y, void *stream);
-int gw__cu_relu_bwd(size_t n, const float *y, const float *dy, float *dx, void *stream);
-int gw__cu_add(size_t n, const float *a, const float *b, float *y, void *stream);
+ * y = a + b in float, rounded once (y may alias a or b; wholly, not in part). */
+int gw__cu_relu_fwd(size_t n, int act, const void *x, void *y, void *stream);
+int gw__cu_relu_bwd(size_t n, int act, const void *y, const void *dy, void *dx, void *stream);
+int gw__cu_add(size_t n, int act, const void *a, const void *b, void *y, void *stream);
 
 /* Max pool (d->kernel, d->stride, d->pad on every side; padding never wins):
  * y [n, c, p, q] and argmax [n, c, p, q], the index within the input plane
@@ -81,16 +90,18 @@ int gw__cu_add(size_t n, const float *a, const float *b, float *y, void *stream)
  * Backward: dx [n, c, h, w] = the sum (in double, windows in row-major order) of
  * dy over the windows whose argmax is that position (a gather: every element of
  * dx written; no atomics). */
-int gw__cu_maxpool_fwd(const struct gw_op_desc *d, const float *x, float *y, int32_t *argmax, void *stream);
-int gw__cu_maxpool_bwd(const struct gw_op_desc *d, const float *dy, const int32_t *argmax, float *dx, void *stream);
+int gw__cu_maxpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, int32_t *argmax, void *stream);
+int gw__cu_maxpool_bwd(const struct gw_op_desc *d, int act, const void *dy, const int32_t *argmax, void *dx,
+                       void *stream);
 
 /* Global average pool: y [n, c] = mean over h * w of x [n, c, h, w]; dx = dy / (h * w). */
-int gw__cu_avgpool_fwd(const struct gw_op_desc *d, const float *x, float *y, void *stream);
-int gw__cu_avgpool_bwd(const struct gw_op_desc *d, const float *dy, float *dx, void *stream);
+int gw__cu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, void *stream);
+int gw__cu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx, void *stream);
 
-/* Fully connected bias: y [n, k] += b [k]; db [k] = sum over n of dy [n, k]. */
-int gw__cu_bias_add(int n, int k, const float *b, float *y, void *stream);
-int gw__cu_bias_grad(int n, int k, const float *dy, float *db, void *stream);
+/* Fully connected bias: y [n, k] (act) += b [k] (float), in float, rounded once;
+ * db [k] (float) = sum over n of dy [n, k] (act), in double, rounded once. */
+int gw__cu_bias_add(int n, int k, int act, const float *b, void *y, void *stream);
+int gw__cu_bias_grad(int n, int k, int act, const void *dy, float *db, void *stream);
 
 /* Softmax cross-entropy with label smoothing s = d->label_smoothing over logits
  * [n, k] (n = d->n, k = d->k) and labels [n] in [0, k) (checked by the caller),
@@ -99,8 +110,15 @@ int gw__cu_bias_grad(int n, int k, const float *dy, float *db, void *stream);
  *   dlogits[i, j] = (softmax(z_i)[j] - (1 - s) [j == label_i] - s / k) / n
  * row_loss [n] is scratch; *loss (one float, device) = the mean of the row losses.
  * Sums in double. */
-int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, const float *logits, const int32_t *labels, float *row_loss,
-                        float *loss, float *dlogits, void *stream);
+int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
+                        float *row_loss, float *loss, void *dlogits, void *stream);
+
+/* dst [n] (dst_dtype) = src [n] (src_dtype), each GW_FLOAT32 or GW_BFLOAT16 (any
+ * other: cudaErrorInvalidValue): float32 -> bfloat16 rounds to nearest even, a
+ * NaN kept a quiet NaN; bfloat16 -> float32 is exact; equal dtypes copy
+ * (cudaMemcpyAsync).  dst and src must not overlap (cudaErrorInvalidValue),
+ * except dst == src with equal dtypes: nothing to do, 0.  n = 0: 0. */
+int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,15 @@
  *
  * Not a kernel file: nothing here launches or touches device memory by itself.
  *
+ * Activations (x, y, dx, dy, logits, dlogits) are float or bf16 (bfloat16
+ * storage): the functions that read them are templates over the element type T;
+ * every load widens to float (widen), the arithmetic is the same for both, and
+ * every store rounds once to T (narrow<T>: for bf16 from float, to nearest even,
+ * a NaN kept a quiet NaN, bit for bit model/half.h's gw_f32_to_bf16, so the cpu
+ * and cudnn backends store the same bits).  The conversion is integer bit
+ * arithmetic here, the same on the host and the device (not cuda_bf16.h's
+ * __float2bfloat16_rn, which makes every NaN the canonical 0x7fff).
+ *
  * Rounding: every multiply-add the device could contract into an FMA is written
  * as an explicit fma(), and nothing else is contractible, so the host and the
  * device compute the same bits (exp/log excepted: the device's double exp and
@@ -18,10 +27,59 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "bits.cuh"
 
 #define GWK_HD __host__ __device__ __forceinline__
 
 namespace gwk {
+
+/* ---- activation elements ----------------------------------------------------------------------
+ * bf16: a bfloat16 as its 16 bits (the upper half of a float32's).  A struct,
+ * not a bare uint16_t, so an activation pointer of the wrong type does not convert. */
+struct bf16 {
+  uint16_t bits;
+};
+static_assert(sizeof(bf16) == 2, "bf16 is 2 bytes");
+
+using gwcu::f32_bits;
+using gwcu::f32_from_bits;
+/* Exact: a bf16 is a float32 with 16 low zero bits. */
+GWK_HD float bf16_bits_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+/* Round to nearest, ties to even (overflow to +-inf); a NaN keeps its sign and
+ * upper payload and gets the quiet bit (model/half.h's gw_f32_to_bf16). */
+GWK_HD uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* An activation element as float (exact), and a float as one (rounded once). */
+GWK_HD float widen(float v) { return v; }
+GWK_HD float widen(bf16 v) { return bf16_bits_to_f32(v.bits); }
+template <class T>
+GWK_HD T narrow(float x);
+template <>
+GWK_HD float narrow<float>(float x) {
+  return x;
+}
+template <>
+GWK_HD bf16 narrow<bf16>(float x) {
+  bf16 r;
+  r.bits = f32_to_bf16_bits(x);
+  return r;
+}
+
+/* a + b rounded to float, never contracted (the residual add, the bias). */
+GWK_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
 
 /* ---- fixed shapes of the reductions ---------------------------------------------------------
  * A result never depends on the grid: a per-channel reduction splits the
@@ -29,7 +87,7 @@ namespace gwk {
  * shorter), one block of kRedThreads threads per piece, whatever the device. */
 constexpr int kRedThreads = 256;            /* threads of a reduction block (a power of two >= 64) */
 constexpr int kQuadsPerThread = 8;          /* quads (4 values) one thread takes from a piece */
-constexpr uint32_t kPiece = 4u * kRedThreads * kQuadsPerThread; /* 8192 values (32 KiB) per block */
+constexpr uint32_t kPiece = 4u * kRedThreads * kQuadsPerThread; /* 8192 values per block (32 KiB float, 16 bf16) */
 constexpr int kWarp = 32;
 constexpr int kLossThreads = 256;           /* threads of a loss block (one row each) */
 
@@ -75,9 +133,9 @@ GWK_HD uint32_t fastdiv(const FastDiv &f, uint32_t n) {
  * min((p + 1) * kPiece, count)).  Thread t of its block takes the quads
  * (4 consecutive j) starting at j0 + 4 t, j0 + 4 (t + B), ... and adds their
  * values in order of j into its own accumulator (acc.add1 per value, or acc.add4
- * for a whole quad when vec: hw % 4 == 0 and the tensors 16-byte aligned, so a
- * quad never crosses a plane; add4 adds its 4 values in order, so both paths
- * give the same bits).  Then the block's tree (tree_sum) makes the piece's
+ * for a whole quad when vec: hw % 4 == 0 and the tensors aligned for quads
+ * (16 bytes for float, 8 for bf16), so a quad never crosses a plane; add4 adds
+ * its 4 values in order, so both paths give the same bits).  Then the block's tree (tree_sum) makes the piece's
  * partial; a second pass gives channel ch's result from its partials the same
  * way (thread t adds partials t, t + B, ... in order, then the tree). */
 template <class Acc>
@@ -97,10 +155,29 @@ GWK_HD void chan_thread(Acc &acc, uint32_t j0, uint32_t j1, int t, const FastDiv
   }
 }
 
-/* Four consecutive floats at p (16-byte aligned when called from add4). */
-struct Quad {
-  float v[4];
+/* ---- vector loads and stores ------------------------------------------------------------------
+ * W consecutive activation elements as floats.  Quads (W = 4) serve the
+ * per-channel kernels (a float4, or 8 bytes of bf16: a plane of hw % 4 == 0
+ * values splits into quads, as ResNet's 14 x 14 = 196 does, and not into 8s);
+ * octets (W = 8: two float4, or a uint4 of bf16) the flat ones.  The caller
+ * guarantees the alignment (W * sizeof(T) bytes, 16 at most).  The host reads
+ * the same words with memcpy, so the bf16 packing below is host-tested: the
+ * element at the lower address is the low half of a 32-bit word (little endian,
+ * host and device). */
+template <int W>
+struct Vals {
+  float v[W];
 };
+typedef Vals<4> Quad;
+
+GWK_HD void bf16_unpack(uint32_t word, float *v) {
+  v[0] = f32_from_bits(word << 16);
+  v[1] = f32_from_bits(word & 0xffff0000u);
+}
+GWK_HD uint32_t bf16_pack(float lo, float hi) {
+  return (uint32_t)f32_to_bf16_bits(lo) | (uint32_t)f32_to_bf16_bits(hi) << 16;
+}
+
 GWK_HD Quad load4(const float *p) {
   Quad q;
 #ifdef __CUDA_ARCH__
@@ -118,17 +195,73 @@ GWK_HD void store4(float *p, const Quad &q) {
   for (int i = 0; i < 4; i++) p[i] = q.v[i];
 #endif
 }
+GWK_HD Quad load4(const bf16 *p) {
+  uint32_t w[2];
+#ifdef __CUDA_ARCH__
+  const uint2 u = *reinterpret_cast<const uint2 *>(p);
+  w[0] = u.x, w[1] = u.y;
+#else
+  memcpy(w, p, sizeof w);
+#endif
+  Quad q;
+  for (int i = 0; i < 2; i++) bf16_unpack(w[i], q.v + 2 * i);
+  return q;
+}
+GWK_HD void store4(bf16 *p, const Quad &q) {
+  uint32_t w[2];
+  for (int i = 0; i < 2; i++) w[i] = bf16_pack(q.v[2 * i], q.v[2 * i + 1]);
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[1]);
+#else
+  memcpy(p, w, sizeof w);
+#endif
+}
+
+GWK_HD Vals<8> load8(const float *p) {
+  const Quad a = load4(p), b = load4(p + 4);
+  Vals<8> r;
+  for (int i = 0; i < 4; i++) r.v[i] = a.v[i], r.v[4 + i] = b.v[i];
+  return r;
+}
+GWK_HD void store8(float *p, const Vals<8> &r) {
+  Quad a, b;
+  for (int i = 0; i < 4; i++) a.v[i] = r.v[i], b.v[i] = r.v[4 + i];
+  store4(p, a);
+  store4(p + 4, b);
+}
+GWK_HD Vals<8> load8(const bf16 *p) {
+  uint32_t w[4];
+#ifdef __CUDA_ARCH__
+  const uint4 u = *reinterpret_cast<const uint4 *>(p);
+  w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+#else
+  memcpy(w, p, sizeof w);
+#endif
+  Vals<8> r;
+  for (int i = 0; i < 4; i++) bf16_unpack(w[i], r.v + 2 * i);
+  return r;
+}
+GWK_HD void store8(bf16 *p, const Vals<8> &r) {
+  uint32_t w[4];
+  for (int i = 0; i < 4; i++) w[i] = bf16_pack(r.v[2 * i], r.v[2 * i + 1]);
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+  memcpy(p, w, sizeof w);
+#endif
+}
 
 /* bn_sums: s = sum x, s2 = sum x^2 (x * x is exact in double). */
+template <class T>
 struct SumsAcc {
-  const float *x;
+  const T *x;
   double s, s2;
   GWK_HD void one(float xv) {
     const double v = xv;
     s += v;
     s2 = fma(v, v, s2);
   }
-  GWK_HD void add1(size_t off) { one(x[off]); }
+  GWK_HD void add1(size_t off) { one(widen(x[off])); }
   GWK_HD void add4(size_t off) {
     const Quad q = load4(x + off);
     for (int i = 0; i < 4; i++) one(q.v[i]);
@@ -136,8 +269,9 @@ struct SumsAcc {
 };
 
 /* bn_bwd_sums: s = sum dy, s2 = sum dy * xhat with xhat = (x - mean) * rstd. */
+template <class T>
 struct BwdSumsAcc {
-  const float *x, *dy;
+  const T *x, *dy;
   double mean, rstd;
   double s, s2;
   GWK_HD void one(float xv, float gv) {
@@ -145,7 +279,7 @@ struct BwdSumsAcc {
     s += g;
     s2 = fma(g, xh, s2);
   }
-  GWK_HD void add1(size_t off) { one(x[off], dy[off]); }
+  GWK_HD void add1(size_t off) { one(widen(x[off]), widen(dy[off])); }
   GWK_HD void add4(size_t off) {
     const Quad a = load4(x + off), b = load4(dy + off);
     for (int i = 0; i < 4; i++) one(a.v[i], b.v[i]);
@@ -234,7 +368,8 @@ GWK_HD float relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
  * the first position, a NaN always wins (several NaNs: the last one), and a
  * window of -inf keeps its first position.  A window with no in-plane position
  * (pad >= kernel, which PyTorch refuses) gives -inf and argmax -1. */
-GWK_HD float maxpool_window(const float *plane, int h, int w, int oh, int ow, int kernel, int stride, int pad,
+template <class T>
+GWK_HD float maxpool_window(const T *plane, int h, int w, int oh, int ow, int kernel, int stride, int pad,
                             int32_t *argmax) {
   const int h0 = oh * stride - pad, w0 = ow * stride - pad;
   const int hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
@@ -247,7 +382,7 @@ GWK_HD float maxpool_window(const float *plane, int h, int w, int oh, int ow, in
   int32_t best = hs * w + ws;
   for (int ih = hs; ih < he; ih++)
     for (int iw = ws; iw < we; iw++) {
-      const float v = plane[ih * w + iw];
+      const float v = widen(plane[ih * w + iw]);
       if (v > m || v != v) m = v, best = ih * w + iw;
     }
   *argmax = best;
@@ -259,7 +394,8 @@ GWK_HD float maxpool_window(const float *plane, int h, int w, int oh, int ow, in
  * is ih * w + iw (PyTorch's max_pool_backward_nchw gather, which sums in float).
  * Windows containing row ih: ph in [ceil((ih + pad - kernel + 1) / stride),
  * floor((ih + pad) / stride)], clipped to [0, p). */
-GWK_HD float maxpool_gather(const float *dy_plane, const int32_t *argmax_plane, int p, int q, int ih, int iw, int w,
+template <class T>
+GWK_HD float maxpool_gather(const T *dy_plane, const int32_t *argmax_plane, int p, int q, int ih, int iw, int w,
                             int kernel, int stride, int pad) {
   const int phs = ih + pad < kernel ? 0 : (ih + pad - kernel) / stride + 1;
   const int pws = iw + pad < kernel ? 0 : (iw + pad - kernel) / stride + 1;
@@ -269,16 +405,17 @@ GWK_HD float maxpool_gather(const float *dy_plane, const int32_t *argmax_plane, 
   double s = 0;
   for (int ph = phs; ph < phe; ph++)
     for (int pw = pws; pw < pwe; pw++)
-      if (argmax_plane[ph * q + pw] == me) s += (double)dy_plane[ph * q + pw];
+      if (argmax_plane[ph * q + pw] == me) s += (double)widen(dy_plane[ph * q + pw]);
   return (float)s;
 }
 
 /* ---- global average pool ----------------------------------------------------------------------
  * One warp per plane: lane l adds values l, l + 32, ... in double, the 32 lane
  * sums go through tree_sum's pairing (shuffles), y = sum / hw rounded once. */
-GWK_HD double avgpool_lane_sum(const float *plane, uint32_t hw, int lane) {
+template <class T>
+GWK_HD double avgpool_lane_sum(const T *plane, uint32_t hw, int lane) {
   double s = 0;
-  for (uint32_t i = (uint32_t)lane; i < hw; i += kWarp) s += (double)plane[i];
+  for (uint32_t i = (uint32_t)lane; i < hw; i += kWarp) s += (double)widen(plane[i]);
   return s;
 }
 GWK_HD float avgpool_finish(double sum, uint32_t hw) { return (float)(sum / (double)hw); }
@@ -289,9 +426,10 @@ GWK_HD float avgpool_bwd_value(float dy, uint32_t hw) { return (float)((double)d
  * g adding rows g, g + kBiasGroups, ... in order (bias_grad_group), then the
  * group sums added in order of g, all in double, rounded once. */
 constexpr int kBiasCols = 32, kBiasGroups = 8; /* a block: 32 columns x 8 row groups */
-GWK_HD double bias_grad_group(const float *dy, int n, int k, int j, int g) {
+template <class T>
+GWK_HD double bias_grad_group(const T *dy, int n, int k, int j, int g) {
   double s = 0;
-  for (int r = g; r < n; r += kBiasGroups) s += (double)dy[(size_t)r * k + j];
+  for (int r = g; r < n; r += kBiasGroups) s += (double)widen(dy[(size_t)r * k + j]);
   return s;
 }
 
@@ -304,16 +442,22 @@ GWK_HD double bias_grad_group(const float *dy, int n, int k, int j, int g) {
  * two sums (loss_thread_sums), the block combines the maxima (order-free) and
  * the sums by tree_sum's pairing, then uses loss_lse / loss_row_value /
  * loss_grad as loss_row does. */
-GWK_HD float loss_thread_max(const float *z, int k, int t, int nthreads) {
+template <class T>
+GWK_HD float loss_thread_max(const T *z, int k, int t, int nthreads) {
   float m = -INFINITY;
-  for (int j = t; j < k; j += nthreads) m = z[j] > m ? z[j] : m;
+  for (int j = t; j < k; j += nthreads) {
+    const float v = widen(z[j]);
+    m = v > m ? v : m;
+  }
   return m;
 }
-GWK_HD void loss_thread_sums(const float *z, int k, int t, int nthreads, float mx, double *sumexp, double *zsum) {
+template <class T>
+GWK_HD void loss_thread_sums(const T *z, int k, int t, int nthreads, float mx, double *sumexp, double *zsum) {
   double se = 0, zs = 0;
   for (int j = t; j < k; j += nthreads) {
-    se += exp((double)z[j] - (double)mx);
-    zs += (double)z[j];
+    const double v = widen(z[j]);
+    se += exp(v - (double)mx);
+    zs += v;
   }
   *sumexp = se, *zsum = zs;
 }
@@ -327,13 +471,14 @@ GWK_HD float loss_grad(float zj, double lse, bool is_label, double s, int k, int
   return (float)((exp((double)zj - lse) - t) / (double)n);
 }
 /* One row, serially: returns the row loss (double), writes g [k]. */
-GWK_HD double loss_row(const float *z, int k, int label, double s, int n, float *g) {
+template <class T>
+GWK_HD double loss_row(const T *z, int k, int label, double s, int n, T *g) {
   const float mx = loss_thread_max(z, k, 0, 1);
   double se, zs;
   loss_thread_sums(z, k, 0, 1, mx, &se, &zs);
   const double lse = loss_lse(mx, se);
-  for (int j = 0; j < k; j++) g[j] = loss_grad(z[j], lse, j == label, s, k, n);
-  return loss_row_value(lse, z[label], zs, s, k);
+  for (int j = 0; j < k; j++) g[j] = narrow<T>(loss_grad(widen(z[j]), lse, j == label, s, k, n));
+  return loss_row_value(lse, widen(z[label]), zs, s, k);
 }
 
 } /* namespace gwk */

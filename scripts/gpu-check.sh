@@ -14,10 +14,11 @@
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
 #      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
-#      backend suite on cudnn (every layer against naive references), ResNet-50
-#      training throughput of model_bench (TF32) beside PyTorch on the same GPU
-#      (TF32 NCHW, and channels_last + AMP fp16 for reference), and gw-train on
-#      synthetic 224x224 data at 1 and 2 ranks;
+#      backend suite on cudnn (every layer against naive references), the
+#      bfloat16 suite on cudnn (every layer against float32), ResNet-50 training
+#      throughput of model_bench (TF32, and bf16 activations) beside PyTorch on
+#      the same GPU (TF32 NCHW; channels_last + AMP bf16 and fp16), and gw-train
+#      --amp bf16 on synthetic 224x224 data at 1 and 2 ranks;
 # and writes summary.txt, log.txt and the CSVs into OUTDIR.  Each step has its
 # own time limit; the whole script stays under 8 minutes on one H200.
 set -u
@@ -70,7 +71,7 @@ cuda_extra() {
 cuda_extra
 runs_here() {
   local bins=("$B/test/test_device" "$B/tools/gw-perf" "$B/bench/gpu_reduce_bw" "$B/test/test_model_backend"
-              "$B/bench/model_bench" "$B/tools/gw-train")
+              "$B/test/test_model_bf16" "$B/bench/model_bench" "$B/tools/gw-train")
   for b in "${bins[@]}"; do [ -x "$b" ] || return 1; done
   ! ldd "${bins[@]}" 2>&1 | grep -q "not found" || return 1
   GW_DEV_EMULATE=1 CK_RUN_CASE=ipc timeout 60 "$B/test/test_device" >/dev/null 2>&1
@@ -126,28 +127,37 @@ cat "$OUT/reduce-bw.txt"
 
 # ---- 5. the cudnn backend ----------------------------------------------------------------------
 model_fail=0
-if [ -x "$B/test/test_model_backend" ]; then
+suite() { # NAME TITLE LIMIT COMMAND...: a test suite's verdict (skipped is not passed)
+  local name=$1 title=$2 limit=$3 t0 rc
+  shift 3
   t0=$(date +%s)
-  timeout 240 "$B/test/test_model_backend" cudnn >"$OUT/model-backend-cudnn.txt" 2>&1
+  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
   rc=$?
   [ $rc = 0 ] || model_fail=1
-  say "model backend suite on cudnn: $([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)")) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:' "$OUT/model-backend-cudnn.txt" | tail -1)"
-  [ $rc = 0 ] || tail -20 "$OUT/model-backend-cudnn.txt"
+  say "$title: $([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)")) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:|resnet18 on' "$OUT/$name.txt" | tr '\n' ' ')"
+  [ $rc = 0 ] || tail -20 "$OUT/$name.txt"
+}
+if [ -x "$B/test/test_model_backend" ]; then
+  suite model-backend-cudnn "model backend suite on cudnn" 240 "$B/test/test_model_backend" cudnn
+  suite model-bf16-cudnn "bfloat16 suite on cudnn" 120 "$B/test/test_model_bf16" cudnn
   BATCH=${GW_CHECK_BATCH:-256}
   mb=(--batch "$BATCH" --steps 10 --warmup 3)
-  timeout 200 "$B/bench/model_bench" --backend cudnn --tf32 1 "${mb[@]}" >"$OUT/model-bench.txt" 2>&1
-  say "model_bench cudnn: exit $? $(tail -1 "$OUT/model-bench.txt")"
-  for v in "--tf32 1" "--tf32 1 --channels-last --amp fp16"; do
+  for v in "--tf32 1" "--act bf16"; do
+    # shellcheck disable=SC2086
+    timeout 150 "$B/bench/model_bench" --backend cudnn $v "${mb[@]}" >>"$OUT/model-bench.txt" 2>&1
+    say "model_bench cudnn ($v): exit $? $(tail -1 "$OUT/model-bench.txt")"
+  done
+  for v in "--tf32 1" "--tf32 1 --channels-last --amp bf16" "--tf32 1 --channels-last --amp fp16"; do
     # shellcheck disable=SC2086
     timeout 150 python3 bench/model_bench_torch.py --device cuda $v "${mb[@]}" >>"$OUT/model-bench-torch.txt" 2>&1
     say "model_bench_torch ($v): exit $? $(tail -1 "$OUT/model-bench-torch.txt")"
   done
   for n in 1 2; do
     rm -f "$OUT/gw-train-n$n.jsonl"
-    timeout 200 "$B/tools/gw-run" -n $n "$B/tools/gw-train" --backend cudnn --data synthetic --image-size 224 \
-      --classes 1000 --synthetic-samples 20000 --batch $((BATCH / n)) --steps 20 --no-eval --loader-threads 6 \
-      --metrics "$OUT/gw-train-n$n.jsonl" >"$OUT/gw-train-n$n.txt" 2>&1
-    say "gw-train cudnn $n rank(s) x batch $((BATCH / n)): exit $?"
+    timeout 200 "$B/tools/gw-run" -n $n "$B/tools/gw-train" --backend cudnn --amp bf16 --data synthetic \
+      --image-size 224 --classes 1000 --synthetic-samples 20000 --batch $((BATCH / n)) --steps 20 --no-eval \
+      --loader-threads 6 --metrics "$OUT/gw-train-n$n.jsonl" >"$OUT/gw-train-n$n.txt" 2>&1
+    say "gw-train cudnn --amp bf16, $n rank(s) x batch $((BATCH / n)): exit $?"
   done
 else
   say "cudnn backend: not built here (no cuDNN/cuBLAS found: see build.txt)"
@@ -184,8 +194,12 @@ def img_s(name):
     return [float(x) for x in m]
 gw, pt = img_s("model-bench.txt"), img_s("model-bench-torch.txt")
 if gw and pt:
-    print(f"model_bench cudnn tf32 {gw[-1]:.1f} img/s vs pytorch tf32 {pt[0]:.1f} = {gw[-1] / pt[0]:.2f}x" +
-          (f"; pytorch channels_last amp fp16 {pt[1]:.1f} img/s (gw-train goal: 1.1x of that with AMP)" if len(pt) > 1 else ""))
+    print(f"model_bench cudnn tf32 {gw[0]:.1f} img/s vs pytorch tf32 {pt[0]:.1f} = {gw[0] / pt[0]:.2f}x")
+    if len(gw) > 1 and len(pt) > 1:
+        print(f"model_bench cudnn bf16 {gw[1]:.1f} img/s vs pytorch channels_last amp bf16 {pt[1]:.1f} = "
+              f"{gw[1] / pt[1]:.2f}x (issue 10's goal: 1.1x)")
+    if len(pt) > 2:
+        print(f"pytorch channels_last amp fp16: {pt[2]:.1f} img/s")
 for n in (1, 2):
     p = os.path.join(out, f"gw-train-n{n}.jsonl")
     if not os.path.exists(p): continue
