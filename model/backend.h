@@ -152,9 +152,11 @@ struct gw_backend_ops {
   gw_result_t (*add)(struct gw_op *op, const gw_act_t *a, const gw_act_t *b, gw_act_t *y);
 
   /* Softmax cross-entropy with label smoothing, mean over the batch (PyTorch's
-   * CrossEntropyLoss(label_smoothing=s)): *loss (host) and dlogits [n, k]. */
-  gw_result_t (*loss_fwd_bwd)(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float *loss,
-                              gw_act_t *dlogits);
+   * CrossEntropyLoss(label_smoothing=s)): *loss (host) and dlogits [n, k], the
+   * latter multiplied by grad_scale (mixed precision's loss scale: a power of
+   * two keeps every gradient exactly scaled; 1 for none), *loss unscaled. */
+  gw_result_t (*loss_fwd_bwd)(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float grad_scale,
+                              float *loss, gw_act_t *dlogits);
 };
 
 #if GW_HAVE_ONEDNN

@@ -21,6 +21,7 @@
 
 #if GW_HAVE_ONEDNN
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -334,7 +335,8 @@ static gw_result_t cpu_fc_bwd(struct gw_op *op, const gw_act_t *x, const float *
   return step_run(op->b, &op->bwd_wei, pw, "fc_bwd (weights)");
 }
 
-static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float *loss,
+static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float grad_scale,
+                                    float *loss,
                                     gw_act_t *dlogits) {
   GW_MODEL_TRY(expect_kind(op, GW_OP_LOSS, "loss_fwd_bwd"));
   for (int i = 0; i < op->d.n; i++)
@@ -342,7 +344,10 @@ static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, co
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                             "cpu backend: loss_fwd_bwd: label %d of sample %d is not in [0, %d)", (int)labels[i], i,
                             op->d.k);
-  gw__cpu_loss_fwd_bwd(&op->d, op->b->act, logits, labels, loss, dlogits);
+  if (!(grad_scale > 0 && grad_scale < INFINITY))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: loss_fwd_bwd: gradient scale %g must be finite and > 0",
+                          (double)grad_scale);
+  gw__cpu_loss_fwd_bwd(&op->d, op->b->act, logits, labels, grad_scale, loss, dlogits);
   return GW_SUCCESS;
 }
 

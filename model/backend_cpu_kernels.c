@@ -96,9 +96,9 @@ void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, vo
   DISPATCH(avgpool_bwd, d, dy, dx);
 }
 
-void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels, float *loss,
-                          void *dlogits) {
-  DISPATCH(loss_fwd_bwd, d, logits, labels, loss, dlogits);
+void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
+                          float grad_scale, float *loss, void *dlogits) {
+  DISPATCH(loss_fwd_bwd, d, logits, labels, grad_scale, loss, dlogits);
 }
 
 void gw__cpu_add(size_t n, int act, const void *a, const void *b, void *y) { DISPATCH(add, n, a, b, y); }

@@ -35,8 +35,8 @@ void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, voi
 void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx);
 
 /* logits, dlogits [n, k]; labels [n] in [0, k) (checked by the caller). */
-void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels, float *loss,
-                          void *dlogits);
+void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
+                          float grad_scale, float *loss, void *dlogits);
 
 /* y = a + b over n elements (y may alias a or b). */
 void gw__cpu_add(size_t n, int act, const void *a, const void *b, void *y);

@@ -171,7 +171,8 @@ static void KFN(avgpool_bwd)(const struct gw_op_desc *d, const T *dy, T *dx) {
 /* PyTorch's CrossEntropyLoss(label_smoothing=s), mean over the batch: with
  * log p = log_softmax(logits) per row, loss_i = (1 - s) * -log p[label] +
  * s * mean_j(-log p_j), and dlogits = (softmax - (1 - s) * onehot - s / k) / n. */
-static void KFN(loss_fwd_bwd)(const struct gw_op_desc *d, const T *logits, const int32_t *labels, float *loss,
+static void KFN(loss_fwd_bwd)(const struct gw_op_desc *d, const T *logits, const int32_t *labels, float grad_scale,
+                              float *loss,
                           T *dlogits) {
   const int k = d->k;
   const double s = d->label_smoothing;
@@ -187,7 +188,7 @@ static void KFN(loss_fwd_bwd)(const struct gw_op_desc *d, const T *logits, const
     total += (1 - s) * (lse - IN(z[labels[n]])) + s * (lse - zsum / k);
     for (int j = 0; j < k; j++) {
       double t = (1 - s) * (j == labels[n]) + s / k;
-      g[j] = OUT((exp((double)IN(z[j]) - lse) - t) / d->n);
+      g[j] = OUT((exp((double)IN(z[j]) - lse) - t) / d->n * grad_scale);
     }
   }
   *loss = (float)(total / d->n);

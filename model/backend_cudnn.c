@@ -40,6 +40,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -901,7 +902,8 @@ static gw_result_t cudnn_fc_bwd(struct gw_op *op, const gw_act_t *x, const float
 
 /* The labels are device memory: they are fetched (n int32) and checked before
  * the kernel indexes with them; the loss comes back to the host, so this waits. */
-static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float *loss,
+static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels,
+                                      float grad_scale, float *loss,
                                       gw_act_t *dlogits) {
   EXPECT(GW_OP_LOSS, "loss_fwd_bwd");
   const struct gw_op_desc *d = &op->d;
@@ -911,7 +913,11 @@ static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, 
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                             BE " backend: loss_fwd_bwd: label %d of sample %d is not in [0, %d)",
                             (int)op->host_labels[i], i, d->k);
-  KERNEL_TRY(gw__cu_loss_fwd_bwd(d, ACT(op), logits, labels, op->row_loss, op->loss, dlogits, STREAM(op)), "loss_fwd_bwd");
+  if (!(grad_scale > 0 && grad_scale < INFINITY))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: loss_fwd_bwd: gradient scale %g must be finite and > 0",
+                          (double)grad_scale);
+  KERNEL_TRY(gw__cu_loss_fwd_bwd(d, ACT(op), logits, labels, grad_scale, op->row_loss, op->loss, dlogits, STREAM(op)),
+             "loss_fwd_bwd");
   return cudnn_download(op->b, loss, op->loss, sizeof(float));
 }
 

@@ -566,7 +566,8 @@ __global__ void __launch_bounds__(gwk::kBiasCols * gwk::kBiasGroups)
 /* ---- softmax cross-entropy ------------------------------------------------------------------------------------ */
 template <class T>
 __global__ void __launch_bounds__(kLossThreads)
-    k_loss_rows(const T *logits, const int32_t *labels, int n, int k, double s, float *row_loss, T *dlogits) {
+    k_loss_rows(const T *logits, const int32_t *labels, int n, int k, double s, double scale, float *row_loss,
+                T *dlogits) {
   __shared__ float smax[kLossThreads];
   __shared__ double sa[kLossThreads], sb[kLossThreads];
   __shared__ double s_lse;
@@ -593,7 +594,7 @@ __global__ void __launch_bounds__(kLossThreads)
     __syncthreads();
     const double lse = s_lse;
     T *g = dlogits + (size_t)row * k;
-    for (int j = t; j < k; j += kLossThreads) g[j] = narrow<T>(gwk::loss_grad(widen(z[j]), lse, j == label, s, k, n));
+    for (int j = t; j < k; j += kLossThreads) g[j] = narrow<T>(gwk::loss_grad(widen(z[j]), lse, j == label, s, k, n, scale));
     __syncthreads(); /* smax, sa, sb, s_lse are reused by the next row */
   }
 }
@@ -733,13 +734,13 @@ int bias_grad_t(int n, int k, const void *dy, float *db, cudaStream_t st) {
 }
 
 template <class T>
-int loss_fwd_bwd_t(const struct gw_op_desc *d, const void *logits, const int32_t *labels, float *row_loss,
-                   float *loss, void *dlogits, cudaStream_t st) {
+int loss_fwd_bwd_t(const struct gw_op_desc *d, const void *logits, const int32_t *labels, float grad_scale,
+                   float *row_loss, float *loss, void *dlogits, cudaStream_t st) {
   if (d->n < 0 || d->k < 1) return (int)cudaErrorInvalidValue;
   (void)cudaGetLastError();
   if (d->n > 0)
     k_loss_rows<T><<<d->n, kLossThreads, 0, st>>>((const T *)logits, labels, d->n, d->k, (double)d->label_smoothing,
-                                                  row_loss, (T *)dlogits);
+                                                  (double)grad_scale, row_loss, (T *)dlogits);
   k_loss_mean<<<1, kLossThreads, 0, st>>>(row_loss, d->n, loss);
   return launched();
 }
@@ -830,8 +831,8 @@ extern "C" int gw__cu_bias_grad(int n, int k, int act, const void *dy, float *db
 }
 
 extern "C" int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
-                                   float *row_loss, float *loss, void *dlogits, void *stream) {
-  return BY_ACT(act, loss_fwd_bwd_t, d, logits, labels, row_loss, loss, dlogits, (cudaStream_t)stream);
+                                   float grad_scale, float *row_loss, float *loss, void *dlogits, void *stream) {
+  return BY_ACT(act, loss_fwd_bwd_t, d, logits, labels, grad_scale, row_loss, loss, dlogits, (cudaStream_t)stream);
 }
 
 extern "C" int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream) {

@@ -107,11 +107,11 @@ int gw__cu_bias_grad(int n, int k, int act, const void *dy, float *db, void *str
  * [n, k] (n = d->n, k = d->k) and labels [n] in [0, k) (checked by the caller),
  * PyTorch's CrossEntropyLoss(label_smoothing=s, reduction='mean'):
  *   row loss = logsumexp(z) - (1 - s) z[label] - (s / k) sum_j z[j]
- *   dlogits[i, j] = (softmax(z_i)[j] - (1 - s) [j == label_i] - s / k) / n
- * row_loss [n] is scratch; *loss (one float, device) = the mean of the row losses.
+ *   dlogits[i, j] = (softmax(z_i)[j] - (1 - s) [j == label_i] - s / k) / n * grad_scale
+ * (in double, rounded once: a power-of-two grad_scale scales exactly); row_loss [n] is scratch; *loss (one float, device) = the mean of the row losses.
  * Sums in double. */
 int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
-                        float *row_loss, float *loss, void *dlogits, void *stream);
+                        float grad_scale, float *row_loss, float *loss, void *dlogits, void *stream);
 
 /* dst [n] (dst_dtype) = src [n] (src_dtype), each GW_FLOAT32 or GW_BFLOAT16 (any
  * other: cudaErrorInvalidValue): float32 -> bfloat16 rounds to nearest even, a

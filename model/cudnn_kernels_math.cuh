@@ -465,10 +465,10 @@ GWK_HD double loss_lse(float mx, double sumexp) { return (double)mx + log(sumexp
 GWK_HD double loss_row_value(double lse, float zlabel, double zsum, double s, int k) {
   return fma(1.0 - s, lse - (double)zlabel, s * (lse - zsum / (double)k));
 }
-GWK_HD float loss_grad(float zj, double lse, bool is_label, double s, int k, int n) {
+GWK_HD float loss_grad(float zj, double lse, bool is_label, double s, int k, int n, double scale = 1.0) {
   double t = s / (double)k;
   if (is_label) t += 1.0 - s;
-  return (float)((exp((double)zj - lse) - t) / (double)n);
+  return (float)((exp((double)zj - lse) - t) / (double)n * scale);
 }
 /* One row, serially: returns the row loss (double), writes g [k]. */
 template <class T>

@@ -50,6 +50,7 @@ struct gw_exec {
   float *params, *grads, *running; /* the model's storage, or backend copies */
   int32_t *labels;        /* backend copy of the labels */
   int trained_forward;    /* the last forward was a training one: backward may run */
+  float loss_scale;       /* gw_exec_set_loss_scale: dlogits are multiplied by it */
   gw_exec_sum_fn sync_sum; /* SyncBatchNorm's cross-rank sum, or NULL */
   void *sync_arg;
   double *sums;           /* backend memory, [2 * max BN channels + 1] */
@@ -289,6 +290,7 @@ gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops,
   struct gw_exec *e = calloc(1, sizeof *e);
   if (!e) return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
   e->m = m, e->ops = ops, e->b = b, e->cfg = *cfg;
+  e->loss_scale = 1;
   e->act_dt = ops->act_dtype(b);
   if (e->act_dt != GW_FLOAT32 && e->act_dt != GW_BFLOAT16) {
     int dt = e->act_dt;
@@ -510,13 +512,21 @@ gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *lo
   GW_MODEL_TRY(e->ops->upload(e->b, e->labels, labels, (size_t)e->cfg.batch * sizeof(int32_t)));
   int logits = e->m->nacts - 1;
   float host_loss = 0;
-  GW_MODEL_TRY(e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], e->labels, &host_loss, e->grad[logits]));
+  GW_MODEL_TRY(
+      e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], e->labels, e->loss_scale, &host_loss, e->grad[logits]));
   if (loss) *loss = host_loss;
   size_t reported = 0;
   for (int i = e->m->nlayers - 1; i >= 0; i--) {
     GW_MODEL_TRY(backward_layer(e, i));
     if (ready && e->L[i].ready_after > reported) ready(ready_arg, reported = e->L[i].ready_after);
   }
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_exec_set_loss_scale(struct gw_exec *e, float scale) {
+  if (!(scale > 0 && scale < INFINITY))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: loss scale %g must be finite and > 0", (double)scale);
+  e->loss_scale = scale;
   return GW_SUCCESS;
 }
 

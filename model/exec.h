@@ -63,6 +63,12 @@ gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits);
 gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,
                              void *ready_arg);
 
+/* Mixed precision's loss scale: backward starts from the loss's gradient times
+ * `scale`, so every gradient comes out multiplied by it (exactly, for a power of
+ * two, unless a value overflows); the loss reported stays unscaled.  1 by
+ * default; the caller unscales (and skips steps whose gradients overflowed). */
+gw_result_t gw_exec_set_loss_scale(struct gw_exec *e, float scale);
+
 /* SyncBatchNorm: from now on every training-mode batch norm normalizes with the
  * statistics of the batch over ALL ranks (forward: sum x, sum x^2 and the count;
  * backward: sum dy, sum dy * xhat), which `sum` adds up across ranks in place

@@ -855,6 +855,17 @@ void test_loss(void) {
             const T *zr = z.data() + (size_t)r * k;
             const double rl = replay_loss_row(zr, k, labels[r], sd, n, gf.data(), g.data() + (size_t)r * k);
             const double rl_serial = loss_row(zr, k, labels[r], sd, n, g_serial.data());
+            /* A power-of-two loss scale scales each gradient exactly. */
+            {
+              const float mx0 = loss_thread_max(zr, k, 0, 1);
+              double se0, zs0;
+              loss_thread_sums(zr, k, 0, 1, mx0, &se0, &zs0);
+              const double lse0 = loss_lse(mx0, se0);
+              for (int j = 0; j < k; j++)
+                CHECK(loss_grad(widen(zr[j]), lse0, j == labels[r], sd, k, n, 65536.0) ==
+                          65536.0f * loss_grad(widen(zr[j]), lse0, j == labels[r], sd, k, n),
+                      "loss_grad scaled by 65536 is not exactly 65536 times (row %d, class %d)", r, j);
+            }
             row_loss[r] = (float)rl;
             /* reference: -sum_j q_j log softmax_j in long double */
             std::vector<long double> zl(k);

@@ -830,8 +830,22 @@ START_TEST(test_loss) {
     to_backend(b, dlabels, labels, (size_t)n * sizeof labels[0]);
     struct gw_op *op = NULL;
     ck_assert_msg(be->op_create(b, &d, &op) == GW_SUCCESS, "%s", gw_model_last_error());
-    ck_assert_msg(be->loss_fwd_bwd(op, z.d, dlabels, &loss, tg.d) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert_msg(be->loss_fwd_bwd(op, z.d, dlabels, 1, &loss, tg.d) == GW_SUCCESS, "%s", gw_model_last_error());
     down(tg);
+    /* With a loss scale (a power of two): every gradient exactly that many
+     * times larger, the loss the same. */
+    struct tensor ts = tensor_new(b, (size_t)n * k);
+    float loss_scaled = NAN;
+    nan_up(ts);
+    ck_assert_msg(be->loss_fwd_bwd(op, z.d, dlabels, 65536, &loss_scaled, ts.d) == GW_SUCCESS, "%s",
+                  gw_model_last_error());
+    down(ts);
+    ck_assert_msg(loss_scaled == loss, "case %zu: the loss %.9g moved with the scale (%.9g)", ci, (double)loss_scaled,
+                  (double)loss);
+    for (int i = 0; i < n * k; i++)
+      ck_assert_msg(ts.h[i] == 65536.0f * g[i], "case %zu: scaled dlogits[%d] = %.9g, want 65536 x %.9g", ci, i,
+                    (double)ts.h[i], (double)g[i]);
+    tensor_free(ts);
     double s = cases[ci].s, want = loss_ref(n, k, zd, labels, s);
     ck_assert_msg(fabs(loss - want) <= 1e-6 * fabs(want) + 1e-7, "case %zu loss %.9g, want %.9g", ci, (double)loss,
                   want);
@@ -869,8 +883,13 @@ START_TEST(test_loss) {
   int32_t *dbad = be->alloc(b, sizeof bad);
   ck_assert(dbad);
   to_backend(b, dbad, bad, sizeof bad);
-  ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, 1, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(gw_model_last_error(), "label 3 of sample 1 is not in [0, 3)"));
+  const int32_t good[2] = {1, 2};
+  to_backend(b, dbad, good, sizeof good);
+  ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, 0, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, INFINITY, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "gradient scale"));
   be->op_destroy(op);
   tensor_free(z), tensor_free(g), be->dealloc(b, dbad);
   be->destroy(b);

@@ -320,7 +320,7 @@ START_TEST(test_fc_and_loss) {
     op = op_on(s, &ld);
     void *zd = put(s, logits, 40, 1), *gd = put(s, NULL, 40, 1), *lab = be->alloc(s->b, sizeof labels);
     ck_assert(lab && be->upload(s->b, lab, labels, sizeof labels) == GW_SUCCESS);
-    ck_assert_msg(be->loss_fwd_bwd(op, zd, lab, &loss[k], gd) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert_msg(be->loss_fwd_bwd(op, zd, lab, 1, &loss[k], gd) == GW_SUCCESS, "%s", gw_model_last_error());
     g[k] = get(s, gd, 40, 1);
     be->dealloc(s->b, lab);
     be->op_destroy(op);
@@ -468,9 +468,10 @@ static gw_result_t fake_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_act
 static gw_result_t fake_add(struct gw_op *op, const gw_act_t *a, const gw_act_t *b, gw_act_t *y) {
   OUT_ROUNDED(gw_backend_cpu.add(op, a, b, y), y, in_elems(desc_of(op)));
 }
-static gw_result_t fake_loss(struct gw_op *op, const gw_act_t *z, const int32_t *labels, float *loss, gw_act_t *dz) {
+static gw_result_t fake_loss(struct gw_op *op, const gw_act_t *z, const int32_t *labels, float scale, float *loss,
+                             gw_act_t *dz) {
   const struct gw_op_desc *d = desc_of(op);
-  OUT_ROUNDED(gw_backend_cpu.loss_fwd_bwd(op, z, labels, loss, dz), dz, (size_t)d->n * d->k);
+  OUT_ROUNDED(gw_backend_cpu.loss_fwd_bwd(op, z, labels, scale, loss, dz), dz, (size_t)d->n * d->k);
 }
 
 static struct gw_backend_ops fake_bf16(void) {

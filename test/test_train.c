@@ -237,6 +237,89 @@ START_TEST(test_amp_bf16_follows_fp32) {
 }
 END_TEST
 
+/* Loss scaling.  A power-of-two scale changes nothing but the exponents: 3
+ * steps with --loss-scale dynamic (65536) give the unscaled run's weights bit
+ * for bit.  A step whose gradients overflow (forced by the test hook
+ * GW_TRAIN_OVERFLOW_AT_STEP) is skipped: after 2 steps with the second
+ * overflowing, the parameters are those after 1 step (the BN running statistics
+ * moved, as in PyTorch: forward ran), the scale halved and the overflow counted
+ * in the metrics, and the job says so. */
+static void load_params(const char *name, float **out, size_t *n) {
+  struct gw_st_file *f = open_st(name);
+  size_t total = 0, cap = 0;
+  *out = NULL;
+  for (int i = 0; i < f->ntensors; i++) {
+    const struct gw_st_tensor *t = &f->tensors[i];
+    if (t->dtype != GW_FLOAT32 || strstr(t->name, "running_")) continue;
+    size_t k;
+    float *v = floats(f, t->name, &k);
+    if (total + k > cap) {
+      cap = 2 * (total + k);
+      *out = realloc(*out, cap * sizeof(float));
+      ck_assert(*out);
+    }
+    memcpy(*out + total, v, k * sizeof(float));
+    total += k;
+    free(v);
+  }
+  *n = total;
+  gw_st_free(f);
+}
+
+START_TEST(test_loss_scaling) {
+  char plain[512], scaled[512], one[512], two[512], metrics[512];
+  path(plain, sizeof plain, "ls-plain.safetensors");
+  path(scaled, sizeof scaled, "ls-scaled.safetensors");
+  path(one, sizeof one, "ls-one.safetensors");
+  path(two, sizeof two, "ls-two.safetensors");
+  path(metrics, sizeof metrics, "ls-metrics.jsonl");
+  struct run r;
+  const char *const noenv[] = {NULL}, *const overflow2[] = {"GW_TRAIN_OVERFLOW_AT_STEP=2", NULL};
+  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--save-weights",
+                                              plain, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--loss-scale",
+                                              "dynamic", "--save-weights", scaled, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  size_t n1, n2;
+  float *a, *b;
+  load_params("ls-plain.safetensors", &a, &n1);
+  load_params("ls-scaled.safetensors", &b, &n2);
+  ck_assert(n1 == n2 && n1 > 0);
+  ck_assert_msg(!memcmp(a, b, n1 * sizeof(float)), "a loss scale of 65536 changed the weights");
+  free(a), free(b);
+  train(&r, noenv, "2", (const char *const[]){"--steps", "1", "--batch", "8", "--amp", "bf16", "--loss-scale",
+                                              "dynamic", "--save-weights", one, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train(&r, overflow2, "2", (const char *const[]){"--steps", "2", "--batch", "8", "--amp", "bf16", "--loss-scale",
+                                                  "dynamic", "--metrics", metrics, "--save-weights", two, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "step 2: the gradients overflowed at loss scale 65536; step skipped (1 so far), scale "
+                              "now 32768"), "no overflow report:\n%s", r.out);
+  gwrun_free(&r);
+  load_params("ls-one.safetensors", &a, &n1);
+  load_params("ls-two.safetensors", &b, &n2);
+  ck_assert(n1 == n2);
+  ck_assert_msg(!memcmp(a, b, n1 * sizeof(float)), "the overflowed step changed the parameters");
+  free(a), free(b);
+  FILE *f = fopen(metrics, "r");
+  ck_assert(f);
+  char line[1024];
+  int steps = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!strstr(line, "\"train\"")) continue;
+    steps++;
+    ck_assert_msg(strstr(line, steps == 1 ? "\"loss_scale\":65536,\"overflows\":0" : "\"loss_scale\":65536,\"overflows\":1"),
+                  "metrics of step %d: %s", steps, line);
+  }
+  fclose(f);
+  ck_assert_int_eq(steps, 2);
+}
+END_TEST
+
 START_TEST(test_two_ranks_equal_one_rank_double_batch) {
   char init[512], one[512], two[512];
   path(init, sizeof init, "init.safetensors");
@@ -482,7 +565,9 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--batch", "0", NULL}, "--batch");
   refused((const char *const[]){"--steps", "2", "--lr", "fast", NULL}, "--lr");
   refused((const char *const[]){"--steps", "2", "--grad-wire", "int8", NULL}, "--grad-wire 'int8'");
-  refused((const char *const[]){"--steps", "2", "--amp", "fp16", NULL}, "loss scaling");
+  refused((const char *const[]){"--steps", "2", "--amp", "fp16", NULL}, "float16 activations are not built");
+  refused((const char *const[]){"--steps", "2", "--loss-scale", "huge", NULL}, "--loss-scale");
+  refused((const char *const[]){"--steps", "2", "--loss-scale-init", "1024", NULL}, "needs --loss-scale dynamic");
   refused((const char *const[]){"--steps", "2", "--backend", "tpu", NULL}, "--backend 'tpu'");
   refused((const char *const[]){NULL}, "--epochs E or --steps S");
   refused((const char *const[]){"--steps", "2", "--data", "imagenet:/nonexistent", NULL}, "/nonexistent");
@@ -500,6 +585,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_device_path_equals_host);
   tcase_add_test(tc, test_amp_bf16_follows_fp32);
+  tcase_add_test(tc, test_loss_scaling);
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
 #if GW_HAVE_IBVERBS
   tcase_add_test(tc, test_over_ib_equals_shm);

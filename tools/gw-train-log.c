@@ -68,9 +68,10 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
   if (l->metrics) {
     fprintf(l->metrics,
             "{\"type\":\"train\",\"step\":%lld,\"epoch\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"img_per_s\":%.2f,"
-            "\"compute_ms\":%.2f,\"comm_ms\":%.2f,\"comm_exposed_ms\":%.2f,\"data_ms\":%.2f,\"skipped\":%lld}\n",
+            "\"compute_ms\":%.2f,\"comm_ms\":%.2f,\"comm_exposed_ms\":%.2f,\"data_ms\":%.2f,\"skipped\":%lld,"
+            "\"loss_scale\":%.9g,\"overflows\":%lld}\n",
             (long long)r->step, (long long)r->epoch + 1, r->loss, r->lr, r->img_per_s, r->compute_ms, r->comm_ms,
-            r->exposed_ms, r->data_ms, (long long)r->skipped);
+            r->exposed_ms, r->data_ms, (long long)r->skipped, r->loss_scale, (long long)r->overflows);
     fflush(l->metrics);
   }
   if (!l->tty && !print) return;

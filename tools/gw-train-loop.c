@@ -51,6 +51,8 @@ struct trainer {
   size_t bounds[4096];      /* the buckets' bounds (nb + 1), where the device path copies gradients down */
   int nb;
   gw_result_t ready_err;
+  double scale;             /* the loss scale now (0: none) */
+  int64_t good_steps, overflows; /* steps since the scale last changed; steps skipped for overflow */
   char ready_msg[512];      /* device backends: a failed download during backward */
   int64_t spe, total_steps, warmup_steps; /* steps per epoch, in all, of warmup */
   int64_t epochs;
@@ -214,6 +216,7 @@ static int setup_model(struct trainer *t) {
   struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
   if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
     return fail(t, "model", gw_model_last_error());
+  t->scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
   struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
   snprintf(t->config, sizeof t->config,
@@ -450,6 +453,35 @@ static int finish_gradients(struct trainer *t, struct step_report *r, double t_b
   return 0;
 }
 
+/* Loss scaling, after the allreduce (every rank sees the same sums, so the same
+ * verdict): gradients that are all finite are divided by the scale (exact for
+ * a power of two) and the step goes on; any inf or NaN skips the optimizer step,
+ * counts it, and with --loss-scale dynamic halves the scale, which doubles
+ * again after 2000 steps without overflow (PyTorch's GradScaler's rule).
+ * Returns 1 when the step is to be skipped. */
+static int unscale(struct trainer *t) {
+  float *g = gw_model_grads(t->m);
+  const size_t np = t->np;
+  /* A test hook: GW_TRAIN_OVERFLOW_AT_STEP=N makes step N's gradients overflow
+   * (on every rank), so the skip and the backoff can be tested exactly. */
+  const char *poison = getenv("GW_TRAIN_OVERFLOW_AT_STEP");
+  if (poison && atoll(poison) == t->st.step + 1) g[np / 2] = INFINITY;
+  int finite = 1;
+  for (size_t i = 0; i < np; i++) finite &= isfinite(g[i]) != 0;
+  if (!finite) {
+    t->overflows++, t->good_steps = 0;
+    double was = t->scale;
+    if (t->o->loss_scale_dynamic && t->scale > 1e-30) t->scale *= 0.5;
+    log_text(&t->log, "step %lld: the gradients overflowed at loss scale %g; step skipped (%lld so far), scale now %g",
+             (long long)t->st.step + 1, was, (long long)t->overflows, t->scale);
+    return 1;
+  }
+  const float inv = (float)(1.0 / t->scale);
+  for (size_t i = 0; i < np; i++) g[i] *= inv;
+  if (t->o->loss_scale_dynamic && ++t->good_steps == 2000 && t->scale < 1e38) t->scale *= 2, t->good_steps = 0;
+  return 0;
+}
+
 static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_report *r) {
   const struct train_opts *o = t->o;
   double t0 = now();
@@ -461,6 +493,8 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
    * the statistics (after it) come back down. */
   int device = !t->ops->host_memory;
   if (device && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
+  if (t->scale && gw_exec_set_loss_scale(t->e, (float)t->scale) != GW_SUCCESS)
+    return fail(t, "--loss-scale", gw_model_last_error());
   if (gw_exec_forward(t->e, bt->x, 1) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
   gw_grad_ready_fn ready = device ? on_ready_device : t->bk && !o->no_overlap ? on_ready : NULL;
   if (gw_exec_backward(t->e, bt->y, &loss, ready, t) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
@@ -470,7 +504,10 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
   double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
   if (allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
-  if (gw_sgd_step(t->sgd, gw_model_params(t->m), gw_model_grads(t->m), (float)lr) != GW_SUCCESS)
+  r->loss_scale = t->scale;
+  int skip = t->scale ? unscale(t) : 0;
+  r->overflows = t->overflows;
+  if (!skip && gw_sgd_step(t->sgd, gw_model_params(t->m), gw_model_grads(t->m), (float)lr) != GW_SUCCESS)
     return fail(t, "optimizer", gw_model_last_error());
   double t_end = now();
   r->loss = lsum / t->world;

@@ -52,7 +52,11 @@ static void usage(FILE *f) {
           "  --tf32 on|off            cudnn: TF32 tensor cores for the fp32 convolutions and fc (default on,\n"
           "                           as PyTorch's convolutions); off keeps full fp32\n"
           "  --amp off|bf16           mixed precision: activations in bfloat16, weights, gradients, optimizer and\n"
-          "                           BN statistics in float32 (cpu backend; default off)\n"
+          "                           BN statistics in float32 (default off)\n"
+          "  --loss-scale off|dynamic|S  scale the loss's gradient by S (dynamic: start at --loss-scale-init,\n"
+          "                           default 65536, halve when the gradients overflow, double after 2000 steps\n"
+          "                           without); a step whose gradients overflowed is skipped and counted\n"
+          "  --loss-scale-init S      the dynamic scale's start\n"
           "communication:\n"
           "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
           "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
@@ -114,7 +118,7 @@ enum {
   O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
-  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP
+  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT
 };
 
 static const struct option longopts[] = {
@@ -139,6 +143,7 @@ static const struct option longopts[] = {
     {"log-every", required_argument, NULL, O_LOGEVERY},    {"no-eval", no_argument, NULL, O_NOEVAL},
     {"grad-wire", required_argument, NULL, O_WIRE},        {"backend", required_argument, NULL, O_BACKEND},
     {"tf32", required_argument, NULL, O_TF32},            {"amp", required_argument, NULL, O_AMP},
+    {"loss-scale", required_argument, NULL, O_LSCALE},    {"loss-scale-init", required_argument, NULL, O_LSINIT},
     {"help", no_argument, NULL, 'h'},                     {NULL, 0, NULL, 0}};
 
 static int parse_seed(const char *arg, uint64_t *out) {
@@ -236,9 +241,19 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
     if (!strcmp(arg, "off")) o->amp = GW_FLOAT32;
     else if (!strcmp(arg, "bf16") || !strcmp(arg, "bfloat16")) o->amp = GW_BFLOAT16;
     else if (!strcmp(arg, "fp16") || !strcmp(arg, "float16"))
-      return bad("--amp fp16: float16 needs loss scaling, which is not built yet; bf16 needs none%s%s", "", "");
+      return bad("--amp fp16: float16 activations are not built in any backend yet (bf16 is, and needs no loss "
+                 "scaling)%s%s", "", "");
     else return bad("--amp '%s' is not off or bf16%s", arg, "");
     return 0;
+  case O_LSCALE:
+    if (!strcmp(arg, "off")) o->loss_scale = 0, o->loss_scale_dynamic = 0;
+    else if (!strcmp(arg, "dynamic")) o->loss_scale_dynamic = 1, o->loss_scale = o->loss_scale ? o->loss_scale : 65536;
+    else {
+      o->loss_scale_dynamic = 0;
+      return parse_double("--loss-scale (off, dynamic or a number)", arg, 1e-30, 3.4e38, &o->loss_scale);
+    }
+    return 0;
+  case O_LSINIT: return parse_double("--loss-scale-init", arg, 1e-30, 3.4e38, &o->loss_scale_init);
   case O_CKDIR: o->checkpoint_dir = arg; return 0;
   case O_CKEVERY: return parse_long("--checkpoint-every", arg, 1, LONG_MAX / 2, &o->checkpoint_every);
   case O_CKKEEP: return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
@@ -274,6 +289,8 @@ static int check(const struct train_opts *o) {
   if (o->epochs == 0 && o->steps < 0)
     return bad("say how long to train: --epochs E or --steps S (--steps 0: build, load and save only)%s%s", "", "");
   if (o->resume && !o->checkpoint_dir) return bad("--resume needs --checkpoint-dir DIR%s%s", "", "");
+  if (o->loss_scale_init && !o->loss_scale_dynamic)
+    return bad("--loss-scale-init needs --loss-scale dynamic%s%s", "", "");
   if (o->checkpoint_every && !o->checkpoint_dir) return bad("--checkpoint-every needs --checkpoint-dir DIR%s%s", "", "");
   if (o->nesterov && o->momentum <= 0) return bad("--nesterov needs a momentum > 0%s%s", "", "");
   if (o->steps == 0 && (o->resume || o->checkpoint_dir || o->metrics || o->plot))

@@ -39,6 +39,9 @@ struct train_opts {
   const char *backend;      /* "cpu" (oneDNN) or "cudnn" (--backend) */
   int tf32;                 /* cudnn: TF32 tensor cores for fp32 convolutions and fc (--tf32) */
   int amp;                  /* activations' gw_dtype_t: GW_FLOAT32, or GW_BFLOAT16 (--amp bf16) */
+  int loss_scale_dynamic;   /* --loss-scale dynamic: halve on overflow, double after 2000 good steps */
+  double loss_scale;        /* --loss-scale N, or dynamic's start: 0 = no scaling */
+  double loss_scale_init;   /* --loss-scale-init (0: not given) */
   long log_every;           /* steps between plain log lines */
   int eval;                 /* evaluate at each epoch end */
   const char *save_weights, *load_weights;
@@ -86,6 +89,8 @@ struct step_report {
   double loss, lr, img_per_s;
   double compute_ms, comm_ms, exposed_ms, data_ms;
   int64_t skipped;
+  double loss_scale;         /* 0: no loss scaling */
+  int64_t overflows;         /* steps skipped so far because the scaled gradients overflowed */
 };
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen);
 void log_close(struct train_log *l);
