@@ -363,20 +363,23 @@ START_TEST(test_two_ranks_equal_one_rank_double_batch) {
 }
 END_TEST
 
-/* The "loss" of each training line of a metrics file, by step; returns how many. */
-static int losses(const char *file, char loss[][32], int max) {
+/* The value of `key` in each training line of a metrics file, by step;
+ * returns how many lines had it. */
+static int by_step(const char *file, const char *key, char val[][32], int max) {
   FILE *f = fopen(file, "r");
   ck_assert_msg(f, "no metrics file %s", file);
-  char line[1024];
+  char line[1024], pat[64], fmt[96];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  snprintf(fmt, sizeof fmt, "%s%%31[^,}]", pat);
   int n = 0;
   while (fgets(line, sizeof line, f)) {
     long long step;
     char l[32];
-    const char *p = strstr(line, "\"step\":"), *q = strstr(line, "\"loss\":");
+    const char *p = strstr(line, "\"step\":"), *q = strstr(line, pat);
     if (!strstr(line, "\"type\":\"train\"") || !p || !q || sscanf(p, "\"step\":%lld", &step) != 1 ||
-        sscanf(q, "\"loss\":%31[^,]", l) != 1 || step < 1 || step > max)
+        sscanf(q, fmt, l) != 1 || step < 1 || step > max)
       continue;
-    snprintf(loss[step - 1], 32, "%s", l);
+    snprintf(val[step - 1], 32, "%s", l);
     n++;
   }
   fclose(f);
@@ -396,20 +399,24 @@ static int same_file(const char *a, const char *b) {
   return same;
 }
 
-START_TEST(test_resume_is_bit_exact) {
-  char full_w[512], full_m[512], part_w[512], part_m[512], full_d[512], part_d[512];
-  path(full_w, sizeof full_w, "full.safetensors");
-  path(full_m, sizeof full_m, "full.jsonl");
-  path(full_d, sizeof full_d, "ckpt-full");
-  path(part_w, sizeof part_w, "part.safetensors");
-  path(part_m, sizeof part_m, "part.jsonl");
-  path(part_d, sizeof part_d, "ckpt-part");
+/* Seven steps uninterrupted against three, an interruption and a resume from
+ * the checkpoint of step 2: the same losses (and the other metrics named in
+ * keys) step by step and the same final weights, bit for bit.  env and flags
+ * are added to every run. */
+static void resume_case(const char *tag, const char *env1, const char *const *flags, const char *const *keys) {
+  char full_w[512], full_m[512], part_w[512], part_m[512], full_d[512], part_d[512], name[128];
+#define TAGGED(buf, what) (snprintf(name, sizeof name, "%s-" what, tag), path(buf, sizeof buf, name))
+  TAGGED(full_w, "full.safetensors"), TAGGED(full_m, "full.jsonl"), TAGGED(full_d, "ckpt-full");
+  TAGGED(part_w, "part.safetensors"), TAGGED(part_m, "part.jsonl"), TAGGED(part_d, "ckpt-part");
+#undef TAGGED
   struct run r;
-  const char *const noenv[] = {NULL}, *const stop[] = {"GW_TRAIN_STOP_AT_STEP=3", NULL};
-  const char *common[] = {"--steps", "7", "--batch", "8", "--checkpoint-every", "2", "--save-weights", NULL,
-                          "--metrics", NULL, "--checkpoint-dir", NULL, NULL, NULL};
+  const char *const env[] = {env1, NULL}, *const stop[] = {"GW_TRAIN_STOP_AT_STEP=3", env1, NULL};
+  const char *common[32] = {"--steps", "7", "--batch", "8", "--checkpoint-every", "2", "--save-weights", NULL,
+                            "--metrics", NULL, "--checkpoint-dir", NULL};
+  int n = 12;
+  for (int i = 0; flags[i]; i++) common[n++] = flags[i];
   common[7] = full_w, common[9] = full_m, common[11] = full_d;
-  train(&r, noenv, "2", common);
+  train(&r, env, "2", common);
   expect_ok(&r);
   gwrun_free(&r);
   common[7] = part_w, common[9] = part_m, common[11] = part_d;
@@ -417,19 +424,88 @@ START_TEST(test_resume_is_bit_exact) {
   ck_assert_msg(r.code != 0 && strstr(r.out, "stopping after step 3"), "the interrupted run: exit %d\n%s\n%s",
                 r.code, r.out, r.err);
   gwrun_free(&r);
-  common[12] = "--resume";
-  train(&r, noenv, "2", common);
+  common[n] = "--resume";
+  train(&r, env, "2", common);
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "resumed from") && strstr(r.out, "ckpt-2.safetensors at step 2"),
                 "did not resume from step 2:\n%s", r.out);
   gwrun_free(&r);
-  char lf[7][32], lp[7][32];
-  memset(lf, 0, sizeof lf), memset(lp, 0, sizeof lp);
-  ck_assert_int_eq(losses(full_m, lf, 7), 7);
-  losses(part_m, lp, 7); /* steps 1-3, then 3-7 again after the resume: the later lines win */
-  for (int s = 0; s < 7; s++)
-    ck_assert_msg(strcmp(lf[s], lp[s]) == 0, "step %d: loss %s uninterrupted, %s resumed", s + 1, lf[s], lp[s]);
-  ck_assert_msg(same_file(full_w, part_w), "the final weights differ between the uninterrupted and resumed runs");
+  for (int k = 0; keys[k]; k++) {
+    char lf[7][32], lp[7][32];
+    memset(lf, 0, sizeof lf), memset(lp, 0, sizeof lp);
+    ck_assert_int_eq(by_step(full_m, keys[k], lf, 7), 7);
+    by_step(part_m, keys[k], lp, 7); /* steps 1-3, then 3-7 again after the resume: the later lines win */
+    for (int s = 0; s < 7; s++)
+      ck_assert_msg(strcmp(lf[s], lp[s]) == 0, "%s: step %d: %s %s uninterrupted, %s resumed", tag, s + 1, keys[k],
+                    lf[s], lp[s]);
+  }
+  ck_assert_msg(same_file(full_w, part_w), "%s: the final weights differ between the uninterrupted and resumed runs",
+                tag);
+}
+
+START_TEST(test_resume_is_bit_exact) {
+  resume_case("plain", NULL, (const char *const[]){NULL}, (const char *const[]){"loss", NULL});
+}
+END_TEST
+
+/* The loss scaler's state is in the checkpoint: step 2 overflows (forced), the
+ * scale halves to 32768 and step 2's checkpoint carries it and the overflow
+ * count, so the resumed steps report what the uninterrupted ones do. */
+START_TEST(test_resume_keeps_loss_scale) {
+  resume_case("scaled", "GW_TRAIN_OVERFLOW_AT_STEP=2",
+              (const char *const[]){"--amp", "bf16", "--loss-scale", "dynamic", NULL},
+              (const char *const[]){"loss", "loss_scale", "overflows", NULL});
+}
+END_TEST
+
+/* Rewrites checkpoint `file` as gw-train wrote it before the loss scaler was
+ * saved: the same tensors but "scaler", the checksum (FNV-1a 64 over the
+ * tensors' bytes in file order) over those. */
+static void strip_scaler(const char *file) {
+  struct gw_st_file *f = NULL;
+  ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct gw_st_tensor keep[16];
+  int n = 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int i = 0; i < f->ntensors; i++) {
+    if (!strcmp(f->tensors[i].name, "scaler")) continue;
+    ck_assert(n < 16);
+    keep[n] = f->tensors[i];
+    const unsigned char *b = keep[n].data;
+    for (size_t j = 0; j < keep[n].nbytes; j++) h = (h ^ b[j]) * 0x100000001b3ull;
+    n++;
+  }
+  ck_assert_int_eq(n, f->ntensors - 1);
+  char sum[32];
+  snprintf(sum, sizeof sum, "%016llx", (unsigned long long)h);
+  const char *meta[] = {"format", gw_st_metadata(f, "format"), "config", gw_st_metadata(f, "config"), "checksum", sum,
+                        NULL};
+  ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
+  gw_st_free(f);
+}
+
+/* A checkpoint of an older gw-train (no loss scaler state) still resumes: the
+ * scale restarts at its initial value, and the run says so. */
+START_TEST(test_resume_old_checkpoint) {
+  char dir[512], c2[600];
+  path(dir, sizeof dir, "ckpt-old");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *args[] = {"--steps", "2", "--batch", "8", "--amp", "bf16", "--loss-scale", "dynamic",
+                        "--checkpoint-dir", dir, "--checkpoint-every", "2", NULL, NULL};
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  strip_scaler(c2);
+  args[1] = "3", args[12] = "--resume";
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2") &&
+                    strstr(r.out, "no loss scaler state (written by an older gw-train); the loss scale restarts at "
+                                  "65536"),
+                "an old checkpoint was not resumed with a note:\n%s", r.out);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -591,6 +667,8 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_over_ib_equals_shm);
 #endif
   tcase_add_test(tc, test_resume_is_bit_exact);
+  tcase_add_test(tc, test_resume_keeps_loss_scale);
+  tcase_add_test(tc, test_resume_old_checkpoint);
   tcase_add_test(tc, test_damaged_checkpoint);
   tcase_add_test(tc, test_imagefolder_bad_files_skipped);
   suite_add_tcase(s, tc);

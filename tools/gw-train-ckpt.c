@@ -38,10 +38,11 @@ static size_t buffer_elems(const struct gw_model *m, enum gw_tensor_kind kind) {
 
 /* The checkpoint's tensors, in file order; n is how many. */
 struct ckpt_tensors {
-  struct gw_st_tensor t[6];
+  struct gw_st_tensor t[7];
   int n;
   int64_t state[5];
   double loss_sum;
+  double scaler[3]; /* loss scale, good steps, overflows (whole numbers exact in a double) */
 };
 
 static void add(struct ckpt_tensors *c, const char *name, gw_dtype_t dtype, const void *data, size_t numel) {
@@ -63,6 +64,8 @@ static void describe(struct ckpt_tensors *c, struct gw_model *m, struct gw_sgd *
   c->loss_sum = st->loss_sum;
   add(c, "state", GW_INT64, c->state, 5);
   add(c, "loss_sum", GW_FLOAT64, &c->loss_sum, 1);
+  c->scaler[0] = st->loss_scale, c->scaler[1] = (double)st->good_steps, c->scaler[2] = (double)st->overflows;
+  add(c, "scaler", GW_FLOAT64, c->scaler, 3); /* last: older checkpoints end before it */
 }
 
 static uint64_t checksum(const struct ckpt_tensors *c) {
@@ -133,6 +136,10 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
   struct ckpt_tensors want;
   struct ckpt_state zero = {0};
   describe(&want, m, sgd, &zero);
+  /* Checkpoints written before the loss scaler was saved lack its tensor (the
+   * last one); they load without it. */
+  st->has_scaler = gw_st_find(f, "scaler") != NULL;
+  if (!st->has_scaler) want.n--;
   struct ckpt_tensors got = want;
   for (int i = 0; i < want.n; i++) {
     const struct gw_st_tensor *t = gw_st_find(f, want.t[i].name);
@@ -149,9 +156,19 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
              have);
     return -1;
   }
+  if (st->has_scaler) {
+    double sc[3];
+    memcpy(sc, got.t[want.n - 1].data, sizeof sc);
+    if (!(sc[0] >= 0 && sc[0] <= 3.4e38) || !(sc[1] >= 0 && sc[1] < 9e18) || !(sc[2] >= 0 && sc[2] < 9e18)) {
+      snprintf(why, whylen, "its loss scaler state (%g, %g, %g) is not usable", sc[0], sc[1], sc[2]);
+      return -1;
+    }
+  }
   for (int i = 0; i < want.n; i++) memcpy((void *)want.t[i].data, got.t[i].data, want.t[i].nbytes);
   st->step = want.state[0], st->epoch = want.state[1], st->position = want.state[2];
   st->sgd_steps = want.state[3], st->loss_count = want.state[4], st->loss_sum = want.loss_sum;
+  if (st->has_scaler)
+    st->loss_scale = want.scaler[0], st->good_steps = (int64_t)want.scaler[1], st->overflows = (int64_t)want.scaler[2];
   return 0;
 }
 

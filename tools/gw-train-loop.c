@@ -51,8 +51,6 @@ struct trainer {
   size_t bounds[4096];      /* the buckets' bounds (nb + 1), where the device path copies gradients down */
   int nb;
   gw_result_t ready_err;
-  double scale;             /* the loss scale now (0: none) */
-  int64_t good_steps, overflows; /* steps since the scale last changed; steps skipped for overflow */
   char ready_msg[512];      /* device backends: a failed download during backward */
   int64_t spe, total_steps, warmup_steps; /* steps per epoch, in all, of warmup */
   int64_t epochs;
@@ -216,7 +214,7 @@ static int setup_model(struct trainer *t) {
   struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
   if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
     return fail(t, "model", gw_model_last_error());
-  t->scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
+  t->st.loss_scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
   struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
   snprintf(t->config, sizeof t->config,
@@ -302,11 +300,15 @@ static int save_checkpoint(struct trainer *t) {
 }
 
 static int share_state(struct trainer *t) {
-  int64_t s[7] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0};
+  int64_t s[9] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0,
+                  t->st.good_steps, t->st.overflows};
   memcpy(&s[5], &t->st.loss_sum, sizeof(double));
-  if (bcast(t, s, 7, GW_INT64, "sharing the resumed state") != 0) return -1;
+  memcpy(&s[6], &t->st.loss_scale, sizeof(double));
+  if (bcast(t, s, 9, GW_INT64, "sharing the resumed state") != 0) return -1;
   t->st.step = s[0], t->st.epoch = s[1], t->st.position = s[2], t->st.sgd_steps = s[3], t->st.loss_count = s[4];
   memcpy(&t->st.loss_sum, &s[5], sizeof(double));
+  memcpy(&t->st.loss_scale, &s[6], sizeof(double));
+  t->st.good_steps = s[7], t->st.overflows = s[8];
   float *mom = gw_sgd_momentum(t->sgd);
   if (bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "sharing the resumed weights") != 0) return -1;
   if (mom && bcast(t, mom, t->np, GW_FLOAT32, "sharing the resumed momentum") != 0) return -1;
@@ -316,11 +318,19 @@ static int share_state(struct trainer *t) {
 
 static int resume(struct trainer *t) {
   int found = 0;
+  const double initial_scale = t->st.loss_scale;
   if (t->rank == 0) {
     char path[4096], note[700], err[700];
     note[0] = 0;
     int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, path, sizeof path, note,
                              sizeof note, err, sizeof err);
+    /* The saved scale carries on only where this run scales dynamically and the
+     * saved run scaled too; a fixed --loss-scale (or none) is the flag's. */
+    if (r == 0 && t->st.has_scaler && (!t->o->loss_scale_dynamic || !t->st.loss_scale || !initial_scale))
+      t->st.loss_scale = initial_scale, t->st.good_steps = 0;
+    if (r == 0 && !t->st.has_scaler && initial_scale)
+      log_text(&t->log, "note: the checkpoint has no loss scaler state (written by an older gw-train); the loss "
+               "scale restarts at %g", initial_scale);
     if (note[0]) log_text(&t->log, "warning: %s", note);
     if (r < 0) {
       fail(t, "--resume", err);
@@ -469,16 +479,17 @@ static int unscale(struct trainer *t) {
   int finite = 1;
   for (size_t i = 0; i < np; i++) finite &= isfinite(g[i]) != 0;
   if (!finite) {
-    t->overflows++, t->good_steps = 0;
-    double was = t->scale;
-    if (t->o->loss_scale_dynamic && t->scale > 1e-30) t->scale *= 0.5;
+    t->st.overflows++, t->st.good_steps = 0;
+    double was = t->st.loss_scale;
+    if (t->o->loss_scale_dynamic && t->st.loss_scale > 1e-30) t->st.loss_scale *= 0.5;
     log_text(&t->log, "step %lld: the gradients overflowed at loss scale %g; step skipped (%lld so far), scale now %g",
-             (long long)t->st.step + 1, was, (long long)t->overflows, t->scale);
+             (long long)t->st.step + 1, was, (long long)t->st.overflows, t->st.loss_scale);
     return 1;
   }
-  const float inv = (float)(1.0 / t->scale);
+  const float inv = (float)(1.0 / t->st.loss_scale);
   for (size_t i = 0; i < np; i++) g[i] *= inv;
-  if (t->o->loss_scale_dynamic && ++t->good_steps == 2000 && t->scale < 1e38) t->scale *= 2, t->good_steps = 0;
+  if (t->o->loss_scale_dynamic && ++t->st.good_steps == 2000 && t->st.loss_scale < 1e38)
+    t->st.loss_scale *= 2, t->st.good_steps = 0;
   return 0;
 }
 
@@ -493,7 +504,7 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
    * the statistics (after it) come back down. */
   int device = !t->ops->host_memory;
   if (device && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
-  if (t->scale && gw_exec_set_loss_scale(t->e, (float)t->scale) != GW_SUCCESS)
+  if (t->st.loss_scale && gw_exec_set_loss_scale(t->e, (float)t->st.loss_scale) != GW_SUCCESS)
     return fail(t, "--loss-scale", gw_model_last_error());
   if (gw_exec_forward(t->e, bt->x, 1) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
   gw_grad_ready_fn ready = device ? on_ready_device : t->bk && !o->no_overlap ? on_ready : NULL;
@@ -504,9 +515,9 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
   double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
   if (allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
-  r->loss_scale = t->scale;
-  int skip = t->scale ? unscale(t) : 0;
-  r->overflows = t->overflows;
+  r->loss_scale = t->st.loss_scale;
+  int skip = t->st.loss_scale ? unscale(t) : 0;
+  r->overflows = t->st.overflows;
   if (!skip && gw_sgd_step(t->sgd, gw_model_params(t->m), gw_model_grads(t->m), (float)lr) != GW_SUCCESS)
     return fail(t, "optimizer", gw_model_last_error());
   double t_end = now();

@@ -61,6 +61,12 @@ struct ckpt_state {
   int64_t sgd_steps;
   double loss_sum;    /* of the current epoch so far, for the epoch's mean */
   int64_t loss_count;
+  /* The loss scaler: the scale now (0: none), steps since it last changed, steps
+   * skipped for overflow.  A checkpoint from before they were saved has none
+   * (has_scaler 0 after loading it): the run then keeps its initial scale. */
+  double loss_scale;
+  int64_t good_steps, overflows;
+  int has_scaler;
 };
 struct gw_model;
 struct gw_sgd;
