@@ -33,6 +33,8 @@ extern "C" {
 
 struct gw_backend;  /* one instance: engine, stream, thread settings */
 struct gw_op;       /* one planned layer */
+struct gw_sgd_run;      /* sgd.h */
+struct gw_sgd_scalars;  /* sgd_math.h */
 
 struct gw_backend_config {
   int threads;      /* cpu: compute threads for this rank; 0 keeps the runtime's default */
@@ -157,6 +159,24 @@ struct gw_backend_ops {
    * two keeps every gradient exactly scaled; 1 for none), *loss unscaled. */
   gw_result_t (*loss_fwd_bwd)(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float grad_scale,
                               float *loss, gw_act_t *dlogits);
+
+  /* Training in backend memory, for a trainer that keeps the master weights,
+   * their gradients and the momentum there (gw-train on a GPU: nothing crosses
+   * to the host per step but the loss).
+   * sgd_step:  sgd_math.h's rule (with its grad_scale: the loss scaler's
+   *            unscale, fused) over the runs (sgd.h: gw_sgd_runs, host memory)
+   *            of params / grads / momentum [num_params] (momentum NULL
+   *            without one), in backend memory: the bits of gw_sgd_step on
+   *            the host.
+   * nonfinite: *found (host) = 1 when any of x [n] is inf or NaN, else 0; waits
+   *            for the work queued before it.
+   * stream:    the CUDA stream (cudaStream_t) the backend computes on, for
+   *            ordering another stream's work (the gradient allreduce) after
+   *            it; NULL for a backend whose calls are done when they return. */
+  gw_result_t (*sgd_step)(struct gw_backend *b, const struct gw_sgd_run *runs, int nruns, float *params,
+                          const float *grads, float *momentum, const struct gw_sgd_scalars *sc);
+  gw_result_t (*nonfinite)(struct gw_backend *b, const float *x, size_t n, int *found);
+  void *(*stream)(struct gw_backend *b);
 };
 
 #if GW_HAVE_ONEDNN

@@ -32,6 +32,7 @@
 
 #include "backend_cpu_internal.h"
 #include "backend_cpu_kernels.h"
+#include "sgd.h"
 
 static gw_result_t cpu_create(const struct gw_backend_config *cfg, struct gw_backend **out) {
   gw_result_t res = GW_SUCCESS;
@@ -351,6 +352,32 @@ static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, co
   return GW_SUCCESS;
 }
 
+/* ---- training in backend memory (host memory here) */
+
+static gw_result_t cpu_sgd_step(struct gw_backend *b, const struct gw_sgd_run *runs, int nruns, float *params,
+                                const float *grads, float *momentum, const struct gw_sgd_scalars *sc) {
+  (void)b;
+  if (nruns < 0 || (nruns && (!runs || !params || !grads)) || !sc)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: sgd_step needs runs, parameters, gradients and "
+                          "scalars (got %d runs)", nruns);
+  gw_sgd_apply(runs, nruns, params, grads, momentum, sc);
+  return GW_SUCCESS;
+}
+
+static gw_result_t cpu_nonfinite(struct gw_backend *b, const float *x, size_t n, int *found) {
+  (void)b;
+  if ((n && !x) || !found) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: nonfinite needs x and found");
+  int ok = 1;
+  for (size_t i = 0; i < n; i++) ok &= isfinite(x[i]) != 0;
+  *found = !ok;
+  return GW_SUCCESS;
+}
+
+static void *cpu_stream(struct gw_backend *b) {
+  (void)b;
+  return NULL;
+}
+
 const struct gw_backend_ops gw_backend_cpu = {
     .name = "cpu",
     .host_memory = 1,
@@ -385,6 +412,9 @@ const struct gw_backend_ops gw_backend_cpu = {
     .fc_fwd = cpu_fc_fwd,
     .fc_bwd = cpu_fc_bwd,
     .loss_fwd_bwd = cpu_loss_fwd_bwd,
+    .sgd_step = cpu_sgd_step,
+    .nonfinite = cpu_nonfinite,
+    .stream = cpu_stream,
 };
 
 #endif /* GW_HAVE_ONEDNN */

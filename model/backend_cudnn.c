@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "backend_cudnn_internal.h"
+#include "sgd.h"
 
 /* ---- errors ---- */
 
@@ -80,6 +81,9 @@ static void cudnn_destroy(struct gw_backend *b) {
   for (int i = 0; i < b->nplans; i++) cudnnBackendDestroyDescriptor(b->plans[i].plan);
   free(b->plans);
   if (b->ws) cudaFree(b->ws);
+  if (b->runs_dev) cudaFree(b->runs_dev);
+  if (b->flag) cudaFree(b->flag);
+  free(b->runs_host);
   if (b->ev0) cudaEventDestroy(b->ev0);
   if (b->ev1) cudaEventDestroy(b->ev1);
   if (b->blas) cublasDestroy(b->blas);
@@ -421,6 +425,45 @@ static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, 
   return cudnn_download(op->b, loss, op->loss, sizeof(float));
 }
 
+/* ---- training in device memory (cudnn_optim.cu) */
+
+/* The runs on the device: uploaded the first time and whenever they change
+ * (one optimizer's runs never do). */
+static gw_result_t runs_on_device(struct gw_backend *b, const struct gw_sgd_run *runs, int nruns) {
+  const size_t bytes = (size_t)nruns * sizeof *runs;
+  if (nruns == b->nruns && b->runs_host && !memcmp(runs, b->runs_host, bytes)) return GW_SUCCESS;
+  CU_TRY(cudaStreamSynchronize(b->stream), "sgd_step"); /* an older step may still read them */
+  if (b->runs_dev) cudaFree(b->runs_dev);
+  free(b->runs_host);
+  b->runs_dev = NULL, b->nruns = 0, b->max_len = 0;
+  if (!(b->runs_host = malloc(bytes ? bytes : 1))) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
+  CU_TRY(cudaMalloc((void **)&b->runs_dev, bytes ? bytes : 1), "sgd_step");
+  CU_TRY(cudaMemcpy(b->runs_dev, runs, bytes, cudaMemcpyHostToDevice), "sgd_step");
+  memcpy(b->runs_host, runs, bytes);
+  b->nruns = nruns;
+  for (int i = 0; i < nruns; i++) b->max_len = runs[i].len > b->max_len ? runs[i].len : b->max_len;
+  return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_sgd_step(struct gw_backend *b, const struct gw_sgd_run *runs, int nruns, float *params,
+                                  const float *grads, float *momentum, const struct gw_sgd_scalars *sc) {
+  if (nruns < 0 || nruns > 65535 || (nruns && (!runs || !params || !grads)) || !sc)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: sgd_step needs runs (at most 65535), parameters, "
+                          "gradients and scalars (got %d runs)", nruns);
+  GW_MODEL_TRY(runs_on_device(b, runs, nruns));
+  KERNEL_TRY(gw__cu_sgd_step(b->runs_dev, nruns, b->max_len, params, grads, momentum, sc, b->stream), "sgd_step");
+  return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_nonfinite(struct gw_backend *b, const float *x, size_t n, int *found) {
+  if ((n && !x) || !found) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: nonfinite needs x and found");
+  if (!b->flag) CU_TRY(cudaMalloc((void **)&b->flag, sizeof(int)), "nonfinite");
+  KERNEL_TRY(gw__cu_nonfinite(x, n, b->flag, b->stream), "nonfinite");
+  return cudnn_download(b, found, b->flag, sizeof(int));
+}
+
+static void *cudnn_stream(struct gw_backend *b) { return (void *)b->stream; }
+
 const struct gw_backend_ops gw_backend_cudnn = {
     .name = "cudnn",
     .host_memory = 0,
@@ -455,6 +498,9 @@ const struct gw_backend_ops gw_backend_cudnn = {
     .fc_fwd = cudnn_fc_fwd,
     .fc_bwd = cudnn_fc_bwd,
     .loss_fwd_bwd = cudnn_loss_fwd_bwd,
+    .sgd_step = cudnn_sgd_step,
+    .nonfinite = cudnn_nonfinite,
+    .stream = cudnn_stream,
 };
 
 #endif /* GW_HAVE_CUDNN */

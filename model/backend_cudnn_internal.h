@@ -30,6 +30,12 @@ struct gw_backend {
   cudaEvent_t ev0, ev1; /* plan timing */
   struct plan_entry *plans; /* chosen plans, shared by ops of one shape */
   int nplans, cap_plans;
+  /* sgd_step: the runs last given, on the device and their host copy (uploaded
+   * again only when they change), the longest run; nonfinite's device flag. */
+  struct gw_sgd_run *runs_dev, *runs_host;
+  int nruns;
+  size_t max_len;
+  int *flag;
 };
 
 enum { DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER, NDIRS }; /* the convolution's three graphs */

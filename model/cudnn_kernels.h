@@ -120,6 +120,16 @@ int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits,
  * except dst == src with equal dtypes: nothing to do, 0.  n = 0: 0. */
 int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream);
 
+/* Training (cudnn_optim.cu).  sgd_step: sgd_math.h's rule over the runs (device
+ * memory, nruns <= 65535; max_len the longest run's length) of params / grads /
+ * momentum (NULL without momentum), the host's bits.  nonfinite: *flag (device
+ * int) = 1 when any of x [n] is inf or NaN, else 0. */
+struct gw_sgd_run;
+struct gw_sgd_scalars;
+int gw__cu_sgd_step(const struct gw_sgd_run *runs, int nruns, size_t max_len, float *params, const float *grads,
+                    float *momentum, const struct gw_sgd_scalars *sc, void *stream);
+int gw__cu_nonfinite(const float *x, size_t n, int *flag, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,16 +7,13 @@
 #include <string.h>
 
 #include "model_internal.h"
+#include "sgd_math.h"
 
-struct run {
-  size_t offset, len;
-  float wd;
-};
 
 struct gw_sgd {
   struct gw_sgd_config cfg;
   size_t n;
-  struct run *runs;
+  struct gw_sgd_run *runs;
   int nruns;
   float *buf;     /* momentum, [n] */
   int64_t steps;
@@ -34,9 +31,9 @@ static int build_runs(struct gw_sgd *s, const struct gw_model *m) {
     const struct gw_tensor *t = gw_model_param_tensor(m, i);
     float wd = (s->cfg.decay_all || t->ndim >= 2) ? s->cfg.weight_decay : 0.0f;
     if (t->offset != end) return -2; /* not the layout resnet.h promises */
-    struct run *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
+    struct gw_sgd_run *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
     if (last && last->wd == wd) last->len += t->numel;
-    else s->runs[s->nruns++] = (struct run){t->offset, t->numel, wd};
+    else s->runs[s->nruns++] = (struct gw_sgd_run){t->offset, t->numel, wd};
     end += t->numel;
   }
   return end == s->n ? 0 : -2;
@@ -73,32 +70,44 @@ void gw_sgd_free(struct gw_sgd *s) {
   free(s);
 }
 
-static void step_plain(float *restrict p, const float *restrict g, size_t n, float wd, float lr) {
-  for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+/* One loop per case, so each is a straight loop the compiler vectorizes. */
+static void run_plain(float *restrict p, const float *restrict g, size_t n, float wd, const struct gw_sgd_scalars *sc) {
+  const struct gw_sgd_scalars c = *sc;
+  for (size_t i = 0; i < n; i++) gw_sgd_elem(&p[i], g[i], NULL, wd, &c);
 }
 
-static void step_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n, float wd,
-                          float lr, const struct gw_sgd_config *c, int first) {
-  const float mu = c->momentum, keep = 1.0f - c->dampening;
-  for (size_t i = 0; i < n; i++) {
-    float d = g[i] + wd * p[i];
-    float b = first ? d : mu * buf[i] + keep * d;
-    buf[i] = b;
-    p[i] -= lr * (c->nesterov ? d + mu * b : b);
+static void run_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n, float wd,
+                         const struct gw_sgd_scalars *sc) {
+  const struct gw_sgd_scalars c = *sc;
+  for (size_t i = 0; i < n; i++) gw_sgd_elem(&p[i], g[i], &buf[i], wd, &c);
+}
+
+void gw_sgd_apply(const struct gw_sgd_run *runs, int nruns, float *params, const float *grads, float *momentum,
+                  const struct gw_sgd_scalars *sc) {
+  for (int r = 0; r < nruns; r++) {
+    const struct gw_sgd_run *u = &runs[r];
+    if (momentum) run_momentum(params + u->offset, grads + u->offset, momentum + u->offset, u->len, u->wd, sc);
+    else run_plain(params + u->offset, grads + u->offset, u->len, u->wd, sc);
   }
+}
+
+const struct gw_sgd_run *gw_sgd_runs(const struct gw_sgd *s, int *nruns) {
+  *nruns = s->nruns;
+  return s->runs;
+}
+
+void gw_sgd_scalars_at(const struct gw_sgd *s, float lr, float grad_scale, struct gw_sgd_scalars *out) {
+  out->lr = lr, out->momentum = s->cfg.momentum, out->keep = 1.0f - s->cfg.dampening;
+  out->grad_scale = grad_scale, out->nesterov = s->cfg.nesterov, out->first = s->steps == 0;
 }
 
 gw_result_t gw_sgd_step(struct gw_sgd *s, float *params, const float *grads, float lr) {
   if (!params || !grads) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: parameters and gradients required");
   if (!(lr >= 0) || lr > 1e6f)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: learning rate %g is not a usable value", (double)lr);
-  for (int r = 0; r < s->nruns; r++) {
-    const struct run *u = &s->runs[r];
-    float *p = params + u->offset;
-    const float *g = grads + u->offset;
-    if (s->buf) step_momentum(p, g, s->buf + u->offset, u->len, u->wd, lr, &s->cfg, s->steps == 0);
-    else step_plain(p, g, u->len, u->wd, lr);
-  }
+  struct gw_sgd_scalars sc;
+  gw_sgd_scalars_at(s, lr, 1.0f, &sc);
+  gw_sgd_apply(s->runs, s->nruns, params, grads, s->buf, &sc);
   s->steps++;
   return GW_SUCCESS;
 }

@@ -38,6 +38,23 @@ void gw_sgd_free(struct gw_sgd *s); /* accepts NULL */
 /* One step over params[num_params] with grads[num_params] at learning rate lr. */
 gw_result_t gw_sgd_step(struct gw_sgd *s, float *params, const float *grads, float lr);
 
+/* For a backend stepping in its own memory (backend.h sgd_step): the runs of
+ * consecutive parameters that share a weight decay (in increasing offset order,
+ * tiling the buffer), and one step's scalars at learning rate lr with the
+ * gradients multiplied by grad_scale first (1 for none).  After such a step the
+ * caller counts it with gw_sgd_set_steps(s, gw_sgd_steps(s) + 1). */
+struct gw_sgd_run {
+  size_t offset, len;
+  float wd;
+};
+const struct gw_sgd_run *gw_sgd_runs(const struct gw_sgd *s, int *nruns);
+struct gw_sgd_scalars;
+void gw_sgd_scalars_at(const struct gw_sgd *s, float lr, float grad_scale, struct gw_sgd_scalars *out);
+/* The host step over runs (what gw_sgd_step does; the cpu backend's sgd_step):
+ * momentum NULL when the optimizer has none. */
+void gw_sgd_apply(const struct gw_sgd_run *runs, int nruns, float *params, const float *grads, float *momentum,
+                  const struct gw_sgd_scalars *sc);
+
 /* The momentum buffer [num_params] (same layout as the parameters) and the
  * number of steps taken, for checkpoints; set_steps(0) restarts as a fresh
  * optimizer (the next step copies the gradient into the buffer). */

@@ -55,7 +55,8 @@ struct gw_op_desc same_desc(int kind, int n, int c, int h, int w);
 void compare(const float *out, const double *ref, const double *mag, size_t n, double rel, double abs_tol,
              const char *label);
 
-/* test_model_backend_layers.c: adds its tests to tc. */
+/* test_model_backend_layers.c, test_model_backend_train.c: add their tests to tc. */
 void add_layer_tests(TCase *tc);
+void add_train_tests(TCase *tc);
 
 #endif

@@ -456,6 +456,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, test_conv_bwd_finite_difference);
   add_layer_tests(tc);
   tcase_add_test(tc, test_model_layers_plan);
+  add_train_tests(tc);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
