@@ -49,7 +49,8 @@ struct gw_bucketer {
    * and the buffer they are converted into for it. */
   gw_dtype_t wire;
   char *wbuf;
-  void *stream; /* gw_bucketer_set_stream */
+  void *stream; /* gw_bucketer_set_stream, or own_stream */
+  gw_dev_stream_t own_stream; /* made by set_compute_stream when no stream was given */
   /* gw_bucketer_set_compute_stream: the stream the gradients are written on,
    * an event per bucket recorded on it when the bucket starts (the allreduce's
    * stream waits for it), and one recorded on the allreduce's stream after the
@@ -295,11 +296,26 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   return GW_SUCCESS;
 }
 
+/* The stream set_compute_stream made, when no step is under way: everything on
+ * it has run once it is idle (destroy waits for it). */
+static void drop_own_stream(struct gw_bucketer *b) {
+  if (!b->own_stream) return;
+  gw__dev()->stream_sync(b->own_stream);
+  gw__dev()->stream_destroy(b->own_stream);
+  if (b->stream == b->own_stream) b->stream = NULL;
+  b->own_stream = NULL;
+}
+
 gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: bucketer is NULL");
   if (b->next || b->marked)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: a step is under way (call it between "
                 "gw_bucketer_wait and the next gw_bucketer_ready)");
+  if (b->compute && (!stream || stream == b->compute))
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: %s while a compute stream is set (turn "
+                "it off first with gw_bucketer_set_compute_stream(b, NULL))",
+                stream ? "the compute stream itself" : "no stream");
+  if (stream != b->own_stream) drop_own_stream(b);
   b->stream = stream;
   return GW_SUCCESS;
 }
@@ -311,16 +327,23 @@ gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
                 "between gw_bucketer_wait and the next gw_bucketer_ready)");
   if (!compute) {
     b->compute = NULL;
+    drop_own_stream(b); /* back to the stream (or none) the caller gave */
     return GW_SUCCESS;
   }
   const struct gw_dev_ops *d = gw__dev();
   if (!d)
     return fail(b->comm, GW_ERR_UNSUPPORTED, "gw_bucketer_set_compute_stream: no device layer (%s)",
                 gw__dev_absent_reason());
-  if (!b->stream || b->stream == compute)
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: give the allreduces their own "
-                "stream first (gw_bucketer_set_stream), not the compute stream: on one stream backward would wait "
-                "for communication");
+  if (b->stream == compute)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: the allreduces' stream "
+                "(gw_bucketer_set_stream) is the compute stream: on one stream backward would wait for "
+                "communication");
+  if (!b->stream) { /* none given: one of our own */
+    if (d->stream_create(&b->own_stream))
+      return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_set_compute_stream: creating the allreduces' stream: %s",
+                  d->error());
+    b->stream = b->own_stream;
+  }
   if (!b->ev) {
     gw_dev_event_t *ev = calloc((size_t)b->n + 1, sizeof *ev);
     if (!ev) return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_compute_stream: out of memory");
@@ -347,6 +370,7 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 void gw_bucketer_destroy(gw_bucketer_t b) {
   if (!b) return;
   if (b->req) wait_started(b);
+  drop_own_stream(b);
   for (int i = 0; b->ev && i <= b->n; i++) gw__dev()->event_destroy(b->ev[i]);
   free(b->ev);
   free(b->bounds), free(b->ready), free(b->req), free(b->iv), free(b->wbuf);

@@ -232,8 +232,9 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
 gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream);
 /* The stream the gradients are written on (backward's), so that the bucketer
  * orders the two streams itself, on the device, as DDP does: when a bucket
- * starts, an event recorded on `compute` makes the allreduce's stream (set
- * first with gw_bucketer_set_stream, and not this one) wait for the work that
+ * starts, an event recorded on `compute` makes the allreduce's stream (the one
+ * given to gw_bucketer_set_stream, which must not be this one, or when none was,
+ * a stream the bucketer makes and owns) wait for the work that
  * wrote it, so ready ranges may be marked as soon as their kernels are queued;
  * gw_bucketer_wait makes `compute` wait for the last allreduce, so the
  * optimizer queued on it after reads the results.  Neither backward nor the

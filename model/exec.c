@@ -530,6 +530,9 @@ gw_result_t gw_exec_set_loss_scale(struct gw_exec *e, float scale) {
   return GW_SUCCESS;
 }
 
+float *gw_exec_params(const struct gw_exec *e) { return e->params; }
+float *gw_exec_grads(const struct gw_exec *e) { return e->grads; }
+
 gw_result_t gw_exec_upload_model(struct gw_exec *e) {
   struct gw_model *m = e->m;
   if (e->ops->host_memory) return GW_SUCCESS;

@@ -93,6 +93,13 @@ gw_result_t gw_exec_download_model(struct gw_exec *e);
 gw_result_t gw_exec_download_grads(struct gw_exec *e, size_t first, size_t count);
 gw_result_t gw_exec_download_stats(struct gw_exec *e);
 
+/* The parameters and gradients [gw_model_num_params] the executor computes on,
+ * in the backend's memory (the model's own storage for host-memory backends):
+ * for a trainer that keeps the weights there (an optimizer step with the
+ * backend's sgd_step, the gradients reduced in place). */
+float *gw_exec_params(const struct gw_exec *e);
+float *gw_exec_grads(const struct gw_exec *e);
+
 /* Bytes the executor allocated (activations, gradient pool, work memory). */
 size_t gw_exec_memory_bytes(const struct gw_exec *e);
 

@@ -88,29 +88,58 @@ static char *slurp(const char *name, size_t *len) {
   return b;
 }
 
-/* The trainer's device path (a backend whose memory is not the host's: the
- * model goes up before each step, the gradients come down bucket by bucket
- * during backward and go to the overlapped allreduce, the statistics after it)
- * driven by the cpu backend pretending (GW_TRAIN_CPU_AS_DEVICE=1): the same
- * weights as the host path, bit for bit. */
-START_TEST(test_device_path_equals_host) {
-  char host[512], dev[512];
-  path(host, sizeof host, "host.safetensors");
-  path(dev, sizeof dev, "dev.safetensors");
-  struct run r;
-  const char *const noenv[] = {NULL}, *const devenv[] = {"GW_TRAIN_CPU_AS_DEVICE=1", NULL};
-  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--save-weights", host, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  train(&r, devenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--save-weights", dev, NULL});
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "(device memory), ") != NULL && strstr(r.out, "allreduce overlapped with backward"),
-                "the device path with overlap was not taken:\n%s", r.out);
-  gwrun_free(&r);
+/* The trainer's device paths, driven by the cpu backend pretending its memory
+ * is a device's (GW_TRAIN_CPU_AS_DEVICE=1): resident (the default: weights,
+ * gradients and momentum stay in backend memory, the buckets are allreduced
+ * there during backward, the backend's sgd_step) and --host-step (the model
+ * goes up before each step, the gradients come down bucket by bucket during
+ * backward, the optimizer on the host).  Both give the host path's weights bit
+ * for bit, also with loss scaling and a forced overflow (the backend's
+ * nonfinite check, the unscale fused into the step). */
+static void same_weights(const char *what, const char *a_file, const char *b_file) {
   size_t n1, n2;
-  char *a = slurp("host.safetensors", &n1), *b = slurp("dev.safetensors", &n2);
-  ck_assert_msg(n1 == n2 && !memcmp(a, b, n1), "weights trained on the device path differ from the host path's");
+  char *a = slurp(a_file, &n1), *b = slurp(b_file, &n2);
+  ck_assert_msg(n1 == n2 && !memcmp(a, b, n1), "weights trained %s differ from the host path's", what);
   free(a), free(b);
+}
+
+static void device_paths_case(const char *tag, const char *env1, const char *const *flags) {
+  char host[512], res[512], hs[512], hn[128], rn[128], sn[128];
+  snprintf(hn, sizeof hn, "%s-host.safetensors", tag), path(host, sizeof host, hn);
+  snprintf(rn, sizeof rn, "%s-resident.safetensors", tag), path(res, sizeof res, rn);
+  snprintf(sn, sizeof sn, "%s-hoststep.safetensors", tag), path(hs, sizeof hs, sn);
+  const char *const env[] = {env1, NULL}, *const devenv[] = {"GW_TRAIN_CPU_AS_DEVICE=1", env1, NULL};
+  const char *args[32] = {"--steps", "3", "--batch", "8", "--save-weights", host};
+  int n = 6;
+  for (int i = 0; flags[i]; i++) args[n++] = flags[i];
+  struct run r;
+  train(&r, env, "2", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  args[5] = res;
+  train(&r, devenv, "2", args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "(device memory; weights, gradients and optimizer there)") &&
+                    strstr(r.out, "allreduce overlapped with backward"),
+                "%s: the resident device path with overlap was not taken:\n%s", tag, r.out);
+  gwrun_free(&r);
+  args[5] = hs, args[n] = "--host-step";
+  train(&r, devenv, "2", args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "master weights and optimizer on the host: --host-step"),
+                "%s: --host-step was not taken:\n%s", tag, r.out);
+  gwrun_free(&r);
+  char what[160];
+  snprintf(what, sizeof what, "(%s) with the weights on the backend", tag);
+  same_weights(what, hn, rn);
+  snprintf(what, sizeof what, "(%s) with --host-step", tag);
+  same_weights(what, hn, sn);
+}
+
+START_TEST(test_device_path_equals_host) {
+  device_paths_case("fp32", NULL, (const char *const[]){NULL});
+  device_paths_case("scaled", "GW_TRAIN_OVERFLOW_AT_STEP=2",
+                    (const char *const[]){"--amp", "bf16", "--loss-scale", "dynamic", "--nesterov", NULL});
 }
 END_TEST
 
@@ -445,6 +474,10 @@ static void resume_case(const char *tag, const char *env1, const char *const *fl
 
 START_TEST(test_resume_is_bit_exact) {
   resume_case("plain", NULL, (const char *const[]){NULL}, (const char *const[]){"loss", NULL});
+  /* The weights and momentum kept on a (pretend) device: checkpoints and the
+   * resume go through the host copies. */
+  resume_case("resident", "GW_TRAIN_CPU_AS_DEVICE=1", (const char *const[]){NULL},
+              (const char *const[]){"loss", NULL});
 }
 END_TEST
 

@@ -8,6 +8,16 @@
  * compute time, communication time (first bucket start to last done) and exposed
  * communication (backward end to last done) are logged.
  *
+ * With a device backend (cudnn) the weights, their gradients and the momentum
+ * live on the device ("resident"): the buckets are allreduced in device memory
+ * on a communication stream ordered after backward's kernels by an event per
+ * bucket (the bucketer's compute stream, as DDP), the loss scaler's check and
+ * the optimizer run there, and nothing crosses PCIe per step but the loss and
+ * the overflow verdict.  The host copies are brought up to date only for
+ * checkpoints, evaluation and the final weights.  --host-step keeps the older
+ * arrangement (master weights on the host) for comparison and for a 16-bit
+ * --grad-wire, which device buffers do not take yet.
+ *
  * Every rank starts from rank 0's weights (broadcast), so the replicas stay
  * identical; BN running statistics are rank 0's before each evaluation and in
  * checkpoints, as PyTorch DDP's broadcast_buffers.
@@ -30,6 +40,7 @@
 #include "loader.h"
 #include "sampler.h"
 #include "sgd.h"
+#include "sgd_math.h"
 
 struct trainer {
   const struct train_opts *o;
@@ -44,6 +55,8 @@ struct trainer {
   struct gw_exec *e;
   struct gw_sgd *sgd;
   gw_bucketer_t bk;
+  int resident;  /* device backend: weights, gradients, momentum stay in its memory (see the top) */
+  float *mom_dev; /* resident: the momentum buffer there (NULL without momentum) */
   void *grads_reg; /* gw_comm_register of the gradients (over ib: sent from directly) */
   size_t np, nrun, ncounters;
   size_t marked;            /* gradient elements handed to the bucketer this step */
@@ -217,6 +230,13 @@ static int setup_model(struct trainer *t) {
   t->st.loss_scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
   struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
+  t->resident = !t->ops->host_memory && !o->host_step && o->grad_wire == GW_FLOAT32;
+  if (t->resident && gw_sgd_momentum(t->sgd) && !(t->mom_dev = t->ops->alloc(t->b, t->np * sizeof(float)))) {
+    char d[160];
+    snprintf(d, sizeof d, "out of %s memory for the momentum buffer (%zu MiB)", t->ops->name,
+             t->np * sizeof(float) >> 20);
+    return fail(t, "optimizer", d);
+  }
   snprintf(t->config, sizeof t->config,
            "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d seed=%llu",
            o->model_name, cfg.classes, cfg.in_channels, cfg.image_size,
@@ -236,11 +256,18 @@ static int setup_comm_parts(struct trainer *t) {
                                     (size_t)(o->bucket_mb * 1048576), bounds, 4096);
   if (nb < 1) return fail(t, "--bucket-mb", "too many buckets for the model (at most 4095)");
   /* The gradients live in one buffer for the whole run: registered once, the
-   * allreduces over ib send their chunks straight from it (no-op without ib). */
-  gw_result_t r = gw_comm_register(t->comm, gw_model_grads(t->m), t->np * sizeof(float), &t->grads_reg);
-  if (r != GW_SUCCESS) return comm_fail(t, "registering the gradients", r);
-  r = gw_bucketer_create(t->comm, gw_model_grads(t->m), t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
+   * allreduces over ib send their chunks straight from it (no-op without ib;
+   * device memory goes through the transports' staging instead). */
+  float *grads = t->resident ? gw_exec_grads(t->e) : gw_model_grads(t->m);
+  void *compute = t->resident ? t->ops->stream(t->b) : NULL; /* NULL: host memory, calls done on return */
+  gw_result_t r = GW_SUCCESS;
+  if (!compute && (r = gw_comm_register(t->comm, grads, t->np * sizeof(float), &t->grads_reg)) != GW_SUCCESS)
+    return comm_fail(t, "registering the gradients", r);
+  r = gw_bucketer_create(t->comm, grads, t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
   if (r == GW_SUCCESS && o->grad_wire != GW_FLOAT32) r = gw_bucketer_set_wire(t->bk, (gw_dtype_t)o->grad_wire);
+  /* Backward's kernels are queued, not done, when their gradients are reported
+   * ready: the allreduces wait for them on the device, never the host. */
+  if (r == GW_SUCCESS && compute) r = gw_bucketer_set_compute_stream(t->bk, compute);
   return r == GW_SUCCESS ? 0 : comm_fail(t, "bucketer", r);
 }
 
@@ -289,11 +316,33 @@ static double lr_at(const struct trainer *t, int64_t step) {
   return t->peak_lr * 0.5 * (1.0 + cos(M_PI * p));
 }
 
+/* ---- the host copies of a resident run */
+
+/* Brings the host model (weights, BN statistics) and the momentum up to date
+ * from the backend, where a resident run keeps them. */
+static int host_from_backend(struct trainer *t, const char *what) {
+  if (!t->resident) return 0;
+  if (gw_exec_download_model(t->e) != GW_SUCCESS) return fail(t, what, gw_model_last_error());
+  if (t->mom_dev && t->ops->download(t->b, gw_sgd_momentum(t->sgd), t->mom_dev, t->np * sizeof(float)) != GW_SUCCESS)
+    return fail(t, what, gw_model_last_error());
+  return 0;
+}
+
+/* The other way: after the broadcast of the initial weights or a resume. */
+static int backend_from_host(struct trainer *t) {
+  if (!t->resident) return 0;
+  if (gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "setup", gw_model_last_error());
+  if (t->mom_dev && t->ops->upload(t->b, t->mom_dev, gw_sgd_momentum(t->sgd), t->np * sizeof(float)) != GW_SUCCESS)
+    return fail(t, "setup", gw_model_last_error());
+  return 0;
+}
+
 /* ---- checkpoints: rank 0 writes, everyone resumes from rank 0's reading */
 
 static int save_checkpoint(struct trainer *t) {
   char err[600];
   if (!t->o->checkpoint_dir || t->rank != 0) return 0;
+  if (host_from_backend(t, "checkpoint") != 0) return -1;
   if (ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
     return fail(t, "checkpoint", err);
   return 0;
@@ -396,6 +445,7 @@ static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_
 
 static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (!t->val_ld) return 0;
+  if (host_from_backend(t, "evaluation") != 0) return -1;
   if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
   if (gw_loader_seek(t->val_ld, 0, 0) != GW_SUCCESS) return fail(t, "evaluation", gw_data_last_error());
   if (gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "evaluation", gw_model_last_error());
@@ -463,22 +513,40 @@ static int finish_gradients(struct trainer *t, struct step_report *r, double t_b
   return 0;
 }
 
-/* Loss scaling, after the allreduce (every rank sees the same sums, so the same
- * verdict): gradients that are all finite are divided by the scale (exact for
- * a power of two) and the step goes on; any inf or NaN skips the optimizer step,
- * counts it, and with --loss-scale dynamic halves the scale, which doubles
- * again after 2000 steps without overflow (PyTorch's GradScaler's rule).
- * Returns 1 when the step is to be skipped. */
-static int unscale(struct trainer *t) {
-  float *g = gw_model_grads(t->m);
+/* Whether any of this step's (reduced, scaled) gradients is inf or NaN: on
+ * the backend for a resident run (one flag comes back), else on the host. */
+static int overflowed(struct trainer *t, int *over) {
   const size_t np = t->np;
   /* A test hook: GW_TRAIN_OVERFLOW_AT_STEP=N makes step N's gradients overflow
    * (on every rank), so the skip and the backoff can be tested exactly. */
   const char *poison = getenv("GW_TRAIN_OVERFLOW_AT_STEP");
-  if (poison && atoll(poison) == t->st.step + 1) g[np / 2] = INFINITY;
+  const int poisoned = poison && atoll(poison) == t->st.step + 1;
+  if (t->resident) {
+    float *g = gw_exec_grads(t->e), inf = INFINITY;
+    if ((poisoned && t->ops->upload(t->b, g + np / 2, &inf, sizeof inf) != GW_SUCCESS) ||
+        t->ops->nonfinite(t->b, g, np, over) != GW_SUCCESS)
+      return fail(t, "loss scaling", gw_model_last_error());
+    return 0;
+  }
+  float *g = gw_model_grads(t->m);
+  if (poisoned) g[np / 2] = INFINITY;
   int finite = 1;
   for (size_t i = 0; i < np; i++) finite &= isfinite(g[i]) != 0;
-  if (!finite) {
+  *over = !finite;
+  return 0;
+}
+
+/* Loss scaling, after the allreduce (every rank sees the same sums, so the same
+ * verdict): gradients that are all finite are divided by the scale (exact for
+ * a power of two; a resident run's optimizer does it, given *inv) and the step
+ * goes on; any inf or NaN skips the optimizer step, counts it, and with
+ * --loss-scale dynamic halves the scale, which doubles again after 2000 steps
+ * without overflow (PyTorch's GradScaler's rule).  Returns 1 when the step is
+ * to be skipped, -1 on an error. */
+static int unscale(struct trainer *t, float *inv) {
+  int over = 0;
+  if (overflowed(t, &over) != 0) return -1;
+  if (over) {
     t->st.overflows++, t->st.good_steps = 0;
     double was = t->st.loss_scale;
     if (t->o->loss_scale_dynamic && t->st.loss_scale > 1e-30) t->st.loss_scale *= 0.5;
@@ -486,10 +554,31 @@ static int unscale(struct trainer *t) {
              (long long)t->st.step + 1, was, (long long)t->st.overflows, t->st.loss_scale);
     return 1;
   }
-  const float inv = (float)(1.0 / t->st.loss_scale);
-  for (size_t i = 0; i < np; i++) g[i] *= inv;
+  *inv = (float)(1.0 / t->st.loss_scale);
+  if (!t->resident) {
+    float *g = gw_model_grads(t->m);
+    for (size_t i = 0; i < t->np; i++) g[i] *= *inv;
+  }
   if (t->o->loss_scale_dynamic && ++t->st.good_steps == 2000 && t->st.loss_scale < 1e38)
     t->st.loss_scale *= 2, t->st.good_steps = 0;
+  return 0;
+}
+
+/* The optimizer step: on the backend (resident; the unscale by inv fused), or
+ * on the host's master weights (whose gradients are unscaled already). */
+static int optimizer_step(struct trainer *t, double lr, float inv) {
+  if (!t->resident) {
+    if (gw_sgd_step(t->sgd, gw_model_params(t->m), gw_model_grads(t->m), (float)lr) != GW_SUCCESS)
+      return fail(t, "optimizer", gw_model_last_error());
+    return 0;
+  }
+  struct gw_sgd_scalars sc;
+  int nruns = 0;
+  const struct gw_sgd_run *runs = gw_sgd_runs(t->sgd, &nruns);
+  gw_sgd_scalars_at(t->sgd, (float)lr, inv, &sc);
+  if (t->ops->sgd_step(t->b, runs, nruns, gw_exec_params(t->e), gw_exec_grads(t->e), t->mom_dev, &sc) != GW_SUCCESS)
+    return fail(t, "optimizer", gw_model_last_error());
+  gw_sgd_set_steps(t->sgd, gw_sgd_steps(t->sgd) + 1);
   return 0;
 }
 
@@ -498,28 +587,29 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
   double t0 = now();
   float loss = 0;
   t->marked = 0, t->downloaded = 0, t->ready_err = GW_SUCCESS, t->ready_msg[0] = 0;
-  /* A device backend computes on its own copies: the host model (weights, BN
-   * statistics) is the master that the optimizer, checkpoints and broadcasts
-   * use, so it goes up before the step, and the gradients (during backward) and
-   * the statistics (after it) come back down. */
-  int device = !t->ops->host_memory;
-  if (device && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
+  /* --host-step on a device backend: the host model (weights, BN statistics) is
+   * the master that the optimizer, checkpoints and broadcasts use, so it goes
+   * up before the step, and the gradients (during backward) and the statistics
+   * (after it) come back down.  A resident run moves none of it. */
+  const int copies = !t->ops->host_memory && !t->resident;
+  if (copies && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
   if (t->st.loss_scale && gw_exec_set_loss_scale(t->e, (float)t->st.loss_scale) != GW_SUCCESS)
     return fail(t, "--loss-scale", gw_model_last_error());
   if (gw_exec_forward(t->e, bt->x, 1) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
-  gw_grad_ready_fn ready = device ? on_ready_device : t->bk && !o->no_overlap ? on_ready : NULL;
+  gw_grad_ready_fn ready = copies ? on_ready_device : t->bk && !o->no_overlap ? on_ready : NULL;
   if (gw_exec_backward(t->e, bt->y, &loss, ready, t) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
   if (t->ready_msg[0]) return fail(t, "backward", t->ready_msg);
-  if (device && gw_exec_download_stats(t->e) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
+  if (copies && gw_exec_download_stats(t->e) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
   double t_bwd = now();
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
   double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
   if (allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
   r->loss_scale = t->st.loss_scale;
-  int skip = t->st.loss_scale ? unscale(t) : 0;
+  float inv = 1.0f;
+  int skip = t->st.loss_scale ? unscale(t, &inv) : 0;
+  if (skip < 0) return -1;
   r->overflows = t->st.overflows;
-  if (!skip && gw_sgd_step(t->sgd, gw_model_params(t->m), gw_model_grads(t->m), (float)lr) != GW_SUCCESS)
-    return fail(t, "optimizer", gw_model_last_error());
+  if (!skip && optimizer_step(t, lr, inv) != 0) return -1;
   double t_end = now();
   r->loss = lsum / t->world;
   r->lr = lr;
@@ -586,7 +676,8 @@ static int setup(struct trainer *t) {
   if (!t->pad_x || !t->logits) return fail(t, "setup", "out of memory");
   char err[600];
   if (log_open(&t->log, t->o->metrics, t->rank, err, sizeof err) != 0) return fail(t, "--metrics", err);
-  return t->o->resume ? resume(t) : 0;
+  if (t->o->resume && resume(t) != 0) return -1;
+  return backend_from_host(t);
 }
 
 static void announce(struct trainer *t) {
@@ -595,7 +686,13 @@ static void announce(struct trainer *t) {
            "%s on %s: %d rank%s x batch %d on %s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
            "parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
-           t->ops->name, t->ops->host_memory ? "" : " (device memory)", o->amp == GW_BFLOAT16 ? ", bf16 activations" : "",
+           t->ops->name,
+           t->ops->host_memory ? ""
+           : t->resident       ? " (device memory; weights, gradients and optimizer there)"
+           : o->host_step      ? " (device memory; master weights and optimizer on the host: --host-step)"
+                               : " (device memory; master weights and optimizer on the host: a 16-bit --grad-wire "
+                                 "reduces host copies)",
+           o->amp == GW_BFLOAT16 ? ", bf16 activations" : "",
            (long long)t->total_steps, (long long)t->spe,
            t->peak_lr,
            t->world == 1     ? "no allreduce"
@@ -611,6 +708,7 @@ static void teardown(struct trainer *t) {
   gw_loader_free(t->val_ld);
   gw_sgd_free(t->sgd);
   gw_exec_free(t->e);
+  if (t->mom_dev) t->ops->dealloc(t->b, t->mom_dev);
   if (t->b) t->ops->destroy(t->b);
   gw_model_free(t->m);
   gw_dataset_free(t->train_ds);
@@ -621,6 +719,7 @@ static void teardown(struct trainer *t) {
 
 static int finish(struct trainer *t) {
   if (!t->o->save_weights) return 0;
+  if (host_from_backend(t, "--save-weights") != 0) return -1;
   if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
   if (t->rank == 0 && gw_model_save_weights(t->m, t->o->save_weights) != GW_SUCCESS)
     return fail(t, "--save-weights", gw_model_last_error());

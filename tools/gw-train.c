@@ -57,6 +57,9 @@ static void usage(FILE *f) {
           "                           default 65536, halve when the gradients overflow, double after 2000 steps\n"
           "                           without); a step whose gradients overflowed is skipped and counted\n"
           "  --loss-scale-init S      the dynamic scale's start\n"
+          "  --host-step              cudnn: keep the master weights on the host (gradients copied down bucket by\n"
+          "                           bucket, the optimizer on the CPU, weights up each step) instead of on the\n"
+          "                           GPU (default: weights, gradients and momentum stay there)\n"
           "communication:\n"
           "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
           "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
@@ -118,7 +121,8 @@ enum {
   O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
-  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT
+  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
+  O_HOSTSTEP
 };
 
 static const struct option longopts[] = {
@@ -144,6 +148,7 @@ static const struct option longopts[] = {
     {"grad-wire", required_argument, NULL, O_WIRE},        {"backend", required_argument, NULL, O_BACKEND},
     {"tf32", required_argument, NULL, O_TF32},            {"amp", required_argument, NULL, O_AMP},
     {"loss-scale", required_argument, NULL, O_LSCALE},    {"loss-scale-init", required_argument, NULL, O_LSINIT},
+    {"host-step", no_argument, NULL, O_HOSTSTEP},
     {"help", no_argument, NULL, 'h'},                     {NULL, 0, NULL, 0}};
 
 static int parse_seed(const char *arg, uint64_t *out) {
@@ -218,6 +223,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_SYNCBN: o->sync_bn = 1; return 0;
   case O_BUCKET: return parse_double("--bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->bucket_mb);
   case O_NOOVERLAP: o->no_overlap = 1; return 0;
+  case O_HOSTSTEP: o->host_step = 1; return 0;
   case O_WIRE:
     if (!strcmp(arg, "float32") || !strcmp(arg, "fp32")) o->grad_wire = GW_FLOAT32;
     else if (!strcmp(arg, "bfloat16") || !strcmp(arg, "bf16")) o->grad_wire = GW_BFLOAT16;

@@ -28,6 +28,7 @@ struct train_opts {
   int nesterov;
   enum gw_schedule schedule;
   int sync_bn, no_overlap, augment, drop_last;
+  int host_step;            /* --host-step: a device backend's master weights and optimizer on the host */
   double bucket_mb, first_bucket_mb;
   int grad_wire; /* gw_dtype_t the gradients travel as (--grad-wire) */
   const char *checkpoint_dir;
