@@ -90,6 +90,19 @@ struct gw_backend_ops {
   gw_result_t (*upload)(struct gw_backend *b, void *dst, const void *host_src, size_t bytes);
   gw_result_t (*download)(struct gw_backend *b, void *host_dst, const void *src, size_t bytes);
   gw_result_t (*copy)(struct gw_backend *b, void *dst, const void *src, size_t bytes); /* backend to backend */
+  /* The input pipeline: the next batch goes up while this one computes.
+   * upload_async copies host_src (any host memory; the backend stages it in
+   * pinned memory of its own, one buffer per slot) to dst on the backend's
+   * copy stream and returns without waiting for the transfer; `slot` (0 or 1)
+   * names the transfer: a slot's next upload_async first waits (host) for its
+   * previous one.  upload_order(slot) makes the operations queued after it wait
+   * (on the device) for the slot's last transfer, and marks every other slot's
+   * destination free once the operations queued before it are done: the next
+   * transfer of such a slot waits (on the device) for them.  So two slots used
+   * in turn (stage one, compute on the other) never overwrite what is being
+   * read.  A host backend copies at once. */
+  gw_result_t (*upload_async)(struct gw_backend *b, void *dst, const void *host_src, size_t bytes, int slot);
+  gw_result_t (*upload_order)(struct gw_backend *b, int slot);
 
   /* The dtype of activation tensors (gw_dtype_t: GW_FLOAT32 or GW_BFLOAT16). */
   int (*act_dtype)(const struct gw_backend *b);

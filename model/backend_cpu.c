@@ -352,6 +352,21 @@ static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, co
   return GW_SUCCESS;
 }
 
+/* ---- the input pipeline: nothing to overlap on the host */
+
+static gw_result_t cpu_upload_async(struct gw_backend *b, void *dst, const void *src, size_t bytes, int slot) {
+  if (slot < 0 || slot > 1 || (bytes && (!dst || !src)))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: upload_async: slot %d (0 or 1), %zu bytes from %p "
+                          "to %p", slot, bytes, src, dst);
+  return cpu_copy(b, dst, src, bytes);
+}
+
+static gw_result_t cpu_upload_order(struct gw_backend *b, int slot) {
+  (void)b;
+  if (slot < 0 || slot > 1) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: upload_order: slot %d", slot);
+  return GW_SUCCESS;
+}
+
 /* ---- training in backend memory (host memory here) */
 
 static gw_result_t cpu_sgd_step(struct gw_backend *b, const struct gw_sgd_run *runs, int nruns, float *params,
@@ -388,6 +403,8 @@ const struct gw_backend_ops gw_backend_cpu = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
+    .upload_async = cpu_upload_async,
+    .upload_order = cpu_upload_order,
     .act_dtype = cpu_act_dtype,
     .op_create = cpu_op_create,
     .op_destroy = cpu_op_destroy,

@@ -81,6 +81,12 @@ static void cudnn_destroy(struct gw_backend *b) {
   for (int i = 0; i < b->nplans; i++) cudnnBackendDestroyDescriptor(b->plans[i].plan);
   free(b->plans);
   if (b->ws) cudaFree(b->ws);
+  if (b->copy_stream) cudaStreamSynchronize(b->copy_stream), cudaStreamDestroy(b->copy_stream);
+  for (int i = 0; i < 2; i++) {
+    if (b->slot[i].pinned) cudaFreeHost(b->slot[i].pinned);
+    if (b->slot[i].copied) cudaEventDestroy(b->slot[i].copied);
+    if (b->slot[i].freed) cudaEventDestroy(b->slot[i].freed);
+  }
   if (b->runs_dev) cudaFree(b->runs_dev);
   if (b->flag) cudaFree(b->flag);
   free(b->runs_host);
@@ -176,6 +182,49 @@ static gw_result_t cudnn_download(struct gw_backend *b, void *dst, const void *s
 
 static gw_result_t cudnn_copy(struct gw_backend *b, void *dst, const void *src, size_t bytes) {
   CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b->stream), "copy");
+  return GW_SUCCESS;
+}
+
+/* The copy stream and the slots' events, at the first transfer. */
+static gw_result_t staging_ready(struct gw_backend *b) {
+  if (b->copy_stream) return GW_SUCCESS;
+  for (int i = 0; i < 2; i++) {
+    CU_TRY(cudaEventCreateWithFlags(&b->slot[i].copied, cudaEventDisableTiming), "upload_async");
+    CU_TRY(cudaEventCreateWithFlags(&b->slot[i].freed, cudaEventDisableTiming), "upload_async");
+  }
+  CU_TRY(cudaStreamCreateWithFlags(&b->copy_stream, cudaStreamNonBlocking), "upload_async");
+  return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_upload_async(struct gw_backend *b, void *dst, const void *src, size_t bytes, int slot) {
+  if (slot < 0 || slot > 1 || (bytes && (!dst || !src)))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: upload_async: slot %d (0 or 1), %zu bytes from %p "
+                          "to %p", slot, bytes, src, dst);
+  GW_MODEL_TRY(staging_ready(b));
+  struct stage_slot *s = &b->slot[slot];
+  /* The slot's previous transfer has left the pinned buffer before it is refilled. */
+  CU_TRY(cudaEventSynchronize(s->copied), "upload_async (the slot's previous transfer)");
+  if (bytes > s->cap) {
+    if (s->pinned) cudaFreeHost(s->pinned);
+    s->pinned = NULL, s->cap = 0;
+    CU_TRY(cudaHostAlloc(&s->pinned, bytes, cudaHostAllocDefault), "upload_async (pinned staging memory)");
+    s->cap = bytes;
+  }
+  if (!bytes) return GW_SUCCESS;
+  memcpy(s->pinned, src, bytes);
+  if (s->freed_recorded) CU_TRY(cudaStreamWaitEvent(b->copy_stream, s->freed, 0), "upload_async");
+  CU_TRY(cudaMemcpyAsync(dst, s->pinned, bytes, cudaMemcpyHostToDevice, b->copy_stream), "upload_async");
+  CU_TRY(cudaEventRecord(s->copied, b->copy_stream), "upload_async");
+  return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_upload_order(struct gw_backend *b, int slot) {
+  if (slot < 0 || slot > 1) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: upload_order: slot %d", slot);
+  GW_MODEL_TRY(staging_ready(b));
+  CU_TRY(cudaStreamWaitEvent(b->stream, b->slot[slot].copied, 0), "upload_order");
+  struct stage_slot *other = &b->slot[slot ^ 1];
+  CU_TRY(cudaEventRecord(other->freed, b->stream), "upload_order");
+  other->freed_recorded = 1;
   return GW_SUCCESS;
 }
 
@@ -433,6 +482,12 @@ static gw_result_t runs_on_device(struct gw_backend *b, const struct gw_sgd_run 
   const size_t bytes = (size_t)nruns * sizeof *runs;
   if (nruns == b->nruns && b->runs_host && !memcmp(runs, b->runs_host, bytes)) return GW_SUCCESS;
   CU_TRY(cudaStreamSynchronize(b->stream), "sgd_step"); /* an older step may still read them */
+  if (b->copy_stream) cudaStreamSynchronize(b->copy_stream), cudaStreamDestroy(b->copy_stream);
+  for (int i = 0; i < 2; i++) {
+    if (b->slot[i].pinned) cudaFreeHost(b->slot[i].pinned);
+    if (b->slot[i].copied) cudaEventDestroy(b->slot[i].copied);
+    if (b->slot[i].freed) cudaEventDestroy(b->slot[i].freed);
+  }
   if (b->runs_dev) cudaFree(b->runs_dev);
   free(b->runs_host);
   b->runs_dev = NULL, b->nruns = 0, b->max_len = 0;
@@ -474,6 +529,8 @@ const struct gw_backend_ops gw_backend_cudnn = {
     .upload = cudnn_upload,
     .download = cudnn_download,
     .copy = cudnn_copy,
+    .upload_async = cudnn_upload_async,
+    .upload_order = cudnn_upload_order,
     .act_dtype = cudnn_act_dtype,
     .op_create = cudnn_op_create,
     .op_destroy = cudnn_op_destroy,

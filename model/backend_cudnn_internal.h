@@ -36,6 +36,16 @@ struct gw_backend {
   int nruns;
   size_t max_len;
   int *flag;
+  /* upload_async / upload_order: the copy stream (made at the first transfer)
+   * and per slot a pinned staging buffer, an event after its last transfer and
+   * one after the work that last read its destination. */
+  cudaStream_t copy_stream;
+  struct stage_slot {
+    void *pinned;
+    size_t cap;
+    cudaEvent_t copied, freed;
+    int freed_recorded;
+  } slot[2];
 };
 
 enum { DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER, NDIRS }; /* the convolution's three graphs */

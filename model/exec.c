@@ -48,7 +48,17 @@ struct gw_exec {
   void **owned;           /* every allocation, freed at the end */
   int nowned, cap_owned;
   float *params, *grads, *running; /* the model's storage, or backend copies */
-  int32_t *labels;        /* backend copy of the labels */
+  int32_t *labels;        /* backend copy of the labels given to backward */
+  /* gw_exec_stage: per slot [input batch | labels] in backend memory and the
+   * labels on the host (checked at staging); the host image of a slot being
+   * filled; the slot staged and not yet taken (-1: none), the slot the last
+   * staged forward took (-1: none yet), whether the last forward was staged. */
+  void *slot_buf[2];
+  int32_t *slot_labels[2];
+  void *stage_host;
+  size_t slot_lab_off, slot_bytes;
+  int staged, last_slot, fwd_staged;
+  void *act0;             /* the input buffer of host batches */
   int trained_forward;    /* the last forward was a training one: backward may run */
   float loss_scale;       /* gw_exec_set_loss_scale: dlogits are multiplied by it */
   gw_exec_sum_fn sync_sum; /* SyncBatchNorm's cross-rank sum, or NULL */
@@ -103,6 +113,7 @@ static gw_result_t plan_activations(struct gw_exec *e, const int *count, int *pr
   const struct gw_model *m = e->m;
   for (int a = 0; a < m->nacts; a++) producer[a] = -1;
   EX_ALLOC(e->act[0], e, act_elems(e, 0) * e->esz, "the input batch");
+  e->act0 = e->act[0];
   for (int i = 0; i < m->nlayers; i++) {
     const struct gw_layer *l = &m->layers[i];
     producer[l->out] = i;
@@ -291,6 +302,7 @@ gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops,
   if (!e) return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
   e->m = m, e->ops = ops, e->b = b, e->cfg = *cfg;
   e->loss_scale = 1;
+  e->staged = -1, e->last_slot = -1;
   e->act_dt = ops->act_dtype(b);
   if (e->act_dt != GW_FLOAT32 && e->act_dt != GW_BFLOAT16) {
     int dt = e->act_dt;
@@ -324,6 +336,7 @@ void gw_exec_free(struct gw_exec *e) {
   for (int i = 0; i < e->nowned; i++) e->ops->dealloc(e->b, e->owned[i]);
   free(e->owned), free(e->L), free(e->act), free(e->grad);
   free(e->host_sums), free(e->host_stats), free(e->host_half);
+  free(e->stage_host), free(e->slot_labels[0]), free(e->slot_labels[1]);
   free(e);
 }
 
@@ -424,15 +437,68 @@ static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
   return gw__model_fail(GW_ERR_INTERNAL, "executor: layer %s has unknown kind %d", l->name, (int)l->kind);
 }
 
-gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
-  if (!images) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: forward needs an input batch");
-  e->trained_forward = 0;
+static gw_result_t check_labels(const struct gw_exec *e, const int32_t *labels) {
+  if (!labels) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: backward needs the labels");
+  for (int i = 0; i < e->cfg.batch; i++)
+    if (labels[i] < 0 || labels[i] >= e->m->cfg.classes)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: label %d of sample %d is not a class in [0, %d)",
+                            (int)labels[i], i, e->m->cfg.classes);
+  return GW_SUCCESS;
+}
+
+/* The input batch as the activation dtype into dst (host memory). */
+static void input_to_act(struct gw_exec *e, void *dst, const float *images) {
   size_t n = act_elems(e, 0);
-  if (e->host_half) { /* 16-bit activations: the batch converted on the host, then up */
-    gw_f32_to_bf16_n(e->host_half, images, n);
-    GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], e->host_half, n * e->esz));
+  if (e->esz != sizeof(float)) gw_f32_to_bf16_n(dst, images, n);
+  else memcpy(dst, images, n * sizeof(float));
+}
+
+static gw_result_t stage_alloc(struct gw_exec *e) {
+  size_t in = act_elems(e, 0) * e->esz;
+  e->slot_lab_off = (in + 255) / 256 * 256;
+  e->slot_bytes = e->slot_lab_off + (size_t)e->cfg.batch * sizeof(int32_t);
+  for (int i = 0; i < 2; i++) {
+    EX_ALLOC(e->slot_buf[i], e, e->slot_bytes, "a staged input batch");
+    if (!(e->slot_labels[i] = malloc((size_t)e->cfg.batch * sizeof(int32_t))))
+      return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
+  }
+  if (!(e->stage_host = malloc(e->slot_bytes))) return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_exec_stage(struct gw_exec *e, const float *images, const int32_t *labels) {
+  if (!images) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: staging needs an input batch");
+  GW_MODEL_TRY(check_labels(e, labels));
+  if (!e->stage_host) GW_MODEL_TRY(stage_alloc(e));
+  /* Never the slot the last staged forward took: its backward may still read it. */
+  int slot = e->staged >= 0 ? e->staged : e->last_slot >= 0 ? e->last_slot ^ 1 : 0;
+  e->staged = -1; /* until the transfer is queued */
+  input_to_act(e, e->stage_host, images);
+  memcpy((char *)e->stage_host + e->slot_lab_off, labels, (size_t)e->cfg.batch * sizeof(int32_t));
+  GW_MODEL_TRY(e->ops->upload_async(e->b, e->slot_buf[slot], e->stage_host, e->slot_bytes, slot));
+  memcpy(e->slot_labels[slot], labels, (size_t)e->cfg.batch * sizeof(int32_t));
+  e->staged = slot;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
+  e->trained_forward = 0;
+  if (!images) { /* the staged batch */
+    if (e->staged < 0)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: forward needs an input batch (none given, none staged)");
+    const int slot = e->staged;
+    GW_MODEL_TRY(e->ops->upload_order(e->b, slot));
+    e->act[0] = e->slot_buf[slot];
+    e->staged = -1, e->last_slot = slot, e->fwd_staged = 1;
   } else {
-    GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, n * sizeof(float)));
+    size_t n = act_elems(e, 0);
+    e->act[0] = e->act0, e->fwd_staged = 0;
+    if (e->host_half) { /* 16-bit activations: the batch converted on the host, then up */
+      input_to_act(e, e->host_half, images);
+      GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], e->host_half, n * e->esz));
+    } else {
+      GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, n * sizeof(float)));
+    }
   }
   for (int i = 0; i < e->m->nlayers; i++) GW_MODEL_TRY(forward_layer(e, i, train));
   e->trained_forward = train != 0;
@@ -492,14 +558,6 @@ static gw_result_t backward_layer(struct gw_exec *e, int i) {
   return GW_SUCCESS;
 }
 
-static gw_result_t check_labels(const struct gw_exec *e, const int32_t *labels) {
-  if (!labels) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: backward needs the labels");
-  for (int i = 0; i < e->cfg.batch; i++)
-    if (labels[i] < 0 || labels[i] >= e->m->cfg.classes)
-      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: label %d of sample %d is not a class in [0, %d)",
-                            (int)labels[i], i, e->m->cfg.classes);
-  return GW_SUCCESS;
-}
 
 gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,
                              void *ready_arg) {
@@ -507,13 +565,18 @@ gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *lo
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                           "executor: backward needs a training forward first (the last forward was evaluation, "
                           "failed, or already went backward)");
-  GW_MODEL_TRY(check_labels(e, labels));
+  int32_t *dev_labels = e->labels;
+  if (!labels && e->fwd_staged) { /* the staged batch's, checked when staged */
+    dev_labels = (int32_t *)(void *)((char *)e->slot_buf[e->last_slot] + e->slot_lab_off);
+  } else {
+    GW_MODEL_TRY(check_labels(e, labels));
+    GW_MODEL_TRY(e->ops->upload(e->b, e->labels, labels, (size_t)e->cfg.batch * sizeof(int32_t)));
+  }
   e->trained_forward = 0; /* backward reuses gradient buffers: one backward per forward */
-  GW_MODEL_TRY(e->ops->upload(e->b, e->labels, labels, (size_t)e->cfg.batch * sizeof(int32_t)));
   int logits = e->m->nacts - 1;
   float host_loss = 0;
   GW_MODEL_TRY(
-      e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], e->labels, e->loss_scale, &host_loss, e->grad[logits]));
+      e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], dev_labels, e->loss_scale, &host_loss, e->grad[logits]));
   if (loss) *loss = host_loss;
   size_t reported = 0;
   for (int i = e->m->nlayers - 1; i >= 0; i--) {

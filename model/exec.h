@@ -47,7 +47,20 @@ gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops,
                            const struct gw_exec_config *cfg, struct gw_exec **out);
 void gw_exec_free(struct gw_exec *e); /* accepts NULL */
 
-/* Forward over `images` (host, NCHW fp32 [batch, in_channels, size, size]).
+/* The input pipeline: the next batch goes up while this one computes.  Copies
+ * images (as gw_exec_forward takes them) and labels (checked here, as backward
+ * checks them) into the executor's staging slot, converted to the activation
+ * dtype on the host, and queues their transfer on the backend's copy stream
+ * (backend.h upload_async: through pinned memory); returns without waiting for
+ * it.  The next gw_exec_forward(e, NULL, train) takes the staged batch (its
+ * work waits for the transfer on the device) and gw_exec_backward(e, NULL, ...)
+ * its labels.  Two slots in turn: staging never touches the batch the last
+ * staged forward took, so it may run while that step's backward computes;
+ * staging again before the forward replaces the staged batch. */
+gw_result_t gw_exec_stage(struct gw_exec *e, const float *images, const int32_t *labels);
+
+/* Forward over `images` (host, NCHW fp32 [batch, in_channels, size, size]), or
+ * the staged batch when images is NULL.
  * train != 0: batch statistics, running statistics updated (momentum 0.1,
  * unbiased variance) and num_batches_tracked incremented, activations kept for
  * backward; train == 0: running statistics, nothing updated. */
@@ -57,7 +70,8 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train);
 gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits);
 
 /* After a training forward: the mean label-smoothed cross-entropy over the batch
- * against `labels` (host, [batch], each in [0, classes)) into *loss, then
+ * against `labels` (host, [batch], each in [0, classes); NULL after a staged
+ * forward: the staged labels) into *loss, then
  * backward through every layer into the gradient buffer (overwritten, not
  * accumulated).  ready (may be NULL) is called as gradients become final. */
 gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,

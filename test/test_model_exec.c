@@ -14,7 +14,8 @@
  * - SyncBatchNorm on 2 ranks with half the batch each equals one process with the
  *   whole batch (logits, loss, averaged gradients, running statistics);
  * - a device-memory backend (the cpu one with host_memory = 0, so every tensor
- *   crosses upload/download/copy) gives bit-identical results;
+ *   crosses upload/download/copy) gives bit-identical results, also with its
+ *   input staged ahead (gw_exec_stage);
  * - what it refuses: backward without a training forward, a label out of range,
  *   a bad batch;
  * - SGD against a double-precision reference of torch.optim.SGD's formula, with
@@ -164,12 +165,19 @@ START_TEST(test_running_statistics) {
 }
 END_TEST
 
+/* a on the cpu backend, b on the same pretending its memory is a device's
+ * (dev: host_memory = 0, so every tensor crosses upload/download/copy). */
+static void rig_pair(struct rig *a, struct rig *b, struct gw_backend_ops *dev, int depth, int batch) {
+  *dev = gw_backend_cpu;
+  dev->host_memory = 0;
+  rig_up(a, &gw_backend_cpu, depth, batch);
+  rig_up(b, dev, depth, batch);
+}
+
 START_TEST(test_device_memory_path) {
-  struct gw_backend_ops dev = gw_backend_cpu;
-  dev.host_memory = 0;
+  struct gw_backend_ops dev;
   struct rig a, b;
-  rig_up(&a, &gw_backend_cpu, 50, 2);
-  rig_up(&b, &dev, 50, 2);
+  rig_pair(&a, &b, &dev, 50, 2);
   float la = train_step(&a, NULL, NULL), lb = train_step(&b, NULL, NULL);
   ck_assert_msg(la == lb, "loss %.9g on host memory, %.9g through upload/download", la, lb);
   size_t np = gw_model_num_params(a.m);
@@ -196,6 +204,67 @@ START_TEST(test_device_memory_path) {
   ck_assert(gw_exec_upload_model(b.e) == GW_SUCCESS);
   la = train_step(&a, NULL, NULL), lb = train_step(&b, NULL, NULL);
   ck_assert_msg(la == lb, "after upload: loss %.9g vs %.9g", la, lb);
+  rig_down(&a, &gw_backend_cpu);
+  rig_down(&b, &dev);
+}
+END_TEST
+
+/* The input pipeline (gw_exec_stage): through a device-memory backend, a staged
+ * batch gives the host batch's loss and gradients bit for bit, also when the
+ * next batch is staged between forward and backward (it must not land in the
+ * slot backward still reads), across an evaluation forward of a host batch,
+ * and when staging twice replaces the staged batch. */
+static void expect_same_step(struct rig *a, struct rig *b, float la, float lb, const char *when) {
+  ck_assert_msg(la == lb, "%s: loss %.9g from the host batch, %.9g staged", when, la, lb);
+  ck_assert(gw_exec_download_grads(b->e, 0, gw_model_num_params(b->m)) == GW_SUCCESS);
+  ck_assert_msg(!memcmp(gw_model_grads(a->m), gw_model_grads(b->m), gw_model_num_params(a->m) * sizeof(float)),
+                "%s: the gradients differ", when);
+}
+
+START_TEST(test_staged_input) {
+  struct gw_backend_ops dev;
+  struct rig a, b;
+  rig_pair(&a, &b, &dev, 18, 4);
+  const size_t n = (size_t)4 * 2 * 16 * 16;
+  float *x2 = malloc(n * sizeof(float)), *l1 = malloc(4 * 3 * sizeof(float)), *l2 = malloc(4 * 3 * sizeof(float));
+  int32_t y2[4] = {2, 0, 0, 1}, bad[4] = {0, 1, 3, 0};
+  for (size_t i = 0; i < n; i++) x2[i] = 0.5f - a.x[n - 1 - i];
+  float la = NAN, lb = NAN;
+  ck_assert_int_eq(gw_exec_forward(b.e, NULL, 1), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "none staged"));
+  ck_assert_int_eq(gw_exec_stage(b.e, b.x, bad), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "label 3 of sample 2"));
+  /* Step 1: stage, forward, stage the next batch, backward. */
+  ck_assert_msg(gw_exec_stage(b.e, b.x, b.y) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert(gw_exec_forward(b.e, NULL, 1) == GW_SUCCESS);
+  ck_assert(gw_exec_stage(b.e, x2, y2) == GW_SUCCESS);
+  ck_assert(gw_exec_backward(b.e, NULL, &lb, NULL, NULL) == GW_SUCCESS);
+  la = train_step(&a, NULL, NULL);
+  expect_same_step(&a, &b, la, lb, "step 1");
+  /* An evaluation of a host batch in between leaves the staged one alone. */
+  ck_assert(gw_exec_forward(a.e, a.x, 0) == GW_SUCCESS && gw_exec_logits(a.e, l1) == GW_SUCCESS);
+  ck_assert(gw_exec_forward(b.e, b.x, 0) == GW_SUCCESS && gw_exec_logits(b.e, l2) == GW_SUCCESS);
+  ck_assert(!memcmp(l1, l2, 4 * 3 * sizeof(float)));
+  /* Step 2 takes the batch staged during step 1. */
+  ck_assert(gw_exec_forward(b.e, NULL, 1) == GW_SUCCESS);
+  ck_assert(gw_exec_backward(b.e, NULL, &lb, NULL, NULL) == GW_SUCCESS);
+  ck_assert(gw_exec_forward(a.e, x2, 1) == GW_SUCCESS && gw_exec_backward(a.e, y2, &la, NULL, NULL) == GW_SUCCESS);
+  expect_same_step(&a, &b, la, lb, "step 2");
+  /* Staging twice: the second batch replaces the first. */
+  ck_assert(gw_exec_stage(b.e, x2, y2) == GW_SUCCESS && gw_exec_stage(b.e, b.x, b.y) == GW_SUCCESS);
+  ck_assert(gw_exec_forward(b.e, NULL, 1) == GW_SUCCESS);
+  ck_assert(gw_exec_backward(b.e, NULL, &lb, NULL, NULL) == GW_SUCCESS);
+  la = train_step(&a, NULL, NULL);
+  expect_same_step(&a, &b, la, lb, "step 3 (staged twice)");
+  /* A staged forward's backward may still be given labels of its own. */
+  ck_assert(gw_exec_stage(b.e, x2, y2) == GW_SUCCESS && gw_exec_forward(b.e, NULL, 1) == GW_SUCCESS);
+  ck_assert(gw_exec_backward(b.e, b.y, &lb, NULL, NULL) == GW_SUCCESS);
+  ck_assert(gw_exec_forward(a.e, x2, 1) == GW_SUCCESS && gw_exec_backward(a.e, a.y, &la, NULL, NULL) == GW_SUCCESS);
+  expect_same_step(&a, &b, la, lb, "step 4 (labels given)");
+  /* Backward without labels after a host batch's forward is refused. */
+  ck_assert(gw_exec_forward(b.e, b.x, 1) == GW_SUCCESS);
+  ck_assert_int_eq(gw_exec_backward(b.e, NULL, &lb, NULL, NULL), GW_ERR_INVALID_ARGUMENT);
+  free(x2), free(l1), free(l2);
   rig_down(&a, &gw_backend_cpu);
   rig_down(&b, &dev);
 }
@@ -371,6 +440,7 @@ int main(void) {
   tcase_add_test(tc, test_grad_ready_reports);
   tcase_add_test(tc, test_running_statistics);
   tcase_add_test(tc, test_device_memory_path);
+  tcase_add_test(tc, test_staged_input);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_sync_bn_matches_global_batch);
   tcase_add_test(tc, test_sgd_momentum);

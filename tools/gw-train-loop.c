@@ -582,8 +582,39 @@ static int optimizer_step(struct trainer *t, double lr, float inv) {
   return 0;
 }
 
-static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_report *r) {
+/* A training batch taken from the loader: the batch (valid until the next
+ * take), where it sits in its epoch, the loader's state after it (what a
+ * checkpoint taken after its step records), and for a device backend whether
+ * it went to the executor's staging slot (its transfer overlapping the step
+ * before: gw_exec_stage). */
+struct taken {
+  const struct gw_batch *bt;
+  int64_t epoch, position;     /* of the batch */
+  int64_t next_epoch, next_position; /* the loader's state after it */
+  int staged;
+  int ahead;                   /* taken during the step before (its wait counted there) */
+  double ms;                   /* waiting for it */
+};
+
+static int take_batch(struct trainer *t, struct taken *k) {
+  double t0 = now();
+  if (gw_loader_next(t->train_ld, &k->bt) != GW_SUCCESS) return fail(t, "training data", gw_data_last_error());
+  if (!k->bt) return fail(t, "training data", "the loader ended before the last step");
+  k->epoch = k->bt->epoch, k->position = k->bt->position;
+  gw_loader_state(t->train_ld, &k->next_epoch, &k->next_position);
+  k->staged = !t->ops->host_memory, k->ahead = 0;
+  if (k->staged && gw_exec_stage(t->e, k->bt->x, k->bt->y) != GW_SUCCESS)
+    return fail(t, "staging the input", gw_model_last_error());
+  k->ms = 1e3 * (now() - t0);
+  return 0;
+}
+
+/* One step on batch k; when `next` is not NULL the following batch is taken
+ * (and staged, for a device backend) once backward is queued, so its transfer
+ * overlaps this step's backward and communication. */
+static int train_step(struct trainer *t, const struct taken *k, struct taken *next, struct step_report *r) {
   const struct train_opts *o = t->o;
+  const struct gw_batch *bt = k->bt;
   double t0 = now();
   float loss = 0;
   t->marked = 0, t->downloaded = 0, t->ready_err = GW_SUCCESS, t->ready_msg[0] = 0;
@@ -595,10 +626,13 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
   if (copies && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
   if (t->st.loss_scale && gw_exec_set_loss_scale(t->e, (float)t->st.loss_scale) != GW_SUCCESS)
     return fail(t, "--loss-scale", gw_model_last_error());
-  if (gw_exec_forward(t->e, bt->x, 1) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
+  if (gw_exec_forward(t->e, k->staged ? NULL : bt->x, 1) != GW_SUCCESS)
+    return fail(t, "forward", gw_model_last_error());
   gw_grad_ready_fn ready = copies ? on_ready_device : t->bk && !o->no_overlap ? on_ready : NULL;
-  if (gw_exec_backward(t->e, bt->y, &loss, ready, t) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
+  if (gw_exec_backward(t->e, k->staged ? NULL : bt->y, &loss, ready, t) != GW_SUCCESS)
+    return fail(t, "backward", gw_model_last_error());
   if (t->ready_msg[0]) return fail(t, "backward", t->ready_msg);
+  if (next && take_batch(t, next) != 0) return -1;
   if (copies && gw_exec_download_stats(t->e) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
   double t_bwd = now();
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
@@ -614,7 +648,10 @@ static int train_step(struct trainer *t, const struct gw_batch *bt, struct step_
   r->loss = lsum / t->world;
   r->lr = lr;
   r->compute_ms = 1e3 * ((t_bwd - t0) + (t_end - t_comm)); /* forward, backward, optimizer */
-  r->img_per_s = (double)o->batch * t->world / (t_end - t0 + r->data_ms / 1e3);
+  /* The data wait: this batch's when taken just before the step (outside it),
+   * the next one's when taken during it (inside it). */
+  r->data_ms = (k->ahead ? 0 : k->ms) + (next ? next->ms : 0);
+  r->img_per_s = (double)o->batch * t->world / (t_end - t0 + (k->ahead ? 0 : k->ms / 1e3));
   return 0;
 }
 
@@ -638,23 +675,27 @@ static int interrupted_here(struct trainer *t) {
 }
 
 static int run_steps(struct trainer *t) {
-  const struct gw_batch *bt;
+  /* A device backend takes each batch during the step before (staged). */
+  const int ahead = !t->ops->host_memory;
+  struct taken k = {0}, next = {0};
+  int have_next = 0;
   while (t->st.step < t->total_steps) {
-    double t0 = now();
-    if (gw_loader_next(t->train_ld, &bt) != GW_SUCCESS) return fail(t, "training data", gw_data_last_error());
+    if (have_next) k = next, k.ahead = 1, have_next = 0;
+    else if (take_batch(t, &k) != 0) return -1;
     struct step_report r = {0};
-    r.data_ms = 1e3 * (now() - t0);
-    if (train_step(t, bt, &r) != 0) return -1;
+    const int take_next = ahead && t->st.step + 1 < t->total_steps;
+    if (train_step(t, &k, take_next ? &next : NULL, &r) != 0) return -1;
+    have_next = take_next;
     t->st.step++;
     t->st.sgd_steps = gw_sgd_steps(t->sgd);
-    gw_loader_state(t->train_ld, &t->st.epoch, &t->st.position);
+    t->st.epoch = k.next_epoch, t->st.position = k.next_position;
     t->st.loss_sum += r.loss, t->st.loss_count++;
-    r.step = t->st.step, r.steps_total = t->total_steps, r.epoch = bt->epoch, r.epochs = t->epochs;
-    r.step_in_epoch = bt->position / t->o->batch + 1, r.steps_per_epoch = t->spe;
+    r.step = t->st.step, r.steps_total = t->total_steps, r.epoch = k.epoch, r.epochs = t->epochs;
+    r.step_in_epoch = k.position / t->o->batch + 1, r.steps_per_epoch = t->spe;
     r.skipped = gw_loader_skipped(t->train_ld);
     log_step(&t->log, &r, t->st.step % t->o->log_every == 0 || t->st.step == t->total_steps);
     int last_of_epoch = r.step_in_epoch == t->spe;
-    if (last_of_epoch && epoch_end(t, bt->epoch) != 0) return -1;
+    if (last_of_epoch && epoch_end(t, k.epoch) != 0) return -1;
     if (!last_of_epoch && t->o->checkpoint_every && t->st.step % t->o->checkpoint_every == 0 &&
         save_checkpoint(t) != 0)
       return -1;
