@@ -49,6 +49,7 @@ struct gw_bucketer {
    * and the buffer they are converted into for it. */
   gw_dtype_t wire;
   char *wbuf;
+  int wire_dev; /* wbuf is device memory (device gradients): converted by cast_async on the stream */
   void *stream; /* gw_bucketer_set_stream, or own_stream */
   gw_dev_stream_t own_stream; /* made by set_compute_stream when no stream was given */
   /* gw_bucketer_set_compute_stream: the stream the gradients are written on,
@@ -183,7 +184,7 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
     void *p = b->buf + b->bounds[k] * b->esize;
     size_t n = b->bounds[k + 1] - b->bounds[k];
     if (k == 0) b->first_start = gw__now();
-    if (b->wire != b->dtype) { /* float32 into the 16-bit wire format; back in wait_started */
+    if (b->wire != b->dtype && !b->wire_dev) { /* float32 into the 16-bit wire format; back in wait_started */
       void *w = b->wbuf + b->bounds[k] * 2;
       gw__cvt_from_f32(b->wire, w, p, n);
       p = w;
@@ -194,6 +195,17 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
           d->stream_wait_event((gw_dev_stream_t)b->stream, b->ev[k]))
         return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_ready: ordering bucket %d after the compute stream: %s", k,
                     d->error());
+    }
+    if (b->wire != b->dtype && b->wire_dev) { /* the same on the device, on the allreduce's stream */
+      void *w = b->wbuf + b->bounds[k] * 2;
+      if (!b->stream)
+        return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: device gradients with a %s wire need a "
+                    "stream to convert on (gw_bucketer_set_stream or gw_bucketer_set_compute_stream)",
+                    gw_dtype_name(b->wire));
+      if (gw__dev()->cast_async(w, b->wire, p, b->dtype, n, (gw_dev_stream_t)b->stream))
+        return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_ready: converting bucket %d to %s: %s", k,
+                    gw_dtype_name(b->wire), gw__dev()->error());
+      p = w;
     }
     gw_result_t res = gw_iallreduce(p, p, n, b->wire, b->op, b->comm, b->stream, &b->req[k]);
     if (res != GW_SUCCESS) return res; /* the communicator holds the message */
@@ -235,7 +247,7 @@ static gw_result_t wait_started(struct gw_bucketer *b) {
   gw_result_t first = GW_SUCCESS;
   for (int k = 0; k < b->next; k++) {
     gw_result_t res = gw_wait(&b->req[k]);
-    if (res == GW_SUCCESS && b->wire != b->dtype)
+    if (res == GW_SUCCESS && b->wire != b->dtype && !b->wire_dev)
       gw__cvt_to_f32(b->wire, (float *)(b->buf + b->bounds[k] * b->esize), b->wbuf + b->bounds[k] * 2,
                      b->bounds[k + 1] - b->bounds[k]);
     if (first == GW_SUCCESS) first = res;
@@ -247,6 +259,18 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
   int incomplete = b->next < b->n ? b->next : -1;
   size_t had = incomplete >= 0 ? b->ready[incomplete] : 0;
+  /* A device wire: the reduced buckets back into float32 on the allreduces'
+   * stream, after each bucket's allreduce and before compute's event below. */
+  for (int k = 0; b->wire != b->dtype && b->wire_dev && k < b->next; k++)
+    if (gw__dev()->cast_async(b->buf + b->bounds[k] * b->esize, b->dtype, b->wbuf + b->bounds[k] * 2, b->wire,
+                              b->bounds[k + 1] - b->bounds[k], (gw_dev_stream_t)b->stream)) {
+      char msg[GW_ERRMSG_MAX];
+      snprintf(msg, sizeof msg, "%s", gw__dev()->error());
+      wait_started(b);
+      reset(b);
+      return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_wait: converting bucket %d back to %s: %s", k,
+                  gw_dtype_name(b->dtype), msg);
+    }
   if (b->compute && b->next > 0) { /* later work on compute sees the reduced gradients */
     const struct gw_dev_ops *d = gw__dev();
     if (d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
@@ -281,17 +305,21 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
     b->wire = wire;
     return GW_SUCCESS;
   }
-  int is_dev = 0, dev = -1;
-  if (gw__dev()) gw__dev()->ptr_kind(b->buf, &is_dev, &dev);
-  if (is_dev)
-    return fail(b->comm, GW_ERR_UNSUPPORTED, "gw_bucketer_set_wire: the gradients are device memory; the 16-bit "
-                "wire converts on the host (host gradients only for now)");
   if (b->dtype != GW_FLOAT32 || (wire != GW_BFLOAT16 && wire != GW_FLOAT16))
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: %s gradients can travel as themselves%s, "
                 "not as %s", gw_dtype_name(b->dtype), b->dtype == GW_FLOAT32 ? ", bfloat16 or float16" : "",
                 gw_dtype_name(wire));
-  if (!b->wbuf && !(b->wbuf = malloc(b->count * 2)))
-    return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_wire: out of memory for %zu wire elements", b->count);
+  /* Device gradients convert on the device into a device buffer, host ones on the host. */
+  const struct gw_dev_ops *d = gw__dev();
+  int is_dev = 0, dev = -1;
+  if (d) d->ptr_kind(b->buf, &is_dev, &dev);
+  if (!b->wbuf) {
+    void *w = NULL;
+    if (is_dev ? d->alloc(&w, b->count * 2) != 0 : !(w = malloc(b->count * 2)))
+      return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_wire: out of %s memory for %zu wire elements%s%s",
+                  is_dev ? "device" : "host", b->count, is_dev ? ": " : "", is_dev ? d->error() : "");
+    b->wbuf = w, b->wire_dev = is_dev;
+  }
   b->wire = wire;
   return GW_SUCCESS;
 }
@@ -373,6 +401,8 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   drop_own_stream(b);
   for (int i = 0; b->ev && i <= b->n; i++) gw__dev()->event_destroy(b->ev[i]);
   free(b->ev);
-  free(b->bounds), free(b->ready), free(b->req), free(b->iv), free(b->wbuf);
+  if (b->wire_dev) gw__dev()->free(b->wbuf);
+  else free(b->wbuf);
+  free(b->bounds), free(b->ready), free(b->req), free(b->iv);
   free(b);
 }

@@ -80,6 +80,12 @@ static void host_reduce(void *dst0, void *dst1, const void *a, const void *b, si
   (*gw__reduce_table())[dtype][kop](dst0, dst1, a, b, n, div);
 }
 
+/* The emulator's cast_async: the bucketer's wire conversions on the host. */
+static void host_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+  if (dst_dtype == GW_FLOAT32) gw__cvt_to_f32((gw_dtype_t)src_dtype, dst, src, n);
+  else gw__cvt_from_f32((gw_dtype_t)dst_dtype, dst, src, n);
+}
+
 /* ---- binding a rank to a device ------------------------------------------------------- */
 gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err) {
   comm->device = -1;
@@ -104,6 +110,7 @@ gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err) {
   if (dv->set_device(dev)) return dev_fail(err, comm, "binding to a device");
   comm->device = dev;
   gw__dev_set_host_reduce(host_reduce);
+  gw__dev_set_host_cast(host_cast);
   GW_INFO(GW_SUB_INIT, "rank %d: device %d of %d (%s, %s)", comm->rank, dev, ndev, dv->name,
           want && *want ? "GW_DEVICE" : in_use ? "already current" : "local rank modulo devices");
   return GW_SUCCESS;

@@ -220,8 +220,10 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b);
  * when it starts (half the bytes on the wire), every reduction step of the
  * allreduce computes in float32 and rounds once, and the result comes back
  * into the float32 buffer by gw_bucketer_wait (the same on every rank).  Every
- * rank must choose the same; only between steps; host gradients only
- * (GW_ERR_UNSUPPORTED for device memory). */
+ * rank must choose the same; only between steps.  Device gradients are
+ * converted on the device, on the bucketer's stream (set_stream or
+ * set_compute_stream: required), into a device buffer of half the size, and
+ * back before gw_bucketer_wait's ordering of the compute stream. */
 gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
 /* The stream every bucket's allreduce is ordered on (NULL, the default: host
  * buffers and no stream).  With device gradients, make it a communication

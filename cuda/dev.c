@@ -13,6 +13,7 @@ static pthread_once_t dev_once = PTHREAD_ONCE_INIT;
 static const struct gw_dev_ops *dev_ops;
 static char dev_reason[256];
 static gw_dev_host_reduce_fn host_reduce;
+static gw_dev_host_cast_fn host_cast;
 
 static void dev_pick(void) {
   const char *e = getenv("GW_DEV_EMULATE");
@@ -42,5 +43,9 @@ const char *gw__dev_absent_reason(void) {
 }
 
 void gw__dev_set_host_reduce(gw_dev_host_reduce_fn fn) { host_reduce = fn; }
+
+void gw__dev_set_host_cast(gw_dev_host_cast_fn fn) { host_cast = fn; }
+
+gw_dev_host_cast_fn gw__dev_host_cast(void) { return host_cast; }
 
 gw_dev_host_reduce_fn gw__dev_host_reduce(void) { return host_reduce; }

@@ -76,6 +76,9 @@ struct gw_dev_ops {
   int (*event_destroy)(gw_dev_event_t e);
   int (*event_record)(gw_dev_event_t e, gw_dev_stream_t s);
   int (*stream_wait_event)(gw_dev_stream_t s, gw_dev_event_t e);
+  /* dst [n] (dst_dtype) = src [n] (src_dtype): float32 to float16 / bfloat16
+   * (round to nearest even) or back (exact); comm/reduce_cvt.h's conversions. */
+  int (*cast_async)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, gw_dev_stream_t s);
   /* A kernel that takes `seconds` (tests: slow work ahead of a collective). */
   int (*sleep_async)(double seconds, gw_dev_stream_t s);
 
@@ -101,6 +104,10 @@ typedef void (*gw_dev_host_reduce_fn)(void *dst0, void *dst1, const void *a, con
                                       int kop, uint32_t div);
 void gw__dev_set_host_reduce(gw_dev_host_reduce_fn fn);
 gw_dev_host_reduce_fn gw__dev_host_reduce(void);
+/* And its casts (cast_async), the host's conversions. */
+typedef void (*gw_dev_host_cast_fn)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+void gw__dev_set_host_cast(gw_dev_host_cast_fn fn);
+gw_dev_host_cast_fn gw__dev_host_cast(void);
 
 /* Tests: makes an emulated stream report that it is being captured. */
 void gw__dev_emu_set_capturing(gw_dev_stream_t s, int on);
@@ -115,5 +122,6 @@ int gw__cuda_reduce(void *dst0, void *dst1, const void *a, const void *b, size_t
 int gw__cuda_flag_write(uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_flag_wait(const uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_sleep(double seconds, void *stream);
+int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, void *stream);
 
 #endif

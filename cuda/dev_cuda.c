@@ -182,6 +182,13 @@ static int cu_reduce_async(void *dst0, void *dst1, const void *a, const void *b,
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "reduce kernel launch (dtype %d, op %d, %zu elements)", dtype, kop, n);
 }
 
+static int cu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, gw_dev_stream_t s) {
+  if (!n) return 0;
+  if (!dst || !src) return cu_fail_msg("cast_async(%p, %p, %zu): NULL pointer", dst, src, n);
+  int e = gw__cuda_cast(dst, dst_dtype, src, src_dtype, n, (void *)cs(s));
+  return e == 0 ? 0 : cu_fail((cudaError_t)e, "cast kernel launch (dtype %d to %d, %zu elements)", src_dtype, dst_dtype, n);
+}
+
 static int cu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   if (!flag) return cu_fail_msg("flag_write: NULL flag");
   int e = gw__cuda_flag_write(flag, v, (void *)cs(s));
@@ -262,6 +269,7 @@ static const struct gw_dev_ops cuda_ops = {
     .stream_capturing = cu_stream_capturing,
     .memcpy_async = cu_memcpy_async,
     .reduce_async = cu_reduce_async,
+    .cast_async = cu_cast_async,
     .flag_write = cu_flag_write,
     .flag_wait = cu_flag_wait,
     .event_create = cu_event_create,

@@ -252,7 +252,7 @@ static int emu_ipc_close(void *p) {
 }
 
 /* ---- streams ---------------------------------------------------------------------------- */
-enum { IT_COPY, IT_REDUCE, IT_FLAG_WRITE, IT_FLAG_WAIT, IT_SLEEP };
+enum { IT_COPY, IT_REDUCE, IT_CAST, IT_FLAG_WRITE, IT_FLAG_WAIT, IT_SLEEP };
 
 /* An event: a counter the recording stream's item raises to the record's
  * number, which a waiting stream's item waits for (as flag_write / flag_wait);
@@ -296,6 +296,9 @@ static void run_item(const struct item *it) {
     break;
   case IT_REDUCE:
     gw__dev_host_reduce()(it->dst0, it->dst1, it->a, it->b, it->n, it->dtype, it->kop, it->div);
+    break;
+  case IT_CAST: /* dtype: the destination's, kop: the source's */
+    gw__dev_host_cast()(it->dst0, it->dtype, it->a, it->kop, it->n);
     break;
   case IT_FLAG_WRITE:
     if (it->ev) { /* an event's counter only grows (records on several streams may finish out of order) */
@@ -456,6 +459,16 @@ static int emu_reduce_async(void *dst0, void *dst1, const void *a, const void *b
                                 .dtype = dtype, .kop = kop, .div = div});
 }
 
+static int emu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, gw_dev_stream_t s) {
+  if (!n) return 0;
+  if (!dst || !src) return fail("cast_async(%p, %p, %zu): NULL pointer", dst, src, n);
+  const int to16 = src_dtype == GW_FLOAT32 && (dst_dtype == GW_FLOAT16 || dst_dtype == GW_BFLOAT16);
+  const int from16 = dst_dtype == GW_FLOAT32 && (src_dtype == GW_FLOAT16 || src_dtype == GW_BFLOAT16);
+  if (!to16 && !from16) return fail("cast_async: dtype %d to %d is not float32 to or from 16 bits", src_dtype, dst_dtype);
+  if (!gw__dev_host_cast()) return fail("cast_async: the emulator has no host conversion (internal)");
+  return push(s, &(struct item){.kind = IT_CAST, .dst0 = dst, .a = src, .n = n, .dtype = dst_dtype, .kop = src_dtype});
+}
+
 static int emu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   return push(s, &(struct item){.kind = IT_FLAG_WRITE, .flag = flag, .v = v});
 }
@@ -515,6 +528,7 @@ static const struct gw_dev_ops emu_ops = {
     .stream_capturing = emu_stream_capturing,
     .memcpy_async = emu_memcpy_async,
     .reduce_async = emu_reduce_async,
+    .cast_async = emu_cast_async,
     .flag_write = emu_flag_write,
     .flag_wait = emu_flag_wait,
     .event_create = emu_event_create,

@@ -5,7 +5,9 @@
  *     (comm/reduce_impl.c, the generic table) compute;
  *   - gw__cuda_flag_write / gw__cuda_flag_wait: order a stream with a host
  *     thread through a 64-bit flag in mapped pinned memory;
- *   - gw__cuda_sleep: a kernel that takes a given time (tests).
+ *   - gw__cuda_sleep: a kernel that takes a given time (tests);
+ *   - gw__cuda_cast: float32 to or from float16 / bfloat16 (the bucketer's
+ *     16-bit gradient wire on device buffers), reduce_cvt.h's conversions.
  *
  * Bit-exactness with the host, by construction:
  *   - integers: the host's expressions, SUM/PROD in the unsigned type, AVG as
@@ -455,9 +457,39 @@ __global__ void k_sleep(uint64_t ns) {
   while (global_ns() - t0 < ns) __nanosleep(1000);
 }
 
+/* float32 <-> 16 bits, element by element (grid-stride; no alignment needed). */
+template <bool BF16>
+__global__ void k_cast_to16(uint16_t *dst, const float *src, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = BF16 ? f2bf(src[i]) : f2h(src[i]);
+}
+template <bool BF16>
+__global__ void k_cast_from16(float *dst, const uint16_t *src, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = BF16 ? bf2f(src[i]) : h2f(src[i]);
+}
+
 } /* namespace */
 
 /* ---- the C launchers -------------------------------------------------------------------------- */
+extern "C" int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, void *stream) {
+  if (n == 0) return (int)cudaSuccess;
+  if (!dst || !src) return (int)cudaErrorInvalidValue;
+  const int to16 = src_dtype == GW_FLOAT32 && (dst_dtype == GW_FLOAT16 || dst_dtype == GW_BFLOAT16);
+  const int from16 = dst_dtype == GW_FLOAT32 && (src_dtype == GW_FLOAT16 || src_dtype == GW_BFLOAT16);
+  if (!to16 && !from16) return (int)cudaErrorInvalidValue;
+  const int bf = (to16 ? dst_dtype : src_dtype) == GW_BFLOAT16;
+  size_t blocks = (n + 255) / 256;
+  if (blocks > 8192) blocks = 8192;
+  cudaStream_t st = (cudaStream_t)stream;
+  (void)cudaGetLastError();
+  if (to16 && bf) k_cast_to16<true><<<(unsigned)blocks, 256, 0, st>>>((uint16_t *)dst, (const float *)src, n);
+  else if (to16) k_cast_to16<false><<<(unsigned)blocks, 256, 0, st>>>((uint16_t *)dst, (const float *)src, n);
+  else if (bf) k_cast_from16<true><<<(unsigned)blocks, 256, 0, st>>>((float *)dst, (const uint16_t *)src, n);
+  else k_cast_from16<false><<<(unsigned)blocks, 256, 0, st>>>((float *)dst, (const uint16_t *)src, n);
+  return (int)cudaGetLastError();
+}
+
 extern "C" int gw__cuda_reduce(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
                                uint32_t div, void *stream) {
   if (n == 0) return (int)cudaSuccess;
