@@ -8,7 +8,7 @@
  *   gradwire resnet50 224x224x3 batch 16 cpu threads 2: 12.3 img/s (median of 5 steps, 1.30 s/step)
  *
  * usage: model_bench [--depth 50] [--image-size 224] [--in-channels 3] [--classes 1000]
- *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16] [--threads T]
+ *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16|fp16] [--threads T]
  *                    [--steps 5] [--warmup 2]
  */
 #include <getopt.h>
@@ -86,8 +86,9 @@ int main(int argc, char **argv) {
     case 'A':
       if (!strcmp(optarg, "fp32")) act = GW_FLOAT32;
       else if (!strcmp(optarg, "bf16")) act = GW_BFLOAT16;
+      else if (!strcmp(optarg, "fp16")) act = GW_FLOAT16;
       else {
-        fprintf(stderr, "model_bench: --act is fp32 or bf16, not '%s'\n", optarg);
+        fprintf(stderr, "model_bench: --act is fp32, bf16 or fp16, not '%s'\n", optarg);
         return 2;
       }
       break;
@@ -146,7 +147,7 @@ int main(int argc, char **argv) {
   printf("gradwire resnet%d %dx%dx%d batch %d %s%s%s threads %d: %.2f img/s (median of %d steps, %.3f s/step, "
          "loss %.3f, %.0f MiB work memory)\n",
          cfg.depth, cfg.image_size, cfg.image_size, cfg.in_channels, batch, ops->name,
-         ops->host_memory ? "" : tf32 ? " tf32" : " fp32", act == GW_BFLOAT16 ? " bf16 activations" : "", threads,
+         ops->host_memory ? "" : tf32 ? " tf32" : " fp32", act == GW_BFLOAT16 ? " bf16 activations" : act == GW_FLOAT16 ? " fp16 activations" : "", threads,
          batch / med, steps, med,
          (double)loss, (double)gw_exec_memory_bytes(e) / (1 << 20));
   free(t), free(x), free(y);

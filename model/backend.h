@@ -42,9 +42,10 @@ struct gw_backend_config {
                        cores (inputs rounded to 10-bit mantissas: PyTorch's default for
                        convolutions); 0 keeps full fp32 (engines with tensor-core, Winograd
                        or FFT numerics are not used) */
-  int act;          /* the activations' dtype (mixed precision): 0 or GW_FLOAT32, or
-                       GW_BFLOAT16 (cpu: oneDNN's bf16 primitives, AVX512 at least);
-                       parameters, their gradients, BN statistics and the loss stay
+  int act;          /* the activations' dtype (mixed precision): 0 or GW_FLOAT32,
+                       GW_BFLOAT16 (cpu: oneDNN's bf16 primitives, AVX512 at least)
+                       or GW_FLOAT16 (cudnn only: needs loss scaling, the range
+                       ends at 65504); parameters, their gradients, BN statistics and the loss stay
                        float32 whatever it is.  A backend refuses what it cannot do
                        (GW_ERR_UNSUPPORTED). */
 };
@@ -104,7 +105,7 @@ struct gw_backend_ops {
   gw_result_t (*upload_async)(struct gw_backend *b, void *dst, const void *host_src, size_t bytes, int slot);
   gw_result_t (*upload_order)(struct gw_backend *b, int slot);
 
-  /* The dtype of activation tensors (gw_dtype_t: GW_FLOAT32 or GW_BFLOAT16). */
+  /* The dtype of activation tensors (gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16). */
   int (*act_dtype)(const struct gw_backend *b);
 
   gw_result_t (*op_create)(struct gw_backend *b, const struct gw_op_desc *d, struct gw_op **op);

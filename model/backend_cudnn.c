@@ -15,11 +15,13 @@
  *   tolerances.  The cuDNN library loaded must be 9.x.
  * - The fully connected layer is cuBLAS (cublasGemmEx, float32 accumulation;
  *   TF32 tensor cores only with cfg->tf32), its bias a kernel of ours.
- * - Mixed precision (cfg->act = GW_BFLOAT16): activations in bfloat16; the
- *   float32 weights are rounded into a bfloat16 copy per op at each call, the
- *   weight gradients come out in bfloat16 from cuDNN (widened into the caller's
- *   float32) and in float32 straight from cuBLAS; tensor-core engines with float32
- *   accumulation; the kernels widen every load and round every store once.
+ * - Mixed precision (cfg->act = GW_BFLOAT16 or GW_FLOAT16): activations in
+ *   16 bits; the float32 weights are rounded into a 16-bit copy per op at each
+ *   call, the weight gradients come out in 16 bits from cuDNN (widened into the
+ *   caller's float32) and in float32 straight from cuBLAS; tensor-core engines
+ *   with float32 accumulation; the kernels widen every load and round every
+ *   store once.  float16 needs the trainer's loss scaling (its range ends at
+ *   65504 and its smallest normal is 2^-14).
  * - Batch norm, ReLU, the residual add, pooling and the loss are our own kernels
  *   (cudnn_kernels.cu): backend.h wants batch norm's saved 1/sqrt(var + eps), the
  *   running statistics updated as PyTorch does, and the SyncBatchNorm phases,
@@ -136,9 +138,9 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
   if (cfg && (cfg->threads < 0 || cfg->tf32 < 0 || cfg->tf32 > 1))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: threads must be >= 0 and tf32 0 or 1 (got %d, %d)",
                           cfg->threads, cfg->tf32);
-  if (cfg && cfg->act && cfg->act != GW_FLOAT32 && cfg->act != GW_BFLOAT16)
-    return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: activations of dtype %d: float32 or bfloat16 (float16 "
-                          "needs loss scaling, not built)", cfg->act);
+  if (cfg && cfg->act && cfg->act != GW_FLOAT32 && cfg->act != GW_BFLOAT16 && cfg->act != GW_FLOAT16)
+    return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: activations of dtype %d: float32, bfloat16 or float16",
+                          cfg->act);
   struct gw_backend *b = calloc(1, sizeof *b);
   if (!b) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   gw_result_t res = cudnn_create_on(b, cfg);
@@ -415,7 +417,7 @@ static gw_result_t cudnn_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_ac
 static cublasStatus_t gemm(struct gw_op *op, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const void *a, int lda, const void *bm, int ldb, void *c, int c_f32, int ldc) {
   const float one = 1, zero = 0;
-  cudaDataType_t t = ACT(op) == GW_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F;
+  cudaDataType_t t = ACT(op) == GW_BFLOAT16 ? CUDA_R_16BF : ACT(op) == GW_FLOAT16 ? CUDA_R_16F : CUDA_R_32F;
   cublasComputeType_t ct = ACT(op) == GW_FLOAT32 && op->b->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   return cublasGemmEx(op->b->blas, ta, tb, m, n, k, &one, a, t, lda, bm, t, ldb, &zero, c, c_f32 ? CUDA_R_32F : t, ldc,
                       ct, CUBLAS_GEMM_DEFAULT);

@@ -76,10 +76,12 @@ static gw_result_t conv_graph(struct gw_op *op, int dir, int64_t align, cudnnBac
   cudnnBackendDescriptor_t t[3] = {NULL, NULL, NULL}, conv = NULL, oper = NULL;
   gw_result_t res;
   *graph = NULL;
-  /* All three in the activations' dtype: with bfloat16 the weights are a
-   * bfloat16 copy and the weight gradient comes out in bfloat16 and is widened
+  /* All three in the activations' dtype: with 16 bits the weights are a
+   * 16-bit copy and the weight gradient comes out in 16 bits and is widened
    * (conv_run); compute in float32 either way. */
-  cudnnDataType_t dt = op->b->act == GW_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  cudnnDataType_t dt = op->b->act == GW_BFLOAT16  ? CUDNN_DATA_BFLOAT16
+                       : op->b->act == GW_FLOAT16 ? CUDNN_DATA_HALF
+                                                  : CUDNN_DATA_FLOAT;
   if ((res = make_tensor(UID_X, dt, d->n, d->c, d->h, d->w, align, &t[0], what)) != GW_SUCCESS ||
       (res = make_tensor(UID_W, dt, d->k, d->c, d->kernel, d->kernel, align, &t[1], what)) != GW_SUCCESS ||
       (res = make_tensor(UID_Y, dt, d->n, d->k, d->p, d->q, align, &t[2], what)) != GW_SUCCESS)
@@ -189,7 +191,9 @@ static int notes_allowed(cudnnBackendDescriptor_t cfg, int level) {
 /* The levels conv_choose tries in turn, and a name for messages. */
 static int levels_of(const struct gw_backend *b, int lv[2], const char **name) {
   if (b->act != GW_FLOAT32) {
-    lv[0] = NUM_TC, lv[1] = NUM_TC_ANY, *name = "bfloat16 (tensor cores, fp32 accumulation)";
+    lv[0] = NUM_TC, lv[1] = NUM_TC_ANY;
+    *name = b->act == GW_FLOAT16 ? "float16 (tensor cores, fp32 accumulation)"
+                                 : "bfloat16 (tensor cores, fp32 accumulation)";
     return 2;
   }
   if (b->tf32) {

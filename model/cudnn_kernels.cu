@@ -22,8 +22,9 @@
  * (flat), vector loads and stores when the addresses allow, the same arithmetic
  * either way.
  *
- * Activations are float or bf16 (act = GW_FLOAT32 or GW_BFLOAT16): every kernel
- * that touches them is a template over the element type (float, gwk::bf16),
+ * Activations are float, bf16 or f16 (act = GW_FLOAT32, GW_BFLOAT16 or
+ * GW_FLOAT16): every kernel that touches them is a template over the element
+ * type (float, gwk::bf16, gwk::f16),
  * instantiated for both, and the launchers pick the instance once per call;
  * nothing branches per element.  Loads widen to float (gwk::widen), stores
  * round once (gwk::narrow), the arithmetic between is the float version's, so
@@ -61,6 +62,7 @@
 namespace {
 
 using gwk::bf16;
+using gwk::f16;
 using gwk::FastDiv;
 using gwk::kLossThreads;
 using gwk::narrow;
@@ -109,6 +111,7 @@ bool quad_aligned(const void *p) {
 #define BY_ACT(act, fn, ...)                                                       \
   ((act) == GW_FLOAT32    ? fn<float>(__VA_ARGS__)                                 \
    : (act) == GW_BFLOAT16 ? fn<bf16>(__VA_ARGS__)                                  \
+   : (act) == GW_FLOAT16  ? fn<f16>(__VA_ARGS__)                                   \
                           : (int)cudaErrorInvalidValue)
 
 /* Launch bookkeeping: clear an older error before launching, report this one. */
@@ -464,7 +467,7 @@ int launch_cast(size_t n, void *dst, const void *src, cudaStream_t st) {
 }
 
 /* The size of an element of dtype, 0 for a dtype cast does not take. */
-size_t act_size(int dtype) { return dtype == GW_FLOAT32 ? 4 : dtype == GW_BFLOAT16 ? 2 : 0; }
+size_t act_size(int dtype) { return dtype == GW_FLOAT32 ? 4 : dtype == GW_BFLOAT16 || dtype == GW_FLOAT16 ? 2 : 0; }
 
 /* ---- batch norm per channel ------------------------------------------------------------------------------- */
 __global__ void k_bn_stats(int c, const double *sums, double count, double eps, double momentum, float *mean,
@@ -850,6 +853,9 @@ extern "C" int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, co
     if (e != cudaSuccess) (void)cudaGetLastError();
     return (int)e;
   }
+  if (dst_dtype == GW_FLOAT32) return src_dtype == GW_BFLOAT16 ? launch_cast<float, bf16>(n, dst, src, st)
+                                                               : launch_cast<float, f16>(n, dst, src, st);
+  if (src_dtype != GW_FLOAT32) return (int)cudaErrorInvalidValue; /* 16 bits to 16 bits: not needed */
   return dst_dtype == GW_BFLOAT16 ? launch_cast<bf16, float>(n, dst, src, st)
-                                  : launch_cast<float, bf16>(n, dst, src, st);
+                                  : launch_cast<f16, float>(n, dst, src, st);
 }

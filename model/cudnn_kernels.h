@@ -12,7 +12,7 @@
  * (backend_cpu_kernels.c), so both agree to float rounding.
  *
  * Mixed precision: activation tensors (void *: x, y, dx, dy, the logits and
- * dlogits) have the dtype `act`, GW_FLOAT32 or GW_BFLOAT16 (gw_dtype_t as an
+ * dlogits) have the dtype `act`, GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16 (gw_dtype_t as an
  * int; any other value returns cudaErrorInvalidValue before anything else);
  * parameters, their gradients, BN statistics, sums and the loss are float or
  * double as typed.  Every activation is read as float (exact), the arithmetic is
@@ -113,9 +113,9 @@ int gw__cu_bias_grad(int n, int k, int act, const void *dy, float *db, void *str
 int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
                         float grad_scale, float *row_loss, float *loss, void *dlogits, void *stream);
 
-/* dst [n] (dst_dtype) = src [n] (src_dtype), each GW_FLOAT32 or GW_BFLOAT16 (any
- * other: cudaErrorInvalidValue): float32 -> bfloat16 rounds to nearest even, a
- * NaN kept a quiet NaN; bfloat16 -> float32 is exact; equal dtypes copy
+/* dst [n] (dst_dtype) = src [n] (src_dtype), float32 to or from GW_BFLOAT16 or
+ * GW_FLOAT16 (any other pair: cudaErrorInvalidValue): float32 -> 16 bits rounds
+ * to nearest even, a NaN kept a quiet NaN; 16 bits -> float32 is exact; equal dtypes copy
  * (cudaMemcpyAsync).  dst and src must not overlap (cudaErrorInvalidValue),
  * except dst == src with equal dtypes: nothing to do, 0.  n = 0: 0. */
 int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream);

@@ -6,8 +6,9 @@
  *
  * Not a kernel file: nothing here launches or touches device memory by itself.
  *
- * Activations (x, y, dx, dy, logits, dlogits) are float or bf16 (bfloat16
- * storage): the functions that read them are templates over the element type T;
+ * Activations (x, y, dx, dy, logits, dlogits) are float, bf16 (bfloat16
+ * storage) or f16 (IEEE float16 storage; rounded to nearest even, subnormals
+ * kept, the bits of model/half.h's gw_f32_to_f16): the functions that read them are templates over the element type T;
  * every load widens to float (widen), the arithmetic is the same for both, and
  * every store rounds once to T (narrow<T>: for bf16 from float, to nearest even,
  * a NaN kept a quiet NaN, bit for bit model/half.h's gw_f32_to_bf16, so the cpu
@@ -56,9 +57,74 @@ GWK_HD uint16_t f32_to_bf16_bits(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* f16: an IEEE float16 as its 16 bits (1 sign, 5 exponent, 10 mantissa). */
+struct f16 {
+  uint16_t bits;
+};
+static_assert(sizeof(f16) == 2, "f16 is 2 bytes");
+
+/* Exact, subnormals included (model/half.h's gw_f16_to_f32). */
+GWK_HD float f16_bits_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0x1f) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else if (e) {
+    u = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (!m) {
+    u = sign;
+  } else {
+    uint32_t sh = 0;
+    while (!(m & 0x400u)) m <<= 1, sh++;
+    u = sign | ((113u - sh) << 23) | ((m & 0x3ffu) << 13);
+  }
+  return f32_from_bits(u);
+}
+/* Round to nearest, ties to even, subnormals included, 65520 and above to
+ * infinity; a NaN keeps its sign and upper payload and gets the quiet bit
+ * (model/half.h's gw_f32_to_f16, and the F16C instructions'). */
+GWK_HD uint16_t f32_to_f16_bits(float f) {
+  const uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+  if (a >= 0x38800000u) {
+    uint32_t r = a - 0x38000000u;
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+  }
+  if (a <= 0x33000000u) return (uint16_t)sign;
+  const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  uint32_t q = m >> shift;
+  q += rem > half || (rem == half && (q & 1u));
+  return (uint16_t)(sign | q);
+}
+
+/* The two 16-bit types by their bits. */
+template <class H>
+GWK_HD float h16_widen(uint16_t bits);
+template <>
+GWK_HD float h16_widen<bf16>(uint16_t bits) {
+  return bf16_bits_to_f32(bits);
+}
+template <>
+GWK_HD float h16_widen<f16>(uint16_t bits) {
+  return f16_bits_to_f32(bits);
+}
+template <class H>
+GWK_HD uint16_t h16_narrow(float x);
+template <>
+GWK_HD uint16_t h16_narrow<bf16>(float x) {
+  return f32_to_bf16_bits(x);
+}
+template <>
+GWK_HD uint16_t h16_narrow<f16>(float x) {
+  return f32_to_f16_bits(x);
+}
+
 /* An activation element as float (exact), and a float as one (rounded once). */
 GWK_HD float widen(float v) { return v; }
 GWK_HD float widen(bf16 v) { return bf16_bits_to_f32(v.bits); }
+GWK_HD float widen(f16 v) { return f16_bits_to_f32(v.bits); }
 template <class T>
 GWK_HD T narrow(float x);
 template <>
@@ -69,6 +135,12 @@ template <>
 GWK_HD bf16 narrow<bf16>(float x) {
   bf16 r;
   r.bits = f32_to_bf16_bits(x);
+  return r;
+}
+template <>
+GWK_HD f16 narrow<f16>(float x) {
+  f16 r;
+  r.bits = f32_to_f16_bits(x);
   return r;
 }
 
@@ -170,12 +242,15 @@ struct Vals {
 };
 typedef Vals<4> Quad;
 
-GWK_HD void bf16_unpack(uint32_t word, float *v) {
-  v[0] = f32_from_bits(word << 16);
-  v[1] = f32_from_bits(word & 0xffff0000u);
+/* Two 16-bit elements in a 32-bit word, the lower address in the low half. */
+template <class H>
+GWK_HD void h16_unpack(uint32_t word, float *v) {
+  v[0] = h16_widen<H>((uint16_t)(word & 0xffffu));
+  v[1] = h16_widen<H>((uint16_t)(word >> 16));
 }
-GWK_HD uint32_t bf16_pack(float lo, float hi) {
-  return (uint32_t)f32_to_bf16_bits(lo) | (uint32_t)f32_to_bf16_bits(hi) << 16;
+template <class H>
+GWK_HD uint32_t h16_pack(float lo, float hi) {
+  return (uint32_t)h16_narrow<H>(lo) | (uint32_t)h16_narrow<H>(hi) << 16;
 }
 
 GWK_HD Quad load4(const float *p) {
@@ -195,7 +270,9 @@ GWK_HD void store4(float *p, const Quad &q) {
   for (int i = 0; i < 4; i++) p[i] = q.v[i];
 #endif
 }
-GWK_HD Quad load4(const bf16 *p) {
+template <class H>
+GWK_HD Quad load4(const H *p) {
+  static_assert(sizeof(H) == 2, "load4 of a 16-bit type");
   uint32_t w[2];
 #ifdef __CUDA_ARCH__
   const uint2 u = *reinterpret_cast<const uint2 *>(p);
@@ -204,12 +281,14 @@ GWK_HD Quad load4(const bf16 *p) {
   memcpy(w, p, sizeof w);
 #endif
   Quad q;
-  for (int i = 0; i < 2; i++) bf16_unpack(w[i], q.v + 2 * i);
+  for (int i = 0; i < 2; i++) h16_unpack<H>(w[i], q.v + 2 * i);
   return q;
 }
-GWK_HD void store4(bf16 *p, const Quad &q) {
+template <class H>
+GWK_HD void store4(H *p, const Quad &q) {
+  static_assert(sizeof(H) == 2, "store4 of a 16-bit type");
   uint32_t w[2];
-  for (int i = 0; i < 2; i++) w[i] = bf16_pack(q.v[2 * i], q.v[2 * i + 1]);
+  for (int i = 0; i < 2; i++) w[i] = h16_pack<H>(q.v[2 * i], q.v[2 * i + 1]);
 #ifdef __CUDA_ARCH__
   *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[1]);
 #else
@@ -229,7 +308,9 @@ GWK_HD void store8(float *p, const Vals<8> &r) {
   store4(p, a);
   store4(p + 4, b);
 }
-GWK_HD Vals<8> load8(const bf16 *p) {
+template <class H>
+GWK_HD Vals<8> load8(const H *p) {
+  static_assert(sizeof(H) == 2, "load8 of a 16-bit type");
   uint32_t w[4];
 #ifdef __CUDA_ARCH__
   const uint4 u = *reinterpret_cast<const uint4 *>(p);
@@ -238,12 +319,14 @@ GWK_HD Vals<8> load8(const bf16 *p) {
   memcpy(w, p, sizeof w);
 #endif
   Vals<8> r;
-  for (int i = 0; i < 4; i++) bf16_unpack(w[i], r.v + 2 * i);
+  for (int i = 0; i < 4; i++) h16_unpack<H>(w[i], r.v + 2 * i);
   return r;
 }
-GWK_HD void store8(bf16 *p, const Vals<8> &r) {
+template <class H>
+GWK_HD void store8(H *p, const Vals<8> &r) {
+  static_assert(sizeof(H) == 2, "store8 of a 16-bit type");
   uint32_t w[4];
-  for (int i = 0; i < 4; i++) w[i] = bf16_pack(r.v[2 * i], r.v[2 * i + 1]);
+  for (int i = 0; i < 4; i++) w[i] = h16_pack<H>(r.v[2 * i], r.v[2 * i + 1]);
 #ifdef __CUDA_ARCH__
   *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 #else

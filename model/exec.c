@@ -304,11 +304,11 @@ gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops,
   e->loss_scale = 1;
   e->staged = -1, e->last_slot = -1;
   e->act_dt = ops->act_dtype(b);
-  if (e->act_dt != GW_FLOAT32 && e->act_dt != GW_BFLOAT16) {
+  if (e->act_dt != GW_FLOAT32 && e->act_dt != GW_BFLOAT16 && e->act_dt != GW_FLOAT16) {
     int dt = e->act_dt;
     free(e);
     return gw__model_fail(GW_ERR_UNSUPPORTED, "executor: the backend's activations are of dtype %d: the executor "
-                          "takes float32 and bfloat16", dt);
+                          "takes float32, bfloat16 and float16", dt);
   }
   e->esz = e->act_dt == GW_FLOAT32 ? sizeof(float) : sizeof(uint16_t);
   e->L = calloc((size_t)m->nlayers, sizeof *e->L);
@@ -449,7 +449,7 @@ static gw_result_t check_labels(const struct gw_exec *e, const int32_t *labels) 
 /* The input batch as the activation dtype into dst (host memory). */
 static void input_to_act(struct gw_exec *e, void *dst, const float *images) {
   size_t n = act_elems(e, 0);
-  if (e->esz != sizeof(float)) gw_f32_to_bf16_n(dst, images, n);
+  if (e->esz != sizeof(float)) gw_f32_to_half_n(e->act_dt == GW_FLOAT16, dst, images, n);
   else memcpy(dst, images, n * sizeof(float));
 }
 
@@ -510,7 +510,7 @@ gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits) {
   size_t n = act_elems(e, a);
   if (!e->host_half) return e->ops->download(e->b, host_logits, e->act[a], n * sizeof(float));
   GW_MODEL_TRY(e->ops->download(e->b, e->host_half, e->act[a], n * e->esz));
-  gw_bf16_to_f32_n(host_logits, e->host_half, n);
+  gw_half_to_f32_n(e->act_dt == GW_FLOAT16, host_logits, e->host_half, n);
   return GW_SUCCESS;
 }
 

@@ -140,9 +140,10 @@ suite() { # NAME TITLE LIMIT COMMAND...: a test suite's verdict (skipped is not 
 if [ -x "$B/test/test_model_backend" ]; then
   suite model-backend-cudnn "model backend suite on cudnn" 240 "$B/test/test_model_backend" cudnn
   suite model-bf16-cudnn "bfloat16 suite on cudnn" 120 "$B/test/test_model_bf16" cudnn
+  suite model-fp16-cudnn "float16 suite on cudnn" 120 "$B/test/test_model_bf16" cudnn fp16
   BATCH=${GW_CHECK_BATCH:-256}
   mb=(--batch "$BATCH" --steps 10 --warmup 3)
-  for v in "--tf32 1" "--act bf16"; do
+  for v in "--tf32 1" "--act bf16" "--act fp16"; do
     # shellcheck disable=SC2086
     timeout 150 "$B/bench/model_bench" --backend cudnn $v "${mb[@]}" >>"$OUT/model-bench.txt" 2>&1
     say "model_bench cudnn ($v): exit $? $(tail -1 "$OUT/model-bench.txt")"
@@ -152,12 +153,17 @@ if [ -x "$B/test/test_model_backend" ]; then
     timeout 150 python3 bench/model_bench_torch.py --device cuda $v "${mb[@]}" >>"$OUT/model-bench-torch.txt" 2>&1
     say "model_bench_torch ($v): exit $? $(tail -1 "$OUT/model-bench-torch.txt")"
   done
-  for n in 1 2; do
-    rm -f "$OUT/gw-train-n$n.jsonl"
-    timeout 200 "$B/tools/gw-run" -n $n "$B/tools/gw-train" --backend cudnn --amp bf16 --data synthetic \
+  # Resident (weights, gradients, optimizer on the GPU) at 1 and 2 ranks, and
+  # the host-master arrangement (--host-step) at 2 ranks beside it.
+  for run in "1" "2" "2 --host-step"; do
+    # shellcheck disable=SC2086
+    set -- $run
+    n=$1 tag=n$1${2:+-hoststep}
+    rm -f "$OUT/gw-train-$tag.jsonl"
+    timeout 200 "$B/tools/gw-run" -n "$n" "$B/tools/gw-train" --backend cudnn --amp bf16 --data synthetic \
       --image-size 224 --classes 1000 --synthetic-samples 20000 --batch $((BATCH / n)) --steps 20 --no-eval \
-      --loader-threads 6 --metrics "$OUT/gw-train-n$n.jsonl" >"$OUT/gw-train-n$n.txt" 2>&1
-    say "gw-train cudnn --amp bf16, $n rank(s) x batch $((BATCH / n)): exit $?"
+      --loader-threads 6 --metrics "$OUT/gw-train-$tag.jsonl" ${2:-} >"$OUT/gw-train-$tag.txt" 2>&1
+    say "gw-train cudnn --amp bf16 ${2:-}, $n rank(s) x batch $((BATCH / n)): exit $?"
   done
 else
   say "cudnn backend: not built here (no cuDNN/cuBLAS found: see build.txt)"
@@ -200,13 +206,16 @@ if gw and pt:
               f"{gw[1] / pt[1]:.2f}x (issue 10's goal: 1.1x)")
     if len(pt) > 2:
         print(f"pytorch channels_last amp fp16: {pt[2]:.1f} img/s")
-for n in (1, 2):
-    p = os.path.join(out, f"gw-train-n{n}.jsonl")
+        if len(gw) > 2:
+            print(f"model_bench cudnn fp16 {gw[2]:.1f} img/s vs pytorch channels_last amp fp16 {pt[2]:.1f} = "
+                  f"{gw[2] / pt[2]:.2f}x")
+for tag in ("n1", "n2", "n2-hoststep"):
+    p = os.path.join(out, f"gw-train-{tag}.jsonl")
     if not os.path.exists(p): continue
     steps = [json.loads(l) for l in open(p) if '"train"' in l]
     late = steps[len(steps) // 2:]
     if late:
-        print(f"gw-train cudnn {n} rank(s): {sum(s['img_per_s'] for s in late) / len(late):.1f} img/s "
+        print(f"gw-train cudnn {tag}: {sum(s['img_per_s'] for s in late) / len(late):.1f} img/s "
               f"(mean of steps {late[0]['step']}..{late[-1]['step']}; compute {late[-1]['compute_ms']:.0f} ms, "
               f"comm {late[-1]['comm_ms']:.0f} ms, data {late[-1]['data_ms']:.0f} ms in the last)")
 EOF

@@ -1,5 +1,6 @@
-/* test_model_bf16.c - mixed precision on the cpu backend: activations in
- * bfloat16 (struct gw_backend_config.act = GW_BFLOAT16), parameters, their
+/* test_model_bf16.c - mixed precision: activations in bfloat16 (struct
+ * gw_backend_config.act = GW_BFLOAT16) or, on cudnn, float16 (argv[2] "fp16":
+ * the same checks, the inputs made float16-representable), parameters, their
  * gradients, BN statistics and the loss in float32.
  *
  * Every layer against the same backend in float32 on the same inputs, which are
@@ -43,16 +44,24 @@
 #include "half.h"
 #include "resnet.h"
 
-/* The backend under test (argv[1]: "cpu", the default, or "cudnn"). */
+/* The backend under test (argv[1]: "cpu", the default, or "cudnn") and the
+ * 16-bit activation type (argv[2]: "bf16", the default, or "fp16"). */
 static const struct gw_backend_ops *be;
 static const char *chosen = "cpu";
+static int half_dt = GW_BFLOAT16;
+static const char *half_name = "bfloat16";
+
+/* x rounded to the 16-bit type (exact in both sides' activations). */
+static float r16(float x) {
+  return half_dt == GW_FLOAT16 ? gw_f16_to_f32(gw_f32_to_f16(x)) : gw_bf16_to_f32(gw_f32_to_bf16(x));
+}
 
 /* Random values in [-1, 1) rounded to bfloat16 (both sides see the same). */
 static float *rand_bf(size_t n, uint64_t seed) {
   float *x = malloc(n * sizeof(float) + 4);
   ck_assert(x);
   for (size_t i = 0; i < n; i++)
-    x[i] = gw_bf16_to_f32(gw_f32_to_bf16((float)((double)(mix64(seed * 7919 + i) >> 11) * 0x1p-52 - 1.0)));
+    x[i] = r16((float)((double)(mix64(seed * 7919 + i) >> 11) * 0x1p-52 - 1.0));
   return x;
 }
 
@@ -82,7 +91,7 @@ static void side_close(struct side *s) {
   be->destroy(s->b);
 }
 
-static size_t esz(const struct side *s, int is_act) { return is_act && s->act == GW_BFLOAT16 ? 2 : 4; }
+static size_t esz(const struct side *s, int is_act) { return is_act && s->act != GW_FLOAT32 ? 2 : 4; }
 
 /* n values (activations when is_act) onto the backend; NULL h: all NaN (an
  * output: what the op does not write stays NaN). */
@@ -93,7 +102,7 @@ static void *put(struct side *s, const float *h, size_t n, int is_act) {
   uint16_t *h16 = malloc(n * 2 + 16);
   ck_assert(d && f && h16);
   for (size_t i = 0; i < n; i++) f[i] = h ? h[i] : NAN;
-  gw_f32_to_bf16_n(h16, f, n);
+  gw_f32_to_half_n(s->act == GW_FLOAT16, h16, f, n);
   const void *src = esz(s, is_act) == 2 ? (const void *)h16 : (const void *)f;
   ck_assert_msg(be->upload(s->b, d, src, n * esz(s, is_act)) == GW_SUCCESS, "%s", gw_model_last_error());
   free(f), free(h16);
@@ -109,7 +118,7 @@ static float *get(struct side *s, const void *d, size_t n, int is_act) {
     uint16_t *t = malloc(n * 2 + 16);
     ck_assert(t);
     ck_assert_msg(be->download(s->b, t, d, n * 2) == GW_SUCCESS, "%s", gw_model_last_error());
-    gw_bf16_to_f32_n(h, t, n);
+    gw_half_to_f32_n(s->act == GW_FLOAT16, h, t, n);
     free(t);
   } else {
     ck_assert_msg(be->download(s->b, h, d, n * 4) == GW_SUCCESS, "%s", gw_model_last_error());
@@ -128,14 +137,14 @@ static int close_l2(const float *want, const float *got, size_t n, double tol, c
     differ |= got[i] != want[i];
   }
   double rel = w > 0 ? sqrt(d / w) : sqrt(d);
-  ck_assert_msg(rel <= tol, "%s: bfloat16 is %.3g away from float32 (relative L2; bound %g)", what, rel, tol);
+  ck_assert_msg(rel <= tol, "%s: %s is %.3g away from float32 (relative L2; bound %g)", what, half_name, rel, tol);
   return differ;
 }
 
 static void same(const float *want, const float *got, size_t n, const char *what) {
   for (size_t i = 0; i < n; i++)
-    ck_assert_msg(want[i] == got[i] || (isnan(want[i]) && isnan(got[i])), "%s %zu: bfloat16 %.9g, float32 %.9g",
-                  what, i, (double)got[i], (double)want[i]);
+    ck_assert_msg(want[i] == got[i] || (isnan(want[i]) && isnan(got[i])), "%s %zu: %s %.9g, float32 %.9g", what, i,
+                  half_name, (double)got[i], (double)want[i]);
 }
 
 static struct gw_op *op_on(struct side *s, const struct gw_op_desc *d) {
@@ -162,7 +171,7 @@ START_TEST(test_conv) {
            ny = (size_t)d->n * d->k * d->p * d->q;
     float *x = rand_bf(nx, 1 + sh), *w = rand_bf(nw, 2 + sh), *dy = rand_bf(ny, 3 + sh), *y[2], *dx[2], *dw[2];
     struct side sides[2];
-    side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], GW_BFLOAT16);
+    side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], half_dt);
     SIDES(s) {
       int k = (int)(s - sides);
       struct gw_op *op = op_on(s, d);
@@ -174,7 +183,7 @@ START_TEST(test_conv) {
       y[k] = get(s, yd, ny, 1), dx[k] = get(s, dxd, nx, 1), dw[k] = get(s, dwd, nw, 0);
       be->op_destroy(op);
     }
-    ck_assert_msg(close_l2(y[0], y[1], ny, 1e-2, "conv_fwd"), "conv_fwd: bfloat16 output identical to float32's");
+    ck_assert_msg(close_l2(y[0], y[1], ny, 1e-2, "conv_fwd"), "conv_fwd: %s output identical to float32's", half_name);
     close_l2(dx[0], dx[1], nx, 1e-2, "conv_bwd_data");
     close_l2(dw[0], dw[1], nw, 1e-2, "conv_bwd_weights (float32 out)");
     side_close(&sides[0]), side_close(&sides[1]);
@@ -188,12 +197,12 @@ START_TEST(test_bn) {
                          .eps = 1e-5f, .momentum = 0.1f};
   size_t n = (size_t)d.n * d.c * d.h * d.w;
   float *x = rand_bf(n, 11), *dy = rand_bf(n, 12), *gamma = rand_bf(4, 13), *beta = rand_bf(4, 14);
-  for (size_t i = 0; i < n; i++) x[i] = gw_bf16_to_f32(gw_f32_to_bf16(x[i] * 3 + 0.5f)); /* a mean and a spread */
+  for (size_t i = 0; i < n; i++) x[i] = r16(x[i] * 3 + 0.5f); /* a mean and a spread */
   const float rm0[4] = {0, 0.1f, 0.2f, 0.3f}, rv0[4] = {1, 1.2f, 1.4f, 1.6f};
   float *y[2], *dx[2], *st[2][6], *yi[2], *ya[2], *dxa[2];
   double sums[2][2][8];
   struct side sides[2];
-  side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], GW_BFLOAT16);
+  side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], half_dt);
   SIDES(s) {
     int k = (int)(s - sides);
     struct gw_op *op = op_on(s, &d);
@@ -248,7 +257,7 @@ START_TEST(test_elementwise_and_pools) {
   float *a = rand_bf(n, 21), *b = rand_bf(n, 22);
   float *ry[2], *rdx[2], *ay[2], *my[2], *mdx[2], *py[2], *pdx[2];
   struct side sides[2];
-  side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], GW_BFLOAT16);
+  side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], half_dt);
   SIDES(s) {
     int k = (int)(s - sides);
     void *ad = put(s, a, n, 1), *bd = put(s, b, n, 1), *yd = put(s, NULL, n, 1), *dxd = put(s, NULL, n, 1);
@@ -285,7 +294,7 @@ START_TEST(test_elementwise_and_pools) {
   same(ry[0], ry[1], n, "relu_fwd");
   same(rdx[0], rdx[1], n, "relu_bwd");
   for (size_t i = 0; i < n; i++)
-    ck_assert_msg(ay[1][i] == gw_bf16_to_f32(gw_f32_to_bf16(ay[0][i])), "add %zu: %g, want the rounding of %g", i,
+    ck_assert_msg(ay[1][i] == r16(ay[0][i]), "add %zu: %g, want the rounding of %g", i,
                   (double)ay[1][i], (double)ay[0][i]);
   same(my[0], my[1], ny, "maxpool_fwd");
   close_l2(mdx[0], mdx[1], n, 1e-2, "maxpool_bwd");
@@ -304,7 +313,7 @@ START_TEST(test_fc_and_loss) {
   float *y[2], *dx[2], *dw[2], *db[2], *g[2], loss[2];
   const int32_t labels[4] = {0, 9, 3, 3};
   struct side sides[2];
-  side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], GW_BFLOAT16);
+  side_open(&sides[0], GW_FLOAT32), side_open(&sides[1], half_dt);
   /* The logits both losses get: the bfloat16 side's fc output (exact in both). */
   float *logits = NULL;
   for (int k = 1; k >= 0; k--) {
@@ -570,14 +579,14 @@ END_TEST
  * 0.15%, fc gradients 3.4%, logits 1.2%) with margin: loss 5%, fc gradients 20%,
  * logits 10%; finite everywhere; the same ready reports. */
 START_TEST(test_whole_model_step_device) {
-  struct step_out a = model_step(be, 18, GW_FLOAT32, 0), b = model_step(be, 18, GW_BFLOAT16, 0);
+  struct step_out a = model_step(be, 18, GW_FLOAT32, 0), b = model_step(be, 18, half_dt, 0);
   ck_assert_int_eq(a.ready_calls, b.ready_calls);
   double loss = fabs((double)b.loss - a.loss) / fabs((double)a.loss), fc = rel_l2(a.grads, b.grads, 165),
          all = rel_l2(a.grads, b.grads, a.np), logits = rel_l2(a.logits, b.logits, 40);
-  printf("resnet18 on %s, bfloat16 vs float32: loss %.5f, fc gradients %.4f, all gradients %.4f, logits %.4f\n",
-         chosen, loss, fc, all, logits);
-  ck_assert_msg(loss <= 0.05 && fc <= 0.2 && logits <= 0.1, "bfloat16 too far from float32 (see the line above)");
-  ck_assert_msg(logits > 0, "bfloat16 logits identical to float32's: was it used?");
+  printf("resnet18 on %s, %s vs float32: loss %.5f, fc gradients %.4f, all gradients %.4f, logits %.4f\n", chosen,
+         half_name, loss, fc, all, logits);
+  ck_assert_msg(loss <= 0.05 && fc <= 0.2 && logits <= 0.1, "%s too far from float32 (see the line above)", half_name);
+  ck_assert_msg(logits > 0, "%s logits identical to float32's: was it used?", half_name);
   free(a.grads), free(a.logits), free(b.grads), free(b.logits);
 }
 END_TEST
@@ -585,9 +594,15 @@ END_TEST
 START_TEST(test_refused) {
   struct gw_backend *b = NULL;
   struct gw_backend_config c = {.threads = 1, .act = GW_FLOAT16};
-  ck_assert_int_eq(be->create(&c, &b), GW_ERR_UNSUPPORTED);
-  ck_assert_ptr_null(b);
-  ck_assert(strstr(gw_model_last_error(), "float16"));
+  if (be->host_memory) { /* the cpu backend: oneDNN has no float16 training here */
+    ck_assert_int_eq(be->create(&c, &b), GW_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(b);
+    ck_assert(strstr(gw_model_last_error(), "float16"));
+  } else {
+    ck_assert_msg(be->create(&c, &b) == GW_SUCCESS, "%s", gw_model_last_error());
+    be->destroy(b);
+    b = NULL;
+  }
   c.act = GW_INT32;
   ck_assert_int_eq(be->create(&c, &b), GW_ERR_UNSUPPORTED);
 }
@@ -595,6 +610,11 @@ END_TEST
 
 int main(int argc, char **argv) {
   if (argc > 1) chosen = argv[1];
+  if (argc > 2 && !strcmp(argv[2], "fp16")) half_dt = GW_FLOAT16, half_name = "float16";
+  else if (argc > 2 && strcmp(argv[2], "bf16")) {
+    fprintf(stderr, "usage: test_model_bf16 [cpu|cudnn] [bf16|fp16]\n");
+    return 2;
+  }
 #if GW_HAVE_ONEDNN
   if (!strcmp(chosen, "cpu")) be = &gw_backend_cpu;
 #endif
@@ -613,7 +633,7 @@ int main(int argc, char **argv) {
    * cudnn a GPU.  Probed in a child (a CUDA process cannot fork usable children). */
   pid_t pid = fork();
   if (pid == 0) {
-    struct gw_backend_config c = {.threads = 1, .act = GW_BFLOAT16};
+    struct gw_backend_config c = {.threads = 1, .act = half_dt};
     struct gw_backend *b;
     struct gw_op *op;
     struct gw_op_desc d = conv_desc(1, 2, 4, 2, 3, 1, 1);
@@ -637,7 +657,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, test_elementwise_and_pools);
   tcase_add_test(tc, test_fc_and_loss);
 #if GW_HAVE_ONEDNN
-  if (be == &gw_backend_cpu) tcase_add_test(tc, test_whole_model_step);
+  if (be == &gw_backend_cpu && half_dt == GW_BFLOAT16) tcase_add_test(tc, test_whole_model_step);
 #endif
   if (!be->host_memory) tcase_add_test(tc, test_whole_model_step_device);
   tcase_add_test(tc, test_refused);

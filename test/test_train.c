@@ -95,7 +95,8 @@ static char *slurp(const char *name, size_t *len) {
  * goes up before each step, the gradients come down bucket by bucket during
  * backward, the optimizer on the host).  Both give the host path's weights bit
  * for bit, also with loss scaling and a forced overflow (the backend's
- * nonfinite check, the unscale fused into the step). */
+ * nonfinite check, the unscale fused into the step) and with a bfloat16
+ * gradient wire. */
 static void same_weights(const char *what, const char *a_file, const char *b_file) {
   size_t n1, n2;
   char *a = slurp(a_file, &n1), *b = slurp(b_file, &n2);
@@ -140,6 +141,7 @@ START_TEST(test_device_path_equals_host) {
   device_paths_case("fp32", NULL, (const char *const[]){NULL});
   device_paths_case("scaled", "GW_TRAIN_OVERFLOW_AT_STEP=2",
                     (const char *const[]){"--amp", "bf16", "--loss-scale", "dynamic", "--nesterov", NULL});
+  device_paths_case("wire", NULL, (const char *const[]){"--grad-wire", "bf16", NULL});
 }
 END_TEST
 
@@ -674,7 +676,7 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--batch", "0", NULL}, "--batch");
   refused((const char *const[]){"--steps", "2", "--lr", "fast", NULL}, "--lr");
   refused((const char *const[]){"--steps", "2", "--grad-wire", "int8", NULL}, "--grad-wire 'int8'");
-  refused((const char *const[]){"--steps", "2", "--amp", "fp16", NULL}, "float16 activations are not built");
+  refused((const char *const[]){"--steps", "2", "--amp", "fp16", NULL}, "--amp fp16 needs --backend cudnn");
   refused((const char *const[]){"--steps", "2", "--loss-scale", "huge", NULL}, "--loss-scale");
   refused((const char *const[]){"--steps", "2", "--loss-scale-init", "1024", NULL}, "needs --loss-scale dynamic");
   refused((const char *const[]){"--steps", "2", "--backend", "tpu", NULL}, "--backend 'tpu'");

@@ -15,8 +15,7 @@
  * the optimizer run there, and nothing crosses PCIe per step but the loss and
  * the overflow verdict.  The host copies are brought up to date only for
  * checkpoints, evaluation and the final weights.  --host-step keeps the older
- * arrangement (master weights on the host) for comparison and for a 16-bit
- * --grad-wire, which device buffers do not take yet.
+ * arrangement (master weights on the host) for comparison.
  *
  * Every rank starts from rank 0's weights (broadcast), so the replicas stay
  * identical; BN running statistics are rank 0's before each evaluation and in
@@ -230,7 +229,7 @@ static int setup_model(struct trainer *t) {
   t->st.loss_scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
   struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
-  t->resident = !t->ops->host_memory && !o->host_step && o->grad_wire == GW_FLOAT32;
+  t->resident = !t->ops->host_memory && !o->host_step;
   if (t->resident && gw_sgd_momentum(t->sgd) && !(t->mom_dev = t->ops->alloc(t->b, t->np * sizeof(float)))) {
     char d[160];
     snprintf(d, sizeof d, "out of %s memory for the momentum buffer (%zu MiB)", t->ops->name,
@@ -730,10 +729,8 @@ static void announce(struct trainer *t) {
            t->ops->name,
            t->ops->host_memory ? ""
            : t->resident       ? " (device memory; weights, gradients and optimizer there)"
-           : o->host_step      ? " (device memory; master weights and optimizer on the host: --host-step)"
-                               : " (device memory; master weights and optimizer on the host: a 16-bit --grad-wire "
-                                 "reduces host copies)",
-           o->amp == GW_BFLOAT16 ? ", bf16 activations" : "",
+                               : " (device memory; master weights and optimizer on the host: --host-step)",
+           o->amp == GW_BFLOAT16 ? ", bf16 activations" : o->amp == GW_FLOAT16 ? ", fp16 activations" : "",
            (long long)t->total_steps, (long long)t->spe,
            t->peak_lr,
            t->world == 1     ? "no allreduce"

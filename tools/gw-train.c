@@ -51,8 +51,9 @@ static void usage(FILE *f) {
           "  --backend cpu|cudnn      oneDNN on the host (default when built with it) or cuDNN on the GPU\n"
           "  --tf32 on|off            cudnn: TF32 tensor cores for the fp32 convolutions and fc (default on,\n"
           "                           as PyTorch's convolutions); off keeps full fp32\n"
-          "  --amp off|bf16           mixed precision: activations in bfloat16, weights, gradients, optimizer and\n"
-          "                           BN statistics in float32 (default off)\n"
+          "  --amp off|bf16|fp16      mixed precision: activations in bfloat16 or float16 (cudnn only; turns on\n"
+          "                           --loss-scale dynamic unless given), weights, gradients, optimizer and BN\n"
+          "                           statistics in float32 (default off)\n"
           "  --loss-scale off|dynamic|S  scale the loss's gradient by S (dynamic: start at --loss-scale-init,\n"
           "                           default 65536, halve when the gradients overflow, double after 2000 steps\n"
           "                           without); a step whose gradients overflowed is skipped and counted\n"
@@ -246,12 +247,11 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_AMP:
     if (!strcmp(arg, "off")) o->amp = GW_FLOAT32;
     else if (!strcmp(arg, "bf16") || !strcmp(arg, "bfloat16")) o->amp = GW_BFLOAT16;
-    else if (!strcmp(arg, "fp16") || !strcmp(arg, "float16"))
-      return bad("--amp fp16: float16 activations are not built in any backend yet (bf16 is, and needs no loss "
-                 "scaling)%s%s", "", "");
-    else return bad("--amp '%s' is not off or bf16%s", arg, "");
+    else if (!strcmp(arg, "fp16") || !strcmp(arg, "float16")) o->amp = GW_FLOAT16;
+    else return bad("--amp '%s' is not off, bf16 or fp16%s", arg, "");
     return 0;
   case O_LSCALE:
+    o->loss_scale_given = 1;
     if (!strcmp(arg, "off")) o->loss_scale = 0, o->loss_scale_dynamic = 0;
     else if (!strcmp(arg, "dynamic")) o->loss_scale_dynamic = 1, o->loss_scale = o->loss_scale ? o->loss_scale : 65536;
     else {
@@ -299,6 +299,9 @@ static int check(const struct train_opts *o) {
     return bad("--loss-scale-init needs --loss-scale dynamic%s%s", "", "");
   if (o->checkpoint_every && !o->checkpoint_dir) return bad("--checkpoint-every needs --checkpoint-dir DIR%s%s", "", "");
   if (o->nesterov && o->momentum <= 0) return bad("--nesterov needs a momentum > 0%s%s", "", "");
+  if (o->amp == GW_FLOAT16 && strcmp(o->backend, "cudnn"))
+    return bad("--amp fp16 needs --backend cudnn: the %s backend has no float16 activations (oneDNN trains float16 "
+               "only on CPUs with AVX512-FP16 or AMX-FP16); --amp bf16 works there%s", o->backend, "");
   if (o->steps == 0 && (o->resume || o->checkpoint_dir || o->metrics || o->plot))
     return bad("--steps 0 trains nothing: --resume, --checkpoint-dir, --metrics and --plot do not apply%s%s", "", "");
   return 0;
@@ -327,7 +330,11 @@ static int parse(int argc, char **argv, struct train_opts *o) {
     fprintf(stderr, "gw-train: unexpected argument '%s' (see --help)\n", argv[optind]);
     return 2;
   }
-  return check(o) == 0 ? 0 : 2;
+  if (check(o) != 0) return 2;
+  /* float16's range (65504 down to 2^-24) needs the gradients scaled: dynamic
+   * scaling unless --loss-scale says otherwise, as PyTorch's GradScaler. */
+  if (o->amp == GW_FLOAT16 && !o->loss_scale_given) o->loss_scale_dynamic = 1, o->loss_scale = 65536;
+  return 0;
 }
 
 /* --steps 0: the model alone, from the command line's shape. */

@@ -39,10 +39,11 @@ struct train_opts {
   int threads, loader_threads;
   const char *backend;      /* "cpu" (oneDNN) or "cudnn" (--backend) */
   int tf32;                 /* cudnn: TF32 tensor cores for fp32 convolutions and fc (--tf32) */
-  int amp;                  /* activations' gw_dtype_t: GW_FLOAT32, or GW_BFLOAT16 (--amp bf16) */
+  int amp;                  /* activations' gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16 (--amp) */
   int loss_scale_dynamic;   /* --loss-scale dynamic: halve on overflow, double after 2000 good steps */
   double loss_scale;        /* --loss-scale N, or dynamic's start: 0 = no scaling */
   double loss_scale_init;   /* --loss-scale-init (0: not given) */
+  int loss_scale_given;     /* --loss-scale was on the command line */
   long log_every;           /* steps between plain log lines */
   int eval;                 /* evaluate at each epoch end */
   const char *save_weights, *load_weights;
