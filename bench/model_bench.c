@@ -1,14 +1,14 @@
 /* model_bench - training throughput of the model on a backend (cpu: oneDNN, or
  * cudnn: the GPU): forward, loss + backward and an SGD-with-momentum step on one
  * fixed random batch, the same work bench/model_bench_torch.py times in PyTorch.
- * On a device backend a step also copies the model up before forward and back
- * after backward, as gw-train does (the optimizer runs on the host).  Prints one
- * line:
+ * The optimizer runs where the weights are (the backend's sgd_step), as gw-train
+ * does; --no-fuse runs every layer by itself (no batch norm fused with its
+ * ReLU / residual add).  Prints one line:
  *
- *   gradwire resnet50 224x224x3 batch 16 cpu threads 2: 12.3 img/s (median of 5 steps, 1.30 s/step)
+ *   gradwire resnet50 224x224x3 batch 16 cpu threads 2, 49 fused BN groups: 12.3 img/s (median of 5 steps, ...)
  *
  * usage: model_bench [--depth 50] [--image-size 224] [--in-channels 3] [--classes 1000]
- *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16|fp16] [--threads T]
+ *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16|fp16] [--no-fuse] [--threads T]
  *                    [--steps 5] [--warmup 2]
  */
 #include <getopt.h>
@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "gw_config.h"
 #include "exec.h"
+#include "sgd_math.h"
 #include "resnet.h"
 #include "sgd.h"
 
@@ -60,7 +61,7 @@ int main(int argc, char **argv) {
 #else
   struct gw_model_config cfg;
   gw_model_config_default(&cfg);
-  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0, act = GW_FLOAT32;
+  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0, act = GW_FLOAT32, no_fuse = 0;
   const struct gw_backend_ops *ops = NULL;
 #if GW_HAVE_ONEDNN
   ops = &gw_backend_cpu;
@@ -70,7 +71,8 @@ int main(int argc, char **argv) {
   static const struct option lo[] = {{"depth", 1, 0, 'd'},   {"image-size", 1, 0, 's'}, {"in-channels", 1, 0, 'c'},
                                      {"classes", 1, 0, 'k'}, {"batch", 1, 0, 'b'},      {"threads", 1, 0, 't'},
                                      {"steps", 1, 0, 'n'},   {"warmup", 1, 0, 'w'},     {"backend", 1, 0, 'B'},
-                                     {"tf32", 1, 0, 'T'},    {"act", 1, 0, 'A'},        {0, 0, 0, 0}};
+                                     {"tf32", 1, 0, 'T'},    {"act", 1, 0, 'A'},        {"no-fuse", 0, 0, 'F'},
+                                     {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -83,6 +85,7 @@ int main(int argc, char **argv) {
     case 'n': steps = arg_int(optarg, "--steps", 1); break;
     case 'w': warmup = arg_int(optarg, "--warmup", 0); break;
     case 'T': tf32 = arg_int(optarg, "--tf32", 0) != 0; break;
+    case 'F': no_fuse = 1; break;
     case 'A':
       if (!strcmp(optarg, "fp32")) act = GW_FLOAT32;
       else if (!strcmp(optarg, "bf16")) act = GW_BFLOAT16;
@@ -120,10 +123,18 @@ int main(int argc, char **argv) {
     return 77;
   }
   CHECK(r);
-  struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
+  struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f, .no_fuse = no_fuse};
   CHECK(gw_exec_create(m, ops, b, &ec, &e));
   struct gw_sgd_config sc = {.momentum = 0.9f, .weight_decay = 1e-4f};
   CHECK(gw_sgd_create(m, &sc, &sgd));
+  /* The optimizer where the weights are (as gw-train keeps them): the
+   * backend's sgd_step on its own copies, the momentum there too. */
+  const size_t np = gw_model_num_params(m);
+  float *mom = ops->alloc(b, np * sizeof(float));
+  if (!mom) return 1;
+  CHECK(ops->upload(b, mom, gw_sgd_momentum(sgd), np * sizeof(float)));
+  int nruns = 0;
+  const struct gw_sgd_run *runs = gw_sgd_runs(sgd, &nruns);
   size_t n = (size_t)batch * cfg.in_channels * cfg.image_size * cfg.image_size;
   float *x = malloc(n * sizeof(float));
   int32_t *y = malloc((size_t)batch * sizeof(int32_t));
@@ -135,21 +146,25 @@ int main(int argc, char **argv) {
   float loss = 0;
   for (int s = 0; s < warmup + steps; s++) {
     double t0 = now();
-    CHECK(gw_exec_upload_model(e)); /* no-ops on the cpu backend */
     CHECK(gw_exec_forward(e, x, 1));
     CHECK(gw_exec_backward(e, y, &loss, NULL, NULL));
-    CHECK(gw_exec_download_model(e));
-    CHECK(gw_sgd_step(sgd, gw_model_params(m), gw_model_grads(m), 0.01f));
+    struct gw_sgd_scalars scal;
+    gw_sgd_scalars_at(sgd, 0.01f, 1.0f, &scal);
+    CHECK(ops->sgd_step(b, runs, nruns, gw_exec_params(e), gw_exec_grads(e), mom, &scal));
+    gw_sgd_set_steps(sgd, gw_sgd_steps(sgd) + 1);
+    int over = 0; /* waits for the step (the next loss would too) */
+    CHECK(ops->nonfinite(b, &mom[0], 1, &over));
     if (s >= warmup) t[s - warmup] = now() - t0;
   }
   qsort(t, (size_t)steps, sizeof *t, cmp_double);
   double med = t[steps / 2];
-  printf("gradwire resnet%d %dx%dx%d batch %d %s%s%s threads %d: %.2f img/s (median of %d steps, %.3f s/step, "
-         "loss %.3f, %.0f MiB work memory)\n",
+  printf("gradwire resnet%d %dx%dx%d batch %d %s%s%s threads %d, %d fused BN groups: %.2f img/s (median of %d "
+         "steps, %.3f s/step, loss %.3f, %.0f MiB work memory)\n",
          cfg.depth, cfg.image_size, cfg.image_size, cfg.in_channels, batch, ops->name,
-         ops->host_memory ? "" : tf32 ? " tf32" : " fp32", act == GW_BFLOAT16 ? " bf16 activations" : act == GW_FLOAT16 ? " fp16 activations" : "", threads,
-         batch / med, steps, med,
-         (double)loss, (double)gw_exec_memory_bytes(e) / (1 << 20));
+         ops->host_memory ? "" : tf32 ? " tf32" : " fp32",
+         act == GW_BFLOAT16 ? " bf16 activations" : act == GW_FLOAT16 ? " fp16 activations" : "", threads,
+         gw_exec_fused_groups(e), batch / med, steps, med, (double)loss, (double)gw_exec_memory_bytes(e) / (1 << 20));
+  ops->dealloc(b, mom);
   free(t), free(x), free(y);
   gw_sgd_free(sgd);
   gw_exec_free(e);

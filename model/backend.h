@@ -145,6 +145,24 @@ struct gw_backend_ops {
   gw_result_t (*bn_bwd_apply)(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                               const float *mean, const float *rstd, const double *sums, double count, gw_act_t *dx);
 
+  /* Batch norm fused with what follows it in a ResNet (the executor's bn -> relu
+   * and bn -> add -> relu): y = relu(bn(x) + z), without "+ z" when z is NULL;
+   * the same values as bn_fwd_train / bn_fwd_infer, then add, then relu_fwd
+   * (each result rounded to the activation dtype where the separate op would
+   * round it).  y may alias x or z.  bn_act_bwd: with g = (y > 0 ? dy : 0), y
+   * the fused output: bn_bwd with g as its dy, and dz = g when dz is not NULL
+   * (the residual's gradient).  dx may alias dy.  Optional: NULL in a backend
+   * without them (the executor then runs the layers one by one). */
+  gw_result_t (*bn_act_fwd_train)(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
+                                  const float *beta, gw_act_t *y, float *save_mean, float *save_rstd,
+                                  float *running_mean, float *running_var);
+  gw_result_t (*bn_act_fwd_infer)(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
+                                  const float *beta, const float *running_mean, const float *running_var,
+                                  gw_act_t *y);
+  gw_result_t (*bn_act_bwd)(struct gw_op *op, const gw_act_t *x, const gw_act_t *y, const gw_act_t *dy,
+                            const float *gamma, const float *save_mean, const float *save_rstd, gw_act_t *dx,
+                            gw_act_t *dz, float *dgamma, float *dbeta);
+
   /* ReLU (y may alias x; bwd takes the forward output y). */
   gw_result_t (*relu_fwd)(struct gw_op *op, const gw_act_t *x, gw_act_t *y);
   gw_result_t (*relu_bwd)(struct gw_op *op, const gw_act_t *y, const gw_act_t *dy, gw_act_t *dx);

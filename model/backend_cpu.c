@@ -241,30 +241,61 @@ static gw_result_t cpu_add(struct gw_op *op, const gw_act_t *a, const gw_act_t *
   return GW_SUCCESS;
 }
 
-static gw_result_t cpu_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta, gw_act_t *y,
-                                    float *save_mean, float *save_rstd, float *running_mean, float *running_var) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_train"));
+/* Batch norm in training, the fused tail (z, relu) included when asked. */
+static gw_result_t bn_train(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, int relu, const float *gamma,
+                            const float *beta, gw_act_t *y, float *save_mean, float *save_rstd, float *running_mean,
+                            float *running_var, const char *what) {
+  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, what));
   const struct gw_op_desc *d = &op->d;
   if ((size_t)d->n * d->h * d->w < 2)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                          "cpu backend: bn_fwd_train: batch %d of %dx%d has one value per channel; training needs more "
+                          "cpu backend: %s: batch %d of %dx%d has one value per channel; training needs more "
                           "(as PyTorch)",
-                          d->n, d->h, d->w);
-  gw__cpu_bn_fwd_train(d, op->b->act, x, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
+                          what, d->n, d->h, d->w);
+  gw__cpu_bn_fwd_train(d, op->b->act, x, z, relu, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
+  return GW_SUCCESS;
+}
+
+static gw_result_t cpu_bn_act_fwd_train(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
+                                        const float *beta, gw_act_t *y, float *save_mean, float *save_rstd,
+                                        float *running_mean, float *running_var) {
+  return bn_train(op, x, z, 1, gamma, beta, y, save_mean, save_rstd, running_mean, running_var, "bn_act_fwd_train");
+}
+
+static gw_result_t cpu_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                                    gw_act_t *y, float *save_mean, float *save_rstd, float *running_mean,
+                                    float *running_var) {
+  return bn_train(op, x, NULL, 0, gamma, beta, y, save_mean, save_rstd, running_mean, running_var, "bn_fwd_train");
+}
+
+static gw_result_t cpu_bn_act_fwd_infer(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
+                                        const float *beta, const float *running_mean, const float *running_var,
+                                        gw_act_t *y) {
+  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_act_fwd_infer"));
+  gw__cpu_bn_fwd_infer(&op->d, op->b->act, x, z, 1, gamma, beta, running_mean, running_var, y);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                     const float *running_mean, const float *running_var, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_infer"));
-  gw__cpu_bn_fwd_infer(&op->d, op->b->act, x, gamma, beta, running_mean, running_var, y);
+  gw__cpu_bn_fwd_infer(&op->d, op->b->act, x, NULL, 0, gamma, beta, running_mean, running_var, y);
+  return GW_SUCCESS;
+}
+
+static gw_result_t cpu_bn_act_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *y, const gw_act_t *dy,
+                                  const float *gamma, const float *save_mean, const float *save_rstd, gw_act_t *dx,
+                                  gw_act_t *dz, float *dgamma, float *dbeta) {
+  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_act_bwd"));
+  if (!y) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: bn_act_bwd needs the fused output y");
+  gw__cpu_bn_bwd(&op->d, op->b->act, x, y, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                               const float *save_mean, const float *save_rstd, gw_act_t *dx, float *dgamma, float *dbeta) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd"));
-  gw__cpu_bn_bwd(&op->d, op->b->act, x, dy, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
+  gw__cpu_bn_bwd(&op->d, op->b->act, x, NULL, dy, gamma, save_mean, save_rstd, dx, NULL, dgamma, dbeta);
   return GW_SUCCESS;
 }
 
@@ -417,6 +448,9 @@ const struct gw_backend_ops gw_backend_cpu = {
     .bn_fwd_train = cpu_bn_fwd_train,
     .bn_fwd_infer = cpu_bn_fwd_infer,
     .bn_bwd = cpu_bn_bwd,
+    .bn_act_fwd_train = cpu_bn_act_fwd_train,
+    .bn_act_fwd_infer = cpu_bn_act_fwd_infer,
+    .bn_act_bwd = cpu_bn_act_bwd,
     .bn_sums = cpu_bn_sums,
     .bn_fwd_apply = cpu_bn_fwd_apply,
     .bn_bwd_sums = cpu_bn_bwd_sums,

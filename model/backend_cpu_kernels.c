@@ -54,19 +54,22 @@
     else name##_f32(__VA_ARGS__);                                                        \
   } while (0)
 
-void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
-                          void *y, float *save_mean, float *save_rstd, float *running_mean, float *running_var) {
-  DISPATCH(bn_fwd_train, d, x, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
+void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                          const float *gamma, const float *beta, void *y, float *save_mean, float *save_rstd,
+                          float *running_mean, float *running_var) {
+  DISPATCH(bn_fwd_train, d, x, z, relu, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
 }
 
-void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
-                          const float *running_mean, const float *running_var, void *y) {
-  DISPATCH(bn_fwd_infer, d, x, gamma, beta, running_mean, running_var, y);
+void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                          const float *gamma, const float *beta, const float *running_mean, const float *running_var,
+                          void *y) {
+  DISPATCH(bn_fwd_infer, d, x, z, relu, gamma, beta, running_mean, running_var, y);
 }
 
-void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
-                    const float *save_mean, const float *save_rstd, void *dx, float *dgamma, float *dbeta) {
-  DISPATCH(bn_bwd, d, x, dy, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
+void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+                    const float *gamma, const float *save_mean, const float *save_rstd, void *dx, void *dz,
+                    float *dgamma, float *dbeta) {
+  DISPATCH(bn_bwd, d, x, ym, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta);
 }
 
 void gw__cpu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums) {

@@ -13,13 +13,19 @@
 /* act: the activations' gw_dtype_t (GW_FLOAT32 or GW_BFLOAT16): x, y, dx, dy,
  * logits and dlogits hold such elements; everything else is float / double.
  * x, y [n, c, h, w]; gamma, beta, save_mean, save_rstd, running_mean, running_var [c].
- * Needs n * h * w >= 2 (the unbiased variance divides by n * h * w - 1). */
-void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
-                          void *y, float *save_mean, float *save_rstd, float *running_mean, float *running_var);
-void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
-                          const float *running_mean, const float *running_var, void *y);
-void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
-                    const float *save_mean, const float *save_rstd, void *dx, float *dgamma, float *dbeta);
+ * Needs n * h * w >= 2 (the unbiased variance divides by n * h * w - 1).
+ * Fused (backend.h bn_act_*): z (the residual, or NULL) added and ReLU applied
+ * (relu != 0) to the output; backward masks dy by the fused output ym (NULL:
+ * no mask) and writes the masked dy to dz (NULL: not wanted). */
+void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                          const float *gamma, const float *beta, void *y, float *save_mean, float *save_rstd,
+                          float *running_mean, float *running_var);
+void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                          const float *gamma, const float *beta, const float *running_mean, const float *running_var,
+                          void *y);
+void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+                    const float *gamma, const float *save_mean, const float *save_rstd, void *dx, void *dz,
+                    float *dgamma, float *dbeta);
 
 /* The phases of SyncBatchNorm (backend.h: bn_sums ... bn_bwd_apply). */
 void gw__cpu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums);

@@ -7,8 +7,39 @@
  *   KFN(n)  the name of the instance of loop n.
  * Parameters, statistics, sums and the loss are float / double whatever T is. */
 
-static void KFN(bn_fwd_train)(const struct gw_op_desc *d, const T *x, const float *gamma, const float *beta, T *y,
-                          float *save_mean, float *save_rstd, float *running_mean, float *running_var) {
+/* The fused tail of batch norm's outputs (before rounding) over one plane:
+ * rounded as bn would store them, plus z's elements as the residual add
+ * computes them (in float, rounded once), then ReLU (a NaN passes): the bits of
+ * the separate ops.  One straight loop per case, so each vectorizes. */
+/* g where y > 0, else +0: ReLU's backward, as bits (no branch: the mask is
+ * about half set, in no pattern a branch predictor could follow). */
+static inline float KFN(keep_if_pos)(float y, float g) {
+  uint32_t u;
+  memcpy(&u, &g, sizeof u);
+  u &= 0u - (uint32_t)(y > 0);
+  memcpy(&g, &u, sizeof g);
+  return g;
+}
+
+static void KFN(apply_plane)(const T *p, const T *zp, int relu, double scale, double shift, T *q, size_t hw) {
+  if (!zp && !relu) {
+    for (size_t i = 0; i < hw; i++) q[i] = OUT((double)IN(p[i]) * scale + shift);
+  } else if (!zp) {
+    for (size_t i = 0; i < hw; i++) {
+      const float r = IN(OUT((double)IN(p[i]) * scale + shift));
+      q[i] = OUT(r <= 0 ? 0.0f : r);
+    }
+  } else {
+    for (size_t i = 0; i < hw; i++) {
+      const float r = IN(OUT(IN(OUT((double)IN(p[i]) * scale + shift)) + IN(zp[i])));
+      q[i] = relu ? OUT(r <= 0 ? 0.0f : r) : OUT(r);
+    }
+  }
+}
+
+static void KFN(bn_fwd_train)(const struct gw_op_desc *d, const T *x, const T *z, int relu, const float *gamma,
+                              const float *beta, T *y, float *save_mean, float *save_rstd, float *running_mean,
+                              float *running_var) {
   const int c = d->c;
   const size_t hw = (size_t)d->h * d->w, m = (size_t)d->n * hw;
   OMP_FOR
@@ -28,9 +59,8 @@ static void KFN(bn_fwd_train)(const struct gw_op_desc *d, const T *x, const floa
     double var = ss / (double)m, rstd = 1.0 / sqrt(var + (double)d->eps);
     double scale = (double)gamma[ch] * rstd, shift = (double)beta[ch] - mean * scale;
     for (int n = 0; n < d->n; n++) {
-      const T *p = PLANE(x, n, ch, c, hw);
-      T *q = PLANE(y, n, ch, c, hw);
-      for (size_t i = 0; i < hw; i++) q[i] = OUT((double)IN(p[i]) * scale + shift);
+      KFN(apply_plane)(PLANE(x, n, ch, c, hw), z ? PLANE(z, n, ch, c, hw) : NULL, relu, scale, shift,
+                       PLANE(y, n, ch, c, hw), hw);
     }
     save_mean[ch] = (float)mean;
     save_rstd[ch] = (float)rstd;
@@ -43,8 +73,8 @@ static void KFN(bn_fwd_train)(const struct gw_op_desc *d, const T *x, const floa
   }
 }
 
-static void KFN(bn_fwd_infer)(const struct gw_op_desc *d, const T *x, const float *gamma, const float *beta,
-                          const float *running_mean, const float *running_var, T *y) {
+static void KFN(bn_fwd_infer)(const struct gw_op_desc *d, const T *x, const T *z, int relu, const float *gamma,
+                              const float *beta, const float *running_mean, const float *running_var, T *y) {
   const int c = d->c;
   const size_t hw = (size_t)d->h * d->w;
   OMP_FOR
@@ -52,18 +82,19 @@ static void KFN(bn_fwd_infer)(const struct gw_op_desc *d, const T *x, const floa
     double scale = (double)gamma[ch] / sqrt((double)running_var[ch] + (double)d->eps);
     double shift = (double)beta[ch] - (double)running_mean[ch] * scale;
     for (int n = 0; n < d->n; n++) {
-      const T *p = PLANE(x, n, ch, c, hw);
-      T *q = PLANE(y, n, ch, c, hw);
-      for (size_t i = 0; i < hw; i++) q[i] = OUT((double)IN(p[i]) * scale + shift);
+      KFN(apply_plane)(PLANE(x, n, ch, c, hw), z ? PLANE(z, n, ch, c, hw) : NULL, relu, scale, shift,
+                       PLANE(y, n, ch, c, hw), hw);
     }
   }
 }
 
 /* With xhat = (x - mean) * rstd over the m = n * h * w values of a channel:
  * dbeta = sum dy, dgamma = sum dy * xhat,
- * dx = gamma * rstd / m * (m * dy - dbeta - xhat * dgamma). */
-static void KFN(bn_bwd)(const struct gw_op_desc *d, const T *x, const T *dy, const float *gamma,
-                    const float *save_mean, const float *save_rstd, T *dx, float *dgamma, float *dbeta) {
+ * dx = gamma * rstd / m * (m * dy - dbeta - xhat * dgamma).
+ * With ym (the fused output, not NULL) dy is masked by ReLU first, and dz (not
+ * NULL) gets the masked dy. */
+static void KFN(bn_bwd)(const struct gw_op_desc *d, const T *x, const T *ym, const T *dy, const float *gamma,
+                        const float *save_mean, const float *save_rstd, T *dx, T *dz, float *dgamma, float *dbeta) {
   const int c = d->c;
   const size_t hw = (size_t)d->h * d->w, m = (size_t)d->n * hw;
   OMP_FOR
@@ -71,16 +102,36 @@ static void KFN(bn_bwd)(const struct gw_op_desc *d, const T *x, const T *dy, con
     double mean = save_mean[ch], rstd = save_rstd[ch], sdy = 0, sdyx = 0;
     for (int n = 0; n < d->n; n++) {
       const T *p = PLANE(x, n, ch, c, hw), *g = PLANE(dy, n, ch, c, hw);
-      for (size_t i = 0; i < hw; i++) {
-        sdy += IN(g[i]);
-        sdyx += (double)IN(g[i]) * (((double)IN(p[i]) - mean) * rstd);
+      if (ym) {
+        const T *yp = PLANE(ym, n, ch, c, hw);
+        for (size_t i = 0; i < hw; i++) {
+          const float gv = KFN(keep_if_pos)(IN(yp[i]), IN(g[i]));
+          sdy += gv;
+          sdyx += (double)gv * (((double)IN(p[i]) - mean) * rstd);
+        }
+      } else {
+        for (size_t i = 0; i < hw; i++) {
+          sdy += IN(g[i]);
+          sdyx += (double)IN(g[i]) * (((double)IN(p[i]) - mean) * rstd);
+        }
       }
     }
     double k = (double)gamma[ch] * rstd, a = sdy / (double)m, bq = sdyx / (double)m;
     for (int n = 0; n < d->n; n++) {
       const T *p = PLANE(x, n, ch, c, hw), *g = PLANE(dy, n, ch, c, hw);
       T *q = PLANE(dx, n, ch, c, hw);
-      for (size_t i = 0; i < hw; i++) q[i] = OUT(k * ((double)IN(g[i]) - a - ((double)IN(p[i]) - mean) * rstd * bq));
+      if (ym) {
+        const T *yp = PLANE(ym, n, ch, c, hw);
+        T *zq = dz ? PLANE(dz, n, ch, c, hw) : NULL;
+        if (zq)
+          for (size_t i = 0; i < hw; i++) zq[i] = OUT(KFN(keep_if_pos)(IN(yp[i]), IN(g[i])));
+        for (size_t i = 0; i < hw; i++) {
+          const float gv = KFN(keep_if_pos)(IN(yp[i]), IN(g[i]));
+          q[i] = OUT(k * ((double)gv - a - ((double)IN(p[i]) - mean) * rstd * bq));
+        }
+      } else {
+        for (size_t i = 0; i < hw; i++) q[i] = OUT(k * ((double)IN(g[i]) - a - ((double)IN(p[i]) - mean) * rstd * bq));
+      }
     }
     dgamma[ch] = (float)sdyx;
     dbeta[ch] = (float)sdy;

@@ -314,40 +314,80 @@ static gw_result_t cudnn_add(struct gw_op *op, const gw_act_t *a, const gw_act_t
   return GW_SUCCESS;
 }
 
-static gw_result_t cudnn_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta, gw_act_t *y,
-                                      float *save_mean, float *save_rstd, float *running_mean, float *running_var) {
-  EXPECT(GW_LAYER_BN, "bn_fwd_train");
+/* Batch norm in training, the fused tail (z, relu) included when asked. */
+static gw_result_t bn_train(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, int relu, const float *gamma,
+                            const float *beta, gw_act_t *y, float *save_mean, float *save_rstd, float *running_mean,
+                            float *running_var, const char *what) {
+  EXPECT(GW_LAYER_BN, what);
   const struct gw_op_desc *d = &op->d;
   double count = (double)d->n * d->h * d->w;
   if (count < 2)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                          BE " backend: bn_fwd_train: batch %d of %dx%d has one value per channel; training needs more "
+                          BE " backend: %s: batch %d of %dx%d has one value per channel; training needs more "
                              "(as PyTorch)",
-                          d->n, d->h, d->w);
-  KERNEL_TRY(gw__cu_bn_sums(d, ACT(op), x, op->sums, STREAM(op)), "bn_fwd_train");
-  KERNEL_TRY(gw__cu_bn_stats(d, op->sums, count, save_mean, save_rstd, running_mean, running_var, STREAM(op)),
-             "bn_fwd_train");
-  KERNEL_TRY(gw__cu_bn_fwd_apply(d, ACT(op), x, gamma, beta, save_mean, save_rstd, y, STREAM(op)), "bn_fwd_train");
+                          what, d->n, d->h, d->w);
+  KERNEL_TRY(gw__cu_bn_sums(d, ACT(op), x, op->sums, STREAM(op)), what);
+  KERNEL_TRY(gw__cu_bn_stats(d, op->sums, count, save_mean, save_rstd, running_mean, running_var, STREAM(op)), what);
+  KERNEL_TRY(gw__cu_bn_fwd_apply(d, ACT(op), x, z, relu, gamma, beta, save_mean, save_rstd, y, STREAM(op)), what);
   return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
+                                      gw_act_t *y, float *save_mean, float *save_rstd, float *running_mean,
+                                      float *running_var) {
+  return bn_train(op, x, NULL, 0, gamma, beta, y, save_mean, save_rstd, running_mean, running_var, "bn_fwd_train");
+}
+
+static gw_result_t cudnn_bn_act_fwd_train(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
+                                          const float *beta, gw_act_t *y, float *save_mean, float *save_rstd,
+                                          float *running_mean, float *running_var) {
+  return bn_train(op, x, z, 1, gamma, beta, y, save_mean, save_rstd, running_mean, running_var, "bn_act_fwd_train");
 }
 
 static gw_result_t cudnn_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                       const float *running_mean, const float *running_var, gw_act_t *y) {
   EXPECT(GW_LAYER_BN, "bn_fwd_infer");
-  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, gamma, beta, running_mean, running_var, y, STREAM(op)), "bn_fwd_infer");
+  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, NULL, 0, gamma, beta, running_mean, running_var, y, STREAM(op)),
+             "bn_fwd_infer");
+  return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_bn_act_fwd_infer(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
+                                          const float *beta, const float *running_mean, const float *running_var,
+                                          gw_act_t *y) {
+  EXPECT(GW_LAYER_BN, "bn_act_fwd_infer");
+  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, z, 1, gamma, beta, running_mean, running_var, y, STREAM(op)),
+             "bn_act_fwd_infer");
+  return GW_SUCCESS;
+}
+
+/* Batch norm's backward, with a fused ReLU's mask (ym) and the residual's
+ * gradient (dz) when asked. */
+static gw_result_t bn_backward(struct gw_op *op, const gw_act_t *x, const gw_act_t *ym, const gw_act_t *dy,
+                               const float *gamma, const float *save_mean, const float *save_rstd, gw_act_t *dx,
+                               gw_act_t *dz, float *dgamma, float *dbeta, const char *what) {
+  EXPECT(GW_LAYER_BN, what);
+  const struct gw_op_desc *d = &op->d;
+  double count = (double)d->n * d->h * d->w;
+  KERNEL_TRY(gw__cu_bn_bwd_sums(d, ACT(op), x, ym, dy, save_mean, save_rstd, op->sums, STREAM(op)), what);
+  KERNEL_TRY(gw__cu_bn_param_grads(d, op->sums, dgamma, dbeta, STREAM(op)), what);
+  KERNEL_TRY(gw__cu_bn_bwd_apply(d, ACT(op), x, ym, dy, gamma, save_mean, save_rstd, op->sums, count, dx, dz,
+                                 STREAM(op)),
+             what);
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_bn_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                                 const float *save_mean, const float *save_rstd, gw_act_t *dx, float *dgamma,
                                 float *dbeta) {
-  EXPECT(GW_LAYER_BN, "bn_bwd");
-  const struct gw_op_desc *d = &op->d;
-  double count = (double)d->n * d->h * d->w;
-  KERNEL_TRY(gw__cu_bn_bwd_sums(d, ACT(op), x, dy, save_mean, save_rstd, op->sums, STREAM(op)), "bn_bwd");
-  KERNEL_TRY(gw__cu_bn_param_grads(d, op->sums, dgamma, dbeta, STREAM(op)), "bn_bwd");
-  KERNEL_TRY(gw__cu_bn_bwd_apply(d, ACT(op), x, dy, gamma, save_mean, save_rstd, op->sums, count, dx, STREAM(op)), "bn_bwd");
-  return GW_SUCCESS;
+  return bn_backward(op, x, NULL, dy, gamma, save_mean, save_rstd, dx, NULL, dgamma, dbeta, "bn_bwd");
+}
+
+static gw_result_t cudnn_bn_act_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *y, const gw_act_t *dy,
+                                    const float *gamma, const float *save_mean, const float *save_rstd, gw_act_t *dx,
+                                    gw_act_t *dz, float *dgamma, float *dbeta) {
+  if (!y) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: bn_act_bwd needs the fused output y");
+  return bn_backward(op, x, y, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta, "bn_act_bwd");
 }
 
 static gw_result_t cudnn_bn_sums(struct gw_op *op, const gw_act_t *x, double *sums) {
@@ -359,14 +399,15 @@ static gw_result_t cudnn_bn_sums(struct gw_op *op, const gw_act_t *x, double *su
 static gw_result_t cudnn_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                       const float *mean, const float *rstd, gw_act_t *y) {
   EXPECT(GW_LAYER_BN, "bn_fwd_apply");
-  KERNEL_TRY(gw__cu_bn_fwd_apply(&op->d, ACT(op), x, gamma, beta, mean, rstd, y, STREAM(op)), "bn_fwd_apply");
+  KERNEL_TRY(gw__cu_bn_fwd_apply(&op->d, ACT(op), x, NULL, 0, gamma, beta, mean, rstd, y, STREAM(op)),
+             "bn_fwd_apply");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                                      const float *rstd, double *sums) {
   EXPECT(GW_LAYER_BN, "bn_bwd_sums");
-  KERNEL_TRY(gw__cu_bn_bwd_sums(&op->d, ACT(op), x, dy, mean, rstd, sums, STREAM(op)), "bn_bwd_sums");
+  KERNEL_TRY(gw__cu_bn_bwd_sums(&op->d, ACT(op), x, NULL, dy, mean, rstd, sums, STREAM(op)), "bn_bwd_sums");
   return GW_SUCCESS;
 }
 
@@ -376,7 +417,8 @@ static gw_result_t cudnn_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const
   EXPECT(GW_LAYER_BN, "bn_bwd_apply");
   if (!(count >= 1))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: bn_bwd_apply: count %g must be >= 1", count);
-  KERNEL_TRY(gw__cu_bn_bwd_apply(&op->d, ACT(op), x, dy, gamma, mean, rstd, sums, count, dx, STREAM(op)), "bn_bwd_apply");
+  KERNEL_TRY(gw__cu_bn_bwd_apply(&op->d, ACT(op), x, NULL, dy, gamma, mean, rstd, sums, count, dx, NULL, STREAM(op)),
+             "bn_bwd_apply");
   return GW_SUCCESS;
 }
 
@@ -545,6 +587,9 @@ const struct gw_backend_ops gw_backend_cudnn = {
     .bn_fwd_train = cudnn_bn_fwd_train,
     .bn_fwd_infer = cudnn_bn_fwd_infer,
     .bn_bwd = cudnn_bn_bwd,
+    .bn_act_fwd_train = cudnn_bn_act_fwd_train,
+    .bn_act_fwd_infer = cudnn_bn_act_fwd_infer,
+    .bn_act_bwd = cudnn_bn_act_bwd,
     .bn_sums = cudnn_bn_sums,
     .bn_fwd_apply = cudnn_bn_fwd_apply,
     .bn_bwd_sums = cudnn_bn_bwd_sums,

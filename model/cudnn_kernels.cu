@@ -313,47 +313,51 @@ int launch_chan_elem(const ChanShape &s, const Op &op, bool vec, cudaStream_t st
   return launched();
 }
 
-template <class T>
-struct BnAffineTrainOp {
-  const T *x;
-  const float *gamma, *beta, *mean, *rstd;
+/* y = bn(x) per channel, through the fused tail (z: the residual or NULL;
+ * relu) when asked (backend.h bn_act_*): the channel's affine from the batch
+ * statistics (Train) or the running ones (Infer). */
+template <class T, class Params>
+struct BnAffineOp {
+  const T *x, *z;
   T *y;
+  bool relu_on;
+  Params prm;
   typedef gwk::BnAffine P;
-  __device__ P params(int, uint32_t ch) const {
+  __device__ P params(int, uint32_t ch) const { return prm(ch); }
+  __device__ void one(size_t i, const P &p) const {
+    y[i] = gwk::bn_tail<T>(gwk::bn_affine_apply(widen(x[i]), p), z, i, relu_on);
+  }
+  __device__ void quad(size_t i, const P &p) const {
+    gwk::Quad q = gwk::load4(x + i);
+    for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
+    if (z || relu_on) { /* the tail element by element (rounding, add, ReLU), then back */
+      for (int l = 0; l < 4; l++) q.v[l] = widen(gwk::bn_tail<T>(q.v[l], z, i + l, relu_on));
+    }
+    gwk::store4(y + i, q);
+  }
+};
+struct TrainParams {
+  const float *gamma, *beta, *mean, *rstd;
+  __device__ gwk::BnAffine operator()(uint32_t ch) const {
     return gwk::bn_affine_train(gamma[ch], beta[ch], mean[ch], rstd[ch]);
   }
-  __device__ void one(size_t i, const P &p) const { y[i] = narrow<T>(gwk::bn_affine_apply(widen(x[i]), p)); }
-  __device__ void quad(size_t i, const P &p) const {
-    gwk::Quad q = gwk::load4(x + i);
-    for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
-    gwk::store4(y + i, q);
-  }
 };
-
-template <class T>
-struct BnAffineInferOp {
-  const T *x;
+struct InferParams {
   const float *gamma, *beta, *rmean, *rvar;
-  T *y;
   double eps;
-  typedef gwk::BnAffine P;
-  __device__ P params(int, uint32_t ch) const {
+  __device__ gwk::BnAffine operator()(uint32_t ch) const {
     return gwk::bn_affine_infer(gamma[ch], beta[ch], rmean[ch], rvar[ch], eps);
   }
-  __device__ void one(size_t i, const P &p) const { y[i] = narrow<T>(gwk::bn_affine_apply(widen(x[i]), p)); }
-  __device__ void quad(size_t i, const P &p) const {
-    gwk::Quad q = gwk::load4(x + i);
-    for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
-    gwk::store4(y + i, q);
-  }
 };
 
+/* dx from the channel's sums; with ym (a fused ReLU) dy masked by the fused
+ * output first, and dz (not NULL) = the masked dy (the residual's gradient). */
 template <class T>
 struct BnBwdApplyOp {
-  const T *x, *dy;
+  const T *x, *dy, *ym;
   const float *gamma, *mean, *rstd;
   const double *sums;
-  T *dx;
+  T *dx, *dz;
   int c;
   double count;
   typedef gwk::BnBwd P;
@@ -361,11 +365,18 @@ struct BnBwdApplyOp {
     return gwk::bn_bwd_channel(gamma[ch], mean[ch], rstd[ch], sums[ch], sums[c + ch], count);
   }
   __device__ void one(size_t i, const P &p) const {
-    dx[i] = narrow<T>(gwk::bn_bwd_apply(widen(x[i]), widen(dy[i]), p));
+    const float g = ym ? gwk::relu_bwd(widen(ym[i]), widen(dy[i])) : widen(dy[i]);
+    if (dz) dz[i] = narrow<T>(g);
+    dx[i] = narrow<T>(gwk::bn_bwd_apply(widen(x[i]), g, p));
   }
   __device__ void quad(size_t i, const P &p) const {
-    const gwk::Quad a = gwk::load4(x + i), g = gwk::load4(dy + i);
-    gwk::Quad r;
+    const gwk::Quad a = gwk::load4(x + i);
+    gwk::Quad g = gwk::load4(dy + i), r;
+    if (ym) {
+      const gwk::Quad m = gwk::load4(ym + i);
+      for (int l = 0; l < 4; l++) g.v[l] = gwk::relu_bwd(m.v[l], g.v[l]);
+    }
+    if (dz) gwk::store4(dz + i, g);
     for (int l = 0; l < 4; l++) r.v[l] = gwk::bn_bwd_apply(a.v[l], g.v[l], p);
     gwk::store4(dx + i, r);
   }
@@ -624,41 +635,48 @@ int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStrea
 }
 
 template <class T>
-int bn_fwd_apply_t(const struct gw_op_desc *d, const void *x, const float *gamma, const float *beta,
-                   const float *mean, const float *rstd, void *y, cudaStream_t st) {
+int bn_fwd_apply_t(const struct gw_op_desc *d, const void *x, const void *z, int relu_on, const float *gamma,
+                   const float *beta, const float *mean, const float *rstd, void *y, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
-  const BnAffineTrainOp<T> op = {(const T *)x, gamma, beta, mean, rstd, (T *)y};
+  const BnAffineOp<T, TrainParams> op = {(const T *)x, (const T *)z, (T *)y, relu_on != 0,
+                                         TrainParams{gamma, beta, mean, rstd}};
   return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(y), st);
 }
 
 template <class T>
-int bn_fwd_infer_t(const struct gw_op_desc *d, const void *x, const float *gamma, const float *beta,
-                   const float *running_mean, const float *running_var, void *y, cudaStream_t st) {
+int bn_fwd_infer_t(const struct gw_op_desc *d, const void *x, const void *z, int relu_on, const float *gamma,
+                   const float *beta, const float *running_mean, const float *running_var, void *y, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
-  const BnAffineInferOp<T> op = {(const T *)x, gamma, beta, running_mean, running_var, (T *)y, (double)d->eps};
+  const BnAffineOp<T, InferParams> op = {(const T *)x, (const T *)z, (T *)y, relu_on != 0,
+                                         InferParams{gamma, beta, running_mean, running_var, (double)d->eps}};
   return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(y), st);
 }
 
 template <class T>
-int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *dy, const float *mean, const float *rstd,
-                  double *sums, cudaStream_t st) {
+int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, const void *dy, const float *mean,
+                  const float *rstd, double *sums, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
   BwdSumsAccDev<T> acc{};
-  acc.x = (const T *)x, acc.dy = (const T *)dy, acc.mean_p = mean, acc.rstd_p = rstd;
-  return chan_reduce(s, acc, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy), sums, st);
+  acc.x = (const T *)x, acc.dy = (const T *)dy, acc.ym = (const T *)ym, acc.mean_p = mean, acc.rstd_p = rstd;
+  return chan_reduce(s, acc, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy) && quad_aligned<T>(ym), sums,
+                     st);
 }
 
 template <class T>
-int bn_bwd_apply_t(const struct gw_op_desc *d, const void *x, const void *dy, const float *gamma, const float *mean,
-                   const float *rstd, const double *sums, double count, void *dx, cudaStream_t st) {
+int bn_bwd_apply_t(const struct gw_op_desc *d, const void *x, const void *ym, const void *dy, const float *gamma,
+                   const float *mean, const float *rstd, const double *sums, double count, void *dx, void *dz,
+                   cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
-  const BnBwdApplyOp<T> op = {(const T *)x, (const T *)dy, gamma, mean, rstd, sums, (T *)dx, s.c, count};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy) && quad_aligned<T>(dx),
+  const BnBwdApplyOp<T> op = {(const T *)x, (const T *)dy, (const T *)ym, gamma, mean, rstd, sums, (T *)dx, (T *)dz,
+                              s.c, count};
+  return launch_chan_elem(s, op,
+                          s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy) && quad_aligned<T>(dx) &&
+                              quad_aligned<T>(ym) && quad_aligned<T>(dz),
                           st);
 }
 
@@ -764,26 +782,27 @@ extern "C" int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, d
   return launched();
 }
 
-extern "C" int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const float *gamma,
-                                   const float *beta, const float *mean, const float *rstd, void *y, void *stream) {
-  return BY_ACT(act, bn_fwd_apply_t, d, x, gamma, beta, mean, rstd, y, (cudaStream_t)stream);
+extern "C" int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                                   const float *gamma, const float *beta, const float *mean, const float *rstd,
+                                   void *y, void *stream) {
+  return BY_ACT(act, bn_fwd_apply_t, d, x, z, relu, gamma, beta, mean, rstd, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const float *gamma,
-                                   const float *beta, const float *running_mean, const float *running_var, void *y,
-                                   void *stream) {
-  return BY_ACT(act, bn_fwd_infer_t, d, x, gamma, beta, running_mean, running_var, y, (cudaStream_t)stream);
+extern "C" int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                                   const float *gamma, const float *beta, const float *running_mean,
+                                   const float *running_var, void *y, void *stream) {
+  return BY_ACT(act, bn_fwd_infer_t, d, x, z, relu, gamma, beta, running_mean, running_var, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *dy,
+extern "C" int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
                                   const float *mean, const float *rstd, double *sums, void *stream) {
-  return BY_ACT(act, bn_bwd_sums_t, d, x, dy, mean, rstd, sums, (cudaStream_t)stream);
+  return BY_ACT(act, bn_bwd_sums_t, d, x, ym, dy, mean, rstd, sums, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *dy,
-                                   const float *gamma, const float *mean, const float *rstd, const double *sums,
-                                   double count, void *dx, void *stream) {
-  return BY_ACT(act, bn_bwd_apply_t, d, x, dy, gamma, mean, rstd, sums, count, dx, (cudaStream_t)stream);
+extern "C" int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *ym,
+                                   const void *dy, const float *gamma, const float *mean, const float *rstd,
+                                   const double *sums, double count, void *dx, void *dz, void *stream) {
+  return BY_ACT(act, bn_bwd_apply_t, d, x, ym, dy, gamma, mean, rstd, sums, count, dx, dz, (cudaStream_t)stream);
 }
 
 extern "C" int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *sums, float *dgamma, float *dbeta,

@@ -59,19 +59,26 @@ int gw__cu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *s
  * unless |mean| is ~1e5 times the spread or more. */
 int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, double count, float *mean, float *rstd,
                     float *running_mean, float *running_var, void *stream);
+/* Fusion (backend.h bn_act_*): the forward kernels take z (the residual, added
+ * after the BN output's rounding, in float, rounded once; NULL: none) and relu
+ * (non-zero: ReLU last), y may alias x or z; the backward ones take ym (the
+ * fused output: dy is masked by ym > 0 first; NULL: no mask) and bwd_apply
+ * writes the masked dy to dz (NULL: not wanted). */
 /* y = (x - mean) * rstd * gamma + beta (backend.h bn_fwd_apply). */
-int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
-                        const float *mean, const float *rstd, void *y, void *stream);
-/* Inference: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta. */
-int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
-                        const float *running_mean, const float *running_var, void *y, void *stream);
-/* sums[ch] = sum dy, sums[c + ch] = sum dy * (x - mean) * rstd (backend.h bn_bwd_sums). */
-int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *mean,
-                       const float *rstd, double *sums, void *stream);
-/* dx = gamma * rstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count) (backend.h bn_bwd_apply). */
-int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
-                        const float *mean, const float *rstd, const double *sums, double count, void *dx,
+int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                        const float *gamma, const float *beta, const float *mean, const float *rstd, void *y,
                         void *stream);
+/* Inference: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta. */
+int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+                        const float *gamma, const float *beta, const float *running_mean, const float *running_var,
+                        void *y, void *stream);
+/* sums[ch] = sum dy, sums[c + ch] = sum dy * (x - mean) * rstd (backend.h bn_bwd_sums). */
+int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+                       const float *mean, const float *rstd, double *sums, void *stream);
+/* dx = gamma * rstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count) (backend.h bn_bwd_apply). */
+int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+                        const float *gamma, const float *mean, const float *rstd, const double *sums, double count,
+                        void *dx, void *dz, void *stream);
 /* dgamma[ch] = sums[c + ch], dbeta[ch] = sums[ch], rounded to float. */
 int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *sums, float *dgamma, float *dbeta, void *stream);
 

@@ -153,6 +153,12 @@ GWK_HD float add_rn(float a, float b) {
 #endif
 }
 
+/* ReLU (a NaN passes on, as PyTorch's and oneDNN's; -0 and every x <= 0 give
+ * +0) and its backward. */
+GWK_HD float relu(float x) { return (x > 0.0f || x != x) ? x : 0.0f; }
+/* dx = dy where y > 0, else 0 (backend.h: bwd takes the forward output). */
+GWK_HD float relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
 /* ---- fixed shapes of the reductions ---------------------------------------------------------
  * A result never depends on the grid: a per-channel reduction splits the
  * channel's count = n * h * w values into pieces of kPiece values (the last one
@@ -355,6 +361,7 @@ struct SumsAcc {
 template <class T>
 struct BwdSumsAcc {
   const T *x, *dy;
+  const T *ym; /* fused ReLU (backend.h bn_act_bwd): dy masked by the fused output; NULL: none */
   double mean, rstd;
   double s, s2;
   GWK_HD void one(float xv, float gv) {
@@ -362,12 +369,31 @@ struct BwdSumsAcc {
     s += g;
     s2 = fma(g, xh, s2);
   }
-  GWK_HD void add1(size_t off) { one(widen(x[off]), widen(dy[off])); }
+  GWK_HD void add1(size_t off) {
+    const float g = widen(dy[off]);
+    one(widen(x[off]), ym ? relu_bwd(widen(ym[off]), g) : g);
+  }
   GWK_HD void add4(size_t off) {
     const Quad a = load4(x + off), b = load4(dy + off);
-    for (int i = 0; i < 4; i++) one(a.v[i], b.v[i]);
+    if (ym) {
+      const Quad m = load4(ym + off);
+      for (int i = 0; i < 4; i++) one(a.v[i], relu_bwd(m.v[i], b.v[i]));
+    } else {
+      for (int i = 0; i < 4; i++) one(a.v[i], b.v[i]);
+    }
   }
 };
+
+/* Batch norm's output v (float, before the store) through the fused tail: its
+ * rounding to T, plus z (the residual add, in float, rounded once), then ReLU
+ * (backend.h bn_act_*): the bits of the separate ops. */
+template <class T>
+GWK_HD T bn_tail(float v, const T *z, size_t i, bool relu_on) {
+  T r = narrow<T>(v);
+  if (z) r = narrow<T>(add_rn(widen(r), widen(z[i])));
+  if (relu_on) r = narrow<T>(relu(widen(r)));
+  return r;
+}
 
 /* ---- batch norm, per channel and per element ------------------------------------------------ */
 struct BnStats {
@@ -436,12 +462,6 @@ GWK_HD float bn_bwd_apply(float x, float dy, const BnBwd &p) {
   const double xh = ((double)x - p.mean) * p.rstd;
   return (float)(p.k * fma(-xh, p.b, (double)dy - p.a));
 }
-
-/* ---- element-wise --------------------------------------------------------------------------- */
-/* ReLU passes a NaN on (PyTorch and oneDNN do); -0 and every x <= 0 give +0. */
-GWK_HD float relu(float x) { return (x > 0.0f || x != x) ? x : 0.0f; }
-/* dx = dy where y > 0, else 0 (backend.h: bwd takes the forward output). */
-GWK_HD float relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
 /* ---- max pool --------------------------------------------------------------------------------
  * Output (oh, ow) of one plane [h, w]: the window rows oh * stride - pad + [0, kernel)

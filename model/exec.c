@@ -30,6 +30,11 @@ struct exec_layer {
   float *save_mean, *save_rstd; /* BN: batch statistics for backward */
   int acc_in, acc_in2;    /* not the last reader of in / in2: add to the gradient, don't overwrite */
   size_t ready_after;     /* gradient elements final once backward has passed this layer */
+  /* Fusion (when e->fusable and no SyncBatchNorm): a BN leads a group (fuse 1:
+   * bn -> relu, 2: bn -> add -> relu) whose other layers are members (skipped);
+   * the group's output act, and for 2 the add layer and the residual's act. */
+  int fuse, member, out_act, add_layer, z_act;
+  int path_act;           /* member: its input on the group's path (gradient shared with its output's), else -1 */
 };
 
 struct gw_exec {
@@ -38,6 +43,7 @@ struct gw_exec {
   struct gw_backend *b;
   struct gw_exec_config cfg;
   struct exec_layer *L;   /* [nlayers] */
+  int fusable;            /* the backend has bn_act_* and cfg.no_fuse is 0: fused groups were planned */
   struct gw_op *loss_op;
   int act_dt;             /* the backend's activation dtype (gw_dtype_t) */
   size_t esz;             /* bytes per activation element */
@@ -160,8 +166,42 @@ static gw_result_t take_grad(struct gw_exec *e, struct pool *p, int a, const int
   return e->grad[a] ? GW_SUCCESS : GW_ERR_SYSTEM;
 }
 
+/* Groups BN with the layers after it that can run inside its call: a ReLU in
+ * place on its output (bn -> relu), or the residual add of its output and
+ * another (the add in place on either) followed by a ReLU in place (bn -> add
+ * -> relu), when BN's output has no other reader and BN writes its input's
+ * gradient directly (not added).  The group's output is the ReLU's. */
+static void plan_fusion(struct gw_exec *e, const int *count, const int *last) {
+  const struct gw_model *m = e->m;
+  const struct gw_backend_ops *o = e->ops;
+  e->fusable = !e->cfg.no_fuse && o->bn_act_fwd_train && o->bn_act_fwd_infer && o->bn_act_bwd;
+  for (int i = 0; e->fusable && i + 1 < m->nlayers; i++) {
+    const struct gw_layer *b = &m->layers[i], *n1 = &m->layers[i + 1];
+    struct exec_layer *x = &e->L[i];
+    if (b->kind != GW_LAYER_BN || count[b->out] != 1 || (b->in != 0 && last[b->in] != i)) continue;
+    if (n1->kind == GW_LAYER_RELU && n1->in == b->out && e->act[n1->out] == e->act[b->out]) {
+      x->fuse = 1, x->out_act = n1->out, e->L[i + 1].member = 1, e->L[i + 1].path_act = b->out;
+      continue;
+    }
+    if (i + 2 >= m->nlayers) continue;
+    const struct gw_layer *n2 = &m->layers[i + 2];
+    /* the add may run in place on either input (on the other, for a
+     * downsampling shortcut's BN): the group writes wherever the ReLU does */
+    if (n1->kind == GW_LAYER_ADD && (n1->in == b->out || n1->in2 == b->out) && count[n1->out] == 1 &&
+        n2->kind == GW_LAYER_RELU && n2->in == n1->out && e->act[n2->out] == e->act[n1->out]) {
+      x->fuse = 2, x->out_act = n2->out, x->add_layer = i + 1, x->z_act = n1->in == b->out ? n1->in2 : n1->in;
+      e->L[i + 1].member = e->L[i + 2].member = 1;
+      e->L[i + 1].path_act = b->out, e->L[i + 2].path_act = n1->out;
+    }
+  }
+}
+
 /* Walks backward's order, giving each gradient a buffer at its last reader and
- * returning it after its producer.  Assignments are fixed for every step. */
+ * returning it after its producer.  Assignments are fixed for every step.
+ * Inside a fusable group the gradient goes back along the path in one buffer
+ * (the ReLU's and the add's backward run in place on it, unfused): so the
+ * fused BN finds its output gradient where the group's ends, and neither mode
+ * needs more memory than the layers one by one. */
 static gw_result_t plan_gradients(struct gw_exec *e, const int *last) {
   const struct gw_model *m = e->m;
   int nmax = 2 * m->nacts + 1;
@@ -175,9 +215,14 @@ static gw_result_t plan_gradients(struct gw_exec *e, const int *last) {
   if (take_grad(e, &p, m->nacts - 1, last, m->nlayers) != GW_SUCCESS) goto out;
   for (int i = m->nlayers - 1; i >= 0; i--) {
     const struct gw_layer *l = &m->layers[i];
-    if (take_grad(e, &p, l->in, last, i) != GW_SUCCESS) goto out;
-    if (l->in2 >= 0 && take_grad(e, &p, l->in2, last, i) != GW_SUCCESS) goto out;
-    pool_give(&p, e->grad[l->out]);
+    const int path = e->L[i].member ? e->L[i].path_act : -1;
+    const int ins[2] = {l->in, l->in2};
+    for (int k = 0; k < 2; k++) {
+      if (ins[k] < 0) continue;
+      if (ins[k] == path) e->grad[path] = e->grad[l->out]; /* handed on: released by the path's producer */
+      else if (take_grad(e, &p, ins[k], last, i) != GW_SUCCESS) goto out;
+    }
+    if (path < 0) pool_give(&p, e->grad[l->out]);
   }
   res = GW_SUCCESS;
 out:
@@ -253,6 +298,7 @@ static gw_result_t plan(struct gw_exec *e) {
   }
   readers(m, count, last);
   if ((res = plan_activations(e, count, producer)) != GW_SUCCESS) goto out;
+  plan_fusion(e, count, last);
   if ((res = plan_gradients(e, last)) != GW_SUCCESS) goto out;
   size_t max_elems = 0;
   for (int i = 0; i < m->nlayers; i++) {
@@ -413,19 +459,32 @@ static gw_result_t sync_bn_backward(struct gw_exec *e, const struct gw_layer *l,
                          e->host_sums[2 * c], dx);
 }
 
+/* Whether fused groups run as one call now (SyncBatchNorm's phases cannot). */
+static int fusing(const struct gw_exec *e) { return e->fusable && !e->sync_sum; }
+
 static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
   const struct gw_layer *l = &e->m->layers[i];
   struct exec_layer *x = &e->L[i];
   const struct gw_backend_ops *o = e->ops;
   void *in = e->act[l->in], *out = e->act[l->out];
+  if (x->member && fusing(e)) return GW_SUCCESS; /* done by its group's BN */
+  const int fuse = x->fuse && fusing(e);
+  const void *z = fuse && x->fuse == 2 ? e->act[x->z_act] : NULL;
+  if (fuse) out = e->act[x->out_act];
   switch (l->kind) {
   case GW_LAYER_CONV: return o->conv_fwd(x->op, in, P(e, l->weight), out);
   case GW_LAYER_BN:
+    if (!train && fuse)
+      return o->bn_act_fwd_infer(x->op, in, z, P(e, l->weight), P(e, l->bias), R(e, l->running_mean),
+                                 R(e, l->running_var), out);
     if (!train)
       return o->bn_fwd_infer(x->op, in, P(e, l->weight), P(e, l->bias), R(e, l->running_mean),
                              R(e, l->running_var), out);
     e->m->counter_data[e->m->buffers_t[l->num_batches_tracked].offset]++;
     if (e->sync_sum) return sync_bn_forward(e, l, x);
+    if (fuse)
+      return o->bn_act_fwd_train(x->op, in, z, P(e, l->weight), P(e, l->bias), out, x->save_mean, x->save_rstd,
+                                 R(e, l->running_mean), R(e, l->running_var));
     return o->bn_fwd_train(x->op, in, P(e, l->weight), P(e, l->bias), out, x->save_mean, x->save_rstd,
                            R(e, l->running_mean), R(e, l->running_var));
   case GW_LAYER_RELU: return o->relu_fwd(x->op, in, out);
@@ -523,7 +582,28 @@ static void *dx_target(struct gw_exec *e, const struct gw_layer *l, const struct
 
 static gw_result_t add_into(struct gw_exec *e, struct gw_op *op, int a, const void *contribution, int accumulate) {
   if (accumulate) return e->ops->add(op, e->grad[a], contribution, e->grad[a]);
+  if (e->grad[a] == contribution) return GW_SUCCESS; /* the path's own buffer (plan_gradients) */
   return e->ops->copy(e->b, e->grad[a], contribution, act_elems(e, a) * e->esz);
+}
+
+/* A fused group's backward in its BN's call: dy is the group output's
+ * gradient, masked by the ReLU inside; the residual's gradient (bn -> add ->
+ * relu) is written or, where it has other readers, added to. */
+static gw_result_t backward_fused(struct gw_exec *e, const struct gw_layer *l, struct exec_layer *x, void *dx) {
+  const struct gw_backend_ops *o = e->ops;
+  void *dz = NULL;
+  int acc_z = 0;
+  struct exec_layer *ax = NULL;
+  if (x->fuse == 2) {
+    ax = &e->L[x->add_layer];
+    const struct gw_layer *al = &e->m->layers[x->add_layer];
+    acc_z = al->in == x->z_act ? ax->acc_in : ax->acc_in2;
+    dz = acc_z ? e->scratch : e->grad[x->z_act];
+  }
+  GW_MODEL_TRY(o->bn_act_bwd(x->op, e->act[l->in], e->act[x->out_act], e->grad[x->out_act], P(e, l->weight),
+                             x->save_mean, x->save_rstd, dx, dz, G(e, l->weight), G(e, l->bias)));
+  if (acc_z) GW_MODEL_TRY(o->add(ax->op, e->grad[x->z_act], e->scratch, e->grad[x->z_act]));
+  return GW_SUCCESS;
 }
 
 static gw_result_t backward_layer(struct gw_exec *e, int i) {
@@ -532,6 +612,8 @@ static gw_result_t backward_layer(struct gw_exec *e, int i) {
   const struct gw_backend_ops *o = e->ops;
   const void *dy = e->grad[l->out], *in = e->act[l->in];
   void *dx = dx_target(e, l, x);
+  if (x->member && fusing(e)) return GW_SUCCESS;   /* in its group's BN */
+  if (x->fuse && fusing(e)) return backward_fused(e, l, x, dx); /* BN writes its input's gradient directly */
   switch (l->kind) {
   case GW_LAYER_CONV:
     if (dx) GW_MODEL_TRY(o->conv_bwd_data(x->op, dy, P(e, l->weight), dx));
@@ -591,6 +673,12 @@ gw_result_t gw_exec_set_loss_scale(struct gw_exec *e, float scale) {
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: loss scale %g must be finite and > 0", (double)scale);
   e->loss_scale = scale;
   return GW_SUCCESS;
+}
+
+int gw_exec_fused_groups(const struct gw_exec *e) {
+  int n = 0;
+  for (int i = 0; fusing(e) && i < e->m->nlayers; i++) n += e->L[i].fuse != 0;
+  return n;
 }
 
 float *gw_exec_params(const struct gw_exec *e) { return e->params; }

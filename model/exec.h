@@ -8,6 +8,11 @@
  * [0, ready) will not change again this step"), which is exactly what a
  * gradient bucketer needs to start a bucket's allreduce while backward goes on.
  *
+ * Batch norm and what follows it (bn -> relu, bn -> add -> relu) run as one
+ * fused call of the backend where it has them (backend.h bn_act_*): one pass
+ * over memory instead of two or three, the same values.  SyncBatchNorm turns
+ * the fusion off (its phases run between the ranks' sums).
+ *
  * Memory is planned once at creation: every activation backward needs is kept
  * (ReLU and the residual add run in place where nothing needs their input
  * afterwards), and activation gradients share a small pool of buffers whose
@@ -31,6 +36,9 @@ struct gw_exec;
 struct gw_exec_config {
   int batch;              /* samples per forward, >= 1 */
   float label_smoothing;  /* of the cross-entropy, in [0, 1] */
+  int no_fuse;            /* 1: run every layer by itself (default 0: batch norm fused with the ReLU,
+                             or the residual add and ReLU, after it where the backend can; the same
+                             values either way) */
 };
 
 /* Called during backward with the number of leading gradient elements that are
@@ -113,6 +121,10 @@ gw_result_t gw_exec_download_stats(struct gw_exec *e);
  * backend's sgd_step, the gradients reduced in place). */
 float *gw_exec_params(const struct gw_exec *e);
 float *gw_exec_grads(const struct gw_exec *e);
+
+/* How many batch-norm groups run fused (0 with no_fuse, a backend without the
+ * fused calls, or SyncBatchNorm on). */
+int gw_exec_fused_groups(const struct gw_exec *e);
 
 /* Bytes the executor allocated (activations, gradient pool, work memory). */
 size_t gw_exec_memory_bytes(const struct gw_exec *e);

@@ -470,13 +470,31 @@ void test_bn_backward(void) {
       mean[ch] = (float)center[ch] + 0.01f * sym(), rstd[ch] = 1.7f + sym(), gamma[ch] = 0.5f + (float)unif();
 
     std::vector<double> sums, sums_vec;
-    BwdSumsAcc<T> proto = {x.data(), dy.data(), 0, 0, 0, 0};
+    BwdSumsAcc<T> proto = {x.data(), dy.data(), nullptr, 0, 0, 0, 0};
     auto setup = [&](BwdSumsAcc<T> &a, int ch) { a.mean = mean[ch], a.rstd = rstd[ch]; };
     replay_chan(proto, setup, sh.n, sh.c, (uint32_t)hw, false, sums);
     if (hw % 4 == 0) {
       replay_chan(proto, setup, sh.n, sh.c, (uint32_t)hw, true, sums_vec);
       CHECK(same_elems(sums, sums_vec),
             "%s [%d,%d,%d,%d]: the quad path summed differently", A::name, sh.n, sh.c, sh.h, sh.w);
+    }
+    {
+      /* A fused ReLU's mask (ym: about half positive, some zeros and NaNs): the
+       * sums of dy masked in the accumulator equal those of a masked copy. */
+      std::vector<T> ym(total), dym(total);
+      for (size_t o = 0; o < total; o++) {
+        const uint64_t r = rnd() % 10;
+        ym[o] = A::make(r == 0 ? 0.0 : r == 1 ? NAN : sym());
+        dym[o] = A::val(ym[o]) > 0 ? dy[o] : A::make(0.0);
+      }
+      std::vector<double> masked, copied;
+      BwdSumsAcc<T> pm = {x.data(), dy.data(), ym.data(), 0, 0, 0, 0}, pc = {x.data(), dym.data(), nullptr, 0, 0, 0, 0};
+      for (int vec = 0; vec < (hw % 4 == 0 ? 2 : 1); vec++) {
+        replay_chan(pm, setup, sh.n, sh.c, (uint32_t)hw, vec != 0, masked);
+        replay_chan(pc, setup, sh.n, sh.c, (uint32_t)hw, vec != 0, copied);
+        CHECK(same_elems(masked, copied), "%s [%d,%d,%d,%d]: masked sums (%s) differ from a masked copy's", A::name,
+              sh.n, sh.c, sh.h, sh.w, vec ? "quads" : "elements");
+      }
     }
     std::vector<T> dx1(total), dx4(total);
     for (int ch = 0; ch < sh.c; ch++) {

@@ -194,6 +194,97 @@ START_TEST(test_bn) {
 }
 END_TEST
 
+/* Equal values (== or both NaN: the fused ReLU may write +0 where a separate
+ * one writes -0). */
+static void same_values(const float *a, const float *b, size_t n, const char *label) {
+  for (size_t i = 0; i < n; i++)
+    ck_assert_msg(a[i] == b[i] || (a[i] != a[i] && b[i] != b[i]), "%s [%zu]: fused %.9g, separate %.9g", label, i,
+                  (double)a[i], (double)b[i]);
+}
+
+/* Batch norm fused with ReLU, and with the residual add and ReLU (backend.h
+ * bn_act_*), against the separate calls on the same inputs: training outputs,
+ * batch and running statistics, inference, and backward (dx, dgamma, dbeta, and
+ * the residual's gradient), value for value.  About half of the outputs are
+ * negative before the ReLU, so the mask matters. */
+START_TEST(test_bn_fused) {
+  static const int shapes[][4] = {{2, 3, 5, 7}, {4, 8, 4, 4}, {2, 16, 14, 14}};
+  struct gw_backend *b = backend();
+  if (!be->bn_act_fwd_train) {
+    be->destroy(b);
+    return; /* a backend without fusion: nothing to compare */
+  }
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int with_z = 0; with_z < 2; with_z++) {
+      const int *s = shapes[si];
+      struct gw_op_desc d = same_desc(GW_LAYER_BN, s[0], s[1], s[2], s[3]), da = same_desc(GW_LAYER_ADD, s[0], s[1],
+                                                                                          s[2], s[3]);
+      struct gw_op_desc dr = same_desc(GW_LAYER_RELU, s[0], s[1], s[2], s[3]);
+      d.eps = 1e-5f, d.momentum = 0.1f;
+      const size_t n = (size_t)s[0] * s[1] * s[2] * s[3], c = (size_t)s[1];
+      /* [0] fused, [1] separate */
+      struct tensor x = tensor_new(b, n), z = tensor_new(b, n), dy = tensor_new(b, n), gamma = tensor_new(b, c),
+                    beta = tensor_new(b, c);
+      struct tensor y[2], dx[2], dz[2], mean[2], rstd[2], rm[2], rv[2], dg[2], db[2], yi[2];
+      fill(x.h, n, 71 + si), fill(z.h, n, 72 + si), fill(dy.h, n, 73 + si), fill(gamma.h, c, 74 + si);
+      fill(beta.h, c, 75 + si);
+      up(x), up(z), up(dy), up(gamma), up(beta);
+      for (int k = 0; k < 2; k++) {
+        y[k] = tensor_new(b, n), dx[k] = tensor_new(b, n), dz[k] = tensor_new(b, n), yi[k] = tensor_new(b, n);
+        mean[k] = tensor_new(b, c), rstd[k] = tensor_new(b, c), dg[k] = tensor_new(b, c), db[k] = tensor_new(b, c);
+        rm[k] = tensor_new(b, c), rv[k] = tensor_new(b, c);
+        for (size_t i = 0; i < c; i++) rm[k].h[i] = 0.25f * (float)i, rv[k].h[i] = 1.f + 0.5f * (float)i;
+        up(rm[k]), up(rv[k]);
+        nan_up(y[k]), nan_up(dx[k]), nan_up(dz[k]), nan_up(yi[k]), nan_up(mean[k]), nan_up(rstd[k]);
+        nan_up(dg[k]), nan_up(db[k]);
+      }
+      struct gw_op *op = NULL, *addop = NULL, *reluop = NULL;
+      ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS && be->op_create(b, &da, &addop) == GW_SUCCESS &&
+                be->op_create(b, &dr, &reluop) == GW_SUCCESS);
+      const void *zd = with_z ? z.d : NULL;
+      /* fused */
+      ck_assert_msg(be->bn_act_fwd_train(op, x.d, zd, gamma.d, beta.d, y[0].d, mean[0].d, rstd[0].d, rm[0].d,
+                                         rv[0].d) == GW_SUCCESS, "%s", gw_model_last_error());
+      ck_assert(be->bn_act_bwd(op, x.d, y[0].d, dy.d, gamma.d, mean[0].d, rstd[0].d, dx[0].d,
+                               with_z ? dz[0].d : NULL, dg[0].d, db[0].d) == GW_SUCCESS);
+      ck_assert(be->bn_act_fwd_infer(op, x.d, zd, gamma.d, beta.d, rm[0].d, rv[0].d, yi[0].d) == GW_SUCCESS);
+      /* separate: bn, add, relu; relu_bwd, (the add passes it on), bn_bwd */
+      ck_assert(be->bn_fwd_train(op, x.d, gamma.d, beta.d, y[1].d, mean[1].d, rstd[1].d, rm[1].d, rv[1].d) ==
+                GW_SUCCESS);
+      if (with_z) ck_assert(be->add(addop, y[1].d, z.d, y[1].d) == GW_SUCCESS);
+      ck_assert(be->relu_fwd(reluop, y[1].d, y[1].d) == GW_SUCCESS);
+      ck_assert(be->relu_bwd(reluop, y[1].d, dy.d, dz[1].d) == GW_SUCCESS);
+      ck_assert(be->bn_bwd(op, x.d, dz[1].d, gamma.d, mean[1].d, rstd[1].d, dx[1].d, dg[1].d, db[1].d) == GW_SUCCESS);
+      ck_assert(be->bn_fwd_infer(op, x.d, gamma.d, beta.d, rm[1].d, rv[1].d, yi[1].d) == GW_SUCCESS);
+      if (with_z) ck_assert(be->add(addop, yi[1].d, z.d, yi[1].d) == GW_SUCCESS);
+      ck_assert(be->relu_fwd(reluop, yi[1].d, yi[1].d) == GW_SUCCESS);
+      char l[96];
+      for (int k = 0; k < 2; k++) {
+        down(y[k]), down(dx[k]), down(dz[k]), down(yi[k]), down(mean[k]), down(rstd[k]), down(dg[k]), down(db[k]);
+        down(rm[k]), down(rv[k]);
+      }
+      size_t negative = 0;
+      for (size_t i = 0; i < n; i++) negative += y[1].h[i] == 0;
+      ck_assert_msg(negative > n / 10 && negative < n - n / 10, "%zu of %zu outputs cut by the ReLU", negative, n);
+#define SAME(t, cnt, what) (snprintf(l, sizeof l, "bn%s %dx%dx%dx%d %s", with_z ? "+add" : "", s[0], s[1], s[2], s[3], \
+                                     what), same_values(t[0].h, t[1].h, cnt, l))
+      SAME(y, n, "y"), SAME(mean, c, "mean"), SAME(rstd, c, "rstd"), SAME(rm, c, "running mean");
+      SAME(rv, c, "running var"), SAME(dx, n, "dx"), SAME(dg, c, "dgamma"), SAME(db, c, "dbeta");
+      SAME(yi, n, "inference y");
+      if (with_z) SAME(dz, n, "dz");
+#undef SAME
+      be->op_destroy(op), be->op_destroy(addop), be->op_destroy(reluop);
+      struct tensor all[] = {x, z, dy, gamma, beta};
+      tensors_free(all, 5);
+      for (int k = 0; k < 2; k++) {
+        struct tensor mine[] = {y[k], dx[k], dz[k], yi[k], mean[k], rstd[k], dg[k], db[k], rm[k], rv[k]};
+        tensors_free(mine, 10);
+      }
+    }
+  be->destroy(b);
+}
+END_TEST
+
 /* The running-stat update to the bit, as PyTorch computes it on the CPU (in double,
  * rounded to float once): x chosen so the batch statistics are exact (channel 0:
  * 1, 2, 3, 4 -> mean 2.5, unbiased var 5/3; channel 1: 0, 0, 8, 8 -> mean 4, var
@@ -555,6 +646,7 @@ void add_layer_tests(TCase *tc) {
   tcase_add_test(tc, test_add);
   tcase_add_test(tc, test_bn);
   tcase_add_test(tc, test_bn_running_stats_exact);
+  tcase_add_test(tc, test_bn_fused);
   tcase_add_test(tc, test_maxpool);
   tcase_add_test(tc, test_avgpool);
   tcase_add_test(tc, test_fc);

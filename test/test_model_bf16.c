@@ -490,6 +490,9 @@ static struct gw_backend_ops fake_bf16(void) {
   o.bn_fwd_infer = fake_bn_fwd_infer, o.bn_bwd = fake_bn_bwd, o.relu_fwd = fake_relu_fwd;
   o.relu_bwd = fake_relu_bwd, o.maxpool_fwd = fake_maxpool_fwd, o.maxpool_bwd = fake_maxpool_bwd;
   o.avgpool_fwd = fake_avgpool_fwd, o.avgpool_bwd = fake_avgpool_bwd, o.add = fake_add, o.loss_fwd_bwd = fake_loss;
+  /* No fused batch norm: the emulation rounds after each separate op, which
+   * the bfloat16 backend's fused calls must match. */
+  o.bn_act_fwd_train = NULL, o.bn_act_fwd_infer = NULL, o.bn_act_bwd = NULL;
   return o;
 }
 #endif

@@ -270,6 +270,43 @@ START_TEST(test_staged_input) {
 }
 END_TEST
 
+/* Batch norm fused with its ReLU / residual add + ReLU (the default) against
+ * every layer by itself: the same loss, gradients, running statistics and
+ * logits, bit for bit, on a ResNet-18 (basic blocks) and a ResNet-50
+ * (bottlenecks, downsampling shortcuts), training and evaluation. */
+static void fused_case(int depth) {
+  struct rig a, b;
+  rig_up(&a, &gw_backend_cpu, depth, 3);
+  rig_up(&b, &gw_backend_cpu, depth, 3);
+  gw_exec_free(b.e);
+  struct gw_exec_config ec = {.batch = 3, .label_smoothing = 0.1f, .no_fuse = 1};
+  ck_assert(gw_exec_create(b.m, &gw_backend_cpu, b.b, &ec, &b.e) == GW_SUCCESS);
+  /* ResNet-18: 2 per basic block (bn1 -> relu, bn2 -> add -> relu) + the stem's; ResNet-50: 3 per bottleneck + 1 */
+  const int want = depth == 18 ? 2 * 8 + 1 : 3 * 16 + 1;
+  ck_assert_int_eq(gw_exec_fused_groups(a.e), want);
+  ck_assert_int_eq(gw_exec_fused_groups(b.e), 0);
+  const size_t np = gw_model_num_params(a.m), nr = 10;
+  for (int step = 0; step < 2; step++) {
+    float la = train_step(&a, NULL, NULL), lb = train_step(&b, NULL, NULL);
+    ck_assert_msg(la == lb, "resnet%d step %d: loss %.9g fused, %.9g unfused", depth, step, la, lb);
+    ck_assert_msg(!memcmp(gw_model_grads(a.m), gw_model_grads(b.m), np * sizeof(float)),
+                  "resnet%d step %d: gradients differ fused / unfused", depth, step);
+    ck_assert(!memcmp(gw_model_running(a.m), gw_model_running(b.m), nr * sizeof(float)));
+  }
+  float la[3 * 3], lb[3 * 3];
+  ck_assert(gw_exec_forward(a.e, a.x, 0) == GW_SUCCESS && gw_exec_logits(a.e, la) == GW_SUCCESS);
+  ck_assert(gw_exec_forward(b.e, b.x, 0) == GW_SUCCESS && gw_exec_logits(b.e, lb) == GW_SUCCESS);
+  ck_assert_msg(!memcmp(la, lb, sizeof la), "resnet%d: evaluation logits differ fused / unfused", depth);
+  rig_down(&a, &gw_backend_cpu);
+  rig_down(&b, &gw_backend_cpu);
+}
+
+START_TEST(test_fused_equals_unfused) {
+  fused_case(18);
+  fused_case(50);
+}
+END_TEST
+
 START_TEST(test_refusals) {
   struct rig r;
   rig_up(&r, &gw_backend_cpu, 18, 2);
@@ -441,6 +478,7 @@ int main(void) {
   tcase_add_test(tc, test_running_statistics);
   tcase_add_test(tc, test_device_memory_path);
   tcase_add_test(tc, test_staged_input);
+  tcase_add_test(tc, test_fused_equals_unfused);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_sync_bn_matches_global_batch);
   tcase_add_test(tc, test_sgd_momentum);
