@@ -143,7 +143,7 @@ if [ -x "$B/test/test_model_backend" ]; then
   suite model-fp16-cudnn "float16 suite on cudnn" 120 "$B/test/test_model_bf16" cudnn fp16
   BATCH=${GW_CHECK_BATCH:-256}
   mb=(--batch "$BATCH" --steps 10 --warmup 3)
-  for v in "--tf32 1" "--act bf16" "--act fp16"; do
+  for v in "--tf32 1" "--act bf16" "--act fp16" "--act bf16 --no-fuse"; do
     # shellcheck disable=SC2086
     timeout 150 "$B/bench/model_bench" --backend cudnn $v "${mb[@]}" >>"$OUT/model-bench.txt" 2>&1
     say "model_bench cudnn ($v): exit $? $(tail -1 "$OUT/model-bench.txt")"
@@ -209,6 +209,9 @@ if gw and pt:
         if len(gw) > 2:
             print(f"model_bench cudnn fp16 {gw[2]:.1f} img/s vs pytorch channels_last amp fp16 {pt[2]:.1f} = "
                   f"{gw[2] / pt[2]:.2f}x")
+    if len(gw) > 3:
+        print(f"model_bench cudnn bf16: batch norm fused {gw[1]:.1f} img/s vs unfused {gw[3]:.1f} = "
+              f"{gw[1] / gw[3]:.2f}x")
 for tag in ("n1", "n2", "n2-hoststep"):
     p = os.path.join(out, f"gw-train-{tag}.jsonl")
     if not os.path.exists(p): continue
