@@ -344,21 +344,24 @@ static gw_result_t cudnn_bn_act_fwd_train(struct gw_op *op, const gw_act_t *x, c
   return bn_train(op, x, z, 1, gamma, beta, y, save_mean, save_rstd, running_mean, running_var, "bn_act_fwd_train");
 }
 
+static gw_result_t bn_infer(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, int relu, const float *gamma,
+                            const float *beta, const float *running_mean, const float *running_var, gw_act_t *y,
+                            const char *what) {
+  EXPECT(GW_LAYER_BN, what);
+  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, z, relu, gamma, beta, running_mean, running_var, y, STREAM(op)),
+             what);
+  return GW_SUCCESS;
+}
+
 static gw_result_t cudnn_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                       const float *running_mean, const float *running_var, gw_act_t *y) {
-  EXPECT(GW_LAYER_BN, "bn_fwd_infer");
-  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, NULL, 0, gamma, beta, running_mean, running_var, y, STREAM(op)),
-             "bn_fwd_infer");
-  return GW_SUCCESS;
+  return bn_infer(op, x, NULL, 0, gamma, beta, running_mean, running_var, y, "bn_fwd_infer");
 }
 
 static gw_result_t cudnn_bn_act_fwd_infer(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
                                           const float *beta, const float *running_mean, const float *running_var,
                                           gw_act_t *y) {
-  EXPECT(GW_LAYER_BN, "bn_act_fwd_infer");
-  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, z, 1, gamma, beta, running_mean, running_var, y, STREAM(op)),
-             "bn_act_fwd_infer");
-  return GW_SUCCESS;
+  return bn_infer(op, x, z, 1, gamma, beta, running_mean, running_var, y, "bn_act_fwd_infer");
 }
 
 /* Batch norm's backward, with a fused ReLU's mask (ym) and the residual's
@@ -465,16 +468,24 @@ static cublasStatus_t gemm(struct gw_op *op, cublasOperation_t ta, cublasOperati
                       ct, CUBLAS_GEMM_DEFAULT);
 }
 
+/* The fc weight as the GEMMs take it: w itself for float32 activations, else
+ * rounded into the op's 16-bit copy (per call: the optimizer moves w). */
+static gw_result_t fc_weights(struct gw_op *op, const float *w, const void **wa, const char *what) {
+  *wa = w;
+  if (ACT(op) == GW_FLOAT32) return GW_SUCCESS;
+  KERNEL_TRY(gw__cu_cast((size_t)op->d.k * op->d.c * op->d.h * op->d.w, ACT(op), op->w16, GW_FLOAT32, w, STREAM(op)),
+             what);
+  *wa = op->w16;
+  return GW_SUCCESS;
+}
+
 /* Row-major x [n, f], w [k, f], y [n, k] are, to column-major cuBLAS, x^T [f, n],
  * w^T [f, k], y^T [k, n]:  y^T = w x^T  is  gemm(T, N) of w^T and x^T. */
 static gw_result_t cudnn_fc_fwd(struct gw_op *op, const gw_act_t *x, const float *w, const float *bias, gw_act_t *y) {
   EXPECT(GW_LAYER_FC, "fc_fwd");
   const int n = op->d.n, k = op->d.k, f = op->d.c * op->d.h * op->d.w;
-  const void *wa = w;
-  if (ACT(op) != GW_FLOAT32) {
-    KERNEL_TRY(gw__cu_cast((size_t)k * f, ACT(op), op->w16, GW_FLOAT32, w, STREAM(op)), "fc_fwd");
-    wa = op->w16;
-  }
+  const void *wa;
+  GW_MODEL_TRY(fc_weights(op, w, &wa, "fc_fwd"));
   BLAS_TRY(gemm(op, CUBLAS_OP_T, CUBLAS_OP_N, k, n, f, wa, f, x, f, y, 0, k), "fc_fwd");
   KERNEL_TRY(gw__cu_bias_add(n, k, ACT(op), bias, y, STREAM(op)), "fc_fwd");
   return GW_SUCCESS;
@@ -486,11 +497,8 @@ static gw_result_t cudnn_fc_bwd(struct gw_op *op, const gw_act_t *x, const float
                                 float *db) {
   EXPECT(GW_LAYER_FC, "fc_bwd");
   const int n = op->d.n, k = op->d.k, f = op->d.c * op->d.h * op->d.w;
-  const void *wa = w;
-  if (ACT(op) != GW_FLOAT32) {
-    KERNEL_TRY(gw__cu_cast((size_t)k * f, ACT(op), op->w16, GW_FLOAT32, w, STREAM(op)), "fc_bwd");
-    wa = op->w16;
-  }
+  const void *wa;
+  GW_MODEL_TRY(fc_weights(op, w, &wa, "fc_bwd"));
   BLAS_TRY(gemm(op, CUBLAS_OP_N, CUBLAS_OP_N, f, n, k, wa, f, dy, k, dx, 0, f), "fc_bwd (data)");
   BLAS_TRY(gemm(op, CUBLAS_OP_N, CUBLAS_OP_T, f, k, n, x, f, dy, k, dw, 1, f), "fc_bwd (weights)");
   KERNEL_TRY(gw__cu_bias_grad(n, k, ACT(op), dy, db, STREAM(op)), "fc_bwd (bias)");
