@@ -8,7 +8,8 @@
  *   gradwire resnet50 224x224x3 batch 16 cpu threads 2, 49 fused BN groups: 12.3 img/s (median of 5 steps, ...)
  *
  * usage: model_bench [--depth 50] [--image-size 224] [--in-channels 3] [--classes 1000]
- *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16|fp16] [--no-fuse] [--threads T]
+ *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16|fp16] [--no-fuse]
+ *                    [--layout nchw|nhwc] [--threads T]
  *                    [--steps 5] [--warmup 2]
  */
 #include <getopt.h>
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
 #else
   struct gw_model_config cfg;
   gw_model_config_default(&cfg);
-  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0, act = GW_FLOAT32, no_fuse = 0;
+  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0, act = GW_FLOAT32, no_fuse = 0, layout = GW_LAYOUT_NCHW;
   const struct gw_backend_ops *ops = NULL;
 #if GW_HAVE_ONEDNN
   ops = &gw_backend_cpu;
@@ -72,7 +73,7 @@ int main(int argc, char **argv) {
                                      {"classes", 1, 0, 'k'}, {"batch", 1, 0, 'b'},      {"threads", 1, 0, 't'},
                                      {"steps", 1, 0, 'n'},   {"warmup", 1, 0, 'w'},     {"backend", 1, 0, 'B'},
                                      {"tf32", 1, 0, 'T'},    {"act", 1, 0, 'A'},        {"no-fuse", 0, 0, 'F'},
-                                     {0, 0, 0, 0}};
+                                     {"layout", 1, 0, 'L'},  {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -86,6 +87,14 @@ int main(int argc, char **argv) {
     case 'w': warmup = arg_int(optarg, "--warmup", 0); break;
     case 'T': tf32 = arg_int(optarg, "--tf32", 0) != 0; break;
     case 'F': no_fuse = 1; break;
+    case 'L':
+      if (!strcmp(optarg, "nchw")) layout = GW_LAYOUT_NCHW;
+      else if (!strcmp(optarg, "nhwc")) layout = GW_LAYOUT_NHWC;
+      else {
+        fprintf(stderr, "model_bench: --layout is nchw or nhwc, not '%s'\n", optarg);
+        return 2;
+      }
+      break;
     case 'A':
       if (!strcmp(optarg, "fp32")) act = GW_FLOAT32;
       else if (!strcmp(optarg, "bf16")) act = GW_BFLOAT16;
@@ -116,7 +125,7 @@ int main(int argc, char **argv) {
   struct gw_exec *e;
   struct gw_sgd *sgd;
   CHECK(gw_model_init(&m, &cfg));
-  struct gw_backend_config bc = {.threads = threads, .tf32 = tf32, .act = act};
+  struct gw_backend_config bc = {.threads = threads, .tf32 = tf32, .act = act, .layout = layout};
   gw_result_t r = ops->create(&bc, &b);
   if (r == GW_ERR_UNSUPPORTED) {
     fprintf(stderr, "model_bench: %s\n", gw_model_last_error());
@@ -158,11 +167,12 @@ int main(int argc, char **argv) {
   }
   qsort(t, (size_t)steps, sizeof *t, cmp_double);
   double med = t[steps / 2];
-  printf("gradwire resnet%d %dx%dx%d batch %d %s%s%s threads %d, %d fused BN groups: %.2f img/s (median of %d "
+  printf("gradwire resnet%d %dx%dx%d batch %d %s%s%s %s threads %d, %d fused BN groups: %.2f img/s (median of %d "
          "steps, %.3f s/step, loss %.3f, %.0f MiB work memory)\n",
          cfg.depth, cfg.image_size, cfg.image_size, cfg.in_channels, batch, ops->name,
          ops->host_memory ? "" : tf32 ? " tf32" : " fp32",
-         act == GW_BFLOAT16 ? " bf16 activations" : act == GW_FLOAT16 ? " fp16 activations" : "", threads,
+         act == GW_BFLOAT16 ? " bf16 activations" : act == GW_FLOAT16 ? " fp16 activations" : "",
+         layout == GW_LAYOUT_NHWC ? "NHWC" : "NCHW", threads,
          gw_exec_fused_groups(e), batch / med, steps, med, (double)loss, (double)gw_exec_memory_bytes(e) / (1 << 20));
   ops->dealloc(b, mom);
   free(t), free(x), free(y);

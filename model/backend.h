@@ -10,7 +10,10 @@
  *   OIHW, fc weight [classes, features]; in memory the backend can address (host
  *   for cpu, device for cudnn: see alloc/upload/download).  A backend may reorder
  *   internally (oneDNN's blocked formats) but every pointer crossing this table is
- *   plain, so any tensor can be compared with PyTorch's directly.
+ *   plain, so any tensor can be compared with PyTorch's directly.  A backend
+ *   created with layout GW_LAYOUT_NHWC keeps activations channels-last instead
+ *   (PyTorch's channels_last: [n, h, w, c] in memory; shapes are still given as
+ *   n, c, h, w); parameters keep their layouts either way.
  * - A layer is planned once (op_create: shapes, batch size and algorithm fixed,
  *   primitives and scratch memory made) and run many times with new pointers.
  * - Outputs are overwritten, never accumulated (where a tensor has two consumers,
@@ -48,14 +51,26 @@ struct gw_backend_config {
                        ends at 65504); parameters, their gradients, BN statistics and the loss stay
                        float32 whatever it is.  A backend refuses what it cannot do
                        (GW_ERR_UNSUPPORTED). */
+  int layout;       /* the activations' memory layout: GW_LAYOUT_NCHW (0, the default) or
+                       GW_LAYOUT_NHWC (channels last: the layout of tensor-core convolutions, so
+                       cuDNN need not transpose around each one).  Batch norm and pooling give
+                       the same bits either way (each channel's values are summed in the same
+                       order; except the cpu backend's max pool backward, whose oneDNN kernels
+                       add overlapping windows in another order per layout); a fully connected
+                       layer over several positions still takes its features in PyTorch's
+                       [c, h, w] order. */
 };
+
+/* gw_backend_config.layout. */
+enum { GW_LAYOUT_NCHW = 0, GW_LAYOUT_NHWC = 1 };
 
 /* An activation tensor: the x, y, dx and dy of every layer, the logits and their
  * gradient.  Its elements are of the backend's activation dtype (act_dtype):
  * float32 unless the backend was created with another. */
 typedef void gw_act_t;
 
-/* One layer at one batch size.  Shapes are per the layer kind:
+/* One layer at one batch size.  Shapes are per the layer kind (in memory as the
+ * backend's layout says: [n, h, w, c] for NHWC):
  *   CONV     x [n, c, h, w], w [k, c, kernel, kernel], y [n, k, p, q]
  *   BN       x, y [n, c, h, w] (k = c, p = h, q = w); eps, momentum as PyTorch
  *   RELU, ADD x, y [n, c, h, w]
@@ -107,6 +122,8 @@ struct gw_backend_ops {
 
   /* The dtype of activation tensors (gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16). */
   int (*act_dtype)(const struct gw_backend *b);
+  /* Their layout (GW_LAYOUT_NCHW or GW_LAYOUT_NHWC). */
+  int (*layout)(const struct gw_backend *b);
 
   gw_result_t (*op_create)(struct gw_backend *b, const struct gw_op_desc *d, struct gw_op **op);
   void (*op_destroy)(struct gw_op *op);              /* accepts NULL */

@@ -73,3 +73,12 @@ gw_result_t gw__backend_expect_kind(const char *be, int kind, int want, const ch
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: %s called on an op of kind %d", be, what, kind);
   return GW_SUCCESS;
 }
+
+gw_result_t gw__backend_layout(const char *be, const struct gw_backend_config *cfg, int *nhwc) {
+  const int layout = cfg ? cfg->layout : GW_LAYOUT_NCHW;
+  if (layout != GW_LAYOUT_NCHW && layout != GW_LAYOUT_NHWC)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: layout %d: GW_LAYOUT_NCHW (0) or GW_LAYOUT_NHWC (1)",
+                          be, layout);
+  *nhwc = layout == GW_LAYOUT_NHWC;
+  return GW_SUCCESS;
+}

@@ -53,6 +53,11 @@ static gw_result_t cpu_create(const struct gw_backend_config *cfg, struct gw_bac
                           act == GW_FLOAT16 ? " (float16: oneDNN has no float16 training on this CPU)" : "");
   }
   b->adt = b->act == GW_BFLOAT16 ? dnnl_bf16 : dnnl_f32;
+  if ((res = gw__backend_layout("cpu", cfg, &b->nhwc)) != GW_SUCCESS) {
+    free(b);
+    return res;
+  }
+  b->atag = b->nhwc ? dnnl_nhwc : dnnl_nchw;
 #ifdef _OPENMP
   if (b->threads > 0) omp_set_num_threads(b->threads);
 #endif
@@ -74,6 +79,7 @@ static void cpu_destroy(struct gw_backend *b) {
 }
 
 static int cpu_act_dtype(const struct gw_backend *b) { return b->act; }
+static int cpu_layout(const struct gw_backend *b) { return b->nhwc ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW; }
 
 static void *cpu_alloc(struct gw_backend *b, size_t bytes) {
   void *p = NULL;
@@ -252,7 +258,7 @@ static gw_result_t bn_train(struct gw_op *op, const gw_act_t *x, const gw_act_t 
                           "cpu backend: %s: batch %d of %dx%d has one value per channel; training needs more "
                           "(as PyTorch)",
                           what, d->n, d->h, d->w);
-  gw__cpu_bn_fwd_train(d, op->b->act, x, z, relu, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
+  gw__cpu_bn_fwd_train(d, op->b->act, op->b->nhwc, x, z, relu, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
   return GW_SUCCESS;
 }
 
@@ -272,14 +278,14 @@ static gw_result_t cpu_bn_act_fwd_infer(struct gw_op *op, const gw_act_t *x, con
                                         const float *beta, const float *running_mean, const float *running_var,
                                         gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_act_fwd_infer"));
-  gw__cpu_bn_fwd_infer(&op->d, op->b->act, x, z, 1, gamma, beta, running_mean, running_var, y);
+  gw__cpu_bn_fwd_infer(&op->d, op->b->act, op->b->nhwc, x, z, 1, gamma, beta, running_mean, running_var, y);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                     const float *running_mean, const float *running_var, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_infer"));
-  gw__cpu_bn_fwd_infer(&op->d, op->b->act, x, NULL, 0, gamma, beta, running_mean, running_var, y);
+  gw__cpu_bn_fwd_infer(&op->d, op->b->act, op->b->nhwc, x, NULL, 0, gamma, beta, running_mean, running_var, y);
   return GW_SUCCESS;
 }
 
@@ -288,34 +294,34 @@ static gw_result_t cpu_bn_act_bwd(struct gw_op *op, const gw_act_t *x, const gw_
                                   gw_act_t *dz, float *dgamma, float *dbeta) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_act_bwd"));
   if (!y) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: bn_act_bwd needs the fused output y");
-  gw__cpu_bn_bwd(&op->d, op->b->act, x, y, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta);
+  gw__cpu_bn_bwd(&op->d, op->b->act, op->b->nhwc, x, y, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                               const float *save_mean, const float *save_rstd, gw_act_t *dx, float *dgamma, float *dbeta) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd"));
-  gw__cpu_bn_bwd(&op->d, op->b->act, x, NULL, dy, gamma, save_mean, save_rstd, dx, NULL, dgamma, dbeta);
+  gw__cpu_bn_bwd(&op->d, op->b->act, op->b->nhwc, x, NULL, dy, gamma, save_mean, save_rstd, dx, NULL, dgamma, dbeta);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_sums(struct gw_op *op, const gw_act_t *x, double *sums) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_sums"));
-  gw__cpu_bn_sums(&op->d, op->b->act, x, sums);
+  gw__cpu_bn_sums(&op->d, op->b->act, op->b->nhwc, x, sums);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                     const float *mean, const float *rstd, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_apply"));
-  gw__cpu_bn_fwd_apply(&op->d, op->b->act, x, gamma, beta, mean, rstd, y);
+  gw__cpu_bn_fwd_apply(&op->d, op->b->act, op->b->nhwc, x, gamma, beta, mean, rstd, y);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                                    const float *rstd, double *sums) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_sums"));
-  gw__cpu_bn_bwd_sums(&op->d, op->b->act, x, dy, mean, rstd, sums);
+  gw__cpu_bn_bwd_sums(&op->d, op->b->act, op->b->nhwc, x, dy, mean, rstd, sums);
   return GW_SUCCESS;
 }
 
@@ -323,7 +329,7 @@ static gw_result_t cpu_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const g
                                     const float *mean, const float *rstd, const double *sums, double count,
                                     gw_act_t *dx) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_apply"));
-  gw__cpu_bn_bwd_apply(&op->d, op->b->act, x, dy, gamma, mean, rstd, sums, count, dx);
+  gw__cpu_bn_bwd_apply(&op->d, op->b->act, op->b->nhwc, x, dy, gamma, mean, rstd, sums, count, dx);
   return GW_SUCCESS;
 }
 
@@ -343,13 +349,13 @@ static gw_result_t cpu_maxpool_bwd(struct gw_op *op, const gw_act_t *dy, const v
 
 static gw_result_t cpu_avgpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_AVGPOOL, "avgpool_fwd"));
-  gw__cpu_avgpool_fwd(&op->d, op->b->act, x, y);
+  gw__cpu_avgpool_fwd(&op->d, op->b->act, op->b->nhwc, x, y);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_act_t *dx) {
   GW_MODEL_TRY(expect_kind(op, GW_LAYER_AVGPOOL, "avgpool_bwd"));
-  gw__cpu_avgpool_bwd(&op->d, op->b->act, dy, dx);
+  gw__cpu_avgpool_bwd(&op->d, op->b->act, op->b->nhwc, dy, dx);
   return GW_SUCCESS;
 }
 
@@ -437,6 +443,7 @@ const struct gw_backend_ops gw_backend_cpu = {
     .upload_async = cpu_upload_async,
     .upload_order = cpu_upload_order,
     .act_dtype = cpu_act_dtype,
+    .layout = cpu_layout,
     .op_create = cpu_op_create,
     .op_destroy = cpu_op_destroy,
     .conv_fwd = cpu_conv_fwd,

@@ -17,6 +17,8 @@ struct gw_backend {
   int threads;
   int act;                /* gw_dtype_t of the activations: GW_FLOAT32 or GW_BFLOAT16 */
   dnnl_data_type_t adt;   /* the same for oneDNN */
+  int nhwc;               /* activations channels-last (backend.h GW_LAYOUT_NHWC) */
+  dnnl_format_tag_t atag; /* their oneDNN tag: dnnl_nchw or dnnl_nhwc */
 };
 
 /* One tensor argument: the plain memory the caller's pointer goes into, and when

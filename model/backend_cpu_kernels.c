@@ -22,30 +22,71 @@
 #define OMP_FOR
 #endif
 
-/* Channel ch of sample n of an NCHW tensor with hw values per plane. */
-#define PLANE(t, n, ch, c, hw) ((t) + ((size_t)(n) * (c) + (ch)) * (hw))
+/* The body's loop nest over a block of channels [cb, cb + nb): samples, then
+ * positions, then the block's channels; `at` is the element's offset.  With d,
+ * c, hw, cb and nb in scope. */
+#define NB(cb) (CB == 1 ? 1 : (c - (cb) < CB ? c - (cb) : CB))
+#define BLOCK_LOOP(...)                                                                  \
+  for (int n_ = 0; n_ < d->n; n_++)                                                      \
+    for (size_t i_ = 0; i_ < hw; i_++)                                                   \
+      for (int k = 0; k < nb; k++) {                                                     \
+        const size_t at = AT(n_, i_, cb + k);                                            \
+        __VA_ARGS__;                                                                     \
+      }
 
+/* ---- the loops: float32 and bfloat16 activations, each NCHW and NHWC */
+#define AT_NCHW(n, i, ch) (((size_t)(n) * c + (size_t)(ch)) * hw + (i))
+#define AT_NHWC(n, i, ch) (((size_t)(n) * hw + (i)) * c + (size_t)(ch))
 
-/* ---- the loops, for float32 activations, then bfloat16 ones */
 #define T float
 #define IN(v) (v)
 #define OUT(x) ((float)(x))
+#define CB 1
+#define AT AT_NCHW
+#define FLAT_LOOPS 1
 #define KFN(name) name##_f32
 #include "backend_cpu_kernels_body.h"
+#undef KFN
+#undef CB
+#undef AT
+#undef FLAT_LOOPS
+#define CB 16 /* 64 bytes */
+#define AT AT_NHWC
+#define FLAT_LOOPS 0
+#define KFN(name) name##_f32_nhwc
+#include "backend_cpu_kernels_body.h"
+#undef KFN
+#undef CB
+#undef AT
+#undef FLAT_LOOPS
 #undef T
 #undef IN
 #undef OUT
-#undef KFN
 
 #define T uint16_t
 #define IN(v) gw_bf16_to_f32(v)
 #define OUT(x) gw_f32_to_bf16((float)(x))
+#define CB 1
+#define AT AT_NCHW
+#define FLAT_LOOPS 1
 #define KFN(name) name##_bf16
 #include "backend_cpu_kernels_body.h"
+#undef KFN
+#undef CB
+#undef AT
+#undef FLAT_LOOPS
+#define CB 32 /* 64 bytes */
+#define AT AT_NHWC
+#define FLAT_LOOPS 0
+#define KFN(name) name##_bf16_nhwc
+#include "backend_cpu_kernels_body.h"
+#undef KFN
+#undef CB
+#undef AT
+#undef FLAT_LOOPS
 #undef T
 #undef IN
 #undef OUT
-#undef KFN
 
 /* ---- the entry points: the instance for the activations' dtype */
 #define DISPATCH(name, ...)                                                              \
@@ -53,50 +94,58 @@
     if (act == GW_BFLOAT16) name##_bf16(__VA_ARGS__);                                    \
     else name##_f32(__VA_ARGS__);                                                        \
   } while (0)
+/* The same for the loops that depend on the layout too. */
+#define DISPATCH_L(name, ...)                                                            \
+  do {                                                                                   \
+    if (act == GW_BFLOAT16 && nhwc) name##_bf16_nhwc(__VA_ARGS__);                       \
+    else if (act == GW_BFLOAT16) name##_bf16(__VA_ARGS__);                               \
+    else if (nhwc) name##_f32_nhwc(__VA_ARGS__);                                         \
+    else name##_f32(__VA_ARGS__);                                                        \
+  } while (0)
 
-void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z, int relu,
                           const float *gamma, const float *beta, void *y, float *save_mean, float *save_rstd,
                           float *running_mean, float *running_var) {
-  DISPATCH(bn_fwd_train, d, x, z, relu, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
+  DISPATCH_L(bn_fwd_train, d, x, z, relu, gamma, beta, y, save_mean, save_rstd, running_mean, running_var);
 }
 
-void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z, int relu,
                           const float *gamma, const float *beta, const float *running_mean, const float *running_var,
                           void *y) {
-  DISPATCH(bn_fwd_infer, d, x, z, relu, gamma, beta, running_mean, running_var, y);
+  DISPATCH_L(bn_fwd_infer, d, x, z, relu, gamma, beta, running_mean, running_var, y);
 }
 
-void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *ym, const void *dy,
                     const float *gamma, const float *save_mean, const float *save_rstd, void *dx, void *dz,
                     float *dgamma, float *dbeta) {
-  DISPATCH(bn_bwd, d, x, ym, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta);
+  DISPATCH_L(bn_bwd, d, x, ym, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta);
 }
 
-void gw__cpu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums) {
-  DISPATCH(bn_sums, d, x, sums);
+void gw__cpu_bn_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, double *sums) {
+  DISPATCH_L(bn_sums, d, x, sums);
 }
 
-void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
+void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const float *gamma, const float *beta,
                           const float *mean, const float *rstd, void *y) {
-  DISPATCH(bn_fwd_apply, d, x, gamma, beta, mean, rstd, y);
+  DISPATCH_L(bn_fwd_apply, d, x, gamma, beta, mean, rstd, y);
 }
 
-void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *mean,
+void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *dy, const float *mean,
                          const float *rstd, double *sums) {
-  DISPATCH(bn_bwd_sums, d, x, dy, mean, rstd, sums);
+  DISPATCH_L(bn_bwd_sums, d, x, dy, mean, rstd, sums);
 }
 
-void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
+void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *dy, const float *gamma,
                           const float *mean, const float *rstd, const double *sums, double count, void *dx) {
-  DISPATCH(bn_bwd_apply, d, x, dy, gamma, mean, rstd, sums, count, dx);
+  DISPATCH_L(bn_bwd_apply, d, x, dy, gamma, mean, rstd, sums, count, dx);
 }
 
-void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y) {
-  DISPATCH(avgpool_fwd, d, x, y);
+void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, void *y) {
+  DISPATCH_L(avgpool_fwd, d, x, y);
 }
 
-void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx) {
-  DISPATCH(avgpool_bwd, d, dy, dx);
+void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *dy, void *dx) {
+  DISPATCH_L(avgpool_bwd, d, dy, dx);
 }
 
 void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,

@@ -12,33 +12,35 @@
 
 /* act: the activations' gw_dtype_t (GW_FLOAT32 or GW_BFLOAT16): x, y, dx, dy,
  * logits and dlogits hold such elements; everything else is float / double.
- * x, y [n, c, h, w]; gamma, beta, save_mean, save_rstd, running_mean, running_var [c].
+ * nhwc: the activations are channels-last (backend.h GW_LAYOUT_NHWC), else NCHW;
+ * the results are the same bits either way (each channel's values are summed in
+ * the same order).  x, y [n, c, h, w]; gamma, beta, save_mean, save_rstd, running_mean, running_var [c].
  * Needs n * h * w >= 2 (the unbiased variance divides by n * h * w - 1).
  * Fused (backend.h bn_act_*): z (the residual, or NULL) added and ReLU applied
  * (relu != 0) to the output; backward masks dy by the fused output ym (NULL:
  * no mask) and writes the masked dy to dz (NULL: not wanted). */
-void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+void gw__cpu_bn_fwd_train(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z, int relu,
                           const float *gamma, const float *beta, void *y, float *save_mean, float *save_rstd,
                           float *running_mean, float *running_var);
-void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+void gw__cpu_bn_fwd_infer(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z, int relu,
                           const float *gamma, const float *beta, const float *running_mean, const float *running_var,
                           void *y);
-void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+void gw__cpu_bn_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *ym, const void *dy,
                     const float *gamma, const float *save_mean, const float *save_rstd, void *dx, void *dz,
                     float *dgamma, float *dbeta);
 
 /* The phases of SyncBatchNorm (backend.h: bn_sums ... bn_bwd_apply). */
-void gw__cpu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums);
-void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const float *gamma, const float *beta,
+void gw__cpu_bn_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, double *sums);
+void gw__cpu_bn_fwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const float *gamma, const float *beta,
                           const float *mean, const float *rstd, void *y);
-void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *mean,
+void gw__cpu_bn_bwd_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *dy, const float *mean,
                          const float *rstd, double *sums);
-void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *dy, const float *gamma,
+void gw__cpu_bn_bwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *dy, const float *gamma,
                           const float *mean, const float *rstd, const double *sums, double count, void *dx);
 
 /* x, dx [n, c, h, w]; y, dy [n, c]. */
-void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y);
-void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx);
+void gw__cpu_avgpool_fwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, void *y);
+void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *dy, void *dx);
 
 /* logits, dlogits [n, k]; labels [n] in [0, k) (checked by the caller). */
 void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,

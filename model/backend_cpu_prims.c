@@ -31,9 +31,9 @@ gw_result_t gw__cpu_conv_create(struct gw_op *op, const char *what) {
   /* Activations in the backend's dtype; the weights are float32 in the caller's
    * memory and in the activations' dtype inside (the reorder converts), and
    * their gradient is float32 throughout (mixed precision's master copy). */
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_plain, 4, src_dims, b->adt, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_plain, 4, src_dims, b->adt, b->atag), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_plain, 4, wei_dims, dnnl_f32, dnnl_oihw), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_plain, 4, dst_dims, b->adt, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_plain, 4, dst_dims, b->adt, b->atag), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, 4, src_dims, b->adt, dnnl_format_tag_any), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, 4, wei_dims, b->adt, dnnl_format_tag_any), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, 4, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
@@ -90,7 +90,7 @@ gw_result_t gw__cpu_relu_create(struct gw_op *op, const char *what) {
   dnnl_primitive_desc_t pd = NULL, bpd = NULL;
   dnnl_memory_desc_t md;
   dnnl_dims_t dims = {d->n, d->c, d->h, d->w};
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&md, 4, dims, b->adt, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&md, 4, dims, b->adt, b->atag), what);
   dnnl_eltwise_desc_t ed;
   DNNL_TRY(dnnl_eltwise_forward_desc_init(&ed, dnnl_forward_training, dnnl_eltwise_relu_use_dst_for_bwd, &md, 0.f, 0.f),
            what);
@@ -121,8 +121,8 @@ gw_result_t gw__cpu_maxpool_create(struct gw_op *op, const char *what) {
   dnnl_memory_desc_t src, dst;
   dnnl_dims_t src_dims = {d->n, d->c, d->h, d->w}, dst_dims = {d->n, d->c, d->p, d->q},
               strides = {d->stride, d->stride}, kernel = {d->kernel, d->kernel}, pads = {d->pad, d->pad};
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, src_dims, b->adt, dnnl_nchw), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, dst_dims, b->adt, dnnl_nchw), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, src_dims, b->adt, b->atag), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, dst_dims, b->adt, b->atag), what);
   dnnl_pooling_desc_t pdesc;
   DNNL_TRY(dnnl_pooling_forward_desc_init(&pdesc, dnnl_forward_training, dnnl_pooling_max, &src, &dst, strides, kernel,
                                           pads, pads),
@@ -146,7 +146,9 @@ fail:
   return res;
 }
 
-/* Fully connected as oneDNN's inner product: src [n, f] with f = c * h * w,
+/* Fully connected as oneDNN's inner product: src [n, f] with f = c * h * w
+ * (NHWC over several positions: src [n, c, h, w] channels-last, weights
+ * [k, c, h, w]),
  * weights [k, f] (PyTorch's Linear layout), bias [k], dst [n, k].  Backward is
  * two primitives: data (dx) and weights (dw, db). */
 gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what) {
@@ -157,14 +159,23 @@ gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what) {
   dnnl_memory_desc_t src, wei, bias, dst, src_any, wei_any, dwei_any, dst_any;
   dnnl_dim_t f = (dnnl_dim_t)d->c * d->h * d->w;
   dnnl_dims_t src_dims = {d->n, f}, wei_dims = {d->k, f}, bias_dims = {d->k}, dst_dims = {d->n, d->k};
+  int nd = 2;
+  dnnl_format_tag_t src_tag = dnnl_nc, wei_tag = dnnl_oi;
+  if (b->nhwc && (int64_t)d->h * d->w > 1) {
+    /* Channels-last input over several positions: the layer as oneDNN's 4-d
+     * inner product, so the weights keep PyTorch's [k, c, h, w] order. */
+    nd = 4, src_tag = dnnl_nhwc, wei_tag = dnnl_oihw;
+    src_dims[1] = d->c, src_dims[2] = d->h, src_dims[3] = d->w;
+    wei_dims[1] = d->c, wei_dims[2] = d->h, wei_dims[3] = d->w;
+  }
   /* Dtypes as the convolution's (bias and its gradient float32). */
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 2, src_dims, b->adt, dnnl_nc), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei, 2, wei_dims, dnnl_f32, dnnl_oi), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, nd, src_dims, b->adt, src_tag), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei, nd, wei_dims, dnnl_f32, wei_tag), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&bias, 1, bias_dims, dnnl_f32, dnnl_x), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dst_dims, b->adt, dnnl_nc), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, 2, src_dims, b->adt, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, 2, wei_dims, b->adt, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, 2, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, nd, src_dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, nd, wei_dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, nd, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, 2, dst_dims, b->adt, dnnl_format_tag_any), what);
   dnnl_inner_product_desc_t ipd;
   DNNL_TRY(dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &src_any, &wei_any, &bias, &dst_any),

@@ -141,8 +141,13 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
   if (cfg && cfg->act && cfg->act != GW_FLOAT32 && cfg->act != GW_BFLOAT16 && cfg->act != GW_FLOAT16)
     return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: activations of dtype %d: float32, bfloat16 or float16",
                           cfg->act);
+  int nhwc = 0;
+  GW_MODEL_TRY(gw__backend_layout(BE, cfg, &nhwc));
+  if (nhwc)
+    return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: the NHWC layout is not built yet");
   struct gw_backend *b = calloc(1, sizeof *b);
   if (!b) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
+  b->nhwc = nhwc;
   gw_result_t res = cudnn_create_on(b, cfg);
   if (res != GW_SUCCESS) {
     cudnn_destroy(b);
@@ -153,6 +158,7 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
 }
 
 static int cudnn_act_dtype(const struct gw_backend *b) { return b->act; }
+static int cudnn_layout(const struct gw_backend *b) { return b->nhwc ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW; }
 
 static void *cudnn_alloc(struct gw_backend *b, size_t bytes) {
   void *p = NULL;
@@ -584,6 +590,7 @@ const struct gw_backend_ops gw_backend_cudnn = {
     .upload_async = cudnn_upload_async,
     .upload_order = cudnn_upload_order,
     .act_dtype = cudnn_act_dtype,
+    .layout = cudnn_layout,
     .op_create = cudnn_op_create,
     .op_destroy = cudnn_op_destroy,
     .conv_fwd = gw__cudnn_conv_fwd,

@@ -20,7 +20,8 @@
 struct gw_backend {
   int device;
   int tf32;
-  int act;             /* the activations' gw_dtype_t: GW_FLOAT32 or GW_BFLOAT16 */
+  int act;             /* the activations' gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16 */
+  int nhwc;            /* activations channels-last (backend.h GW_LAYOUT_NHWC) */
   cudaStream_t stream;
   cudnnHandle_t dnn;
   cublasHandle_t blas;

@@ -47,10 +47,12 @@ struct gw_exec {
   struct gw_op *loss_op;
   int act_dt;             /* the backend's activation dtype (gw_dtype_t) */
   size_t esz;             /* bytes per activation element */
+  int nhwc;               /* the backend's activations are channels-last (GW_LAYOUT_NHWC) */
   void **act;             /* [nacts] storage (in-place layers share) */
   void **grad;            /* [nacts] gradient buffer during its window (NULL for the input) */
   void *scratch;          /* a second reader's contribution before it is added */
-  uint16_t *host_half;    /* 16-bit activations: the input batch or the logits converted on the host */
+  void *host_in;          /* the input batch in the backend's dtype and layout (16-bit or NHWC), made on the
+                             host; also the logits' 16-bit copy */
   void **owned;           /* every allocation, freed at the end */
   int nowned, cap_owned;
   float *params, *grads, *running; /* the model's storage, or backend copies */
@@ -317,9 +319,9 @@ static gw_result_t plan(struct gw_exec *e) {
     goto out;
   }
   if (max_elems && !(e->scratch = ex_alloc(e, max_elems * e->esz, "gradient scratch"))) goto out;
-  if (e->esz != sizeof(float)) { /* the input batch, or the logits, converted on the host */
+  if (e->esz != sizeof(float) || e->nhwc) { /* the input batch, or the logits, converted on the host */
     size_t n = act_elems(e, 0), nl = act_elems(e, m->nacts - 1);
-    if (!(e->host_half = malloc((n > nl ? n : nl) * sizeof(uint16_t)))) {
+    if (!(e->host_in = malloc((n > nl ? n : nl) * e->esz))) {
       gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
       goto out;
     }
@@ -357,6 +359,7 @@ gw_result_t gw_exec_create(struct gw_model *m, const struct gw_backend_ops *ops,
                           "takes float32, bfloat16 and float16", dt);
   }
   e->esz = e->act_dt == GW_FLOAT32 ? sizeof(float) : sizeof(uint16_t);
+  e->nhwc = ops->layout && ops->layout(b) == GW_LAYOUT_NHWC;
   e->L = calloc((size_t)m->nlayers, sizeof *e->L);
   e->act = calloc((size_t)m->nacts, sizeof *e->act);
   e->grad = calloc((size_t)m->nacts, sizeof *e->grad);
@@ -381,7 +384,7 @@ void gw_exec_free(struct gw_exec *e) {
   e->ops->op_destroy(e->loss_op);
   for (int i = 0; i < e->nowned; i++) e->ops->dealloc(e->b, e->owned[i]);
   free(e->owned), free(e->L), free(e->act), free(e->grad);
-  free(e->host_sums), free(e->host_stats), free(e->host_half);
+  free(e->host_sums), free(e->host_stats), free(e->host_in);
   free(e->stage_host), free(e->slot_labels[0]), free(e->slot_labels[1]);
   free(e);
 }
@@ -505,11 +508,30 @@ static gw_result_t check_labels(const struct gw_exec *e, const int32_t *labels) 
   return GW_SUCCESS;
 }
 
-/* The input batch as the activation dtype into dst (host memory). */
+/* The input batch (NCHW float32) as the backend's activations into dst (host
+ * memory): converted to its dtype, and channels-last for an NHWC backend. */
 static void input_to_act(struct gw_exec *e, void *dst, const float *images) {
-  size_t n = act_elems(e, 0);
-  if (e->esz != sizeof(float)) gw_f32_to_half_n(e->act_dt == GW_FLOAT16, dst, images, n);
-  else memcpy(dst, images, n * sizeof(float));
+  const size_t n = act_elems(e, 0);
+  if (!e->nhwc) {
+    if (e->esz != sizeof(float)) gw_f32_to_half_n(e->act_dt == GW_FLOAT16, dst, images, n);
+    else memcpy(dst, images, n * sizeof(float));
+    return;
+  }
+  const struct gw_act *a = &e->m->acts[0];
+  const size_t c = (size_t)a->c, hw = (size_t)a->h * a->w;
+  float *f = dst;
+  uint16_t *h = dst;
+  for (int smp = 0; smp < e->cfg.batch; smp++) {
+    const float *src = images + (size_t)smp * c * hw;
+    const size_t base = (size_t)smp * c * hw;
+    for (size_t ch = 0; ch < c; ch++)
+      for (size_t i = 0; i < hw; i++) {
+        const float v = src[ch * hw + i];
+        const size_t o = base + i * c + ch;
+        if (e->esz == sizeof(float)) f[o] = v;
+        else h[o] = e->act_dt == GW_FLOAT16 ? gw_f32_to_f16(v) : gw_f32_to_bf16(v);
+      }
+  }
 }
 
 static gw_result_t stage_alloc(struct gw_exec *e) {
@@ -552,9 +574,9 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
   } else {
     size_t n = act_elems(e, 0);
     e->act[0] = e->act0, e->fwd_staged = 0;
-    if (e->host_half) { /* 16-bit activations: the batch converted on the host, then up */
-      input_to_act(e, e->host_half, images);
-      GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], e->host_half, n * e->esz));
+    if (e->host_in) { /* 16-bit or NHWC activations: the batch converted on the host, then up */
+      input_to_act(e, e->host_in, images);
+      GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], e->host_in, n * e->esz));
     } else {
       GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, n * sizeof(float)));
     }
@@ -567,9 +589,10 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
 gw_result_t gw_exec_logits(struct gw_exec *e, float *host_logits) {
   int a = e->m->nacts - 1;
   size_t n = act_elems(e, a);
-  if (!e->host_half) return e->ops->download(e->b, host_logits, e->act[a], n * sizeof(float));
-  GW_MODEL_TRY(e->ops->download(e->b, e->host_half, e->act[a], n * e->esz));
-  gw_half_to_f32_n(e->act_dt == GW_FLOAT16, host_logits, e->host_half, n);
+  /* [batch, classes]: the same in either layout */
+  if (e->esz == sizeof(float)) return e->ops->download(e->b, host_logits, e->act[a], n * sizeof(float));
+  GW_MODEL_TRY(e->ops->download(e->b, e->host_in, e->act[a], n * e->esz));
+  gw_half_to_f32_n(e->act_dt == GW_FLOAT16, host_logits, e->host_in, n);
   return GW_SUCCESS;
 }
 

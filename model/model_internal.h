@@ -38,6 +38,10 @@ struct gw_op_desc;
  * kind (backend.h), with a message naming the backend and the op.  Writes the op's
  * description into what[what_len] for the backend's own messages. */
 gw_result_t gw__backend_check_desc(const char *be, const struct gw_op_desc *d, char *what, size_t what_len);
+/* gw_backend_config.layout checked (a message naming the backend when it is
+ * neither layout); *nhwc = 1 for GW_LAYOUT_NHWC.  cfg may be NULL (NCHW). */
+struct gw_backend_config;
+gw_result_t gw__backend_layout(const char *be, const struct gw_backend_config *cfg, int *nhwc);
 /* An entry of the table called on an op of another kind. */
 gw_result_t gw__backend_expect_kind(const char *be, int kind, int want, const char *what);
 

@@ -15,11 +15,12 @@
  * runs (Check's forked test processes inherit them). */
 const struct gw_backend_ops *be;
 const char *chosen;
+int layout = GW_LAYOUT_NCHW;
 
 /* The configuration of every backend the checks make, strict: one thread (cpu),
  * and every other field 0 (cudnn: tf32 0, full fp32). */
 struct gw_backend_config strict_config(void) {
-  struct gw_backend_config cfg = {.threads = 1};
+  struct gw_backend_config cfg = {.threads = 1, .layout = layout};
   return cfg;
 }
 
@@ -48,14 +49,54 @@ void from_backend(struct gw_backend *b, void *host_dst, const void *src, size_t 
 
 
 struct tensor tensor_new(struct gw_backend *b, size_t n) {
-  struct tensor t = {b, malloc(n * sizeof(float)), be->alloc(b, n * sizeof(float)), n};
+  struct tensor t = {b, malloc(n * sizeof(float)), be->alloc(b, n * sizeof(float)), n, {0, 0, 0, 0}};
   ck_assert_msg(t.h && t.d, "allocating a tensor of %zu floats", n);
   nan_fill(t.h, n);
   return t;
 }
 
-void up(struct tensor t) { to_backend(t.b, t.d, t.h, t.n * sizeof(float)); }
-void down(struct tensor t) { from_backend(t.b, t.h, t.d, t.n * sizeof(float)); }
+struct tensor tensor_act(struct gw_backend *b, int n, int c, int h, int w) {
+  struct tensor t = tensor_new(b, (size_t)n * c * h * w);
+  t.shape[0] = n, t.shape[1] = c, t.shape[2] = h, t.shape[3] = w;
+  return t;
+}
+struct tensor act_in(struct gw_backend *b, const struct gw_op_desc *d) { return tensor_act(b, d->n, d->c, d->h, d->w); }
+struct tensor act_out(struct gw_backend *b, const struct gw_op_desc *d) {
+  return tensor_act(b, d->n, d->k, d->p, d->q);
+}
+
+void transpose_act(float *dst, const float *src, int n, int c, int h, int w, int to_nhwc) {
+  const size_t hw = (size_t)h * w;
+  for (int s = 0; s < n; s++)
+    for (int ch = 0; ch < c; ch++)
+      for (size_t i = 0; i < hw; i++) {
+        const size_t nchw = ((size_t)s * c + ch) * hw + i, nhwc = ((size_t)s * hw + i) * c + ch;
+        if (to_nhwc) dst[nhwc] = src[nchw];
+        else dst[nchw] = src[nhwc];
+      }
+}
+
+/* The tensor's host copy in the backend's layout (a new buffer), or NULL when
+ * it is the same as the host's. */
+static float *in_backend_layout(struct tensor t) {
+  if (layout != GW_LAYOUT_NHWC || t.shape[0] == 0) return NULL;
+  float *tmp = malloc(t.n * sizeof(float));
+  ck_assert(tmp);
+  return tmp;
+}
+
+void up(struct tensor t) {
+  float *tmp = in_backend_layout(t);
+  if (tmp) transpose_act(tmp, t.h, t.shape[0], t.shape[1], t.shape[2], t.shape[3], 1);
+  to_backend(t.b, t.d, tmp ? tmp : t.h, t.n * sizeof(float));
+  free(tmp);
+}
+void down(struct tensor t) {
+  float *tmp = in_backend_layout(t);
+  from_backend(t.b, tmp ? tmp : t.h, t.d, t.n * sizeof(float));
+  if (tmp) transpose_act(t.h, tmp, t.shape[0], t.shape[1], t.shape[2], t.shape[3], 0);
+  free(tmp);
+}
 
 void nan_up(struct tensor t) {
   nan_fill(t.h, t.n);

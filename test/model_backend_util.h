@@ -16,6 +16,9 @@
  * runs (Check's forked test processes inherit them). */
 extern const struct gw_backend_ops *be;
 extern const char *chosen;
+/* The activations' layout under test (argv[2] "nhwc": GW_LAYOUT_NHWC), given to
+ * every backend strict_config() makes. */
+extern int layout;
 
 /* The configuration of every backend the checks make, strict: one thread (cpu),
  * and every other field 0 (cudnn: tf32 0, full fp32); a backend made with it. */
@@ -29,14 +32,24 @@ void from_backend(struct gw_backend *b, void *host_dst, const void *src, size_t 
 
 /* A tensor of n floats: h on the host (what the test fills, reads and compares),
  * d in the backend's memory (what the calls are given).  up() copies h to d before
- * a call, down() d to h after it; nan_up() makes an output: h all NaN, uploaded. */
+ * a call, down() d to h after it; nan_up() makes an output: h all NaN, uploaded.
+ * An activation (shape[0] > 0: n, c, h, w) is NCHW on the host whatever the
+ * layout; up() and down() transpose it when the backend's is NHWC. */
 struct tensor {
   struct gw_backend *b;
   float *h, *d;
   size_t n;
+  int shape[4];
 };
 
 struct tensor tensor_new(struct gw_backend *b, size_t n);
+/* An activation of [n, c, h, w]; act_in / act_out: the op's input [n, c, h, w]
+ * or output [n, k, p, q]. */
+struct tensor tensor_act(struct gw_backend *b, int n, int c, int h, int w);
+struct tensor act_in(struct gw_backend *b, const struct gw_op_desc *d);
+struct tensor act_out(struct gw_backend *b, const struct gw_op_desc *d);
+/* NCHW <-> NHWC of [n, c, h, w] (to_nhwc 1: src NCHW, dst NHWC; 0: back). */
+void transpose_act(float *dst, const float *src, int n, int c, int h, int w, int to_nhwc);
 void up(struct tensor t);
 void down(struct tensor t);
 void nan_up(struct tensor t);
@@ -58,5 +71,7 @@ void compare(const float *out, const double *ref, const double *mag, size_t n, d
 /* test_model_backend_layers.c, test_model_backend_train.c: add their tests to tc. */
 void add_layer_tests(TCase *tc);
 void add_train_tests(TCase *tc);
+/* test_model_backend_layout.c: NHWC against NCHW, bit for bit where backend.h says so. */
+void add_layout_tests(TCase *tc);
 
 #endif

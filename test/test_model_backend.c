@@ -80,7 +80,7 @@ static void conv_ref(const struct gw_op_desc *d, const float *x, const float *w,
 static void check_conv(struct gw_backend *b, const struct gw_op_desc *d, const float *given_w, const char *label) {
   size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
   size_t ny = (size_t)d->n * d->k * d->p * d->q;
-  struct tensor x = tensor_new(b, nx), w = tensor_new(b, nw), y = tensor_new(b, ny), y2 = tensor_new(b, ny);
+  struct tensor x = act_in(b, d), w = tensor_new(b, nw), y = act_out(b, d), y2 = act_out(b, d);
   double *ref = malloc(ny * sizeof(double)), *mag = malloc(ny * sizeof(double));
   ck_assert(ref && mag);
   struct gw_op *op = NULL;
@@ -211,8 +211,8 @@ static void conv_bwd_ref(const struct gw_op_desc *d, const float *x, const float
 static void check_conv_bwd(struct gw_backend *b, const struct gw_op_desc *d, const char *label) {
   size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
   size_t ny = (size_t)d->n * d->k * d->p * d->q;
-  struct tensor x = tensor_new(b, nx), w = tensor_new(b, nw), y = tensor_new(b, ny), dy = tensor_new(b, ny);
-  struct tensor dx = tensor_new(b, nx), dw = tensor_new(b, nw);
+  struct tensor x = act_in(b, d), w = tensor_new(b, nw), y = act_out(b, d), dy = act_out(b, d);
+  struct tensor dx = act_in(b, d), dw = tensor_new(b, nw);
   double *rdx = malloc(nx * 8), *mdx = malloc(nx * 8), *rdw = malloc(nw * 8), *mdw = malloc(nw * 8);
   ck_assert(rdx && mdx && rdw && mdw);
   struct gw_op *op = NULL;
@@ -268,8 +268,8 @@ START_TEST(test_conv_bwd_finite_difference) {
   struct gw_backend *b = backend();
   struct gw_op_desc d = conv_desc(2, 2, 5, 5, 3, 3, 2, 1);
   size_t nx = 2 * 2 * 5 * 5, nw = 3 * 2 * 3 * 3, ny = (size_t)2 * 3 * d.p * d.q;
-  struct tensor x = tensor_new(b, nx), w = tensor_new(b, nw), y = tensor_new(b, ny), g = tensor_new(b, ny);
-  struct tensor dx = tensor_new(b, nx), dw = tensor_new(b, nw);
+  struct tensor x = act_in(b, &d), w = tensor_new(b, nw), y = act_out(b, &d), g = act_out(b, &d);
+  struct tensor dx = act_in(b, &d), dw = tensor_new(b, nw);
   fill(x.h, nx, 11), fill(w.h, nw, 12), fill(g.h, ny, 13);
   up(x), up(w), up(g), nan_up(dx), nan_up(dw);
   struct gw_op *op = NULL;
@@ -381,6 +381,16 @@ START_TEST(test_refused) {
   cfg.threads = -1;
   ck_assert_int_eq(be->create(&cfg, &b), GW_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_null(b);
+  cfg = strict_config();
+  cfg.layout = 2;
+  ck_assert_int_eq(be->create(&cfg, &b), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_null(b);
+  ck_assert_msg(strstr(gw_model_last_error(), "layout 2"), "%s", gw_model_last_error());
+  cfg = strict_config();
+  ck_assert_int_eq(be->create(&cfg, &b), GW_SUCCESS);
+  ck_assert_int_eq(be->layout(b), layout);
+  be->destroy(b);
+  b = NULL;
   ck_assert_str_eq(be->name, chosen);
   ck_assert_int_eq(be->host_memory, strcmp(chosen, "cpu") == 0); /* cpu: host memory; cudnn: the device's */
 }
@@ -436,10 +446,13 @@ static int probe_backend(const char *name) {
 int main(int argc, char **argv) {
   chosen = argc > 1 ? argv[1] : "cpu";
   const char *why = "";
-  if (argc > 2 || (strcmp(chosen, "cpu") != 0 && strcmp(chosen, "cudnn") != 0)) {
-    fprintf(stderr, "usage: %s [cpu|cudnn]  (the backend to test, cpu by default)\n", argv[0]);
+  if (argc > 3 || (strcmp(chosen, "cpu") != 0 && strcmp(chosen, "cudnn") != 0) ||
+      (argc == 3 && strcmp(argv[2], "nchw") != 0 && strcmp(argv[2], "nhwc") != 0)) {
+    fprintf(stderr, "usage: %s [cpu|cudnn [nchw|nhwc]]  (the backend to test, cpu by default, and the activations' "
+                    "layout, nchw by default)\n", argv[0]);
     return 2;
   }
+  if (argc == 3 && strcmp(argv[2], "nhwc") == 0) layout = GW_LAYOUT_NHWC;
   if (!(be = built_backend(chosen, &why))) {
     printf("model-backend %s: %s, skipped\n", chosen, why);
     return 77;
@@ -457,6 +470,7 @@ int main(int argc, char **argv) {
   add_layer_tests(tc);
   tcase_add_test(tc, test_model_layers_plan);
   add_train_tests(tc);
+  if (layout == GW_LAYOUT_NCHW) add_layout_tests(tc); /* it makes both layouts itself */
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

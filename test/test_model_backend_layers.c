@@ -137,7 +137,7 @@ START_TEST(test_bn) {
     struct gw_op_desc d = same_desc(GW_LAYER_BN, s[0], s[1], s[2], s[3]);
     d.eps = 1e-5f, d.momentum = 0.1f;
     size_t n = (size_t)s[0] * s[1] * s[2] * s[3], c = (size_t)s[1];
-    struct tensor x = tensor_new(b, n), y = tensor_new(b, n), dy = tensor_new(b, n), dx = tensor_new(b, n);
+    struct tensor x = act_in(b, &d), y = act_in(b, &d), dy = act_in(b, &d), dx = act_in(b, &d);
     struct tensor gamma = tensor_new(b, c), beta = tensor_new(b, c), mean = tensor_new(b, c);
     struct tensor rstd = tensor_new(b, c), rmean = tensor_new(b, c), rvar = tensor_new(b, c);
     struct tensor dgamma = tensor_new(b, c), dbeta = tensor_new(b, c);
@@ -223,14 +223,14 @@ START_TEST(test_bn_fused) {
       d.eps = 1e-5f, d.momentum = 0.1f;
       const size_t n = (size_t)s[0] * s[1] * s[2] * s[3], c = (size_t)s[1];
       /* [0] fused, [1] separate */
-      struct tensor x = tensor_new(b, n), z = tensor_new(b, n), dy = tensor_new(b, n), gamma = tensor_new(b, c),
+      struct tensor x = act_in(b, &d), z = act_in(b, &d), dy = act_in(b, &d), gamma = tensor_new(b, c),
                     beta = tensor_new(b, c);
       struct tensor y[2], dx[2], dz[2], mean[2], rstd[2], rm[2], rv[2], dg[2], db[2], yi[2];
       fill(x.h, n, 71 + si), fill(z.h, n, 72 + si), fill(dy.h, n, 73 + si), fill(gamma.h, c, 74 + si);
       fill(beta.h, c, 75 + si);
       up(x), up(z), up(dy), up(gamma), up(beta);
       for (int k = 0; k < 2; k++) {
-        y[k] = tensor_new(b, n), dx[k] = tensor_new(b, n), dz[k] = tensor_new(b, n), yi[k] = tensor_new(b, n);
+        y[k] = act_in(b, &d), dx[k] = act_in(b, &d), dz[k] = act_in(b, &d), yi[k] = act_in(b, &d);
         mean[k] = tensor_new(b, c), rstd[k] = tensor_new(b, c), dg[k] = tensor_new(b, c), db[k] = tensor_new(b, c);
         rm[k] = tensor_new(b, c), rv[k] = tensor_new(b, c);
         for (size_t i = 0; i < c; i++) rm[k].h[i] = 0.25f * (float)i, rv[k].h[i] = 1.f + 0.5f * (float)i;
@@ -296,8 +296,10 @@ START_TEST(test_bn_running_stats_exact) {
   d.eps = 1e-5f;
   /* [n=2][c=2][1][2] */
   const float xv[8] = {1, 2, 0, 0, 3, 4, 8, 8}, ones[2] = {1, 1}, zeros[2] = {0, 0};
-  struct tensor x = tensor_of(b, xv, 8), gamma = tensor_of(b, ones, 2), beta = tensor_of(b, zeros, 2);
-  struct tensor y = tensor_new(b, 8), mean = tensor_new(b, 2), rstd = tensor_new(b, 2);
+  struct tensor x = act_in(b, &d), gamma = tensor_of(b, ones, 2), beta = tensor_of(b, zeros, 2);
+  memcpy(x.h, xv, sizeof xv);
+  up(x);
+  struct tensor y = act_in(b, &d), mean = tensor_new(b, 2), rstd = tensor_new(b, 2);
   struct tensor rm = tensor_new(b, 2), rv = tensor_new(b, 2);
   const float rm0[2] = {0.3f, -1.7f}, rv0[2] = {0.9f, 2.2f};
   for (int mi = 0; mi < 2; mi++) {
@@ -353,7 +355,7 @@ START_TEST(test_maxpool) {
     struct gw_op_desc d = conv_desc(s[0], s[1], s[2], s[3], s[1], s[4], s[5], s[6]);
     d.kind = GW_LAYER_MAXPOOL;
     size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.p * d.q;
-    struct tensor x = tensor_new(b, nx), dx = tensor_new(b, nx), y = tensor_new(b, ny), dy = tensor_new(b, ny);
+    struct tensor x = act_in(b, &d), dx = act_in(b, &d), y = act_out(b, &d), dy = act_out(b, &d);
     const float *xh = x.h, *dyh = dy.h;
     double *rdx = calloc(nx, 8), *mdx = calloc(nx, 8), *ry = malloc(ny * 8);
     ck_assert(rdx && mdx && ry);
@@ -409,7 +411,7 @@ START_TEST(test_avgpool) {
     struct gw_op_desc d = same_desc(GW_LAYER_AVGPOOL, s[0], s[1], s[2], s[3]);
     d.p = d.q = 1;
     size_t hw = (size_t)s[2] * s[3], planes = (size_t)s[0] * s[1];
-    struct tensor x = tensor_new(b, planes * hw), dx = tensor_new(b, planes * hw);
+    struct tensor x = act_in(b, &d), dx = act_in(b, &d);
     struct tensor y = tensor_new(b, planes), dy = tensor_new(b, planes);
     double *ry = malloc(planes * 8), *rdx = malloc(planes * hw * 8);
     ck_assert(ry && rdx);
@@ -447,8 +449,8 @@ START_TEST(test_fc) {
     const int *s = shapes[si];
     struct gw_op_desc d = {.kind = GW_LAYER_FC, .n = s[0], .c = s[1], .h = s[2], .w = s[3], .k = s[4], .p = 1, .q = 1};
     size_t N = (size_t)s[0], F = (size_t)s[1] * s[2] * s[3], K = (size_t)s[4];
-    struct tensor tx = tensor_new(b, N * F), tw = tensor_new(b, K * F), tbias = tensor_new(b, K);
-    struct tensor ty = tensor_new(b, N * K), tdy = tensor_new(b, N * K), tdx = tensor_new(b, N * F);
+    struct tensor tx = act_in(b, &d), tw = tensor_new(b, K * F), tbias = tensor_new(b, K);
+    struct tensor ty = tensor_new(b, N * K), tdy = tensor_new(b, N * K), tdx = act_in(b, &d);
     struct tensor tdw = tensor_new(b, K * F), tdb = tensor_new(b, K);
     const float *x = tx.h, *w = tw.h, *bias = tbias.h, *dy = tdy.h; /* the host values, for the reference */
     double *ry = calloc(N * K, 8), *my = calloc(N * K, 8), *rdx = calloc(N * F, 8), *mdx = calloc(N * F, 8);
@@ -603,7 +605,7 @@ START_TEST(test_bn_finite_difference) {
   struct gw_op_desc d = same_desc(GW_LAYER_BN, 2, 2, 3, 3);
   d.eps = 1e-5f, d.momentum = 0.1f;
   enum { N = 36, C = 2 };
-  struct tensor x = tensor_new(b, N), g = tensor_new(b, N), y = tensor_new(b, N), dx = tensor_new(b, N);
+  struct tensor x = act_in(b, &d), g = act_in(b, &d), y = act_in(b, &d), dx = act_in(b, &d);
   struct tensor gamma = tensor_new(b, C), beta = tensor_new(b, C), mean = tensor_new(b, C), rstd = tensor_new(b, C);
   struct tensor rm = tensor_new(b, C), rv = tensor_new(b, C), dgamma = tensor_new(b, C), dbeta = tensor_new(b, C);
   fill(x.h, N, 91), fill(g.h, N, 92), fill(gamma.h, C, 93), fill(beta.h, C, 94);

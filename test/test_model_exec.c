@@ -35,6 +35,7 @@
 
 #include "backend.h"
 #include "exec.h"
+#include "model_internal.h" /* num_running */
 #include "resnet.h"
 #include "sgd.h"
 
@@ -58,14 +59,14 @@ static void small_config(struct gw_model_config *cfg, int depth) {
   cfg->seed = 7;
 }
 
-static void rig_up(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch) {
+static void rig_up_with(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch,
+                        const struct gw_backend_config *bc) {
   struct gw_model_config cfg;
   small_config(&cfg, depth);
   memset(r, 0, sizeof *r);
   r->batch = batch;
   ck_assert_msg(gw_model_init(&r->m, &cfg) == GW_SUCCESS, "%s", gw_model_last_error());
-  struct gw_backend_config bc = {.threads = 1};
-  ck_assert_msg(ops->create(&bc, &r->b) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_msg(ops->create(bc, &r->b) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
   ck_assert_msg(gw_exec_create(r->m, ops, r->b, &ec, &r->e) == GW_SUCCESS, "%s", gw_model_last_error());
   size_t n = (size_t)batch * cfg.in_channels * cfg.image_size * cfg.image_size;
@@ -73,6 +74,11 @@ static void rig_up(struct rig *r, const struct gw_backend_ops *ops, int depth, i
   r->y = malloc((size_t)batch * sizeof(int32_t));
   for (size_t i = 0; i < n; i++) r->x[i] = (float)((double)(mix64(i + 11) >> 11) / 9007199254740992.0 * 2 - 1);
   for (int i = 0; i < batch; i++) r->y[i] = (int32_t)(mix64(1000 + (uint64_t)i) % (uint64_t)cfg.classes);
+}
+
+static void rig_up(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch) {
+  struct gw_backend_config bc = {.threads = 1};
+  rig_up_with(r, ops, depth, batch, &bc);
 }
 
 static void rig_down(struct rig *r, const struct gw_backend_ops *ops) {
@@ -307,6 +313,67 @@ START_TEST(test_fused_equals_unfused) {
 }
 END_TEST
 
+/* Channels-last activations (GW_LAYOUT_NHWC) against NCHW: the same loss,
+ * gradients, running statistics and logits bit for bit (oneDNN convolves both
+ * in the same internal layout; batch norm and average pooling sum in the same
+ * order), on ResNet-18 (small stem) in float32 and bfloat16 and ResNet-50
+ * (the ImageNet stem: its max pool's backward is oneDNN's, whose sums over
+ * overlapping windows may round differently per layout, so within 1e-5 of the
+ * largest value there), a host batch and a staged
+ * one through device-style memory (the executor transposes the input). */
+/* a and b equal bit for bit (tol 0), or each within tol of the largest |a|. */
+static int close_to(const float *a, const float *b, size_t n, float tol) {
+  if (tol == 0) return !memcmp(a, b, n * sizeof(float));
+  float big = 0;
+  for (size_t i = 0; i < n; i++) big = fabsf(a[i]) > big ? fabsf(a[i]) : big;
+  for (size_t i = 0; i < n; i++)
+    if (!(fabsf(a[i] - b[i]) <= tol * big)) return 0;
+  return 1;
+}
+
+static void layout_case(int depth, int act) {
+  struct gw_backend_ops dev = gw_backend_cpu;
+  dev.host_memory = 0;
+  struct rig a, b;
+  struct gw_backend_config ca = {.threads = 1, .act = act}, cb = ca;
+  cb.layout = GW_LAYOUT_NHWC;
+  rig_up_with(&a, &gw_backend_cpu, depth, 3, &ca);
+  rig_up_with(&b, &dev, depth, 3, &cb);
+  ck_assert_int_eq(dev.layout(b.b), GW_LAYOUT_NHWC);
+  const size_t np = gw_model_num_params(a.m), nr = a.m->num_running;
+  for (int step = 0; step < 3; step++) {
+    float la = train_step(&a, NULL, NULL), lb = NAN;
+    if (step == 2) { /* staged */
+      ck_assert(gw_exec_stage(b.e, b.x, b.y) == GW_SUCCESS && gw_exec_forward(b.e, NULL, 1) == GW_SUCCESS);
+      ck_assert(gw_exec_backward(b.e, NULL, &lb, NULL, NULL) == GW_SUCCESS);
+    } else {
+      lb = train_step(&b, NULL, NULL);
+    }
+    ck_assert(gw_exec_download_model(b.e) == GW_SUCCESS);
+    const float tol = depth == 18 ? 0 : 1e-5f; /* 0: bit for bit */
+    ck_assert_msg(fabsf(la - lb) <= tol * fabsf(la), "resnet%d act %d step %d: loss %.9g NCHW, %.9g NHWC", depth, act,
+                  step, la, lb);
+    ck_assert_msg(close_to(gw_model_grads(a.m), gw_model_grads(b.m), np, tol),
+                  "resnet%d act %d step %d: gradients differ NCHW / NHWC", depth, act, step);
+    ck_assert_msg(close_to(gw_model_running(a.m), gw_model_running(b.m), nr, tol),
+                  "resnet%d act %d step %d: running statistics differ NCHW / NHWC", depth, act, step);
+  }
+  float la[3 * 3], lb[3 * 3];
+  ck_assert(gw_exec_forward(a.e, a.x, 0) == GW_SUCCESS && gw_exec_logits(a.e, la) == GW_SUCCESS);
+  ck_assert(gw_exec_forward(b.e, b.x, 0) == GW_SUCCESS && gw_exec_logits(b.e, lb) == GW_SUCCESS);
+  ck_assert_msg(close_to(la, lb, 9, depth == 18 ? 0 : 1e-5f), "resnet%d act %d: evaluation logits differ NCHW / NHWC",
+                depth, act);
+  rig_down(&a, &gw_backend_cpu);
+  rig_down(&b, &dev);
+}
+
+START_TEST(test_nhwc_equals_nchw) {
+  layout_case(18, GW_FLOAT32);
+  layout_case(50, GW_FLOAT32);
+  layout_case(18, GW_BFLOAT16);
+}
+END_TEST
+
 START_TEST(test_refusals) {
   struct rig r;
   rig_up(&r, &gw_backend_cpu, 18, 2);
@@ -479,6 +546,7 @@ int main(void) {
   tcase_add_test(tc, test_device_memory_path);
   tcase_add_test(tc, test_staged_input);
   tcase_add_test(tc, test_fused_equals_unfused);
+  tcase_add_test(tc, test_nhwc_equals_nchw);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_sync_bn_matches_global_batch);
   tcase_add_test(tc, test_sgd_momentum);

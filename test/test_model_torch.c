@@ -19,6 +19,7 @@
  *              has been amplified by the training itself (PyTorch against itself,
  *              oneDNN on vs off, differs by ~3% of the update on this network);
  *              a missing momentum or a wrong learning rate is off by 50-100%.
+ * argv[1] "nhwc" runs the same with channels-last activations (same tolerances).
  * Exits 77 (skipped) without oneDNN.
  */
 #include <check.h>
@@ -44,6 +45,7 @@
 #define R18_CONFIG "depth=18 classes=10 in_channels=3 image_size=32 stem=small width_divisor=8 seed=2 batch=8"
 #define STEP3_RTOL 0.1
 
+static int layout; /* GW_LAYOUT_NCHW or GW_LAYOUT_NHWC (argv[1]) */
 static struct gw_st_file *fx;
 
 static void load_fixture(void) {
@@ -151,7 +153,7 @@ static void net_up(struct net *n, const char *prefix, int depth, uint64_t seed, 
                 "resnet%d initializes to weights with hash %s, the fixture was made from %s: the initialization "
                 "changed; remake the fixture with test/fixtures/make_resnet_fixtures.py",
                 depth, hash, want ? want : "(none)");
-  struct gw_backend_config bc = {.threads = 1};
+  struct gw_backend_config bc = {.threads = 1, .layout = layout};
   ck_assert(gw_backend_cpu.create(&bc, &n->b) == GW_SUCCESS);
   struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
   ck_assert_msg(gw_exec_create(n->m, &gw_backend_cpu, n->b, &ec, &n->e) == GW_SUCCESS, "%s", gw_model_last_error());
@@ -237,7 +239,12 @@ START_TEST(test_resnet18_three_sgd_steps) {
 }
 END_TEST
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 2 || (argc == 2 && strcmp(argv[1], "nchw") && strcmp(argv[1], "nhwc"))) {
+    fprintf(stderr, "usage: %s [nchw|nhwc]  (the activations' layout, nchw by default)\n", argv[0]);
+    return 2;
+  }
+  layout = argc == 2 && !strcmp(argv[1], "nhwc") ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
   Suite *s = suite_create("model-torch");
   TCase *tc = tcase_create("fixture");
   tcase_set_timeout(tc, 240);

@@ -145,6 +145,44 @@ START_TEST(test_device_path_equals_host) {
 }
 END_TEST
 
+/* Channels-last activations (--layout nhwc) train the same weights as NCHW,
+ * bit for bit (backend.h; the small stem has no max pool), on the host path
+ * and on the resident device path (the cpu backend pretending: staged input
+ * transposed by the executor), at 2 ranks, float32 and bfloat16. */
+START_TEST(test_nhwc_equals_nchw) {
+  static const char *const amp[] = {"off", "bf16"};
+  for (int k = 0; k < 2; k++) {
+    char ref[512], host[512], res[512], name[3][64];
+    snprintf(name[0], 64, "layout-%s-nchw.safetensors", amp[k]), path(ref, sizeof ref, name[0]);
+    snprintf(name[1], 64, "layout-%s-nhwc.safetensors", amp[k]), path(host, sizeof host, name[1]);
+    snprintf(name[2], 64, "layout-%s-nhwc-dev.safetensors", amp[k]), path(res, sizeof res, name[2]);
+    const char *const env[] = {NULL}, *const devenv[] = {"GW_TRAIN_CPU_AS_DEVICE=1", NULL};
+    const char *args[] = {"--steps", "3", "--batch", "8", "--amp", amp[k], "--save-weights", ref, NULL, NULL, NULL};
+    struct run r;
+    train(&r, env, "2", args);
+    expect_ok(&r);
+    ck_assert_msg(!strstr(r.out, "(NHWC)"), "the default layout on cpu is not NCHW:\n%s", r.out);
+    gwrun_free(&r);
+    args[7] = host, args[8] = "--layout", args[9] = "nhwc";
+    train(&r, env, "2", args);
+    expect_ok(&r);
+    ck_assert_msg(strstr(r.out, "on cpu (NHWC)"), "--layout nhwc was not taken:\n%s", r.out);
+    gwrun_free(&r);
+    args[7] = res;
+    train(&r, devenv, "2", args);
+    expect_ok(&r);
+    ck_assert_msg(strstr(r.out, "(NHWC) (device memory; weights, gradients and optimizer there)"),
+                  "the resident path in NHWC was not taken:\n%s", r.out);
+    gwrun_free(&r);
+    char what[96];
+    snprintf(what, sizeof what, "in NHWC (--amp %s)", amp[k]);
+    same_weights(what, name[0], name[1]);
+    snprintf(what, sizeof what, "in NHWC on the device path (--amp %s)", amp[k]);
+    same_weights(what, name[0], name[2]);
+  }
+}
+END_TEST
+
 #if GW_HAVE_IBVERBS
 /* The gradients travel over the ib transport (the verbs emulator), sent
  * straight from the registered gradient buffer: the same weights as over shm,
@@ -680,6 +718,7 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--loss-scale", "huge", NULL}, "--loss-scale");
   refused((const char *const[]){"--steps", "2", "--loss-scale-init", "1024", NULL}, "needs --loss-scale dynamic");
   refused((const char *const[]){"--steps", "2", "--backend", "tpu", NULL}, "--backend 'tpu'");
+  refused((const char *const[]){"--steps", "2", "--layout", "nchwc", NULL}, "--layout 'nchwc' is not nchw or nhwc");
   refused((const char *const[]){NULL}, "--epochs E or --steps S");
   refused((const char *const[]){"--steps", "2", "--data", "imagenet:/nonexistent", NULL}, "/nonexistent");
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--classes", "5", "--batch", "100000",
@@ -695,6 +734,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_bad_flags);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_device_path_equals_host);
+  tcase_add_test(tc, test_nhwc_equals_nchw);
   tcase_add_test(tc, test_amp_bf16_follows_fp32);
   tcase_add_test(tc, test_loss_scaling);
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);

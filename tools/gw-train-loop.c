@@ -204,7 +204,9 @@ static int setup_model(struct trainer *t) {
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
   struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32,
-                                 .act = o->amp};
+                                 .act = o->amp, .layout = o->layout};
+  if (o->layout < 0) /* channels-last where the convolutions want it (cuDNN's tensor cores) */
+    bc.layout = !strcmp(o->backend, "cudnn") ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
 #if GW_HAVE_CUDNN
   if (!strcmp(o->backend, "cudnn")) t->ops = &gw_backend_cudnn;
 #endif
@@ -723,10 +725,10 @@ static int setup(struct trainer *t) {
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
   log_text(&t->log,
-           "%s on %s: %d rank%s x batch %d on %s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
+           "%s on %s: %d rank%s x batch %d on %s%s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
            "parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
-           t->ops->name,
+           t->ops->name, t->ops->layout(t->b) == GW_LAYOUT_NHWC ? " (NHWC)" : "",
            t->ops->host_memory ? ""
            : t->resident       ? " (device memory; weights, gradients and optimizer there)"
                                : " (device memory; master weights and optimizer on the host: --host-step)",

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h" /* GW_LAYOUT_* */
 #include "gw-train.h"
 #include "gw_config.h"
 
@@ -61,6 +62,9 @@ static void usage(FILE *f) {
           "  --host-step              cudnn: keep the master weights on the host (gradients copied down bucket by\n"
           "                           bucket, the optimizer on the CPU, weights up each step) instead of on the\n"
           "                           GPU (default: weights, gradients and momentum stay there)\n"
+          "  --layout nchw|nhwc       the activations' memory layout: nhwc (channels last, as PyTorch's\n"
+          "                           channels_last; cuDNN's tensor-core convolutions need no transposes) is the\n"
+          "                           default on cudnn, nchw on cpu (oneDNN runs it faster here); same results\n"
           "communication:\n"
           "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
           "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
@@ -123,7 +127,7 @@ enum {
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
   O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
-  O_HOSTSTEP
+  O_HOSTSTEP, O_LAYOUT
 };
 
 static const struct option longopts[] = {
@@ -149,7 +153,7 @@ static const struct option longopts[] = {
     {"grad-wire", required_argument, NULL, O_WIRE},        {"backend", required_argument, NULL, O_BACKEND},
     {"tf32", required_argument, NULL, O_TF32},            {"amp", required_argument, NULL, O_AMP},
     {"loss-scale", required_argument, NULL, O_LSCALE},    {"loss-scale-init", required_argument, NULL, O_LSINIT},
-    {"host-step", no_argument, NULL, O_HOSTSTEP},
+    {"host-step", no_argument, NULL, O_HOSTSTEP},         {"layout", required_argument, NULL, O_LAYOUT},
     {"help", no_argument, NULL, 'h'},                     {NULL, 0, NULL, 0}};
 
 static int parse_seed(const char *arg, uint64_t *out) {
@@ -225,6 +229,11 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_BUCKET: return parse_double("--bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->bucket_mb);
   case O_NOOVERLAP: o->no_overlap = 1; return 0;
   case O_HOSTSTEP: o->host_step = 1; return 0;
+  case O_LAYOUT:
+    if (!strcmp(arg, "nchw")) o->layout = GW_LAYOUT_NCHW;
+    else if (!strcmp(arg, "nhwc") || !strcmp(arg, "channels-last")) o->layout = GW_LAYOUT_NHWC;
+    else return bad("--layout '%s' is not nchw or nhwc%s", arg, "");
+    return 0;
   case O_WIRE:
     if (!strcmp(arg, "float32") || !strcmp(arg, "fp32")) o->grad_wire = GW_FLOAT32;
     else if (!strcmp(arg, "bfloat16") || !strcmp(arg, "bf16")) o->grad_wire = GW_BFLOAT16;
@@ -287,6 +296,7 @@ static void defaults(struct train_opts *o) {
   o->backend = GW_HAVE_ONEDNN ? "cpu" : "cudnn";
   o->tf32 = 1;
   o->amp = GW_FLOAT32;
+  o->layout = -1; /* the backend's default */
 }
 
 /* Contradictions, refused before any work. */

@@ -40,6 +40,7 @@ struct train_opts {
   const char *backend;      /* "cpu" (oneDNN) or "cudnn" (--backend) */
   int tf32;                 /* cudnn: TF32 tensor cores for fp32 convolutions and fc (--tf32) */
   int amp;                  /* activations' gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16 (--amp) */
+  int layout;               /* GW_LAYOUT_NCHW or GW_LAYOUT_NHWC (--layout); -1: the backend's default */
   int loss_scale_dynamic;   /* --loss-scale dynamic: halve on overflow, double after 2000 good steps */
   double loss_scale;        /* --loss-scale N, or dynamic's start: 0 = no scaling */
   double loss_scale_init;   /* --loss-scale-init (0: not given) */
