@@ -143,8 +143,6 @@ static gw_result_t cudnn_create(const struct gw_backend_config *cfg, struct gw_b
                           cfg->act);
   int nhwc = 0;
   GW_MODEL_TRY(gw__backend_layout(BE, cfg, &nhwc));
-  if (nhwc)
-    return gw__model_fail(GW_ERR_UNSUPPORTED, BE " backend: the NHWC layout is not built yet");
   struct gw_backend *b = calloc(1, sizeof *b);
   if (!b) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   b->nhwc = nhwc;
@@ -252,9 +250,9 @@ gw_result_t gw__cudnn_ensure_workspace(struct gw_backend *b, size_t bytes, const
 static void cudnn_op_destroy(struct gw_op *op) {
   if (!op) return;
   /* The plans are the backend's (shared by shape). */
-  if (op->sums || op->row_loss || op->loss || op->w16) cudaStreamSynchronize(op->b->stream);
-  cudaFree(op->w16);
-  cudaFree(op->dw16);
+  if (op->sums || op->row_loss || op->loss || op->wt) cudaStreamSynchronize(op->b->stream);
+  cudaFree(op->wt);
+  cudaFree(op->dwt);
   cudaFree(op->sums);
   cudaFree(op->row_loss);
   cudaFree(op->loss);
@@ -281,11 +279,17 @@ static gw_result_t cudnn_op_create(struct gw_backend *b, const struct gw_op_desc
     if (res == GW_SUCCESS && !(op->host_labels = malloc((size_t)d->n * sizeof(int32_t))))
       res = gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   }
-  if (res == GW_SUCCESS && b->act != GW_FLOAT32 && (d->kind == GW_LAYER_CONV || d->kind == GW_LAYER_FC)) {
+  /* The weights as the library takes them: rounded to 16 bits, and channels
+   * last (OHWI) for NHWC convolutions and an NHWC fc over several positions. */
+  const int fc_perm = gw__cudnn_fc_permuted(op);
+  if (res == GW_SUCCESS && ((d->kind == GW_LAYER_CONV && (b->act != GW_FLOAT32 || (b->nhwc && d->kernel > 1))) ||
+                            (d->kind == GW_LAYER_FC && (b->act != GW_FLOAT32 || fc_perm)))) {
     size_t nw = d->kind == GW_LAYER_FC ? (size_t)d->k * d->c * d->h * d->w
                                        : (size_t)d->k * d->c * d->kernel * d->kernel;
-    res = op_alloc(op, &op->w16, nw * 2);
-    if (res == GW_SUCCESS && d->kind == GW_LAYER_CONV) res = op_alloc(op, &op->dw16, nw * 2);
+    size_t esz = b->act == GW_FLOAT32 ? sizeof(float) : 2;
+    res = op_alloc(op, &op->wt, nw * esz);
+    if (res == GW_SUCCESS && d->kind == GW_LAYER_CONV) res = op_alloc(op, &op->dwt, nw * esz);
+    if (res == GW_SUCCESS && fc_perm) res = op_alloc(op, &op->dwt, nw * sizeof(float));
   }
   /* Plans are chosen at the first call (they are timed on its buffers); that
    * cuDNN has engines for the shape at all is checked here. */
@@ -332,9 +336,9 @@ static gw_result_t bn_train(struct gw_op *op, const gw_act_t *x, const gw_act_t 
                           BE " backend: %s: batch %d of %dx%d has one value per channel; training needs more "
                              "(as PyTorch)",
                           what, d->n, d->h, d->w);
-  KERNEL_TRY(gw__cu_bn_sums(d, ACT(op), x, op->sums, STREAM(op)), what);
+  KERNEL_TRY(gw__cu_bn_sums(d, ACT(op), NHWC(op), x, op->sums, STREAM(op)), what);
   KERNEL_TRY(gw__cu_bn_stats(d, op->sums, count, save_mean, save_rstd, running_mean, running_var, STREAM(op)), what);
-  KERNEL_TRY(gw__cu_bn_fwd_apply(d, ACT(op), x, z, relu, gamma, beta, save_mean, save_rstd, y, STREAM(op)), what);
+  KERNEL_TRY(gw__cu_bn_fwd_apply(d, ACT(op), NHWC(op), x, z, relu, gamma, beta, save_mean, save_rstd, y, STREAM(op)), what);
   return GW_SUCCESS;
 }
 
@@ -354,7 +358,7 @@ static gw_result_t bn_infer(struct gw_op *op, const gw_act_t *x, const gw_act_t 
                             const float *beta, const float *running_mean, const float *running_var, gw_act_t *y,
                             const char *what) {
   EXPECT(GW_LAYER_BN, what);
-  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), x, z, relu, gamma, beta, running_mean, running_var, y, STREAM(op)),
+  KERNEL_TRY(gw__cu_bn_fwd_infer(&op->d, ACT(op), NHWC(op), x, z, relu, gamma, beta, running_mean, running_var, y, STREAM(op)),
              what);
   return GW_SUCCESS;
 }
@@ -378,9 +382,9 @@ static gw_result_t bn_backward(struct gw_op *op, const gw_act_t *x, const gw_act
   EXPECT(GW_LAYER_BN, what);
   const struct gw_op_desc *d = &op->d;
   double count = (double)d->n * d->h * d->w;
-  KERNEL_TRY(gw__cu_bn_bwd_sums(d, ACT(op), x, ym, dy, save_mean, save_rstd, op->sums, STREAM(op)), what);
+  KERNEL_TRY(gw__cu_bn_bwd_sums(d, ACT(op), NHWC(op), x, ym, dy, save_mean, save_rstd, op->sums, STREAM(op)), what);
   KERNEL_TRY(gw__cu_bn_param_grads(d, op->sums, dgamma, dbeta, STREAM(op)), what);
-  KERNEL_TRY(gw__cu_bn_bwd_apply(d, ACT(op), x, ym, dy, gamma, save_mean, save_rstd, op->sums, count, dx, dz,
+  KERNEL_TRY(gw__cu_bn_bwd_apply(d, ACT(op), NHWC(op), x, ym, dy, gamma, save_mean, save_rstd, op->sums, count, dx, dz,
                                  STREAM(op)),
              what);
   return GW_SUCCESS;
@@ -401,14 +405,14 @@ static gw_result_t cudnn_bn_act_bwd(struct gw_op *op, const gw_act_t *x, const g
 
 static gw_result_t cudnn_bn_sums(struct gw_op *op, const gw_act_t *x, double *sums) {
   EXPECT(GW_LAYER_BN, "bn_sums");
-  KERNEL_TRY(gw__cu_bn_sums(&op->d, ACT(op), x, sums, STREAM(op)), "bn_sums");
+  KERNEL_TRY(gw__cu_bn_sums(&op->d, ACT(op), NHWC(op), x, sums, STREAM(op)), "bn_sums");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                       const float *mean, const float *rstd, gw_act_t *y) {
   EXPECT(GW_LAYER_BN, "bn_fwd_apply");
-  KERNEL_TRY(gw__cu_bn_fwd_apply(&op->d, ACT(op), x, NULL, 0, gamma, beta, mean, rstd, y, STREAM(op)),
+  KERNEL_TRY(gw__cu_bn_fwd_apply(&op->d, ACT(op), NHWC(op), x, NULL, 0, gamma, beta, mean, rstd, y, STREAM(op)),
              "bn_fwd_apply");
   return GW_SUCCESS;
 }
@@ -416,7 +420,7 @@ static gw_result_t cudnn_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const
 static gw_result_t cudnn_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                                      const float *rstd, double *sums) {
   EXPECT(GW_LAYER_BN, "bn_bwd_sums");
-  KERNEL_TRY(gw__cu_bn_bwd_sums(&op->d, ACT(op), x, NULL, dy, mean, rstd, sums, STREAM(op)), "bn_bwd_sums");
+  KERNEL_TRY(gw__cu_bn_bwd_sums(&op->d, ACT(op), NHWC(op), x, NULL, dy, mean, rstd, sums, STREAM(op)), "bn_bwd_sums");
   return GW_SUCCESS;
 }
 
@@ -426,7 +430,7 @@ static gw_result_t cudnn_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const
   EXPECT(GW_LAYER_BN, "bn_bwd_apply");
   if (!(count >= 1))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: bn_bwd_apply: count %g must be >= 1", count);
-  KERNEL_TRY(gw__cu_bn_bwd_apply(&op->d, ACT(op), x, NULL, dy, gamma, mean, rstd, sums, count, dx, NULL, STREAM(op)),
+  KERNEL_TRY(gw__cu_bn_bwd_apply(&op->d, ACT(op), NHWC(op), x, NULL, dy, gamma, mean, rstd, sums, count, dx, NULL, STREAM(op)),
              "bn_bwd_apply");
   return GW_SUCCESS;
 }
@@ -439,25 +443,25 @@ static size_t cudnn_workspace_bytes(struct gw_op *op) {
 
 static gw_result_t cudnn_maxpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y, void *workspace) {
   EXPECT(GW_LAYER_MAXPOOL, "maxpool_fwd");
-  KERNEL_TRY(gw__cu_maxpool_fwd(&op->d, ACT(op), x, y, workspace, STREAM(op)), "maxpool_fwd");
+  KERNEL_TRY(gw__cu_maxpool_fwd(&op->d, ACT(op), NHWC(op), x, y, workspace, STREAM(op)), "maxpool_fwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_maxpool_bwd(struct gw_op *op, const gw_act_t *dy, const void *workspace, gw_act_t *dx) {
   EXPECT(GW_LAYER_MAXPOOL, "maxpool_bwd");
-  KERNEL_TRY(gw__cu_maxpool_bwd(&op->d, ACT(op), dy, workspace, dx, STREAM(op)), "maxpool_bwd");
+  KERNEL_TRY(gw__cu_maxpool_bwd(&op->d, ACT(op), NHWC(op), dy, workspace, dx, STREAM(op)), "maxpool_bwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_avgpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
   EXPECT(GW_LAYER_AVGPOOL, "avgpool_fwd");
-  KERNEL_TRY(gw__cu_avgpool_fwd(&op->d, ACT(op), x, y, STREAM(op)), "avgpool_fwd");
+  KERNEL_TRY(gw__cu_avgpool_fwd(&op->d, ACT(op), NHWC(op), x, y, STREAM(op)), "avgpool_fwd");
   return GW_SUCCESS;
 }
 
 static gw_result_t cudnn_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_act_t *dx) {
   EXPECT(GW_LAYER_AVGPOOL, "avgpool_bwd");
-  KERNEL_TRY(gw__cu_avgpool_bwd(&op->d, ACT(op), dy, dx, STREAM(op)), "avgpool_bwd");
+  KERNEL_TRY(gw__cu_avgpool_bwd(&op->d, ACT(op), NHWC(op), dy, dx, STREAM(op)), "avgpool_bwd");
   return GW_SUCCESS;
 }
 
@@ -474,14 +478,25 @@ static cublasStatus_t gemm(struct gw_op *op, cublasOperation_t ta, cublasOperati
                       ct, CUBLAS_GEMM_DEFAULT);
 }
 
+/* An NHWC fc over several positions: its input's features are [h, w, c], so
+ * the GEMMs take the weight as [k, h, w, c] (and give its gradient so). */
+int gw__cudnn_fc_permuted(const struct gw_op *op) {
+  return op->b->nhwc && op->d.kind == GW_LAYER_FC && (int64_t)op->d.h * op->d.w > 1;
+}
+
 /* The fc weight as the GEMMs take it: w itself for float32 activations, else
- * rounded into the op's 16-bit copy (per call: the optimizer moves w). */
+ * rounded into the op's 16-bit copy, permuted there where gw__cudnn_fc_permuted
+ * (per call: the optimizer moves w). */
 static gw_result_t fc_weights(struct gw_op *op, const float *w, const void **wa, const char *what) {
+  const struct gw_op_desc *d = &op->d;
   *wa = w;
-  if (ACT(op) == GW_FLOAT32) return GW_SUCCESS;
-  KERNEL_TRY(gw__cu_cast((size_t)op->d.k * op->d.c * op->d.h * op->d.w, ACT(op), op->w16, GW_FLOAT32, w, STREAM(op)),
-             what);
-  *wa = op->w16;
+  if (gw__cudnn_fc_permuted(op))
+    KERNEL_TRY(gw__cu_cast_perm(d->k, d->c, d->h * d->w, 1, ACT(op), op->wt, GW_FLOAT32, w, STREAM(op)), what);
+  else if (ACT(op) != GW_FLOAT32)
+    KERNEL_TRY(gw__cu_cast((size_t)d->k * d->c * d->h * d->w, ACT(op), op->wt, GW_FLOAT32, w, STREAM(op)), what);
+  else
+    return GW_SUCCESS;
+  *wa = op->wt;
   return GW_SUCCESS;
 }
 
@@ -506,7 +521,11 @@ static gw_result_t cudnn_fc_bwd(struct gw_op *op, const gw_act_t *x, const float
   const void *wa;
   GW_MODEL_TRY(fc_weights(op, w, &wa, "fc_bwd"));
   BLAS_TRY(gemm(op, CUBLAS_OP_N, CUBLAS_OP_N, f, n, k, wa, f, dy, k, dx, 0, f), "fc_bwd (data)");
-  BLAS_TRY(gemm(op, CUBLAS_OP_N, CUBLAS_OP_T, f, k, n, x, f, dy, k, dw, 1, f), "fc_bwd (weights)");
+  const int perm = gw__cudnn_fc_permuted(op);
+  BLAS_TRY(gemm(op, CUBLAS_OP_N, CUBLAS_OP_T, f, k, n, x, f, dy, k, perm ? op->dwt : dw, 1, f), "fc_bwd (weights)");
+  if (perm) /* [k, h, w, c] back to PyTorch's [k, c, h, w] */
+    KERNEL_TRY(gw__cu_cast_perm(k, op->d.c, op->d.h * op->d.w, 0, GW_FLOAT32, dw, GW_FLOAT32, op->dwt, STREAM(op)),
+               "fc_bwd (weights)");
   KERNEL_TRY(gw__cu_bias_grad(n, k, ACT(op), dy, db, STREAM(op)), "fc_bwd (bias)");
   return GW_SUCCESS;
 }
@@ -540,12 +559,6 @@ static gw_result_t runs_on_device(struct gw_backend *b, const struct gw_sgd_run 
   const size_t bytes = (size_t)nruns * sizeof *runs;
   if (nruns == b->nruns && b->runs_host && !memcmp(runs, b->runs_host, bytes)) return GW_SUCCESS;
   CU_TRY(cudaStreamSynchronize(b->stream), "sgd_step"); /* an older step may still read them */
-  if (b->copy_stream) cudaStreamSynchronize(b->copy_stream), cudaStreamDestroy(b->copy_stream);
-  for (int i = 0; i < 2; i++) {
-    if (b->slot[i].pinned) cudaFreeHost(b->slot[i].pinned);
-    if (b->slot[i].copied) cudaEventDestroy(b->slot[i].copied);
-    if (b->slot[i].freed) cudaEventDestroy(b->slot[i].freed);
-  }
   if (b->runs_dev) cudaFree(b->runs_dev);
   free(b->runs_host);
   b->runs_dev = NULL, b->nruns = 0, b->max_len = 0;

@@ -55,10 +55,12 @@ static void destroy_all(cudnnBackendDescriptor_t *d, int n) {
     if (d[i]) cudnnBackendDestroyDescriptor(d[i]);
 }
 
-/* An fp32 tensor in the plain layout (NCHW / OIHW), id uid. */
-static gw_result_t make_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w,
+/* A tensor of dims [n, c, h, w] in the plain layout (NCHW / OIHW) or channels
+ * last (NHWC / OHWI), id uid. */
+static gw_result_t make_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w, int nhwc,
                                int64_t align, cudnnBackendDescriptor_t *out, const char *what) {
   int64_t dims[4] = {n, c, h, w}, strides[4] = {c * h * w, h * w, w, 1};
+  if (nhwc) strides[1] = 1, strides[2] = w * c, strides[3] = c;
   struct attr a[] = {{CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt},
                      {CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims},
                      {CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides},
@@ -76,15 +78,17 @@ static gw_result_t conv_graph(struct gw_op *op, int dir, int64_t align, cudnnBac
   cudnnBackendDescriptor_t t[3] = {NULL, NULL, NULL}, conv = NULL, oper = NULL;
   gw_result_t res;
   *graph = NULL;
-  /* All three in the activations' dtype: with 16 bits the weights are a
-   * 16-bit copy and the weight gradient comes out in 16 bits and is widened
-   * (conv_run); compute in float32 either way. */
+  /* All three in the activations' dtype and layout: with 16 bits or NHWC the
+   * weights are a copy (rounded, channels last) and the weight gradient comes
+   * out so and is widened / transposed back (conv_run); compute in float32
+   * either way. */
   cudnnDataType_t dt = op->b->act == GW_BFLOAT16  ? CUDNN_DATA_BFLOAT16
                        : op->b->act == GW_FLOAT16 ? CUDNN_DATA_HALF
                                                   : CUDNN_DATA_FLOAT;
-  if ((res = make_tensor(UID_X, dt, d->n, d->c, d->h, d->w, align, &t[0], what)) != GW_SUCCESS ||
-      (res = make_tensor(UID_W, dt, d->k, d->c, d->kernel, d->kernel, align, &t[1], what)) != GW_SUCCESS ||
-      (res = make_tensor(UID_Y, dt, d->n, d->k, d->p, d->q, align, &t[2], what)) != GW_SUCCESS)
+  const int nhwc = op->b->nhwc; /* then the weights channels last too (conv_run's copy) */
+  if ((res = make_tensor(UID_X, dt, d->n, d->c, d->h, d->w, nhwc, align, &t[0], what)) != GW_SUCCESS ||
+      (res = make_tensor(UID_W, dt, d->k, d->c, d->kernel, d->kernel, nhwc, align, &t[1], what)) != GW_SUCCESS ||
+      (res = make_tensor(UID_Y, dt, d->n, d->k, d->p, d->q, nhwc, align, &t[2], what)) != GW_SUCCESS)
     goto out;
   {
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
@@ -419,13 +423,20 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
   if (dir == DIR_FWD) ptr[0] = (void *)p0, ptr[1] = (void *)p1, ptr[2] = (void *)p2;          /* x, w, y */
   else if (dir == DIR_BWD_DATA) ptr[0] = (void *)p2, ptr[1] = (void *)p1, ptr[2] = (void *)p0; /* dx, w, dy */
   else ptr[0] = (void *)p0, ptr[1] = (void *)p2, ptr[2] = (void *)p1;                          /* x, dw, dy */
-  const int b16 = op->b->act != GW_FLOAT32;
-  const size_t nw = (size_t)op->d.k * op->d.c * op->d.kernel * op->d.kernel;
-  if (b16 && dir != DIR_BWD_FILTER) { /* the float32 weights rounded into the op's 16-bit copy */
-    KERNEL_TRY(gw__cu_cast(nw, op->b->act, op->w16, GW_FLOAT32, ptr[1], STREAM(op)), dir_name[dir]);
-    ptr[1] = op->w16;
-  } else if (b16) { /* the weight gradient comes out 16-bit, then widened into the caller's float32 */
-    ptr[1] = op->dw16;
+  /* The weights as the graph takes them: the caller's float32 OIHW, or a copy
+   * rounded to 16 bits and / or channels last (OHWI: a 1x1 kernel's is the
+   * same memory); the weight gradient likewise, converted back after. */
+  const struct gw_op_desc *d = &op->d;
+  const int rs = d->kernel * d->kernel, perm = op->b->nhwc && rs > 1;
+  const int copy = op->b->act != GW_FLOAT32 || perm;
+  const size_t nw = (size_t)d->k * d->c * rs;
+  if (copy && dir != DIR_BWD_FILTER) {
+    if (perm) KERNEL_TRY(gw__cu_cast_perm(d->k, d->c, rs, 1, op->b->act, op->wt, GW_FLOAT32, ptr[1], STREAM(op)),
+                         dir_name[dir]);
+    else KERNEL_TRY(gw__cu_cast(nw, op->b->act, op->wt, GW_FLOAT32, ptr[1], STREAM(op)), dir_name[dir]);
+    ptr[1] = op->wt;
+  } else if (copy) {
+    ptr[1] = op->dwt;
   }
   int ai = 0;
   for (int i = 0; i < 3; i++)
@@ -434,8 +445,11 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
   const struct plan_entry *pl = &op->b->plans[op->plan[dir][ai] - 1];
   GW_MODEL_TRY(gw__cudnn_ensure_workspace(op->b, (size_t)pl->ws, dir_name[dir]));
   DNN_TRY(plan_execute(op->b, pl->plan, ptr), dir_name[dir]);
-  if (b16 && dir == DIR_BWD_FILTER)
-    KERNEL_TRY(gw__cu_cast(nw, GW_FLOAT32, (void *)p2, op->b->act, op->dw16, STREAM(op)), dir_name[dir]);
+  if (copy && dir == DIR_BWD_FILTER) {
+    if (perm) KERNEL_TRY(gw__cu_cast_perm(d->k, d->c, rs, 0, GW_FLOAT32, (void *)p2, op->b->act, op->dwt, STREAM(op)),
+                         dir_name[dir]);
+    else KERNEL_TRY(gw__cu_cast(nw, GW_FLOAT32, (void *)p2, op->b->act, op->dwt, STREAM(op)), dir_name[dir]);
+  }
   return GW_SUCCESS;
 }
 

@@ -70,9 +70,15 @@ struct gw_op {
   double *sums;                    /* BN: [2c] scratch */
   float *row_loss, *loss;          /* LOSS: [n] and [1] on the device */
   int32_t *host_labels;            /* LOSS: the labels checked on the host */
-  void *w16, *dw16;                /* CONV, FC with 16-bit activations: the weights rounded, the weight gradient */
+  void *wt, *dwt;                  /* CONV, FC: the weights as the library takes them and their gradient as it
+                                      gives it, where that is not the caller's float32 OIHW: rounded to the
+                                      activations' 16 bits, or channels last (OHWI) in NHWC; NULL otherwise */
   char what[160];
 };
+
+/* 1 for an NHWC fc over several positions, whose weights the GEMMs take
+ * permuted to [k, h, w, c] (backend_cudnn.c). */
+int gw__cudnn_fc_permuted(const struct gw_op *op);
 
 /* The messages of a failed CUDA / cuDNN call (backend_cudnn.c). */
 gw_result_t gw__cudnn_cuda_fail(cudaError_t e, const char *what, const char *call);
@@ -110,5 +116,6 @@ gw_result_t gw__cudnn_conv_bwd_weights(struct gw_op *op, const gw_act_t *x, cons
 #define KERNEL_TRY(call, what) CU_TRY((cudaError_t)(call), what)
 #define STREAM(op) ((void *)(op)->b->stream)
 #define ACT(op) ((op)->b->act)
+#define NHWC(op) ((op)->b->nhwc)
 
 #endif

@@ -55,67 +55,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cudnn_kernels.h"
-#include "cudnn_kernels_math.cuh"
-#include "dev_cache.cuh"
+#include "cudnn_kernels_dev.cuh"
 
 namespace {
-
-using gwk::bf16;
-using gwk::f16;
-using gwk::FastDiv;
-using gwk::kLossThreads;
-using gwk::narrow;
-using gwk::widen;
-
-constexpr int kThreads = 256;        /* element-wise and other blocks */
-constexpr int kMaxGridY = 65535;     /* grid.y and grid.z limit */
 using gwcu::kMaxDevCache;             /* devices whose pools are kept */
-constexpr uint32_t kIndexLimit = 1u << 31; /* the fast division's range */
-
-/* ---- launch helpers ----------------------------------------------------------------------------- */
-/* The SM count of the current device (0 when unknown). */
-int sm_count(void) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return gwcu::sm_count(dev);
-}
-
-/* The most blocks a grid-stride loop gets: 8 resident blocks of kThreads per
- * SM, 4 waves (the results never depend on this). */
-size_t grid_cap(void) {
-  const int sms = sm_count();
-  return (size_t)(sms > 0 ? sms : 128) * 32;
-}
-
-/* Blocks for a grid-stride loop over `work` items, one per thread. */
-unsigned grid_for(size_t work) {
-  size_t need = work / kThreads + (work % kThreads != 0);
-  const size_t cap = grid_cap();
-  if (need > cap) need = cap;
-  return (unsigned)(need > 0 ? need : 1);
-}
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-/* Aligned for a quad of T (gwk::load4 / store4): 16 bytes for float, 8 for bf16. */
-template <class T>
-bool quad_aligned(const void *p) {
-  return ((uintptr_t)p & (4 * sizeof(T) - 1)) == 0;
-}
-
-/* The launchers' instance for the activations' dtype: fn<float> or fn<bf16>
- * with the same arguments, or cudaErrorInvalidValue for any other act. */
-#define BY_ACT(act, fn, ...)                                                       \
-  ((act) == GW_FLOAT32    ? fn<float>(__VA_ARGS__)                                 \
-   : (act) == GW_BFLOAT16 ? fn<bf16>(__VA_ARGS__)                                  \
-   : (act) == GW_FLOAT16  ? fn<f16>(__VA_ARGS__)                                   \
-                          : (int)cudaErrorInvalidValue)
-
-/* Launch bookkeeping: clear an older error before launching, report this one. */
-int launched(void) { return (int)cudaGetLastError(); }
 
 /* ---- scratch: a private stream-ordered pool per device ----------------------------------------------- */
 pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -151,37 +94,12 @@ cudaMemPool_t pool_of(int dev) {
   return pool;
 }
 
-cudaError_t scratch_alloc(void **p, size_t bytes, cudaStream_t st) {
+cudaError_t pool_alloc(void **p, size_t bytes, cudaStream_t st) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   cudaMemPool_t pool = pool_of(dev);
   return pool ? cudaMallocFromPoolAsync(p, bytes, pool, st) : cudaMallocAsync(p, bytes, st);
-}
-
-/* ---- block reductions ------------------------------------------------------------------------------ */
-/* The sums over a block of B threads of a and b, in gwk::tree_sum's pairing
- * (shared memory for the steps s >= 32, then shuffles); valid in thread 0.
- * sa, sb: B doubles of shared memory each; the caller syncs before reusing them. */
-template <int B>
-__device__ __forceinline__ void block_sum2(double &a, double &b, double *sa, double *sb) {
-  static_assert(B >= 64 && (B & (B - 1)) == 0, "a power of two of at least two warps");
-  const int t = threadIdx.x;
-  sa[t] = a, sb[t] = b;
-  __syncthreads();
-#pragma unroll
-  for (int s = B / 2; s >= 32; s >>= 1) {
-    if (t < s) sa[t] += sa[t + s], sb[t] += sb[t + s];
-    __syncthreads();
-  }
-  if (t < 32) {
-    a = sa[t], b = sb[t];
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) {
-      a += __shfl_down_sync(0xffffffffu, a, s);
-      b += __shfl_down_sync(0xffffffffu, b, s);
-    }
-  }
 }
 
 /* ---- per-channel reductions ---------------------------------------------------------------------------
@@ -231,21 +149,6 @@ struct BwdSumsAccDev : gwk::BwdSumsAcc<T> {
   __device__ void begin(int ch) { this->mean = mean_p[ch], this->rstd = rstd_p[ch], this->s = 0, this->s2 = 0; }
 };
 
-/* count values per channel, each channel's [n, hw] planes strided c * hw apart. */
-struct ChanShape {
-  int n, c;
-  uint32_t hw, count;
-};
-
-/* Shape checks shared by the NCHW kernels: 0 when fine, else an error. */
-int nchw_ok(const struct gw_op_desc *d, ChanShape *s) {
-  if (d->n < 0 || d->c < 0 || d->h < 0 || d->w < 0) return (int)cudaErrorInvalidValue;
-  const uint64_t hw = (uint64_t)d->h * (uint64_t)d->w;
-  if (hw * (uint64_t)d->n >= kIndexLimit || hw * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
-  s->n = d->n, s->c = d->c, s->hw = (uint32_t)hw, s->count = (uint32_t)(hw * (uint64_t)d->n);
-  return 0;
-}
-
 template <class Acc>
 int chan_reduce(const ChanShape &s, const Acc &proto, bool vec, double *sums, cudaStream_t st) {
   const uint32_t pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece;
@@ -256,7 +159,7 @@ int chan_reduce(const ChanShape &s, const Acc &proto, bool vec, double *sums, cu
     return launched();
   }
   double *part = nullptr;
-  cudaError_t e = scratch_alloc((void **)&part, sizeof(double) * 2 * (size_t)s.c * pieces, st);
+  cudaError_t e = pool_alloc((void **)&part, sizeof(double) * 2 * (size_t)s.c * pieces, st);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return (int)e;
@@ -270,137 +173,6 @@ int chan_reduce(const ChanShape &s, const Acc &proto, bool vec, double *sums, cu
   if (f != cudaSuccess) (void)cudaGetLastError();
   return (int)(e != cudaSuccess ? e : f);
 }
-
-/* ---- per-channel element-wise kernels -------------------------------------------------------------------
- * grid.y walks the samples, grid.x the quads of one sample's c * hw values;
- * Op::params(sample, ch) gives what one plane needs, Op::one / Op::quad apply it.
- * Quads go through gwk::load4 / store4 when vec (hw % 4 == 0, every tensor
- * aligned for a quad of its type). */
-template <class Op>
-__global__ void __launch_bounds__(kThreads) k_chan_elem(Op op, int n, uint32_t len, FastDiv hwd, bool vec) {
-  const uint32_t nquads = (len + 3) / 4, stride = gridDim.x * blockDim.x;
-  for (int smp = blockIdx.y; smp < n; smp += gridDim.y) {
-    const size_t base = (size_t)smp * len;
-    for (uint32_t qd = blockIdx.x * blockDim.x + threadIdx.x; qd < nquads; qd += stride) {
-      const uint32_t i = 4 * qd;
-      if (vec) {
-        op.quad(base + i, op.params(smp, gwk::fastdiv(hwd, i)));
-      } else {
-        const uint32_t e1 = i + 4 < len ? i + 4 : len;
-        uint32_t last = UINT32_MAX;
-        typename Op::P prm{};
-        for (uint32_t e = i; e < e1; e++) {
-          const uint32_t ch = gwk::fastdiv(hwd, e);
-          if (ch != last) prm = op.params(smp, ch), last = ch;
-          op.one(base + e, prm);
-        }
-      }
-    }
-  }
-}
-
-template <class Op>
-int launch_chan_elem(const ChanShape &s, const Op &op, bool vec, cudaStream_t st) {
-  const uint32_t len = (uint32_t)s.c * s.hw;
-  if (s.n == 0 || len == 0) return 0;
-  const unsigned gy = s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY;
-  /* the whole grid within the grid-stride cap, spread over the samples */
-  const size_t per_sample = grid_cap() / gy;
-  unsigned gx = grid_for((len + 3) / 4);
-  if (gx > per_sample) gx = (unsigned)(per_sample > 0 ? per_sample : 1);
-  (void)cudaGetLastError();
-  k_chan_elem<Op><<<dim3(gx, gy), kThreads, 0, st>>>(op, s.n, len, gwk::fastdiv_make(s.hw), vec);
-  return launched();
-}
-
-/* y = bn(x) per channel, through the fused tail (z: the residual or NULL;
- * relu) when asked (backend.h bn_act_*): the channel's affine from the batch
- * statistics (Train) or the running ones (Infer). */
-template <class T, class Params>
-struct BnAffineOp {
-  const T *x, *z;
-  T *y;
-  bool relu_on;
-  Params prm;
-  typedef gwk::BnAffine P;
-  __device__ P params(int, uint32_t ch) const { return prm(ch); }
-  __device__ void one(size_t i, const P &p) const {
-    y[i] = gwk::bn_tail<T>(gwk::bn_affine_apply(widen(x[i]), p), z, i, relu_on);
-  }
-  __device__ void quad(size_t i, const P &p) const {
-    gwk::Quad q = gwk::load4(x + i);
-    for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p);
-    if (z || relu_on) { /* the tail element by element (rounding, add, ReLU), then back */
-      for (int l = 0; l < 4; l++) q.v[l] = widen(gwk::bn_tail<T>(q.v[l], z, i + l, relu_on));
-    }
-    gwk::store4(y + i, q);
-  }
-};
-struct TrainParams {
-  const float *gamma, *beta, *mean, *rstd;
-  __device__ gwk::BnAffine operator()(uint32_t ch) const {
-    return gwk::bn_affine_train(gamma[ch], beta[ch], mean[ch], rstd[ch]);
-  }
-};
-struct InferParams {
-  const float *gamma, *beta, *rmean, *rvar;
-  double eps;
-  __device__ gwk::BnAffine operator()(uint32_t ch) const {
-    return gwk::bn_affine_infer(gamma[ch], beta[ch], rmean[ch], rvar[ch], eps);
-  }
-};
-
-/* dx from the channel's sums; with ym (a fused ReLU) dy masked by the fused
- * output first, and dz (not NULL) = the masked dy (the residual's gradient). */
-template <class T>
-struct BnBwdApplyOp {
-  const T *x, *dy, *ym;
-  const float *gamma, *mean, *rstd;
-  const double *sums;
-  T *dx, *dz;
-  int c;
-  double count;
-  typedef gwk::BnBwd P;
-  __device__ P params(int, uint32_t ch) const {
-    return gwk::bn_bwd_channel(gamma[ch], mean[ch], rstd[ch], sums[ch], sums[c + ch], count);
-  }
-  __device__ void one(size_t i, const P &p) const {
-    const float g = ym ? gwk::relu_bwd(widen(ym[i]), widen(dy[i])) : widen(dy[i]);
-    if (dz) dz[i] = narrow<T>(g);
-    dx[i] = narrow<T>(gwk::bn_bwd_apply(widen(x[i]), g, p));
-  }
-  __device__ void quad(size_t i, const P &p) const {
-    const gwk::Quad a = gwk::load4(x + i);
-    gwk::Quad g = gwk::load4(dy + i), r;
-    if (ym) {
-      const gwk::Quad m = gwk::load4(ym + i);
-      for (int l = 0; l < 4; l++) g.v[l] = gwk::relu_bwd(m.v[l], g.v[l]);
-    }
-    if (dz) gwk::store4(dz + i, g);
-    for (int l = 0; l < 4; l++) r.v[l] = gwk::bn_bwd_apply(a.v[l], g.v[l], p);
-    gwk::store4(dx + i, r);
-  }
-};
-
-/* dx = dy / hw over the plane: the value is computed (in float) once per plane
- * and rounded to T at each store (the same bits each time). */
-template <class T>
-struct AvgpoolBwdOp {
-  const T *dy;
-  T *dx;
-  int c;
-  uint32_t hw;
-  typedef float P;
-  __device__ P params(int smp, uint32_t ch) const {
-    return gwk::avgpool_bwd_value(widen(dy[(size_t)smp * c + ch]), hw);
-  }
-  __device__ void one(size_t i, const P &p) const { dx[i] = narrow<T>(p); }
-  __device__ void quad(size_t i, const P &p) const {
-    gwk::Quad q;
-    for (int l = 0; l < 4; l++) q.v[l] = p;
-    gwk::store4(dx + i, q);
-  }
-};
 
 /* ---- flat element-wise kernels (relu, add, cast) ---------------------------------------------------- */
 struct ReluOp {
@@ -500,50 +272,66 @@ __global__ void k_bn_param_grads(int c, const double *sums, float *dgamma, float
 }
 
 /* ---- pooling ------------------------------------------------------------------------------------------------- */
-/* grid.y: samples; x: the c * p * q outputs of one sample. */
-template <class T>
+/* Where a plane starts and how far apart its elements are: NCHW's plane (smp, ch)
+ * is contiguous; NHWC's starts at channel ch of the sample's first row and
+ * steps c. */
+struct Plane {
+  size_t base, cs;
+};
+template <bool kNhwc>
+__device__ __forceinline__ Plane plane_of(int smp, uint32_t ch, int c, size_t plane_elems) {
+  if (kNhwc) return Plane{(size_t)smp * plane_elems * (size_t)c + ch, (size_t)c};
+  return Plane{((size_t)smp * c + ch) * plane_elems, 1};
+}
+
+/* grid.y: samples; x: the c * p * q outputs of one sample in the tensor's
+ * order (NCHW: o = ch * pq + r; NHWC: o = r * c + ch, r = oh * q + ow); `cd` is
+ * pq (NCHW) or c (NHWC). */
+template <class T, bool kNhwc>
 __global__ void __launch_bounds__(kThreads)
-    k_maxpool_fwd(const T *x, T *y, int32_t *argmax, int n, int c, int h, int w, int p, int q, int kernel,
-                  int stride, int pad, FastDiv pqd, FastDiv qd) {
-  const uint32_t len = (uint32_t)c * pqd.d, gs = gridDim.x * blockDim.x;
+    k_maxpool_fwd(const T *x, T *y, int32_t *argmax, int n, int c, int h, int w, int kernel, int stride, int pad,
+                  uint32_t len, FastDiv cd, FastDiv qd) {
+  const uint32_t gs = gridDim.x * blockDim.x;
   for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
     for (uint64_t o64 = blockIdx.x * blockDim.x + threadIdx.x; o64 < len; o64 += gs) { /* 64-bit: no wrap */
-      const uint32_t o = (uint32_t)o64;
-      const uint32_t ch = gwk::fastdiv(pqd, o), r = o - ch * pqd.d, oh = gwk::fastdiv(qd, r), ow = r - oh * qd.d;
-      const size_t plane = (size_t)smp * c + ch;
-      int32_t a;
-      const float v = gwk::maxpool_window(x + plane * h * w, h, w, (int)oh, (int)ow, kernel, stride, pad, &a);
+      const uint32_t o = (uint32_t)o64, a = gwk::fastdiv(cd, o), b = o - a * cd.d;
+      const uint32_t ch = kNhwc ? b : a, r = kNhwc ? a : b, oh = gwk::fastdiv(qd, r), ow = r - oh * qd.d;
+      const Plane pl = plane_of<kNhwc>(smp, ch, c, (size_t)h * w);
+      int32_t am;
+      const float v = gwk::maxpool_window(x + pl.base, h, w, (int)oh, (int)ow, kernel, stride, pad, &am, pl.cs);
       const size_t oi = (size_t)smp * len + o;
       y[oi] = narrow<T>(v); /* a value of x: exact (a NaN made quiet) */
-      argmax[oi] = a;
+      argmax[oi] = am;
     }
 }
 
-/* grid.y: samples; x: the c * h * w inputs of one sample (each dx written once). */
-template <class T>
+/* grid.y: samples; x: the c * h * w inputs of one sample (each dx written
+ * once), in the tensor's order as above; `cd` is hw (NCHW) or c (NHWC). */
+template <class T, bool kNhwc>
 __global__ void __launch_bounds__(kThreads)
-    k_maxpool_bwd(const T *dy, const int32_t *argmax, T *dx, int n, int c, int p, int q, int kernel,
-                  int stride, int pad, FastDiv hwd, FastDiv wd) {
-  const uint32_t len = (uint32_t)c * hwd.d, gs = gridDim.x * blockDim.x;
-  const size_t pq = (size_t)p * q;
+    k_maxpool_bwd(const T *dy, const int32_t *argmax, T *dx, int n, int c, int p, int q, int kernel, int stride,
+                  int pad, uint32_t len, FastDiv cd, FastDiv wd) {
+  const uint32_t gs = gridDim.x * blockDim.x;
   for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
     for (uint64_t i64 = blockIdx.x * blockDim.x + threadIdx.x; i64 < len; i64 += gs) { /* 64-bit: no wrap */
-      const uint32_t i = (uint32_t)i64;
-      const uint32_t ch = gwk::fastdiv(hwd, i), r = i - ch * hwd.d, ih = gwk::fastdiv(wd, r), iw = r - ih * wd.d;
-      const size_t plane = (size_t)smp * c + ch;
-      dx[(size_t)smp * len + i] = narrow<T>(gwk::maxpool_gather(dy + plane * pq, argmax + plane * pq, p, q, (int)ih,
-                                                                (int)iw, (int)wd.d, kernel, stride, pad));
+      const uint32_t i = (uint32_t)i64, a = gwk::fastdiv(cd, i), b = i - a * cd.d;
+      const uint32_t ch = kNhwc ? b : a, r = kNhwc ? a : b, ih = gwk::fastdiv(wd, r), iw = r - ih * wd.d;
+      const Plane pl = plane_of<kNhwc>(smp, ch, c, (size_t)p * q);
+      dx[(size_t)smp * len + i] = narrow<T>(gwk::maxpool_gather(dy + pl.base, argmax + pl.base, p, q, (int)ih,
+                                                                (int)iw, (int)wd.d, kernel, stride, pad, pl.cs));
     }
 }
 
-/* One warp per plane of hw values. */
-template <class T>
-__global__ void __launch_bounds__(kThreads) k_avgpool_fwd(const T *x, T *y, size_t planes, uint32_t hw) {
+/* One warp per plane of hw values (planes in [n, c] order: y's). */
+template <class T, bool kNhwc>
+__global__ void __launch_bounds__(kThreads) k_avgpool_fwd(const T *x, T *y, size_t planes, int c, uint32_t hw) {
   const int lane = threadIdx.x % gwk::kWarp;
   const size_t warps = (size_t)gridDim.x * (kThreads / gwk::kWarp);
   for (size_t pl = (size_t)blockIdx.x * (kThreads / gwk::kWarp) + threadIdx.x / gwk::kWarp; pl < planes;
        pl += warps) {
-    double s = gwk::avgpool_lane_sum(x + pl * hw, hw, lane);
+    const size_t smp = pl / (size_t)c;
+    const Plane at = plane_of<kNhwc>((int)smp, (uint32_t)(pl - smp * (size_t)c), c, hw);
+    double s = gwk::avgpool_lane_sum(x + at.base, hw, lane, at.cs);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
     if (lane == 0) y[pl] = narrow<T>(gwk::avgpool_finish(s, hw));
@@ -635,23 +423,25 @@ int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStrea
 }
 
 template <class T>
-int bn_fwd_apply_t(const struct gw_op_desc *d, const void *x, const void *z, int relu_on, const float *gamma,
-                   const float *beta, const float *mean, const float *rstd, void *y, cudaStream_t st) {
+int bn_fwd_apply_t(const struct gw_op_desc *d, bool nhwc, const void *x, const void *z, int relu_on,
+                   const float *gamma, const float *beta, const float *mean, const float *rstd, void *y,
+                   cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   const BnAffineOp<T, TrainParams> op = {(const T *)x, (const T *)z, (T *)y, relu_on != 0,
                                          TrainParams{gamma, beta, mean, rstd}};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(y), st);
+  return launch_bn_elem(s, op, quad_aligned<T>(x) && quad_aligned<T>(y), nhwc, st);
 }
 
 template <class T>
-int bn_fwd_infer_t(const struct gw_op_desc *d, const void *x, const void *z, int relu_on, const float *gamma,
-                   const float *beta, const float *running_mean, const float *running_var, void *y, cudaStream_t st) {
+int bn_fwd_infer_t(const struct gw_op_desc *d, bool nhwc, const void *x, const void *z, int relu_on,
+                   const float *gamma, const float *beta, const float *running_mean, const float *running_var,
+                   void *y, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   const BnAffineOp<T, InferParams> op = {(const T *)x, (const T *)z, (T *)y, relu_on != 0,
                                          InferParams{gamma, beta, running_mean, running_var, (double)d->eps}};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(y), st);
+  return launch_bn_elem(s, op, quad_aligned<T>(x) && quad_aligned<T>(y), nhwc, st);
 }
 
 template <class T>
@@ -667,71 +457,84 @@ int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, con
 }
 
 template <class T>
-int bn_bwd_apply_t(const struct gw_op_desc *d, const void *x, const void *ym, const void *dy, const float *gamma,
+int bn_bwd_apply_t(const struct gw_op_desc *d, bool nhwc, const void *x, const void *ym, const void *dy, const float *gamma,
                    const float *mean, const float *rstd, const double *sums, double count, void *dx, void *dz,
                    cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   const BnBwdApplyOp<T> op = {(const T *)x, (const T *)dy, (const T *)ym, gamma, mean, rstd, sums, (T *)dx, (T *)dz,
                               s.c, count};
-  return launch_chan_elem(s, op,
-                          s.hw % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy) && quad_aligned<T>(dx) &&
-                              quad_aligned<T>(ym) && quad_aligned<T>(dz),
-                          st);
+  return launch_bn_elem(s, op,
+                        quad_aligned<T>(x) && quad_aligned<T>(dy) && quad_aligned<T>(dx) && quad_aligned<T>(ym) &&
+                            quad_aligned<T>(dz),
+                        nhwc, st);
 }
 
-template <class T>
-int maxpool_fwd_t(const struct gw_op_desc *d, const void *x, void *y, int32_t *argmax, cudaStream_t st) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
-  if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
-  const uint64_t pq = (uint64_t)d->p * (uint64_t)d->q;
-  if (pq * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
-  const uint32_t len = (uint32_t)(pq * (uint64_t)d->c);
-  if (d->n == 0 || len == 0) return 0;
-  const unsigned gy = d->n < kMaxGridY ? (unsigned)d->n : (unsigned)kMaxGridY;
-  (void)cudaGetLastError();
-  k_maxpool_fwd<T><<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, st>>>(
-      (const T *)x, (T *)y, argmax, d->n, d->c, d->h, d->w, d->p, d->q, d->kernel, d->stride, d->pad,
-      gwk::fastdiv_make((uint32_t)pq), gwk::fastdiv_make((uint32_t)d->q));
-  return launched();
-}
-
-template <class T>
-int maxpool_bwd_t(const struct gw_op_desc *d, const void *dy, const int32_t *argmax, void *dx, cudaStream_t st) {
-  ChanShape s;
-  if (int e = nchw_ok(d, &s)) return e;
+/* The window checks of both max pool directions: 0, or an error. */
+int maxpool_ok(const struct gw_op_desc *d, ChanShape *s) {
+  if (int e = nchw_ok(d, s)) return e;
   if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
   if ((uint64_t)d->p * (uint64_t)d->q * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
-  const uint32_t len = (uint32_t)s.c * s.hw;
-  if (s.n == 0 || len == 0) return 0;
-  const unsigned gy = s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY;
+  return 0;
+}
+
+template <class T>
+int maxpool_fwd_t(const struct gw_op_desc *d, bool nhwc, const void *x, void *y, int32_t *argmax, cudaStream_t st) {
+  ChanShape s;
+  if (int e = maxpool_ok(d, &s)) return e;
+  const uint32_t pq = (uint32_t)d->p * (uint32_t)d->q, len = pq * (uint32_t)d->c;
+  if (d->n == 0 || len == 0) return 0;
+  const dim3 grid((len + kThreads - 1) / kThreads, d->n < kMaxGridY ? (unsigned)d->n : (unsigned)kMaxGridY);
+  const FastDiv qd = gwk::fastdiv_make((uint32_t)d->q);
   (void)cudaGetLastError();
-  k_maxpool_bwd<T><<<dim3((len + kThreads - 1) / kThreads, gy), kThreads, 0, st>>>(
-      (const T *)dy, argmax, (T *)dx, d->n, d->c, d->p, d->q, d->kernel, d->stride, d->pad, gwk::fastdiv_make(s.hw),
-      gwk::fastdiv_make((uint32_t)d->w));
+  if (nhwc)
+    k_maxpool_fwd<T, true><<<grid, kThreads, 0, st>>>((const T *)x, (T *)y, argmax, d->n, d->c, d->h, d->w, d->kernel,
+                                                       d->stride, d->pad, len, gwk::fastdiv_make((uint32_t)d->c), qd);
+  else
+    k_maxpool_fwd<T, false><<<grid, kThreads, 0, st>>>((const T *)x, (T *)y, argmax, d->n, d->c, d->h, d->w,
+                                                        d->kernel, d->stride, d->pad, len, gwk::fastdiv_make(pq), qd);
   return launched();
 }
 
 template <class T>
-int avgpool_fwd_t(const struct gw_op_desc *d, const void *x, void *y, cudaStream_t st) {
+int maxpool_bwd_t(const struct gw_op_desc *d, bool nhwc, const void *dy, const int32_t *argmax, void *dx,
+                  cudaStream_t st) {
+  ChanShape s;
+  if (int e = maxpool_ok(d, &s)) return e;
+  const uint32_t len = (uint32_t)s.c * s.hw;
+  if (s.n == 0 || len == 0) return 0;
+  const dim3 grid((len + kThreads - 1) / kThreads, s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY);
+  const FastDiv cd = gwk::fastdiv_make(nhwc ? (uint32_t)s.c : s.hw), wd = gwk::fastdiv_make((uint32_t)d->w);
+  (void)cudaGetLastError();
+  if (nhwc)
+    k_maxpool_bwd<T, true><<<grid, kThreads, 0, st>>>((const T *)dy, argmax, (T *)dx, d->n, d->c, d->p, d->q,
+                                                       d->kernel, d->stride, d->pad, len, cd, wd);
+  else
+    k_maxpool_bwd<T, false><<<grid, kThreads, 0, st>>>((const T *)dy, argmax, (T *)dx, d->n, d->c, d->p, d->q,
+                                                        d->kernel, d->stride, d->pad, len, cd, wd);
+  return launched();
+}
+
+template <class T>
+int avgpool_fwd_t(const struct gw_op_desc *d, bool nhwc, const void *x, void *y, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   const size_t planes = (size_t)s.n * (size_t)s.c;
   if (planes == 0) return 0;
   const size_t per_block = kThreads / gwk::kWarp;
+  const unsigned blocks = grid_for((planes + per_block - 1) / per_block * kThreads);
   (void)cudaGetLastError();
-  k_avgpool_fwd<T><<<grid_for((planes + per_block - 1) / per_block * kThreads), kThreads, 0, st>>>(
-      (const T *)x, (T *)y, planes, s.hw);
+  if (nhwc) k_avgpool_fwd<T, true><<<blocks, kThreads, 0, st>>>((const T *)x, (T *)y, planes, s.c, s.hw);
+  else k_avgpool_fwd<T, false><<<blocks, kThreads, 0, st>>>((const T *)x, (T *)y, planes, s.c, s.hw);
   return launched();
 }
 
 template <class T>
-int avgpool_bwd_t(const struct gw_op_desc *d, const void *dy, void *dx, cudaStream_t st) {
+int avgpool_bwd_t(const struct gw_op_desc *d, bool nhwc, const void *dy, void *dx, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   const AvgpoolBwdOp<T> op = {(const T *)dy, (T *)dx, s.c, s.hw};
-  return launch_chan_elem(s, op, s.hw % 4 == 0 && quad_aligned<T>(dx), st);
+  return launch_chan_elem(s, op, (nhwc ? s.c : s.hw) % 4 == 0 && quad_aligned<T>(dx), st, nhwc);
 }
 
 template <class T>
@@ -768,8 +571,18 @@ int loss_fwd_bwd_t(const struct gw_op_desc *d, const void *logits, const int32_t
 
 } /* namespace */
 
+cudaError_t gwkd::scratch_alloc(void **p, size_t bytes, cudaStream_t st) { return pool_alloc(p, bytes, st); }
+
+int gwkd::chan_finish(const double *part, int c, uint32_t pieces, double *sums, cudaStream_t st) {
+  (void)cudaGetLastError();
+  k_chan_finish<<<c, gwk::kRedThreads, 0, st>>>(part, c, pieces, sums);
+  return launched();
+}
+
 /* ---- the C launchers ---------------------------------------------------------------------------------------- */
-extern "C" int gw__cu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums, void *stream) {
+extern "C" int gw__cu_bn_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, double *sums,
+                              void *stream) {
+  if (nhwc) return gwkd::nhwc_bn_sums(d, act, x, sums, (cudaStream_t)stream);
   return BY_ACT(act, bn_sums_t, d, x, sums, (cudaStream_t)stream);
 }
 
@@ -782,27 +595,30 @@ extern "C" int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, d
   return launched();
 }
 
-extern "C" int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
-                                   const float *gamma, const float *beta, const float *mean, const float *rstd,
-                                   void *y, void *stream) {
-  return BY_ACT(act, bn_fwd_apply_t, d, x, z, relu, gamma, beta, mean, rstd, y, (cudaStream_t)stream);
+extern "C" int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z,
+                                   int relu, const float *gamma, const float *beta, const float *mean,
+                                   const float *rstd, void *y, void *stream) {
+  return BY_ACT(act, bn_fwd_apply_t, d, nhwc != 0, x, z, relu, gamma, beta, mean, rstd, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
-                                   const float *gamma, const float *beta, const float *running_mean,
+extern "C" int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z,
+                                   int relu, const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, void *y, void *stream) {
-  return BY_ACT(act, bn_fwd_infer_t, d, x, z, relu, gamma, beta, running_mean, running_var, y, (cudaStream_t)stream);
+  return BY_ACT(act, bn_fwd_infer_t, d, nhwc != 0, x, z, relu, gamma, beta, running_mean, running_var, y,
+                (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
-                                  const float *mean, const float *rstd, double *sums, void *stream) {
+extern "C" int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *ym,
+                                  const void *dy, const float *mean, const float *rstd, double *sums, void *stream) {
+  if (nhwc) return gwkd::nhwc_bn_bwd_sums(d, act, x, ym, dy, mean, rstd, sums, (cudaStream_t)stream);
   return BY_ACT(act, bn_bwd_sums_t, d, x, ym, dy, mean, rstd, sums, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *ym,
+extern "C" int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *ym,
                                    const void *dy, const float *gamma, const float *mean, const float *rstd,
                                    const double *sums, double count, void *dx, void *dz, void *stream) {
-  return BY_ACT(act, bn_bwd_apply_t, d, x, ym, dy, gamma, mean, rstd, sums, count, dx, dz, (cudaStream_t)stream);
+  return BY_ACT(act, bn_bwd_apply_t, d, nhwc != 0, x, ym, dy, gamma, mean, rstd, sums, count, dx, dz,
+                (cudaStream_t)stream);
 }
 
 extern "C" int gw__cu_bn_param_grads(const struct gw_op_desc *d, const double *sums, float *dgamma, float *dbeta,
@@ -826,22 +642,24 @@ extern "C" int gw__cu_add(size_t n, int act, const void *a, const void *b, void 
   return BY_ACT(act, add_t, n, a, b, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_maxpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, int32_t *argmax,
+extern "C" int gw__cu_maxpool_fwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, void *y,
+                                  int32_t *argmax, void *stream) {
+  return BY_ACT(act, maxpool_fwd_t, d, nhwc != 0, x, y, argmax, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_maxpool_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *dy,
+                                  const int32_t *argmax, void *dx, void *stream) {
+  return BY_ACT(act, maxpool_bwd_t, d, nhwc != 0, dy, argmax, dx, (cudaStream_t)stream);
+}
+
+extern "C" int gw__cu_avgpool_fwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, void *y,
                                   void *stream) {
-  return BY_ACT(act, maxpool_fwd_t, d, x, y, argmax, (cudaStream_t)stream);
+  return BY_ACT(act, avgpool_fwd_t, d, nhwc != 0, x, y, (cudaStream_t)stream);
 }
 
-extern "C" int gw__cu_maxpool_bwd(const struct gw_op_desc *d, int act, const void *dy, const int32_t *argmax,
-                                  void *dx, void *stream) {
-  return BY_ACT(act, maxpool_bwd_t, d, dy, argmax, dx, (cudaStream_t)stream);
-}
-
-extern "C" int gw__cu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, void *stream) {
-  return BY_ACT(act, avgpool_fwd_t, d, x, y, (cudaStream_t)stream);
-}
-
-extern "C" int gw__cu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx, void *stream) {
-  return BY_ACT(act, avgpool_bwd_t, d, dy, dx, (cudaStream_t)stream);
+extern "C" int gw__cu_avgpool_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *dy, void *dx,
+                                  void *stream) {
+  return BY_ACT(act, avgpool_bwd_t, d, nhwc != 0, dy, dx, (cudaStream_t)stream);
 }
 
 extern "C" int gw__cu_bias_add(int n, int k, int act, const float *b, void *y, void *stream) {

@@ -7,7 +7,9 @@
  * C callable.  Every pointer is device memory; `stream` is the backend's
  * cudaStream_t; each function enqueues its kernels on it and returns the launch's
  * cudaError_t as an int (0: enqueued).  Tensors are in backend.h's plain
- * layouts (NCHW), shapes as struct gw_op_desc; the caller (backend_cudnn.c) has
+ * layouts: NCHW, or NHWC where a launcher takes nhwc != 0 (the same results,
+ * bit for bit: each channel's values are summed in the same order), shapes as
+ * struct gw_op_desc; the caller (backend_cudnn.c) has
  * checked the op kind and shapes.  Sums accumulate in double, as the cpu backend's
  * (backend_cpu_kernels.c), so both agree to float rounding.
  *
@@ -48,7 +50,7 @@ extern "C" {
  * per-block partials, stream-ordered on `stream` (cudaMallocFromPoolAsync from a
  * private pool of the current device, freed after the kernels): safe from any
  * thread and stream, and under graph capture; may return cudaErrorMemoryAllocation. */
-int gw__cu_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums, void *stream);
+int gw__cu_bn_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, double *sums, void *stream);
 /* From sums over `count` values: mean = s / count, var = s2 / count - mean^2
  * (biased, clamped at 0), rstd = 1 / sqrt(var + eps).  When running_mean is not
  * NULL also PyTorch's update with d->momentum and the unbiased variance
@@ -65,18 +67,18 @@ int gw__cu_bn_stats(const struct gw_op_desc *d, const double *sums, double count
  * fused output: dy is masked by ym > 0 first; NULL: no mask) and bwd_apply
  * writes the masked dy to dz (NULL: not wanted). */
 /* y = (x - mean) * rstd * gamma + beta (backend.h bn_fwd_apply). */
-int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+int gw__cu_bn_fwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z, int relu,
                         const float *gamma, const float *beta, const float *mean, const float *rstd, void *y,
                         void *stream);
 /* Inference: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta. */
-int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, const void *x, const void *z, int relu,
+int gw__cu_bn_fwd_infer(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *z, int relu,
                         const float *gamma, const float *beta, const float *running_mean, const float *running_var,
                         void *y, void *stream);
 /* sums[ch] = sum dy, sums[c + ch] = sum dy * (x - mean) * rstd (backend.h bn_bwd_sums). */
-int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+int gw__cu_bn_bwd_sums(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *ym, const void *dy,
                        const float *mean, const float *rstd, double *sums, void *stream);
 /* dx = gamma * rstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count) (backend.h bn_bwd_apply). */
-int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, const void *x, const void *ym, const void *dy,
+int gw__cu_bn_bwd_apply(const struct gw_op_desc *d, int act, int nhwc, const void *x, const void *ym, const void *dy,
                         const float *gamma, const float *mean, const float *rstd, const double *sums, double count,
                         void *dx, void *dz, void *stream);
 /* dgamma[ch] = sums[c + ch], dbeta[ch] = sums[ch], rounded to float. */
@@ -97,13 +99,13 @@ int gw__cu_add(size_t n, int act, const void *a, const void *b, void *y, void *s
  * Backward: dx [n, c, h, w] = the sum (in double, windows in row-major order) of
  * dy over the windows whose argmax is that position (a gather: every element of
  * dx written; no atomics). */
-int gw__cu_maxpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, int32_t *argmax, void *stream);
-int gw__cu_maxpool_bwd(const struct gw_op_desc *d, int act, const void *dy, const int32_t *argmax, void *dx,
+int gw__cu_maxpool_fwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, void *y, int32_t *argmax, void *stream);
+int gw__cu_maxpool_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *dy, const int32_t *argmax, void *dx,
                        void *stream);
 
 /* Global average pool: y [n, c] = mean over h * w of x [n, c, h, w]; dx = dy / (h * w). */
-int gw__cu_avgpool_fwd(const struct gw_op_desc *d, int act, const void *x, void *y, void *stream);
-int gw__cu_avgpool_bwd(const struct gw_op_desc *d, int act, const void *dy, void *dx, void *stream);
+int gw__cu_avgpool_fwd(const struct gw_op_desc *d, int act, int nhwc, const void *x, void *y, void *stream);
+int gw__cu_avgpool_bwd(const struct gw_op_desc *d, int act, int nhwc, const void *dy, void *dx, void *stream);
 
 /* Fully connected bias: y [n, k] (act) += b [k] (float), in float, rounded once;
  * db [k] (float) = sum over n of dy [n, k] (act), in double, rounded once. */
@@ -126,6 +128,14 @@ int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits,
  * (cudaMemcpyAsync).  dst and src must not overlap (cudaErrorInvalidValue),
  * except dst == src with equal dtypes: nothing to do, 0.  n = 0: 0. */
 int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream);
+
+/* The weights of an NHWC convolution (cudnn_kernels_nhwc.cu): [k][c][rs] (OIHW,
+ * rs = kernel * kernel) to [k][rs][c] (OHWI) when to_last, else back, converted
+ * from src_dtype to dst_dtype as gw__cu_cast converts (float32 to float32, or
+ * one of them float32 and the other GW_BFLOAT16 / GW_FLOAT16; else
+ * cudaErrorInvalidValue, as for dst == src). */
+int gw__cu_cast_perm(int k, int c, int rs, int to_last, int dst_dtype, void *dst, int src_dtype, const void *src,
+                     void *stream);
 
 /* Training (cudnn_optim.cu).  sgd_step: sgd_math.h's rule over the runs (device
  * memory, nruns <= 65535; max_len the longest run's length) of params / grads /

@@ -340,16 +340,26 @@ GWK_HD void store8(H *p, const Vals<8> &r) {
 #endif
 }
 
-/* bn_sums: s = sum x, s2 = sum x^2 (x * x is exact in double). */
+/* One value into the sums of bn_sums: s += x, s2 += x^2 (x * x is exact in
+ * double); and of bn_bwd_sums: s += g, s2 += g * xhat with xhat = (x - mean) *
+ * rstd (g: dy, masked by a fused ReLU).  Both layouts' reductions call these. */
+GWK_HD void sums_step(double &s, double &s2, float xv) {
+  const double v = xv;
+  s += v;
+  s2 = fma(v, v, s2);
+}
+GWK_HD void bwd_sums_step(double &s, double &s2, float xv, float gv, double mean, double rstd) {
+  const double g = gv, xh = ((double)xv - mean) * rstd;
+  s += g;
+  s2 = fma(g, xh, s2);
+}
+
+/* bn_sums: s = sum x, s2 = sum x^2. */
 template <class T>
 struct SumsAcc {
   const T *x;
   double s, s2;
-  GWK_HD void one(float xv) {
-    const double v = xv;
-    s += v;
-    s2 = fma(v, v, s2);
-  }
+  GWK_HD void one(float xv) { sums_step(s, s2, xv); }
   GWK_HD void add1(size_t off) { one(widen(x[off])); }
   GWK_HD void add4(size_t off) {
     const Quad q = load4(x + off);
@@ -364,11 +374,7 @@ struct BwdSumsAcc {
   const T *ym; /* fused ReLU (backend.h bn_act_bwd): dy masked by the fused output; NULL: none */
   double mean, rstd;
   double s, s2;
-  GWK_HD void one(float xv, float gv) {
-    const double g = gv, xh = ((double)xv - mean) * rstd;
-    s += g;
-    s2 = fma(g, xh, s2);
-  }
+  GWK_HD void one(float xv, float gv) { bwd_sums_step(s, s2, xv, gv, mean, rstd); }
   GWK_HD void add1(size_t off) {
     const float g = widen(dy[off]);
     one(widen(x[off]), ym ? relu_bwd(widen(ym[off]), g) : g);
@@ -381,6 +387,88 @@ struct BwdSumsAcc {
     } else {
       for (int i = 0; i < 4; i++) one(a.v[i], b.v[i]);
     }
+  }
+};
+
+/* ---- per-channel reductions over NHWC (channels-last) tensors --------------------------------
+ * Value j of channel ch is at j * c + ch.  Each channel's values are added in
+ * chan_thread's order, so both layouts give the same bits: a block takes a
+ * piece of values j (the same pieces) and a tile of up to kTile adjacent
+ * channels; its thread t walks chan_thread's j for thread t (the quads
+ * j0 + 4 t, j0 + 4 (t + B), ..., each value in order of j) and adds value j of
+ * each of the tile's channels into that channel's own accumulator.  With vec
+ * (c % 4 == 0, the tensors aligned for quads) the channels are read 4 at a time
+ * (Rule::add4: lane l into the l-th St given), else one by one; the same
+ * values either way.  Then each channel's kRedThreads accumulators go through
+ * the block's tree and the pieces through the second pass, as in NCHW.
+ *
+ * A Rule holds the tensors; its St, one per channel of the tile, the sums and
+ * any per-channel constants (begin(st, ch) sets them). */
+constexpr int kTile = 8; /* channels per block: 32 bytes of float per row */
+
+template <class Rule>
+GWK_HD void chan_thread_nhwc(const Rule &r, typename Rule::St (&st)[kTile], int nct, uint32_t j0, uint32_t j1, int t,
+                             uint32_t c, uint32_t ch0, bool vec) {
+  for (uint32_t j = j0 + 4u * (uint32_t)t; j < j1; j += 4u * kRedThreads) {
+    const uint32_t e1 = j + 4 < j1 ? j + 4 : j1;
+    for (uint32_t e = j; e < e1; e++) {
+      const size_t row = (size_t)e * c + ch0;
+      if (vec) { /* nct is a multiple of 4 */
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+        for (int k = 0; k < kTile; k += 4)
+          if (k < nct) r.add4(st[k], st[k + 1], st[k + 2], st[k + 3], row + (size_t)k);
+      } else {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+        for (int k = 0; k < kTile; k++)
+          if (k < nct) r.add1(st[k], row + (size_t)k);
+      }
+    }
+  }
+}
+
+/* bn_sums over NHWC: SumsAcc's sums. */
+template <class T>
+struct SumsRule {
+  const T *x;
+  struct St {
+    double s, s2;
+  };
+  GWK_HD void begin(St &st, uint32_t) const { st.s = 0, st.s2 = 0; }
+  GWK_HD void add1(St &st, size_t off) const { sums_step(st.s, st.s2, widen(x[off])); }
+  GWK_HD void add4(St &s0, St &s1, St &s2, St &s3, size_t off) const {
+    const Quad q = load4(x + off);
+    St *st[4] = {&s0, &s1, &s2, &s3};
+    for (int l = 0; l < 4; l++) sums_step(st[l]->s, st[l]->s2, q.v[l]);
+  }
+};
+
+/* bn_bwd_sums over NHWC: BwdSumsAcc's sums, the channel's mean and rstd kept
+ * in its St. */
+template <class T>
+struct BwdSumsRule {
+  const T *x, *dy, *ym; /* ym: the fused output (dy masked by ym > 0), or NULL */
+  const float *mean, *rstd;
+  struct St {
+    double mean, rstd, s, s2;
+  };
+  GWK_HD void begin(St &st, uint32_t ch) const { st.mean = mean[ch], st.rstd = rstd[ch], st.s = 0, st.s2 = 0; }
+  GWK_HD void add1(St &st, size_t off) const {
+    const float g = widen(dy[off]);
+    bwd_sums_step(st.s, st.s2, widen(x[off]), ym ? relu_bwd(widen(ym[off]), g) : g, st.mean, st.rstd);
+  }
+  GWK_HD void add4(St &s0, St &s1, St &s2, St &s3, size_t off) const {
+    const Quad a = load4(x + off);
+    Quad g = load4(dy + off);
+    if (ym) {
+      const Quad m = load4(ym + off);
+      for (int l = 0; l < 4; l++) g.v[l] = relu_bwd(m.v[l], g.v[l]);
+    }
+    St *st[4] = {&s0, &s1, &s2, &s3};
+    for (int l = 0; l < 4; l++) bwd_sums_step(st[l]->s, st[l]->s2, a.v[l], g.v[l], st[l]->mean, st[l]->rstd);
   }
 };
 
@@ -463,6 +551,18 @@ GWK_HD float bn_bwd_apply(float x, float dy, const BnBwd &p) {
   return (float)(p.k * fma(-xh, p.b, (double)dy - p.a));
 }
 
+/* ---- weights for NHWC convolutions ----------------------------------------------------------
+ * Element e of the destination of [k][c][rs] -> [k][rs][c] (to_last) or back
+ * comes from this element of the source. */
+GWK_HD size_t perm_source(size_t e, size_t c, size_t rs, bool to_last) {
+  if (to_last) { /* e = (kk * rs + r) * c + cc */
+    const size_t a = e / c, cc = e - a * c, kk = a / rs, r = a - kk * rs;
+    return (kk * c + cc) * rs + r;
+  }
+  const size_t a = e / rs, r = e - a * rs, kk = a / c, cc = a - kk * c; /* e = (kk * c + cc) * rs + r */
+  return (kk * rs + r) * c + cc;
+}
+
 /* ---- max pool --------------------------------------------------------------------------------
  * Output (oh, ow) of one plane [h, w]: the window rows oh * stride - pad + [0, kernel)
  * and columns likewise, clipped to the plane (padding never wins).  PyTorch's
@@ -470,10 +570,12 @@ GWK_HD float bn_bwd_apply(float x, float dy, const BnBwd &p) {
  * and take a value when `v > max || isnan(v)`, in row-major order; so ties keep
  * the first position, a NaN always wins (several NaNs: the last one), and a
  * window of -inf keeps its first position.  A window with no in-plane position
- * (pad >= kernel, which PyTorch refuses) gives -inf and argmax -1. */
+ * (pad >= kernel, which PyTorch refuses) gives -inf and argmax -1.  The plane's
+ * elements are cs apart (1: NCHW; c: NHWC, the plane starting at its channel);
+ * argmax is the position ih * w + iw in either layout. */
 template <class T>
 GWK_HD float maxpool_window(const T *plane, int h, int w, int oh, int ow, int kernel, int stride, int pad,
-                            int32_t *argmax) {
+                            int32_t *argmax, size_t cs = 1) {
   const int h0 = oh * stride - pad, w0 = ow * stride - pad;
   const int hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
   const int he = h0 + kernel < h ? h0 + kernel : h, we = w0 + kernel < w ? w0 + kernel : w;
@@ -485,7 +587,7 @@ GWK_HD float maxpool_window(const T *plane, int h, int w, int oh, int ow, int ke
   int32_t best = hs * w + ws;
   for (int ih = hs; ih < he; ih++)
     for (int iw = ws; iw < we; iw++) {
-      const float v = widen(plane[ih * w + iw]);
+      const float v = widen(plane[(size_t)(ih * w + iw) * cs]);
       if (v > m || v != v) m = v, best = ih * w + iw;
     }
   *argmax = best;
@@ -499,7 +601,7 @@ GWK_HD float maxpool_window(const T *plane, int h, int w, int oh, int ow, int ke
  * floor((ih + pad) / stride)], clipped to [0, p). */
 template <class T>
 GWK_HD float maxpool_gather(const T *dy_plane, const int32_t *argmax_plane, int p, int q, int ih, int iw, int w,
-                            int kernel, int stride, int pad) {
+                            int kernel, int stride, int pad, size_t cs = 1) {
   const int phs = ih + pad < kernel ? 0 : (ih + pad - kernel) / stride + 1;
   const int pws = iw + pad < kernel ? 0 : (iw + pad - kernel) / stride + 1;
   const int phe0 = (ih + pad) / stride + 1, pwe0 = (iw + pad) / stride + 1;
@@ -508,17 +610,18 @@ GWK_HD float maxpool_gather(const T *dy_plane, const int32_t *argmax_plane, int 
   double s = 0;
   for (int ph = phs; ph < phe; ph++)
     for (int pw = pws; pw < pwe; pw++)
-      if (argmax_plane[ph * q + pw] == me) s += (double)widen(dy_plane[ph * q + pw]);
+      if (argmax_plane[(size_t)(ph * q + pw) * cs] == me) s += (double)widen(dy_plane[(size_t)(ph * q + pw) * cs]);
   return (float)s;
 }
 
 /* ---- global average pool ----------------------------------------------------------------------
- * One warp per plane: lane l adds values l, l + 32, ... in double, the 32 lane
+ * One warp per plane (its values cs apart: 1 in NCHW, c in NHWC): lane l adds
+ * values l, l + 32, ... in double, the 32 lane
  * sums go through tree_sum's pairing (shuffles), y = sum / hw rounded once. */
 template <class T>
-GWK_HD double avgpool_lane_sum(const T *plane, uint32_t hw, int lane) {
+GWK_HD double avgpool_lane_sum(const T *plane, uint32_t hw, int lane, size_t cs = 1) {
   double s = 0;
-  for (uint32_t i = (uint32_t)lane; i < hw; i += kWarp) s += (double)widen(plane[i]);
+  for (uint32_t i = (uint32_t)lane; i < hw; i += kWarp) s += (double)widen(plane[(size_t)i * cs]);
   return s;
 }
 GWK_HD float avgpool_finish(double sum, uint32_t hw) { return (float)(sum / (double)hw); }

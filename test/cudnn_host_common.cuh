@@ -175,6 +175,45 @@ bool same_elems(const std::vector<T> &a, const std::vector<T> &b) {
  * bias and the loss, each for every activation type it applies to. */
 void test_layers(void);
 
+/* ---- the per-channel reduction, replayed ---------------------------------------------------------
+ * What k_chan_partials + k_chan_finish compute: pieces of kPiece values, each a
+ * block of kRedThreads threads (chan_thread, then tree_sum), then per channel
+ * thread t sums partials t, t + B, ..., then tree_sum.  `setup(acc, ch)` is the
+ * device accumulator's begin(). */
+template <class Acc, class Setup>
+inline void replay_chan(Acc proto, Setup setup, int n, int c, uint32_t hw, bool vec, std::vector<double> &out) {
+  const uint32_t count = (uint32_t)n * hw, pieces = (count + kPiece - 1) / kPiece;
+  const FastDiv hwd = fastdiv_make(hw ? hw : 1);
+  out.assign(2 * (size_t)c, 0.0);
+  std::vector<double> part(2 * (size_t)c * pieces);
+  double a[kRedThreads], b[kRedThreads];
+  for (int ch = 0; ch < c; ch++) {
+    for (uint32_t p = 0; p < pieces; p++) {
+      const uint32_t j0 = p * kPiece, j1 = count - j0 < kPiece ? count : j0 + kPiece;
+      for (int t = 0; t < kRedThreads; t++) {
+        Acc acc = proto;
+        setup(acc, ch);
+        acc.s = 0, acc.s2 = 0;
+        chan_thread(acc, j0, j1, t, hwd, (size_t)ch * hw, (size_t)c * hw, vec);
+        a[t] = acc.s, b[t] = acc.s2;
+      }
+      part[(size_t)ch * pieces + p] = tree_sum(a, kRedThreads);
+      part[((size_t)c + ch) * pieces + p] = tree_sum(b, kRedThreads);
+    }
+    for (int t = 0; t < kRedThreads; t++) {
+      a[t] = b[t] = 0;
+      for (uint32_t i = (uint32_t)t; i < pieces; i += kRedThreads)
+        a[t] += part[(size_t)ch * pieces + i], b[t] += part[((size_t)c + ch) * pieces + i];
+    }
+    out[ch] = tree_sum(a, kRedThreads);
+    out[c + ch] = tree_sum(b, kRedThreads);
+  }
+}
+
+/* test_cudnn_kernels_host_nhwc.cu: the channels-last kernels' arithmetic
+ * against the NCHW ones', bit for bit. */
+void test_nhwc(void);
+
 } /* namespace gwt */
 
 #endif

@@ -5,9 +5,10 @@
  * (backend.h: each channel's values are summed in the same order; the cpu
  * backend's max pool backward, oneDNN's, only up to rounding), for every
  * activation dtype the backend takes.  Shapes include channel counts that fill
- * no whole block of the NHWC loops (5, 40) and planes of odd sizes.  The
- * convolutions and the fc layer are held to the references in NHWC by the
- * whole suite run with "nhwc" (model-backend-nhwc). */
+ * no whole block of the NHWC loops (5, 40) and planes of odd sizes.
+ * Convolutions and the fc layer (whose weights an NHWC backend transposes)
+ * give the same values up to their libraries' summation orders; the whole
+ * suite run with "nhwc" (model-backend-nhwc) holds them to the references. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -304,7 +305,103 @@ START_TEST(test_layout_pool_bits) {
 }
 END_TEST
 
+/* Each float of a vector of n within tol of the largest |value| in the NCHW
+ * backend's copy. */
+static void vec_close(const struct pair *p, void *const t[2], size_t n, double tol, const char *what) {
+  float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+  ck_assert(a && b);
+  from_backend(p->b[0], a, t[0], n * sizeof(float));
+  from_backend(p->b[1], b, t[1], n * sizeof(float));
+  double big = 0;
+  for (size_t i = 0; i < n; i++) big = fabs((double)a[i]) > big ? fabs((double)a[i]) : big;
+  for (size_t i = 0; i < n; i++)
+    ck_assert_msg(fabs((double)a[i] - b[i]) <= tol * big, "%s (dtype %d): element %zu is %.9g in NCHW, %.9g in NHWC "
+                  "(tolerance %g of %g)", what, p->act, i, (double)a[i], (double)b[i], tol, big);
+  free(a), free(b);
+}
+
+/* The largest |x| of an activation in the NCHW backend, for act_close's scale. */
+static double act_max(const struct pair *p, void *const t[2], const int *s) {
+  const size_t n = elems(s);
+  char *raw = malloc(n * p->esz);
+  float *f = malloc(n * sizeof(float));
+  ck_assert(raw && f);
+  from_backend(p->b[0], raw, t[0], n * p->esz);
+  if (p->esz == 4) memcpy(f, raw, n * 4);
+  else gw_half_to_f32_n(p->act == GW_FLOAT16, f, (const uint16_t *)raw, n);
+  double big = 0;
+  for (size_t i = 0; i < n; i++) big = fabs((double)f[i]) > big ? fabs((double)f[i]) : big;
+  free(raw), free(f);
+  return big;
+}
+
+/* Convolutions (forward, both backwards: the weights transposed for NHWC
+ * inside the backend) and the fc layer (over several positions, whose weights
+ * an NHWC backend permutes, and over one): the same values in both layouts up
+ * to the libraries' own summation orders, within a few roundings of the
+ * activations' dtype of the largest value (float32: 1e-5). */
+START_TEST(test_layout_conv_fc) {
+  static const int convs[][8] = {/* n, c, h, w, k, kernel, stride, pad */
+                                 {2, 8, 9, 9, 16, 3, 1, 1}, {2, 16, 8, 8, 8, 1, 2, 0}, {1, 4, 15, 15, 8, 7, 2, 3}};
+  static const int fcs[][5] = {/* n, c, h, w, k */ {3, 8, 2, 3, 5}, {4, 16, 1, 1, 10}};
+  for (size_t di = 0; di < sizeof act_dtypes / sizeof act_dtypes[0]; di++) {
+    struct pair p;
+    if (!pair_make(&p, act_dtypes[di])) continue;
+    const double tol = p.act == GW_FLOAT32 ? 1e-5 : p.act == GW_BFLOAT16 ? 4 * 0x1p-8 : 4 * 0x1p-11;
+    for (size_t si = 0; si < sizeof convs / sizeof convs[0] + sizeof fcs / sizeof fcs[0]; si++) {
+      const int fc = si >= sizeof convs / sizeof convs[0];
+      struct gw_op_desc d;
+      if (!fc) {
+        const int *v = convs[si];
+        d = conv_desc(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+      } else {
+        const int *v = fcs[si - sizeof convs / sizeof convs[0]];
+        d = (struct gw_op_desc){.kind = GW_LAYER_FC, .n = v[0], .c = v[1], .h = v[2], .w = v[3], .k = v[4],
+                                .p = 1, .q = 1};
+      }
+      const int sx[4] = {d.n, d.c, d.h, d.w}, sy[4] = {d.n, d.k, d.p, d.q};
+      const size_t nw = (size_t)d.k * d.c * (fc ? (size_t)d.h * d.w : (size_t)d.kernel * d.kernel);
+      void *x[1][2], *y[1][2], *dy[1][2], *dx[1][2], *w[1][2], *dw[1][2], *bias[1][2], *db[1][2];
+      bufs_alloc(&p, x, 1, elems(sx) * p.esz), bufs_alloc(&p, dx, 1, elems(sx) * p.esz);
+      bufs_alloc(&p, y, 1, elems(sy) * p.esz), bufs_alloc(&p, dy, 1, elems(sy) * p.esz);
+      bufs_alloc(&p, w, 1, nw * sizeof(float)), bufs_alloc(&p, dw, 1, nw * sizeof(float));
+      bufs_alloc(&p, bias, 1, (size_t)d.k * sizeof(float)), bufs_alloc(&p, db, 1, (size_t)d.k * sizeof(float));
+      float *h = malloc((elems(sx) + elems(sy) + nw) * sizeof(float));
+      ck_assert(h);
+      fill(h, elems(sx), 400 + si), act_put(&p, x[0], h, sx);
+      fill(h, elems(sy), 410 + si), act_put(&p, dy[0], h, sy);
+      fill(h, nw, 420 + si), vec_put(&p, w[0], h, nw * sizeof(float));
+      fill(h, (size_t)d.k, 430 + si), vec_put(&p, bias[0], h, (size_t)d.k * sizeof(float));
+      struct gw_op *op[2];
+      BOTH(be->op_create(p.b[l], &d, &op[l]));
+      if (!fc) {
+        BOTH(be->conv_fwd(op[l], x[0][l], w[0][l], y[0][l]));
+        BOTH(be->conv_bwd_data(op[l], dy[0][l], w[0][l], dx[0][l]));
+        BOTH(be->conv_bwd_weights(op[l], x[0][l], dy[0][l], dw[0][l]));
+      } else {
+        BOTH(be->fc_fwd(op[l], x[0][l], w[0][l], bias[0][l], y[0][l]));
+        BOTH(be->fc_bwd(op[l], x[0][l], w[0][l], dy[0][l], dx[0][l], dw[0][l], db[0][l]));
+        vec_close(&p, db[0], (size_t)d.k, tol, "fc db");
+      }
+      char what[64];
+      snprintf(what, sizeof what, "%s %zu: y", fc ? "fc" : "conv", si);
+      act_close(&p, y[0], sy, tol * act_max(&p, y[0], sy), what);
+      snprintf(what, sizeof what, "%s %zu: dx", fc ? "fc" : "conv", si);
+      act_close(&p, dx[0], sx, tol * act_max(&p, dx[0], sx), what);
+      snprintf(what, sizeof what, "%s %zu: dw", fc ? "fc" : "conv", si);
+      vec_close(&p, dw[0], nw, tol, what);
+      for (int l = 0; l < 2; l++) be->op_destroy(op[l]);
+      void *(*all[])[2] = {x, y, dy, dx, w, dw, bias, db};
+      for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) bufs_free(&p, all[i], 1);
+      free(h);
+    }
+    pair_free(&p);
+  }
+}
+END_TEST
+
 void add_layout_tests(TCase *tc) {
+  tcase_add_test(tc, test_layout_conv_fc);
   tcase_add_test(tc, test_layout_bn_bits);
   tcase_add_test(tc, test_layout_pool_bits);
 }

@@ -3,7 +3,8 @@
  * host optimizer (gw_sgd_step, sgd.c) over a real model's runs of weight decay,
  * with plain, momentum and Nesterov steps and a loss-scale unscale fused in;
  * nonfinite finds one inf or NaN anywhere and nothing in finite data; stream is
- * NULL exactly for a host backend (cpu) and a CUDA stream otherwise. */
+ * NULL exactly for a host backend (cpu) and a CUDA stream otherwise; staged
+ * uploads survive the optimizer's steps between them. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -117,7 +118,56 @@ START_TEST(test_nonfinite) {
 }
 END_TEST
 
+/* The order gw-train's resident step takes: a batch staged (upload_async),
+ * the optimizer's first sgd_step (its runs uploaded), then the staged batch
+ * read (upload_order) and the next staged into the other slot, each slot
+ * twice: every transfer arrives whole, and the optimizer's work in between
+ * leaves the staging alone (a first version's run upload tore the copy stream
+ * and the pinned buffers down). */
+START_TEST(test_staging_around_sgd_step) {
+  struct gw_backend *b = backend();
+  struct gw_model *m = small_model();
+  const size_t np = gw_model_num_params(m), nb = 50000;
+  struct gw_sgd_config cfg = {.momentum = 0.9f, .weight_decay = 1e-4f};
+  struct gw_sgd *sgd = NULL;
+  ck_assert(gw_sgd_create(m, &cfg, &sgd) == GW_SUCCESS);
+  int nruns = 0;
+  const struct gw_sgd_run *runs = gw_sgd_runs(sgd, &nruns);
+  float *p = malloc(np * sizeof *p), *src = malloc(nb * sizeof *src), *back = malloc(nb * sizeof *back);
+  ck_assert(p && src && back);
+  fill(p, np, 5);
+  struct tensor tp = tensor_of(b, p, np), tg = tensor_of(b, p, np), tm = tensor_new(b, np);
+  float *slot[2];
+  for (int k = 0; k < 2; k++) ck_assert(slot[k] = be->alloc(b, nb * sizeof(float)));
+  fill(src, nb, 40);
+  ck_assert_msg(be->upload_async(b, slot[0], src, nb * sizeof(float), 0) == GW_SUCCESS, "%s", gw_model_last_error());
+  for (int step = 0; step < 4; step++) {
+    const int k = step % 2;
+    struct gw_sgd_scalars sc;
+    gw_sgd_scalars_at(sgd, 0.1f, 1.0f, &sc);
+    ck_assert_msg(be->sgd_step(b, runs, nruns, tp.d, tg.d, tm.d, &sc) == GW_SUCCESS, "step %d: %s", step,
+                  gw_model_last_error());
+    gw_sgd_set_steps(sgd, gw_sgd_steps(sgd) + 1);
+    ck_assert_msg(be->upload_order(b, k) == GW_SUCCESS, "step %d: %s", step, gw_model_last_error());
+    from_backend(b, back, slot[k], nb * sizeof(float));
+    fill(src, nb, 40 + (uint64_t)step);
+    ck_assert_msg(!memcmp(back, src, nb * sizeof(float)), "step %d: slot %d does not hold its staged batch on %s", step,
+                  k, chosen);
+    fill(src, nb, 41 + (uint64_t)step);
+    ck_assert_msg(be->upload_async(b, slot[k ^ 1], src, nb * sizeof(float), k ^ 1) == GW_SUCCESS, "step %d: %s", step,
+                  gw_model_last_error());
+  }
+  for (int k = 0; k < 2; k++) be->dealloc(b, slot[k]);
+  tensor_free(tp), tensor_free(tg), tensor_free(tm);
+  free(p), free(src), free(back);
+  gw_sgd_free(sgd);
+  gw_model_free(m);
+  be->destroy(b);
+}
+END_TEST
+
 void add_train_tests(TCase *tc) {
   tcase_add_test(tc, test_sgd_step_bits);
   tcase_add_test(tc, test_nonfinite);
+  tcase_add_test(tc, test_staging_around_sgd_step);
 }
