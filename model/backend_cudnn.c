@@ -51,6 +51,10 @@
 /* ---- errors ---- */
 
 gw_result_t gw__cudnn_cuda_fail(cudaError_t e, const char *what, const char *call) {
+  /* Reported here: cleared, so a later library call (cuBLAS, cuDNN) that
+   * reads the last error does not report this one as its own (a sticky error
+   * stays whatever is done). */
+  (void)cudaGetLastError();
   return gw__model_fail(e == cudaErrorMemoryAllocation ? GW_ERR_SYSTEM : GW_ERR_INTERNAL,
                         BE " backend: %s: %s failed: %s (%s)", what, call, cudaGetErrorString(e), cudaGetErrorName(e));
 }
@@ -275,7 +279,7 @@ static gw_result_t cudnn_op_create(struct gw_backend *b, const struct gw_op_desc
   if (res == GW_SUCCESS && d->kind == GW_LAYER_BN) res = op_alloc(op, (void **)&op->sums, 2 * (size_t)d->c * sizeof(double));
   if (res == GW_SUCCESS && d->kind == GW_OP_LOSS) {
     res = op_alloc(op, (void **)&op->row_loss, (size_t)d->n * sizeof(float));
-    if (res == GW_SUCCESS) res = op_alloc(op, (void **)&op->loss, sizeof(float));
+    if (res == GW_SUCCESS) res = op_alloc(op, (void **)&op->loss, 2 * sizeof(float)); /* the loss, the bad row */
     if (res == GW_SUCCESS && !(op->host_labels = malloc((size_t)d->n * sizeof(int32_t))))
       res = gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   }
@@ -530,25 +534,33 @@ static gw_result_t cudnn_fc_bwd(struct gw_op *op, const gw_act_t *x, const float
   return GW_SUCCESS;
 }
 
-/* The labels are device memory: they are fetched (n int32) and checked before
- * the kernel indexes with them; the loss comes back to the host, so this waits. */
+/* The labels are device memory: the kernel checks them (a row with a label
+ * outside [0, k) is not computed and reported), and the loss comes back to the
+ * host with that verdict in one download: the one wait of the call.  On a bad
+ * label the labels are fetched to name it. */
 static gw_result_t cudnn_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels,
                                       float grad_scale, float *loss,
                                       gw_act_t *dlogits) {
   EXPECT(GW_OP_LOSS, "loss_fwd_bwd");
   const struct gw_op_desc *d = &op->d;
-  GW_MODEL_TRY(cudnn_download(op->b, op->host_labels, labels, (size_t)d->n * sizeof(int32_t)));
-  for (int i = 0; i < d->n; i++)
-    if (op->host_labels[i] < 0 || op->host_labels[i] >= d->k)
-      return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                            BE " backend: loss_fwd_bwd: label %d of sample %d is not in [0, %d)",
-                            (int)op->host_labels[i], i, d->k);
   if (!(grad_scale > 0 && grad_scale < INFINITY))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: loss_fwd_bwd: gradient scale %g must be finite and > 0",
                           (double)grad_scale);
-  KERNEL_TRY(gw__cu_loss_fwd_bwd(d, ACT(op), logits, labels, grad_scale, op->row_loss, op->loss, dlogits, STREAM(op)),
+  int *bad = (int *)(op->loss + 1);
+  KERNEL_TRY(gw__cu_loss_fwd_bwd(d, ACT(op), logits, labels, grad_scale, op->row_loss, op->loss, bad, dlogits,
+                                 STREAM(op)),
              "loss_fwd_bwd");
-  return cudnn_download(op->b, loss, op->loss, sizeof(float));
+  float back[2];
+  GW_MODEL_TRY(cudnn_download(op->b, back, op->loss, sizeof back));
+  int32_t row;
+  memcpy(&row, &back[1], sizeof row);
+  if (row >= 0 && row < d->n) {
+    GW_MODEL_TRY(cudnn_download(op->b, op->host_labels, labels, (size_t)d->n * sizeof(int32_t)));
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: loss_fwd_bwd: label %d of sample %d is not in [0, %d)",
+                          (int)op->host_labels[row], (int)row, d->k);
+  }
+  *loss = back[0];
+  return GW_SUCCESS;
 }
 
 /* ---- training in device memory (cudnn_optim.cu) */
@@ -564,8 +576,11 @@ static gw_result_t runs_on_device(struct gw_backend *b, const struct gw_sgd_run 
   b->runs_dev = NULL, b->nruns = 0, b->max_len = 0;
   if (!(b->runs_host = malloc(bytes ? bytes : 1))) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory");
   CU_TRY(cudaMalloc((void **)&b->runs_dev, bytes ? bytes : 1), "sgd_step");
-  CU_TRY(cudaMemcpy(b->runs_dev, runs, bytes, cudaMemcpyHostToDevice), "sgd_step");
   memcpy(b->runs_host, runs, bytes);
+  /* On the backend's stream: a plain cudaMemcpy from pageable memory may return
+   * before the data lands, and the stream (non-blocking) would not wait for
+   * it.  runs_host outlives the copy (freed only after a sync). */
+  CU_TRY(cudaMemcpyAsync(b->runs_dev, b->runs_host, bytes, cudaMemcpyHostToDevice, b->stream), "sgd_step");
   b->nruns = nruns;
   for (int i = 0; i < nruns; i++) b->max_len = runs[i].len > b->max_len ? runs[i].len : b->max_len;
   return GW_SUCCESS;

@@ -428,8 +428,16 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
    * same memory); the weight gradient likewise, converted back after. */
   const struct gw_op_desc *d = &op->d;
   const int rs = d->kernel * d->kernel, perm = op->b->nhwc && rs > 1;
-  const int copy = op->b->act != GW_FLOAT32 || perm;
   const size_t nw = (size_t)d->k * d->c * rs;
+  /* float32 weights inside the parameter buffer need not be 16-byte aligned
+   * (tensors are packed: 10 classes put every later one 8 bytes off), and
+   * 4-byte plans may leave out the fastest engines: those go through an
+   * aligned copy too, made at the first such call. */
+  const int copy = op->b->act != GW_FLOAT32 || perm || (uintptr_t)ptr[1] % 16;
+  if (copy && !op->wt) {
+    CU_TRY(cudaMalloc(&op->wt, nw * sizeof(float)), dir_name[dir]);
+    CU_TRY(cudaMalloc(&op->dwt, nw * sizeof(float)), dir_name[dir]);
+  }
   if (copy && dir != DIR_BWD_FILTER) {
     if (perm) KERNEL_TRY(gw__cu_cast_perm(d->k, d->c, rs, 1, op->b->act, op->wt, GW_FLOAT32, ptr[1], STREAM(op)),
                          dir_name[dir]);

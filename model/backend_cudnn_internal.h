@@ -68,8 +68,9 @@ struct gw_op {
   struct gw_op_desc d;
   int plan[NDIRS][2]; /* [direction][0: 16-byte aligned pointers, 1: 4-byte]: 1 + index in b->plans, 0 none */
   double *sums;                    /* BN: [2c] scratch */
-  float *row_loss, *loss;          /* LOSS: [n] and [1] on the device */
-  int32_t *host_labels;            /* LOSS: the labels checked on the host */
+  float *row_loss, *loss;          /* LOSS: [n], and [2] on the device: the loss, then the first row with a
+                                      bad label (an int32's bits) */
+  int32_t *host_labels;            /* LOSS: the labels, fetched to name a bad one */
   void *wt, *dwt;                  /* CONV, FC: the weights as the library takes them and their gradient as it
                                       gives it, where that is not the caller's float32 OIHW: rounded to the
                                       activations' 16 bits, or channels last (OHWI) in NHWC; NULL otherwise */

@@ -369,12 +369,17 @@ __global__ void __launch_bounds__(gwk::kBiasCols * gwk::kBiasGroups)
 template <class T>
 __global__ void __launch_bounds__(kLossThreads)
     k_loss_rows(const T *logits, const int32_t *labels, int n, int k, double s, double scale, float *row_loss,
-                T *dlogits) {
+                T *dlogits, int *bad) {
   __shared__ float smax[kLossThreads];
   __shared__ double sa[kLossThreads], sb[kLossThreads];
   __shared__ double s_lse;
   const int t = threadIdx.x;
   for (int row = blockIdx.x; row < n; row += gridDim.x) {
+    const int label = labels[row];
+    if (label < 0 || label >= k) { /* the whole block takes this branch: no barrier is split */
+      if (t == 0) row_loss[row] = NAN, atomicMin(bad, row); /* integer: the first bad row, whatever the order */
+      continue;
+    }
     const T *z = logits + (size_t)row * k;
     float m = gwk::loss_thread_max(z, k, t, kLossThreads);
     smax[t] = m;
@@ -387,7 +392,6 @@ __global__ void __launch_bounds__(kLossThreads)
     double se, zs;
     gwk::loss_thread_sums(z, k, t, kLossThreads, mx, &se, &zs);
     block_sum2<kLossThreads>(se, zs, sa, sb);
-    const int label = labels[row];
     if (t == 0) {
       const double lse = gwk::loss_lse(mx, se);
       row_loss[row] = (float)gwk::loss_row_value(lse, widen(z[label]), zs, s, k);
@@ -559,12 +563,17 @@ int bias_grad_t(int n, int k, const void *dy, float *db, cudaStream_t st) {
 
 template <class T>
 int loss_fwd_bwd_t(const struct gw_op_desc *d, const void *logits, const int32_t *labels, float grad_scale,
-                   float *row_loss, float *loss, void *dlogits, cudaStream_t st) {
+                   float *row_loss, float *loss, int *bad, void *dlogits, cudaStream_t st) {
   if (d->n < 0 || d->k < 1) return (int)cudaErrorInvalidValue;
   (void)cudaGetLastError();
+  const cudaError_t e = cudaMemsetAsync(bad, 0x7f, sizeof *bad, st); /* 0x7f7f7f7f: no bad row */
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return (int)e;
+  }
   if (d->n > 0)
     k_loss_rows<T><<<d->n, kLossThreads, 0, st>>>((const T *)logits, labels, d->n, d->k, (double)d->label_smoothing,
-                                                  (double)grad_scale, row_loss, (T *)dlogits);
+                                                  (double)grad_scale, row_loss, (T *)dlogits, bad);
   k_loss_mean<<<1, kLossThreads, 0, st>>>(row_loss, d->n, loss);
   return launched();
 }
@@ -671,8 +680,10 @@ extern "C" int gw__cu_bias_grad(int n, int k, int act, const void *dy, float *db
 }
 
 extern "C" int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
-                                   float grad_scale, float *row_loss, float *loss, void *dlogits, void *stream) {
-  return BY_ACT(act, loss_fwd_bwd_t, d, logits, labels, grad_scale, row_loss, loss, dlogits, (cudaStream_t)stream);
+                                   float grad_scale, float *row_loss, float *loss, int *bad, void *dlogits,
+                                   void *stream) {
+  return BY_ACT(act, loss_fwd_bwd_t, d, logits, labels, grad_scale, row_loss, loss, bad, dlogits,
+                (cudaStream_t)stream);
 }
 
 extern "C" int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream) {

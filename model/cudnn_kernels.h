@@ -113,14 +113,17 @@ int gw__cu_bias_add(int n, int k, int act, const float *b, void *y, void *stream
 int gw__cu_bias_grad(int n, int k, int act, const void *dy, float *db, void *stream);
 
 /* Softmax cross-entropy with label smoothing s = d->label_smoothing over logits
- * [n, k] (n = d->n, k = d->k) and labels [n] in [0, k) (checked by the caller),
+ * [n, k] (n = d->n, k = d->k) and labels [n] in [0, k) (a row whose label is
+ * not: nothing indexed with it, its row loss NaN, and *bad (one int, device) =
+ * the first such row; else *bad = 0x7f7f7f7f, so one download after the
+ * kernels brings the verdict with the loss),
  * PyTorch's CrossEntropyLoss(label_smoothing=s, reduction='mean'):
  *   row loss = logsumexp(z) - (1 - s) z[label] - (s / k) sum_j z[j]
  *   dlogits[i, j] = (softmax(z_i)[j] - (1 - s) [j == label_i] - s / k) / n * grad_scale
  * (in double, rounded once: a power-of-two grad_scale scales exactly); row_loss [n] is scratch; *loss (one float, device) = the mean of the row losses.
  * Sums in double. */
 int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
-                        float grad_scale, float *row_loss, float *loss, void *dlogits, void *stream);
+                        float grad_scale, float *row_loss, float *loss, int *bad, void *dlogits, void *stream);
 
 /* dst [n] (dst_dtype) = src [n] (src_dtype), float32 to or from GW_BFLOAT16 or
  * GW_FLOAT16 (any other pair: cudaErrorInvalidValue): float32 -> 16 bits rounds
@@ -135,7 +138,7 @@ int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *s
  * one of them float32 and the other GW_BFLOAT16 / GW_FLOAT16; else
  * cudaErrorInvalidValue, as for dst == src). */
 int gw__cu_cast_perm(int k, int c, int rs, int to_last, int dst_dtype, void *dst, int src_dtype, const void *src,
-                     void *stream);
+                     void *stream); /* k * c * rs below 2^31 */
 
 /* Training (cudnn_optim.cu).  sgd_step: sgd_math.h's rule over the runs (device
  * memory, nruns <= 65535; max_len the longest run's length) of params / grads /

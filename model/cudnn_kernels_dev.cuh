@@ -202,9 +202,10 @@ int launch_chan_elem(const ChanShape &s, const Op &op, bool vec, cudaStream_t st
 }
 
 /* An op whose params come from a table P [c] (Op::params(0, ch) computed once
- * per call: batch norm's do not depend on the sample), the same values: in
- * NHWC each quad needs four channels' params, and batch norm's backward ones
- * hold two divisions. */
+ * per call: batch norm's do not depend on the sample), the same values: the
+ * element-wise kernel would otherwise recompute them per quad (NCHW) or per
+ * element (NHWC), and batch norm's hold double divisions and square roots
+ * (slow on GPUs with little FP64). */
 template <class Op>
 struct Tabled {
   typedef typename Op::P P;
@@ -224,12 +225,10 @@ __global__ void __launch_bounds__(kThreads) k_chan_table(Op op, int c, typename 
     tab[ch] = op.params(0, (uint32_t)ch);
 }
 
-/* launch_chan_elem for batch norm's ops: NCHW directly (vec needs hw % 4 == 0
- * besides `aligned`), NHWC through a table in stream-ordered scratch (vec
- * needs c % 4 == 0). */
+/* launch_chan_elem for batch norm's ops, through a table in stream-ordered
+ * scratch; vec needs `aligned` and hw % 4 == 0 (NCHW) or c % 4 == 0 (NHWC). */
 template <class Op>
 int launch_bn_elem(const ChanShape &s, const Op &op, bool aligned, bool nhwc, cudaStream_t st) {
-  if (!nhwc) return launch_chan_elem(s, op, aligned && s.hw % 4 == 0, st);
   if (s.n == 0 || s.c == 0 || s.hw == 0) return 0;
   typename Op::P *tab = nullptr;
   cudaError_t e = gwkd::scratch_alloc((void **)&tab, sizeof *tab * (size_t)s.c, st);
@@ -240,7 +239,7 @@ int launch_bn_elem(const ChanShape &s, const Op &op, bool aligned, bool nhwc, cu
   (void)cudaGetLastError();
   k_chan_table<Op><<<(s.c + kThreads - 1) / kThreads, kThreads, 0, st>>>(op, s.c, tab);
   int r = launched();
-  if (r == 0) r = launch_chan_elem(s, Tabled<Op>{op, tab}, aligned && s.c % 4 == 0, st, true);
+  if (r == 0) r = launch_chan_elem(s, Tabled<Op>{op, tab}, aligned && (nhwc ? s.c : s.hw) % 4 == 0, st, nhwc);
   e = cudaFreeAsync(tab, st);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return r != 0 ? r : (int)e;

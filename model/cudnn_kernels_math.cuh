@@ -552,14 +552,15 @@ GWK_HD float bn_bwd_apply(float x, float dy, const BnBwd &p) {
 }
 
 /* ---- weights for NHWC convolutions ----------------------------------------------------------
- * Element e of the destination of [k][c][rs] -> [k][rs][c] (to_last) or back
- * comes from this element of the source. */
-GWK_HD size_t perm_source(size_t e, size_t c, size_t rs, bool to_last) {
+ * Element e (< 2^31) of the destination of [k][c][rs] -> [k][rs][c] (to_last)
+ * or back comes from this element of the source; cd and rsd divide by c and rs. */
+GWK_HD uint32_t perm_source(uint32_t e, const FastDiv &cd, const FastDiv &rsd, bool to_last) {
+  const uint32_t c = cd.d, rs = rsd.d;
   if (to_last) { /* e = (kk * rs + r) * c + cc */
-    const size_t a = e / c, cc = e - a * c, kk = a / rs, r = a - kk * rs;
+    const uint32_t a = fastdiv(cd, e), cc = e - a * c, kk = fastdiv(rsd, a), r = a - kk * rs;
     return (kk * c + cc) * rs + r;
   }
-  const size_t a = e / rs, r = e - a * rs, kk = a / c, cc = a - kk * c; /* e = (kk * c + cc) * rs + r */
+  const uint32_t a = fastdiv(rsd, e), r = e - a * rs, kk = fastdiv(cd, a), cc = a - kk * c; /* e = (kk*c + cc)*rs + r */
   return (kk * rs + r) * c + cc;
 }
 

@@ -101,15 +101,17 @@ int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, con
 /* ---- weights for NHWC convolutions: [k][c][rs] <-> [k][rs][c], converted ----------------------------------- */
 template <class D, class S>
 __global__ void __launch_bounds__(kThreads)
-    k_cast_perm(size_t total, size_t c, size_t rs, bool to_last, const S *src, D *dst) {
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
-    dst[e] = narrow<D>(widen(src[gwk::perm_source(e, c, rs, to_last)]));
+    k_cast_perm(uint32_t total, FastDiv cd, FastDiv rsd, bool to_last, const S *src, D *dst) {
+  for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (uint64_t)gridDim.x * blockDim.x)
+    dst[e] = narrow<D>(widen(src[gwk::perm_source((uint32_t)e, cd, rsd, to_last)]));
 }
 
 template <class D, class S>
 int launch_cast_perm(size_t total, size_t c, size_t rs, bool to_last, void *dst, const void *src, cudaStream_t st) {
   (void)cudaGetLastError();
-  k_cast_perm<D, S><<<grid_for(total), kThreads, 0, st>>>(total, c, rs, to_last, (const S *)src, (D *)dst);
+  k_cast_perm<D, S><<<grid_for(total), kThreads, 0, st>>>((uint32_t)total, gwk::fastdiv_make((uint32_t)c),
+                                                          gwk::fastdiv_make((uint32_t)rs), to_last, (const S *)src,
+                                                          (D *)dst);
   return launched();
 }
 
@@ -129,6 +131,7 @@ extern "C" int gw__cu_cast_perm(int k, int c, int rs, int to_last, int dst_dtype
   if (k < 0 || c < 0 || rs < 0) return (int)cudaErrorInvalidValue;
   const size_t total = (size_t)k * (size_t)c * (size_t)rs;
   if (total == 0) return 0;
+  if (total >= kIndexLimit) return (int)cudaErrorInvalidValue; /* 32-bit indices (fast division) */
   const bool last = to_last != 0;
   cudaStream_t st = (cudaStream_t)stream;
   if (dst == src) return (int)cudaErrorInvalidValue; /* a transpose needs two buffers */

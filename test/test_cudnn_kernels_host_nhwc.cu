@@ -219,17 +219,18 @@ void test_nhwc_pools(void) {
 /* perm_source: OIHW -> OHWI takes w[kk][cc][r] to position (kk * rs + r) * c + cc,
  * and the way back undoes it. */
 void test_perm(void) {
-  const size_t dims[][3] = {{4, 3, 9}, {2, 64, 1}, {5, 7, 49}, {1, 1, 1}, {3, 16, 25}};
+  const size_t dims[][3] = {{4, 3, 9}, {2, 64, 1}, {5, 7, 49}, {1, 1, 1}, {3, 16, 25}, {64, 512, 9}};
   for (const auto &d : dims) {
     const size_t k = d[0], c = d[1], rs = d[2], total = k * c * rs;
+    const FastDiv cd = fastdiv_make((uint32_t)c), rsd = fastdiv_make((uint32_t)rs);
     size_t bad = 0;
     std::vector<int> seen(total, 0);
     for (size_t kk = 0; kk < k; kk++)
       for (size_t cc = 0; cc < c; cc++)
         for (size_t r = 0; r < rs; r++) {
-          const size_t oihw = (kk * c + cc) * rs + r, ohwi = (kk * rs + r) * c + cc;
-          bad += perm_source(ohwi, c, rs, true) != oihw || perm_source(oihw, c, rs, false) != ohwi;
-          seen[perm_source(ohwi, c, rs, true)]++;
+          const uint32_t oihw = (uint32_t)((kk * c + cc) * rs + r), ohwi = (uint32_t)((kk * rs + r) * c + cc);
+          bad += perm_source(ohwi, cd, rsd, true) != oihw || perm_source(oihw, cd, rsd, false) != ohwi;
+          seen[perm_source(ohwi, cd, rsd, true)]++;
         }
     for (size_t e = 0; e < total; e++) bad += seen[e] != 1;
     CHECK(bad == 0, "perm_source [%zu][%zu][%zu]: %zu wrong", k, c, rs, bad);

@@ -585,8 +585,15 @@ START_TEST(test_loss) {
   to_backend(b, dbad, bad, sizeof bad);
   ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, 1, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(gw_model_last_error(), "label 3 of sample 1 is not in [0, 3)"));
+  const int32_t bad2[2] = {-1, 7}; /* the first bad sample is named */
+  to_backend(b, dbad, bad2, sizeof bad2);
+  ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, 1, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_model_last_error(), "label -1 of sample 0 is not in [0, 3)"), "%s", gw_model_last_error());
   const int32_t good[2] = {1, 2};
   to_backend(b, dbad, good, sizeof good);
+  loss = NAN; /* and the op works after a refusal: the loss of zero logits is log 3 */
+  ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, 1, &loss, g.d), GW_SUCCESS);
+  ck_assert_msg(fabs((double)loss - log(3.0)) < 1e-6, "loss %.9g after a refused call, want log 3", (double)loss);
   ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, 0, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, INFINITY, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(gw_model_last_error(), "gradient scale"));
