@@ -129,6 +129,7 @@ struct gw_comm {
   int device;                /* the device this rank is bound to, -1 for none (device.c) */
   struct gw_devstate *dev;   /* stream flags and staging, made on first use */
   struct gw_devring *devring; /* the device ring (device.c), NULL when not every rank has one */
+  bool dev_abandoned;         /* destroy gave up an operation whose stream may still wait: leave its buffers */
 
   /* Operations run one at a time, in call order: inline on the caller's thread
    * when nothing is queued, else on the progress thread.  mu guards the queue and

@@ -65,6 +65,10 @@ struct gw_devstate {
   bool stream_made;
   char *stage[2];
   size_t stage_bytes;
+  /* An operation whose stream never got to it was given up (destroy): that
+   * stream may still wait, on the device, for something, and cudaFree /
+   * cudaFreeHost wait for the whole device, so the buffers are left. */
+  _Atomic bool abandoned;
 };
 
 static uint64_t *done_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS]; }
@@ -109,6 +113,7 @@ gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err) {
   }
   if (dv->set_device(dev)) return dev_fail(err, comm, "binding to a device");
   comm->device = dev;
+  if (dv->preload && dv->preload()) return dev_fail(err, comm, "loading the device kernels");
   gw__dev_set_host_reduce(host_reduce);
   gw__dev_set_host_cast(host_cast);
   GW_INFO(GW_SUB_INIT, "rank %d: device %d of %d (%s, %s)", comm->rank, dev, ndev, dv->name,
@@ -210,28 +215,66 @@ void gw__dev_throttle(struct gw_comm *comm) {
 
 /* Under comm->mu.  Makes the flags on first use, takes a ticket and enqueues
  * the flag write and wait on the caller's stream. */
+static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
+static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
+
+/* The flags, the engine's stream and (without a device ring) the staging
+ * buffers, made on the caller's side before the first operation's flag wait
+ * is queued: allocating pinned memory or a stream while one of our waits
+ * spins may wait for the device, and the wait would wait for us. */
+static gw_result_t devstate_make(struct gw_comm *comm, struct gw_errctx *err) {
+  const struct gw_dev_ops *dv = gw__dev();
+  struct gw_devstate *d = calloc(1, sizeof *d);
+  if (!d) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+  d->ops = dv;
+  void *flags = NULL;
+  if (dv->host_alloc(&flags, (GW_DEV_TICKETS + 1) * sizeof(uint64_t))) {
+    free(d);
+    return dev_fail(err, comm, "allocating pinned host memory for the stream flags");
+  }
+  d->flags = flags;
+  comm->dev = d; /* from here gw__dev_free takes it back */
+  if (comm->device < 0) return GW_SUCCESS;
+  return comm->devring ? engine_stream(comm, d, err) : stage_ready(comm, d, err);
+}
+
+/* The calling thread on the communicator's device for the calls in between
+ * (a thread other than gw_comm_init's may be on another one); *prev = -1
+ * when nothing changed. */
+static gw_result_t device_enter(struct gw_comm *comm, int *prev, struct gw_errctx *err) {
+  const struct gw_dev_ops *dv = gw__dev();
+  int cur = -1;
+  *prev = -1;
+  if (comm->device < 0) return GW_SUCCESS;
+  if (dv->get_device(&cur)) return dev_fail(err, comm, "asking for the calling thread's device");
+  if (cur == comm->device) return GW_SUCCESS;
+  if (dv->set_device(comm->device)) return dev_fail(err, comm, "switching the calling thread to the device");
+  *prev = cur;
+  return GW_SUCCESS;
+}
+
+static void device_leave(int prev) {
+  if (prev >= 0) gw__dev()->set_device(prev);
+}
+
 gw_result_t gw__dev_enqueue_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   const struct gw_dev_ops *dv = gw__dev();
+  int prev;
+  GW_CHECK(device_enter(comm, &prev, err));
+  gw_result_t res = comm->dev ? GW_SUCCESS : devstate_make(comm, err);
   struct gw_devstate *d = comm->dev;
-  if (!d) {
-    if (!(d = calloc(1, sizeof *d))) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
-    d->ops = dv;
-    void *flags = NULL;
-    if (dv->host_alloc(&flags, (GW_DEV_TICKETS + 1) * sizeof(uint64_t))) {
-      free(d);
-      return dev_fail(err, comm, "allocating pinned host memory for the stream flags");
+  if (res == GW_SUCCESS) {
+    uint64_t t = ++d->next_ticket;
+    gw_dev_stream_t s = op->stream;
+    if (dv->flag_write(&d->flags[t % GW_DEV_TICKETS], t, s) || dv->flag_wait(done_flag(d), t, s)) {
+      d->next_ticket--;
+      res = dev_fail(err, comm, "enqueueing on the caller's stream");
+    } else {
+      op->ticket = t;
     }
-    d->flags = flags;
-    comm->dev = d;
   }
-  uint64_t t = ++d->next_ticket;
-  gw_dev_stream_t s = op->stream;
-  if (dv->flag_write(&d->flags[t % GW_DEV_TICKETS], t, s) || dv->flag_wait(done_flag(d), t, s)) {
-    d->next_ticket--;
-    return dev_fail(err, comm, "enqueueing on the caller's stream");
-  }
-  op->ticket = t;
-  return GW_SUCCESS;
+  device_leave(prev);
+  return res;
 }
 
 /* ---- the progress thread's side ------------------------------------------------------------ */
@@ -240,8 +283,18 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
   _Atomic uint64_t *flag = (_Atomic uint64_t *)&d->flags[op->ticket % GW_DEV_TICKETS];
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
-  double give_up = 0;
+  double give_up = 0, next_query = gw__now() + 0.1;
   while (atomic_load_explicit(flag, memory_order_acquire) < op->ticket) {
+    /* A fault on the caller's stream (an illegal address before our flag)
+     * leaves the flag unwritten, and is sticky: every call on the device
+     * reports it from then on, so our own stream is asked every 100 ms (not
+     * the caller's, which the caller may destroy once its work is queued). */
+    if (d->stream_made && gw__now() > next_query) {
+      int idle = 0;
+      if (d->ops->stream_idle(d->stream, &idle))
+        return dev_fail(err, comm, "the device, while the caller's stream went to the operation,");
+      next_query = gw__now() + 0.1;
+    }
     if (atomic_load(&comm->aborted))
       return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while waiting for the stream to reach operation #%llu",
                      comm->rank, (unsigned long long)op->desc.seq);
@@ -249,10 +302,12 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
      * but a communicator being destroyed waits GW_TIMEOUT at most. */
     bool stopping = atomic_load(&comm->stopping);
     if (stopping && give_up == 0) give_up = gw__now() + (comm->timeout_s > 0 ? comm->timeout_s : 1.0);
-    if (give_up && gw__now() > give_up)
+    if (give_up && gw__now() > give_up) {
+      atomic_store(&d->abandoned, true);
       return gw__err(err, GW_ERR_TIMEOUT, "rank %d: gw_comm_destroy: the stream of operation #%llu never got to it "
                      "(synchronize the streams before destroying the communicator)", comm->rank,
                      (unsigned long long)op->desc.seq);
+    }
     gw__waiter_pause(&w);
   }
   return GW_SUCCESS;
@@ -397,7 +452,11 @@ void gw__dev_free(struct gw_comm *comm) {
     d->ops->stream_sync(d->stream);
     d->ops->stream_destroy(d->stream);
   }
-  for (int i = 0; i < 2; i++)
+  comm->dev_abandoned = atomic_load(&d->abandoned);
+  if (comm->dev_abandoned)
+    GW_WARN(GW_SUB_INIT, "rank %d: a stream still waits for an operation given up at destroy: its staging and "
+            "device-ring buffers are left allocated (freeing them would wait for that stream)", comm->rank);
+  for (int i = 0; i < 2 && !comm->dev_abandoned; i++)
     if (d->stage[i]) d->ops->host_free(d->stage[i]);
   /* The flags stay: a caller's stream may not have run its last wait on the
    * done flag yet, and freeing the page under it would fault (one page per
@@ -493,7 +552,12 @@ out:
 }
 
 void gw__dev_ring_free(struct gw_comm *comm) {
-  ring_free(comm->devring);
+  if (comm->devring && comm->dev_abandoned) { /* gw__dev_free said why */
+    if (comm->devring->send_twin) comm->devring->ops->ipc_close(comm->devring->send_twin);
+    free(comm->devring);
+  } else {
+    ring_free(comm->devring);
+  }
   comm->devring = NULL;
 }
 

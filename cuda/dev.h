@@ -81,6 +81,12 @@ struct gw_dev_ops {
   int (*cast_async)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, gw_dev_stream_t s);
   /* A kernel that takes `seconds` (tests: slow work ahead of a collective). */
   int (*sleep_async)(double seconds, gw_dev_stream_t s);
+  /* Loads every kernel this layer launches on the current device now.  CUDA
+   * loads a kernel at its first launch by default (lazy loading), and loading
+   * may wait for the whole context: with a caller's stream spinning on a flag
+   * that only the progress thread's kernels release, a first launch there
+   * would never return.  Called when a communicator binds its device. */
+  int (*preload)(void);
 
   /* IPC: a handle for an allocation made by alloc (its base pointer), opened
    * once by another process of the same machine; close unmaps. */
@@ -123,5 +129,7 @@ int gw__cuda_flag_write(uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_flag_wait(const uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_sleep(double seconds, void *stream);
 int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, void *stream);
+/* Loads every kernel above on the current device (cudaFuncGetAttributes). */
+int gw__cuda_preload(void);
 
 #endif

@@ -230,6 +230,11 @@ static int cu_sleep_async(double seconds, gw_dev_stream_t s) {
 }
 
 /* ---- IPC ------------------------------------------------------------------------------------------ */
+static int cu_preload(void) {
+  cudaError_t e = (cudaError_t)gw__cuda_preload();
+  return e == cudaSuccess ? 0 : cu_fail(e, "loading the kernels (cudaFuncGetAttributes)");
+}
+
 static int cu_ipc_get(void *base, struct gw_dev_ipc *h) {
   cudaIpcMemHandle_t mh;
   cudaError_t e = cudaIpcGetMemHandle(&mh, base);
@@ -280,6 +285,7 @@ static const struct gw_dev_ops cuda_ops = {
     .ipc_get = cu_ipc_get,
     .ipc_open = cu_ipc_open,
     .ipc_close = cu_ipc_close,
+    .preload = cu_preload,
     .error = cu_error,
 };
 

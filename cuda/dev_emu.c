@@ -510,6 +510,8 @@ static int emu_sleep_async(double seconds, gw_dev_stream_t s) {
   return push(s, &(struct item){.kind = IT_SLEEP, .seconds = seconds > 0 ? seconds : 0});
 }
 
+static int emu_preload(void) { return 0; } /* nothing is loaded lazily here */
+
 static const struct gw_dev_ops emu_ops = {
     .name = "emulated",
     .device_count = emu_device_count,
@@ -536,6 +538,7 @@ static const struct gw_dev_ops emu_ops = {
     .event_record = emu_event_record,
     .stream_wait_event = emu_stream_wait_event,
     .sleep_async = emu_sleep_async,
+    .preload = emu_preload,
     .ipc_get = emu_ipc_get,
     .ipc_open = emu_ipc_open,
     .ipc_close = emu_ipc_close,

@@ -498,6 +498,38 @@ extern "C" int gw__cuda_reduce(void *dst0, void *dst1, const void *a, const void
   return by_dtype(dtype, kop, div, [&](auto op) { return launch_reduce(op, dst0, dst1, a, b, n, st); });
 }
 
+/* Every kernel of this file: each reduction for every dtype x op in both
+ * forms, the casts, the flags and the sleep; also fills the occupancy cache
+ * launch_plan reads.  Returns the first error. */
+extern "C" int gw__cuda_preload(void) {
+  static const int dtypes[] = {GW_INT8, GW_UINT8, GW_INT32, GW_INT64, GW_FLOAT16, GW_BFLOAT16, GW_FLOAT32, GW_FLOAT64};
+  static const int kops[] = {GW_KOP_SUM, GW_KOP_PROD, GW_KOP_MAX, GW_KOP_MIN};
+  int dev = 0;
+  cudaError_t first = cudaGetDevice(&dev);
+  cudaFuncAttributes at;
+  auto load = [&](cudaError_t e) {
+    if (e != cudaSuccess && first == cudaSuccess) first = e;
+  };
+  for (int dt : dtypes)
+    for (int kop : kops)
+      by_dtype(dt, kop, 1, [&](auto op) {
+        typedef decltype(op) Op;
+        load(cudaFuncGetAttributes(&at, k_reduce<Op, true>));
+        load(cudaFuncGetAttributes(&at, k_reduce<Op, false>));
+        (void)blocks_per_sm<Op, true>(dev), (void)blocks_per_sm<Op, false>(dev);
+        return 0;
+      });
+  load(cudaFuncGetAttributes(&at, k_flag_write));
+  load(cudaFuncGetAttributes(&at, k_flag_wait));
+  load(cudaFuncGetAttributes(&at, k_sleep));
+  load(cudaFuncGetAttributes(&at, k_cast_to16<true>));
+  load(cudaFuncGetAttributes(&at, k_cast_to16<false>));
+  load(cudaFuncGetAttributes(&at, k_cast_from16<true>));
+  load(cudaFuncGetAttributes(&at, k_cast_from16<false>));
+  (void)cudaGetLastError();
+  return (int)first;
+}
+
 extern "C" int gw__cuda_flag_write(uint64_t *flag, uint64_t v, void *stream) {
   if (!flag) return (int)cudaErrorInvalidValue;
   (void)cudaGetLastError();
