@@ -1,9 +1,13 @@
 /* model_bench - training throughput of the model on a backend (cpu: oneDNN, or
  * cudnn: the GPU): forward, loss + backward and an SGD-with-momentum step on one
  * fixed random batch, the same work bench/model_bench_torch.py times in PyTorch.
- * The optimizer runs where the weights are (the backend's sgd_step), as gw-train
- * does; --no-fuse runs every layer by itself (no batch norm fused with its
- * ReLU / residual add).  Prints one line:
+ * The optimizer runs where the weights are (the backend's sgd_step), and the
+ * batch goes in as gw-train feeds it: staged (converted to the activations'
+ * dtype and layout, and on a GPU copied up on its own stream) while the step
+ * before computes, after that step's backward is queued; so a device backend
+ * computes on data already there, as PyTorch's side does.  --no-fuse runs
+ * every layer by itself (no batch norm fused with its ReLU / residual add).
+ * Prints one line:
  *
  *   gradwire resnet50 224x224x3 batch 16 cpu threads 2, 49 fused BN groups: 12.3 img/s (median of 5 steps, ...)
  *
@@ -153,10 +157,12 @@ int main(int argc, char **argv) {
   for (int i = 0; i < batch; i++) y[i] = rand() % cfg.classes;
   double *t = calloc((size_t)steps, sizeof(double));
   float loss = 0;
+  CHECK(gw_exec_stage(e, x, y));
   for (int s = 0; s < warmup + steps; s++) {
     double t0 = now();
-    CHECK(gw_exec_forward(e, x, 1));
-    CHECK(gw_exec_backward(e, y, &loss, NULL, NULL));
+    CHECK(gw_exec_forward(e, NULL, 1)); /* the staged batch */
+    CHECK(gw_exec_backward(e, NULL, &loss, NULL, NULL));
+    CHECK(gw_exec_stage(e, x, y)); /* the next step's, while this one's backward runs */
     struct gw_sgd_scalars scal;
     gw_sgd_scalars_at(sgd, 0.01f, 1.0f, &scal);
     CHECK(ops->sgd_step(b, runs, nruns, gw_exec_params(e), gw_exec_grads(e), mom, &scal));
