@@ -43,6 +43,10 @@
 
 struct trainer {
   const struct train_opts *o;
+  /* A device backend's first step in this process: its allreduces start after
+   * backward is queued and are waited for before the optimizer (see
+   * overlapping()). */
+  int warming;
   gw_comm_t comm; /* NULL when alone */
   int rank, world;
   struct gw_dataset *train_ds, *val_ds;
@@ -232,6 +236,7 @@ static int setup_model(struct trainer *t) {
   struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
   t->resident = !t->ops->host_memory && !o->host_step;
+  t->warming = !t->ops->host_memory;
   if (t->resident && gw_sgd_momentum(t->sgd) && !(t->mom_dev = t->ops->alloc(t->b, t->np * sizeof(float)))) {
     char d[160];
     snprintf(d, sizeof d, "out of %s memory for the momentum buffer (%zu MiB)", t->ops->name,
@@ -477,6 +482,14 @@ static void on_ready(void *arg, size_t ready) {
   t->marked = ready;
 }
 
+/* Whether this step's buckets go out during backward.  Not in a device
+ * backend's first step: every kernel that step launches for the first time
+ * (CUDA loads a kernel at its first launch, which may wait for the whole
+ * device) and every convolution plan it chooses (timing, and growing the
+ * workspace: cudaFree waits for the device) must not meet a communication
+ * stream spinning on a flag; later steps launch nothing new. */
+static int overlapping(const struct trainer *t) { return !t->o->no_overlap && !t->warming; }
+
 /* A device backend's gradients come to the host bucket by bucket as backward
  * finishes them (each download waits only for the work queued so far), and each
  * bucket is handed to the bucketer at once when overlapping: the allreduce of the
@@ -496,16 +509,21 @@ static void on_ready_device(void *arg, size_t ready) {
     return;
   }
   t->downloaded = upto;
-  if (t->bk && !t->o->no_overlap) on_ready(t, upto);
+  if (t->bk && overlapping(t)) on_ready(t, upto);
 }
 
 /* Allreduces the gradients (the buckets already in flight when overlapping). */
 static int finish_gradients(struct trainer *t, struct step_report *r, double t_bwd) {
   if (!t->bk) return 0;
   gw_result_t res = t->ready_err;
-  if (res == GW_SUCCESS && t->o->no_overlap) res = gw_bucketer_ready(t->bk, 0, t->np);
+  if (res == GW_SUCCESS && !overlapping(t)) res = gw_bucketer_ready(t->bk, 0, t->np);
   gw_result_t w = gw_bucketer_wait(t->bk); /* always: nothing may stay in flight */
   if (res == GW_SUCCESS) res = w;
+  if (res == GW_SUCCESS && t->warming && t->resident) { /* the allreduces done before the optimizer's first launch */
+    float one;
+    if (t->ops->download(t->b, &one, gw_exec_grads(t->e), sizeof one) != GW_SUCCESS)
+      return fail(t, "gradient allreduce", gw_model_last_error());
+  }
   if (res != GW_SUCCESS) return comm_fail(t, "gradient allreduce", res);
   struct gw_bucketer_times bt;
   gw_bucketer_times(t->bk, &bt);
@@ -629,7 +647,7 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
     return fail(t, "--loss-scale", gw_model_last_error());
   if (gw_exec_forward(t->e, k->staged ? NULL : bt->x, 1) != GW_SUCCESS)
     return fail(t, "forward", gw_model_last_error());
-  gw_grad_ready_fn ready = copies ? on_ready_device : t->bk && !o->no_overlap ? on_ready : NULL;
+  gw_grad_ready_fn ready = copies ? on_ready_device : t->bk && overlapping(t) ? on_ready : NULL;
   if (gw_exec_backward(t->e, k->staged ? NULL : bt->y, &loss, ready, t) != GW_SUCCESS)
     return fail(t, "backward", gw_model_last_error());
   if (t->ready_msg[0]) return fail(t, "backward", t->ready_msg);
@@ -653,6 +671,7 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
    * the next one's when taken during it (inside it). */
   r->data_ms = (k->ahead ? 0 : k->ms) + (next ? next->ms : 0);
   r->img_per_s = (double)o->batch * t->world / (t_end - t0 + (k->ahead ? 0 : k->ms / 1e3));
+  t->warming = 0;
   return 0;
 }
 
