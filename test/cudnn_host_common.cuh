@@ -180,6 +180,21 @@ void test_layers(void);
  * block of kRedThreads threads (chan_thread, then tree_sum), then per channel
  * thread t sums partials t, t + B, ..., then tree_sum.  `setup(acc, ch)` is the
  * device accumulator's begin(). */
+/* The second pass (k_chan_finish), either layout: channel ch's sums from its
+ * partials part[ch * pieces + p] and part[(c + ch) * pieces + p]. */
+inline void replay_chan_finish(const std::vector<double> &part, int c, uint32_t pieces, std::vector<double> &out) {
+  double a[kRedThreads], b[kRedThreads];
+  for (int ch = 0; ch < c; ch++) {
+    for (int t = 0; t < kRedThreads; t++) {
+      a[t] = b[t] = 0;
+      for (uint32_t i = (uint32_t)t; i < pieces; i += kRedThreads)
+        a[t] += part[(size_t)ch * pieces + i], b[t] += part[((size_t)c + ch) * pieces + i];
+    }
+    out[ch] = tree_sum(a, kRedThreads);
+    out[c + ch] = tree_sum(b, kRedThreads);
+  }
+}
+
 template <class Acc, class Setup>
 inline void replay_chan(Acc proto, Setup setup, int n, int c, uint32_t hw, bool vec, std::vector<double> &out) {
   const uint32_t count = (uint32_t)n * hw, pieces = (count + kPiece - 1) / kPiece;
@@ -200,14 +215,8 @@ inline void replay_chan(Acc proto, Setup setup, int n, int c, uint32_t hw, bool 
       part[(size_t)ch * pieces + p] = tree_sum(a, kRedThreads);
       part[((size_t)c + ch) * pieces + p] = tree_sum(b, kRedThreads);
     }
-    for (int t = 0; t < kRedThreads; t++) {
-      a[t] = b[t] = 0;
-      for (uint32_t i = (uint32_t)t; i < pieces; i += kRedThreads)
-        a[t] += part[(size_t)ch * pieces + i], b[t] += part[((size_t)c + ch) * pieces + i];
-    }
-    out[ch] = tree_sum(a, kRedThreads);
-    out[c + ch] = tree_sum(b, kRedThreads);
   }
+  replay_chan_finish(part, c, pieces, out);
 }
 
 /* test_cudnn_kernels_host_nhwc.cu: the channels-last kernels' arithmetic

@@ -31,7 +31,7 @@ std::vector<T> to_nhwc(const std::vector<T> &x, int n, int c, size_t hw) {
 
 /* What k_chan_partials_nhwc + the second pass compute, replayed: per tile of
  * kTile channels and piece, every thread's chan_thread_nhwc, then each
- * channel's tree over the threads; the pieces as replay_chan's. */
+ * channel's tree over the threads; the pieces as replay_chan's (replay_chan_finish). */
 template <class Rule>
 void replay_chan_nhwc(const Rule &rule, int n, int c, uint32_t hw, bool vec, std::vector<double> &out) {
   const uint32_t count = (uint32_t)n * hw, pieces = (count + kPiece - 1) / kPiece;
@@ -54,16 +54,7 @@ void replay_chan_nhwc(const Rule &rule, int n, int c, uint32_t hw, bool vec, std
       }
     }
   }
-  double fa[kRedThreads], fb[kRedThreads];
-  for (int ch = 0; ch < c; ch++) {
-    for (int t = 0; t < kRedThreads; t++) {
-      fa[t] = fb[t] = 0;
-      for (uint32_t i = (uint32_t)t; i < pieces; i += kRedThreads)
-        fa[t] += part[(size_t)ch * pieces + i], fb[t] += part[((size_t)c + ch) * pieces + i];
-    }
-    out[ch] = tree_sum(fa, kRedThreads);
-    out[c + ch] = tree_sum(fb, kRedThreads);
-  }
+  replay_chan_finish(part, c, pieces, out);
 }
 
 /* Counts the visits of every element of an NHWC tensor and those outside the
