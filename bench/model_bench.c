@@ -7,14 +7,19 @@
  * before computes, after that step's backward is queued; so a device backend
  * computes on data already there, as PyTorch's side does.  --no-fuse runs
  * every layer by itself (no batch norm fused with its ReLU / residual add).
- * Prints one line:
+ * Ends with one line:
  *
  *   gradwire resnet50 224x224x3 batch 16 cpu threads 2, 49 fused BN groups: 12.3 img/s (median of 5 steps, ...)
+ *
+ * --profile N: N more steps after the timed ones, each layer timed on the
+ * backend's stream (gw_exec_set_profile), printed before that line: the time
+ * per kind of layer (convolutions, batch norm alone and fused, ...), forward
+ * and backward, and the slowest layers.
  *
  * usage: model_bench [--depth 50] [--image-size 224] [--in-channels 3] [--classes 1000]
  *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16|fp16] [--no-fuse]
  *                    [--layout nchw|nhwc] [--threads T]
- *                    [--steps 5] [--warmup 2]
+ *                    [--steps 5] [--warmup 2] [--profile N]
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -50,6 +55,64 @@ static int arg_int(const char *s, const char *name, int lo) {
   return (int)v;
 }
 
+/* ---- --profile: the executor's per-layer times, by kind and the slowest */
+
+enum { K_CONV, K_BN, K_BN_RELU, K_BN_ADD_RELU, K_RELU, K_ADD, K_MAXPOOL, K_AVGPOOL, K_FC, K_LOSS, NK };
+static const char *const kind_name[NK] = {"convolution", "batch norm", "bn + relu", "bn + add + relu", "relu",
+                                          "add", "max pool", "avg pool", "fc", "loss"};
+
+static int kind_of(const struct gw_exec_layer_time *t) {
+  switch (t->kind) {
+  case GW_LAYER_CONV: return K_CONV;
+  case GW_LAYER_BN: return t->fused == 2 ? K_BN_ADD_RELU : t->fused ? K_BN_RELU : K_BN;
+  case GW_LAYER_RELU: return K_RELU;
+  case GW_LAYER_ADD: return K_ADD;
+  case GW_LAYER_MAXPOOL: return K_MAXPOOL;
+  case GW_LAYER_AVGPOOL: return K_AVGPOOL;
+  case GW_LAYER_FC: return K_FC;
+  default: return K_LOSS;
+  }
+}
+
+static const struct gw_exec_layer_time *sort_base;
+static int cmp_layer_time(const void *a, const void *b) {
+  const struct gw_exec_layer_time *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
+  double u = x->fwd_s + x->bwd_s, v = y->fwd_s + y->bwd_s;
+  return (u < v) - (u > v);
+}
+
+static void print_profile(const struct gw_exec *e) {
+  int n = 0, steps = 0;
+  const struct gw_exec_layer_time *t = gw_exec_profile(e, &n, &steps);
+  if (!t || steps < 1) return;
+  double fwd[NK] = {0}, bwd[NK] = {0}, total = 0, tf = 0, tb = 0;
+  int count[NK] = {0};
+  for (int i = 0; i < n; i++) {
+    int k = kind_of(&t[i]);
+    fwd[k] += t[i].fwd_s, bwd[k] += t[i].bwd_s, tf += t[i].fwd_s, tb += t[i].bwd_s;
+    count[k] += !t[i].member;
+  }
+  total = tf + tb;
+  const double ms = 1e3 / steps;
+  printf("profile (%d step%s, per step): forward %.2f ms, backward with the loss %.2f ms\n", steps,
+         steps == 1 ? "" : "s", tf * ms, tb * ms);
+  printf("  %-16s %6s %10s %10s %7s\n", "kind", "layers", "fwd ms", "bwd ms", "share");
+  for (int k = 0; k < NK; k++)
+    if (count[k])
+      printf("  %-16s %6d %10.2f %10.2f %6.1f%%\n", kind_name[k], count[k], fwd[k] * ms, bwd[k] * ms,
+             total > 0 ? 100 * (fwd[k] + bwd[k]) / total : 0.0);
+  int *idx = malloc((size_t)n * sizeof *idx);
+  if (!idx) return;
+  for (int i = 0; i < n; i++) idx[i] = i;
+  sort_base = t;
+  qsort(idx, (size_t)n, sizeof *idx, cmp_layer_time);
+  printf("  slowest layers (fwd + bwd ms):");
+  for (int i = 0; i < n && i < 8; i++)
+    printf("%s %s %.2f + %.2f", i ? "," : "", t[idx[i]].name, t[idx[i]].fwd_s * ms, t[idx[i]].bwd_s * ms);
+  printf("\n");
+  free(idx);
+}
+
 #define CHECK(call)                                                                 \
   do {                                                                              \
     if ((call) != GW_SUCCESS) {                                                     \
@@ -66,7 +129,7 @@ int main(int argc, char **argv) {
 #else
   struct gw_model_config cfg;
   gw_model_config_default(&cfg);
-  int batch = 16, threads = 0, steps = 5, warmup = 2, tf32 = 0, act = GW_FLOAT32, no_fuse = 0, layout = GW_LAYOUT_NCHW;
+  int batch = 16, threads = 0, steps = 5, warmup = 2, profile = 0, tf32 = 0, act = GW_FLOAT32, no_fuse = 0, layout = GW_LAYOUT_NCHW;
   const struct gw_backend_ops *ops = NULL;
 #if GW_HAVE_ONEDNN
   ops = &gw_backend_cpu;
@@ -77,7 +140,7 @@ int main(int argc, char **argv) {
                                      {"classes", 1, 0, 'k'}, {"batch", 1, 0, 'b'},      {"threads", 1, 0, 't'},
                                      {"steps", 1, 0, 'n'},   {"warmup", 1, 0, 'w'},     {"backend", 1, 0, 'B'},
                                      {"tf32", 1, 0, 'T'},    {"act", 1, 0, 'A'},        {"no-fuse", 0, 0, 'F'},
-                                     {"layout", 1, 0, 'L'},  {0, 0, 0, 0}};
+                                     {"layout", 1, 0, 'L'},  {"profile", 1, 0, 'P'},    {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -91,6 +154,7 @@ int main(int argc, char **argv) {
     case 'w': warmup = arg_int(optarg, "--warmup", 0); break;
     case 'T': tf32 = arg_int(optarg, "--tf32", 0) != 0; break;
     case 'F': no_fuse = 1; break;
+    case 'P': profile = arg_int(optarg, "--profile", 0); break;
     case 'L':
       if (!strcmp(optarg, "nchw")) layout = GW_LAYOUT_NCHW;
       else if (!strcmp(optarg, "nhwc")) layout = GW_LAYOUT_NHWC;
@@ -158,7 +222,8 @@ int main(int argc, char **argv) {
   double *t = calloc((size_t)steps, sizeof(double));
   float loss = 0;
   CHECK(gw_exec_stage(e, x, y));
-  for (int s = 0; s < warmup + steps; s++) {
+  for (int s = 0; s < warmup + steps + profile; s++) {
+    if (s == warmup + steps) CHECK(gw_exec_set_profile(e, 1)); /* after the timed steps */
     double t0 = now();
     CHECK(gw_exec_forward(e, NULL, 1)); /* the staged batch */
     CHECK(gw_exec_backward(e, NULL, &loss, NULL, NULL));
@@ -169,8 +234,9 @@ int main(int argc, char **argv) {
     gw_sgd_set_steps(sgd, gw_sgd_steps(sgd) + 1);
     int over = 0; /* waits for the step (the next loss would too) */
     CHECK(ops->nonfinite(b, &mom[0], 1, &over));
-    if (s >= warmup) t[s - warmup] = now() - t0;
+    if (s >= warmup && s < warmup + steps) t[s - warmup] = now() - t0;
   }
+  if (profile) print_profile(e);
   qsort(t, (size_t)steps, sizeof *t, cmp_double);
   double med = t[steps / 2];
   printf("gradwire resnet%d %dx%dx%d batch %d %s%s%s %s threads %d, %d fused BN groups: %.2f img/s (median of %d "

@@ -11,6 +11,10 @@ On a GPU (--device cuda): --channels-last, --amp fp16|bf16 (autocast, with a
 GradScaler for fp16, as NVIDIA's recipes), --tf32 0|1 (cudnn.allow_tf32 for the
 convolutions and matmul TF32), cudnn.benchmark on; each step ends with a device
 synchronization so the time is the step's.
+
+--profile N: N more steps after the timed ones under torch.profiler, printed
+before that line: the operators taking the most time (self time on the GPU, on
+the CPU without one) per step, beside model_bench --profile's table.
 """
 import argparse
 import contextlib
@@ -33,6 +37,7 @@ p.add_argument("--device", default="cpu")
 p.add_argument("--channels-last", action="store_true")
 p.add_argument("--amp", choices=["off", "fp16", "bf16"], default="off")
 p.add_argument("--tf32", type=int, default=1)
+p.add_argument("--profile", type=int, default=0)
 a = p.parse_args()
 if a.threads > 0:
     torch.set_num_threads(a.threads)
@@ -66,9 +71,9 @@ if hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
     scaler = torch.amp.GradScaler(dev.type, enabled=a.amp == "fp16")
 else:
     scaler = torch.cuda.amp.GradScaler(enabled=a.amp == "fp16")
-times = []
-for s in range(a.warmup + a.steps):
-    t0 = time.perf_counter()
+
+
+def step():
     opt.zero_grad(set_to_none=True)
     amp = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     with amp:
@@ -78,8 +83,45 @@ for s in range(a.warmup + a.steps):
     scaler.update()
     if cuda:
         torch.cuda.synchronize()
+    return loss
+
+
+def profile(n):
+    """n steps under torch.profiler: the top operators by self time per step."""
+    from torch.profiler import ProfilerActivity
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(n):
+            step()
+    rows = []
+    for ev in prof.key_averages():
+        if cuda:  # self_cuda_time_total before torch 2.4, self_device_time_total after
+            us = getattr(ev, "self_device_time_total", None)
+            us = getattr(ev, "self_cuda_time_total", 0) if us is None else us
+        else:
+            us = ev.self_cpu_time_total
+        if us > 0:
+            rows.append((us / n / 1e3, ev.count // n, ev.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print("profile (%d step%s, per step, self %s time): total %.2f ms" % (n, "" if n == 1 else "s",
+                                                                          "GPU" if cuda else "CPU", total))
+    print("  %-64s %7s %10s %7s" % ("operator or kernel", "calls", "ms", "share"))
+    for ms, calls, key in rows[:16]:
+        print("  %-64s %7d %10.2f %6.1f%%" % (key[:64], calls, ms, 100 * ms / total if total else 0))
+
+
+times = []
+for s in range(a.warmup + a.steps):
+    t0 = time.perf_counter()
+    loss = step()
     if s >= a.warmup:
         times.append(time.perf_counter() - t0)
+if a.profile > 0:
+    try:  # the timing above stands whatever the profiler does
+        profile(a.profile)
+    except Exception as ex:  # noqa: BLE001 (CUPTI missing, an old torch, ...)
+        print("profile failed: %s" % ex)
 times.sort()
 med = times[len(times) // 2]
 what = "cpu threads %d" % torch.get_num_threads() if not cuda else "%s%s amp %s tf32 %d" % (

@@ -226,7 +226,17 @@ struct gw_backend_ops {
                           const float *grads, float *momentum, const struct gw_sgd_scalars *sc);
   gw_result_t (*nonfinite)(struct gw_backend *b, const float *x, size_t n, int *found);
   void *(*stream)(struct gw_backend *b);
+
+  /* Time marks, for profiles (gw_exec_set_profile); NULL where a backend has
+   * none.  mark:  mark number `slot` (0 <= slot < GW_BACKEND_MARKS, reused
+   *               freely) taken after the work queued so far (on a GPU an
+   *               event on the stream: nothing waits); the cpu backend, whose
+   *               calls return with their work done, reads the clock.
+   * mark_elapsed: *seconds from mark `from` to mark `to`, waiting for both. */
+  gw_result_t (*mark)(struct gw_backend *b, int slot);
+  gw_result_t (*mark_elapsed)(struct gw_backend *b, int from, int to, double *seconds);
 };
+#define GW_BACKEND_MARKS 4096
 
 #if GW_HAVE_ONEDNN
 /* oneDNN on the host (backend_cpu*.c): every entry implemented, each checked

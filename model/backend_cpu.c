@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -75,7 +76,32 @@ static void cpu_destroy(struct gw_backend *b) {
   if (!b) return;
   if (b->stream) dnnl_stream_destroy(b->stream);
   if (b->engine) dnnl_engine_destroy(b->engine);
+  free(b->marks);
   free(b);
+}
+
+static gw_result_t cpu_mark(struct gw_backend *b, int slot) {
+  if (slot < 0 || slot >= GW_BACKEND_MARKS)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: mark %d is not in [0, %d)", slot, GW_BACKEND_MARKS);
+  if (slot >= b->nmarks) {
+    int n = b->nmarks ? b->nmarks : 64;
+    while (n <= slot) n *= 2;
+    double *m = realloc(b->marks, (size_t)n * sizeof *m);
+    if (!m) return gw__model_fail(GW_ERR_SYSTEM, "cpu backend: out of memory for %d time marks", n);
+    for (int i = b->nmarks; i < n; i++) m[i] = NAN;
+    b->marks = m, b->nmarks = n;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  b->marks[slot] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  return GW_SUCCESS;
+}
+
+static gw_result_t cpu_mark_elapsed(struct gw_backend *b, int from, int to, double *seconds) {
+  if (from < 0 || to < 0 || from >= b->nmarks || to >= b->nmarks || isnan(b->marks[from]) || isnan(b->marks[to]))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: mark_elapsed(%d, %d): a mark never taken", from, to);
+  *seconds = b->marks[to] - b->marks[from];
+  return GW_SUCCESS;
 }
 
 static int cpu_act_dtype(const struct gw_backend *b) { return b->act; }
@@ -473,6 +499,8 @@ const struct gw_backend_ops gw_backend_cpu = {
     .sgd_step = cpu_sgd_step,
     .nonfinite = cpu_nonfinite,
     .stream = cpu_stream,
+    .mark = cpu_mark,
+    .mark_elapsed = cpu_mark_elapsed,
 };
 
 #endif /* GW_HAVE_ONEDNN */

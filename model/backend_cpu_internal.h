@@ -19,6 +19,8 @@ struct gw_backend {
   dnnl_data_type_t adt;   /* the same for oneDNN */
   int nhwc;               /* activations channels-last (backend.h GW_LAYOUT_NHWC) */
   dnnl_format_tag_t atag; /* their oneDNN tag: dnnl_nchw or dnnl_nhwc */
+  double *marks;          /* mark: the clock per slot, grown to the highest slot used */
+  int nmarks;
 };
 
 /* One tensor argument: the plain memory the caller's pointer goes into, and when

@@ -98,6 +98,9 @@ static void cudnn_destroy(struct gw_backend *b) {
   free(b->runs_host);
   if (b->ev0) cudaEventDestroy(b->ev0);
   if (b->ev1) cudaEventDestroy(b->ev1);
+  for (int i = 0; i < b->nmarks; i++)
+    if (b->marks[i]) cudaEventDestroy(b->marks[i]);
+  free(b->marks);
   if (b->blas) cublasDestroy(b->blas);
   if (b->dnn) cudnnDestroy(b->dnn);
   if (b->stream) cudaStreamDestroy(b->stream);
@@ -605,6 +608,35 @@ static gw_result_t cudnn_nonfinite(struct gw_backend *b, const float *x, size_t 
 
 static void *cudnn_stream(struct gw_backend *b) { return (void *)b->stream; }
 
+/* ---- time marks: events on the stream */
+
+static gw_result_t cudnn_mark(struct gw_backend *b, int slot) {
+  if (slot < 0 || slot >= GW_BACKEND_MARKS)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: mark %d is not in [0, %d)", slot, GW_BACKEND_MARKS);
+  if (slot >= b->nmarks) {
+    int n = b->nmarks ? b->nmarks : 64;
+    while (n <= slot) n *= 2;
+    cudaEvent_t *m = realloc(b->marks, (size_t)n * sizeof *m);
+    if (!m) return gw__model_fail(GW_ERR_SYSTEM, BE " backend: out of memory for %d time marks", n);
+    memset(m + b->nmarks, 0, (size_t)(n - b->nmarks) * sizeof *m);
+    b->marks = m, b->nmarks = n;
+  }
+  if (!b->marks[slot]) CU_TRY(cudaEventCreate(&b->marks[slot]), "mark");
+  CU_TRY(cudaEventRecord(b->marks[slot], b->stream), "mark");
+  return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_mark_elapsed(struct gw_backend *b, int from, int to, double *seconds) {
+  if (from < 0 || to < 0 || from >= b->nmarks || to >= b->nmarks || !b->marks[from] || !b->marks[to])
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: mark_elapsed(%d, %d): a mark never taken", from, to);
+  float ms = 0;
+  CU_TRY(cudaEventSynchronize(b->marks[to]), "mark_elapsed");
+  CU_TRY(cudaEventSynchronize(b->marks[from]), "mark_elapsed");
+  CU_TRY(cudaEventElapsedTime(&ms, b->marks[from], b->marks[to]), "mark_elapsed");
+  *seconds = 1e-3 * (double)ms;
+  return GW_SUCCESS;
+}
+
 const struct gw_backend_ops gw_backend_cudnn = {
     .name = "cudnn",
     .host_memory = 0,
@@ -648,6 +680,8 @@ const struct gw_backend_ops gw_backend_cudnn = {
     .sgd_step = cudnn_sgd_step,
     .nonfinite = cudnn_nonfinite,
     .stream = cudnn_stream,
+    .mark = cudnn_mark,
+    .mark_elapsed = cudnn_mark_elapsed,
 };
 
 #endif /* GW_HAVE_CUDNN */

@@ -29,6 +29,8 @@ struct gw_backend {
   size_t ws_bytes;
   size_t ws_limit;     /* the most a candidate plan may ask for */
   cudaEvent_t ev0, ev1; /* plan timing */
+  cudaEvent_t *marks;  /* mark: an event per slot, made at its first use */
+  int nmarks;
   struct plan_entry *plans; /* chosen plans, shared by ops of one shape */
   int nplans, cap_plans;
   /* sgd_step: the runs last given, on the device and their host copy (uploaded

@@ -75,6 +75,10 @@ struct gw_exec {
   double *host_sums;      /* the same on the host, where they are summed across ranks */
   float *host_stats;      /* [4 * max BN channels]: mean, rstd, running mean, running var */
   size_t bytes;
+  /* gw_exec_set_profile: per layer and the loss, the totals; whether the last
+   * forward took its marks (0 .. nlayers; backward's follow them). */
+  struct gw_exec_layer_time *prof;
+  int profiling, prof_steps, prof_fwd_marked;
 };
 
 static size_t act_elems(const struct gw_exec *e, int a) {
@@ -386,6 +390,7 @@ void gw_exec_free(struct gw_exec *e) {
   free(e->owned), free(e->L), free(e->act), free(e->grad);
   free(e->host_sums), free(e->host_stats), free(e->host_in);
   free(e->stage_host), free(e->slot_labels[0]), free(e->slot_labels[1]);
+  free(e->prof);
   free(e);
 }
 
@@ -581,7 +586,13 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
       GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, n * sizeof(float)));
     }
   }
-  for (int i = 0; i < e->m->nlayers; i++) GW_MODEL_TRY(forward_layer(e, i, train));
+  e->prof_fwd_marked = 0;
+  if (e->profiling) GW_MODEL_TRY(e->ops->mark(e->b, 0));
+  for (int i = 0; i < e->m->nlayers; i++) {
+    GW_MODEL_TRY(forward_layer(e, i, train));
+    if (e->profiling) GW_MODEL_TRY(e->ops->mark(e->b, i + 1));
+  }
+  e->prof_fwd_marked = e->profiling && train;
   e->trained_forward = train != 0;
   return GW_SUCCESS;
 }
@@ -664,6 +675,57 @@ static gw_result_t backward_layer(struct gw_exec *e, int i) {
 }
 
 
+/* ---- profiles: marks 0 .. nl around forward's layers, nl + 1 and nl + 2
+ * around the loss, then one after each layer's backward (last layer first) */
+
+static int prof_slots(const struct gw_model *m) { return 2 * m->nlayers + 3; }
+
+gw_result_t gw_exec_set_profile(struct gw_exec *e, int on) {
+  e->profiling = 0, e->prof_fwd_marked = 0;
+  if (!on) return GW_SUCCESS;
+  if (!e->ops->mark || !e->ops->mark_elapsed)
+    return gw__model_fail(GW_ERR_UNSUPPORTED, "executor: the %s backend has no time marks to profile with",
+                          e->ops->name);
+  if (prof_slots(e->m) > GW_BACKEND_MARKS)
+    return gw__model_fail(GW_ERR_UNSUPPORTED, "executor: %d layers need %d time marks to profile, backends keep %d",
+                          e->m->nlayers, prof_slots(e->m), GW_BACKEND_MARKS);
+  const int nl = e->m->nlayers;
+  if (!e->prof && !(e->prof = calloc((size_t)nl + 1, sizeof *e->prof)))
+    return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory for a profile");
+  for (int i = 0; i <= nl; i++) {
+    const struct gw_layer *l = i < nl ? &e->m->layers[i] : NULL;
+    e->prof[i] = (struct gw_exec_layer_time){.name = l ? l->name : "loss", .kind = l ? (int)l->kind : -1,
+                                             .fused = l && fusing(e) ? e->L[i].fuse : 0,
+                                             .member = l && fusing(e) ? e->L[i].member : 0};
+  }
+  e->prof_steps = 0, e->profiling = 1;
+  return GW_SUCCESS;
+}
+
+static gw_result_t profile_collect(struct gw_exec *e) {
+  const struct gw_backend_ops *o = e->ops;
+  const int nl = e->m->nlayers, base = nl + 1;
+  double s;
+  for (int i = 0; i < nl; i++) {
+    if (e->prof[i].member) continue;
+    GW_MODEL_TRY(o->mark_elapsed(e->b, i, i + 1, &s));
+    e->prof[i].fwd_s += s;
+    const int after = base + 2 + (nl - 1 - i);
+    GW_MODEL_TRY(o->mark_elapsed(e->b, after - 1, after, &s));
+    e->prof[i].bwd_s += s;
+  }
+  GW_MODEL_TRY(o->mark_elapsed(e->b, base, base + 1, &s));
+  e->prof[nl].bwd_s += s;
+  e->prof_steps++;
+  return GW_SUCCESS;
+}
+
+const struct gw_exec_layer_time *gw_exec_profile(const struct gw_exec *e, int *nentries, int *steps) {
+  if (nentries) *nentries = e->prof ? e->m->nlayers + 1 : 0;
+  if (steps) *steps = e->prof_steps;
+  return e->prof;
+}
+
 gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,
                              void *ready_arg) {
   if (!e->trained_forward)
@@ -680,15 +742,19 @@ gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *lo
   e->trained_forward = 0; /* backward reuses gradient buffers: one backward per forward */
   int logits = e->m->nacts - 1;
   float host_loss = 0;
+  const int nl = e->m->nlayers, mark = e->profiling && e->prof_fwd_marked, base = nl + 1;
+  if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base));
   GW_MODEL_TRY(
       e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], dev_labels, e->loss_scale, &host_loss, e->grad[logits]));
+  if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base + 1));
   if (loss) *loss = host_loss;
   size_t reported = 0;
-  for (int i = e->m->nlayers - 1; i >= 0; i--) {
+  for (int i = nl - 1; i >= 0; i--) {
     GW_MODEL_TRY(backward_layer(e, i));
+    if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base + 2 + (nl - 1 - i)));
     if (ready && e->L[i].ready_after > reported) ready(ready_arg, reported = e->L[i].ready_after);
   }
-  return GW_SUCCESS;
+  return mark ? profile_collect(e) : GW_SUCCESS;
 }
 
 gw_result_t gw_exec_set_loss_scale(struct gw_exec *e, float scale) {

@@ -126,6 +126,25 @@ float *gw_exec_grads(const struct gw_exec *e);
  * fused calls, or SyncBatchNorm on). */
 int gw_exec_fused_groups(const struct gw_exec *e);
 
+/* Profiles (backends with time marks, backend.h mark): while on, each
+ * training step's layers are timed on the backend's stream, forward and
+ * backward, and added up per layer.  Turning it on clears the totals and
+ * fails with GW_ERR_UNSUPPORTED on a backend without marks; the marks cost a
+ * few microseconds per layer, and backward waits at its end for the step's
+ * (on a GPU: the host no longer runs ahead of the device there).
+ * gw_exec_profile gives per layer (gw_model's layer order, members of a
+ * fused group at 0: their time is their leading BN's) and for the loss
+ * (index nlayers) the seconds summed over the `steps` profiled. */
+struct gw_exec_layer_time {
+  const char *name;       /* the layer's (resnet.h), "loss" for the last entry */
+  int kind;               /* enum gw_layer_kind, -1 for the loss */
+  int fused;              /* BN leading a fused group: 1 bn -> relu, 2 bn -> add -> relu; else 0 */
+  int member;             /* 1: runs inside its group's BN (times 0) */
+  double fwd_s, bwd_s;
+};
+gw_result_t gw_exec_set_profile(struct gw_exec *e, int on);
+const struct gw_exec_layer_time *gw_exec_profile(const struct gw_exec *e, int *nentries, int *steps);
+
 /* Bytes the executor allocated (activations, gradient pool, work memory). */
 size_t gw_exec_memory_bytes(const struct gw_exec *e);
 

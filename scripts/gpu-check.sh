@@ -187,17 +187,22 @@ budget() { # SECONDS WHAT: whether this many are left before the deadline, else 
 }
 BATCH=${GW_CHECK_BATCH:-256}
 mb=(--batch "$BATCH" --steps 8 --warmup 2)
+# With --profile 1 in OPTIONS, one more step is profiled after the timed ones
+# (per kind of layer for gradwire, per operator/kernel for PyTorch): the tables
+# go into the summary too, to show where the two differ.
 bench_gw() { # TAG OPTIONS: model_bench on cudnn
   budget 45 "model_bench $2" || return 0
   # shellcheck disable=SC2086
   run_to 100 "$B/bench/model_bench" --backend cudnn $2 "${mb[@]}" >"$OUT/model-bench-$1.txt" 2>&1
   say "model_bench cudnn ($2): exit $? $(tail -1 "$OUT/model-bench-$1.txt")"
+  sed -n '/^profile/,/slowest layers/p' "$OUT/model-bench-$1.txt" | tee -a "$OUT/summary.txt"
 }
 bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
   budget 45 "model_bench_torch $2" || return 0
   # shellcheck disable=SC2086
   run_to 100 python3 bench/model_bench_torch.py --device cuda $2 "${mb[@]}" >"$OUT/model-bench-torch-$1.txt" 2>&1
   say "model_bench_torch ($2): exit $? $(tail -1 "$OUT/model-bench-torch-$1.txt")"
+  grep -E '^(profile|  )' "$OUT/model-bench-torch-$1.txt" | tee -a "$OUT/summary.txt"
 }
 train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NHWC (cudnn's default)
   local n=$1 tag=n$1${2:+-hoststep}
@@ -213,8 +218,8 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   # Most wanted first (the deadline cuts the tail): issue 10's comparison,
   # the suites, one gw-train run, the other comparisons, then the gains of
   # the fusion and the layout and the other gw-train runs.
-  bench_gw bf16 "--act bf16 --layout nhwc"
-  bench_torch bf16 "--tf32 1 --channels-last --amp bf16"
+  bench_gw bf16 "--act bf16 --layout nhwc --profile 1"
+  bench_torch bf16 "--tf32 1 --channels-last --amp bf16 --profile 1"
   suite model-backend-cudnn "model backend suite on cudnn" 90 "$B/test/test_model_backend" cudnn
   suite model-backend-cudnn-nhwc "model backend suite on cudnn, NHWC" 90 "$B/test/test_model_backend" cudnn nhwc
   suite model-bf16-cudnn "bfloat16 suite on cudnn" 60 "$B/test/test_model_bf16" cudnn

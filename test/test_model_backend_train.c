@@ -4,7 +4,7 @@
  * with plain, momentum and Nesterov steps and a loss-scale unscale fused in;
  * nonfinite finds one inf or NaN anywhere and nothing in finite data; stream is
  * NULL exactly for a host backend (cpu) and a CUDA stream otherwise; staged
- * uploads survive the optimizer's steps between them. */
+ * uploads survive the optimizer's steps between them; time marks. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -166,7 +166,40 @@ START_TEST(test_staging_around_sgd_step) {
 }
 END_TEST
 
+/* Time marks (profiles): taken after the work queued, elapsed between them
+ * non-negative and in order, any slot below GW_BACKEND_MARKS usable and
+ * reusable; a slot out of range or never taken is refused. */
+START_TEST(test_marks) {
+  struct gw_backend *b = backend();
+  ck_assert(be->mark && be->mark_elapsed);
+  const size_t n = 1 << 20;
+  struct tensor t = tensor_new(b, n);
+  int found = -1;
+  double s01 = -1, s02 = -1, s12 = -1;
+  ck_assert_msg(be->mark(b, 0) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert(be->nonfinite(b, t.d, n, &found) == GW_SUCCESS);
+  ck_assert(be->mark(b, 1) == GW_SUCCESS);
+  ck_assert(be->nonfinite(b, t.d, n, &found) == GW_SUCCESS);
+  ck_assert(be->mark(b, GW_BACKEND_MARKS - 1) == GW_SUCCESS);
+  ck_assert_msg(be->mark_elapsed(b, 0, 1, &s01) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert(be->mark_elapsed(b, 0, GW_BACKEND_MARKS - 1, &s02) == GW_SUCCESS);
+  ck_assert(be->mark_elapsed(b, 1, GW_BACKEND_MARKS - 1, &s12) == GW_SUCCESS);
+  ck_assert_msg(s01 >= 0 && s12 >= 0 && s02 >= s01 && s02 >= s12 && s02 < 60, "marks: %g, %g, %g s on %s", s01, s12,
+                s02, chosen);
+  ck_assert(be->mark(b, 0) == GW_SUCCESS); /* reused: now after everything */
+  ck_assert(be->mark_elapsed(b, 1, 0, &s01) == GW_SUCCESS && s01 >= 0);
+  ck_assert_int_eq(be->mark(b, -1), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(be->mark(b, GW_BACKEND_MARKS), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(be->mark_elapsed(b, 0, 2, &s01), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_model_last_error(), "never taken"), "%s", gw_model_last_error());
+  ck_assert_int_eq(be->mark_elapsed(b, 0, GW_BACKEND_MARKS, &s01), GW_ERR_INVALID_ARGUMENT);
+  tensor_free(t);
+  be->destroy(b);
+}
+END_TEST
+
 void add_train_tests(TCase *tc) {
+  tcase_add_test(tc, test_marks);
   tcase_add_test(tc, test_sgd_step_bits);
   tcase_add_test(tc, test_nonfinite);
   tcase_add_test(tc, test_staging_around_sgd_step);

@@ -16,6 +16,8 @@
  * - a device-memory backend (the cpu one with host_memory = 0, so every tensor
  *   crosses upload/download/copy) gives bit-identical results, also with its
  *   input staged ahead (gw_exec_stage);
+ * - profiles (gw_exec_set_profile): unchanged results, every layer timed, fused
+ *   groups' members at 0, steps counted only while on;
  * - what it refuses: backward without a training forward, a label out of range,
  *   a bad batch;
  * - SGD against a double-precision reference of torch.optim.SGD's formula, with
@@ -313,6 +315,75 @@ START_TEST(test_fused_equals_unfused) {
 }
 END_TEST
 
+/* Profiles (gw_exec_set_profile): the same loss and gradients as without, bit
+ * for bit; one entry per layer and one for the loss; every layer that runs
+ * timed in both directions, a fused group's members at 0 and its BN marked;
+ * steps counted only while on and only for a forward marked; a backend
+ * without time marks refused with a message. */
+START_TEST(test_profile) {
+  struct rig a, b;
+  rig_up(&a, &gw_backend_cpu, 50, 2);
+  rig_up(&b, &gw_backend_cpu, 50, 2);
+  ck_assert_msg(gw_exec_set_profile(b.e, 1) == GW_SUCCESS, "%s", gw_model_last_error());
+  const size_t np = gw_model_num_params(a.m);
+  for (int step = 0; step < 2; step++) {
+    float la = train_step(&a, NULL, NULL), lb = train_step(&b, NULL, NULL);
+    ck_assert_msg(la == lb, "step %d: loss %.9g plain, %.9g profiled", step, la, lb);
+    ck_assert(!memcmp(gw_model_grads(a.m), gw_model_grads(b.m), np * sizeof(float)));
+  }
+  int n = 0, steps = 0, fused = 0, members = 0;
+  const struct gw_exec_layer_time *t = gw_exec_profile(b.e, &n, &steps);
+  const int nl = a.m->nlayers;
+  ck_assert_int_eq(n, nl + 1);
+  ck_assert_int_eq(steps, 2);
+  for (int i = 0; i < nl; i++) {
+    ck_assert_str_eq(t[i].name, a.m->layers[i].name);
+    ck_assert_int_eq(t[i].kind, (int)a.m->layers[i].kind);
+    fused += t[i].fused != 0, members += t[i].member;
+    if (t[i].member)
+      ck_assert_msg(t[i].fwd_s == 0 && t[i].bwd_s == 0 && !t[i].fused, "member %s timed", t[i].name);
+    else
+      ck_assert_msg(t[i].fwd_s > 0 && t[i].bwd_s > 0 && t[i].fwd_s < 60 && t[i].bwd_s < 60,
+                    "%s: forward %g s, backward %g s", t[i].name, t[i].fwd_s, t[i].bwd_s);
+    if (t[i].fused) ck_assert_int_eq(t[i].kind, GW_LAYER_BN);
+  }
+  ck_assert_int_eq(fused, gw_exec_fused_groups(b.e));
+  ck_assert_int_eq(members, 2 * 16 + 33); /* bn -> add -> relu: 2 members, bn -> relu: 1 */
+  ck_assert_str_eq(t[nl].name, "loss");
+  ck_assert(t[nl].kind == -1 && t[nl].fwd_s == 0 && t[nl].bwd_s > 0);
+  /* Off: nothing more is added; an evaluation forward is not a step. */
+  ck_assert(gw_exec_set_profile(b.e, 0) == GW_SUCCESS);
+  train_step(&b, NULL, NULL);
+  gw_exec_profile(b.e, NULL, &steps);
+  ck_assert_int_eq(steps, 2);
+  /* On again: cleared; a forward before it is not counted, nor an evaluation. */
+  ck_assert(gw_exec_forward(b.e, b.x, 1) == GW_SUCCESS);
+  ck_assert(gw_exec_set_profile(b.e, 1) == GW_SUCCESS);
+  t = gw_exec_profile(b.e, &n, &steps);
+  ck_assert(steps == 0 && t[0].fwd_s == 0 && t[nl].bwd_s == 0);
+  float loss;
+  ck_assert(gw_exec_backward(b.e, b.y, &loss, NULL, NULL) == GW_SUCCESS);
+  ck_assert(gw_exec_forward(b.e, b.x, 0) == GW_SUCCESS);
+  gw_exec_profile(b.e, NULL, &steps);
+  ck_assert_int_eq(steps, 0);
+  train_step(&b, NULL, NULL);
+  gw_exec_profile(b.e, NULL, &steps);
+  ck_assert_int_eq(steps, 1);
+  /* A backend without marks. */
+  struct gw_backend_ops nomark = gw_backend_cpu;
+  nomark.mark = NULL;
+  struct gw_exec *e2;
+  struct gw_exec_config ec = {.batch = 2};
+  ck_assert(gw_exec_create(a.m, &nomark, a.b, &ec, &e2) == GW_SUCCESS);
+  ck_assert_int_eq(gw_exec_set_profile(e2, 1), GW_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(gw_model_last_error(), "no time marks"), "%s", gw_model_last_error());
+  ck_assert(gw_exec_profile(e2, &n, &steps) == NULL && n == 0 && steps == 0);
+  gw_exec_free(e2);
+  rig_down(&a, &gw_backend_cpu);
+  rig_down(&b, &gw_backend_cpu);
+}
+END_TEST
+
 /* Channels-last activations (GW_LAYOUT_NHWC) against NCHW: the same loss,
  * gradients, running statistics and logits bit for bit (oneDNN convolves both
  * in the same internal layout; batch norm and average pooling sum in the same
@@ -546,6 +617,7 @@ int main(void) {
   tcase_add_test(tc, test_device_memory_path);
   tcase_add_test(tc, test_staged_input);
   tcase_add_test(tc, test_fused_equals_unfused);
+  tcase_add_test(tc, test_profile);
   tcase_add_test(tc, test_nhwc_equals_nchw);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_sync_bn_matches_global_batch);
