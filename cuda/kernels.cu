@@ -258,7 +258,7 @@ template <int K> using OpBF16 = OpH16<true, K>;
  * the tail) one by one: scalar k is element k when k < head, else k + nvec * V.
  * BYTES: some pointer is not aligned to sizeof(S); nvec is 0 and every element
  * is read and written bytewise.  tid/stride: this thread's place in the grid
- * (a host test calls this for every tid of an imagined grid). */
+ * (test_cuda_kernels_host calls this for every tid of an imagined grid). */
 template <typename S, bool BYTES>
 __host__ __device__ __forceinline__ S load_elem(const unsigned char *p, size_t i) {
   if constexpr (BYTES) {

@@ -1,0 +1,211 @@
+/* test_cuda_kernels_host.cu - the device layer's kernel bodies (cuda/kernels.cu)
+ * run on the host, against the host kernels (comm/reduce_impl.c's generic table,
+ * reduce_cvt.h's conversions) bit for bit.  No GPU, no launch: kernels.cu is
+ * included here, and what a kernel's threads would do is replayed serially for
+ * every thread of an imagined grid (reduce_body / copy_body with each tid of
+ * several strides), so the split into head, 16-byte chunks and tail, the
+ * two-chunks-per-trip loop and the bytewise fallback are covered as well as the
+ * arithmetic: a missed or doubled element shows, and so does a write outside
+ * the output (guard bytes around every buffer).
+ *
+ * The reduction: every dtype x op, with and without the AVG division, one and
+ * two outputs, in place (dst0 = a, dst0 = b), pointers sharing their 16-byte
+ * phase (vector path, with and without a head), not sharing it (element path)
+ * and off their element size (bytewise path), lengths around the vector width;
+ * inputs are random bits, so NaNs (with payloads, both signs), infinities and
+ * subnormals are all in there: kernels.cu claims the host's bits for them too.
+ * The copy (copy_body): one and two outputs, every phase.  The float32 <-> 16-bit
+ * conversions (h2f, f2h, bf2f, f2bf): every 16-bit pattern, and float bits
+ * around every rounding boundary.
+ * Exit 0 when everything holds, 1 (with the first failures) otherwise. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../cuda/kernels.cu"
+
+namespace {
+
+int failures, checks;
+
+void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void check(bool ok, const char *fmt, ...) {
+  checks++;
+  if (ok) return;
+  if (++failures <= 20) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+  }
+}
+
+uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+uint64_t rnd() {
+  uint64_t x = rng_state;
+  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+  return rng_state = x;
+}
+void fill_random(unsigned char *p, size_t n) {
+  for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(rnd() >> 56);
+}
+
+const int kDtypes[] = {GW_INT8, GW_UINT8, GW_INT32, GW_INT64, GW_FLOAT16, GW_BFLOAT16, GW_FLOAT32, GW_FLOAT64};
+const char *const kDtypeNames[] = {"int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"};
+const size_t kSizes[] = {1, 1, 4, 8, 2, 2, 4, 8};
+const size_t kLengths[] = {0, 1, 3, 7, 8, 15, 16, 17, 33, 100, 257, 1000};
+const size_t kStrides[] = {1, 5, 64};
+constexpr size_t kGuard = 32, kMaxBytes = 1000 * 8 + 64;
+constexpr unsigned char kCanary = 0xa5;
+
+/* A buffer with guard bytes on both sides; data at base + kGuard + off. */
+struct Buf {
+  alignas(64) unsigned char mem[kGuard + kMaxBytes + 16 + kGuard];
+  unsigned char *at(size_t off) { return mem + kGuard + off; }
+  void guard() { memset(mem, kCanary, sizeof mem); }
+  /* Bytes outside [off, off + bytes) that changed. */
+  size_t stray(size_t off, size_t bytes) const {
+    size_t bad = 0;
+    for (size_t i = 0; i < sizeof mem; i++)
+      if ((i < kGuard + off || i >= kGuard + off + bytes) && mem[i] != kCanary) bad++;
+    return bad;
+  }
+};
+
+/* Pointer placements: every offset a byte count from a 64-byte boundary. */
+struct Place {
+  const char *name;
+  size_t a, b, d0, d1; /* multiples of the element size unless stated */
+  bool bytes_off;      /* add 1 byte to every offset (elements of 2+ bytes: the bytewise path) */
+};
+const Place kPlaces[] = {
+    {"aligned", 0, 0, 0, 0, false},
+    {"same phase with a head", 4, 4, 4, 4, false},
+    {"different phases", 0, 8, 4, 12, false},
+    {"off the element size", 0, 0, 0, 0, true},
+};
+
+/* What the launcher does, without the launch: plan, then every thread's part. */
+template <class Op>
+void replay_reduce(const Op &op, void *d0, void *d1, const void *a, const void *b, size_t n, size_t stride) {
+  const Plan p = plan_reduce(d0, d1, a, b, n, sizeof(typename Op::S));
+  for (size_t tid = 0; tid < stride; tid++) {
+    if (p.bytes)
+      reduce_body<Op, true>(op, (unsigned char *)d0, (unsigned char *)d1, (const unsigned char *)a,
+                            (const unsigned char *)b, p.head, p.nvec, p.nscalar, tid, stride);
+    else
+      reduce_body<Op, false>(op, (unsigned char *)d0, (unsigned char *)d1, (const unsigned char *)a,
+                             (const unsigned char *)b, p.head, p.nvec, p.nscalar, tid, stride);
+  }
+}
+
+Buf A, B, D0, D1, RA, RB, R0, R1;
+
+void test_reduce() {
+  static const uint32_t divs[] = {0, 3};
+  for (int di = 0; di < 8; di++) {
+    const int dt = kDtypes[di];
+    const size_t es = kSizes[di];
+    for (int kop = 0; kop < GW_NUM_KOPS; kop++)
+      for (uint32_t div : divs)
+        for (const Place &pl : kPlaces) {
+          if (pl.bytes_off && es == 1) continue;
+          const size_t bo = pl.bytes_off ? 1 : 0;
+          const size_t oa = pl.a + bo, ob = pl.b + bo, o0 = pl.d0 + bo, o1 = pl.d1 + bo;
+          for (size_t n : kLengths)
+            for (int outs = 1; outs <= 2; outs++)
+              for (int alias = 0; alias < 3; alias++) { /* 1: dst0 is a, 2: dst0 is b */
+                const size_t stride = kStrides[(n + (size_t)alias + (size_t)outs) % 3];
+                const size_t bytes = n * es;
+                A.guard(), B.guard(), D0.guard(), D1.guard();
+                fill_random(A.at(oa), bytes);
+                fill_random(B.at(ob), bytes);
+                /* The reference on its own aligned copies. */
+                memcpy(RA.mem, A.at(oa), bytes);
+                memcpy(RB.mem, B.at(ob), bytes);
+                gw__reduce_table_generic[dt][kop](R0.mem, outs == 2 ? R1.mem : nullptr, RA.mem, RB.mem, n, div);
+                unsigned char *d0 = alias == 1 ? A.at(oa) : alias == 2 ? B.at(ob) : D0.at(o0);
+                unsigned char *d1 = outs == 2 ? D1.at(o1) : nullptr;
+                const int r = by_dtype(dt, kop, div, [&](auto op) {
+                  replay_reduce(op, d0, d1, alias == 1 ? (const void *)d0 : A.at(oa),
+                                alias == 2 ? (const void *)d0 : B.at(ob), n, stride);
+                  return 0;
+                });
+                check(r == 0, "%s op %d: by_dtype refused", kDtypeNames[di], kop);
+                const size_t o_d0 = alias == 1 ? oa : alias == 2 ? ob : o0;
+                const Buf &bd0 = alias == 1 ? A : alias == 2 ? B : D0;
+                size_t first = SIZE_MAX;
+                for (size_t i = 0; i < bytes && first == SIZE_MAX; i++)
+                  if (d0[i] != R0.mem[i] || (d1 && d1[i] != R1.mem[i])) first = i / es;
+                check(first == SIZE_MAX,
+                      "%s op %d div %u, %s, n %zu, %d output(s), alias %d, stride %zu: element %zu differs "
+                      "from the host kernel",
+                      kDtypeNames[di], kop, div, pl.name, n, outs, alias, stride, first);
+                const size_t stray0 = bd0.stray(o_d0, bytes), stray1 = d1 ? D1.stray(o1, bytes) : 0;
+                check(stray0 == 0 && stray1 == 0, "%s op %d, %s, n %zu: %zu + %zu bytes written outside the output",
+                      kDtypeNames[di], kop, pl.name, n, stray0, stray1);
+                if (alias != 1) check(A.stray(oa, bytes) == 0, "%s: a's guards changed", kDtypeNames[di]);
+                if (alias != 2) check(B.stray(ob, bytes) == 0, "%s: b's guards changed", kDtypeNames[di]);
+              }
+        }
+  }
+}
+
+/* float32 <-> float16 / bfloat16: kernels.cu's conversions against reduce_cvt.h's. */
+uint32_t bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+void test_conversions() {
+  size_t bad_h = 0, bad_bf = 0, bad_to_h = 0, bad_to_bf = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    bad_h += bits(h2f((uint16_t)h)) != bits(gw__half_to_float((uint16_t)h));
+    bad_bf += bits(bf2f((uint16_t)h)) != bits(gw__bf16_to_float((uint16_t)h));
+  }
+  /* Floats around every 16-bit value's rounding boundaries (the 13 / 16 bits
+   * dropped at 0, 1, half, half +- 1, all ones), both signs, and random ones. */
+  static const uint32_t low13[] = {0, 1, 0xfff, 0x1000, 0x1001, 0x1fff};
+  static const uint32_t low16[] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff};
+  for (uint32_t hi = 0; hi < 65536; hi++) {
+    for (uint32_t lo : low16) {
+      const float f = from_bits(hi << 16 | lo);
+      bad_to_bf += f2bf(f) != gw__float_to_bf16(f);
+    }
+    for (int k = 0; k < 2; k++) {
+      const float f = from_bits((hi << 16 & 0x80000000u) | ((rnd() >> 33) & 0x7fffe000u) | low13[(hi + k) % 6]);
+      bad_to_h += f2h(f) != gw__float_to_half(f);
+    }
+  }
+  for (uint32_t e = 0; e < 256; e++) /* every exponent, fp16's subnormal and overflow ranges included */
+    for (uint32_t lo : low13)
+      for (uint32_t m = 0; m < 1024; m += 7) {
+        const float f = from_bits(e << 23 | m << 13 | lo);
+        bad_to_h += f2h(f) != gw__float_to_half(f);
+        bad_to_h += f2h(-f) != gw__float_to_half(-f);
+      }
+  check(bad_h == 0, "%zu float16 values widen differently", bad_h);
+  check(bad_bf == 0, "%zu bfloat16 values widen differently", bad_bf);
+  check(bad_to_h == 0, "%zu floats round to float16 differently", bad_to_h);
+  check(bad_to_bf == 0, "%zu floats round to bfloat16 differently", bad_to_bf);
+}
+
+} /* namespace */
+
+int main(void) {
+  test_reduce();
+  test_conversions();
+  if (failures) {
+    fprintf(stderr, "test_cuda_kernels_host: %d of %d checks failed\n", failures, checks);
+    return 1;
+  }
+  printf("test_cuda_kernels_host: all %d checks passed\n", checks);
+  return 0;
+}
