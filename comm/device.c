@@ -40,6 +40,12 @@ GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
 /* The device ring's chunk (and twin slot) size, and a switch for it. */
 GW_PARAM(DevChunkBytes, "GW_DEV_CHUNK_BYTES", 1 << 20)
 GW_PARAM(DevIpc, "GW_DEV_IPC", 1)
+/* How the device ring copies: 0 (default) a kernel on the SMs (copy_async:
+ * the two copies of a forwarded chunk, into the peer's twin and the output,
+ * from one read, like the reduction's second output); 1 the copy engine
+ * (memcpy_async, one per destination).  A rank's own choice: the peers never
+ * see it.  scripts/gpu-check.sh measures both. */
+GW_PARAM(DevCopyEngine, "GW_DEV_COPY_ENGINE", 0)
 
 /* The device ring of a communicator (set up at init, used by the progress thread). */
 struct gw_devring {
@@ -50,6 +56,7 @@ struct gw_devring {
   size_t chunk;
   uint32_t nslots;
   int dtype, kop;
+  bool copy_engine;       /* GW_DEV_COPY_ENGINE */
 };
 
 /* Start flags: one per ticket modulo this many; at most this many stream
@@ -507,6 +514,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   dr->ops = dv;
   dr->nslots = comm->conn_params.nslots;
   dr->chunk = (size_t)GW_ALIGN_UP(GW_MAX(gw__param_DevChunkBytes(), 4096), 256);
+  dr->copy_engine = gw__param_DevCopyEngine() != 0;
   void *twin = NULL;
   if (ring_candidate(comm) && dv->alloc(&twin, (size_t)dr->nslots * dr->chunk) == 0) {
     dr->recv_twin = twin;
@@ -578,9 +586,20 @@ static gw_result_t dsync(struct prims *p) {
   return p->dev->ops->stream_sync(p->dev->stream) ? dev_err(p, "stream") : GW_SUCCESS;
 }
 
-static gw_result_t dcopy(struct prims *p, void *dst, const void *src, size_t n) {
-  if (!n || !dst) return GW_SUCCESS;
-  return p->dev->ops->memcpy_async(dst, src, n * p->es, p->dev->stream) ? dev_err(p, "copy") : GW_SUCCESS;
+/* dst0 = src and dst1 = src (n elements; a NULL destination is skipped). */
+static gw_result_t dcopy(struct prims *p, void *dst0, void *dst1, const void *src, size_t n) {
+  const struct gw_devring *dr = p->dev;
+  if (!dst0) dst0 = dst1, dst1 = NULL;
+  if (!n || !dst0) return GW_SUCCESS;
+  const size_t bytes = n * p->es;
+  int r;
+  if (dr->copy_engine) {
+    r = dr->ops->memcpy_async(dst0, src, bytes, dr->stream);
+    if (!r && dst1) r = dr->ops->memcpy_async(dst1, src, bytes, dr->stream);
+  } else {
+    r = dr->ops->copy_async(dst0, dst1, src, bytes, dr->stream);
+  }
+  return r ? dev_err(p, "copy") : GW_SUCCESS;
 }
 
 static gw_result_t dreduce(struct prims *p, void *dst0, void *dst1, const void *a, const void *b, size_t n,
@@ -594,8 +613,7 @@ static gw_result_t dreduce(struct prims *p, void *dst0, void *dst1, const void *
 gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n) {
   void *slot;
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), src, n));
-  GW_CHECK(dcopy(p, dst, src, n));
+  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, src, n));
   GW_CHECK(dsync(p));
   return gw__post(p, &p->ring->send, n * p->es);
 }
@@ -603,7 +621,7 @@ gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n
 gw_result_t gw__dprim_recv(struct prims *p, void *dst, size_t n) {
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  GW_CHECK(dcopy(p, dst, twin_of(p, &p->ring->recv, false), n));
+  GW_CHECK(dcopy(p, dst, NULL, twin_of(p, &p->ring->recv, false), n));
   GW_CHECK(dsync(p));
   return gw__release(p, &p->ring->recv);
 }
@@ -647,8 +665,7 @@ gw_result_t gw__dprim_recv_copy_send(struct prims *p, void *dst, size_t n) {
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
   const void *in = twin_of(p, &p->ring->recv, false);
-  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), in, n));
-  GW_CHECK(dcopy(p, dst, in, n));
+  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, in, n));
   GW_CHECK(dsync(p));
   GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
   return gw__release(p, &p->ring->recv);

@@ -57,6 +57,11 @@ struct gw_dev_ops {
 
   /* Stream-ordered work.  Copies take any pair of host/device pointers. */
   int (*memcpy_async)(void *dst, const void *src, size_t bytes, gw_dev_stream_t s);
+  /* dst0 = src, and dst1 = src when dst1 is not NULL (bytes; dst0/dst1 device
+   * memory, src any): on the SMs, reading src once ("cuda": the reduction's
+   * kernel, 16-byte chunks when the pointers share their 16-byte phase), where
+   * memcpy_async uses a copy engine.  No overlaps. */
+  int (*copy_async)(void *dst0, void *dst1, const void *src, size_t bytes, gw_dev_stream_t s);
   /* dst0[i] = dst1[i] = (a[i] OP b[i]) / div over n elements (dst1 may be NULL;
    * div 0 or 1: none); dtype a gw_dtype_t, kop GW_KOP_* of reduce.h; fp16 and
    * bf16 computed in fp32.  Same aliasing rules as the host kernels. */
@@ -125,6 +130,7 @@ const struct gw_dev_ops *gw__dev_cuda_ops(const char **why_not); /* NULL with a 
 /* ---- CUDA launchers (kernels.cu; only with CUDA).  Return a cudaError_t. */
 int gw__cuda_reduce(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
                     uint32_t div, void *stream);
+int gw__cuda_copy(void *dst0, void *dst1, const void *src, size_t bytes, void *stream);
 int gw__cuda_flag_write(uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_flag_wait(const uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_sleep(double seconds, void *stream);

@@ -1,5 +1,5 @@
 /* dev_cuda.c - the device layer (dev.h) on the CUDA runtime: a table of thin
- * wrappers, with the kernels behind reduce_async, flag_write, flag_wait and
+ * wrappers, with the kernels behind copy_async, reduce_async, flag_write, flag_wait and
  * sleep_async in kernels.cu.  A gw_dev_stream_t is a cudaStream_t (NULL: the
  * legacy default stream).  Failures leave "<call>: <cudaGetErrorName>:
  * <cudaGetErrorString>" in a per-thread buffer for error(). */
@@ -173,6 +173,13 @@ static int cu_memcpy_async(void *dst, const void *src, size_t bytes, gw_dev_stre
   return e == cudaSuccess ? 0 : cu_fail(e, "cudaMemcpyAsync(%p, %p, %zu bytes)", dst, src, bytes);
 }
 
+static int cu_copy_async(void *dst0, void *dst1, const void *src, size_t bytes, gw_dev_stream_t s) {
+  if (!bytes) return 0;
+  if (!dst0 || !src) return cu_fail_msg("copy_async(%p, %p, %p, %zu): NULL pointer", dst0, dst1, src, bytes);
+  int e = gw__cuda_copy(dst0, dst1, src, bytes, (void *)cs(s));
+  return e == 0 ? 0 : cu_fail((cudaError_t)e, "copy kernel launch (%zu bytes)", bytes);
+}
+
 static int cu_reduce_async(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
                            uint32_t div, gw_dev_stream_t s) {
   if (!n) return 0;
@@ -273,6 +280,7 @@ static const struct gw_dev_ops cuda_ops = {
     .stream_idle = cu_stream_idle,
     .stream_capturing = cu_stream_capturing,
     .memcpy_async = cu_memcpy_async,
+    .copy_async = cu_copy_async,
     .reduce_async = cu_reduce_async,
     .cast_async = cu_cast_async,
     .flag_write = cu_flag_write,

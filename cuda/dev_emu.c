@@ -293,6 +293,7 @@ static void run_item(const struct item *it) {
   switch (it->kind) {
   case IT_COPY:
     memmove(it->dst0, it->a, it->n);
+    if (it->dst1) memmove(it->dst1, it->a, it->n);
     break;
   case IT_REDUCE:
     gw__dev_host_reduce()(it->dst0, it->dst1, it->a, it->b, it->n, it->dtype, it->kop, it->div);
@@ -451,6 +452,12 @@ static int emu_memcpy_async(void *dst, const void *src, size_t bytes, gw_dev_str
   return push(s, &(struct item){.kind = IT_COPY, .dst0 = dst, .a = src, .n = bytes});
 }
 
+static int emu_copy_async(void *dst0, void *dst1, const void *src, size_t bytes, gw_dev_stream_t s) {
+  if (!bytes) return 0;
+  if (!dst0 || !src) return fail("copy_async(%p, %p, %p, %zu): NULL pointer", dst0, dst1, src, bytes);
+  return push(s, &(struct item){.kind = IT_COPY, .dst0 = dst0, .dst1 = dst1, .a = src, .n = bytes});
+}
+
 static int emu_reduce_async(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
                             uint32_t div, gw_dev_stream_t s) {
   if (!n) return 0;
@@ -529,6 +536,7 @@ static const struct gw_dev_ops emu_ops = {
     .stream_idle = emu_stream_idle,
     .stream_capturing = emu_stream_capturing,
     .memcpy_async = emu_memcpy_async,
+    .copy_async = emu_copy_async,
     .reduce_async = emu_reduce_async,
     .cast_async = emu_cast_async,
     .flag_write = emu_flag_write,

@@ -7,7 +7,9 @@
  *     thread through a 64-bit flag in mapped pinned memory;
  *   - gw__cuda_sleep: a kernel that takes a given time (tests);
  *   - gw__cuda_cast: float32 to or from float16 / bfloat16 (the bucketer's
- *     16-bit gradient wire on device buffers), reduce_cvt.h's conversions.
+ *     16-bit gradient wire on device buffers), reduce_cvt.h's conversions;
+ *   - gw__cuda_copy: dst0 = dst1 = src by the reduction's kernel (the device
+ *     ring's copies: one read for two outputs, on the SMs).
  *
  * Bit-exactness with the host, by construction:
  *   - integers: the host's expressions, SUM/PROD in the unsigned type, AVG as
@@ -251,6 +253,18 @@ struct OpH16 {
 template <int K> using OpF16 = OpH16<false, K>;
 template <int K> using OpBF16 = OpH16<true, K>;
 
+/* The copy (gw__cuda_copy): bytes, b never read. */
+struct OpCopy {
+  typedef unsigned char S;
+  __host__ __device__ __forceinline__ unsigned char operator()(unsigned char x, unsigned char) const { return x; }
+};
+template <class Op> struct Unary {
+  static constexpr bool v = false;
+};
+template <> struct Unary<OpCopy> {
+  static constexpr bool v = true;
+};
+
 /* ---- the reduction body --------------------------------------------------------------------
  * Pointers travel as bytes so that nothing assumes more alignment than the
  * host checked.  Elements [head, head + nvec * V) go as nvec uint4 chunks
@@ -278,9 +292,10 @@ __host__ __device__ __forceinline__ void store_elem(unsigned char *p, size_t i, 
   }
 }
 
-/* One uint4 of elements: r = a OP b lane by lane. */
+/* One uint4 of elements: r = a OP b lane by lane (a itself for the copy). */
 template <class Op>
 __host__ __device__ __forceinline__ uint4 op_vec(const Op &op, const uint4 ua, const uint4 ub) {
+  if constexpr (Unary<Op>::v) return ua;
   typedef typename Op::S S;
   constexpr int V = 16 / (int)sizeof(S);
   static_assert(16 % sizeof(S) == 0, "elements must tile a uint4");
@@ -310,10 +325,13 @@ __host__ __device__ __forceinline__ void reduce_body(const Op op, unsigned char 
     uint4 *vd1 = d1 ? reinterpret_cast<uint4 *>(d1 + off) : nullptr;
     /* Two chunks per trip, all four loads issued before the first use.  Every
      * load of a trip precedes its stores, so dst0/dst1 may be a or b (same
-     * index); j + stride < nvec cannot overflow (nvec < 2^60). */
+     * index); j + stride < nvec cannot overflow (nvec < 2^60).  The copy reads
+     * a only. */
+    constexpr bool one = Unary<Op>::v;
     size_t j = tid;
     for (; j + stride < nvec; j += 2 * stride) {
-      const uint4 a0 = va[j], b0 = vb[j], a1 = va[j + stride], b1 = vb[j + stride];
+      const uint4 a0 = va[j], a1 = va[j + stride];
+      const uint4 b0 = one ? a0 : vb[j], b1 = one ? a1 : vb[j + stride];
       const uint4 r0 = op_vec(op, a0, b0), r1 = op_vec(op, a1, b1);
       vd0[j] = r0;
       vd0[j + stride] = r1;
@@ -323,7 +341,7 @@ __host__ __device__ __forceinline__ void reduce_body(const Op op, unsigned char 
       }
     }
     if (j < nvec) {
-      const uint4 r0 = op_vec(op, va[j], vb[j]);
+      const uint4 r0 = one ? va[j] : op_vec(op, va[j], vb[j]);
       vd0[j] = r0;
       if (vd1) vd1[j] = r0;
     }
@@ -331,7 +349,7 @@ __host__ __device__ __forceinline__ void reduce_body(const Op op, unsigned char 
   const size_t skip = nvec * (size_t)V;
   for (size_t k = tid; k < nscalar; k += stride) {
     const size_t i = k < head ? k : k + skip;
-    const S r = op(load_elem<S, BYTES>(a, i), load_elem<S, BYTES>(b, i));
+    const S x = load_elem<S, BYTES>(a, i), r = Unary<Op>::v ? x : op(x, load_elem<S, BYTES>(b, i));
     store_elem<S, BYTES>(d0, i, r);
     if (d1) store_elem<S, BYTES>(d1, i, r);
   }
@@ -490,6 +508,14 @@ extern "C" int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_
   return (int)cudaGetLastError();
 }
 
+/* The reduction's kernel with OpCopy: 16-byte chunks between a head and a tail
+ * of single bytes when the pointers share their 16-byte phase, else bytes. */
+extern "C" int gw__cuda_copy(void *dst0, void *dst1, const void *src, size_t bytes, void *stream) {
+  if (bytes == 0) return (int)cudaSuccess;
+  if (!dst0 || !src) return (int)cudaErrorInvalidValue;
+  return launch_reduce(OpCopy{}, dst0, dst1, src, src, bytes, (cudaStream_t)stream);
+}
+
 extern "C" int gw__cuda_reduce(void *dst0, void *dst1, const void *a, const void *b, size_t n, int dtype, int kop,
                                uint32_t div, void *stream) {
   if (n == 0) return (int)cudaSuccess;
@@ -519,6 +545,8 @@ extern "C" int gw__cuda_preload(void) {
         (void)blocks_per_sm<Op, true>(dev), (void)blocks_per_sm<Op, false>(dev);
         return 0;
       });
+  load(cudaFuncGetAttributes(&at, k_reduce<OpCopy, false>));
+  (void)blocks_per_sm<OpCopy, false>(dev);
   load(cudaFuncGetAttributes(&at, k_flag_write));
   load(cudaFuncGetAttributes(&at, k_flag_wait));
   load(cudaFuncGetAttributes(&at, k_sleep));

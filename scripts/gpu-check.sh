@@ -10,7 +10,8 @@
 #      and 4 ranks on this one GPU, stream ordering, misuse, a dead peer, IPC);
 #   3. runs gw-perf on device buffers at 2 and 4 ranks over the device ring
 #      (#wrong must be 0), at 2 ranks through host staging, and on host
-#      buffers at 2 ranks beside them;
+#      buffers at 2 ranks beside them; then the device ring's copies by
+#      kernel (the default) against the copy engine, allreduce and allgather;
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
 #      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
@@ -156,6 +157,12 @@ perf gw-perf-device-n2 2 - -D                     # the device ring (CUDA IPC)
 perf gw-perf-device-n4 4 - -D
 perf gw-perf-device-staged-n2 2 GW_DEV_IPC=0 -D   # through pinned host staging
 perf gw-perf-host-n2 2 - 
+# The device ring's copies: a kernel (default: a forwarded chunk read once for
+# its two destinations) against the copy engine, on allreduce and on allgather
+# (all copies); docs/gpu.md says which is the default and why.
+perf gw-perf-device-n2-ce 2 GW_DEV_COPY_ENGINE=1 -D
+perf gw-perf-device-allgather-n2 2 - -D -C allgather
+perf gw-perf-device-allgather-n2-ce 2 GW_DEV_COPY_ENGINE=1 -D -C allgather
 
 # ---- 4. the reduction kernel against a device-to-device copy ----------------------------------
 if [ -x "$B/bench/gpu_reduce_bw" ]; then
@@ -244,7 +251,8 @@ out = sys.argv[1]
 def rows(name):
     p = os.path.join(out, name)
     return list(csv.DictReader(open(p))) if os.path.exists(p) and os.path.getsize(p) else []
-for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2"):
+for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2",
+             "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce"):
     r = rows(name + ".csv")
     if not r:
         print(f"{name}: no results"); continue
@@ -253,6 +261,14 @@ for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2
     small = min(r, key=lambda x: int(x["size"]))
     print(f"{name}: #wrong {wrong} over {len(r)} sizes; {small['size']} B {float(small['oop_time_us']):.1f} us; "
           f"{big['size']} B busbw {float(big['oop_busbw']):.2f} GB/s")
+for coll, kern, ce in (("allreduce", "gw-perf-device-n2", "gw-perf-device-n2-ce"),
+                       ("allgather", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce")):
+    k, c = rows(kern + ".csv"), rows(ce + ".csv")
+    if k and c:
+        kb, cb = max(k, key=lambda x: int(x["size"])), max(c, key=lambda x: int(x["size"]))
+        print(f"device ring {coll} copies, kernel vs copy engine at {kb['size']} B: busbw "
+              f"{float(kb['oop_busbw']):.2f} vs {float(cb['oop_busbw']):.2f} GB/s = "
+              f"{float(kb['oop_busbw']) / max(float(cb['oop_busbw']), 1e-9):.2f}x")
 r = rows("reduce-bw.csv")
 if r:
     worst = min(float(x["ratio"]) for x in r)

@@ -2,7 +2,7 @@
  * run on the host, against the host kernels (comm/reduce_impl.c's generic table,
  * reduce_cvt.h's conversions) bit for bit.  No GPU, no launch: kernels.cu is
  * included here, and what a kernel's threads would do is replayed serially for
- * every thread of an imagined grid (reduce_body / copy_body with each tid of
+ * every thread of an imagined grid (reduce_body with each tid of
  * several strides), so the split into head, 16-byte chunks and tail, the
  * two-chunks-per-trip loop and the bytewise fallback are covered as well as the
  * arithmetic: a missed or doubled element shows, and so does a write outside
@@ -14,7 +14,7 @@
  * and off their element size (bytewise path), lengths around the vector width;
  * inputs are random bits, so NaNs (with payloads, both signs), infinities and
  * subnormals are all in there: kernels.cu claims the host's bits for them too.
- * The copy (copy_body): one and two outputs, every phase.  The float32 <-> 16-bit
+ * The copy (the same body with OpCopy): one and two outputs, every phase.  The float32 <-> 16-bit
  * conversions (h2f, f2h, bf2f, f2bf): every 16-bit pattern, and float bits
  * around every rounding boundary.
  * Exit 0 when everything holds, 1 (with the first failures) otherwise. */
@@ -152,6 +152,28 @@ void test_reduce() {
   }
 }
 
+/* The copy (gw__cuda_copy: the reduction's plan and body with OpCopy, b = a):
+ * one and two outputs, every phase, lengths around 16 bytes. */
+void test_copy() {
+  static const size_t lengths[] = {0, 1, 15, 16, 17, 31, 33, 100, 1000, 4097};
+  static const size_t offs[][3] = {{0, 0, 0}, {5, 5, 5}, {0, 3, 9}, {1, 1, 2}, {7, 7, 7}};
+  for (const auto &o : offs)
+    for (size_t n : lengths)
+      for (int outs = 1; outs <= 2; outs++)
+        for (size_t stride : kStrides) {
+          A.guard(), D0.guard(), D1.guard();
+          fill_random(A.at(o[0]), n);
+          unsigned char *d1 = outs == 2 ? D1.at(o[2]) : nullptr;
+          replay_reduce(OpCopy{}, D0.at(o[1]), d1, A.at(o[0]), A.at(o[0]), n, stride);
+          const bool same = !memcmp(D0.at(o[1]), A.at(o[0]), n) && (!d1 || !memcmp(d1, A.at(o[0]), n));
+          check(same, "copy of %zu bytes (offsets %zu, %zu, %zu), %d output(s), stride %zu: wrong bytes", n, o[0],
+                o[1], o[2], outs, stride);
+          const size_t stray = D0.stray(o[1], n) + (d1 ? D1.stray(o[2], n) : 0) + A.stray(o[0], n);
+          check(stray == 0, "copy of %zu bytes (offsets %zu, %zu, %zu): %zu bytes outside the outputs changed", n,
+                o[0], o[1], o[2], stray);
+        }
+}
+
 /* float32 <-> float16 / bfloat16: kernels.cu's conversions against reduce_cvt.h's. */
 uint32_t bits(float f) {
   uint32_t u;
@@ -201,6 +223,7 @@ void test_conversions() {
 
 int main(void) {
   test_reduce();
+  test_copy();
   test_conversions();
   if (failures) {
     fprintf(stderr, "test_cuda_kernels_host: %d of %d checks failed\n", failures, checks);
