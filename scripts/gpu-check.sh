@@ -11,7 +11,8 @@
 #   3. runs gw-perf on device buffers at 2 and 4 ranks over the device ring
 #      (#wrong must be 0), at 2 ranks through host staging, and on host
 #      buffers at 2 ranks beside them; then the device ring's copies by
-#      kernel (the default) against the copy engine, allreduce and allgather;
+#      kernel (the default) against the copy engine, allreduce and allgather,
+#      and 4 MiB device-ring chunks against 1 MiB;
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
 #      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
@@ -163,6 +164,9 @@ perf gw-perf-host-n2 2 -
 perf gw-perf-device-n2-ce 2 GW_DEV_COPY_ENGINE=1 -D
 perf gw-perf-device-allgather-n2 2 - -D -C allgather
 perf gw-perf-device-allgather-n2-ce 2 GW_DEV_COPY_ENGINE=1 -D -C allgather
+# Chunks of 4 MiB instead of 1: a stream synchronization and a header per
+# chunk, so bigger chunks amortize the host's part at large sizes.
+perf gw-perf-device-n2-chunk4m 2 GW_DEV_CHUNK_BYTES=4194304 -D
 
 # ---- 4. the reduction kernel against a device-to-device copy ----------------------------------
 if [ -x "$B/bench/gpu_reduce_bw" ]; then
@@ -209,7 +213,7 @@ bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
   # shellcheck disable=SC2086
   run_to 100 python3 bench/model_bench_torch.py --device cuda $2 "${mb[@]}" >"$OUT/model-bench-torch-$1.txt" 2>&1
   say "model_bench_torch ($2): exit $? $(tail -1 "$OUT/model-bench-torch-$1.txt")"
-  grep -E '^(profile|  )' "$OUT/model-bench-torch-$1.txt" | tee -a "$OUT/summary.txt"
+  awk '/^profile/ { on = 1 } /^pytorch / { on = 0 } on' "$OUT/model-bench-torch-$1.txt" | tee -a "$OUT/summary.txt"
 }
 train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NHWC (cudnn's default)
   local n=$1 tag=n$1${2:+-hoststep}
@@ -252,7 +256,8 @@ def rows(name):
     p = os.path.join(out, name)
     return list(csv.DictReader(open(p))) if os.path.exists(p) and os.path.getsize(p) else []
 for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2",
-             "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce"):
+             "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce",
+             "gw-perf-device-n2-chunk4m"):
     r = rows(name + ".csv")
     if not r:
         print(f"{name}: no results"); continue
