@@ -18,7 +18,9 @@
 #      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
 #      backend suite on cudnn (every layer against naive references), the
 #      same suite with NHWC activations, the bfloat16 and float16 suites on
-#      cudnn (every layer against float32), ResNet-50 training throughput of
+#      cudnn (every layer against float32), the ResNets against PyTorch's
+#      fixture (a step of ResNet-50, 3 SGD steps of ResNet-18, NCHW and
+#      NHWC), ResNet-50 training throughput of
 #      model_bench (TF32 NCHW; bf16 and fp16 NHWC; bf16 unfused and bf16 NCHW
 #      for the fusion's and the layout's gains) beside PyTorch on the same GPU
 #      (TF32 NCHW; channels_last + AMP bf16 and fp16), and gw-train --amp bf16
@@ -97,7 +99,7 @@ cuda_extra() {
 cuda_extra
 runs_here() {
   local bins=("$B/test/test_device" "$B/tools/gw-perf" "$B/bench/gpu_reduce_bw" "$B/test/test_model_backend"
-              "$B/test/test_model_bf16" "$B/bench/model_bench" "$B/tools/gw-train")
+              "$B/test/test_model_bf16" "$B/test/test_model_torch" "$B/bench/model_bench" "$B/tools/gw-train")
   for b in "${bins[@]}"; do [ -x "$b" ] || return 1; done
   ! ldd "${bins[@]}" 2>&1 | grep -q "not found" || return 1
   GW_DEV_EMULATE=1 CK_RUN_CASE=ipc timeout 60 "$B/test/test_device" >/dev/null 2>&1
@@ -188,7 +190,7 @@ suite() { # NAME TITLE LIMIT COMMAND...: a test suite's verdict (skipped is not 
   run_to "$limit" "$@" >"$OUT/$name.txt" 2>&1
   rc=$?
   [ $rc = 0 ] || model_fail=1
-  say "$title: $([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)")) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:|resnet18 on' "$OUT/$name.txt" | tr '\n' ' ')"
+  say "$title: $([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)")) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:|resnet18 on|against PyTorch' "$OUT/$name.txt" | tr '\n' ' ')"
   [ $rc = 0 ] || tail -20 "$OUT/$name.txt"
 }
 budget() { # SECONDS WHAT: whether this many are left before the deadline, else say what is skipped
@@ -235,6 +237,9 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   suite model-backend-cudnn-nhwc "model backend suite on cudnn, NHWC" 90 "$B/test/test_model_backend" cudnn nhwc
   suite model-bf16-cudnn "bfloat16 suite on cudnn" 60 "$B/test/test_model_bf16" cudnn
   suite model-fp16-cudnn "float16 suite on cudnn" 60 "$B/test/test_model_bf16" cudnn fp16
+  suite model-torch-cudnn "ResNets on cudnn against PyTorch's fixture (3 SGD steps)" 60 \
+    env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn
+  suite model-torch-cudnn-nhwc "the same, NHWC" 60 env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn nhwc
   train 1
   bench_gw tf32 "--tf32 1"
   bench_torch tf32 "--tf32 1"

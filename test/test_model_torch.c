@@ -19,8 +19,14 @@
  *              has been amplified by the training itself (PyTorch against itself,
  *              oneDNN on vs off, differs by ~3% of the update on this network);
  *              a missing momentum or a wrong learning rate is off by 50-100%.
- * argv[1] "nhwc" runs the same with channels-last activations (same tolerances).
- * Exits 77 (skipped) without oneDNN.
+ * Arguments (any order): the backend, "cpu" (default), "cudnn" (the GPU, float32
+ * without TF32: several full training steps there against PyTorch, with the
+ * optimizer on the device as gw-train runs it) or "cpu-dev" (the cpu backend
+ * posing as device memory: every tensor crosses upload/download and the
+ * optimizer is the backend's sgd_step, the cudnn run's path on this machine);
+ * the layout, "nchw" (default) or "nhwc" (channels-last activations).  Same
+ * tolerances everywhere.  Exits 77 (skipped) when the backend is not in the
+ * build or, for cudnn, without a GPU.
  */
 #include <check.h>
 #include <math.h>
@@ -31,13 +37,14 @@
 #include "gw_config.h"
 #include "harness.h"
 
-#if GW_HAVE_ONEDNN
+#if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
 #include "backend.h"
 #include "exec.h"
 #include "resnet.h"
 #include "safetensors.h"
 #include "sgd.h"
+#include "sgd_math.h"
 
 /* What make_resnet_fixtures.py's R50 and R18 say (metadata "r50.config" and
  * "r18.config" must match). */
@@ -45,7 +52,8 @@
 #define R18_CONFIG "depth=18 classes=10 in_channels=3 image_size=32 stem=small width_divisor=8 seed=2 batch=8"
 #define STEP3_RTOL 0.1
 
-static int layout; /* GW_LAYOUT_NCHW or GW_LAYOUT_NHWC (argv[1]) */
+static int layout;                     /* GW_LAYOUT_NCHW or GW_LAYOUT_NHWC */
+static const struct gw_backend_ops *be; /* the backend under test */
 static struct gw_st_file *fx;
 
 static void load_fixture(void) {
@@ -154,9 +162,9 @@ static void net_up(struct net *n, const char *prefix, int depth, uint64_t seed, 
                 "changed; remake the fixture with test/fixtures/make_resnet_fixtures.py",
                 depth, hash, want ? want : "(none)");
   struct gw_backend_config bc = {.threads = 1, .layout = layout};
-  ck_assert(gw_backend_cpu.create(&bc, &n->b) == GW_SUCCESS);
+  ck_assert_msg(be->create(&bc, &n->b) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
-  ck_assert_msg(gw_exec_create(n->m, &gw_backend_cpu, n->b, &ec, &n->e) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_msg(gw_exec_create(n->m, be, n->b, &ec, &n->e) == GW_SUCCESS, "%s", gw_model_last_error());
   size_t nx = (size_t)batch * 3 * 32 * 32;
   n->x = malloc(nx * sizeof(float));
   n->y = malloc((size_t)batch * sizeof(int32_t));
@@ -168,14 +176,20 @@ static void net_up(struct net *n, const char *prefix, int depth, uint64_t seed, 
 
 static void net_down(struct net *n) {
   gw_exec_free(n->e);
-  gw_backend_cpu.destroy(n->b);
+  be->destroy(n->b);
   gw_model_free(n->m);
   free(n->x), free(n->y);
 }
 
 static void train_step(struct net *n, float *loss) {
-  ck_assert(gw_exec_forward(n->e, n->x, 1) == GW_SUCCESS);
-  ck_assert(gw_exec_backward(n->e, n->y, loss, NULL, NULL) == GW_SUCCESS);
+  ck_assert_msg(gw_exec_forward(n->e, n->x, 1) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_msg(gw_exec_backward(n->e, n->y, loss, NULL, NULL) == GW_SUCCESS, "%s", gw_model_last_error());
+}
+
+/* A device-memory backend computes on its own copies: the model's host
+ * parameters, gradients and statistics are brought back to compare. */
+static void to_host(struct net *n) {
+  if (!be->host_memory) ck_assert_msg(gw_exec_download_model(n->e) == GW_SUCCESS, "%s", gw_model_last_error());
 }
 
 static size_t running_elems(const struct gw_model *m) {
@@ -195,6 +209,7 @@ START_TEST(test_resnet50_one_step) {
   ck_assert(gw_exec_logits(n.e, logits) == GW_SUCCESS);
   compare("r50.logits", logits, 4 * 10, 2e-4, W_FWD);
   ck_assert(gw_exec_backward(n.e, n.y, &loss, NULL, NULL) == GW_SUCCESS);
+  to_host(&n);
   compare("r50.loss", &loss, 1, 2e-4, W_FWD);
   for (int i = 0; i < gw_model_num_param_tensors(n.m); i++) {
     const struct gw_tensor *t = gw_model_param_tensor(n.m, i);
@@ -220,10 +235,28 @@ START_TEST(test_resnet18_three_sgd_steps) {
   struct gw_sgd *s;
   struct gw_sgd_config sc = {.momentum = 0.9f, .weight_decay = 1e-4f};
   ck_assert(gw_sgd_create(n.m, &sc, &s) == GW_SUCCESS);
+  /* On a device backend the optimizer runs there (sgd_step), its momentum too. */
+  float *mom = NULL;
+  int nruns = 0;
+  const struct gw_sgd_run *runs = gw_sgd_runs(s, &nruns);
+  if (!be->host_memory) {
+    ck_assert(mom = be->alloc(n.b, np * sizeof(float)));
+    ck_assert(be->upload(n.b, mom, gw_sgd_momentum(s), np * sizeof(float)) == GW_SUCCESS);
+  }
   for (int step = 0; step < 3; step++) {
     train_step(&n, &loss);
-    ck_assert(gw_sgd_step(s, gw_model_params(n.m), gw_model_grads(n.m), 0.01f) == GW_SUCCESS);
+    if (be->host_memory) {
+      ck_assert(gw_sgd_step(s, gw_model_params(n.m), gw_model_grads(n.m), 0.01f) == GW_SUCCESS);
+      continue;
+    }
+    struct gw_sgd_scalars at;
+    gw_sgd_scalars_at(s, 0.01f, 1.0f, &at);
+    ck_assert_msg(be->sgd_step(n.b, runs, nruns, gw_exec_params(n.e), gw_exec_grads(n.e), mom, &at) == GW_SUCCESS,
+                  "%s", gw_model_last_error());
+    gw_sgd_set_steps(s, gw_sgd_steps(s) + 1);
   }
+  to_host(&n);
+  if (mom) be->dealloc(n.b, mom);
   char name[160];
   for (int i = 0; i < gw_model_num_param_tensors(n.m); i++) {
     const struct gw_tensor *t = gw_model_param_tensor(n.m, i);
@@ -240,11 +273,46 @@ START_TEST(test_resnet18_three_sgd_steps) {
 END_TEST
 
 int main(int argc, char **argv) {
-  if (argc > 2 || (argc == 2 && strcmp(argv[1], "nchw") && strcmp(argv[1], "nhwc"))) {
-    fprintf(stderr, "usage: %s [nchw|nhwc]  (the activations' layout, nchw by default)\n", argv[0]);
-    return 2;
+  static struct gw_backend_ops cpu_dev;
+  const char *which = "cpu";
+  layout = GW_LAYOUT_NCHW;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "nchw") || !strcmp(argv[i], "nhwc")) {
+      layout = !strcmp(argv[i], "nhwc") ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
+    } else if (!strcmp(argv[i], "cpu") || !strcmp(argv[i], "cudnn") || !strcmp(argv[i], "cpu-dev")) {
+      which = argv[i];
+    } else {
+      fprintf(stderr, "usage: %s [cpu|cudnn|cpu-dev] [nchw|nhwc]  (the backend, cpu by default; the "
+              "activations' layout, nchw by default)\n", argv[0]);
+      return 2;
+    }
   }
-  layout = argc == 2 && !strcmp(argv[1], "nhwc") ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
+#if GW_HAVE_ONEDNN
+  cpu_dev = gw_backend_cpu;
+  cpu_dev.host_memory = 0;
+  if (!strcmp(which, "cpu")) be = &gw_backend_cpu;
+  if (!strcmp(which, "cpu-dev")) be = &cpu_dev;
+#endif
+#if GW_HAVE_CUDNN
+  if (!strcmp(which, "cudnn")) be = &gw_backend_cudnn;
+#endif
+  if (!be) {
+    printf("model-torch: the %s backend is not in this build, skipped\n", which);
+    return 77;
+  }
+  struct gw_backend *probe = NULL;
+  struct gw_backend_config bc = {.threads = 1, .layout = layout};
+  gw_result_t r = be->create(&bc, &probe);
+  if (r == GW_ERR_UNSUPPORTED) {
+    printf("model-torch: %s, skipped\n", gw_model_last_error());
+    return 77;
+  }
+  if (r != GW_SUCCESS) {
+    fprintf(stderr, "model-torch: the %s backend: %s\n", which, gw_model_last_error());
+    return 1;
+  }
+  be->destroy(probe);
+  printf("model-torch on the %s backend, %s activations\n", which, layout == GW_LAYOUT_NHWC ? "NHWC" : "NCHW");
   Suite *s = suite_create("model-torch");
   TCase *tc = tcase_create("fixture");
   tcase_set_timeout(tc, 240);
@@ -257,7 +325,7 @@ int main(int argc, char **argv) {
 #else
 
 int main(void) {
-  printf("model-torch: built without oneDNN, skipped\n");
+  printf("model-torch: built without a model backend (oneDNN or cuDNN), skipped\n");
   return 77;
 }
 
