@@ -46,6 +46,12 @@ GW_PARAM(DevIpc, "GW_DEV_IPC", 1)
  * (memcpy_async, one per destination).  A rank's own choice: the peers never
  * see it.  scripts/gpu-check.sh measures both. */
 GW_PARAM(DevCopyEngine, "GW_DEV_COPY_ENGINE", 0)
+/* Device-buffer operations smaller than this go through host staging even
+ * where the device ring exists: the ring pays a stream synchronization and a
+ * header per step, 2 (n - 1) of them for an allreduce, where staging pays two
+ * copies and the host algorithms (exchange, tree, LL) at host latency.  Every
+ * rank must use the same (agreed at init with the ring). */
+GW_PARAM(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10)
 
 /* The device ring of a communicator (set up at init, used by the progress thread). */
 struct gw_devring {
@@ -57,6 +63,7 @@ struct gw_devring {
   uint32_t nslots;
   int dtype, kop;
   bool copy_engine;       /* GW_DEV_COPY_ENGINE */
+  uint64_t min_bytes;     /* GW_DEV_RING_MIN_BYTES: smaller operations are staged */
 };
 
 /* Start flags: one per ticket modulo this many; at most this many stream
@@ -201,8 +208,18 @@ static size_t piece_elems(const struct gw_comm *comm, const struct gw_op *op) {
   return GW_MAX(stage_bytes_param(comm) / (es * mult), (size_t)1);
 }
 
+/* Whether op (device buffers) runs on the device ring: there is one, and op
+ * moves at least GW_DEV_RING_MIN_BYTES (per rank's block for allgather and
+ * reduce-scatter, times the ranks); the same answer on every rank. */
+static bool on_ring(const struct gw_comm *comm, const struct gw_op *op) {
+  if (!op->device_mem || !comm->devring) return false;
+  bool per_rank = op->desc.coll == GW_COLL_ALLGATHER || op->desc.coll == GW_COLL_REDUCE_SCATTER;
+  uint64_t bytes = op->desc.count * gw_dtype_size((gw_dtype_t)op->desc.dtype) * (per_rank ? (uint64_t)comm->nranks : 1);
+  return bytes >= comm->devring->min_bytes;
+}
+
 uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op) {
-  if (!op->device_mem || op->desc.count == 0 || comm->devring) return 1;
+  if (!op->device_mem || op->desc.count == 0 || on_ring(comm, op)) return 1;
   size_t pc = piece_elems(comm, op);
   return (op->desc.count + pc - 1) / pc;
 }
@@ -242,7 +259,8 @@ static gw_result_t devstate_make(struct gw_comm *comm, struct gw_errctx *err) {
   d->flags = flags;
   comm->dev = d; /* from here gw__dev_free takes it back */
   if (comm->device < 0) return GW_SUCCESS;
-  return comm->devring ? engine_stream(comm, d, err) : stage_ready(comm, d, err);
+  /* Staging serves operations below the ring's threshold too. */
+  return comm->devring && !comm->devring->min_bytes ? engine_stream(comm, d, err) : stage_ready(comm, d, err);
 }
 
 /* The calling thread on the communicator's device for the calls in between
@@ -426,7 +444,7 @@ gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx
   struct gw_devstate *d = comm->dev;
   gw_result_t res = wait_start(comm, d, op, err);
   if (res == GW_SUCCESS) {
-    if (!op->device_mem || comm->devring) {
+    if (!op->device_mem || on_ring(comm, op)) {
       struct gw_op run = *op;
       run.ordered = false;
       if (op->device_mem && (res = engine_stream(comm, d, err)) == GW_SUCCESS) {
@@ -474,7 +492,7 @@ void gw__dev_free(struct gw_comm *comm) {
 
 /* ---- the device ring ----------------------------------------------------------------------- */
 size_t gw__dev_ring_chunk(const struct gw_comm *comm, const struct gw_op *op) {
-  return op->device_mem && comm->devring ? comm->devring->chunk : 0;
+  return on_ring(comm, op) ? comm->devring->chunk : 0;
 }
 
 /* Whether this rank can take part: a device that maps its peers' memory, and
@@ -495,7 +513,7 @@ static void ring_free(struct gw_devring *dr) {
 struct ring_offer {
   int32_t ok;
   uint32_t nslots;
-  uint64_t chunk;
+  uint64_t chunk, min_bytes;
   struct gw_dev_ipc ipc;
 };
 
@@ -515,6 +533,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   dr->nslots = comm->conn_params.nslots;
   dr->chunk = (size_t)GW_ALIGN_UP(GW_MAX(gw__param_DevChunkBytes(), 4096), 256);
   dr->copy_engine = gw__param_DevCopyEngine() != 0;
+  dr->min_bytes = (uint64_t)GW_MAX(gw__param_DevRingMinBytes(), 0);
   void *twin = NULL;
   if (ring_candidate(comm) && dv->alloc(&twin, (size_t)dr->nslots * dr->chunk) == 0) {
     dr->recv_twin = twin;
@@ -523,11 +542,17 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   } else if (ring_candidate(comm)) {
     GW_WARN(GW_SUB_INIT, "rank %d: no device memory for the device ring: %s", comm->rank, dv->error());
   }
-  mine.nslots = dr->nslots, mine.chunk = dr->chunk;
+  mine.nslots = dr->nslots, mine.chunk = dr->chunk, mine.min_bytes = dr->min_bytes;
   GW_CHECK_GOTO(gw__bootstrap_allgather(comm->bs, &mine, all, sizeof mine, err), res, out);
   bool agree = true;
-  for (int r = 0; r < comm->nranks; r++)
+  for (int r = 0; r < comm->nranks; r++) {
     agree &= all[r].ok && all[r].nslots == mine.nslots && all[r].chunk == mine.chunk;
+    if (all[r].min_bytes != mine.min_bytes && agree)
+      GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_RING_MIN_BYTES is %llu here and %llu on rank %d: no device ring "
+              "(set it alike on every rank)", comm->rank, (unsigned long long)mine.min_bytes,
+              (unsigned long long)all[r].min_bytes, r);
+    agree &= all[r].min_bytes == mine.min_bytes;
+  }
   if (agree) {
     /* Second round: every rank maps its ring successor's twins. */
     void *peer = NULL;
@@ -547,8 +572,9 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   if (agree) {
     comm->devring = dr;
     dr = NULL;
-    GW_INFO(GW_SUB_INIT, "rank %d: device ring over IPC (%u slots of %zu bytes)", comm->rank,
-            comm->devring->nslots, comm->devring->chunk);
+    GW_INFO(GW_SUB_INIT, "rank %d: device ring over IPC (%u slots of %zu bytes; operations under %llu bytes "
+            "through host staging)", comm->rank, comm->devring->nslots, comm->devring->chunk,
+            (unsigned long long)comm->devring->min_bytes);
   } else {
     GW_INFO(GW_SUB_INIT, "rank %d: no device ring (not every rank can map its neighbour's device memory); "
             "device buffers go through host staging", comm->rank);

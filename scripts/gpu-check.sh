@@ -12,7 +12,8 @@
 #      (#wrong must be 0), at 2 ranks through host staging, and on host
 #      buffers at 2 ranks beside them; then the device ring's copies by
 #      kernel (the default) against the copy engine, allreduce and allgather,
-#      and 4 MiB device-ring chunks against 1 MiB;
+#      4 MiB device-ring chunks against 1 MiB, and at 4 ranks small
+#      operations staged (the default under 64 KiB) against the ring only;
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
 #      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
@@ -169,6 +170,9 @@ perf gw-perf-device-allgather-n2-ce 2 GW_DEV_COPY_ENGINE=1 -D -C allgather
 # Chunks of 4 MiB instead of 1: a stream synchronization and a header per
 # chunk, so bigger chunks amortize the host's part at large sizes.
 perf gw-perf-device-n2-chunk4m 2 GW_DEV_CHUNK_BYTES=4194304 -D
+# Small operations through host staging (the default under 64 KiB) against the
+# ring for every size, at 4 ranks, where the ring's 6 steps cost the most.
+perf gw-perf-device-n4-ringonly 4 GW_DEV_RING_MIN_BYTES=0 -D
 
 # ---- 4. the reduction kernel against a device-to-device copy ----------------------------------
 if [ -x "$B/bench/gpu_reduce_bw" ]; then
@@ -262,7 +266,7 @@ def rows(name):
     return list(csv.DictReader(open(p))) if os.path.exists(p) and os.path.getsize(p) else []
 for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2",
              "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce",
-             "gw-perf-device-n2-chunk4m"):
+             "gw-perf-device-n2-chunk4m", "gw-perf-device-n4-ringonly"):
     r = rows(name + ".csv")
     if not r:
         print(f"{name}: no results"); continue
@@ -279,6 +283,12 @@ for coll, kern, ce in (("allreduce", "gw-perf-device-n2", "gw-perf-device-n2-ce"
         print(f"device ring {coll} copies, kernel vs copy engine at {kb['size']} B: busbw "
               f"{float(kb['oop_busbw']):.2f} vs {float(cb['oop_busbw']):.2f} GB/s = "
               f"{float(kb['oop_busbw']) / max(float(cb['oop_busbw']), 1e-9):.2f}x")
+k, c = rows("gw-perf-device-n4.csv"), rows("gw-perf-device-n4-ringonly.csv")
+if k and c:
+    ring = {x["size"]: float(x["oop_time_us"]) for x in c}
+    small = [x for x in k if int(x["size"]) <= 262144 and x["size"] in ring]
+    print("device buffers, 4 ranks, us per allreduce, staged under 64 KiB (default) vs ring only: " +
+          ", ".join(f"{x['size']} B {float(x['oop_time_us']):.1f} vs {ring[x['size']]:.1f}" for x in small))
 r = rows("reduce-bw.csv")
 if r:
     worst = min(float(x["ratio"]) for x in r)
