@@ -52,6 +52,9 @@ GW_PARAM(DevCopyEngine, "GW_DEV_COPY_ENGINE", 0)
  * copies and the host algorithms (exchange, tree, LL) at host latency.  Every
  * rank must use the same (agreed at init with the ring). */
 GW_PARAM(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10)
+/* At destroy, how long a rank waits for its ring predecessor to unmap this
+ * rank's twins before it frees them (gw__dev_ring_free). */
+GW_PARAM(DevUnmapWaitMs, "GW_DEV_UNMAP_WAIT_MS", 2000)
 
 /* The device ring of a communicator (set up at init, used by the progress thread). */
 struct gw_devring {
@@ -568,6 +571,11 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
     for (int r = 0; r < comm->nranks && res == GW_SUCCESS; r++) agree &= oks[r] != 0;
     free(oks);
     if (res != GW_SUCCESS) goto out;
+    if (!agree) { /* every rank unmaps before any frees (the barrier): freeing mapped memory is undefined */
+      if (dr->send_twin) dv->ipc_close(dr->send_twin);
+      dr->send_twin = NULL;
+      GW_CHECK_GOTO(gw__bootstrap_barrier(comm->bs, err), res, out);
+    }
   }
   if (agree) {
     comm->devring = dr;
@@ -585,13 +593,48 @@ out:
   return res;
 }
 
-void gw__dev_ring_free(struct gw_comm *comm) {
-  if (comm->devring && comm->dev_abandoned) { /* gw__dev_free said why */
-    if (comm->devring->send_twin) comm->devring->ops->ipc_close(comm->devring->send_twin);
-    free(comm->devring);
-  } else {
-    ring_free(comm->devring);
+/* Whether ring 0's predecessor has unmapped this rank's twins (it stored 1
+ * in the word of the connection it sends on, which is the one this rank
+ * receives on), or is gone; waits up to GW_DEV_UNMAP_WAIT_MS. */
+static bool twins_unmapped(struct gw_comm *comm) {
+  struct gw_conn *in = &comm->rings[0].recv;
+  _Atomic uint64_t *word = in->tp && in->tp->shared_word ? in->tp->shared_word(in) : NULL;
+  if (!word) return true; /* cannot tell: as before */
+  const int prev = comm->rings[0].prev;
+  const double deadline = gw__now() + (double)GW_MAX(gw__param_DevUnmapWaitMs(), 0) / 1e3;
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  while (atomic_load_explicit(word, memory_order_acquire) == 0) {
+    if (!gw__peer_alive(comm, prev)) return true; /* its mappings went with it */
+    if (gw__now() > deadline) {
+      GW_WARN(GW_SUB_INIT, "rank %d: rank %d has not unmapped this rank's device-ring buffers after %lld ms "
+              "(not destroyed its communicator yet?): they stay allocated (freeing memory another process maps "
+              "is undefined in CUDA)", comm->rank, prev, (long long)gw__param_DevUnmapWaitMs());
+      return false;
+    }
+    gw__waiter_pause(&w);
   }
+  return true;
+}
+
+/* Teardown (after the progress thread stopped): cudaFree of memory another
+ * process has mapped by IPC is undefined, so each rank first unmaps its
+ * successor's twins and says so in the word of the shm connection it sends on
+ * (its successor receives on it), then frees its own twins once its
+ * predecessor has said the same or is gone (twins_unmapped). Not a barrier:
+ * ranks destroy in any order; one that waits past the limit (a predecessor
+ * that keeps its communicator, or destroys several in another order) leaves
+ * its twins allocated with a warning. */
+void gw__dev_ring_free(struct gw_comm *comm) {
+  struct gw_devring *dr = comm->devring;
+  if (!dr) return;
+  if (dr->send_twin) dr->ops->ipc_close(dr->send_twin);
+  dr->send_twin = NULL;
+  struct gw_conn *out = &comm->rings[0].send;
+  if (out->tp && out->tp->shared_word) atomic_store_explicit(out->tp->shared_word(out), 1, memory_order_release);
+  /* After a given-up operation the twins stay anyway (gw__dev_free said why). */
+  if (dr->recv_twin && (comm->dev_abandoned || !twins_unmapped(comm))) dr->recv_twin = NULL;
+  ring_free(dr);
   comm->devring = NULL;
 }
 

@@ -89,7 +89,7 @@ static gw_result_t pump(struct prims *p) {
 /* Whether a peer on this machine still runs (a zombie counts as dead: its
  * launcher has not reaped it yet).  Peers elsewhere are watched by their
  * transport (a closed socket). */
-static bool peer_alive(const struct gw_comm *comm, int peer) {
+bool gw__peer_alive(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *pi = &comm->peers[peer];
   if (strcmp(pi->node_id, comm->peers[comm->rank].node_id) != 0 || pi->pid <= 0) return true;
   if (kill(pi->pid, 0) != 0 && errno == ESRCH) return false;
@@ -113,7 +113,7 @@ static bool slow_check_due(const struct gw_waiter *w) {
  * died (kill -9, crash): fail within a second or so instead of at the
  * deadline.  Returns true when it is dead. */
 static bool waited_peer_dead(struct prims *p, const struct gw_waiter *w, int peer) {
-  return slow_check_due(w) && !peer_alive(p->comm, peer);
+  return slow_check_due(w) && !gw__peer_alive(p->comm, peer);
 }
 
 static gw_result_t dead_peer_error(struct prims *p, int peer) {

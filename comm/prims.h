@@ -52,6 +52,10 @@ struct prims {
   const struct gw_devring *dev;
 };
 
+/* Whether a peer on this machine still runs (a zombie counts as dead); peers
+ * elsewhere count as running (their transport watches them). */
+bool gw__peer_alive(const struct gw_comm *comm, int peer);
+
 /* The device ring's primitives (device.c), the device forms of ring.c's. */
 gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n);
 gw_result_t gw__dprim_recv(struct prims *p, void *dst, size_t n);

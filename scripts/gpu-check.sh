@@ -134,7 +134,7 @@ fi
 suite_fail=0
 # Every case at 2 ranks, each under its own limit (a hang costs that case
 # only; dead-peer, never run on a GPU, last), then the grid at 3 and 4.
-for run in 2:grid 2:ordering 2:misuse 2:destroy 2:bucketer 2:ipc 2:dead-peer 3:grid 4:grid; do
+for run in 2:grid 2:ordering 2:misuse 2:destroy 2:bucketer 2:ipc 2:teardown 2:dead-peer 3:grid 4:grid; do
   n=${run%%:*} c=${run#*:}
   t0=$(date +%s)
   (export GW_TEST_NRANKS=$n CK_RUN_CASE=$c; run_to 60 "$B/test/test_device") >"$OUT/gpu-suite-n$n-$c.txt" 2>&1

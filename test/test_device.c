@@ -20,7 +20,9 @@
  * slow work and marked ready at once: exact sums, three steps; and with a
  * separate compute stream the bucketer orders by events, the optimizer's work
  * on it after wait seeing the sums), "ipc" (a
- * device allocation mapped by another process).
+ * device allocation mapped by another process), "teardown" (a rank frees its
+ * device-ring buffers only after its predecessor unmapped them, or is gone, or
+ * the wait's limit passed).
  * The parent process never touches the device before forking the ranks (a
  * CUDA process cannot fork usable children). */
 #include <check.h>
@@ -505,6 +507,59 @@ static int body_destroy(int rank, int n, const char *master, void *arg) {
 START_TEST(destroy) { ck_assert_int_eq(run_ranks_raw(2, body_destroy, NULL, 60), 0); }
 END_TEST
 
+/* ---- teardown of the device ring ------------------------------------------------------------------
+ * Freeing device memory another process still maps by IPC is undefined, so
+ * at destroy a rank frees its twins only once its ring predecessor has
+ * unmapped them: rank 0 (whose predecessor at 2 ranks is rank 1) destroys at
+ * once while rank 1 waits 0.4 s before its own destroy and lives on 1.5 s
+ * after it (rank 0's destroy returns at rank 1's word, after 0.4 s and well
+ * before rank 1 exits), exits without destroying (rank 0 sees it gone), or, with
+ * GW_DEV_UNMAP_WAIT_MS=100, waits 0.8 s (rank 0 gives up after 0.1 s and
+ * leaves its twins allocated, with a warning). */
+enum { TEARDOWN_LATE, TEARDOWN_GONE, TEARDOWN_LIMIT };
+
+static int body_teardown(int rank, int n, const char *master, void *arg) {
+  const int mode = *(const int *)arg;
+  if (mode == TEARDOWN_LIMIT) setenv("GW_DEV_UNMAP_WAIT_MS", "100", 1);
+  dv = gw__dev();
+  gw_comm_t comm;
+  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  const bool ring = comm->devring != NULL;
+  const size_t count = 1 << 18; /* 1 MiB of int32: on the ring */
+  int32_t *d, *h = malloc(count * sizeof *h);
+  DCHECK(dv->alloc((void **)&d, count * sizeof *d));
+  for (size_t i = 0; i < count; i++) h[i] = (int32_t)(i + (size_t)rank);
+  DCHECK(dv->memcpy_async(d, h, count * sizeof *d, NULL));
+  DCHECK(dv->stream_sync(NULL));
+  GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, NULL), comm);
+  DCHECK(dv->memcpy_async(h, d, count * sizeof *d, NULL));
+  DCHECK(dv->stream_sync(NULL));
+  for (size_t i = 0; i < count; i += 4099) EXPECT(h[i] == (int32_t)(2 * i + 1), "element %zu is %d", i, h[i]);
+  free(h);
+  GWCHECK(gw_barrier(comm), comm);
+  if (rank == 1) {
+    if (mode == TEARDOWN_GONE) _exit(0); /* no destroy: its mappings go with the process */
+    usleep(mode == TEARDOWN_LATE ? 400000 : 800000);
+    gw_comm_destroy(comm);
+    usleep(1500000); /* alive after its destroy: rank 0 must go on at its word, not at its exit */
+    return 0;
+  }
+  double t0 = test_now();
+  gw_comm_destroy(comm);
+  double took = test_now() - t0;
+  if (ring && mode == TEARDOWN_LATE)
+    EXPECT(took > 0.25 && took < 1.2, "destroy took %.2f s: it should wait for rank 1 (0.4 s) to unmap", took);
+  if (mode == TEARDOWN_GONE) EXPECT(took < 1.5, "destroy took %.2f s with rank 1 gone", took);
+  if (ring && mode == TEARDOWN_LIMIT) EXPECT(took < 0.6, "destroy took %.2f s with a 0.1 s limit", took);
+  return 0;
+}
+
+START_TEST(teardown) {
+  for (int mode = TEARDOWN_LATE; mode <= TEARDOWN_LIMIT; mode++)
+    ck_assert_msg(run_ranks_raw(2, body_teardown, &mode, 60) == 0, "teardown mode %d", mode);
+}
+END_TEST
+
 /* ---- IPC ------------------------------------------------------------------------------------------ */
 static int body_ipc(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
@@ -572,9 +627,9 @@ int main(void) {
   tcase_add_test(tc, grid);
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
-  const char *names[] = {"ordering", "misuse", "dead-peer", "destroy", "bucketer", "ipc"};
-  const TTest *tests[] = {ordering, misuse, dead_peer, destroy, bucketer, ipc};
-  for (int i = 0; i < 6; i++) {
+  const char *names[] = {"ordering", "misuse", "dead-peer", "destroy", "bucketer", "ipc", "teardown"};
+  const TTest *tests[] = {ordering, misuse, dead_peer, destroy, bucketer, ipc, teardown};
+  for (int i = 0; i < 7; i++) {
     tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);

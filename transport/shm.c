@@ -63,6 +63,8 @@ struct shm_ctrl {
   char pad1[GW_CACHELINE - sizeof(uint64_t)];
   uint32_t magic, nslots, slot_bytes, pad2;
   char pad2b[GW_CACHELINE - 4 * sizeof(uint32_t)];
+  _Atomic uint64_t word; /* shared_word: for the layers above, zero at setup */
+  char pad3[GW_CACHELINE - sizeof(uint64_t)];
   struct shm_line line[SHM_MAX_SLOTS];
 };
 
@@ -327,6 +329,7 @@ static gw_result_t shm_recv_release(struct gw_conn *c) {
 }
 
 static uint64_t shm_position(const struct gw_conn *c) { return ((const struct shm_conn *)c->priv)->pos; }
+static _Atomic uint64_t *shm_shared_word(struct gw_conn *c) { return &((struct shm_conn *)c->priv)->ctrl->word; }
 
 static void shm_close(struct gw_conn *c) {
   struct shm_conn *s = c->priv;
@@ -347,6 +350,7 @@ const struct gw_transport gw__shm_transport = {
     .recv_connect = shm_recv_connect,
     .send_slot = shm_send_slot,
     .position = shm_position,
+    .shared_word = shm_shared_word,
     .send_post = shm_send_post,
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,

@@ -144,6 +144,11 @@ struct gw_transport {
    * twin of every slot and moves the payload there, while the chunk's header
    * (sequence number, checks, abort notices) still travels here. */
   uint64_t (*position)(const struct gw_conn *c);
+  /* Optional (NULL: none): a word in memory both ends of the connection map,
+   * zero at setup, for a handshake beside the FIFO (comm/device.c: the sender
+   * says it unmapped the receiver's device twins before the receiver frees
+   * them).  Valid until close. */
+  _Atomic uint64_t *(*shared_word)(struct gw_conn *c);
 
   /* Frees everything; accepts a connection that was never set up. */
   void (*close)(struct gw_conn *c);
