@@ -628,12 +628,20 @@ static bool twins_unmapped(struct gw_comm *comm) {
 void gw__dev_ring_free(struct gw_comm *comm) {
   struct gw_devring *dr = comm->devring;
   if (!dr) return;
+  if (comm->dev_abandoned) {
+    /* A stream waits for an operation given up at destroy, and unmapping, as
+     * freeing, waits for every stream of the device (CUDA synchronizes there):
+     * everything stays mapped and allocated (gw__dev_free warned), and the
+     * successor, never told, keeps its twins too after its wait. */
+    free(dr);
+    comm->devring = NULL;
+    return;
+  }
   if (dr->send_twin) dr->ops->ipc_close(dr->send_twin);
   dr->send_twin = NULL;
   struct gw_conn *out = &comm->rings[0].send;
   if (out->tp && out->tp->shared_word) atomic_store_explicit(out->tp->shared_word(out), 1, memory_order_release);
-  /* After a given-up operation the twins stay anyway (gw__dev_free said why). */
-  if (dr->recv_twin && (comm->dev_abandoned || !twins_unmapped(comm))) dr->recv_twin = NULL;
+  if (dr->recv_twin && !twins_unmapped(comm)) dr->recv_twin = NULL;
   ring_free(dr);
   comm->devring = NULL;
 }

@@ -4,6 +4,8 @@
  * legacy default stream).  Failures leave "<call>: <cudaGetErrorName>:
  * <cudaGetErrorString>" in a per-thread buffer for error(). */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -196,14 +198,90 @@ static int cu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtyp
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "cast kernel launch (dtype %d to %d, %zu elements)", src_dtype, dst_dtype, n);
 }
 
+/* Flags by the driver's stream memory operations (cuStreamWriteValue64,
+ * cuStreamWaitValue64), where it has them, else by one-thread kernels.  A
+ * waiting kernel stays resident on an SM, and where several processes share
+ * a GPU without MPS the GPU runs one process's context at a time, in slices of
+ * a few ms: every rank's wait kept its context busy, so a collective between
+ * ranks of one GPU advanced one time slice per step (2.3 ms for 4 bytes on an
+ * H200).  A stream memory operation waits in the GPU's front end instead, with
+ * nothing resident, so the other contexts run.  GW_DEV_FLAG_KERNEL=1 keeps the
+ * kernels (measurements).  Looked up once: the driver's entry points by
+ * version, so nothing links libcuda. */
+typedef int (*cu_memop_fn)(void *stream, unsigned long long addr, unsigned long long value, unsigned flags);
+static pthread_once_t memop_once = PTHREAD_ONCE_INIT;
+static cu_memop_fn memop_write, memop_wait;
+static _Atomic int memop_off; /* a call failed: kernels from then on */
+
+static cu_memop_fn driver_fn(const char *name) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &qres);
+  if (e != cudaSuccess || qres != cudaDriverEntryPointSuccess || !fn) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  cu_memop_fn f;
+  memcpy(&f, &fn, sizeof f);
+  return f;
+}
+
+static void memop_lookup(void) {
+  const char *k = getenv("GW_DEV_FLAG_KERNEL");
+  if (k && *k && strcmp(k, "0") != 0) return;
+  int dev = 0, ok = 0;
+  /* cudaDevAttrCanUse64BitStreamMemOps is not in the runtime's enum: the
+   * driver's CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (122). */
+  typedef int (*attr_fn)(int *v, int attr, int dev);
+  void *fa = NULL;
+  enum cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &fa, 12000, cudaEnableDefault, &qres) != cudaSuccess ||
+      qres != cudaDriverEntryPointSuccess || !fa) {
+    (void)cudaGetLastError();
+    return;
+  }
+  attr_fn get_attr;
+  memcpy(&get_attr, &fa, sizeof get_attr);
+  if (get_attr(&ok, 122, dev) != 0 || !ok) return;
+  cu_memop_fn w = driver_fn("cuStreamWriteValue64"), t = driver_fn("cuStreamWaitValue64");
+  if (w && t) memop_write = w, memop_wait = t;
+}
+
+/* Whether flags go by stream memory operations. */
+static int cu_flag_memops(void) {
+  pthread_once(&memop_once, memop_lookup);
+  return memop_write && !atomic_load_explicit(&memop_off, memory_order_relaxed);
+}
+
+static void memop_failed(int r, const char *what) {
+  if (!atomic_exchange(&memop_off, 1))
+    fprintf(stderr, "gradwire: %s failed (CUresult %d): stream flags by kernels from here\n", what, r);
+}
+
 static int cu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   if (!flag) return cu_fail_msg("flag_write: NULL flag");
+  if (cu_flag_memops()) {
+    /* CU_STREAM_WRITE_VALUE_DEFAULT (0): after everything before it on s, its
+     * writes visible first.  The flag's host address is its device address
+     * (mapped pinned memory, unified addressing). */
+    int r = memop_write((void *)cs(s), (unsigned long long)(uintptr_t)flag, v, 0);
+    if (r == 0) return 0;
+    memop_failed(r, "cuStreamWriteValue64");
+  }
   int e = gw__cuda_flag_write(flag, v, (void *)cs(s));
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "flag write kernel launch");
 }
 
 static int cu_flag_wait(const uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   if (!flag) return cu_fail_msg("flag_wait: NULL flag");
+  if (cu_flag_memops()) {
+    /* CU_STREAM_WAIT_VALUE_GEQ (0): until (int64_t)(*flag - v) >= 0; tickets
+     * only grow and stay far below 2^63. */
+    int r = memop_wait((void *)cs(s), (unsigned long long)(uintptr_t)flag, v, 0);
+    if (r == 0) return 0;
+    memop_failed(r, "cuStreamWaitValue64");
+  }
   int e = gw__cuda_flag_wait(flag, v, (void *)cs(s));
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "flag wait kernel launch");
 }

@@ -10,6 +10,11 @@
  *     Created streams are independent, as cudaStreamNonBlocking ones are; the
  *     default (NULL) stream is one more such thread per process (the legacy
  *     stream's implicit synchronization with other streams is not emulated).
+ *   - free, host_free and ipc_close wait until every stream of the process
+ *     has finished what was queued on it before the call, as cudaFree,
+ *     cudaFreeHost and cudaIpcCloseMemHandle synchronize the device: code
+ *     that frees while a stream waits for something that comes only after the
+ *     free hangs here as it does on a GPU (with a note on stderr after 10 s).
  *   - Devices are numbers 0..N-1 chosen per thread with set_device; nothing
  *     else differs between them.
  * What it cannot show: a kernel's speed, or the host touching device memory by
@@ -30,6 +35,8 @@
 
 #include "core.h"
 #include "dev.h"
+
+static void device_sync_all(const char *what);
 
 static int emu_ndev = 1;
 static _Thread_local char emu_errbuf[256];
@@ -174,6 +181,7 @@ static int emu_alloc(void **p, size_t bytes) {
 static int emu_free(void *p) {
   struct range r;
   if (!p) return 0;
+  device_sync_all("free");
   if (!reg_take(p, 1u << R_DEVICE, &r)) return fail("free(%p): not the start of an emulated device allocation", p);
   munmap(r.base, r.size);
   close(r.fd);
@@ -195,6 +203,7 @@ static int emu_host_alloc(void **p, size_t bytes) {
 static int emu_host_free(void *p) {
   struct range r;
   if (!p) return 0;
+  device_sync_all("host_free");
   if (!reg_take(p, 1u << R_HOST, &r)) return fail("host_free(%p): not from host_alloc", p);
   munmap(r.base, r.size);
   return 0;
@@ -246,6 +255,7 @@ static int emu_ipc_open(const struct gw_dev_ipc *h, void **p) {
 
 static int emu_ipc_close(void *p) {
   struct range r;
+  device_sync_all("ipc_close");
   if (!reg_take(p, 1u << R_IPC, &r)) return fail("ipc_close(%p): not a mapping made by ipc_open", p);
   munmap(r.base, r.size);
   return 0;
@@ -287,7 +297,52 @@ struct gw_dev_stream {
   uint64_t enqueued, finished;
   bool stop;
   _Atomic bool capturing; /* gw__dev_emu_set_capturing */
+  struct gw_dev_stream *prev_all, *next_all; /* every live stream (all_mu) */
 };
+
+/* Every stream of the process, for the implicit synchronization of free. */
+static pthread_mutex_t all_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gw_dev_stream *all_streams;
+
+static void all_add(struct gw_dev_stream *s) {
+  pthread_mutex_lock(&all_mu);
+  s->next_all = all_streams;
+  if (all_streams) all_streams->prev_all = s;
+  all_streams = s;
+  pthread_mutex_unlock(&all_mu);
+}
+
+static void all_remove(struct gw_dev_stream *s) {
+  pthread_mutex_lock(&all_mu);
+  if (s->prev_all) s->prev_all->next_all = s->next_all;
+  else all_streams = s->next_all;
+  if (s->next_all) s->next_all->prev_all = s->prev_all;
+  pthread_mutex_unlock(&all_mu);
+}
+
+/* What cudaFree does first: waits for everything queued so far on every
+ * stream.  all_mu is held throughout, so no stream is freed meanwhile (one
+ * that stops waits in all_remove, after its last item). */
+static void device_sync_all(const char *what) {
+  pthread_mutex_lock(&all_mu);
+  for (struct gw_dev_stream *s = all_streams; s; s = s->next_all) {
+    pthread_mutex_lock(&s->mu);
+    const uint64_t target = s->enqueued;
+    bool noted = false;
+    while (s->finished < target) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_sec += 10;
+      if (pthread_cond_timedwait(&s->idle_cv, &s->mu, &ts) == ETIMEDOUT && !noted) {
+        fprintf(stderr, "gradwire device emulator: %s has waited 10 s for a stream to finish its queued work "
+                "(CUDA synchronizes the device there too): a hang on a GPU\n", what);
+        noted = true;
+      }
+    }
+    pthread_mutex_unlock(&s->mu);
+  }
+  pthread_mutex_unlock(&all_mu);
+}
 
 static void run_item(const struct item *it) {
   switch (it->kind) {
@@ -347,6 +402,7 @@ static void *stream_main(void *arg) {
     pthread_cond_broadcast(&s->idle_cv);
   }
   pthread_mutex_unlock(&s->mu);
+  all_remove(s);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->work_cv);
   pthread_cond_destroy(&s->idle_cv);
@@ -370,6 +426,7 @@ static int stream_new(struct gw_dev_stream **out) {
     free(s);
     return fail("stream_create: pthread_create: %s", strerror(rc));
   }
+  all_add(s);
   *out = s;
   return 0;
 }
