@@ -46,6 +46,12 @@ B=build-gpu
 # smaller; run_to N CMD... runs CMD under that limit (-k: killed if it
 # ignores the TERM), or skips it (exit 124) when under 15 s are left.
 DEADLINE=${GW_CHECK_DEADLINE:-450}
+# GW_CHECK_SKIP: names of steps to leave out (a rerun in the device time that
+# is left: what passed before), each a gpu-suite case (n2:grid ...), a gw-perf
+# or suite output name (gw-perf-device-n2, model-backend-cudnn ...), or
+# model-bench-TAG, model-bench-torch-TAG, gw-train-TAG; said in the summary.
+SKIP=" ${GW_CHECK_SKIP:-} "
+want() { case "$SKIP" in *" $1 "*) say "left out (GW_CHECK_SKIP): $1"; return 1 ;; esac; return 0; }
 lim() { local l=$((DEADLINE - $(elapsed))); if [ "$l" -lt "$1" ]; then echo "$l"; else echo "$1"; fi; }
 run_to() {
   local l
@@ -136,6 +142,7 @@ suite_fail=0
 # only; dead-peer, never run on a GPU, last), then the grid at 3 and 4.
 for run in 2:grid 2:ordering 2:misuse 2:destroy 2:bucketer 2:ipc 2:teardown 2:dead-peer 3:grid 4:grid; do
   n=${run%%:*} c=${run#*:}
+  want "n$n:$c" || continue
   t0=$(date +%s)
   (export GW_TEST_NRANKS=$n CK_RUN_CASE=$c; run_to 60 "$B/test/test_device") >"$OUT/gpu-suite-n$n-$c.txt" 2>&1
   rc=$?
@@ -150,6 +157,7 @@ perf_fail=0
 perf() { # NAME RANKS ENV ARGS... (ENV: VAR=value, or - for none)
   local name=$1 n=$2 envv=$3
   shift 3
+  want "$name" || return 0
   [ "$envv" = - ] && envv=GW_UNUSED=0
   (export "${envv?}"; run_to 60 "$B/tools/gw-run" -n "$n" "$B/tools/gw-perf" -b 4 -e 256M -f 4 -n 10 -w 2 "$@" \
     --csv "$OUT/$name.csv") >"$OUT/$name.txt" 2>&1
@@ -173,9 +181,14 @@ perf gw-perf-device-n2-chunk4m 2 GW_DEV_CHUNK_BYTES=4194304 -D
 # Small operations through host staging (the default under 64 KiB) against the
 # ring for every size, at 4 ranks, where the ring's 6 steps cost the most.
 perf gw-perf-device-n4-ringonly 4 GW_DEV_RING_MIN_BYTES=0 -D
+# The stream flags as kernels instead of stream memory operations (the
+# default): small sizes only, since every step then waits a time slice.
+perf gw-perf-device-n2-flagkernel 2 GW_DEV_FLAG_KERNEL=1 -D -e 1M
 
 # ---- 4. the reduction kernel against a device-to-device copy ----------------------------------
-if [ -x "$B/bench/gpu_reduce_bw" ]; then
+if ! want reduce-bw; then
+  :
+elif [ -x "$B/bench/gpu_reduce_bw" ]; then
   run_to 60 "$B/bench/gpu_reduce_bw" --csv "$OUT/reduce-bw.csv" >"$OUT/reduce-bw.txt" 2>&1
   rc=$?
   [ $rc = 0 ] || perf_fail=1
@@ -190,6 +203,7 @@ model_fail=0
 suite() { # NAME TITLE LIMIT COMMAND...: a test suite's verdict (skipped is not passed)
   local name=$1 title=$2 limit=$3 t0 rc
   shift 3
+  want "$name" || return 0
   t0=$(date +%s)
   run_to "$limit" "$@" >"$OUT/$name.txt" 2>&1
   rc=$?
@@ -208,6 +222,7 @@ mb=(--batch "$BATCH" --steps 8 --warmup 2)
 # (per kind of layer for gradwire, per operator/kernel for PyTorch): the tables
 # go into the summary too, to show where the two differ.
 bench_gw() { # TAG OPTIONS: model_bench on cudnn
+  want "model-bench-$1" || return 0
   budget 45 "model_bench $2" || return 0
   # shellcheck disable=SC2086
   run_to 100 "$B/bench/model_bench" --backend cudnn $2 "${mb[@]}" >"$OUT/model-bench-$1.txt" 2>&1
@@ -215,6 +230,7 @@ bench_gw() { # TAG OPTIONS: model_bench on cudnn
   sed -n '/^profile/,/slowest layers/p' "$OUT/model-bench-$1.txt" | tee -a "$OUT/summary.txt"
 }
 bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
+  want "model-bench-torch-$1" || return 0
   budget 45 "model_bench_torch $2" || return 0
   # shellcheck disable=SC2086
   run_to 100 python3 bench/model_bench_torch.py --device cuda $2 "${mb[@]}" >"$OUT/model-bench-torch-$1.txt" 2>&1
@@ -223,6 +239,7 @@ bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
 }
 train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NHWC (cudnn's default)
   local n=$1 tag=n$1${2:+-hoststep}
+  want "gw-train-$tag" || return 0
   budget 60 "gw-train $*" || return 0
   rm -f "$OUT/gw-train-$tag.jsonl"
   # shellcheck disable=SC2086
@@ -266,7 +283,7 @@ def rows(name):
     return list(csv.DictReader(open(p))) if os.path.exists(p) and os.path.getsize(p) else []
 for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2",
              "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce",
-             "gw-perf-device-n2-chunk4m", "gw-perf-device-n4-ringonly"):
+             "gw-perf-device-n2-chunk4m", "gw-perf-device-n4-ringonly", "gw-perf-device-n2-flagkernel"):
     r = rows(name + ".csv")
     if not r:
         print(f"{name}: no results"); continue
