@@ -222,20 +222,39 @@ int main(int argc, char **argv) {
   double *t = calloc((size_t)steps, sizeof(double));
   float loss = 0;
   CHECK(gw_exec_stage(e, x, y));
+  /* Where the host's time goes in a timed step (means): the forward's calls,
+   * the loss (which waits for the forward: a device backend returns the loss
+   * value), the backward's calls, staging the next batch, the optimizer's calls,
+   * and the final wait for the device.  A phase that is not a wait and takes
+   * longer than the device's work leaves the device idle. */
+  enum { PH_FWD, PH_BWD, PH_STAGE, PH_SGD, PH_WAIT, PH_N };
+  double ph[PH_N] = {0};
   for (int s = 0; s < warmup + steps + profile; s++) {
     if (s == warmup + steps) CHECK(gw_exec_set_profile(e, 1)); /* after the timed steps */
-    double t0 = now();
+    double tp[PH_N + 1];
+    tp[0] = now();
     CHECK(gw_exec_forward(e, NULL, 1)); /* the staged batch */
+    tp[1] = now();
     CHECK(gw_exec_backward(e, NULL, &loss, NULL, NULL));
+    tp[2] = now();
     CHECK(gw_exec_stage(e, x, y)); /* the next step's, while this one's backward runs */
+    tp[3] = now();
     struct gw_sgd_scalars scal;
     gw_sgd_scalars_at(sgd, 0.01f, 1.0f, &scal);
     CHECK(ops->sgd_step(b, runs, nruns, gw_exec_params(e), gw_exec_grads(e), mom, &scal));
     gw_sgd_set_steps(sgd, gw_sgd_steps(sgd) + 1);
+    tp[4] = now();
     int over = 0; /* waits for the step (the next loss would too) */
     CHECK(ops->nonfinite(b, &mom[0], 1, &over));
-    if (s >= warmup && s < warmup + steps) t[s - warmup] = now() - t0;
+    tp[5] = now();
+    if (s >= warmup && s < warmup + steps) {
+      t[s - warmup] = tp[PH_N] - tp[0];
+      for (int k = 0; k < PH_N; k++) ph[k] += (tp[k + 1] - tp[k]) / steps;
+    }
   }
+  printf("host per step (mean ms): forward calls %.2f, loss and backward calls %.2f (the loss waits for the forward), "
+         "staging the next batch %.2f, optimizer calls %.2f, waiting for the device %.2f\n", ph[PH_FWD] * 1e3,
+         ph[PH_BWD] * 1e3, ph[PH_STAGE] * 1e3, ph[PH_SGD] * 1e3, ph[PH_WAIT] * 1e3);
   if (profile) print_profile(e);
   qsort(t, (size_t)steps, sizeof *t, cmp_double);
   double med = t[steps / 2];
