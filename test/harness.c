@@ -132,6 +132,22 @@ int body_uses_transport(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
+int run_in_child(int (*fn)(void *), void *arg) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int r = fn(arg);
+    fflush(NULL);
+    _exit(r);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+    perror("run_in_child: fork / waitpid");
+    return 1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 int run_suite(Suite *s) {
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

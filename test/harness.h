@@ -62,6 +62,13 @@ int body_uses_transport(gw_comm_t comm, int rank, int n, void *arg);
 /* Runs every test of the suite (Check forks each); the process exit code. */
 int run_suite(Suite *s);
 
+/* fn(arg) in a forked child: its return value as the child's exit status, or 1
+ * when it died or could not be started.  For whatever must not initialize a
+ * device in this process, such as probing a cudnn backend before run_suite:
+ * CUDA does not survive fork, and Check forks every test from this process
+ * (the children would fail with cudaErrorInitializationError). */
+int run_in_child(int (*fn)(void *), void *arg);
+
 /* Unit roundoff of a floating dtype (0 for integers). */
 double test_unit_roundoff(gw_dtype_t dt);
 int test_is_float(gw_dtype_t dt);

@@ -37,8 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "gw_config.h"
 #include "harness.h"
@@ -418,30 +416,21 @@ static const struct gw_backend_ops *built_backend(const char *name, const char *
   return NULL;
 }
 
-/* Makes one backend in a child process, so this one never initializes the device
- * (CUDA does not survive fork, and Check forks every test from this process).
- * Returns 0 when create() succeeded, 77 when it said GW_ERR_UNSUPPORTED (no usable
- * device), 1 on any other failure; the child prints why. */
-static int probe_backend(const char *name) {
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    struct gw_backend_config cfg = strict_config();
-    struct gw_backend *b = NULL;
-    gw_result_t r = be->create(&cfg, &b);
-    if (r == GW_ERR_UNSUPPORTED) printf("model-backend %s: skipped: %s\n", name, gw_model_last_error());
-    else if (r != GW_SUCCESS) printf("model-backend %s: create failed (%d): %s\n", name, (int)r, gw_model_last_error());
-    be->destroy(b);
-    fflush(NULL);
-    _exit(r == GW_SUCCESS ? 0 : r == GW_ERR_UNSUPPORTED ? 77 : 1);
-  }
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) != pid) {
-    perror("model-backend: fork / waitpid");
-    return 1;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+/* Makes one backend, in a child process (run_in_child says why).  Returns 0
+ * when create() succeeded, 77 when it said GW_ERR_UNSUPPORTED (no usable
+ * device), 1 on any other failure; prints why. */
+static int probe_child(void *arg) {
+  const char *name = arg;
+  struct gw_backend_config cfg = strict_config();
+  struct gw_backend *b = NULL;
+  gw_result_t r = be->create(&cfg, &b);
+  if (r == GW_ERR_UNSUPPORTED) printf("model-backend %s: skipped: %s\n", name, gw_model_last_error());
+  else if (r != GW_SUCCESS) printf("model-backend %s: create failed (%d): %s\n", name, (int)r, gw_model_last_error());
+  be->destroy(b);
+  return r == GW_SUCCESS ? 0 : r == GW_ERR_UNSUPPORTED ? 77 : 1;
 }
+
+static int probe_backend(const char *name) { return run_in_child(probe_child, (void *)name); }
 
 int main(int argc, char **argv) {
   chosen = argc > 1 ? argv[1] : "cpu";

@@ -31,8 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "gw_config.h"
 #include "harness.h"
@@ -611,6 +609,23 @@ START_TEST(test_refused) {
 }
 END_TEST
 
+/* Makes the backend and one convolution in the half type: 0, 77 when the
+ * machine cannot (said why), 1 on another failure. */
+static int probe_child(void *arg) {
+  (void)arg;
+  struct gw_backend_config c = {.threads = 1, .act = half_dt};
+  struct gw_backend *b;
+  struct gw_op *op;
+  struct gw_op_desc d = conv_desc(1, 2, 4, 2, 3, 1, 1);
+  gw_result_t r = be->create(&c, &b);
+  if (r == GW_SUCCESS) r = be->op_create(b, &d, &op);
+  if (r != GW_SUCCESS) {
+    printf("model-bf16 %s: %s; skipped\n", chosen, gw_model_last_error());
+    return r == GW_ERR_UNSUPPORTED || r == GW_ERR_INTERNAL ? 77 : 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) chosen = argv[1];
   if (argc > 2 && !strcmp(argv[2], "fp16")) half_dt = GW_FLOAT16, half_name = "float16";
@@ -633,25 +648,9 @@ int main(int argc, char **argv) {
     return 77;
   }
   /* Whether this machine can: the cpu backend's bfloat16 primitives need AVX512,
-   * cudnn a GPU.  Probed in a child (a CUDA process cannot fork usable children). */
-  pid_t pid = fork();
-  if (pid == 0) {
-    struct gw_backend_config c = {.threads = 1, .act = half_dt};
-    struct gw_backend *b;
-    struct gw_op *op;
-    struct gw_op_desc d = conv_desc(1, 2, 4, 2, 3, 1, 1);
-    gw_result_t r = be->create(&c, &b);
-    if (r == GW_SUCCESS) r = be->op_create(b, &d, &op);
-    if (r != GW_SUCCESS) {
-      printf("model-bf16 %s: %s; skipped\n", chosen, gw_model_last_error());
-      fflush(stdout);
-      _exit(r == GW_ERR_UNSUPPORTED || r == GW_ERR_INTERNAL ? 77 : 1);
-    }
-    _exit(0);
-  }
-  int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 1;
-  if (WEXITSTATUS(st) != 0) return WEXITSTATUS(st);
+   * cudnn a GPU.  Probed in a child (run_in_child says why). */
+  const int probe = run_in_child(probe_child, NULL);
+  if (probe != 0) return probe;
   Suite *s = suite_create("model-bf16");
   TCase *tc = tcase_create(chosen);
   tcase_set_timeout(tc, 300);

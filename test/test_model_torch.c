@@ -272,6 +272,25 @@ START_TEST(test_resnet18_three_sgd_steps) {
 }
 END_TEST
 
+/* Makes the backend under test: 0, 77 when this machine cannot (said why), 1
+ * on another failure. */
+static int probe_child(void *arg) {
+  const char *which = arg;
+  struct gw_backend *probe = NULL;
+  struct gw_backend_config bc = {.threads = 1, .layout = layout};
+  gw_result_t r = be->create(&bc, &probe);
+  if (r == GW_ERR_UNSUPPORTED) {
+    printf("model-torch: %s, skipped\n", gw_model_last_error());
+    return 77;
+  }
+  if (r != GW_SUCCESS) {
+    fprintf(stderr, "model-torch: the %s backend: %s\n", which, gw_model_last_error());
+    return 1;
+  }
+  be->destroy(probe);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static struct gw_backend_ops cpu_dev;
   const char *which = "cpu";
@@ -300,18 +319,10 @@ int main(int argc, char **argv) {
     printf("model-torch: the %s backend is not in this build, skipped\n", which);
     return 77;
   }
-  struct gw_backend *probe = NULL;
-  struct gw_backend_config bc = {.threads = 1, .layout = layout};
-  gw_result_t r = be->create(&bc, &probe);
-  if (r == GW_ERR_UNSUPPORTED) {
-    printf("model-torch: %s, skipped\n", gw_model_last_error());
-    return 77;
-  }
-  if (r != GW_SUCCESS) {
-    fprintf(stderr, "model-torch: the %s backend: %s\n", which, gw_model_last_error());
-    return 1;
-  }
-  be->destroy(probe);
+  /* In a child: this process must not initialize a GPU (run_in_child says why;
+   * every case failed with cudaErrorInitializationError on the H200). */
+  const int probe = run_in_child(probe_child, (void *)which);
+  if (probe != 0) return probe;
   printf("model-torch on the %s backend, %s activations\n", which, layout == GW_LAYOUT_NHWC ? "NHWC" : "NCHW");
   Suite *s = suite_create("model-torch");
   TCase *tc = tcase_create("fixture");
