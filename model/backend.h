@@ -119,6 +119,12 @@ struct gw_backend_ops {
    * read.  A host backend copies at once. */
   gw_result_t (*upload_async)(struct gw_backend *b, void *dst, const void *host_src, size_t bytes, int slot);
   gw_result_t (*upload_order)(struct gw_backend *b, int slot);
+  /* The slot's own host buffer (pinned for a device backend) of at least
+   * `bytes`, once the slot's previous transfer has left it: the caller fills it
+   * and passes it to upload_async as host_src (same slot, at most `bytes`),
+   * which then sends it as it is instead of copying it in first.  Valid until
+   * the slot's next stage_buffer or upload_async. */
+  gw_result_t (*stage_buffer)(struct gw_backend *b, int slot, size_t bytes, void **host);
 
   /* The dtype of activation tensors (gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16). */
   int (*act_dtype)(const struct gw_backend *b);

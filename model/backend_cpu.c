@@ -77,6 +77,7 @@ static void cpu_destroy(struct gw_backend *b) {
   if (b->stream) dnnl_stream_destroy(b->stream);
   if (b->engine) dnnl_engine_destroy(b->engine);
   free(b->marks);
+  free(b->stage[0]), free(b->stage[1]);
   free(b);
 }
 
@@ -424,6 +425,21 @@ static gw_result_t cpu_upload_async(struct gw_backend *b, void *dst, const void 
   return cpu_copy(b, dst, src, bytes);
 }
 
+/* A buffer per slot, so the executor's staging path is the device backends'
+ * (filled in place, then copied by upload_async). */
+static gw_result_t cpu_stage_buffer(struct gw_backend *b, int slot, size_t bytes, void **host) {
+  if (slot < 0 || slot > 1 || !host)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: stage_buffer: slot %d (0 or 1), %p", slot,
+                          (void *)host);
+  if (bytes > b->stage_cap[slot] || !b->stage[slot]) {
+    void *p = realloc(b->stage[slot], bytes ? bytes : 1);
+    if (!p) return gw__model_fail(GW_ERR_SYSTEM, "cpu backend: stage_buffer: out of memory for %zu bytes", bytes);
+    b->stage[slot] = p, b->stage_cap[slot] = bytes;
+  }
+  *host = b->stage[slot];
+  return GW_SUCCESS;
+}
+
 static gw_result_t cpu_upload_order(struct gw_backend *b, int slot) {
   (void)b;
   if (slot < 0 || slot > 1) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: upload_order: slot %d", slot);
@@ -468,6 +484,7 @@ const struct gw_backend_ops gw_backend_cpu = {
     .copy = cpu_copy,
     .upload_async = cpu_upload_async,
     .upload_order = cpu_upload_order,
+    .stage_buffer = cpu_stage_buffer,
     .act_dtype = cpu_act_dtype,
     .layout = cpu_layout,
     .op_create = cpu_op_create,

@@ -21,6 +21,8 @@ struct gw_backend {
   dnnl_format_tag_t atag; /* their oneDNN tag: dnnl_nchw or dnnl_nhwc */
   double *marks;          /* mark: the clock per slot, grown to the highest slot used */
   int nmarks;
+  void *stage[2];         /* stage_buffer's, per slot */
+  size_t stage_cap[2];
 };
 
 /* One tensor argument: the plain memory the caller's pointer goes into, and when

@@ -209,22 +209,40 @@ static gw_result_t staging_ready(struct gw_backend *b) {
   return GW_SUCCESS;
 }
 
+/* The slot's pinned buffer, at least `bytes`, free of its previous transfer. */
+static gw_result_t slot_pinned(struct gw_backend *b, int slot, size_t bytes, const char *what) {
+  GW_MODEL_TRY(staging_ready(b));
+  struct stage_slot *s = &b->slot[slot];
+  /* The slot's previous transfer has left the pinned buffer before it is refilled. */
+  CU_TRY(cudaEventSynchronize(s->copied), what);
+  if (bytes > s->cap) {
+    if (s->pinned) cudaFreeHost(s->pinned);
+    s->pinned = NULL, s->cap = 0;
+    CU_TRY(cudaHostAlloc(&s->pinned, bytes, cudaHostAllocDefault), what);
+    s->cap = bytes;
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t cudnn_stage_buffer(struct gw_backend *b, int slot, size_t bytes, void **host) {
+  if (slot < 0 || slot > 1 || !host)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: stage_buffer: slot %d (0 or 1), %p", slot,
+                          (void *)host);
+  GW_MODEL_TRY(slot_pinned(b, slot, bytes ? bytes : 1, "stage_buffer (pinned staging memory)"));
+  *host = b->slot[slot].pinned;
+  return GW_SUCCESS;
+}
+
 static gw_result_t cudnn_upload_async(struct gw_backend *b, void *dst, const void *src, size_t bytes, int slot) {
   if (slot < 0 || slot > 1 || (bytes && (!dst || !src)))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: upload_async: slot %d (0 or 1), %zu bytes from %p "
                           "to %p", slot, bytes, src, dst);
-  GW_MODEL_TRY(staging_ready(b));
   struct stage_slot *s = &b->slot[slot];
-  /* The slot's previous transfer has left the pinned buffer before it is refilled. */
-  CU_TRY(cudaEventSynchronize(s->copied), "upload_async (the slot's previous transfer)");
-  if (bytes > s->cap) {
-    if (s->pinned) cudaFreeHost(s->pinned);
-    s->pinned = NULL, s->cap = 0;
-    CU_TRY(cudaHostAlloc(&s->pinned, bytes, cudaHostAllocDefault), "upload_async (pinned staging memory)");
-    s->cap = bytes;
-  }
+  /* Filled in place (stage_buffer): sent as it is. */
+  const int in_place = s->pinned && src == s->pinned && bytes <= s->cap;
+  if (!in_place) GW_MODEL_TRY(slot_pinned(b, slot, bytes, "upload_async (the slot's previous transfer, pinned memory)"));
   if (!bytes) return GW_SUCCESS;
-  memcpy(s->pinned, src, bytes);
+  if (!in_place) memcpy(s->pinned, src, bytes);
   if (s->freed_recorded) CU_TRY(cudaStreamWaitEvent(b->copy_stream, s->freed, 0), "upload_async");
   CU_TRY(cudaMemcpyAsync(dst, s->pinned, bytes, cudaMemcpyHostToDevice, b->copy_stream), "upload_async");
   CU_TRY(cudaEventRecord(s->copied, b->copy_stream), "upload_async");
@@ -649,6 +667,7 @@ const struct gw_backend_ops gw_backend_cudnn = {
     .copy = cudnn_copy,
     .upload_async = cudnn_upload_async,
     .upload_order = cudnn_upload_order,
+    .stage_buffer = cudnn_stage_buffer,
     .act_dtype = cudnn_act_dtype,
     .layout = cudnn_layout,
     .op_create = cudnn_op_create,

@@ -230,6 +230,8 @@ static void expect_same_step(struct rig *a, struct rig *b, float la, float lb, c
 }
 
 START_TEST(test_staged_input) {
+  /* the batch converted by 3 threads (samples 0, 1 and 2-3), as big ones are */
+  setenv("GW_STAGE_THREADS", "3", 1);
   struct gw_backend_ops dev;
   struct rig a, b;
   rig_pair(&a, &b, &dev, 18, 4);
