@@ -22,11 +22,12 @@
 #      cudnn (every layer against float32), the ResNets against PyTorch's
 #      fixture (a step of ResNet-50, 3 SGD steps of ResNet-18, NCHW and
 #      NHWC), ResNet-50 training throughput of
-#      model_bench (TF32 NCHW; bf16 and fp16 NHWC; bf16 unfused and bf16 NCHW
-#      for the fusion's and the layout's gains) beside PyTorch on the same GPU
+#      model_bench (TF32 NCHW; bf16 and fp16 NCHW, cudnn's default layout;
+#      bf16 unfused and bf16 NHWC for the fusion's and the layout's
+#      gains) beside PyTorch on the same GPU
 #      (TF32 NCHW; channels_last + AMP bf16 and fp16), and gw-train --amp bf16
 #      on synthetic 224x224 data at 1 and 2 ranks and with --host-step; where
-#      nsys is installed, the GPU time per kernel of model_bench bf16 NHWC;
+#      nsys is installed, the GPU time per kernel of model_bench bf16 NCHW and NHWC;
 # and writes summary.txt, log.txt and the CSVs into OUTDIR.  Each step has its
 # own time limit, and the benchmarks after the suites run only while the
 # script is inside 7 minutes (what is skipped for time is said), so the whole
@@ -176,9 +177,9 @@ perf gw-perf-host-n2 2 -
 perf gw-perf-device-n2-ce 2 GW_DEV_COPY_ENGINE=1 -D
 perf gw-perf-device-allgather-n2 2 - -D -C allgather
 perf gw-perf-device-allgather-n2-ce 2 GW_DEV_COPY_ENGINE=1 -D -C allgather
-# Chunks of 4 MiB instead of 1: a stream synchronization and a header per
-# chunk, so bigger chunks amortize the host's part at large sizes.
-perf gw-perf-device-n2-chunk4m 2 GW_DEV_CHUNK_BYTES=4194304 -D
+# Chunks of 1 MiB instead of 4 (the default): a stream synchronization and a
+# header per chunk, so bigger chunks amortize the host's part at large sizes.
+perf gw-perf-device-n2-chunk1m 2 GW_DEV_CHUNK_BYTES=1048576 -D
 # Small operations through host staging (the default under 64 KiB) against the
 # ring for every size, at 4 ranks, where the ring's 6 steps cost the most.
 perf gw-perf-device-n4-ringonly 4 GW_DEV_RING_MIN_BYTES=0 -D
@@ -239,7 +240,7 @@ bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
   say "model_bench_torch ($2): exit $? $(tail -1 "$OUT/model-bench-torch-$1.txt")"
   awk '/^profile/ { on = 1 } /^pytorch / { on = 0 } on' "$OUT/model-bench-torch-$1.txt" | tee -a "$OUT/summary.txt"
 }
-train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NHWC (cudnn's default)
+train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NCHW (cudnn's default)
   local n=$1 tag=n$1${2:+-hoststep}
   want "gw-train-$tag" || return 0
   budget 60 "gw-train $*" || return 0
@@ -278,7 +279,7 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   # Most wanted first (the deadline cuts the tail): issue 10's comparison,
   # the suites, one gw-train run, the other comparisons, then the gains of
   # the fusion and the layout and the other gw-train runs.
-  bench_gw bf16 "--act bf16 --layout nhwc --profile 1"
+  bench_gw bf16 "--act bf16 --layout nchw --profile 1"
   bench_torch bf16 "--tf32 1 --channels-last --amp bf16 --profile 1"
   suite model-backend-cudnn "model backend suite on cudnn" 90 "$B/test/test_model_backend" cudnn
   suite model-backend-cudnn-nhwc "model backend suite on cudnn, NHWC" 90 "$B/test/test_model_backend" cudnn nhwc
@@ -288,14 +289,15 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
     env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn
   suite model-torch-cudnn-nhwc "the same, NHWC" 60 env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn nhwc
   train 1
-  nsys_kernels bf16 "--act bf16 --layout nhwc"
+  nsys_kernels bf16 "--act bf16 --layout nchw"
+  nsys_kernels bf16-nhwc "--act bf16 --layout nhwc"
   bench_gw tf32 "--tf32 1"
   bench_torch tf32 "--tf32 1"
-  bench_gw fp16 "--act fp16 --layout nhwc"
+  bench_gw fp16 "--act fp16 --layout nchw"
   bench_torch fp16 "--tf32 1 --channels-last --amp fp16"
   train 2
-  bench_gw bf16-nofuse "--act bf16 --layout nhwc --no-fuse"
-  bench_gw bf16-nchw "--act bf16 --layout nchw"
+  bench_gw bf16-nhwc "--act bf16 --layout nhwc --profile 1"
+  bench_gw bf16-nofuse "--act bf16 --layout nchw --no-fuse"
   train 2 --host-step
 else
   say "cudnn backend: not built here (no cuDNN/cuBLAS found: see build.txt)"
@@ -310,7 +312,7 @@ def rows(name):
     return list(csv.DictReader(open(p))) if os.path.exists(p) and os.path.getsize(p) else []
 for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2",
              "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce",
-             "gw-perf-device-n2-chunk4m", "gw-perf-device-n4-ringonly", "gw-perf-device-n2-flagkernel"):
+             "gw-perf-device-n2-chunk1m", "gw-perf-device-n4-ringonly", "gw-perf-device-n2-flagkernel"):
     r = rows(name + ".csv")
     if not r:
         print(f"{name}: no results"); continue
@@ -349,21 +351,21 @@ def img_s(name):
 def one(name):
     v = img_s(name)
     return v[-1] if v else None
-gw = {t: one(f"model-bench-{t}.txt") for t in ("tf32", "bf16", "fp16", "bf16-nofuse", "bf16-nchw")}
+gw = {t: one(f"model-bench-{t}.txt") for t in ("tf32", "bf16", "fp16", "bf16-nofuse", "bf16-nhwc")}
 pt = {t: one(f"model-bench-torch-{t}.txt") for t in ("tf32", "bf16", "fp16")}
-for t, what in (("tf32", "tf32 (NCHW both)"), ("bf16", "bf16 NHWC vs channels_last amp bf16"),
-                ("fp16", "fp16 NHWC vs channels_last amp fp16")):
+for t, what in (("tf32", "tf32 (NCHW both)"), ("bf16", "bf16 NCHW vs channels_last amp bf16"),
+                ("fp16", "fp16 NCHW vs channels_last amp fp16")):
     if gw[t] and pt[t]:
         print(f"model_bench cudnn {what}: {gw[t]:.1f} vs pytorch {pt[t]:.1f} img/s = {gw[t] / pt[t]:.2f}x"
               + (" (issue 10's goal: 1.1x)" if t == "bf16" else ""))
     elif pt[t]:
         print(f"pytorch {t}: {pt[t]:.1f} img/s (gradwire's run gave no figure)")
 if gw["bf16"] and gw["bf16-nofuse"]:
-    print(f"model_bench cudnn bf16 NHWC: batch norm fused {gw['bf16']:.1f} vs unfused {gw['bf16-nofuse']:.1f} img/s = "
+    print(f"model_bench cudnn bf16 NCHW: batch norm fused {gw['bf16']:.1f} vs unfused {gw['bf16-nofuse']:.1f} img/s = "
           f"{gw['bf16'] / gw['bf16-nofuse']:.2f}x")
-if gw["bf16"] and gw["bf16-nchw"]:
-    print(f"model_bench cudnn bf16: NHWC {gw['bf16']:.1f} vs NCHW {gw['bf16-nchw']:.1f} img/s = "
-          f"{gw['bf16'] / gw['bf16-nchw']:.2f}x")
+if gw["bf16"] and gw["bf16-nhwc"]:
+    print(f"model_bench cudnn bf16: NCHW {gw['bf16']:.1f} vs NHWC {gw['bf16-nhwc']:.1f} img/s = "
+          f"{gw['bf16'] / gw['bf16-nhwc']:.2f}x")
 for tag in ("n1", "n2", "n2-hoststep"):
     p = os.path.join(out, f"gw-train-{tag}.jsonl")
     if not os.path.exists(p): continue

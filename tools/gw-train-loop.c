@@ -209,8 +209,8 @@ static int setup_model(struct trainer *t) {
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
   struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32,
                                  .act = o->amp, .layout = o->layout};
-  if (o->layout < 0) /* channels-last where the convolutions want it (cuDNN's tensor cores) */
-    bc.layout = !strcmp(o->backend, "cudnn") ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
+  if (o->layout < 0) /* NCHW on both: measured faster end to end (docs/gpu.md) */
+    bc.layout = GW_LAYOUT_NCHW;
 #if GW_HAVE_CUDNN
   if (!strcmp(o->backend, "cudnn")) t->ops = &gw_backend_cudnn;
 #endif
