@@ -1,7 +1,8 @@
 /* gpu_reduce_bw.c - the CUDA reduction kernel (gw__cuda_reduce) against
  * cudaMemcpyAsync device to device on the first GPU: float32, bfloat16 and
  * float16 SUM at 64 MiB, 256 MiB and 1 GiB per input, timed with CUDA events
- * (3 warm-up runs, then best and mean of 20).  A reduction moves 3x the bytes
+ * (reduction and copy in turn: 3 warm-up pairs and at least 200 ms, then the
+ * best and mean of 20 pairs).  A reduction moves 3x the bytes
  * of an input (two reads, one write), a copy 2x (one read, one write); ratio is
  * reduce GB/s over copy GB/s, both from the best run.
  *
@@ -318,26 +319,38 @@ struct timing {
 };
 
 /* which 0: reduce a + b -> dst; 1: copy a -> cdst. */
-static struct timing time_op(int which, void *dst, const void *a, const void *b, size_t bytes, int dt,
-                             cudaStream_t s, cudaEvent_t *ev) {
+/* The reduction (into dst) and the copy (into dc), in turn: WARMUP pairs and
+ * at least 200 ms of both first (the GPU's clocks rise from idle, and the first
+ * size of each dtype follows the host's pattern fill), then ITERS pairs timed
+ * with events, so both see the same clocks and the same L2 history. */
+static void time_pair(void *dst, void *dc, const void *a, const void *b, size_t bytes, int dt, cudaStream_t s,
+                      cudaEvent_t *ev, struct timing *r, struct timing *c) {
   const size_t n = bytes / esize[dt];
-  struct timing t = {1e30, 0};
-  for (int i = 0; i < WARMUP + ITERS; i++) {
-    int k = i < WARMUP ? 0 : i - WARMUP;
-    CK(cudaEventRecord(ev[2 * k], s));
-    if (which == 0) CKR(gw__cuda_reduce(dst, NULL, a, b, n, dt, GW_KOP_SUM, 1, s));
-    else CK(cudaMemcpyAsync(dst, a, bytes, cudaMemcpyDeviceToDevice, s));
-    CK(cudaEventRecord(ev[2 * k + 1], s));
-    if (i < WARMUP) CK(cudaStreamSynchronize(s));
+  const double t0 = now_s();
+  for (int i = 0; i < WARMUP || now_s() - t0 < 0.2; i++) {
+    CKR(gw__cuda_reduce(dst, NULL, a, b, n, dt, GW_KOP_SUM, 1, s));
+    CK(cudaMemcpyAsync(dc, a, bytes, cudaMemcpyDeviceToDevice, s));
+    CK(cudaStreamSynchronize(s));
+  }
+  for (int k = 0; k < ITERS; k++) {
+    CK(cudaEventRecord(ev[4 * k], s));
+    CKR(gw__cuda_reduce(dst, NULL, a, b, n, dt, GW_KOP_SUM, 1, s));
+    CK(cudaEventRecord(ev[4 * k + 1], s));
+    CK(cudaEventRecord(ev[4 * k + 2], s));
+    CK(cudaMemcpyAsync(dc, a, bytes, cudaMemcpyDeviceToDevice, s));
+    CK(cudaEventRecord(ev[4 * k + 3], s));
   }
   CK(cudaStreamSynchronize(s));
-  for (int k = 0; k < ITERS; k++) {
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, ev[2 * k], ev[2 * k + 1]));
-    if (ms < t.best_ms) t.best_ms = ms;
-    t.mean_ms += ms / ITERS;
+  struct timing *t[2] = {r, c};
+  for (int w = 0; w < 2; w++) {
+    *t[w] = (struct timing){1e30, 0};
+    for (int k = 0; k < ITERS; k++) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, ev[4 * k + 2 * w], ev[4 * k + 2 * w + 1]));
+      if (ms < t[w]->best_ms) t[w]->best_ms = ms;
+      t[w]->mean_ms += ms / ITERS;
+    }
   }
-  return t;
 }
 
 /* Fills host pattern buffers (PERIOD bytes) with ordinary numbers of dtype dt. */
@@ -422,8 +435,8 @@ int main(int argc, char **argv) {
   }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t ev[2 * ITERS];
-  for (int i = 0; i < 2 * ITERS; i++) CK(cudaEventCreate(&ev[i]));
+  cudaEvent_t ev[4 * ITERS];
+  for (int i = 0; i < 4 * ITERS; i++) CK(cudaEventCreate(&ev[i]));
 
   const int dts[3] = {GW_FLOAT32, GW_BFLOAT16, GW_FLOAT16};
   const size_t sizes[3] = {(size_t)64 << 20, (size_t)256 << 20, (size_t)1 << 30};
@@ -442,10 +455,10 @@ int main(int argc, char **argv) {
     for (int z = 0; z < 3; z++) {
       const size_t bytes = sizes[z];
       CK(cudaMemsetAsync(dd, 0xff, bytes, s)); /* on s: a non-blocking stream does not wait for the legacy one */
-      struct timing r = time_op(0, dd, da, db, bytes, dt, s, ev);
+      struct timing r, c;
+      time_pair(dd, dc, da, db, bytes, dt, s, ev, &r, &c);
       check_window(dd, 0, ref, hbuf, dt, bytes);
       check_window(dd, bytes - PERIOD, ref, hbuf, dt, bytes);
-      struct timing c = time_op(1, dc, da, NULL, bytes, dt, s, ev);
       double rb = 3.0 * (double)bytes / (r.best_ms * 1e6), rm = 3.0 * (double)bytes / (r.mean_ms * 1e6);
       double cb = 2.0 * (double)bytes / (c.best_ms * 1e6), cm = 2.0 * (double)bytes / (c.mean_ms * 1e6);
       printf("%-9s %5zu MiB  %9.1f / %9.1f  %9.1f / %9.1f  %6.3f\n", dname[dt], bytes >> 20, rb, rm, cb, cm, rb / cb);
@@ -453,7 +466,7 @@ int main(int argc, char **argv) {
     }
   }
   if (csv) fclose(csv);
-  for (int i = 0; i < 2 * ITERS; i++) CK(cudaEventDestroy(ev[i]));
+  for (int i = 0; i < 4 * ITERS; i++) CK(cudaEventDestroy(ev[i]));
   CK(cudaStreamDestroy(s));
   CK(cudaFree(da));
   CK(cudaFree(db));
