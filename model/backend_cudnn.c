@@ -40,10 +40,12 @@
 #if GW_HAVE_CUDNN
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend_cudnn_internal.h"
 #include "sgd.h"
@@ -81,8 +83,69 @@ const char *gw__cudnn_blas_name(cublasStatus_t st) {
 
 /* ---- lifecycle and memory ---- */
 
+/* ---- GW_CUDNN_KERNEL_TIMES (backend_cudnn_internal.h) ---- */
+static pthread_mutex_t kt_mu = PTHREAD_MUTEX_INITIALIZER;
+static int kt_on = -1;
+static struct ktime {
+  const char *call, *what; /* the call site's text and label (string literals) */
+  double s;
+  long n;
+} kt[128];
+static int nkt;
+
+static double kt_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double gw__cudnn_ktime_start(void) {
+  if (kt_on < 0) {
+    const char *v = getenv("GW_CUDNN_KERNEL_TIMES");
+    kt_on = v && *v && strcmp(v, "0") != 0;
+  }
+  if (!kt_on) return 0;
+  (void)cudaDeviceSynchronize();
+  return kt_now();
+}
+
+void gw__cudnn_ktime_add(const char *call, const char *what, double t0) {
+  (void)cudaDeviceSynchronize();
+  const double dt = kt_now() - t0;
+  pthread_mutex_lock(&kt_mu);
+  int i = 0;
+  while (i < nkt && (kt[i].call != call || kt[i].what != what)) i++;
+  if (i == nkt && nkt < (int)(sizeof kt / sizeof kt[0])) kt[nkt++] = (struct ktime){call, what, 0, 0};
+  if (i < nkt) kt[i].s += dt, kt[i].n++;
+  pthread_mutex_unlock(&kt_mu);
+}
+
+static int kt_cmp(const void *a, const void *b) {
+  const double x = ((const struct ktime *)a)->s, y = ((const struct ktime *)b)->s;
+  return (x < y) - (x > y);
+}
+
+void gw__cudnn_ktimes_print(void) {
+  pthread_mutex_lock(&kt_mu);
+  if (nkt) {
+    qsort(kt, (size_t)nkt, sizeof kt[0], kt_cmp);
+    double all = 0;
+    for (int i = 0; i < nkt; i++) all += kt[i].s;
+    fprintf(stderr, "kernel times (GW_CUDNN_KERNEL_TIMES, GPU work between device synchronizations), %.1f ms in all:\n",
+            all * 1e3);
+    for (int i = 0; i < nkt; i++) {
+      const char *c = kt[i].call;
+      const int len = (int)(strchr(c, '(') ? strchr(c, '(') - c : (long)strlen(c));
+      fprintf(stderr, "  %9.2f ms %6ld calls %9.1f us  %.*s [%s]\n", kt[i].s * 1e3, kt[i].n, kt[i].s * 1e6 / kt[i].n,
+              len, c, kt[i].what);
+    }
+  }
+  pthread_mutex_unlock(&kt_mu);
+}
+
 static void cudnn_destroy(struct gw_backend *b) {
   if (!b) return;
+  gw__cudnn_ktimes_print();
   if (b->stream) cudaStreamSynchronize(b->stream);
   for (int i = 0; i < b->nplans; i++) cudnnBackendDestroyDescriptor(b->plans[i].plan);
   free(b->plans);

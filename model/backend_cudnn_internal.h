@@ -115,8 +115,22 @@ gw_result_t gw__cudnn_conv_bwd_weights(struct gw_op *op, const gw_act_t *x, cons
       return gw__model_fail(GW_ERR_INTERNAL, BE " backend: %s: %s failed: %s (%d)", (what), #call, \
                             gw__cudnn_blas_name(s_), (int)s_);                                            \
   } while (0)
+/* GW_CUDNN_KERNEL_TIMES=1 (a diagnostic): the GPU time of every launch of our
+ * kernels and every cuDNN execution, by call site, summed over the process and
+ * printed to stderr at each backend's destroy (biggest first).  Each timed call
+ * is bracketed by device synchronizations, so the figures are the work's own
+ * (plus a launch, a few us) and the run is slower: not for throughput.
+ * ktime_start returns 0 when off. */
+double gw__cudnn_ktime_start(void);
+void gw__cudnn_ktime_add(const char *call, const char *what, double t0);
+void gw__cudnn_ktimes_print(void);
 /* Our kernels' launchers return a cudaError_t as int. */
-#define KERNEL_TRY(call, what) CU_TRY((cudaError_t)(call), what)
+#define KERNEL_TRY(call, what)                            \
+  do {                                                    \
+    const double kt0_ = gw__cudnn_ktime_start();          \
+    CU_TRY((cudaError_t)(call), what);                    \
+    if (kt0_ > 0) gw__cudnn_ktime_add(#call, what, kt0_); \
+  } while (0)
 #define STREAM(op) ((void *)(op)->b->stream)
 #define ACT(op) ((op)->b->act)
 #define NHWC(op) ((op)->b->nhwc)

@@ -27,7 +27,8 @@
 #      gains) beside PyTorch on the same GPU
 #      (TF32 NCHW; channels_last + AMP bf16 and fp16), and gw-train --amp bf16
 #      on synthetic 224x224 data at 1 and 2 ranks and with --host-step; where
-#      nsys is installed, the GPU time per kernel of model_bench bf16 NCHW and NHWC;
+#      the GPU time per call site (our kernels, cuDNN's executions) of
+#      model_bench bf16 NCHW and NHWC (GW_CUDNN_KERNEL_TIMES);
 # and writes summary.txt, log.txt and the CSVs into OUTDIR.  Each step has its
 # own time limit, and the benchmarks after the suites run only while the
 # script is inside 7 minutes (what is skipped for time is said), so the whole
@@ -251,29 +252,14 @@ train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NCHW
     --loader-threads 6 --metrics "$OUT/gw-train-$tag.jsonl" ${2:-} >"$OUT/gw-train-$tag.txt" 2>&1
   say "gw-train cudnn --amp bf16 ${2:-}, $n rank(s) x batch $((BATCH / n)): exit $?"
 }
-nsys_kernels() { # TAG OPTIONS: GPU time per kernel over 2 steps of model_bench (nsys, where installed)
-  want "nsys-$1" || return 0
-  local nsys
-  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-  [ -n "$nsys" ] || { say "nsys: not on this machine (no kernel table)"; return 0; }
-  budget 80 "nsys $2" || return 0
+kernel_times() { # TAG OPTIONS: GPU time per call site over 3 steps of model_bench (GW_CUDNN_KERNEL_TIMES)
+  want "kernel-times-$1" || return 0
+  budget 60 "kernel times $2" || return 0
   # shellcheck disable=SC2086
-  run_to 90 "$nsys" profile -t cuda -o "$OUT/nsys-$1" --force-overwrite true "$B/bench/model_bench" --backend cudnn $2 \
-    --batch "$BATCH" --steps 2 --warmup 1 >"$OUT/nsys-$1.txt" 2>&1
-  run_to 60 "$nsys" stats -r cuda_gpu_kern_sum -f csv -o "$OUT/nsys-$1" "$OUT/nsys-$1.nsys-rep" >>"$OUT/nsys-$1.txt" 2>&1
-  local csvf
-  csvf=$(ls "$OUT"/nsys-"$1"*kern_sum*.csv 2>/dev/null | head -1)
-  [ -n "$csvf" ] || { say "nsys $2: no kernel table (see nsys-$1.txt)"; return 0; }
-  say "GPU time per kernel, model_bench cudnn $2, warm-up + 2 steps (nsys; top 30):"
-  python3 - "$csvf" <<'PY' | tee -a "$OUT/summary.txt"
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-tot = sum(float(r.get("Total Time (ns)", 0) or 0) for r in rows)
-print(f"  all kernels: {tot / 1e6:.1f} ms, {sum(int(r.get('Instances', 0) or 0) for r in rows)} launches")
-for r in rows[:30]:
-    print(f"  {float(r['Time (%)']):5.1f}% {float(r['Total Time (ns)']) / 1e6:8.2f} ms {int(r['Instances']):6d}x  {r['Name'][:110]}")
-PY
-  rm -f "$OUT"/nsys-"$1".nsys-rep "$OUT"/nsys-"$1".sqlite
+  run_to 90 env GW_CUDNN_KERNEL_TIMES=1 "$B/bench/model_bench" --backend cudnn $2 --batch "$BATCH" --steps 2 --warmup 1 \
+    >"$OUT/kernel-times-$1.txt" 2>&1
+  say "GPU time per call site, model_bench cudnn $2, 3 steps (exit $?; GW_CUDNN_KERNEL_TIMES, top 25):"
+  sed -n '/^kernel times/,$p' "$OUT/kernel-times-$1.txt" | head -26 | tee -a "$OUT/summary.txt"
 }
 if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   # Most wanted first (the deadline cuts the tail): issue 10's comparison,
@@ -289,8 +275,8 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
     env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn
   suite model-torch-cudnn-nhwc "the same, NHWC" 60 env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn nhwc
   train 1
-  nsys_kernels bf16 "--act bf16 --layout nchw"
-  nsys_kernels bf16-nhwc "--act bf16 --layout nhwc"
+  kernel_times bf16 "--act bf16 --layout nchw"
+  kernel_times bf16-nhwc "--act bf16 --layout nhwc"
   bench_gw tf32 "--tf32 1"
   bench_torch tf32 "--tf32 1"
   bench_gw fp16 "--act fp16 --layout nchw"
