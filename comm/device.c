@@ -93,6 +93,12 @@ struct gw_devstate {
 
 static uint64_t *done_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS]; }
 
+/* Some destroy in this process gave up an operation whose stream never got
+ * to it: that stream may wait forever, and freeing or unmapping device memory
+ * waits for every stream of the device (CUDA synchronizes there), so from then
+ * on no communicator frees or unmaps device memory (leaked, with a warning). */
+static _Atomic bool given_up_any;
+
 static gw_result_t dev_fail(struct gw_errctx *err, const struct gw_comm *comm, const char *what) {
   const struct gw_dev_ops *dv = gw__dev();
   return gw__err(err, GW_ERR_CUDA, "rank %d: %s failed: %s", comm->rank, what, dv ? dv->error() : "no device");
@@ -335,6 +341,7 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
     if (stopping && give_up == 0) give_up = gw__now() + (comm->timeout_s > 0 ? comm->timeout_s : 1.0);
     if (give_up && gw__now() > give_up) {
       atomic_store(&d->abandoned, true);
+      atomic_store(&given_up_any, true);
       return gw__err(err, GW_ERR_TIMEOUT, "rank %d: gw_comm_destroy: the stream of operation #%llu never got to it "
                      "(synchronize the streams before destroying the communicator)", comm->rank,
                      (unsigned long long)op->desc.seq);
@@ -483,7 +490,7 @@ void gw__dev_free(struct gw_comm *comm) {
     d->ops->stream_sync(d->stream);
     d->ops->stream_destroy(d->stream);
   }
-  comm->dev_abandoned = atomic_load(&d->abandoned);
+  comm->dev_abandoned = atomic_load(&d->abandoned) || atomic_load(&given_up_any);
   if (comm->dev_abandoned)
     GW_WARN(GW_SUB_INIT, "rank %d: a stream still waits for an operation given up at destroy: its staging and "
             "device-ring buffers are left allocated (freeing them would wait for that stream)", comm->rank);
@@ -575,7 +582,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
     free(oks);
     if (res != GW_SUCCESS) goto out;
     if (!agree) { /* every rank unmaps before any frees (the barrier): freeing mapped memory is undefined */
-      if (dr->send_twin) dv->ipc_close(dr->send_twin);
+      if (dr->send_twin && !atomic_load(&given_up_any)) dv->ipc_close(dr->send_twin);
       dr->send_twin = NULL;
       GW_CHECK_GOTO(gw__bootstrap_barrier(comm->bs, err), res, out);
     }
@@ -591,6 +598,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
             "device buffers go through host staging", comm->rank);
   }
 out:
+  if (dr && atomic_load(&given_up_any)) dr->send_twin = dr->recv_twin = NULL; /* leaked: see given_up_any */
   ring_free(dr);
   free(all);
   return res;
@@ -631,7 +639,7 @@ static bool twins_unmapped(struct gw_comm *comm) {
 void gw__dev_ring_free(struct gw_comm *comm) {
   struct gw_devring *dr = comm->devring;
   if (!dr) return;
-  if (comm->dev_abandoned) {
+  if (comm->dev_abandoned || atomic_load(&given_up_any)) {
     /* A stream waits for an operation given up at destroy, and unmapping, as
      * freeing, waits for every stream of the device (CUDA synchronizes there):
      * everything stays mapped and allocated (gw__dev_free warned), and the

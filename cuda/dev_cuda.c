@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cuda.h> /* types and enums only: the driver's functions come by entry point */
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include "dev.h"
@@ -206,14 +208,19 @@ static int cu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtyp
  * ranks of one GPU advanced one time slice per step (2.3 ms for 4 bytes on an
  * H200).  A stream memory operation waits in the GPU's front end instead, with
  * nothing resident, so the other contexts run.  GW_DEV_FLAG_KERNEL=1 keeps the
- * kernels (measurements).  Looked up once: the driver's entry points by
+ * kernels (measurements).  The driver's entry points are looked up once by
  * version, so nothing links libcuda. */
-typedef int (*cu_memop_fn)(void *stream, unsigned long long addr, unsigned long long value, unsigned flags);
 static pthread_once_t memop_once = PTHREAD_ONCE_INIT;
-static cu_memop_fn memop_write, memop_wait;
-static _Atomic int memop_off; /* a call failed: kernels from then on */
+static PFN_cuStreamWriteValue64_v11070 memop_write;
+static PFN_cuStreamWaitValue64_v11070 memop_wait;
+static PFN_cuDeviceGetAttribute_v2000 memop_attr;
+static PFN_cuDeviceGet_v2000 memop_device;
+/* Per device ordinal: 0 not asked yet, 1 memops, -1 kernels (no 64-bit
+ * memops, or a call answered "not supported"). */
+#define MEMOP_DEVS 64
+static _Atomic int memop_dev[MEMOP_DEVS];
 
-static cu_memop_fn driver_fn(const char *name) {
+static void *driver_fn(const char *name) {
   void *fn = NULL;
   enum cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
   cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &qres);
@@ -221,53 +228,70 @@ static cu_memop_fn driver_fn(const char *name) {
     (void)cudaGetLastError();
     return NULL;
   }
-  cu_memop_fn f;
-  memcpy(&f, &fn, sizeof f);
-  return f;
+  return fn;
 }
 
 static void memop_lookup(void) {
   const char *k = getenv("GW_DEV_FLAG_KERNEL");
   if (k && *k && strcmp(k, "0") != 0) return;
-  int dev = 0, ok = 0;
-  /* cudaDevAttrCanUse64BitStreamMemOps is not in the runtime's enum: the
-   * driver's CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (122). */
-  typedef int (*attr_fn)(int *v, int attr, int dev);
-  void *fa = NULL;
-  enum cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &fa, 12000, cudaEnableDefault, &qres) != cudaSuccess ||
-      qres != cudaDriverEntryPointSuccess || !fa) {
-    (void)cudaGetLastError();
-    return;
-  }
-  attr_fn get_attr;
-  memcpy(&get_attr, &fa, sizeof get_attr);
-  if (get_attr(&ok, 122, dev) != 0 || !ok) return;
-  cu_memop_fn w = driver_fn("cuStreamWriteValue64"), t = driver_fn("cuStreamWaitValue64");
-  if (w && t) memop_write = w, memop_wait = t;
+  void *w = driver_fn("cuStreamWriteValue64"), *t = driver_fn("cuStreamWaitValue64");
+  void *a = driver_fn("cuDeviceGetAttribute"), *g = driver_fn("cuDeviceGet");
+  if (!w || !t || !a || !g) return;
+  /* data pointers to function pointers: the documented use of this API */
+  memcpy(&memop_write, &w, sizeof w);
+  memcpy(&memop_wait, &t, sizeof t);
+  memcpy(&memop_attr, &a, sizeof a);
+  memcpy(&memop_device, &g, sizeof g);
 }
 
-/* Whether flags go by stream memory operations. */
-static int cu_flag_memops(void) {
+/* Whether flags on the calling thread's device go by stream memory operations
+ * (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, asked once per device). */
+static int cu_flag_memops(int *devp) {
   pthread_once(&memop_once, memop_lookup);
-  return memop_write && !atomic_load_explicit(&memop_off, memory_order_relaxed);
+  int dev = -1;
+  if (!memop_write || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MEMOP_DEVS) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  *devp = dev;
+  int st = atomic_load_explicit(&memop_dev[dev], memory_order_relaxed);
+  if (st == 0) {
+    CUdevice d;
+    int ok = 0;
+    st = memop_device(&d, dev) == CUDA_SUCCESS &&
+                 memop_attr(&ok, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, d) == CUDA_SUCCESS && ok
+             ? 1
+             : -1;
+    atomic_store_explicit(&memop_dev[dev], st, memory_order_relaxed);
+  }
+  return st > 0;
 }
 
-static void memop_failed(int r, const char *what) {
-  if (!atomic_exchange(&memop_off, 1))
-    fprintf(stderr, "gradwire: %s failed (CUresult %d): stream flags by kernels from here\n", what, r);
+/* A memop that failed: "not supported" (or a value the driver refuses) sends
+ * this device to the kernels for good, said once; anything else (a fault on
+ * the stream, a bad handle) is an error the kernel would meet too. */
+static int memop_result(CUresult r, int dev, const char *what) {
+  if (r == CUDA_SUCCESS) return 0;
+  if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+    if (atomic_exchange(&memop_dev[dev], -1) != -1)
+      fprintf(stderr, "gradwire: %s on device %d: CUresult %d: stream flags by kernels there from now on\n", what, dev,
+              (int)r);
+    return -1; /* take the kernel */
+  }
+  return cu_fail_msg("%s: CUresult %d", what, (int)r);
 }
 
 static int cu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   if (!flag) return cu_fail_msg("flag_write: NULL flag");
-  if (cu_flag_memops()) {
-    /* CU_STREAM_WRITE_VALUE_DEFAULT (0): after everything before it on s, its
+  int dev = -1;
+  if (cu_flag_memops(&dev)) {
+    /* CU_STREAM_WRITE_VALUE_DEFAULT: after everything before it on s, its
      * writes visible first.  The flag's host address is its device address
-     * (mapped pinned memory, unified addressing). */
-    int r = memop_write((void *)cs(s), (unsigned long long)(uintptr_t)flag, v, 0);
-    if (r == 0) return 0;
-    memop_failed(r, "cuStreamWriteValue64");
+     * (cudaHostAlloc'd mapped memory under unified addressing). */
+    int r = memop_result(memop_write((CUstream)(void *)cs(s), (CUdeviceptr)(uintptr_t)flag, v,
+                                     CU_STREAM_WRITE_VALUE_DEFAULT),
+                         dev, "cuStreamWriteValue64");
+    if (r >= 0) return r;
   }
   int e = gw__cuda_flag_write(flag, v, (void *)cs(s));
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "flag write kernel launch");
@@ -275,12 +299,12 @@ static int cu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
 
 static int cu_flag_wait(const uint64_t *flag, uint64_t v, gw_dev_stream_t s) {
   if (!flag) return cu_fail_msg("flag_wait: NULL flag");
-  if (cu_flag_memops()) {
-    /* CU_STREAM_WAIT_VALUE_GEQ (0): until (int64_t)(*flag - v) >= 0; tickets
-     * only grow and stay far below 2^63. */
-    int r = memop_wait((void *)cs(s), (unsigned long long)(uintptr_t)flag, v, 0);
-    if (r == 0) return 0;
-    memop_failed(r, "cuStreamWaitValue64");
+  int dev = -1;
+  if (cu_flag_memops(&dev)) {
+    /* GEQ: until (int64_t)(*flag - v) >= 0; tickets only grow, far below 2^63. */
+    int r = memop_result(memop_wait((CUstream)(void *)cs(s), (CUdeviceptr)(uintptr_t)flag, v, CU_STREAM_WAIT_VALUE_GEQ),
+                         dev, "cuStreamWaitValue64");
+    if (r >= 0) return r;
   }
   int e = gw__cuda_flag_wait(flag, v, (void *)cs(s));
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "flag wait kernel launch");

@@ -10,8 +10,8 @@
  *     Created streams are independent, as cudaStreamNonBlocking ones are; the
  *     default (NULL) stream is one more such thread per process (the legacy
  *     stream's implicit synchronization with other streams is not emulated).
- *   - free, host_free and ipc_close wait until every stream of the process
- *     has finished what was queued on it before the call, as cudaFree,
+ *   - free, host_free and ipc_close wait until every stream of the calling
+ *     thread's device has finished what was queued on it before the call, as cudaFree,
  *     cudaFreeHost and cudaIpcCloseMemHandle synchronize the device: code
  *     that frees while a stream waits for something that comes only after the
  *     free hangs here as it does on a GPU (with a note on stderr after 10 s).
@@ -297,7 +297,10 @@ struct gw_dev_stream {
   uint64_t enqueued, finished;
   bool stop;
   _Atomic bool capturing; /* gw__dev_emu_set_capturing */
+  int device;                                 /* the creating thread's (free synchronizes one device) */
   struct gw_dev_stream *prev_all, *next_all; /* every live stream (all_mu) */
+  int refs;                                  /* device_sync_all's holds (all_mu) */
+  bool gone;                                 /* its thread ended; freed at the last release (all_mu) */
 };
 
 /* Every stream of the process, for the implicit synchronization of free. */
@@ -312,24 +315,51 @@ static void all_add(struct gw_dev_stream *s) {
   pthread_mutex_unlock(&all_mu);
 }
 
-static void all_remove(struct gw_dev_stream *s) {
-  pthread_mutex_lock(&all_mu);
+static void all_unlink(struct gw_dev_stream *s) { /* under all_mu */
   if (s->prev_all) s->prev_all->next_all = s->next_all;
   else all_streams = s->next_all;
   if (s->next_all) s->next_all->prev_all = s->prev_all;
-  pthread_mutex_unlock(&all_mu);
+}
+
+static void stream_free(struct gw_dev_stream *s) {
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->work_cv);
+  pthread_cond_destroy(&s->idle_cv);
+  free(s);
 }
 
 /* What cudaFree does first: waits for everything queued so far on every
- * stream.  all_mu is held throughout, so no stream is freed meanwhile (one
- * that stops waits in all_remove, after its last item). */
+ * stream of the calling thread's device.  The streams and their counts are
+ * taken under all_mu at the call (each held, so none is freed meanwhile), then
+ * waited for without it, so other threads still make and end streams. */
 static void device_sync_all(const char *what) {
+  const int dev = cur_dev;
   pthread_mutex_lock(&all_mu);
-  for (struct gw_dev_stream *s = all_streams; s; s = s->next_all) {
+  size_t n = 0;
+  for (struct gw_dev_stream *s = all_streams; s; s = s->next_all) n += s->device == dev;
+  struct hold {
+    struct gw_dev_stream *s;
+    uint64_t target;
+  } *h = calloc(n ? n : 1, sizeof *h);
+  size_t k = 0;
+  for (struct gw_dev_stream *s = all_streams; s && h; s = s->next_all) {
+    if (s->device != dev) continue;
     pthread_mutex_lock(&s->mu);
-    const uint64_t target = s->enqueued;
+    h[k].target = s->enqueued;
+    pthread_mutex_unlock(&s->mu);
+    h[k++].s = s;
+    s->refs++;
+  }
+  pthread_mutex_unlock(&all_mu);
+  if (!h) { /* out of memory: no synchronization (a test may pass that hangs on a GPU) */
+    fprintf(stderr, "gradwire device emulator: %s: out of memory, not synchronized\n", what);
+    return;
+  }
+  for (size_t i = 0; i < k; i++) {
+    struct gw_dev_stream *s = h[i].s;
+    pthread_mutex_lock(&s->mu);
     bool noted = false;
-    while (s->finished < target) {
+    while (s->finished < h[i].target) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       ts.tv_sec += 10;
@@ -341,7 +371,13 @@ static void device_sync_all(const char *what) {
     }
     pthread_mutex_unlock(&s->mu);
   }
+  pthread_mutex_lock(&all_mu);
+  for (size_t i = 0; i < k; i++) {
+    struct gw_dev_stream *s = h[i].s;
+    if (--s->refs == 0 && s->gone) stream_free(s);
+  }
   pthread_mutex_unlock(&all_mu);
+  free(h);
 }
 
 static void run_item(const struct item *it) {
@@ -402,11 +438,13 @@ static void *stream_main(void *arg) {
     pthread_cond_broadcast(&s->idle_cv);
   }
   pthread_mutex_unlock(&s->mu);
-  all_remove(s);
-  pthread_mutex_destroy(&s->mu);
-  pthread_cond_destroy(&s->work_cv);
-  pthread_cond_destroy(&s->idle_cv);
-  free(s);
+  /* Off the list; freed now, or by the last device_sync_all holding it. */
+  pthread_mutex_lock(&all_mu);
+  all_unlink(s);
+  s->gone = true;
+  const bool free_now = s->refs == 0;
+  pthread_mutex_unlock(&all_mu);
+  if (free_now) stream_free(s);
   return NULL;
 }
 
@@ -416,6 +454,7 @@ static int stream_new(struct gw_dev_stream **out) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
+  s->device = cur_dev;
   pthread_t th;
   pthread_attr_t attr;
   pthread_attr_init(&attr);

@@ -85,7 +85,8 @@ const char *gw__cudnn_blas_name(cublasStatus_t st) {
 
 /* ---- GW_CUDNN_KERNEL_TIMES (backend_cudnn_internal.h) ---- */
 static pthread_mutex_t kt_mu = PTHREAD_MUTEX_INITIALIZER;
-static int kt_on = -1;
+static pthread_once_t kt_once = PTHREAD_ONCE_INIT;
+static int kt_on;
 static struct ktime {
   const char *call, *what; /* the call site's text and label (string literals) */
   double s;
@@ -99,11 +100,13 @@ static double kt_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static void kt_init(void) {
+  const char *v = getenv("GW_CUDNN_KERNEL_TIMES");
+  kt_on = v && *v && strcmp(v, "0") != 0;
+}
+
 double gw__cudnn_ktime_start(void) {
-  if (kt_on < 0) {
-    const char *v = getenv("GW_CUDNN_KERNEL_TIMES");
-    kt_on = v && *v && strcmp(v, "0") != 0;
-  }
+  pthread_once(&kt_once, kt_init);
   if (!kt_on) return 0;
   (void)cudaDeviceSynchronize();
   return kt_now();
@@ -139,6 +142,7 @@ void gw__cudnn_ktimes_print(void) {
       fprintf(stderr, "  %9.2f ms %6ld calls %9.1f us  %.*s [%s]\n", kt[i].s * 1e3, kt[i].n, kt[i].s * 1e6 / kt[i].n,
               len, c, kt[i].what);
     }
+    nkt = 0; /* the next backend's table starts empty */
   }
   pthread_mutex_unlock(&kt_mu);
 }

@@ -454,7 +454,7 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
   GW_MODEL_TRY(gw__cudnn_ensure_workspace(op->b, (size_t)pl->ws, dir_name[dir]));
   const double kt0 = gw__cudnn_ktime_start();
   DNN_TRY(plan_execute(op->b, pl->plan, ptr), dir_name[dir]);
-  if (kt0 > 0) gw__cudnn_ktime_add("cudnnBackendExecute (convolution)", dir_name[dir], kt0);
+  if (kt0 > 0) gw__cudnn_ktime_add("cudnnBackendExecute", dir_name[dir], kt0);
   if (copy && dir == DIR_BWD_FILTER) {
     if (perm) KERNEL_TRY(gw__cu_cast_perm(d->k, d->c, rs, 0, GW_FLOAT32, (void *)p2, op->b->act, op->dwt, STREAM(op)),
                          dir_name[dir]);

@@ -116,11 +116,13 @@ gw_result_t gw__cudnn_conv_bwd_weights(struct gw_op *op, const gw_act_t *x, cons
                             gw__cudnn_blas_name(s_), (int)s_);                                            \
   } while (0)
 /* GW_CUDNN_KERNEL_TIMES=1 (a diagnostic): the GPU time of every launch of our
- * kernels and every cuDNN execution, by call site, summed over the process and
- * printed to stderr at each backend's destroy (biggest first).  Each timed call
- * is bracketed by device synchronizations, so the figures are the work's own
- * (plus a launch, a few us) and the run is slower: not for throughput.
- * ktime_start returns 0 when off. */
+ * kernels and every cuDNN execution, by call site, summed until a backend is
+ * destroyed, which prints the table to stderr (biggest first) and empties it.
+ * Each timed call is bracketed by device synchronizations, so the figures are
+ * the work's own plus a launch (a few us) and the run is slower: not for
+ * throughput, and where other streams of the process work at the same time
+ * (gw-train's allreduces) their work counts too.  ktime_start returns 0 when
+ * off. */
 double gw__cudnn_ktime_start(void);
 void gw__cudnn_ktime_add(const char *call, const char *what, double t0);
 void gw__cudnn_ktimes_print(void);

@@ -603,13 +603,13 @@ static gw_result_t stage_alloc(struct gw_exec *e) {
   size_t in = act_elems(e, 0) * e->esz;
   e->slot_lab_off = (in + 255) / 256 * 256;
   e->slot_bytes = e->slot_lab_off + (size_t)e->cfg.batch * sizeof(int32_t);
-  for (int i = 0; i < 2; i++) {
-    EX_ALLOC(e->slot_buf[i], e, e->slot_bytes, "a staged input batch");
-    if (!(e->slot_labels[i] = malloc((size_t)e->cfg.batch * sizeof(int32_t))))
+  for (int i = 0; i < 2; i++) { /* what a failed earlier call made is kept */
+    if (!e->slot_buf[i]) EX_ALLOC(e->slot_buf[i], e, e->slot_bytes, "a staged input batch");
+    if (!e->slot_labels[i] && !(e->slot_labels[i] = malloc((size_t)e->cfg.batch * sizeof(int32_t))))
       return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
   }
   /* A backend with stage_buffer lends its own (pinned) buffers instead. */
-  if (!e->ops->stage_buffer && !(e->stage_host = malloc(e->slot_bytes)))
+  if (!e->ops->stage_buffer && !e->stage_host && !(e->stage_host = malloc(e->slot_bytes)))
     return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory");
   e->stage_ready = 1;
   return GW_SUCCESS;

@@ -51,8 +51,10 @@ B=build-gpu
 DEADLINE=${GW_CHECK_DEADLINE:-450}
 # GW_CHECK_SKIP: names of steps to leave out (a rerun in the device time that
 # is left: what passed before), each a gpu-suite case (n2:grid ...), a gw-perf
-# or suite output name (gw-perf-device-n2, model-backend-cudnn ...), or
-# model-bench-TAG, model-bench-torch-TAG, gw-train-TAG; said in the summary.
+# or suite output name (gw-perf-device-n2, model-backend-cudnn ...), reduce-bw,
+# or model-bench-TAG, model-bench-torch-TAG, kernel-times-TAG, gw-train-TAG;
+# said in the summary.  Use a fresh OUTDIR: the summary's tables read every
+# CSV there, a skipped step's from an earlier run too.
 SKIP=" ${GW_CHECK_SKIP:-} "
 want() { case "$SKIP" in *" $1 "*) say "left out (GW_CHECK_SKIP): $1"; return 1 ;; esac; return 0; }
 lim() { local l=$((DEADLINE - $(elapsed))); if [ "$l" -lt "$1" ]; then echo "$l"; else echo "$1"; fi; }
@@ -196,10 +198,10 @@ elif [ -x "$B/bench/gpu_reduce_bw" ]; then
   rc=$?
   [ $rc = 0 ] || perf_fail=1
   say "reduce kernel bench: exit $rc"
+  cat "$OUT/reduce-bw.txt"
 else
   say "reduce kernel bench: not built (see build.txt)"
 fi
-[ -f "$OUT/reduce-bw.txt" ] && cat "$OUT/reduce-bw.txt"
 
 # ---- 5. the cudnn backend ----------------------------------------------------------------------
 model_fail=0

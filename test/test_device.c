@@ -499,6 +499,21 @@ static int body_destroy(int rank, int n, const char *master, void *arg) {
   gw_comm_destroy(comm); /* gives up on the operation after the timeout instead of hanging */
   double took = test_now() - t0;
   EXPECT(took < 10, "gw_comm_destroy took %.1f s", took);
+  /* Another communicator destroyed while that stream still waits: freeing its
+   * buffers would wait for the stream too (CUDA synchronizes the device there,
+   * and so does the emulator), so it leaks them instead of hanging. */
+  gw_comm_t solo;
+  gw_dev_stream_t s2;
+  int32_t *d2;
+  GWCHECK(gw_comm_init(&solo, 1, 0, NULL), NULL);
+  DCHECK(dv->stream_create(&s2));
+  DCHECK(dv->alloc((void **)&d2, 4096));
+  GWCHECK(gw_allreduce(d2, d2, 1024, GW_INT32, GW_SUM, solo, s2), solo);
+  DCHECK(dv->stream_sync(s2));
+  t0 = test_now();
+  gw_comm_destroy(solo);
+  took = test_now() - t0;
+  EXPECT(took < 5, "destroying a second communicator took %.1f s", took);
   atomic_store((_Atomic uint64_t *)closed, 1);
   DCHECK(dv->stream_sync(s)); /* the stream was released */
   return 0;
