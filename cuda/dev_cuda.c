@@ -68,16 +68,23 @@ typedef int (*cu_ctx_get_current_fn)(void **ctx);
 static pthread_once_t ctx_fn_once = PTHREAD_ONCE_INIT;
 static cu_ctx_get_current_fn ctx_get_current;
 
-static void ctx_fn_lookup(void) {
+/* A driver function by name (the version-12.0 form), or NULL: nothing links
+ * libcuda. */
+static void *driver_fn(const char *name) {
   void *fn = NULL;
   enum cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &qres);
+  cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &qres);
   if (e != cudaSuccess || qres != cudaDriverEntryPointSuccess || !fn) {
     (void)cudaGetLastError();
-    return;
+    return NULL;
   }
+  return fn;
+}
+
+static void ctx_fn_lookup(void) {
+  void *fn = driver_fn("cuCtxGetCurrent");
   /* a data pointer to a function pointer: the documented use of this API */
-  memcpy(&ctx_get_current, &fn, sizeof ctx_get_current);
+  if (fn) memcpy(&ctx_get_current, &fn, sizeof ctx_get_current);
 }
 
 static int cu_device_in_use(int *yes) {
@@ -220,16 +227,6 @@ static PFN_cuDeviceGet_v2000 memop_device;
 #define MEMOP_DEVS 64
 static _Atomic int memop_dev[MEMOP_DEVS];
 
-static void *driver_fn(const char *name) {
-  void *fn = NULL;
-  enum cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
-  cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &qres);
-  if (e != cudaSuccess || qres != cudaDriverEntryPointSuccess || !fn) {
-    (void)cudaGetLastError();
-    return NULL;
-  }
-  return fn;
-}
 
 static void memop_lookup(void) {
   const char *k = getenv("GW_DEV_FLAG_KERNEL");
