@@ -129,6 +129,7 @@ struct gw_comm {
   int device;                /* the device this rank is bound to, -1 for none (device.c) */
   struct gw_devstate *dev;   /* stream flags and staging, made on first use */
   struct gw_devring *devring; /* the device ring (device.c), NULL when not every rank has one */
+  uint64_t dev_stage_bytes;   /* GW_DEV_STAGE_BYTES agreed at init (rank 0's); 0: this rank's own */
   bool dev_abandoned;         /* destroy gave up an operation whose stream may still wait: leave its buffers */
 
   /* Operations run one at a time, in call order: inline on the caller's thread

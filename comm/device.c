@@ -34,7 +34,9 @@
 #include "dev.h"
 #include "prims.h"
 
-/* Bytes of one staging buffer (two are used).  Every rank must use the same. */
+/* Bytes of one staging buffer (two are used).  Rank 0's is every rank's
+ * (agreed at init, gw__dev_ring_setup): the pieces of an operation must be
+ * the same on every rank. */
 GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
 
 /* The device ring's chunk (and twin slot) size, and a switch for it.  4 MiB:
@@ -52,8 +54,8 @@ GW_PARAM(DevCopyEngine, "GW_DEV_COPY_ENGINE", 0)
 /* Device-buffer operations smaller than this go through host staging even
  * where the device ring exists: the ring pays a stream synchronization and a
  * header per step, 2 (n - 1) of them for an allreduce, where staging pays two
- * copies and the host algorithms (exchange, tree, LL) at host latency.  Every
- * rank must use the same (agreed at init with the ring). */
+ * copies and the host algorithms (exchange, tree, LL) at host latency.  Rank
+ * 0's is every rank's (agreed at init with the ring). */
 GW_PARAM(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10)
 /* At destroy, how long a rank waits for its ring predecessor to unmap this
  * rank's twins before it frees them (gw__dev_ring_free). */
@@ -149,7 +151,8 @@ gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err) {
 
 uint32_t gw__dev_caps(void) {
   const char *want = gw__env_str("GW_DEVICE", NULL);
-  return gw__dev() && gw__param_DevIpc() != 0 && !(want && !strcmp(want, "none")) ? GW_CAP_DEVICE : 0;
+  if (!gw__dev() || (want && !strcmp(want, "none"))) return 0;
+  return GW_CAP_DEVLAYER | (gw__param_DevIpc() != 0 ? GW_CAP_DEVICE : 0);
 }
 
 void gw__dev_thread_start(struct gw_comm *comm) {
@@ -206,8 +209,13 @@ gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op
 }
 
 /* ---- pieces -------------------------------------------------------------------------------- */
+static size_t stage_bytes_own(void) { return (size_t)GW_MAX(gw__param_DevStageBytes(), 4096); }
+
+/* The staging size: rank 0's, agreed at init (this rank's own before that,
+ * or where no rank-wide agreement was needed: one rank, or not every rank
+ * has a device layer, so device buffers cannot run anyway). */
 static size_t stage_bytes_param(const struct gw_comm *comm) {
-  size_t s = (size_t)GW_MAX(gw__param_DevStageBytes(), 4096);
+  size_t s = comm->dev_stage_bytes ? (size_t)comm->dev_stage_bytes : stage_bytes_own();
   return GW_MAX(s, (size_t)comm->nranks * 16); /* room for one element of each rank */
 }
 
@@ -526,17 +534,22 @@ static void ring_free(struct gw_devring *dr) {
 struct ring_offer {
   int32_t ok;
   uint32_t nslots;
-  uint64_t chunk, min_bytes;
+  uint64_t chunk, min_bytes, stage_bytes;
   struct gw_dev_ipc ipc;
 };
 
 gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   comm->devring = NULL;
   if (comm->nranks < 2) return GW_SUCCESS;
-  /* Only when every rank says it could (the rendezvous' capability flags), so
-   * host-only jobs spend no round on it. */
-  for (int r = 0; r < comm->nranks; r++)
-    if (!(comm->peers[r].caps & GW_CAP_DEVICE)) return GW_SUCCESS;
+  /* Only when every rank has a device layer (the rendezvous' capability
+   * flags), so host-only jobs spend no round on it: the staging size is
+   * agreed wherever device buffers can run, the ring where every rank could
+   * also map its neighbour's memory. */
+  bool all_ipc = true;
+  for (int r = 0; r < comm->nranks; r++) {
+    if (!(comm->peers[r].caps & GW_CAP_DEVLAYER)) return GW_SUCCESS;
+    all_ipc &= (comm->peers[r].caps & GW_CAP_DEVICE) != 0;
+  }
   const struct gw_dev_ops *dv = gw__dev();
   struct gw_devring *dr = calloc(1, sizeof *dr);
   struct ring_offer mine = {0}, *all = calloc((size_t)comm->nranks, sizeof *all);
@@ -548,23 +561,40 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   dr->copy_engine = gw__param_DevCopyEngine() != 0;
   dr->min_bytes = (uint64_t)GW_MAX(gw__param_DevRingMinBytes(), 0);
   void *twin = NULL;
-  if (ring_candidate(comm) && dv->alloc(&twin, (size_t)dr->nslots * dr->chunk) == 0) {
+  const bool candidate = all_ipc && ring_candidate(comm);
+  if (candidate && dv->alloc(&twin, (size_t)dr->nslots * dr->chunk) == 0) {
     dr->recv_twin = twin;
     mine.ok = dv->ipc_get(twin, &mine.ipc) == 0;
     if (!mine.ok) GW_WARN(GW_SUB_INIT, "rank %d: no IPC handle for the device ring: %s", comm->rank, dv->error());
-  } else if (ring_candidate(comm)) {
+  } else if (candidate) {
     GW_WARN(GW_SUB_INIT, "rank %d: no device memory for the device ring: %s", comm->rank, dv->error());
   }
   mine.nslots = dr->nslots, mine.chunk = dr->chunk, mine.min_bytes = dr->min_bytes;
+  mine.stage_bytes = stage_bytes_own();
   GW_CHECK_GOTO(gw__bootstrap_allgather(comm->bs, &mine, all, sizeof mine, err), res, out);
+  /* Rank 0's staging size and ring minimum are every rank's: an operation's
+   * pieces, and whether it takes the ring, must be the same everywhere.  A
+   * rank whose own setting differs says so (each rank speaks for itself). */
+  comm->dev_stage_bytes = all[0].stage_bytes;
+  dr->min_bytes = all[0].min_bytes;
+  if (mine.stage_bytes != all[0].stage_bytes)
+    GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_STAGE_BYTES is %llu here and %llu on rank 0: rank 0's is used (set it "
+            "alike on every rank)", comm->rank, (unsigned long long)mine.stage_bytes,
+            (unsigned long long)all[0].stage_bytes);
+  if (all_ipc && mine.min_bytes != all[0].min_bytes)
+    GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_RING_MIN_BYTES is %llu here and %llu on rank 0: rank 0's is used (set "
+            "it alike on every rank)", comm->rank, (unsigned long long)mine.min_bytes,
+            (unsigned long long)all[0].min_bytes);
   bool agree = true;
   for (int r = 0; r < comm->nranks; r++) {
+    /* The twins are sized by each rank's own chunk and slots: a mismatch
+     * leaves the ring out, and says which setting (GW_SHM_SLOTS is checked
+     * by the host connections themselves). */
+    if (all[r].ok && mine.ok && all[r].chunk != mine.chunk && agree)
+      GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_CHUNK_BYTES is %llu here and %llu on rank %d: no device ring (set it "
+              "alike on every rank)", comm->rank, (unsigned long long)mine.chunk, (unsigned long long)all[r].chunk,
+              r);
     agree &= all[r].ok && all[r].nslots == mine.nslots && all[r].chunk == mine.chunk;
-    if (all[r].min_bytes != mine.min_bytes && agree)
-      GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_RING_MIN_BYTES is %llu here and %llu on rank %d: no device ring "
-              "(set it alike on every rank)", comm->rank, (unsigned long long)mine.min_bytes,
-              (unsigned long long)all[r].min_bytes, r);
-    agree &= all[r].min_bytes == mine.min_bytes;
   }
   if (agree) {
     /* Second round: every rank maps its ring successor's twins. */

@@ -51,6 +51,7 @@ struct gw_peer_info {
 };
 #define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
 #define GW_CAP_DEVICE 2u /* bound to a device that can map its peers' memory (comm/device.c) */
+#define GW_CAP_DEVLAYER 4u /* has a device layer: device buffers can at least be staged (comm/device.c) */
 
 #define GW_CONN_HANDLE_BYTES 128
 struct gw_conn_handle {
