@@ -391,84 +391,205 @@ struct BwdSumsAcc {
 };
 
 /* ---- per-channel reductions over NHWC (channels-last) tensors --------------------------------
- * Value j of channel ch is at j * c + ch.  Each channel's values are added in
- * chan_thread's order, so both layouts give the same bits: a block takes a
- * piece of values j (the same pieces) and a tile of up to kTile adjacent
- * channels; its thread t walks chan_thread's j for thread t (the quads
- * j0 + 4 t, j0 + 4 (t + B), ..., each value in order of j) and adds value j of
- * each of the tile's channels into that channel's own accumulator.  With vec
- * (c % 4 == 0, the tensors aligned for quads) the channels are read 4 at a time
- * (Rule::add4: lane l into the l-th St given), else one by one; the same
- * values either way.  Then each channel's kRedThreads accumulators go through
- * the block's tree and the pieces through the second pass, as in NCHW.
+ * Value j of channel ch is at j * c + ch.  Both layouts give the same bits:
+ * each channel's values go into the accumulator of chan_thread's thread t in
+ * chan_thread's order, and the piece's partial makes the same additions of
+ * the same operands as tree_sum over those kRedThreads accumulators, only
+ * evaluated in another order (which a sum of two operands does not see).
  *
- * A Rule holds the tensors; its St, one per channel of the tile, the sums and
- * any per-channel constants (begin(st, ch) sets them). */
-constexpr int kTile = 8; /* channels per block: 32 bytes of float per row */
+ * A block: kNhwcWarps warps over one piece and a tile of 32 * L adjacent
+ * channels; lane l of every warp owns channels ch0 + L l .. ch0 + L l + L - 1,
+ * so a warp reads 32 L adjacent values of a row at once (128 bytes of bf16
+ * with L = 2: coalesced, where reading chan_thread's rows per thread, 4 rows
+ * apart, was not).  Warp w walks the threads t of its leaves (nhwc_leaf_thread)
+ * one after another, each as chan_thread would (nhwc_thread_rows), and
+ * combines them as it goes (nhwc_warp_tree): the value tree_sum holds in a[w]
+ * after its step s = kNhwcWarps.  The block's shared memory then takes the
+ * kNhwcWarps warps' values, and tree_sum over them (steps s = 4, 2, 1) is
+ * the partial.  The second pass as NCHW's. */
+constexpr int kNhwcWarps = 8;                           /* warps of a block */
+constexpr int kNhwcLeaves = kRedThreads / kNhwcWarps;   /* threads t one warp walks: 32 */
+constexpr int kNhwcDepth = 5;                           /* log2(kNhwcLeaves) */
+static_assert(1 << kNhwcDepth == kNhwcLeaves, "the leaves of one warp make a whole binary tree");
 
-template <class Rule>
-GWK_HD void chan_thread_nhwc(const Rule &r, typename Rule::St (&st)[kTile], int nct, uint32_t j0, uint32_t j1, int t,
-                             uint32_t c, uint32_t ch0, bool vec) {
-  for (uint32_t j = j0 + 4u * (uint32_t)t; j < j1; j += 4u * kRedThreads) {
-    const uint32_t e1 = j + 4 < j1 ? j + 4 : j1;
-    for (uint32_t e = j; e < e1; e++) {
-      const size_t row = (size_t)e * c + ch0;
-      if (vec) { /* nct is a multiple of 4 */
+/* tree_sum's a[w] after its step s = kNhwcWarps is a binary tree over the
+ * threads t = w (mod kNhwcWarps): a[w] = a'[w] + a'[w + 8], where a' is a after
+ * step 16, and so on down to step 128 (a[t] + a[t + 128] of the leaves).  Its
+ * leaves from left to right: the k-th (k = 0 .. 31) takes offset 8 at the top
+ * split when k's highest bit is set, ..., 128 at the bottom split when k's
+ * lowest is: t = w + 8 * (k with its 5 bits reversed). */
+GWK_HD uint32_t nhwc_leaf_thread(int w, int k) {
+  uint32_t r = 0;
+  for (int b = 0; b < kNhwcDepth; b++) r |= (((uint32_t)k >> b) & 1u) << (kNhwcDepth - 1 - b);
+  return (uint32_t)w + (uint32_t)kNhwcWarps * r;
+}
+
+/* The L channels' sums of one lane: what an accumulator of chan_thread holds
+ * for each. */
+template <int L>
+struct Sums2 {
+  double s[L], s2[L];
+  GWK_HD void zero() {
+    for (int k = 0; k < L; k++) s[k] = 0, s2[k] = 0;
+  }
+  GWK_HD void add(const Sums2 &o) { /* tree_sum's a[t] += a[t + s] */
+    for (int k = 0; k < L; k++) s[k] += o.s[k], s2[k] += o.s2[k];
+  }
+};
+
+/* Warp w's value: leaf(t) gives thread t's Sums2; the leaves in order, each
+ * merged with the subtrees it completes (a binary counter: leaf k completes
+ * one per trailing 1 bit of k), so five partial sums wait at most.  The device
+ * unrolls k, so every index of the stack is a constant (registers). */
+template <int L, class Leaf>
+GWK_HD Sums2<L> nhwc_warp_tree(int w, Leaf &leaf) {
+  Sums2<L> stack[kNhwcDepth] = {}, out = {}; /* every slot is written before it is read */
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
-        for (int k = 0; k < kTile; k += 4)
-          if (k < nct) r.add4(st[k], st[k + 1], st[k + 2], st[k + 3], row + (size_t)k);
+  for (int k = 0; k < kNhwcLeaves; k++) {
+    Sums2<L> v = leaf(nhwc_leaf_thread(w, k));
+    bool kept = false;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int lvl = 0; lvl < kNhwcDepth; lvl++) {
+      if (kept) continue;
+      if ((k >> lvl) & 1) { /* the right child: its left sibling waits at this level */
+        Sums2<L> left = stack[lvl];
+        left.add(v);
+        v = left;
       } else {
+        stack[lvl] = v;
+        kept = true;
+      }
+    }
+    if (!kept) out = v; /* k = 31 closes the whole tree */
+  }
+  return out;
+}
+
+/* A leaf (SumsLeaf, BwdSumsLeaf) bound to its piece: nhwc_warp_tree's leaf(t). */
+template <class Leaf>
+struct PieceLeaf {
+  Leaf &leaf;
+  uint32_t j0, j1;
+  GWK_HD auto operator()(uint32_t t) { return leaf(t, j0, j1); }
+};
+
+/* Thread t's values of piece [j0, j1), chan_thread's rows in chan_thread's
+ * order, B quads at a time: f.fetch(e, slot) for every row e of the B quads
+ * first (the device issues their loads together), then f.use(slot) in the
+ * same order.  slot = 4 i + r for row r of the batch's quad i. */
+template <int B, class F>
+GWK_HD void nhwc_thread_rows(uint32_t j0, uint32_t j1, uint32_t t, F &f) {
+  static_assert(kQuadsPerThread % B == 0, "whole batches");
+  const uint32_t q0 = j0 + 4u * t, step = 4u * (uint32_t)kRedThreads;
+  for (int i0 = 0; i0 < kQuadsPerThread; i0 += B) {
+    if (q0 + step * (uint32_t)i0 >= j1) break;
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
-        for (int k = 0; k < kTile; k++)
-          if (k < nct) r.add1(st[k], row + (size_t)k);
-      }
+    for (int s = 0; s < 4 * B; s++) {
+      const uint32_t e = q0 + step * (uint32_t)(i0 + s / 4) + (uint32_t)(s % 4);
+      if (e < j1) f.fetch(e, s);
+    }
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int s = 0; s < 4 * B; s++) {
+      const uint32_t e = q0 + step * (uint32_t)(i0 + s / 4) + (uint32_t)(s % 4);
+      if (e < j1) f.use(s);
     }
   }
 }
 
-/* bn_sums over NHWC: SumsAcc's sums. */
-template <class T>
-struct SumsRule {
+/* L adjacent elements of a row as stored, in one load (L = 2 needs 2 *
+ * sizeof(T) alignment), widened by get(k): a pair of 16-bit elements stays one
+ * 32-bit word (the lower address in the low half, as h16_unpack) until used. */
+template <class T, int L>
+struct Raw {
+  T v[L];
+  GWK_HD void load(const T *p) {
+#ifdef __CUDA_ARCH__
+    if constexpr (L == 2 && sizeof(T) == 4) {
+      const float2 f = *reinterpret_cast<const float2 *>(p);
+      memcpy(v, &f, sizeof f);
+    } else {
+      for (int k = 0; k < L; k++) v[k] = p[k];
+    }
+#else
+    memcpy(v, p, sizeof v);
+#endif
+  }
+  GWK_HD float get(int k) const { return widen(v[k]); }
+};
+template <class H>
+struct RawPair16 {
+  uint32_t w;
+  GWK_HD void load(const H *p) {
+#ifdef __CUDA_ARCH__
+    w = *reinterpret_cast<const uint32_t *>(p);
+#else
+    memcpy(&w, p, sizeof w);
+#endif
+  }
+  GWK_HD float get(int k) const { return h16_widen<H>((uint16_t)(k ? w >> 16 : w & 0xffffu)); }
+};
+template <>
+struct Raw<bf16, 2> : RawPair16<bf16> {};
+template <>
+struct Raw<f16, 2> : RawPair16<f16> {};
+
+/* bn_sums over NHWC: one lane's leaf, channels ch .. ch + L - 1 of rows c apart;
+ * SumsAcc's sums. */
+template <class T, int L, int B>
+struct SumsLeaf {
   const T *x;
-  struct St {
-    double s, s2;
-  };
-  GWK_HD void begin(St &st, uint32_t) const { st.s = 0, st.s2 = 0; }
-  GWK_HD void add1(St &st, size_t off) const { sums_step(st.s, st.s2, widen(x[off])); }
-  GWK_HD void add4(St &s0, St &s1, St &s2, St &s3, size_t off) const {
-    const Quad q = load4(x + off);
-    St *st[4] = {&s0, &s1, &s2, &s3};
-    for (int l = 0; l < 4; l++) sums_step(st[l]->s, st[l]->s2, q.v[l]);
+  size_t c;
+  uint32_t ch;
+  Raw<T, L> raw[4 * B];
+  Sums2<L> acc;
+  GWK_HD void fetch(uint32_t e, int s) { raw[s].load(x + (size_t)e * c + ch); }
+  GWK_HD void use(int s) {
+    for (int k = 0; k < L; k++) sums_step(acc.s[k], acc.s2[k], raw[s].get(k));
+  }
+  GWK_HD Sums2<L> operator()(uint32_t t, uint32_t j0, uint32_t j1) {
+    acc.zero();
+    nhwc_thread_rows<B>(j0, j1, t, *this);
+    return acc;
   }
 };
 
-/* bn_bwd_sums over NHWC: BwdSumsAcc's sums, the channel's mean and rstd kept
- * in its St. */
-template <class T>
-struct BwdSumsRule {
+/* bn_bwd_sums over NHWC: BwdSumsAcc's sums; the lane's channels' mean and rstd
+ * read once. */
+template <class T, int L, int B>
+struct BwdSumsLeaf {
   const T *x, *dy, *ym; /* ym: the fused output (dy masked by ym > 0), or NULL */
-  const float *mean, *rstd;
-  struct St {
-    double mean, rstd, s, s2;
-  };
-  GWK_HD void begin(St &st, uint32_t ch) const { st.mean = mean[ch], st.rstd = rstd[ch], st.s = 0, st.s2 = 0; }
-  GWK_HD void add1(St &st, size_t off) const {
-    const float g = widen(dy[off]);
-    bwd_sums_step(st.s, st.s2, widen(x[off]), ym ? relu_bwd(widen(ym[off]), g) : g, st.mean, st.rstd);
+  size_t c;
+  uint32_t ch;
+  double mean[L], rstd[L];
+  Raw<T, L> rx[4 * B], rdy[4 * B], rym[4 * B];
+  Sums2<L> acc;
+  GWK_HD void begin(const float *m, const float *r) {
+    for (int k = 0; k < L; k++) mean[k] = m[ch + k], rstd[k] = r[ch + k];
   }
-  GWK_HD void add4(St &s0, St &s1, St &s2, St &s3, size_t off) const {
-    const Quad a = load4(x + off);
-    Quad g = load4(dy + off);
-    if (ym) {
-      const Quad m = load4(ym + off);
-      for (int l = 0; l < 4; l++) g.v[l] = relu_bwd(m.v[l], g.v[l]);
+  GWK_HD void fetch(uint32_t e, int s) {
+    const size_t off = (size_t)e * c + ch;
+    rx[s].load(x + off);
+    rdy[s].load(dy + off);
+    if (ym) rym[s].load(ym + off);
+  }
+  GWK_HD void use(int s) {
+    for (int k = 0; k < L; k++) {
+      const float g = rdy[s].get(k);
+      bwd_sums_step(acc.s[k], acc.s2[k], rx[s].get(k), ym ? relu_bwd(rym[s].get(k), g) : g, mean[k], rstd[k]);
     }
-    St *st[4] = {&s0, &s1, &s2, &s3};
-    for (int l = 0; l < 4; l++) bwd_sums_step(st[l]->s, st[l]->s2, a.v[l], g.v[l], st[l]->mean, st[l]->rstd);
+  }
+  GWK_HD Sums2<L> operator()(uint32_t t, uint32_t j0, uint32_t j1) {
+    acc.zero();
+    nhwc_thread_rows<B>(j0, j1, t, *this);
+    return acc;
   }
 };
 

@@ -7,59 +7,106 @@
  * cudnn_kernels.cu.
  *
  * Every result has the NCHW kernels' bits (backend.h): each channel's values
- * are summed in the same order (gwk::chan_thread_nhwc walks chan_thread's
- * values), and every element is computed by the same function.
+ * are summed in the same order (into chan_thread's accumulators, joined by
+ * tree_sum's additions), and every element is computed by the same function.
  *
- * The per-channel sums: a block of kRedThreads threads per (tile of
- * gwk::kTile adjacent channels, piece of kPiece values), grid.x the tiles (so
- * blocks that read the same rows run side by side), grid.y the pieces; thread t
- * keeps one accumulator per channel of its tile (registers: the tile loops are
- * unrolled) and reads kTile adjacent channels of a row at once (32 bytes of
- * float; 4 at a time with vector loads where c % 4 == 0).  Then each channel's
- * block tree, the partials as NCHW's, and cudnn_kernels.cu's second pass.
+ * The per-channel sums (cudnn_kernels_math.cuh says how the order stays
+ * NCHW's): a block of kNhwcWarps warps per (tile of 32 L adjacent channels,
+ * piece of kPiece values), grid.x the tiles, grid.y the pieces; lane l of each
+ * warp owns L adjacent channels (L = 2: one 4-byte load of bf16 per row, a
+ * warp's 128 bytes coalesced), so no lane ever talks to another; each warp
+ * walks its 32 of chan_thread's threads one after another, keeping five
+ * partial sums; shared memory joins the 8 warps.  Then the partials as
+ * NCHW's, and cudnn_kernels.cu's second pass.  Before (2026-11), thread t kept
+ * 8 channels' accumulators and read chan_thread's rows itself: 16 bytes of
+ * bf16 per row, rows 4 apart between lanes, so every load took a sector of
+ * its own and batch norm was 61% of the NHWC step on the H200.
  *
  * Index limits as NCHW's (n * h * w and c * h * w below 2^31). */
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+#include <type_traits>
 
 #include "cudnn_kernels_dev.cuh"
 
 namespace {
 
-using gwk::kTile;
+/* Aligned for two adjacent elements of T (one load of a channel pair). */
+template <class T>
+inline bool pair_aligned(const void *p) {
+  return ((uintptr_t)p & (2 * sizeof(T) - 1)) == 0;
+}
 
 /* ---- batch norm's per-channel sums ------------------------------------------------------------------- */
-template <class Rule>
-__global__ void __launch_bounds__(gwk::kRedThreads)
-    k_chan_partials_nhwc(Rule rule, int c, uint32_t count, uint32_t pieces, bool vec, double *part) {
-  __shared__ double sa[gwk::kRedThreads], sb[gwk::kRedThreads];
-  const int ch0 = (int)blockIdx.x * kTile;
-  const int nct = c - ch0 < kTile ? c - ch0 : kTile; /* the same for the whole block */
-  typename Rule::St st[kTile] = {};
+/* Blocks (tile of 32 L channels, piece), grid.y striding over the pieces;
+ * Leaf is SumsLeaf or BwdSumsLeaf with its tensors set, Prep sets a lane's
+ * per-channel constants (BwdSumsLeaf's mean and rstd). */
+template <int L, class Leaf, class Prep>
+__global__ void __launch_bounds__(gwk::kRedThreads, 2)
+    k_chan_partials_nhwc(Leaf proto, Prep prep, int c, uint32_t count, uint32_t pieces, double *part) {
+  static_assert(gwk::kNhwcWarps * 32 == gwk::kRedThreads, "a block's warps are its threads");
+  constexpr int kTileCh = 32 * L;
+  __shared__ double ss[gwk::kNhwcWarps][kTileCh], ss2[gwk::kNhwcWarps][kTileCh];
+  const int w = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+  const int ch0 = (int)blockIdx.x * kTileCh, mine = lane * L; /* the lane's first channel in the tile */
+  const bool active = ch0 + mine < c; /* c % L == 0 when L > 1: a lane has all its channels or none */
+  Leaf leaf = proto;
+  leaf.ch = (uint32_t)(ch0 + mine);
+  if (active) prep(leaf);
   for (uint32_t piece = blockIdx.y; piece < pieces; piece += gridDim.y) {
     const uint32_t j0 = piece * gwk::kPiece, j1 = count - j0 < gwk::kPiece ? count : j0 + gwk::kPiece;
+    if (active) {
+      gwk::PieceLeaf<Leaf> one{leaf, j0, j1};
+      const gwk::Sums2<L> v = gwk::nhwc_warp_tree<L>(w, one);
 #pragma unroll
-    for (int k = 0; k < kTile; k++)
-      if (k < nct) rule.begin(st[k], (uint32_t)(ch0 + k));
-    gwk::chan_thread_nhwc(rule, st, nct, j0, j1, (int)threadIdx.x, (uint32_t)c, (uint32_t)ch0, vec);
-#pragma unroll
-    for (int k = 0; k < kTile; k++) {
-      if (k < nct) {
-        double a = st[k].s, b = st[k].s2;
-        block_sum2<gwk::kRedThreads>(a, b, sa, sb);
-        if (threadIdx.x == 0) {
-          part[(size_t)(ch0 + k) * pieces + piece] = a;
-          part[((size_t)c + ch0 + k) * pieces + piece] = b;
-        }
-        __syncthreads();
-      }
+      for (int k = 0; k < L; k++) ss[w][mine + k] = v.s[k], ss2[w][mine + k] = v.s2[k];
     }
+    __syncthreads();
+    const int tc = (int)threadIdx.x; /* thread tc finishes channel ch0 + tc: tree_sum's last steps */
+    if (tc < kTileCh && ch0 + tc < c) {
+      double a[gwk::kNhwcWarps], b[gwk::kNhwcWarps];
+#pragma unroll
+      for (int i = 0; i < gwk::kNhwcWarps; i++) a[i] = ss[i][tc], b[i] = ss2[i][tc];
+      part[(size_t)(ch0 + tc) * pieces + piece] = gwk::tree_sum(a, gwk::kNhwcWarps);
+      part[((size_t)c + ch0 + tc) * pieces + piece] = gwk::tree_sum(b, gwk::kNhwcWarps);
+    }
+    __syncthreads();
   }
 }
 
-template <class Rule>
-int chan_reduce_nhwc(const ChanShape &s, const Rule &rule, bool vec, double *sums, cudaStream_t st) {
+struct NoPrep {
+  template <class Leaf>
+  __device__ void operator()(Leaf &) const {}
+};
+struct MeanRstdPrep {
+  const float *mean, *rstd;
+  template <class Leaf>
+  __device__ void operator()(Leaf &l) const { l.begin(mean, rstd); }
+};
+
+/* Two channels per lane (one 4-byte load per row of bf16, 8 of float) where
+ * every row's pair is one aligned load (c even, the tensors aligned for two
+ * elements) and the 64-channel tiles still make at least two waves of blocks
+ * (2 per SM: __launch_bounds__); else one channel per lane (64 bytes per
+ * warp and row of bf16: whole sectors still), twice the blocks, fewer
+ * registers.  ResNet-50's later layers (c 512-2048 at 28x28 to 7x7 over a
+ * batch of 256) make only 64-200 blocks of 64 channels.  The bits do not
+ * depend on the choice. */
+inline bool pairs_ok(const ChanShape &s, bool aligned) {
+  if (!aligned || s.c % 2 != 0) return false;
+  /* GW_BN_NHWC_PAIRS=1 / 0: always / never where possible (tests, A/B runs) */
+  const char *force = getenv("GW_BN_NHWC_PAIRS");
+  if (force && (force[0] == '0' || force[0] == '1') && !force[1]) return force[0] == '1';
+  const uint64_t pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece, tiles = ((uint64_t)s.c + 63) / 64;
+  const int sms = sm_count();
+  return tiles * pieces >= 4 * (uint64_t)(sms > 0 ? sms : 128);
+}
+
+template <int L, class Leaf, class Prep>
+int chan_reduce_nhwc(const ChanShape &s, const Leaf &leaf, const Prep &prep, double *sums, cudaStream_t st) {
   const uint32_t pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece;
   if (pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, sums, st); /* no values: every sum is 0 */
   double *part = nullptr;
@@ -68,9 +115,10 @@ int chan_reduce_nhwc(const ChanShape &s, const Rule &rule, bool vec, double *sum
     (void)cudaGetLastError();
     return (int)e;
   }
-  const unsigned tiles = (unsigned)((s.c + kTile - 1) / kTile), gy = pieces < kMaxGridY ? pieces : kMaxGridY;
+  const unsigned tiles = (unsigned)((s.c + 32 * L - 1) / (32 * L)), gy = pieces < kMaxGridY ? pieces : kMaxGridY;
   (void)cudaGetLastError();
-  k_chan_partials_nhwc<Rule><<<dim3(tiles, gy), gwk::kRedThreads, 0, st>>>(rule, s.c, s.count, pieces, vec, part);
+  k_chan_partials_nhwc<L, Leaf, Prep><<<dim3(tiles, gy), gwk::kRedThreads, 0, st>>>(leaf, prep, s.c, s.count, pieces,
+                                                                                     part);
   int r = launched();
   if (r == 0) r = gwkd::chan_finish(part, s.c, pieces, sums, st);
   e = cudaFreeAsync(part, st);
@@ -78,13 +126,22 @@ int chan_reduce_nhwc(const ChanShape &s, const Rule &rule, bool vec, double *sum
   return r != 0 ? r : (int)e;
 }
 
+/* Batches: 4 quads (16 rows) of one tensor, or 2 quads of three, in flight per lane. */
+constexpr int kSumsBatch = 4, kBwdBatch = 2;
+
 template <class T>
 int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
-  const gwk::SumsRule<T> rule{(const T *)x};
-  return chan_reduce_nhwc(s, rule, s.c % 4 == 0 && quad_aligned<T>(x), sums, st);
+  if (pairs_ok(s, pair_aligned<T>(x))) {
+    gwk::SumsLeaf<T, 2, kSumsBatch> leaf{};
+    leaf.x = (const T *)x, leaf.c = (size_t)s.c;
+    return chan_reduce_nhwc<2>(s, leaf, NoPrep{}, sums, st);
+  }
+  gwk::SumsLeaf<T, 1, kSumsBatch> leaf{};
+  leaf.x = (const T *)x, leaf.c = (size_t)s.c;
+  return chan_reduce_nhwc<1>(s, leaf, NoPrep{}, sums, st);
 }
 
 template <class T>
@@ -93,9 +150,17 @@ int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, con
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
-  const gwk::BwdSumsRule<T> rule{(const T *)x, (const T *)dy, (const T *)ym, mean, rstd};
-  return chan_reduce_nhwc(s, rule, s.c % 4 == 0 && quad_aligned<T>(x) && quad_aligned<T>(dy) && quad_aligned<T>(ym),
-                          sums, st);
+  const MeanRstdPrep prep{mean, rstd};
+  /* float16's pairs spill registers here (its widening takes more): one per lane */
+  if (!std::is_same<T, gwk::f16>::value &&
+      pairs_ok(s, pair_aligned<T>(x) && pair_aligned<T>(dy) && (!ym || pair_aligned<T>(ym)))) {
+    gwk::BwdSumsLeaf<T, 2, kBwdBatch> leaf{};
+    leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
+    return chan_reduce_nhwc<2>(s, leaf, prep, sums, st);
+  }
+  gwk::BwdSumsLeaf<T, 1, kBwdBatch> leaf{};
+  leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
+  return chan_reduce_nhwc<1>(s, leaf, prep, sums, st);
 }
 
 /* ---- weights for NHWC convolutions: [k][c][rs] <-> [k][rs][c], converted ----------------------------------- */

@@ -2,13 +2,15 @@
  * channels-last (NHWC) kernels' arithmetic replayed on the host against the
  * NCHW kernels' on the same values (transposed), bit for bit, as backend.h
  * promises:
- *   - batch norm's per-channel sums (k_chan_partials_nhwc: gwk::chan_thread_nhwc
- *     per thread of a tile, the block trees, the second pass) against
- *     replay_chan's NCHW ones, for SumsRule / SumsAcc and BwdSumsRule /
- *     BwdSumsAcc with and without the fused ReLU's mask, vector loads and not,
- *     on values whose double sums depend on their order (exponents over 40
- *     binades), channel counts that fill no tile (3, 5, 12) and shapes with
- *     several pieces; every element visited once, in its own channel;
+ *   - batch norm's per-channel sums (k_chan_partials_nhwc: each warp's lanes
+ *     walking their leaves with gwk::nhwc_warp_tree, the warps joined by
+ *     tree_sum, the second pass) against replay_chan's NCHW ones, for
+ *     SumsLeaf / SumsAcc and BwdSumsLeaf / BwdSumsAcc with and without the
+ *     fused ReLU's mask, one and two channels per lane, on values whose double
+ *     sums depend on their order (exponents over 40 binades), channel counts
+ *     that fill no tile (3, 5, 12, 40, 70, 130) and shapes with several pieces;
+ *     every element fetched once, each slot used once after its fetch, and
+ *     each warp's leaves its residue class of threads;
  *   - max pool's window and gather with the elements c apart, average pool's
  *     lane sums likewise;
  *   - the weight transposes (perm_source) against the direct index formulas,
@@ -30,76 +32,112 @@ std::vector<T> to_nhwc(const std::vector<T> &x, int n, int c, size_t hw) {
 }
 
 /* What k_chan_partials_nhwc + the second pass compute, replayed: per tile of
- * kTile channels and piece, every thread's chan_thread_nhwc, then each
- * channel's tree over the threads; the pieces as replay_chan's (replay_chan_finish). */
-template <class Rule>
-void replay_chan_nhwc(const Rule &rule, int n, int c, uint32_t hw, bool vec, std::vector<double> &out) {
+ * 32 L channels and piece, every warp's lanes (gwk::nhwc_warp_tree over their
+ * leaves), then each channel's tree_sum over the warps' values; the pieces as
+ * replay_chan's (replay_chan_finish).  prep(leaf) sets a lane's per-channel
+ * constants, as the kernel's Prep. */
+template <int L, class Leaf, class Prep>
+void replay_chan_nhwc(const Leaf &proto, const Prep &prep, int n, int c, uint32_t hw, std::vector<double> &out) {
   const uint32_t count = (uint32_t)n * hw, pieces = (count + kPiece - 1) / kPiece;
+  const int tile = 32 * L;
   out.assign(2 * (size_t)c, 0.0);
   std::vector<double> part(2 * (size_t)c * pieces);
-  static double a[kTile][kRedThreads], b[kTile][kRedThreads];
-  for (int ch0 = 0; ch0 < c; ch0 += kTile) {
-    const int nct = c - ch0 < kTile ? c - ch0 : kTile;
+  for (int ch0 = 0; ch0 < c; ch0 += tile) {
     for (uint32_t p = 0; p < pieces; p++) {
       const uint32_t j0 = p * kPiece, j1 = count - j0 < kPiece ? count : j0 + kPiece;
-      for (int t = 0; t < kRedThreads; t++) {
-        typename Rule::St st[kTile] = {};
-        for (int k = 0; k < nct; k++) rule.begin(st[k], (uint32_t)(ch0 + k));
-        chan_thread_nhwc(rule, st, nct, j0, j1, t, (uint32_t)c, (uint32_t)ch0, vec);
-        for (int k = 0; k < nct; k++) a[k][t] = st[k].s, b[k][t] = st[k].s2;
+      double ss[kNhwcWarps][64], ss2[kNhwcWarps][64];
+      for (int w = 0; w < kNhwcWarps; w++) {
+        for (int lane = 0; lane < 32; lane++) {
+          const int mine = lane * L;
+          if (ch0 + mine >= c) continue;
+          Leaf leaf = proto;
+          leaf.ch = (uint32_t)(ch0 + mine);
+          prep(leaf);
+          PieceLeaf<Leaf> one{leaf, j0, j1};
+          const Sums2<L> v = nhwc_warp_tree<L>(w, one);
+          for (int k = 0; k < L; k++) ss[w][mine + k] = v.s[k], ss2[w][mine + k] = v.s2[k];
+        }
       }
-      for (int k = 0; k < nct; k++) {
-        part[(size_t)(ch0 + k) * pieces + p] = tree_sum(a[k], kRedThreads);
-        part[((size_t)c + ch0 + k) * pieces + p] = tree_sum(b[k], kRedThreads);
+      for (int tc = 0; tc < tile && ch0 + tc < c; tc++) {
+        double a[kNhwcWarps], b[kNhwcWarps];
+        for (int i = 0; i < kNhwcWarps; i++) a[i] = ss[i][tc], b[i] = ss2[i][tc];
+        part[(size_t)(ch0 + tc) * pieces + p] = tree_sum(a, kNhwcWarps);
+        part[((size_t)c + ch0 + tc) * pieces + p] = tree_sum(b, kNhwcWarps);
       }
     }
   }
   replay_chan_finish(part, c, pieces, out);
 }
 
-/* Counts the visits of every element of an NHWC tensor and those outside the
- * accumulator's channel. */
-struct VisitRule {
+struct NoPrep {
+  template <class Leaf>
+  void operator()(Leaf &) const {}
+};
+
+/* Counts the fetches of every element of an NHWC tensor (each must come once,
+ * and be used once, in its own slot). */
+template <int L>
+struct VisitLeaf {
   int *hits;
-  long *wrong;
-  int c;
-  struct St {
-    int ch;
-    double s, s2;
-  };
-  GWK_HD void begin(St &st, uint32_t ch) const { st.ch = (int)ch; }
-  GWK_HD void add1(St &st, size_t off) const {
-    hits[off]++;
-    if ((int)(off % (size_t)c) != st.ch) ++*wrong;
+  long *bad;
+  size_t c;
+  uint32_t ch;
+  int fetched[16];
+  Sums2<L> acc;
+  GWK_HD void fetch(uint32_t e, int s) {
+    if (fetched[s] >= 0) ++*bad; /* a slot fetched twice before its use */
+    fetched[s] = 1;
+    for (int k = 0; k < L; k++) hits[(size_t)e * c + ch + (uint32_t)k]++;
   }
-  GWK_HD void add4(St &s0, St &s1, St &s2, St &s3, size_t off) const {
-    add1(s0, off), add1(s1, off + 1), add1(s2, off + 2), add1(s3, off + 3);
+  GWK_HD void use(int s) {
+    if (fetched[s] != 1) ++*bad;
+    fetched[s] = -1;
+  }
+  GWK_HD Sums2<L> operator()(uint32_t t, uint32_t j0, uint32_t j1) {
+    for (int &f : fetched) f = -1;
+    acc.zero();
+    nhwc_thread_rows<4>(j0, j1, t, *this);
+    return acc;
   }
 };
 
 struct Shape4 {
   int n, c, h, w;
 };
-/* c: no whole tile (3, 5, 12), tiles (8, 16, 40); hw % 4 != 0 and several pieces (n * hw > 8192). */
-const Shape4 kShapes[] = {{2, 3, 5, 7}, {3, 5, 4, 4}, {2, 12, 9, 9}, {4, 8, 7, 7},
-                          {3, 16, 30, 31}, {2, 40, 3, 3}, {1, 4, 96, 97}};
+/* c: tiles partly filled (3, 5, 12, 40), whole (64), several (70, 130, 256);
+ * hw % 4 != 0 and several pieces (n * hw > 8192). */
+const Shape4 kShapes[] = {{2, 3, 5, 7},    {3, 5, 4, 4},   {2, 12, 9, 9},  {4, 8, 7, 7},   {3, 16, 30, 31},
+                          {2, 40, 3, 3},   {1, 4, 96, 97}, {2, 64, 9, 9},  {1, 70, 13, 13}, {2, 130, 7, 7},
+                          {1, 256, 3, 3}};
+
+template <int L>
+void coverage_one(const Shape4 &sh) {
+  const uint32_t hw = (uint32_t)(sh.h * sh.w);
+  const size_t total = (size_t)sh.n * sh.c * hw;
+  std::vector<int> hits(total, 0);
+  long bad = 0;
+  VisitLeaf<L> leaf{};
+  leaf.hits = hits.data(), leaf.bad = &bad, leaf.c = (size_t)sh.c;
+  std::vector<double> out;
+  replay_chan_nhwc<L>(leaf, NoPrep{}, sh.n, sh.c, hw, out);
+  size_t wrong = 0;
+  for (size_t i = 0; i < total; i++) wrong += hits[i] != 1;
+  CHECK(wrong == 0 && bad == 0, "NHWC [%d,%d,%d,%d] %d per lane: %zu elements not fetched once, %ld slots misused",
+        sh.n, sh.c, sh.h, sh.w, L, wrong, bad);
+}
 
 void test_nhwc_coverage(void) {
+  /* The leaves of each warp: every thread t once, w's residue class. */
+  for (int w = 0; w < kNhwcWarps; w++) {
+    int seen[kRedThreads] = {0};
+    for (int k = 0; k < kNhwcLeaves; k++) seen[nhwc_leaf_thread(w, k)]++;
+    int missing = 0;
+    for (int t = 0; t < kRedThreads; t++) missing += seen[t] != (t % kNhwcWarps == w);
+    CHECK(missing == 0, "warp %d's leaves: %d threads not taken once", w, missing);
+  }
   for (const Shape4 &sh : kShapes) {
-    const uint32_t hw = (uint32_t)(sh.h * sh.w);
-    const size_t total = (size_t)sh.n * sh.c * hw;
-    for (int vec = 0; vec < 2; vec++) {
-      if (vec && sh.c % 4) continue;
-      std::vector<int> hits(total, 0);
-      long wrong = 0;
-      const VisitRule rule{hits.data(), &wrong, sh.c};
-      std::vector<double> out;
-      replay_chan_nhwc(rule, sh.n, sh.c, hw, vec != 0, out);
-      size_t bad = 0;
-      for (size_t i = 0; i < total; i++) bad += hits[i] != 1;
-      CHECK(bad == 0 && wrong == 0, "NHWC [%d,%d,%d,%d] vec %d: %zu elements not visited once, %ld outside the channel",
-            sh.n, sh.c, sh.h, sh.w, vec, bad, wrong);
-    }
+    coverage_one<1>(sh);
+    if (sh.c % 2 == 0) coverage_one<2>(sh);
   }
 }
 
@@ -125,11 +163,19 @@ void test_nhwc_sums(void) {
     SumsAcc<T> acc{};
     acc.x = x.data();
     replay_chan(acc, [](SumsAcc<T> &, int) {}, sh.n, sh.c, (uint32_t)hw, false, ref);
-    for (int vec = 0; vec < 2; vec++) {
-      if (vec && sh.c % 4) continue;
-      replay_chan_nhwc(SumsRule<T>{xt.data()}, sh.n, sh.c, (uint32_t)hw, vec != 0, got);
-      CHECK(same_elems(ref, got), "%s bn_sums NHWC [%d,%d,%d,%d] vec %d: not NCHW's bits", name, sh.n, sh.c, sh.h, sh.w,
-            vec);
+    for (int pairs = 0; pairs < 2; pairs++) {
+      if (pairs && sh.c % 2) continue;
+      if (pairs) {
+        SumsLeaf<T, 2, 4> leaf{};
+        leaf.x = xt.data(), leaf.c = (size_t)sh.c;
+        replay_chan_nhwc<2>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got);
+      } else {
+        SumsLeaf<T, 1, 4> leaf{};
+        leaf.x = xt.data(), leaf.c = (size_t)sh.c;
+        replay_chan_nhwc<1>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got);
+      }
+      CHECK(same_elems(ref, got), "%s bn_sums NHWC [%d,%d,%d,%d] %d per lane: not NCHW's bits", name, sh.n, sh.c, sh.h,
+            sh.w, pairs + 1);
     }
     for (int masked = 0; masked < 2; masked++) {
       BwdSumsAcc<T> b{};
@@ -137,12 +183,20 @@ void test_nhwc_sums(void) {
       const float *m = mean.data(), *r = rstd.data();
       replay_chan(b, [m, r](BwdSumsAcc<T> &a, int ch) { a.mean = m[ch], a.rstd = r[ch]; }, sh.n, sh.c, (uint32_t)hw,
                   false, ref);
-      for (int vec = 0; vec < 2; vec++) {
-        if (vec && sh.c % 4) continue;
-        const BwdSumsRule<T> rule{xt.data(), dyt.data(), masked ? ymt.data() : nullptr, m, r};
-        replay_chan_nhwc(rule, sh.n, sh.c, (uint32_t)hw, vec != 0, got);
-        CHECK(same_elems(ref, got), "%s bn_bwd_sums NHWC [%d,%d,%d,%d] mask %d vec %d: not NCHW's bits", name, sh.n,
-              sh.c, sh.h, sh.w, masked, vec);
+      auto prep = [m, r](auto &leaf) { leaf.begin(m, r); };
+      for (int pairs = 0; pairs < 2; pairs++) {
+        if (pairs && sh.c % 2) continue;
+        if (pairs) {
+          BwdSumsLeaf<T, 2, 2> leaf{};
+          leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
+          replay_chan_nhwc<2>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got);
+        } else {
+          BwdSumsLeaf<T, 1, 2> leaf{};
+          leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
+          replay_chan_nhwc<1>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got);
+        }
+        CHECK(same_elems(ref, got), "%s bn_bwd_sums NHWC [%d,%d,%d,%d] mask %d, %d per lane: not NCHW's bits", name,
+              sh.n, sh.c, sh.h, sh.w, masked, pairs + 1);
       }
     }
   }
