@@ -219,6 +219,23 @@ struct Tabled {
   }
 };
 
+/* NHWC, c % 4 == 0, every tensor aligned for quads, params independent of the
+ * sample (Tabled): quads q0, q0 + stride, ... of the flat tensor, where the
+ * grid (gwk::nhwc_fixed_blocks) makes every one of a thread's quads start at
+ * the same channel, so its 4 parameter sets are read once; each element is
+ * k_chan_elem's (Op::quad on the same index). */
+template <class Op>
+__global__ void __launch_bounds__(kThreads) k_bn_elem_nhwc(Op op, size_t nquads, uint32_t c) {
+  typedef typename Op::P P;
+  const size_t stride = (size_t)gridDim.x * blockDim.x, q0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (q0 >= nquads) return;
+  const uint32_t ch0 = (uint32_t)((4 * q0) % c);
+  P p[4];
+#pragma unroll
+  for (int l = 0; l < 4; l++) p[l] = op.params(0, ch0 + (uint32_t)l);
+  for (size_t q = q0; q < nquads; q += stride) op.quad(4 * q, Lanes<P>{p});
+}
+
 template <class Op>
 __global__ void __launch_bounds__(kThreads) k_chan_table(Op op, int c, typename Op::P *tab) {
   for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x)
@@ -226,7 +243,8 @@ __global__ void __launch_bounds__(kThreads) k_chan_table(Op op, int c, typename 
 }
 
 /* launch_chan_elem for batch norm's ops, through a table in stream-ordered
- * scratch; vec needs `aligned` and hw % 4 == 0 (NCHW) or c % 4 == 0 (NHWC). */
+ * scratch; vec needs `aligned` and hw % 4 == 0 (NCHW) or c % 4 == 0 (NHWC,
+ * where k_bn_elem_nhwc reads each thread's parameters once). */
 template <class Op>
 int launch_bn_elem(const ChanShape &s, const Op &op, bool aligned, bool nhwc, cudaStream_t st) {
   if (s.n == 0 || s.c == 0 || s.hw == 0) return 0;
@@ -239,7 +257,14 @@ int launch_bn_elem(const ChanShape &s, const Op &op, bool aligned, bool nhwc, cu
   (void)cudaGetLastError();
   k_chan_table<Op><<<(s.c + kThreads - 1) / kThreads, kThreads, 0, st>>>(op, s.c, tab);
   int r = launched();
-  if (r == 0) r = launch_chan_elem(s, Tabled<Op>{op, tab}, aligned && (nhwc ? s.c : s.hw) % 4 == 0, st, nhwc);
+  if (r == 0 && nhwc && aligned && s.c % 4 == 0) {
+    const size_t nquads = (size_t)s.n * s.hw * (size_t)s.c / 4;
+    const unsigned gx = gwk::nhwc_fixed_blocks((uint32_t)s.c, kThreads, grid_for(nquads));
+    k_bn_elem_nhwc<Tabled<Op>><<<gx, kThreads, 0, st>>>(Tabled<Op>{op, tab}, nquads, (uint32_t)s.c);
+    r = launched();
+  } else if (r == 0) {
+    r = launch_chan_elem(s, Tabled<Op>{op, tab}, aligned && (nhwc ? s.c : s.hw) % 4 == 0, st, nhwc);
+  }
   e = cudaFreeAsync(tab, st);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return r != 0 ? r : (int)e;

@@ -593,6 +593,22 @@ struct BwdSumsLeaf {
   }
 };
 
+/* ---- NHWC element-wise passes with per-channel parameters -------------------------------------
+ * A grid-stride loop over the quads of an NHWC tensor (c % 4 == 0) keeps each
+ * thread on the same 4 channels when the grid's stride, blocks * threads * 4
+ * elements, is a multiple of c: the thread reads its channels' parameters once
+ * instead of once per quad.  The least number of blocks at or above want with
+ * that property. */
+GWK_HD uint32_t nhwc_fixed_blocks(uint32_t c, uint32_t threads, uint32_t want) {
+  uint32_t a = c, b = 4u * threads; /* gcd(c, 4 threads) */
+  while (b) {
+    const uint32_t r = a % b;
+    a = b, b = r;
+  }
+  const uint32_t step = c / a;
+  return (want + step - 1) / step * step;
+}
+
 /* Batch norm's output v (float, before the store) through the fused tail: its
  * rounding to T, plus z (the residual add, in float, rounded once), then ReLU
  * (backend.h bn_act_*): the bits of the separate ops. */

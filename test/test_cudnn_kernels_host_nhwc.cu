@@ -10,7 +10,8 @@
  *     sums depend on their order (exponents over 40 binades), channel counts
  *     that fill no tile (3, 5, 12, 40, 70, 130) and shapes with several pieces;
  *     every element fetched once, each slot used once after its fetch, and
- *     each warp's leaves its residue class of threads;
+ *     each warp's leaves its residue class of threads; the element-wise
+ *     passes' grid that keeps a thread on one quad of channels;
  *   - max pool's window and gather with the elements c apart, average pool's
  *     lane sums likewise;
  *   - the weight transposes (perm_source) against the direct index formulas,
@@ -139,6 +140,18 @@ void test_nhwc_coverage(void) {
     coverage_one<1>(sh);
     if (sh.c % 2 == 0) coverage_one<2>(sh);
   }
+  /* k_bn_elem_nhwc's grid: every quad of a thread starts at the same channel,
+   * with the fewest blocks at or above the wanted number. */
+  int bad_grid = 0;
+  for (uint32_t c = 4; c <= 4096; c += 4) {
+    for (uint32_t want : {1u, 7u, 100u, 4224u}) {
+      const uint32_t g = nhwc_fixed_blocks(c, 256, want);
+      bool ok = g >= want && (uint64_t)g * 1024 % c == 0;
+      for (uint32_t h = want; ok && h < g; h++) ok = (uint64_t)h * 1024 % c != 0; /* none smaller */
+      bad_grid += !ok;
+    }
+  }
+  CHECK(bad_grid == 0, "nhwc_fixed_blocks: %d grids wrong", bad_grid);
 }
 
 /* Values over 40 binades, so the order of a double sum shows in its bits. */
