@@ -257,9 +257,12 @@ int launch_bn_elem(const ChanShape &s, const Op &op, bool aligned, bool nhwc, cu
   (void)cudaGetLastError();
   k_chan_table<Op><<<(s.c + kThreads - 1) / kThreads, kThreads, 0, st>>>(op, s.c, tab);
   int r = launched();
-  if (r == 0 && nhwc && aligned && s.c % 4 == 0) {
-    const size_t nquads = (size_t)s.n * s.hw * (size_t)s.c / 4;
-    const unsigned gx = gwk::nhwc_fixed_blocks((uint32_t)s.c, kThreads, grid_for(nquads));
+  const size_t nquads = (size_t)s.n * s.hw * (size_t)s.c / 4;
+  const unsigned want = grid_for(nquads);
+  const unsigned gx = nhwc && s.c % 4 == 0 ? gwk::nhwc_fixed_blocks((uint32_t)s.c, kThreads, want) : 0;
+  /* (a c with few factors of 2 over a small tensor would round the grid far
+   * past its work: the general kernel then) */
+  if (r == 0 && nhwc && aligned && s.c % 4 == 0 && gx <= 2 * want + 2) {
     k_bn_elem_nhwc<Tabled<Op>><<<gx, kThreads, 0, st>>>(Tabled<Op>{op, tab}, nquads, (uint32_t)s.c);
     r = launched();
   } else if (r == 0) {

@@ -440,12 +440,14 @@ struct Sums2 {
 /* Warp w's value: leaf(t) gives thread t's Sums2; the leaves in order, each
  * merged with the subtrees it completes (a binary counter: leaf k completes
  * one per trailing 1 bit of k), so five partial sums wait at most.  The device
- * unrolls k, so every index of the stack is a constant (registers). */
+ * unrolls the levels, so every index of the stack is a constant (registers),
+ * and the leaves by two only (all 32 copies of a leaf's loads made kernels of
+ * 170-430 KB; by two, fewer registers than not at all). */
 template <int L, class Leaf>
 GWK_HD Sums2<L> nhwc_warp_tree(int w, Leaf &leaf) {
   Sums2<L> stack[kNhwcDepth] = {}, out = {}; /* every slot is written before it is read */
 #ifdef __CUDA_ARCH__
-#pragma unroll
+#pragma unroll 2
 #endif
   for (int k = 0; k < kNhwcLeaves; k++) {
     Sums2<L> v = leaf(nhwc_leaf_thread(w, k));
@@ -540,6 +542,15 @@ template <>
 struct Raw<bf16, 2> : RawPair16<bf16> {};
 template <>
 struct Raw<f16, 2> : RawPair16<f16> {};
+
+/* Quads per batch of nhwc_thread_rows (loads in flight per lane), as many as
+ * fit the kernel's 128 registers without spilling (sm_90, ptxas -v): the
+ * sums 4 (16 rows), 2 for float pairs; the backward's three tensors 2, 1 for
+ * pairs.  The bits do not depend on it. */
+template <class T, int L>
+constexpr int nhwc_sums_batch() { return L == 2 && sizeof(T) == 4 ? 2 : 4; }
+template <int L>
+constexpr int nhwc_bwd_batch() { return L == 2 ? 1 : 2; }
 
 /* bn_sums over NHWC: one lane's leaf, channels ch .. ch + L - 1 of rows c apart;
  * SumsAcc's sums. */

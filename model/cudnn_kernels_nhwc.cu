@@ -126,20 +126,17 @@ int chan_reduce_nhwc(const ChanShape &s, const Leaf &leaf, const Prep &prep, dou
   return r != 0 ? r : (int)e;
 }
 
-/* Batches: 4 quads (16 rows) of one tensor, or 2 quads of three, in flight per lane. */
-constexpr int kSumsBatch = 4, kBwdBatch = 2;
-
 template <class T>
 int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
   if (pairs_ok(s, pair_aligned<T>(x))) {
-    gwk::SumsLeaf<T, 2, kSumsBatch> leaf{};
+    gwk::SumsLeaf<T, 2, gwk::nhwc_sums_batch<T, 2>()> leaf{};
     leaf.x = (const T *)x, leaf.c = (size_t)s.c;
     return chan_reduce_nhwc<2>(s, leaf, NoPrep{}, sums, st);
   }
-  gwk::SumsLeaf<T, 1, kSumsBatch> leaf{};
+  gwk::SumsLeaf<T, 1, gwk::nhwc_sums_batch<T, 1>()> leaf{};
   leaf.x = (const T *)x, leaf.c = (size_t)s.c;
   return chan_reduce_nhwc<1>(s, leaf, NoPrep{}, sums, st);
 }
@@ -151,14 +148,16 @@ int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, con
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
   const MeanRstdPrep prep{mean, rstd};
-  /* float16's pairs spill registers here (its widening takes more): one per lane */
-  if (!std::is_same<T, gwk::f16>::value &&
-      pairs_ok(s, pair_aligned<T>(x) && pair_aligned<T>(dy) && (!ym || pair_aligned<T>(ym)))) {
-    gwk::BwdSumsLeaf<T, 2, kBwdBatch> leaf{};
-    leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
-    return chan_reduce_nhwc<2>(s, leaf, prep, sums, st);
+  /* Pairs only for bf16: float's and float16's spill registers here (three
+   * tensors' batches, and float16's widening takes more): one per lane. */
+  if constexpr (std::is_same<T, gwk::bf16>::value) {
+    if (pairs_ok(s, pair_aligned<T>(x) && pair_aligned<T>(dy) && (!ym || pair_aligned<T>(ym)))) {
+      gwk::BwdSumsLeaf<T, 2, gwk::nhwc_bwd_batch<2>()> leaf{};
+      leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
+      return chan_reduce_nhwc<2>(s, leaf, prep, sums, st);
+    }
   }
-  gwk::BwdSumsLeaf<T, 1, kBwdBatch> leaf{};
+  gwk::BwdSumsLeaf<T, 1, gwk::nhwc_bwd_batch<1>()> leaf{};
   leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
   return chan_reduce_nhwc<1>(s, leaf, prep, sums, st);
 }

@@ -179,11 +179,11 @@ void test_nhwc_sums(void) {
     for (int pairs = 0; pairs < 2; pairs++) {
       if (pairs && sh.c % 2) continue;
       if (pairs) {
-        SumsLeaf<T, 2, 4> leaf{};
+        SumsLeaf<T, 2, nhwc_sums_batch<T, 2>()> leaf{};
         leaf.x = xt.data(), leaf.c = (size_t)sh.c;
         replay_chan_nhwc<2>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got);
       } else {
-        SumsLeaf<T, 1, 4> leaf{};
+        SumsLeaf<T, 1, nhwc_sums_batch<T, 1>()> leaf{};
         leaf.x = xt.data(), leaf.c = (size_t)sh.c;
         replay_chan_nhwc<1>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got);
       }
@@ -200,11 +200,11 @@ void test_nhwc_sums(void) {
       for (int pairs = 0; pairs < 2; pairs++) {
         if (pairs && sh.c % 2) continue;
         if (pairs) {
-          BwdSumsLeaf<T, 2, 2> leaf{};
+          BwdSumsLeaf<T, 2, nhwc_bwd_batch<2>()> leaf{};
           leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
           replay_chan_nhwc<2>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got);
         } else {
-          BwdSumsLeaf<T, 1, 2> leaf{};
+          BwdSumsLeaf<T, 1, nhwc_bwd_batch<1>()> leaf{};
           leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
           replay_chan_nhwc<1>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got);
         }

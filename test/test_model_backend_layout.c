@@ -226,15 +226,15 @@ static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cance
 
 /* On cudnn two more shapes take several pieces of the per-channel sums
  * (n h w > 8192) with channels that fill no tile, and every shape runs with
- * the NHWC sums' own choice of channels per lane (one, at these sizes) and
- * again with two (GW_BN_NHWC_PAIRS=1) where c is even.  (The cpu backend's
+ * one channel per lane in the NHWC sums (GW_BN_NHWC_PAIRS=0) and again with
+ * two (=1) where c is even (the backward sums take two for bf16 only).  (The cpu backend's
  * loops have no pieces, and its large shapes would cost 40 s.) */
 START_TEST(test_layout_bn_bits) {
   static const int shapes[][4] = {{2, 64, 7, 7}, {3, 5, 4, 6}, {2, 40, 3, 3}, {4, 16, 1, 1}, {4, 130, 48, 48},
                                   {3, 70, 57, 61}};
   const int cudnn = strcmp(chosen, "cudnn") == 0, nshapes = cudnn ? 6 : 4;
   for (int pairs = 0; pairs < 1 + cudnn; pairs++) {
-    if (pairs) setenv("GW_BN_NHWC_PAIRS", "1", 1); /* read by the cudnn kernels at each call */
+    setenv("GW_BN_NHWC_PAIRS", pairs ? "1" : "0", 1); /* read by the cudnn kernels at each call */
     for (size_t di = 0; di < sizeof act_dtypes / sizeof act_dtypes[0]; di++) {
       struct pair p;
       if (!pair_make(&p, act_dtypes[di])) continue;
