@@ -133,8 +133,16 @@ static int body_soak(gw_comm_t comm, int rank, int n, void *arg) {
     fprintf(stderr, "rank %d: open file descriptors grew from %d to %d\n", rank, fds0, fds1);
     return 1;
   }
-  if (rss1 - rss0 > 256) {
-    fprintf(stderr, "rank %d: resident memory grew by %ld KiB\n", rank, rss1 - rss0);
+  /* Under AddressSanitizer freed blocks wait in its quarantine instead of
+   * being reused, so resident memory creeps with any allocation per call
+   * (300 KiB once in CI); LeakSanitizer checks for leaks there instead. */
+#ifdef __SANITIZE_ADDRESS__
+  const long rss_limit = 4096;
+#else
+  const long rss_limit = 256;
+#endif
+  if (rss1 - rss0 > rss_limit) {
+    fprintf(stderr, "rank %d: resident memory grew by %ld KiB (limit %ld)\n", rank, rss1 - rss0, rss_limit);
     return 1;
   }
   return 0;
