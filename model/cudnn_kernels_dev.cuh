@@ -76,9 +76,14 @@ inline unsigned grid_for(size_t work) {
 
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 /* Aligned for a quad of T (gwk::load4 / store4): 16 bytes for float, 8 for bf16. */
+/* Aligned for N adjacent elements of T in one load (N a power of two). */
+template <int N, class T>
+inline bool elems_aligned(const void *p) {
+  return ((uintptr_t)p & (N * sizeof(T) - 1)) == 0;
+}
 template <class T>
 inline bool quad_aligned(const void *p) {
-  return ((uintptr_t)p & (4 * sizeof(T) - 1)) == 0;
+  return elems_aligned<4, T>(p);
 }
 
 /* The launchers' instance for the activations' dtype: fn<float> or fn<bf16>

@@ -17,7 +17,7 @@
  * warp's 128 bytes coalesced), so no lane ever talks to another; each warp
  * walks its 32 of chan_thread's threads one after another, keeping five
  * partial sums; shared memory joins the 8 warps.  Then the partials as
- * NCHW's, and cudnn_kernels.cu's second pass.  Before (2026-11), thread t kept
+ * NCHW's, and cudnn_kernels.cu's second pass.  Before (until 2026-12), thread t kept
  * 8 channels' accumulators and read chan_thread's rows itself: 16 bytes of
  * bf16 per row, rows 4 apart between lanes, so every load took a sector of
  * its own and batch norm was 61% of the NHWC step on the H200.
@@ -33,12 +33,6 @@
 #include "cudnn_kernels_dev.cuh"
 
 namespace {
-
-/* Aligned for two adjacent elements of T (one load of a channel pair). */
-template <class T>
-inline bool pair_aligned(const void *p) {
-  return ((uintptr_t)p & (2 * sizeof(T) - 1)) == 0;
-}
 
 /* ---- batch norm's per-channel sums ------------------------------------------------------------------- */
 /* Blocks (tile of 32 L channels, piece), grid.y striding over the pieces;
@@ -126,19 +120,27 @@ int chan_reduce_nhwc(const ChanShape &s, const Leaf &leaf, const Prep &prep, dou
   return r != 0 ? r : (int)e;
 }
 
+/* The reduction with L channels per lane: bn_sums' leaf, or bn_bwd_sums'. */
+template <class T, int L>
+int sums_nhwc(const ChanShape &s, const void *x, double *sums, cudaStream_t st) {
+  gwk::SumsLeaf<T, L, gwk::nhwc_sums_batch<T, L>()> leaf{};
+  leaf.x = (const T *)x, leaf.c = (size_t)s.c;
+  return chan_reduce_nhwc<L>(s, leaf, NoPrep{}, sums, st);
+}
+template <class T, int L>
+int bwd_sums_nhwc(const ChanShape &s, const void *x, const void *ym, const void *dy, const MeanRstdPrep &prep,
+                  double *sums, cudaStream_t st) {
+  gwk::BwdSumsLeaf<T, L, gwk::nhwc_bwd_batch<L>()> leaf{};
+  leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
+  return chan_reduce_nhwc<L>(s, leaf, prep, sums, st);
+}
+
 template <class T>
 int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
-  if (pairs_ok(s, pair_aligned<T>(x))) {
-    gwk::SumsLeaf<T, 2, gwk::nhwc_sums_batch<T, 2>()> leaf{};
-    leaf.x = (const T *)x, leaf.c = (size_t)s.c;
-    return chan_reduce_nhwc<2>(s, leaf, NoPrep{}, sums, st);
-  }
-  gwk::SumsLeaf<T, 1, gwk::nhwc_sums_batch<T, 1>()> leaf{};
-  leaf.x = (const T *)x, leaf.c = (size_t)s.c;
-  return chan_reduce_nhwc<1>(s, leaf, NoPrep{}, sums, st);
+  return pairs_ok(s, elems_aligned<2, T>(x)) ? sums_nhwc<T, 2>(s, x, sums, st) : sums_nhwc<T, 1>(s, x, sums, st);
 }
 
 template <class T>
@@ -151,15 +153,10 @@ int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, con
   /* Pairs only for bf16: float's and float16's spill registers here (three
    * tensors' batches, and float16's widening takes more): one per lane. */
   if constexpr (std::is_same<T, gwk::bf16>::value) {
-    if (pairs_ok(s, pair_aligned<T>(x) && pair_aligned<T>(dy) && (!ym || pair_aligned<T>(ym)))) {
-      gwk::BwdSumsLeaf<T, 2, gwk::nhwc_bwd_batch<2>()> leaf{};
-      leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
-      return chan_reduce_nhwc<2>(s, leaf, prep, sums, st);
-    }
+    if (pairs_ok(s, elems_aligned<2, T>(x) && elems_aligned<2, T>(dy) && (!ym || elems_aligned<2, T>(ym))))
+      return bwd_sums_nhwc<T, 2>(s, x, ym, dy, prep, sums, st);
   }
-  gwk::BwdSumsLeaf<T, 1, gwk::nhwc_bwd_batch<1>()> leaf{};
-  leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
-  return chan_reduce_nhwc<1>(s, leaf, prep, sums, st);
+  return bwd_sums_nhwc<T, 1>(s, x, ym, dy, prep, sums, st);
 }
 
 /* ---- weights for NHWC convolutions: [k][c][rs] <-> [k][rs][c], converted ----------------------------------- */
