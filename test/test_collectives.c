@@ -11,7 +11,8 @@
  * 2^-53): each of the n - 1 ring steps rounds once to the dtype.  Every rank must
  * also end with bit-identical allreduce results (in place too), so each rank
  * checks only its own stripe of an allreduce against the reference (the check
- * was 90% of the grid's time).  Check's case name selects the world size (GW_TEST_NRANKS=8 runs 8 ranks), so meson runs the sizes in parallel;
+ * was 90% of the grid's time).  Check's case name selects the world size
+ * (GW_TEST_NRANKS=8 runs 8 ranks), so meson runs the sizes in parallel;
  * GW_TEST_MAX_COUNT leaves out larger counts (the 64-rank run keeps to small
  * ones: 64 processes on 2 cores), GW_TEST_COUNTS=0,1,... replaces the list (the
  * tree's runs add the counts around its half split and chunk boundaries, the
