@@ -126,12 +126,15 @@ __global__ void __launch_bounds__(gwk::kRedThreads)
 }
 
 __global__ void __launch_bounds__(gwk::kRedThreads)
-    k_chan_finish(const double *part, int c, uint32_t pieces, double *out) {
+    k_chan_finish(const double *part, int c, uint32_t pieces, int groups, double *out) {
   __shared__ double sa[gwk::kRedThreads], sb[gwk::kRedThreads];
+  const size_t per = (size_t)pieces * (size_t)groups; /* groups: the NHWC sums' blocks per piece, else 1 */
   for (int ch = blockIdx.x; ch < c; ch += gridDim.x) {
-    const double *p1 = part + (size_t)ch * pieces, *p2 = part + ((size_t)c + ch) * pieces;
+    const double *p1 = part + (size_t)ch * per, *p2 = part + ((size_t)c + ch) * per;
     double a = 0, b = 0;
-    for (uint32_t i = threadIdx.x; i < pieces; i += gwk::kRedThreads) a += p1[i], b += p2[i];
+    for (uint32_t i = threadIdx.x; i < pieces; i += gwk::kRedThreads)
+      a += gwk::nhwc_group_fold(p1 + (size_t)i * groups, groups),
+          b += gwk::nhwc_group_fold(p2 + (size_t)i * groups, groups);
     block_sum2<gwk::kRedThreads>(a, b, sa, sb);
     if (threadIdx.x == 0) out[ch] = a, out[c + ch] = b;
     __syncthreads();
@@ -155,7 +158,7 @@ int chan_reduce(const ChanShape &s, const Acc &proto, bool vec, double *sums, cu
   const int cy = s.c < kMaxGridY ? s.c : kMaxGridY;
   (void)cudaGetLastError();
   if (pieces == 0) { /* no values: every sum is 0 */
-    k_chan_finish<<<s.c, gwk::kRedThreads, 0, st>>>(nullptr, s.c, 0, sums);
+    k_chan_finish<<<s.c, gwk::kRedThreads, 0, st>>>(nullptr, s.c, 0, 1, sums);
     return launched();
   }
   double *part = nullptr;
@@ -167,7 +170,7 @@ int chan_reduce(const ChanShape &s, const Acc &proto, bool vec, double *sums, cu
   k_chan_partials<Acc><<<dim3(pieces, cy), gwk::kRedThreads, 0, st>>>(proto, s.c, s.count,
                                                                       gwk::fastdiv_make(s.hw ? s.hw : 1), pieces,
                                                                       vec, part);
-  k_chan_finish<<<s.c, gwk::kRedThreads, 0, st>>>(part, s.c, pieces, sums);
+  k_chan_finish<<<s.c, gwk::kRedThreads, 0, st>>>(part, s.c, pieces, 1, sums);
   e = cudaGetLastError();
   const cudaError_t f = cudaFreeAsync(part, st);
   if (f != cudaSuccess) (void)cudaGetLastError();
@@ -582,9 +585,9 @@ int loss_fwd_bwd_t(const struct gw_op_desc *d, const void *logits, const int32_t
 
 cudaError_t gwkd::scratch_alloc(void **p, size_t bytes, cudaStream_t st) { return pool_alloc(p, bytes, st); }
 
-int gwkd::chan_finish(const double *part, int c, uint32_t pieces, double *sums, cudaStream_t st) {
+int gwkd::chan_finish(const double *part, int c, uint32_t pieces, int groups, double *sums, cudaStream_t st) {
   (void)cudaGetLastError();
-  k_chan_finish<<<c, gwk::kRedThreads, 0, st>>>(part, c, pieces, sums);
+  k_chan_finish<<<c, gwk::kRedThreads, 0, st>>>(part, c, pieces, groups, sums);
   return launched();
 }
 

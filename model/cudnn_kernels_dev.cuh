@@ -24,7 +24,7 @@ namespace gwkd {
 cudaError_t scratch_alloc(void **p, size_t bytes, cudaStream_t st);
 /* The per-channel reductions' second pass: sums[ch] and sums[c + ch] from the
  * partials part[ch * pieces + piece] and part[(c + ch) * pieces + piece]. */
-int chan_finish(const double *part, int c, uint32_t pieces, double *sums, cudaStream_t st);
+int chan_finish(const double *part, int c, uint32_t pieces, int groups, double *sums, cudaStream_t st);
 }
 
 /* Defined in cudnn_kernels_nhwc.cu: the channels-last forms of batch norm's

@@ -411,17 +411,50 @@ constexpr int kNhwcWarps = 8;                           /* warps of a block */
 constexpr int kNhwcLeaves = kRedThreads / kNhwcWarps;   /* threads t one warp walks: 32 */
 constexpr int kNhwcDepth = 5;                           /* log2(kNhwcLeaves) */
 static_assert(1 << kNhwcDepth == kNhwcLeaves, "the leaves of one warp make a whole binary tree");
+constexpr int kNhwcMaxGroups = 8; /* blocks sharing one piece: kNhwcWarps * 8 = 64 warps of 4 leaves */
 
-/* tree_sum's a[w] after its step s = kNhwcWarps is a binary tree over the
- * threads t = w (mod kNhwcWarps): a[w] = a'[w] + a'[w + 8], where a' is a after
- * step 16, and so on down to step 128 (a[t] + a[t + 128] of the leaves).  Its
- * leaves from left to right: the k-th (k = 0 .. 31) takes offset 8 at the top
- * split when k's highest bit is set, ..., 128 at the bottom split when k's
- * lowest is: t = w + 8 * (k with its 5 bits reversed). */
-GWK_HD uint32_t nhwc_leaf_thread(int w, int k) {
+/* Groups: a piece's 8 warps as above, but G blocks of them (G = 1, 2, 4, 8;
+ * small grids take more, so more warps read at once).  Block g's warp w is
+ * the virtual warp v = g + G w of a block of 8 G warps: tree_sum's a[v] after
+ * its step s = 8 G, a tree over the threads t = v (mod 8 G), 32 / G leaves.
+ * Block g joins its 8 warps by tree_sum's steps 4 G, 2 G, G, which pair warp
+ * w with w + 4, w + 2, w + 1 of the same block, into a[g] after step G; the
+ * second pass takes the piece's G values by tree_sum's last steps
+ * (nhwc_group_fold) before adding up the pieces as NCHW's. */
+GWK_HD int nhwc_group_depth(int groups) { /* log2 of a virtual warp's leaves */
+  int d = kNhwcDepth;
+  for (int g = groups; g > 1; g >>= 1) d--;
+  return d;
+}
+
+/* tree_sum's a[v] after its step s = 8 G is a binary tree over the threads
+ * t = v (mod 8 G): a[v] = a'[v] + a'[v + 8 G], where a' is a after step 16 G,
+ * and so on down to step 128 (a[t] + a[t + 128] of the leaves).  Its leaves
+ * from left to right: the k-th (k = 0 .. 32 / G - 1) takes offset 8 G at the
+ * top split when k's highest bit is set, ..., 128 at the bottom split when its
+ * lowest is: t = v + 8 G * (k with its d bits reversed), d = log2(32 / G). */
+GWK_HD uint32_t nhwc_leaf_thread(int v, int k, int groups = 1) {
+  const int d = nhwc_group_depth(groups);
   uint32_t r = 0;
-  for (int b = 0; b < kNhwcDepth; b++) r |= (((uint32_t)k >> b) & 1u) << (kNhwcDepth - 1 - b);
-  return (uint32_t)w + (uint32_t)kNhwcWarps * r;
+  for (int b = 0; b < d; b++) r |= (((uint32_t)k >> b) & 1u) << (d - 1 - b);
+  return (uint32_t)v + (uint32_t)(kNhwcWarps * groups) * r;
+}
+
+/* A piece's value from its G blocks' values p[0 .. G - 1]: tree_sum over them
+ * (steps G / 2 .. 1), unrolled so the device keeps a[] in registers. */
+GWK_HD double nhwc_group_fold(const double *p, int groups) {
+  double a[kNhwcMaxGroups];
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int g = 0; g < kNhwcMaxGroups; g++) a[g] = g < groups ? p[g] : 0.0;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int s = kNhwcMaxGroups / 2; s > 0; s >>= 1)
+    if (s < groups)
+      for (int t = 0; t < s; t++) a[t] += a[t + s];
+  return a[0];
 }
 
 /* The L channels' sums of one lane: what an accumulator of chan_thread holds
@@ -437,36 +470,38 @@ struct Sums2 {
   }
 };
 
-/* Warp w's value: leaf(t) gives thread t's Sums2; the leaves in order, each
- * merged with the subtrees it completes (a binary counter: leaf k completes
- * one per trailing 1 bit of k), so five partial sums wait at most.  The device
- * unrolls the levels, so every index of the stack is a constant (registers),
- * and the leaves by two only (all 32 copies of a leaf's loads made kernels of
- * 170-430 KB; by two, fewer registers than not at all). */
+/* Virtual warp v's value (groups G): leaf(t) gives thread t's Sums2; the
+ * leaves in order, each merged with the subtrees it completes (a binary
+ * counter: leaf k completes one per trailing 1 bit of k), so at most
+ * log2(32 / G) partial sums wait.  The device unrolls the levels, so every
+ * index of the stack is a constant (registers), and the leaves by two only
+ * (all 32 copies of a leaf's loads made kernels of 170-430 KB; by two, fewer
+ * registers than not at all). */
 template <int L, class Leaf>
-GWK_HD Sums2<L> nhwc_warp_tree(int w, Leaf &leaf) {
+GWK_HD Sums2<L> nhwc_warp_tree(int v, Leaf &leaf, int groups = 1) {
+  const int depth = nhwc_group_depth(groups), leaves = 1 << depth;
   Sums2<L> stack[kNhwcDepth] = {}, out = {}; /* every slot is written before it is read */
 #ifdef __CUDA_ARCH__
 #pragma unroll 2
 #endif
-  for (int k = 0; k < kNhwcLeaves; k++) {
-    Sums2<L> v = leaf(nhwc_leaf_thread(w, k));
+  for (int k = 0; k < leaves; k++) {
+    Sums2<L> x = leaf(nhwc_leaf_thread(v, k, groups));
     bool kept = false;
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
     for (int lvl = 0; lvl < kNhwcDepth; lvl++) {
-      if (kept) continue;
+      if (kept || lvl >= depth) continue;
       if ((k >> lvl) & 1) { /* the right child: its left sibling waits at this level */
         Sums2<L> left = stack[lvl];
-        left.add(v);
-        v = left;
+        left.add(x);
+        x = left;
       } else {
-        stack[lvl] = v;
+        stack[lvl] = x;
         kept = true;
       }
     }
-    if (!kept) out = v; /* k = 31 closes the whole tree */
+    if (!kept) out = x; /* k = leaves - 1 closes the whole tree */
   }
   return out;
 }

@@ -41,6 +41,10 @@ namespace {
 template <int L, class Leaf, class Prep>
 __global__ void __launch_bounds__(gwk::kRedThreads, 2)
     k_chan_partials_nhwc(Leaf proto, Prep prep, int c, uint32_t count, uint32_t pieces, double *part) {
+  /* block g of the piece's groups; two channels per lane only where the grid
+   * is large (pairs_ok), so always one group there (a run-time count of
+   * leaves spilled the bf16 backward's registers) */
+  const int groups = L == 1 ? (int)gridDim.z : 1, g = L == 1 ? (int)blockIdx.z : 0;
   static_assert(gwk::kNhwcWarps * 32 == gwk::kRedThreads, "a block's warps are its threads");
   constexpr int kTileCh = 32 * L;
   __shared__ double ss[gwk::kNhwcWarps][kTileCh], ss2[gwk::kNhwcWarps][kTileCh];
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(gwk::kRedThreads, 2)
     const uint32_t j0 = piece * gwk::kPiece, j1 = count - j0 < gwk::kPiece ? count : j0 + gwk::kPiece;
     if (active) {
       gwk::PieceLeaf<Leaf> one{leaf, j0, j1};
-      const gwk::Sums2<L> v = gwk::nhwc_warp_tree<L>(w, one);
+      const gwk::Sums2<L> v = gwk::nhwc_warp_tree<L>(g + groups * w, one, groups);
 #pragma unroll
       for (int k = 0; k < L; k++) ss[w][mine + k] = v.s[k], ss2[w][mine + k] = v.s2[k];
     }
@@ -64,8 +68,9 @@ __global__ void __launch_bounds__(gwk::kRedThreads, 2)
       double a[gwk::kNhwcWarps], b[gwk::kNhwcWarps];
 #pragma unroll
       for (int i = 0; i < gwk::kNhwcWarps; i++) a[i] = ss[i][tc], b[i] = ss2[i][tc];
-      part[(size_t)(ch0 + tc) * pieces + piece] = gwk::tree_sum(a, gwk::kNhwcWarps);
-      part[((size_t)c + ch0 + tc) * pieces + piece] = gwk::tree_sum(b, gwk::kNhwcWarps);
+      const size_t at = (size_t)piece * (size_t)groups + (size_t)g, per = (size_t)pieces * (size_t)groups;
+      part[(size_t)(ch0 + tc) * per + at] = gwk::tree_sum(a, gwk::kNhwcWarps);
+      part[((size_t)c + ch0 + tc) * per + at] = gwk::tree_sum(b, gwk::kNhwcWarps);
     }
     __syncthreads();
   }
@@ -99,22 +104,40 @@ inline bool pairs_ok(const ChanShape &s, bool aligned) {
   return tiles * pieces >= 4 * (uint64_t)(sms > 0 ? sms : 128);
 }
 
+/* Blocks per piece with one channel per lane (nhwc_group_depth): the fewest
+ * of 1, 2, 4, 8 that make at least two blocks per SM (the 8 warps of one
+ * block per SM cannot keep enough loads in flight), since ResNet-50's small
+ * layers make 32-224 blocks of 32 channels ([256,512,7,7]: 16 tiles of 2
+ * pieces).  The bits do not depend on it. */
+inline int nhwc_groups(uint64_t blocks) {
+  /* GW_BN_NHWC_GROUPS=1/2/4/8: always that many (tests, A/B runs) */
+  const char *force = getenv("GW_BN_NHWC_GROUPS");
+  if (force && (force[0] == '1' || force[0] == '2' || force[0] == '4' || force[0] == '8') && !force[1])
+    return force[0] - '0';
+  const int sms = sm_count();
+  const uint64_t want = 2 * (uint64_t)(sms > 0 ? sms : 128);
+  int g = 1;
+  while (g < gwk::kNhwcMaxGroups && blocks * (uint64_t)g < want) g *= 2;
+  return g;
+}
+
 template <int L, class Leaf, class Prep>
 int chan_reduce_nhwc(const ChanShape &s, const Leaf &leaf, const Prep &prep, double *sums, cudaStream_t st) {
   const uint32_t pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece;
-  if (pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, sums, st); /* no values: every sum is 0 */
+  if (pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st); /* no values: every sum is 0 */
+  const unsigned tiles = (unsigned)((s.c + 32 * L - 1) / (32 * L)), gy = pieces < kMaxGridY ? pieces : kMaxGridY;
+  const int groups = L == 1 ? nhwc_groups((uint64_t)tiles * pieces) : 1;
   double *part = nullptr;
-  cudaError_t e = gwkd::scratch_alloc((void **)&part, sizeof(double) * 2 * (size_t)s.c * pieces, st);
+  cudaError_t e = gwkd::scratch_alloc((void **)&part, sizeof(double) * 2 * (size_t)s.c * pieces * (size_t)groups, st);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return (int)e;
   }
-  const unsigned tiles = (unsigned)((s.c + 32 * L - 1) / (32 * L)), gy = pieces < kMaxGridY ? pieces : kMaxGridY;
   (void)cudaGetLastError();
-  k_chan_partials_nhwc<L, Leaf, Prep><<<dim3(tiles, gy), gwk::kRedThreads, 0, st>>>(leaf, prep, s.c, s.count, pieces,
-                                                                                     part);
+  k_chan_partials_nhwc<L, Leaf, Prep><<<dim3(tiles, gy, (unsigned)groups), gwk::kRedThreads, 0, st>>>(
+      leaf, prep, s.c, s.count, pieces, part);
   int r = launched();
-  if (r == 0) r = gwkd::chan_finish(part, s.c, pieces, sums, st);
+  if (r == 0) r = gwkd::chan_finish(part, s.c, pieces, groups, sums, st);
   e = cudaFreeAsync(part, st);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return r != 0 ? r : (int)e;

@@ -23,7 +23,8 @@
 #      fixture (a step of ResNet-50, 3 SGD steps of ResNet-18, NCHW and
 #      NHWC), ResNet-50 training throughput of
 #      model_bench (TF32 NCHW; bf16 NCHW, cudnn's default layout, and NHWC;
-#      fp16 NCHW; bf16 unfused for the fusion's gain) beside PyTorch on the
+#      fp16 NCHW; bf16 unfused for the fusion's gain; last, bf16 NHWC with
+#      one block per piece of batch norm's sums) beside PyTorch on the
 #      same GPU
 #      (TF32 NCHW; channels_last + AMP bf16 and fp16), and gw-train --amp bf16
 #      on synthetic 224x224 data at 1 and 2 ranks and with --host-step; where
@@ -289,6 +290,9 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   train 2
   bench_gw bf16-nofuse "--act bf16 --layout nchw --no-fuse"
   train 2 --host-step
+  # What splitting small grids' batch-norm sums over several blocks gains
+  # (NHWC, one block per piece as before 2026-12-01).
+  GW_BN_NHWC_GROUPS=1 bench_gw bf16-nhwc-g1 "--act bf16 --layout nhwc"
 else
   say "cudnn backend: not built here (no cuDNN/cuBLAS found: see build.txt)"
 fi
@@ -341,7 +345,7 @@ def img_s(name):
 def one(name):
     v = img_s(name)
     return v[-1] if v else None
-gw = {t: one(f"model-bench-{t}.txt") for t in ("tf32", "bf16", "fp16", "bf16-nofuse", "bf16-nhwc")}
+gw = {t: one(f"model-bench-{t}.txt") for t in ("tf32", "bf16", "fp16", "bf16-nofuse", "bf16-nhwc", "bf16-nhwc-g1")}
 pt = {t: one(f"model-bench-torch-{t}.txt") for t in ("tf32", "bf16", "fp16")}
 for t, what in (("tf32", "tf32 (NCHW both)"), ("bf16", "bf16 NCHW vs channels_last amp bf16"),
                 ("fp16", "fp16 NCHW vs channels_last amp fp16")):
@@ -356,6 +360,9 @@ if gw["bf16"] and gw["bf16-nofuse"]:
 if gw["bf16"] and gw["bf16-nhwc"]:
     print(f"model_bench cudnn bf16: NCHW {gw['bf16']:.1f} vs NHWC {gw['bf16-nhwc']:.1f} img/s = "
           f"{gw['bf16'] / gw['bf16-nhwc']:.2f}x")
+if gw["bf16-nhwc"] and gw["bf16-nhwc-g1"]:
+    print(f"model_bench cudnn bf16 NHWC: batch-norm sums over 1-8 blocks per piece {gw['bf16-nhwc']:.1f} vs one "
+          f"{gw['bf16-nhwc-g1']:.1f} img/s = {gw['bf16-nhwc'] / gw['bf16-nhwc-g1']:.2f}x")
 best = max(((gw[t], t) for t in ("bf16", "bf16-nhwc") if gw[t]), default=None)
 if best and pt["bf16"]:
     print(f"model_bench cudnn bf16, the faster layout ({'NHWC' if best[1] == 'bf16-nhwc' else 'NCHW'}): {best[0]:.1f} "

@@ -182,13 +182,16 @@ void test_layers(void);
  * device accumulator's begin(). */
 /* The second pass (k_chan_finish), either layout: channel ch's sums from its
  * partials part[ch * pieces + p] and part[(c + ch) * pieces + p]. */
-inline void replay_chan_finish(const std::vector<double> &part, int c, uint32_t pieces, std::vector<double> &out) {
+inline void replay_chan_finish(const std::vector<double> &part, int c, uint32_t pieces, std::vector<double> &out,
+                               int groups = 1) {
   double a[kRedThreads], b[kRedThreads];
+  const size_t per = (size_t)pieces * (size_t)groups;
   for (int ch = 0; ch < c; ch++) {
     for (int t = 0; t < kRedThreads; t++) {
       a[t] = b[t] = 0;
       for (uint32_t i = (uint32_t)t; i < pieces; i += kRedThreads)
-        a[t] += part[(size_t)ch * pieces + i], b[t] += part[((size_t)c + ch) * pieces + i];
+        a[t] += nhwc_group_fold(&part[(size_t)ch * per + (size_t)i * groups], groups),
+            b[t] += nhwc_group_fold(&part[((size_t)c + ch) * per + (size_t)i * groups], groups);
     }
     out[ch] = tree_sum(a, kRedThreads);
     out[c + ch] = tree_sum(b, kRedThreads);

@@ -6,11 +6,12 @@
  *     walking their leaves with gwk::nhwc_warp_tree, the warps joined by
  *     tree_sum, the second pass) against replay_chan's NCHW ones, for
  *     SumsLeaf / SumsAcc and BwdSumsLeaf / BwdSumsAcc with and without the
- *     fused ReLU's mask, one and two channels per lane, on values whose double
- *     sums depend on their order (exponents over 40 binades), channel counts
- *     that fill no tile (3, 5, 12, 40, 70, 130) and shapes with several pieces;
- *     every element fetched once, each slot used once after its fetch, and
- *     each warp's leaves its residue class of threads; the element-wise
+ *     fused ReLU's mask, one channel per lane with 1, 2, 4 and 8 blocks per
+ *     piece (groups) and two with one, on values whose double sums depend on their order
+ *     (exponents over 40 binades), channel counts that fill no tile (3, 5,
+ *     12, 40, 70, 130) and shapes with several pieces; every element fetched
+ *     once, each slot used once after its fetch, and each (virtual) warp's
+ *     leaves its residue class of threads in tree order; the element-wise
  *     passes' grid that keeps a thread on one quad of channels;
  *   - max pool's window and gather with the elements c apart, average pool's
  *     lane sums likewise;
@@ -33,41 +34,46 @@ std::vector<T> to_nhwc(const std::vector<T> &x, int n, int c, size_t hw) {
 }
 
 /* What k_chan_partials_nhwc + the second pass compute, replayed: per tile of
- * 32 L channels and piece, every warp's lanes (gwk::nhwc_warp_tree over their
- * leaves), then each channel's tree_sum over the warps' values; the pieces as
- * replay_chan's (replay_chan_finish).  prep(leaf) sets a lane's per-channel
- * constants, as the kernel's Prep. */
+ * 32 L channels, piece and group (block g of the piece's groups), every
+ * warp's lanes (gwk::nhwc_warp_tree over virtual warp g + groups w's leaves),
+ * then each channel's tree_sum over the warps' values; the pieces as
+ * replay_chan's (replay_chan_finish), each first folded over its groups.
+ * prep(leaf) sets a lane's per-channel constants, as the kernel's Prep. */
 template <int L, class Leaf, class Prep>
-void replay_chan_nhwc(const Leaf &proto, const Prep &prep, int n, int c, uint32_t hw, std::vector<double> &out) {
+void replay_chan_nhwc(const Leaf &proto, const Prep &prep, int n, int c, uint32_t hw, std::vector<double> &out,
+                      int groups = 1) {
   const uint32_t count = (uint32_t)n * hw, pieces = (count + kPiece - 1) / kPiece;
+  const size_t per = (size_t)pieces * (size_t)groups;
   const int tile = 32 * L;
   out.assign(2 * (size_t)c, 0.0);
-  std::vector<double> part(2 * (size_t)c * pieces);
+  std::vector<double> part(2 * (size_t)c * per);
   for (int ch0 = 0; ch0 < c; ch0 += tile) {
     for (uint32_t p = 0; p < pieces; p++) {
       const uint32_t j0 = p * kPiece, j1 = count - j0 < kPiece ? count : j0 + kPiece;
-      double ss[kNhwcWarps][64], ss2[kNhwcWarps][64];
-      for (int w = 0; w < kNhwcWarps; w++) {
-        for (int lane = 0; lane < 32; lane++) {
-          const int mine = lane * L;
-          if (ch0 + mine >= c) continue;
-          Leaf leaf = proto;
-          leaf.ch = (uint32_t)(ch0 + mine);
-          prep(leaf);
-          PieceLeaf<Leaf> one{leaf, j0, j1};
-          const Sums2<L> v = nhwc_warp_tree<L>(w, one);
-          for (int k = 0; k < L; k++) ss[w][mine + k] = v.s[k], ss2[w][mine + k] = v.s2[k];
+      for (int g = 0; g < groups; g++) {
+        double ss[kNhwcWarps][64], ss2[kNhwcWarps][64];
+        for (int w = 0; w < kNhwcWarps; w++) {
+          for (int lane = 0; lane < 32; lane++) {
+            const int mine = lane * L;
+            if (ch0 + mine >= c) continue;
+            Leaf leaf = proto;
+            leaf.ch = (uint32_t)(ch0 + mine);
+            prep(leaf);
+            PieceLeaf<Leaf> one{leaf, j0, j1};
+            const Sums2<L> v = nhwc_warp_tree<L>(g + groups * w, one, groups);
+            for (int k = 0; k < L; k++) ss[w][mine + k] = v.s[k], ss2[w][mine + k] = v.s2[k];
+          }
         }
-      }
-      for (int tc = 0; tc < tile && ch0 + tc < c; tc++) {
-        double a[kNhwcWarps], b[kNhwcWarps];
-        for (int i = 0; i < kNhwcWarps; i++) a[i] = ss[i][tc], b[i] = ss2[i][tc];
-        part[(size_t)(ch0 + tc) * pieces + p] = tree_sum(a, kNhwcWarps);
-        part[((size_t)c + ch0 + tc) * pieces + p] = tree_sum(b, kNhwcWarps);
+        for (int tc = 0; tc < tile && ch0 + tc < c; tc++) {
+          double a[kNhwcWarps], b[kNhwcWarps];
+          for (int i = 0; i < kNhwcWarps; i++) a[i] = ss[i][tc], b[i] = ss2[i][tc];
+          part[(size_t)(ch0 + tc) * per + (size_t)p * groups + g] = tree_sum(a, kNhwcWarps);
+          part[((size_t)c + ch0 + tc) * per + (size_t)p * groups + g] = tree_sum(b, kNhwcWarps);
+        }
       }
     }
   }
-  replay_chan_finish(part, c, pieces, out);
+  replay_chan_finish(part, c, pieces, out, groups);
 }
 
 struct NoPrep {
@@ -112,7 +118,7 @@ const Shape4 kShapes[] = {{2, 3, 5, 7},    {3, 5, 4, 4},   {2, 12, 9, 9},  {4, 8
                           {1, 256, 3, 3}};
 
 template <int L>
-void coverage_one(const Shape4 &sh) {
+void coverage_one(const Shape4 &sh, int groups) {
   const uint32_t hw = (uint32_t)(sh.h * sh.w);
   const size_t total = (size_t)sh.n * sh.c * hw;
   std::vector<int> hits(total, 0);
@@ -120,26 +126,36 @@ void coverage_one(const Shape4 &sh) {
   VisitLeaf<L> leaf{};
   leaf.hits = hits.data(), leaf.bad = &bad, leaf.c = (size_t)sh.c;
   std::vector<double> out;
-  replay_chan_nhwc<L>(leaf, NoPrep{}, sh.n, sh.c, hw, out);
+  replay_chan_nhwc<L>(leaf, NoPrep{}, sh.n, sh.c, hw, out, groups);
   size_t wrong = 0;
   for (size_t i = 0; i < total; i++) wrong += hits[i] != 1;
-  CHECK(wrong == 0 && bad == 0, "NHWC [%d,%d,%d,%d] %d per lane: %zu elements not fetched once, %ld slots misused",
-        sh.n, sh.c, sh.h, sh.w, L, wrong, bad);
+  CHECK(wrong == 0 && bad == 0,
+        "NHWC [%d,%d,%d,%d] %d per lane, %d groups: %zu elements not fetched once, %ld slots misused", sh.n, sh.c, sh.h,
+        sh.w, L, groups, wrong, bad);
 }
 
 void test_nhwc_coverage(void) {
-  /* The leaves of each warp: every thread t once, w's residue class. */
-  for (int w = 0; w < kNhwcWarps; w++) {
-    int seen[kRedThreads] = {0};
-    for (int k = 0; k < kNhwcLeaves; k++) seen[nhwc_leaf_thread(w, k)]++;
-    int missing = 0;
-    for (int t = 0; t < kRedThreads; t++) missing += seen[t] != (t % kNhwcWarps == w);
-    CHECK(missing == 0, "warp %d's leaves: %d threads not taken once", w, missing);
-  }
-  for (const Shape4 &sh : kShapes) {
-    coverage_one<1>(sh);
-    if (sh.c % 2 == 0) coverage_one<2>(sh);
-  }
+  /* The leaves of each (virtual) warp: its residue class of threads t, each
+   * once, in tree_sum's order: leaf k's partner under the lowest split, k ^ 1,
+   * is the thread 128 away. */
+  for (int groups = 1; groups <= kNhwcMaxGroups; groups *= 2)
+    for (int v = 0; v < kNhwcWarps * groups; v++) {
+      int seen[kRedThreads] = {0}, pairs_off = 0;
+      const int leaves = kNhwcLeaves / groups;
+      for (int k = 0; k < leaves; k++) {
+        seen[nhwc_leaf_thread(v, k, groups)]++;
+        if (leaves > 1 && k % 2 == 0) pairs_off += nhwc_leaf_thread(v, k + 1, groups) != nhwc_leaf_thread(v, k, groups) + 128;
+      }
+      int missing = 0;
+      for (int t = 0; t < kRedThreads; t++) missing += seen[t] != (t % (kNhwcWarps * groups) == v);
+      CHECK(missing == 0 && pairs_off == 0, "groups %d, virtual warp %d's leaves: %d threads not taken once, %d pairs "
+            "not 128 apart", groups, v, missing, pairs_off);
+    }
+  for (const Shape4 &sh : kShapes)
+    for (int groups : {1, 8}) {
+      coverage_one<1>(sh, groups);
+      if (sh.c % 2 == 0 && groups == 1) coverage_one<2>(sh, groups);
+    }
   /* k_bn_elem_nhwc's grid: every quad of a thread starts at the same channel,
    * with the fewest blocks at or above the wanted number. */
   int bad_grid = 0;
@@ -176,20 +192,21 @@ void test_nhwc_sums(void) {
     SumsAcc<T> acc{};
     acc.x = x.data();
     replay_chan(acc, [](SumsAcc<T> &, int) {}, sh.n, sh.c, (uint32_t)hw, false, ref);
-    for (int pairs = 0; pairs < 2; pairs++) {
-      if (pairs && sh.c % 2) continue;
-      if (pairs) {
-        SumsLeaf<T, 2, nhwc_sums_batch<T, 2>()> leaf{};
-        leaf.x = xt.data(), leaf.c = (size_t)sh.c;
-        replay_chan_nhwc<2>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got);
-      } else {
-        SumsLeaf<T, 1, nhwc_sums_batch<T, 1>()> leaf{};
-        leaf.x = xt.data(), leaf.c = (size_t)sh.c;
-        replay_chan_nhwc<1>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got);
+    for (int pairs = 0; pairs < 2; pairs++)
+      for (int groups = 1; groups <= kNhwcMaxGroups; groups *= 2) {
+        if (pairs && (sh.c % 2 || groups > 1)) continue; /* pairs: one group (pairs_ok) */
+        if (pairs) {
+          SumsLeaf<T, 2, nhwc_sums_batch<T, 2>()> leaf{};
+          leaf.x = xt.data(), leaf.c = (size_t)sh.c;
+          replay_chan_nhwc<2>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got, groups);
+        } else {
+          SumsLeaf<T, 1, nhwc_sums_batch<T, 1>()> leaf{};
+          leaf.x = xt.data(), leaf.c = (size_t)sh.c;
+          replay_chan_nhwc<1>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got, groups);
+        }
+        CHECK(same_elems(ref, got), "%s bn_sums NHWC [%d,%d,%d,%d] %d per lane, %d groups: not NCHW's bits", name,
+              sh.n, sh.c, sh.h, sh.w, pairs + 1, groups);
       }
-      CHECK(same_elems(ref, got), "%s bn_sums NHWC [%d,%d,%d,%d] %d per lane: not NCHW's bits", name, sh.n, sh.c, sh.h,
-            sh.w, pairs + 1);
-    }
     for (int masked = 0; masked < 2; masked++) {
       BwdSumsAcc<T> b{};
       b.x = x.data(), b.dy = dy.data(), b.ym = masked ? ym.data() : nullptr;
@@ -197,20 +214,22 @@ void test_nhwc_sums(void) {
       replay_chan(b, [m, r](BwdSumsAcc<T> &a, int ch) { a.mean = m[ch], a.rstd = r[ch]; }, sh.n, sh.c, (uint32_t)hw,
                   false, ref);
       auto prep = [m, r](auto &leaf) { leaf.begin(m, r); };
-      for (int pairs = 0; pairs < 2; pairs++) {
-        if (pairs && sh.c % 2) continue;
-        if (pairs) {
-          BwdSumsLeaf<T, 2, nhwc_bwd_batch<2>()> leaf{};
-          leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
-          replay_chan_nhwc<2>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got);
-        } else {
-          BwdSumsLeaf<T, 1, nhwc_bwd_batch<1>()> leaf{};
-          leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
-          replay_chan_nhwc<1>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got);
+      for (int pairs = 0; pairs < 2; pairs++)
+        for (int groups = 1; groups <= kNhwcMaxGroups; groups *= 2) {
+          if (pairs && (sh.c % 2 || groups > 1)) continue; /* pairs: one group (pairs_ok) */
+          if (pairs) {
+            BwdSumsLeaf<T, 2, nhwc_bwd_batch<2>()> leaf{};
+            leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
+            replay_chan_nhwc<2>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got, groups);
+          } else {
+            BwdSumsLeaf<T, 1, nhwc_bwd_batch<1>()> leaf{};
+            leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
+            replay_chan_nhwc<1>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got, groups);
+          }
+          CHECK(same_elems(ref, got),
+                "%s bn_bwd_sums NHWC [%d,%d,%d,%d] mask %d, %d per lane, %d groups: not NCHW's bits", name, sh.n, sh.c,
+                sh.h, sh.w, masked, pairs + 1, groups);
         }
-        CHECK(same_elems(ref, got), "%s bn_bwd_sums NHWC [%d,%d,%d,%d] mask %d, %d per lane: not NCHW's bits", name,
-              sh.n, sh.c, sh.h, sh.w, masked, pairs + 1);
-      }
     }
   }
 }
