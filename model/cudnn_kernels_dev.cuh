@@ -23,7 +23,9 @@ namespace gwkd {
  * stream after its last reader. */
 cudaError_t scratch_alloc(void **p, size_t bytes, cudaStream_t st);
 /* The per-channel reductions' second pass: sums[ch] and sums[c + ch] from the
- * partials part[ch * pieces + piece] and part[(c + ch) * pieces + piece]. */
+ * partials part[ch * P + piece * groups + g] and part[(c + ch) * P + ...],
+ * P = pieces * groups (groups: the NHWC sums' blocks per piece, else 1), each
+ * piece's groups folded first (gwk::nhwc_group_fold). */
 int chan_finish(const double *part, int c, uint32_t pieces, int groups, double *sums, cudaStream_t st);
 }
 

@@ -12,12 +12,14 @@
  *
  * The per-channel sums (cudnn_kernels_math.cuh says how the order stays
  * NCHW's): a block of kNhwcWarps warps per (tile of 32 L adjacent channels,
- * piece of kPiece values), grid.x the tiles, grid.y the pieces; lane l of each
+ * piece of kPiece values), grid.x the tiles, grid.y the pieces, grid.z the
+ * piece's groups (G blocks share a piece in small grids); lane l of each
  * warp owns L adjacent channels (L = 2: one 4-byte load of bf16 per row, a
  * warp's 128 bytes coalesced), so no lane ever talks to another; each warp
- * walks its 32 of chan_thread's threads one after another, keeping five
- * partial sums; shared memory joins the 8 warps.  Then the partials as
- * NCHW's, and cudnn_kernels.cu's second pass.  Before (until 2026-12), thread t kept
+ * walks its 32 / G of chan_thread's threads one after another, keeping
+ * log2(32 / G) partial sums; shared memory joins the 8 warps.  Then the
+ * partials as NCHW's, each piece's G first, in cudnn_kernels.cu's second
+ * pass.  Before (until 2026-12), thread t kept
  * 8 channels' accumulators and read chan_thread's rows itself: 16 bytes of
  * bf16 per row, rows 4 apart between lanes, so every load took a sector of
  * its own and batch norm was 61% of the NHWC step on the H200.
@@ -35,7 +37,8 @@
 namespace {
 
 /* ---- batch norm's per-channel sums ------------------------------------------------------------------- */
-/* Blocks (tile of 32 L channels, piece), grid.y striding over the pieces;
+/* Blocks (tile of 32 L channels, piece, group), grid.y striding over the
+ * pieces, grid.z the groups (nhwc_groups; 1 where L = 2);
  * Leaf is SumsLeaf or BwdSumsLeaf with its tensors set, Prep sets a lane's
  * per-channel constants (BwdSumsLeaf's mean and rstd). */
 template <int L, class Leaf, class Prep>

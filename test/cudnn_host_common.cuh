@@ -181,7 +181,8 @@ void test_layers(void);
  * thread t sums partials t, t + B, ..., then tree_sum.  `setup(acc, ch)` is the
  * device accumulator's begin(). */
 /* The second pass (k_chan_finish), either layout: channel ch's sums from its
- * partials part[ch * pieces + p] and part[(c + ch) * pieces + p]. */
+ * partials part[ch * P + p * groups + g] and part[(c + ch) * P + ...], P =
+ * pieces * groups, each piece's groups folded first. */
 inline void replay_chan_finish(const std::vector<double> &part, int c, uint32_t pieces, std::vector<double> &out,
                                int groups = 1) {
   double a[kRedThreads], b[kRedThreads];
