@@ -408,11 +408,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_arguments);
   tcase_add_test(tc, test_mismatched_calls);
   tcase_add_test(tc, test_mismatched_collectives);
-  tcase_add_test(tc, test_timeout_names_straggler);
-  tcase_add_test(tc, test_timeout_every_rank_names_straggler_shm);
-  tcase_add_test(tc, test_timeout_every_rank_names_straggler_tcp);
   tcase_add_test(tc, test_killed_rank_shm);
-  tcase_add_test(tc, test_abort_unblocks);
   tcase_add_test(tc, test_wrong_token_refused);
   tcase_add_test(tc, test_world_size_mismatch);
   tcase_add_test(tc, test_master_absent);
@@ -420,5 +416,15 @@ int main(void) {
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_no_shm_leftovers);
   suite_add_tcase(s, tc);
+  /* The cases that mostly sleep (a straggler kept alive past the others'
+   * deadlines, a rank waiting for an abort): 25 s of waiting, run by meson as
+   * a test of its own (CK_RUN_CASE=waits) beside the others. */
+  TCase *waits = tcase_create("waits");
+  tcase_set_timeout(waits, 300);
+  tcase_add_test(waits, test_timeout_names_straggler);
+  tcase_add_test(waits, test_timeout_every_rank_names_straggler_shm);
+  tcase_add_test(waits, test_timeout_every_rank_names_straggler_tcp);
+  tcase_add_test(waits, test_abort_unblocks);
+  suite_add_tcase(s, waits);
   return run_suite(s);
 }
