@@ -724,6 +724,60 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--classes", "5", "--batch", "100000",
                                 "--synthetic-samples", "10", NULL},
           "--batch");
+  refused((const char *const[]){"--steps", "2", "--keep-checkpoints", "2", NULL},
+          "--keep-checkpoints needs --checkpoint-dir");
+  refused((const char *const[]){"--steps", "2", "--plot", "p.png", "--no-eval", NULL}, "drop --no-eval");
+  refused((const char *const[]){"--steps", "2", "--tf32", "off", NULL}, "--tf32 applies to --backend cudnn");
+  /* Output paths, checked before the data is even opened. */
+  refused((const char *const[]){"--steps", "2", "--save-weights", "/nonexistent-gw/w.safetensors", NULL},
+          "--save-weights /nonexistent-gw/w.safetensors: its directory /nonexistent-gw does not exist");
+  refused((const char *const[]){"--steps", "2", "--save-weights", tmpdir, NULL}, "is a directory");
+  refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/nonexistent-gw/a/b", NULL},
+          "--checkpoint-dir /nonexistent-gw/a/b: cannot create it");
+  refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/proc/self/status", NULL}, "not a directory");
+  refused((const char *const[]){"--steps", "2", "--metrics", "/nonexistent-gw/m.jsonl", NULL},
+          "No such file or directory");
+  refused((const char *const[]){"--steps", "2", "--classes", "5", NULL},
+          "not as given: --classes 5 (left out, they are the data's)");
+  refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--host-step", NULL},
+          "--host-step: the cpu backend's weights");
+}
+END_TEST
+
+/* A checkpoint folder that holds checkpoints is another run's unless --resume
+ * says otherwise: a new run there is refused and leaves the files as they
+ * were (it would have overwritten them, and pruned them to the newest K). */
+START_TEST(test_checkpoint_dir_guarded) {
+  char dir[512], c2[600], copy[600];
+  path(dir, sizeof dir, "ckpt-guard");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  path(copy, sizeof copy, "ckpt-guard-2.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *args[] = {"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1", NULL};
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  size_t n;
+  char *before = slurp("ckpt-guard/ckpt-2.safetensors", &n); /* a name under tmpdir */
+  FILE *f = fopen(copy, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(before, 1, n, f), n);
+  fclose(f);
+  free(before);
+  args[1] = "1";
+  train(&r, noenv, "1", args); /* a new run: its step 1 would write over ckpt-1 */
+  ck_assert_msg(r.code != 0 && strstr(r.err, "already holds 2 checkpoints (the newest ckpt-2.safetensors)") &&
+                    strstr(r.err, "--resume"),
+                "a new run into a folder of checkpoints: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  ck_assert_msg(same_file(c2, copy), "the refused run changed ckpt-2");
+  const char *resume[] = {"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1",
+                          "--resume", NULL};
+  train(&r, noenv, "1", resume);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2"), "--resume did not continue:\n%s", r.out);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -732,6 +786,7 @@ static Suite *make_suite(void) {
   TCase *tc = tcase_create("gw-train");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
+  tcase_add_test(tc, test_checkpoint_dir_guarded);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_device_path_equals_host);
   tcase_add_test(tc, test_nhwc_equals_nchw);

@@ -105,6 +105,41 @@ static void prune(const char *dir, int keep) {
   }
 }
 
+int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
+  struct stat sb;
+  if (!dir[0]) {
+    snprintf(err, errlen, "--checkpoint-dir: an empty name");
+    return -1;
+  }
+  if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+    snprintf(err, errlen, "--checkpoint-dir %s: exists and is not a directory", dir);
+    return -1;
+  }
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    snprintf(err, errlen, "--checkpoint-dir %s: cannot create it: %s", dir, strerror(errno));
+    return -1;
+  }
+  if (access(dir, W_OK | X_OK) != 0) {
+    snprintf(err, errlen, "--checkpoint-dir %s: cannot write into it: %s", dir, strerror(errno));
+    return -1;
+  }
+  int64_t steps[MAX_CKPT];
+  const int n = list_steps(dir, steps, MAX_CKPT);
+  if (n < 0) {
+    snprintf(err, errlen, "--checkpoint-dir %s: cannot read it: %s", dir, strerror(errno));
+    return -1;
+  }
+  if (n > 0 && !resume) {
+    snprintf(err, errlen,
+             "--checkpoint-dir %s already holds %d checkpoint%s (the newest ckpt-%" PRId64 ".safetensors): --resume "
+             "continues that run; a new run needs an empty or new directory (its checkpoints would overwrite "
+             "those, and keeping the newest --keep-checkpoints would delete them)",
+             dir, n, n > 1 ? "s" : "", steps[0]);
+    return -1;
+  }
+  return 0;
+}
+
 int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
               const char *config, char *err, size_t errlen) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {

@@ -3,10 +3,12 @@
  * otherwise), the metrics file (one JSON object per step and per evaluation), and
  * a PNG of loss and accuracy per epoch drawn by gnuplot from a small data file
  * kept next to it. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +21,55 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int output_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
+  struct stat sb;
+  if (!path[0]) {
+    snprintf(err, errlen, "%s: an empty file name", flag);
+    return -1;
+  }
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    snprintf(err, errlen, "%s %s: is a directory", flag, path);
+    return -1;
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = 0; /* "/name" */
+  else *slash = 0;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    snprintf(err, errlen, "%s %s: its directory %s does not exist", flag, path, dir);
+    return -1;
+  }
+  if (access(dir, W_OK | X_OK) != 0) {
+    snprintf(err, errlen, "%s %s: cannot write into %s: %s", flag, path, dir, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+int plot_check(const char *png, char *err, size_t errlen) {
+  if (output_path_ok("--plot", png, err, errlen) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    snprintf(err, errlen, "--plot: fork failed: %s", strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
+    execlp("gnuplot", "gnuplot", "--version", (char *)NULL);
+    _exit(127);
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+  snprintf(err, errlen, "--plot %s: gnuplot %s", png,
+           WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "is not installed (apt-get install gnuplot-nox)"
+                                                           : "does not run (gnuplot --version failed)");
+  return -1;
+}
+
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen) {
   memset(l, 0, sizeof *l);
   l->rank = rank;
@@ -27,7 +78,7 @@ int log_open(struct train_log *l, const char *metrics_path, int rank, char *err,
   if (rank != 0 || !metrics_path) return 0;
   l->metrics = fopen(metrics_path, "a");
   if (!l->metrics) {
-    snprintf(err, errlen, "cannot open %s for appending", metrics_path);
+    snprintf(err, errlen, "cannot open %s for appending: %s", metrics_path, strerror(errno));
     return -1;
   }
   return 0;

@@ -173,9 +173,18 @@ static int model_config(struct trainer *t, struct gw_model_config *cfg) {
   int classes = gw_dataset_classes(t->train_ds);
   if ((o->in_channels_given && o->model.in_channels != c) || (o->image_size_given && o->model.image_size != h) ||
       (o->classes_given && o->model.classes != classes) || h != w) {
-    snprintf(d, sizeof d,
-             "the data has %d classes of %dx%dx%d images; --classes %d --in-channels %d --image-size %d disagree",
-             classes, c, h, w, o->model.classes, o->model.in_channels, o->model.image_size);
+    char given[160] = "";
+    size_t k = 0;
+    if (o->classes_given && o->model.classes != classes)
+      k += (size_t)snprintf(given + k, sizeof given - k, " --classes %d", o->model.classes);
+    if (o->in_channels_given && o->model.in_channels != c && k < sizeof given)
+      k += (size_t)snprintf(given + k, sizeof given - k, " --in-channels %d", o->model.in_channels);
+    if (o->image_size_given && o->model.image_size != h && k < sizeof given)
+      snprintf(given + k, sizeof given - k, " --image-size %d", o->model.image_size);
+    if (h != w) snprintf(d, sizeof d, "its %dx%d images are not square", h, w);
+    else
+      snprintf(d, sizeof d, "the data has %d classes of %dx%dx%d images, not as given:%s (left out, they are the "
+               "data's)", classes, c, h, w, given);
     return fail(t, o->data, d);
   }
   cfg->in_channels = c, cfg->image_size = h, cfg->classes = classes;
@@ -229,6 +238,9 @@ static int setup_model(struct trainer *t) {
 #endif
   if (!t->ops) return fail(t, "--backend", "not in this build"); /* gw-train.c refused it already */
   if (t->ops->create(&bc, &t->b) != GW_SUCCESS) return fail(t, "--backend", gw_model_last_error());
+  if (o->host_step && t->ops->host_memory)
+    return fail(t, "--host-step", "the cpu backend's weights and optimizer are on the host already (it applies to "
+                                  "--backend cudnn)");
   struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
   if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
     return fail(t, "model", gw_model_last_error());
@@ -726,8 +738,22 @@ static int run_steps(struct trainer *t) {
 
 /* ---- the job */
 
+/* Rank 0's output paths, checked before any work: a bad one used to fail only
+ * when first written (after the training, for --save-weights), or never; and
+ * a checkpoint folder holding another run's files is refused unless resuming. */
+static int check_outputs(const struct trainer *t) {
+  const struct train_opts *o = t->o;
+  if (t->rank != 0) return 0;
+  char err[1200];
+  if ((o->checkpoint_dir && ckpt_prepare_dir(o->checkpoint_dir, o->resume, err, sizeof err) != 0) ||
+      (o->save_weights && output_path_ok("--save-weights", o->save_weights, err, sizeof err) != 0) ||
+      (o->plot && plot_check(o->plot, err, sizeof err) != 0))
+    return fail(t, "output files", err);
+  return 0;
+}
+
 static int setup(struct trainer *t) {
-  if (setup_comm(t) != 0 || open_data(t) != 0 || setup_model(t) != 0 || setup_comm_parts(t) != 0 ||
+  if (setup_comm(t) != 0 || check_outputs(t) != 0 || open_data(t) != 0 || setup_model(t) != 0 || setup_comm_parts(t) != 0 ||
       setup_loaders(t) != 0)
     return -1;
   plan_schedule(t);

@@ -52,9 +52,9 @@ static void usage(FILE *f) {
           "  --backend cpu|cudnn      oneDNN on the host (default when built with it) or cuDNN on the GPU\n"
           "  --tf32 on|off            cudnn: TF32 tensor cores for the fp32 convolutions and fc (default on,\n"
           "                           as PyTorch's convolutions); off keeps full fp32\n"
-          "  --amp off|bf16|fp16      mixed precision: activations in bfloat16 or float16 (cudnn only; turns on\n"
-          "                           --loss-scale dynamic unless given), weights, gradients, optimizer and BN\n"
-          "                           statistics in float32 (default off)\n"
+          "  --amp off|bf16|fp16      mixed precision: activations in bfloat16 (both backends) or float16 (cudnn\n"
+          "                           only; turns on --loss-scale dynamic unless given), weights, gradients,\n"
+          "                           optimizer and BN statistics in float32 (default off)\n"
           "  --loss-scale off|dynamic|S  scale the loss's gradient by S (dynamic: start at --loss-scale-init,\n"
           "                           default 65536, halve when the gradients overflow, double after 2000 steps\n"
           "                           without); a step whose gradients overflowed is skipped and counted\n"
@@ -75,7 +75,8 @@ static void usage(FILE *f) {
           "  --checkpoint-dir DIR     rank 0 writes checkpoints there (atomic, checksummed)\n"
           "  --checkpoint-every N     also every N steps (default: at epoch ends only)\n"
           "  --keep-checkpoints K     newest kept (default 3)\n"
-          "  --resume                 continue from the newest valid checkpoint in --checkpoint-dir\n"
+          "  --resume                 continue from the newest valid checkpoint in --checkpoint-dir (without it,\n"
+          "                           a folder that holds checkpoints is refused: a new run would overwrite them)\n"
           "output:\n"
           "  --metrics FILE.jsonl     one JSON object per step and per evaluation\n"
           "  --plot FILE.png          loss and accuracy per epoch (gnuplot)\n"
@@ -251,7 +252,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
     return 0;
   case O_TF32:
     if (strcmp(arg, "on") && strcmp(arg, "off")) return bad("--tf32 '%s' is not on or off%s", arg, "");
-    o->tf32 = !strcmp(arg, "on");
+    o->tf32 = !strcmp(arg, "on"), o->tf32_given = 1;
     return 0;
   case O_AMP:
     if (!strcmp(arg, "off")) o->amp = GW_FLOAT32;
@@ -271,7 +272,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_LSINIT: return parse_double("--loss-scale-init", arg, 1e-30, 3.4e38, &o->loss_scale_init);
   case O_CKDIR: o->checkpoint_dir = arg; return 0;
   case O_CKEVERY: return parse_long("--checkpoint-every", arg, 1, LONG_MAX / 2, &o->checkpoint_every);
-  case O_CKKEEP: return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
+  case O_CKKEEP: o->keep_given = 1; return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
   case O_RESUME: o->resume = 1; return 0;
   case O_METRICS: o->metrics = arg; return 0;
   case O_PLOT: o->plot = arg; return 0;
@@ -308,6 +309,12 @@ static int check(const struct train_opts *o) {
   if (o->loss_scale_init && !o->loss_scale_dynamic)
     return bad("--loss-scale-init needs --loss-scale dynamic%s%s", "", "");
   if (o->checkpoint_every && !o->checkpoint_dir) return bad("--checkpoint-every needs --checkpoint-dir DIR%s%s", "", "");
+  if (o->keep_given && !o->checkpoint_dir) return bad("--keep-checkpoints needs --checkpoint-dir DIR%s%s", "", "");
+  if (o->plot && !o->eval)
+    return bad("--plot draws each epoch's test accuracy beside its loss: it needs the evaluation (drop --no-eval)%s%s",
+               "", "");
+  if (o->tf32_given && strcmp(o->backend, "cudnn"))
+    return bad("--tf32 applies to --backend cudnn (the %s backend's float32 is full float32)%s", o->backend, "");
   if (o->nesterov && o->momentum <= 0) return bad("--nesterov needs a momentum > 0%s%s", "", "");
   if (o->amp == GW_FLOAT16 && strcmp(o->backend, "cudnn"))
     return bad("--amp fp16 needs --backend cudnn: the %s backend has no float16 activations (oneDNN trains float16 "

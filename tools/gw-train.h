@@ -33,12 +33,13 @@ struct train_opts {
   int grad_wire; /* gw_dtype_t the gradients travel as (--grad-wire) */
   const char *checkpoint_dir;
   long checkpoint_every;    /* steps; 0: only at epoch ends */
-  int keep_checkpoints;
+  int keep_checkpoints, keep_given;
   int resume;
   const char *metrics, *plot;
   int threads, loader_threads;
   const char *backend;      /* "cpu" (oneDNN) or "cudnn" (--backend) */
   int tf32;                 /* cudnn: TF32 tensor cores for fp32 convolutions and fc (--tf32) */
+  int tf32_given;
   int amp;                  /* activations' gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16 (--amp) */
   int layout;               /* GW_LAYOUT_NCHW or GW_LAYOUT_NHWC (--layout); -1: the backend's default */
   int loss_scale_dynamic;   /* --loss-scale dynamic: halve on overflow, double after 2000 good steps */
@@ -77,6 +78,10 @@ struct gw_sgd;
  * removes all but the newest keep.  config describes the run (checked on resume). */
 int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
               const char *config, char *err, size_t errlen);
+/* Rank 0, before training: dir exists (made if missing; its parent must
+ * exist) and is writable, and holds no checkpoint unless resuming: a new run
+ * would overwrite another's files and prune them.  0, or -1 with err. */
+int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen);
 /* Loads the newest valid checkpoint of dir; a corrupt newer one is reported in
  * err_note (and skipped).  Returns 0 on success, 1 when dir holds none, -1 on an
  * error (err says which file and why). */
@@ -102,6 +107,12 @@ struct step_report {
   int64_t overflows;         /* steps skipped so far because the scaled gradients overflowed */
 };
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen);
+/* Before training (rank 0), so a bad path fails at once, not after the work:
+ * path names a file that is not a directory, in an existing directory this
+ * process can write into; plot_check also needs gnuplot.  0, or -1 with err
+ * naming flag and path. */
+int output_path_ok(const char *flag, const char *path, char *err, size_t errlen);
+int plot_check(const char *png, char *err, size_t errlen);
 void log_close(struct train_log *l);
 void log_step(struct train_log *l, const struct step_report *r, int print);
 void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, double loss, int64_t samples);
