@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "comm.h"
 #include "tune.h"
@@ -168,6 +169,11 @@ static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pas
 gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err) {
   FILE *f = fopen(path, "r");
   if (!f) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) { /* fopen takes a directory; every read fails */
+    fclose(f);
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: is a directory", path);
+  }
   struct gw_model tmp = *m;
   bool seen[2][GW_MODEL_NALGOS][GW_MODEL_NPROTOS] = {{{false}}};
   char line[512];

@@ -7,6 +7,7 @@
  * Uses the public API (gradwire.h), and the device layer (dev.h) for -D, which
  * puts the buffers in device memory and orders every call on one stream (CUDA,
  * or the emulator under GW_DEV_EMULATE). */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include "dev.h"
 #include "dtype_values.h"
 #include "gradwire.h"
+#include "outpath.h"
 
 enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST };
 static const char *coll_names[] = {"allreduce", "allgather", "reduce_scatter", "broadcast"};
@@ -79,7 +81,9 @@ static size_t parse_size(const char *s, const char *what) {
   else if (*end == 'm' || *end == 'M') mul = 1048576.0, end++;
   else if (*end == 'g' || *end == 'G') mul = 1073741824.0, end++;
   if (*end == 'B' || *end == 'b') end++;
-  if (errno || end == s || *end || v < 0 || v * mul > 64.0 * 1073741824.0) die("%s '%s' is not a size", what, s);
+  if (errno || end == s || *end || isspace((unsigned char)s[0]) || v < 0 || v * mul > 64.0 * 1073741824.0)
+    die("%s '%s' is not a size", what, s);
+  if (v * mul != floor(v * mul)) die("%s '%s' is not a whole number of bytes", what, s);
   return (size_t)(v * mul);
 }
 
@@ -241,12 +245,21 @@ static double bus_factor(int coll) {
   }
 }
 
+/* The bytes a size measures: whole elements, and for allgather and
+ * reduce_scatter whole elements per rank. */
+static size_t per_rank_count(const struct opts *o, gw_dtype_t dt, size_t bytes) {
+  size_t count = bytes / gw_dtype_size(dt);
+  return o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER ? count / (size_t)nranks : count;
+}
+static size_t measured_bytes(const struct opts *o, gw_dtype_t dt, size_t bytes) {
+  return per_rank_count(o, dt, bytes) * gw_dtype_size(dt) *
+         ((o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) ? (size_t)nranks : 1);
+}
+
 static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbuf, uint8_t *recvbuf, size_t bytes,
                     struct result *res) {
-  size_t es = gw_dtype_size(dt);
-  size_t count = bytes / es;
-  if (o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) count /= (size_t)nranks;
-  size_t total_bytes = count * es * ((o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) ? (size_t)nranks : 1);
+  size_t count = per_rank_count(o, dt, bytes);
+  size_t total_bytes = measured_bytes(o, dt, bytes);
   res->bytes = total_bytes;
   res->count = count * ((o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) ? (size_t)nranks : 1);
   for (int ip = 0; ip < 2; ip++) {
@@ -412,12 +425,22 @@ int main(int argc, char **argv) {
     die("unexpected argument '%s'", argv[optind]);
   }
   if (o.min_bytes > o.max_bytes) die("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
+  if (o.csv && o.json && !strcmp(o.csv, o.json)) die("--csv and --json name the same file %s", o.csv);
+  if (o.tune && (o.csv || o.json))
+    die("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");
+
 
   gw_result_t r = gw_comm_init_env(&comm);
   if (r != GW_SUCCESS) die("gw_comm_init_env failed: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
   gw_comm_rank(comm, &rank);
   gw_comm_size(comm, &nranks);
   if (o.root >= nranks) die("-r %d is not a rank of %d", o.root, nranks);
+  if (rank == 0) { /* rank 0 writes them: checked now, not after the measurement */
+    char err[1200];
+    const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o.tune, o.csv, o.json};
+    for (int i = 0; i < 3; i++)
+      if (file[i] && output_path_ok(flag[i], file[i], err, sizeof err) != 0) die("%s", err);
+  }
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
 
   if (o.tune) return tune(o.tune);
@@ -466,8 +489,14 @@ int main(int argc, char **argv) {
   bool first_json = true;
   for (int di = 0; di < o.ndtypes; di++)
     for (int oi = 0; oi < o.nops; oi++)
-      for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes; sz = sz * o.factor < sz + 1 ? sz + 1 : sz * o.factor) {
+      for (double sz = (double)o.min_bytes, last = -1; sz <= (double)o.max_bytes;
+           sz = sz * o.factor < sz + 1 ? sz + 1 : sz * o.factor) {
         gw_dtype_t dt = (gw_dtype_t)o.dtypes[di];
+        /* sizes round down to whole elements (per rank for allgather and
+         * reduce_scatter): each measured size once */
+        const double whole = (double)(measured_bytes(&o, dt, (size_t)sz));
+        if (whole == last) continue;
+        last = whole;
         struct result res;
         measure(&o, dt, o.ops[oi], sendbuf, recvbuf, (size_t)sz, &res);
         total_wrong += res.wrong[0] + res.wrong[1];

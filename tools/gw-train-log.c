@@ -21,33 +21,6 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int output_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
-  struct stat sb;
-  if (!path[0]) {
-    snprintf(err, errlen, "%s: an empty file name", flag);
-    return -1;
-  }
-  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-    snprintf(err, errlen, "%s %s: is a directory", flag, path);
-    return -1;
-  }
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = 0; /* "/name" */
-  else *slash = 0;
-  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-    snprintf(err, errlen, "%s %s: its directory %s does not exist", flag, path, dir);
-    return -1;
-  }
-  if (access(dir, W_OK | X_OK) != 0) {
-    snprintf(err, errlen, "%s %s: cannot write into %s: %s", flag, path, dir, strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
 int plot_check(const char *png, char *err, size_t errlen) {
   if (output_path_ok("--plot", png, err, errlen) != 0) return -1;
   pid_t pid = fork();

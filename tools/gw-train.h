@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "gradwire.h"
+#include "outpath.h"
 #include "resnet.h"
 
 enum gw_schedule { GW_SCHED_COSINE = 0, GW_SCHED_STEP = 1 };
@@ -107,11 +108,8 @@ struct step_report {
   int64_t overflows;         /* steps skipped so far because the scaled gradients overflowed */
 };
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen);
-/* Before training (rank 0), so a bad path fails at once, not after the work:
- * path names a file that is not a directory, in an existing directory this
- * process can write into; plot_check also needs gnuplot.  0, or -1 with err
- * naming flag and path. */
-int output_path_ok(const char *flag, const char *path, char *err, size_t errlen);
+/* Before training (rank 0): output_path_ok (outpath.h) for the PNG, and
+ * gnuplot runs.  0, or -1 with err naming the flag and path. */
 int plot_check(const char *png, char *err, size_t errlen);
 void log_close(struct train_log *l);
 void log_step(struct train_log *l, const struct step_report *r, int print);

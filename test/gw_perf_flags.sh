@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# gw_perf_flags.sh GW_RUN GW_PERF - gw-perf refuses bad sizes and output files
+# before it measures (non-zero exit, the message naming the flag and value, no
+# file written), warns about a GW_TUNING_FILE that is a directory, and
+# measures each size once after rounding it down to whole elements.
+set -u
+run=$1 perf=$2 fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+refused() { # WORDS ARGS...
+  local words=$1 out rc
+  shift
+  out=$("$run" -n 2 "$perf" "$@" 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ] || ! grep -qF -- "$words" <<<"$out"; then
+    echo "FAIL: gw-perf $*: exit $rc, expected a refusal naming \"$words\":"
+    tail -5 <<<"$out"
+    fail=1
+  fi
+}
+refused "-b '0.5' is not a whole number of bytes" -b 0.5 -e 64
+refused "-b '1e-3' is not a whole number of bytes" -b 1e-3
+refused "-b ' 8' is not a size" -b ' 8'
+refused "-e '4X' is not a size" -e 4X
+refused "--csv and --json name the same file" --csv "$tmp/a" --json "$tmp/a"
+refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"
+refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv /nonexistent-gw/c.csv
+refused "--tune $tmp: is a directory" --tune "$tmp"
+for f in a c t; do
+  [ -e "$tmp/$f" ] && { echo "FAIL: a refused run wrote $tmp/$f"; fail=1; }
+done
+out=$(GW_TUNING_FILE=$tmp "$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 2>&1)
+grep -qF "GW_TUNING_FILE $tmp: is a directory" <<<"$out" || { echo "FAIL: no warning for a directory as GW_TUNING_FILE"; tail -5 <<<"$out"; fail=1; }
+# -f 1.01 from 8 to 24 bytes of float32: 8, 12, 16, 20 and 24 bytes, once each
+sizes=$("$run" -n 2 "$perf" -b 8 -e 24 -f 1.01 -d float32 -o sum -n 1 -w 0 2>&1 | awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {printf "%s ", $2}')
+[ "$sizes" = "8 12 16 20 24 " ] || { echo "FAIL: -f 1.01 measured sizes '$sizes', expected '8 12 16 20 24 '"; fail=1; }
+[ $fail -eq 0 ] && echo "gw-perf flags: all refused as expected, sizes measured once"
+exit $fail
