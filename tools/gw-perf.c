@@ -259,9 +259,8 @@ static size_t measured_bytes(const struct opts *o, gw_dtype_t dt, size_t bytes) 
 static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbuf, uint8_t *recvbuf, size_t bytes,
                     struct result *res) {
   size_t count = per_rank_count(o, dt, bytes);
-  size_t total_bytes = measured_bytes(o, dt, bytes);
-  res->bytes = total_bytes;
-  res->count = count * ((o->coll == C_ALLGATHER || o->coll == C_REDUCE_SCATTER) ? (size_t)nranks : 1);
+  res->bytes = measured_bytes(o, dt, bytes);
+  res->count = res->bytes / gw_dtype_size(dt);
   for (int ip = 0; ip < 2; ip++) {
     const void *send;
     void *recv;
@@ -277,7 +276,7 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
     check_gw(gw_allreduce(&wrong, &wrong, 1, GW_INT64, GW_SUM, comm, NULL), "gw_allreduce(wrong)");
     res->time_us[ip] = t * 1e6;
-    res->algbw[ip] = t > 0 ? (double)total_bytes / t / 1e9 : 0;
+    res->algbw[ip] = t > 0 ? (double)res->bytes / t / 1e9 : 0;
     res->busbw[ip] = res->algbw[ip] * bus_factor(o->coll);
     res->wrong[ip] = wrong;
   }
@@ -428,8 +427,6 @@ int main(int argc, char **argv) {
   if (o.csv && o.json && !strcmp(o.csv, o.json)) die("--csv and --json name the same file %s", o.csv);
   if (o.tune && (o.csv || o.json))
     die("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");
-
-
   gw_result_t r = gw_comm_init_env(&comm);
   if (r != GW_SUCCESS) die("gw_comm_init_env failed: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
   gw_comm_rank(comm, &rank);
@@ -494,7 +491,7 @@ int main(int argc, char **argv) {
         gw_dtype_t dt = (gw_dtype_t)o.dtypes[di];
         /* sizes round down to whole elements (per rank for allgather and
          * reduce_scatter): each measured size once */
-        const double whole = (double)(measured_bytes(&o, dt, (size_t)sz));
+        const double whole = (double)measured_bytes(&o, dt, (size_t)sz);
         if (whole == last) continue;
         last = whole;
         struct result res;

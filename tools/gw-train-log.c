@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,28 +18,6 @@ static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-int plot_check(const char *png, char *err, size_t errlen) {
-  if (output_path_ok("--plot", png, err, errlen) != 0) return -1;
-  pid_t pid = fork();
-  if (pid < 0) {
-    snprintf(err, errlen, "--plot: fork failed: %s", strerror(errno));
-    return -1;
-  }
-  if (pid == 0) {
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    execlp("gnuplot", "gnuplot", "--version", (char *)NULL);
-    _exit(127);
-  }
-  int status;
-  while (waitpid(pid, &status, 0) < 0) {
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
-  snprintf(err, errlen, "--plot %s: gnuplot %s", png,
-           WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "is not installed (apt-get install gnuplot-nox)"
-                                                           : "does not run (gnuplot --version failed)");
-  return -1;
 }
 
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen) {
@@ -127,17 +104,18 @@ void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, doub
   }
 }
 
-/* Runs gnuplot on script; 0 when it drew. */
-static int run_gnuplot(const char *script, char *err, size_t errlen) {
+/* Runs `gnuplot arg` (a script, or --version) with its output silenced
+ * (gnuplot's warnings, a single point's empty range, are noise on the log);
+ * 0 when it exited 0. */
+static int run_gnuplot(const char *arg, char *err, size_t errlen) {
   pid_t pid = fork();
   if (pid < 0) {
-    snprintf(err, errlen, "fork failed");
+    snprintf(err, errlen, "fork failed: %s", strerror(errno));
     return -1;
   }
   if (pid == 0) {
-    /* gnuplot's warnings (a single point's empty range) are noise on the log. */
-    if (!freopen("/dev/null", "w", stderr)) _exit(126);
-    execlp("gnuplot", "gnuplot", script, (char *)NULL);
+    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
+    execlp("gnuplot", "gnuplot", arg, (char *)NULL);
     _exit(127);
   }
   int status;
@@ -147,6 +125,14 @@ static int run_gnuplot(const char *script, char *err, size_t errlen) {
   snprintf(err, errlen, WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "gnuplot is not installed (apt-get "
                                                                           "install gnuplot-nox)"
                                                                         : "gnuplot failed");
+  return -1;
+}
+
+int plot_check(const char *png, char *err, size_t errlen) {
+  if (output_path_ok("--plot", png, err, errlen) != 0) return -1;
+  char why[200];
+  if (run_gnuplot("--version", why, sizeof why) == 0) return 0;
+  snprintf(err, errlen, "--plot %s: %s", png, why);
   return -1;
 }
 
