@@ -206,6 +206,8 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err);
 /* The device ring's chunk size, or 0 when op does not run on it. */
 size_t gw__dev_ring_chunk(const struct gw_comm *comm, const struct gw_op *op);
 void gw__dev_ring_free(struct gw_comm *comm);
+/* Whether the device ring is stream-ordered (GW_DEV_ASYNC on every rank). */
+bool gw__dev_ring_async(const struct gw_comm *comm);
 /* Classifies the buffers (host or device) and sets op's stream fields. */
 gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
                           size_t recv_elems, struct gw_errctx *err);

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "dev.h"
@@ -57,6 +58,15 @@ GW_PARAM(DevCopyEngine, "GW_DEV_COPY_ENGINE", 0)
  * copies and the host algorithms (exchange, tree, LL) at host latency.  Rank
  * 0's is every rank's (agreed at init with the ring). */
 GW_PARAM(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10)
+/* How the device ring orders one rank's stream with its neighbours': 0
+ * (default) the engine's stream is synchronized before each chunk's header
+ * goes out (a host round trip per chunk); 1 (stream-ordered) nothing waits on
+ * the host per chunk: each connection's shared page holds two counters that
+ * the streams write and wait on (the driver's stream memory operations), the
+ * sender's "payload ready" and the receiver's "twin read", and the host waits
+ * for its stream once per operation.  Used only when every rank asks for it
+ * and could register both pages. */
+GW_PARAM(DevAsync, "GW_DEV_ASYNC", 0)
 /* At destroy, how long a rank waits for its ring predecessor to unmap this
  * rank's twins before it frees them (gw__dev_ring_free). */
 GW_PARAM(DevUnmapWaitMs, "GW_DEV_UNMAP_WAIT_MS", 2000)
@@ -72,7 +82,27 @@ struct gw_devring {
   int dtype, kop;
   bool copy_engine;       /* GW_DEV_COPY_ENGINE */
   uint64_t min_bytes;     /* GW_DEV_RING_MIN_BYTES: smaller operations are staged */
+  /* Stream-ordered (GW_DEV_ASYNC): the counters of ring 0's connections
+   * (transport dev_flag; positions + 1), in pages registered with the device. */
+  bool async;
+  uint64_t *ready_in, *read_in;   /* receiving: this stream waits on ready_in, writes read_in */
+  uint64_t *ready_out, *read_out; /* sending: writes ready_out, waits on read_out */
+  void *reg[2];                   /* the registered pages (NULL: none) */
+  size_t reg_bytes;
+  uint64_t *last_fill;            /* [nslots]: 1 + the position that last filled each of the successor's twins */
+  uint64_t in_base, out_base;     /* the connections' positions when the operation started (its stream idle) */
 };
+
+/* How many chunks each way a host may enqueue ahead of its stream when
+ * stream-ordered: a CUDA stream's queue is finite, and a launch into a full
+ * one blocks in the driver, where a dead neighbour's missing counter write
+ * would hold the thread for good; a wait here keeps every check running.
+ * 16 chunks of 4 MiB: far more than the pipeline needs. */
+#define GW_DEV_AHEAD 16
+
+/* What a failed operation stores in the counters its stream waits on, so the
+ * stream runs to its end instead of waiting for a peer that will never write. */
+#define GW_DEV_FLAG_RELEASE (1ull << 62)
 
 /* Start flags: one per ticket modulo this many; at most this many stream
  * operations may be outstanding (the caller waits beyond that). */
@@ -239,7 +269,8 @@ static bool on_ring(const struct gw_comm *comm, const struct gw_op *op) {
 }
 
 uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op) {
-  if (!op->device_mem || op->desc.count == 0 || on_ring(comm, op)) return 1;
+  if (on_ring(comm, op)) return comm->devring->async ? 2 : 1; /* 2: ring_confirm's barrier */
+  if (!op->device_mem || op->desc.count == 0) return 1;
   size_t pc = piece_elems(comm, op);
   return (op->desc.count + pc - 1) / pc;
 }
@@ -461,6 +492,99 @@ static gw_result_t run_staged(struct gw_comm *comm, struct gw_devstate *d, const
   return GW_SUCCESS;
 }
 
+/* The end of a stream-ordered device-ring operation: the host waits for the
+ * engine's stream, which may still wait on its neighbours' streams.  Those
+ * waits end when the neighbours' streams get there, unless a neighbour died,
+ * the operation failed on the host (its peers may never send the rest), the
+ * communicator was aborted, or GW_TIMEOUT passes: then the counters this
+ * stream waits on are set past anything it waits for (again and again, as a
+ * live neighbour's stream may still store a lower count), so the stream runs
+ * out its queued work, on garbage, and the operation fails. */
+/* The checks of a host wait on the stream-ordered ring: an abort, a dead
+ * neighbour (looked at every 100 ms), GW_TIMEOUT counted from start. */
+static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, double start, double *next_look,
+                              struct gw_errctx *err) {
+  const int prev = comm->rings[0].prev, next = comm->rings[0].next;
+  const double now = gw__now();
+  char what[160];
+  if (atomic_load(&comm->aborted)) {
+    gw__describe_op(&op->desc, what, sizeof what);
+    return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while the device ring's stream ran operation %s",
+                   comm->rank, what);
+  }
+  if (now > *next_look) {
+    *next_look = now + 0.1;
+    /* The predecessor's abort notice: its operation failed, and its stream,
+     * whose counter writes this stream may wait for, may never run them
+     * (a device fault).  Only looked at: the host waits take it as ever. */
+    struct gw_conn *in = &comm->rings[0].recv;
+    const struct gw_chunk_hdr *h;
+    const void *data;
+    if (in->tp->recv_peek(in, &h, &data) == GW_SUCCESS && h->op.coll == GW_COLL_ABORT) {
+      char msg[GW_ERRMSG_MAX];
+      size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
+      memcpy(msg, data, len);
+      msg[len] = 0;
+      return gw__err(err, GW_ERR_REMOTE, "rank %d: " GW_FORWARDED "%s", comm->rank, gw__root_cause(msg));
+    }
+    const int dead = !gw__peer_alive(comm, prev) ? prev : !gw__peer_alive(comm, next) ? next : -1;
+    if (dead >= 0) {
+      gw__describe_op(&op->desc, what, sizeof what);
+      return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d on this machine) died during operation %s, "
+                     "while this rank's stream waited for its stream on the device ring", comm->rank, dead,
+                     (int)comm->peers[dead].pid, what);
+    }
+  }
+  if (comm->timeout_s > 0 && now - start > comm->timeout_s) {
+    gw__describe_op(&op->desc, what, sizeof what);
+    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: operation %s: this rank's stream still waits after %.0f s "
+                   "(GW_TIMEOUT) for rank %d's or rank %d's stream on the device ring", comm->rank, what,
+                   comm->timeout_s, prev, next);
+  }
+  return GW_SUCCESS;
+}
+
+static gw_result_t ring_drain(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op, gw_result_t res,
+                              struct gw_errctx *err) {
+  const struct gw_devring *dr = comm->devring;
+  const double start = gw__now();
+  double next_look = start + 0.1;
+  bool release = res != GW_SUCCESS;
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  for (;;) {
+    int idle = 0;
+    if (d->ops->stream_idle(d->stream, &idle)) {
+      return res != GW_SUCCESS ? res : dev_fail(err, comm, "the device ring's stream");
+    }
+    if (idle) return res;
+    if (!release) {
+      res = ring_watch(comm, op, start, &next_look, err);
+      release = res != GW_SUCCESS;
+    }
+    if (release) {
+      atomic_store_explicit((_Atomic uint64_t *)dr->ready_in, GW_DEV_FLAG_RELEASE, memory_order_release);
+      atomic_store_explicit((_Atomic uint64_t *)dr->read_out, GW_DEV_FLAG_RELEASE, memory_order_release);
+    }
+    gw__waiter_pause(&w);
+  }
+}
+
+/* Stream-ordered, a header no longer vouches for its data: a rank whose
+ * stream was released (its neighbour died, its operation failed) forwards
+ * what its twins hold, and a rank further on may finish on it with no error
+ * of its own.  So after its stream is done every rank takes part in a
+ * barrier under the operation's second sequence number (gw__dev_npieces
+ * reserves it): a rank whose operation failed never enters it (its abort
+ * notice, or its death, fails everyone's), and the operation is good only
+ * where every rank finished.  One small host operation per device
+ * operation, where the synchronized ring pays a host round trip per chunk. */
+static gw_result_t ring_confirm(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
+  struct gw_op bar = {.desc = {.seq = op->desc.seq + 1, .coll = GW_COLL_BARRIER, .dtype = GW_INT8, .op = GW_SUM,
+                               .root = -1}};
+  return gw__run_op(comm, &bar, err);
+}
+
 gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   struct gw_devstate *d = comm->dev;
   gw_result_t res = wait_start(comm, d, op, err);
@@ -469,13 +593,22 @@ gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx
       struct gw_op run = *op;
       run.ordered = false;
       if (op->device_mem && (res = engine_stream(comm, d, err)) == GW_SUCCESS) {
-        comm->devring->stream = d->stream;
-        comm->devring->dtype = op->desc.dtype;
-        comm->devring->kop = op->desc.op == GW_AVG ? GW_KOP_SUM : op->desc.op;
+        struct gw_devring *dr = comm->devring;
+        struct gw_ring *r0 = &comm->rings[0];
+        dr->stream = d->stream;
+        dr->dtype = op->desc.dtype;
+        dr->kop = op->desc.op == GW_AVG ? GW_KOP_SUM : op->desc.op;
+        dr->in_base = r0->recv.tp->position(&r0->recv);
+        dr->out_base = r0->send.tp->position(&r0->send);
       }
       if (res == GW_SUCCESS) res = gw__run_op(comm, &run, err); /* the device ring when device_mem */
-      /* Nothing of it may still run on the device when the caller's stream goes on. */
-      if (op->device_mem && d->stream_made && d->ops->stream_sync(d->stream) && res == GW_SUCCESS)
+      /* Nothing of it may still run on the device when the caller's stream
+       * goes on; stream-ordered, every rank's stream must have finished with
+       * data from live streams before any rank calls the result good. */
+      if (op->device_mem && d->stream_made && comm->devring->async) {
+        res = ring_drain(comm, d, op, res, err);
+        if (res == GW_SUCCESS) res = ring_confirm(comm, op, err);
+      } else if (op->device_mem && d->stream_made && d->ops->stream_sync(d->stream) && res == GW_SUCCESS)
         res = dev_fail(err, comm, "waiting for the device ring's stream");
     } else {
       res = run_staged(comm, d, op, err);
@@ -516,6 +649,8 @@ size_t gw__dev_ring_chunk(const struct gw_comm *comm, const struct gw_op *op) {
   return on_ring(comm, op) ? comm->devring->chunk : 0;
 }
 
+bool gw__dev_ring_async(const struct gw_comm *comm) { return comm->devring && comm->devring->async; }
+
 /* Whether this rank can take part: a device that maps its peers' memory, and
  * ring 0's neighbours reached over shared memory (same machine). */
 static bool ring_candidate(const struct gw_comm *comm) {
@@ -524,8 +659,57 @@ static bool ring_candidate(const struct gw_comm *comm) {
          r->send.tp->position && r->recv.tp->position;
 }
 
-static void ring_free(struct gw_devring *dr) {
+static void flags_unregister(struct gw_devring *dr) {
+  for (int i = 0; i < 2; i++)
+    if (dr->reg[i] && dr->ops->host_unregister(dr->reg[i]))
+      GW_WARN(GW_SUB_INIT, "unregistering the device ring's flag page: %s", dr->ops->error());
+  dr->reg[0] = dr->reg[1] = NULL;
+  dr->ready_in = dr->read_in = dr->ready_out = dr->read_out = NULL;
+}
+
+/* Registers the first page of both ring-0 connections' mappings, where their
+ * counters are, so this rank's stream can write and wait on them. */
+static bool flags_register(struct gw_comm *comm, struct gw_devring *dr) {
+  struct gw_ring *r = &comm->rings[0];
+  if (!r->send.tp->dev_flag || !r->recv.tp->dev_flag) return false;
+  if (atomic_load(&given_up_any)) { /* registering and unregistering may wait for the device too */
+    GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_ASYNC: an operation was given up at an earlier destroy in this process, "
+            "so no pages are registered", comm->rank);
+    return false;
+  }
+  const long page = sysconf(_SC_PAGESIZE);
+  dr->reg_bytes = (size_t)(page > 0 ? page : 4096);
+  struct gw_conn *c[2] = {&r->recv, &r->send};
+  for (int i = 0; i < 2; i++) {
+    void *base = (void *)((uintptr_t)c[i]->tp->dev_flag(c[i], 0) & ~(uintptr_t)(dr->reg_bytes - 1));
+    if (dr->ops->host_register(base, dr->reg_bytes)) {
+      GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_ASYNC: cannot register the flags shared with rank %d: %s", comm->rank,
+              c[i]->peer, dr->ops->error());
+      flags_unregister(dr);
+      return false;
+    }
+    dr->reg[i] = base;
+  }
+  dr->ready_in = r->recv.tp->dev_flag(&r->recv, 0);
+  dr->read_in = r->recv.tp->dev_flag(&r->recv, 1);
+  dr->ready_out = r->send.tp->dev_flag(&r->send, 0);
+  dr->read_out = r->send.tp->dev_flag(&r->send, 1);
+  dr->last_fill = calloc(dr->nslots, sizeof *dr->last_fill);
+  if (!dr->last_fill) flags_unregister(dr);
+  return dr->last_fill != NULL;
+}
+
+static void ring_free(struct gw_comm *comm, struct gw_devring *dr) {
   if (!dr) return;
+  if (!atomic_load(&given_up_any)) {
+    flags_unregister(dr);
+  } else if (dr->reg[0] || dr->reg[1]) {
+    /* Unregistering may wait for a stream that never ends (see given_up_any):
+     * the pages stay registered, so their mappings must stay too (a later
+     * mapping at the address would meet the old registration). */
+    comm->rings[0].send.keep_mapped = comm->rings[0].recv.keep_mapped = true;
+  }
+  free(dr->last_fill);
   if (dr->send_twin) dr->ops->ipc_close(dr->send_twin);
   if (dr->recv_twin) dr->ops->free(dr->recv_twin);
   free(dr);
@@ -533,6 +717,7 @@ static void ring_free(struct gw_devring *dr) {
 
 struct ring_offer {
   int32_t ok;
+  int32_t async; /* 1: asks for GW_DEV_ASYNC and registered its flags; -1: asks, could not */
   uint32_t nslots;
   uint64_t chunk, min_bytes, stage_bytes;
   struct gw_dev_ipc ipc;
@@ -569,6 +754,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   } else if (candidate) {
     GW_WARN(GW_SUB_INIT, "rank %d: no device memory for the device ring: %s", comm->rank, dv->error());
   }
+  if (mine.ok && gw__param_DevAsync() != 0) mine.async = flags_register(comm, dr) ? 1 : -1;
   mine.nslots = dr->nslots, mine.chunk = dr->chunk, mine.min_bytes = dr->min_bytes;
   mine.stage_bytes = stage_bytes_own();
   GW_CHECK_GOTO(gw__bootstrap_allgather(comm->bs, &mine, all, sizeof mine, err), res, out);
@@ -618,10 +804,21 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
     }
   }
   if (agree) {
+    /* Stream-ordered only where every rank can: a rank waiting on a counter
+     * its neighbour never writes would hang its stream. */
+    int without = -1;
+    for (int r = 0; r < comm->nranks && without < 0; r++)
+      if (all[r].async != 1) without = r;
+    dr->async = without < 0;
+    if (!dr->async && mine.async)
+      GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_ASYNC is off on the device ring: rank %d %s", comm->rank, without,
+              all[without].async ? "could not register its flags" : "did not ask for it (set it alike on every rank)");
+    if (!dr->async) flags_unregister(dr);
     comm->devring = dr;
     dr = NULL;
-    GW_INFO(GW_SUB_INIT, "rank %d: device ring over IPC (%u slots of %zu bytes; operations under %llu bytes "
+    GW_INFO(GW_SUB_INIT, "rank %d: device ring over IPC (%u slots of %zu bytes, %s; operations under %llu bytes "
             "through host staging)", comm->rank, comm->devring->nslots, comm->devring->chunk,
+            comm->devring->async ? "stream-ordered" : "a stream synchronization per chunk",
             (unsigned long long)comm->devring->min_bytes);
   } else {
     GW_INFO(GW_SUB_INIT, "rank %d: no device ring (not every rank can map its neighbour's device memory); "
@@ -629,7 +826,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   }
 out:
   if (dr && atomic_load(&given_up_any)) dr->send_twin = dr->recv_twin = NULL; /* leaked: see given_up_any */
-  ring_free(dr);
+  ring_free(comm, dr);
   free(all);
   return res;
 }
@@ -674,6 +871,8 @@ void gw__dev_ring_free(struct gw_comm *comm) {
      * freeing, waits for every stream of the device (CUDA synchronizes there):
      * everything stays mapped and allocated (gw__dev_free warned), and the
      * successor, never told, keeps its twins too after its wait. */
+    if (dr->reg[0] || dr->reg[1]) comm->rings[0].send.keep_mapped = comm->rings[0].recv.keep_mapped = true;
+    free(dr->last_fill);
     free(dr);
     comm->devring = NULL;
     return;
@@ -683,7 +882,7 @@ void gw__dev_ring_free(struct gw_comm *comm) {
   struct gw_conn *out = &comm->rings[0].send;
   if (out->tp && out->tp->shared_word) atomic_store_explicit(out->tp->shared_word(out), 1, memory_order_release);
   if (dr->recv_twin && !twins_unmapped(comm)) dr->recv_twin = NULL;
-  ring_free(dr);
+  ring_free(comm, dr);
   comm->devring = NULL;
 }
 
@@ -699,9 +898,65 @@ static gw_result_t dev_err(struct prims *p, const char *what) {
                  p->dev->ops->error());
 }
 
-/* The engine's stream finishes what a primitive enqueued before its header goes out. */
-static gw_result_t dsync(struct prims *p) {
-  return p->dev->ops->stream_sync(p->dev->stream) ? dev_err(p, "stream") : GW_SUCCESS;
+/* Around the work of a primitive that reads this rank's twin (in) and/or
+ * writes the successor's (out).
+ * Synchronized (the default): after the work, the engine's stream finishes
+ * it before the chunk's header goes out and the received slot is released.
+ * Stream-ordered (GW_DEV_ASYNC): before the work the stream waits until the
+ * predecessor's stream has written the payload of the chunk it reads (the
+ * header came first, the data may still be on its way), and until the
+ * successor's stream has read what was last written into the twin it writes
+ * (host chunks between them leave that slot's last device use behind, hence
+ * last_fill rather than the position one FIFO depth back); after it, it says
+ * what it did in the same counters, and the host goes on at once.  Every wait
+ * is enqueued after the host saw the chunk, or the release, whose counter
+ * write its peer had enqueued before: no cycle, so no deadlock. */
+/* Stream-ordered: waits until this rank's stream is less than GW_DEV_AHEAD
+ * chunks behind its host on each side the next primitive touches (the
+ * counters its own stream writes; positions before the operation count as
+ * done, its stream was idle then). */
+static gw_result_t ahead_wait(struct prims *p, bool in, bool out) {
+  const struct gw_devring *dr = p->dev;
+  const uint64_t rpos = in ? p->ring->recv.tp->position(&p->ring->recv) : 0;
+  const uint64_t spos = out ? p->ring->send.tp->position(&p->ring->send) : 0;
+  double start = 0, next_look = 0;
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  for (;;) {
+    uint64_t rdone = atomic_load_explicit((_Atomic uint64_t *)dr->read_in, memory_order_acquire);
+    uint64_t sdone = atomic_load_explicit((_Atomic uint64_t *)dr->ready_out, memory_order_acquire);
+    if ((!in || rpos < GW_MAX(rdone, dr->in_base) + GW_DEV_AHEAD) &&
+        (!out || spos < GW_MAX(sdone, dr->out_base) + GW_DEV_AHEAD))
+      return GW_SUCCESS;
+    if (start == 0) start = gw__now(), next_look = start + 0.1;
+    GW_CHECK(ring_watch(p->comm, p->op, start, &next_look, p->err));
+    int idle = 0;
+    if (dr->ops->stream_idle(dr->stream, &idle)) return dev_err(p, "stream");
+    gw__waiter_pause(&w);
+  }
+}
+
+static gw_result_t dbefore(struct prims *p, bool in, bool out) {
+  const struct gw_devring *dr = p->dev;
+  if (!dr->async) return GW_SUCCESS;
+  GW_CHECK(ahead_wait(p, in, out));
+  int r = 0;
+  if (in) r = dr->ops->flag_wait(dr->ready_in, p->ring->recv.tp->position(&p->ring->recv) + 1, dr->stream);
+  if (!r && out) {
+    uint64_t pos = p->ring->send.tp->position(&p->ring->send), *last = &dr->last_fill[pos % dr->nslots];
+    if (*last) r = dr->ops->flag_wait(dr->read_out, *last, dr->stream);
+    *last = pos + 1;
+  }
+  return r ? dev_err(p, "stream wait on a peer") : GW_SUCCESS;
+}
+
+static gw_result_t dafter(struct prims *p, bool in, bool out) {
+  const struct gw_devring *dr = p->dev;
+  if (!dr->async) return p->dev->ops->stream_sync(p->dev->stream) ? dev_err(p, "stream") : GW_SUCCESS;
+  int r = 0;
+  if (in) r = dr->ops->flag_write(dr->read_in, p->ring->recv.tp->position(&p->ring->recv) + 1, dr->stream);
+  if (!r && out) r = dr->ops->flag_write(dr->ready_out, p->ring->send.tp->position(&p->ring->send) + 1, dr->stream);
+  return r ? dev_err(p, "stream flag write") : GW_SUCCESS;
 }
 
 /* dst0 = src and dst1 = src (n elements; a NULL destination is skipped). */
@@ -731,16 +986,18 @@ static gw_result_t dreduce(struct prims *p, void *dst0, void *dst1, const void *
 gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n) {
   void *slot;
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  GW_CHECK(dbefore(p, false, true));
   GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, src, n));
-  GW_CHECK(dsync(p));
+  GW_CHECK(dafter(p, false, true));
   return gw__post(p, &p->ring->send, n * p->es);
 }
 
 gw_result_t gw__dprim_recv(struct prims *p, void *dst, size_t n) {
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
+  GW_CHECK(dbefore(p, true, false));
   GW_CHECK(dcopy(p, dst, NULL, twin_of(p, &p->ring->recv, false), n));
-  GW_CHECK(dsync(p));
+  GW_CHECK(dafter(p, true, false));
   return gw__release(p, &p->ring->recv);
 }
 
@@ -750,8 +1007,9 @@ gw_result_t gw__dprim_recv_reduce_send(struct prims *p, const void *src, size_t 
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
   /* The kernel reads this rank's twin and writes straight into the next rank's. */
+  GW_CHECK(dbefore(p, true, true));
   GW_CHECK(dreduce(p, twin_of(p, &p->ring->send, true), NULL, twin_of(p, &p->ring->recv, false), src, n, 0));
-  GW_CHECK(dsync(p));
+  GW_CHECK(dafter(p, true, true));
   GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
   return gw__release(p, &p->ring->recv);
 }
@@ -761,8 +1019,9 @@ gw_result_t gw__dprim_recv_reduce_copy_send(struct prims *p, const void *src, vo
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  GW_CHECK(dbefore(p, true, true));
   GW_CHECK(dreduce(p, dst, twin_of(p, &p->ring->send, true), twin_of(p, &p->ring->recv, false), src, n, div));
-  GW_CHECK(dsync(p));
+  GW_CHECK(dafter(p, true, true));
   GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
   return gw__release(p, &p->ring->recv);
 }
@@ -772,8 +1031,9 @@ gw_result_t gw__dprim_recv_reduce_copy(struct prims *p, const void *src, void *d
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   const void *in = twin_of(p, &p->ring->recv, false);
+  GW_CHECK(dbefore(p, true, false));
   GW_CHECK(local_first ? dreduce(p, dst, NULL, src, in, n, div) : dreduce(p, dst, NULL, in, src, n, div));
-  GW_CHECK(dsync(p));
+  GW_CHECK(dafter(p, true, false));
   return gw__release(p, &p->ring->recv);
 }
 
@@ -783,8 +1043,9 @@ gw_result_t gw__dprim_recv_copy_send(struct prims *p, void *dst, size_t n) {
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
   const void *in = twin_of(p, &p->ring->recv, false);
+  GW_CHECK(dbefore(p, true, true));
   GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, in, n));
-  GW_CHECK(dsync(p));
+  GW_CHECK(dafter(p, true, true));
   GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
   return gw__release(p, &p->ring->recv);
 }

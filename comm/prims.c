@@ -20,7 +20,7 @@ const char *gw__coll_name(int coll) {
   return "unknown-collective";
 }
 
-static void describe(const struct gw_opdesc *d, char *buf, size_t len) {
+void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len) {
   const char *dt = gw_dtype_name((gw_dtype_t)d->dtype);
   switch (d->coll) {
     case GW_COLL_BARRIER:
@@ -42,7 +42,7 @@ static void describe(const struct gw_opdesc *d, char *buf, size_t len) {
 
 static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
   char me[160];
-  describe(&p->op->desc, me, sizeof me);
+  gw__describe_op(&p->op->desc, me, sizeof me);
   return gw__err(p->err, GW_ERR_TIMEOUT,
                  "rank %d: operation %s waited %.0f s for %s rank %d; that rank is stuck, dead or "
                  "in a different operation (raise GW_TIMEOUT if it is just slow)",
@@ -57,7 +57,7 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
  * little longer for it (see gw__wait_recv) and then says who had started. */
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c) {
   char me[160];
-  describe(&p->op->desc, me, sizeof me);
+  gw__describe_op(&p->op->desc, me, sizeof me);
   if (c->seen_seq != p->op->desc.seq + 1 && p->peer_may_wait)
     return gw__err(p->err, GW_ERR_TIMEOUT,
                    "rank %d: operation %s waited %.0f s for data from rank %d, which has not sent it (it is stuck "
@@ -118,14 +118,14 @@ static bool waited_peer_dead(struct prims *p, const struct gw_waiter *w, int pee
 
 static gw_result_t dead_peer_error(struct prims *p, int peer) {
   char me[160];
-  describe(&p->op->desc, me, sizeof me);
+  gw__describe_op(&p->op->desc, me, sizeof me);
   return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d on this machine) died during operation %s",
                  p->comm->rank, peer, (int)p->comm->peers[peer].pid, me);
 }
 
 static gw_result_t aborted_error(struct prims *p) {
   char me[160];
-  describe(&p->op->desc, me, sizeof me);
+  gw__describe_op(&p->op->desc, me, sizeof me);
   return gw__err(p->err, GW_ERR_ABORTED, "rank %d: operation %s stopped: the communicator was aborted (gw_comm_abort)",
                  p->comm->rank, me);
 }
@@ -162,13 +162,12 @@ static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r)
 /* A failure travels rank to rank as an abort notice.  Each rank reports the
  * ORIGINAL message behind one fixed prefix, never a growing chain of them, so
  * the root cause (which rank, what happened) survives any number of hops. */
-#define FORWARDED "stopped because another rank failed: "
 
 const char *gw__root_cause(const char *msg) {
   for (;;) {
-    const char *f = strstr(msg, FORWARDED);
+    const char *f = strstr(msg, GW_FORWARDED);
     if (!f || strncmp(msg, "rank ", 5) != 0 || f - msg > 16) return msg; /* "rank N: " + prefix */
-    msg = f + strlen(FORWARDED);
+    msg = f + strlen(GW_FORWARDED);
   }
 }
 
@@ -182,12 +181,12 @@ static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct
     size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
     memcpy(msg, data, len);
     msg[len] = 0;
-    return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, FORWARDED, gw__root_cause(msg));
+    return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, GW_FORWARDED, gw__root_cause(msg));
   }
   if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
     char me[160], them[160];
-    describe(&p->op->desc, me, sizeof me);
-    describe(&theirs, them, sizeof them);
+    gw__describe_op(&p->op->desc, me, sizeof me);
+    gw__describe_op(&theirs, them, sizeof them);
     return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
                    "rank %d: collective calls differ across ranks: this rank called %s but rank %d called %s",
                    p->comm->rank, me, c->peer, them);
@@ -212,7 +211,7 @@ static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w) {
     if (h->op.coll != GW_COLL_ABORT && h->op.seq != p->op->desc.seq) continue;
     GW_CHECK(check_header(p, c, h, data, h->bytes));
     char me[160];
-    describe(&p->op->desc, me, sizeof me);
+    gw__describe_op(&p->op->desc, me, sizeof me);
     return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
                    "rank %d: rank %d runs operation %s on other connections (%s) than this rank; do GW_ALGO "
                    "and GW_NCHANNELS agree on every rank?", p->comm->rank, c->peer, me, c->desc);

@@ -71,6 +71,11 @@ static inline size_t gw__chunk_bytes(const struct gw_comm *c, const struct gw_op
   return op->proto == GW_PROTO_LL ? c->ll_chunk_bytes : c->conn_params.slot_bytes;
 }
 
+/* "#seq allreduce(count=.., dtype, op)[ on device memory]", for messages. */
+void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len);
+
+/* What a rank puts before the message of an abort notice it received. */
+#define GW_FORWARDED "stopped because another rank failed: "
 /* The original failure behind any forwarding prefixes of an abort notice. */
 const char *gw__root_cause(const char *msg);
 

@@ -46,6 +46,12 @@ struct gw_dev_ops {
    * staging buffers). */
   int (*host_alloc)(void **p, size_t bytes);
   int (*host_free)(void *p);
+  /* Makes host memory the process already has (a shared-memory mapping) usable
+   * by the device at the same address, as host_alloc's: flag_write and
+   * flag_wait may then name it.  bytes from p, p page-aligned.  Fails where
+   * the device would see it at another address. */
+  int (*host_register)(void *p, size_t bytes);
+  int (*host_unregister)(void *p);
 
   int (*stream_create)(gw_dev_stream_t *s); /* does not synchronize with the default stream */
   int (*stream_destroy)(gw_dev_stream_t s);

@@ -135,6 +135,24 @@ static int cu_host_free(void *p) {
   return e == cudaSuccess ? 0 : cu_fail(e, "cudaFreeHost(%p)", p);
 }
 
+static int cu_host_register(void *p, size_t bytes) {
+  cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (e != cudaSuccess) return cu_fail(e, "cudaHostRegister(%p, %zu bytes, mapped | portable)", p, bytes);
+  void *dp = NULL;
+  e = cudaHostGetDevicePointer(&dp, p, 0);
+  if (e != cudaSuccess || dp != p) {
+    cudaHostUnregister(p);
+    if (e != cudaSuccess) return cu_fail(e, "cudaHostGetDevicePointer(%p)", p);
+    return cu_fail_msg("registered host memory %p is %p on the device (not the same address)", p, dp);
+  }
+  return 0;
+}
+
+static int cu_host_unregister(void *p) {
+  cudaError_t e = cudaHostUnregister(p);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaHostUnregister(%p)", p);
+}
+
 /* ---- streams ------------------------------------------------------------------------------------ */
 static int cu_stream_create(gw_dev_stream_t *s) {
   cudaStream_t st = NULL;
@@ -373,6 +391,8 @@ static const struct gw_dev_ops cuda_ops = {
     .free = cu_free,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .host_register = cu_host_register,
+    .host_unregister = cu_host_unregister,
     .stream_create = cu_stream_create,
     .stream_destroy = cu_stream_destroy,
     .stream_sync = cu_stream_sync,

@@ -209,6 +209,15 @@ static int emu_host_free(void *p) {
   return 0;
 }
 
+/* Host memory of the process is the emulated device's already: registering
+ * only checks what CUDA would refuse. */
+static int emu_host_register(void *p, size_t bytes) {
+  if (!p || (uintptr_t)p % 4096 || !bytes) return fail("host_register(%p, %zu): not a page-aligned range", p, bytes);
+  return 0;
+}
+
+static int emu_host_unregister(void *p) { return p ? 0 : fail("host_unregister(NULL)"); }
+
 /* ---- IPC -------------------------------------------------------------------------------- */
 #define IPC_MAGIC 0x47574456u /* "GWDV" */
 struct emu_ipc {
@@ -380,7 +389,29 @@ static void device_sync_all(const char *what) {
   free(h);
 }
 
+/* GW_DEV_EMU_DELAY_US=N (tests): every copy and reduction first sleeps a
+ * random 0..N-1 us, so one rank's stream runs late against another's, as on
+ * GPUs, and any order between them that is not enforced shows as wrong data. */
+static long delay_us_max = -1;
+static pthread_once_t delay_once = PTHREAD_ONCE_INIT;
+static void delay_read(void) {
+  const char *v = getenv("GW_DEV_EMU_DELAY_US");
+  delay_us_max = v && *v ? strtol(v, NULL, 10) : 0;
+}
+
+static void maybe_delay(void) {
+  static _Thread_local unsigned seed;
+  pthread_once(&delay_once, delay_read);
+  if (delay_us_max <= 0) return;
+  if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)(uintptr_t)&seed;
+  long us = (long)(rand_r(&seed) % (unsigned)delay_us_max);
+  struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
 static void run_item(const struct item *it) {
+  if (it->kind == IT_COPY || it->kind == IT_REDUCE) maybe_delay();
   switch (it->kind) {
   case IT_COPY:
     memmove(it->dst0, it->a, it->n);
@@ -626,6 +657,8 @@ static const struct gw_dev_ops emu_ops = {
     .free = emu_free,
     .host_alloc = emu_host_alloc,
     .host_free = emu_host_free,
+    .host_register = emu_host_register,
+    .host_unregister = emu_host_unregister,
     .stream_create = emu_stream_create,
     .stream_destroy = emu_stream_destroy,
     .stream_sync = emu_stream_sync,

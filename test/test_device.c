@@ -157,6 +157,9 @@ static int body_grid(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   dv = gw__dev();
   EXPECT(dv, "no device layer: %s", gw__dev_absent_reason());
+  const char *async_env = getenv("GW_DEV_ASYNC");
+  if (comm->devring && async_env && strcmp(async_env, "0") != 0)
+    EXPECT(gw__dev_ring_async(comm), "GW_DEV_ASYNC=%s, but the device ring is synchronized per chunk", async_env);
   struct grid_bufs b = {.bytes = (size_t)MAXC * (size_t)n * 8 + 64};
   DCHECK(dv->stream_create(&b.s));
   DCHECK(dv->alloc((void **)&b.dsend, b.bytes));
@@ -418,6 +421,68 @@ START_TEST(dead_peer) {
 }
 END_TEST
 
+/* A peer dies in the middle of an operation.  On the emulator its stream runs
+ * late (GW_DEV_EMU_DELAY_US, that rank only: up to 20 ms before each copy or
+ * reduction), so its host has sent headers of chunks its stream never writes:
+ * the stream-ordered ring's survivors wait on the device for those, and must
+ * be released, naming the dead rank, not hang; and a survivor whose stream
+ * went on with what a released neighbour forwarded must not call that
+ * operation good (4 ranks: rank 3's neighbours both live).  Every operation
+ * that reports success (gw_wait) must hold the exact sums.  On a GPU the six
+ * may all finish before rank 1 dies: the seventh, after it, must fail. */
+static int body_dead_midop(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  gw_comm_set_timeout(comm, 30);
+  enum { K = 6 };
+  const size_t count = 1 << 17; /* 2 chunks per rank's block on the emulated ring: a host posts a whole operation */
+  gw_dev_stream_t s;
+  int32_t *d, *h = malloc(count * sizeof *h);
+  EXPECT(h, "out of memory");
+  if (rank == 1) setenv("GW_DEV_EMU_DELAY_US", "20000", 1); /* read at this process's first copy */
+  DCHECK(dv->stream_create(&s));
+  DCHECK(dv->alloc((void **)&d, (K + 2) * count * sizeof *d));
+  for (size_t i = 0; i < count; i++) h[i] = (int32_t)(i % 1000) + rank;
+  DCHECK(dv->memcpy_async(d, h, count * sizeof *h, s));
+  gw_request_t req[K + 1];
+  double t0 = test_now();
+  for (int k = 0; k < K; k++)
+    GWCHECK(gw_iallreduce(d, d + (size_t)(k + 1) * count, count, GW_INT32, GW_SUM, comm, s, &req[k]), comm);
+  if (rank == 1) {
+    usleep(300000);
+    _exit(3);
+  }
+  GWCHECK(gw_iallreduce(d, d + (size_t)(K + 1) * count, count, GW_INT32, GW_SUM, comm, s, &req[K]), comm);
+  int good = 0;
+  for (int k = 0; k < K; k++) {
+    if (gw_wait(&req[k]) != GW_SUCCESS) continue;
+    good++;
+    DCHECK(dv->memcpy_async(h, d + (size_t)(k + 1) * count, count * sizeof *h, s));
+    DCHECK(dv->stream_sync(s));
+    for (size_t i = 0; i < count; i++) {
+      const int32_t want = (int32_t)(n * (int)(i % 1000) + n * (n - 1) / 2);
+      EXPECT(h[i] == want, "operation %d reported success, but element %zu is %d, expected %d", k, i, h[i], want);
+    }
+  }
+  EXPECT(gw_wait(&req[K]) != GW_SUCCESS, "the operation after rank 1 died succeeded");
+  DCHECK(dv->stream_sync(s)); /* released, not hung */
+  double took = test_now() - t0;
+  gw_result_t async = GW_SUCCESS;
+  GWCHECK(gw_comm_get_async_error(comm, &async), comm);
+  EXPECT(async == GW_ERR_REMOTE || async == GW_ERR_TIMEOUT || async == GW_ERR_ABORTED, "async error %s",
+         gw_strerror(async));
+  EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  EXPECT(took < 20, "the streams were released after %.1f s", took);
+  if (getenv("GW_TEST_VERBOSE")) fprintf(stderr, "rank %d: %d of %d operations good\n", rank, good, K);
+  DCHECK(dv->free(d));
+  DCHECK(dv->stream_destroy(s));
+  free(h);
+  return 0;
+}
+
+START_TEST(dead_midop) { ck_assert_int_eq(run_ranks(4, body_dead_midop, NULL, 120), 1); }
+END_TEST
+
 /* ---- the gradient bucketer on device memory and a stream ------------------------------------------ */
 /* "Backward" writes the gradients behind 50 ms of slow work and marks them ready
  * at once: the allreduces must wait for the writes.  *separate == 0: all on one
@@ -580,16 +645,21 @@ END_TEST
  * Rank 1 sets its own GW_DEV_RING_MIN_BYTES, GW_DEV_STAGE_BYTES or
  * GW_DEV_CHUNK_BYTES, rank 0 keeps the suite's.  Rank 0's minimum and staging
  * size are every rank's (the ring stays); a chunk mismatch leaves the ring
- * out.  Either way device-buffer
+ * out.  SET_ASYNC: rank 1 asks for the other GW_DEV_ASYNC than rank 0: the
+ * ring stays, synchronized per chunk on both (a stream waiting on a counter
+ * its neighbour never writes would hang).  Either way device-buffer
  * allreduces under and over the minimum, across many staging pieces of either
  * size, give exact sums. */
-enum { SET_MIN, SET_STAGE, SET_CHUNK, SET_MODES };
+enum { SET_MIN, SET_STAGE, SET_CHUNK, SET_ASYNC, SET_MODES };
 
 static int body_settings(int rank, int n, const char *master, void *arg) {
   const int mode = *(const int *)arg;
   if (rank == 1 && mode == SET_MIN) setenv("GW_DEV_RING_MIN_BYTES", "0", 1);
   if (rank == 1 && mode == SET_STAGE) setenv("GW_DEV_STAGE_BYTES", "8192", 1);
   if (rank == 1 && mode == SET_CHUNK) setenv("GW_DEV_CHUNK_BYTES", "131072", 1);
+  const char *async_env = getenv("GW_DEV_ASYNC");
+  const int async_asked = async_env && strcmp(async_env, "0") != 0;
+  if (rank == 1 && mode == SET_ASYNC) setenv("GW_DEV_ASYNC", async_asked ? "0" : "1", 1);
   /* With equal settings every run of this suite has a ring unless IPC is off
    * (the -staged runs); the GPU suite's one GPU maps its own memory. */
   const char *ipc = getenv("GW_DEV_IPC");
@@ -599,6 +669,9 @@ static int body_settings(int rank, int n, const char *master, void *arg) {
   GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
   const int ring = comm->devring != NULL;
   EXPECT(ring == want_ring, "mode %d: device ring %d, expected %d", mode, ring, want_ring);
+  if (ring)
+    EXPECT(gw__dev_ring_async(comm) == (async_asked && mode != SET_ASYNC), "mode %d: stream-ordered %d with "
+           "GW_DEV_ASYNC=%s on rank 0", mode, (int)gw__dev_ring_async(comm), async_env ? async_env : "(unset)");
   uint64_t stages[2] = {0, 0};
   GWCHECK(gw_allgather(&comm->dev_stage_bytes, stages, 1, GW_INT64, comm, NULL), comm);
   const char *own = getenv("GW_DEV_STAGE_BYTES"); /* rank 0's, the suite's */
@@ -705,9 +778,10 @@ int main(void) {
   tcase_add_test(tc, grid);
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
-  const char *names[] = {"ordering", "misuse", "dead-peer", "destroy", "bucketer", "ipc", "teardown", "settings"};
-  const TTest *tests[] = {ordering, misuse, dead_peer, destroy, bucketer, ipc, teardown, settings};
-  for (int i = 0; i < 8; i++) {
+  const char *names[] = {"ordering", "misuse", "dead-peer", "dead-midop", "destroy", "bucketer", "ipc", "teardown",
+                         "settings"};
+  const TTest *tests[] = {ordering, misuse, dead_peer, dead_midop, destroy, bucketer, ipc, teardown, settings};
+  for (int i = 0; i < 9; i++) {
     tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);

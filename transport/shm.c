@@ -65,6 +65,7 @@ struct shm_ctrl {
   char pad2b[GW_CACHELINE - 4 * sizeof(uint32_t)];
   _Atomic uint64_t word; /* shared_word: for the layers above, zero at setup */
   char pad3[GW_CACHELINE - sizeof(uint64_t)];
+  _Atomic uint64_t dflag[2][GW_CACHELINE / sizeof(uint64_t)]; /* dev_flag: [which][0], a line each */
   struct shm_line line[SHM_MAX_SLOTS];
 };
 
@@ -330,12 +331,16 @@ static gw_result_t shm_recv_release(struct gw_conn *c) {
 
 static uint64_t shm_position(const struct gw_conn *c) { return ((const struct shm_conn *)c->priv)->pos; }
 static _Atomic uint64_t *shm_shared_word(struct gw_conn *c) { return &((struct shm_conn *)c->priv)->ctrl->word; }
+static uint64_t *shm_dev_flag(struct gw_conn *c, int which) {
+  return (uint64_t *)&((struct shm_conn *)c->priv)->ctrl->dflag[which & 1][0];
+}
+_Static_assert(offsetof(struct shm_ctrl, line) <= 4096, "the device flags lie in the mapping's first page");
 
 static void shm_close(struct gw_conn *c) {
   struct shm_conn *s = c->priv;
   if (!s) return;
   if (!c->is_send && !s->owner_unlinked) shm_unlink(s->name);
-  if (s->ctrl) munmap(s->ctrl, s->map_size);
+  if (s->ctrl && !c->keep_mapped) munmap(s->ctrl, s->map_size);
   free(s->stage);
   free(s);
   c->priv = NULL;
@@ -351,6 +356,7 @@ const struct gw_transport gw__shm_transport = {
     .send_slot = shm_send_slot,
     .position = shm_position,
     .shared_word = shm_shared_word,
+    .dev_flag = shm_dev_flag,
     .send_post = shm_send_post,
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,

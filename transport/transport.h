@@ -87,6 +87,9 @@ struct gw_conn {
    * receiver can watch the lines of a low-latency chunk before its header lands. */
   uint8_t proto;   /* enum gw_proto */
   uint32_t expect;
+  /* Set by the layer above: close leaves shared memory mapped (comm/device.c:
+   * a page registered with CUDA that could not be unregistered safely). */
+  bool keep_mapped;
 };
 
 /* The chunk formats.  SIMPLE: payload in the slot, published by the header's
@@ -150,6 +153,13 @@ struct gw_transport {
    * says it unmapped the receiver's device twins before the receiver frees
    * them).  Valid until close. */
   _Atomic uint64_t *(*shared_word)(struct gw_conn *c);
+  /* Optional (NULL: none): two more words both ends map, zero at setup, in
+   * the first page of the mapping (comm/device.c registers that page with the
+   * device layer, so both ends' streams write and wait on them): which 0, the
+   * count of chunks whose payload the sender's stream has written ("ready"),
+   * and 1, the count the receiver's stream has finished reading ("free"), as
+   * positions + 1.  Valid until close. */
+  uint64_t *(*dev_flag)(struct gw_conn *c, int which);
 
   /* Frees everything; accepts a connection that was never set up. */
   void (*close)(struct gw_conn *c);
