@@ -556,6 +556,18 @@ void gw__dev_emu_set_capturing(gw_dev_stream_t s0, int on) {
   if (s) atomic_store(&s->capturing, on != 0);
 }
 
+/* A stream's queue holds at most GW_DEV_EMU_QUEUE items (1024): as a CUDA
+ * stream's, a launch into a full one blocks until the stream runs some, so
+ * code that enqueues without bound ahead of a stream that waits for another
+ * process hangs here as on a GPU. */
+static long queue_max = -1;
+static pthread_once_t queue_once = PTHREAD_ONCE_INIT;
+static void queue_read(void) {
+  const char *v = getenv("GW_DEV_EMU_QUEUE");
+  queue_max = v && *v ? strtol(v, NULL, 10) : 1024;
+  if (queue_max < 1) queue_max = 1;
+}
+
 static int push(gw_dev_stream_t s0, const struct item *tmpl) {
   struct gw_dev_stream *s = resolve(s0);
   if (!s) return 1;
@@ -563,7 +575,9 @@ static int push(gw_dev_stream_t s0, const struct item *tmpl) {
   if (!it) return fail("out of memory for a stream's work item");
   *it = *tmpl;
   it->next = NULL;
+  pthread_once(&queue_once, queue_read);
   pthread_mutex_lock(&s->mu);
+  while (s->enqueued - s->finished >= (uint64_t)queue_max && !s->stop) pthread_cond_wait(&s->idle_cv, &s->mu);
   if (s->tail) s->tail->next = it;
   else s->head = it;
   s->tail = it;

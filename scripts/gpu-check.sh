@@ -261,8 +261,9 @@ bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
   say "model_bench_torch ($2): exit $? $(tail -1 "$OUT/model-bench-torch-$1.txt")"
   awk '/^profile/ { on = 1 } /^pytorch / { on = 0 } on' "$OUT/model-bench-torch-$1.txt" | tee -a "$OUT/summary.txt"
 }
-train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NCHW (cudnn's default)
-  local n=$1 tag=n$1${2:+-hoststep}
+train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NCHW (cudnn's default);
+  # TRAIN_TAG=-x in the environment: a variant's suffix (its settings in the environment too)
+  local n=$1 tag=n$1${2:+-hoststep}${TRAIN_TAG:-}
   want "gw-train-$tag" || return 0
   budget 60 "gw-train $*" || return 0
   rm -f "$OUT/gw-train-$tag.jsonl"
@@ -322,7 +323,7 @@ fi
 # with the synchronized runs beside it for the comparison:
 #   GW_CHECK_ONLY="n2-async:grid n3-async:grid n4:dead-midop n4-async:dead-midop
 #     gw-perf-device-n2 gw-perf-device-n2-async gw-perf-device-n4
-#     gw-perf-device-n4-async" scripts/gpu-check.sh /tmp/gpu2
+#     gw-perf-device-n4-async gw-train-n2 gw-train-n2-async" scripts/gpu-check.sh /tmp/gpu2
 if [ -x "$B/test/test_device" ]; then
   for run in 2a:grid 3a:grid 4:dead-midop 4a:dead-midop; do
     budget 60 "gpu suite case $run" && gpu_case "$run"
@@ -330,6 +331,8 @@ if [ -x "$B/test/test_device" ]; then
 fi
 budget 60 "gw-perf-device-n2-async" && perf gw-perf-device-n2-async 2 GW_DEV_ASYNC=1 -D
 budget 60 "gw-perf-device-n4-async" && perf gw-perf-device-n4-async 4 GW_DEV_ASYNC=1 -D
+# gw-train at 2 ranks with its buckets on the stream-ordered ring (beside gw-train-n2)
+[ -x "$B/tools/gw-train" ] && TRAIN_TAG=-async GW_DEV_ASYNC=1 train 2
 
 # ---- summary -----------------------------------------------------------------------------------
 python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
@@ -411,7 +414,7 @@ best = max(((gw[t], t) for t in ("bf16", "bf16-nhwc") if gw[t]), default=None)
 if best and pt["bf16"]:
     print(f"model_bench cudnn bf16, the faster layout ({'NHWC' if best[1] == 'bf16-nhwc' else 'NCHW'}): {best[0]:.1f} "
           f"vs pytorch {pt['bf16']:.1f} img/s = {best[0] / pt['bf16']:.2f}x (issue 10's goal: 1.1x)")
-for tag in ("n1", "n2", "n2-hoststep"):
+for tag in ("n1", "n2", "n2-hoststep", "n2-async"):
     p = os.path.join(out, f"gw-train-{tag}.jsonl")
     if not os.path.exists(p): continue
     steps = []

@@ -431,11 +431,10 @@ END_TEST
  * that reports success (gw_wait) must hold the exact sums.  On a GPU the six
  * may all finish before rank 1 dies: the seventh, after it, must fail. */
 static int body_dead_midop(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)arg;
   dv = gw__dev();
   gw_comm_set_timeout(comm, 30);
   enum { K = 6 };
-  const size_t count = 1 << 17; /* 2 chunks per rank's block on the emulated ring: a host posts a whole operation */
+  const size_t count = *(const size_t *)arg;
   gw_dev_stream_t s;
   int32_t *d, *h = malloc(count * sizeof *h);
   EXPECT(h, "out of memory");
@@ -480,7 +479,15 @@ static int body_dead_midop(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-START_TEST(dead_midop) { ck_assert_int_eq(run_ranks(4, body_dead_midop, NULL, 120), 1); }
+START_TEST(dead_midop) {
+  /* 2 chunks per rank's block on the emulated ring (64 KiB chunks): a host
+   * posts a whole operation ahead of its stream; then 16 per block (96 per
+   * connection and operation), more than a host may run ahead of its stream
+   * (GW_DEV_AHEAD). */
+  static const size_t counts[] = {1 << 17, 1 << 20};
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(run_ranks(4, body_dead_midop, (void *)&counts[i], 120) == 1, "count %zu", counts[i]);
+}
 END_TEST
 
 /* ---- the gradient bucketer on device memory and a stream ------------------------------------------ */
