@@ -26,6 +26,8 @@ refused "--csv and --json name the same file" --csv "$tmp/a" --json "$tmp/a"
 refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"
 refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv /nonexistent-gw/c.csv
 refused "--tune $tmp: is a directory" --tune "$tmp"
+refused "-a tree applies to allreduce only: allgather always runs on the ring" -a tree -C allgather
+refused "-a exchange applies to allreduce only: broadcast always runs on the ring" -a exchange -C broadcast
 for f in a c t; do
   [ -e "$tmp/$f" ] && { echo "FAIL: a refused run wrote $tmp/$f"; fail=1; }
 done

@@ -781,12 +781,34 @@ START_TEST(test_checkpoint_dir_guarded) {
 }
 END_TEST
 
+/* --plot draws a point at each epoch's end: a run that ends before one says
+ * so at the start (it used to end silently with no file). */
+START_TEST(test_plot_nothing_to_draw) {
+  char png[512];
+  path(png, sizeof png, "never.png");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  /* COMMON without --no-eval (the plot needs the evaluation) */
+  const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "96", "--model",
+                        "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
+                        "4", "--stem", "small", "--threads", "1", "--steps", "2", "--batch", "8", "--plot", png, NULL};
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "nothing will be drawn") || strstr(r.err, "nothing will be drawn"),
+                "no warning that a 2-step run draws nothing:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+  ck_assert_msg(access(png, F_OK) != 0, "%s was written", png);
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("train");
   TCase *tc = tcase_create("gw-train");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
   tcase_add_test(tc, test_checkpoint_dir_guarded);
+  tcase_add_test(tc, test_plot_nothing_to_draw);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_device_path_equals_host);
   tcase_add_test(tc, test_nhwc_equals_nchw);

@@ -346,6 +346,7 @@ int main(int argc, char **argv) {
                    .coll = C_ALLREDUCE, .root = 0};
   o.dtypes[o.ndtypes++] = GW_FLOAT32;
   o.ops[o.nops++] = GW_SUM;
+  const char *algo_flag = NULL;
   static const struct option longopts[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"iters", required_argument, 0, 'n'},
@@ -398,6 +399,7 @@ int main(int argc, char **argv) {
         if (strcmp(optarg, "ring") && strcmp(optarg, "tree") && strcmp(optarg, "exchange") && strcmp(optarg, "auto"))
           die("-a '%s': unknown algorithm (available: auto, ring, tree, exchange)", optarg);
         setenv("GW_ALGO", optarg, 1);
+        algo_flag = optarg;
         break;
       case 'p':
         if (strcmp(optarg, "simple") && strcmp(optarg, "ll") && strcmp(optarg, "auto"))
@@ -424,6 +426,11 @@ int main(int argc, char **argv) {
     die("unexpected argument '%s'", argv[optind]);
   }
   if (o.min_bytes > o.max_bytes) die("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
+  /* The tree and the exchange reduce: the other collectives always take the
+   * ring, so -a would name an algorithm the measurement never ran. */
+  if (algo_flag && (!strcmp(algo_flag, "tree") || !strcmp(algo_flag, "exchange")) && o.coll != C_ALLREDUCE)
+    die("-a %s applies to allreduce only: %s always runs on the ring (drop -a, or -a ring)", algo_flag,
+        coll_names[o.coll]);
   if (o.csv && o.json && !strcmp(o.csv, o.json)) die("--csv and --json name the same file %s", o.csv);
   if (o.tune && (o.csv || o.json))
     die("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");

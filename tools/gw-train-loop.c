@@ -764,6 +764,10 @@ static int setup(struct trainer *t) {
   char err[600];
   if (log_open(&t->log, t->o->metrics, t->rank, err, sizeof err) != 0) return fail(t, "--metrics", err);
   if (t->o->resume && resume(t) != 0) return -1;
+  /* The plot gets a point at each epoch's end: say so at once when none comes. */
+  if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
+    log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "
+             "each): nothing will be drawn", t->o->plot, (long long)t->total_steps, (long long)t->spe);
   return backend_from_host(t);
 }
 
