@@ -492,14 +492,6 @@ static gw_result_t run_staged(struct gw_comm *comm, struct gw_devstate *d, const
   return GW_SUCCESS;
 }
 
-/* The end of a stream-ordered device-ring operation: the host waits for the
- * engine's stream, which may still wait on its neighbours' streams.  Those
- * waits end when the neighbours' streams get there, unless a neighbour died,
- * the operation failed on the host (its peers may never send the rest), the
- * communicator was aborted, or GW_TIMEOUT passes: then the counters this
- * stream waits on are set past anything it waits for (again and again, as a
- * live neighbour's stream may still store a lower count), so the stream runs
- * out its queued work, on garbage, and the operation fails. */
 /* The checks of a host wait on the stream-ordered ring: an abort, a dead
  * neighbour (looked at every 100 ms), GW_TIMEOUT counted from start. */
 static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, double start, double *next_look,
@@ -544,6 +536,14 @@ static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, doub
   return GW_SUCCESS;
 }
 
+/* The end of a stream-ordered device-ring operation: the host waits for the
+ * engine's stream, which may still wait on its neighbours' streams.  Those
+ * waits end when the neighbours' streams get there, unless a neighbour died,
+ * the operation failed on the host (its peers may never send the rest), the
+ * communicator was aborted, or GW_TIMEOUT passes: then the counters this
+ * stream waits on are set past anything it waits for (again and again, as a
+ * live neighbour's stream may still store a lower count), so the stream runs
+ * out its queued work, on garbage, and the operation fails. */
 static gw_result_t ring_drain(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op, gw_result_t res,
                               struct gw_errctx *err) {
   const struct gw_devring *dr = comm->devring;
@@ -699,16 +699,17 @@ static bool flags_register(struct gw_comm *comm, struct gw_devring *dr) {
   return dr->last_fill != NULL;
 }
 
+/* Unregistering may wait for a stream that never ends (see given_up_any):
+ * the pages stay registered, so their mappings must stay too (a later mapping
+ * at the address would meet the old registration). */
+static void flags_leave(struct gw_comm *comm, const struct gw_devring *dr) {
+  if (dr->reg[0] || dr->reg[1]) comm->rings[0].send.keep_mapped = comm->rings[0].recv.keep_mapped = true;
+}
+
 static void ring_free(struct gw_comm *comm, struct gw_devring *dr) {
   if (!dr) return;
-  if (!atomic_load(&given_up_any)) {
-    flags_unregister(dr);
-  } else if (dr->reg[0] || dr->reg[1]) {
-    /* Unregistering may wait for a stream that never ends (see given_up_any):
-     * the pages stay registered, so their mappings must stay too (a later
-     * mapping at the address would meet the old registration). */
-    comm->rings[0].send.keep_mapped = comm->rings[0].recv.keep_mapped = true;
-  }
+  if (atomic_load(&given_up_any)) flags_leave(comm, dr);
+  else flags_unregister(dr);
   free(dr->last_fill);
   if (dr->send_twin) dr->ops->ipc_close(dr->send_twin);
   if (dr->recv_twin) dr->ops->free(dr->recv_twin);
@@ -871,7 +872,7 @@ void gw__dev_ring_free(struct gw_comm *comm) {
      * freeing, waits for every stream of the device (CUDA synchronizes there):
      * everything stays mapped and allocated (gw__dev_free warned), and the
      * successor, never told, keeps its twins too after its wait. */
-    if (dr->reg[0] || dr->reg[1]) comm->rings[0].send.keep_mapped = comm->rings[0].recv.keep_mapped = true;
+    flags_leave(comm, dr);
     free(dr->last_fill);
     free(dr);
     comm->devring = NULL;
@@ -898,19 +899,6 @@ static gw_result_t dev_err(struct prims *p, const char *what) {
                  p->dev->ops->error());
 }
 
-/* Around the work of a primitive that reads this rank's twin (in) and/or
- * writes the successor's (out).
- * Synchronized (the default): after the work, the engine's stream finishes
- * it before the chunk's header goes out and the received slot is released.
- * Stream-ordered (GW_DEV_ASYNC): before the work the stream waits until the
- * predecessor's stream has written the payload of the chunk it reads (the
- * header came first, the data may still be on its way), and until the
- * successor's stream has read what was last written into the twin it writes
- * (host chunks between them leave that slot's last device use behind, hence
- * last_fill rather than the position one FIFO depth back); after it, it says
- * what it did in the same counters, and the host goes on at once.  Every wait
- * is enqueued after the host saw the chunk, or the release, whose counter
- * write its peer had enqueued before: no cycle, so no deadlock. */
 /* Stream-ordered: waits until this rank's stream is less than GW_DEV_AHEAD
  * chunks behind its host on each side the next primitive touches (the
  * counters its own stream writes; positions before the operation count as
@@ -929,13 +917,27 @@ static gw_result_t ahead_wait(struct prims *p, bool in, bool out) {
         (!out || spos < GW_MAX(sdone, dr->out_base) + GW_DEV_AHEAD))
       return GW_SUCCESS;
     if (start == 0) start = gw__now(), next_look = start + 0.1;
+    const double looked = next_look;
     GW_CHECK(ring_watch(p->comm, p->op, start, &next_look, p->err));
-    int idle = 0;
-    if (dr->ops->stream_idle(dr->stream, &idle)) return dev_err(p, "stream");
+    int idle = 0; /* a device fault stops the stream for good: asked as often as ring_watch looks */
+    if (next_look != looked && dr->ops->stream_idle(dr->stream, &idle)) return dev_err(p, "stream");
     gw__waiter_pause(&w);
   }
 }
 
+/* Around the work of a primitive that reads this rank's twin (in) and/or
+ * writes the successor's (out).
+ * Synchronized (the default): after the work, the engine's stream finishes
+ * it before the chunk's header goes out and the received slot is released.
+ * Stream-ordered (GW_DEV_ASYNC): before the work the stream waits until the
+ * predecessor's stream has written the payload of the chunk it reads (the
+ * header came first, the data may still be on its way), and until the
+ * successor's stream has read what was last written into the twin it writes
+ * (host chunks between them leave that slot's last device use behind, hence
+ * last_fill rather than the position one FIFO depth back); after it, it says
+ * what it did in the same counters, and the host goes on at once.  Every wait
+ * is enqueued after the host saw the chunk, or the release, whose counter
+ * write its peer had enqueued before: no cycle, so no deadlock. */
 static gw_result_t dbefore(struct prims *p, bool in, bool out) {
   const struct gw_devring *dr = p->dev;
   if (!dr->async) return GW_SUCCESS;
