@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
 #if GW_HAVE_ONEDNN
   ops = &gw_backend_cpu;
 #else
-  ops = &gw_backend_cudnn;
+  ops = gw_backend_cudnn_ops();
 #endif
   static const struct option lo[] = {{"depth", 1, 0, 'd'},   {"image-size", 1, 0, 's'}, {"in-channels", 1, 0, 'c'},
                                      {"classes", 1, 0, 'k'}, {"batch", 1, 0, 'b'},      {"threads", 1, 0, 't'},
@@ -178,7 +178,10 @@ int main(int argc, char **argv) {
       if (!strcmp(optarg, "cpu")) ops = &gw_backend_cpu;
 #endif
 #if GW_HAVE_CUDNN
-      if (!strcmp(optarg, "cudnn")) ops = &gw_backend_cudnn;
+      if (!strcmp(optarg, "cudnn") && !(ops = gw_backend_cudnn_ops())) {
+        fprintf(stderr, "model_bench: --backend cudnn: %s\n", gw_model_last_error());
+        return 1;
+      }
 #endif
       if (!ops) {
         fprintf(stderr, "model_bench: --backend %s is not in this build\n", optarg);
@@ -187,6 +190,10 @@ int main(int argc, char **argv) {
       break;
     default: fprintf(stderr, "model_bench: unknown option (see the header of bench/model_bench.c)\n"); return 2;
     }
+  }
+  if (!ops) { /* the default backend's module did not load */
+    fprintf(stderr, "model_bench: %s\n", gw_model_last_error());
+    return 1;
   }
   struct gw_model *m;
   struct gw_backend *b;

@@ -255,8 +255,11 @@ extern const struct gw_backend_ops gw_backend_cpu;
  * graph API for the convolutions, cuBLAS for the fully connected layer, its own
  * kernels (cudnn_kernels.cu) for the rest.  Memory is device memory; everything
  * runs in order on one stream of the backend's; upload and download wait for it.
- * create returns GW_ERR_UNSUPPORTED when there is no usable GPU. */
-extern const struct gw_backend_ops gw_backend_cudnn;
+ * create returns GW_ERR_UNSUPPORTED when there is no usable GPU.
+ * The backend is a module of its own (libgwcudnn.so, backend_module.h), loaded
+ * at the first call: the table, or NULL with gw_model_last_error() saying
+ * which files were tried and why each failed (then every call fails alike). */
+const struct gw_backend_ops *gw_backend_cudnn_ops(void);
 #endif
 
 #ifdef __cplusplus

@@ -722,7 +722,7 @@ static gw_result_t cudnn_mark_elapsed(struct gw_backend *b, int from, int to, do
   return GW_SUCCESS;
 }
 
-const struct gw_backend_ops gw_backend_cudnn = {
+const struct gw_backend_ops gw__cudnn_ops = {
     .name = "cudnn",
     .host_memory = 0,
     .create = cudnn_create,

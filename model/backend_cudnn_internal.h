@@ -84,6 +84,9 @@ struct gw_op {
 int gw__cudnn_fc_permuted(const struct gw_op *op);
 
 /* The messages of a failed CUDA / cuDNN call (backend_cudnn.c). */
+/* The backend's table (backend_cudnn.c), which the module's entry hands out
+ * (backend_cudnn_module.c). */
+extern const struct gw_backend_ops gw__cudnn_ops;
 gw_result_t gw__cudnn_cuda_fail(cudaError_t e, const char *what, const char *call);
 gw_result_t gw__cudnn_dnn_fail(cudnnStatus_t st, const char *what, const char *call);
 const char *gw__cudnn_blas_name(cublasStatus_t st);

@@ -4,6 +4,7 @@
 #ifndef GW_MODEL_INTERNAL_H
 #define GW_MODEL_INTERNAL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,7 @@ struct gw_model {
 
 /* Records this thread's error message (gw_model_last_error) and returns code. */
 gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+gw_result_t gw__model_vfail(gw_result_t code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 struct gw_op_desc;
 /* op_create's checks of d for backend `be` ("cpu", "cudnn"): the shapes of its

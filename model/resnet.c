@@ -21,10 +21,15 @@ static _Thread_local char last_error[512];
 
 const char *gw_model_last_error(void) { return last_error; }
 
+gw_result_t gw__model_vfail(gw_result_t code, const char *fmt, va_list ap) {
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  return code;
+}
+
 gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  gw__model_vfail(code, fmt, ap);
   va_end(ap);
   return code;
 }

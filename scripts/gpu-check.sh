@@ -123,7 +123,9 @@ runs_here() {
   local bins=("$B/test/test_device" "$B/tools/gw-perf" "$B/bench/gpu_reduce_bw" "$B/test/test_model_backend"
               "$B/test/test_model_bf16" "$B/test/test_model_torch" "$B/bench/model_bench" "$B/tools/gw-train")
   for b in "${bins[@]}"; do [ -x "$b" ] || return 1; done
-  ! ldd "${bins[@]}" 2>&1 | grep -q "not found" || return 1
+  # the cudnn backend's module, which the model's programs load when asked
+  [ -e "$B/model/libgwcudnn.so" ] || return 1
+  ! ldd "${bins[@]}" "$B/model/libgwcudnn.so" 2>&1 | grep -q "not found" || return 1
   GW_DEV_EMULATE=1 CK_RUN_CASE=ipc timeout 60 "$B/test/test_device" >/dev/null 2>&1
 }
 if runs_here; then

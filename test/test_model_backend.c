@@ -406,7 +406,12 @@ static const struct gw_backend_ops *built_backend(const char *name, const char *
   }
   if (strcmp(name, "cudnn") == 0) {
 #if GW_HAVE_CUDNN
-    return &gw_backend_cudnn;
+    const struct gw_backend_ops *ops = gw_backend_cudnn_ops();
+    if (!ops) { /* built, so a module that does not load is a failure, not a skip */
+      printf("model-backend cudnn: %s\n", gw_model_last_error());
+      exit(1);
+    }
+    return ops;
 #else
     *why = "this build has no cuDNN (GW_HAVE_CUDNN is 0)";
     return NULL;

@@ -637,7 +637,10 @@ int main(int argc, char **argv) {
   if (!strcmp(chosen, "cpu")) be = &gw_backend_cpu;
 #endif
 #if GW_HAVE_CUDNN
-  if (!strcmp(chosen, "cudnn")) be = &gw_backend_cudnn;
+  if (!strcmp(chosen, "cudnn") && !(be = gw_backend_cudnn_ops())) {
+    printf("model-bf16: %s\n", gw_model_last_error());
+    return 1;
+  }
 #endif
   if (strcmp(chosen, "cpu") && strcmp(chosen, "cudnn")) {
     fprintf(stderr, "usage: test_model_bf16 [cpu|cudnn]\n");

@@ -313,7 +313,10 @@ int main(int argc, char **argv) {
   if (!strcmp(which, "cpu-dev")) be = &cpu_dev;
 #endif
 #if GW_HAVE_CUDNN
-  if (!strcmp(which, "cudnn")) be = &gw_backend_cudnn;
+  if (!strcmp(which, "cudnn") && !(be = gw_backend_cudnn_ops())) {
+    printf("model-torch: %s\n", gw_model_last_error());
+    return 1;
+  }
 #endif
   if (!be) {
     printf("model-torch: the %s backend is not in this build, skipped\n", which);

@@ -221,7 +221,8 @@ static int setup_model(struct trainer *t) {
   if (o->layout < 0) /* NCHW on both: measured faster end to end (docs/gpu.md) */
     bc.layout = GW_LAYOUT_NCHW;
 #if GW_HAVE_CUDNN
-  if (!strcmp(o->backend, "cudnn")) t->ops = &gw_backend_cudnn;
+  if (!strcmp(o->backend, "cudnn") && !(t->ops = gw_backend_cudnn_ops()))
+    return fail(t, "--backend", gw_model_last_error());
 #endif
 #if GW_HAVE_ONEDNN
   /* A test hook: GW_TRAIN_CPU_AS_DEVICE=1 runs the cpu backend as if its memory
