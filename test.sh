@@ -23,11 +23,13 @@ gw_install_deps || exit 1
 gw_build "$dir" "${extra[@]}" || { echo "build failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
 log=$dir/meson-logs/test-summary.txt
+built=$SECONDS
 meson test -C "$dir" --print-errorlogs "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 count() { awk -v k="$1" '$0 ~ "^"k":" {print $NF; exit}' "$log"; }
 ok=$(count "Ok"); fail=$(count "Fail"); xpass=$(count "Unexpected Pass"); tmo=$(count "Timeout"); skip=$(count "Skipped")
 failed=$(( ${fail:-0} + ${xpass:-0} + ${tmo:-0} ))
 [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1
+echo "$dir: built in $built s, tested in $((SECONDS - built)) s"
 echo "${ok:-0} passed, ${failed} failed, ${skip:-0} skipped"
 exit $(( failed > 0 ))
