@@ -26,7 +26,10 @@ static const struct gw_backend_ops *loaded;
 static gw_result_t load_res = GW_SUCCESS;
 static char load_error[1536];
 
-/* Opens `path` and asks it for its table; on failure appends why to load_error. */
+/* Opens `path` and asks it for its table; on failure appends why to load_error.
+ * Nothing opened is closed again, not even on failure: what a library loaded
+ * with it (cuDNN's and cuBLAS's C++ runtimes) may have registered exit
+ * handlers and pools that unloading would leave dangling. */
 static const struct gw_backend_ops *try_path(const char *path) {
   const size_t used = strlen(load_error);
   char *msg = load_error + used;
@@ -43,7 +46,6 @@ static const struct gw_backend_ops *try_path(const char *path) {
   if (!entry) {
     snprintf(msg, room, "%s%s: no symbol %s: not gradwire's cudnn backend module", used ? "; " : "", path,
              GW_BACKEND_MODULE_ENTRY);
-    dlclose(h);
     return NULL;
   }
   static const struct gw_backend_module_host host = {.abi = GW_BACKEND_MODULE_ABI,
@@ -55,10 +57,9 @@ static const struct gw_backend_ops *try_path(const char *path) {
   const struct gw_backend_ops *ops = entry(&host, why, sizeof why);
   if (!ops) {
     snprintf(msg, room, "%s%s: %s", used ? "; " : "", path, why);
-    dlclose(h);
     return NULL;
   }
-  return ops; /* the module stays loaded for the process's life */
+  return ops;
 }
 
 /* The directory of the running program, with a trailing '/', or "" when

@@ -129,7 +129,8 @@ START_TEST(test_other_abi_refused) {
   host.version = "0.0.0-other";
   ck_assert_ptr_null(entry(&host, why, sizeof why));
   ck_assert_msg(strstr(why, "the program 0.0.0-other"), "why: %s", why);
-  dlclose(h);
+  /* Not closed: unloading cuDNN's and cuBLAS's C++ runtimes leaves their
+   * pools behind (LeakSanitizer reported them), as the loader knows. */
 }
 END_TEST
 
