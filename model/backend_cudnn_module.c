@@ -1,9 +1,10 @@
 /* backend_cudnn_module.c - the entry of the cudnn backend's module
  * (libgwcudnn.so, backend_module.h): checks that the program that loads it was
  * built against the same table, and sends the backend's error messages into
- * the program's gw_model_last_error (and reads them back from there).  Everything else in the module is hidden
- * (built with -fvisibility=hidden), so its copies of backend_check.c and of
- * this gw__model_fail never meet the program's. */
+ * the program's gw_model_last_error (and reads them back from there).
+ * Everything else in the module is hidden (built with -fvisibility=hidden), so
+ * its copies of backend_check.c and of this gw__model_fail never meet the
+ * program's. */
 #include <stdio.h>
 #include <string.h>
 
