@@ -23,7 +23,6 @@
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static const struct gw_backend_ops *loaded;
-static gw_result_t load_res = GW_SUCCESS;
 static char load_error[1536];
 
 /* Opens `path` and asks it for its table; on failure appends why to load_error.
@@ -96,12 +95,11 @@ static void load(void) {
                "GW_CUDNN_MODULE=PATH names it", GW_BACKEND_MODULE_FILE, dir[0] ? dir : "(unknown)/",
                GW_BACKEND_MODULE_INSTALL_DIR);
   }
-  if (!loaded) load_res = GW_ERR_UNSUPPORTED;
 }
 
 const struct gw_backend_ops *gw_backend_cudnn_ops(void) {
   pthread_once(&load_once, load);
-  if (!loaded) gw__model_fail(load_res, "cudnn backend: cannot load its module: %s", load_error);
+  if (!loaded) gw__model_fail(GW_ERR_UNSUPPORTED, "cudnn backend: cannot load its module: %s", load_error);
   return loaded;
 }
 
