@@ -42,10 +42,12 @@ struct gw_op {
   void *recvbuf;
   uint8_t algo, proto; /* enum gw_algo (never auto), enum gw_proto: gw__run_op's choice */
   /* Stream-ordered operations (device.c): the caller's stream, whether the
-   * buffers are device memory, and the ticket of its start/done flags. */
+   * buffers are device memory, the ticket of its start/done flags, and (staged
+   * device buffers) the ticket of the staged operation before it, whose
+   * stream must be done with the staging buffers first (0: none). */
   bool ordered, device_mem;
   void *stream;
-  uint64_t ticket;
+  uint64_t ticket, stage_after;
 };
 
 /* A ring: this rank receives from prev and sends to next.  Ranks of one machine
@@ -211,10 +213,18 @@ bool gw__dev_ring_async(const struct gw_comm *comm);
 /* Classifies the buffers (host or device) and sets op's stream fields. */
 gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
                           size_t recv_elems, struct gw_errctx *err);
+/* How many hardware work queues the device's streams share (GW_DEV_QUEUES,
+ * else the device layer's; 0: each stream its own). */
+long gw__dev_queues(void);
 /* How many sequence numbers a stream-ordered op takes (its staging pieces). */
 uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op);
 void gw__dev_throttle(struct gw_comm *comm);
-gw_result_t gw__dev_enqueue_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+/* Under comm->mu: takes op's ticket (and makes the flags on first use). */
+gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+/* After op was queued for the progress thread, on the caller's thread: puts
+ * op's work on its stream (a failure is also op's, reported by the progress
+ * thread). */
+gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
 gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
 void gw__dev_free(struct gw_comm *comm);
 

@@ -12,15 +12,20 @@
  *
  * Device buffers travel through pinned host staging: the operation is cut into
  * pieces, and while the host algorithm (ring, tree, ...) reduces piece k over
- * whatever transport joins the ranks, the engine's own stream copies piece k+1
- * in and piece k-1 out.  Each piece is an operation of its own to the
- * algorithms, with its own sequence number (reserved at the call, so every
- * rank numbers them alike).
+ * whatever transport joins the ranks, the caller's stream copies piece k+1 in
+ * and piece k-1 out.  Every copy is put on the caller's stream at the call,
+ * between flag writes and waits per piece, so the progress thread enqueues no
+ * device work for a staged operation: a stream waiting for the host never
+ * holds up device work the host enqueues later (with streams sharing one
+ * hardware queue, CUDA_DEVICE_MAX_CONNECTIONS=1, that would never run).  Each
+ * piece is an operation of its own to the algorithms, with its own sequence
+ * number (reserved at the call, so every rank numbers them alike).
  *
  * Ranks whose ring neighbours are all on their machine keep device data on
- * the devices instead: the device ring (devring.c).  Without it (ranks on
- * several machines, no IPC, GW_DEV_IPC=0) device buffers go through the
- * staging above. */
+ * the devices instead: the device ring (devring.c), whose chunks the progress
+ * thread enqueues on its own stream as they go (so not with one hardware
+ * queue).  Without it (ranks on several machines, no IPC, GW_DEV_IPC=0, one
+ * queue) device buffers go through the staging above. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +39,23 @@
  * (agreed at init, gw__dev_ring_setup): the pieces of an operation must be
  * the same on every rank. */
 GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
+/* How many hardware work queues this rank's streams share: 0 (default) asks
+ * the device layer (CUDA: CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set).  A
+ * stream gets a queue when it is made, round robin, and work of two streams
+ * in one queue runs in the order it was enqueued.  With one queue there is no
+ * device ring (the caller's stream waits for the progress thread, whose ring
+ * work on the engine's stream would queue behind that wait and never run);
+ * with more, the device ring takes an engine stream that is seen to run
+ * while the caller's waits (pick_engine).  Another value overrides what the
+ * layer says (the GPU check sets 8 with CUDA_DEVICE_MAX_CONNECTIONS=1 to
+ * show the hang). */
+GW_PARAM(DevQueues, "GW_DEV_QUEUES", 0)
+
+long gw__dev_queues(void) {
+  const struct gw_dev_ops *dv = gw__dev();
+  if (gw__param_DevQueues() > 0) return gw__param_DevQueues();
+  return dv && dv->queues ? dv->queues() : 0;
+}
 
 
 
@@ -41,12 +63,31 @@ GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
  * operations may be outstanding (the caller waits beyond that). */
 #define GW_DEV_TICKETS 1024
 
+/* Engine streams at most: one more than the hardware queues (up to 32), so
+ * that at least one is in a queue other than any given caller's stream. */
+#define GW_DEV_POOL_MAX 33
+
+/* Flag values: piece k (from 1) of ticket t is t << 24 | k, the whole
+ * operation t << 24 | GW_DEV_ALL (done; a failure skips to it). */
+#define GW_DEV_PIECE_BITS 24
+#define GW_DEV_ALL ((UINT64_C(1) << GW_DEV_PIECE_BITS) - 1)
+static uint64_t fval(uint64_t t, uint64_t k) { return t << GW_DEV_PIECE_BITS | k; }
+
 struct gw_devstate {
   const struct gw_dev_ops *ops;
-  uint64_t *flags;      /* host_alloc: [GW_DEV_TICKETS] start flags, then the done flag */
+  uint64_t *flags;      /* host_alloc: [GW_DEV_TICKETS] start flags, the done flag, the staging's free flag */
   uint64_t next_ticket; /* the caller's side, under comm->mu */
-  /* The progress thread's side, made on first use on its device: */
+  uint64_t last_staged; /* the caller's side: the last staged operation's ticket */
+  _Atomic uint64_t enqueue_failed; /* the last ticket whose work the caller could not put on its stream */
+  /* The progress thread's side, made on first use on its device: the engine
+   * streams (the device ring's work; pool[0] only where the streams do not
+   * share hardware queues), the one in use, and the caller's stream it was
+   * last seen to run beside. */
   gw_dev_stream_t stream;
+  gw_dev_stream_t pool[GW_DEV_POOL_MAX];
+  int npool, engine;
+  void *engine_for;
+  uint64_t probe_seq;
   bool stream_made;
   char *stage[2];
   size_t stage_bytes;
@@ -57,6 +98,11 @@ struct gw_devstate {
 };
 
 static uint64_t *done_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS]; }
+/* The ticket of the last staged operation whose stream is done with the staging buffers. */
+static uint64_t *stage_free_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS + 1]; }
+/* Engine stream i's probe (pick_engine). */
+static uint64_t *probe_flag(struct gw_devstate *d, int i) { return &d->flags[GW_DEV_TICKETS + 2 + i]; }
+#define GW_DEV_NFLAGS (GW_DEV_TICKETS + 2 + GW_DEV_POOL_MAX)
 
 _Atomic bool gw__dev_given_up;
 
@@ -202,143 +248,12 @@ uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op) {
   return (op->desc.count + pc - 1) / pc;
 }
 
-/* ---- the caller's side ---------------------------------------------------------------------- */
-/* Before comm->mu is taken: a start flag is reused GW_DEV_TICKETS tickets
- * later, so the next ticket waits for the one that used its flag to be done.
- * (One thread drives a communicator at a time, so next_ticket is stable.) */
-void gw__dev_throttle(struct gw_comm *comm) {
-  struct gw_devstate *d = comm->dev;
-  if (!d || d->next_ticket + 1 <= GW_DEV_TICKETS) return;
-  uint64_t need = d->next_ticket + 1 - GW_DEV_TICKETS;
-  struct gw_waiter w;
-  gw__waiter_init(&w, 0);
-  while (atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) < need) gw__waiter_pause(&w);
+/* Whether op goes through the host staging (device buffers off the device ring). */
+static bool staged(const struct gw_comm *comm, const struct gw_op *op) {
+  return op->device_mem && !on_ring(comm, op);
 }
 
-/* Under comm->mu.  Makes the flags on first use, takes a ticket and enqueues
- * the flag write and wait on the caller's stream. */
-static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
-static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
-
-/* The flags, the engine's stream and (without a device ring) the staging
- * buffers, made on the caller's side before the first operation's flag wait
- * is queued: allocating pinned memory or a stream while one of our waits
- * spins may wait for the device, and the wait would wait for us. */
-static gw_result_t devstate_make(struct gw_comm *comm, struct gw_errctx *err) {
-  const struct gw_dev_ops *dv = gw__dev();
-  struct gw_devstate *d = calloc(1, sizeof *d);
-  if (!d) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
-  d->ops = dv;
-  void *flags = NULL;
-  if (dv->host_alloc(&flags, (GW_DEV_TICKETS + 1) * sizeof(uint64_t))) {
-    free(d);
-    return gw__dev_fail(err, comm, "allocating pinned host memory for the stream flags");
-  }
-  d->flags = flags;
-  comm->dev = d; /* from here gw__dev_free takes it back */
-  if (comm->device < 0) return GW_SUCCESS;
-  /* Staging serves operations below the ring's threshold too. */
-  return comm->devring && !comm->devring->min_bytes ? engine_stream(comm, d, err) : stage_ready(comm, d, err);
-}
-
-/* The calling thread on the communicator's device for the calls in between
- * (a thread other than gw_comm_init's may be on another one); *prev = -1
- * when nothing changed. */
-static gw_result_t device_enter(struct gw_comm *comm, int *prev, struct gw_errctx *err) {
-  const struct gw_dev_ops *dv = gw__dev();
-  int cur = -1;
-  *prev = -1;
-  if (comm->device < 0) return GW_SUCCESS;
-  if (dv->get_device(&cur)) return gw__dev_fail(err, comm, "asking for the calling thread's device");
-  if (cur == comm->device) return GW_SUCCESS;
-  if (dv->set_device(comm->device)) return gw__dev_fail(err, comm, "switching the calling thread to the device");
-  *prev = cur;
-  return GW_SUCCESS;
-}
-
-static void device_leave(int prev) {
-  if (prev >= 0) gw__dev()->set_device(prev);
-}
-
-gw_result_t gw__dev_enqueue_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
-  const struct gw_dev_ops *dv = gw__dev();
-  int prev;
-  GW_CHECK(device_enter(comm, &prev, err));
-  gw_result_t res = comm->dev ? GW_SUCCESS : devstate_make(comm, err);
-  struct gw_devstate *d = comm->dev;
-  if (res == GW_SUCCESS) {
-    uint64_t t = ++d->next_ticket;
-    gw_dev_stream_t s = op->stream;
-    if (dv->flag_write(&d->flags[t % GW_DEV_TICKETS], t, s) || dv->flag_wait(done_flag(d), t, s)) {
-      d->next_ticket--;
-      res = gw__dev_fail(err, comm, "enqueueing on the caller's stream");
-    } else {
-      op->ticket = t;
-    }
-  }
-  device_leave(prev);
-  return res;
-}
-
-/* ---- the progress thread's side ------------------------------------------------------------ */
-static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
-                              struct gw_errctx *err) {
-  _Atomic uint64_t *flag = (_Atomic uint64_t *)&d->flags[op->ticket % GW_DEV_TICKETS];
-  struct gw_waiter w;
-  gw__waiter_init(&w, 0);
-  double give_up = 0, next_query = gw__now() + 0.1;
-  while (atomic_load_explicit(flag, memory_order_acquire) < op->ticket) {
-    /* A fault on the caller's stream (an illegal address before our flag)
-     * leaves the flag unwritten, and is sticky: every call on the device
-     * reports it from then on, so our own stream is asked every 100 ms (not
-     * the caller's, which the caller may destroy once its work is queued). */
-    if (d->stream_made && gw__now() > next_query) {
-      int idle = 0;
-      if (d->ops->stream_idle(d->stream, &idle))
-        return gw__dev_fail(err, comm, "the device, while the caller's stream went to the operation,");
-      next_query = gw__now() + 0.1;
-    }
-    if (atomic_load(&comm->aborted))
-      return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while waiting for the stream to reach operation #%llu",
-                     comm->rank, (unsigned long long)op->desc.seq);
-    /* No deadline while the stream has work ahead (a forward pass may take long),
-     * but a communicator being destroyed waits GW_TIMEOUT at most. */
-    bool stopping = atomic_load(&comm->stopping);
-    if (stopping && give_up == 0) give_up = gw__now() + (comm->timeout_s > 0 ? comm->timeout_s : 1.0);
-    if (give_up && gw__now() > give_up) {
-      atomic_store(&d->abandoned, true);
-      atomic_store(&gw__dev_given_up, true);
-      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: gw_comm_destroy: the stream of operation #%llu never got to it "
-                     "(synchronize the streams before destroying the communicator)", comm->rank,
-                     (unsigned long long)op->desc.seq);
-    }
-    gw__waiter_pause(&w);
-  }
-  return GW_SUCCESS;
-}
-
-static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
-  if (!d->stream_made) {
-    if (d->ops->stream_create(&d->stream)) return gw__dev_fail(err, comm, "creating the engine's stream");
-    d->stream_made = true;
-  }
-  return GW_SUCCESS;
-}
-
-static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
-  GW_CHECK(engine_stream(comm, d, err));
-  if (!d->stage[0]) {
-    size_t bytes = stage_bytes_param(comm);
-    for (int i = 0; i < 2; i++) {
-      void *p = NULL;
-      if (d->ops->host_alloc(&p, bytes)) return gw__dev_fail(err, comm, "allocating pinned staging memory");
-      d->stage[i] = p;
-    }
-    d->stage_bytes = bytes;
-  }
-  return GW_SUCCESS;
-}
-
+/* ---- pieces of a staged operation ------------------------------------------------------ */
 /* The piece k of op as the host algorithms see it, in staging buffer buf,
  * and the copies that bring it in (in = true) or take it out. */
 struct piece {
@@ -389,44 +304,271 @@ static int piece_copies(const struct gw_comm *comm, const struct gw_dev_ops *dv,
   return r;
 }
 
+/* ---- the caller's side ---------------------------------------------------------------------- */
+/* Before comm->mu is taken: a start flag is reused GW_DEV_TICKETS tickets
+ * later, so the next ticket waits for the one that used its flag to be done.
+ * (One thread drives a communicator at a time, so next_ticket is stable.) */
+void gw__dev_throttle(struct gw_comm *comm) {
+  struct gw_devstate *d = comm->dev;
+  if (!d || d->next_ticket + 1 <= GW_DEV_TICKETS) return;
+  uint64_t need = fval(d->next_ticket + 1 - GW_DEV_TICKETS, GW_DEV_ALL);
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  while (atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) < need) gw__waiter_pause(&w);
+}
+
+/* Under comm->mu.  Makes the flags on first use, takes a ticket and enqueues
+ * the flag write and wait on the caller's stream. */
+static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
+static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
+
+/* The flags, the engine's stream and (without a device ring) the staging
+ * buffers, made on the caller's side before the first operation's flag wait
+ * is queued: allocating pinned memory or a stream while one of our waits
+ * spins may wait for the device, and the wait would wait for us. */
+static gw_result_t devstate_make(struct gw_comm *comm, struct gw_errctx *err) {
+  const struct gw_dev_ops *dv = gw__dev();
+  struct gw_devstate *d = calloc(1, sizeof *d);
+  if (!d) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+  d->ops = dv;
+  void *flags = NULL;
+  if (dv->host_alloc(&flags, GW_DEV_NFLAGS * sizeof(uint64_t))) {
+    free(d);
+    return gw__dev_fail(err, comm, "allocating pinned host memory for the stream flags");
+  }
+  d->flags = flags;
+  comm->dev = d; /* from here gw__dev_free takes it back */
+  if (comm->device < 0) return GW_SUCCESS;
+  /* Staging serves operations below the ring's threshold too. */
+  return comm->devring && !comm->devring->min_bytes ? engine_stream(comm, d, err) : stage_ready(comm, d, err);
+}
+
+/* The calling thread on the communicator's device for the calls in between
+ * (a thread other than gw_comm_init's may be on another one); *prev = -1
+ * when nothing changed. */
+static gw_result_t device_enter(struct gw_comm *comm, int *prev, struct gw_errctx *err) {
+  const struct gw_dev_ops *dv = gw__dev();
+  int cur = -1;
+  *prev = -1;
+  if (comm->device < 0) return GW_SUCCESS;
+  if (dv->get_device(&cur)) return gw__dev_fail(err, comm, "asking for the calling thread's device");
+  if (cur == comm->device) return GW_SUCCESS;
+  if (dv->set_device(comm->device)) return gw__dev_fail(err, comm, "switching the calling thread to the device");
+  *prev = cur;
+  return GW_SUCCESS;
+}
+
+static void device_leave(int prev) {
+  if (prev >= 0) gw__dev()->set_device(prev);
+}
+
+gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  int prev;
+  GW_CHECK(device_enter(comm, &prev, err));
+  gw_result_t res = comm->dev ? GW_SUCCESS : devstate_make(comm, err);
+  struct gw_devstate *d = comm->dev;
+  op->stage_after = 0;
+  if (res == GW_SUCCESS && staged(comm, op) && gw__dev_npieces(comm, op) >= GW_DEV_ALL)
+    res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %llu elements make more than %llu staging pieces of "
+                  "GW_DEV_STAGE_BYTES=%zu; raise it", comm->rank, (unsigned long long)op->desc.count,
+                  (unsigned long long)GW_DEV_ALL - 1, stage_bytes_param(comm));
+  if (res == GW_SUCCESS) {
+    op->ticket = ++d->next_ticket;
+    if (staged(comm, op)) {
+      op->stage_after = d->last_staged;
+      d->last_staged = op->ticket;
+    }
+  }
+  device_leave(prev);
+  return res;
+}
+
+/* A staged operation on its stream: wait until the staged operation before it
+ * (maybe on another stream) has copied its last piece out; then per piece k
+ * copy it in and say so (start flag = piece k + 1), and once the host has
+ * reduced it (done flag) copy it out, behind the copy in of piece k + 1, so
+ * the stream moves one piece while the host reduces the next. */
+static int enqueue_staged(const struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op) {
+  const struct gw_dev_ops *dv = d->ops;
+  gw_dev_stream_t s = op->stream;
+  const uint64_t t = op->ticket, np = gw__dev_npieces(comm, op);
+  uint64_t *start = &d->flags[t % GW_DEV_TICKETS];
+  if (op->stage_after && dv->flag_wait(stage_free_flag(d), op->stage_after, s)) return 1;
+  struct piece p;
+  for (uint64_t k = 0; k <= np; k++) {
+    if (k < np) {
+      piece_of(comm, op, k, d->stage[k % 2], &p);
+      if (piece_copies(comm, dv, s, op, &p, d->stage[k % 2], true) || dv->flag_write(start, fval(t, k + 1), s))
+        return 1;
+    }
+    if (k >= 1) {
+      piece_of(comm, op, k - 1, d->stage[(k - 1) % 2], &p);
+      if (dv->flag_wait(done_flag(d), fval(t, k), s) || piece_copies(comm, dv, s, op, &p, d->stage[(k - 1) % 2], false))
+        return 1;
+    }
+  }
+  /* The end of the operation (a failure also skips here), then the buffers are free. */
+  return dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s) || dv->flag_write(stage_free_flag(d), t, s);
+}
+
+gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
+  struct gw_devstate *d = comm->dev;
+  const struct gw_dev_ops *dv = d->ops;
+  const uint64_t t = op->ticket;
+  gw_dev_stream_t s = op->stream;
+  int prev;
+  gw_result_t res = device_enter(comm, &prev, err);
+  if (res == GW_SUCCESS) {
+    int rc = staged(comm, op) ? enqueue_staged(comm, d, op)
+                              : dv->flag_write(&d->flags[t % GW_DEV_TICKETS], fval(t, 1), s) ||
+                                    dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s);
+    if (rc) res = gw__dev_fail(err, comm, "enqueueing on the caller's stream");
+    device_leave(prev);
+  }
+  if (res != GW_SUCCESS) {
+    /* The progress thread fails the operation instead of waiting for it, and
+     * the next staged operation does not wait for this one's stream. */
+    if (staged(comm, op)) atomic_store_explicit((_Atomic uint64_t *)stage_free_flag(d), t, memory_order_release);
+    atomic_store_explicit(&d->enqueue_failed, t, memory_order_release);
+  }
+  return res;
+}
+
+/* ---- the progress thread's side ------------------------------------------------------------ */
+/* Until the caller's stream wrote piece k's start (k = 0: the operation's). */
+static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op, uint64_t k,
+                              struct gw_errctx *err) {
+  _Atomic uint64_t *flag = (_Atomic uint64_t *)&d->flags[op->ticket % GW_DEV_TICKETS];
+  const uint64_t want = fval(op->ticket, k + 1);
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  double give_up = 0, next_query = gw__now() + 0.1;
+  while (atomic_load_explicit(flag, memory_order_acquire) < want) {
+    if (atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) >= op->ticket)
+      return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the caller's stream",
+                     comm->rank, (unsigned long long)op->desc.seq);
+    /* A fault on the caller's stream (an illegal address before our flag)
+     * leaves the flag unwritten, and is sticky: every call on the device
+     * reports it from then on, so our own stream is asked every 100 ms (not
+     * the caller's, which the caller may destroy once its work is queued). */
+    if (d->stream_made && gw__now() > next_query) {
+      int idle = 0;
+      if (d->ops->stream_idle(d->stream, &idle))
+        return gw__dev_fail(err, comm, "the device, while the caller's stream went to the operation,");
+      next_query = gw__now() + 0.1;
+    }
+    if (atomic_load(&comm->aborted))
+      return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while waiting for the stream to reach operation #%llu",
+                     comm->rank, (unsigned long long)op->desc.seq);
+    /* No deadline while the stream has work ahead (a forward pass may take long),
+     * but a communicator being destroyed waits GW_TIMEOUT at most. */
+    bool stopping = atomic_load(&comm->stopping);
+    if (stopping && give_up == 0) give_up = gw__now() + (comm->timeout_s > 0 ? comm->timeout_s : 1.0);
+    if (give_up && gw__now() > give_up) {
+      atomic_store(&d->abandoned, true);
+      atomic_store(&gw__dev_given_up, true);
+      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: gw_comm_destroy: the stream of operation #%llu never got to it "
+                     "(synchronize the streams before destroying the communicator)", comm->rank,
+                     (unsigned long long)op->desc.seq);
+    }
+    gw__waiter_pause(&w);
+  }
+  return GW_SUCCESS;
+}
+
+/* The engine streams, made on the caller's side before its first wait (making
+ * a stream may wait for the device).  One where streams do not share queues;
+ * else one more than the queues: made one after another, round robin, they
+ * take every queue, so some run beside any caller's stream. */
+static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
+  if (!d->stream_made) {
+    const long q = gw__dev_queues();
+    const int want = q >= 2 && comm->devring ? (int)GW_MIN(q, GW_DEV_POOL_MAX - 1) + 1 : 1;
+    for (; d->npool < want; d->npool++)
+      if (d->ops->stream_create(&d->pool[d->npool])) {
+        if (d->npool) break; /* fewer to choose from */
+        return gw__dev_fail(err, comm, "creating the engine's stream");
+      }
+    d->stream = d->pool[0];
+    d->stream_made = true;
+  }
+  return GW_SUCCESS;
+}
+
+/* Before a device-ring operation, with the caller's stream waiting on the
+ * done flag: an engine stream whose work runs now.  Where streams share
+ * hardware queues, one in the caller's stream's queue would run nothing
+ * behind that wait, and the operation would never end (CUDA's stream memory
+ * operations warn of it).  Each try writes a probe flag on a stream and waits
+ * for it briefly; the one that answered last time for this caller's stream is
+ * tried first, and answers at once when it still may. */
+static gw_result_t pick_engine(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
+                               struct gw_errctx *err) {
+  if (d->npool <= 1) return GW_SUCCESS;
+  const int first = op->stream == d->engine_for ? d->engine : 0;
+  for (int round = 0; round < 2; round++) {
+    const double patience = round ? 1.0 : 0.02; /* a busy device's front end: the second round */
+    for (int k = 0; k < d->npool; k++) {
+      const int i = (first + k) % d->npool;
+      _Atomic uint64_t *f = (_Atomic uint64_t *)probe_flag(d, i);
+      const uint64_t v = ++d->probe_seq;
+      if (d->ops->flag_write((uint64_t *)f, v, d->pool[i])) return gw__dev_fail(err, comm, "probing an engine stream");
+      const double until = gw__now() + patience;
+      struct gw_waiter w;
+      gw__waiter_init(&w, 0);
+      while (atomic_load_explicit(f, memory_order_acquire) < v && gw__now() < until) gw__waiter_pause(&w);
+      if (atomic_load_explicit(f, memory_order_acquire) >= v) {
+        if (i != d->engine || op->stream != d->engine_for)
+          GW_INFO(GW_SUB_PROXY, "rank %d: engine stream %d of %d runs beside the caller's stream %p", comm->rank, i,
+                  d->npool, op->stream);
+        d->engine = i, d->engine_for = op->stream, d->stream = d->pool[i];
+        return GW_SUCCESS;
+      }
+    }
+  }
+  return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu: none of the %d engine streams runs while the caller's "
+                 "stream waits (the streams share %ld hardware queues; GW_DEV_IPC=0 takes host staging instead)",
+                 comm->rank, (unsigned long long)op->desc.seq, d->npool, gw__dev_queues());
+}
+
+static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
+  GW_CHECK(engine_stream(comm, d, err));
+  if (!d->stage[0]) {
+    size_t bytes = stage_bytes_param(comm);
+    for (int i = 0; i < 2; i++) {
+      void *p = NULL;
+      if (d->ops->host_alloc(&p, bytes)) return gw__dev_fail(err, comm, "allocating pinned staging memory");
+      d->stage[i] = p;
+    }
+    d->stage_bytes = bytes;
+  }
+  return GW_SUCCESS;
+}
+
+/* The host's half of a staged operation: each piece once the caller's stream
+ * has copied it in (enqueue_staged), then the stream may copy it out. */
 static gw_result_t run_staged(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
                               struct gw_errctx *err) {
-  GW_CHECK(stage_ready(comm, d, err));
-  const struct gw_dev_ops *dv = d->ops;
-  uint64_t np = gw__dev_npieces(comm, op);
-  struct piece cur, next;
-  piece_of(comm, op, 0, d->stage[0], &cur);
-  next = cur;
-  if (piece_copies(comm, dv, d->stream, op, &cur, d->stage[0], true)) return gw__dev_fail(err, comm, "copying in");
+  const uint64_t np = gw__dev_npieces(comm, op);
   for (uint64_t k = 0; k < np; k++) {
-    char *buf = d->stage[k % 2], *nbuf = d->stage[(k + 1) % 2];
-    /* Piece k is in (and piece k-1 out of the other buffer); start k+1's copy
-     * in behind k-1's copy out, then reduce k while they run. */
-    if (dv->stream_sync(d->stream)) return gw__dev_fail(err, comm, "waiting for the staging copies");
-    if (k + 1 < np) {
-      piece_of(comm, op, k + 1, nbuf, &next);
-      if (piece_copies(comm, dv, d->stream, op, &next, nbuf, true)) return gw__dev_fail(err, comm, "copying in");
-    }
-    gw_result_t res = gw__run_op(comm, &cur.sub, err);
-    if (res != GW_SUCCESS) {
-      dv->stream_sync(d->stream);
-      return res;
-    }
-    if (piece_copies(comm, dv, d->stream, op, &cur, buf, false)) return gw__dev_fail(err, comm, "copying out");
-    cur = next;
+    GW_CHECK(wait_start(comm, d, op, k, err));
+    struct piece p;
+    piece_of(comm, op, k, d->stage[k % 2], &p);
+    GW_CHECK(gw__run_op(comm, &p.sub, err));
+    if (k + 1 < np) atomic_store_explicit((_Atomic uint64_t *)done_flag(d), fval(op->ticket, k + 1), memory_order_release);
   }
-  if (dv->stream_sync(d->stream)) return gw__dev_fail(err, comm, "waiting for the staging copies");
   return GW_SUCCESS;
 }
 
 gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   struct gw_devstate *d = comm->dev;
-  gw_result_t res = wait_start(comm, d, op, err);
+  gw_result_t res = staged(comm, op) ? GW_SUCCESS : wait_start(comm, d, op, 0, err);
   if (res == GW_SUCCESS) {
-    if (!op->device_mem || on_ring(comm, op)) {
+    if (!staged(comm, op)) {
       struct gw_op run = *op;
       run.ordered = false;
-      if (op->device_mem && (res = engine_stream(comm, d, err)) == GW_SUCCESS) {
+      if (op->device_mem && (res = engine_stream(comm, d, err)) == GW_SUCCESS &&
+          (res = pick_engine(comm, d, op, err)) == GW_SUCCESS) {
         struct gw_devring *dr = comm->devring;
         struct gw_ring *r0 = &comm->rings[0];
         dr->stream = d->stream;
@@ -452,7 +594,7 @@ gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx
   }
   /* Always let the stream go on: on failure its output is undefined and the
    * error is the communicator's (gw_comm_get_async_error, gw_wait). */
-  atomic_store_explicit((_Atomic uint64_t *)done_flag(d), op->ticket, memory_order_release);
+  atomic_store_explicit((_Atomic uint64_t *)done_flag(d), fval(op->ticket, GW_DEV_ALL), memory_order_release);
   return res;
 }
 
@@ -460,9 +602,9 @@ gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx
 void gw__dev_free(struct gw_comm *comm) {
   struct gw_devstate *d = comm->dev;
   if (!d) return;
-  if (d->stream_made) {
-    d->ops->stream_sync(d->stream);
-    d->ops->stream_destroy(d->stream);
+  for (int i = 0; i < d->npool; i++) {
+    d->ops->stream_sync(d->pool[i]);
+    d->ops->stream_destroy(d->pool[i]);
   }
   comm->dev_abandoned = atomic_load(&d->abandoned) || atomic_load(&gw__dev_given_up);
   if (comm->dev_abandoned)

@@ -170,8 +170,15 @@ bool gw__dev_ring_async(const struct gw_comm *comm) { return comm->devring && co
  * ring 0's neighbours reached over shared memory (same machine). */
 static bool ring_candidate(const struct gw_comm *comm) {
   const struct gw_ring *r = &comm->rings[0];
-  return comm->device >= 0 && gw__dev() && gw__param_DevIpc() != 0 && r->send.tp && r->recv.tp &&
-         r->send.tp->position && r->recv.tp->position;
+  if (!(comm->device >= 0 && gw__dev() && gw__param_DevIpc() != 0 && r->send.tp && r->recv.tp &&
+        r->send.tp->position && r->recv.tp->position))
+    return false;
+  if (gw__dev_queues() == 1) {
+    GW_WARN(GW_SUB_INIT, "rank %d: the device's streams share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1): "
+            "no device ring, device buffers go through host staging", comm->rank);
+    return false;
+  }
+  return true;
 }
 
 static void flags_unregister(struct gw_devring *dr) {

@@ -224,10 +224,10 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     return res;
   }
   if (op->ordered) {
-    /* Stream-ordered: the caller's stream gets the flag write and wait now, in
-     * the same order as the queue. */
+    /* Stream-ordered: a ticket now, in the same order as the queue; the
+     * stream's work goes on it once the operation is queued (below). */
     struct gw_errctx err;
-    res = gw__dev_enqueue_locked(comm, op, &err);
+    res = gw__dev_reserve_locked(comm, op, &err);
     if (res != GW_SUCCESS) {
       pthread_mutex_unlock(&comm->mu);
       gw__comm_set_error(comm, err.msg);
@@ -247,6 +247,18 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   comm->q_tail = req;
   pthread_cond_signal(&comm->work_cv);
   pthread_mutex_unlock(&comm->mu);
+  if (op->ordered) {
+    /* Queued first: a full stream queue may block these launches until the
+     * stream runs, and the stream may wait for the progress thread to run
+     * this very operation (the staging's pieces).  A failure here is the
+     * operation's too (the progress thread fails it). */
+    struct gw_errctx err;
+    gw_result_t er = gw__dev_enqueue(comm, op, &err);
+    if (er != GW_SUCCESS) {
+      gw__comm_set_error(comm, err.msg);
+      if (detached) return er;
+    }
+  }
   if (detached) return GW_SUCCESS; /* req may be gone already */
   if (reqp) {
     *reqp = req;

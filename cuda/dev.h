@@ -98,6 +98,12 @@ struct gw_dev_ops {
    * that only the progress thread's kernels release, a first launch there
    * would never return.  Called when a communicator binds its device. */
   int (*preload)(void);
+  /* How many hardware work queues the streams of a device share (CUDA: the
+   * process's CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set; the emulator:
+   * GW_DEV_EMU_CONNECTIONS, 0 for one per stream).  Work of two streams in
+   * one queue runs in the order it was enqueued, so with one queue a stream
+   * that waits (flag_wait) for the host holds up every stream behind it. */
+  int (*queues)(void);
 
   /* IPC: a handle for an allocation made by alloc (its base pointer), opened
    * once by another process of the same machine; close unmaps. */

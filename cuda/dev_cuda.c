@@ -380,6 +380,16 @@ static int cu_ipc_close(void *p) {
   return e == cudaSuccess ? 0 : cu_fail(e, "cudaIpcCloseMemHandle(%p)", p);
 }
 
+/* CUDA_DEVICE_MAX_CONNECTIONS as the runtime reads it at context creation
+ * (1..32; 8 when unset or not a number). */
+static int cu_queues(void) {
+  const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  char *end = NULL;
+  long n = v && *v ? strtol(v, &end, 10) : 8;
+  if (!v || !*v || *end || n < 1) return 8;
+  return n > 32 ? 32 : (int)n;
+}
+
 static const struct gw_dev_ops cuda_ops = {
     .name = "cuda",
     .device_count = cu_device_count,
@@ -413,6 +423,7 @@ static const struct gw_dev_ops cuda_ops = {
     .ipc_open = cu_ipc_open,
     .ipc_close = cu_ipc_close,
     .preload = cu_preload,
+    .queues = cu_queues,
     .error = cu_error,
 };
 

@@ -297,6 +297,8 @@ struct item {
   uint64_t v;
   double seconds;
   struct gw_dev_event *ev; /* referenced by a flag item on an event's counter */
+  struct conn *conn;       /* the work queue it went into (GW_DEV_EMU_CONNECTIONS), or NULL */
+  uint64_t cticket;        /* its place in that queue */
 };
 
 struct gw_dev_stream {
@@ -310,6 +312,7 @@ struct gw_dev_stream {
   struct gw_dev_stream *prev_all, *next_all; /* every live stream (all_mu) */
   int refs;                                  /* device_sync_all's holds (all_mu) */
   bool gone;                                 /* its thread ended; freed at the last release (all_mu) */
+  struct conn *conn;                         /* its device's work queue (GW_DEV_EMU_CONNECTIONS), or NULL */
 };
 
 /* Every stream of the process, for the implicit synchronization of free. */
@@ -449,6 +452,75 @@ static void run_item(const struct item *it) {
   }
 }
 
+/* GW_DEV_EMU_CONNECTIONS=N (tests): the streams of a device share N work
+ * queues, as a CUDA context's share CUDA_DEVICE_MAX_CONNECTIONS hardware
+ * queues (8 by default): a stream is given one when it is made, round robin
+ * (the default stream first), and the items of every stream in a queue run
+ * in the order they were enqueued, so a wait blocks everything queued behind
+ * it on the other streams too.  Code that makes a stream wait for work the
+ * host enqueues only later deadlocks here with N = 1, as on a GPU (the
+ * driver's stream memory operations warn of it).  0 or unset: every stream
+ * runs on its own. */
+struct conn {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t next, serving; /* the next ticket to give, the one that may run */
+};
+
+#define EMU_MAX_DEVICES 64
+static long conns_per_dev = -1;
+static struct conn *conns;       /* [EMU_MAX_DEVICES][conns_per_dev] */
+static unsigned conn_rr[EMU_MAX_DEVICES];
+static pthread_once_t conns_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t conn_rr_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void conns_read(void) {
+  const char *v = getenv("GW_DEV_EMU_CONNECTIONS");
+  long n = v && *v ? strtol(v, NULL, 10) : 0;
+  conns_per_dev = n > 32 ? 32 : n > 0 ? n : 0;
+  if (!conns_per_dev) return;
+  conns = calloc((size_t)EMU_MAX_DEVICES * (size_t)conns_per_dev, sizeof *conns);
+  if (!conns) {
+    fprintf(stderr, "gradwire device emulator: GW_DEV_EMU_CONNECTIONS: out of memory, streams run apart\n");
+    conns_per_dev = 0;
+    return;
+  }
+  for (long i = 0; i < EMU_MAX_DEVICES * conns_per_dev; i++) {
+    pthread_mutex_init(&conns[i].mu, NULL);
+    pthread_cond_init(&conns[i].cv, NULL);
+  }
+}
+
+/* The emulated number of work queues per device (0: unlimited). */
+static int emu_queues(void) {
+  pthread_once(&conns_once, conns_read);
+  return (int)conns_per_dev;
+}
+
+static struct conn *conn_assign(int dev) {
+  if (!emu_queues() || dev < 0 || dev >= EMU_MAX_DEVICES) return NULL;
+  pthread_mutex_lock(&conn_rr_mu);
+  unsigned k = conn_rr[dev]++ % (unsigned)conns_per_dev;
+  pthread_mutex_unlock(&conn_rr_mu);
+  return &conns[(size_t)dev * (size_t)conns_per_dev + k];
+}
+
+/* The stream's thread before and after running an item: its turn in the queue. */
+static void conn_enter(const struct item *it) {
+  if (!it->conn) return;
+  pthread_mutex_lock(&it->conn->mu);
+  while (it->conn->serving != it->cticket) pthread_cond_wait(&it->conn->cv, &it->conn->mu);
+  pthread_mutex_unlock(&it->conn->mu);
+}
+
+static void conn_leave(const struct item *it) {
+  if (!it->conn) return;
+  pthread_mutex_lock(&it->conn->mu);
+  it->conn->serving++;
+  pthread_cond_broadcast(&it->conn->cv);
+  pthread_mutex_unlock(&it->conn->mu);
+}
+
 /* The stream's thread.  It owns the stream once stop is set and frees it after
  * the last item, as cudaStreamDestroy lets queued work finish. */
 static void *stream_main(void *arg) {
@@ -459,7 +531,9 @@ static void *stream_main(void *arg) {
     if (!s->head) break;
     struct item *it = s->head;
     pthread_mutex_unlock(&s->mu);
+    conn_enter(it);
     run_item(it);
+    conn_leave(it);
     event_unref(it->ev);
     pthread_mutex_lock(&s->mu);
     s->head = it->next;
@@ -486,6 +560,7 @@ static int stream_new(struct gw_dev_stream **out) {
   pthread_cond_init(&s->work_cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
   s->device = cur_dev;
+  s->conn = conn_assign(cur_dev);
   pthread_t th;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -578,6 +653,12 @@ static int push(gw_dev_stream_t s0, const struct item *tmpl) {
   pthread_once(&queue_once, queue_read);
   pthread_mutex_lock(&s->mu);
   while (s->enqueued - s->finished >= (uint64_t)queue_max && !s->stop) pthread_cond_wait(&s->idle_cv, &s->mu);
+  it->conn = s->conn;
+  if (it->conn) { /* under s->mu: the stream's items take their places in its order */
+    pthread_mutex_lock(&it->conn->mu);
+    it->cticket = it->conn->next++;
+    pthread_mutex_unlock(&it->conn->mu);
+  }
   if (s->tail) s->tail->next = it;
   else s->head = it;
   s->tail = it;
@@ -690,6 +771,7 @@ static const struct gw_dev_ops emu_ops = {
     .stream_wait_event = emu_stream_wait_event,
     .sleep_async = emu_sleep_async,
     .preload = emu_preload,
+    .queues = emu_queues,
     .ipc_get = emu_ipc_get,
     .ipc_open = emu_ipc_open,
     .ipc_close = emu_ipc_close,

@@ -155,25 +155,30 @@ fi
 
 # ---- 2. the GPU suite ------------------------------------------------------------------
 suite_fail=0
-gpu_case() { # N:CASE, or Na:CASE for the stream-ordered device ring (GW_DEV_ASYNC=1)
-  local n=${1%%:*} c=${1#*:} a=0 t0 rc verdict
+gpu_case() { # N:CASE; Na:CASE: the stream-ordered device ring (GW_DEV_ASYNC=1); NqK:CASE: the streams
+  # in K hardware queues (CUDA_DEVICE_MAX_CONNECTIONS=K; with 1, no device ring)
+  local n=${1%%:*} c=${1#*:} a=0 q= t0 rc verdict
+  case $n in *q*) q=${n#*q} n=${n%%q*} ;; esac
   case $n in *a) a=1 n=${n%a} ;; esac
   local sfx=
   [ $a = 1 ] && sfx=-async
+  [ -n "$q" ] && sfx=$sfx-q$q
   local name=n$n$sfx:$c
   want "$name" || return 0
   t0=$(date +%s)
-  (export GW_TEST_NRANKS=$n CK_RUN_CASE=$c GW_DEV_ASYNC=$a; run_to 60 "$B/test/test_device") \
-    >"$OUT/gpu-suite-${name/:/-}.txt" 2>&1
+  (export GW_TEST_NRANKS=$n CK_RUN_CASE=$c GW_DEV_ASYNC=$a
+   [ -n "$q" ] && export CUDA_DEVICE_MAX_CONNECTIONS=$q
+   run_to 60 "$B/test/test_device") >"$OUT/gpu-suite-${name/:/-}.txt" 2>&1
   rc=$?
   verdict=$([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)"))
   [ $rc = 0 ] || suite_fail=1
-  say "gpu suite, $n ranks$([ $a = 1 ] && echo ", stream-ordered"), $c: $verdict in $(($(date +%s) - t0)) s: $(grep -E 'Checks:' "$OUT/gpu-suite-${name/:/-}.txt" | tail -1)"
+  say "gpu suite, $n ranks$([ $a = 1 ] && echo ", stream-ordered")$([ -n "$q" ] && echo ", $q hardware queue(s)"), $c: $verdict in $(($(date +%s) - t0)) s: $(grep -E 'Checks:' "$OUT/gpu-suite-${name/:/-}.txt" | tail -1)"
   [ $rc = 0 ] || tail -20 "$OUT/gpu-suite-${name/:/-}.txt"
 }
 # Every case at 2 ranks, each under its own limit (a hang costs that case
 # only; dead-peer, never run on a GPU, last), then the grid at 3 and 4.
-for run in 2:grid 2:ordering 2:misuse 2:destroy 2:bucketer 2:ipc 2:teardown 2:dead-peer 3:grid 4:grid; do
+for run in 2:grid 2:ordering 2:streams 2:queues 2:misuse 2:destroy 2:bucketer 2:ipc 2:teardown 2:dead-peer 3:grid \
+           4:grid; do
   gpu_case "$run"
 done
 
@@ -324,12 +329,29 @@ fi
 # leaves no room for is said and skipped (not failed); a second call gets it,
 # with the synchronized runs beside it for the comparison:
 #   GW_CHECK_ONLY="n2-async:grid n3-async:grid n4:dead-midop n4-async:dead-midop
+#     n2-q1:ordering n2-q1:grid n2-q2:queues n2-async-q2:queues one-queue-ring
 #     gw-perf-device-n2 gw-perf-device-n2-async gw-perf-device-n4
 #     gw-perf-device-n4-async gw-train-n2 gw-train-n2-async" scripts/gpu-check.sh /tmp/gpu2
 if [ -x "$B/test/test_device" ]; then
   for run in 2a:grid 3a:grid 4:dead-midop 4a:dead-midop; do
     budget 60 "gpu suite case $run" && gpu_case "$run"
   done
+fi
+# Streams sharing hardware queues: with one (CUDA_DEVICE_MAX_CONNECTIONS=1)
+# no device ring, every staged copy on the caller's stream; with two, the
+# device ring takes an engine stream outside the caller's stream's queue
+# ('queues' makes streams that share it).  Then the hang these avoid, shown
+# once: the device ring forced on with one queue (GW_DEV_QUEUES=8), 20 s.
+if [ -x "$B/test/test_device" ]; then
+  for run in 2q1:ordering 2q1:grid 2q2:queues 2aq2:queues; do
+    budget 60 "gpu suite case $run" && gpu_case "$run"
+  done
+  if want one-queue-ring && budget 25 "one-queue-ring"; then
+    (export GW_TEST_NRANKS=2 CK_RUN_CASE=ordering CUDA_DEVICE_MAX_CONNECTIONS=1 GW_DEV_QUEUES=8
+     run_to 20 "$B/test/test_device") >"$OUT/one-queue-ring.txt" 2>&1
+    rc=$?
+    say "device ring forced on with one hardware queue (expected to hang): $([ $rc = 0 ] && echo "did NOT hang (the queues did not serialize the streams)" || echo "hung or failed (exit $rc), as expected")"
+  fi
 fi
 budget 60 "gw-perf-device-n2-async" && perf gw-perf-device-n2-async 2 GW_DEV_ASYNC=1 -D
 budget 60 "gw-perf-device-n4-async" && perf gw-perf-device-n4-async 4 GW_DEV_ASYNC=1 -D

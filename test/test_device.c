@@ -98,6 +98,15 @@ static double expect_reduce(gw_dtype_t dt, int op, int n, size_t i) {
   return load(dt, tmp, 0);
 }
 
+/* Whether the device's streams share one hardware queue (GW_DEV_EMU_CONNECTIONS=1,
+ * CUDA_DEVICE_MAX_CONNECTIONS=1): then no device ring, and a stream waiting
+ * for the host holds up every other. */
+static int one_queue(void) {
+  const char *q = getenv("GW_DEV_QUEUES");
+  if (q && *q && atoi(q) > 0) return atoi(q) == 1;
+  return dv && dv->queues && dv->queues() == 1;
+}
+
 /* ---- the grid ------------------------------------------------------------------------------ */
 static const size_t grid_counts[] = {0, 1, 7, 1023, 65537, 300007};
 #define MAXC 300007
@@ -160,6 +169,7 @@ static int body_grid(gw_comm_t comm, int rank, int n, void *arg) {
   const char *async_env = getenv("GW_DEV_ASYNC");
   if (comm->devring && async_env && strcmp(async_env, "0") != 0)
     EXPECT(gw__dev_ring_async(comm), "GW_DEV_ASYNC=%s, but the device ring is synchronized per chunk", async_env);
+  if (one_queue()) EXPECT(!comm->devring, "one hardware queue, yet a device ring (its stream would wait behind the caller's)");
   struct grid_bufs b = {.bytes = (size_t)MAXC * (size_t)n * 8 + 64};
   DCHECK(dv->stream_create(&b.s));
   DCHECK(dv->alloc((void **)&b.dsend, b.bytes));
@@ -288,6 +298,87 @@ static int body_ordering(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(ordering) { ck_assert_int_eq(run_ranks(2, body_ordering, NULL, 300), 0); }
+
+/* ---- two streams ------------------------------------------------------------------------------ */
+/* Staged operations on two streams in turn with no host synchronization
+ * between them: the staging buffers serve both, so each operation's stream
+ * must wait until the one before it (on the other stream) has copied its last
+ * piece out.  Run with GW_DEV_EMU_DELAY_US, so the two streams run out of
+ * step; without that wait the pieces of one land in the other's output. */
+#define STREAMS_ROUNDS 8
+static int body_streams(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  const size_t count = 100003; /* several staging pieces of 64 KiB */
+  gw_dev_stream_t s[2];
+  int32_t *din[STREAMS_ROUNDS], *dout[STREAMS_ROUNDS], *h[STREAMS_ROUNDS];
+  for (int j = 0; j < 2; j++) DCHECK(dv->stream_create(&s[j]));
+  for (int r = 0; r < STREAMS_ROUNDS; r++) {
+    DCHECK(dv->alloc((void **)&din[r], count * 4));
+    DCHECK(dv->alloc((void **)&dout[r], count * 4));
+    DCHECK(dv->host_alloc((void **)&h[r], count * 4));
+    for (size_t i = 0; i < count; i++) h[r][i] = (int32_t)(i % 1000) * (r + 1) + rank;
+  }
+  for (int r = 0; r < STREAMS_ROUNDS; r++) {
+    DCHECK(dv->memcpy_async(din[r], h[r], count * 4, s[r % 2]));
+    GWCHECK(gw_allreduce(din[r], dout[r], count, GW_INT32, GW_SUM, comm, s[r % 2]), comm);
+    DCHECK(dv->memcpy_async(h[r], dout[r], count * 4, s[r % 2]));
+  }
+  for (int j = 0; j < 2; j++) DCHECK(dv->stream_sync(s[j]));
+  gw_result_t async;
+  EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS && async == GW_SUCCESS, "async error: %s",
+         gw_comm_last_error(comm));
+  for (int r = 0; r < STREAMS_ROUNDS; r++)
+    for (size_t i = 0; i < count; i++)
+      EXPECT(h[r][i] == (int32_t)(n * (int)(i % 1000) * (r + 1) + n * (n - 1) / 2),
+             "round %d (stream %d): element %zu is %d", r, r % 2, i, h[r][i]);
+  for (int r = 0; r < STREAMS_ROUNDS; r++) {
+    DCHECK(dv->free(din[r]));
+    DCHECK(dv->free(dout[r]));
+    DCHECK(dv->host_free(h[r]));
+  }
+  for (int j = 0; j < 2; j++) DCHECK(dv->stream_destroy(s[j]));
+  return 0;
+}
+
+START_TEST(streams) { ck_assert_int_eq(run_ranks(2, body_streams, NULL, 300), 0); }
+
+/* ---- streams sharing hardware queues ------------------------------------------------------------ */
+/* Run with GW_DEV_EMU_CONNECTIONS=2 (CUDA_DEVICE_MAX_CONNECTIONS=2): a
+ * stream is given a queue when it is made, round robin, so of these streams
+ * some share a queue with the engine's stream the device ring would use.  A
+ * caller's stream waiting for the progress thread would then hold up the
+ * ring's own work behind it for good; the progress thread finds an engine
+ * stream that answers while the caller's waits. */
+#define QUEUES_STREAMS 5
+static int body_queues(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  const size_t count = 1 << 18; /* on the device ring where there is one */
+  gw_dev_stream_t s[QUEUES_STREAMS];
+  int32_t *d, *h;
+  DCHECK(dv->alloc((void **)&d, count * 4));
+  DCHECK(dv->host_alloc((void **)&h, count * 4));
+  for (int j = 0; j < QUEUES_STREAMS; j++) DCHECK(dv->stream_create(&s[j]));
+  for (int round = 0; round < 2; round++) {
+    for (int j = 0; j < QUEUES_STREAMS; j++) {
+      for (size_t i = 0; i < count; i++) h[i] = (int32_t)(i % 77) + rank + j;
+      DCHECK(dv->memcpy_async(d, h, count * 4, s[j]));
+      GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s[j]), comm);
+      DCHECK(dv->memcpy_async(h, d, count * 4, s[j]));
+      DCHECK(dv->stream_sync(s[j]));
+      for (size_t i = 0; i < count; i++)
+        EXPECT(h[i] == (int32_t)(n * ((int)(i % 77) + j) + n * (n - 1) / 2), "round %d, stream %d: element %zu is %d",
+               round, j, i, h[i]);
+    }
+  }
+  for (int j = 0; j < QUEUES_STREAMS; j++) DCHECK(dv->stream_destroy(s[j]));
+  DCHECK(dv->free(d));
+  DCHECK(dv->host_free(h));
+  return 0;
+}
+
+START_TEST(queues) { ck_assert_int_eq(run_ranks(2, body_queues, NULL, 120), 0); }
 END_TEST
 
 /* ---- misuse ------------------------------------------------------------------------------------ */
@@ -573,6 +664,11 @@ static int body_destroy(int rank, int n, const char *master, void *arg) {
   gw_comm_destroy(comm); /* gives up on the operation after the timeout instead of hanging */
   double took = test_now() - t0;
   EXPECT(took < 10, "gw_comm_destroy took %.1f s", took);
+  if (one_queue()) { /* s2 would queue behind s, which waits for the host to open it after s2's sync */
+    atomic_store((_Atomic uint64_t *)closed, 1);
+    DCHECK(dv->stream_sync(s));
+    return 0;
+  }
   /* Another communicator destroyed while that stream still waits: freeing its
    * buffers would wait for the stream too (CUDA synchronizes the device there,
    * and so does the emulator), so it leaks them instead of hanging. */
@@ -671,8 +767,8 @@ static int body_settings(int rank, int n, const char *master, void *arg) {
   /* With equal settings every run of this suite has a ring unless IPC is off
    * (the -staged runs); the GPU suite's one GPU maps its own memory. */
   const char *ipc = getenv("GW_DEV_IPC");
-  const int want_ring = mode != SET_CHUNK && !(ipc && !strcmp(ipc, "0"));
   dv = gw__dev();
+  const int want_ring = mode != SET_CHUNK && !(ipc && !strcmp(ipc, "0")) && !one_queue();
   gw_comm_t comm;
   GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
   const int ring = comm->devring != NULL;
@@ -786,10 +882,10 @@ int main(void) {
   tcase_add_test(tc, grid);
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
-  const char *names[] = {"ordering", "misuse", "dead-peer", "dead-midop", "destroy", "bucketer", "ipc", "teardown",
-                         "settings"};
-  const TTest *tests[] = {ordering, misuse, dead_peer, dead_midop, destroy, bucketer, ipc, teardown, settings};
-  for (int i = 0; i < 9; i++) {
+  const char *names[] = {"ordering", "streams", "queues", "misuse", "dead-peer", "dead-midop", "destroy", "bucketer", "ipc",
+                         "teardown", "settings"};
+  const TTest *tests[] = {ordering, streams, queues, misuse, dead_peer, dead_midop, destroy, bucketer, ipc, teardown, settings};
+  for (int i = 0; i < 11; i++) {
     tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);
