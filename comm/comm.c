@@ -402,8 +402,10 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
 static void comm_free(struct gw_comm *c) {
   if (!c) return;
   gw__channels_stop(c);
+  const int prev_dev = gw__dev_switch(c);
   gw__dev_free(c);
   gw__dev_ring_free(c);
+  gw__dev_switch_back(prev_dev);
   for (int ch = 0; ch < GW_MAX_CHANNELS; ch++) {
     gw__conn_close(&c->rings[ch].send);
     gw__conn_close(&c->rings[ch].recv);

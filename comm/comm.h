@@ -43,11 +43,12 @@ struct gw_op {
   uint8_t algo, proto; /* enum gw_algo (never auto), enum gw_proto: gw__run_op's choice */
   /* Stream-ordered operations (device.c): the caller's stream, whether the
    * buffers are device memory, the ticket of its start/done flags, and (staged
-   * device buffers) the ticket of the staged operation before it, whose
-   * stream must be done with the staging buffers first (0: none). */
+   * device buffers, or the stream-ordered device ring) the ticket of the
+   * operation of its kind before it, whose stream must be done with the
+   * staging buffers, or the ring's twins and counters, first (0: none). */
   bool ordered, device_mem;
   void *stream;
-  uint64_t ticket, stage_after;
+  uint64_t ticket, after;
 };
 
 /* A ring: this rank receives from prev and sends to next.  Ranks of one machine
@@ -205,6 +206,10 @@ uint32_t gw__dev_caps(void);
 /* After the rings are connected: the device-memory twins of ring 0's slots,
  * when every rank can have them (one collective step for all ranks). */
 gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err);
+/* The caller's side of a stream-ordered device-ring operation: the ring's
+ * schedule for op with every primitive's device work put on stream now
+ * (ring.c; the progress thread runs it again for the headers). */
+gw_result_t gw__ring_emit(struct gw_comm *comm, const struct gw_op *op, void *stream, struct gw_errctx *err);
 /* The device ring's chunk size, or 0 when op does not run on it. */
 size_t gw__dev_ring_chunk(const struct gw_comm *comm, const struct gw_op *op);
 void gw__dev_ring_free(struct gw_comm *comm);
@@ -227,6 +232,10 @@ gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struc
 gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
 gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
 void gw__dev_free(struct gw_comm *comm);
+/* The calling thread on comm's device (destroy frees its device memory
+ * there); returns what to give gw__dev_switch_back (-1: nothing changed). */
+int gw__dev_switch(struct gw_comm *comm);
+void gw__dev_switch_back(int prev);
 
 /* Records msg as the communicator's last error. */
 void gw__comm_set_error(struct gw_comm *comm, const char *msg);

@@ -22,10 +22,13 @@
  * number (reserved at the call, so every rank numbers them alike).
  *
  * Ranks whose ring neighbours are all on their machine keep device data on
- * the devices instead: the device ring (devring.c), whose chunks the progress
- * thread enqueues on its own stream as they go (so not with one hardware
- * queue).  Without it (ranks on several machines, no IPC, GW_DEV_IPC=0, one
- * queue) device buffers go through the staging above. */
+ * the devices instead: the device ring (devring.c).  Synchronized (the
+ * default), the progress thread enqueues its chunks on an engine stream as
+ * they go, one that runs beside the caller's stream (pick_engine; with one
+ * hardware queue there is none, so no device ring); stream-ordered
+ * (GW_DEV_ASYNC), the caller's thread puts the whole operation on its stream
+ * at the call.  Without it (ranks on several machines, no IPC, GW_DEV_IPC=0,
+ * one queue) device buffers go through the staging above. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +81,7 @@ struct gw_devstate {
   uint64_t *flags;      /* host_alloc: [GW_DEV_TICKETS] start flags, the done flag, the staging's free flag */
   uint64_t next_ticket; /* the caller's side, under comm->mu */
   uint64_t last_staged; /* the caller's side: the last staged operation's ticket */
+  uint64_t last_ring;   /* and the last stream-ordered device-ring operation's */
   _Atomic uint64_t enqueue_failed; /* the last ticket whose work the caller could not put on its stream */
   /* The progress thread's side, made on first use on its device: the engine
    * streams (the device ring's work; pool[0] only where the streams do not
@@ -100,9 +104,12 @@ struct gw_devstate {
 static uint64_t *done_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS]; }
 /* The ticket of the last staged operation whose stream is done with the staging buffers. */
 static uint64_t *stage_free_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS + 1]; }
+/* The ticket of the last stream-ordered device-ring operation whose stream
+ * has done all its device work (the next may touch the twins and counters). */
+static uint64_t *ring_free_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS + 2]; }
 /* Engine stream i's probe (pick_engine). */
-static uint64_t *probe_flag(struct gw_devstate *d, int i) { return &d->flags[GW_DEV_TICKETS + 2 + i]; }
-#define GW_DEV_NFLAGS (GW_DEV_TICKETS + 2 + GW_DEV_POOL_MAX)
+static uint64_t *probe_flag(struct gw_devstate *d, int i) { return &d->flags[GW_DEV_TICKETS + 3 + i]; }
+#define GW_DEV_NFLAGS (GW_DEV_TICKETS + 3 + GW_DEV_POOL_MAX)
 
 _Atomic bool gw__dev_given_up;
 
@@ -253,6 +260,11 @@ static bool staged(const struct gw_comm *comm, const struct gw_op *op) {
   return op->device_mem && !on_ring(comm, op);
 }
 
+/* Whether op is on the stream-ordered device ring (its device work emitted at the call). */
+static bool emitted(const struct gw_comm *comm, const struct gw_op *op) {
+  return on_ring(comm, op) && comm->devring->async;
+}
+
 /* ---- pieces of a staged operation ------------------------------------------------------ */
 /* The piece k of op as the host algorithms see it, in staging buffer buf,
  * and the copies that bring it in (in = true) or take it out. */
@@ -362,12 +374,22 @@ static void device_leave(int prev) {
   if (prev >= 0) gw__dev()->set_device(prev);
 }
 
+int gw__dev_switch(struct gw_comm *comm) {
+  struct gw_errctx err;
+  int prev = -1;
+  if (comm->device >= 0 && device_enter(comm, &prev, &err) != GW_SUCCESS)
+    GW_WARN(GW_SUB_INIT, "%s (freeing on the calling thread's device)", err.msg);
+  return prev;
+}
+
+void gw__dev_switch_back(int prev) { device_leave(prev); }
+
 gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   int prev;
   GW_CHECK(device_enter(comm, &prev, err));
   gw_result_t res = comm->dev ? GW_SUCCESS : devstate_make(comm, err);
   struct gw_devstate *d = comm->dev;
-  op->stage_after = 0;
+  op->after = 0;
   if (res == GW_SUCCESS && staged(comm, op) && gw__dev_npieces(comm, op) >= GW_DEV_ALL)
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %llu elements make more than %llu staging pieces of "
                   "GW_DEV_STAGE_BYTES=%zu; raise it", comm->rank, (unsigned long long)op->desc.count,
@@ -375,8 +397,11 @@ gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struc
   if (res == GW_SUCCESS) {
     op->ticket = ++d->next_ticket;
     if (staged(comm, op)) {
-      op->stage_after = d->last_staged;
+      op->after = d->last_staged;
       d->last_staged = op->ticket;
+    } else if (emitted(comm, op)) {
+      op->after = d->last_ring;
+      d->last_ring = op->ticket;
     }
   }
   device_leave(prev);
@@ -393,7 +418,7 @@ static int enqueue_staged(const struct gw_comm *comm, struct gw_devstate *d, con
   gw_dev_stream_t s = op->stream;
   const uint64_t t = op->ticket, np = gw__dev_npieces(comm, op);
   uint64_t *start = &d->flags[t % GW_DEV_TICKETS];
-  if (op->stage_after && dv->flag_wait(stage_free_flag(d), op->stage_after, s)) return 1;
+  if (op->after && dv->flag_wait(stage_free_flag(d), op->after, s)) return 1;
   struct piece p;
   for (uint64_t k = 0; k <= np; k++) {
     if (k < np) {
@@ -411,6 +436,25 @@ static int enqueue_staged(const struct gw_comm *comm, struct gw_devstate *d, con
   return dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s) || dv->flag_write(stage_free_flag(d), t, s);
 }
 
+/* A stream-ordered device-ring operation on its stream: after the one before
+ * it (maybe on another stream) has done its device work, the start flag, every
+ * chunk's waits, copies and kernels and counter writes (gw__ring_emit), the
+ * flag that says so (start = piece 2), and the wait for the host's verdict. */
+static gw_result_t enqueue_emitted(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
+                                   struct gw_errctx *err) {
+  const struct gw_dev_ops *dv = d->ops;
+  gw_dev_stream_t s = op->stream;
+  const uint64_t t = op->ticket;
+  uint64_t *start = &d->flags[t % GW_DEV_TICKETS];
+  if ((op->after && dv->flag_wait(ring_free_flag(d), op->after, s)) || dv->flag_write(start, fval(t, 1), s))
+    return gw__dev_fail(err, comm, "enqueueing on the caller's stream");
+  GW_CHECK(gw__ring_emit(comm, op, s, err));
+  if (dv->flag_write(ring_free_flag(d), t, s) || dv->flag_write(start, fval(t, 2), s) ||
+      dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s))
+    return gw__dev_fail(err, comm, "enqueueing on the caller's stream");
+  return GW_SUCCESS;
+}
+
 gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
   struct gw_devstate *d = comm->dev;
   const struct gw_dev_ops *dv = d->ops;
@@ -419,16 +463,22 @@ gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct
   int prev;
   gw_result_t res = device_enter(comm, &prev, err);
   if (res == GW_SUCCESS) {
-    int rc = staged(comm, op) ? enqueue_staged(comm, d, op)
-                              : dv->flag_write(&d->flags[t % GW_DEV_TICKETS], fval(t, 1), s) ||
-                                    dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s);
-    if (rc) res = gw__dev_fail(err, comm, "enqueueing on the caller's stream");
+    if (emitted(comm, op)) {
+      res = enqueue_emitted(comm, d, op, err);
+    } else {
+      int rc = staged(comm, op) ? enqueue_staged(comm, d, op)
+                                : dv->flag_write(&d->flags[t % GW_DEV_TICKETS], fval(t, 1), s) ||
+                                      dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s);
+      if (rc) res = gw__dev_fail(err, comm, "enqueueing on the caller's stream");
+    }
     device_leave(prev);
   }
   if (res != GW_SUCCESS) {
     /* The progress thread fails the operation instead of waiting for it, and
-     * the next staged operation does not wait for this one's stream. */
+     * the next operation of its kind does not wait for this one's stream (a
+     * stream whose work could not all be queued is not ours to count on). */
     if (staged(comm, op)) atomic_store_explicit((_Atomic uint64_t *)stage_free_flag(d), t, memory_order_release);
+    if (emitted(comm, op)) atomic_store_explicit((_Atomic uint64_t *)ring_free_flag(d), t, memory_order_release);
     atomic_store_explicit(&d->enqueue_failed, t, memory_order_release);
   }
   return res;
@@ -483,7 +533,7 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
 static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
   if (!d->stream_made) {
     const long q = gw__dev_queues();
-    const int want = q >= 2 && comm->devring ? (int)GW_MIN(q, GW_DEV_POOL_MAX - 1) + 1 : 1;
+    const int want = q >= 2 && comm->devring && !comm->devring->async ? (int)GW_MIN(q, GW_DEV_POOL_MAX - 1) + 1 : 1;
     for (; d->npool < want; d->npool++)
       if (d->ops->stream_create(&d->pool[d->npool])) {
         if (d->npool) break; /* fewer to choose from */
@@ -560,38 +610,54 @@ static gw_result_t run_staged(struct gw_comm *comm, struct gw_devstate *d, const
   return GW_SUCCESS;
 }
 
+/* A device-ring operation synchronized per chunk, or host buffers ordered on a
+ * stream: once the caller's stream got to it, the progress thread runs it
+ * (the device ring's work on an engine stream that runs beside the caller's). */
+static gw_result_t run_direct(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
+                              struct gw_errctx *err) {
+  GW_CHECK(wait_start(comm, d, op, 0, err));
+  struct gw_op run = *op;
+  run.ordered = false;
+  if (!op->device_mem) return gw__run_op(comm, &run, err);
+  GW_CHECK(engine_stream(comm, d, err));
+  GW_CHECK(pick_engine(comm, d, op, err));
+  comm->devring->stream = d->stream;
+  gw_result_t res = gw__run_op(comm, &run, err); /* the device ring */
+  /* Nothing of it may still run on the device when the caller's stream goes on. */
+  if (d->ops->stream_sync(d->stream) && res == GW_SUCCESS)
+    res = gw__dev_fail(err, comm, "waiting for the device ring's stream");
+  return res;
+}
+
+/* A stream-ordered device-ring operation: its device work went on the caller's
+ * stream at the call; the progress thread sends and checks its headers, waits
+ * for the stream to say it is done (releasing it where neighbours fail), and
+ * takes part in the barrier that makes it good everywhere or nowhere. */
+static gw_result_t run_emitted(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
+                               struct gw_errctx *err) {
+  gw_result_t res = wait_start(comm, d, op, 0, err);
+  if (res != GW_SUCCESS) {
+    /* The stream may reach the operation later: let its waits pass then. */
+    gw__dev_ring_release(comm);
+    return res;
+  }
+  struct gw_op run = *op;
+  run.ordered = false;
+  res = gw__run_op(comm, &run, err); /* the headers */
+  const struct gw_ring_end e = {.finished = &d->flags[op->ticket % GW_DEV_TICKETS],
+                                .want = fval(op->ticket, 2),
+                                .unqueued = &d->enqueue_failed,
+                                .ticket = op->ticket,
+                                .query = d->stream_made ? d->stream : NULL};
+  return gw__dev_ring_end(comm, op, res, &e, err);
+}
+
 gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   struct gw_devstate *d = comm->dev;
-  gw_result_t res = staged(comm, op) ? GW_SUCCESS : wait_start(comm, d, op, 0, err);
-  if (res == GW_SUCCESS) {
-    if (!staged(comm, op)) {
-      struct gw_op run = *op;
-      run.ordered = false;
-      if (op->device_mem && (res = engine_stream(comm, d, err)) == GW_SUCCESS &&
-          (res = pick_engine(comm, d, op, err)) == GW_SUCCESS) {
-        struct gw_devring *dr = comm->devring;
-        struct gw_ring *r0 = &comm->rings[0];
-        dr->stream = d->stream;
-        dr->dtype = op->desc.dtype;
-        dr->kop = op->desc.op == GW_AVG ? GW_KOP_SUM : op->desc.op;
-        dr->in_base = r0->recv.tp->position(&r0->recv);
-        dr->out_base = r0->send.tp->position(&r0->send);
-      }
-      if (res == GW_SUCCESS) res = gw__run_op(comm, &run, err); /* the device ring when device_mem */
-      /* Nothing of it may still run on the device when the caller's stream
-       * goes on; stream-ordered, every rank's stream must have finished with
-       * data from live streams before any rank calls the result good. */
-      if (op->device_mem && d->stream_made && comm->devring->async)
-        res = gw__dev_ring_end(comm, op, res, err);
-      else if (op->device_mem && d->stream_made && d->ops->stream_sync(d->stream) && res == GW_SUCCESS)
-        res = gw__dev_fail(err, comm, "waiting for the device ring's stream");
-    } else {
-      res = run_staged(comm, d, op, err);
-    }
-    if (res != GW_SUCCESS) gw__comm_fail(comm, &op->desc, res, err);
-  } else {
-    gw__comm_fail(comm, &op->desc, res, err);
-  }
+  gw_result_t res = staged(comm, op)    ? run_staged(comm, d, op, err)
+                    : emitted(comm, op) ? run_emitted(comm, d, op, err)
+                                        : run_direct(comm, d, op, err);
+  if (res != GW_SUCCESS) gw__comm_fail(comm, &op->desc, res, err);
   /* Always let the stream go on: on failure its output is undefined and the
    * error is the communicator's (gw_comm_get_async_error, gw_wait). */
   atomic_store_explicit((_Atomic uint64_t *)done_flag(d), fval(op->ticket, GW_DEV_ALL), memory_order_release);

@@ -3,10 +3,12 @@
  * ring 0's shared-memory FIFOs has a twin in the receiver's device memory,
  * which the sender maps once by IPC handle (cudaIpcOpenMemHandle).  A
  * primitive moves the payload into the peer's twin (a copy, or the reduction
- * kernel writing there directly) on the engine's stream, and the chunk's
- * header goes over the host FIFO as always, so sequence numbers, call checks,
- * deadlines, dead peers and abort notices work unchanged.  How the streams of
- * neighbours are ordered: a host synchronization per chunk (the default), or
+ * kernel writing there directly), and the chunk's header goes over the host
+ * FIFO as always, so sequence numbers, call checks, deadlines, dead peers and
+ * abort notices work unchanged.  How the streams of neighbours are ordered:
+ * the progress thread runs each chunk's work on the engine's stream and
+ * synchronizes it before the header goes out (the default), or the caller's
+ * thread puts the whole operation on the caller's stream at the call, with
  * counters the streams write and wait on (GW_DEV_ASYNC).  Here: setup and
  * teardown (agreement between ranks, IPC mapping, the counters' pages), the
  * primitives, and the end of a stream-ordered operation.  device.c decides
@@ -38,24 +40,20 @@ GW_PARAM(DevCopyEngine, "GW_DEV_COPY_ENGINE", 0)
  * 0's is every rank's (agreed at init with the ring). */
 GW_PARAM(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10)
 /* How the device ring orders one rank's stream with its neighbours': 0
- * (default) the engine's stream is synchronized before each chunk's header
- * goes out (a host round trip per chunk); 1 (stream-ordered) nothing waits on
- * the host per chunk: each connection's shared page holds two counters that
- * the streams write and wait on (the driver's stream memory operations), the
- * sender's "payload ready" and the receiver's "twin read", and the host waits
- * for its stream once per operation.  Used only when every rank asks for it
- * and could register both pages. */
+ * (default) the progress thread runs each chunk's work on the engine's stream
+ * and synchronizes it before the chunk's header goes out (a host round trip
+ * per chunk); 1 (stream-ordered) the caller's thread puts the whole
+ * operation's device work on the caller's stream at the call, and the
+ * streams order the chunks between them: each connection's shared page holds
+ * two counters that the streams write and wait on (the driver's stream memory
+ * operations), the sender's "chunks ready" and the receiver's "chunks read";
+ * the progress thread sends the headers (every check as ever) and waits once
+ * per operation.  Used only when every rank asks for it and could register
+ * both pages. */
 GW_PARAM(DevAsync, "GW_DEV_ASYNC", 0)
 /* At destroy, how long a rank waits for its ring predecessor to unmap this
  * rank's twins before it frees them (gw__dev_ring_free). */
 GW_PARAM(DevUnmapWaitMs, "GW_DEV_UNMAP_WAIT_MS", 2000)
-
-/* How many chunks each way a host may enqueue ahead of its stream when
- * stream-ordered: a CUDA stream's queue is finite, and a launch into a full
- * one blocks in the driver, where a dead neighbour's missing counter write
- * would hold the thread for good; a wait here keeps every check running.
- * 16 chunks of 4 MiB: far more than the pipeline needs. */
-#define GW_DEV_AHEAD 16
 
 /* What a failed operation stores in the counters its stream waits on, so the
  * stream runs to its end instead of waiting for a peer that will never write. */
@@ -105,37 +103,56 @@ static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, doub
   return GW_SUCCESS;
 }
 
-/* The end of a stream-ordered device-ring operation: the host waits for the
- * engine's stream, which may still wait on its neighbours' streams.  Those
- * waits end when the neighbours' streams get there, unless a neighbour died,
- * the operation failed on the host (its peers may never send the rest), the
- * communicator was aborted, or GW_TIMEOUT passes: then the counters this
- * stream waits on are set past anything it waits for (again and again, as a
- * live neighbour's stream may still store a lower count), so the stream runs
- * out its queued work, on garbage, and the operation fails. */
-static gw_result_t ring_drain(struct gw_comm *comm, const struct gw_op *op, gw_result_t res, struct gw_errctx *err) {
+/* The end of a stream-ordered device-ring operation: the host waits until the
+ * caller's stream has done the operation's device work (its flag), which may
+ * still wait on its neighbours' streams.  Those waits end when the
+ * neighbours' streams get there, unless a neighbour died, the operation
+ * failed on the host (its peers may never send the rest), the communicator
+ * was aborted, or GW_TIMEOUT passes: then the counters this stream waits on
+ * are set past anything it waits for (again and again, as a live neighbour's
+ * stream may still store a lower count), so the stream runs out its work, on
+ * garbage, and the operation fails.  A device fault is sticky: our own
+ * stream, asked every 100 ms, reports it (the caller may have destroyed its
+ * stream since). */
+static gw_result_t ring_drain(struct gw_comm *comm, const struct gw_op *op, gw_result_t res,
+                              const struct gw_ring_end *e, struct gw_errctx *err) {
   const struct gw_devring *dr = comm->devring;
   const double start = gw__now();
-  double next_look = start + 0.1;
+  double next_look = start + 0.1, next_query = start + 0.1;
   bool release = res != GW_SUCCESS;
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
   for (;;) {
     int idle = 0;
-    if (dr->ops->stream_idle(dr->stream, &idle)) {
-      return res != GW_SUCCESS ? res : gw__dev_fail(err, comm, "the device ring's stream");
+    if (atomic_load_explicit(e->unqueued, memory_order_acquire) >= e->ticket) {
+      /* The rest never went on the stream, so it may never say it is done
+       * (and the caller was told the call failed). */
+      gw__dev_ring_release(comm);
+      return res != GW_SUCCESS ? res
+                               : gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the "
+                                         "caller's stream", comm->rank, (unsigned long long)op->desc.seq);
     }
-    if (idle) return res;
+    if (atomic_load_explicit((const _Atomic uint64_t *)e->finished, memory_order_acquire) >= e->want) break;
+    if (gw__now() > next_query) {
+      next_query = gw__now() + 0.1;
+      if (e->query && dr->ops->stream_idle(e->query, &idle))
+        return res != GW_SUCCESS ? res : gw__dev_fail(err, comm, "the device, while the device ring's stream ran,");
+    }
     if (!release) {
       res = ring_watch(comm, op, start, &next_look, err);
       release = res != GW_SUCCESS;
     }
-    if (release) {
-      atomic_store_explicit((_Atomic uint64_t *)dr->ready_in, GW_DEV_FLAG_RELEASE, memory_order_release);
-      atomic_store_explicit((_Atomic uint64_t *)dr->read_out, GW_DEV_FLAG_RELEASE, memory_order_release);
-    }
+    if (release) gw__dev_ring_release(comm);
     gw__waiter_pause(&w);
   }
+  return res;
+}
+
+void gw__dev_ring_release(struct gw_comm *comm) {
+  const struct gw_devring *dr = comm->devring;
+  if (!dr || !dr->async) return;
+  atomic_store_explicit((_Atomic uint64_t *)dr->ready_in, GW_DEV_FLAG_RELEASE, memory_order_release);
+  atomic_store_explicit((_Atomic uint64_t *)dr->read_out, GW_DEV_FLAG_RELEASE, memory_order_release);
 }
 
 /* Stream-ordered, a header no longer vouches for its data: a rank whose
@@ -153,8 +170,9 @@ static gw_result_t ring_confirm(struct gw_comm *comm, const struct gw_op *op, st
   return gw__run_op(comm, &bar, err);
 }
 
-gw_result_t gw__dev_ring_end(struct gw_comm *comm, const struct gw_op *op, gw_result_t res, struct gw_errctx *err) {
-  res = ring_drain(comm, op, res, err);
+gw_result_t gw__dev_ring_end(struct gw_comm *comm, const struct gw_op *op, gw_result_t res,
+                             const struct gw_ring_end *e, struct gw_errctx *err) {
+  res = ring_drain(comm, op, res, e, err);
   return res == GW_SUCCESS ? ring_confirm(comm, op, err) : res;
 }
 
@@ -216,9 +234,7 @@ static bool flags_register(struct gw_comm *comm, struct gw_devring *dr) {
   dr->read_in = r->recv.tp->dev_flag(&r->recv, 1);
   dr->ready_out = r->send.tp->dev_flag(&r->send, 0);
   dr->read_out = r->send.tp->dev_flag(&r->send, 1);
-  dr->last_fill = calloc(dr->nslots, sizeof *dr->last_fill);
-  if (!dr->last_fill) flags_unregister(dr);
-  return dr->last_fill != NULL;
+  return true;
 }
 
 /* Unregistering may wait for a stream that never ends (see gw__dev_given_up):
@@ -232,7 +248,6 @@ static void ring_free(struct gw_comm *comm, struct gw_devring *dr) {
   if (!dr) return;
   if (atomic_load(&gw__dev_given_up)) flags_leave(comm, dr);
   else flags_unregister(dr);
-  free(dr->last_fill);
   if (dr->send_twin) dr->ops->ipc_close(dr->send_twin);
   if (dr->recv_twin) dr->ops->free(dr->recv_twin);
   free(dr);
@@ -311,6 +326,16 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
     int32_t opened = dv->ipc_open(&all[comm->rings[0].next].ipc, &peer) == 0, *oks = calloc((size_t)comm->nranks, 4);
     if (!opened) GW_WARN(GW_SUB_INIT, "rank %d: cannot map rank %d's device memory: %s", comm->rank,
                          comm->rings[0].next, dv->error());
+    /* Mapped is not reachable: our kernels write the twins, which on another
+     * GPU needs peer access (else the first write faults the context). */
+    int is_dev = 0, pdev = -1, reach = 1;
+    if (opened && dv->ptr_kind(peer, &is_dev, &pdev) == 0 && is_dev && pdev != comm->device &&
+        (dv->can_access_peer(comm->device, pdev, &reach) || !reach)) {
+      GW_WARN(GW_SUB_INIT, "rank %d: device %d cannot reach rank %d's device %d (no peer access)", comm->rank,
+              comm->device, comm->rings[0].next, pdev);
+      if (!atomic_load(&gw__dev_given_up)) dv->ipc_close(peer);
+      opened = 0;
+    }
     dr->send_twin = opened ? peer : NULL;
     if (!oks) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
@@ -395,7 +420,6 @@ void gw__dev_ring_free(struct gw_comm *comm) {
      * everything stays mapped and allocated (gw__dev_free warned), and the
      * successor, never told, keeps its twins too after its wait. */
     flags_leave(comm, dr);
-    free(dr->last_fill);
     free(dr);
     comm->devring = NULL;
     return;
@@ -409,10 +433,11 @@ void gw__dev_ring_free(struct gw_comm *comm) {
   comm->devring = NULL;
 }
 
-/* The twin of the slot a connection handles next. */
+/* The twin of the slot a connection handles next: by the FIFO's position
+ * (synchronized), or by the device chunks' own count (stream-ordered). */
 static char *twin_of(const struct prims *p, struct gw_conn *c, bool send) {
   const struct gw_devring *dr = p->dev;
-  uint64_t pos = c->tp->position(c);
+  uint64_t pos = dr->async ? (send ? dr->dseq_out : dr->dseq_in) : c->tp->position(c);
   return (send ? dr->send_twin : dr->recv_twin) + (size_t)(pos % dr->nslots) * dr->chunk;
 }
 
@@ -421,65 +446,34 @@ static gw_result_t dev_err(struct prims *p, const char *what) {
                  p->dev->ops->error());
 }
 
-/* Stream-ordered: waits until this rank's stream is less than GW_DEV_AHEAD
- * chunks behind its host on each side the next primitive touches (the
- * counters its own stream writes; positions before the operation count as
- * done, its stream was idle then). */
-static gw_result_t ahead_wait(struct prims *p, bool in, bool out) {
-  const struct gw_devring *dr = p->dev;
-  const uint64_t rpos = in ? p->ring->recv.tp->position(&p->ring->recv) : 0;
-  const uint64_t spos = out ? p->ring->send.tp->position(&p->ring->send) : 0;
-  double start = 0, next_look = 0;
-  struct gw_waiter w;
-  gw__waiter_init(&w, 0);
-  for (;;) {
-    uint64_t rdone = atomic_load_explicit((_Atomic uint64_t *)dr->read_in, memory_order_acquire);
-    uint64_t sdone = atomic_load_explicit((_Atomic uint64_t *)dr->ready_out, memory_order_acquire);
-    if ((!in || rpos < GW_MAX(rdone, dr->in_base) + GW_DEV_AHEAD) &&
-        (!out || spos < GW_MAX(sdone, dr->out_base) + GW_DEV_AHEAD))
-      return GW_SUCCESS;
-    if (start == 0) start = gw__now(), next_look = start + 0.1;
-    const double looked = next_look;
-    GW_CHECK(ring_watch(p->comm, p->op, start, &next_look, p->err));
-    int idle = 0; /* a device fault stops the stream for good: asked as often as ring_watch looks */
-    if (next_look != looked && dr->ops->stream_idle(dr->stream, &idle)) return dev_err(p, "stream");
-    gw__waiter_pause(&w);
-  }
-}
-
 /* Around the work of a primitive that reads this rank's twin (in) and/or
  * writes the successor's (out).
  * Synchronized (the default): after the work, the engine's stream finishes
  * it before the chunk's header goes out and the received slot is released.
- * Stream-ordered (GW_DEV_ASYNC): before the work the stream waits until the
- * predecessor's stream has written the payload of the chunk it reads (the
- * header came first, the data may still be on its way), and until the
- * successor's stream has read what was last written into the twin it writes
- * (host chunks between them leave that slot's last device use behind, hence
- * last_fill rather than the position one FIFO depth back); after it, it says
- * what it did in the same counters, and the host goes on at once.  Every wait
- * is enqueued after the host saw the chunk, or the release, whose counter
- * write its peer had enqueued before: no cycle, so no deadlock. */
+ * Stream-ordered (GW_DEV_ASYNC, emitted at the call onto the caller's
+ * stream): before the work the stream waits until the predecessor's stream
+ * has written the chunk it reads, and until the successor's stream has read
+ * the chunk one twin-ring back from the slot it writes; after it, it says
+ * what it did in the same counters.  Each wait is for a write its peer's
+ * stream makes after waits on earlier chunks only (the schedule's order),
+ * so every rank's stream gets through once every rank has called; one that
+ * does not, dies or fails is met by ring_drain's release. */
 static gw_result_t dbefore(struct prims *p, bool in, bool out) {
-  const struct gw_devring *dr = p->dev;
+  struct gw_devring *dr = p->dev;
   if (!dr->async) return GW_SUCCESS;
-  GW_CHECK(ahead_wait(p, in, out));
   int r = 0;
-  if (in) r = dr->ops->flag_wait(dr->ready_in, p->ring->recv.tp->position(&p->ring->recv) + 1, dr->stream);
-  if (!r && out) {
-    uint64_t pos = p->ring->send.tp->position(&p->ring->send), *last = &dr->last_fill[pos % dr->nslots];
-    if (*last) r = dr->ops->flag_wait(dr->read_out, *last, dr->stream);
-    *last = pos + 1;
-  }
+  if (in) r = dr->ops->flag_wait(dr->ready_in, dr->dseq_in + 1, p->stream);
+  if (!r && out && dr->dseq_out >= dr->nslots)
+    r = dr->ops->flag_wait(dr->read_out, dr->dseq_out - dr->nslots + 1, p->stream);
   return r ? dev_err(p, "stream wait on a peer") : GW_SUCCESS;
 }
 
 static gw_result_t dafter(struct prims *p, bool in, bool out) {
-  const struct gw_devring *dr = p->dev;
-  if (!dr->async) return p->dev->ops->stream_sync(p->dev->stream) ? dev_err(p, "stream") : GW_SUCCESS;
+  struct gw_devring *dr = p->dev;
+  if (!dr->async) return dr->ops->stream_sync(p->stream) ? dev_err(p, "stream") : GW_SUCCESS;
   int r = 0;
-  if (in) r = dr->ops->flag_write(dr->read_in, p->ring->recv.tp->position(&p->ring->recv) + 1, dr->stream);
-  if (!r && out) r = dr->ops->flag_write(dr->ready_out, p->ring->send.tp->position(&p->ring->send) + 1, dr->stream);
+  if (in) r = dr->ops->flag_write(dr->read_in, ++dr->dseq_in, p->stream);
+  if (!r && out) r = dr->ops->flag_write(dr->ready_out, ++dr->dseq_out, p->stream);
   return r ? dev_err(p, "stream flag write") : GW_SUCCESS;
 }
 
@@ -491,10 +485,10 @@ static gw_result_t dcopy(struct prims *p, void *dst0, void *dst1, const void *sr
   const size_t bytes = n * p->es;
   int r;
   if (dr->copy_engine) {
-    r = dr->ops->memcpy_async(dst0, src, bytes, dr->stream);
-    if (!r && dst1) r = dr->ops->memcpy_async(dst1, src, bytes, dr->stream);
+    r = dr->ops->memcpy_async(dst0, src, bytes, p->stream);
+    if (!r && dst1) r = dr->ops->memcpy_async(dst1, src, bytes, p->stream);
   } else {
-    r = dr->ops->copy_async(dst0, dst1, src, bytes, dr->stream);
+    r = dr->ops->copy_async(dst0, dst1, src, bytes, p->stream);
   }
   return r ? dev_err(p, "copy") : GW_SUCCESS;
 }
@@ -503,73 +497,98 @@ static gw_result_t dreduce(struct prims *p, void *dst0, void *dst1, const void *
                            uint32_t div) {
   const struct gw_devring *dr = p->dev;
   if (!n) return GW_SUCCESS;
-  return dr->ops->reduce_async(dst0, dst1, a, b, n, dr->dtype, dr->kop, div, dr->stream) ? dev_err(p, "reduction")
-                                                                                         : GW_SUCCESS;
+  const int kop = p->op->desc.op == GW_AVG ? GW_KOP_SUM : p->op->desc.op;
+  return dr->ops->reduce_async(dst0, dst1, a, b, n, p->op->desc.dtype, kop, div, p->stream)
+             ? dev_err(p, "reduction")
+             : GW_SUCCESS;
+}
+
+/* The host's part of a primitive runs unless this is the caller's emission;
+ * the device's unless this is the progress thread's run of a stream-ordered
+ * operation (its work was emitted at the call). */
+static bool host_part(const struct prims *p) { return !p->emit; }
+static bool dev_part(const struct prims *p) { return p->emit || !p->dev->async; }
+
+/* Each primitive: the host's waits for the received chunk and for room to
+ * send, the device's work between its before and after, then the header out
+ * and the received slot released. */
+static gw_result_t host_in(struct prims *p, size_t n) {
+  const void *data;
+  return host_part(p) ? gw__wait_recv(p, &p->ring->recv, &data, n * p->es) : GW_SUCCESS;
+}
+
+static gw_result_t host_room(struct prims *p, size_t n) {
+  void *slot;
+  return host_part(p) ? gw__wait_slot(p, &p->ring->send, n * p->es, &slot) : GW_SUCCESS;
+}
+
+static gw_result_t host_done(struct prims *p, bool in, bool out, size_t n) {
+  if (!host_part(p)) return GW_SUCCESS;
+  if (out) GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
+  return in ? gw__release(p, &p->ring->recv) : GW_SUCCESS;
 }
 
 gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n) {
-  void *slot;
-  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  GW_CHECK(dbefore(p, false, true));
-  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, src, n));
-  GW_CHECK(dafter(p, false, true));
-  return gw__post(p, &p->ring->send, n * p->es);
+  GW_CHECK(host_room(p, n));
+  if (dev_part(p)) {
+    GW_CHECK(dbefore(p, false, true));
+    GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, src, n));
+    GW_CHECK(dafter(p, false, true));
+  }
+  return host_done(p, false, true, n);
 }
 
 gw_result_t gw__dprim_recv(struct prims *p, void *dst, size_t n) {
-  const void *data;
-  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  GW_CHECK(dbefore(p, true, false));
-  GW_CHECK(dcopy(p, dst, NULL, twin_of(p, &p->ring->recv, false), n));
-  GW_CHECK(dafter(p, true, false));
-  return gw__release(p, &p->ring->recv);
+  GW_CHECK(host_in(p, n));
+  if (dev_part(p)) {
+    GW_CHECK(dbefore(p, true, false));
+    GW_CHECK(dcopy(p, dst, NULL, twin_of(p, &p->ring->recv, false), n));
+    GW_CHECK(dafter(p, true, false));
+  }
+  return host_done(p, true, false, n);
 }
 
 gw_result_t gw__dprim_recv_reduce_send(struct prims *p, const void *src, size_t n) {
-  const void *data;
-  void *slot;
-  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  /* The kernel reads this rank's twin and writes straight into the next rank's. */
-  GW_CHECK(dbefore(p, true, true));
-  GW_CHECK(dreduce(p, twin_of(p, &p->ring->send, true), NULL, twin_of(p, &p->ring->recv, false), src, n, 0));
-  GW_CHECK(dafter(p, true, true));
-  GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
-  return gw__release(p, &p->ring->recv);
+  GW_CHECK(host_in(p, n));
+  GW_CHECK(host_room(p, n));
+  if (dev_part(p)) { /* the kernel reads this rank's twin and writes straight into the next rank's */
+    GW_CHECK(dbefore(p, true, true));
+    GW_CHECK(dreduce(p, twin_of(p, &p->ring->send, true), NULL, twin_of(p, &p->ring->recv, false), src, n, 0));
+    GW_CHECK(dafter(p, true, true));
+  }
+  return host_done(p, true, true, n);
 }
 
 gw_result_t gw__dprim_recv_reduce_copy_send(struct prims *p, const void *src, void *dst, size_t n, uint32_t div) {
-  const void *data;
-  void *slot;
-  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  GW_CHECK(dbefore(p, true, true));
-  GW_CHECK(dreduce(p, dst, twin_of(p, &p->ring->send, true), twin_of(p, &p->ring->recv, false), src, n, div));
-  GW_CHECK(dafter(p, true, true));
-  GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
-  return gw__release(p, &p->ring->recv);
+  GW_CHECK(host_in(p, n));
+  GW_CHECK(host_room(p, n));
+  if (dev_part(p)) {
+    GW_CHECK(dbefore(p, true, true));
+    GW_CHECK(dreduce(p, dst, twin_of(p, &p->ring->send, true), twin_of(p, &p->ring->recv, false), src, n, div));
+    GW_CHECK(dafter(p, true, true));
+  }
+  return host_done(p, true, true, n);
 }
 
 gw_result_t gw__dprim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div,
                                        bool local_first) {
-  const void *data;
-  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  const void *in = twin_of(p, &p->ring->recv, false);
-  GW_CHECK(dbefore(p, true, false));
-  GW_CHECK(local_first ? dreduce(p, dst, NULL, src, in, n, div) : dreduce(p, dst, NULL, in, src, n, div));
-  GW_CHECK(dafter(p, true, false));
-  return gw__release(p, &p->ring->recv);
+  GW_CHECK(host_in(p, n));
+  if (dev_part(p)) {
+    const void *in = twin_of(p, &p->ring->recv, false);
+    GW_CHECK(dbefore(p, true, false));
+    GW_CHECK(local_first ? dreduce(p, dst, NULL, src, in, n, div) : dreduce(p, dst, NULL, in, src, n, div));
+    GW_CHECK(dafter(p, true, false));
+  }
+  return host_done(p, true, false, n);
 }
 
 gw_result_t gw__dprim_recv_copy_send(struct prims *p, void *dst, size_t n) {
-  const void *data;
-  void *slot;
-  GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  const void *in = twin_of(p, &p->ring->recv, false);
-  GW_CHECK(dbefore(p, true, true));
-  GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, in, n));
-  GW_CHECK(dafter(p, true, true));
-  GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
-  return gw__release(p, &p->ring->recv);
+  GW_CHECK(host_in(p, n));
+  GW_CHECK(host_room(p, n));
+  if (dev_part(p)) {
+    GW_CHECK(dbefore(p, true, true));
+    GW_CHECK(dcopy(p, twin_of(p, &p->ring->send, true), dst, twin_of(p, &p->ring->recv, false), n));
+    GW_CHECK(dafter(p, true, true));
+  }
+  return host_done(p, true, true, n);
 }

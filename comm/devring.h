@@ -12,23 +12,26 @@
 /* The device ring of a communicator (set up at init, used by the progress thread). */
 struct gw_devring {
   const struct gw_dev_ops *ops;
-  gw_dev_stream_t stream; /* the engine's (devstate's), set before each operation */
+  gw_dev_stream_t stream; /* synchronized: the engine's (devstate's), set before each operation */
   char *recv_twin;        /* own device memory: twins of the slots ring 0's prev writes */
   char *send_twin;        /* the next rank's recv_twin, mapped by IPC */
   size_t chunk;
   uint32_t nslots;
-  int dtype, kop;
   bool copy_engine;       /* GW_DEV_COPY_ENGINE */
   uint64_t min_bytes;     /* GW_DEV_RING_MIN_BYTES: smaller operations are staged */
   /* Stream-ordered (GW_DEV_ASYNC): the counters of ring 0's connections
-   * (transport dev_flag; positions + 1), in pages registered with the device. */
+   * (transport dev_flag), in pages registered with the device.  They count
+   * device chunks (the twins' own sequence, apart from the host FIFO's
+   * positions): "ready" the chunks a sender's stream wrote into the
+   * receiver's twins, "read" the chunks the receiver's stream has read. */
   bool async;
   uint64_t *ready_in, *read_in;   /* receiving: this stream waits on ready_in, writes read_in */
   uint64_t *ready_out, *read_out; /* sending: writes ready_out, waits on read_out */
   void *reg[2];                   /* the registered pages (NULL: none) */
   size_t reg_bytes;
-  uint64_t *last_fill;            /* [nslots]: 1 + the position that last filled each of the successor's twins */
-  uint64_t in_base, out_base;     /* the connections' positions when the operation started (its stream idle) */
+  /* The caller's side (gw__ring_emit, under the ticket order): the device
+   * chunks received and sent by the operations emitted so far. */
+  uint64_t dseq_in, dseq_out;
 };
 
 /* Some destroy in this process gave up an operation whose stream never got
@@ -42,9 +45,22 @@ extern _Atomic bool gw__dev_given_up;
 gw_result_t gw__dev_fail(struct gw_errctx *err, const struct gw_comm *comm, const char *what);
 /* This rank's own GW_DEV_STAGE_BYTES (rank 0's is agreed at init). */
 size_t gw__dev_stage_bytes_own(void);
-/* After a stream-ordered ring operation ran on the host (res): waits for the
- * engine's stream, releasing it where a neighbour's never comes, then the
- * barrier that makes the result good everywhere or nowhere. */
-gw_result_t gw__dev_ring_end(struct gw_comm *comm, const struct gw_op *op, gw_result_t res, struct gw_errctx *err);
+/* After a stream-ordered ring operation's headers ran on the host (res):
+ * waits until the caller's stream says it finished the operation's device
+ * work, releasing it where a neighbour's never comes, then the barrier that
+ * makes the result good everywhere or nowhere. */
+struct gw_ring_end {
+  const uint64_t *finished; /* the caller's stream's flag, done at want */
+  uint64_t want;
+  const _Atomic uint64_t *unqueued; /* the last ticket the caller could not put on its stream whole */
+  uint64_t ticket;
+  gw_dev_stream_t query; /* a stream of ours, asked for device faults (NULL: none) */
+};
+gw_result_t gw__dev_ring_end(struct gw_comm *comm, const struct gw_op *op, gw_result_t res,
+                             const struct gw_ring_end *e, struct gw_errctx *err);
+
+/* Sets the counters this rank's stream waits on past anything it waits for
+ * (an operation that failed before its stream got to it). */
+void gw__dev_ring_release(struct gw_comm *comm);
 
 #endif

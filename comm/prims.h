@@ -46,10 +46,16 @@ struct prims {
    * later steps): a timeout then waits the grace period for the notice of the
    * rank that names the real straggler instead of blaming this peer. */
   bool peer_may_wait;
-  /* Device buffers on the device ring (device.c): the payload moves between
-   * device-memory twins of the slots, by copies and kernels on the engine's
-   * stream; NULL for host memory. */
-  const struct gw_devring *dev;
+  /* Device buffers on the device ring (devring.c): the payload moves between
+   * device-memory twins of the slots, by copies and kernels on `stream`;
+   * NULL for host memory.  Synchronized, the progress thread does both, on
+   * the engine's stream.  Stream-ordered (dev->async), the caller's thread
+   * emits every primitive's device work onto the caller's stream at the call
+   * (emit: no host FIFO), and the progress thread runs the same schedule for
+   * the headers alone. */
+  struct gw_devring *dev;
+  gw_dev_stream_t stream;
+  bool emit;
 };
 
 /* Whether a peer on this machine still runs (a zombie counts as dead); peers

@@ -12,6 +12,7 @@
  * slots while the headers travel as always. */
 #include <string.h>
 
+#include "devring.h"
 #include "prims.h"
 
 GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
@@ -249,13 +250,39 @@ static void channel_part(size_t total, size_t es, int ch, int nch, size_t *base,
   *len = GW_MIN(part, total - b);
 }
 
+/* The ring's schedule for op on p (its slice of the buffers set). */
+static gw_result_t ring_schedule(struct prims *p) {
+  switch (p->op->desc.coll) {
+    case GW_COLL_ALLREDUCE:
+    case GW_COLL_BARRIER: return p->op->algo == GW_ALGO_EXCHANGE ? exchange_allreduce(p) : ring_allreduce(p);
+    case GW_COLL_REDUCE_SCATTER: return ring_reduce_scatter(p);
+    case GW_COLL_ALLGATHER: return ring_allgather(p);
+    case GW_COLL_BROADCAST: return ring_broadcast(p);
+    default:
+      return gw__err(p->err, GW_ERR_INTERNAL, "rank %d: unknown collective %d", p->comm->rank, p->op->desc.coll);
+  }
+}
+
+gw_result_t gw__ring_emit(struct gw_comm *comm, const struct gw_op *op, void *stream, struct gw_errctx *err) {
+  struct gw_op ring_op = *op;
+  ring_op.algo = GW_ALGO_RING, ring_op.proto = GW_PROTO_SIMPLE; /* as gw__run_op makes every device-ring call */
+  struct prims p = {.comm = comm, .ring = &comm->rings[0], .op = &ring_op, .err = err,
+                    .es = gw_dtype_size((gw_dtype_t)op->desc.dtype), .chunk_bytes = gw__dev_ring_chunk(comm, op),
+                    .dev = comm->devring, .stream = (gw_dev_stream_t)stream, .emit = true};
+  p.count = p.stride = op->desc.count;
+  p.in = p.count ? op->sendbuf : NULL;
+  p.out = p.count ? op->recvbuf : NULL;
+  return ring_schedule(&p);
+}
+
 gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const struct gw_op *op, struct gw_errctx *err) {
   struct gw_ring *ring = &comm->rings[ch];
   struct gw_conn *conns[2] = {&ring->send, &ring->recv}, *watch[3 * GW_NTREES + GW_RD_MAX];
   size_t dev_chunk = gw__dev_ring_chunk(comm, op);
   struct prims p = {.comm = comm, .ring = ring, .op = op, .err = err, .conns = conns, .nconns = 2, .watch = watch, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .chunk_bytes = dev_chunk ? dev_chunk : gw__chunk_bytes(comm, op),
-                    .dev = dev_chunk ? comm->devring : NULL};
+                    .dev = dev_chunk ? comm->devring : NULL,
+                    .stream = dev_chunk ? comm->devring->stream : NULL};
   if (comm->nranks == 1) return ch == 0 ? single_rank(op, p.es) : GW_SUCCESS;
   /* Channel 0 runs on the thread that also runs the tree and recursive doubling
    * (the others' threads must not touch their connections): it watches them. */
@@ -277,18 +304,6 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
   p.stride = op->desc.count;
   p.in = p.count ? cat(op->sendbuf, base, p.es) : NULL;
   p.out = p.count ? at(op->recvbuf, base, p.es) : NULL;
-  gw_result_t res;
-  switch (op->desc.coll) {
-    case GW_COLL_ALLREDUCE:
-    case GW_COLL_BARRIER:
-      if (op->algo == GW_ALGO_EXCHANGE) res = exchange_allreduce(&p);
-      else
-        res = ring_allreduce(&p);
-      break;
-    case GW_COLL_REDUCE_SCATTER: res = ring_reduce_scatter(&p); break;
-    case GW_COLL_ALLGATHER: res = ring_allgather(&p); break;
-    case GW_COLL_BROADCAST: res = ring_broadcast(&p); break;
-    default: return gw__err(err, GW_ERR_INTERNAL, "rank %d: unknown collective %d", comm->rank, op->desc.coll);
-  }
+  gw_result_t res = ring_schedule(&p);
   return res == GW_SUCCESS ? gw__flush(&p) : res;
 }

@@ -104,6 +104,10 @@ struct gw_dev_ops {
    * one queue runs in the order it was enqueued, so with one queue a stream
    * that waits (flag_wait) for the host holds up every stream behind it. */
   int (*queues)(void);
+  /* *yes = 1 when kernels on device dev may read and write memory of device
+   * peer (the same device, or peer access possible: cudaDeviceCanAccessPeer);
+   * the emulator says yes unless GW_DEV_EMU_NO_PEER=1. */
+  int (*can_access_peer)(int dev, int peer, int *yes);
 
   /* IPC: a handle for an allocation made by alloc (its base pointer), opened
    * once by another process of the same machine; close unmaps. */
@@ -134,6 +138,8 @@ gw_dev_host_cast_fn gw__dev_host_cast(void);
 
 /* Tests: makes an emulated stream report that it is being captured. */
 void gw__dev_emu_set_capturing(gw_dev_stream_t s, int on);
+/* Tests: the emulator's enqueues fail once n more went in (-1: never again). */
+void gw__dev_emu_fail_pushes_after(long n);
 
 /* The implementations (dev.c picks one). */
 const struct gw_dev_ops *gw__dev_emu_ops(int ndevices);

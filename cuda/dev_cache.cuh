@@ -8,6 +8,23 @@
 
 namespace gwcu {
 
+template <class T>
+struct ident {
+  using type = T;
+};
+
+/* Launches kernel k with these arguments and returns this launch's error
+ * alone: cudaLaunchKernel reports it directly, so an error the caller's own
+ * earlier launch left pending (non-sticky) is neither taken for ours nor
+ * cleared (cudaGetLastError around a <<<>>> launch would do one or the
+ * other).  The arguments convert to the kernel's parameter types. */
+template <class... P>
+inline cudaError_t launch(void (*k)(P...), unsigned grid, unsigned block, cudaStream_t st,
+                          typename ident<P>::type... args) {
+  void *argv[] = {(void *)&args...};
+  return cudaLaunchKernel((const void *)k, dim3(grid), dim3(block), argv, 0, st);
+}
+
 constexpr int kMaxDevCache = 64; /* devices with a cache slot; others compute every time */
 
 /* cache[dev] once it holds a positive value; else compute(&v), kept when it

@@ -282,12 +282,13 @@ static int cu_flag_memops(int *devp) {
   return st > 0;
 }
 
-/* A memop that failed: "not supported" (or a value the driver refuses) sends
- * this device to the kernels for good, said once; anything else (a fault on
- * the stream, a bad handle) is an error the kernel would meet too. */
+/* A memop that failed: "not supported" sends this device to the kernels for
+ * good, said once; anything else (a fault on the stream, a bad handle, an
+ * address the driver refuses) is an error: the flag kernel would dereference
+ * that address and turn it into a sticky fault of the whole context. */
 static int memop_result(CUresult r, int dev, const char *what) {
   if (r == CUDA_SUCCESS) return 0;
-  if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+  if (r == CUDA_ERROR_NOT_SUPPORTED) {
     if (atomic_exchange(&memop_dev[dev], -1) != -1)
       fprintf(stderr, "gradwire: %s on device %d: CUresult %d: stream flags by kernels there from now on\n", what, dev,
               (int)r);
@@ -390,6 +391,13 @@ static int cu_queues(void) {
   return n > 32 ? 32 : (int)n;
 }
 
+static int cu_can_access_peer(int dev, int peer, int *yes) {
+  *yes = dev == peer;
+  if (dev == peer) return 0;
+  cudaError_t e = cudaDeviceCanAccessPeer(yes, dev, peer);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaDeviceCanAccessPeer(%d, %d)", dev, peer);
+}
+
 static const struct gw_dev_ops cuda_ops = {
     .name = "cuda",
     .device_count = cu_device_count,
@@ -424,6 +432,7 @@ static const struct gw_dev_ops cuda_ops = {
     .ipc_close = cu_ipc_close,
     .preload = cu_preload,
     .queues = cu_queues,
+    .can_access_peer = cu_can_access_peer,
     .error = cu_error,
 };
 

@@ -643,7 +643,22 @@ static void queue_read(void) {
   if (queue_max < 1) queue_max = 1;
 }
 
+/* gw__dev_emu_fail_pushes_after (tests): enqueueing fails once this many more
+ * items went in (-1: never), each failure 100 ms late. */
+static _Atomic long pushes_left = -1;
+
+void gw__dev_emu_fail_pushes_after(long n) { atomic_store(&pushes_left, n); }
+
 static int push(gw_dev_stream_t s0, const struct item *tmpl) {
+  long left = atomic_load(&pushes_left);
+  while (left > 0 && !atomic_compare_exchange_weak(&pushes_left, &left, left - 1)) {
+  }
+  if (left == 0) { /* after what went in ran (so a waiting host saw it start) */
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    return fail("enqueue: failure injected by the test (gw__dev_emu_fail_pushes_after)");
+  }
   struct gw_dev_stream *s = resolve(s0);
   if (!s) return 1;
   struct item *it = malloc(sizeof *it);
@@ -741,6 +756,14 @@ static int emu_sleep_async(double seconds, gw_dev_stream_t s) {
 
 static int emu_preload(void) { return 0; } /* nothing is loaded lazily here */
 
+/* GW_DEV_EMU_NO_PEER=1 (tests): no device reaches another's memory, as GPUs
+ * without a peer-to-peer path. */
+static int emu_can_access_peer(int dev, int peer, int *yes) {
+  const char *v = getenv("GW_DEV_EMU_NO_PEER");
+  *yes = dev == peer || !(v && *v && strcmp(v, "0") != 0);
+  return 0;
+}
+
 static const struct gw_dev_ops emu_ops = {
     .name = "emulated",
     .device_count = emu_device_count,
@@ -772,6 +795,7 @@ static const struct gw_dev_ops emu_ops = {
     .sleep_async = emu_sleep_async,
     .preload = emu_preload,
     .queues = emu_queues,
+    .can_access_peer = emu_can_access_peer,
     .ipc_get = emu_ipc_get,
     .ipc_open = emu_ipc_open,
     .ipc_close = emu_ipc_close,

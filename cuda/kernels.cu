@@ -465,11 +465,8 @@ __host__ int launch_plan(const Op op, const Plan &p, void *d0, void *d1, const v
   int sms = sm_count(dev);
   size_t full = (size_t)(sms > 0 ? sms : 1) * (size_t)blocks_per_sm<Op, BYTES>(dev);
   const unsigned blocks = (unsigned)(needed < full ? needed : full);
-  (void)cudaGetLastError(); /* report this launch's error, not an older one left behind */
-  k_reduce<Op, BYTES><<<blocks, kThreads, 0, st>>>(op, (unsigned char *)d0, (unsigned char *)d1,
-                                                    (const unsigned char *)a, (const unsigned char *)b, p.head,
-                                                    p.nvec, p.nscalar);
-  return (int)cudaGetLastError();
+  return (int)gwcu::launch(k_reduce<Op, BYTES>, blocks, kThreads, st, op, (unsigned char *)d0, (unsigned char *)d1,
+                           (const unsigned char *)a, (const unsigned char *)b, p.head, p.nvec, p.nscalar);
 }
 
 template <class Op>
@@ -556,12 +553,11 @@ extern "C" int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_
   size_t blocks = (n + 255) / 256;
   if (blocks > 8192) blocks = 8192;
   cudaStream_t st = (cudaStream_t)stream;
-  (void)cudaGetLastError();
-  if (to16 && bf) k_cast_to16<true><<<(unsigned)blocks, 256, 0, st>>>((uint16_t *)dst, (const float *)src, n);
-  else if (to16) k_cast_to16<false><<<(unsigned)blocks, 256, 0, st>>>((uint16_t *)dst, (const float *)src, n);
-  else if (bf) k_cast_from16<true><<<(unsigned)blocks, 256, 0, st>>>((float *)dst, (const uint16_t *)src, n);
-  else k_cast_from16<false><<<(unsigned)blocks, 256, 0, st>>>((float *)dst, (const uint16_t *)src, n);
-  return (int)cudaGetLastError();
+  const unsigned g = (unsigned)blocks;
+  if (to16) return (int)gwcu::launch(bf ? k_cast_to16<true> : k_cast_to16<false>, g, 256, st, (uint16_t *)dst,
+                                     (const float *)src, n);
+  return (int)gwcu::launch(bf ? k_cast_from16<true> : k_cast_from16<false>, g, 256, st, (float *)dst,
+                           (const uint16_t *)src, n);
 }
 
 /* The reduction's kernel with OpCopy: 16-byte chunks between a head and a tail
@@ -616,22 +612,16 @@ extern "C" int gw__cuda_preload(void) {
 
 extern "C" int gw__cuda_flag_write(uint64_t *flag, uint64_t v, void *stream) {
   if (!flag) return (int)cudaErrorInvalidValue;
-  (void)cudaGetLastError();
-  k_flag_write<<<1, 1, 0, (cudaStream_t)stream>>>(flag, v);
-  return (int)cudaGetLastError();
+  return (int)gwcu::launch(k_flag_write, 1, 1, (cudaStream_t)stream, flag, v);
 }
 
 extern "C" int gw__cuda_flag_wait(const uint64_t *flag, uint64_t v, void *stream) {
   if (!flag) return (int)cudaErrorInvalidValue;
-  (void)cudaGetLastError();
-  k_flag_wait<<<1, 1, 0, (cudaStream_t)stream>>>(flag, v);
-  return (int)cudaGetLastError();
+  return (int)gwcu::launch(k_flag_wait, 1, 1, (cudaStream_t)stream, flag, v);
 }
 
 extern "C" int gw__cuda_sleep(double seconds, void *stream) {
   if (!(seconds > 0)) return (int)cudaSuccess; /* 0, negative or NaN: nothing to wait for */
   const uint64_t ns = seconds >= 1.8e10 ? UINT64_MAX : (uint64_t)(seconds * 1e9);
-  (void)cudaGetLastError();
-  k_sleep<<<1, 1, 0, (cudaStream_t)stream>>>(ns);
-  return (int)cudaGetLastError();
+  return (int)gwcu::launch(k_sleep, 1, 1, (cudaStream_t)stream, ns);
 }

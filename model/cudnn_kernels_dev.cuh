@@ -136,6 +136,8 @@ inline int nchw_ok(const struct gw_op_desc *d, ChanShape *s) {
   if (d->n < 0 || d->c < 0 || d->h < 0 || d->w < 0) return (int)cudaErrorInvalidValue;
   const uint64_t hw = (uint64_t)d->h * (uint64_t)d->w;
   if (hw * (uint64_t)d->n >= kIndexLimit || hw * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
+  /* the launchers round c up to tiles of 64 channels in int arithmetic */
+  if ((uint64_t)d->c + 256 >= kIndexLimit) return (int)cudaErrorInvalidValue;
   s->n = d->n, s->c = d->c, s->hw = (uint32_t)hw, s->count = (uint32_t)(hw * (uint64_t)d->n);
   return 0;
 }

@@ -221,7 +221,10 @@ extern "C" int gw__cu_cast_perm(int k, int c, int rs, int to_last, int dst_dtype
   if (total >= kIndexLimit) return (int)cudaErrorInvalidValue; /* 32-bit indices (fast division) */
   const bool last = to_last != 0;
   cudaStream_t st = (cudaStream_t)stream;
-  if (dst == src) return (int)cudaErrorInvalidValue; /* a transpose needs two buffers */
+  /* a transpose needs two disjoint buffers (a partial overlap would race) */
+  const size_t dsz = dst_dtype == GW_FLOAT32 ? 4 : 2, ssz = src_dtype == GW_FLOAT32 ? 4 : 2;
+  const uintptr_t d0 = (uintptr_t)dst, s0 = (uintptr_t)src;
+  if (d0 < s0 + total * ssz && s0 < d0 + total * dsz) return (int)cudaErrorInvalidValue;
   if (src_dtype == GW_FLOAT32 && dst_dtype == GW_FLOAT32)
     return launch_cast_perm<float, float>(total, (size_t)c, (size_t)rs, last, dst, src, st);
   if (src_dtype == GW_FLOAT32 && dst_dtype == GW_BFLOAT16)

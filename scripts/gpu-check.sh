@@ -328,12 +328,12 @@ fi
 # pages) instead of a host synchronization per chunk.  What the deadline
 # leaves no room for is said and skipped (not failed); a second call gets it,
 # with the synchronized runs beside it for the comparison:
-#   GW_CHECK_ONLY="n2-async:grid n3-async:grid n4:dead-midop n4-async:dead-midop
+#   GW_CHECK_ONLY="n2-async:grid n3-async:grid n2-async:streams n4:dead-midop n4-async:dead-midop
 #     n2-q1:ordering n2-q1:grid n2-q2:queues n2-async-q2:queues one-queue-ring
 #     gw-perf-device-n2 gw-perf-device-n2-async gw-perf-device-n4
 #     gw-perf-device-n4-async gw-train-n2 gw-train-n2-async" scripts/gpu-check.sh /tmp/gpu2
 if [ -x "$B/test/test_device" ]; then
-  for run in 2a:grid 3a:grid 4:dead-midop 4a:dead-midop; do
+  for run in 2a:grid 3a:grid 2a:streams 4:dead-midop 4a:dead-midop; do
     budget 60 "gpu suite case $run" && gpu_case "$run"
   done
 fi

@@ -107,6 +107,16 @@ static int one_queue(void) {
   return dv && dv->queues && dv->queues() == 1;
 }
 
+/* A stream and a device buffer of count int32, and one allreduce through them
+ * that completed (every rank in, the communicator working). */
+static int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int32_t **d) {
+  DCHECK(dv->stream_create(s));
+  DCHECK(dv->alloc((void **)d, count * 4));
+  GWCHECK(gw_allreduce(*d, *d, count, GW_INT32, GW_SUM, comm, *s), comm);
+  DCHECK(dv->stream_sync(*s));
+  return 0;
+}
+
 /* ---- the grid ------------------------------------------------------------------------------ */
 static const size_t grid_counts[] = {0, 1, 7, 1023, 65537, 300007};
 #define MAXC 300007
@@ -170,6 +180,9 @@ static int body_grid(gw_comm_t comm, int rank, int n, void *arg) {
   if (comm->devring && async_env && strcmp(async_env, "0") != 0)
     EXPECT(gw__dev_ring_async(comm), "GW_DEV_ASYNC=%s, but the device ring is synchronized per chunk", async_env);
   if (one_queue()) EXPECT(!comm->devring, "one hardware queue, yet a device ring (its stream would wait behind the caller's)");
+  const char *no_peer = getenv("GW_DEV_EMU_NO_PEER");
+  if (no_peer && strcmp(no_peer, "0") != 0)
+    EXPECT(!comm->devring, "GW_DEV_EMU_NO_PEER: a device ring, yet no device reaches its neighbour's memory");
   struct grid_bufs b = {.bytes = (size_t)MAXC * (size_t)n * 8 + 64};
   DCHECK(dv->stream_create(&b.s));
   DCHECK(dv->alloc((void **)&b.dsend, b.bytes));
@@ -379,6 +392,47 @@ static int body_queues(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(queues) { ck_assert_int_eq(run_ranks(2, body_queues, NULL, 120), 0); }
+
+/* ---- an operation that cannot all be put on its stream --------------------------------------------- */
+/* Rank 1's enqueues start failing part way through an operation's work (the
+ * emulator's injected failure): on the stream-ordered ring the caller's
+ * program is then partial (the stream never says it is done), staged its
+ * pieces stop, synchronized the progress thread's chunks fail (1 MiB: about
+ * 120 items on the stream-ordered ring at 64 KiB chunks).  Each way the
+ * call or the communicator reports it, every rank's stream gets through
+ * (nothing waits for work that never went in), and no rank hangs. */
+static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
+  const long after = *(const long *)arg; /* enqueues that still go in */
+  dv = gw__dev();
+  if (strcmp(dv->name, "emulated") != 0) return 0; /* the failure is injected in the emulator */
+  const size_t count = 1 << 18;
+  gw_dev_stream_t s;
+  int32_t *d;
+  if (warm_stream(comm, rank, count, &s, &d)) return 1;
+  if (rank == 1) gw__dev_emu_fail_pushes_after(after);
+  gw_result_t r = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
+  EXPECT(r == GW_SUCCESS || r == GW_ERR_CUDA, "rank %d: the call returned %d: %s", rank, (int)r,
+         gw_comm_last_error(comm));
+  DCHECK(dv->stream_sync(s)); /* its stream got through */
+  gw_result_t async = GW_SUCCESS;
+  for (int i = 0; i < 500 && async == GW_SUCCESS; i++) { /* the peers hear of it through the abort notice */
+    EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS, "get_async_error");
+    if (async == GW_SUCCESS) usleep(10000);
+  }
+  EXPECT(async != GW_SUCCESS, "rank %d: the operation was reported good", rank);
+  if (rank == 1) gw__dev_emu_fail_pushes_after(-1);
+  DCHECK(dv->free(d));
+  DCHECK(dv->stream_destroy(s));
+  (void)n;
+  return 0;
+}
+
+/* Early (before the stream says it started) and late (the progress thread has
+ * seen it start: it must notice the rest never comes). */
+START_TEST(unqueued) {
+  static const long afters[] = {1, 7, 20};
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(run_ranks(2, body_unqueued, (void *)&afters[i], 120), 0);
+}
 END_TEST
 
 /* ---- misuse ------------------------------------------------------------------------------------ */
@@ -485,10 +539,7 @@ static int body_dead_peer(gw_comm_t comm, int rank, int n, void *arg) {
   const size_t count = 1 << 16;
   gw_dev_stream_t s;
   int32_t *d;
-  DCHECK(dv->stream_create(&s));
-  DCHECK(dv->alloc((void **)&d, count * 4));
-  GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s), comm);
-  DCHECK(dv->stream_sync(s));
+  if (warm_stream(comm, rank, count, &s, &d)) return 1;
   if (rank == 1) _exit(3); /* dies between operations, its peers about to call the next */
   double t0 = test_now();
   for (int k = 0; k < 4; k++) GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s), comm);
@@ -882,10 +933,10 @@ int main(void) {
   tcase_add_test(tc, grid);
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
-  const char *names[] = {"ordering", "streams", "queues", "misuse", "dead-peer", "dead-midop", "destroy", "bucketer", "ipc",
+  const char *names[] = {"ordering", "streams", "queues", "unqueued", "misuse", "dead-peer", "dead-midop", "destroy", "bucketer", "ipc",
                          "teardown", "settings"};
-  const TTest *tests[] = {ordering, streams, queues, misuse, dead_peer, dead_midop, destroy, bucketer, ipc, teardown, settings};
-  for (int i = 0; i < 11; i++) {
+  const TTest *tests[] = {ordering, streams, queues, unqueued, misuse, dead_peer, dead_midop, destroy, bucketer, ipc, teardown, settings};
+  for (int i = 0; i < 12; i++) {
     tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);
