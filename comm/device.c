@@ -82,7 +82,11 @@ struct gw_devstate {
   uint64_t next_ticket; /* the caller's side, under comm->mu */
   uint64_t last_staged; /* the caller's side: the last staged operation's ticket */
   uint64_t last_ring;   /* and the last stream-ordered device-ring operation's */
-  _Atomic uint64_t enqueue_failed; /* the last ticket whose work the caller could not put on its stream */
+  /* The ticket whose work the caller could not all put on its stream (0:
+   * none).  Its stream may still run what went in, at any time, so nothing
+   * more is put on streams for this communicator (broken). */
+  _Atomic uint64_t enqueue_failed;
+  _Atomic bool broken;
   /* The progress thread's side, made on first use on its device: the engine
    * streams (the device ring's work; pool[0] only where the streams do not
    * share hardware queues), the one in use, and the caller's stream it was
@@ -390,6 +394,9 @@ gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struc
   gw_result_t res = comm->dev ? GW_SUCCESS : devstate_make(comm, err);
   struct gw_devstate *d = comm->dev;
   op->after = 0;
+  if (res == GW_SUCCESS && atomic_load(&d->broken))
+    res = gw__err(err, GW_ERR_CUDA, "rank %d: an earlier operation's work could not all be put on its stream, so "
+                  "this communicator takes no more stream-ordered calls (destroy it and make a new one)", comm->rank);
   if (res == GW_SUCCESS && staged(comm, op) && gw__dev_npieces(comm, op) >= GW_DEV_ALL)
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %llu elements make more than %llu staging pieces of "
                   "GW_DEV_STAGE_BYTES=%zu; raise it", comm->rank, (unsigned long long)op->desc.count,
@@ -474,11 +481,12 @@ gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct
     device_leave(prev);
   }
   if (res != GW_SUCCESS) {
-    /* The progress thread fails the operation instead of waiting for it, and
-     * the next operation of its kind does not wait for this one's stream (a
-     * stream whose work could not all be queued is not ours to count on). */
-    if (staged(comm, op)) atomic_store_explicit((_Atomic uint64_t *)stage_free_flag(d), t, memory_order_release);
-    if (emitted(comm, op)) atomic_store_explicit((_Atomic uint64_t *)ring_free_flag(d), t, memory_order_release);
+    /* The progress thread fails the operation instead of waiting for what
+     * never went in.  What did go in may still run, whenever its stream gets
+     * there (after the operation before it, whose "free" flag it waits for),
+     * and never says it is done, so no later call of this communicator may
+     * count on the staging buffers or the ring's counters: none is taken. */
+    atomic_store_explicit(&d->broken, true, memory_order_release);
     atomic_store_explicit(&d->enqueue_failed, t, memory_order_release);
   }
   return res;
@@ -494,7 +502,7 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
   gw__waiter_init(&w, 0);
   double give_up = 0, next_query = gw__now() + 0.1;
   while (atomic_load_explicit(flag, memory_order_acquire) < want) {
-    if (atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) >= op->ticket)
+    if (atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) == op->ticket)
       return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the caller's stream",
                      comm->rank, (unsigned long long)op->desc.seq);
     /* A fault on the caller's stream (an illegal address before our flag)

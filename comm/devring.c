@@ -124,7 +124,7 @@ static gw_result_t ring_drain(struct gw_comm *comm, const struct gw_op *op, gw_r
   gw__waiter_init(&w, 0);
   for (;;) {
     int idle = 0;
-    if (atomic_load_explicit(e->unqueued, memory_order_acquire) >= e->ticket) {
+    if (atomic_load_explicit(e->unqueued, memory_order_acquire) == e->ticket) {
       /* The rest never went on the stream, so it may never say it is done
        * (and the caller was told the call failed). */
       gw__dev_ring_release(comm);

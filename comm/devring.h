@@ -52,7 +52,7 @@ size_t gw__dev_stage_bytes_own(void);
 struct gw_ring_end {
   const uint64_t *finished; /* the caller's stream's flag, done at want */
   uint64_t want;
-  const _Atomic uint64_t *unqueued; /* the last ticket the caller could not put on its stream whole */
+  const _Atomic uint64_t *unqueued; /* the ticket the caller could not put on its stream whole */
   uint64_t ticket;
   gw_dev_stream_t query; /* a stream of ours, asked for device faults (NULL: none) */
 };

@@ -421,6 +421,12 @@ static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
   }
   EXPECT(async != GW_SUCCESS, "rank %d: the operation was reported good", rank);
   if (rank == 1) gw__dev_emu_fail_pushes_after(-1);
+  /* Where the caller's enqueue failed, what went in may still run: the
+   * communicator takes no more stream-ordered calls. */
+  if (r == GW_ERR_CUDA)
+    EXPECT(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s) == GW_ERR_CUDA &&
+               strstr(gw_comm_last_error(comm), "takes no more stream-ordered calls"),
+           "rank %d: a call after the failed enqueue: %s", rank, gw_comm_last_error(comm));
   DCHECK(dv->free(d));
   DCHECK(dv->stream_destroy(s));
   (void)n;
