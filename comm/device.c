@@ -51,7 +51,8 @@ GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
  * with more, the device ring takes an engine stream that is seen to run
  * while the caller's waits (pick_engine).  Another value overrides what the
  * layer says (the GPU check sets 8 with CUDA_DEVICE_MAX_CONNECTIONS=1 to
- * show the hang). */
+ * show the hazard: the probe then finds no engine stream that runs, and the
+ * operation fails instead of hanging). */
 GW_PARAM(DevQueues, "GW_DEV_QUEUES", 0)
 
 long gw__dev_queues(void) {
