@@ -23,7 +23,8 @@
  * device allocation mapped by another process), "teardown" (a rank frees its
  * device-ring buffers only after its predecessor unmapped them, or is gone, or
  * the wait's limit passed), "settings" (ranks that set GW_DEV_RING_MIN_BYTES,
- * GW_DEV_STAGE_BYTES or GW_DEV_CHUNK_BYTES differently still agree).
+ * GW_DEV_STAGE_BYTES or GW_DEV_CHUNK_BYTES differently still agree); and
+ * test_device_streams.c's "streams", "queues" and "unqueued".
  * The parent process never touches the device before forking the ranks (a
  * CUDA process cannot fork usable children). */
 #include <check.h>
@@ -40,11 +41,9 @@
 #include "dev.h"
 #include "harness.h"
 #include "reduce.h" /* fp16/bf16 conversions for expected values */
+#include "test_device.h"
 
-static const struct gw_dev_ops *dv;
-
-#define DCHECK(call) EXPECT((call) == 0, "%s: %s", #call, dv->error())
-#define GWCHECK(call, comm) EXPECT((call) == GW_SUCCESS, "%s: %s", #call, gw_comm_last_error(comm))
+const struct gw_dev_ops *dv;
 
 static int nranks_env(void) {
   const char *e = getenv("GW_TEST_NRANKS");
@@ -98,18 +97,14 @@ static double expect_reduce(gw_dtype_t dt, int op, int n, size_t i) {
   return load(dt, tmp, 0);
 }
 
-/* Whether the device's streams share one hardware queue (GW_DEV_EMU_CONNECTIONS=1,
- * CUDA_DEVICE_MAX_CONNECTIONS=1): then no device ring, and a stream waiting
- * for the host holds up every other. */
-static int one_queue(void) {
+/* ---- shared with test_device_streams.c (test_device.h) ----------------------------------- */
+int one_queue(void) {
   const char *q = getenv("GW_DEV_QUEUES");
   if (q && *q && atoi(q) > 0) return atoi(q) == 1;
   return dv && dv->queues && dv->queues() == 1;
 }
 
-/* A stream and a device buffer of count int32, and one allreduce through them
- * that completed (every rank in, the communicator working). */
-static int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int32_t **d) {
+int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int32_t **d) {
   DCHECK(dv->stream_create(s));
   DCHECK(dv->alloc((void **)d, count * 4));
   GWCHECK(gw_allreduce(*d, *d, count, GW_INT32, GW_SUM, comm, *s), comm);
@@ -311,135 +306,6 @@ static int body_ordering(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(ordering) { ck_assert_int_eq(run_ranks(2, body_ordering, NULL, 300), 0); }
-
-/* ---- two streams ------------------------------------------------------------------------------ */
-/* Staged operations on two streams in turn with no host synchronization
- * between them: the staging buffers serve both, so each operation's stream
- * must wait until the one before it (on the other stream) has copied its last
- * piece out.  Run with GW_DEV_EMU_DELAY_US, so the two streams run out of
- * step; without that wait the pieces of one land in the other's output. */
-#define STREAMS_ROUNDS 8
-static int body_streams(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)arg;
-  dv = gw__dev();
-  const size_t count = 100003; /* several staging pieces of 64 KiB */
-  gw_dev_stream_t s[2];
-  int32_t *din[STREAMS_ROUNDS], *dout[STREAMS_ROUNDS], *h[STREAMS_ROUNDS];
-  for (int j = 0; j < 2; j++) DCHECK(dv->stream_create(&s[j]));
-  for (int r = 0; r < STREAMS_ROUNDS; r++) {
-    DCHECK(dv->alloc((void **)&din[r], count * 4));
-    DCHECK(dv->alloc((void **)&dout[r], count * 4));
-    DCHECK(dv->host_alloc((void **)&h[r], count * 4));
-    for (size_t i = 0; i < count; i++) h[r][i] = (int32_t)(i % 1000) * (r + 1) + rank;
-  }
-  for (int r = 0; r < STREAMS_ROUNDS; r++) {
-    DCHECK(dv->memcpy_async(din[r], h[r], count * 4, s[r % 2]));
-    GWCHECK(gw_allreduce(din[r], dout[r], count, GW_INT32, GW_SUM, comm, s[r % 2]), comm);
-    DCHECK(dv->memcpy_async(h[r], dout[r], count * 4, s[r % 2]));
-  }
-  for (int j = 0; j < 2; j++) DCHECK(dv->stream_sync(s[j]));
-  gw_result_t async;
-  EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS && async == GW_SUCCESS, "async error: %s",
-         gw_comm_last_error(comm));
-  for (int r = 0; r < STREAMS_ROUNDS; r++)
-    for (size_t i = 0; i < count; i++)
-      EXPECT(h[r][i] == (int32_t)(n * (int)(i % 1000) * (r + 1) + n * (n - 1) / 2),
-             "round %d (stream %d): element %zu is %d", r, r % 2, i, h[r][i]);
-  for (int r = 0; r < STREAMS_ROUNDS; r++) {
-    DCHECK(dv->free(din[r]));
-    DCHECK(dv->free(dout[r]));
-    DCHECK(dv->host_free(h[r]));
-  }
-  for (int j = 0; j < 2; j++) DCHECK(dv->stream_destroy(s[j]));
-  return 0;
-}
-
-START_TEST(streams) { ck_assert_int_eq(run_ranks(2, body_streams, NULL, 300), 0); }
-
-/* ---- streams sharing hardware queues ------------------------------------------------------------ */
-/* Run with GW_DEV_EMU_CONNECTIONS=2 (CUDA_DEVICE_MAX_CONNECTIONS=2): a
- * stream is given a queue when it is made, round robin, so of these streams
- * some share a queue with the engine's stream the device ring would use.  A
- * caller's stream waiting for the progress thread would then hold up the
- * ring's own work behind it for good; the progress thread finds an engine
- * stream that answers while the caller's waits. */
-#define QUEUES_STREAMS 5
-static int body_queues(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)arg;
-  dv = gw__dev();
-  const size_t count = 1 << 18; /* on the device ring where there is one */
-  gw_dev_stream_t s[QUEUES_STREAMS];
-  int32_t *d, *h;
-  DCHECK(dv->alloc((void **)&d, count * 4));
-  DCHECK(dv->host_alloc((void **)&h, count * 4));
-  for (int j = 0; j < QUEUES_STREAMS; j++) DCHECK(dv->stream_create(&s[j]));
-  for (int round = 0; round < 2; round++) {
-    for (int j = 0; j < QUEUES_STREAMS; j++) {
-      for (size_t i = 0; i < count; i++) h[i] = (int32_t)(i % 77) + rank + j;
-      DCHECK(dv->memcpy_async(d, h, count * 4, s[j]));
-      GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s[j]), comm);
-      DCHECK(dv->memcpy_async(h, d, count * 4, s[j]));
-      DCHECK(dv->stream_sync(s[j]));
-      for (size_t i = 0; i < count; i++)
-        EXPECT(h[i] == (int32_t)(n * ((int)(i % 77) + j) + n * (n - 1) / 2), "round %d, stream %d: element %zu is %d",
-               round, j, i, h[i]);
-    }
-  }
-  for (int j = 0; j < QUEUES_STREAMS; j++) DCHECK(dv->stream_destroy(s[j]));
-  DCHECK(dv->free(d));
-  DCHECK(dv->host_free(h));
-  return 0;
-}
-
-START_TEST(queues) { ck_assert_int_eq(run_ranks(2, body_queues, NULL, 120), 0); }
-
-/* ---- an operation that cannot all be put on its stream --------------------------------------------- */
-/* Rank 1's enqueues start failing part way through an operation's work (the
- * emulator's injected failure): on the stream-ordered ring the caller's
- * program is then partial (the stream never says it is done), staged its
- * pieces stop, synchronized the progress thread's chunks fail (1 MiB: about
- * 120 items on the stream-ordered ring at 64 KiB chunks).  Each way the
- * call or the communicator reports it, every rank's stream gets through
- * (nothing waits for work that never went in), and no rank hangs. */
-static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
-  const long after = *(const long *)arg; /* enqueues that still go in */
-  dv = gw__dev();
-  if (strcmp(dv->name, "emulated") != 0) return 0; /* the failure is injected in the emulator */
-  const size_t count = 1 << 18;
-  gw_dev_stream_t s;
-  int32_t *d;
-  if (warm_stream(comm, rank, count, &s, &d)) return 1;
-  if (rank == 1) gw__dev_emu_fail_pushes_after(after);
-  gw_result_t r = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
-  EXPECT(r == GW_SUCCESS || r == GW_ERR_CUDA, "rank %d: the call returned %d: %s", rank, (int)r,
-         gw_comm_last_error(comm));
-  DCHECK(dv->stream_sync(s)); /* its stream got through */
-  gw_result_t async = GW_SUCCESS;
-  for (int i = 0; i < 500 && async == GW_SUCCESS; i++) { /* the peers hear of it through the abort notice */
-    EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS, "get_async_error");
-    if (async == GW_SUCCESS) usleep(10000);
-  }
-  EXPECT(async != GW_SUCCESS, "rank %d: the operation was reported good", rank);
-  if (rank == 1) gw__dev_emu_fail_pushes_after(-1);
-  /* Where the caller's enqueue failed, what went in may still run: the
-   * communicator takes no more stream-ordered calls. */
-  if (r == GW_ERR_CUDA)
-    EXPECT(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s) == GW_ERR_CUDA &&
-               strstr(gw_comm_last_error(comm), "takes no more stream-ordered calls"),
-           "rank %d: a call after the failed enqueue: %s", rank, gw_comm_last_error(comm));
-  DCHECK(dv->free(d));
-  DCHECK(dv->stream_destroy(s));
-  (void)n;
-  return 0;
-}
-
-/* Early (before the stream says it started) and late (the progress thread has
- * seen it start: it must notice the rest never comes). */
-START_TEST(unqueued) {
-  static const long afters[] = {1, 7, 20};
-  for (int i = 0; i < 3; i++) ck_assert_int_eq(run_ranks(2, body_unqueued, (void *)&afters[i], 120), 0);
-}
-END_TEST
 
 /* ---- misuse ------------------------------------------------------------------------------------ */
 static int expect_error(gw_result_t r, gw_result_t code, gw_comm_t comm, const char *needle, int rank) {
@@ -939,10 +805,11 @@ int main(void) {
   tcase_add_test(tc, grid);
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
-  const char *names[] = {"ordering", "streams", "queues", "unqueued", "misuse", "dead-peer", "dead-midop", "destroy", "bucketer", "ipc",
+  device_add_stream_cases(s); /* test_device_streams.c */
+  const char *names[] = {"ordering", "misuse", "dead-peer", "dead-midop", "destroy", "bucketer", "ipc",
                          "teardown", "settings"};
-  const TTest *tests[] = {ordering, streams, queues, unqueued, misuse, dead_peer, dead_midop, destroy, bucketer, ipc, teardown, settings};
-  for (int i = 0; i < 12; i++) {
+  const TTest *tests[] = {ordering, misuse, dead_peer, dead_midop, destroy, bucketer, ipc, teardown, settings};
+  for (int i = 0; i < 9; i++) {
     tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);

@@ -1,0 +1,29 @@
+/* test_device.h - what test_device.c shares with test_device_streams.c (the
+ * device suite's cases on several streams and hardware queues). */
+#ifndef GW_TEST_DEVICE_H
+#define GW_TEST_DEVICE_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dev.h"
+#include "gradwire.h"
+
+/* The device layer of the rank (set by each case's body). */
+extern const struct gw_dev_ops *dv;
+
+#define DCHECK(call) EXPECT((call) == 0, "%s: %s", #call, dv->error())
+#define GWCHECK(call, comm) EXPECT((call) == GW_SUCCESS, "%s: %s", #call, gw_comm_last_error(comm))
+
+/* Whether the device's streams share one hardware queue (GW_DEV_EMU_CONNECTIONS=1,
+ * CUDA_DEVICE_MAX_CONNECTIONS=1): then no device ring, and a stream waiting
+ * for the host holds up every other. */
+int one_queue(void);
+/* A stream and a device buffer of count int32, and one allreduce through them
+ * that completed (every rank in, the communicator working). */
+int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int32_t **d);
+/* Adds the cases of test_device_streams.c to the suite. */
+void device_add_stream_cases(Suite *s);
+
+#endif
