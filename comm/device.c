@@ -97,7 +97,6 @@ struct gw_devstate {
   int npool, engine;
   void *engine_for;
   uint64_t probe_seq;
-  bool stream_made;
   char *stage[2];
   size_t stage_bytes;
   /* An operation whose stream never got to it was given up (destroy): that
@@ -510,7 +509,7 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
      * leaves the flag unwritten, and is sticky: every call on the device
      * reports it from then on, so our own stream is asked every 100 ms (not
      * the caller's, which the caller may destroy once its work is queued). */
-    if (d->stream_made && gw__now() > next_query) {
+    if (d->npool && gw__now() > next_query) {
       int idle = 0;
       if (d->ops->stream_idle(d->stream, &idle))
         return gw__dev_fail(err, comm, "the device, while the caller's stream went to the operation,");
@@ -540,7 +539,7 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
  * else one more than the queues: made one after another, round robin, they
  * take every queue, so some run beside any caller's stream. */
 static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
-  if (!d->stream_made) {
+  if (!d->npool) {
     const long q = gw__dev_queues();
     const int want = q >= 2 && comm->devring && !comm->devring->async ? (int)GW_MIN(q, GW_DEV_POOL_MAX - 1) + 1 : 1;
     for (; d->npool < want; d->npool++)
@@ -549,7 +548,6 @@ static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, st
         return gw__dev_fail(err, comm, "creating the engine's stream");
       }
     d->stream = d->pool[0];
-    d->stream_made = true;
   }
   return GW_SUCCESS;
 }
@@ -657,7 +655,7 @@ static gw_result_t run_emitted(struct gw_comm *comm, struct gw_devstate *d, cons
                                 .want = fval(op->ticket, 2),
                                 .unqueued = &d->enqueue_failed,
                                 .ticket = op->ticket,
-                                .query = d->stream_made ? d->stream : NULL};
+                                .query = d->npool ? d->stream : NULL};
   return gw__dev_ring_end(comm, op, res, &e, err);
 }
 

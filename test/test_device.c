@@ -98,11 +98,7 @@ static double expect_reduce(gw_dtype_t dt, int op, int n, size_t i) {
 }
 
 /* ---- shared with test_device_streams.c (test_device.h) ----------------------------------- */
-int one_queue(void) {
-  const char *q = getenv("GW_DEV_QUEUES");
-  if (q && *q && atoi(q) > 0) return atoi(q) == 1;
-  return dv && dv->queues && dv->queues() == 1;
-}
+int one_queue(void) { return gw__dev_queues() == 1; } /* the runtime's own answer */
 
 int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int32_t **d) {
   DCHECK(dv->stream_create(s));
