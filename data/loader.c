@@ -31,6 +31,7 @@ struct slot {
   struct gw_batch b;
   float *x;      /* [batch, c, h, w], 64-byte aligned, touched once at init */
   int32_t *y;    /* [batch] */
+  uint8_t *stand_in; /* [batch]: 1 where a later sample replaced a skipped one */
   gw_result_t err;
   char msg[512]; /* err's message, or the last skip's reason when err is GW_SUCCESS */
 };
@@ -150,6 +151,7 @@ static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_
     int64_t index = shard[(pos + k) % l->ns];
     gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, sample_key(l->cfg.seed, s->b.epoch, index), out,
                                    &s->y[i]);
+    s->stand_in[i] = k > 0;
     if (r != GW_DATA_SKIPPED) return r;
     s->b.skipped++;
     snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
@@ -278,11 +280,13 @@ static gw_result_t alloc_slots(struct gw_loader *l) {
     struct slot *s = &l->slots[i];
     s->x = aligned_alloc(64, xbytes);
     s->y = calloc((size_t)l->cfg.batch, sizeof *s->y);
-    if (!s->x || !s->y)
+    s->stand_in = calloc((size_t)l->cfg.batch, 1);
+    if (!s->x || !s->y || !s->stand_in)
       return gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory for %d batches of %zu bytes", l->nslots, xbytes);
     memset(s->x, 0, xbytes);
     s->b.x = s->x;
     s->b.y = s->y;
+    s->b.stand_in = s->stand_in;
   }
   return GW_SUCCESS;
 }
@@ -329,6 +333,7 @@ void gw_loader_free(struct gw_loader *l) {
   for (int i = 0; l->slots && i < l->nslots; i++) {
     free(l->slots[i].x);
     free(l->slots[i].y);
+    free(l->slots[i].stand_in);
   }
   for (int i = 0; l->shards && i < l->nshards; i++) free(l->shards[i].idx);
   free(l->slots);

@@ -38,6 +38,9 @@ struct gw_batch {
   const int32_t *y;   /* [n] */
   int n;              /* batch, or fewer for an epoch's short final batch */
   int skipped;        /* samples of this batch that replaced a skipped one */
+  const uint8_t *stand_in; /* [n]: 1 where the sample stands in for a skipped one
+                              (the next readable one of the shard, so it is in
+                              the epoch twice: evaluation counts it once) */
   int64_t epoch;
   int64_t position;   /* the first sample's place in the rank's shard */
 };

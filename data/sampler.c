@@ -12,6 +12,11 @@ gw_result_t gw_sampler_init(struct gw_sampler *s, int64_t n, int world, int rank
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                           "sampler: %lld samples, rank %d of %d: need n >= 1 and 0 <= rank < world",
                           (long long)n, rank, world);
+  /* Every epoch's order is n indices in memory (8 bytes each): 2^40 of them
+   * would be 8 TiB, and n * 8 must not wrap a size_t. */
+  if (n > GW_SAMPLER_MAX_SAMPLES)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sampler: %lld samples: at most %lld (2^40)", (long long)n,
+                          (long long)GW_SAMPLER_MAX_SAMPLES);
   if (drop_last && n < world)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                           "sampler: drop_last with %lld samples over %d ranks leaves every rank nothing", (long long)n,

@@ -27,8 +27,12 @@ struct gw_sampler {
   int64_t num_samples; /* per rank: ceil(n / world), or floor(n / world) with drop_last */
 };
 
+/* The most samples a sampler takes (2^40: an epoch's order is n int64s). */
+#define GW_SAMPLER_MAX_SAMPLES (1ll << 40)
+
 /* Checks and fills s (GW_ERR_INVALID_ARGUMENT, with gw_data_last_error(), for
- * n < 1, rank outside [0, world), or drop_last leaving a rank nothing). */
+ * n < 1 or above GW_SAMPLER_MAX_SAMPLES, rank outside [0, world), or drop_last
+ * leaving a rank nothing). */
 gw_result_t gw_sampler_init(struct gw_sampler *s, int64_t n, int world, int rank, int shuffle, int drop_last,
                             uint64_t seed);
 

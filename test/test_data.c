@@ -714,6 +714,7 @@ START_TEST(loader_skip_substitution) {
   ck_assert_int_eq(b->skipped, 2);
   const int32_t labels[7] = {0, 1, 1, 1, 2, 2, 0};
   for (int i = 0; i < 7; i++) ck_assert_int_eq(b->y[i], labels[i]);
+  for (int i = 0; i < 7; i++) ck_assert_int_eq(b->stand_in[i], i == 4 || i == 6); /* the replaced places */
   size_t f = gw_dataset_sample_floats(ds);
   ck_assert(memcmp(b->x + 4 * f, b->x + 5 * f, f * sizeof(float)) == 0);
   ck_assert(memcmp(b->x + 6 * f, b->x, f * sizeof(float)) == 0);

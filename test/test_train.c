@@ -6,11 +6,7 @@
  *   tensor (summation order differs; on this network PyTorch against itself
  *   differs by ~3% after 3 steps, see test/fixtures/make_resnet_fixtures.py), BN
  *   running statistics within 1e-3;
- * - resume is bit-exact: a 2-rank run interrupted after step 3
- *   (GW_TRAIN_STOP_AT_STEP) and resumed logs the same losses, bit for bit, for
- *   the later steps and writes byte-identical weights as an uninterrupted run;
- * - a damaged newest checkpoint is refused by name and the previous one used; with
- *   none usable, --resume fails and says why;
+ * - checkpoints and resume (test_train_ckpt.c);
  * - bad and contradictory flags are refused before any work, naming the flag.
  * Exits 77 (skipped) when gw-train cannot train (built without oneDNN).
  */
@@ -27,21 +23,16 @@
 #include "gwrun_helpers.h"
 #include "resnet.h"
 #include "safetensors.h"
+#include "test_train.h"
 #include <turbojpeg.h>
 
-static char tmpdir[256];
+char tmpdir[256];
 
-static const char *train_bin(void) { return getenv("GW_TRAIN_BIN"); }
+const char *train_bin(void) { return getenv("GW_TRAIN_BIN"); }
 
-static void path(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tmpdir, name); }
+void path(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tmpdir, name); }
 
-/* gw-run -n ranks gw-train COMMON extra..., waiting up to 120 s. */
-#define COMMON                                                                                                   \
-  "--data", "synthetic", "--synthetic-samples", "96", "--model", "resnet18", "--width-divisor", "8",             \
-      "--in-channels", "3", "--image-size", "16", "--classes", "4", "--stem", "small", "--seed", "5",           \
-      "--warmup-epochs", "0", "--lr", "0.4", "--no-eval", "--threads", "1"
-
-static void train(struct run *r, const char *const *env, const char *ranks, const char *const *extra) {
+void train(struct run *r, const char *const *env, const char *ranks, const char *const *extra) {
   const char *args[64] = {"-n", ranks, train_bin(), COMMON};
   int n = 0;
   while (args[n]) n++;
@@ -52,7 +43,7 @@ static void train(struct run *r, const char *const *env, const char *ranks, cons
   ck_assert_msg(!r->timed_out, "gw-train did not finish in 120 s\nstdout:\n%s\nstderr:\n%s", r->out, r->err);
 }
 
-static void expect_ok(struct run *r) {
+void expect_ok(struct run *r) {
   ck_assert_msg(r->code == 0, "gw-train exited %d\nstdout:\n%s\nstderr:\n%s", r->code, r->out, r->err);
 }
 
@@ -74,7 +65,7 @@ static struct gw_st_file *open_st(const char *name) {
   return f;
 }
 
-static char *slurp(const char *name, size_t *len) {
+char *slurp(const char *name, size_t *len) {
   char p[512];
   path(p, sizeof p, name);
   FILE *f = fopen(p, "rb");
@@ -432,197 +423,6 @@ START_TEST(test_two_ranks_equal_one_rank_double_batch) {
 }
 END_TEST
 
-/* The value of `key` in each training line of a metrics file, by step;
- * returns how many lines had it. */
-static int by_step(const char *file, const char *key, char val[][32], int max) {
-  FILE *f = fopen(file, "r");
-  ck_assert_msg(f, "no metrics file %s", file);
-  char line[1024], pat[64], fmt[96];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  snprintf(fmt, sizeof fmt, "%s%%31[^,}]", pat);
-  int n = 0;
-  while (fgets(line, sizeof line, f)) {
-    long long step;
-    char l[32];
-    const char *p = strstr(line, "\"step\":"), *q = strstr(line, pat);
-    if (!strstr(line, "\"type\":\"train\"") || !p || !q || sscanf(p, "\"step\":%lld", &step) != 1 ||
-        sscanf(q, fmt, l) != 1 || step < 1 || step > max)
-      continue;
-    snprintf(val[step - 1], 32, "%s", l);
-    n++;
-  }
-  fclose(f);
-  return n;
-}
-
-static int same_file(const char *a, const char *b) {
-  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-  int same = fa && fb;
-  while (same) {
-    int ca = fgetc(fa), cb = fgetc(fb);
-    if (ca != cb) same = 0;
-    if (ca == EOF || cb == EOF) break;
-  }
-  if (fa) fclose(fa);
-  if (fb) fclose(fb);
-  return same;
-}
-
-/* Seven steps uninterrupted against three, an interruption and a resume from
- * the checkpoint of step 2: the same losses (and the other metrics named in
- * keys) step by step and the same final weights, bit for bit.  env and flags
- * are added to every run. */
-static void resume_case(const char *tag, const char *env1, const char *const *flags, const char *const *keys) {
-  char full_w[512], full_m[512], part_w[512], part_m[512], full_d[512], part_d[512], name[128];
-#define TAGGED(buf, what) (snprintf(name, sizeof name, "%s-" what, tag), path(buf, sizeof buf, name))
-  TAGGED(full_w, "full.safetensors"), TAGGED(full_m, "full.jsonl"), TAGGED(full_d, "ckpt-full");
-  TAGGED(part_w, "part.safetensors"), TAGGED(part_m, "part.jsonl"), TAGGED(part_d, "ckpt-part");
-#undef TAGGED
-  struct run r;
-  const char *const env[] = {env1, NULL}, *const stop[] = {"GW_TRAIN_STOP_AT_STEP=3", env1, NULL};
-  const char *common[32] = {"--steps", "7", "--batch", "8", "--checkpoint-every", "2", "--save-weights", NULL,
-                            "--metrics", NULL, "--checkpoint-dir", NULL};
-  int n = 12;
-  for (int i = 0; flags[i]; i++) common[n++] = flags[i];
-  common[7] = full_w, common[9] = full_m, common[11] = full_d;
-  train(&r, env, "2", common);
-  expect_ok(&r);
-  gwrun_free(&r);
-  common[7] = part_w, common[9] = part_m, common[11] = part_d;
-  train(&r, stop, "2", common);
-  ck_assert_msg(r.code != 0 && strstr(r.out, "stopping after step 3"), "the interrupted run: exit %d\n%s\n%s",
-                r.code, r.out, r.err);
-  gwrun_free(&r);
-  common[n] = "--resume";
-  train(&r, env, "2", common);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "resumed from") && strstr(r.out, "ckpt-2.safetensors at step 2"),
-                "did not resume from step 2:\n%s", r.out);
-  gwrun_free(&r);
-  for (int k = 0; keys[k]; k++) {
-    char lf[7][32], lp[7][32];
-    memset(lf, 0, sizeof lf), memset(lp, 0, sizeof lp);
-    ck_assert_int_eq(by_step(full_m, keys[k], lf, 7), 7);
-    by_step(part_m, keys[k], lp, 7); /* steps 1-3, then 3-7 again after the resume: the later lines win */
-    for (int s = 0; s < 7; s++)
-      ck_assert_msg(strcmp(lf[s], lp[s]) == 0, "%s: step %d: %s %s uninterrupted, %s resumed", tag, s + 1, keys[k],
-                    lf[s], lp[s]);
-  }
-  ck_assert_msg(same_file(full_w, part_w), "%s: the final weights differ between the uninterrupted and resumed runs",
-                tag);
-}
-
-START_TEST(test_resume_is_bit_exact) {
-  resume_case("plain", NULL, (const char *const[]){NULL}, (const char *const[]){"loss", NULL});
-  /* The weights and momentum kept on a (pretend) device: checkpoints and the
-   * resume go through the host copies. */
-  resume_case("resident", "GW_TRAIN_CPU_AS_DEVICE=1", (const char *const[]){NULL},
-              (const char *const[]){"loss", NULL});
-}
-END_TEST
-
-/* The loss scaler's state is in the checkpoint: step 2 overflows (forced), the
- * scale halves to 32768 and step 2's checkpoint carries it and the overflow
- * count, so the resumed steps report what the uninterrupted ones do. */
-START_TEST(test_resume_keeps_loss_scale) {
-  resume_case("scaled", "GW_TRAIN_OVERFLOW_AT_STEP=2",
-              (const char *const[]){"--amp", "bf16", "--loss-scale", "dynamic", NULL},
-              (const char *const[]){"loss", "loss_scale", "overflows", NULL});
-}
-END_TEST
-
-/* Rewrites checkpoint `file` as gw-train wrote it before the loss scaler was
- * saved: the same tensors but "scaler", the checksum (FNV-1a 64 over the
- * tensors' bytes in file order) over those. */
-static void strip_scaler(const char *file) {
-  struct gw_st_file *f = NULL;
-  ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
-  struct gw_st_tensor keep[16];
-  int n = 0;
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int i = 0; i < f->ntensors; i++) {
-    if (!strcmp(f->tensors[i].name, "scaler")) continue;
-    ck_assert(n < 16);
-    keep[n] = f->tensors[i];
-    const unsigned char *b = keep[n].data;
-    for (size_t j = 0; j < keep[n].nbytes; j++) h = (h ^ b[j]) * 0x100000001b3ull;
-    n++;
-  }
-  ck_assert_int_eq(n, f->ntensors - 1);
-  char sum[32];
-  snprintf(sum, sizeof sum, "%016llx", (unsigned long long)h);
-  const char *meta[] = {"format", gw_st_metadata(f, "format"), "config", gw_st_metadata(f, "config"), "checksum", sum,
-                        NULL};
-  ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
-  gw_st_free(f);
-}
-
-/* A checkpoint of an older gw-train (no loss scaler state) still resumes: the
- * scale restarts at its initial value, and the run says so. */
-START_TEST(test_resume_old_checkpoint) {
-  char dir[512], c2[600];
-  path(dir, sizeof dir, "ckpt-old");
-  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
-  struct run r;
-  const char *const noenv[] = {NULL};
-  const char *args[] = {"--steps", "2", "--batch", "8", "--amp", "bf16", "--loss-scale", "dynamic",
-                        "--checkpoint-dir", dir, "--checkpoint-every", "2", NULL, NULL};
-  train(&r, noenv, "1", args);
-  expect_ok(&r);
-  gwrun_free(&r);
-  strip_scaler(c2);
-  args[1] = "3", args[12] = "--resume";
-  train(&r, noenv, "1", args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2") &&
-                    strstr(r.out, "no loss scaler state (written by an older gw-train); the loss scale restarts at "
-                                  "65536"),
-                "an old checkpoint was not resumed with a note:\n%s", r.out);
-  gwrun_free(&r);
-}
-END_TEST
-
-static void flip_byte(const char *file, long from_end) {
-  FILE *f = fopen(file, "r+b");
-  ck_assert_msg(f, "cannot open %s", file);
-  fseek(f, -from_end, SEEK_END);
-  int c = fgetc(f);
-  fseek(f, -from_end, SEEK_END);
-  fputc(c ^ 0x40, f);
-  fclose(f);
-}
-
-START_TEST(test_damaged_checkpoint) {
-  char dir[512], c2[600], c4[600];
-  path(dir, sizeof dir, "ckpt-damage");
-  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
-  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
-  struct run r;
-  const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
-                                              "--checkpoint-every", "2", NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  flip_byte(c4, 100); /* inside the data: only the checksum can tell */
-  train(&r, noenv, "1", (const char *const[]){"--steps", "6", "--batch", "8", "--checkpoint-dir", dir,
-                                              "--checkpoint-every", "2", "--resume", NULL});
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused") && strstr(r.out, "checksum") &&
-                    strstr(r.out, "ckpt-2.safetensors at step 2"),
-                "expected ckpt-4 refused and ckpt-2 used:\n%s", r.out);
-  gwrun_free(&r);
-  /* Now damage everything: resume must refuse, not start over. */
-  char c6[600];
-  snprintf(c6, sizeof c6, "%s/ckpt-6.safetensors", dir);
-  flip_byte(c2, 100), flip_byte(c6, 100);
-  ck_assert_int_eq(truncate(c4, 50), 0);
-  train(&r, noenv, "1", (const char *const[]){"--steps", "8", "--batch", "8", "--checkpoint-dir", dir, "--resume",
-                                              NULL});
-  ck_assert_msg(r.code != 0 && strstr(r.err, "no usable checkpoint"), "exit %d\n%s\n%s", r.code, r.out, r.err);
-  gwrun_free(&r);
-}
-END_TEST
-
 /* A JPEG of w x h pseudo-random pixels at path, cut to `keep` of its length. */
 static void write_jpeg(const char *file, int w, int h, unsigned seed, double keep) {
   unsigned char *px = malloc((size_t)w * h * 3);
@@ -664,6 +464,12 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   FILE *f = fopen(file, "w");
   fputs("not a picture\n", f);
   fclose(f);
+  /* In the validation set too: the sample put in its place is scored once, at
+   * its own place, so the evaluation counts the 8 readable ones. */
+  snprintf(file, sizeof file, "%s/val/dog/notes.jpg", root);
+  f = fopen(file, "w");
+  fputs("not a picture either\n", f);
+  fclose(f);
   char spec[600];
   snprintf(spec, sizeof spec, "imagenet:%s", root);
   struct run r;
@@ -674,7 +480,9 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   gwrun_start(&r, noenv, args);
   gwrun_wait(&r, 120);
   expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "evaluation: top-1"), "no evaluation:\n%s", r.out);
+  ck_assert_msg(strstr(r.out, "evaluation: top-1") && strstr(r.out, "over 8 samples") &&
+                    !strstr(r.out, "over 9 samples"),
+                "no evaluation over the 8 readable validation samples:\n%s", r.out);
   gwrun_free(&r);
   f = fopen(metrics, "r");
   ck_assert_ptr_nonnull(f);
@@ -689,6 +497,47 @@ START_TEST(test_imagefolder_bad_files_skipped) {
    * met once per epoch, and a replacement can itself be the other bad file (the
    * shuffled order decides), so 4 to 8 replacements. */
   ck_assert_msg(skipped >= 4 && skipped <= 8, "the metrics count %lld skipped samples, expected 4 to 8", skipped);
+}
+END_TEST
+
+/* A diverged model (NaN logits) scores 0% in the evaluation, not 100%: a NaN
+ * compares false with everything, which used to leave the label on top. */
+START_TEST(test_nan_logits_score_zero) {
+  char init[512], nan[512];
+  path(init, sizeof init, "nan-init.safetensors");
+  path(nan, sizeof nan, "nan.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", init, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  struct gw_st_file *f = open_st("nan-init.safetensors");
+  struct gw_st_tensor t[512];
+  ck_assert_int_le(f->ntensors, 512);
+  float *fc = NULL;
+  for (int i = 0; i < f->ntensors; i++) {
+    t[i] = f->tensors[i];
+    if (!strcmp(t[i].name, "fc.weight")) {
+      fc = malloc(t[i].nbytes);
+      for (size_t j = 0; j < t[i].nbytes / sizeof(float); j++) fc[j] = NAN;
+      t[i].data = fc;
+    }
+  }
+  ck_assert_msg(fc != NULL, "no fc.weight in %s", init);
+  ck_assert_msg(gw_st_write(nan, t, f->ntensors, NULL) == GW_SUCCESS, "%s", gw_model_last_error());
+  gw_st_free(f);
+  free(fc);
+  /* COMMON without --no-eval */
+  const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "32", "--model",
+                        "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
+                        "4", "--stem", "small", "--threads", "1", "--epochs", "1", "--batch", "16", "--lr", "0",
+                        "--load-weights", nan, NULL};
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "evaluation: top-1 0.00%, top-5 0.00%, loss nan"),
+                "NaN logits did not score 0:\n%s", r.out);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -724,6 +573,8 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--classes", "5", "--batch", "100000",
                                 "--synthetic-samples", "10", NULL},
           "--batch");
+  refused((const char *const[]){"--steps", "2", "--synthetic-samples", "2305843009213693953", NULL},
+          "--synthetic-samples wants a whole number in [1, 1099511627776]");
   refused((const char *const[]){"--steps", "2", "--keep-checkpoints", "2", NULL},
           "--keep-checkpoints needs --checkpoint-dir");
   refused((const char *const[]){"--steps", "2", "--plot", "p.png", "--no-eval", NULL}, "drop --no-eval");
@@ -741,43 +592,6 @@ START_TEST(test_bad_flags) {
           "not as given: --classes 5 (left out, they are the data's)");
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--host-step", NULL},
           "--host-step: the cpu backend's weights");
-}
-END_TEST
-
-/* A checkpoint folder that holds checkpoints is another run's unless --resume
- * says otherwise: a new run there is refused and leaves the files as they
- * were (it would have overwritten them, and pruned them to the newest K). */
-START_TEST(test_checkpoint_dir_guarded) {
-  char dir[512], c2[600], copy[600];
-  path(dir, sizeof dir, "ckpt-guard");
-  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
-  path(copy, sizeof copy, "ckpt-guard-2.safetensors");
-  struct run r;
-  const char *const noenv[] = {NULL};
-  const char *args[] = {"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1", NULL};
-  train(&r, noenv, "1", args);
-  expect_ok(&r);
-  gwrun_free(&r);
-  size_t n;
-  char *before = slurp("ckpt-guard/ckpt-2.safetensors", &n); /* a name under tmpdir */
-  FILE *f = fopen(copy, "wb");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fwrite(before, 1, n, f), n);
-  fclose(f);
-  free(before);
-  args[1] = "1";
-  train(&r, noenv, "1", args); /* a new run: its step 1 would write over ckpt-1 */
-  ck_assert_msg(r.code != 0 && strstr(r.err, "already holds 2 checkpoints (the newest ckpt-2.safetensors)") &&
-                    strstr(r.err, "--resume"),
-                "a new run into a folder of checkpoints: exit %d\n%s\n%s", r.code, r.out, r.err);
-  gwrun_free(&r);
-  ck_assert_msg(same_file(c2, copy), "the refused run changed ckpt-2");
-  const char *resume[] = {"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1",
-                          "--resume", NULL};
-  train(&r, noenv, "1", resume);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2"), "--resume did not continue:\n%s", r.out);
-  gwrun_free(&r);
 }
 END_TEST
 
@@ -807,7 +621,6 @@ static Suite *make_suite(void) {
   TCase *tc = tcase_create("gw-train");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
-  tcase_add_test(tc, test_checkpoint_dir_guarded);
   tcase_add_test(tc, test_plot_nothing_to_draw);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_device_path_equals_host);
@@ -818,10 +631,8 @@ static Suite *make_suite(void) {
 #if GW_HAVE_IBVERBS
   tcase_add_test(tc, test_over_ib_equals_shm);
 #endif
-  tcase_add_test(tc, test_resume_is_bit_exact);
-  tcase_add_test(tc, test_resume_keeps_loss_scale);
-  tcase_add_test(tc, test_resume_old_checkpoint);
-  tcase_add_test(tc, test_damaged_checkpoint);
+  add_checkpoint_tests(tc);
+  tcase_add_test(tc, test_nan_logits_score_zero);
   tcase_add_test(tc, test_imagefolder_bad_files_skipped);
   suite_add_tcase(s, tc);
   return s;

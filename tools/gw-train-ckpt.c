@@ -6,10 +6,14 @@
  * fsync, rename, directory fsync), so a crash leaves the previous checkpoint
  * whole; the newest `keep` are kept.  On resume the newest file that parses,
  * matches the configuration and passes its checksum is used; a damaged newer one
- * is named in a warning and skipped, never deleted (it may be worth a look).
+ * is named in a warning, skipped, and moved aside to ckpt-<step>.safetensors.refused
+ * (never deleted: it may be worth a look; never counted among the newest `keep`
+ * nor overwritten when the run reaches its step again).  Temporary files of a
+ * save that a dead writer left behind are removed when the directory is opened.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,8 +86,11 @@ static int list_steps(const char *dir, int64_t *steps, int max) {
   struct dirent *de;
   while ((de = readdir(d)) && n < max) {
     long long s;
-    char tail[32];
-    if (sscanf(de->d_name, "ckpt-%lld.%31s", &s, tail) == 2 && strcmp(tail, "safetensors") == 0 && s >= 0)
+    char tail[32], name[64];
+    /* Exactly the names ckpt_save writes (not ckpt-007 or ckpt-+7, which would
+     * stand for another file's step). */
+    if (sscanf(de->d_name, "ckpt-%lld.%31s", &s, tail) == 2 && strcmp(tail, "safetensors") == 0 && s >= 0 &&
+        (size_t)snprintf(name, sizeof name, "ckpt-%lld.safetensors", s) < sizeof name && !strcmp(name, de->d_name))
       steps[n++] = s;
   }
   closedir(d);
@@ -105,6 +112,27 @@ static void prune(const char *dir, int keep) {
   }
 }
 
+/* Removes ckpt-<step>.safetensors.tmp.<pid>.<k> of writers no longer running
+ * (a save killed before its rename); a live writer's is left alone. */
+static void remove_stale_temps(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *de;
+  char path[4096];
+  while ((de = readdir(d))) {
+    long long s, pid;
+    unsigned k;
+    int end = 0;
+    if (sscanf(de->d_name, "ckpt-%lld.safetensors.tmp.%lld.%u%n", &s, &pid, &k, &end) != 3 ||
+        de->d_name[end] != 0 || pid <= 0)
+      continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* running, or not ours to judge */
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    unlink(path);
+  }
+  closedir(d);
+}
+
 int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
   struct stat sb;
   if (!dir[0]) {
@@ -123,6 +151,7 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
     snprintf(err, errlen, "--checkpoint-dir %s: cannot write into it: %s", dir, strerror(errno));
     return -1;
   }
+  remove_stale_temps(dir);
   int64_t steps[MAX_CKPT];
   const int n = list_steps(dir, steps, MAX_CKPT);
   if (n < 0) {
@@ -175,6 +204,11 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
    * last one); they load without it. */
   st->has_scaler = gw_st_find(f, "scaler") != NULL;
   if (!st->has_scaler) want.n--;
+  if (!gw_st_find(f, "momentum") != !gw_sgd_momentum(sgd)) {
+    snprintf(why, whylen, "it was written by a run %s momentum buffer and this run has %s (--momentum)",
+             gw_sgd_momentum(sgd) ? "without a" : "with a", gw_sgd_momentum(sgd) ? "one" : "none");
+    return -1;
+  }
   struct ckpt_tensors got = want;
   for (int i = 0; i < want.n; i++) {
     const struct gw_st_tensor *t = gw_st_find(f, want.t[i].name);
@@ -223,7 +257,20 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
     if (!ok) snprintf(why, sizeof why, "%s", gw_model_last_error());
     ok = ok && load_one(f, m, sgd, st, config, why, sizeof why) == 0;
     gw_st_free(f);
-    if (ok) return 0;
+    if (ok) {
+      /* The newer files refused: out of the way of this run's pruning and saves. */
+      for (int j = 0; j < i; j++) {
+        char from[4096], to[4200];
+        snprintf(from, sizeof from, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[j]);
+        snprintf(to, sizeof to, "%s.refused", from);
+        int w = rename(from, to) == 0
+                    ? snprintf(err_note + used, notelen > used ? notelen - used : 0, "; moved to %s", to)
+                    : snprintf(err_note + used, notelen > used ? notelen - used : 0, "; cannot move %s aside: %s",
+                               from, strerror(errno));
+        if (w > 0) used += (size_t)w < notelen - used ? (size_t)w : notelen - used - 1;
+      }
+      return 0;
+    }
     /* Remember what was wrong with each newer file; go on to the older one. */
     int w = snprintf(err_note + used, notelen > used ? notelen - used : 0, "%scheckpoint %s refused: %s",
                      used ? "; " : "", path_out, why);

@@ -22,6 +22,7 @@
  * checkpoints, as PyTorch DDP's broadcast_buffers.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@
 
 struct trainer {
   const struct train_opts *o;
+  int64_t saved_step; /* the step of the last checkpoint written or resumed */
   /* A device backend's first step in this process: its allreduces start after
    * backward is queued and are waited for before the optimizer (see
    * overlapping()). */
@@ -256,11 +258,14 @@ static int setup_model(struct trainer *t) {
              t->np * sizeof(float) >> 20);
     return fail(t, "optimizer", d);
   }
+  /* What a resumed run must share with the saved one (the data order and the
+   * steps per epoch come from data, world, batch, seed and --drop-last; the
+   * last is named only when on, so older checkpoints of default runs match). */
   snprintf(t->config, sizeof t->config,
-           "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d seed=%llu",
+           "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d seed=%llu%s",
            o->model_name, cfg.classes, cfg.in_channels, cfg.image_size,
            cfg.stem == GW_STEM_SMALL ? "small" : "imagenet", cfg.width_divisor, o->data, t->world, o->batch,
-           (unsigned long long)cfg.seed);
+           (unsigned long long)cfg.seed, o->drop_last ? " drop_last" : "");
   /* One model everywhere: rank 0's. */
   if (bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "broadcasting the initial weights") != 0) return -1;
   return bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "broadcasting the BN statistics");
@@ -360,6 +365,7 @@ static int backend_from_host(struct trainer *t) {
 
 static int save_checkpoint(struct trainer *t) {
   char err[600];
+  t->saved_step = t->st.step;
   if (!t->o->checkpoint_dir || t->rank != 0) return 0;
   if (host_from_backend(t, "checkpoint") != 0) return -1;
   if (ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
@@ -425,18 +431,21 @@ struct eval_counts {
   double top1, top5, loss, n;
 };
 
-/* Cross-entropy (no smoothing) and whether the label is in the top 1 / 5. */
+/* Cross-entropy (no smoothing) and whether the label is in the top 1 / 5.  A
+ * NaN logit ranks above every number, and a NaN label's logit is in no top-k
+ * (a diverged model scores 0, not 100%); the loss comes out NaN. */
 static void score(const float *z, int k, int label, struct eval_counts *c) {
   double mx = z[0], s = 0;
   int above = 0;
-  for (int j = 1; j < k; j++) mx = z[j] > mx ? z[j] : mx;
+  const bool lnan = isnan(z[label]);
+  for (int j = 1; j < k; j++) mx = z[j] > mx || isnan(z[j]) ? z[j] : mx;
   for (int j = 0; j < k; j++) {
     s += exp((double)z[j] - mx);
-    above += z[j] > z[label] || (z[j] == z[label] && j < label);
+    above += j != label && (isnan(z[j]) || z[j] > z[label] || (z[j] == z[label] && j < label));
   }
   c->loss += mx + log(s) - z[label];
-  c->top1 += above < 1;
-  c->top5 += above < 5;
+  c->top1 += !lnan && above < 1; /* a NaN label's logit is in no top-k */
+  c->top5 += !lnan && above < 5;
   c->n += 1;
 }
 
@@ -457,7 +466,8 @@ static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_
     /* The sampler pads the last shards by repeating the first samples: count
      * each sample once. */
     int64_t global = t->rank + (int64_t)t->world * (bt->position + i);
-    if (global < n) score(t->logits + (size_t)i * k, k, bt->y[i], c);
+    /* A sample standing in for an unreadable one is in the epoch at its own place too. */
+    if (global < n && !bt->stand_in[i]) score(t->logits + (size_t)i * k, k, bt->y[i], c);
   }
   return 0;
 }
@@ -691,9 +701,11 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
 static int epoch_end(struct trainer *t, int64_t epoch) {
   double mean = t->st.loss_count ? t->st.loss_sum / (double)t->st.loss_count : 0;
   log_text(&t->log, "epoch %lld done: mean training loss %.4f", (long long)epoch + 1, mean);
-  if (t->o->eval && evaluate(t, epoch + 1, mean) != 0) return -1;
   t->st.loss_sum = 0, t->st.loss_count = 0;
-  return save_checkpoint(t);
+  /* Saved before the evaluation (which changes nothing saved), so a job that
+   * ends during it keeps the epoch. */
+  if (save_checkpoint(t) != 0) return -1;
+  return t->o->eval ? evaluate(t, epoch + 1, mean) : 0;
 }
 
 /* A test hook: GW_TRAIN_STOP_AT_STEP=N ends the job right after step N (and its
@@ -712,6 +724,7 @@ static int run_steps(struct trainer *t) {
   const int ahead = !t->ops->host_memory;
   struct taken k = {0}, next = {0};
   int have_next = 0;
+  t->saved_step = t->st.step; /* what a resume started from, or nothing yet */
   while (t->st.step < t->total_steps) {
     if (have_next) k = next, k.ahead = 1, have_next = 0;
     else if (take_batch(t, &k) != 0) return -1;
@@ -734,7 +747,9 @@ static int run_steps(struct trainer *t) {
       return -1;
     if (interrupted_here(t)) return STOPPED;
   }
-  return 0;
+  /* The end of a run between checkpoints (--steps): its last state, so a later
+   * --resume with more steps continues from there. */
+  return t->saved_step != t->st.step && t->o->checkpoint_dir ? save_checkpoint(t) : 0;
 }
 
 /* ---- the job */
@@ -797,6 +812,7 @@ static void teardown(struct trainer *t) {
   gw_loader_free(t->train_ld);
   gw_loader_free(t->val_ld);
   gw_sgd_free(t->sgd);
+  if (t->comm) gw_comm_deregister(t->comm, t->grads_reg); /* before the gradients' memory goes */
   gw_exec_free(t->e);
   if (t->mom_dev) t->ops->dealloc(t->b, t->mom_dev);
   if (t->b) t->ops->destroy(t->b);
@@ -804,7 +820,7 @@ static void teardown(struct trainer *t) {
   gw_dataset_free(t->train_ds);
   gw_dataset_free(t->val_ds);
   free(t->pad_x), free(t->logits), free(t->pad_y);
-  if (t->comm) gw_comm_deregister(t->comm, t->grads_reg), gw_comm_destroy(t->comm);
+  if (t->comm) gw_comm_destroy(t->comm);
 }
 
 static int finish(struct trainer *t) {

@@ -18,6 +18,7 @@
 #include "backend.h" /* GW_LAYOUT_* */
 #include "gw-train.h"
 #include "gw_config.h"
+#include "sampler.h" /* GW_SAMPLER_MAX_SAMPLES */
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -73,7 +74,7 @@ static void usage(FILE *f) {
           "                           every reduction step in float32, the result back in float32\n"
           "checkpoints:\n"
           "  --checkpoint-dir DIR     rank 0 writes checkpoints there (atomic, checksummed)\n"
-          "  --checkpoint-every N     also every N steps (default: at epoch ends only)\n"
+          "  --checkpoint-every N     also every N steps (default: at epoch ends and at the last step only)\n"
           "  --keep-checkpoints K     newest kept (default 3)\n"
           "  --resume                 continue from the newest valid checkpoint in --checkpoint-dir (without it,\n"
           "                           a folder that holds checkpoints is refused: a new run would overwrite them)\n"
@@ -221,7 +222,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_DROPLAST: o->drop_last = 1; return 0;
   case O_SYNSAMPLES: {
     long v;
-    if (parse_long("--synthetic-samples", arg, 1, LONG_MAX / 2, &v) != 0) return -1;
+    if (parse_long("--synthetic-samples", arg, 1, GW_SAMPLER_MAX_SAMPLES, &v) != 0) return -1;
     o->synthetic_samples = v;
     return 0;
   }
@@ -347,11 +348,11 @@ static int parse(int argc, char **argv, struct train_opts *o) {
     fprintf(stderr, "gw-train: unexpected argument '%s' (see --help)\n", argv[optind]);
     return 2;
   }
-  if (check(o) != 0) return 2;
   /* float16's range (65504 down to 2^-24) needs the gradients scaled: dynamic
-   * scaling unless --loss-scale says otherwise, as PyTorch's GradScaler. */
+   * scaling unless --loss-scale says otherwise, as PyTorch's GradScaler (before
+   * the checks: --loss-scale-init applies to it). */
   if (o->amp == GW_FLOAT16 && !o->loss_scale_given) o->loss_scale_dynamic = 1, o->loss_scale = 65536;
-  return 0;
+  return check(o) != 0 ? 2 : 0;
 }
 
 /* --steps 0: the model alone, from the command line's shape. */

@@ -1,0 +1,33 @@
+/* test_train.h - what test_train.c's cases share with test_train_ckpt.c's. */
+#ifndef GW_TEST_TRAIN_H
+#define GW_TEST_TRAIN_H
+
+#include <check.h>
+#include <stddef.h>
+
+#include "gwrun_helpers.h"
+
+/* The tests' scratch folder (made by main, removed at the end). */
+extern char tmpdir[256];
+
+/* The gw-train binary under test (GW_TRAIN_BIN). */
+const char *train_bin(void);
+/* tmpdir/name. */
+void path(char *out, size_t cap, const char *name);
+
+/* A narrow ResNet-18 on 96 synthetic 16x16 samples: each run takes seconds. */
+#define COMMON                                                                                                   \
+  "--data", "synthetic", "--synthetic-samples", "96", "--model", "resnet18", "--width-divisor", "8",             \
+      "--in-channels", "3", "--image-size", "16", "--classes", "4", "--stem", "small", "--seed", "5",           \
+      "--warmup-epochs", "0", "--lr", "0.4", "--no-eval", "--threads", "1"
+
+/* gw-run -n ranks gw-train COMMON extra..., waiting up to 120 s. */
+void train(struct run *r, const char *const *env, const char *ranks, const char *const *extra);
+void expect_ok(struct run *r);
+/* The whole of file tmpdir/name (free it). */
+char *slurp(const char *name, size_t *len);
+
+/* test_train_ckpt.c's cases. */
+void add_checkpoint_tests(TCase *tc);
+
+#endif

@@ -1,0 +1,344 @@
+/* test_train_ckpt.c - gw-train's checkpoints and --resume, end to end:
+ * - resume is bit-exact: a 2-rank run interrupted after step 3
+ *   (GW_TRAIN_STOP_AT_STEP) and resumed logs the same losses, bit for bit, for
+ *   the later steps and writes byte-identical weights as an uninterrupted run
+ *   (also with the weights on a pretend device, and with the loss scaler);
+ * - a checkpoint of an older gw-train (no scaler state) still resumes;
+ * - a damaged newest checkpoint is refused by name, moved aside, and the
+ *   previous one used (and kept: pruning counts only this run's files); with
+ *   none usable, --resume fails and says why;
+ * - a folder of checkpoints is refused to a new run;
+ * - the last step is saved; a run with other options is refused by name.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gwrun_helpers.h"
+#include "resnet.h" /* gw_model_last_error */
+#include "safetensors.h"
+#include "test_train.h"
+
+/* The value of `key` in each training line of a metrics file, by step;
+ * returns how many lines had it. */
+static int by_step(const char *file, const char *key, char val[][32], int max) {
+  FILE *f = fopen(file, "r");
+  ck_assert_msg(f, "no metrics file %s", file);
+  char line[1024], pat[64], fmt[96];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  snprintf(fmt, sizeof fmt, "%s%%31[^,}]", pat);
+  int n = 0;
+  while (fgets(line, sizeof line, f)) {
+    long long step;
+    char l[32];
+    const char *p = strstr(line, "\"step\":"), *q = strstr(line, pat);
+    if (!strstr(line, "\"type\":\"train\"") || !p || !q || sscanf(p, "\"step\":%lld", &step) != 1 ||
+        sscanf(q, fmt, l) != 1 || step < 1 || step > max)
+      continue;
+    snprintf(val[step - 1], 32, "%s", l);
+    n++;
+  }
+  fclose(f);
+  return n;
+}
+
+static int same_file(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  int same = fa && fb;
+  while (same) {
+    int ca = fgetc(fa), cb = fgetc(fb);
+    if (ca != cb) same = 0;
+    if (ca == EOF || cb == EOF) break;
+  }
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
+}
+
+/* Seven steps uninterrupted against three, an interruption and a resume from
+ * the checkpoint of step 2: the same losses (and the other metrics named in
+ * keys) step by step and the same final weights, bit for bit.  env and flags
+ * are added to every run. */
+static void resume_case(const char *tag, const char *env1, const char *const *flags, const char *const *keys) {
+  char full_w[512], full_m[512], part_w[512], part_m[512], full_d[512], part_d[512], name[128];
+#define TAGGED(buf, what) (snprintf(name, sizeof name, "%s-" what, tag), path(buf, sizeof buf, name))
+  TAGGED(full_w, "full.safetensors"), TAGGED(full_m, "full.jsonl"), TAGGED(full_d, "ckpt-full");
+  TAGGED(part_w, "part.safetensors"), TAGGED(part_m, "part.jsonl"), TAGGED(part_d, "ckpt-part");
+#undef TAGGED
+  struct run r;
+  const char *const env[] = {env1, NULL}, *const stop[] = {"GW_TRAIN_STOP_AT_STEP=3", env1, NULL};
+  const char *common[32] = {"--steps", "7", "--batch", "8", "--checkpoint-every", "2", "--save-weights", NULL,
+                            "--metrics", NULL, "--checkpoint-dir", NULL};
+  int n = 12;
+  for (int i = 0; flags[i]; i++) common[n++] = flags[i];
+  common[7] = full_w, common[9] = full_m, common[11] = full_d;
+  train(&r, env, "2", common);
+  expect_ok(&r);
+  gwrun_free(&r);
+  common[7] = part_w, common[9] = part_m, common[11] = part_d;
+  train(&r, stop, "2", common);
+  ck_assert_msg(r.code != 0 && strstr(r.out, "stopping after step 3"), "the interrupted run: exit %d\n%s\n%s",
+                r.code, r.out, r.err);
+  gwrun_free(&r);
+  common[n] = "--resume";
+  train(&r, env, "2", common);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "resumed from") && strstr(r.out, "ckpt-2.safetensors at step 2"),
+                "did not resume from step 2:\n%s", r.out);
+  gwrun_free(&r);
+  for (int k = 0; keys[k]; k++) {
+    char lf[7][32], lp[7][32];
+    memset(lf, 0, sizeof lf), memset(lp, 0, sizeof lp);
+    ck_assert_int_eq(by_step(full_m, keys[k], lf, 7), 7);
+    by_step(part_m, keys[k], lp, 7); /* steps 1-3, then 3-7 again after the resume: the later lines win */
+    for (int s = 0; s < 7; s++)
+      ck_assert_msg(strcmp(lf[s], lp[s]) == 0, "%s: step %d: %s %s uninterrupted, %s resumed", tag, s + 1, keys[k],
+                    lf[s], lp[s]);
+  }
+  ck_assert_msg(same_file(full_w, part_w), "%s: the final weights differ between the uninterrupted and resumed runs",
+                tag);
+}
+
+START_TEST(test_resume_is_bit_exact) {
+  resume_case("plain", NULL, (const char *const[]){NULL}, (const char *const[]){"loss", NULL});
+  /* The weights and momentum kept on a (pretend) device: checkpoints and the
+   * resume go through the host copies. */
+  resume_case("resident", "GW_TRAIN_CPU_AS_DEVICE=1", (const char *const[]){NULL},
+              (const char *const[]){"loss", NULL});
+}
+END_TEST
+
+/* The loss scaler's state is in the checkpoint: step 2 overflows (forced), the
+ * scale halves to 32768 and step 2's checkpoint carries it and the overflow
+ * count, so the resumed steps report what the uninterrupted ones do. */
+START_TEST(test_resume_keeps_loss_scale) {
+  resume_case("scaled", "GW_TRAIN_OVERFLOW_AT_STEP=2",
+              (const char *const[]){"--amp", "bf16", "--loss-scale", "dynamic", NULL},
+              (const char *const[]){"loss", "loss_scale", "overflows", NULL});
+}
+END_TEST
+
+/* Rewrites checkpoint `file` as gw-train wrote it before the loss scaler was
+ * saved: the same tensors but "scaler", the checksum (FNV-1a 64 over the
+ * tensors' bytes in file order) over those. */
+static void strip_scaler(const char *file) {
+  struct gw_st_file *f = NULL;
+  ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct gw_st_tensor keep[16];
+  int n = 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int i = 0; i < f->ntensors; i++) {
+    if (!strcmp(f->tensors[i].name, "scaler")) continue;
+    ck_assert(n < 16);
+    keep[n] = f->tensors[i];
+    const unsigned char *b = keep[n].data;
+    for (size_t j = 0; j < keep[n].nbytes; j++) h = (h ^ b[j]) * 0x100000001b3ull;
+    n++;
+  }
+  ck_assert_int_eq(n, f->ntensors - 1);
+  char sum[32];
+  snprintf(sum, sizeof sum, "%016llx", (unsigned long long)h);
+  const char *meta[] = {"format", gw_st_metadata(f, "format"), "config", gw_st_metadata(f, "config"), "checksum", sum,
+                        NULL};
+  ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
+  gw_st_free(f);
+}
+
+/* A checkpoint of an older gw-train (no loss scaler state) still resumes: the
+ * scale restarts at its initial value, and the run says so. */
+START_TEST(test_resume_old_checkpoint) {
+  char dir[512], c2[600];
+  path(dir, sizeof dir, "ckpt-old");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *args[] = {"--steps", "2", "--batch", "8", "--amp", "bf16", "--loss-scale", "dynamic",
+                        "--checkpoint-dir", dir, "--checkpoint-every", "2", NULL, NULL};
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  strip_scaler(c2);
+  args[1] = "3", args[12] = "--resume";
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2") &&
+                    strstr(r.out, "no loss scaler state (written by an older gw-train); the loss scale restarts at "
+                                  "65536"),
+                "an old checkpoint was not resumed with a note:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+static void flip_byte(const char *file, long from_end) {
+  FILE *f = fopen(file, "r+b");
+  ck_assert_msg(f, "cannot open %s", file);
+  fseek(f, -from_end, SEEK_END);
+  int c = fgetc(f);
+  fseek(f, -from_end, SEEK_END);
+  fputc(c ^ 0x40, f);
+  fclose(f);
+}
+
+START_TEST(test_damaged_checkpoint) {
+  char dir[512], c2[600], c4[600];
+  path(dir, sizeof dir, "ckpt-damage");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  flip_byte(c4, 100); /* inside the data: only the checksum can tell */
+  train(&r, noenv, "1", (const char *const[]){"--steps", "6", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", "--resume", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused") && strstr(r.out, "checksum") &&
+                    strstr(r.out, "ckpt-2.safetensors at step 2"),
+                "expected ckpt-4 refused and ckpt-2 used:\n%s", r.out);
+  gwrun_free(&r);
+  /* Now damage everything: resume must refuse, not start over. */
+  char c6[600];
+  snprintf(c6, sizeof c6, "%s/ckpt-6.safetensors", dir);
+  flip_byte(c2, 100), flip_byte(c6, 100);
+  ck_assert_int_eq(truncate(c4, 50), 0);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "8", "--batch", "8", "--checkpoint-dir", dir, "--resume",
+                                              NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "no usable checkpoint"), "exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* A checkpoint folder that holds checkpoints is another run's unless --resume
+ * says otherwise: a new run there is refused and leaves the files as they
+ * were (it would have overwritten them, and pruned them to the newest K). */
+START_TEST(test_checkpoint_dir_guarded) {
+  char dir[512], c2[600], copy[600];
+  path(dir, sizeof dir, "ckpt-guard");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  path(copy, sizeof copy, "ckpt-guard-2.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *args[] = {"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1", NULL};
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  size_t n;
+  char *before = slurp("ckpt-guard/ckpt-2.safetensors", &n); /* a name under tmpdir */
+  FILE *f = fopen(copy, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(before, 1, n, f), n);
+  fclose(f);
+  free(before);
+  args[1] = "1";
+  train(&r, noenv, "1", args); /* a new run: its step 1 would write over ckpt-1 */
+  ck_assert_msg(r.code != 0 && strstr(r.err, "already holds 2 checkpoints (the newest ckpt-2.safetensors)") &&
+                    strstr(r.err, "--resume"),
+                "a new run into a folder of checkpoints: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  ck_assert_msg(same_file(c2, copy), "the refused run changed ckpt-2");
+  const char *resume[] = {"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1",
+                          "--resume", NULL};
+  train(&r, noenv, "1", resume);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2"), "--resume did not continue:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+static int exists(const char *file) { return access(file, F_OK) == 0; }
+
+/* Refused newer files are moved aside, out of the pruning's count: with
+ * --keep-checkpoints 1 the run that resumed past a damaged ckpt-4 keeps its own
+ * newest (it used to keep the damaged file and delete every good one), and the
+ * last step is saved although it ends no epoch and is no multiple of
+ * --checkpoint-every.  Temporary files of a dead writer go; a live one's stay;
+ * names the writer never makes (ckpt-007, ckpt-+9) are not checkpoints. */
+START_TEST(test_refused_moved_aside) {
+  char dir[512], c2[600], c4[600], c5[600], c7[600], refused4[700], dead[700], live[700], odd1[600], odd2[600];
+  path(dir, sizeof dir, "ckpt-aside");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+  snprintf(c5, sizeof c5, "%s/ckpt-5.safetensors", dir);
+  snprintf(c7, sizeof c7, "%s/ckpt-7.safetensors", dir);
+  snprintf(refused4, sizeof refused4, "%s.refused", c4);
+  snprintf(dead, sizeof dead, "%s/ckpt-6.safetensors.tmp.999999999.0", dir); /* above any pid_max */
+  snprintf(live, sizeof live, "%s/ckpt-6.safetensors.tmp.%ld.3", dir, (long)getpid());
+  snprintf(odd1, sizeof odd1, "%s/ckpt-007.safetensors", dir);
+  snprintf(odd2, sizeof odd2, "%s/ckpt-+9.safetensors", dir);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  flip_byte(c4, 100);
+  const char *const extra[] = {dead, live, odd1, odd2};
+  for (int i = 0; i < 4; i++) {
+    FILE *f = fopen(extra[i], "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("not a checkpoint\n", f);
+    fclose(f);
+  }
+  /* Steps 3-5, saved at 3 and (the last step) 5, keeping one. */
+  train(&r, noenv, "1", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "3", "--keep-checkpoints", "1", "--resume",
+                                              NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused") && strstr(r.out, "moved to") &&
+                    strstr(r.out, "ckpt-2.safetensors at step 2") && !strstr(r.out, "ckpt-9") &&
+                    !strstr(r.out, "ckpt-7"),
+                "expected ckpt-4 refused and moved, ckpt-2 used, nothing of ckpt-007 or ckpt-+9:\n%s", r.out);
+  gwrun_free(&r);
+  ck_assert_msg(exists(refused4) && !exists(c4), "ckpt-4 was not moved to %s", refused4);
+  ck_assert_msg(exists(c5) && !exists(c2), "keeping 1: expected ckpt-5 alone (the last step), not ckpt-2");
+  ck_assert_msg(!exists(dead) && exists(live), "the dead writer's temporary file should go, the live one's stay");
+  ck_assert_msg(exists(odd1) && exists(odd2), "files that are no checkpoints were touched");
+  train(&r, noenv, "1", (const char *const[]){"--steps", "7", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--keep-checkpoints", "1", "--resume", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-5.safetensors at step 5") && !strstr(r.out, "refused"),
+                "expected a clean resume from ckpt-5:\n%s", r.out);
+  gwrun_free(&r);
+  ck_assert_msg(exists(c7) && !exists(c5) && exists(refused4), "expected ckpt-7 and the refused ckpt-4 kept");
+  unlink(live);
+}
+END_TEST
+
+/* What changes the data order or the optimizer's state is refused on resume
+ * with the reason: --drop-last (the steps per epoch), and momentum off where
+ * the checkpoint has a buffer (it used to be called damaged). */
+START_TEST(test_other_options_refused) {
+  char dir[512];
+  path(dir, sizeof dir, "ckpt-options");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--resume",
+                                              "--drop-last", NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "from another run") && strstr(r.err, "drop_last"),
+                "--drop-last on resume: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--resume",
+                                              "--momentum", "0", NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "written by a run with a momentum buffer and this run has none") &&
+                    !strstr(r.err, "damaged"),
+                "--momentum 0 on resume: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
+void add_checkpoint_tests(TCase *tc) {
+  tcase_add_test(tc, test_checkpoint_dir_guarded);
+  tcase_add_test(tc, test_resume_is_bit_exact);
+  tcase_add_test(tc, test_resume_keeps_loss_scale);
+  tcase_add_test(tc, test_resume_old_checkpoint);
+  tcase_add_test(tc, test_damaged_checkpoint);
+  tcase_add_test(tc, test_refused_moved_aside);
+  tcase_add_test(tc, test_other_options_refused);
+}
