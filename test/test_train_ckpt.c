@@ -181,6 +181,18 @@ static void flip_byte(const char *file, long from_end) {
   fclose(f);
 }
 
+/* 4 steps into dir (ckpt-2 and ckpt-4), then one byte of ckpt-4 (c4) flipped
+ * inside the data, where only the checksum can tell. */
+static void newest_damaged(const char *dir, const char *c4) {
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  flip_byte(c4, 100);
+}
+
 START_TEST(test_damaged_checkpoint) {
   char dir[512], c2[600], c4[600];
   path(dir, sizeof dir, "ckpt-damage");
@@ -188,11 +200,7 @@ START_TEST(test_damaged_checkpoint) {
   snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
   struct run r;
   const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
-                                              "--checkpoint-every", "2", NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  flip_byte(c4, 100); /* inside the data: only the checksum can tell */
+  newest_damaged(dir, c4);
   train(&r, noenv, "1", (const char *const[]){"--steps", "6", "--batch", "8", "--checkpoint-dir", dir,
                                               "--checkpoint-every", "2", "--resume", NULL});
   expect_ok(&r);
@@ -271,11 +279,7 @@ START_TEST(test_refused_moved_aside) {
   snprintf(odd2, sizeof odd2, "%s/ckpt-+9.safetensors", dir);
   struct run r;
   const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
-                                              "--checkpoint-every", "2", NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  flip_byte(c4, 100);
+  newest_damaged(dir, c4);
   const char *const extra[] = {dead, live, odd1, odd2};
   for (int i = 0; i < 4; i++) {
     FILE *f = fopen(extra[i], "w");
