@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "sock.h"
 
 #define BOOT_MAX_PAYLOAD (64u << 20)
 
@@ -162,7 +163,9 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
       for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) continue;
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        /* Each address for at most 10 s: one that drops SYNs must not hold
+         * the rest (or the whole rendezvous) for the kernel's 2 minutes. */
+        if (gw__sock_connect_deadline(fd, a->ai_addr, a->ai_addrlen, GW_MIN(deadline, gw__now() + 10.0)) == 0) {
           freeaddrinfo(ai);
           set_sock_opts(fd);
           bs->socks[0] = fd;

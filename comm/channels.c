@@ -20,6 +20,9 @@ struct gw_channels {
   _Atomic bool stop;
   pthread_mutex_t mu; /* with cv: idle channel threads sleep, no spinning */
   pthread_cond_t cv;
+  /* Under mu, with gen: a thread takes all three in one snapshot (read apart,
+   * a thread that saw one generation and the next operation's op and nuse
+   * would run that operation twice). */
   const struct gw_op *op;
   int nuse; /* channels the current operation uses */
   gw_result_t res[GW_MAX_CHANNELS];
@@ -41,12 +44,14 @@ static void *channel_main(void *argp) {
     pthread_mutex_lock(&chans->mu);
     while (atomic_load_explicit(&chans->gen, memory_order_acquire) == seen && !atomic_load(&chans->stop))
       pthread_cond_wait(&chans->cv, &chans->mu);
+    seen = atomic_load_explicit(&chans->gen, memory_order_acquire);
+    const struct gw_op *op = chans->op;
+    const int nuse = chans->nuse;
     pthread_mutex_unlock(&chans->mu);
     if (atomic_load(&chans->stop)) break;
-    seen = atomic_load_explicit(&chans->gen, memory_order_acquire);
-    if (arg.ch >= chans->nuse) continue; /* a smaller operation: not this channel's */
+    if (arg.ch >= nuse) continue; /* a smaller operation: not this channel's */
     chans->err[arg.ch].msg[0] = 0;
-    chans->res[arg.ch] = gw__ring_run_channel(chans->comm, arg.ch, chans->nuse, chans->op, &chans->err[arg.ch]);
+    chans->res[arg.ch] = gw__ring_run_channel(chans->comm, arg.ch, nuse, op, &chans->err[arg.ch]);
     atomic_fetch_add_explicit(&chans->done, 1, memory_order_release);
   }
   return NULL;
@@ -86,15 +91,13 @@ void gw__channels_stop(struct gw_comm *comm) {
   comm->channels = NULL;
 }
 
-GW_PARAM(ChannelMinBytes, "GW_CHANNEL_MIN_BYTES", 1 << 20)
-
 /* How many channels an operation uses: one per GW_CHANNEL_MIN_BYTES of data (1
  * MiB), so small operations stay on one ring and wake no thread.  Every rank
  * computes the same number from the same call. */
 static int channels_for(const struct gw_comm *comm, const struct gw_op *op) {
   size_t bytes = op->desc.count * gw_dtype_size((gw_dtype_t)op->desc.dtype);
   if (op->desc.coll == GW_COLL_ALLGATHER || op->desc.coll == GW_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
-  size_t n = bytes / (size_t)GW_MAX(1, gw__param_ChannelMinBytes());
+  size_t n = bytes / comm->channel_min_bytes;
   return (int)GW_MAX((size_t)1, GW_MIN(n, (size_t)comm->nchannels));
 }
 
@@ -102,10 +105,10 @@ gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errct
   struct gw_channels *chans = comm->channels;
   int nuse = chans ? channels_for(comm, op) : 1;
   if (nuse == 1) return gw__ring_run_channel(comm, 0, 1, op, err);
-  chans->op = op;
-  chans->nuse = nuse;
   atomic_store_explicit(&chans->done, 0, memory_order_relaxed);
   pthread_mutex_lock(&chans->mu);
+  chans->op = op;
+  chans->nuse = nuse;
   atomic_fetch_add_explicit(&chans->gen, 1, memory_order_release);
   pthread_cond_broadcast(&chans->cv);
   pthread_mutex_unlock(&chans->mu);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -16,6 +17,8 @@ GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
 GW_PARAM(SocketStreams, "GW_SOCKET_NSTREAMS", 1)
 GW_PARAM(Channels, "GW_NCHANNELS", 1)
 GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", 256 << 10)
+/* An operation uses one channel per this many bytes (channels.c). */
+GW_PARAM(ChannelMinBytes, "GW_CHANNEL_MIN_BYTES", 1 << 20)
 
 /* ---- dtype / op helpers ---------------------------------------------------------- */
 static const struct {
@@ -167,7 +170,7 @@ static void model_init(struct gw_model *m, int nranks) {
 void gw__pick_base(const struct gw_comm *c, struct gw_pick_args *a) {
   *a = (struct gw_pick_args){.nranks = c->nranks, .algo = c->algo, .proto = c->proto, .tree_ok = c->tree_ok,
                              .ll_ok = c->ll_chunk_bytes > 0, .tree_levels = c->tree_levels, .rd_ok = c->rd_ok,
-                             .exchange_max = (size_t)GW_MAX(0, gw__param_ExchangeMaxBytes())};
+                             .exchange_max = c->exchange_max};
 }
 
 static uint64_t fnv1a(const char *s) {
@@ -305,28 +308,32 @@ static gw_result_t connect_rings(struct gw_comm *c, struct gw_errctx *err) {
   return gw__connect(c, links, 2 * c->nchannels, c->nchannels, err);
 }
 
-/* GW_ALGO, GW_PROTO, GW_NCHANNELS and the cost model's table decide which
- * connections exist and how each call runs, so ranks that disagree would hang
- * in the rendezvous or in their first operation: find out here and say which
- * rank differs. */
+/* GW_ALGO, GW_PROTO, GW_NCHANNELS, GW_EXCHANGE_MAX_BYTES, GW_CHANNEL_MIN_BYTES
+ * and the cost model's table decide which connections exist and how each call
+ * runs, so ranks that disagree would hang in the rendezvous or in an
+ * operation, or (the exchange against the ring at 2 ranks) compute different
+ * results: find out here and say which rank differs. */
 struct settings {
   int32_t algo, nchannels, proto, pad;
-  uint64_t model_hash;
+  uint64_t model_hash, exchange_max, channel_min;
 };
 
 static void describe_settings(const struct settings *s, char *buf, size_t len) {
-  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_NCHANNELS=%d, cost model %016llx", gw__algo_name(s->algo),
-           gw__proto_name(s->proto), s->nchannels, (unsigned long long)s->model_hash);
+  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_NCHANNELS=%d, GW_EXCHANGE_MAX_BYTES=%llu, GW_CHANNEL_MIN_BYTES=%llu, "
+           "cost model %016llx", gw__algo_name(s->algo), gw__proto_name(s->proto), s->nchannels,
+           (unsigned long long)s->exchange_max, (unsigned long long)s->channel_min,
+           (unsigned long long)s->model_hash);
 }
 
 static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
-  struct settings mine = {(int32_t)c->algo, c->nchannels, c->proto, 0, gw__model_hash(&c->model)};
+  struct settings mine = {(int32_t)c->algo, c->nchannels, c->proto, 0, gw__model_hash(&c->model), c->exchange_max,
+                          c->channel_min_bytes};
   struct settings *all = calloc((size_t)c->nranks, sizeof *all);
   if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
   gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
   for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++) {
     if (!memcmp(&all[r], &mine, sizeof mine)) continue;
-    char here[160], there[160];
+    char here[256], there[256];
     describe_settings(&mine, here, sizeof here);
     describe_settings(&all[r], there, sizeof there);
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
@@ -388,7 +395,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   if (c->tree_ok) GW_CHECK(gw__tree_connect(c, err));
   /* Recursive doubling (the exchange at more than 2 ranks), for small data;
    * at 2 ranks the exchange runs over the ring's connections. */
-  c->rd_ok = c->nranks > 2 && (c->algo == GW_ALGO_AUTO || c->algo == GW_ALGO_EXCHANGE);
+  c->rd_ok = c->nranks > 2 && c->nranks <= GW_RD_MAX_RANKS && (c->algo == GW_ALGO_AUTO || c->algo == GW_ALGO_EXCHANGE);
   if (c->rd_ok) GW_CHECK(gw__rd_connect(c, err));
   GW_CHECK(agree_ll(c, err));
   if (c->rank == 0) {
@@ -459,6 +466,8 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->next_seq = 1;
   c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
   c->algo = algo_from_env(nranks);
+  c->exchange_max = (size_t)GW_MAX(0, gw__param_ExchangeMaxBytes());
+  c->channel_min_bytes = (size_t)GW_MAX(1, gw__param_ChannelMinBytes());
   c->proto = proto_from_env();
   model_init(&c->model, nranks);
   pthread_mutex_init(&c->mu, NULL);
@@ -494,6 +503,9 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     goto fail;
   }
   struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid(), .caps = gw__transport_caps() | gw__dev_caps()};
+  struct stat st;
+  if (stat("/dev/shm", &st) == 0) me.shm_id = ((uint64_t)st.st_dev << 32) ^ (uint64_t)st.st_ino;
+  if (stat("/proc/self/ns/pid", &st) == 0) me.pidns = (uint64_t)st.st_ino;
   gw__node_id(me.node_id, sizeof me.node_id);
   if (gethostname(me.host, sizeof me.host) != 0) snprintf(me.host, sizeof me.host, "?");
   me.host[sizeof me.host - 1] = 0;
@@ -534,6 +546,14 @@ fail:
 gw_result_t gw_comm_destroy(gw_comm_t comm) {
   if (!comm) return GW_SUCCESS;
   gw__progress_stop(comm);
+  if (atomic_load(&comm->aborted)) {
+    /* Aborted with no operation since: the peers have not heard of it yet (an
+     * operation would have told them), and may be waiting in one. */
+    struct gw_errctx err;
+    gw__err(&err, GW_ERR_ABORTED, "rank %d: aborted by gw_comm_abort (and destroyed)", comm->rank);
+    struct gw_opdesc d = {.seq = atomic_load(&comm->next_seq), .root = -1, .coll = GW_COLL_ABORT};
+    gw__comm_fail(comm, &d, GW_ERR_ABORTED, &err);
+  }
   comm_free(comm);
   return GW_SUCCESS;
 }

@@ -32,8 +32,15 @@ enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO
 
 /* gw_opdesc.pad: the operation's buffers are device memory on the device ring
  * (a rank with host buffers in the same call is a mismatch, caught by the
- * header check). */
+ * header check); and the algorithm (bits 1-2, enum gw_algo) and protocol (bit
+ * 3, enum gw_proto) it runs with, set by gw__run_op: ranks that chose
+ * differently (GW_EXCHANGE_MAX_BYTES, gw_comm_set_algo at different points)
+ * can move the same chunks over the same connections (the exchange and the
+ * ring at 2 ranks) and compute different results, so the header check
+ * compares the choice too. */
 #define GW_DESC_DEVICE 1u
+#define GW_DESC_ALGO_SHIFT 1
+#define GW_DESC_PROTO_SHIFT 3
 
 /* One operation as the algorithms see it. */
 struct gw_op {
@@ -41,6 +48,10 @@ struct gw_op {
   const void *sendbuf;
   void *recvbuf;
   uint8_t algo, proto; /* enum gw_algo (never auto), enum gw_proto: gw__run_op's choice */
+  /* The communicator's GW_ALGO / GW_PROTO (gw_comm_set_algo) when the call was
+   * made: the choice for a queued operation is made later, on the progress
+   * thread, and must not see a later gw_comm_set_algo. */
+  int8_t want_algo, want_proto;
   /* Stream-ordered operations (device.c): the caller's stream, whether the
    * buffers are device memory, the ticket of its start/done flags, and (staged
    * device buffers, or the stream-ordered device ring) the ticket of the
@@ -83,6 +94,10 @@ static inline void gw__tree_conns(struct gw_tree *t, struct gw_conn *out[6]) {
 /* Recursive doubling's links (rd.c): [0, npartners) the partners of each
  * step, then the extra (folded) position's or its home's, both directions. */
 #define GW_RD_MAX 16
+/* The most ranks it runs at: log2 of the largest power of two at or below the
+ * rank count partners, plus the extra link, within GW_RD_MAX (2^15 <= n <
+ * 2^16 takes 15 + 1).  More ranks leave the exchange to the ring. */
+#define GW_RD_MAX_RANKS ((1 << GW_RD_MAX) - 1)
 struct gw_rd {
   int npartners, nlinks;
   int peer[GW_RD_MAX]; /* ranks */
@@ -119,6 +134,9 @@ struct gw_comm {
   struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
   bool tree_ok;       /* the trees are connected (GW_ALGO auto or tree) */
   int tree_levels;    /* hierarchical trees: their depth (the cost model's); 0: flat */
+  /* GW_EXCHANGE_MAX_BYTES and GW_CHANNEL_MIN_BYTES, agreed at init (they
+   * decide an operation's algorithm and channels). */
+  size_t exchange_max, channel_min_bytes;
   uint32_t ll_chunk_bytes; /* LL chunk capacity of every connection; 0: some have no LL */
   struct gw_bootstrap *bs;
   struct gw_peer_info *peers; /* [nranks] */

@@ -15,6 +15,7 @@
 static void choose(const struct gw_comm *comm, struct gw_op *op) {
   struct gw_pick_args a;
   gw__pick_base(comm, &a);
+  a.algo = op->want_algo, a.proto = op->want_proto;
   a.coll = op->desc.coll;
   a.bytes = op->desc.count * gw_dtype_size((gw_dtype_t)op->desc.dtype);
   if (a.coll == GW_COLL_ALLGATHER || a.coll == GW_COLL_REDUCE_SCATTER) a.bytes *= (size_t)comm->nranks;
@@ -25,11 +26,11 @@ static void choose(const struct gw_comm *comm, struct gw_op *op) {
 
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   if (atomic_load(&comm->aborted) && !atomic_load(&comm->failed)) {
-    int expected = 0;
-    atomic_compare_exchange_strong(&comm->failed, &expected, (int)GW_ERR_ABORTED);
-    pthread_mutex_lock(&comm->err_mu);
-    snprintf(comm->first_error, sizeof comm->first_error, "rank %d: aborted by gw_comm_abort", comm->rank);
-    pthread_mutex_unlock(&comm->err_mu);
+    /* Aborted between operations: the peers hear of it as of any failure (they
+     * may be waiting in this very operation). */
+    struct gw_errctx aerr;
+    gw__err(&aerr, GW_ERR_ABORTED, "rank %d: aborted by gw_comm_abort", comm->rank);
+    gw__comm_fail(comm, &op->desc, GW_ERR_ABORTED, &aerr);
   }
   int failed = atomic_load(&comm->failed);
   if (failed) {
@@ -44,12 +45,14 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     return (gw_result_t)failed;
   }
   gw_result_t res;
-  if (gw__dev_ring_chunk(comm, op)) {
-    /* Device buffers on the device ring: the ring, one channel (device.c). */
-    op->algo = GW_ALGO_RING, op->proto = GW_PROTO_SIMPLE;
+  const bool dev_ring = gw__dev_ring_chunk(comm, op) != 0;
+  if (dev_ring) op->algo = GW_ALGO_RING, op->proto = GW_PROTO_SIMPLE; /* one channel (device.c) */
+  else choose(comm, op);
+  op->desc.pad = (uint8_t)((op->desc.pad & GW_DESC_DEVICE) | op->algo << GW_DESC_ALGO_SHIFT |
+                           op->proto << GW_DESC_PROTO_SHIFT);
+  if (dev_ring) {
     res = gw__ring_run_channel(comm, 0, 1, op, err);
   } else {
-    choose(comm, op);
     res = op->algo == GW_ALGO_TREE                              ? gw__tree_run(comm, op, err)
           : op->algo == GW_ALGO_EXCHANGE && comm->nranks > 2 ? gw__rd_run(comm, op, err)
                                                              : gw__ring_run(comm, op, err);
@@ -274,6 +277,7 @@ static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op
   if (nonblocking && !reqp) return bad_arg(comm, "rank %d: %s: %s", fn, "the request pointer is NULL");
   if (reqp) *reqp = NULL;
   GW_CHECK(check_args(comm, fn, op, stream, send_elems, recv_elems));
+  op->want_algo = (int8_t)comm->algo, op->want_proto = (int8_t)comm->proto;
   return submit(comm, op, reqp);
 }
 

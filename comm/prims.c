@@ -37,7 +37,9 @@ void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len) {
                dt, gw_op_name((gw_op_t)d->op));
   }
   size_t used = strlen(buf);
-  if (d->pad & GW_DESC_DEVICE && used < len) snprintf(buf + used, len - used, " on device memory");
+  if (d->pad & GW_DESC_DEVICE && used < len) used += (size_t)snprintf(buf + used, len - used, " on device memory");
+  const int algo = (d->pad >> GW_DESC_ALGO_SHIFT) & 3, proto = (d->pad >> GW_DESC_PROTO_SHIFT) & 1;
+  if (algo && used < len) snprintf(buf + used, len - used, " by %s/%s", gw__algo_name(algo), gw__proto_name(proto));
 }
 
 static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
@@ -91,7 +93,9 @@ static gw_result_t pump(struct prims *p) {
  * transport (a closed socket). */
 bool gw__peer_alive(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *pi = &comm->peers[peer];
-  if (strcmp(pi->node_id, comm->peers[comm->rank].node_id) != 0 || pi->pid <= 0) return true;
+  const struct gw_peer_info *me = &comm->peers[comm->rank];
+  /* Another machine, or a pid of another pid namespace (a container): not ours to look up. */
+  if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return true;
   if (kill(pi->pid, 0) != 0 && errno == ESRCH) return false;
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pi->pid);
@@ -329,8 +333,23 @@ static void abort_one(struct gw_comm *comm, struct gw_conn *c, const struct gw_o
  * and recursive doubling's links: whichever of them a neighbour waits on, it fails at once and passes
  * the notice on to its own neighbours. */
 void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg) {
-  for (int ch = 0; ch < comm->nchannels; ch++) abort_one(comm, &comm->rings[ch].send, desc, msg);
-  struct gw_conn *extra[GW_EXTRA_CONNS];
-  for (int i = 0, n = gw__extra_conns(comm, extra); i < n; i++)
-    if (extra[i]->is_send) abort_one(comm, extra[i], desc, msg);
+  struct gw_conn *to[GW_MAX_CHANNELS + GW_EXTRA_CONNS], *extra[GW_EXTRA_CONNS];
+  int n = 0;
+  for (int ch = 0; ch < comm->nchannels; ch++) to[n++] = &comm->rings[ch].send;
+  for (int i = 0, ne = gw__extra_conns(comm, extra); i < ne; i++)
+    if (extra[i]->is_send) to[n++] = extra[i];
+  for (int i = 0; i < n; i++) abort_one(comm, to[i], desc, msg);
+  /* A transport that queues in user space (tcp) may hold the notice behind
+   * the failed operation's frames, and nothing else will move them: push for
+   * up to a second. */
+  struct gw_waiter w;
+  gw__waiter_init(&w, 1.0);
+  for (;;) {
+    bool queued = false;
+    for (int i = 0; i < n; i++) {
+      struct gw_errctx ignored;
+      if (to[i]->tp && to[i]->tp->progress && to[i]->tp->progress(to[i], &ignored) == GW_INPROGRESS) queued = true;
+    }
+    if (!queued || !gw__waiter_pause(&w)) return;
+  }
 }

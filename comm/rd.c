@@ -32,7 +32,7 @@ int gw__rd_shape(int n, int pos, int *extra, int partners[GW_RD_MAX]) {
   int p = pow2_floor(n), np = 0;
   *extra = pos >= p ? pos - p : pos + p < n ? pos + p : -1;
   if (pos >= p) return 0;
-  for (int bit = 1; bit < p && np < GW_RD_MAX - 1; bit <<= 1) partners[np++] = pos ^ bit;
+  for (int bit = 1; bit < p; bit <<= 1) partners[np++] = pos ^ bit; /* n <= GW_RD_MAX_RANKS: at most 15 */
   return np;
 }
 

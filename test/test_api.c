@@ -222,6 +222,96 @@ START_TEST(test_abort_unblocks) {
 }
 END_TEST
 
+/* ---- gw_comm_abort between operations: the peers hear of it ----
+ * Rank 1 aborts with nothing in flight and stays alive (no dead-peer
+ * detection to help): its next call, or its gw_comm_destroy, tells rank 0,
+ * which is waiting in an allreduce, at once instead of after GW_TIMEOUT. */
+/* Rank 0's side: its allreduce fails with rank 1's notice within 5 s. */
+static int waits_for_abort_notice(gw_comm_t comm) {
+  const int rank = 0; /* for EXPECT's message */
+  float x = 1;
+  double t0 = test_now();
+  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  double took = test_now() - t0;
+  EXPECT(r == GW_ERR_REMOTE && took < 5 && has(gw_comm_last_error(comm), "aborted by gw_comm_abort"),
+         "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
+  return 0;
+}
+
+static int body_abort_idle(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 60);
+  float x = 1;
+  if (rank == 1) {
+    sleep(1); /* rank 0 is waiting by now */
+    gw_comm_abort(comm);
+    gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+    EXPECT(r == GW_ERR_ABORTED, "the aborting rank's call returned %s", gw_strerror(r));
+    sleep(7); /* dead-peer detection would tell rank 0 only after this */
+    return 0;
+  }
+  return waits_for_abort_notice(comm);
+}
+
+static int raw_abort_destroy(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
+  gw_comm_set_timeout(comm, 60);
+  if (rank == 1) {
+    sleep(1);
+    gw_comm_abort(comm);
+    gw_comm_destroy(comm);
+    sleep(7);
+    return 0;
+  }
+  int rc = waits_for_abort_notice(comm);
+  gw_comm_destroy(comm);
+  return rc;
+}
+
+START_TEST(test_abort_between_operations_told) {
+  ck_assert_int_eq(run_ranks(2, body_abort_idle, NULL, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_abort_destroy, NULL, 60), 0);
+}
+END_TEST
+
+/* ---- ranks that chose different algorithms for one call ----
+ * At 2 ranks the exchange and the ring move the same chunks over the same
+ * connections, so only the header's record of the choice tells them apart:
+ * gw_comm_set_algo at different points fails with both choices named instead
+ * of computing different sums. */
+static int body_algo_differs(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  EXPECT(gw_comm_set_algo(comm, rank == 0 ? "exchange" : "ring", "simple") == GW_SUCCESS, "set_algo: %s",
+         gw_comm_last_error(comm));
+  static float buf[131072];
+  for (size_t i = 0; i < 131072; i++) buf[i] = (float)(rank + 1);
+  gw_result_t r = gw_allreduce(buf, buf, 131072, GW_FLOAT32, GW_SUM, comm, NULL);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
+  EXPECT(has(msg, "by exchange/simple") && has(msg, "by ring/simple"), "message does not name both choices: %s", msg);
+  return 0;
+}
+
+static int raw_exchange_max_differs(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_EXCHANGE_MAX_BYTES", rank == 1 ? "1048576" : "262144", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "GW_EXCHANGE_MAX_BYTES=1048576"),
+         "init returned %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_algorithm_choice_must_agree) {
+  ck_assert_int_eq(run_ranks(2, body_algo_differs, NULL, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_exchange_max_differs, NULL, 60), 0);
+}
+END_TEST
+
 /* ---- rendezvous: wrong token refused, world-size mismatch reported ---- */
 static int body_wrong_token(int rank, int n, const char *master, void *arg) {
   (void)arg;
@@ -408,6 +498,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_arguments);
   tcase_add_test(tc, test_mismatched_calls);
   tcase_add_test(tc, test_mismatched_collectives);
+  tcase_add_test(tc, test_algorithm_choice_must_agree);
   tcase_add_test(tc, test_killed_rank_shm);
   tcase_add_test(tc, test_wrong_token_refused);
   tcase_add_test(tc, test_world_size_mismatch);
@@ -425,6 +516,7 @@ int main(void) {
   tcase_add_test(waits, test_timeout_every_rank_names_straggler_shm);
   tcase_add_test(waits, test_timeout_every_rank_names_straggler_tcp);
   tcase_add_test(waits, test_abort_unblocks);
+  tcase_add_test(waits, test_abort_between_operations_told);
   suite_add_tcase(s, waits);
   return run_suite(s);
 }

@@ -106,7 +106,7 @@ static bool ll_attach(struct shm_conn *s, void *map) {
 }
 
 static bool shm_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
-  return strcmp(self->node_id, peer->node_id) == 0;
+  return strcmp(self->node_id, peer->node_id) == 0 && self->shm_id == peer->shm_id;
 }
 
 static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params *p,

@@ -100,11 +100,38 @@ bool gw__sock_io_deadline(int fd, void *buf, size_t len, bool sending, double de
   return true;
 }
 
+int gw__sock_connect_deadline(int fd, const struct sockaddr *a, socklen_t al, double deadline) {
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) return -1;
+  int r = connect(fd, a, al);
+  while (r != 0 && (errno == EINPROGRESS || errno == EINTR)) {
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+    int ms = (int)((deadline - gw__now()) * 1000);
+    int pr = ms > 0 ? poll(&pfd, 1, ms) : 0;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) {
+      if (pr == 0) errno = ETIMEDOUT;
+      break;
+    }
+    int e = 0;
+    socklen_t el = sizeof e;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0) break;
+    if (e == 0) r = 0;
+    errno = e;
+    break;
+  }
+  const int saved = errno;
+  if (fcntl(fd, F_SETFL, fl) != 0 && r == 0) return -1;
+  errno = saved;
+  return r == 0 ? 0 : -1;
+}
+
 int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const void *hello, size_t len,
                            double deadline) {
   int fd = socket(a->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  if (connect(fd, (const struct sockaddr *)a, al) != 0 || !gw__sock_io_deadline(fd, (void *)hello, len, true, deadline)) {
+  if (gw__sock_connect_deadline(fd, (const struct sockaddr *)a, al, deadline) != 0 ||
+      !gw__sock_io_deadline(fd, (void *)hello, len, true, deadline)) {
     int e = errno;
     close(fd);
     errno = e;

@@ -27,6 +27,11 @@ void gw__sock_addr_str(const struct sockaddr_storage *a, char *buf, size_t len);
 /* Listens on `local` (its port ignored: the kernel picks one); *bound gets the
  * address with the port.  Returns the socket, or -1 with errno set. */
 int gw__sock_listen(const struct sockaddr_storage *local, socklen_t len, int backlog, struct sockaddr_storage *bound);
+/* connect() that gives up at the (absolute, gw__now) deadline: a peer whose
+ * firewall drops the SYNs would hold a blocking one for the kernel's two
+ * minutes of retries.  0, or -1 with errno set (ETIMEDOUT at the deadline);
+ * the socket's flags are as before. */
+int gw__sock_connect_deadline(int fd, const struct sockaddr *a, socklen_t al, double deadline);
 /* Connects and sends `len` bytes of hello before the deadline; -1 with errno set. */
 int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const void *hello, size_t len,
                            double deadline);

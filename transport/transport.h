@@ -48,6 +48,11 @@ struct gw_peer_info {
   char node_id[192]; /* host name + boot id: equal strings share a machine */
   char host[64];     /* for messages */
   uint32_t caps;     /* GW_CAP_*: what this rank can connect with besides shm and tcp */
+  /* Containers on one machine (one host name and boot id) may not share
+   * /dev/shm or see each other's processes: shm only between ranks with the
+   * same /dev/shm (its device and inode), and a peer's pid means something
+   * only in the same pid namespace (its inode); 0 where unknown. */
+  uint64_t shm_id, pidns;
 };
 #define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
 #define GW_CAP_DEVICE 2u /* bound to a device that can map its peers' memory (comm/device.c) */

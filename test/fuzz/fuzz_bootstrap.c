@@ -3,8 +3,9 @@
  * hello reader and token check, to rank 0's allgather receive, and, as rank 0's
  * answer, to a rank's allgather receive.  Built by test/fuzz.sh with clang
  * -fsanitize=fuzzer,address,undefined; includes bootstrap.c to reach its static
- * parsers. */
+ * parsers (and sock.c, which its connect uses). */
 #include "../../comm/bootstrap.c"
+#include "../../transport/sock.c"
 
 #include <sys/socket.h>
 
