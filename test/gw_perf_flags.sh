@@ -36,5 +36,22 @@ grep -qF "GW_TUNING_FILE $tmp: is a directory" <<<"$out" || { echo "FAIL: no war
 # -f 1.01 from 8 to 24 bytes of float32: 8, 12, 16, 20 and 24 bytes, once each
 sizes=$("$run" -n 2 "$perf" -b 8 -e 24 -f 1.01 -d float32 -o sum -n 1 -w 0 2>&1 | awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {printf "%s ", $2}')
 [ "$sizes" = "8 12 16 20 24 " ] || { echo "FAIL: -f 1.01 measured sizes '$sizes', expected '8 12 16 20 24 '"; fail=1; }
-[ $fail -eq 0 ] && echo "gw-perf flags: all refused as expected, sizes measured once"
+# The check must catch a collective that writes nothing (GW_PERF_TEST_SKIP_CHECKED_RUN
+# leaves the checked run out): every size, out of place and in place, counts wrong
+# elements (in place, an allgather's other blocks and a broadcast's non-root
+# buffers keep what was there before: not an earlier run's result), and gw-perf fails.
+for coll in allreduce allgather reduce_scatter broadcast; do
+  out=$(GW_PERF_TEST_SKIP_CHECKED_RUN=1 "$run" -n 3 "$perf" -C "$coll" -b 96 -e 96K -f 32 -d float32 -n 1 -w 0 2>&1)
+  rc=$?
+  rows=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ && $3 > 0' <<<"$out")
+  caught=$(awk '$10 > 0 && $14 > 0' <<<"$rows" | wc -l)
+  if [ $rc -eq 0 ] || [ -z "$rows" ] || [ "$caught" -ne "$(wc -l <<<"$rows")" ]; then
+    echo "FAIL: $coll with nothing written: exit $rc, $caught of $(wc -l <<<"$rows") sizes caught:"; tail -8 <<<"$out"; fail=1
+  fi
+done
+# -c 0 checks nothing and says so: N/A, not a #wrong of 0.
+out=$("$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 -c 0 -d float32 -o sum 2>&1)
+grep -qF "Out of bounds values : N/A" <<<"$out" && awk '$1 == "[0]" && $2 == "8" && $10 == "N/A" && $14 == "N/A" {f=1} END {exit !f}' <<<"$out" ||
+  { echo "FAIL: -c 0 did not report N/A:"; tail -5 <<<"$out"; fail=1; }
+[ $fail -eq 0 ] && echo "gw-perf flags: all refused as expected, sizes measured once, a collective that writes nothing caught"
 exit $fail

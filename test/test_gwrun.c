@@ -227,19 +227,24 @@ END_TEST
 
 /* ---- 5: SIGTERM is forwarded and nothing is left behind ---- */
 
-START_TEST(test_sigterm_forwarded)
+/* sig (SIGTERM, or SIGHUP: a closed terminal or ssh session) to gw-run reaches
+ * every rank, which exit with `code` from their trap for it (named), and
+ * nothing is left; gw-run exits with the ranks' code, or 128 + sig when that is
+ * 0.  (A rank's nonzero exit stops the others with SIGTERM, which the TERM
+ * case's trap takes too.) */
+static void signal_forwarded(int sig, const char *name, int code)
 {
     char dir[] = "/tmp/test_gwrun_XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    char dir_env[128];
+    char dir_env[128], script[300];
     snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    /* A long grace, so the ranks can only stop through the forwarded SIGTERM. */
+    snprintf(script, sizeof script,
+             "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; trap ': > \"$GWT_DIR/got.$GW_RANK\"; exit %d' %s; "
+             "while :; do sleep 0.1; done",
+             code, name);
+    /* A long grace, so the ranks can only stop through the forwarded signal. */
     const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=30", NULL};
-    const char *args[] = {"-n", "2", "sh", "-c",
-                          "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
-                          "trap ': > \"$GWT_DIR/got.$GW_RANK\"; exit 3' TERM; "
-                          "while :; do sleep 0.1; done",
-                          NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
     struct run r;
     gwrun_start(&r, env, args);
 
@@ -256,19 +261,20 @@ START_TEST(test_sigterm_forwarded)
     double since_start = gwrun_seconds_since(&r.t0);
     if (since_start < 1.0)
         gwrun_sleep(1.0 - since_start);
-    ck_assert_int_eq(kill(r.pid, SIGTERM), 0);
+    ck_assert_int_eq(kill(r.pid, sig), 0);
     struct timespec t_kill;
     clock_gettime(CLOCK_MONOTONIC, &t_kill);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
     double after_kill = gwrun_seconds_since(&t_kill);
 
     ck_assert_msg(pids[0] > 0 && pids[1] > 0, "the ranks did not start; stderr:\n%s", r.err);
-    ck_assert_msg(!r.timed_out, "gw-run ignored SIGTERM; stderr:\n%s", r.err);
+    ck_assert_msg(!r.timed_out, "gw-run ignored SIG%s; stderr:\n%s", name, r.err);
     ck_assert_msg(WIFEXITED(r.status), "gw-run died of signal %d instead of handling it",
                   WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0);
-    ck_assert_msg(r.code != 0, "gw-run exited 0 after SIGTERM");
-    ck_assert_msg(r.code == 3, "exit code %d, not the ranks' 3; stderr:\n%s", r.code, r.err);
-    ck_assert_msg(after_kill < 10.0, "gw-run took %.1f s to stop after SIGTERM", after_kill);
+    ck_assert_msg(r.code != 0, "gw-run exited 0 after SIG%s", name);
+    const int want = code ? code : 128 + sig;
+    ck_assert_msg(r.code == want, "exit code %d, not %d; stderr:\n%s", r.code, want, r.err);
+    ck_assert_msg(after_kill < 10.0, "gw-run took %.1f s to stop after SIG%s", after_kill, name);
     for (int i = 0; i < 2; i++) {
         errno = 0;
         int rc = kill(pids[i], 0);
@@ -278,12 +284,60 @@ START_TEST(test_sigterm_forwarded)
     for (int i = 0; i < 2; i++) {
         char path[200];
         snprintf(path, sizeof path, "%s/got.%d", dir, i);
-        ck_assert_msg(access(path, F_OK) == 0, "rank %d never saw SIGTERM", i);
+        ck_assert_msg(access(path, F_OK) == 0, "rank %d never saw SIG%s", i, name);
         unlink(path);
         snprintf(path, sizeof path, "%s/pid.%d", dir, i);
         unlink(path);
     }
     rmdir(dir);
+    gwrun_free(&r);
+}
+
+START_TEST(test_sigterm_forwarded)
+{
+    signal_forwarded(SIGTERM, "TERM", 3);
+    signal_forwarded(SIGHUP, "HUP", 0);
+}
+END_TEST
+
+/* Ranks that all ended before gw-run looked (it is stopped meanwhile): the
+ * crash (rank 2, SIGSEGV) is the job's failure, not the exits 1 that follow
+ * it (ranks 0 and 1, collected first in fork order), and each is reported. */
+START_TEST(test_crash_reported_over_consequences)
+{
+    const char *env[] = {"GW_RUN_KILL_GRACE=30", NULL};
+    const char *args[] = {"-n", "3", "sh", "-c",
+                          "sleep 1; if [ \"$GW_RANK\" = 2 ]; then kill -SEGV $$; fi; sleep 0.3; exit 1",
+                          NULL};
+    struct run r;
+    gwrun_start(&r, env, args);
+    gwrun_sleep(0.4);
+    ck_assert_int_eq(kill(r.pid, SIGSTOP), 0);
+    gwrun_sleep(2.5);
+    ck_assert_int_eq(kill(r.pid, SIGCONT), 0);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(!r.timed_out, "gw-run did not finish; stderr:\n%s", r.err);
+    ck_assert_msg(r.code == 128 + SIGSEGV, "exit code %d, not SIGSEGV's; stderr:\n%s", r.code, r.err);
+    ck_assert_msg(strstr(r.err, "rank 2 (pid") && strstr(r.err, "SIGSEGV") && strstr(r.err, "rank 0 (pid") &&
+                      strstr(r.err, "rank 1 (pid"),
+                  "stderr does not report all three:\n%s", r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* A failed rank whose background child keeps writing to the inherited pipe:
+ * its last words are read, not forever, and the job stops. */
+START_TEST(test_failure_with_writing_grandchild)
+{
+    const char *args[] = {"-n", "2", "sh", "-c",
+                          "if [ \"$GW_RANK\" = 1 ]; then (while :; do echo chatter; done) & sleep 0.5; exit 3; fi; "
+                          "sleep 100",
+                          NULL};
+    struct run r;
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 3 && r.elapsed < 30, "exit code %d after %.1f s; stderr:\n%.2000s", r.code, r.elapsed,
+                  r.err);
+    ck_assert_msg(strstr(r.err, "rank 1 (pid") && strstr(r.err, "exited with code 3"), "stderr:\n%.2000s", r.err);
     gwrun_free(&r);
 }
 END_TEST
@@ -508,6 +562,8 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_sigkill_after_grace);
     tcase_add_test(tc, test_rank_killed_by_signal);
     tcase_add_test(tc, test_sigterm_forwarded);
+    tcase_add_test(tc, test_crash_reported_over_consequences);
+    tcase_add_test(tc, test_failure_with_writing_grandchild);
     tcase_add_test(tc, test_teardown_stops_leftovers);
     tcase_add_test(tc, test_bad_flags);
     tcase_add_test(tc, test_multinode_checks);

@@ -94,52 +94,93 @@ static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
   return (int)v;
 }
 
-/* ---- values: small integers so every reduction is exact or nearly so ---- */
-static double value_of(int r, size_t i) { return (double)((i * 7 + (size_t)r * 3) % 5 + 1); }
-
-/* The exact reduction of value_of over all ranks, wrapped to the integer type. */
-static double expected_reduce(gw_dtype_t dt, int op, size_t i) {
-  double acc = value_of(0, i);
-  for (int r = 1; r < nranks; r++) {
-    double v = value_of(r, i);
-    if (op == GW_SUM || op == GW_AVG) acc += v;
-    else if (op == GW_PROD) acc *= v;
-    else if (op == GW_MAX) acc = v > acc ? v : acc;
-    else acc = v < acc ? v : acc;
-  }
-  if (dt == GW_FLOAT16 || dt == GW_BFLOAT16 || dt == GW_FLOAT32 || dt == GW_FLOAT64)
-    return op == GW_AVG ? acc / nranks : acc;
-  /* Integers wrap: reduce modulo 2^64 with exact integer arithmetic instead. */
-  uint64_t u = (uint64_t)value_of(0, i);
-  for (int r = 1; r < nranks; r++) {
-    uint64_t v = (uint64_t)value_of(r, i);
-    if (op == GW_SUM || op == GW_AVG) u += v;
-    else if (op == GW_PROD) u *= v;
-    else if (op == GW_MAX) u = v > u ? v : u;
-    else u = v < u ? v : u;
-  }
-  int64_t s;
-  switch (dt) {
-    case GW_INT8: s = (int8_t)u; break;
-    case GW_UINT8: s = (uint8_t)u; break;
-    case GW_INT32: s = (int32_t)u; break;
-    default: s = (int64_t)u; break;
-  }
-  if (op == GW_AVG) s /= nranks;
-  return (double)s;
+/* ---- values ----
+ * What rank r puts at element i: from a hash of (r, i), so any two ranks'
+ * inputs differ at most elements whatever their distance (a reduction that
+ * counts one rank twice and another not at all, or an allgather that swaps
+ * two ranks' blocks, shows), and so does a shift of the data.  1..5 for the
+ * reductions: integers whose sums and products stay exact in every dtype up
+ * to the rank counts that matter; 1..127 for allgather and broadcast, which
+ * move data only (every dtype holds those, int8 included). */
+static int value_span = 5;
+static int value_of(int r, size_t i) {
+  uint64_t x = ((uint64_t)(unsigned)r << 40) ^ (uint64_t)i;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return (int)((x ^ (x >> 31)) % (uint64_t)value_span) + 1;
 }
 
-static bool close_enough(gw_dtype_t dt, double got, double want) {
-  double tol;
-  switch (dt) {
-    case GW_FLOAT16: tol = 1e-3 * nranks; break;
-    case GW_BFLOAT16: tol = 8e-3 * nranks; break;
-    case GW_FLOAT32: tol = 1e-6 * nranks; break;
-    case GW_FLOAT64: tol = 1e-12; break;
-    default: return got == want;
+/* The reduction of value_of over all ranks at element i, exactly: as integers
+ * modulo 2^64 (*u, what integer dtypes wrap from), and in double (*d: sums
+ * and products of small integers, exact while below 2^53). */
+static void reduce_exact(int op, size_t i, uint64_t *u, double *d) {
+  *u = (uint64_t)value_of(0, i), *d = (double)*u;
+  for (int r = 1; r < nranks; r++) {
+    const uint64_t v = (uint64_t)value_of(r, i);
+    if (op == GW_SUM || op == GW_AVG) *u += v, *d += (double)v;
+    else if (op == GW_PROD) *u *= v, *d *= (double)v;
+    else if (op == GW_MAX) *u = v > *u ? v : *u, *d = fmax(*d, (double)v);
+    else *u = v < *u ? v : *u, *d = fmin(*d, (double)v);
   }
-  if (isinf(want)) return got == want;
-  return fabs(got - want) <= tol * fmax(1.0, fabs(want));
+}
+
+static bool is_float(gw_dtype_t dt) {
+  return dt == GW_FLOAT16 || dt == GW_BFLOAT16 || dt == GW_FLOAT32 || dt == GW_FLOAT64;
+}
+
+/* A float dtype's unit roundoff, and the integer up to which it holds every one. */
+static double unit_roundoff(gw_dtype_t dt) {
+  return dt == GW_FLOAT16 ? 0x1p-11 : dt == GW_BFLOAT16 ? 0x1p-8 : dt == GW_FLOAT32 ? 0x1p-24 : 0x1p-53;
+}
+
+/* v rounded to dt (to infinity where it overflows float16). */
+static double round_to(gw_dtype_t dt, double v) {
+  uint8_t b[8];
+  gw_value_store(b, dt, 0, v);
+  return gw_value_load(b, dt, 0);
+}
+
+/* Element i of an integer dtype's output: int64, not through a double (int64
+ * products wrap far past 2^53). */
+static int64_t load_int(const void *buf, gw_dtype_t dt, size_t i) {
+  switch (dt) {
+    case GW_INT8: return ((const int8_t *)buf)[i];
+    case GW_UINT8: return ((const uint8_t *)buf)[i];
+    case GW_INT32: return ((const int32_t *)buf)[i];
+    default: return ((const int64_t *)buf)[i];
+  }
+}
+
+/* Whether got is the reduction at element i.  Integers: exactly, wrapped to
+ * the dtype as the library wraps (AVG: the wrapped sum divided in int64).
+ * Floats: every partial sum or product of these integers is an integer no
+ * larger than the result, so while the result is within the integers the
+ * dtype holds (float16 2048, bfloat16 256, float32 2^24) the order of
+ * reduction cannot matter and the result must be exact: one missing or
+ * doubled contribution shows at any rank count.  AVG adds a division's
+ * rounding (two units); beyond exactness each of the n - 1 steps may round. */
+static bool reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t at) {
+  uint64_t u;
+  double d;
+  reduce_exact(op, at, &u, &d);
+  if (!is_float(dt)) {
+    int64_t want;
+    switch (dt) {
+      case GW_INT8: want = (int8_t)u; break;
+      case GW_UINT8: want = (uint8_t)u; break;
+      case GW_INT32: want = (int32_t)u; break;
+      default: want = (int64_t)u; break;
+    }
+    if (op == GW_AVG) want /= nranks;
+    return load_int(out, dt, i) == want;
+  }
+  const double got = gw_value_load(out, dt, i), eps = unit_roundoff(dt);
+  const bool exact = d <= 1.0 / eps;
+  const double want = round_to(dt, op == GW_AVG ? d / nranks : d);
+  if (isinf(want) || isnan(got)) return got == want;
+  double tol = op == GW_AVG ? 2 * eps * fabs(want) : 0;
+  if (!exact && (op == GW_SUM || op == GW_AVG || op == GW_PROD)) tol = (nranks + 1) * eps * fabs(want);
+  return fabs(got - want) <= tol;
 }
 
 /* ---- one measurement ---- */
@@ -194,7 +235,8 @@ static void run_once(const struct opts *o, gw_dtype_t dt, int op, const void *se
   }
 }
 
-/* Fills the input and returns the number of wrong output elements after one run. */
+/* Fills the input and returns the number of wrong output elements after one
+ * run (-1: not checked, -c 0). */
 static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbuf, uint8_t *recvbuf,
                                 size_t count, bool in_place, const void **send_out, void **recv_out) {
   size_t es = gw_dtype_size(dt);
@@ -210,12 +252,20 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uin
   *recv_out = recv;
   if (!o->check) {
     run_once(o, dt, op, send, recv, count);
-    return 0;
+    return -1;
   }
   uint8_t *hs = dev ? mirror(send) : send, *hr = dev ? mirror(recv) : recv;
+  /* The whole output first holds what no result is (NaN, or -1: an earlier
+   * run's correct output, or an in-place allgather's other blocks left as
+   * they were, must not pass for this run's), then the input goes in (in
+   * place, over part of it). */
+  memset(hr, 0xff, out_elems * es);
+  if (dev) check_dev(dev->memcpy_async(recv, hr, out_elems * es, stream), "clearing the output");
   for (size_t i = 0; i < in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
   if (dev) check_dev(dev->memcpy_async(send, hs, in_elems * es, stream), "copying the input in");
-  run_once(o, dt, op, send, recv, count);
+  /* A test hook: the checked run left out, as a collective that writes
+   * nothing would do; every size must then count wrong elements. */
+  if (!getenv("GW_PERF_TEST_SKIP_CHECKED_RUN")) run_once(o, dt, op, send, recv, count);
   if (dev) {
     check_dev(dev->memcpy_async(hr, recv, out_elems * es, stream), "copying the output out");
     sync_stream();
@@ -223,14 +273,14 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uin
   recv = hr;
   long long wrong = 0;
   for (size_t i = 0; i < out_elems; i++) {
-    double want;
+    bool ok;
     switch (o->coll) {
-      case C_ALLREDUCE: want = expected_reduce(dt, op, i); break;
-      case C_REDUCE_SCATTER: want = expected_reduce(dt, op, (size_t)rank * count + i); break;
-      case C_ALLGATHER: want = value_of((int)(i / (count ? count : 1)), i % (count ? count : 1)); break;
-      default: want = value_of(o->root, i); break;
+      case C_ALLREDUCE: ok = reduce_ok(dt, op, recv, i, i); break;
+      case C_REDUCE_SCATTER: ok = reduce_ok(dt, op, recv, i, (size_t)rank * count + i); break;
+      case C_ALLGATHER: ok = gw_value_load(recv, dt, i) == value_of((int)(i / count), i % count); break;
+      default: ok = gw_value_load(recv, dt, i) == value_of(o->root, i); break;
     }
-    if (!close_enough(dt, gw_value_load(recv, dt, i), want)) wrong++;
+    wrong += !ok;
   }
   (void)sendbuf;
   return wrong;
@@ -274,7 +324,7 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     double t = (now() - t0) / o->iters;
     /* The slowest rank's time is the collective's time. */
     check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
-    check_gw(gw_allreduce(&wrong, &wrong, 1, GW_INT64, GW_SUM, comm, NULL), "gw_allreduce(wrong)");
+    if (o->check) check_gw(gw_allreduce(&wrong, &wrong, 1, GW_INT64, GW_SUM, comm, NULL), "gw_allreduce(wrong)");
     res->time_us[ip] = t * 1e6;
     res->algbw[ip] = t > 0 ? (double)res->bytes / t / 1e9 : 0;
     res->busbw[ip] = res->algbw[ip] * bus_factor(o->coll);
@@ -487,6 +537,7 @@ int main(int argc, char **argv) {
     printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
     fflush(stdout);
   }
+  value_span = o.coll == C_ALLREDUCE || o.coll == C_REDUCE_SCATTER ? 5 : 127;
   double bw_sum = 0;
   int bw_n = 0;
   long long total_wrong = 0;
@@ -503,39 +554,50 @@ int main(int argc, char **argv) {
         last = whole;
         struct result res;
         measure(&o, dt, o.ops[oi], sendbuf, recvbuf, (size_t)sz, &res);
-        total_wrong += res.wrong[0] + res.wrong[1];
+        if (o.check) total_wrong += res.wrong[0] + res.wrong[1];
         bw_sum += res.busbw[0];
         bw_n++;
         if (rank != 0) continue;
         const char *opn = (o.coll == C_ALLREDUCE || o.coll == C_REDUCE_SCATTER) ? gw_op_name((gw_op_t)o.ops[oi]) : "none";
         int root = o.coll == C_BROADCAST ? o.root : -1;
-        printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5lld  %7.2f  %6.2f  %6.2f  %5lld\n", res.bytes,
-               res.count, gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], res.wrong[0],
-               res.time_us[1], res.algbw[1], res.busbw[1], res.wrong[1]);
+        /* Unchecked (-c 0): "N/A" (nccl-tests' way), empty in the CSV, null in the JSON. */
+        char w[2][24], wc[2][24], wj[2][24];
+        for (int k = 0; k < 2; k++) {
+          snprintf(wc[k], sizeof wc[k], "%lld", res.wrong[k]);
+          snprintf(w[k], sizeof w[k], "%s", o.check ? wc[k] : "N/A");
+          snprintf(wj[k], sizeof wj[k], "%s", o.check ? wc[k] : "null");
+          if (!o.check) wc[k][0] = 0;
+        }
+        printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5s  %7.2f  %6.2f  %6.2f  %5s\n", res.bytes,
+               res.count, gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], w[0],
+               res.time_us[1], res.algbw[1], res.busbw[1], w[1]);
         fflush(stdout);
         if (csv)
-          fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%lld,%.3f,%.4f,%.4f,%lld\n", res.bytes, res.count,
-                  gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], res.wrong[0],
-                  res.time_us[1], res.algbw[1], res.busbw[1], res.wrong[1]);
+          fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s,%.3f,%.4f,%.4f,%s\n", res.bytes, res.count,
+                  gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], wc[0],
+                  res.time_us[1], res.algbw[1], res.busbw[1], wc[1]);
         if (json) {
           fprintf(json,
                   "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, "
-                  "\"oop_time_us\": %.3f, \"oop_algbw\": %.4f, \"oop_busbw\": %.4f, \"oop_wrong\": %lld, "
-                  "\"ip_time_us\": %.3f, \"ip_algbw\": %.4f, \"ip_busbw\": %.4f, \"ip_wrong\": %lld}",
+                  "\"oop_time_us\": %.3f, \"oop_algbw\": %.4f, \"oop_busbw\": %.4f, \"oop_wrong\": %s, "
+                  "\"ip_time_us\": %.3f, \"ip_algbw\": %.4f, \"ip_busbw\": %.4f, \"ip_wrong\": %s}",
                   first_json ? "" : ",", res.bytes, res.count, gw_dtype_name(dt), opn, root, res.time_us[0],
-                  res.algbw[0], res.busbw[0], res.wrong[0], res.time_us[1], res.algbw[1], res.busbw[1], res.wrong[1]);
+                  res.algbw[0], res.busbw[0], wj[0], res.time_us[1], res.algbw[1], res.busbw[1], wj[1]);
           first_json = false;
         }
       }
   double avg = bw_n ? bw_sum / bw_n : 0;
   if (rank == 0) {
-    printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "ERROR" : "OK");
+    if (o.check) printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "ERROR" : "OK");
+    else printf("# Out of bounds values : N/A (not checked: -c 0)\n");
     printf("# Avg bus bandwidth    : %.3f\n", avg);
     fflush(stdout);
   }
   if (csv) fclose(csv);
   if (json) {
-    fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"wrong\": %lld\n}\n", avg, total_wrong);
+    char tw[24] = "null";
+    if (o.check) snprintf(tw, sizeof tw, "%lld", total_wrong);
+    fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"check\": %d,\n  \"wrong\": %s\n}\n", avg, o.check, tw);
     fclose(json);
   }
   gw_comm_deregister(comm, reg_send);

@@ -40,6 +40,13 @@ struct pid_index {
     int rank;
 };
 static struct pid_index *pid_index;
+/* The ranks one gw__run_reap collected, to judge together. */
+struct exited {
+    struct rank *r;
+    pid_t pid;
+    int status;
+};
+static struct exited *exited;
 
 /* Strays: processes a rank started that outlived it. gw-run is a child
  * subreaper, so they are re-parented to it instead of to init, which lets a
@@ -53,12 +60,12 @@ static size_t nstray_termed, stray_termed_cap;
 /* The signal handler only sets a flag and writes a byte into this pipe to
  * wake poll(), so all real work happens in the loop, where anything is safe. */
 static int sig_pipe[2] = {-1, -1};
-static volatile sig_atomic_t pending_chld, pending_int, pending_term;
+static volatile sig_atomic_t pending_chld, pending_int, pending_term, pending_hup;
 
 /* What the caller left us with, restored in each child before exec so that
  * the ranks start exactly as they would without the launcher. */
 static sigset_t orig_mask;
-static bool int_ignored, term_ignored, pipe_ignored;
+static bool int_ignored, term_ignored, hup_ignored, pipe_ignored;
 
 int64_t gw__run_now_ms(void)
 {
@@ -164,10 +171,10 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
     if (code == 0 || r->stopped_by_us)
         return;
     /* Print the rank's last words (often the reason it failed) before our
-     * verdict; a grandchild that still holds the pipe cannot stall this
-     * because the pipes are non-blocking. */
+     * verdict: what its pipes hold (non-blocking), and no more than that
+     * much (a grandchild still writing there must not keep us here). */
     for (int k = 0; k < 2; k++)
-        while (gw__run_pump(r, &r->s[k])) {
+        for (int reads = 0; reads < 64 && gw__run_pump(r, &r->s[k]); reads++) {
         }
     if (WIFEXITED(status))
         fprintf(stderr, "gw-run: rank %d (pid %ld) exited with code %d\n", r->global, (long)pid,
@@ -197,7 +204,8 @@ static int cmp_pid_index(const void *a, const void *b)
 void gw__run_index_ranks(void)
 {
     pid_index = calloc((size_t)gw__run.nranks + 1, sizeof *pid_index);
-    if (!pid_index) {
+    exited = calloc((size_t)gw__run.nranks + 1, sizeof *exited);
+    if (!pid_index || !exited) {
         fprintf(stderr, "gw-run: out of memory\n");
         signal_ranks(SIGKILL, true);
         exit(1);
@@ -286,16 +294,30 @@ void gw__run_escalate(void)
     gw__run_scan_strays();
 }
 
-/* Collects every exited child: ranks are accounted for, strays only reaped. */
+/* How much an exit says about the job's failure: a death by a signal is
+ * most likely its cause (a crash, the OOM killer), a nonzero exit more likely
+ * a rank that saw another fail. */
+static int exit_weight(int status)
+{
+    return WIFSIGNALED(status) ? 2 : WIFEXITED(status) && WEXITSTATUS(status) ? 1 : 0;
+}
+
+/* Collects every exited child: ranks are accounted for, strays only reaped.
+ * All that exited by now are collected before any is judged, so the one
+ * reported as the job's failure is the likeliest cause among them (a crash
+ * over a peer's exit 1, which waitpid's order, the ranks' fork order, would
+ * otherwise put first), and each failure among them is reported (the
+ * teardown the first one starts marks only ranks still running). */
 void gw__run_reap(void)
 {
+    int n = 0;
     for (;;) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid < 0 && errno == EINTR)
             continue;
         if (pid <= 0)
-            return;
+            break;
         struct pid_index key = {.pid = pid, .rank = 0};
         const struct pid_index *hit =
             bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
@@ -303,9 +325,16 @@ void gw__run_reap(void)
             struct rank *r = &gw__run.ranks[hit->rank];
             r->pid = 0;
             gw__run.alive--;
-            rank_exited(r, pid, status);
+            exited[n++] = (struct exited){r, pid, status};
         }
     }
+    for (int i = 1; i < n; i++) /* insertion sort by weight, stable: a few at a time */
+        for (int j = i; j > 0 && exit_weight(exited[j].status) > exit_weight(exited[j - 1].status); j--) {
+            struct exited t = exited[j];
+            exited[j] = exited[j - 1], exited[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++)
+        rank_exited(exited[i].r, exited[i].pid, exited[i].status);
 }
 
 static void on_signal(int sig)
@@ -317,6 +346,8 @@ static void on_signal(int sig)
         pending_int = 1;
     else if (sig == SIGTERM)
         pending_term = 1;
+    else if (sig == SIGHUP)
+        pending_hup = 1;
     /* The byte only wakes poll(); the flags say what happened, so nothing is
      * lost when the pipe is full (then it already holds a wake-up). */
     unsigned char b = (unsigned char)sig;
@@ -351,6 +382,12 @@ bool gw__run_setup_signals(void)
     term_ignored = old.sa_handler == SIG_IGN;
     if (!term_ignored)
         sigaction(SIGTERM, &sa, NULL);
+    /* A hangup (the terminal or ssh session gone) stops the job as SIGTERM
+     * does, rather than killing gw-run with no teardown (nohup: ignored). */
+    sigaction(SIGHUP, NULL, &old);
+    hup_ignored = old.sa_handler == SIG_IGN;
+    if (!hup_ignored)
+        sigaction(SIGHUP, &sa, NULL);
 
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
     sigaction(SIGCHLD, &sa, NULL);
@@ -394,6 +431,12 @@ void gw__run_drain_signals(bool *child_event)
         gw__run_net_signal(SIGTERM);
         *child_event = true;
     }
+    if (pending_hup) {
+        pending_hup = 0;
+        forward_signal(SIGHUP, false);
+        gw__run_net_signal(SIGHUP);
+        *child_event = true;
+    }
 }
 
 static void set_default(int sig)
@@ -413,6 +456,8 @@ void gw__run_child_signals(void)
         set_default(SIGINT);
     if (!term_ignored)
         set_default(SIGTERM);
+    if (!hup_ignored)
+        set_default(SIGHUP);
     set_default(SIGCHLD);
     if (!pipe_ignored)
         set_default(SIGPIPE);

@@ -250,6 +250,7 @@ static void spawn_all(int local_n, int node_rank, char **argv)
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
     sigaddset(&block, SIGCHLD);
     /* Blocked while forking, so a signal cannot run our handler in a child
      * before it has reset its dispositions; pending ones arrive afterwards. */
