@@ -561,12 +561,11 @@ int main(int argc, char **argv) {
         const char *opn = (o.coll == C_ALLREDUCE || o.coll == C_REDUCE_SCATTER) ? gw_op_name((gw_op_t)o.ops[oi]) : "none";
         int root = o.coll == C_BROADCAST ? o.root : -1;
         /* Unchecked (-c 0): "N/A" (nccl-tests' way), empty in the CSV, null in the JSON. */
-        char w[2][24], wc[2][24], wj[2][24];
+        char num[2][24];
+        const char *w[2], *wc[2], *wj[2];
         for (int k = 0; k < 2; k++) {
-          snprintf(wc[k], sizeof wc[k], "%lld", res.wrong[k]);
-          snprintf(w[k], sizeof w[k], "%s", o.check ? wc[k] : "N/A");
-          snprintf(wj[k], sizeof wj[k], "%s", o.check ? wc[k] : "null");
-          if (!o.check) wc[k][0] = 0;
+          snprintf(num[k], sizeof num[k], "%lld", res.wrong[k]);
+          w[k] = o.check ? num[k] : "N/A", wc[k] = o.check ? num[k] : "", wj[k] = o.check ? num[k] : "null";
         }
         printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5s  %7.2f  %6.2f  %6.2f  %5s\n", res.bytes,
                res.count, gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], w[0],
