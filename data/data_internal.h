@@ -26,8 +26,19 @@ struct gw_dataset {
   int c, h, w;
   int classes;
   char **class_names; /* [classes] or NULL, owned (freed by gw_dataset_free) */
-  char description[320];
+  char description[640];
+  /* A hash of what the samples are (the file list and labels; for generated
+   * data, what generates it), so ranks can check they opened the same data. */
+  uint64_t fingerprint;
 };
+
+/* FNV-1a 64 of n bytes, continuing from h (start: GW_FNV_START). */
+#define GW_FNV_START 0xcbf29ce484222325ull
+static inline uint64_t gw__fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
 
 /* Uniform integer in [0, bound) without modulo bias (bound >= 1). */
 static inline uint64_t gw__rng_below(struct gw_rng *r, uint64_t bound) {

@@ -52,6 +52,8 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
                         "unknown dataset \"%s\": use fashion-mnist[:DIR], imagenet:DIR or synthetic", spec);
 }
 
+uint64_t gw_dataset_fingerprint(const struct gw_dataset *ds) { return ds->fingerprint; }
+
 gw_result_t gw__dataset_set_classes(struct gw_dataset *ds, const char *const *names, int n) {
   ds->class_names = calloc((size_t)n, sizeof *ds->class_names);
   if (!ds->class_names) return gw__model_fail(GW_ERR_SYSTEM, "dataset: out of memory for %d class names", n);

@@ -73,6 +73,10 @@ int gw_dataset_classes(const struct gw_dataset *ds);
 const char *gw_dataset_class_name(const struct gw_dataset *ds, int i);
 /* What was opened, for the log ("fashion-mnist train (60000 samples) from DIR"). */
 const char *gw_dataset_description(const struct gw_dataset *ds);
+/* A hash of the samples' identity: the file list below the root and the
+ * labels (image folders), the labels (Fashion-MNIST), the generator's
+ * parameters (synthetic).  Equal on ranks that opened the same data. */
+uint64_t gw_dataset_fingerprint(const struct gw_dataset *ds);
 
 /* Decodes sample index (0 <= index < size) into out [c, h, w] and its class into
  * *label.  train selects the training transform (augmentation); its randomness is

@@ -35,8 +35,10 @@ struct fmnist {
   int augment;
 };
 
-/* Reads exactly len bytes; anything short is a truncated file. */
-static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len, const char *what) {
+/* Reads exactly len bytes; anything short is a truncated file.  For the
+ * message: `before` bytes of `what` were read already, of `total`. */
+static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len, const char *what, size_t before,
+                              size_t total) {
   size_t got = 0;
   while (got < len) {
     size_t chunk = len - got > (1u << 30) ? (1u << 30) : len - got;
@@ -46,9 +48,29 @@ static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len,
       const char *zmsg = gzerror(f, &zerr);
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                             "fashion-mnist: %s: truncated or corrupt: %s needs %zu bytes, the file ends after %zu%s%s",
-                            path, what, len, got, zerr ? " (zlib: " : "", zerr ? zmsg : "");
+                            path, what, total, before + got, zerr ? " (zlib: " : "", zerr ? zmsg : "");
     }
     got += (size_t)n;
+  }
+  return GW_SUCCESS;
+}
+
+/* Reads exactly len bytes into a new buffer *data, grown as they arrive: a
+ * header claiming ten million items in a file of a few bytes costs no more
+ * than the file holds before it is found truncated. */
+static gw_result_t read_grown(gzFile f, const char *path, uint8_t **data, size_t len, const char *what) {
+  size_t cap = len < (16u << 20) ? len : (16u << 20), got = 0;
+  *data = malloc(cap ? cap : 1);
+  if (!*data) return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: out of memory for %s", path);
+  while (got < len) {
+    if (got == cap) {
+      cap = len - cap < cap ? len : 2 * cap;
+      uint8_t *p = realloc(*data, cap);
+      if (!p) return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: out of memory for %s", path);
+      *data = p;
+    }
+    GW_MODEL_TRY(read_exact(f, path, *data + got, cap - got, what, got, len));
+    got = cap;
   }
   return GW_SUCCESS;
 }
@@ -69,7 +91,7 @@ static gw_result_t open_gz(gzFile *f, const char *path) {
 /* Reads the header fields after the magic number: nfields big-endian words. */
 static gw_result_t read_header(gzFile f, const char *path, uint32_t magic, uint32_t *fields, int nfields) {
   uint8_t h[16];
-  GW_MODEL_TRY(read_exact(f, path, h, 4 * (size_t)(nfields + 1), "the IDX header"));
+  GW_MODEL_TRY(read_exact(f, path, h, 4 * (size_t)(nfields + 1), "the IDX header", 0, 4 * (size_t)(nfields + 1)));
   if (be32(h) != magic)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                           "fashion-mnist: %s: bad magic number 0x%08x (an IDX %s file starts with 0x%08x)", path,
@@ -92,9 +114,12 @@ static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, ui
     res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: images are %ux%u, expected %dx%d", path,
                          hdr[1], hdr[2], SIDE, SIDE);
   size_t bytes = (size_t)hdr[0] * (images ? PIXELS : 1);
-  if (res == GW_SUCCESS && !(*data = malloc(bytes)))
-    res = gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: out of memory for %s", path);
-  if (res == GW_SUCCESS) res = read_exact(f, path, *data, bytes, images ? "the pixels" : "the labels");
+  if (res == GW_SUCCESS) res = read_grown(f, path, data, bytes, images ? "the pixels" : "the labels");
+  /* Nothing may follow the items: two files joined would pass for one. */
+  char extra;
+  if (res == GW_SUCCESS && gzread(f, &extra, 1) > 0)
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (two files joined?)",
+                         path, hdr[0]);
   *count = hdr[0];
   gzclose(f);
   return res;
@@ -157,6 +182,7 @@ static gw_result_t fmnist_load(struct fmnist *d, const char *dir, enum gw_split 
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s has %u images but %s has %u labels", ipath,
                           nimages, lpath, nlabels);
   d->base.size = nimages;
+  d->base.fingerprint = gw__fnv(GW_FNV_START, d->labels, nlabels);
   snprintf(d->base.description, sizeof d->base.description, "fashion-mnist %s (%u samples) from %s",
            split == GW_SPLIT_TRAIN ? "train" : "test", nimages, dir);
   return gw__dataset_set_classes(&d->base, CLASS_NAMES, CLASSES);

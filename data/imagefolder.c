@@ -8,17 +8,25 @@
  * message naming it, never an error: one bad image among a million must not stop
  * a run (the loader substitutes and counts). */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <turbojpeg.h>
+#include <unistd.h>
 
 #include "imagefolder.h"
 #include "transform.h"
 
 #define MAX_FILE_BYTES (256u << 20)     /* no photo is larger; a bound against reading anything */
 #define MAX_PIXELS (16384ull * 16384ull) /* decoded size bound, for the same reason */
+/* Pixels per byte of file beyond which a header's size is not believed: a
+ * photo compresses tens to a few hundred times, a flat frame a thousand, and a
+ * 300-byte file claiming 16384 x 16384 would have each loader thread allocate
+ * a gigabyte before its data is looked at. */
+#define MAX_PIXELS_PER_BYTE 2000ull
 
 static const float MEAN[3] = {0.485f, 0.456f, 0.406f};
 static const float STD[3] = {0.229f, 0.224f, 0.225f};
@@ -49,25 +57,63 @@ gw_result_t gw__folder_add(struct gw__folder *f, const char *path, int32_t label
   return GW_SUCCESS;
 }
 
-/* The whole file in a new buffer; unreadable is a skip, no memory an error. */
+/* The whole file in a new buffer; unreadable is a skip, no memory an error.
+ * Opened without blocking and checked to be a regular file: a FIFO put where a
+ * listed file was would hang a loader thread in open. */
 static gw_result_t read_file(const char *path, unsigned char **buf, size_t *len) {
-  FILE *fp = fopen(path, "rb");
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   struct stat st;
-  if (!fp || fstat(fileno(fp), &st) != 0) {
+  if (fd < 0 || fstat(fd, &st) != 0) {
     gw_result_t res = gw__model_fail(GW_DATA_SKIPPED, "%s: cannot read: %s", path, strerror(errno));
-    if (fp) fclose(fp);
+    if (fd >= 0) close(fd);
     return res;
   }
   gw_result_t res = GW_SUCCESS;
-  if (st.st_size <= 0 || (uint64_t)st.st_size > MAX_FILE_BYTES)
+  if (!S_ISREG(st.st_mode))
+    res = gw__model_fail(GW_DATA_SKIPPED, "%s: not a regular file", path);
+  else if (st.st_size <= 0 || (uint64_t)st.st_size > MAX_FILE_BYTES)
     res = gw__model_fail(GW_DATA_SKIPPED, "%s: %lld bytes is no plausible JPEG", path, (long long)st.st_size);
   else if (!(*buf = malloc((size_t)st.st_size)))
     res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory reading %s", path);
-  else if (fread(*buf, 1, (size_t)st.st_size, fp) != (size_t)st.st_size)
-    res = gw__model_fail(GW_DATA_SKIPPED, "%s: read failed: %s", path, ferror(fp) ? strerror(errno) : "short file");
+  size_t got = 0;
+  while (res == GW_SUCCESS && got < (size_t)st.st_size) {
+    ssize_t r = read(fd, *buf + got, (size_t)st.st_size - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) res = gw__model_fail(GW_DATA_SKIPPED, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "short file");
+    else got += (size_t)r;
+  }
   *len = (size_t)st.st_size;
-  fclose(fp);
+  close(fd);
   return res;
+}
+
+/* Whether the JPEG in b ends: an end-of-image marker (FF D9) after the main
+ * image's first start of scan.  The marker segments before it are walked by
+ * their lengths (an EXIF thumbnail inside APP1 has a scan and an end of its
+ * own), and entropy-coded data cannot hold FF D9 (a data FF is followed by 00).
+ * libjpeg reports truncation only as a warning, and only the first warning of
+ * a decode is kept: one about damage earlier in the data hid it. */
+static bool has_end(const unsigned char *b, size_t n) {
+  size_t p = 2;
+  while (p + 4 <= n) {
+    if (b[p] != 0xff) { /* extraneous bytes before a marker: libjpeg skips them too */
+      p++;
+      continue;
+    }
+    while (p + 1 < n && b[p + 1] == 0xff) p++; /* fill bytes */
+    if (p + 4 > n) return false;
+    const unsigned m = b[p + 1];
+    const size_t seg = (size_t)b[p + 2] << 8 | b[p + 3];
+    if (m == 0xd8 || (m >= 0xd0 && m <= 0xd7) || m == 0x01) { /* no length */
+      p += 2;
+      continue;
+    }
+    p += 2 + seg;
+    if (m == 0xda) break;
+  }
+  for (size_t i = p; i + 1 < n; i++)
+    if (b[i] == 0xff && b[i + 1] == 0xd9) return true;
+  return false;
 }
 
 /* libjpeg keeps Adobe CMYK inverted, so (as PIL's CMYK -> RGB) r = c * k / 255. */
@@ -94,14 +140,26 @@ static int decode_failed(tjhandle tj) {
 static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *buf, size_t len, unsigned char **rgb,
                           int *w, int *h) {
   int subsamp, colorspace;
-  if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0)
+  *w = *h = 0;
+  /* A warning while reading the markers (extraneous bytes and the like) fails
+   * the header call in TurboJPEG 2.1 with the size read all the same: PIL reads
+   * such files, and so do we. */
+  if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0 &&
+      !(tjGetErrorCode(tj) == TJERR_WARNING && *w > 0 && *h > 0))
     return gw__model_fail(GW_DATA_SKIPPED, "%s: not a JPEG: %s", path, tjGetErrorStr2(tj));
-  if ((unsigned long long)*w * (unsigned long long)*h > MAX_PIXELS)
-    return gw__model_fail(GW_DATA_SKIPPED, "%s: %dx%d pixels is too large to decode", path, *w, *h);
+  const unsigned long long px = (unsigned long long)*w * (unsigned long long)*h;
+  if (px > MAX_PIXELS || px > MAX_PIXELS_PER_BYTE * len)
+    return gw__model_fail(GW_DATA_SKIPPED, "%s: %dx%d pixels from %zu bytes is too large to decode", path, *w, *h,
+                          len);
+  if (!has_end(buf, len))
+    return gw__model_fail(GW_DATA_SKIPPED, "%s: ends early (no end-of-image marker after its data)", path);
   int pf = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK ? TJPF_CMYK : TJPF_RGB;
   *rgb = malloc((size_t)*w * (size_t)*h * (size_t)tjPixelSize[pf]);
-  if (!*rgb) return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s (%dx%d)", path, *w, *h);
-  if (tjDecompress2(tj, buf, (unsigned long)len, *rgb, *w, 0, *h, pf, 0) != 0 && decode_failed(tj))
+  if (!*rgb)
+    return gw__model_fail(GW_DATA_SKIPPED, "%s: no memory to decode its %dx%d pixels", path, *w, *h);
+  /* TJFLAG_LIMITSCANS: a progressive file of thousands of scans (minutes of
+   * decoding) is refused. */
+  if (tjDecompress2(tj, buf, (unsigned long)len, *rgb, *w, 0, *h, pf, TJFLAG_LIMITSCANS) != 0 && decode_failed(tj))
     return gw__model_fail(GW_DATA_SKIPPED, "%s: cannot decode: %s", path, tjGetErrorStr2(tj));
   if (pf == TJPF_CMYK) cmyk_to_rgb(*rgb, (size_t)*w * (size_t)*h);
   return GW_SUCCESS;
@@ -158,8 +216,21 @@ gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum
     gw_dataset_free(&f->base);
     return res;
   }
-  snprintf(f->base.description, sizeof f->base.description, "imagenet %s (%lld images, %d classes) from %s",
-           split == GW_SPLIT_TRAIN ? "train" : "val", (long long)f->base.size, f->base.classes, dir);
+  /* The file list below dir (where dir is mounted may differ between
+   * machines) and the labels. */
+  const size_t root = strlen(dir);
+  uint64_t h = GW_FNV_START;
+  for (int64_t i = 0; i < f->base.size; i++) {
+    const char *p = f->paths + f->path_at[i];
+    h = gw__fnv(h, p + root, strlen(p + root) + 1);
+  }
+  f->base.fingerprint = gw__fnv(h, f->labels, (size_t)f->base.size * sizeof *f->labels);
+  int n = snprintf(f->base.description, sizeof f->base.description, "imagenet %s (%lld images, %d classes) from %s",
+                   split == GW_SPLIT_TRAIN ? "train" : "val", (long long)f->base.size, f->base.classes, dir);
+  if (f->scan_skipped && n > 0 && (size_t)n < sizeof f->base.description)
+    snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
+             "; %lld director%s left out (%s)", (long long)f->scan_skipped, f->scan_skipped > 1 ? "ies" : "y",
+             f->scan_note);
   *ds = &f->base;
   return GW_SUCCESS;
 }

@@ -17,6 +17,11 @@ struct gw__folder {
   int32_t *labels;      /* [size] */
   int64_t cap;          /* room in path_at and labels */
   int out_size;         /* output side in pixels (image_size) */
+  /* Directories below the classes the scan left out (a link back to a
+   * directory it was already in, past MAX_DEPTH levels, unreadable), and the
+   * first one with why, for the dataset's description. */
+  int64_t scan_skipped;
+  char scan_note[320];
 };
 
 /* Appends one sample; GW_ERR_SYSTEM when out of memory. */

@@ -5,7 +5,13 @@
  *
  * Unlike torchvision, the class list of both splits comes from DIR/train, so a
  * validation tree missing a class cannot shift every later label; a validation
- * class unknown to train is refused.  Decoding is imagefolder.c's. */
+ * class unknown to train is refused.  A link back to a directory the walk is
+ * already in (os.walk would recurse until its depth gave out, listing files
+ * again under longer names or, from a link to the split, under the wrong
+ * class) is left out, and so is a directory below a class that cannot be read
+ * (as os.walk ignores it); both are counted in the dataset's description.  A
+ * directory that fails part way through listing is an error: its class would
+ * silently come up short.  Decoding is imagefolder.c's. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -16,7 +22,7 @@
 
 #include "imagefolder.h"
 
-#define MAX_DEPTH 32 /* below a class directory: a bound against link cycles */
+#define MAX_DEPTH 32 /* levels below a class directory */
 #define PATH_BUF 4096
 
 /* A path split where its last component starts: s + name is the name, and the
@@ -72,6 +78,11 @@ static int is_jpeg_name(const char *name) {
   return (n > 4 && !strcasecmp(name + n - 4, ".jpg")) || (n > 5 && !strcasecmp(name + n - 5, ".jpeg"));
 }
 
+/* Notes a directory the walk leaves out (the first one's path and why). */
+static void skip_dir(struct gw__folder *f, const char *path, const char *why) {
+  if (!f->scan_skipped++) snprintf(f->scan_note, sizeof f->scan_note, "%.200s: %s", path, why);
+}
+
 /* 1 directory, 0 regular file, -1 other or unreadable; links are followed. */
 static int entry_kind(const char *dir, const struct dirent *e) {
   if (e->d_type == DT_DIR) return 1;
@@ -108,29 +119,69 @@ static gw_result_t list_subdirs(const char *dir, struct names *out) {
   return GW_SUCCESS;
 }
 
-/* Appends every JPEG below dir (recursively) to files. */
-static gw_result_t walk(const char *dir, int depth, struct names *files) {
+/* The directories from the split directory down to the one being listed. */
+struct ancestry {
+  dev_t dev[MAX_DEPTH + 2];
+  ino_t ino[MAX_DEPTH + 2];
+  int n;
+};
+
+/* Appends every JPEG below dir (recursively, dir at `depth` below the class
+ * directory) to files. */
+static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct ancestry *up, struct names *files) {
   DIR *d = opendir(dir);
-  if (!d) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", dir, strerror(errno));
+  struct stat st;
+  if (!d || fstat(dirfd(d), &st) != 0) {
+    if (depth == 0) {
+      gw_result_t res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", dir, strerror(errno));
+      if (d) closedir(d);
+      return res;
+    }
+    skip_dir(f, dir, strerror(errno));
+    if (d) closedir(d);
+    return GW_SUCCESS;
+  }
+  for (int k = 0; k < up->n; k++)
+    if (up->dev[k] == st.st_dev && up->ino[k] == st.st_ino) {
+      skip_dir(f, dir, "a link back to a directory above it");
+      closedir(d);
+      return GW_SUCCESS;
+    }
+  up->dev[up->n] = st.st_dev, up->ino[up->n] = st.st_ino;
+  up->n++;
   gw_result_t res = GW_SUCCESS;
-  for (struct dirent *e; res == GW_SUCCESS && (e = readdir(d));) {
+  for (;;) {
+    errno = 0;
+    struct dirent *e = readdir(d);
+    if (!e) {
+      if (errno) res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: reading %s failed: %s", dir, strerror(errno));
+      break;
+    }
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
     int kind = entry_kind(dir, e);
-    if (kind == 1 && depth < MAX_DEPTH) {
-      char sub[PATH_BUF];
-      res = join(sub, dir, e->d_name) ? GW_ERR_INVALID_ARGUMENT : walk(sub, depth + 1, files);
+    char sub[PATH_BUF];
+    if (kind == 1 && join(sub, dir, e->d_name)) {
+      res = GW_ERR_INVALID_ARGUMENT;
+    } else if (kind == 1 && depth + 1 > MAX_DEPTH) {
+      skip_dir(f, sub, "more than 32 levels below its class");
+    } else if (kind == 1) {
+      res = walk(f, sub, depth + 1, up, files);
     } else if (kind == 0 && is_jpeg_name(e->d_name) && names_push(files, dir, e->d_name)) {
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
     }
+    if (res != GW_SUCCESS) break;
   }
+  up->n--;
   closedir(d);
   return res;
 }
 
-/* Appends the files of one class, in order, to the dataset's path table. */
-static gw_result_t add_class(struct gw__folder *f, const char *class_dir, int32_t label) {
+/* Appends the files of one class, in order, to the dataset's path table
+ * (split: the split directory's identity, the bottom of the ancestry). */
+static gw_result_t add_class(struct gw__folder *f, const struct stat *split, const char *class_dir, int32_t label) {
   struct names files = {0};
-  gw_result_t res = walk(class_dir, 0, &files);
+  struct ancestry up = {.dev = {split->st_dev}, .ino = {split->st_ino}, .n = 1};
+  gw_result_t res = walk(f, class_dir, 0, &up, &files);
   if (res == GW_SUCCESS && files.n) qsort(files.e, files.n, sizeof *files.e, cmp_entry);
   for (size_t i = 0; i < files.n && res == GW_SUCCESS; i++) res = gw__folder_add(f, files.e[i].s, label);
   names_free(&files);
@@ -155,6 +206,9 @@ static int find_class(const struct names *classes, const char *name) {
 
 static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const struct names *classes) {
   struct names subdirs = {0};
+  struct stat split;
+  if (stat(split_dir, &split) != 0)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", split_dir, strerror(errno));
   gw_result_t res = list_subdirs(split_dir, &subdirs);
   for (size_t i = 0; res == GW_SUCCESS && i < subdirs.n; i++) {
     int label = find_class(classes, subdirs.e[i].s);
@@ -164,7 +218,7 @@ static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const
     else if (label < 0)
       res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s is not a class of the training split", class_dir);
     else
-      res = add_class(f, class_dir, label);
+      res = add_class(f, &split, class_dir, label);
   }
   names_free(&subdirs);
   return res;

@@ -44,6 +44,8 @@ gw_result_t gw_dataset_synthetic(struct gw_dataset **ds, int64_t samples, int ch
   s->base.h = s->base.w = size;
   s->base.classes = classes;
   s->seed = seed;
+  const int64_t params[5] = {samples, channels, size, classes, (int64_t)seed};
+  s->base.fingerprint = gw__fnv(GW_FNV_START, params, sizeof params);
   snprintf(s->base.description, sizeof s->base.description, "synthetic (%lld samples of %dx%dx%d, %d classes)",
            (long long)samples, channels, size, size, classes);
   *ds = &s->base;

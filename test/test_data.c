@@ -21,14 +21,15 @@
 #include "harness.h"
 #include "loader.h"
 #include "sampler.h"
+#include "test_data.h"
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 /* ---- temporary files ------------------------------------------------------------ */
 
-static char tmpdir[64];
+char tmpdir[64];
 
-static void make_tmpdir(void) {
+void make_tmpdir(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/gw_data_XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
@@ -38,9 +39,9 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
   return remove(path);
 }
 
-static void remove_tmpdir(void) { nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+void remove_tmpdir(void) { nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static const char *in_tmp(const char *name) {
+const char *in_tmp(const char *name) {
   static char p[4][512];
   static int k;
   k = (k + 1) % 4;
@@ -48,7 +49,7 @@ static const char *in_tmp(const char *name) {
   return p[k];
 }
 
-static void mkdirs(const char *rel) {
+void mkdirs(const char *rel) {
   char p[512];
   snprintf(p, sizeof p, "%s/%s", tmpdir, rel);
   for (char *s = p + strlen(tmpdir) + 1; *s; s++)
@@ -60,14 +61,14 @@ static void mkdirs(const char *rel) {
   mkdir(p, 0755);
 }
 
-static void write_file(const char *path, const void *data, size_t len) {
+void write_file(const char *path, const void *data, size_t len) {
   FILE *f = fopen(path, "wb");
   ck_assert_msg(f != NULL, "cannot create %s", path);
   ck_assert_uint_eq(fwrite(data, 1, len, f), len);
   fclose(f);
 }
 
-static void expect_error(gw_result_t res, const char *part1, const char *part2) {
+void expect_error(gw_result_t res, const char *part1, const char *part2) {
   const char *msg = gw_data_last_error();
   ck_assert_msg(res != GW_SUCCESS, "expected a failure mentioning %s", part2);
   ck_assert_msg(strstr(msg, part1) && strstr(msg, part2), "message \"%s\" should name \"%s\" and \"%s\"", msg, part1,
@@ -176,25 +177,18 @@ END_TEST
 
 /* ---- Fashion-MNIST: damaged files ------------------------------------------------ */
 
-static void put_be32(unsigned char *p, uint32_t v) {
+void put_be32(unsigned char *p, uint32_t v) {
   for (int k = 0; k < 4; k++) p[k] = (unsigned char)(v >> (24 - 8 * k));
 }
 
-static void write_gz(const char *path, const unsigned char *data, size_t len) {
+void write_gz(const char *path, const unsigned char *data, size_t len) {
   gzFile f = gzopen(path, "wb");
   ck_assert_ptr_nonnull(f);
   ck_assert_int_eq(gzwrite(f, data, (unsigned)len), (int)len);
   gzclose(f);
 }
 
-/* A train split of n images (rows x cols) and labels; *_bytes cut the data short. */
-struct idx_spec {
-  uint32_t image_magic, label_magic, images, labels, rows, cols;
-  size_t image_bytes, label_bytes;
-  unsigned char bad_label;
-};
-
-static void write_idx(const struct idx_spec *s) {
+void write_idx(const struct idx_spec *s) {
   unsigned char *buf = calloc(1, 16 + s->image_bytes + s->label_bytes + 8);
   put_be32(buf, s->image_magic), put_be32(buf + 4, s->images), put_be32(buf + 8, s->rows), put_be32(buf + 12, s->cols);
   write_gz(in_tmp("train-images-idx3-ubyte.gz"), buf, 16 + s->image_bytes);
@@ -205,12 +199,12 @@ static void write_idx(const struct idx_spec *s) {
   free(buf);
 }
 
-static struct idx_spec good_idx(void) {
+struct idx_spec good_idx(void) {
   struct idx_spec s = {0x803, 0x801, 3, 3, 28, 28, 3 * 784, 3, 0};
   return s;
 }
 
-static gw_result_t open_tmp_fmnist(void) {
+gw_result_t open_tmp_fmnist(void) {
   struct gw_dataset *ds = NULL;
   gw_result_t res = gw_dataset_fashion_mnist(&ds, tmpdir, GW_SPLIT_TRAIN, 0);
   gw_dataset_free(ds);
@@ -283,7 +277,7 @@ END_TEST
 
 /* A w x h image with 1 (gray) or 3 channels: constant colour rgb, or noise when
  * rgb is NULL.  Returns the JPEG size. */
-static size_t write_jpeg(const char *rel, int w, int h, int gray, const unsigned char *rgb, double keep) {
+size_t write_jpeg(const char *rel, int w, int h, int gray, const unsigned char *rgb, double keep) {
   int ch = gray ? 1 : 3;
   unsigned char *px = malloc((size_t)w * h * ch);
   for (size_t i = 0; i < (size_t)w * h * ch; i++)
@@ -324,7 +318,7 @@ static const float IMNET_MEAN[3] = {0.485f, 0.456f, 0.406f}, IMNET_STD[3] = {0.2
  *          (truncated) dog/d.jpeg dog/text.jpg (not a JPEG) dog/notes.txt (ignored)
  *   val:   cat/const.jpg (constant colour) cat/gray.jpg dog/big.jpg (512x512)
  *          dog/mid.jpg (256x256) */
-static void make_tree(void) {
+void make_tree(void) {
   make_tmpdir();
   const char *dirs[] = {"train/dog", "train/cat/sub", "train/ant", "val/cat", "val/dog"};
   for (int i = 0; i < 5; i++) mkdirs(dirs[i]);
@@ -782,6 +776,7 @@ static Suite *data_suite(void) {
   }
   tcase_add_test(tc, fmnist_bad_files);
   tcase_add_test(tc, fmnist_truncated_gzip);
+  add_fmnist_hostile_tests(tc);
   tcase_add_test(tc, bad_specs);
   suite_add_tcase(s, tc);
   tc = tcase_create("imagefolder");
@@ -791,6 +786,7 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, folder_val_geometry);
   tcase_add_test(tc, folder_train_keys);
   tcase_add_test(tc, folder_bad_trees);
+  add_folder_hostile_tests(tc);
   suite_add_tcase(s, tc);
   tc = tcase_create("sampler");
   tcase_set_timeout(tc, 60);

@@ -50,7 +50,8 @@ START_TEST(test_transport_choice) {
 }
 END_TEST
 
-/* GW_IB_HCA with two (emulated) devices: connections take them in turn; a name
+/* GW_IB_HCA with two (emulated) devices: the receiving ends of connections take
+ * them in turn (and each sending end the device of its receiver's rail); a name
  * that is not a device leaves no port, so forcing ib fails at init. */
 static int body_two_devices(gw_comm_t comm, int rank, int n, void *arg) {
   (void)n, (void)arg;
@@ -59,14 +60,23 @@ static int body_two_devices(gw_comm_t comm, int rank, int n, void *arg) {
     struct gw_conn *tc[6];
     gw__tree_conns(&comm->trees[t], tc);
     for (int i = 0; i < 6; i++)
-      if (tc[i]->tp && tc[i]->is_send) {
+      if (tc[i]->tp) {
         dev[0] |= strstr(tc[i]->desc, "gwemu0:1") != NULL;
         dev[1] |= strstr(tc[i]->desc, "gwemu1:1") != NULL;
       }
   }
-  dev[0] |= strstr(comm->rings[0].send.desc, "gwemu0:1") != NULL;
-  dev[1] |= strstr(comm->rings[0].send.desc, "gwemu1:1") != NULL;
+  const struct gw_conn *ring[2] = {&comm->rings[0].send, &comm->rings[0].recv};
+  for (int i = 0; i < 2; i++) {
+    dev[0] |= strstr(ring[i]->desc, "gwemu0:1") != NULL;
+    dev[1] |= strstr(ring[i]->desc, "gwemu1:1") != NULL;
+  }
   EXPECT(dev[0] && dev[1], "rank %d's connections do not use both devices (ring: %s)", rank, comm->rings[0].send.desc);
+  /* The two ends of each ring connection are on the same device (rail). */
+  int32_t recv_dev = strstr(comm->rings[0].recv.desc, "gwemu1:1") != NULL, devs[8];
+  EXPECT(gw_allgather(&recv_dev, devs, 1, GW_INT32, comm, NULL) == GW_SUCCESS, "allgather");
+  const int32_t send_dev = strstr(comm->rings[0].send.desc, "gwemu1:1") != NULL;
+  EXPECT(send_dev == devs[comm->rings[0].next], "rank %d sends on device %d, rank %d receives on %d", rank, send_dev,
+         comm->rings[0].next, devs[comm->rings[0].next]);
   int64_t v = rank + 1;
   EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "sum %lld", (long long)v);
   return 0;

@@ -541,6 +541,27 @@ START_TEST(test_nan_logits_score_zero) {
 }
 END_TEST
 
+/* Ranks that opened different data (here 96 and 97 synthetic samples; in life a
+ * folder scanned while files came or went) are refused, naming the split. */
+START_TEST(test_ranks_must_see_same_data) {
+  char script[1024];
+  snprintf(script, sizeof script,
+           "n=96; [ \"$GW_RANK\" = 1 ] && n=97; exec '%s' --data synthetic --synthetic-samples $n --model resnet18 "
+           "--width-divisor 8 --in-channels 3 --image-size 16 --classes 4 --stem small --threads 1 --steps 1 "
+           "--batch 8 --no-eval",
+           train_bin());
+  const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+  const char *const noenv[] = {NULL};
+  struct run r;
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 120);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "training split (97 samples") && strstr(r.err, "is not rank 0's (96 samples") &&
+                    strstr(r.err, "every rank must see the same files"),
+                "different data on rank 1: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
 /* Refused before any work: exit 2 and a message naming the flag. */
 static void refused(const char *const *args, const char *words) {
   struct run r;
@@ -633,6 +654,7 @@ static Suite *make_suite(void) {
 #endif
   add_checkpoint_tests(tc);
   tcase_add_test(tc, test_nan_logits_score_zero);
+  tcase_add_test(tc, test_ranks_must_see_same_data);
   tcase_add_test(tc, test_imagefolder_bad_files_skipped);
   suite_add_tcase(s, tc);
   return s;

@@ -58,6 +58,17 @@ void log_text(struct train_log *l, const char *fmt, ...) {
   fflush(stdout);
 }
 
+void log_rank(struct train_log *l, const char *fmt, ...) {
+  if (l->rank == 0) end_line(l);
+  char line[1200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "gw-train: rank %d: %s\n", l->rank, line);
+  fflush(stderr);
+}
+
 static void eta(char *buf, size_t cap, double seconds) {
   long s = seconds > 0 && seconds < 1e8 ? (long)seconds : 0;
   if (s >= 3600) snprintf(buf, cap, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);

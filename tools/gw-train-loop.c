@@ -45,6 +45,7 @@
 struct trainer {
   const struct train_opts *o;
   int64_t saved_step; /* the step of the last checkpoint written or resumed */
+  int64_t skips_told, skips_told_at; /* unreadable training samples logged, and when */
   /* A device backend's first step in this process: its allreduces start after
    * backward is queued and are waited for before the optimizer (see
    * overlapping()). */
@@ -139,6 +140,40 @@ static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
 
 /* ---- setup */
 
+/* Every rank must have opened the same samples: ranks that scanned a folder
+ * while files came or went, or read another copy, would shard different lists
+ * (overlapping, with gaps) and could take different numbers of steps. */
+static int same_data_everywhere(struct trainer *t) {
+  if (t->world == 1) return 0;
+  const struct gw_dataset *ds[2] = {t->train_ds, t->val_ds};
+  int64_t mine[6] = {0}, r0[6];
+  for (int k = 0; k < 2; k++)
+    if (ds[k])
+      mine[3 * k] = gw_dataset_size(ds[k]), mine[3 * k + 1] = gw_dataset_classes(ds[k]),
+                 mine[3 * k + 2] = (int64_t)gw_dataset_fingerprint(ds[k]);
+  memcpy(r0, mine, sizeof r0);
+  if (bcast(t, r0, 6, GW_INT64, "comparing the data with rank 0's") != 0) return -1;
+  double differ = memcmp(mine, r0, sizeof mine) != 0;
+  if (allreduce_d(t, &differ, 1, "comparing the data with rank 0's") != 0) return -1;
+  for (int k = 0; k < 2 && differ > 0; k++) {
+    if (!memcmp(&mine[3 * k], &r0[3 * k], 3 * sizeof *mine)) continue;
+    char detail[400];
+    snprintf(detail, sizeof detail,
+             "this rank's %s split (%lld samples, %lld classes, file list and labels hashed %016llx) is not rank "
+             "0's (%lld samples, %lld classes, %016llx): every rank must see the same files",
+             k ? "evaluation" : "training", (long long)mine[3 * k], (long long)mine[3 * k + 1],
+             (unsigned long long)mine[3 * k + 2], (long long)r0[3 * k], (long long)r0[3 * k + 1],
+             (unsigned long long)r0[3 * k + 2]);
+    return fail(t, "--data", detail);
+  }
+  if (differ > 0) {
+    char detail[160];
+    snprintf(detail, sizeof detail, "%.0f rank(s) opened other data than rank 0 (their logs say what differs)", differ);
+    return fail(t, "--data", detail);
+  }
+  return 0;
+}
+
 static int open_data(struct trainer *t) {
   const struct train_opts *o = t->o;
   struct gw_data_options d;
@@ -154,6 +189,7 @@ static int open_data(struct trainer *t) {
     return fail(t, "--data", gw_data_last_error());
   if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
     return fail(t, "--data (evaluation split)", gw_data_last_error());
+  if (same_data_everywhere(t) != 0) return -1;
   /* Every step takes a whole batch from each rank's share of the data. */
   int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
   if (share < o->batch) {
@@ -427,28 +463,6 @@ static int resume(struct trainer *t) {
 
 /* ---- evaluation: every validation sample exactly once across ranks */
 
-struct eval_counts {
-  double top1, top5, loss, n;
-};
-
-/* Cross-entropy (no smoothing) and whether the label is in the top 1 / 5.  A
- * NaN logit ranks above every number, and a NaN label's logit is in no top-k
- * (a diverged model scores 0, not 100%); the loss comes out NaN. */
-static void score(const float *z, int k, int label, struct eval_counts *c) {
-  double mx = z[0], s = 0;
-  int above = 0;
-  const bool lnan = isnan(z[label]);
-  for (int j = 1; j < k; j++) mx = z[j] > mx || isnan(z[j]) ? z[j] : mx;
-  for (int j = 0; j < k; j++) {
-    s += exp((double)z[j] - mx);
-    above += j != label && (isnan(z[j]) || z[j] > z[label] || (z[j] == z[label] && j < label));
-  }
-  c->loss += mx + log(s) - z[label];
-  c->top1 += !lnan && above < 1; /* a NaN label's logit is in no top-k */
-  c->top5 += !lnan && above < 5;
-  c->n += 1;
-}
-
 static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_counts *c) {
   const int B = t->o->batch, k = gw_dataset_classes(t->val_ds);
   size_t sample = gw_dataset_sample_floats(t->val_ds);
@@ -461,14 +475,7 @@ static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_
   }
   if (gw_exec_forward(t->e, x, 0) != GW_SUCCESS || gw_exec_logits(t->e, t->logits) != GW_SUCCESS)
     return fail(t, "evaluation", gw_model_last_error());
-  int64_t n = gw_dataset_size(t->val_ds);
-  for (int i = 0; i < bt->n; i++) {
-    /* The sampler pads the last shards by repeating the first samples: count
-     * each sample once. */
-    int64_t global = t->rank + (int64_t)t->world * (bt->position + i);
-    /* A sample standing in for an unreadable one is in the epoch at its own place too. */
-    if (global < n && !bt->stand_in[i]) score(t->logits + (size_t)i * k, k, bt->y[i], c);
-  }
+  eval_score_batch(t->logits, k, bt, t->rank, t->world, gw_dataset_size(t->val_ds), c);
   return 0;
 }
 
@@ -480,11 +487,16 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "evaluation", gw_model_last_error());
   struct eval_counts c = {0, 0, 0, 0};
   const struct gw_batch *bt;
+  const int64_t skipped_before = gw_loader_skipped(t->val_ld);
   for (;;) {
     if (gw_loader_next(t->val_ld, &bt) != GW_SUCCESS) return fail(t, "evaluation data", gw_data_last_error());
     if (!bt) break;
     if (eval_batch(t, bt, &c) != 0) return -1;
   }
+  const int64_t left_out = gw_loader_skipped(t->val_ld) - skipped_before;
+  if (left_out > 0)
+    log_rank(&t->log, "warning: the evaluation left out %lld unreadable sample%s of this rank's share; the latest: %s",
+             (long long)left_out, left_out > 1 ? "s" : "", gw_loader_last_skip(t->val_ld));
   if (allreduce_d(t, &c.top1, 4, "summing the evaluation") != 0) return -1;
   double top1 = c.top1 / c.n, top5 = c.top5 / c.n;
   log_eval(&t->log, epoch, top1, top5, c.loss / c.n, (int64_t)c.n);
@@ -739,6 +751,14 @@ static int run_steps(struct trainer *t) {
     r.step = t->st.step, r.steps_total = t->total_steps, r.epoch = k.epoch, r.epochs = t->epochs;
     r.step_in_epoch = k.position / t->o->batch + 1, r.steps_per_epoch = t->spe;
     r.skipped = gw_loader_skipped(t->train_ld);
+    /* Unreadable samples, each rank its own (its loader's): the first at once,
+     * then at most every 100 steps, with the latest reason (naming the file). */
+    if (r.skipped > t->skips_told && (!t->skips_told || t->st.step >= t->skips_told_at + 100)) {
+      log_rank(&t->log, "warning: %lld training sample%s unreadable so far, each replaced by the next readable one "
+               "of this rank's shard; the latest: %s", (long long)r.skipped, r.skipped > 1 ? "s" : "",
+               gw_loader_last_skip(t->train_ld));
+      t->skips_told = r.skipped, t->skips_told_at = t->st.step;
+    }
     log_step(&t->log, &r, t->st.step % t->o->log_every == 0 || t->st.step == t->total_steps);
     int last_of_epoch = r.step_in_epoch == t->spe;
     if (last_of_epoch && epoch_end(t, k.epoch) != 0) return -1;

@@ -115,6 +115,19 @@ void log_close(struct train_log *l);
 void log_step(struct train_log *l, const struct step_report *r, int print);
 void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, double loss, int64_t samples);
 void log_text(struct train_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Evaluation sums (gw-train-eval.c): top-1 and top-5 hits, cross-entropy, samples. */
+struct eval_counts {
+  double top1, top5, loss, n;
+};
+struct gw_batch;
+/* Scores batch bt's logits [bt->n, k] of this rank (of world) over a split of
+ * n samples: each sample once (not the sampler's padding, not a stand-in for
+ * an unreadable one). */
+void eval_score_batch(const float *logits, int k, const struct gw_batch *bt, int rank, int world, int64_t n,
+                      struct eval_counts *c);
+
+/* A line from any rank, on its stderr, "gw-train: rank R: ...". */
+void log_rank(struct train_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends (epoch, mean train loss, top1, top5) to the plot data and redraws the
  * PNG with gnuplot when it exists; returns 0, or -1 with a reason in err. */
 int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, double top5, char *err,

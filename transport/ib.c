@@ -76,6 +76,7 @@ struct ib_handle {
   uint32_t qpn[IB_MAX_QPS];
   uint8_t gid[16];
   uint16_t lid;
+  uint8_t rail; /* the index of the receiver's port among its process's */
 };
 _Static_assert(sizeof(struct ib_handle) <= GW_CONN_HANDLE_BYTES, "ib handle fits the opaque handle");
 
@@ -108,10 +109,15 @@ struct ib_conn {
   uint32_t rkey;
   uint64_t pos;            /* sender: chunks posted; receiver: next chunk to deliver */
   uint8_t *got, *need;     /* receiver, per slot: parts arrived, parts expected */
+  uint32_t *arrived;       /* receiver, per slot: bytes its parts' writes carried */
   uint64_t credits_posted; /* receiver: releases written to the sender so far */
   int fd, listen_fd;
-  bool ready; /* sender: the receiver's QPs are ready (its byte arrived) */
+  bool ready; /* sender: the receiver's QPs are ready (its byte arrived); receiver: connected */
   bool eof;   /* the peer closed the liveness socket */
+  /* The peer closed, and this end's queue pair failed after it (a credit write
+   * to the gone sender, the receives flushed): no error of this connection's
+   * until something is still to come from it (a chunk: the peer's end then). */
+  bool quiet;
   uint64_t nonce, job_hash;
   double timeout_s, next_check;
   gw_result_t failed;
@@ -135,6 +141,7 @@ static void conn_free(struct ib_conn *t) {
   free(t->credits);
   free(t->got);
   free(t->need);
+  free(t->arrived);
   if (t->fd >= 0) close(t->fd);
   if (t->listen_fd >= 0) close(t->listen_fd);
   free(t);
@@ -154,24 +161,40 @@ static struct ibv_mr *reg(struct gw_conn *c, struct ib_conn *t, void *addr, size
   return NULL;
 }
 
-/* The next port round robin, of the link layer want_eth (0 InfiniBand, 1
- * RoCE, -1 either), or NULL when this process has none of that kind. */
-static struct ib_port *pick_port(int want_eth) {
+/* A port of the link layer want_eth (0 InfiniBand, 1 RoCE, -1 either), or
+ * NULL when this process has none of that kind.  The receiving end takes the
+ * next one round robin (connections spread over the rails); the sending end
+ * (peer_gid set: the receiver's port) the one on the receiver's rail: the same
+ * index among its ports with the same GID subnet prefix, else any with that
+ * prefix, else round robin.  Chosen apart, the ends of every connection could
+ * sit on different rails: separate subnets never reach each other (the writes
+ * fail after the retry timeout), joined ones cross the spine. */
+static struct ib_port *pick_port(int want_eth, int peer_rail, const uint8_t *peer_gid) {
+  const int n = gw__ib_devs.n;
+  if (peer_gid) {
+    for (int pass = 0; pass < 2; pass++)
+      for (int k = 0; k < n; k++) {
+        struct ib_port *pt = &gw__ib_devs.ports[k];
+        if ((want_eth >= 0 && pt->eth != (want_eth == 1)) || memcmp(pt->gid.raw, peer_gid, 8) != 0) continue;
+        if (pass == 1 || k == peer_rail) return pt;
+      }
+  }
   unsigned first = atomic_fetch_add(&gw__ib_devs.next, 1);
-  for (int k = 0; k < gw__ib_devs.n; k++) {
-    struct ib_port *pt = &gw__ib_devs.ports[(first + (unsigned)k) % (unsigned)gw__ib_devs.n];
+  for (int k = 0; k < n; k++) {
+    struct ib_port *pt = &gw__ib_devs.ports[(first + (unsigned)k) % (unsigned)n];
     if (want_eth < 0 || pt->eth == (want_eth == 1)) return pt;
   }
   return NULL;
 }
 
-/* Everything both ends create: the port (of the peer's link layer, want_eth as
- * for pick_port), the slots (staging or receive), the CQ and the QPs in INIT. */
+/* Everything both ends create: the port (as pick_port chooses), the slots
+ * (staging or receive), the CQ and the QPs in INIT. */
 static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p, uint32_t nqps, int buf_access,
-                               int want_eth, struct ib_conn **out, struct gw_errctx *err) {
+                               int want_eth, int peer_rail, const uint8_t *peer_gid, struct ib_conn **out,
+                               struct gw_errctx *err) {
   if (!gw__ib_available())
     return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: no active ib port (GW_IB_HCA, GW_IB_EMULATE)", c->self);
-  struct ib_port *port = pick_port(want_eth);
+  struct ib_port *port = pick_port(want_eth, peer_rail, peer_gid);
   if (!port)
     return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: rank %d's ib port is %s, none of this rank's is", c->self,
                    c->peer, want_eth ? "RoCE (Ethernet)" : "InfiniBand");
@@ -273,11 +296,12 @@ static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params 
                                  struct gw_errctx *err) {
   struct ib_conn *t;
   if (p->local_addr_len == 0) return gw__err(err, GW_ERR_INTERNAL, "rank %d: no local address for ib", c->self);
-  GW_CHECK(conn_create(c, p, qps_per_conn(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, -1, &t, err));
+  GW_CHECK(conn_create(c, p, qps_per_conn(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, -1, -1, NULL, &t, err));
   gw_result_t res = GW_SUCCESS;
   t->got = calloc(t->nslots, 1);
   t->need = calloc(t->nslots, 1);
-  if (!t->got || !t->need || getrandom(&t->nonce, sizeof t->nonce, 0) != sizeof t->nonce) {
+  t->arrived = calloc(t->nslots, sizeof *t->arrived);
+  if (!t->got || !t->need || !t->arrived || getrandom(&t->nonce, sizeof t->nonce, 0) != sizeof t->nonce) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory or entropy", c->self);
     goto fail;
   }
@@ -302,7 +326,7 @@ static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params 
   struct ib_handle h = {.magic = IB_HANDLE_MAGIC, .nqps = (uint8_t)t->nqps, .nslots = (uint8_t)t->nslots,
                         .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth, .nonce = t->nonce,
                         .slots_addr = (uintptr_t)t->buf, .slots_rkey = t->mr->rkey, .slot_bytes = t->slot_bytes,
-                        .lid = t->port->attr.lid};
+                        .lid = t->port->attr.lid, .rail = (uint8_t)(t->port - gw__ib_devs.ports)};
   gw__sock_pack(&a, &h.addr);
   memcpy(h.gid, t->port->gid.raw, 16);
   for (uint32_t i = 0; i < t->nqps; i++) h.qpn[i] = t->q[i].qp->qp_num;
@@ -329,7 +353,7 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
                    "GW_SHM_SLOT_BYTES must agree on every rank", c->self, c->peer, h.nslots, h.slot_bytes,
                    p->nslots, p->slot_bytes);
   struct ib_conn *t; /* the receiver decides nqps; a port of its link layer */
-  GW_CHECK(conn_create(c, p, h.nqps, IBV_ACCESS_LOCAL_WRITE, h.eth ? 1 : 0, &t, err));
+  GW_CHECK(conn_create(c, p, h.nqps, IBV_ACCESS_LOCAL_WRITE, h.eth ? 1 : 0, h.rail, h.gid, &t, err));
   gw_result_t res = GW_SUCCESS;
   t->raddr = h.slots_addr;
   t->rkey = h.slots_rkey;
@@ -405,6 +429,8 @@ static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
     return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d (%s) closed its ib connection during setup", c->self,
                    c->peer, c->peer_host);
   gw__sock_tune(t->fd);
+  t->ready = true; /* connected: the liveness socket is looked at every 10 ms, not at every poll */
+  snprintf(c->desc + strlen(c->desc), sizeof c->desc - strlen(c->desc), " %s", t->port->name);
   return GW_SUCCESS;
 }
 
@@ -445,10 +471,13 @@ static gw_result_t on_arrival(struct gw_conn *c, struct ib_conn *t, const struct
     return fail(c, t, GW_ERR_REMOTE, "chunk %" PRIu64 " arrives in both %u and %u parts", pos, t->need[s], nparts);
   t->need[s] = (uint8_t)nparts;
   if (++t->got[s] > nparts) return fail(c, t, GW_ERR_REMOTE, "chunk %" PRIu64 " has too many parts", pos);
+  t->arrived[s] += wc->byte_len;
   int e = post_recv(t, qi);
   if (e) return fail(c, t, GW_ERR_SYSTEM, "cannot post a receive: %s", strerror(e));
   return GW_SUCCESS;
 }
+
+static void check_socket(struct ib_conn *t, bool now);
 
 static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
   struct ibv_wc wc[16];
@@ -456,7 +485,16 @@ static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
   while ((n = gw__ib_devs.v->poll_cq(t->cq, 16, wc)) > 0) {
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
-        if (t->failed) continue;
+        if (t->failed || t->quiet) continue;
+        /* The receiving end after its sender closed: the credit writes to the
+         * sender's destroyed queue pair fail (after the retry timeout) and
+         * take this one's receives with them; every chunk sent may have been
+         * delivered already, and recv_peek names the peer if one is missing. */
+        if (!c->is_send) check_socket(t, true);
+        if (!c->is_send && t->eof) {
+          t->quiet = true;
+          continue;
+        }
         if (wc[i].status == IBV_WC_WR_FLUSH_ERR && t->eof)
           return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or failed)", c->peer);
         return fail(c, t, GW_ERR_REMOTE, "%s failed: %s (status %d): %s",
@@ -476,12 +514,12 @@ static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
   return t->failed;
 }
 
-/* The liveness socket, looked at about every 10 ms: the receiver's ready byte,
- * or the peer closing it (exit, crash, kill). */
-static void check_socket(struct ib_conn *t) {
-  double now = gw__now();
-  if (t->eof || (t->ready && now < t->next_check)) return; /* before ready: at every look */
-  t->next_check = now + 0.01;
+/* The liveness socket, looked at about every 10 ms (now: at once): the
+ * receiver's ready byte, or the peer closing it (exit, crash, kill). */
+static void check_socket(struct ib_conn *t, bool now) {
+  double at = gw__now();
+  if (t->eof || (t->ready && !now && at < t->next_check)) return; /* before ready: at every look */
+  t->next_check = at + 0.01;
   char b;
   ssize_t n = recv(t->fd, &b, 1, MSG_DONTWAIT);
   if (n == 1 && b == IB_READY_BYTE) t->ready = true;
@@ -517,7 +555,7 @@ static gw_result_t ib_send_slot(struct gw_conn *c, size_t bytes, void **buf, siz
   (void)bytes;
   if (t->failed) return t->failed;
   GW_CHECK(poll_cq(c, t));
-  check_socket(t);
+  check_socket(t, false);
   bool room = t->ready;
   if (room && t->pos >= t->nslots) {
     uint64_t want = t->pos - t->nslots + 1;
@@ -590,7 +628,9 @@ static gw_result_t ib_send_direct(struct gw_conn *c, const struct gw_chunk_hdr *
  * released position into its credit array), as far as the send queue has room. */
 static gw_result_t push_credits(struct gw_conn *c, struct ib_conn *t) {
   struct ib_qpx *q = &t->q[0];
-  while (t->credits_posted < t->pos) {
+  /* Not to a sender that closed: nobody would read them, and the writes
+   * would fail after the retry timeout. */
+  while (t->credits_posted < t->pos && !t->eof && !t->quiet) {
     if (!sq_room(t, q)) {
       GW_CHECK(poll_cq(c, t));
       if (!sq_room(t, q)) return GW_SUCCESS; /* later: recv_peek and progress come back here */
@@ -612,7 +652,7 @@ static gw_result_t ib_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h
     GW_CHECK(poll_cq(c, t));
     GW_CHECK(push_credits(c, t));
     if (!t->got[s] || t->got[s] < t->need[s]) {
-      check_socket(t);
+      check_socket(t, false);
       return t->eof ? peer_gone(c, t, "a chunk") : GW_INPROGRESS;
     }
   }
@@ -621,6 +661,11 @@ static gw_result_t ib_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h
   if (hdr->bytes > t->slot_bytes || gw__nparts(IB_HDR_BYTES + hdr->bytes, t->nqps, IB_MIN_PART) != t->need[s])
     return fail(c, t, GW_ERR_REMOTE, "chunk %" PRIu64 " has a malformed header (%u bytes in %u parts)", t->pos,
                 hdr->bytes, t->need[s]);
+  /* Its parts' writes carried exactly the header and the bytes it announces
+   * (fewer would leave the slot's older bytes to be taken for data). */
+  if (t->arrived[s] != IB_HDR_BYTES + hdr->bytes)
+    return fail(c, t, GW_ERR_REMOTE, "chunk %" PRIu64 " announces %u bytes but its writes carried %u", t->pos,
+                hdr->bytes, t->arrived[s] - GW_MIN(t->arrived[s], (uint32_t)IB_HDR_BYTES));
   *h = hdr;
   *data = slot + IB_HDR_BYTES;
   return GW_SUCCESS;
@@ -630,6 +675,7 @@ static gw_result_t ib_recv_release(struct gw_conn *c) {
   struct ib_conn *t = c->priv;
   uint32_t s = (uint32_t)(t->pos % t->nslots);
   t->got[s] = t->need[s] = 0;
+  t->arrived[s] = 0;
   t->pos++;
   return push_credits(c, t);
 }
@@ -639,19 +685,29 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
   gw_result_t r = t->failed;
   if (!r) r = poll_cq(c, t);
   if (!r && !c->is_send) r = push_credits(c, t);
-  if (!r) check_socket(t);
-  if (r && err) gw__err(err, r, "%s", t->failmsg);
+  if (!r) check_socket(t, false);
   if (!r && c->is_send)
     for (uint32_t i = 0; i < t->nqps; i++)
-      if (t->q[i].done < t->q[i].direct) return t->eof ? peer_gone(c, t, "its writes from user memory") : GW_INPROGRESS;
+      if (t->q[i].done < t->q[i].direct) {
+        if (!t->eof) return GW_INPROGRESS;
+        r = peer_gone(c, t, "its writes from user memory");
+        break;
+      }
+  if (r && err) gw__err(err, r, "%s", t->failmsg);
   return r;
 }
 
 /* Before the QPs go: a last signaled write on every QP with unsignaled writes
- * outstanding, so the data is known to have landed (at most 2 s; not when the
- * peer is already gone). */
+ * outstanding, so the data is known to have landed (not when the peer is
+ * already gone).  As long as the queue pair itself would retry a lost packet
+ * (its timeout, 4.096 us x 2^GW_IB_TIMEOUT, times GW_IB_RETRY_CNT + 1, and
+ * twice that for the spec's slack; at most 60 s): a fixed 2 s was less than
+ * one retransmission at the default timeout (1.07 s, up to 4x that), and
+ * destroying the queue pair then loses the chunk. */
 static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
-  double deadline = gw__now() + 2.0;
+  const double tmo = 4.096e-6 * (double)(1ull << GW_MIN(31, gw__env_int("GW_IB_TIMEOUT", 18)));
+  const double budget = GW_MIN(60.0, 2.0 * tmo * (double)(gw__env_int("GW_IB_RETRY_CNT", 7) + 1));
+  double deadline = gw__now() + GW_MAX(2.0, budget);
   for (uint32_t i = 0; i < t->nqps && !t->failed; i++) {
     struct ib_qpx *q = &t->q[i];
     if (q->done == q->posted) continue;
@@ -659,7 +715,7 @@ static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
     if (post_write(t, q, &sge, 0, t->raddr, t->rkey, false, 0, false, true) != 0) return;
     while (q->done < q->posted && !t->failed && !t->eof && gw__now() < deadline) {
       poll_cq(c, t);
-      check_socket(t);
+      check_socket(t, false);
     }
   }
 }

@@ -1,0 +1,119 @@
+/* test_data_hostile.c - the data side against files made to hurt it:
+ * - Fashion-MNIST: a header claiming ten million items in a file of three (the
+ *   buffer grows as data arrives: no 7.8 GB allocation first), data after the
+ *   last item (two files joined);
+ * - image folders: link cycles (a link to its own directory, one from below a
+ *   class back to the split), a "16384 x 16384" JPEG of a few hundred bytes, a
+ *   file damaged early and cut short (the first warning hid the truncation), a
+ *   header with an extraneous byte (read, as PIL does), a FIFO where a listed
+ *   file was (skipped, not a hung thread). */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dataset.h"
+#include "test_data.h"
+
+START_TEST(fmnist_lying_and_joined) {
+  make_tmpdir();
+  struct idx_spec s = good_idx();
+  s.images = 10000000; /* the images file claims ten million; three follow */
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "truncated");
+  s = good_idx();
+  s.image_bytes += 784; /* a fourth image after the three announced */
+  write_idx(&s);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "data follows its 3 items");
+  s = good_idx();
+  write_idx(&s);
+  struct gw_dataset *ds = NULL;
+  ck_assert_msg(gw_dataset_fashion_mnist(&ds, tmpdir, GW_SPLIT_TRAIN, 0) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_uint_ne(gw_dataset_fingerprint(ds), 0);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+static unsigned char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 0, SEEK_END);
+  *len = (size_t)ftell(f);
+  rewind(f);
+  unsigned char *b = malloc(*len + 1);
+  ck_assert_uint_eq(fread(b, 1, *len, f), *len);
+  fclose(f);
+  return b;
+}
+
+/* Offset of the first FF m marker byte pair in b, past `from`. */
+static size_t find_marker(const unsigned char *b, size_t n, size_t from, unsigned char m) {
+  for (size_t i = from; i + 1 < n; i++)
+    if (b[i] == 0xff && b[i + 1] == m) return i;
+  ck_abort_msg("no marker FF %02X", m);
+  return 0;
+}
+
+START_TEST(folder_hostile_files) {
+  make_tree();
+  size_t n;
+  /* ant/bomb.jpg: ant/e.jpg (32 x 32) whose frame header says 16384 x 16384 */
+  unsigned char *b = slurp(in_tmp("train/ant/e.jpg"), &n);
+  size_t sof = find_marker(b, n, 2, 0xc0);
+  b[sof + 5] = 0x40, b[sof + 6] = 0x00, b[sof + 7] = 0x40, b[sof + 8] = 0x00;
+  write_file(in_tmp("train/ant/bomb.jpg"), b, n);
+  free(b);
+  /* cat/a0.jpg: cat/a.jpg with a stray byte before its quantization tables */
+  b = slurp(in_tmp("train/cat/a.jpg"), &n);
+  size_t dqt = find_marker(b, n, 2, 0xdb);
+  unsigned char *c = malloc(n + 1);
+  memcpy(c, b, dqt), c[dqt] = 0, memcpy(c + dqt + 1, b + dqt, n - dqt);
+  write_file(in_tmp("train/cat/a0.jpg"), c, n + 1);
+  free(c), free(b);
+  /* dog/dt.jpg: dog/d.jpeg damaged inside its data, then cut at 60% */
+  b = slurp(in_tmp("train/dog/d.jpeg"), &n);
+  size_t sos = find_marker(b, n, 2, 0xda), mid = sos + (n - sos) / 3;
+  for (size_t i = 0; i < 32; i++) b[mid + i] = (unsigned char)(0x11 * (i % 7) + 1);
+  write_file(in_tmp("train/dog/dt.jpg"), b, n * 6 / 10);
+  free(b);
+  /* link cycles: to the class itself, and from below the class to the split */
+  char target[600];
+  ck_assert_int_eq(symlink(".", in_tmp("train/cat/loop")), 0);
+  snprintf(target, sizeof target, "%s/train", tmpdir);
+  ck_assert_int_eq(symlink(target, in_tmp("train/cat/sub/up")), 0);
+
+  struct gw_dataset *ds;
+  char spec[128];
+  snprintf(spec, sizeof spec, "imagenet:%s", tmpdir);
+  ck_assert_msg(gw_dataset_open(&ds, spec, GW_SPLIT_TRAIN, NULL) == GW_SUCCESS, "%s", gw_data_last_error());
+  /* ant/bomb ant/e | cat/a cat/a0 cat/b.JPEG cat/sub/c | dog/bad dog/d dog/dt dog/text: nothing twice */
+  ck_assert_int_eq(gw_dataset_size(ds), 10);
+  ck_assert_msg(strstr(gw_dataset_description(ds), "2 directories left out") &&
+                    strstr(gw_dataset_description(ds), "a link back to a directory above it"),
+                "%s", gw_dataset_description(ds));
+  /* a FIFO where cat/b.JPEG was listed */
+  ck_assert_int_eq(unlink(in_tmp("train/cat/b.JPEG")), 0);
+  ck_assert_int_eq(mkfifo(in_tmp("train/cat/b.JPEG"), 0600), 0);
+  const char *skip[10] = {"16384x16384 pixels from", NULL, NULL, NULL, "not a regular file", NULL,
+                          "bad.jpg", NULL, "dt.jpg: ends early", "text.jpg"};
+  float *out = malloc(3 * 224 * 224 * sizeof *out);
+  for (int i = 0; i < 10; i++) {
+    int32_t y;
+    gw_result_t r = gw_dataset_get(ds, i, 0, 1, out, &y);
+    if (skip[i])
+      ck_assert_msg(r == GW_DATA_SKIPPED && strstr(gw_data_last_error(), skip[i]), "sample %d: %d %s", i, (int)r,
+                    gw_data_last_error());
+    else
+      ck_assert_msg(r == GW_SUCCESS, "sample %d: %s", i, gw_data_last_error());
+  }
+  free(out);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+void add_fmnist_hostile_tests(TCase *tc) { tcase_add_test(tc, fmnist_lying_and_joined); }
+void add_folder_hostile_tests(TCase *tc) { tcase_add_test(tc, folder_hostile_files); }
