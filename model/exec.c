@@ -314,6 +314,8 @@ static gw_result_t plan(struct gw_exec *e) {
   for (int i = 0; i < m->nlayers; i++) {
     if ((res = plan_layer(e, i, last)) != GW_SUCCESS) goto out;
     if (e->L[i].acc_in && act_elems(e, m->layers[i].in) > max_elems) max_elems = act_elems(e, m->layers[i].in);
+    /* a fused add's second input accumulates through the scratch too */
+    if (e->L[i].acc_in2 && act_elems(e, m->layers[i].in2) > max_elems) max_elems = act_elems(e, m->layers[i].in2);
   }
   plan_ready(e);
   res = GW_ERR_SYSTEM;
@@ -408,6 +410,24 @@ static float *R(struct gw_exec *e, int t) { return e->running + e->m->buffers_t[
 
 /* ---- SyncBatchNorm: the phases of backend.h with the sums crossing ranks */
 
+gw_result_t gw_exec_check_train(const struct gw_exec *e, int ranks) {
+  const int per = e->sync_sum ? ranks : 1;
+  for (int i = 0; i < e->m->nlayers; i++) {
+    const struct gw_layer *l = &e->m->layers[i];
+    if (l->kind != GW_LAYER_BN) continue;
+    const struct gw_act *a = &e->m->acts[l->in];
+    const size_t hw = (size_t)a->h * a->w, values = (size_t)e->cfg.batch * hw * (size_t)per;
+    if (values < 2)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                            "executor: batch norm %s sees %zu value%s per channel (batch %d of %dx%d%s); training "
+                            "needs at least 2: a batch of %zu, a larger image size%s",
+                            l->name, values, values == 1 ? "" : "s", e->cfg.batch, a->h, a->w,
+                            per > 1 ? " on each rank" : "", (2 + hw * per - 1) / (hw * per),
+                            e->sync_sum ? "" : " or SyncBatchNorm over several ranks");
+  }
+  return GW_SUCCESS;
+}
+
 void gw_exec_set_sync_bn(struct gw_exec *e, gw_exec_sum_fn sum, void *arg) {
   e->sync_sum = sum;
   e->sync_arg = arg;
@@ -492,13 +512,16 @@ static gw_result_t forward_layer(struct gw_exec *e, int i, int train) {
     if (!train)
       return o->bn_fwd_infer(x->op, in, P(e, l->weight), P(e, l->bias), R(e, l->running_mean),
                              R(e, l->running_var), out);
-    e->m->counter_data[e->m->buffers_t[l->num_batches_tracked].offset]++;
-    if (e->sync_sum) return sync_bn_forward(e, l, x);
-    if (fuse)
-      return o->bn_act_fwd_train(x->op, in, z, P(e, l->weight), P(e, l->bias), out, x->save_mean, x->save_rstd,
-                                 R(e, l->running_mean), R(e, l->running_var));
-    return o->bn_fwd_train(x->op, in, P(e, l->weight), P(e, l->bias), out, x->save_mean, x->save_rstd,
-                           R(e, l->running_mean), R(e, l->running_var));
+    {
+      gw_result_t r = e->sync_sum ? sync_bn_forward(e, l, x)
+                      : fuse ? o->bn_act_fwd_train(x->op, in, z, P(e, l->weight), P(e, l->bias), out, x->save_mean,
+                                                   x->save_rstd, R(e, l->running_mean), R(e, l->running_var))
+                             : o->bn_fwd_train(x->op, in, P(e, l->weight), P(e, l->bias), out, x->save_mean,
+                                               x->save_rstd, R(e, l->running_mean), R(e, l->running_var));
+      /* Counted once the statistics moved (a refused call moves nothing). */
+      if (r == GW_SUCCESS) e->m->counter_data[e->m->buffers_t[l->num_batches_tracked].offset]++;
+      return r;
+    }
   case GW_LAYER_RELU: return o->relu_fwd(x->op, in, out);
   case GW_LAYER_MAXPOOL: return o->maxpool_fwd(x->op, in, out, x->workspace);
   case GW_LAYER_AVGPOOL: return o->avgpool_fwd(x->op, in, out);

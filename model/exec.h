@@ -101,6 +101,14 @@ gw_result_t gw_exec_set_loss_scale(struct gw_exec *e, float scale);
 typedef gw_result_t (*gw_exec_sum_fn)(void *arg, double *buf, size_t n);
 void gw_exec_set_sync_bn(struct gw_exec *e, gw_exec_sum_fn sum, void *arg);
 
+/* Whether training can run: every batch norm must see at least 2 values per
+ * channel (batch x h x w, times `ranks` with SyncBatchNorm), or its variance is
+ * undefined (PyTorch refuses too).  GW_ERR_INVALID_ARGUMENT naming the first
+ * layer that would not, and the smallest batch that would do; checked before
+ * any step, which otherwise fails in the middle of the first one (after
+ * earlier layers moved their running statistics). */
+gw_result_t gw_exec_check_train(const struct gw_exec *e, int ranks);
+
 /* For device-memory backends: copy the model's host parameters and running
  * statistics to the backend (after loading weights or an optimizer step on the
  * host), and the backend's parameters, gradients and statistics back.  No-ops

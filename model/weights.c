@@ -87,7 +87,15 @@ static gw_result_t match_all(const struct gw_model *m, const struct gw_st_file *
   if (!used) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
   gw_result_t r = GW_SUCCESS;
   for (int i = 0; i < num_tensors(m) && r == GW_SUCCESS; i++) {
-    r = match_one(tensor_at(m, i), f, path, &src[i]);
+    /* A batch norm's num_batches_tracked may be absent (torchvision's older
+     * checkpoints saved without it): 0, as PyTorch's load_state_dict fills
+     * it for a new model. */
+    const struct gw_tensor *t = tensor_at(m, i);
+    if (t->kind == GW_TENSOR_COUNTER && !gw_st_find(f, t->name)) {
+      src[i] = NULL;
+      continue;
+    }
+    r = match_one(t, f, path, &src[i]);
     if (r == GW_SUCCESS) used[src[i] - f->tensors] = 1;
   }
   for (int j = 0; j < f->ntensors && r == GW_SUCCESS; j++)
@@ -105,8 +113,11 @@ gw_result_t gw_model_load_weights(struct gw_model *m, const char *path) {
   int n = num_tensors(m);
   const struct gw_st_tensor **src = calloc((size_t)n, sizeof *src);
   gw_result_t r = src ? match_all(m, f, path, src) : gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
-  for (int i = 0; i < n && r == GW_SUCCESS; i++)
-    memcpy(gw_model_tensor_data(m, tensor_at(m, i)), src[i]->data, src[i]->nbytes);
+  for (int i = 0; i < n && r == GW_SUCCESS; i++) {
+    const struct gw_tensor *t = tensor_at(m, i);
+    if (src[i]) memcpy(gw_model_tensor_data(m, t), src[i]->data, src[i]->nbytes);
+    else memset(gw_model_tensor_data(m, t), 0, t->numel * gw_st_dtype_size(t->dtype));
+  }
   free(src);
   gw_st_free(f);
   return r;

@@ -464,6 +464,35 @@ static void counter_as_vector(struct gw_st_tensor *t, int *n) {
   c->ndim = 1, c->shape[0] = 1;
 }
 
+/* Every batch norm's num_batches_tracked dropped, as torchvision's older
+ * checkpoints lack them. */
+static void drop_counters(struct gw_st_tensor *t, int *n) {
+  for (int i = 0; i < *n;)
+    if (strstr(t[i].name, "num_batches_tracked")) t[i] = t[--*n];
+    else i++;
+}
+
+/* A file without the num_batches_tracked counters loads (they become 0, as
+ * PyTorch's load_state_dict fills them for a new model); everything else
+ * comes from the file. */
+START_TEST(test_load_without_counters) {
+  make_tmpdir();
+  struct gw_model *a = make(18, 1), *b = make(18, 2);
+  scramble_buffers(b, 3);
+  const char *path = edited(a, "nocounters", drop_counters);
+  ck_assert_msg(gw_model_load_weights(b, path) == GW_SUCCESS, "%s", gw_model_last_error());
+  for (int i = 0; i < gw_model_num_buffer_tensors(b); i++) {
+    const struct gw_tensor *t = gw_model_buffer_tensor(b, i);
+    if (t->kind == GW_TENSOR_COUNTER) ck_assert_int_eq(*(const int64_t *)gw_model_tensor_data(b, t), 0);
+  }
+  ck_assert_msg(!memcmp(gw_model_params(a), gw_model_params(b), gw_model_num_params(a) * sizeof(float)),
+                "the parameters did not come from the file");
+  gw_model_free(a);
+  gw_model_free(b);
+  remove_tmpdir();
+}
+END_TEST
+
 START_TEST(test_load_refusals) {
   static const struct { const char *file; edit_fn edit; const char *msg; } cases[] = {
       {"shape", half_conv, "layer1.0.conv1.weight: shape [8, 8, 3, 3] in model, [4, 8, 3, 3] in "},
@@ -579,6 +608,7 @@ int main(void) {
   tcase_add_test(tc, test_rejected_lengths);
   tcase_add_test(tc, test_truncated_files);
   tcase_add_test(tc, test_load_refusals);
+  tcase_add_test(tc, test_load_without_counters);
   tcase_add_test(tc, test_write_refusals);
   tcase_add_test(tc, test_atomic_write);
   suite_add_tcase(s, tc);

@@ -594,6 +594,10 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--classes", "5", "--batch", "100000",
                                 "--synthetic-samples", "10", NULL},
           "--batch");
+  /* batch 1 with layer4 at 1x1: one value per channel, refused before any step */
+  refused((const char *const[]){"--steps", "1", "--data", "synthetic", "--image-size", "32", "--model", "resnet18",
+                                "--width-divisor", "8", "--batch", "1", "--synthetic-samples", "8", "--no-eval", NULL},
+          "batch norm layer4.0.bn1 sees 1 value per channel (batch 1 of 1x1); training needs at least 2: a batch of 2");
   refused((const char *const[]){"--steps", "2", "--synthetic-samples", "2305843009213693953", NULL},
           "--synthetic-samples wants a whole number in [1, 1099511627776]");
   refused((const char *const[]){"--steps", "2", "--keep-checkpoints", "2", NULL},

@@ -792,6 +792,8 @@ static int setup(struct trainer *t) {
   if (setup_comm(t) != 0 || check_outputs(t) != 0 || open_data(t) != 0 || setup_model(t) != 0 || setup_comm_parts(t) != 0 ||
       setup_loaders(t) != 0)
     return -1;
+  /* setup_comm_parts turned SyncBatchNorm on (or not): the values per channel are known. */
+  if (gw_exec_check_train(t->e, t->world) != GW_SUCCESS) return fail(t, "--batch", gw_model_last_error());
   plan_schedule(t);
   size_t sample = gw_dataset_sample_floats(t->train_ds);
   t->pad_x = malloc((size_t)t->o->batch * sample * sizeof(float));
