@@ -6,7 +6,7 @@
  * over GW_IB_QPS_PER_CONN reliable-connected QPs); the immediate carries the
  * chunk's position and part count, and consumes a receive the receiver posted
  * ahead.  The receiver hands slots back by writing the released position into
- * the sender's registered credit array (an inline RDMA WRITE), which the sender
+ * the sender's registered credit array (an 8-byte RDMA WRITE), which the sender
  * polls in its own memory: credits, so a write never lands in an unread slot.
  * Sends are unsignaled except every sig_every-th per QP, so the send queue never
  * overflows and completions stay rare; every failed work request completes
@@ -111,6 +111,12 @@ struct ib_conn {
   uint8_t *got, *need;     /* receiver, per slot: parts arrived, parts expected */
   uint32_t *arrived;       /* receiver, per slot: bytes its parts' writes carried */
   uint64_t credits_posted; /* receiver: releases written to the sender so far */
+  /* Receiver: where each slot's credit is written from, registered: no inline
+   * data (some providers have none, and NCCL uses none by default).  Entry
+   * p % nslots is written again only for chunk p + nslots, which the sender
+   * sent after it saw credit p, so the HCA has read it by then. */
+  uint64_t *credit_src;
+  struct ibv_mr *credit_src_mr;
   int fd, listen_fd;
   bool ready; /* sender: the receiver's QPs are ready (its byte arrived); receiver: connected */
   bool eof;   /* the peer closed the liveness socket */
@@ -137,6 +143,8 @@ static void conn_free(struct ib_conn *t) {
   if (t->cq) v->destroy_cq(t->cq);
   if (t->mr) v->dereg_mr(t->mr);
   if (t->credit_mr) v->dereg_mr(t->credit_mr);
+  if (t->credit_src_mr) v->dereg_mr(t->credit_src_mr);
+  free(t->credit_src);
   if (t->buf) munmap(t->buf, t->buf_bytes);
   free(t->credits);
   free(t->got);
@@ -234,7 +242,7 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   for (uint32_t i = 0; i < nqps; i++) {
     struct ibv_qp_init_attr ia = {.send_cq = t->cq, .recv_cq = t->cq, .qp_type = IBV_QPT_RC,
                                   .cap = {.max_send_wr = t->depth, .max_recv_wr = t->nslots, .max_send_sge = 2,
-                                          .max_recv_sge = 1, .max_inline_data = 64}};
+                                          .max_recv_sge = 1, .max_inline_data = 0}};
     t->q[i].qp = v->create_qp(t->port->pd, &ia);
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = t->port->num,
                             .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
@@ -301,10 +309,14 @@ static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params 
   t->got = calloc(t->nslots, 1);
   t->need = calloc(t->nslots, 1);
   t->arrived = calloc(t->nslots, sizeof *t->arrived);
-  if (!t->got || !t->need || !t->arrived || getrandom(&t->nonce, sizeof t->nonce, 0) != sizeof t->nonce) {
+  t->credit_src = aligned_alloc(64, GW_ALIGN_UP(t->nslots * sizeof(uint64_t), 64));
+  if (!t->got || !t->need || !t->arrived || !t->credit_src ||
+      getrandom(&t->nonce, sizeof t->nonce, 0) != sizeof t->nonce) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory or entropy", c->self);
     goto fail;
   }
+  if (!(t->credit_src_mr = reg(c, t, t->credit_src, t->nslots * sizeof(uint64_t), IBV_ACCESS_LOCAL_WRITE, err, &res)))
+    goto fail;
   for (uint32_t i = 0; i < t->nqps; i++)
     for (uint32_t k = 0; k < t->nslots; k++) {
       int e = post_recv(t, i);
@@ -533,10 +545,10 @@ static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *w
 
 /* One RDMA write; signaled every sig_every-th on its QP, or when asked. */
 static int post_write(struct ib_conn *t, struct ib_qpx *q, struct ibv_sge *sge, int nsge, uint64_t raddr,
-                      uint32_t rkey, bool imm, uint32_t imm_data, bool inl, bool signal) {
+                      uint32_t rkey, bool imm, uint32_t imm_data, bool signal) {
   struct ibv_send_wr wr = {.sg_list = sge, .num_sge = nsge,
                            .opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
-                           .send_flags = inl ? IBV_SEND_INLINE : 0, .imm_data = htonl(imm_data)},
+                           .send_flags = 0, .imm_data = htonl(imm_data)},
                      *bad;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
@@ -596,7 +608,7 @@ static gw_result_t post_chunk(struct gw_conn *c, struct ib_conn *t, const struct
     uint32_t rkey = t->rkey;
     if (t->test_bad_rkey && ++t->writes == (uint32_t)t->test_bad_rkey) rkey ^= 0x5a5a00u;
     uint32_t imm = (uint32_t)(t->pos & 0xffffff) << 8 | nparts << 4 | k;
-    int e = post_write(t, q, sge, nsge, t->raddr + (uint64_t)s * t->stride + off, rkey, true, imm, false, src != NULL);
+    int e = post_write(t, q, sge, nsge, t->raddr + (uint64_t)s * t->stride + off, rkey, true, imm, src != NULL);
     if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send failed: %s", strerror(e));
     if (src) q->direct = q->posted;
   }
@@ -624,7 +636,7 @@ static gw_result_t ib_send_direct(struct gw_conn *c, const struct gw_chunk_hdr *
 }
 
 /* ---- data path: receiver ------------------------------------------------------------------ */
-/* Tells the sender about every slot released so far (an inline write of the
+/* Tells the sender about every slot released so far (an 8-byte write of the
  * released position into its credit array), as far as the send queue has room. */
 static gw_result_t push_credits(struct gw_conn *c, struct ib_conn *t) {
   struct ib_qpx *q = &t->q[0];
@@ -635,9 +647,11 @@ static gw_result_t push_credits(struct gw_conn *c, struct ib_conn *t) {
       GW_CHECK(poll_cq(c, t));
       if (!sq_room(t, q)) return GW_SUCCESS; /* later: recv_peek and progress come back here */
     }
-    uint64_t p = t->credits_posted, value = p + 1;
-    struct ibv_sge sge = {.addr = (uintptr_t)&value, .length = sizeof value};
-    int e = post_write(t, q, &sge, 1, t->raddr + (p % t->nslots) * sizeof(uint64_t), t->rkey, false, 0, true, false);
+    const uint64_t p = t->credits_posted;
+    uint64_t *src = &t->credit_src[p % t->nslots];
+    *src = p + 1;
+    struct ibv_sge sge = {.addr = (uintptr_t)src, .length = sizeof *src, .lkey = t->credit_src_mr->lkey};
+    int e = post_write(t, q, &sge, 1, t->raddr + (p % t->nslots) * sizeof(uint64_t), t->rkey, false, 0, false);
     if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send (credit) failed: %s", strerror(e));
     t->credits_posted++;
   }
@@ -712,7 +726,7 @@ static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
     struct ib_qpx *q = &t->q[i];
     if (q->done == q->posted) continue;
     struct ibv_sge sge = {.addr = (uintptr_t)t->buf, .length = 0, .lkey = t->mr->lkey};
-    if (post_write(t, q, &sge, 0, t->raddr, t->rkey, false, 0, false, true) != 0) return;
+    if (post_write(t, q, &sge, 0, t->raddr, t->rkey, false, 0, true) != 0) return;
     while (q->done < q->posted && !t->failed && !t->eof && gw__now() < deadline) {
       poll_cq(c, t);
       check_socket(t, false);
