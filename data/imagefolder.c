@@ -147,6 +147,11 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
   if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0 &&
       !(tjGetErrorCode(tj) == TJERR_WARNING && *w > 0 && *h > 0))
     return gw__model_fail(GW_DATA_SKIPPED, "%s: not a JPEG: %s", path, tjGetErrorStr2(tj));
+  /* A stream of tables only ends its header at an end-of-image marker and is
+   * "read" without a size: 0 x 0 would then ask the decoder for the stream's
+   * own size, into no buffer (the fuzzer found it). */
+  if (*w <= 0 || *h <= 0)
+    return gw__model_fail(GW_DATA_SKIPPED, "%s: holds no image (%dx%d)", path, *w, *h);
   const unsigned long long px = (unsigned long long)*w * (unsigned long long)*h;
   if (px > MAX_PIXELS || px > MAX_PIXELS_PER_BYTE * len)
     return gw__model_fail(GW_DATA_SKIPPED, "%s: %dx%d pixels from %zu bytes is too large to decode", path, *w, *h,

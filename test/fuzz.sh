@@ -12,11 +12,13 @@ trap 'rm -rf "$work"' EXIT
 echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n); int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' > "$work/probe.c"
 clang -fsanitize=fuzzer "$work/probe.c" -o "$work/probe" 2>/dev/null || { echo "fuzz: no libFuzzer (libclang-rt-14-dev); skipped"; exit 77; }
 flags=(-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$src/comm" -I"$src/transport" -I"$work")
+       -I"$src/comm" -I"$src/transport" -I"$src/model" -I"$src/data" -I"$work")
 printf '#pragma once\n' > "$work/gw_config.h"
 fail=0
-for t in bootstrap tcp safetensors; do
-  if ! clang "${flags[@]}" "$src/test/fuzz/fuzz_$t.c" "$src/comm/debug.c" -o "$work/fuzz_$t" -lpthread -lm; then
+for t in bootstrap tcp safetensors jpeg; do
+  libs=(-lpthread -lm)
+  [ "$t" = jpeg ] && libs+=(-lturbojpeg)
+  if ! clang "${flags[@]}" "$src/test/fuzz/fuzz_$t.c" "$src/comm/debug.c" -o "$work/fuzz_$t" "${libs[@]}"; then
     echo "fuzz: fuzz_$t does not build"; fail=1; continue
   fi
   mkdir -p "$work/corpus_$t"

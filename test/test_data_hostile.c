@@ -5,6 +5,8 @@
  * - image folders: link cycles (a link to its own directory, one from below a
  *   class back to the split), a "16384 x 16384" JPEG of a few hundred bytes, a
  *   file damaged early and cut short (the first warning hid the truncation), a
+ *   stream of tables only (read without a size: the decoder was then asked for
+ *   the stream's own size into no buffer; test/fuzz/fuzz_jpeg.c found it), a
  *   header with an extraneous byte (read, as PIL does), a FIFO where a listed
  *   file was (skipped, not a hung thread). */
 #include <check.h>
@@ -65,6 +67,9 @@ START_TEST(folder_hostile_files) {
   size_t sof = find_marker(b, n, 2, 0xc0);
   b[sof + 5] = 0x40, b[sof + 6] = 0x00, b[sof + 7] = 0x40, b[sof + 8] = 0x00;
   write_file(in_tmp("train/ant/bomb.jpg"), b, n);
+  /* ant/tables.jpg: its tables, then the end: a header without a size (the fuzzer's find) */
+  b[sof] = 0xff, b[sof + 1] = 0xd9;
+  write_file(in_tmp("train/ant/tables.jpg"), b, sof + 2);
   free(b);
   /* cat/a0.jpg: cat/a.jpg with a stray byte before its quantization tables */
   b = slurp(in_tmp("train/cat/a.jpg"), &n);
@@ -89,18 +94,18 @@ START_TEST(folder_hostile_files) {
   char spec[128];
   snprintf(spec, sizeof spec, "imagenet:%s", tmpdir);
   ck_assert_msg(gw_dataset_open(&ds, spec, GW_SPLIT_TRAIN, NULL) == GW_SUCCESS, "%s", gw_data_last_error());
-  /* ant/bomb ant/e | cat/a cat/a0 cat/b.JPEG cat/sub/c | dog/bad dog/d dog/dt dog/text: nothing twice */
-  ck_assert_int_eq(gw_dataset_size(ds), 10);
+  /* ant/bomb ant/e ant/tables | cat/a cat/a0 cat/b.JPEG cat/sub/c | dog/bad dog/d dog/dt dog/text: nothing twice */
+  ck_assert_int_eq(gw_dataset_size(ds), 11);
   ck_assert_msg(strstr(gw_dataset_description(ds), "2 directories left out") &&
                     strstr(gw_dataset_description(ds), "a link back to a directory above it"),
                 "%s", gw_dataset_description(ds));
   /* a FIFO where cat/b.JPEG was listed */
   ck_assert_int_eq(unlink(in_tmp("train/cat/b.JPEG")), 0);
   ck_assert_int_eq(mkfifo(in_tmp("train/cat/b.JPEG"), 0600), 0);
-  const char *skip[10] = {"16384x16384 pixels from", NULL, NULL, NULL, "not a regular file", NULL,
-                          "bad.jpg", NULL, "dt.jpg: ends early", "text.jpg"};
+  const char *skip[11] = {"16384x16384 pixels from", NULL, "tables.jpg: holds no image", NULL, NULL,
+                          "not a regular file", NULL, "bad.jpg", NULL, "dt.jpg: ends early", "text.jpg"};
   float *out = malloc(3 * 224 * 224 * sizeof *out);
-  for (int i = 0; i < 10; i++) {
+  for (int i = 0; i < 11; i++) {
     int32_t y;
     gw_result_t r = gw_dataset_get(ds, i, 0, 1, out, &y);
     if (skip[i])

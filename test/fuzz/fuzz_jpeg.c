@@ -1,0 +1,68 @@
+/* fuzz_jpeg.c - libFuzzer target for the image folder's reading of one JPEG
+ * (data/imagefolder.c): the header checks, the pixels-per-byte bound, the
+ * end-of-image walk (has_end), libjpeg-turbo's decode with TJFLAG_LIMITSCANS,
+ * and both transforms' geometry and resampling (data/transform.c) on whatever
+ * decodes.  Odd first bytes take the input as is; even ones as edits of a small
+ * valid JPEG made here (bytes overwritten, then a cut), so the decoder's inner
+ * paths are reached from an empty corpus.  Built by test/fuzz.sh with clang
+ * -fsanitize=fuzzer,address,undefined; includes both files to reach decode(). */
+#include "../../data/imagefolder.c"
+#include "../../data/transform.c"
+
+/* resnet.c's recorder, and what imagefolder.c's opening needs but never gets here. */
+static char fuzz_error[512];
+gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(fuzz_error, sizeof fuzz_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split split) {
+  (void)f, (void)dir, (void)split;
+  return GW_ERR_UNSUPPORTED;
+}
+void gw_dataset_free(struct gw_dataset *ds) { (void)ds; }
+
+/* A 24 x 16 colour JPEG (4:2:0, quality 75), made once. */
+static unsigned char *base;
+static unsigned long base_len;
+static void make_base(void) {
+  unsigned char px[24 * 16 * 3];
+  for (size_t i = 0; i < sizeof px; i++) px[i] = (unsigned char)(i * 37 + (i >> 5));
+  tjhandle tj = tjInitCompress();
+  if (!tj || tjCompress2(tj, px, 24, 0, 16, TJPF_RGB, &base, &base_len, TJSAMP_420, 75, 0) != 0) abort();
+  tjDestroy(tj);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (!base) make_base();
+  if (size < 1) return 0;
+  const unsigned char *jpg = data + 1;
+  size_t len = size - 1;
+  unsigned char *edited = NULL;
+  if (!(data[0] & 1)) { /* edits: (offset, value) pairs over the base, the last byte a cut */
+    edited = malloc(base_len);
+    memcpy(edited, base, base_len);
+    size_t k = 1;
+    for (; k + 2 < size; k += 2) edited[data[k] % base_len] = data[k + 1];
+    len = k < size ? base_len * data[k] / 255 : base_len;
+    jpg = edited;
+  }
+  tjhandle tj = tjInitDecompress();
+  unsigned char *rgb = NULL;
+  int w = 0, h = 0;
+  if (tj && decode(tj, "fuzz", jpg, len, &rgb, &w, &h) == GW_SUCCESS) {
+    static float out[3 * 32 * 32];
+    struct gw__view v;
+    gw__view_val(&v, w, h, 32);
+    gw__resample(rgb, w, h, 3, &v, 32, 32, MEAN, STD, out);
+    gw__view_train(&v, w, h, 32, (uint64_t)size * 0x9e3779b97f4a7c15ull);
+    gw__resample(rgb, w, h, 3, &v, 32, 32, MEAN, STD, out);
+  }
+  free(rgb);
+  free(edited);
+  if (tj) tjDestroy(tj);
+  return 0;
+}
