@@ -11,15 +11,7 @@
  * touching the disk. */
 #include "../../model/safetensors.c"
 
-/* resnet.c's recorder, without the rest of the model. */
-static char fuzz_error[512];
-gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(fuzz_error, sizeof fuzz_error, fmt, ap);
-  va_end(ap);
-  return code;
-}
+#include "model_fail_stub.h"
 
 static void must(int cond, const char *what) {
   if (!cond) {
