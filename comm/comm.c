@@ -173,12 +173,6 @@ void gw__pick_base(const struct gw_comm *c, struct gw_pick_args *a) {
                              .exchange_max = c->exchange_max};
 }
 
-static uint64_t fnv1a(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
-}
-
 /* Orders the ring by machine (in order of each machine's lowest rank), ranks
  * ascending within a machine, so the ring crosses the network once in each
  * direction per machine whatever the launcher's rank placement. */
@@ -495,7 +489,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     goto fail;
   }
   c->conn_params = (struct gw_conn_params){.nslots = (uint32_t)nslots, .slot_bytes = (uint32_t)slot_bytes,
-                                           .job_hash = fnv1a(token), .nstreams = (uint32_t)nstreams,
+                                           .job_hash = gw__fnv(GW_FNV_START, token, strlen(token)), .nstreams = (uint32_t)nstreams,
                                            .timeout_s = gw__env_double("GW_BOOTSTRAP_TIMEOUT", 60.0)};
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   if (!c->peers) {

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gradwire.h"
@@ -128,6 +129,15 @@ static inline void gw__cpu_relax(void) {
 /* ---- misc -------------------------------------------------------------------- */
 #define GW_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define GW_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* FNV-1a 64 of n bytes, continuing from h (start: GW_FNV_START): the job token's
+ * hash, dataset fingerprints, checkpoint checksums.  Not for anything hostile. */
+#define GW_FNV_START 0xcbf29ce484222325ull
+static inline uint64_t gw__fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
 #define GW_DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define GW_ALIGN_UP(a, b) (GW_DIV_UP(a, b) * (b))
 #define GW_CACHELINE 64

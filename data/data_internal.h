@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core.h" /* gw__fnv */
 #include "dataset.h"
 #include "model_internal.h" /* gw__model_fail: data reports through the model's channel */
 #include "rng.h"
@@ -31,14 +32,6 @@ struct gw_dataset {
    * data, what generates it), so ranks can check they opened the same data. */
   uint64_t fingerprint;
 };
-
-/* FNV-1a 64 of n bytes, continuing from h (start: GW_FNV_START). */
-#define GW_FNV_START 0xcbf29ce484222325ull
-static inline uint64_t gw__fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
 
 /* Uniform integer in [0, bound) without modulo bias (bound >= 1). */
 static inline uint64_t gw__rng_below(struct gw_rng *r, uint64_t bound) {

@@ -40,6 +40,7 @@
 #if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
 #include "backend.h"
+#include "core.h" /* gw__fnv */
 #include "exec.h"
 #include "resnet.h"
 #include "safetensors.h"
@@ -125,13 +126,6 @@ static void compare_buffers(struct gw_model *m, const char *prefix, const float 
   }
 }
 
-static uint64_t fnv1a64(const void *p, size_t n) {
-  const unsigned char *b = p;
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-
 /* One network of the fixture, set up as the script set it up. */
 struct net {
   const char *prefix; /* "r50." */
@@ -154,7 +148,7 @@ static void net_up(struct net *n, const char *prefix, int depth, uint64_t seed, 
   ck_assert(gw_model_init(&n->m, &cfg) == GW_SUCCESS);
   char hash[32];
   snprintf(hash, sizeof hash, "%016llx",
-           (unsigned long long)fnv1a64(gw_model_params(n->m), gw_model_num_params(n->m) * sizeof(float)));
+           (unsigned long long)gw__fnv(GW_FNV_START, gw_model_params(n->m), gw_model_num_params(n->m) * sizeof(float)));
   snprintf(name, sizeof name, "%sinit_fnv1a64", prefix);
   const char *want = gw_st_metadata(fx, name);
   ck_assert_msg(want && strcmp(want, hash) == 0,

@@ -21,17 +21,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core.h" /* gw__fnv */
 #include "gw-train.h"
 #include "safetensors.h"
 #include "sgd.h"
 
 #define MAX_CKPT 4096
-
-static uint64_t fnv1a64(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
 
 static size_t buffer_elems(const struct gw_model *m, enum gw_tensor_kind kind) {
   size_t n = 0;
@@ -73,8 +68,8 @@ static void describe(struct ckpt_tensors *c, struct gw_model *m, struct gw_sgd *
 }
 
 static uint64_t checksum(const struct ckpt_tensors *c) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int i = 0; i < c->n; i++) h = fnv1a64(h, c->t[i].data, c->t[i].nbytes);
+  uint64_t h = GW_FNV_START;
+  for (int i = 0; i < c->n; i++) h = gw__fnv(h, c->t[i].data, c->t[i].nbytes);
   return h;
 }
 

@@ -22,7 +22,6 @@
  * checkpoints, as PyTorch DDP's broadcast_buffers.
  */
 #include <math.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -126,6 +126,7 @@ struct ib_conn {
   bool quiet;
   uint64_t nonce, job_hash;
   double timeout_s, next_check;
+  uint8_t qp_timeout, qp_retry_cnt; /* GW_IB_TIMEOUT, GW_IB_RETRY_CNT, read by qp_connect */
   gw_result_t failed;
   char failmsg[GW_ERRMSG_MAX];
   char where[80]; /* " on mlx5_0:1", for messages */
@@ -282,8 +283,10 @@ static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16
   int e = gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (e) return e;
-  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = (uint8_t)gw__env_int("GW_IB_TIMEOUT", 18),
-                           .retry_cnt = (uint8_t)gw__env_int("GW_IB_RETRY_CNT", 7), .rnr_retry = 7, .sq_psn = 0,
+  t->qp_timeout = (uint8_t)gw__env_int("GW_IB_TIMEOUT", 18);
+  t->qp_retry_cnt = (uint8_t)gw__env_int("GW_IB_RETRY_CNT", 7);
+  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = t->qp_timeout, .retry_cnt = t->qp_retry_cnt,
+                           .rnr_retry = 7, .sq_psn = 0,
                            .max_rd_atomic = 1};
   return gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                       IBV_QP_MAX_QP_RD_ATOMIC);
@@ -719,8 +722,8 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
  * one retransmission at the default timeout (1.07 s, up to 4x that), and
  * destroying the queue pair then loses the chunk. */
 static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
-  const double tmo = 4.096e-6 * (double)(1ull << GW_MIN(31, gw__env_int("GW_IB_TIMEOUT", 18)));
-  const double budget = GW_MIN(60.0, 2.0 * tmo * (double)(gw__env_int("GW_IB_RETRY_CNT", 7) + 1));
+  const double tmo = 4.096e-6 * (double)(1ull << GW_MIN(31, t->qp_timeout));
+  const double budget = GW_MIN(60.0, 2.0 * tmo * (double)(t->qp_retry_cnt + 1));
   double deadline = gw__now() + GW_MAX(2.0, budget);
   for (uint32_t i = 0; i < t->nqps && !t->failed; i++) {
     struct ib_qpx *q = &t->q[i];
