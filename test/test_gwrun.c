@@ -193,6 +193,23 @@ START_TEST(test_failing_rank_exit_code)
 }
 END_TEST
 
+/* A rank that cannot be started (its fork refused) fails the job at once:
+ * the ranks already started are stopped, and the reason is printed. */
+START_TEST(test_fork_failure)
+{
+    struct run r;
+    const char *env[] = {"GW_RUN_KILL_GRACE=30", "GW_RUN_TEST_FORK_FAIL=2", NULL};
+    const char *args[] = {"-n", "4", "sh", "-c", "exec sleep 30", NULL};
+    gwrun_run(&r, env, args);
+    char want[200];
+    snprintf(want, sizeof want, "gw-run: cannot start rank 2: fork failed: %s", strerror(EAGAIN));
+    ck_assert_msg(r.code == 1, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.elapsed < 20.0, "took %.1f s: ranks 0 and 1 were not stopped", r.elapsed);
+    ck_assert_msg(gwrun_has_line(r.err, want), "stderr lacks '%s':\n%s", want, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 START_TEST(test_sigkill_after_grace)
 {
     /* Ranks that ignore SIGTERM are killed once GW_RUN_KILL_GRACE has passed. */
@@ -559,6 +576,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_env_passthrough);
     tcase_add_test(tc, test_env_master_and_multinode);
     tcase_add_test(tc, test_failing_rank_exit_code);
+    tcase_add_test(tc, test_fork_failure);
     tcase_add_test(tc, test_sigkill_after_grace);
     tcase_add_test(tc, test_rank_killed_by_signal);
     tcase_add_test(tc, test_sigterm_forwarded);

@@ -188,6 +188,35 @@ START_TEST(test_multinode_rank_failure)
 }
 END_TEST
 
+/* A node whose launcher cannot start its ranks (a fork refused: out of
+ * processes) stops the job with that reason on every node, not as a lost node. */
+START_TEST(test_multinode_launch_failure)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-fork", "GW_RUN_KILL_GRACE=30", NULL};
+    const char *env1[] = {"GW_JOB_TOKEN=mn-fork", "GW_RUN_KILL_GRACE=30", "GW_RUN_TEST_FORK_FAIL=3",
+                          NULL};
+    struct run r[3];
+    for (int i = 0; i < 3; i++)
+        node_start(&r[i], i == 1 ? env1 : env, port, 3, i, "2", "exec sleep 30");
+    nodes_wait(r, 3);
+    char want[800];
+    snprintf(want, sizeof want,
+             "gw-run: node 1 (host %s): cannot start rank 3: fork failed: %s", hostname(),
+             strerror(EAGAIN));
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(r[i].code == 1, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+        ck_assert_msg(r[i].elapsed < 10.0, "node %d took %.1f s", i, r[i].elapsed);
+        ck_assert_msg(!strstr(r[i].err, "lost node"), "node %d stderr:\n%s", i, r[i].err);
+    }
+    ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
+    ck_assert_msg(gwrun_has_line(r[2].err, want), "node 2 stderr lacks '%s':\n%s", want, r[2].err);
+    snprintf(want, sizeof want, "gw-run: cannot start rank 3: fork failed: %s", strerror(EAGAIN));
+    ck_assert_msg(gwrun_has_line(r[1].err, want), "node 1 stderr lacks '%s':\n%s", want, r[1].err);
+    nodes_free(r, 3);
+}
+END_TEST
+
 START_TEST(test_multinode_node_missing)
 {
     /* Node 2 of 3 never starts: nodes 0 and 1 fail at the join deadline. */
@@ -337,13 +366,23 @@ START_TEST(test_multinode_lost_node)
 }
 END_TEST
 
-START_TEST(test_multinode_sigterm_node0)
+/* A signal stops the whole job from either end of the control channel: node 0
+ * got SIGTERM, or node 1 got SIGHUP (which node 0 once took for a malformed
+ * frame, losing the node instead of stopping the job). */
+static const struct {
+    int node, sig;
+    const char *name, *token;
+} stop_cases[] = {{0, SIGTERM, "SIGTERM", "GW_JOB_TOKEN=mn-term"},
+                  {1, SIGHUP, "SIGHUP", "GW_JOB_TOKEN=mn-hup"}};
+
+START_TEST(test_multinode_signal_stops_job)
 {
+    int from = stop_cases[_i].node, sig = stop_cases[_i].sig, other = 1 - from;
     char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
     struct run r[2];
-    bool joined = start_joined_pair(r, dir, dir_env, sizeof dir_env, "GW_JOB_TOKEN=mn-term");
+    bool joined = start_joined_pair(r, dir, dir_env, sizeof dir_env, stop_cases[_i].token);
     if (joined)
-        kill(r[0].pid, SIGTERM);
+        kill(r[from].pid, sig);
     struct timespec t_kill;
     clock_gettime(CLOCK_MONOTONIC, &t_kill);
     nodes_wait(r, 2);
@@ -352,13 +391,14 @@ START_TEST(test_multinode_sigterm_node0)
     remove_pid_files(dir, 2); /* before any assertion can skip it */
     ck_assert_msg(joined, "node 1 never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
     for (int i = 0; i < 2; i++)
-        ck_assert_msg(r[i].code == 128 + SIGTERM, "node %d: exit code %d, stderr:\n%s", i,
+        ck_assert_msg(r[i].code == 128 + sig, "node %d: exit code %d, stderr:\n%s", i,
                       r[i].code, r[i].err);
     ck_assert_msg(after < 8.0, "the job took %.1f s to stop", after);
     char want[800];
-    snprintf(want, sizeof want, "gw-run: node 0 (host %s) received SIGTERM; stopping this node too",
-             hostname());
-    ck_assert_msg(gwrun_has_line(r[1].err, want), "node 1 stderr lacks '%s':\n%s", want, r[1].err);
+    snprintf(want, sizeof want, "gw-run: node %d (host %s) received %s; stopping %s", from,
+             hostname(), stop_cases[_i].name, other == 0 ? "the job" : "this node too");
+    ck_assert_msg(gwrun_has_line(r[other].err, want), "node %d stderr lacks '%s':\n%s", other,
+                  want, r[other].err);
     ck_assert_msg(gone, "a rank outlived the job");
     nodes_free(r, 2);
 }
@@ -425,11 +465,13 @@ static Suite *gwrun_multinode_suite(void)
     tcase_set_timeout(mn, 60);
     tcase_add_test(mn, test_multinode_all_succeed);
     tcase_add_test(mn, test_multinode_rank_failure);
+    tcase_add_test(mn, test_multinode_launch_failure);
     tcase_add_test(mn, test_multinode_node_missing);
     tcase_add_test(mn, test_multinode_wrong_token);
     tcase_add_test(mn, test_multinode_mismatch);
     tcase_add_test(mn, test_multinode_lost_node);
-    tcase_add_test(mn, test_multinode_sigterm_node0);
+    tcase_add_loop_test(mn, test_multinode_signal_stops_job, 0,
+                        (int)(sizeof stop_cases / sizeof stop_cases[0]));
     tcase_add_test(mn, test_multinode_garbage_frames);
     suite_add_tcase(s, mn);
     return s;

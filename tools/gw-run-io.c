@@ -204,10 +204,11 @@ void gw__run_abandon_output(void)
  *   FAIL    both ways  uubus   global rank, node, signaled, code or signal,
  *                              host: a rank failed there
  *   LOST    0 -> node  us      node, host: its launcher went away
- *   ABORT   0 -> node  bs      exit code, message: the job failed for a
+ *   ABORT   both ways  bs      exit code, message: the job failed for a
  *                              reason that is no rank's (a node missing or
- *                              disagreeing)
- *   STOP    both ways  uus     node, signal, host: SIGINT/SIGTERM reached it
+ *                              disagreeing; to node 0: that node's launcher
+ *                              could not start its ranks)
+ *   STOP    both ways  uus     node, signal, host: SIGINT/SIGTERM/SIGHUP reached it
  *   DONE    node -> 0  u       node: every rank there exited 0
  * A frame that breaks these rules closes its connection with a log line.
  */

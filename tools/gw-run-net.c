@@ -6,7 +6,7 @@
  * on the launcher port (the master port + 1 unless --launcher-port says
  * otherwise). Node 0 listens on the master address only and admits a node
  * once it said hello with the job token and the same --nnodes and -n. From
- * then on the nodes report rank failures, SIGINT/SIGTERM and success to node
+ * then on the nodes report rank failures, SIGINT/SIGTERM/SIGHUP and success to node
  * 0, which passes failures and signals on to every other node, so that a
  * failure anywhere stops the whole job on every machine. Node 0 also fails
  * the job when a node does not join in time or its launcher goes away.
@@ -95,7 +95,7 @@ static bool sane(const struct msg *m)
         return m->v[0] < nn * (uint32_t)net.cfg.nproc && m->v[1] < nn && m->v[2] <= 1 &&
                m->v[3] >= 1 && m->v[3] <= (m->v[2] ? 64u : 255u);
     case F_STOP:
-        return m->v[0] < nn && (sig == SIGINT || sig == SIGTERM);
+        return m->v[0] < nn && (sig == SIGINT || sig == SIGTERM || sig == SIGHUP);
     case F_LOST:
     case F_DONE:
         return m->v[0] < nn;
@@ -257,9 +257,12 @@ static bool frame0(struct conn *c, const struct msg *m)
     if (c->node < 0)
         return m->type == F_HELLO ? hello0(c, m) : bad("expected a hello");
     int n = c->node;
-    if ((m->type != F_FAIL && m->type != F_STOP && m->type != F_DONE) ||
-        m->v[m->type == F_FAIL ? 1 : 0] != (uint32_t)n)
+    if (m->type == F_ABORT) {
+        /* Its launcher failed (it could not start its ranks): the message says how. */
+    } else if ((m->type != F_FAIL && m->type != F_STOP && m->type != F_DONE) ||
+               m->v[m->type == F_FAIL ? 1 : 0] != (uint32_t)n) {
         return bad("unexpected frame from a joined node");
+    }
     if (net.state[n] == N_JOINED) {
         net.state[n] = m->type == F_DONE ? N_DONE : N_ENDED;
         net.done += m->type == F_DONE;
@@ -656,13 +659,14 @@ void gw__run_net_tick(void)
     }
 }
 
-/* Tells the other nodes about this one: node 0 tells them all, the others
- * tell node 0, keeping the frame until node 0 welcomed them, so that a
+/* Tells the other nodes about this one (m->s: this host unless the caller
+ * set a message): node 0 tells them all, the others tell node 0, keeping the frame until node 0 welcomed them, so that a
  * reconnect sends it again. */
 static void report(struct msg *m)
 {
     struct frame f;
-    snprintf(m->s, sizeof m->s, "%s", net.myhost);
+    if (!m->s[0])
+        snprintf(m->s, sizeof m->s, "%s", net.myhost);
     gw__run_pack(&f, m);
     if (net.cfg.node == 0) {
         announce_end(&f, -1);
@@ -728,7 +732,18 @@ void gw__run_net_rank_failed(int global, bool signaled, int value)
         report(&m);
 }
 
-/* SIGINT or SIGTERM reached this gw-run. */
+/* This node's launcher failed on its own (it could not start every rank):
+ * the other nodes stop with `text` as the reason, not a lost node. */
+void gw__run_net_launch_failed(int code, const char *text)
+{
+    struct msg m = {.type = F_ABORT, .v = {(uint32_t)code}};
+    snprintf(m.s, sizeof m.s, "gw-run: node %d (host %.255s): %.700s", net.cfg.node, net.myhost,
+             text);
+    if (net.on)
+        report(&m);
+}
+
+/* SIGINT, SIGTERM or SIGHUP reached this gw-run. */
 void gw__run_net_signal(int sig)
 {
     struct msg m = {.type = F_STOP, .v = {(uint32_t)net.cfg.node, (uint32_t)sig}};

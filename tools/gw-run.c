@@ -256,31 +256,35 @@ static void spawn_all(int local_n, int node_rank, char **argv)
      * before it has reset its dispositions; pending ones arrive afterwards. */
     sigprocmask(SIG_BLOCK, &block, NULL);
     pid_t self = getpid();
+    /* Test hook: the fork of this global rank fails as if out of processes
+     * (root, as in CI, is not held to RLIMIT_NPROC). */
+    const char *hook = getenv("GW_RUN_TEST_FORK_FAIL");
+    int fail_at = hook && *hook ? atoi(hook) : -1;
+    char why[512] = "";
 
     for (int i = 0; i < local_n; i++) {
         struct rank *r = &gw__run.ranks[i];
         r->global = node_rank * local_n + i;
         int po[2], pe[2];
-        if (pipe2(po, O_CLOEXEC) < 0) {
-            fprintf(stderr, "gw-run: cannot create a pipe for rank %d: %s\n", r->global,
-                    strerror(errno));
+        bool have_po = pipe2(po, O_CLOEXEC) == 0;
+        if (!have_po || pipe2(pe, O_CLOEXEC) < 0) {
+            snprintf(why, sizeof why, "cannot create a pipe for rank %d: %s", r->global,
+                     strerror(errno));
+            if (have_po) {
+                close(po[0]);
+                close(po[1]);
+            }
             break;
         }
-        if (pipe2(pe, O_CLOEXEC) < 0) {
-            fprintf(stderr, "gw-run: cannot create a pipe for rank %d: %s\n", r->global,
-                    strerror(errno));
-            close(po[0]);
-            close(po[1]);
-            break;
-        }
-        pid_t pid = fork();
+        pid_t pid = r->global == fail_at ? (errno = EAGAIN, -1) : fork();
+        int fork_errno = errno;
         if (pid == 0)
             exec_rank(r, i, po[1], pe[1], self, argv);
         close(po[1]);
         close(pe[1]);
         if (pid < 0) {
-            fprintf(stderr, "gw-run: cannot start rank %d: fork failed: %s\n", r->global,
-                    strerror(errno));
+            snprintf(why, sizeof why, "cannot start rank %d: fork failed: %s", r->global,
+                     strerror(fork_errno));
             close(po[0]);
             close(pe[0]);
             break;
@@ -301,7 +305,10 @@ static void spawn_all(int local_n, int node_rank, char **argv)
     gw__run_index_ranks();
 
     if (gw__run.nranks < local_n) {
-        /* The launcher's own failure: the job cannot run with ranks missing. */
+        /* The launcher's own failure: the job cannot run with ranks missing,
+         * and the other nodes are told why (not that this node was lost). */
+        fprintf(stderr, "gw-run: %s\n", why);
+        gw__run_net_launch_failed(1, why);
         gw__run.have_failure = true;
         gw__run.exit_code = 1;
         gw__run_teardown();

@@ -44,7 +44,7 @@ struct job {
 
     bool have_failure;
     int exit_code;     /* of the first failure that gw-run did not cause */
-    int got_signal;    /* first SIGINT/SIGTERM received, 0 if none */
+    int got_signal;    /* first SIGINT/SIGTERM/SIGHUP received, 0 if none */
     double kill_grace_s;
     int64_t kill_deadline_ms; /* SIGKILL the remaining ranks then; 0: none */
 };
@@ -122,6 +122,7 @@ void gw__run_net_events(const struct pollfd *pfds, int nfds);
 void gw__run_net_tick(void);
 bool gw__run_net_finish(void);
 void gw__run_net_rank_failed(int global, bool signaled, int value);
+void gw__run_net_launch_failed(int code, const char *text);
 void gw__run_net_signal(int sig);
 void gw__run_net_close(void);
 
