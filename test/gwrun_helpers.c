@@ -70,6 +70,11 @@ static char *slurp(const char *path)
  * "NAME=VALUE" to set and "NAME" to unset in the child, NULL-terminated. */
 void gwrun_start(struct run *r, const char *const *env, const char *const *args)
 {
+    gwrun_start_out(r, -1, env, args);
+}
+
+void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args)
+{
     memset(r, 0, sizeof *r);
     const char *bin = gwrun_bin();
     snprintf(r->out_path, sizeof r->out_path, "/tmp/test_gwrun_out_XXXXXX");
@@ -91,7 +96,7 @@ void gwrun_start(struct run *r, const char *const *env, const char *const *args)
     r->pid = fork();
     ck_assert_int_ge(r->pid, 0);
     if (r->pid == 0) {
-        dup2(ofd, 1);
+        dup2(out_fd >= 0 ? out_fd : ofd, 1);
         dup2(efd, 2);
         close(ofd);
         close(efd);

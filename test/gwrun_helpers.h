@@ -41,6 +41,8 @@ void gwrun_sleep(double s);
 /* Starts gw-run with args (NULL-terminated, without argv[0]). env holds
  * "NAME=VALUE" to set and "NAME" to unset in the child, NULL-terminated. */
 void gwrun_start(struct run *r, const char *const *env, const char *const *args);
+/* The same with gw-run's stdout on out_fd instead (r->out then stays empty). */
+void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args);
 /* Waits for gw-run, killing it after timeout_s, then collects its output. */
 void gwrun_wait(struct run *r, double timeout_s);
 /* gwrun_start, then gwrun_wait with GWRUN_TIMEOUT_S; fails the test on a timeout. */

@@ -16,6 +16,7 @@
 #include <check.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -206,6 +207,56 @@ START_TEST(test_fork_failure)
     ck_assert_msg(r.code == 1, "exit code %d, stderr:\n%s", r.code, r.err);
     ck_assert_msg(r.elapsed < 20.0, "took %.1f s: ranks 0 and 1 were not stopped", r.elapsed);
     ck_assert_msg(gwrun_has_line(r.err, want), "stderr lacks '%s':\n%s", want, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* Nobody reads gw-run's stdout (a paused `| less`, a terminal stopped with
+ * ^S): a rank failing meanwhile is still reported on stderr and the others
+ * are still stopped, while gw-run waits for its stdout to move. */
+START_TEST(test_stuck_stdout)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX", denv[64], pid_path[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(denv, sizeof denv, "D=%s", dir);
+    snprintf(pid_path, sizeof pid_path, "%s/pid.0", dir);
+    int p[2]; /* close-on-exec: only gw-run's stdout (a dup) may hold the write end */
+    ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+    struct run r;
+    const char *env[] = {"GW_RUN_KILL_GRACE=30", denv, NULL};
+    const char *args[] = {"-n", "2", "sh", "-c",
+                          "if [ \"$GW_RANK\" = 1 ]; then sleep 1; exit 3; fi; "
+                          "echo $$ > \"$D/pid.0.tmp\"; mv \"$D/pid.0.tmp\" \"$D/pid.0\"; exec yes stuck",
+                          NULL};
+    gwrun_start_out(&r, p[1], env, args);
+    close(p[1]);
+    /* While the pipe is not read: the failure reported, rank 0 stopped and reaped. */
+    bool reported = false, stopped = false;
+    pid_t pid0 = 0;
+    for (int i = 0; i < 1000 && !(reported && stopped); i++) {
+        gwrun_sleep(0.01);
+        FILE *f = fopen(r.err_path, "rb");
+        char buf[4096] = "";
+        if (f) {
+            buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+            fclose(f);
+        }
+        reported = strstr(buf, "exited with code 3") != NULL;
+        if (!pid0)
+            pid0 = gwrun_read_pid_file(pid_path);
+        stopped = pid0 > 0 && kill(pid0, 0) != 0 && errno == ESRCH;
+    }
+    siginfo_t si = {0}; /* whether gw-run still runs, leaving it to gwrun_wait to collect */
+    bool running = waitid(P_PID, (id_t)r.pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == 0;
+    close(p[0]); /* now its writes fail and gw-run can finish */
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    unlink(pid_path);
+    rmdir(dir);
+    ck_assert_msg(!r.timed_out, "gw-run did not finish after its stdout closed; stderr:\n%s", r.err);
+    ck_assert_msg(running, "gw-run exited while its stdout was full (code %d)", r.code);
+    ck_assert_msg(reported, "rank 1's failure not reported while stdout was full; stderr:\n%s", r.err);
+    ck_assert_msg(stopped, "rank 0 (pid %d) was not stopped while stdout was full", (int)pid0);
+    ck_assert_msg(r.code == 3, "exit code %d, stderr:\n%s", r.code, r.err);
     gwrun_free(&r);
 }
 END_TEST
@@ -577,6 +628,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_env_master_and_multinode);
     tcase_add_test(tc, test_failing_rank_exit_code);
     tcase_add_test(tc, test_fork_failure);
+    tcase_add_test(tc, test_stuck_stdout);
     tcase_add_test(tc, test_sigkill_after_grace);
     tcase_add_test(tc, test_rank_killed_by_signal);
     tcase_add_test(tc, test_sigterm_forwarded);

@@ -5,7 +5,10 @@
  * own: reading the pipes, splitting what arrives into lines, prefixing each
  * line with the rank that wrote it and writing it out in one piece so lines
  * of different ranks never interleave, and the output side of the poll loop
- * (which pipes to watch, giving up on pipes nobody will close).
+ * (which pipes to watch, giving up on pipes nobody will close). The writing
+ * itself is done by writer threads from queues, so that an output nobody
+ * reads never stops the loop (see "the output queues" below); gw-run's own
+ * messages (gw__run_say) go through the same queues.
  *
  * It also moves the frames of the launcher control channel between the
  * gw-runs of a multi-node job: encoding and decoding them, queueing what is
@@ -18,6 +21,9 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +34,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "gw-run.h"
 
@@ -40,12 +47,43 @@ enum {
 
 static char outbuf[2 * MAX_LINE + 64];
 static size_t outlen;
+
+/* ---- the output queues ----
+ *
+ * Lines are not written by the loop: a full stdout (a paused `| less`, a
+ * terminal stopped with ^S, a slow disk) would block it, and with it the
+ * signals, the reaping and the teardown of a failed job. The loop appends
+ * them to a queue and a writer thread per destination writes them out. While
+ * a queue holds OUT_HIGH bytes the loop stops reading the pipes that feed it
+ * (a rank writing more then blocks on its own pipe, as without gw-run), but
+ * it goes on handling everything else. stdout and stderr share one queue and
+ * one thread when they are the same file, so their lines keep their order;
+ * otherwise a stuck stdout does not hold back stderr (gw-run's own messages).
+ *
+ * A queue holds records: a destination byte (1 or 2), a 4-byte length, that
+ * many bytes; an append to the same destination as the last record extends
+ * it. The writer takes the whole buffer at once and gives the loop its empty
+ * spare, so the lock is never held across a write. */
+enum { OUT_HIGH = 1 << 20, REC_HDR = 5 };
+
+struct outq {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    bool started, stop;
+    unsigned char *buf, *spare;
+    size_t len, cap, spare_cap;
+    size_t inflight; /* bytes the writer took and has not finished writing */
+    size_t last;     /* offset of the last record's header; SIZE_MAX: none */
+};
+static struct outq queues[2];
+static struct outq *queue_of[3]; /* by destination fd; NULL: written directly */
 static bool out_broken[3];
 
 /* Writes everything, waiting when a non-blocking stdout is full. After a hard
  * error (a closed pipe, a full disk) the destination is dropped but the ranks
  * keep running: losing log lines must not kill a training job. */
-static void write_all(int fd, const char *p, size_t n)
+static void write_all(int fd, const unsigned char *p, size_t n)
 {
     while (n > 0 && !out_broken[fd]) {
         ssize_t w = write(fd, p, n);
@@ -63,9 +101,152 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
+static void *writer_main(void *arg)
+{
+    struct outq *q = arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (q->len == 0 && !q->stop)
+            pthread_cond_wait(&q->cv, &q->mu);
+        if (q->len == 0)
+            break; /* stopping, and everything is out */
+        unsigned char *b = q->buf;
+        size_t n = q->len, cap = q->cap;
+        q->buf = q->spare, q->cap = q->spare_cap;
+        q->spare = NULL, q->spare_cap = 0;
+        q->len = 0, q->last = SIZE_MAX, q->inflight = n;
+        pthread_mutex_unlock(&q->mu);
+        for (size_t off = 0; off + REC_HDR <= n;) {
+            uint32_t len;
+            memcpy(&len, b + off + 1, 4);
+            write_all(b[off], b + off + REC_HDR, len);
+            off += REC_HDR + len;
+        }
+        pthread_mutex_lock(&q->mu);
+        q->inflight = 0;
+        if (!q->spare || cap > q->spare_cap) { /* keep the larger buffer as the spare */
+            free(q->spare);
+            q->spare = b, q->spare_cap = cap;
+        } else {
+            free(b);
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* Appends n bytes for fd (1 or 2) to its queue, or writes them directly when
+ * there is none (before gw__run_io_start, or it could not start a thread). */
+static void out_append(int fd, const char *p, size_t n)
+{
+    struct outq *q = queue_of[fd];
+    if (n == 0)
+        return;
+    if (!q) {
+        write_all(fd, (const unsigned char *)p, n);
+        return;
+    }
+    pthread_mutex_lock(&q->mu);
+    bool extend = q->last != SIZE_MAX && q->buf[q->last] == fd;
+    size_t need = q->len + n + (extend ? 0 : REC_HDR);
+    if (need > q->cap) {
+        size_t cap = q->cap ? q->cap : 64 * 1024;
+        while (cap < need)
+            cap *= 2;
+        unsigned char *nb = realloc(q->buf, cap);
+        if (!nb) { /* out of memory: these lines are lost, not the job */
+            pthread_mutex_unlock(&q->mu);
+            return;
+        }
+        q->buf = nb, q->cap = cap;
+    }
+    if (!extend) {
+        q->last = q->len;
+        q->buf[q->len] = (unsigned char)fd;
+        memset(q->buf + q->len + 1, 0, 4);
+        q->len += REC_HDR;
+    }
+    uint32_t len;
+    memcpy(&len, q->buf + q->last + 1, 4);
+    len += (uint32_t)n; /* a record never reaches 4 GiB: the loop stops at OUT_HIGH */
+    memcpy(q->buf + q->last + 1, &len, 4);
+    memcpy(q->buf + q->len, p, n);
+    q->len += n;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static bool same_file(int a, int b)
+{
+    struct stat sa, sb;
+    return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* Writes out what is queued and ends the writers (atexit: every way out of
+ * gw-run passes here, and no line already read from a rank is lost). */
+static void io_finish(void)
+{
+    for (int i = 0; i < 2; i++) {
+        struct outq *q = &queues[i];
+        if (!q->started)
+            continue;
+        pthread_mutex_lock(&q->mu);
+        q->stop = true;
+        pthread_cond_signal(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->thread, NULL);
+        q->started = false;
+    }
+    queue_of[1] = queue_of[2] = NULL;
+}
+
+void gw__run_io_start(void)
+{
+    bool one = same_file(1, 2);
+    /* The writers take no signals: the loop's handlers run in the main thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    for (int i = 0; i < (one ? 1 : 2); i++) {
+        struct outq *q = &queues[i];
+        pthread_mutex_init(&q->mu, NULL);
+        pthread_cond_init(&q->cv, NULL);
+        q->last = SIZE_MAX;
+        q->started = pthread_create(&q->thread, NULL, writer_main, q) == 0;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    queue_of[1] = queues[0].started ? &queues[0] : NULL;
+    queue_of[2] = queues[one ? 0 : 1].started ? &queues[one ? 0 : 1] : NULL;
+    atexit(io_finish);
+}
+
+/* Whether the loop may read more for destination fd now. */
+static bool has_room(int fd)
+{
+    struct outq *q = queue_of[fd];
+    if (!q)
+        return true;
+    pthread_mutex_lock(&q->mu);
+    bool room = q->len + q->inflight < OUT_HIGH;
+    pthread_mutex_unlock(&q->mu);
+    return room;
+}
+
+void gw__run_say(const char *fmt, ...)
+{
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        out_append(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
 static void flush_out(int fd)
 {
-    write_all(fd, outbuf, outlen);
+    out_append(fd, outbuf, outlen);
     outlen = 0;
 }
 
@@ -150,7 +331,7 @@ static void close_stream(const struct rank *r, struct stream *s)
 bool gw__run_pump(const struct rank *r, struct stream *s)
 {
     static char buf[MAX_LINE];
-    if (s->fd < 0)
+    if (s->fd < 0 || !has_room(s->out_fd))
         return false;
     ssize_t n = read(s->fd, buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -167,12 +348,14 @@ bool gw__run_pump(const struct rank *r, struct stream *s)
 /* Adds the pipes still open to pfds from index nfds on, noting whose each one
  * is in owner and owner_rank; returns the new count. */
 int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
-                       struct rank **owner_rank)
+                       struct rank **owner_rank, bool *held)
 {
     struct rank *ranks = gw__run.ranks;
+    bool room[3] = {false, has_room(1), has_room(2)};
+    *held = !room[1] || !room[2];
     for (int i = 0; i < gw__run.nranks; i++) {
         for (int k = 0; k < 2; k++) {
-            if (ranks[i].s[k].fd >= 0) {
+            if (ranks[i].s[k].fd >= 0 && room[ranks[i].s[k].out_fd]) {
                 owner[nfds] = &ranks[i].s[k];
                 owner_rank[nfds] = &ranks[i];
                 pfds[nfds++] = (struct pollfd){.fd = ranks[i].s[k].fd, .events = POLLIN};
@@ -186,7 +369,7 @@ int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
  * started still holds a pipe: print what we have and stop waiting. */
 void gw__run_abandon_output(void)
 {
-    fprintf(stderr, "gw-run: all ranks exited but a process they started still "
+    gw__run_say("gw-run: all ranks exited but a process they started still "
                     "holds their output; not waiting for it\n");
     for (int i = 0; i < gw__run.nranks; i++)
         for (int k = 0; k < 2; k++)

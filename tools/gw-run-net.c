@@ -135,22 +135,22 @@ static void apply(const struct msg *m, int from)
         return;
     int code = 1;
     if (m->type == F_FAIL && m->v[2]) {
-        fprintf(stderr, "gw-run: rank %u on node %u (host %s) was killed by signal %u (%s)\n",
+        gw__run_say("gw-run: rank %u on node %u (host %s) was killed by signal %u (%s)\n",
                 m->v[0], m->v[1], m->s, m->v[3], gw__run_signal_name((int)m->v[3]));
         code = 128 + (int)m->v[3];
     } else if (m->type == F_FAIL) {
-        fprintf(stderr, "gw-run: rank %u on node %u (host %s) exited with code %u\n", m->v[0],
+        gw__run_say("gw-run: rank %u on node %u (host %s) exited with code %u\n", m->v[0],
                 m->v[1], m->s, m->v[3]);
         code = (int)m->v[3];
     } else if (m->type == F_LOST) {
-        fprintf(stderr,
+        gw__run_say(
                 "gw-run: lost node %u (host %s): its launcher exited or the network failed\n",
                 m->v[0], m->s);
     } else if (m->type == F_ABORT) {
-        fprintf(stderr, "%s\n", m->s);
+        gw__run_say("%s\n", m->s);
         code = (int)m->v[0];
     } else {
-        fprintf(stderr, "gw-run: node %u (host %s) received %s; stopping %s\n", m->v[0], m->s,
+        gw__run_say("gw-run: node %u (host %s) received %s; stopping %s\n", m->v[0], m->s,
                 gw__run_signal_name((int)m->v[1]),
                 net.cfg.node == 0 ? "the job" : "this node too");
     }
@@ -199,7 +199,7 @@ static bool hello0(struct conn *c, const struct msg *h)
     if (h->v[0] != HELLO_MAGIC)
         return bad("not a gw-run hello");
     if (!token_ok(h->tok, h->toklen)) {
-        fprintf(stderr,
+        gw__run_say(
                 "gw-run: refused a launcher connection from %s (says node %u, host %s): wrong job "
                 "token; every node needs the same GW_JOB_TOKEN\n",
                 c->peer, node, h->s);
@@ -218,7 +218,7 @@ static bool hello0(struct conn *c, const struct msg *h)
         struct msg m = {.type = F_ABORT, .v = {1}};
         snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
         if (gw__run_stopping()) /* apply() says nothing then */
-            fprintf(stderr, "%s\n", m.s);
+            gw__run_say("%s\n", m.s);
         apply(&m, -1);
         return true;
     }
@@ -230,7 +230,7 @@ static bool hello0(struct conn *c, const struct msg *h)
             snprintf(reason, sizeof reason,
                      "node %u already joined (host %s); is --node-rank %u given twice?", node,
                      net.hosts[node], node);
-        fprintf(stderr, "gw-run: refused a launcher connection from %s (host %s): %s\n", c->peer,
+        gw__run_say("gw-run: refused a launcher connection from %s (host %s): %s\n", c->peer,
                 h->s, reason);
         answer(c, F_REFUSE, reason);
         return true;
@@ -245,7 +245,7 @@ static bool hello0(struct conn *c, const struct msg *h)
     if (net.have_end)
         gw__run_conn_send(c, &net.end);
     if (net.verbose)
-        fprintf(stderr, "gw-run: node %u (host %s) joined from %s%s\n", node, h->s, c->peer,
+        gw__run_say("gw-run: node %u (host %s) joined from %s%s\n", node, h->s, c->peer,
                 net.joined == net.cfg.nnodes - 1 ? "; all nodes joined" : "");
     return true;
 }
@@ -277,7 +277,7 @@ static void conn0_ended(struct conn *c, const char *badly)
 {
     int n = c->node;
     if (badly)
-        fprintf(stderr, "gw-run: closing the launcher connection from %s%s: %s\n", c->peer,
+        gw__run_say("gw-run: closing the launcher connection from %s%s: %s\n", c->peer,
                 n > 0 ? " (a joined node)" : "", badly);
     gw__run_conn_close(c);
     if (n <= 0 || net.state[n] != N_JOINED)
@@ -377,7 +377,7 @@ static bool listen0(void)
         err = net.lfd < 0 ? errno : 0;
     }
     if (net.lfd < 0)
-        fprintf(stderr, "gw-run: node 0 (host %s) cannot listen on the launcher port %s: %s\n",
+        gw__run_say("gw-run: node 0 (host %s) cannot listen on the launcher port %s: %s\n",
                 net.myhost, net.where,
                 err == EADDRNOTAVAIL ? "the master HOST is not an address of this machine; start "
                                        "node 0 on the machine that --master names"
@@ -444,7 +444,7 @@ static void up_connect(void)
 static void up_ended(const char *badly)
 {
     if (badly)
-        fprintf(stderr, "gw-run: node %d: closing the launcher connection to node 0 at %s: %s\n",
+        gw__run_say("gw-run: node %d: closing the launcher connection to node 0 at %s: %s\n",
                 net.cfg.node, net.where, badly);
     gw__run_conn_close(net.up);
     if (net.given_up)
@@ -476,13 +476,13 @@ static bool frame_up(struct conn *c, const struct msg *m)
         net.pending.outlen = 0;
         snprintf(net.host0, sizeof net.host0, "%.255s", m->s);
         if (net.verbose)
-            fprintf(stderr, "gw-run: node %d joined node 0 (host %s) at %s\n", net.cfg.node,
+            gw__run_say("gw-run: node %d joined node 0 (host %s) at %s\n", net.cfg.node,
                     net.host0, net.where);
         return true;
     }
     if (m->type != F_REFUSE)
         return bad("expected a welcome");
-    fprintf(stderr, "gw-run: node %d: node 0 at %s refused this node: %s\n", net.cfg.node,
+    gw__run_say("gw-run: node %d: node 0 at %s refused this node: %s\n", net.cfg.node,
             net.where, m->s);
     give_up();
     gw__run_fail(1);
@@ -519,13 +519,13 @@ bool gw__run_net_init(const struct net_config *cfg)
         net.retry_at_ms = gw__run_now_ms();
     }
     if (!net.pmap || !net.conns || (cfg->node == 0 ? !net.state || !net.hosts : !net.up)) {
-        fprintf(stderr, "gw-run: out of memory\n");
+        gw__run_say("gw-run: out of memory\n");
         return false;
     }
     /* Another node may retry a transient failure (EAI_AGAIN) as it connects. */
     int rc = resolve();
     if (rc != 0 && (rc != EAI_AGAIN || cfg->node == 0)) {
-        fprintf(stderr, "gw-run: node %d cannot resolve the master host '%s': %s\n", cfg->node,
+        gw__run_say("gw-run: node %d cannot resolve the master host '%s': %s\n", cfg->node,
                 cfg->host, gai_strerror(rc));
         return false;
     }
@@ -628,7 +628,7 @@ void gw__run_net_tick(void)
             if (c->broken) {
                 conn0_ended(c, "it does not read what node 0 sends");
             } else if (c->node < 0 && now >= c->deadline_ms) {
-                fprintf(stderr,
+                gw__run_say(
                         "gw-run: closing the launcher connection from %s: no hello within %d s\n",
                         c->peer, HELLO_TIMEOUT_MS / 1000);
                 gw__run_conn_close(c);
@@ -648,7 +648,7 @@ void gw__run_net_tick(void)
     if (net.welcomed || net.given_up)
         return;
     if (now >= net.join_deadline_ms) {
-        fprintf(stderr, "gw-run: node %d: no answer from node 0 at %s after %g s\n", net.cfg.node,
+        gw__run_say("gw-run: node %d: no answer from node 0 at %s after %g s\n", net.cfg.node,
                 net.where, net.cfg.join_timeout_s);
         give_up();
         gw__run_fail(1);
@@ -711,7 +711,7 @@ bool gw__run_net_finish(void)
             net.linger_ms = now + LINGER_MS;
         if (now < net.linger_ms)
             return false;
-        fprintf(stderr, "gw-run: node %d: could not tell node 0 at %s that this node stopped\n",
+        gw__run_say("gw-run: node %d: could not tell node 0 at %s that this node stopped\n",
                 net.cfg.node, net.where);
         give_up();
         return true;

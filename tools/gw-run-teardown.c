@@ -116,7 +116,7 @@ void gw__run_teardown(void)
 {
     if (gw__run.alive == 0)
         return;
-    fprintf(stderr, "gw-run: stopping the %d other running rank%s (SIGTERM, SIGKILL after %g s)\n",
+    gw__run_say("gw-run: stopping the %d other running rank%s (SIGTERM, SIGKILL after %g s)\n",
             gw__run.alive, gw__run.alive == 1 ? "" : "s", gw__run.kill_grace_s);
     signal_ranks(SIGTERM, true);
     gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
@@ -143,10 +143,10 @@ static void forward_signal(int sig, bool remote)
     if (gw__run.alive == 0)
         return;
     if (remote)
-        fprintf(stderr, "gw-run: forwarding %s to %d rank%s\n", gw__run_signal_name(sig),
+        gw__run_say("gw-run: forwarding %s to %d rank%s\n", gw__run_signal_name(sig),
                 gw__run.alive, gw__run.alive == 1 ? "" : "s");
     else
-        fprintf(stderr, "gw-run: received %s, forwarding it to %d rank%s\n",
+        gw__run_say("gw-run: received %s, forwarding it to %d rank%s\n",
                 gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
     signal_ranks(sig, false);
     /* A rank that ignores the signal must not keep the job alive forever. */
@@ -177,10 +177,10 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
         for (int reads = 0; reads < 64 && gw__run_pump(r, &r->s[k]); reads++) {
         }
     if (WIFEXITED(status))
-        fprintf(stderr, "gw-run: rank %d (pid %ld) exited with code %d\n", r->global, (long)pid,
+        gw__run_say("gw-run: rank %d (pid %ld) exited with code %d\n", r->global, (long)pid,
                 code);
     else
-        fprintf(stderr, "gw-run: rank %d (pid %ld) was killed by signal %d (%s)\n", r->global,
+        gw__run_say("gw-run: rank %d (pid %ld) was killed by signal %d (%s)\n", r->global,
                 (long)pid, WTERMSIG(status), gw__run_signal_name(WTERMSIG(status)));
     if (!gw__run.have_failure) {
         gw__run.have_failure = true;
@@ -206,7 +206,7 @@ void gw__run_index_ranks(void)
     pid_index = calloc((size_t)gw__run.nranks + 1, sizeof *pid_index);
     exited = calloc((size_t)gw__run.nranks + 1, sizeof *exited);
     if (!pid_index || !exited) {
-        fprintf(stderr, "gw-run: out of memory\n");
+        gw__run_say("gw-run: out of memory\n");
         signal_ranks(SIGKILL, true);
         exit(1);
     }
@@ -275,7 +275,7 @@ void gw__run_scan_strays(void)
     }
     fclose(f);
     if (fresh)
-        fprintf(stderr, "gw-run: stopping %d process%s left behind by exited ranks\n", fresh,
+        gw__run_say("gw-run: stopping %d process%s left behind by exited ranks\n", fresh,
                 fresh == 1 ? "" : "es");
     if (strays && !gw__run.kill_deadline_ms && !escalated)
         gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
@@ -286,7 +286,7 @@ void gw__run_scan_strays(void)
 void gw__run_escalate(void)
 {
     if (gw__run.alive > 0)
-        fprintf(stderr, "gw-run: %d rank%s still running after %g s, sending SIGKILL\n",
+        gw__run_say("gw-run: %d rank%s still running after %g s, sending SIGKILL\n",
                 gw__run.alive, gw__run.alive == 1 ? "" : "s", gw__run.kill_grace_s);
     signal_ranks(SIGKILL, true);
     gw__run.kill_deadline_ms = 0;
@@ -363,7 +363,7 @@ static void on_signal(int sig)
 bool gw__run_setup_signals(void)
 {
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
-        fprintf(stderr, "gw-run: cannot create a pipe: %s\n", strerror(errno));
+        gw__run_say("gw-run: cannot create a pipe: %s\n", strerror(errno));
         return false;
     }
     sigprocmask(SIG_SETMASK, NULL, &orig_mask);

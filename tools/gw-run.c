@@ -51,6 +51,7 @@ enum {
     MAX_LOCAL_RANKS = 4096,
     MAX_NNODES = 65536, /* keeps N * nnodes far below INT_MAX */
     DRAIN_GRACE_MS = 2000,
+    HELD_RECHECK_MS = 20,
     EXIT_USAGE = 2,
     EXIT_NOT_FOUND = 127,
 };
@@ -220,7 +221,7 @@ static void ensure_fd_limit(int n, int extra)
                               : orig_nofile.rlim_max;
         setrlimit(RLIMIT_NOFILE, &raised);
         if (raised.rlim_cur < need) {
-            fprintf(stderr,
+            gw__run_say(
                     "gw-run: -n %d needs about %lu open files but the hard limit is %lu; "
                     "raise it (ulimit -Hn) or start fewer ranks\n",
                     n, (unsigned long)need, (unsigned long)raised.rlim_cur);
@@ -307,7 +308,7 @@ static void spawn_all(int local_n, int node_rank, char **argv)
     if (gw__run.nranks < local_n) {
         /* The launcher's own failure: the job cannot run with ranks missing,
          * and the other nodes are told why (not that this node was lost). */
-        fprintf(stderr, "gw-run: %s\n", why);
+        gw__run_say("gw-run: %s\n", why);
         gw__run_net_launch_failed(1, why);
         gw__run.have_failure = true;
         gw__run.exit_code = 1;
@@ -322,10 +323,11 @@ static void run_loop(void)
     struct stream **owner = calloc(max_fds, sizeof *owner);
     struct rank **owner_rank = calloc(max_fds, sizeof *owner_rank);
     if (!pfds || !owner || !owner_rank) {
-        fprintf(stderr, "gw-run: out of memory\n");
+        gw__run_say("gw-run: out of memory\n");
         exit(1);
     }
     int64_t drain_deadline_ms = 0;
+    bool held = false; /* the last poll left out pipes whose output queue was full */
     bool child_event = true; /* a rank may have exited before we got here */
 
     for (;;) {
@@ -351,9 +353,12 @@ static void run_loop(void)
         if ((gw__run.alive > 0 || wait_strays) && gw__run.kill_deadline_ms &&
             now >= gw__run.kill_deadline_ms)
             gw__run_escalate();
-        if (gw__run.alive == 0 && gw__run.open_streams > 0) {
+        if (held)
+            drain_deadline_ms = 0; /* a fresh grace once our output moves again */
+        if (gw__run.alive == 0 && gw__run.open_streams > 0 && !held) {
             /* Every rank is gone but a process it started still holds its
-             * stdout or stderr; wait a little for its last lines, not forever. */
+             * stdout or stderr; wait a little for its last lines, not forever
+             * (while our own output is stuck, the pipes wait for it instead). */
             if (!drain_deadline_ms)
                 drain_deadline_ms = now + DRAIN_GRACE_MS;
             if (now >= drain_deadline_ms) {
@@ -364,14 +369,16 @@ static void run_loop(void)
 
         int nfds = 0;
         pfds[nfds++] = (struct pollfd){.fd = gw__run_signal_fd(), .events = POLLIN};
-        nfds = gw__run_io_pollfds(pfds, nfds, owner, owner_rank);
+        nfds = gw__run_io_pollfds(pfds, nfds, owner, owner_rank, &held);
         int net0 = nfds;
         int64_t deadline = 0;
         if ((gw__run.alive > 0 || wait_strays) && gw__run.kill_deadline_ms)
             deadline = gw__run.kill_deadline_ms;
-        if (gw__run.alive == 0 && gw__run.open_streams > 0 &&
+        if (gw__run.alive == 0 && gw__run.open_streams > 0 && drain_deadline_ms &&
             (!deadline || drain_deadline_ms < deadline))
             deadline = drain_deadline_ms;
+        if (held && (!deadline || now + HELD_RECHECK_MS < deadline))
+            deadline = now + HELD_RECHECK_MS; /* output queue full: see when it has room */
         nfds = gw__run_net_pollfds(pfds, nfds, &deadline);
         int timeout = -1;
         if (deadline) {
@@ -383,7 +390,7 @@ static void run_loop(void)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            fprintf(stderr, "gw-run: poll failed: %s\n", strerror(errno));
+            gw__run_say("gw-run: poll failed: %s\n", strerror(errno));
             exit(1);
         }
         if (pfds[0].revents)
@@ -472,7 +479,7 @@ int main(int argc, char **argv)
         usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
                     "listens on", master);
     if (node_rank >= nnodes) {
-        fprintf(stderr, "gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)\n",
+        gw__run_say("gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)\n",
                 node_rank, nnodes, nnodes - 1);
         return EXIT_USAGE;
     }
@@ -483,7 +490,7 @@ int main(int argc, char **argv)
         if (nnodes > 1) {
             /* Each node would invent a different token and the ranks would
              * refuse each other at rendezvous; only the user can share one. */
-            fprintf(stderr,
+            gw__run_say(
                     "gw-run: GW_JOB_TOKEN is not set; a multi-node job needs the same token on "
                     "every node.\n"
                     "        Set it before starting gw-run on each node, e.g. "
@@ -491,14 +498,14 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
         if (!make_token(token_buf)) {
-            fprintf(stderr, "gw-run: cannot make a job token: getrandom failed: %s\n",
+            gw__run_say("gw-run: cannot make a job token: getrandom failed: %s\n",
                     strerror(errno));
             return 1;
         }
         token = token_buf;
     }
     if (nnodes > 1 && strlen(token) > GW_RUN_MAX_STR) {
-        fprintf(stderr, "gw-run: GW_JOB_TOKEN is longer than %d bytes\n", GW_RUN_MAX_STR);
+        gw__run_say("gw-run: GW_JOB_TOKEN is longer than %d bytes\n", GW_RUN_MAX_STR);
         return EXIT_USAGE;
     }
 
@@ -506,7 +513,7 @@ int main(int argc, char **argv)
         strcpy(host, "127.0.0.1");
         port = find_free_port();
         if (port < 0) {
-            fprintf(stderr, "gw-run: cannot find a free TCP port on 127.0.0.1: %s\n",
+            gw__run_say("gw-run: cannot find a free TCP port on 127.0.0.1: %s\n",
                     strerror(errno));
             return 1;
         }
@@ -539,7 +546,7 @@ int main(int argc, char **argv)
         char *end;
         double g = strtod(grace, &end);
         if (*end != '\0' || !isfinite(g) || g < 0 || g > 86400)
-            fprintf(stderr, "gw-run: ignoring GW_RUN_KILL_GRACE='%s' (want seconds, 0..86400)\n",
+            gw__run_say("gw-run: ignoring GW_RUN_KILL_GRACE='%s' (want seconds, 0..86400)\n",
                     grace);
         else
             gw__run.kill_grace_s = g;
@@ -550,7 +557,7 @@ int main(int argc, char **argv)
         char *end;
         double j = strtod(join, &end);
         if (*end != '\0' || !isfinite(j) || j <= 0 || j > 86400)
-            fprintf(stderr,
+            gw__run_say(
                     "gw-run: ignoring GW_RUN_JOIN_TIMEOUT='%s' (want seconds, above 0, at most "
                     "86400)\n", join);
         else
@@ -561,11 +568,12 @@ int main(int argc, char **argv)
     ensure_fd_limit((int)local_n, node_rank == 0 && nnodes > 1 ? (int)nnodes + 64 : 0);
     if (!gw__run_setup_signals())
         return 1;
+    gw__run_io_start();
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* see gw__run_scan_strays(); best effort */
 
     gw__run.ranks = calloc((size_t)local_n, sizeof *gw__run.ranks);
     if (!gw__run.ranks) {
-        fprintf(stderr, "gw-run: out of memory\n");
+        gw__run_say("gw-run: out of memory\n");
         return 1;
     }
     for (long i = 0; i < local_n; i++)

@@ -100,9 +100,15 @@ struct net_config {
     double join_timeout_s;   /* GW_RUN_JOIN_TIMEOUT */
 };
 
-/* gw-run-io.c: output forwarding, and control-channel frames. */
+/* gw-run-io.c: output forwarding, and control-channel frames. Lines go out
+ * through writer threads started by gw__run_io_start (before that, and in
+ * their absence, directly); gw__run_say is gw-run's own stderr, in order with
+ * the ranks' lines. *held: a destination's queue is full, so pipes feeding
+ * it were left out (the loop checks again soon). */
+void gw__run_io_start(void);
+void gw__run_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
-                       struct rank **owner_rank);
+                       struct rank **owner_rank, bool *held);
 bool gw__run_pump(const struct rank *r, struct stream *s);
 void gw__run_abandon_output(void);
 void gw__run_pack(struct frame *f, const struct msg *m);
