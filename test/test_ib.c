@@ -7,7 +7,9 @@
  * "machine") makes the others fail quickly, naming it; the locked-memory limit
  * and slot settings that differ across ranks as clear errors; buffers
  * registered with gw_comm_register are sent from directly (registered once:
- * the cache), in place and out of place, and no longer after deregistering.  The collective
+ * the cache), in place and out of place, and no longer after deregistering; a
+ * registration held by writes in flight keeps its MR past its deregistration,
+ * and operations end their holds.  The collective
  * grid over ib runs as separate meson tests (test_collectives). */
 #include <check.h>
 #include <sched.h>
@@ -21,6 +23,7 @@
 
 #include "comm.h"
 #include "harness.h"
+#include "ib_dev.h"
 #include "transport.h"
 
 static void emulate(void) {
@@ -271,8 +274,27 @@ static int body_registered(gw_comm_t comm, int rank, int n, void *arg) {
       EXPECT(out[i] == want, "round %d element %d: %d, expected %d", round, i, out[i], want);
     }
   }
-  EXPECT(gw_comm_deregister(comm, hsub) == GW_SUCCESS && gw_comm_deregister(comm, hin) == GW_SUCCESS &&
-             gw_comm_deregister(comm, hout) == GW_SUCCESS, "deregister");
+  /* The data path holds a registration while its writes are in flight: a
+   * deregistration meanwhile (by another communicator: the cache is the
+   * process's) hides the range at once but keeps its MR until the hold ends. */
+  struct ib_reg *held[2];
+  int nheld = 0;
+  unsigned long deregs = gw__ib_stat(2);
+  EXPECT(gw__ib_reg_hold(0, in + 10, 4096, held, &nheld, 2) != 0 && nheld == 1, "no hold on a registered range");
+  EXPECT(gw__ib_reg_hold(0, in + 20, 4096, held, &nheld, 2) != 0 && nheld == 1, "the same range held twice");
+  EXPECT(gw_comm_deregister(comm, hin) == GW_SUCCESS, "deregister");
+  EXPECT(gw__ib_stat(2) == deregs, "a held registration was deregistered");
+  struct ib_reg *other[2];
+  int nother = 0;
+  EXPECT(gw__ib_reg_hold(0, in + 10, 4096, other, &nother, 2) == 0 && nother == 0,
+         "a deregistered range was still found");
+  gw__ib_reg_release(held, &nheld);
+  EXPECT(nheld == 0 && gw__ib_stat(2) == deregs + (unsigned long)gw__ib_devs.n,
+         "%lu MRs deregistered when the last hold ended, expected %d", gw__ib_stat(2) - deregs, gw__ib_devs.n);
+  /* Operations end their holds: the last user reference takes the MRs. */
+  EXPECT(gw_comm_deregister(comm, hsub) == GW_SUCCESS && gw_comm_deregister(comm, hout) == GW_SUCCESS, "deregister");
+  EXPECT(gw__ib_stat(2) == deregs + 2ul * (unsigned long)gw__ib_devs.n,
+         "%lu MRs deregistered for two ranges: an operation kept holding one", gw__ib_stat(2) - deregs);
   unsigned long before = gw__ib_stat(1);
   EXPECT(gw_allreduce(in, out, COUNT, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS, "allreduce after deregister");
   EXPECT(gw__ib_stat(1) == before, "sent from user memory after deregistering it");

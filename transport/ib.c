@@ -46,6 +46,7 @@
 #include "transport.h"
 
 #define IB_MAX_QPS 8
+#define IB_MAX_HELD 4 /* registrations one connection holds at once (an operation reads at most two) */
 #define IB_HDR_BYTES 64u /* the chunk header at the start of every slot */
 #define IB_MIN_PART (64u << 10)
 #define IB_HANDLE_MAGIC 0x62697767u /* "gwib" */
@@ -131,6 +132,10 @@ struct ib_conn {
   char failmsg[GW_ERRMSG_MAX];
   char where[80]; /* " on mlx5_0:1", for messages */
   uint32_t direct_lkey; /* sender: of the registration direct_ok found */
+  /* Sender: the registrations its writes from user memory read, held until
+   * those writes completed (ib_progress) or the queue pairs are gone. */
+  struct ib_reg *held[IB_MAX_HELD];
+  int nheld;
   int test_bad_rkey; /* GW_IB_TEST_BAD_RKEY: the Nth data write uses a wrong rkey (tests) */
   uint32_t writes;
 };
@@ -141,6 +146,7 @@ static void conn_free(struct ib_conn *t) {
   const struct gw_ibv *v = gw__ib_devs.v;
   for (uint32_t i = 0; i < IB_MAX_QPS; i++)
     if (t->q[i].qp) v->destroy_qp(t->q[i].qp);
+  gw__ib_reg_release(t->held, &t->nheld); /* nothing reads them any more */
   if (t->cq) v->destroy_cq(t->cq);
   if (t->mr) v->dereg_mr(t->mr);
   if (t->credit_mr) v->dereg_mr(t->credit_mr);
@@ -629,7 +635,7 @@ static gw_result_t ib_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h)
 static bool ib_direct_ok(struct gw_conn *c, const void *src, size_t bytes) {
   struct ib_conn *t = c->priv;
   if (bytes < IB_DIRECT_MIN || !src) return false;
-  t->direct_lkey = gw__ib_reg_lkey((int)(t->port - gw__ib_devs.ports), src, bytes);
+  t->direct_lkey = gw__ib_reg_hold((int)(t->port - gw__ib_devs.ports), src, bytes, t->held, &t->nheld, IB_MAX_HELD);
   return t->direct_lkey != 0;
 }
 
@@ -703,13 +709,15 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
   if (!r) r = poll_cq(c, t);
   if (!r && !c->is_send) r = push_credits(c, t);
   if (!r) check_socket(t, false);
-  if (!r && c->is_send)
+  if (!r && c->is_send) {
     for (uint32_t i = 0; i < t->nqps; i++)
       if (t->q[i].done < t->q[i].direct) {
         if (!t->eof) return GW_INPROGRESS;
         r = peer_gone(c, t, "its writes from user memory");
         break;
       }
+    if (!r) gw__ib_reg_release(t->held, &t->nheld); /* every write from user memory completed */
+  }
   if (r && err) gw__err(err, r, "%s", t->failmsg);
   return r;
 }

@@ -124,21 +124,37 @@ bool gw__ib_available(void) {
 /* gw_comm_register's ranges, each registered with every open port (one MR per
  * port: the PD is per port).  A range inside one already registered takes a
  * reference on it instead of registering again, whichever communicator asks;
- * lookups on the data path take the registration that covers a chunk. */
+ * the data path holds the registration that covers a chunk until the writes
+ * that read it completed (gw__ib_reg_hold), so a gw_comm_deregister on another
+ * communicator meanwhile cannot pull the MR from under them: the last user
+ * reference takes the range out of the lookups at once, the MRs go with the
+ * last hold. */
 struct ib_reg {
   uintptr_t lo, hi;
   struct ibv_mr *mr[IB_MAX_PORTS];
-  int refs;
+  int refs;  /* gw_comm_register references */
+  int holds; /* connections with writes from it in flight */
 };
 static struct {
   pthread_mutex_t lock;
-  struct ib_reg *v[256];
+  struct ib_reg *v[256]; /* the ranges lookups see (refs > 0) */
   int n;
-  atomic_ulong reg_calls, direct_chunks; /* for tests: ibv_reg_mr calls here, chunks sent from user memory */
+  /* for tests: ibv_reg_mr and ibv_dereg_mr calls here, chunks sent from user memory */
+  atomic_ulong reg_calls, direct_chunks, dereg_calls;
 } regs = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 unsigned long gw__ib_stat(int which) {
-  return which == 0 ? atomic_load(&regs.reg_calls) : atomic_load(&regs.direct_chunks);
+  return which == 0   ? atomic_load(&regs.reg_calls)
+         : which == 1 ? atomic_load(&regs.direct_chunks)
+                      : atomic_load(&regs.dereg_calls);
+}
+
+static void reg_free(struct ib_reg *r) {
+  for (int p = 0; p < gw__ib_devs.n; p++) {
+    gw__ib_devs.v->dereg_mr(r->mr[p]);
+    atomic_fetch_add(&regs.dereg_calls, 1);
+  }
+  free(r);
 }
 
 gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_errctx *err) {
@@ -187,22 +203,40 @@ void gw__ib_deregister(void *handle) {
   for (int i = 0; i < regs.n; i++) {
     struct ib_reg *r = regs.v[i];
     if (r != handle || --r->refs > 0) continue;
-    for (int p = 0; p < gw__ib_devs.n; p++) gw__ib_devs.v->dereg_mr(r->mr[p]);
-    regs.v[i] = regs.v[--regs.n];
-    free(r);
+    regs.v[i] = regs.v[--regs.n]; /* no new lookups: the memory may be unmapped next */
+    if (r->holds == 0) reg_free(r);
     break;
   }
   pthread_mutex_unlock(&regs.lock);
 }
 
-uint32_t gw__ib_reg_lkey(int p, const void *src, size_t len) {
+uint32_t gw__ib_reg_hold(int p, const void *src, size_t len, struct ib_reg **held, int *nheld, int max) {
   uintptr_t lo = (uintptr_t)src, hi = lo + len;
   uint32_t key = 0;
   pthread_mutex_lock(&regs.lock);
-  for (int i = 0; i < regs.n && !key; i++)
-    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) key = regs.v[i]->mr[p]->lkey;
+  for (int i = 0; i < regs.n && !key; i++) {
+    struct ib_reg *r = regs.v[i];
+    if (r->lo > lo || hi > r->hi) continue;
+    int k = 0;
+    while (k < *nheld && held[k] != r) k++;
+    if (k == *nheld) {
+      if (*nheld == max) break; /* holding as many as it may: staged instead */
+      r->holds++;
+      held[(*nheld)++] = r;
+    }
+    key = r->mr[p]->lkey;
+  }
   pthread_mutex_unlock(&regs.lock);
   return key;
+}
+
+void gw__ib_reg_release(struct ib_reg **held, int *nheld) {
+  if (*nheld == 0) return;
+  pthread_mutex_lock(&regs.lock);
+  for (int k = 0; k < *nheld; k++)
+    if (--held[k]->holds == 0 && held[k]->refs == 0) reg_free(held[k]);
+  *nheld = 0;
+  pthread_mutex_unlock(&regs.lock);
 }
 
 void gw__ib_count_direct(void) { atomic_fetch_add(&regs.direct_chunks, 1); }

@@ -35,9 +35,15 @@ struct gw_ib_devs {
 };
 extern struct gw_ib_devs gw__ib_devs;
 
-/* The lkey of a gw_comm_register registration covering [src, src + len) on
- * port p, or 0. */
-uint32_t gw__ib_reg_lkey(int p, const void *src, size_t len);
+/* The lkey on port p of a gw_comm_register registration covering
+ * [src, src + len), or 0 (none, or held[] full).  The registration is added to
+ * held[*nheld] (at most max) unless already there: its MRs stay until
+ * gw__ib_reg_release, even if deregistered meanwhile. */
+struct ib_reg;
+uint32_t gw__ib_reg_hold(int p, const void *src, size_t len, struct ib_reg **held, int *nheld, int max);
+/* Drops every hold in held[] (call once the writes reading them completed or
+ * their queue pairs are destroyed); *nheld becomes 0. */
+void gw__ib_reg_release(struct ib_reg **held, int *nheld);
 /* Counts a chunk sent straight from user memory (gw__ib_stat(1), tests). */
 void gw__ib_count_direct(void);
 

@@ -181,7 +181,8 @@ bool gw__ib_available(void);
  * *handle is NULL when there is no ib port.  Deregister drops the reference. */
 gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_errctx *err);
 void gw__ib_deregister(void *handle);
-/* Tests: 0 = ibv_reg_mr calls by the cache, 1 = chunks sent from user memory. */
+/* Tests: 0 = ibv_reg_mr calls by the cache, 1 = chunks sent from user memory,
+ * 2 = ibv_dereg_mr calls by the cache. */
 unsigned long gw__ib_stat(int which);
 #endif
 
