@@ -217,6 +217,53 @@ START_TEST(test_multinode_launch_failure)
 }
 END_TEST
 
+/* The job fails on node 0 before node 1 starts: node 0 stays to tell node 1,
+ * which stops as soon as it joins instead of retrying until its deadline; and
+ * with a node that never comes, node 0 waits for it only until the deadline. */
+START_TEST(test_multinode_late_node_told)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-late", "GW_RUN_JOIN_TIMEOUT=15", NULL};
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "1", "if [ \"$GW_RANK\" = 0 ]; then exit 4; fi; exec sleep 30");
+    /* Node 0's rank has failed (and been reported) before node 1 starts. */
+    bool failed = wait_for_stderr(&r[0], "exited with code 4", 10.0) &&
+                  wait_for_stderr(&r[0], "waiting up to", 10.0);
+    gwrun_sleep(0.5);
+    node_start(&r[1], env, port, 2, 1, "1", "exec sleep 30");
+    nodes_wait(r, 2);
+    ck_assert_msg(failed, "node 0 never reported its rank's failure and waited; stderr:\n%s", r[0].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 4, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(r[1].elapsed < 8.0, "node 1 took %.1f s to learn the job had ended", r[1].elapsed);
+    char want[800];
+    snprintf(want, sizeof want, "gw-run: rank 0 on node 0 (host %s) exited with code 4", hostname());
+    ck_assert_msg(gwrun_has_line(r[1].err, want), "node 1 stderr lacks '%s':\n%s", want, r[1].err);
+    ck_assert_msg(gwrun_has_line(r[0].err, "gw-run: 1 node has not joined yet; waiting up to 15 s "
+                                           "(GW_RUN_JOIN_TIMEOUT) to tell it the job ended "
+                                           "(interrupt to stop waiting)"),
+                  "node 0 stderr:\n%s", r[0].err);
+    nodes_free(r, 2);
+
+    /* Node 1 never comes: node 0 leaves at its join deadline, or at once on a signal. */
+    const char *env2[] = {"GW_JOB_TOKEN=mn-late2", "GW_RUN_JOIN_TIMEOUT=3", NULL};
+    node_start(&r[0], env2, gwrun_free_port_pair(), 2, 0, "1", "exit 4");
+    nodes_wait(r, 1);
+    ck_assert_msg(r[0].code == 4 && r[0].elapsed > 2.5 && r[0].elapsed < 8.0,
+                  "node 0: exit code %d after %.1f s, stderr:\n%s", r[0].code, r[0].elapsed, r[0].err);
+    nodes_free(r, 1);
+    const char *env3[] = {"GW_JOB_TOKEN=mn-late3", "GW_RUN_JOIN_TIMEOUT=60", NULL};
+    node_start(&r[0], env3, gwrun_free_port_pair(), 2, 0, "1", "exit 4");
+    bool waiting = wait_for_stderr(&r[0], "waiting up to", 10.0);
+    kill(r[0].pid, SIGINT);
+    nodes_wait(r, 1);
+    ck_assert_msg(waiting, "node 0 did not wait for node 1; stderr:\n%s", r[0].err);
+    ck_assert_msg(r[0].code == 4 && r[0].elapsed < 10.0, "node 0: exit code %d after %.1f s, stderr:\n%s",
+                  r[0].code, r[0].elapsed, r[0].err);
+    nodes_free(r, 1);
+}
+END_TEST
+
 START_TEST(test_multinode_node_missing)
 {
     /* Node 2 of 3 never starts: nodes 0 and 1 fail at the join deadline. */
@@ -466,6 +513,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_all_succeed);
     tcase_add_test(mn, test_multinode_rank_failure);
     tcase_add_test(mn, test_multinode_launch_failure);
+    tcase_add_test(mn, test_multinode_late_node_told);
     tcase_add_test(mn, test_multinode_node_missing);
     tcase_add_test(mn, test_multinode_wrong_token);
     tcase_add_test(mn, test_multinode_mismatch);

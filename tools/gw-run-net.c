@@ -68,6 +68,10 @@ static struct {
     char **hosts;         /* [nnodes] each node's hostname from its hello */
     struct frame end;     /* how the job ended, for nodes that join after that */
     bool have_end, join_reported;
+    /* The job ended before every node joined: node 0 stays (until the join
+     * deadline, or another signal) to tell the late ones, which would
+     * otherwise retry until their own deadline with their ranks running. */
+    bool waiting_late, stop_waiting;
     /* the other nodes */
     struct conn *up;
     struct addrinfo *ai, *ai_next;
@@ -215,6 +219,8 @@ static bool hello0(struct conn *c, const struct msg *h)
                  node, h->s, nn ? "--nnodes" : "-n", nn ? nnodes : nproc, net.myhost,
                  nn ? "--nnodes" : "-n", nn ? net.cfg.nnodes : net.cfg.nproc);
         answer(c, F_REFUSE, reason);
+        if (node >= 1 && node < (uint32_t)net.cfg.nnodes && net.state[node] == N_ABSENT)
+            net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
         struct msg m = {.type = F_ABORT, .v = {1}};
         snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
         if (gw__run_stopping()) /* apply() says nothing then */
@@ -691,6 +697,26 @@ static bool flushed(int64_t now)
     return now >= net.flush_ms;
 }
 
+/* Node 0, the job over: whether to stay for nodes that have not joined yet,
+ * to tell them how it ended (their hello is answered with it). */
+static bool late_to_tell(int64_t now)
+{
+    int missing = 0;
+    for (int n = 1; n < net.cfg.nnodes; n++)
+        missing += net.state[n] == N_ABSENT;
+    if (!net.have_end || net.stop_waiting || net.join_reported || now >= net.join_deadline_ms ||
+        missing == 0)
+        return false;
+    if (!net.waiting_late) {
+        net.waiting_late = true;
+        gw__run_say("gw-run: %d node%s not joined yet; waiting up to %.0f s (GW_RUN_JOIN_TIMEOUT) "
+                    "to tell %s the job ended (interrupt to stop waiting)\n",
+                    missing, missing == 1 ? " has" : "s have",
+                    (double)(net.join_deadline_ms - now) / 1000.0, missing == 1 ? "it" : "them");
+    }
+    return true;
+}
+
 /* Called once the local ranks are all gone: whether gw-run may exit now. */
 bool gw__run_net_finish(void)
 {
@@ -698,8 +724,11 @@ bool gw__run_net_finish(void)
         return true;
     int64_t now = gw__run_now_ms();
     bool stopping = gw__run_stopping();
-    if (net.cfg.node == 0) /* success is every node's DONE; a failure was told */
+    if (net.cfg.node == 0) { /* success is every node's DONE; a failure was told */
+        if (stopping && late_to_tell(now))
+            return false;
         return (stopping || net.done == net.cfg.nnodes - 1) && flushed(now);
+    }
     if (net.given_up)
         return true;
     if (!net.welcomed) {
@@ -747,6 +776,8 @@ void gw__run_net_launch_failed(int code, const char *text)
 void gw__run_net_signal(int sig)
 {
     struct msg m = {.type = F_STOP, .v = {(uint32_t)net.cfg.node, (uint32_t)sig}};
+    if (net.waiting_late)
+        net.stop_waiting = true; /* a signal while node 0 waits for late nodes: leave now */
     if (net.on)
         report(&m);
 }
