@@ -75,6 +75,7 @@ char *slurp(const char *name, size_t *len) {
   rewind(f);
   char *b = malloc(*len + 1);
   ck_assert(b && fread(b, 1, *len, f) == *len);
+  b[*len] = 0;
   fclose(f);
   return b;
 }

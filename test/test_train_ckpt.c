@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "gwrun_helpers.h"
+#include "core.h"   /* gw__fnv */
 #include "resnet.h" /* gw_model_last_error */
 #include "safetensors.h"
 #include "test_train.h"
@@ -128,13 +129,12 @@ static void strip_scaler(const char *file) {
   ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_st_tensor keep[16];
   int n = 0;
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = GW_FNV_START;
   for (int i = 0; i < f->ntensors; i++) {
     if (!strcmp(f->tensors[i].name, "scaler")) continue;
     ck_assert(n < 16);
     keep[n] = f->tensors[i];
-    const unsigned char *b = keep[n].data;
-    for (size_t j = 0; j < keep[n].nbytes; j++) h = (h ^ b[j]) * 0x100000001b3ull;
+    h = gw__fnv(h, keep[n].data, keep[n].nbytes);
     n++;
   }
   ck_assert_int_eq(n, f->ntensors - 1);
@@ -337,6 +337,54 @@ START_TEST(test_other_options_refused) {
 }
 END_TEST
 
+/* A resume from an older checkpoint runs epochs 2 and 3 again: the plot's
+ * data has each epoch once (their rows are replaced, not added), and the
+ * metrics mark the resume so readers know which lines supersede which. */
+START_TEST(test_resume_redraws_epochs) {
+  char dir[512], png[512], dat[600], metrics[512], c8[600], c12[600];
+  path(dir, sizeof dir, "ckpt-plot");
+  path(png, sizeof png, "resume.png");
+  path(metrics, sizeof metrics, "resume.jsonl");
+  snprintf(dat, sizeof dat, "%s.dat", png);
+  snprintf(c8, sizeof c8, "%s/ckpt-8.safetensors", dir);
+  snprintf(c12, sizeof c12, "%s/ckpt-12.safetensors", dir);
+  const char *const noenv[] = {NULL};
+  /* COMMON without --no-eval (the plot needs the evaluation): 32 samples, 4 steps per epoch */
+  const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "32", "--model",
+                        "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
+                        "4", "--stem", "small", "--threads", "1", "--epochs", "3", "--batch", "8", "--plot", png,
+                        "--metrics", metrics, "--checkpoint-dir", dir, NULL, NULL};
+  struct run r;
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1) { /* back to the end of epoch 1 */
+      ck_assert_msg(unlink(c8) == 0 && unlink(c12) == 0, "no checkpoints of epochs 2 and 3 in %s", dir);
+      args[sizeof args / sizeof args[0] - 2] = "--resume";
+    }
+    gwrun_start(&r, noenv, args);
+    gwrun_wait(&r, 180);
+    expect_ok(&r);
+    ck_assert_msg(pass == 0 || strstr(r.out, "ckpt-4.safetensors at step 4"), "did not resume from step 4:\n%s",
+                  r.out);
+    gwrun_free(&r);
+  }
+  FILE *f = fopen(dat, "r");
+  ck_assert_msg(f, "no %s", dat);
+  char line[256];
+  int rows = 0;
+  while (fgets(line, sizeof line, f)) {
+    long long e = 0;
+    ck_assert_msg(sscanf(line, "%lld", &e) == 1 && e == rows + 1, "row %d of %s: %s", rows + 1, dat, line);
+    rows++;
+  }
+  fclose(f);
+  ck_assert_msg(rows == 3, "%s has %d rows for 3 epochs", dat, rows);
+  size_t len;
+  char *m = slurp("resume.jsonl", &len);
+  ck_assert_msg(m && strstr(m, "{\"type\":\"resume\",\"step\":4}\n"), "no resume line in the metrics");
+  free(m);
+}
+END_TEST
+
 void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_checkpoint_dir_guarded);
   tcase_add_test(tc, test_resume_is_bit_exact);
@@ -345,4 +393,5 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_damaged_checkpoint);
   tcase_add_test(tc, test_refused_moved_aside);
   tcase_add_test(tc, test_other_options_refused);
+  tcase_add_test(tc, test_resume_redraws_epochs);
 }

@@ -34,6 +34,12 @@ int log_open(struct train_log *l, const char *metrics_path, int rank, char *err,
   return 0;
 }
 
+void log_resumed(struct train_log *l, int64_t step) {
+  if (l->rank != 0 || !l->metrics) return;
+  fprintf(l->metrics, "{\"type\":\"resume\",\"step\":%lld}\n", (long long)step);
+  fflush(l->metrics);
+}
+
 static void end_line(struct train_log *l) {
   if (l->line_open) fputc('\n', stdout);
   l->line_open = 0;
@@ -152,13 +158,27 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
   char data[4096], script[4200];
   snprintf(data, sizeof data, "%s.dat", png);
   snprintf(script, sizeof script, "%s.gp", png);
-  FILE *f = fopen(data, epoch <= 1 ? "w" : "a");
+  /* The rows of earlier epochs stay; a resume from before epoch `epoch`'s
+   * end drew it (and later ones) already: those rows are replaced. */
+  char line[256], tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", data);
+  FILE *f = fopen(tmp, "w");
   if (!f) {
-    snprintf(err, errlen, "cannot write %s", data);
+    snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
     return -1;
   }
+  FILE *old = epoch > 1 ? fopen(data, "r") : NULL;
+  while (old && fgets(line, sizeof line, old)) {
+    long long e;
+    if (sscanf(line, "%lld", &e) == 1 && e < epoch) fputs(line, f);
+  }
+  if (old) fclose(old);
   fprintf(f, "%lld %.6f %.4f %.4f\n", (long long)epoch, train_loss, 100 * top1, 100 * top5);
-  fclose(f);
+  if (fclose(f) != 0 || rename(tmp, data) != 0) {
+    snprintf(err, errlen, "cannot write %s: %s", data, strerror(errno));
+    unlink(tmp);
+    return -1;
+  }
   f = fopen(script, "w");
   if (!f) {
     snprintf(err, errlen, "cannot write %s", script);

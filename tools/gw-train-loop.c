@@ -447,6 +447,7 @@ static int resume(struct trainer *t) {
     } else {
       found = r == 0;
       if (found) log_text(&t->log, "resumed from %s at step %lld", path, (long long)t->st.step);
+      if (found) log_resumed(&t->log, t->st.step);
       else log_text(&t->log, "--resume: no checkpoint in %s yet; starting from the beginning", t->o->checkpoint_dir);
     }
   }

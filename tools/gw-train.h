@@ -108,6 +108,9 @@ struct step_report {
   int64_t overflows;         /* steps skipped so far because the scaled gradients overflowed */
 };
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen);
+/* A resume from step `step`: a {"type":"resume"} line in the metrics; the lines
+ * after it supersede earlier ones of the same step (those steps run again). */
+void log_resumed(struct train_log *l, int64_t step);
 /* Before training (rank 0): output_path_ok (outpath.h) for the PNG, and
  * gnuplot runs.  0, or -1 with err naming the flag and path. */
 int plot_check(const char *png, char *err, size_t errlen);
