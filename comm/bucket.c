@@ -14,6 +14,7 @@
  * its gradients still being written: silent corruption).  A step marks one range
  * per layer, so the set stays small.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +59,11 @@ struct gw_bucketer {
    * last bucket that compute then waits for. */
   void *compute;
   gw_dev_event_t *ev; /* [n + 1], made on first use */
+  /* The first failure to start a bucket this step (its message as the
+   * communicator had it): nothing more starts, and wait returns it. */
+  gw_result_t failed;
+  char failmsg[GW_ERRMSG_MAX];
+  pthread_mutex_t mu; /* ready() and wait() may come from several threads */
 };
 
 static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -77,7 +83,8 @@ static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) 
 int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t bucket_bytes, size_t *bounds,
                      int max_bounds) {
   if (!count || !elem_size || !first_bytes || !bucket_bytes || !bounds || max_bounds < 2) return -1;
-  size_t first = (first_bytes + elem_size - 1) / elem_size, rest = (bucket_bytes + elem_size - 1) / elem_size;
+  size_t first = first_bytes / elem_size + (first_bytes % elem_size != 0); /* rounded up, without overflow */
+  size_t rest = bucket_bytes / elem_size + (bucket_bytes % elem_size != 0);
   int n = 0;
   bounds[0] = 0;
   for (size_t at = 0; at < count; n++) {
@@ -119,10 +126,12 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
     b->req = calloc((size_t)nbuckets, sizeof *b->req);
   }
   if (!b || !b->bounds || !b->ready || !b->req) {
-    gw_bucketer_destroy(b);
+    if (b) free(b->bounds), free(b->ready), free(b->req);
+    free(b);
     return fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory for %d buckets", nbuckets);
   }
   memcpy(b->bounds, bounds, (size_t)(nbuckets + 1) * sizeof *b->bounds);
+  pthread_mutex_init(&b->mu, NULL);
   b->comm = comm, b->buf = buf, b->count = count, b->esize = gw_dtype_size(dtype);
   b->dtype = dtype, b->op = op, b->n = nbuckets, b->wire = dtype;
   *out = b;
@@ -178,7 +187,22 @@ static int bucket_of(const struct gw_bucketer *b, size_t x) {
   return lo;
 }
 
+static gw_result_t start_buckets(struct gw_bucketer *b);
+
+/* Bucket k could not start (the communicator holds why): kept for wait, which
+ * would otherwise report the step as merely incomplete. */
+static gw_result_t start_failed(struct gw_bucketer *b, gw_result_t code) {
+  b->failed = code;
+  snprintf(b->failmsg, sizeof b->failmsg, "%s", gw_comm_last_error(b->comm));
+  return code;
+}
+
 static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
+  gw_result_t res = start_buckets(b);
+  return res == GW_SUCCESS ? res : start_failed(b, res);
+}
+
+static gw_result_t start_buckets(struct gw_bucketer *b) {
   while (b->next < b->n && b->ready[b->next] == b->bounds[b->next + 1] - b->bounds[b->next]) {
     int k = b->next;
     void *p = b->buf + b->bounds[k] * b->esize;
@@ -198,10 +222,6 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
     }
     if (b->wire != b->dtype && b->wire_dev) { /* the same on the device, on the allreduce's stream */
       void *w = b->wbuf + b->bounds[k] * 2;
-      if (!b->stream)
-        return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: device gradients with a %s wire need a "
-                    "stream to convert on (gw_bucketer_set_stream or gw_bucketer_set_compute_stream)",
-                    gw_dtype_name(b->wire));
       if (gw__dev()->cast_async(w, b->wire, p, b->dtype, n, (gw_dev_stream_t)b->stream))
         return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_ready: converting bucket %d to %s: %s", k,
                     gw_dtype_name(b->wire), gw__dev()->error());
@@ -214,12 +234,28 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
   return GW_SUCCESS;
 }
 
-gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
-  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: bucketer is NULL");
-  if (count == 0) return GW_SUCCESS;
+/* What the settings must allow before a step marks anything (they may have
+ * been changed in either order since the last step). */
+static gw_result_t check_step(struct gw_bucketer *b) {
+  if (b->wire != b->dtype && b->wire_dev && !b->stream)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: device gradients with a %s wire need a "
+                "stream to convert on (gw_bucketer_set_stream or gw_bucketer_set_compute_stream)",
+                gw_dtype_name(b->wire));
+  if (b->wire != b->dtype && !b->wire_dev && b->compute)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: host gradients with a %s wire are converted "
+                "by the calling thread, which cannot wait for the compute stream's writes: drop the compute stream "
+                "or the wire format", gw_dtype_name(b->wire));
+  return GW_SUCCESS;
+}
+
+static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t count) {
   if (offset > b->count || count > b->count - offset)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: [%zu, %zu) is outside the buffer of %zu elements",
                 offset, offset + count, b->count);
+  if (count == 0) return GW_SUCCESS;
+  if (b->failed)
+    return fail(b->comm, b->failed, "gw_bucketer_ready: a bucket of this step could not start: %s", b->failmsg);
+  if (b->marked == 0) GW_CHECK(check_step(b));
   int r = iv_add(b, offset, offset + count);
   if (r == -1)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
@@ -237,9 +273,38 @@ gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
   return start_ready_buckets(b);
 }
 
+gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: bucketer is NULL");
+  pthread_mutex_lock(&b->mu);
+  gw_result_t res = ready_locked(b, offset, count);
+  pthread_mutex_unlock(&b->mu);
+  return res;
+}
+
 static void reset(struct gw_bucketer *b) {
   memset(b->ready, 0, (size_t)b->n * sizeof *b->ready);
   b->next = 0, b->marked = 0, b->niv = 0;
+  b->first_start = b->last_ready = 0;
+  b->failed = GW_SUCCESS;
+}
+
+/* The step ends with buckets this rank never started while other ranks may
+ * have started them and wait in their allreduces (or would pair them with
+ * this rank's next step's: other gradients summed in silently).  So the
+ * communicator fails here, and its peers are told now, with msg, as they are
+ * of any failure; nothing is in flight on it from this bucketer any more.
+ * (Operations of the caller's own still running: the notice goes with them.) */
+static void fail_comm_for_step(struct gw_bucketer *b, gw_result_t code, const char *msg) {
+  struct gw_comm *c = b->comm;
+  if (atomic_load(&c->aborted)) return; /* the caller's abort tells the peers, at the next call or destroy */
+  struct gw_errctx err;
+  gw__err(&err, code, "%s", msg);
+  if (atomic_load(&c->pending) == 0) {
+    struct gw_opdesc d = {.seq = atomic_load(&c->next_seq), .root = -1, .coll = GW_COLL_ABORT};
+    gw__comm_fail(c, &d, code, &err);
+  } else {
+    gw_comm_abort(c);
+  }
 }
 
 /* Waits for every started bucket; returns the first failure. */
@@ -255,8 +320,7 @@ static gw_result_t wait_started(struct gw_bucketer *b) {
   return first;
 }
 
-gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
-  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
+static gw_result_t wait_locked(struct gw_bucketer *b) {
   int incomplete = b->next < b->n ? b->next : -1;
   size_t had = incomplete >= 0 ? b->ready[incomplete] : 0;
   /* A device wire: the reduced buckets back into float32 on the allreduces'
@@ -284,16 +348,37 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
     }
   }
   gw_result_t res = wait_started(b);
-  b->last = (struct gw_bucketer_times){b->first_start, b->last_ready, gw__now()};
+  gw_result_t failed = b->failed;
+  char msg[GW_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", b->failmsg);
+  if (res == GW_SUCCESS && !failed && incomplete < 0)
+    b->last = (struct gw_bucketer_times){b->first_start, b->last_ready, gw__now()};
   reset(b);
   if (res != GW_SUCCESS) return res;
-  if (incomplete >= 0)
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
-                "gw_bucketer_wait: bucket %d of %d [%zu, %zu) has only %zu of its %zu elements marked ready, so it "
-                "and the buckets after it were never reduced",
-                incomplete, b->n, b->bounds[incomplete], b->bounds[incomplete + 1], had,
-                b->bounds[incomplete + 1] - b->bounds[incomplete]);
+  if (failed) { /* the reason a bucket did not start, not that it was left */
+    fail_comm_for_step(b, failed, msg);
+    return fail(b->comm, failed, "gw_bucketer_wait: bucket %d of %d and those after it were not reduced: %s",
+                incomplete, b->n, msg);
+  }
+  if (incomplete >= 0) {
+    snprintf(msg, sizeof msg,
+             "rank %d: gw_bucketer_wait: bucket %d of %d [%zu, %zu) has only %zu of its %zu elements marked ready, "
+             "so it and the buckets after it were never reduced (the communicator is failed: other ranks may be "
+             "waiting in them)",
+             b->comm->rank, incomplete, b->n, b->bounds[incomplete], b->bounds[incomplete + 1], had,
+             b->bounds[incomplete + 1] - b->bounds[incomplete]);
+    fail_comm_for_step(b, GW_ERR_INVALID_ARGUMENT, msg);
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "%s", msg);
+  }
   return GW_SUCCESS;
+}
+
+gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
+  pthread_mutex_lock(&b->mu);
+  gw_result_t res = wait_locked(b);
+  pthread_mutex_unlock(&b->mu);
+  return res;
 }
 
 gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
@@ -315,9 +400,15 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   if (d) d->ptr_kind(b->buf, &is_dev, &dev);
   if (!b->wbuf) {
     void *w = NULL;
-    if (is_dev ? d->alloc(&w, b->count * 2) != 0 : !(w = malloc(b->count * 2)))
-      return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_wire: out of %s memory for %zu wire elements%s%s",
-                  is_dev ? "device" : "host", b->count, is_dev ? ": " : "", is_dev ? d->error() : "");
+    int cur = -1, ok; /* on the gradients' device, whichever the calling thread uses */
+    if (is_dev && d->get_device(&cur) == 0 && cur != dev && dev >= 0) d->set_device(dev);
+    else cur = -1;
+    ok = is_dev ? d->alloc(&w, b->count * 2) == 0 : (w = malloc(b->count * 2)) != NULL;
+    if (!ok)
+      fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_wire: out of %s memory for %zu wire elements%s%s",
+           is_dev ? "device" : "host", b->count, is_dev ? ": " : "", is_dev ? d->error() : "");
+    if (cur >= 0) d->set_device(cur);
+    if (!ok) return GW_ERR_SYSTEM;
     b->wbuf = w, b->wire_dev = is_dev;
   }
   b->wire = wire;
@@ -374,13 +465,17 @@ gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
   }
   if (!b->ev) {
     gw_dev_event_t *ev = calloc((size_t)b->n + 1, sizeof *ev);
-    if (!ev) return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_compute_stream: out of memory");
+    if (!ev) {
+      drop_own_stream(b);
+      return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_compute_stream: out of memory");
+    }
     for (int i = 0; i <= b->n; i++)
       if (d->event_create(&ev[i])) {
         char msg[GW_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", d->error());
         while (i-- > 0) d->event_destroy(ev[i]);
         free(ev);
+        drop_own_stream(b); /* as before the call: no stream of ours without a compute stream */
         return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_set_compute_stream: creating events: %s", msg);
       }
     b->ev = ev;
@@ -397,7 +492,14 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 
 void gw_bucketer_destroy(gw_bucketer_t b) {
   if (!b) return;
-  if (b->req) wait_started(b);
+  wait_started(b);
+  if (b->next < b->n && (b->marked || b->next)) { /* a step left part way: see fail_comm_for_step */
+    char msg[200];
+    snprintf(msg, sizeof msg, "rank %d: gw_bucketer_destroy: a step was left part way (%d of %d buckets started)",
+             b->comm->rank, b->next, b->n);
+    fail_comm_for_step(b, GW_ERR_INVALID_ARGUMENT, msg);
+  }
+  pthread_mutex_destroy(&b->mu);
   drop_own_stream(b);
   for (int i = 0; b->ev && i <= b->n; i++) gw__dev()->event_destroy(b->ev[i]);
   free(b->ev);

@@ -210,10 +210,16 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
                                const size_t *bounds, int nbuckets, gw_bucketer_t *out);
 /* Marks buf[offset, offset + count) ready; starts every allreduce that became
  * startable.  Marking an element twice in one step, or outside the buffer, is
- * GW_ERR_INVALID_ARGUMENT. */
+ * GW_ERR_INVALID_ARGUMENT.  Marks may come from several threads (they are
+ * serialized).  When a bucket cannot start, this and every later mark of the
+ * step return that error, and gw_bucketer_wait reports it. */
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
-/* Waits for every bucket's allreduce.  Fails (without waiting forever) when some
- * bucket was never completely marked, naming it.  Resets for the next step. */
+/* Waits for every bucket's allreduce and resets for the next step.  A step is
+ * all or nothing: when some bucket was never completely marked (or could not
+ * start), wait fails naming it (or the reason) without waiting forever, and
+ * the communicator fails with it, its peers told at once: they may be waiting
+ * in that bucket's allreduce, or would pair it with this rank's next step.
+ * Destroying a bucketer part way through a step does the same. */
 gw_result_t gw_bucketer_wait(gw_bucketer_t b);
 /* The format buckets travel in: the buffer's own dtype (the default), or for
  * a float32 buffer GW_BFLOAT16 or GW_FLOAT16: each bucket is rounded to 16 bits

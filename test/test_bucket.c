@@ -7,7 +7,9 @@
  * - GW_AVG on 2 ranks (exact: halves of even integers);
  * - marking an element twice, or outside the buffer, is refused with a message;
  *   a bucket never completed makes wait fail naming it, after the buckets that
- *   were started finished, and the next step works;
+ *   were started finished, and fails the communicator (a peer that marked
+ *   everything hears of it at once, with the reason); a bucket that cannot
+ *   start keeps its reason for later marks and wait;
  * - the step's timestamps are ordered;
  * - a 16-bit wire (gw_bucketer_set_wire, bfloat16 and float16, SUM and AVG) on
  *   3 ranks: every result is a value of the wire dtype, within the rounding
@@ -207,11 +209,15 @@ static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
          gw_comm_last_error(comm));
   EXPECT(g[0] == 2.0f && g[100] == 1.0f, "bucket 0 was reduced (%g), bucket 1 was not (%g)", (double)g[0],
          (double)g[100]);
-  /* The next step starts clean. */
-  for (int i = 0; i < M; i++) g[i] = (float)rank;
-  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS, "ready after a failed step");
-  EXPECT(gw_bucketer_wait(bk) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
-  for (int i = 0; i < M; i++) EXPECT(g[i] == 1.0f, "element %d: %g", i, (double)g[i]);
+  /* The communicator cannot go on (a peer may wait in bucket 1): later calls say so. */
+  EXPECT(gw_bucketer_ready(bk, 0, M) != GW_SUCCESS || gw_bucketer_wait(bk) != GW_SUCCESS,
+         "a step ran on the communicator of an incomplete one");
+  EXPECT(strstr(gw_comm_last_error(comm), "has only 499 of its 500"), "the first error is lost: %s",
+         gw_comm_last_error(comm));
+  /* An empty mark is still checked; bounds that would overflow a size_t. */
+  EXPECT(gw_bucketer_ready(bk, M + 1, 0) == GW_ERR_INVALID_ARGUMENT, "an empty mark outside the buffer accepted");
+  size_t one[2];
+  EXPECT(gw_bucket_bounds(M, 4, SIZE_MAX, SIZE_MAX, one, 2) == 1 && one[1] == M, "SIZE_MAX first bucket");
   size_t bad[] = {0, 500, 400, M};
   gw_bucketer_t b2;
   EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bad, 3, &b2) == GW_ERR_INVALID_ARGUMENT && !b2,
@@ -223,6 +229,70 @@ static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_refusals) { ck_assert_int_eq(run_ranks(2, body_refusals, NULL, 60), 0); }
 END_TEST
 
+/* Rank 0 leaves bucket 1 unmarked, rank 1 marks everything: rank 1 waits in
+ * bucket 1's allreduce and must hear of rank 0's failure at once (not at its
+ * deadline, and not pair bucket 1 with rank 0's next step), with the reason. */
+static int body_one_rank_incomplete(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  enum { M = 1000 };
+  float g[M];
+  size_t bounds[] = {0, 100, 600, M};
+  gw_bucketer_t bk;
+  EXPECT(gw_comm_set_timeout(comm, 60) == GW_SUCCESS, "timeout");
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, &bk) == GW_SUCCESS, "create");
+  for (int i = 0; i < M; i++) g[i] = 1.0f;
+  double t0 = test_now();
+  EXPECT(gw_bucketer_ready(bk, 0, rank == 0 ? 599 : M) == GW_SUCCESS, "ready: %s", gw_comm_last_error(comm));
+  gw_result_t r = gw_bucketer_wait(bk);
+  double took = test_now() - t0;
+  const char *msg = gw_comm_last_error(comm);
+  if (rank == 0)
+    EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(msg, "bucket 1 of 3"), "rank 0: %s: %s", gw_strerror(r), msg);
+  else
+    EXPECT(r != GW_SUCCESS && strstr(msg, "rank 0") && strstr(msg, "bucket 1 of 3"), "rank 1: %s: %s",
+           gw_strerror(r), msg);
+  EXPECT(took < 20, "rank %d waited %.1f s", rank, took);
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_one_rank_incomplete) { ck_assert_int_eq(run_ranks(2, body_one_rank_incomplete, NULL, 90), 0); }
+END_TEST
+
+/* A bucket that cannot start (here: a stream without a device layer) keeps its
+ * reason: later marks and wait report it, not "never completely marked". */
+static int body_start_failure(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n, (void)rank;
+  enum { M = 1000 };
+  float g[M];
+  size_t bounds[] = {0, 100, 600, M};
+  gw_bucketer_t bk;
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, &bk) == GW_SUCCESS, "create");
+  struct gw_bucketer_times t0;
+  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "a good step");
+  EXPECT(gw_bucketer_times(bk, &t0) == GW_SUCCESS && t0.first_start > 0 && t0.last_ready > 0 &&
+             t0.done >= t0.first_start && t0.done >= t0.last_ready, "times of the good step");
+  EXPECT(gw_bucketer_set_stream(bk, (void *)&g) == GW_SUCCESS, "set_stream");
+  gw_result_t r = gw_bucketer_ready(bk, 0, 150);
+  EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "stream"), "bucket 0 started: %s", gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_ready(bk, 150, M - 150) == r && strstr(gw_comm_last_error(comm), "could not start"),
+         "a later mark: %s", gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_wait(bk) == r, "wait");
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(strstr(msg, "stream") && !strstr(msg, "marked ready"), "wait: %s", msg);
+  struct gw_bucketer_times t1;
+  EXPECT(gw_bucketer_times(bk, &t1) == GW_SUCCESS && memcmp(&t0, &t1, sizeof t0) == 0,
+         "the times of a failed step replaced the last completed one's");
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_start_failure) {
+  setenv("GW_DEVICE", "none", 1); /* the stream is refused before anything reads it */
+  ck_assert_int_eq(run_ranks(2, body_start_failure, NULL, 60), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("bucket");
   TCase *tc = tcase_create("bucket");
@@ -231,6 +301,8 @@ int main(void) {
   tcase_add_test(tc, test_sum_any_order);
   tcase_add_test(tc, test_avg);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_one_rank_incomplete);
+  tcase_add_test(tc, test_start_failure);
   tcase_add_test(tc, test_wire);
   suite_add_tcase(s, tc);
   return run_suite(s);
