@@ -60,25 +60,22 @@ bool gw__parse_host_port(const char *s, char *host, size_t hostlen, char *port, 
   return true;
 }
 
-static double remaining(double deadline) {
-  double r = deadline - gw__now();
-  return r > 0 ? r : 0;
-}
-
 /* Sends or receives exactly len bytes before the deadline.  Returns GW_SUCCESS,
  * GW_ERR_TIMEOUT, or GW_ERR_REMOTE when the peer closed or reset the socket. */
 static gw_result_t io_all(int fd, void *buf, size_t len, bool sending, double deadline) {
   uint8_t *p = buf;
   while (len > 0) {
     struct pollfd pfd = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
-    int ms = (int)(remaining(deadline) * 1000.0);
+    int ms = gw__ms_until(deadline);
     int pr = poll(&pfd, 1, ms > 0 ? ms : 0);
     if (pr < 0) {
       if (errno == EINTR) continue;
       return GW_ERR_SYSTEM;
     }
     if (pr == 0) return GW_ERR_TIMEOUT;
-    ssize_t n = sending ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+    /* Never blocking: a frame larger than the socket buffer (rank 0's
+     * allgather answer) must not outlive the deadline towards a stopped peer. */
+    ssize_t n = sending ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, len, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return GW_ERR_REMOTE;
@@ -204,7 +201,7 @@ static void close_gracefully(int fd, double deadline) {
   char sink[512];
   for (;;) {
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    int ms = (int)(remaining(deadline) * 1000.0);
+    int ms = gw__ms_until(deadline);
     if (ms <= 0 || poll(&pfd, 1, ms) <= 0) break;
     if (recv(fd, sink, sizeof sink, 0) <= 0) break;
   }
@@ -229,7 +226,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
   int joined = 1;
   while (joined < bs->nranks) {
     struct pollfd pfd = {.fd = bs->listen_fd, .events = POLLIN};
-    int ms = (int)(remaining(deadline) * 1000.0);
+    int ms = gw__ms_until(deadline);
     int pr = poll(&pfd, 1, ms > 0 ? ms : 0);
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) {
@@ -244,6 +241,11 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     struct sockaddr_storage from;
     socklen_t fl = sizeof from;
     int fd = accept4(bs->listen_fd, (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM))
+      return gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot accept rank connections at %s: %s%s (%d of %d joined)",
+                     bs->master, strerror(errno),
+                     errno == EMFILE || errno == ENFILE ? "; raise `ulimit -n` above the number of ranks" : "",
+                     joined, bs->nranks);
     if (fd < 0) continue;
     set_sock_opts(fd);
     char who[NI_MAXHOST] = "?";
@@ -331,8 +333,11 @@ fail:
 
 static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, struct gw_errctx *err) {
   if (r == GW_ERR_TIMEOUT)
-    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d did not answer within %.0f s during the rendezvous at %s",
-                   bs->rank, peer, bs->timeout_s, bs->master);
+    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d did not answer within %.0f s during the rendezvous at %s%s",
+                   bs->rank, peer, bs->timeout_s, bs->master,
+                   peer == 0 ? " (rank 0 answers once every rank has reached this point: look for a rank that is "
+                               "missing, slow or failed)"
+                             : "");
   return gw__err(err, GW_ERR_REMOTE, "rank %d: lost the bootstrap connection to rank %d (%s): did it exit?",
                  bs->rank, peer, bs->master);
 }

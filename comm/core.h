@@ -95,6 +95,9 @@ const char *gw__env_str(const char *name, const char *dflt);
 
 /* ---- time and waiting ---------------------------------------------------------- */
 double gw__now(void); /* monotonic seconds */
+/* Milliseconds from now to the deadline for poll(): 0 once past it, at most
+ * INT_MAX (a far or infinite deadline must not overflow to a negative wait). */
+int gw__ms_until(double deadline);
 
 /* The waiting policy for every poll loop in the runtime: spin with a pause for
  * 50 us, then sched_yield until 2 ms, then sleep with growing intervals (up to

@@ -1,6 +1,7 @@
 /* debug.c - logging, error messages, environment tunables, clocks and the waiting
  * policy used by every poll loop.  No communication happens here. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -168,6 +169,11 @@ double gw__now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int gw__ms_until(double deadline) {
+  double ms = (deadline - gw__now()) * 1000.0;
+  return ms <= 0 ? 0 : ms >= (double)INT_MAX ? INT_MAX : (int)ms + (ms > (int)ms);
 }
 
 /* Time-based phases, so the policy means the same whether a poll is a load from

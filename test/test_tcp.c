@@ -5,6 +5,11 @@
  * naming it (its sockets close), not after the deadline.  The collective grid
  * itself runs over tcp as separate meson tests (test_collectives). */
 #include <check.h>
+#include <errno.h>
+#include <limits.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +19,52 @@
 
 #include "comm.h"
 #include "harness.h"
+#include "sock.h"
+
+/* Setup's socket waits: a signal caught meanwhile (no SA_RESTART, as a
+ * profiler's or a data loader's SIGCHLD may be) does not fail them, a send
+ * larger than the socket buffer gives up at its deadline instead of blocking
+ * in send(), and a deadline days away does not overflow into an instant
+ * timeout. */
+static void on_alarm(int sig) { (void)sig; }
+
+START_TEST(test_socket_waits) {
+  int sv[2];
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  struct sigaction sa = {.sa_handler = on_alarm}, old;
+  sigemptyset(&sa.sa_mask);
+  ck_assert_int_eq(sigaction(SIGALRM, &sa, &old), 0);
+  pid_t child = fork();
+  ck_assert_int_ge(child, 0);
+  if (child == 0) { /* writes 8 bytes after 0.3 s, then reads nothing */
+    struct timespec ts = {0, 300000000};
+    nanosleep(&ts, NULL);
+    _exit(write(sv[1], "12345678", 8) == 8 ? 0 : 1);
+  }
+  struct itimerval it = {.it_value = {0, 50000}}; /* interrupts the wait after 50 ms */
+  setitimer(ITIMER_REAL, &it, NULL);
+  char buf[8];
+  double t0 = gw__now();
+  bool got = gw__sock_io_deadline(sv[0], buf, sizeof buf, false, t0 + 5.0);
+  int status;
+  waitpid(child, &status, 0);
+  ck_assert_msg(got && memcmp(buf, "12345678", 8) == 0, "a caught signal failed the wait after %.2f s",
+                gw__now() - t0);
+  /* Nobody reads sv[1]: 8 MiB cannot all go, and the deadline must end the send. */
+  size_t big = 8 << 20;
+  char *p = calloc(1, big);
+  t0 = gw__now();
+  bool sent = gw__sock_io_deadline(sv[0], p, big, true, t0 + 0.5);
+  double took = gw__now() - t0;
+  ck_assert_msg(!sent && errno == ETIMEDOUT && took < 3.0, "sending into a full socket: %d after %.2f s", sent, took);
+  /* A far deadline (a month: past INT_MAX ms): a wait, not an instant timeout. */
+  ck_assert_int_eq(gw__ms_until(gw__now() + 30 * 86400.0), INT_MAX);
+  ck_assert_int_eq(gw__ms_until(gw__now() - 1.0), 0);
+  free(p);
+  close(sv[0]), close(sv[1]);
+  sigaction(SIGALRM, &old, NULL);
+}
+END_TEST
 
 START_TEST(test_transport_choice) {
   unsetenv("GW_TRANSPORT");
@@ -64,6 +115,7 @@ int main(void) {
   Suite *s = suite_create("tcp");
   TCase *tc = tcase_create("tcp");
   tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_socket_waits);
   tcase_add_test(tc, test_transport_choice);
   tcase_add_test(tc, test_corrupt_frame_reported);
   tcase_add_test(tc, test_killed_rank_named);

@@ -423,6 +423,7 @@ static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   struct ib_hello hello;
   for (;;) {
     int fd = gw__sock_accept_hello(t->listen_fd, &hello, sizeof hello, deadline);
+    if (fd < 0 && errno != ETIMEDOUT) return gw__sock_accept_error(c, "ib connection", err);
     if (fd < 0)
       return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) did not connect its ib queue pairs within %.0f s",
                      c->self, c->peer, c->peer_host, t->timeout_s);

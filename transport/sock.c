@@ -79,18 +79,29 @@ int gw__sock_listen(const struct sockaddr_storage *local, socklen_t len, int bac
   return fd;
 }
 
+/* Polls fd for events until the deadline: 1 ready, 0 past the deadline
+ * (errno ETIMEDOUT), -1 an error.  A signal caught meanwhile (a profiler's,
+ * a data loader's SIGCHLD) is not one. */
+static int poll_until(int fd, short events, double deadline) {
+  for (;;) {
+    struct pollfd pfd = {.fd = fd, .events = events};
+    int ms = gw__ms_until(deadline);
+    int pr = ms > 0 ? poll(&pfd, 1, ms) : 0;
+    if (pr > 0) return 1;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0) errno = ETIMEDOUT;
+    return pr == 0 ? 0 : -1;
+  }
+}
+
 bool gw__sock_io_deadline(int fd, void *buf, size_t len, bool sending, double deadline) {
   uint8_t *b = buf;
   while (len) {
-    struct pollfd pfd = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
-    int ms = (int)((deadline - gw__now()) * 1000);
-    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) {
-      if (ms <= 0) errno = ETIMEDOUT;
-      return false;
-    }
-    ssize_t n = sending ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
+    if (poll_until(fd, sending ? POLLOUT : POLLIN, deadline) <= 0) return false;
+    /* Never blocking: a send larger than the socket buffer must not outlive the deadline. */
+    ssize_t n = sending ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
     if (n <= 0) {
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (n == 0) errno = ECONNRESET;
       return false;
     }
@@ -105,14 +116,7 @@ int gw__sock_connect_deadline(int fd, const struct sockaddr *a, socklen_t al, do
   if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) return -1;
   int r = connect(fd, a, al);
   while (r != 0 && (errno == EINPROGRESS || errno == EINTR)) {
-    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-    int ms = (int)((deadline - gw__now()) * 1000);
-    int pr = ms > 0 ? poll(&pfd, 1, ms) : 0;
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) {
-      if (pr == 0) errno = ETIMEDOUT;
-      break;
-    }
+    if (poll_until(fd, POLLOUT, deadline) <= 0) break;
     int e = 0;
     socklen_t el = sizeof e;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0) break;
@@ -142,17 +146,22 @@ int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const
 
 int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadline) {
   for (;;) {
-    struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
-    int ms = (int)((deadline - gw__now()) * 1000);
-    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
+    if (poll_until(listen_fd, POLLIN, deadline) <= 0) return -1;
     int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    /* Out of descriptors is this process's failure, said at once (the listener
+     * stays readable: retrying would spin until the deadline and blame the peer). */
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) return -1;
     if (fd < 0) continue;
     if (gw__sock_io_deadline(fd, hello, len, false, GW_MIN(deadline, gw__now() + 5.0))) return fd;
     close(fd);
   }
+}
+
+gw_result_t gw__sock_accept_error(const struct gw_conn *c, const char *what, struct gw_errctx *err) {
+  int e = errno;
+  return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot accept rank %d's (%s) %s: %s%s", c->self, c->peer, c->peer_host,
+                 what, strerror(e),
+                 e == EMFILE || e == ENFILE ? " (out of file descriptors: raise `ulimit -n`)" : "");
 }
 
 void gw__sock_tune(int fd) {
@@ -167,6 +176,11 @@ void gw__sock_tune(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    /* Keepalive probes only an idle connection: with data unacknowledged (a
+     * sender whose peer's machine vanished) retransmissions would go on for
+     * ~15 minutes.  The same bound covers that case. */
+    unsigned user_ms = (unsigned)(idle + intvl * cnt) * 1000u;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
   }
 }
 

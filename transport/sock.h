@@ -37,9 +37,13 @@ int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const
                            double deadline);
 /* Waits for a connection on a listening socket and reads its `len` bytes of
  * hello (a connection that sends none within 5 s is dropped and the wait goes
- * on).  Returns the socket, or -1 once the deadline has passed.  Checking the
- * hello is the caller's. */
+ * on).  Returns the socket, or -1 once the deadline has passed (errno
+ * ETIMEDOUT) or this process cannot accept (errno EMFILE and the like: see
+ * gw__sock_accept_error).  Checking the hello is the caller's. */
 int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadline);
+/* The error of a gw__sock_accept_hello that failed other than by its deadline. */
+struct gw_conn;
+gw_result_t gw__sock_accept_error(const struct gw_conn *c, const char *what, struct gw_errctx *err);
 /* Sends or receives exactly len bytes before the (absolute, gw__now) deadline. */
 bool gw__sock_io_deadline(int fd, void *buf, size_t len, bool sending, double deadline);
 /* Makes a connected socket a data socket: non-blocking, TCP_NODELAY, and TCP

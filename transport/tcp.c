@@ -222,6 +222,8 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   while (joined < t->nstreams) {
     struct tcp_hello hello;
     int fd = gw__sock_accept_hello(t->listen_fd, &hello, sizeof hello, deadline);
+    if (fd < 0 && errno != ETIMEDOUT)
+      return gw__sock_accept_error(c, "tcp stream", err);
     if (fd < 0)
       return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) opened %u of %u tcp streams within %.0f s",
                      c->self, c->peer, c->peer_host, joined, t->nstreams, t->timeout_s);
@@ -330,6 +332,10 @@ static gw_result_t check_frame(struct gw_conn *c, struct tcp_conn *t, uint32_t s
   if ((rs->any && f->pos <= rs->last_pos) || f->pos < t->pos)
     return fail(c, t, GW_ERR_REMOTE, "frame for chunk %llu arrived out of order on stream %u",
                 (unsigned long long)f->pos, s);
+  /* Stream 0 carries a part of every chunk: one skipped there never completes. */
+  if (s == 0 && f->pos != (rs->any ? rs->last_pos + 1 : 0))
+    return fail(c, t, GW_ERR_REMOTE, "frame for chunk %llu on stream 0 skips chunk %llu", (unsigned long long)f->pos,
+                (unsigned long long)(rs->any ? rs->last_pos + 1 : 0));
   uint32_t nparts = gw__nparts(f->hdr.bytes, t->nstreams, TCP_MIN_PART), off, len;
   if (s >= nparts) return fail(c, t, GW_ERR_REMOTE, "stream %u carries a part of a %u-part chunk", s, nparts);
   gw__part_of(f->hdr.bytes, nparts, s, &off, &len);
@@ -430,6 +436,9 @@ static gw_result_t pump_recv(struct gw_conn *c, struct tcp_conn *t) {
       /* a whole part is in its slot */
       struct tcp_rslot *sl = &t->rslot[rs->f.pos % t->nslots];
       if (!sl->have_hdr) slot_take_hdr(t, sl, &rs->f); /* its header came while the slot was busy */
+      else if (memcmp(&sl->hdr, &rs->f.hdr, sizeof sl->hdr) != 0) /* and another part's came since */
+        return fail(c, t, GW_ERR_REMOTE, "the parts of chunk %llu disagree on its header",
+                    (unsigned long long)rs->f.pos);
       sl->parts_done++;
       rs->last_pos = rs->f.pos;
       rs->any = true;
@@ -488,7 +497,9 @@ static int tcp_pollfds(struct gw_conn *c, struct pollfd *out, int max) {
   for (uint32_t s = 0; s < t->nstreams && n < max; s++) {
     if (c->is_send) {
       if (t->ss[s].next_pos < t->pos) out[n++] = (struct pollfd){.fd = t->ss[s].fd, .events = POLLOUT};
-    } else if (!t->rs[s].eof) {
+    } else if (!t->rs[s].eof && !(t->rs[s].have_frame && t->rs[s].f.pos >= t->pos + t->nslots)) {
+      /* Not a stream parked on a frame whose slot is still in use: its socket
+       * stays readable, and polling it would return at once, again and again. */
       out[n++] = (struct pollfd){.fd = t->rs[s].fd, .events = POLLIN};
     }
   }
