@@ -261,6 +261,47 @@ START_TEST(test_stuck_stdout)
 }
 END_TEST
 
+/* A rank that dies during its setup leaves shared-memory segments in /dev/shm
+ * (their names carry the job token's hash and the creating pid): gw-run
+ * removes its own ranks' ones at the end, and nothing else. */
+START_TEST(test_leftover_shm_removed)
+{
+    /* FNV-1a 64 of the token, low 32 bits, as the library names its segments */
+    const char *hash = "cf1c0cd6";
+    char other_pid[128], other_job[128], dir[] = "/tmp/test_gwrun_XXXXXX", denv[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(denv, sizeof denv, "D=%s", dir);
+    snprintf(other_pid, sizeof other_pid, "/dev/shm/gw-%s-1-0-%d-0-00000000", hash, (int)getpid());
+    FILE *f = fopen(other_pid, "w");
+    ck_assert_msg(f != NULL, "cannot create %s", other_pid);
+    fclose(f);
+    struct run r;
+    const char *env[] = {"GW_JOB_TOKEN=shm-leftover-test", "GW_RUN_KILL_GRACE=30", denv, NULL};
+    const char *args[] = {"-n", "2", "sh", "-c",
+                          "if [ \"$GW_RANK\" = 1 ]; then touch /dev/shm/gw-cf1c0cd6-0-1-$$-7-deadbeef "
+                          "/dev/shm/gw-0badf00d-0-1-$$-7-deadbeef; echo $$ > \"$D/pid\"; exit 3; fi; exec sleep 30",
+                          NULL};
+    gwrun_run(&r, env, args);
+    char pidfile[128];
+    snprintf(pidfile, sizeof pidfile, "%s/pid", dir);
+    pid_t pid1 = gwrun_read_pid_file(pidfile);
+    unlink(pidfile);
+    rmdir(dir);
+    char mine[128];
+    snprintf(mine, sizeof mine, "/dev/shm/gw-%s-0-1-%d-7-deadbeef", hash, (int)pid1);
+    snprintf(other_job, sizeof other_job, "/dev/shm/gw-0badf00d-0-1-%d-7-deadbeef", (int)pid1);
+    bool mine_gone = access(mine, F_OK) != 0, pid_kept = access(other_pid, F_OK) == 0,
+         job_kept = access(other_job, F_OK) == 0;
+    unlink(mine), unlink(other_pid), unlink(other_job);
+    ck_assert_msg(r.code == 3 && pid1 > 0, "exit code %d, rank 1 pid %d, stderr:\n%s", r.code, (int)pid1, r.err);
+    ck_assert_msg(mine_gone, "%s was left", mine);
+    ck_assert_msg(pid_kept, "%s (not a rank's) was removed", other_pid);
+    ck_assert_msg(job_kept, "%s (another job's) was removed", other_job);
+    ck_assert_msg(strstr(r.err, "removed 1 shared-memory segment that"), "stderr:\n%s", r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 START_TEST(test_sigkill_after_grace)
 {
     /* Ranks that ignore SIGTERM are killed once GW_RUN_KILL_GRACE has passed. */
@@ -629,6 +670,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_failing_rank_exit_code);
     tcase_add_test(tc, test_fork_failure);
     tcase_add_test(tc, test_stuck_stdout);
+    tcase_add_test(tc, test_leftover_shm_removed);
     tcase_add_test(tc, test_sigkill_after_grace);
     tcase_add_test(tc, test_rank_killed_by_signal);
     tcase_add_test(tc, test_sigterm_forwarded);

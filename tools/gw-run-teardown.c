@@ -16,6 +16,7 @@
  * (gw-run.c does), and it reads or writes no rank output beyond asking
  * gw-run-io.c to pass on a failed rank's last lines.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -335,6 +336,42 @@ void gw__run_reap(void)
         }
     for (int i = 0; i < n; i++)
         rank_exited(exited[i].r, exited[i].pid, exited[i].status);
+}
+
+/* Removes the shared-memory segments (/dev/shm/gw-HASH-PEER-SELF-PID-...) that
+ * ranks of this job left behind: the library unlinks each one once both of its
+ * ends have opened it, so only a rank that died during its setup leaves one,
+ * and nothing else ever would remove it (it holds memory until reboot).  Only
+ * names of this job's token (HASH: the low 32 bits of its FNV-1a 64, as the
+ * library makes them) created by one of the ranks gw-run started (PID). */
+void gw__run_remove_leftover_shm(const char *token)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)token; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "gw-%08llx-", (unsigned long long)(h & 0xffffffffu));
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int peer, self, pid;
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
+            sscanf(e->d_name + strlen(prefix), "%d-%d-%d-", &peer, &self, &pid) != 3)
+            continue;
+        struct pid_index key = {.pid = (pid_t)pid};
+        if (!pid_index || !bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index))
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        removed += unlink(path) == 0;
+    }
+    closedir(d);
+    if (removed)
+        gw__run_say("gw-run: removed %d shared-memory segment%s that ranks which died during setup left in "
+                    "/dev/shm\n", removed, removed == 1 ? "" : "s");
 }
 
 static void on_signal(int sig)

@@ -597,6 +597,7 @@ int main(int argc, char **argv)
     spawn_all((int)local_n, (int)node_rank, argv + optind);
     run_loop();
     gw__run_net_close();
+    gw__run_remove_leftover_shm(token);
 
     if (gw__run.have_failure)
         return gw__run.exit_code;

@@ -148,5 +148,6 @@ void gw__run_reap(void);
 bool gw__run_stopping(void);
 void gw__run_scan_strays(void);
 bool gw__run_waiting_for_strays(void);
+void gw__run_remove_leftover_shm(const char *token);
 
 #endif

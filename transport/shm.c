@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -122,10 +123,19 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   s->nslots = p->nslots;
   s->slot_bytes = p->slot_bytes;
   s->map_size = map_bytes(p->nslots, p->slot_bytes);
-  snprintf(s->name, sizeof s->name, "/gw-%08llx-%d-%d-%d-%u", (unsigned long long)(p->job_hash & 0xffffffffu),
-           c->peer, c->self, (int)getpid(), atomic_fetch_add(&counter, 1));
-
-  int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  /* Job, peers and creator in the name (gw-run removes what its dead ranks left:
+   * a rank killed during setup leaves its segments behind), and random bits:
+   * the rest repeats across runs (a requeued job keeps its token, a container
+   * its pids), and a leftover of the same name would fail this one. */
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 8; tries++) {
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd) rnd = (uint32_t)(gw__now() * 1e9) ^ (uint32_t)tries;
+    snprintf(s->name, sizeof s->name, "/gw-%08llx-%d-%d-%d-%u-%08x", (unsigned long long)(p->job_hash & 0xffffffffu),
+             c->peer, c->self, (int)getpid(), atomic_fetch_add(&counter, 1), rnd);
+    fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: shm_open(%s) failed: %s (is /dev/shm mounted and writable?)",
                   c->self, s->name, strerror(errno));
