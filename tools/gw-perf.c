@@ -61,7 +61,7 @@ static void usage(FILE *f) {
           "  -d, --datatype T      int8|uint8|int32|int64|float16|bfloat16|float32|float64|all (default float32)\n"
           "  -o, --op OP           sum|prod|max|min|avg|all (default sum)\n"
           "  -c, --check 0|1       verify results (default 1)\n"
-          "  -a, --algo NAME       auto|ring|tree|exchange (allreduce; exchange: 2 ranks only; default auto)\n"
+          "  -a, --algo NAME       auto|ring|tree|exchange (allreduce; exchange: one hop at 2 ranks, recursive doubling above; default auto)\n"
           "  -p, --proto NAME      auto|simple|ll (ll: shared memory only; default auto)\n"
           "  -R, --register        register the buffers (gw_comm_register): over ib, chunks go straight from them\n"
           "  -D, --device          buffers in device memory, calls ordered on a stream (times to the stream's end)\n"
