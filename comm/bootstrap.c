@@ -220,6 +220,14 @@ static bool read_hello(int fd, struct gw_boot_hello *h, double deadline) {
          io_all(fd, h, sizeof *h, false, deadline) == GW_SUCCESS;
 }
 
+/* Rank 0 tells ranks first.. n-1 why the job cannot go on (best effort). */
+static void root_broadcast_error(struct gw_bootstrap *bs, int first, const char *msg) {
+  double deadline = gw__now() + 1.0;
+  bs->told_error = true;
+  for (int r = first; r < bs->nranks; r++)
+    if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
+}
+
 /* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes. */
 static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, double deadline,
                                    struct gw_errctx *err) {
@@ -234,9 +242,11 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       size_t used = 0;
       for (int r = 1; r < bs->nranks && used < sizeof missing - 16; r++)
         if (bs->socks[r] < 0) used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", r);
-      return gw__err(err, GW_ERR_TIMEOUT,
-                     "rank 0: only %d of %d ranks reached the rendezvous at %s within %.0f s; missing ranks: %s",
-                     joined, bs->nranks, bs->master, bs->timeout_s, missing);
+      gw_result_t res = gw__err(err, GW_ERR_TIMEOUT,
+                                "rank 0: only %d of %d ranks reached the rendezvous at %s within %.0f s; missing "
+                                "ranks: %s", joined, bs->nranks, bs->master, bs->timeout_s, missing);
+      root_broadcast_error(bs, 1, err ? err->msg : "rank 0: ranks are missing at the rendezvous");
+      return res; /* the ranks that joined learn which are missing, not merely that rank 0 went */
     }
     struct sockaddr_storage from;
     socklen_t fl = sizeof from;
@@ -342,14 +352,6 @@ static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, s
                  bs->rank, peer, bs->master);
 }
 
-/* Rank 0 tells every other rank why the job cannot go on (best effort). */
-static void root_broadcast_error(struct gw_bootstrap *bs, const char *msg) {
-  double deadline = gw__now() + 1.0;
-  bs->told_error = true;
-  for (int r = 1; r < bs->nranks; r++)
-    if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
-}
-
 gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, void *all, size_t size,
                                     struct gw_errctx *err) {
   uint8_t *out = all;
@@ -367,13 +369,17 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
       if (res == GW_SUCCESS) res = io_all(bs->socks[r], out + (size_t)r * size, size, false, deadline);
       if (res != GW_SUCCESS) {
         res = peer_fail(bs, res, r, err);
-        root_broadcast_error(bs, err ? err->msg : "rank 0 failed during a bootstrap exchange");
+        root_broadcast_error(bs, 1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
         return res;
       }
     }
     for (int r = 1; r < bs->nranks; r++) {
       gw_result_t res = send_frame(bs->socks[r], GW_BOOT_DATA, out, total, deadline);
-      if (res != GW_SUCCESS) return peer_fail(bs, res, r, err);
+      if (res != GW_SUCCESS) {
+        res = peer_fail(bs, res, r, err);
+        root_broadcast_error(bs, r + 1, err ? err->msg : "rank 0 failed"); /* those not answered yet hear why */
+        return res;
+      }
     }
     return GW_SUCCESS;
   }
@@ -385,7 +391,7 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
   if (f.kind == GW_BOOT_ERROR) {
     char msg[300];
     read_error_text(bs->socks[0], &f, msg, sizeof msg, deadline);
-    return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s refused this rank: %s", bs->rank, bs->master, msg);
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s ended the rendezvous: %s", bs->rank, bs->master, msg);
   }
   if (f.kind != GW_BOOT_DATA || f.len != total) return peer_fail(bs, GW_ERR_REMOTE, 0, err);
   res = io_all(bs->socks[0], out, total, false, deadline);

@@ -328,6 +328,23 @@ static int body_wrong_token(int rank, int n, const char *master, void *arg) {
 START_TEST(test_wrong_token_refused) { ck_assert_int_eq(run_ranks_raw(2, body_wrong_token, NULL, 60), 0); }
 END_TEST
 
+/* Rank 2 never comes: rank 0 names it, and so does rank 1, which joined (it
+ * used to see only that it lost rank 0). */
+static int body_missing_rank(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  if (rank == 2) return 0;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "3", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  EXPECT(r != GW_SUCCESS && has(gw_comm_last_error(NULL), "missing ranks: 2"), "rank %d: init returned %s: %s", rank,
+         gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_missing_rank_named) { ck_assert_int_eq(run_ranks_raw(3, body_missing_rank, NULL, 60), 0); }
+END_TEST
+
 static int body_size_mismatch(int rank, int n, const char *master, void *arg) {
   (void)arg, (void)n;
   setenv("GW_BOOTSTRAP_TIMEOUT", "5", 1);
@@ -501,6 +518,7 @@ int main(void) {
   tcase_add_test(tc, test_algorithm_choice_must_agree);
   tcase_add_test(tc, test_killed_rank_shm);
   tcase_add_test(tc, test_wrong_token_refused);
+  tcase_add_test(tc, test_missing_rank_named);
   tcase_add_test(tc, test_world_size_mismatch);
   tcase_add_test(tc, test_master_absent);
   tcase_add_test(tc, test_env_launchers);
