@@ -385,6 +385,10 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
   }
   gw_result_t res = send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, deadline);
   if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
+  /* Rank 0 answers by its own deadline, with the data or with why not (a
+   * rank missing): this rank, whose deadline may have started earlier, waits
+   * a little longer for that answer rather than blame rank 0 first. */
+  deadline += GW_MIN(bs->timeout_s, 10.0);
   struct gw_boot_frame f;
   res = recv_frame_hdr(bs->socks[0], &f, deadline);
   if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
