@@ -99,8 +99,12 @@ GW_ALGO=tree GW_TEST_COUNTS=0,1,7,9,64,65,1023,65537,131073 GW_DEBUG=INFO GW_DEB
 [ "$rpn" -gt 1 ] && expect_in_logs grid-tree "trees: hierarchical over $nnodes machines" "the trees are hierarchical"
 GW_TRANSPORT=tcp GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT GW_TEST_MAX_COUNT=1023 run_job grid-tcp 600 \
   "$build/test/test_collectives" --from-env
-if cat "$work"/grid-tcp.*.log | grep -q "via shm"; then
-  echo "netns: GW_TRANSPORT=tcp still used shm"; failures=$((failures + 1))
+# Every connection logged is tcp: none via another transport, and some at all
+# (an absence alone would pass with the log lines gone, or no same-node pair).
+if cat "$work"/grid-tcp.*.log | grep -E "(ring|tree|exchange) [0-9]+: [0-9]+ -> [0-9]+ via " | grep -qv " via tcp"; then
+  echo "netns: GW_TRANSPORT=tcp still used another transport"; failures=$((failures + 1))
+elif ! cat "$work"/grid-tcp.*.log | grep -q " via tcp"; then
+  echo "netns: GW_TRANSPORT=tcp: no connection was logged"; failures=$((failures + 1))
 else
   echo "netns: GW_TRANSPORT=tcp keeps every pair on tcp: ok"
 fi

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core.h" /* gw__fnv */
 #include "harness.h"
 
 static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
@@ -445,9 +446,10 @@ static int body_nonblocking(gw_comm_t comm, int rank, int n, void *arg) {
   int64_t one = 1;
   EXPECT(gw_allreduce(&one, &one, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && one == n, "blocking sum");
   for (int k = K - 1; k >= 0; k--) {
-    if (k % 2) {
+    if (k % 2) { /* already done: the blocking call ran after every operation called before it */
       int done = 0;
-      while (!done) EXPECT(gw_test(&reqs[k], &done) == GW_SUCCESS, "test %d", k);
+      EXPECT(gw_test(&reqs[k], &done) == GW_SUCCESS && done, "op %d was not done when a later blocking call returned",
+             k);
       EXPECT(reqs[k] == NULL, "request not cleared");
     } else {
       EXPECT(gw_wait(&reqs[k]) == GW_SUCCESS, "wait %d", k);
@@ -482,8 +484,7 @@ END_TEST
 static int count_segments(void) {
   const char *token = getenv("GW_JOB_TOKEN");
   ck_assert_msg(token != NULL, "no job has run yet");
-  uint64_t h = 1469598103934665603ull;
-  for (const char *c = token; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+  uint64_t h = gw__fnv(GW_FNV_START, token, strlen(token)); /* the job hash in the names (comm.c) */
   char prefix[32];
   snprintf(prefix, sizeof prefix, "gw-%08llx-", (unsigned long long)(h & 0xffffffffu));
   DIR *d = opendir("/dev/shm");
@@ -505,6 +506,16 @@ static int body_sum(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_no_shm_leftovers) {
   ck_assert_int_eq(run_ranks(4, body_sum, NULL, 60), 0);
   ck_assert_int_eq(count_segments(), 0);
+  /* The count sees a name of this job (it once hashed the token otherwise and saw nothing). */
+  char probe[96];
+  uint64_t h = gw__fnv(GW_FNV_START, getenv("GW_JOB_TOKEN"), strlen(getenv("GW_JOB_TOKEN")));
+  snprintf(probe, sizeof probe, "/dev/shm/gw-%08llx-probe", (unsigned long long)(h & 0xffffffffu));
+  FILE *f = fopen(probe, "w");
+  ck_assert_msg(f != NULL, "%s: %s", probe, strerror(errno));
+  fclose(f);
+  int seen = count_segments();
+  unlink(probe);
+  ck_assert_int_eq(seen, 1);
 }
 END_TEST
 

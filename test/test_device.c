@@ -418,9 +418,22 @@ static int body_dead_peer(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(async == GW_ERR_REMOTE || async == GW_ERR_TIMEOUT, "async error %s", gw_strerror(async));
   EXPECT(strstr(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
   EXPECT(took < 15, "the streams were released after %.1f s", took);
-  /* Later calls are refused at once and still release their stream. */
+  /* Later calls are refused at once and still release their stream (the
+   * call itself returns success: errors of stream-ordered calls are the
+   * stream's), leaving their output alone. */
+  int32_t *before = malloc(count * sizeof *before), *after = malloc(count * sizeof *after);
+  EXPECT(before && after, "out of memory");
+  DCHECK(dv->memcpy_async(before, d, count * sizeof *d, s));
+  DCHECK(dv->stream_sync(s));
   GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s), comm);
   DCHECK(dv->stream_sync(s));
+  DCHECK(dv->memcpy_async(after, d, count * sizeof *d, s));
+  DCHECK(dv->stream_sync(s));
+  GWCHECK(gw_comm_get_async_error(comm, &async), comm);
+  EXPECT(async != GW_SUCCESS, "the async error was cleared by a later call");
+  EXPECT(strstr(gw_comm_last_error(comm), "earlier"), "a later call was not refused: %s", gw_comm_last_error(comm));
+  EXPECT(memcmp(before, after, count * sizeof *d) == 0, "a refused call changed its output");
+  free(before), free(after);
   (void)n;
   return 0;
 }

@@ -123,10 +123,24 @@ static void vec_same(const struct pair *p, void *const t[2], size_t bytes, const
   free(a), free(b);
 }
 
-/* k buffers of `bytes` in each backend: bufs[i][layout]. */
+/* Fills the two layouts' copies of an output with different bytes (0xa5 and
+ * 0x5a: far apart as any float type), so one no call wrote differs. */
+static void poison(const struct pair *p, void *const t[2], size_t bytes) {
+  unsigned char *h = malloc(bytes);
+  ck_assert(h);
+  for (int l = 0; l < 2; l++) {
+    memset(h, l ? 0x5a : 0xa5, bytes);
+    to_backend(p->b[l], t[l], h, bytes);
+  }
+  free(h);
+}
+
+/* k buffers of `bytes` in each backend: bufs[i][layout], poisoned. */
 static void bufs_alloc(const struct pair *p, void *bufs[][2], int k, size_t bytes) {
-  for (int i = 0; i < k; i++)
+  for (int i = 0; i < k; i++) {
     for (int l = 0; l < 2; l++) ck_assert(bufs[i][l] = be->alloc(p->b[l], bytes));
+    poison(p, bufs[i], bytes);
+  }
 }
 
 static void bufs_free(const struct pair *p, void *bufs[][2], int k) {
@@ -184,6 +198,9 @@ static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cance
     for (size_t i = 0; i < c; i++) hc[i] = 0.1f * (float)i, hc[c + i] = 1.f + 0.25f * (float)i;
     vec_put(p, v[RM], hc, cb), vec_put(p, v[RV], hc + c, cb);
     const int zi = fused == 2 ? Z : -1;
+    for (int i = Y; i <= DZ; i++) poison(p, a[i], n * p->esz); /* what this round's calls write */
+    for (int i = MEAN; i <= RSTD; i++) poison(p, v[i], cb);
+    for (int i = DG; i <= DB; i++) poison(p, v[i], cb);
 #define ZP(l) (zi >= 0 ? a[Z][l] : NULL)
     if (!fused) {
       BOTH(be->bn_fwd_train(op[l], a[X][l], v[GAMMA][l], v[BETA][l], a[Y][l], v[MEAN][l], v[RSTD][l], v[RM][l],
@@ -203,18 +220,24 @@ static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cance
     vec_same(p, v[MEAN], cb, "save_mean"), vec_same(p, v[RSTD], cb, "save_rstd");
     vec_same(p, v[RM], cb, "running_mean"), vec_same(p, v[RV], cb, "running_var");
     vec_same(p, v[DG], cb, "dgamma"), vec_same(p, v[DB], cb, "dbeta");
+    poison(p, a[Y], n * p->esz);
     if (!fused) BOTH(be->bn_fwd_infer(op[l], a[X][l], v[GAMMA][l], v[BETA][l], v[RM][l], v[RV][l], a[Y][l]));
     else BOTH(be->bn_act_fwd_infer(op[l], a[X][l], ZP(l), v[GAMMA][l], v[BETA][l], v[RM][l], v[RV][l], a[Y][l]));
     act_same(p, a[Y], s, "batch norm inference");
 #undef ZP
   }
-  /* SyncBatchNorm's phases, with the statistics of the training call above. */
+  /* SyncBatchNorm's phases, with the statistics of the training call above
+   * (their outputs poisoned: Y and DX still hold the equal results of it). */
+  poison(p, v[SUMS], 2 * c * sizeof(double));
   BOTH(be->bn_sums(op[l], a[X][l], v[SUMS][l]));
   vec_same(p, v[SUMS], 2 * c * sizeof(double), "bn_sums");
+  poison(p, a[Y], n * p->esz);
   BOTH(be->bn_fwd_apply(op[l], a[X][l], v[GAMMA][l], v[BETA][l], v[MEAN][l], v[RSTD][l], a[Y][l]));
   act_same(p, a[Y], s, "bn_fwd_apply");
+  poison(p, v[SUMS], 2 * c * sizeof(double));
   BOTH(be->bn_bwd_sums(op[l], a[X][l], a[DY][l], v[MEAN][l], v[RSTD][l], v[SUMS][l]));
   vec_same(p, v[SUMS], 2 * c * sizeof(double), "bn_bwd_sums");
+  poison(p, a[DX], n * p->esz);
   BOTH(be->bn_bwd_apply(op[l], a[X][l], a[DY][l], v[GAMMA][l], v[MEAN][l], v[RSTD][l], v[SUMS][l],
                         (double)s[0] * s[2] * s[3], a[DX][l]));
   act_same(p, a[DX], s, "bn_bwd_apply");
