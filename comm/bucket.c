@@ -187,21 +187,6 @@ static int bucket_of(const struct gw_bucketer *b, size_t x) {
   return lo;
 }
 
-static gw_result_t start_buckets(struct gw_bucketer *b);
-
-/* Bucket k could not start (the communicator holds why): kept for wait, which
- * would otherwise report the step as merely incomplete. */
-static gw_result_t start_failed(struct gw_bucketer *b, gw_result_t code) {
-  b->failed = code;
-  snprintf(b->failmsg, sizeof b->failmsg, "%s", gw_comm_last_error(b->comm));
-  return code;
-}
-
-static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
-  gw_result_t res = start_buckets(b);
-  return res == GW_SUCCESS ? res : start_failed(b, res);
-}
-
 static gw_result_t start_buckets(struct gw_bucketer *b) {
   while (b->next < b->n && b->ready[b->next] == b->bounds[b->next + 1] - b->bounds[b->next]) {
     int k = b->next;
@@ -232,6 +217,19 @@ static gw_result_t start_buckets(struct gw_bucketer *b) {
     b->next++;
   }
   return GW_SUCCESS;
+}
+
+/* Bucket k could not start (the communicator holds why): kept for wait, which
+ * would otherwise report the step as merely incomplete. */
+static gw_result_t start_failed(struct gw_bucketer *b, gw_result_t code) {
+  b->failed = code;
+  snprintf(b->failmsg, sizeof b->failmsg, "%s", gw_comm_last_error(b->comm));
+  return code;
+}
+
+static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
+  gw_result_t res = start_buckets(b);
+  return res == GW_SUCCESS ? res : start_failed(b, res);
 }
 
 /* What the settings must allow before a step marks anything (they may have
