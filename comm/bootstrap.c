@@ -341,10 +341,13 @@ fail:
   return res;
 }
 
-static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, struct gw_errctx *err) {
+/* waited_s: how long the wait that failed lasted (the timeout, plus the grace
+ * for rank 0's answer). */
+static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, double waited_s,
+                             struct gw_errctx *err) {
   if (r == GW_ERR_TIMEOUT)
     return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d did not answer within %.0f s during the rendezvous at %s%s",
-                   bs->rank, peer, bs->timeout_s, bs->master,
+                   bs->rank, peer, waited_s, bs->master,
                    peer == 0 ? " (rank 0 answers once every rank has reached this point: look for a rank that is "
                                "missing, slow or failed)"
                              : "");
@@ -368,7 +371,7 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
       if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = GW_ERR_REMOTE;
       if (res == GW_SUCCESS) res = io_all(bs->socks[r], out + (size_t)r * size, size, false, deadline);
       if (res != GW_SUCCESS) {
-        res = peer_fail(bs, res, r, err);
+        res = peer_fail(bs, res, r, bs->timeout_s, err);
         root_broadcast_error(bs, 1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
         return res;
       }
@@ -376,7 +379,7 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
     for (int r = 1; r < bs->nranks; r++) {
       gw_result_t res = send_frame(bs->socks[r], GW_BOOT_DATA, out, total, deadline);
       if (res != GW_SUCCESS) {
-        res = peer_fail(bs, res, r, err);
+        res = peer_fail(bs, res, r, bs->timeout_s, err);
         root_broadcast_error(bs, r + 1, err ? err->msg : "rank 0 failed"); /* those not answered yet hear why */
         return res;
       }
@@ -384,22 +387,23 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
     return GW_SUCCESS;
   }
   gw_result_t res = send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, deadline);
-  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s, err);
   /* Rank 0 answers by its own deadline, with the data or with why not (a
    * rank missing): this rank, whose deadline may have started earlier, waits
    * a little longer for that answer rather than blame rank 0 first. */
-  deadline += GW_MIN(bs->timeout_s, 10.0);
+  const double grace = GW_MIN(bs->timeout_s, 10.0);
+  deadline += grace;
   struct gw_boot_frame f;
   res = recv_frame_hdr(bs->socks[0], &f, deadline);
-  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s + grace, err);
   if (f.kind == GW_BOOT_ERROR) {
     char msg[300];
     read_error_text(bs->socks[0], &f, msg, sizeof msg, deadline);
     return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s ended the rendezvous: %s", bs->rank, bs->master, msg);
   }
-  if (f.kind != GW_BOOT_DATA || f.len != total) return peer_fail(bs, GW_ERR_REMOTE, 0, err);
+  if (f.kind != GW_BOOT_DATA || f.len != total) return peer_fail(bs, GW_ERR_REMOTE, 0, bs->timeout_s + grace, err);
   res = io_all(bs->socks[0], out, total, false, deadline);
-  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, err);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s + grace, err);
   return GW_SUCCESS;
 }
 

@@ -379,6 +379,8 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
     GW_INFO(GW_SUB_INIT, "%d ranks on this machine, %d cores for this one: waits yield at once", local, ncpus);
   }
   GW_CHECK(check_settings_agree(c, err));
+  /* An allgather: every rank has opened the others' liveness files by now. */
+  gw__alive_unlink_own(c);
   GW_CHECK(gw__bootstrap_local_addr(c->bs, &c->conn_params.local_addr, &c->conn_params.local_addr_len, err));
   GW_CHECK(connect_rings(c, err));
   /* Auto may pick the tree for any call, so every rank connects the trees at
@@ -416,6 +418,7 @@ static void comm_free(struct gw_comm *c) {
   free(c->rings[0].order);
   free(c->rings[0].pos_of);
   gw__bootstrap_free(c->bs);
+  gw__alive_free(c);
   free(c->peers);
   pthread_cond_destroy(&c->work_cv);
   pthread_cond_destroy(&c->done_cv);
@@ -456,6 +459,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   if (!c) return init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
   c->rank = rank;
   c->device = -1;
+  c->alive_own = -1;
   c->nranks = nranks;
   c->next_seq = 1;
   c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
@@ -508,6 +512,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     GW_CHECK_GOTO(build_ring_order(c, &err), res, fail);
   } else {
     double boot_timeout = gw__env_double("GW_BOOTSTRAP_TIMEOUT", 60.0);
+    gw__alive_create(c, &me);
     GW_CHECK_GOTO(gw__bootstrap_init(&c->bs, rank, nranks, master, token, boot_timeout, &err), res, fail);
     GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, &me, c->peers, sizeof me, &err), res, fail);
     for (int r = 0; r < nranks; r++) {
@@ -524,6 +529,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     if (env_local && atoi(env_local) != c->local_rank)
       GW_WARN(GW_SUB_INIT, "rank %d: the launcher says local rank %s but the rendezvous found %d ranks before it "
               "on this machine; using %d", rank, env_local, c->local_rank, c->local_rank);
+    GW_CHECK_GOTO(gw__alive_open_peers(c, &err), res, fail);
     GW_CHECK_GOTO(connect_all(c, &err), res, fail);
   }
   GW_CHECK_GOTO(gw__dev_bind(c, &err), res, fail);

@@ -147,6 +147,13 @@ struct gw_comm {
   bool rd_ok;                      /* recursive doubling connected (more than 2 ranks, GW_ALGO auto|exchange) */
   struct gw_rd rd;
   struct gw_conn_params conn_params;
+  /* Liveness locks (alive.c): our own file, its path while it has a name (only
+   * during init), and the descriptors of the files of the ranks sharing our
+   * /dev/shm ([nranks], -1 for the others). */
+  int alive_own;
+  bool alive_named;
+  char alive_path[96];
+  int *alive_fds;
   int device;                /* the device this rank is bound to, -1 for none (device.c) */
   struct gw_devstate *dev;   /* stream flags and staging, made on first use */
   struct gw_devring *devring; /* the device ring (device.c), NULL when not every rank has one */
@@ -260,5 +267,12 @@ void gw__comm_set_error(struct gw_comm *comm, const char *msg);
 
 /* Called by gw_comm_destroy: drains the queue and stops the progress thread. */
 void gw__progress_stop(struct gw_comm *comm);
+
+/* alive.c: liveness locks of the ranks on this machine. */
+void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me);
+gw_result_t gw__alive_open_peers(struct gw_comm *c, struct gw_errctx *err);
+void gw__alive_unlink_own(struct gw_comm *c);
+bool gw__alive_lock_gone(const struct gw_comm *c, int peer); /* true: that rank's process is gone */
+void gw__alive_free(struct gw_comm *c);
 
 #endif

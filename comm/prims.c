@@ -90,10 +90,13 @@ static gw_result_t pump(struct prims *p) {
 
 /* Whether a peer on this machine still runs (a zombie counts as dead: its
  * launcher has not reaped it yet).  Peers elsewhere are watched by their
- * transport (a closed socket). */
+ * transport (a closed socket).  Two looks: its liveness lock (alive.c; any
+ * pid namespace sharing our /dev/shm), and its pid (our pid namespace only;
+ * sees the rank gone while a child it forked still holds the lock). */
 bool gw__peer_alive(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *pi = &comm->peers[peer];
   const struct gw_peer_info *me = &comm->peers[comm->rank];
+  if (gw__alive_lock_gone(comm, peer)) return false;
   /* Another machine, or a pid of another pid namespace (a container): not ours to look up. */
   if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return true;
   if (kill(pi->pid, 0) != 0 && errno == ESRCH) return false;
@@ -123,8 +126,11 @@ static bool waited_peer_dead(struct prims *p, const struct gw_waiter *w, int pee
 static gw_result_t dead_peer_error(struct prims *p, int peer) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
-  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d on this machine) died during operation %s",
-                 p->comm->rank, peer, (int)p->comm->peers[peer].pid, me);
+  const struct gw_peer_info *pi = &p->comm->peers[peer];
+  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d %s) died during operation %s", p->comm->rank, peer,
+                 (int)pi->pid, pi->pidns == p->comm->peers[p->comm->rank].pidns ? "on this machine"
+                                                                                : "in another pid namespace here",
+                 me);
 }
 
 static gw_result_t aborted_error(struct prims *p) {

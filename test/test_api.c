@@ -13,11 +13,17 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "core.h" /* gw__fnv */
+#include "comm.h" /* gw__fnv; the peers' pid namespaces and the ring's transport */
 #include "harness.h"
 
 static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
@@ -375,6 +381,34 @@ static int body_no_master(int rank, int n, const char *master, void *arg) {
 START_TEST(test_master_absent) { ck_assert_int_eq(run_ranks_raw(1, body_no_master, NULL, 30), 0); }
 END_TEST
 
+/* A master that takes the connection (the kernel's backlog does) and never
+ * answers: the rank gives up after its timeout plus the grace it allows rank 0,
+ * and says how long it waited. */
+static int body_master_silent(int rank, int n, const char *master, void *arg) {
+  (void)rank, (void)n, (void)master, (void)arg;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  EXPECT(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 4) == 0 &&
+             getsockname(fd, (struct sockaddr *)&a, &len) == 0,
+         "listen: %s", strerror(errno));
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+  setenv("GW_BOOTSTRAP_TIMEOUT", "1", 1);
+  gw_comm_t comm;
+  double t0 = test_now();
+  gw_result_t r = gw_comm_init(&comm, 2, 1, addr);
+  double took = test_now() - t0;
+  EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(NULL), "rank 0 did not answer within 2 s"), "returned %s: %s",
+         gw_strerror(r), gw_comm_last_error(NULL));
+  EXPECT(took > 1.8 && took < 10, "gave up after %.1f s", took);
+  close(fd);
+  return 0;
+}
+
+START_TEST(test_master_silent) { ck_assert_int_eq(run_ranks_raw(1, body_master_silent, NULL, 30), 0); }
+END_TEST
+
 /* ---- the launchers' environment variables ---- */
 struct env_case {
   const char *rank, *size, *addr, *port;
@@ -476,6 +510,65 @@ static int body_nonblocking(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_nonblocking) { ck_assert_int_eq(run_ranks(3, body_nonblocking, NULL, 120), 0); }
 END_TEST
 
+/* Ranks in pid namespaces of their own that share /dev/shm (a pod's
+ * containers): their pids mean nothing to each other, yet a killed rank is
+ * noticed within seconds (its liveness lock goes with it), not at GW_TIMEOUT. */
+static int body_other_pidns_killed(gw_comm_t comm, int rank, int n, void *arg) {
+  EXPECT(comm->peers[0].pidns != comm->peers[1].pidns, "both ranks in pid namespace %llu",
+         (unsigned long long)comm->peers[0].pidns);
+  EXPECT(!strcmp(comm->rings[0].send.tp->name, "shm"), "ring uses %s, not shm", comm->rings[0].send.tp->name);
+  EXPECT(comm->alive_fds && comm->alive_fds[1 - rank] >= 0, "rank %d does not watch rank %d's lock", rank, 1 - rank);
+  if (body_rank1_killed(comm, rank, n, arg) != 0) return 1;
+  EXPECT(has(gw_comm_last_error(comm), "in another pid namespace"), "%s", gw_comm_last_error(comm));
+  return 0;
+}
+
+/* Runs the rank as pid 2 of a new pid namespace (pid 1 of one ignores its own
+ * SIGKILL); pid 1 waits for it and goes with its parent. */
+static int raw_own_pidns(int rank, int n, const char *master, void *arg) {
+  if (unshare(CLONE_NEWPID) != 0) return 3;
+  pid_t init = fork();
+  if (init == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the harness's kill on a timeout takes the namespace */
+    pid_t p = fork();
+    if (p == 0) {
+      gw_comm_t comm;
+      gw_result_t r = gw_comm_init(&comm, n, rank, master);
+      if (r != GW_SUCCESS) {
+        fprintf(stderr, "rank %d: gw_comm_init: %s\n", rank, gw_comm_last_error(NULL));
+        _exit(1);
+      }
+      int rc = body_other_pidns_killed(comm, rank, n, arg);
+      gw_comm_destroy(comm);
+      fflush(NULL);
+      _exit(rc);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 2);
+  }
+  int st = 0;
+  waitpid(init, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 2;
+}
+
+static int try_unshare_pidns(void *arg) {
+  (void)arg;
+  return unshare(CLONE_NEWPID) == 0 ? 0 : 1;
+}
+
+START_TEST(test_killed_rank_other_pidns) {
+  if (run_in_child(try_unshare_pidns, NULL) != 0) {
+    printf("test_killed_rank_other_pidns: cannot make pid namespaces here (not root?): not run\n");
+    return;
+  }
+  double limit = 15;
+  /* Rank 1's body kills it (exit 2 through its pid 1); rank 0 must pass. */
+  ck_assert_int_eq(run_ranks_raw(2, raw_own_pidns, &limit, 90), 1);
+  ck_assert_int_eq(count_segments(), 0);
+}
+END_TEST
+
 /* ---- nothing left in /dev/shm ---- */
 /* Segments in /dev/shm of the job run_ranks ran last (names carry the low
  * 32 bits of the FNV-1a hash of its GW_JOB_TOKEN, as transport/shm.c names
@@ -528,10 +621,12 @@ int main(void) {
   tcase_add_test(tc, test_mismatched_collectives);
   tcase_add_test(tc, test_algorithm_choice_must_agree);
   tcase_add_test(tc, test_killed_rank_shm);
+  tcase_add_test(tc, test_killed_rank_other_pidns);
   tcase_add_test(tc, test_wrong_token_refused);
   tcase_add_test(tc, test_missing_rank_named);
   tcase_add_test(tc, test_world_size_mismatch);
   tcase_add_test(tc, test_master_absent);
+  tcase_add_test(tc, test_master_silent);
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_no_shm_leftovers);

@@ -340,7 +340,8 @@ void gw__run_reap(void)
 
 /* Removes the shared-memory segments (/dev/shm/gw-HASH-PEER-SELF-PID-...) that
  * ranks of this job left behind: the library unlinks each one once both of its
- * ends have opened it, so only a rank that died during its setup leaves one,
+ * ends have opened it (and its liveness files, gw-HASH-RANK-RANK-PID-live-...,
+ * at the end of the rendezvous), so only a rank that died during its setup leaves one,
  * and nothing else ever would remove it (it holds memory until reboot).  Only
  * names of this job's token (HASH: the low 32 bits of its FNV-1a 64, as the
  * library makes them) created by one of the ranks gw-run started (PID). */

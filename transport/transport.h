@@ -53,6 +53,10 @@ struct gw_peer_info {
    * same /dev/shm (its device and inode), and a peer's pid means something
    * only in the same pid namespace (its inode); 0 where unknown. */
   uint64_t shm_id, pidns;
+  /* The file in /dev/shm this rank holds a lock on while it runs (comm/alive.c),
+   * its device and inode; empty where it could not make one. */
+  char alive_name[64];
+  uint64_t alive_dev, alive_ino;
 };
 #define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
 #define GW_CAP_DEVICE 2u /* bound to a device that can map its peers' memory (comm/device.c) */
