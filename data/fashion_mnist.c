@@ -115,11 +115,20 @@ static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, ui
                          hdr[1], hdr[2], SIDE, SIDE);
   size_t bytes = (size_t)hdr[0] * (images ? PIXELS : 1);
   if (res == GW_SUCCESS) res = read_grown(f, path, data, bytes, images ? "the pixels" : "the labels");
-  /* Nothing may follow the items: two files joined would pass for one. */
+  /* Nothing may follow the items: two files joined would pass for one.  And
+   * the gzip trailer (its CRC-32 of everything) may be checked only by this
+   * read, when the items ended with the reader's input buffer. */
   char extra;
-  if (res == GW_SUCCESS && gzread(f, &extra, 1) > 0)
+  int more = res == GW_SUCCESS ? gzread(f, &extra, 1) : 0;
+  if (more > 0)
     res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (two files joined?)",
                          path, hdr[0]);
+  else if (more < 0) {
+    int zerr;
+    const char *why = gzerror(f, &zerr);
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: damaged after its %u items (zlib: %s)", path,
+                         hdr[0], why);
+  }
   *count = hdr[0];
   gzclose(f);
   return res;

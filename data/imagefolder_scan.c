@@ -83,13 +83,15 @@ static void skip_dir(struct gw__folder *f, const char *path, const char *why) {
   if (!f->scan_skipped++) snprintf(f->scan_note, sizeof f->scan_note, "%.200s: %s", path, why);
 }
 
-/* 1 directory, 0 regular file, -1 other or unreadable; links are followed. */
+/* 1 directory, 0 regular file, -1 other or unreadable, -2 when stat failed
+ * (errno says why); links are followed. */
 static int entry_kind(const char *dir, const struct dirent *e) {
   if (e->d_type == DT_DIR) return 1;
   if (e->d_type == DT_REG) return 0;
   char path[PATH_BUF];
   struct stat st;
-  if (join(path, dir, e->d_name) || stat(path, &st) != 0) return -1;
+  if (join(path, dir, e->d_name)) return -1;
+  if (stat(path, &st) != 0) return -2;
   return S_ISDIR(st.st_mode) ? 1 : S_ISREG(st.st_mode) ? 0 : -1;
 }
 
@@ -103,18 +105,46 @@ static int cmp_entry(const void *a, const void *b) {
   return strcmp(x->s + x->name, y->s + y->name);
 }
 
-/* The sorted subdirectory names of dir. */
-static gw_result_t list_subdirs(const char *dir, struct names *out) {
+/* The next entry of d other than . and ..; NULL at the end, or on a failed
+ * read (then *res says so: the listing would come up short). */
+static struct dirent *next_entry(DIR *d, const char *dir, gw_result_t *res) {
+  for (;;) {
+    errno = 0;
+    struct dirent *e = readdir(d);
+    if (!e && errno)
+      *res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: reading %s failed: %s", dir, strerror(errno));
+    if (!e || (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))) return e;
+  }
+}
+
+/* The sorted subdirectory names of dir (the classes, or a split's).  A
+ * listing that fails part way, or an entry that cannot be looked at, is an
+ * error: a class left out shifts the label of every class after it.  A link to
+ * nothing is left out (as torchvision does), noted in the description. */
+static gw_result_t list_subdirs(struct gw__folder *f, const char *dir, struct names *out) {
   DIR *d = opendir(dir);
   if (!d) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", dir, strerror(errno));
-  for (struct dirent *e; (e = readdir(d));) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || entry_kind(dir, e) != 1) continue;
+  gw_result_t res = GW_SUCCESS;
+  for (struct dirent *e; (e = next_entry(d, dir, &res));) {
+    const int kind = entry_kind(dir, e);
+    if (kind == -2) {
+      char path[PATH_BUF];
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      if (errno == ENOENT) {
+        skip_dir(f, path, "a link to nothing");
+        continue;
+      }
+      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot look at %s: %s", path, strerror(errno));
+      break;
+    }
+    if (kind != 1) continue;
     if (names_push(out, NULL, e->d_name)) {
-      closedir(d);
-      return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
+      res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
+      break;
     }
   }
   closedir(d);
+  if (res != GW_SUCCESS) return res;
   if (out->n) qsort(out->e, out->n, sizeof *out->e, cmp_entry);
   return GW_SUCCESS;
 }
@@ -150,14 +180,7 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct
   up->dev[up->n] = st.st_dev, up->ino[up->n] = st.st_ino;
   up->n++;
   gw_result_t res = GW_SUCCESS;
-  for (;;) {
-    errno = 0;
-    struct dirent *e = readdir(d);
-    if (!e) {
-      if (errno) res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: reading %s failed: %s", dir, strerror(errno));
-      break;
-    }
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+  for (struct dirent *e; (e = next_entry(d, dir, &res));) {
     int kind = entry_kind(dir, e);
     char sub[PATH_BUF];
     if (kind == 1 && join(sub, dir, e->d_name)) {
@@ -209,7 +232,7 @@ static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const
   struct stat split;
   if (stat(split_dir, &split) != 0)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", split_dir, strerror(errno));
-  gw_result_t res = list_subdirs(split_dir, &subdirs);
+  gw_result_t res = list_subdirs(f, split_dir, &subdirs);
   for (size_t i = 0; res == GW_SUCCESS && i < subdirs.n; i++) {
     int label = find_class(classes, subdirs.e[i].s);
     char class_dir[PATH_BUF];
@@ -229,7 +252,7 @@ gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split
   if (join(train_dir, dir, "train") || join(split_dir, dir, split == GW_SPLIT_TRAIN ? "train" : "val"))
     return GW_ERR_INVALID_ARGUMENT;
   struct names classes = {0};
-  gw_result_t res = list_subdirs(train_dir, &classes);
+  gw_result_t res = list_subdirs(f, train_dir, &classes);
   if (res == GW_SUCCESS && classes.n == 0)
     res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s has no class directories", train_dir);
   if (res == GW_SUCCESS && classes.n > INT32_MAX / 2)

@@ -499,6 +499,16 @@ START_TEST(folder_bad_trees) {
   for (int k = 0; k < 2; k++) expect_error(gw_loader_next(l, &b), "none of the 1 samples", "t.jpg");
   gw_loader_free(l);
   gw_dataset_free(ds);
+  /* Class entries: a link to nothing is left out and said; one that cannot be
+   * looked at (a link to itself) stops the scan: a class left out silently
+   * would shift every later class's label. */
+  ck_assert_int_eq(symlink("nowhere", in_tmp("train/b")), 0);
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_classes(ds), 1);
+  ck_assert_msg(strstr(gw_dataset_description(ds), "train/b: a link to nothing"), "%s", gw_dataset_description(ds));
+  gw_dataset_free(ds);
+  ck_assert_int_eq(symlink("c", in_tmp("train/c")), 0);
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "cannot look at", "train/c");
   remove_tmpdir();
 }
 END_TEST

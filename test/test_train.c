@@ -542,23 +542,41 @@ START_TEST(test_nan_logits_score_zero) {
 }
 END_TEST
 
+/* Two ranks through `sh -c`: rank 0 runs with the words rank0, rank 1 with
+ * rank1, after the narrow model's options and --steps 1 --no-eval. */
+static void two_ranks_differ(struct run *r, const char *rank0, const char *rank1) {
+  char script[1024];
+  snprintf(script, sizeof script,
+           "w='%s'; [ \"$GW_RANK\" = 1 ] && w='%s'; exec '%s' --data synthetic --model resnet18 --width-divisor 8 "
+           "--in-channels 3 --image-size 16 --classes 4 --stem small --threads 1 --steps 1 --no-eval $w",
+           rank0, rank1, train_bin());
+  const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+  const char *const noenv[] = {NULL};
+  gwrun_start(r, noenv, args);
+  gwrun_wait(r, 120);
+}
+
 /* Ranks that opened different data (here 96 and 97 synthetic samples; in life a
  * folder scanned while files came or went) are refused, naming the split. */
 START_TEST(test_ranks_must_see_same_data) {
-  char script[1024];
-  snprintf(script, sizeof script,
-           "n=96; [ \"$GW_RANK\" = 1 ] && n=97; exec '%s' --data synthetic --synthetic-samples $n --model resnet18 "
-           "--width-divisor 8 --in-channels 3 --image-size 16 --classes 4 --stem small --threads 1 --steps 1 "
-           "--batch 8 --no-eval",
-           train_bin());
-  const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
-  const char *const noenv[] = {NULL};
   struct run r;
-  gwrun_start(&r, noenv, args);
-  gwrun_wait(&r, 120);
+  two_ranks_differ(&r, "--synthetic-samples 96 --batch 8", "--synthetic-samples 97 --batch 8");
   ck_assert_msg(r.code != 0 && strstr(r.err, "training split (97 samples") && strstr(r.err, "is not rank 0's (96 samples") &&
                     strstr(r.err, "every rank must see the same files"),
                 "different data on rank 1: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* Ranks started by hand with different options (here --lr and --batch on
+ * rank 1) are refused at once, naming each difference, before any data is
+ * opened (they would have paired mismatched collectives, or trained apart). */
+START_TEST(test_ranks_must_share_options) {
+  struct run r;
+  two_ranks_differ(&r, "--batch 8 --lr 0.4", "--batch 4 --lr 0.2");
+  ck_assert_msg(r.code != 0 && strstr(r.err, "rank 1: options: this rank's options are not rank 0's") &&
+                    strstr(r.err, "batch 8 -> 4, lr 0.4 -> 0.2") && strstr(r.err, "rank 0: options: 1 rank(s)"),
+                "different options on rank 1: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
 }
 END_TEST
@@ -605,6 +623,14 @@ START_TEST(test_bad_flags) {
           "--keep-checkpoints needs --checkpoint-dir");
   refused((const char *const[]){"--steps", "2", "--plot", "p.png", "--no-eval", NULL}, "drop --no-eval");
   refused((const char *const[]){"--steps", "2", "--tf32", "off", NULL}, "--tf32 applies to --backend cudnn");
+  /* Flags that would have done nothing, and a seed strtoull would have wrapped. */
+  refused((const char *const[]){"--steps", "2", "--data", "imagenet:/x", "--augment", NULL},
+          "--augment applies to fashion-mnist: imagenet:/x always trains on random resized crops and flips");
+  refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--augment", NULL},
+          "--augment applies to fashion-mnist: synthetic has nothing to augment");
+  refused((const char *const[]){"--steps", "2", "--synthetic-samples", "10", NULL},
+          "--synthetic-samples applies to --data synthetic, not fashion-mnist");
+  refused((const char *const[]){"--steps", "2", "--seed", " -1", NULL}, "--seed wants a non-negative whole number");
   /* Output paths, checked before the data is even opened. */
   refused((const char *const[]){"--steps", "2", "--save-weights", "/nonexistent-gw/w.safetensors", NULL},
           "--save-weights /nonexistent-gw/w.safetensors: its directory /nonexistent-gw does not exist");
@@ -647,6 +673,7 @@ static Suite *make_suite(void) {
   TCase *tc = tcase_create("gw-train");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
+  tcase_add_test(tc, test_ranks_must_share_options);
   tcase_add_test(tc, test_plot_nothing_to_draw);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_device_path_equals_host);

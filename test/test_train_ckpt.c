@@ -14,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "gwrun_helpers.h"
@@ -385,7 +388,120 @@ START_TEST(test_resume_redraws_epochs) {
 }
 END_TEST
 
+/* A newest checkpoint that cannot be read for a reason not its own (here a
+ * socket: open fails with ENXIO; in life EMFILE, ENOMEM, EIO) stops the
+ * resume: falling back would quietly redo steps and move a good file aside.
+ * A refused file that cannot be moved aside stops it too (left there, it would
+ * count among the newest kept and the run's own saves would be pruned). */
+START_TEST(test_resume_stops_rather_than_roll_back) {
+  char dir[512], c2[600], c4[600], refused[700], inside[760];
+  path(dir, sizeof dir, "ckpt-stop");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+  snprintf(refused, sizeof refused, "%s.refused", c4);
+  snprintf(inside, sizeof inside, "%s/x", refused);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *const resume[] = {"--steps", "6", "--batch", "8", "--checkpoint-dir", dir, "--resume", NULL};
+  newest_damaged(dir, c4);
+  /* rename(ckpt-4, ckpt-4.refused) fails onto a directory that is not empty */
+  ck_assert_int_eq(mkdir(refused, 0777), 0);
+  FILE *f = fopen(inside, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  train(&r, noenv, "1", resume);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "cannot move the refused") && strstr(r.err, "ckpt-4.safetensors"),
+                "a refused file that cannot be moved: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  ck_assert_msg(exists(c4) && exists(c2), "the checkpoints were touched");
+  ck_assert_int_eq(unlink(inside), 0);
+  ck_assert_int_eq(rmdir(refused), 0);
+  /* The newest is a socket */
+  ck_assert_int_eq(unlink(c4), 0);
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  ck_assert_msg(strlen(c4) < sizeof a.sun_path, "%s is too long for a socket name", c4);
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", c4);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+  train(&r, noenv, "1", resume);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "cannot read the newest checkpoint") && strstr(r.err, "not falling back"),
+                "an unreadable newest checkpoint: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  ck_assert_msg(exists(c2) && !exists(refused), "the older checkpoint should stay and nothing be moved aside");
+  close(s);
+  unlink(c4);
+}
+END_TEST
+
+/* A job that ends after an epoch's checkpoint but before its evaluation (here
+ * the last epoch's: the run then had no step left to trigger one) evaluates it
+ * first thing on resume.  The resume also names the options that changed. */
+START_TEST(test_resume_runs_pending_evaluation) {
+  char dir[512];
+  path(dir, sizeof dir, "ckpt-eval");
+  /* COMMON without --no-eval: 32 samples, 4 steps per epoch, 2 epochs */
+  const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "32", "--model",
+                        "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
+                        "4", "--stem", "small", "--threads", "1", "--epochs", "2", "--batch", "8", "--lr", "0.4",
+                        "--checkpoint-dir", dir, NULL, NULL, NULL, NULL};
+  const size_t end = sizeof args / sizeof args[0] - 4;
+  const char *const stop[] = {"GW_TRAIN_STOP_BEFORE_EVAL=2", NULL}, *const noenv[] = {NULL};
+  struct run r;
+  gwrun_start(&r, stop, args);
+  gwrun_wait(&r, 180);
+  ck_assert_msg(r.code != 0 && strstr(r.out, "epoch 1 evaluation: top-1") && !strstr(r.out, "epoch 2 evaluation") &&
+                    strstr(r.out, "stopping before the evaluation of epoch 2"),
+                "the interrupted run: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  args[end] = "--resume", args[end + 1] = "--lr", args[end + 2] = "0.2";
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 180);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-8.safetensors at step 8") && strstr(r.out, "epoch 2 evaluation: top-1") &&
+                    !strstr(r.out, "epoch 1 evaluation"),
+                "the resume did not evaluate epoch 2:\n%s", r.out);
+  ck_assert_msg(strstr(r.out, "note: resuming with options other than the saved run's: lr 0.4 -> 0.2"),
+                "the changed --lr was not named:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* A --data path long enough to push the rest of the run's description past
+ * the 512 bytes it once had: a resume with another batch is still refused. */
+START_TEST(test_long_data_path_still_checked) {
+  char deep[1024], link[1100], spec[1200], dir[512], seg[201];
+  memset(seg, 'd', 200), seg[200] = 0;
+  path(deep, sizeof deep, seg);
+  ck_assert_int_eq(mkdir(deep, 0777), 0);
+  size_t n = strlen(deep);
+  snprintf(deep + n, sizeof deep - n, "/%s", seg);
+  ck_assert_int_eq(mkdir(deep, 0777), 0);
+  snprintf(link, sizeof link, "%s/fashion", deep);
+  ck_assert_int_eq(symlink("/usr/share/datasets/fashion-mnist", link), 0);
+  snprintf(spec, sizeof spec, "fashion-mnist:%s", link);
+  path(dir, sizeof dir, "ckpt-long");
+  const char *args[] = {"-n", "1", train_bin(), "--data", spec, "--model", "resnet18", "--width-divisor", "16",
+                        "--stem", "small", "--threads", "1", "--steps", "1", "--batch", "8", "--no-eval",
+                        "--checkpoint-dir", dir, NULL, NULL};
+  const char *const noenv[] = {NULL};
+  struct run r;
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 180);
+  expect_ok(&r);
+  gwrun_free(&r);
+  args[16] = "4", args[20] = "--resume";
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 180);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "from another run"), "a resume with another batch: exit %d\n%s\n%s",
+                r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
 void add_checkpoint_tests(TCase *tc) {
+  tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
+  tcase_add_test(tc, test_resume_runs_pending_evaluation);
+  tcase_add_test(tc, test_long_data_path_still_checked);
   tcase_add_test(tc, test_checkpoint_dir_guarded);
   tcase_add_test(tc, test_resume_is_bit_exact);
   tcase_add_test(tc, test_resume_keeps_loss_scale);

@@ -175,7 +175,10 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
   char sum[32], path[4096];
   snprintf(sum, sizeof sum, "%016" PRIx64, checksum(&c));
   snprintf(path, sizeof path, "%s/ckpt-%" PRId64 ".safetensors", dir, st->step);
-  const char *meta[] = {"format", "gradwire-checkpoint", "config", config, "checksum", sum, NULL};
+  char pending[64];
+  snprintf(pending, sizeof pending, "%" PRId64 " %.17g", st->eval_epoch, st->eval_train_loss);
+  const char *meta[] = {"format", "gradwire-checkpoint", "config", config, "checksum", sum, "options", st->options,
+                        st->eval_epoch ? "eval_pending" : NULL, pending, NULL};
   if (gw_st_write(path, c.t, c.n, meta) != GW_SUCCESS) {
     snprintf(err, errlen, "%s", gw_model_last_error());
     return -1;
@@ -220,6 +223,15 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
              have);
     return -1;
   }
+  /* Metadata a writer before these had none of. */
+  const char *pending = gw_st_metadata(f, "eval_pending"), *options = gw_st_metadata(f, "options");
+  long long pe = 0;
+  double pl = 0;
+  int end = 0;
+  if (pending && (sscanf(pending, "%lld %lf%n", &pe, &pl, &end) != 2 || pending[end] || pe < 1)) {
+    snprintf(why, whylen, "its pending evaluation '%.60s' is not readable: the file is damaged", pending);
+    return -1;
+  }
   if (st->has_scaler) {
     double sc[3];
     memcpy(sc, got.t[want.n - 1].data, sizeof sc);
@@ -233,6 +245,8 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
   st->sgd_steps = want.state[3], st->loss_count = want.state[4], st->loss_sum = want.loss_sum;
   if (st->has_scaler)
     st->loss_scale = want.scaler[0], st->good_steps = (int64_t)want.scaler[1], st->overflows = (int64_t)want.scaler[2];
+  st->eval_epoch = pending ? pe : 0, st->eval_train_loss = pending ? pl : 0;
+  snprintf(st->options, sizeof st->options, "%s", options ? options : "");
   return 0;
 }
 
@@ -248,20 +262,34 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
   for (int i = 0; i < n; i++) {
     snprintf(path_out, pathlen, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[i]);
     struct gw_st_file *f = NULL;
-    int ok = gw_st_open(&f, path_out) == GW_SUCCESS;
+    gw_result_t opened = gw_st_open(&f, path_out);
+    if (opened == GW_ERR_SYSTEM) {
+      /* Not the file's fault (out of memory or descriptors, permissions, an
+       * I/O error): falling back would quietly redo steps and move a good
+       * file aside. */
+      snprintf(err, errlen, "cannot read the newest checkpoint: %s (not falling back to an older one: fix that, or "
+               "move the file away to resume from the one before)", gw_model_last_error());
+      return -1;
+    }
+    int ok = opened == GW_SUCCESS;
     if (!ok) snprintf(why, sizeof why, "%s", gw_model_last_error());
     ok = ok && load_one(f, m, sgd, st, config, why, sizeof why) == 0;
     gw_st_free(f);
     if (ok) {
-      /* The newer files refused: out of the way of this run's pruning and saves. */
+      /* The newer files refused: out of the way of this run's pruning and saves
+       * (left there, a refused newer file would count among the newest kept
+       * and this run's own saves would be pruned as they are written). */
       for (int j = 0; j < i; j++) {
         char from[4096], to[4200];
         snprintf(from, sizeof from, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[j]);
         snprintf(to, sizeof to, "%s.refused", from);
-        int w = rename(from, to) == 0
-                    ? snprintf(err_note + used, notelen > used ? notelen - used : 0, "; moved to %s", to)
-                    : snprintf(err_note + used, notelen > used ? notelen - used : 0, "; cannot move %s aside: %s",
-                               from, strerror(errno));
+        if (rename(from, to) != 0) {
+          snprintf(err, errlen, "%s; cannot move the refused %s aside (to %s): %s; move or remove it to resume",
+                   err_note, from, to, strerror(errno));
+          err_note[0] = 0;
+          return -1;
+        }
+        int w = snprintf(err_note + used, notelen > used ? notelen - used : 0, "; moved to %s", to);
         if (w > 0) used += (size_t)w < notelen - used ? (size_t)w : notelen - used - 1;
       }
       return 0;

@@ -35,8 +35,15 @@ int log_open(struct train_log *l, const char *metrics_path, int rank, char *err,
 }
 
 void log_resumed(struct train_log *l, int64_t step) {
+  l->start_step = step, l->start = now(); /* the ETA: this process's pace */
   if (l->rank != 0 || !l->metrics) return;
   fprintf(l->metrics, "{\"type\":\"resume\",\"step\":%lld}\n", (long long)step);
+  fflush(l->metrics);
+}
+
+void log_started(struct train_log *l) {
+  if (l->rank != 0 || !l->metrics) return;
+  fputs("{\"type\":\"start\"}\n", l->metrics);
   fflush(l->metrics);
 }
 
@@ -95,7 +102,8 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
   if (!l->tty && !print) return;
   double elapsed = now() - l->start;
   char left[32];
-  eta(left, sizeof left, elapsed / (double)r->step * (double)(r->steps_total - r->step));
+  const int64_t done = r->step - l->start_step;
+  eta(left, sizeof left, done > 0 ? elapsed / (double)done * (double)(r->steps_total - r->step) : 0);
   char line[320];
   snprintf(line, sizeof line,
            "epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g %.1f img/s exposed comm %.1f ms ETA %s",
@@ -137,6 +145,10 @@ static int run_gnuplot(const char *arg, char *err, size_t errlen) {
   }
   int status;
   while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) { /* ECHILD: SIGCHLD ignored (inherited), the child reaped for us */
+      snprintf(err, errlen, "cannot wait for gnuplot: %s", strerror(errno));
+      return -1;
+    }
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
   snprintf(err, errlen, WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "gnuplot is not installed (apt-get "

@@ -21,352 +21,17 @@
  * identical; BN running statistics are rank 0's before each evaluation and in
  * checkpoints, as PyTorch DDP's broadcast_buffers.
  */
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-
 #include "gw_config.h"
 
 #if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
-#include "backend.h"
-#include "dataset.h"
-#include "exec.h"
-#include "gw-train.h"
-#include "loader.h"
-#include "sampler.h"
-#include "sgd.h"
-#include "sgd_math.h"
-
-struct trainer {
-  const struct train_opts *o;
-  int64_t saved_step; /* the step of the last checkpoint written or resumed */
-  int64_t skips_told, skips_told_at; /* unreadable training samples logged, and when */
-  /* A device backend's first step in this process: its allreduces start after
-   * backward is queued and are waited for before the optimizer (see
-   * overlapping()). */
-  int warming;
-  gw_comm_t comm; /* NULL when alone */
-  int rank, world;
-  struct gw_dataset *train_ds, *val_ds;
-  struct gw_sampler train_s, val_s;
-  struct gw_loader *train_ld, *val_ld;
-  struct gw_model *m;
-  const struct gw_backend_ops *ops; /* --backend */
-  struct gw_backend *b;
-  struct gw_exec *e;
-  struct gw_sgd *sgd;
-  gw_bucketer_t bk;
-  int resident;  /* device backend: weights, gradients, momentum stay in its memory (see the top) */
-  float *mom_dev; /* resident: the momentum buffer there (NULL without momentum) */
-  void *grads_reg; /* gw_comm_register of the gradients (over ib: sent from directly) */
-  size_t np, nrun, ncounters;
-  size_t marked;            /* gradient elements handed to the bucketer this step */
-  size_t downloaded;        /* device backends: gradient elements copied to the host this step */
-  size_t bounds[4096];      /* the buckets' bounds (nb + 1), where the device path copies gradients down */
-  int nb;
-  gw_result_t ready_err;
-  char ready_msg[512];      /* device backends: a failed download during backward */
-  int64_t spe, total_steps, warmup_steps; /* steps per epoch, in all, of warmup */
-  int64_t epochs;
-  double peak_lr;
-  struct ckpt_state st;
-  struct train_log log;
-  char config[512];
-  float *pad_x, *logits;
-  int32_t *pad_y;
-};
+#include "gw-train-job.h"
 
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
-/* Prints the message once (rank-prefixed when there are several) and returns -1. */
-static int fail(const struct trainer *t, const char *what, const char *detail) {
-  if (t->world > 1) fprintf(stderr, "gw-train: rank %d: %s: %s\n", t->rank, what, detail);
-  else fprintf(stderr, "gw-train: %s: %s\n", what, detail);
-  return -1;
-}
-
-static int comm_fail(const struct trainer *t, const char *what, gw_result_t r) {
-  char d[600];
-  snprintf(d, sizeof d, "%s (%s)", gw_comm_last_error(t->comm), gw_strerror(r));
-  return fail(t, what, d);
-}
-
-/* ---- communication helpers: no-ops when alone */
-
-static int launched_as_rank(void) {
-  static const char *const vars[] = {"GW_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-    if (getenv(vars[i])) return 1;
-  return 0;
-}
-
-static int setup_comm(struct trainer *t) {
-  t->world = 1;
-  if (!launched_as_rank()) return 0;
-  gw_result_t r = gw_comm_init_env(&t->comm);
-  if (r != GW_SUCCESS) {
-    fprintf(stderr, "gw-train: joining the job failed: %s\n", gw_comm_last_error(NULL));
-    return -1;
-  }
-  gw_comm_rank(t->comm, &t->rank);
-  gw_comm_size(t->comm, &t->world);
-  return 0;
-}
-
-static int bcast(struct trainer *t, void *buf, size_t count, gw_dtype_t dtype, const char *what) {
-  if (!t->comm || !count) return 0;
-  gw_result_t r = gw_broadcast(buf, buf, count, dtype, 0, t->comm, NULL);
-  return r == GW_SUCCESS ? 0 : comm_fail(t, what, r);
-}
-
-static int allreduce_d(struct trainer *t, double *buf, size_t n, const char *what) {
-  if (!t->comm) return 0;
-  gw_result_t r = gw_allreduce(buf, buf, n, GW_FLOAT64, GW_SUM, t->comm, NULL);
-  return r == GW_SUCCESS ? 0 : comm_fail(t, what, r);
-}
-
-static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
-  return gw_allreduce(buf, buf, n, GW_FLOAT64, GW_SUM, (gw_comm_t)arg, NULL);
-}
-
-/* ---- setup */
-
-/* Every rank must have opened the same samples: ranks that scanned a folder
- * while files came or went, or read another copy, would shard different lists
- * (overlapping, with gaps) and could take different numbers of steps. */
-static int same_data_everywhere(struct trainer *t) {
-  if (t->world == 1) return 0;
-  const struct gw_dataset *ds[2] = {t->train_ds, t->val_ds};
-  int64_t mine[6] = {0}, r0[6];
-  for (int k = 0; k < 2; k++)
-    if (ds[k])
-      mine[3 * k] = gw_dataset_size(ds[k]), mine[3 * k + 1] = gw_dataset_classes(ds[k]),
-                 mine[3 * k + 2] = (int64_t)gw_dataset_fingerprint(ds[k]);
-  memcpy(r0, mine, sizeof r0);
-  if (bcast(t, r0, 6, GW_INT64, "comparing the data with rank 0's") != 0) return -1;
-  double differ = memcmp(mine, r0, sizeof mine) != 0;
-  if (allreduce_d(t, &differ, 1, "comparing the data with rank 0's") != 0) return -1;
-  for (int k = 0; k < 2 && differ > 0; k++) {
-    if (!memcmp(&mine[3 * k], &r0[3 * k], 3 * sizeof *mine)) continue;
-    char detail[400];
-    snprintf(detail, sizeof detail,
-             "this rank's %s split (%lld samples, %lld classes, file list and labels hashed %016llx) is not rank "
-             "0's (%lld samples, %lld classes, %016llx): every rank must see the same files",
-             k ? "evaluation" : "training", (long long)mine[3 * k], (long long)mine[3 * k + 1],
-             (unsigned long long)mine[3 * k + 2], (long long)r0[3 * k], (long long)r0[3 * k + 1],
-             (unsigned long long)r0[3 * k + 2]);
-    return fail(t, "--data", detail);
-  }
-  if (differ > 0) {
-    char detail[160];
-    snprintf(detail, sizeof detail, "%.0f rank(s) opened other data than rank 0 (their logs say what differs)", differ);
-    return fail(t, "--data", detail);
-  }
-  return 0;
-}
-
-static int open_data(struct trainer *t) {
-  const struct train_opts *o = t->o;
-  struct gw_data_options d;
-  gw_data_options_default(&d);
-  d.augment = o->augment;
-  d.synthetic_samples = o->synthetic_samples;
-  d.synthetic_channels = o->model.in_channels;
-  d.synthetic_size = o->model.image_size;
-  d.synthetic_classes = o->model.classes;
-  d.synthetic_seed = o->model.seed;
-  if (o->image_size_given) d.image_size = o->model.image_size;
-  if (gw_dataset_open(&t->train_ds, o->data, GW_SPLIT_TRAIN, &d) != GW_SUCCESS)
-    return fail(t, "--data", gw_data_last_error());
-  if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
-    return fail(t, "--data (evaluation split)", gw_data_last_error());
-  if (same_data_everywhere(t) != 0) return -1;
-  /* Every step takes a whole batch from each rank's share of the data. */
-  int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
-  if (share < o->batch) {
-    char detail[200];
-    snprintf(detail, sizeof detail, "a rank's share of the %lld training samples (%lld) is less than one batch of %d",
-             (long long)n, (long long)share, o->batch);
-    return fail(t, "--batch", detail);
-  }
-  return 0;
-}
-
-/* The model takes the dataset's shape; options given must agree with it. */
-static int model_config(struct trainer *t, struct gw_model_config *cfg) {
-  const struct train_opts *o = t->o;
-  char d[300];
-  int c, h, w;
-  gw_dataset_shape(t->train_ds, &c, &h, &w);
-  *cfg = o->model;
-  int classes = gw_dataset_classes(t->train_ds);
-  if ((o->in_channels_given && o->model.in_channels != c) || (o->image_size_given && o->model.image_size != h) ||
-      (o->classes_given && o->model.classes != classes) || h != w) {
-    char given[160] = "";
-    size_t k = 0;
-    if (o->classes_given && o->model.classes != classes)
-      k += (size_t)snprintf(given + k, sizeof given - k, " --classes %d", o->model.classes);
-    if (o->in_channels_given && o->model.in_channels != c && k < sizeof given)
-      k += (size_t)snprintf(given + k, sizeof given - k, " --in-channels %d", o->model.in_channels);
-    if (o->image_size_given && o->model.image_size != h && k < sizeof given)
-      snprintf(given + k, sizeof given - k, " --image-size %d", o->model.image_size);
-    if (h != w) snprintf(d, sizeof d, "its %dx%d images are not square", h, w);
-    else
-      snprintf(d, sizeof d, "the data has %d classes of %dx%dx%d images, not as given:%s (left out, they are the "
-               "data's)", classes, c, h, w, given);
-    return fail(t, o->data, d);
-  }
-  cfg->in_channels = c, cfg->image_size = h, cfg->classes = classes;
-  return 0;
-}
-
-static int default_threads(void) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const char *lw = getenv("GW_LOCAL_WORLD_SIZE");
-  long local = lw ? atol(lw) : 1;
-  if (local < 1) local = 1;
-  return cpus / local > 0 ? (int)(cpus / local) : 1;
-}
-
-static size_t count_buffers(const struct gw_model *m, enum gw_tensor_kind kind) {
-  size_t n = 0;
-  for (int i = 0; i < gw_model_num_buffer_tensors(m); i++)
-    if (gw_model_buffer_tensor(m, i)->kind == kind) n += gw_model_buffer_tensor(m, i)->numel;
-  return n;
-}
-
-static int setup_model(struct trainer *t) {
-  const struct train_opts *o = t->o;
-  struct gw_model_config cfg;
-  if (model_config(t, &cfg) != 0) return -1;
-  if (gw_model_init(&t->m, &cfg) != GW_SUCCESS) return fail(t, "model", gw_model_last_error());
-  if (o->load_weights && gw_model_load_weights(t->m, o->load_weights) != GW_SUCCESS)
-    return fail(t, "--load-weights", gw_model_last_error());
-  t->np = gw_model_num_params(t->m);
-  t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
-  t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
-  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32,
-                                 .act = o->amp, .layout = o->layout};
-  if (o->layout < 0) /* NCHW on both: measured faster end to end (docs/gpu.md) */
-    bc.layout = GW_LAYOUT_NCHW;
-#if GW_HAVE_CUDNN
-  if (!strcmp(o->backend, "cudnn") && !(t->ops = gw_backend_cudnn_ops()))
-    return fail(t, "--backend", gw_model_last_error());
-#endif
-#if GW_HAVE_ONEDNN
-  /* A test hook: GW_TRAIN_CPU_AS_DEVICE=1 runs the cpu backend as if its memory
-   * were a device's (host_memory = 0), so the loop's device path (copies up
-   * before the step and down after backward, allreduce after backward) is tested
-   * without a GPU, against the host path. */
-  static struct gw_backend_ops cpu_as_device;
-  if (!strcmp(o->backend, "cpu")) t->ops = &gw_backend_cpu;
-  if (t->ops == &gw_backend_cpu && getenv("GW_TRAIN_CPU_AS_DEVICE") && !strcmp(getenv("GW_TRAIN_CPU_AS_DEVICE"), "1")) {
-    cpu_as_device = gw_backend_cpu;
-    cpu_as_device.host_memory = 0;
-    t->ops = &cpu_as_device;
-  }
-#endif
-  if (!t->ops) return fail(t, "--backend", "not in this build"); /* gw-train.c refused it already */
-  if (t->ops->create(&bc, &t->b) != GW_SUCCESS) return fail(t, "--backend", gw_model_last_error());
-  if (o->host_step && t->ops->host_memory)
-    return fail(t, "--host-step", "the cpu backend's weights and optimizer are on the host already (it applies to "
-                                  "--backend cudnn)");
-  struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
-  if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
-    return fail(t, "model", gw_model_last_error());
-  t->st.loss_scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
-  struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
-  if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return fail(t, "optimizer", gw_model_last_error());
-  t->resident = !t->ops->host_memory && !o->host_step;
-  t->warming = !t->ops->host_memory;
-  if (t->resident && gw_sgd_momentum(t->sgd) && !(t->mom_dev = t->ops->alloc(t->b, t->np * sizeof(float)))) {
-    char d[160];
-    snprintf(d, sizeof d, "out of %s memory for the momentum buffer (%zu MiB)", t->ops->name,
-             t->np * sizeof(float) >> 20);
-    return fail(t, "optimizer", d);
-  }
-  /* What a resumed run must share with the saved one (the data order and the
-   * steps per epoch come from data, world, batch, seed and --drop-last; the
-   * last is named only when on, so older checkpoints of default runs match). */
-  snprintf(t->config, sizeof t->config,
-           "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d seed=%llu%s",
-           o->model_name, cfg.classes, cfg.in_channels, cfg.image_size,
-           cfg.stem == GW_STEM_SMALL ? "small" : "imagenet", cfg.width_divisor, o->data, t->world, o->batch,
-           (unsigned long long)cfg.seed, o->drop_last ? " drop_last" : "");
-  /* One model everywhere: rank 0's. */
-  if (bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "broadcasting the initial weights") != 0) return -1;
-  return bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "broadcasting the BN statistics");
-}
-
-static int setup_comm_parts(struct trainer *t) {
-  const struct train_opts *o = t->o;
-  if (!t->comm) return 0;
-  if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
-  size_t *bounds = t->bounds;
-  int nb = t->nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
-                                    (size_t)(o->bucket_mb * 1048576), bounds, 4096);
-  if (nb < 1) return fail(t, "--bucket-mb", "too many buckets for the model (at most 4095)");
-  /* The gradients live in one buffer for the whole run: registered once, the
-   * allreduces over ib send their chunks straight from it (no-op without ib;
-   * device memory goes through the transports' staging instead). */
-  float *grads = t->resident ? gw_exec_grads(t->e) : gw_model_grads(t->m);
-  void *compute = t->resident ? t->ops->stream(t->b) : NULL; /* NULL: host memory, calls done on return */
-  gw_result_t r = GW_SUCCESS;
-  if (!compute && (r = gw_comm_register(t->comm, grads, t->np * sizeof(float), &t->grads_reg)) != GW_SUCCESS)
-    return comm_fail(t, "registering the gradients", r);
-  r = gw_bucketer_create(t->comm, grads, t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
-  if (r == GW_SUCCESS && o->grad_wire != GW_FLOAT32) r = gw_bucketer_set_wire(t->bk, (gw_dtype_t)o->grad_wire);
-  /* Backward's kernels are queued, not done, when their gradients are reported
-   * ready: the allreduces wait for them on the device, never the host. */
-  if (r == GW_SUCCESS && compute) r = gw_bucketer_set_compute_stream(t->bk, compute);
-  return r == GW_SUCCESS ? 0 : comm_fail(t, "bucketer", r);
-}
-
-static int setup_loaders(struct trainer *t) {
-  const struct train_opts *o = t->o;
-  uint64_t seed = o->model.seed;
-  if (gw_sampler_init(&t->train_s, gw_dataset_size(t->train_ds), t->world, t->rank, 1, o->drop_last, seed) !=
-      GW_SUCCESS)
-    return fail(t, "sampler", gw_data_last_error());
-  struct gw_loader_config lc;
-  gw_loader_config_default(&lc);
-  lc.batch = o->batch, lc.threads = o->loader_threads, lc.train = 1, lc.drop_last_batch = 1, lc.seed = seed;
-  if (gw_loader_init(&t->train_ld, t->train_ds, &t->train_s, &lc) != GW_SUCCESS)
-    return fail(t, "loader", gw_data_last_error());
-  t->spe = gw_loader_batches_per_epoch(t->train_ld);
-  if (t->spe < 1) {
-    char d[200];
-    snprintf(d, sizeof d, "a rank's share of the %lld training samples is less than one batch of %d",
-             (long long)gw_dataset_size(t->train_ds), o->batch);
-    return fail(t, "--batch", d);
-  }
-  if (!t->val_ds) return 0;
-  if (gw_sampler_init(&t->val_s, gw_dataset_size(t->val_ds), t->world, t->rank, 0, 0, seed) != GW_SUCCESS)
-    return fail(t, "sampler", gw_data_last_error());
-  lc.train = 0, lc.drop_last_batch = 0, lc.epochs = 1;
-  if (gw_loader_init(&t->val_ld, t->val_ds, &t->val_s, &lc) != GW_SUCCESS)
-    return fail(t, "loader", gw_data_last_error());
-  return 0;
-}
-
-static void plan_schedule(struct trainer *t) {
-  const struct train_opts *o = t->o;
-  t->total_steps = o->epochs > 0 ? o->epochs * t->spe : o->steps;
-  t->epochs = (t->total_steps + t->spe - 1) / t->spe;
-  t->warmup_steps = (int64_t)llround(o->warmup_epochs * (double)t->spe);
-  if (t->warmup_steps > t->total_steps) t->warmup_steps = t->total_steps;
-  t->peak_lr = o->lr * (double)o->batch * t->world / 256.0;
-}
-
-/* Linear warmup to the peak, then cosine to 0 or steps of 10x at 1/3 and 2/3. */
 static double lr_at(const struct trainer *t, int64_t step) {
   if (step < t->warmup_steps) return t->peak_lr * (double)(step + 1) / (double)t->warmup_steps;
   int64_t rest = t->total_steps - t->warmup_steps;
@@ -381,18 +46,18 @@ static double lr_at(const struct trainer *t, int64_t step) {
  * from the backend, where a resident run keeps them. */
 static int host_from_backend(struct trainer *t, const char *what) {
   if (!t->resident) return 0;
-  if (gw_exec_download_model(t->e) != GW_SUCCESS) return fail(t, what, gw_model_last_error());
+  if (gw_exec_download_model(t->e) != GW_SUCCESS) return train_fail(t, what, gw_model_last_error());
   if (t->mom_dev && t->ops->download(t->b, gw_sgd_momentum(t->sgd), t->mom_dev, t->np * sizeof(float)) != GW_SUCCESS)
-    return fail(t, what, gw_model_last_error());
+    return train_fail(t, what, gw_model_last_error());
   return 0;
 }
 
 /* The other way: after the broadcast of the initial weights or a resume. */
-static int backend_from_host(struct trainer *t) {
+int trainer_backend_from_host(struct trainer *t) {
   if (!t->resident) return 0;
-  if (gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "setup", gw_model_last_error());
+  if (gw_exec_upload_model(t->e) != GW_SUCCESS) return train_fail(t, "setup", gw_model_last_error());
   if (t->mom_dev && t->ops->upload(t->b, t->mom_dev, gw_sgd_momentum(t->sgd), t->np * sizeof(float)) != GW_SUCCESS)
-    return fail(t, "setup", gw_model_last_error());
+    return train_fail(t, "setup", gw_model_last_error());
   return 0;
 }
 
@@ -404,28 +69,30 @@ static int save_checkpoint(struct trainer *t) {
   if (!t->o->checkpoint_dir || t->rank != 0) return 0;
   if (host_from_backend(t, "checkpoint") != 0) return -1;
   if (ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
-    return fail(t, "checkpoint", err);
+    return train_fail(t, "checkpoint", err);
   return 0;
 }
 
 static int share_state(struct trainer *t) {
-  int64_t s[9] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0,
-                  t->st.good_steps, t->st.overflows};
+  int64_t s[11] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0,
+                   t->st.good_steps, t->st.overflows, t->st.eval_epoch, 0};
   memcpy(&s[5], &t->st.loss_sum, sizeof(double));
   memcpy(&s[6], &t->st.loss_scale, sizeof(double));
-  if (bcast(t, s, 9, GW_INT64, "sharing the resumed state") != 0) return -1;
+  memcpy(&s[10], &t->st.eval_train_loss, sizeof(double));
+  if (train_bcast(t, s, 11, GW_INT64, "sharing the resumed state") != 0) return -1;
   t->st.step = s[0], t->st.epoch = s[1], t->st.position = s[2], t->st.sgd_steps = s[3], t->st.loss_count = s[4];
   memcpy(&t->st.loss_sum, &s[5], sizeof(double));
   memcpy(&t->st.loss_scale, &s[6], sizeof(double));
-  t->st.good_steps = s[7], t->st.overflows = s[8];
+  t->st.good_steps = s[7], t->st.overflows = s[8], t->st.eval_epoch = s[9];
+  memcpy(&t->st.eval_train_loss, &s[10], sizeof(double));
   float *mom = gw_sgd_momentum(t->sgd);
-  if (bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "sharing the resumed weights") != 0) return -1;
-  if (mom && bcast(t, mom, t->np, GW_FLOAT32, "sharing the resumed momentum") != 0) return -1;
-  if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing the resumed BN statistics") != 0) return -1;
-  return bcast(t, gw_model_counters(t->m), t->ncounters, GW_INT64, "sharing the resumed BN counters");
+  if (train_bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "sharing the resumed weights") != 0) return -1;
+  if (mom && train_bcast(t, mom, t->np, GW_FLOAT32, "sharing the resumed momentum") != 0) return -1;
+  if (train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing the resumed BN statistics") != 0) return -1;
+  return train_bcast(t, gw_model_counters(t->m), t->ncounters, GW_INT64, "sharing the resumed BN counters");
 }
 
-static int resume(struct trainer *t) {
+int trainer_resume(struct trainer *t) {
   int found = 0;
   const double initial_scale = t->st.loss_scale;
   if (t->rank == 0) {
@@ -441,8 +108,19 @@ static int resume(struct trainer *t) {
       log_text(&t->log, "note: the checkpoint has no loss scaler state (written by an older gw-train); the loss "
                "scale restarts at %g", initial_scale);
     if (note[0]) log_text(&t->log, "warning: %s", note);
+    if (r == 0) {
+      /* Changing these on a resume is allowed (a lower rate to finish, another
+       * backend), but said: it is easily done by mistake. */
+      static const char *const how_long[] = {"epochs", "steps", "eval", "save_weights", "overlap", "bucket_mb",
+                                             "first_bucket_mb", "backend", "layout", "host_step", NULL};
+      char now_opts[sizeof t->st.options], changed[1200];
+      train_opts_describe(t->o, now_opts, sizeof now_opts);
+      if (t->st.options[0] && train_opts_diff(t->st.options, now_opts, how_long, changed, sizeof changed) > 0)
+        log_text(&t->log, "note: resuming with options other than the saved run's: %s", changed);
+      snprintf(t->st.options, sizeof t->st.options, "%s", now_opts);
+    }
     if (r < 0) {
-      fail(t, "--resume", err);
+      train_fail(t, "--resume", err);
       found = -1;
     } else {
       found = r == 0;
@@ -452,12 +130,12 @@ static int resume(struct trainer *t) {
     }
   }
   int64_t f = found;
-  if (bcast(t, &f, 1, GW_INT64, "sharing the resume decision") != 0 || f < 0) return -1;
+  if (train_bcast(t, &f, 1, GW_INT64, "sharing the resume decision") != 0 || f < 0) return -1;
   if (f == 0) return 0;
   if (share_state(t) != 0) return -1;
   gw_sgd_set_steps(t->sgd, t->st.sgd_steps);
   if (gw_loader_seek(t->train_ld, t->st.epoch, t->st.position) != GW_SUCCESS)
-    return fail(t, "resume", gw_data_last_error());
+    return train_fail(t, "resume", gw_data_last_error());
   return 0;
 }
 
@@ -474,7 +152,7 @@ static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_
     x = t->pad_x;
   }
   if (gw_exec_forward(t->e, x, 0) != GW_SUCCESS || gw_exec_logits(t->e, t->logits) != GW_SUCCESS)
-    return fail(t, "evaluation", gw_model_last_error());
+    return train_fail(t, "evaluation", gw_model_last_error());
   eval_score_batch(t->logits, k, bt, t->rank, t->world, gw_dataset_size(t->val_ds), c);
   return 0;
 }
@@ -482,14 +160,14 @@ static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_
 static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (!t->val_ld) return 0;
   if (host_from_backend(t, "evaluation") != 0) return -1;
-  if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
-  if (gw_loader_seek(t->val_ld, 0, 0) != GW_SUCCESS) return fail(t, "evaluation", gw_data_last_error());
-  if (gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "evaluation", gw_model_last_error());
+  if (train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
+  if (gw_loader_seek(t->val_ld, 0, 0) != GW_SUCCESS) return train_fail(t, "evaluation", gw_data_last_error());
+  if (gw_exec_upload_model(t->e) != GW_SUCCESS) return train_fail(t, "evaluation", gw_model_last_error());
   struct eval_counts c = {0, 0, 0, 0};
   const struct gw_batch *bt;
   const int64_t skipped_before = gw_loader_skipped(t->val_ld);
   for (;;) {
-    if (gw_loader_next(t->val_ld, &bt) != GW_SUCCESS) return fail(t, "evaluation data", gw_data_last_error());
+    if (gw_loader_next(t->val_ld, &bt) != GW_SUCCESS) return train_fail(t, "evaluation data", gw_data_last_error());
     if (!bt) break;
     if (eval_batch(t, bt, &c) != 0) return -1;
   }
@@ -497,7 +175,7 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (left_out > 0)
     log_rank(&t->log, "warning: the evaluation left out %lld unreadable sample%s of this rank's share; the latest: %s",
              (long long)left_out, left_out > 1 ? "s" : "", gw_loader_last_skip(t->val_ld));
-  if (allreduce_d(t, &c.top1, 4, "summing the evaluation") != 0) return -1;
+  if (train_allreduce_d(t, &c.top1, 4, "summing the evaluation") != 0) return -1;
   double top1 = c.top1 / c.n, top5 = c.top5 / c.n;
   log_eval(&t->log, epoch, top1, top5, c.loss / c.n, (int64_t)c.n);
   if (t->rank == 0 && t->o->plot) {
@@ -557,9 +235,9 @@ static int finish_gradients(struct trainer *t, struct step_report *r, double t_b
   if (res == GW_SUCCESS && t->warming && t->resident) { /* the allreduces done before the optimizer's first launch */
     float one;
     if (t->ops->download(t->b, &one, gw_exec_grads(t->e), sizeof one) != GW_SUCCESS)
-      return fail(t, "gradient allreduce", gw_model_last_error());
+      return train_fail(t, "gradient allreduce", gw_model_last_error());
   }
-  if (res != GW_SUCCESS) return comm_fail(t, "gradient allreduce", res);
+  if (res != GW_SUCCESS) return train_comm_fail(t, "gradient allreduce", res);
   struct gw_bucketer_times bt;
   gw_bucketer_times(t->bk, &bt);
   r->comm_ms = 1e3 * (bt.done - bt.first_start);
@@ -579,7 +257,7 @@ static int overflowed(struct trainer *t, int *over) {
     float *g = gw_exec_grads(t->e), inf = INFINITY;
     if ((poisoned && t->ops->upload(t->b, g + np / 2, &inf, sizeof inf) != GW_SUCCESS) ||
         t->ops->nonfinite(t->b, g, np, over) != GW_SUCCESS)
-      return fail(t, "loss scaling", gw_model_last_error());
+      return train_fail(t, "loss scaling", gw_model_last_error());
     return 0;
   }
   float *g = gw_model_grads(t->m);
@@ -623,7 +301,7 @@ static int unscale(struct trainer *t, float *inv) {
 static int optimizer_step(struct trainer *t, double lr, float inv) {
   if (!t->resident) {
     if (gw_sgd_step(t->sgd, gw_model_params(t->m), gw_model_grads(t->m), (float)lr) != GW_SUCCESS)
-      return fail(t, "optimizer", gw_model_last_error());
+      return train_fail(t, "optimizer", gw_model_last_error());
     return 0;
   }
   struct gw_sgd_scalars sc;
@@ -631,7 +309,7 @@ static int optimizer_step(struct trainer *t, double lr, float inv) {
   const struct gw_sgd_run *runs = gw_sgd_runs(t->sgd, &nruns);
   gw_sgd_scalars_at(t->sgd, (float)lr, inv, &sc);
   if (t->ops->sgd_step(t->b, runs, nruns, gw_exec_params(t->e), gw_exec_grads(t->e), t->mom_dev, &sc) != GW_SUCCESS)
-    return fail(t, "optimizer", gw_model_last_error());
+    return train_fail(t, "optimizer", gw_model_last_error());
   gw_sgd_set_steps(t->sgd, gw_sgd_steps(t->sgd) + 1);
   return 0;
 }
@@ -652,13 +330,13 @@ struct taken {
 
 static int take_batch(struct trainer *t, struct taken *k) {
   double t0 = now();
-  if (gw_loader_next(t->train_ld, &k->bt) != GW_SUCCESS) return fail(t, "training data", gw_data_last_error());
-  if (!k->bt) return fail(t, "training data", "the loader ended before the last step");
+  if (gw_loader_next(t->train_ld, &k->bt) != GW_SUCCESS) return train_fail(t, "training data", gw_data_last_error());
+  if (!k->bt) return train_fail(t, "training data", "the loader ended before the last step");
   k->epoch = k->bt->epoch, k->position = k->bt->position;
   gw_loader_state(t->train_ld, &k->next_epoch, &k->next_position);
   k->staged = !t->ops->host_memory, k->ahead = 0;
   if (k->staged && gw_exec_stage(t->e, k->bt->x, k->bt->y) != GW_SUCCESS)
-    return fail(t, "staging the input", gw_model_last_error());
+    return train_fail(t, "staging the input", gw_model_last_error());
   k->ms = 1e3 * (now() - t0);
   return 0;
 }
@@ -677,21 +355,21 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
    * up before the step, and the gradients (during backward) and the statistics
    * (after it) come back down.  A resident run moves none of it. */
   const int copies = !t->ops->host_memory && !t->resident;
-  if (copies && gw_exec_upload_model(t->e) != GW_SUCCESS) return fail(t, "forward", gw_model_last_error());
+  if (copies && gw_exec_upload_model(t->e) != GW_SUCCESS) return train_fail(t, "forward", gw_model_last_error());
   if (t->st.loss_scale && gw_exec_set_loss_scale(t->e, (float)t->st.loss_scale) != GW_SUCCESS)
-    return fail(t, "--loss-scale", gw_model_last_error());
+    return train_fail(t, "--loss-scale", gw_model_last_error());
   if (gw_exec_forward(t->e, k->staged ? NULL : bt->x, 1) != GW_SUCCESS)
-    return fail(t, "forward", gw_model_last_error());
+    return train_fail(t, "forward", gw_model_last_error());
   gw_grad_ready_fn ready = copies ? on_ready_device : t->bk && overlapping(t) ? on_ready : NULL;
   if (gw_exec_backward(t->e, k->staged ? NULL : bt->y, &loss, ready, t) != GW_SUCCESS)
-    return fail(t, "backward", gw_model_last_error());
-  if (t->ready_msg[0]) return fail(t, "backward", t->ready_msg);
+    return train_fail(t, "backward", gw_model_last_error());
+  if (t->ready_msg[0]) return train_fail(t, "backward", t->ready_msg);
   if (next && take_batch(t, next) != 0) return -1;
-  if (copies && gw_exec_download_stats(t->e) != GW_SUCCESS) return fail(t, "backward", gw_model_last_error());
+  if (copies && gw_exec_download_stats(t->e) != GW_SUCCESS) return train_fail(t, "backward", gw_model_last_error());
   double t_bwd = now();
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
   double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
-  if (allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
+  if (train_allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
   r->loss_scale = t->st.loss_scale;
   float inv = 1.0f;
   int skip = t->st.loss_scale ? unscale(t, &inv) : 0;
@@ -710,20 +388,34 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   return 0;
 }
 
+/* A test hook: GW_TRAIN_STOP_BEFORE_EVAL=E ends the job as an interruption
+ * would (exit 75) after epoch E's checkpoint, before its evaluation. */
+enum { STOPPED = 75 };
+static int stop_before_eval(int64_t epoch) {
+  const char *s = getenv("GW_TRAIN_STOP_BEFORE_EVAL");
+  return s && atoll(s) == epoch;
+}
+
 static int epoch_end(struct trainer *t, int64_t epoch) {
   double mean = t->st.loss_count ? t->st.loss_sum / (double)t->st.loss_count : 0;
   log_text(&t->log, "epoch %lld done: mean training loss %.4f", (long long)epoch + 1, mean);
   t->st.loss_sum = 0, t->st.loss_count = 0;
   /* Saved before the evaluation (which changes nothing saved), so a job that
-   * ends during it keeps the epoch. */
+   * ends during it keeps the epoch; the checkpoint says the evaluation is
+   * pending, so a resume runs it before going on. */
+  if (t->o->eval) t->st.eval_epoch = epoch + 1, t->st.eval_train_loss = mean;
   if (save_checkpoint(t) != 0) return -1;
+  if (t->o->eval && stop_before_eval(epoch + 1)) {
+    log_text(&t->log, "stopping before the evaluation of epoch %lld (GW_TRAIN_STOP_BEFORE_EVAL)", (long long)epoch + 1);
+    return STOPPED;
+  }
+  t->st.eval_epoch = 0;
   return t->o->eval ? evaluate(t, epoch + 1, mean) : 0;
 }
 
 /* A test hook: GW_TRAIN_STOP_AT_STEP=N ends the job right after step N (and its
  * checkpoint) as an interruption would, exit code 75, so resume can be tested
  * deterministically. */
-enum { STOPPED = 75 };
 static int interrupted_here(struct trainer *t) {
   const char *s = getenv("GW_TRAIN_STOP_AT_STEP");
   if (!s || atoll(s) != t->st.step) return 0;
@@ -737,6 +429,11 @@ static int run_steps(struct trainer *t) {
   struct taken k = {0}, next = {0};
   int have_next = 0;
   t->saved_step = t->st.step; /* what a resume started from, or nothing yet */
+  if (t->st.eval_epoch) { /* resumed from an epoch's end whose evaluation did not finish */
+    const int64_t e = t->st.eval_epoch;
+    t->st.eval_epoch = 0;
+    if (t->o->eval && evaluate(t, e, t->st.eval_train_loss) != 0) return -1;
+  }
   while (t->st.step < t->total_steps) {
     if (have_next) k = next, k.ahead = 1, have_next = 0;
     else if (take_batch(t, &k) != 0) return -1;
@@ -761,7 +458,10 @@ static int run_steps(struct trainer *t) {
     }
     log_step(&t->log, &r, t->st.step % t->o->log_every == 0 || t->st.step == t->total_steps);
     int last_of_epoch = r.step_in_epoch == t->spe;
-    if (last_of_epoch && epoch_end(t, k.epoch) != 0) return -1;
+    if (last_of_epoch) {
+      const int rc = epoch_end(t, k.epoch);
+      if (rc != 0) return rc;
+    }
     if (!last_of_epoch && t->o->checkpoint_every && t->st.step % t->o->checkpoint_every == 0 &&
         save_checkpoint(t) != 0)
       return -1;
@@ -773,41 +473,6 @@ static int run_steps(struct trainer *t) {
 }
 
 /* ---- the job */
-
-/* Rank 0's output paths, checked before any work: a bad one used to fail only
- * when first written (after the training, for --save-weights), or never; and
- * a checkpoint folder holding another run's files is refused unless resuming. */
-static int check_outputs(const struct trainer *t) {
-  const struct train_opts *o = t->o;
-  if (t->rank != 0) return 0;
-  char err[1200];
-  if ((o->checkpoint_dir && ckpt_prepare_dir(o->checkpoint_dir, o->resume, err, sizeof err) != 0) ||
-      (o->save_weights && output_path_ok("--save-weights", o->save_weights, err, sizeof err) != 0) ||
-      (o->plot && plot_check(o->plot, err, sizeof err) != 0))
-    return fail(t, "output files", err);
-  return 0;
-}
-
-static int setup(struct trainer *t) {
-  if (setup_comm(t) != 0 || check_outputs(t) != 0 || open_data(t) != 0 || setup_model(t) != 0 || setup_comm_parts(t) != 0 ||
-      setup_loaders(t) != 0)
-    return -1;
-  /* setup_comm_parts turned SyncBatchNorm on (or not): the values per channel are known. */
-  if (gw_exec_check_train(t->e, t->world) != GW_SUCCESS) return fail(t, "--batch", gw_model_last_error());
-  plan_schedule(t);
-  size_t sample = gw_dataset_sample_floats(t->train_ds);
-  t->pad_x = malloc((size_t)t->o->batch * sample * sizeof(float));
-  t->logits = malloc((size_t)t->o->batch * gw_model_get_config(t->m)->classes * sizeof(float));
-  if (!t->pad_x || !t->logits) return fail(t, "setup", "out of memory");
-  char err[600];
-  if (log_open(&t->log, t->o->metrics, t->rank, err, sizeof err) != 0) return fail(t, "--metrics", err);
-  if (t->o->resume && resume(t) != 0) return -1;
-  /* The plot gets a point at each epoch's end: say so at once when none comes. */
-  if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
-    log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "
-             "each): nothing will be drawn", t->o->plot, (long long)t->total_steps, (long long)t->spe);
-  return backend_from_host(t);
-}
 
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
@@ -848,9 +513,9 @@ static void teardown(struct trainer *t) {
 static int finish(struct trainer *t) {
   if (!t->o->save_weights) return 0;
   if (host_from_backend(t, "--save-weights") != 0) return -1;
-  if (bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
+  if (train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
   if (t->rank == 0 && gw_model_save_weights(t->m, t->o->save_weights) != GW_SUCCESS)
-    return fail(t, "--save-weights", gw_model_last_error());
+    return train_fail(t, "--save-weights", gw_model_last_error());
   if (t->rank == 0) log_text(&t->log, "weights written to %s", t->o->save_weights);
   return 0;
 }
@@ -860,7 +525,7 @@ int gw_train_run(const struct train_opts *o) {
   memset(&t, 0, sizeof t);
   t.o = o;
   t.log.rank = -1;
-  int rc = setup(&t);
+  int rc = trainer_setup(&t);
   if (rc == 0) {
     announce(&t);
     rc = run_steps(&t);

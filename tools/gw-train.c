@@ -162,7 +162,7 @@ static int parse_seed(const char *arg, uint64_t *out) {
   char *end;
   errno = 0;
   unsigned long long v = strtoull(arg, &end, 10);
-  if (errno || end == arg || *end || arg[0] == '-')
+  if (errno || end == arg || *end || arg[0] < '0' || arg[0] > '9') /* strtoull takes " -1" and wraps it */
     return bad("--seed wants a non-negative whole number, got '%s'%s", arg, "");
   *out = v;
   return 0;
@@ -223,7 +223,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_SYNSAMPLES: {
     long v;
     if (parse_long("--synthetic-samples", arg, 1, GW_SAMPLER_MAX_SAMPLES, &v) != 0) return -1;
-    o->synthetic_samples = v;
+    o->synthetic_samples = v, o->synthetic_given = 1;
     return 0;
   }
   case O_LTHREADS: return parse_int("--loader-threads", arg, 1, 256, &o->loader_threads);
@@ -264,7 +264,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_LSCALE:
     o->loss_scale_given = 1;
     if (!strcmp(arg, "off")) o->loss_scale = 0, o->loss_scale_dynamic = 0;
-    else if (!strcmp(arg, "dynamic")) o->loss_scale_dynamic = 1, o->loss_scale = o->loss_scale ? o->loss_scale : 65536;
+    else if (!strcmp(arg, "dynamic")) o->loss_scale_dynamic = 1, o->loss_scale = 65536; /* or --loss-scale-init */
     else {
       o->loss_scale_dynamic = 0;
       return parse_double("--loss-scale (off, dynamic or a number)", arg, 1e-30, 3.4e38, &o->loss_scale);
@@ -314,6 +314,14 @@ static int check(const struct train_opts *o) {
   if (o->plot && !o->eval)
     return bad("--plot draws each epoch's test accuracy beside its loss: it needs the evaluation (drop --no-eval)%s%s",
                "", "");
+  const char *d = o->data;
+  const int fashion = !strncmp(d, "fashion-mnist", 13) && (!d[13] || d[13] == ':');
+  if (o->augment && !fashion)
+    return bad("--augment applies to fashion-mnist: %s %s", d,
+               !strncmp(d, "imagenet:", 9) ? "always trains on random resized crops and flips"
+                                           : "has nothing to augment");
+  if (o->synthetic_given && strcmp(d, "synthetic"))
+    return bad("--synthetic-samples applies to --data synthetic, not %s%s", d, "");
   if (o->tf32_given && strcmp(o->backend, "cudnn"))
     return bad("--tf32 applies to --backend cudnn (the %s backend's float32 is full float32)%s", o->backend, "");
   if (o->nesterov && o->momentum <= 0) return bad("--nesterov needs a momentum > 0%s%s", "", "");
@@ -353,6 +361,71 @@ static int parse(int argc, char **argv, struct train_opts *o) {
    * the checks: --loss-scale-init applies to it). */
   if (o->amp == GW_FLOAT16 && !o->loss_scale_given) o->loss_scale_dynamic = 1, o->loss_scale = 65536;
   return check(o) != 0 ? 2 : 0;
+}
+
+static const char *dtype_word(int d) {
+  return d == GW_BFLOAT16 ? "bf16" : d == GW_FLOAT16 ? "fp16" : "fp32";
+}
+
+size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
+  const struct gw_model_config *m = &o->model;
+  char scale[64];
+  if (o->loss_scale_dynamic) snprintf(scale, sizeof scale, "dynamic:%.10g", o->loss_scale_init ? o->loss_scale_init : o->loss_scale);
+  else snprintf(scale, sizeof scale, "%.10g", o->loss_scale);
+  int n = snprintf(buf, len,
+                   "model=%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d zero_init_residual=%d "
+                   "batch=%d seed=%llu drop_last=%d augment=%d lr=%.10g momentum=%.10g "
+                   "wd=%.10g nesterov=%d label_smoothing=%.10g warmup_epochs=%.10g schedule=%s epochs=%ld steps=%ld "
+                   "sync_bn=%d overlap=%d bucket_mb=%.10g first_bucket_mb=%.10g grad_wire=%s amp=%s loss_scale=%s "
+                   "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d",
+                   o->model_name, o->classes_given ? m->classes : 0, o->in_channels_given ? m->in_channels : 0,
+                   o->image_size_given ? m->image_size : 0,
+                   !o->stem_given ? "data's" : m->stem == GW_STEM_SMALL ? "small" : "imagenet", m->width_divisor,
+                   m->zero_init_residual, o->batch, (unsigned long long)m->seed, o->drop_last, o->augment, o->lr, o->momentum, o->wd,
+                   o->nesterov, o->label_smoothing, o->warmup_epochs,
+                   o->schedule == GW_SCHED_STEP ? "step" : "cosine", o->epochs, o->steps, o->sync_bn, !o->no_overlap,
+                   o->bucket_mb, o->first_bucket_mb, dtype_word(o->grad_wire), dtype_word(o->amp), scale, o->backend,
+                   o->tf32, o->layout, o->host_step, o->eval, o->save_weights != NULL);
+  return n < 0 ? 0 : (size_t)n;
+}
+
+/* The value of word `key=` in a words string; its length in *vlen. */
+static const char *word_value(const char *words, const char *key, size_t klen, size_t *vlen) {
+  for (const char *p = words; *p;) {
+    const char *end = strchr(p, ' ');
+    if (!end) end = p + strlen(p);
+    if ((size_t)(end - p) > klen && !strncmp(p, key, klen) && p[klen] == '=') {
+      *vlen = (size_t)(end - p) - klen - 1;
+      return p + klen + 1;
+    }
+    p = *end ? end + 1 : end;
+  }
+  return NULL;
+}
+
+int train_opts_diff(const char *a, const char *b, const char *const *skip, char *out, size_t len) {
+  int n = 0;
+  size_t used = 0;
+  out[0] = 0;
+  for (const char *p = a; *p;) {
+    const char *eq = strchr(p, '='), *end = strchr(p, ' ');
+    if (!end) end = p + strlen(p);
+    if (eq && eq < end) {
+      size_t klen = (size_t)(eq - p), blen = 0;
+      int skipped = 0;
+      for (int i = 0; skip && skip[i]; i++) skipped |= strlen(skip[i]) == klen && !strncmp(skip[i], p, klen);
+      const char *bv = word_value(b, p, klen, &blen);
+      const size_t alen = (size_t)(end - eq - 1);
+      if (!skipped && (!bv || blen != alen || strncmp(bv, eq + 1, alen) != 0)) {
+        int w = snprintf(out + used, len - used, "%s%.*s %.*s -> %.*s", n ? ", " : "", (int)klen, p, (int)alen,
+                         eq + 1, bv ? (int)blen : 6, bv ? bv : "(none)");
+        if (w > 0) used += (size_t)w < len - used ? (size_t)w : len - used - 1;
+        n++;
+      }
+    }
+    p = *end ? end + 1 : end;
+  }
+  return n;
 }
 
 /* --steps 0: the model alone, from the command line's shape. */

@@ -1,6 +1,8 @@
 /* gw-train.h - the pieces of gw-train shared by its files:
  *   gw-train.c        options and main()
- *   gw-train-loop.c   setup, the training loop with bucketed allreduce, evaluation
+ *   gw-train-setup.c  setup: the communicator, options and data agreed across ranks, model, loaders
+ *   gw-train-loop.c   the training loop with bucketed allreduce, checkpoint glue, evaluation
+ *   gw-train-job.h    the trainer those two share
  *   gw-train-ckpt.c   checkpoints (atomic, checksummed, last K kept) and resume
  *   gw-train-log.c    metrics JSON lines, the progress line, the gnuplot plot
  */
@@ -51,7 +53,16 @@ struct train_opts {
   int eval;                 /* evaluate at each epoch end */
   const char *save_weights, *load_weights;
   int64_t synthetic_samples;
+  int synthetic_given;
 };
+
+/* gw-train.c: the options every rank must share (they decide the sequence of
+ * collectives or the arithmetic; paths, threads and logging left out), as
+ * "key=value" words; returns the length (as snprintf). */
+size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len);
+/* Lists "key A -> B" in out for each key of words a whose value in b differs
+ * (or is missing), keys in skip (NULL-terminated) aside; returns how many. */
+int train_opts_diff(const char *a, const char *b, const char *const *skip, char *out, size_t len);
 
 /* Everything the loop needs, made once. */
 struct trainer;
@@ -72,6 +83,14 @@ struct ckpt_state {
   double loss_scale;
   int64_t good_steps, overflows;
   int has_scaler;
+  /* An epoch saved at its end whose evaluation has not finished (0: none), and
+   * its mean training loss: a resume evaluates it first (a job killed during
+   * the evaluation used to skip it, and the last epoch's result was lost). */
+  int64_t eval_epoch;
+  double eval_train_loss;
+  /* train_opts_describe of the run that saved it (metadata; "" from an older
+   * gw-train): a resume notes what changed. */
+  char options[1536];
 };
 struct gw_model;
 struct gw_sgd;
@@ -97,6 +116,7 @@ struct train_log {
   int rank;
   double start;
   int line_open;      /* a progress line without its newline is on screen */
+  int64_t start_step; /* the step this process started from (the ETA's pace) */
 };
 struct step_report {
   int64_t step, steps_total, epoch, epochs;
@@ -111,6 +131,9 @@ int log_open(struct train_log *l, const char *metrics_path, int rank, char *err,
 /* A resume from step `step`: a {"type":"resume"} line in the metrics; the lines
  * after it supersede earlier ones of the same step (those steps run again). */
 void log_resumed(struct train_log *l, int64_t step);
+/* A run from the beginning: a {"type":"start"} line in the metrics; the lines
+ * before it (the file is appended to) are another run's. */
+void log_started(struct train_log *l);
 /* Before training (rank 0): output_path_ok (outpath.h) for the PNG, and
  * gnuplot runs.  0, or -1 with err naming the flag and path. */
 int plot_check(const char *png, char *err, size_t errlen);

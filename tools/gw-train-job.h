@@ -1,0 +1,76 @@
+/* gw-train-job.h - what gw-train-setup.c and gw-train-loop.c share: the
+ * trainer, and the helpers both use. */
+#ifndef GW_TRAIN_JOB_H
+#define GW_TRAIN_JOB_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "dataset.h"
+#include "exec.h"
+#include "gw-train.h"
+#include "loader.h"
+#include "sampler.h"
+#include "sgd.h"
+#include "sgd_math.h"
+
+struct trainer {
+  const struct train_opts *o;
+  int64_t saved_step; /* the step of the last checkpoint written or resumed */
+  int64_t skips_told, skips_told_at; /* unreadable training samples logged, and when */
+  /* A device backend's first step in this process: its allreduces start after
+   * backward is queued and are waited for before the optimizer (see
+   * overlapping()). */
+  int warming;
+  gw_comm_t comm; /* NULL when alone */
+  int rank, world;
+  struct gw_dataset *train_ds, *val_ds;
+  struct gw_sampler train_s, val_s;
+  struct gw_loader *train_ld, *val_ld;
+  struct gw_model *m;
+  const struct gw_backend_ops *ops; /* --backend */
+  struct gw_backend *b;
+  struct gw_exec *e;
+  struct gw_sgd *sgd;
+  gw_bucketer_t bk;
+  int resident;  /* device backend: weights, gradients, momentum stay in its memory (see the top) */
+  float *mom_dev; /* resident: the momentum buffer there (NULL without momentum) */
+  void *grads_reg; /* gw_comm_register of the gradients (over ib: sent from directly) */
+  size_t np, nrun, ncounters;
+  size_t marked;            /* gradient elements handed to the bucketer this step */
+  size_t downloaded;        /* device backends: gradient elements copied to the host this step */
+  size_t bounds[4096];      /* the buckets' bounds (nb + 1), where the device path copies gradients down */
+  int nb;
+  gw_result_t ready_err;
+  char ready_msg[512];      /* device backends: a failed download during backward */
+  int64_t spe, total_steps, warmup_steps; /* steps per epoch, in all, of warmup */
+  int64_t epochs;
+  double peak_lr;
+  struct ckpt_state st;
+  struct train_log log;
+  char config[4608]; /* --data's path (up to PATH_MAX) and the rest */
+  float *pad_x, *logits;
+  int32_t *pad_y;
+};
+
+/* Prints the message once (rank-prefixed when there are several) and returns -1. */
+int train_fail(const struct trainer *t, const char *what, const char *detail);
+int train_comm_fail(const struct trainer *t, const char *what, gw_result_t r);
+/* Rank 0's buffer to every rank / a sum of doubles over the ranks; no-ops when
+ * alone; 0, or -1 having said why. */
+int train_bcast(struct trainer *t, void *buf, size_t count, gw_dtype_t dtype, const char *what);
+int train_allreduce_d(struct trainer *t, double *buf, size_t n, const char *what);
+
+/* gw-train-setup.c: everything before the first step; 0 or -1 (said). */
+int trainer_setup(struct trainer *t);
+/* gw-train-loop.c: --resume (rank 0 reads, everyone gets its state), and
+ * the device copies made current from the host's. */
+int trainer_resume(struct trainer *t);
+int trainer_backend_from_host(struct trainer *t);
+
+#endif

@@ -1,0 +1,352 @@
+/* gw-train-setup.c - gw-train's job from launch to the first step: joining
+ * the communicator, checking that every rank runs the same options and data,
+ * the model, backend, optimizer, bucketer and loaders, the schedule, output
+ * checks and a resume.  The loop itself is gw-train-loop.c. */
+#include "gw_config.h"
+
+#if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
+
+#include "gw-train-job.h"
+
+/* Prints the message once (rank-prefixed when there are several) and returns -1. */
+int train_fail(const struct trainer *t, const char *what, const char *detail) {
+  if (t->world > 1) fprintf(stderr, "gw-train: rank %d: %s: %s\n", t->rank, what, detail);
+  else fprintf(stderr, "gw-train: %s: %s\n", what, detail);
+  return -1;
+}
+
+int train_comm_fail(const struct trainer *t, const char *what, gw_result_t r) {
+  char d[600];
+  snprintf(d, sizeof d, "%s (%s)", gw_comm_last_error(t->comm), gw_strerror(r));
+  return train_fail(t, what, d);
+}
+
+/* ---- communication helpers: no-ops when alone */
+
+static int launched_as_rank(void) {
+  static const char *const vars[] = {"GW_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+    if (getenv(vars[i])) return 1;
+  return 0;
+}
+
+static int setup_comm(struct trainer *t) {
+  t->world = 1;
+  if (!launched_as_rank()) return 0;
+  gw_result_t r = gw_comm_init_env(&t->comm);
+  if (r != GW_SUCCESS) {
+    fprintf(stderr, "gw-train: joining the job failed: %s\n", gw_comm_last_error(NULL));
+    return -1;
+  }
+  gw_comm_rank(t->comm, &t->rank);
+  gw_comm_size(t->comm, &t->world);
+  return 0;
+}
+
+int train_bcast(struct trainer *t, void *buf, size_t count, gw_dtype_t dtype, const char *what) {
+  if (!t->comm || !count) return 0;
+  gw_result_t r = gw_broadcast(buf, buf, count, dtype, 0, t->comm, NULL);
+  return r == GW_SUCCESS ? 0 : train_comm_fail(t, what, r);
+}
+
+int train_allreduce_d(struct trainer *t, double *buf, size_t n, const char *what) {
+  if (!t->comm) return 0;
+  gw_result_t r = gw_allreduce(buf, buf, n, GW_FLOAT64, GW_SUM, t->comm, NULL);
+  return r == GW_SUCCESS ? 0 : train_comm_fail(t, what, r);
+}
+
+static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
+  return gw_allreduce(buf, buf, n, GW_FLOAT64, GW_SUM, (gw_comm_t)arg, NULL);
+}
+
+/* ---- setup */
+
+/* Every rank must run with rank 0's options: ranks launched by hand (srun,
+ * torchrun) with another --batch, --epochs or --sync-bn would issue other
+ * sequences of collectives and pair mismatched allreduces, or wait until
+ * GW_TIMEOUT.  Also keeps them for the checkpoints. */
+static int same_options_everywhere(struct trainer *t) {
+  char mine[sizeof t->st.options], r0[sizeof t->st.options], diff[1200], detail[1400];
+  memset(mine, 0, sizeof mine);
+  if (train_opts_describe(t->o, mine, sizeof mine) >= sizeof mine) return train_fail(t, "options", "too long to compare");
+  memcpy(t->st.options, mine, sizeof mine);
+  if (t->world == 1) return 0;
+  memcpy(r0, mine, sizeof r0);
+  if (train_bcast(t, r0, sizeof r0, GW_UINT8, "comparing the options with rank 0's") != 0) return -1;
+  r0[sizeof r0 - 1] = 0;
+  double differ = train_opts_diff(r0, mine, NULL, diff, sizeof diff) > 0;
+  if (train_allreduce_d(t, &differ, 1, "comparing the options with rank 0's") != 0) return -1;
+  if (differ == 0) return 0;
+  if (diff[0]) snprintf(detail, sizeof detail, "this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);
+  else snprintf(detail, sizeof detail, "%.0f rank(s) run with options other than rank 0's (their logs say which)", differ);
+  return train_fail(t, "options", detail);
+}
+
+/* Every rank must have opened the same samples: ranks that scanned a folder
+ * while files came or went, or read another copy, would shard different lists
+ * (overlapping, with gaps) and could take different numbers of steps. */
+static int same_data_everywhere(struct trainer *t) {
+  if (t->world == 1) return 0;
+  const struct gw_dataset *ds[2] = {t->train_ds, t->val_ds};
+  int64_t mine[6] = {0}, r0[6];
+  for (int k = 0; k < 2; k++)
+    if (ds[k])
+      mine[3 * k] = gw_dataset_size(ds[k]), mine[3 * k + 1] = gw_dataset_classes(ds[k]),
+                 mine[3 * k + 2] = (int64_t)gw_dataset_fingerprint(ds[k]);
+  memcpy(r0, mine, sizeof r0);
+  if (train_bcast(t, r0, 6, GW_INT64, "comparing the data with rank 0's") != 0) return -1;
+  double differ = memcmp(mine, r0, sizeof mine) != 0;
+  if (train_allreduce_d(t, &differ, 1, "comparing the data with rank 0's") != 0) return -1;
+  for (int k = 0; k < 2 && differ > 0; k++) {
+    if (!memcmp(&mine[3 * k], &r0[3 * k], 3 * sizeof *mine)) continue;
+    char detail[400];
+    snprintf(detail, sizeof detail,
+             "this rank's %s split (%lld samples, %lld classes, file list and labels hashed %016llx) is not rank "
+             "0's (%lld samples, %lld classes, %016llx): every rank must see the same files",
+             k ? "evaluation" : "training", (long long)mine[3 * k], (long long)mine[3 * k + 1],
+             (unsigned long long)mine[3 * k + 2], (long long)r0[3 * k], (long long)r0[3 * k + 1],
+             (unsigned long long)r0[3 * k + 2]);
+    return train_fail(t, "--data", detail);
+  }
+  if (differ > 0) {
+    char detail[160];
+    snprintf(detail, sizeof detail, "%.0f rank(s) opened other data than rank 0 (their logs say what differs)", differ);
+    return train_fail(t, "--data", detail);
+  }
+  return 0;
+}
+
+static int open_data(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  struct gw_data_options d;
+  gw_data_options_default(&d);
+  d.augment = o->augment;
+  d.synthetic_samples = o->synthetic_samples;
+  d.synthetic_channels = o->model.in_channels;
+  d.synthetic_size = o->model.image_size;
+  d.synthetic_classes = o->model.classes;
+  d.synthetic_seed = o->model.seed;
+  if (o->image_size_given) d.image_size = o->model.image_size;
+  if (gw_dataset_open(&t->train_ds, o->data, GW_SPLIT_TRAIN, &d) != GW_SUCCESS)
+    return train_fail(t, "--data", gw_data_last_error());
+  if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
+    return train_fail(t, "--data (evaluation split)", gw_data_last_error());
+  if (same_data_everywhere(t) != 0) return -1;
+  /* Every step takes a whole batch from each rank's share of the data. */
+  int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
+  if (share < o->batch) {
+    char detail[200];
+    snprintf(detail, sizeof detail, "a rank's share of the %lld training samples (%lld) is less than one batch of %d",
+             (long long)n, (long long)share, o->batch);
+    return train_fail(t, "--batch", detail);
+  }
+  return 0;
+}
+
+/* The model takes the dataset's shape; options given must agree with it. */
+static int model_config(struct trainer *t, struct gw_model_config *cfg) {
+  const struct train_opts *o = t->o;
+  char d[300];
+  int c, h, w;
+  gw_dataset_shape(t->train_ds, &c, &h, &w);
+  *cfg = o->model;
+  int classes = gw_dataset_classes(t->train_ds);
+  if ((o->in_channels_given && o->model.in_channels != c) || (o->image_size_given && o->model.image_size != h) ||
+      (o->classes_given && o->model.classes != classes) || h != w) {
+    char given[160] = "";
+    size_t k = 0;
+    if (o->classes_given && o->model.classes != classes)
+      k += (size_t)snprintf(given + k, sizeof given - k, " --classes %d", o->model.classes);
+    if (o->in_channels_given && o->model.in_channels != c && k < sizeof given)
+      k += (size_t)snprintf(given + k, sizeof given - k, " --in-channels %d", o->model.in_channels);
+    if (o->image_size_given && o->model.image_size != h && k < sizeof given)
+      snprintf(given + k, sizeof given - k, " --image-size %d", o->model.image_size);
+    if (h != w) snprintf(d, sizeof d, "its %dx%d images are not square", h, w);
+    else
+      snprintf(d, sizeof d, "the data has %d classes of %dx%dx%d images, not as given:%s (left out, they are the "
+               "data's)", classes, c, h, w, given);
+    return train_fail(t, o->data, d);
+  }
+  cfg->in_channels = c, cfg->image_size = h, cfg->classes = classes;
+  return 0;
+}
+
+static int default_threads(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const char *lw = getenv("GW_LOCAL_WORLD_SIZE");
+  long local = lw ? atol(lw) : 1;
+  if (local < 1) local = 1;
+  return cpus / local > 0 ? (int)(cpus / local) : 1;
+}
+
+static size_t count_buffers(const struct gw_model *m, enum gw_tensor_kind kind) {
+  size_t n = 0;
+  for (int i = 0; i < gw_model_num_buffer_tensors(m); i++)
+    if (gw_model_buffer_tensor(m, i)->kind == kind) n += gw_model_buffer_tensor(m, i)->numel;
+  return n;
+}
+
+static int setup_model(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  struct gw_model_config cfg;
+  if (model_config(t, &cfg) != 0) return -1;
+  if (gw_model_init(&t->m, &cfg) != GW_SUCCESS) return train_fail(t, "model", gw_model_last_error());
+  if (o->load_weights && gw_model_load_weights(t->m, o->load_weights) != GW_SUCCESS)
+    return train_fail(t, "--load-weights", gw_model_last_error());
+  t->np = gw_model_num_params(t->m);
+  t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
+  t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
+  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32,
+                                 .act = o->amp, .layout = o->layout};
+  if (o->layout < 0) /* NCHW on both: measured faster end to end (docs/gpu.md) */
+    bc.layout = GW_LAYOUT_NCHW;
+#if GW_HAVE_CUDNN
+  if (!strcmp(o->backend, "cudnn") && !(t->ops = gw_backend_cudnn_ops()))
+    return train_fail(t, "--backend", gw_model_last_error());
+#endif
+#if GW_HAVE_ONEDNN
+  /* A test hook: GW_TRAIN_CPU_AS_DEVICE=1 runs the cpu backend as if its memory
+   * were a device's (host_memory = 0), so the loop's device path (copies up
+   * before the step and down after backward, allreduce after backward) is tested
+   * without a GPU, against the host path. */
+  static struct gw_backend_ops cpu_as_device;
+  if (!strcmp(o->backend, "cpu")) t->ops = &gw_backend_cpu;
+  if (t->ops == &gw_backend_cpu && getenv("GW_TRAIN_CPU_AS_DEVICE") && !strcmp(getenv("GW_TRAIN_CPU_AS_DEVICE"), "1")) {
+    cpu_as_device = gw_backend_cpu;
+    cpu_as_device.host_memory = 0;
+    t->ops = &cpu_as_device;
+  }
+#endif
+  if (!t->ops) return train_fail(t, "--backend", "not in this build"); /* gw-train.c refused it already */
+  if (t->ops->create(&bc, &t->b) != GW_SUCCESS) return train_fail(t, "--backend", gw_model_last_error());
+  if (o->host_step && t->ops->host_memory)
+    return train_fail(t, "--host-step", "the cpu backend's weights and optimizer are on the host already (it applies to "
+                                  "--backend cudnn)");
+  struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
+  if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
+    return train_fail(t, "model", gw_model_last_error());
+  t->st.loss_scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
+  struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
+  if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return train_fail(t, "optimizer", gw_model_last_error());
+  t->resident = !t->ops->host_memory && !o->host_step;
+  t->warming = !t->ops->host_memory;
+  if (t->resident && gw_sgd_momentum(t->sgd) && !(t->mom_dev = t->ops->alloc(t->b, t->np * sizeof(float)))) {
+    char d[160];
+    snprintf(d, sizeof d, "out of %s memory for the momentum buffer (%zu MiB)", t->ops->name,
+             t->np * sizeof(float) >> 20);
+    return train_fail(t, "optimizer", d);
+  }
+  /* What a resumed run must share with the saved one (the data order and the
+   * steps per epoch come from data, world, batch, seed and --drop-last; the
+   * last is named only when on, so older checkpoints of default runs match). */
+  int len = snprintf(t->config, sizeof t->config,
+           "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d seed=%llu%s",
+           o->model_name, cfg.classes, cfg.in_channels, cfg.image_size,
+           cfg.stem == GW_STEM_SMALL ? "small" : "imagenet", cfg.width_divisor, o->data, t->world, o->batch,
+           (unsigned long long)cfg.seed, o->drop_last ? " drop_last" : "");
+  /* Cut short, it would lose what follows the data (a resume with another
+   * world size or batch would pass). */
+  if (len < 0 || (size_t)len >= sizeof t->config) return train_fail(t, "--data", "the name is too long");
+  /* One model everywhere: rank 0's. */
+  if (train_bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "broadcasting the initial weights") != 0) return -1;
+  return train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "broadcasting the BN statistics");
+}
+
+static int setup_comm_parts(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  if (!t->comm) return 0;
+  if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
+  size_t *bounds = t->bounds;
+  int nb = t->nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
+                                    (size_t)(o->bucket_mb * 1048576), bounds, 4096);
+  if (nb < 1) return train_fail(t, "--bucket-mb", "too many buckets for the model (at most 4095)");
+  /* The gradients live in one buffer for the whole run: registered once, the
+   * allreduces over ib send their chunks straight from it (no-op without ib;
+   * device memory goes through the transports' staging instead). */
+  float *grads = t->resident ? gw_exec_grads(t->e) : gw_model_grads(t->m);
+  void *compute = t->resident ? t->ops->stream(t->b) : NULL; /* NULL: host memory, calls done on return */
+  gw_result_t r = GW_SUCCESS;
+  if (!compute && (r = gw_comm_register(t->comm, grads, t->np * sizeof(float), &t->grads_reg)) != GW_SUCCESS)
+    return train_comm_fail(t, "registering the gradients", r);
+  r = gw_bucketer_create(t->comm, grads, t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
+  if (r == GW_SUCCESS && o->grad_wire != GW_FLOAT32) r = gw_bucketer_set_wire(t->bk, (gw_dtype_t)o->grad_wire);
+  /* Backward's kernels are queued, not done, when their gradients are reported
+   * ready: the allreduces wait for them on the device, never the host. */
+  if (r == GW_SUCCESS && compute) r = gw_bucketer_set_compute_stream(t->bk, compute);
+  return r == GW_SUCCESS ? 0 : train_comm_fail(t, "bucketer", r);
+}
+
+static int setup_loaders(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  uint64_t seed = o->model.seed;
+  if (gw_sampler_init(&t->train_s, gw_dataset_size(t->train_ds), t->world, t->rank, 1, o->drop_last, seed) !=
+      GW_SUCCESS)
+    return train_fail(t, "sampler", gw_data_last_error());
+  struct gw_loader_config lc;
+  gw_loader_config_default(&lc);
+  lc.batch = o->batch, lc.threads = o->loader_threads, lc.train = 1, lc.drop_last_batch = 1, lc.seed = seed;
+  if (gw_loader_init(&t->train_ld, t->train_ds, &t->train_s, &lc) != GW_SUCCESS)
+    return train_fail(t, "loader", gw_data_last_error());
+  t->spe = gw_loader_batches_per_epoch(t->train_ld);
+  if (t->spe < 1) {
+    char d[200];
+    snprintf(d, sizeof d, "a rank's share of the %lld training samples is less than one batch of %d",
+             (long long)gw_dataset_size(t->train_ds), o->batch);
+    return train_fail(t, "--batch", d);
+  }
+  if (!t->val_ds) return 0;
+  if (gw_sampler_init(&t->val_s, gw_dataset_size(t->val_ds), t->world, t->rank, 0, 0, seed) != GW_SUCCESS)
+    return train_fail(t, "sampler", gw_data_last_error());
+  lc.train = 0, lc.drop_last_batch = 0, lc.epochs = 1;
+  if (gw_loader_init(&t->val_ld, t->val_ds, &t->val_s, &lc) != GW_SUCCESS)
+    return train_fail(t, "loader", gw_data_last_error());
+  return 0;
+}
+
+static void plan_schedule(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  t->total_steps = o->epochs > 0 ? o->epochs * t->spe : o->steps;
+  t->epochs = (t->total_steps + t->spe - 1) / t->spe;
+  t->warmup_steps = (int64_t)llround(o->warmup_epochs * (double)t->spe);
+  if (t->warmup_steps > t->total_steps) t->warmup_steps = t->total_steps;
+  t->peak_lr = o->lr * (double)o->batch * t->world / 256.0;
+}
+
+/* Linear warmup to the peak, then cosine to 0 or steps of 10x at 1/3 and 2/3. */
+/* Rank 0's output paths, checked before any work: a bad one used to fail only
+ * when first written (after the training, for --save-weights), or never; and
+ * a checkpoint folder holding another run's files is refused unless resuming. */
+static int check_outputs(const struct trainer *t) {
+  const struct train_opts *o = t->o;
+  if (t->rank != 0) return 0;
+  char err[1200];
+  if ((o->checkpoint_dir && ckpt_prepare_dir(o->checkpoint_dir, o->resume, err, sizeof err) != 0) ||
+      (o->save_weights && output_path_ok("--save-weights", o->save_weights, err, sizeof err) != 0) ||
+      (o->plot && plot_check(o->plot, err, sizeof err) != 0))
+    return train_fail(t, "output files", err);
+  return 0;
+}
+
+int trainer_setup(struct trainer *t) {
+  if (setup_comm(t) != 0 || same_options_everywhere(t) != 0 || check_outputs(t) != 0 || open_data(t) != 0 ||
+      setup_model(t) != 0 || setup_comm_parts(t) != 0 || setup_loaders(t) != 0)
+    return -1;
+  /* setup_comm_parts turned SyncBatchNorm on (or not): the values per channel are known. */
+  if (gw_exec_check_train(t->e, t->world) != GW_SUCCESS) return train_fail(t, "--batch", gw_model_last_error());
+  plan_schedule(t);
+  size_t sample = gw_dataset_sample_floats(t->train_ds);
+  t->pad_x = malloc((size_t)t->o->batch * sample * sizeof(float));
+  t->logits = malloc((size_t)t->o->batch * gw_model_get_config(t->m)->classes * sizeof(float));
+  if (!t->pad_x || !t->logits) return train_fail(t, "setup", "out of memory");
+  char err[600];
+  if (log_open(&t->log, t->o->metrics, t->rank, err, sizeof err) != 0) return train_fail(t, "--metrics", err);
+  if (t->o->resume && trainer_resume(t) != 0) return -1;
+  if (t->st.step == 0) log_started(&t->log);
+  /* The plot gets a point at each epoch's end: say so at once when none comes. */
+  if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
+    log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "
+             "each): nothing will be drawn", t->o->plot, (long long)t->total_steps, (long long)t->spe);
+  return trainer_backend_from_host(t);
+}
+
+#endif
