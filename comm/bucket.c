@@ -239,10 +239,13 @@ static gw_result_t check_step(struct gw_bucketer *b) {
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: device gradients with a %s wire need a "
                 "stream to convert on (gw_bucketer_set_stream or gw_bucketer_set_compute_stream)",
                 gw_dtype_name(b->wire));
-  if (b->wire != b->dtype && !b->wire_dev && b->compute)
+  /* Host conversions run on the calling thread at the mark and at wait: a
+   * stream's earlier writes may not be there yet, and its later work would
+   * read the unconverted values. */
+  if (b->wire != b->dtype && !b->wire_dev && (b->compute || b->stream))
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: host gradients with a %s wire are converted "
-                "by the calling thread, which cannot wait for the compute stream's writes: drop the compute stream "
-                "or the wire format", gw_dtype_name(b->wire));
+                "by the calling thread, which cannot wait for the %s stream's work: drop that stream or the wire "
+                "format", gw_dtype_name(b->wire), b->compute ? "compute" : "allreduce");
   return GW_SUCCESS;
 }
 
@@ -274,7 +277,9 @@ static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t cou
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: bucketer is NULL");
   pthread_mutex_lock(&b->mu);
+  const int prev = gw__dev_switch(b->comm); /* events, casts: on the communicator's device */
   gw_result_t res = ready_locked(b, offset, count);
+  gw__dev_switch_back(prev);
   pthread_mutex_unlock(&b->mu);
   return res;
 }
@@ -374,7 +379,9 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
 gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
   pthread_mutex_lock(&b->mu);
+  const int prev = gw__dev_switch(b->comm);
   gw_result_t res = wait_locked(b);
+  gw__dev_switch_back(prev);
   pthread_mutex_unlock(&b->mu);
   return res;
 }
@@ -437,8 +444,7 @@ gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
   return GW_SUCCESS;
 }
 
-gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
-  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: bucketer is NULL");
+static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
   if (b->next || b->marked)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: a step is under way (call it "
                 "between gw_bucketer_wait and the next gw_bucketer_ready)");
@@ -482,6 +488,14 @@ gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
   return GW_SUCCESS;
 }
 
+gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: bucketer is NULL");
+  const int prev = gw__dev_switch(b->comm); /* its stream and events made on the communicator's device */
+  gw_result_t res = set_compute_stream(b, compute);
+  gw__dev_switch_back(prev);
+  return res;
+}
+
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
   if (!b || !t) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: NULL argument");
   *t = b->last;
@@ -490,6 +504,7 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 
 void gw_bucketer_destroy(gw_bucketer_t b) {
   if (!b) return;
+  const int prev = gw__dev_switch(b->comm);
   wait_started(b);
   if (b->next < b->n && (b->marked || b->next)) { /* a step left part way: see fail_comm_for_step */
     char msg[200];
@@ -505,4 +520,5 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   else free(b->wbuf);
   free(b->bounds), free(b->ready), free(b->req), free(b->iv);
   free(b);
+  gw__dev_switch_back(prev);
 }

@@ -257,6 +257,12 @@ gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struc
 gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
 gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
 void gw__dev_free(struct gw_comm *comm);
+/* A call on device memory with no stream blocks until the result is in place
+ * for any stream: a staged one's host part ends before the default stream's
+ * last copies out.  settled: whether they ran (true for every other call);
+ * settle: waits for them (GW_TIMEOUT; aborts), the message set. */
+bool gw__dev_settled(const struct gw_comm *comm, const struct gw_op *op);
+gw_result_t gw__dev_settle(struct gw_comm *comm, const struct gw_op *op);
 /* The calling thread on comm's device (destroy frees its device memory
  * there); returns what to give gw__dev_switch_back (-1: nothing changed). */
 int gw__dev_switch(struct gw_comm *comm);

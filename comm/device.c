@@ -338,6 +338,15 @@ void gw__dev_throttle(struct gw_comm *comm) {
 static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
 static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err);
 
+/* The engine's stream and (without a device ring) the staging buffers; what a
+ * failed first try left out is made by the next call (a half-made state was
+ * kept and used: a missing staging buffer taken for a host address). */
+static gw_result_t devstate_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
+  if (comm->device < 0) return GW_SUCCESS;
+  /* Staging serves operations below the ring's threshold too. */
+  return comm->devring && !comm->devring->min_bytes ? engine_stream(comm, d, err) : stage_ready(comm, d, err);
+}
+
 /* The flags, the engine's stream and (without a device ring) the staging
  * buffers, made on the caller's side before the first operation's flag wait
  * is queued: allocating pinned memory or a stream while one of our waits
@@ -354,9 +363,7 @@ static gw_result_t devstate_make(struct gw_comm *comm, struct gw_errctx *err) {
   }
   d->flags = flags;
   comm->dev = d; /* from here gw__dev_free takes it back */
-  if (comm->device < 0) return GW_SUCCESS;
-  /* Staging serves operations below the ring's threshold too. */
-  return comm->devring && !comm->devring->min_bytes ? engine_stream(comm, d, err) : stage_ready(comm, d, err);
+  return devstate_ready(comm, d, err);
 }
 
 /* The calling thread on the communicator's device for the calls in between
@@ -382,7 +389,7 @@ int gw__dev_switch(struct gw_comm *comm) {
   struct gw_errctx err;
   int prev = -1;
   if (comm->device >= 0 && device_enter(comm, &prev, &err) != GW_SUCCESS)
-    GW_WARN(GW_SUB_INIT, "%s (freeing on the calling thread's device)", err.msg);
+    GW_WARN(GW_SUB_INIT, "%s (going on with the calling thread's device)", err.msg);
   return prev;
 }
 
@@ -391,7 +398,7 @@ void gw__dev_switch_back(int prev) { device_leave(prev); }
 gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   int prev;
   GW_CHECK(device_enter(comm, &prev, err));
-  gw_result_t res = comm->dev ? GW_SUCCESS : devstate_make(comm, err);
+  gw_result_t res = comm->dev ? devstate_ready(comm, comm->dev, err) : devstate_make(comm, err);
   struct gw_devstate *d = comm->dev;
   op->after = 0;
   if (res == GW_SUCCESS && atomic_load(&d->broken))
@@ -590,10 +597,11 @@ static gw_result_t pick_engine(struct gw_comm *comm, struct gw_devstate *d, cons
 
 static gw_result_t stage_ready(struct gw_comm *comm, struct gw_devstate *d, struct gw_errctx *err) {
   GW_CHECK(engine_stream(comm, d, err));
-  if (!d->stage[0]) {
+  if (!d->stage[1]) {
     size_t bytes = stage_bytes_param(comm);
     for (int i = 0; i < 2; i++) {
       void *p = NULL;
+      if (d->stage[i]) continue;
       if (d->ops->host_alloc(&p, bytes)) return gw__dev_fail(err, comm, "allocating pinned staging memory");
       d->stage[i] = p;
     }
@@ -664,6 +672,11 @@ gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx
   gw_result_t res = staged(comm, op)    ? run_staged(comm, d, op, err)
                     : emitted(comm, op) ? run_emitted(comm, d, op, err)
                                         : run_direct(comm, d, op, err);
+  /* Every piece started, but what follows them (the last copies out, the
+   * waits) could not all be put on the stream: not a success. */
+  if (res == GW_SUCCESS && atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) == op->ticket)
+    res = gw__err(err, GW_ERR_CUDA, "rank %d: the end of operation #%llu could not be put on the caller's stream",
+                  comm->rank, (unsigned long long)op->desc.seq);
   if (res != GW_SUCCESS) gw__comm_fail(comm, &op->desc, res, err);
   /* Always let the stream go on: on failure its output is undefined and the
    * error is the communicator's (gw_comm_get_async_error, gw_wait). */
@@ -671,15 +684,44 @@ gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx
   return res;
 }
 
+bool gw__dev_settled(const struct gw_comm *comm, const struct gw_op *op) {
+  if (!op->ordered || op->stream || !staged(comm, op) || !comm->dev) return true;
+  struct gw_devstate *d = comm->dev;
+  /* Never written after a failed enqueue: nothing more to wait for. */
+  if (atomic_load_explicit(&d->broken, memory_order_acquire)) return true;
+  return atomic_load_explicit((_Atomic uint64_t *)stage_free_flag(d), memory_order_acquire) >= op->ticket;
+}
+
+gw_result_t gw__dev_settle(struct gw_comm *comm, const struct gw_op *op) {
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  const double deadline = gw__now() + comm->timeout_s;
+  while (!gw__dev_settled(comm, op)) {
+    if (gw__now() > deadline || atomic_load(&comm->aborted)) {
+      char me[160], msg[GW_ERRMSG_MAX];
+      gw__describe_op(&op->desc, me, sizeof me);
+      snprintf(msg, sizeof msg, "rank %d: operation %s was done, but the default stream had not copied its result "
+               "out after %.0f s%s (is that stream held up by other work?)", comm->rank, me, comm->timeout_s,
+               atomic_load(&comm->aborted) ? " when the communicator was aborted" : "");
+      gw__comm_set_error(comm, msg);
+      return atomic_load(&comm->aborted) ? GW_ERR_ABORTED : GW_ERR_TIMEOUT;
+    }
+    gw__waiter_pause(&w);
+  }
+  return GW_SUCCESS;
+}
+
 /* After the progress thread stopped. */
 void gw__dev_free(struct gw_comm *comm) {
   struct gw_devstate *d = comm->dev;
   if (!d) return;
-  for (int i = 0; i < d->npool; i++) {
+  comm->dev_abandoned = atomic_load(&d->abandoned) || atomic_load(&gw__dev_given_up);
+  /* Given up: an engine stream may sit behind that wait too (a probe that
+   * never answered), and syncing it would hang destroy: left as they are. */
+  for (int i = 0; i < d->npool && !comm->dev_abandoned; i++) {
     d->ops->stream_sync(d->pool[i]);
     d->ops->stream_destroy(d->pool[i]);
   }
-  comm->dev_abandoned = atomic_load(&d->abandoned) || atomic_load(&gw__dev_given_up);
   if (comm->dev_abandoned)
     GW_WARN(GW_SUB_INIT, "rank %d: a stream still waits for an operation given up at destroy: its staging and "
             "device-ring buffers are left allocated (freeing them would wait for that stream)", comm->rank);

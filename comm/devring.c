@@ -424,10 +424,15 @@ void gw__dev_ring_free(struct gw_comm *comm) {
     comm->devring = NULL;
     return;
   }
-  if (dr->send_twin) dr->ops->ipc_close(dr->send_twin);
+  /* The successor frees its buffer once told it is unmapped here: not told
+   * when the unmap failed (it frees after its wait's limit instead). */
+  const bool unmapped = !dr->send_twin || dr->ops->ipc_close(dr->send_twin) == 0;
+  if (!unmapped) GW_WARN(GW_SUB_INIT, "rank %d: unmapping the successor's device buffer failed: %s", comm->rank,
+                         dr->ops->error());
   dr->send_twin = NULL;
   struct gw_conn *out = &comm->rings[0].send;
-  if (out->tp && out->tp->shared_word) atomic_store_explicit(out->tp->shared_word(out), 1, memory_order_release);
+  if (unmapped && out->tp && out->tp->shared_word)
+    atomic_store_explicit(out->tp->shared_word(out), 1, memory_order_release);
   if (dr->recv_twin && !twins_unmapped(comm)) dr->recv_twin = NULL;
   ring_free(comm, dr);
   comm->devring = NULL;

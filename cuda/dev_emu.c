@@ -188,7 +188,19 @@ static int emu_free(void *p) {
   return 0;
 }
 
+/* A test hook: GW_DEV_EMU_FAIL_HOST_ALLOC=BYTES:N makes the N-th host_alloc of
+ * exactly BYTES fail (pinned memory running out part way through a setup). */
+static bool host_alloc_fails(size_t bytes) {
+  static _Atomic long seen;
+  const char *v = getenv("GW_DEV_EMU_FAIL_HOST_ALLOC");
+  unsigned long long want = 0;
+  long nth = 0;
+  if (!v || sscanf(v, "%llu:%ld", &want, &nth) != 2 || want != bytes) return false;
+  return atomic_fetch_add(&seen, 1) + 1 == nth;
+}
+
 static int emu_host_alloc(void **p, size_t bytes) {
+  if (host_alloc_fails(bytes)) return fail("host_alloc(%zu): out of memory (GW_DEV_EMU_FAIL_HOST_ALLOC)", bytes);
   size_t size = page_round(bytes);
   void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (m == MAP_FAILED) return fail("host_alloc(%zu): out of memory (mmap: %s)", bytes, strerror(errno));
