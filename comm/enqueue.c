@@ -139,8 +139,12 @@ static gw_result_t check_args(struct gw_comm *comm, const char *fn, struct gw_op
   }
   if (send_elems > 0 && op->sendbuf == NULL) return bad_arg(comm, "rank %d: %s: %s", fn, "sendbuf is NULL with count > 0");
   if (recv_elems > 0 && op->recvbuf == NULL) return bad_arg(comm, "rank %d: %s: %s", fn, "recvbuf is NULL with count > 0");
-  /* Partial overlap of send and receive buffers would corrupt data silently. */
-  if (send_elems && recv_elems && op->sendbuf != op->recvbuf) {
+  /* Partial overlap of send and receive buffers would corrupt data silently.
+   * Equal pointers are in place for allreduce and broadcast; for allgather and
+   * reduce_scatter only on rank 0 (their in-place layout puts this rank's
+   * part at its offset), elsewhere they overlap. */
+  const bool gathers = op->desc.coll == GW_COLL_ALLGATHER || op->desc.coll == GW_COLL_REDUCE_SCATTER;
+  if (send_elems && recv_elems && (op->sendbuf != op->recvbuf || gathers)) {
     const char *s = op->sendbuf, *r = op->recvbuf;
     size_t sb = send_elems * es, rb = recv_elems * es;
     bool overlap = s < r + rb && r < s + sb;
@@ -175,13 +179,19 @@ static gw_result_t check_enums(struct gw_comm *comm, const char *fn, int dtype, 
 
 /* ---- execution --------------------------------------------------------------------- */
 static gw_result_t wait_request(struct gw_comm *comm, struct gw_request *req) {
-  for (int i = 0; i < 4000; i++) {
-    if (atomic_load_explicit(&req->done, memory_order_acquire)) return req->result;
-    gw__cpu_relax();
+  bool done = false;
+  for (int i = 0; i < 4000 && !done; i++) {
+    done = atomic_load_explicit(&req->done, memory_order_acquire);
+    if (!done) gw__cpu_relax();
   }
-  pthread_mutex_lock(&comm->mu);
-  while (!atomic_load_explicit(&req->done, memory_order_acquire)) pthread_cond_wait(&comm->done_cv, &comm->mu);
-  pthread_mutex_unlock(&comm->mu);
+  if (!done) {
+    pthread_mutex_lock(&comm->mu);
+    while (!atomic_load_explicit(&req->done, memory_order_acquire)) pthread_cond_wait(&comm->done_cv, &comm->mu);
+    pthread_mutex_unlock(&comm->mu);
+  }
+  /* Device memory with no stream: done for the caller once the default
+   * stream copied the result out too. */
+  if (req->result == GW_SUCCESS && !gw__dev_settled(comm, &req->op)) return gw__dev_settle(comm, &req->op);
   return req->result;
 }
 
@@ -245,6 +255,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   req->op = *op;
   req->comm = comm;
   bool detached = req->detached;
+  gw_result_t enqueued = GW_SUCCESS;
   if (comm->q_tail) comm->q_tail->next = req;
   else comm->q_head = req;
   comm->q_tail = req;
@@ -256,10 +267,10 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
      * this very operation (the staging's pieces).  A failure here is the
      * operation's too (the progress thread fails it). */
     struct gw_errctx err;
-    gw_result_t er = gw__dev_enqueue(comm, op, &err);
-    if (er != GW_SUCCESS) {
+    enqueued = gw__dev_enqueue(comm, op, &err);
+    if (enqueued != GW_SUCCESS) {
       gw__comm_set_error(comm, err.msg);
-      if (detached) return er;
+      if (detached) return enqueued;
     }
   }
   if (detached) return GW_SUCCESS; /* req may be gone already */
@@ -269,7 +280,9 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   }
   res = wait_request(comm, req);
   free(req);
-  return res;
+  /* Its stream's part could not all be queued: the call failed, whatever
+   * the host's part did. */
+  return res == GW_SUCCESS && op->ordered ? enqueued : res;
 }
 
 static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream,
@@ -366,7 +379,8 @@ gw_result_t gw_test(gw_request_t *reqp, int *done) {
     *done = 1;
     return GW_SUCCESS;
   }
-  if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+  if (!atomic_load_explicit(&req->done, memory_order_acquire) ||
+      (req->result == GW_SUCCESS && !gw__dev_settled(req->comm, &req->op))) {
     *done = 0;
     return GW_SUCCESS;
   }

@@ -19,14 +19,21 @@ GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
 
 /* ---- the primitives: n is in elements, pointers may be NULL when n == 0 ---- */
 
-/* slot <- src, and dst <- src too when dst is not NULL. */
-static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t n) {
+/* slot <- src, and dst <- src too when dst is not NULL.  A transport that can
+ * send from registered memory (ib) may read src after this returns, until the
+ * operation's flush: direct = false where src is written before then. */
+static gw_result_t prim_send_ex(struct prims *p, const void *src, void *dst, size_t n, bool direct) {
   if (p->dev) return gw__dprim_send(p, src, dst, n);
   void *slot;
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  if (!dst && gw__direct_ok(&p->ring->send, src, n * p->es)) return gw__post_direct(p, &p->ring->send, src, n * p->es);
+  if (direct && !dst && gw__direct_ok(&p->ring->send, src, n * p->es))
+    return gw__post_direct(p, &p->ring->send, src, n * p->es);
   if (n) gw__copy2(slot, dst, src, n * p->es);
   return gw__post(p, &p->ring->send, n * p->es);
+}
+
+static gw_result_t prim_send(struct prims *p, const void *src, void *dst, size_t n) {
+  return prim_send_ex(p, src, dst, n, true);
 }
 
 static gw_result_t prim_recv(struct prims *p, void *dst, size_t n) {
@@ -146,7 +153,10 @@ static gw_result_t ring_allreduce(struct prims *p) {
 
 /* Two ranks, small data: both send everything and both reduce, one hop instead
  * of the ring's two.  Rank 0's data is always the first operand, so both ranks
- * compute bit-identical results. */
+ * compute bit-identical results.  In place, the result goes where the input
+ * was sent from as soon as the peer's arrives, which says nothing of our own
+ * send: copied through the slot then, never sent from the buffer directly
+ * (over ib the peer summed partly reduced values). */
 static gw_result_t exchange_allreduce(struct prims *p) {
   const size_t count = p->count, es = p->es;
   const size_t chunk = p->chunk_bytes / es;
@@ -154,7 +164,7 @@ static gw_result_t exchange_allreduce(struct prims *p) {
   size_t off = 0;
   do {
     size_t len = blk_len(count, off, chunk);
-    GW_CHECK(prim_send(p, cat(p->in, off, es), NULL, len));
+    GW_CHECK(prim_send_ex(p, cat(p->in, off, es), NULL, len, p->in != p->out));
     GW_CHECK(prim_recv_reduce_copy(p, cat(p->in, off, es), at(p->out, off, es), len, div,
                                    p->comm->rank == 0));
     off += chunk;

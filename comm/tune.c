@@ -10,7 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "tune.h"
@@ -235,9 +238,8 @@ static void fit_line(const double *x, const double *t, int n, double *a, double 
     s += w, sx += w * x[i], sxx += w * x[i] * x[i], st += w * t[i], sxt += w * x[i] * t[i];
   }
   double det = s * sxx - sx * sx;
-  *b = det > 0 ? (s * sxt - sx * st) / det : 0;
-  if (*b < 1e-9) *b = 1e-9; /* flat: the bandwidth term does not matter */
-  *a = (st - *b * sx) / s;
+  *b = det > 0 ? (s * sxt - sx * st) / det : 0; /* <= 0: noise hid the slope (the caller drops the row) */
+  *a = (st - GW_MAX(*b, 0.0) * sx) / s;
   if (*a < 0) *a = 0;
 }
 
@@ -254,14 +256,35 @@ static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, co
   if (n < 2) return false;
   double a, b, steps, factor;
   fit_line(x, t, n, &a, &b);
+  /* A slope at or below zero (a large size measured faster than the trend):
+   * no bandwidth can be read off, and a huge one would make the model pick
+   * this row for every size; the built-in row stays. */
+  if (!(b > 0)) {
+    GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s %s: the times do not grow with the size (noise?): no row written, the "
+            "built-in one stays; measure again on a quieter machine", algo, proto);
+    return false;
+  }
   shape(gw__algo_from_name(algo), GW_COLL_ALLREDUCE, nranks, 0, &steps, &factor);
   *lat = a / steps;
   *bw = GW_MIN(factor / (b * 1e3), 9e4);
   return true;
 }
 
-/* The rows of an existing tuning file that gw_tune_write keeps: every row not
- * tagged with nranks (other world sizes', and untagged ones), verbatim. */
+/* Whether a row (4 or 5 fields) is one the loader takes: a bad one kept or
+ * written would have every later load refuse the whole file. */
+static bool row_ok(const char *row, int nf, char *const *fld) {
+  char copy[512];
+  snprintf(copy, sizeof copy, "%s", row);
+  struct gw_model scratch;
+  memset(&scratch, 0, sizeof scratch);
+  bool seen[2][GW_MODEL_NALGOS][GW_MODEL_NPROTOS] = {{{false}}};
+  const char *why = NULL;
+  const int ranks = nf == 5 ? atoi(fld[4]) : 2;
+  return parse_row(copy, &scratch, ranks, nf == 5, seen, &why) == GW_SUCCESS;
+}
+
+/* The rows of an existing tuning file that gw_tune_write keeps: every good row
+ * not tagged with nranks (other world sizes', and untagged ones), verbatim. */
 static char *kept_rows(const char *path, int nranks) {
   FILE *f = fopen(path, "r");
   if (!f) return NULL;
@@ -275,6 +298,10 @@ static char *kept_rows(const char *path, int nranks) {
     int nf = 0;
     for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
     if ((nf != 4 && nf != 5) || (nf == 5 && atoi(fld[4]) == nranks)) continue;
+    if (!row_ok(line, nf, fld)) {
+      GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s: dropped a row the loader would refuse: %.200s", path, line);
+      continue;
+    }
     size_t n = strlen(line);
     if (len + n + 2 > cap) {
       char *grown = realloc(out, cap *= 2);
@@ -290,17 +317,28 @@ static char *kept_rows(const char *path, int nranks) {
   return out;
 }
 
+/* Writes the file whole or not at all, and one writer at a time: a new file
+ * next to it, synced, renamed over it (a crash or a full disk used to leave it
+ * empty or cut, which loads as the built-in table or as a wrong row), under
+ * an flock on PATH.lock (two --tune runs at different world sizes, which the
+ * README invites, read, merged and wrote over each other's rows). */
 gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
                           const char *note) {
   struct gw_errctx err;
   if (!path || !samples || nranks < 2 || nsamples < 2)
     return gw__set_thread_error("gw_tune_write: needs a path and samples from at least 2 ranks"),
            GW_ERR_INVALID_ARGUMENT;
+  char lock[4200], tmp[4200];
+  snprintf(lock, sizeof lock, "%s.lock", path);
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  int lk = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+  if (lk >= 0) while (flock(lk, LOCK_EX) != 0 && errno == EINTR) {}
   char *kept = kept_rows(path, nranks);
-  FILE *f = fopen(path, "w");
+  FILE *f = fopen(tmp, "w");
   if (!f) {
     free(kept);
-    gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: cannot write %s: %s", path, strerror(errno));
+    if (lk >= 0) close(lk);
+    gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: cannot write %s: %s", tmp, strerror(errno));
     return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
   }
   fprintf(f, "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune%s%s\n", note ? ": " : "",
@@ -312,11 +350,32 @@ gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sam
   for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
     for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
       double lat, bw;
-      if (fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, &lat, &bw))
-        fprintf(f, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
+      char row[160], rank_s[16], *fld[5] = {NULL, NULL, NULL, NULL, rank_s};
+      if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, &lat, &bw)) continue;
+      snprintf(row, sizeof row, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
+      snprintf(rank_s, sizeof rank_s, "%d", nranks);
+      if (row_ok(row, 5, fld)) fputs(row, f);
+      else GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s %s: fitted %.4g us, %.4g GB/s are out of the loader's range: no "
+                   "row written", algo_names[a], proto_names[p], lat, bw);
     }
-  bool ok = fclose(f) == 0;
+  bool ok = !ferror(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
+  ok = (fclose(f) == 0) && ok;
+  ok = ok && rename(tmp, path) == 0;
+  const int saved = errno;
+  if (ok) { /* the rename itself on disk */
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) fsync(dfd), close(dfd);
+  } else {
+    unlink(tmp);
+  }
+  if (lk >= 0) close(lk);
   if (ok) return GW_SUCCESS;
-  gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: writing %s failed: %s", path, strerror(errno));
+  gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: writing %s failed: %s (the file is as it was)", path, strerror(saved));
   return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
 }

@@ -28,6 +28,18 @@ refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exi
 refused "--tune $tmp: is a directory" --tune "$tmp"
 refused "-a tree applies to allreduce only: allgather always runs on the ring" -a tree -C allgather
 refused "-a exchange applies to allreduce only: broadcast always runs on the ring" -a exchange -C broadcast
+# Flags that would have been ignored: --tune measures its own sizes and every
+# algorithm (a forced one also dropped the others' rows from the file); -o and
+# -r where nothing is reduced or nothing has a root.
+refused "--tune measures its own sizes, algorithms and protocols: -b does not apply" --tune "$tmp/t" -b 8
+refused "--tune measures its own sizes, algorithms and protocols: -a does not apply" --tune "$tmp/t" -a ring
+refused "-o applies to allreduce and reduce_scatter: allgather reduces nothing" -C allgather -o prod
+refused "-r (the root) applies to -C broadcast only" -r 1
+out=$(GW_ALGO=ring "$run" -n 2 "$perf" --tune "$tmp/t" 2>&1) &&
+  { echo "FAIL: --tune under GW_ALGO=ring accepted"; fail=1; }
+grep -qF "unset GW_ALGO (it is ring)" <<<"$out" || { echo "FAIL: --tune under GW_ALGO=ring:"; tail -3 <<<"$out"; fail=1; }
+# A file that cannot be written to the end (a full disk) fails the run.
+refused "--csv /dev/full: writing failed" -b 8 -e 8 -n 1 -w 0 --csv /dev/full
 for f in a c t; do
   [ -e "$tmp/$f" ] && { echo "FAIL: a refused run wrote $tmp/$f"; fail=1; }
 done

@@ -510,6 +510,41 @@ static int body_nonblocking(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_nonblocking) { ck_assert_int_eq(run_ranks(3, body_nonblocking, NULL, 120), 0); }
 END_TEST
 
+/* One buffer as both send and receive buffer is in place for allgather and
+ * reduce_scatter only on rank 0 (the layout puts a rank's part at its
+ * offset); on another rank it overlaps (reduce_scatter wrote its output over
+ * the input it was still sending from), refused before any data moves. */
+static int body_equal_pointers(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  int32_t buf[64];
+  for (int i = 0; i < 64; i++) buf[i] = rank;
+  if (rank == 1) {
+    gw_result_t r = gw_reduce_scatter(buf, buf, 8, GW_INT32, GW_SUM, comm, NULL);
+    EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "overlap without being the in-place layout"),
+           "reduce_scatter(buf, buf) on rank 1: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+    r = gw_allgather(buf, buf, 8, GW_INT32, comm, NULL);
+    EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "overlap without being the in-place layout"),
+           "allgather(buf, buf) on rank 1: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  }
+  /* Refused calls take no sequence number: the next call pairs up; the
+   * in-place layouts work everywhere. */
+  for (int i = 0; i < 64; i++) buf[i] = rank * 100 + i;
+  EXPECT(gw_allgather(buf + rank * 8, buf, 8, GW_INT32, comm, NULL) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < 8; i++)
+      EXPECT(buf[r * 8 + i] == r * 100 + r * 8 + i, "allgather in place: element %d of rank %d is %d", i, r,
+             buf[r * 8 + i]);
+  for (int i = 0; i < 64; i++) buf[i] = i;
+  EXPECT(gw_reduce_scatter(buf, buf + rank * 8, 8, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS, "%s",
+         gw_comm_last_error(comm));
+  for (int i = 0; i < 8; i++)
+    EXPECT(buf[rank * 8 + i] == n * (rank * 8 + i), "reduce_scatter in place: element %d is %d", i, buf[rank * 8 + i]);
+  return 0;
+}
+
+START_TEST(test_equal_pointers_refused) { ck_assert_int_eq(run_ranks(2, body_equal_pointers, NULL, 60), 0); }
+END_TEST
+
 /* Ranks in pid namespaces of their own that share /dev/shm (a pod's
  * containers): their pids mean nothing to each other, yet a killed rank is
  * noticed within seconds (its liveness lock goes with it), not at GW_TIMEOUT. */
@@ -622,6 +657,7 @@ int main(void) {
   tcase_add_test(tc, test_algorithm_choice_must_agree);
   tcase_add_test(tc, test_killed_rank_shm);
   tcase_add_test(tc, test_killed_rank_other_pidns);
+  tcase_add_test(tc, test_equal_pointers_refused);
   tcase_add_test(tc, test_wrong_token_refused);
   tcase_add_test(tc, test_missing_rank_named);
   tcase_add_test(tc, test_world_size_mismatch);

@@ -311,6 +311,38 @@ START_TEST(test_registered_buffers) {
 }
 END_TEST
 
+/* In place at 2 ranks (the exchange, up to 256 KiB): the result goes where
+ * the input was sent from as soon as the peer's data arrives, so the input
+ * must not leave directly from the registered buffer.  With the emulator's
+ * sends read 300 us after their post (as a DMA engine reads later), sending
+ * it directly had the peer sum partly reduced values. */
+static int body_inplace_exchange(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  enum { COUNT = 32768 }; /* 128 KiB: one chunk, above the direct-send minimum */
+  int32_t *buf = malloc(COUNT * sizeof *buf);
+  void *h;
+  EXPECT(buf && gw_comm_register(comm, buf, COUNT * sizeof *buf, &h) == GW_SUCCESS, "register: %s",
+         gw_comm_last_error(comm));
+  for (int it = 0; it < 30; it++) {
+    for (int i = 0; i < COUNT; i++) buf[i] = rank * 1000 + it + i % 17;
+    EXPECT(gw_allreduce(buf, buf, COUNT, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
+    for (int i = 0; i < COUNT; i++)
+      EXPECT(buf[i] == 1000 * n * (n - 1) / 2 + n * (it + i % 17), "iteration %d: element %d is %d, expected %d", it,
+             i, buf[i], 1000 * n * (n - 1) / 2 + n * (it + i % 17));
+  }
+  EXPECT(gw_comm_deregister(comm, h) == GW_SUCCESS, "deregister");
+  free(buf);
+  return 0;
+}
+
+START_TEST(test_inplace_exchange_registered) {
+  emulate();
+  setenv("GW_IB_EMULATE_DELAY_US", "300", 1);
+  ck_assert_int_eq(run_ranks(2, body_inplace_exchange, NULL, 120), 0);
+  unsetenv("GW_IB_EMULATE_DELAY_US");
+}
+END_TEST
+
 /* ---- setup errors ---- */
 static int raw_memlock(int rank, int n, const char *master, void *arg) {
   (void)arg;
@@ -351,6 +383,7 @@ int main(void) {
   tcase_add_test(tc, test_credits_one_qp);
   tcase_add_test(tc, test_credits_three_qps);
   tcase_add_test(tc, test_registered_buffers);
+  tcase_add_test(tc, test_inplace_exchange_registered);
   tcase_add_test(tc, test_bad_rkey_reported);
   tcase_add_test(tc, test_killed_rank_named);
   tcase_add_test(tc, test_memlock_hint);

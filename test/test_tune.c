@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm.h"
@@ -195,6 +196,60 @@ START_TEST(test_rows_per_world_size) {
 }
 END_TEST
 
+/* The rewrite keeps only rows the loader takes (a bad one kept would have every
+ * load refuse the file), writes no row for a fit whose times fall with the
+ * size (it wrote 90000 GB/s, and the model then picked it for every size), and
+ * goes through a new file renamed over the old one (nothing half written; no
+ * temporary file left). */
+START_TEST(test_rewrite_safe) {
+  char path[] = "/tmp/gw-tune-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  write_file(path, "tree simple 0.7 7 2\nring ll 0.000 -3 2\nring simple 1 2 3 4 5 6\n");
+  struct gw_tune_sample s[8];
+  static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
+  for (int i = 0; i < 4; i++) {
+    s[i] = (struct gw_tune_sample){"ring", "simple", sizes[i], 10.0 + (double)sizes[i] / 1e4};
+    s[4 + i] = (struct gw_tune_sample){"ring", "ll", sizes[i], 100.0 - 10.0 * i}; /* falls with the size */
+  }
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 8, "test"), GW_SUCCESS);
+  struct gw_model def, m;
+  gw__model_defaults(&def);
+  struct gw_errctx err;
+  m = def;
+  ck_assert_msg(gw__model_load(&m, path, 2, &err) == GW_SUCCESS, "the rewritten file is refused: %s", err.msg);
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7); /* the good kept row */
+  m = def;
+  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == def.lat_us[GW_ALGO_RING][GW_PROTO_LL] &&
+            m.bw_gbps[GW_ALGO_RING][GW_PROTO_LL] == def.bw_gbps[GW_ALGO_RING][GW_PROTO_LL]);
+  ck_assert(m.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE] != def.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE]);
+  char tmp[64], lock[64];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  snprintf(lock, sizeof lock, "%s.lock", path);
+  ck_assert_msg(access(tmp, F_OK) != 0, "%s left behind", tmp);
+  /* A directory that cannot take the new file: an error, the old file whole. */
+  char dir[] = "/tmp/gw-tune-dir-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char inside[96], blocker[120];
+  snprintf(inside, sizeof inside, "%s/t", dir);
+  write_file(inside, "tree simple 0.7 7 2\n");
+  snprintf(blocker, sizeof blocker, "%s.tmp.%d", inside, (int)getpid());
+  ck_assert_int_eq(mkdir(blocker, 0700), 0); /* fopen of the new file fails */
+  ck_assert_int_eq(gw_tune_write(inside, 4, s, 8, "test"), GW_ERR_SYSTEM);
+  m = def;
+  ck_assert(gw__model_load(&m, inside, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  rmdir(blocker);
+  unlink(inside);
+  snprintf(blocker, sizeof blocker, "%s.lock", inside);
+  unlink(blocker);
+  rmdir(dir);
+  unlink(path);
+  unlink(lock);
+}
+END_TEST
+
 /* Ranks that would decide differently fail at init, naming what differs. */
 static char other_file[64]; /* rank 1's tuning file (the ranks are forked after it is set) */
 
@@ -227,6 +282,7 @@ int main(void) {
   tcase_add_test(tc, test_default_picks);
   tcase_add_test(tc, test_rd_picks);
   tcase_add_test(tc, test_rows_per_world_size);
+  tcase_add_test(tc, test_rewrite_safe);
   tcase_add_test(tc, test_overrides);
   tcase_add_test(tc, test_corrupt_file_refused);
   tcase_add_test(tc, test_fit_roundtrip);

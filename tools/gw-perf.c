@@ -255,23 +255,34 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uin
     return -1;
   }
   uint8_t *hs = dev ? mirror(send) : send, *hr = dev ? mirror(recv) : recv;
-  /* The whole output first holds what no result is (NaN, or -1: an earlier
-   * run's correct output, or an in-place allgather's other blocks left as
-   * they were, must not pass for this run's), then the input goes in (in
-   * place, over part of it). */
-  memset(hr, 0xff, out_elems * es);
-  if (dev) check_dev(dev->memcpy_async(recv, hr, out_elems * es, stream), "clearing the output");
+  /* The whole output and the 64 bytes after it first hold all ones (NaN in
+   * floats: an earlier run's correct output, or an in-place allgather's other
+   * blocks left as they were, must not pass for this run's), then the input
+   * goes in (in place, over part of the output: there a collective that wrote
+   * nothing would still pass where this rank's input is the result, as for
+   * MAX or MIN, which out-of-place runs catch). */
+  /* The 64 bytes after the output, or in place after the input when that
+   * ends later (reduce_scatter's input holds every rank's part). */
+  const size_t slack = 64;
+  size_t tail = out_elems * es;
+  if (in_place && send + in_elems * es > recv + tail) tail = (size_t)(send + in_elems * es - recv);
+  memset(hr, 0xff, tail + slack);
+  if (dev) check_dev(dev->memcpy_async(recv, hr, tail + slack, stream), "clearing the output");
   for (size_t i = 0; i < in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
   if (dev) check_dev(dev->memcpy_async(send, hs, in_elems * es, stream), "copying the input in");
   /* A test hook: the checked run left out, as a collective that writes
    * nothing would do; every size must then count wrong elements. */
   if (!getenv("GW_PERF_TEST_SKIP_CHECKED_RUN")) run_once(o, dt, op, send, recv, count);
   if (dev) {
-    check_dev(dev->memcpy_async(hr, recv, out_elems * es, stream), "copying the output out");
+    check_dev(dev->memcpy_async(hr, recv, tail + slack, stream), "copying the output out");
+    if (!in_place) check_dev(dev->memcpy_async(hs, send, in_elems * es, stream), "copying the input out");
     sync_stream();
   }
   recv = hr;
   long long wrong = 0;
+  /* Nothing written past the output, and out of place the input left alone. */
+  for (size_t b = 0; b < slack; b++) wrong += hr[tail + b] != 0xff;
+  for (size_t i = 0; !in_place && i < in_elems; i++) wrong += gw_value_load(hs, dt, i) != value_of(rank, i);
   for (size_t i = 0; i < out_elems; i++) {
     bool ok;
     switch (o->coll) {
@@ -322,6 +333,10 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     for (int i = 0; i < o->iters; i++) run_once(o, dt, op, send, recv, count);
     sync_stream();
     double t = (now() - t0) / o->iters;
+    /* Checked again after the timed runs, as nccl-tests does: what shows
+     * only on repeated operations (stale flags or chunks, a cached
+     * registration, wrapped counters) is caught too. */
+    if (o->check) wrong += fill_run_check(o, dt, op, sendbuf, recvbuf, count, ip == 1, &send, &recv);
     /* The slowest rank's time is the collective's time. */
     check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
     if (o->check) check_gw(gw_allreduce(&wrong, &wrong, 1, GW_INT64, GW_SUM, comm, NULL), "gw_allreduce(wrong)");
@@ -397,6 +412,7 @@ int main(int argc, char **argv) {
   o.dtypes[o.ndtypes++] = GW_FLOAT32;
   o.ops[o.nops++] = GW_SUM;
   const char *algo_flag = NULL;
+  char given[32] = ""; /* the short options given, for those that do not apply */
   static const struct option longopts[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"iters", required_argument, 0, 'n'},
@@ -409,6 +425,7 @@ int main(int argc, char **argv) {
       {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:p:RDh", longopts, NULL)) != -1) {
+    if (c > ' ' && c < 127 && !strchr(given, c) && strlen(given) + 1 < sizeof given) given[strlen(given)] = (char)c;
     switch (c) {
       case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
       case 'e': o.max_bytes = parse_size(optarg, "-e"); break;
@@ -484,6 +501,19 @@ int main(int argc, char **argv) {
   if (o.csv && o.json && !strcmp(o.csv, o.json)) die("--csv and --json name the same file %s", o.csv);
   if (o.tune && (o.csv || o.json))
     die("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");
+  /* --tune measures its own sizes of float32 allreduce with every algorithm
+   * and protocol on host memory: anything else would be ignored, or (an
+   * algorithm forced) drop this world size's rows of the others from the file. */
+  for (const char *g = given; o.tune && *g; g++)
+    if (*g != 'h') die("--tune measures its own sizes, algorithms and protocols: -%c does not apply", *g);
+  for (int i = 0; o.tune && i < 2; i++) {
+    const char *v = getenv(i ? "GW_PROTO" : "GW_ALGO");
+    if (v && *v && strcmp(v, "auto"))
+      die("--tune measures every algorithm and protocol: unset %s (it is %s)", i ? "GW_PROTO" : "GW_ALGO", v);
+  }
+  if (strchr(given, 'o') && o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER)
+    die("-o applies to allreduce and reduce_scatter: %s reduces nothing", coll_names[o.coll]);
+  if (strchr(given, 'r') && o.coll != C_BROADCAST) die("-r (the root) applies to -C broadcast only");
   gw_result_t r = gw_comm_init_env(&comm);
   if (r != GW_SUCCESS) die("gw_comm_init_env failed: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
   gw_comm_rank(comm, &rank);
@@ -592,12 +622,13 @@ int main(int argc, char **argv) {
     printf("# Avg bus bandwidth    : %.3f\n", avg);
     fflush(stdout);
   }
-  if (csv) fclose(csv);
+  /* A full disk must not pass for a finished run with a cut file. */
+  if (csv && (ferror(csv) | fclose(csv))) die("--csv %s: writing failed: %s", o.csv, strerror(errno));
   if (json) {
     char tw[24] = "null";
     if (o.check) snprintf(tw, sizeof tw, "%lld", total_wrong);
     fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"check\": %d,\n  \"wrong\": %s\n}\n", avg, o.check, tw);
-    fclose(json);
+    if (ferror(json) | fclose(json)) die("--json %s: writing failed: %s", o.json, strerror(errno));
   }
   gw_comm_deregister(comm, reg_send);
   gw_comm_deregister(comm, reg_recv);

@@ -13,8 +13,13 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
     snprintf(err, errlen, "%s: an empty file name", flag);
     return -1;
   }
-  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+  const int exists = stat(path, &sb) == 0;
+  if (exists && S_ISDIR(sb.st_mode)) {
     snprintf(err, errlen, "%s %s: is a directory", flag, path);
+    return -1;
+  }
+  if (exists && access(path, W_OK) != 0) { /* found only after the work, otherwise */
+    snprintf(err, errlen, "%s %s: cannot write it: %s", flag, path, strerror(errno));
     return -1;
   }
   char dir[4096];

@@ -10,7 +10,11 @@
  * active port (GW_IB_EMULATE_LINK=ib|eth), PDs, MRs (GW_IB_EMULATE_MEMLOCK
  * simulates `ulimit -l`), CQs, RC QPs, RDMA WRITE and RDMA WRITE WITH IMM.  Not
  * emulated: SEND, READ, atomics, UD/UC, SRQ, completion channels and events,
- * memory windows, path migration.
+ * memory windows, path migration.  GW_IB_EMULATE_DELAY_US=N holds every
+ * send WR back N microseconds after its post, as a DMA engine reads its source
+ * some time after the post returns (by default a write whose responder is
+ * ready completes inside the post, which hides code that reuses a source too
+ * early).
  *
  * How: every context owns a memfd "segment" holding what a remote must see (MR
  * table, per QP its state and receive-queue counters, inbound completions),
@@ -640,11 +644,19 @@ static int sq_exec_one(struct emu_qp *q, struct swr *w, double now) {
   return IBV_WC_SUCCESS;
 }
 
+static double send_delay(void) {
+  static _Atomic double delay = -1;
+  double d = atomic_load_explicit(&delay, memory_order_relaxed);
+  if (d < 0) atomic_store(&delay, d = GW_MAX(0.0, gw__env_double("GW_IB_EMULATE_DELAY_US", 0)) * 1e-6);
+  return d;
+}
+
 /* Runs queued WRs in order until one blocks; a failure puts the QP in error. */
 static void sq_progress(struct emu_qp *q) {
   while (q->sq_exec < q->sq_tail && !sync_error(q)) {
     struct swr *w = &q->sq[q->sq_exec % q->cap.max_send_wr];
     double now = gw__now();
+    if (now - w->t_post < send_delay()) return; /* the "DMA engine" has not read it yet */
     if (!w->started) w->started = 1, w->t_first = now;
     int st = sq_exec_one(q, w, now);
     if (st == BLOCKED) return;
@@ -669,7 +681,8 @@ static int sq_append(struct emu_qp *q, const struct ibv_send_wr *wr) {
                     .imm = wr->imm_data, .len = (uint32_t)len,
                     .with_imm = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM,
                     .signaled = q->sig_all || (wr->send_flags & IBV_SEND_SIGNALED),
-                    .inl = !!(wr->send_flags & IBV_SEND_INLINE), .nsge = wr->num_sge, .status = BLOCKED};
+                    .inl = !!(wr->send_flags & IBV_SEND_INLINE), .nsge = wr->num_sge, .status = BLOCKED,
+                    .t_post = gw__now()};
   if (w->inl) { /* inline data is copied now; its buffers need no MR */
     uint8_t *d = &q->inl[i * q->cap.max_inline_data];
     for (int k = 0; k < wr->num_sge; d += wr->sg_list[k].length, k++)

@@ -70,6 +70,7 @@ struct swr { /* a posted send WR, as the requester keeps it */
   uint32_t rkey, imm, len;
   int with_imm, signaled, inl, nsge, started, rnr_count, status;
   double t_first, t_rnr; /* first attempt; when the running RNR timer expires */
+  double t_post;         /* posted (GW_IB_EMULATE_DELAY_US counts from here) */
 };
 struct emu_ctx;
 struct emu_pd {
