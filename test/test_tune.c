@@ -14,6 +14,13 @@
 #include "harness.h"
 #include "tune.h"
 
+/* Makes the file of the mkstemp template path (emptied, closed). */
+static void make_temp(char *path) {
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+}
+
 static struct gw_pick_args args(int n, size_t bytes) {
   return (struct gw_pick_args){.nranks = n, .coll = GW_COLL_ALLREDUCE, .bytes = bytes, .algo = GW_ALGO_AUTO,
                                .proto = -1, .tree_ok = true, .ll_ok = true, .exchange_max = 256 << 10};
@@ -106,9 +113,7 @@ START_TEST(test_corrupt_file_refused) {
       {"ring fast 0.1 10\n", ":1:"},
   };
   char path[] = "/tmp/gw-tune-XXXXXX";
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
+  make_temp(path);
   struct gw_model def, m;
   gw__model_defaults(&def);
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -140,9 +145,7 @@ START_TEST(test_fit_roundtrip) {
       s[ns++] = (struct gw_tune_sample){"ring", p ? "ll" : "simple", sizes[i],
                                         gw__model_time(&truth, GW_ALGO_RING, p, GW_COLL_ALLREDUCE, sizes[i], 4, 0)};
   char path[] = "/tmp/gw-tune-XXXXXX";
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
+  make_temp(path);
   ck_assert_int_eq(gw_tune_write(path, 4, s, ns, "test"), GW_SUCCESS);
   struct gw_model m;
   memset(&m, 0, sizeof m);
@@ -160,9 +163,7 @@ END_TEST
  * gw_tune_write keeps the other sizes' rows of the file it rewrites. */
 START_TEST(test_rows_per_world_size) {
   char path[] = "/tmp/gw-tune-XXXXXX";
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
+  make_temp(path);
   write_file(path, "tree simple 0.9 8 4\ntree simple 0.5 9\ntree simple 0.7 7 2\nring ll 0.3 3 8\n");
   struct gw_model def, m;
   gw__model_defaults(&def);
@@ -203,9 +204,7 @@ END_TEST
  * temporary file left). */
 START_TEST(test_rewrite_safe) {
   char path[] = "/tmp/gw-tune-XXXXXX";
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
+  make_temp(path);
   write_file(path, "tree simple 0.7 7 2\nring ll 0.000 -3 2\nring simple 1 2 3 4 5 6\n");
   struct gw_tune_sample s[8];
   static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
