@@ -69,7 +69,14 @@ void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
   pthread_mutex_unlock(&comm->err_mu);
 }
 
-const char *gw_comm_last_error(gw_comm_t comm) { return comm ? comm->last_error : gw__thread_error(); }
+const char *gw_comm_last_error(gw_comm_t comm) {
+  static _Thread_local char copy[GW_ERRMSG_MAX];
+  if (!comm) return gw__thread_error();
+  pthread_mutex_lock(&comm->err_mu);
+  memcpy(copy, comm->last_error, sizeof copy);
+  pthread_mutex_unlock(&comm->err_mu);
+  return copy;
+}
 
 static gw_result_t init_fail(struct gw_errctx *err, gw_result_t res) {
   gw__set_thread_error(err->msg);
@@ -167,8 +174,8 @@ static void model_init(struct gw_model *m, int nranks) {
   if (*path && gw__model_load(m, path, nranks, &err) == GW_SUCCESS) GW_INFO(GW_SUB_TUNE, "cost model from %s", path);
 }
 
-void gw__pick_base(const struct gw_comm *c, struct gw_pick_args *a) {
-  *a = (struct gw_pick_args){.nranks = c->nranks, .algo = c->algo, .proto = c->proto, .tree_ok = c->tree_ok,
+void gw__pick_base(const struct gw_comm *c, int algo, int proto, struct gw_pick_args *a) {
+  *a = (struct gw_pick_args){.nranks = c->nranks, .algo = algo, .proto = proto, .tree_ok = c->tree_ok,
                              .ll_ok = c->ll_chunk_bytes > 0, .tree_levels = c->tree_levels, .rd_ok = c->rd_ok,
                              .exchange_max = c->exchange_max};
 }
@@ -396,7 +403,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   GW_CHECK(agree_ll(c, err));
   if (c->rank == 0) {
     struct gw_pick_args base;
-    gw__pick_base(c, &base);
+    gw__pick_base(c, c->algo, c->proto, &base);
     gw__model_log(&c->model, &base);
   }
   return gw__channels_start(c, err);

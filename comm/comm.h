@@ -128,7 +128,7 @@ struct gw_devstate;
 
 struct gw_comm {
   int rank, nranks, local_rank;
-  double timeout_s; /* every wait on the data path */
+  _Atomic double timeout_s; /* every wait on the data path (gw_comm_set_timeout: any thread, any time) */
   enum gw_algo algo;  /* GW_ALGO, or gw_comm_set_algo */
   int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */
   struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
@@ -217,7 +217,9 @@ gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw
 void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg);
 
 /* The cost model's inputs that hold for every operation of comm (comm.c). */
-void gw__pick_base(const struct gw_comm *comm, struct gw_pick_args *a);
+/* algo, proto: what the call asked for (gw_op's want_*, taken at the call:
+ * gw_comm_set_algo may change the communicator's meanwhile, on another thread). */
+void gw__pick_base(const struct gw_comm *comm, int algo, int proto, struct gw_pick_args *a);
 
 /* Marks the communicator failed by res (the first failure wins: it is kept
  * and told to the peers). */

@@ -14,8 +14,7 @@
  * (tune.c).  Every rank decides alike from the same call. */
 static void choose(const struct gw_comm *comm, struct gw_op *op) {
   struct gw_pick_args a;
-  gw__pick_base(comm, &a);
-  a.algo = op->want_algo, a.proto = op->want_proto;
+  gw__pick_base(comm, op->want_algo, op->want_proto, &a);
   a.coll = op->desc.coll;
   a.bytes = op->desc.count * gw_dtype_size((gw_dtype_t)op->desc.dtype);
   if (a.coll == GW_COLL_ALLGATHER || a.coll == GW_COLL_REDUCE_SCATTER) a.bytes *= (size_t)comm->nranks;

@@ -133,7 +133,8 @@ const char *gw_strerror(gw_result_t result);
 
 /* The detailed message of the last failure on comm; with comm == NULL, of the
  * last failure of this thread that had no communicator (e.g. gw_comm_init).
- * The string stays valid until the next failure on the same communicator. */
+ * A copy made under the communicator's lock (the progress thread may be
+ * writing a newer one): valid until this thread calls it again. */
 const char *gw_comm_last_error(gw_comm_t comm);
 
 /* The failure of an operation that ran asynchronously (stream-ordered calls
@@ -152,7 +153,8 @@ gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error);
  * default stream, and the call blocks until done.  sendbuf and recvbuf must
  * both be host or both device memory of the communicator's device.  In place when
  * sendbuf == recvbuf (allgather: sendbuf == recvbuf + rank * sendcount elements;
- * reduce-scatter: recvbuf == sendbuf + rank * recvcount elements). */
+ * reduce-scatter: recvbuf == sendbuf + rank * recvcount elements; equal
+ * pointers there are in place on rank 0 only, elsewhere an overlap, refused). */
 
 gw_result_t gw_allreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
                          gw_op_t op, gw_comm_t comm, void *stream);
@@ -180,7 +182,9 @@ gw_result_t gw_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvco
 gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req);
 
 /* Waits for *req, frees it and sets *req = NULL; returns the operation's result.
- * A NULL *req returns GW_SUCCESS at once. */
+ * A NULL *req returns GW_SUCCESS at once.  Every request is waited for (or
+ * tested done) before gw_comm_destroy, which runs what is queued to its end
+ * but cannot free requests: one used after destroy reads freed memory. */
 gw_result_t gw_wait(gw_request_t *req);
 /* Sets *done.  When done, frees *req, sets it to NULL and returns the operation's
  * result; otherwise returns GW_SUCCESS and leaves *req alone. */
