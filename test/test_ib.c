@@ -358,6 +358,28 @@ static int raw_memlock(int rank, int n, const char *master, void *arg) {
 START_TEST(test_memlock_hint) { ck_assert_int_eq(run_ranks_raw(2, raw_memlock, NULL, 60), 0); }
 END_TEST
 
+/* QP timeout and retries out of range: refused naming the variable (modify_qp
+ * said only "Invalid argument"; a timeout of 0 is "never" on hardware). */
+static int raw_qp_settings(int rank, int n, const char *master, void *arg) {
+  const char *const *kv = arg;
+  emulate();
+  setenv(kv[0], kv[1], 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(NULL), kv[2]), "%s=%s: init returned %s: %s",
+         kv[0], kv[1], gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_qp_settings_checked) {
+  const char *const timeout0[] = {"GW_IB_TIMEOUT", "0", "GW_IB_TIMEOUT=0 is not in 1..31"};
+  const char *const retry9[] = {"GW_IB_RETRY_CNT", "9", "GW_IB_RETRY_CNT=9 is not in 0..7"};
+  ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)timeout0, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)retry9, 60), 0);
+}
+END_TEST
+
 static int raw_slots_differ(int rank, int n, const char *master, void *arg) {
   (void)arg;
   emulate();
@@ -387,6 +409,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_rkey_reported);
   tcase_add_test(tc, test_killed_rank_named);
   tcase_add_test(tc, test_memlock_hint);
+  tcase_add_test(tc, test_qp_settings_checked);
   tcase_add_test(tc, test_slot_settings_differ);
   suite_add_tcase(s, tc);
   return run_suite(s);

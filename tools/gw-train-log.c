@@ -4,6 +4,8 @@
  * a PNG of loss and accuracy per epoch drawn by gnuplot from a small data file
  * kept next to it. */
 #include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,17 +133,25 @@ void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, doub
 
 /* Runs `gnuplot arg` (a script, or --version) with its output silenced
  * (gnuplot's warnings, a single point's empty range, are noise on the log);
- * 0 when it exited 0. */
+ * 0 when it exited 0.  Spawned, not forked: the communicator is alive, and a
+ * fork makes its registered memory copy-on-write (an HCA on an older kernel
+ * would then go on reading pages the process no longer uses). */
 static int run_gnuplot(const char *arg, char *err, size_t errlen) {
-  pid_t pid = fork();
-  if (pid < 0) {
-    snprintf(err, errlen, "fork failed: %s", strerror(errno));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  char *const argv[] = {"gnuplot", (char *)arg, NULL};
+  pid_t pid;
+  int e = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (e == ENOENT) {
+    snprintf(err, errlen, "gnuplot is not installed (apt-get install gnuplot-nox)");
     return -1;
   }
-  if (pid == 0) {
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    execlp("gnuplot", "gnuplot", arg, (char *)NULL);
-    _exit(127);
+  if (e) {
+    snprintf(err, errlen, "cannot start gnuplot: %s", strerror(e));
+    return -1;
   }
   int status;
   while (waitpid(pid, &status, 0) < 0) {

@@ -142,6 +142,18 @@ struct ib_conn {
 
 #define fail(c, t, code, ...) gw__conn_fail((c), &(t)->failed, (t)->failmsg, (t)->where, (code), __VA_ARGS__)
 
+/* The credit words, registered: pages of their own, so what registration does
+ * to its pages (MADV_DONTFORK under RDMAV_FORK_SAFE on older kernels) touches
+ * nothing else of the heap.  Zeroed; NULL when out of memory. */
+static uint64_t *credit_words(uint32_t n) {
+  void *m = mmap(NULL, (size_t)n * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return m == MAP_FAILED ? NULL : m;
+}
+
+static void credit_words_free(uint64_t *w, uint32_t n) {
+  if (w) munmap(w, (size_t)n * sizeof(uint64_t));
+}
+
 static void conn_free(struct ib_conn *t) {
   const struct gw_ibv *v = gw__ib_devs.v;
   for (uint32_t i = 0; i < IB_MAX_QPS; i++)
@@ -151,9 +163,9 @@ static void conn_free(struct ib_conn *t) {
   if (t->mr) v->dereg_mr(t->mr);
   if (t->credit_mr) v->dereg_mr(t->credit_mr);
   if (t->credit_src_mr) v->dereg_mr(t->credit_src_mr);
-  free(t->credit_src);
+  credit_words_free(t->credit_src, t->nslots);
   if (t->buf) munmap(t->buf, t->buf_bytes);
-  free(t->credits);
+  credit_words_free(t->credits, t->nslots);
   free(t->got);
   free(t->need);
   free(t->arrived);
@@ -213,8 +225,19 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   if (!port)
     return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: rank %d's ib port is %s, none of this rank's is", c->self,
                    c->peer, want_eth ? "RoCE (Ethernet)" : "InfiniBand");
+  /* The QP's ack timeout (4.096 us x 2^N per try) and retries, which decide
+   * how soon a dead peer is noticed: out of range, modify_qp says only EINVAL;
+   * 0 is "never" on hardware (the emulator took it for 14). */
+  const int64_t qto = gw__env_int("GW_IB_TIMEOUT", 18), qrc = gw__env_int("GW_IB_RETRY_CNT", 7);
+  if (qto < 1 || qto > 31)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_TIMEOUT=%lld is not in 1..31 (each try waits "
+                   "4.096 us x 2^N; 0, no timeout, would leave a dead peer unnoticed)", c->self, (long long)qto);
+  if (qrc < 0 || qrc > 7)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_RETRY_CNT=%lld is not in 0..7", c->self,
+                   (long long)qrc);
   struct ib_conn *t = calloc(1, sizeof *t);
   if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+  t->qp_timeout = (uint8_t)qto, t->qp_retry_cnt = (uint8_t)qrc;
   const struct gw_ibv *v = gw__ib_devs.v;
   gw_result_t res = GW_SUCCESS;
   t->fd = t->listen_fd = -1;
@@ -289,8 +312,6 @@ static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16
   int e = gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (e) return e;
-  t->qp_timeout = (uint8_t)gw__env_int("GW_IB_TIMEOUT", 18);
-  t->qp_retry_cnt = (uint8_t)gw__env_int("GW_IB_RETRY_CNT", 7);
   a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = t->qp_timeout, .retry_cnt = t->qp_retry_cnt,
                            .rnr_retry = 7, .sq_psn = 0,
                            .max_rd_atomic = 1};
@@ -318,7 +339,7 @@ static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params 
   t->got = calloc(t->nslots, 1);
   t->need = calloc(t->nslots, 1);
   t->arrived = calloc(t->nslots, sizeof *t->arrived);
-  t->credit_src = aligned_alloc(64, GW_ALIGN_UP(t->nslots * sizeof(uint64_t), 64));
+  t->credit_src = credit_words(t->nslots);
   if (!t->got || !t->need || !t->arrived || !t->credit_src ||
       getrandom(&t->nonce, sizeof t->nonce, 0) != sizeof t->nonce) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory or entropy", c->self);
@@ -378,7 +399,7 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
   gw_result_t res = GW_SUCCESS;
   t->raddr = h.slots_addr;
   t->rkey = h.slots_rkey;
-  t->credits = aligned_alloc(64, GW_ALIGN_UP(t->nslots * sizeof(uint64_t), 64));
+  t->credits = credit_words(t->nslots);
   if (!t->credits) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
     goto fail;
@@ -677,7 +698,11 @@ static gw_result_t ib_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h
     GW_CHECK(push_credits(c, t));
     if (!t->got[s] || t->got[s] < t->need[s]) {
       check_socket(t, false);
-      return t->eof ? peer_gone(c, t, "a chunk") : GW_INPROGRESS;
+      if (!t->eof) return GW_INPROGRESS;
+      /* The sender may have closed right after its last write landed (its
+       * ack came before our completion was polled): look once more. */
+      GW_CHECK(poll_cq(c, t));
+      if (!t->got[s] || t->got[s] < t->need[s]) return peer_gone(c, t, "a chunk");
     }
   }
   const uint8_t *slot = t->buf + (size_t)s * t->stride;
@@ -711,11 +736,11 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
   if (!r && !c->is_send) r = push_credits(c, t);
   if (!r) check_socket(t, false);
   if (!r && c->is_send) {
-    for (uint32_t i = 0; i < t->nqps; i++)
+    for (uint32_t i = 0; i < t->nqps && !r; i++)
       if (t->q[i].done < t->q[i].direct) {
         if (!t->eof) return GW_INPROGRESS;
-        r = peer_gone(c, t, "its writes from user memory");
-        break;
+        r = poll_cq(c, t); /* completions polled before the close was seen count */
+        if (!r && t->q[i].done < t->q[i].direct) r = peer_gone(c, t, "its writes from user memory");
       }
     if (!r) gw__ib_reg_release(t->held, &t->nheld); /* every write from user memory completed */
   }

@@ -178,7 +178,9 @@ gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_er
   }
   *r = (struct ib_reg){.lo = lo, .hi = hi, .refs = 1};
   for (int p = 0; p < gw__ib_devs.n; p++) {
-    r->mr[p] = gw__ib_devs.v->reg_mr(gw__ib_devs.ports[p].pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE);
+    /* Only ever a send source: local read, which every MR allows (LOCAL_WRITE
+     * would refuse read-only mappings and break copy-on-write of private ones). */
+    r->mr[p] = gw__ib_devs.v->reg_mr(gw__ib_devs.ports[p].pd, buf, bytes, 0);
     atomic_fetch_add(&regs.reg_calls, 1);
     if (!r->mr[p]) {
       int e = errno;
