@@ -422,44 +422,9 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
-/* (Emulator: its hook fails the allocation.)  Pinned memory running out
- * after the first staging buffer: that call fails naming it, and the next one
- * makes what is missing and runs (the half-made state used to be kept, its
- * missing buffer then taken for a host address). */
-static int body_setup_retry(int rank, int n, const char *master, void *arg) {
-  (void)arg;
-  dv = gw__dev();
-  setenv("GW_DEV_IPC", "0", 1); /* staged */
-  setenv("GW_DEV_STAGE_BYTES", "65536", 1);
-  setenv("GW_DEV_EMU_FAIL_HOST_ALLOC", "65536:2", 1);
-  gw_comm_t comm;
-  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
-  const size_t count = 24576; /* 96 KiB: two pieces */
-  int32_t *din, *dout, *h;
-  DCHECK(dv->alloc((void **)&din, count * 4));
-  DCHECK(dv->alloc((void **)&dout, count * 4));
-  DCHECK(dv->host_alloc((void **)&h, count * 4));
-  for (size_t i = 0; i < count; i++) h[i] = rank + 1 + (int32_t)(i % 7);
-  DCHECK(dv->memcpy_async(din, h, count * 4, NULL));
-  DCHECK(dv->stream_sync(NULL));
-  gw_result_t r = gw_allreduce(din, dout, count, GW_INT32, GW_SUM, comm, NULL);
-  EXPECT(r == GW_ERR_CUDA && strstr(gw_comm_last_error(comm), "allocating pinned staging memory"),
-         "the failed setup: returned %s: %s", gw_strerror(r), gw_comm_last_error(comm));
-  GWCHECK(gw_allreduce(din, dout, count, GW_INT32, GW_SUM, comm, NULL), comm);
-  DCHECK(dv->memcpy_async(h, dout, count * 4, NULL));
-  DCHECK(dv->stream_sync(NULL));
-  for (size_t i = 0; i < count; i++)
-    EXPECT(h[i] == n * (n + 1) / 2 + n * (int32_t)(i % 7), "after the retry: element %zu is %d", i, h[i]);
-  gw_comm_destroy(comm);
-  DCHECK(dv->free(din));
-  DCHECK(dv->free(dout));
-  DCHECK(dv->host_free(h));
-  return 0;
-}
-
 START_TEST(misuse) {
   ck_assert_int_eq(run_ranks_raw(2, body_misuse, NULL, 120), 0);
-  if (getenv("GW_DEV_EMULATE")) ck_assert_int_eq(run_ranks_raw(2, body_setup_retry, NULL, 120), 0);
+  if (getenv("GW_DEV_EMULATE")) ck_assert_int_eq(run_ranks_raw(2, device_setup_retry, NULL, 120), 0);
 }
 END_TEST
 

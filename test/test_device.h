@@ -23,6 +23,8 @@ int one_queue(void);
 /* A stream and a device buffer of count int32, and one allreduce through them
  * that completed (every rank in, the communicator working). */
 int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int32_t **d);
+/* The misuse case's second half, on the emulator (a raw body for run_ranks_raw). */
+int device_setup_retry(int rank, int n, const char *master, void *arg);
 /* Adds the cases of test_device_streams.c to the suite. */
 void device_add_stream_cases(Suite *s);
 
