@@ -587,6 +587,59 @@ START_TEST(test_loopback) {
 }
 END_TEST
 
+/* A send buffer belongs to the HCA until a polled completion covers its WR:
+ * changed before that (here an unsignaled write's source, rewritten before the
+ * signaled write after it was polled), the emulator aborts naming the WR.
+ * Changed after that, nothing happens. */
+static void reuse_source(int early) {
+  struct ep a;
+  ep_open(&a, 0, 1 << 20, 16);
+  struct ibv_qp *qa = ep_qp(&a, 8, 8, 0), *qb = ep_qp(&a, 8, 8, 0);
+  struct info ia = ep_info(&a, qa), ib = ep_info(&a, qb);
+  qp_connect(qa, &ib, &defaults);
+  qp_connect(qb, &ia, &defaults);
+  uint8_t *src = a.buf + (512 << 10);
+  fill(src, 4096, 5);
+  struct ibv_sge sge = {(uintptr_t)src, 4096, a.mr->lkey}, sge2 = {(uintptr_t)src + 8192, 64, a.mr->lkey};
+  struct ibv_wc wc;
+  REQUIRE(post_write(qa, 1, &sge, 1, ib.addr, ib.rkey, 0, 0, early ? 0 : IBV_SEND_SIGNALED) == 0, "post 1");
+  if (!early) REQUIRE(poll_n(a.cq, &wc, 1, 5) == 1 && wc.wr_id == 1, "completion 1");
+  src[2700] ^= 0xff; /* a byte of the third window (the sample: 64 bytes at 0, 1/3, 2/3, end) */
+  REQUIRE(post_write(qa, 2, &sge2, 1, ib.addr + 8192, ib.rkey, 0, 0, IBV_SEND_SIGNALED) == 0, "post 2");
+  REQUIRE(poll_n(a.cq, &wc, 1, 5) == 1 && wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS, "completion 2");
+  REQUIRE(mismatches(a.buf, 2600, 5) == 0, "data");
+  REQUIRE(V->destroy_qp(qa) == 0 && V->destroy_qp(qb) == 0, "destroy");
+  ep_close(&a);
+}
+
+START_TEST(test_source_reuse) {
+  reuse_source(0);
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    in_child = 1;
+    dup2(fds[1], 2);
+    close(fds[0]);
+    reuse_source(1);
+    _exit(0);
+  }
+  close(fds[1]);
+  char out[1024] = "";
+  size_t n = 0;
+  ssize_t k;
+  while (n < sizeof out - 1 && (k = read(fds[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)k;
+  out[n] = 0;
+  close(fds[0]);
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "the reused source went unnoticed (status %#x): %s", st,
+                out);
+  ck_assert_msg(strstr(out, "send WR wr_id 1 on QP") && strstr(out, "4096 bytes"), "%s", out);
+}
+END_TEST
+
 /* ---- 5. errors ------------------------------------------------------------------------ */
 static void expect_status(struct ep *e, uint64_t wr_id, int status) {
   struct ibv_wc wc;
@@ -835,6 +888,7 @@ static Suite *ibemu_suite(void) {
   tcase_add_test(tc, test_state_machine);
   tcase_add_test(tc, test_two_processes);
   tcase_add_test(tc, test_loopback);
+  tcase_add_test(tc, test_source_reuse);
   tcase_add_test(tc, test_access_errors);
   tcase_add_test(tc, test_rnr);
   tcase_add_test(tc, test_unreachable);

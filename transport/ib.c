@@ -9,7 +9,11 @@
  * the sender's registered credit array (an 8-byte RDMA WRITE), which the sender
  * polls in its own memory: credits, so a write never lands in an unread slot.
  * Sends are unsignaled except every sig_every-th per QP, so the send queue never
- * overflows and completions stay rare; every failed work request completes
+ * overflows and completions stay rare.  A staging slot (or credit word) is
+ * written again only once the peer released it and a polled completion covers
+ * its last write (a zero-length signaled write is posted when none would):
+ * the HCA may read a source again until then, to retransmit after a lost ack.
+ * Every failed work request completes
  * anyway, with a status this file turns into an error naming both ranks and the
  * device, with a hint.
  *
@@ -63,6 +67,7 @@ struct ib_qpx {
   uint64_t posted; /* send work requests posted */
   uint64_t done;   /* of them, known complete (a signaled completion covers all before it) */
   uint64_t direct; /* the last write that reads user memory: the operation waits for it */
+  uint64_t last_sig; /* the last signaled write */
   uint32_t unsig;  /* unsignaled since the last signaled one */
 };
 
@@ -114,10 +119,15 @@ struct ib_conn {
   uint64_t credits_posted; /* receiver: releases written to the sender so far */
   /* Receiver: where each slot's credit is written from, registered: no inline
    * data (some providers have none, and NCCL uses none by default).  Entry
-   * p % nslots is written again only for chunk p + nslots, which the sender
-   * sent after it saw credit p, so the HCA has read it by then. */
+   * p % nslots is written again for chunk p + nslots once the write of credit
+   * p is known complete (reads, below). */
   uint64_t *credit_src;
   struct ibv_mr *credit_src_mr;
+  /* Per slot and QP (sender) or per credit word on QP 0 (receiver): the last
+   * write that reads it.  A source belongs to the HCA until a polled
+   * completion covers its write, not merely until the peer has the data: a
+   * lost ack makes the HCA send it again, from the buffer as it is then. */
+  uint64_t *reads;
   int fd, listen_fd;
   bool ready; /* sender: the receiver's QPs are ready (its byte arrived); receiver: connected */
   bool eof;   /* the peer closed the liveness socket */
@@ -169,6 +179,7 @@ static void conn_free(struct ib_conn *t) {
   free(t->got);
   free(t->need);
   free(t->arrived);
+  free(t->reads);
   if (t->fd >= 0) close(t->fd);
   if (t->listen_fd >= 0) close(t->listen_fd);
   free(t);
@@ -253,6 +264,10 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   t->timeout_s = p->timeout_s > 0 ? p->timeout_s : 60;
   t->test_bad_rkey = (int)gw__env_int("GW_IB_TEST_BAD_RKEY", 0);
   t->buf_bytes = (size_t)t->nslots * t->stride;
+  if (!(t->reads = calloc((size_t)t->nslots * IB_MAX_QPS, sizeof *t->reads))) {
+    free(t);
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
+  }
   void *m = mmap(NULL, t->buf_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (m == MAP_FAILED) {
     t->buf = NULL;
@@ -586,11 +601,28 @@ static int post_write(struct ib_conn *t, struct ib_qpx *q, struct ibv_sge *sge, 
   if (signal || ++q->unsig >= t->sig_every) wr.send_flags |= IBV_SEND_SIGNALED, q->unsig = 0;
   wr.wr_id = q->posted + 1;
   int e = gw__ib_devs.v->post_send(q->qp, &wr, &bad);
+  if (!e && (wr.send_flags & IBV_SEND_SIGNALED)) q->last_sig = wr.wr_id;
   if (!e) q->posted++;
   return e;
 }
 
 static bool sq_room(const struct ib_conn *t, const struct ib_qpx *q) { return q->posted - q->done + 1 < t->depth; }
+
+/* A zero-length signaled write: its completion covers every write before it. */
+static int post_fence(struct ib_conn *t, struct ib_qpx *q) {
+  struct ibv_sge sge = {.addr = (uintptr_t)t->buf, .length = 0, .lkey = t->mr->lkey};
+  return post_write(t, q, &sge, 0, t->raddr, t->rkey, false, 0, true);
+}
+
+/* Whether write `wr` on q is covered by a polled completion (*ok), so what it
+ * reads may be written again.  When no signaled write at or after it is
+ * posted (unsignaled writes complete silently), posts a fence so one comes. */
+static gw_result_t reads_done(struct gw_conn *c, struct ib_conn *t, struct ib_qpx *q, uint64_t wr, bool *ok) {
+  *ok = q->done >= wr;
+  if (*ok || q->last_sig >= wr || !sq_room(t, q)) return GW_SUCCESS;
+  int e = post_fence(t, q);
+  return e ? fail(c, t, GW_ERR_SYSTEM, "ibv_post_send (fence) failed: %s", strerror(e)) : GW_SUCCESS;
+}
 
 /* ---- data path: sender ------------------------------------------------------------------- */
 static gw_result_t ib_send_slot(struct gw_conn *c, size_t bytes, void **buf, size_t *cap) {
@@ -600,13 +632,16 @@ static gw_result_t ib_send_slot(struct gw_conn *c, size_t bytes, void **buf, siz
   GW_CHECK(poll_cq(c, t));
   check_socket(t, false);
   bool room = t->ready;
+  const uint32_t s = (uint32_t)(t->pos % t->nslots);
   if (room && t->pos >= t->nslots) {
     uint64_t want = t->pos - t->nslots + 1;
-    room = __atomic_load_n(&t->credits[t->pos % t->nslots], __ATOMIC_ACQUIRE) == want;
+    room = __atomic_load_n(&t->credits[s], __ATOMIC_ACQUIRE) == want;
   }
+  for (uint32_t i = 0; room && i < t->nqps; i++) /* the slot's last writes are ours again */
+    GW_CHECK(reads_done(c, t, &t->q[i], t->reads[s * IB_MAX_QPS + i], &room));
   for (uint32_t i = 0; room && i < t->nqps; i++) room = sq_room(t, &t->q[i]);
   if (!room) return t->eof ? peer_gone(c, t, "a free slot") : GW_INPROGRESS;
-  *buf = t->buf + (size_t)(t->pos % t->nslots) * t->stride + IB_HDR_BYTES;
+  *buf = t->buf + (size_t)s * t->stride + IB_HDR_BYTES;
   *cap = t->slot_bytes;
   return GW_SUCCESS;
 }
@@ -626,7 +661,8 @@ static gw_result_t post_chunk(struct gw_conn *c, struct ib_conn *t, const struct
   for (uint32_t k = 0; k < nparts; k++) {
     uint32_t off, len;
     gw__part_of(total, nparts, k, &off, &len);
-    struct ib_qpx *q = &t->q[(t->pos + k) % t->nqps];
+    const uint32_t qi = (uint32_t)((t->pos + k) % t->nqps);
+    struct ib_qpx *q = &t->q[qi];
     struct ibv_sge sge[2] = {{.addr = (uintptr_t)(slot + off), .length = len, .lkey = t->mr->lkey}};
     int nsge = 1;
     if (src) { /* the payload part of [off, off + len) comes from src */
@@ -641,6 +677,7 @@ static gw_result_t post_chunk(struct gw_conn *c, struct ib_conn *t, const struct
     uint32_t imm = (uint32_t)(t->pos & 0xffffff) << 8 | nparts << 4 | k;
     int e = post_write(t, q, sge, nsge, t->raddr + (uint64_t)s * t->stride + off, rkey, true, imm, src != NULL);
     if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send failed: %s", strerror(e));
+    t->reads[s * IB_MAX_QPS + qi] = q->posted;
     if (src) q->direct = q->posted;
   }
   if (src) gw__ib_count_direct();
@@ -679,11 +716,16 @@ static gw_result_t push_credits(struct gw_conn *c, struct ib_conn *t) {
       if (!sq_room(t, q)) return GW_SUCCESS; /* later: recv_peek and progress come back here */
     }
     const uint64_t p = t->credits_posted;
-    uint64_t *src = &t->credit_src[p % t->nslots];
+    const uint32_t w = (uint32_t)(p % t->nslots);
+    bool free_word;
+    GW_CHECK(reads_done(c, t, q, t->reads[w], &free_word));
+    if (!free_word) return GW_SUCCESS; /* its last write's completion is polled later */
+    uint64_t *src = &t->credit_src[w];
     *src = p + 1;
     struct ibv_sge sge = {.addr = (uintptr_t)src, .length = sizeof *src, .lkey = t->credit_src_mr->lkey};
-    int e = post_write(t, q, &sge, 1, t->raddr + (p % t->nslots) * sizeof(uint64_t), t->rkey, false, 0, false);
+    int e = post_write(t, q, &sge, 1, t->raddr + w * sizeof(uint64_t), t->rkey, false, 0, false);
     if (e) return fail(c, t, GW_ERR_SYSTEM, "ibv_post_send (credit) failed: %s", strerror(e));
+    t->reads[w] = q->posted;
     t->credits_posted++;
   }
   return GW_SUCCESS;
@@ -762,8 +804,7 @@ static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
   for (uint32_t i = 0; i < t->nqps && !t->failed; i++) {
     struct ib_qpx *q = &t->q[i];
     if (q->done == q->posted) continue;
-    struct ibv_sge sge = {.addr = (uintptr_t)t->buf, .length = 0, .lkey = t->mr->lkey};
-    if (post_write(t, q, &sge, 0, t->raddr, t->rkey, false, 0, true) != 0) return;
+    if (post_fence(t, q) != 0) return;
     while (q->done < q->posted && !t->failed && !t->eof && gw__now() < deadline) {
       poll_cq(c, t);
       check_socket(t, false);

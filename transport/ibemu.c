@@ -14,7 +14,12 @@
  * send WR back N microseconds after its post, as a DMA engine reads its source
  * some time after the post returns (by default a write whose responder is
  * ready completes inside the post, which hides code that reuses a source too
- * early).
+ * early).  The verbs contract that a send buffer belongs to the HCA until a
+ * polled completion covers its WR is checked: a sample of every source (up to
+ * four 64-byte windows per SGE) is hashed at the post and again when a
+ * completion reports it, and a source changed in between aborts the process
+ * with the WR named (a retransmission after a lost ack would send the new
+ * bytes; an HCA may read the source at any time before that completion).
  *
  * How: every context owns a memfd "segment" holding what a remote must see (MR
  * table, per QP its state and receive-queue counters, inbound completions),
@@ -549,8 +554,55 @@ static int rnr_nak(struct emu_qp *q, struct swr *w, struct seg_qp *rq, double no
   return BLOCKED;
 }
 
+/* A hash of up to four 64-byte windows of each SGE of w (start, thirds, end),
+ * read with process_vm_readv so an unmapped source fails instead of faulting:
+ * 0 when it cannot be read. */
+static int src_sample(const struct ibv_sge *sge, int nsge, uint64_t *hash) {
+  struct iovec remote[MAX_SGE * 4], local;
+  uint8_t buf[MAX_SGE * 4 * 64];
+  size_t n = 0, total = 0;
+  for (int i = 0; i < nsge; i++) {
+    const uint64_t a = sge[i].addr, len = sge[i].length;
+    if (!len) continue;
+    if (len <= 256) {
+      remote[n++] = (struct iovec){(void *)(uintptr_t)a, len}, total += len;
+      continue;
+    }
+    const uint64_t at[4] = {0, len / 3 & ~63ull, 2 * len / 3 & ~63ull, len - 64};
+    for (int k = 0; k < 4; k++) remote[n++] = (struct iovec){(void *)(uintptr_t)(a + at[k]), 64}, total += 64;
+  }
+  uint64_t h = 0xcbf29ce484222325ull;
+  if (total) {
+    local = (struct iovec){buf, total};
+    if (process_vm_readv(getpid(), &local, 1, remote, n, 0) != (ssize_t)total) return 0;
+    for (size_t i = 0; i < total; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
+  }
+  *hash = h;
+  return 1;
+}
+
+static const struct ibv_sge *swr_sge(const struct emu_qp *q, const struct swr *w) {
+  return &q->sge[(w - q->sq) * (q->cap.max_send_sge ? q->cap.max_send_sge : 1)];
+}
+
+/* The WRs a polled completion covers, [from, to]: their sources must be what
+ * they were at the post. */
+static void src_check(const struct emu_qp *q, uint64_t from, uint64_t to) {
+  for (uint64_t i = from; i <= to; i++) {
+    const struct swr *w = &q->sq[i % q->cap.max_send_wr];
+    uint64_t h;
+    if (!w->hashed || w->status != IBV_WC_SUCCESS || !src_sample(swr_sge(q, w), w->nsge, &h) || h == w->src_hash)
+      continue;
+    fprintf(stderr, "ibemu (pid %d): the source of send WR wr_id %llu on QP %u (%u bytes at %#llx) changed "
+            "before a polled completion covered it: a send buffer belongs to the HCA until then\n", (int)getpid(),
+            (unsigned long long)w->wr_id, q->qp.qp_num, w->len,
+            (unsigned long long)(w->nsge ? swr_sge(q, w)->addr : 0));
+    abort();
+  }
+}
+
 static int local_iov(struct emu_qp *q, const struct swr *w, struct iovec *iov, int *niov) {
-  const struct ibv_sge *sge = &q->sge[(w - q->sq) * (q->cap.max_send_sge ? q->cap.max_send_sge : 1)];
+  const struct ibv_sge *sge = swr_sge(q, w);
   uint32_t pd = q->qp.pd->handle;
   *niov = 0;
   if (w->inl) {
@@ -690,6 +742,7 @@ static int sq_append(struct emu_qp *q, const struct ibv_send_wr *wr) {
   } else if (wr->num_sge) {
     memcpy(&q->sge[i * (q->cap.max_send_sge ? q->cap.max_send_sge : 1)], wr->sg_list,
            (size_t)wr->num_sge * sizeof *wr->sg_list);
+    w->hashed = src_sample(wr->sg_list, wr->num_sge, &w->src_hash);
   }
   q->sq_tail++;
   return 0;
@@ -737,6 +790,7 @@ static int sq_drain(struct emu_qp *q, struct ibv_wc *wc, int max) {
   for (; n < max && q->sq_rep < q->sq_exec; q->sq_rep++) {
     struct swr *w = &q->sq[q->sq_rep % q->cap.max_send_wr];
     if (w->status == IBV_WC_SUCCESS && !w->signaled) continue;
+    if (w->status == IBV_WC_SUCCESS) src_check(q, q->sq_head, q->sq_rep);
     wc[n++] = (struct ibv_wc){.wr_id = w->wr_id, .status = (enum ibv_wc_status)w->status,
                               .opcode = IBV_WC_RDMA_WRITE, .byte_len = w->len, .qp_num = q->qp.qp_num};
     q->sq_head = q->sq_rep + 1; /* a polled completion frees every earlier WR */

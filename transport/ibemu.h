@@ -71,6 +71,8 @@ struct swr { /* a posted send WR, as the requester keeps it */
   int with_imm, signaled, inl, nsge, started, rnr_count, status;
   double t_first, t_rnr; /* first attempt; when the running RNR timer expires */
   double t_post;         /* posted (GW_IB_EMULATE_DELAY_US counts from here) */
+  uint64_t src_hash;     /* a sample of the source bytes at the post (src_sample) */
+  int hashed;            /* src_hash was taken (not inline, the source was readable) */
 };
 struct emu_ctx;
 struct emu_pd {
