@@ -9,8 +9,9 @@
  * registered with gw_comm_register are sent from directly (registered once:
  * the cache), in place and out of place, and no longer after deregistering; a
  * registration held by writes in flight keeps its MR past its deregistration,
- * and operations end their holds.  The collective
- * grid over ib runs as separate meson tests (test_collectives). */
+ * and operations end their holds; on RoCE the GID picked by version and
+ * address, and ranks whose RoCE versions differ fail at init naming them.  The
+ * collective grid over ib runs as separate meson tests (test_collectives). */
 #include <check.h>
 #include <sched.h>
 #include <signal.h>
@@ -53,11 +54,19 @@ START_TEST(test_transport_choice) {
 }
 END_TEST
 
+/* An allreduce over the connections: the sum of rank + 1 over n ranks. */
+static int sum_of_ranks(gw_comm_t comm, int rank, int n) {
+  int64_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == (int64_t)n * (n + 1) / 2,
+         "rank %d: sum %lld", rank, (long long)v);
+  return 0;
+}
+
 /* GW_IB_HCA with two (emulated) devices: the receiving ends of connections take
  * them in turn (and each sending end the device of its receiver's rail); a name
  * that is not a device leaves no port, so forcing ib fails at init. */
 static int body_two_devices(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n, (void)arg;
+  (void)arg;
   bool dev[2] = {false, false};
   for (int t = 0; t < GW_NTREES; t++) {
     struct gw_conn *tc[6];
@@ -80,9 +89,7 @@ static int body_two_devices(gw_comm_t comm, int rank, int n, void *arg) {
   const int32_t send_dev = strstr(comm->rings[0].send.desc, "gwemu1:1") != NULL;
   EXPECT(send_dev == devs[comm->rings[0].next], "rank %d sends on device %d, rank %d receives on %d", rank, send_dev,
          comm->rings[0].next, devs[comm->rings[0].next]);
-  int64_t v = rank + 1;
-  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "sum %lld", (long long)v);
-  return 0;
+  return sum_of_ranks(comm, rank, n);
 }
 
 START_TEST(test_several_devices) {
@@ -375,9 +382,67 @@ static int raw_qp_settings(int rank, int n, const char *master, void *arg) {
 START_TEST(test_qp_settings_checked) {
   const char *const timeout0[] = {"GW_IB_TIMEOUT", "0", "GW_IB_TIMEOUT=0 is not in 1..31"};
   const char *const retry9[] = {"GW_IB_RETRY_CNT", "9", "GW_IB_RETRY_CNT=9 is not in 0..7"};
+  const char *const roce3[] = {"GW_IB_ROCE_VERSION", "3", "GW_IB_ROCE_VERSION=3 is not 1 or 2"};
   ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)timeout0, 60), 0);
   ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)retry9, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)roce3, 60), 0);
 }
+END_TEST
+
+/* RoCE without GW_IB_GID_INDEX: the GID of the RoCE version asked
+ * (GW_IB_ROCE_VERSION, default 2), IPv4-mapped before link-local; a port
+ * without that version uses the other.  The emulated table is mlx5's: 0/1
+ * link-local v1/v2, 2/3 IPv4-mapped v1/v2 (GW_IB_EMULATE_ROCE=v1: 0 link-local,
+ * 1 IPv4-mapped, both v1).  Index 0, the old default, is v1 link-local. */
+static int body_gid_choice(gw_comm_t comm, int rank, int n, void *arg) {
+  const int *want = arg; /* index, type */
+  const struct ib_port *pt = &gw__ib_devs.ports[0];
+  EXPECT(gw__ib_devs.n == 1 && pt->eth && pt->gid_index == want[0] && pt->gid_type == want[1],
+         "rank %d: GID index %d of type %d, expected %d of type %d", rank, pt->gid_index, pt->gid_type, want[0],
+         want[1]);
+  return sum_of_ranks(comm, rank, n);
+}
+
+START_TEST(test_roce_gid_choice) {
+  emulate();
+  setenv("GW_IB_EMULATE_LINK", "eth", 1);
+  const int v2_ipv4[] = {3, IBV_GID_TYPE_ROCE_V2}, v1_ipv4[] = {2, IBV_GID_TYPE_ROCE_V1},
+            only_v1[] = {1, IBV_GID_TYPE_ROCE_V1}, forced[] = {1, IBV_GID_TYPE_ROCE_V2};
+  ck_assert_int_eq(run_ranks(2, body_gid_choice, (void *)v2_ipv4, 60), 0);
+  setenv("GW_IB_ROCE_VERSION", "1", 1);
+  ck_assert_int_eq(run_ranks(2, body_gid_choice, (void *)v1_ipv4, 60), 0);
+  unsetenv("GW_IB_ROCE_VERSION");
+  setenv("GW_IB_EMULATE_ROCE", "v1", 1);
+  ck_assert_int_eq(run_ranks(2, body_gid_choice, (void *)only_v1, 60), 0);
+  unsetenv("GW_IB_EMULATE_ROCE");
+  setenv("GW_IB_GID_INDEX", "1", 1); /* given: used as it is */
+  ck_assert_int_eq(run_ranks(2, body_gid_choice, (void *)forced, 60), 0);
+  unsetenv("GW_IB_GID_INDEX");
+  unsetenv("GW_IB_EMULATE_LINK");
+}
+END_TEST
+
+/* One machine with RoCE v1 only, the other with v2: their QPs would never
+ * reach each other (the writes fail after the retry timeout, ~8.6 s, saying
+ * "unreachable"); both ranks fail at init naming the versions. */
+static int raw_roce_versions(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  emulate();
+  setenv("GW_IB_EMULATE_LINK", "eth", 1);
+  if (rank == 1) setenv("GW_IB_EMULATE_ROCE", "v1", 1);
+  gw_comm_t comm;
+  double t0 = gw__now();
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  const char *msg = gw_comm_last_error(NULL);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(msg, "same RoCE version") && strstr(msg, "RoCE v1") &&
+             strstr(msg, "RoCE v2"),
+         "rank %d: init returned %s: %s", rank, gw_strerror(r), msg);
+  EXPECT(gw__now() - t0 < 5, "rank %d took %.1f s to fail", rank, gw__now() - t0);
+  return 0;
+}
+
+START_TEST(test_roce_versions_differ) { ck_assert_int_eq(run_ranks_raw(2, raw_roce_versions, NULL, 60), 0); }
 END_TEST
 
 static int raw_slots_differ(int rank, int n, const char *master, void *arg) {
@@ -411,6 +476,8 @@ int main(void) {
   tcase_add_test(tc, test_memlock_hint);
   tcase_add_test(tc, test_qp_settings_checked);
   tcase_add_test(tc, test_slot_settings_differ);
+  tcase_add_test(tc, test_roce_gid_choice);
+  tcase_add_test(tc, test_roce_versions_differ);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

@@ -325,21 +325,36 @@ static void check_port(const char *link) {
   ep_open(&b, 2, 4096, 16);
   ck_assert_int_eq(a.port.state, IBV_PORT_ACTIVE);
   ck_assert_int_eq(a.port.active_mtu, IBV_MTU_4096);
-  ck_assert_int_eq(a.port.gid_tbl_len, 2);
+  /* mlx5's table: InfiniBand 0 link-local, 1 IPv4-mapped; RoCE 0/1 link-local
+   * v1/v2, 2/3 IPv4-mapped v1/v2 */
+  const int n = eth ? 4 : 2;
+  ck_assert_int_eq(a.port.gid_tbl_len, n);
   ck_assert_int_eq(a.port.link_layer, eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND);
   struct info ia = ep_info(&a, NULL), ib = ep_info(&b, NULL);
   uint16_t la = (uint16_t)(ia.gid[0].raw[14] << 8 | ia.gid[0].raw[15]);
   uint16_t lb = (uint16_t)(ib.gid[0].raw[14] << 8 | ib.gid[0].raw[15]);
   ck_assert(la != 0 && lb != 0 && la != lb);
   ck_assert_int_eq(a.port.lid, eth ? 0 : la);
-  ck_assert(ia.gid[0].raw[0] == 0xfe && ia.gid[0].raw[1] == 0x80);
-  ck_assert(ia.gid[1].raw[10] == 0xff && ia.gid[1].raw[11] == 0xff && ia.gid[1].raw[12] == 127);
-  ck_assert_int_eq(ia.gid[1].raw[14] << 8 | ia.gid[1].raw[15], la);
+  for (int i = 0; i < n; i++) {
+    struct ibv_gid_entry e;
+    ck_assert_int_eq(V->query_gid_ex(a.ctx, 1, (uint32_t)i, &e, 0), 0);
+    const int v4 = eth ? i >= 2 : i == 1;
+    ck_assert_int_eq(e.gid_type, !eth ? IBV_GID_TYPE_IB : i % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1);
+    ck_assert(e.gid_index == (uint32_t)i && e.port_num == 1);
+    if (v4) ck_assert(e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff && e.gid.raw[12] == 127);
+    else ck_assert(e.gid.raw[0] == 0xfe && e.gid.raw[1] == 0x80);
+    ck_assert_int_eq(e.gid.raw[14] << 8 | e.gid.raw[15], la);
+    union ibv_gid g;
+    ck_assert_int_eq(V->query_gid(a.ctx, 1, i, &g), 0);
+    ck_assert(!memcmp(g.raw, e.gid.raw, 16));
+  }
   struct ibv_port_attr pa;
   union ibv_gid g;
+  struct ibv_gid_entry e;
   ck_assert_int_eq(V->query_port(a.ctx, 2, &pa), EINVAL);
-  ck_assert_int_eq(V->query_gid(a.ctx, 1, 2, &g), EINVAL);
+  ck_assert_int_eq(V->query_gid(a.ctx, 1, n, &g), EINVAL);
   ck_assert_int_eq(V->query_gid(a.ctx, 1, -1, &g), EINVAL);
+  ck_assert_int_eq(V->query_gid_ex(a.ctx, 1, (uint32_t)n, &e, 0), EINVAL);
   ep_close(&a);
   ep_close(&b);
 }
@@ -866,6 +881,15 @@ START_TEST(test_eth_gid) {
   ck_assert_int_eq(post_write(lost, 9, &sge, 1, peer.addr, peer.rkey, 0, 0, 0), 0);
   expect_status(&e, 9, IBV_WC_RETRY_EXC_ERR);
   ck_assert_int_eq(V->destroy_qp(lost), 0);
+  ck_assert_int_eq(V->destroy_qp(qp), 0);
+  /* Our GID RoCE v1 (index 0), the responder's v2 (index 1): frames neither
+   * end takes, so unreachable as well. */
+  struct params theirs = p;
+  theirs.gid_index = 1;
+  qp = ep_qp(&e, 8, 1, 0);
+  peer = pair(&ch, &e, qp, &p, &theirs, 1);
+  ck_assert_int_eq(post_write(qp, 10, &sge, 1, peer.addr, peer.rkey, 1, 7, 0), 0);
+  expect_status(&e, 10, IBV_WC_RETRY_EXC_ERR);
   ck_assert_int_eq(V->destroy_qp(qp), 0);
   finish(&ch);
   ep_close(&e);

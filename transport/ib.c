@@ -83,6 +83,7 @@ struct ib_handle {
   uint8_t gid[16];
   uint16_t lid;
   uint8_t rail; /* the index of the receiver's port among its process's */
+  int8_t gid_type; /* RoCE: IBV_GID_TYPE_* of its GID, -1 unknown */
 };
 _Static_assert(sizeof(struct ib_handle) <= GW_CONN_HANDLE_BYTES, "ib handle fits the opaque handle");
 
@@ -97,6 +98,7 @@ struct ib_hello {
   uint8_t gid[16];
   uint16_t lid;
   uint8_t mtu, eth;
+  int8_t gid_type;
 };
 
 #define IB_DIRECT_MIN (16u << 10) /* smaller chunks are cheaper to copy into a slot */
@@ -246,6 +248,10 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   if (qrc < 0 || qrc > 7)
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_RETRY_CNT=%lld is not in 0..7", c->self,
                    (long long)qrc);
+  const int64_t roce = gw__env_int("GW_IB_ROCE_VERSION", 2);
+  if (roce != 1 && roce != 2)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_ROCE_VERSION=%s is not 1 or 2", c->self,
+                   gw__env_str("GW_IB_ROCE_VERSION", ""));
   struct ib_conn *t = calloc(1, sizeof *t);
   if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
   t->qp_timeout = (uint8_t)qto, t->qp_retry_cnt = (uint8_t)qrc;
@@ -305,6 +311,18 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
 fail:
   conn_free(t);
   return res;
+}
+
+/* RoCE v1 and v2 frames differ (v2 is UDP/IP): QPs whose GIDs differ in type
+ * never reach each other, and would fail only after the retry timeout. */
+static gw_result_t roce_versions_agree(struct gw_conn *c, struct ib_conn *t, int peer_type, struct gw_errctx *err) {
+  const int mine = t->port->gid_type;
+  if (!t->port->eth || mine < 0 || peer_type < 0 || mine == peer_type) return GW_SUCCESS;
+  return gw__err(err, GW_ERR_INVALID_ARGUMENT,
+                 "rank %d: its %s uses a %s GID (index %d) and rank %d's port a %s one: both ends of a connection "
+                 "must use the same RoCE version (GW_IB_ROCE_VERSION, or GW_IB_GID_INDEX, alike on every machine)",
+                 c->self, t->port->name, gw__ib_gid_type_name(mine), t->port->gid_index, c->peer,
+                 gw__ib_gid_type_name(peer_type));
 }
 
 /* A QP through RTR and RTS towards the remote QP `qpn`. */
@@ -383,7 +401,8 @@ static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params 
   struct ib_handle h = {.magic = IB_HANDLE_MAGIC, .nqps = (uint8_t)t->nqps, .nslots = (uint8_t)t->nslots,
                         .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth, .nonce = t->nonce,
                         .slots_addr = (uintptr_t)t->buf, .slots_rkey = t->mr->rkey, .slot_bytes = t->slot_bytes,
-                        .lid = t->port->attr.lid, .rail = (uint8_t)(t->port - gw__ib_devs.ports)};
+                        .lid = t->port->attr.lid, .rail = (uint8_t)(t->port - gw__ib_devs.ports),
+                        .gid_type = (int8_t)t->port->gid_type};
   gw__sock_pack(&a, &h.addr);
   memcpy(h.gid, t->port->gid.raw, 16);
   for (uint32_t i = 0; i < t->nqps; i++) h.qpn[i] = t->q[i].qp->qp_num;
@@ -425,12 +444,17 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
   if (!t->credit_mr) goto fail;
   struct ib_hello hello = {.magic = IB_HELLO_MAGIC, .sender = c->self, .job_hash = t->job_hash, .nonce = h.nonce,
                            .credit_addr = (uintptr_t)t->credits, .credit_rkey = t->credit_mr->rkey, .nqps = t->nqps,
-                           .lid = t->port->attr.lid, .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth};
+                           .lid = t->port->attr.lid, .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth,
+                           .gid_type = (int8_t)t->port->gid_type};
   memcpy(hello.gid, t->port->gid.raw, 16);
   for (uint32_t i = 0; i < t->nqps; i++) hello.qpn[i] = t->q[i].qp->qp_num;
   char where[96];
   gw__sock_addr_str(&a, where, sizeof where);
-  t->fd = gw__sock_connect_hello(&a, al, &hello, sizeof hello, gw__now() + t->timeout_s);
+  /* RoCE versions that differ: the hello still goes (briefly tried), so the
+   * receiver learns it from there instead of waiting for this rank. */
+  const gw_result_t agree = roce_versions_agree(c, t, h.gid_type, err);
+  t->fd = gw__sock_connect_hello(&a, al, &hello, sizeof hello, gw__now() + (agree ? 2.0 : t->timeout_s));
+  if ((res = agree)) goto fail;
   if (t->fd < 0) {
     res = gw__err(err, GW_ERR_REMOTE, "rank %d: cannot connect to rank %d (%s) at %s: %s", c->self, c->peer,
                   c->peer_host, where, strerror(errno));
@@ -476,6 +500,7 @@ static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   t->listen_fd = -1;
   t->raddr = hello.credit_addr;
   t->rkey = hello.credit_rkey;
+  GW_CHECK(roce_versions_agree(c, t, hello.gid_type, err));
   for (uint32_t i = 0; i < t->nqps; i++) {
     int e = qp_connect(t, t->q[i].qp, hello.qpn[i], hello.lid, hello.gid, hello.mtu);
     if (e)

@@ -19,6 +19,41 @@ static const char *mtu_str(enum ibv_mtu m) {
   return (unsigned)m < 6 ? s[m] : "?";
 }
 
+/* "RoCE v2" and the like, for messages. */
+const char *gw__ib_gid_type_name(int type) {
+  return type == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2" : type == IBV_GID_TYPE_ROCE_V1 ? "RoCE v1"
+         : type == IBV_GID_TYPE_IB    ? "InfiniBand" : "unknown type";
+}
+
+/* A RoCE port's GID when GW_IB_GID_INDEX is unset, as NCCL picks it: of the
+ * version GW_IB_ROCE_VERSION asks (default 2: routable, what RoCE fabrics run;
+ * index 0 is a v1 link-local GID on ConnectX, which reaches no other subnet),
+ * then an IPv4-mapped address before a global IPv6 one before a link-local
+ * one, the lowest index among equals.  A port without the version asked uses
+ * the other, and says so.  -1 when the table has no usable entry. */
+static int pick_gid(struct ibv_context *ctx, uint8_t port, int tbl_len, const char *name, union ibv_gid *gid,
+                    int *type) {
+  const struct gw_ibv *v = gw__ib_devs.v;
+  const int64_t want_env = gw__env_int("GW_IB_ROCE_VERSION", 2);
+  const int want = want_env == 1 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2; /* others refused at connect */
+  int best = -1, best_score = -1;
+  for (int i = 0; i < tbl_len && i < 256; i++) {
+    struct ibv_gid_entry e;
+    if (v->query_gid_ex(ctx, port, (uint32_t)i, &e, 0) != 0) continue; /* ENODATA: an empty entry */
+    static const uint8_t zero[16];
+    if (!memcmp(e.gid.raw, zero, 16) || (e.gid_type != IBV_GID_TYPE_ROCE_V1 && e.gid_type != IBV_GID_TYPE_ROCE_V2))
+      continue;
+    const bool v4 = !memcmp(e.gid.raw, zero, 10) && e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff;
+    const bool link_local = e.gid.raw[0] == 0xfe && (e.gid.raw[1] & 0xc0) == 0x80;
+    const int score = ((int)e.gid_type == want) * 4 + (v4 ? 2 : link_local ? 0 : 1);
+    if (score > best_score) best = i, best_score = score, *gid = e.gid, *type = (int)e.gid_type;
+  }
+  if (best >= 0 && *type != want)
+    GW_INFO(GW_SUB_INIT, "ib: %s port %u has no %s GID: using index %d (%s)", name, port,
+            gw__ib_gid_type_name(want), best, gw__ib_gid_type_name(*type));
+  return best;
+}
+
 /* Opens one device and takes its port `want` (0: the first active one). */
 static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
   const struct gw_ibv *v = gw__ib_devs.v;
@@ -42,12 +77,24 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
       continue;
     }
     pt->eth = pt->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
-    int64_t gi = gw__env_int("GW_IB_GID_INDEX", pt->eth ? 0 : -1);
-    pt->gid_index = (int)gi;
-    if (gi >= 0 && v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
-      GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %d (GW_IB_GID_INDEX): not used", name, p, (int)gi);
-      continue;
+    int64_t gi = gw__env_int("GW_IB_GID_INDEX", -1);
+    pt->gid_type = pt->eth ? -1 : IBV_GID_TYPE_IB;
+    if (gi < 0 && pt->eth) {
+      gi = pick_gid(ctx, p, pt->attr.gid_tbl_len, name, &pt->gid, &pt->gid_type);
+      if (gi < 0) {
+        GW_WARN(GW_SUB_INIT, "ib: %s port %u (RoCE) has no RoCE GID (no IP address on its interface?): not used",
+                name, p);
+        continue;
+      }
+    } else if (gi >= 0) {
+      struct ibv_gid_entry e;
+      if (v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
+        GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %d (GW_IB_GID_INDEX): not used", name, p, (int)gi);
+        continue;
+      }
+      if (pt->eth && v->query_gid_ex(ctx, p, (uint32_t)gi, &e, 0) == 0) pt->gid_type = (int)e.gid_type;
     }
+    pt->gid_index = (int)gi;
     pt->pd = v->alloc_pd(ctx);
     if (!pt->pd) {
       GW_WARN(GW_SUB_INIT, "ib: cannot allocate a protection domain on %s: %s", name, strerror(errno));
@@ -56,9 +103,10 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
     snprintf(pt->name, sizeof pt->name, "%s:%u", name, p);
     pt->ctx = ctx;
     pt->num = p;
-    GW_INFO(GW_SUB_INIT, "ib: using %s (%s, %s %u, MTU %s%s)", pt->name, pt->eth ? "RoCE" : "InfiniBand",
+    GW_INFO(GW_SUB_INIT, "ib: using %s (%s, %s %u%s%s, MTU %s%s)", pt->name, pt->eth ? "RoCE" : "InfiniBand",
             pt->gid_index >= 0 ? "GID index" : "LID", pt->gid_index >= 0 ? (unsigned)pt->gid_index : pt->attr.lid,
-            mtu_str(pt->attr.active_mtu), v == &gw__ibv_emu ? ", emulated" : "");
+            pt->eth ? " " : "", pt->eth ? gw__ib_gid_type_name(pt->gid_type) : "", mtu_str(pt->attr.active_mtu),
+            v == &gw__ibv_emu ? ", emulated" : "");
     gw__ib_devs.n++;
     if (!want || gw__ib_devs.n == IB_MAX_PORTS) return true; /* the first active port of the device */
   }

@@ -22,8 +22,12 @@ struct ib_port {
   struct ibv_port_attr attr;
   union ibv_gid gid;
   int gid_index; /* -1: route by LID (InfiniBand without GW_IB_GID_INDEX) */
+  int gid_type;  /* IBV_GID_TYPE_* of that GID; -1 when the provider cannot say */
   bool eth;      /* RoCE: link layer Ethernet, routed by GID */
 };
+
+/* "RoCE v2", "RoCE v1", "InfiniBand" or "unknown type" (an IBV_GID_TYPE_*). */
+const char *gw__ib_gid_type_name(int type);
 
 /* Every open port of the process (gw__ib_available opens them once). */
 struct gw_ib_devs {

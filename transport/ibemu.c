@@ -7,7 +7,10 @@
  * flushes once a QP is in the error state.
  *
  * What is emulated: devices gwemu0.. (GW_IB_EMULATE_DEVICES, default 1) with one
- * active port (GW_IB_EMULATE_LINK=ib|eth), PDs, MRs (GW_IB_EMULATE_MEMLOCK
+ * active port (GW_IB_EMULATE_LINK=ib|eth), GID tables as a ConnectX has them
+ * (InfiniBand: 2 entries; RoCE: link-local and IPv4-mapped, each as v1 and v2,
+ * or v1 only with GW_IB_EMULATE_ROCE=v1; QPs whose GIDs differ in type do not
+ * reach each other, as on a wire), PDs, MRs (GW_IB_EMULATE_MEMLOCK
  * simulates `ulimit -l`), CQs, RC QPs, RDMA WRITE and RDMA WRITE WITH IMM.  Not
  * emulated: SEND, READ, atomics, UD/UC, SRQ, completion channels and events,
  * memory windows, path migration.  GW_IB_EMULATE_DELAY_US=N holds every
@@ -105,6 +108,13 @@ static struct ibv_context *emu_open_device(struct ibv_device *dev) {
   struct emu_ctx *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->eth = !strcmp(link, "eth");
+  const char *roce = gw__env_str("GW_IB_EMULATE_ROCE", "v1v2");
+  if (strcmp(roce, "v1") && strcmp(roce, "v1v2")) {
+    GW_WARN(GW_SUB_INIT, "ibemu: GW_IB_EMULATE_ROCE=%s is not v1 or v1v2", roce);
+    free(c);
+    return fail(EINVAL);
+  }
+  c->roce_v2 = c->eth && !strcmp(roce, "v1v2");
   c->pid = getpid();
   if (!(c->seg = gw__ibemu_seg_create(&c->memfd))) goto fail_free;
   while (c->nonce == 0)
@@ -182,16 +192,33 @@ static int emu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_po
   struct emu_ctx *c = CTX(ibctx);
   if (port != 1) return EINVAL;
   *a = (struct ibv_port_attr){
-      .state = IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096, .active_mtu = IBV_MTU_4096, .gid_tbl_len = 2,
+      .state = IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096, .active_mtu = IBV_MTU_4096, .gid_tbl_len = c->roce_v2 ? 4 : 2,
       .max_msg_sz = 1u << 31, .pkey_tbl_len = 1, .lid = c->eth ? 0 : c->lid, .sm_lid = c->eth ? 0 : 1,
       .max_vl_num = 1, .active_width = 2, .active_speed = 32, .phys_state = 5,
       .link_layer = c->eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND};
   return 0;
 }
 
+/* The GID table: InfiniBand and RoCE v1 only, index 0 link-local and 1
+ * IPv4-mapped; RoCE with v2: 0 and 1 link-local (v1, v2), 2 and 3 IPv4-mapped
+ * (v1, v2), as mlx5 lists them.  The type, or -1 past the table. */
+static int gid_entry(const struct emu_ctx *c, int index, union ibv_gid *gid) {
+  if (index < 0 || index >= (c->roce_v2 ? 4 : 2)) return -1;
+  gw__ibemu_lid_gid(c->lid, c->roce_v2 ? index / 2 : index, gid);
+  return !c->eth ? IBV_GID_TYPE_IB : c->roce_v2 && index % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
+}
+
 static int emu_query_gid(struct ibv_context *ibctx, uint8_t port, int index, union ibv_gid *gid) {
-  if (port != 1 || index < 0 || index > 1) return EINVAL;
-  gw__ibemu_lid_gid(CTX(ibctx)->lid, index, gid);
+  if (port != 1 || gid_entry(CTX(ibctx), index, gid) < 0) return EINVAL;
+  return 0;
+}
+
+static int emu_query_gid_ex(struct ibv_context *ibctx, uint32_t port, uint32_t index, struct ibv_gid_entry *e,
+                            uint32_t flags) {
+  if (port != 1 || flags) return EINVAL;
+  int type = gid_entry(CTX(ibctx), (int)GW_MIN(index, (uint32_t)INT32_MAX), &e->gid);
+  if (type < 0) return EINVAL;
+  e->gid_index = index, e->port_num = port, e->gid_type = (uint32_t)type, e->ndev_ifindex = 0;
   return 0;
 }
 
@@ -467,7 +494,7 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
   if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0) return 0;
   if ((mask & IBV_QP_ACCESS_FLAGS) && (a->qp_access_flags & ~MR_ACCESS_OK)) return 0;
   if ((mask & IBV_QP_AV) && (ah->port_num != 1 || (q->ctx->eth && !ah->is_global) ||
-                             (ah->is_global && ah->grh.sgid_index > 1)))
+                             (ah->is_global && gid_entry(q->ctx, ah->grh.sgid_index, &(union ibv_gid){{0}}) < 0)))
     return 0;
   if ((mask & IBV_QP_PATH_MTU) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096)) return 0;
   if ((mask & IBV_QP_DEST_QPN) && a->dest_qp_num > 0xffffff) return 0;
@@ -484,7 +511,12 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
 static void attrs_apply(struct emu_qp *q, const struct ibv_qp_attr *a, int mask) {
   int32_t pid;
   if (mask & IBV_QP_ACCESS_FLAGS) atomic_store(&q->sh->access, (uint32_t)a->qp_access_flags);
-  if (mask & IBV_QP_AV) q->ah = a->ah_attr, q->dest_nonce = 0, (void)gw__ibemu_qp_remote(q, &pid);
+  if (mask & IBV_QP_AV) {
+    q->ah = a->ah_attr, q->dest_nonce = 0, (void)gw__ibemu_qp_remote(q, &pid);
+    union ibv_gid g;
+    atomic_store(&q->sh->gid_type, a->ah_attr.is_global ? (uint32_t)gid_entry(q->ctx, a->ah_attr.grh.sgid_index, &g)
+                                                         : IBV_GID_TYPE_IB);
+  }
   if (mask & IBV_QP_DEST_QPN) q->dest_qpn = a->dest_qp_num;
   if (mask & IBV_QP_MIN_RNR_TIMER) atomic_store(&q->sh->min_rnr_timer, a->min_rnr_timer);
   if (mask & IBV_QP_TIMEOUT) q->timeout = a->timeout;
@@ -669,6 +701,8 @@ static int sq_exec_one(struct emu_qp *q, struct swr *w, double now) {
   uint32_t rstate = rq ? atomic_load(&rq->state) : 0;
   if (!rq || atomic_load(&rq->qpn) != q->dest_qpn || (rstate != IBV_QPS_RTR && rstate != IBV_QPS_RTS))
     return unreachable(q, w, now);
+  if (q->ctx->eth && atomic_load(&rq->gid_type) != atomic_load(&q->sh->gid_type))
+    return unreachable(q, w, now); /* RoCE v1 and v2 frames: neither end takes the other's */
   /* A zero-length write checks no R_Key (IB spec), so it may carry rkey 0. */
   if (w->len > 0 && (!(atomic_load(&rq->access) & IBV_ACCESS_REMOTE_WRITE) ||
                      !mr_check(rs, w->rkey, atomic_load(&rq->pd), w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE))) {
@@ -882,6 +916,7 @@ const struct gw_ibv gw__ibv_emu = {
     .query_device = emu_query_device,
     .query_port = emu_query_port,
     .query_gid = emu_query_gid,
+    .query_gid_ex = emu_query_gid_ex,
     .alloc_pd = emu_alloc_pd,
     .dealloc_pd = emu_dealloc_pd,
     .reg_mr = emu_reg_mr,

@@ -43,7 +43,9 @@ struct seg_in { /* one inbound WRITE_WITH_IMM, at slot claimed % RQ_SLOTS */
 };
 struct seg_qp {
   _Atomic uint32_t qpn; /* 0 while the slot is free */
-  _Atomic uint32_t state, pd, access, min_rnr_timer, pad[3];
+  _Atomic uint32_t state, pd, access, min_rnr_timer;
+  _Atomic uint32_t gid_type; /* RoCE: the type of the GID its address vector sends from */
+  _Atomic uint32_t pad[2];
   _Atomic uint64_t posted;  /* receives posted by the owner, ever (release) */
   _Atomic uint64_t claimed; /* receives taken by senders, ever; RQ_CLOSED when closed */
   uint64_t pad2[4];
@@ -121,6 +123,7 @@ struct emu_ctx {
   struct ibv_context ctx;
   pthread_mutex_t lock;
   int memfd, eth;
+  int roce_v2; /* RoCE: the GID table has v2 entries (GW_IB_EMULATE_ROCE) */
   int32_t pid;
   uint16_t lid;
   uint64_t nonce;

@@ -25,6 +25,9 @@ struct gw_ibv {
   int (*query_device)(struct ibv_context *context, struct ibv_device_attr *attr);
   int (*query_port)(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *attr);
   int (*query_gid)(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid);
+  /* the GID with its type (IB, RoCE v1, RoCE v2); ENODATA for an empty entry */
+  int (*query_gid_ex)(struct ibv_context *context, uint32_t port_num, uint32_t gid_index, struct ibv_gid_entry *entry,
+                      uint32_t flags);
   struct ibv_pd *(*alloc_pd)(struct ibv_context *context);
   int (*dealloc_pd)(struct ibv_pd *pd);
   struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access);

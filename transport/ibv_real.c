@@ -18,6 +18,10 @@ static int real_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_
 static int real_query_gid(struct ibv_context *c, uint8_t port, int index, union ibv_gid *gid) {
   return ibv_query_gid(c, port, index, gid);
 }
+static int real_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t index, struct ibv_gid_entry *e,
+                             uint32_t flags) {
+  return ibv_query_gid_ex(c, port, index, e, flags);
+}
 static struct ibv_pd *real_alloc_pd(struct ibv_context *c) { return ibv_alloc_pd(c); }
 static int real_dealloc_pd(struct ibv_pd *pd) { return ibv_dealloc_pd(pd); }
 static struct ibv_mr *real_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
@@ -49,6 +53,7 @@ const struct gw_ibv gw__ibv_real = {
     .query_device = real_query_device,
     .query_port = real_query_port,
     .query_gid = real_query_gid,
+    .query_gid_ex = real_query_gid_ex,
     .alloc_pd = real_alloc_pd,
     .dealloc_pd = real_dealloc_pd,
     .reg_mr = real_reg_mr,
