@@ -25,6 +25,7 @@
 #include "comm.h"
 #include "harness.h"
 #include "ib_dev.h"
+#include "ibemu.h"
 #include "transport.h"
 
 static void emulate(void) {
@@ -226,6 +227,8 @@ static int raw_bad_rkey(int rank, int n, const char *master, void *arg) {
   EXPECT(test_now() - t0 < 10, "took %.1f s", test_now() - t0);
   if (rank == 0)
     EXPECT(strstr(msg, "rank 1") && strstr(msg, "refused the write") && strstr(msg, "gwemu0"), "message: %s", msg);
+  else /* its QP's async event says why its receives were flushed */
+    EXPECT(strstr(msg, "rank 0") && strstr(msg, "IBV_EVENT_QP_ACCESS_ERR"), "message: %s", msg);
   free(buf);
   gw_comm_destroy(comm);
   return 0;
@@ -445,6 +448,46 @@ static int raw_roce_versions(int rank, int n, const char *master, void *arg) {
 START_TEST(test_roce_versions_differ) { ck_assert_int_eq(run_ranks_raw(2, raw_roce_versions, NULL, 60), 0); }
 END_TEST
 
+/* The HCA's async events: rank 1's port goes down (its writes and rank 0's
+ * reach nobody; with GW_IB_TIMEOUT=8 the retries end after ~8 ms) or its
+ * device fails (its QPs flushed).  Both ranks fail within seconds, rank 1
+ * naming the event: the link down beside whatever ended the operation, the
+ * device failure instead of "flushed". */
+static int raw_async_event(int rank, int n, const char *master, void *arg) {
+  const bool fatal = arg != NULL;
+  emulate();
+  setenv("GW_IB_TIMEOUT", "8", 1);
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  gw_comm_set_timeout(comm, 30);
+  enum { COUNT = 1 << 18 };
+  float *buf = calloc(COUNT, sizeof *buf);
+  EXPECT(gw_allreduce(buf, buf, COUNT, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "first allreduce");
+  if (rank == 1) {
+    if (fatal) gw__ibemu_device_fatal(gw__ib_devs.ports[0].ctx);
+    else gw__ibemu_set_port(gw__ib_devs.ports[0].ctx, 0);
+  }
+  double t0 = test_now();
+  gw_result_t r = gw_allreduce(buf, buf, COUNT, GW_FLOAT32, GW_SUM, comm, NULL);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(r != GW_SUCCESS && test_now() - t0 < 10, "rank %d: allreduce returned %s after %.1f s: %s", rank,
+         gw_strerror(r), test_now() - t0, msg);
+  if (rank == 1)
+    EXPECT(fatal ? strstr(msg, "IBV_EVENT_DEVICE_FATAL") != NULL : strstr(msg, "link down") != NULL,
+           "rank 1: %s", msg);
+  else
+    EXPECT(strstr(msg, "rank 1"), "rank 0: %s", msg);
+  free(buf);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_async_events) {
+  ck_assert_int_eq(run_ranks_raw(2, raw_async_event, NULL, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_async_event, (void *)"fatal", 60), 0);
+}
+END_TEST
+
 static int raw_slots_differ(int rank, int n, const char *master, void *arg) {
   (void)arg;
   emulate();
@@ -478,6 +521,7 @@ int main(void) {
   tcase_add_test(tc, test_slot_settings_differ);
   tcase_add_test(tc, test_roce_gid_choice);
   tcase_add_test(tc, test_roce_versions_differ);
+  tcase_add_test(tc, test_async_events);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

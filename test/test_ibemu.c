@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ibv.h"
+#include "ibemu.h"
 
 static const struct gw_ibv *V = &gw__ibv_emu;
 static int in_child;
@@ -664,6 +665,73 @@ static void expect_status(struct ep *e, uint64_t wr_id, int status) {
                 status);
 }
 
+/* Async events, non-blocking: none pending is EAGAIN; the port going down
+ * (IBV_EVENT_PORT_ERR, the port DOWN, writes either way unreachable) and
+ * back (IBV_EVENT_PORT_ACTIVE); a refused write gives the responder's QP an
+ * IBV_EVENT_QP_ACCESS_ERR naming it; a device failure (IBV_EVENT_DEVICE_FATAL)
+ * flushes every QP. */
+static void expect_event(struct ep *e, enum ibv_event_type type, struct ibv_qp *qp) {
+  struct ibv_async_event ev;
+  ck_assert_int_eq(V->get_async_event(e->ctx, &ev), 0);
+  ck_assert_msg(ev.event_type == type, "event %s, expected %s", ibv_event_type_str(ev.event_type),
+                ibv_event_type_str(type));
+  if (qp) ck_assert_ptr_eq(ev.element.qp, qp);
+  V->ack_async_event(&ev);
+  errno = 0;
+  ck_assert_int_eq(V->get_async_event(e->ctx, &ev), -1);
+  ck_assert_int_eq(errno, EAGAIN);
+}
+
+START_TEST(test_async_events) {
+  struct ep a;
+  ep_open(&a, 0, 1 << 16, 16);
+  struct ibv_async_event ev;
+  ck_assert_int_eq(V->get_async_event(a.ctx, &ev), -1);
+  ck_assert_int_eq(errno, EAGAIN);
+  struct params p = defaults;
+  p.timeout = 1, p.retry_cnt = 0;
+  struct ibv_qp *qa = ep_qp(&a, 8, 8, 0), *qb = ep_qp(&a, 8, 8, 0);
+  struct info ia = ep_info(&a, qa), ib = ep_info(&a, qb);
+  qp_connect(qa, &ib, &p);
+  qp_connect(qb, &ia, &p);
+  struct ibv_sge sge = {(uintptr_t)a.buf, 64, a.mr->lkey};
+  gw__ibemu_set_port(a.ctx, 0);
+  expect_event(&a, IBV_EVENT_PORT_ERR, NULL);
+  struct ibv_port_attr pa;
+  ck_assert_int_eq(V->query_port(a.ctx, 1, &pa), 0);
+  ck_assert_int_eq(pa.state, IBV_PORT_DOWN);
+  ck_assert_int_eq(post_write(qa, 1, &sge, 1, ib.addr + 4096, ib.rkey, 0, 0, IBV_SEND_SIGNALED), 0);
+  expect_status(&a, 1, IBV_WC_RETRY_EXC_ERR);
+  gw__ibemu_set_port(a.ctx, 1);
+  expect_event(&a, IBV_EVENT_PORT_ACTIVE, NULL);
+  ck_assert_int_eq(V->query_port(a.ctx, 1, &pa), 0);
+  ck_assert_int_eq(pa.state, IBV_PORT_ACTIVE);
+  ck_assert_int_eq(V->destroy_qp(qa), 0);
+  ck_assert_int_eq(V->destroy_qp(qb), 0);
+  /* a write with a wrong rkey: the requester's completion, the responder's event */
+  qa = ep_qp(&a, 8, 8, 0), qb = ep_qp(&a, 8, 8, 0);
+  ia = ep_info(&a, qa), ib = ep_info(&a, qb);
+  qp_connect(qa, &ib, &p);
+  qp_connect(qb, &ia, &p);
+  ck_assert_int_eq(post_write(qa, 2, &sge, 1, ib.addr + 4096, ib.rkey ^ 0x100, 0, 0, IBV_SEND_SIGNALED), 0);
+  expect_status(&a, 2, IBV_WC_REM_ACCESS_ERR);
+  expect_event(&a, IBV_EVENT_QP_ACCESS_ERR, qb);
+  ck_assert_int_eq(V->destroy_qp(qa), 0);
+  ck_assert_int_eq(V->destroy_qp(qb), 0);
+  /* the device fails: its QPs flush what they hold */
+  qa = ep_qp(&a, 8, 8, 0);
+  ia = ep_info(&a, qa);
+  qp_connect(qa, &ia, &p);
+  uint64_t rid = 40;
+  ck_assert_int_eq(post_recvs(qa, 1, &rid), 0);
+  gw__ibemu_device_fatal(a.ctx);
+  expect_event(&a, IBV_EVENT_DEVICE_FATAL, NULL);
+  expect_status(&a, 40, IBV_WC_WR_FLUSH_ERR);
+  ck_assert_int_eq(V->destroy_qp(qa), 0);
+  ep_close(&a);
+}
+END_TEST
+
 /* The responder's QP was put in error by our access error: its receives flush. */
 static void expect_remote_flushed(struct chan *ch, int nrecv) {
   struct reply r = rpc(ch, (struct cmd){.op = CMD_POLL, .n = nrecv, .timeout = 5});
@@ -918,6 +986,7 @@ static Suite *ibemu_suite(void) {
   tcase_add_test(tc, test_unreachable);
   tcase_add_test(tc, test_limits);
   tcase_add_test(tc, test_eth_gid);
+  tcase_add_test(tc, test_async_events);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -148,6 +148,9 @@ struct ib_conn {
    * those writes completed (ib_progress) or the queue pairs are gone. */
   struct ib_reg *held[IB_MAX_HELD];
   int nheld;
+  /* An async event on its QPs or CQ (their qp_context / cq_context point
+   * here; gw__ib_events stores the IBV_EVENT_* type + 1: CQ_ERR is 0). */
+  atomic_int async_err;
   int test_bad_rkey; /* GW_IB_TEST_BAD_RKEY: the Nth data write uses a wrong rkey (tests) */
   uint32_t writes;
 };
@@ -284,14 +287,14 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   t->buf = m;
   if (!(t->mr = reg(c, t, t->buf, t->buf_bytes, buf_access, err, &res))) goto fail;
   int cqe = (int)(nqps * (t->nslots + t->depth) + 16);
-  t->cq = v->create_cq(t->port->ctx, cqe, NULL, NULL, 0);
+  t->cq = v->create_cq(t->port->ctx, cqe, &t->async_err, NULL, 0);
   if (!t->cq) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot create a completion queue of %d on %s: %s", c->self, cqe,
                   t->port->name, strerror(errno));
     goto fail;
   }
   for (uint32_t i = 0; i < nqps; i++) {
-    struct ibv_qp_init_attr ia = {.send_cq = t->cq, .recv_cq = t->cq, .qp_type = IBV_QPT_RC,
+    struct ibv_qp_init_attr ia = {.qp_context = &t->async_err, .send_cq = t->cq, .recv_cq = t->cq, .qp_type = IBV_QPT_RC,
                                   .cap = {.max_send_wr = t->depth, .max_recv_wr = t->nslots, .max_send_sge = 2,
                                           .max_recv_sge = 1, .max_inline_data = 0}};
     t->q[i].qp = v->create_qp(t->port->pd, &ia);
@@ -562,6 +565,40 @@ static gw_result_t on_arrival(struct gw_conn *c, struct ib_conn *t, const struct
 
 static void check_socket(struct ib_conn *t, bool now);
 
+/* What the device's async events say about this connection: an error event
+ * on its QPs or CQ, or its device failed, fails it at once, naming the event
+ * (the completions after it say only "flushed", or never come).  now: read
+ * the events at once (a failed completion is being explained). */
+static gw_result_t check_async(struct gw_conn *c, struct ib_conn *t, bool now) {
+  gw__ib_events(now);
+  if (atomic_load(&t->port->fatal))
+    return fail(c, t, GW_ERR_SYSTEM, "the device failed (IBV_EVENT_DEVICE_FATAL): the HCA needs a reset (see "
+                "dmesg); other ports or GW_TRANSPORT=tcp until then");
+  const int ev = atomic_load(&t->async_err) - 1;
+  if (ev < 0) return GW_SUCCESS;
+  switch (ev) {
+    case IBV_EVENT_QP_ACCESS_ERR:
+      return fail(c, t, GW_ERR_REMOTE, "this rank's queue pair refused a write of rank %d's (IBV_EVENT_QP_ACCESS_ERR: "
+                  "a wrong rkey, or an address outside the registered slots)", c->peer);
+    case IBV_EVENT_QP_REQ_ERR:
+      return fail(c, t, GW_ERR_REMOTE, "the queue pair failed (IBV_EVENT_QP_REQ_ERR: rank %d's HCA sent a request "
+                  "this one could not take)", c->peer);
+    case IBV_EVENT_CQ_ERR:
+      return fail(c, t, GW_ERR_INTERNAL, "the completion queue failed (IBV_EVENT_CQ_ERR: overrun)");
+    default:
+      return fail(c, t, GW_ERR_SYSTEM, "the queue pair failed (%s: a local error)",
+                  ibv_event_type_str((enum ibv_event_type)ev));
+  }
+}
+
+/* "; this rank's port reported its link down ..." when it did, for messages
+ * (the events read first: a peer whose writes stopped reaching this port may
+ * have given up before this port's event was read). */
+static const char *link_note(const struct ib_conn *t) {
+  gw__ib_events(true);
+  return atomic_load(&t->port->link_down) ? "; this rank's port reported its link down (IBV_EVENT_PORT_ERR)" : "";
+}
+
 static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
   struct ibv_wc wc[16];
   int n;
@@ -579,10 +616,12 @@ static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
           continue;
         }
         if (wc[i].status == IBV_WC_WR_FLUSH_ERR && t->eof)
-          return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or failed)", c->peer);
-        return fail(c, t, GW_ERR_REMOTE, "%s failed: %s (status %d): %s",
+          return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or failed)%s", c->peer,
+                      link_note(t));
+        GW_CHECK(check_async(c, t, true)); /* an event that says why comes first */
+        return fail(c, t, GW_ERR_REMOTE, "%s failed: %s (status %d): %s%s",
                     (wc[i].wr_id & IB_RECV_WRID) ? "a receive" : "an RDMA write",
-                    ibv_wc_status_str(wc[i].status), (int)wc[i].status, status_hint(wc[i].status));
+                    ibv_wc_status_str(wc[i].status), (int)wc[i].status, status_hint(wc[i].status), link_note(t));
       }
       if (wc[i].wr_id & IB_RECV_WRID) {
         if (c->is_send) return fail(c, t, GW_ERR_INTERNAL, "a receive completion on the sending end");
@@ -610,8 +649,8 @@ static void check_socket(struct ib_conn *t, bool now) {
 }
 
 static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *waiting) {
-  return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or died) while this rank waited for %s",
-              c->peer, waiting);
+  return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or died) while this rank waited for %s%s",
+              c->peer, waiting, link_note(t));
 }
 
 /* One RDMA write; signaled every sig_every-th on its QP, or when asked. */
@@ -656,6 +695,7 @@ static gw_result_t ib_send_slot(struct gw_conn *c, size_t bytes, void **buf, siz
   if (t->failed) return t->failed;
   GW_CHECK(poll_cq(c, t));
   check_socket(t, false);
+  GW_CHECK(check_async(c, t, false));
   bool room = t->ready;
   const uint32_t s = (uint32_t)(t->pos % t->nslots);
   if (room && t->pos >= t->nslots) {
@@ -765,6 +805,7 @@ static gw_result_t ib_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h
     GW_CHECK(push_credits(c, t));
     if (!t->got[s] || t->got[s] < t->need[s]) {
       check_socket(t, false);
+      GW_CHECK(check_async(c, t, false));
       if (!t->eof) return GW_INPROGRESS;
       /* The sender may have closed right after its last write landed (its
        * ack came before our completion was polled): look once more. */
@@ -802,6 +843,7 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
   if (!r) r = poll_cq(c, t);
   if (!r && !c->is_send) r = push_credits(c, t);
   if (!r) check_socket(t, false);
+  if (!r) r = check_async(c, t, false);
   if (!r && c->is_send) {
     for (uint32_t i = 0; i < t->nqps && !r; i++)
       if (t->q[i].done < t->q[i].direct) {

@@ -114,6 +114,63 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
   return gw__ib_devs.n > 0;
 }
 
+/* ---- async events -------------------------------------------------------------------- */
+static void on_event(int first, const struct ibv_async_event *ev) {
+  struct ib_port *ports = gw__ib_devs.ports;
+  const struct ibv_context *ctx = ports[first].ctx;
+  switch (ev->event_type) {
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_PORT_ACTIVE:
+      for (int k = first; k < gw__ib_devs.n; k++) {
+        if (ports[k].ctx != ctx || ports[k].num != ev->element.port_num) continue;
+        const int down = ev->event_type == IBV_EVENT_PORT_ERR;
+        if (atomic_exchange(&ports[k].link_down, down) == down) continue;
+        if (down)
+          GW_WARN(GW_SUB_INIT, "ib: %s went down (IBV_EVENT_PORT_ERR): its connections fail if it stays down "
+                  "past the queue pairs' retries", ports[k].name);
+        else
+          GW_INFO(GW_SUB_INIT, "ib: %s is active again (IBV_EVENT_PORT_ACTIVE)", ports[k].name);
+      }
+      break;
+    case IBV_EVENT_DEVICE_FATAL:
+      for (int k = first; k < gw__ib_devs.n; k++)
+        if (ports[k].ctx == ctx && !atomic_exchange(&ports[k].fatal, 1))
+          GW_WARN(GW_SUB_INIT, "ib: %s failed (IBV_EVENT_DEVICE_FATAL): the HCA needs a reset (see dmesg)",
+                  ports[k].name);
+      break;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+      if (ev->element.qp->qp_context) atomic_store((atomic_int *)ev->element.qp->qp_context, 1 + (int)ev->event_type);
+      break;
+    case IBV_EVENT_CQ_ERR:
+      if (ev->element.cq->cq_context) atomic_store((atomic_int *)ev->element.cq->cq_context, 1 + (int)ev->event_type);
+      break;
+    default:
+      GW_INFO(GW_SUB_INIT, "ib: %s: async event %s", ports[first].name, ibv_event_type_str(ev->event_type));
+  }
+}
+
+void gw__ib_events(bool now_please) {
+  static _Atomic double next;
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  const double now = gw__now();
+  if ((!now_please && now < atomic_load_explicit(&next, memory_order_relaxed)) || pthread_mutex_trylock(&mu) != 0)
+    return;
+  atomic_store_explicit(&next, now + 0.01, memory_order_relaxed);
+  for (int p = 0; p < gw__ib_devs.n; p++) {
+    int first = 0; /* each device once: its first port */
+    while (gw__ib_devs.ports[first].ctx != gw__ib_devs.ports[p].ctx) first++;
+    if (first != p) continue;
+    struct ibv_async_event ev;
+    for (int k = 0; k < 64 && gw__ib_devs.v->get_async_event(gw__ib_devs.ports[p].ctx, &ev) == 0; k++) {
+      on_event(p, &ev);
+      gw__ib_devs.v->ack_async_event(&ev);
+    }
+  }
+  pthread_mutex_unlock(&mu);
+}
+
 /* Device (GPU) buffers: an HCA can write GPU memory directly (GPUDirect RDMA)
  * when the peer-memory module (nvidia_peermem) is loaded; dma-buf export needs a
  * GPU driver too.  Device buffers do not reach the transports yet (the

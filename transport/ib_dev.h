@@ -24,7 +24,17 @@ struct ib_port {
   int gid_index; /* -1: route by LID (InfiniBand without GW_IB_GID_INDEX) */
   int gid_type;  /* IBV_GID_TYPE_* of that GID; -1 when the provider cannot say */
   bool eth;      /* RoCE: link layer Ethernet, routed by GID */
+  /* From the device's async events (gw__ib_events): the link is down now
+   * (IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE); the device failed for
+   * good (IBV_EVENT_DEVICE_FATAL). */
+  atomic_int link_down, fatal;
 };
+
+/* Reads the async events of every open device (at most every 10 ms unless
+ * now; never blocks): port and device events set the port's link_down / fatal; an event
+ * on a QP or CQ stores its type + 1 in the atomic_int the QP's qp_context (the
+ * CQ's cq_context) points at, when it has one. */
+void gw__ib_events(bool now);
 
 /* "RoCE v2", "RoCE v1", "InfiniBand" or "unknown type" (an IBV_GID_TYPE_*). */
 const char *gw__ib_gid_type_name(int type);

@@ -11,9 +11,12 @@
  * (InfiniBand: 2 entries; RoCE: link-local and IPv4-mapped, each as v1 and v2,
  * or v1 only with GW_IB_EMULATE_ROCE=v1; QPs whose GIDs differ in type do not
  * reach each other, as on a wire), PDs, MRs (GW_IB_EMULATE_MEMLOCK
- * simulates `ulimit -l`), CQs, RC QPs, RDMA WRITE and RDMA WRITE WITH IMM.  Not
- * emulated: SEND, READ, atomics, UD/UC, SRQ, completion channels and events,
- * memory windows, path migration.  GW_IB_EMULATE_DELAY_US=N holds every
+ * simulates `ulimit -l`), CQs, RC QPs, RDMA WRITE and RDMA WRITE WITH IMM, async
+ * events (non-blocking: a responder's QP_ACCESS_ERR; PORT_ERR / PORT_ACTIVE and
+ * DEVICE_FATAL from the test hooks gw__ibemu_set_port / gw__ibemu_device_fatal,
+ * a port down reaching nobody; destroy_qp waits for its events' acks).  Not
+ * emulated: SEND, READ, atomics, UD/UC, SRQ, completion channels, memory
+ * windows, path migration.  GW_IB_EMULATE_DELAY_US=N holds every
  * send WR back N microseconds after its post, as a DMA engine reads its source
  * some time after the post returns (by default a write whose responder is
  * ready completes inside the post, which hides code that reuses a source too
@@ -40,6 +43,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -192,9 +196,9 @@ static int emu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_po
   struct emu_ctx *c = CTX(ibctx);
   if (port != 1) return EINVAL;
   *a = (struct ibv_port_attr){
-      .state = IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096, .active_mtu = IBV_MTU_4096, .gid_tbl_len = c->roce_v2 ? 4 : 2,
+      .state = c->port_down || c->fatal ? IBV_PORT_DOWN : IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096, .active_mtu = IBV_MTU_4096, .gid_tbl_len = c->roce_v2 ? 4 : 2,
       .max_msg_sz = 1u << 31, .pkey_tbl_len = 1, .lid = c->eth ? 0 : c->lid, .sm_lid = c->eth ? 0 : 1,
-      .max_vl_num = 1, .active_width = 2, .active_speed = 32, .phys_state = 5,
+      .max_vl_num = 1, .active_width = 2, .active_speed = 32, .phys_state = c->port_down || c->fatal ? 3 : 5,
       .link_layer = c->eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND};
   return 0;
 }
@@ -404,6 +408,7 @@ static struct ibv_qp *emu_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
   atomic_store(&q->sh->pd, pd->handle);
   atomic_store(&q->sh->access, 0);
   atomic_store(&q->sh->min_rnr_timer, 0);
+  atomic_store(&q->sh->access_err, 0);
   q->qp = (struct ibv_qp){.context = pd->context, .qp_context = a->qp_context, .pd = pd,
                           .send_cq = a->send_cq, .recv_cq = a->recv_cq, .handle = (uint32_t)slot,
                           .qp_num = (uint32_t)c->qp_gen[slot] << 10 | (uint32_t)slot,
@@ -432,6 +437,11 @@ static void qp_free(struct emu_qp *q) {
 static int emu_destroy_qp(struct ibv_qp *qp) {
   struct emu_ctx *c = QP(qp)->ctx;
   pthread_mutex_lock(&c->lock);
+  while (QP(qp)->unacked) { /* as libibverbs: not before its async events are acknowledged */
+    pthread_mutex_unlock(&c->lock);
+    sched_yield();
+    pthread_mutex_lock(&c->lock);
+  }
   qp_free(QP(qp));
   pthread_mutex_unlock(&c->lock);
   return 0;
@@ -669,8 +679,10 @@ static int copy_out(struct emu_ctx *c, int32_t pid, const struct iovec *iov, int
   return IBV_WC_REM_ACCESS_ERR; /* the registered memory is no longer mapped there */
 }
 
-/* A remote access error puts the responder's QP into the error state as well. */
+/* A remote access error puts the responder's QP into the error state as well,
+ * with an IBV_EVENT_QP_ACCESS_ERR for its owner. */
 static void remote_error(struct seg_qp *rq) {
+  atomic_store(&rq->access_err, 1);
   for (uint32_t s = IBV_QPS_RTR; s <= IBV_QPS_RTS; s++) {
     uint32_t expect = s;
     atomic_compare_exchange_strong(&rq->state, &expect, IBV_QPS_ERR);
@@ -701,6 +713,8 @@ static int sq_exec_one(struct emu_qp *q, struct swr *w, double now) {
   uint32_t rstate = rq ? atomic_load(&rq->state) : 0;
   if (!rq || atomic_load(&rq->qpn) != q->dest_qpn || (rstate != IBV_QPS_RTR && rstate != IBV_QPS_RTS))
     return unreachable(q, w, now);
+  if (q->ctx->port_down || q->ctx->fatal || atomic_load(&rs->hdr.h.port_down))
+    return unreachable(q, w, now); /* a link down at either end */
   if (q->ctx->eth && atomic_load(&rq->gid_type) != atomic_load(&q->sh->gid_type))
     return unreachable(q, w, now); /* RoCE v1 and v2 frames: neither end takes the other's */
   /* A zero-length write checks no R_Key (IB spec), so it may carry rkey 0. */
@@ -906,6 +920,69 @@ static int emu_poll_cq(struct ibv_cq *ibcq, int max, struct ibv_wc *wc) {
   return n;
 }
 
+/* ---- async events ------------------------------------------------------------------ */
+static void push_event(struct emu_ctx *c, enum ibv_event_type t) {
+  if (c->nevents < (int)(sizeof c->events / sizeof c->events[0])) c->events[c->nevents++] = t;
+}
+
+void gw__ibemu_set_port(struct ibv_context *ibctx, int up) {
+  struct emu_ctx *c = CTX(ibctx);
+  pthread_mutex_lock(&c->lock);
+  if (c->port_down == !up) {
+    pthread_mutex_unlock(&c->lock);
+    return;
+  }
+  c->port_down = !up;
+  atomic_store(&c->seg->hdr.h.port_down, (uint32_t)(c->port_down || c->fatal));
+  push_event(c, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
+  pthread_mutex_unlock(&c->lock);
+}
+
+void gw__ibemu_device_fatal(struct ibv_context *ibctx) {
+  struct emu_ctx *c = CTX(ibctx);
+  pthread_mutex_lock(&c->lock);
+  if (!c->fatal) {
+    c->fatal = 1;
+    atomic_store(&c->seg->hdr.h.port_down, 1);
+    for (int i = 0; i < c->nlive; i++) enter_error(c->live[i]);
+    push_event(c, IBV_EVENT_DEVICE_FATAL);
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Port and device events in order, then a QP access error per QP. */
+static int emu_get_async_event(struct ibv_context *ibctx, struct ibv_async_event *ev) {
+  struct emu_ctx *c = CTX(ibctx);
+  int got = 0;
+  pthread_mutex_lock(&c->lock);
+  if (c->nevents) {
+    *ev = (struct ibv_async_event){.event_type = c->events[0], .element.port_num = 1};
+    if (c->events[0] == IBV_EVENT_DEVICE_FATAL) ev->element.port_num = 0;
+    memmove(c->events, c->events + 1, (size_t)--c->nevents * sizeof c->events[0]);
+    got = 1;
+  }
+  for (int i = 0; i < c->nlive && !got; i++) {
+    struct emu_qp *q = c->live[i];
+    if (q->access_reported || !atomic_load(&q->sh->access_err)) continue;
+    q->access_reported = 1, q->unacked++;
+    *ev = (struct ibv_async_event){.event_type = IBV_EVENT_QP_ACCESS_ERR, .element.qp = &q->qp};
+    got = 1;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (!got) errno = EAGAIN;
+  return got ? 0 : -1;
+}
+
+static void emu_ack_async_event(struct ibv_async_event *ev) {
+  if (ev->event_type != IBV_EVENT_QP_ACCESS_ERR && ev->event_type != IBV_EVENT_QP_FATAL &&
+      ev->event_type != IBV_EVENT_QP_REQ_ERR)
+    return;
+  struct emu_ctx *c = QP(ev->element.qp)->ctx;
+  pthread_mutex_lock(&c->lock);
+  QP(ev->element.qp)->unacked--;
+  pthread_mutex_unlock(&c->lock);
+}
+
 const struct gw_ibv gw__ibv_emu = {
     .name = "emulator",
     .get_device_list = emu_get_device_list,
@@ -929,4 +1006,6 @@ const struct gw_ibv gw__ibv_emu = {
     .destroy_qp = emu_destroy_qp,
     .post_send = emu_post_send,
     .post_recv = emu_post_recv,
+    .get_async_event = emu_get_async_event,
+    .ack_async_event = emu_ack_async_event,
 };

@@ -45,7 +45,8 @@ struct seg_qp {
   _Atomic uint32_t qpn; /* 0 while the slot is free */
   _Atomic uint32_t state, pd, access, min_rnr_timer;
   _Atomic uint32_t gid_type; /* RoCE: the type of the GID its address vector sends from */
-  _Atomic uint32_t pad[2];
+  _Atomic uint32_t access_err; /* a requester's write was refused here (IBV_EVENT_QP_ACCESS_ERR) */
+  _Atomic uint32_t pad[1];
   _Atomic uint64_t posted;  /* receives posted by the owner, ever (release) */
   _Atomic uint64_t claimed; /* receives taken by senders, ever; RQ_CLOSED when closed */
   uint64_t pad2[4];
@@ -55,6 +56,7 @@ struct seg_hdr {
   uint64_t magic, nonce;
   int32_t pid;
   _Atomic uint32_t alive;
+  _Atomic uint32_t port_down; /* its port is down (or the device failed): nothing reaches it */
 };
 struct seg {
   union {
@@ -110,6 +112,7 @@ struct emu_qp {
   uint64_t sq_cqes;                           /* completions made, not yet polled */
   uint64_t *rq_wrid;
   uint64_t rq_post, rq_cons;
+  int access_reported, unacked; /* its access error event taken; events taken, not acked */
 };
 struct remote { /* a mapped remote segment, by LID */
   uint16_t lid;
@@ -140,6 +143,9 @@ struct emu_ctx {
   uint32_t handles;
   struct remote *rem;
   int nrem, caprem;
+  int port_down, fatal;
+  enum ibv_event_type events[16]; /* port and device events not yet taken */
+  int nevents;
 };
 
 #define CTX(c) ((struct emu_ctx *)(c))
@@ -158,6 +164,11 @@ void gw__ibemu_lid_release(uint16_t lid);
 /* GID index 0 or 1 of a LID, and the LID a GID of either form names (0: none). */
 void gw__ibemu_lid_gid(uint16_t lid, int index, union ibv_gid *g);
 uint16_t gw__ibemu_gid_lid(const union ibv_gid *g);
+/* Test hooks: the port goes down (up = 0: its QPs reach nobody and nobody
+ * them, IBV_EVENT_PORT_ERR) or comes back (IBV_EVENT_PORT_ACTIVE); the device
+ * fails (IBV_EVENT_DEVICE_FATAL, every QP in the error state, for good). */
+void gw__ibemu_set_port(struct ibv_context *ctx, int up);
+void gw__ibemu_device_fatal(struct ibv_context *ctx);
 /* A context's shared segment (a sealed memfd, mapped), or NULL with errno set. */
 struct seg *gw__ibemu_seg_create(int *memfd);
 /* The responder's segment for q and its pid, or NULL while it cannot be reached. */

@@ -41,6 +41,11 @@ struct gw_ibv {
   int (*destroy_qp)(struct ibv_qp *qp);
   int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
   int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+  /* Never blocks: -1 with errno EAGAIN when no event is pending (the real
+   * table opens devices with a non-blocking async_fd).  A QP or CQ an event
+   * names is not destroyed before the event is acknowledged. */
+  int (*get_async_event)(struct ibv_context *context, struct ibv_async_event *event);
+  void (*ack_async_event)(struct ibv_async_event *event);
 };
 
 extern const struct gw_ibv gw__ibv_real; /* ibv_real.c: thin wrappers over libibverbs */

@@ -1,6 +1,8 @@
 /* ibv_real.c - the verbs table over the real libibverbs.  Several verbs are
  * inline functions or macros in infiniband/verbs.h (post_send, post_recv,
  * poll_cq, query_port, reg_mr), so each entry is a small function. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 
 #include "core.h"
@@ -9,7 +11,24 @@
 static struct ibv_device **real_get_device_list(int *n) { return ibv_get_device_list(n); }
 static void real_free_device_list(struct ibv_device **l) { ibv_free_device_list(l); }
 static const char *real_get_device_name(struct ibv_device *d) { return ibv_get_device_name(d); }
-static struct ibv_context *real_open_device(struct ibv_device *d) { return ibv_open_device(d); }
+/* The async event fd non-blocking, so polling it never waits. */
+static struct ibv_context *real_open_device(struct ibv_device *d) {
+  struct ibv_context *c = ibv_open_device(d);
+  if (c) {
+    int fl = fcntl(c->async_fd, F_GETFL);
+    if (fl < 0 || fcntl(c->async_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+      int e = errno;
+      ibv_close_device(c);
+      errno = e;
+      return NULL;
+    }
+  }
+  return c;
+}
+static int real_get_async_event(struct ibv_context *c, struct ibv_async_event *ev) {
+  return ibv_get_async_event(c, ev);
+}
+static void real_ack_async_event(struct ibv_async_event *ev) { ibv_ack_async_event(ev); }
 static int real_close_device(struct ibv_context *c) { return ibv_close_device(c); }
 static int real_query_device(struct ibv_context *c, struct ibv_device_attr *a) { return ibv_query_device(c, a); }
 static int real_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a) {
@@ -66,6 +85,8 @@ const struct gw_ibv gw__ibv_real = {
     .destroy_qp = real_destroy_qp,
     .post_send = real_post_send,
     .post_recv = real_post_recv,
+    .get_async_event = real_get_async_event,
+    .ack_async_event = real_ack_async_event,
 };
 
 const struct gw_ibv *gw__ibv(void) {
