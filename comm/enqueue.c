@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm.h"
 
@@ -74,6 +75,8 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
 /* ---- progress thread ------------------------------------------------------------- */
 static void *progress_main(void *arg) {
   struct gw_comm *comm = arg;
+  /* Tests: a pause between an operation's end and its request showing done. */
+  const int64_t test_pause_us = gw__env_int("GW_TEST_COMPLETE_PAUSE_US", 0);
   gw__log_set_rank(comm->rank);
   gw__dev_thread_start(comm);
   pthread_mutex_lock(&comm->mu);
@@ -92,9 +95,14 @@ static void *progress_main(void *arg) {
     struct gw_errctx err = {{0}};
     req->result = req->op.ordered ? gw__dev_run(comm, &req->op, &err) : gw__run_op(comm, &req->op, &err);
     bool detached = req->detached;
+    /* Not pending any more before it is seen done: a waiter that then finds
+     * pending 0 may run the communicator inline (the bucketer's failure
+     * notice does; finding it still 1 it fell back to an abort, and the peers
+     * were told late and without the reason). */
+    atomic_fetch_sub(&comm->pending, 1);
+    if (test_pause_us > 0) usleep((useconds_t)test_pause_us);
     atomic_store_explicit(&req->done, 1, memory_order_release);
     if (detached) free(req);
-    atomic_fetch_sub(&comm->pending, 1);
 
     pthread_mutex_lock(&comm->mu);
     pthread_cond_broadcast(&comm->done_cv);
