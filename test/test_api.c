@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -624,6 +625,41 @@ static int count_segments(void) {
   return n;
 }
 
+/* A /dev/shm too small for the FIFOs (a container's default is 64 MiB):
+ * tmpfs sizes a file without reserving its pages and MAP_POPULATE skips what
+ * it cannot get, so the first store to a missing page killed the rank with
+ * SIGBUS.  Now init fails naming /dev/shm and the settings.  Here a 1 MiB
+ * tmpfs in a mount namespace of its own, 8 slots of 1 MiB per FIFO. */
+static int raw_small_shm(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  const char *msg = gw_comm_last_error(NULL);
+  EXPECT(r != GW_SUCCESS && has(msg, "/dev/shm") && has(msg, "GW_SHM_SLOT_BYTES"), "rank %d: %s: %s", rank,
+         gw_strerror(r), msg);
+  return 0;
+}
+
+static int in_small_dev_shm(void *arg) {
+  (void)arg;
+  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m") != 0)
+    return 77;
+  setenv("GW_SHM_SLOT_BYTES", "1048576", 1);
+  return run_ranks_raw(2, raw_small_shm, NULL, 60);
+}
+
+START_TEST(test_small_dev_shm) {
+  int r = run_in_child(in_small_dev_shm, NULL);
+  if (r == 77) {
+    printf("test_small_dev_shm: cannot mount a tmpfs in a mount namespace here (not root?): not run\n");
+    return;
+  }
+  ck_assert_int_eq(r, 0);
+}
+END_TEST
+
 static int body_sum(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   int32_t v = rank;
@@ -666,6 +702,7 @@ int main(void) {
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_no_shm_leftovers);
+  tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);
   /* The cases that mostly sleep (a straggler kept alive past the others'
    * deadlines, a rank waiting for an abort): 25 s of waiting, run by meson as
