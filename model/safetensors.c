@@ -777,7 +777,10 @@ static int write_contents(int fd, const struct sbuf *h, const struct gw_st_tenso
 
 /* path.tmp.<pid>.<k>: in path's directory (so rename is atomic), a name no other
  * writer of this process or another one uses (O_EXCL), created with 0666 so the
- * umask decides the final file's mode as it would for a plain open(). */
+ * umask decides the final file's mode as it would for a plain open().  Write
+ * locked (an OFD lock, held until the rename) so a cleaner can tell a live
+ * writer's temporary file from a dead one's: pids are reused, a container's
+ * restarted writer often has its predecessor's. */
 static int create_temp(const char *path, char **tmp) {
   static _Atomic unsigned counter;
   size_t cap = strlen(path) + 48;
@@ -786,7 +789,11 @@ static int create_temp(const char *path, char **tmp) {
   for (int tries = 0; tries < 64; tries++) {
     snprintf(name, cap, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
     int fd = fail_here("create") ? -1 : open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0) return *tmp = name, fd;
+    if (fd >= 0) {
+      struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+      (void)fcntl(fd, F_OFD_SETLK, &fl); /* a file system without locks: the cleaner falls back to the pid */
+      return *tmp = name, fd;
+    }
     if (errno != EEXIST) break;
   }
   int e = errno;
@@ -795,14 +802,26 @@ static int create_temp(const char *path, char **tmp) {
   return -1;
 }
 
-/* After the rename: the directory entry itself must reach the disk. */
+/* After the rename: the directory entry itself must reach the disk.  A file
+ * system that cannot fsync a directory (EINVAL, ENOTSUP, EROFS: some network
+ * and overlay mounts) gets a warning, once: the file is complete and in place,
+ * and failing the save there ended runs at their first checkpoint. */
 static gw_result_t sync_dir(const char *path) {
   const char *slash = strrchr(path, '/');
   char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
   if (!dir) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   gw_result_t r = GW_SUCCESS;
-  if (fd < 0 || fsync(fd) != 0) r = sys_fail(path, "written, but syncing its directory failed");
+  int bad = fd < 0 ? errno : fail_here("dirsync-eio") ? EIO : fail_here("dirsync") ? EINVAL : fsync(fd) ? errno : 0;
+  if (fd >= 0 && (bad == EINVAL || bad == ENOTSUP || bad == EROFS)) {
+    static atomic_int warned;
+    if (!atomic_exchange(&warned, 1))
+      fprintf(stderr, "gradwire: warning: %s: written, but its directory cannot be synced here (%s): the new name "
+              "may not survive a power loss on this file system\n", path, strerror(bad));
+  } else if (bad) {
+    errno = bad;
+    r = sys_fail(path, "written, but syncing its directory failed");
+  }
   if (fd >= 0) close(fd);
   free(dir);
   return r;
@@ -817,9 +836,10 @@ static gw_result_t write_atomic(const char *path, const struct sbuf *h, const st
     r = sys_fail(path, "writing the temporary file failed");
   else if (fail_here("fsync") || fsync(fd) != 0)
     r = sys_fail(path, "fsync of the temporary file failed");
-  if (close(fd) != 0 && r == GW_SUCCESS) r = sys_fail(path, "closing the temporary file failed");
+  /* Renamed while still open: the lock marks it live until it has its name. */
   if (r == GW_SUCCESS && (fail_here("rename") || rename(tmp, path) != 0))
     r = sys_fail(path, "cannot rename the temporary file over it");
+  if (close(fd) != 0 && r == GW_SUCCESS) r = sys_fail(path, "closing the file failed");
   if (r != GW_SUCCESS) unlink(tmp);
   free(tmp);
   return r == GW_SUCCESS ? sync_dir(path) : r;

@@ -83,8 +83,13 @@ void gw_st_format_shape(char *buf, size_t cap, const int64_t *shape, int ndim);
  * any failure the temporary file is removed and whatever was at path is left as
  * it was.  Names must be unique and nbytes must match shape and dtype.
  *
- * For tests, GW_SAFETENSORS_FAIL=create|write|fsync|rename makes that step fail
- * with EIO (read at every call, unlike GW_* tunables, so one test can succeed and
+ * The temporary file is write-locked (an OFD lock) until its rename, so a
+ * cleaner can tell a live writer's from one a dead save left.  After the
+ * rename the directory is synced; a file system that cannot sync directories
+ * (EINVAL, ENOTSUP, EROFS) gets a warning on stderr, not an error.
+ * For tests, GW_SAFETENSORS_FAIL=create|write|fsync|rename|dirsync-eio makes that
+ * step fail with EIO, and =dirsync makes the directory sync fail with EINVAL
+ * (read at every call, unlike GW_* tunables, so one test can succeed and
  * then fail). */
 gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, const char *const *metadata);
 

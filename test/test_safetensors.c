@@ -574,6 +574,17 @@ START_TEST(test_atomic_write) {
     free(now);
     ck_assert_msg(count_files() == 1, "%s: a temporary file was left behind", steps[i]);
   }
+  /* The directory sync after the rename: EINVAL (a file system that cannot
+   * sync directories) is a warning and the save stands; EIO fails it, with
+   * the new file already in place. */
+  setenv("GW_SAFETENSORS_FAIL", "dirsync", 1);
+  ck_assert_msg(gw_model_save_weights(b, path) == GW_SUCCESS, "dirsync EINVAL: %s", gw_model_last_error());
+  setenv("GW_SAFETENSORS_FAIL", "dirsync-eio", 1);
+  ck_assert_int_eq(gw_model_save_weights(a, path), GW_ERR_SYSTEM);
+  ASSERT_MSG_HAS("syncing its directory");
+  unsetenv("GW_SAFETENSORS_FAIL");
+  ck_assert_int_eq(count_files(), 1);
+  ck_assert(gw_model_save_weights(a, path) == GW_SUCCESS);
   /* A directory that does not exist: nothing is created anywhere. */
   char missing[128];
   snprintf(missing, sizeof missing, "%s/no/such/dir/w.safetensors", tmpdir);

@@ -11,12 +11,15 @@
  * - the last step is saved; a run with other options is refused by name.
  */
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gwrun_helpers.h"
@@ -266,10 +269,14 @@ static int exists(const char *file) { return access(file, F_OK) == 0; }
  * --keep-checkpoints 1 the run that resumed past a damaged ckpt-4 keeps its own
  * newest (it used to keep the damaged file and delete every good one), and the
  * last step is saved although it ends no epoch and is no multiple of
- * --checkpoint-every.  Temporary files of a dead writer go; a live one's stay;
- * names the writer never makes (ckpt-007, ckpt-+9) are not checkpoints. */
+ * --checkpoint-every.  Temporary files of a dead writer go (unlocked and older
+ * than a few seconds; also one named with a live pid, this process's, as a
+ * restarted container's writer often has its predecessor's); a live one's
+ * (write-locked, as gw_st_write holds it) stays; names the writer never makes
+ * (ckpt-007, ckpt-+9) are not checkpoints. */
 START_TEST(test_refused_moved_aside) {
-  char dir[512], c2[600], c4[600], c5[600], c7[600], refused4[700], dead[700], live[700], odd1[600], odd2[600];
+  char dir[512], c2[600], c4[600], c5[600], c7[600], refused4[700], dead[700], live[700], odd1[600], odd2[600],
+      reused[700];
   path(dir, sizeof dir, "ckpt-aside");
   snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
   snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
@@ -278,18 +285,24 @@ START_TEST(test_refused_moved_aside) {
   snprintf(refused4, sizeof refused4, "%s.refused", c4);
   snprintf(dead, sizeof dead, "%s/ckpt-6.safetensors.tmp.999999999.0", dir); /* above any pid_max */
   snprintf(live, sizeof live, "%s/ckpt-6.safetensors.tmp.%ld.3", dir, (long)getpid());
+  snprintf(reused, sizeof reused, "%s/ckpt-6.safetensors.tmp.%ld.4", dir, (long)getpid());
   snprintf(odd1, sizeof odd1, "%s/ckpt-007.safetensors", dir);
   snprintf(odd2, sizeof odd2, "%s/ckpt-+9.safetensors", dir);
   struct run r;
   const char *const noenv[] = {NULL};
   newest_damaged(dir, c4);
-  const char *const extra[] = {dead, live, odd1, odd2};
-  for (int i = 0; i < 4; i++) {
+  const char *const extra[] = {dead, live, odd1, odd2, reused};
+  for (int i = 0; i < 5; i++) {
     FILE *f = fopen(extra[i], "w");
     ck_assert_ptr_nonnull(f);
     fputs("not a checkpoint\n", f);
     fclose(f);
   }
+  const struct timeval hour_ago[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
+  ck_assert(utimes(dead, hour_ago) == 0 && utimes(reused, hour_ago) == 0 && utimes(live, hour_ago) == 0);
+  int live_fd = open(live, O_RDWR);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  ck_assert(live_fd >= 0 && fcntl(live_fd, F_OFD_SETLK, &fl) == 0);
   /* Steps 3-5, saved at 3 and (the last step) 5, keeping one. */
   train(&r, noenv, "1", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir,
                                               "--checkpoint-every", "3", "--keep-checkpoints", "1", "--resume",
@@ -302,7 +315,8 @@ START_TEST(test_refused_moved_aside) {
   gwrun_free(&r);
   ck_assert_msg(exists(refused4) && !exists(c4), "ckpt-4 was not moved to %s", refused4);
   ck_assert_msg(exists(c5) && !exists(c2), "keeping 1: expected ckpt-5 alone (the last step), not ckpt-2");
-  ck_assert_msg(!exists(dead) && exists(live), "the dead writer's temporary file should go, the live one's stay");
+  ck_assert_msg(!exists(dead) && !exists(reused) && exists(live),
+                "the dead writers' temporary files should go (also one named with a live pid), the live one's stay");
   ck_assert_msg(exists(odd1) && exists(odd2), "files that are no checkpoints were touched");
   train(&r, noenv, "1", (const char *const[]){"--steps", "7", "--batch", "8", "--checkpoint-dir", dir,
                                               "--keep-checkpoints", "1", "--resume", NULL});
@@ -311,6 +325,7 @@ START_TEST(test_refused_moved_aside) {
                 "expected a clean resume from ckpt-5:\n%s", r.out);
   gwrun_free(&r);
   ck_assert_msg(exists(c7) && !exists(c5) && exists(refused4), "expected ckpt-7 and the refused ckpt-4 kept");
+  close(live_fd);
   unlink(live);
 }
 END_TEST

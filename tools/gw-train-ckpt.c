@@ -13,12 +13,15 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core.h" /* gw__fnv */
@@ -107,7 +110,27 @@ static void prune(const char *dir, int keep) {
   }
 }
 
-/* Removes ckpt-<step>.safetensors.tmp.<pid>.<k> of writers no longer running
+/* Whether a temporary file's writer is gone: it write-locks the file (an OFD
+ * lock) from its creation to its rename, so an unlocked one older than a few
+ * seconds was left by a save that died.  Pids alone misled: a restarted
+ * container's writer often has its dead predecessor's pid (even this
+ * process's), and that file stayed forever, a whole checkpoint each.  On a
+ * file system without locks: the pid is not running. */
+static bool temp_is_stale(const char *path, long long pid) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  struct stat st;
+  bool stale;
+  if (fcntl(fd, F_OFD_GETLK, &fl) == 0)
+    stale = fl.l_type == F_UNLCK && fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10;
+  else
+    stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+  close(fd);
+  return stale;
+}
+
+/* Removes ckpt-<step>.safetensors.tmp.<pid>.<k> that no live save is writing
  * (a save killed before its rename); a live writer's is left alone. */
 static void remove_stale_temps(const char *dir) {
   DIR *d = opendir(dir);
@@ -121,9 +144,8 @@ static void remove_stale_temps(const char *dir) {
     if (sscanf(de->d_name, "ckpt-%lld.safetensors.tmp.%lld.%u%n", &s, &pid, &k, &end) != 3 ||
         de->d_name[end] != 0 || pid <= 0)
       continue;
-    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* running, or not ours to judge */
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    unlink(path);
+    if (temp_is_stale(path, pid)) unlink(path);
   }
   closedir(d);
 }
