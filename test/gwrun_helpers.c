@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sys/ioctl.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -73,7 +74,8 @@ void gwrun_start(struct run *r, const char *const *env, const char *const *args)
     gwrun_start_out(r, -1, env, args);
 }
 
-void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args)
+static void start_impl(struct run *r, int out_fd, const char *ctty, const char *const *env,
+                       const char *const *args)
 {
     memset(r, 0, sizeof *r);
     const char *bin = gwrun_bin();
@@ -96,6 +98,14 @@ void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const ch
     r->pid = fork();
     ck_assert_int_ge(r->pid, 0);
     if (r->pid == 0) {
+        if (ctty) { /* a session of its own, with the terminal ctty */
+            int t = -1;
+            if (setsid() < 0 || (t = open(ctty, O_RDWR)) < 0 || ioctl(t, TIOCSCTTY, 0) != 0) {
+                dprintf(2, "test_gwrun: cannot make %s the controlling terminal: %s\n", ctty, strerror(errno));
+                _exit(126);
+            }
+            close(t);
+        }
         dup2(out_fd >= 0 ? out_fd : ofd, 1);
         dup2(efd, 2);
         close(ofd);
@@ -116,6 +126,16 @@ void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const ch
     }
     close(ofd);
     close(efd);
+}
+
+void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args)
+{
+    start_impl(r, out_fd, NULL, env, args);
+}
+
+void gwrun_start_ctty(struct run *r, const char *ctty, const char *const *env, const char *const *args)
+{
+    start_impl(r, -1, ctty, env, args);
 }
 
 /* Waits for gw-run, killing it after timeout_s, then collects its output. */

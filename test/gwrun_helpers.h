@@ -43,6 +43,10 @@ void gwrun_sleep(double s);
 void gwrun_start(struct run *r, const char *const *env, const char *const *args);
 /* The same with gw-run's stdout on out_fd instead (r->out then stays empty). */
 void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args);
+/* The same in a session of its own whose controlling terminal is ctty (a pty's
+ * slave): a ^C written to the master reaches gw-run and its ranks as the
+ * terminal's SIGINT. */
+void gwrun_start_ctty(struct run *r, const char *ctty, const char *const *env, const char *const *args);
 /* Waits for gw-run, killing it after timeout_s, then collects its output. */
 void gwrun_wait(struct run *r, double timeout_s);
 /* gwrun_start, then gwrun_wait with GWRUN_TIMEOUT_S; fails the test on a timeout. */

@@ -409,6 +409,69 @@ START_TEST(test_sigterm_forwarded)
 }
 END_TEST
 
+/* ^C at a terminal: the kernel sends SIGINT to the whole foreground process
+ * group, gw-run and its ranks alike.  gw-run must not send a second one, and
+ * a rank that the signal ends is no failure to answer with SIGTERM: here rank
+ * 0 exits at once, rank 1 takes 1.5 s in its handler (a checkpoint saved on
+ * KeyboardInterrupt) and must see no SIGTERM; gw-run exits 130. */
+START_TEST(test_terminal_interrupt)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    ck_assert_msg(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0, "no pty: %s", strerror(errno));
+    char slave[128];
+    ck_assert_int_eq(ptsname_r(m, slave, sizeof slave), 0);
+    char dir[] = "/tmp/test_gwrun_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir_env[128];
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
+    const char *script =
+        "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
+        "trap 'echo INT >> \"$GWT_DIR/sig.$GW_RANK\"; [ $GW_RANK = 0 ] && exit 130; sleep 1.5; exit 0' INT; "
+        "trap 'echo TERM >> \"$GWT_DIR/sig.$GW_RANK\"; exit 143' TERM; "
+        "while :; do sleep 0.1; done";
+    const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=30", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    struct run r;
+    gwrun_start_ctty(&r, slave, env, args);
+    int started = 0;
+    for (int tries = 0; tries < 1500 && started < 2; tries++) {
+        started = 0;
+        for (int i = 0; i < 2; i++) {
+            char path[200];
+            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+            started += gwrun_read_pid_file(path) > 0;
+        }
+        gwrun_sleep(0.01);
+    }
+    gwrun_sleep(0.3); /* the traps are set */
+    ck_assert_int_eq(write(m, "\x03", 1), 1);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    char got[2][64] = {"", ""};
+    for (int i = 0; i < 2; i++) {
+        char path[200];
+        snprintf(path, sizeof path, "%s/sig.%d", dir, i);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            size_t n = fread(got[i], 1, sizeof got[i] - 1, f);
+            got[i][n] = 0;
+            fclose(f);
+            unlink(path);
+        }
+        snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+        unlink(path);
+    }
+    rmdir(dir);
+    close(m);
+    ck_assert_msg(started == 2 && !r.timed_out, "ranks started: %d; stderr:\n%s", started, r.err);
+    ck_assert_msg(!strcmp(got[0], "INT\n") && !strcmp(got[1], "INT\n"),
+                  "the ranks saw rank 0 [%s] rank 1 [%s] (one SIGINT each expected, no SIGTERM); stderr:\n%s",
+                  got[0], got[1], r.err);
+    ck_assert_msg(r.code == 130 && strstr(r.err, "from the terminal reached") && !strstr(r.err, "stopping the"),
+                  "exit code %d; stderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 /* Ranks that all ended before gw-run looked (it is stopped meanwhile): the
  * crash (rank 2, SIGSEGV) is the job's failure, not the exits 1 that follow
  * it (ranks 0 and 1, collected first in fork order), and each is reported. */
@@ -674,6 +737,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_sigkill_after_grace);
     tcase_add_test(tc, test_rank_killed_by_signal);
     tcase_add_test(tc, test_sigterm_forwarded);
+    tcase_add_test(tc, test_terminal_interrupt);
     tcase_add_test(tc, test_crash_reported_over_consequences);
     tcase_add_test(tc, test_failure_with_writing_grandchild);
     tcase_add_test(tc, test_teardown_stops_leftovers);

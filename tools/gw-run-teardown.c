@@ -62,6 +62,10 @@ static size_t nstray_termed, stray_termed_cap;
  * wake poll(), so all real work happens in the loop, where anything is safe. */
 static int sig_pipe[2] = {-1, -1};
 static volatile sig_atomic_t pending_chld, pending_int, pending_term, pending_hup;
+/* The pending signal came from the kernel (a terminal's ^C or hangup): it went
+ * to the whole foreground process group, the ranks included (they share
+ * gw-run's), so passing it on would give them a second one. */
+static volatile sig_atomic_t tty_int, tty_term, tty_hup;
 
 /* What the caller left us with, restored in each child before exec so that
  * the ranks start exactly as they would without the launcher. */
@@ -136,8 +140,9 @@ bool gw__run_fail(int code)
     return true;
 }
 
-/* remote: the signal reached another node's gw-run, which passed it on. */
-static void forward_signal(int sig, bool remote)
+/* remote: the signal reached another node's gw-run, which passed it on.
+ * reached: the ranks got it already (a terminal's signal to the process group). */
+static void forward_signal(int sig, bool remote, bool reached)
 {
     if (!gw__run.got_signal)
         gw__run.got_signal = sig;
@@ -146,10 +151,19 @@ static void forward_signal(int sig, bool remote)
     if (remote)
         gw__run_say("gw-run: forwarding %s to %d rank%s\n", gw__run_signal_name(sig),
                 gw__run.alive, gw__run.alive == 1 ? "" : "s");
+    else if (reached)
+        gw__run_say("gw-run: %s from the terminal reached the %d rank%s too; waiting for them\n",
+                gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
     else
         gw__run_say("gw-run: received %s, forwarding it to %d rank%s\n",
                 gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
-    signal_ranks(sig, false);
+    if (!reached) {
+        signal_ranks(sig, false);
+    } else { /* a rank that left gw-run's process group (setsid) did not get it */
+        for (int i = 0; i < gw__run.nranks; i++)
+            if (gw__run.ranks[i].pid > 0 && getpgid(gw__run.ranks[i].pid) != getpgrp())
+                kill(gw__run.ranks[i].pid, sig);
+    }
     /* A rank that ignores the signal must not keep the job alive forever. */
     if (!gw__run.kill_deadline_ms)
         gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
@@ -157,7 +171,7 @@ static void forward_signal(int sig, bool remote)
 
 void gw__run_remote_signal(int sig)
 {
-    forward_signal(sig, true);
+    forward_signal(sig, true, false);
 }
 
 static void rank_exited(struct rank *r, pid_t pid, int status)
@@ -170,6 +184,13 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
     else
         return;
     if (code == 0 || r->stopped_by_us)
+        return;
+    /* After a signal: a rank it ended is its effect, not a failure to report
+     * (nor one to answer with SIGTERM to the others: the grace deadline the
+     * signal set bounds the wait, and a rank still saving a checkpoint on
+     * SIGINT must not be cut off by a SIGTERM). */
+    const bool after_signal = gw__run.got_signal != 0;
+    if (after_signal && WIFSIGNALED(status) && WTERMSIG(status) == gw__run.got_signal)
         return;
     /* Print the rank's last words (often the reason it failed) before our
      * verdict: what its pipes hold (non-blocking), and no more than that
@@ -188,10 +209,11 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
         gw__run.exit_code = code;
         /* After a signal the ranks' deaths are its consequence, not news for
          * the other nodes, which got the signal itself as a STOP. */
-        if (!gw__run.got_signal)
+        if (!after_signal) {
             gw__run_net_rank_failed(r->global, WIFSIGNALED(status),
                                     WIFSIGNALED(status) ? WTERMSIG(status) : code);
-        gw__run_teardown();
+            gw__run_teardown();
+        }
     }
 }
 
@@ -375,17 +397,19 @@ void gw__run_remove_leftover_shm(const char *token)
                     "/dev/shm\n", removed, removed == 1 ? "" : "s");
 }
 
-static void on_signal(int sig)
+static void on_signal(int sig, siginfo_t *si, void *uc)
 {
+    (void)uc;
     int saved = errno;
+    const bool tty = si && si->si_code == SI_KERNEL;
     if (sig == SIGCHLD)
         pending_chld = 1;
     else if (sig == SIGINT)
-        pending_int = 1;
+        pending_int = 1, tty_int = tty;
     else if (sig == SIGTERM)
-        pending_term = 1;
+        pending_term = 1, tty_term = tty;
     else if (sig == SIGHUP)
-        pending_hup = 1;
+        pending_hup = 1, tty_hup = tty;
     /* The byte only wakes poll(); the flags say what happened, so nothing is
      * lost when the pipe is full (then it already holds a wake-up). */
     unsigned char b = (unsigned char)sig;
@@ -408,9 +432,9 @@ bool gw__run_setup_signals(void)
 
     struct sigaction sa, old;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
+    sa.sa_sigaction = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
+    sa.sa_flags = SA_RESTART | SA_SIGINFO;
 
     sigaction(SIGINT, NULL, &old);
     int_ignored = old.sa_handler == SIG_IGN;
@@ -427,7 +451,7 @@ bool gw__run_setup_signals(void)
     if (!hup_ignored)
         sigaction(SIGHUP, &sa, NULL);
 
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP | SA_SIGINFO;
     sigaction(SIGCHLD, &sa, NULL);
 
     /* Writing to a closed stdout must cost us log lines, not the job. */
@@ -459,19 +483,19 @@ void gw__run_drain_signals(bool *child_event)
     }
     if (pending_int) {
         pending_int = 0;
-        forward_signal(SIGINT, false);
+        forward_signal(SIGINT, false, tty_int);
         gw__run_net_signal(SIGINT);
         *child_event = true; /* rescan for strays now that we are stopping */
     }
     if (pending_term) {
         pending_term = 0;
-        forward_signal(SIGTERM, false);
+        forward_signal(SIGTERM, false, tty_term);
         gw__run_net_signal(SIGTERM);
         *child_event = true;
     }
     if (pending_hup) {
         pending_hup = 0;
-        forward_signal(SIGHUP, false);
+        forward_signal(SIGHUP, false, tty_hup);
         gw__run_net_signal(SIGHUP);
         *child_event = true;
     }
