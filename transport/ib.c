@@ -615,10 +615,10 @@ static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
           t->quiet = true;
           continue;
         }
+        GW_CHECK(check_async(c, t, true)); /* an event that says why comes first */
         if (wc[i].status == IBV_WC_WR_FLUSH_ERR && t->eof)
           return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or failed)%s", c->peer,
                       link_note(t));
-        GW_CHECK(check_async(c, t, true)); /* an event that says why comes first */
         return fail(c, t, GW_ERR_REMOTE, "%s failed: %s (status %d): %s%s",
                     (wc[i].wr_id & IB_RECV_WRID) ? "a receive" : "an RDMA write",
                     ibv_wc_status_str(wc[i].status), (int)wc[i].status, status_hint(wc[i].status), link_note(t));
@@ -648,7 +648,10 @@ static void check_socket(struct ib_conn *t, bool now) {
   else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) t->eof = true;
 }
 
+static gw_result_t check_async(struct gw_conn *c, struct ib_conn *t, bool now);
+
 static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *waiting) {
+  GW_CHECK(check_async(c, t, true)); /* an error event here is why the peer gave up */
   return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or died) while this rank waited for %s%s",
               c->peer, waiting, link_note(t));
 }

@@ -155,8 +155,9 @@ void gw__ib_events(bool now_please) {
   static _Atomic double next;
   static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   const double now = gw__now();
-  if ((!now_please && now < atomic_load_explicit(&next, memory_order_relaxed)) || pthread_mutex_trylock(&mu) != 0)
+  if (!now_please && (now < atomic_load_explicit(&next, memory_order_relaxed) || pthread_mutex_trylock(&mu) != 0))
     return;
+  if (now_please) pthread_mutex_lock(&mu);
   atomic_store_explicit(&next, now + 0.01, memory_order_relaxed);
   for (int p = 0; p < gw__ib_devs.n; p++) {
     int first = 0; /* each device once: its first port */
