@@ -439,12 +439,15 @@ gw_result_t gw__bootstrap_local_addr(struct gw_bootstrap *bs, struct sockaddr_st
     if (getifaddrs(&ifs) != 0)
       return gw__err(err, GW_ERR_SYSTEM, "rank %d: getifaddrs failed: %s", bs->rank, strerror(errno));
     bool found = false;
-    /* IPv4 first, then IPv6, of the named interface. */
-    for (int fam = 0; fam < 2 && !found; fam++)
+    /* IPv4 first, then a global (or unique local) IPv6 address, then a
+     * link-local one, of the named interface. */
+    for (int pass = 0; pass < 3 && !found; pass++)
       for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
         if (!i->ifa_addr || strcmp(i->ifa_name, ifname) != 0) continue;
-        int want = fam == 0 ? AF_INET : AF_INET6;
+        int want = pass == 0 ? AF_INET : AF_INET6;
         if (i->ifa_addr->sa_family != want) continue;
+        if (pass > 0 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr) != (pass == 2))
+          continue;
         *len = want == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
         memcpy(addr, i->ifa_addr, *len);
         found = true;

@@ -5,6 +5,7 @@
  * naming it (its sockets close), not after the deadline.  The collective grid
  * itself runs over tcp as separate meson tests (test_collectives). */
 #include <check.h>
+#include <sched.h>
 #include <errno.h>
 #include <limits.h>
 #include <sys/socket.h>
@@ -122,6 +123,49 @@ static int raw_slot_bytes_differ(int rank, int n, const char *master, void *arg)
 START_TEST(test_slot_bytes_differ) { ck_assert_int_eq(run_ranks_raw(2, raw_slot_bytes_differ, NULL, 60), 0); }
 END_TEST
 
+/* Machines that reach each other over IPv6 link-local addresses only (a
+ * fe80:: address means something only with its interface): the data
+ * connections' handles carry no interface, so the connecting rank takes its
+ * own (the link it reaches the peer over); it connected with none and every
+ * connection failed with EINVAL.  Here a veth pair with fe80::1 and fe80::2 in
+ * a network namespace of the test's own, both ranks on it over tcp. */
+static int raw_link_local(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  const char *port = strrchr(master, ':');
+  char m6[64];
+  snprintf(m6, sizeof m6, "[fe80::1%%gwll0]%s", port);
+  setenv("GW_TRANSPORT", "tcp", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, m6);
+  EXPECT(r == GW_SUCCESS, "rank %d: init over %s: %s", rank, m6, gw_comm_last_error(NULL));
+  int64_t v = rank + 1;
+  r = gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL);
+  EXPECT(r == GW_SUCCESS && v == 3, "rank %d: allreduce %s, %lld: %s", rank, gw_strerror(r), (long long)v,
+         gw_comm_last_error(comm));
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+static int in_link_local_netns(void *arg) {
+  (void)arg;
+  if (unshare(CLONE_NEWNET) != 0 ||
+      system("ip link set lo up && ip link add gwll0 type veth peer name gwll1 && ip link set gwll0 up && "
+             "ip link set gwll1 up && ip -6 addr add fe80::1/64 dev gwll0 nodad && "
+             "ip -6 addr add fe80::2/64 dev gwll1 nodad") != 0)
+    return 77;
+  return run_ranks_raw(2, raw_link_local, NULL, 60);
+}
+
+START_TEST(test_ipv6_link_local) {
+  int r = run_in_child(in_link_local_netns, NULL);
+  if (r == 77) {
+    printf("test_ipv6_link_local: cannot make a network namespace with a veth pair here: not run\n");
+    return;
+  }
+  ck_assert_int_eq(r, 0);
+}
+END_TEST
+
 START_TEST(test_killed_rank_named) {
   /* rank 1 dies by SIGKILL on purpose, so exactly one rank "fails" */
   double limit = 20;
@@ -140,6 +184,7 @@ int main(void) {
   tcase_add_test(tc, test_corrupt_frame_reported);
   tcase_add_test(tc, test_killed_rank_named);
   tcase_add_test(tc, test_slot_bytes_differ);
+  tcase_add_test(tc, test_ipv6_link_local);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

@@ -424,7 +424,7 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
   memcpy(&h, in->bytes, sizeof h);
   struct sockaddr_storage a;
   socklen_t al;
-  if (h.magic != IB_HANDLE_MAGIC || h.nqps < 1 || h.nqps > IB_MAX_QPS || !gw__sock_unpack(&h.addr, &a, &al))
+  if (h.magic != IB_HANDLE_MAGIC || h.nqps < 1 || h.nqps > IB_MAX_QPS || !gw__sock_unpack(&h.addr, &p->local_addr, &a, &al))
     return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d sent a malformed ib handle", c->self, c->peer);
   if (h.nslots != p->nslots || h.slot_bytes != p->slot_bytes)
     return gw__err(err, GW_ERR_INVALID_ARGUMENT,

@@ -1,6 +1,7 @@
 /* sock.c - see sock.h. */
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -26,7 +27,8 @@ void gw__sock_pack(const struct sockaddr_storage *a, struct gw_sockaddr_packed *
   }
 }
 
-bool gw__sock_unpack(const struct gw_sockaddr_packed *p, struct sockaddr_storage *a, socklen_t *len) {
+bool gw__sock_unpack(const struct gw_sockaddr_packed *p, const struct sockaddr_storage *local,
+                     struct sockaddr_storage *a, socklen_t *len) {
   memset(a, 0, sizeof *a);
   if (p->family == AF_INET) {
     struct sockaddr_in *in4 = (struct sockaddr_in *)a;
@@ -41,6 +43,11 @@ bool gw__sock_unpack(const struct gw_sockaddr_packed *p, struct sockaddr_storage
     in6->sin6_family = AF_INET6;
     in6->sin6_port = htons(p->port);
     memcpy(&in6->sin6_addr, p->addr, 16);
+    /* A link-local address means something only with its link: ours, the
+     * link this rank reaches the peer over (the peer's interface index means
+     * nothing here; without one connect() fails with EINVAL). */
+    if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr) && local && local->ss_family == AF_INET6)
+      in6->sin6_scope_id = ((const struct sockaddr_in6 *)local)->sin6_scope_id;
     *len = sizeof *in6;
     return true;
   }
@@ -48,7 +55,7 @@ bool gw__sock_unpack(const struct gw_sockaddr_packed *p, struct sockaddr_storage
 }
 
 void gw__sock_addr_str(const struct sockaddr_storage *a, char *buf, size_t len) {
-  char host[64] = "?";
+  char host[96] = "?";
   int port = 0;
   if (a->ss_family == AF_INET) {
     const struct sockaddr_in *in = (const struct sockaddr_in *)a;
@@ -56,7 +63,10 @@ void gw__sock_addr_str(const struct sockaddr_storage *a, char *buf, size_t len) 
     port = ntohs(in->sin_port);
   } else if (a->ss_family == AF_INET6) {
     const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)a;
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    char ip[INET6_ADDRSTRLEN] = "?", ifn[IF_NAMESIZE] = "";
+    inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
+    if (in6->sin6_scope_id && !if_indextoname(in6->sin6_scope_id, ifn)) snprintf(ifn, sizeof ifn, "%u", in6->sin6_scope_id);
+    snprintf(host, sizeof host, "[%s%s%s]", ip, ifn[0] ? "%" : "", ifn);
     port = ntohs(in6->sin6_port);
   }
   snprintf(buf, len, "%s:%d", host, port);

@@ -21,7 +21,10 @@ struct gw_sockaddr_packed {
 
 void gw__sock_pack(const struct sockaddr_storage *a, struct gw_sockaddr_packed *out);
 /* False for a family other than IPv4/IPv6 (a malformed handle). */
-bool gw__sock_unpack(const struct gw_sockaddr_packed *p, struct sockaddr_storage *a, socklen_t *len);
+/* local: this rank's own address (conn params), whose interface a peer's
+ * link-local IPv6 address is reached over (its scope); may be NULL. */
+bool gw__sock_unpack(const struct gw_sockaddr_packed *p, const struct sockaddr_storage *local,
+                     struct sockaddr_storage *a, socklen_t *len);
 void gw__sock_addr_str(const struct sockaddr_storage *a, char *buf, size_t len);
 
 /* Listens on `local` (its port ignored: the kernel picks one); *bound gets the

@@ -176,7 +176,7 @@ static gw_result_t tcp_send_connect(struct gw_conn *c, const struct gw_conn_para
   memcpy(&h, in->bytes, sizeof h);
   struct sockaddr_storage a;
   socklen_t al;
-  if (h.nstreams < 1 || h.nstreams > TCP_MAX_STREAMS || !gw__sock_unpack(&h.addr, &a, &al))
+  if (h.nstreams < 1 || h.nstreams > TCP_MAX_STREAMS || !gw__sock_unpack(&h.addr, &p->local_addr, &a, &al))
     return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d sent a malformed tcp handle", c->self, c->peer);
   struct tcp_conn *t = conn_new(p);
   if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
