@@ -95,9 +95,14 @@ static gw_result_t send_frame(int fd, uint32_t kind, const void *data, size_t le
 }
 
 /* Receives one frame header and checks it; the payload is read by the caller. */
+/* A frame that is not what this build sends (another service on the port, or
+ * ranks of different builds): GW_ERR_INVALID_ARGUMENT, which peer_fail words
+ * as such rather than as a lost connection. */
+#define BOOT_FOREIGN GW_ERR_INVALID_ARGUMENT
+
 static gw_result_t recv_frame_hdr(int fd, struct gw_boot_frame *f, double deadline) {
   GW_CHECK(io_all(fd, f, sizeof *f, false, deadline));
-  if (f->magic != GW_BOOT_MAGIC || f->len > BOOT_MAX_PAYLOAD) return GW_ERR_REMOTE;
+  if (f->magic != GW_BOOT_MAGIC || f->len > BOOT_MAX_PAYLOAD) return BOOT_FOREIGN;
   return GW_SUCCESS;
 }
 
@@ -113,17 +118,20 @@ static void set_sock_opts(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static gw_result_t resolve(const char *host, const char *port, bool passive, struct addrinfo **res) {
+/* getaddrinfo's result: 0 or an EAI_* code (gai_strerror). */
+static int resolve(const char *host, const char *port, bool passive, struct addrinfo **res) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                            .ai_flags = passive ? AI_PASSIVE : 0};
-  return getaddrinfo(host, port, &hints, res) == 0 ? GW_SUCCESS : GW_ERR_SYSTEM;
+  return getaddrinfo(host, port, &hints, res);
 }
 
 static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const char *port,
                                struct gw_errctx *err) {
   struct addrinfo *ai = NULL;
-  if (resolve(host, port, true, &ai) != GW_SUCCESS)
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: cannot resolve master address %s", bs->master);
+  const int gai = resolve(host, port, true, &ai);
+  if (gai != 0)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: cannot resolve master address %s: %s", bs->master,
+                   gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
   int last_errno = 0;
   /* Bind only to the address named by the master address, never to all interfaces. */
   for (struct addrinfo *a = ai; a; a = a->ai_next) {
@@ -152,11 +160,16 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
 
 static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const char *port,
                                 double deadline, struct gw_errctx *err) {
-  int last_errno = 0;
+  int last_errno = 0, last_gai = 0;
   long sleep_us = 1000;
   while (gw__now() < deadline) {
     struct addrinfo *ai = NULL;
-    if (resolve(host, port, false, &ai) == GW_SUCCESS) {
+    /* A name that does not resolve yet is retried (a Kubernetes service's DNS
+     * record may come after its pod), and named if it never does. */
+    const int gai = resolve(host, port, false, &ai);
+    if (gai != 0) last_gai = gai, last_errno = gai == EAI_SYSTEM ? errno : 0;
+    if (gai == 0) {
+      last_gai = 0;
       for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) continue;
@@ -178,6 +191,9 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
     nanosleep(&ts, NULL);
     if (sleep_us < 100000) sleep_us *= 2;
   }
+  if (last_gai && last_gai != EAI_SYSTEM)
+    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: cannot resolve the master's name in %s for %.0f s: %s", bs->rank,
+                   bs->master, bs->timeout_s, gai_strerror(last_gai));
   return gw__err(err, GW_ERR_TIMEOUT, "rank %d: no answer from master %s after %.0f s (%s); is rank 0 running?",
                  bs->rank, bs->master, bs->timeout_s, last_errno ? strerror(last_errno) : "no route");
 }
@@ -351,6 +367,10 @@ static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, d
                    peer == 0 ? " (rank 0 answers once every rank has reached this point: look for a rank that is "
                                "missing, slow or failed)"
                              : "");
+  if (r == BOOT_FOREIGN)
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: the bootstrap connection to rank %d (%s) carried something that is "
+                   "not this build's rendezvous: is another service listening on that port, or do the ranks run "
+                   "different gradwire builds?", bs->rank, peer, bs->master);
   return gw__err(err, GW_ERR_REMOTE, "rank %d: lost the bootstrap connection to rank %d (%s): did it exit?",
                  bs->rank, peer, bs->master);
 }
@@ -368,7 +388,7 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
     for (int r = 1; r < bs->nranks; r++) {
       struct gw_boot_frame f;
       gw_result_t res = recv_frame_hdr(bs->socks[r], &f, deadline);
-      if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = GW_ERR_REMOTE;
+      if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = BOOT_FOREIGN;
       if (res == GW_SUCCESS) res = io_all(bs->socks[r], out + (size_t)r * size, size, false, deadline);
       if (res != GW_SUCCESS) {
         res = peer_fail(bs, res, r, bs->timeout_s, err);
@@ -401,7 +421,7 @@ gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, v
     read_error_text(bs->socks[0], &f, msg, sizeof msg, deadline);
     return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s ended the rendezvous: %s", bs->rank, bs->master, msg);
   }
-  if (f.kind != GW_BOOT_DATA || f.len != total) return peer_fail(bs, GW_ERR_REMOTE, 0, bs->timeout_s + grace, err);
+  if (f.kind != GW_BOOT_DATA || f.len != total) return peer_fail(bs, BOOT_FOREIGN, 0, bs->timeout_s + grace, err);
   res = io_all(bs->socks[0], out, total, false, deadline);
   if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s + grace, err);
   return GW_SUCCESS;

@@ -382,19 +382,71 @@ static int body_no_master(int rank, int n, const char *master, void *arg) {
 START_TEST(test_master_absent) { ck_assert_int_eq(run_ranks_raw(1, body_no_master, NULL, 30), 0); }
 END_TEST
 
+/* A socket listening on a free loopback port; addr gets "127.0.0.1:PORT". */
+static int listen_loopback(char *addr, size_t len) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 4) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &al) != 0)
+    return -1;
+  snprintf(addr, len, "127.0.0.1:%d", ntohs(a.sin_port));
+  return fd;
+}
+
+/* A master name that never resolves: named with the resolver's reason, not
+ * "no route; is rank 0 running?". */
+static int body_master_unresolvable(int rank, int n, const char *master, void *arg) {
+  (void)rank, (void)n, (void)master, (void)arg;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "1", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, 2, 1, "no-such-host.invalid:29500");
+  EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(NULL), "cannot resolve the master's name"), "returned %s: %s",
+         gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_master_unresolvable) { ck_assert_int_eq(run_ranks_raw(1, body_master_unresolvable, NULL, 30), 0); }
+END_TEST
+
+/* Another service on the master's port (it answers with its own banner): the
+ * rank says so instead of "lost the bootstrap connection: did it exit?". */
+static void *ssh_like(void *arg) {
+  int fd = accept(*(int *)arg, NULL, NULL);
+  const char banner[] = "SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n";
+  if (fd >= 0 && write(fd, banner, sizeof banner - 1) > 0) sleep(3);
+  if (fd >= 0) close(fd);
+  return NULL;
+}
+
+static int body_master_foreign(int rank, int n, const char *master, void *arg) {
+  (void)rank, (void)n, (void)master, (void)arg;
+  char addr[64];
+  int fd = listen_loopback(addr, sizeof addr);
+  EXPECT(fd >= 0, "listen: %s", strerror(errno));
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, ssh_like, &fd) == 0, "thread");
+  setenv("GW_BOOTSTRAP_TIMEOUT", "5", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, 2, 1, addr);
+  EXPECT(r == GW_ERR_REMOTE && has(gw_comm_last_error(NULL), "another service listening"), "returned %s: %s",
+         gw_strerror(r), gw_comm_last_error(NULL));
+  pthread_join(th, NULL);
+  close(fd);
+  return 0;
+}
+
+START_TEST(test_master_foreign) { ck_assert_int_eq(run_ranks_raw(1, body_master_foreign, NULL, 30), 0); }
+END_TEST
+
 /* A master that takes the connection (the kernel's backlog does) and never
  * answers: the rank gives up after its timeout plus the grace it allows rank 0,
  * and says how long it waited. */
 static int body_master_silent(int rank, int n, const char *master, void *arg) {
   (void)rank, (void)n, (void)master, (void)arg;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  EXPECT(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 4) == 0 &&
-             getsockname(fd, (struct sockaddr *)&a, &len) == 0,
-         "listen: %s", strerror(errno));
   char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+  int fd = listen_loopback(addr, sizeof addr);
+  EXPECT(fd >= 0, "listen: %s", strerror(errno));
   setenv("GW_BOOTSTRAP_TIMEOUT", "1", 1);
   gw_comm_t comm;
   double t0 = test_now();
@@ -699,6 +751,8 @@ int main(void) {
   tcase_add_test(tc, test_world_size_mismatch);
   tcase_add_test(tc, test_master_absent);
   tcase_add_test(tc, test_master_silent);
+  tcase_add_test(tc, test_master_unresolvable);
+  tcase_add_test(tc, test_master_foreign);
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_no_shm_leftovers);
