@@ -472,6 +472,41 @@ START_TEST(test_terminal_interrupt)
 }
 END_TEST
 
+/* A rank SIGKILL does not end (uninterruptible sleep, or not gw-run's to
+ * signal; here the hook GW_RUN_TEST_UNKILLABLE spares it): gw-run names it and
+ * exits with the job's failure some seconds after the SIGKILL (max(grace,
+ * 5 s)), instead of waiting forever and holding the scheduler's job. */
+START_TEST(test_unkillable_rank_given_up)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir_env[128];
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
+    const char *script = "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; [ $GW_RANK = 0 ] && { sleep 0.5; exit 3; }; "
+                         "trap '' TERM; while :; do sleep 0.1; done";
+    const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=1", "GW_RUN_TEST_UNKILLABLE=1", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    struct run r;
+    gwrun_start(&r, env, args);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    char path[200];
+    snprintf(path, sizeof path, "%s/pid.1", dir);
+    pid_t spared = gwrun_read_pid_file(path);
+    if (spared > 0)
+        kill(spared, SIGKILL);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/pid.0", dir);
+    unlink(path);
+    rmdir(dir);
+    ck_assert_msg(!r.timed_out && r.code == 3, "exit code %d (timed out: %d); stderr:\n%s", r.code, r.timed_out,
+                  r.err);
+    ck_assert_msg(r.elapsed > 5.0 && r.elapsed < 20.0, "took %.1f s", r.elapsed);
+    ck_assert_msg(strstr(r.err, "rank 1 (pid") && strstr(r.err, "after SIGKILL") && strstr(r.err, "giving up"),
+                  "stderr:\n%s", r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 /* Ranks that all ended before gw-run looked (it is stopped meanwhile): the
  * crash (rank 2, SIGSEGV) is the job's failure, not the exits 1 that follow
  * it (ranks 0 and 1, collected first in fork order), and each is reported. */
@@ -738,6 +773,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_rank_killed_by_signal);
     tcase_add_test(tc, test_sigterm_forwarded);
     tcase_add_test(tc, test_terminal_interrupt);
+    tcase_add_test(tc, test_unkillable_rank_given_up);
     tcase_add_test(tc, test_crash_reported_over_consequences);
     tcase_add_test(tc, test_failure_with_writing_grandchild);
     tcase_add_test(tc, test_teardown_stops_leftovers);

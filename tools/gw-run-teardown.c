@@ -34,6 +34,10 @@
 #include "gw-run.h"
 
 static bool escalated; /* the grace is over: stragglers get SIGKILL at once */
+/* After SIGKILL: when gw-run stops waiting for what is still there (a process
+ * in uninterruptible sleep, a driver or file system hang, or one it may not
+ * signal); 0 before. */
+static int64_t give_up_ms, escalated_ms;
 
 /* Rank pids sorted, to tell ranks from strays among our children quickly. */
 struct pid_index {
@@ -106,7 +110,12 @@ const char *gw__run_signal_name(int sig)
 
 static void signal_ranks(int sig, bool mark_stopped)
 {
+    /* Test hook: this global rank is never signalled (as if unkillable). */
+    const char *hook = getenv("GW_RUN_TEST_UNKILLABLE");
+    const int spared = hook && *hook ? atoi(hook) : -1;
     for (int i = 0; i < gw__run.nranks; i++) {
+        if (gw__run.ranks[i].global == spared)
+            continue;
         if (gw__run.ranks[i].pid > 0) {
             kill(gw__run.ranks[i].pid, sig);
             if (mark_stopped)
@@ -314,7 +323,46 @@ void gw__run_escalate(void)
     signal_ranks(SIGKILL, true);
     gw__run.kill_deadline_ms = 0;
     escalated = true;
+    if (!give_up_ms) {
+        escalated_ms = gw__run_now_ms();
+        give_up_ms = escalated_ms + (int64_t)(1000.0 * (gw__run.kill_grace_s > 5 ? gw__run.kill_grace_s : 5));
+    }
     gw__run_scan_strays();
+}
+
+int64_t gw__run_give_up_deadline(void)
+{
+    return give_up_ms;
+}
+
+/* The give-up deadline has passed: names what is still there and stops
+ * waiting for it (gw-run exits with the job's failure, or 1). */
+void gw__run_give_up(void)
+{
+    for (int i = 0; i < gw__run.nranks; i++) {
+        const pid_t pid = gw__run.ranks[i].pid;
+        if (pid <= 0)
+            continue;
+        char path[64], st[512] = "", state = '?';
+        snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            size_t n = fread(st, 1, sizeof st - 1, f);
+            st[n] = 0;
+            fclose(f);
+            const char *close_paren = strrchr(st, ')');
+            if (close_paren && close_paren[1] == ' ')
+                state = close_paren[2];
+        }
+        gw__run_say("gw-run: rank %d (pid %ld, state %c) is still there %g s after SIGKILL%s: giving up on it\n",
+                    gw__run.ranks[i].global, (long)pid, state, (double)(gw__run_now_ms() - escalated_ms) / 1000.0,
+                    state == 'D' ? " (uninterruptible sleep: a driver or file system hang; see /proc/PID/stack)"
+                                 : " (it may not be gw-run's to signal)");
+    }
+    if (!gw__run.have_failure) {
+        gw__run.have_failure = true;
+        gw__run.exit_code = 1;
+    }
 }
 
 /* How much an exit says about the job's failure: a death by a signal is

@@ -353,6 +353,11 @@ static void run_loop(void)
         if ((gw__run.alive > 0 || wait_strays) && gw__run.kill_deadline_ms &&
             now >= gw__run.kill_deadline_ms)
             gw__run_escalate();
+        const int64_t give_up = gw__run_give_up_deadline();
+        if ((gw__run.alive > 0 || wait_strays) && give_up && now >= give_up) {
+            gw__run_give_up();
+            break;
+        }
         if (held)
             drain_deadline_ms = 0; /* a fresh grace once our output moves again */
         if (gw__run.alive == 0 && gw__run.open_streams > 0 && !held) {
@@ -374,6 +379,8 @@ static void run_loop(void)
         int64_t deadline = 0;
         if ((gw__run.alive > 0 || wait_strays) && gw__run.kill_deadline_ms)
             deadline = gw__run.kill_deadline_ms;
+        if ((gw__run.alive > 0 || wait_strays) && give_up && (!deadline || give_up < deadline))
+            deadline = give_up;
         if (gw__run.alive == 0 && gw__run.open_streams > 0 && drain_deadline_ms &&
             (!deadline || drain_deadline_ms < deadline))
             deadline = drain_deadline_ms;

@@ -144,6 +144,10 @@ void gw__run_child_signals(void);
 void gw__run_index_ranks(void);
 void gw__run_teardown(void);
 void gw__run_escalate(void);
+/* When gw-run stops waiting for processes SIGKILL did not end (0: not yet
+ * escalated), and the giving up: each is named, the job fails. */
+int64_t gw__run_give_up_deadline(void);
+void gw__run_give_up(void);
 void gw__run_reap(void);
 bool gw__run_stopping(void);
 void gw__run_scan_strays(void);
