@@ -263,7 +263,9 @@ END_TEST
 
 /* A rank that dies during its setup leaves shared-memory segments in /dev/shm
  * (their names carry the job token's hash and the creating pid): gw-run
- * removes its own ranks' ones at the end, and nothing else. */
+ * removes its own ranks' ones at the end, and those of this job whose creator
+ * is gone (a rank started through a wrapper script creates them in a
+ * grandchild), and nothing else (a live process's, another job's). */
 START_TEST(test_leftover_shm_removed)
 {
     /* FNV-1a 64 of the token, low 32 bits, as the library names its segments */
@@ -279,13 +281,22 @@ START_TEST(test_leftover_shm_removed)
     const char *env[] = {"GW_JOB_TOKEN=shm-leftover-test", "GW_RUN_KILL_GRACE=30", denv, NULL};
     const char *args[] = {"-n", "2", "sh", "-c",
                           "if [ \"$GW_RANK\" = 1 ]; then touch /dev/shm/gw-cf1c0cd6-0-1-$$-7-deadbeef "
-                          "/dev/shm/gw-0badf00d-0-1-$$-7-deadbeef; echo $$ > \"$D/pid\"; exit 3; fi; exec sleep 30",
+                          "/dev/shm/gw-0badf00d-0-1-$$-7-deadbeef; echo $$ > \"$D/pid\"; "
+                          "sh -c 'touch /dev/shm/gw-cf1c0cd6-0-1-$$-8-feedface; echo $$ > \"$D/gpid\"'; "
+                          "exit 3; fi; exec sleep 30",
                           NULL};
     gwrun_run(&r, env, args);
     char pidfile[128];
     snprintf(pidfile, sizeof pidfile, "%s/pid", dir);
     pid_t pid1 = gwrun_read_pid_file(pidfile);
     unlink(pidfile);
+    snprintf(pidfile, sizeof pidfile, "%s/gpid", dir);
+    pid_t gpid = gwrun_read_pid_file(pidfile);
+    unlink(pidfile);
+    char grandchild[128];
+    snprintf(grandchild, sizeof grandchild, "/dev/shm/gw-%s-0-1-%d-8-feedface", hash, (int)gpid);
+    const bool grandchild_gone = access(grandchild, F_OK) != 0;
+    unlink(grandchild);
     rmdir(dir);
     char mine[128];
     snprintf(mine, sizeof mine, "/dev/shm/gw-%s-0-1-%d-7-deadbeef", hash, (int)pid1);
@@ -295,9 +306,10 @@ START_TEST(test_leftover_shm_removed)
     unlink(mine), unlink(other_pid), unlink(other_job);
     ck_assert_msg(r.code == 3 && pid1 > 0, "exit code %d, rank 1 pid %d, stderr:\n%s", r.code, (int)pid1, r.err);
     ck_assert_msg(mine_gone, "%s was left", mine);
+    ck_assert_msg(gpid > 0 && grandchild_gone, "%s (a dead grandchild's) was left", grandchild);
     ck_assert_msg(pid_kept, "%s (not a rank's) was removed", other_pid);
     ck_assert_msg(job_kept, "%s (another job's) was removed", other_job);
-    ck_assert_msg(strstr(r.err, "removed 1 shared-memory segment that"), "stderr:\n%s", r.err);
+    ck_assert_msg(strstr(r.err, "removed 2 shared-memory segments that"), "stderr:\n%s", r.err);
     gwrun_free(&r);
 }
 END_TEST

@@ -432,8 +432,13 @@ void gw__run_remove_leftover_shm(const char *token)
         if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
             sscanf(e->d_name + strlen(prefix), "%d-%d-%d-", &peer, &self, &pid) != 3)
             continue;
+        /* A rank's own, or one whose creator is gone: a rank started through a
+         * wrapper (a script that runs python without exec) creates them in a
+         * process that is not gw-run's child. */
         struct pid_index key = {.pid = (pid_t)pid};
-        if (!pid_index || !bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index))
+        const bool ours = pid_index &&
+                          bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
+        if (!ours && (pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH))
             continue;
         char path[300];
         snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
