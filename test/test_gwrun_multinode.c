@@ -321,6 +321,27 @@ START_TEST(test_multinode_wrong_token)
 }
 END_TEST
 
+/* --master with a name that resolves to a loopback address (Debian maps the
+ * host name to 127.0.1.1): node 0 would listen where no other node reaches,
+ * and the others connect to themselves; every node waited 60-120 s and blamed
+ * another.  Refused at once, on every node; a literal 127.0.0.1 (these tests)
+ * stays allowed. */
+START_TEST(test_multinode_loopback_name_refused)
+{
+    for (int node = 0; node < 2; node++) {
+        struct run r;
+        const char *env[] = {"GW_JOB_TOKEN=mn-lo", NULL};
+        const char *args[] = {"-n", "1", "--nnodes", "2", "--node-rank", node ? "1" : "0", "--master",
+                              "localhost:29555", "true", NULL};
+        gwrun_run(&r, env, args);
+        ck_assert_msg(r.code == 2 && r.elapsed < 5.0 && strstr(r.err, "--master localhost resolves to") &&
+                          strstr(r.err, "loopback"),
+                      "node %d: exit code %d after %.1f s; stderr:\n%s", node, r.code, r.elapsed, r.err);
+        gwrun_free(&r);
+    }
+}
+END_TEST
+
 START_TEST(test_multinode_mismatch)
 {
     const char *env[] = {"GW_JOB_TOKEN=mn-mismatch", "GW_RUN_JOIN_TIMEOUT=5", NULL};
@@ -517,6 +538,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_node_missing);
     tcase_add_test(mn, test_multinode_wrong_token);
     tcase_add_test(mn, test_multinode_mismatch);
+    tcase_add_test(mn, test_multinode_loopback_name_refused);
     tcase_add_test(mn, test_multinode_lost_node);
     tcase_add_loop_test(mn, test_multinode_signal_stops_job, 0,
                         (int)(sizeof stop_cases / sizeof stop_cases[0]));

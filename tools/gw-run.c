@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -117,6 +118,34 @@ static bool parse_long(const char *s, long lo, long hi, long *out)
 
 /* HOST:PORT or [v6addr]:PORT. A bare IPv6 address is refused because its
  * last colon cannot be told apart from the port separator. */
+/* Whether host is a name (not a numeric address: 127.0.0.1 stays allowed,
+ * for tests on one machine) whose every address here is a loopback one; out
+ * gets the first. */
+static bool name_is_loopback(const char *host, char *out, size_t outsz)
+{
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) == 0) {
+        freeaddrinfo(ai);
+        return false;
+    }
+    hints.ai_flags = 0;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return false; /* not resolvable now: the rendezvous retries and says so */
+    bool all = ai != NULL;
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        bool lo = false;
+        if (a->ai_family == AF_INET)
+            lo = (ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (a->ai_family == AF_INET6)
+            lo = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
+        if (a == ai)
+            getnameinfo(a->ai_addr, a->ai_addrlen, out, (socklen_t)outsz, NULL, 0, NI_NUMERICHOST);
+        all = all && lo;
+    }
+    freeaddrinfo(ai);
+    return all;
+}
+
 static bool parse_master(const char *s, char *host, size_t hostsz, long *port)
 {
     const char *h, *colon;
@@ -513,6 +542,13 @@ int main(int argc, char **argv)
     }
     if (nnodes > 1 && strlen(token) > GW_RUN_MAX_STR) {
         gw__run_say("gw-run: GW_JOB_TOKEN is longer than %d bytes\n", GW_RUN_MAX_STR);
+        return EXIT_USAGE;
+    }
+    char lo[64];
+    if (nnodes > 1 && name_is_loopback(host, lo, sizeof lo)) {
+        gw__run_say("gw-run: --master %s resolves to %s (a loopback address) here; the other nodes cannot reach "
+                    "that: give node 0's network address, or a name that resolves to it (Debian and Ubuntu map "
+                    "the host name to 127.0.1.1 in /etc/hosts)\n", host, lo);
         return EXIT_USAGE;
     }
 
