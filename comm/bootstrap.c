@@ -3,6 +3,7 @@
  * deadline and every failure names the rank, the peer and the address.  A
  * connection that does not present the job token is refused and logged. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
@@ -375,56 +376,171 @@ static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, d
                  bs->rank, peer, bs->master);
 }
 
+static _Atomic uint64_t root_bytes; /* payload rank 0 sent in answers (tests) */
+
+uint64_t gw__bootstrap_root_bytes(void) { return atomic_load(&root_bytes); }
+
+/* Rank 0: every other rank's `size` bytes into all[r * size], each rank's wait
+ * its own timeout; on a failure the others hear why. */
+static gw_result_t root_gather(struct gw_bootstrap *bs, uint8_t *all, size_t size, struct gw_errctx *err) {
+  double deadline = gw__now() + bs->timeout_s;
+  for (int r = 1; r < bs->nranks; r++) {
+    struct gw_boot_frame f;
+    gw_result_t res = recv_frame_hdr(bs->socks[r], &f, deadline);
+    if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = BOOT_FOREIGN;
+    if (res == GW_SUCCESS) res = io_all(bs->socks[r], all + (size_t)r * size, size, false, deadline);
+    if (res != GW_SUCCESS) {
+      res = peer_fail(bs, res, r, bs->timeout_s, err);
+      root_broadcast_error(bs, 1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
+      return res;
+    }
+  }
+  return GW_SUCCESS;
+}
+
+/* Rank 0: answers rank r (each send with a fresh timeout: the answers of a
+ * large job take a while in all, and a slow reader is named by its own). */
+static gw_result_t root_answer(struct gw_bootstrap *bs, int r, const void *data, size_t len, struct gw_errctx *err) {
+  gw_result_t res = send_frame(bs->socks[r], GW_BOOT_DATA, data, len, gw__now() + bs->timeout_s);
+  if (res != GW_SUCCESS) {
+    res = peer_fail(bs, res, r, bs->timeout_s, err);
+    root_broadcast_error(bs, r + 1, err ? err->msg : "rank 0 failed"); /* those not answered yet hear why */
+    return res;
+  }
+  atomic_fetch_add(&root_bytes, len);
+  return GW_SUCCESS;
+}
+
+/* Ranks 1..n-1: sends `size` bytes to rank 0 and reads its answer's header
+ * (a DATA frame; an ERROR frame's text becomes the error). */
+static gw_result_t send_and_await(struct gw_bootstrap *bs, const void *mine, size_t size, double *deadline,
+                                  struct gw_boot_frame *f, struct gw_errctx *err) {
+  gw_result_t res = send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, *deadline);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s, err);
+  /* Rank 0 answers by its own deadline, with the data or with why not (a
+   * rank missing): this rank, whose deadline may have started earlier, waits
+   * a little longer for that answer rather than blame rank 0 first. */
+  const double grace = GW_MIN(bs->timeout_s, 10.0);
+  *deadline += grace;
+  res = recv_frame_hdr(bs->socks[0], f, *deadline);
+  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s + grace, err);
+  if (f->kind == GW_BOOT_ERROR) {
+    char msg[300];
+    read_error_text(bs->socks[0], f, msg, sizeof msg, *deadline);
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s ended the rendezvous: %s", bs->rank, bs->master, msg);
+  }
+  if (f->kind != GW_BOOT_DATA) return peer_fail(bs, BOOT_FOREIGN, 0, bs->timeout_s + grace, err);
+  return GW_SUCCESS;
+}
+
 gw_result_t gw__bootstrap_allgather(struct gw_bootstrap *bs, const void *mine, void *all, size_t size,
                                     struct gw_errctx *err) {
   uint8_t *out = all;
   size_t total = size * (size_t)bs->nranks;
   if (total > BOOT_MAX_PAYLOAD)
     return gw__err(err, GW_ERR_INTERNAL, "rank %d: bootstrap allgather of %zu bytes is too large", bs->rank, total);
-  double deadline = gw__now() + bs->timeout_s;
   memmove(out + (size_t)bs->rank * size, mine, size);
   if (bs->nranks == 1) return GW_SUCCESS;
   if (bs->rank == 0) {
-    for (int r = 1; r < bs->nranks; r++) {
-      struct gw_boot_frame f;
-      gw_result_t res = recv_frame_hdr(bs->socks[r], &f, deadline);
-      if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = BOOT_FOREIGN;
-      if (res == GW_SUCCESS) res = io_all(bs->socks[r], out + (size_t)r * size, size, false, deadline);
-      if (res != GW_SUCCESS) {
-        res = peer_fail(bs, res, r, bs->timeout_s, err);
-        root_broadcast_error(bs, 1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
-        return res;
-      }
-    }
-    for (int r = 1; r < bs->nranks; r++) {
-      gw_result_t res = send_frame(bs->socks[r], GW_BOOT_DATA, out, total, deadline);
-      if (res != GW_SUCCESS) {
-        res = peer_fail(bs, res, r, bs->timeout_s, err);
-        root_broadcast_error(bs, r + 1, err ? err->msg : "rank 0 failed"); /* those not answered yet hear why */
-        return res;
-      }
-    }
+    GW_CHECK(root_gather(bs, out, size, err));
+    for (int r = 1; r < bs->nranks; r++) GW_CHECK(root_answer(bs, r, out, total, err));
     return GW_SUCCESS;
   }
-  gw_result_t res = send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, deadline);
-  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s, err);
-  /* Rank 0 answers by its own deadline, with the data or with why not (a
-   * rank missing): this rank, whose deadline may have started earlier, waits
-   * a little longer for that answer rather than blame rank 0 first. */
-  const double grace = GW_MIN(bs->timeout_s, 10.0);
-  deadline += grace;
+  double deadline = gw__now() + bs->timeout_s;
   struct gw_boot_frame f;
-  res = recv_frame_hdr(bs->socks[0], &f, deadline);
-  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s + grace, err);
-  if (f.kind == GW_BOOT_ERROR) {
-    char msg[300];
-    read_error_text(bs->socks[0], &f, msg, sizeof msg, deadline);
-    return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s ended the rendezvous: %s", bs->rank, bs->master, msg);
+  GW_CHECK(send_and_await(bs, mine, size, &deadline, &f, err));
+  if (f.len != total) return peer_fail(bs, BOOT_FOREIGN, 0, bs->timeout_s, err);
+  gw_result_t res = io_all(bs->socks[0], out, total, false, deadline);
+  return res != GW_SUCCESS ? peer_fail(bs, res, 0, bs->timeout_s, err) : GW_SUCCESS;
+}
+
+/* Appends the records of recs (count of size, from rank `from`) meant for
+ * `to` to buf as (int32 origin, record) pairs; returns the new length. */
+static size_t pack_for(uint8_t *buf, size_t len, const uint8_t *recs, int count, size_t size, int32_t from, int to) {
+  for (int i = 0; i < count; i++) {
+    int32_t dest;
+    memcpy(&dest, recs + (size_t)i * size, sizeof dest);
+    if (dest != to) continue;
+    memcpy(buf + len, &from, 4);
+    memcpy(buf + len + 4, recs + (size_t)i * size, size);
+    len += 4 + size;
   }
-  if (f.kind != GW_BOOT_DATA || f.len != total) return peer_fail(bs, BOOT_FOREIGN, 0, bs->timeout_s + grace, err);
-  res = io_all(bs->socks[0], out, total, false, deadline);
-  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s + grace, err);
+  return len;
+}
+
+static gw_result_t unpack_routed(struct gw_bootstrap *bs, const uint8_t *buf, size_t len, size_t size, void *out,
+                                 int32_t *origin, int max_out, int *nout, struct gw_errctx *err) {
+  const size_t rec = 4 + size;
+  if (len % rec || len / rec > (size_t)max_out)
+    return gw__err(err, GW_ERR_INTERNAL, "rank %d: the rendezvous routed %zu bytes here, not up to %d records of %zu",
+                   bs->rank, len, max_out, size);
+  *nout = (int)(len / rec);
+  for (int i = 0; i < *nout; i++) {
+    memcpy(&origin[i], buf + (size_t)i * rec, 4);
+    memcpy((uint8_t *)out + (size_t)i * size, buf + (size_t)i * rec + 4, size);
+  }
   return GW_SUCCESS;
+}
+
+gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int count, size_t size, void *out,
+                                int32_t *origin, int max_out, int *nout, struct gw_errctx *err) {
+  const size_t mine = (size_t)count * size, rec = 4 + size, n = (size_t)bs->nranks;
+  if (mine > BOOT_MAX_PAYLOAD || (size_t)max_out * rec > BOOT_MAX_PAYLOAD || mine * n / n != mine)
+    return gw__err(err, GW_ERR_INTERNAL, "rank %d: bootstrap route of %d records of %zu bytes is too large", bs->rank,
+                   count, size);
+  *nout = 0;
+  uint8_t *buf = malloc(GW_MAX((size_t)max_out * rec, 1));
+  if (!buf) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", bs->rank);
+  gw_result_t res = GW_SUCCESS;
+  if (bs->rank == 0) {
+    uint8_t *all = malloc(GW_MAX(mine * n, 1));
+    size_t *at = calloc(n + 1, sizeof *at), *fill = calloc(n, sizeof *fill);
+    uint8_t *sorted = NULL;
+    if (!all || !at || !fill) {
+      res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
+      goto root_out;
+    }
+    memcpy(all, recs, mine);
+    if (n > 1) GW_CHECK_GOTO(root_gather(bs, all, mine, err), res, root_out);
+    /* Bucketed by destination in one pass: at[r] is where rank r's answer starts. */
+    for (size_t i = 0; i < n * (size_t)count; i++) {
+      int32_t dest;
+      memcpy(&dest, all + i * size, sizeof dest);
+      if (dest >= 0 && (size_t)dest < n) at[dest + 1] += rec;
+    }
+    for (size_t r = 0; r < n; r++) at[r + 1] += at[r];
+    sorted = malloc(GW_MAX(at[n], 1));
+    if (!sorted) {
+      res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
+      goto root_out;
+    }
+    for (size_t o = 0; o < n; o++)
+      for (int i = 0; i < count; i++) {
+        const uint8_t *r0 = all + (o * (size_t)count + (size_t)i) * size;
+        int32_t dest;
+        memcpy(&dest, r0, sizeof dest);
+        if (dest < 0 || (size_t)dest >= n) continue;
+        pack_for(sorted + at[dest] + fill[dest], 0, r0, 1, size, (int32_t)o, dest);
+        fill[dest] += rec;
+      }
+    for (size_t r = 1; r < n && res == GW_SUCCESS; r++) res = root_answer(bs, (int)r, sorted + at[r], at[r + 1] - at[r], err);
+    if (res == GW_SUCCESS) res = unpack_routed(bs, sorted, at[1], size, out, origin, max_out, nout, err);
+  root_out:
+    free(sorted);
+    free(fill);
+    free(at);
+    free(all);
+  } else {
+    double deadline = gw__now() + bs->timeout_s;
+    struct gw_boot_frame f;
+    res = send_and_await(bs, recs, mine, &deadline, &f, err);
+    if (res == GW_SUCCESS && f.len > (size_t)max_out * rec) res = peer_fail(bs, BOOT_FOREIGN, 0, bs->timeout_s, err);
+    if (res == GW_SUCCESS && (res = io_all(bs->socks[0], buf, f.len, false, deadline)) != GW_SUCCESS)
+      res = peer_fail(bs, res, 0, bs->timeout_s, err);
+    if (res == GW_SUCCESS) res = unpack_routed(bs, buf, f.len, size, out, origin, max_out, nout, err);
+  }
+  free(buf);
+  return res;
 }
 
 gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err) {

@@ -218,9 +218,9 @@ static gw_result_t build_ring_order(struct gw_comm *c, struct gw_errctx *err) {
 }
 
 /* What a receiving end publishes at the rendezvous: its handle, and which
- * sender and graph it is for. */
+ * sender and graph it is for (the rendezvous routes it to that sender only). */
 struct published {
-  int32_t from, graph; /* from = -1: an unused entry */
+  int32_t from, graph; /* from = -1: an unused entry; first: the route's destination */
   struct gw_conn_handle handle;
 };
 
@@ -244,10 +244,11 @@ static gw_result_t prepare_link(struct gw_comm *c, const struct gw_link *l, stru
   return GW_SUCCESS;
 }
 
-/* The handle rank `self` needs to send on `graph`, in the receiver's entries. */
-static const struct published *find_handle(const struct published *entries, int n, int self, int graph) {
+/* The handle rank `self` needs to send to `peer` on `graph`, among those routed here. */
+static const struct published *find_handle(const struct published *got, const int32_t *origin, int n, int self,
+                                           int peer, int graph) {
   for (int i = 0; i < n; i++)
-    if (entries[i].from == self && entries[i].graph == graph) return &entries[i];
+    if (origin[i] == peer && got[i].from == self && got[i].graph == graph) return &got[i];
   return NULL;
 }
 
@@ -257,9 +258,11 @@ static const struct published *find_handle(const struct published *entries, int 
 gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
                         struct gw_errctx *err) {
   struct published *mine = calloc((size_t)max_recv, sizeof *mine);
-  struct published *all = calloc((size_t)c->nranks * (size_t)max_recv, sizeof *all);
+  struct published *got = calloc((size_t)nlinks, sizeof *got);
+  int32_t *origin = calloc((size_t)nlinks, sizeof *origin);
+  int ngot = 0;
   gw_result_t res = GW_SUCCESS;
-  if (!mine || !all) {
+  if (!mine || !got || !origin) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
     goto out;
   }
@@ -275,11 +278,11 @@ gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlin
     mine[nrecv] = (struct published){.from = l->peer, .graph = l->graph};
     GW_CHECK_GOTO(l->conn->tp->recv_setup(l->conn, &c->conn_params, &mine[nrecv++].handle, err), res, out);
   }
-  GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, mine, all, sizeof *mine * (size_t)max_recv, err), res, out);
+  GW_CHECK_GOTO(gw__bootstrap_route(c->bs, mine, max_recv, sizeof *mine, got, origin, nlinks, &ngot, err), res, out);
   for (int i = 0; i < nlinks; i++) {
     const struct gw_link *l = &links[i];
     if (!l->is_send) continue;
-    const struct published *e = find_handle(all + (size_t)l->peer * (size_t)max_recv, max_recv, c->rank, l->graph);
+    const struct published *e = find_handle(got, origin, ngot, c->rank, l->peer, l->graph);
     if (!e) {
       res = gw__err(err, GW_ERR_INTERNAL, "rank %d: rank %d published no handle for %s", c->rank, l->peer,
                     l->conn->desc);
@@ -293,7 +296,8 @@ gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlin
   for (int i = 0; i < nlinks; i++)
     if (links[i].is_send) GW_INFO(GW_SUB_INIT, "%s", links[i].conn->desc);
 out:
-  free(all);
+  free(origin);
+  free(got);
   free(mine);
   return res;
 }

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap.h"
 #include "comm.h" /* gw__fnv; the peers' pid namespaces and the ring's transport */
 #include "harness.h"
 
@@ -380,6 +381,62 @@ static int body_no_master(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_master_absent) { ck_assert_int_eq(run_ranks_raw(1, body_no_master, NULL, 30), 0); }
+END_TEST
+
+/* The rendezvous routes records to the ranks they are for, through rank 0,
+ * which sends each rank only its own (the connection handles: an allgather
+ * sent every rank all of them, O(n^2 k) bytes).  Each rank sends records to
+ * the next two ranks and one for nobody; each gets exactly its two, with
+ * their origins and contents; rank 0 sent 2 (n - 1) records in all. */
+struct routed {
+  int32_t dest, from, k, pad;
+  char text[40];
+};
+
+static int raw_route(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  struct gw_bootstrap *bs;
+  struct gw_errctx err = {{0}};
+  EXPECT(gw__bootstrap_init(&bs, rank, n, master, getenv("GW_JOB_TOKEN"), 30, &err) == GW_SUCCESS, "init: %s",
+         err.msg);
+  struct routed mine[3], got[4];
+  int32_t origin[4];
+  for (int k = 0; k < 3; k++) {
+    mine[k] = (struct routed){.dest = k < 2 ? (rank + 1 + k) % n : -1, .from = rank, .k = k};
+    snprintf(mine[k].text, sizeof mine[k].text, "from %d to %d", rank, mine[k].dest);
+  }
+  const uint64_t before = gw__bootstrap_root_bytes();
+  int ngot = -1;
+  EXPECT(gw__bootstrap_route(bs, mine, 3, sizeof *mine, got, origin, 4, &ngot, &err) == GW_SUCCESS, "route: %s",
+         err.msg);
+  EXPECT(ngot == 2, "rank %d got %d records", rank, ngot);
+  for (int i = 0; i < ngot; i++) {
+    const int o = origin[i], k = (rank - o - 1 + 2 * n) % n;
+    char want[40];
+    snprintf(want, sizeof want, "from %d to %d", o, rank);
+    EXPECT(got[i].dest == rank && got[i].from == o && got[i].k == k && !strcmp(got[i].text, want),
+           "rank %d: record %d from %d: dest %d from %d k %d '%s'", rank, i, o, got[i].dest, got[i].from, got[i].k,
+           got[i].text);
+  }
+  if (ngot == 2) EXPECT(origin[0] < origin[1] || n == 2, "rank %d: origins %d, %d out of order", rank, origin[0], origin[1]);
+  if (rank == 0) {
+    const uint64_t sent = gw__bootstrap_root_bytes() - before, want = 2ull * (uint64_t)(n - 1) * (4 + sizeof *mine);
+    EXPECT(sent == want, "rank 0 sent %llu bytes, expected %llu (2 records to each other rank)",
+           (unsigned long long)sent, (unsigned long long)want);
+  }
+  /* more for a rank than it makes room for: an error, not an overrun */
+  for (int k = 0; k < 3; k++) mine[k].dest = 0;
+  gw_result_t r = gw__bootstrap_route(bs, mine, 3, sizeof *mine, got, origin, 4, &ngot, &err);
+  EXPECT(rank == 0 ? r == GW_ERR_INTERNAL && strstr(err.msg, "not up to 4 records") : r == GW_SUCCESS && ngot == 0,
+         "rank %d: overflow returned %s, %d records: %s", rank, gw_strerror(r), ngot, err.msg);
+  gw__bootstrap_free(bs);
+  return 0;
+}
+
+START_TEST(test_bootstrap_route) {
+  ck_assert_int_eq(run_ranks_raw(2, raw_route, NULL, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(5, raw_route, NULL, 60), 0);
+}
 END_TEST
 
 /* A socket listening on a free loopback port; addr gets "127.0.0.1:PORT". */
@@ -753,6 +810,7 @@ int main(void) {
   tcase_add_test(tc, test_master_silent);
   tcase_add_test(tc, test_master_unresolvable);
   tcase_add_test(tc, test_master_foreign);
+  tcase_add_test(tc, test_bootstrap_route);
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_no_shm_leftovers);
