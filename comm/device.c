@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "dev.h"
@@ -88,6 +89,11 @@ struct gw_devstate {
    * more is put on streams for this communicator (broken). */
   _Atomic uint64_t enqueue_failed;
   _Atomic bool broken;
+  /* The last ticket whose waits the caller has put on its stream: its start
+   * flag can be written (the stream runs it) before the done-wait after it is
+   * enqueued, and an engine stream probed in between answers even where it
+   * shares the caller's hardware queue, then queues behind that wait. */
+  _Atomic uint64_t waits_queued;
   /* The progress thread's side, made on first use on its device: the engine
    * streams (the device ring's work; pool[0] only where the streams do not
    * share hardware queues), the one in use, and the caller's stream it was
@@ -480,10 +486,17 @@ gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct
     if (emitted(comm, op)) {
       res = enqueue_emitted(comm, d, op, err);
     } else {
-      int rc = staged(comm, op) ? enqueue_staged(comm, d, op)
-                                : dv->flag_write(&d->flags[t % GW_DEV_TICKETS], fval(t, 1), s) ||
-                                      dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s);
+      int rc;
+      if (staged(comm, op)) {
+        rc = enqueue_staged(comm, d, op);
+      } else {
+        rc = dv->flag_write(&d->flags[t % GW_DEV_TICKETS], fval(t, 1), s);
+        const int64_t gap = gw__env_int("GW_TEST_ENQUEUE_GAP_US", 0); /* tests: the caller slow in between */
+        if (gap > 0) usleep((useconds_t)gap);
+        rc = rc || dv->flag_wait(done_flag(d), fval(t, GW_DEV_ALL), s);
+      }
       if (rc) res = gw__dev_fail(err, comm, "enqueueing on the caller's stream");
+      else atomic_store_explicit(&d->waits_queued, t, memory_order_release);
     }
     device_leave(prev);
   }
@@ -635,6 +648,16 @@ static gw_result_t run_direct(struct gw_comm *comm, struct gw_devstate *d, const
   run.ordered = false;
   if (!op->device_mem) return gw__run_op(comm, &run, err);
   GW_CHECK(engine_stream(comm, d, err));
+  /* Probing only once the caller's done-wait is in its queue (the caller is
+   * enqueueing it now): an engine stream behind it must not answer. */
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  while (d->npool > 1 && atomic_load_explicit(&d->waits_queued, memory_order_acquire) < op->ticket) {
+    if (atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) == op->ticket || atomic_load(&comm->aborted))
+      return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the caller's stream",
+                     comm->rank, (unsigned long long)op->desc.seq);
+    gw__waiter_pause(&w);
+  }
   GW_CHECK(pick_engine(comm, d, op, err));
   comm->devring->stream = d->stream;
   gw_result_t res = gw__run_op(comm, &run, err); /* the device ring */
