@@ -131,7 +131,10 @@ static gw_result_t ring_allreduce(struct prims *p) {
 #define BLK(k) (off + (size_t)(k) * real)
 #define LEN(k) blk_len(count, BLK(k), real)
     int k = mod(r - 1, n);
-    GW_CHECK(prim_send(p, cat(in, BLK(k), es), NULL, LEN(k)));
+    /* In place, this block's result is written here in the allgather phase,
+     * before the operation's flush: not sent from the buffer directly (over
+     * ib a retransmission after a lost ack would send the result). */
+    GW_CHECK(prim_send_ex(p, cat(in, BLK(k), es), NULL, LEN(k), in != out));
     for (int j = 2; j < n; j++) {
       k = mod(r - j, n);
       GW_CHECK(prim_recv_reduce_send(p, cat(in, BLK(k), es), LEN(k)));
