@@ -268,7 +268,10 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   t->stride = IB_HDR_BYTES + p->slot_bytes;
   t->nqps = nqps;
   t->depth = t->nslots + 8;
-  t->sig_every = GW_MAX(1u, t->depth / 4);
+  /* Often enough that a slot's writes are covered by a completion before the
+   * slot comes round again on each QP (nslots / nqps writes per QP a cycle when
+   * chunks are single parts), so reusing it seldom needs a fence. */
+  t->sig_every = GW_MAX(1u, GW_MIN(t->depth / 4, t->nslots / (2 * t->nqps)));
   t->job_hash = p->job_hash;
   t->timeout_s = p->timeout_s > 0 ? p->timeout_s : 60;
   t->test_bad_rkey = (int)gw__env_int("GW_IB_TEST_BAD_RKEY", 0);
@@ -578,8 +581,9 @@ static gw_result_t check_async(struct gw_conn *c, struct ib_conn *t, bool now) {
   if (ev < 0) return GW_SUCCESS;
   switch (ev) {
     case IBV_EVENT_QP_ACCESS_ERR:
-      return fail(c, t, GW_ERR_REMOTE, "this rank's queue pair refused a write of rank %d's (IBV_EVENT_QP_ACCESS_ERR: "
-                  "a wrong rkey, or an address outside the registered slots)", c->peer);
+      return fail(c, t, GW_ERR_REMOTE, "this rank's queue pair refused %s of rank %d's (IBV_EVENT_QP_ACCESS_ERR: "
+                  "a wrong rkey, or an address outside the registered %s)", c->is_send ? "a credit write" : "a write",
+                  c->peer, c->is_send ? "credit words" : "slots");
     case IBV_EVENT_QP_REQ_ERR:
       return fail(c, t, GW_ERR_REMOTE, "the queue pair failed (IBV_EVENT_QP_REQ_ERR: rank %d's HCA sent a request "
                   "this one could not take)", c->peer);
@@ -705,8 +709,15 @@ static gw_result_t ib_send_slot(struct gw_conn *c, size_t bytes, void **buf, siz
     uint64_t want = t->pos - t->nslots + 1;
     room = __atomic_load_n(&t->credits[s], __ATOMIC_ACQUIRE) == want;
   }
-  for (uint32_t i = 0; room && i < t->nqps; i++) /* the slot's last writes are ours again */
-    GW_CHECK(reads_done(c, t, &t->q[i], t->reads[s * IB_MAX_QPS + i], &room));
+  if (room) { /* the slot's last writes are ours again: every QP's fence posted at once */
+    bool all = true;
+    for (uint32_t i = 0; i < t->nqps; i++) {
+      bool done;
+      GW_CHECK(reads_done(c, t, &t->q[i], t->reads[s * IB_MAX_QPS + i], &done));
+      all = all && done;
+    }
+    room = all;
+  }
   for (uint32_t i = 0; room && i < t->nqps; i++) room = sq_room(t, &t->q[i]);
   if (!room) return t->eof ? peer_gone(c, t, "a free slot") : GW_INPROGRESS;
   *buf = t->buf + (size_t)s * t->stride + IB_HDR_BYTES;
@@ -787,7 +798,11 @@ static gw_result_t push_credits(struct gw_conn *c, struct ib_conn *t) {
     const uint32_t w = (uint32_t)(p % t->nslots);
     bool free_word;
     GW_CHECK(reads_done(c, t, q, t->reads[w], &free_word));
-    if (!free_word) return GW_SUCCESS; /* its last write's completion is polled later */
+    if (!free_word) { /* once more after a poll: else the credit waits for the next peek or progress */
+      GW_CHECK(poll_cq(c, t));
+      GW_CHECK(reads_done(c, t, q, t->reads[w], &free_word));
+      if (!free_word) return GW_SUCCESS;
+    }
     uint64_t *src = &t->credit_src[w];
     *src = p + 1;
     struct ibv_sge sge = {.addr = (uintptr_t)src, .length = sizeof *src, .lkey = t->credit_src_mr->lkey};

@@ -635,10 +635,13 @@ static void src_check(const struct emu_qp *q, uint64_t from, uint64_t to) {
     uint64_t h;
     if (!w->hashed || w->status != IBV_WC_SUCCESS || !src_sample(swr_sge(q, w), w->nsge, &h) || h == w->src_hash)
       continue;
-    fprintf(stderr, "ibemu (pid %d): the source of send WR wr_id %llu on QP %u (%u bytes at %#llx) changed "
-            "before a polled completion covered it: a send buffer belongs to the HCA until then\n", (int)getpid(),
-            (unsigned long long)w->wr_id, q->qp.qp_num, w->len,
-            (unsigned long long)(w->nsge ? swr_sge(q, w)->addr : 0));
+    char sges[MAX_SGE * 40] = "";
+    for (int k = 0; k < w->nsge; k++) /* which one changed is not known: every SGE named */
+      snprintf(sges + strlen(sges), sizeof sges - strlen(sges), "%s%u bytes at %#llx", k ? ", " : "",
+               swr_sge(q, w)[k].length, (unsigned long long)swr_sge(q, w)[k].addr);
+    fprintf(stderr, "ibemu (pid %d): the source of send WR wr_id %llu on QP %u (%u bytes: %s) changed before a "
+            "polled completion covered it: a send buffer belongs to the HCA until then\n", (int)getpid(),
+            (unsigned long long)w->wr_id, q->qp.qp_num, w->len, sges);
     abort();
   }
 }

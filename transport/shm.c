@@ -150,7 +150,10 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   /* The pages reserved now: tmpfs sizes a file without them, MAP_POPULATE
    * skips what it cannot get, and the first store to a missing page is a
    * SIGBUS (a container's 64 MiB /dev/shm holds about eight FIFOs). */
-  int fe = posix_fallocate(fd, 0, (off_t)s->map_size);
+  int fe;
+  do /* tmpfs stops a long fallocate for any caught signal (a data loader's SIGCHLD) */
+    fe = posix_fallocate(fd, 0, (off_t)s->map_size);
+  while (fe == EINTR);
   if (fe != 0 && fe != EOPNOTSUPP && fe != EINVAL) {
     struct statvfs vs;
     char room[96] = "";
@@ -158,9 +161,11 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
       snprintf(room, sizeof room, " (it has %.1f MiB free of %.1f MiB)", (double)vs.f_bavail * vs.f_frsize / 1048576.0,
                (double)vs.f_blocks * vs.f_frsize / 1048576.0);
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot reserve %zu bytes of /dev/shm%s for the FIFO from rank %d: "
-                  "%s: enlarge /dev/shm (docker --shm-size, a Memory emptyDir on Kubernetes) or lower "
-                  "GW_SHM_SLOTS / GW_SHM_SLOT_BYTES (%u slots of %u bytes per connection now)", c->self, s->map_size,
-                  room, c->peer, strerror(fe), s->nslots, s->slot_bytes);
+                  "%s: %s, or lower GW_SHM_SLOTS / GW_SHM_SLOT_BYTES (%u slots of %u bytes per connection now)",
+                  c->self, s->map_size, room, c->peer, strerror(fe),
+                  fe == ENOMEM ? "the process's memory limit (a cgroup's) is reached: raise it"
+                               : "enlarge /dev/shm (docker --shm-size, a Memory emptyDir on Kubernetes)",
+                  s->nslots, s->slot_bytes);
     goto fail_unlink;
   }
   /* MAP_POPULATE: first-touch page faults are very slow on some machines, so all of
