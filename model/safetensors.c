@@ -836,10 +836,13 @@ static gw_result_t write_atomic(const char *path, const struct sbuf *h, const st
     r = sys_fail(path, "writing the temporary file failed");
   else if (fail_here("fsync") || fsync(fd) != 0)
     r = sys_fail(path, "fsync of the temporary file failed");
-  /* Renamed while still open: the lock marks it live until it has its name. */
-  if (r == GW_SUCCESS && (fail_here("rename") || rename(tmp, path) != 0))
-    r = sys_fail(path, "cannot rename the temporary file over it");
-  if (close(fd) != 0 && r == GW_SUCCESS) r = sys_fail(path, "closing the file failed");
+  /* Renamed while still open: the lock marks it live until it has its name.
+   * A close that fails after that (fsync succeeded: the data is on disk) is
+   * a warning: the file is complete and in place, and the old one is gone. */
+  const int renamed = r == GW_SUCCESS && !fail_here("rename") && rename(tmp, path) == 0;
+  if (r == GW_SUCCESS && !renamed) r = sys_fail(path, "cannot rename the temporary file over it");
+  if (close(fd) != 0 && renamed)
+    fprintf(stderr, "gradwire: warning: %s: written and renamed, but closing it failed: %s\n", path, strerror(errno));
   if (r != GW_SUCCESS) unlink(tmp);
   free(tmp);
   return r == GW_SUCCESS ? sync_dir(path) : r;
