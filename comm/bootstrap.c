@@ -498,6 +498,7 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
     uint8_t *sorted = NULL;
     if (!all || !at || !fill) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
+      root_broadcast_error(bs, 1, "rank 0 ran out of memory during a bootstrap exchange");
       goto root_out;
     }
     memcpy(all, recs, mine);
@@ -512,6 +513,7 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
     sorted = malloc(GW_MAX(at[n], 1));
     if (!sorted) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
+      root_broadcast_error(bs, 1, "rank 0 ran out of memory during a bootstrap exchange");
       goto root_out;
     }
     for (size_t o = 0; o < n; o++)
@@ -534,7 +536,9 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
     double deadline = gw__now() + bs->timeout_s;
     struct gw_boot_frame f;
     res = send_and_await(bs, recs, mine, &deadline, &f, err);
-    if (res == GW_SUCCESS && f.len > (size_t)max_out * rec) res = peer_fail(bs, BOOT_FOREIGN, 0, bs->timeout_s, err);
+    if (res == GW_SUCCESS && f.len > (size_t)max_out * rec)
+      res = gw__err(err, GW_ERR_INTERNAL, "rank %d: the rendezvous routed %zu records here, more than the %d this rank "
+                    "expects: the ranks disagree about their connections", bs->rank, (size_t)f.len / rec, max_out);
     if (res == GW_SUCCESS && (res = io_all(bs->socks[0], buf, f.len, false, deadline)) != GW_SUCCESS)
       res = peer_fail(bs, res, 0, bs->timeout_s, err);
     if (res == GW_SUCCESS) res = unpack_routed(bs, buf, f.len, size, out, origin, max_out, nout, err);

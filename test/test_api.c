@@ -429,6 +429,10 @@ static int raw_route(int rank, int n, const char *master, void *arg) {
   gw_result_t r = gw__bootstrap_route(bs, mine, 3, sizeof *mine, got, origin, 4, &ngot, &err);
   EXPECT(rank == 0 ? r == GW_ERR_INTERNAL && strstr(err.msg, "not up to 4 records") : r == GW_SUCCESS && ngot == 0,
          "rank %d: overflow returned %s, %d records: %s", rank, gw_strerror(r), ngot, err.msg);
+  for (int k = 0; k < 3; k++) mine[k].dest = 1; /* and for another rank: it says so */
+  r = gw__bootstrap_route(bs, mine, 3, sizeof *mine, got, origin, 4, &ngot, &err);
+  EXPECT(rank == 1 ? r == GW_ERR_INTERNAL && strstr(err.msg, "more than the 4") : r == GW_SUCCESS && ngot == 0,
+         "rank %d: overflow for rank 1 returned %s, %d records: %s", rank, gw_strerror(r), ngot, err.msg);
   gw__bootstrap_free(bs);
   return 0;
 }

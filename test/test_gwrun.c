@@ -428,7 +428,7 @@ END_TEST
  * KeyboardInterrupt) and must see no SIGTERM; gw-run exits 130. */
 START_TEST(test_terminal_interrupt)
 {
-    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC); /* gw-run must not hold the master too */
     ck_assert_msg(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0, "no pty: %s", strerror(errno));
     char slave[128];
     ck_assert_int_eq(ptsname_r(m, slave, sizeof slave), 0);
@@ -480,6 +480,57 @@ START_TEST(test_terminal_interrupt)
                   got[0], got[1], r.err);
     ck_assert_msg(r.code == 130 && strstr(r.err, "from the terminal reached") && !strstr(r.err, "stopping the"),
                   "exit code %d; stderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* The terminal hangs up (an ssh connection lost) while gw-run leads the
+ * session (ssh -t host gw-run ..., kubectl exec -it): the kernel sends SIGHUP
+ * to the session leader alone, so gw-run must pass it on (it took a kernel
+ * signal for one the ranks got too, and they were SIGKILLed after the grace
+ * without their handlers running). */
+START_TEST(test_terminal_hangup)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC); /* gw-run must not hold the master too */
+    ck_assert_msg(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0, "no pty: %s", strerror(errno));
+    char slave[128];
+    ck_assert_int_eq(ptsname_r(m, slave, sizeof slave), 0);
+    char dir[] = "/tmp/test_gwrun_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir_env[128];
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
+    const char *script = "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
+                         "trap 'echo HUP >> \"$GWT_DIR/sig.$GW_RANK\"; exit 0' HUP; "
+                         "while :; do sleep 0.1; done";
+    const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=20", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    struct run r;
+    gwrun_start_ctty(&r, slave, env, args);
+    int started = 0;
+    for (int tries = 0; tries < 1500 && started < 2; tries++) {
+        started = 0;
+        for (int i = 0; i < 2; i++) {
+            char path[200];
+            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+            started += gwrun_read_pid_file(path) > 0;
+        }
+        gwrun_sleep(0.01);
+    }
+    gwrun_sleep(0.3);
+    close(m); /* the hangup */
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    int got = 0;
+    for (int i = 0; i < 2; i++) {
+        char path[200];
+        snprintf(path, sizeof path, "%s/sig.%d", dir, i);
+        got += access(path, F_OK) == 0;
+        unlink(path);
+        snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+        unlink(path);
+    }
+    rmdir(dir);
+    ck_assert_msg(started == 2 && !r.timed_out && got == 2 && r.elapsed < 15.0,
+                  "ranks started %d, saw SIGHUP %d, after %.1f s; stderr:\n%s", started, got, r.elapsed, r.err);
     gwrun_free(&r);
 }
 END_TEST
@@ -785,6 +836,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_rank_killed_by_signal);
     tcase_add_test(tc, test_sigterm_forwarded);
     tcase_add_test(tc, test_terminal_interrupt);
+    tcase_add_test(tc, test_terminal_hangup);
     tcase_add_test(tc, test_unkillable_rank_given_up);
     tcase_add_test(tc, test_crash_reported_over_consequences);
     tcase_add_test(tc, test_failure_with_writing_grandchild);

@@ -70,6 +70,13 @@ static volatile sig_atomic_t pending_chld, pending_int, pending_term, pending_hu
  * to the whole foreground process group, the ranks included (they share
  * gw-run's), so passing it on would give them a second one. */
 static volatile sig_atomic_t tty_int, tty_term, tty_hup;
+static bool spawn_raced; /* a signal came while forking: some ranks may not have it */
+static volatile sig_atomic_t session_leader; /* gw-run leads its session (set before the handlers) */
+
+void gw__run_signal_during_spawn(void)
+{
+    spawn_raced = true;
+}
 
 /* What the caller left us with, restored in each child before exec so that
  * the ranks start exactly as they would without the launcher. */
@@ -166,7 +173,7 @@ static void forward_signal(int sig, bool remote, bool reached)
     else
         gw__run_say("gw-run: received %s, forwarding it to %d rank%s\n",
                 gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
-    if (!reached) {
+    if (!reached || spawn_raced) {
         signal_ranks(sig, false);
     } else { /* a rank that left gw-run's process group (setsid) did not get it */
         for (int i = 0; i < gw__run.nranks; i++)
@@ -359,7 +366,12 @@ void gw__run_give_up(void)
                     state == 'D' ? " (uninterruptible sleep: a driver or file system hang; see /proc/PID/stack)"
                                  : " (it may not be gw-run's to signal)");
     }
-    if (!gw__run.have_failure) {
+    for (size_t i = 0; i < nstray_termed; i++)
+        if (kill(stray_termed[i], 0) == 0)
+            gw__run_say("gw-run: a process the ranks left behind (pid %ld) is still there after SIGKILL: giving up "
+                        "on it\n", (long)stray_termed[i]);
+    /* A signal's stop keeps its 128 + signal; else the job failed. */
+    if (!gw__run.have_failure && !gw__run.got_signal) {
         gw__run.have_failure = true;
         gw__run.exit_code = 1;
     }
@@ -454,7 +466,10 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
 {
     (void)uc;
     int saved = errno;
-    const bool tty = si && si->si_code == SI_KERNEL;
+    /* A terminal's ^C goes to its foreground process group, ours; its hangup
+     * only to the session leader (the group hears of it when the leader
+     * exits): the ranks got a kernel SIGHUP too unless gw-run leads the session. */
+    const bool tty = si && si->si_code == SI_KERNEL && (sig != SIGHUP || !session_leader);
     if (sig == SIGCHLD)
         pending_chld = 1;
     else if (sig == SIGINT)
@@ -482,6 +497,7 @@ bool gw__run_setup_signals(void)
         return false;
     }
     sigprocmask(SIG_SETMASK, NULL, &orig_mask);
+    session_leader = getsid(0) == getpid();
 
     struct sigaction sa, old;
     memset(&sa, 0, sizeof sa);

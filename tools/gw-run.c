@@ -330,6 +330,12 @@ static void spawn_all(int local_n, int node_rank, char **argv)
         gw__run.alive++;
         gw__run.open_streams += 2;
     }
+    /* A terminal's signal that came while forking reached only the ranks
+     * forked before it: gw-run passes that one on to all. */
+    sigset_t pend;
+    if (sigpending(&pend) == 0 &&
+        (sigismember(&pend, SIGINT) || sigismember(&pend, SIGHUP) || sigismember(&pend, SIGTERM)))
+        gw__run_signal_during_spawn();
     sigprocmask(SIG_UNBLOCK, &block, NULL);
 
     gw__run_index_ranks();
@@ -384,8 +390,11 @@ static void run_loop(void)
             gw__run_escalate();
         const int64_t give_up = gw__run_give_up_deadline();
         if ((gw__run.alive > 0 || wait_strays) && give_up && now >= give_up) {
-            gw__run_give_up();
-            break;
+            gw__run_reap(); /* one that ended since the last look is no straggler */
+            if (gw__run.alive > 0 || gw__run_waiting_for_strays()) {
+                gw__run_give_up();
+                break;
+            }
         }
         if (held)
             drain_deadline_ms = 0; /* a fresh grace once our output moves again */
@@ -545,7 +554,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     char lo[64];
-    if (nnodes > 1 && name_is_loopback(host, lo, sizeof lo)) {
+    if (nnodes > 1 && strcmp(host, "localhost") != 0 && name_is_loopback(host, lo, sizeof lo)) {
         gw__run_say("gw-run: --master %s resolves to %s (a loopback address) here; the other nodes cannot reach "
                     "that: give node 0's network address, or a name that resolves to it (Debian and Ubuntu map "
                     "the host name to 127.0.1.1 in /etc/hosts)\n", host, lo);

@@ -148,6 +148,9 @@ void gw__run_escalate(void);
  * escalated), and the giving up: each is named, the job fails. */
 int64_t gw__run_give_up_deadline(void);
 void gw__run_give_up(void);
+/* A signal arrived while the ranks were being forked (spawn_all): it is passed
+ * on to every rank even if it came from the terminal. */
+void gw__run_signal_during_spawn(void);
 void gw__run_reap(void);
 bool gw__run_stopping(void);
 void gw__run_scan_strays(void);
