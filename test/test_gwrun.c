@@ -421,6 +421,64 @@ START_TEST(test_sigterm_forwarded)
 }
 END_TEST
 
+/* A 2-rank job of `script` (sh) under gw-run in a session of its own whose
+ * controlling terminal is a fresh pty (master m, held here only), started
+ * once both ranks wrote $GWT_DIR/pid.RANK and set their traps. */
+struct pty_job {
+    int m, started;
+    char dir[32];
+    struct run r;
+};
+
+static void pty_job_start(struct pty_job *j, const char *script, const char *grace_env)
+{
+    j->m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC); /* gw-run must not hold the master too */
+    ck_assert_msg(j->m >= 0 && grantpt(j->m) == 0 && unlockpt(j->m) == 0, "no pty: %s", strerror(errno));
+    char slave[128];
+    ck_assert_int_eq(ptsname_r(j->m, slave, sizeof slave), 0);
+    snprintf(j->dir, sizeof j->dir, "/tmp/test_gwrun_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(j->dir));
+    char dir_env[128];
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", j->dir);
+    const char *env[] = {dir_env, grace_env, NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    gwrun_start_ctty(&j->r, slave, env, args);
+    j->started = 0;
+    for (int tries = 0; tries < 1500 && j->started < 2; tries++) {
+        j->started = 0;
+        for (int i = 0; i < 2; i++) {
+            char path[200];
+            snprintf(path, sizeof path, "%s/pid.%d", j->dir, i);
+            j->started += gwrun_read_pid_file(path) > 0;
+        }
+        gwrun_sleep(0.01);
+    }
+    gwrun_sleep(0.3); /* the traps are set */
+}
+
+/* After gwrun_wait: what rank i wrote to $GWT_DIR/sig.i ("" if nothing); the
+ * files and the directory removed. */
+static void pty_job_end(struct pty_job *j, char got[2][64])
+{
+    for (int i = 0; i < 2; i++) {
+        char path[200];
+        got[i][0] = 0;
+        snprintf(path, sizeof path, "%s/sig.%d", j->dir, i);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            size_t n = fread(got[i], 1, 63, f);
+            got[i][n] = 0;
+            fclose(f);
+            unlink(path);
+        }
+        snprintf(path, sizeof path, "%s/pid.%d", j->dir, i);
+        unlink(path);
+    }
+    rmdir(j->dir);
+    if (j->m >= 0)
+        close(j->m);
+}
+
 /* ^C at a terminal: the kernel sends SIGINT to the whole foreground process
  * group, gw-run and its ranks alike.  gw-run must not send a second one, and
  * a rank that the signal ends is no failure to answer with SIGTERM: here rank
@@ -428,59 +486,24 @@ END_TEST
  * KeyboardInterrupt) and must see no SIGTERM; gw-run exits 130. */
 START_TEST(test_terminal_interrupt)
 {
-    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC); /* gw-run must not hold the master too */
-    ck_assert_msg(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0, "no pty: %s", strerror(errno));
-    char slave[128];
-    ck_assert_int_eq(ptsname_r(m, slave, sizeof slave), 0);
-    char dir[] = "/tmp/test_gwrun_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char dir_env[128];
-    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    const char *script =
-        "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
-        "trap 'echo INT >> \"$GWT_DIR/sig.$GW_RANK\"; [ $GW_RANK = 0 ] && exit 130; sleep 1.5; exit 0' INT; "
-        "trap 'echo TERM >> \"$GWT_DIR/sig.$GW_RANK\"; exit 143' TERM; "
-        "while :; do sleep 0.1; done";
-    const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=30", NULL};
-    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
-    struct run r;
-    gwrun_start_ctty(&r, slave, env, args);
-    int started = 0;
-    for (int tries = 0; tries < 1500 && started < 2; tries++) {
-        started = 0;
-        for (int i = 0; i < 2; i++) {
-            char path[200];
-            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
-            started += gwrun_read_pid_file(path) > 0;
-        }
-        gwrun_sleep(0.01);
-    }
-    gwrun_sleep(0.3); /* the traps are set */
-    ck_assert_int_eq(write(m, "\x03", 1), 1);
-    gwrun_wait(&r, GWRUN_TIMEOUT_S);
-    char got[2][64] = {"", ""};
-    for (int i = 0; i < 2; i++) {
-        char path[200];
-        snprintf(path, sizeof path, "%s/sig.%d", dir, i);
-        FILE *f = fopen(path, "r");
-        if (f) {
-            size_t n = fread(got[i], 1, sizeof got[i] - 1, f);
-            got[i][n] = 0;
-            fclose(f);
-            unlink(path);
-        }
-        snprintf(path, sizeof path, "%s/pid.%d", dir, i);
-        unlink(path);
-    }
-    rmdir(dir);
-    close(m);
-    ck_assert_msg(started == 2 && !r.timed_out, "ranks started: %d; stderr:\n%s", started, r.err);
+    struct pty_job j;
+    pty_job_start(&j,
+                  "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
+                  "trap 'echo INT >> \"$GWT_DIR/sig.$GW_RANK\"; [ $GW_RANK = 0 ] && exit 130; sleep 1.5; exit 0' INT; "
+                  "trap 'echo TERM >> \"$GWT_DIR/sig.$GW_RANK\"; exit 143' TERM; "
+                  "while :; do sleep 0.1; done",
+                  "GW_RUN_KILL_GRACE=30");
+    ck_assert_int_eq(write(j.m, "\x03", 1), 1);
+    gwrun_wait(&j.r, GWRUN_TIMEOUT_S);
+    char got[2][64];
+    pty_job_end(&j, got);
+    ck_assert_msg(j.started == 2 && !j.r.timed_out, "ranks started: %d; stderr:\n%s", j.started, j.r.err);
     ck_assert_msg(!strcmp(got[0], "INT\n") && !strcmp(got[1], "INT\n"),
                   "the ranks saw rank 0 [%s] rank 1 [%s] (one SIGINT each expected, no SIGTERM); stderr:\n%s",
-                  got[0], got[1], r.err);
-    ck_assert_msg(r.code == 130 && strstr(r.err, "from the terminal reached") && !strstr(r.err, "stopping the"),
-                  "exit code %d; stderr:\n%s", r.code, r.err);
-    gwrun_free(&r);
+                  got[0], got[1], j.r.err);
+    ck_assert_msg(j.r.code == 130 && strstr(j.r.err, "from the terminal reached") && !strstr(j.r.err, "stopping the"),
+                  "exit code %d; stderr:\n%s", j.r.code, j.r.err);
+    gwrun_free(&j.r);
 }
 END_TEST
 
@@ -491,47 +514,22 @@ END_TEST
  * without their handlers running). */
 START_TEST(test_terminal_hangup)
 {
-    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC); /* gw-run must not hold the master too */
-    ck_assert_msg(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0, "no pty: %s", strerror(errno));
-    char slave[128];
-    ck_assert_int_eq(ptsname_r(m, slave, sizeof slave), 0);
-    char dir[] = "/tmp/test_gwrun_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char dir_env[128];
-    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    const char *script = "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
-                         "trap 'echo HUP >> \"$GWT_DIR/sig.$GW_RANK\"; exit 0' HUP; "
-                         "while :; do sleep 0.1; done";
-    const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=20", NULL};
-    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
-    struct run r;
-    gwrun_start_ctty(&r, slave, env, args);
-    int started = 0;
-    for (int tries = 0; tries < 1500 && started < 2; tries++) {
-        started = 0;
-        for (int i = 0; i < 2; i++) {
-            char path[200];
-            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
-            started += gwrun_read_pid_file(path) > 0;
-        }
-        gwrun_sleep(0.01);
-    }
-    gwrun_sleep(0.3);
-    close(m); /* the hangup */
-    gwrun_wait(&r, GWRUN_TIMEOUT_S);
-    int got = 0;
-    for (int i = 0; i < 2; i++) {
-        char path[200];
-        snprintf(path, sizeof path, "%s/sig.%d", dir, i);
-        got += access(path, F_OK) == 0;
-        unlink(path);
-        snprintf(path, sizeof path, "%s/pid.%d", dir, i);
-        unlink(path);
-    }
-    rmdir(dir);
-    ck_assert_msg(started == 2 && !r.timed_out && got == 2 && r.elapsed < 15.0,
-                  "ranks started %d, saw SIGHUP %d, after %.1f s; stderr:\n%s", started, got, r.elapsed, r.err);
-    gwrun_free(&r);
+    struct pty_job j;
+    pty_job_start(&j,
+                  "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
+                  "trap 'echo HUP >> \"$GWT_DIR/sig.$GW_RANK\"; exit 0' HUP; "
+                  "while :; do sleep 0.1; done",
+                  "GW_RUN_KILL_GRACE=20");
+    close(j.m); /* the hangup */
+    j.m = -1;
+    gwrun_wait(&j.r, GWRUN_TIMEOUT_S);
+    char got[2][64];
+    pty_job_end(&j, got);
+    ck_assert_msg(j.started == 2 && !j.r.timed_out && !strcmp(got[0], "HUP\n") && !strcmp(got[1], "HUP\n") &&
+                      j.r.elapsed < 15.0,
+                  "ranks started %d, saw [%s] [%s] after %.1f s; stderr:\n%s", j.started, got[0], got[1],
+                  j.r.elapsed, j.r.err);
+    gwrun_free(&j.r);
 }
 END_TEST
 
