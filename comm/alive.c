@@ -49,8 +49,9 @@ void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
   for (int tries = 0; c->alive_own < 0 && tries < 8; tries++) {
     uint32_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd) rnd = (uint32_t)(gw__now() * 1e9) ^ (uint32_t)tries;
-    snprintf(me->alive_name, sizeof me->alive_name, "gw-%08llx-%d-%d-%d-live-%08x",
-             (unsigned long long)(c->conn_params.job_hash & 0xffffffffu), c->rank, c->rank, (int)getpid(), rnd);
+    snprintf(me->alive_name, sizeof me->alive_name, "gw-%08llx-%d-%d-%d-live-%08x-%llu",
+             (unsigned long long)(c->conn_params.job_hash & 0xffffffffu), c->rank, c->rank, (int)getpid(), rnd,
+             (unsigned long long)gw__pidns_self());
     snprintf(path, sizeof c->alive_path, "/dev/shm/%s", me->alive_name);
     c->alive_own = open(path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (c->alive_own < 0 && errno != EEXIST) break;

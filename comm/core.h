@@ -78,6 +78,10 @@ const char *gw__thread_error(void);
 
 /* ---- tunables: environment variables read once ------------------------------ */
 int64_t gw__env_int(const char *name, int64_t dflt);
+/* This process's pid namespace (the inode of /proc/self/ns/pid), 0 if unknown:
+ * the names this library makes in /dev/shm end with it, so a cleaner tells
+ * which pid namespace the pid in them means something in. */
+uint64_t gw__pidns_self(void);
 double gw__env_double(const char *name, double dflt);
 const char *gw__env_str(const char *name, const char *dflt);
 /* GW_PARAM(Foo, "GW_FOO", 42) defines `int64_t gw__param_Foo(void)` that reads the

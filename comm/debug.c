@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -121,6 +122,11 @@ const char *gw_strerror(gw_result_t r) {
 }
 
 /* ---- environment ----------------------------------------------------------------- */
+uint64_t gw__pidns_self(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 int64_t gw__env_int(const char *name, int64_t dflt) {
   const char *s = getenv(name);
   if (!s || !*s) return dflt;

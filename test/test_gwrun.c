@@ -277,12 +277,19 @@ START_TEST(test_leftover_shm_removed)
     FILE *f = fopen(other_pid, "w");
     ck_assert_msg(f != NULL, "cannot create %s", other_pid);
     fclose(f);
+    /* a dead pid, but of another pid namespace (a container sharing /dev/shm): kept */
+    char other_ns[128];
+    snprintf(other_ns, sizeof other_ns, "/dev/shm/gw-%s-1-0-999999999-0-00000000-12345", hash);
+    f = fopen(other_ns, "w");
+    ck_assert_msg(f != NULL, "cannot create %s", other_ns);
+    fclose(f);
     struct run r;
     const char *env[] = {"GW_JOB_TOKEN=shm-leftover-test", "GW_RUN_KILL_GRACE=30", denv, NULL};
     const char *args[] = {"-n", "2", "sh", "-c",
                           "if [ \"$GW_RANK\" = 1 ]; then touch /dev/shm/gw-cf1c0cd6-0-1-$$-7-deadbeef "
                           "/dev/shm/gw-0badf00d-0-1-$$-7-deadbeef; echo $$ > \"$D/pid\"; "
-                          "sh -c 'touch /dev/shm/gw-cf1c0cd6-0-1-$$-8-feedface; echo $$ > \"$D/gpid\"'; "
+                          "sh -c 'touch /dev/shm/gw-cf1c0cd6-0-1-$$-8-feedface-$(stat -L -c %i /proc/self/ns/pid); "
+                          "echo $$ > \"$D/gpid\"'; "
                           "exit 3; fi; exec sleep 30",
                           NULL};
     gwrun_run(&r, env, args);
@@ -294,7 +301,10 @@ START_TEST(test_leftover_shm_removed)
     pid_t gpid = gwrun_read_pid_file(pidfile);
     unlink(pidfile);
     char grandchild[128];
-    snprintf(grandchild, sizeof grandchild, "/dev/shm/gw-%s-0-1-%d-8-feedface", hash, (int)gpid);
+    struct stat nsst;
+    ck_assert_int_eq(stat("/proc/self/ns/pid", &nsst), 0);
+    snprintf(grandchild, sizeof grandchild, "/dev/shm/gw-%s-0-1-%d-8-feedface-%llu", hash, (int)gpid,
+             (unsigned long long)nsst.st_ino);
     const bool grandchild_gone = access(grandchild, F_OK) != 0;
     unlink(grandchild);
     rmdir(dir);
@@ -307,6 +317,9 @@ START_TEST(test_leftover_shm_removed)
     ck_assert_msg(r.code == 3 && pid1 > 0, "exit code %d, rank 1 pid %d, stderr:\n%s", r.code, (int)pid1, r.err);
     ck_assert_msg(mine_gone, "%s was left", mine);
     ck_assert_msg(gpid > 0 && grandchild_gone, "%s (a dead grandchild's) was left", grandchild);
+    const bool ns_kept = access(other_ns, F_OK) == 0;
+    unlink(other_ns);
+    ck_assert_msg(ns_kept, "%s (another pid namespace's) was removed", other_ns);
     ck_assert_msg(pid_kept, "%s (not a rank's) was removed", other_pid);
     ck_assert_msg(job_kept, "%s (another job's) was removed", other_job);
     ck_assert_msg(strstr(r.err, "removed 2 shared-memory segments that"), "stderr:\n%s", r.err);

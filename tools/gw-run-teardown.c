@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 
@@ -437,6 +438,8 @@ void gw__run_remove_leftover_shm(const char *token)
     DIR *d = opendir("/dev/shm");
     if (!d)
         return;
+    struct stat nsst;
+    const uint64_t own_pidns = stat("/proc/self/ns/pid", &nsst) == 0 ? (uint64_t)nsst.st_ino : 0;
     int removed = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
@@ -446,11 +449,17 @@ void gw__run_remove_leftover_shm(const char *token)
             continue;
         /* A rank's own, or one whose creator is gone: a rank started through a
          * wrapper (a script that runs python without exec) creates them in a
-         * process that is not gw-run's child. */
+         * process that is not gw-run's child.  The name ends with the
+         * creator's pid namespace: a pid from another one (a container
+         * sharing /dev/shm) says nothing here. */
         struct pid_index key = {.pid = (pid_t)pid};
         const bool ours = pid_index &&
                           bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
-        if (!ours && (pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+        const char *dash = strrchr(e->d_name, '-');
+        char *end = NULL;
+        const unsigned long long ns = dash ? strtoull(dash + 1, &end, 10) : 0;
+        const bool here = ns && end && !*end && ns == (unsigned long long)own_pidns;
+        if (!ours && (!here || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH))
             continue;
         char path[300];
         snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);

@@ -132,8 +132,9 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   for (int tries = 0; fd < 0 && tries < 8; tries++) {
     uint32_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd) rnd = (uint32_t)(gw__now() * 1e9) ^ (uint32_t)tries;
-    snprintf(s->name, sizeof s->name, "/gw-%08llx-%d-%d-%d-%u-%08x", (unsigned long long)(p->job_hash & 0xffffffffu),
-             c->peer, c->self, (int)getpid(), atomic_fetch_add(&counter, 1), rnd);
+    snprintf(s->name, sizeof s->name, "/gw-%08llx-%d-%d-%d-%u-%08x-%llu",
+             (unsigned long long)(p->job_hash & 0xffffffffu), c->peer, c->self, (int)getpid(),
+             atomic_fetch_add(&counter, 1), rnd, (unsigned long long)gw__pidns_self());
     fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0 && errno != EEXIST) break;
   }
