@@ -775,7 +775,22 @@ static int write_contents(int fd, const struct sbuf *h, const struct gw_st_tenso
   return 0;
 }
 
-/* path.tmp.<pid>.<k>: in path's directory (so rename is atomic), a name no other
+uint32_t gw_st_host_tag(void) {
+  char id[512] = "";
+  gethostname(id, 255);
+  size_t n = strlen(id);
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t k = read(fd, id + n, sizeof id - n - 1);
+    if (k > 0) n += (size_t)k;
+    close(fd);
+  }
+  uint32_t h = 2166136261u; /* FNV-1a 32 */
+  for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)id[i]) * 16777619u;
+  return h;
+}
+
+/* path.tmp.<host tag>.<pid>.<k>: in path's directory (so rename is atomic), a name no other
  * writer of this process or another one uses (O_EXCL), created with 0666 so the
  * umask decides the final file's mode as it would for a plain open().  Write
  * locked (an OFD lock, held until the rename) so a cleaner can tell a live
@@ -787,7 +802,7 @@ static int create_temp(const char *path, char **tmp) {
   char *name = malloc(cap);
   if (!name) return errno = ENOMEM, -1;
   for (int tries = 0; tries < 64; tries++) {
-    snprintf(name, cap, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+    snprintf(name, cap, "%s.tmp.%08x.%ld.%u", path, gw_st_host_tag(), (long)getpid(), atomic_fetch_add(&counter, 1));
     int fd = fail_here("create") ? -1 : open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
       struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};

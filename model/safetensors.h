@@ -83,8 +83,9 @@ void gw_st_format_shape(char *buf, size_t cap, const int64_t *shape, int ndim);
  * any failure the temporary file is removed and whatever was at path is left as
  * it was.  Names must be unique and nbytes must match shape and dtype.
  *
- * The temporary file is write-locked (an OFD lock) until its rename, so a
- * cleaner can tell a live writer's from one a dead save left.  After the
+ * The temporary file, PATH.tmp.<host tag>.<pid>.<k>, is write-locked (an OFD
+ * lock) until its rename, so a cleaner on the same machine (gw_st_host_tag)
+ * can tell a live writer's from one a dead save left.  After the
  * rename the directory is synced; a file system that cannot sync directories
  * (EINVAL, ENOTSUP, EROFS) gets a warning on stderr, not an error.
  * For tests, GW_SAFETENSORS_FAIL=create|write|fsync|rename|dirsync-eio makes that
@@ -92,6 +93,9 @@ void gw_st_format_shape(char *buf, size_t cap, const int64_t *shape, int ndim);
  * (read at every call, unlike GW_* tunables, so one test can succeed and
  * then fail). */
 gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, const char *const *metadata);
+/* This machine and boot (host name and boot id, hashed): the tag in the
+ * temporary files' names, whose pids and locks mean something here only. */
+uint32_t gw_st_host_tag(void);
 
 #ifdef __cplusplus
 }

@@ -276,30 +276,36 @@ static int exists(const char *file) { return access(file, F_OK) == 0; }
  * (ckpt-007, ckpt-+9) are not checkpoints. */
 START_TEST(test_refused_moved_aside) {
   char dir[512], c2[600], c4[600], c5[600], c7[600], refused4[700], dead[700], live[700], odd1[600], odd2[600],
-      reused[700];
+      reused[700], far_new[700], far_old[700];
   path(dir, sizeof dir, "ckpt-aside");
   snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
   snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
   snprintf(c5, sizeof c5, "%s/ckpt-5.safetensors", dir);
   snprintf(c7, sizeof c7, "%s/ckpt-7.safetensors", dir);
   snprintf(refused4, sizeof refused4, "%s.refused", c4);
-  snprintf(dead, sizeof dead, "%s/ckpt-6.safetensors.tmp.999999999.0", dir); /* above any pid_max */
-  snprintf(live, sizeof live, "%s/ckpt-6.safetensors.tmp.%ld.3", dir, (long)getpid());
-  snprintf(reused, sizeof reused, "%s/ckpt-6.safetensors.tmp.%ld.4", dir, (long)getpid());
+  const unsigned tag = gw_st_host_tag(); /* this machine's temporary files */
+  snprintf(dead, sizeof dead, "%s/ckpt-6.safetensors.tmp.%08x.999999999.0", dir, tag); /* above any pid_max */
+  snprintf(live, sizeof live, "%s/ckpt-6.safetensors.tmp.%08x.%ld.3", dir, tag, (long)getpid());
+  snprintf(reused, sizeof reused, "%s/ckpt-6.safetensors.tmp.%08x.%ld.4", dir, tag, (long)getpid());
+  /* another machine's (a shared directory): kept unless an hour old */
+  snprintf(far_new, sizeof far_new, "%s/ckpt-6.safetensors.tmp.%08x.999999999.5", dir, tag ^ 1u);
+  snprintf(far_old, sizeof far_old, "%s/ckpt-6.safetensors.tmp.%08x.999999999.6", dir, tag ^ 1u);
   snprintf(odd1, sizeof odd1, "%s/ckpt-007.safetensors", dir);
   snprintf(odd2, sizeof odd2, "%s/ckpt-+9.safetensors", dir);
   struct run r;
   const char *const noenv[] = {NULL};
   newest_damaged(dir, c4);
-  const char *const extra[] = {dead, live, odd1, odd2, reused};
-  for (int i = 0; i < 5; i++) {
+  const char *const extra[] = {dead, live, odd1, odd2, reused, far_new, far_old};
+  for (int i = 0; i < 7; i++) {
     FILE *f = fopen(extra[i], "w");
     ck_assert_ptr_nonnull(f);
     fputs("not a checkpoint\n", f);
     fclose(f);
   }
   const struct timeval hour_ago[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
-  ck_assert(utimes(dead, hour_ago) == 0 && utimes(reused, hour_ago) == 0 && utimes(live, hour_ago) == 0);
+  const struct timeval two_hours_ago[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+  ck_assert(utimes(dead, hour_ago) == 0 && utimes(reused, hour_ago) == 0 && utimes(live, hour_ago) == 0 &&
+            utimes(far_old, two_hours_ago) == 0);
   int live_fd = open(live, O_RDWR);
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
   ck_assert(live_fd >= 0 && fcntl(live_fd, F_OFD_SETLK, &fl) == 0);
@@ -317,6 +323,8 @@ START_TEST(test_refused_moved_aside) {
   ck_assert_msg(exists(c5) && !exists(c2), "keeping 1: expected ckpt-5 alone (the last step), not ckpt-2");
   ck_assert_msg(!exists(dead) && !exists(reused) && exists(live),
                 "the dead writers' temporary files should go (also one named with a live pid), the live one's stay");
+  ck_assert_msg(exists(far_new) && !exists(far_old), "another machine's: the fresh one kept, the 2-hour-old one gone");
+  unlink(far_new);
   ck_assert_msg(exists(odd1) && exists(odd2), "files that are no checkpoints were touched");
   train(&r, noenv, "1", (const char *const[]){"--steps", "7", "--batch", "8", "--checkpoint-dir", dir,
                                               "--keep-checkpoints", "1", "--resume", NULL});

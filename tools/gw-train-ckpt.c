@@ -116,13 +116,15 @@ static void prune(const char *dir, int keep) {
  * container's writer often has its dead predecessor's pid (even this
  * process's), and that file stayed forever, a whole checkpoint each.  On a
  * file system without locks: the pid is not running. */
-static bool temp_is_stale(const char *path, long long pid) {
+static bool temp_is_stale(const char *path, unsigned tag, long long pid) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return false;
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
   struct stat st;
   bool stale;
-  if (fcntl(fd, F_OFD_GETLK, &fl) == 0)
+  if (tag != gw_st_host_tag()) /* another machine's (a shared directory): its locks may not show here */
+    stale = fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 3600;
+  else if (fcntl(fd, F_OFD_GETLK, &fl) == 0)
     stale = fl.l_type == F_UNLCK && fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10;
   else
     stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
@@ -130,8 +132,9 @@ static bool temp_is_stale(const char *path, long long pid) {
   return stale;
 }
 
-/* Removes ckpt-<step>.safetensors.tmp.<pid>.<k> that no live save is writing
- * (a save killed before its rename); a live writer's is left alone. */
+/* Removes ckpt-<step>.safetensors.tmp.<host tag>.<pid>.<k> that no live save
+ * is writing (a save killed before its rename); a live writer's is left
+ * alone, and another machine's unless it is an hour old. */
 static void remove_stale_temps(const char *dir) {
   DIR *d = opendir(dir);
   if (!d) return;
@@ -141,11 +144,12 @@ static void remove_stale_temps(const char *dir) {
     long long s, pid;
     unsigned k;
     int end = 0;
-    if (sscanf(de->d_name, "ckpt-%lld.safetensors.tmp.%lld.%u%n", &s, &pid, &k, &end) != 3 ||
+    unsigned tag;
+    if (sscanf(de->d_name, "ckpt-%lld.safetensors.tmp.%8x.%lld.%u%n", &s, &tag, &pid, &k, &end) != 4 ||
         de->d_name[end] != 0 || pid <= 0)
       continue;
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    if (temp_is_stale(path, pid)) unlink(path);
+    if (temp_is_stale(path, tag, pid)) unlink(path);
   }
   closedir(d);
 }
