@@ -338,19 +338,22 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
       return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_wait: converting bucket %d back to %s: %s", k,
                   gw_dtype_name(b->dtype), msg);
     }
+  /* The host waits for every started bucket first, then the compute stream
+   * is ordered after the allreduces: a wait put on it while a bucket's
+   * synchronized device ring still enqueues chunks could hold the hardware
+   * queue that ring's engine stream shares with it, for good. */
+  gw_result_t res = wait_started(b);
   if (b->compute && b->next > 0) { /* later work on compute sees the reduced gradients */
     const struct gw_dev_ops *d = gw__dev();
     if (d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
         d->stream_wait_event((gw_dev_stream_t)b->compute, b->ev[b->n])) {
       char msg[GW_ERRMSG_MAX];
       snprintf(msg, sizeof msg, "%s", d->error());
-      wait_started(b);
       reset(b);
       return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
                   msg);
     }
   }
-  gw_result_t res = wait_started(b);
   gw_result_t failed = b->failed;
   char msg[GW_ERRMSG_MAX];
   snprintf(msg, sizeof msg, "%s", b->failmsg);

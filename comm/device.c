@@ -119,7 +119,9 @@ static uint64_t *stage_free_flag(struct gw_devstate *d) { return &d->flags[GW_DE
 static uint64_t *ring_free_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS + 2]; }
 /* Engine stream i's probe (pick_engine). */
 static uint64_t *probe_flag(struct gw_devstate *d, int i) { return &d->flags[GW_DEV_TICKETS + 3 + i]; }
-#define GW_DEV_NFLAGS (GW_DEV_TICKETS + 3 + GW_DEV_POOL_MAX)
+/* The synchronized device ring's engine: how far it got (gw__dev_engine_wait). */
+static uint64_t *chunk_flag(struct gw_devstate *d) { return &d->flags[GW_DEV_TICKETS + 3 + GW_DEV_POOL_MAX]; }
+#define GW_DEV_NFLAGS (GW_DEV_TICKETS + 4 + GW_DEV_POOL_MAX)
 
 _Atomic bool gw__dev_given_up;
 
@@ -582,8 +584,12 @@ static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, st
 static gw_result_t pick_engine(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
                                struct gw_errctx *err) {
   if (d->npool <= 1) return GW_SUCCESS;
+  /* A failed or aborted communicator runs nothing more: no seconds of probing per queued operation. */
+  if (atomic_load(&comm->aborted) || atomic_load(&comm->failed))
+    return gw__err(err, GW_ERR_ABORTED, "rank %d: operation #%llu: the communicator failed or was aborted before it",
+                   comm->rank, (unsigned long long)op->desc.seq);
   const int first = op->stream == d->engine_for ? d->engine : 0;
-  for (int round = 0; round < 2; round++) {
+  for (int round = 0; round < 2 && !atomic_load(&comm->aborted); round++) {
     const double patience = round ? 1.0 : 0.02; /* a busy device's front end: the second round */
     for (int k = 0; k < d->npool; k++) {
       const int i = (first + k) % d->npool;
@@ -660,11 +666,46 @@ static gw_result_t run_direct(struct gw_comm *comm, struct gw_devstate *d, const
   }
   GW_CHECK(pick_engine(comm, d, op, err));
   comm->devring->stream = d->stream;
+  comm->devring->chunk_flag = chunk_flag(d);
   gw_result_t res = gw__run_op(comm, &run, err); /* the device ring */
-  /* Nothing of it may still run on the device when the caller's stream goes on. */
-  if (d->ops->stream_sync(d->stream) && res == GW_SUCCESS)
-    res = gw__dev_fail(err, comm, "waiting for the device ring's stream");
+  /* Nothing of it may still run on the device when the caller's stream goes
+   * on (after a give-up the state is abandoned: no waiting again). */
+  if (!atomic_load(&d->abandoned)) {
+    struct gw_errctx e2 = {{0}};
+    gw_result_t r2 = gw__dev_engine_wait(comm, d->stream, chunk_flag(d), &comm->devring->chunk_seq, &e2);
+    if (r2 != GW_SUCCESS && res == GW_SUCCESS) res = r2, *err = e2;
+  }
   return res;
+}
+
+gw_result_t gw__dev_engine_wait(struct gw_comm *comm, gw_dev_stream_t s, uint64_t *flag, uint64_t *seq,
+                                struct gw_errctx *err) {
+  struct gw_devstate *d = comm->dev;
+  const uint64_t want = ++*seq;
+  if (d->ops->flag_write(flag, want, s)) return gw__dev_fail(err, comm, "the device ring's stream");
+  const double limit = comm->timeout_s > 0 ? comm->timeout_s : 60.0, give_up = gw__now() + limit;
+  double next_query = gw__now() + 0.1;
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  while (atomic_load_explicit((_Atomic uint64_t *)flag, memory_order_acquire) < want) {
+    if (gw__now() > next_query) { /* a fault on the device is sticky: asked now and then */
+      int idle = 0;
+      if (d->ops->stream_idle(s, &idle)) return gw__dev_fail(err, comm, "the device ring's stream");
+      next_query = gw__now() + 0.1;
+    }
+    if (atomic_load(&comm->aborted) || gw__now() > give_up) {
+      atomic_store(&d->abandoned, true); /* what is queued may still run: nothing waits for it again */
+      if (atomic_load(&comm->aborted))
+        return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while the device ring's stream worked", comm->rank);
+      return gw__err(err, GW_ERR_TIMEOUT,
+                     "rank %d: the device ring's engine stream did not get through a chunk's work in %.0f s: its "
+                     "hardware queue is likely held by a stream that waits for this very operation (streams share "
+                     "%ld queues, CUDA_DEVICE_MAX_CONNECTIONS; GW_DEV_ASYNC=1 enqueues from the caller's side only)",
+                     comm->rank, limit, gw__dev_queues());
+    }
+    gw__waiter_pause(&w);
+  }
+  return GW_SUCCESS;
 }
 
 /* A stream-ordered device-ring operation: its device work went on the caller's

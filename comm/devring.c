@@ -475,7 +475,7 @@ static gw_result_t dbefore(struct prims *p, bool in, bool out) {
 
 static gw_result_t dafter(struct prims *p, bool in, bool out) {
   struct gw_devring *dr = p->dev;
-  if (!dr->async) return dr->ops->stream_sync(p->stream) ? dev_err(p, "stream") : GW_SUCCESS;
+  if (!dr->async) return gw__dev_engine_wait(p->comm, p->stream, dr->chunk_flag, &dr->chunk_seq, p->err);
   int r = 0;
   if (in) r = dr->ops->flag_write(dr->read_in, ++dr->dseq_in, p->stream);
   if (!r && out) r = dr->ops->flag_write(dr->ready_out, ++dr->dseq_out, p->stream);

@@ -32,7 +32,20 @@ struct gw_devring {
   /* The caller's side (gw__ring_emit, under the ticket order): the device
    * chunks received and sent by the operations emitted so far. */
   uint64_t dseq_in, dseq_out;
+  /* Synchronized: a flag of the devstate's the engine stream writes after
+   * each chunk's work (and its count), polled with a deadline instead of
+   * synchronizing the stream without one (gw__dev_engine_wait). */
+  uint64_t *chunk_flag;
+  uint64_t chunk_seq;
 };
+
+/* Until the engine stream s got through what was enqueued on it (it writes
+ * *flag = ++*seq behind that, polled here): GW_ERR_TIMEOUT after the
+ * communicator's timeout (a hardware queue held by a stream that waits for
+ * this very operation), GW_ERR_ABORTED on an abort.  Where it gives up, the
+ * communicator's device state is abandoned (that work may run later). */
+gw_result_t gw__dev_engine_wait(struct gw_comm *comm, gw_dev_stream_t s, uint64_t *flag, uint64_t *seq,
+                                struct gw_errctx *err);
 
 /* Some destroy in this process gave up an operation whose stream never got
  * to it (device.c): that stream may wait forever, and freeing or unmapping

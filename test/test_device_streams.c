@@ -182,10 +182,58 @@ START_TEST(unqueued) {
 }
 END_TEST
 
+/* ---- no hardware queue left for the synchronized ring ---------------------------------------------- */
+/* Two streams in the two queues (GW_DEV_EMU_CONNECTIONS=2, synchronized ring,
+ * every stream item 1 ms late): an operation on s0 is still running when one
+ * on s1 goes in.  The ring's engine, the only one not behind s0's wait,
+ * shares s1's queue, and its next chunk queues behind s1's wait for the
+ * operation after it: no queue is free.  The engine wait gives up after the
+ * communicator's timeout naming the queues (it waited for good), the streams
+ * get through, and the communicator reports it. */
+static int body_queue_taken(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  dv = gw__dev();
+  const char *q = getenv("GW_DEV_EMU_CONNECTIONS"), *as = getenv("GW_DEV_ASYNC");
+  /* only where it is set up so (meson's device-emu-queue-taken) */
+  if (strcmp(dv->name, "emulated") != 0 || !q || strcmp(q, "2") || !as || strcmp(as, "0") ||
+      !getenv("GW_DEV_EMU_DELAY_US"))
+    return 0;
+  EXPECT(gw_comm_set_timeout(comm, 4) == GW_SUCCESS, "timeout");
+  const size_t big = 1 << 22, small = 1 << 18;
+  gw_dev_stream_t s0, s1;
+  DCHECK(dv->stream_create(&s0));
+  DCHECK(dv->stream_create(&s1));
+  int32_t *a, *b;
+  DCHECK(dv->alloc((void **)&a, big * 4));
+  DCHECK(dv->alloc((void **)&b, small * 4));
+  double t0 = test_now();
+  EXPECT(gw_allreduce(a, a, big, GW_INT32, GW_SUM, comm, s0) == GW_SUCCESS, "call on s0");
+  usleep(100000);
+  EXPECT(gw_allreduce(b, b, small, GW_INT32, GW_SUM, comm, s1) == GW_SUCCESS, "call on s1");
+  DCHECK(dv->stream_sync(s0));
+  DCHECK(dv->stream_sync(s1));
+  gw_result_t async = GW_SUCCESS;
+  for (int i = 0; i < 2000 && async == GW_SUCCESS; i++) {
+    EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS, "get_async_error");
+    if (async == GW_SUCCESS) usleep(10000);
+  }
+  EXPECT(async != GW_SUCCESS, "rank %d: both operations reported good", rank);
+  EXPECT(test_now() - t0 < 60, "rank %d: %.1f s", rank, test_now() - t0);
+  fprintf(stderr, "rank %d: %s\n", rank, gw_comm_last_error(comm));
+  DCHECK(dv->free(a));
+  DCHECK(dv->free(b));
+  DCHECK(dv->stream_destroy(s0));
+  DCHECK(dv->stream_destroy(s1));
+  return 0;
+}
+
+START_TEST(queue_taken) { ck_assert_int_eq(run_ranks(2, body_queue_taken, NULL, 120), 0); }
+END_TEST
+
 void device_add_stream_cases(Suite *s) {
-  const char *names[] = {"streams", "queues", "unqueued"};
-  const TTest *tests[] = {streams, queues, unqueued};
-  for (int i = 0; i < 3; i++) {
+  const char *names[] = {"streams", "queues", "unqueued", "queue_taken"};
+  const TTest *tests[] = {streams, queues, unqueued, queue_taken};
+  for (int i = 0; i < 4; i++) {
     TCase *tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);
