@@ -38,7 +38,10 @@
  * posts to that QP or polls its send CQ.  The registry (1 MiB, one per uid) is
  * the only file; everything else dies with its process, and a dead process's
  * LID is taken over by the next one that needs it.  As with real verbs, a
- * context belongs to the process that opened it: open devices after fork(). */
+ * context belongs to the process that opened it: open devices after fork().
+ * Here: devices, PDs, MRs, CQs, QPs and the data path; the registry and
+ * segments are in ibemu_fabric.c, the port, GID table and async events in
+ * ibemu_port.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -188,41 +191,6 @@ static int emu_query_device(struct ibv_context *ibctx, struct ibv_device_attr *a
       .max_qp_rd_atom = 16, .max_qp_init_rd_atom = 16, .max_res_rd_atom = MAX_QP * 16, .max_pkeys = 1,
       .local_ca_ack_delay = 16, .phys_port_cnt = 1};
   a->sys_image_guid = a->node_guid;
-  return 0;
-}
-
-/* Width 4x, speed EDR, physical state LinkUp; no LID on Ethernet. */
-static int emu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_port_attr *a) {
-  struct emu_ctx *c = CTX(ibctx);
-  if (port != 1) return EINVAL;
-  *a = (struct ibv_port_attr){
-      .state = c->port_down || c->fatal ? IBV_PORT_DOWN : IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096, .active_mtu = IBV_MTU_4096, .gid_tbl_len = c->roce_v2 ? 4 : 2,
-      .max_msg_sz = 1u << 31, .pkey_tbl_len = 1, .lid = c->eth ? 0 : c->lid, .sm_lid = c->eth ? 0 : 1,
-      .max_vl_num = 1, .active_width = 2, .active_speed = 32, .phys_state = c->port_down || c->fatal ? 3 : 5,
-      .link_layer = c->eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND};
-  return 0;
-}
-
-/* The GID table: InfiniBand and RoCE v1 only, index 0 link-local and 1
- * IPv4-mapped; RoCE with v2: 0 and 1 link-local (v1, v2), 2 and 3 IPv4-mapped
- * (v1, v2), as mlx5 lists them.  The type, or -1 past the table. */
-static int gid_entry(const struct emu_ctx *c, int index, union ibv_gid *gid) {
-  if (index < 0 || index >= (c->roce_v2 ? 4 : 2)) return -1;
-  gw__ibemu_lid_gid(c->lid, c->roce_v2 ? index / 2 : index, gid);
-  return !c->eth ? IBV_GID_TYPE_IB : c->roce_v2 && index % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
-}
-
-static int emu_query_gid(struct ibv_context *ibctx, uint8_t port, int index, union ibv_gid *gid) {
-  if (port != 1 || gid_entry(CTX(ibctx), index, gid) < 0) return EINVAL;
-  return 0;
-}
-
-static int emu_query_gid_ex(struct ibv_context *ibctx, uint32_t port, uint32_t index, struct ibv_gid_entry *e,
-                            uint32_t flags) {
-  if (port != 1 || flags) return EINVAL;
-  int type = gid_entry(CTX(ibctx), (int)GW_MIN(index, (uint32_t)INT32_MAX), &e->gid);
-  if (type < 0) return EINVAL;
-  e->gid_index = index, e->port_num = port, e->gid_type = (uint32_t)type, e->ndev_ifindex = 0;
   return 0;
 }
 
@@ -455,7 +423,7 @@ static void sq_complete(struct emu_qp *q, struct swr *w, int status) {
 
 /* The error state: queued sends are flushed, the receive queue takes no more
  * inbound messages and its receives are flushed as the owner polls. */
-static void enter_error(struct emu_qp *q) {
+void gw__ibemu_enter_error(struct emu_qp *q) {
   atomic_store(&q->sh->state, IBV_QPS_ERR);
   q->qp.state = IBV_QPS_ERR;
   if (!q->errored) atomic_store(&q->sh->claimed, RQ_CLOSED);
@@ -465,7 +433,7 @@ static void enter_error(struct emu_qp *q) {
 
 /* Notices an error state set by a remote requester (remote access error). */
 static int sync_error(struct emu_qp *q) {
-  if (!q->errored && atomic_load(&q->sh->state) == IBV_QPS_ERR) enter_error(q);
+  if (!q->errored && atomic_load(&q->sh->state) == IBV_QPS_ERR) gw__ibemu_enter_error(q);
   return q->errored;
 }
 
@@ -503,8 +471,9 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
   if ((mask & IBV_QP_PORT) && a->port_num != 1) return 0;
   if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0) return 0;
   if ((mask & IBV_QP_ACCESS_FLAGS) && (a->qp_access_flags & ~MR_ACCESS_OK)) return 0;
+  union ibv_gid g;
   if ((mask & IBV_QP_AV) && (ah->port_num != 1 || (q->ctx->eth && !ah->is_global) ||
-                             (ah->is_global && gid_entry(q->ctx, ah->grh.sgid_index, &(union ibv_gid){{0}}) < 0)))
+                             (ah->is_global && gw__ibemu_gid_entry(q->ctx, ah->grh.sgid_index, &g) < 0)))
     return 0;
   if ((mask & IBV_QP_PATH_MTU) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096)) return 0;
   if ((mask & IBV_QP_DEST_QPN) && a->dest_qp_num > 0xffffff) return 0;
@@ -517,14 +486,14 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
   return 1;
 }
 
-
 static void attrs_apply(struct emu_qp *q, const struct ibv_qp_attr *a, int mask) {
   int32_t pid;
   if (mask & IBV_QP_ACCESS_FLAGS) atomic_store(&q->sh->access, (uint32_t)a->qp_access_flags);
   if (mask & IBV_QP_AV) {
     q->ah = a->ah_attr, q->dest_nonce = 0, (void)gw__ibemu_qp_remote(q, &pid);
     union ibv_gid g;
-    atomic_store(&q->sh->gid_type, a->ah_attr.is_global ? (uint32_t)gid_entry(q->ctx, a->ah_attr.grh.sgid_index, &g)
+    const struct ibv_global_route *grh = &a->ah_attr.grh;
+    atomic_store(&q->sh->gid_type, a->ah_attr.is_global ? (uint32_t)gw__ibemu_gid_entry(q->ctx, grh->sgid_index, &g)
                                                          : IBV_GID_TYPE_IB);
   }
   if (mask & IBV_QP_DEST_QPN) q->dest_qpn = a->dest_qp_num;
@@ -541,7 +510,7 @@ static int qp_modify(struct emu_qp *q, struct ibv_qp_attr *a, int mask) {
   if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) {
     if (mask != IBV_QP_STATE) return EINVAL;
     if (to == IBV_QPS_RESET) qp_reset(q);
-    else enter_error(q);
+    else gw__ibemu_enter_error(q);
     return 0;
   }
   int rest = mask & ~IBV_QP_STATE;
@@ -764,7 +733,7 @@ static void sq_progress(struct emu_qp *q) {
     int st = sq_exec_one(q, w, now);
     if (st == BLOCKED) return;
     sq_complete(q, w, st);
-    if (st != IBV_WC_SUCCESS) enter_error(q);
+    if (st != IBV_WC_SUCCESS) gw__ibemu_enter_error(q);
   }
 }
 
@@ -808,7 +777,7 @@ static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_s
   int err = 0;
   for (; wr && !(err = sq_append(q, wr)); wr = wr->next) {}
   if (err && bad_wr) *bad_wr = wr;
-  if (q->errored) enter_error(q); /* flushes what was just posted */
+  if (q->errored) gw__ibemu_enter_error(q); /* flushes what was just posted */
   else sq_progress(q);
   pthread_mutex_unlock(&q->ctx->lock);
   return err;
@@ -891,7 +860,7 @@ static int cq_overrun(struct emu_ctx *c, struct emu_cq *cq, uint64_t pending) {
             (unsigned long long)pending, cq->cq.cqe);
   cq->overrun = 1;
   for (int i = 0; i < c->nlive; i++)
-    if (c->live[i]->scq == cq || c->live[i]->rcq == cq) enter_error(c->live[i]);
+    if (c->live[i]->scq == cq || c->live[i]->rcq == cq) gw__ibemu_enter_error(c->live[i]);
   errno = EOVERFLOW;
   return -1;
 }
@@ -923,69 +892,6 @@ static int emu_poll_cq(struct ibv_cq *ibcq, int max, struct ibv_wc *wc) {
   return n;
 }
 
-/* ---- async events ------------------------------------------------------------------ */
-static void push_event(struct emu_ctx *c, enum ibv_event_type t) {
-  if (c->nevents < (int)(sizeof c->events / sizeof c->events[0])) c->events[c->nevents++] = t;
-}
-
-void gw__ibemu_set_port(struct ibv_context *ibctx, int up) {
-  struct emu_ctx *c = CTX(ibctx);
-  pthread_mutex_lock(&c->lock);
-  if (c->port_down == !up) {
-    pthread_mutex_unlock(&c->lock);
-    return;
-  }
-  c->port_down = !up;
-  atomic_store(&c->seg->hdr.h.port_down, (uint32_t)(c->port_down || c->fatal));
-  push_event(c, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
-  pthread_mutex_unlock(&c->lock);
-}
-
-void gw__ibemu_device_fatal(struct ibv_context *ibctx) {
-  struct emu_ctx *c = CTX(ibctx);
-  pthread_mutex_lock(&c->lock);
-  if (!c->fatal) {
-    c->fatal = 1;
-    atomic_store(&c->seg->hdr.h.port_down, 1);
-    for (int i = 0; i < c->nlive; i++) enter_error(c->live[i]);
-    push_event(c, IBV_EVENT_DEVICE_FATAL);
-  }
-  pthread_mutex_unlock(&c->lock);
-}
-
-/* Port and device events in order, then a QP access error per QP. */
-static int emu_get_async_event(struct ibv_context *ibctx, struct ibv_async_event *ev) {
-  struct emu_ctx *c = CTX(ibctx);
-  int got = 0;
-  pthread_mutex_lock(&c->lock);
-  if (c->nevents) {
-    *ev = (struct ibv_async_event){.event_type = c->events[0], .element.port_num = 1};
-    if (c->events[0] == IBV_EVENT_DEVICE_FATAL) ev->element.port_num = 0;
-    memmove(c->events, c->events + 1, (size_t)--c->nevents * sizeof c->events[0]);
-    got = 1;
-  }
-  for (int i = 0; i < c->nlive && !got; i++) {
-    struct emu_qp *q = c->live[i];
-    if (q->access_reported || !atomic_load(&q->sh->access_err)) continue;
-    q->access_reported = 1, q->unacked++;
-    *ev = (struct ibv_async_event){.event_type = IBV_EVENT_QP_ACCESS_ERR, .element.qp = &q->qp};
-    got = 1;
-  }
-  pthread_mutex_unlock(&c->lock);
-  if (!got) errno = EAGAIN;
-  return got ? 0 : -1;
-}
-
-static void emu_ack_async_event(struct ibv_async_event *ev) {
-  if (ev->event_type != IBV_EVENT_QP_ACCESS_ERR && ev->event_type != IBV_EVENT_QP_FATAL &&
-      ev->event_type != IBV_EVENT_QP_REQ_ERR)
-    return;
-  struct emu_ctx *c = QP(ev->element.qp)->ctx;
-  pthread_mutex_lock(&c->lock);
-  QP(ev->element.qp)->unacked--;
-  pthread_mutex_unlock(&c->lock);
-}
-
 const struct gw_ibv gw__ibv_emu = {
     .name = "emulator",
     .get_device_list = emu_get_device_list,
@@ -994,9 +900,9 @@ const struct gw_ibv gw__ibv_emu = {
     .open_device = emu_open_device,
     .close_device = emu_close_device,
     .query_device = emu_query_device,
-    .query_port = emu_query_port,
-    .query_gid = emu_query_gid,
-    .query_gid_ex = emu_query_gid_ex,
+    .query_port = gw__ibemu_query_port,
+    .query_gid = gw__ibemu_query_gid,
+    .query_gid_ex = gw__ibemu_query_gid_ex,
     .alloc_pd = emu_alloc_pd,
     .dealloc_pd = emu_dealloc_pd,
     .reg_mr = emu_reg_mr,
@@ -1009,6 +915,6 @@ const struct gw_ibv gw__ibv_emu = {
     .destroy_qp = emu_destroy_qp,
     .post_send = emu_post_send,
     .post_recv = emu_post_recv,
-    .get_async_event = emu_get_async_event,
-    .ack_async_event = emu_ack_async_event,
+    .get_async_event = gw__ibemu_get_async_event,
+    .ack_async_event = gw__ibemu_ack_async_event,
 };

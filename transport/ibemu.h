@@ -154,6 +154,27 @@ struct emu_ctx {
 #define PD(p) ((struct emu_pd *)(p))
 #define MR(m) ((struct emu_mr *)(m))
 
+/* ---- ibemu.c ------------------------------------------------------------------------ */
+/* The error state: queued sends are flushed, the receive queue takes no more
+ * inbound messages and its receives are flushed as the owner polls. */
+void gw__ibemu_enter_error(struct emu_qp *q);
+
+/* ---- ibemu_port.c ------------------------------------------------------------------- */
+/* ibv_query_port, ibv_query_gid(_ex), ibv_get/ack_async_event of the emulator. */
+int gw__ibemu_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a);
+int gw__ibemu_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
+int gw__ibemu_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index, struct ibv_gid_entry *e,
+                           uint32_t flags);
+int gw__ibemu_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev);
+void gw__ibemu_ack_async_event(struct ibv_async_event *ev);
+/* GID index of c's table into gid; its IBV_GID_TYPE_*, or -1 past the table. */
+int gw__ibemu_gid_entry(const struct emu_ctx *c, int index, union ibv_gid *gid);
+/* Test hooks: the port goes down (up = 0: its QPs reach nobody and nobody
+ * them, IBV_EVENT_PORT_ERR) or comes back (IBV_EVENT_PORT_ACTIVE); the device
+ * fails (IBV_EVENT_DEVICE_FATAL, every QP in the error state, for good). */
+void gw__ibemu_set_port(struct ibv_context *ctx, int up);
+void gw__ibemu_device_fatal(struct ibv_context *ctx);
+
 /* ---- ibemu_fabric.c ----------------------------------------------------------------- */
 /* Opens the host-wide LID registry once; 0 or an errno value. */
 int gw__ibemu_registry_open(void);
@@ -164,11 +185,6 @@ void gw__ibemu_lid_release(uint16_t lid);
 /* GID index 0 or 1 of a LID, and the LID a GID of either form names (0: none). */
 void gw__ibemu_lid_gid(uint16_t lid, int index, union ibv_gid *g);
 uint16_t gw__ibemu_gid_lid(const union ibv_gid *g);
-/* Test hooks: the port goes down (up = 0: its QPs reach nobody and nobody
- * them, IBV_EVENT_PORT_ERR) or comes back (IBV_EVENT_PORT_ACTIVE); the device
- * fails (IBV_EVENT_DEVICE_FATAL, every QP in the error state, for good). */
-void gw__ibemu_set_port(struct ibv_context *ctx, int up);
-void gw__ibemu_device_fatal(struct ibv_context *ctx);
 /* A context's shared segment (a sealed memfd, mapped), or NULL with errno set. */
 struct seg *gw__ibemu_seg_create(int *memfd);
 /* The responder's segment for q and its pid, or NULL while it cannot be reached. */
