@@ -319,18 +319,6 @@ fail:
   return res;
 }
 
-/* RoCE v1 and v2 frames differ (v2 is UDP/IP): QPs whose GIDs differ in type
- * never reach each other, and would fail only after the retry timeout. */
-static gw_result_t roce_versions_agree(struct gw_conn *c, struct ib_conn *t, int peer_type, struct gw_errctx *err) {
-  const int mine = t->port->gid_type;
-  if (!t->port->eth || mine < 0 || peer_type < 0 || mine == peer_type) return GW_SUCCESS;
-  return gw__err(err, GW_ERR_INVALID_ARGUMENT,
-                 "rank %d: its %s uses a %s GID (index %d) and rank %d's port a %s one: both ends of a connection "
-                 "must use the same RoCE version (GW_IB_ROCE_VERSION, or GW_IB_GID_INDEX, alike on every machine)",
-                 c->self, t->port->name, gw__ib_gid_type_name(mine), t->port->gid_index, c->peer,
-                 gw__ib_gid_type_name(peer_type));
-}
-
 /* A QP through RTR and RTS towards the remote QP `qpn`. */
 static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16_t lid, const uint8_t gid[16],
                       uint8_t mtu) {
@@ -458,7 +446,7 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
   gw__sock_addr_str(&a, where, sizeof where);
   /* RoCE versions that differ: the hello still goes (briefly tried), so the
    * receiver learns it from there instead of waiting for this rank. */
-  const gw_result_t agree = roce_versions_agree(c, t, h.gid_type, err);
+  const gw_result_t agree = gw__ib_roce_agree(t->port, h.gid_type, c->self, c->peer, err);
   t->fd = gw__sock_connect_hello(&a, al, &hello, sizeof hello, gw__now() + (agree ? 2.0 : t->timeout_s));
   if ((res = agree)) goto fail;
   if (t->fd < 0) {
@@ -506,7 +494,7 @@ static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   t->listen_fd = -1;
   t->raddr = hello.credit_addr;
   t->rkey = hello.credit_rkey;
-  GW_CHECK(roce_versions_agree(c, t, hello.gid_type, err));
+  GW_CHECK(gw__ib_roce_agree(t->port, hello.gid_type, c->self, c->peer, err));
   for (uint32_t i = 0; i < t->nqps; i++) {
     int e = qp_connect(t, t->q[i].qp, hello.qpn[i], hello.lid, hello.gid, hello.mtu);
     if (e)
@@ -524,19 +512,6 @@ static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
 }
 
 /* ---- completions, liveness ---------------------------------------------------------------- */
-static const char *status_hint(enum ibv_wc_status s) {
-  switch (s) {
-    case IBV_WC_RETRY_EXC_ERR:
-      return "the peer is unreachable or dead: check the link (ibstat), GW_IB_GID_INDEX on RoCE, and whether the "
-             "peer process still runs";
-    case IBV_WC_RNR_RETRY_EXC_ERR: return "the peer posted no receive in time (receiver not ready)";
-    case IBV_WC_REM_ACCESS_ERR: return "the peer refused the write: a wrong rkey or an address outside its slots";
-    case IBV_WC_LOC_PROT_ERR: return "a local buffer is not registered";
-    case IBV_WC_WR_FLUSH_ERR: return "flushed: the queue pair failed earlier (see the first error on either side)";
-    default: return "see ibv_wc_status_str";
-  }
-}
-
 static struct ib_qpx *qpx_of(struct ib_conn *t, uint32_t qp_num, uint32_t *index) {
   for (uint32_t i = 0; i < t->nqps; i++)
     if (t->q[i].qp->qp_num == qp_num) {
@@ -579,20 +554,9 @@ static gw_result_t check_async(struct gw_conn *c, struct ib_conn *t, bool now) {
                 "dmesg); other ports or GW_TRANSPORT=tcp until then");
   const int ev = atomic_load(&t->async_err) - 1;
   if (ev < 0) return GW_SUCCESS;
-  switch (ev) {
-    case IBV_EVENT_QP_ACCESS_ERR:
-      return fail(c, t, GW_ERR_REMOTE, "this rank's queue pair refused %s of rank %d's (IBV_EVENT_QP_ACCESS_ERR: "
-                  "a wrong rkey, or an address outside the registered %s)", c->is_send ? "a credit write" : "a write",
-                  c->peer, c->is_send ? "credit words" : "slots");
-    case IBV_EVENT_QP_REQ_ERR:
-      return fail(c, t, GW_ERR_REMOTE, "the queue pair failed (IBV_EVENT_QP_REQ_ERR: rank %d's HCA sent a request "
-                  "this one could not take)", c->peer);
-    case IBV_EVENT_CQ_ERR:
-      return fail(c, t, GW_ERR_INTERNAL, "the completion queue failed (IBV_EVENT_CQ_ERR: overrun)");
-    default:
-      return fail(c, t, GW_ERR_SYSTEM, "the queue pair failed (%s: a local error)",
-                  ibv_event_type_str((enum ibv_event_type)ev));
-  }
+  char msg[GW_ERRMSG_MAX];
+  const gw_result_t code = gw__ib_async_text(ev, c->is_send, c->peer, msg, sizeof msg);
+  return fail(c, t, code, "%s", msg);
 }
 
 /* "; this rank's port reported its link down ..." when it did, for messages
@@ -625,7 +589,7 @@ static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
                       link_note(t));
         return fail(c, t, GW_ERR_REMOTE, "%s failed: %s (status %d): %s%s",
                     (wc[i].wr_id & IB_RECV_WRID) ? "a receive" : "an RDMA write",
-                    ibv_wc_status_str(wc[i].status), (int)wc[i].status, status_hint(wc[i].status), link_note(t));
+                    ibv_wc_status_str(wc[i].status), (int)wc[i].status, gw__ib_status_hint(wc[i].status), link_note(t));
       }
       if (wc[i].wr_id & IB_RECV_WRID) {
         if (c->is_send) return fail(c, t, GW_ERR_INTERNAL, "a receive completion on the sending end");
@@ -651,8 +615,6 @@ static void check_socket(struct ib_conn *t, bool now) {
   if (n == 1 && b == IB_READY_BYTE) t->ready = true;
   else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) t->eof = true;
 }
-
-static gw_result_t check_async(struct gw_conn *c, struct ib_conn *t, bool now);
 
 static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *waiting) {
   GW_CHECK(check_async(c, t, true)); /* an error event here is why the peer gave up */

@@ -1,6 +1,8 @@
 /* ib_dev.c - the ib transport's process-wide state (ib.c has the connections):
  * the HCA ports, found and opened once per process (GW_IB_HCA, GW_IB_GID_INDEX,
- * GW_IB_DISABLE), and the registration cache behind gw_comm_register. */
+ * GW_IB_DISABLE), the registration cache behind gw_comm_register, and the
+ * messages that need no connection (completion status hints, async events,
+ * RoCE version mismatch). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -348,3 +350,50 @@ void gw__ib_reg_release(struct ib_reg **held, int *nheld) {
 }
 
 void gw__ib_count_direct(void) { atomic_fetch_add(&regs.direct_chunks, 1); }
+
+/* ---- messages ------------------------------------------------------------------------ */
+const char *gw__ib_status_hint(enum ibv_wc_status s) {
+  switch (s) {
+    case IBV_WC_RETRY_EXC_ERR:
+      return "the peer is unreachable or dead: check the link (ibstat), GW_IB_GID_INDEX on RoCE, and whether the "
+             "peer process still runs";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "the peer posted no receive in time (receiver not ready)";
+    case IBV_WC_REM_ACCESS_ERR: return "the peer refused the write: a wrong rkey or an address outside its slots";
+    case IBV_WC_LOC_PROT_ERR: return "a local buffer is not registered";
+    case IBV_WC_WR_FLUSH_ERR: return "flushed: the queue pair failed earlier (see the first error on either side)";
+    default: return "see ibv_wc_status_str";
+  }
+}
+
+gw_result_t gw__ib_async_text(int ev, bool is_send, int peer, char *msg, size_t n) {
+  switch (ev) {
+    case IBV_EVENT_QP_ACCESS_ERR:
+      snprintf(msg, n,
+               "this rank's queue pair refused %s of rank %d's (IBV_EVENT_QP_ACCESS_ERR: a wrong rkey, or an address "
+               "outside the registered %s)",
+               is_send ? "a credit write" : "a write", peer, is_send ? "credit words" : "slots");
+      return GW_ERR_REMOTE;
+    case IBV_EVENT_QP_REQ_ERR:
+      snprintf(msg, n,
+               "the queue pair failed (IBV_EVENT_QP_REQ_ERR: rank %d's HCA sent a request this one could not take)",
+               peer);
+      return GW_ERR_REMOTE;
+    case IBV_EVENT_CQ_ERR:
+      snprintf(msg, n, "the completion queue failed (IBV_EVENT_CQ_ERR: overrun)");
+      return GW_ERR_INTERNAL;
+    default:
+      snprintf(msg, n, "the queue pair failed (%s: a local error)", ibv_event_type_str((enum ibv_event_type)ev));
+      return GW_ERR_SYSTEM;
+  }
+}
+
+/* RoCE v1 and v2 frames differ (v2 is UDP/IP): QPs whose GIDs differ in type
+ * never reach each other, and would fail only after the retry timeout. */
+gw_result_t gw__ib_roce_agree(const struct ib_port *port, int peer_type, int self, int peer, struct gw_errctx *err) {
+  const int mine = port->gid_type;
+  if (!port->eth || mine < 0 || peer_type < 0 || mine == peer_type) return GW_SUCCESS;
+  return gw__err(err, GW_ERR_INVALID_ARGUMENT,
+                 "rank %d: its %s uses a %s GID (index %d) and rank %d's port a %s one: both ends of a connection "
+                 "must use the same RoCE version (GW_IB_ROCE_VERSION, or GW_IB_GID_INDEX, alike on every machine)",
+                 self, port->name, gw__ib_gid_type_name(mine), port->gid_index, peer, gw__ib_gid_type_name(peer_type));
+}

@@ -1,6 +1,7 @@
 /* ib_dev.h - what the ib transport's two files share (not installed):
  * ib_dev.c holds the process-wide state (the HCA ports, opened once, and the
- * registration cache of gw_comm_register), ib.c the connections. */
+ * registration cache of gw_comm_register, and the messages that need no
+ * connection), ib.c the connections. */
 #ifndef GW_IB_DEV_H
 #define GW_IB_DEV_H
 
@@ -10,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core.h"
 #include "ibv.h"
 
 #define IB_MAX_PORTS 16
@@ -38,6 +40,15 @@ void gw__ib_events(bool now);
 
 /* "RoCE v2", "RoCE v1", "InfiniBand" or "unknown type" (an IBV_GID_TYPE_*). */
 const char *gw__ib_gid_type_name(int type);
+
+/* Messages: a hint on what a failed completion's status means; what an
+ * async error event on a connection's QP or CQ means (is_send: the
+ * sender's side; the text into msg[n], its error code returned); the error
+ * when a RoCE connection's ends use GIDs of different types (both ends'
+ * types named), else GW_SUCCESS. */
+const char *gw__ib_status_hint(enum ibv_wc_status s);
+gw_result_t gw__ib_async_text(int ev, bool is_send, int peer, char *msg, size_t n);
+gw_result_t gw__ib_roce_agree(const struct ib_port *port, int peer_type, int self, int peer, struct gw_errctx *err);
 
 /* Every open port of the process (gw__ib_available opens them once). */
 struct gw_ib_devs {
