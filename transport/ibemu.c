@@ -39,9 +39,9 @@
  * the only file; everything else dies with its process, and a dead process's
  * LID is taken over by the next one that needs it.  As with real verbs, a
  * context belongs to the process that opened it: open devices after fork().
- * Here: devices, PDs, MRs, CQs, QPs and the data path; the registry and
- * segments are in ibemu_fabric.c, the port, GID table and async events in
- * ibemu_port.c. */
+ * Here: contexts, PDs, MRs, CQs, QPs and the data path; the registry and
+ * segments are in ibemu_fabric.c, the device list, port, GID table and async
+ * events in ibemu_device.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -73,38 +73,10 @@ static void *fail(int err) {
 /* bytes registered by this process, all contexts (GW_IB_EMULATE_MEMLOCK) */
 static _Atomic uint64_t memlocked;
 
-
-/* ---- devices --------------------------------------------------------------------- */
-static struct ibv_device devices[MAX_DEVICES];
-static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
-
-static void devices_init(void) {
-  for (int i = 0; i < MAX_DEVICES; i++) {
-    devices[i].node_type = IBV_NODE_CA;
-    devices[i].transport_type = IBV_TRANSPORT_IB;
-    snprintf(devices[i].name, sizeof devices[i].name, "gwemu%d", i);
-    snprintf(devices[i].dev_name, sizeof devices[i].dev_name, "uverbs-emu%d", i);
-  }
-}
-
-static struct ibv_device **emu_get_device_list(int *num) {
-  pthread_once(&devices_once, devices_init);
-  int64_t n = gw__env_int("GW_IB_EMULATE_DEVICES", 1);
-  n = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
-  struct ibv_device **list = calloc((size_t)n + 1, sizeof *list);
-  if (!list) return NULL;
-  for (int i = 0; i < n; i++) list[i] = &devices[i];
-  if (num) *num = (int)n;
-  return list;
-}
-
-static void emu_free_device_list(struct ibv_device **list) { free(list); }
-static const char *emu_get_device_name(struct ibv_device *d) { return d ? d->name : NULL; }
-
 /* ---- contexts ---------------------------------------------------------------------- */
 
 static struct ibv_context *emu_open_device(struct ibv_device *dev) {
-  if (!dev || dev < devices || dev >= devices + MAX_DEVICES) return fail(EINVAL);
+  if (gw__ibemu_device_index(dev) < 0) return fail(EINVAL);
   int rerr = gw__ibemu_registry_open();
   if (rerr) return fail(rerr);
   const char *link = gw__env_str("GW_IB_EMULATE_LINK", "ib");
@@ -180,17 +152,6 @@ static int emu_close_device(struct ibv_context *ibctx) {
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->ctx.mutex);
   free(c);
-  return 0;
-}
-
-static int emu_query_device(struct ibv_context *ibctx, struct ibv_device_attr *a) {
-  *a = (struct ibv_device_attr){
-      .fw_ver = "gwemu-1.0", .node_guid = (uint64_t)(ibctx->device - devices) + 1, .max_mr_size = UINT64_MAX,
-      .page_size_cap = 4096, .max_qp = MAX_QP, .max_qp_wr = MAX_WR, .device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN,
-      .max_sge = MAX_SGE, .max_cq = 65536, .max_cqe = MAX_CQE, .max_mr = MAX_MR, .max_pd = 65536,
-      .max_qp_rd_atom = 16, .max_qp_init_rd_atom = 16, .max_res_rd_atom = MAX_QP * 16, .max_pkeys = 1,
-      .local_ca_ack_delay = 16, .phys_port_cnt = 1};
-  a->sys_image_guid = a->node_guid;
   return 0;
 }
 
@@ -894,12 +855,12 @@ static int emu_poll_cq(struct ibv_cq *ibcq, int max, struct ibv_wc *wc) {
 
 const struct gw_ibv gw__ibv_emu = {
     .name = "emulator",
-    .get_device_list = emu_get_device_list,
-    .free_device_list = emu_free_device_list,
-    .get_device_name = emu_get_device_name,
+    .get_device_list = gw__ibemu_get_device_list,
+    .free_device_list = gw__ibemu_free_device_list,
+    .get_device_name = gw__ibemu_get_device_name,
     .open_device = emu_open_device,
     .close_device = emu_close_device,
-    .query_device = emu_query_device,
+    .query_device = gw__ibemu_query_device,
     .query_port = gw__ibemu_query_port,
     .query_gid = gw__ibemu_query_gid,
     .query_gid_ex = gw__ibemu_query_gid_ex,

@@ -159,8 +159,15 @@ struct emu_ctx {
  * inbound messages and its receives are flushed as the owner polls. */
 void gw__ibemu_enter_error(struct emu_qp *q);
 
-/* ---- ibemu_port.c ------------------------------------------------------------------- */
-/* ibv_query_port, ibv_query_gid(_ex), ibv_get/ack_async_event of the emulator. */
+/* ---- ibemu_device.c ----------------------------------------------------------------- */
+/* The emulator's ibv_get/free_device_list, ibv_get_device_name,
+ * ibv_query_device, ibv_query_port, ibv_query_gid(_ex), ibv_get/ack_async_event. */
+struct ibv_device **gw__ibemu_get_device_list(int *num);
+void gw__ibemu_free_device_list(struct ibv_device **list);
+const char *gw__ibemu_get_device_name(struct ibv_device *d);
+int gw__ibemu_query_device(struct ibv_context *ctx, struct ibv_device_attr *a);
+/* dev's index among the emulator's devices, or -1 when it is not one of them. */
+int gw__ibemu_device_index(const struct ibv_device *dev);
 int gw__ibemu_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a);
 int gw__ibemu_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
 int gw__ibemu_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index, struct ibv_gid_entry *e,

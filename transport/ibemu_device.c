@@ -1,16 +1,62 @@
-/* ibemu_port.c - the verbs emulator's port (see ibemu.c): the port's
- * attributes, its GID table as a ConnectX lists it, and the asynchronous
+/* ibemu_device.c - the verbs emulator's devices (see ibemu.c): the device
+ * list (gwemu0.., GW_IB_EMULATE_DEVICES), the device's and the port's
+ * attributes, the GID table as a ConnectX lists it, and the asynchronous
  * events (port down and up, device failure from the test hooks, a
  * responder's access error per QP). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
 #include "ibv.h"
 
 #include "ibemu.h"
+
+/* ---- devices --------------------------------------------------------------------- */
+static struct ibv_device devices[MAX_DEVICES];
+static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+
+static void devices_init(void) {
+  for (int i = 0; i < MAX_DEVICES; i++) {
+    devices[i].node_type = IBV_NODE_CA;
+    devices[i].transport_type = IBV_TRANSPORT_IB;
+    snprintf(devices[i].name, sizeof devices[i].name, "gwemu%d", i);
+    snprintf(devices[i].dev_name, sizeof devices[i].dev_name, "uverbs-emu%d", i);
+  }
+}
+
+struct ibv_device **gw__ibemu_get_device_list(int *num) {
+  pthread_once(&devices_once, devices_init);
+  int64_t n = gw__env_int("GW_IB_EMULATE_DEVICES", 1);
+  n = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
+  struct ibv_device **list = calloc((size_t)n + 1, sizeof *list);
+  if (!list) return NULL;
+  for (int i = 0; i < n; i++) list[i] = &devices[i];
+  if (num) *num = (int)n;
+  return list;
+}
+
+void gw__ibemu_free_device_list(struct ibv_device **list) { free(list); }
+const char *gw__ibemu_get_device_name(struct ibv_device *d) { return d ? d->name : NULL; }
+
+int gw__ibemu_device_index(const struct ibv_device *dev) {
+  return dev && dev >= devices && dev < devices + MAX_DEVICES ? (int)(dev - devices) : -1;
+}
+
+/* ---- the port, its GIDs ------------------------------------------------------------ */
+int gw__ibemu_query_device(struct ibv_context *ibctx, struct ibv_device_attr *a) {
+  *a = (struct ibv_device_attr){
+      .fw_ver = "gwemu-1.0", .node_guid = (uint64_t)gw__ibemu_device_index(ibctx->device) + 1, .max_mr_size = UINT64_MAX,
+      .page_size_cap = 4096, .max_qp = MAX_QP, .max_qp_wr = MAX_WR, .device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN,
+      .max_sge = MAX_SGE, .max_cq = 65536, .max_cqe = MAX_CQE, .max_mr = MAX_MR, .max_pd = 65536,
+      .max_qp_rd_atom = 16, .max_qp_init_rd_atom = 16, .max_res_rd_atom = MAX_QP * 16, .max_pkeys = 1,
+      .local_ca_ack_delay = 16, .phys_port_cnt = 1};
+  a->sys_image_guid = a->node_guid;
+  return 0;
+}
 
 /* Width 4x, speed EDR, physical state LinkUp; no LID on Ethernet. */
 int gw__ibemu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_port_attr *a) {
