@@ -517,7 +517,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid(), .caps = gw__transport_caps() | gw__dev_caps()};
   struct stat st;
   if (stat("/dev/shm", &st) == 0) me.shm_id = ((uint64_t)st.st_dev << 32) ^ (uint64_t)st.st_ino;
-  if (stat("/proc/self/ns/pid", &st) == 0) me.pidns = (uint64_t)st.st_ino;
+  me.pidns = gw__pidns_self();
   gw__node_id(me.node_id, sizeof me.node_id);
   if (gethostname(me.host, sizeof me.host) != 0) snprintf(me.host, sizeof me.host, "?");
   me.host[sizeof me.host - 1] = 0;
