@@ -458,7 +458,8 @@ END_TEST
 
 /* A job that ends after an epoch's checkpoint but before its evaluation (here
  * the last epoch's: the run then had no step left to trigger one) evaluates it
- * first thing on resume.  The resume also names the options that changed. */
+ * first thing on resume, and only once (the checkpoint says so after it).  The
+ * resume also names the options that changed. */
 START_TEST(test_resume_runs_pending_evaluation) {
   char dir[512];
   path(dir, sizeof dir, "ckpt-eval");
@@ -485,6 +486,13 @@ START_TEST(test_resume_runs_pending_evaluation) {
                 "the resume did not evaluate epoch 2:\n%s", r.out);
   ck_assert_msg(strstr(r.out, "note: resuming with options other than the saved run's: lr 0.4 -> 0.2"),
                 "the changed --lr was not named:\n%s", r.out);
+  gwrun_free(&r);
+  /* Resumed again with no steps left: the evaluation was done, not again. */
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 180);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-8.safetensors at step 8") && !strstr(r.out, "evaluation: top-1"),
+                "the second resume evaluated again:\n%s", r.out);
   gwrun_free(&r);
 }
 END_TEST

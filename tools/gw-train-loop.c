@@ -432,7 +432,9 @@ static int run_steps(struct trainer *t) {
   if (t->st.eval_epoch) { /* resumed from an epoch's end whose evaluation did not finish */
     const int64_t e = t->st.eval_epoch;
     t->st.eval_epoch = 0;
-    if (t->o->eval && evaluate(t, e, t->st.eval_train_loss) != 0) return -1;
+    /* Done, the checkpoint says so: without it a later resume (one with no
+     * steps left saves nothing else) would evaluate the epoch again. */
+    if (t->o->eval && (evaluate(t, e, t->st.eval_train_loss) != 0 || save_checkpoint(t) != 0)) return -1;
   }
   while (t->st.step < t->total_steps) {
     if (have_next) k = next, k.ahead = 1, have_next = 0;
