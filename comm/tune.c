@@ -133,15 +133,42 @@ uint64_t gw__model_hash(const struct gw_model *m) {
  * ring, tree or exchange; PROTO simple or ll); `#` starts a comment.  A row with
  * RANKS applies only to communicators of that many ranks and wins over a row
  * without (which applies to every size); rows not given keep the built-in
- * value.  Anything else refuses the whole file.  Several world sizes matter
+ * value.  Anything else, and a second row for an algorithm, protocol and
+ * world size (of any size), refuses the whole file.  Several world sizes matter
  * because the per-step latency does not scale alike for every algorithm (4
  * ranks on 2 cores: every step a context switch), so a table fitted on 2 ranks
  * mispicks at 4. */
 
-/* One row: into m when it applies to nranks (pass 0: untagged rows, pass 1:
- * rows tagged nranks); checked either way. */
-static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pass,
-                             bool seen[2][GW_MODEL_NALGOS][GW_MODEL_NPROTOS], const char **why) {
+/* The rows seen so far (pass 0 checks every row of the file, whatever its
+ * world size, so a second row for a size is refused on every world size). */
+struct rows_seen {
+  bool untagged[GW_MODEL_NALGOS][GW_MODEL_NPROTOS];
+  struct { int algo, proto; long ranks; } *tagged;
+  int ntagged, cap;
+};
+
+static bool seen_before(struct rows_seen *s, int a, int p, long ranks, bool tagged, bool *nomem) {
+  if (!tagged) {
+    const bool was = s->untagged[a][p];
+    s->untagged[a][p] = true;
+    return was;
+  }
+  for (int i = 0; i < s->ntagged; i++)
+    if (s->tagged[i].algo == a && s->tagged[i].proto == p && s->tagged[i].ranks == ranks) return true;
+  if (s->ntagged == s->cap) {
+    const int cap = s->cap ? 2 * s->cap : 16;
+    void *grown = realloc(s->tagged, (size_t)cap * sizeof *s->tagged);
+    if (!grown) return *nomem = true, false;
+    s->tagged = grown, s->cap = cap;
+  }
+  s->tagged[s->ntagged].algo = a, s->tagged[s->ntagged].proto = p, s->tagged[s->ntagged++].ranks = ranks;
+  return false;
+}
+
+/* One row: checked on pass 0; into m when it applies to nranks (pass 0:
+ * untagged rows, pass 1: rows tagged nranks). */
+static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pass, struct rows_seen *seen,
+                             const char **why) {
   char *save, *f[6];
   int nf = 0;
   for (char *t = strtok_r(line, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) f[nf++] = t;
@@ -159,11 +186,13 @@ static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pas
     return *why = "latency must be a number in [0, 1e6) us and bandwidth in (0, 1e5) GB/s", GW_ERR_INVALID_ARGUMENT;
   if (*e3 || (nf == 5 && (ranks < 2 || ranks > 1 << 20)))
     return *why = "ranks must be a world size of at least 2", GW_ERR_INVALID_ARGUMENT;
-  bool tagged = nf == 5;
-  if (tagged && ranks != nranks) return GW_SUCCESS; /* another world size's */
-  if (tagged != (pass == 1)) return GW_SUCCESS;
-  if (seen[tagged][a][p]) return *why = "a second row for this algorithm, protocol and world size", GW_ERR_INVALID_ARGUMENT;
-  seen[tagged][a][p] = true;
+  bool tagged = nf == 5, nomem = false;
+  if (pass == 0 && seen_before(seen, a, p, ranks, tagged, &nomem))
+    return *why = tagged ? "a second row for this algorithm, protocol and world size"
+                         : "a second row for this algorithm and protocol without a world size",
+           GW_ERR_INVALID_ARGUMENT;
+  if (nomem) return *why = "out of memory", GW_ERR_SYSTEM;
+  if (tagged != (pass == 1) || (tagged && ranks != nranks)) return GW_SUCCESS; /* another pass's or size's */
   m->lat_us[a][p] = lat;
   m->bw_gbps[a][p] = bw;
   return GW_SUCCESS;
@@ -178,7 +207,7 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: is a directory", path);
   }
   struct gw_model tmp = *m;
-  bool seen[2][GW_MODEL_NALGOS][GW_MODEL_NPROTOS] = {{{false}}};
+  struct rows_seen seen = {0};
   char line[512];
   const char *why = NULL;
   gw_result_t res = GW_SUCCESS;
@@ -188,12 +217,13 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
       if (!strchr(line, '\n') && !feof(f)) why = "line too long", res = GW_ERR_INVALID_ARGUMENT;
       char *hash = strchr(line, '#');
       if (hash) *hash = 0;
-      if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, pass, seen, &why);
+      if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, pass, &seen, &why);
       if (res != GW_SUCCESS)
         gw__err(err, res, "GW_TUNING_FILE %s:%d: %s; using the built-in table", path, no, why);
     }
   }
   fclose(f);
+  free(seen.tagged);
   if (res == GW_SUCCESS) *m = tmp;
   return res;
 }
@@ -270,17 +300,16 @@ static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, co
   return true;
 }
 
-/* Whether a row (4 or 5 fields) is one the loader takes: a bad one kept or
- * written would have every later load refuse the whole file. */
-static bool row_ok(const char *row, int nf, char *const *fld) {
+/* Whether a row is one the loader takes, beside the rows already kept (seen):
+ * a bad one, or a second row for the same algorithm, protocol and world size,
+ * kept or written would have every later load refuse the whole file. */
+static bool row_ok(const char *row, struct rows_seen *seen) {
   char copy[512];
   snprintf(copy, sizeof copy, "%s", row);
   struct gw_model scratch;
   memset(&scratch, 0, sizeof scratch);
-  bool seen[2][GW_MODEL_NALGOS][GW_MODEL_NPROTOS] = {{{false}}};
   const char *why = NULL;
-  const int ranks = nf == 5 ? atoi(fld[4]) : 2;
-  return parse_row(copy, &scratch, ranks, nf == 5, seen, &why) == GW_SUCCESS;
+  return parse_row(copy, &scratch, 2, 0, seen, &why) == GW_SUCCESS;
 }
 
 /* The rows of an existing tuning file that gw_tune_write keeps: every good row
@@ -290,6 +319,7 @@ static char *kept_rows(const char *path, int nranks) {
   if (!f) return NULL;
   size_t cap = 4096, len = 0;
   char *out = malloc(cap), line[512];
+  struct rows_seen seen = {0};
   while (out && fgets(line, sizeof line, f)) {
     char copy[512], *save, *fld[6];
     snprintf(copy, sizeof copy, "%s", line);
@@ -298,7 +328,7 @@ static char *kept_rows(const char *path, int nranks) {
     int nf = 0;
     for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
     if ((nf != 4 && nf != 5) || (nf == 5 && atoi(fld[4]) == nranks)) continue;
-    if (!row_ok(line, nf, fld)) {
+    if (!row_ok(line, &seen)) {
       GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s: dropped a row the loader would refuse: %.200s", path, line);
       continue;
     }
@@ -313,6 +343,7 @@ static char *kept_rows(const char *path, int nranks) {
     if (line[n - 1] != '\n') out[len++] = '\n';
   }
   fclose(f);
+  free(seen.tagged);
   if (out) out[len] = 0;
   return out;
 }
@@ -350,11 +381,13 @@ gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sam
   for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
     for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
       double lat, bw;
-      char row[160], rank_s[16], *fld[5] = {NULL, NULL, NULL, NULL, rank_s};
+      char row[160];
+      struct rows_seen fresh = {0}; /* one row per algorithm and protocol: never a second */
       if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, &lat, &bw)) continue;
       snprintf(row, sizeof row, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
-      snprintf(rank_s, sizeof rank_s, "%d", nranks);
-      if (row_ok(row, 5, fld)) fputs(row, f);
+      const bool good = row_ok(row, &fresh);
+      free(fresh.tagged);
+      if (good) fputs(row, f);
       else GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s %s: fitted %.4g us, %.4g GB/s are out of the loader's range: no "
                    "row written", algo_names[a], proto_names[p], lat, bw);
     }

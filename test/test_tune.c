@@ -176,10 +176,20 @@ START_TEST(test_rows_per_world_size) {
   ck_assert(gw__model_load(&m, path, 3, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.5);
   write_file(path, "tree simple 0.9 8 4\ntree simple 0.8 8 4\n"); /* two rows for 4 ranks */
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  /* ... refused at every world size (it was at 4 only), naming the second */
+  for (int n = 2; n <= 8; n += 6) {
+    m = def;
+    ck_assert_int_eq(gw__model_load(&m, path, n, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(err.msg, ":2: a second row") && !memcmp(&m, &def, sizeof m), "%d ranks: %s", n, err.msg);
+  }
+  write_file(path, "ring ll 0.3 3\ntree simple 0.9 8\nring ll 0.4 3\n");
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(err.msg, ":3: a second row for this algorithm and protocol without"), "%s", err.msg);
   write_file(path, "tree simple 0.9 8 1\n");
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
-  /* rewrite for 4 ranks: the 2-rank row stays, the old 4-rank row goes */
-  write_file(path, "# old\ntree simple 0.7 7 2\ntree simple 0.9 8 4\n");
+  /* rewrite for 4 ranks: the 2-rank row stays (its second is dropped: kept, it
+   * would have every load refuse the file), the old 4-rank row goes */
+  write_file(path, "# old\ntree simple 0.7 7 2\ntree simple 0.9 8 4\ntree simple 0.6 6 2\n");
   struct gw_model truth;
   gw__model_defaults(&truth);
   static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
