@@ -33,7 +33,7 @@ struct slot {
   int32_t *y;    /* [batch] */
   uint8_t *stand_in; /* [batch]: 1 where a later sample replaced a skipped one */
   gw_result_t err;
-  char msg[512]; /* err's message, or the last skip's reason when err is GW_SUCCESS */
+  char msg[GW_MODEL_ERRMSG_MAX]; /* err's message, or the last skip's reason when err is GW_SUCCESS */
 };
 
 struct shard_entry {
@@ -70,9 +70,9 @@ struct gw_loader {
   int held;        /* slot (head - 1) % nslots is with the consumer */
   int64_t epoch, position;
   gw_result_t failed;
-  char failed_msg[512];
+  char failed_msg[GW_MODEL_ERRMSG_MAX];
   int64_t skipped;
-  char last_skip[512];
+  char last_skip[GW_MODEL_ERRMSG_MAX];
 };
 
 void gw_loader_config_default(struct gw_loader_config *cfg) {

@@ -17,7 +17,7 @@
 #include "backend.h"
 #include "model_internal.h"
 
-static _Thread_local char last_error[512];
+static _Thread_local char last_error[GW_MODEL_ERRMSG_MAX];
 
 const char *gw_model_last_error(void) { return last_error; }
 

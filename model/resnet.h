@@ -101,6 +101,9 @@ void gw_model_free(struct gw_model *m); /* accepts NULL */
 
 /* The message of this thread's last gw_model_* failure ("" if none). */
 const char *gw_model_last_error(void);
+/* The longest message gw_model_last_error holds (with its NUL): room for a
+ * path of PATH_MAX bytes and the reason after it. */
+#define GW_MODEL_ERRMSG_MAX 4608
 
 /* Re-initializes parameters (torchvision's scheme: kaiming_normal_ fan_out/relu for
  * convs, BN gamma 1 / beta 0, nn.Linear's default for fc) and resets the buffers

@@ -8,7 +8,8 @@
  *   stream of tables only (read without a size: the decoder was then asked for
  *   the stream's own size into no buffer; test/fuzz/fuzz_jpeg.c found it), a
  *   header with an extraneous byte (read, as PIL does), a FIFO where a listed
- *   file was (skipped, not a hung thread). */
+ *   file was (skipped, not a hung thread), a damaged file whose path alone
+ *   passes 512 bytes (named whole, with its reason). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,5 +160,39 @@ START_TEST(folder_hostile_files) {
 }
 END_TEST
 
+/* A damaged file deep enough that its path alone passes 512 bytes (where the
+ * message was cut, reason and file name lost): named whole, with the reason. */
+START_TEST(folder_long_path_named) {
+  make_tmpdir();
+  char dir[1200], seg[201], file[1300];
+  memset(seg, 'd', 200), seg[200] = 0;
+  snprintf(dir, sizeof dir, "%s/train/cls", tmpdir);
+  mkdirs("train/cls");
+  for (int i = 0; i < 3; i++) {
+    size_t n = strlen(dir);
+    snprintf(dir + n, sizeof dir - n, "/%s", seg);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+  }
+  snprintf(file, sizeof file, "%s/the-last-part.jpg", dir);
+  write_file(file, "hello, not an image\n", 20);
+  struct gw_dataset *ds;
+  char spec[128];
+  snprintf(spec, sizeof spec, "imagenet:%s", tmpdir);
+  ck_assert_msg(gw_dataset_open(&ds, spec, GW_SPLIT_TRAIN, NULL) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_size(ds), 1);
+  float *out = malloc(3 * 224 * 224 * sizeof *out);
+  int32_t y;
+  ck_assert_int_eq(gw_dataset_get(ds, 0, 0, 1, out, &y), GW_DATA_SKIPPED);
+  const char *msg = gw_data_last_error(), *at = strstr(msg, file);
+  ck_assert_msg(strlen(file) > 600 && at && strlen(at + strlen(file)) > 8, "the path or the reason is cut: %s", msg);
+  free(out);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
 void add_fmnist_hostile_tests(TCase *tc) { tcase_add_test(tc, fmnist_lying_and_joined); }
-void add_folder_hostile_tests(TCase *tc) { tcase_add_test(tc, folder_hostile_files); }
+void add_folder_hostile_tests(TCase *tc) {
+  tcase_add_test(tc, folder_hostile_files);
+  tcase_add_test(tc, folder_long_path_named);
+}

@@ -75,7 +75,7 @@ void log_text(struct train_log *l, const char *fmt, ...) {
 
 void log_rank(struct train_log *l, const char *fmt, ...) {
   if (l->rank == 0) end_line(l);
-  char line[1200];
+  char line[GW_MODEL_ERRMSG_MAX + 400]; /* a data error (a whole path) and the words around it */
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
