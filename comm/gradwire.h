@@ -128,6 +128,13 @@ struct gw_tune_sample {
  * gw_comm_last_error(NULL). */
 gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
                           const char *note);
+/* gw_tune_write for samples measured on comm: its world size, and the depth
+ * of its trees where they are hierarchical (ranks on several machines: a chain
+ * inside each), which a fit by world size alone takes for log2(nranks) levels
+ * (the tree's per-step latency then came out too high by their ratio).  Any
+ * rank may call it; gw-perf --tune calls it on rank 0. */
+gw_result_t gw_tune_write_comm(gw_comm_t comm, const char *path, const struct gw_tune_sample *samples, int nsamples,
+                               const char *note);
 
 const char *gw_strerror(gw_result_t result);
 

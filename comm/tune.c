@@ -277,7 +277,7 @@ static void fit_line(const double *x, const double *t, int n, double *a, double 
 
 /* Fits the samples of one (algorithm, protocol); false when fewer than 2. */
 static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, const char *proto, int nranks,
-                    double *lat, double *bw) {
+                    int tree_levels, double *lat, double *bw) {
   double x[FIT_MAX], t[FIT_MAX];
   int n = 0;
   for (int i = 0; i < ns && n < FIT_MAX; i++)
@@ -294,7 +294,7 @@ static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, co
             "built-in one stays; measure again on a quieter machine", algo, proto);
     return false;
   }
-  shape(gw__algo_from_name(algo), GW_COLL_ALLREDUCE, nranks, 0, &steps, &factor);
+  shape(gw__algo_from_name(algo), GW_COLL_ALLREDUCE, nranks, tree_levels, &steps, &factor);
   *lat = a / steps;
   *bw = GW_MIN(factor / (b * 1e3), 9e4);
   return true;
@@ -353,8 +353,8 @@ static char *kept_rows(const char *path, int nranks) {
  * empty or cut, which loads as the built-in table or as a wrong row), under
  * an flock on PATH.lock (two --tune runs at different world sizes, which the
  * README invites, read, merged and wrote over each other's rows). */
-gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
-                          const char *note) {
+gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const struct gw_tune_sample *samples,
+                           int nsamples, const char *note) {
   struct gw_errctx err;
   if (!path || !samples || nranks < 2 || nsamples < 2)
     return gw__set_thread_error("gw_tune_write: needs a path and samples from at least 2 ranks"),
@@ -383,7 +383,7 @@ gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sam
       double lat, bw;
       char row[160];
       struct rows_seen fresh = {0}; /* one row per algorithm and protocol: never a second */
-      if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, &lat, &bw)) continue;
+      if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, tree_levels, &lat, &bw)) continue;
       snprintf(row, sizeof row, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
       const bool good = row_ok(row, &fresh);
       free(fresh.tagged);
@@ -411,4 +411,16 @@ gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sam
   if (ok) return GW_SUCCESS;
   gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: writing %s failed: %s (the file is as it was)", path, strerror(saved));
   return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
+}
+
+gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
+                          const char *note) {
+  return gw__tune_write(path, nranks, 0, samples, nsamples, note);
+}
+
+gw_result_t gw_tune_write_comm(gw_comm_t comm, const char *path, const struct gw_tune_sample *samples, int nsamples,
+                               const char *note) {
+  if (!comm)
+    return gw__set_thread_error("gw_tune_write_comm: no communicator"), GW_ERR_INVALID_ARGUMENT;
+  return gw__tune_write(path, comm->nranks, comm->tree_levels, samples, nsamples, note);
 }

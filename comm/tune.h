@@ -40,6 +40,10 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
 /* The model's time in microseconds; steps and factor by algorithm and collective. */
 double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks,
                       int tree_levels);
+/* gw_tune_write for trees of tree_levels levels (0: flat, log2(nranks)): the
+ * per-step latency is the measured time over the steps the run took. */
+gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const struct gw_tune_sample *samples,
+                           int nsamples, const char *note);
 /* The cheapest allowed (algorithm, protocol) for an operation. */
 void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int *algo, int *proto);
 /* A digest of the table, so ranks can check they decide alike. */

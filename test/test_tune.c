@@ -159,6 +159,36 @@ START_TEST(test_fit_roundtrip) {
 }
 END_TEST
 
+/* A tree of hierarchical depth (several machines: 5 levels at 4 ranks here)
+ * is fitted by the steps it took: the per-step latency comes back, where a fit
+ * by world size alone (2 levels) made it 2.5 times too high. */
+START_TEST(test_fit_tree_levels) {
+  struct gw_model truth;
+  gw__model_defaults(&truth);
+  static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
+  struct gw_tune_sample s[4];
+  for (int i = 0; i < 4; i++)
+    s[i] = (struct gw_tune_sample){"tree", "simple", sizes[i],
+                                   gw__model_time(&truth, GW_ALGO_TREE, 0, GW_COLL_ALLREDUCE, sizes[i], 4, 5)};
+  char path[] = "/tmp/gw-tune-XXXXXX";
+  make_temp(path);
+  struct gw_model m;
+  struct gw_errctx err;
+  for (int levels = 0; levels <= 5; levels += 5) {
+    ck_assert_int_eq(gw__tune_write(path, 4, levels, s, 4, "test"), GW_SUCCESS);
+    gw__model_defaults(&m);
+    ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
+    const double want = truth.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] * (levels ? 1 : 2.5);
+    ck_assert_msg(fabs(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] - want) < 1e-3, "%d levels: %.4f us per step, not %.4f",
+                  levels, m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], want);
+    ck_assert_double_eq_tol(m.bw_gbps[GW_ALGO_TREE][GW_PROTO_SIMPLE], truth.bw_gbps[GW_ALGO_TREE][GW_PROTO_SIMPLE],
+                            1e-2);
+  }
+  ck_assert_int_eq(gw_tune_write_comm(NULL, path, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  unlink(path);
+}
+END_TEST
+
 /* Rows for a world size apply only there and win over untagged ones;
  * gw_tune_write keeps the other sizes' rows of the file it rewrites. */
 START_TEST(test_rows_per_world_size) {
@@ -295,6 +325,7 @@ int main(void) {
   tcase_add_test(tc, test_overrides);
   tcase_add_test(tc, test_corrupt_file_refused);
   tcase_add_test(tc, test_fit_roundtrip);
+  tcase_add_test(tc, test_fit_tree_levels);
   tcase_add_test(tc, test_settings_must_agree);
   suite_add_tcase(s, tc);
   return run_suite(s);

@@ -399,7 +399,7 @@ static int tune(const char *path) {
     }
   char note[128];
   snprintf(note, sizeof note, "%d ranks", nranks);
-  if (rank == 0 && gw_tune_write(path, nranks, samples, ns, note) != GW_SUCCESS)
+  if (rank == 0 && gw_tune_write_comm(comm, path, samples, ns, note) != GW_SUCCESS)
     die("%s", gw_comm_last_error(NULL));
   if (rank == 0) printf("# wrote %s (use it with GW_TUNING_FILE=%s)\n", path, path);
   gw_comm_destroy(comm);
