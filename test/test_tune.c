@@ -159,17 +159,23 @@ START_TEST(test_fit_roundtrip) {
 }
 END_TEST
 
+/* Four tree/simple samples at 4 ranks, timed by the built-in table (*truth)
+ * for trees of `levels` levels (0: flat). */
+static void tree_samples(struct gw_model *truth, int levels, struct gw_tune_sample s[4]) {
+  static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
+  gw__model_defaults(truth);
+  for (int i = 0; i < 4; i++)
+    s[i] = (struct gw_tune_sample){"tree", "simple", sizes[i],
+                                   gw__model_time(truth, GW_ALGO_TREE, 0, GW_COLL_ALLREDUCE, sizes[i], 4, levels)};
+}
+
 /* A tree of hierarchical depth (several machines: 5 levels at 4 ranks here)
  * is fitted by the steps it took: the per-step latency comes back, where a fit
  * by world size alone (2 levels) made it 2.5 times too high. */
 START_TEST(test_fit_tree_levels) {
   struct gw_model truth;
-  gw__model_defaults(&truth);
-  static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
   struct gw_tune_sample s[4];
-  for (int i = 0; i < 4; i++)
-    s[i] = (struct gw_tune_sample){"tree", "simple", sizes[i],
-                                   gw__model_time(&truth, GW_ALGO_TREE, 0, GW_COLL_ALLREDUCE, sizes[i], 4, 5)};
+  tree_samples(&truth, 5, s);
   char path[] = "/tmp/gw-tune-XXXXXX";
   make_temp(path);
   struct gw_model m;
@@ -221,12 +227,8 @@ START_TEST(test_rows_per_world_size) {
    * would have every load refuse the file), the old 4-rank row goes */
   write_file(path, "# old\ntree simple 0.7 7 2\ntree simple 0.9 8 4\ntree simple 0.6 6 2\n");
   struct gw_model truth;
-  gw__model_defaults(&truth);
-  static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
   struct gw_tune_sample s[4];
-  for (int i = 0; i < 4; i++)
-    s[i] = (struct gw_tune_sample){"tree", "simple", sizes[i],
-                                   gw__model_time(&truth, GW_ALGO_TREE, 0, GW_COLL_ALLREDUCE, sizes[i], 4, 0)};
+  tree_samples(&truth, 0, s);
   ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_SUCCESS);
   m = def;
   ck_assert(gw__model_load(&m, path, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
