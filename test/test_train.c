@@ -545,7 +545,7 @@ END_TEST
 /* Two ranks through `sh -c`: rank 0 runs with the words rank0, rank 1 with
  * rank1, after the narrow model's options and --steps 1 --no-eval. */
 static void two_ranks_differ(struct run *r, const char *rank0, const char *rank1) {
-  char script[1024];
+  char script[2400];
   snprintf(script, sizeof script,
            "w='%s'; [ \"$GW_RANK\" = 1 ] && w='%s'; exec '%s' --data synthetic --model resnet18 --width-divisor 8 "
            "--in-channels 3 --image-size 16 --classes 4 --stem small --threads 1 --steps 1 --no-eval $w",
@@ -569,7 +569,7 @@ START_TEST(test_ranks_must_see_same_data) {
 END_TEST
 
 /* Ranks started by hand with different options (here --lr and --batch on
- * rank 1) are refused at once, naming each difference, before any data is
+ * rank 1; then --resume on rank 0 only) are refused at once, naming each difference, before any data is
  * opened (they would have paired mismatched collectives, or trained apart). */
 START_TEST(test_ranks_must_share_options) {
   struct run r;
@@ -577,6 +577,16 @@ START_TEST(test_ranks_must_share_options) {
   ck_assert_msg(r.code != 0 && strstr(r.err, "rank 1: options: this rank's options are not rank 0's") &&
                     strstr(r.err, "batch 8 -> 4, lr 0.4 -> 0.2") && strstr(r.err, "rank 0: options: 1 rank(s)"),
                 "different options on rank 1: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  /* --resume on rank 0 only: rank 1 would skip the resume's broadcasts */
+  char dir[512], rank0[600], rank1[600];
+  path(dir, sizeof dir, "ckpt-resume-one-rank");
+  snprintf(rank0, sizeof rank0, "--batch 8 --checkpoint-dir %s --resume", dir);
+  snprintf(rank1, sizeof rank1, "--batch 8 --checkpoint-dir %s", dir);
+  two_ranks_differ(&r, rank0, rank1);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "rank 1: options: this rank's options are not rank 0's") &&
+                    strstr(r.err, "resume 1 -> 0"),
+                "--resume on rank 0 only: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
 }
 END_TEST

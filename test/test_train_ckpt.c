@@ -129,7 +129,8 @@ END_TEST
 
 /* Rewrites checkpoint `file` as gw-train wrote it before the loss scaler was
  * saved: the same tensors but "scaler", the checksum (FNV-1a 64 over the
- * tensors' bytes in file order) over those. */
+ * tensors' bytes in file order) over those, and the run named by --data's
+ * text (data=synthetic, COMMON's), not by its samples. */
 static void strip_scaler(const char *file) {
   struct gw_st_file *f = NULL;
   ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
@@ -146,14 +147,19 @@ static void strip_scaler(const char *file) {
   ck_assert_int_eq(n, f->ntensors - 1);
   char sum[32];
   snprintf(sum, sizeof sum, "%016llx", (unsigned long long)h);
-  const char *meta[] = {"format", gw_st_metadata(f, "format"), "config", gw_st_metadata(f, "config"), "checksum", sum,
-                        NULL};
+  char config[512];
+  const char *now = gw_st_metadata(f, "config"), *data = strstr(now, " data=train:");
+  ck_assert_msg(data, "no data=train: in the config '%s'", now);
+  const char *after = strchr(data + 1, ' ');
+  snprintf(config, sizeof config, "%.*s data=synthetic%s", (int)(data - now), now, after);
+  const char *meta[] = {"format", gw_st_metadata(f, "format"), "config", config, "checksum", sum, NULL};
   ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
   gw_st_free(f);
 }
 
-/* A checkpoint of an older gw-train (no loss scaler state) still resumes: the
- * scale restarts at its initial value, and the run says so. */
+/* A checkpoint of an older gw-train (no loss scaler state, the data named by
+ * --data's text) still resumes: the scale restarts at its initial value, and
+ * the run says so. */
 START_TEST(test_resume_old_checkpoint) {
   char dir[512], c2[600];
   path(dir, sizeof dir, "ckpt-old");
@@ -497,9 +503,11 @@ START_TEST(test_resume_runs_pending_evaluation) {
 }
 END_TEST
 
-/* A --data path long enough to push the rest of the run's description past
- * the 512 bytes it once had: a resume with another batch is still refused. */
-START_TEST(test_long_data_path_still_checked) {
+/* Checkpoints name the training samples, not --data's text: the same files
+ * reached by another path (here a long one through a link, then the default
+ * path) resume; another batch, or other samples under the same --data
+ * (another --synthetic-samples), are refused naming both. */
+START_TEST(test_data_named_by_samples) {
   char deep[1024], link[1100], spec[1200], dir[512], seg[201];
   memset(seg, 'd', 200), seg[200] = 0;
   path(deep, sizeof deep, seg);
@@ -526,13 +534,31 @@ START_TEST(test_long_data_path_still_checked) {
   ck_assert_msg(r.code != 0 && strstr(r.err, "from another run"), "a resume with another batch: exit %d\n%s\n%s",
                 r.code, r.out, r.err);
   gwrun_free(&r);
+  args[4] = "fashion-mnist", args[14] = "2", args[16] = "8";
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 180);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "at step 1"), "the same samples under another path did not resume:\n%s", r.out);
+  gwrun_free(&r);
+  /* COMMON's 96 synthetic samples, then 64 */
+  path(dir, sizeof dir, "ckpt-synthetic");
+  const char *more[] = {"--steps", "1", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL, NULL, NULL};
+  train(&r, noenv, "1", more);
+  expect_ok(&r);
+  gwrun_free(&r);
+  more[6] = "--resume", more[7] = "--synthetic-samples", more[8] = "64";
+  train(&r, noenv, "1", more);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "from another run") && strstr(r.err, "data=train:96:") &&
+                    strstr(r.err, "data=train:64:"),
+                "a resume on other samples: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 
 void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
   tcase_add_test(tc, test_resume_runs_pending_evaluation);
-  tcase_add_test(tc, test_long_data_path_still_checked);
+  tcase_add_test(tc, test_data_named_by_samples);
   tcase_add_test(tc, test_checkpoint_dir_guarded);
   tcase_add_test(tc, test_resume_is_bit_exact);
   tcase_add_test(tc, test_resume_keeps_loss_scale);

@@ -215,9 +215,9 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
 
 /* Checks f against the model and the run, then copies it in; 0 or -1 + why. */
 static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
-                    const char *config, char *why, size_t whylen) {
+                    const char *config, const char *legacy, char *why, size_t whylen) {
   const char *cfg = gw_st_metadata(f, "config"), *sum = gw_st_metadata(f, "checksum");
-  if (!cfg || strcmp(cfg, config) != 0) {
+  if (!cfg || (strcmp(cfg, config) != 0 && (!legacy || strcmp(cfg, legacy) != 0))) {
     snprintf(why, whylen, "it is from another run (%s; this run is %s)", cfg ? cfg : "no configuration", config);
     return -1;
   }
@@ -277,7 +277,7 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
 }
 
 int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
-                     const char *config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
+                     const char *config, const char *legacy_config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
                      size_t errlen) {
   int64_t steps[MAX_CKPT];
   int n = list_steps(dir, steps, MAX_CKPT);
@@ -299,7 +299,7 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
     }
     int ok = opened == GW_SUCCESS;
     if (!ok) snprintf(why, sizeof why, "%s", gw_model_last_error());
-    ok = ok && load_one(f, m, sgd, st, config, why, sizeof why) == 0;
+    ok = ok && load_one(f, m, sgd, st, config, legacy_config, why, sizeof why) == 0;
     gw_st_free(f);
     if (ok) {
       /* The newer files refused: out of the way of this run's pruning and saves

@@ -53,7 +53,8 @@ struct trainer {
   double peak_lr;
   struct ckpt_state st;
   struct train_log log;
-  char config[4608]; /* --data's path (up to PATH_MAX) and the rest */
+  char config[512];         /* the run as checkpoints name it (gw-train-setup.c) */
+  char config_legacy[4608]; /* as they named it before: --data's text (up to PATH_MAX), not its samples */
   float *pad_x, *logits;
   int32_t *pad_y;
 };

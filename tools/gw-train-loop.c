@@ -98,8 +98,8 @@ int trainer_resume(struct trainer *t) {
   if (t->rank == 0) {
     char path[4096], note[700], err[700];
     note[0] = 0;
-    int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, path, sizeof path, note,
-                             sizeof note, err, sizeof err);
+    int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, t->config_legacy, path,
+                             sizeof path, note, sizeof note, err, sizeof err);
     /* The saved scale carries on only where this run scales dynamically and the
      * saved run scaled too; a fixed --loss-scale (or none) is the flag's. */
     if (r == 0 && t->st.has_scaler && (!t->o->loss_scale_dynamic || !t->st.loss_scale || !initial_scale))

@@ -71,6 +71,11 @@ static int same_options_everywhere(struct trainer *t) {
   if (train_opts_describe(t->o, mine, sizeof mine) >= sizeof mine) return train_fail(t, "options", "too long to compare");
   memcpy(t->st.options, mine, sizeof mine);
   if (t->world == 1) return 0;
+  /* --resume too (not kept: a resume is not a changed option): a rank
+   * without it would skip rank 0's resume broadcasts and pair the first
+   * gradient allreduce with them. */
+  const size_t used = strlen(mine);
+  snprintf(mine + used, sizeof mine - used, " resume=%d", t->o->resume);
   memcpy(r0, mine, sizeof r0);
   if (train_bcast(t, r0, sizeof r0, GW_UINT8, "comparing the options with rank 0's") != 0) return -1;
   r0[sizeof r0 - 1] = 0;
@@ -236,17 +241,28 @@ static int setup_model(struct trainer *t) {
              t->np * sizeof(float) >> 20);
     return train_fail(t, "optimizer", d);
   }
-  /* What a resumed run must share with the saved one (the data order and the
-   * steps per epoch come from data, world, batch, seed and --drop-last; the
-   * last is named only when on, so older checkpoints of default runs match). */
-  int len = snprintf(t->config, sizeof t->config,
-           "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d seed=%llu%s",
-           o->model_name, cfg.classes, cfg.in_channels, cfg.image_size,
-           cfg.stem == GW_STEM_SMALL ? "small" : "imagenet", cfg.width_divisor, o->data, t->world, o->batch,
-           (unsigned long long)cfg.seed, o->drop_last ? " drop_last" : "");
-  /* Cut short, it would lose what follows the data (a resume with another
-   * world size or batch would pass). */
-  if (len < 0 || (size_t)len >= sizeof t->config) return train_fail(t, "--data", "the name is too long");
+  /* What a resumed run must share with the saved one: the model, and what
+   * fixes the data order and the steps per epoch: the training samples (their
+   * number and the hash of their file list and labels, not --data's text: the
+   * same files elsewhere resume, other files under the same name or another
+   * --synthetic-samples do not), world, batch, seed and --drop-last (named
+   * only when on, so older checkpoints of default runs match).  Checkpoints
+   * written before named --data's text instead: config_legacy, still taken. */
+  char data_id[64];
+  snprintf(data_id, sizeof data_id, "train:%lld:%016llx", (long long)gw_dataset_size(t->train_ds),
+           (unsigned long long)gw_dataset_fingerprint(t->train_ds));
+  for (int legacy = 0; legacy < 2; legacy++) {
+    char *buf = legacy ? t->config_legacy : t->config;
+    const size_t cap = legacy ? sizeof t->config_legacy : sizeof t->config;
+    int len = snprintf(buf, cap,
+                       "%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d data=%s world=%d batch=%d "
+                       "seed=%llu%s", o->model_name, cfg.classes, cfg.in_channels, cfg.image_size,
+                       cfg.stem == GW_STEM_SMALL ? "small" : "imagenet", cfg.width_divisor, legacy ? o->data : data_id,
+                       t->world, o->batch, (unsigned long long)cfg.seed, o->drop_last ? " drop_last" : "");
+    /* Cut short, it would lose what follows the data (a resume with another
+     * world size or batch would pass). */
+    if (len < 0 || (size_t)len >= cap) return train_fail(t, "--data", "the name is too long");
+  }
   /* One model everywhere: rank 0's. */
   if (train_bcast(t, gw_model_params(t->m), t->np, GW_FLOAT32, "broadcasting the initial weights") != 0) return -1;
   return train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "broadcasting the BN statistics");

@@ -102,11 +102,13 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
  * exist) and is writable, and holds no checkpoint unless resuming: a new run
  * would overwrite another's files and prune them.  0, or -1 with err. */
 int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen);
-/* Loads the newest valid checkpoint of dir; a corrupt newer one is reported in
- * err_note (and skipped).  Returns 0 on success, 1 when dir holds none, -1 on an
- * error (err says which file and why). */
+/* Loads the newest valid checkpoint of dir written by a run described as
+ * config (or legacy_config: as older gw-trains described it; may be NULL); a
+ * corrupt or other run's newer one is reported in err_note (and skipped).
+ * Returns 0 on success, 1 when dir holds none, -1 on an error (err says which
+ * file and why). */
 int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
-                     const char *config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
+                     const char *config, const char *legacy_config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
                      size_t errlen);
 
 /* ---- output (gw-train-log.c) */
