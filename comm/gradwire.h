@@ -49,12 +49,16 @@ typedef enum {
   GW_NUM_DTYPES = 8
 } gw_dtype_t;
 
+/* Integer SUM and PROD wrap around in the type (as unsigned arithmetic does);
+ * floating MAX and MIN propagate NaN (a NaN on any rank makes that element NaN
+ * everywhere, whatever the algorithm). */
 typedef enum {
   GW_SUM = 0,
   GW_PROD = 1,
   GW_MAX = 2,
   GW_MIN = 3,
-  GW_AVG = 4, /* SUM, then one division by the number of ranks */
+  GW_AVG = 4, /* SUM, then one division by the number of ranks (integers: the
+               * wrapped sum divided, truncating: int8 100 and 100 average -28) */
   GW_NUM_OPS = 5
 } gw_op_t;
 

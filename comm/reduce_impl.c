@@ -70,7 +70,11 @@ DEF_INT(i32, int32_t, uint32_t)
 DEF_INT(i64, int64_t, uint64_t)
 
 /* fp32 / fp64: computed in the type itself.  AVG divides (not multiplies by 1/n)
- * so that exactly representable means stay exact. */
+ * so that exactly representable means stay exact.  MAX/MIN propagate NaN (a
+ * NaN operand is the result, the first one when both are): with a plain
+ * `x > y ? x : y` a NaN survived as the second operand only, so whether a
+ * NaN input came out depended on the rank's place in the ring, the count and
+ * the algorithm. */
 #define DEF_FLT(NAME, T)                                                             \
   static void NAME##_sum(void *d0, void *d1, const void *a, const void *b, size_t n,  \
                          uint32_t div) {                                              \
@@ -89,12 +93,12 @@ DEF_INT(i64, int64_t, uint64_t)
   static void NAME##_max(void *d0, void *d1, const void *a, const void *b, size_t n,  \
                          uint32_t div) {                                              \
     (void)div;                                                                       \
-    LOOP(T, x[i] > y[i] ? x[i] : y[i])                                               \
+    LOOP(T, x[i] > y[i] || x[i] != x[i] ? x[i] : y[i])                               \
   }                                                                                  \
   static void NAME##_min(void *d0, void *d1, const void *a, const void *b, size_t n,  \
                          uint32_t div) {                                              \
     (void)div;                                                                       \
-    LOOP(T, x[i] < y[i] ? x[i] : y[i])                                               \
+    LOOP(T, x[i] < y[i] || x[i] != x[i] ? x[i] : y[i])                               \
   }
 
 DEF_FLT(f32, float)
@@ -103,8 +107,8 @@ DEF_FLT(f64, double)
 /* fp16 / bf16: widen to fp32, operate, round once to nearest even. */
 static inline float op_sum(float p, float q) { return p + q; }
 static inline float op_prod(float p, float q) { return p * q; }
-static inline float op_max(float p, float q) { return p > q ? p : q; }
-static inline float op_min(float p, float q) { return p < q ? p : q; }
+static inline float op_max(float p, float q) { return p > q || p != p ? p : q; }
+static inline float op_min(float p, float q) { return p < q || p != p ? p : q; }
 
 #define DEF_H16_SCALAR(NAME, TOF, FROMF, OP)                                         \
   static void NAME(void *d0, void *d1, const void *a, const void *b, size_t n,        \
@@ -133,6 +137,7 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
       __m256 q = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));         \
       __m256 r = VOP(p, q);                                                          \
       if (div > 1) r = _mm256_div_ps(r, vdv);                                        \
+      r = canonical_nan(r);                                                          \
       __m128i h = _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT);                     \
       _mm_storeu_si128((__m128i *)(o0 + i), h);                                      \
       if (o1) _mm_storeu_si128((__m128i *)(o1 + i), h);                              \
@@ -143,9 +148,20 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
       if (o1) o1[i] = h;                                                             \
     }                                                                                \
   }
-/* max/min: match the scalar p > q ? p : q (second operand on NaN or equal). */
-static inline __m256 vmax(__m256 p, __m256 q) { return _mm256_blendv_ps(q, p, _mm256_cmp_ps(p, q, _CMP_GT_OQ)); }
-static inline __m256 vmin(__m256 p, __m256 q) { return _mm256_blendv_ps(q, p, _mm256_cmp_ps(p, q, _CMP_LT_OQ)); }
+/* max/min: match the scalar op_max / op_min (p when greater or a NaN, else q). */
+static inline __m256 vpick(__m256 p, __m256 q, __m256 p_wins) {
+  return _mm256_blendv_ps(q, p, _mm256_or_ps(p_wins, _mm256_cmp_ps(p, p, _CMP_UNORD_Q)));
+}
+static inline __m256 vmax(__m256 p, __m256 q) { return vpick(p, q, _mm256_cmp_ps(p, q, _CMP_GT_OQ)); }
+static inline __m256 vmin(__m256 p, __m256 q) { return vpick(p, q, _mm256_cmp_ps(p, q, _CMP_LT_OQ)); }
+/* A NaN lane as the scalar cvt_f2h narrows it (0x7e00 and the sign): the
+ * instruction would keep the payload, so ranks whose tables differ (F16C or
+ * not) could end with other bits. */
+static inline __m256 canonical_nan(__m256 r) {
+  const __m256 sign = _mm256_and_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
+  const __m256 quiet = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
+  return _mm256_blendv_ps(r, quiet, _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+}
 DEF_F16(f16_sum, op_sum, _mm256_add_ps)
 DEF_F16(f16_prod, op_prod, _mm256_mul_ps)
 DEF_F16(f16_max, op_max, vmax)

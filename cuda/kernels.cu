@@ -28,11 +28,12 @@
  *     the one in the instruction's first source, which is the compiler's
  *     choice: gcc 12 -O3 builds the generic fp32/fp64 loops with a first and
  *     the fp16/bf16 loops with b first, and so does this file.  (The host
- *     tables do not agree among themselves there: the F16C fp16 path keeps NaN
- *     payloads where the generic one returns 0x7e00, and the AVX-512 loops'
- *     remainders may pick the other NaN; the generic table is the reference.)
- *     MAX/MIN are the host's `x > y ? x : y` and `x < y ? x : y` selections
- *     (never fmaxf), so they pass NaN bits on exactly as the host does.
+ *     tables do not agree among themselves there: the AVX-512 loops'
+ *     remainders may pick the other NaN; the generic table is the reference.
+ *     fp16 NaNs leave every table as 0x7e00 and the sign.)
+ *     MAX/MIN are the host's selections `x > y || x != x ? x : y` and
+ *     `x < y || x != x ? x : y` (a NaN operand wins: never fmaxf, which drops
+ *     it), so they pass NaN bits on exactly as the host does.
  * Everything the element code needs is __host__ __device__: on the host it
  * computes what the device computes (canonical NaNs included), so a CPU-only
  * test can run the kernel bodies against the host kernels.
@@ -230,9 +231,9 @@ struct OpFlt {
     } else if constexpr (K == GW_KOP_PROD) {
       return x86_nan(op_mul(x, y), x, y);
     } else if constexpr (K == GW_KOP_MAX) {
-      return x > y ? x : y;
+      return x > y || x != x ? x : y;
     } else {
-      return x < y ? x : y;
+      return x < y || x != x ? x : y;
     }
   }
 };
@@ -255,9 +256,9 @@ struct OpH16 {
     } else if constexpr (K == GW_KOP_PROD) {
       r = x86_nan(op_mul(p, q), q, p);
     } else if constexpr (K == GW_KOP_MAX) {
-      r = p > q ? p : q;
+      r = p > q || p != p ? p : q;
     } else {
-      r = p < q ? p : q;
+      r = p < q || p != p ? p : q;
     }
     if (avg) r = div_x86(r, dv);
     return BF16 ? f2bf(r) : f2h(r);

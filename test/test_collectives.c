@@ -21,7 +21,8 @@
  * collectives "grid", so CK_RUN_CASE can pick one.  `--tree` runs the tree's
  * own tests instead: the shape of both trees for every world size up to 300, a
  * rank killed during a tree allreduce, a tree allreduce against a ring
- * collective (both also in the LL format), and ranks that disagree on GW_ALGO. */
+ * collective (both also in the LL format), ranks that disagree on GW_ALGO, and
+ * a NaN through MAX and MIN by every algorithm. */
 #include <check.h>
 #include <inttypes.h>
 #include <math.h>
@@ -551,6 +552,31 @@ static int raw_algo_differs(int rank, int n, const char *master, void *arg) {
 START_TEST(test_tree_algo_must_agree) { ck_assert_int_eq(run_ranks_raw(3, raw_algo_differs, NULL, 90), 0); }
 END_TEST
 
+/* A NaN on one rank makes MAX and MIN NaN at every element on every rank, by
+ * every algorithm: with `x > y ? x : y` it came out in the blocks the NaN's
+ * rank owned in the ring (a third of them at 3 ranks), everywhere in the
+ * exchange, and by its position in the tree. */
+static int body_nan_max(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  static const char *algos[] = {"ring", "tree", "exchange"};
+  enum { COUNT = 48 };
+  float buf[COUNT];
+  for (int a = 0; a < 3; a++)
+    for (int op = 0; op < 2; op++) {
+      EXPECT(gw_comm_set_algo(comm, algos[a], "simple") == GW_SUCCESS, "set_algo %s: %s", algos[a],
+             gw_comm_last_error(comm));
+      for (int i = 0; i < COUNT; i++) buf[i] = rank == 1 ? NAN : (float)(rank + i);
+      gw_result_t r = gw_allreduce(buf, buf, COUNT, GW_FLOAT32, op ? GW_MIN : GW_MAX, comm, NULL);
+      EXPECT(r == GW_SUCCESS, "%s: %s", algos[a], gw_comm_last_error(comm));
+      for (int i = 0; i < COUNT; i++)
+        EXPECT(isnan(buf[i]), "%s %s: element %d is %g, not NaN", algos[a], op ? "min" : "max", i, buf[i]);
+    }
+  return 0;
+}
+
+START_TEST(test_nan_max_every_algo) { ck_assert_int_eq(run_ranks(3, body_nan_max, NULL, 90), 0); }
+END_TEST
+
 static int run_tree_tests(void) {
   Suite *s = suite_create("tree");
   TCase *tc = tcase_create("tree");
@@ -558,6 +584,7 @@ static int run_tree_tests(void) {
   tcase_add_test(tc, test_tree_shape);
   tcase_add_test(tc, test_tree_shape_hier);
   tcase_add_test(tc, test_tree_killed_rank);
+  tcase_add_test(tc, test_nan_max_every_algo);
   tcase_add_test(tc, test_tree_vs_ring_named);
   tcase_add_test(tc, test_tree_algo_must_agree);
   suite_add_tcase(s, tc);

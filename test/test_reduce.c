@@ -1,6 +1,7 @@
 /* test_reduce.c - the host reduction kernels: every SIMD build this CPU can run
  * against a scalar reference written here, for every dtype and op, odd lengths,
- * both outputs, in-place aliasing and the AVG division; and the fp16/bf16
+ * both outputs, in-place aliasing and the AVG division; NaN through MAX and
+ * MIN; and the fp16/bf16
  * conversions against the compiler's _Float16 and an independent bf16 rounding. */
 #include <check.h>
 #include <math.h>
@@ -119,6 +120,48 @@ START_TEST(test_kernels_match_reference) {
 }
 END_TEST
 
+/* MAX and MIN propagate NaN: the result is a NaN wherever either operand is
+ * one (with `x > y ? x : y` a NaN survived as the second operand only, so a
+ * ring's NaN came out or not by the rank's place), the rest as usual, and
+ * every table the CPU runs gives the generic table's bits (fp16 NaNs
+ * included: the F16C path kept their payloads). */
+START_TEST(test_nan_max_min) {
+  enum { N = 37 };
+  static const gw_dtype_t dts[] = {GW_FLOAT16, GW_BFLOAT16, GW_FLOAT32, GW_FLOAT64};
+  static const uint64_t nans[] = {0xfd32, 0xffc1, 0xffc12345, 0x7ff4000000000001ull}; /* payload, sign */
+  uint8_t a[N * 8], b[N * 8], out[N * 8], ref[N * 8];
+  const gw_reduce_table_t *generic = gw__reduce_table_named("generic");
+  ck_assert_ptr_nonnull(generic);
+  for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+    for (int kop = GW_KOP_MAX; kop <= GW_KOP_MIN; kop++) {
+      const gw_dtype_t dt = dts[d];
+      const size_t es = gw_dtype_size(dt);
+      fill(a, dt, N, 7);
+      fill(b, dt, N, 8);
+      for (size_t i = 0; i < N; i++) {
+        if (i % 3 == 0) memcpy(a + i * es, &nans[d], es);
+        if (i % 5 == 0) memcpy(b + i * es, &nans[d], es);
+        if (i % 7 == 0) memcpy(b + i * es, a + i * es, es); /* equal operands (or both NaN) */
+      }
+      (*generic)[dt][kop](ref, NULL, a, b, N, 0);
+      for (size_t i = 0; i < N; i++) {
+        const double x = gw_value_load(a, dt, i), y = gw_value_load(b, dt, i), r = gw_value_load(ref, dt, i);
+        const double want = isnan(x) || isnan(y) ? NAN : kop == GW_KOP_MAX ? fmax(x, y) : fmin(x, y);
+        ck_assert_msg(isnan(want) ? isnan(r) : r == want, "%s kop %d element %zu: %g and %g gave %g",
+                      gw_dtype_name(dt), kop, i, x, y, r);
+      }
+      for (size_t v = 1; v < 3; v++) {
+        const gw_reduce_table_t *t = gw__reduce_table_named(variants[v]);
+        if (!t) continue;
+        (*t)[dt][kop](out, NULL, a, b, N, 0);
+        for (size_t i = 0; i < N; i++)
+          ck_assert_msg(!memcmp(out + i * es, ref + i * es, es), "%s %s kop %d element %zu: other bits than generic's",
+                        variants[v], gw_dtype_name(dt), kop, i);
+      }
+    }
+}
+END_TEST
+
 /* The array conversions of every instruction-set build against the scalar
  * ones: every 16-bit pattern widened, and floats around every rounding case
  * narrowed (NaN payloads aside: F16C keeps them, the scalar code does not). */
@@ -209,6 +252,7 @@ int main(void) {
   TCase *tc = tcase_create("kernels");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_kernels_match_reference);
+  tcase_add_test(tc, test_nan_max_min);
   tcase_add_test(tc, test_half_conversions_exact);
   tcase_add_test(tc, test_array_conversions);
   tcase_add_test(tc, test_bf16_conversions);
