@@ -41,6 +41,11 @@ enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO
 #define GW_DESC_DEVICE 1u
 #define GW_DESC_ALGO_SHIFT 1
 #define GW_DESC_PROTO_SHIFT 3
+/* A piece of a staged device call that more pieces follow (device.c): the
+ * pieces' headers carry the piece's count, so ranks whose calls differ by a
+ * whole number of pieces would pair one call's extra pieces with the next
+ * call's first; at the shorter call's last piece the headers differ. */
+#define GW_DESC_MORE (1u << 4)
 
 /* One operation as the algorithms see it. */
 struct gw_op {

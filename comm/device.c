@@ -292,6 +292,7 @@ static void piece_of(const struct gw_comm *comm, const struct gw_op *op, uint64_
   p->sub = *op;
   p->sub.desc.count = p->n;
   p->sub.desc.seq = op->desc.seq + k;
+  if (p->off + p->n < op->desc.count) p->sub.desc.pad |= GW_DESC_MORE;
   p->sub.ordered = false;
   p->sub.device_mem = false;
   p->sub.sendbuf = p->sub.recvbuf = buf;

@@ -48,7 +48,7 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
   const bool dev_ring = gw__dev_ring_chunk(comm, op) != 0;
   if (dev_ring) op->algo = GW_ALGO_RING, op->proto = GW_PROTO_SIMPLE; /* one channel (device.c) */
   else choose(comm, op);
-  op->desc.pad = (uint8_t)((op->desc.pad & GW_DESC_DEVICE) | op->algo << GW_DESC_ALGO_SHIFT |
+  op->desc.pad = (uint8_t)((op->desc.pad & (GW_DESC_DEVICE | GW_DESC_MORE)) | op->algo << GW_DESC_ALGO_SHIFT |
                            op->proto << GW_DESC_PROTO_SHIFT);
   if (dev_ring) {
     res = gw__ring_run_channel(comm, 0, 1, op, err);

@@ -38,6 +38,8 @@ void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len) {
   }
   size_t used = strlen(buf);
   if (d->pad & GW_DESC_DEVICE && used < len) used += (size_t)snprintf(buf + used, len - used, " on device memory");
+  if (d->pad & GW_DESC_MORE && used < len)
+    used += (size_t)snprintf(buf + used, len - used, " (a piece of a staged device call, more to come)");
   const int algo = (d->pad >> GW_DESC_ALGO_SHIFT) & 3, proto = (d->pad >> GW_DESC_PROTO_SHIFT) & 1;
   if (algo && used < len) snprintf(buf + used, len - used, " by %s/%s", gw__algo_name(algo), gw__proto_name(proto));
 }

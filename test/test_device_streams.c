@@ -6,6 +6,7 @@
  *     the runtime uses (GW_DEV_EMU_CONNECTIONS=2);
  *   - "unqueued": an operation whose work cannot all be put on its stream
  *     (the emulator's injected launch failure);
+ *   - "pieces_differ": staged calls whose counts differ by a whole piece;
  * and the "misuse" case's setup that failed part way (device_setup_retry). */
 #include <check.h>
 #include <stdint.h>
@@ -52,6 +53,37 @@ int device_setup_retry(int rank, int n, const char *master, void *arg) {
   DCHECK(dv->host_free(h));
   return 0;
 }
+
+/* ---- calls that differ by whole pieces ----------------------------------------------------------- */
+/* Staged calls travel as pieces whose headers carry the piece's count: rank 0
+ * with two pieces and rank 1 with three used to pass rank 0's call and pair
+ * rank 1's third piece with rank 0's next call (gradients silently wrong in a
+ * training loop).  The pieces that more follow say so, so both ranks fail at
+ * rank 0's last piece, naming it. */
+static int body_pieces_differ(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  setenv("GW_DEV_IPC", "0", 1); /* staged */
+  setenv("GW_DEV_STAGE_BYTES", "65536", 1);
+  gw_comm_t comm;
+  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  const size_t count = rank == 0 ? 32768 : 49152; /* 16384 int32 per piece: 2 and 3 pieces */
+  int32_t *d;
+  DCHECK(dv->alloc((void **)&d, 49152 * 4));
+  gw_result_t r = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, NULL), async = GW_SUCCESS;
+  DCHECK(dv->stream_sync(NULL));
+  GWCHECK(gw_comm_get_async_error(comm, &async), comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT || async == GW_ERR_INVALID_ARGUMENT, "returned %s, async %s: %s",
+         gw_strerror(r), gw_strerror(async), gw_comm_last_error(comm));
+  EXPECT(strstr(gw_comm_last_error(comm), "differ") && strstr(gw_comm_last_error(comm), "more to come"),
+         "message: %s", gw_comm_last_error(comm));
+  gw_comm_destroy(comm);
+  DCHECK(dv->free(d));
+  return 0;
+}
+
+START_TEST(pieces_differ) { ck_assert_int_eq(run_ranks_raw(2, body_pieces_differ, NULL, 120), 0); }
+END_TEST
 
 /* ---- two streams ------------------------------------------------------------------------------ */
 /* Staged operations on two streams in turn with no host synchronization
@@ -231,9 +263,9 @@ START_TEST(queue_taken) { ck_assert_int_eq(run_ranks(2, body_queue_taken, NULL, 
 END_TEST
 
 void device_add_stream_cases(Suite *s) {
-  const char *names[] = {"streams", "queues", "unqueued", "queue_taken"};
-  const TTest *tests[] = {streams, queues, unqueued, queue_taken};
-  for (int i = 0; i < 4; i++) {
+  const char *names[] = {"streams", "queues", "unqueued", "queue_taken", "pieces_differ"};
+  const TTest *tests[] = {streams, queues, unqueued, queue_taken, pieces_differ};
+  for (int i = 0; i < 5; i++) {
     TCase *tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);
