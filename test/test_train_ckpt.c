@@ -159,7 +159,8 @@ static void strip_scaler(const char *file) {
 
 /* A checkpoint of an older gw-train (no loss scaler state, the data named by
  * --data's text) still resumes: the scale restarts at its initial value, and
- * the run says so. */
+ * the run says so, and that the samples were not checked.  Behind a newer
+ * checkpoint of other samples it is refused. */
 START_TEST(test_resume_old_checkpoint) {
   char dir[512], c2[600];
   path(dir, sizeof dir, "ckpt-old");
@@ -177,8 +178,28 @@ START_TEST(test_resume_old_checkpoint) {
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2") &&
                     strstr(r.out, "no loss scaler state (written by an older gw-train); the loss scale restarts at "
-                                  "65536"),
+                                  "65536") &&
+                    strstr(r.out, "names --data's text (an older gw-train wrote it), not its samples"),
                 "an old checkpoint was not resumed with a note:\n%s", r.out);
+  gwrun_free(&r);
+  /* An old file behind a newer one of other samples: the data changed since,
+   * so neither is taken (the old one resumed from 100 steps back on the new
+   * data, and the newer file was moved aside). */
+  char dir2[512], c4[600];
+  path(dir2, sizeof dir2, "ckpt-old-mixed");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir2);
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir2);
+  args[1] = "4", args[9] = dir2, args[12] = NULL;
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  strip_scaler(c2);
+  const char *other[] = {"--steps", "6", "--batch", "8", "--amp", "bf16", "--loss-scale", "dynamic", "--checkpoint-dir",
+                         dir2, "--resume", "--synthetic-samples", "64", NULL};
+  train(&r, noenv, "1", other);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "the data changed since") && access(c4, F_OK) == 0 &&
+                    access(c2, F_OK) == 0,
+                "an old checkpoint behind one of other samples: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
 }
 END_TEST

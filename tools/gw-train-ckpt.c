@@ -213,12 +213,18 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
   return 0;
 }
 
-/* Checks f against the model and the run, then copies it in; 0 or -1 + why. */
+/* Whether a checkpoint's configuration names the training samples (this
+ * gw-train's), not --data's text (an older one's). */
+static bool names_samples(const char *cfg) { return cfg && strstr(cfg, " data=train:") != NULL; }
+
+/* Checks f against the model and the run, then copies it in; 0 or -1 + why.
+ * legacy: the run as older gw-trains described it (NULL: not taken). */
 static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
                     const char *config, const char *legacy, char *why, size_t whylen) {
   const char *cfg = gw_st_metadata(f, "config"), *sum = gw_st_metadata(f, "checksum");
   if (!cfg || (strcmp(cfg, config) != 0 && (!legacy || strcmp(cfg, legacy) != 0))) {
-    snprintf(why, whylen, "it is from another run (%s; this run is %s)", cfg ? cfg : "no configuration", config);
+    snprintf(why, whylen, "it is from another run (%s; this run is %s)", cfg ? cfg : "no configuration",
+             cfg && !names_samples(cfg) && legacy ? legacy : config);
     return -1;
   }
   struct ckpt_tensors want;
@@ -282,8 +288,9 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
   int64_t steps[MAX_CKPT];
   int n = list_steps(dir, steps, MAX_CKPT);
   if (n < 0) return errno == ENOENT ? 1 : (snprintf(err, errlen, "cannot read %s: %s", dir, strerror(errno)), -1);
-  char why[600];
+  char why[1200];
   size_t used = 0;
+  int other_samples = 0; /* a newer file of this gw-train's was refused */
   err_note[0] = 0;
   for (int i = 0; i < n; i++) {
     snprintf(path_out, pathlen, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[i]);
@@ -299,7 +306,18 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
     }
     int ok = opened == GW_SUCCESS;
     if (!ok) snprintf(why, sizeof why, "%s", gw_model_last_error());
-    ok = ok && load_one(f, m, sgd, st, config, legacy_config, why, sizeof why) == 0;
+    /* An older gw-train's file (the data named by --data's text) only while no
+     * newer file naming other samples was refused: that one says the data
+     * changed, which the older file cannot tell. */
+    const char *cfg = ok ? gw_st_metadata(f, "config") : NULL;
+    if (ok && other_samples && legacy_config && cfg && !strcmp(cfg, legacy_config)) {
+      snprintf(why, sizeof why, "it names --data's text (an older gw-train wrote it), and a newer checkpoint here "
+               "names other training samples than this run's: the data changed since");
+      ok = 0;
+    }
+    ok = ok && load_one(f, m, sgd, st, config, other_samples ? NULL : legacy_config, why, sizeof why) == 0;
+    const bool legacy_loaded = ok && !names_samples(cfg);
+    if (!ok && names_samples(cfg) && strcmp(cfg, config) != 0) other_samples = 1;
     gw_st_free(f);
     if (ok) {
       /* The newer files refused: out of the way of this run's pruning and saves
@@ -318,6 +336,10 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
         int w = snprintf(err_note + used, notelen > used ? notelen - used : 0, "; moved to %s", to);
         if (w > 0) used += (size_t)w < notelen - used ? (size_t)w : notelen - used - 1;
       }
+      if (legacy_loaded)
+        snprintf(err_note + used, notelen > used ? notelen - used : 0, "%s%s names --data's text (an older gw-train "
+                 "wrote it), not its samples: that they are the same files was not checked", used ? "; " : "",
+                 path_out);
       return 0;
     }
     /* Remember what was wrong with each newer file; go on to the older one. */
