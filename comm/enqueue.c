@@ -218,10 +218,13 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
  * handoff on the latency path), else queues behind the earlier operations and
  * waits.  Non-blocking (reqp != NULL): queues for the progress thread.  Like an
  * NCCL communicator, one communicator is driven by one thread at a time; calls
- * from several threads at once need the caller's own ordering. */
+ * from several threads at once need the caller's own ordering (across ranks),
+ * but never run at once here: a blocking call that finds another thread's
+ * running inline queues behind it (two inline at once shared the connections'
+ * unsynchronized state: a slot claimed twice, chunks under the other call's
+ * header). */
 static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
-  if (!reqp && !op->ordered && atomic_load(&comm->pending) == 0) {
-    atomic_store(&comm->inline_busy, true);
+  if (!reqp && !op->ordered && atomic_load(&comm->pending) == 0 && !atomic_exchange(&comm->inline_busy, true)) {
     /* Re-check after announcing: the progress thread waits for inline_busy to
      * clear before it starts anything queued meanwhile. */
     if (atomic_load(&comm->pending) == 0) {

@@ -77,7 +77,8 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm);
 /* master_host_port: "host:port" where rank 0 serves the rendezvous. */
 gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *master_host_port);
 
-/* Frees everything the communicator holds; accepts NULL. */
+/* Frees everything the communicator holds; accepts NULL.  Destroy its
+ * bucketers before it (they use it); the handle is invalid afterwards. */
 gw_result_t gw_comm_destroy(gw_comm_t comm);
 
 /* From any thread: every operation of comm that is waiting, and every later one,
@@ -165,7 +166,13 @@ gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error);
  * both be host or both device memory of the communicator's device.  In place when
  * sendbuf == recvbuf (allgather: sendbuf == recvbuf + rank * sendcount elements;
  * reduce-scatter: recvbuf == sendbuf + rank * recvcount elements; equal
- * pointers there are in place on rank 0 only, elsewhere an overlap, refused). */
+ * pointers there are in place on rank 0 only, elsewhere an overlap, refused).
+ * Every rank must make the same calls in the same order.  As with NCCL, one
+ * thread drives a communicator at a time: calls from several threads at once
+ * run one after another, but in an order the ranks need not agree on.  A call
+ * refused for its arguments (GW_ERR_INVALID_ARGUMENT, GW_ERR_UNSUPPORTED:
+ * nothing ran) is not seen by the other ranks, which wait for it until
+ * GW_TIMEOUT: make the call right, or gw_comm_abort. */
 
 gw_result_t gw_allreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
                          gw_op_t op, gw_comm_t comm, void *stream);

@@ -624,6 +624,44 @@ static int body_nonblocking(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_nonblocking) { ck_assert_int_eq(run_ranks(3, body_nonblocking, NULL, 120), 0); }
 END_TEST
 
+/* Two threads of each rank calling blocking allreduces on one communicator at
+ * once (calls of the same shape, so any pairing across ranks is right): they
+ * run one after the other.  Both ran inline at once, sharing the
+ * connections' state: slots claimed twice, chunks under the other call's
+ * header, wrong sums or a hang. */
+struct two_threads {
+  gw_comm_t comm;
+  int n, bad;
+  gw_result_t r;
+};
+
+static void *hammer(void *arg) {
+  struct two_threads *t = arg;
+  int32_t buf[2048];
+  for (int it = 0; it < 150 && t->r == GW_SUCCESS && !t->bad; it++) {
+    for (int i = 0; i < 2048; i++) buf[i] = 1;
+    t->r = gw_allreduce(buf, buf, 2048, GW_INT32, GW_SUM, t->comm, NULL);
+    for (int i = 0; i < 2048 && t->r == GW_SUCCESS; i++) t->bad |= buf[i] != t->n;
+  }
+  return NULL;
+}
+
+static int body_two_threads(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  struct two_threads t[2] = {{comm, n, 0, GW_SUCCESS}, {comm, n, 0, GW_SUCCESS}};
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, hammer, &t[1]) == 0, "pthread_create");
+  hammer(&t[0]);
+  pthread_join(th, NULL);
+  for (int k = 0; k < 2; k++)
+    EXPECT(t[k].r == GW_SUCCESS && !t[k].bad, "rank %d thread %d: %s, %s", rank, k, gw_strerror(t[k].r),
+           t[k].bad ? "wrong sums" : "sums right");
+  return 0;
+}
+
+START_TEST(test_two_threads_one_comm) { ck_assert_int_eq(run_ranks(2, body_two_threads, NULL, 120), 0); }
+END_TEST
+
 /* One buffer as both send and receive buffer is in place for allgather and
  * reduce_scatter only on rank 0 (the layout puts a rank's part at its
  * offset); on another rank it overlaps (reduce_scatter wrote its output over
@@ -817,6 +855,7 @@ int main(void) {
   tcase_add_test(tc, test_bootstrap_route);
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
+  tcase_add_test(tc, test_two_threads_one_comm);
   tcase_add_test(tc, test_no_shm_leftovers);
   tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);
