@@ -572,45 +572,55 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
   return GW_SUCCESS;
 }
 
+/* A NULL argument of an API call: GW_ERR_INVALID_ARGUMENT with the call named
+ * (in comm's message when there is a communicator, else this thread's). */
+static gw_result_t null_argument(gw_comm_t comm, const char *fn) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "%s: a NULL %s", fn, comm ? "argument" : "communicator");
+  if (comm) gw__comm_set_error(comm, msg);
+  else gw__set_thread_error(msg);
+  return GW_ERR_INVALID_ARGUMENT;
+}
+
 gw_result_t gw_comm_abort(gw_comm_t comm) {
-  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm) return null_argument(comm, "gw_comm_abort");
   atomic_store(&comm->aborted, true);
   GW_WARN(GW_SUB_INIT, "rank %d: communicator aborted by gw_comm_abort", comm->rank);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
-  if (!comm || !rank) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm || !rank) return null_argument(comm, "gw_comm_rank");
   *rank = comm->rank;
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
-  if (!comm || !local_rank) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm || !local_rank) return null_argument(comm, "gw_comm_local_rank");
   *local_rank = comm->local_rank;
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_device(gw_comm_t comm, int *device) {
-  if (!comm || !device) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm || !device) return null_argument(comm, "gw_comm_device");
   *device = comm->device;
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error) {
-  if (!comm || !async_error) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm || !async_error) return null_argument(comm, "gw_comm_get_async_error");
   *async_error = (gw_result_t)atomic_load(&comm->failed);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_size(gw_comm_t comm, int *size) {
-  if (!comm || !size) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm || !size) return null_argument(comm, "gw_comm_size");
   *size = comm->nranks;
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto) {
-  if (!comm || !algo || !proto) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm || !algo || !proto) return null_argument(comm, "gw_comm_set_algo");
   int a = gw__algo_from_name(algo), p = gw__proto_from_name(proto);
   struct gw_errctx err;
   gw_result_t res = GW_SUCCESS;
@@ -639,7 +649,7 @@ struct gw_registration {
 };
 
 gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle) {
-  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm) return null_argument(comm, "gw_comm_register");
   struct gw_errctx err = {{0}};
   gw_result_t r = GW_SUCCESS;
   struct gw_registration *reg = NULL;
@@ -663,7 +673,7 @@ gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **han
 }
 
 gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle) {
-  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm) return null_argument(comm, "gw_comm_deregister");
   struct gw_registration *reg = handle;
   if (reg) {
 #if GW_HAVE_IBVERBS
@@ -675,7 +685,11 @@ gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle) {
 }
 
 gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds) {
-  if (!comm) return GW_ERR_INVALID_ARGUMENT;
+  if (!comm) return null_argument(comm, "gw_comm_set_timeout");
+  if (seconds != seconds) { /* NaN: every deadline would be off without a word */
+    gw__comm_set_error(comm, "gw_comm_set_timeout: the timeout is NaN (0 waits without a limit)");
+    return GW_ERR_INVALID_ARGUMENT;
+  }
   comm->timeout_s = seconds > 0 ? seconds : 0;
   return GW_SUCCESS;
 }

@@ -157,7 +157,7 @@ double gw__env_double(const char *name, double dflt) {
   if (!s || !*s) return dflt;
   char *end = NULL;
   double v = strtod(s, &end);
-  if (end == s || *end) {
+  if (end == s || *end || v != v) { /* NaN compares false with everything: a timeout of NaN never expired */
     GW_WARN(GW_SUB_ENV, "%s=%s is not a number; using the default %g", name, s, dflt);
     return dflt;
   }

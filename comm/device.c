@@ -762,7 +762,7 @@ gw_result_t gw__dev_settle(struct gw_comm *comm, const struct gw_op *op) {
   gw__waiter_init(&w, 0);
   const double deadline = gw__now() + comm->timeout_s;
   while (!gw__dev_settled(comm, op)) {
-    if (gw__now() > deadline || atomic_load(&comm->aborted)) {
+    if ((comm->timeout_s > 0 && gw__now() > deadline) || atomic_load(&comm->aborted)) { /* 0: no limit */
       char me[160], msg[GW_ERRMSG_MAX];
       gw__describe_op(&op->desc, me, sizeof me);
       snprintf(msg, sizeof msg, "rank %d: operation %s was done, but the default stream had not copied its result "

@@ -372,7 +372,7 @@ gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req) {
 
 /* ---- requests ----------------------------------------------------------------------- */
 gw_result_t gw_wait(gw_request_t *reqp) {
-  if (!reqp) return GW_ERR_INVALID_ARGUMENT;
+  if (!reqp) return gw__set_thread_error("gw_wait: a NULL request pointer"), GW_ERR_INVALID_ARGUMENT;
   struct gw_request *req = *reqp;
   if (!req) return GW_SUCCESS;
   /* No deadline here: the operation itself enforces GW_TIMEOUT. */
@@ -383,7 +383,7 @@ gw_result_t gw_wait(gw_request_t *reqp) {
 }
 
 gw_result_t gw_test(gw_request_t *reqp, int *done) {
-  if (!reqp || !done) return GW_ERR_INVALID_ARGUMENT;
+  if (!reqp || !done) return gw__set_thread_error("gw_test: a NULL argument"), GW_ERR_INVALID_ARGUMENT;
   struct gw_request *req = *reqp;
   if (!req) {
     *done = 1;

@@ -359,6 +359,14 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
   if (!path || !samples || nranks < 2 || nsamples < 2)
     return gw__set_thread_error("gw_tune_write: needs a path and samples from at least 2 ranks"),
            GW_ERR_INVALID_ARGUMENT;
+  for (int i = 0; i < nsamples; i++) {
+    const struct gw_tune_sample *t = &samples[i];
+    if (!t->algo || !t->proto || gw__algo_from_name(t->algo) <= GW_ALGO_AUTO || gw__proto_from_name(t->proto) < 0) {
+      gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: sample %d names algorithm '%s' and protocol '%s' (ring, "
+              "tree or exchange; simple or ll)", i, t->algo ? t->algo : "(null)", t->proto ? t->proto : "(null)");
+      return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
+    }
+  }
   char lock[4200], tmp[4200];
   snprintf(lock, sizeof lock, "%s.lock", path);
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());

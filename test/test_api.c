@@ -44,6 +44,14 @@ START_TEST(test_bad_arguments) {
   ck_assert(has(gw_comm_last_error(comm), "unknown dtype 42"));
   ck_assert_int_eq(gw_allreduce(x, y, 4, GW_FLOAT32, (gw_op_t)-1, comm, NULL), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(comm), "unknown reduction op"));
+  /* NULL arguments of the other calls are named too (the message was stale) */
+  ck_assert_int_eq(gw_comm_rank(comm, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(comm), "gw_comm_rank: a NULL argument"));
+  int size;
+  ck_assert_int_eq(gw_comm_size(NULL, &size), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "gw_comm_size: a NULL communicator"));
+  ck_assert_int_eq(gw_wait(NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "gw_wait: a NULL request pointer"));
   ck_assert_int_eq(gw_broadcast(x, y, 4, GW_FLOAT32, 1, comm, NULL), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(comm), "root 1"));
   ck_assert_int_eq(gw_allreduce(x, x + 1, 2, GW_FLOAT32, GW_SUM, comm, NULL), GW_ERR_INVALID_ARGUMENT);
@@ -662,6 +670,20 @@ static int body_two_threads(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_two_threads_one_comm) { ck_assert_int_eq(run_ranks(2, body_two_threads, NULL, 120), 0); }
 END_TEST
 
+/* Numbers from the environment: junk and NaN (which compares false with
+ * everything, so GW_TIMEOUT=nan turned every deadline off) take the default. */
+START_TEST(test_env_numbers) {
+  static const struct { const char *text; double want; } cases[] = {
+      {"2.5", 2.5}, {"abc", 300}, {"nan", 300}, {"-nan", 300}, {"5x", 300}, {"", 300}, {"0", 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("GW_TEST_NUMBER", cases[i].text, 1);
+    const double got = gw__env_double("GW_TEST_NUMBER", 300);
+    ck_assert_msg(got == cases[i].want, "'%s' read as %g", cases[i].text, got);
+  }
+  unsetenv("GW_TEST_NUMBER");
+}
+END_TEST
+
 /* One buffer as both send and receive buffer is in place for allgather and
  * reduce_scatter only on rank 0 (the layout puts a rank's part at its
  * offset); on another rank it overlaps (reduce_scatter wrote its output over
@@ -856,6 +878,7 @@ int main(void) {
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_two_threads_one_comm);
+  tcase_add_test(tc, test_env_numbers);
   tcase_add_test(tc, test_no_shm_leftovers);
   tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);

@@ -7,8 +7,10 @@
  *   - "unqueued": an operation whose work cannot all be put on its stream
  *     (the emulator's injected launch failure);
  *   - "pieces_differ": staged calls whose counts differ by a whole piece;
+ *   - "timeout_zero": a blocking staged call under a timeout of 0 (no limit);
  * and the "misuse" case's setup that failed part way (device_setup_retry). */
 #include <check.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +85,39 @@ static int body_pieces_differ(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(pieces_differ) { ck_assert_int_eq(run_ranks_raw(2, body_pieces_differ, NULL, 120), 0); }
+END_TEST
+
+/* A timeout of 0 waits without a limit: a blocking staged call whose default
+ * stream was still copying its result out (slow copies here) failed at once
+ * as "not copied out after 0 s", though it had run on every rank. */
+static int body_timeout_zero(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  setenv("GW_DEV_IPC", "0", 1); /* staged */
+  setenv("GW_DEV_STAGE_BYTES", "65536", 1);
+  setenv("GW_DEV_EMU_DELAY_US", "3000", 1);
+  gw_comm_t comm;
+  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  GWCHECK(gw_comm_set_timeout(comm, 0), comm);
+  EXPECT(gw_comm_set_timeout(comm, NAN) == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(comm), "NaN"),
+         "a NaN timeout was taken: %s", gw_comm_last_error(comm));
+  const size_t count = 32768;
+  int32_t *d, *h;
+  DCHECK(dv->alloc((void **)&d, count * 4));
+  DCHECK(dv->host_alloc((void **)&h, count * 4));
+  for (size_t i = 0; i < count; i++) h[i] = (int32_t)i;
+  DCHECK(dv->memcpy_async(d, h, count * 4, NULL));
+  GWCHECK(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, NULL), comm);
+  DCHECK(dv->memcpy_async(h, d, count * 4, NULL));
+  DCHECK(dv->stream_sync(NULL));
+  for (size_t i = 0; i < count; i++) EXPECT(h[i] == n * (int32_t)i, "element %zu is %d", i, h[i]);
+  gw_comm_destroy(comm);
+  DCHECK(dv->free(d));
+  DCHECK(dv->host_free(h));
+  return 0;
+}
+
+START_TEST(timeout_zero) { ck_assert_int_eq(run_ranks_raw(2, body_timeout_zero, NULL, 120), 0); }
 END_TEST
 
 /* ---- two streams ------------------------------------------------------------------------------ */
@@ -263,9 +298,9 @@ START_TEST(queue_taken) { ck_assert_int_eq(run_ranks(2, body_queue_taken, NULL, 
 END_TEST
 
 void device_add_stream_cases(Suite *s) {
-  const char *names[] = {"streams", "queues", "unqueued", "queue_taken", "pieces_differ"};
-  const TTest *tests[] = {streams, queues, unqueued, queue_taken, pieces_differ};
-  for (int i = 0; i < 5; i++) {
+  const char *names[] = {"streams", "queues", "unqueued", "queue_taken", "pieces_differ", "timeout_zero"};
+  const TTest *tests[] = {streams, queues, unqueued, queue_taken, pieces_differ, timeout_zero};
+  for (int i = 0; i < 6; i++) {
     TCase *tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);

@@ -191,6 +191,12 @@ START_TEST(test_fit_tree_levels) {
                             1e-2);
   }
   ck_assert_int_eq(gw_tune_write_comm(NULL, path, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  s[2].proto = NULL; /* was a NULL dereference */
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "sample 2 names algorithm 'tree' and protocol '(null)'"), "%s",
+                gw_comm_last_error(NULL));
+  s[2].proto = "auto";
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
   unlink(path);
 }
 END_TEST
