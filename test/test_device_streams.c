@@ -20,6 +20,16 @@
 #include "harness.h"
 #include "test_device.h"
 
+/* A communicator on the host staging (GW_DEV_IPC=0) with 64 KiB pieces, the
+ * device layer in dv; extra_env ("NAME=VALUE" or NULL) set first. */
+static gw_result_t staged_comm(gw_comm_t *comm, int rank, int n, const char *master, const char *extra_env) {
+  dv = gw__dev();
+  setenv("GW_DEV_IPC", "0", 1);
+  setenv("GW_DEV_STAGE_BYTES", "65536", 1);
+  if (extra_env) putenv((char *)extra_env);
+  return gw_comm_init(comm, n, rank, master);
+}
+
 /* ---- a setup that failed part way (misuse case) ------------------------------------------------- */
 /* (Emulator: its hook fails the allocation.)  Pinned memory running out
  * after the first staging buffer: that call fails naming it, and the next one
@@ -27,12 +37,8 @@
  * missing buffer then taken for a host address). */
 int device_setup_retry(int rank, int n, const char *master, void *arg) {
   (void)arg;
-  dv = gw__dev();
-  setenv("GW_DEV_IPC", "0", 1); /* staged */
-  setenv("GW_DEV_STAGE_BYTES", "65536", 1);
-  setenv("GW_DEV_EMU_FAIL_HOST_ALLOC", "65536:2", 1);
   gw_comm_t comm;
-  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  GWCHECK(staged_comm(&comm, rank, n, master, "GW_DEV_EMU_FAIL_HOST_ALLOC=65536:2"), NULL);
   const size_t count = 24576; /* 96 KiB: two pieces */
   int32_t *din, *dout, *h;
   DCHECK(dv->alloc((void **)&din, count * 4));
@@ -64,11 +70,8 @@ int device_setup_retry(int rank, int n, const char *master, void *arg) {
  * rank 0's last piece, naming it. */
 static int body_pieces_differ(int rank, int n, const char *master, void *arg) {
   (void)arg;
-  dv = gw__dev();
-  setenv("GW_DEV_IPC", "0", 1); /* staged */
-  setenv("GW_DEV_STAGE_BYTES", "65536", 1);
   gw_comm_t comm;
-  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  GWCHECK(staged_comm(&comm, rank, n, master, NULL), NULL);
   const size_t count = rank == 0 ? 32768 : 49152; /* 16384 int32 per piece: 2 and 3 pieces */
   int32_t *d;
   DCHECK(dv->alloc((void **)&d, 49152 * 4));
@@ -92,12 +95,8 @@ END_TEST
  * as "not copied out after 0 s", though it had run on every rank. */
 static int body_timeout_zero(int rank, int n, const char *master, void *arg) {
   (void)arg;
-  dv = gw__dev();
-  setenv("GW_DEV_IPC", "0", 1); /* staged */
-  setenv("GW_DEV_STAGE_BYTES", "65536", 1);
-  setenv("GW_DEV_EMU_DELAY_US", "3000", 1);
   gw_comm_t comm;
-  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  GWCHECK(staged_comm(&comm, rank, n, master, "GW_DEV_EMU_DELAY_US=3000"), NULL);
   GWCHECK(gw_comm_set_timeout(comm, 0), comm);
   EXPECT(gw_comm_set_timeout(comm, NAN) == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(comm), "NaN"),
          "a NaN timeout was taken: %s", gw_comm_last_error(comm));
