@@ -63,7 +63,11 @@ struct gw_bucketer {
    * communicator had it): nothing more starts, and wait returns it. */
   gw_result_t failed;
   char failmsg[GW_ERRMSG_MAX];
-  pthread_mutex_t mu; /* ready() and wait() may come from several threads */
+  /* The first mark of this step that was refused (overlap, outside, the
+   * settings): wait's report of an incomplete step says it (the caller's own
+   * report of it may be gone by then: later errors replace the message). */
+  char refused[GW_ERRMSG_MAX];
+  pthread_mutex_t mu; /* every call but create and destroy may come from several threads */
 };
 
 static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -249,10 +253,11 @@ static gw_result_t check_step(struct gw_bucketer *b) {
   return GW_SUCCESS;
 }
 
-static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t count) {
+static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t count) {
   if (offset > b->count || count > b->count - offset)
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: [%zu, %zu) is outside the buffer of %zu elements",
-                offset, offset + count, b->count);
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
+                "gw_bucketer_ready: offset %zu + count %zu is outside the buffer of %zu elements", offset, count,
+                b->count);
   if (count == 0) return GW_SUCCESS;
   if (b->failed)
     return fail(b->comm, b->failed, "gw_bucketer_ready: a bucket of this step could not start: %s", b->failmsg);
@@ -263,7 +268,8 @@ static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t cou
                 "gw_bucketer_ready: [%zu, %zu) overlaps a range already marked ready in this step (each gradient "
                 "element is marked once per step)",
                 offset, offset + count);
-  if (r == -2) return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_ready: out of memory");
+  if (r == -2) return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_ready: out of memory for [%zu, %zu)", offset,
+                           offset + count);
   for (int k = bucket_of(b, offset); k < b->n && b->bounds[k] < offset + count; k++) {
     size_t lo = b->bounds[k] > offset ? b->bounds[k] : offset;
     size_t hi = b->bounds[k + 1] < offset + count ? b->bounds[k + 1] : offset + count;
@@ -272,6 +278,13 @@ static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t cou
   b->marked += count;
   if (b->marked == b->count) b->last_ready = gw__now();
   return start_ready_buckets(b);
+}
+
+static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t count) {
+  gw_result_t res = mark_locked(b, offset, count);
+  if (res != GW_SUCCESS && !b->refused[0] && !b->failed) /* a start failure is kept as such */
+    snprintf(b->refused, sizeof b->refused, "%s", gw_comm_last_error(b->comm));
+  return res;
 }
 
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
@@ -289,6 +302,7 @@ static void reset(struct gw_bucketer *b) {
   b->next = 0, b->marked = 0, b->niv = 0;
   b->first_start = b->last_ready = 0;
   b->failed = GW_SUCCESS;
+  b->refused[0] = 0;
 }
 
 /* The step ends with buckets this rank never started while other ranks may
@@ -302,12 +316,18 @@ static void fail_comm_for_step(struct gw_bucketer *b, gw_result_t code, const ch
   if (atomic_load(&c->aborted)) return; /* the caller's abort tells the peers, at the next call or destroy */
   struct gw_errctx err;
   gw__err(&err, code, "%s", msg);
-  if (atomic_load(&c->pending) == 0) {
-    struct gw_opdesc d = {.seq = atomic_load(&c->next_seq), .root = -1, .coll = GW_COLL_ABORT};
-    gw__comm_fail(c, &d, code, &err);
-  } else {
-    gw_comm_abort(c);
+  /* The notice goes over the connections as a blocking call's chunks do: only
+   * with nothing queued and no other thread's call inline (enqueue.c submit). */
+  if (atomic_load(&c->pending) == 0 && !atomic_exchange(&c->inline_busy, true)) {
+    if (atomic_load(&c->pending) == 0) {
+      struct gw_opdesc d = {.seq = atomic_load(&c->next_seq), .root = -1, .coll = GW_COLL_ABORT};
+      gw__comm_fail(c, &d, code, &err);
+      atomic_store_explicit(&c->inline_busy, false, memory_order_release);
+      return;
+    }
+    atomic_store(&c->inline_busy, false);
   }
+  gw_comm_abort(c);
 }
 
 /* Waits for every started bucket; returns the first failure. */
@@ -323,60 +343,63 @@ static gw_result_t wait_started(struct gw_bucketer *b) {
   return first;
 }
 
+/* A step that ends with a bucket not started (never completely marked, or
+ * one could not start) fails the communicator with its error, whatever else
+ * failed too; errors of a complete step are only returned. */
 static gw_result_t wait_locked(struct gw_bucketer *b) {
-  int incomplete = b->next < b->n ? b->next : -1;
-  size_t had = incomplete >= 0 ? b->ready[incomplete] : 0;
+  const int incomplete = b->next < b->n ? b->next : -1;
+  const size_t had = incomplete >= 0 ? b->ready[incomplete] : 0;
+  const gw_result_t failed = b->failed;
+  gw_result_t res = GW_SUCCESS;
+  char msg[2 * GW_ERRMSG_MAX]; /* the refused mark's message inside (fail cuts it to GW_ERRMSG_MAX) */
   /* A device wire: the reduced buckets back into float32 on the allreduces'
    * stream, after each bucket's allreduce and before compute's event below. */
   for (int k = 0; b->wire != b->dtype && b->wire_dev && k < b->next; k++)
     if (gw__dev()->cast_async(b->buf + b->bounds[k] * b->esize, b->dtype, b->wbuf + b->bounds[k] * 2, b->wire,
                               b->bounds[k + 1] - b->bounds[k], (gw_dev_stream_t)b->stream)) {
-      char msg[GW_ERRMSG_MAX];
-      snprintf(msg, sizeof msg, "%s", gw__dev()->error());
-      wait_started(b);
-      reset(b);
-      return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_wait: converting bucket %d back to %s: %s", k,
-                  gw_dtype_name(b->dtype), msg);
+      res = GW_ERR_INTERNAL;
+      snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: converting bucket %d back to %s: %s", b->comm->rank, k,
+               gw_dtype_name(b->dtype), gw__dev()->error());
+      break;
     }
   /* The host waits for every started bucket first, then the compute stream
    * is ordered after the allreduces: a wait put on it while a bucket's
    * synchronized device ring still enqueues chunks could hold the hardware
    * queue that ring's engine stream shares with it, for good. */
-  gw_result_t res = wait_started(b);
-  if (b->compute && b->next > 0) { /* later work on compute sees the reduced gradients */
+  gw_result_t w = wait_started(b);
+  if (res == GW_SUCCESS && w != GW_SUCCESS) {
+    res = w;
+    snprintf(msg, sizeof msg, "%s", gw_comm_last_error(b->comm));
+  }
+  if (res == GW_SUCCESS && b->compute && b->next > 0) { /* later work on compute sees the reduced gradients */
     const struct gw_dev_ops *d = gw__dev();
     if (d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
         d->stream_wait_event((gw_dev_stream_t)b->compute, b->ev[b->n])) {
-      char msg[GW_ERRMSG_MAX];
-      snprintf(msg, sizeof msg, "%s", d->error());
-      reset(b);
-      return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
-                  msg);
+      res = GW_ERR_INTERNAL;
+      snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
+               b->comm->rank, d->error());
     }
   }
-  gw_result_t failed = b->failed;
-  char msg[GW_ERRMSG_MAX];
-  snprintf(msg, sizeof msg, "%s", b->failmsg);
-  if (res == GW_SUCCESS && !failed && incomplete < 0)
-    b->last = (struct gw_bucketer_times){b->first_start, b->last_ready, gw__now()};
-  reset(b);
-  if (res != GW_SUCCESS) return res;
-  if (failed) { /* the reason a bucket did not start, not that it was left */
-    fail_comm_for_step(b, failed, msg);
-    return fail(b->comm, failed, "gw_bucketer_wait: bucket %d of %d and those after it were not reduced: %s",
-                incomplete, b->n, msg);
-  }
-  if (incomplete >= 0) {
+  if (res == GW_SUCCESS && failed) { /* the reason a bucket did not start, not that it was left */
+    res = failed;
+    snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: bucket %d of %d and those after it were not reduced: %s",
+             b->comm->rank, incomplete, b->n, b->failmsg);
+  } else if (res == GW_SUCCESS && incomplete >= 0) {
+    res = GW_ERR_INVALID_ARGUMENT;
     snprintf(msg, sizeof msg,
              "rank %d: gw_bucketer_wait: bucket %d of %d [%zu, %zu) has only %zu of its %zu elements marked ready, "
-             "so it and the buckets after it were never reduced (the communicator is failed: other ranks may be "
-             "waiting in them)",
+             "so it and the buckets after it were not reduced (the communicator is failed: other ranks may wait in "
+             "them)%s%s",
              b->comm->rank, incomplete, b->n, b->bounds[incomplete], b->bounds[incomplete + 1], had,
-             b->bounds[incomplete + 1] - b->bounds[incomplete]);
-    fail_comm_for_step(b, GW_ERR_INVALID_ARGUMENT, msg);
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "%s", msg);
+             b->bounds[incomplete + 1] - b->bounds[incomplete], b->refused[0] ? "; the step's first refused mark: " : "",
+             b->refused);
+  } else if (res == GW_SUCCESS) {
+    b->last = (struct gw_bucketer_times){b->first_start, b->last_ready, gw__now()};
   }
-  return GW_SUCCESS;
+  reset(b);
+  if (res == GW_SUCCESS) return res;
+  if (incomplete >= 0 || failed) fail_comm_for_step(b, res, msg);
+  return fail(b->comm, res, "%s", msg);
 }
 
 gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
@@ -389,8 +412,7 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
   return res;
 }
 
-gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
-  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: bucketer is NULL");
+static gw_result_t set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   if (b->next || b->marked)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: a step is under way (call it between "
                 "gw_bucketer_wait and the next gw_bucketer_ready)");
@@ -423,6 +445,16 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   return GW_SUCCESS;
 }
 
+/* The settings are changed under the lock a step's marks take: "only between
+ * steps" holds against a mark on another thread. */
+gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: bucketer is NULL");
+  pthread_mutex_lock(&b->mu);
+  gw_result_t res = set_wire(b, wire);
+  pthread_mutex_unlock(&b->mu);
+  return res;
+}
+
 /* The stream set_compute_stream made, when no step is under way: everything on
  * it has run once it is idle (destroy waits for it). */
 static void drop_own_stream(struct gw_bucketer *b) {
@@ -433,8 +465,7 @@ static void drop_own_stream(struct gw_bucketer *b) {
   b->own_stream = NULL;
 }
 
-gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
-  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: bucketer is NULL");
+static gw_result_t set_stream(gw_bucketer_t b, void *stream) {
   if (b->next || b->marked)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: a step is under way (call it between "
                 "gw_bucketer_wait and the next gw_bucketer_ready)");
@@ -445,6 +476,14 @@ gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
   if (stream != b->own_stream) drop_own_stream(b);
   b->stream = stream;
   return GW_SUCCESS;
+}
+
+gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: bucketer is NULL");
+  pthread_mutex_lock(&b->mu);
+  gw_result_t res = set_stream(b, stream);
+  pthread_mutex_unlock(&b->mu);
+  return res;
 }
 
 static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
@@ -493,15 +532,19 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
 
 gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: bucketer is NULL");
+  pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm); /* its stream and events made on the communicator's device */
   gw_result_t res = set_compute_stream(b, compute);
   gw__dev_switch_back(prev);
+  pthread_mutex_unlock(&b->mu);
   return res;
 }
 
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
   if (!b || !t) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: NULL argument");
+  pthread_mutex_lock(&b->mu);
   *t = b->last;
+  pthread_mutex_unlock(&b->mu);
   return GW_SUCCESS;
 }
 

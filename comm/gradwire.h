@@ -238,10 +238,13 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
 /* Waits for every bucket's allreduce and resets for the next step.  A step is
  * all or nothing: when some bucket was never completely marked (or could not
- * start), wait fails naming it (or the reason) without waiting forever, and
- * the communicator fails with it, its peers told at once: they may be waiting
- * in that bucket's allreduce, or would pair it with this rank's next step.
- * Destroying a bucketer part way through a step does the same. */
+ * start), wait fails naming it and the step's first refused mark (or the
+ * reason it could not start) without waiting forever, and the communicator
+ * fails with it, its peers told at once: they may be waiting in that bucket's
+ * allreduce, or would pair it with this rank's next step.  A wait with nothing
+ * marked is such a step too; destroying a bucketer part way through a step
+ * (something marked) does the same.  After a failed wait the buffer's
+ * contents are unspecified. */
 gw_result_t gw_bucketer_wait(gw_bucketer_t b);
 /* The format buckets travel in: the buffer's own dtype (the default), or for
  * a float32 buffer GW_BFLOAT16 or GW_FLOAT16: each bucket is rounded to 16 bits

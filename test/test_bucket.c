@@ -201,12 +201,19 @@ static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(gw_bucketer_ready(bk, 40, 20) == GW_ERR_INVALID_ARGUMENT, "double marking accepted");
   EXPECT(strstr(gw_comm_last_error(comm), "[40, 60) overlaps"), "message: %s", gw_comm_last_error(comm));
   EXPECT(gw_bucketer_ready(bk, 990, 20) == GW_ERR_INVALID_ARGUMENT, "outside accepted");
+  EXPECT(strstr(gw_comm_last_error(comm), "offset 990 + count 20 is outside"), "message: %s", gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_ready(bk, 5, SIZE_MAX - 1) == GW_ERR_INVALID_ARGUMENT, "a wrapping range accepted");
+  EXPECT(strstr(gw_comm_last_error(comm), "offset 5 + count 18446744073709551614 is outside"), "message: %s",
+         gw_comm_last_error(comm));
   /* Bucket 0 completes and starts; bucket 1 never completes; wait names it. */
   for (int i = 0; i < M; i++) g[i] = 1.0f;
   EXPECT(gw_bucketer_ready(bk, 50, 50) == GW_SUCCESS, "ready");
   EXPECT(gw_bucketer_ready(bk, 100, 499) == GW_SUCCESS, "ready");
   EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "incomplete bucket not reported");
   EXPECT(strstr(gw_comm_last_error(comm), "bucket 1 of 3 [100, 600) has only 499 of its 500"), "message: %s",
+         gw_comm_last_error(comm));
+  /* the first refused mark, whose own message later calls replaced */
+  EXPECT(strstr(gw_comm_last_error(comm), "first refused mark: gw_bucketer_ready: [40, 60) overlaps"), "message: %s",
          gw_comm_last_error(comm));
   EXPECT(g[0] == 2.0f && g[100] == 1.0f, "bucket 0 was reduced (%g), bucket 1 was not (%g)", (double)g[0],
          (double)g[100]);
@@ -303,6 +310,47 @@ static int body_start_failure(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
+/* A mark refused for the settings (a host wire with a stream) changes
+ * nothing: the settings can be put right and the step go on.  A wait after a
+ * refused mark names it, not only the bucket left unmarked. */
+static int body_refused_settings(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  enum { M = 1000 };
+  float g[M];
+  size_t bounds[] = {0, 100, 600, M};
+  gw_bucketer_t bk;
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, &bk) == GW_SUCCESS, "create");
+  EXPECT(gw_bucketer_set_wire(bk, GW_BFLOAT16) == GW_SUCCESS && gw_bucketer_set_stream(bk, (void *)&g) == GW_SUCCESS,
+         "settings");
+  for (int i = 0; i < M; i++) g[i] = (float)(i % 7 + rank);
+  EXPECT(gw_bucketer_ready(bk, 0, 50) == GW_ERR_INVALID_ARGUMENT, "a host wire with a stream accepted");
+  EXPECT(gw_bucketer_set_stream(bk, NULL) == GW_SUCCESS, "the settings put right after a refused mark: %s",
+         gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "the step: %s",
+         gw_comm_last_error(comm));
+  for (int i = 0; i < M; i++) /* small integers: exact in bfloat16 */
+    EXPECT(g[i] == (float)(n * (i % 7) + n * (n - 1) / 2), "element %d is %g", i, (double)g[i]);
+  /* refused again, and the step left there */
+  EXPECT(gw_bucketer_set_stream(bk, (void *)&g) == GW_SUCCESS, "set_stream");
+  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_ERR_INVALID_ARGUMENT, "a host wire with a stream accepted");
+  EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(strstr(msg, "bucket 0 of 3 [0, 100) has only 0 of its 100") &&
+             strstr(msg, "first refused mark: gw_bucketer_ready: host gradients with a bfloat16 wire"),
+         "wait: %s", msg);
+  gw_result_t async = GW_SUCCESS;
+  EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS && async != GW_SUCCESS, "the communicator goes on");
+  EXPECT(gw_bucketer_set_stream(bk, NULL) == GW_SUCCESS, "set_stream");
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_refused_settings) {
+  setenv("GW_DEVICE", "none", 1);
+  ck_assert_int_eq(run_ranks(2, body_refused_settings, NULL, 60), 0);
+}
+END_TEST
+
 START_TEST(test_start_failure) {
   setenv("GW_DEVICE", "none", 1); /* the stream is refused before anything reads it */
   ck_assert_int_eq(run_ranks(2, body_start_failure, NULL, 60), 0);
@@ -319,6 +367,7 @@ int main(void) {
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_one_rank_incomplete);
   tcase_add_test(tc, test_start_failure);
+  tcase_add_test(tc, test_refused_settings);
   tcase_add_test(tc, test_wire);
   suite_add_tcase(s, tc);
   return run_suite(s);

@@ -175,6 +175,44 @@ START_TEST(test_killed_rank_named) {
 }
 END_TEST
 
+/* A live rank late to an allreduce (a checkpoint, an evaluation on rank 0)
+ * stops reading its sockets: its senders' data waits behind a zero window.
+ * Linux closes such a connection after TCP_USER_TIMEOUT even while the late
+ * rank answers every probe; that bound once followed the keepalive setting
+ * (here 1 s: 7 s), and a 9 s straggler killed the job with "Connection timed
+ * out".  Only the communicator's deadline may end a wait for a live rank. */
+static int body_late_rank(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  enum { M = 4 << 20 }; /* 16 MiB: far more than the sockets buffer */
+  float *x = malloc(M * sizeof *x);
+  EXPECT(x != NULL, "malloc");
+  for (int i = 0; i < M; i++) x[i] = (float)(i % 1000 + rank);
+  EXPECT(gw_allreduce(x, x, 1000, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "warm-up: %s",
+         gw_comm_last_error(comm));
+  for (int i = 0; i < M; i++) x[i] = (float)(i % 1000 + rank);
+  if (rank == 1) sleep(9);
+  EXPECT(gw_allreduce(x, x, M, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "rank %d: %s", rank,
+         gw_comm_last_error(comm));
+  for (int i = 0; i < M; i++) {
+    const float want = (float)(n * (i % 1000) + n * (n - 1) / 2);
+    if (x[i] != want) {
+      EXPECT(0, "element %d is %g, expected %g", i, (double)x[i], (double)want);
+      break;
+    }
+  }
+  free(x);
+  return 0;
+}
+
+START_TEST(test_late_rank_kept) {
+  setenv("GW_TRANSPORT", "tcp", 1);
+  setenv("GW_SOCKET_KEEPALIVE", "1", 1);
+  ck_assert_int_eq(run_ranks(2, body_late_rank, NULL, 90), 0);
+  unsetenv("GW_SOCKET_KEEPALIVE");
+  unsetenv("GW_TRANSPORT");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("tcp");
   TCase *tc = tcase_create("tcp");
@@ -185,6 +223,7 @@ int main(void) {
   tcase_add_test(tc, test_killed_rank_named);
   tcase_add_test(tc, test_slot_bytes_differ);
   tcase_add_test(tc, test_ipv6_link_local);
+  tcase_add_test(tc, test_late_rank_kept);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

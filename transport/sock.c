@@ -186,11 +186,13 @@ void gw__sock_tune(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    /* Keepalive probes only an idle connection: with data unacknowledged (a
-     * sender whose peer's machine vanished) retransmissions would go on for
-     * ~15 minutes.  The same bound covers that case. */
-    unsigned user_ms = (unsigned)(idle + intvl * cnt) * 1000u;
-    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
+    /* No TCP_USER_TIMEOUT: Linux (>= 5.11) applies it to a zero window too,
+     * so a live peer that merely does not read for that long (late to an
+     * operation: a checkpoint, an evaluation) had its senders' connections
+     * closed, "Connection timed out" (test_late_rank_kept).  A sender whose
+     * peer's machine vanished with data unacknowledged (keepalive probes only
+     * idle connections) is ended by the communicator's deadline, or sooner by
+     * a rank whose receiving side's keepalive saw it and told the others. */
   }
 }
 
