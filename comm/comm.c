@@ -627,7 +627,7 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
   if (a < 0 || p == -1)
     res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_comm_set_algo: '%s' / '%s' is not an algorithm "
                   "(auto, ring, tree, exchange) / protocol (auto, simple, ll)", comm->rank, algo, proto);
-  else if ((a == GW_ALGO_TREE && !comm->tree_ok && comm->nranks > 1) || (a == GW_ALGO_EXCHANGE && comm->nranks != 2 && !comm->rd_ok) ||
+  else if ((a == GW_ALGO_TREE && !comm->tree_ok && comm->nranks > 1) || (a == GW_ALGO_EXCHANGE && comm->nranks > 2 && !comm->rd_ok) ||
            (p == GW_PROTO_LL && !comm->ll_chunk_bytes && comm->nranks > 1))
     res = gw__err(&err, GW_ERR_UNSUPPORTED, "rank %d: gw_comm_set_algo: %s/%s is not available on this "
                   "communicator (tree: made with GW_ALGO auto or tree; exchange: 2 ranks, or made with GW_ALGO auto or "

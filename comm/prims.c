@@ -162,13 +162,20 @@ static bool wait_step(struct prims *p, struct gw_waiter *w) {
   return gw__waiter_pause(w);
 }
 
-/* A data-path call failed: let the transport say why (it keeps the message). */
+/* A data-path call failed: let the transport say why (it keeps the message),
+ * and name the operation and connection it failed in. */
 static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r) {
+  char op[160];
+  gw__describe_op(&p->op->desc, op, sizeof op);
   if (c->tp->progress) {
     gw_result_t r2 = c->tp->progress(c, p->err);
-    if (r2 != GW_SUCCESS && r2 != GW_INPROGRESS) return r2;
+    if (r2 != GW_SUCCESS && r2 != GW_INPROGRESS) {
+      size_t len = strlen(p->err->msg);
+      snprintf(p->err->msg + len, sizeof p->err->msg - len, " (in %s, %s)", op, c->desc);
+      return r2;
+    }
   }
-  return gw__err(p->err, r, "rank %d: %s failed", p->comm->rank, c->desc);
+  return gw__err(p->err, r, "rank %d: %s failed in %s", p->comm->rank, c->desc, op);
 }
 
 /* A failure travels rank to rank as an abort notice.  Each rank reports the

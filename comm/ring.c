@@ -244,6 +244,13 @@ static gw_result_t ring_broadcast(struct prims *p) {
     }
     off += chunk;
   } while (off < count);
+  /* The root only sends: a peer that called something else (another root, a
+   * count that differs) failed, but the root returned success and left its
+   * chunk for its next call to trip over.  The last rank's empty chunk, back
+   * round the ring, carries its call's header for the root to check (or the
+   * abort notice of any rank that failed). */
+  if (pos == n - 1) GW_CHECK(prim_send_ex(p, NULL, NULL, 0, false));
+  if (pos == 0) GW_CHECK(prim_recv(p, NULL, 0));
   return GW_SUCCESS;
 }
 

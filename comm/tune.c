@@ -109,6 +109,7 @@ static bool algo_allowed(const struct gw_pick_args *a, int algo) {
 void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int *algo, int *proto) {
   static const int order[] = {GW_ALGO_RING, GW_ALGO_TREE, GW_ALGO_EXCHANGE}; /* ties go to the first */
   double best = INFINITY;
+  bool any = false; /* the first allowed pair stands even at an infinite time (an allowed one, not ring's) */
   *algo = GW_ALGO_RING, *proto = GW_PROTO_SIMPLE;
   if (a->nranks < 2) return;
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
@@ -116,7 +117,7 @@ void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int 
     for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
       if ((a->proto >= 0 && p != a->proto && a->ll_ok) || (p == GW_PROTO_LL && !a->ll_ok)) continue;
       double t = gw__model_time(m, order[i], p, a->coll, a->bytes, a->nranks, a->tree_levels);
-      if (t < best) best = t, *algo = order[i], *proto = p;
+      if (!any || t < best) any = true, best = t, *algo = order[i], *proto = p;
     }
   }
 }
@@ -181,11 +182,13 @@ static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pas
   char *e1, *e2, *e3 = "";
   errno = 0;
   double lat = strtod(f[2], &e1), bw = strtod(f[3], &e2);
+  /* bandwidth from 1e-6 GB/s: any size's time stays finite, so the pick compares */
+  if (errno || *e1 || *e2 || !(lat >= 0 && lat < 1e6) || !(bw >= 1e-6 && bw < 1e5))
+    return *why = "latency must be a number in [0, 1e6) us and bandwidth in [1e-6, 1e5) GB/s", GW_ERR_INVALID_ARGUMENT;
+  errno = 0;
   long ranks = nf == 5 ? strtol(f[4], &e3, 10) : 0;
-  if (errno || *e1 || *e2 || !(lat >= 0 && lat < 1e6) || !(bw > 0 && bw < 1e5))
-    return *why = "latency must be a number in [0, 1e6) us and bandwidth in (0, 1e5) GB/s", GW_ERR_INVALID_ARGUMENT;
-  if (*e3 || (nf == 5 && (ranks < 2 || ranks > 1 << 20)))
-    return *why = "ranks must be a world size of at least 2", GW_ERR_INVALID_ARGUMENT;
+  if (errno || *e3 || (nf == 5 && (ranks < 2 || ranks > 1 << 20)))
+    return *why = "ranks must be a world size from 2 to 1048576", GW_ERR_INVALID_ARGUMENT;
   bool tagged = nf == 5, nomem = false;
   if (pass == 0 && seen_before(seen, a, p, ranks, tagged, &nomem))
     return *why = tagged ? "a second row for this algorithm, protocol and world size"
@@ -196,6 +199,28 @@ static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pas
   m->lat_us[a][p] = lat;
   m->bw_gbps[a][p] = bw;
   return GW_SUCCESS;
+}
+
+/* The next line of f into line[size].  A line longer than that is taken when
+ * its comment starts within it (the rest is comment, skipped); else *too_long.
+ * False at the end of the file. */
+static bool next_line(FILE *f, char *line, size_t size, bool *too_long) {
+  *too_long = false;
+  if (!fgets(line, (int)size, f)) return false;
+  if (!strchr(line, '\n')) {
+    int c = fgetc(f);
+    if (c != EOF) { /* more of this line follows */
+      ungetc(c, f);
+      if (!strchr(line, '#')) *too_long = true;
+      while ((c = fgetc(f)) != EOF && c != '\n') {}
+    }
+  }
+  return true;
+}
+
+static void cut_comment(char *line) {
+  char *hash = strchr(line, '#');
+  if (hash) *hash = 0;
 }
 
 gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err) {
@@ -213,10 +238,10 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
   gw_result_t res = GW_SUCCESS;
   for (int pass = 0; pass < 2 && res == GW_SUCCESS; pass++) { /* untagged rows, then this size's over them */
     rewind(f);
-    for (int no = 1; res == GW_SUCCESS && fgets(line, sizeof line, f); no++) {
-      if (!strchr(line, '\n') && !feof(f)) why = "line too long", res = GW_ERR_INVALID_ARGUMENT;
-      char *hash = strchr(line, '#');
-      if (hash) *hash = 0;
+    bool too_long;
+    for (int no = 1; res == GW_SUCCESS && next_line(f, line, sizeof line, &too_long); no++) {
+      if (too_long) why = "a row of 512 characters or more", res = GW_ERR_INVALID_ARGUMENT;
+      cut_comment(line);
       if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, pass, &seen, &why);
       if (res != GW_SUCCESS)
         gw__err(err, res, "GW_TUNING_FILE %s:%d: %s; using the built-in table", path, no, why);
@@ -231,7 +256,7 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
 /* ---- printing (GW_DEBUG_SUBSYS=TUNE) -------------------------------------------- */
 
 /* The table and the model's time for every algorithm and protocol at sizes 8 B
- * .. 64 MiB, with the pick an allreduce of that size gets. */
+ * .. 16 MiB (x8), with the pick an allreduce of that size gets. */
 void gw__model_log(const struct gw_model *m, const struct gw_pick_args *base) {
   if (gw__log_level < GW_LOG_INFO) return;
   for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
@@ -306,6 +331,7 @@ static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, co
 static bool row_ok(const char *row, struct rows_seen *seen) {
   char copy[512];
   snprintf(copy, sizeof copy, "%s", row);
+  cut_comment(copy); /* the loader takes a row with a comment after it: so is it kept */
   struct gw_model scratch;
   memset(&scratch, 0, sizeof scratch);
   const char *why = NULL;
@@ -313,22 +339,23 @@ static bool row_ok(const char *row, struct rows_seen *seen) {
 }
 
 /* The rows of an existing tuning file that gw_tune_write keeps: every good row
- * not tagged with nranks (other world sizes', and untagged ones), verbatim. */
+ * not tagged with nranks (other world sizes', and untagged ones), verbatim
+ * (with a comment after it). */
 static char *kept_rows(const char *path, int nranks) {
   FILE *f = fopen(path, "r");
   if (!f) return NULL;
   size_t cap = 4096, len = 0;
   char *out = malloc(cap), line[512];
   struct rows_seen seen = {0};
-  while (out && fgets(line, sizeof line, f)) {
+  bool too_long;
+  while (out && next_line(f, line, sizeof line, &too_long)) {
     char copy[512], *save, *fld[6];
     snprintf(copy, sizeof copy, "%s", line);
-    char *hash = strchr(copy, '#');
-    if (hash) *hash = 0;
+    cut_comment(copy);
     int nf = 0;
     for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
     if ((nf != 4 && nf != 5) || (nf == 5 && atoi(fld[4]) == nranks)) continue;
-    if (!row_ok(line, &seen)) {
+    if (too_long || !row_ok(line, &seen)) {
       GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s: dropped a row the loader would refuse: %.200s", path, line);
       continue;
     }
@@ -338,9 +365,10 @@ static char *kept_rows(const char *path, int nranks) {
       if (!grown) break;
       out = grown;
     }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
     memcpy(out + len, line, n);
     len += n;
-    if (line[n - 1] != '\n') out[len++] = '\n';
+    out[len++] = '\n';
   }
   fclose(f);
   free(seen.tagged);
@@ -356,9 +384,15 @@ static char *kept_rows(const char *path, int nranks) {
 gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const struct gw_tune_sample *samples,
                            int nsamples, const char *note) {
   struct gw_errctx err;
-  if (!path || !samples || nranks < 2 || nsamples < 2)
-    return gw__set_thread_error("gw_tune_write: needs a path and samples from at least 2 ranks"),
-           GW_ERR_INVALID_ARGUMENT;
+  const char *bad = !path ? "a NULL path" : !samples ? "NULL samples" : nranks < 2 ? "fewer than 2 ranks"
+                  : nsamples < 2 ? "fewer than 2 samples"
+                  : note && (strpbrk(note, "\n\r") || strlen(note) > 200) ? "a note of several lines or over 200 characters"
+                  : NULL;
+  if (bad) {
+    gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: %s (needs a path, samples measured at 2 ranks or more, "
+            "at least 2 of them, and a one-line note)", bad);
+    return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
+  }
   for (int i = 0; i < nsamples; i++) {
     const struct gw_tune_sample *t = &samples[i];
     if (!t->algo || !t->proto || gw__algo_from_name(t->algo) <= GW_ALGO_AUTO || gw__proto_from_name(t->proto) < 0) {

@@ -289,7 +289,8 @@ static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-static size_t capped(size_t count, int n) { return count == MAX_COUNT ? MAX_COUNT / (size_t)n + 1 : count; }
+/* A per-rank count whose n blocks fit the buffers (of MAX_COUNT + 64 elements). */
+static size_t capped(size_t count, int n) { return count * (size_t)n > MAX_COUNT ? MAX_COUNT / (size_t)n + 1 : count; }
 
 static int body_reduce_scatter(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;

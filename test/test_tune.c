@@ -91,6 +91,13 @@ START_TEST(test_overrides) {
   a.coll = GW_COLL_BROADCAST; /* only the ring runs it */
   gw__model_pick(&m, &a, &algo, &proto);
   ck_assert_int_eq(algo, GW_ALGO_RING);
+  /* a forced algorithm whose every time is infinite is still the one picked
+   * (it came out ring, which the setting had ruled out) */
+  m.bw_gbps[GW_ALGO_TREE][GW_PROTO_SIMPLE] = m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] = 1e-307;
+  a = args(8, 64u << 20);
+  a.algo = GW_ALGO_TREE;
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert_int_eq(algo, GW_ALGO_TREE);
 }
 END_TEST
 
@@ -111,6 +118,8 @@ START_TEST(test_corrupt_file_refused) {
       {"ring simple 0.1 0\n", ":1:"},
       {"ring simple 0.1 10\ntree simple 0.1 5\nring simple 0.2 10\n", ":3:"},
       {"ring fast 0.1 10\n", ":1:"},
+      {"ring simple 0.1 1e-7\n", ":1:"}, /* an infinite time from some size on */
+      {"ring simple 0.1 10 99999999999999999999\n", ":1:"},
   };
   char path[] = "/tmp/gw-tune-XXXXXX";
   make_temp(path);
@@ -125,6 +134,25 @@ START_TEST(test_corrupt_file_refused) {
     ck_assert_msg(!memcmp(&m, &def, sizeof m), "case %zu changed the table", i);
   }
   struct gw_errctx err;
+  write_file(path, "ring simple 0.1 10 99999999999999999999\n");
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(err.msg, "ranks must be a world size from 2 to 1048576"), "%s", err.msg);
+  /* Lines of 512 characters or more: a comment may be, a row may not; a last
+   * row of 511 without a newline is whole. */
+  char text[1400], pad[900];
+  memset(pad, ' ', sizeof pad - 1), pad[sizeof pad - 1] = 0;
+  snprintf(text, sizeof text, "# %s end of a long comment\nring ll 0.25 4", pad);
+  write_file(path, text);
+  m = def;
+  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a long comment: %s", err.msg);
+  ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == 0.25);
+  snprintf(text, sizeof text, "ring ll 0.25 4%.*s", 511 - 14, pad);
+  write_file(path, text);
+  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a last row of 511: %s", err.msg);
+  snprintf(text, sizeof text, "ring ll 0.25 4%.*s\n", 512 - 14, pad);
+  write_file(path, text);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(err.msg, ":1: a row of 512 characters or more"), "%s", err.msg);
   write_file(path, "# comment\n  tree ll 0.5 2.5   # trailing\n");
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_SUCCESS);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.5 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 2.5);
@@ -253,7 +281,8 @@ END_TEST
 START_TEST(test_rewrite_safe) {
   char path[] = "/tmp/gw-tune-XXXXXX";
   make_temp(path);
-  write_file(path, "tree simple 0.7 7 2\nring ll 0.000 -3 2\nring simple 1 2 3 4 5 6\n");
+  write_file(path, "tree simple 0.7 7 2\nring ll 0.000 -3 2\nring simple 1 2 3 4 5 6\n"
+                   "tree ll 0.12 14.5 8   # fitted on 8 ranks\n");
   struct gw_tune_sample s[8];
   static const size_t sizes[] = {8, 4096, 1 << 18, 1 << 22};
   for (int i = 0; i < 4; i++) {
@@ -267,6 +296,20 @@ START_TEST(test_rewrite_safe) {
   m = def;
   ck_assert_msg(gw__model_load(&m, path, 2, &err) == GW_SUCCESS, "the rewritten file is refused: %s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7); /* the good kept row */
+  m = def; /* the good row with a comment after it: kept (it was dropped), with its comment */
+  ck_assert_msg(gw__model_load(&m, path, 8, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.12 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 14.5);
+  FILE *rf = fopen(path, "r");
+  char all[4096];
+  size_t got = rf ? fread(all, 1, sizeof all - 1, rf) : 0;
+  all[got] = 0;
+  if (rf) fclose(rf);
+  ck_assert_msg(strstr(all, "tree ll 0.12 14.5 8   # fitted on 8 ranks\n"), "%s", all);
+  /* what the writer is given: named */
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 1, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "fewer than 2 samples"), "%s", gw_comm_last_error(NULL));
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 8, "two\nlines"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "a note of several lines"), "%s", gw_comm_last_error(NULL));
   m = def;
   ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == def.lat_us[GW_ALGO_RING][GW_PROTO_LL] &&

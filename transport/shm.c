@@ -243,10 +243,12 @@ static gw_result_t shm_send_connect(struct gw_conn *c, const struct gw_conn_para
   s->nslots = h.nslots;
   s->slot_bytes = h.slot_bytes;
   snprintf(s->name, sizeof s->name, "%s", h.name);
-  if (s->ctrl->magic != SHM_MAGIC || !ll_attach(s, m)) {
+  const bool fifo = s->ctrl->magic == SHM_MAGIC;
+  if (!fifo || !ll_attach(s, m)) {
     munmap(m, h.size);
     free(s->stage);
     free(s);
+    if (fifo) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory attaching rank %d's FIFO", c->self, c->peer);
     return gw__err(err, GW_ERR_REMOTE, "rank %d: segment %s from rank %d is not a gradwire FIFO",
                    c->self, h.name, c->peer);
   }

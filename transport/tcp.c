@@ -196,9 +196,12 @@ static gw_result_t tcp_send_connect(struct gw_conn *c, const struct gw_conn_para
                               .sender = c->self};
     int fd = gw__sock_connect_hello(&a, al, &hello, sizeof hello, deadline);
     t->ss[s].fd = fd;
-    if (fd < 0) {
-      res = gw__err(err, GW_ERR_REMOTE, "rank %d: cannot connect to rank %d (%s) at %s: %s", c->self, c->peer,
-                    c->peer_host, where, strerror(errno));
+    if (fd < 0) { /* out of descriptors or memory is this rank's failure, not the peer's */
+      const int e = errno;
+      const bool local = e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+      res = gw__err(err, local ? GW_ERR_SYSTEM : GW_ERR_REMOTE, "rank %d: cannot connect to rank %d (%s) at %s: %s%s",
+                    c->self, c->peer, c->peer_host, where, strerror(e),
+                    e == EMFILE || e == ENFILE ? " (out of file descriptors: raise `ulimit -n`)" : "");
       goto fail;
     }
     gw__sock_tune(fd);
@@ -227,9 +230,16 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
     if (fd < 0)
       return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) opened %u of %u tcp streams within %.0f s",
                      c->self, c->peer, c->peer_host, joined, t->nstreams, t->timeout_s);
-    if (hello.magic != TCP_HELLO_MAGIC || hello.job_hash != t->job_hash || hello.nonce != t->nonce ||
-        hello.sender != c->peer || hello.stream >= t->nstreams || t->rs[hello.stream].fd >= 0) {
-      GW_WARN(GW_SUB_ALL, "rank %d: refused a tcp connection that is not rank %d's stream of this job", c->self, c->peer);
+    const char *why = hello.magic != TCP_HELLO_MAGIC ? "not a gradwire hello"
+                      : hello.job_hash != t->job_hash ? "another job's"
+                      : hello.nonce != t->nonce ? "another connection's (a stale or foreign nonce)"
+                      : hello.sender != c->peer ? "another rank's"
+                      : hello.stream >= t->nstreams ? "a stream number out of range"
+                      : t->rs[hello.stream].fd >= 0 ? "a stream already joined"
+                      : NULL;
+    if (why) {
+      GW_WARN(GW_SUB_ALL, "rank %d: refused a tcp connection that is not rank %d's stream of this job: %s "
+              "(stream %u from rank %d)", c->self, c->peer, why, hello.stream, hello.sender);
       close(fd);
       continue;
     }

@@ -1,0 +1,100 @@
+/* test_mismatch.c - calls that differ across ranks: every rank fails in that
+ * call with both calls named (the one that sees the difference with
+ * GW_ERR_INVALID_ARGUMENT, the others by its abort notice), and the
+ * communicator refuses later work instead of hanging.  A broadcast's root,
+ * which only sends, checks the last rank's call by the empty chunk that comes
+ * back round the ring (it returned success and left its chunk behind). */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
+
+/* ---- calls that differ across ranks ---- */
+static int body_mismatch(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  float buf[64] = {0};
+  size_t count = rank == 0 ? 10 : 20;
+  gw_result_t r = gw_allreduce(buf, buf, count, GW_FLOAT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT, "mismatched allreduce returned %s", gw_strerror(r));
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "count=10") && has(msg, "count=20") && has(msg, "differ"), "message does not name both calls: %s", msg);
+  /* the communicator refuses further work instead of hanging */
+  r = gw_allreduce(buf, buf, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "earlier"), "later call returned %s", gw_strerror(r));
+  return 0;
+}
+
+START_TEST(test_mismatched_calls) { ck_assert_int_eq(run_ranks(2, body_mismatch, NULL, 60), 0); }
+END_TEST
+
+static int body_mismatch_coll(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  int32_t buf[8] = {0};
+  gw_result_t r = rank == 1 ? gw_broadcast(buf, buf, 8, GW_INT32, 0, comm, NULL)
+                            : gw_allreduce(buf, buf, 8, GW_INT32, GW_MAX, comm, NULL);
+  /* rank 1 sees the mismatch; rank 0 learns it from rank 1's abort notice */
+  EXPECT(r == (rank == 1 ? GW_ERR_INVALID_ARGUMENT : GW_ERR_REMOTE), "returned %s", gw_strerror(r));
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "broadcast") && has(msg, "allreduce"), "message does not name both collectives: %s", msg);
+  return 0;
+}
+
+START_TEST(test_mismatched_collectives) { ck_assert_int_eq(run_ranks(2, body_mismatch_coll, NULL, 60), 0); }
+END_TEST
+
+/* Two ranks that both think they are the root: each returned success and
+ * kept its own data. */
+static int body_two_roots(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  int32_t buf[8] = {rank, rank, rank, rank, rank, rank, rank, rank};
+  gw_result_t r = gw_broadcast(buf, buf, 8, GW_INT32, rank, comm, NULL);
+  EXPECT(r != GW_SUCCESS, "rank %d: a broadcast from root %d beside one from the other root returned success", rank,
+         rank);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "root=0") && has(msg, "root=1"), "rank %d: the message does not name both roots: %s", rank, msg);
+  return 0;
+}
+
+START_TEST(test_broadcast_two_roots) { ck_assert_int_eq(run_ranks(2, body_two_roots, NULL, 60), 0); }
+END_TEST
+
+/* The root's count differs from the others': rank 1 sees it, rank 2 and the
+ * root hear it by the notice (the root: round the ring, in the same call). */
+static int body_root_count(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  float buf[256] = {0};
+  gw_result_t r = gw_broadcast(buf, buf, rank == 0 ? 100 : 200, GW_FLOAT32, 0, comm, NULL);
+  EXPECT(r == (rank == 1 ? GW_ERR_INVALID_ARGUMENT : GW_ERR_REMOTE), "rank %d: returned %s", rank, gw_strerror(r));
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "count=100") && has(msg, "count=200"), "rank %d: the message does not name both calls: %s", rank,
+         msg);
+  /* and the root's next call does not pair with anything left of this one */
+  r = gw_broadcast(buf, buf, 100, GW_FLOAT32, 0, comm, NULL);
+  EXPECT(r != GW_SUCCESS && has(gw_comm_last_error(comm), "earlier"), "rank %d: a later call returned %s: %s", rank,
+         gw_strerror(r), gw_comm_last_error(comm));
+  return 0;
+}
+
+START_TEST(test_broadcast_root_count) { ck_assert_int_eq(run_ranks(3, body_root_count, NULL, 60), 0); }
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("mismatch");
+  TCase *tc = tcase_create("mismatch");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_mismatched_calls);
+  tcase_add_test(tc, test_mismatched_collectives);
+  tcase_add_test(tc, test_broadcast_two_roots);
+  tcase_add_test(tc, test_broadcast_root_count);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
