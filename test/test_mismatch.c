@@ -87,6 +87,34 @@ static int body_root_count(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_broadcast_root_count) { ck_assert_int_eq(run_ranks(3, body_root_count, NULL, 60), 0); }
 END_TEST
 
+/* A ring longer than its FIFOs are deep (10 ranks, 2 slots of 4 KiB): rank
+ * 1's count differs, so it fails at rank 0's first chunk and stops taking
+ * them; rank 0 fills its FIFO to rank 1 and may wait for a slot while the
+ * abort notice comes round the ring behind a chunk it holds.  Every rank must
+ * still fail within the call, with both calls named, not at its deadline. */
+static int body_notice_behind_held_chunk(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 30);
+  static float buf[1 << 18];
+  double t0 = test_now();
+  gw_result_t r = gw_allreduce(buf, buf, rank == 1 ? 100000 : 200000, GW_FLOAT32, GW_SUM, comm, NULL);
+  double took = test_now() - t0;
+  EXPECT(r != GW_SUCCESS, "rank %d: returned success", rank);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "count=100000") && has(msg, "count=200000"), "rank %d after %.1f s: %s", rank, took, msg);
+  EXPECT(took < 10, "rank %d took %.1f s: %s", rank, took, msg);
+  return 0;
+}
+
+START_TEST(test_notice_behind_held_chunk) {
+  setenv("GW_SHM_SLOTS", "2", 1);
+  setenv("GW_SHM_SLOT_BYTES", "4096", 1);
+  ck_assert_int_eq(run_ranks(10, body_notice_behind_held_chunk, NULL, 90), 0);
+  unsetenv("GW_SHM_SLOT_BYTES");
+  unsetenv("GW_SHM_SLOTS");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("mismatch");
   TCase *tc = tcase_create("mismatch");
@@ -95,6 +123,7 @@ int main(void) {
   tcase_add_test(tc, test_mismatched_collectives);
   tcase_add_test(tc, test_broadcast_two_roots);
   tcase_add_test(tc, test_broadcast_root_count);
+  tcase_add_test(tc, test_notice_behind_held_chunk);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
