@@ -268,11 +268,15 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     struct sockaddr_storage from;
     socklen_t fl = sizeof from;
     int fd = accept4(bs->listen_fd, (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
-    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM))
-      return gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot accept rank connections at %s: %s%s (%d of %d joined)",
-                     bs->master, strerror(errno),
-                     errno == EMFILE || errno == ENFILE ? "; raise `ulimit -n` above the number of ranks" : "",
-                     joined, bs->nranks);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+      const int e = errno;
+      gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot accept rank connections at %s: %s%s (%d of %d "
+                                "joined)", bs->master, strerror(e),
+                                e == EMFILE || e == ENFILE ? "; raise `ulimit -n` above the number of ranks" : "",
+                                joined, bs->nranks);
+      root_broadcast_error(bs, 1, err ? err->msg : "rank 0: cannot accept more rank connections");
+      return res; /* the ranks that joined hear why, not merely that rank 0 went */
+    }
     if (fd < 0) continue;
     set_sock_opts(fd);
     char who[NI_MAXHOST] = "?";
@@ -342,6 +346,11 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
   if (rank == 0) {
     GW_CHECK_GOTO(root_listen(bs, host, port, err), res, fail);
     GW_CHECK_GOTO(root_accept_all(bs, token, deadline, err), res, fail);
+    /* Everyone is in: the port is let go.  Kept, it took a later job's ranks
+     * (another job on the same port whose rank 0 could not bind) into its
+     * backlog unanswered, and they failed after the timeout and its grace
+     * blaming a missing rank; refused, they say rank 0 is not there. */
+    if (nranks > 1) close(bs->listen_fd), bs->listen_fd = -1;
   } else {
     GW_CHECK_GOTO(peer_connect(bs, host, port, deadline, err), res, fail);
     struct gw_boot_hello h = {.rank = rank, .nranks = nranks, .token_len = (uint32_t)strlen(token)};
@@ -598,7 +607,8 @@ gw_result_t gw__bootstrap_local_addr(struct gw_bootstrap *bs, struct sockaddr_st
                      bs->rank, ifname);
     return GW_SUCCESS;
   }
-  int fd = bs->rank == 0 ? bs->listen_fd : bs->socks[0];
+  /* rank 0: the rendezvous listener's address, which its accepted sockets share */
+  int fd = bs->rank == 0 ? (bs->listen_fd >= 0 ? bs->listen_fd : bs->socks[1]) : bs->socks[0];
   *len = sizeof *addr;
   if (fd < 0 || getsockname(fd, (struct sockaddr *)addr, len) != 0)
     return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot tell this rank's address towards %s: %s", bs->rank,

@@ -108,7 +108,9 @@ static const char *const local_vars[] = {"GW_LOCAL_RANK", "LOCAL_RANK", "SLURM_L
 static bool job_token(char *out, size_t len) {
   const char *t = getenv("GW_JOB_TOKEN");
   if (t && *t) return snprintf(out, len, "%s", t), true;
-  if ((t = getenv("TORCHELASTIC_RUN_ID")) && *t) return snprintf(out, len, "torchrun:%s", t), true;
+  /* torchrun's default id with a static --master-addr is "none" for every job */
+  if ((t = getenv("TORCHELASTIC_RUN_ID")) && *t && strcmp(t, "none") != 0)
+    return snprintf(out, len, "torchrun:%s", t), true;
   const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
   if (job && *job) return snprintf(out, len, "slurm:%s.%s", job, step ? step : ""), true;
   if ((t = getenv("PMIX_NAMESPACE")) && *t) return snprintf(out, len, "pmix:%s", t), true;
@@ -313,35 +315,36 @@ static gw_result_t connect_rings(struct gw_comm *c, struct gw_errctx *err) {
   return gw__connect(c, links, 2 * c->nchannels, c->nchannels, err);
 }
 
-/* GW_ALGO, GW_PROTO, GW_NCHANNELS, GW_EXCHANGE_MAX_BYTES, GW_CHANNEL_MIN_BYTES
- * and the cost model's table decide which connections exist and how each call
+/* GW_ALGO, GW_PROTO, GW_TRANSPORT, GW_NCHANNELS, GW_EXCHANGE_MAX_BYTES,
+ * GW_CHANNEL_MIN_BYTES and the cost model's table decide which connections exist and how each call
  * runs, so ranks that disagree would hang in the rendezvous or in an
  * operation, or (the exchange against the ring at 2 ranks) compute different
  * results; GW_SHM_SLOTS / GW_SHM_SLOT_BYTES set the chunk size every
  * algorithm cuts by (over tcp a difference failed mid-run, as a malformed
  * frame or an internal error): find out here and say which rank differs. */
 struct settings {
-  int32_t algo, nchannels, proto, pad;
+  int32_t algo, nchannels, proto, transport;
   uint64_t model_hash, exchange_max, channel_min;
   uint32_t nslots, slot_bytes;
 };
 
 static void describe_settings(const struct settings *s, char *buf, size_t len) {
-  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_NCHANNELS=%d, GW_EXCHANGE_MAX_BYTES=%llu, GW_CHANNEL_MIN_BYTES=%llu, "
-           "GW_SHM_SLOTS=%u, GW_SHM_SLOT_BYTES=%u, cost model %016llx", gw__algo_name(s->algo),
-           gw__proto_name(s->proto), s->nchannels, (unsigned long long)s->exchange_max,
+  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_TRANSPORT=%s, GW_NCHANNELS=%d, GW_EXCHANGE_MAX_BYTES=%llu, "
+           "GW_CHANNEL_MIN_BYTES=%llu, GW_SHM_SLOTS=%u, GW_SHM_SLOT_BYTES=%u, cost model %016llx",
+           gw__algo_name(s->algo), gw__proto_name(s->proto), gw__transport_wanted_name(s->transport), s->nchannels, (unsigned long long)s->exchange_max,
            (unsigned long long)s->channel_min, s->nslots, s->slot_bytes, (unsigned long long)s->model_hash);
 }
 
 static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
-  struct settings mine = {(int32_t)c->algo, c->nchannels, c->proto, 0, gw__model_hash(&c->model), c->exchange_max,
+  struct settings mine = {(int32_t)c->algo, c->nchannels, c->proto, gw__transport_wanted(), gw__model_hash(&c->model),
+                          c->exchange_max,
                           c->channel_min_bytes, c->conn_params.nslots, c->conn_params.slot_bytes};
   struct settings *all = calloc((size_t)c->nranks, sizeof *all);
   if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
   gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
   for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++) {
     if (!memcmp(&all[r], &mine, sizeof mine)) continue;
-    char here[320], there[320];
+    char here[360], there[360];
     describe_settings(&mine, here, sizeof here);
     describe_settings(&all[r], there, sizeof there);
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT,

@@ -140,12 +140,13 @@ int64_t gw__env_int(const char *name, int64_t dflt) {
     else if (*end == 'm' || *end == 'M') mul = 1LL << 20;
     else if (*end == 'g' || *end == 'G') mul = 1LL << 30;
     if (mul != 1 && end[1] == 0) {
-      v *= mul;
+      if (v > LLONG_MAX / mul || v < LLONG_MIN / mul) errno = ERANGE; /* it wrapped to a small size */
+      else v *= mul;
       end++;
     }
   }
   if (errno || end == s || *end) {
-    GW_WARN(GW_SUB_ENV, "%s=%s is not an integer; using the default %lld", name, s, (long long)dflt);
+    GW_WARN(GW_SUB_ENV, "%s=%s is not an integer in range; using the default %lld", name, s, (long long)dflt);
     return dflt;
   }
   GW_INFO(GW_SUB_ENV, "%s set to %lld", name, v);

@@ -39,8 +39,8 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     snprintf(first, sizeof first, "%s", comm->first_error);
     pthread_mutex_unlock(&comm->err_mu);
     gw__err(err, (gw_result_t)failed,
-            "rank %d: the communicator failed in an earlier operation and cannot run more; "
-            "destroy it and make a new one (first error: %.300s)", comm->rank, first);
+            "rank %d: the communicator %s and cannot run more; destroy it and make a new one (first error: %.300s)",
+            comm->rank, failed == GW_ERR_ABORTED ? "was aborted" : "failed in an earlier operation", first);
     gw__comm_set_error(comm, err->msg);
     return (gw_result_t)failed;
   }
@@ -91,7 +91,7 @@ static void *progress_main(void *arg) {
     /* A blocking call that started inline before this was queued finishes first. */
     struct gw_waiter w;
     gw__waiter_init(&w, 0);
-    while (atomic_load_explicit(&comm->inline_busy, memory_order_acquire)) gw__waiter_pause(&w);
+    while (atomic_load(&comm->inline_busy)) gw__waiter_pause(&w); /* seq_cst: against the caller's pending check */
     struct gw_errctx err = {{0}};
     req->result = req->op.ordered ? gw__dev_run(comm, &req->op, &err) : gw__run_op(comm, &req->op, &err);
     bool detached = req->detached;
@@ -214,6 +214,15 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
   return GW_SUCCESS;
 }
 
+/* GW_TEST_INLINE_PAUSE_US: a pause after a blocking call claims the inline
+ * path (read once). */
+static int64_t inline_pause_us(void) {
+  static _Atomic int64_t v = -1;
+  int64_t x = atomic_load_explicit(&v, memory_order_relaxed);
+  if (x < 0) atomic_store_explicit(&v, x = gw__env_int("GW_TEST_INLINE_PAUSE_US", 0), memory_order_relaxed);
+  return x;
+}
+
 /* Blocking: runs inline when nothing is queued or running (no lock, no thread
  * handoff on the latency path), else queues behind the earlier operations and
  * waits.  Non-blocking (reqp != NULL): queues for the progress thread.  Like an
@@ -225,10 +234,17 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
  * header). */
 static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
   if (!reqp && !op->ordered && atomic_load(&comm->pending) == 0 && !atomic_exchange(&comm->inline_busy, true)) {
+    if (inline_pause_us() > 0) usleep((useconds_t)inline_pause_us()); /* tests: another thread queues meanwhile */
     /* Re-check after announcing: the progress thread waits for inline_busy to
-     * clear before it starts anything queued meanwhile. */
-    if (atomic_load(&comm->pending) == 0) {
-      op->desc.seq = atomic_fetch_add(&comm->next_seq, 1);
+     * clear before it starts anything queued meanwhile.  The check and the
+     * sequence number under the queue's lock, as a queued call takes its own:
+     * else a call queued in between took the number before this one's and
+     * ran after it (ranks pair calls by number: "calls differ"). */
+    pthread_mutex_lock(&comm->mu);
+    const bool alone = atomic_load(&comm->pending) == 0;
+    if (alone) op->desc.seq = atomic_fetch_add(&comm->next_seq, 1);
+    pthread_mutex_unlock(&comm->mu);
+    if (alone) {
       struct gw_errctx err = {{0}};
       gw_result_t res = gw__run_op(comm, op, &err);
       atomic_store_explicit(&comm->inline_busy, false, memory_order_release);
@@ -237,7 +253,12 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     atomic_store(&comm->inline_busy, false);
   }
   struct gw_request *req = calloc(1, sizeof *req);
-  if (!req) return GW_ERR_SYSTEM;
+  if (!req) {
+    struct gw_errctx err;
+    gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory for an operation's request", comm->rank);
+    gw__comm_set_error(comm, err.msg);
+    return GW_ERR_SYSTEM;
+  }
   if (op->ordered) gw__dev_throttle(comm);
   pthread_mutex_lock(&comm->mu);
   gw_result_t res = start_thread_locked(comm);
@@ -304,6 +325,12 @@ static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op
   return submit(comm, op, reqp);
 }
 
+/* A non-blocking call's handle is NULL whenever it is refused (a caller's
+ * cleanup may wait for it). */
+static void clear_req(gw_request_t *req) {
+  if (req) *req = NULL;
+}
+
 #define NOARG
 #define REQARG , gw_request_t *req
 #define OPDESC(COLL, COUNT, DT, OP, ROOT) \
@@ -317,6 +344,7 @@ static size_t nranks_of(gw_comm_t comm) { return comm ? (size_t)comm->nranks : 1
     struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, dtype, op, -1);                                 \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
+    clear_req(REQ); /* refused below too: no stale handle */                                          \
     GW_CHECK(check_enums(comm, #NAME, (int)dtype, (int)op));                                          \
     return launch(comm, #NAME, &o, stream, count, count, REQ, NB);                                    \
   }
@@ -329,6 +357,7 @@ DEFINE_ALLREDUCE(gw_iallreduce, REQARG, req, true)
     struct gw_op o = OPDESC(GW_COLL_BROADCAST, count, dtype, 0, root);                                \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
+    clear_req(REQ); /* refused below too: no stale handle */                                          \
     GW_CHECK(check_enums(comm, #NAME, (int)dtype, 0));                                                \
     bool is_root = comm && comm->rank == root;                                                        \
     return launch(comm, #NAME, &o, stream, is_root ? count : 0, count, REQ, NB);                      \
@@ -342,6 +371,7 @@ DEFINE_BROADCAST(gw_ibroadcast, REQARG, req, true)
     struct gw_op o = OPDESC(GW_COLL_ALLGATHER, sendcount, dtype, 0, -1);                              \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
+    clear_req(REQ); /* refused below too: no stale handle */                                          \
     GW_CHECK(check_enums(comm, #NAME, (int)dtype, 0));                                                \
     return launch(comm, #NAME, &o, stream, sendcount, sendcount * nranks_of(comm), REQ, NB);          \
   }
@@ -354,6 +384,7 @@ DEFINE_ALLGATHER(gw_iallgather, REQARG, req, true)
     struct gw_op o = OPDESC(GW_COLL_REDUCE_SCATTER, recvcount, dtype, op, -1);                        \
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
+    clear_req(REQ); /* refused below too: no stale handle */                                          \
     GW_CHECK(check_enums(comm, #NAME, (int)dtype, (int)op));                                          \
     return launch(comm, #NAME, &o, stream, recvcount * nranks_of(comm), recvcount, REQ, NB);          \
   }

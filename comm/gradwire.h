@@ -33,7 +33,7 @@ typedef enum {
   GW_ERR_INTERNAL = 5,         /* a bug in gradwire: please report it */
   GW_ERR_UNSUPPORTED = 6,      /* not available in this build or on this system */
   GW_ERR_CUDA = 7,             /* a CUDA call failed */
-  GW_INPROGRESS = 8,           /* gw_test: the operation has not finished yet */
+  GW_INPROGRESS = 8,           /* internal: not returned by the API (gw_test says *done = 0) */
   GW_ERR_ABORTED = 9           /* gw_comm_abort was called on the communicator */
 } gw_result_t;
 
@@ -77,13 +77,16 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm);
 /* master_host_port: "host:port" where rank 0 serves the rendezvous. */
 gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *master_host_port);
 
-/* Frees everything the communicator holds; accepts NULL.  Destroy its
- * bucketers before it (they use it); the handle is invalid afterwards. */
+/* Frees everything the communicator holds; accepts NULL.  Only once every
+ * call on it has returned (on every thread: after gw_comm_abort they return
+ * promptly), and after its bucketers (they use it); the handle is invalid
+ * afterwards.  Queued operations nobody waits for run first. */
 gw_result_t gw_comm_destroy(gw_comm_t comm);
 
 /* From any thread: every operation of comm that is waiting, and every later one,
- * fails with GW_ERR_ABORTED (peers are told, as for any failure).  Destroy the
- * communicator afterwards; a new one can be made. */
+ * fails with GW_ERR_ABORTED, or with the error the communicator had already
+ * failed with (peers are told, as for any failure).  Destroy the communicator
+ * once its calls have returned; a new one can be made. */
 gw_result_t gw_comm_abort(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);

@@ -44,6 +44,10 @@ START_TEST(test_bad_arguments) {
   ck_assert(has(gw_comm_last_error(comm), "unknown dtype 42"));
   ck_assert_int_eq(gw_allreduce(x, y, 4, GW_FLOAT32, (gw_op_t)-1, comm, NULL), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(comm), "unknown reduction op"));
+  /* a refused non-blocking call leaves no stale handle (a cleanup's gw_wait read it) */
+  gw_request_t rq = (gw_request_t)(uintptr_t)0x1;
+  ck_assert_int_eq(gw_iallreduce(x, y, 4, (gw_dtype_t)42, GW_SUM, comm, NULL, &rq), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_null(rq);
   /* NULL arguments of the other calls are named too (the message was stale) */
   ck_assert_int_eq(gw_comm_rank(comm, NULL), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(comm), "gw_comm_rank: a NULL argument"));
@@ -645,6 +649,11 @@ START_TEST(test_env_numbers) {
     const double got = gw__env_double("GW_TEST_NUMBER", 300);
     ck_assert_msg(got == cases[i].want, "'%s' read as %g", cases[i].text, got);
   }
+  /* a size whose suffix overflows (it wrapped to 256 KiB and was taken) */
+  setenv("GW_TEST_NUMBER", "18014398509482240K", 1);
+  ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), 7);
+  setenv("GW_TEST_NUMBER", "-3K", 1);
+  ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), -3072);
   unsetenv("GW_TEST_NUMBER");
 }
 END_TEST

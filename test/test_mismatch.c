@@ -3,12 +3,15 @@
  * GW_ERR_INVALID_ARGUMENT, the others by its abort notice), and the
  * communicator refuses later work instead of hanging.  A broadcast's root,
  * which only sends, checks the last rank's call by the empty chunk that comes
- * back round the ring (it returned success and left its chunk behind). */
+ * back round the ring (it returned success and left its chunk behind).  Two
+ * threads of a rank: its calls run in the order they are numbered. */
 #include <check.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -115,6 +118,57 @@ START_TEST(test_notice_behind_held_chunk) {
 }
 END_TEST
 
+/* Ranks pair calls by their sequence numbers, so a rank must run its calls
+ * in the order it numbers them.  Rank 0's blocking call claims the inline
+ * path and pauses (GW_TEST_INLINE_PAUSE_US) while its other thread queues a
+ * non-blocking one: that one took the earlier number, the blocking call the
+ * later one but ran first, and rank 1's first call met it ("calls differ"). */
+struct queued_meanwhile {
+  gw_comm_t comm;
+  gw_result_t r;
+  int32_t buf[512];
+};
+
+static void *blocking_call(void *arg) {
+  struct queued_meanwhile *q = arg;
+  q->r = gw_allreduce(q->buf, q->buf, 512, GW_INT32, GW_SUM, q->comm, NULL);
+  return NULL;
+}
+
+static int body_queued_meanwhile(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  struct queued_meanwhile a = {comm, GW_SUCCESS, {0}}, b = {comm, GW_SUCCESS, {0}};
+  for (int i = 0; i < 512; i++) a.buf[i] = 1, b.buf[i] = 1;
+  if (rank == 0) {
+    pthread_t th;
+    EXPECT(pthread_create(&th, NULL, blocking_call, &a) == 0, "pthread_create");
+    usleep(100000); /* the blocking call is in its pause */
+    gw_request_t req;
+    b.r = gw_iallreduce(b.buf, b.buf, 512, GW_INT32, GW_SUM, comm, NULL, &req);
+    if (b.r == GW_SUCCESS) b.r = gw_wait(&req);
+    pthread_join(th, NULL);
+  } else {
+    blocking_call(&a);
+    blocking_call(&b);
+  }
+  EXPECT(a.r == GW_SUCCESS && b.r == GW_SUCCESS, "rank %d: %s / %s: %s", rank, gw_strerror(a.r), gw_strerror(b.r),
+         gw_comm_last_error(comm));
+  for (int i = 0; i < 512; i++)
+    if (a.buf[i] != n || b.buf[i] != n) {
+      EXPECT(0, "rank %d: element %d is %d and %d", rank, i, a.buf[i], b.buf[i]);
+      break;
+    }
+  return 0;
+}
+
+START_TEST(test_queued_meanwhile) {
+  setenv("GW_TEST_INLINE_PAUSE_US", "400000", 1);
+  ck_assert_int_eq(run_ranks(2, body_queued_meanwhile, NULL, 60), 0);
+  unsetenv("GW_TEST_INLINE_PAUSE_US");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("mismatch");
   TCase *tc = tcase_create("mismatch");
@@ -124,6 +178,7 @@ int main(void) {
   tcase_add_test(tc, test_broadcast_two_roots);
   tcase_add_test(tc, test_broadcast_root_count);
   tcase_add_test(tc, test_notice_behind_held_chunk);
+  tcase_add_test(tc, test_queued_meanwhile);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

@@ -14,6 +14,23 @@ static const struct gw_transport *const all_transports[] = {
     &gw__tcp_transport,
 };
 
+/* Every name GW_TRANSPORT may hold, built here or not. */
+static const char *const wanted_names[] = {"shm", "ib", "tcp"};
+
+int32_t gw__transport_wanted(void) {
+  const char *want = gw__env_str("GW_TRANSPORT", NULL);
+  if (!want || !*want) return 0;
+  for (int32_t i = 0; i < (int32_t)(sizeof wanted_names / sizeof wanted_names[0]); i++)
+    if (!strcmp(want, wanted_names[i])) return i + 1;
+  return -1;
+}
+
+const char *gw__transport_wanted_name(int32_t w) {
+  if (w == 0) return "(unset)";
+  if (w < 0 || w > (int32_t)(sizeof wanted_names / sizeof wanted_names[0])) return "(not a transport)";
+  return wanted_names[w - 1];
+}
+
 uint32_t gw__transport_caps(void) {
   uint32_t caps = 0;
 #if GW_HAVE_IBVERBS

@@ -190,6 +190,11 @@ void gw__ib_deregister(void *handle);
 unsigned long gw__ib_stat(int which);
 #endif
 
+/* GW_TRANSPORT as a number the ranks compare at init (0 unset, -1 not a
+ * transport's name), and the name back. */
+int32_t gw__transport_wanted(void);
+const char *gw__transport_wanted_name(int32_t w);
+
 /* This rank's GW_CAP_* flags, for its gw_peer_info. */
 uint32_t gw__transport_caps(void);
 

@@ -1,0 +1,103 @@
+/* test_rendezvous.c - what reaches rank 0's rendezvous from outside the job:
+ * a rank arriving after everyone joined (a relaunched rank, another job on the
+ * same port whose own rank 0 could not bind) is refused at once, not taken
+ * into the backlog unanswered and failed after the timeout blaming a missing
+ * rank; ranks that differ in GW_TRANSPORT fail at init naming it (they used to
+ * fail in the connection setup naming the FIFO sizes or a malformed tcp
+ * handle); torchrun's default run id "none" is no job token. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
+
+static void marker(const char *master, const char *what, char *path, size_t len) {
+  snprintf(path, len, "/tmp/gw-rdv-%d-%s-%s", (int)getppid(), strchr(master, ':') + 1, what);
+}
+
+static int wait_for(const char *path, double seconds) {
+  for (double t0 = test_now(); test_now() - t0 < seconds; usleep(20000))
+    if (access(path, F_OK) == 0) return 1;
+  return 0;
+}
+
+/* Harness ranks 0 and 1 make a 2-rank communicator; harness rank 2 then
+ * claims to be its rank 1. */
+static int body_late_joiner(int rank, int n, const char *master, void *arg) {
+  (void)n, (void)arg;
+  char up[128], done[128];
+  marker(master, "up", up, sizeof up);
+  marker(master, "done", done, sizeof done);
+  if (rank == 2) {
+    EXPECT(wait_for(up, 60), "the job never came up");
+    setenv("GW_BOOTSTRAP_TIMEOUT", "1", 1);
+    gw_comm_t c;
+    double t0 = test_now();
+    gw_result_t r = gw_comm_init(&c, 2, 1, master);
+    double took = test_now() - t0;
+    FILE *f = fopen(done, "w");
+    if (f) fclose(f);
+    EXPECT(r != GW_SUCCESS, "a rank after the rendezvous joined");
+    EXPECT(has(gw_comm_last_error(NULL), "no answer from master"), "after %.1f s: %s", took,
+           gw_comm_last_error(NULL));
+    return 0;
+  }
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, 2, rank, master) == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
+  if (rank == 0) {
+    FILE *f = fopen(up, "w");
+    if (f) fclose(f);
+  }
+  EXPECT(wait_for(done, 60), "the late rank never finished");
+  int32_t v = 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == 2, "the job after it: %s",
+         gw_comm_last_error(comm));
+  gw_comm_destroy(comm);
+  if (rank == 0) unlink(up), unlink(done);
+  return 0;
+}
+
+START_TEST(test_late_joiner_refused) { ck_assert_int_eq(run_ranks_raw(3, body_late_joiner, NULL, 90), 0); }
+END_TEST
+
+static int body_transport_differs(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  if (rank == 1) setenv("GW_TRANSPORT", "tcp", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "GW_TRANSPORT=tcp") &&
+             has(gw_comm_last_error(NULL), "GW_TRANSPORT=(unset)"),
+         "rank %d: init returned %s: %s", rank, gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_transport_must_agree) { ck_assert_int_eq(run_ranks_raw(2, body_transport_differs, NULL, 60), 0); }
+END_TEST
+
+START_TEST(test_torchrun_none_no_token) {
+  unsetenv("GW_JOB_TOKEN");
+  setenv("TORCHELASTIC_RUN_ID", "none", 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "1", 1); /* taken as a token, it would wait for rank 1 */
+  gw_comm_t comm;
+  ck_assert_int_eq(gw_comm_init(&comm, 2, 0, "127.0.0.1:1"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "no job token"), "%s", gw_comm_last_error(NULL));
+  unsetenv("TORCHELASTIC_RUN_ID");
+  unsetenv("GW_BOOTSTRAP_TIMEOUT");
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("rendezvous");
+  TCase *tc = tcase_create("rendezvous");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_late_joiner_refused);
+  tcase_add_test(tc, test_transport_must_agree);
+  tcase_add_test(tc, test_torchrun_none_no_token);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
