@@ -81,6 +81,7 @@ struct tcp_rslot {
   struct gw_chunk_hdr hdr;
   bool have_hdr;
   uint32_t parts, parts_done;
+  uint32_t got_mask; /* the streams whose part is in */
 };
 
 struct tcp_conn {
@@ -98,7 +99,8 @@ struct tcp_conn {
   gw_result_t failed;
   char failmsg[GW_ERRMSG_MAX];
   int test_corrupt; /* GW_TCP_TEST_CORRUPT: corrupt the Nth frame sent (tests) */
-  uint32_t frames_sent;
+  int test_skip;    /* GW_TCP_TEST_SKIP: leave out the Nth part sent on a stream other than 0 (tests) */
+  uint32_t frames_sent, others_sent;
 };
 
 static bool tcp_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
@@ -128,6 +130,7 @@ static struct tcp_conn *conn_new(const struct gw_conn_params *p) {
   t->listen_fd = -1;
   for (int i = 0; i < TCP_MAX_STREAMS; i++) t->ss[i].fd = t->rs[i].fd = -1;
   t->test_corrupt = (int)gw__env_int("GW_TCP_TEST_CORRUPT", 0);
+  t->test_skip = (int)gw__env_int("GW_TCP_TEST_SKIP", 0);
   return t;
 }
 
@@ -270,8 +273,8 @@ static gw_result_t pump_send(struct gw_conn *c, struct tcp_conn *t) {
       if (!st->busy) {
         const struct gw_chunk_hdr *h = &t->shdr[st->next_pos % t->nslots];
         uint32_t nparts = gw__nparts(h->bytes, t->nstreams, TCP_MIN_PART);
-        if (s >= nparts) { /* this chunk has no part on this socket */
-          st->next_pos++;
+        if (s >= nparts || (t->test_skip && s > 0 && ++t->others_sent == (uint32_t)t->test_skip)) {
+          st->next_pos++; /* this chunk has no part on this socket (or a test leaves it out) */
           continue;
         }
         st->cur = (struct tcp_frame){.magic = TCP_FRAME_MAGIC, .stream = s, .pos = st->next_pos, .hdr = *h};
@@ -388,6 +391,7 @@ static void slot_take_hdr(struct tcp_conn *t, struct tcp_rslot *sl, const struct
   sl->have_hdr = true;
   sl->parts = gw__nparts(f->hdr.bytes, t->nstreams, TCP_MIN_PART);
   sl->parts_done = 0;
+  sl->got_mask = 0;
 }
 
 /* Small frames are read through a per-socket buffer (one recv for header and
@@ -450,6 +454,7 @@ static gw_result_t pump_recv(struct gw_conn *c, struct tcp_conn *t) {
         return fail(c, t, GW_ERR_REMOTE, "the parts of chunk %llu disagree on its header",
                     (unsigned long long)rs->f.pos);
       sl->parts_done++;
+      sl->got_mask |= 1u << s;
       rs->last_pos = rs->f.pos;
       rs->any = true;
       rs->have_frame = false;
@@ -459,7 +464,9 @@ static gw_result_t pump_recv(struct gw_conn *c, struct tcp_conn *t) {
   return GW_SUCCESS;
 }
 
-/* The next chunk is incomplete: is a socket that owes part of it closed? */
+/* The next chunk is incomplete: is a socket that owes part of it closed, or
+ * past it without that part (a stream's frames come in order: the part can
+ * no longer come, and the wait would last until the deadline)? */
 static gw_result_t check_owed(struct gw_conn *c, struct tcp_conn *t, const struct tcp_rslot *sl) {
   for (uint32_t s = 0; s < t->nstreams; s++) {
     const struct tcp_rstream *rs = &t->rs[s];
@@ -467,6 +474,9 @@ static gw_result_t check_owed(struct gw_conn *c, struct tcp_conn *t, const struc
     bool delivered = rs->any && rs->last_pos >= t->pos;
     if (rs->eof && owes && !delivered)
       return fail(c, t, GW_ERR_REMOTE, "closed by the peer (did rank %d exit?)", c->peer);
+    if (owes && sl->have_hdr && !(sl->got_mask & (1u << s)) && rs->any && rs->last_pos > t->pos)
+      return fail(c, t, GW_ERR_REMOTE, "stream %u skipped its part of chunk %llu (its last part is of chunk %llu)", s,
+                  (unsigned long long)t->pos, (unsigned long long)rs->last_pos);
   }
   return GW_SUCCESS;
 }
