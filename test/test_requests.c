@@ -1,0 +1,99 @@
+/* test_requests.c - non-blocking requests beyond the happy path: gw_test on an
+ * operation still waiting for its peer says not done and leaves the request
+ * alone (then gw_wait completes it); gw_comm_abort from another thread while
+ * several requests are queued behind one that waits fails the running one and
+ * every queued one with GW_ERR_ABORTED promptly, without running the queued
+ * ones, and the peer hears of it in its own calls. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static int body_test_unfinished(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  gw_comm_set_timeout(comm, 20);
+  int32_t v[256];
+  for (int i = 0; i < 256; i++) v[i] = rank + 1;
+  if (rank == 1) usleep(500000); /* rank 0's operation waits for this one */
+  gw_request_t req = NULL;
+  EXPECT(gw_iallreduce(v, v, 256, GW_INT32, GW_SUM, comm, NULL, &req) == GW_SUCCESS && req, "iallreduce: %s",
+         gw_comm_last_error(comm));
+  if (rank == 0) {
+    int done = -1;
+    gw_request_t before = req;
+    EXPECT(gw_test(&req, &done) == GW_SUCCESS && done == 0 && req == before,
+           "gw_test on an operation its peer has not joined: done %d, request %s", done,
+           req == before ? "kept" : "changed");
+  }
+  EXPECT(gw_wait(&req) == GW_SUCCESS && req == NULL, "wait: %s", gw_comm_last_error(comm));
+  for (int i = 0; i < 256; i++)
+    if (v[i] != n * (n + 1) / 2) {
+      EXPECT(0, "rank %d: element %d is %d", rank, i, v[i]);
+      break;
+    }
+  return 0;
+}
+
+START_TEST(test_test_unfinished) { ck_assert_int_eq(run_ranks(2, body_test_unfinished, NULL, 60), 0); }
+END_TEST
+
+static void *abort_later(void *arg) {
+  usleep(300000);
+  gw_comm_abort((gw_comm_t)arg);
+  return NULL;
+}
+
+enum { NQ = 4, QN = 1024 };
+
+static int body_abort_queued(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 60);
+  static int32_t v[NQ][QN];
+  for (int k = 0; k < NQ; k++)
+    for (int i = 0; i < QN; i++) v[k][i] = 7;
+  if (rank == 1) { /* joins after rank 0 gave up: hears of the abort in its own calls */
+    sleep(2);
+    double t0 = test_now();
+    /* the first may still complete (rank 0's part of it was sent before the
+     * abort, the notice behind it); the next meets the notice */
+    gw_result_t r = gw_allreduce(v[0], v[0], QN, GW_INT32, GW_SUM, comm, NULL);
+    if (r == GW_SUCCESS) r = gw_allreduce(v[1], v[1], QN, GW_INT32, GW_SUM, comm, NULL);
+    EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "abort"), "rank 1: %s: %s", gw_strerror(r),
+           gw_comm_last_error(comm));
+    EXPECT(test_now() - t0 < 10, "rank 1 took %.1f s", test_now() - t0);
+    return 0;
+  }
+  gw_request_t req[NQ];
+  for (int k = 0; k < NQ; k++)
+    EXPECT(gw_iallreduce(v[k], v[k], QN, GW_INT32, GW_SUM, comm, NULL, &req[k]) == GW_SUCCESS, "iallreduce %d", k);
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, abort_later, comm) == 0, "pthread_create");
+  double t0 = test_now();
+  for (int k = 0; k < NQ; k++) {
+    gw_result_t r = gw_wait(&req[k]);
+    EXPECT(r == GW_ERR_ABORTED, "request %d: %s: %s", k, gw_strerror(r), gw_comm_last_error(comm));
+  }
+  const double took = test_now() - t0;
+  pthread_join(th, NULL);
+  EXPECT(took < 5, "the waits took %.1f s after the abort", took);
+  for (int k = 1; k < NQ; k++) /* the queued ones never ran: their buffers as they were */
+    EXPECT(v[k][0] == 7 && v[k][QN - 1] == 7, "queued request %d ran: %d", k, v[k][0]);
+  return 0;
+}
+
+START_TEST(test_abort_queued) { ck_assert_int_eq(run_ranks(2, body_abort_queued, NULL, 60), 0); }
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("requests");
+  TCase *tc = tcase_create("requests");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_test_unfinished);
+  tcase_add_test(tc, test_abort_queued);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
