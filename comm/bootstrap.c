@@ -259,9 +259,15 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       size_t used = 0;
       for (int r = 1; r < bs->nranks && used < sizeof missing - 16; r++)
         if (bs->socks[r] < 0) used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", r);
+      char bound[NI_MAXHOST] = "?"; /* a host name that resolves to loopback (Debian's 127.0.1.1) is told here */
+      struct sockaddr_storage la;
+      socklen_t ll = sizeof la;
+      if (getsockname(bs->listen_fd, (struct sockaddr *)&la, &ll) == 0)
+        getnameinfo((struct sockaddr *)&la, ll, bound, sizeof bound, NULL, 0, NI_NUMERICHOST);
       gw_result_t res = gw__err(err, GW_ERR_TIMEOUT,
-                                "rank 0: only %d of %d ranks reached the rendezvous at %s within %.0f s; missing "
-                                "ranks: %s", joined, bs->nranks, bs->master, bs->timeout_s, missing);
+                                "rank 0: only %d of %d ranks reached the rendezvous at %s (listening on %s) within "
+                                "%.0f s; missing ranks: %s", joined, bs->nranks, bs->master, bound, bs->timeout_s,
+                                missing);
       root_broadcast_error(bs, 1, err ? err->msg : "rank 0: ranks are missing at the rendezvous");
       return res; /* the ranks that joined learn which are missing, not merely that rank 0 went */
     }

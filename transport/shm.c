@@ -9,9 +9,10 @@
  * small message costs the receiver one cache-line transfer, not three.  LL
  * format (small chunks, when the collective asks): the payload continues in
  * lines of 56 data bytes plus the chunk's position, each stored with release
- * order after its data, so the receiver takes each line the moment it lands and
- * watches all of them at once instead of the header first and the data after
- * it (one cache-line transfer per hop instead of two).  Positions only grow, so
+ * order after its data, so the receiver watches all of them at once while it
+ * waits (each line's transfer overlaps the others' and the header's instead of
+ * the data being fetched after the header); the chunk is taken once its header
+ * line, stored last, and every line carry its position.  Positions only grow, so
  * the lines are reused without clearing.  Segments are created 0600,
  * pre-faulted once, and unlinked as soon as both sides have mapped them, so no
  * crash leaves files in /dev/shm after setup.  Not here: waiting (the caller's
