@@ -327,6 +327,11 @@ static void fail_comm_for_step(struct gw_bucketer *b, gw_result_t code, const ch
     }
     atomic_store(&c->inline_busy, false);
   }
+  /* Another call is on the connections: an abort stops it, and it tells the
+   * peers this reason (not "gw_comm_abort", which the caller never called). */
+  pthread_mutex_lock(&c->err_mu);
+  snprintf(c->abort_reason, sizeof c->abort_reason, "%s", err.msg);
+  pthread_mutex_unlock(&c->err_mu);
   gw_comm_abort(c);
 }
 

@@ -468,7 +468,11 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     if (!job_token(token, sizeof token))
       return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: no job token: set GW_JOB_TOKEN to the same secret on every rank "
-                                     "(gw-run does this for you)", rank));
+                                     "(gw-run does this for you)%s", rank,
+                                     getenv("TORCHELASTIC_RUN_ID") && !strcmp(getenv("TORCHELASTIC_RUN_ID"), "none")
+                                         ? "; TORCHELASTIC_RUN_ID is torchrun's default 'none', which every job "
+                                           "shares: give torchrun --rdzv-id, or set GW_JOB_TOKEN"
+                                         : ""));
   }
   gw__log_set_rank(rank);
 
@@ -583,6 +587,12 @@ static gw_result_t null_argument(gw_comm_t comm, const char *fn) {
   if (comm) gw__comm_set_error(comm, msg);
   else gw__set_thread_error(msg);
   return GW_ERR_INVALID_ARGUMENT;
+}
+
+void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
+  pthread_mutex_lock(&comm->err_mu);
+  snprintf(out, len, "%s", comm->abort_reason[0] ? comm->abort_reason : "aborted by gw_comm_abort");
+  pthread_mutex_unlock(&comm->err_mu);
 }
 
 gw_result_t gw_comm_abort(gw_comm_t comm) {

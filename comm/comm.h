@@ -185,6 +185,7 @@ struct gw_comm {
   pthread_mutex_t err_mu;
   char last_error[GW_ERRMSG_MAX];
   char first_error[GW_ERRMSG_MAX];
+  char abort_reason[GW_ERRMSG_MAX]; /* an abort of the library's own (the bucketer's), under err_mu; "" else */
 };
 
 /* Connects links[0..nlinks) over the transport each pair allows (shm on one
@@ -229,6 +230,8 @@ void gw__pick_base(const struct gw_comm *comm, int algo, int proto, struct gw_pi
 /* Marks the communicator failed by res (the first failure wins: it is kept
  * and told to the peers). */
 void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result_t res, struct gw_errctx *err);
+/* Why the communicator was aborted: the library's own reason, or gw_comm_abort. */
+void gw__abort_reason(struct gw_comm *comm, char *out, size_t len);
 
 /* Device memory and streams (device.c). */
 gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err);

@@ -29,7 +29,9 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     /* Aborted between operations: the peers hear of it as of any failure (they
      * may be waiting in this very operation). */
     struct gw_errctx aerr;
-    gw__err(&aerr, GW_ERR_ABORTED, "rank %d: aborted by gw_comm_abort", comm->rank);
+    char why[GW_ERRMSG_MAX];
+    gw__abort_reason(comm, why, sizeof why);
+    gw__err(&aerr, GW_ERR_ABORTED, "rank %d: %.450s", comm->rank, why);
     gw__comm_fail(comm, &op->desc, GW_ERR_ABORTED, &aerr);
   }
   int failed = atomic_load(&comm->failed);

@@ -136,10 +136,10 @@ static gw_result_t dead_peer_error(struct prims *p, int peer) {
 }
 
 static gw_result_t aborted_error(struct prims *p) {
-  char me[160];
+  char me[160], why[GW_ERRMSG_MAX];
   gw__describe_op(&p->op->desc, me, sizeof me);
-  return gw__err(p->err, GW_ERR_ABORTED, "rank %d: operation %s stopped: the communicator was aborted (gw_comm_abort)",
-                 p->comm->rank, me);
+  gw__abort_reason(p->comm, why, sizeof why);
+  return gw__err(p->err, GW_ERR_ABORTED, "rank %d: operation %s stopped: %.400s", p->comm->rank, me, why);
 }
 
 /* One wait step: past the spinning phase, ranks whose connections have file

@@ -250,7 +250,12 @@ static gw_result_t ring_broadcast(struct prims *p) {
    * round the ring, carries its call's header for the root to check (or the
    * abort notice of any rank that failed). */
   if (pos == n - 1) GW_CHECK(prim_send_ex(p, NULL, NULL, 0, false));
-  if (pos == 0) GW_CHECK(prim_recv(p, NULL, 0));
+  if (pos == 0) { /* the last rank may itself wait on an earlier straggler: a grace before blaming it */
+    p->peer_may_wait = true;
+    gw_result_t acked = prim_recv(p, NULL, 0);
+    p->peer_may_wait = false;
+    GW_CHECK(acked);
+  }
   return GW_SUCCESS;
 }
 

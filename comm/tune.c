@@ -201,21 +201,25 @@ static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pas
   return GW_SUCCESS;
 }
 
-/* The next line of f into line[size].  A line longer than that is taken when
- * its comment starts within it (the rest is comment, skipped); else *too_long.
- * False at the end of the file. */
-static bool next_line(FILE *f, char *line, size_t size, bool *too_long) {
-  *too_long = false;
-  if (!fgets(line, (int)size, f)) return false;
-  if (!strchr(line, '\n')) {
-    int c = fgetc(f);
-    if (c != EOF) { /* more of this line follows */
-      ungetc(c, f);
-      if (!strchr(line, '#')) *too_long = true;
-      while ((c = fgetc(f)) != EOF && c != '\n') {}
-    }
+/* The next line of f into line[size] (without its newline).  A line longer
+ * than size - 1 is taken when its comment starts within it (the rest is
+ * comment, dropped); else *bad says why it is not.  A NUL byte is refused (C
+ * strings would end the row there).  False at the end of the file. */
+static bool next_line(FILE *f, char *line, size_t size, const char **bad) {
+  *bad = NULL;
+  size_t n = 0;
+  int c;
+  bool any = false, hash = false, nul = false;
+  while ((c = fgetc(f)) != EOF) {
+    any = true;
+    if (c == '\n') break;
+    if (c == 0) nul = true;
+    if (n + 1 < size) line[n++] = (char)c, hash |= c == '#';
+    else if (!hash && !*bad) *bad = "a row of 512 characters or more";
   }
-  return true;
+  line[n] = 0;
+  if (nul) *bad = "a NUL byte";
+  return any;
 }
 
 static void cut_comment(char *line) {
@@ -238,9 +242,9 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
   gw_result_t res = GW_SUCCESS;
   for (int pass = 0; pass < 2 && res == GW_SUCCESS; pass++) { /* untagged rows, then this size's over them */
     rewind(f);
-    bool too_long;
-    for (int no = 1; res == GW_SUCCESS && next_line(f, line, sizeof line, &too_long); no++) {
-      if (too_long) why = "a row of 512 characters or more", res = GW_ERR_INVALID_ARGUMENT;
+    const char *bad;
+    for (int no = 1; res == GW_SUCCESS && next_line(f, line, sizeof line, &bad); no++) {
+      if (bad) why = bad, res = GW_ERR_INVALID_ARGUMENT;
       cut_comment(line);
       if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, pass, &seen, &why);
       if (res != GW_SUCCESS)
@@ -347,15 +351,15 @@ static char *kept_rows(const char *path, int nranks) {
   size_t cap = 4096, len = 0;
   char *out = malloc(cap), line[512];
   struct rows_seen seen = {0};
-  bool too_long;
-  while (out && next_line(f, line, sizeof line, &too_long)) {
+  const char *bad;
+  while (out && next_line(f, line, sizeof line, &bad)) {
     char copy[512], *save, *fld[6];
     snprintf(copy, sizeof copy, "%s", line);
     cut_comment(copy);
     int nf = 0;
     for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
     if ((nf != 4 && nf != 5) || (nf == 5 && atoi(fld[4]) == nranks)) continue;
-    if (too_long || !row_ok(line, &seen)) {
+    if (bad || !row_ok(line, &seen)) {
       GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s: dropped a row the loader would refuse: %.200s", path, line);
       continue;
     }

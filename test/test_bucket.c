@@ -18,6 +18,7 @@
  *   step are refused.
  */
 #include <check.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -351,6 +352,56 @@ START_TEST(test_refused_settings) {
 }
 END_TEST
 
+/* The step's failure while another thread's call holds the connections (its
+ * inline path, paused by GW_TEST_INLINE_PAUSE_US): the notice cannot go out
+ * beside it, so the communicator is aborted, and that call tells the peers the
+ * bucketer's reason, not "aborted by gw_comm_abort" (never called). */
+struct inline_call {
+  gw_comm_t comm;
+  gw_result_t r;
+};
+
+static void *inline_allreduce(void *arg) {
+  struct inline_call *c = arg;
+  int32_t v = 1;
+  c->r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, c->comm, NULL);
+  return NULL;
+}
+
+static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  gw_comm_set_timeout(comm, 30);
+  struct inline_call c = {comm, GW_SUCCESS};
+  if (rank == 1) {
+    inline_allreduce(&c);
+    EXPECT(c.r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "gw_bucketer_wait") &&
+               !strstr(gw_comm_last_error(comm), "gw_comm_abort"),
+           "rank 1: %s: %s", gw_strerror(c.r), gw_comm_last_error(comm));
+    return 0;
+  }
+  enum { M = 100 };
+  float g[M];
+  size_t bounds[] = {0, M};
+  gw_bucketer_t bk;
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 1, &bk) == GW_SUCCESS, "create");
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
+  usleep(150000); /* the other thread's call is in its pause, holding the connections */
+  EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
+  pthread_join(th, NULL);
+  EXPECT(c.r == GW_ERR_ABORTED && strstr(gw_comm_last_error(comm), "gw_bucketer_wait"), "rank 0's call: %s: %s",
+         gw_strerror(c.r), gw_comm_last_error(comm));
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_reason_beside_call) {
+  setenv("GW_TEST_INLINE_PAUSE_US", "500000", 1);
+  ck_assert_int_eq(run_ranks(2, body_reason_beside_call, NULL, 60), 0);
+  unsetenv("GW_TEST_INLINE_PAUSE_US");
+}
+END_TEST
+
 START_TEST(test_start_failure) {
   setenv("GW_DEVICE", "none", 1); /* the stream is refused before anything reads it */
   ck_assert_int_eq(run_ranks(2, body_start_failure, NULL, 60), 0);
@@ -368,6 +419,7 @@ int main(void) {
   tcase_add_test(tc, test_one_rank_incomplete);
   tcase_add_test(tc, test_start_failure);
   tcase_add_test(tc, test_refused_settings);
+  tcase_add_test(tc, test_reason_beside_call);
   tcase_add_test(tc, test_wire);
   suite_add_tcase(s, tc);
   return run_suite(s);

@@ -105,7 +105,7 @@ static int body_notice_behind_held_chunk(gw_comm_t comm, int rank, int n, void *
   EXPECT(r != GW_SUCCESS, "rank %d: returned success", rank);
   const char *msg = gw_comm_last_error(comm);
   EXPECT(has(msg, "count=100000") && has(msg, "count=200000"), "rank %d after %.1f s: %s", rank, took, msg);
-  EXPECT(took < 10, "rank %d took %.1f s: %s", rank, took, msg);
+  EXPECT(took < 25, "rank %d took %.1f s: %s", rank, took, msg); /* the deadline is 30 s; 10 ranks on 2 cores */
   return 0;
 }
 

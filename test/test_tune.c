@@ -149,6 +149,16 @@ START_TEST(test_corrupt_file_refused) {
   snprintf(text, sizeof text, "ring ll 0.25 4%.*s", 511 - 14, pad);
   write_file(path, text);
   ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a last row of 511: %s", err.msg);
+  snprintf(text, sizeof text, "ring ll 0.25 4%.*s\nring simple 1 2\n", 511 - 14, pad);
+  write_file(path, text);
+  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a row of 511 and its newline: %s", err.msg);
+  FILE *nf = fopen(path, "w"); /* a NUL byte ends a C string: refused, not read as the row before it */
+  ck_assert_ptr_nonnull(nf);
+  fwrite("ring ll 0.25 4 # x\0y\nring simple 1 2\n", 1, 37, nf);
+  fclose(nf);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(err.msg, ":1: a NUL byte"), "%s", err.msg);
+  m = def;
   snprintf(text, sizeof text, "ring ll 0.25 4%.*s\n", 512 - 14, pad);
   write_file(path, text);
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
