@@ -4,6 +4,7 @@
 #ifndef GW_TEST_HARNESS_H
 #define GW_TEST_HARNESS_H
 
+#include <string.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,6 +49,8 @@ static inline uint64_t mix64(uint64_t x) {
 
 /* Monotonic seconds (one clock for every process of this machine). */
 double test_now(void);
+/* Whether s (may be NULL) contains sub: messages in assertions. */
+static inline int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
 /* A rank body for the dead-peer tests: after one allreduce rank 1 kills itself
  * with SIGKILL; every other rank's next allreduce must fail with GW_ERR_REMOTE

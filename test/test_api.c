@@ -28,8 +28,6 @@
 #include "comm.h" /* gw__fnv; the peers' pid namespaces and the ring's transport */
 #include "harness.h"
 
-static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
-
 /* ---- bad arguments (one rank: no peers needed for the checks) ---- */
 START_TEST(test_bad_arguments) {
   gw_comm_t comm;

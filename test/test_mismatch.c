@@ -15,8 +15,6 @@
 
 #include "harness.h"
 
-static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
-
 /* ---- calls that differ across ranks ---- */
 static int body_mismatch(gw_comm_t comm, int rank, int n, void *arg) {
   (void)n, (void)arg;

@@ -13,8 +13,6 @@
 
 #include "harness.h"
 
-static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
-
 static void marker(const char *master, const char *what, char *path, size_t len) {
   snprintf(path, len, "/tmp/gw-rdv-%d-%s-%s", (int)getppid(), strchr(master, ':') + 1, what);
 }
