@@ -376,10 +376,14 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
     res = w;
     snprintf(msg, sizeof msg, "%s", gw_comm_last_error(b->comm));
   }
-  if (res == GW_SUCCESS && b->compute && b->next > 0) { /* later work on compute sees the reduced gradients */
+  /* Later work on compute sees the reduced gradients; also after a failed
+   * allreduce or cast back (whatever the allreduces' stream still does to the
+   * buffer comes before compute's next use or a stream-ordered free of it). */
+  if (b->compute && b->next > 0) {
     const struct gw_dev_ops *d = gw__dev();
-    if (d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
-        d->stream_wait_event((gw_dev_stream_t)b->compute, b->ev[b->n])) {
+    if ((d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
+         d->stream_wait_event((gw_dev_stream_t)b->compute, b->ev[b->n])) &&
+        res == GW_SUCCESS) {
       res = GW_ERR_INTERNAL;
       snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
                b->comm->rank, d->error());
