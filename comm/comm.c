@@ -655,6 +655,15 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
   return GW_SUCCESS;
 }
 
+gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len) {
+  if (!comm || !buf || !len) return null_argument(comm, "gw_comm_last_path");
+  uint32_t v = atomic_load_explicit(&comm->last_path, memory_order_relaxed);
+  if (!(v >> 24)) snprintf(buf, len, "none");
+  else if (v >> 16 & 1) snprintf(buf, len, "%s/device", gw__algo_name((int)(v & 0xff)));
+  else snprintf(buf, len, "%s/%s", gw__algo_name((int)(v & 0xff)), gw__proto_name((int)(v >> 8 & 0xff)));
+  return GW_SUCCESS;
+}
+
 /* A registration: the transport's handle (NULL without ib), so the caller's
  * handle is never NULL after success. */
 struct gw_registration {

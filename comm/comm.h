@@ -177,6 +177,9 @@ struct gw_comm {
   _Atomic int pending;       /* operations queued or running on the progress thread */
   _Atomic bool inline_busy;  /* a blocking call is running on its caller's thread */
   _Atomic uint64_t next_seq;
+  /* The latest collective's path (gw_comm_last_path): 0 before any, else
+   * 1 << 24 | device ring << 16 | protocol << 8 | algorithm. */
+  _Atomic uint32_t last_path;
 
   /* Once an operation fails the ring may hold half-sent chunks, so the
    * communicator refuses further operations with the first failure's code. */

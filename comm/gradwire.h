@@ -122,6 +122,13 @@ gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds);
  * connections are all shared memory (GW_ERR_UNSUPPORTED otherwise). */
 gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto);
 
+/* The path of the latest collective this communicator ran (barriers aside),
+ * for reports such as gw-perf's: "ring/simple", "tree/ll", "exchange/simple",
+ * or "ring/device" for device buffers on the device ring (device buffers
+ * staged through host memory show their last piece's host path); "none"
+ * before the first.  With several threads calling, it is one of theirs. */
+gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len);
+
 /* One measured allreduce time for gw_tune_write (gw-perf --tune). */
 struct gw_tune_sample {
   const char *algo, *proto; /* as for gw_comm_set_algo */

@@ -2,7 +2,9 @@
 # gw_perf_flags.sh GW_RUN GW_PERF - gw-perf refuses bad sizes and output files
 # before it measures (non-zero exit, the message naming the flag and value, no
 # file written), warns about a GW_TUNING_FILE that is a directory, and
-# measures each size once after rounding it down to whole elements.
+# measures each size once after rounding it down to whole elements; its checks
+# catch a collective that writes nothing and a spoilt timed result; rows name
+# what ran.
 set -u
 run=$1 perf=$2 fail=0
 tmp=$(mktemp -d)
@@ -61,6 +63,32 @@ for coll in allreduce allgather reduce_scatter broadcast; do
     echo "FAIL: $coll with nothing written: exit $rc, $caught of $(wc -l <<<"$rows") sizes caught:"; tail -8 <<<"$out"; fail=1
   fi
 done
+# The timed runs' own result is checked where they leave it: GW_PERF_TEST_SPOIL_TIMED
+# spoils one element of it (as a fault of back-to-back calls would), the fresh
+# checked runs stay right; out of place every collective, in place allgather and
+# broadcast (a reduction's in-place output is its next run's input) count it.
+for coll in allreduce allgather reduce_scatter broadcast; do
+  out=$(GW_PERF_TEST_SPOIL_TIMED=1 "$run" -n 2 "$perf" -C "$coll" -b 64 -e 64K -f 32 -d float32 -n 2 -w 0 2>&1)
+  rc=$?
+  rows=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ && $3 > 0' <<<"$out")
+  case $coll in allgather | broadcast) want='$10 > 0 && $14 > 0' ;; *) want='$10 > 0 && $14 == 0' ;; esac
+  caught=$(awk "$want" <<<"$rows" | wc -l)
+  if [ $rc -eq 0 ] || [ -z "$rows" ] || [ "$caught" -ne "$(wc -l <<<"$rows")" ]; then
+    echo "FAIL: $coll with a timed result spoilt: exit $rc, $caught of $(wc -l <<<"$rows") sizes as expected:"; tail -8 <<<"$out"; fail=1
+  fi
+done
+# Each row names what ran, and the average bus bandwidth is over both columns
+# (nccl-tests' definition).
+for ap in "ring simple ring/simple" "exchange simple exchange/simple" "ring ll ring/ll"; do
+  set -- $ap
+  out=$("$run" -n 2 "$perf" -a "$1" -p "$2" -b 1M -e 1M -n 2 -w 0 2>&1)
+  awk -v want="$3" '$1 == "[0]" && $2 == "1048576" && $NF == want {f=1} END {exit !f}' <<<"$out" ||
+    { echo "FAIL: -a $1 -p $2: the row does not name $3:"; tail -4 <<<"$out"; fail=1; }
+done
+awk '$1 == "[0]" && $2 == "1048576" {want = ($9 + $13) / 2} /Avg bus bandwidth/ {got = $NF}
+     END {exit !(want > 0 && got - want < 0.006 && want - got < 0.006)}  # rows print two decimals' <<<"$out" ||
+  { echo "FAIL: the average bus bandwidth is not the mean of both columns:"; tail -4 <<<"$out"; fail=1; }
+refused "-b 8 -e 67108864 -f 1.0001 makes more than 10000 sizes" -b 8 -e 64M -f 1.0001
 # -c 0 checks nothing and says so: N/A, not a #wrong of 0.
 out=$("$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 -c 0 -d float32 -o sum 2>&1)
 grep -qF "Out of bounds values : N/A" <<<"$out" && awk '$1 == "[0]" && $2 == "8" && $10 == "N/A" && $14 == "N/A" {f=1} END {exit !f}' <<<"$out" ||

@@ -36,6 +36,8 @@ struct opts {
   const char *csv, *json, *tune;
 };
 
+enum { MAX_SIZES = 10000 }; /* sizes one run measures, at most */
+
 static int rank = -1, nranks; /* rank -1 until the communicator is made */
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -188,6 +190,7 @@ struct result {
   size_t bytes, count;
   double time_us[2], algbw[2], busbw[2];
   long long wrong[2];
+  char path[2][32]; /* what ran (gw_comm_last_path) */
 };
 
 static double now(void) {
@@ -235,66 +238,91 @@ static void run_once(const struct opts *o, gw_dtype_t dt, int op, const void *se
   }
 }
 
+/* Where a run's buffers are: send and recv for the call (in place inside
+ * recvbuf), the elements each holds, and how far the checked span of the
+ * output reaches (in place the input may end later: reduce_scatter's holds
+ * every rank's part). */
+struct layout {
+  uint8_t *send, *recv;
+  size_t in_elems, out_elems, tail;
+};
+
+static struct layout layout_of(const struct opts *o, gw_dtype_t dt, uint8_t *sendbuf, uint8_t *recvbuf, size_t count,
+                               bool in_place) {
+  size_t es = gw_dtype_size(dt);
+  struct layout l = {sendbuf, recvbuf, o->coll == C_REDUCE_SCATTER ? count * (size_t)nranks : count,
+                     o->coll == C_ALLGATHER ? count * (size_t)nranks : count, 0};
+  if (in_place) {
+    l.send = recvbuf;
+    if (o->coll == C_ALLGATHER) l.send = recvbuf + (size_t)rank * count * es;
+    if (o->coll == C_REDUCE_SCATTER) l.recv = recvbuf + (size_t)rank * count * es;
+  }
+  l.tail = l.out_elems * es;
+  if (in_place && l.send + l.in_elems * es > l.recv + l.tail) l.tail = (size_t)(l.send + l.in_elems * es - l.recv);
+  return l;
+}
+
+/* The 64 bytes after the checked span: nothing may write there. */
+enum { SLACK = 64 };
+
+/* The number of wrong output elements (and bytes written past the output, and
+ * out of place input elements changed) that the last run left. */
+static long long count_wrong(const struct opts *o, gw_dtype_t dt, int op, const struct layout *l, size_t count,
+                             bool in_place) {
+  size_t es = gw_dtype_size(dt);
+  uint8_t *hs = dev ? mirror(l->send) : l->send, *hr = dev ? mirror(l->recv) : l->recv;
+  if (dev) {
+    check_dev(dev->memcpy_async(hr, l->recv, l->tail + SLACK, stream), "copying the output out");
+    if (!in_place) check_dev(dev->memcpy_async(hs, l->send, l->in_elems * es, stream), "copying the input out");
+    sync_stream();
+  }
+  long long wrong = 0;
+  for (size_t b = 0; b < SLACK; b++) wrong += hr[l->tail + b] != 0xff;
+  for (size_t i = 0; !in_place && i < l->in_elems; i++) wrong += gw_value_load(hs, dt, i) != value_of(rank, i);
+  for (size_t i = 0; i < l->out_elems; i++) {
+    bool ok;
+    switch (o->coll) {
+      case C_ALLREDUCE: ok = reduce_ok(dt, op, hr, i, i); break;
+      case C_REDUCE_SCATTER: ok = reduce_ok(dt, op, hr, i, (size_t)rank * count + i); break;
+      case C_ALLGATHER: ok = gw_value_load(hr, dt, i) == value_of((int)(i / count), i % count); break;
+      default: ok = gw_value_load(hr, dt, i) == value_of(o->root, i); break;
+    }
+    wrong += !ok;
+  }
+  return wrong;
+}
+
 /* Fills the input and returns the number of wrong output elements after one
  * run (-1: not checked, -c 0). */
-static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbuf, uint8_t *recvbuf,
-                                size_t count, bool in_place, const void **send_out, void **recv_out) {
+static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, const struct layout *l, size_t count,
+                                bool in_place) {
   size_t es = gw_dtype_size(dt);
-  size_t in_elems = o->coll == C_REDUCE_SCATTER ? count * (size_t)nranks : count;
-  size_t out_elems = o->coll == C_ALLGATHER ? count * (size_t)nranks : count;
-  uint8_t *send = sendbuf, *recv = recvbuf;
-  if (in_place) {
-    send = recvbuf;
-    if (o->coll == C_ALLGATHER) send = recvbuf + (size_t)rank * count * es;
-    if (o->coll == C_REDUCE_SCATTER) recv = recvbuf + (size_t)rank * count * es;
-  }
-  *send_out = send;
-  *recv_out = recv;
   if (!o->check) {
-    run_once(o, dt, op, send, recv, count);
+    run_once(o, dt, op, l->send, l->recv, count);
     return -1;
   }
-  uint8_t *hs = dev ? mirror(send) : send, *hr = dev ? mirror(recv) : recv;
+  uint8_t *hs = dev ? mirror(l->send) : l->send, *hr = dev ? mirror(l->recv) : l->recv;
   /* The whole output and the 64 bytes after it first hold all ones (NaN in
    * floats: an earlier run's correct output, or an in-place allgather's other
    * blocks left as they were, must not pass for this run's), then the input
    * goes in (in place, over part of the output: there a collective that wrote
    * nothing would still pass where this rank's input is the result, as for
    * MAX or MIN, which out-of-place runs catch). */
-  /* The 64 bytes after the output, or in place after the input when that
-   * ends later (reduce_scatter's input holds every rank's part). */
-  const size_t slack = 64;
-  size_t tail = out_elems * es;
-  if (in_place && send + in_elems * es > recv + tail) tail = (size_t)(send + in_elems * es - recv);
-  memset(hr, 0xff, tail + slack);
-  if (dev) check_dev(dev->memcpy_async(recv, hr, tail + slack, stream), "clearing the output");
-  for (size_t i = 0; i < in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
-  if (dev) check_dev(dev->memcpy_async(send, hs, in_elems * es, stream), "copying the input in");
+  memset(hr, 0xff, l->tail + SLACK);
+  if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->tail + SLACK, stream), "clearing the output");
+  for (size_t i = 0; i < l->in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
+  if (dev) check_dev(dev->memcpy_async(l->send, hs, l->in_elems * es, stream), "copying the input in");
   /* A test hook: the checked run left out, as a collective that writes
    * nothing would do; every size must then count wrong elements. */
-  if (!getenv("GW_PERF_TEST_SKIP_CHECKED_RUN")) run_once(o, dt, op, send, recv, count);
-  if (dev) {
-    check_dev(dev->memcpy_async(hr, recv, tail + slack, stream), "copying the output out");
-    if (!in_place) check_dev(dev->memcpy_async(hs, send, in_elems * es, stream), "copying the input out");
-    sync_stream();
-  }
-  recv = hr;
-  long long wrong = 0;
-  /* Nothing written past the output, and out of place the input left alone. */
-  for (size_t b = 0; b < slack; b++) wrong += hr[tail + b] != 0xff;
-  for (size_t i = 0; !in_place && i < in_elems; i++) wrong += gw_value_load(hs, dt, i) != value_of(rank, i);
-  for (size_t i = 0; i < out_elems; i++) {
-    bool ok;
-    switch (o->coll) {
-      case C_ALLREDUCE: ok = reduce_ok(dt, op, recv, i, i); break;
-      case C_REDUCE_SCATTER: ok = reduce_ok(dt, op, recv, i, (size_t)rank * count + i); break;
-      case C_ALLGATHER: ok = gw_value_load(recv, dt, i) == value_of((int)(i / count), i % count); break;
-      default: ok = gw_value_load(recv, dt, i) == value_of(o->root, i); break;
-    }
-    wrong += !ok;
-  }
-  (void)sendbuf;
-  return wrong;
+  if (!getenv("GW_PERF_TEST_SKIP_CHECKED_RUN")) run_once(o, dt, op, l->send, l->recv, count);
+  return count_wrong(o, dt, op, l, count, in_place);
+}
+
+/* Whether the timed runs leave the checked result: they repeat one call on an
+ * unchanged input, except in place, where a reduction's output is the next
+ * run's input (allgather's and broadcast's in place repeat alike). */
+static bool timed_output_checkable(const struct opts *o, bool in_place) {
+  return !in_place || o->coll == C_ALLGATHER || o->coll == C_BROADCAST;
 }
 
 static double bus_factor(int coll) {
@@ -323,20 +351,31 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
   res->bytes = measured_bytes(o, dt, bytes);
   res->count = res->bytes / gw_dtype_size(dt);
   for (int ip = 0; ip < 2; ip++) {
-    const void *send;
-    void *recv;
-    long long wrong = fill_run_check(o, dt, op, sendbuf, recvbuf, count, ip == 1, &send, &recv);
-    for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, send, recv, count);
+    const struct layout l = layout_of(o, dt, sendbuf, recvbuf, count, ip == 1);
+    long long wrong = fill_run_check(o, dt, op, &l, count, ip == 1);
+    for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, l.send, l.recv, count);
     sync_stream();
     check_gw(gw_barrier(comm), "gw_barrier");
     double t0 = now();
-    for (int i = 0; i < o->iters; i++) run_once(o, dt, op, send, recv, count);
+    for (int i = 0; i < o->iters; i++) run_once(o, dt, op, l.send, l.recv, count);
     sync_stream();
     double t = (now() - t0) / o->iters;
-    /* Checked again after the timed runs, as nccl-tests does: what shows
-     * only on repeated operations (stale flags or chunks, a cached
-     * registration, wrapped counters) is caught too. */
-    if (o->check) wrong += fill_run_check(o, dt, op, sendbuf, recvbuf, count, ip == 1, &send, &recv);
+    check_gw(gw_comm_last_path(comm, res->path[ip], sizeof res->path[ip]), "gw_comm_last_path");
+    /* The timed runs' own result is checked where they leave it (a fault of
+     * back-to-back calls, slots or flags overtaken while pipelined, would
+     * otherwise pass), and the output is checked again after a fresh fill, as
+     * nccl-tests does: what shows only on repeated operations (stale flags or
+     * chunks, a cached registration, wrapped counters) is caught too. */
+    if (o->check && timed_output_checkable(o, ip == 1)) {
+      /* A test hook: one timed result spoilt, as a fault of repeated calls would. */
+      if (getenv("GW_PERF_TEST_SPOIL_TIMED")) {
+        static const uint8_t ones[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}; /* NaN, or -1 */
+        if (dev) check_dev(dev->memcpy_async(l.recv, ones, gw_dtype_size(dt), stream), "spoiling the output");
+        else memcpy(l.recv, ones, gw_dtype_size(dt));
+      }
+      wrong += count_wrong(o, dt, op, &l, count, ip == 1);
+    }
+    if (o->check) wrong += fill_run_check(o, dt, op, &l, count, ip == 1);
     /* The slowest rank's time is the collective's time. */
     check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
     if (o->check) check_gw(gw_allreduce(&wrong, &wrong, 1, GW_INT64, GW_SUM, comm, NULL), "gw_allreduce(wrong)");
@@ -493,6 +532,14 @@ int main(int argc, char **argv) {
     die("unexpected argument '%s'", argv[optind]);
   }
   if (o.min_bytes > o.max_bytes) die("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
+  { /* a factor just above 1 steps a byte at a time: millions of sizes would run for days */
+    long nsizes = 0;
+    for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes && nsizes <= MAX_SIZES; nsizes++)
+      sz = sz * o.factor < sz + 1 ? sz + 1 : sz * o.factor;
+    if (nsizes > MAX_SIZES)
+      die("-b %zu -e %zu -f %g makes more than %d sizes: take a larger -f or a narrower range", o.min_bytes,
+          o.max_bytes, o.factor, MAX_SIZES);
+  }
   /* The tree and the exchange reduce: the other collectives always take the
    * ring, so -a would name an algorithm the measurement never ran. */
   if (algo_flag && (!strcmp(algo_flag, "tree") || !strcmp(algo_flag, "exchange")) && o.coll != C_ALLREDUCE)
@@ -552,7 +599,8 @@ int main(int argc, char **argv) {
   if (rank == 0 && o.csv) {
     csv = fopen(o.csv, "w");
     if (!csv) die("cannot write %s: %s", o.csv, strerror(errno));
-    fprintf(csv, "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
+    fprintf(csv, "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,"
+                 "ip_wrong,oop_path,ip_path\n");
   }
   if (rank == 0 && o.json) {
     json = fopen(o.json, "w");
@@ -562,8 +610,12 @@ int main(int argc, char **argv) {
   if (rank == 0) {
     printf("# gw-perf: %s, %d ranks, %d iterations, %d warmup, check %d, %s memory\n", coll_names[o.coll], nranks,
            o.iters, o.warmup, o.check, dev ? (strcmp(dev->name, "cuda") ? "emulated device" : "device") : "host");
+    /* time: each rank's mean over the -n runs, the slowest rank's (nccl-tests
+     * takes the ranks' mean by default); #wrong: elements, plus bytes written
+     * past the output and (out of place) input elements changed */
+    printf("# time: the slowest rank's mean; path: what ran (algorithm/protocol, or the device ring)\n");
     printf("#                                                       out-of-place                       in-place\n");
-    printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
+    printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  path\n");
     printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
     fflush(stdout);
   }
@@ -585,8 +637,9 @@ int main(int argc, char **argv) {
         struct result res;
         measure(&o, dt, o.ops[oi], sendbuf, recvbuf, (size_t)sz, &res);
         if (o.check) total_wrong += res.wrong[0] + res.wrong[1];
-        bw_sum += res.busbw[0];
-        bw_n++;
+        /* both columns, as nccl-tests' average */
+        bw_sum += res.busbw[0] + res.busbw[1];
+        bw_n += 2;
         if (rank != 0) continue;
         const char *opn = (o.coll == C_ALLREDUCE || o.coll == C_REDUCE_SCATTER) ? gw_op_name((gw_op_t)o.ops[oi]) : "none";
         int root = o.coll == C_BROADCAST ? o.root : -1;
@@ -597,21 +650,26 @@ int main(int argc, char **argv) {
           snprintf(num[k], sizeof num[k], "%lld", res.wrong[k]);
           w[k] = o.check ? num[k] : "N/A", wc[k] = o.check ? num[k] : "", wj[k] = o.check ? num[k] : "null";
         }
-        printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5s  %7.2f  %6.2f  %6.2f  %5s\n", res.bytes,
+        char path[72]; /* one name when both ran alike */
+        if (strcmp(res.path[0], res.path[1])) snprintf(path, sizeof path, "%s,%s", res.path[0], res.path[1]);
+        else snprintf(path, sizeof path, "%s", res.path[0]);
+        printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5s  %7.2f  %6.2f  %6.2f  %5s  %s\n", res.bytes,
                res.count, gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], w[0],
-               res.time_us[1], res.algbw[1], res.busbw[1], w[1]);
+               res.time_us[1], res.algbw[1], res.busbw[1], w[1], path);
         fflush(stdout);
         if (csv)
-          fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s,%.3f,%.4f,%.4f,%s\n", res.bytes, res.count,
+          fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s,%.3f,%.4f,%.4f,%s,%s,%s\n", res.bytes, res.count,
                   gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], wc[0],
-                  res.time_us[1], res.algbw[1], res.busbw[1], wc[1]);
+                  res.time_us[1], res.algbw[1], res.busbw[1], wc[1], res.path[0], res.path[1]);
         if (json) {
           fprintf(json,
                   "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, "
                   "\"oop_time_us\": %.3f, \"oop_algbw\": %.4f, \"oop_busbw\": %.4f, \"oop_wrong\": %s, "
-                  "\"ip_time_us\": %.3f, \"ip_algbw\": %.4f, \"ip_busbw\": %.4f, \"ip_wrong\": %s}",
+                  "\"ip_time_us\": %.3f, \"ip_algbw\": %.4f, \"ip_busbw\": %.4f, \"ip_wrong\": %s, "
+                  "\"oop_path\": \"%s\", \"ip_path\": \"%s\"}",
                   first_json ? "" : ",", res.bytes, res.count, gw_dtype_name(dt), opn, root, res.time_us[0],
-                  res.algbw[0], res.busbw[0], wj[0], res.time_us[1], res.algbw[1], res.busbw[1], wj[1]);
+                  res.algbw[0], res.busbw[0], wj[0], res.time_us[1], res.algbw[1], res.busbw[1], wj[1],
+                  res.path[0], res.path[1]);
           first_json = false;
         }
       }
