@@ -545,6 +545,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
       c->peers[r].node_id[sizeof c->peers[r].node_id - 1] = 0;
       c->peers[r].host[sizeof c->peers[r].host - 1] = 0;
       if (r < rank && !strcmp(c->peers[r].node_id, me.node_id)) c->local_rank++;
+      if (!strcmp(c->peers[r].node_id, me.node_id)) c->local_size++;
     }
     const char *env_local = first_env(local_vars);
     if (env_local && atoi(env_local) != c->local_rank)
@@ -611,6 +612,12 @@ gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
   if (!comm || !local_rank) return null_argument(comm, "gw_comm_local_rank");
   *local_rank = comm->local_rank;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_local_size(gw_comm_t comm, int *local_size) {
+  if (!comm || !local_size) return null_argument(comm, "gw_comm_local_size");
+  *local_size = comm->local_size > 0 ? comm->local_size : 1;
   return GW_SUCCESS;
 }
 

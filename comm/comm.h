@@ -132,7 +132,7 @@ struct gw_request {
 struct gw_devstate;
 
 struct gw_comm {
-  int rank, nranks, local_rank;
+  int rank, nranks, local_rank, local_size; /* local: on this machine (node id) */
   _Atomic double timeout_s; /* every wait on the data path (gw_comm_set_timeout: any thread, any time) */
   enum gw_algo algo;  /* GW_ALGO, or gw_comm_set_algo */
   int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */

@@ -94,6 +94,8 @@ gw_result_t gw_comm_size(gw_comm_t comm, int *size);
 /* This rank's index among the ranks on its machine (found at the rendezvous from
  * host name and boot id, so it is right whatever the launcher set). */
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank);
+/* The number of ranks on this rank's machine, found the same way. */
+gw_result_t gw_comm_local_size(gw_comm_t comm, int *local_size);
 
 /* The device this rank is bound to (-1: none).  gw_comm_init binds it, on the
  * calling thread: GW_DEVICE if set (an ordinal, or "none"), else the device the

@@ -32,15 +32,43 @@ const char *train_bin(void) { return getenv("GW_TRAIN_BIN"); }
 
 void path(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tmpdir, name); }
 
-void train(struct run *r, const char *const *env, const char *ranks, const char *const *extra) {
-  const char *args[64] = {"-n", ranks, train_bin(), COMMON};
-  int n = 0;
-  while (args[n]) n++;
+void train_from(struct run *r, const char *const *env, const char *ranks, const char *const *base,
+                const char *const *extra) {
+  const char *args[80] = {"-n", ranks, train_bin()};
+  int n = 3;
+  for (int i = 0; base[i]; i++) args[n++] = base[i];
   for (int i = 0; extra[i]; i++) args[n++] = extra[i];
   args[n] = NULL;
   gwrun_start(r, env, args);
   gwrun_wait(r, 120);
   ck_assert_msg(!r->timed_out, "gw-train did not finish in 120 s\nstdout:\n%s\nstderr:\n%s", r->out, r->err);
+}
+
+void train(struct run *r, const char *const *env, const char *ranks, const char *const *extra) {
+  train_from(r, env, ranks, (const char *const[]){COMMON, NULL}, extra);
+}
+
+/* The value of `key` in each training line of a metrics file, by step;
+ * returns how many lines had it. */
+int metrics_by_step(const char *file, const char *key, char val[][32], int max) {
+  FILE *f = fopen(file, "r");
+  ck_assert_msg(f, "no metrics file %s", file);
+  char line[1024], pat[64], fmt[96];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  snprintf(fmt, sizeof fmt, "%s%%31[^,}]", pat);
+  int n = 0;
+  while (fgets(line, sizeof line, f)) {
+    long long step;
+    char l[32];
+    const char *p = strstr(line, "\"step\":"), *q = strstr(line, pat);
+    if (!strstr(line, "\"type\":\"train\"") || !p || !q || sscanf(p, "\"step\":%lld", &step) != 1 ||
+        sscanf(q, fmt, l) != 1 || step < 1 || step > max)
+      continue;
+    snprintf(val[step - 1], 32, "%s", l);
+    n++;
+  }
+  fclose(f);
+  return n;
 }
 
 void expect_ok(struct run *r) {
@@ -501,44 +529,105 @@ START_TEST(test_imagefolder_bad_files_skipped) {
 }
 END_TEST
 
-/* A diverged model (NaN logits) scores 0% in the evaluation, not 100%: a NaN
- * compares false with everything, which used to leave the label on top. */
-START_TEST(test_nan_logits_score_zero) {
-  char init[512], nan[512];
-  path(init, sizeof init, "nan-init.safetensors");
-  path(nan, sizeof nan, "nan.safetensors");
+/* COMMON's initial weights, saved as tmpdir/init_name, written again to `out`
+ * with every value of tensor `name` set to v. */
+static void weights_with(const char *init_name, const char *out, const char *name, float v) {
+  char init[512];
+  path(init, sizeof init, init_name);
   struct run r;
   const char *const noenv[] = {NULL};
   train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", init, NULL});
   expect_ok(&r);
   gwrun_free(&r);
-  struct gw_st_file *f = open_st("nan-init.safetensors");
+  struct gw_st_file *f = open_st(init_name);
   struct gw_st_tensor t[512];
   ck_assert_int_le(f->ntensors, 512);
-  float *fc = NULL;
+  float *vals = NULL;
   for (int i = 0; i < f->ntensors; i++) {
     t[i] = f->tensors[i];
-    if (!strcmp(t[i].name, "fc.weight")) {
-      fc = malloc(t[i].nbytes);
-      for (size_t j = 0; j < t[i].nbytes / sizeof(float); j++) fc[j] = NAN;
-      t[i].data = fc;
+    if (!strcmp(t[i].name, name)) {
+      vals = malloc(t[i].nbytes);
+      for (size_t j = 0; j < t[i].nbytes / sizeof(float); j++) vals[j] = v;
+      t[i].data = vals;
     }
   }
-  ck_assert_msg(fc != NULL, "no fc.weight in %s", init);
-  ck_assert_msg(gw_st_write(nan, t, f->ntensors, NULL) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_msg(vals != NULL, "no %s in %s", name, init);
+  ck_assert_msg(gw_st_write(out, t, f->ntensors, NULL) == GW_SUCCESS, "%s", gw_model_last_error());
   gw_st_free(f);
-  free(fc);
+  free(vals);
+}
+
+/* A diverged model (NaN logits) scores 0% in the evaluation, not 100%: a NaN
+ * compares false with everything, which used to leave the label on top.  Its
+ * metrics stay JSON: the NaN loss is null (printf's nan broke every parser). */
+START_TEST(test_nan_logits_score_zero) {
+  char nan[512], metrics[512];
+  path(nan, sizeof nan, "nan.safetensors");
+  path(metrics, sizeof metrics, "nan-metrics.jsonl");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  weights_with("nan-init.safetensors", nan, "fc.weight", NAN);
   /* COMMON without --no-eval */
   const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "32", "--model",
                         "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
                         "4", "--stem", "small", "--threads", "1", "--epochs", "1", "--batch", "16", "--lr", "0",
-                        "--load-weights", nan, NULL};
+                        "--load-weights", nan, "--metrics", metrics, NULL};
   gwrun_start(&r, noenv, args);
   gwrun_wait(&r, 120);
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "evaluation: top-1 0.00%, top-5 0.00%, loss nan"),
                 "NaN logits did not score 0:\n%s", r.out);
   gwrun_free(&r);
+  FILE *mf = fopen(metrics, "r");
+  ck_assert_msg(mf != NULL, "no metrics file %s", metrics);
+  char line[1024];
+  int train_null = 0, eval_null = 0;
+  while (fgets(line, sizeof line, mf)) {
+    ck_assert_msg(!strstr(line, "nan") && !strstr(line, "inf"), "a metrics line JSON cannot read: %s", line);
+    train_null += strstr(line, "\"type\":\"train\"") && strstr(line, "\"loss\":null");
+    eval_null += strstr(line, "\"type\":\"eval\"") && strstr(line, "\"loss\":null");
+  }
+  fclose(mf);
+  ck_assert_msg(train_null == 2 && eval_null == 1, "NaN losses as null: %d train lines (2 wanted), %d eval (1)",
+                train_null, eval_null);
+}
+END_TEST
+
+/* A float16 gradient wire without loss scaling: the last block's batch norm
+ * scaled up 1e6 makes the fc's gradients sum past 65504 on the ring, whose
+ * partial sums are float16.  The step is skipped and said, and the weights
+ * stay finite (the infinity went into every weight through SGD before). */
+START_TEST(test_fp16_wire_overflow_skipped) {
+  char big[512], out[512];
+  path(big, sizeof big, "wire-big.safetensors");
+  path(out, sizeof out, "wire-out.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  weights_with("wire-init.safetensors", big, "layer4.1.bn2.weight", 1e6f);
+  /* bfloat16 has float32's range: the same gradients go through (so they
+   * are finite before the wire) */
+  train(&r, noenv, "2",
+        (const char *const[]){"--steps", "1", "--grad-wire", "bfloat16", "--load-weights", big, NULL});
+  expect_ok(&r);
+  ck_assert_msg(!strstr(r.out, "overflowed"), "bfloat16 overflowed:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+  train(&r, noenv, "2",
+        (const char *const[]){"--steps", "1", "--grad-wire", "float16", "--load-weights", big, "--save-weights", out,
+                              NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "step 1: the gradients overflowed on the float16 wire"),
+                "no overflow said:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+  struct gw_st_file *f = open_st("wire-out.safetensors");
+  for (int i = 0; i < f->ntensors; i++) {
+    if (f->tensors[i].dtype != GW_FLOAT32) continue;
+    size_t n;
+    float *v = floats(f, f->tensors[i].name, &n);
+    for (size_t j = 0; j < n; j++)
+      ck_assert_msg(isfinite(v[j]), "%s[%zu] = %g after the overflowed step", f->tensors[i].name, j, v[j]);
+    free(v);
+  }
+  gw_st_free(f);
 }
 END_TEST
 
@@ -695,7 +784,9 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_over_ib_equals_shm);
 #endif
   add_checkpoint_tests(tc);
+  add_schedule_tests(tc);
   tcase_add_test(tc, test_nan_logits_score_zero);
+  tcase_add_test(tc, test_fp16_wire_overflow_skipped);
   tcase_add_test(tc, test_ranks_must_see_same_data);
   tcase_add_test(tc, test_imagefolder_bad_files_skipped);
   suite_add_tcase(s, tc);

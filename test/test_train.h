@@ -23,11 +23,19 @@ void path(char *out, size_t cap, const char *name);
 
 /* gw-run -n ranks gw-train COMMON extra..., waiting up to 120 s. */
 void train(struct run *r, const char *const *env, const char *ranks, const char *const *extra);
+/* The same with base... (NULL-terminated) instead of COMMON. */
+void train_from(struct run *r, const char *const *env, const char *ranks, const char *const *base,
+                const char *const *extra);
 void expect_ok(struct run *r);
 /* The whole of file tmpdir/name (free it). */
 char *slurp(const char *name, size_t *len);
 
-/* test_train_ckpt.c's cases. */
+/* The value of `key` in each training line of metrics file `file`, by step
+ * (val[step - 1]); returns how many lines had it. */
+int metrics_by_step(const char *file, const char *key, char val[][32], int max);
+
+/* test_train_ckpt.c's and test_train_sched.c's cases. */
 void add_checkpoint_tests(TCase *tc);
+void add_schedule_tests(TCase *tc);
 
 #endif

@@ -28,29 +28,6 @@
 #include "safetensors.h"
 #include "test_train.h"
 
-/* The value of `key` in each training line of a metrics file, by step;
- * returns how many lines had it. */
-static int by_step(const char *file, const char *key, char val[][32], int max) {
-  FILE *f = fopen(file, "r");
-  ck_assert_msg(f, "no metrics file %s", file);
-  char line[1024], pat[64], fmt[96];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  snprintf(fmt, sizeof fmt, "%s%%31[^,}]", pat);
-  int n = 0;
-  while (fgets(line, sizeof line, f)) {
-    long long step;
-    char l[32];
-    const char *p = strstr(line, "\"step\":"), *q = strstr(line, pat);
-    if (!strstr(line, "\"type\":\"train\"") || !p || !q || sscanf(p, "\"step\":%lld", &step) != 1 ||
-        sscanf(q, fmt, l) != 1 || step < 1 || step > max)
-      continue;
-    snprintf(val[step - 1], 32, "%s", l);
-    n++;
-  }
-  fclose(f);
-  return n;
-}
-
 static int same_file(const char *a, const char *b) {
   FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
   int same = fa && fb;
@@ -98,8 +75,8 @@ static void resume_case(const char *tag, const char *env1, const char *const *fl
   for (int k = 0; keys[k]; k++) {
     char lf[7][32], lp[7][32];
     memset(lf, 0, sizeof lf), memset(lp, 0, sizeof lp);
-    ck_assert_int_eq(by_step(full_m, keys[k], lf, 7), 7);
-    by_step(part_m, keys[k], lp, 7); /* steps 1-3, then 3-7 again after the resume: the later lines win */
+    ck_assert_int_eq(metrics_by_step(full_m, keys[k], lf, 7), 7);
+    metrics_by_step(part_m, keys[k], lp, 7); /* steps 1-3, then 3-7 again after the resume: the later lines win */
     for (int s = 0; s < 7; s++)
       ck_assert_msg(strcmp(lf[s], lp[s]) == 0, "%s: step %d: %s %s uninterrupted, %s resumed", tag, s + 1, keys[k],
                     lf[s], lp[s]);

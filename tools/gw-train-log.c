@@ -5,6 +5,7 @@
  * kept next to it. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -90,15 +91,29 @@ static void eta(char *buf, size_t cap, double seconds) {
   else snprintf(buf, cap, "%ld:%02ld", s / 60, s % 60);
 }
 
+/* A number for the metrics file: JSON has no NaN or infinity (Python's and
+ * jq's parsers refuse the nan and inf printf writes, and a diverged run's
+ * lines are the ones wanted), so those are null. */
+struct jnum {
+  char s[40];
+};
+static struct jnum jnum(const char *fmt, double v) {
+  struct jnum j = {"null"};
+  if (isfinite(v)) snprintf(j.s, sizeof j.s, fmt, v);
+  return j;
+}
+
 void log_step(struct train_log *l, const struct step_report *r, int print) {
   if (l->rank != 0) return;
   if (l->metrics) {
     fprintf(l->metrics,
-            "{\"type\":\"train\",\"step\":%lld,\"epoch\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"img_per_s\":%.2f,"
-            "\"compute_ms\":%.2f,\"comm_ms\":%.2f,\"comm_exposed_ms\":%.2f,\"data_ms\":%.2f,\"skipped\":%lld,"
-            "\"loss_scale\":%.9g,\"overflows\":%lld}\n",
-            (long long)r->step, (long long)r->epoch + 1, r->loss, r->lr, r->img_per_s, r->compute_ms, r->comm_ms,
-            r->exposed_ms, r->data_ms, (long long)r->skipped, r->loss_scale, (long long)r->overflows);
+            "{\"type\":\"train\",\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"lr\":%s,\"img_per_s\":%s,"
+            "\"compute_ms\":%s,\"comm_ms\":%s,\"comm_exposed_ms\":%s,\"data_ms\":%s,\"skipped\":%lld,"
+            "\"loss_scale\":%s,\"overflows\":%lld}\n",
+            (long long)r->step, (long long)r->epoch + 1, jnum("%.9g", r->loss).s, jnum("%.6g", r->lr).s,
+            jnum("%.2f", r->img_per_s).s, jnum("%.2f", r->compute_ms).s, jnum("%.2f", r->comm_ms).s,
+            jnum("%.2f", r->exposed_ms).s, jnum("%.2f", r->data_ms).s, (long long)r->skipped,
+            jnum("%.9g", r->loss_scale).s, (long long)r->overflows);
     fflush(l->metrics);
   }
   if (!l->tty && !print) return;
@@ -125,8 +140,8 @@ void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, doub
   log_text(l, "epoch %lld evaluation: top-1 %.2f%%, top-5 %.2f%%, loss %.4f over %lld samples", (long long)epoch,
            100 * top1, 100 * top5, loss, (long long)samples);
   if (l->metrics) {
-    fprintf(l->metrics, "{\"type\":\"eval\",\"epoch\":%lld,\"top1\":%.6f,\"top5\":%.6f,\"loss\":%.6f,\"samples\":%lld}\n",
-            (long long)epoch, top1, top5, loss, (long long)samples);
+    fprintf(l->metrics, "{\"type\":\"eval\",\"epoch\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"samples\":%lld}\n",
+            (long long)epoch, jnum("%.6f", top1).s, jnum("%.6f", top5).s, jnum("%.6f", loss).s, (long long)samples);
     fflush(l->metrics);
   }
 }

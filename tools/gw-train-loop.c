@@ -92,6 +92,33 @@ static int share_state(struct trainer *t) {
   return train_bcast(t, gw_model_counters(t->m), t->ncounters, GW_INT64, "sharing the resumed BN counters");
 }
 
+/* A number option of the saved run's description (train_opts_describe), or -1. */
+static long long saved_option(const char *opts, const char *key) {
+  char k[40];
+  snprintf(k, sizeof k, " %s=", key);
+  const char *p = strstr(opts, k);
+  return p ? atoll(p + strlen(k)) : -1;
+}
+
+/* More (or fewer) --steps or --epochs on a resume stretch the learning-rate
+ * schedule over the new length: the rate at the step the run goes on from
+ * jumps (a finished cosine run resumed for twice its steps goes from near 0 to
+ * half the peak).  Allowed, but said with the figures. */
+static void note_schedule_change(struct trainer *t) {
+  const long long epochs = saved_option(t->st.options, "epochs"), steps = saved_option(t->st.options, "steps");
+  if (epochs < 0 || steps < 0) return;
+  struct trainer saved = *t;
+  saved.total_steps = epochs > 0 ? epochs * t->spe : steps;
+  if (saved.total_steps == t->total_steps || t->st.step >= t->total_steps) return;
+  saved.warmup_steps = (int64_t)llround(t->o->warmup_epochs * (double)t->spe);
+  if (saved.warmup_steps > saved.total_steps) saved.warmup_steps = saved.total_steps;
+  const int ended = t->st.step >= saved.total_steps; /* then its last step's rate */
+  log_text(&t->log, "note: the learning-rate schedule now spans %lld steps (the saved run's: %lld): step %lld runs "
+           "at lr %.4g, where the saved run's %s %.4g", (long long)t->total_steps, (long long)saved.total_steps,
+           (long long)t->st.step + 1, lr_at(t, t->st.step), ended ? "last step ran at" : "schedule gave",
+           saved.total_steps > 0 ? lr_at(&saved, ended ? saved.total_steps - 1 : t->st.step) : 0.0);
+}
+
 int trainer_resume(struct trainer *t) {
   int found = 0;
   const double initial_scale = t->st.loss_scale;
@@ -109,14 +136,16 @@ int trainer_resume(struct trainer *t) {
                "scale restarts at %g", initial_scale);
     if (note[0]) log_text(&t->log, "warning: %s", note);
     if (r == 0) {
-      /* Changing these on a resume is allowed (a lower rate to finish, another
-       * backend), but said: it is easily done by mistake. */
-      static const char *const how_long[] = {"epochs", "steps", "eval", "save_weights", "overlap", "bucket_mb",
-                                             "first_bucket_mb", "backend", "layout", "host_step", NULL};
+      /* Changing options on a resume is allowed (a lower rate to finish, more
+       * steps), but said: it is easily done by mistake.  These are not: they
+       * change how the run is carried out, not what it computes. */
+      static const char *const how[] = {"eval", "save_weights", "overlap", "bucket_mb", "first_bucket_mb",
+                                        "backend", "layout", "host_step", NULL};
       char now_opts[sizeof t->st.options], changed[1200];
       train_opts_describe(t->o, now_opts, sizeof now_opts);
-      if (t->st.options[0] && train_opts_diff(t->st.options, now_opts, how_long, changed, sizeof changed) > 0)
+      if (t->st.options[0] && train_opts_diff(t->st.options, now_opts, how, changed, sizeof changed) > 0)
         log_text(&t->log, "note: resuming with options other than the saved run's: %s", changed);
+      if (t->st.options[0]) note_schedule_change(t);
       snprintf(t->st.options, sizeof t->st.options, "%s", now_opts);
     }
     if (r < 0) {
@@ -296,6 +325,22 @@ static int unscale(struct trainer *t, float *inv) {
   return 0;
 }
 
+/* A float16 wire without loss scaling: the ring's partial sums are float16
+ * between ranks, so gradients that fit can sum past 65504 on the way.  An
+ * infinity (or NaN) there would reach every weight through the optimizer;
+ * the step is skipped and counted as an overflow instead, and said.  1 when
+ * skipped, -1 on an error. */
+static int wire_overflowed(struct trainer *t) {
+  int over = 0;
+  if (overflowed(t, &over) != 0) return -1;
+  if (!over) return 0;
+  t->st.overflows++;
+  log_text(&t->log, "step %lld: the gradients overflowed on the float16 wire (a sum beyond 65504 on the way); step "
+           "skipped (%lld so far); --grad-wire bf16 has float32's range", (long long)t->st.step + 1,
+           (long long)t->st.overflows);
+  return 1;
+}
+
 /* The optimizer step: on the backend (resident; the unscale by inv fused), or
  * on the host's master weights (whose gradients are unscaled already). */
 static int optimizer_step(struct trainer *t, double lr, float inv) {
@@ -372,7 +417,7 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   if (train_allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
   r->loss_scale = t->st.loss_scale;
   float inv = 1.0f;
-  int skip = t->st.loss_scale ? unscale(t, &inv) : 0;
+  int skip = t->st.loss_scale ? unscale(t, &inv) : o->grad_wire == GW_FLOAT16 && t->bk ? wire_overflowed(t) : 0;
   if (skip < 0) return -1;
   r->overflows = t->st.overflows;
   if (!skip && optimizer_step(t, lr, inv) != 0) return -1;
@@ -478,11 +523,14 @@ static int run_steps(struct trainer *t) {
 
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
+  char threads[48] = "";
+  if (t->ops->host_memory)
+    snprintf(threads, sizeof threads, ", %d thread%s per rank", t->threads, t->threads > 1 ? "s" : "");
   log_text(&t->log,
-           "%s on %s: %d rank%s x batch %d on %s%s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
+           "%s on %s: %d rank%s x batch %d on %s%s%s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
            "parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
-           t->ops->name, t->ops->layout(t->b) == GW_LAYOUT_NHWC ? " (NHWC)" : "",
+           t->ops->name, t->ops->layout(t->b) == GW_LAYOUT_NHWC ? " (NHWC)" : "", threads,
            t->ops->host_memory ? ""
            : t->resident       ? " (device memory; weights, gradients and optimizer there)"
                                : " (device memory; master weights and optimizer on the host: --host-step)",
@@ -493,6 +541,14 @@ static void announce(struct trainer *t) {
            : o->no_overlap ? "allreduce after backward"
                              : "allreduce overlapped with backward",
            o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
+  /* Training batches are whole: a share that is not a whole number of them
+   * leaves its last samples out of every epoch (another each epoch: the order
+   * is shuffled). */
+  const int64_t share = t->train_s.num_samples, left = share - t->spe * o->batch;
+  if (left > 0)
+    log_text(&t->log, "note: each rank's share of %lld training samples is %lld batch%s of %d: %lld sample%s per "
+             "rank left out of each epoch", (long long)share, (long long)t->spe, t->spe > 1 ? "es" : "", o->batch,
+             (long long)left, left > 1 ? "s" : "");
 }
 
 static void teardown(struct trainer *t) {

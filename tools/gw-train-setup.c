@@ -6,6 +6,8 @@
 
 #if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
+#include <sched.h>
+
 #include "gw-train-job.h"
 
 /* Prints the message once (rank-prefixed when there are several) and returns -1. */
@@ -176,10 +178,16 @@ static int model_config(struct trainer *t, struct gw_model_config *cfg) {
   return 0;
 }
 
-static int default_threads(void) {
+/* The cores this process may run on (its affinity: srun, taskset and
+ * containers' cpusets narrow it), shared by the ranks on this machine as the
+ * rendezvous found them (whatever the launcher set: GW_LOCAL_WORLD_SIZE was
+ * gw-run's alone, and under torchrun, srun or mpirun every rank took every core). */
+static int default_threads(const struct trainer *t) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const char *lw = getenv("GW_LOCAL_WORLD_SIZE");
-  long local = lw ? atol(lw) : 1;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
+  int local = 1;
+  if (t->comm) gw_comm_local_size(t->comm, &local);
   if (local < 1) local = 1;
   return cpus / local > 0 ? (int)(cpus / local) : 1;
 }
@@ -201,7 +209,8 @@ static int setup_model(struct trainer *t) {
   t->np = gw_model_num_params(t->m);
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
-  struct gw_backend_config bc = {.threads = o->threads ? o->threads : default_threads(), .tf32 = o->tf32,
+  t->threads = o->threads ? o->threads : default_threads(t);
+  struct gw_backend_config bc = {.threads = t->threads, .tf32 = o->tf32,
                                  .act = o->amp, .layout = o->layout};
   if (o->layout < 0) /* NCHW on both: measured faster end to end (docs/gpu.md) */
     bc.layout = GW_LAYOUT_NCHW;
@@ -358,6 +367,14 @@ int trainer_setup(struct trainer *t) {
   if (log_open(&t->log, t->o->metrics, t->rank, err, sizeof err) != 0) return train_fail(t, "--metrics", err);
   if (t->o->resume && trainer_resume(t) != 0) return -1;
   if (t->st.step == 0) log_started(&t->log);
+  if (t->st.step > 0 && t->st.step >= t->total_steps)
+    log_text(&t->log, "note: nothing left to train: the checkpoint is at step %lld and this run ends at step %lld "
+             "(--steps, --epochs)", (long long)t->st.step, (long long)t->total_steps);
+  /* Evaluations run at epochs' ends: a --steps run ending inside one is told. */
+  if (t->o->eval && t->val_ds && t->total_steps % t->spe && t->st.step < t->total_steps)
+    log_text(&t->log, "note: this run ends at step %lld, %lld steps into epoch %lld (%lld steps each): the "
+             "evaluation runs at epochs' ends, so those last steps are not evaluated", (long long)t->total_steps,
+             (long long)(t->total_steps % t->spe), (long long)(t->total_steps / t->spe + 1), (long long)t->spe);
   /* The plot gets a point at each epoch's end: say so at once when none comes. */
   if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
     log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "

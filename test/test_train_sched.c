@@ -1,0 +1,192 @@
+/* test_train_sched.c - gw-train's schedule and what it says about it:
+ * - the learning rate of every step is the closed form (linear scaling by the
+ *   global batch, linear warmup over --warmup-epochs, then cosine or steps of
+ *   10x), straight and across a resume in the middle of the warmup;
+ * - a resume with more --steps says the schedule now spans them, with the rates
+ *   before and after; one with nothing left to train says so;
+ * - a --steps run ending inside an epoch says its last steps go unevaluated;
+ * - the evaluation over 3 ranks counts every sample once (31: padding left out),
+ *   and the training samples a shard's whole batches leave out are said;
+ * - the default compute threads are the cores over the ranks on this machine as
+ *   the rendezvous found them, whatever the launcher's variables say. */
+#include <check.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gwrun_helpers.h"
+#include "test_train.h"
+
+/* 32 samples, batch 8: 4 steps per epoch; peak lr 0.4 * 8 / 256 = 0.0125. */
+#define SCHED_ARGS                                                                                             \
+  "--data", "synthetic", "--synthetic-samples", "32", "--model", "resnet18", "--width-divisor", "8",           \
+      "--in-channels", "3", "--image-size", "16", "--classes", "4", "--stem", "small", "--threads", "1",        \
+      "--batch", "8", "--lr", "0.4"
+static const double peak = 0.4 * 8 / 256;
+
+/* The schedule's rate at step k (0-based) of total, warmup steps first. */
+static double closed_form(int64_t k, int64_t total, int64_t warmup, int step_schedule) {
+  if (k < warmup) return peak * (double)(k + 1) / (double)warmup;
+  double p = (double)(k - warmup) / (double)(total - warmup);
+  if (step_schedule) return peak * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? 0.1 : 0.01);
+  return peak * 0.5 * (1.0 + cos(M_PI * p));
+}
+
+static void run1(struct run *r, const char *const *env, const char *const *extra) {
+  train_from(r, env, "1", (const char *const[]){SCHED_ARGS, NULL}, extra);
+}
+
+static void expect_rates(const char *metrics, int64_t total, int64_t warmup, int step_schedule, const char *what) {
+  char lr[16][32];
+  ck_assert_int_le(total, 16);
+  ck_assert_msg(metrics_by_step(metrics, "lr", lr, (int)total) >= total, "%s: fewer than %lld steps in %s", what,
+                (long long)total, metrics);
+  for (int64_t k = 0; k < total; k++) {
+    double want = closed_form(k, total, warmup, step_schedule), got = atof(lr[k]);
+    ck_assert_msg(fabs(got - want) <= 1e-5 * peak, "%s: step %lld ran at lr %s, the schedule says %.6g", what,
+                  (long long)k + 1, lr[k], want);
+  }
+}
+
+/* Every step's rate: cosine and step schedules with a 1-epoch warmup over 3
+ * epochs, and the cosine run again stopped at step 2 (inside the warmup) and
+ * resumed. */
+START_TEST(test_lr_schedule) {
+  const char *const noenv[] = {NULL}, *const stop2[] = {"GW_TRAIN_STOP_AT_STEP=2", NULL};
+  char m[3][512], dir[512];
+  path(m[0], sizeof m[0], "sched-cos.jsonl");
+  path(m[1], sizeof m[1], "sched-step.jsonl");
+  path(m[2], sizeof m[2], "sched-resumed.jsonl");
+  path(dir, sizeof dir, "sched-ckpt");
+  struct run r;
+  run1(&r, noenv, (const char *const[]){"--epochs", "3", "--warmup-epochs", "1", "--no-eval", "--metrics", m[0], NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  expect_rates(m[0], 12, 4, 0, "cosine");
+  run1(&r, noenv,
+       (const char *const[]){"--epochs", "3", "--warmup-epochs", "1", "--no-eval", "--schedule", "step", "--metrics", m[1],
+                             NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  expect_rates(m[1], 12, 4, 1, "step schedule");
+  const char *const resumed[] = {"--epochs", "3", "--warmup-epochs", "1", "--no-eval", "--metrics", m[2],
+                                 "--checkpoint-dir", dir, NULL};
+  run1(&r, stop2, resumed);
+  ck_assert_msg(strstr(r.out, "stopping after step 2"), "not stopped at step 2:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+  const char *const again[] = {"--epochs", "3", "--warmup-epochs", "1", "--no-eval", "--metrics", m[2],
+                               "--checkpoint-dir", dir, "--resume", NULL};
+  run1(&r, noenv, again);
+  expect_ok(&r);
+  ck_assert_msg(!strstr(r.out, "learning-rate schedule now spans"), "a resume with the same length noted:\n%s", r.out);
+  gwrun_free(&r);
+  expect_rates(m[2], 12, 4, 0, "resumed in the warmup");
+}
+END_TEST
+
+/* --steps 4 saved, resumed with --steps 8: the cosine over 4 steps ended near
+ * 0, over 8 step 5 runs at half the peak; said with both figures, and step 5's
+ * rate in the metrics is the one said.  Resumed again with no step left: said. */
+START_TEST(test_longer_resume_said) {
+  const char *const noenv[] = {NULL};
+  char dir[512], metrics[512];
+  path(dir, sizeof dir, "sched-longer");
+  path(metrics, sizeof metrics, "sched-longer.jsonl");
+  struct run r;
+  run1(&r, noenv, (const char *const[]){"--steps", "4", "--warmup-epochs", "0", "--no-eval", "--checkpoint-dir", dir, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  const char *const longer[] = {"--steps", "8", "--warmup-epochs", "0", "--no-eval", "--checkpoint-dir", dir,
+                                "--resume", "--metrics", metrics, NULL};
+  run1(&r, noenv, longer);
+  expect_ok(&r);
+  char want[200];
+  snprintf(want, sizeof want, "now spans 8 steps (the saved run's: 4): step 5 runs at lr %.4g, where the saved run's "
+           "last step ran at %.4g", closed_form(4, 8, 0, 0), closed_form(3, 4, 0, 0));
+  ck_assert_msg(strstr(r.out, want) && strstr(r.out, "steps 4 -> 8"), "the longer schedule was not said (%s):\n%s",
+                want, r.out);
+  gwrun_free(&r);
+  char lr[8][32];
+  ck_assert_int_ge(metrics_by_step(metrics, "lr", lr, 8), 4);
+  ck_assert_msg(fabs(atof(lr[4]) - closed_form(4, 8, 0, 0)) <= 1e-5 * peak, "step 5 ran at lr %s", lr[4]);
+  run1(&r, noenv, longer);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "nothing left to train: the checkpoint is at step 8 and this run ends at step 8"),
+                "a resume with nothing left did not say so:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* --steps 6 with the evaluation on (4 steps per epoch): its last 2 steps are
+ * never evaluated, and the run says so at the start. */
+START_TEST(test_unevaluated_steps_said) {
+  const char *const noenv[] = {NULL};
+  struct run r;
+  run1(&r, noenv, (const char *const[]){"--steps", "6", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "this run ends at step 6, 2 steps into epoch 2 (4 steps each)") &&
+                    strstr(r.out, "epoch 1 evaluation"),
+                "the unevaluated steps were not said:\n%s", r.out);
+  gwrun_free(&r);
+  run1(&r, noenv, (const char *const[]){"--steps", "8", NULL});
+  expect_ok(&r);
+  ck_assert_msg(!strstr(r.out, "not evaluated"), "a run ending at an epoch's end was told otherwise:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* 3 ranks, 31 validation samples in batches of 4: each rank's share is padded
+ * to 11; the evaluation counts the 31 once each. */
+START_TEST(test_eval_over_ranks) {
+  const char *const noenv[] = {NULL};
+  const char *args[] = {"-n", "3", train_bin(), "--data", "synthetic", "--synthetic-samples", "31", "--model",
+                        "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
+                        "4", "--stem", "small", "--threads", "1", "--batch", "4", "--epochs", "1", NULL};
+  struct run r;
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 180);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "epoch 1 evaluation") && strstr(r.out, "over 31 samples"),
+                "the evaluation over 3 ranks did not count 31 samples:\n%s", r.out);
+  /* training: shares of 11 (padded), 2 whole batches of 4 each */
+  ck_assert_msg(strstr(r.out, "each rank's share of 11 training samples is 2 batches of 4: 3 samples per rank left "
+                              "out of each epoch"),
+                "the samples left out of each epoch were not said:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* Without --threads, 2 ranks on this machine share its cores, also where the
+ * launcher's variable says otherwise (GW_LOCAL_WORLD_SIZE=1 here; under
+ * torchrun, srun or mpirun it is not set at all). */
+START_TEST(test_default_threads) {
+  cpu_set_t set;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
+  const int want = CPU_COUNT(&set) / 2 > 0 ? CPU_COUNT(&set) / 2 : 1;
+  char script[1200];
+  snprintf(script, sizeof script,
+           "GW_LOCAL_WORLD_SIZE=1 exec '%s' --data synthetic --synthetic-samples 32 --model resnet18 "
+           "--width-divisor 8 --in-channels 3 --image-size 16 --classes 4 --stem small --batch 8 --steps 1 --no-eval",
+           train_bin());
+  const char *const noenv[] = {NULL}, *args[] = {"-n", "2", "sh", "-c", script, NULL};
+  struct run r;
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  char said[64];
+  snprintf(said, sizeof said, "on cpu, %d thread%s per rank", want, want > 1 ? "s" : "");
+  ck_assert_msg(strstr(r.out, said), "2 ranks on %d cores: expected '%s':\n%s", CPU_COUNT(&set), said, r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+void add_schedule_tests(TCase *tc) {
+  tcase_add_test(tc, test_lr_schedule);
+  tcase_add_test(tc, test_longer_resume_said);
+  tcase_add_test(tc, test_unevaluated_steps_said);
+  tcase_add_test(tc, test_eval_over_ranks);
+  tcase_add_test(tc, test_default_threads);
+}
