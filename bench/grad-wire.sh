@@ -17,6 +17,7 @@ build=${BUILD:-build}
 [[ $build == /* ]] || build=$root/$build
 rates=${RATES:-"2gbit 10gbit"}
 steps=${BENCH_STEPS:-8} skip=${BENCH_SKIP:-3} reps=${BENCH_REPS:-2}
+[[ $steps =~ ^[0-9]+$ && $skip =~ ^[0-9]+$ && $skip -lt $steps ]] || die "need 0 <= BENCH_SKIP < BENCH_STEPS"
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, tc)"
 command -v tc >/dev/null || die "needs tc (iproute2)"
 work=$(mktemp -d)
@@ -35,18 +36,55 @@ done
 export GW_JOB_TOKEN="grad-wire-$$"
 
 run() { # wire -> median comm_ms
-  local w=$1
+  local w=$1 k pids=() bad=()
   for k in 0 1; do
+    # shellcheck disable=SC2016  # $0 and $@ are for sh
     ip netns exec "$tag$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
       "$build/tools/gw-run" -n 1 --nnodes 2 --node-rank $k --master 10.89.0.1:29533 \
       "$build/tools/gw-train" --model resnet50 --steps "$steps" --no-eval --data fashion-mnist --batch 32 \
       --no-overlap --grad-wire "$w" --metrics "$work/$w-$k.jsonl" >"$work/$w-$k.log" 2>&1 &
+    pids+=($!)
   done
-  wait || { tail -5 "$work/$w-0.log" "$work/$w-1.log" >&2; die "gw-train failed ($w)"; }
-  python3 - "$work/$w-0.jsonl" "$skip" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"type":"train"' in l][int(sys.argv[2]):]
-c = sorted(r["comm_ms"] for r in rows)
+  # Each rank's own exit status (a bare `wait` returns 0 whatever they did).
+  for k in 0 1; do
+    wait "${pids[k]}" || bad+=("rank $k exit $?")
+  done
+  if ((${#bad[@]})); then
+    tail -n 5 "$work/$w-0.log" "$work/$w-1.log" >&2
+    die "gw-train failed ($w: ${bad[*]})"
+  fi
+  # The median over steps skip+1..steps of rank 0's metrics; a missing or short
+  # file, or a step without a finite loss or comm_ms (NaN / inf are written as
+  # null), is a failed measurement, said in one line.
+  python3 - "$work/$w-0.jsonl" "$steps" "$skip" "$w" <<'PY' || exit 1
+import json, math, sys
+path, steps, skip, wire = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def fail(msg):
+    sys.exit("grad-wire.sh: %s: %s" % (wire, msg))
+try:
+    with open(path) as f:
+        lines = f.readlines()
+except OSError as e:
+    fail("no metrics file from rank 0 (%s)" % e)
+rows = []
+for n, line in enumerate(lines, 1):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        fail("%s line %d is not JSON: %.80s" % (path, n, line.strip()))
+    if isinstance(r, dict) and r.get("type") == "train":
+        rows.append(r)
+if len(rows) != steps:
+    fail("%s has %d training rows, expected %d (--steps)" % (path, len(rows), steps))
+c = []
+for r in rows[skip:]:
+    for key in ("loss", "comm_ms"):
+        v = r.get(key)
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            fail("step %s: %s is %s, not a valid measurement%s" % (
+                r.get("step"), key, json.dumps(v), " (the trainer writes NaN and inf as null)" if v is None else ""))
+    c.append(r["comm_ms"])
+c.sort()
 print("%.1f" % c[len(c) // 2])
 PY
 }
