@@ -56,35 +56,12 @@ run() { # wire -> median comm_ms
   # The median over steps skip+1..steps of rank 0's metrics; a missing or short
   # file, or a step without a finite loss or comm_ms (NaN / inf are written as
   # null), is a failed measurement, said in one line.
-  python3 - "$work/$w-0.jsonl" "$steps" "$skip" "$w" <<'PY' || exit 1
-import json, math, sys
+  PYTHONPATH=$here PYTHONDONTWRITEBYTECODE=1 python3 - "$work/$w-0.jsonl" "$steps" "$skip" "$w" <<'PY' || exit 1
+import sys
+from compare_lib import train_rows
 path, steps, skip, wire = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-def fail(msg):
-    sys.exit("grad-wire.sh: %s: %s" % (wire, msg))
-try:
-    with open(path) as f:
-        lines = f.readlines()
-except OSError as e:
-    fail("no metrics file from rank 0 (%s)" % e)
-rows = []
-for n, line in enumerate(lines, 1):
-    try:
-        r = json.loads(line)
-    except ValueError:
-        fail("%s line %d is not JSON: %.80s" % (path, n, line.strip()))
-    if isinstance(r, dict) and r.get("type") == "train":
-        rows.append(r)
-if len(rows) != steps:
-    fail("%s has %d training rows, expected %d (--steps)" % (path, len(rows), steps))
-c = []
-for r in rows[skip:]:
-    for key in ("loss", "comm_ms"):
-        v = r.get(key)
-        if not isinstance(v, (int, float)) or not math.isfinite(v):
-            fail("step %s: %s is %s, not a valid measurement%s" % (
-                r.get("step"), key, json.dumps(v), " (the trainer writes NaN and inf as null)" if v is None else ""))
-    c.append(r["comm_ms"])
-c.sort()
+rows = train_rows(path, steps, skip, ("loss", "comm_ms"), lambda msg: sys.exit("grad-wire.sh: %s: %s" % (wire, msg)))
+c = sorted(r["comm_ms"] for r in rows)
 print("%.1f" % c[len(c) // 2])
 PY
 }
