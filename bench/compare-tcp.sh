@@ -8,7 +8,8 @@
 #   gradwire  gw-perf under gw-run with GW_TRANSPORT=tcp;
 #   Open MPI  mpi_allreduce under mpirun with --mca btl self,tcp (pml ob1);
 #   Gloo      gloo_allreduce (bench/gloo_allreduce.cc) started by bench/run-pair.sh.
-# Then one line per size with each tool's best round, and the same table as CSV in
+# Then one line per size with each tool's best round (of the rounds it completed: the
+# table's heading says how many that was for each), and the same table as CSV in
 # bench/results/compare-tcp-<date>.csv (compare-tcp-netns-<date>.csv in netns mode).
 #
 # Where the ranks talk:
@@ -31,11 +32,12 @@
 # MPI gets no vader BTL, and Gloo has no shared-memory transport.
 #
 # A tool that fails (until gradwire's TCP transport is there, gw-perf stops with "no
-# transport connects") or was not built is reported, left out of the later rounds
-# and shown as "-"; the others still run, the table and CSV are still written, and
-# the script then exits 1.  It builds nothing except `meson compile -C $BUILD` when a
-# binary is missing (a failed build leaves out what it did not produce); it does not
-# configure a build directory.
+# transport connects") or was not built is reported and left out of the later rounds;
+# the rounds it completed before still count (the heading says how many), and a tool
+# with none is shown as "-".  The others still run, the table and CSV are still
+# written, and the script then exits 1.  It builds nothing except `meson compile -C
+# $BUILD` when a binary is missing (a failed build leaves out what it did not
+# produce); it does not configure a build directory.
 #
 # Environment (defaults in brackets):
 #   BUILD               build directory, relative to the repository root [build]
@@ -229,12 +231,17 @@ else
   gloo=("$run_pair" -- "$gloo_allreduce" -c 1 --iface "" --host 127.0.0.1 --store-dir "$work/gloo-store")
 fi
 
-# step TOOL NAME ROUND COMMAND...: try_step, noting a failure instead of stopping.
+# step TOOL NAME ROUND COMMAND...: try_step, noting a failure instead of stopping;
+# completed[TOOL] counts the rounds it finished.
+declare -A completed=([gw]=0 [mpi]=0 [gloo]=0)
 step() {
   local tool=$1 name=$2 round=$3
   shift 3
   [[ -z ${failed[$tool]:-} ]] || return 0
-  try_step "$name, round $round/$rounds" "$tool-r$round" "$@" && return 0
+  if try_step "$name, round $round/$rounds" "$tool-r$round" "$@"; then
+    completed[$tool]=$((completed[$tool] + 1))
+    return 0
+  fi
   if grep -q "no transport connects" "$work/$tool-r$round.log" 2>/dev/null; then
     failed[$tool]="failed in round $round: no transport connects the ranks over TCP"
   else
@@ -255,11 +262,19 @@ done
 
 status_lines=()
 for tool in gw mpi gloo; do
-  [[ -z ${failed[$tool]:-} ]] || status_lines+=("$tool: ${failed[$tool]}")
+  [[ -n ${failed[$tool]:-} ]] || continue
+  if ((completed[$tool] > 0)); then
+    status_lines+=("$tool: ${failed[$tool]}; its figures are from the ${completed[$tool]} round(s) it completed before")
+  else
+    status_lines+=("$tool: ${failed[$tool]}; not measured")
+  fi
 done
+# Per size each tool's best round, of the rounds it completed (a tool that failed in
+# round k keeps rounds 1..k-1): how many that was, per tool.
+done_rounds="gw ${completed[gw]}/$rounds, mpi ${completed[mpi]}/$rounds, gloo ${completed[gloo]}/$rounds"
 
 echo
-echo "## comparison (out-of-place, best of $rounds rounds; time in us, busbw in GB/s)"
+echo "## comparison (out-of-place, best of the rounds each tool completed: $done_rounds; time in us, busbw in GB/s)"
 PYTHONPATH=$here PYTHONDONTWRITEBYTECODE=1 python3 - "$work" "$out_csv" "$rounds" \
   "${status_lines[@]}" <<'PY' || exit 1
 import csv, os, sys
@@ -320,7 +335,7 @@ for size in (16 << 20, 64 << 20, 256 << 20):
         print("busbw at %-5s   gradwire %s GB/s, Open MPI %s GB/s, Gloo %s GB/s" % (
             human(size), fmt(r[2], ".2f"), fmt(r[4], ".2f"), fmt(r[6], ".2f")))
 for note in notes:
-    print("not measured: " + note)
+    print("note: " + note)
 print()
 print("CSV: %s" % out_csv)
 if wrong:

@@ -1,10 +1,12 @@
-"""compare_lib.py - Python pieces shared by bench/compare.sh and bench/compare-tcp.sh.
+"""compare_lib.py - Python pieces shared by bench/compare.sh and bench/compare-tcp.sh
+(and train_rows by bench/grad-wire.sh and bench/train-overlap.sh).
 
-Both scripts run each tool BENCH_ROUNDS times, each round writing WORK/NAME-rN.csv in
-gw-perf's CSV format; these functions pick, per size, the best round and format the
+Both compare scripts run each tool BENCH_ROUNDS times, each round writing WORK/NAME-rN.csv
+in gw-perf's CSV format; these functions pick, per size, the best round and format the
 joined table.  Imported by the scripts' inline Python (PYTHONPATH=bench/), not run.
 """
 import csv
+import json
 import math
 import os
 import sys
@@ -112,3 +114,32 @@ def latency_report(work, rounds, nranks_list, ncores, prog):
         print("crossover (ring faster than tree from here up, of the sizes measured): %s" % (
             human(cross) + " B" if cross is not None else "none (tree at least as fast everywhere)"))
     return rows, misses
+
+
+def train_rows(path, steps, skip, keys, fail):
+    """The training rows of gw-train's metrics file `path` after the first `skip`
+    (warm-up), once the file has exactly `steps` of them and each kept row has a
+    finite number under every name in `keys` (the trainer writes NaN and inf as
+    null).  Anything else calls fail(message), which is to exit."""
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError as e:
+        fail("no metrics file (%s)" % e)
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            fail("%s line %d is not JSON: %.80s" % (path, n, line.strip()))
+        if isinstance(r, dict) and r.get("type") == "train":
+            rows.append(r)
+    if len(rows) != steps:
+        fail("%s has %d training rows, expected %d (--steps)" % (path, len(rows), steps))
+    for r in rows[skip:]:
+        for key in keys:
+            v = r.get(key)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                fail("step %s: %s is %s, not a valid measurement%s" % (
+                    r.get("step"), key, json.dumps(v), " (the trainer writes NaN and inf as null)" if v is None else ""))
+    return rows[skip:]

@@ -23,10 +23,16 @@
 // on one host do.  Device: Gloo's TCP transport bound to --iface (or GLOO_IFACE) if
 // given, else to --host (or GLOO_HOST, default 127.0.0.1).
 //
-// Buffers are malloc'd, initialised and freed once per size, as nccl-tests and
-// mpi_allreduce do.  Time per size is the average per iteration on the slowest rank
-// (MAX over ranks of each rank's average).  algbw = bytes / time,
+// Buffers are allocated, initialised and freed once per size, as nccl-tests and
+// mpi_allreduce do, from posix_memalign at a page boundary, as gw-perf's mmap'd buffers
+// start (malloc gives 16 bytes).  Time per size is the average per iteration on the
+// slowest rank (MAX over ranks of each rank's average).  algbw = bytes / time,
 // busbw = algbw * 2(n-1)/n.
+//
+// The check (-c 1, once per size after the timed runs) follows gw-perf's: the output
+// and the 64 bytes after it first hold all ones (NaN as float32), so an output left
+// unwritten never passes for a sum; those 64 bytes must still hold them afterwards,
+// and out of place the input must be unchanged.  (As mpi_allreduce.)
 #include <chrono>
 #include <cerrno>
 #include <climits>
@@ -163,7 +169,7 @@ int parse_args(int argc, char **argv, Options *o) {
     else if (strcmp(a, "-f") == 0) bad = (o->factor = parse_size(v)) < 2;
     else if (strcmp(a, "-n") == 0) bad = parse_int(v, &o->iters) != 0 || o->iters < 1;
     else if (strcmp(a, "-w") == 0) bad = parse_int(v, &o->warmup) != 0;
-    else if (strcmp(a, "-c") == 0) bad = parse_int(v, &o->check) != 0;
+    else if (strcmp(a, "-c") == 0) bad = parse_int(v, &o->check) != 0 || o->check > 1;
     else if (strcmp(a, "--csv") == 0) o->csv_path = v;
     else if (strcmp(a, "--store-dir") == 0) bad = *(o->store_dir = v).c_str() == '\0';
     else if (strcmp(a, "--store-prefix") == 0) bad = *(o->store_prefix = v).c_str() == '\0';
@@ -268,17 +274,28 @@ Result measure(const float *send, float *recv, size_t count, const Options &o) {
   return res;
 }
 
-// One fresh run from known values, counted on every rank and summed.
+// Bytes after the output that the check expects untouched (gw-perf's 64).
+constexpr size_t kSlack = 64;
+
+// A page-aligned buffer of `bytes` plus kSlack, as gw-perf's buffers are aligned.
+float *alloc_buffer(size_t bytes) {
+  void *p = nullptr;
+  if (posix_memalign(&p, 4096, bytes + kSlack) != 0) die("out of memory allocating the buffers");
+  return static_cast<float *>(p);
+}
+
+// One fresh run from known values, counted on every rank and summed: wrong output
+// elements, bytes written past the output, and out of place input elements changed
+// (gw-perf's fill_run_check).  The output and the kSlack bytes after it first hold all
+// ones, a NaN that equals no sum; in place the input then goes over the output.
 long long check(float *send, float *recv, size_t count, bool in_place) {
-  if (in_place) {
-    fill(recv, count, g_rank);
-    allreduce(nullptr, recv, count);
-  } else {
-    fill(send, count, g_rank);
-    memset(recv, 0, count * sizeof(float));
-    allreduce(send, recv, count);
-  }
+  const unsigned char *after = reinterpret_cast<const unsigned char *>(recv + count);
+  memset(recv, 0xff, count * sizeof(float) + kSlack);
+  fill(in_place ? recv : send, count, g_rank);
+  allreduce(in_place ? nullptr : send, recv, count);
   int64_t total = count_wrong(recv, count);
+  for (size_t b = 0; b < kSlack; b++) total += after[b] != 0xff;
+  for (size_t i = 0; !in_place && i < count; i++) total += send[i] != value_of(g_rank, i);
   allreduce_raw<int64_t>(nullptr, &total, 1, &gloo::sum<int64_t>);
   return (long long)total;
 }
@@ -363,9 +380,7 @@ int run(int argc, char **argv) {
     size_t count = size / sizeof(float);
     if (count > 0) {
       size_t bytes = count * sizeof(float);
-      float *send = static_cast<float *>(malloc(bytes));
-      float *recv = static_cast<float *>(malloc(bytes));
-      if (send == nullptr || recv == nullptr) die("out of memory allocating the buffers");
+      float *send = alloc_buffer(bytes), *recv = alloc_buffer(bytes);
       fill(send, count, g_rank);
       memcpy(recv, send, bytes);
 
@@ -380,6 +395,8 @@ int run(int argc, char **argv) {
       free(send);
       free(recv);
 
+      // "Avg bus bandwidth" is the mean over the out-of-place and the in-place result
+      // of every size, as nccl-tests computes it (gw-perf does the same).
       busbw_sum += oop.busbw + ip.busbw;
       n_results += 2;
       if (g_rank == 0) {

@@ -17,6 +17,7 @@ build=${BUILD:-build}
 [[ $build == /* ]] || build=$root/$build
 rates=${RATES:-"2gbit 10gbit"}
 steps=${BENCH_STEPS:-8} skip=${BENCH_SKIP:-3} reps=${BENCH_REPS:-2}
+[[ $steps =~ ^[0-9]+$ && $skip =~ ^[0-9]+$ && $skip -lt $steps ]] || die "need 0 <= BENCH_SKIP < BENCH_STEPS"
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, tc)"
 command -v tc >/dev/null || die "needs tc (iproute2)"
 work=$(mktemp -d)
@@ -35,17 +36,31 @@ done
 export GW_JOB_TOKEN="grad-wire-$$"
 
 run() { # wire -> median comm_ms
-  local w=$1
+  local w=$1 k pids=() bad=()
   for k in 0 1; do
+    # shellcheck disable=SC2016  # $0 and $@ are for sh
     ip netns exec "$tag$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
       "$build/tools/gw-run" -n 1 --nnodes 2 --node-rank $k --master 10.89.0.1:29533 \
       "$build/tools/gw-train" --model resnet50 --steps "$steps" --no-eval --data fashion-mnist --batch 32 \
       --no-overlap --grad-wire "$w" --metrics "$work/$w-$k.jsonl" >"$work/$w-$k.log" 2>&1 &
+    pids+=($!)
   done
-  wait || { tail -5 "$work/$w-0.log" "$work/$w-1.log" >&2; die "gw-train failed ($w)"; }
-  python3 - "$work/$w-0.jsonl" "$skip" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"type":"train"' in l][int(sys.argv[2]):]
+  # Each rank's own exit status (a bare `wait` returns 0 whatever they did).
+  for k in 0 1; do
+    wait "${pids[k]}" || bad+=("rank $k exit $?")
+  done
+  if ((${#bad[@]})); then
+    tail -n 5 "$work/$w-0.log" "$work/$w-1.log" >&2
+    die "gw-train failed ($w: ${bad[*]})"
+  fi
+  # The median over steps skip+1..steps of rank 0's metrics; a missing or short
+  # file, or a step without a finite loss or comm_ms (NaN / inf are written as
+  # null), is a failed measurement, said in one line.
+  PYTHONPATH=$here PYTHONDONTWRITEBYTECODE=1 python3 - "$work/$w-0.jsonl" "$steps" "$skip" "$w" <<'PY' || exit 1
+import sys
+from compare_lib import train_rows
+path, steps, skip, wire = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rows = train_rows(path, steps, skip, ("loss", "comm_ms"), lambda msg: sys.exit("grad-wire.sh: %s: %s" % (wire, msg)))
 c = sorted(r["comm_ms"] for r in rows)
 print("%.1f" % c[len(c) // 2])
 PY

@@ -5,10 +5,17 @@
  * nccl-tests / gw-perf on rank 0 and the same CSV.  It is not a general MPI benchmark
  * (no other datatypes, operations or collectives) and it links nothing of gradwire.
  *
- * Buffers are malloc'd, initialised and freed once per size, as nccl-tests does, so
+ * Buffers are allocated, initialised and freed once per size, as nccl-tests does, so
  * glibc's treatment of fresh pages shows in the figures; compare.sh runs it a second
  * time with GLIBC_TUNABLES set so that freed memory is kept, which changes exactly
- * that (Open MPI also mallocs a temporary buffer inside each large allreduce).
+ * that (Open MPI also mallocs a temporary buffer inside each large allreduce).  They
+ * come from posix_memalign at a page boundary, as gw-perf's mmap'd buffers start, so
+ * neither side gets an alignment the other does not (malloc gives 16 bytes).
+ *
+ * The check (-c 1, once per size after the timed runs) follows gw-perf's: the output
+ * and the 64 bytes after it first hold all ones (NaN as float32), so an output left
+ * unwritten never passes for a sum; those 64 bytes must still hold them afterwards,
+ * and out of place the input must be unchanged.
  *
  * Time per size is the average per iteration on the slowest rank (MAX over ranks of
  * each rank's average).  algbw = bytes / time, busbw = algbw * 2(n-1)/n.
@@ -103,7 +110,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
     else if (strcmp(a, "-f") == 0) bad = (o->factor = parse_size(v)) < 2;
     else if (strcmp(a, "-n") == 0) bad = parse_int(v, &o->iters) != 0 || o->iters < 1;
     else if (strcmp(a, "-w") == 0) bad = parse_int(v, &o->warmup) != 0;
-    else if (strcmp(a, "-c") == 0) bad = parse_int(v, &o->check) != 0;
+    else if (strcmp(a, "-c") == 0) bad = parse_int(v, &o->check) != 0 || o->check > 1;
     else if (strcmp(a, "--csv") == 0) o->csv_path = v;
     else {
       if (g_rank == 0) {
@@ -170,17 +177,28 @@ static struct result measure(const float *send, float *recv, size_t count,
   return res;
 }
 
-/* One fresh run from known values, counted on every rank and summed. */
+/* Bytes after the output that the check expects untouched (gw-perf's 64). */
+enum { SLACK = 64 };
+
+/* A page-aligned buffer of `bytes` plus SLACK, as gw-perf's buffers are aligned. */
+static float *alloc_buffer(size_t bytes) {
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, bytes + SLACK) != 0) die("out of memory allocating the buffers");
+  return p;
+}
+
+/* One fresh run from known values, counted on every rank and summed: wrong output
+ * elements, bytes written past the output, and out of place input elements changed
+ * (gw-perf's fill_run_check).  The output and the SLACK bytes after it first hold all
+ * ones, a NaN that equals no sum; in place the input then goes over the output. */
 static long long check(float *send, float *recv, size_t count, int in_place) {
-  if (in_place) {
-    fill(recv, count, g_rank);
-    allreduce(NULL, recv, count);
-  } else {
-    fill(send, count, g_rank);
-    memset(recv, 0, count * sizeof(float));
-    allreduce(send, recv, count);
-  }
+  const unsigned char *after = (const unsigned char *)(recv + count);
+  memset(recv, 0xff, count * sizeof(float) + SLACK);
+  fill(in_place ? recv : send, count, g_rank);
+  allreduce(in_place ? NULL : send, recv, count);
   long long mine = count_wrong(recv, count), total;
+  for (size_t b = 0; b < SLACK; b++) mine += after[b] != 0xff;
+  for (size_t i = 0; !in_place && i < count; i++) mine += send[i] != value_of(g_rank, i);
   MPI_Allreduce(&mine, &total, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
   return total;
 }
@@ -259,8 +277,7 @@ int main(int argc, char **argv) {
     size_t count = size / sizeof(float);
     if (count > 0 && count <= INT_MAX) {
       size_t bytes = count * sizeof(float);
-      float *send = malloc(bytes), *recv = malloc(bytes);
-      if (send == NULL || recv == NULL) die("out of memory allocating the buffers");
+      float *send = alloc_buffer(bytes), *recv = alloc_buffer(bytes);
       fill(send, count, g_rank);
       memcpy(recv, send, bytes);
 
@@ -275,6 +292,8 @@ int main(int argc, char **argv) {
       free(send);
       free(recv);
 
+      /* "Avg bus bandwidth" is the mean over the out-of-place and the in-place
+       * result of every size, as nccl-tests computes it (gw-perf does the same). */
       busbw_sum += oop.busbw + ip.busbw;
       n_results += 2;
       if (g_rank == 0) {

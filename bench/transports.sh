@@ -6,8 +6,9 @@
 # from them), at
 # BENCH_NRANKS ranks (default "2 4"), float32 sum, every result checked (#wrong
 # must be 0).  Prints, per world size and size, each transport's best out-of-place
-# busbw over BENCH_ROUNDS rounds (default 2) and ib's ratio to tcp and shm, and
-# writes bench/results/transports-<date>.csv.  The emulated ib moves data with
+# busbw over the rounds that finished of BENCH_ROUNDS (default 2; a run that failed
+# or timed out is left out, and said so) and ib's ratio to tcp and shm, and writes
+# bench/results/transports-<date>-<time>.csv.  The emulated ib moves data with
 # process_vm_writev: its figures say the transport runs and checks at every size
 # and how much it costs on top of a copy, not what an HCA would do (see
 # docs/architecture.md for what to measure on a real one).
@@ -18,10 +19,12 @@
 set -euo pipefail
 prog=transports.sh
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 build=$(cd "${1:-$here/../build}" && pwd)
 gwrun=$build/tools/gw-run
 gwperf=$build/tools/gw-perf
-[ -x "$gwrun" ] && [ -x "$gwperf" ] || { echo "$prog: build gw-run and gw-perf first ($build)" >&2; exit 1; }
+if [ ! -x "$gwrun" ] || [ ! -x "$gwperf" ]; then die "build gw-run and gw-perf first ($build)"; fi
 [ -x "$build/test/test_ib" ] || echo "$prog: this build has no ib transport (libibverbs missing): shm and tcp only" >&2
 nranks_list=${BENCH_NRANKS:-2 4}
 rounds=${BENCH_ROUNDS:-2}
@@ -30,16 +33,25 @@ trap 'rm -rf "$work"' EXIT
 transports="shm tcp"
 [ -x "$build/test/test_ib" ] && transports="shm tcp ib ibreg"
 
+# $work/runs: one line per run, "TRANSPORT-NRANKS-ROUND EXIT": only the CSVs of
+# runs that exited 0 are read (a failed or timed-out run may leave a cut one).
 status=0
+: >"$work/runs"
 for n in $nranks_list; do
   for ((r = 1; r <= rounds; r++)); do
     for t in $transports; do
       env=(GW_TRANSPORT="${t%reg}") extra=()
       [ "${t%reg}" = ib ] && env+=(GW_IB_EMULATE=1)
       [ "$t" = ibreg ] && extra=(-R)
-      if ! env "${env[@]}" timeout 600 "$gwrun" -n "$n" "$gwperf" -b "${BENCH_MIN:-1K}" -e "${BENCH_MAX:-64M}" \
-        -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-10}" -w 2 -c 1 "${extra[@]}" --csv "$work/$t-$n-$r.csv" >"$work/$t-$n-$r.log" 2>&1; then
-        echo "$prog: $t at $n ranks, round $r failed:" >&2
+      rc=0
+      env "${env[@]}" timeout 600 "$gwrun" -n "$n" "$gwperf" -b "${BENCH_MIN:-1K}" -e "${BENCH_MAX:-64M}" \
+        -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-10}" -w 2 -c 1 "${extra[@]}" --csv "$work/$t-$n-$r.csv" \
+        >"$work/$t-$n-$r.log" 2>&1 || rc=$?
+      echo "$t-$n-$r $rc" >>"$work/runs"
+      if ((rc != 0)); then
+        why="exit $rc"
+        ((rc != 124 && rc != 137)) || why+=": timed out after 600 s"
+        echo "$prog: $t at $n ranks, round $r failed ($why):" >&2
         tail -n 5 "$work/$t-$n-$r.log" >&2
         status=1
       fi
@@ -47,15 +59,21 @@ for n in $nranks_list; do
   done
 done
 
-mkdir -p "$here/results"
-out=$here/results/transports-$(date +%Y-%m-%d).csv
+bench_results transports
+out=$out_csv
 /usr/bin/env python3 - "$work" "$out" "$transports" "$nranks_list" "$rounds" <<'EOF' || status=1
-import csv, glob, os, sys
+import csv, os, sys
 work, out, transports, nranks_list, rounds = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), int(sys.argv[5])
-best, wrong = {}, 0
-for path in glob.glob(os.path.join(work, "*.csv")):
-    t, n, _ = os.path.basename(path)[:-4].split("-")
-    with open(path) as f:
+best, wrong, done, left_out = {}, 0, {}, []
+with open(os.path.join(work, "runs")) as f:
+    runs = [line.split() for line in f if line.strip()]
+for name, rc in runs:
+    t, n, r = name.split("-")
+    if rc != "0":
+        left_out.append("%s at %s ranks, round %s (exit %s%s)" % (t, n, r, rc, ", timed out" if rc in ("124", "137") else ""))
+        continue
+    done[(int(n), t)] = done.get((int(n), t), 0) + 1
+    with open(os.path.join(work, name + ".csv")) as f:
         for row in csv.DictReader(f):
             size = int(row["size"])
             bw = float(row["oop_busbw"])
@@ -64,7 +82,8 @@ for path in glob.glob(os.path.join(work, "*.csv")):
             best[key] = max(best.get(key, 0.0), bw)
 rows = []
 for n in sorted({k[0] for k in best}):
-    print(f"\n{n} ranks, float32 sum, out-of-place busbw GB/s (best of {rounds})")
+    print(f"\n{n} ranks, float32 sum, out-of-place busbw GB/s (best of the rounds that finished: "
+          + ", ".join(f"{t} {done.get((n, t), 0)}/{rounds}" for t in transports) + ")")
     print(f"{'size':>10} " + " ".join(f"{t:>8}" for t in transports) + ("   ib/tcp   ib/shm  ibreg/ib" if "ib" in transports else ""))
     for size in sorted({k[1] for k in best if k[0] == n}):
         vals = {t: best.get((n, size, t)) for t in transports}
@@ -78,7 +97,10 @@ with open(out, "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["nranks", "bytes"] + [f"{t}_busbw_gbps" for t in transports])
     w.writerows(rows)
-print(f"\n#wrong over every run: {wrong}; CSV: {out}")
-sys.exit(1 if wrong else 0)
+print(f"\n#wrong over the runs read: {wrong}; CSV: {out}")
+if left_out:
+    # gw-perf also exits 1 when it counted wrong results: such a run is here too.
+    print("left out (failed, output above): " + "; ".join(left_out))
+sys.exit(1 if wrong or left_out else 0)
 EOF
 exit $status
