@@ -152,8 +152,10 @@ static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_
     gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, sample_key(l->cfg.seed, s->b.epoch, index), out,
                                    &s->y[i]);
     s->stand_in[i] = k > 0;
+    /* One count per place whose own sample was skipped (loader.h), however
+     * many files the search went past: the next place searches them again. */
+    s->b.skipped += r == GW_SUCCESS && k > 0;
     if (r != GW_DATA_SKIPPED) return r;
-    s->b.skipped++;
     snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
   }
   return gw__model_fail(GW_ERR_INVALID_ARGUMENT,

@@ -732,6 +732,24 @@ START_TEST(loader_skip_substitution) {
   ck_assert_ptr_null(b);
   gw_loader_free(l);
   gw_dataset_free(ds);
+  /* Two bad files side by side (dog/bad.jpg, dog/bad2.jpg at 4 and 5): both
+   * places take d.jpeg, and the count is one a place, as loader.h says (the
+   * second place searches bad2.jpg again: that is no third replacement). */
+  write_file(in_tmp("train/dog/bad2.jpg"), "not a JPEG either\n", 18);
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), GW_SUCCESS);
+  gw_sampler_init(&s, 8, 1, 0, 0, 0, 0);
+  cfg.batch = 8, cfg.epochs = 1;
+  ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  int stand_ins = 0;
+  for (int i = 0; i < 8; i++) stand_ins += b->stand_in[i];
+  for (int i = 0; i < 8; i++) ck_assert_int_eq(b->stand_in[i], i == 4 || i == 5 || i == 7);
+  ck_assert(memcmp(b->x + 4 * f, b->x + 6 * f, f * sizeof(float)) == 0);
+  ck_assert(memcmp(b->x + 5 * f, b->x + 6 * f, f * sizeof(float)) == 0);
+  ck_assert_int_eq(b->skipped, stand_ins);
+  ck_assert_int_eq(gw_loader_skipped(l), 3);
+  gw_loader_free(l);
+  gw_dataset_free(ds);
   remove_tmpdir();
 }
 END_TEST
