@@ -13,7 +13,9 @@
  * decoding batches of two or more epochs at once. */
 #include "loader.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +56,7 @@ struct gw_loader {
   pthread_cond_t ready; /* a slot is ready, or the stream ended */
   pthread_t *threads;
   int running;
-  atomic_int stop;      /* read by workers between samples, without the mutex */
+  atomic_int stop;      /* read by workers between files, without the mutex */
 
   struct slot *slots;
   int nslots;
@@ -143,11 +145,24 @@ static void slot_fail(struct slot *s, gw_result_t err) {
   snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
 }
 
+/* The slot of a worker told to stop part way: its batch is incomplete.  Every
+ * stop is followed by a reset of the stream, which drops it; were it ever
+ * handed out, this error says so instead of passing on undecoded samples. */
+static gw_result_t interrupted(struct slot *s) {
+  s->err = GW_ERR_INTERNAL;
+  snprintf(s->msg, sizeof s->msg, "loader: batch %lld was stopped part way and is incomplete (a bug: please report it)",
+           (long long)s->seq);
+  return s->err;
+}
+
 /* Decodes the sample at shard position pos into place i of the slot, moving on
- * through the shard (wrapping) past samples the dataset skips. */
+ * through the shard (wrapping) past samples the dataset skips.  The stop flag
+ * is looked at before each file: a shard of mostly unreadable files would
+ * otherwise hold up a seek or free for up to a whole shard of opens. */
 static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_t *shard, int64_t pos, int i) {
   float *out = s->x + (size_t)i * l->sample_floats;
   for (int64_t k = 0; k < l->ns; k++) {
+    if (atomic_load(&l->stop)) return interrupted(s);
     int64_t index = shard[(pos + k) % l->ns];
     gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, sample_key(l->cfg.seed, s->b.epoch, index), out,
                                    &s->y[i]);
@@ -167,10 +182,10 @@ static void fill(struct gw_loader *l, struct slot *s, const int64_t *shard) {
   s->err = GW_SUCCESS;
   s->msg[0] = '\0';
   s->b.skipped = 0;
-  for (int i = 0; i < s->b.n && !atomic_load(&l->stop); i++) {
+  for (int i = 0; i < s->b.n; i++) {
     gw_result_t r = fill_sample(l, s, shard, s->b.position + i, i);
     if (r != GW_SUCCESS) {
-      slot_fail(s, r);
+      if (s->err == GW_SUCCESS) slot_fail(s, r);
       return;
     }
   }
@@ -230,11 +245,33 @@ static void stop_workers(struct gw_loader *l) {
   atomic_store(&l->stop, 0);
 }
 
+static void reset_stream(struct gw_loader *l, int64_t epoch, int64_t position);
+
+/* Starts the workers.  When one cannot start, those started are stopped, and
+ * the stream is put back where it was: they may have claimed batches and left
+ * them part decoded, which a later call would otherwise hand out.  Test hook:
+ * GW_LOADER_TEST_FAIL_THREAD=N fails the start of thread N as if out of
+ * resources, once the threads started before it have claimed N batches. */
 static gw_result_t start_workers(struct gw_loader *l) {
+  const char *hook = getenv("GW_LOADER_TEST_FAIL_THREAD");
+  const int fail_at = hook && *hook ? atoi(hook) : -1;
   for (int i = 0; i < l->cfg.threads; i++) {
-    int rc = pthread_create(&l->threads[i], NULL, worker_main, l);
+    int rc;
+    if (i == fail_at) {
+      pthread_mutex_lock(&l->mu);
+      while (l->claim_seq < i && l->end_seq < 0) {
+        pthread_mutex_unlock(&l->mu);
+        sched_yield();
+        pthread_mutex_lock(&l->mu);
+      }
+      pthread_mutex_unlock(&l->mu);
+      rc = EAGAIN;
+    } else {
+      rc = pthread_create(&l->threads[i], NULL, worker_main, l);
+    }
     if (rc != 0) {
       stop_workers(l);
+      reset_stream(l, l->epoch, l->position);
       return gw__model_fail(GW_ERR_SYSTEM, "loader: cannot start worker thread %d of %d: %s", i, l->cfg.threads,
                             strerror(rc));
     }
@@ -243,7 +280,10 @@ static gw_result_t start_workers(struct gw_loader *l) {
   return GW_SUCCESS;
 }
 
-/* Puts the stream at (epoch, position) with nothing decoded; workers are stopped. */
+/* Puts the stream at (epoch, position) with nothing decoded; workers are
+ * stopped.  (epoch, position) is already normalized when it is the consumer's
+ * state: a failed start of the workers calls this with it (no batch was taken
+ * since the last reset, so that is where the stream starts). */
 static void reset_stream(struct gw_loader *l, int64_t epoch, int64_t position) {
   normalize(l, &epoch, &position);
   l->start_epoch = l->claim_epoch = l->epoch = epoch;

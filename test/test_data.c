@@ -827,6 +827,7 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, loader_threads_and_seek);
   tcase_add_test(tc, loader_skip_substitution);
   tcase_add_test(tc, loader_shutdown_mid_epoch);
+  add_loader_fault_tests(tc);
   suite_add_tcase(s, tc);
   return s;
 }
