@@ -10,7 +10,10 @@
  *
  * Shards (a rank's indices for one epoch) are computed once per epoch into a small
  * cache with reference counts: with a short epoch and a deep queue, workers can be
- * decoding batches of two or more epochs at once. */
+ * decoding batches of two or more epochs at once.  The worker that computes one
+ * does it outside the mutex (a shuffle of every index of the data set), so the
+ * consumer can take a batch that is ready meanwhile; workers that want the same
+ * epoch wait for it. */
 #include "loader.h"
 
 #include <errno.h>
@@ -41,6 +44,7 @@ struct slot {
 struct shard_entry {
   int64_t epoch; /* -1: holds nothing */
   int refs;
+  int computing; /* a worker is writing idx outside the mutex */
   int64_t *idx;  /* [num_samples] */
 };
 
@@ -54,6 +58,7 @@ struct gw_loader {
   pthread_mutex_t mu;
   pthread_cond_t space; /* a slot was freed, the stream ended, or stop */
   pthread_cond_t ready; /* a slot is ready, or the stream ended */
+  pthread_cond_t shard_done; /* a shard entry's computation ended */
   pthread_t *threads;
   int running;
   atomic_int stop;      /* read by workers between files, without the mutex */
@@ -109,28 +114,44 @@ static struct slot *slot_of(struct gw_loader *l, int64_t seq) { return &l->slots
 /* ---- shard cache (under mu) --------------------------------------------------- */
 
 /* The shard of epoch, computed if no entry holds it; NULL when out of memory.
- * There is always an unreferenced entry: nshards exceeds the worker count. */
+ * There is always an unreferenced entry: nshards exceeds the worker count, and
+ * a worker holds one reference at most.  The computation runs without the
+ * mutex (the entry, referenced and marked computing, is neither reused nor
+ * read meanwhile); a worker wanting an entry being computed waits for it, and
+ * computes it itself if that failed. */
 static const int64_t *shard_acquire(struct gw_loader *l, int64_t epoch) {
-  struct shard_entry *victim = NULL;
-  for (int i = 0; i < l->nshards; i++) {
-    struct shard_entry *e = &l->shards[i];
-    if (e->epoch == epoch) {
-      e->refs++;
-      return e->idx;
+  for (;;) {
+    struct shard_entry *victim = NULL, *hit = NULL;
+    for (int i = 0; i < l->nshards && !hit; i++) {
+      struct shard_entry *e = &l->shards[i];
+      if (e->epoch == epoch) hit = e;
+      else if (e->refs == 0 && (!victim || (e->idx && !victim->idx))) victim = e; /* reuse memory first */
     }
-    if (e->refs == 0 && (!victim || (e->idx && !victim->idx))) victim = e; /* reuse memory first */
-  }
-  victim->epoch = -1;
-  if (!victim->idx && !(victim->idx = malloc((size_t)l->ns * sizeof *victim->idx))) {
-    gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory for a shard of %lld indices", (long long)l->ns);
+    if (hit) {
+      hit->refs++;
+      while (hit->computing) pthread_cond_wait(&l->shard_done, &l->mu);
+      if (hit->epoch == epoch) return hit->idx;
+      hit->refs--; /* its computation failed: try again */
+      continue;
+    }
+    victim->epoch = -1;
+    if (!victim->idx && !(victim->idx = malloc((size_t)l->ns * sizeof *victim->idx))) {
+      gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory for a shard of %lld indices", (long long)l->ns);
+      return NULL;
+    }
+    victim->epoch = epoch;
+    victim->refs = 1;
+    victim->computing = 1;
+    pthread_mutex_unlock(&l->mu);
+    gw_result_t r = gw_sampler_shard(&l->sampler, epoch, victim->idx);
+    pthread_mutex_lock(&l->mu);
+    victim->computing = 0;
+    pthread_cond_broadcast(&l->shard_done);
+    if (r == GW_SUCCESS) return victim->idx;
+    victim->epoch = -1;
+    victim->refs--;
     return NULL;
   }
-  /* Computed under the mutex: once per epoch, and it stalls the consumer only when
-   * the queue has nothing ready anyway. */
-  if (gw_sampler_shard(&l->sampler, epoch, victim->idx) != GW_SUCCESS) return NULL;
-  victim->epoch = epoch;
-  victim->refs = 1;
-  return victim->idx;
 }
 
 static void shard_release(struct gw_loader *l, const int64_t *idx) {
@@ -358,6 +379,7 @@ gw_result_t gw_loader_init(struct gw_loader **lp, const struct gw_dataset *ds, c
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->space, NULL);
   pthread_cond_init(&l->ready, NULL);
+  pthread_cond_init(&l->shard_done, NULL);
   atomic_init(&l->stop, 0);
   gw_result_t res = alloc_loader(l);
   if (res != GW_SUCCESS) {
@@ -381,6 +403,7 @@ void gw_loader_free(struct gw_loader *l) {
   free(l->slots);
   free(l->shards);
   free(l->threads);
+  pthread_cond_destroy(&l->shard_done);
   pthread_cond_destroy(&l->ready);
   pthread_cond_destroy(&l->space);
   pthread_mutex_destroy(&l->mu);
