@@ -815,6 +815,7 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, folder_train_keys);
   tcase_add_test(tc, folder_bad_trees);
   add_folder_hostile_tests(tc);
+  add_folder_limit_tests(tc);
   suite_add_tcase(s, tc);
   tc = tcase_create("sampler");
   tcase_set_timeout(tc, 60);

@@ -44,5 +44,6 @@ void add_fmnist_hostile_tests(TCase *tc);
 void add_folder_hostile_tests(TCase *tc);
 /* test_data_loader.c's: faults other than bad files. */
 void add_loader_fault_tests(TCase *tc);
+void add_folder_limit_tests(TCase *tc);
 
 #endif

@@ -5,13 +5,20 @@
  * - a stop (free) while workers search a shard of unreadable samples returns
  *   within a file, not a shard;
  * - a dataset error from one of several workers reaches gw_loader_next, after
- *   the batches before it, naming the sample, and stays until a seek.
+ *   the batches before it, naming the sample, and stays until a seek;
+ * - out of descriptors (RLIMIT_NOFILE, in a child process) and out of memory
+ *   for the decoded image (RLIMIT_AS): errors naming the file, not samples
+ *   quietly replaced.
  * A scripted dataset (this file's) gives each sample a fate and a decode time. */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "data_internal.h"
@@ -194,9 +201,134 @@ START_TEST(loader_worker_error) {
 }
 END_TEST
 
+/* ---- limits of the process, in a child ------------------------------------------- */
+
+/* Opens tmpdir's training split at 32 x 32 and runs body on it in a child
+ * process, which must pass (exit 0; it says why on stderr otherwise): a limit
+ * lowered there leaves this process alone.  Removes tmpdir. */
+static void in_child(int (*body)(struct gw_dataset *ds)) {
+  struct gw_dataset *ds;
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) _exit(body(ds));
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child failed (status 0x%x)", status);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+
+#define CHILD_EXPECT(cond, ...)          \
+  do {                                   \
+    if (!(cond)) {                       \
+      fprintf(stderr, __VA_ARGS__);      \
+      fprintf(stderr, " [line %d]\n", __LINE__); \
+      return 1;                          \
+    }                                    \
+  } while (0)
+
+/* Sample 0 of ds is an error (not a skip) whose message names file and why. */
+static int expect_get_error(struct gw_dataset *ds, const char *file, const char *why) {
+  static float out[3 * 32 * 32];
+  int32_t y;
+  gw_result_t res = gw_dataset_get(ds, 0, 1, 7, out, &y);
+  const char *msg = gw_data_last_error();
+  CHILD_EXPECT(res == GW_ERR_SYSTEM && strstr(msg, file) && strstr(msg, why),
+               "get: result %d, \"%s\": expected an error naming %s and \"%s\"", res, msg, file, why);
+  return 0;
+}
+
+/* Runs under(ds) with the soft limit of resource at cur, then checks that
+ * sample 0 decodes with the limit back. */
+static int under_limit(struct gw_dataset *ds, int resource, rlim_t cur, int (*under)(struct gw_dataset *ds)) {
+  struct rlimit was, lim;
+  CHILD_EXPECT(getrlimit(resource, &was) == 0, "getrlimit: %s", strerror(errno));
+  lim = was;
+  lim.rlim_cur = cur;
+  CHILD_EXPECT(setrlimit(resource, &lim) == 0, "setrlimit: %s", strerror(errno));
+  if (under(ds)) return 1;
+  CHILD_EXPECT(setrlimit(resource, &was) == 0, "setrlimit: %s", strerror(errno));
+  static float out[3 * 32 * 32];
+  int32_t y;
+  CHILD_EXPECT(gw_dataset_get(ds, 0, 1, 7, out, &y) == GW_SUCCESS, "get with the limit back: %s", gw_data_last_error());
+  return 0;
+}
+
+/* Out of descriptors: sample 0 is an error naming its file and the reason,
+ * directly and through a loader of 3 workers. */
+static int descriptors_gone(struct gw_dataset *ds) {
+  if (expect_get_error(ds, "train/ant/e.jpg", strerror(EMFILE)) || expect_get_error(ds, "train/ant/e.jpg", "ulimit -n"))
+    return 1;
+  struct gw_sampler s;
+  gw_sampler_init(&s, gw_dataset_size(ds), 1, 0, 0, 0, 0);
+  struct gw_loader_config cfg;
+  gw_loader_config_default(&cfg);
+  cfg.batch = 2, cfg.threads = 3;
+  struct gw_loader *l;
+  CHILD_EXPECT(gw_loader_init(&l, ds, &s, &cfg) == GW_SUCCESS, "loader: %s", gw_data_last_error());
+  const struct gw_batch *b;
+  gw_result_t res = gw_loader_next(l, &b);
+  const char *msg = gw_data_last_error();
+  CHILD_EXPECT(res == GW_ERR_SYSTEM && !b && strstr(msg, "train/ant/e.jpg") && strstr(msg, strerror(EMFILE)),
+               "loader: result %d, \"%s\": expected the worker's error naming the file", res, msg);
+  CHILD_EXPECT(gw_loader_skipped(l) == 0, "loader: %lld samples replaced", (long long)gw_loader_skipped(l));
+  gw_loader_free(l);
+  return 0;
+}
+
+/* The limit at the lowest free descriptor: none is left. */
+static int no_descriptors(struct gw_dataset *ds) {
+  int lowest = open("/dev/null", O_RDONLY);
+  CHILD_EXPECT(lowest >= 0, "/dev/null: %s", strerror(errno));
+  close(lowest);
+  return under_limit(ds, RLIMIT_NOFILE, (rlim_t)lowest, descriptors_gone);
+}
+
+START_TEST(folder_out_of_descriptors) {
+  make_tree();
+  in_child(no_descriptors);
+}
+END_TEST
+
+/* This process's address space in bytes (VmSize), 0 if unknown. */
+static size_t vm_size(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  size_t kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmSize: %zu kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb * 1024;
+}
+
+static int memory_gone(struct gw_dataset *ds) { return expect_get_error(ds, "train/a/huge.jpg", "out of memory"); }
+
+/* 12 MB of address space to spare: a 6000 x 4000 image (72 MB decoded,
+ * beyond what malloc takes from its heap) does not fit. */
+static int no_memory(struct gw_dataset *ds) {
+  size_t vm = vm_size();
+  CHILD_EXPECT(vm > 0, "no VmSize in /proc/self/status");
+  return under_limit(ds, RLIMIT_AS, vm + (12u << 20), memory_gone);
+}
+
+START_TEST(folder_decode_out_of_memory) {
+  make_tmpdir();
+  mkdirs("train/a");
+  static const unsigned char grey[3] = {128, 128, 128};
+  write_jpeg("train/a/huge.jpg", 6000, 4000, 0, grey, 1);
+  in_child(no_memory);
+}
+END_TEST
+
 void add_loader_fault_tests(TCase *tc) {
   tcase_add_test(tc, loader_thread_start_fails);
   tcase_add_test(tc, loader_stop_in_search);
   tcase_add_test(tc, loader_worker_error);
 }
 
+void add_folder_limit_tests(TCase *tc) {
+  tcase_add_test(tc, folder_out_of_descriptors);
+  tcase_add_test(tc, folder_decode_out_of_memory);
+}
