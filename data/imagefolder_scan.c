@@ -227,23 +227,27 @@ static int find_class(const struct names *classes, const char *name) {
   return hit ? (int)(hit - classes->e) : -1;
 }
 
-static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const struct names *classes) {
-  struct names subdirs = {0};
+/* The files of every class directory of split_dir.  The training split's
+ * class directories are the classes, already listed (listing them again
+ * would note each link to nothing twice). */
+static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const struct names *classes, int is_train) {
+  struct names listed = {0};
+  const struct names *subdirs = is_train ? classes : &listed;
   struct stat split;
   if (stat(split_dir, &split) != 0)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", split_dir, strerror(errno));
-  gw_result_t res = list_subdirs(f, split_dir, &subdirs);
-  for (size_t i = 0; res == GW_SUCCESS && i < subdirs.n; i++) {
-    int label = find_class(classes, subdirs.e[i].s);
+  gw_result_t res = is_train ? GW_SUCCESS : list_subdirs(f, split_dir, &listed);
+  for (size_t i = 0; res == GW_SUCCESS && i < subdirs->n; i++) {
+    int label = find_class(classes, subdirs->e[i].s);
     char class_dir[PATH_BUF];
-    if (join(class_dir, split_dir, subdirs.e[i].s))
+    if (join(class_dir, split_dir, subdirs->e[i].s))
       res = GW_ERR_INVALID_ARGUMENT;
     else if (label < 0)
       res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s is not a class of the training split", class_dir);
     else
       res = add_class(f, &split, class_dir, label);
   }
-  names_free(&subdirs);
+  names_free(&listed);
   return res;
 }
 
@@ -261,7 +265,7 @@ gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split
     f->base.classes = (int)classes.n;
     res = set_class_names(f, &classes);
   }
-  if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes);
+  if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes, split == GW_SPLIT_TRAIN);
   if (res == GW_SUCCESS && f->base.size == 0)
     res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no .jpg or .jpeg files under %s", split_dir);
   names_free(&classes);
