@@ -281,9 +281,12 @@ gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum
   int n = snprintf(f->base.description, sizeof f->base.description, "imagenet %s (%lld images, %d classes) from %s",
                    split == GW_SPLIT_TRAIN ? "train" : "val", (long long)f->base.size, f->base.classes, dir);
   if (f->scan_skipped && n > 0 && (size_t)n < sizeof f->base.description)
-    snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
-             "; %lld director%s left out (%s)", (long long)f->scan_skipped, f->scan_skipped > 1 ? "ies" : "y",
-             f->scan_note);
+    n += snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
+                  "; %lld director%s left out (%s)", (long long)f->scan_skipped, f->scan_skipped > 1 ? "ies" : "y",
+                  f->scan_note);
+  if (f->scan_files_skipped && n > 0 && (size_t)n < sizeof f->base.description)
+    snprintf(f->base.description + n, sizeof f->base.description - (size_t)n, "; %lld file%s left out (%s)",
+             (long long)f->scan_files_skipped, f->scan_files_skipped > 1 ? "s" : "", f->scan_file_note);
   *ds = &f->base;
   return GW_SUCCESS;
 }

@@ -509,6 +509,17 @@ START_TEST(folder_bad_trees) {
   /* Counted once, though the training split's classes and its class
    * directories are the same listing. */
   ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 directory left out ("), "%s", gw_dataset_description(ds));
+  const uint64_t fingerprint = gw_dataset_fingerprint(ds);
+  gw_dataset_free(ds);
+  /* A *.jpg entry that cannot be looked at is left out and said, as a
+   * directory would be; the file list (and its fingerprint) stays. */
+  ck_assert_int_eq(symlink("nothing.jpg", in_tmp("train/a/x.jpg")), 0);
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_size(ds), 1);
+  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 file left out (") &&
+                    strstr(gw_dataset_description(ds), "train/a/x.jpg: a link to nothing"),
+                "%s", gw_dataset_description(ds));
+  ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
   gw_dataset_free(ds);
   ck_assert_int_eq(symlink("c", in_tmp("train/c")), 0);
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "cannot look at", "train/c");
