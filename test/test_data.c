@@ -831,6 +831,10 @@ static Suite *data_suite(void) {
   add_folder_hostile_tests(tc);
   add_folder_limit_tests(tc);
   suite_add_tcase(s, tc);
+  tc = tcase_create("transform");
+  tcase_set_timeout(tc, 60);
+  add_transform_tests(tc);
+  suite_add_tcase(s, tc);
   tc = tcase_create("sampler");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, sampler_unshuffled_matches_pytorch);

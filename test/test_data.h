@@ -45,5 +45,7 @@ void add_folder_hostile_tests(TCase *tc);
 /* test_data_loader.c's: faults other than bad files. */
 void add_loader_fault_tests(TCase *tc);
 void add_folder_limit_tests(TCase *tc);
+/* test_data_transform.c's: the training view and the resampler. */
+void add_transform_tests(TCase *tc);
 
 #endif
