@@ -80,6 +80,9 @@ static uint32_t be32(const uint8_t *p) {
 }
 
 static gw_result_t open_gz(gzFile *f, const char *path) {
+  /* gzopen sets errno when open() fails, not always when it fails otherwise:
+   * a value left from an earlier call would be given as the reason. */
+  errno = 0;
   *f = gzopen(path, "rb");
   if (!*f)
     return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: %s (is dataset-fashion-mnist installed?)",

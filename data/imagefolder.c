@@ -6,7 +6,10 @@
  *
  * A file that cannot be read, is not a JPEG or ends early is GW_DATA_SKIPPED with a
  * message naming it, never an error: one bad image among a million must not stop
- * a run (the loader substitutes and counts). */
+ * a run (the loader substitutes and counts).  What is not the file's fault (no
+ * descriptor or memory left) is an error naming the file and the reason: every
+ * file after it would fail the same way, and substituting would quietly train
+ * on whichever few samples happened to get through. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -57,15 +60,39 @@ gw_result_t gw__folder_add(struct gw__folder *f, const char *path, int32_t label
   return GW_SUCCESS;
 }
 
-/* The whole file in a new buffer; unreadable is a skip, no memory an error.
- * Opened without blocking and checked to be a regular file: a FIFO put where a
- * listed file was would hang a loader thread in open. */
+/* Whether errno e, from opening or reading a file, is the file's own fault (a
+ * skip): it is missing, unreachable, not allowed, damaged on disk or no plain
+ * file.  Anything else (EMFILE, ENFILE, ENOMEM, ENOBUFS and the unforeseen) is
+ * the process's or the machine's state, an error. */
+static bool file_errno(int e) {
+  switch (e) {
+    case ENOENT: case ENOTDIR: case ENAMETOOLONG: case ELOOP: case EACCES: case EPERM: case EISDIR:
+    case EIO: case ENXIO: case ENODEV: case EOVERFLOW: case EFBIG: case ESTALE: case EAGAIN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/* A failed open, fstat or read of path (errno e): a skip, or an error. */
+static gw_result_t read_failed(const char *path, const char *what, int e) {
+  if (file_errno(e)) return gw__model_fail(GW_DATA_SKIPPED, "%s: %s: %s", path, what, strerror(e));
+  return gw__model_fail(GW_ERR_SYSTEM, "imagenet: %s: %s: %s (not the file's fault: every later file would fail too%s)",
+                        path, what, strerror(e), e == EMFILE ? "; raise `ulimit -n` or use fewer loader threads" : "");
+}
+
+/* The whole file in a new buffer; unreadable is a skip, no memory or
+ * descriptor an error.  Opened without blocking and checked to be a regular
+ * file: a FIFO put where a listed file was would hang a loader thread in open. */
 static gw_result_t read_file(const char *path, unsigned char **buf, size_t *len) {
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  int fd;
+  do fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0) return read_failed(path, "cannot read", errno);
   struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0) {
-    gw_result_t res = gw__model_fail(GW_DATA_SKIPPED, "%s: cannot read: %s", path, strerror(errno));
-    if (fd >= 0) close(fd);
+  if (fstat(fd, &st) != 0) {
+    gw_result_t res = read_failed(path, "cannot read", errno);
+    close(fd);
     return res;
   }
   gw_result_t res = GW_SUCCESS;
@@ -79,7 +106,8 @@ static gw_result_t read_file(const char *path, unsigned char **buf, size_t *len)
   while (res == GW_SUCCESS && got < (size_t)st.st_size) {
     ssize_t r = read(fd, *buf + got, (size_t)st.st_size - got);
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) res = gw__model_fail(GW_DATA_SKIPPED, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "short file");
+    if (r < 0) res = read_failed(path, "read failed", errno);
+    else if (r == 0) res = gw__model_fail(GW_DATA_SKIPPED, "%s: read failed: short file", path);
     else got += (size_t)r;
   }
   *len = (size_t)st.st_size;
@@ -136,6 +164,26 @@ static int decode_failed(tjhandle tj) {
   return tjGetErrorCode(tj) != TJERR_WARNING || strstr(tjGetErrorStr2(tj), "Premature end of JPEG file");
 }
 
+/* Whether the decoder failed to allocate memory: TurboJPEG's own "Memory
+ * allocation failure", or libjpeg's "Insufficient memory (case N)" for N = 0,
+ * 2 or 4, its failed mallocs (the other cases are requests too large to make,
+ * which a file's header can cause: a skip). */
+static int decoder_out_of_memory(tjhandle tj) {
+  const char *e = tjGetErrorStr2(tj), *c = strstr(e, "Insufficient memory (case ");
+  if (strstr(e, "Memory allocation failure")) return 1;
+  if (!c) return 0;
+  const char n = c[strlen("Insufficient memory (case ")];
+  return n == '0' || n == '2' || n == '4';
+}
+
+/* The decoder's failure what (a step) on path: a skip, or an error when it ran
+ * out of memory. */
+static gw_result_t decoder_failed(tjhandle tj, const char *path, const char *what) {
+  if (decoder_out_of_memory(tj))
+    return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s: %s", path, tjGetErrorStr2(tj));
+  return gw__model_fail(GW_DATA_SKIPPED, "%s: %s: %s", path, what, tjGetErrorStr2(tj));
+}
+
 /* Decodes buf into a new RGB image [h, w, 3]. */
 static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *buf, size_t len, unsigned char **rgb,
                           int *w, int *h) {
@@ -146,7 +194,7 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
    * such files, and so do we. */
   if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0 &&
       !(tjGetErrorCode(tj) == TJERR_WARNING && *w > 0 && *h > 0))
-    return gw__model_fail(GW_DATA_SKIPPED, "%s: not a JPEG: %s", path, tjGetErrorStr2(tj));
+    return decoder_failed(tj, path, "not a JPEG");
   /* A stream of tables only ends its header at an end-of-image marker and is
    * "read" without a size: 0 x 0 would then ask the decoder for the stream's
    * own size, into no buffer (the fuzzer found it). */
@@ -161,11 +209,11 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
   int pf = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK ? TJPF_CMYK : TJPF_RGB;
   *rgb = malloc((size_t)*w * (size_t)*h * (size_t)tjPixelSize[pf]);
   if (!*rgb)
-    return gw__model_fail(GW_DATA_SKIPPED, "%s: no memory to decode its %dx%d pixels", path, *w, *h);
+    return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s (%dx%d pixels)", path, *w, *h);
   /* TJFLAG_LIMITSCANS: a progressive file of thousands of scans (minutes of
    * decoding) is refused. */
   if (tjDecompress2(tj, buf, (unsigned long)len, *rgb, *w, 0, *h, pf, TJFLAG_LIMITSCANS) != 0 && decode_failed(tj))
-    return gw__model_fail(GW_DATA_SKIPPED, "%s: cannot decode: %s", path, tjGetErrorStr2(tj));
+    return decoder_failed(tj, path, "cannot decode");
   if (pf == TJPF_CMYK) cmyk_to_rgb(*rgb, (size_t)*w * (size_t)*h);
   return GW_SUCCESS;
 }
@@ -233,9 +281,12 @@ gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum
   int n = snprintf(f->base.description, sizeof f->base.description, "imagenet %s (%lld images, %d classes) from %s",
                    split == GW_SPLIT_TRAIN ? "train" : "val", (long long)f->base.size, f->base.classes, dir);
   if (f->scan_skipped && n > 0 && (size_t)n < sizeof f->base.description)
-    snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
-             "; %lld director%s left out (%s)", (long long)f->scan_skipped, f->scan_skipped > 1 ? "ies" : "y",
-             f->scan_note);
+    n += snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
+                  "; %lld director%s left out (%s)", (long long)f->scan_skipped, f->scan_skipped > 1 ? "ies" : "y",
+                  f->scan_note);
+  if (f->scan_files_skipped && n > 0 && (size_t)n < sizeof f->base.description)
+    snprintf(f->base.description + n, sizeof f->base.description - (size_t)n, "; %lld file%s left out (%s)",
+             (long long)f->scan_files_skipped, f->scan_files_skipped > 1 ? "s" : "", f->scan_file_note);
   *ds = &f->base;
   return GW_SUCCESS;
 }

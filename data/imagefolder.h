@@ -22,6 +22,11 @@ struct gw__folder {
    * first one with why, for the dataset's description. */
   int64_t scan_skipped;
   char scan_note[320];
+  /* Files named *.jpg / *.jpeg the scan left out because they could not be
+   * looked at (a link to nothing or in a loop, no permission), and the first
+   * one with why. */
+  int64_t scan_files_skipped;
+  char scan_file_note[240];
 };
 
 /* Appends one sample; GW_ERR_SYSTEM when out of memory. */

@@ -9,7 +9,8 @@
  * already in (os.walk would recurse until its depth gave out, listing files
  * again under longer names or, from a link to the split, under the wrong
  * class) is left out, and so is a directory below a class that cannot be read
- * (as os.walk ignores it); both are counted in the dataset's description.  A
+ * (as os.walk ignores it); both are counted in the dataset's description, and
+ * so is a *.jpg file that cannot be looked at (a link to nothing, say).  A
  * directory that fails part way through listing is an error: its class would
  * silently come up short.  Decoding is imagefolder.c's. */
 #include <dirent.h>
@@ -81,6 +82,14 @@ static int is_jpeg_name(const char *name) {
 /* Notes a directory the walk leaves out (the first one's path and why). */
 static void skip_dir(struct gw__folder *f, const char *path, const char *why) {
   if (!f->scan_skipped++) snprintf(f->scan_note, sizeof f->scan_note, "%.200s: %s", path, why);
+}
+
+/* Notes a *.jpg / *.jpeg file the walk leaves out (the first one's path and
+ * why), errno being stat's. */
+static void skip_file(struct gw__folder *f, const char *dir, const char *name) {
+  const char *why = errno == ENOENT ? "a link to nothing" : strerror(errno);
+  if (!f->scan_files_skipped++)
+    snprintf(f->scan_file_note, sizeof f->scan_file_note, "%.100s/%.60s: %s", dir, name, why);
 }
 
 /* 1 directory, 0 regular file, -1 other or unreadable, -2 when stat failed
@@ -191,6 +200,8 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct
       res = walk(f, sub, depth + 1, up, files);
     } else if (kind == 0 && is_jpeg_name(e->d_name) && names_push(files, dir, e->d_name)) {
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
+    } else if (kind == -2 && is_jpeg_name(e->d_name)) {
+      skip_file(f, dir, e->d_name);
     }
     if (res != GW_SUCCESS) break;
   }
@@ -227,23 +238,27 @@ static int find_class(const struct names *classes, const char *name) {
   return hit ? (int)(hit - classes->e) : -1;
 }
 
-static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const struct names *classes) {
-  struct names subdirs = {0};
+/* The files of every class directory of split_dir.  The training split's
+ * class directories are the classes, already listed (listing them again
+ * would note each link to nothing twice). */
+static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const struct names *classes, int is_train) {
+  struct names listed = {0};
+  const struct names *subdirs = is_train ? classes : &listed;
   struct stat split;
   if (stat(split_dir, &split) != 0)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot open %s: %s", split_dir, strerror(errno));
-  gw_result_t res = list_subdirs(f, split_dir, &subdirs);
-  for (size_t i = 0; res == GW_SUCCESS && i < subdirs.n; i++) {
-    int label = find_class(classes, subdirs.e[i].s);
+  gw_result_t res = is_train ? GW_SUCCESS : list_subdirs(f, split_dir, &listed);
+  for (size_t i = 0; res == GW_SUCCESS && i < subdirs->n; i++) {
+    int label = find_class(classes, subdirs->e[i].s);
     char class_dir[PATH_BUF];
-    if (join(class_dir, split_dir, subdirs.e[i].s))
+    if (join(class_dir, split_dir, subdirs->e[i].s))
       res = GW_ERR_INVALID_ARGUMENT;
     else if (label < 0)
       res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s is not a class of the training split", class_dir);
     else
       res = add_class(f, &split, class_dir, label);
   }
-  names_free(&subdirs);
+  names_free(&listed);
   return res;
 }
 
@@ -261,7 +276,7 @@ gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split
     f->base.classes = (int)classes.n;
     res = set_class_names(f, &classes);
   }
-  if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes);
+  if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes, split == GW_SPLIT_TRAIN);
   if (res == GW_SUCCESS && f->base.size == 0)
     res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no .jpg or .jpeg files under %s", split_dir);
   names_free(&classes);

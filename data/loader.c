@@ -10,10 +10,15 @@
  *
  * Shards (a rank's indices for one epoch) are computed once per epoch into a small
  * cache with reference counts: with a short epoch and a deep queue, workers can be
- * decoding batches of two or more epochs at once. */
+ * decoding batches of two or more epochs at once.  The worker that computes one
+ * does it outside the mutex (a shuffle of every index of the data set), so the
+ * consumer can take a batch that is ready meanwhile; workers that want the same
+ * epoch wait for it. */
 #include "loader.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +44,7 @@ struct slot {
 struct shard_entry {
   int64_t epoch; /* -1: holds nothing */
   int refs;
+  int computing; /* a worker is writing idx outside the mutex */
   int64_t *idx;  /* [num_samples] */
 };
 
@@ -52,9 +58,10 @@ struct gw_loader {
   pthread_mutex_t mu;
   pthread_cond_t space; /* a slot was freed, the stream ended, or stop */
   pthread_cond_t ready; /* a slot is ready, or the stream ended */
+  pthread_cond_t shard_done; /* a shard entry's computation ended */
   pthread_t *threads;
   int running;
-  atomic_int stop;      /* read by workers between samples, without the mutex */
+  atomic_int stop;      /* read by workers between files, without the mutex */
 
   struct slot *slots;
   int nslots;
@@ -107,28 +114,44 @@ static struct slot *slot_of(struct gw_loader *l, int64_t seq) { return &l->slots
 /* ---- shard cache (under mu) --------------------------------------------------- */
 
 /* The shard of epoch, computed if no entry holds it; NULL when out of memory.
- * There is always an unreferenced entry: nshards exceeds the worker count. */
+ * There is always an unreferenced entry: nshards exceeds the worker count, and
+ * a worker holds one reference at most.  The computation runs without the
+ * mutex (the entry, referenced and marked computing, is neither reused nor
+ * read meanwhile); a worker wanting an entry being computed waits for it, and
+ * computes it itself if that failed. */
 static const int64_t *shard_acquire(struct gw_loader *l, int64_t epoch) {
-  struct shard_entry *victim = NULL;
-  for (int i = 0; i < l->nshards; i++) {
-    struct shard_entry *e = &l->shards[i];
-    if (e->epoch == epoch) {
-      e->refs++;
-      return e->idx;
+  for (;;) {
+    struct shard_entry *victim = NULL, *hit = NULL;
+    for (int i = 0; i < l->nshards && !hit; i++) {
+      struct shard_entry *e = &l->shards[i];
+      if (e->epoch == epoch) hit = e;
+      else if (e->refs == 0 && (!victim || (e->idx && !victim->idx))) victim = e; /* reuse memory first */
     }
-    if (e->refs == 0 && (!victim || (e->idx && !victim->idx))) victim = e; /* reuse memory first */
-  }
-  victim->epoch = -1;
-  if (!victim->idx && !(victim->idx = malloc((size_t)l->ns * sizeof *victim->idx))) {
-    gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory for a shard of %lld indices", (long long)l->ns);
+    if (hit) {
+      hit->refs++;
+      while (hit->computing) pthread_cond_wait(&l->shard_done, &l->mu);
+      if (hit->epoch == epoch) return hit->idx;
+      hit->refs--; /* its computation failed: try again */
+      continue;
+    }
+    victim->epoch = -1;
+    if (!victim->idx && !(victim->idx = malloc((size_t)l->ns * sizeof *victim->idx))) {
+      gw__model_fail(GW_ERR_SYSTEM, "loader: out of memory for a shard of %lld indices", (long long)l->ns);
+      return NULL;
+    }
+    victim->epoch = epoch;
+    victim->refs = 1;
+    victim->computing = 1;
+    pthread_mutex_unlock(&l->mu);
+    gw_result_t r = gw_sampler_shard(&l->sampler, epoch, victim->idx);
+    pthread_mutex_lock(&l->mu);
+    victim->computing = 0;
+    pthread_cond_broadcast(&l->shard_done);
+    if (r == GW_SUCCESS) return victim->idx;
+    victim->epoch = -1;
+    victim->refs--;
     return NULL;
   }
-  /* Computed under the mutex: once per epoch, and it stalls the consumer only when
-   * the queue has nothing ready anyway. */
-  if (gw_sampler_shard(&l->sampler, epoch, victim->idx) != GW_SUCCESS) return NULL;
-  victim->epoch = epoch;
-  victim->refs = 1;
-  return victim->idx;
 }
 
 static void shard_release(struct gw_loader *l, const int64_t *idx) {
@@ -143,17 +166,32 @@ static void slot_fail(struct slot *s, gw_result_t err) {
   snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
 }
 
+/* The slot of a worker told to stop part way: its batch is incomplete.  Every
+ * stop is followed by a reset of the stream, which drops it; were it ever
+ * handed out, this error says so instead of passing on undecoded samples. */
+static gw_result_t interrupted(struct slot *s) {
+  s->err = GW_ERR_INTERNAL;
+  snprintf(s->msg, sizeof s->msg, "loader: batch %lld was stopped part way and is incomplete (a bug: please report it)",
+           (long long)s->seq);
+  return s->err;
+}
+
 /* Decodes the sample at shard position pos into place i of the slot, moving on
- * through the shard (wrapping) past samples the dataset skips. */
+ * through the shard (wrapping) past samples the dataset skips.  The stop flag
+ * is looked at before each file: a shard of mostly unreadable files would
+ * otherwise hold up a seek or free for up to a whole shard of opens. */
 static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_t *shard, int64_t pos, int i) {
   float *out = s->x + (size_t)i * l->sample_floats;
   for (int64_t k = 0; k < l->ns; k++) {
+    if (atomic_load(&l->stop)) return interrupted(s);
     int64_t index = shard[(pos + k) % l->ns];
     gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, sample_key(l->cfg.seed, s->b.epoch, index), out,
                                    &s->y[i]);
     s->stand_in[i] = k > 0;
+    /* One count per place whose own sample was skipped (loader.h), however
+     * many files the search went past: the next place searches them again. */
+    s->b.skipped += r == GW_SUCCESS && k > 0;
     if (r != GW_DATA_SKIPPED) return r;
-    s->b.skipped++;
     snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
   }
   return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
@@ -165,10 +203,10 @@ static void fill(struct gw_loader *l, struct slot *s, const int64_t *shard) {
   s->err = GW_SUCCESS;
   s->msg[0] = '\0';
   s->b.skipped = 0;
-  for (int i = 0; i < s->b.n && !atomic_load(&l->stop); i++) {
+  for (int i = 0; i < s->b.n; i++) {
     gw_result_t r = fill_sample(l, s, shard, s->b.position + i, i);
     if (r != GW_SUCCESS) {
-      slot_fail(s, r);
+      if (s->err == GW_SUCCESS) slot_fail(s, r);
       return;
     }
   }
@@ -228,11 +266,33 @@ static void stop_workers(struct gw_loader *l) {
   atomic_store(&l->stop, 0);
 }
 
+static void reset_stream(struct gw_loader *l, int64_t epoch, int64_t position);
+
+/* Starts the workers.  When one cannot start, those started are stopped, and
+ * the stream is put back where it was: they may have claimed batches and left
+ * them part decoded, which a later call would otherwise hand out.  Test hook:
+ * GW_LOADER_TEST_FAIL_THREAD=N fails the start of thread N as if out of
+ * resources, once the threads started before it have claimed N batches. */
 static gw_result_t start_workers(struct gw_loader *l) {
+  const char *hook = getenv("GW_LOADER_TEST_FAIL_THREAD");
+  const int fail_at = hook && *hook ? atoi(hook) : -1;
   for (int i = 0; i < l->cfg.threads; i++) {
-    int rc = pthread_create(&l->threads[i], NULL, worker_main, l);
+    int rc;
+    if (i == fail_at) {
+      pthread_mutex_lock(&l->mu);
+      while (l->claim_seq < i && l->end_seq < 0) {
+        pthread_mutex_unlock(&l->mu);
+        sched_yield();
+        pthread_mutex_lock(&l->mu);
+      }
+      pthread_mutex_unlock(&l->mu);
+      rc = EAGAIN;
+    } else {
+      rc = pthread_create(&l->threads[i], NULL, worker_main, l);
+    }
     if (rc != 0) {
       stop_workers(l);
+      reset_stream(l, l->epoch, l->position);
       return gw__model_fail(GW_ERR_SYSTEM, "loader: cannot start worker thread %d of %d: %s", i, l->cfg.threads,
                             strerror(rc));
     }
@@ -241,7 +301,10 @@ static gw_result_t start_workers(struct gw_loader *l) {
   return GW_SUCCESS;
 }
 
-/* Puts the stream at (epoch, position) with nothing decoded; workers are stopped. */
+/* Puts the stream at (epoch, position) with nothing decoded; workers are
+ * stopped.  (epoch, position) is already normalized when it is the consumer's
+ * state: a failed start of the workers calls this with it (no batch was taken
+ * since the last reset, so that is where the stream starts). */
 static void reset_stream(struct gw_loader *l, int64_t epoch, int64_t position) {
   normalize(l, &epoch, &position);
   l->start_epoch = l->claim_epoch = l->epoch = epoch;
@@ -316,6 +379,7 @@ gw_result_t gw_loader_init(struct gw_loader **lp, const struct gw_dataset *ds, c
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->space, NULL);
   pthread_cond_init(&l->ready, NULL);
+  pthread_cond_init(&l->shard_done, NULL);
   atomic_init(&l->stop, 0);
   gw_result_t res = alloc_loader(l);
   if (res != GW_SUCCESS) {
@@ -339,6 +403,7 @@ void gw_loader_free(struct gw_loader *l) {
   free(l->slots);
   free(l->shards);
   free(l->threads);
+  pthread_cond_destroy(&l->shard_done);
   pthread_cond_destroy(&l->ready);
   pthread_cond_destroy(&l->space);
   pthread_mutex_destroy(&l->mu);

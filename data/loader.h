@@ -54,15 +54,16 @@ void gw_loader_config_default(struct gw_loader_config *cfg);
  * first gw_loader_next, so a seek right after init wastes nothing. */
 gw_result_t gw_loader_init(struct gw_loader **l, const struct gw_dataset *ds, const struct gw_sampler *s,
                            const struct gw_loader_config *cfg);
-/* Stops the workers (each finishes at most the sample it is decoding) and frees
- * everything; accepts NULL. */
+/* Stops the workers (each finishes at most the file it is decoding, also while
+ * it searches past unreadable ones) and frees everything; accepts NULL. */
 void gw_loader_free(struct gw_loader *l);
 
 /* The next batch in order, valid until the next call of gw_loader_next,
  * gw_loader_seek or gw_loader_free.  *batch is NULL once cfg.epochs have been
  * delivered.  Blocks only while that batch is not decoded yet.  An error (a
  * dataset failure other than a skip, or no readable sample in the shard) repeats
- * on every later call until a seek. */
+ * on every later call until a seek.  Worker threads that cannot all start
+ * (GW_ERR_SYSTEM) leave the stream where it was; a later call tries again. */
 gw_result_t gw_loader_next(struct gw_loader *l, const struct gw_batch **batch);
 
 /* Restarts the stream at (epoch, position in the rank's shard); what the workers

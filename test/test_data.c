@@ -506,6 +506,20 @@ START_TEST(folder_bad_trees) {
   ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
   ck_assert_int_eq(gw_dataset_classes(ds), 1);
   ck_assert_msg(strstr(gw_dataset_description(ds), "train/b: a link to nothing"), "%s", gw_dataset_description(ds));
+  /* Counted once, though the training split's classes and its class
+   * directories are the same listing. */
+  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 directory left out ("), "%s", gw_dataset_description(ds));
+  const uint64_t fingerprint = gw_dataset_fingerprint(ds);
+  gw_dataset_free(ds);
+  /* A *.jpg entry that cannot be looked at is left out and said, as a
+   * directory would be; the file list (and its fingerprint) stays. */
+  ck_assert_int_eq(symlink("nothing.jpg", in_tmp("train/a/x.jpg")), 0);
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_size(ds), 1);
+  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 file left out (") &&
+                    strstr(gw_dataset_description(ds), "train/a/x.jpg: a link to nothing"),
+                "%s", gw_dataset_description(ds));
+  ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
   gw_dataset_free(ds);
   ck_assert_int_eq(symlink("c", in_tmp("train/c")), 0);
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "cannot look at", "train/c");
@@ -732,6 +746,24 @@ START_TEST(loader_skip_substitution) {
   ck_assert_ptr_null(b);
   gw_loader_free(l);
   gw_dataset_free(ds);
+  /* Two bad files side by side (dog/bad.jpg, dog/bad2.jpg at 4 and 5): both
+   * places take d.jpeg, and the count is one a place, as loader.h says (the
+   * second place searches bad2.jpg again: that is no third replacement). */
+  write_file(in_tmp("train/dog/bad2.jpg"), "not a JPEG either\n", 18);
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), GW_SUCCESS);
+  gw_sampler_init(&s, 8, 1, 0, 0, 0, 0);
+  cfg.batch = 8, cfg.epochs = 1;
+  ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+  ck_assert_int_eq(gw_loader_next(l, &b), GW_SUCCESS);
+  int stand_ins = 0;
+  for (int i = 0; i < 8; i++) stand_ins += b->stand_in[i];
+  for (int i = 0; i < 8; i++) ck_assert_int_eq(b->stand_in[i], i == 4 || i == 5 || i == 7);
+  ck_assert(memcmp(b->x + 4 * f, b->x + 6 * f, f * sizeof(float)) == 0);
+  ck_assert(memcmp(b->x + 5 * f, b->x + 6 * f, f * sizeof(float)) == 0);
+  ck_assert_int_eq(b->skipped, stand_ins);
+  ck_assert_int_eq(gw_loader_skipped(l), 3);
+  gw_loader_free(l);
+  gw_dataset_free(ds);
   remove_tmpdir();
 }
 END_TEST
@@ -797,6 +829,11 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, folder_train_keys);
   tcase_add_test(tc, folder_bad_trees);
   add_folder_hostile_tests(tc);
+  add_folder_limit_tests(tc);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("transform");
+  tcase_set_timeout(tc, 60);
+  add_transform_tests(tc);
   suite_add_tcase(s, tc);
   tc = tcase_create("sampler");
   tcase_set_timeout(tc, 60);
@@ -809,6 +846,7 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, loader_threads_and_seek);
   tcase_add_test(tc, loader_skip_substitution);
   tcase_add_test(tc, loader_shutdown_mid_epoch);
+  add_loader_fault_tests(tc);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,4 +1,5 @@
-/* test_data.h - what test_data.c's cases share with test_data_hostile.c's:
+/* test_data.h - what test_data.c's cases share with test_data_hostile.c's and
+ * test_data_loader.c's:
  * the temporary tree, IDX and JPEG writers, the error check. */
 #ifndef GW_TEST_DATA_H
 #define GW_TEST_DATA_H
@@ -41,5 +42,10 @@ void make_tree(void);
 /* test_data_hostile.c's cases. */
 void add_fmnist_hostile_tests(TCase *tc);
 void add_folder_hostile_tests(TCase *tc);
+/* test_data_loader.c's: faults other than bad files. */
+void add_loader_fault_tests(TCase *tc);
+void add_folder_limit_tests(TCase *tc);
+/* test_data_transform.c's: the training view and the resampler. */
+void add_transform_tests(TCase *tc);
 
 #endif
