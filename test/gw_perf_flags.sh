@@ -77,6 +77,14 @@ for coll in allreduce allgather reduce_scatter broadcast; do
     echo "FAIL: $coll with a timed result spoilt: exit $rc, $caught of $(wc -l <<<"$rows") sizes as expected:"; tail -8 <<<"$out"; fail=1
   fi
 done
+# Timed runs that wrote nothing (GW_PERF_TEST_SKIP_TIMED_RUNS, no warmup runs)
+# leave the checked run's result: the timed runs' inputs differ, so it is wrong.
+out=$(GW_PERF_TEST_SKIP_TIMED_RUNS=1 "$run" -n 2 "$perf" -b 64 -e 64K -f 32 -d float32 -n 2 -w 0 2>&1)
+rc=$?
+rows=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ && $3 > 0' <<<"$out")
+if [ $rc -eq 0 ] || [ -z "$rows" ] || [ "$(awk '$10 > 0' <<<"$rows" | wc -l)" -ne "$(wc -l <<<"$rows")" ]; then
+  echo "FAIL: timed runs that wrote nothing passed: exit $rc:"; tail -6 <<<"$out"; fail=1
+fi
 # Each row names what ran, and the average bus bandwidth is over both columns
 # (nccl-tests' definition).
 for ap in "ring simple ring/simple" "exchange simple exchange/simple" "ring ll ring/ll"; do
@@ -88,7 +96,7 @@ done
 awk '$1 == "[0]" && $2 == "1048576" {want = ($9 + $13) / 2} /Avg bus bandwidth/ {got = $NF}
      END {exit !(want > 0 && got - want < 0.006 && want - got < 0.006)}  # rows print two decimals' <<<"$out" ||
   { echo "FAIL: the average bus bandwidth is not the mean of both columns:"; tail -4 <<<"$out"; fail=1; }
-refused "-b 8 -e 67108864 -f 1.0001 makes more than 10000 sizes" -b 8 -e 64M -f 1.0001
+refused "-b 8 -e 67108864 -f 1.0001 makes more than 10000 steps" -b 8 -e 64M -f 1.0001
 # -c 0 checks nothing and says so: N/A, not a #wrong of 0.
 out=$("$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 -c 0 -d float32 -o sum 2>&1)
 grep -qF "Out of bounds values : N/A" <<<"$out" && awk '$1 == "[0]" && $2 == "8" && $10 == "N/A" && $14 == "N/A" {f=1} END {exit !f}' <<<"$out" ||

@@ -525,6 +525,8 @@ static int body_env(int rank, int n, const char *master, void *arg) {
   EXPECT(got_rank == rank && got_size == n, "got rank %d size %d", got_rank, got_size);
   int local;
   EXPECT(gw_comm_local_rank(comm, &local) == GW_SUCCESS && local == rank, "local rank %d (all ranks share this machine)", local);
+  EXPECT(gw_comm_local_size(comm, &local) == GW_SUCCESS && local == n, "local size %d of %d ranks on this machine", local,
+         n);
   int64_t v = rank + 1;
   EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == n * (n + 1) / 2, "sum %lld", (long long)v);
   gw_comm_destroy(comm);

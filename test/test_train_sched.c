@@ -120,6 +120,42 @@ START_TEST(test_longer_resume_said) {
 }
 END_TEST
 
+/* The same by --epochs (the saved description's steps are -1 then), and a
+ * resume of the same length at another --lr: the rate at the next step is
+ * said against the saved run's own schedule (its rate, not this run's). */
+START_TEST(test_epochs_resume_said) {
+  const char *const noenv[] = {NULL};
+  char dir[512];
+  path(dir, sizeof dir, "sched-epochs");
+  struct run r;
+  run1(&r, noenv, (const char *const[]){"--epochs", "1", "--warmup-epochs", "0", "--no-eval", "--checkpoint-dir", dir,
+                                        NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  run1(&r, noenv, (const char *const[]){"--epochs", "2", "--warmup-epochs", "0", "--no-eval", "--checkpoint-dir", dir,
+                                        "--resume", NULL});
+  expect_ok(&r);
+  char want[200];
+  snprintf(want, sizeof want, "now spans 8 steps (the saved run's: 4): step 5 runs at lr %.4g, where the saved run's "
+           "last step ran at %.4g", closed_form(4, 8, 0, 0), closed_form(3, 4, 0, 0));
+  ck_assert_msg(strstr(r.out, want), "the longer --epochs schedule was not said (%s):\n%s", want, r.out);
+  gwrun_free(&r);
+  char dir2[512];
+  path(dir2, sizeof dir2, "sched-lr");
+  const char *const stop4[] = {"GW_TRAIN_STOP_AT_STEP=4", NULL};
+  run1(&r, stop4, (const char *const[]){"--steps", "8", "--warmup-epochs", "0", "--no-eval", "--checkpoint-dir", dir2,
+                                        NULL});
+  gwrun_free(&r);
+  run1(&r, noenv, (const char *const[]){"--steps", "8", "--warmup-epochs", "0", "--no-eval", "--checkpoint-dir", dir2,
+                                        "--resume", "--lr", "0.2", NULL});
+  expect_ok(&r);
+  snprintf(want, sizeof want, "now spans 8 steps (the saved run's: 8): step 5 runs at lr %.4g, where the saved run's "
+           "schedule gave %.4g", closed_form(4, 8, 0, 0) / 2, closed_form(4, 8, 0, 0));
+  ck_assert_msg(strstr(r.out, want), "the lower rate was not said (%s):\n%s", want, r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
 /* --steps 6 with the evaluation on (4 steps per epoch): its last 2 steps are
  * never evaluated, and the run says so at the start. */
 START_TEST(test_unevaluated_steps_said) {
@@ -169,7 +205,8 @@ START_TEST(test_default_threads) {
   char script[1200];
   snprintf(script, sizeof script,
            "GW_LOCAL_WORLD_SIZE=1 exec '%s' --data synthetic --synthetic-samples 32 --model resnet18 "
-           "--width-divisor 8 --in-channels 3 --image-size 16 --classes 4 --stem small --batch 8 --steps 1 --no-eval",
+           "--width-divisor 8 --in-channels 3 --image-size 16 --classes 4 --stem small --batch 8 --steps 1 --no-eval "
+           "--backend cpu",
            train_bin());
   const char *const noenv[] = {NULL}, *args[] = {"-n", "2", "sh", "-c", script, NULL};
   struct run r;
@@ -180,12 +217,30 @@ START_TEST(test_default_threads) {
   snprintf(said, sizeof said, "on cpu, %d thread%s per rank", want, want > 1 ? "s" : "");
   ck_assert_msg(strstr(r.out, said), "2 ranks on %d cores: expected '%s':\n%s", CPU_COUNT(&set), said, r.out);
   gwrun_free(&r);
+  /* Ranks a launcher bound to cores of their own keep them (GW_TRAIN_TEST_CPUS
+   * stands for the affinity): 4 each, not 4 over 2 ranks; ranks whose cores
+   * overlap share them. */
+  const char *const cases[][3] = {{"0-3", "4-7", "4 threads per rank"}, {"0-3", "2-5", "2 threads per rank"}};
+  for (int c = 0; c < 2; c++) {
+    snprintf(script, sizeof script,
+             "c='%s'; [ \"$GW_RANK\" = 1 ] && c='%s'; GW_TRAIN_TEST_CPUS=$c exec '%s' --data synthetic "
+             "--synthetic-samples 32 --model resnet18 --width-divisor 8 --in-channels 3 --image-size 16 --classes 4 "
+             "--stem small --batch 8 --steps 1 --no-eval --backend cpu",
+             cases[c][0], cases[c][1], train_bin());
+    gwrun_start(&r, noenv, args);
+    gwrun_wait(&r, 120);
+    expect_ok(&r);
+    ck_assert_msg(strstr(r.out, cases[c][2]), "cores %s and %s: expected '%s':\n%s", cases[c][0], cases[c][1],
+                  cases[c][2], r.out);
+    gwrun_free(&r);
+  }
 }
 END_TEST
 
 void add_schedule_tests(TCase *tc) {
   tcase_add_test(tc, test_lr_schedule);
   tcase_add_test(tc, test_longer_resume_said);
+  tcase_add_test(tc, test_epochs_resume_said);
   tcase_add_test(tc, test_unevaluated_steps_said);
   tcase_add_test(tc, test_eval_over_ranks);
   tcase_add_test(tc, test_default_threads);

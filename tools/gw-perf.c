@@ -105,8 +105,11 @@ static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
  * to the rank counts that matter; 1..127 for allgather and broadcast, which
  * move data only (every dtype holds those, int8 included). */
 static int value_span = 5;
+/* 0 for the checked runs; the timed runs take another set of inputs (1), so
+ * one that wrote nothing leaves the checked run's result, which is wrong. */
+static uint64_t value_salt;
 static int value_of(int r, size_t i) {
-  uint64_t x = ((uint64_t)(unsigned)r << 40) ^ (uint64_t)i;
+  uint64_t x = (((uint64_t)(unsigned)r << 40) ^ (uint64_t)i) ^ value_salt * 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return (int)((x ^ (x >> 31)) % (uint64_t)value_span) + 1;
@@ -292,16 +295,22 @@ static long long count_wrong(const struct opts *o, gw_dtype_t dt, int op, const 
   return wrong;
 }
 
+/* This rank's input (value_of with the salt now) into l->send. */
+static void fill_input(gw_dtype_t dt, const struct layout *l) {
+  uint8_t *hs = dev ? mirror(l->send) : l->send;
+  for (size_t i = 0; i < l->in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
+  if (dev) check_dev(dev->memcpy_async(l->send, hs, l->in_elems * gw_dtype_size(dt), stream), "copying the input in");
+}
+
 /* Fills the input and returns the number of wrong output elements after one
  * run (-1: not checked, -c 0). */
 static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, const struct layout *l, size_t count,
                                 bool in_place) {
-  size_t es = gw_dtype_size(dt);
   if (!o->check) {
     run_once(o, dt, op, l->send, l->recv, count);
     return -1;
   }
-  uint8_t *hs = dev ? mirror(l->send) : l->send, *hr = dev ? mirror(l->recv) : l->recv;
+  uint8_t *hr = dev ? mirror(l->recv) : l->recv;
   /* The whole output and the 64 bytes after it first hold all ones (NaN in
    * floats: an earlier run's correct output, or an in-place allgather's other
    * blocks left as they were, must not pass for this run's), then the input
@@ -310,8 +319,7 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, con
    * MAX or MIN, which out-of-place runs catch). */
   memset(hr, 0xff, l->tail + SLACK);
   if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->tail + SLACK, stream), "clearing the output");
-  for (size_t i = 0; i < l->in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
-  if (dev) check_dev(dev->memcpy_async(l->send, hs, l->in_elems * es, stream), "copying the input in");
+  fill_input(dt, l);
   /* A test hook: the checked run left out, as a collective that writes
    * nothing would do; every size must then count wrong elements. */
   if (!getenv("GW_PERF_TEST_SKIP_CHECKED_RUN")) run_once(o, dt, op, l->send, l->recv, count);
@@ -353,20 +361,26 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
   for (int ip = 0; ip < 2; ip++) {
     const struct layout l = layout_of(o, dt, sendbuf, recvbuf, count, ip == 1);
     long long wrong = fill_run_check(o, dt, op, &l, count, ip == 1);
+    /* The timed runs on other inputs, where their result is checked after. */
+    const bool check_timed = o->check && timed_output_checkable(o, ip == 1);
+    if (check_timed) value_salt = 1, fill_input(dt, &l);
     for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, l.send, l.recv, count);
     sync_stream();
     check_gw(gw_barrier(comm), "gw_barrier");
     double t0 = now();
-    for (int i = 0; i < o->iters; i++) run_once(o, dt, op, l.send, l.recv, count);
+    /* A test hook: the timed runs left out, as runs that wrote nothing would do. */
+    const bool skip_timed = getenv("GW_PERF_TEST_SKIP_TIMED_RUNS") != NULL;
+    for (int i = 0; i < o->iters && !skip_timed; i++) run_once(o, dt, op, l.send, l.recv, count);
     sync_stream();
     double t = (now() - t0) / o->iters;
     check_gw(gw_comm_last_path(comm, res->path[ip], sizeof res->path[ip]), "gw_comm_last_path");
-    /* The timed runs' own result is checked where they leave it (a fault of
-     * back-to-back calls, slots or flags overtaken while pipelined, would
-     * otherwise pass), and the output is checked again after a fresh fill, as
-     * nccl-tests does: what shows only on repeated operations (stale flags or
-     * chunks, a cached registration, wrapped counters) is caught too. */
-    if (o->check && timed_output_checkable(o, ip == 1)) {
+    /* The timed runs' own result is checked where they leave it (data at the
+     * wrong place, a write past the end, or runs that wrote nothing: their
+     * inputs differ from the checked run's), and the output is checked again
+     * after a fresh fill, as nccl-tests does: what shows only on repeated
+     * operations (stale flags or chunks, a cached registration, wrapped
+     * counters) is caught too. */
+    if (check_timed) {
       /* A test hook: one timed result spoilt, as a fault of repeated calls would. */
       if (getenv("GW_PERF_TEST_SPOIL_TIMED")) {
         static const uint8_t ones[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}; /* NaN, or -1 */
@@ -374,6 +388,7 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
         else memcpy(l.recv, ones, gw_dtype_size(dt));
       }
       wrong += count_wrong(o, dt, op, &l, count, ip == 1);
+      value_salt = 0;
     }
     if (o->check) wrong += fill_run_check(o, dt, op, &l, count, ip == 1);
     /* The slowest rank's time is the collective's time. */
@@ -537,7 +552,7 @@ int main(int argc, char **argv) {
     for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes && nsizes <= MAX_SIZES; nsizes++)
       sz = sz * o.factor < sz + 1 ? sz + 1 : sz * o.factor;
     if (nsizes > MAX_SIZES)
-      die("-b %zu -e %zu -f %g makes more than %d sizes: take a larger -f or a narrower range", o.min_bytes,
+      die("-b %zu -e %zu -f %g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
           o.max_bytes, o.factor, MAX_SIZES);
   }
   /* The tree and the exchange reduce: the other collectives always take the

@@ -32,12 +32,23 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+/* A schedule: linear warmup to the peak, then cosine to 0 or steps of 10x at
+ * 1/3 and 2/3 of the rest. */
+struct schedule {
+  double peak;
+  int64_t warmup, total;
+  int steps; /* GW_SCHED_STEP */
+};
+static double rate(const struct schedule *s, int64_t step) {
+  if (step < s->warmup) return s->peak * (double)(step + 1) / (double)s->warmup;
+  int64_t rest = s->total - s->warmup;
+  double p = rest > 0 ? (double)(step - s->warmup) / (double)rest : 1.0;
+  if (s->steps) return s->peak * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? 0.1 : 0.01);
+  return s->peak * 0.5 * (1.0 + cos(M_PI * p));
+}
 static double lr_at(const struct trainer *t, int64_t step) {
-  if (step < t->warmup_steps) return t->peak_lr * (double)(step + 1) / (double)t->warmup_steps;
-  int64_t rest = t->total_steps - t->warmup_steps;
-  double p = rest > 0 ? (double)(step - t->warmup_steps) / (double)rest : 1.0;
-  if (t->o->schedule == GW_SCHED_STEP) return t->peak_lr * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? 0.1 : 0.01);
-  return t->peak_lr * 0.5 * (1.0 + cos(M_PI * p));
+  const struct schedule s = {t->peak_lr, t->warmup_steps, t->total_steps, t->o->schedule == GW_SCHED_STEP};
+  return rate(&s, step);
 }
 
 /* ---- the host copies of a resident run */
@@ -92,31 +103,52 @@ static int share_state(struct trainer *t) {
   return train_bcast(t, gw_model_counters(t->m), t->ncounters, GW_INT64, "sharing the resumed BN counters");
 }
 
-/* A number option of the saved run's description (train_opts_describe), or -1. */
-static long long saved_option(const char *opts, const char *key) {
+/* Word `key` of the saved run's description (train_opts_describe) into buf;
+ * 0 when it has none. */
+static int saved_word(const char *opts, const char *key, char *buf, size_t len) {
   char k[40];
   snprintf(k, sizeof k, " %s=", key);
   const char *p = strstr(opts, k);
-  return p ? atoll(p + strlen(k)) : -1;
+  if (!p) return 0;
+  p += strlen(k);
+  snprintf(buf, len, "%.*s", (int)strcspn(p, " "), p);
+  return 1;
 }
 
-/* More (or fewer) --steps or --epochs on a resume stretch the learning-rate
- * schedule over the new length: the rate at the step the run goes on from
- * jumps (a finished cosine run resumed for twice its steps goes from near 0 to
- * half the peak).  Allowed, but said with the figures. */
+/* The saved run's schedule, from its description: its length (--epochs, or
+ * --steps when that was -1), rate, warmup and kind.  The world, batch and
+ * steps per epoch are the checkpoint's configuration, the same as this run's.
+ * 0 when the description lacks a word (an older gw-train's). */
+static int saved_schedule(const struct trainer *t, struct schedule *s) {
+  char epochs[32], steps[32], lr[32], warmup[32], kind[32];
+  const char *o = t->st.options;
+  if (!saved_word(o, "epochs", epochs, sizeof epochs) || !saved_word(o, "steps", steps, sizeof steps) ||
+      !saved_word(o, "lr", lr, sizeof lr) || !saved_word(o, "warmup_epochs", warmup, sizeof warmup) ||
+      !saved_word(o, "schedule", kind, sizeof kind))
+    return 0;
+  s->total = atoll(epochs) > 0 ? atoll(epochs) * t->spe : atoll(steps);
+  s->warmup = (int64_t)llround(atof(warmup) * (double)t->spe);
+  if (s->warmup > s->total) s->warmup = s->total;
+  s->peak = atof(lr) * (double)t->o->batch * t->world / 256.0;
+  s->steps = !strcmp(kind, "step");
+  return s->total > 0;
+}
+
+/* A resume whose options change the learning-rate schedule (more or fewer
+ * --steps or --epochs stretch it over the new length; another --lr, warmup or
+ * schedule): the rate at the step the run goes on from jumps (a finished
+ * 4-step cosine run resumed for 8 goes from 0.15 to 0.5 of the peak).
+ * Allowed, but said with the figures. */
 static void note_schedule_change(struct trainer *t) {
-  const long long epochs = saved_option(t->st.options, "epochs"), steps = saved_option(t->st.options, "steps");
-  if (epochs < 0 || steps < 0) return;
-  struct trainer saved = *t;
-  saved.total_steps = epochs > 0 ? epochs * t->spe : steps;
-  if (saved.total_steps == t->total_steps || t->st.step >= t->total_steps) return;
-  saved.warmup_steps = (int64_t)llround(t->o->warmup_epochs * (double)t->spe);
-  if (saved.warmup_steps > saved.total_steps) saved.warmup_steps = saved.total_steps;
-  const int ended = t->st.step >= saved.total_steps; /* then its last step's rate */
+  struct schedule saved;
+  const int64_t at = t->st.step;
+  if (!saved_schedule(t, &saved) || at >= t->total_steps) return;
+  const int ended = at >= saved.total; /* then its last step's rate */
+  const double now_lr = lr_at(t, at), saved_lr = rate(&saved, ended ? saved.total - 1 : at);
+  if (saved.total == t->total_steps && fabs(now_lr - saved_lr) <= 1e-9 * fabs(saved_lr)) return;
   log_text(&t->log, "note: the learning-rate schedule now spans %lld steps (the saved run's: %lld): step %lld runs "
-           "at lr %.4g, where the saved run's %s %.4g", (long long)t->total_steps, (long long)saved.total_steps,
-           (long long)t->st.step + 1, lr_at(t, t->st.step), ended ? "last step ran at" : "schedule gave",
-           saved.total_steps > 0 ? lr_at(&saved, ended ? saved.total_steps - 1 : t->st.step) : 0.0);
+           "at lr %.4g, where the saved run's %s %.4g", (long long)t->total_steps, (long long)saved.total,
+           (long long)at + 1, now_lr, ended ? "last step ran at" : "schedule gave", saved_lr);
 }
 
 int trainer_resume(struct trainer *t) {
@@ -335,7 +367,7 @@ static int wire_overflowed(struct trainer *t) {
   if (overflowed(t, &over) != 0) return -1;
   if (!over) return 0;
   t->st.overflows++;
-  log_text(&t->log, "step %lld: the gradients overflowed on the float16 wire (a sum beyond 65504 on the way); step "
+  log_text(&t->log, "step %lld: the gradients overflowed on the float16 wire (a gradient or a sum beyond 65504); step "
            "skipped (%lld so far); --grad-wire bf16 has float32's range", (long long)t->st.step + 1,
            (long long)t->st.overflows);
   return 1;

@@ -67,6 +67,17 @@ static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
  * torchrun) with another --batch, --epochs or --sync-bn would issue other
  * sequences of collectives and pair mismatched allreduces, or wait until
  * GW_TIMEOUT.  Also keeps them for the checkpoints. */
+/* A refusal every rank reaches together (the ranks found they differ): each
+ * says its part, and none leaves before all have (gw-run stops the others
+ * when the first exits, and a slower rank's message naming what differs on it
+ * was lost). */
+static int fail_together(struct trainer *t, const char *what, const char *detail) {
+  train_fail(t, what, detail);
+  fflush(stdout), fflush(stderr);
+  gw_barrier(t->comm);
+  return -1;
+}
+
 static int same_options_everywhere(struct trainer *t) {
   char mine[sizeof t->st.options], r0[sizeof t->st.options], diff[1200], detail[1400];
   memset(mine, 0, sizeof mine);
@@ -86,7 +97,7 @@ static int same_options_everywhere(struct trainer *t) {
   if (differ == 0) return 0;
   if (diff[0]) snprintf(detail, sizeof detail, "this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);
   else snprintf(detail, sizeof detail, "%.0f rank(s) run with options other than rank 0's (their logs say which)", differ);
-  return train_fail(t, "options", detail);
+  return fail_together(t, "options", detail);
 }
 
 /* Every rank must have opened the same samples: ranks that scanned a folder
@@ -113,12 +124,12 @@ static int same_data_everywhere(struct trainer *t) {
              k ? "evaluation" : "training", (long long)mine[3 * k], (long long)mine[3 * k + 1],
              (unsigned long long)mine[3 * k + 2], (long long)r0[3 * k], (long long)r0[3 * k + 1],
              (unsigned long long)r0[3 * k + 2]);
-    return train_fail(t, "--data", detail);
+    return fail_together(t, "--data", detail);
   }
   if (differ > 0) {
     char detail[160];
     snprintf(detail, sizeof detail, "%.0f rank(s) opened other data than rank 0 (their logs say what differs)", differ);
-    return train_fail(t, "--data", detail);
+    return fail_together(t, "--data", detail);
   }
   return 0;
 }
@@ -178,18 +189,63 @@ static int model_config(struct trainer *t, struct gw_model_config *cfg) {
   return 0;
 }
 
-/* The cores this process may run on (its affinity: srun, taskset and
- * containers' cpusets narrow it), shared by the ranks on this machine as the
- * rendezvous found them (whatever the launcher set: GW_LOCAL_WORLD_SIZE was
- * gw-run's alone, and under torchrun, srun or mpirun every rank took every core). */
-static int default_threads(const struct trainer *t) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
-  int local = 1;
-  if (t->comm) gw_comm_local_size(t->comm, &local);
-  if (local < 1) local = 1;
-  return cpus / local > 0 ? (int)(cpus / local) : 1;
+/* This machine, as the ranks' CPU sets are compared: host name and boot id. */
+static uint64_t machine_id(void) {
+  char id[320] = "";
+  if (gethostname(id, 256) != 0) id[0] = 0;
+  id[255] = 0;
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    size_t n = strlen(id);
+    if (!fgets(id + n, (int)(sizeof id - n), f)) id[n] = 0;
+    fclose(f);
+  }
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *p = id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  return h;
+}
+
+/* The default compute threads: the cores this process may run on (its
+ * affinity), shared by the ranks on this machine whose CPU sets overlap it.
+ * Unbound ranks (gw-run, torchrun) share every core; ranks a launcher bound
+ * to cores of their own (srun --cpus-per-task, mpirun's binding) keep theirs
+ * (dividing those again left 1 thread of 4); the ranks on this machine are
+ * found by comparing, not from a launcher's variable (GW_LOCAL_WORLD_SIZE was
+ * gw-run's alone: under torchrun every rank took every core).  Collective:
+ * every rank calls it (--threads is the same everywhere). */
+static int default_threads(struct trainer *t, int *threads) {
+  struct claim {
+    uint64_t machine;
+    cpu_set_t set;
+  } mine = {machine_id(), {{0}}};
+  /* A test hook: GW_TRAIN_TEST_CPUS=A-B stands for an affinity of cores A..B
+   * (a machine of 2 cores cannot show ranks bound to 4 each). */
+  const char *fake = getenv("GW_TRAIN_TEST_CPUS");
+  int a, b;
+  if (fake && sscanf(fake, "%d-%d", &a, &b) == 2 && a >= 0 && a <= b && b < CPU_SETSIZE) {
+    CPU_ZERO(&mine.set);
+    for (int c = a; c <= b; c++) CPU_SET(c, &mine.set);
+  } else if (sched_getaffinity(0, sizeof mine.set, &mine.set) != 0 || CPU_COUNT(&mine.set) == 0) {
+    CPU_ZERO(&mine.set);
+    for (long c = 0, n = sysconf(_SC_NPROCESSORS_ONLN); c < n && c < CPU_SETSIZE; c++) CPU_SET((int)c, &mine.set);
+  }
+  int sharers = 1;
+  if (t->comm && t->world > 1) {
+    struct claim *all = calloc((size_t)t->world, sizeof *all);
+    if (!all) return train_fail(t, "setup", "out of memory");
+    gw_result_t r = gw_allgather(&mine, all, sizeof mine, GW_UINT8, t->comm, NULL);
+    sharers = 0;
+    for (int i = 0; r == GW_SUCCESS && i < t->world; i++) {
+      cpu_set_t both;
+      CPU_AND(&both, &all[i].set, &mine.set);
+      sharers += all[i].machine == mine.machine && CPU_COUNT(&both) > 0;
+    }
+    free(all);
+    if (r != GW_SUCCESS) return train_comm_fail(t, "comparing the ranks' cores", r);
+  }
+  *threads = CPU_COUNT(&mine.set) / (sharers > 0 ? sharers : 1);
+  if (*threads < 1) *threads = 1;
+  return 0;
 }
 
 static size_t count_buffers(const struct gw_model *m, enum gw_tensor_kind kind) {
@@ -209,7 +265,8 @@ static int setup_model(struct trainer *t) {
   t->np = gw_model_num_params(t->m);
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
-  t->threads = o->threads ? o->threads : default_threads(t);
+  t->threads = o->threads;
+  if (!o->threads && default_threads(t, &t->threads) != 0) return -1;
   struct gw_backend_config bc = {.threads = t->threads, .tf32 = o->tf32,
                                  .act = o->amp, .layout = o->layout};
   if (o->layout < 0) /* NCHW on both: measured faster end to end (docs/gpu.md) */
