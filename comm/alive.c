@@ -23,11 +23,13 @@
  * gw_comm_init leaves its file; the name has the shape of a shm segment's
  * (job hash, rank twice, pid) so gw-run removes it with those.
  *
- * A child forked without exec (a data loader worker) shares the open file and
- * so keeps the lock while it lives: the pid check in gw__peer_alive still sees
- * the rank gone when the child is in the same pid namespace. */
+ * A child forked without exec (a data loader worker) would share the open
+ * file and so keep the lock while it lives, and across pid namespaces nothing
+ * else tells the rank gone: a fork handler closes the lock's descriptor in
+ * the child (the open file, and the lock, stay the parent's alone). */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +42,48 @@
 static bool lock_byte0(int fd, int cmd, struct flock *fl) {
   *fl = (struct flock){.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
   return fcntl(fd, cmd, fl) == 0;
+}
+
+/* The communicators holding a lock, for the fork handler. */
+static pthread_mutex_t holders_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gw_comm **holders;
+static int nholders, holders_cap;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void) { pthread_mutex_lock(&holders_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&holders_mu); }
+/* In the child: its copies of the descriptors go (the communicator is of no
+ * use there), so the lock lasts exactly as long as the rank. */
+static void fork_child(void) {
+  for (int i = 0; i < nholders; i++) {
+    close(holders[i]->alive_own);
+    holders[i]->alive_own = -1;
+    holders[i]->alive_named = false; /* the parent's file: not the child's to unlink */
+  }
+  nholders = 0;
+  pthread_mutex_unlock(&holders_mu);
+}
+static void install_fork_handler(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+static void holders_add(struct gw_comm *c) {
+  pthread_once(&fork_once, install_fork_handler);
+  pthread_mutex_lock(&holders_mu);
+  if (nholders == holders_cap) {
+    int cap = holders_cap ? 2 * holders_cap : 8;
+    struct gw_comm **h = realloc(holders, (size_t)cap * sizeof *h);
+    if (h) holders = h, holders_cap = cap;
+  }
+  if (nholders < holders_cap) holders[nholders++] = c;
+  else GW_WARN(GW_SUB_INIT, "rank %d: out of memory: a child forked without exec keeps this rank's liveness lock",
+               c->rank);
+  pthread_mutex_unlock(&holders_mu);
+}
+
+static void holders_remove(struct gw_comm *c) {
+  pthread_mutex_lock(&holders_mu);
+  for (int i = 0; i < nholders; i++)
+    if (holders[i] == c) holders[i] = holders[--nholders];
+  pthread_mutex_unlock(&holders_mu);
 }
 
 void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
@@ -75,6 +119,7 @@ void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
   me->alive_dev = (uint64_t)st.st_dev;
   me->alive_ino = (uint64_t)st.st_ino;
   c->alive_named = true;
+  holders_add(c);
 }
 
 /* After the rendezvous: open the files of the ranks that share this /dev/shm.
@@ -118,6 +163,7 @@ bool gw__alive_lock_gone(const struct gw_comm *c, int peer) {
 }
 
 void gw__alive_free(struct gw_comm *c) {
+  if (c->alive_own >= 0) holders_remove(c);
   gw__alive_unlink_own(c);
   if (c->alive_fds) {
     for (int r = 0; r < c->nranks; r++)
