@@ -30,7 +30,7 @@ static const struct {
 
 static void log_init_once(void) {
   const char *lvl = getenv("GW_DEBUG");
-  if (lvl) {
+  if (lvl && *lvl) { /* empty: unset, as for every variable */
     if (!strcasecmp(lvl, "NONE")) gw__log_level = GW_LOG_NONE;
     else if (!strcasecmp(lvl, "WARN")) gw__log_level = GW_LOG_WARN;
     else if (!strcasecmp(lvl, "INFO")) gw__log_level = GW_LOG_INFO;
@@ -132,7 +132,10 @@ int64_t gw__env_int(const char *name, int64_t dflt) {
   if (!s || !*s) return dflt;
   char *end = NULL;
   errno = 0;
-  long long v = strtoll(s, &end, 0);
+  /* Decimal, or hexadecimal after 0x: a leading zero is no octal (010 was 8,
+   * and 08 "not an integer"). */
+  const char *digits = s + strspn(s, " \t+-");
+  long long v = strtoll(s, &end, digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X') ? 16 : 10);
   /* Accept K/M/G suffixes (powers of 1024) since most tunables are sizes. */
   if (end && *end) {
     long long mul = 1;

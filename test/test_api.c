@@ -657,6 +657,16 @@ START_TEST(test_env_numbers) {
   ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), 7);
   setenv("GW_TEST_NUMBER", "-3K", 1);
   ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), -3072);
+  /* decimal with a leading zero (010 was octal 8, 08 refused), hex after 0x */
+  const struct {
+    const char *text;
+    int64_t want;
+  } ints[] = {{"010", 10}, {"08", 8}, {"-010", -10}, {"0x10", 16}, {"0X1fK", 31 << 10}, {"0", 0}};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    setenv("GW_TEST_NUMBER", ints[i].text, 1);
+    const int64_t got = gw__env_int("GW_TEST_NUMBER", 7);
+    ck_assert_msg(got == ints[i].want, "'%s' read as %lld", ints[i].text, (long long)got);
+  }
   unsetenv("GW_TEST_NUMBER");
 }
 END_TEST

@@ -161,7 +161,12 @@ int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadlin
     /* Out of descriptors is this process's failure, said at once (the listener
      * stays readable: retrying would spin until the deadline and blame the peer). */
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) return -1;
-    if (fd < 0) continue;
+    /* A connection that went before it was taken, or a signal: the next one.
+     * Anything else (a listener that is no socket or not listening) would
+     * stay readable and spin until the deadline. */
+    if (fd < 0 && (errno == ECONNABORTED || errno == EINTR || errno == EPROTO || errno == EPERM || errno == EAGAIN))
+      continue;
+    if (fd < 0) return -1;
     if (gw__sock_io_deadline(fd, hello, len, false, GW_MIN(deadline, gw__now() + 5.0))) return fd;
     close(fd);
   }
@@ -179,7 +184,12 @@ void gw__sock_tune(int fd) {
   fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  int idle = (int)gw__env_int("GW_SOCKET_KEEPALIVE", 10);
+  /* Linux takes 1..32767 s of idle time (more was refused, and the system's
+   * 2 hours applied) and a wider value is no int (4294967295 was -1, off):
+   * clamped, said. */
+  const int64_t v = gw__env_int("GW_SOCKET_KEEPALIVE", 10);
+  const int idle = v <= 0 ? 0 : v > 32767 ? 32767 : (int)v;
+  if (v > 32767) GW_WARN(GW_SUB_ENV, "GW_SOCKET_KEEPALIVE=%lld is more than Linux's 32767 s: using 32767", (long long)v);
   if (idle > 0) {
     int intvl = 2, cnt = 3;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
