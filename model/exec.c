@@ -18,11 +18,9 @@
 #include "half.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "model_internal.h"
 
@@ -540,88 +538,6 @@ static gw_result_t check_labels(const struct gw_exec *e, const int32_t *labels) 
   return GW_SUCCESS;
 }
 
-/* The input batch (NCHW float32) as the backend's activations into dst (host
- * memory): converted to its dtype, and channels-last for an NHWC backend. */
-/* Samples [s0, s1) of a host batch (float32 NCHW) into the first activation's
- * dtype and layout at dst (the whole batch's buffer). */
-static void input_samples(const struct gw_exec *e, void *dst, const float *images, int s0, int s1) {
-  const struct gw_act *a = &e->m->acts[0];
-  const size_t c = (size_t)a->c, hw = (size_t)a->h * a->w, per = c * hw;
-  if (!e->nhwc) {
-    const size_t off = (size_t)s0 * per, n = (size_t)(s1 - s0) * per;
-    if (e->esz != sizeof(float)) gw_f32_to_half_n(e->act_dt == GW_FLOAT16, (uint16_t *)dst + off, images + off, n);
-    else memcpy((float *)dst + off, images + off, n * sizeof(float));
-    return;
-  }
-  float *f = dst;
-  uint16_t *h = dst;
-  for (int smp = s0; smp < s1; smp++) {
-    const float *src = images + (size_t)smp * per;
-    const size_t base = (size_t)smp * per;
-    for (size_t ch = 0; ch < c; ch++)
-      for (size_t i = 0; i < hw; i++) {
-        const float v = src[ch * hw + i];
-        const size_t o = base + i * c + ch;
-        if (e->esz == sizeof(float)) f[o] = v;
-        else h[o] = e->act_dt == GW_FLOAT16 ? gw_f32_to_f16(v) : gw_f32_to_bf16(v);
-      }
-  }
-}
-
-struct input_job {
-  const struct gw_exec *e;
-  void *dst;
-  const float *images;
-  int s0, s1;
-};
-
-static void *input_job_main(void *arg) {
-  const struct input_job *j = arg;
-  input_samples(j->e, j->dst, j->images, j->s0, j->s1);
-  return NULL;
-}
-
-/* Threads for converting a host batch of `values`: GW_STAGE_THREADS when set
- * (at any size), else the online CPUs up to 8 from 1 Mi values up (below, one
- * thread costs less than starting others).  A single thread converted
- * ResNet-50's 256 x 224 x 224 x 3 batch to bf16 NHWC in 68 ms on the H200's
- * host, longer than the GPU's backward, so the step waited for it. */
-static int input_threads(size_t values) {
-  const char *v = getenv("GW_STAGE_THREADS");
-  long n;
-  if (v && *v) {
-    n = strtol(v, NULL, 10);
-  } else {
-    n = values < ((size_t)1 << 20) ? 1 : sysconf(_SC_NPROCESSORS_ONLN);
-    n = n > 8 ? 8 : n;
-  }
-  return n < 1 ? 1 : n > 64 ? 64 : (int)n;
-}
-
-/* The whole batch, in sample ranges over input_threads() threads (this one
- * takes the first; a thread that cannot start leaves its range to this one). */
-static void input_to_act(struct gw_exec *e, void *dst, const float *images) {
-  const int batch = e->cfg.batch;
-  int nt = input_threads(act_elems(e, 0));
-  if (nt > batch) nt = batch;
-  if (nt <= 1) {
-    input_samples(e, dst, images, 0, batch);
-    return;
-  }
-  pthread_t th[64];
-  struct input_job job[64];
-  int started[64] = {0};
-  for (int t = 0; t < nt; t++) {
-    job[t] = (struct input_job){e, dst, images, (int)((int64_t)batch * t / nt), (int)((int64_t)batch * (t + 1) / nt)};
-    if (t > 0) started[t] = pthread_create(&th[t], NULL, input_job_main, &job[t]) == 0;
-  }
-  input_samples(e, dst, images, job[0].s0, job[0].s1);
-  for (int t = 1; t < nt; t++) {
-    if (started[t]) pthread_join(th[t], NULL);
-    else input_samples(e, dst, images, job[t].s0, job[t].s1);
-  }
-}
-
 static gw_result_t stage_alloc(struct gw_exec *e) {
   size_t in = act_elems(e, 0) * e->esz;
   e->slot_lab_off = (in + 255) / 256 * 256;
@@ -649,7 +565,7 @@ gw_result_t gw_exec_stage(struct gw_exec *e, const float *images, const int32_t 
    * copy of the whole batch on the host before the transfer). */
   void *host = e->stage_host;
   if (e->ops->stage_buffer) GW_MODEL_TRY(e->ops->stage_buffer(e->b, slot, e->slot_bytes, &host));
-  input_to_act(e, host, images);
+  gw__exec_input(host, images, e->cfg.batch, &e->m->acts[0], e->act_dt, e->nhwc);
   memcpy((char *)host + e->slot_lab_off, labels, (size_t)e->cfg.batch * sizeof(int32_t));
   GW_MODEL_TRY(e->ops->upload_async(e->b, e->slot_buf[slot], host, e->slot_bytes, slot));
   memcpy(e->slot_labels[slot], labels, (size_t)e->cfg.batch * sizeof(int32_t));
@@ -670,7 +586,7 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
     size_t n = act_elems(e, 0);
     e->act[0] = e->act0, e->fwd_staged = 0;
     if (e->host_in) { /* 16-bit or NHWC activations: the batch converted on the host, then up */
-      input_to_act(e, e->host_in, images);
+      gw__exec_input(e->host_in, images, e->cfg.batch, &e->m->acts[0], e->act_dt, e->nhwc);
       GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], e->host_in, n * e->esz));
     } else {
       GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, n * sizeof(float)));

@@ -47,6 +47,12 @@ gw_result_t gw__backend_layout(const char *be, const struct gw_backend_config *c
 /* An entry of the table called on an op of another kind. */
 gw_result_t gw__backend_expect_kind(const char *be, int kind, int want, const char *what);
 
+/* exec_input.c: the executor's input batch (float32 NCHW, batch samples of
+ * shape a) as the backend's activations at dst (host memory): converted to
+ * act_dt (GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16; round to nearest even) and
+ * channels-last when nhwc, over a few threads for large batches. */
+void gw__exec_input(void *dst, const float *images, int batch, const struct gw_act *a, int act_dt, int nhwc);
+
 /* Returns a failure at once (the message is already recorded). */
 #define GW_MODEL_TRY(call)                                                           \
   do {                                                                               \
