@@ -573,6 +573,12 @@ gw_result_t gw_exec_stage(struct gw_exec *e, const float *images, const int32_t 
   return GW_SUCCESS;
 }
 
+/* A layer's call failed: its message (a backend's names the operation and
+ * what the library said) gets which layer and which direction in front. */
+static gw_result_t layer_failed(const struct gw_exec *e, gw_result_t r, const char *direction, int i) {
+  return gw__model_prefix(r, "executor: %s of layer %s (%d)", direction, e->m->layers[i].name, i);
+}
+
 gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
   e->trained_forward = 0;
   if (!images) { /* the staged batch */
@@ -595,7 +601,8 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
   e->prof_fwd_marked = 0;
   if (e->profiling) GW_MODEL_TRY(e->ops->mark(e->b, 0));
   for (int i = 0; i < e->m->nlayers; i++) {
-    GW_MODEL_TRY(forward_layer(e, i, train));
+    gw_result_t r = forward_layer(e, i, train);
+    if (r != GW_SUCCESS) return layer_failed(e, r, "forward", i);
     if (e->profiling) GW_MODEL_TRY(e->ops->mark(e->b, i + 1));
   }
   e->prof_fwd_marked = e->profiling && train;
@@ -750,13 +757,14 @@ gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *lo
   float host_loss = 0;
   const int nl = e->m->nlayers, mark = e->profiling && e->prof_fwd_marked, base = nl + 1;
   if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base));
-  GW_MODEL_TRY(
-      e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], dev_labels, e->loss_scale, &host_loss, e->grad[logits]));
+  gw_result_t r =
+      e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], dev_labels, e->loss_scale, &host_loss, e->grad[logits]);
+  if (r != GW_SUCCESS) return gw__model_prefix(r, "executor: the loss");
   if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base + 1));
   if (loss) *loss = host_loss;
   size_t reported = 0;
   for (int i = nl - 1; i >= 0; i--) {
-    GW_MODEL_TRY(backward_layer(e, i));
+    if ((r = backward_layer(e, i)) != GW_SUCCESS) return layer_failed(e, r, "backward", i);
     if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base + 2 + (nl - 1 - i)));
     if (ready && e->L[i].ready_after > reported) ready(ready_arg, reported = e->L[i].ready_after);
   }

@@ -71,7 +71,11 @@ gw_result_t gw_exec_stage(struct gw_exec *e, const float *images, const int32_t 
  * the staged batch when images is NULL.
  * train != 0: batch statistics, running statistics updated (momentum 0.1,
  * unbiased variance) and num_batches_tracked incremented, activations kept for
- * backward; train == 0: running statistics, nothing updated. */
+ * backward; train == 0: running statistics, nothing updated.
+ * A layer that fails fails the call with the backend's code; its message
+ * (gw_model_last_error) is the backend's with "executor: forward of layer
+ * NAME (INDEX): " in front (backward's likewise, "executor: the loss: " for
+ * the loss). */
 gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train);
 
 /* The logits of the last forward, copied to host memory [batch, classes]. */

@@ -34,6 +34,9 @@ struct gw_model {
 /* Records this thread's error message (gw_model_last_error) and returns code. */
 gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 gw_result_t gw__model_vfail(gw_result_t code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+/* Puts fmt's text and ": " before this thread's last message (kept whole, as
+ * far as the buffer holds it): where a failure happened, over what went wrong. */
+gw_result_t gw__model_prefix(gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 struct gw_op_desc;
 /* op_create's checks of d for backend `be` ("cpu", "cudnn"): the shapes of its

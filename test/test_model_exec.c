@@ -20,6 +20,7 @@
  *   groups' members at 0, steps counted only while on;
  * - what it refuses: backward without a training forward, a label out of range,
  *   a bad batch;
+ * - a failing layer's message names the layer: test_model_exec_errors.c;
  * - SGD against a double-precision reference of torch.optim.SGD's formula, with
  *   and without Nesterov, and weight decay only on weights of 2+ dimensions.
  * Exits 77 (skipped) without oneDNN.
@@ -563,6 +564,7 @@ int main(void) {
   tcase_add_test(tc, test_sgd_decay_targets);
   suite_add_tcase(s, tc);
   suite_add_tcase(s, exec_sync_tcase());
+  suite_add_tcase(s, exec_errors_tcase());
   return run_suite(s);
 }
 

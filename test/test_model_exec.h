@@ -40,5 +40,6 @@ float train_step(struct rig *r, gw_grad_ready_fn fn, void *arg);
 
 /* Each further file's case (test_model_exec_<name>.c, CK_RUN_CASE=<name>). */
 TCase *exec_sync_tcase(void);
+TCase *exec_errors_tcase(void);
 
 #endif
