@@ -92,7 +92,11 @@ static void *ex_alloc(struct gw_exec *e, size_t bytes, const char *what) {
   if (e->nowned == e->cap_owned) {
     int cap = e->cap_owned ? e->cap_owned * 2 : 64;
     void **o = realloc(e->owned, (size_t)cap * sizeof *o);
-    if (!o) return NULL;
+    if (!o) {
+      gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory growing its list of allocations to %d (for %s)", cap,
+                     what);
+      return NULL;
+    }
     e->owned = o, e->cap_owned = cap;
   }
   void *p = e->ops->alloc(e->b, bytes);
