@@ -697,6 +697,14 @@ static gw_result_t backward_layer(struct gw_exec *e, int i) {
 
 static int prof_slots(const struct gw_model *m) { return 2 * m->nlayers + 3; }
 
+/* Which layers lead a fused group or run inside one, as the executor runs
+ * them now: read again for each step collected, since gw_exec_set_sync_bn
+ * (which runs the groups unfused) may come after gw_exec_set_profile. */
+static void prof_roles(struct gw_exec *e) {
+  for (int i = 0; i < e->m->nlayers; i++)
+    e->prof[i].fused = fusing(e) ? e->L[i].fuse : 0, e->prof[i].member = fusing(e) ? e->L[i].member : 0;
+}
+
 gw_result_t gw_exec_set_profile(struct gw_exec *e, int on) {
   e->profiling = 0, e->prof_fwd_marked = 0;
   if (!on) return GW_SUCCESS;
@@ -711,10 +719,9 @@ gw_result_t gw_exec_set_profile(struct gw_exec *e, int on) {
     return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory for a profile");
   for (int i = 0; i <= nl; i++) {
     const struct gw_layer *l = i < nl ? &e->m->layers[i] : NULL;
-    e->prof[i] = (struct gw_exec_layer_time){.name = l ? l->name : "loss", .kind = l ? (int)l->kind : -1,
-                                             .fused = l && fusing(e) ? e->L[i].fuse : 0,
-                                             .member = l && fusing(e) ? e->L[i].member : 0};
+    e->prof[i] = (struct gw_exec_layer_time){.name = l ? l->name : "loss", .kind = l ? (int)l->kind : -1};
   }
+  prof_roles(e);
   e->prof_steps = 0, e->profiling = 1;
   return GW_SUCCESS;
 }
@@ -723,6 +730,7 @@ static gw_result_t profile_collect(struct gw_exec *e) {
   const struct gw_backend_ops *o = e->ops;
   const int nl = e->m->nlayers, base = nl + 1;
   double s;
+  prof_roles(e);
   for (int i = 0; i < nl; i++) {
     if (e->prof[i].member) continue;
     GW_MODEL_TRY(o->mark_elapsed(e->b, i, i + 1, &s));

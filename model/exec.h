@@ -146,7 +146,9 @@ int gw_exec_fused_groups(const struct gw_exec *e);
  * (on a GPU: the host no longer runs ahead of the device there).
  * gw_exec_profile gives per layer (gw_model's layer order, members of a
  * fused group at 0: their time is their leading BN's) and for the loss
- * (index nlayers) the seconds summed over the `steps` profiled. */
+ * (index nlayers) the seconds summed over the `steps` profiled.  fused and
+ * member say how the last step profiled ran (SyncBatchNorm, turned on at any
+ * time, runs every layer by itself). */
 struct gw_exec_layer_time {
   const char *name;       /* the layer's (resnet.h), "loss" for the last entry */
   int kind;               /* enum gw_layer_kind, -1 for the loss */

@@ -1,5 +1,6 @@
 /* test_model_exec_sync.c - SyncBatchNorm (gw_exec_set_sync_bn) on several
- * ranks against one process with the global batch; a case of its own
+ * ranks against one process with the global batch, and profiles taken with
+ * it; a case of its own
  * (CK_RUN_CASE=sync) in the model-exec test, with the rig of
  * test_model_exec.h. */
 #include <check.h>
@@ -74,10 +75,39 @@ static int body_sync_bn(gw_comm_t comm, int rank, int nranks, void *arg) {
 START_TEST(test_sync_bn_matches_global_batch) { ck_assert_int_eq(run_ranks(2, body_sync_bn, NULL, 120), 0); }
 END_TEST
 
+/* SyncBatchNorm on one rank: the sum across ranks is this rank's own. */
+static gw_result_t sum_alone(void *arg, double *buf, size_t n) {
+  (void)arg, (void)buf, (void)n;
+  return GW_SUCCESS;
+}
+
+/* A profile turned on before SyncBatchNorm (which runs the fused groups layer
+ * by layer): every layer is timed in both directions, the ReLUs and residual
+ * adds that were a group's members included, and none is marked fused. */
+START_TEST(test_profile_then_sync_bn) {
+  struct rig r;
+  rig_up(&r, &gw_backend_cpu, 50, 2);
+  ck_assert_int_gt(gw_exec_fused_groups(r.e), 0);
+  ck_assert_msg(gw_exec_set_profile(r.e, 1) == GW_SUCCESS, "%s", gw_model_last_error());
+  gw_exec_set_sync_bn(r.e, sum_alone, NULL);
+  ck_assert_int_eq(gw_exec_fused_groups(r.e), 0);
+  train_step(&r, NULL, NULL);
+  int n = 0, steps = 0;
+  const struct gw_exec_layer_time *t = gw_exec_profile(r.e, &n, &steps);
+  ck_assert_int_eq(steps, 1);
+  for (int i = 0; i + 1 < n; i++)
+    ck_assert_msg(t[i].fwd_s > 0 && t[i].bwd_s > 0 && !t[i].member && !t[i].fused,
+                  "%s (kind %d): forward %g s, backward %g s, member %d, fused %d", t[i].name, t[i].kind, t[i].fwd_s,
+                  t[i].bwd_s, t[i].member, t[i].fused);
+  rig_down(&r, &gw_backend_cpu);
+}
+END_TEST
+
 TCase *exec_sync_tcase(void) {
   TCase *tc = tcase_create("sync");
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, test_sync_bn_matches_global_batch);
+  tcase_add_test(tc, test_profile_then_sync_bn);
   return tc;
 }
 
