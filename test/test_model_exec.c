@@ -22,7 +22,8 @@
  *   a bad batch;
  * - a failing layer's message names the layer: test_model_exec_errors.c;
  * - SGD against a double-precision reference of torch.optim.SGD's formula, with
- *   and without Nesterov, and weight decay only on weights of 2+ dimensions.
+ *   and without Nesterov, and weight decay only on weights of 2+ dimensions;
+ *   what it refuses (infinite or NaN settings and learning rates).
  * Exits 77 (skipped) without oneDNN.
  */
 #include <check.h>
@@ -546,6 +547,46 @@ START_TEST(test_sgd_decay_targets) {
 }
 END_TEST
 
+/* gw_sgd_create refuses a momentum, weight decay or dampening that is
+ * infinite, NaN or out of range, naming the field; gw_sgd_step an infinite,
+ * NaN or negative learning rate. */
+START_TEST(test_sgd_refusals) {
+  struct gw_model_config cfg;
+  small_config(&cfg, 18);
+  struct gw_model *m;
+  ck_assert(gw_model_init(&m, &cfg) == GW_SUCCESS);
+  const struct {
+    struct gw_sgd_config c;
+    const char *field;
+  } bad[] = {
+      {{.momentum = INFINITY}, "momentum"},          {{.momentum = NAN}, "momentum"},
+      {{.momentum = -0.5f}, "momentum"},             {{.weight_decay = INFINITY}, "weight decay"},
+      {{.weight_decay = NAN}, "weight decay"},       {{.weight_decay = -1e-4f}, "weight decay"},
+      {{.momentum = 0.9f, .dampening = INFINITY}, "dampening"},
+      {{.momentum = 0.9f, .dampening = NAN}, "dampening"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    struct gw_sgd *s = (struct gw_sgd *)&s;
+    ck_assert_int_eq(gw_sgd_create(m, &bad[k].c, &s), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_null(s);
+    ck_assert_msg(strncmp(gw_model_last_error(), "sgd: ", 5) == 0 &&
+                      strncmp(gw_model_last_error() + 5, bad[k].field, strlen(bad[k].field)) == 0,
+                  "case %zu: %s", k, gw_model_last_error());
+  }
+  struct gw_sgd_config ok = {.momentum = 0.9f, .weight_decay = 1e-4f};
+  struct gw_sgd *s;
+  ck_assert(gw_sgd_create(m, &ok, &s) == GW_SUCCESS);
+  const float lrs[] = {INFINITY, -INFINITY, NAN, -0.1f};
+  for (size_t k = 0; k < sizeof lrs / sizeof lrs[0]; k++) {
+    ck_assert_int_eq(gw_sgd_step(s, gw_model_params(m), gw_model_grads(m), lrs[k]), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(gw_model_last_error(), "learning rate"), "%s", gw_model_last_error());
+  }
+  ck_assert_int_eq(gw_sgd_steps(s), 0);
+  gw_sgd_free(s);
+  gw_model_free(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model-exec");
   TCase *tc = tcase_create("exec");
@@ -562,6 +603,7 @@ int main(void) {
   tcase_add_test(tc, test_sgd_nesterov);
   tcase_add_test(tc, test_sgd_dampening);
   tcase_add_test(tc, test_sgd_decay_targets);
+  tcase_add_test(tc, test_sgd_refusals);
   suite_add_tcase(s, tc);
   suite_add_tcase(s, exec_sync_tcase());
   suite_add_tcase(s, exec_errors_tcase());
