@@ -29,11 +29,31 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#include <pthread.h>
 #endif
 
 #include "backend_cpu_internal.h"
 #include "backend_cpu_kernels.h"
 #include "sgd.h"
+
+/* OpenMP's thread count is a setting of the calling thread (omp_set_num_threads
+ * changes that thread's only, and keeps it), so a backend applies its own on
+ * whichever thread calls it, at each entry that plans or runs oneDNN
+ * primitives (op_create: oneDNN sizes some plans by it; step_run).  threads 0
+ * applies the process's default: OpenMP's count when the first cpu backend was
+ * created, before any backend set one. */
+#ifdef _OPENMP
+static int omp_default_threads;
+static pthread_once_t omp_default_once = PTHREAD_ONCE_INIT;
+static void read_omp_default(void) { omp_default_threads = omp_get_max_threads(); }
+
+static void use_threads(const struct gw_backend *b) {
+  const int want = b->threads ? b->threads : omp_default_threads;
+  if (omp_get_max_threads() != want) omp_set_num_threads(want);
+}
+#else
+static void use_threads(const struct gw_backend *b) { (void)b; }
+#endif
 
 static gw_result_t cpu_create(const struct gw_backend_config *cfg, struct gw_backend **out) {
   gw_result_t res = GW_SUCCESS;
@@ -60,7 +80,7 @@ static gw_result_t cpu_create(const struct gw_backend_config *cfg, struct gw_bac
   }
   b->atag = b->nhwc ? dnnl_nhwc : dnnl_nchw;
 #ifdef _OPENMP
-  if (b->threads > 0) omp_set_num_threads(b->threads);
+  pthread_once(&omp_default_once, read_omp_default);
 #endif
   DNNL_TRY(dnnl_engine_create(&b->engine, dnnl_cpu, 0), "creating the engine");
   DNNL_TRY(dnnl_stream_create(&b->stream, b->engine, dnnl_stream_default_flags), "creating the stream");
@@ -197,6 +217,7 @@ static gw_result_t step_run(struct gw_backend *b, struct step *st, const void *c
   gw_result_t res = GW_SUCCESS;
   dnnl_exec_arg_t args[STEP_MAX_ARGS];
   if (!st->prim) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: not planned for this op", what);
+  use_threads(b);
   for (int i = 0; i < st->nargs; i++) {
     GW_MODEL_TRY(set_handle(&st->a[i], ptr[i], what));
     if (!st->is_output[i] && st->a[i].reorder) GW_MODEL_TRY(run_reorder(b, &st->a[i], 0, what));
@@ -219,6 +240,7 @@ static gw_result_t cpu_op_create(struct gw_backend *b, const struct gw_op_desc *
   if (res != GW_SUCCESS) return res;
   struct gw_op *op = calloc(1, sizeof *op);
   if (!op) return gw__model_fail(GW_ERR_SYSTEM, "cpu backend: out of memory");
+  use_threads(b);
   op->b = b;
   op->d = *d;
   if (d->kind == GW_LAYER_CONV) res = gw__cpu_conv_create(op, what);

@@ -45,6 +45,11 @@
 #include "model_backend_util.h"
 #include "resnet.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#include <pthread.h>
+#endif
+
 /* The direct convolution, in double: y [n, k, p, q] and the magnitude of the terms
  * summed into each output. */
 static void conv_ref(const struct gw_op_desc *d, const float *x, const float *w, double *y, double *mag) {
@@ -394,6 +399,71 @@ START_TEST(test_refused) {
 }
 END_TEST
 
+#if GW_HAVE_ONEDNN && defined(_OPENMP)
+/* The cpu backend's thread count (backend.h threads) is the one its calls run
+ * with, on whichever thread makes them: OpenMP's count is a per-thread setting,
+ * and a backend used to set it once, at create, on the creating thread, where
+ * it stayed.  Seen as the count OpenMP gives the calling thread after a call
+ * (what the call's oneDNN primitive ran with); threads 0 is the count this
+ * process started with, also after a backend of another count ran here.
+ * Needs Check's fork mode (the default): the default is read at the process's
+ * first cpu backend. */
+struct threads_probe {
+  struct gw_backend *b;
+  struct gw_op *op;
+  struct tensor x, y;
+  int seen;
+};
+
+static void *relu_then_count(void *arg) {
+  struct threads_probe *p = arg;
+  p->seen = be->relu_fwd(p->op, p->x.d, p->y.d) == GW_SUCCESS ? omp_get_max_threads() : -1;
+  return NULL;
+}
+
+static int count_in_thread(struct threads_probe *p) {
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, relu_then_count, p), 0);
+  pthread_join(t, NULL);
+  return p->seen;
+}
+
+static void probe_up(struct threads_probe *p, int threads) {
+  struct gw_backend_config cfg = strict_config();
+  cfg.threads = threads;
+  ck_assert_msg(be->create(&cfg, &p->b) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct gw_op_desc d = same_desc(GW_LAYER_RELU, 2, 3, 4, 4);
+  ck_assert_msg(be->op_create(p->b, &d, &p->op) == GW_SUCCESS, "%s", gw_model_last_error());
+  p->x = act_in(p->b, &d), p->y = act_out(p->b, &d);
+  fill(p->x.h, p->x.n, 5);
+  up(p->x);
+}
+
+static void probe_down(struct threads_probe *p) {
+  tensor_free(p->x), tensor_free(p->y);
+  be->op_destroy(p->op);
+  be->destroy(p->b);
+}
+
+START_TEST(test_cpu_threads_per_call) {
+  const int start = omp_get_max_threads(), more = start + 1;
+  struct threads_probe p;
+  probe_up(&p, more);
+  relu_then_count(&p);
+  ck_assert_msg(p.seen == more, "threads %d: %d in a call on the creating thread", more, p.seen);
+  ck_assert_msg(count_in_thread(&p) == more, "threads %d: %d in a call on another thread", more, p.seen);
+  probe_down(&p);
+  probe_up(&p, 0);
+  relu_then_count(&p);
+  ck_assert_msg(p.seen == start, "threads 0 after a backend of %d: %d in a call, the process started with %d", more,
+                p.seen, start);
+  ck_assert_msg(count_in_thread(&p) == start, "threads 0: %d on another thread, the process started with %d", p.seen,
+                start);
+  probe_down(&p);
+}
+END_TEST
+#endif
+
 /* The backend named `name` if this build has it, else NULL with *why set. */
 static const struct gw_backend_ops *built_backend(const char *name, const char **why) {
   if (strcmp(name, "cpu") == 0) {
@@ -466,5 +536,12 @@ int main(int argc, char **argv) {
   add_train_tests(tc);
   if (layout == GW_LAYOUT_NCHW) add_layout_tests(tc); /* it makes both layouts itself */
   suite_add_tcase(s, tc);
+#if GW_HAVE_ONEDNN && defined(_OPENMP)
+  if (strcmp(chosen, "cpu") == 0) { /* a case of its own: CK_RUN_CASE=cpu-threads */
+    TCase *threads = tcase_create("cpu-threads");
+    tcase_add_test(threads, test_cpu_threads_per_call);
+    suite_add_tcase(s, threads);
+  }
+#endif
   return run_suite(s);
 }
