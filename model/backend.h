@@ -40,7 +40,9 @@ struct gw_sgd_run;      /* sgd.h */
 struct gw_sgd_scalars;  /* sgd_math.h */
 
 struct gw_backend_config {
-  int threads;      /* cpu: compute threads for this rank; 0 keeps the runtime's default */
+  int threads;      /* cpu: compute threads for this backend's calls, applied on the thread making
+                       each call (OpenMP's count is per thread); 0: the process's default, OpenMP's
+                       count when the first cpu backend was created */
   int tf32;         /* cudnn: 1 lets fp32 convolutions and the fc layer run on TF32 tensor
                        cores (inputs rounded to 10-bit mantissas: PyTorch's default for
                        convolutions); 0 keeps full fp32 (engines with tensor-core, Winograd

@@ -29,11 +29,31 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#include <pthread.h>
 #endif
 
 #include "backend_cpu_internal.h"
 #include "backend_cpu_kernels.h"
 #include "sgd.h"
+
+/* OpenMP's thread count is a setting of the calling thread (omp_set_num_threads
+ * changes that thread's only, and keeps it), so a backend applies its own on
+ * whichever thread calls it, at each entry that plans or runs an op
+ * (op_create: oneDNN sizes some plans by it; op_entry).  threads 0
+ * applies the process's default: OpenMP's count when the first cpu backend was
+ * created, before any backend set one. */
+#ifdef _OPENMP
+static int omp_default_threads;
+static pthread_once_t omp_default_once = PTHREAD_ONCE_INIT;
+static void read_omp_default(void) { omp_default_threads = omp_get_max_threads(); }
+
+static void use_threads(const struct gw_backend *b) {
+  const int want = b->threads ? b->threads : omp_default_threads;
+  if (omp_get_max_threads() != want) omp_set_num_threads(want);
+}
+#else
+static void use_threads(const struct gw_backend *b) { (void)b; }
+#endif
 
 static gw_result_t cpu_create(const struct gw_backend_config *cfg, struct gw_backend **out) {
   gw_result_t res = GW_SUCCESS;
@@ -60,7 +80,7 @@ static gw_result_t cpu_create(const struct gw_backend_config *cfg, struct gw_bac
   }
   b->atag = b->nhwc ? dnnl_nhwc : dnnl_nchw;
 #ifdef _OPENMP
-  if (b->threads > 0) omp_set_num_threads(b->threads);
+  pthread_once(&omp_default_once, read_omp_default);
 #endif
   DNNL_TRY(dnnl_engine_create(&b->engine, dnnl_cpu, 0), "creating the engine");
   DNNL_TRY(dnnl_stream_create(&b->stream, b->engine, dnnl_stream_default_flags), "creating the stream");
@@ -219,6 +239,7 @@ static gw_result_t cpu_op_create(struct gw_backend *b, const struct gw_op_desc *
   if (res != GW_SUCCESS) return res;
   struct gw_op *op = calloc(1, sizeof *op);
   if (!op) return gw__model_fail(GW_ERR_SYSTEM, "cpu backend: out of memory");
+  use_threads(b);
   op->b = b;
   op->d = *d;
   if (d->kind == GW_LAYER_CONV) res = gw__cpu_conv_create(op, what);
@@ -233,43 +254,47 @@ static gw_result_t cpu_op_create(struct gw_backend *b, const struct gw_op_desc *
   return GW_SUCCESS;
 }
 
-static gw_result_t expect_kind(const struct gw_op *op, int kind, const char *what) {
+/* Every entry that runs an op starts here: the op's kind checked, and the
+ * backend's thread count applied (oneDNN's primitives and the loops of
+ * backend_cpu_kernels.c both run OpenMP parallel regions). */
+static gw_result_t op_entry(const struct gw_op *op, int kind, const char *what) {
+  use_threads(op->b);
   return gw__backend_expect_kind("cpu", op->d.kind, kind, what);
 }
 
 static gw_result_t cpu_conv_fwd(struct gw_op *op, const gw_act_t *x, const float *w, gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_CONV, "conv_fwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_CONV, "conv_fwd"));
   const void *ptr[] = {x, w, y};
   return step_run(op->b, &op->fwd, ptr, "conv_fwd");
 }
 
 static gw_result_t cpu_conv_bwd_data(struct gw_op *op, const gw_act_t *dy, const float *w, gw_act_t *dx) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_CONV, "conv_bwd_data"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_CONV, "conv_bwd_data"));
   const void *ptr[] = {dy, w, dx};
   return step_run(op->b, &op->bwd_data, ptr, "conv_bwd_data");
 }
 
 static gw_result_t cpu_conv_bwd_weights(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, float *dw) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_CONV, "conv_bwd_weights"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_CONV, "conv_bwd_weights"));
   const void *ptr[] = {x, dy, dw};
   return step_run(op->b, &op->bwd_wei, ptr, "conv_bwd_weights");
 }
 
 static gw_result_t cpu_relu_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_RELU, "relu_fwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_RELU, "relu_fwd"));
   const void *ptr[] = {x, y};
   return step_run(op->b, &op->fwd, ptr, "relu_fwd");
 }
 
 static gw_result_t cpu_relu_bwd(struct gw_op *op, const gw_act_t *y, const gw_act_t *dy, gw_act_t *dx) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_RELU, "relu_bwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_RELU, "relu_bwd"));
   const void *ptr[] = {y, dy, dx};
   return step_run(op->b, &op->bwd_data, ptr, "relu_bwd");
 }
 
 /* A plain loop: memory-bound, and the compiler vectorizes it; y may alias a or b. */
 static gw_result_t cpu_add(struct gw_op *op, const gw_act_t *a, const gw_act_t *b, gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_ADD, "add"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_ADD, "add"));
   gw__cpu_add((size_t)op->d.n * op->d.c * op->d.h * op->d.w, op->b->act, a, b, y);
   return GW_SUCCESS;
 }
@@ -278,7 +303,7 @@ static gw_result_t cpu_add(struct gw_op *op, const gw_act_t *a, const gw_act_t *
 static gw_result_t bn_train(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, int relu, const float *gamma,
                             const float *beta, gw_act_t *y, float *save_mean, float *save_rstd, float *running_mean,
                             float *running_var, const char *what) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, what));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, what));
   const struct gw_op_desc *d = &op->d;
   if ((size_t)d->n * d->h * d->w < 2)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
@@ -304,14 +329,14 @@ static gw_result_t cpu_bn_fwd_train(struct gw_op *op, const gw_act_t *x, const f
 static gw_result_t cpu_bn_act_fwd_infer(struct gw_op *op, const gw_act_t *x, const gw_act_t *z, const float *gamma,
                                         const float *beta, const float *running_mean, const float *running_var,
                                         gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_act_fwd_infer"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_act_fwd_infer"));
   gw__cpu_bn_fwd_infer(&op->d, op->b->act, op->b->nhwc, x, z, 1, gamma, beta, running_mean, running_var, y);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                     const float *running_mean, const float *running_var, gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_infer"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_fwd_infer"));
   gw__cpu_bn_fwd_infer(&op->d, op->b->act, op->b->nhwc, x, NULL, 0, gamma, beta, running_mean, running_var, y);
   return GW_SUCCESS;
 }
@@ -319,7 +344,7 @@ static gw_result_t cpu_bn_fwd_infer(struct gw_op *op, const gw_act_t *x, const f
 static gw_result_t cpu_bn_act_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *y, const gw_act_t *dy,
                                   const float *gamma, const float *save_mean, const float *save_rstd, gw_act_t *dx,
                                   gw_act_t *dz, float *dgamma, float *dbeta) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_act_bwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_act_bwd"));
   if (!y) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: bn_act_bwd needs the fused output y");
   gw__cpu_bn_bwd(&op->d, op->b->act, op->b->nhwc, x, y, dy, gamma, save_mean, save_rstd, dx, dz, dgamma, dbeta);
   return GW_SUCCESS;
@@ -327,27 +352,27 @@ static gw_result_t cpu_bn_act_bwd(struct gw_op *op, const gw_act_t *x, const gw_
 
 static gw_result_t cpu_bn_bwd(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                               const float *save_mean, const float *save_rstd, gw_act_t *dx, float *dgamma, float *dbeta) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_bwd"));
   gw__cpu_bn_bwd(&op->d, op->b->act, op->b->nhwc, x, NULL, dy, gamma, save_mean, save_rstd, dx, NULL, dgamma, dbeta);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_sums(struct gw_op *op, const gw_act_t *x, double *sums) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_sums"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_sums"));
   gw__cpu_bn_sums(&op->d, op->b->act, op->b->nhwc, x, sums);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_fwd_apply(struct gw_op *op, const gw_act_t *x, const float *gamma, const float *beta,
                                     const float *mean, const float *rstd, gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_fwd_apply"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_fwd_apply"));
   gw__cpu_bn_fwd_apply(&op->d, op->b->act, op->b->nhwc, x, gamma, beta, mean, rstd, y);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *mean,
                                    const float *rstd, double *sums) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_sums"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_bwd_sums"));
   gw__cpu_bn_bwd_sums(&op->d, op->b->act, op->b->nhwc, x, dy, mean, rstd, sums);
   return GW_SUCCESS;
 }
@@ -355,7 +380,7 @@ static gw_result_t cpu_bn_bwd_sums(struct gw_op *op, const gw_act_t *x, const gw
 static gw_result_t cpu_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const gw_act_t *dy, const float *gamma,
                                     const float *mean, const float *rstd, const double *sums, double count,
                                     gw_act_t *dx) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_BN, "bn_bwd_apply"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_BN, "bn_bwd_apply"));
   gw__cpu_bn_bwd_apply(&op->d, op->b->act, op->b->nhwc, x, dy, gamma, mean, rstd, sums, count, dx);
   return GW_SUCCESS;
 }
@@ -363,38 +388,38 @@ static gw_result_t cpu_bn_bwd_apply(struct gw_op *op, const gw_act_t *x, const g
 static size_t cpu_workspace_bytes(struct gw_op *op) { return op->workspace_bytes; }
 
 static gw_result_t cpu_maxpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y, void *workspace) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_MAXPOOL, "maxpool_fwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_MAXPOOL, "maxpool_fwd"));
   const void *ptr[] = {x, y, workspace};
   return step_run(op->b, &op->fwd, ptr, "maxpool_fwd");
 }
 
 static gw_result_t cpu_maxpool_bwd(struct gw_op *op, const gw_act_t *dy, const void *workspace, gw_act_t *dx) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_MAXPOOL, "maxpool_bwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_MAXPOOL, "maxpool_bwd"));
   const void *ptr[] = {dy, workspace, dx};
   return step_run(op->b, &op->bwd_data, ptr, "maxpool_bwd");
 }
 
 static gw_result_t cpu_avgpool_fwd(struct gw_op *op, const gw_act_t *x, gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_AVGPOOL, "avgpool_fwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_AVGPOOL, "avgpool_fwd"));
   gw__cpu_avgpool_fwd(&op->d, op->b->act, op->b->nhwc, x, y);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_avgpool_bwd(struct gw_op *op, const gw_act_t *dy, gw_act_t *dx) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_AVGPOOL, "avgpool_bwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_AVGPOOL, "avgpool_bwd"));
   gw__cpu_avgpool_bwd(&op->d, op->b->act, op->b->nhwc, dy, dx);
   return GW_SUCCESS;
 }
 
 static gw_result_t cpu_fc_fwd(struct gw_op *op, const gw_act_t *x, const float *w, const float *b, gw_act_t *y) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_FC, "fc_fwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_FC, "fc_fwd"));
   const void *ptr[] = {x, w, b, y};
   return step_run(op->b, &op->fwd, ptr, "fc_fwd");
 }
 
 static gw_result_t cpu_fc_bwd(struct gw_op *op, const gw_act_t *x, const float *w, const gw_act_t *dy, gw_act_t *dx, float *dw,
                               float *db) {
-  GW_MODEL_TRY(expect_kind(op, GW_LAYER_FC, "fc_bwd"));
+  GW_MODEL_TRY(op_entry(op, GW_LAYER_FC, "fc_bwd"));
   const void *pd[] = {dy, w, dx}, *pw[] = {x, dy, dw, db};
   GW_MODEL_TRY(step_run(op->b, &op->bwd_data, pd, "fc_bwd (data)"));
   return step_run(op->b, &op->bwd_wei, pw, "fc_bwd (weights)");
@@ -403,7 +428,7 @@ static gw_result_t cpu_fc_bwd(struct gw_op *op, const gw_act_t *x, const float *
 static gw_result_t cpu_loss_fwd_bwd(struct gw_op *op, const gw_act_t *logits, const int32_t *labels, float grad_scale,
                                     float *loss,
                                     gw_act_t *dlogits) {
-  GW_MODEL_TRY(expect_kind(op, GW_OP_LOSS, "loss_fwd_bwd"));
+  GW_MODEL_TRY(op_entry(op, GW_OP_LOSS, "loss_fwd_bwd"));
   for (int i = 0; i < op->d.n; i++)
     if (labels[i] < 0 || labels[i] >= op->d.k)
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,

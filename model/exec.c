@@ -18,11 +18,9 @@
 #include "half.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "model_internal.h"
 
@@ -94,7 +92,11 @@ static void *ex_alloc(struct gw_exec *e, size_t bytes, const char *what) {
   if (e->nowned == e->cap_owned) {
     int cap = e->cap_owned ? e->cap_owned * 2 : 64;
     void **o = realloc(e->owned, (size_t)cap * sizeof *o);
-    if (!o) return NULL;
+    if (!o) {
+      gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory growing its list of allocations to %d (for %s)", cap,
+                     what);
+      return NULL;
+    }
     e->owned = o, e->cap_owned = cap;
   }
   void *p = e->ops->alloc(e->b, bytes);
@@ -540,88 +542,6 @@ static gw_result_t check_labels(const struct gw_exec *e, const int32_t *labels) 
   return GW_SUCCESS;
 }
 
-/* The input batch (NCHW float32) as the backend's activations into dst (host
- * memory): converted to its dtype, and channels-last for an NHWC backend. */
-/* Samples [s0, s1) of a host batch (float32 NCHW) into the first activation's
- * dtype and layout at dst (the whole batch's buffer). */
-static void input_samples(const struct gw_exec *e, void *dst, const float *images, int s0, int s1) {
-  const struct gw_act *a = &e->m->acts[0];
-  const size_t c = (size_t)a->c, hw = (size_t)a->h * a->w, per = c * hw;
-  if (!e->nhwc) {
-    const size_t off = (size_t)s0 * per, n = (size_t)(s1 - s0) * per;
-    if (e->esz != sizeof(float)) gw_f32_to_half_n(e->act_dt == GW_FLOAT16, (uint16_t *)dst + off, images + off, n);
-    else memcpy((float *)dst + off, images + off, n * sizeof(float));
-    return;
-  }
-  float *f = dst;
-  uint16_t *h = dst;
-  for (int smp = s0; smp < s1; smp++) {
-    const float *src = images + (size_t)smp * per;
-    const size_t base = (size_t)smp * per;
-    for (size_t ch = 0; ch < c; ch++)
-      for (size_t i = 0; i < hw; i++) {
-        const float v = src[ch * hw + i];
-        const size_t o = base + i * c + ch;
-        if (e->esz == sizeof(float)) f[o] = v;
-        else h[o] = e->act_dt == GW_FLOAT16 ? gw_f32_to_f16(v) : gw_f32_to_bf16(v);
-      }
-  }
-}
-
-struct input_job {
-  const struct gw_exec *e;
-  void *dst;
-  const float *images;
-  int s0, s1;
-};
-
-static void *input_job_main(void *arg) {
-  const struct input_job *j = arg;
-  input_samples(j->e, j->dst, j->images, j->s0, j->s1);
-  return NULL;
-}
-
-/* Threads for converting a host batch of `values`: GW_STAGE_THREADS when set
- * (at any size), else the online CPUs up to 8 from 1 Mi values up (below, one
- * thread costs less than starting others).  A single thread converted
- * ResNet-50's 256 x 224 x 224 x 3 batch to bf16 NHWC in 68 ms on the H200's
- * host, longer than the GPU's backward, so the step waited for it. */
-static int input_threads(size_t values) {
-  const char *v = getenv("GW_STAGE_THREADS");
-  long n;
-  if (v && *v) {
-    n = strtol(v, NULL, 10);
-  } else {
-    n = values < ((size_t)1 << 20) ? 1 : sysconf(_SC_NPROCESSORS_ONLN);
-    n = n > 8 ? 8 : n;
-  }
-  return n < 1 ? 1 : n > 64 ? 64 : (int)n;
-}
-
-/* The whole batch, in sample ranges over input_threads() threads (this one
- * takes the first; a thread that cannot start leaves its range to this one). */
-static void input_to_act(struct gw_exec *e, void *dst, const float *images) {
-  const int batch = e->cfg.batch;
-  int nt = input_threads(act_elems(e, 0));
-  if (nt > batch) nt = batch;
-  if (nt <= 1) {
-    input_samples(e, dst, images, 0, batch);
-    return;
-  }
-  pthread_t th[64];
-  struct input_job job[64];
-  int started[64] = {0};
-  for (int t = 0; t < nt; t++) {
-    job[t] = (struct input_job){e, dst, images, (int)((int64_t)batch * t / nt), (int)((int64_t)batch * (t + 1) / nt)};
-    if (t > 0) started[t] = pthread_create(&th[t], NULL, input_job_main, &job[t]) == 0;
-  }
-  input_samples(e, dst, images, job[0].s0, job[0].s1);
-  for (int t = 1; t < nt; t++) {
-    if (started[t]) pthread_join(th[t], NULL);
-    else input_samples(e, dst, images, job[t].s0, job[t].s1);
-  }
-}
-
 static gw_result_t stage_alloc(struct gw_exec *e) {
   size_t in = act_elems(e, 0) * e->esz;
   e->slot_lab_off = (in + 255) / 256 * 256;
@@ -649,12 +569,18 @@ gw_result_t gw_exec_stage(struct gw_exec *e, const float *images, const int32_t 
    * copy of the whole batch on the host before the transfer). */
   void *host = e->stage_host;
   if (e->ops->stage_buffer) GW_MODEL_TRY(e->ops->stage_buffer(e->b, slot, e->slot_bytes, &host));
-  input_to_act(e, host, images);
+  gw__exec_input(host, images, e->cfg.batch, &e->m->acts[0], e->act_dt, e->nhwc);
   memcpy((char *)host + e->slot_lab_off, labels, (size_t)e->cfg.batch * sizeof(int32_t));
   GW_MODEL_TRY(e->ops->upload_async(e->b, e->slot_buf[slot], host, e->slot_bytes, slot));
   memcpy(e->slot_labels[slot], labels, (size_t)e->cfg.batch * sizeof(int32_t));
   e->staged = slot;
   return GW_SUCCESS;
+}
+
+/* A layer's call failed: its message (a backend's names the operation and
+ * what the library said) gets which layer and which direction in front. */
+static gw_result_t layer_failed(const struct gw_exec *e, gw_result_t r, const char *direction, int i) {
+  return gw__model_prefix(r, "executor: %s of layer %s (%d)", direction, e->m->layers[i].name, i);
 }
 
 gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
@@ -670,7 +596,7 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
     size_t n = act_elems(e, 0);
     e->act[0] = e->act0, e->fwd_staged = 0;
     if (e->host_in) { /* 16-bit or NHWC activations: the batch converted on the host, then up */
-      input_to_act(e, e->host_in, images);
+      gw__exec_input(e->host_in, images, e->cfg.batch, &e->m->acts[0], e->act_dt, e->nhwc);
       GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], e->host_in, n * e->esz));
     } else {
       GW_MODEL_TRY(e->ops->upload(e->b, e->act[0], images, n * sizeof(float)));
@@ -679,7 +605,8 @@ gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
   e->prof_fwd_marked = 0;
   if (e->profiling) GW_MODEL_TRY(e->ops->mark(e->b, 0));
   for (int i = 0; i < e->m->nlayers; i++) {
-    GW_MODEL_TRY(forward_layer(e, i, train));
+    gw_result_t r = forward_layer(e, i, train);
+    if (r != GW_SUCCESS) return layer_failed(e, r, "forward", i);
     if (e->profiling) GW_MODEL_TRY(e->ops->mark(e->b, i + 1));
   }
   e->prof_fwd_marked = e->profiling && train;
@@ -770,6 +697,14 @@ static gw_result_t backward_layer(struct gw_exec *e, int i) {
 
 static int prof_slots(const struct gw_model *m) { return 2 * m->nlayers + 3; }
 
+/* Which layers lead a fused group or run inside one, as the executor runs
+ * them now: read again for each step collected, since gw_exec_set_sync_bn
+ * (which runs the groups unfused) may come after gw_exec_set_profile. */
+static void prof_roles(struct gw_exec *e) {
+  for (int i = 0; i < e->m->nlayers; i++)
+    e->prof[i].fused = fusing(e) ? e->L[i].fuse : 0, e->prof[i].member = fusing(e) ? e->L[i].member : 0;
+}
+
 gw_result_t gw_exec_set_profile(struct gw_exec *e, int on) {
   e->profiling = 0, e->prof_fwd_marked = 0;
   if (!on) return GW_SUCCESS;
@@ -784,10 +719,9 @@ gw_result_t gw_exec_set_profile(struct gw_exec *e, int on) {
     return gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory for a profile");
   for (int i = 0; i <= nl; i++) {
     const struct gw_layer *l = i < nl ? &e->m->layers[i] : NULL;
-    e->prof[i] = (struct gw_exec_layer_time){.name = l ? l->name : "loss", .kind = l ? (int)l->kind : -1,
-                                             .fused = l && fusing(e) ? e->L[i].fuse : 0,
-                                             .member = l && fusing(e) ? e->L[i].member : 0};
+    e->prof[i] = (struct gw_exec_layer_time){.name = l ? l->name : "loss", .kind = l ? (int)l->kind : -1};
   }
+  prof_roles(e);
   e->prof_steps = 0, e->profiling = 1;
   return GW_SUCCESS;
 }
@@ -796,6 +730,7 @@ static gw_result_t profile_collect(struct gw_exec *e) {
   const struct gw_backend_ops *o = e->ops;
   const int nl = e->m->nlayers, base = nl + 1;
   double s;
+  prof_roles(e);
   for (int i = 0; i < nl; i++) {
     if (e->prof[i].member) continue;
     GW_MODEL_TRY(o->mark_elapsed(e->b, i, i + 1, &s));
@@ -834,13 +769,14 @@ gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *lo
   float host_loss = 0;
   const int nl = e->m->nlayers, mark = e->profiling && e->prof_fwd_marked, base = nl + 1;
   if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base));
-  GW_MODEL_TRY(
-      e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], dev_labels, e->loss_scale, &host_loss, e->grad[logits]));
+  gw_result_t r =
+      e->ops->loss_fwd_bwd(e->loss_op, e->act[logits], dev_labels, e->loss_scale, &host_loss, e->grad[logits]);
+  if (r != GW_SUCCESS) return gw__model_prefix(r, "executor: the loss");
   if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base + 1));
   if (loss) *loss = host_loss;
   size_t reported = 0;
   for (int i = nl - 1; i >= 0; i--) {
-    GW_MODEL_TRY(backward_layer(e, i));
+    if ((r = backward_layer(e, i)) != GW_SUCCESS) return layer_failed(e, r, "backward", i);
     if (mark) GW_MODEL_TRY(e->ops->mark(e->b, base + 2 + (nl - 1 - i)));
     if (ready && e->L[i].ready_after > reported) ready(ready_arg, reported = e->L[i].ready_after);
   }

@@ -71,7 +71,11 @@ gw_result_t gw_exec_stage(struct gw_exec *e, const float *images, const int32_t 
  * the staged batch when images is NULL.
  * train != 0: batch statistics, running statistics updated (momentum 0.1,
  * unbiased variance) and num_batches_tracked incremented, activations kept for
- * backward; train == 0: running statistics, nothing updated. */
+ * backward; train == 0: running statistics, nothing updated.
+ * A layer that fails fails the call with the backend's code; its message
+ * (gw_model_last_error) is the backend's with "executor: forward of layer
+ * NAME (INDEX): " in front (backward's likewise, "executor: the loss: " for
+ * the loss). */
 gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train);
 
 /* The logits of the last forward, copied to host memory [batch, classes]. */
@@ -142,7 +146,9 @@ int gw_exec_fused_groups(const struct gw_exec *e);
  * (on a GPU: the host no longer runs ahead of the device there).
  * gw_exec_profile gives per layer (gw_model's layer order, members of a
  * fused group at 0: their time is their leading BN's) and for the loss
- * (index nlayers) the seconds summed over the `steps` profiled. */
+ * (index nlayers) the seconds summed over the `steps` profiled.  fused and
+ * member say how the last step profiled ran (SyncBatchNorm, turned on at any
+ * time, runs every layer by itself). */
 struct gw_exec_layer_time {
   const char *name;       /* the layer's (resnet.h), "loss" for the last entry */
   int kind;               /* enum gw_layer_kind, -1 for the loss */

@@ -1,9 +1,14 @@
 /* half.h - bfloat16 and float16 <-> float32 conversions for the model side (the
  * activations of mixed precision): round to nearest even, NaN kept a (quiet)
  * NaN with its sign and upper payload, as PyTorch's, oneDNN's and the F16C
- * instructions'.  Integer arithmetic only, so cudnn_kernels_math.cuh's device
- * versions give the same bits (host-tested).  comm/ has its own (reduce_cvt.h):
- * the model uses only gradwire.h's types, never comm/ internals. */
+ * instructions'.  Widening keeps a NaN's bits (float16: its ten fraction bits
+ * at the top of float's), so a signaling float16 NaN stays signaling where
+ * F16C and GCC's _Float16 set its quiet bit; narrowing never makes one.
+ * Integer arithmetic only, so cudnn_kernels_math.cuh's device versions give
+ * the same bits (host-tested; test_model_half.c checks these against
+ * _Float16 casts and arithmetic in double on any CPU).  comm/ has its own
+ * (reduce_cvt.h): the model uses only gradwire.h's types, never comm/
+ * internals. */
 #ifndef GW_MODEL_HALF_H
 #define GW_MODEL_HALF_H
 

@@ -34,6 +34,9 @@ struct gw_model {
 /* Records this thread's error message (gw_model_last_error) and returns code. */
 gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 gw_result_t gw__model_vfail(gw_result_t code, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+/* Puts fmt's text and ": " before this thread's last message (kept whole, as
+ * far as the buffer holds it): where a failure happened, over what went wrong. */
+gw_result_t gw__model_prefix(gw_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 struct gw_op_desc;
 /* op_create's checks of d for backend `be` ("cpu", "cudnn"): the shapes of its
@@ -46,6 +49,12 @@ struct gw_backend_config;
 gw_result_t gw__backend_layout(const char *be, const struct gw_backend_config *cfg, int *nhwc);
 /* An entry of the table called on an op of another kind. */
 gw_result_t gw__backend_expect_kind(const char *be, int kind, int want, const char *what);
+
+/* exec_input.c: the executor's input batch (float32 NCHW, batch samples of
+ * shape a) as the backend's activations at dst (host memory): converted to
+ * act_dt (GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16; round to nearest even) and
+ * channels-last when nhwc, over a few threads for large batches. */
+void gw__exec_input(void *dst, const float *images, int batch, const struct gw_act *a, int act_dt, int nhwc);
 
 /* Returns a failure at once (the message is already recorded). */
 #define GW_MODEL_TRY(call)                                                           \

@@ -34,6 +34,18 @@ gw_result_t gw__model_fail(gw_result_t code, const char *fmt, ...) {
   return code;
 }
 
+gw_result_t gw__model_prefix(gw_result_t code, const char *fmt, ...) {
+  char inner[sizeof last_error];
+  memcpy(inner, last_error, sizeof inner); /* formatted over below */
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  if (n >= 0 && (size_t)n < sizeof last_error)
+    snprintf(last_error + n, sizeof last_error - (size_t)n, ": %s", inner[0] ? inner : "(no message recorded)");
+  return code;
+}
+
 void gw_model_config_default(struct gw_model_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->depth = 50;

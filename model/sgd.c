@@ -3,6 +3,7 @@
  * the step is a few long loops the compiler vectorizes. */
 #include "sgd.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,10 +42,14 @@ static int build_runs(struct gw_sgd *s, const struct gw_model *m) {
 
 gw_result_t gw_sgd_create(const struct gw_model *m, const struct gw_sgd_config *cfg, struct gw_sgd **out) {
   *out = NULL;
-  if (!(cfg->momentum >= 0) || !(cfg->weight_decay >= 0) || !(cfg->dampening >= 0 && cfg->dampening <= 1))
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                          "sgd: momentum %g and weight decay %g must be >= 0, dampening %g in [0, 1]",
-                          (double)cfg->momentum, (double)cfg->weight_decay, (double)cfg->dampening);
+  /* isfinite: a comparison alone lets +inf through (NaN fails them all). */
+  if (!isfinite(cfg->momentum) || cfg->momentum < 0)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: momentum %g must be finite and >= 0", (double)cfg->momentum);
+  if (!isfinite(cfg->weight_decay) || cfg->weight_decay < 0)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: weight decay %g must be finite and >= 0",
+                          (double)cfg->weight_decay);
+  if (!(cfg->dampening >= 0 && cfg->dampening <= 1))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: dampening %g must be in [0, 1]", (double)cfg->dampening);
   if (cfg->nesterov && (cfg->momentum <= 0 || cfg->dampening != 0))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: Nesterov momentum requires a momentum and zero dampening");
   struct gw_sgd *s = calloc(1, sizeof *s);
@@ -103,8 +108,8 @@ void gw_sgd_scalars_at(const struct gw_sgd *s, float lr, float grad_scale, struc
 
 gw_result_t gw_sgd_step(struct gw_sgd *s, float *params, const float *grads, float lr) {
   if (!params || !grads) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: parameters and gradients required");
-  if (!(lr >= 0) || lr > 1e6f)
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: learning rate %g is not a usable value", (double)lr);
+  if (!isfinite(lr) || lr < 0 || lr > 1e6f)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "sgd: learning rate %g must be finite, in [0, 1e6]", (double)lr);
   struct gw_sgd_scalars sc;
   gw_sgd_scalars_at(s, lr, 1.0f, &sc);
   gw_sgd_apply(s->runs, s->nruns, params, grads, s->buf, &sc);

@@ -45,6 +45,11 @@
 #include "model_backend_util.h"
 #include "resnet.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#include <pthread.h>
+#endif
+
 /* The direct convolution, in double: y [n, k, p, q] and the magnitude of the terms
  * summed into each output. */
 static void conv_ref(const struct gw_op_desc *d, const float *x, const float *w, double *y, double *mag) {
@@ -394,6 +399,85 @@ START_TEST(test_refused) {
 }
 END_TEST
 
+#if GW_HAVE_ONEDNN && defined(_OPENMP)
+/* The cpu backend's thread count (backend.h threads) is the one its calls run
+ * with, on whichever thread makes them: OpenMP's count is a per-thread setting,
+ * and a backend used to set it once, at create, on the creating thread, where
+ * it stayed.  Seen as the count OpenMP gives the calling thread after a call
+ * (what the call's parallel regions ran with; the thread's count is set to a
+ * stray value before each call), for a ReLU (a oneDNN primitive) and a global
+ * average pool (a loop of backend_cpu_kernels.c); threads 0 is the count this
+ * process started with, also after a backend of another count ran here.
+ * Needs Check's fork mode (the default): the default is read at the process's
+ * first cpu backend. */
+struct threads_probe {
+  struct gw_backend *b;
+  struct gw_op *op[2]; /* ReLU, global average pool */
+  struct tensor x, y[2];
+  int stray, seen[2];
+};
+
+static void *run_then_count(void *arg) {
+  struct threads_probe *p = arg;
+  for (int k = 0; k < 2; k++) {
+    omp_set_num_threads(p->stray);
+    const gw_result_t r =
+        k == 0 ? be->relu_fwd(p->op[0], p->x.d, p->y[0].d) : be->avgpool_fwd(p->op[1], p->x.d, p->y[1].d);
+    p->seen[k] = r == GW_SUCCESS ? omp_get_max_threads() : -1;
+  }
+  return NULL;
+}
+
+static void expect_counts(struct threads_probe *p, int other_thread, int want, const char *what) {
+  pthread_t t;
+  if (other_thread) {
+    ck_assert_int_eq(pthread_create(&t, NULL, run_then_count, p), 0);
+    pthread_join(t, NULL);
+  } else {
+    run_then_count(p);
+  }
+  ck_assert_msg(p->seen[0] == want && p->seen[1] == want, "%s, on %s thread: %d threads in a ReLU, %d in an average "
+                "pool, want %d", what, other_thread ? "another" : "the creating", p->seen[0], p->seen[1], want);
+}
+
+static void probe_up(struct threads_probe *p, int threads, int stray) {
+  struct gw_backend_config cfg = strict_config();
+  cfg.threads = threads;
+  ck_assert_msg(be->create(&cfg, &p->b) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct gw_op_desc d[2] = {same_desc(GW_LAYER_RELU, 2, 3, 4, 4), same_desc(GW_LAYER_AVGPOOL, 2, 3, 4, 4)};
+  d[1].p = d[1].q = 1;
+  p->x = act_in(p->b, &d[0]);
+  fill(p->x.h, p->x.n, 5);
+  up(p->x);
+  for (int k = 0; k < 2; k++) {
+    ck_assert_msg(be->op_create(p->b, &d[k], &p->op[k]) == GW_SUCCESS, "%s", gw_model_last_error());
+    p->y[k] = act_out(p->b, &d[k]);
+  }
+  p->stray = stray;
+}
+
+static void probe_down(struct threads_probe *p) {
+  tensor_free(p->x), tensor_free(p->y[0]), tensor_free(p->y[1]);
+  be->op_destroy(p->op[0]), be->op_destroy(p->op[1]);
+  be->destroy(p->b);
+}
+
+START_TEST(test_cpu_threads_per_call) {
+  const int start = omp_get_max_threads(), more = start + 1;
+  struct threads_probe p;
+  probe_up(&p, more, start + 3);
+  expect_counts(&p, 0, more, "threads start + 1");
+  expect_counts(&p, 1, more, "threads start + 1");
+  probe_down(&p);
+  omp_set_num_threads(more); /* what the old backend left on this thread */
+  probe_up(&p, 0, more);
+  expect_counts(&p, 0, start, "threads 0 after a backend of start + 1");
+  expect_counts(&p, 1, start, "threads 0");
+  probe_down(&p);
+}
+END_TEST
+#endif
+
 /* The backend named `name` if this build has it, else NULL with *why set. */
 static const struct gw_backend_ops *built_backend(const char *name, const char **why) {
   if (strcmp(name, "cpu") == 0) {
@@ -466,5 +550,12 @@ int main(int argc, char **argv) {
   add_train_tests(tc);
   if (layout == GW_LAYOUT_NCHW) add_layout_tests(tc); /* it makes both layouts itself */
   suite_add_tcase(s, tc);
+#if GW_HAVE_ONEDNN && defined(_OPENMP)
+  if (strcmp(chosen, "cpu") == 0) { /* a case of its own: CK_RUN_CASE=cpu-threads */
+    TCase *threads = tcase_create("cpu-threads");
+    tcase_add_test(threads, test_cpu_threads_per_call);
+    suite_add_tcase(s, threads);
+  }
+#endif
   return run_suite(s);
 }

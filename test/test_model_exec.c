@@ -11,8 +11,8 @@
  *   announced prefix already final when announced;
  * - running statistics and num_batches_tracked: updated by training forwards
  *   only; evaluation forwards change nothing and repeat exactly;
- * - SyncBatchNorm on 2 ranks with half the batch each equals one process with the
- *   whole batch (logits, loss, averaged gradients, running statistics);
+ * - SyncBatchNorm on several ranks equals one process with the whole batch
+ *   (logits, loss, gradients, running statistics): test_model_exec_sync.c;
  * - a device-memory backend (the cpu one with host_memory = 0, so every tensor
  *   crosses upload/download/copy) gives bit-identical results, also with its
  *   input staged ahead (gw_exec_stage);
@@ -20,8 +20,10 @@
  *   groups' members at 0, steps counted only while on;
  * - what it refuses: backward without a training forward, a label out of range,
  *   a bad batch;
+ * - a failing layer's message names the layer: test_model_exec_errors.c;
  * - SGD against a double-precision reference of torch.optim.SGD's formula, with
- *   and without Nesterov, and weight decay only on weights of 2+ dimensions.
+ *   and without Nesterov, and weight decay only on weights of 2+ dimensions;
+ *   what it refuses (infinite or NaN settings and learning rates).
  * Exits 77 (skipped) without oneDNN.
  */
 #include <check.h>
@@ -35,22 +37,11 @@
 
 #if GW_HAVE_ONEDNN
 
-#include "backend.h"
-#include "exec.h"
 #include "model_internal.h" /* num_running */
-#include "resnet.h"
 #include "sgd.h"
+#include "test_model_exec.h"
 
-struct rig {
-  struct gw_model *m;
-  struct gw_backend *b;
-  struct gw_exec *e;
-  float *x;
-  int32_t *y;
-  int batch;
-};
-
-static void small_config(struct gw_model_config *cfg, int depth) {
+void small_config(struct gw_model_config *cfg, int depth) {
   gw_model_config_default(cfg);
   cfg->depth = depth;
   cfg->classes = 3;
@@ -61,36 +52,41 @@ static void small_config(struct gw_model_config *cfg, int depth) {
   cfg->seed = 7;
 }
 
-static void rig_up_with(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch,
-                        const struct gw_backend_config *bc) {
-  struct gw_model_config cfg;
-  small_config(&cfg, depth);
+void rig_up_cfg(struct rig *r, const struct gw_backend_ops *ops, const struct gw_model_config *cfg, int batch,
+                const struct gw_backend_config *bc) {
   memset(r, 0, sizeof *r);
   r->batch = batch;
-  ck_assert_msg(gw_model_init(&r->m, &cfg) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_msg(gw_model_init(&r->m, cfg) == GW_SUCCESS, "%s", gw_model_last_error());
   ck_assert_msg(ops->create(bc, &r->b) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_exec_config ec = {.batch = batch, .label_smoothing = 0.1f};
   ck_assert_msg(gw_exec_create(r->m, ops, r->b, &ec, &r->e) == GW_SUCCESS, "%s", gw_model_last_error());
-  size_t n = (size_t)batch * cfg.in_channels * cfg.image_size * cfg.image_size;
+  size_t n = (size_t)batch * cfg->in_channels * cfg->image_size * cfg->image_size;
   r->x = malloc(n * sizeof(float));
   r->y = malloc((size_t)batch * sizeof(int32_t));
   for (size_t i = 0; i < n; i++) r->x[i] = (float)((double)(mix64(i + 11) >> 11) / 9007199254740992.0 * 2 - 1);
-  for (int i = 0; i < batch; i++) r->y[i] = (int32_t)(mix64(1000 + (uint64_t)i) % (uint64_t)cfg.classes);
+  for (int i = 0; i < batch; i++) r->y[i] = (int32_t)(mix64(1000 + (uint64_t)i) % (uint64_t)cfg->classes);
 }
 
-static void rig_up(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch) {
+void rig_up_with(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch,
+                 const struct gw_backend_config *bc) {
+  struct gw_model_config cfg;
+  small_config(&cfg, depth);
+  rig_up_cfg(r, ops, &cfg, batch, bc);
+}
+
+void rig_up(struct rig *r, const struct gw_backend_ops *ops, int depth, int batch) {
   struct gw_backend_config bc = {.threads = 1};
   rig_up_with(r, ops, depth, batch, &bc);
 }
 
-static void rig_down(struct rig *r, const struct gw_backend_ops *ops) {
+void rig_down(struct rig *r, const struct gw_backend_ops *ops) {
   gw_exec_free(r->e);
   ops->destroy(r->b);
   gw_model_free(r->m);
   free(r->x), free(r->y);
 }
 
-static float train_step(struct rig *r, gw_grad_ready_fn fn, void *arg) {
+float train_step(struct rig *r, gw_grad_ready_fn fn, void *arg) {
   float loss = NAN;
   ck_assert_msg(gw_exec_forward(r->e, r->x, 1) == GW_SUCCESS, "%s", gw_model_last_error());
   ck_assert_msg(gw_exec_backward(r->e, r->y, &loss, fn, arg) == GW_SUCCESS, "%s", gw_model_last_error());
@@ -473,65 +469,6 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
-/* SyncBatchNorm: 2 ranks with half the batch each and statistics summed across
- * them must match one process with the whole batch: the logits of each half, the
- * running statistics, and the gradients averaged over the ranks.
- * Tolerance: |a - b| <= 1e-4 * max |b| + 1e-6 per tensor (the global variance is
- * E[x^2] - mean^2 in double here, two-pass in the single process: a few ulps). */
-static gw_result_t allreduce_doubles(void *arg, double *buf, size_t n) {
-  return gw_allreduce(buf, buf, n, GW_FLOAT64, GW_SUM, (gw_comm_t)arg, NULL);
-}
-
-static double max_rel_diff(const float *a, const float *b, size_t n) {
-  double scale = 0, err = 0;
-  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)a[i] - b[i]);
-    if (!(d <= err)) err = d;
-  }
-  return err / (scale + 1e-2);
-}
-
-static int body_sync_bn(gw_comm_t comm, int rank, int nranks, void *arg) {
-  (void)arg;
-  const int half = 3;
-  struct rig whole, part;
-  rig_up(&whole, &gw_backend_cpu, 18, 2 * half);
-  rig_up(&part, &gw_backend_cpu, 18, half);
-  gw_exec_set_sync_bn(part.e, allreduce_doubles, comm);
-  size_t sample = 2 * 16 * 16, np = gw_model_num_params(whole.m);
-  memcpy(part.x, whole.x + (size_t)rank * half * sample, (size_t)half * sample * sizeof(float));
-  memcpy(part.y, whole.y + rank * half, (size_t)half * sizeof(int32_t));
-  float lw = train_step(&whole, NULL, NULL), lp = train_step(&part, NULL, NULL);
-  float logits_w[6 * 3], logits_p[3 * 3];
-  EXPECT(gw_exec_logits(whole.e, logits_w) == GW_SUCCESS && gw_exec_logits(part.e, logits_p) == GW_SUCCESS, "logits");
-  double d = max_rel_diff(logits_p, logits_w + rank * half * 3, (size_t)half * 3);
-  EXPECT(d <= 1e-4, "rank %d: logits differ from the whole batch's by %.3g", rank, d);
-  float mean_loss = lp;
-  EXPECT(gw_allreduce(&mean_loss, &mean_loss, 1, GW_FLOAT32, GW_AVG, comm, NULL) == GW_SUCCESS, "loss allreduce");
-  EXPECT(fabsf(mean_loss - lw) <= 1e-5f * fabsf(lw), "mean loss %.9g vs %.9g", (double)mean_loss, (double)lw);
-  EXPECT(gw_allreduce(gw_model_grads(part.m), gw_model_grads(part.m), np, GW_FLOAT32, GW_AVG, comm, NULL) ==
-             GW_SUCCESS, "grad allreduce");
-  for (int t = 0; t < gw_model_num_param_tensors(whole.m); t++) {
-    const struct gw_tensor *tt = gw_model_param_tensor(whole.m, t);
-    d = max_rel_diff(gw_model_grads(part.m) + tt->offset, gw_model_grads(whole.m) + tt->offset, tt->numel);
-    EXPECT(d <= 1e-4, "gradient of %s differs by %.3g", tt->name, d);
-  }
-  for (int t = 0; t < gw_model_num_buffer_tensors(whole.m); t++) {
-    const struct gw_tensor *tt = gw_model_buffer_tensor(whole.m, t);
-    if (tt->kind != GW_TENSOR_RUNNING) continue;
-    d = max_rel_diff(gw_model_tensor_data(part.m, tt), gw_model_tensor_data(whole.m, tt), tt->numel);
-    EXPECT(d <= 1e-4, "%s differs by %.3g", tt->name, d);
-  }
-  rig_down(&whole, &gw_backend_cpu);
-  rig_down(&part, &gw_backend_cpu);
-  (void)nranks;
-  return 0;
-}
-
-START_TEST(test_sync_bn_matches_global_batch) { ck_assert_int_eq(run_ranks(2, body_sync_bn, NULL, 120), 0); }
-END_TEST
-
 /* torch.optim.SGD's update in double precision, element by element. */
 static void sgd_reference(double *p, double *buf, const float *g, size_t n, double lr, double mu, double damp,
                           double wd, int nesterov, int first) {
@@ -610,6 +547,46 @@ START_TEST(test_sgd_decay_targets) {
 }
 END_TEST
 
+/* gw_sgd_create refuses a momentum, weight decay or dampening that is
+ * infinite, NaN or out of range, naming the field; gw_sgd_step an infinite,
+ * NaN or negative learning rate. */
+START_TEST(test_sgd_refusals) {
+  struct gw_model_config cfg;
+  small_config(&cfg, 18);
+  struct gw_model *m;
+  ck_assert(gw_model_init(&m, &cfg) == GW_SUCCESS);
+  const struct {
+    struct gw_sgd_config c;
+    const char *field;
+  } bad[] = {
+      {{.momentum = INFINITY}, "momentum"},          {{.momentum = NAN}, "momentum"},
+      {{.momentum = -0.5f}, "momentum"},             {{.weight_decay = INFINITY}, "weight decay"},
+      {{.weight_decay = NAN}, "weight decay"},       {{.weight_decay = -1e-4f}, "weight decay"},
+      {{.momentum = 0.9f, .dampening = INFINITY}, "dampening"},
+      {{.momentum = 0.9f, .dampening = NAN}, "dampening"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    struct gw_sgd *s = (struct gw_sgd *)&s;
+    ck_assert_int_eq(gw_sgd_create(m, &bad[k].c, &s), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_null(s);
+    ck_assert_msg(strncmp(gw_model_last_error(), "sgd: ", 5) == 0 &&
+                      strncmp(gw_model_last_error() + 5, bad[k].field, strlen(bad[k].field)) == 0,
+                  "case %zu: %s", k, gw_model_last_error());
+  }
+  struct gw_sgd_config ok = {.momentum = 0.9f, .weight_decay = 1e-4f};
+  struct gw_sgd *s;
+  ck_assert(gw_sgd_create(m, &ok, &s) == GW_SUCCESS);
+  const float lrs[] = {INFINITY, -INFINITY, NAN, -0.1f};
+  for (size_t k = 0; k < sizeof lrs / sizeof lrs[0]; k++) {
+    ck_assert_int_eq(gw_sgd_step(s, gw_model_params(m), gw_model_grads(m), lrs[k]), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(gw_model_last_error(), "learning rate"), "%s", gw_model_last_error());
+  }
+  ck_assert_int_eq(gw_sgd_steps(s), 0);
+  gw_sgd_free(s);
+  gw_model_free(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model-exec");
   TCase *tc = tcase_create("exec");
@@ -622,12 +599,14 @@ int main(void) {
   tcase_add_test(tc, test_profile);
   tcase_add_test(tc, test_nhwc_equals_nchw);
   tcase_add_test(tc, test_refusals);
-  tcase_add_test(tc, test_sync_bn_matches_global_batch);
   tcase_add_test(tc, test_sgd_momentum);
   tcase_add_test(tc, test_sgd_nesterov);
   tcase_add_test(tc, test_sgd_dampening);
   tcase_add_test(tc, test_sgd_decay_targets);
+  tcase_add_test(tc, test_sgd_refusals);
   suite_add_tcase(s, tc);
+  suite_add_tcase(s, exec_sync_tcase());
+  suite_add_tcase(s, exec_errors_tcase());
   return run_suite(s);
 }
 
