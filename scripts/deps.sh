@@ -18,11 +18,35 @@ gw_install_deps() {
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "installing: ${missing[*]}"
-  local sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -q >/dev/null || { echo "apt-get update failed" >&2; return 1; }
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-    { echo "apt-get install ${missing[*]} failed" >&2; return 1; }
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null || ! sudo -n true 2>/dev/null; then
+      echo "missing Debian packages, and this user cannot install them (not root, no password-less sudo): as root," \
+        "run: apt-get install ${missing[*]}" >&2
+      return 1
+    fi
+    sudo=(sudo -n)
+  fi
+  # A failed fetch is an error (apt-get update otherwise exits 0 and the
+  # install says only "Unable to locate package"); a fresh machine's dpkg lock
+  # is waited for.
+  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -o Acquire::Retries=3
+             -o Acquire::http::Timeout=30 -o DPkg::Lock::Timeout=300)
+  local log
+  log=$(mktemp)
+  if ! "${apt[@]}" update --error-on=any >"$log" 2>&1; then
+    tail -n 5 "$log" >&2
+    rm -f "$log"
+    echo "apt-get update failed: is Debian's package archive reachable (network, proxy, /etc/apt/sources.list)?" >&2
+    return 1
+  fi
+  if ! "${apt[@]}" install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+    tail -n 10 "$log" >&2
+    rm -f "$log"
+    echo "apt-get install ${missing[*]} failed" >&2
+    return 1
+  fi
+  rm -f "$log"
 }
 
 # Configures DIR (default build/; warnings are errors, as in CI) with any extra
@@ -30,10 +54,16 @@ gw_install_deps() {
 gw_build() {
   local dir="${1:-build}"
   shift || true
-  if [ -f "$dir/build.ninja" ]; then
-    meson setup --reconfigure "$dir" -Dwerror=true "$@" >/dev/null || return 1
-  else
-    meson setup "$dir" -Dwerror=true "$@" >/dev/null || return 1
+  local setup=(meson setup "$dir" -Dwerror=true "$@") log
+  [ -f "$dir/build.ninja" ] && setup=(meson setup --reconfigure "$dir" -Dwerror=true "$@")
+  log=$(mktemp)
+  # meson prints its ERROR lines on stdout: shown when the setup fails
+  if ! "${setup[@]}" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    rm -f "$log"
+    echo "meson setup $dir failed (above)" >&2
+    return 1
   fi
+  rm -f "$log"
   meson compile -C "$dir" >/dev/null || meson compile -C "$dir"
 }
