@@ -138,6 +138,7 @@ struct gw_comm {
   int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */
   struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
   bool tree_ok;       /* the trees are connected (GW_ALGO auto or tree) */
+  bool oversubscribed; /* more ranks on this rank's cores than cores: waits yield at once */
   int tree_levels;    /* hierarchical trees: their depth (the cost model's); 0: flat */
   /* GW_EXCHANGE_MAX_BYTES and GW_CHANNEL_MIN_BYTES, agreed at init (they
    * decide an operation's algorithm and channels). */

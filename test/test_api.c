@@ -642,35 +642,6 @@ static int body_two_threads(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_two_threads_one_comm) { ck_assert_int_eq(run_ranks(2, body_two_threads, NULL, 120), 0); }
 END_TEST
 
-/* Numbers from the environment: junk and NaN (which compares false with
- * everything, so GW_TIMEOUT=nan turned every deadline off) take the default. */
-START_TEST(test_env_numbers) {
-  static const struct { const char *text; double want; } cases[] = {
-      {"2.5", 2.5}, {"abc", 300}, {"nan", 300}, {"-nan", 300}, {"5x", 300}, {"", 300}, {"0", 0}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    setenv("GW_TEST_NUMBER", cases[i].text, 1);
-    const double got = gw__env_double("GW_TEST_NUMBER", 300);
-    ck_assert_msg(got == cases[i].want, "'%s' read as %g", cases[i].text, got);
-  }
-  /* a size whose suffix overflows (it wrapped to 256 KiB and was taken) */
-  setenv("GW_TEST_NUMBER", "18014398509482240K", 1);
-  ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), 7);
-  setenv("GW_TEST_NUMBER", "-3K", 1);
-  ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), -3072);
-  /* decimal with a leading zero (010 was octal 8, 08 refused), hex after 0x */
-  const struct {
-    const char *text;
-    int64_t want;
-  } ints[] = {{"010", 10}, {"08", 8}, {"-010", -10}, {"0x10", 16}, {"0X1fK", 31 << 10}, {"0", 0}};
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-    setenv("GW_TEST_NUMBER", ints[i].text, 1);
-    const int64_t got = gw__env_int("GW_TEST_NUMBER", 7);
-    ck_assert_msg(got == ints[i].want, "'%s' read as %lld", ints[i].text, (long long)got);
-  }
-  unsetenv("GW_TEST_NUMBER");
-}
-END_TEST
-
 /* One buffer as both send and receive buffer is in place for allgather and
  * reduce_scatter only on rank 0 (the layout puts a rank's part at its
  * offset); on another rank it overlaps (reduce_scatter wrote its output over
@@ -893,7 +864,6 @@ int main(void) {
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_two_threads_one_comm);
-  tcase_add_test(tc, test_env_numbers);
   tcase_add_test(tc, test_no_shm_leftovers);
   tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);

@@ -4,13 +4,18 @@
  * into the backlog unanswered and failed after the timeout blaming a missing
  * rank; ranks that differ in GW_TRANSPORT fail at init naming it (they used to
  * fail in the connection setup naming the FIFO sizes or a malformed tcp
- * handle); torchrun's default run id "none" is no job token. */
+ * handle); torchrun's default run id "none" is no job token; the numbers
+ * init reads from the environment; whether ranks share cores (the waiting
+ * policy) counts only ranks whose CPUs overlap. */
 #include <check.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "comm.h" /* the communicator's oversubscribed flag; gw__env_int */
 #include "harness.h"
 
 static void marker(const char *master, const char *what, char *path, size_t len) {
@@ -91,6 +96,69 @@ START_TEST(test_torchrun_none_no_token) {
 }
 END_TEST
 
+/* Numbers from the environment: junk and NaN (which compares false with
+ * everything, so GW_TIMEOUT=nan turned every deadline off) take the default. */
+START_TEST(test_env_numbers) {
+  static const struct { const char *text; double want; } cases[] = {
+      {"2.5", 2.5}, {"abc", 300}, {"nan", 300}, {"-nan", 300}, {"5x", 300}, {"", 300}, {"0", 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("GW_TEST_NUMBER", cases[i].text, 1);
+    const double got = gw__env_double("GW_TEST_NUMBER", 300);
+    ck_assert_msg(got == cases[i].want, "'%s' read as %g", cases[i].text, got);
+  }
+  /* a size whose suffix overflows (it wrapped to 256 KiB and was taken) */
+  setenv("GW_TEST_NUMBER", "18014398509482240K", 1);
+  ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), 7);
+  setenv("GW_TEST_NUMBER", "-3K", 1);
+  ck_assert_int_eq(gw__env_int("GW_TEST_NUMBER", 7), -3072);
+  /* decimal with a leading zero (010 was octal 8, 08 refused), hex after 0x */
+  const struct {
+    const char *text;
+    int64_t want;
+  } ints[] = {{"010", 10}, {"08", 8}, {"-010", -10}, {"0x10", 16}, {"0X1fK", 31 << 10}, {"0", 0}};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    setenv("GW_TEST_NUMBER", ints[i].text, 1);
+    const int64_t got = gw__env_int("GW_TEST_NUMBER", 7);
+    ck_assert_msg(got == ints[i].want, "'%s' read as %lld", ints[i].text, (long long)got);
+  }
+  unsetenv("GW_TEST_NUMBER");
+}
+END_TEST
+
+/* Ranks bound to cores of their own (srun --cpu-bind, mpirun's binding) are
+ * not oversubscribed: each counts the ranks whose CPUs overlap its own (it
+ * counted every rank on the machine against its own cores, and waits then
+ * yielded at once for good).  Unbound, more ranks than cores are. */
+static int raw_bound(int rank, int n, const char *master, void *arg) {
+  const int bind = arg != NULL;
+  cpu_set_t all, one;
+  if (sched_getaffinity(0, sizeof all, &all) != 0) return 3;
+  int k = 0, want_cpu = -1;
+  for (int c = 0; c < CPU_SETSIZE && want_cpu < 0; c++)
+    if (CPU_ISSET(c, &all) && k++ == rank) want_cpu = c;
+  if (bind) {
+    CPU_ZERO(&one);
+    CPU_SET(want_cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) return 3;
+  }
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  const bool want = bind ? false : n > CPU_COUNT(&all);
+  EXPECT(comm->oversubscribed == want, "rank %d, %s, %d ranks on %d cores: oversubscribed %d", rank,
+         bind ? "bound to one core each" : "unbound", n, CPU_COUNT(&all), comm->oversubscribed);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_bound_ranks_not_oversubscribed) {
+  cpu_set_t all;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+  const int cpus = CPU_COUNT(&all);
+  ck_assert_int_eq(run_ranks_raw(cpus, raw_bound, "bind", 60), 0);
+  ck_assert_int_eq(run_ranks_raw(cpus + 1, raw_bound, NULL, 60), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rendezvous");
   TCase *tc = tcase_create("rendezvous");
@@ -98,6 +166,8 @@ int main(void) {
   tcase_add_test(tc, test_late_joiner_refused);
   tcase_add_test(tc, test_transport_must_agree);
   tcase_add_test(tc, test_torchrun_none_no_token);
+  tcase_add_test(tc, test_env_numbers);
+  tcase_add_test(tc, test_bound_ranks_not_oversubscribed);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

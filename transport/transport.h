@@ -57,6 +57,9 @@ struct gw_peer_info {
    * its device and inode; empty where it could not make one. */
   char alive_name[64];
   uint64_t alive_dev, alive_ino;
+  /* The CPUs this rank may run on (its affinity, the first 1024): whether
+   * ranks on one machine share cores (comm.c, the waiting policy). */
+  uint64_t cpus[16];
 };
 #define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
 #define GW_CAP_DEVICE 2u /* bound to a device that can map its peers' memory (comm/device.c) */
