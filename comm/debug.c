@@ -17,7 +17,12 @@
 int gw__log_level = GW_LOG_WARN;
 static unsigned log_subsys = GW_SUB_ALL;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+/* The rank in log lines: the calling thread's (set by gw_comm_init and the
+ * threads a communicator starts), else the process's first; a process in
+ * several communicators (a sub-communicator) logged every line under the
+ * rank set last. */
 static _Atomic int log_rank = -1;
+static _Thread_local int log_rank_here = -1;
 static char log_host[64];
 static pthread_mutex_t log_mutex = PTHREAD_MUTEX_INITIALIZER;
 
@@ -64,7 +69,12 @@ static void log_init_once(void) {
 
 void gw__log_init(void) { pthread_once(&log_once, log_init_once); }
 
-void gw__log_set_rank(int rank) { atomic_store(&log_rank, rank); }
+void gw__log_set_rank(int rank) {
+  log_rank_here = rank;
+  int unset = -1;
+  atomic_compare_exchange_strong(&log_rank, &unset, rank);
+}
+static int log_rank_now(void) { return log_rank_here >= 0 ? log_rank_here : atomic_load(&log_rank); }
 
 void gw__log(int level, unsigned subsys, const char *file, int line, const char *fmt, ...) {
   gw__log_init();
@@ -80,9 +90,9 @@ void gw__log(int level, unsigned subsys, const char *file, int line, const char 
   pthread_mutex_lock(&log_mutex);
   if (level == GW_LOG_TRACE)
     fprintf(stderr, "%s:%d:%d [gradwire] %s %s:%d %s\n", log_host, (int)getpid(),
-            atomic_load(&log_rank), lname, file, line, msg);
+            log_rank_now(), lname, file, line, msg);
   else
-    fprintf(stderr, "%s:%d:%d [gradwire] %s %s\n", log_host, (int)getpid(), atomic_load(&log_rank),
+    fprintf(stderr, "%s:%d:%d [gradwire] %s %s\n", log_host, (int)getpid(), log_rank_now(),
             lname, msg);
   fflush(stderr);
   pthread_mutex_unlock(&log_mutex);

@@ -110,7 +110,16 @@ bool gw__peer_alive(const struct gw_comm *comm, int peer) {
   fclose(f);
   buf[n] = 0;
   const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
-  return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+  if (!(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'))) return true;
+  /* A zombie leader with threads left is a process whose main thread called
+   * pthread_exit while another drives the communicator: alive. */
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pi->pid);
+  if (!(f = fopen(path, "r"))) return false;
+  int threads = 0;
+  while (fgets(buf, sizeof buf, f))
+    if (sscanf(buf, "Threads: %d", &threads) == 1) break;
+  fclose(f);
+  return threads > 1;
 }
 
 /* What a wait does only now and then: every ~1024 slow steps, about a second. */

@@ -1,0 +1,57 @@
+/* test_liveness.c - what tells a waiting rank that its peer on this machine
+ * died, and what must not: a rank whose main thread called pthread_exit while
+ * another thread drives the communicator is a zombie thread-group leader in
+ * /proc (state Z) yet alive; it was declared dead at the first look (about a
+ * second into a wait). */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+struct late {
+  gw_comm_t comm;
+  int rank, n;
+};
+
+/* Rank 1's other thread: 3 s late to the allreduce, then ends the process. */
+static void *late_allreduce(void *arg) {
+  struct late *l = arg;
+  sleep(3);
+  int32_t v = l->rank + 1;
+  gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, l->comm, NULL);
+  gw_comm_destroy(l->comm);
+  fflush(NULL);
+  _exit(r == GW_SUCCESS && v == l->n * (l->n + 1) / 2 ? 0 : 1);
+}
+
+static int raw_main_thread_exits(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  static struct late l;
+  if (gw_comm_init(&l.comm, n, rank, master) != GW_SUCCESS) return 1;
+  l.rank = rank, l.n = n;
+  if (rank == 1) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, late_allreduce, &l) != 0) return 3;
+    pthread_exit(NULL); /* the process goes on in the other thread */
+  }
+  int32_t v = rank + 1;
+  gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, l.comm, NULL);
+  EXPECT(r == GW_SUCCESS && v == 3, "rank 0: %s, %d: %s", gw_strerror(r), v, gw_comm_last_error(l.comm));
+  gw_comm_destroy(l.comm);
+  return 0;
+}
+
+START_TEST(test_main_thread_exit_alive) { ck_assert_int_eq(run_ranks_raw(2, raw_main_thread_exits, NULL, 60), 0); }
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("liveness");
+  TCase *tc = tcase_create("liveness");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_main_thread_exit_alive);
+  suite_add_tcase(s, tc);
+  return run_suite(s);
+}
