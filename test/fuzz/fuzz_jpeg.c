@@ -2,7 +2,8 @@
  * (data/imagefolder.c): the header checks, the pixels-per-byte bound, the
  * end-of-image walk (has_end), libjpeg-turbo's decode with TJFLAG_LIMITSCANS,
  * and both transforms' geometry and resampling (data/transform.c) on whatever
- * decodes.  Odd first bytes take the input as is; even ones as edits of a small
+ * decodes; no input may come back as the machine's failure (GW_ERR_SYSTEM,
+ * which stops a run).  Odd first bytes take the input as is; even ones as edits of a small
  * valid JPEG made here (bytes overwritten, then a cut), so the decoder's inner
  * paths are reached from an empty corpus.  Built by test/fuzz.sh with clang
  * -fsanitize=fuzzer,address,undefined; includes both files to reach decode(). */
@@ -47,7 +48,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   tjhandle tj = tjInitDecompress();
   unsigned char *rgb = NULL;
   int w = 0, h = 0;
-  if (tj && decode(tj, "fuzz", jpg, len, &rgb, &w, &h) == GW_SUCCESS) {
+  const gw_result_t r = tj ? decode(tj, "fuzz", jpg, len, &rgb, &w, &h) : GW_ERR_SYSTEM;
+  /* A file's bytes are a skip or an image, never the machine's failure
+   * (GW_ERR_SYSTEM stops the run: out of descriptors or memory). */
+  if (tj && r == GW_ERR_SYSTEM) abort();
+  if (r == GW_SUCCESS) {
     static float out[3 * 32 * 32];
     struct gw__view v;
     gw__view_val(&v, w, h, 32);
