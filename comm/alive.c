@@ -65,9 +65,8 @@ static void fork_child(void) {
 }
 static void install_fork_handler(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
-static void holders_add(struct gw_comm *c) {
-  pthread_once(&fork_once, install_fork_handler);
-  pthread_mutex_lock(&holders_mu);
+/* Under holders_mu (no fork in between: the prepare handler takes it). */
+static void holders_add_locked(struct gw_comm *c) {
   if (nholders == holders_cap) {
     int cap = holders_cap ? 2 * holders_cap : 8;
     struct gw_comm **h = realloc(holders, (size_t)cap * sizeof *h);
@@ -76,18 +75,25 @@ static void holders_add(struct gw_comm *c) {
   if (nholders < holders_cap) holders[nholders++] = c;
   else GW_WARN(GW_SUB_INIT, "rank %d: out of memory: a child forked without exec keeps this rank's liveness lock",
                c->rank);
-  pthread_mutex_unlock(&holders_mu);
 }
 
-static void holders_remove(struct gw_comm *c) {
+/* The lock's descriptor closed and the communicator out of the registry at
+ * once, so no fork sees one without the other. */
+static void holders_close(struct gw_comm *c) {
   pthread_mutex_lock(&holders_mu);
   for (int i = 0; i < nholders; i++)
     if (holders[i] == c) holders[i] = holders[--nholders];
+  if (c->alive_own >= 0) close(c->alive_own);
+  c->alive_own = -1;
   pthread_mutex_unlock(&holders_mu);
 }
 
 void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
   c->alive_own = -1;
+  /* The file opened and registered for the fork handler with no fork in
+   * between (a child would keep a descriptor nobody closes). */
+  pthread_once(&fork_once, install_fork_handler);
+  pthread_mutex_lock(&holders_mu);
   const char *why = NULL;
   char *path = c->alive_path;
   for (int tries = 0; c->alive_own < 0 && tries < 8; tries++) {
@@ -100,6 +106,8 @@ void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
     c->alive_own = open(path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (c->alive_own < 0 && errno != EEXIST) break;
   }
+  if (c->alive_own >= 0) holders_add_locked(c);
+  pthread_mutex_unlock(&holders_mu);
   struct flock fl;
   struct stat st;
   if (c->alive_own < 0) why = "cannot create it";
@@ -110,8 +118,7 @@ void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
             c->rank, me->alive_name, why, strerror(errno));
     if (c->alive_own >= 0) {
       unlink(path);
-      close(c->alive_own);
-      c->alive_own = -1;
+      holders_close(c);
     }
     me->alive_name[0] = 0;
     return;
@@ -119,7 +126,6 @@ void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
   me->alive_dev = (uint64_t)st.st_dev;
   me->alive_ino = (uint64_t)st.st_ino;
   c->alive_named = true;
-  holders_add(c);
 }
 
 /* After the rendezvous: open the files of the ranks that share this /dev/shm.
@@ -163,7 +169,6 @@ bool gw__alive_lock_gone(const struct gw_comm *c, int peer) {
 }
 
 void gw__alive_free(struct gw_comm *c) {
-  if (c->alive_own >= 0) holders_remove(c);
   gw__alive_unlink_own(c);
   if (c->alive_fds) {
     for (int r = 0; r < c->nranks; r++)
@@ -171,6 +176,5 @@ void gw__alive_free(struct gw_comm *c) {
     free(c->alive_fds);
     c->alive_fds = NULL;
   }
-  if (c->alive_own >= 0) close(c->alive_own);
-  c->alive_own = -1;
+  holders_close(c);
 }

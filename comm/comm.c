@@ -410,11 +410,13 @@ static bool oversubscribed(const struct gw_comm *c, int *sharers, int *ncpus) {
   if (quota > 0 && quota < n) n = quota;
   *ncpus = n;
   *sharers = 0;
+  bool mine_known = false;
+  for (int w = 0; w < 16; w++) mine_known |= me->cpus[w] != 0;
   for (int r = 0; r < c->nranks; r++) {
     bool overlap = false, known = false; /* a set unknown (all zero) overlaps every other */
     for (int w = 0; w < 16; w++) overlap |= (c->peers[r].cpus[w] & me->cpus[w]) != 0;
-    for (int w = 0; w < 16; w++) known |= c->peers[r].cpus[w] != 0 && me->cpus[w] != 0;
-    overlap |= !known;
+    for (int w = 0; w < 16; w++) known |= c->peers[r].cpus[w] != 0;
+    overlap |= !known || !mine_known;
     *sharers += !strcmp(c->peers[r].node_id, me->node_id) && (overlap || r == c->rank);
   }
   return n > 0 && *sharers > n;

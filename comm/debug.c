@@ -18,9 +18,9 @@ int gw__log_level = GW_LOG_WARN;
 static unsigned log_subsys = GW_SUB_ALL;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 /* The rank in log lines: the calling thread's (set by gw_comm_init and the
- * threads a communicator starts), else the process's first; a process in
- * several communicators (a sub-communicator) logged every line under the
- * rank set last. */
+ * threads a communicator starts), else the one set last in the process; a
+ * process in several communicators (a sub-communicator) logged every
+ * thread's lines under the rank set last. */
 static _Atomic int log_rank = -1;
 static _Thread_local int log_rank_here = -1;
 static char log_host[64];
@@ -71,8 +71,7 @@ void gw__log_init(void) { pthread_once(&log_once, log_init_once); }
 
 void gw__log_set_rank(int rank) {
   log_rank_here = rank;
-  int unset = -1;
-  atomic_compare_exchange_strong(&log_rank, &unset, rank);
+  atomic_store(&log_rank, rank);
 }
 static int log_rank_now(void) { return log_rank_here >= 0 ? log_rank_here : atomic_load(&log_rank); }
 

@@ -1,10 +1,12 @@
 /* prims.c - see prims.h: the waits every algorithm's primitives are made of, the
  * header check of every received chunk, flushing, and the abort notice.  Works
  * on any connection of any algorithm; knows no data layout. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "prims.h"
@@ -90,11 +92,42 @@ static gw_result_t pump(struct prims *p) {
   return GW_SUCCESS;
 }
 
+/* A zombie thread-group leader whose other threads still run: its main thread
+ * called pthread_exit while another drives the communicator, alive.  Not a
+ * process on its way out (killed, crashed, exit_group: the kernel makes every
+ * thread's SIGKILL pending), whose threads may take a while (a driver's
+ * teardown) and hold its lock meanwhile. */
+static bool zombie_leader_alive(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return false;
+  bool running = false, dying = false;
+  for (struct dirent *e; !dying && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/%d/task/%.20s/status", (int)pid, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    char state = 'X';
+    unsigned long long pending = 0;
+    while (fgets(line, sizeof line, f)) {
+      if (!strncmp(line, "State:", 6)) sscanf(line + 6, " %c", &state);
+      else if (!strncmp(line, "SigPnd:", 7)) pending = strtoull(line + 7, NULL, 16);
+    }
+    fclose(f);
+    dying |= (pending >> (SIGKILL - 1)) & 1;
+    running |= state != 'Z' && state != 'X';
+  }
+  closedir(d);
+  return running && !dying;
+}
+
 /* Whether a peer on this machine still runs (a zombie counts as dead: its
  * launcher has not reaped it yet).  Peers elsewhere are watched by their
  * transport (a closed socket).  Two looks: its liveness lock (alive.c; any
  * pid namespace sharing our /dev/shm), and its pid (our pid namespace only;
- * sees the rank gone while a child it forked still holds the lock). */
+ * sees the rank gone while a child it forked bypassing the fork handlers,
+ * raw clone, still holds the lock). */
 bool gw__peer_alive(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *pi = &comm->peers[peer];
   const struct gw_peer_info *me = &comm->peers[comm->rank];
@@ -111,15 +144,7 @@ bool gw__peer_alive(const struct gw_comm *comm, int peer) {
   buf[n] = 0;
   const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
   if (!(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'))) return true;
-  /* A zombie leader with threads left is a process whose main thread called
-   * pthread_exit while another drives the communicator: alive. */
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pi->pid);
-  if (!(f = fopen(path, "r"))) return false;
-  int threads = 0;
-  while (fgets(buf, sizeof buf, f))
-    if (sscanf(buf, "Threads: %d", &threads) == 1) break;
-  fclose(f);
-  return threads > 1;
+  return zombie_leader_alive(pi->pid);
 }
 
 /* What a wait does only now and then: every ~1024 slow steps, about a second. */

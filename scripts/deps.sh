@@ -20,30 +20,26 @@ gw_install_deps() {
   echo "installing: ${missing[*]}"
   local sudo=()
   if [ "$(id -u)" -ne 0 ]; then
-    if ! command -v sudo >/dev/null || ! sudo -n true 2>/dev/null; then
+    if ! command -v sudo >/dev/null || ! sudo -n apt-get --version >/dev/null 2>&1; then
       echo "missing Debian packages, and this user cannot install them (not root, no password-less sudo): as root," \
         "run: apt-get install ${missing[*]}" >&2
       return 1
     fi
     sudo=(sudo -n)
   fi
-  # A failed fetch is an error (apt-get update otherwise exits 0 and the
-  # install says only "Unable to locate package"); a fresh machine's dpkg lock
-  # is waited for.
+  # A fresh machine's dpkg lock is waited for.  A source that cannot be
+  # fetched (apt-get update exits 0 for most) is shown when the install then
+  # fails, which says only "Unable to locate package".
   local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -o Acquire::Retries=3
              -o Acquire::http::Timeout=30 -o DPkg::Lock::Timeout=300)
   local log
   log=$(mktemp)
-  if ! "${apt[@]}" update --error-on=any >"$log" 2>&1; then
-    tail -n 5 "$log" >&2
+  "${apt[@]}" update >"$log" 2>&1 || echo "apt-get update failed (trying the install anyway)" >&2
+  if ! "${apt[@]}" install -y --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
+    grep -E "^(W|E|Err):" "$log" | tail -n 12 >&2
     rm -f "$log"
-    echo "apt-get update failed: is Debian's package archive reachable (network, proxy, /etc/apt/sources.list)?" >&2
-    return 1
-  fi
-  if ! "${apt[@]}" install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
-    tail -n 10 "$log" >&2
-    rm -f "$log"
-    echo "apt-get install ${missing[*]} failed" >&2
+    echo "apt-get install ${missing[*]} failed: is Debian's package archive reachable (network, proxy," \
+      "/etc/apt/sources.list)? (above: apt's warnings and errors)" >&2
     return 1
   fi
   rm -f "$log"

@@ -161,12 +161,12 @@ int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadlin
     /* Out of descriptors is this process's failure, said at once (the listener
      * stays readable: retrying would spin until the deadline and blame the peer). */
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) return -1;
-    /* A connection that went before it was taken, or a signal: the next one.
-     * Anything else (a listener that is no socket or not listening) would
-     * stay readable and spin until the deadline. */
-    if (fd < 0 && (errno == ECONNABORTED || errno == EINTR || errno == EPROTO || errno == EPERM || errno == EAGAIN))
-      continue;
-    if (fd < 0) return -1;
+    /* A listener that is no socket or not listening stays readable: retrying
+     * would spin until the deadline.  Anything else (a connection that went
+     * before it was taken, a signal, the network errors Linux passes on
+     * through accept) means: the next one. */
+    if (fd < 0 && (errno == EBADF || errno == EINVAL || errno == ENOTSOCK || errno == EFAULT)) return -1;
+    if (fd < 0) continue;
     if (gw__sock_io_deadline(fd, hello, len, false, GW_MIN(deadline, gw__now() + 5.0))) return fd;
     close(fd);
   }
@@ -189,7 +189,9 @@ void gw__sock_tune(int fd) {
    * clamped, said. */
   const int64_t v = gw__env_int("GW_SOCKET_KEEPALIVE", 10);
   const int idle = v <= 0 ? 0 : v > 32767 ? 32767 : (int)v;
-  if (v > 32767) GW_WARN(GW_SUB_ENV, "GW_SOCKET_KEEPALIVE=%lld is more than Linux's 32767 s: using 32767", (long long)v);
+  static _Atomic bool told;
+  if (v > 32767 && !atomic_exchange(&told, true))
+    GW_WARN(GW_SUB_ENV, "GW_SOCKET_KEEPALIVE=%lld is more than Linux's 32767 s: using 32767", (long long)v);
   if (idle > 0) {
     int intvl = 2, cnt = 3;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
