@@ -790,12 +790,15 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_over_ib_equals_shm);
 #endif
   add_checkpoint_tests(tc);
-  add_schedule_tests(tc);
   tcase_add_test(tc, test_nan_logits_score_zero);
   tcase_add_test(tc, test_fp16_wire_overflow_skipped);
   tcase_add_test(tc, test_ranks_must_see_same_data);
   tcase_add_test(tc, test_imagefolder_bad_files_skipped);
   suite_add_tcase(s, tc);
+  TCase *sched = tcase_create("schedule");
+  tcase_set_timeout(sched, 600);
+  add_schedule_tests(sched);
+  suite_add_tcase(s, sched);
   return s;
 }
 
