@@ -52,7 +52,7 @@ failures=0
 run_job() {
   local name=$1 limit=$2
   shift 2
-  local pids=()
+  local pids=() start=$SECONDS
   for ((k = 0; k < nnodes; k++)); do
     ip netns exec "${tag}n$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
       timeout "$limit" "$gwrun" -n "$rpn" --nnodes "$nnodes" --node-rank "$k" --master 10.79.0.1:29500 "$@" \
@@ -69,7 +69,7 @@ run_job() {
     for ((k = 0; k < nnodes; k++)); do echo "--- $name node $k"; tail -n 30 "$work/$name.$k.log"; done
     failures=$((failures + 1))
   else
-    echo "netns: $name on $nnodes nodes x $rpn ranks: ok"
+    echo "netns: $name on $nnodes nodes x $rpn ranks: ok ($((SECONDS - start)) s)"
   fi
   return $rc
 }
@@ -83,14 +83,21 @@ export GW_TEST_MAX_COUNT=${GW_TEST_MAX_COUNT:-65537}
 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT run_job grid 900 "$build/test/test_collectives" --from-env
 [ "$rpn" -gt 1 ] && expect_in_logs grid "via shm" "same-node pairs use shm"
 expect_in_logs grid "via tcp 10.79.0" "cross-node pairs use tcp"
-# gw-perf checking every dtype from 4 B to 4 MiB (at 6 ranks, several 256 KiB
-# chunks per block; 16 MiB took 4x the time and reached no other path).
-run_job perf 300 "$build/tools/gw-perf" -b 4 -e 4M -f 4 -n 3 -w 1 -c 1 -d all
+# gw-perf checking every dtype from 4 B to 1 MiB, then float32 at 4 MiB (at 6
+# ranks, several 256 KiB chunks per block; 16 MiB took 4x the time and reached
+# no other path).  Every dtype at 4 MiB took 3x the time of both: checking a
+# 4-million-element int8 sum is 24 million hashes per rank.
+perf_jobs() { # NAME GW-PERF-ARGS...: every dtype up to 1 MiB, float32 at 4 MiB
+  local name=$1
+  shift
+  run_job "$name" 300 "$build/tools/gw-perf" -b 4 -e 1M -f 4 -n 1 -w 1 -c 1 -d all "$@"
+  run_job "$name-4M" 300 "$build/tools/gw-perf" -b 4M -e 4M -n 1 -w 1 -c 1 -d float32 "$@"
+}
+perf_jobs perf
 # Device buffers (emulated GPUs) across machines: no device ring (its neighbours
 # are not all on one machine), so they go through pinned host staging, every
-# result checked.
-GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT run_job perf-device 300 \
-  "$build/tools/gw-perf" -D -b 8 -e 4M -f 8 -n 2 -w 1 -c 1 -d all
+# result checked (64 KiB pieces: several per block from 1 MiB).
+GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT perf_jobs perf-device -D
 expect_in_logs perf-device "no device ring" "device buffers across machines go through staging"
 # The tree across machines: hierarchical (a chain inside each machine) when a
 # machine has several ranks; the tree's counts around its half split and chunks.
@@ -115,9 +122,8 @@ if [ -e "$build/test/test_ib" ]; then
     "$build/test/test_collectives" --from-env
   expect_in_logs grid-ib "via ib gwemu0" "cross-node pairs use ib (emulated)"
   [ "$rpn" -gt 1 ] && expect_in_logs grid-ib "via shm" "same-node pairs still use shm"
-  GW_IB_EMULATE=1 run_job perf-ib 300 "$build/tools/gw-perf" -b 4 -e 4M -f 4 -n 3 -w 1 -c 1 -d all
-  GW_IB_EMULATE=1 GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 run_job perf-device-ib 300 \
-    "$build/tools/gw-perf" -D -b 8 -e 4M -f 8 -n 2 -w 1 -c 1 -d all
+  GW_IB_EMULATE=1 perf_jobs perf-ib
+  GW_IB_EMULATE=1 GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 perf_jobs perf-device-ib -D
 fi
 echo "netns: $failures failed"
 [ $failures -eq 0 ]

@@ -264,10 +264,26 @@ static int same_everywhere(gw_comm_t comm, int rank, int n, const void *buf, siz
   return 0;
 }
 
+/* A per-rank count whose n blocks fit MAX_COUNT + n elements. */
+static size_t capped(size_t count, int n) { return count * (size_t)n > MAX_COUNT ? MAX_COUNT / (size_t)n + 1 : count; }
+
+/* Every body's buffers: the largest count of the list, n times over (the
+ * allgather's and reduce_scatter's blocks, capped), and 64 elements of slack,
+ * 8 bytes each.  Sized to the list, not to MAX_COUNT: 64 ranks populating
+ * 32 MiB buffers they never used cost seconds per case. */
+static size_t buf_bytes(int n) {
+  size_t most = 0;
+  for (size_t ci = 0; ci < NCOUNTS; ci++) {
+    size_t all = capped(counts[ci], n) * (size_t)n;
+    if (all > most) most = all;
+  }
+  return (most + 64) * 8;
+}
+
 static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
-  init_tables();
-  uint8_t *send = big_alloc(comm, MAX_COUNT * 8), *recv = big_alloc(comm, MAX_COUNT * 8);
+  const size_t bytes = buf_bytes(n);
+  uint8_t *send = big_alloc(comm, bytes), *recv = big_alloc(comm, bytes);
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
       for (int op = 0; op < GW_NUM_OPS; op++) {
@@ -284,18 +300,16 @@ static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
         if (same_everywhere(comm, rank, n, recv, count * es, "allreduce in place", dt, op, count)) return 1;
         CHECK_RANGE(hi - lo, check_reduced(recv, lo + i, dt, op, n, lo + i, rank, "allreduce in place"));
       }
-  big_free(comm, send, MAX_COUNT * 8);
-  big_free(comm, recv, MAX_COUNT * 8);
+  big_free(comm, send, bytes);
+  big_free(comm, recv, bytes);
   return 0;
 }
 
-/* A per-rank count whose n blocks fit the buffers (of MAX_COUNT + 64 elements). */
-static size_t capped(size_t count, int n) { return count * (size_t)n > MAX_COUNT ? MAX_COUNT / (size_t)n + 1 : count; }
 
 static int body_reduce_scatter(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
-  init_tables();
-  uint8_t *send = big_alloc(comm, MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(comm, MAX_COUNT * 8 + 64 * 8);
+  const size_t bytes = buf_bytes(n);
+  uint8_t *send = big_alloc(comm, bytes), *recv = big_alloc(comm, bytes);
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
       for (int op = 0; op < GW_NUM_OPS; op++) {
@@ -310,8 +324,8 @@ static int body_reduce_scatter(gw_comm_t comm, int rank, int n, void *arg) {
         CALL(gw_reduce_scatter(recv, mine, rc, dt, op, comm, NULL), "gw_reduce_scatter(in place)");
         CHECK_RANGE(rc, check_reduced(mine, i, dt, op, n, (size_t)rank * rc + i, rank, "reduce_scatter in place"));
       }
-  big_free(comm, send, MAX_COUNT * 8 + 64 * 8);
-  big_free(comm, recv, MAX_COUNT * 8 + 64 * 8);
+  big_free(comm, send, bytes);
+  big_free(comm, recv, bytes);
   return 0;
 }
 
@@ -323,9 +337,9 @@ static int same_bits(const void *a, const void *b, size_t bytes, int rank, const
 
 static int body_allgather(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
-  init_tables();
-  uint8_t *send = big_alloc(comm, MAX_COUNT * 8 + 64 * 8), *recv = big_alloc(comm, MAX_COUNT * 8 + 64 * 8);
-  uint8_t *expect = big_alloc(comm, MAX_COUNT * 8 + 64 * 8);
+  const size_t bytes = buf_bytes(n);
+  uint8_t *send = big_alloc(comm, bytes), *recv = big_alloc(comm, bytes);
+  uint8_t *expect = big_alloc(comm, bytes);
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < GW_NUM_DTYPES; dt++) {
       size_t sc = capped(counts[ci], n), es = gw_dtype_size(dt);
@@ -339,16 +353,16 @@ static int body_allgather(gw_comm_t comm, int rank, int n, void *arg) {
       CALL(gw_allgather(recv + (size_t)rank * sc * es, recv, sc, dt, comm, NULL), "gw_allgather(in place)");
       if (same_bits(recv, expect, sc * (size_t)n * es, rank, "allgather in place", dt, sc)) return 1;
     }
-  big_free(comm, send, MAX_COUNT * 8 + 64 * 8);
-  big_free(comm, recv, MAX_COUNT * 8 + 64 * 8);
-  big_free(comm, expect, MAX_COUNT * 8 + 64 * 8);
+  big_free(comm, send, bytes);
+  big_free(comm, recv, bytes);
+  big_free(comm, expect, bytes);
   return 0;
 }
 
 static int body_broadcast(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
-  init_tables();
-  uint8_t *send = big_alloc(comm, MAX_COUNT * 8), *recv = big_alloc(comm, MAX_COUNT * 8), *expect = big_alloc(comm, MAX_COUNT * 8);
+  const size_t bytes = buf_bytes(n);
+  uint8_t *send = big_alloc(comm, bytes), *recv = big_alloc(comm, bytes), *expect = big_alloc(comm, bytes);
   int roots[2] = {0, n - 1};
   for (size_t ci = 0; ci < NCOUNTS; ci++)
     for (int dt = 0; dt < GW_NUM_DTYPES; dt++)
@@ -364,9 +378,9 @@ static int body_broadcast(gw_comm_t comm, int rank, int n, void *arg) {
         CALL(gw_broadcast(recv, recv, count, dt, root, comm, NULL), "gw_broadcast(in place)");
         if (same_bits(recv, expect, count * es, rank, "broadcast in place", dt, count)) return 1;
       }
-  big_free(comm, send, MAX_COUNT * 8);
-  big_free(comm, recv, MAX_COUNT * 8);
-  big_free(comm, expect, MAX_COUNT * 8);
+  big_free(comm, send, bytes);
+  big_free(comm, recv, bytes);
+  big_free(comm, expect, bytes);
   return 0;
 }
 
@@ -375,8 +389,10 @@ static int body_barrier(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   double entered[256];
   if (n > 256) return 1;
+  /* ranks enter 20 ms apart (5 ms at 64 ranks: the last one waited 1.3 s) */
+  const long apart_us = 320000L / (n > 16 ? n : 16);
   for (int round = 0; round < 3; round++) {
-    struct timespec ts = {0, (long)(((rank + round) % n) * 20) * 1000000L};
+    struct timespec ts = {0, (long)((rank + round) % n) * apart_us * 1000L};
     nanosleep(&ts, NULL);
     double t_in = test_now();
     CALL(gw_barrier(comm), "gw_barrier");
@@ -622,6 +638,9 @@ static int run_from_env(void) {
 
 int main(int argc, char **argv) {
   init_counts();
+  /* once, before the ranks fork: they share the pages (12 MiB that each of 64
+   * ranks filled and first-touched per case) */
+  init_tables();
   if (argc > 1 && !strcmp(argv[1], "--from-env")) return run_from_env();
   if (argc > 1 && !strcmp(argv[1], "--tree")) return run_tree_tests();
   Suite *s = suite_create("collectives");
