@@ -482,6 +482,14 @@ static gw_result_t set_stream(gw_bucketer_t b, void *stream) {
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: %s while a compute stream is set (turn "
                 "it off first with gw_bucketer_set_compute_stream(b, NULL))",
                 stream ? "the compute stream itself" : "no stream");
+  /* Refused here, as set_compute_stream refuses, rather than at the first
+   * bucket's start, which would fail the communicator for a setting. */
+  if (stream && !gw__dev())
+    return fail(b->comm, GW_ERR_UNSUPPORTED, "gw_bucketer_set_stream: a stream was given, but %s",
+                gw__dev_absent_reason());
+  if (stream && b->comm->device < 0)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: a stream was given, but the "
+                "communicator is bound to no device (GW_DEVICE=none)");
   if (stream != b->own_stream) drop_own_stream(b);
   b->stream = stream;
   return GW_SUCCESS;
@@ -561,10 +569,14 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   if (!b) return;
   const int prev = gw__dev_switch(b->comm);
   wait_started(b);
-  if (b->next < b->n && (b->marked || b->next)) { /* a step left part way: see fail_comm_for_step */
-    char msg[200];
-    snprintf(msg, sizeof msg, "rank %d: gw_bucketer_destroy: a step was left part way (%d of %d buckets started)",
-             b->comm->rank, b->next, b->n);
+  /* A step left part way (see fail_comm_for_step), also one whose every mark
+   * was refused: the peers went on into its buckets. */
+  if (b->next < b->n && (b->marked || b->next || b->refused[0] || b->failed)) {
+    char msg[2 * GW_ERRMSG_MAX]; /* fail_comm_for_step cuts it to GW_ERRMSG_MAX */
+    const char *why = b->failed ? b->failmsg : b->refused;
+    snprintf(msg, sizeof msg, "rank %d: gw_bucketer_destroy: a step was left part way (%d of %d buckets started)%s%s",
+             b->comm->rank, b->next, b->n, why[0] ? (b->failed ? "; a bucket could not start: " :
+             "; the step's first refused mark: ") : "", why);
     fail_comm_for_step(b, GW_ERR_INVALID_ARGUMENT, msg);
   }
   pthread_mutex_destroy(&b->mu);

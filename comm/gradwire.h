@@ -255,7 +255,7 @@ gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
  * fails with it, its peers told at once: they may be waiting in that bucket's
  * allreduce, or would pair it with this rank's next step.  A wait with nothing
  * marked is such a step too; destroying a bucketer part way through a step
- * (something marked) does the same.  After a failed wait the buffer's
+ * (something marked, or a mark refused) does the same.  After a failed wait the buffer's
  * contents are unspecified. */
 gw_result_t gw_bucketer_wait(gw_bucketer_t b);
 /* The format buckets travel in: the buffer's own dtype (the default), or for
@@ -273,7 +273,11 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
  * stream that waits (cudaStreamWaitEvent) for the kernels that wrote each
  * bucket's gradients before marking them ready; gw_bucketer_wait then returns
  * once every allreduce ran, and later work on the stream sees the results.
- * Only between steps. */
+ * With a 16-bit device wire (gw_bucketer_set_wire) the conversion back to
+ * float32 is still queued on this stream when wait returns: synchronize it
+ * before the host reads the gradients.  Only between steps; a stream is
+ * GW_ERR_UNSUPPORTED without a device layer and GW_ERR_INVALID_ARGUMENT on a
+ * communicator bound to no device (GW_DEVICE=none). */
 gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream);
 /* The stream the gradients are written on (backward's), so that the bucketer
  * orders the two streams itself, on the device, as DDP does: when a bucket
@@ -283,7 +287,9 @@ gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream);
  * wrote it, so ready ranges may be marked as soon as their kernels are queued;
  * gw_bucketer_wait makes `compute` wait for the last allreduce, so the
  * optimizer queued on it after reads the results.  Neither backward nor the
- * calling thread waits for communication in between.  NULL turns it off.
+ * calling thread waits for communication in between; gw_bucketer_wait itself
+ * returns once every allreduce has finished (the host waits for them before
+ * it orders `compute` after them).  NULL turns it off.
  * Only between steps; GW_ERR_UNSUPPORTED without a device layer. */
 gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute);
 /* Timing of the last completed step, in seconds on the monotonic clock: when the

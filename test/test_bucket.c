@@ -8,8 +8,10 @@
  * - marking an element twice, or outside the buffer, is refused with a message;
  *   a bucket never completed makes wait fail naming it, after the buckets that
  *   were started finished, and fails the communicator (a peer that marked
- *   everything hears of it at once, with the reason); a bucket that cannot
- *   start keeps its reason for later marks and wait;
+ *   everything hears of it at once, with the reason), and so does destroy
+ *   after a step whose only mark was refused; a bucket that cannot start keeps
+ *   its reason for later marks and wait; a stream with no device to use is
+ *   refused when set;
  * - the step's timestamps are ordered;
  * - a 16-bit wire (gw_bucketer_set_wire, bfloat16 and float16, SUM and AVG) on
  *   3 ranks: every result is a value of the wire dtype, within the rounding
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "dev.h"    /* gw__dev: the emulator's streams */
 #include "reduce.h" /* gw__cvt_* */
 
 START_TEST(test_bounds) {
@@ -191,13 +194,19 @@ static int body_wire(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_wire) { ck_assert_int_eq(run_ranks(3, body_wire, NULL, 300), 0); }
 END_TEST
 
+/* The small cases' bucketer: M float32 elements summed in 3 buckets,
+ * [0, 100) [100, 600) [600, M). */
+enum { M = 1000 };
+static gw_result_t create3(gw_comm_t comm, float *g, gw_bucketer_t *bk) {
+  static const size_t bounds[] = {0, 100, 600, M};
+  return gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, bk);
+}
+
 static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg, (void)n;
-  enum { M = 1000 };
   float g[M];
-  size_t bounds[] = {0, 100, 600, M};
   gw_bucketer_t bk;
-  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, &bk) == GW_SUCCESS, "create");
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
   EXPECT(gw_bucketer_ready(bk, 0, 50) == GW_SUCCESS, "ready");
   EXPECT(gw_bucketer_ready(bk, 40, 20) == GW_ERR_INVALID_ARGUMENT, "double marking accepted");
   EXPECT(strstr(gw_comm_last_error(comm), "[40, 60) overlaps"), "message: %s", gw_comm_last_error(comm));
@@ -243,12 +252,10 @@ END_TEST
  * deadline, and not pair bucket 1 with rank 0's next step), with the reason. */
 static int body_one_rank_incomplete(gw_comm_t comm, int rank, int n, void *arg) {
   (void)n;
-  enum { M = 1000 };
   float g[M];
-  size_t bounds[] = {0, 100, 600, M};
   gw_bucketer_t bk;
   EXPECT(gw_comm_set_timeout(comm, 60) == GW_SUCCESS, "timeout");
-  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, &bk) == GW_SUCCESS, "create");
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
   for (int i = 0; i < M; i++) g[i] = 1.0f;
   double t0 = test_now();
   EXPECT(gw_bucketer_ready(bk, 0, rank == 0 ? 599 : M) == GW_SUCCESS, "ready: %s", gw_comm_last_error(comm));
@@ -283,46 +290,110 @@ START_TEST(test_one_rank_incomplete) {
 }
 END_TEST
 
-/* A bucket that cannot start (here: a stream without a device layer) keeps its
- * reason: later marks and wait report it, not "never completely marked". */
+/* A stream the bucketer cannot use (no device layer here, or GW_DEVICE=none)
+ * is refused when set, and the communicator goes on. */
+static int body_stream_refused(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)rank;
+  float g[M];
+  gw_bucketer_t bk;
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
+  gw_result_t r = gw_bucketer_set_stream(bk, (void *)&g);
+  EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "gw_bucketer_set_stream: a stream was given"),
+         "set_stream without a device: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  for (int i = 0; i < M; i++) g[i] = 1.0f;
+  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "the step: %s",
+         gw_comm_last_error(comm));
+  EXPECT(g[0] == (float)n && g[M - 1] == (float)n, "the sum is %g", (double)g[0]);
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_stream_refused) {
+  setenv("GW_DEVICE", "none", 1); /* refused also where a device layer exists */
+  ck_assert_int_eq(run_ranks(2, body_stream_refused, NULL, 60), 0);
+}
+END_TEST
+
+/* A bucket that cannot start (here: its stream is being captured into a
+ * graph) keeps its reason: later marks and wait report it, not "never
+ * completely marked". */
 static int body_start_failure(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg, (void)n, (void)rank;
-  enum { M = 1000 };
   float g[M];
-  size_t bounds[] = {0, 100, 600, M};
   gw_bucketer_t bk;
-  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, &bk) == GW_SUCCESS, "create");
+  gw_dev_stream_t st;
+  EXPECT(gw__dev() && gw__dev()->stream_create(&st) == 0, "an emulated stream");
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
+  EXPECT(gw_bucketer_set_stream(bk, st) == GW_SUCCESS, "set_stream: %s", gw_comm_last_error(comm));
   struct gw_bucketer_times t0;
-  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "a good step");
+  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "a good step: %s",
+         gw_comm_last_error(comm));
   EXPECT(gw_bucketer_times(bk, &t0) == GW_SUCCESS && t0.first_start > 0 && t0.last_ready > 0 &&
              t0.done >= t0.first_start && t0.done >= t0.last_ready, "times of the good step");
-  EXPECT(gw_bucketer_set_stream(bk, (void *)&g) == GW_SUCCESS, "set_stream");
+  gw__dev_emu_set_capturing(st, 1);
   gw_result_t r = gw_bucketer_ready(bk, 0, 150);
-  EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "stream"), "bucket 0 started: %s", gw_comm_last_error(comm));
+  EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "captured"), "bucket 0 started: %s: %s",
+         gw_strerror(r), gw_comm_last_error(comm));
   EXPECT(gw_bucketer_ready(bk, 150, M - 150) == r && strstr(gw_comm_last_error(comm), "could not start"),
          "a later mark: %s", gw_comm_last_error(comm));
   EXPECT(gw_bucketer_wait(bk) == r, "wait");
   const char *msg = gw_comm_last_error(comm);
-  EXPECT(strstr(msg, "stream") && !strstr(msg, "marked ready"), "wait: %s", msg);
+  EXPECT(strstr(msg, "bucket 0 of 3") && strstr(msg, "captured") && !strstr(msg, "marked ready"), "wait: %s", msg);
   struct gw_bucketer_times t1;
   EXPECT(gw_bucketer_times(bk, &t1) == GW_SUCCESS && memcmp(&t0, &t1, sizeof t0) == 0,
          "the times of a failed step replaced the last completed one's");
+  gw__dev_emu_set_capturing(st, 0);
+  gw_bucketer_destroy(bk);
+  gw__dev()->stream_destroy(st);
+  return 0;
+}
+
+/* Rank 0's only mark of a step is refused (outside the buffer) and it destroys
+ * the bucketer without a wait; the others marked everything and wait in the
+ * step's buckets.  They must hear of it at once, with the reason: a rank that
+ * made a new bucketer would otherwise pair its next step with their step. */
+static int body_destroy_after_refused(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  float g[M];
+  gw_bucketer_t bk;
+  EXPECT(gw_comm_set_timeout(comm, 60) == GW_SUCCESS, "timeout");
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
+  for (int i = 0; i < M; i++) g[i] = 1.0f;
+  if (rank == 0) {
+    EXPECT(gw_bucketer_ready(bk, M, 1) == GW_ERR_INVALID_ARGUMENT, "a mark outside the buffer accepted");
+    gw_bucketer_destroy(bk);
+    gw_result_t async = GW_SUCCESS;
+    EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS && async == GW_ERR_INVALID_ARGUMENT,
+           "rank 0: the communicator goes on (%s)", gw_strerror(async));
+    return 0;
+  }
+  double t0 = test_now();
+  EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS, "ready: %s", gw_comm_last_error(comm));
+  gw_result_t r = gw_bucketer_wait(bk);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(r != GW_SUCCESS && strstr(msg, "rank 0: gw_bucketer_destroy: a step was left part way (0 of 3") &&
+             strstr(msg, "first refused mark: gw_bucketer_ready: offset 1000"),
+         "rank %d: %s: %s", rank, gw_strerror(r), msg);
+  EXPECT(test_now() - t0 < 20, "rank %d waited %.1f s", rank, test_now() - t0);
   gw_bucketer_destroy(bk);
   return 0;
 }
+
+START_TEST(test_destroy_after_refused) { ck_assert_int_eq(run_ranks(3, body_destroy_after_refused, NULL, 90), 0); }
+END_TEST
 
 /* A mark refused for the settings (a host wire with a stream) changes
  * nothing: the settings can be put right and the step go on.  A wait after a
  * refused mark names it, not only the bucket left unmarked. */
 static int body_refused_settings(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
-  enum { M = 1000 };
   float g[M];
-  size_t bounds[] = {0, 100, 600, M};
   gw_bucketer_t bk;
-  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 3, &bk) == GW_SUCCESS, "create");
-  EXPECT(gw_bucketer_set_wire(bk, GW_BFLOAT16) == GW_SUCCESS && gw_bucketer_set_stream(bk, (void *)&g) == GW_SUCCESS,
-         "settings");
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
+  gw_dev_stream_t st;
+  EXPECT(gw__dev() && gw__dev()->stream_create(&st) == 0, "an emulated stream");
+  EXPECT(gw_bucketer_set_wire(bk, GW_BFLOAT16) == GW_SUCCESS && gw_bucketer_set_stream(bk, st) == GW_SUCCESS,
+         "settings: %s", gw_comm_last_error(comm));
   for (int i = 0; i < M; i++) g[i] = (float)(i % 7 + rank);
   EXPECT(gw_bucketer_ready(bk, 0, 50) == GW_ERR_INVALID_ARGUMENT, "a host wire with a stream accepted");
   EXPECT(gw_bucketer_set_stream(bk, NULL) == GW_SUCCESS, "the settings put right after a refused mark: %s",
@@ -332,7 +403,7 @@ static int body_refused_settings(gw_comm_t comm, int rank, int n, void *arg) {
   for (int i = 0; i < M; i++) /* small integers: exact in bfloat16 */
     EXPECT(g[i] == (float)(n * (i % 7) + n * (n - 1) / 2), "element %d is %g", i, (double)g[i]);
   /* refused again, and the step left there */
-  EXPECT(gw_bucketer_set_stream(bk, (void *)&g) == GW_SUCCESS, "set_stream");
+  EXPECT(gw_bucketer_set_stream(bk, st) == GW_SUCCESS, "set_stream");
   EXPECT(gw_bucketer_ready(bk, 0, M) == GW_ERR_INVALID_ARGUMENT, "a host wire with a stream accepted");
   EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
   const char *msg = gw_comm_last_error(comm);
@@ -343,11 +414,12 @@ static int body_refused_settings(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS && async != GW_SUCCESS, "the communicator goes on");
   EXPECT(gw_bucketer_set_stream(bk, NULL) == GW_SUCCESS, "set_stream");
   gw_bucketer_destroy(bk);
+  gw__dev()->stream_destroy(st);
   return 0;
 }
 
 START_TEST(test_refused_settings) {
-  setenv("GW_DEVICE", "none", 1);
+  setenv("GW_DEV_EMULATE", "2", 1); /* a stream to refuse with host gradients */
   ck_assert_int_eq(run_ranks(2, body_refused_settings, NULL, 60), 0);
 }
 END_TEST
@@ -379,11 +451,9 @@ static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
            "rank 1: %s: %s", gw_strerror(c.r), gw_comm_last_error(comm));
     return 0;
   }
-  enum { M = 100 };
   float g[M];
-  size_t bounds[] = {0, M};
   gw_bucketer_t bk;
-  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, 1, &bk) == GW_SUCCESS, "create");
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
   pthread_t th;
   EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
   usleep(150000); /* the other thread's call is in its pause, holding the connections */
@@ -403,7 +473,7 @@ START_TEST(test_reason_beside_call) {
 END_TEST
 
 START_TEST(test_start_failure) {
-  setenv("GW_DEVICE", "none", 1); /* the stream is refused before anything reads it */
+  setenv("GW_DEV_EMULATE", "2", 1);
   ck_assert_int_eq(run_ranks(2, body_start_failure, NULL, 60), 0);
 }
 END_TEST
@@ -417,7 +487,9 @@ int main(void) {
   tcase_add_test(tc, test_avg);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_one_rank_incomplete);
+  tcase_add_test(tc, test_stream_refused);
   tcase_add_test(tc, test_start_failure);
+  tcase_add_test(tc, test_destroy_after_refused);
   tcase_add_test(tc, test_refused_settings);
   tcase_add_test(tc, test_reason_beside_call);
   tcase_add_test(tc, test_wire);
