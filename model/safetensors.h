@@ -59,7 +59,10 @@ struct gw_st_file {
 /* Parses buf[0..len) as a whole safetensors file; label names it in messages (a
  * path, or NULL for "<buffer>").  On failure *out is NULL. */
 gw_result_t gw_st_parse(struct gw_st_file **out, const void *buf, size_t len, const char *label);
-/* Reads the whole file at path and parses it. */
+/* Reads the file at path and parses it: the header first, checked against the
+ * file's size, and the data only once it has been (a wrong file, however big,
+ * is refused having read at most its header).  Anything but a regular file is
+ * refused without waiting on it (a FIFO without a writer). */
 gw_result_t gw_st_open(struct gw_st_file **out, const char *path);
 void gw_st_free(struct gw_st_file *f); /* accepts NULL */
 
