@@ -838,7 +838,8 @@ uint32_t gw_st_host_tag(void) {
 
 /* path.tmp.<host tag>.<pid>.<k>: in path's directory (so rename is atomic), a name no other
  * writer of this process or another one uses (O_EXCL), created with 0666 so the
- * umask decides the final file's mode as it would for a plain open().  Write
+ * umask decides a new file's mode as it would for a plain open() (a file
+ * replaced passes its own mode on: write_atomic).  Write
  * locked (an OFD lock, held until the rename) so a cleaner can tell a live
  * writer's temporary file from a dead one's: pids are reused, a container's
  * restarted writer often has its predecessor's. */
@@ -888,12 +889,44 @@ static gw_result_t sync_dir(const char *path) {
   return r;
 }
 
-static gw_result_t write_atomic(const char *path, const struct sbuf *h, const struct gw_st_tensor *t, int n) {
+/* Where a save of path goes, into *real (malloc'd): path itself or, when path is
+ * a symbolic link, the file it names, so that the link stays a link (as a plain
+ * open() and write through it would leave it) with the temporary file, the
+ * rename and the directory sync beside the real file.  *mode: the permission
+ * bits of the file replaced, or -1 where there is none.  A link to nothing is
+ * refused: following it would create a file wherever it points (the mount
+ * point of an unmounted volume, say), which is more likely a mistake. */
+static gw_result_t resolve_target(const char *path, char **real, int *mode) {
+  struct stat st;
+  *real = NULL, *mode = -1;
+  int exists = lstat(path, &st) == 0;
+  if (exists && S_ISLNK(st.st_mode)) {
+    if (!(*real = realpath(path, NULL))) {
+      if (errno != ENOENT) return sys_fail(path, "cannot follow the symbolic link");
+      char to[4096];
+      ssize_t k = readlink(path, to, sizeof to - 1);
+      to[k > 0 ? k : 0] = 0;
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: a symbolic link to \"%s\", which does not exist: not "
+                            "saved (create the file it names, or remove the link)", path, to);
+    }
+    if (stat(*real, &st) != 0) return sys_fail(*real, "cannot stat the file its symbolic link names");
+  } else if (!(*real = strdup(path))) {
+    return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  }
+  if (exists) *mode = (int)(st.st_mode & 07777);
+  return GW_SUCCESS;
+}
+
+/* mode: the replaced file's permissions, given to the temporary file before any
+ * data is in it (-1: a new file, the umask's). */
+static gw_result_t write_atomic(const char *path, int mode, const struct sbuf *h, const struct gw_st_tensor *t, int n) {
   char *tmp = NULL;
   int fd = create_temp(path, &tmp);
   if (fd < 0) return sys_fail(path, "cannot create a temporary file next to it");
   gw_result_t r = GW_SUCCESS;
-  if (write_contents(fd, h, t, n) != 0)
+  if (mode >= 0 && (fail_here("chmod") || fchmod(fd, (mode_t)mode) != 0))
+    r = sys_fail(path, "cannot give the temporary file the mode of the file it replaces");
+  else if (write_contents(fd, h, t, n) != 0)
     r = sys_fail(path, "writing the temporary file failed");
   else if (fail_here("fsync") || fsync(fd) != 0)
     r = sys_fail(path, "fsync of the temporary file failed");
@@ -913,12 +946,15 @@ gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, c
   if (!path || n < 0 || (n > 0 && !t))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_st_write: no path, or no tensors for n = %d", n);
   const char **kv = NULL;
-  int nkv = 0;
+  char *real = NULL;
+  int nkv = 0, mode = -1;
   struct sbuf h = {0};
   gw_result_t r = check_for_write(path, t, n);
   if (r == GW_SUCCESS) r = collect_metadata(path, metadata, &kv, &nkv);
   if (r == GW_SUCCESS) r = build_header(path, &h, t, n, kv, nkv);
-  if (r == GW_SUCCESS) r = write_atomic(path, &h, t, n);
+  if (r == GW_SUCCESS) r = resolve_target(path, &real, &mode);
+  if (r == GW_SUCCESS) r = write_atomic(real, mode, &h, t, n);
+  free(real);
   free(kv);
   free(h.p);
   return r;

@@ -86,12 +86,17 @@ void gw_st_format_shape(char *buf, size_t cap, const int64_t *shape, int ndim);
  * any failure the temporary file is removed and whatever was at path is left as
  * it was.  Names must be unique and nbytes must match shape and dtype.
  *
+ * A file replaced keeps its permission bits (the umask decides only a new
+ * file's).  Where path is a symbolic link, the file it names is replaced (its
+ * directory holds the temporary file and is synced) and the link stays; a link
+ * to nothing is refused (GW_ERR_INVALID_ARGUMENT), nothing created.
+ *
  * The temporary file, PATH.tmp.<host tag>.<pid>.<k>, is write-locked (an OFD
  * lock) until its rename, so a cleaner on the same machine (gw_st_host_tag)
  * can tell a live writer's from one a dead save left.  After the
  * rename the directory is synced; a file system that cannot sync directories
  * (EINVAL, ENOTSUP, EROFS) gets a warning on stderr, not an error.
- * For tests, GW_SAFETENSORS_FAIL=create|write|fsync|rename|dirsync-eio makes that
+ * For tests, GW_SAFETENSORS_FAIL=create|chmod|write|fsync|rename|dirsync-eio makes that
  * step fail with EIO, and =dirsync makes the directory sync fail with EINVAL
  * (read at every call, unlike GW_* tunables, so one test can succeed and
  * then fail). */
