@@ -59,7 +59,10 @@ struct gw_st_file {
 /* Parses buf[0..len) as a whole safetensors file; label names it in messages (a
  * path, or NULL for "<buffer>").  On failure *out is NULL. */
 gw_result_t gw_st_parse(struct gw_st_file **out, const void *buf, size_t len, const char *label);
-/* Reads the whole file at path and parses it. */
+/* Reads the file at path and parses it: the header first, checked against the
+ * file's size, and the data only once it has been (a wrong file, however big,
+ * is refused having read at most its header).  Anything but a regular file is
+ * refused without waiting on it (a FIFO without a writer). */
 gw_result_t gw_st_open(struct gw_st_file **out, const char *path);
 void gw_st_free(struct gw_st_file *f); /* accepts NULL */
 
@@ -83,12 +86,17 @@ void gw_st_format_shape(char *buf, size_t cap, const int64_t *shape, int ndim);
  * any failure the temporary file is removed and whatever was at path is left as
  * it was.  Names must be unique and nbytes must match shape and dtype.
  *
+ * A file replaced keeps its permission bits (the umask decides only a new
+ * file's).  Where path is a symbolic link, the file it names is replaced (its
+ * directory holds the temporary file and is synced) and the link stays; a link
+ * to nothing is refused (GW_ERR_INVALID_ARGUMENT), nothing created.
+ *
  * The temporary file, PATH.tmp.<host tag>.<pid>.<k>, is write-locked (an OFD
  * lock) until its rename, so a cleaner on the same machine (gw_st_host_tag)
  * can tell a live writer's from one a dead save left.  After the
  * rename the directory is synced; a file system that cannot sync directories
  * (EINVAL, ENOTSUP, EROFS) gets a warning on stderr, not an error.
- * For tests, GW_SAFETENSORS_FAIL=create|write|fsync|rename|dirsync-eio makes that
+ * For tests, GW_SAFETENSORS_FAIL=create|chmod|write|fsync|rename|dirsync-eio makes that
  * step fail with EIO, and =dirsync makes the directory sync fail with EINVAL
  * (read at every call, unlike GW_* tunables, so one test can succeed and
  * then fail). */

@@ -1,14 +1,19 @@
 /* test_safetensors.c - weights files (model/safetensors.h, gw_model_save_weights /
  * gw_model_load_weights of resnet.h): a model round trip bit for bit, a file
  * written byte for byte as known, a hand-made file parsed, every kind of corrupt
- * file refused with a message naming the tensor, load_weights refusing mismatched
- * files without touching the model, and the writer's atomicity under injected
- * I/O failures (GW_SAFETENSORS_FAIL).  Everything runs on temporary files. */
+ * file refused with a message naming the tensor (a big wrong one without being
+ * read, a FIFO without hanging), load_weights refusing mismatched files without
+ * touching the model, the writer's atomicity under injected I/O failures
+ * (GW_SAFETENSORS_FAIL), and a save through a symbolic link or over a file with
+ * its own mode keeping both.  Everything runs on temporary files. */
 #include <check.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -406,6 +411,60 @@ START_TEST(test_truncated_files) {
 }
 END_TEST
 
+/* A FIFO is refused at once, not waited on for a writer that never comes (the
+ * alarm, with its default action rather than Check's handler, turns a hang into
+ * a failure). */
+START_TEST(test_fifo_refused) {
+  make_tmpdir();
+  const char *path = in_tmp("fifo");
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  signal(SIGALRM, SIG_DFL);
+  alarm(10);
+  struct gw_st_file *f;
+  ck_assert_int_eq(gw_st_open(&f, path), GW_ERR_INVALID_ARGUMENT);
+  alarm(0);
+  ASSERT_MSG_HAS(path);
+  ASSERT_MSG_HAS("not a regular file (a FIFO)");
+  remove_tmpdir();
+}
+END_TEST
+
+static long max_rss_kib(void) {
+  struct rusage ru;
+  ck_assert_int_eq(getrusage(RUSAGE_SELF, &ru), 0);
+  return ru.ru_maxrss;
+}
+
+/* A 1 GiB file (sparse: costs no disk) that is not safetensors, or whose header
+ * leaves its data unaccounted for, is refused having read no more than its
+ * header: the peak memory grows by far less than the file. */
+START_TEST(test_big_wrong_file_not_read) {
+  static const struct { const char *header; const char *msg; } cases[] = {
+      {NULL, "header length 18446744073709551615 is over the 100000000-byte limit"},
+      {"{}      ", "data bytes [0, 1073741808) at the end belong to no tensor"},
+  };
+  make_tmpdir();
+  const char *path = in_tmp("big");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t len = 8;
+    static const unsigned char ff[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    const void *head = cases[i].header ? file_of(cases[i].header, NULL, 0, &len) : ff;
+    FILE *o = fopen(path, "wb");
+    ck_assert_uint_eq(fwrite(head, 1, len, o), len);
+    ck_assert_int_eq(ftruncate(fileno(o), 1L << 30), 0);
+    fclose(o);
+    long before = max_rss_kib();
+    struct gw_st_file *f;
+    ck_assert_int_eq(gw_st_open(&f, path), GW_ERR_INVALID_ARGUMENT);
+    ASSERT_MSG_HAS(path);
+    ASSERT_MSG_HAS(cases[i].msg);
+    long grew = max_rss_kib() - before;
+    ck_assert_msg(grew < 64 * 1024, "case %zu: refusing the file took %ld KiB", i, grew);
+  }
+  remove_tmpdir();
+}
+END_TEST
+
 /* ---- load_weights refusing mismatched files ---------------------------------- */
 
 /* Saves m, then rewrites it through edit(tensors, &n) as name. */
@@ -561,8 +620,8 @@ START_TEST(test_atomic_write) {
   ck_assert(gw_model_save_weights(a, path) == GW_SUCCESS);
   size_t len0;
   char *before = slurp(path, &len0);
-  static const char *const steps[] = {"create", "write", "fsync", "rename"};
-  for (size_t i = 0; i < 4; i++) {
+  static const char *const steps[] = {"create", "chmod", "write", "fsync", "rename"};
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
     setenv("GW_SAFETENSORS_FAIL", steps[i], 1);
     ck_assert_msg(gw_model_save_weights(b, path) == GW_ERR_SYSTEM, "%s: saved", steps[i]);
     ASSERT_MSG_HAS(path);
@@ -606,6 +665,59 @@ START_TEST(test_atomic_write) {
 }
 END_TEST
 
+/* One F32 tensor "a" = v into path; its value read back. */
+static gw_result_t save_value(const char *path, float v) {
+  struct gw_st_tensor t = {.name = "a", .dtype = GW_FLOAT32, .ndim = 1, .shape = {1}, .nbytes = 4, .data = &v};
+  return gw_st_write(path, &t, 1, NULL);
+}
+
+static float load_value(const char *path) {
+  struct gw_st_file *f;
+  ck_assert_msg(gw_st_open(&f, path) == GW_SUCCESS, "%s", gw_model_last_error());
+  float v;
+  memcpy(&v, gw_st_find(f, "a")->data, sizeof v);
+  gw_st_free(f);
+  return v;
+}
+
+static mode_t mode_of(const char *path) {
+  struct stat st;
+  ck_assert_int_eq(stat(path, &st), 0);
+  return st.st_mode & 07777;
+}
+
+/* A save replaces the file's contents, not what the name is: a symbolic link
+ * stays a link to the file now saved, and a file replaced keeps its mode (the
+ * umask decides only a new file's); a link to nothing is refused. */
+START_TEST(test_save_keeps_link_and_mode) {
+  make_tmpdir();
+  umask(022);
+  const char *real = in_tmp("real.safetensors"), *link = in_tmp("link.safetensors");
+  ck_assert(save_value(real, 1) == GW_SUCCESS);
+  ck_assert_int_eq(mode_of(real), 0644);
+  ck_assert_int_eq(chmod(real, 0600), 0);
+  ck_assert_msg(save_value(real, 2) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_int_eq(mode_of(real), 0600);
+  ck_assert_int_eq(symlink("real.safetensors", link), 0);
+  ck_assert_msg(save_value(link, 3) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct stat st;
+  ck_assert_int_eq(lstat(link, &st), 0);
+  ck_assert_msg(S_ISLNK(st.st_mode), "the save replaced the symbolic link");
+  ck_assert(load_value(real) == 3);
+  ck_assert_int_eq(mode_of(real), 0600);
+  ck_assert_int_eq(count_files(), 2); /* no temporary file left */
+  const char *dangling = in_tmp("dangling.safetensors");
+  ck_assert_int_eq(symlink("nowhere/w.safetensors", dangling), 0);
+  ck_assert_int_eq(save_value(dangling, 4), GW_ERR_INVALID_ARGUMENT);
+  ASSERT_MSG_HAS(dangling);
+  ASSERT_MSG_HAS("a symbolic link to \"nowhere/w.safetensors\", which does not exist");
+  ck_assert_int_eq(lstat(dangling, &st), 0);
+  ck_assert(S_ISLNK(st.st_mode));
+  ck_assert_int_eq(count_files(), 3);
+  remove_tmpdir();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("safetensors");
   TCase *tc = tcase_create("safetensors");
@@ -618,10 +730,13 @@ int main(void) {
   tcase_add_test(tc, test_rejections);
   tcase_add_test(tc, test_rejected_lengths);
   tcase_add_test(tc, test_truncated_files);
+  tcase_add_test(tc, test_fifo_refused);
+  tcase_add_test(tc, test_big_wrong_file_not_read);
   tcase_add_test(tc, test_load_refusals);
   tcase_add_test(tc, test_load_without_counters);
   tcase_add_test(tc, test_write_refusals);
   tcase_add_test(tc, test_atomic_write);
+  tcase_add_test(tc, test_save_keeps_link_and_mode);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
