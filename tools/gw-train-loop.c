@@ -487,7 +487,11 @@ static int epoch_end(struct trainer *t, int64_t epoch) {
     return STOPPED;
   }
   t->st.eval_epoch = 0;
-  return t->o->eval ? evaluate(t, epoch + 1, mean) : 0;
+  if (!t->o->eval) return 0;
+  /* Done: the checkpoint says so, or every resume from it would evaluate the
+   * epoch again (a second eval line in the metrics).  The same file is
+   * written again (ckpt-<step>: no other of the newest kept is pruned). */
+  return evaluate(t, epoch + 1, mean) != 0 ? -1 : save_checkpoint(t);
 }
 
 /* A test hook: GW_TRAIN_STOP_AT_STEP=N ends the job right after step N (and its
@@ -616,6 +620,7 @@ int gw_train_run(const struct train_opts *o) {
   t.o = o;
   t.log.rank = -1;
   int rc = trainer_setup(&t);
+  if (rc == 0 && t.rank == 0 && o->save_weights) weights_remove_stale_temps(o->save_weights);
   if (rc == 0) {
     announce(&t);
     rc = run_steps(&t);

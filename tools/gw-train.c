@@ -437,6 +437,7 @@ static int build_only(const struct train_opts *o) {
     return 1;
   }
   int rc = 0;
+  if (o->save_weights) weights_remove_stale_temps(o->save_weights);
   if (o->load_weights && gw_model_load_weights(m, o->load_weights) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: --load-weights: %s\n", gw_model_last_error());
     rc = 1;
