@@ -456,7 +456,9 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   double t_end = now();
   r->loss = lsum / t->world;
   r->lr = lr;
-  r->compute_ms = 1e3 * ((t_bwd - t0) + (t_end - t_comm)); /* forward, backward, optimizer */
+  /* forward, backward, optimizer: not the wait for the next batch, taken
+   * before t_bwd (it is data_ms's) */
+  r->compute_ms = 1e3 * ((t_bwd - t0) + (t_end - t_comm)) - (next ? next->ms : 0);
   /* The data wait: this batch's when taken just before the step (outside it),
    * the next one's when taken during it (inside it). */
   r->data_ms = (k->ahead ? 0 : k->ms) + (next ? next->ms : 0);
