@@ -561,11 +561,14 @@ static int run_steps(struct trainer *t) {
 
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
-  char threads[48] = "";
+  char threads[48] = "", buckets[96] = "";
+  if (t->bk && t->nb > 1)
+    snprintf(buckets, sizeof buckets, " in %d buckets (the first %g MiB, then %g MiB)", t->nb, o->first_bucket_mb,
+             o->bucket_mb);
   if (t->ops->host_memory)
     snprintf(threads, sizeof threads, ", %d thread%s per rank", t->threads, t->threads > 1 ? "s" : "");
   log_text(&t->log,
-           "%s on %s: %d rank%s x batch %d on %s%s%s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
+           "%s on %s: %d rank%s x batch %d on %s%s%s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s%s, %zu "
            "parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
            t->ops->name, t->ops->layout(t->b) == GW_LAYOUT_NHWC ? " (NHWC)" : "", threads,
@@ -578,7 +581,7 @@ static void announce(struct trainer *t) {
            t->world == 1     ? "no allreduce"
            : o->no_overlap ? "allreduce after backward"
                              : "allreduce overlapped with backward",
-           o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
+           buckets, o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
   /* Training batches are whole: a share that is not a whole number of them
    * leaves its last samples out of every epoch (another each epoch: the order
    * is shuffled). */
