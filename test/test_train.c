@@ -713,6 +713,9 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--loss-scale-init", "1024", NULL}, "needs --loss-scale dynamic");
   refused((const char *const[]){"--steps", "2", "--backend", "tpu", NULL}, "--backend 'tpu'");
   refused((const char *const[]){"--steps", "2", "--layout", "nchwc", NULL}, "--layout 'nchwc' is not nchw or nhwc");
+  refused((const char *const[]){"--steps", "2", "--first-bucket-mb", "0", NULL},
+          "--first-bucket-mb wants a number in [0.000976562, 1.04858e+06], got '0'");
+  refused((const char *const[]){"--steps", "2", "--first-bucket-mb", "1M", NULL}, "--first-bucket-mb");
   refused((const char *const[]){NULL}, "--epochs E or --steps S");
   refused((const char *const[]){"--steps", "2", "--data", "imagenet:/nonexistent", NULL}, "/nonexistent");
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--classes", "5", "--batch", "100000",
@@ -752,6 +755,27 @@ START_TEST(test_bad_flags) {
 }
 END_TEST
 
+/* --first-bucket-mb sizes the first bucket (--bucket-mb the others): the run
+ * names its buckets (176012 float gradients: 16384, then 65536 at most), and
+ * its checkpoints keep the option among the run's. */
+START_TEST(test_first_bucket_mb) {
+  char dir[512];
+  path(dir, sizeof dir, "ckpt-buckets");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "2", (const char *const[]){"--steps", "2", "--batch", "8", "--bucket-mb", "0.25",
+                                              "--first-bucket-mb", "0.0625", "--checkpoint-dir", dir, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "allreduce overlapped with backward in 4 buckets (the first 0.0625 MiB, then 0.25 MiB)"),
+                "the buckets were not named:\n%s", r.out);
+  gwrun_free(&r);
+  struct gw_st_file *f = open_st("ckpt-buckets/ckpt-2.safetensors");
+  const char *opts = gw_st_metadata(f, "options");
+  ck_assert_msg(opts && strstr(opts, " bucket_mb=0.25 first_bucket_mb=0.0625 "), "the saved options: %s", opts);
+  gw_st_free(f);
+}
+END_TEST
+
 /* --plot draws a point at each epoch's end: a run that ends before one says
  * so at the start (it used to end silently with no file). */
 START_TEST(test_plot_nothing_to_draw) {
@@ -778,6 +802,7 @@ static Suite *make_suite(void) {
   TCase *tc = tcase_create("gw-train");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
+  tcase_add_test(tc, test_first_bucket_mb);
   tcase_add_test(tc, test_ranks_must_share_options);
   tcase_add_test(tc, test_plot_nothing_to_draw);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);

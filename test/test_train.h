@@ -15,11 +15,14 @@ const char *train_bin(void);
 /* tmpdir/name. */
 void path(char *out, size_t cap, const char *name);
 
-/* A narrow ResNet-18 on 96 synthetic 16x16 samples: each run takes seconds. */
-#define COMMON                                                                                                   \
-  "--data", "synthetic", "--synthetic-samples", "96", "--model", "resnet18", "--width-divisor", "8",             \
-      "--in-channels", "3", "--image-size", "16", "--classes", "4", "--stem", "small", "--seed", "5",           \
-      "--warmup-epochs", "0", "--lr", "0.4", "--no-eval", "--threads", "1"
+/* A narrow ResNet-18 on 16x16 inputs, its seed and schedule. */
+#define TINY_MODEL                                                                                               \
+  "--model", "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes", "4",   \
+      "--stem", "small", "--seed", "5", "--warmup-epochs", "0", "--lr", "0.4"
+/* It on 96 synthetic samples: each run takes seconds. */
+#define COMMON "--data", "synthetic", "--synthetic-samples", "96", TINY_MODEL, "--no-eval", "--threads", "1"
+/* With the evaluation, on 32 samples: 4 steps per epoch of batch 8. */
+#define EVAL_COMMON "--data", "synthetic", "--synthetic-samples", "32", TINY_MODEL, "--threads", "1"
 
 /* gw-run -n ranks gw-train COMMON extra..., waiting up to 120 s. */
 void train(struct run *r, const char *const *env, const char *ranks, const char *const *extra);

@@ -4,9 +4,12 @@
  *   the later steps and writes byte-identical weights as an uninterrupted run
  *   (also with the weights on a pretend device, and with the loss scaler);
  * - a checkpoint of an older gw-train (no scaler state) still resumes;
- * - a damaged newest checkpoint is refused by name, moved aside, and the
- *   previous one used (and kept: pruning counts only this run's files); with
- *   none usable, --resume fails and says why;
+ * - a damaged newest checkpoint (its tensors or its metadata) is refused by
+ *   name, moved aside (an earlier refusal's copy kept), and the previous one
+ *   used (and kept: pruning counts only this run's files); with none usable,
+ *   --resume fails and says why;
+ * - an epoch's evaluation is not run again on a resume;
+ * - dead saves' temporary files go, in the folder and beside --save-weights;
  * - a folder of checkpoints is refused to a new run;
  * - the last step is saved; a run with other options is refused by name.
  */
@@ -39,6 +42,16 @@ static int same_file(const char *a, const char *b) {
   if (fa) fclose(fa);
   if (fb) fclose(fb);
   return same;
+}
+
+static void copy_file(const char *from, const char *to) {
+  FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+  ck_assert_msg(a && b, "cannot copy %s to %s", from, to);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, a)) > 0) ck_assert_uint_eq(fwrite(buf, 1, n, b), n);
+  ck_assert(!ferror(a) && fclose(b) == 0);
+  fclose(a);
 }
 
 /* Seven steps uninterrupted against three, an interruption and a resume from
@@ -244,13 +257,7 @@ START_TEST(test_checkpoint_dir_guarded) {
   train(&r, noenv, "1", args);
   expect_ok(&r);
   gwrun_free(&r);
-  size_t n;
-  char *before = slurp("ckpt-guard/ckpt-2.safetensors", &n); /* a name under tmpdir */
-  FILE *f = fopen(copy, "wb");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fwrite(before, 1, n, f), n);
-  fclose(f);
-  free(before);
+  copy_file(c2, copy);
   args[1] = "1";
   train(&r, noenv, "1", args); /* a new run: its step 1 would write over ckpt-1 */
   ck_assert_msg(r.code != 0 && strstr(r.err, "already holds 2 checkpoints (the newest ckpt-2.safetensors)") &&
@@ -268,6 +275,28 @@ START_TEST(test_checkpoint_dir_guarded) {
 END_TEST
 
 static int exists(const char *file) { return access(file, F_OK) == 0; }
+
+/* Files standing for others' (temporary files, names the writer never makes):
+ * one line each, modified age seconds ago. */
+static void plant(const char *const *files, int n, long age) {
+  const struct timeval then[2] = {{time(NULL) - age, 0}, {time(NULL) - age, 0}};
+  for (int i = 0; i < n; i++) {
+    FILE *f = fopen(files[i], "w");
+    ck_assert_msg(f, "cannot create %s", files[i]);
+    fputs("not a checkpoint\n", f);
+    fclose(f);
+    ck_assert(utimes(files[i], then) == 0);
+  }
+}
+
+/* A live writer's temporary file: write-locked (an OFD lock) as gw_st_write
+ * holds it until its rename; the descriptor (close it). */
+static int lock_live(const char *file) {
+  int fd = open(file, O_RDWR);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  ck_assert(fd >= 0 && fcntl(fd, F_OFD_SETLK, &fl) == 0);
+  return fd;
+}
 
 /* Refused newer files are moved aside, out of the pruning's count: with
  * --keep-checkpoints 1 the run that resumed past a damaged ckpt-4 keeps its own
@@ -299,20 +328,10 @@ START_TEST(test_refused_moved_aside) {
   struct run r;
   const char *const noenv[] = {NULL};
   newest_damaged(dir, c4);
-  const char *const extra[] = {dead, live, odd1, odd2, reused, far_new, far_old};
-  for (int i = 0; i < 7; i++) {
-    FILE *f = fopen(extra[i], "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("not a checkpoint\n", f);
-    fclose(f);
-  }
-  const struct timeval hour_ago[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
-  const struct timeval two_hours_ago[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
-  ck_assert(utimes(dead, hour_ago) == 0 && utimes(reused, hour_ago) == 0 && utimes(live, hour_ago) == 0 &&
-            utimes(far_old, two_hours_ago) == 0);
-  int live_fd = open(live, O_RDWR);
-  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-  ck_assert(live_fd >= 0 && fcntl(live_fd, F_OFD_SETLK, &fl) == 0);
+  plant((const char *const[]){dead, live, reused}, 3, 3600);
+  plant((const char *const[]){far_old}, 1, 7200);
+  plant((const char *const[]){odd1, odd2, far_new}, 3, 0);
+  const int live_fd = lock_live(live);
   /* Steps 3-5, saved at 3 and (the last step) 5, keeping one. */
   train(&r, noenv, "1", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir,
                                               "--checkpoint-every", "3", "--keep-checkpoints", "1", "--resume",
@@ -419,30 +438,31 @@ END_TEST
  * socket: open fails with ENXIO; in life EMFILE, ENOMEM, EIO) stops the
  * resume: falling back would quietly redo steps and move a good file aside.
  * A refused file that cannot be moved aside stops it too (left there, it would
- * count among the newest kept and the run's own saves would be pruned). */
+ * count among the newest kept and the run's own saves would be pruned): here
+ * every name it may take is an earlier refusal's (.refused, .refused.1 to
+ * .refused.99). */
 START_TEST(test_resume_stops_rather_than_roll_back) {
-  char dir[512], c2[600], c4[600], refused[700], inside[760];
+  char dir[512], c2[600], c4[600], refused[700], taken[100][720];
   path(dir, sizeof dir, "ckpt-stop");
   snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
   snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
   snprintf(refused, sizeof refused, "%s.refused", c4);
-  snprintf(inside, sizeof inside, "%s/x", refused);
   struct run r;
   const char *const noenv[] = {NULL};
   const char *const resume[] = {"--steps", "6", "--batch", "8", "--checkpoint-dir", dir, "--resume", NULL};
   newest_damaged(dir, c4);
-  /* rename(ckpt-4, ckpt-4.refused) fails onto a directory that is not empty */
-  ck_assert_int_eq(mkdir(refused, 0777), 0);
-  FILE *f = fopen(inside, "w");
-  ck_assert_ptr_nonnull(f);
-  fclose(f);
+  for (int i = 0; i < 100; i++) {
+    if (i) snprintf(taken[i], sizeof taken[i], "%s.%d", refused, i);
+    else snprintf(taken[i], sizeof taken[i], "%s", refused);
+    plant((const char *const[]){taken[i]}, 1, 0);
+  }
   train(&r, noenv, "1", resume);
-  ck_assert_msg(r.code != 0 && strstr(r.err, "cannot move the refused") && strstr(r.err, "ckpt-4.safetensors"),
+  ck_assert_msg(r.code != 0 && strstr(r.err, "cannot move the refused") && strstr(r.err, "ckpt-4.safetensors") &&
+                    strstr(r.err, "all exist"),
                 "a refused file that cannot be moved: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
   ck_assert_msg(exists(c4) && exists(c2), "the checkpoints were touched");
-  ck_assert_int_eq(unlink(inside), 0);
-  ck_assert_int_eq(rmdir(refused), 0);
+  for (int i = 0; i < 100; i++) ck_assert_msg(unlink(taken[i]) == 0, "cannot remove %s", taken[i]);
   /* The newest is a socket */
   ck_assert_int_eq(unlink(c4), 0);
   int s = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -553,7 +573,156 @@ START_TEST(test_data_named_by_samples) {
 }
 END_TEST
 
+/* Each refusal of a step's checkpoint keeps its copy: a second damaged
+ * ckpt-4 goes to .refused.1, beside the first's .refused (it used to replace
+ * it). */
+START_TEST(test_refusals_kept) {
+  char dir[512], c4[600], first[512], second[512], refused[700], refused1[700];
+  path(dir, sizeof dir, "ckpt-twice");
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+  snprintf(refused, sizeof refused, "%s.refused", c4);
+  snprintf(refused1, sizeof refused1, "%s.refused.1", c4);
+  path(first, sizeof first, "twice-first.safetensors");
+  path(second, sizeof second, "twice-second.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *const resume[] = {"--steps", "4", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "2",
+                                "--resume", NULL};
+  newest_damaged(dir, c4);
+  copy_file(c4, first);
+  for (int pass = 0; pass < 2; pass++) { /* steps 3 and 4 again from ckpt-2, ckpt-4 saved again */
+    train(&r, noenv, "1", resume);
+    expect_ok(&r);
+    ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused") && strstr(r.out, pass ? refused1 : refused) &&
+                      strstr(r.out, "ckpt-2.safetensors at step 2"),
+                  "refusal %d: expected ckpt-4 moved to %s:\n%s", pass + 1, pass ? refused1 : refused, r.out);
+    gwrun_free(&r);
+    if (pass == 0) flip_byte(c4, 100), copy_file(c4, second);
+  }
+  ck_assert_msg(same_file(refused, first) && same_file(refused1, second),
+                "the refused copies are not the two damaged files, first and second");
+}
+END_TEST
+
+/* An epoch evaluated at its end is saved again after the evaluation, without
+ * the pending mark: a resume from its checkpoint goes on without evaluating it
+ * again (it did, and the metrics got a second eval line for the epoch).  The
+ * same file is written again: with --keep-checkpoints 2 both epochs' stay. */
+START_TEST(test_epoch_evaluated_once) {
+  char dir[512], metrics[512], c4[600], c8[600];
+  path(dir, sizeof dir, "ckpt-evaluated");
+  path(metrics, sizeof metrics, "evaluated.jsonl");
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+  snprintf(c8, sizeof c8, "%s/ckpt-8.safetensors", dir);
+  const char *const noenv[] = {NULL}, *const eval[] = {EVAL_COMMON, NULL};
+  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, "--metrics", metrics,
+                        "--keep-checkpoints", "2", NULL, NULL};
+  struct run r;
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "epoch 1 evaluation: top-1"), "epoch 1 was not evaluated:\n%s", r.out);
+  gwrun_free(&r);
+  args[1] = "2", args[10] = "--resume";
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && !strstr(r.out, "epoch 1 evaluation") &&
+                    strstr(r.out, "epoch 2 evaluation: top-1"),
+                "the resume evaluated epoch 1 again, or not epoch 2:\n%s", r.out);
+  gwrun_free(&r);
+  size_t len;
+  char *m = slurp("evaluated.jsonl", &len);
+  int evals[2] = {0, 0};
+  for (const char *p = m; (p = strstr(p, "{\"type\":\"eval\",\"epoch\":")); p++) {
+    const long long e = atoll(p + strlen("{\"type\":\"eval\",\"epoch\":"));
+    ck_assert_msg(e == 1 || e == 2, "an eval line of epoch %lld", e);
+    evals[e - 1]++;
+  }
+  free(m);
+  ck_assert_msg(evals[0] == 1 && evals[1] == 1, "eval lines: %d of epoch 1, %d of epoch 2 (one each)", evals[0],
+                evals[1]);
+  ck_assert_msg(exists(c4) && exists(c8), "keeping 2: expected ckpt-4 and ckpt-8");
+}
+END_TEST
+
+/* The checksum covers the metadata (format version 2): one digit changed in
+ * the pending evaluation's training loss (the file still parses, and the
+ * value reads) makes the checkpoint refused by name as damaged, and the
+ * resume falls back to the one before. */
+START_TEST(test_metadata_damage_refused) {
+  char dir[512], c8[600];
+  path(dir, sizeof dir, "ckpt-meta");
+  snprintf(c8, sizeof c8, "%s/ckpt-8.safetensors", dir);
+  const char *const stop[] = {"GW_TRAIN_STOP_BEFORE_EVAL=2", NULL}, *const noenv[] = {NULL},
+                    *const eval[] = {EVAL_COMMON, NULL};
+  const char *args[] = {"--epochs", "2", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
+  struct run r;
+  train_from(&r, stop, "1", eval, args);
+  ck_assert_msg(r.code != 0 && strstr(r.out, "stopping before the evaluation of epoch 2"),
+                "the interrupted run: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  size_t len;
+  char *file = slurp("ckpt-meta/ckpt-8.safetensors", &len);
+  const char *key = "\"eval_pending\":\"2 ", *value = memmem(file, len, key, strlen(key)); /* after the length's 0 bytes */
+  ck_assert_msg(value, "no pending evaluation of epoch 2 in %s", c8);
+  const char *end = strchr(value + strlen(key), '"'), *digit = end ? end - 1 : value;
+  ck_assert_msg(*digit >= '0' && *digit <= '9', "the pending evaluation's value does not end in a digit");
+  const long at = (long)(digit - file);
+  free(file);
+  FILE *f = fopen(c8, "r+b");
+  ck_assert(f && fseek(f, at, SEEK_SET) == 0);
+  int c = fgetc(f);
+  ck_assert(fseek(f, at, SEEK_SET) == 0 && fputc(c == '9' ? '8' : c + 1, f) != EOF && fclose(f) == 0);
+  args[6] = "--resume";
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-8.safetensors refused: its checksum") && strstr(r.out, "damaged") &&
+                    strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 2 evaluation: top-1"),
+                "expected ckpt-8 refused as damaged, and epoch 2 trained again from ckpt-4:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* --save-weights' file: the temporary files of saves to it that died go
+ * before it is written (they stayed forever, a whole model each), by the
+ * checkpoint folder's rule (a dead writer's, also one named with a live pid;
+ * a live writer's, locked, stays), after training and with --steps 0.
+ * Another file's, and names the writer never makes, are left. */
+START_TEST(test_weights_stale_temps_removed) {
+  char weights[512], dead[600], reused[600], live[600], other[600], odd[600], dead0[600];
+  path(weights, sizeof weights, "w-temps.safetensors");
+  const unsigned tag = gw_st_host_tag();
+  snprintf(dead, sizeof dead, "%s.tmp.%08x.999999999.0", weights, tag);
+  snprintf(reused, sizeof reused, "%s.tmp.%08x.%ld.4", weights, tag, (long)getpid());
+  snprintf(live, sizeof live, "%s.tmp.%08x.%ld.3", weights, tag, (long)getpid());
+  snprintf(dead0, sizeof dead0, "%s.tmp.%08x.999999999.1", weights, tag);
+  path(other, sizeof other, "old-w-temps.safetensors"); /* another file, whose name ends in this one's */
+  const size_t n = strlen(other);
+  snprintf(other + n, sizeof other - n, ".tmp.%08x.999999999.0", tag);
+  snprintf(odd, sizeof odd, "%s.tmp.%08x.999999999.x", weights, tag);
+  plant((const char *const[]){dead, reused, live, other, odd}, 5, 3600);
+  const int live_fd = lock_live(live);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "1", "--batch", "8", "--save-weights", weights, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  ck_assert_msg(exists(weights) && !exists(dead) && !exists(reused) && exists(live),
+                "the dead saves' temporary files should go (also one named with a live pid), the live one's stay");
+  ck_assert_msg(exists(other) && exists(odd), "another file's temporary file, or a name no save makes, was removed");
+  plant((const char *const[]){dead0}, 1, 3600);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", weights, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  ck_assert_msg(!exists(dead0) && exists(live), "--steps 0: the dead save's temporary file should go, the live one's stay");
+  close(live_fd);
+}
+END_TEST
+
 void add_checkpoint_tests(TCase *tc) {
+  tcase_add_test(tc, test_refusals_kept);
+  tcase_add_test(tc, test_epoch_evaluated_once);
+  tcase_add_test(tc, test_metadata_damage_refused);
+  tcase_add_test(tc, test_weights_stale_temps_removed);
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
   tcase_add_test(tc, test_resume_runs_pending_evaluation);
   tcase_add_test(tc, test_data_named_by_samples);

@@ -2,14 +2,17 @@
  * parameters, the momentum buffer, the BN statistics and counters, and the
  * training state (step, where the data continues, the epoch's loss so far), with
  * metadata naming the run's configuration and an FNV-1a 64 checksum over every
- * tensor's bytes.  Written atomically by the safetensors writer (temporary file,
- * fsync, rename, directory fsync), so a crash leaves the previous checkpoint
- * whole; the newest `keep` are kept.  On resume the newest file that parses,
- * matches the configuration and passes its checksum is used; a damaged newer one
- * is named in a warning, skipped, and moved aside to ckpt-<step>.safetensors.refused
- * (never deleted: it may be worth a look; never counted among the newest `keep`
- * nor overwritten when the run reaches its step again).  Temporary files of a
- * save that a dead writer left behind are removed when the directory is opened.
+ * tensor's bytes and (format version 2) the metadata.  Written atomically by the
+ * safetensors writer (temporary file, fsync, rename, directory fsync), so a
+ * crash leaves the previous checkpoint whole; the newest `keep` are kept.  On
+ * resume the newest file that parses, passes its checksum and matches the
+ * configuration is used; a damaged newer one is named in a warning, skipped,
+ * and moved aside to ckpt-<step>.safetensors.refused (.refused.1, .2, ... when
+ * an earlier refusal's copy has that name: never deleted nor replaced, it may
+ * be worth a look; never counted among the newest `keep` nor overwritten when
+ * the run reaches its step again).  Temporary files of a save that a dead
+ * writer left behind are removed when the directory is opened, and those of
+ * --save-weights' file before it is written.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -70,10 +73,37 @@ static void describe(struct ckpt_tensors *c, struct gw_model *m, struct gw_sgd *
   add(c, "scaler", GW_FLOAT64, c->scaler, 3); /* last: older checkpoints end before it */
 }
 
-static uint64_t checksum(const struct ckpt_tensors *c) {
+/* Format version 2 (the "format_version" key; version 1 had none): the
+ * checksum covers these metadata entries too, in this order, after the
+ * tensors (a version 1 file's covers the tensors alone, and still loads). */
+#define CKPT_VERSION "2"
+static const char *const covered[] = {"format_version", "format", "config", "options", "eval_pending"};
+enum { NCOVERED = sizeof covered / sizeof covered[0] };
+
+/* vals: the covered entries' values (NULL: absent), or NULL for version 1. */
+static uint64_t checksum(const struct ckpt_tensors *c, const char *const *vals) {
   uint64_t h = GW_FNV_START;
   for (int i = 0; i < c->n; i++) h = gw__fnv(h, c->t[i].data, c->t[i].nbytes);
+  for (int i = 0; vals && i < NCOVERED; i++) {
+    const unsigned char present = vals[i] != NULL; /* an absent entry differs from an empty one */
+    h = gw__fnv(h, covered[i], strlen(covered[i]) + 1);
+    h = gw__fnv(h, &present, 1);
+    if (present) h = gw__fnv(h, vals[i], strlen(vals[i]) + 1);
+  }
   return h;
+}
+
+/* The step of a checkpoint's file name, name[0..len): exactly the names
+ * ckpt_save writes (not ckpt-007 or ckpt-+7, which would stand for another
+ * file's step); -1 for any other name. */
+static long long step_of(const char *name, size_t len) {
+  char buf[64], canon[64];
+  long long s;
+  if (len >= sizeof buf) return -1;
+  memcpy(buf, name, len), buf[len] = 0;
+  if (sscanf(buf, "ckpt-%lld", &s) != 1 || s < 0) return -1;
+  snprintf(canon, sizeof canon, "ckpt-%lld.safetensors", s);
+  return strcmp(canon, buf) ? -1 : s;
 }
 
 /* Steps of the checkpoint files in dir, newest first. */
@@ -83,13 +113,8 @@ static int list_steps(const char *dir, int64_t *steps, int max) {
   int n = 0;
   struct dirent *de;
   while ((de = readdir(d)) && n < max) {
-    long long s;
-    char tail[32], name[64];
-    /* Exactly the names ckpt_save writes (not ckpt-007 or ckpt-+7, which would
-     * stand for another file's step). */
-    if (sscanf(de->d_name, "ckpt-%lld.%31s", &s, tail) == 2 && strcmp(tail, "safetensors") == 0 && s >= 0 &&
-        (size_t)snprintf(name, sizeof name, "ckpt-%lld.safetensors", s) < sizeof name && !strcmp(name, de->d_name))
-      steps[n++] = s;
+    const long long s = step_of(de->d_name, strlen(de->d_name));
+    if (s >= 0) steps[n++] = s;
   }
   closedir(d);
   for (int i = 1; i < n; i++) /* insertion sort, descending: few files */
@@ -132,26 +157,56 @@ static bool temp_is_stale(const char *path, unsigned tag, long long pid) {
   return stale;
 }
 
-/* Removes ckpt-<step>.safetensors.tmp.<host tag>.<pid>.<k> that no live save
- * is writing (a save killed before its rename); a live writer's is left
- * alone, and another machine's unless it is an hour old. */
-static void remove_stale_temps(const char *dir) {
+/* Whether name is <base>.tmp.<host tag>.<pid>.<k>, the name gw_st_write
+ * gives the temporary file of a save to <base> (8 hex digits, then decimal
+ * numbers); base's length, the tag and the pid out. */
+static bool temp_name(const char *name, size_t *base_len, unsigned *tag, long long *pid) {
+  const char *p = name + strlen(name), *field[3]; /* k, pid, tag */
+  size_t len[3];
+  for (int i = 0; i < 3; i++) {
+    const char *end = p;
+    while (p > name && p[-1] != '.') p--;
+    if (p == name || p == end) return false;
+    field[i] = p, len[i] = (size_t)(end - p), p--;
+  }
+  if (p - name < 5 || memcmp(p - 4, ".tmp", 4) != 0 || len[2] != 8 || strspn(field[2], "0123456789abcdef") < 8 ||
+      strspn(field[1], "0123456789") < len[1] || len[1] > 18 || strspn(field[0], "0123456789") < len[0])
+    return false;
+  *base_len = (size_t)(p - 4 - name);
+  *tag = (unsigned)strtoul(field[2], NULL, 16), *pid = strtoll(field[1], NULL, 10);
+  return *base_len > 0 && *pid > 0;
+}
+
+/* Removes the temporary files in dir of saves to base (NULL: to any
+ * checkpoint, ckpt-<step>.safetensors) that no live save is writing (a save
+ * killed before its rename); a live writer's is left alone, and another
+ * machine's unless it is an hour old. */
+static void remove_stale_temps(const char *dir, const char *base) {
   DIR *d = opendir(dir);
   if (!d) return;
   struct dirent *de;
   char path[4096];
   while ((de = readdir(d))) {
-    long long s, pid;
-    unsigned k;
-    int end = 0;
+    long long pid;
     unsigned tag;
-    if (sscanf(de->d_name, "ckpt-%lld.safetensors.tmp.%8x.%lld.%u%n", &s, &tag, &pid, &k, &end) != 4 ||
-        de->d_name[end] != 0 || pid <= 0)
+    size_t len;
+    if (!temp_name(de->d_name, &len, &tag, &pid) ||
+        (base ? len != strlen(base) || memcmp(de->d_name, base, len) != 0 : step_of(de->d_name, len) < 0))
       continue;
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
     if (temp_is_stale(path, tag, pid)) unlink(path);
   }
   closedir(d);
+}
+
+void weights_remove_stale_temps(const char *file) {
+  const char *slash = strrchr(file, '/');
+  char dir[4096];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if ((size_t)snprintf(dir, sizeof dir, "%.*s", slash == file ? 1 : (int)(slash - file), file) >= sizeof dir)
+    return;
+  const char *base = slash ? slash + 1 : file;
+  if (base[0]) remove_stale_temps(dir, base);
 }
 
 int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
@@ -172,7 +227,7 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
     snprintf(err, errlen, "--checkpoint-dir %s: cannot write into it: %s", dir, strerror(errno));
     return -1;
   }
-  remove_stale_temps(dir);
+  remove_stale_temps(dir, NULL);
   int64_t steps[MAX_CKPT];
   const int n = list_steps(dir, steps, MAX_CKPT);
   if (n < 0) {
@@ -198,13 +253,17 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
   }
   struct ckpt_tensors c;
   describe(&c, m, sgd, st);
-  char sum[32], path[4096];
-  snprintf(sum, sizeof sum, "%016" PRIx64, checksum(&c));
+  char sum[32], path[4096], pending[64];
   snprintf(path, sizeof path, "%s/ckpt-%" PRId64 ".safetensors", dir, st->step);
-  char pending[64];
   snprintf(pending, sizeof pending, "%" PRId64 " %.17g", st->eval_epoch, st->eval_train_loss);
-  const char *meta[] = {"format", "gradwire-checkpoint", "config", config, "checksum", sum, "options", st->options,
-                        st->eval_epoch ? "eval_pending" : NULL, pending, NULL};
+  const char *const vals[NCOVERED] = {CKPT_VERSION, "gradwire-checkpoint", config, st->options,
+                                      st->eval_epoch ? pending : NULL};
+  snprintf(sum, sizeof sum, "%016" PRIx64, checksum(&c, vals));
+  const char *meta[2 * NCOVERED + 3];
+  int n = 0;
+  for (int i = 0; i < NCOVERED; i++)
+    if (vals[i]) meta[n++] = covered[i], meta[n++] = vals[i];
+  meta[n++] = "checksum", meta[n++] = sum, meta[n] = NULL;
   if (gw_st_write(path, c.t, c.n, meta) != GW_SUCCESS) {
     snprintf(err, errlen, "%s", gw_model_last_error());
     return -1;
@@ -217,11 +276,50 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
  * gw-train's), not --data's text (an older one's). */
 static bool names_samples(const char *cfg) { return cfg && strstr(cfg, " data=train:") != NULL; }
 
+/* Whether f is whole: its checksum over its tensors (in the writer's order:
+ * describe()'s) and, from format version 2, its metadata.  0, or -1 + why. */
+static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
+  static const char *const order[] = {"params", "momentum", "running", "counters", "state", "loss_sum", "scaler"};
+  const char *version = gw_st_metadata(f, "format_version"), *sum = gw_st_metadata(f, "checksum");
+  if (version && strcmp(version, CKPT_VERSION) != 0) {
+    snprintf(why, whylen, "its format version '%.20s' is not one this gw-train reads (1 or %s): a newer gw-train "
+             "wrote it, or the file is damaged", version, CKPT_VERSION);
+    return -1;
+  }
+  /* A damaged key would otherwise go unnoticed: "format_version" misspelt
+   * reads as version 1, whose checksum leaves the metadata out. */
+  for (int i = 0; i < f->nmeta; i++) {
+    int known = !strcmp(f->meta[2 * i], "checksum");
+    for (int k = 0; k < NCOVERED; k++) known |= !strcmp(f->meta[2 * i], covered[k]);
+    if (!known) {
+      snprintf(why, whylen, "its metadata has a key '%.40s' that no gw-train writes: the file is damaged",
+               f->meta[2 * i]);
+      return -1;
+    }
+  }
+  struct ckpt_tensors c = {.n = 0};
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    const struct gw_st_tensor *t = gw_st_find(f, order[i]);
+    if (t) c.t[c.n++] = *t;
+  }
+  const char *vals[NCOVERED];
+  for (int k = 0; k < NCOVERED; k++) vals[k] = gw_st_metadata(f, covered[k]);
+  char have[32];
+  snprintf(have, sizeof have, "%016" PRIx64, checksum(&c, version ? vals : NULL));
+  if (!sum || strcmp(sum, have) != 0) {
+    snprintf(why, whylen, "its checksum %s does not match its contents (%s): the file is damaged", sum ? sum : "(none)",
+             have);
+    return -1;
+  }
+  return 0;
+}
+
 /* Checks f against the model and the run, then copies it in; 0 or -1 + why.
  * legacy: the run as older gw-trains described it (NULL: not taken). */
 static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
                     const char *config, const char *legacy, char *why, size_t whylen) {
-  const char *cfg = gw_st_metadata(f, "config"), *sum = gw_st_metadata(f, "checksum");
+  if (verify(f, why, whylen) != 0) return -1;
+  const char *cfg = gw_st_metadata(f, "config");
   if (!cfg || (strcmp(cfg, config) != 0 && (!legacy || strcmp(cfg, legacy) != 0))) {
     snprintf(why, whylen, "it is from another run (%s; this run is %s)", cfg ? cfg : "no configuration",
              cfg && !names_samples(cfg) && legacy ? legacy : config);
@@ -248,13 +346,6 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
     }
     got.t[i].data = t->data;
   }
-  char have[32];
-  snprintf(have, sizeof have, "%016" PRIx64, checksum(&got));
-  if (!sum || strcmp(sum, have) != 0) {
-    snprintf(why, whylen, "its checksum %s does not match its contents (%s): the file is damaged", sum ? sum : "(none)",
-             have);
-    return -1;
-  }
   /* Metadata a writer before these had none of. */
   const char *pending = gw_st_metadata(f, "eval_pending"), *options = gw_st_metadata(f, "options");
   long long pe = 0;
@@ -280,6 +371,35 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
   st->eval_epoch = pending ? pe : 0, st->eval_train_loss = pending ? pl : 0;
   snprintf(st->options, sizeof st->options, "%s", options ? options : "");
   return 0;
+}
+
+/* Copies of refused files kept for one step: .refused, .refused.1 to .refused.<MAX_REFUSED - 1>. */
+#define MAX_REFUSED 100
+
+/* Moves the refused checkpoint from to <from>.refused, or .refused.1, .2, ...
+ * where an earlier refusal's copy has that name (it is never replaced); the
+ * name it took into to.  0, or -1 with errno (EEXIST: every name is taken). */
+static int move_aside(const char *from, char *to, size_t tolen) {
+  for (int i = 0; i < MAX_REFUSED; i++) {
+    if (i) snprintf(to, tolen, "%s.refused.%d", from, i);
+    else snprintf(to, tolen, "%s.refused", from);
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) return 0;
+    /* A file system or kernel without RENAME_NOREPLACE: link fails on a taken
+     * name too; without hard links either, a name seen free is renamed to. */
+    if (errno == EINVAL || errno == ENOSYS) {
+      if (link(from, to) == 0) {
+        if (unlink(from) == 0) return 0;
+        const int e = errno;
+        unlink(to);
+        return errno = e, -1;
+      }
+      struct stat sb;
+      if (errno != EEXIST && lstat(to, &sb) == 0) errno = EEXIST;
+      else if (errno == ENOENT) return rename(from, to);
+    }
+    if (errno != EEXIST) return -1;
+  }
+  return errno = EEXIST, -1;
 }
 
 int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
@@ -326,10 +446,14 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
       for (int j = 0; j < i; j++) {
         char from[4096], to[4200];
         snprintf(from, sizeof from, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[j]);
-        snprintf(to, sizeof to, "%s.refused", from);
-        if (rename(from, to) != 0) {
-          snprintf(err, errlen, "%s; cannot move the refused %s aside (to %s): %s; move or remove it to resume",
-                   err_note, from, to, strerror(errno));
+        if (move_aside(from, to, sizeof to) != 0) {
+          if (errno == EEXIST)
+            snprintf(err, errlen, "%s; cannot move the refused %s aside: %s.refused and .refused.1 to .refused.%d "
+                     "all exist (earlier refusals'); move or remove some to resume", err_note, from, from,
+                     MAX_REFUSED - 1);
+          else
+            snprintf(err, errlen, "%s; cannot move the refused %s aside (to %s): %s; move or remove it to resume",
+                     err_note, from, to, strerror(errno));
           err_note[0] = 0;
           return -1;
         }

@@ -456,7 +456,9 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   double t_end = now();
   r->loss = lsum / t->world;
   r->lr = lr;
-  r->compute_ms = 1e3 * ((t_bwd - t0) + (t_end - t_comm)); /* forward, backward, optimizer */
+  /* forward, backward, optimizer: not the wait for the next batch, taken
+   * before t_bwd (it is data_ms's) */
+  r->compute_ms = 1e3 * ((t_bwd - t0) + (t_end - t_comm)) - (next ? next->ms : 0);
   /* The data wait: this batch's when taken just before the step (outside it),
    * the next one's when taken during it (inside it). */
   r->data_ms = (k->ahead ? 0 : k->ms) + (next ? next->ms : 0);
@@ -487,7 +489,11 @@ static int epoch_end(struct trainer *t, int64_t epoch) {
     return STOPPED;
   }
   t->st.eval_epoch = 0;
-  return t->o->eval ? evaluate(t, epoch + 1, mean) : 0;
+  if (!t->o->eval) return 0;
+  /* Done: the checkpoint says so, or every resume from it would evaluate the
+   * epoch again (a second eval line in the metrics).  The same file is
+   * written again (ckpt-<step>: no other of the newest kept is pruned). */
+  return evaluate(t, epoch + 1, mean) != 0 ? -1 : save_checkpoint(t);
 }
 
 /* A test hook: GW_TRAIN_STOP_AT_STEP=N ends the job right after step N (and its
@@ -555,11 +561,14 @@ static int run_steps(struct trainer *t) {
 
 static void announce(struct trainer *t) {
   const struct train_opts *o = t->o;
-  char threads[48] = "";
+  char threads[48] = "", buckets[96] = "";
+  if (t->bk && t->nb > 1)
+    snprintf(buckets, sizeof buckets, " in %d buckets (the first %g MiB, then %g MiB)", t->nb, o->first_bucket_mb,
+             o->bucket_mb);
   if (t->ops->host_memory)
     snprintf(threads, sizeof threads, ", %d thread%s per rank", t->threads, t->threads > 1 ? "s" : "");
   log_text(&t->log,
-           "%s on %s: %d rank%s x batch %d on %s%s%s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s, %zu "
+           "%s on %s: %d rank%s x batch %d on %s%s%s%s%s, %lld steps (%lld per epoch), peak lr %.4g, %s%s%s, %zu "
            "parameters",
            o->model_name, gw_dataset_description(t->train_ds), t->world, t->world > 1 ? "s" : "", o->batch,
            t->ops->name, t->ops->layout(t->b) == GW_LAYOUT_NHWC ? " (NHWC)" : "", threads,
@@ -572,7 +581,7 @@ static void announce(struct trainer *t) {
            t->world == 1     ? "no allreduce"
            : o->no_overlap ? "allreduce after backward"
                              : "allreduce overlapped with backward",
-           o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
+           buckets, o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
   /* Training batches are whole: a share that is not a whole number of them
    * leaves its last samples out of every epoch (another each epoch: the order
    * is shuffled). */
@@ -616,6 +625,7 @@ int gw_train_run(const struct train_opts *o) {
   t.o = o;
   t.log.rank = -1;
   int rc = trainer_setup(&t);
+  if (rc == 0 && t.rank == 0 && o->save_weights) weights_remove_stale_temps(o->save_weights);
   if (rc == 0) {
     announce(&t);
     rc = run_steps(&t);

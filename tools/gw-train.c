@@ -69,7 +69,9 @@ static void usage(FILE *f) {
           "                           convolutions gained; on cpu oneDNN runs NCHW faster); same results\n"
           "communication:\n"
           "  --sync-bn                batch-norm statistics over all ranks (SyncBatchNorm)\n"
-          "  --bucket-mb MB           gradient bucket size (default 25; the first bucket is 1 MiB)\n"
+          "  --bucket-mb MB           gradient bucket size (default 25)\n"
+          "  --first-bucket-mb MB     the first bucket's size (default 1, as DDP: the last layers' gradients, ready\n"
+          "                           first, go out early)\n"
           "  --no-overlap             allreduce after backward instead of during it (for comparison)\n"
           "  --grad-wire T            gradients travel as float32 (default), bfloat16 or float16: half the bytes,\n"
           "                           every reduction step in float32, the result back in float32\n"
@@ -130,7 +132,7 @@ enum {
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
   O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
-  O_HOSTSTEP, O_LAYOUT
+  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET
 };
 
 static const struct option longopts[] = {
@@ -149,6 +151,7 @@ static const struct option longopts[] = {
     {"schedule", required_argument, NULL, O_SCHED},        {"label-smoothing", required_argument, NULL, O_SMOOTH},
     {"threads", required_argument, NULL, O_THREADS},       {"sync-bn", no_argument, NULL, O_SYNCBN},
     {"bucket-mb", required_argument, NULL, O_BUCKET},      {"no-overlap", no_argument, NULL, O_NOOVERLAP},
+    {"first-bucket-mb", required_argument, NULL, O_FIRSTBUCKET},
     {"checkpoint-dir", required_argument, NULL, O_CKDIR},  {"checkpoint-every", required_argument, NULL, O_CKEVERY},
     {"keep-checkpoints", required_argument, NULL, O_CKKEEP}, {"resume", no_argument, NULL, O_RESUME},
     {"metrics", required_argument, NULL, O_METRICS},       {"plot", required_argument, NULL, O_PLOT},
@@ -230,6 +233,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_LTHREADS: return parse_int("--loader-threads", arg, 1, 256, &o->loader_threads);
   case O_SYNCBN: o->sync_bn = 1; return 0;
   case O_BUCKET: return parse_double("--bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->bucket_mb);
+  case O_FIRSTBUCKET: return parse_double("--first-bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->first_bucket_mb);
   case O_NOOVERLAP: o->no_overlap = 1; return 0;
   case O_HOSTSTEP: o->host_step = 1; return 0;
   case O_LAYOUT:
@@ -437,6 +441,7 @@ static int build_only(const struct train_opts *o) {
     return 1;
   }
   int rc = 0;
+  if (o->save_weights) weights_remove_stale_temps(o->save_weights);
   if (o->load_weights && gw_model_load_weights(m, o->load_weights) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: --load-weights: %s\n", gw_model_last_error());
     rc = 1;

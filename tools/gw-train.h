@@ -102,6 +102,10 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
  * exist) and is writable, and holds no checkpoint unless resuming: a new run
  * would overwrite another's files and prune them.  0, or -1 with err. */
 int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen);
+/* Rank 0, before --save-weights writes file: removes file's temporary files
+ * that saves which died left (as ckpt_prepare_dir does in the checkpoint
+ * folder); a live writer's stay. */
+void weights_remove_stale_temps(const char *file);
 /* Loads the newest valid checkpoint of dir written by a run described as
  * config (or legacy_config: as older gw-trains described it; may be NULL); a
  * corrupt or other run's newer one is reported in err_note (and skipped).
