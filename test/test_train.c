@@ -227,22 +227,65 @@ START_TEST(test_over_ib_equals_shm) {
 END_TEST
 #endif
 
+/* The starting weights (--steps 0, the seed's initialization) into `name`. */
+static void save_init(const char *name) {
+  char p[512];
+  path(p, sizeof p, name);
+  struct run r;
+  train(&r, (const char *const[]){NULL}, "1", (const char *const[]){"--steps", "0", "--save-weights", p, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+}
+
+/* Calls fn on each float tensor of the weights files a and b (BN's running
+ * statistics only with `running`), with its starting values from init. */
+typedef void (*tensor_fn)(const struct gw_st_tensor *t, const float *init, const float *a, const float *b, size_t n,
+                          void *ctx);
+static void each_tensor(const char *init, const char *a, const char *b, int running, tensor_fn fn, void *ctx) {
+  struct gw_st_file *f0 = open_st(init), *f1 = open_st(a), *f2 = open_st(b);
+  for (int i = 0; i < f1->ntensors; i++) {
+    const struct gw_st_tensor *t = &f1->tensors[i];
+    if (t->dtype != GW_FLOAT32 || (!running && strstr(t->name, "running_"))) continue;
+    size_t n, n0, n2;
+    float *va = floats(f1, t->name, &n), *z = floats(f0, t->name, &n0), *vb = floats(f2, t->name, &n2);
+    ck_assert_msg(n == n0 && n == n2, "%s: %zu, %zu and %zu elements", t->name, n0, n, n2);
+    fn(t, z, va, vb, n, ctx);
+    free(va), free(z), free(vb);
+  }
+  gw_st_free(f0), gw_st_free(f1), gw_st_free(f2);
+}
+
 /* Gradients over a bfloat16 wire (--grad-wire bf16): one step moves the
  * weights as with float32 gradients up to bfloat16's rounding (each rank's
  * gradient and the result rounded once, 2 x 2^-9: each tensor's difference at
  * most 1% of the step, measured 0.47% at worst), and they do differ (the wire
  * was used).  (After 3 steps the differences grow to 5% in the batch-norm
  * parameters: small batches amplify them, as any perturbation.) */
+struct wire_cmp {
+  double worst, total_diff;
+};
+
+static void wire_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
+                        void *ctx) {
+  struct wire_cmp *c = ctx;
+  double moved = 0, diff = 0;
+  for (size_t k = 0; k < n; k++) {
+    moved += ((double)a[k] - z[k]) * ((double)a[k] - z[k]);
+    diff += ((double)a[k] - b[k]) * ((double)a[k] - b[k]);
+  }
+  moved = sqrt(moved), diff = sqrt(diff), c->total_diff += diff;
+  ck_assert_msg(diff <= 0.01 * moved + 1e-7, "%s: the bfloat16 wire moved it %.3g away from float32 (the step "
+                "moved it %.3g)", t->name, diff, moved);
+  if (moved > 0) c->worst = fmax(c->worst, diff / moved);
+}
+
 START_TEST(test_bf16_wire_close_to_fp32) {
-  char init[512], f32[512], b16[512];
-  path(init, sizeof init, "w-init.safetensors");
+  char f32[512], b16[512];
   path(f32, sizeof f32, "w-f32.safetensors");
   path(b16, sizeof b16, "w-bf16.safetensors");
   struct run r;
   const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", init, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
+  save_init("w-init.safetensors");
   train(&r, noenv, "2", (const char *const[]){"--steps", "1", "--batch", "8", "--save-weights", f32, NULL});
   expect_ok(&r);
   gwrun_free(&r);
@@ -250,29 +293,10 @@ START_TEST(test_bf16_wire_close_to_fp32) {
         (const char *const[]){"--steps", "1", "--batch", "8", "--grad-wire", "bf16", "--save-weights", b16, NULL});
   expect_ok(&r);
   gwrun_free(&r);
-  struct gw_st_file *f0 = open_st("w-init.safetensors"), *f1 = open_st("w-f32.safetensors"),
-                    *f2 = open_st("w-bf16.safetensors");
-  double worst = 0, total_diff = 0;
-  for (int i = 0; i < f1->ntensors; i++) {
-    const struct gw_st_tensor *t = &f1->tensors[i];
-    if (t->dtype != GW_FLOAT32 || strstr(t->name, "running_") || strstr(t->name, "num_batches")) continue;
-    size_t n, n0, n2;
-    float *a = floats(f1, t->name, &n), *z = floats(f0, t->name, &n0), *b = floats(f2, t->name, &n2);
-    ck_assert(n == n0 && n == n2);
-    double moved = 0, diff = 0;
-    for (size_t k = 0; k < n; k++) {
-      moved += ((double)a[k] - z[k]) * ((double)a[k] - z[k]);
-      diff += ((double)a[k] - b[k]) * ((double)a[k] - b[k]);
-    }
-    moved = sqrt(moved), diff = sqrt(diff), total_diff += diff;
-    ck_assert_msg(diff <= 0.01 * moved + 1e-7, "%s: the bfloat16 wire moved it %.3g away from float32 (the step "
-                  "moved it %.3g)", t->name, diff, moved);
-    if (moved > 0) worst = fmax(worst, diff / moved);
-    free(a), free(z), free(b);
-  }
-  ck_assert_msg(total_diff > 0, "the bfloat16 wire gave the float32 weights bit for bit: was it used?");
-  printf("bfloat16 gradient wire vs float32 after 1 step: worst tensor differs by %.4f of its update\n", worst);
-  gw_st_free(f0), gw_st_free(f1), gw_st_free(f2);
+  struct wire_cmp c = {0, 0};
+  each_tensor("w-init.safetensors", "w-f32.safetensors", "w-bf16.safetensors", 0, wire_tensor, &c);
+  ck_assert_msg(c.total_diff > 0, "the bfloat16 wire gave the float32 weights bit for bit: was it used?");
+  printf("bfloat16 gradient wire vs float32 after 1 step: worst tensor differs by %.4f of its update\n", c.worst);
 }
 END_TEST
 
@@ -283,16 +307,27 @@ END_TEST
  * gradients by 10-25%, so no tighter bound is meaningful: test_model_bf16 holds
  * the arithmetic to its exact emulation), are not identical (bfloat16 was
  * used), the loss is finite and the job says what it ran. */
+struct amp_cmp {
+  double dot, n1, n2;
+};
+
+static void amp_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
+                       void *ctx) {
+  struct amp_cmp *c = ctx;
+  for (size_t k = 0; k < n; k++) {
+    ck_assert_msg(isfinite(b[k]), "%s[%zu] is %g after bfloat16 steps", t->name, k, (double)b[k]);
+    double u = (double)a[k] - z[k], v = (double)b[k] - z[k];
+    c->dot += u * v, c->n1 += u * u, c->n2 += v * v;
+  }
+}
+
 START_TEST(test_amp_bf16_follows_fp32) {
-  char init[512], f32[512], b16[512];
-  path(init, sizeof init, "amp-init.safetensors");
+  char f32[512], b16[512];
   path(f32, sizeof f32, "amp-f32.safetensors");
   path(b16, sizeof b16, "amp-bf16.safetensors");
   struct run r;
   const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", init, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
+  save_init("amp-init.safetensors");
   train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--save-weights", f32, NULL});
   expect_ok(&r);
   gwrun_free(&r);
@@ -301,28 +336,63 @@ START_TEST(test_amp_bf16_follows_fp32) {
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "bf16 activations") != NULL, "the job does not say bf16:\n%s", r.out);
   gwrun_free(&r);
-  struct gw_st_file *f0 = open_st("amp-init.safetensors"), *f1 = open_st("amp-f32.safetensors"),
-                    *f2 = open_st("amp-bf16.safetensors");
-  double dot = 0, n1 = 0, n2 = 0;
-  for (int i = 0; i < f1->ntensors; i++) {
-    const struct gw_st_tensor *t = &f1->tensors[i];
-    if (t->dtype != GW_FLOAT32 || strstr(t->name, "running_") || strstr(t->name, "num_batches")) continue;
-    size_t n, n0, nb;
-    float *a = floats(f1, t->name, &n), *z = floats(f0, t->name, &n0), *b = floats(f2, t->name, &nb);
-    ck_assert(n == n0 && n == nb);
-    for (size_t k = 0; k < n; k++) {
-      ck_assert_msg(isfinite(b[k]), "%s[%zu] is %g after bfloat16 steps", t->name, k, (double)b[k]);
-      double u = (double)a[k] - z[k], v = (double)b[k] - z[k];
-      dot += u * v, n1 += u * u, n2 += v * v;
-    }
-    free(a), free(z), free(b);
-  }
-  double cosine = dot / sqrt(n1 * n2), rel = sqrt(n1 + n2 - 2 * dot) / sqrt(n1);
+  struct amp_cmp c = {0, 0, 0};
+  each_tensor("amp-init.safetensors", "amp-f32.safetensors", "amp-bf16.safetensors", 0, amp_tensor, &c);
+  double cosine = c.dot / sqrt(c.n1 * c.n2), rel = sqrt(c.n1 + c.n2 - 2 * c.dot) / sqrt(c.n1);
   printf("--amp bf16 vs float32 after 3 steps: cosine of the weight updates %.4f, relative distance %.4f\n", cosine,
          rel);
   ck_assert_msg(cosine >= 0.8, "bfloat16's update points elsewhere: cosine %.4f with float32's", cosine);
   ck_assert_msg(rel > 0, "bfloat16 training gave float32's weights bit for bit: was it used?");
-  gw_st_free(f0), gw_st_free(f1), gw_st_free(f2);
+}
+END_TEST
+
+/* --wd-all: weight decay on the 1-D tensors too (BN gamma and beta, biases).
+ * One step without momentum from the same start: every tensor of 2 or more
+ * dimensions is bit for bit the default run's, and each 1-D element moved
+ * further by exactly lr x wd x its starting value (BN gammas start at 1). */
+struct wd_cmp {
+  double lr, wd;
+  int decayed;
+};
+
+static void wd_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
+                      void *ctx) {
+  struct wd_cmp *c = ctx;
+  for (size_t k = 0; k < n; k++) {
+    if (t->ndim >= 2) {
+      ck_assert_msg(a[k] == b[k], "%s[%zu]: %.9g with --wd-all, %.9g without (decayed either way)", t->name, k,
+                    (double)b[k], (double)a[k]);
+      continue;
+    }
+    const double want = c->lr * c->wd * z[k], got = (double)a[k] - b[k];
+    ck_assert_msg(fabs(got - want) <= 1e-6, "%s[%zu] (from %g): --wd-all moved it %.3g further, lr x wd x p is %.3g",
+                  t->name, k, (double)z[k], got, want);
+    c->decayed += want != 0;
+  }
+}
+
+START_TEST(test_wd_all) {
+  char def[512], all[512], metrics[512];
+  path(def, sizeof def, "wd-default.safetensors");
+  path(all, sizeof all, "wd-all.safetensors");
+  path(metrics, sizeof metrics, "wd-all.jsonl");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  save_init("wd-init.safetensors");
+  const char *args[] = {"--steps", "1", "--batch", "8", "--momentum", "0", "--wd", "0.5", "--save-weights", def,
+                        NULL, NULL, NULL, NULL};
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  args[9] = all, args[10] = "--wd-all", args[11] = "--metrics", args[12] = metrics;
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  char lr[1][32];
+  ck_assert_int_eq(metrics_by_step(metrics, "lr", lr, 1), 1);
+  struct wd_cmp c = {atof(lr[0]), 0.5, 0};
+  each_tensor("wd-init.safetensors", "wd-default.safetensors", "wd-all.safetensors", 0, wd_tensor, &c);
+  ck_assert_msg(c.decayed > 0, "no 1-D element started non-zero: nothing tested");
 }
 END_TEST
 
@@ -409,46 +479,37 @@ START_TEST(test_loss_scaling) {
 }
 END_TEST
 
+static void batch_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
+                         void *ctx) {
+  double *worst = ctx, moved = 0, err = 0, scale = 0;
+  int running = strstr(t->name, "running_") != NULL;
+  for (size_t k = 0; k < n; k++) {
+    moved = fmax(moved, fabs((double)a[k] - z[k]));
+    scale = fmax(scale, fabs(a[k]));
+    err = fmax(err, fabs((double)a[k] - b[k]));
+  }
+  double bound = running ? 1e-3 * scale + 1e-6 : 0.02 * moved + 1e-6;
+  ck_assert_msg(err <= bound, "%s: 2 ranks x 8 differ from 1 rank x 16 by %.3g (bound %.3g; training moved it %.3g)",
+                t->name, err, bound, moved);
+  *worst = fmax(*worst, err / bound);
+}
+
 START_TEST(test_two_ranks_equal_one_rank_double_batch) {
-  char init[512], one[512], two[512];
-  path(init, sizeof init, "init.safetensors");
+  char one[512], two[512];
   path(one, sizeof one, "one.safetensors");
   path(two, sizeof two, "two.safetensors");
   struct run r;
   const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", init, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
+  save_init("init.safetensors");
   train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "16", "--sync-bn", "--save-weights", one, NULL});
   expect_ok(&r);
   gwrun_free(&r);
   train(&r, noenv, "2", (const char *const[]){"--steps", "4", "--batch", "8", "--sync-bn", "--save-weights", two, NULL});
   expect_ok(&r);
   gwrun_free(&r);
-  struct gw_st_file *f0 = open_st("init.safetensors"), *f1 = open_st("one.safetensors"),
-                    *f2 = open_st("two.safetensors");
   double worst = 0;
-  for (int i = 0; i < f1->ntensors; i++) {
-    const struct gw_st_tensor *t = &f1->tensors[i];
-    if (t->dtype != GW_FLOAT32) continue;
-    size_t n, n0, n2;
-    float *a = floats(f1, t->name, &n), *z = floats(f0, t->name, &n0), *b = floats(f2, t->name, &n2);
-    ck_assert(n == n0 && n == n2);
-    int running = strstr(t->name, "running_") != NULL;
-    double moved = 0, err = 0, scale = 0;
-    for (size_t k = 0; k < n; k++) {
-      moved = fmax(moved, fabs((double)a[k] - z[k]));
-      scale = fmax(scale, fabs(a[k]));
-      err = fmax(err, fabs((double)a[k] - b[k]));
-    }
-    double bound = running ? 1e-3 * scale + 1e-6 : 0.02 * moved + 1e-6;
-    ck_assert_msg(err <= bound, "%s: 2 ranks x 8 differ from 1 rank x 16 by %.3g (bound %.3g; training moved it %.3g)",
-                  t->name, err, bound, moved);
-    worst = fmax(worst, err / bound);
-    free(a), free(z), free(b);
-  }
+  each_tensor("init.safetensors", "one.safetensors", "two.safetensors", 1, batch_tensor, &worst);
   printf("2 ranks x batch 8 vs 1 rank x batch 16 after 4 steps: worst difference %.3f of its bound\n", worst);
-  gw_st_free(f0), gw_st_free(f1), gw_st_free(f2);
 }
 END_TEST
 
@@ -809,6 +870,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_device_path_equals_host);
   tcase_add_test(tc, test_nhwc_equals_nchw);
   tcase_add_test(tc, test_amp_bf16_follows_fp32);
+  tcase_add_test(tc, test_wd_all);
   tcase_add_test(tc, test_loss_scaling);
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
 #if GW_HAVE_IBVERBS

@@ -297,7 +297,8 @@ static int setup_model(struct trainer *t) {
   if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
     return train_fail(t, "model", gw_model_last_error());
   t->st.loss_scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
-  struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov};
+  struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov,
+                           .decay_all = o->wd_all};
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return train_fail(t, "optimizer", gw_model_last_error());
   t->resident = !t->ops->host_memory && !o->host_step;
   t->warming = !t->ops->host_memory;

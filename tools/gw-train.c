@@ -46,7 +46,9 @@ static void usage(FILE *f) {
           "  --lr LR                  base learning rate for a global batch of 256 (default 0.1);\n"
           "                           the rate used is LR x global batch / 256\n"
           "  --momentum M             (default 0.9)  --nesterov\n"
-          "  --wd WD                  weight decay on conv and fc weights, never BN or biases (default 1e-4)\n"
+          "  --wd WD                  weight decay on conv and fc weights, not BN or biases (default 1e-4)\n"
+          "  --wd-all                 weight decay on every tensor, BN and biases too (torchvision's reference\n"
+          "                           and plain torch.optim.SGD)\n"
           "  --warmup-epochs W        linear warmup (default 0.2; fractions allowed)\n"
           "  --schedule cosine|step   after warmup: cosine to 0 (default) or x0.1 at 1/3 and 2/3\n"
           "  --label-smoothing L      (default 0)\n"
@@ -129,7 +131,7 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
 
 enum {
   O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
-  O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD,
+  O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_WDALL,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
   O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
   O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET
@@ -147,7 +149,8 @@ static const struct option longopts[] = {
     {"loader-threads", required_argument, NULL, O_LTHREADS}, {"epochs", required_argument, NULL, O_EPOCHS},
     {"batch", required_argument, NULL, O_BATCH},          {"lr", required_argument, NULL, O_LR},
     {"momentum", required_argument, NULL, O_MOMENTUM},     {"nesterov", no_argument, NULL, O_NESTEROV},
-    {"wd", required_argument, NULL, O_WD},                {"warmup-epochs", required_argument, NULL, O_WARMUP},
+    {"wd", required_argument, NULL, O_WD},                {"wd-all", no_argument, NULL, O_WDALL},
+    {"warmup-epochs", required_argument, NULL, O_WARMUP},
     {"schedule", required_argument, NULL, O_SCHED},        {"label-smoothing", required_argument, NULL, O_SMOOTH},
     {"threads", required_argument, NULL, O_THREADS},       {"sync-bn", no_argument, NULL, O_SYNCBN},
     {"bucket-mb", required_argument, NULL, O_BUCKET},      {"no-overlap", no_argument, NULL, O_NOOVERLAP},
@@ -206,6 +209,7 @@ static int parse_optim_option(struct train_opts *o, int c, const char *arg) {
   case O_MOMENTUM: return parse_double("--momentum", arg, 0, 1, &o->momentum);
   case O_NESTEROV: o->nesterov = 1; return 0;
   case O_WD: return parse_double("--wd", arg, 0, 1, &o->wd);
+  case O_WDALL: o->wd_all = 1; return 0;
   case O_WARMUP: return parse_double("--warmup-epochs", arg, 0, 1e6, &o->warmup_epochs);
   case O_SMOOTH: return parse_double("--label-smoothing", arg, 0, 1, &o->label_smoothing);
   case O_THREADS: return parse_int("--threads", arg, 0, 4096, &o->threads);
@@ -380,14 +384,14 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
   int n = snprintf(buf, len,
                    "model=%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d zero_init_residual=%d "
                    "batch=%d seed=%llu drop_last=%d augment=%d lr=%.10g momentum=%.10g "
-                   "wd=%.10g nesterov=%d label_smoothing=%.10g warmup_epochs=%.10g schedule=%s epochs=%ld steps=%ld "
+                   "wd=%.10g wd_all=%d nesterov=%d label_smoothing=%.10g warmup_epochs=%.10g schedule=%s epochs=%ld steps=%ld "
                    "sync_bn=%d overlap=%d bucket_mb=%.10g first_bucket_mb=%.10g grad_wire=%s amp=%s loss_scale=%s "
                    "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d",
                    o->model_name, o->classes_given ? m->classes : 0, o->in_channels_given ? m->in_channels : 0,
                    o->image_size_given ? m->image_size : 0,
                    !o->stem_given ? "data's" : m->stem == GW_STEM_SMALL ? "small" : "imagenet", m->width_divisor,
                    m->zero_init_residual, o->batch, (unsigned long long)m->seed, o->drop_last, o->augment, o->lr, o->momentum, o->wd,
-                   o->nesterov, o->label_smoothing, o->warmup_epochs,
+                   o->wd_all, o->nesterov, o->label_smoothing, o->warmup_epochs,
                    o->schedule == GW_SCHED_STEP ? "step" : "cosine", o->epochs, o->steps, o->sync_bn, !o->no_overlap,
                    o->bucket_mb, o->first_bucket_mb, dtype_word(o->grad_wire), dtype_word(o->amp), scale, o->backend,
                    o->tf32, o->layout, o->host_step, o->eval, o->save_weights != NULL);

@@ -29,6 +29,7 @@ struct train_opts {
   double lr;                /* base LR for a global batch of 256 */
   double momentum, wd, label_smoothing, warmup_epochs;
   int nesterov;
+  int wd_all; /* --wd-all: decay BN parameters and biases too */
   enum gw_schedule schedule;
   int sync_bn, no_overlap, augment, drop_last;
   int host_step;            /* --host-step: a device backend's master weights and optimizer on the host */
