@@ -516,6 +516,9 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
   if (!d)
     return fail(b->comm, GW_ERR_UNSUPPORTED, "gw_bucketer_set_compute_stream: no device layer (%s)",
                 gw__dev_absent_reason());
+  if (b->comm->device < 0)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: the communicator is bound to no "
+                "device (GW_DEVICE=none)");
   if (b->stream == compute)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: the allreduces' stream "
                 "(gw_bucketer_set_stream) is the compute stream: on one stream backward would wait for "

@@ -290,7 +290,8 @@ gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream);
  * calling thread waits for communication in between; gw_bucketer_wait itself
  * returns once every allreduce has finished (the host waits for them before
  * it orders `compute` after them).  NULL turns it off.
- * Only between steps; GW_ERR_UNSUPPORTED without a device layer. */
+ * Only between steps; GW_ERR_UNSUPPORTED without a device layer,
+ * GW_ERR_INVALID_ARGUMENT on a communicator bound to no device. */
 gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute);
 /* Timing of the last completed step, in seconds on the monotonic clock: when the
  * first allreduce started, when the last bucket became ready, and when wait()

@@ -290,8 +290,9 @@ START_TEST(test_one_rank_incomplete) {
 }
 END_TEST
 
-/* A stream the bucketer cannot use (no device layer here, or GW_DEVICE=none)
- * is refused when set, and the communicator goes on. */
+/* A stream the bucketer cannot use (no device layer, or a communicator bound
+ * to none: GW_DEVICE=none) is refused when set, for its allreduces or as the
+ * compute stream, and the communicator goes on. */
 static int body_stream_refused(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg, (void)rank;
   float g[M];
@@ -300,6 +301,9 @@ static int body_stream_refused(gw_comm_t comm, int rank, int n, void *arg) {
   gw_result_t r = gw_bucketer_set_stream(bk, (void *)&g);
   EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "gw_bucketer_set_stream: a stream was given"),
          "set_stream without a device: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  r = gw_bucketer_set_compute_stream(bk, (void *)&g);
+  EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "gw_bucketer_set_compute_stream: "),
+         "set_compute_stream without a device: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
   for (int i = 0; i < M; i++) g[i] = 1.0f;
   EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "the step: %s",
          gw_comm_last_error(comm));
@@ -309,8 +313,12 @@ static int body_stream_refused(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_stream_refused) {
-  setenv("GW_DEVICE", "none", 1); /* refused also where a device layer exists */
+  ck_assert_int_eq(run_ranks(2, body_stream_refused, NULL, 60), 0); /* no device layer here */
+  setenv("GW_DEVICE", "none", 1);
   ck_assert_int_eq(run_ranks(2, body_stream_refused, NULL, 60), 0);
+  setenv("GW_DEV_EMULATE", "2", 1); /* a device layer, the communicator bound to none */
+  ck_assert_int_eq(run_ranks(2, body_stream_refused, NULL, 60), 0);
+  unsetenv("GW_DEVICE"), unsetenv("GW_DEV_EMULATE"); /* the next tests' (CK_FORK=no) */
 }
 END_TEST
 
@@ -421,6 +429,7 @@ static int body_refused_settings(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_refused_settings) {
   setenv("GW_DEV_EMULATE", "2", 1); /* a stream to refuse with host gradients */
   ck_assert_int_eq(run_ranks(2, body_refused_settings, NULL, 60), 0);
+  unsetenv("GW_DEV_EMULATE");
 }
 END_TEST
 
@@ -475,6 +484,7 @@ END_TEST
 START_TEST(test_start_failure) {
   setenv("GW_DEV_EMULATE", "2", 1);
   ck_assert_int_eq(run_ranks(2, body_start_failure, NULL, 60), 0);
+  unsetenv("GW_DEV_EMULATE");
 }
 END_TEST
 
