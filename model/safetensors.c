@@ -895,7 +895,9 @@ static gw_result_t sync_dir(const char *path) {
  * rename and the directory sync beside the real file.  *mode: the permission
  * bits of the file replaced, or -1 where there is none.  A link to nothing is
  * refused: following it would create a file wherever it points (the mount
- * point of an unmounted volume, say), which is more likely a mistake. */
+ * point of an unmounted volume, say), which is more likely a mistake; so is
+ * anything but a regular file (a link to /dev/null, followed, and the rename
+ * would replace the device node as root). */
 static gw_result_t resolve_target(const char *path, char **real, int *mode) {
   struct stat st;
   *real = NULL, *mode = -1;
@@ -912,6 +914,13 @@ static gw_result_t resolve_target(const char *path, char **real, int *mode) {
     if (stat(*real, &st) != 0) return sys_fail(*real, "cannot stat the file its symbolic link names");
   } else if (!(*real = strdup(path))) {
     return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  }
+  if (exists && !S_ISREG(st.st_mode)) { /* renamed over, a device node (as root) or a FIFO would be gone */
+    gw_result_t r = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: not a regular file (%s): not replaced", *real,
+                                   file_kind(st.st_mode));
+    free(*real);
+    *real = NULL;
+    return r;
   }
   if (exists) *mode = (int)(st.st_mode & 07777);
   return GW_SUCCESS;

@@ -714,6 +714,18 @@ START_TEST(test_save_keeps_link_and_mode) {
   ck_assert_int_eq(lstat(dangling, &st), 0);
   ck_assert(S_ISLNK(st.st_mode));
   ck_assert_int_eq(count_files(), 3);
+  /* Not a regular file, named or through a link: refused, left as it was (a
+   * link to /dev/null, followed and renamed over, replaced the device node as
+   * root) */
+  const char *fifo = in_tmp("fifo"), *to_fifo = in_tmp("to-fifo.safetensors");
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  ck_assert_int_eq(symlink("fifo", to_fifo), 0);
+  ck_assert_int_eq(save_value(fifo, 5), GW_ERR_INVALID_ARGUMENT);
+  ASSERT_MSG_HAS("not a regular file (a FIFO): not replaced");
+  ck_assert_int_eq(save_value(to_fifo, 6), GW_ERR_INVALID_ARGUMENT);
+  ASSERT_MSG_HAS("not a regular file (a FIFO): not replaced");
+  ck_assert(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+  ck_assert_int_eq(count_files(), 5);
   remove_tmpdir();
 }
 END_TEST

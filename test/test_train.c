@@ -804,6 +804,16 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--save-weights", "/nonexistent-gw/w.safetensors", NULL},
           "--save-weights /nonexistent-gw/w.safetensors: its directory /nonexistent-gw does not exist");
   refused((const char *const[]){"--steps", "2", "--save-weights", tmpdir, NULL}, "is a directory");
+  /* What the writer would refuse at the end, refused before training: a
+   * symbolic link to nothing, and a file renaming over it would replace. */
+  char dangling[512], fifo[512];
+  path(dangling, sizeof dangling, "dangling-w.safetensors");
+  path(fifo, sizeof fifo, "w.fifo");
+  unlink(dangling), unlink(fifo);
+  ck_assert(symlink("/nonexistent-gw/w.safetensors", dangling) == 0 && mkfifo(fifo, 0600) == 0);
+  refused((const char *const[]){"--steps", "2", "--save-weights", dangling, NULL},
+          "dangling-w.safetensors: a symbolic link that cannot be followed: what it names does not exist");
+  refused((const char *const[]){"--steps", "2", "--save-weights", fifo, NULL}, "w.fifo: not a regular file");
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/nonexistent-gw/a/b", NULL},
           "--checkpoint-dir /nonexistent-gw/a/b: cannot create it");
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/proc/self/status", NULL}, "not a directory");

@@ -644,6 +644,28 @@ START_TEST(test_epoch_evaluated_once) {
 }
 END_TEST
 
+/* Changes one character of a metadata value of the file at rel (under the
+ * test folder) in place: the value's character at `at` from the start of
+ * `key` (its opening text, a JSON key and the start of its value), or with
+ * at = -1 the value's last, which must be a digit; to c, or with c = 0 to
+ * the digit after it.  0, or -1 where the text is not there. */
+static int set_meta_char(const char *rel, const char *key, long at, int c) {
+  size_t len;
+  char *file = slurp(rel, &len);
+  const char *k = memmem(file, len, key, strlen(key)); /* after the length's 0 bytes */
+  const char *end = k ? strchr(k + strlen(key), '"') : NULL, *p = !end ? NULL : at < 0 ? end - 1 : k + at;
+  const long off = p ? (long)(p - file) : -1;
+  const int was = p ? *p : 0;
+  free(file);
+  if (!p || (c == 0 && (was < '0' || was > '9'))) return -1;
+  char full[600];
+  path(full, sizeof full, rel);
+  FILE *f = fopen(full, "r+b");
+  ck_assert(f && fseek(f, off, SEEK_SET) == 0);
+  ck_assert(fputc(c ? c : was == '9' ? '8' : was + 1, f) != EOF && fclose(f) == 0);
+  return 0;
+}
+
 /* The checksum covers the metadata (format version 2): one digit changed in
  * the pending evaluation's training loss (the file still parses, and the
  * value reads) makes the checkpoint refused by name as damaged, and the
@@ -660,24 +682,49 @@ START_TEST(test_metadata_damage_refused) {
   ck_assert_msg(r.code != 0 && strstr(r.out, "stopping before the evaluation of epoch 2"),
                 "the interrupted run: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
-  size_t len;
-  char *file = slurp("ckpt-meta/ckpt-8.safetensors", &len);
-  const char *key = "\"eval_pending\":\"2 ", *value = memmem(file, len, key, strlen(key)); /* after the length's 0 bytes */
-  ck_assert_msg(value, "no pending evaluation of epoch 2 in %s", c8);
-  const char *end = strchr(value + strlen(key), '"'), *digit = end ? end - 1 : value;
-  ck_assert_msg(*digit >= '0' && *digit <= '9', "the pending evaluation's value does not end in a digit");
-  const long at = (long)(digit - file);
-  free(file);
-  FILE *f = fopen(c8, "r+b");
-  ck_assert(f && fseek(f, at, SEEK_SET) == 0);
-  int c = fgetc(f);
-  ck_assert(fseek(f, at, SEEK_SET) == 0 && fputc(c == '9' ? '8' : c + 1, f) != EOF && fclose(f) == 0);
+  ck_assert_msg(!set_meta_char("ckpt-meta/ckpt-8.safetensors", "\"eval_pending\":\"2 ", -1, 0),
+                "no pending evaluation of epoch 2 ending in a digit in %s", c8);
   args[6] = "--resume";
   train_from(&r, noenv, "1", eval, args);
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "ckpt-8.safetensors refused: its checksum") && strstr(r.out, "damaged") &&
                     strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 2 evaluation: top-1"),
                 "expected ckpt-8 refused as damaged, and epoch 2 trained again from ckpt-4:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* Format versions: a checkpoint of a newer format (3) stops the resume, by
+ * name, and stays where it is (falling back would redo steps and move a good
+ * file aside); a version no gw-train writes ("1": version 1 has no key) is
+ * damage, refused by name, and the resume falls back to the one before. */
+START_TEST(test_format_versions) {
+  char dir[512], c4[600];
+  path(dir, sizeof dir, "ckpt-version");
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  const char *const args[] = {"--steps", "6", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "2",
+                              "--resume", NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  const char *key = "\"format_version\":\"";
+  ck_assert_int_eq(set_meta_char("ckpt-version/ckpt-4.safetensors", key, (long)strlen(key), '3'), 0);
+  train(&r, noenv, "1", args);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "cannot resume from") && strstr(r.err, "ckpt-4.safetensors") &&
+                    strstr(r.err, "a newer gw-train wrote it (format version 3") && strstr(r.err, "not falling back"),
+                "a newer format: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  struct stat sb;
+  ck_assert_msg(stat(c4, &sb) == 0, "the newer checkpoint was moved away");
+  ck_assert_int_eq(set_meta_char("ckpt-version/ckpt-4.safetensors", key, (long)strlen(key), '1'), 0);
+  train(&r, noenv, "1", args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused: its format version '1' is not one gw-train writes") &&
+                    strstr(r.out, "ckpt-2.safetensors at step 2"),
+                "format version '1': expected ckpt-4 refused as damaged and ckpt-2 used:\n%s", r.out);
   gwrun_free(&r);
 }
 END_TEST
@@ -715,6 +762,23 @@ START_TEST(test_weights_stale_temps_removed) {
   gwrun_free(&r);
   ck_assert_msg(!exists(dead0) && exists(live), "--steps 0: the dead save's temporary file should go, the live one's stay");
   close(live_fd);
+  /* Saved through a symbolic link into another folder: the writer's
+   * temporary files are next to the file it names, and are looked for there. */
+  char real_dir[512], link[512], far[600];
+  path(real_dir, sizeof real_dir, "w-temps-real");
+  path(link, sizeof link, "w-temps-link.safetensors");
+  snprintf(far, sizeof far, "%s/w.safetensors.tmp.%08x.999999999.0", real_dir, tag);
+  ck_assert(mkdir(real_dir, 0755) == 0 && symlink("w-temps-real/w.safetensors", link) == 0);
+  plant((const char *const[]){far}, 1, 3600);
+  char real_file[600];
+  snprintf(real_file, sizeof real_file, "%s/w.safetensors", real_dir);
+  plant((const char *const[]){real_file}, 1, 0); /* the link names a file */
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", link, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  struct stat sb;
+  ck_assert_msg(!exists(far), "a dead save's temporary file next to the linked file stayed");
+  ck_assert_msg(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "the save replaced the symbolic link");
 }
 END_TEST
 
@@ -722,6 +786,7 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_refusals_kept);
   tcase_add_test(tc, test_epoch_evaluated_once);
   tcase_add_test(tc, test_metadata_damage_refused);
+  tcase_add_test(tc, test_format_versions);
   tcase_add_test(tc, test_weights_stale_temps_removed);
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
   tcase_add_test(tc, test_resume_runs_pending_evaluation);

@@ -199,14 +199,18 @@ static void remove_stale_temps(const char *dir, const char *base) {
   closedir(d);
 }
 
-void weights_remove_stale_temps(const char *file) {
+void weights_remove_stale_temps(const char *path) {
+  /* The writer's temporary files are next to the file a symbolic link names. */
+  char *real = realpath(path, NULL);
+  const char *file = real ? real : path;
   const char *slash = strrchr(file, '/');
   char dir[4096];
   if (!slash) snprintf(dir, sizeof dir, ".");
   else if ((size_t)snprintf(dir, sizeof dir, "%.*s", slash == file ? 1 : (int)(slash - file), file) >= sizeof dir)
-    return;
+    dir[0] = 0;
   const char *base = slash ? slash + 1 : file;
-  if (base[0]) remove_stale_temps(dir, base);
+  if (dir[0] && base[0]) remove_stale_temps(dir, base);
+  free(real);
 }
 
 int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
@@ -277,13 +281,23 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
 static bool names_samples(const char *cfg) { return cfg && strstr(cfg, " data=train:") != NULL; }
 
 /* Whether f is whole: its checksum over its tensors (in the writer's order:
- * describe()'s) and, from format version 2, its metadata.  0, or -1 + why. */
+ * describe()'s) and, from format version 2, its metadata.  0, -1 + why, or
+ * NEWER + why: a later gw-train's format (not the file's fault). */
+enum { NEWER = -2 };
 static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
   static const char *const order[] = {"params", "momentum", "running", "counters", "state", "loss_sum", "scaler"};
   const char *version = gw_st_metadata(f, "format_version"), *sum = gw_st_metadata(f, "checksum");
   if (version && strcmp(version, CKPT_VERSION) != 0) {
-    snprintf(why, whylen, "its format version '%.20s' is not one this gw-train reads (1 or %s): a newer gw-train "
-             "wrote it, or the file is damaged", version, CKPT_VERSION);
+    char *end;
+    errno = 0;
+    const long long v = strtoll(version, &end, 10);
+    if (version[0] >= '1' && version[0] <= '9' && !*end && !errno && v > atoll(CKPT_VERSION)) {
+      snprintf(why, whylen, "a newer gw-train wrote it (format version %lld; this one reads %s and, without the "
+               "key, 1)", v, CKPT_VERSION);
+      return NEWER;
+    }
+    snprintf(why, whylen, "its format version '%.20s' is not one gw-train writes (%s; version 1 files have no "
+             "format_version): the file is damaged", version, CKPT_VERSION);
     return -1;
   }
   /* A damaged key would otherwise go unnoticed: "format_version" misspelt
@@ -318,7 +332,8 @@ static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
  * legacy: the run as older gw-trains described it (NULL: not taken). */
 static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
                     const char *config, const char *legacy, char *why, size_t whylen) {
-  if (verify(f, why, whylen) != 0) return -1;
+  const int v = verify(f, why, whylen);
+  if (v != 0) return v;
   const char *cfg = gw_st_metadata(f, "config");
   if (!cfg || (strcmp(cfg, config) != 0 && (!legacy || strcmp(cfg, legacy) != 0))) {
     snprintf(why, whylen, "it is from another run (%s; this run is %s)", cfg ? cfg : "no configuration",
@@ -435,7 +450,14 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
                "names other training samples than this run's: the data changed since");
       ok = 0;
     }
-    ok = ok && load_one(f, m, sgd, st, config, other_samples ? NULL : legacy_config, why, sizeof why) == 0;
+    const int loaded = ok ? load_one(f, m, sgd, st, config, other_samples ? NULL : legacy_config, why, sizeof why) : -1;
+    if (loaded == NEWER) { /* as a read error: falling back would redo steps and move the newer file aside */
+      gw_st_free(f);
+      snprintf(err, errlen, "cannot resume from %s: %s (not falling back to an older checkpoint: resume with that "
+               "gw-train, or move the file away to resume from the one before)", path_out, why);
+      return -1;
+    }
+    ok = loaded == 0;
     const bool legacy_loaded = ok && !names_samples(cfg);
     if (!ok && names_samples(cfg) && strcmp(cfg, config) != 0) other_samples = 1;
     gw_st_free(f);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,4 +38,25 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
     return -1;
   }
   return 0;
+}
+
+int replaced_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
+  struct stat sb;
+  if (path[0] && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+    char *real = realpath(path, NULL);
+    if (!real) {
+      snprintf(err, errlen, "%s %s: a symbolic link that cannot be followed: %s", flag, path,
+               errno == ENOENT ? "what it names does not exist" : strerror(errno));
+      return -1;
+    }
+    int r = replaced_path_ok(flag, real, err, errlen);
+    free(real);
+    return r;
+  }
+  if (path[0] && stat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
+    snprintf(err, errlen, "%s %s: not a regular file (a device, FIFO or socket would be replaced by one)", flag,
+             path);
+    return -1;
+  }
+  return output_path_ok(flag, path, err, errlen);
 }

@@ -9,4 +9,11 @@
 
 int output_path_ok(const char *flag, const char *path, char *err, size_t errlen);
 
+/* The same for a file replaced by renaming a temporary file over it (the
+ * safetensors writer): a symbolic link is followed to the file it names (a
+ * link to nothing is refused), which must be a regular file where it exists,
+ * and the checks above apply to that file and its directory, where the
+ * temporary file goes. */
+int replaced_path_ok(const char *flag, const char *path, char *err, size_t errlen);
+
 #endif
