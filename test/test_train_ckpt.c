@@ -694,6 +694,31 @@ START_TEST(test_metadata_damage_refused) {
 }
 END_TEST
 
+/* The save after an epoch's evaluation only clears the pending mark: when it
+ * fails (here: giving the new file the old one's mode) the run says so and
+ * goes on, the checkpoint as it was (a resume evaluates the epoch again). */
+START_TEST(test_failed_resave_warns) {
+  char dir[512];
+  path(dir, sizeof dir, "ckpt-resave");
+  const char *const failing[] = {"GW_SAFETENSORS_FAIL=chmod", NULL}, *const noenv[] = {NULL},
+                    *const eval[] = {EVAL_COMMON, NULL};
+  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
+  struct run r;
+  train_from(&r, failing, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "epoch 1 evaluation: top-1") && strstr(r.out, "warning: checkpoint:") &&
+                    strstr(r.out, "still says the evaluation is pending"),
+                "expected the evaluation, then a warning for the save after it:\n%s", r.out);
+  gwrun_free(&r);
+  args[6] = "--resume";
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 1 evaluation: top-1"),
+                "the checkpoint before the failed save should resume with the evaluation pending:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
 /* Format versions: a checkpoint of a newer format (3) stops the resume, by
  * name, and stays where it is (falling back would redo steps and move a good
  * file aside); a version no gw-train writes ("1": version 1 has no key) is
@@ -785,6 +810,7 @@ END_TEST
 void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_refusals_kept);
   tcase_add_test(tc, test_epoch_evaluated_once);
+  tcase_add_test(tc, test_failed_resave_warns);
   tcase_add_test(tc, test_metadata_damage_refused);
   tcase_add_test(tc, test_format_versions);
   tcase_add_test(tc, test_weights_stale_temps_removed);

@@ -74,15 +74,22 @@ int trainer_backend_from_host(struct trainer *t) {
 
 /* ---- checkpoints: rank 0 writes, everyone resumes from rank 0's reading */
 
-static int save_checkpoint(struct trainer *t) {
+/* warn_only: a failed write is said and the run goes on (the file it would
+ * have replaced stays as it was). */
+static int save_checkpoint_as(struct trainer *t, int warn_only) {
   char err[600];
   t->saved_step = t->st.step;
   if (!t->o->checkpoint_dir || t->rank != 0) return 0;
   if (host_from_backend(t, "checkpoint") != 0) return -1;
-  if (ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
-    return train_fail(t, "checkpoint", err);
+  if (!ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
+    return 0;
+  if (!warn_only) return train_fail(t, "checkpoint", err);
+  log_text(&t->log, "warning: checkpoint: %s (the checkpoint of step %lld still says the evaluation is pending: a "
+           "resume from it evaluates the epoch again)", err, (long long)t->st.step);
   return 0;
 }
+
+static int save_checkpoint(struct trainer *t) { return save_checkpoint_as(t, 1); }
 
 static int share_state(struct trainer *t) {
   int64_t s[11] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0,
@@ -492,8 +499,9 @@ static int epoch_end(struct trainer *t, int64_t epoch) {
   if (!t->o->eval) return 0;
   /* Done: the checkpoint says so, or every resume from it would evaluate the
    * epoch again (a second eval line in the metrics).  The same file is
-   * written again (ckpt-<step>: no other of the newest kept is pruned). */
-  return evaluate(t, epoch + 1, mean) != 0 ? -1 : save_checkpoint(t);
+   * written again (ckpt-<step>: no other of the newest kept is pruned); a
+   * failure there only costs that evaluation, so it does not end the run. */
+  return evaluate(t, epoch + 1, mean) != 0 ? -1 : save_checkpoint_as(t, 1);
 }
 
 /* A test hook: GW_TRAIN_STOP_AT_STEP=N ends the job right after step N (and its
