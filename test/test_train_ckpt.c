@@ -117,34 +117,52 @@ START_TEST(test_resume_keeps_loss_scale) {
 }
 END_TEST
 
-/* Rewrites checkpoint `file` as gw-train wrote it before the loss scaler was
- * saved: the same tensors but "scaler", the checksum (FNV-1a 64 over the
- * tensors' bytes in file order) over those, and the run named by --data's
- * text (data=synthetic, COMMON's), not by its samples. */
-static void strip_scaler(const char *file) {
+/* Rewrites checkpoint `file` as format version 1 was written: no
+ * format_version, the checksum (FNV-1a 64 over the tensors' bytes in file
+ * order) over the tensors alone, tensor `skip` left out (NULL: none).  Its
+ * metadata is kept (format, config, options, eval_pending), or with
+ * `config` given, only format and that config (the oldest writer's three
+ * keys). */
+static void as_version1(const char *file, const char *skip, const char *config) {
   struct gw_st_file *f = NULL;
   ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_st_tensor keep[16];
   int n = 0;
   uint64_t h = GW_FNV_START;
   for (int i = 0; i < f->ntensors; i++) {
-    if (!strcmp(f->tensors[i].name, "scaler")) continue;
+    if (skip && !strcmp(f->tensors[i].name, skip)) continue;
     ck_assert(n < 16);
     keep[n] = f->tensors[i];
     h = gw__fnv(h, keep[n].data, keep[n].nbytes);
     n++;
   }
-  ck_assert_int_eq(n, f->ntensors - 1);
+  ck_assert_int_eq(n, f->ntensors - (skip != NULL));
   char sum[32];
   snprintf(sum, sizeof sum, "%016llx", (unsigned long long)h);
+  const char *meta[16] = {"format", gw_st_metadata(f, "format"), "checksum", sum, "config",
+                          config ? config : gw_st_metadata(f, "config")};
+  int m = 6;
+  static const char *const later[] = {"options", "eval_pending"};
+  for (int k = 0; !config && k < 2; k++)
+    if (gw_st_metadata(f, later[k])) meta[m++] = later[k], meta[m++] = gw_st_metadata(f, later[k]);
+  meta[m] = NULL;
+  ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
+  gw_st_free(f);
+}
+
+/* Rewrites checkpoint `file` as gw-train wrote it before the loss scaler was
+ * saved: version 1 without "scaler", and the run named by --data's text
+ * (data=synthetic, COMMON's), not by its samples. */
+static void strip_scaler(const char *file) {
+  struct gw_st_file *f = NULL;
+  ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
   char config[512];
   const char *now = gw_st_metadata(f, "config"), *data = strstr(now, " data=train:");
   ck_assert_msg(data, "no data=train: in the config '%s'", now);
   const char *after = strchr(data + 1, ' ');
   snprintf(config, sizeof config, "%.*s data=synthetic%s", (int)(data - now), now, after);
-  const char *meta[] = {"format", gw_st_metadata(f, "format"), "config", config, "checksum", sum, NULL};
-  ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
   gw_st_free(f);
+  as_version1(file, "scaler", config);
 }
 
 /* A checkpoint of an older gw-train (no loss scaler state, the data named by
@@ -719,6 +737,42 @@ START_TEST(test_failed_resave_warns) {
 }
 END_TEST
 
+/* A checkpoint of format version 1 with every later key (options, a pending
+ * evaluation; as gw-train wrote them before format_version): the resume
+ * takes it, evaluates the epoch once and saves it again as version 2, without
+ * the mark. */
+START_TEST(test_resume_version1_pending) {
+  char dir[512], c4[600];
+  path(dir, sizeof dir, "ckpt-v1");
+  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+  const char *const stop[] = {"GW_TRAIN_STOP_BEFORE_EVAL=1", NULL}, *const noenv[] = {NULL},
+                    *const eval[] = {EVAL_COMMON, NULL};
+  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
+  struct run r;
+  train_from(&r, stop, "1", eval, args);
+  ck_assert_msg(r.code != 0 && strstr(r.out, "stopping before the evaluation of epoch 1"),
+                "the interrupted run: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  as_version1(c4, NULL, NULL);
+  struct gw_st_file *f = NULL;
+  ck_assert(gw_st_open(&f, c4) == GW_SUCCESS);
+  ck_assert_msg(!gw_st_metadata(f, "format_version") && gw_st_metadata(f, "eval_pending") &&
+                    gw_st_metadata(f, "options"), "not a version 1 file with a pending evaluation");
+  gw_st_free(f);
+  args[6] = "--resume";
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 1 evaluation: top-1") &&
+                    !strstr(r.out, "refused"),
+                "the version 1 file was not resumed with its evaluation:\n%s", r.out);
+  gwrun_free(&r);
+  ck_assert(gw_st_open(&f, c4) == GW_SUCCESS);
+  ck_assert_msg(gw_st_metadata(f, "format_version") && !strcmp(gw_st_metadata(f, "format_version"), "2") &&
+                    !gw_st_metadata(f, "eval_pending"), "the file was not saved again as version 2 without the mark");
+  gw_st_free(f);
+}
+END_TEST
+
 /* Format versions: a checkpoint of a newer format (3) stops the resume, by
  * name, and stays where it is (falling back would redo steps and move a good
  * file aside); a version no gw-train writes ("1": version 1 has no key) is
@@ -813,6 +867,7 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_failed_resave_warns);
   tcase_add_test(tc, test_metadata_damage_refused);
   tcase_add_test(tc, test_format_versions);
+  tcase_add_test(tc, test_resume_version1_pending);
   tcase_add_test(tc, test_weights_stale_temps_removed);
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
   tcase_add_test(tc, test_resume_runs_pending_evaluation);
