@@ -378,24 +378,94 @@ static gw_result_t agree_ll(struct gw_comm *c, struct gw_errctx *err) {
   return res;
 }
 
-/* The CPUs a cgroup's quota (cpu.max, v2; cpu.cfs_quota_us, v1) lets this
- * process use at once, rounded up; 0: no quota. */
-static int cgroup_cpus(void) {
+/* The CPUs (rounded up) the quota of cgroup directory dir allows: cpu.max
+ * (v2) or cpu.cfs_quota_us over cpu.cfs_period_us (v1); 0: none there. */
+static int quota_at(const char *dir, int v2) {
+  char p[4200];
   long long quota = -1, period = 0;
-  FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
-  if (f) {
+  snprintf(p, sizeof p, "%s/%s", dir, v2 ? "cpu.max" : "cpu.cfs_quota_us");
+  FILE *f = fopen(p, "r");
+  if (!f) return 0;
+  if (v2) {
     char q[32] = "";
     if (fscanf(f, "%31s %lld", q, &period) == 2 && strcmp(q, "max")) quota = atoll(q);
+  } else if (fscanf(f, "%lld", &quota) != 1) {
+    quota = -1;
+  }
+  fclose(f);
+  snprintf(p, sizeof p, "%s/cpu.cfs_period_us", dir);
+  if (!v2 && (f = fopen(p, "r"))) {
+    if (fscanf(f, "%lld", &period) != 1) period = 0;
     fclose(f);
-  } else if ((f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "r"))) {
-    if (fscanf(f, "%lld", &quota) != 1) quota = -1;
-    fclose(f);
-    if ((f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "r"))) {
-      if (fscanf(f, "%lld", &period) != 1) period = 0;
-      fclose(f);
-    }
   }
   return quota > 0 && period > 0 ? (int)((quota + period - 1) / period) : 0;
+}
+
+/* The smallest quota on the way from the process's cgroup (rel, under the
+ * hierarchy mounted at root) up to that root: every level limits.  A path not
+ * there (a container's own cgroup mounted as the root, the host's path in
+ * /proc) is walked up from too. */
+static int quota_up(const char *root, const char *rel, int v2) {
+  char dir[4200];
+  const size_t top = strlen(root);
+  if ((size_t)snprintf(dir, sizeof dir, "%s%s", root, rel[0] == '/' ? rel : "/") >= sizeof dir) dir[top] = 0;
+  int best = 0;
+  for (;;) {
+    size_t len = strlen(dir);
+    while (len > top && dir[len - 1] == '/') dir[--len] = 0;
+    const int q = quota_at(dir, v2);
+    if (q > 0 && (!best || q < best)) best = q;
+    char *slash = strrchr(dir, '/');
+    if (len <= top || !slash || (size_t)(slash - dir) < top) return best;
+    *slash = 0;
+  }
+}
+
+static bool is_dir(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* The CPUs a cgroup's quota lets this process use at once, rounded up; 0: no
+ * quota.  The process's own cgroup (/proc/self/cgroup) and every one above
+ * it, in the v2 hierarchy and in v1's cpu controller (a systemd slice or a
+ * job scheduler's cgroup is nested; only the root's files were read). */
+static int cgroup_cpus(void) {
+  const char *fs = gw__env_str("GW_TEST_CGROUP_FS", "/sys/fs/cgroup");
+  const char *proc = gw__env_str("GW_TEST_PROC_CGROUP", "/proc/self/cgroup");
+  char v2rel[2048] = "/", v1rel[2048] = "/", line[4096], p[4200];
+  FILE *f = fopen(proc, "r");
+  while (f && fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = 0;
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2) continue;
+    *c2 = 0;
+    if (c1 == line + 1 && line[0] == '0' && c2 == c1 + 1) { /* "0::path": v2 */
+      snprintf(v2rel, sizeof v2rel, "%s", c2 + 1);
+      continue;
+    }
+    char *save = NULL;
+    for (char *tok = strtok_r(c1 + 1, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+      if (!strcmp(tok, "cpu")) snprintf(v1rel, sizeof v1rel, "%s", c2 + 1);
+  }
+  if (f) fclose(f);
+  int best = 0;
+  static const char *const v2mounts[] = {"", "/unified"}, *const v1mounts[] = {"/cpu", "/cpu,cpuacct", "/cpuacct,cpu"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(p, sizeof p, "%s%s/cgroup.controllers", fs, v2mounts[i]);
+    if (access(p, F_OK) != 0) continue;
+    snprintf(p, sizeof p, "%s%s", fs, v2mounts[i]);
+    best = quota_up(p, v2rel, 1);
+    break;
+  }
+  for (int i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, "%s%s", fs, v1mounts[i]);
+    if (!is_dir(p)) continue;
+    const int q = quota_up(p, v1rel, 0);
+    if (q > 0 && (!best || q < best)) best = q;
+    break;
+  }
+  return best;
 }
 
 /* Whether the ranks that may run on this rank's CPUs (same machine, affinity

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm.h" /* the communicator's oversubscribed flag; gw__env_int */
@@ -134,6 +135,8 @@ END_TEST
 struct binding {
   int shared; /* 1: every rank on cpu[0] and cpu[1]; 0: rank r on cpu[r] */
   int cpu[4];
+  int expect; /* comm->oversubscribed */
+  const char *what;
 };
 
 static int raw_bound(int rank, int n, const char *master, void *arg) {
@@ -145,8 +148,8 @@ static int raw_bound(int rank, int n, const char *master, void *arg) {
   if (sched_setaffinity(0, sizeof set, &set) != 0) return 3;
   gw_comm_t comm;
   if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
-  EXPECT(comm->oversubscribed == b->shared, "rank %d of %d, %s: oversubscribed %d", rank, n,
-         b->shared ? "3 ranks on 2 CPUs" : "each bound to a CPU of its own", comm->oversubscribed);
+  EXPECT(comm->oversubscribed == b->expect, "rank %d of %d, %s: oversubscribed %d", rank, n, b->what,
+         comm->oversubscribed);
   gw_comm_destroy(comm);
   return 0;
 }
@@ -162,10 +165,79 @@ START_TEST(test_bound_ranks_not_oversubscribed) {
     return;
   }
   const int ranks = n < 4 ? n : 4;
-  struct binding own = {.shared = 0}, two = {.shared = 1, .cpu = {avail[0], avail[1]}};
+  struct binding own = {.shared = 0, .expect = 0, .what = "each bound to a CPU of its own"},
+                 two = {.shared = 1, .cpu = {avail[0], avail[1]}, .expect = 1, .what = "3 ranks on 2 CPUs"};
   for (int k = 0; k < ranks; k++) own.cpu[k] = avail[k * (n - 1) / (ranks - 1)]; /* the first and the last */
   ck_assert_int_eq(run_ranks_raw(ranks, raw_bound, &own, 60), 0);
   ck_assert_int_eq(run_ranks_raw(3, raw_bound, &two, 60), 0);
+}
+END_TEST
+
+/* The first CPUs this process may run on (up to max); how many. */
+static int my_cpus(int *avail, int max) {
+  cpu_set_t all;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+  int n = 0;
+  for (int c = 0; c < CPU_SETSIZE && n < max; c++)
+    if (CPU_ISSET(c, &all)) avail[n++] = c;
+  return n;
+}
+
+static void put(const char *dir, const char *rel, const char *file, const char *text) {
+  char p[600];
+  snprintf(p, sizeof p, "%s%s", dir, rel);
+  for (char *q = p + 1; (q = strchr(q, '/')); q++) *q = 0, mkdir(p, 0755), *q = '/'; /* each folder above */
+  mkdir(p, 0755);
+  snprintf(p + strlen(p), sizeof p - strlen(p), "/%s", file);
+  FILE *f = fopen(p, "w");
+  ck_assert_msg(f && fputs(text, f) >= 0 && fclose(f) == 0, "cannot write %s", p);
+}
+
+/* A cgroup's CPU quota is read where the process's cgroup is, and above it
+ * (a systemd slice, a job scheduler's cgroup: only the root's files were
+ * read): 2 ranks on 2 CPUs are oversubscribed under a quota of 1 CPU on an
+ * ancestor of their cgroup, v1 (cpu controller) or v2, and not with the
+ * quota on a sibling cgroup only.  Fake trees (GW_TEST_CGROUP_FS,
+ * GW_TEST_PROC_CGROUP). */
+START_TEST(test_nested_cgroup_quota) {
+  int avail[2];
+  if (my_cpus(avail, 2) < 2) {
+    printf("test_nested_cgroup_quota: 1 CPU here: not run\n");
+    return;
+  }
+  char dir[] = "/tmp/gw-cgroup-XXXXXX", v1[64], v2[64], proc[64];
+  ck_assert(mkdtemp(dir) != NULL);
+  snprintf(v1, sizeof v1, "%s/v1", dir), snprintf(v2, sizeof v2, "%s/v2", dir), snprintf(proc, sizeof proc, "%s/p", dir);
+  put(v1, "/cpu", "cpu.cfs_quota_us", "-1\n"), put(v1, "/cpu", "cpu.cfs_period_us", "100000\n");
+  put(v1, "/cpu/job", "cpu.cfs_quota_us", "100000\n"), put(v1, "/cpu/job", "cpu.cfs_period_us", "100000\n");
+  put(v1, "/cpu/job/step", "cpu.cfs_quota_us", "-1\n"), put(v1, "/cpu/job/step", "cpu.cfs_period_us", "100000\n");
+  put(v1, "/cpu/other", "cpu.cfs_quota_us", "100000\n"), put(v1, "/cpu/other", "cpu.cfs_period_us", "100000\n");
+  put(v2, "", "cgroup.controllers", "cpu\n");
+  put(v2, "/user.slice", "cpu.max", "50000 100000\n"), put(v2, "/user.slice/run", "cpu.max", "max 100000\n");
+  put(v2, "/other.slice", "cpu.max", "50000 100000\n");
+  static const struct {
+    const char *fs, *proc, *what;
+    int expect;
+  } cases[] = {
+      {"v1", "4:cpu,cpuacct:/job/step\n0::/\n", "v1: 1 CPU on the job's cgroup, above this one", 1},
+      {"v1", "4:cpu,cpuacct:/job\n", "v1: 1 CPU on this very cgroup", 1},
+      {"v1", "4:cpu:/free/step\n", "v1: a quota on a sibling cgroup only", 0},
+      {"v2", "0::/user.slice/run\n", "v2: 0.5 CPU on the slice above", 1},
+      {"v2", "0::/system.slice/x\n", "v2: a quota on another slice only", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char fs[80];
+    snprintf(fs, sizeof fs, "%s/%s", dir, cases[i].fs);
+    FILE *f = fopen(proc, "w");
+    ck_assert(f && fputs(cases[i].proc, f) >= 0 && fclose(f) == 0);
+    setenv("GW_TEST_CGROUP_FS", fs, 1), setenv("GW_TEST_PROC_CGROUP", proc, 1);
+    struct binding b = {.shared = 1, .cpu = {avail[0], avail[1]}, .expect = cases[i].expect, .what = cases[i].what};
+    ck_assert_msg(run_ranks_raw(2, raw_bound, &b, 60) == 0, "%s", cases[i].what);
+  }
+  unsetenv("GW_TEST_CGROUP_FS"), unsetenv("GW_TEST_PROC_CGROUP");
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -178,6 +250,7 @@ int main(void) {
   tcase_add_test(tc, test_torchrun_none_no_token);
   tcase_add_test(tc, test_env_numbers);
   tcase_add_test(tc, test_bound_ranks_not_oversubscribed);
+  tcase_add_test(tc, test_nested_cgroup_quota);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
