@@ -433,7 +433,7 @@ static bool is_dir(const char *p) {
 static int cgroup_cpus(void) {
   const char *fs = gw__env_str("GW_TEST_CGROUP_FS", "/sys/fs/cgroup");
   const char *proc = gw__env_str("GW_TEST_PROC_CGROUP", "/proc/self/cgroup");
-  char v2rel[2048] = "/", v1rel[2048] = "/", line[4096], p[4200];
+  char v2rel[4096] = "/", v1rel[4096] = "/", line[4096], p[4200];
   FILE *f = fopen(proc, "r");
   while (f && fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = 0;
