@@ -449,6 +449,10 @@ static int cgroup_cpus(void) {
       if (!strcmp(tok, "cpu")) snprintf(v1rel, sizeof v1rel, "%s", c2 + 1);
   }
   if (f) fclose(f);
+  /* A cgroup outside this namespace's root ("/../.."): not under the mount,
+   * whose root's quota is the one to read. */
+  if (strstr(v2rel, "/..")) snprintf(v2rel, sizeof v2rel, "/");
+  if (strstr(v1rel, "/..")) snprintf(v1rel, sizeof v1rel, "/");
   int best = 0;
   static const char *const v2mounts[] = {"", "/unified"}, *const v1mounts[] = {"/cpu", "/cpu,cpuacct", "/cpuacct,cpu"};
   for (int i = 0; i < 2; i++) {

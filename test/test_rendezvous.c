@@ -224,6 +224,7 @@ START_TEST(test_nested_cgroup_quota) {
       {"v1", "4:cpu:/free/step\n", "v1: a quota on a sibling cgroup only", 0},
       {"v2", "0::/user.slice/run\n", "v2: 0.5 CPU on the slice above", 1},
       {"v2", "0::/system.slice/x\n", "v2: a quota on another slice only", 0},
+      {"v1", "4:cpu:/../cpu/other\n", "v1: a cgroup outside the namespace's root: the root's quota (none)", 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char fs[80];

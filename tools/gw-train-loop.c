@@ -74,8 +74,9 @@ int trainer_backend_from_host(struct trainer *t) {
 
 /* ---- checkpoints: rank 0 writes, everyone resumes from rank 0's reading */
 
-/* warn_only: a failed write is said and the run goes on (the file it would
- * have replaced stays as it was). */
+/* warn_only (the saves that only clear an evaluation's pending mark): a
+ * failed write is said and the run goes on (the file it would have replaced
+ * stays as it was, unless it failed after the rename). */
 static int save_checkpoint_as(struct trainer *t, int warn_only) {
   char err[600];
   t->saved_step = t->st.step;
@@ -84,12 +85,12 @@ static int save_checkpoint_as(struct trainer *t, int warn_only) {
   if (!ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
     return 0;
   if (!warn_only) return train_fail(t, "checkpoint", err);
-  log_text(&t->log, "warning: checkpoint: %s (the checkpoint of step %lld still says the evaluation is pending: a "
-           "resume from it evaluates the epoch again)", err, (long long)t->st.step);
+  log_text(&t->log, "warning: checkpoint: %s (the checkpoint of step %lld may still say the evaluation is pending: "
+           "a resume from it would evaluate the epoch again)", err, (long long)t->st.step);
   return 0;
 }
 
-static int save_checkpoint(struct trainer *t) { return save_checkpoint_as(t, 1); }
+static int save_checkpoint(struct trainer *t) { return save_checkpoint_as(t, 0); }
 
 static int share_state(struct trainer *t) {
   int64_t s[11] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0,
@@ -525,7 +526,7 @@ static int run_steps(struct trainer *t) {
     t->st.eval_epoch = 0;
     /* Done, the checkpoint says so: without it a later resume (one with no
      * steps left saves nothing else) would evaluate the epoch again. */
-    if (t->o->eval && (evaluate(t, e, t->st.eval_train_loss) != 0 || save_checkpoint(t) != 0)) return -1;
+    if (t->o->eval && (evaluate(t, e, t->st.eval_train_loss) != 0 || save_checkpoint_as(t, 1) != 0)) return -1;
   }
   while (t->st.step < t->total_steps) {
     if (have_next) k = next, k.ahead = 1, have_next = 0;
