@@ -1,11 +1,7 @@
 /* test_train.c - gw-train end to end through gw-run (GW_RUN_BIN, GW_TRAIN_BIN),
  * on the synthetic dataset with a narrow ResNet-18 so each run takes seconds:
- * - data parallelism is exact: 2 ranks x batch 8 with --sync-bn end 4 steps at
- *   the same weights as 1 rank x batch 16 (the same 16 samples per step: the
- *   sampler's global order is shared), within 2% of how far training moved each
- *   tensor (summation order differs; on this network PyTorch against itself
- *   differs by ~3% after 3 steps, see test/fixtures/make_resnet_fixtures.py), BN
- *   running statistics within 1e-3;
+ * - what training computes against float32, one rank, the flags
+ *   (test_train_weights.c);
  * - checkpoints and resume (test_train_ckpt.c);
  * - bad and contradictory flags are refused before any work, naming the flag.
  * Exits 77 (skipped) when gw-train cannot train (built without oneDNN).
@@ -76,7 +72,7 @@ void expect_ok(struct run *r) {
 }
 
 /* The tensor named name of file f, as floats (copied: data may be unaligned). */
-static float *floats(struct gw_st_file *f, const char *name, size_t *n) {
+float *floats(struct gw_st_file *f, const char *name, size_t *n) {
   const struct gw_st_tensor *t = gw_st_find(f, name);
   ck_assert_msg(t && t->dtype == GW_FLOAT32, "no float tensor %s", name);
   *n = t->nbytes / sizeof(float);
@@ -85,7 +81,7 @@ static float *floats(struct gw_st_file *f, const char *name, size_t *n) {
   return v;
 }
 
-static struct gw_st_file *open_st(const char *name) {
+struct gw_st_file *open_st(const char *name) {
   char p[512];
   path(p, sizeof p, name);
   struct gw_st_file *f = NULL;
@@ -226,292 +222,6 @@ START_TEST(test_over_ib_equals_shm) {
 }
 END_TEST
 #endif
-
-/* The starting weights (--steps 0, the seed's initialization) into `name`. */
-static void save_init(const char *name) {
-  char p[512];
-  path(p, sizeof p, name);
-  struct run r;
-  train(&r, (const char *const[]){NULL}, "1", (const char *const[]){"--steps", "0", "--save-weights", p, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-}
-
-/* Calls fn on each float tensor of the weights files a and b (BN's running
- * statistics only with `running`), with its starting values from init. */
-typedef void (*tensor_fn)(const struct gw_st_tensor *t, const float *init, const float *a, const float *b, size_t n,
-                          void *ctx);
-static void each_tensor(const char *init, const char *a, const char *b, int running, tensor_fn fn, void *ctx) {
-  struct gw_st_file *f0 = open_st(init), *f1 = open_st(a), *f2 = open_st(b);
-  for (int i = 0; i < f1->ntensors; i++) {
-    const struct gw_st_tensor *t = &f1->tensors[i];
-    if (t->dtype != GW_FLOAT32 || (!running && strstr(t->name, "running_"))) continue;
-    size_t n, n0, n2;
-    float *va = floats(f1, t->name, &n), *z = floats(f0, t->name, &n0), *vb = floats(f2, t->name, &n2);
-    ck_assert_msg(n == n0 && n == n2, "%s: %zu, %zu and %zu elements", t->name, n0, n, n2);
-    fn(t, z, va, vb, n, ctx);
-    free(va), free(z), free(vb);
-  }
-  gw_st_free(f0), gw_st_free(f1), gw_st_free(f2);
-}
-
-/* Gradients over a bfloat16 wire (--grad-wire bf16): one step moves the
- * weights as with float32 gradients up to bfloat16's rounding (each rank's
- * gradient and the result rounded once, 2 x 2^-9: each tensor's difference at
- * most 1% of the step, measured 0.47% at worst), and they do differ (the wire
- * was used).  (After 3 steps the differences grow to 5% in the batch-norm
- * parameters: small batches amplify them, as any perturbation.) */
-struct wire_cmp {
-  double worst, total_diff;
-};
-
-static void wire_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
-                        void *ctx) {
-  struct wire_cmp *c = ctx;
-  double moved = 0, diff = 0;
-  for (size_t k = 0; k < n; k++) {
-    moved += ((double)a[k] - z[k]) * ((double)a[k] - z[k]);
-    diff += ((double)a[k] - b[k]) * ((double)a[k] - b[k]);
-  }
-  moved = sqrt(moved), diff = sqrt(diff), c->total_diff += diff;
-  ck_assert_msg(diff <= 0.01 * moved + 1e-7, "%s: the bfloat16 wire moved it %.3g away from float32 (the step "
-                "moved it %.3g)", t->name, diff, moved);
-  if (moved > 0) c->worst = fmax(c->worst, diff / moved);
-}
-
-START_TEST(test_bf16_wire_close_to_fp32) {
-  char f32[512], b16[512];
-  path(f32, sizeof f32, "w-f32.safetensors");
-  path(b16, sizeof b16, "w-bf16.safetensors");
-  struct run r;
-  const char *const noenv[] = {NULL};
-  save_init("w-init.safetensors");
-  train(&r, noenv, "2", (const char *const[]){"--steps", "1", "--batch", "8", "--save-weights", f32, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  train(&r, noenv, "2",
-        (const char *const[]){"--steps", "1", "--batch", "8", "--grad-wire", "bf16", "--save-weights", b16, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  struct wire_cmp c = {0, 0};
-  each_tensor("w-init.safetensors", "w-f32.safetensors", "w-bf16.safetensors", 0, wire_tensor, &c);
-  ck_assert_msg(c.total_diff > 0, "the bfloat16 wire gave the float32 weights bit for bit: was it used?");
-  printf("bfloat16 gradient wire vs float32 after 1 step: worst tensor differs by %.4f of its update\n", c.worst);
-}
-END_TEST
-
-/* Mixed precision (--amp bf16): 2 ranks, 3 steps from the same start as float32.
- * The updates point the same way (cosine of the whole weight change >= 0.8,
- * measured 0.94;
- * in these narrow networks a 0.2% change of the input alone moves early
- * gradients by 10-25%, so no tighter bound is meaningful: test_model_bf16 holds
- * the arithmetic to its exact emulation), are not identical (bfloat16 was
- * used), the loss is finite and the job says what it ran. */
-struct amp_cmp {
-  double dot, n1, n2;
-};
-
-static void amp_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
-                       void *ctx) {
-  struct amp_cmp *c = ctx;
-  for (size_t k = 0; k < n; k++) {
-    ck_assert_msg(isfinite(b[k]), "%s[%zu] is %g after bfloat16 steps", t->name, k, (double)b[k]);
-    double u = (double)a[k] - z[k], v = (double)b[k] - z[k];
-    c->dot += u * v, c->n1 += u * u, c->n2 += v * v;
-  }
-}
-
-START_TEST(test_amp_bf16_follows_fp32) {
-  char f32[512], b16[512];
-  path(f32, sizeof f32, "amp-f32.safetensors");
-  path(b16, sizeof b16, "amp-bf16.safetensors");
-  struct run r;
-  const char *const noenv[] = {NULL};
-  save_init("amp-init.safetensors");
-  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--save-weights", f32, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  train(&r, noenv, "2",
-        (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--save-weights", b16, NULL});
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "bf16 activations") != NULL, "the job does not say bf16:\n%s", r.out);
-  gwrun_free(&r);
-  struct amp_cmp c = {0, 0, 0};
-  each_tensor("amp-init.safetensors", "amp-f32.safetensors", "amp-bf16.safetensors", 0, amp_tensor, &c);
-  double cosine = c.dot / sqrt(c.n1 * c.n2), rel = sqrt(c.n1 + c.n2 - 2 * c.dot) / sqrt(c.n1);
-  printf("--amp bf16 vs float32 after 3 steps: cosine of the weight updates %.4f, relative distance %.4f\n", cosine,
-         rel);
-  ck_assert_msg(cosine >= 0.8, "bfloat16's update points elsewhere: cosine %.4f with float32's", cosine);
-  ck_assert_msg(rel > 0, "bfloat16 training gave float32's weights bit for bit: was it used?");
-}
-END_TEST
-
-/* --wd-all: weight decay on the 1-D tensors too (BN gamma and beta, biases).
- * One step without momentum from the same start: every tensor of 2 or more
- * dimensions is bit for bit the default run's, and each 1-D element moved
- * further by exactly lr x wd x its starting value (BN gammas start at 1). */
-struct wd_cmp {
-  double lr, wd;
-  int decayed;
-};
-
-static void wd_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
-                      void *ctx) {
-  struct wd_cmp *c = ctx;
-  for (size_t k = 0; k < n; k++) {
-    if (t->ndim >= 2) {
-      ck_assert_msg(a[k] == b[k], "%s[%zu]: %.9g with --wd-all, %.9g without (decayed either way)", t->name, k,
-                    (double)b[k], (double)a[k]);
-      continue;
-    }
-    const double want = c->lr * c->wd * z[k], got = (double)a[k] - b[k];
-    ck_assert_msg(fabs(got - want) <= 1e-6, "%s[%zu] (from %g): --wd-all moved it %.3g further, lr x wd x p is %.3g",
-                  t->name, k, (double)z[k], got, want);
-    c->decayed += want != 0;
-  }
-}
-
-START_TEST(test_wd_all) {
-  char def[512], all[512], metrics[512];
-  path(def, sizeof def, "wd-default.safetensors");
-  path(all, sizeof all, "wd-all.safetensors");
-  path(metrics, sizeof metrics, "wd-all.jsonl");
-  struct run r;
-  const char *const noenv[] = {NULL};
-  save_init("wd-init.safetensors");
-  const char *args[] = {"--steps", "1", "--batch", "8", "--momentum", "0", "--wd", "0.5", "--save-weights", def,
-                        NULL, NULL, NULL, NULL};
-  train(&r, noenv, "1", args);
-  expect_ok(&r);
-  gwrun_free(&r);
-  args[9] = all, args[10] = "--wd-all", args[11] = "--metrics", args[12] = metrics;
-  train(&r, noenv, "1", args);
-  expect_ok(&r);
-  gwrun_free(&r);
-  char lr[1][32];
-  ck_assert_int_eq(metrics_by_step(metrics, "lr", lr, 1), 1);
-  struct wd_cmp c = {atof(lr[0]), 0.5, 0};
-  each_tensor("wd-init.safetensors", "wd-default.safetensors", "wd-all.safetensors", 0, wd_tensor, &c);
-  ck_assert_msg(c.decayed > 0, "no 1-D element started non-zero: nothing tested");
-}
-END_TEST
-
-/* Loss scaling.  A power-of-two scale changes nothing but the exponents: 3
- * steps with --loss-scale dynamic (65536) give the unscaled run's weights bit
- * for bit.  A step whose gradients overflow (forced by the test hook
- * GW_TRAIN_OVERFLOW_AT_STEP) is skipped: after 2 steps with the second
- * overflowing, the parameters are those after 1 step (the BN running statistics
- * moved, as in PyTorch: forward ran), the scale halved and the overflow counted
- * in the metrics, and the job says so. */
-static void load_params(const char *name, float **out, size_t *n) {
-  struct gw_st_file *f = open_st(name);
-  size_t total = 0, cap = 0;
-  *out = NULL;
-  for (int i = 0; i < f->ntensors; i++) {
-    const struct gw_st_tensor *t = &f->tensors[i];
-    if (t->dtype != GW_FLOAT32 || strstr(t->name, "running_")) continue;
-    size_t k;
-    float *v = floats(f, t->name, &k);
-    if (total + k > cap) {
-      cap = 2 * (total + k);
-      *out = realloc(*out, cap * sizeof(float));
-      ck_assert(*out);
-    }
-    memcpy(*out + total, v, k * sizeof(float));
-    total += k;
-    free(v);
-  }
-  *n = total;
-  gw_st_free(f);
-}
-
-START_TEST(test_loss_scaling) {
-  char plain[512], scaled[512], one[512], two[512], metrics[512];
-  path(plain, sizeof plain, "ls-plain.safetensors");
-  path(scaled, sizeof scaled, "ls-scaled.safetensors");
-  path(one, sizeof one, "ls-one.safetensors");
-  path(two, sizeof two, "ls-two.safetensors");
-  path(metrics, sizeof metrics, "ls-metrics.jsonl");
-  struct run r;
-  const char *const noenv[] = {NULL}, *const overflow2[] = {"GW_TRAIN_OVERFLOW_AT_STEP=2", NULL};
-  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--save-weights",
-                                              plain, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--loss-scale",
-                                              "dynamic", "--save-weights", scaled, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  size_t n1, n2;
-  float *a, *b;
-  load_params("ls-plain.safetensors", &a, &n1);
-  load_params("ls-scaled.safetensors", &b, &n2);
-  ck_assert(n1 == n2 && n1 > 0);
-  ck_assert_msg(!memcmp(a, b, n1 * sizeof(float)), "a loss scale of 65536 changed the weights");
-  free(a), free(b);
-  train(&r, noenv, "2", (const char *const[]){"--steps", "1", "--batch", "8", "--amp", "bf16", "--loss-scale",
-                                              "dynamic", "--save-weights", one, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  train(&r, overflow2, "2", (const char *const[]){"--steps", "2", "--batch", "8", "--amp", "bf16", "--loss-scale",
-                                                  "dynamic", "--metrics", metrics, "--save-weights", two, NULL});
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "step 2: the gradients overflowed at loss scale 65536; step skipped (1 so far), scale "
-                              "now 32768"), "no overflow report:\n%s", r.out);
-  gwrun_free(&r);
-  load_params("ls-one.safetensors", &a, &n1);
-  load_params("ls-two.safetensors", &b, &n2);
-  ck_assert(n1 == n2);
-  ck_assert_msg(!memcmp(a, b, n1 * sizeof(float)), "the overflowed step changed the parameters");
-  free(a), free(b);
-  FILE *f = fopen(metrics, "r");
-  ck_assert(f);
-  char line[1024];
-  int steps = 0;
-  while (fgets(line, sizeof line, f)) {
-    if (!strstr(line, "\"train\"")) continue;
-    steps++;
-    ck_assert_msg(strstr(line, steps == 1 ? "\"loss_scale\":65536,\"overflows\":0" : "\"loss_scale\":65536,\"overflows\":1"),
-                  "metrics of step %d: %s", steps, line);
-  }
-  fclose(f);
-  ck_assert_int_eq(steps, 2);
-}
-END_TEST
-
-static void batch_tensor(const struct gw_st_tensor *t, const float *z, const float *a, const float *b, size_t n,
-                         void *ctx) {
-  double *worst = ctx, moved = 0, err = 0, scale = 0;
-  int running = strstr(t->name, "running_") != NULL;
-  for (size_t k = 0; k < n; k++) {
-    moved = fmax(moved, fabs((double)a[k] - z[k]));
-    scale = fmax(scale, fabs(a[k]));
-    err = fmax(err, fabs((double)a[k] - b[k]));
-  }
-  double bound = running ? 1e-3 * scale + 1e-6 : 0.02 * moved + 1e-6;
-  ck_assert_msg(err <= bound, "%s: 2 ranks x 8 differ from 1 rank x 16 by %.3g (bound %.3g; training moved it %.3g)",
-                t->name, err, bound, moved);
-  *worst = fmax(*worst, err / bound);
-}
-
-START_TEST(test_two_ranks_equal_one_rank_double_batch) {
-  char one[512], two[512];
-  path(one, sizeof one, "one.safetensors");
-  path(two, sizeof two, "two.safetensors");
-  struct run r;
-  const char *const noenv[] = {NULL};
-  save_init("init.safetensors");
-  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "16", "--sync-bn", "--save-weights", one, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  train(&r, noenv, "2", (const char *const[]){"--steps", "4", "--batch", "8", "--sync-bn", "--save-weights", two, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  double worst = 0;
-  each_tensor("init.safetensors", "one.safetensors", "two.safetensors", 1, batch_tensor, &worst);
-  printf("2 ranks x batch 8 vs 1 rank x batch 16 after 4 steps: worst difference %.3f of its bound\n", worst);
-}
-END_TEST
 
 /* A JPEG of w x h pseudo-random pixels at path, cut to `keep` of its length. */
 static void write_jpeg(const char *file, int w, int h, unsigned seed, double keep) {
@@ -876,13 +586,9 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_first_bucket_mb);
   tcase_add_test(tc, test_ranks_must_share_options);
   tcase_add_test(tc, test_plot_nothing_to_draw);
-  tcase_add_test(tc, test_bf16_wire_close_to_fp32);
+  add_weights_tests(tc);
   tcase_add_test(tc, test_device_path_equals_host);
   tcase_add_test(tc, test_nhwc_equals_nchw);
-  tcase_add_test(tc, test_amp_bf16_follows_fp32);
-  tcase_add_test(tc, test_wd_all);
-  tcase_add_test(tc, test_loss_scaling);
-  tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
 #if GW_HAVE_IBVERBS
   tcase_add_test(tc, test_over_ib_equals_shm);
 #endif

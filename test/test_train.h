@@ -1,4 +1,4 @@
-/* test_train.h - what test_train.c's cases share with test_train_ckpt.c's. */
+/* test_train.h - what test_train.c's cases share with the other test_train_*.c. */
 #ifndef GW_TEST_TRAIN_H
 #define GW_TEST_TRAIN_H
 
@@ -37,7 +37,14 @@ char *slurp(const char *name, size_t *len);
  * (val[step - 1]); returns how many lines had it. */
 int metrics_by_step(const char *file, const char *key, char val[][32], int max);
 
-/* test_train_ckpt.c's and test_train_sched.c's cases. */
+struct gw_st_file;
+/* The weights file tmpdir/name, opened (gw_st_free it). */
+struct gw_st_file *open_st(const char *name);
+/* Tensor `name` of f as floats, copied (free it); its count in *n. */
+float *floats(struct gw_st_file *f, const char *name, size_t *n);
+
+/* test_train_weights.c's, test_train_ckpt.c's and test_train_sched.c's cases. */
+void add_weights_tests(TCase *tc);
 void add_checkpoint_tests(TCase *tc);
 void add_schedule_tests(TCase *tc);
 
