@@ -7,9 +7,10 @@
  * Whatever parses is read through completely (every data byte, every lookup) and
  * written back through the writer's header builder; that rewrite must parse to the
  * same tensors.  Built by test/fuzz.sh with clang -fsanitize=fuzzer,address,
- * undefined; includes safetensors.c to reach the writer's static helpers without
- * touching the disk. */
+ * undefined; includes safetensors.c and safetensors_write.c to reach the
+ * writer's static helpers without touching the disk. */
 #include "../../model/safetensors.c"
+#include "../../model/safetensors_write.c"
 
 #include "model_fail_stub.h"
 
@@ -127,7 +128,7 @@ static void behind_length(const uint8_t *data, size_t len, size_t tail) {
 /* One tensor object of a generated header: name, dtype, shape from a 6-byte
  * record r (name, dtype, ndim, three dims), range [b, e); returns its size. */
 static uint64_t record(struct sbuf *h, const uint8_t *r, int first, uint64_t b, int skew) {
-  const struct dtype_info *dt = &dtypes[r[1] % NUM_DTYPE_INFO];
+  const struct gw__st_dtype *dt = &dtypes[r[1] % NUM_DTYPE_INFO];
   char s[256];
   int k = snprintf(s, sizeof s, "%s\"t%c\":{\"dtype\":\"%s\",\"shape\":[", first ? "" : ",", 'a' + r[0] % 16, dt->name);
   uint64_t bytes = dt->size;
