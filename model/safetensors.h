@@ -95,10 +95,13 @@ void gw_st_format_shape(char *buf, size_t cap, const int64_t *shape, int ndim);
  * lock) until its rename, so a cleaner on the same machine (gw_st_host_tag)
  * can tell a live writer's from one a dead save left.  After the
  * rename the directory is synced; a file system that cannot sync directories
- * (EINVAL, ENOTSUP, EROFS) gets a warning on stderr, not an error.
+ * (EINVAL, ENOTSUP, EROFS) gets a warning on stderr, not an error, and so
+ * does one that keeps no file modes (fchmod's EPERM or EOPNOTSUPP: vfat,
+ * CIFS): the new file then has the mode the mount gives.  An empty PATH is
+ * GW_ERR_INVALID_ARGUMENT.
  * For tests, GW_SAFETENSORS_FAIL=create|chmod|write|fsync|rename|dirsync-eio makes that
- * step fail with EIO, and =dirsync makes the directory sync fail with EINVAL
- * (read at every call, unlike GW_* tunables, so one test can succeed and
+ * step fail with EIO, =dirsync makes the directory sync fail with EINVAL and
+ * =chmod-eperm the mode's fchmod with EPERM (read at every call, unlike GW_* tunables, so one test can succeed and
  * then fail). */
 gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, const char *const *metadata);
 /* This machine and boot (host name and boot id, hashed): the tag in the

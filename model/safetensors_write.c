@@ -284,6 +284,24 @@ static gw_result_t resolve_target(const char *path, char **real, int *mode) {
   return GW_SUCCESS;
 }
 
+/* Gives the temporary file the replaced file's permission bits.  A file system
+ * that keeps no modes of its own (vfat, CIFS without Unix extensions: the mount
+ * decides them) refuses with EPERM or EOPNOTSUPP: a warning, once, and the save
+ * goes on with the mode the mount gives; failing it there ended runs at their
+ * first checkpoint over an earlier one.  Other errors fail the save. */
+static int keep_mode(const char *path, int fd, int mode) {
+  int e = fail_here("chmod") ? EIO : fail_here("chmod-eperm") ? EPERM : fchmod(fd, (mode_t)mode) ? errno : 0;
+  if (e == EPERM || e == EOPNOTSUPP || e == ENOTSUP) {
+    static atomic_int warned;
+    if (!atomic_exchange(&warned, 1))
+      fprintf(stderr, "gradwire: warning: %s: this file system does not take the replaced file's mode %04o (%s): "
+              "the new file has the mode the mount gives\n", path, (unsigned)mode, strerror(e));
+    return 0;
+  }
+  errno = e;
+  return e ? -1 : 0;
+}
+
 /* mode: the replaced file's permissions, given to the temporary file before any
  * data is in it (-1: a new file, the umask's). */
 static gw_result_t write_atomic(const char *path, int mode, const struct sbuf *h, const struct gw_st_tensor *t, int n) {
@@ -291,7 +309,7 @@ static gw_result_t write_atomic(const char *path, int mode, const struct sbuf *h
   int fd = create_temp(path, &tmp);
   if (fd < 0) return gw__st_sys_fail(path, "cannot create a temporary file next to it");
   gw_result_t r = GW_SUCCESS;
-  if (mode >= 0 && (fail_here("chmod") || fchmod(fd, (mode_t)mode) != 0))
+  if (mode >= 0 && keep_mode(path, fd, mode) != 0)
     r = gw__st_sys_fail(path, "cannot give the temporary file the mode of the file it replaces");
   else if (write_contents(fd, h, t, n) != 0)
     r = gw__st_sys_fail(path, "writing the temporary file failed");
@@ -312,6 +330,7 @@ static gw_result_t write_atomic(const char *path, int mode, const struct sbuf *h
 gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, const char *const *metadata) {
   if (!path || n < 0 || (n > 0 && !t))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_st_write: no path, or no tensors for n = %d", n);
+  if (!path[0]) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_st_write: an empty file name");
   const char **kv = NULL;
   char *real = NULL;
   int nkv = 0, mode = -1;
