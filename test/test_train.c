@@ -67,6 +67,19 @@ int metrics_by_step(const char *file, const char *key, char val[][32], int max) 
   return n;
 }
 
+int same_file(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  int same = fa && fb;
+  while (same) {
+    int ca = fgetc(fa), cb = fgetc(fb);
+    if (ca != cb) same = 0;
+    if (ca == EOF || cb == EOF) break;
+  }
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
+}
+
 void expect_ok(struct run *r) {
   ck_assert_msg(r->code == 0, "gw-train exited %d\nstdout:\n%s\nstderr:\n%s", r->code, r->out, r->err);
 }
@@ -593,6 +606,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_over_ib_equals_shm);
 #endif
   add_checkpoint_tests(tc);
+  add_restart_tests(tc);
   tcase_add_test(tc, test_nan_logits_score_zero);
   tcase_add_test(tc, test_fp16_wire_overflow_skipped);
   tcase_add_test(tc, test_ranks_must_see_same_data);

@@ -30,6 +30,8 @@ void train(struct run *r, const char *const *env, const char *ranks, const char 
 void train_from(struct run *r, const char *const *env, const char *ranks, const char *const *base,
                 const char *const *extra);
 void expect_ok(struct run *r);
+/* Whether files a and b hold the same bytes (both must exist). */
+int same_file(const char *a, const char *b);
 /* The whole of file tmpdir/name (free it). */
 char *slurp(const char *name, size_t *len);
 
@@ -43,9 +45,10 @@ struct gw_st_file *open_st(const char *name);
 /* Tensor `name` of f as floats, copied (free it); its count in *n. */
 float *floats(struct gw_st_file *f, const char *name, size_t *n);
 
-/* test_train_weights.c's, test_train_ckpt.c's and test_train_sched.c's cases. */
+/* test_train_weights.c's, test_train_ckpt.c's, test_train_sched.c's and test_train_restart.c's cases. */
 void add_weights_tests(TCase *tc);
 void add_checkpoint_tests(TCase *tc);
 void add_schedule_tests(TCase *tc);
+void add_restart_tests(TCase *tc);
 
 #endif

@@ -421,6 +421,19 @@ void gw__run_reap(void)
         rank_exited(exited[i].r, exited[i].pid, exited[i].status);
 }
 
+/* Forgets one attempt's ranks and teardown before the next (--max-restarts):
+ * what the loop left is no child of ours any more (every rank and stray was
+ * reaped, or gw-run gave up and does not restart). */
+void gw__run_teardown_reset(void)
+{
+    free(pid_index);
+    free(exited);
+    pid_index = NULL, exited = NULL;
+    escalated = false, give_up_ms = escalated_ms = 0;
+    strays = 0, nstray_termed = 0;
+    spawn_raced = false;
+}
+
 /* Removes the shared-memory segments (/dev/shm/gw-HASH-PEER-SELF-PID-...) that
  * ranks of this job left behind: the library unlinks each one once both of its
  * ends have opened it (and its liveness files, gw-HASH-RANK-RANK-PID-live-...,

@@ -14,8 +14,14 @@
  * launcher port next to it (gw-run-net.c), so that a failure, a signal or a
  * missing node anywhere stops the job on every machine.
  *
- * What it is not: it does no rendezvous of its own and no elastic restarts,
- * and it does not start anything on other machines. It links nothing from
+ * With --max-restarts K a failed job (a rank that exited non-zero or was
+ * killed, not a signal to gw-run) is started again, all of its ranks, up to K
+ * times, as torchrun's --max-restarts does; a program that resumes from its
+ * checkpoints (gw-train --resume) then survives a crash.
+ *
+ * What it is not: it does no rendezvous of its own, restarts only whole
+ * single-node jobs at the same size (no elastic membership), and it does not
+ * start anything on other machines. It links nothing from
  * gradwire on purpose, so it builds and works even when the library does not.
  *
  * This file parses the arguments, sets up the environment, spawns the ranks
@@ -55,6 +61,7 @@ enum {
     HELD_RECHECK_MS = 20,
     EXIT_USAGE = 2,
     EXIT_NOT_FOUND = 127,
+    MAX_RESTARTS = 10000,
 };
 
 #define DEFAULT_KILL_GRACE_S 5.0
@@ -79,6 +86,11 @@ static const char usage_text[] =
     "  --launcher-port P       port of the launcher control channel between the\n"
     "                          gw-runs of a multi-node job (default PORT + 1),\n"
     "                          bound by node 0 on the master HOST only\n"
+    "  --max-restarts K        start the job again, all N ranks, when it fails\n"
+    "                          (a rank exits non-zero or is killed; not after a\n"
+    "                          signal to gw-run), up to K times (default 0); the\n"
+    "                          ranks see GW_RESTART_COUNT (0 on the first start)\n"
+    "                          and GW_MAX_RESTARTS; single-node jobs only\n"
     "  -h, --help              show this help\n"
     "\n"
     "environment:\n"
@@ -453,6 +465,47 @@ static void run_loop(void)
     free(owner_rank);
 }
 
+/* After an attempt of the job ended: whether to start it again.  Not after
+ * success, a signal to gw-run (it came while the job ran, or comes now), a
+ * process gw-run gave up on, a program that could not be started, nor once
+ * the restarts are used up. */
+static bool restart_wanted(long attempt, long max_restarts)
+{
+    if (!gw__run.have_failure || max_restarts == 0)
+        return false;
+    bool child_event = false;
+    gw__run_drain_signals(&child_event); /* a signal since the loop ended */
+    if (gw__run.got_signal)
+        return false;
+    if (gw__run.alive > 0 || gw__run_waiting_for_strays()) {
+        gw__run_say("gw-run: not restarting the job: processes of the failed attempt are still "
+                    "there\n");
+        return false;
+    }
+    if (gw__run.exit_code == EXIT_NOT_FOUND) {
+        gw__run_say("gw-run: not restarting the job: exit code %d (the program could not be "
+                    "started)\n", EXIT_NOT_FOUND);
+        return false;
+    }
+    if (attempt >= max_restarts) {
+        gw__run_say("gw-run: the job failed again; no restarts left (%ld used)\n", max_restarts);
+        return false;
+    }
+    return true;
+}
+
+/* The job state of a new attempt: no ranks, no failure, no teardown. */
+static void reset_job(int local_n)
+{
+    gw__run_teardown_reset();
+    for (int i = 0; i < local_n; i++)
+        gw__run.ranks[i] = (struct rank){.s = {{.fd = -1}, {.fd = -1}}};
+    gw__run.nranks = gw__run.alive = gw__run.open_streams = 0;
+    gw__run.have_failure = false;
+    gw__run.exit_code = 0;
+    gw__run.kill_deadline_ms = 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -461,10 +514,11 @@ int main(int argc, char **argv)
         {"node-rank", required_argument, NULL, 'r'},
         {"master", required_argument, NULL, 'm'},
         {"launcher-port", required_argument, NULL, 'L'},
+        {"max-restarts", required_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    long local_n = 0, nnodes = 1, node_rank = 0, port = 0, lport = 0;
+    long local_n = 0, nnodes = 1, node_rank = 0, port = 0, lport = 0, max_restarts = 0;
     const char *master = NULL;
     char host[256];
 
@@ -492,6 +546,10 @@ int main(int argc, char **argv)
         case 'L':
             if (!parse_long(optarg, 1, 65535, &lport))
                 usage_error("--launcher-port must be a port from 1 to 65535, not '%s'", optarg);
+            break;
+        case 'R':
+            if (!parse_long(optarg, 0, MAX_RESTARTS, &max_restarts))
+                usage_error("--max-restarts must be a number from 0 to 10000, not '%s'", optarg);
             break;
         case 'h':
             fputs(usage_text, stdout);
@@ -523,6 +581,9 @@ int main(int argc, char **argv)
     if (nnodes > 1 && lport == port)
         usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
                     "listens on", master);
+    if (nnodes > 1 && max_restarts > 0)
+        usage_error("%s--max-restarts restarts single-node jobs only: the gw-runs of a multi-node "
+                    "job do not agree on a restart (resubmit the job, with gw-train --resume)", "");
     if (node_rank >= nnodes) {
         gw__run_say("gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)\n",
                 node_rank, nnodes, nnodes - 1);
@@ -646,10 +707,38 @@ int main(int argc, char **argv)
     if (!gw__run_net_init(&net))
         return 1;
 
-    spawn_all((int)local_n, (int)node_rank, argv + optind);
-    run_loop();
+    char cur_token[GW_RUN_MAX_STR + 32];
+    snprintf(cur_token, sizeof cur_token, "%s", token);
+    for (long attempt = 0;; attempt++) {
+        snprintf(buf, sizeof buf, "%ld", attempt);
+        setenv("GW_RESTART_COUNT", buf, 1);
+        snprintf(buf, sizeof buf, "%ld", max_restarts);
+        setenv("GW_MAX_RESTARTS", buf, 1);
+        spawn_all((int)local_n, (int)node_rank, argv + optind);
+        run_loop();
+        gw__run_remove_leftover_shm(cur_token);
+        if (!restart_wanted(attempt, max_restarts))
+            break;
+        /* Nothing of the failed attempt is left (run_loop waited for every
+         * rank and stray): a fresh token and, unless --master fixed it, a
+         * fresh port keep anything it left elsewhere away from the next. */
+        snprintf(cur_token, sizeof cur_token, "%s.restart%ld", token, attempt + 1);
+        setenv("GW_JOB_TOKEN", cur_token, 1);
+        if (!master) {
+            port = find_free_port();
+            if (port < 0) {
+                gw__run_say("gw-run: cannot restart the job: no free TCP port on 127.0.0.1: %s\n",
+                        strerror(errno));
+                break;
+            }
+            snprintf(buf, sizeof buf, "%ld", port);
+            setenv("GW_MASTER_PORT", buf, 1);
+        }
+        gw__run_say("gw-run: restarting the job (exit code %d): restart %ld of %ld, %ld rank%s\n",
+                gw__run.exit_code, attempt + 1, max_restarts, local_n, local_n == 1 ? "" : "s");
+        reset_job((int)local_n);
+    }
     gw__run_net_close();
-    gw__run_remove_leftover_shm(token);
 
     if (gw__run.have_failure)
         return gw__run.exit_code;

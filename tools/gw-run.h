@@ -156,5 +156,8 @@ bool gw__run_stopping(void);
 void gw__run_scan_strays(void);
 bool gw__run_waiting_for_strays(void);
 void gw__run_remove_leftover_shm(const char *token);
+/* Between two attempts of a job (--max-restarts): the teardown's state of
+ * the one that ended is forgotten. */
+void gw__run_teardown_reset(void);
 
 #endif

@@ -1,0 +1,72 @@
+/* test_train_restart.c - gw-run --max-restarts with gw-train --resume: a job
+ * whose ranks all fail after step 3 (GW_TRAIN_STOP_AT_STEP, on the first
+ * attempt only: GW_RESTART_COUNT 0) is started again by gw-run, resumes from
+ * the checkpoint of step 2 and ends with the weights of an uninterrupted run,
+ * bit for bit; with no restarts left, the job's failure stands. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gwrun_helpers.h"
+#include "test_train.h"
+
+/* The ranks' shell: the first attempt stops after step 3 (exit 75). */
+static const char stop_first[] =
+    "if [ \"$GW_RESTART_COUNT\" = 0 ]; then export GW_TRAIN_STOP_AT_STEP=3; fi; "
+    "echo \"attempt $GW_RESTART_COUNT of $GW_MAX_RESTARTS\"; exec \"$0\" \"$@\"";
+
+/* gw-run -n 2 --max-restarts restarts sh -c stop_first gw-train COMMON extra... */
+static void train_restarting(struct run *r, const char *restarts, const char *const *extra) {
+  const char *args[80] = {"-n", "2", "--max-restarts", restarts, "sh", "-c", stop_first, train_bin(), COMMON};
+  int n = 0;
+  while (args[n]) n++;
+  for (int i = 0; extra[i]; i++) args[n++] = extra[i];
+  args[n] = NULL;
+  gwrun_start(r, (const char *const[]){NULL}, args);
+  gwrun_wait(r, 120);
+  ck_assert_msg(!r->timed_out, "did not finish in 120 s\nstdout:\n%s\nstderr:\n%s", r->out, r->err);
+}
+
+START_TEST(test_restart_resumes) {
+  char full_w[512], part_w[512], full_d[512], part_d[512];
+  path(full_w, sizeof full_w, "restart-full.safetensors"), path(full_d, sizeof full_d, "restart-ckpt-full");
+  path(part_w, sizeof part_w, "restart-part.safetensors"), path(part_d, sizeof part_d, "restart-ckpt-part");
+  const char *common[] = {"--steps", "7", "--batch", "8", "--checkpoint-every", "2", "--resume",
+                          "--save-weights", full_w, "--checkpoint-dir", full_d, NULL};
+  struct run r;
+  train(&r, (const char *const[]){NULL}, "2", common);
+  expect_ok(&r);
+  gwrun_free(&r);
+
+  common[8] = part_w, common[10] = part_d;
+  train_restarting(&r, "2", common);
+  ck_assert_msg(r.code == 0, "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+  ck_assert_msg(strstr(r.out, "attempt 0 of 2") && strstr(r.out, "stopping after step 3") &&
+                    strstr(r.err, "restarting the job (exit code 75): restart 1 of 2, 2 ranks") &&
+                    strstr(r.out, "attempt 1 of 2") && !strstr(r.out, "attempt 2 of 2"),
+                "expected one failed attempt and one restart:\nstdout:\n%s\nstderr:\n%s", r.out, r.err);
+  ck_assert_msg(strstr(r.out, "resumed from") && strstr(r.out, "ckpt-2.safetensors at step 2"),
+                "the restart did not resume from step 2:\n%s", r.out);
+  gwrun_free(&r);
+  ck_assert_msg(same_file(full_w, part_w), "the restarted job's final weights differ from the uninterrupted run's");
+}
+END_TEST
+
+/* Without restarts left the first failure is the job's: exit 75, nothing
+ * started again. */
+START_TEST(test_restart_none_left) {
+  char d[512];
+  path(d, sizeof d, "restart-none");
+  struct run r;
+  train_restarting(&r, "0", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", d, NULL});
+  ck_assert_msg(r.code == 75 && strstr(r.out, "stopping after step 3") && !strstr(r.out, "attempt 1") &&
+                    !strstr(r.err, "restarting"),
+                "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
+void add_restart_tests(TCase *tc) {
+  tcase_add_test(tc, test_restart_resumes);
+  tcase_add_test(tc, test_restart_none_left);
+}
