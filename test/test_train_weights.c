@@ -304,7 +304,45 @@ START_TEST(test_two_ranks_equal_one_rank_double_batch) {
 }
 END_TEST
 
+/* --steps 0 with --data builds the model in the data's shape, as training
+ * would: weights saved for Fashion-MNIST (10 classes of 1x28x28) start a run
+ * on it; a flag that disagrees with the data is refused, flags that leave
+ * nothing to it are taken as given; without --data, torchvision's shape. */
+START_TEST(test_steps0_takes_data_shape) {
+  char p[512];
+  path(p, sizeof p, "fm-init.safetensors");
+  const char *const noenv[] = {NULL};
+  const char *const base[] = {"--data", "fashion-mnist", "--model", "resnet18", "--width-divisor", "16", "--stem",
+                              "small", "--threads", "1", "--no-eval", NULL};
+  struct run r;
+  train_from(&r, noenv, "1", base, (const char *const[]){"--steps", "0", "--save-weights", p, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "resnet18, 10 classes, 1 input channels, 28x28, small stem"), "%s", r.out);
+  gwrun_free(&r);
+  train_from(&r, noenv, "1", base, (const char *const[]){"--steps", "1", "--batch", "8", "--load-weights", p, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train_from(&r, noenv, "1", base, (const char *const[]){"--steps", "0", "--classes", "5", NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "the data has 10 classes of 1x28x28 images, not as given: --classes 5"),
+                "exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
+  train_from(&r, noenv, "1", base,
+             (const char *const[]){"--steps", "0", "--classes", "3", "--in-channels", "2", "--image-size", "20",
+                                   NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "resnet18, 3 classes, 2 input channels, 20x20"), "%s", r.out);
+  gwrun_free(&r);
+  /* Without --data: torchvision's resnet18() (what loads there without changes). */
+  train_from(&r, noenv, "1", (const char *const[]){"--model", "resnet18", "--width-divisor", "16", NULL},
+             (const char *const[]){"--steps", "0", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "resnet18, 1000 classes, 3 input channels, 224x224, imagenet stem"), "%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
 void add_weights_tests(TCase *tc) {
+  tcase_add_test(tc, test_steps0_takes_data_shape);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_amp_bf16_follows_fp32);
   tcase_add_test(tc, test_wd_all);

@@ -134,17 +134,21 @@ static int same_data_everywhere(struct trainer *t) {
   return 0;
 }
 
+void train_data_options(const struct train_opts *o, struct gw_data_options *d) {
+  gw_data_options_default(d);
+  d->augment = o->augment;
+  d->synthetic_samples = o->synthetic_samples;
+  d->synthetic_channels = o->model.in_channels;
+  d->synthetic_size = o->model.image_size;
+  d->synthetic_classes = o->model.classes;
+  d->synthetic_seed = o->model.seed;
+  if (o->image_size_given) d->image_size = o->model.image_size;
+}
+
 static int open_data(struct trainer *t) {
   const struct train_opts *o = t->o;
   struct gw_data_options d;
-  gw_data_options_default(&d);
-  d.augment = o->augment;
-  d.synthetic_samples = o->synthetic_samples;
-  d.synthetic_channels = o->model.in_channels;
-  d.synthetic_size = o->model.image_size;
-  d.synthetic_classes = o->model.classes;
-  d.synthetic_seed = o->model.seed;
-  if (o->image_size_given) d.image_size = o->model.image_size;
+  train_data_options(o, &d);
   if (gw_dataset_open(&t->train_ds, o->data, GW_SPLIT_TRAIN, &d) != GW_SUCCESS)
     return train_fail(t, "--data", gw_data_last_error());
   if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
@@ -161,14 +165,12 @@ static int open_data(struct trainer *t) {
   return 0;
 }
 
-/* The model takes the dataset's shape; options given must agree with it. */
-static int model_config(struct trainer *t, struct gw_model_config *cfg) {
-  const struct train_opts *o = t->o;
-  char d[300];
+int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, struct gw_model_config *cfg,
+                      char *d, size_t dlen) {
   int c, h, w;
-  gw_dataset_shape(t->train_ds, &c, &h, &w);
+  gw_dataset_shape(ds, &c, &h, &w);
   *cfg = o->model;
-  int classes = gw_dataset_classes(t->train_ds);
+  int classes = gw_dataset_classes(ds);
   if ((o->in_channels_given && o->model.in_channels != c) || (o->image_size_given && o->model.image_size != h) ||
       (o->classes_given && o->model.classes != classes) || h != w) {
     char given[160] = "";
@@ -179,14 +181,20 @@ static int model_config(struct trainer *t, struct gw_model_config *cfg) {
       k += (size_t)snprintf(given + k, sizeof given - k, " --in-channels %d", o->model.in_channels);
     if (o->image_size_given && o->model.image_size != h && k < sizeof given)
       snprintf(given + k, sizeof given - k, " --image-size %d", o->model.image_size);
-    if (h != w) snprintf(d, sizeof d, "its %dx%d images are not square", h, w);
+    if (h != w) snprintf(d, dlen, "its %dx%d images are not square", h, w);
     else
-      snprintf(d, sizeof d, "the data has %d classes of %dx%dx%d images, not as given:%s (left out, they are the "
+      snprintf(d, dlen, "the data has %d classes of %dx%dx%d images, not as given:%s (left out, they are the "
                "data's)", classes, c, h, w, given);
-    return train_fail(t, o->data, d);
+    return -1;
   }
   cfg->in_channels = c, cfg->image_size = h, cfg->classes = classes;
   return 0;
+}
+
+/* The model takes the dataset's shape; options given must agree with it. */
+static int model_config(struct trainer *t, struct gw_model_config *cfg) {
+  char d[300];
+  return data_model_config(t->o, t->train_ds, cfg, d, sizeof d) != 0 ? train_fail(t, t->o->data, d) : 0;
 }
 
 /* This machine, as the ranks' CPU sets are compared: host name and boot id. */

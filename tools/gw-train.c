@@ -3,7 +3,7 @@
  * variables); alone it trains on one process.
  *
  *   gw-run -n 2 gw-train --data fashion-mnist --model resnet50 --epochs 2 --batch 32
- *   gw-train --model resnet50 --steps 0 --save-weights init.safetensors
+ *   gw-train --model resnet50 --steps 0 --save-weights init.safetensors   (torchvision's shape)
  *
  * This file reads and checks the command line (every contradiction is refused
  * before any work starts); gw-train-loop.c does the work. */
@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend.h" /* GW_LAYOUT_* */
+#include "dataset.h"
 #include "gw-train.h"
 #include "gw_config.h"
 #include "sampler.h" /* GW_SAMPLER_MAX_SAMPLES */
@@ -41,7 +42,8 @@ static void usage(FILE *f) {
           "  --load-weights FILE      start from FILE (safetensors, torchvision names)\n"
           "  --save-weights FILE      write the trained weights (safetensors) at the end\n"
           "training:\n"
-          "  --epochs E | --steps S   how long (exactly one; --steps 0 only builds, loads and saves)\n"
+          "  --epochs E | --steps S   how long (exactly one; --steps 0 only builds, loads and saves: in\n"
+          "                           --data's shape if given, else torchvision's, 1000 classes of 3x224x224)\n"
           "  --batch B                samples per rank per step (default 32)\n"
           "  --lr LR                  base learning rate for a global batch of 256 (default 0.1);\n"
           "                           the rate used is LR x global batch / 256\n"
@@ -225,7 +227,7 @@ static int parse_optim_option(struct train_opts *o, int c, const char *arg) {
 /* Everything else; -1 on a bad value, 1 for an unknown option. */
 static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   switch (c) {
-  case O_DATA: o->data = arg; return 0;
+  case O_DATA: o->data = arg, o->data_given = 1; return 0;
   case O_AUGMENT: o->augment = 1; return 0;
   case O_DROPLAST: o->drop_last = 1; return 0;
   case O_SYNSAMPLES: {
@@ -437,8 +439,29 @@ int train_opts_diff(const char *a, const char *b, const char *const *skip, char 
   return n;
 }
 
-/* --steps 0: the model alone, from the command line's shape. */
-static int build_only(const struct train_opts *o) {
+/* --steps 0: the model alone.  With --data, in the data's shape (its classes,
+ * channels and image size, as a training run on it builds the model; the data
+ * is opened only when a flag leaves one of them to it); without, in the flags'
+ * shape, torchvision's resnet*() by default (1000 classes of 3x224x224). */
+static int build_only(struct train_opts *o) {
+  if (o->data_given && (!o->classes_given || !o->in_channels_given || !o->image_size_given)) {
+    struct gw_data_options d;
+    struct gw_dataset *ds = NULL;
+    char why[300];
+    train_data_options(o, &d);
+    if (gw_dataset_open(&ds, o->data, GW_SPLIT_TRAIN, &d) != GW_SUCCESS) {
+      fprintf(stderr, "gw-train: --data: %s\n", gw_data_last_error());
+      return 1;
+    }
+    struct gw_model_config cfg;
+    int bad = data_model_config(o, ds, &cfg, why, sizeof why);
+    gw_dataset_free(ds);
+    if (bad) {
+      fprintf(stderr, "gw-train: %s: %s\n", o->data, why);
+      return 1;
+    }
+    o->model = cfg;
+  }
   struct gw_model *m = NULL;
   if (gw_model_init(&m, &o->model) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: %s\n", gw_model_last_error());

@@ -55,6 +55,7 @@ struct train_opts {
   const char *save_weights, *load_weights;
   int64_t synthetic_samples;
   int synthetic_given;
+  int data_given;           /* --data was on the command line (--steps 0 then takes its shape) */
 };
 
 /* gw-train.c: the options every rank must share (they decide the sequence of
@@ -64,6 +65,16 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len);
 /* Lists "key A -> B" in out for each key of words a whose value in b differs
  * (or is missing), keys in skip (NULL-terminated) aside; returns how many. */
 int train_opts_diff(const char *a, const char *b, const char *const *skip, char *out, size_t len);
+
+/* gw-train-setup.c: the data options the flags give (the synthetic set's
+ * shape, the image size), and the model's configuration for dataset ds: its
+ * shape and classes, which the flags given must agree with (-1 and why in d
+ * when they do not). */
+struct gw_data_options;
+struct gw_dataset;
+void train_data_options(const struct train_opts *o, struct gw_data_options *d);
+int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, struct gw_model_config *cfg,
+                      char *d, size_t dlen);
 
 /* Everything the loop needs, made once. */
 struct trainer;
