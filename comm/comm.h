@@ -85,6 +85,11 @@ struct gw_ring {
 struct gw_tree {
   int up;
   int down[2];
+  /* down[i] is a leaf of this tree: its first send waits for no one, so a
+   * receive from it that sees nothing names it as the straggler at once
+   * (from an interior child or the parent, which wait themselves, after the
+   * grace: see gw__wait_recv). */
+  bool down_leaf[2];
   struct gw_conn send_up, recv_up;
   struct gw_conn send_down[2], recv_down[2];
 };

@@ -345,7 +345,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       if (p->comm->aborted) return aborted_error(p);
       if (extended || (c->seen_seq != p->op->desc.seq + 1 && !p->peer_may_wait)) return recv_timeout_error(p, c);
       extended = true;
-      gw__waiter_init(&w, grace_s(p->comm));
+      gw__waiter_init(&w, grace_s(p->comm) * (p->grace_part > 0 ? p->grace_part : 1));
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);

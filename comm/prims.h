@@ -46,6 +46,11 @@ struct prims {
    * later steps): a timeout then waits the grace period for the notice of the
    * rank that names the real straggler instead of blaming this peer. */
   bool peer_may_wait;
+  /* The part of the grace period such a wait takes (0: all of it).  A ring
+   * broadcast staggers it by distance from the root, so that the first rank
+   * behind the straggler reports first and its notice reaches those behind
+   * it before their own, later, deadlines. */
+  double grace_part;
   /* Device buffers on the device ring (devring.c): the payload moves between
    * device-memory twins of the slots, by copies and kernels on `stream`;
    * NULL for host memory.  Synchronized, the progress thread does both, on

@@ -237,10 +237,18 @@ static gw_result_t ring_broadcast(struct prims *p) {
       const uint8_t *src = cat(in, off, es);
       uint8_t *dst = at(out, off, es);
       GW_CHECK(prim_send(p, src, dst == src ? NULL : dst, len));
-    } else if (pos == n - 1) {
-      GW_CHECK(prim_recv(p, at(out, off, es), len));
     } else {
-      GW_CHECK(prim_recv_copy_send(p, at(out, off, es), len));
+      /* Beyond the root's successor a rank receives from one that waits
+       * itself before it sends: a grace before blaming it, longer the further
+       * from the root, so that the first rank behind the straggler (whose
+       * predecessor is it: every rank before it got its data) reports first
+       * and its notice travels on before the others' deadlines. */
+      p->peer_may_wait = pos >= 2;
+      p->grace_part = (double)(pos - 1) / (n - 1);
+      gw_result_t got = pos == n - 1 ? prim_recv(p, at(out, off, es), len)
+                                     : prim_recv_copy_send(p, at(out, off, es), len);
+      p->peer_may_wait = false;
+      GW_CHECK(got);
     }
     off += chunk;
   } while (off < count);

@@ -143,6 +143,10 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
     tree->up = up < 0 ? -1 : ring->order[up];
     if (tree->up >= 0) add_peer(links, &nlinks, &tree->send_up, &tree->recv_up, tree->up, t);
     for (int i = 0; i < 2; i++) {
+      int cu, cd[2] = {-1, -1};
+      if (down[i] >= 0 && hier) gw__tree_shape_hier(n, node_of, down[i], t, &cu, cd);
+      else if (down[i] >= 0) gw__tree_shape(n, down[i], t, &cu, cd);
+      tree->down_leaf[i] = down[i] >= 0 && cd[0] < 0 && cd[1] < 0;
       tree->down[i] = down[i] < 0 ? -1 : ring->order[down[i]];
       if (tree->down[i] >= 0) add_peer(links, &nlinks, &tree->send_down[i], &tree->recv_down[i], tree->down[i], t);
     }
@@ -165,6 +169,7 @@ struct half {
   size_t nchunks;     /* at least 1: an empty half still sends one empty chunk */
   struct gw_conn *up_send[1], *up_recv[1];
   struct gw_conn *down_send[2], *down_recv[2];
+  bool down_may_wait[2]; /* the child is interior: it may wait on its own children before it sends */
   int ndown;
 };
 
@@ -194,13 +199,18 @@ static void combine(struct prims *p, const void *src, const void *const *data, i
  * and the chunks (see combine).  Every tree role is one call of this: a leaf
  * sends up (src, no from), an interior node reduces up (src, children) or
  * forwards down (parent, no src), the root reduces and turns the result down. */
-static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, int nfrom, struct gw_conn *const *to,
-                             int nto, const void *src, void *dst, size_t n, uint32_t div) {
+static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, const bool *may_wait, int nfrom,
+                             struct gw_conn *const *to, int nto, const void *src, void *dst, size_t n, uint32_t div) {
   const size_t bytes = n * p->es;
   const void *data[2];
   void *targets[3];
   int nt = 0;
-  for (int i = 0; i < nfrom; i++) GW_CHECK(gw__wait_recv(p, from[i], &data[i], bytes));
+  for (int i = 0; i < nfrom; i++) {
+    p->peer_may_wait = may_wait[i];
+    gw_result_t r = gw__wait_recv(p, from[i], &data[i], bytes);
+    p->peer_may_wait = false;
+    GW_CHECK(r);
+  }
   if (dst) targets[nt++] = dst;
   for (int i = 0; i < nto; i++) GW_CHECK(gw__wait_slot(p, to[i], bytes, &targets[nt++]));
   if (n) combine(p, src, data, nfrom, targets, nt, n, div);
@@ -214,15 +224,21 @@ static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, int n
 static gw_result_t reduce_up(struct prims *p, const struct half *h, size_t chunk, size_t k) {
   size_t first = h->base + k * chunk, n = blk_len(h->count, k * chunk, chunk);
   const void *src = cat(p->in, first, p->es);
-  if (h->tree->up >= 0) return tree_step(p, h->down_recv, h->ndown, h->up_send, 1, src, NULL, n, 0);
+  if (h->tree->up >= 0)
+    return tree_step(p, h->down_recv, h->down_may_wait, h->ndown, h->up_send, 1, src, NULL, n, 0);
   uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)p->comm->nranks : 0;
-  return tree_step(p, h->down_recv, h->ndown, h->down_send, h->ndown, src, at(p->out, first, p->es), n, div);
+  return tree_step(p, h->down_recv, h->down_may_wait, h->ndown, h->down_send, h->ndown, src,
+                   at(p->out, first, p->es), n, div);
 }
 
-/* Chunk k of half h, final, from the parent to the output and the children. */
+/* Chunk k of half h, final, from the parent to the output and the children.
+ * The parent sends down only after its whole subtree sent up: waiting on it
+ * is waiting on whoever it waits for. */
 static gw_result_t broadcast_down(struct prims *p, const struct half *h, size_t chunk, size_t k) {
   size_t first = h->base + k * chunk, n = blk_len(h->count, k * chunk, chunk);
-  return tree_step(p, h->up_recv, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n, 0);
+  static const bool parent_may_wait[1] = {true};
+  return tree_step(p, h->up_recv, parent_may_wait, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n,
+                   0);
 }
 
 static void half_init(struct half *h, struct gw_tree *tree, size_t base, size_t count, size_t chunk) {
@@ -231,6 +247,7 @@ static void half_init(struct half *h, struct gw_tree *tree, size_t base, size_t 
                      .up_send = {&tree->send_up}, .up_recv = {&tree->recv_up}};
   for (int i = 0; i < 2 && tree->down[i] >= 0; i++) {
     h->down_send[h->ndown] = &tree->send_down[i];
+    h->down_may_wait[h->ndown] = !tree->down_leaf[i];
     h->down_recv[h->ndown++] = &tree->recv_down[i];
   }
 }

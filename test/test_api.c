@@ -116,38 +116,59 @@ static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_straggler, NULL, 60), 0); }
 END_TEST
 
-/* ---- 4 ranks, rank 2 never calls: EVERY other rank names rank 2 ----
- * Only rank 3 waits on rank 2 directly; ranks 0 and 1 wait on neighbours that
- * started the operation and are stuck themselves.  Their deadlines expire at
- * the same moment as rank 3's, so they must wait a little longer for rank 3's
- * notice rather than blame their innocent neighbour. */
+/* ---- 4 ranks, one never calls: EVERY other rank names it ----
+ * Allreduce (ring): only rank 3 waits on rank 2 directly; ranks 0 and 1 wait
+ * on neighbours that started the operation and are stuck themselves.  Their
+ * deadlines expire at the same moment as rank 3's, so they must wait a little
+ * longer for rank 3's notice rather than blame their innocent neighbour.
+ * Broadcast from rank 0 (ring), rank 1 the straggler: ranks 2 and 3 both see
+ * nothing from their predecessor, which only rank 2's is to blame for.  Tree
+ * allreduce, rank 2 the straggler: a parent waits on an interior child, and a
+ * child on its parent, which are inside the operation waiting themselves. */
+enum straggle { STRAGGLE_ALLREDUCE, STRAGGLE_BROADCAST, STRAGGLE_TREE };
+
 static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n, (void)arg;
-  if (rank == 2) {
+  (void)n;
+  const enum straggle how = *(const enum straggle *)arg;
+  const int late = how == STRAGGLE_BROADCAST ? 1 : 2;
+  if (rank == late) {
     sleep(9);
     return 0;
   }
   gw_comm_set_timeout(comm, 1.5);
   double t0 = test_now();
-  float x = 1;
-  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  float x[1000] = {1};
+  gw_result_t r = how == STRAGGLE_BROADCAST ? gw_broadcast(x, x, 1000, GW_FLOAT32, 0, comm, NULL)
+                  : how == STRAGGLE_TREE    ? gw_allreduce(x, x, 1000, GW_FLOAT32, GW_SUM, comm, NULL)
+                                            : gw_allreduce(x, x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
   double took = test_now() - t0;
   EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
   EXPECT(took < 6, "took %.1f s to report", took);
-  EXPECT(has(gw_comm_last_error(comm), "from rank 2, which has not started"),
-         "message does not name the straggler rank 2: %s", gw_comm_last_error(comm));
+  char want[64];
+  snprintf(want, sizeof want, how == STRAGGLE_BROADCAST ? "from rank %d, which has not" : "from rank %d, which has not started", late);
+  EXPECT(has(gw_comm_last_error(comm), want), "message does not name the straggler rank %d: %s", late,
+         gw_comm_last_error(comm));
   return 0;
 }
 
-static void straggler4(const char *transport) {
+static void straggler4(const char *transport, enum straggle how) {
   setenv("GW_TRANSPORT", transport, 1);
-  ck_assert_int_eq(run_ranks(4, body_straggler4, NULL, 60), 0);
+  if (how == STRAGGLE_TREE) setenv("GW_ALGO", "tree", 1);
+  ck_assert_int_eq(run_ranks(4, body_straggler4, &how, 60), 0);
   unsetenv("GW_TRANSPORT");
+  unsetenv("GW_ALGO");
 }
 
-START_TEST(test_timeout_every_rank_names_straggler_shm) { straggler4("shm"); }
+START_TEST(test_timeout_every_rank_names_straggler_shm) {
+  straggler4("shm", STRAGGLE_ALLREDUCE);
+  straggler4("shm", STRAGGLE_TREE);
+}
 END_TEST
-START_TEST(test_timeout_every_rank_names_straggler_tcp) { straggler4("tcp"); }
+START_TEST(test_timeout_every_rank_names_straggler_tcp) { straggler4("tcp", STRAGGLE_ALLREDUCE); }
+END_TEST
+/* Rank 0, the root, sends at once and then waits for the last rank's empty
+ * chunk: it hears of the failure through rank 3, which hears of it from rank 2. */
+START_TEST(test_timeout_broadcast_names_straggler) { straggler4("shm", STRAGGLE_BROADCAST); }
 END_TEST
 
 static int count_segments(void);
@@ -876,6 +897,7 @@ int main(void) {
   tcase_add_test(waits, test_timeout_names_straggler);
   tcase_add_test(waits, test_timeout_every_rank_names_straggler_shm);
   tcase_add_test(waits, test_timeout_every_rank_names_straggler_tcp);
+  tcase_add_test(waits, test_timeout_broadcast_names_straggler);
   tcase_add_test(waits, test_abort_unblocks);
   tcase_add_test(waits, test_abort_between_operations_told);
   suite_add_tcase(s, waits);
