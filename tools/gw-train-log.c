@@ -137,8 +137,10 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
 
 void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, double loss, int64_t samples) {
   if (l->rank != 0) return;
-  log_text(l, "epoch %lld evaluation: top-1 %.2f%%, top-5 %.2f%%, loss %.4f over %lld samples", (long long)epoch,
-           100 * top1, 100 * top5, loss, (long long)samples);
+  char t5[48] = "top-5 n/a (fewer than 5 classes)";
+  if (!isnan(top5)) snprintf(t5, sizeof t5, "top-5 %.2f%%", 100 * top5);
+  log_text(l, "epoch %lld evaluation: top-1 %.2f%%, %s, loss %.4f over %lld samples", (long long)epoch, 100 * top1,
+           t5, loss, (long long)samples);
   if (l->metrics) {
     fprintf(l->metrics, "{\"type\":\"eval\",\"epoch\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"samples\":%lld}\n",
             (long long)epoch, jnum("%.6f", top1).s, jnum("%.6f", top5).s, jnum("%.6f", loss).s, (long long)samples);
@@ -225,9 +227,9 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
           "set terminal png size 900,500\nset output '%s'\nset xlabel 'epoch'\nset ylabel 'training loss'\n"
           "set y2label 'test accuracy (%%)'\nset ytics nomirror\nset y2tics\nset key center right\nset grid\n"
           "plot '%s' using 1:2 with linespoints title 'training loss' axes x1y1, "
-          "'%s' using 1:3 with linespoints title 'top-1' axes x1y2, "
-          "'%s' using 1:4 with linespoints title 'top-5' axes x1y2\n",
-          png, data, data, data);
+          "'%s' using 1:3 with linespoints title 'top-1' axes x1y2%s%s%s\n",
+          png, data, data, isnan(top5) ? "" : ", '", isnan(top5) ? "" : data,
+          isnan(top5) ? "" : "' using 1:4 with linespoints title 'top-5' axes x1y2"); /* none under 5 classes */
   fclose(f);
   return run_gnuplot(script, err, errlen);
 }

@@ -245,7 +245,9 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
     log_rank(&t->log, "warning: the evaluation left out %lld unreadable sample%s of this rank's share; the latest: %s",
              (long long)left_out, left_out > 1 ? "s" : "", gw_loader_last_skip(t->val_ld));
   if (train_allreduce_d(t, &c.top1, 4, "summing the evaluation") != 0) return -1;
-  double top1 = c.top1 / c.n, top5 = c.top5 / c.n;
+  /* With fewer than 5 classes every label is in the top 5: no figure (null in
+   * the metrics, n/a in the log; torchvision's accuracy() refuses topk > classes). */
+  double top1 = c.top1 / c.n, top5 = gw_dataset_classes(t->val_ds) < 5 ? NAN : c.top5 / c.n;
   log_eval(&t->log, epoch, top1, top5, c.loss / c.n, (int64_t)c.n);
   if (t->rank == 0 && t->o->plot) {
     char err[300];
