@@ -707,8 +707,13 @@ int main(int argc, char **argv)
     if (!gw__run_net_init(&net))
         return 1;
 
-    char cur_token[GW_RUN_MAX_STR + 32];
-    snprintf(cur_token, sizeof cur_token, "%s", token);
+    const size_t token_cap = strlen(token) + 32;
+    char *cur_token = malloc(token_cap);
+    if (!cur_token) {
+        gw__run_say("gw-run: out of memory\n");
+        return 1;
+    }
+    snprintf(cur_token, token_cap, "%s", token);
     for (long attempt = 0;; attempt++) {
         snprintf(buf, sizeof buf, "%ld", attempt);
         setenv("GW_RESTART_COUNT", buf, 1);
@@ -722,7 +727,7 @@ int main(int argc, char **argv)
         /* Nothing of the failed attempt is left (run_loop waited for every
          * rank and stray): a fresh token and, unless --master fixed it, a
          * fresh port keep anything it left elsewhere away from the next. */
-        snprintf(cur_token, sizeof cur_token, "%s.restart%ld", token, attempt + 1);
+        snprintf(cur_token, token_cap, "%s.restart%ld", token, attempt + 1);
         setenv("GW_JOB_TOKEN", cur_token, 1);
         if (!master) {
             port = find_free_port();
@@ -738,6 +743,7 @@ int main(int argc, char **argv)
                 gw__run.exit_code, attempt + 1, max_restarts, local_n, local_n == 1 ? "" : "s");
         reset_job((int)local_n);
     }
+    free(cur_token);
     gw__run_net_close();
 
     if (gw__run.have_failure)
