@@ -128,23 +128,27 @@ static bool zombie_leader_alive(pid_t pid) {
  * pid namespace sharing our /dev/shm), and its pid (our pid namespace only;
  * sees the rank gone while a child it forked bypassing the fork handlers,
  * raw clone, still holds the lock). */
-bool gw__peer_alive(const struct gw_comm *comm, int peer) {
+/* Whether the peer's process runs, by its pid: 1 yes, 0 no, -1 not ours to
+ * look up (another machine, or a pid of another pid namespace: a container). */
+static int peer_pid_runs(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *pi = &comm->peers[peer];
   const struct gw_peer_info *me = &comm->peers[comm->rank];
-  if (gw__alive_lock_gone(comm, peer)) return false;
-  /* Another machine, or a pid of another pid namespace (a container): not ours to look up. */
-  if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return true;
-  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return false;
+  if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return -1;
+  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return 0;
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pi->pid);
   FILE *f = fopen(path, "r");
-  if (!f) return true;
+  if (!f) return 1;
   size_t n = fread(buf, 1, sizeof buf - 1, f);
   fclose(f);
   buf[n] = 0;
   const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
-  if (!(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'))) return true;
+  if (!(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'))) return 1;
   return zombie_leader_alive(pi->pid);
+}
+
+bool gw__peer_alive(const struct gw_comm *comm, int peer) {
+  return !gw__alive_lock_gone(comm, peer) && peer_pid_runs(comm, peer) != 0;
 }
 
 /* What a wait does only now and then: every ~1024 slow steps, about a second. */
@@ -159,13 +163,17 @@ static bool waited_peer_dead(struct prims *p, const struct gw_waiter *w, int pee
   return slow_check_due(w) && !gw__peer_alive(p->comm, peer);
 }
 
+/* Its liveness lock went with its communicator: a process still running
+ * (its pid says so) destroyed the communicator, or is on its way out. */
 static gw_result_t dead_peer_error(struct prims *p, int peer) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
   const struct gw_peer_info *pi = &p->comm->peers[peer];
-  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d %s) died during operation %s", p->comm->rank, peer,
+  const bool runs = peer_pid_runs(p->comm, peer) == 1;
+  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d %s) %s during operation %s", p->comm->rank, peer,
                  (int)pi->pid, pi->pidns == p->comm->peers[p->comm->rank].pidns ? "on this machine"
                                                                                 : "in another pid namespace here",
+                 runs ? "left the communicator (destroyed it while its peers still called, or is exiting)" : "died",
                  me);
 }
 

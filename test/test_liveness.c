@@ -2,7 +2,8 @@
  * died, and what must not: a rank whose main thread called pthread_exit while
  * another thread drives the communicator is a zombie thread-group leader in
  * /proc (state Z) yet alive; it was declared dead at the first look (about a
- * second into a wait). */
+ * second into a wait).  A rank that destroyed its communicator early and runs
+ * on is said to have left it, not to have died. */
 #include <check.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -47,11 +48,41 @@ static int raw_main_thread_exits(int rank, int n, const char *master, void *arg)
 START_TEST(test_main_thread_exit_alive) { ck_assert_int_eq(run_ranks_raw(2, raw_main_thread_exits, NULL, 60), 0); }
 END_TEST
 
+/* Rank 2 destroys its communicator after the first of two allreduces and
+ * sleeps: the others fail the second within seconds (not at the 30 s
+ * deadline), naming rank 2 as gone from the communicator, its process alive. */
+static int raw_left_early(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  gw_comm_set_timeout(comm, 30);
+  int32_t v = 1;
+  gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_SUCCESS && v == n, "rank %d: first allreduce: %s", rank, gw_comm_last_error(comm));
+  if (rank == 2) {
+    gw_comm_destroy(comm);
+    sleep(4);
+    return 0;
+  }
+  double t0 = test_now();
+  r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_REMOTE && test_now() - t0 < 10, "rank %d: %s after %.1f s: %s", rank, gw_strerror(r),
+         test_now() - t0, msg);
+  EXPECT(has(msg, "rank 2 (pid") && has(msg, "left the communicator") && !has(msg, "died"), "rank %d: %s", rank, msg);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_left_early_not_died) { ck_assert_int_eq(run_ranks_raw(3, raw_left_early, NULL, 60), 0); }
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("liveness");
   TCase *tc = tcase_create("liveness");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_main_thread_exit_alive);
+  tcase_add_test(tc, test_left_early_not_died);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
