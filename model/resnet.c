@@ -90,25 +90,6 @@ static int stage_blocks(int depth, int blocks[4], int *bottleneck) {
 
 static int out_size(int in, int kernel, int stride, int pad) { return (in + 2 * pad - kernel) / stride + 1; }
 
-/* Follows the spatial size through every stride-2 layer.  Returns 0 when each of
- * them sees at least 2x2 (so it really downsamples); otherwise the name of the
- * first one that would see 1x1. */
-static const char *first_collapsed_layer(enum gw_stem stem, int size) {
-  int h = size;
-  if (stem == GW_STEM_IMAGENET) {
-    if (h < 2) return "conv1";
-    h = out_size(h, 7, 2, 3);
-    if (h < 2) return "maxpool";
-    h = out_size(h, 3, 2, 1);
-  }
-  static const char *const stages[] = {"layer2", "layer3", "layer4"};
-  for (int s = 0; s < 3; s++) {
-    if (h < 2) return stages[s];
-    h = out_size(h, 3, 2, 1);
-  }
-  return NULL;
-}
-
 #define GW_MODEL_MAX_IMAGE 8192
 
 static gw_result_t check_config(const struct gw_model_config *cfg) {
@@ -131,16 +112,12 @@ static gw_result_t check_config(const struct gw_model_config *cfg) {
   if (cfg->image_size > GW_MODEL_MAX_IMAGE)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "image size %d is larger than the %d this build supports",
                           cfg->image_size, GW_MODEL_MAX_IMAGE);
-  const char *collapsed = first_collapsed_layer(cfg->stem, cfg->image_size);
-  if (collapsed) {
-    int need = cfg->image_size < 1 ? 1 : cfg->image_size;
-    while (first_collapsed_layer(cfg->stem, need)) need++;
-    const char *stem = cfg->stem == GW_STEM_IMAGENET ? "imagenet" : "small";
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                          "image size %d is too small for the %s stem: %s would get a 1x1 input and "
-                          "its stride 2 could not downsample it; use an image size of at least %d",
-                          cfg->image_size, stem, collapsed, need);
-  }
+  /* A stride-2 layer on a 1x1 input gives 1x1 (its padding covers the
+   * kernel), as in PyTorch, which trains such shapes: only batch norm's
+   * "more than 1 value per channel" limits them, checked where the batch is
+   * known (gw_exec_check_train). */
+  if (cfg->image_size < 1)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "image size must be at least 1 (got %d)", cfg->image_size);
   return GW_SUCCESS;
 }
 

@@ -135,6 +135,9 @@ START_TEST(test_conv_fwd_grid) {
       {1, 8, 6, 6, 8, 3, 1, 0},     /* no padding */
       {2, 1, 28, 28, 8, 3, 1, 1},   /* one input channel (Fashion-MNIST) */
       {1, 24, 5, 5, 40, 5, 3, 2},   /* kernel 5, stride 3 */
+      {2, 8, 1, 1, 16, 3, 2, 1},    /* stride 2 on 1x1 (images under 17 px): 1x1 */
+      {2, 8, 1, 1, 16, 1, 2, 0},    /* projection shortcut on 1x1 */
+      {2, 3, 1, 1, 8, 7, 2, 3},     /* imagenet stem on a 1x1 image */
   };
   struct gw_backend *b = backend();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -248,7 +251,8 @@ START_TEST(test_conv_bwd_grid) {
       {2, 3, 11, 11, 5, 3, 1, 1},  {2, 4, 9, 9, 8, 3, 2, 1},   {1, 3, 33, 33, 16, 7, 2, 3},
       {3, 16, 8, 8, 32, 1, 2, 0},  {2, 16, 7, 7, 16, 1, 1, 0}, {2, 32, 14, 14, 64, 3, 1, 1},
       {2, 5, 10, 7, 6, 3, 2, 1},   {1, 8, 6, 6, 8, 3, 1, 0},   {2, 1, 28, 28, 8, 3, 1, 1},
-      {1, 24, 5, 5, 40, 5, 3, 2},
+      {1, 24, 5, 5, 40, 5, 3, 2},  {2, 8, 1, 1, 16, 3, 2, 1},  {2, 8, 1, 1, 16, 1, 2, 0},
+      {2, 3, 1, 1, 8, 7, 2, 3},
   };
   struct gw_backend *b = backend();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {

@@ -348,7 +348,8 @@ END_TEST
 START_TEST(test_maxpool) {
   static const int shapes[][7] = {/* n, c, h, w, kernel, stride, pad */
                                   {2, 3, 16, 16, 3, 2, 1}, {1, 4, 17, 13, 3, 2, 1}, {3, 2, 7, 7, 3, 2, 1},
-                                  {2, 5, 8, 8, 2, 2, 0},   {1, 3, 9, 10, 3, 1, 1},  {2, 8, 2, 2, 3, 2, 1}};
+                                  {2, 5, 8, 8, 2, 2, 0},   {1, 3, 9, 10, 3, 1, 1},  {2, 8, 2, 2, 3, 2, 1},
+                                  {2, 3, 1, 1, 3, 2, 1}}; /* the stem's pool on a 1x1 input */
   struct gw_backend *b = backend();
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     const int *s = shapes[si];
