@@ -6,7 +6,9 @@
  * counting up, a fresh job token and master port each time, until it
  * succeeds or the restarts are used up (then the last failure's exit code);
  * no restart after a signal to gw-run or for a program that cannot be
- * started; the flag's checks.
+ * started; the flag's checks; and the same across nodes (one gw-run per node
+ * on this machine): all nodes start the next attempt together, end together
+ * when the restarts are used up or a signal came, and must agree on K.
  *
  * What it is not: a test of a program resuming (test_train_restart.c runs
  * gw-train through a restart), nor of the teardown itself (test_gwrun.c).
@@ -20,6 +22,30 @@
 
 #include "gwrun_helpers.h"
 
+/* Ranks that fail at once could get the teardown's SIGTERM to the others in
+ * before those printed their line: each rank says it printed (a file per
+ * attempt and rank in $GWT_DIR), and waits until all `n` of its attempt did
+ * before it goes on (a wait of at most 20 s). */
+#define SYNCED(n)                                                                                       \
+    "touch \"$GWT_DIR/$GW_RESTART_COUNT.$GW_RANK\"; k=0; "                                             \
+    "while [ $(ls \"$GWT_DIR\" | grep -c \"^$GW_RESTART_COUNT\\.\") -lt " n " ] && [ $k -lt 400 ]; do " \
+    "sleep 0.05; k=$((k+1)); done; "
+
+/* A fresh $GWT_DIR in env_dir ("GWT_DIR=..."); gwt_dir_remove removes it. */
+static void gwt_dir(char *env_dir, size_t cap)
+{
+    char d[] = "/tmp/gw-restart-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(d));
+    snprintf(env_dir, cap, "GWT_DIR=%s", d);
+}
+
+static void gwt_dir_remove(const char *env_dir)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", env_dir + strlen("GWT_DIR="));
+    ck_assert_int_eq(system(cmd), 0);
+}
+
 /* Rank 1 fails (exit 5) on the first two attempts; every rank says what it
  * sees. */
 START_TEST(test_restarts_until_success)
@@ -27,10 +53,13 @@ START_TEST(test_restarts_until_success)
     struct run r;
     const char *args[] = {"-n", "2", "--max-restarts", "3", "sh", "-c",
                           "echo \"attempt $GW_RESTART_COUNT/$GW_MAX_RESTARTS port $GW_MASTER_PORT "
-                          "token $GW_JOB_TOKEN\"; "
+                          "token $GW_JOB_TOKEN\"; " SYNCED("2")
                           "if [ \"$GW_RANK\" = 1 ] && [ \"$GW_RESTART_COUNT\" -lt 2 ]; then exit 5; fi",
                           NULL};
-    gwrun_run(&r, (const char *const[]){"GW_RUN_KILL_GRACE=30", "GW_JOB_TOKEN=tok", NULL}, args);
+    char dir[64];
+    gwt_dir(dir, sizeof dir);
+    gwrun_run(&r, (const char *const[]){"GW_RUN_KILL_GRACE=30", "GW_JOB_TOKEN=tok", dir, NULL}, args);
+    gwt_dir_remove(dir);
     ck_assert_msg(r.code == 0, "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
     ck_assert_msg(strstr(r.err, "restarting the job (exit code 5): restart 1 of 3, 2 ranks") &&
                       strstr(r.err, "restart 2 of 3") && !strstr(r.err, "restart 3 of 3"),
@@ -64,8 +93,12 @@ START_TEST(test_restarts_used_up)
 {
     struct run r;
     const char *args[] = {"-n", "2", "--max-restarts", "2", "sh", "-c",
-                          "echo \"attempt $GW_RESTART_COUNT\"; exit $((3 + GW_RESTART_COUNT))", NULL};
-    gwrun_run(&r, NULL, args);
+                          "echo \"attempt $GW_RESTART_COUNT\"; " SYNCED("2") "exit $((3 + GW_RESTART_COUNT))",
+                          NULL};
+    char dir[64];
+    gwt_dir(dir, sizeof dir);
+    gwrun_run(&r, (const char *const[]){dir, NULL}, args);
+    gwt_dir_remove(dir);
     ck_assert_msg(r.code == 5, "exit %d (expected the third attempt's 5)\nstderr:\n%s", r.code, r.err);
     ck_assert_msg(strstr(r.out, "[0] attempt 2") && !strstr(r.out, "attempt 3") &&
                       strstr(r.err, "the job failed again; no restarts left (2 used)"),
@@ -106,12 +139,11 @@ END_TEST
 
 START_TEST(test_restart_flags)
 {
-    static const char *const cases[][10] = {
+    static const char *const cases[][6] = {
         {"-n", "2", "--max-restarts", "-1", "true", NULL},
         {"-n", "2", "--max-restarts", "x", "true", NULL},
         {"-n", "2", "--max-restarts", "10001", "true", NULL},
         {"-n", "2", "--max-restarts", NULL},
-        {"-n", "2", "--max-restarts", "1", "--nnodes", "2", "--master", "127.0.0.1:1234", "true", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct run r;
@@ -134,6 +166,121 @@ START_TEST(test_restart_flags)
 }
 END_TEST
 
+/* ---- several nodes: one gw-run per node on this machine ---- */
+
+/* Starts node `node` of an nnodes-node job (master 127.0.0.1:port) with
+ * --max-restarts restarts. */
+static void node_start(struct run *r, const char *const *env, int port, int nnodes, int node, const char *restarts,
+                       const char *script)
+{
+    char nn[16], nr[16], master[64];
+    snprintf(nn, sizeof nn, "%d", nnodes);
+    snprintf(nr, sizeof nr, "%d", node);
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    const char *args[] = {"-n", "2", "--nnodes", nn, "--node-rank", nr, "--master", master, "--max-restarts",
+                          restarts, "sh", "-c", script, NULL};
+    gwrun_start(r, env, args);
+}
+
+static void nodes_wait(struct run *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        gwrun_wait(&r[i], GWRUN_TIMEOUT_S);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(!r[i].timed_out, "node %d's gw-run did not finish; stderr:\n%s", i, r[i].err);
+}
+
+/* Rank 3 (node 1) fails on the first attempt: node 0 hears of it, both nodes
+ * tear down, node 1 says it is ready, node 0 starts attempt 1 everywhere,
+ * with the next token on both nodes; the job then succeeds on both. */
+START_TEST(test_nodes_restart_together)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-restart", "GW_RUN_KILL_GRACE=10", NULL};
+    const char *script = "echo \"attempt $GW_RESTART_COUNT token $GW_JOB_TOKEN\"; "
+                         "if [ \"$GW_RANK\" = 3 ] && [ \"$GW_RESTART_COUNT\" = 0 ]; then exit 6; fi; sleep 0.5";
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "2", script);
+    node_start(&r[1], env, port, 2, 1, "2", script);
+    nodes_wait(r, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(r[i].code == 0, "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
+        ck_assert_msg(strstr(r[i].err, "restarting the job (exit code 6): restart 1 of 2") &&
+                          !strstr(r[i].err, "restart 2 of 2"),
+                      "node %d: stderr:\n%s", i, r[i].err);
+        for (int k = 0; k < 2; k++) {
+            char want[80];
+            snprintf(want, sizeof want, "[%d] attempt 1 token mn-restart.restart1", 2 * i + k);
+            ck_assert_msg(strstr(r[i].out, want), "node %d: no '%s' in stdout:\n%s", i, want, r[i].out);
+        }
+        ck_assert_msg(!strstr(r[i].out, "attempt 2"), "node %d: a third attempt:\n%s", i, r[i].out);
+    }
+    gwrun_free(&r[0]);
+    gwrun_free(&r[1]);
+}
+END_TEST
+
+/* Every attempt fails: both nodes end with the failure after K restarts. */
+START_TEST(test_nodes_restarts_used_up)
+{
+    int port = gwrun_free_port_pair();
+    char dir[64];
+    gwt_dir(dir, sizeof dir);
+    const char *env[] = {"GW_JOB_TOKEN=mn-used-up", dir, NULL};
+    const char *script = "echo \"attempt $GW_RESTART_COUNT\"; " SYNCED("4")
+                         "if [ \"$GW_RANK\" = 0 ]; then exit 4; fi; sleep 5";
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "1", script);
+    node_start(&r[1], env, port, 2, 1, "1", script);
+    nodes_wait(r, 2);
+    gwt_dir_remove(dir);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 4 && strstr(r[i].out, "attempt 1") && !strstr(r[i].out, "attempt 2"),
+                      "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
+    ck_assert_msg(strstr(r[0].err, "the job failed again; no restarts left (1 used)"), "node 0:\n%s", r[0].err);
+    gwrun_free(&r[0]);
+    gwrun_free(&r[1]);
+}
+END_TEST
+
+/* A signal to one node's gw-run stops the job on every node for good. */
+START_TEST(test_nodes_no_restart_after_signal)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-signal", "GW_RUN_KILL_GRACE=5", NULL};
+    const char *script = "echo \"attempt $GW_RESTART_COUNT\"; exec sleep 30";
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "3", script);
+    node_start(&r[1], env, port, 2, 1, "3", script);
+    gwrun_sleep(1.5);
+    kill(r[1].pid, SIGTERM);
+    nodes_wait(r, 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code != 0 && !strstr(r[i].out, "attempt 1") && !strstr(r[i].err, "restarting"),
+                      "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
+    gwrun_free(&r[0]);
+    gwrun_free(&r[1]);
+}
+END_TEST
+
+/* The nodes must agree on --max-restarts, as on -n and --nnodes. */
+START_TEST(test_nodes_restarts_must_agree)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-agree", NULL};
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "2", "sleep 5");
+    node_start(&r[1], env, port, 2, 1, "1", "sleep 5");
+    nodes_wait(r, 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code != 0 && strstr(r[i].err, "--max-restarts 1 but node 0") &&
+                          strstr(r[i].err, "with --max-restarts 2"),
+                      "node %d: exit %d\nstderr:\n%s", i, r[i].code, r[i].err);
+    gwrun_free(&r[0]);
+    gwrun_free(&r[1]);
+}
+END_TEST
+
 static Suite *make_suite(void)
 {
     Suite *s = suite_create("gw-run-restart");
@@ -144,6 +291,10 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_no_restart_after_signal);
     tcase_add_test(tc, test_no_restart_not_found);
     tcase_add_test(tc, test_restart_flags);
+    tcase_add_test(tc, test_nodes_restart_together);
+    tcase_add_test(tc, test_nodes_restarts_used_up);
+    tcase_add_test(tc, test_nodes_no_restart_after_signal);
+    tcase_add_test(tc, test_nodes_restarts_must_agree);
     suite_add_tcase(s, tc);
     return s;
 }

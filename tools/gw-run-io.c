@@ -381,7 +381,8 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   HELLO   node -> 0  uuuuTs  magic "GWL1", node, nnodes, nproc, token, host
+ *   HELLO   node -> 0  uuuuuTs magic "GWL2", node, nnodes, nproc, max restarts,
+ *                              token, host
  *   WELCOME 0 -> node  s       node 0's hostname
  *   REFUSE  0 -> node  s       the reason; node 0 closes the connection
  *   FAIL    both ways  uubus   global rank, node, signaled, code or signal,
@@ -393,12 +394,16 @@ void gw__run_abandon_output(void)
  *                              could not start its ranks)
  *   STOP    both ways  uus     node, signal, host: SIGINT/SIGTERM/SIGHUP reached it
  *   DONE    node -> 0  u       node: every rank there exited 0
+ *   READY   node -> 0  ub      node, whether it can start again: its ranks of a
+ *                              failed attempt are gone (--max-restarts only)
+ *   RESTART 0 -> node  u       the attempt every node starts now; 0: none
  * A frame that breaks these rules closes its connection with a log line.
  */
 
 static const char *const layout[] = {
-    [F_HELLO] = "uuuuTs", [F_WELCOME] = "s", [F_REFUSE] = "s", [F_FAIL] = "uubus",
-    [F_LOST] = "us",      [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
+    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "s", [F_REFUSE] = "s", [F_FAIL] = "uubus",
+    [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
+    [F_READY] = "ub",      [F_RESTART] = "u",
 };
 
 static void put_u32(unsigned char *p, uint32_t v)
@@ -446,7 +451,7 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     size_t pos = 1, nv = 0;
     m->type = p[0];
     m->s[0] = '\0';
-    if (m->type < F_HELLO || m->type > F_DONE)
+    if (m->type < F_HELLO || m->type > F_RESTART)
         return false;
     for (const char *l = layout[m->type]; *l; l++) {
         size_t w = *l == 'b' ? 1 : *l == 'u' ? 4 : 2;

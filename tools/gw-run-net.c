@@ -47,10 +47,11 @@ enum {
     LINGER_MS = 5000, /* a node that failed, still trying to tell node 0 */
     FLUSH_MS = 2000,  /* sending the last frames before exiting */
 };
-#define HELLO_MAGIC 0x47574c31u /* "GWL1" */
+#define HELLO_MAGIC 0x47574c32u /* "GWL2" */
 
-/* What node 0 knows of each other node. ENDED: it failed, stopped or left. */
-enum { N_ABSENT, N_JOINED, N_DONE, N_ENDED };
+/* What node 0 knows of each other node. ENDED: it failed, stopped or left.
+ * READY: its ranks of a failed attempt are gone and it can start again. */
+enum { N_ABSENT, N_JOINED, N_DONE, N_ENDED, N_READY };
 
 static struct {
     bool on, verbose;
@@ -80,6 +81,12 @@ static struct {
     bool welcomed, given_up, final_sent;
     int64_t retry_at_ms;
     int retry_ms;
+    /* --max-restarts: node 0 waits for every node's READY, then sends its
+     * verdict (RESTART); the others send READY and wait for it.  no_restart:
+     * something happened that a restart cannot mend (a signal, a lost node). */
+    bool no_restart, ready_sent, verdict_known;
+    long restart_to;           /* the attempt to start next; 0: none */
+    int64_t verdict_deadline_ms; /* node 0: READYs due; the others: the verdict due */
 } net = {.lfd = -1};
 
 static const char *why; /* what a frame handler found wrong */
@@ -103,6 +110,8 @@ static bool sane(const struct msg *m)
     case F_LOST:
     case F_DONE:
         return m->v[0] < nn;
+    case F_READY:
+        return m->v[0] < nn && m->v[1] <= 1;
     case F_ABORT:
         return m->v[0] >= 1;
     default:
@@ -135,6 +144,8 @@ static void announce_end(const struct frame *f, int except)
  * failure counts: later ones are consequences of the teardown. */
 static void apply(const struct msg *m, int from)
 {
+    if (m->type != F_FAIL)
+        net.no_restart = true; /* a signal, a lost node, a launcher's failure */
     if (m->type != F_STOP && gw__run_stopping())
         return;
     int code = 1;
@@ -210,14 +221,17 @@ static bool hello0(struct conn *c, const struct msg *h)
         answer(c, F_REFUSE, "wrong job token (GW_JOB_TOKEN differs from node 0's)");
         return true;
     }
-    if (nnodes != (uint32_t)net.cfg.nnodes || nproc != (uint32_t)net.cfg.nproc) {
-        /* The job cannot run: the ranks would disagree on the world size. */
-        bool nn = nnodes != (uint32_t)net.cfg.nnodes;
+    if (nnodes != (uint32_t)net.cfg.nnodes || nproc != (uint32_t)net.cfg.nproc ||
+        h->v[4] != (uint32_t)net.cfg.max_restarts) {
+        /* The job cannot run: the ranks would disagree on the world size, or
+         * the nodes on whether a failure ends the job. */
+        bool nn = nnodes != (uint32_t)net.cfg.nnodes, np = nproc != (uint32_t)net.cfg.nproc;
+        const char *flag = nn ? "--nnodes" : np ? "-n" : "--max-restarts";
         snprintf(reason, sizeof reason,
                  "node %u (host %.255s) was started with %s %u but node 0 (host %s) with %s %d; "
-                 "every node must use the same -n and --nnodes",
-                 node, h->s, nn ? "--nnodes" : "-n", nn ? nnodes : nproc, net.myhost,
-                 nn ? "--nnodes" : "-n", nn ? net.cfg.nnodes : net.cfg.nproc);
+                 "every node must use the same -n, --nnodes and --max-restarts",
+                 node, h->s, flag, nn ? nnodes : np ? nproc : h->v[4], net.myhost, flag,
+                 nn ? net.cfg.nnodes : np ? net.cfg.nproc : net.cfg.max_restarts);
         answer(c, F_REFUSE, reason);
         if (node >= 1 && node < (uint32_t)net.cfg.nnodes && net.state[node] == N_ABSENT)
             net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
@@ -263,6 +277,14 @@ static bool frame0(struct conn *c, const struct msg *m)
     if (c->node < 0)
         return m->type == F_HELLO ? hello0(c, m) : bad("expected a hello");
     int n = c->node;
+    if (m->type == F_READY) {
+        if (m->v[0] != (uint32_t)n || net.cfg.max_restarts == 0)
+            return bad("unexpected frame from a joined node");
+        if (net.state[n] == N_JOINED || net.state[n] == N_ENDED)
+            net.state[n] = m->v[1] ? N_READY : N_ENDED;
+        net.no_restart = net.no_restart || !m->v[1];
+        return true;
+    }
     if (m->type == F_ABORT) {
         /* Its launcher failed (it could not start its ranks): the message says how. */
     } else if ((m->type != F_FAIL && m->type != F_STOP && m->type != F_DONE) ||
@@ -286,6 +308,10 @@ static void conn0_ended(struct conn *c, const char *badly)
         gw__run_say("gw-run: closing the launcher connection from %s%s: %s\n", c->peer,
                 n > 0 ? " (a joined node)" : "", badly);
     gw__run_conn_close(c);
+    if (n > 0 && net.cfg.max_restarts > 0)
+        net.no_restart = true; /* the job cannot start again without that node */
+    if (n > 0 && net.state[n] == N_READY)
+        net.state[n] = N_ENDED;
     if (n <= 0 || net.state[n] != N_JOINED)
         return; /* a stranger, or a node that already said how it ended */
     net.state[n] = N_ENDED;
@@ -415,7 +441,7 @@ static void up_connected(void)
     gw__run_tune_socket(c->fd);
     struct msg h = {.type = F_HELLO,
                     .v = {HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
-                          (uint32_t)net.cfg.nproc},
+                          (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts},
                     .tok = (const unsigned char *)net.cfg.token,
                     .toklen = strlen(net.cfg.token)};
     struct frame f;
@@ -472,6 +498,11 @@ static bool frame_up(struct conn *c, const struct msg *m)
     if (!sane(m))
         return bad("field out of range");
     if (net.welcomed) {
+        if (m->type == F_RESTART && net.cfg.max_restarts > 0) {
+            net.verdict_known = true;
+            net.restart_to = (long)m->v[0];
+            return true;
+        }
         if (m->type != F_FAIL && m->type != F_LOST && m->type != F_ABORT && m->type != F_STOP)
             return bad("unexpected frame type");
         apply(m, 0);
@@ -566,6 +597,7 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
     bool zero = net.cfg.node == 0, joining = !net.welcomed && !net.given_up;
     lower(deadline_ms, net.flush_ms);
     lower(deadline_ms, net.linger_ms);
+    lower(deadline_ms, net.verdict_deadline_ms);
     if (zero ? !net.join_reported && net.joined < net.cfg.nnodes - 1 : joining)
         lower(deadline_ms, net.join_deadline_ms);
     if (!zero && joining && net.up->fd < 0)
@@ -717,6 +749,78 @@ static bool late_to_tell(int64_t now)
     return true;
 }
 
+/* Whether this node's part of a failed attempt could start again: restarts
+ * left, a failure (no signal), not a program that could not be started. */
+static bool local_can_restart(void)
+{
+    return gw__run.may_restart && gw__run.have_failure && !gw__run.got_signal && gw__run.exit_code != 127;
+}
+
+/* How long node 0 waits for every node's READY, and a node for the verdict:
+ * their teardowns take up to the grace, SIGKILL and the give-up after it. */
+static int64_t verdict_wait_ms(void)
+{
+    return (int64_t)(1000.0 * (3 * gw__run.kill_grace_s + 30));
+}
+
+/* Node 0, its ranks gone after a failure, with --max-restarts: waits for every
+ * other node's READY (false meanwhile), then tells them all whether the job
+ * starts again (RESTART with the next attempt, or 0). */
+static bool decide_restart(int64_t now)
+{
+    const bool can = local_can_restart() && !net.no_restart;
+    int waiting = 0, first = 0;
+    for (int n = 1; n < net.cfg.nnodes; n++)
+        if (net.state[n] != N_READY && !waiting++)
+            first = n;
+    if (can && waiting) {
+        if (!net.verdict_deadline_ms)
+            net.verdict_deadline_ms = now + verdict_wait_ms();
+        if (now < net.verdict_deadline_ms)
+            return false;
+        gw__run_say("gw-run: not restarting the job: node %d%s did not say within %.0f s that its ranks ended\n",
+                    first, waiting > 1 ? " and others" : "", (double)verdict_wait_ms() / 1000.0);
+    } else if (!can && !gw__run.got_signal) {
+        if (!gw__run.may_restart)
+            gw__run_say("gw-run: the job failed again; no restarts left (%d used)\n", net.cfg.max_restarts);
+        else if (gw__run.exit_code == 127)
+            gw__run_say("gw-run: not restarting the job: exit code 127 (the program could not be started)\n");
+        else
+            gw__run_say("gw-run: not restarting the job: a node was stopped, lost or cannot start again\n");
+    }
+    net.verdict_known = true;
+    net.verdict_deadline_ms = 0;
+    net.restart_to = can && !waiting ? gw__run.attempt + 1 : 0;
+    struct msg m = {.type = F_RESTART, .v = {(uint32_t)net.restart_to}};
+    struct frame f;
+    gw__run_pack(&f, &m);
+    for (int i = 0; i < net.nconns; i++)
+        if (net.conns[i]->node > 0)
+            gw__run_conn_send(net.conns[i], &f);
+    return true;
+}
+
+/* Another node, its ranks gone after a failure, with --max-restarts: says so
+ * (READY) and waits for node 0's verdict (false meanwhile). */
+static bool await_verdict(int64_t now)
+{
+    if (!net.ready_sent) {
+        struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, local_can_restart()}};
+        report(&m);
+        net.ready_sent = true;
+        net.verdict_deadline_ms = now + 2 * verdict_wait_ms();
+    }
+    if (net.verdict_known)
+        return true;
+    if (now < net.verdict_deadline_ms)
+        return false;
+    gw__run_say("gw-run: node %d: no word from node 0 at %s on restarting the job; ending this node\n",
+                net.cfg.node, net.where);
+    net.verdict_known = true;
+    net.restart_to = 0;
+    return true;
+}
+
 /* Called once the local ranks are all gone: whether gw-run may exit now. */
 bool gw__run_net_finish(void)
 {
@@ -724,6 +828,10 @@ bool gw__run_net_finish(void)
         return true;
     int64_t now = gw__run_now_ms();
     bool stopping = gw__run_stopping();
+    /* A failed attempt with restarts allowed: the nodes agree on the next. */
+    if (stopping && gw__run.have_failure && net.cfg.max_restarts > 0 && !net.verdict_known &&
+        (net.cfg.node == 0 ? !decide_restart(now) : net.welcomed && !net.given_up && !await_verdict(now)))
+        return false;
     if (net.cfg.node == 0) { /* success is every node's DONE; a failure was told */
         if (stopping && late_to_tell(now))
             return false;
@@ -780,6 +888,32 @@ void gw__run_net_signal(int sig)
         net.stop_waiting = true; /* a signal while node 0 waits for late nodes: leave now */
     if (net.on)
         report(&m);
+}
+
+long gw__run_net_restart(void)
+{
+    return net.on && !net.given_up ? net.restart_to : 0;
+}
+
+void gw__run_net_reset(void)
+{
+    if (!net.on)
+        return;
+    net.done = 0;
+    net.have_end = false;
+    net.flush_ms = net.linger_ms = net.verdict_deadline_ms = 0;
+    net.final_sent = net.ready_sent = net.verdict_known = net.no_restart = false;
+    net.restart_to = 0;
+    /* Node 0: every node whose connection is still there takes part again; a
+     * node that left after the verdict leaves this attempt unable to run
+     * (its ranks' rendezvous fails), and no restart after it. */
+    for (int n = 1; n < net.cfg.nnodes && net.state; n++) {
+        bool connected = false;
+        for (int i = 0; i < net.nconns; i++)
+            connected = connected || (net.conns[i]->node == n && net.conns[i]->fd >= 0);
+        net.state[n] = connected ? N_JOINED : N_ENDED;
+        net.no_restart = net.no_restart || !connected;
+    }
 }
 
 void gw__run_net_close(void)

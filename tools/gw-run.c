@@ -19,9 +19,9 @@
  * times, as torchrun's --max-restarts does; a program that resumes from its
  * checkpoints (gw-train --resume) then survives a crash.
  *
- * What it is not: it does no rendezvous of its own, restarts only whole
- * single-node jobs at the same size (no elastic membership), and it does not
- * start anything on other machines. It links nothing from
+ * What it is not: it does no rendezvous of its own, restarts only whole jobs
+ * at the same size (no elastic membership: a lost node ends the job), and it
+ * does not start anything on other machines. It links nothing from
  * gradwire on purpose, so it builds and works even when the library does not.
  *
  * This file parses the arguments, sets up the environment, spawns the ranks
@@ -90,7 +90,8 @@ static const char usage_text[] =
     "                          (a rank exits non-zero or is killed; not after a\n"
     "                          signal to gw-run), up to K times (default 0); the\n"
     "                          ranks see GW_RESTART_COUNT (0 on the first start)\n"
-    "                          and GW_MAX_RESTARTS; single-node jobs only\n"
+    "                          and GW_MAX_RESTARTS; every node of a multi-node\n"
+    "                          job gives the same K, and all restart together\n"
     "  -h, --help              show this help\n"
     "\n"
     "environment:\n"
@@ -494,6 +495,18 @@ static bool restart_wanted(long attempt, long max_restarts)
     return true;
 }
 
+/* A multi-node job: whether node 0 started the next attempt everywhere (it
+ * decided once every node's ranks were gone: gw-run-net.c), and this node
+ * takes part (a signal here since ends it, and the others see it leave). */
+static bool node_restarts(long attempt)
+{
+    if (gw__run_net_restart() != attempt + 1)
+        return false;
+    bool child_event = false;
+    gw__run_drain_signals(&child_event);
+    return !gw__run.got_signal;
+}
+
 /* The job state of a new attempt: no ranks, no failure, no teardown. */
 static void reset_job(int local_n)
 {
@@ -581,9 +594,6 @@ int main(int argc, char **argv)
     if (nnodes > 1 && lport == port)
         usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
                     "listens on", master);
-    if (nnodes > 1 && max_restarts > 0)
-        usage_error("%s--max-restarts restarts single-node jobs only: the gw-runs of a multi-node "
-                    "job do not agree on a restart (resubmit the job, with gw-train --resume)", "");
     if (node_rank >= nnodes) {
         gw__run_say("gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)\n",
                 node_rank, nnodes, nnodes - 1);
@@ -703,6 +713,7 @@ int main(int argc, char **argv)
         .lport = (int)(lport ? lport : port + 1),
         .token = token,
         .join_timeout_s = join_timeout_s,
+        .max_restarts = (int)max_restarts,
     };
     if (!gw__run_net_init(&net))
         return 1;
@@ -719,10 +730,12 @@ int main(int argc, char **argv)
         setenv("GW_RESTART_COUNT", buf, 1);
         snprintf(buf, sizeof buf, "%ld", max_restarts);
         setenv("GW_MAX_RESTARTS", buf, 1);
+        gw__run.attempt = attempt;
+        gw__run.may_restart = attempt < max_restarts;
         spawn_all((int)local_n, (int)node_rank, argv + optind);
         run_loop();
         gw__run_remove_leftover_shm(cur_token);
-        if (!restart_wanted(attempt, max_restarts))
+        if (nnodes > 1 ? !node_restarts(attempt) : !restart_wanted(attempt, max_restarts))
             break;
         /* Nothing of the failed attempt is left (run_loop waited for every
          * rank and stray): a fresh token and, unless --master fixed it, a
@@ -742,6 +755,7 @@ int main(int argc, char **argv)
         gw__run_say("gw-run: restarting the job (exit code %d): restart %ld of %ld, %ld rank%s\n",
                 gw__run.exit_code, attempt + 1, max_restarts, local_n, local_n == 1 ? "" : "s");
         reset_job((int)local_n);
+        gw__run_net_reset();
     }
     free(cur_token);
     gw__run_net_close();

@@ -47,6 +47,9 @@ struct job {
     int got_signal;    /* first SIGINT/SIGTERM/SIGHUP received, 0 if none */
     double kill_grace_s;
     int64_t kill_deadline_ms; /* SIGKILL the remaining ranks then; 0: none */
+
+    long attempt;     /* 0, then 1, 2, ... for each restart (--max-restarts) */
+    bool may_restart; /* restarts are left after this attempt */
 };
 
 extern struct job gw__run;
@@ -57,7 +60,7 @@ enum {
     GW_RUN_MAX_FRAME = 4096, /* body bytes; a larger length prefix is garbage */
     GW_RUN_MAX_STR = 1024,   /* bytes in one string field */
 };
-enum { F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE };
+enum { F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART };
 /* What reading a connection came to. */
 enum { R_OPEN, R_GONE, R_BAD, R_CLOSED };
 
@@ -71,7 +74,7 @@ struct frame {
  * peer cannot send escape sequences to our terminal. */
 struct msg {
     unsigned type;
-    uint32_t v[4];
+    uint32_t v[5];
     const unsigned char *tok;
     size_t toklen;
     char s[GW_RUN_MAX_STR + 1];
@@ -98,6 +101,7 @@ struct net_config {
     int lport;               /* the launcher port: master PORT + 1 or --launcher-port */
     const char *token;       /* GW_JOB_TOKEN */
     double join_timeout_s;   /* GW_RUN_JOIN_TIMEOUT */
+    int max_restarts;        /* --max-restarts: every node must give the same */
 };
 
 /* gw-run-io.c: output forwarding, and control-channel frames. Lines go out
@@ -131,6 +135,11 @@ void gw__run_net_rank_failed(int global, bool signaled, int value);
 void gw__run_net_launch_failed(int code, const char *text);
 void gw__run_net_signal(int sig);
 void gw__run_net_close(void);
+/* After an attempt's loop ended: the attempt every node starts next (node 0
+ * decided it once every node's ranks were gone), 0 for none; and the
+ * channel's state made ready for that attempt. */
+long gw__run_net_restart(void);
+void gw__run_net_reset(void);
 
 /* gw-run-teardown.c: signals, failures, teardown, reaping. */
 int64_t gw__run_now_ms(void);
