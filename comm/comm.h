@@ -85,11 +85,14 @@ struct gw_ring {
 struct gw_tree {
   int up;
   int down[2];
-  /* down[i] is a leaf of this tree: its first send waits for no one, so a
-   * receive from it that sees nothing names it as the straggler at once
-   * (from an interior child or the parent, which wait themselves, after the
-   * grace: see gw__wait_recv). */
-  bool down_leaf[2];
+  /* The part of the grace period a wait on down[i] takes before blaming it
+   * (gw__wait_recv): 0 for a leaf, whose first send waits for no one, so it
+   * is named the straggler at once; for an interior child, which waits on its
+   * own children first, less the deeper it is, so that the parent of the
+   * deepest straggler reports first and its notice reaches the others before
+   * their later deadlines (a wait on the parent's downward chunk takes the
+   * whole grace). */
+  float down_grace[2];
   struct gw_conn send_up, recv_up;
   struct gw_conn send_down[2], recv_down[2];
 };

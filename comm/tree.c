@@ -116,8 +116,9 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
   struct gw_link links[6 * GW_NTREES];
   int nlinks = 0;
   int *node_of = malloc(sizeof(int) * (size_t)n), (*ups)[2] = malloc(sizeof(int[2]) * (size_t)n);
-  if (!node_of || !ups) {
-    free(node_of), free(ups);
+  int *depth = malloc(sizeof(int) * (size_t)n);
+  if (!node_of || !ups || !depth) {
+    free(node_of), free(ups), free(depth);
     return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
   }
   node_of[0] = 0;
@@ -131,11 +132,13 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
       if (hier) gw__tree_shape_hier(n, node_of, p, t, &ups[p][t], d);
       else gw__tree_shape(n, p, t, &ups[p][t], d);
     }
-    for (int p = 0; p < n && hier; p++) {
-      int depth = 0;
-      for (int q = p; ups[q][t] >= 0 && depth <= n; q = ups[q][t]) depth++;
-      comm->tree_levels = GW_MAX(comm->tree_levels, depth);
+    int levels = 0;
+    for (int p = 0; p < n; p++) {
+      depth[p] = 0;
+      for (int q = p; ups[q][t] >= 0 && depth[p] <= n; q = ups[q][t]) depth[p]++;
+      levels = GW_MAX(levels, depth[p]);
     }
+    if (hier) comm->tree_levels = GW_MAX(comm->tree_levels, levels);
     struct gw_tree *tree = &comm->trees[t];
     int up, down[2];
     if (hier) gw__tree_shape_hier(n, node_of, ring->index, t, &up, down);
@@ -146,7 +149,8 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
       int cu, cd[2] = {-1, -1};
       if (down[i] >= 0 && hier) gw__tree_shape_hier(n, node_of, down[i], t, &cu, cd);
       else if (down[i] >= 0) gw__tree_shape(n, down[i], t, &cu, cd);
-      tree->down_leaf[i] = down[i] >= 0 && cd[0] < 0 && cd[1] < 0;
+      const bool leaf = down[i] < 0 || (cd[0] < 0 && cd[1] < 0);
+      tree->down_grace[i] = leaf ? 0.0f : (float)(levels - depth[down[i]] + 1) / (float)(levels + 2);
       tree->down[i] = down[i] < 0 ? -1 : ring->order[down[i]];
       if (tree->down[i] >= 0) add_peer(links, &nlinks, &tree->send_down[i], &tree->recv_down[i], tree->down[i], t);
     }
@@ -156,6 +160,7 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
             comm->tree_levels);
   free(node_of);
   free(ups);
+  free(depth);
   /* A rank receives from at most a parent and two children in each tree. */
   return gw__connect(comm, links, nlinks, 3 * GW_NTREES, err);
 }
@@ -169,7 +174,7 @@ struct half {
   size_t nchunks;     /* at least 1: an empty half still sends one empty chunk */
   struct gw_conn *up_send[1], *up_recv[1];
   struct gw_conn *down_send[2], *down_recv[2];
-  bool down_may_wait[2]; /* the child is interior: it may wait on its own children before it sends */
+  float down_grace[2]; /* the tree's: how long a wait on each child holds off blaming it */
   int ndown;
 };
 
@@ -199,16 +204,16 @@ static void combine(struct prims *p, const void *src, const void *const *data, i
  * and the chunks (see combine).  Every tree role is one call of this: a leaf
  * sends up (src, no from), an interior node reduces up (src, children) or
  * forwards down (parent, no src), the root reduces and turns the result down. */
-static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, const bool *may_wait, int nfrom,
+static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, const float *grace, int nfrom,
                              struct gw_conn *const *to, int nto, const void *src, void *dst, size_t n, uint32_t div) {
   const size_t bytes = n * p->es;
   const void *data[2];
   void *targets[3];
   int nt = 0;
   for (int i = 0; i < nfrom; i++) {
-    p->peer_may_wait = may_wait[i];
+    p->peer_may_wait = grace[i] > 0, p->grace_part = grace[i];
     gw_result_t r = gw__wait_recv(p, from[i], &data[i], bytes);
-    p->peer_may_wait = false;
+    p->peer_may_wait = false, p->grace_part = 0;
     GW_CHECK(r);
   }
   if (dst) targets[nt++] = dst;
@@ -225,9 +230,9 @@ static gw_result_t reduce_up(struct prims *p, const struct half *h, size_t chunk
   size_t first = h->base + k * chunk, n = blk_len(h->count, k * chunk, chunk);
   const void *src = cat(p->in, first, p->es);
   if (h->tree->up >= 0)
-    return tree_step(p, h->down_recv, h->down_may_wait, h->ndown, h->up_send, 1, src, NULL, n, 0);
+    return tree_step(p, h->down_recv, h->down_grace, h->ndown, h->up_send, 1, src, NULL, n, 0);
   uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)p->comm->nranks : 0;
-  return tree_step(p, h->down_recv, h->down_may_wait, h->ndown, h->down_send, h->ndown, src,
+  return tree_step(p, h->down_recv, h->down_grace, h->ndown, h->down_send, h->ndown, src,
                    at(p->out, first, p->es), n, div);
 }
 
@@ -236,8 +241,8 @@ static gw_result_t reduce_up(struct prims *p, const struct half *h, size_t chunk
  * is waiting on whoever it waits for. */
 static gw_result_t broadcast_down(struct prims *p, const struct half *h, size_t chunk, size_t k) {
   size_t first = h->base + k * chunk, n = blk_len(h->count, k * chunk, chunk);
-  static const bool parent_may_wait[1] = {true};
-  return tree_step(p, h->up_recv, parent_may_wait, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n,
+  static const float parent_grace[1] = {1.0f};
+  return tree_step(p, h->up_recv, parent_grace, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n,
                    0);
 }
 
@@ -247,7 +252,7 @@ static void half_init(struct half *h, struct gw_tree *tree, size_t base, size_t 
                      .up_send = {&tree->send_up}, .up_recv = {&tree->recv_up}};
   for (int i = 0; i < 2 && tree->down[i] >= 0; i++) {
     h->down_send[h->ndown] = &tree->send_down[i];
-    h->down_may_wait[h->ndown] = !tree->down_leaf[i];
+    h->down_grace[h->ndown] = tree->down_grace[i];
     h->down_recv[h->ndown++] = &tree->recv_down[i];
   }
 }
