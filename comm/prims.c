@@ -61,23 +61,23 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
  * deadline expires at about the same moment; the rank that waits on the real
  * straggler reports first and its notice travels here, so this rank waits a
  * little longer for it (see gw__wait_recv) and then says who had started. */
-static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c) {
+static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
   if (c->seen_seq != p->op->desc.seq + 1 && p->peer_may_wait)
     return gw__err(p->err, GW_ERR_TIMEOUT,
-                   "rank %d: operation %s waited %.0f s for data from rank %d, which has not sent it (it is stuck "
+                   "rank %d: operation %s waited %.1f s for data from rank %d, which has not sent it (it is stuck "
                    "before the operation, or in it waiting on another rank; raise GW_TIMEOUT if it is just slow)",
-                   p->comm->rank, me, p->comm->timeout_s, c->peer);
+                   p->comm->rank, me, waited, c->peer);
   if (c->seen_seq != p->op->desc.seq + 1)
     return gw__err(p->err, GW_ERR_TIMEOUT,
-                   "rank %d: operation %s waited %.0f s for data from rank %d, which has not started it (it is "
+                   "rank %d: operation %s waited %.1f s for data from rank %d, which has not started it (it is "
                    "stuck before it, or called something else; raise GW_TIMEOUT if it is just slow)",
-                   p->comm->rank, me, p->comm->timeout_s, c->peer);
+                   p->comm->rank, me, waited, c->peer);
   return gw__err(p->err, GW_ERR_TIMEOUT,
-                 "rank %d: operation %s waited %.0f s for more data from rank %d, which started it and is itself "
+                 "rank %d: operation %s waited %.1f s for more data from rank %d, which started it and is itself "
                  "waiting (another rank is the straggler; its neighbour names it)",
-                 p->comm->rank, me, p->comm->timeout_s, c->peer);
+                 p->comm->rank, me, waited, c->peer);
 }
 
 /* Transports that queue bytes in user space (tcp) move them while we wait on
@@ -343,6 +343,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
     struct gw_waiter w;
     bool extended = false;
     gw__waiter_init(&w, p->comm->timeout_s);
+    const double t0 = gw__now(); /* the grace below restarts the waiter: the message says the whole wait */
     while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
       GW_CHECK(look_at_watched(p, &w));
@@ -351,7 +352,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
         return dead_peer_error(p, c->peer);
       if (wait_step(p, &w)) continue;
       if (p->comm->aborted) return aborted_error(p);
-      if (extended || (c->seen_seq != p->op->desc.seq + 1 && !p->peer_may_wait)) return recv_timeout_error(p, c);
+      if (extended || (c->seen_seq != p->op->desc.seq + 1 && !p->peer_may_wait)) return recv_timeout_error(p, c, gw__now() - t0);
       extended = true;
       gw__waiter_init(&w, grace_s(p->comm) * (p->grace_part > 0 ? p->grace_part : 1));
     }

@@ -306,8 +306,8 @@ END_TEST
 
 /* --steps 0 with --data builds the model in the data's shape, as training
  * would: weights saved for Fashion-MNIST (10 classes of 1x28x28) start a run
- * on it; a flag that disagrees with the data is refused, flags that leave
- * nothing to it are taken as given; without --data, torchvision's shape. */
+ * on it; a flag that disagrees with the data is refused, whether or not the
+ * others are given; without --data, torchvision's shape. */
 START_TEST(test_steps0_takes_data_shape) {
   char p[512];
   path(p, sizeof p, "fm-init.safetensors");
@@ -326,11 +326,17 @@ START_TEST(test_steps0_takes_data_shape) {
   ck_assert_msg(r.code != 0 && strstr(r.err, "the data has 10 classes of 1x28x28 images, not as given: --classes 5"),
                 "exit %d\n%s", r.code, r.err);
   gwrun_free(&r);
+  /* All three given: still checked against the data (training refuses them). */
   train_from(&r, noenv, "1", base,
-             (const char *const[]){"--steps", "0", "--classes", "3", "--in-channels", "2", "--image-size", "20",
+             (const char *const[]){"--steps", "0", "--classes", "5", "--in-channels", "1", "--image-size", "28",
+                                   NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "not as given: --classes 5"), "exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
+  train_from(&r, noenv, "1", base,
+             (const char *const[]){"--steps", "0", "--classes", "10", "--in-channels", "1", "--image-size", "28",
                                    NULL});
   expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "resnet18, 3 classes, 2 input channels, 20x20"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "resnet18, 10 classes, 1 input channels, 28x28"), "%s", r.out);
   gwrun_free(&r);
   /* Without --data: torchvision's resnet18() (what loads there without changes). */
   train_from(&r, noenv, "1", (const char *const[]){"--model", "resnet18", "--width-divisor", "16", NULL},

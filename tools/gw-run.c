@@ -62,6 +62,7 @@ enum {
     EXIT_USAGE = 2,
     EXIT_NOT_FOUND = 127,
     MAX_RESTARTS = 10000,
+    TOKEN_MAX = 128, /* the library's longest GW_JOB_TOKEN (comm/bootstrap.h) */
 };
 
 #define DEFAULT_KILL_GRACE_S 5.0
@@ -507,6 +508,40 @@ static bool node_restarts(long attempt)
     return !gw__run.got_signal;
 }
 
+/* A SIGINT, SIGTERM or SIGHUP held pending (blocked between two attempts):
+ * the job is not started again, and gw-run exits as after that signal. */
+static bool signal_held(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    sigset_t pend;
+    if (sigpending(&pend) != 0)
+        return false;
+    for (int i = 0; i < 3; i++)
+        if (sigismember(&pend, sigs[i])) {
+            gw__run_say("gw-run: %s arrived as the job was to start again: not restarting it\n",
+                        gw__run_signal_name(sigs[i]));
+            gw__run.got_signal = sigs[i];
+            return true;
+        }
+    return false;
+}
+
+/* The job token of attempt k: TOKEN.restartK, within the library's 128
+ * characters (a token that fit at the first start must not make every
+ * restart fail at init): a longer one keeps its start and a hash of the
+ * whole instead, the same on every node. */
+static void attempt_token(const char *token, long k, char *out, size_t cap)
+{
+    if (snprintf(out, cap, "%s.restart%ld", token, k) <= TOKEN_MAX)
+        return;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)token; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    char tail[64];
+    int t = snprintf(tail, sizeof tail, ".%016llx.restart%ld", (unsigned long long)h, k);
+    snprintf(out, cap, "%.*s%s", TOKEN_MAX - t, token, tail);
+}
+
 /* The job state of a new attempt: no ranks, no failure, no teardown. */
 static void reset_job(int local_n)
 {
@@ -735,12 +770,28 @@ int main(int argc, char **argv)
         spawn_all((int)local_n, (int)node_rank, argv + optind);
         run_loop();
         gw__run_remove_leftover_shm(cur_token);
-        if (nnodes > 1 ? !node_restarts(attempt) : !restart_wanted(attempt, max_restarts))
+        /* Signals are held from the decision until spawn_all has forked the
+         * next attempt (it unblocks them, passing on what came meanwhile): a
+         * terminal's ^C in between would otherwise reach no rank. */
+        sigset_t block, old;
+        sigemptyset(&block);
+        sigaddset(&block, SIGINT);
+        sigaddset(&block, SIGTERM);
+        sigaddset(&block, SIGHUP);
+        sigaddset(&block, SIGCHLD);
+        sigprocmask(SIG_BLOCK, &block, &old);
+        bool again = nnodes > 1 ? node_restarts(attempt) : restart_wanted(attempt, max_restarts);
+        const char *hook = getenv("GW_RUN_TEST_RESTART_DELAY_MS"); /* test hook: a wide window */
+        if (again && hook && *hook)
+            usleep((useconds_t)atoi(hook) * 1000u);
+        if (!again || signal_held()) {
+            sigprocmask(SIG_SETMASK, &old, NULL);
             break;
+        }
         /* Nothing of the failed attempt is left (run_loop waited for every
          * rank and stray): a fresh token and, unless --master fixed it, a
          * fresh port keep anything it left elsewhere away from the next. */
-        snprintf(cur_token, token_cap, "%s.restart%ld", token, attempt + 1);
+        attempt_token(token, attempt + 1, cur_token, token_cap);
         setenv("GW_JOB_TOKEN", cur_token, 1);
         if (!master) {
             port = find_free_port();

@@ -440,11 +440,11 @@ int train_opts_diff(const char *a, const char *b, const char *const *skip, char 
 }
 
 /* --steps 0: the model alone.  With --data, in the data's shape (its classes,
- * channels and image size, as a training run on it builds the model; the data
- * is opened only when a flag leaves one of them to it); without, in the flags'
- * shape, torchvision's resnet*() by default (1000 classes of 3x224x224). */
+ * channels and image size, as a training run on it builds the model, flags
+ * given checked against it); without, in the flags' shape, torchvision's
+ * resnet*() by default (1000 classes of 3x224x224). */
 static int build_only(struct train_opts *o) {
-  if (o->data_given && (!o->classes_given || !o->in_channels_given || !o->image_size_given)) {
+  if (o->data_given) {
     struct gw_data_options d;
     struct gw_dataset *ds = NULL;
     char why[300];
