@@ -92,7 +92,7 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
   struct gw_conn *send = rd->send, *recv = rd->recv;
   if (me >= pow2) { /* an extra position: fold in, get the result back */
     GW_CHECK(send_chunk(p, &send[0], in, n));
-    p->peer_may_wait = true; /* its home waits on the whole pattern first */
+    p->peer_may_wait = true, p->grace_part = 1; /* its home waits on the whole pattern first */
     return recv_copy(p, &recv[0], out, n);
   }
   bool has_extra = rd->nlinks > rd->npartners;
@@ -104,8 +104,13 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
   }
   for (int k = 0; k < rd->npartners; k++) {
     int partner = p->comm->rings[0].pos_of[rd->peer[k]];
-    /* a partner sends at once in the first step unless it waits for its extra first */
+    /* A partner sends at once in the first step unless it waits for its extra
+     * first.  The grace grows with the step, so that the rank that waits on
+     * the straggler in the earliest step reports first and its notice reaches
+     * the later steps' waiters before their own deadlines (one grace for all
+     * had ranks blame partners that waited themselves). */
     p->peer_may_wait = k > 0 || pow2 < p->comm->nranks;
+    p->grace_part = (double)(k + 1) / (rd->npartners + 2);
     GW_CHECK(send_chunk(p, &send[k], cur, n));
     GW_CHECK(recv_combine(p, &recv[k], cur, out, n, me < partner, k == rd->npartners - 1 ? div : 0));
     cur = out;
