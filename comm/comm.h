@@ -93,6 +93,10 @@ struct gw_tree {
    * their later deadlines (a wait on the parent's downward chunk takes the
    * whole grace). */
   float down_grace[2];
+  /* The same for the wait on the parent's downward chunk: above every wait on
+   * a child, and growing with this rank's depth, so that when the straggler is
+   * the root the ranks nearest it report first. */
+  float up_grace;
   struct gw_conn send_up, recv_up;
   struct gw_conn send_down[2], recv_down[2];
 };

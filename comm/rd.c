@@ -98,7 +98,7 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
   bool has_extra = rd->nlinks > rd->npartners;
   const void *cur = in;
   if (has_extra) { /* the extra's data joins first (this position is the lower); it sends at once */
-    p->peer_may_wait = false;
+    p->peer_may_wait = false, p->grace_part = 0;
     GW_CHECK(recv_combine(p, &recv[rd->npartners], in, out, n, true, rd->npartners == 0 ? div : 0));
     cur = out;
   }

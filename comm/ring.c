@@ -247,7 +247,7 @@ static gw_result_t ring_broadcast(struct prims *p) {
       p->grace_part = (double)(pos - 1) / (n - 1);
       gw_result_t got = pos == n - 1 ? prim_recv(p, at(out, off, es), len)
                                      : prim_recv_copy_send(p, at(out, off, es), len);
-      p->peer_may_wait = false;
+      p->peer_may_wait = false, p->grace_part = 0;
       GW_CHECK(got);
     }
     off += chunk;

@@ -144,6 +144,7 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
     if (hier) gw__tree_shape_hier(n, node_of, ring->index, t, &up, down);
     else gw__tree_shape(n, ring->index, t, &up, down);
     tree->up = up < 0 ? -1 : ring->order[up];
+    tree->up_grace = (float)(levels + (double)depth[ring->index] / (levels + 1)) / (float)(levels + 2);
     if (tree->up >= 0) add_peer(links, &nlinks, &tree->send_up, &tree->recv_up, tree->up, t);
     for (int i = 0; i < 2; i++) {
       int cu, cd[2] = {-1, -1};
@@ -241,8 +242,7 @@ static gw_result_t reduce_up(struct prims *p, const struct half *h, size_t chunk
  * is waiting on whoever it waits for. */
 static gw_result_t broadcast_down(struct prims *p, const struct half *h, size_t chunk, size_t k) {
   size_t first = h->base + k * chunk, n = blk_len(h->count, k * chunk, chunk);
-  static const float parent_grace[1] = {1.0f};
-  return tree_step(p, h->up_recv, parent_grace, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n,
+  return tree_step(p, h->up_recv, &h->tree->up_grace, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n,
                    0);
 }
 

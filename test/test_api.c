@@ -194,6 +194,7 @@ START_TEST(test_timeout_every_rank_names_straggler_shm) {
   straggler_n("shm", STRAGGLE_TREE, 4);
   straggler_n("shm", STRAGGLE_TREE0, 4);
   straggler_n("shm", STRAGGLE_TREE0, 8);
+  straggler_at("shm", STRAGGLE_TREE0, 8, 0); /* the root: waited on from below only */
   /* Odd rank counts: position 0 is interior in both trees. */
   straggler_at("shm", STRAGGLE_TREE, 5, 0);
   straggler_at("shm", STRAGGLE_TREE, 7, 0);

@@ -522,16 +522,19 @@ START_TEST(test_multinode_garbage_frames)
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = htons((uint16_t)(port + 1));
     int sent = 0;
-    for (int tries = 0; tries < 200 && sent < 3; tries++) {
+    for (int tries = 0; tries < 200 && sent < 4; tries++) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-            /* Over the 4 KiB limit; no such frame type; a hello cut short. */
+            /* Over the 4 KiB limit; no such frame type; a hello cut short; the
+             * hello of another protocol version (an older gw-run), refused by name. */
             if (sent == 0)
                 send_raw(fd, 100000, "xxxx", 4);
             else if (sent == 1)
                 send_raw(fd, 5, "\x63" "abcd", 5);
-            else
+            else if (sent == 2)
                 send_raw(fd, 3, "\x01" "ab", 3);
+            else
+                send_raw(fd, 9, "\x01" "GWL1" "\0\0\0\x01", 9);
             sent++;
             gwrun_sleep(0.1);
         } else {
@@ -542,10 +545,11 @@ START_TEST(test_multinode_garbage_frames)
     }
     node_start(&r[1], env, port, 2, 1, "1", "true");
     nodes_wait(r, 2);
-    ck_assert_int_eq(sent, 3);
+    ck_assert_int_eq(sent, 4);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
-    ck_assert_msg(strstr(r[0].err, "frame length 100000") && strstr(r[0].err, "malformed frame"),
+    ck_assert_msg(strstr(r[0].err, "frame length 100000") && strstr(r[0].err, "malformed frame") &&
+                      strstr(r[0].err, "speaks version 1 of the launcher protocol, node 0's"),
                   "node 0 did not log the bad frames:\n%s", r[0].err);
     nodes_free(r, 2);
 }

@@ -31,6 +31,23 @@
     "while [ $(ls \"$GWT_DIR\" | grep -c \"^$GW_RESTART_COUNT\\.\") -lt " n " ] && [ $k -lt 400 ]; do " \
     "sleep 0.05; k=$((k+1)); done; "
 
+/* Whether a running gw-run's stderr file holds needle within timeout_s. */
+static bool stderr_has(const struct run *r, const char *needle, double timeout_s)
+{
+    for (double t = 0; t < timeout_s; t += 0.02) {
+        char buf[16384];
+        FILE *f = fopen(r->err_path, "rb");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        if (strstr(buf, needle))
+            return true;
+        gwrun_sleep(0.02);
+    }
+    return false;
+}
+
 /* A fresh $GWT_DIR in env_dir ("GWT_DIR=..."); gwt_dir_remove removes it. */
 static void gwt_dir(char *env_dir, size_t cap)
 {
@@ -132,10 +149,11 @@ START_TEST(test_no_restart_signal_between)
     const char *args[] = {"-n", "2", "--max-restarts", "3", "sh", "-c",
                           "echo \"attempt $GW_RESTART_COUNT\"; exit 3", NULL};
     gwrun_start(&r, (const char *const[]){"GW_RUN_TEST_RESTART_DELAY_MS=3000", NULL}, args);
-    gwrun_sleep(1.0);
+    ck_assert(stderr_has(&r, "exited with code 3", 20)); /* the attempt ended: the window is open */
+    gwrun_sleep(0.5);
     kill(r.pid, SIGINT);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
-    ck_assert_msg(!r.timed_out && r.code != 0 && !strstr(r.out, "attempt 1") &&
+    ck_assert_msg(!r.timed_out && r.code == 128 + SIGINT && !strstr(r.out, "attempt 1") &&
                       strstr(r.err, "SIGINT arrived as the job was to start again: not restarting it"),
                   "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
     gwrun_free(&r);
@@ -242,13 +260,33 @@ static void nodes_wait(struct run *r, int n)
 START_TEST(test_nodes_restart_together)
 {
     int port = gwrun_free_port_pair();
-    const char *env[] = {"GW_JOB_TOKEN=mn-restart", "GW_RUN_KILL_GRACE=10", NULL};
+    char dir[64];
+    gwt_dir(dir, sizeof dir);
+    const char *env[] = {"GW_JOB_TOKEN=mn-restart", "GW_RUN_KILL_GRACE=10", dir, NULL};
+    /* Rank 0 takes 1.5 s to end after the teardown's SIGTERM (a checkpoint
+     * saved on the way out): node 1 may start again only after that. */
     const char *script = "echo \"attempt $GW_RESTART_COUNT token $GW_JOB_TOKEN\"; "
-                         "if [ \"$GW_RANK\" = 3 ] && [ \"$GW_RESTART_COUNT\" = 0 ]; then exit 6; fi; sleep 0.5";
+                         "if [ \"$GW_RESTART_COUNT\" = 0 ] && [ \"$GW_RANK\" = 0 ]; then "
+                         "trap 'sleep 1.5; date +%s.%N > \"$GWT_DIR/ended\"; exit 0' TERM; sleep 30 & wait; fi; "
+                         "if [ \"$GW_RESTART_COUNT\" = 1 ]; then date +%s.%N > \"$GWT_DIR/started.$GW_RANK\"; fi; "
+                         "if [ \"$GW_RANK\" = 3 ] && [ \"$GW_RESTART_COUNT\" = 0 ]; then sleep 0.5; exit 6; fi; sleep 0.5";
     struct run r[2];
     node_start(&r[0], env, port, 2, 0, "2", script);
     node_start(&r[1], env, port, 2, 1, "2", script);
     nodes_wait(r, 2);
+    double t[5] = {0};
+    const char *files[] = {"ended", "started.0", "started.1", "started.2", "started.3"};
+    for (int i = 0; i < 5; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s", dir + strlen("GWT_DIR="), files[i]);
+        FILE *f = fopen(path, "r");
+        ck_assert_msg(f && fscanf(f, "%lf", &t[i]) == 1, "no %s", files[i]);
+        fclose(f);
+    }
+    gwt_dir_remove(dir);
+    for (int i = 1; i < 5; i++)
+        ck_assert_msg(t[i] > t[0], "rank %d of attempt 1 started %.2f s before attempt 0's rank 0 ended", i - 1,
+                      t[0] - t[i]);
     for (int i = 0; i < 2; i++) {
         ck_assert_msg(r[i].code == 0, "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
         ck_assert_msg(strstr(r[i].err, "restarting the job (exit code 6): restart 1 of 2") &&
@@ -309,6 +347,54 @@ START_TEST(test_nodes_no_restart_after_signal)
 }
 END_TEST
 
+/* A SIGINT to node 1's gw-run between two attempts (node 0 already sent
+ * RESTART): node 1 does not start again and tells node 0, which stops the
+ * attempt it started, saying why (it said "lost node 1" before). */
+START_TEST(test_nodes_signal_between)
+{
+    int port = gwrun_free_port_pair();
+    const char *env0[] = {"GW_JOB_TOKEN=mn-sigbetween", NULL};
+    const char *env1[] = {"GW_JOB_TOKEN=mn-sigbetween", "GW_RUN_TEST_RESTART_DELAY_MS=3000", NULL};
+    const char *script = "echo \"attempt $GW_RESTART_COUNT\"; "
+                         "if [ \"$GW_RANK\" = 3 ] && [ \"$GW_RESTART_COUNT\" = 0 ]; then exit 6; fi; exec sleep 30";
+    struct run r[2];
+    node_start(&r[0], env0, port, 2, 0, "2", script);
+    node_start(&r[1], env1, port, 2, 1, "2", script);
+    ck_assert(stderr_has(&r[0], "restarting the job", 20)); /* node 1 now holds its window open */
+    gwrun_sleep(0.5);
+    kill(r[1].pid, SIGINT);
+    nodes_wait(r, 2);
+    ck_assert_msg(r[1].code == 128 + SIGINT && strstr(r[1].err, "SIGINT arrived as the job was to start again") &&
+                      !strstr(r[1].out, "attempt 1"),
+                  "node 1: exit %d\nstdout:\n%s\nstderr:\n%s", r[1].code, r[1].out, r[1].err);
+    ck_assert_msg(r[0].code != 0 && strstr(r[0].err, "node 1 (host") && strstr(r[0].err, "received SIGINT") &&
+                      !strstr(r[0].err, "lost node"),
+                  "node 0: exit %d\nstderr:\n%s", r[0].code, r[0].err);
+    gwrun_free(&r[0]);
+    gwrun_free(&r[1]);
+}
+END_TEST
+
+/* A fork refused on node 1 (its launcher's failure, an ABORT) is restarted as
+ * one on node 0 or a single node is; here it fails every time. */
+START_TEST(test_nodes_launch_failure_restarts)
+{
+    int port = gwrun_free_port_pair();
+    const char *env0[] = {"GW_JOB_TOKEN=mn-forkfail", NULL};
+    const char *env1[] = {"GW_JOB_TOKEN=mn-forkfail", "GW_RUN_TEST_FORK_FAIL=3", NULL};
+    struct run r[2];
+    node_start(&r[0], env0, port, 2, 0, "1", "exec sleep 30");
+    node_start(&r[1], env1, port, 2, 1, "1", "exec sleep 30");
+    nodes_wait(r, 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 1 && strstr(r[i].err, "restarting the job (exit code 1): restart 1 of 1"),
+                      "node %d: exit %d\nstderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(strstr(r[0].err, "no restarts left (1 used)"), "node 0:\n%s", r[0].err);
+    gwrun_free(&r[0]);
+    gwrun_free(&r[1]);
+}
+END_TEST
+
 /* The nodes must agree on --max-restarts, as on -n and --nnodes. */
 START_TEST(test_nodes_restarts_must_agree)
 {
@@ -343,6 +429,8 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_nodes_restarts_used_up);
     tcase_add_test(tc, test_nodes_no_restart_after_signal);
     tcase_add_test(tc, test_nodes_restarts_must_agree);
+    tcase_add_test(tc, test_nodes_signal_between);
+    tcase_add_test(tc, test_nodes_launch_failure_restarts);
     suite_add_tcase(s, tc);
     return s;
 }

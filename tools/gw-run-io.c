@@ -453,6 +453,12 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     m->s[0] = '\0';
     if (m->type < F_HELLO || m->type > F_RESTART)
         return false;
+    if (m->type == F_HELLO && n >= 5 && get_u32(p + 1) != GW_RUN_HELLO_MAGIC) {
+        memset(m->v, 0, sizeof m->v); /* another version's layout: its magic alone, refused by name */
+        m->v[0] = get_u32(p + 1);
+        m->tok = NULL, m->toklen = 0;
+        return true;
+    }
     for (const char *l = layout[m->type]; *l; l++) {
         size_t w = *l == 'b' ? 1 : *l == 'u' ? 4 : 2;
         if (n - pos < w)

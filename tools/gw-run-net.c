@@ -47,7 +47,6 @@ enum {
     LINGER_MS = 5000, /* a node that failed, still trying to tell node 0 */
     FLUSH_MS = 2000,  /* sending the last frames before exiting */
 };
-#define HELLO_MAGIC 0x47574c32u /* "GWL2" */
 
 /* What node 0 knows of each other node. ENDED: it failed, stopped or left.
  * READY: its ranks of a failed attempt are gone and it can start again. */
@@ -144,8 +143,8 @@ static void announce_end(const struct frame *f, int except)
  * failure counts: later ones are consequences of the teardown. */
 static void apply(const struct msg *m, int from)
 {
-    if (m->type != F_FAIL)
-        net.no_restart = true; /* a signal, a lost node, a launcher's failure */
+    if (m->type == F_STOP || m->type == F_LOST)
+        net.no_restart = true; /* a signal, a lost node (a node's launch failure restarts, as on node 0) */
     if (m->type != F_STOP && gw__run_stopping())
         return;
     int code = 1;
@@ -211,7 +210,15 @@ static bool hello0(struct conn *c, const struct msg *h)
 {
     uint32_t node = h->v[1], nnodes = h->v[2], nproc = h->v[3];
     char reason[1024];
-    if (h->v[0] != HELLO_MAGIC)
+    if ((h->v[0] & 0xffffff00u) == (GW_RUN_HELLO_MAGIC & 0xffffff00u) && h->v[0] != GW_RUN_HELLO_MAGIC) {
+        snprintf(reason, sizeof reason, "this node's gw-run speaks version %c of the launcher protocol, node 0's "
+                 "(host %s) version %c: use the same gw-run on every node", (char)(h->v[0] & 0xff), net.myhost,
+                 (char)(GW_RUN_HELLO_MAGIC & 0xff));
+        gw__run_say("gw-run: refused a launcher connection from %s: %s\n", c->peer, reason);
+        answer(c, F_REFUSE, reason);
+        return true;
+    }
+    if (h->v[0] != GW_RUN_HELLO_MAGIC)
         return bad("not a gw-run hello");
     if (!token_ok(h->tok, h->toklen)) {
         gw__run_say(
@@ -237,6 +244,7 @@ static bool hello0(struct conn *c, const struct msg *h)
             net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
         struct msg m = {.type = F_ABORT, .v = {1}};
         snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
+        net.no_restart = true; /* nodes that disagree cannot run any attempt */
         if (gw__run_stopping()) /* apply() says nothing then */
             gw__run_say("%s\n", m.s);
         apply(&m, -1);
@@ -280,7 +288,9 @@ static bool frame0(struct conn *c, const struct msg *m)
     if (m->type == F_READY) {
         if (m->v[0] != (uint32_t)n || net.cfg.max_restarts == 0)
             return bad("unexpected frame from a joined node");
-        if (net.state[n] == N_JOINED || net.state[n] == N_ENDED)
+        if (net.state[n] == N_DONE) /* its ranks ended well; another node's failed after */
+            net.done--;
+        if (net.state[n] == N_JOINED || net.state[n] == N_ENDED || net.state[n] == N_DONE)
             net.state[n] = m->v[1] ? N_READY : N_ENDED;
         net.no_restart = net.no_restart || !m->v[1];
         return true;
@@ -380,6 +390,7 @@ static void report_missing(void)
     struct msg m = {.type = F_ABORT, .v = {1}};
     snprintf(m.s, sizeof m.s, "gw-run: node(s) %s did not join within %g s (launcher port %s)",
              list, net.cfg.join_timeout_s, net.where);
+    net.no_restart = true;
     apply(&m, -1);
 }
 
@@ -440,7 +451,7 @@ static void up_connected(void)
     c->connecting = false;
     gw__run_tune_socket(c->fd);
     struct msg h = {.type = F_HELLO,
-                    .v = {HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
+                    .v = {GW_RUN_HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
                           (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts},
                     .tok = (const unsigned char *)net.cfg.token,
                     .toklen = strlen(net.cfg.token)};
@@ -510,6 +521,7 @@ static bool frame_up(struct conn *c, const struct msg *m)
     }
     if (m->type == F_WELCOME) {
         net.welcomed = true;
+        net.linger_ms = 0; /* it lingered to be heard: it is now */
         net.pending.outlen = 0;
         snprintf(net.host0, sizeof net.host0, "%.255s", m->s);
         if (net.verbose)
@@ -810,10 +822,13 @@ static bool await_verdict(int64_t now)
         net.ready_sent = true;
         net.verdict_deadline_ms = now + 2 * verdict_wait_ms();
     }
-    if (net.verdict_known)
+    if (net.verdict_known) {
+        net.verdict_deadline_ms = 0;
         return true;
+    }
     if (now < net.verdict_deadline_ms)
         return false;
+    net.verdict_deadline_ms = 0;
     gw__run_say("gw-run: node %d: no word from node 0 at %s on restarting the job; ending this node\n",
                 net.cfg.node, net.where);
     net.verdict_known = true;
@@ -916,8 +931,27 @@ void gw__run_net_reset(void)
     }
 }
 
+/* What is still queued (a STOP for a signal between attempts) leaves before
+ * the connections close, within FLUSH_MS. */
+static void flush_all(void)
+{
+    const int64_t until = gw__run_now_ms() + FLUSH_MS;
+    for (int i = 0; i < net.nconns; i++) {
+        struct conn *c = net.conns[i];
+        while (c->fd >= 0 && !c->connecting && c->outlen && gw__run_conn_flush(c) && c->outlen) {
+            int64_t left = until - gw__run_now_ms();
+            if (left <= 0)
+                break;
+            struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+            poll(&pf, 1, (int)left);
+        }
+    }
+}
+
 void gw__run_net_close(void)
 {
+    if (net.on)
+        flush_all();
     for (int i = 0; i < net.nconns; i++)
         gw__run_conn_close(net.conns[i]);
     if (net.lfd >= 0)

@@ -475,10 +475,14 @@ static bool restart_wanted(long attempt, long max_restarts)
 {
     if (!gw__run.have_failure || max_restarts == 0)
         return false;
-    bool child_event = false;
-    gw__run_drain_signals(&child_event); /* a signal since the loop ended */
     if (gw__run.got_signal)
         return false;
+    bool child_event = false;
+    gw__run_drain_signals(&child_event); /* a signal since the loop ended: gw-run exits as after it */
+    if (gw__run.got_signal) {
+        gw__run.have_failure = false;
+        return false;
+    }
     if (gw__run.alive > 0 || gw__run_waiting_for_strays()) {
         gw__run_say("gw-run: not restarting the job: processes of the failed attempt are still "
                     "there\n");
@@ -504,7 +508,9 @@ static bool node_restarts(long attempt)
     if (gw__run_net_restart() != attempt + 1)
         return false;
     bool child_event = false;
-    gw__run_drain_signals(&child_event);
+    gw__run_drain_signals(&child_event); /* passes a STOP to node 0 too (sent at exit) */
+    if (gw__run.got_signal)
+        gw__run.have_failure = false;
     return !gw__run.got_signal;
 }
 
@@ -521,6 +527,8 @@ static bool signal_held(void)
             gw__run_say("gw-run: %s arrived as the job was to start again: not restarting it\n",
                         gw__run_signal_name(sigs[i]));
             gw__run.got_signal = sigs[i];
+            gw__run.have_failure = false; /* gw-run exits as after that signal */
+            gw__run_net_signal(sigs[i]);  /* the other nodes, restarting, stop too */
             return true;
         }
     return false;

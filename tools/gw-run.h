@@ -60,6 +60,9 @@ enum {
     GW_RUN_MAX_FRAME = 4096, /* body bytes; a larger length prefix is garbage */
     GW_RUN_MAX_STR = 1024,   /* bytes in one string field */
 };
+/* The hello's first field: "GWL" and the protocol's version ('2': with
+ * --max-restarts).  Another version is refused by name. */
+#define GW_RUN_HELLO_MAGIC 0x47574c32u
 enum { F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART };
 /* What reading a connection came to. */
 enum { R_OPEN, R_GONE, R_BAD, R_CLOSED };
