@@ -178,6 +178,26 @@ void gwrun_free(struct run *r)
 }
 
 /* Whether text holds exactly this line (without its newline). */
+/* Whether a running gw-run's stderr file holds needle within timeout_s. */
+bool gwrun_stderr_has(const struct run *r, const char *needle, double timeout_s)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char buf[16384];
+    while (gwrun_seconds_since(&t0) < timeout_s) {
+        FILE *f = fopen(r->err_path, "rb");
+        if (f) {
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            if (strstr(buf, needle))
+                return true;
+        }
+        gwrun_sleep(0.02);
+    }
+    return false;
+}
+
 bool gwrun_has_line(const char *text, const char *line)
 {
     size_t n = strlen(line);

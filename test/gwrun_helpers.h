@@ -53,6 +53,8 @@ void gwrun_wait(struct run *r, double timeout_s);
 void gwrun_run(struct run *r, const char *const *env, const char *const *args);
 void gwrun_free(struct run *r);
 
+/* Whether a running gw-run's stderr file holds needle within timeout_s. */
+bool gwrun_stderr_has(const struct run *r, const char *needle, double timeout_s);
 /* Whether text holds exactly this line (without its newline). */
 bool gwrun_has_line(const char *text, const char *line);
 int gwrun_count_lines(const char *text);

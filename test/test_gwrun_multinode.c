@@ -72,25 +72,6 @@ static void nodes_free(struct run *r, int n)
         gwrun_free(&r[i]);
 }
 
-/* Whether a running gw-run's stderr file holds needle within timeout_s. */
-static bool wait_for_stderr(const struct run *r, const char *needle, double timeout_s)
-{
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    char buf[16384];
-    while (gwrun_seconds_since(&t0) < timeout_s) {
-        FILE *f = fopen(r->err_path, "rb");
-        if (f) {
-            size_t n = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[n] = '\0';
-            if (strstr(buf, needle))
-                return true;
-        }
-        gwrun_sleep(0.02);
-    }
-    return false;
-}
 
 static const char *hostname(void)
 {
@@ -230,8 +211,8 @@ START_TEST(test_multinode_late_node_told)
     struct run r[2];
     node_start(&r[0], env, port, 2, 0, "1", "if [ \"$GW_RANK\" = 0 ]; then exit 4; fi; exec sleep 30");
     /* Node 0's rank has failed (and been reported) before node 1 starts. */
-    bool failed = wait_for_stderr(&r[0], "exited with code 4", 10.0) &&
-                  wait_for_stderr(&r[0], "waiting up to", 10.0);
+    bool failed = gwrun_stderr_has(&r[0], "exited with code 4", 10.0) &&
+                  gwrun_stderr_has(&r[0], "waiting up to", 10.0);
     gwrun_sleep(0.5);
     node_start(&r[1], env, port, 2, 1, "1", "exec sleep 30");
     nodes_wait(r, 2);
@@ -257,7 +238,7 @@ START_TEST(test_multinode_late_node_told)
     nodes_free(r, 1);
     const char *env3[] = {"GW_JOB_TOKEN=mn-late3", "GW_RUN_JOIN_TIMEOUT=60", NULL};
     node_start(&r[0], env3, gwrun_free_port_pair(), 2, 0, "1", "exit 4");
-    bool waiting = wait_for_stderr(&r[0], "waiting up to", 10.0);
+    bool waiting = gwrun_stderr_has(&r[0], "waiting up to", 10.0);
     kill(r[0].pid, SIGINT);
     nodes_wait(r, 1);
     ck_assert_msg(waiting, "node 0 did not wait for node 1; stderr:\n%s", r[0].err);
@@ -429,8 +410,8 @@ static bool start_joined_pair(struct run *r, char *dir, char *dir_env, size_t di
     int port = gwrun_free_port_pair();
     node_start(&r[0], env, port, 2, 0, "1", script);
     node_start(&r[1], env, port, 2, 1, "1", script);
-    return wait_for_stderr(&r[0], "node 1 (host", 10.0) &&
-           wait_for_stderr(&r[1], "node 1 joined node 0", 10.0);
+    return gwrun_stderr_has(&r[0], "node 1 (host", 10.0) &&
+           gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0);
 }
 
 START_TEST(test_multinode_lost_node)

@@ -31,22 +31,6 @@
     "while [ $(ls \"$GWT_DIR\" | grep -c \"^$GW_RESTART_COUNT\\.\") -lt " n " ] && [ $k -lt 400 ]; do " \
     "sleep 0.05; k=$((k+1)); done; "
 
-/* Whether a running gw-run's stderr file holds needle within timeout_s. */
-static bool stderr_has(const struct run *r, const char *needle, double timeout_s)
-{
-    for (double t = 0; t < timeout_s; t += 0.02) {
-        char buf[16384];
-        FILE *f = fopen(r->err_path, "rb");
-        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        if (f)
-            fclose(f);
-        buf[n] = '\0';
-        if (strstr(buf, needle))
-            return true;
-        gwrun_sleep(0.02);
-    }
-    return false;
-}
 
 /* A fresh $GWT_DIR in env_dir ("GWT_DIR=..."); gwt_dir_remove removes it. */
 static void gwt_dir(char *env_dir, size_t cap)
@@ -149,7 +133,7 @@ START_TEST(test_no_restart_signal_between)
     const char *args[] = {"-n", "2", "--max-restarts", "3", "sh", "-c",
                           "echo \"attempt $GW_RESTART_COUNT\"; exit 3", NULL};
     gwrun_start(&r, (const char *const[]){"GW_RUN_TEST_RESTART_DELAY_MS=3000", NULL}, args);
-    ck_assert(stderr_has(&r, "exited with code 3", 20)); /* the attempt ended: the window is open */
+    ck_assert(gwrun_stderr_has(&r, "exited with code 3", 20)); /* the attempt ended: the window is open */
     gwrun_sleep(0.5);
     kill(r.pid, SIGINT);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
@@ -360,7 +344,7 @@ START_TEST(test_nodes_signal_between)
     struct run r[2];
     node_start(&r[0], env0, port, 2, 0, "2", script);
     node_start(&r[1], env1, port, 2, 1, "2", script);
-    ck_assert(stderr_has(&r[0], "restarting the job", 20)); /* node 1 now holds its window open */
+    ck_assert(gwrun_stderr_has(&r[0], "restarting the job", 20)); /* node 1 now holds its window open */
     gwrun_sleep(0.5);
     kill(r[1].pid, SIGINT);
     nodes_wait(r, 2);
