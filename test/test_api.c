@@ -28,6 +28,8 @@
 #include "comm.h" /* gw__fnv; the peers' pid namespaces and the ring's transport */
 #include "harness.h"
 
+void add_straggler_tests(TCase *tc); /* test_api_straggler.c */
+
 /* ---- bad arguments (one rank: no peers needed for the checks) ---- */
 START_TEST(test_bad_arguments) {
   gw_comm_t comm;
@@ -95,120 +97,6 @@ START_TEST(test_bad_arguments) {
 }
 END_TEST
 
-/* ---- a rank that never calls: the other times out naming it ---- */
-static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n, (void)arg;
-  if (rank == 1) {
-    sleep(4); /* never calls; stays alive so the peer must rely on its deadline */
-    return 0;
-  }
-  gw_comm_set_timeout(comm, 1.5);
-  double t0 = (double)time(NULL);
-  float x = 1;
-  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
-  EXPECT(r == GW_ERR_TIMEOUT, "returned %s", gw_strerror(r));
-  EXPECT((double)time(NULL) - t0 < 4, "took too long to time out");
-  EXPECT(has(gw_comm_last_error(comm), "rank 1") && has(gw_comm_last_error(comm), "allreduce"),
-         "message does not name the straggler and the operation: %s", gw_comm_last_error(comm));
-  return 0;
-}
-
-START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_straggler, NULL, 60), 0); }
-END_TEST
-
-/* ---- 4 ranks, one never calls: EVERY other rank names it ----
- * Allreduce (ring): only rank 3 waits on rank 2 directly; ranks 0 and 1 wait
- * on neighbours that started the operation and are stuck themselves.  Their
- * deadlines expire at the same moment as rank 3's, so they must wait a little
- * longer for rank 3's notice rather than blame their innocent neighbour.
- * Broadcast from rank 0 (ring), rank 1 the straggler: ranks 2 and 3 both see
- * nothing from their predecessor, which only rank 2's is to blame for.  Tree
- * allreduce, rank 2 the straggler: a parent waits on an interior child, and a
- * child on its parent, which are inside the operation waiting themselves;
- * with 1000 floats rank 2 is a leaf of tree 1, whose parent names it at once;
- * with 1 float only tree 0 runs (0 -> 2 -> {1, 3}), where rank 2 is interior.
- * At 8 ranks (tree 0: 0 -> 4 -> {2, 6}, 2 -> {1, 3}, 6 -> {5, 7}) rank 2
- * interior and deep: only rank 4 waits on it from above; ranks 0, 6, 5 and 7
- * wait on ranks that wait themselves.  A wait on a deeper child holds off
- * less, so rank 4 reports first and its notice reaches the others first. */
-enum straggle { STRAGGLE_ALLREDUCE, STRAGGLE_BROADCAST, STRAGGLE_TREE, STRAGGLE_TREE0, STRAGGLE_EXCHANGE };
-
-struct straggler_case {
-  enum straggle how;
-  int late; /* the rank that never calls */
-};
-
-static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n;
-  const struct straggler_case *sc = arg;
-  const enum straggle how = sc->how;
-  const int late = sc->late;
-  if (rank == late) {
-    sleep(9);
-    return 0;
-  }
-  gw_comm_set_timeout(comm, 1.2);
-  double t0 = test_now();
-  float x[1000] = {1};
-  gw_result_t r = how == STRAGGLE_BROADCAST ? gw_broadcast(x, x, 1000, GW_FLOAT32, 0, comm, NULL)
-                  : how == STRAGGLE_TREE    ? gw_allreduce(x, x, 1000, GW_FLOAT32, GW_SUM, comm, NULL)
-                                            : gw_allreduce(x, x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
-  /* A straggler no one waits on directly from a leaf's side is named by the
-   * rank waiting on it, which cannot tell whether it started. */
-  /* (Recursive doubling, which 1 float at 4 ranks takes: rank 0 waits on rank
-   * 2 directly in the second step, and reports it in those words when its
-   * grace ends before rank 3's notice comes round.) */
-  const bool hedged = how == STRAGGLE_BROADCAST || how == STRAGGLE_TREE0 || how == STRAGGLE_EXCHANGE ||
-                      how == STRAGGLE_ALLREDUCE || (how == STRAGGLE_TREE && late == 0);
-  double took = test_now() - t0;
-  EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
-  EXPECT(took < 6, "took %.1f s to report", took);
-  char want[64];
-  snprintf(want, sizeof want, hedged ? "from rank %d, which has not" : "from rank %d, which has not started", late);
-  EXPECT(has(gw_comm_last_error(comm), want), "message does not name the straggler rank %d: %s", late,
-         gw_comm_last_error(comm));
-  /* The reporter waited past its deadline for part of the grace, and says
-   * how long in all (it said the timeout alone). */
-  const char *w = strstr(gw_comm_last_error(comm), "waited ");
-  EXPECT(!hedged || !has(gw_comm_last_error(comm), "has not sent it") || (w && atof(w + 7) > 1.3),
-         "the wait it reports: %s", gw_comm_last_error(comm));
-  return 0;
-}
-
-static void straggler_at(const char *transport, enum straggle how, int nranks, int late) {
-  setenv("GW_TRANSPORT", transport, 1);
-  if (how == STRAGGLE_TREE || how == STRAGGLE_TREE0) setenv("GW_ALGO", "tree", 1);
-  if (how == STRAGGLE_EXCHANGE) setenv("GW_ALGO", "exchange", 1);
-  struct straggler_case sc = {how, late};
-  ck_assert_int_eq(run_ranks(nranks, body_straggler4, &sc, 60), 0);
-  unsetenv("GW_TRANSPORT");
-  unsetenv("GW_ALGO");
-}
-
-static void straggler_n(const char *transport, enum straggle how, int nranks) {
-  straggler_at(transport, how, nranks, how == STRAGGLE_BROADCAST ? 1 : 2);
-}
-
-START_TEST(test_timeout_every_rank_names_straggler_shm) {
-  straggler_n("shm", STRAGGLE_ALLREDUCE, 4);
-  straggler_n("shm", STRAGGLE_TREE, 4);
-  straggler_n("shm", STRAGGLE_TREE0, 4);
-  straggler_n("shm", STRAGGLE_TREE0, 8);
-  straggler_at("shm", STRAGGLE_TREE0, 8, 0); /* the root: waited on from below only */
-  /* Odd rank counts: position 0 is interior in both trees. */
-  straggler_at("shm", STRAGGLE_TREE, 5, 0);
-  straggler_at("shm", STRAGGLE_TREE, 7, 0);
-  /* Recursive doubling at 5 ranks (position 4 folded into 0; steps 0-1, 2-3
-   * then 0-2, 1-3): a core rank, and the folded one. */
-  for (int late = 1; late <= 4; late += 3) straggler_at("shm", STRAGGLE_EXCHANGE, 5, late);
-}
-END_TEST
-START_TEST(test_timeout_every_rank_names_straggler_tcp) { straggler_n("tcp", STRAGGLE_ALLREDUCE, 4); }
-END_TEST
-/* Rank 0, the root, sends at once and then waits for the last rank's empty
- * chunk: it hears of the failure through rank 3, which hears of it from rank 2. */
-START_TEST(test_timeout_broadcast_names_straggler) { straggler_n("shm", STRAGGLE_BROADCAST, 4); }
-END_TEST
 
 static int count_segments(void);
 
@@ -933,10 +821,7 @@ int main(void) {
    * a test of its own (CK_RUN_CASE=waits) beside the others. */
   TCase *waits = tcase_create("waits");
   tcase_set_timeout(waits, 300);
-  tcase_add_test(waits, test_timeout_names_straggler);
-  tcase_add_test(waits, test_timeout_every_rank_names_straggler_shm);
-  tcase_add_test(waits, test_timeout_every_rank_names_straggler_tcp);
-  tcase_add_test(waits, test_timeout_broadcast_names_straggler);
+  add_straggler_tests(waits);
   tcase_add_test(waits, test_abort_unblocks);
   tcase_add_test(waits, test_abort_between_operations_told);
   suite_add_tcase(s, waits);

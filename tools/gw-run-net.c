@@ -37,56 +37,9 @@
 #include <sys/types.h>
 
 #include "gw-run.h"
+#include "gw-run-net.h"
 
-enum {
-    MAX_PENDING = 64, /* accepted connections that have not said hello */
-    HELLO_TIMEOUT_MS = 5000,
-    CONNECT_ATTEMPT_MS = 3000, /* one connect() to a host that does not answer */
-    RETRY_MIN_MS = 50,
-    RETRY_MAX_MS = 1000,
-    LINGER_MS = 5000, /* a node that failed, still trying to tell node 0 */
-    FLUSH_MS = 2000,  /* sending the last frames before exiting */
-};
-
-/* What node 0 knows of each other node. ENDED: it failed, stopped or left.
- * READY: its ranks of a failed attempt are gone and it can start again. */
-enum { N_ABSENT, N_JOINED, N_DONE, N_ENDED, N_READY };
-
-static struct {
-    bool on, verbose;
-    struct net_config cfg;
-    char where[320];  /* HOST:LPORT, for messages */
-    char myhost[256]; /* this machine's hostname */
-    int64_t join_deadline_ms, flush_ms, linger_ms;
-    struct conn **pmap;  /* the connection behind each polled descriptor; NULL: listener */
-    struct conn **conns; /* [nconns]: node 0's pending and joined ones, or up */
-    int nconns;
-    /* node 0 */
-    int lfd;
-    int npending, joined, done;
-    unsigned char *state; /* [nnodes] N_* */
-    char **hosts;         /* [nnodes] each node's hostname from its hello */
-    struct frame end;     /* how the job ended, for nodes that join after that */
-    bool have_end, join_reported;
-    /* The job ended before every node joined: node 0 stays (until the join
-     * deadline, or another signal) to tell the late ones, which would
-     * otherwise retry until their own deadline with their ranks running. */
-    bool waiting_late, stop_waiting;
-    /* the other nodes */
-    struct conn *up;
-    struct addrinfo *ai, *ai_next;
-    struct conn pending; /* only .out: frames sent again after a reconnect */
-    char host0[256];
-    bool welcomed, given_up, final_sent;
-    int64_t retry_at_ms;
-    int retry_ms;
-    /* --max-restarts: node 0 waits for every node's READY, then sends its
-     * verdict (RESTART); the others send READY and wait for it.  no_restart:
-     * something happened that a restart cannot mend (a signal, a lost node). */
-    bool no_restart, ready_sent, verdict_known;
-    long restart_to;           /* the attempt to start next; 0: none */
-    int64_t verdict_deadline_ms; /* node 0: READYs due; the others: the verdict due */
-} net = {.lfd = -1};
+struct run_net gw__run_net = {.lfd = -1};
 
 static const char *why; /* what a frame handler found wrong */
 
@@ -712,7 +665,7 @@ void gw__run_net_tick(void)
 /* Tells the other nodes about this one (m->s: this host unless the caller
  * set a message): node 0 tells them all, the others tell node 0, keeping the frame until node 0 welcomed them, so that a
  * reconnect sends it again. */
-static void report(struct msg *m)
+void gw__run_net_report(struct msg *m)
 {
     struct frame f;
     if (!m->s[0])
@@ -761,81 +714,6 @@ static bool late_to_tell(int64_t now)
     return true;
 }
 
-/* Whether this node's part of a failed attempt could start again: restarts
- * left, a failure (no signal), not a program that could not be started. */
-static bool local_can_restart(void)
-{
-    return gw__run.may_restart && gw__run.have_failure && !gw__run.got_signal && gw__run.exit_code != 127;
-}
-
-/* How long node 0 waits for every node's READY, and a node for the verdict:
- * their teardowns take up to the grace, SIGKILL and the give-up after it. */
-static int64_t verdict_wait_ms(void)
-{
-    return (int64_t)(1000.0 * (3 * gw__run.kill_grace_s + 30));
-}
-
-/* Node 0, its ranks gone after a failure, with --max-restarts: waits for every
- * other node's READY (false meanwhile), then tells them all whether the job
- * starts again (RESTART with the next attempt, or 0). */
-static bool decide_restart(int64_t now)
-{
-    const bool can = local_can_restart() && !net.no_restart;
-    int waiting = 0, first = 0;
-    for (int n = 1; n < net.cfg.nnodes; n++)
-        if (net.state[n] != N_READY && !waiting++)
-            first = n;
-    if (can && waiting) {
-        if (!net.verdict_deadline_ms)
-            net.verdict_deadline_ms = now + verdict_wait_ms();
-        if (now < net.verdict_deadline_ms)
-            return false;
-        gw__run_say("gw-run: not restarting the job: node %d%s did not say within %.0f s that its ranks ended\n",
-                    first, waiting > 1 ? " and others" : "", (double)verdict_wait_ms() / 1000.0);
-    } else if (!can && !gw__run.got_signal) {
-        if (!gw__run.may_restart)
-            gw__run_say("gw-run: the job failed again; no restarts left (%d used)\n", net.cfg.max_restarts);
-        else if (gw__run.exit_code == 127)
-            gw__run_say("gw-run: not restarting the job: exit code 127 (the program could not be started)\n");
-        else
-            gw__run_say("gw-run: not restarting the job: a node was stopped, lost or cannot start again\n");
-    }
-    net.verdict_known = true;
-    net.verdict_deadline_ms = 0;
-    net.restart_to = can && !waiting ? gw__run.attempt + 1 : 0;
-    struct msg m = {.type = F_RESTART, .v = {(uint32_t)net.restart_to}};
-    struct frame f;
-    gw__run_pack(&f, &m);
-    for (int i = 0; i < net.nconns; i++)
-        if (net.conns[i]->node > 0)
-            gw__run_conn_send(net.conns[i], &f);
-    return true;
-}
-
-/* Another node, its ranks gone after a failure, with --max-restarts: says so
- * (READY) and waits for node 0's verdict (false meanwhile). */
-static bool await_verdict(int64_t now)
-{
-    if (!net.ready_sent) {
-        struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, local_can_restart()}};
-        report(&m);
-        net.ready_sent = true;
-        net.verdict_deadline_ms = now + 2 * verdict_wait_ms();
-    }
-    if (net.verdict_known) {
-        net.verdict_deadline_ms = 0;
-        return true;
-    }
-    if (now < net.verdict_deadline_ms)
-        return false;
-    net.verdict_deadline_ms = 0;
-    gw__run_say("gw-run: node %d: no word from node 0 at %s on restarting the job; ending this node\n",
-                net.cfg.node, net.where);
-    net.verdict_known = true;
-    net.restart_to = 0;
-    return true;
-}
-
 /* Called once the local ranks are all gone: whether gw-run may exit now. */
 bool gw__run_net_finish(void)
 {
@@ -845,7 +723,8 @@ bool gw__run_net_finish(void)
     bool stopping = gw__run_stopping();
     /* A failed attempt with restarts allowed: the nodes agree on the next. */
     if (stopping && gw__run.have_failure && net.cfg.max_restarts > 0 && !net.verdict_known &&
-        (net.cfg.node == 0 ? !decide_restart(now) : net.welcomed && !net.given_up && !await_verdict(now)))
+        (net.cfg.node == 0 ? !gw__run_net_decide_restart(now)
+                            : net.welcomed && !net.given_up && !gw__run_net_await_verdict(now)))
         return false;
     if (net.cfg.node == 0) { /* success is every node's DONE; a failure was told */
         if (stopping && late_to_tell(now))
@@ -870,7 +749,7 @@ bool gw__run_net_finish(void)
     }
     struct msg m = {.type = F_DONE, .v = {(uint32_t)net.cfg.node}};
     if (!net.final_sent && !stopping)
-        report(&m);
+        gw__run_net_report(&m);
     net.final_sent = true;
     return flushed(now);
 }
@@ -881,7 +760,7 @@ void gw__run_net_rank_failed(int global, bool signaled, int value)
     struct msg m = {.type = F_FAIL,
                     .v = {(uint32_t)global, (uint32_t)net.cfg.node, signaled, (uint32_t)value}};
     if (net.on)
-        report(&m);
+        gw__run_net_report(&m);
 }
 
 /* This node's launcher failed on its own (it could not start every rank):
@@ -892,7 +771,7 @@ void gw__run_net_launch_failed(int code, const char *text)
     snprintf(m.s, sizeof m.s, "gw-run: node %d (host %.255s): %.700s", net.cfg.node, net.myhost,
              text);
     if (net.on)
-        report(&m);
+        gw__run_net_report(&m);
 }
 
 /* SIGINT, SIGTERM or SIGHUP reached this gw-run. */
@@ -902,33 +781,7 @@ void gw__run_net_signal(int sig)
     if (net.waiting_late)
         net.stop_waiting = true; /* a signal while node 0 waits for late nodes: leave now */
     if (net.on)
-        report(&m);
-}
-
-long gw__run_net_restart(void)
-{
-    return net.on && !net.given_up ? net.restart_to : 0;
-}
-
-void gw__run_net_reset(void)
-{
-    if (!net.on)
-        return;
-    net.done = 0;
-    net.have_end = false;
-    net.flush_ms = net.linger_ms = net.verdict_deadline_ms = 0;
-    net.final_sent = net.ready_sent = net.verdict_known = net.no_restart = false;
-    net.restart_to = 0;
-    /* Node 0: every node whose connection is still there takes part again; a
-     * node that left after the verdict leaves this attempt unable to run
-     * (its ranks' rendezvous fails), and no restart after it. */
-    for (int n = 1; n < net.cfg.nnodes && net.state; n++) {
-        bool connected = false;
-        for (int i = 0; i < net.nconns; i++)
-            connected = connected || (net.conns[i]->node == n && net.conns[i]->fd >= 0);
-        net.state[n] = connected ? N_JOINED : N_ENDED;
-        net.no_restart = net.no_restart || !connected;
-    }
+        gw__run_net_report(&m);
 }
 
 /* What is still queued (a STOP for a signal between attempts) leaves before

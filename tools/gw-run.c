@@ -27,7 +27,8 @@
  * This file parses the arguments, sets up the environment, spawns the ranks
  * and runs the main loop; gw-run-io.c forwards the ranks' output,
  * gw-run-teardown.c handles signals, failures, teardown and reaping, and
- * gw-run-net.c is the control channel between the nodes.
+ * gw-run-net.c is the control channel between the nodes, and gw-run-restart.c
+ * how they agree on a restart over it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -501,7 +502,7 @@ static bool restart_wanted(long attempt, long max_restarts)
 }
 
 /* A multi-node job: whether node 0 started the next attempt everywhere (it
- * decided once every node's ranks were gone: gw-run-net.c), and this node
+ * decided once every node's ranks were gone: gw-run-restart.c), and this node
  * takes part (a signal here since ends it, and the others see it leave). */
 static bool node_restarts(long attempt)
 {

@@ -1,0 +1,75 @@
+/*
+ * gw-run-net.h: the launcher control channel's state, shared by gw-run-net.c
+ * (joining, frames, failures and signals between the nodes) and
+ * gw-run-restart.c (agreeing on a restart).  Nothing else includes it.
+ */
+#ifndef GW_RUN_NET_H
+#define GW_RUN_NET_H
+
+#include <netdb.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gw-run.h"
+
+enum {
+    MAX_PENDING = 64, /* accepted connections that have not said hello */
+    HELLO_TIMEOUT_MS = 5000,
+    CONNECT_ATTEMPT_MS = 3000, /* one connect() to a host that does not answer */
+    RETRY_MIN_MS = 50,
+    RETRY_MAX_MS = 1000,
+    LINGER_MS = 5000, /* a node that failed, still trying to tell node 0 */
+    FLUSH_MS = 2000,  /* sending the last frames before exiting */
+};
+
+/* What node 0 knows of each other node. ENDED: it failed, stopped or left.
+ * READY: its ranks of a failed attempt are gone and it can start again. */
+enum { N_ABSENT, N_JOINED, N_DONE, N_ENDED, N_READY };
+
+struct run_net {
+    bool on, verbose;
+    struct net_config cfg;
+    char where[320];  /* HOST:LPORT, for messages */
+    char myhost[256]; /* this machine's hostname */
+    int64_t join_deadline_ms, flush_ms, linger_ms;
+    struct conn **pmap;  /* the connection behind each polled descriptor; NULL: listener */
+    struct conn **conns; /* [nconns]: node 0's pending and joined ones, or up */
+    int nconns;
+    /* node 0 */
+    int lfd;
+    int npending, joined, done;
+    unsigned char *state; /* [nnodes] N_* */
+    char **hosts;         /* [nnodes] each node's hostname from its hello */
+    struct frame end;     /* how the job ended, for nodes that join after that */
+    bool have_end, join_reported;
+    /* The job ended before every node joined: node 0 stays (until the join
+     * deadline, or another signal) to tell the late ones, which would
+     * otherwise retry until their own deadline with their ranks running. */
+    bool waiting_late, stop_waiting;
+    /* the other nodes */
+    struct conn *up;
+    struct addrinfo *ai, *ai_next;
+    struct conn pending; /* only .out: frames sent again after a reconnect */
+    char host0[256];
+    bool welcomed, given_up, final_sent;
+    int64_t retry_at_ms;
+    int retry_ms;
+    /* --max-restarts: node 0 waits for every node's READY, then sends its
+     * verdict (RESTART); the others send READY and wait for it.  no_restart:
+     * something happened that a restart cannot mend (a signal, a lost node). */
+    bool no_restart, ready_sent, verdict_known;
+    long restart_to;           /* the attempt to start next; 0: none */
+    int64_t verdict_deadline_ms; /* node 0: READYs due; the others: the verdict due */
+};
+
+/* The one instance (gw-run-net.c), called `net` in both files. */
+extern struct run_net gw__run_net;
+#define net gw__run_net
+
+/* Sends m to the other nodes (node 0: all of them; the others: node 0). */
+void gw__run_net_report(struct msg *m);
+/* gw-run-restart.c, for gw__run_net_finish: false while still waiting. */
+bool gw__run_net_decide_restart(int64_t now);
+bool gw__run_net_await_verdict(int64_t now);
+
+#endif

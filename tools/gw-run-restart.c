@@ -1,0 +1,121 @@
+/*
+ * gw-run-restart.c: how the nodes of a multi-node job agree on a restart
+ * (--max-restarts), on the launcher control channel of gw-run-net.c.
+ *
+ * What it is: after a failed attempt, each other node, its ranks gone, says
+ * READY (whether it can start again) and waits for node 0's verdict; node 0,
+ * its own ranks gone, waits for every READY and sends them all RESTART with
+ * the next attempt's number, or 0 (a signal anywhere, a lost node, a node
+ * that cannot, none left).  gw-run.c's loop then starts the attempt.
+ *
+ * What it is not: the channel itself (joining, frames, failures, signals:
+ * gw-run-net.c) nor the single-node restart (gw-run.c alone).
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gw-run.h"
+#include "gw-run-net.h"
+
+/* Whether this node's part of a failed attempt could start again: restarts
+ * left, a failure (no signal), not a program that could not be started. */
+static bool local_can_restart(void)
+{
+    return gw__run.may_restart && gw__run.have_failure && !gw__run.got_signal && gw__run.exit_code != 127;
+}
+
+/* How long node 0 waits for every node's READY, and a node for the verdict:
+ * their teardowns take up to the grace, SIGKILL and the give-up after it. */
+static int64_t verdict_wait_ms(void)
+{
+    return (int64_t)(1000.0 * (3 * gw__run.kill_grace_s + 30));
+}
+
+/* Node 0, its ranks gone after a failure, with --max-restarts: waits for every
+ * other node's READY (false meanwhile), then tells them all whether the job
+ * starts again (RESTART with the next attempt, or 0). */
+bool gw__run_net_decide_restart(int64_t now)
+{
+    const bool can = local_can_restart() && !net.no_restart;
+    int waiting = 0, first = 0;
+    for (int n = 1; n < net.cfg.nnodes; n++)
+        if (net.state[n] != N_READY && !waiting++)
+            first = n;
+    if (can && waiting) {
+        if (!net.verdict_deadline_ms)
+            net.verdict_deadline_ms = now + verdict_wait_ms();
+        if (now < net.verdict_deadline_ms)
+            return false;
+        gw__run_say("gw-run: not restarting the job: node %d%s did not say within %.0f s that its ranks ended\n",
+                    first, waiting > 1 ? " and others" : "", (double)verdict_wait_ms() / 1000.0);
+    } else if (!can && !gw__run.got_signal) {
+        if (!gw__run.may_restart)
+            gw__run_say("gw-run: the job failed again; no restarts left (%d used)\n", net.cfg.max_restarts);
+        else if (gw__run.exit_code == 127)
+            gw__run_say("gw-run: not restarting the job: exit code 127 (the program could not be started)\n");
+        else
+            gw__run_say("gw-run: not restarting the job: a node was stopped, lost or cannot start again\n");
+    }
+    net.verdict_known = true;
+    net.verdict_deadline_ms = 0;
+    net.restart_to = can && !waiting ? gw__run.attempt + 1 : 0;
+    struct msg m = {.type = F_RESTART, .v = {(uint32_t)net.restart_to}};
+    struct frame f;
+    gw__run_pack(&f, &m);
+    for (int i = 0; i < net.nconns; i++)
+        if (net.conns[i]->node > 0)
+            gw__run_conn_send(net.conns[i], &f);
+    return true;
+}
+
+/* Another node, its ranks gone after a failure, with --max-restarts: says so
+ * (READY) and waits for node 0's verdict (false meanwhile). */
+bool gw__run_net_await_verdict(int64_t now)
+{
+    if (!net.ready_sent) {
+        struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, local_can_restart()}};
+        gw__run_net_report(&m);
+        net.ready_sent = true;
+        net.verdict_deadline_ms = now + 2 * verdict_wait_ms();
+    }
+    if (net.verdict_known) {
+        net.verdict_deadline_ms = 0;
+        return true;
+    }
+    if (now < net.verdict_deadline_ms)
+        return false;
+    net.verdict_deadline_ms = 0;
+    gw__run_say("gw-run: node %d: no word from node 0 at %s on restarting the job; ending this node\n",
+                net.cfg.node, net.where);
+    net.verdict_known = true;
+    net.restart_to = 0;
+    return true;
+}
+
+long gw__run_net_restart(void)
+{
+    return net.on && !net.given_up ? net.restart_to : 0;
+}
+
+void gw__run_net_reset(void)
+{
+    if (!net.on)
+        return;
+    net.done = 0;
+    net.have_end = false;
+    net.flush_ms = net.linger_ms = net.verdict_deadline_ms = 0;
+    net.final_sent = net.ready_sent = net.verdict_known = net.no_restart = false;
+    net.restart_to = 0;
+    /* Node 0: every node whose connection is still there takes part again; a
+     * node that left after the verdict leaves this attempt unable to run
+     * (its ranks' rendezvous fails), and no restart after it. */
+    for (int n = 1; n < net.cfg.nnodes && net.state; n++) {
+        bool connected = false;
+        for (int i = 0; i < net.nconns; i++)
+            connected = connected || (net.conns[i]->node == n && net.conns[i]->fd >= 0);
+        net.state[n] = connected ? N_JOINED : N_ENDED;
+        net.no_restart = net.no_restart || !connected;
+    }
+}
+
