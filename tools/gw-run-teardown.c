@@ -434,6 +434,16 @@ void gw__run_teardown_reset(void)
     spawn_raced = false;
 }
 
+/* FNV-1a 64 of a string: the library's job hash (comm/core.h's gw__fnv, which
+ * gw-run, linking nothing of the library, does not include). */
+uint64_t gw__run_fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return h;
+}
+
 /* Removes the shared-memory segments (/dev/shm/gw-HASH-PEER-SELF-PID-...) that
  * ranks of this job left behind: the library unlinks each one once both of its
  * ends have opened it (and its liveness files, gw-HASH-RANK-RANK-PID-live-...,
@@ -443,9 +453,7 @@ void gw__run_teardown_reset(void)
  * library makes them) created by one of the ranks gw-run started (PID). */
 void gw__run_remove_leftover_shm(const char *token)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)token; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ull;
+    const uint64_t h = gw__run_fnv1a(token);
     char prefix[16];
     snprintf(prefix, sizeof prefix, "gw-%08llx-", (unsigned long long)(h & 0xffffffffu));
     DIR *d = opendir("/dev/shm");

@@ -543,11 +543,8 @@ static void attempt_token(const char *token, long k, char *out, size_t cap)
 {
     if (snprintf(out, cap, "%s.restart%ld", token, k) <= TOKEN_MAX)
         return;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)token; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ull;
     char tail[64];
-    int t = snprintf(tail, sizeof tail, ".%016llx.restart%ld", (unsigned long long)h, k);
+    int t = snprintf(tail, sizeof tail, ".%016llx.restart%ld", (unsigned long long)gw__run_fnv1a(token), k);
     snprintf(out, cap, "%.*s%s", TOKEN_MAX - t, token, tail);
 }
 

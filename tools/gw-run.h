@@ -169,6 +169,8 @@ bool gw__run_stopping(void);
 void gw__run_scan_strays(void);
 bool gw__run_waiting_for_strays(void);
 void gw__run_remove_leftover_shm(const char *token);
+/* FNV-1a 64 of a string, as the library hashes the job token. */
+uint64_t gw__run_fnv1a(const char *s);
 /* Between two attempts of a job (--max-restarts): the teardown's state of
  * the one that ended is forgotten. */
 void gw__run_teardown_reset(void);

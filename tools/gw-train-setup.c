@@ -8,6 +8,7 @@
 
 #include <sched.h>
 
+#include "core.h" /* gw__fnv */
 #include "gw-train-job.h"
 
 /* Prints the message once (rank-prefixed when there are several) and returns -1. */
@@ -208,9 +209,7 @@ static uint64_t machine_id(void) {
     if (!fgets(id + n, (int)(sizeof id - n), f)) id[n] = 0;
     fclose(f);
   }
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (const char *p = id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  return h;
+  return gw__fnv(GW_FNV_START, id, strlen(id));
 }
 
 /* The default compute threads: the cores this process may run on (its
