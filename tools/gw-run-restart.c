@@ -18,13 +18,6 @@
 #include "gw-run.h"
 #include "gw-run-net.h"
 
-/* Whether this node's part of a failed attempt could start again: restarts
- * left, a failure (no signal), not a program that could not be started. */
-static bool local_can_restart(void)
-{
-    return gw__run.may_restart && gw__run.have_failure && !gw__run.got_signal && gw__run.exit_code != 127;
-}
-
 /* How long node 0 waits for every node's READY, and a node for the verdict:
  * their teardowns take up to the grace, SIGKILL and the give-up after it. */
 static int64_t verdict_wait_ms(void)
@@ -37,7 +30,8 @@ static int64_t verdict_wait_ms(void)
  * starts again (RESTART with the next attempt, or 0). */
 bool gw__run_net_decide_restart(int64_t now)
 {
-    const bool can = local_can_restart() && !net.no_restart;
+    const char *why = gw__run_restart_refusal();
+    const bool can = !why && !net.no_restart;
     int waiting = 0, first = 0;
     for (int n = 1; n < net.cfg.nnodes; n++)
         if (net.state[n] != N_READY && !waiting++)
@@ -49,13 +43,10 @@ bool gw__run_net_decide_restart(int64_t now)
             return false;
         gw__run_say("gw-run: not restarting the job: node %d%s did not say within %.0f s that its ranks ended\n",
                     first, waiting > 1 ? " and others" : "", (double)verdict_wait_ms() / 1000.0);
+    } else if (why && *why) {
+        gw__run_say_no_restart(why, net.cfg.max_restarts);
     } else if (!can && !gw__run.got_signal) {
-        if (!gw__run.may_restart)
-            gw__run_say("gw-run: the job failed again; no restarts left (%d used)\n", net.cfg.max_restarts);
-        else if (gw__run.exit_code == 127)
-            gw__run_say("gw-run: not restarting the job: exit code 127 (the program could not be started)\n");
-        else
-            gw__run_say("gw-run: not restarting the job: a node was stopped, lost or cannot start again\n");
+        gw__run_say("gw-run: not restarting the job: a node was stopped, lost or cannot start again\n");
     }
     net.verdict_known = true;
     net.verdict_deadline_ms = 0;
@@ -74,7 +65,7 @@ bool gw__run_net_decide_restart(int64_t now)
 bool gw__run_net_await_verdict(int64_t now)
 {
     if (!net.ready_sent) {
-        struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, local_can_restart()}};
+        struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, gw__run_restart_refusal() == NULL}};
         gw__run_net_report(&m);
         net.ready_sent = true;
         net.verdict_deadline_ms = now + 2 * verdict_wait_ms();

@@ -289,14 +289,22 @@ static void ensure_std_fds(void)
     }
 }
 
+/* The signals gw-run handles (INT, TERM, HUP, CHLD): held while forking and
+ * between two attempts. */
+static sigset_t handled_signals(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGCHLD);
+    return set;
+}
+
 static void spawn_all(int local_n, int node_rank, char **argv)
 {
-    sigset_t block;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    sigaddset(&block, SIGCHLD);
+    const sigset_t block = handled_signals();
     /* Blocked while forking, so a signal cannot run our handler in a child
      * before it has reset its dispositions; pending ones arrive afterwards. */
     sigprocmask(SIG_BLOCK, &block, NULL);
@@ -468,37 +476,50 @@ static void run_loop(void)
     free(owner_rank);
 }
 
-/* After an attempt of the job ended: whether to start it again.  Not after
- * success, a signal to gw-run (it came while the job ran, or comes now), a
- * process gw-run gave up on, a program that could not be started, nor once
- * the restarts are used up. */
-static bool restart_wanted(long attempt, long max_restarts)
+/* Why this node's part of the attempt that ended cannot start again, or NULL
+ * if it can: a failure, no signal to gw-run, no process gw-run gave up on, a
+ * program that could be started, restarts left.  "" where nothing needs
+ * saying (success, a signal).  Single-node and multi-node restarts both ask. */
+static const char no_restarts_left[] = "no restarts left";
+
+const char *gw__run_restart_refusal(void)
+{
+    if (!gw__run.have_failure || gw__run.got_signal)
+        return "";
+    if (gw__run.alive > 0 || gw__run_waiting_for_strays())
+        return "processes of the failed attempt are still there";
+    if (gw__run.exit_code == EXIT_NOT_FOUND)
+        return "exit code 127 (the program could not be started)";
+    if (!gw__run.may_restart)
+        return no_restarts_left;
+    return NULL;
+}
+
+void gw__run_say_no_restart(const char *why, long max_restarts)
+{
+    if (!why || !*why)
+        return;
+    if (why == no_restarts_left)
+        gw__run_say("gw-run: the job failed again; no restarts left (%ld used)\n", max_restarts);
+    else
+        gw__run_say("gw-run: not restarting the job: %s\n", why);
+}
+
+/* A single-node job after an attempt ended: whether to start it again (a
+ * signal since the loop ended counts: gw-run exits as after it). */
+static bool restart_wanted(long max_restarts)
 {
     if (!gw__run.have_failure || max_restarts == 0)
         return false;
-    if (gw__run.got_signal)
-        return false;
     bool child_event = false;
-    gw__run_drain_signals(&child_event); /* a signal since the loop ended: gw-run exits as after it */
-    if (gw__run.got_signal) {
-        gw__run.have_failure = false;
-        return false;
+    if (!gw__run.got_signal) {
+        gw__run_drain_signals(&child_event);
+        if (gw__run.got_signal)
+            gw__run.have_failure = false;
     }
-    if (gw__run.alive > 0 || gw__run_waiting_for_strays()) {
-        gw__run_say("gw-run: not restarting the job: processes of the failed attempt are still "
-                    "there\n");
-        return false;
-    }
-    if (gw__run.exit_code == EXIT_NOT_FOUND) {
-        gw__run_say("gw-run: not restarting the job: exit code %d (the program could not be "
-                    "started)\n", EXIT_NOT_FOUND);
-        return false;
-    }
-    if (attempt >= max_restarts) {
-        gw__run_say("gw-run: the job failed again; no restarts left (%ld used)\n", max_restarts);
-        return false;
-    }
-    return true;
+    const char *why = gw__run_restart_refusal();
+    gw__run_say_no_restart(why, max_restarts);
+    return !why;
 }
 
 /* A multi-node job: whether node 0 started the next attempt everywhere (it
@@ -779,14 +800,10 @@ int main(int argc, char **argv)
         /* Signals are held from the decision until spawn_all has forked the
          * next attempt (it unblocks them, passing on what came meanwhile): a
          * terminal's ^C in between would otherwise reach no rank. */
-        sigset_t block, old;
-        sigemptyset(&block);
-        sigaddset(&block, SIGINT);
-        sigaddset(&block, SIGTERM);
-        sigaddset(&block, SIGHUP);
-        sigaddset(&block, SIGCHLD);
+        const sigset_t block = handled_signals();
+        sigset_t old;
         sigprocmask(SIG_BLOCK, &block, &old);
-        bool again = nnodes > 1 ? node_restarts(attempt) : restart_wanted(attempt, max_restarts);
+        bool again = nnodes > 1 ? node_restarts(attempt) : restart_wanted(max_restarts);
         const char *hook = getenv("GW_RUN_TEST_RESTART_DELAY_MS"); /* test hook: a wide window */
         if (again && hook && *hook)
             usleep((useconds_t)atoi(hook) * 1000u);

@@ -54,6 +54,11 @@ struct job {
 
 extern struct job gw__run;
 
+/* gw-run.c: why this node's part of the attempt that ended cannot start
+ * again (NULL: it can; "": nothing to say), and saying it. */
+const char *gw__run_restart_refusal(void);
+void gw__run_say_no_restart(const char *why, long max_restarts);
+
 /* The launcher control channel's frames: gw-run-io.c encodes them and moves
  * them through non-blocking sockets, gw-run-net.c decides what they mean. */
 enum {
