@@ -64,7 +64,7 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
-  if (c->seen_seq != p->op->desc.seq + 1 && p->peer_may_wait)
+  if (c->seen_seq != p->op->desc.seq + 1 && p->grace_part > 0)
     return gw__err(p->err, GW_ERR_TIMEOUT,
                    "rank %d: operation %s waited %.1f s for data from rank %d, which has not sent it (it is stuck "
                    "before the operation, or in it waiting on another rank; raise GW_TIMEOUT if it is just slow)",
@@ -341,9 +341,8 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
   gw_result_t r = c->tp->recv_peek(c, &h, data);
   if (r == GW_INPROGRESS) {
     struct gw_waiter w;
-    bool extended = false;
+    double since = 0; /* the first waiter's start, once the grace below restarted it */
     gw__waiter_init(&w, p->comm->timeout_s);
-    const double t0 = gw__now(); /* the grace below restarts the waiter: the message says the whole wait */
     while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
       GW_CHECK(look_at_watched(p, &w));
@@ -352,9 +351,11 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
         return dead_peer_error(p, c->peer);
       if (wait_step(p, &w)) continue;
       if (p->comm->aborted) return aborted_error(p);
-      if (extended || (c->seen_seq != p->op->desc.seq + 1 && !p->peer_may_wait)) return recv_timeout_error(p, c, gw__now() - t0);
-      extended = true;
-      gw__waiter_init(&w, grace_s(p->comm) * (p->grace_part > 0 ? p->grace_part : 1));
+      /* the deadline passed, so w.start is set: the message says the whole wait */
+      if (since > 0 || (c->seen_seq != p->op->desc.seq + 1 && p->grace_part <= 0))
+        return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
+      since = w.start;
+      gw__waiter_init(&w, grace_s(p->comm) * p->grace_part);
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);

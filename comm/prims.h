@@ -41,15 +41,15 @@ struct prims {
   uint32_t sent;        /* chunks sent so far (the header's step, for diagnostics) */
   size_t chunk_bytes;   /* the most one chunk carries: a slot, or an LL chunk */
   bool stream_out;      /* write the user's output with non-temporal stores */
-  /* The peer of the next receive may be inside the operation yet not have sent
-   * on this connection, waiting on another rank first (recursive doubling's
-   * later steps): a timeout then waits the grace period for the notice of the
-   * rank that names the real straggler instead of blaming this peer. */
-  bool peer_may_wait;
-  /* The part of the grace period such a wait takes (0: all of it).  A ring
-   * broadcast staggers it by distance from the root, so that the first rank
-   * behind the straggler reports first and its notice reaches those behind
-   * it before their own, later, deadlines. */
+  /* Above 0: the peer of the next receive may be inside the operation yet not
+   * have sent on this connection, waiting on another rank first (recursive
+   * doubling's later steps): a timeout then waits this part (up to 1) of the
+   * grace period for the notice of the rank that names the real straggler
+   * instead of blaming this peer.  The algorithms stagger it (a ring
+   * broadcast by distance from the root, the tree by depth, recursive
+   * doubling by step), so that the rank that waits on the straggler reports
+   * first and its notice reaches the others before their own, later,
+   * deadlines.  0: the peer cannot be waiting on anyone: a silence blames it. */
   double grace_part;
   /* Device buffers on the device ring (devring.c): the payload moves between
    * device-memory twins of the slots, by copies and kernels on `stream`;

@@ -92,13 +92,13 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
   struct gw_conn *send = rd->send, *recv = rd->recv;
   if (me >= pow2) { /* an extra position: fold in, get the result back */
     GW_CHECK(send_chunk(p, &send[0], in, n));
-    p->peer_may_wait = true, p->grace_part = 1; /* its home waits on the whole pattern first */
+    p->grace_part = 1; /* its home waits on the whole pattern first */
     return recv_copy(p, &recv[0], out, n);
   }
   bool has_extra = rd->nlinks > rd->npartners;
   const void *cur = in;
   if (has_extra) { /* the extra's data joins first (this position is the lower); it sends at once */
-    p->peer_may_wait = false, p->grace_part = 0;
+    p->grace_part = 0;
     GW_CHECK(recv_combine(p, &recv[rd->npartners], in, out, n, true, rd->npartners == 0 ? div : 0));
     cur = out;
   }
@@ -109,8 +109,7 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
      * the straggler in the earliest step reports first and its notice reaches
      * the later steps' waiters before their own deadlines (one grace for all
      * had ranks blame partners that waited themselves). */
-    p->peer_may_wait = k > 0 || pow2 < p->comm->nranks;
-    p->grace_part = (double)(k + 1) / (rd->npartners + 2);
+    p->grace_part = k > 0 || pow2 < p->comm->nranks ? (double)(k + 1) / (rd->npartners + 2) : 0;
     GW_CHECK(send_chunk(p, &send[k], cur, n));
     GW_CHECK(recv_combine(p, &recv[k], cur, out, n, me < partner, k == rd->npartners - 1 ? div : 0));
     cur = out;

@@ -243,11 +243,10 @@ static gw_result_t ring_broadcast(struct prims *p) {
        * from the root, so that the first rank behind the straggler (whose
        * predecessor is it: every rank before it got its data) reports first
        * and its notice travels on before the others' deadlines. */
-      p->peer_may_wait = pos >= 2;
-      p->grace_part = (double)(pos - 1) / (n - 1);
+      p->grace_part = (double)(pos - 1) / (n - 1); /* 0 at the root's successor */
       gw_result_t got = pos == n - 1 ? prim_recv(p, at(out, off, es), len)
                                      : prim_recv_copy_send(p, at(out, off, es), len);
-      p->peer_may_wait = false, p->grace_part = 0;
+      p->grace_part = 0;
       GW_CHECK(got);
     }
     off += chunk;
@@ -259,9 +258,9 @@ static gw_result_t ring_broadcast(struct prims *p) {
    * abort notice of any rank that failed). */
   if (pos == n - 1) GW_CHECK(prim_send_ex(p, NULL, NULL, 0, false));
   if (pos == 0) { /* the last rank may itself wait on an earlier straggler: a grace before blaming it */
-    p->peer_may_wait = true;
+    p->grace_part = 1;
     gw_result_t acked = prim_recv(p, NULL, 0);
-    p->peer_may_wait = false;
+    p->grace_part = 0;
     GW_CHECK(acked);
   }
   return GW_SUCCESS;

@@ -212,9 +212,9 @@ static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, const
   void *targets[3];
   int nt = 0;
   for (int i = 0; i < nfrom; i++) {
-    p->peer_may_wait = grace[i] > 0, p->grace_part = grace[i];
+    p->grace_part = grace[i];
     gw_result_t r = gw__wait_recv(p, from[i], &data[i], bytes);
-    p->peer_may_wait = false, p->grace_part = 0;
+    p->grace_part = 0;
     GW_CHECK(r);
   }
   if (dst) targets[nt++] = dst;
