@@ -178,6 +178,38 @@ void gwrun_free(struct run *r)
 }
 
 /* Whether text holds exactly this line (without its newline). */
+void gwrun_node_start(struct run *r, const char *const *env, int port, int nnodes, int node, const char *nproc,
+                      const char *const *extra, const char *script)
+{
+    char nn[16], nr[16], master[64];
+    snprintf(nn, sizeof nn, "%d", nnodes);
+    snprintf(nr, sizeof nr, "%d", node);
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    const char *args[32] = {"-n", nproc, "--nnodes", nn, "--node-rank", nr, "--master", master};
+    int n = 8;
+    for (int i = 0; extra && extra[i]; i++) {
+        ck_assert_msg(n < 28, "too many extra gw-run options");
+        args[n++] = extra[i];
+    }
+    args[n++] = "sh", args[n++] = "-c", args[n++] = script, args[n] = NULL;
+    gwrun_start(r, env, args);
+}
+
+void gwrun_nodes_wait(struct run *r, int n, double timeout_s)
+{
+    for (int i = 0; i < n; i++)
+        gwrun_wait(&r[i], timeout_s);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(!r[i].timed_out, "node %d's gw-run did not finish within %.0f s; stderr:\n%s", i, timeout_s,
+                      r[i].err);
+}
+
+void gwrun_nodes_free(struct run *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        gwrun_free(&r[i]);
+}
+
 /* Whether a running gw-run's stderr file holds needle within timeout_s. */
 bool gwrun_stderr_has(const struct run *r, const char *needle, double timeout_s)
 {

@@ -1,16 +1,15 @@
 /*
  * gwrun_helpers: shared helpers for the gw-run Check suites (test_gwrun.c,
- * test_gwrun_multinode.c).
+ * test_gwrun_multinode.c, test_gwrun_restart.c).
  *
  * What it is: running the built gw-run binary (GW_RUN_BIN) with its stdout
  * and stderr captured in temporary files and a timeout guard, so that a
  * broken gw-run fails a test instead of hanging the suite; searching the
  * captured output by line; finding free loopback ports; reading the pid
- * files that test ranks write; and the common main() of both suites.
+ * files that test ranks write; and starting one gw-run per node of a job on this machine; and the
+ * suites' common main().
  *
- * What it is not: a test itself, nor anything specific to one suite (the
- * multi-node helpers that start one gw-run per node stay in
- * test_gwrun_multinode.c). The helpers fail the calling test through Check's
+ * What it is not: a test itself, nor anything specific to one suite. The helpers fail the calling test through Check's
  * assertions, so they may only be called from inside a test.
  */
 #ifndef GWRUN_HELPERS_H
@@ -52,6 +51,16 @@ void gwrun_wait(struct run *r, double timeout_s);
 /* gwrun_start, then gwrun_wait with GWRUN_TIMEOUT_S; fails the test on a timeout. */
 void gwrun_run(struct run *r, const char *const *env, const char *const *args);
 void gwrun_free(struct run *r);
+
+/* Starts node `node` of an nnodes-node job on this machine (master
+ * 127.0.0.1:port), nproc ranks of `sh -c script` each; extra: more gw-run
+ * options before the program (NULL-terminated; NULL: none). */
+void gwrun_node_start(struct run *r, const char *const *env, int port, int nnodes, int node, const char *nproc,
+                      const char *const *extra, const char *script);
+/* Waits for every run (each killed after timeout_s from its start) before any
+ * assertion, so that a failed check leaves no gw-run behind. */
+void gwrun_nodes_wait(struct run *r, int n, double timeout_s);
+void gwrun_nodes_free(struct run *r, int n);
 
 /* Whether a running gw-run's stderr file holds needle within timeout_s. */
 bool gwrun_stderr_has(const struct run *r, const char *needle, double timeout_s);

@@ -46,32 +46,13 @@
 static void node_start(struct run *r, const char *const *env, int port, int nnodes, int node,
                        const char *nproc, const char *script)
 {
-    char nn[16], nr[16], master[64];
-    snprintf(nn, sizeof nn, "%d", nnodes);
-    snprintf(nr, sizeof nr, "%d", node);
-    snprintf(master, sizeof master, "127.0.0.1:%d", port);
-    const char *args[] = {"-n",     nproc, "--nnodes", nn,     "--node-rank", nr,
-                          "--master", master, "sh",       "-c", script,        NULL};
-    gwrun_start(r, env, args);
+    gwrun_node_start(r, env, port, nnodes, node, nproc, NULL, script);
 }
 
-/* Waits for every run (each killed after NODE_TIMEOUT_S from its start)
- * before any assertion, so that a failed check leaves no gw-run behind. */
 static void nodes_wait(struct run *r, int n)
 {
-    for (int i = 0; i < n; i++)
-        gwrun_wait(&r[i], NODE_TIMEOUT_S);
-    for (int i = 0; i < n; i++)
-        ck_assert_msg(!r[i].timed_out, "node %d's gw-run did not finish within %.0f s; stderr:\n%s",
-                      i, NODE_TIMEOUT_S, r[i].err);
+    gwrun_nodes_wait(r, n, NODE_TIMEOUT_S);
 }
-
-static void nodes_free(struct run *r, int n)
-{
-    for (int i = 0; i < n; i++)
-        gwrun_free(&r[i]);
-}
-
 
 static const char *hostname(void)
 {
@@ -127,7 +108,7 @@ START_TEST(test_multinode_all_succeed)
     ck_assert_msg(gwrun_has_line(r[1].out, "[2] 2 4 1 0") &&
                       gwrun_has_line(r[1].out, "[3] 3 4 1 1") && gwrun_count_lines(r[1].out) == 2,
                   "node 1 stdout:\n%s", r[1].out);
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -153,7 +134,7 @@ START_TEST(test_multinode_rank_failure)
     ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
     ck_assert_msg(gwrun_has_line(r[2].err, want), "node 2 stderr lacks '%s':\n%s", want, r[2].err);
     ck_assert_msg(strstr(r[1].err, "rank 3 (pid"), "node 1 stderr:\n%s", r[1].err);
-    nodes_free(r, 3);
+    gwrun_nodes_free(r, 3);
 
     /* A rank killed by a signal: 128 + signal everywhere, and the signal named. */
     port = gwrun_free_port_pair();
@@ -168,7 +149,7 @@ START_TEST(test_multinode_rank_failure)
         ck_assert_msg(r[i].code == 137, "node %d: exit code %d, stderr:\n%s", i, r[i].code,
                       r[i].err);
     ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -197,7 +178,7 @@ START_TEST(test_multinode_launch_failure)
     ck_assert_msg(gwrun_has_line(r[2].err, want), "node 2 stderr lacks '%s':\n%s", want, r[2].err);
     snprintf(want, sizeof want, "gw-run: cannot start rank 3: fork failed: %s", strerror(EAGAIN));
     ck_assert_msg(gwrun_has_line(r[1].err, want), "node 1 stderr lacks '%s':\n%s", want, r[1].err);
-    nodes_free(r, 3);
+    gwrun_nodes_free(r, 3);
 }
 END_TEST
 
@@ -227,7 +208,7 @@ START_TEST(test_multinode_late_node_told)
                                            "(GW_RUN_JOIN_TIMEOUT) to tell it the job ended "
                                            "(interrupt to stop waiting)"),
                   "node 0 stderr:\n%s", r[0].err);
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 
     /* Node 1 never comes: node 0 leaves at its join deadline, or at once on a signal. */
     const char *env2[] = {"GW_JOB_TOKEN=mn-late2", "GW_RUN_JOIN_TIMEOUT=3", NULL};
@@ -235,7 +216,7 @@ START_TEST(test_multinode_late_node_told)
     nodes_wait(r, 1);
     ck_assert_msg(r[0].code == 4 && r[0].elapsed > 2.5 && r[0].elapsed < 8.0,
                   "node 0: exit code %d after %.1f s, stderr:\n%s", r[0].code, r[0].elapsed, r[0].err);
-    nodes_free(r, 1);
+    gwrun_nodes_free(r, 1);
     const char *env3[] = {"GW_JOB_TOKEN=mn-late3", "GW_RUN_JOIN_TIMEOUT=60", NULL};
     node_start(&r[0], env3, gwrun_free_port_pair(), 2, 0, "1", "exit 4");
     bool waiting = gwrun_stderr_has(&r[0], "waiting up to", 10.0);
@@ -244,7 +225,7 @@ START_TEST(test_multinode_late_node_told)
     ck_assert_msg(waiting, "node 0 did not wait for node 1; stderr:\n%s", r[0].err);
     ck_assert_msg(r[0].code == 4 && r[0].elapsed < 10.0, "node 0: exit code %d after %.1f s, stderr:\n%s",
                   r[0].code, r[0].elapsed, r[0].err);
-    nodes_free(r, 1);
+    gwrun_nodes_free(r, 1);
 }
 END_TEST
 
@@ -267,7 +248,7 @@ START_TEST(test_multinode_node_missing)
         ck_assert_msg(gwrun_has_line(r[i].err, want), "node %d stderr lacks '%s':\n%s", i, want,
                       r[i].err);
     }
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 
     /* Node 0 never starts: node 1 gives up at its deadline. */
     port = gwrun_free_port_pair();
@@ -301,7 +282,7 @@ START_TEST(test_multinode_wrong_token)
                   "node 0 stderr:\n%s", r[0].err);
     ck_assert_msg(strstr(r[1].err, "refused this node") && strstr(r[1].err, "wrong job token"),
                   "node 1 stderr:\n%s", r[1].err);
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -367,7 +348,7 @@ START_TEST(test_multinode_mismatch)
                       r[i].elapsed);
         ck_assert_msg(strstr(r[i].err, want), "node %d stderr lacks '%s':\n%s", i, want, r[i].err);
     }
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 
     /* --nnodes differs: node 1 thinks there are 3 nodes */
     port = gwrun_free_port_pair();
@@ -379,7 +360,7 @@ START_TEST(test_multinode_mismatch)
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code != 0, "node %d exited 0; stderr:\n%s", i, r[i].err);
     ck_assert_msg(strstr(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 
     /* --node-rank 1 twice: the second one is refused, the job runs on. */
     struct run d[3];
@@ -394,7 +375,7 @@ START_TEST(test_multinode_mismatch)
     ck_assert_msg(strstr(d[0].err, "node 1 already joined"), "node 0 stderr:\n%s", d[0].err);
     ck_assert_msg(strstr(d[d[1].code ? 1 : 2].err, "refused this node"), "stderr:\n%s",
                   d[d[1].code ? 1 : 2].err);
-    nodes_free(d, 3);
+    gwrun_nodes_free(d, 3);
 }
 END_TEST
 
@@ -436,7 +417,7 @@ START_TEST(test_multinode_lost_node)
              hostname());
     ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
     ck_assert_msg(gone, "a rank outlived the job");
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -474,7 +455,7 @@ START_TEST(test_multinode_signal_stops_job)
     ck_assert_msg(gwrun_has_line(r[other].err, want), "node %d stderr lacks '%s':\n%s", other,
                   want, r[other].err);
     ck_assert_msg(gone, "a rank outlived the job");
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -532,7 +513,7 @@ START_TEST(test_multinode_garbage_frames)
     ck_assert_msg(strstr(r[0].err, "frame length 100000") && strstr(r[0].err, "malformed frame") &&
                       strstr(r[0].err, "speaks version 1 of the launcher protocol, node 0's"),
                   "node 0 did not log the bad frames:\n%s", r[0].err);
-    nodes_free(r, 2);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 

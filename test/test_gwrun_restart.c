@@ -216,26 +216,15 @@ END_TEST
 
 /* ---- several nodes: one gw-run per node on this machine ---- */
 
-/* Starts node `node` of an nnodes-node job (master 127.0.0.1:port) with
- * --max-restarts restarts. */
-static void node_start(struct run *r, const char *const *env, int port, int nnodes, int node, const char *restarts,
-                       const char *script)
+/* Starts both nodes of a 2-node job of 2 ranks each (master 127.0.0.1:port)
+ * with --max-restarts restarts (node 1's own where restarts1 is not NULL). */
+static void nodes_start(struct run r[2], int port, const char *const *env0, const char *const *env1,
+                        const char *restarts, const char *restarts1, const char *script)
 {
-    char nn[16], nr[16], master[64];
-    snprintf(nn, sizeof nn, "%d", nnodes);
-    snprintf(nr, sizeof nr, "%d", node);
-    snprintf(master, sizeof master, "127.0.0.1:%d", port);
-    const char *args[] = {"-n", "2", "--nnodes", nn, "--node-rank", nr, "--master", master, "--max-restarts",
-                          restarts, "sh", "-c", script, NULL};
-    gwrun_start(r, env, args);
-}
-
-static void nodes_wait(struct run *r, int n)
-{
-    for (int i = 0; i < n; i++)
-        gwrun_wait(&r[i], GWRUN_TIMEOUT_S);
-    for (int i = 0; i < n; i++)
-        ck_assert_msg(!r[i].timed_out, "node %d's gw-run did not finish; stderr:\n%s", i, r[i].err);
+    const char *extra0[] = {"--max-restarts", restarts, NULL};
+    const char *extra1[] = {"--max-restarts", restarts1 ? restarts1 : restarts, NULL};
+    gwrun_node_start(&r[0], env0, port, 2, 0, "2", extra0, script);
+    gwrun_node_start(&r[1], env1 ? env1 : env0, port, 2, 1, "2", extra1, script);
 }
 
 /* Rank 3 (node 1) fails on the first attempt: node 0 hears of it, both nodes
@@ -255,9 +244,8 @@ START_TEST(test_nodes_restart_together)
                          "if [ \"$GW_RESTART_COUNT\" = 1 ]; then date +%s.%N > \"$GWT_DIR/started.$GW_RANK\"; fi; "
                          "if [ \"$GW_RANK\" = 3 ] && [ \"$GW_RESTART_COUNT\" = 0 ]; then sleep 0.5; exit 6; fi; sleep 0.5";
     struct run r[2];
-    node_start(&r[0], env, port, 2, 0, "2", script);
-    node_start(&r[1], env, port, 2, 1, "2", script);
-    nodes_wait(r, 2);
+    nodes_start(r, port, env, NULL, "2", NULL, script);
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     double t[5] = {0};
     const char *files[] = {"ended", "started.0", "started.1", "started.2", "started.3"};
     for (int i = 0; i < 5; i++) {
@@ -283,8 +271,7 @@ START_TEST(test_nodes_restart_together)
         }
         ck_assert_msg(!strstr(r[i].out, "attempt 2"), "node %d: a third attempt:\n%s", i, r[i].out);
     }
-    gwrun_free(&r[0]);
-    gwrun_free(&r[1]);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -298,16 +285,14 @@ START_TEST(test_nodes_restarts_used_up)
     const char *script = "echo \"attempt $GW_RESTART_COUNT\"; " SYNCED("4")
                          "if [ \"$GW_RANK\" = 0 ]; then exit 4; fi; sleep 5";
     struct run r[2];
-    node_start(&r[0], env, port, 2, 0, "1", script);
-    node_start(&r[1], env, port, 2, 1, "1", script);
-    nodes_wait(r, 2);
+    nodes_start(r, port, env, NULL, "1", NULL, script);
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     gwt_dir_remove(dir);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code == 4 && strstr(r[i].out, "attempt 1") && !strstr(r[i].out, "attempt 2"),
                       "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
     ck_assert_msg(strstr(r[0].err, "the job failed again; no restarts left (1 used)"), "node 0:\n%s", r[0].err);
-    gwrun_free(&r[0]);
-    gwrun_free(&r[1]);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -318,16 +303,14 @@ START_TEST(test_nodes_no_restart_after_signal)
     const char *env[] = {"GW_JOB_TOKEN=mn-signal", "GW_RUN_KILL_GRACE=5", NULL};
     const char *script = "echo \"attempt $GW_RESTART_COUNT\"; exec sleep 30";
     struct run r[2];
-    node_start(&r[0], env, port, 2, 0, "3", script);
-    node_start(&r[1], env, port, 2, 1, "3", script);
+    nodes_start(r, port, env, NULL, "3", NULL, script);
     gwrun_sleep(1.5);
     kill(r[1].pid, SIGTERM);
-    nodes_wait(r, 2);
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code != 0 && !strstr(r[i].out, "attempt 1") && !strstr(r[i].err, "restarting"),
                       "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
-    gwrun_free(&r[0]);
-    gwrun_free(&r[1]);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -342,20 +325,18 @@ START_TEST(test_nodes_signal_between)
     const char *script = "echo \"attempt $GW_RESTART_COUNT\"; "
                          "if [ \"$GW_RANK\" = 3 ] && [ \"$GW_RESTART_COUNT\" = 0 ]; then exit 6; fi; exec sleep 30";
     struct run r[2];
-    node_start(&r[0], env0, port, 2, 0, "2", script);
-    node_start(&r[1], env1, port, 2, 1, "2", script);
+    nodes_start(r, port, env0, env1, "2", NULL, script);
     ck_assert(gwrun_stderr_has(&r[0], "restarting the job", 20)); /* node 1 now holds its window open */
     gwrun_sleep(0.5);
     kill(r[1].pid, SIGINT);
-    nodes_wait(r, 2);
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     ck_assert_msg(r[1].code == 128 + SIGINT && strstr(r[1].err, "SIGINT arrived as the job was to start again") &&
                       !strstr(r[1].out, "attempt 1"),
                   "node 1: exit %d\nstdout:\n%s\nstderr:\n%s", r[1].code, r[1].out, r[1].err);
     ck_assert_msg(r[0].code != 0 && strstr(r[0].err, "node 1 (host") && strstr(r[0].err, "received SIGINT") &&
                       !strstr(r[0].err, "lost node"),
                   "node 0: exit %d\nstderr:\n%s", r[0].code, r[0].err);
-    gwrun_free(&r[0]);
-    gwrun_free(&r[1]);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -367,15 +348,13 @@ START_TEST(test_nodes_launch_failure_restarts)
     const char *env0[] = {"GW_JOB_TOKEN=mn-forkfail", NULL};
     const char *env1[] = {"GW_JOB_TOKEN=mn-forkfail", "GW_RUN_TEST_FORK_FAIL=3", NULL};
     struct run r[2];
-    node_start(&r[0], env0, port, 2, 0, "1", "exec sleep 30");
-    node_start(&r[1], env1, port, 2, 1, "1", "exec sleep 30");
-    nodes_wait(r, 2);
+    nodes_start(r, port, env0, env1, "1", NULL, "exec sleep 30");
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code == 1 && strstr(r[i].err, "restarting the job (exit code 1): restart 1 of 1"),
                       "node %d: exit %d\nstderr:\n%s", i, r[i].code, r[i].err);
     ck_assert_msg(strstr(r[0].err, "no restarts left (1 used)"), "node 0:\n%s", r[0].err);
-    gwrun_free(&r[0]);
-    gwrun_free(&r[1]);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -385,15 +364,13 @@ START_TEST(test_nodes_restarts_must_agree)
     int port = gwrun_free_port_pair();
     const char *env[] = {"GW_JOB_TOKEN=mn-agree", NULL};
     struct run r[2];
-    node_start(&r[0], env, port, 2, 0, "2", "sleep 5");
-    node_start(&r[1], env, port, 2, 1, "1", "sleep 5");
-    nodes_wait(r, 2);
+    nodes_start(r, port, env, NULL, "2", "1", "sleep 5");
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code != 0 && strstr(r[i].err, "--max-restarts 1 but node 0") &&
                           strstr(r[i].err, "with --max-restarts 2"),
                       "node %d: exit %d\nstderr:\n%s", i, r[i].code, r[i].err);
-    gwrun_free(&r[0]);
-    gwrun_free(&r[1]);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
