@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,20 +142,23 @@ void gwrun_start_ctty(struct run *r, const char *ctty, const char *const *env, c
 /* Waits for gw-run, killing it after timeout_s, then collects its output. */
 void gwrun_wait(struct run *r, double timeout_s)
 {
+    struct rusage ru = {0};
     for (;;) {
-        pid_t p = waitpid(r->pid, &r->status, WNOHANG);
+        pid_t p = wait4(r->pid, &r->status, WNOHANG, &ru);
         if (p == r->pid)
             break;
         ck_assert_msg(p == 0 || errno == EINTR, "waitpid failed: %s", strerror(errno));
         if (gwrun_seconds_since(&r->t0) > timeout_s) {
             kill(r->pid, SIGKILL);
-            waitpid(r->pid, &r->status, 0);
+            wait4(r->pid, &r->status, 0, &ru);
             r->timed_out = true;
             break;
         }
         gwrun_sleep(0.01);
     }
     r->elapsed = gwrun_seconds_since(&r->t0);
+    r->cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+               ru.ru_stime.tv_usec / 1e6;
     r->code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
     r->out = slurp(r->out_path);
     r->err = slurp(r->err_path);

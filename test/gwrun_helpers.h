@@ -31,6 +31,7 @@ struct run {
     int code;       /* exit code, or 128 + signal when gw-run itself was killed */
     bool timed_out; /* gw-run did not finish in time and was killed */
     double elapsed; /* seconds from start to exit */
+    double cpu_s;   /* CPU time of gw-run and the children it reaped (user + system) */
     char *out, *err;
 };
 

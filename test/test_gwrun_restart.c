@@ -358,6 +358,34 @@ START_TEST(test_nodes_launch_failure_restarts)
 }
 END_TEST
 
+/* Node 1 fails before node 0 has started: it lingers to tell node 0, is
+ * welcomed when node 0 comes, and waits for the verdict while node 0's rank 0
+ * takes 7 s over the teardown's SIGTERM.  That wait blocks in poll: once the
+ * linger's deadline (5 s after the failure) passed, it spun at timeout 0
+ * until the verdict (seconds of CPU; gw-run's own is a few hundredths). */
+START_TEST(test_nodes_wait_verdict_idle)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-idle", "GW_RUN_JOIN_TIMEOUT=30", "GW_RUN_KILL_GRACE=10", NULL};
+    const char *script = "echo \"attempt $GW_RESTART_COUNT\"; [ \"$GW_RESTART_COUNT\" = 1 ] && exit 0; "
+                         "if [ \"$GW_RANK\" = 2 ]; then exit 6; fi; "
+                         "if [ \"$GW_RANK\" = 0 ]; then trap 'sleep 7; exit 0' TERM; fi; sleep 30 & wait";
+    const char *extra[] = {"--max-restarts", "1", NULL};
+    struct run r[2];
+    gwrun_node_start(&r[1], env, port, 2, 1, "2", extra, script);
+    ck_assert_msg(gwrun_stderr_has(&r[1], "rank 2 (pid", 20), "node 1's rank 2 did not fail");
+    gwrun_sleep(0.5); /* it lingers */
+    gwrun_node_start(&r[0], env, port, 2, 0, "2", extra, script);
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0 && strstr(r[i].err, "restart 1 of 1"), "node %d: exit %d\nstdout:\n%s\nstderr:\n%s",
+                      i, r[i].code, r[i].out, r[i].err);
+    ck_assert_msg(r[1].cpu_s < 1.0, "node 1's gw-run used %.2f s of CPU in %.1f s (a poll spinning?)", r[1].cpu_s,
+                  r[1].elapsed);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 /* The nodes must agree on --max-restarts, as on -n and --nnodes. */
 START_TEST(test_nodes_restarts_must_agree)
 {
@@ -390,6 +418,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_nodes_restarts_used_up);
     tcase_add_test(tc, test_nodes_no_restart_after_signal);
     tcase_add_test(tc, test_nodes_restarts_must_agree);
+    tcase_add_test(tc, test_nodes_wait_verdict_idle);
     tcase_add_test(tc, test_nodes_signal_between);
     tcase_add_test(tc, test_nodes_launch_failure_restarts);
     suite_add_tcase(s, tc);
