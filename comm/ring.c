@@ -63,7 +63,7 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  if (n && p->stream_out) {
+  if (n && p->stream_out && dst != src) {
     /* reduce once into the slot (it stays in cache), then stream it out */
     p->red(slot, NULL, data, src, n, div);
     gw__copy_stream(dst, slot, n * p->es);
@@ -325,11 +325,12 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
   }
   for (int k = 0; k < comm->rd.nlinks && ch == 0; k++) gw__watch(&p, &comm->rd.recv[k]);
   p.red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op);
-  /* Out of place and too big to stay in cache: the output is written once and not
-   * read back soon, so skip reading its lines in (see docs/architecture.md). */
+  /* Too big to stay in cache: the output is written once and not read back
+   * soon, so skip reading its lines in (in place, only where they were not
+   * just read: see prim_recv_reduce_copy_send and docs/architecture.md). */
   size_t out_bytes = op->desc.count * p.es;
   if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
-  p.stream_out = !p.dev && op->sendbuf != op->recvbuf && out_bytes >= (size_t)gw__param_StreamThreshold();
+  p.stream_out = !p.dev && out_bytes >= (size_t)gw__param_StreamThreshold();
   /* Each channel moves its own slice: of the buffer, or of every rank's block. */
   size_t base;
   channel_part(op->desc.count, p.es, ch, nch, &base, &p.count);
