@@ -105,13 +105,15 @@ START_TEST(test_resume_keeps_loss_scale) {
 }
 END_TEST
 
-/* Rewrites checkpoint `file` as format version 1 was written: no
- * format_version, the checksum (FNV-1a 64 over the tensors' bytes in file
- * order) over the tensors alone, tensor `skip` left out (NULL: none).  Its
- * metadata is kept (format, config, options, eval_pending), or with
- * `config` given, only format and that config (the oldest writer's three
- * keys). */
-static void as_version1(const char *file, const char *skip, const char *config) {
+/* Rewrites checkpoint `file` in format `version` with its checksum (FNV-1a
+ * 64 over the tensors' bytes in file order, then, from version 2, each
+ * covered metadata key, whether it is there, and its value) made as its
+ * writer would.  Version NULL: as format version 1 was written, no
+ * format_version and the checksum over the tensors alone.  Tensor `skip` is
+ * left out (NULL: none).  Its metadata is kept (format, config, options,
+ * eval_pending), or with `config` given, only format and that config (the
+ * oldest writer's three keys). */
+static void rewrite_as(const char *file, const char *skip, const char *config, const char *version) {
   struct gw_st_file *f = NULL;
   ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_st_tensor keep[16];
@@ -125,17 +127,28 @@ static void as_version1(const char *file, const char *skip, const char *config) 
     n++;
   }
   ck_assert_int_eq(n, f->ntensors - (skip != NULL));
+  const char *vals[] = {version, gw_st_metadata(f, "format"), config ? config : gw_st_metadata(f, "config"),
+                        config ? NULL : gw_st_metadata(f, "options"), config ? NULL : gw_st_metadata(f, "eval_pending")};
+  static const char *const keys[] = {"format_version", "format", "config", "options", "eval_pending"};
+  for (int k = 0; version && k < 5; k++) {
+    const unsigned char present = vals[k] != NULL;
+    h = gw__fnv(h, keys[k], strlen(keys[k]) + 1);
+    h = gw__fnv(h, &present, 1);
+    if (present) h = gw__fnv(h, vals[k], strlen(vals[k]) + 1);
+  }
   char sum[32];
   snprintf(sum, sizeof sum, "%016llx", (unsigned long long)h);
-  const char *meta[16] = {"format", gw_st_metadata(f, "format"), "checksum", sum, "config",
-                          config ? config : gw_st_metadata(f, "config")};
-  int m = 6;
-  static const char *const later[] = {"options", "eval_pending"};
-  for (int k = 0; !config && k < 2; k++)
-    if (gw_st_metadata(f, later[k])) meta[m++] = later[k], meta[m++] = gw_st_metadata(f, later[k]);
+  const char *meta[16] = {"checksum", sum};
+  int m = 2;
+  for (int k = 0; k < 5; k++)
+    if (vals[k]) meta[m++] = keys[k], meta[m++] = vals[k];
   meta[m] = NULL;
   ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
   gw_st_free(f);
+}
+
+static void as_version1(const char *file, const char *skip, const char *config) {
+  rewrite_as(file, skip, config, NULL);
 }
 
 /* Rewrites checkpoint `file` as gw-train wrote it before the loss scaler was
@@ -771,10 +784,11 @@ START_TEST(test_resume_version1_pending) {
 }
 END_TEST
 
-/* Format versions: a checkpoint of a newer format (3) stops the resume, by
- * name, and stays where it is (falling back would redo steps and move a good
- * file aside); a version no gw-train writes ("1": version 1 has no key) is
- * damage, refused by name, and the resume falls back to the one before. */
+/* Format versions: a checkpoint of a newer format (3, its checksum made as a
+ * writer of version 3 would) stops the resume, by name, and stays where it is
+ * (falling back would redo steps and move a good file aside); a version no
+ * gw-train writes ("1": version 1 has no key) is damage, refused by name, and
+ * the resume falls back to the one before. */
 START_TEST(test_format_versions) {
   char dir[512], c4[600];
   path(dir, sizeof dir, "ckpt-version");
@@ -788,7 +802,7 @@ START_TEST(test_format_versions) {
   expect_ok(&r);
   gwrun_free(&r);
   const char *key = "\"format_version\":\"";
-  ck_assert_int_eq(set_meta_char("ckpt-version/ckpt-4.safetensors", key, (long)strlen(key), '3'), 0);
+  rewrite_as(c4, NULL, NULL, "3");
   train(&r, noenv, "1", args);
   ck_assert_msg(r.code != 0 && strstr(r.err, "cannot resume from") && strstr(r.err, "ckpt-4.safetensors") &&
                     strstr(r.err, "a newer gw-train wrote it (format version 3") && strstr(r.err, "not falling back"),
@@ -802,6 +816,32 @@ START_TEST(test_format_versions) {
   ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused: its format version '1' is not one gw-train writes") &&
                     strstr(r.out, "ckpt-2.safetensors at step 2"),
                 "format version '1': expected ckpt-4 refused as damaged and ckpt-2 used:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
+/* A version-2 checkpoint whose format_version alone was damaged ("2" to
+ * "3" is one bit) is not taken for a newer gw-train's (that stopped the
+ * resume and kept the file in the way): its checksum still matches it as
+ * version 2, so it is refused as damaged and the resume falls back. */
+START_TEST(test_format_version_bit_flip) {
+  char dir[512];
+  path(dir, sizeof dir, "ckpt-version-flip");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  const char *key = "\"format_version\":\"";
+  ck_assert_int_eq(set_meta_char("ckpt-version-flip/ckpt-4.safetensors", key, (long)strlen(key), '3'), 0);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", "--resume", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused: its format version '3' was damaged") &&
+                    strstr(r.out, "ckpt-2.safetensors at step 2"),
+                "a flipped format version: expected ckpt-4 refused as damaged and ckpt-2 used:\n%s\n%s", r.out,
+                r.err);
   gwrun_free(&r);
 }
 END_TEST
@@ -865,6 +905,7 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_failed_resave_warns);
   tcase_add_test(tc, test_metadata_damage_refused);
   tcase_add_test(tc, test_format_versions);
+  tcase_add_test(tc, test_format_version_bit_flip);
   tcase_add_test(tc, test_resume_version1_pending);
   tcase_add_test(tc, test_weights_stale_temps_removed);
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);

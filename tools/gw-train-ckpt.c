@@ -287,10 +287,28 @@ enum { NEWER = -2 };
 static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
   static const char *const order[] = {"params", "momentum", "running", "counters", "state", "loss_sum", "scaler"};
   const char *version = gw_st_metadata(f, "format_version"), *sum = gw_st_metadata(f, "checksum");
+  struct ckpt_tensors c = {.n = 0};
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    const struct gw_st_tensor *t = gw_st_find(f, order[i]);
+    if (t) c.t[c.n++] = *t;
+  }
+  const char *vals[NCOVERED];
+  for (int k = 0; k < NCOVERED; k++) vals[k] = gw_st_metadata(f, covered[k]);
+  char have[32];
   if (version && strcmp(version, CKPT_VERSION) != 0) {
     char *end;
     errno = 0;
     const long long v = strtoll(version, &end, 10);
+    /* A version-2 file whose version alone was damaged ("2" to "3" or "6" is
+     * one bit) still matches its checksum as version 2: a newer writer's
+     * checksum covers its own version string. */
+    vals[0] = CKPT_VERSION;
+    snprintf(have, sizeof have, "%016" PRIx64, checksum(&c, vals));
+    if (sum && strcmp(sum, have) == 0) {
+      snprintf(why, whylen, "its format version '%.20s' was damaged: the rest of the file is a version %s "
+               "checkpoint", version, CKPT_VERSION);
+      return -1;
+    }
     if (version[0] >= '1' && version[0] <= '9' && !*end && !errno && v > atoll(CKPT_VERSION)) {
       snprintf(why, whylen, "a newer gw-train wrote it (format version %lld; this one reads %s and, without the "
                "key, 1)", v, CKPT_VERSION);
@@ -311,14 +329,6 @@ static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
       return -1;
     }
   }
-  struct ckpt_tensors c = {.n = 0};
-  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
-    const struct gw_st_tensor *t = gw_st_find(f, order[i]);
-    if (t) c.t[c.n++] = *t;
-  }
-  const char *vals[NCOVERED];
-  for (int k = 0; k < NCOVERED; k++) vals[k] = gw_st_metadata(f, covered[k]);
-  char have[32];
   snprintf(have, sizeof have, "%016" PRIx64, checksum(&c, version ? vals : NULL));
   if (!sum || strcmp(sum, have) != 0) {
     snprintf(why, whylen, "its checksum %s does not match its contents (%s): the file is damaged", sum ? sum : "(none)",
