@@ -223,15 +223,20 @@ static void flip_byte(const char *file, long from_end) {
   fclose(f);
 }
 
-/* 4 steps into dir (ckpt-2 and ckpt-4), then one byte of ckpt-4 (c4) flipped
- * inside the data, where only the checksum can tell. */
-static void newest_damaged(const char *dir, const char *c4) {
+/* 4 steps into dir: ckpt-2 and ckpt-4. */
+static void four_steps(const char *dir) {
   struct run r;
   const char *const noenv[] = {NULL};
   train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
                                               "--checkpoint-every", "2", NULL});
   expect_ok(&r);
   gwrun_free(&r);
+}
+
+/* four_steps, then one byte of ckpt-4 (c4) flipped inside the data, where
+ * only the checksum can tell. */
+static void newest_damaged(const char *dir, const char *c4) {
+  four_steps(dir);
   flip_byte(c4, 100);
 }
 
@@ -797,10 +802,7 @@ START_TEST(test_format_versions) {
   const char *const noenv[] = {NULL};
   const char *const args[] = {"--steps", "6", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "2",
                               "--resume", NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
-                                              "--checkpoint-every", "2", NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
+  four_steps(dir);
   const char *key = "\"format_version\":\"";
   rewrite_as(c4, NULL, NULL, "3");
   train(&r, noenv, "1", args);
@@ -829,10 +831,7 @@ START_TEST(test_format_version_bit_flip) {
   path(dir, sizeof dir, "ckpt-version-flip");
   struct run r;
   const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
-                                              "--checkpoint-every", "2", NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
+  four_steps(dir);
   const char *key = "\"format_version\":\"";
   ck_assert_int_eq(set_meta_char("ckpt-version-flip/ckpt-4.safetensors", key, (long)strlen(key), '3'), 0);
   train(&r, noenv, "1", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir,
