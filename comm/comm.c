@@ -786,7 +786,7 @@ gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len) {
   if (!comm || !buf || !len) return null_argument(comm, "gw_comm_last_path");
   uint32_t v = atomic_load_explicit(&comm->last_path, memory_order_relaxed);
   if (!(v >> 24)) snprintf(buf, len, "none");
-  else if (v >> 16 & 1) snprintf(buf, len, "%s/device", gw__algo_name((int)(v & 0xff)));
+  else if (v >> 16 & 1) snprintf(buf, len, "%s/device%s", gw__algo_name((int)(v & 0xff)), v >> 17 & 1 ? "-async" : "");
   else snprintf(buf, len, "%s/%s", gw__algo_name((int)(v & 0xff)), gw__proto_name((int)(v >> 8 & 0xff)));
   return GW_SUCCESS;
 }

@@ -51,7 +51,9 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
   if (dev_ring) op->algo = GW_ALGO_RING, op->proto = GW_PROTO_SIMPLE; /* one channel (device.c) */
   else choose(comm, op);
   if (op->desc.coll != GW_COLL_BARRIER) /* barriers are also a device operation's confirmation */
-    atomic_store_explicit(&comm->last_path, 1u << 24 | (uint32_t)dev_ring << 16 | (uint32_t)op->proto << 8 | op->algo,
+    atomic_store_explicit(&comm->last_path,
+                          1u << 24 | (uint32_t)(dev_ring && gw__dev_ring_async(comm)) << 17 | (uint32_t)dev_ring << 16 |
+                              (uint32_t)op->proto << 8 | op->algo,
                           memory_order_relaxed);
   op->desc.pad = (uint8_t)((op->desc.pad & (GW_DESC_DEVICE | GW_DESC_MORE)) | op->algo << GW_DESC_ALGO_SHIFT |
                            op->proto << GW_DESC_PROTO_SHIFT);

@@ -126,7 +126,8 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
 
 /* The path of the latest collective this communicator ran (barriers aside),
  * for reports such as gw-perf's: "ring/simple", "tree/ll", "exchange/simple",
- * or "ring/device" for device buffers on the device ring (device buffers
+ * or "ring/device" for device buffers on the device ring ("ring/device-async"
+ * where it is stream-ordered, GW_DEV_ASYNC; device buffers
  * staged through host memory show their last piece's host path); "none"
  * before the first.  With several threads calling, it is one of theirs. */
 gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len);

@@ -195,6 +195,15 @@ static int body_grid(gw_comm_t comm, int rank, int n, void *arg) {
       }
     }
   }
+  if (comm->devring) { /* the path names the ring's mode: gw-perf's rows show which ran */
+    gw_result_t r = gw_allreduce(b.dsend, b.drecv, MAXC, GW_FLOAT32, GW_SUM, comm, b.s);
+    EXPECT(r == GW_SUCCESS, "allreduce of %d floats: %s", MAXC, gw_strerror(r));
+    DCHECK(dv->stream_sync(b.s));
+    char path[32];
+    EXPECT(gw_comm_last_path(comm, path, sizeof path) == GW_SUCCESS, "gw_comm_last_path");
+    const char *want = gw__dev_ring_async(comm) ? "ring/device-async" : "ring/device";
+    EXPECT(!strcmp(path, want), "the last path is '%s', not '%s'", path, want);
+  }
   DCHECK(dv->free(b.dsend));
   DCHECK(dv->free(b.drecv));
   DCHECK(dv->host_free(b.hin));
