@@ -7,13 +7,12 @@
 #      (meson -Druntime_only=true: the runtime, gw-perf, gw-run, the device
 #      suite on a stand-in for Check when Check is missing, the kernel bench);
 #   2. runs the GPU suite (test_device on the real device: the grid at 2, 3
-#      and 4 ranks on this one GPU, stream ordering, misuse, a dead peer, IPC);
+#      and 4 ranks on this one GPU, stream ordering, streams, hardware
+#      queues, misuse, IPC, a dead peer; the stream-ordered ring's cases too);
 #   3. runs gw-perf on device buffers at 2 and 4 ranks over the device ring
-#      (#wrong must be 0), at 2 ranks through host staging, and on host
-#      buffers at 2 ranks beside them; then the device ring's copies by
-#      kernel (the default) against the copy engine, allreduce and allgather,
-#      4 MiB device-ring chunks against 1 MiB, and at 4 ranks small
-#      operations staged (the default under 64 KiB) against the ring only;
+#      (#wrong must be 0), stream-ordered up to 64 MiB, at 2 ranks through
+#      host staging, and on host buffers at 2 ranks beside them (what earlier
+#      checks settled is left out unless GW_CHECK_SKIP is set: below);
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
 #      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
@@ -21,15 +20,16 @@
 #      same suite with NHWC activations, the bfloat16 and float16 suites on
 #      cudnn (every layer against float32), the ResNets against PyTorch's
 #      fixture (a step of ResNet-50, 3 SGD steps of ResNet-18, NCHW and
-#      NHWC), ResNet-50 training throughput of
-#      model_bench (TF32 NCHW; bf16 NCHW, cudnn's default layout, and NHWC;
-#      fp16 NCHW; bf16 unfused for the fusion's gain; last, bf16 NHWC with
-#      one block per piece of batch norm's sums) beside PyTorch on the
-#      same GPU
-#      (TF32 NCHW; channels_last + AMP bf16 and fp16), and gw-train --amp bf16
-#      on synthetic 224x224 data at 1 and 2 ranks and with --host-step; where
-#      the GPU time per call site (our kernels, cuDNN's executions) of
-#      model_bench bf16 NCHW and NHWC (GW_CUDNN_KERNEL_TIMES);
+#      NHWC), ResNet-50 training throughput of model_bench (bf16 NCHW and
+#      NHWC, fp16 NCHW; last, bf16 NHWC with one block per piece of batch
+#      norm's sums) beside PyTorch on the same GPU (channels_last + AMP bf16
+#      and fp16), gw-train --amp bf16 on synthetic 224x224 data at 1 and 2
+#      ranks (and 2 on the stream-ordered ring), and the GPU time per call
+#      site (our kernels, cuDNN's executions) of model_bench bf16 NHWC
+#      (GW_CUDNN_KERNEL_TIMES);
+#   6. last, what may leave a process or the device in a bad state: a rank
+#      killed mid-operation at 4 ranks, the stream-ordered ring at 256 MiB
+#      past CUDA's launch queue, the device ring forced on with one queue;
 # and writes summary.txt, log.txt and the CSVs into OUTDIR.  Each step has its
 # own time limit, and the benchmarks after the suites run only while the
 # script is inside 7 minutes (what is skipped for time is said), so the whole
@@ -48,7 +48,8 @@ B=build-gpu
 # One deadline for everything (seconds from the start; the whole must end
 # before 8 minutes): lim N is N or what is left before it, whichever is
 # smaller; run_to N CMD... runs CMD under that limit (-k: killed if it
-# ignores the TERM), or skips it (exit 124) when under 15 s are left.
+# ignores the TERM), or skips it (exit 125, said: not a failure) when under
+# 15 s are left.
 DEADLINE=${GW_CHECK_DEADLINE:-450}
 # GW_CHECK_SKIP: names of steps to leave out (a rerun in the device time that
 # is left: what passed before), each a gpu-suite case (n2:grid ...), a gw-perf
@@ -60,19 +61,33 @@ DEADLINE=${GW_CHECK_DEADLINE:-450}
 # build always runs), e.g. the last section's when the deadline cut it.
 # (Names may be split by any white space, newlines included.)
 words() { printf ' %s ' "$(printf '%s' "$1" | tr -s '[:space:]' ' ')"; }
-SKIP=$(words "${GW_CHECK_SKIP:-}") ONLY=$(words "${GW_CHECK_ONLY:-}")
-want() {
-  case "$SKIP" in *" $1 "*) say "left out (GW_CHECK_SKIP): $1"; return 1 ;; esac
+# Unset, it leaves out what earlier checks settled (docs/gpu.md's figures):
+# the device ring's copies by kernel against the copy engine, 1 MiB chunks,
+# the flags as kernels, staging against the ring for small operations, the
+# TF32 and unfused comparisons, gw-train with --host-step and the NCHW kernel
+# times; GW_CHECK_SKIP= (empty) runs everything.
+SETTLED="gw-perf-device-n2-ce gw-perf-device-allgather-n2 gw-perf-device-allgather-n2-ce gw-perf-device-n2-chunk1m
+  gw-perf-device-n4-ringonly gw-perf-device-n2-flagkernel model-bench-tf32 model-bench-torch-tf32
+  model-bench-bf16-nofuse gw-train-n2-hoststep kernel-times-bf16"
+SKIP=$(words "${GW_CHECK_SKIP-$SETTLED}") ONLY=$(words "${GW_CHECK_ONLY:-}")
+only() { # NAME: not left out by GW_CHECK_ONLY (silently)
   [ -z "${ONLY// /}" ] && return 0
   case "$ONLY" in *" $1 "*) return 0 ;; esac
   return 1
+}
+want() { # NAME: to run (what GW_CHECK_SKIP leaves out is said)
+  only "$1" || return 1
+  case "$SKIP" in *" $1 "*)
+    say "left out ($([ -n "${GW_CHECK_SKIP+set}" ] && echo GW_CHECK_SKIP || echo "settled before; GW_CHECK_SKIP= runs it")): $1"
+    return 1 ;;
+  esac
 }
 lim() { local l=$((DEADLINE - $(elapsed))); if [ "$l" -lt "$1" ]; then echo "$l"; else echo "$1"; fi; }
 run_to() {
   local l
   l=$(lim "$1")
   shift
-  if [ "$l" -lt 15 ]; then echo "skipped for time (at $(elapsed) s): $*"; return 124; fi
+  if [ "$l" -lt 15 ]; then say "skipped for time (at $(elapsed) s): $*"; return 125; fi
   timeout -k 5 "$l" "$@"
 }
 
@@ -157,6 +172,9 @@ fi
 
 # ---- 2. the GPU suite ------------------------------------------------------------------
 suite_fail=0
+verdict() { # RC: a suite's word for it (skipped is not passed)
+  case $1 in 0) echo passed ;; 77) echo SKIPPED ;; 125) echo "skipped for time" ;; *) echo "FAILED (exit $1)" ;; esac
+}
 gpu_case() { # N:CASE; Na:CASE: the stream-ordered device ring (GW_DEV_ASYNC=1); NqK:CASE: the streams
   # in K hardware queues (CUDA_DEVICE_MAX_CONNECTIONS=K; with 1, no device ring)
   local n=${1%%:*} c=${1#*:} a=0 q= t0 rc verdict
@@ -172,16 +190,19 @@ gpu_case() { # N:CASE; Na:CASE: the stream-ordered device ring (GW_DEV_ASYNC=1);
    [ -n "$q" ] && export CUDA_DEVICE_MAX_CONNECTIONS=$q
    run_to 60 "$B/test/test_device") >"$OUT/gpu-suite-${name/:/-}.txt" 2>&1
   rc=$?
-  verdict=$([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)"))
-  [ $rc = 0 ] || suite_fail=1
+  verdict=$(verdict $rc)
+  [ $rc = 0 ] || [ $rc = 125 ] || suite_fail=1
   say "gpu suite, $n ranks$([ $a = 1 ] && echo ", stream-ordered")$([ -n "$q" ] && echo ", $q hardware queue(s)"), $c: $verdict in $(($(date +%s) - t0)) s: $(grep -E 'Checks:' "$OUT/gpu-suite-${name/:/-}.txt" | tail -1)"
   [ $rc = 0 ] || tail -20 "$OUT/gpu-suite-${name/:/-}.txt"
 }
 # Every case at 2 ranks, each under its own limit (a hang costs that case
-# only), the grid at 3 and 4, and dead-peer last (a rank killed mid-operation
-# must not cost the grids if it leaves the device in a bad state).
-for run in 2:grid 2:ordering 2:streams 2:queues 2:misuse 2:destroy 2:bucketer 2:ipc 2:teardown 3:grid 4:grid \
-           2:dead-peer; do
+# only), the stream-ordered ring's (Na: GW_DEV_ASYNC=1; never run on a GPU
+# before) beside the synchronized ring's, the hardware-queue cases (NqK:
+# CUDA_DEVICE_MAX_CONNECTIONS=K), the grid at 3 and 4, and dead-peer last (a
+# rank killed mid-operation must not cost the grids if it leaves the device
+# in a bad state; the 4-rank dead-midop cases come at the very end).
+for run in 2:grid 2a:grid 2:ordering 2:streams 2a:streams 2:queues 2aq2:queues 2q1:ordering 2:misuse 2:destroy \
+           2:bucketer 2:ipc 2:teardown 3:grid 4:grid 3a:grid 2:dead-peer; do
   gpu_case "$run"
 done
 
@@ -195,11 +216,17 @@ perf() { # NAME RANKS ENV ARGS... (ENV: VAR=value, or - for none)
   (export "${envv?}"; run_to 60 "$B/tools/gw-run" -n "$n" "$B/tools/gw-perf" -b 4 -e 256M -f 4 -n 10 -w 2 "$@" \
     --csv "$OUT/$name.csv") >"$OUT/$name.txt" 2>&1
   local rc=$?
-  [ $rc = 0 ] || perf_fail=1
+  [ $rc = 0 ] || [ $rc = 125 ] || perf_fail=1
+  [ $rc = 125 ] && { say "$name: skipped for time"; return 0; }
   say "$name: exit $rc, $(grep -E 'Out of bounds|Avg bus' "$OUT/$name.txt" | sed 's/^\[0\] # //' | tr '\n' ' ')"
 }
 perf gw-perf-device-n2 2 - -D                     # the device ring (CUDA IPC)
 perf gw-perf-device-n4 4 - -D
+# The stream-ordered ring (GW_DEV_ASYNC=1) up to 64 MiB: gw-perf queues its
+# 10 operations back to back, and at 256 MiB their launches pass CUDA's
+# queue (the caller then waits in the driver; step 6 shows that at the end).
+perf gw-perf-device-n2-async 2 GW_DEV_ASYNC=1 -D -e 64M
+perf gw-perf-device-n4-async 4 GW_DEV_ASYNC=1 -D -e 64M
 perf gw-perf-device-staged-n2 2 GW_DEV_IPC=0 -D   # through pinned host staging
 perf gw-perf-host-n2 2 - 
 # The device ring's copies: a kernel (default: a forwarded chunk read once for
@@ -235,7 +262,7 @@ fi
 model_fail=0
 bench_fail=0 # a benchmark or gw-train that did not exit 0
 bench_rc() { # RC: counts a failure (not in a $(...): a subshell's variables are lost)
-  [ "$1" = 0 ] || bench_fail=1
+  [ "$1" = 0 ] || [ "$1" = 125 ] || bench_fail=1
 }
 suite() { # NAME TITLE LIMIT COMMAND...: a test suite's verdict (skipped is not passed)
   local name=$1 title=$2 limit=$3 t0 rc
@@ -244,8 +271,8 @@ suite() { # NAME TITLE LIMIT COMMAND...: a test suite's verdict (skipped is not 
   t0=$(date +%s)
   run_to "$limit" "$@" >"$OUT/$name.txt" 2>&1
   rc=$?
-  [ $rc = 0 ] || model_fail=1
-  say "$title: $([ $rc = 0 ] && echo passed || ([ $rc = 77 ] && echo SKIPPED || echo "FAILED (exit $rc)")) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:|resnet18 on|against PyTorch' "$OUT/$name.txt" | tr '\n' ' ')"
+  [ $rc = 0 ] || [ $rc = 125 ] || model_fail=1
+  say "$title: $(verdict $rc) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:|resnet18 on|against PyTorch' "$OUT/$name.txt" | tr '\n' ' ')"
   [ $rc = 0 ] || tail -20 "$OUT/$name.txt"
 }
 budget() { # SECONDS WHAT: whether this many are left before the deadline, else say what is skipped
@@ -319,13 +346,15 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
     env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn
   suite model-torch-cudnn-nhwc "the same, NHWC" 60 env GW_FIXTURES=test/fixtures "$B/test/test_model_torch" cudnn nhwc
   train 1
-  kernel_times bf16 "--act bf16 --layout nchw"
+  train 2
+  # gw-train at 2 ranks with its buckets on the stream-ordered ring (beside gw-train-n2)
+  TRAIN_TAG=-async GW_DEV_ASYNC=1 train 2
   kernel_times bf16-nhwc "--act bf16 --layout nhwc"
-  bench_gw tf32 "--tf32 1"
-  bench_torch tf32 "--tf32 1"
   bench_gw fp16 "--act fp16 --layout nchw"
   bench_torch fp16 "--tf32 1 --channels-last --amp fp16"
-  train 2
+  kernel_times bf16 "--act bf16 --layout nchw"
+  bench_gw tf32 "--tf32 1"
+  bench_torch tf32 "--tf32 1"
   bench_gw bf16-nofuse "--act bf16 --layout nchw --no-fuse"
   train 2 --host-step
   # What splitting small grids' batch-norm sums over several blocks gains
@@ -335,35 +364,19 @@ else
   say "cudnn backend: not built here (no cuDNN/cuBLAS found: see build.txt)"
 fi
 
-# ---- 6. the stream-ordered device ring (GW_DEV_ASYNC=1, not the default yet) ------------------
-# Never run on a GPU yet, so last: the streams order the chunks between them
-# (stream memory operations on counters in the shm connections' registered
-# pages) instead of a host synchronization per chunk.  What the deadline
-# leaves no room for is said and skipped (not failed); a second call gets it,
-# with the synchronized runs beside it for the comparison:
-#   GW_CHECK_ONLY="n2-async:grid n3-async:grid n2-async:streams n4:dead-midop n4-async:dead-midop
-#     n2-q1:ordering n2-q1:grid n2-q2:queues n2-async-q2:queues one-queue-ring
-#     gw-perf-device-n2 gw-perf-device-n2-async gw-perf-device-n4
-#     gw-perf-device-n4-async gw-train-n2 gw-train-n2-async" scripts/gpu-check.sh /tmp/gpu2
+# ---- 6. what may leave a process or the device in a bad state, last -----------------------------
+# A rank killed in the middle of an operation at 4 ranks, synchronized and
+# stream-ordered (the survivors' streams run out their work into the dead
+# rank's IPC-mapped memory: not yet seen on a GPU); the stream-ordered ring
+# at 256 MiB with gw-perf's 10 operations queued back to back (past CUDA's
+# queue: the caller waits in the driver for room while the progress thread
+# still makes CUDA calls); what the deadline leaves no room for is said.
 if [ -x "$B/test/test_device" ]; then
-  for run in 2a:grid 3a:grid 2a:streams 4:dead-midop 4a:dead-midop; do
-    budget 60 "gpu suite case $run" && gpu_case "$run"
-  done
+  only n4:dead-midop && budget 45 "gpu suite case 4:dead-midop" && gpu_case 4:dead-midop
+  only n4-async:dead-midop && budget 45 "gpu suite case 4a:dead-midop" && gpu_case 4a:dead-midop
 fi
-# Streams sharing hardware queues: with one (CUDA_DEVICE_MAX_CONNECTIONS=1)
-# no device ring, every staged copy on the caller's stream; with two, the
-# device ring takes an engine stream outside the caller's stream's queue
-# ('queues' makes streams that share it).  The hang these avoid is shown once
-# at the very end (one-queue-ring), so a stuck process cannot slow the rest.
-if [ -x "$B/test/test_device" ]; then
-  for run in 2q1:ordering 2q1:grid 2q2:queues 2aq2:queues; do
-    budget 60 "gpu suite case $run" && gpu_case "$run"
-  done
-fi
-budget 60 "gw-perf-device-n2-async" && perf gw-perf-device-n2-async 2 GW_DEV_ASYNC=1 -D
-budget 60 "gw-perf-device-n4-async" && perf gw-perf-device-n4-async 4 GW_DEV_ASYNC=1 -D
-# gw-train at 2 ranks with its buckets on the stream-ordered ring (beside gw-train-n2)
-[ -x "$B/tools/gw-train" ] && TRAIN_TAG=-async GW_DEV_ASYNC=1 train 2
+only gw-perf-device-n4-async-256m && budget 45 "gw-perf-device-n4-async-256m" &&
+  perf gw-perf-device-n4-async-256m 4 GW_DEV_ASYNC=1 -D -b 64M
 # Last: the device ring forced on with one hardware queue (GW_DEV_QUEUES=8 with
 # CUDA_DEVICE_MAX_CONNECTIONS=1), 20 s: expected to fail, the probe finding no
 # engine stream that runs while the caller's stream waits (all share its one
@@ -386,7 +399,7 @@ def rows(name):
 for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2",
              "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce",
              "gw-perf-device-n2-chunk1m", "gw-perf-device-n4-ringonly", "gw-perf-device-n2-flagkernel",
-             "gw-perf-device-n2-async", "gw-perf-device-n4-async"):
+             "gw-perf-device-n2-async", "gw-perf-device-n4-async", "gw-perf-device-n4-async-256m"):
     r = rows(name + ".csv")
     if not r:
         print(f"{name}: no results"); continue
