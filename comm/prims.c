@@ -355,7 +355,9 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       if (since > 0 || (c->seen_seq != p->op->desc.seq + 1 && p->grace_part <= 0))
         return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
       since = w.start;
-      gw__waiter_init(&w, grace_s(p->comm) * p->grace_part);
+      /* a peer that sent on this connection is inside the operation: the whole
+       * grace where the algorithm staggers none (a timeout of 0 waits forever) */
+      gw__waiter_init(&w, grace_s(p->comm) * (p->grace_part > 0 ? p->grace_part : 1));
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);

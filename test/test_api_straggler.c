@@ -5,6 +5,9 @@
  * the root; odd rank counts), the ring broadcast and recursive doubling; and
  * the message gives the whole wait.  Part of test_api's "waits" case. */
 #include <check.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +38,49 @@ static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_straggler, NULL, 60), 0); }
+END_TEST
+
+/* ---- a peer that stops inside an operation ----
+ * Rank 1 stops itself (SIGSTOP, from a thread) while the two ranks run large
+ * ring allreduces back to back, so mostly after it has sent chunks of the
+ * operation rank 0 waits in.  Rank 0 must still fail within the timeout and
+ * the grace (a wait on a peer that had sent, where the algorithm staggers
+ * no grace, once waited forever), then lets rank 1 go on (SIGCONT). */
+static void *stop_self(void *arg) {
+  (void)arg;
+  usleep(300 * 1000);
+  kill(getpid(), SIGSTOP);
+  return NULL;
+}
+
+static int body_stopped_midop(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  int64_t pid = getpid(), pids[2];
+  EXPECT(gw_allgather(&pid, pids, 1, GW_INT64, comm, NULL) == GW_SUCCESS, "allgather of pids");
+  gw_comm_set_timeout(comm, 1.5);
+  const size_t count = (size_t)8 << 20; /* 32 MiB: many chunks per operation */
+  float *buf = calloc(count, sizeof *buf);
+  EXPECT(buf, "out of memory");
+  pthread_t t;
+  if (rank == 1) EXPECT(pthread_create(&t, NULL, stop_self, NULL) == 0, "pthread_create");
+  gw_result_t r = GW_SUCCESS;
+  double start = 0;
+  for (int i = 0; i < 100000 && r == GW_SUCCESS; i++) {
+    start = test_now();
+    r = gw_allreduce(buf, buf, count, GW_FLOAT32, GW_SUM, comm, NULL);
+  }
+  const double took = test_now() - start;
+  if (rank == 0) kill((pid_t)pids[1], SIGCONT);
+  if (rank == 1) pthread_join(t, NULL);
+  free(buf);
+  if (rank == 1) return 0; /* it hears of rank 0's failure, or its own timeout */
+  EXPECT(n == 2 && r == GW_ERR_TIMEOUT, "returned %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  EXPECT(took < 1.5 + 1.5 + 3, "took %.1f s to report (timeout 1.5 s, grace 1.5 s)", took);
+  EXPECT(has(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  return 0;
+}
+
+START_TEST(test_stopped_midop_times_out) { ck_assert_int_eq(run_ranks(2, body_stopped_midop, NULL, 60), 0); }
 END_TEST
 
 /* ---- 4 ranks, one never calls: EVERY other rank names it ----
@@ -136,4 +182,5 @@ void add_straggler_tests(TCase *tc) {
   tcase_add_test(tc, test_timeout_every_rank_names_straggler_shm);
   tcase_add_test(tc, test_timeout_every_rank_names_straggler_tcp);
   tcase_add_test(tc, test_timeout_broadcast_names_straggler);
+  tcase_add_test(tc, test_stopped_midop_times_out);
 }
