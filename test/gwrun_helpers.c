@@ -181,7 +181,6 @@ void gwrun_free(struct run *r)
     r->out = r->err = NULL;
 }
 
-/* Whether text holds exactly this line (without its newline). */
 void gwrun_node_start(struct run *r, const char *const *env, int port, int nnodes, int node, const char *nproc,
                       const char *const *extra, const char *script)
 {
@@ -234,6 +233,7 @@ bool gwrun_stderr_has(const struct run *r, const char *needle, double timeout_s)
     return false;
 }
 
+/* Whether text holds exactly this line (without its newline). */
 bool gwrun_has_line(const char *text, const char *line)
 {
     size_t n = strlen(line);

@@ -301,7 +301,9 @@ static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
     const long long v = strtoll(version, &end, 10);
     /* A version-2 file whose version alone was damaged ("2" to "3" or "6" is
      * one bit) still matches its checksum as version 2: a newer writer's
-     * checksum covers its own version string. */
+     * checksum covers its own version string (every later format must keep
+     * format_version among the covered entries, or its files would read as
+     * damaged version-2 files here). */
     vals[0] = CKPT_VERSION;
     snprintf(have, sizeof have, "%016" PRIx64, checksum(&c, vals));
     if (sum && strcmp(sum, have) == 0) {
