@@ -138,6 +138,7 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
   pthread_mutex_init(&b->mu, NULL);
   b->comm = comm, b->buf = buf, b->count = count, b->esize = gw_dtype_size(dtype);
   b->dtype = dtype, b->op = op, b->n = nbuckets, b->wire = dtype;
+  atomic_fetch_add(&comm->bucketers, 1);
   *out = b;
   return GW_SUCCESS;
 }
@@ -589,6 +590,7 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   if (b->wire_dev) gw__dev()->free(b->wbuf);
   else free(b->wbuf);
   free(b->bounds), free(b->ready), free(b->req), free(b->iv);
+  atomic_fetch_sub(&b->comm->bucketers, 1);
   free(b);
   gw__dev_switch_back(prev);
 }

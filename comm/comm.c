@@ -687,6 +687,25 @@ fail:
 
 gw_result_t gw_comm_destroy(gw_comm_t comm) {
   if (!comm) return GW_SUCCESS;
+  /* Freed under a call on another thread, or a bucketer, the communicator
+   * would be used after its free (a crash, or worse): refused, left as it
+   * was, so the caller can let them finish and destroy it again. */
+  const int inside = atomic_load(&comm->inside), bucketers = atomic_load(&comm->bucketers);
+  if (inside > 0 || bucketers > 0) {
+    char msg[GW_ERRMSG_MAX];
+    if (inside > 0)
+      snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: %d call%s on this communicator (a collective or "
+               "gw_wait) %s still running on another thread; destroy it once %s returned (gw_comm_abort makes "
+               "%s return promptly); the communicator is unchanged", comm->rank, inside, inside == 1 ? "" : "s",
+               inside == 1 ? "is" : "are", inside == 1 ? "it has" : "they have", inside == 1 ? "it" : "them");
+    else
+      snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: %d bucketer%s still use%s it "
+               "(gw_bucketer_destroy first); the communicator is unchanged", comm->rank, bucketers,
+               bucketers == 1 ? "" : "s", bucketers == 1 ? "s" : "");
+    gw__comm_set_error(comm, msg);
+    GW_WARN(GW_SUB_INIT, "%s", msg);
+    return GW_ERR_INVALID_ARGUMENT;
+  }
   gw__progress_stop(comm);
   if (atomic_load(&comm->aborted)) {
     /* Aborted with no operation since: the peers have not heard of it yet (an

@@ -189,6 +189,10 @@ struct gw_comm {
   pthread_t thread;
   _Atomic int pending;       /* operations queued or running on the progress thread */
   _Atomic bool inline_busy;  /* a blocking call is running on its caller's thread */
+  /* What gw_comm_destroy refuses to free the communicator under: threads
+   * inside a call on it (a collective, gw_wait, gw_test), and bucketers. */
+  _Atomic int inside;
+  _Atomic int bucketers;
   _Atomic uint64_t next_seq;
   /* The latest collective's path (gw_comm_last_path): 0 before any, else
    * 1 << 24 | device ring << 16 | protocol << 8 | algorithm. */

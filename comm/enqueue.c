@@ -329,7 +329,10 @@ static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op
   if (reqp) *reqp = NULL;
   GW_CHECK(check_args(comm, fn, op, stream, send_elems, recv_elems));
   op->want_algo = (int8_t)comm->algo, op->want_proto = (int8_t)comm->proto;
-  return submit(comm, op, reqp);
+  atomic_fetch_add(&comm->inside, 1);
+  gw_result_t res = submit(comm, op, reqp);
+  atomic_fetch_sub(&comm->inside, 1);
+  return res;
 }
 
 /* A non-blocking call's handle is NULL whenever it is refused (a caller's
@@ -414,7 +417,10 @@ gw_result_t gw_wait(gw_request_t *reqp) {
   struct gw_request *req = *reqp;
   if (!req) return GW_SUCCESS;
   /* No deadline here: the operation itself enforces GW_TIMEOUT. */
-  gw_result_t res = wait_request(req->comm, req);
+  struct gw_comm *comm = req->comm;
+  atomic_fetch_add(&comm->inside, 1);
+  gw_result_t res = wait_request(comm, req);
+  atomic_fetch_sub(&comm->inside, 1);
   free(req);
   *reqp = NULL;
   return res;

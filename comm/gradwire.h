@@ -79,8 +79,11 @@ gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *mast
 
 /* Frees everything the communicator holds; accepts NULL.  Only once every
  * call on it has returned (on every thread: after gw_comm_abort they return
- * promptly), and after its bucketers (they use it); the handle is invalid
- * afterwards.  Queued operations nobody waits for run first. */
+ * promptly), and after its bucketers (they use it): while a collective or
+ * gw_wait on it runs on another thread, or a bucketer uses it, it is refused
+ * (GW_ERR_INVALID_ARGUMENT, named in gw_comm_last_error) and the communicator
+ * is left as it was.  The handle is invalid afterwards.  Queued operations
+ * nobody waits for run first. */
 gw_result_t gw_comm_destroy(gw_comm_t comm);
 
 /* From any thread: every operation of comm that is waiting, and every later one,

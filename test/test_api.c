@@ -590,6 +590,50 @@ static int body_two_threads(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_two_threads_one_comm) { ck_assert_int_eq(run_ranks(2, body_two_threads, NULL, 120), 0); }
 END_TEST
 
+/* gw_comm_destroy while another thread is inside a call on the communicator,
+ * or while a bucketer uses it, is refused by name and leaves it as it was
+ * (it freed it under them: a crash); once they are done it goes. */
+static void *blocked_allreduce(void *arg) {
+  static gw_result_t r;
+  float x = 1;
+  r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, arg, NULL);
+  return &r;
+}
+
+static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  if (rank == 1) {
+    usleep(800 * 1000); /* rank 0's allreduce blocks meanwhile */
+    float x = 1;
+    EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "allreduce");
+  } else {
+    pthread_t t;
+    EXPECT(pthread_create(&t, NULL, blocked_allreduce, comm) == 0, "pthread_create");
+    usleep(300 * 1000);
+    gw_result_t r = gw_comm_destroy(comm);
+    EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "gw_comm_destroy refused: 1 call") &&
+               has(gw_comm_last_error(comm), "still running on another thread"),
+           "destroy under a blocked allreduce: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+    void *res;
+    pthread_join(t, &res);
+    EXPECT(*(gw_result_t *)res == GW_SUCCESS, "the blocked allreduce: %s", gw_strerror(*(gw_result_t *)res));
+  }
+  float buf[4] = {0};
+  const size_t bounds[] = {0, 4};
+  gw_bucketer_t b;
+  EXPECT(gw_bucketer_create(comm, buf, 4, GW_FLOAT32, GW_SUM, bounds, 1, &b) == GW_SUCCESS, "bucketer");
+  gw_result_t r = gw_comm_destroy(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "1 bucketer still uses it"),
+         "destroy under a bucketer: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  gw_bucketer_destroy(b);
+  float x = 1; /* the communicator still works */
+  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS && x == 2, "allreduce after");
+  return 0;
+}
+
+START_TEST(test_destroy_refused_in_use) { ck_assert_int_eq(run_ranks(2, body_destroy_in_use, NULL, 60), 0); }
+END_TEST
+
 /* One buffer as both send and receive buffer is in place for allgather and
  * reduce_scatter only on rank 0 (the layout puts a rank's part at its
  * offset); on another rank it overlaps (reduce_scatter wrote its output over
@@ -813,6 +857,7 @@ int main(void) {
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_two_threads_one_comm);
+  tcase_add_test(tc, test_destroy_refused_in_use);
   tcase_add_test(tc, test_no_shm_leftovers);
   tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);
