@@ -6,7 +6,7 @@
 # namespaces.  On each node gw-run starts RPN ranks (default 2).  Checks: the collective grid
 # across the nodes (GW_TEST_MAX_COUNT, default 65537), same-node pairs on shm and
 # cross-node pairs on tcp, gw-perf with checking (also on emulated device buffers), the (hierarchical) tree,
-# everything forced onto tcp, and
+# its timeouts naming a straggler on every rank, everything forced onto tcp, and
 # (when built with libibverbs) the same over the ib transport's verbs emulator.
 # The namespaces are removed on exit, also when a check fails.  Exits 77 (meson:
 # skipped) without root or without `ip netns`.
@@ -104,6 +104,33 @@ expect_in_logs perf-device "no device ring" "device buffers across machines go t
 GW_ALGO=tree GW_TEST_COUNTS=0,1,7,9,64,65,1023,65537,131073 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT \
   run_job grid-tree 900 "$build/test/test_collectives" --from-env
 [ "$rpn" -gt 1 ] && expect_in_logs grid-tree "trees: hierarchical over $nnodes machines" "the trees are hierarchical"
+# Timeouts on the (hierarchical) tree name the straggler on every rank: one rank
+# never calls its allreduce (bench/faults_rank's straggler scenario, 6 s late),
+# with 1 float (tree 0 alone) and 1000 (both trees), the victim a machine's
+# first rank (a leader, interior across machines) and then its last; each
+# other rank's error must name it (a wait on a rank that waits itself holds
+# off part of the grace, by depth, so the rank below or above the straggler
+# reports first).
+straggler_job() { # VICTIM COUNT
+  local d="$work/straggle-$1-$2" k bad=0 n=0
+  mkdir -p "$d"
+  GW_ALGO=tree GW_TIMEOUT=2 FAULTS_SCENARIO=straggler FAULTS_DIR="$d" FAULTS_VICTIM=$1 FAULTS_LATE=6 \
+    FAULTS_COUNT=$2 run_job "straggler-tree-$1-$2" 120 "$build/bench/faults_rank" run || return
+  for ((k = 0; k < nnodes * rpn; k++)); do
+    [ "$k" -eq "$1" ] && continue
+    n=$((n + 1))
+    if ! grep -q "from rank $1, which has not" "$d/rank.$k" 2>/dev/null; then
+      bad=1
+      echo "netns: straggler $1 (count $2): rank $k does not name it: $(cut -f 9 "$d/rank.$k" 2>/dev/null)"
+    fi
+  done
+  if [ $bad -eq 0 ] && [ $n -gt 0 ]; then echo "netns: tree timeouts name straggler $1 (count $2) on all $n others: ok"
+  else failures=$((failures + 1)); fi
+}
+if [ -x "$build/bench/faults_rank" ] && [ $((nnodes * rpn)) -ge 3 ]; then
+  straggler_job "$rpn" 1
+  straggler_job $((2 * rpn - 1)) 1000
+fi
 GW_TRANSPORT=tcp GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT GW_TEST_MAX_COUNT=1023 run_job grid-tcp 600 \
   "$build/test/test_collectives" --from-env
 # Every connection logged is tcp: none via another transport, and some at all
