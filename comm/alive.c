@@ -56,6 +56,7 @@ static void fork_parent(void) { pthread_mutex_unlock(&holders_mu); }
  * use there), so the lock lasts exactly as long as the rank. */
 static void fork_child(void) {
   for (int i = 0; i < nholders; i++) {
+    atomic_store(&holders[i]->forked_away, true);
     close(holders[i]->alive_own);
     holders[i]->alive_own = -1;
     holders[i]->alive_named = false; /* the parent's file: not the child's to unlink */

@@ -685,23 +685,66 @@ fail:
   return init_fail(&err, res);
 }
 
+gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn) {
+  if (atomic_load(&comm->forked_away)) {
+    char msg[GW_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "rank %d: %s: this communicator belongs to the process that forked this one (pid %ld); "
+             "a child cannot use it (make a new communicator in the child, after exec or not)", comm->rank, fn,
+             (long)getppid());
+    gw__comm_set_error(comm, msg);
+    return GW_ERR_INVALID_ARGUMENT;
+  }
+  atomic_fetch_add(&comm->inside, 1); /* seq_cst, against destroy's flag and count */
+  if (atomic_load(&comm->destroying)) {
+    atomic_fetch_sub(&comm->inside, 1);
+    char msg[GW_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "rank %d: %s: the communicator is being destroyed on another thread", comm->rank, fn);
+    gw__comm_set_error(comm, msg);
+    return GW_ERR_INVALID_ARGUMENT;
+  }
+  return GW_SUCCESS;
+}
+
+void gw__comm_leave(struct gw_comm *comm) { atomic_fetch_sub(&comm->inside, 1); }
+
+/* Why gw_comm_destroy cannot free comm now, into msg; false if it can. */
+static bool destroy_refused(struct gw_comm *comm, char *msg, size_t len) {
+  if (atomic_load(&comm->forked_away)) {
+    snprintf(msg, len, "rank %d: gw_comm_destroy refused: this communicator belongs to the process that forked this "
+             "one; a child cannot free it (its copy goes when the child exits)", comm->rank);
+    return true;
+  }
+  const int inside = atomic_load(&comm->inside), bucketers = atomic_load(&comm->bucketers),
+            requests = atomic_load(&comm->requests);
+  if (inside > 0)
+    snprintf(msg, len, "rank %d: gw_comm_destroy refused: %d call%s on this communicator (a collective, gw_wait, ...) "
+             "%s still running on another thread; destroy it once %s returned (gw_comm_abort makes %s return "
+             "promptly); the communicator is unchanged", comm->rank, inside, inside == 1 ? "" : "s",
+             inside == 1 ? "is" : "are", inside == 1 ? "it has" : "they have", inside == 1 ? "it" : "them");
+  else if (bucketers > 0)
+    snprintf(msg, len, "rank %d: gw_comm_destroy refused: %d bucketer%s still use%s it (gw_bucketer_destroy first); "
+             "the communicator is unchanged", comm->rank, bucketers, bucketers == 1 ? "" : "s",
+             bucketers == 1 ? "s" : "");
+  else if (requests > 0)
+    snprintf(msg, len, "rank %d: gw_comm_destroy refused: %d request%s of non-blocking calls %s not been waited for "
+             "(gw_wait or gw_test %s to the end first: after gw_comm_abort %s promptly); the communicator is "
+             "unchanged", comm->rank, requests, requests == 1 ? "" : "s", requests == 1 ? "has" : "have",
+             requests == 1 ? "it" : "them", requests == 1 ? "it ends" : "they end");
+  else
+    return false;
+  return true;
+}
+
 gw_result_t gw_comm_destroy(gw_comm_t comm) {
   if (!comm) return GW_SUCCESS;
-  /* Freed under a call on another thread, or a bucketer, the communicator
-   * would be used after its free (a crash, or worse): refused, left as it
-   * was, so the caller can let them finish and destroy it again. */
-  const int inside = atomic_load(&comm->inside), bucketers = atomic_load(&comm->bucketers);
-  if (inside > 0 || bucketers > 0) {
-    char msg[GW_ERRMSG_MAX];
-    if (inside > 0)
-      snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: %d call%s on this communicator (a collective or "
-               "gw_wait) %s still running on another thread; destroy it once %s returned (gw_comm_abort makes "
-               "%s return promptly); the communicator is unchanged", comm->rank, inside, inside == 1 ? "" : "s",
-               inside == 1 ? "is" : "are", inside == 1 ? "it has" : "they have", inside == 1 ? "it" : "them");
-    else
-      snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: %d bucketer%s still use%s it "
-               "(gw_bucketer_destroy first); the communicator is unchanged", comm->rank, bucketers,
-               bucketers == 1 ? "" : "s", bucketers == 1 ? "s" : "");
+  /* Freed under a call on another thread, a bucketer or a request, the
+   * communicator would be used after its free (a crash, or worse): refused,
+   * left as it was, so the caller can let them finish and destroy it again.
+   * The flag first: a call entering after the count sees it (seq_cst). */
+  char msg[GW_ERRMSG_MAX];
+  atomic_store(&comm->destroying, true);
+  if (destroy_refused(comm, msg, sizeof msg)) {
+    atomic_store(&comm->destroying, false);
     gw__comm_set_error(comm, msg);
     GW_WARN(GW_SUB_INIT, "%s", msg);
     return GW_ERR_INVALID_ARGUMENT;
@@ -737,8 +780,10 @@ void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
 
 gw_result_t gw_comm_abort(gw_comm_t comm) {
   if (!comm) return null_argument(comm, "gw_comm_abort");
+  GW_CHECK(gw__comm_enter(comm, "gw_comm_abort"));
   atomic_store(&comm->aborted, true);
   GW_WARN(GW_SUB_INIT, "rank %d: communicator aborted by gw_comm_abort", comm->rank);
+  gw__comm_leave(comm);
   return GW_SUCCESS;
 }
 
@@ -811,13 +856,32 @@ gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len) {
 }
 
 /* A registration: the transport's handle (NULL without ib), so the caller's
- * handle is never NULL after success. */
+ * handle is never NULL after success.  The live ones are listed (per
+ * process, as the transport caches them), so a handle deregistered twice,
+ * or one never given out, is refused instead of freed again. */
 struct gw_registration {
   void *ib;
+  struct gw_registration *next;
 };
+static pthread_mutex_t regs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gw_registration *regs;
+
+/* Takes reg out of the live list; false if it is not there. */
+static bool regs_take(struct gw_registration *reg) {
+  bool found = false;
+  pthread_mutex_lock(&regs_mu);
+  for (struct gw_registration **p = &regs; *p; p = &(*p)->next)
+    if (*p == reg) {
+      *p = reg->next, found = true;
+      break;
+    }
+  pthread_mutex_unlock(&regs_mu);
+  return found;
+}
 
 gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle) {
   if (!comm) return null_argument(comm, "gw_comm_register");
+  GW_CHECK(gw__comm_enter(comm, "gw_comm_register"));
   struct gw_errctx err = {{0}};
   gw_result_t r = GW_SUCCESS;
   struct gw_registration *reg = NULL;
@@ -834,21 +898,35 @@ gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **han
   if (r != GW_SUCCESS) {
     free(reg);
     gw__comm_set_error(comm, err.msg);
+    gw__comm_leave(comm);
     return r;
   }
+  pthread_mutex_lock(&regs_mu);
+  reg->next = regs, regs = reg;
+  pthread_mutex_unlock(&regs_mu);
   *handle = reg;
+  gw__comm_leave(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle) {
   if (!comm) return null_argument(comm, "gw_comm_deregister");
   struct gw_registration *reg = handle;
-  if (reg) {
-#if GW_HAVE_IBVERBS
-    gw__ib_deregister(reg->ib);
-#endif
-    free(reg);
+  if (!reg) return GW_SUCCESS;
+  GW_CHECK(gw__comm_enter(comm, "gw_comm_deregister"));
+  if (!regs_take(reg)) {
+    char msg[GW_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "rank %d: gw_comm_deregister: %p is not a live registration (deregistered twice, or "
+             "not a handle from gw_comm_register)", comm->rank, handle);
+    gw__comm_set_error(comm, msg);
+    gw__comm_leave(comm);
+    return GW_ERR_INVALID_ARGUMENT;
   }
+#if GW_HAVE_IBVERBS
+  gw__ib_deregister(reg->ib);
+#endif
+  free(reg);
+  gw__comm_leave(comm);
   return GW_SUCCESS;
 }
 

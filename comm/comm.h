@@ -190,9 +190,17 @@ struct gw_comm {
   _Atomic int pending;       /* operations queued or running on the progress thread */
   _Atomic bool inline_busy;  /* a blocking call is running on its caller's thread */
   /* What gw_comm_destroy refuses to free the communicator under: threads
-   * inside a call on it (a collective, gw_wait, gw_test), and bucketers. */
+   * inside a call on it (gw__comm_enter: a collective, gw_wait, gw_test,
+   * gw_comm_abort, registration), bucketers, and requests handed out and not
+   * yet freed by gw_wait / gw_test.  destroying: set while destroy checks
+   * them, so a call entering meanwhile is refused instead of running on. */
   _Atomic int inside;
   _Atomic int bucketers;
+  _Atomic int requests;
+  _Atomic bool destroying;
+  /* Set in a child forked without exec (alive.c's fork handler): the
+   * communicator is the parent's, every call on it is refused there. */
+  _Atomic bool forked_away;
   _Atomic uint64_t next_seq;
   /* The latest collective's path (gw_comm_last_path): 0 before any, else
    * 1 << 24 | device ring << 16 | protocol << 8 | algorithm. */
@@ -278,7 +286,12 @@ gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op
 long gw__dev_queues(void);
 /* How many sequence numbers a stream-ordered op takes (its staging pieces). */
 uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op);
-void gw__dev_throttle(struct gw_comm *comm);
+gw_result_t gw__dev_throttle(struct gw_comm *comm);
+/* The entry of a call on comm (fn names it): refused where the communicator
+ * is being destroyed or belongs to the parent of a forked child; else counted
+ * in comm->inside until gw__comm_leave. */
+gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn);
+void gw__comm_leave(struct gw_comm *comm);
 /* Under comm->mu: takes op's ticket (and makes the flags on first use). */
 gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
 /* After op was queued for the progress thread, on the caller's thread: puts

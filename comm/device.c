@@ -333,13 +333,31 @@ static int piece_copies(const struct gw_comm *comm, const struct gw_dev_ops *dv,
 /* Before comm->mu is taken: a start flag is reused GW_DEV_TICKETS tickets
  * later, so the next ticket waits for the one that used its flag to be done.
  * (One thread drives a communicator at a time, so next_ticket is stable.) */
-void gw__dev_throttle(struct gw_comm *comm) {
+gw_result_t gw__dev_throttle(struct gw_comm *comm) {
   struct gw_devstate *d = comm->dev;
-  if (!d || d->next_ticket + 1 <= GW_DEV_TICKETS) return;
+  if (!d || d->next_ticket + 1 <= GW_DEV_TICKETS) return GW_SUCCESS;
   uint64_t need = fval(d->next_ticket + 1 - GW_DEV_TICKETS, GW_DEV_ALL);
   struct gw_waiter w;
-  gw__waiter_init(&w, 0);
-  while (atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) < need) gw__waiter_pause(&w);
+  gw__waiter_init(&w, atomic_load(&comm->timeout_s));
+  while (atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) < need) {
+    /* The operation that holds the flag ends (or is given up) by its own
+     * deadline; an abort or a failed communicator ends this wait too. */
+    struct gw_errctx err;
+    if (atomic_load(&comm->aborted) || atomic_load(&comm->failed)) {
+      gw__err(&err, GW_ERR_ABORTED, "rank %d: the communicator failed or was aborted while this stream-ordered call "
+              "waited for operation #%llu's flag", comm->rank, (unsigned long long)(d->next_ticket + 1 - GW_DEV_TICKETS));
+      gw__comm_set_error(comm, err.msg);
+      return GW_ERR_ABORTED;
+    }
+    if (!gw__waiter_pause(&w)) {
+      gw__err(&err, GW_ERR_TIMEOUT, "rank %d: a stream-ordered call waited %.0f s (GW_TIMEOUT) for the operation %d "
+              "calls before it to finish on its stream (its flag is reused)", comm->rank,
+              atomic_load(&comm->timeout_s), GW_DEV_TICKETS);
+      gw__comm_set_error(comm, err.msg);
+      return GW_ERR_TIMEOUT;
+    }
+  }
+  return GW_SUCCESS;
 }
 
 /* Under comm->mu.  Makes the flags on first use, takes a ticket and enqueues

@@ -259,6 +259,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     }
     atomic_store(&comm->inline_busy, false);
   }
+  gw_result_t res;
   struct gw_request *req = calloc(1, sizeof *req);
   if (!req) {
     struct gw_errctx err;
@@ -266,9 +267,12 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     gw__comm_set_error(comm, err.msg);
     return GW_ERR_SYSTEM;
   }
-  if (op->ordered) gw__dev_throttle(comm);
+  if (op->ordered && (res = gw__dev_throttle(comm)) != GW_SUCCESS) {
+    free(req);
+    return res;
+  }
   pthread_mutex_lock(&comm->mu);
-  gw_result_t res = start_thread_locked(comm);
+  res = start_thread_locked(comm);
   if (res != GW_SUCCESS) {
     pthread_mutex_unlock(&comm->mu);
     free(req);
@@ -313,6 +317,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   }
   if (detached) return GW_SUCCESS; /* req may be gone already */
   if (reqp) {
+    atomic_fetch_add(&comm->requests, 1); /* until gw_wait / gw_test frees it */
     *reqp = req;
     return GW_SUCCESS;
   }
@@ -327,11 +332,13 @@ static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op
                           size_t send_elems, size_t recv_elems, gw_request_t *reqp, bool nonblocking) {
   if (nonblocking && !reqp) return bad_arg(comm, "rank %d: %s: %s", fn, "the request pointer is NULL");
   if (reqp) *reqp = NULL;
-  GW_CHECK(check_args(comm, fn, op, stream, send_elems, recv_elems));
-  op->want_algo = (int8_t)comm->algo, op->want_proto = (int8_t)comm->proto;
-  atomic_fetch_add(&comm->inside, 1);
-  gw_result_t res = submit(comm, op, reqp);
-  atomic_fetch_sub(&comm->inside, 1);
+  if (comm) GW_CHECK(gw__comm_enter(comm, fn));
+  gw_result_t res = check_args(comm, fn, op, stream, send_elems, recv_elems);
+  if (res == GW_SUCCESS) {
+    op->want_algo = (int8_t)comm->algo, op->want_proto = (int8_t)comm->proto;
+    res = submit(comm, op, reqp);
+  }
+  if (comm) gw__comm_leave(comm);
   return res;
 }
 
@@ -418,10 +425,11 @@ gw_result_t gw_wait(gw_request_t *reqp) {
   if (!req) return GW_SUCCESS;
   /* No deadline here: the operation itself enforces GW_TIMEOUT. */
   struct gw_comm *comm = req->comm;
-  atomic_fetch_add(&comm->inside, 1);
+  GW_CHECK(gw__comm_enter(comm, "gw_wait"));
   gw_result_t res = wait_request(comm, req);
-  atomic_fetch_sub(&comm->inside, 1);
   free(req);
+  atomic_fetch_sub(&comm->requests, 1);
+  gw__comm_leave(comm);
   *reqp = NULL;
   return res;
 }
@@ -433,14 +441,20 @@ gw_result_t gw_test(gw_request_t *reqp, int *done) {
     *done = 1;
     return GW_SUCCESS;
   }
+  struct gw_comm *comm = req->comm;
+  *done = 0;
+  GW_CHECK(gw__comm_enter(comm, "gw_test"));
   if (!atomic_load_explicit(&req->done, memory_order_acquire) ||
-      (req->result == GW_SUCCESS && !gw__dev_settled(req->comm, &req->op))) {
+      (req->result == GW_SUCCESS && !gw__dev_settled(comm, &req->op))) {
     *done = 0;
+    gw__comm_leave(comm);
     return GW_SUCCESS;
   }
   *done = 1;
   gw_result_t res = req->result;
   free(req);
   *reqp = NULL;
+  atomic_fetch_sub(&comm->requests, 1);
+  gw__comm_leave(comm);
   return res;
 }

@@ -79,11 +79,14 @@ gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *mast
 
 /* Frees everything the communicator holds; accepts NULL.  Only once every
  * call on it has returned (on every thread: after gw_comm_abort they return
- * promptly), and after its bucketers (they use it): while a collective or
- * gw_wait on it runs on another thread, or a bucketer uses it, it is refused
+ * promptly), after its bucketers (they use it) and once every request of its
+ * non-blocking calls was waited for: while a call on it runs on another
+ * thread, a bucketer uses it or a request is out, it is refused
  * (GW_ERR_INVALID_ARGUMENT, named in gw_comm_last_error) and the communicator
- * is left as it was.  The handle is invalid afterwards.  Queued operations
- * nobody waits for run first. */
+ * is left as it was.  The handle is invalid afterwards.  Stream-ordered
+ * operations nobody waits for run first.  A child forked without exec
+ * cannot use its parent's communicators: every call on them, destroy
+ * included, is refused there. */
 gw_result_t gw_comm_destroy(gw_comm_t comm);
 
 /* From any thread: every operation of comm that is waiting, and every later one,
@@ -114,7 +117,8 @@ gw_result_t gw_comm_device(gw_comm_t comm, int *device);
  * registering again.  Keep the memory mapped until gw_comm_deregister.  Without
  * an ib port it does nothing and succeeds.  *handle is for gw_comm_deregister. */
 gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle);
-/* Drops a registration from gw_comm_register; accepts NULL. */
+/* Drops a registration from gw_comm_register; accepts NULL.  A handle that is
+ * no live registration (dropped already) is refused, not freed again. */
 gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle);
 
 /* Per-communicator deadline for every blocking wait, in seconds (default
@@ -217,8 +221,7 @@ gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req);
 
 /* Waits for *req, frees it and sets *req = NULL; returns the operation's result.
  * A NULL *req returns GW_SUCCESS at once.  Every request is waited for (or
- * tested done) before gw_comm_destroy, which runs what is queued to its end
- * but cannot free requests: one used after destroy reads freed memory. */
+ * tested done) before gw_comm_destroy (which refuses while one is out). */
 gw_result_t gw_wait(gw_request_t *req);
 /* Sets *done.  When done, frees *req, sets it to NULL and returns the operation's
  * result; otherwise returns GW_SUCCESS and leaves *req alone. */

@@ -591,8 +591,11 @@ START_TEST(test_two_threads_one_comm) { ck_assert_int_eq(run_ranks(2, body_two_t
 END_TEST
 
 /* gw_comm_destroy while another thread is inside a call on the communicator,
- * or while a bucketer uses it, is refused by name and leaves it as it was
- * (it freed it under them: a crash); once they are done it goes. */
+ * while a bucketer uses it, or with a request not waited for, is refused by
+ * name and leaves it as it was (it freed it under them: a crash); once they
+ * are done it goes.  A registration dropped twice is refused (it was freed
+ * twice), and so is every call of a forked child on its parent's
+ * communicator. */
 static void *blocked_allreduce(void *arg) {
   static gw_result_t r;
   float x = 1;
@@ -626,6 +629,36 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "1 bucketer still uses it"),
          "destroy under a bucketer: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
   gw_bucketer_destroy(b);
+  /* A request not waited for: refused until it is. */
+  gw_request_t req;
+  float y = 1;
+  EXPECT(gw_iallreduce(&y, &y, 1, GW_FLOAT32, GW_SUM, comm, NULL, &req) == GW_SUCCESS, "iallreduce");
+  r = gw_comm_destroy(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "1 request of non-blocking calls has not"),
+         "destroy with a request out: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  EXPECT(gw_wait(&req) == GW_SUCCESS && y == 2, "the request, waited for after the refusal");
+  /* A registration dropped twice: refused, not freed again. */
+  void *h;
+  EXPECT(gw_comm_register(comm, buf, sizeof buf, &h) == GW_SUCCESS, "register: %s", gw_comm_last_error(comm));
+  EXPECT(gw_comm_deregister(comm, h) == GW_SUCCESS, "deregister");
+  r = gw_comm_deregister(comm, h);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "is not a live registration"),
+         "deregister twice: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  /* A child forked without exec: every call on the parent's communicator,
+   * and its destroy, refused by name (its collectives ran on the parent's
+   * connections: chunks taken from under the parent). */
+  pid_t child = fork();
+  if (child == 0) {
+    float z = 1;
+    gw_result_t c = gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+    int bad = c != GW_ERR_INVALID_ARGUMENT || !has(gw_comm_last_error(comm), "a child cannot use it");
+    bad |= gw_comm_destroy(comm) != GW_ERR_INVALID_ARGUMENT;
+    if (bad) fprintf(stderr, "child: allreduce %s: %s\n", gw_strerror(c), gw_comm_last_error(comm));
+    _exit(bad);
+  }
+  int status = 0;
+  EXPECT(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+         "the forked child's calls were not refused (status %d)", status);
   float x = 1; /* the communicator still works */
   EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS && x == 2, "allreduce after");
   return 0;
