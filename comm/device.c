@@ -181,8 +181,15 @@ void gw__dev_thread_start(struct gw_comm *comm) {
 }
 
 /* ---- argument checks --------------------------------------------------------------------- */
-static gw_result_t kind_of(struct gw_comm *comm, const char *fn, const char *name, const void *p, int *is_dev,
-                           struct gw_errctx *err) {
+/* What p is (host or device memory, of which device), and for device memory
+ * whether the call's `bytes` from it are too: a buffer shorter than the call
+ * made the copies and kernels fault, and a CUDA fault is sticky (the
+ * context is dead for the rest of the process).  The last byte is asked
+ * about as the first is: past the end of an allocation's pages it is no
+ * device memory (not caught: a shorter buffer whose end still lies in the
+ * allocation's rounding, or in the next allocation). */
+static gw_result_t kind_of(struct gw_comm *comm, const char *fn, const char *name, const void *p, size_t bytes,
+                           int *is_dev, struct gw_errctx *err) {
   int dev = -1;
   *is_dev = 0;
   const struct gw_dev_ops *dv = gw__dev();
@@ -195,6 +202,12 @@ static gw_result_t kind_of(struct gw_comm *comm, const char *fn, const char *nam
   if (dev != comm->device)
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: %s is memory of device %d, but this communicator "
                    "is bound to device %d", comm->rank, fn, name, dev, comm->device);
+  int end_dev = 0, end_device = -1;
+  if (bytes > 1) dv->ptr_kind((const char *)p + bytes - 1, &end_dev, &end_device);
+  if (bytes > 1 && (!end_dev || end_device != dev))
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: %s starts in device %d's memory, but its last byte "
+                   "for this call (%zu bytes on) is not: the buffer is shorter than the call's count", comm->rank, fn,
+                   name, dev, bytes - 1);
   return GW_SUCCESS;
 }
 
@@ -204,8 +217,9 @@ gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op
   op->ordered = false;
   op->device_mem = false;
   int sdev = 0, rdev = 0;
-  if (send_elems) GW_CHECK(kind_of(comm, fn, "sendbuf", op->sendbuf, &sdev, err));
-  if (recv_elems) GW_CHECK(kind_of(comm, fn, "recvbuf", op->recvbuf, &rdev, err));
+  const size_t es = gw_dtype_size((gw_dtype_t)op->desc.dtype); /* the sizes were checked not to overflow */
+  if (send_elems) GW_CHECK(kind_of(comm, fn, "sendbuf", op->sendbuf, send_elems * es, &sdev, err));
+  if (recv_elems) GW_CHECK(kind_of(comm, fn, "recvbuf", op->recvbuf, recv_elems * es, &rdev, err));
   if (send_elems && recv_elems && sdev != rdev)
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: sendbuf is %s memory but recvbuf is %s memory; both "
                    "must be on the same side (copy one of them first)", comm->rank, fn, sdev ? "device" : "host",
