@@ -571,6 +571,9 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 
 void gw_bucketer_destroy(gw_bucketer_t b) {
   if (!b) return;
+  /* Under the lock the marks and waits take: one running on another thread
+   * ends first (two waits of the same requests freed them twice). */
+  pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm);
   wait_started(b);
   /* A step left part way (see fail_comm_for_step), also one whose every mark
@@ -583,6 +586,7 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
              "; the step's first refused mark: ") : "", why);
     fail_comm_for_step(b, GW_ERR_INVALID_ARGUMENT, msg);
   }
+  pthread_mutex_unlock(&b->mu);
   pthread_mutex_destroy(&b->mu);
   drop_own_stream(b);
   for (int i = 0; b->ev && i <= b->n; i++) gw__dev()->event_destroy(b->ev[i]);
