@@ -56,7 +56,6 @@ static void fork_parent(void) { pthread_mutex_unlock(&holders_mu); }
  * use there), so the lock lasts exactly as long as the rank. */
 static void fork_child(void) {
   for (int i = 0; i < nholders; i++) {
-    atomic_store(&holders[i]->forked_away, true);
     close(holders[i]->alive_own);
     holders[i]->alive_own = -1;
     holders[i]->alive_named = false; /* the parent's file: not the child's to unlink */
@@ -65,6 +64,16 @@ static void fork_child(void) {
   pthread_mutex_unlock(&holders_mu);
 }
 static void install_fork_handler(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+/* Every communicator's, liveness or not (single-rank ones have none). */
+static _Atomic unsigned fork_gen;
+static pthread_once_t gen_once = PTHREAD_ONCE_INIT;
+static void bump_fork_gen(void) { atomic_fetch_add(&fork_gen, 1); }
+static void install_gen_handler(void) { pthread_atfork(NULL, NULL, bump_fork_gen); }
+unsigned gw__fork_generation(void) {
+  pthread_once(&gen_once, install_gen_handler);
+  return atomic_load(&fork_gen);
+}
 
 /* Under holders_mu (no fork in between: the prepare handler takes it). */
 static void holders_add_locked(struct gw_comm *c) {

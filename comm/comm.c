@@ -597,6 +597,8 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->rank = rank;
   c->device = -1;
   c->alive_own = -1;
+  c->owner_pid = (long)getpid();
+  c->fork_gen = gw__fork_generation();
   c->nranks = nranks;
   c->next_seq = 1;
   c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
@@ -685,17 +687,24 @@ fail:
   return init_fail(&err, res);
 }
 
+/* Whether comm is its process's own: not a forked child's copy of it. */
+static bool forked_away(const struct gw_comm *comm) { return comm->fork_gen != gw__fork_generation(); }
+
 gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn) {
-  if (atomic_load(&comm->forked_away)) {
+  if (forked_away(comm)) {
     char msg[GW_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "rank %d: %s: this communicator belongs to the process that forked this one (pid %ld); "
-             "a child cannot use it (make a new communicator in the child, after exec or not)", comm->rank, fn,
-             (long)getppid());
+    snprintf(msg, sizeof msg, "rank %d: %s: this communicator belongs to process %ld, which forked this one (pid "
+             "%ld); a child cannot use it (make a new communicator in the child, after exec or not)", comm->rank, fn,
+             comm->owner_pid, (long)getpid());
     gw__comm_set_error(comm, msg);
     return GW_ERR_INVALID_ARGUMENT;
   }
   atomic_fetch_add(&comm->inside, 1); /* seq_cst, against destroy's flag and count */
-  if (atomic_load(&comm->destroying)) {
+  int state;
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  while ((state = atomic_load(&comm->destroying)) == GW_DESTROY_CHECKING) gw__waiter_pause(&w); /* its verdict */
+  if (state == GW_DESTROY_GOING) {
     atomic_fetch_sub(&comm->inside, 1);
     char msg[GW_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "rank %d: %s: the communicator is being destroyed on another thread", comm->rank, fn);
@@ -709,9 +718,9 @@ void gw__comm_leave(struct gw_comm *comm) { atomic_fetch_sub(&comm->inside, 1); 
 
 /* Why gw_comm_destroy cannot free comm now, into msg; false if it can. */
 static bool destroy_refused(struct gw_comm *comm, char *msg, size_t len) {
-  if (atomic_load(&comm->forked_away)) {
-    snprintf(msg, len, "rank %d: gw_comm_destroy refused: this communicator belongs to the process that forked this "
-             "one; a child cannot free it (its copy goes when the child exits)", comm->rank);
+  if (forked_away(comm)) {
+    snprintf(msg, len, "rank %d: gw_comm_destroy refused: this communicator belongs to process %ld, which forked this "
+             "one; a child cannot free it (its copy goes when the child exits)", comm->rank, comm->owner_pid);
     return true;
   }
   const int inside = atomic_load(&comm->inside), bucketers = atomic_load(&comm->bucketers),
@@ -742,13 +751,20 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
    * left as it was, so the caller can let them finish and destroy it again.
    * The flag first: a call entering after the count sees it (seq_cst). */
   char msg[GW_ERRMSG_MAX];
-  atomic_store(&comm->destroying, true);
+  int idle = GW_DESTROY_NO;
+  if (!atomic_compare_exchange_strong(&comm->destroying, &idle, GW_DESTROY_CHECKING)) {
+    snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: another thread is destroying this communicator",
+             comm->rank);
+    gw__comm_set_error(comm, msg);
+    return GW_ERR_INVALID_ARGUMENT;
+  }
   if (destroy_refused(comm, msg, sizeof msg)) {
-    atomic_store(&comm->destroying, false);
+    atomic_store(&comm->destroying, GW_DESTROY_NO); /* the calls that waited for the verdict go on */
     gw__comm_set_error(comm, msg);
     GW_WARN(GW_SUB_INIT, "%s", msg);
     return GW_ERR_INVALID_ARGUMENT;
   }
+  atomic_store(&comm->destroying, GW_DESTROY_GOING);
   gw__progress_stop(comm);
   if (atomic_load(&comm->aborted)) {
     /* Aborted with no operation since: the peers have not heard of it yet (an
@@ -780,10 +796,9 @@ void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
 
 gw_result_t gw_comm_abort(gw_comm_t comm) {
   if (!comm) return null_argument(comm, "gw_comm_abort");
-  GW_CHECK(gw__comm_enter(comm, "gw_comm_abort"));
+  /* No gate: from any thread, any time before the free (a flag alone). */
   atomic_store(&comm->aborted, true);
   GW_WARN(GW_SUB_INIT, "rank %d: communicator aborted by gw_comm_abort", comm->rank);
-  gw__comm_leave(comm);
   return GW_SUCCESS;
 }
 

@@ -192,15 +192,17 @@ struct gw_comm {
   /* What gw_comm_destroy refuses to free the communicator under: threads
    * inside a call on it (gw__comm_enter: a collective, gw_wait, gw_test,
    * gw_comm_abort, registration), bucketers, and requests handed out and not
-   * yet freed by gw_wait / gw_test.  destroying: set while destroy checks
-   * them, so a call entering meanwhile is refused instead of running on. */
+   * yet freed by gw_wait / gw_test.  destroying: GW_DESTROY_CHECKING while
+   * destroy counts them (a call entering meanwhile waits for the verdict),
+   * GW_DESTROY_GOING once it goes ahead (a call entering then is refused). */
   _Atomic int inside;
   _Atomic int bucketers;
   _Atomic int requests;
-  _Atomic bool destroying;
-  /* Set in a child forked without exec (alive.c's fork handler): the
-   * communicator is the parent's, every call on it is refused there. */
-  _Atomic bool forked_away;
+  _Atomic int destroying;
+  /* The process that made it and the fork generation then (alive.c): in a
+   * child forked without exec every call on it is refused. */
+  long owner_pid;
+  unsigned fork_gen;
   _Atomic uint64_t next_seq;
   /* The latest collective's path (gw_comm_last_path): 0 before any, else
    * 1 << 24 | device ring << 16 | protocol << 8 | algorithm. */
@@ -319,6 +321,10 @@ void gw__progress_stop(struct gw_comm *comm);
 
 /* alive.c: liveness locks of the ranks on this machine. */
 void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me);
+enum { GW_DESTROY_NO, GW_DESTROY_CHECKING, GW_DESTROY_GOING };
+/* The fork generation: bumped in every child forked without exec (a
+ * handler installed at the first call). */
+unsigned gw__fork_generation(void);
 gw_result_t gw__alive_open_peers(struct gw_comm *c, struct gw_errctx *err);
 void gw__alive_unlink_own(struct gw_comm *c);
 bool gw__alive_lock_gone(const struct gw_comm *c, int peer); /* true: that rank's process is gone */

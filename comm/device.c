@@ -364,10 +364,13 @@ gw_result_t gw__dev_throttle(struct gw_comm *comm) {
       return GW_ERR_ABORTED;
     }
     if (!gw__waiter_pause(&w)) {
+      /* The peers may be in this call already: the communicator fails and
+       * they hear of it, as from any failed operation. */
       gw__err(&err, GW_ERR_TIMEOUT, "rank %d: a stream-ordered call waited %.0f s (GW_TIMEOUT) for the operation %d "
               "calls before it to finish on its stream (its flag is reused)", comm->rank,
               atomic_load(&comm->timeout_s), GW_DEV_TICKETS);
-      gw__comm_set_error(comm, err.msg);
+      struct gw_opdesc desc = {.seq = atomic_load(&comm->next_seq), .root = -1, .coll = GW_COLL_ABORT};
+      gw__comm_fail(comm, &desc, GW_ERR_TIMEOUT, &err);
       return GW_ERR_TIMEOUT;
     }
   }

@@ -647,18 +647,22 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   /* A child forked without exec: every call on the parent's communicator,
    * and its destroy, refused by name (its collectives ran on the parent's
    * connections: chunks taken from under the parent). */
+  gw_comm_t solo; /* one rank: no liveness lock, marked all the same */
+  EXPECT(gw_comm_init(&solo, 1, 0, NULL) == GW_SUCCESS, "a 1-rank communicator: %s", gw_comm_last_error(NULL));
   pid_t child = fork();
   if (child == 0) {
     float z = 1;
     gw_result_t c = gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, comm, NULL);
     int bad = c != GW_ERR_INVALID_ARGUMENT || !has(gw_comm_last_error(comm), "a child cannot use it");
     bad |= gw_comm_destroy(comm) != GW_ERR_INVALID_ARGUMENT;
+    bad |= gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, solo, NULL) != GW_ERR_INVALID_ARGUMENT;
     if (bad) fprintf(stderr, "child: allreduce %s: %s\n", gw_strerror(c), gw_comm_last_error(comm));
     _exit(bad);
   }
   int status = 0;
   EXPECT(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
          "the forked child's calls were not refused (status %d)", status);
+  EXPECT(gw_comm_destroy(solo) == GW_SUCCESS, "the 1-rank communicator, in its own process");
   float x = 1; /* the communicator still works */
   EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS && x == 2, "allreduce after");
   return 0;

@@ -367,9 +367,11 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
   if (expect_error(gw_allgather(host, d, 4, GW_INT32, comm, NULL), GW_ERR_INVALID_ARGUMENT, comm,
                    "sendbuf is host memory but recvbuf is device memory", rank))
     return 1;
-  /* A device buffer far shorter than the count (64 bytes for 4 MiB): refused
-   * (its copies and kernels would fault, and a CUDA fault kills the context). */
-  if (expect_error(gw_allreduce(d, d, (size_t)1 << 20, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm,
+  /* A device buffer far shorter than the count (64 bytes for 4 GiB, so that
+   * the end lies past every allocation of this process, CUDA packing small
+   * ones together): refused (its copies and kernels would fault, and a CUDA
+   * fault kills the context). */
+  if (expect_error(gw_allreduce(d, d, (size_t)1 << 30, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm,
                    "the buffer is shorter than the call's count", rank))
     return 1;
   if (ndev > 1) {
