@@ -45,6 +45,15 @@ struct gw_st_file *open_st(const char *name);
 /* Tensor `name` of f as floats, copied (free it); its count in *n. */
 float *floats(struct gw_st_file *f, const char *name, size_t *n);
 
+/* test_train_ckpt.c's, for the temporary files of dead and live saves:
+ * whether a file exists; files standing for others' (temporary files,
+ * names the writer never makes), one line each, modified age seconds ago;
+ * a live writer's temporary file write-locked (an OFD lock) as gw_st_write
+ * holds it until its rename, its descriptor returned (close it). */
+int exists(const char *file);
+void plant(const char *const *files, int n, long age);
+int lock_live(const char *file);
+
 /* test_train_weights.c's, test_train_ckpt.c's, test_train_sched.c's and test_train_restart.c's cases. */
 void add_weights_tests(TCase *tc);
 void add_checkpoint_tests(TCase *tc);

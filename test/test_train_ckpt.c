@@ -298,11 +298,9 @@ START_TEST(test_checkpoint_dir_guarded) {
 }
 END_TEST
 
-static int exists(const char *file) { return access(file, F_OK) == 0; }
+int exists(const char *file) { return access(file, F_OK) == 0; }
 
-/* Files standing for others' (temporary files, names the writer never makes):
- * one line each, modified age seconds ago. */
-static void plant(const char *const *files, int n, long age) {
+void plant(const char *const *files, int n, long age) {
   const struct timeval then[2] = {{time(NULL) - age, 0}, {time(NULL) - age, 0}};
   for (int i = 0; i < n; i++) {
     FILE *f = fopen(files[i], "w");
@@ -313,9 +311,7 @@ static void plant(const char *const *files, int n, long age) {
   }
 }
 
-/* A live writer's temporary file: write-locked (an OFD lock) as gw_st_write
- * holds it until its rename; the descriptor (close it). */
-static int lock_live(const char *file) {
+int lock_live(const char *file) {
   int fd = open(file, O_RDWR);
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
   ck_assert(fd >= 0 && fcntl(fd, F_OFD_SETLK, &fl) == 0);
@@ -845,59 +841,6 @@ START_TEST(test_format_version_bit_flip) {
 }
 END_TEST
 
-/* --save-weights' file: the temporary files of saves to it that died go
- * before it is written (they stayed forever, a whole model each), by the
- * checkpoint folder's rule (a dead writer's, also one named with a live pid;
- * a live writer's, locked, stays), after training and with --steps 0.
- * Another file's, and names the writer never makes, are left. */
-START_TEST(test_weights_stale_temps_removed) {
-  char weights[512], dead[600], reused[600], live[600], other[600], odd[600], dead0[600];
-  path(weights, sizeof weights, "w-temps.safetensors");
-  const unsigned tag = gw_st_host_tag();
-  snprintf(dead, sizeof dead, "%s.tmp.%08x.999999999.0", weights, tag);
-  snprintf(reused, sizeof reused, "%s.tmp.%08x.%ld.4", weights, tag, (long)getpid());
-  snprintf(live, sizeof live, "%s.tmp.%08x.%ld.3", weights, tag, (long)getpid());
-  snprintf(dead0, sizeof dead0, "%s.tmp.%08x.999999999.1", weights, tag);
-  path(other, sizeof other, "old-w-temps.safetensors"); /* another file, whose name ends in this one's */
-  const size_t n = strlen(other);
-  snprintf(other + n, sizeof other - n, ".tmp.%08x.999999999.0", tag);
-  snprintf(odd, sizeof odd, "%s.tmp.%08x.999999999.x", weights, tag);
-  plant((const char *const[]){dead, reused, live, other, odd}, 5, 3600);
-  const int live_fd = lock_live(live);
-  struct run r;
-  const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "1", "--batch", "8", "--save-weights", weights, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  ck_assert_msg(exists(weights) && !exists(dead) && !exists(reused) && exists(live),
-                "the dead saves' temporary files should go (also one named with a live pid), the live one's stay");
-  ck_assert_msg(exists(other) && exists(odd), "another file's temporary file, or a name no save makes, was removed");
-  plant((const char *const[]){dead0}, 1, 3600);
-  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", weights, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  ck_assert_msg(!exists(dead0) && exists(live), "--steps 0: the dead save's temporary file should go, the live one's stay");
-  close(live_fd);
-  /* Saved through a symbolic link into another folder: the writer's
-   * temporary files are next to the file it names, and are looked for there. */
-  char real_dir[512], link[512], far[600];
-  path(real_dir, sizeof real_dir, "w-temps-real");
-  path(link, sizeof link, "w-temps-link.safetensors");
-  snprintf(far, sizeof far, "%s/w.safetensors.tmp.%08x.999999999.0", real_dir, tag);
-  ck_assert(mkdir(real_dir, 0755) == 0 && symlink("w-temps-real/w.safetensors", link) == 0);
-  plant((const char *const[]){far}, 1, 3600);
-  char real_file[600];
-  snprintf(real_file, sizeof real_file, "%s/w.safetensors", real_dir);
-  plant((const char *const[]){real_file}, 1, 0); /* the link names a file */
-  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", link, NULL});
-  expect_ok(&r);
-  gwrun_free(&r);
-  struct stat sb;
-  ck_assert_msg(!exists(far), "a dead save's temporary file next to the linked file stayed");
-  ck_assert_msg(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "the save replaced the symbolic link");
-}
-END_TEST
-
 void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_refusals_kept);
   tcase_add_test(tc, test_epoch_evaluated_once);
@@ -906,7 +849,6 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_format_versions);
   tcase_add_test(tc, test_format_version_bit_flip);
   tcase_add_test(tc, test_resume_version1_pending);
-  tcase_add_test(tc, test_weights_stale_temps_removed);
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
   tcase_add_test(tc, test_resume_runs_pending_evaluation);
   tcase_add_test(tc, test_data_named_by_samples);

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h"
 #include "test_train.h"
@@ -347,6 +349,59 @@ START_TEST(test_steps0_takes_data_shape) {
 }
 END_TEST
 
+/* --save-weights' file: the temporary files of saves to it that died go
+ * before it is written (they stayed forever, a whole model each), by the
+ * checkpoint folder's rule (a dead writer's, also one named with a live pid;
+ * a live writer's, locked, stays), after training and with --steps 0.
+ * Another file's, and names the writer never makes, are left. */
+START_TEST(test_weights_stale_temps_removed) {
+  char weights[512], dead[600], reused[600], live[600], other[600], odd[600], dead0[600];
+  path(weights, sizeof weights, "w-temps.safetensors");
+  const unsigned tag = gw_st_host_tag();
+  snprintf(dead, sizeof dead, "%s.tmp.%08x.999999999.0", weights, tag);
+  snprintf(reused, sizeof reused, "%s.tmp.%08x.%ld.4", weights, tag, (long)getpid());
+  snprintf(live, sizeof live, "%s.tmp.%08x.%ld.3", weights, tag, (long)getpid());
+  snprintf(dead0, sizeof dead0, "%s.tmp.%08x.999999999.1", weights, tag);
+  path(other, sizeof other, "old-w-temps.safetensors"); /* another file, whose name ends in this one's */
+  const size_t n = strlen(other);
+  snprintf(other + n, sizeof other - n, ".tmp.%08x.999999999.0", tag);
+  snprintf(odd, sizeof odd, "%s.tmp.%08x.999999999.x", weights, tag);
+  plant((const char *const[]){dead, reused, live, other, odd}, 5, 3600);
+  const int live_fd = lock_live(live);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "1", "--batch", "8", "--save-weights", weights, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  ck_assert_msg(exists(weights) && !exists(dead) && !exists(reused) && exists(live),
+                "the dead saves' temporary files should go (also one named with a live pid), the live one's stay");
+  ck_assert_msg(exists(other) && exists(odd), "another file's temporary file, or a name no save makes, was removed");
+  plant((const char *const[]){dead0}, 1, 3600);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", weights, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  ck_assert_msg(!exists(dead0) && exists(live), "--steps 0: the dead save's temporary file should go, the live one's stay");
+  close(live_fd);
+  /* Saved through a symbolic link into another folder: the writer's
+   * temporary files are next to the file it names, and are looked for there. */
+  char real_dir[512], link[512], far[600];
+  path(real_dir, sizeof real_dir, "w-temps-real");
+  path(link, sizeof link, "w-temps-link.safetensors");
+  snprintf(far, sizeof far, "%s/w.safetensors.tmp.%08x.999999999.0", real_dir, tag);
+  ck_assert(mkdir(real_dir, 0755) == 0 && symlink("w-temps-real/w.safetensors", link) == 0);
+  plant((const char *const[]){far}, 1, 3600);
+  char real_file[600];
+  snprintf(real_file, sizeof real_file, "%s/w.safetensors", real_dir);
+  plant((const char *const[]){real_file}, 1, 0); /* the link names a file */
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", link, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  struct stat sb;
+  ck_assert_msg(!exists(far), "a dead save's temporary file next to the linked file stayed");
+  ck_assert_msg(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "the save replaced the symbolic link");
+}
+END_TEST
+
 void add_weights_tests(TCase *tc) {
   tcase_add_test(tc, test_steps0_takes_data_shape);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
@@ -354,4 +409,5 @@ void add_weights_tests(TCase *tc) {
   tcase_add_test(tc, test_wd_all);
   tcase_add_test(tc, test_loss_scaling);
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
+  tcase_add_test(tc, test_weights_stale_temps_removed);
 }

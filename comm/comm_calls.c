@@ -1,0 +1,188 @@
+/* comm_calls.c - the communicator's small calls of the public API: its
+ * accessors (rank, sizes, device, async error, last path), its settings
+ * (algorithm, timeout), gw_comm_abort, and buffer registration.  The
+ * lifecycle (init, destroy and what destroy refuses) is comm.c's, the
+ * collectives enqueue.c's. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "comm.h"
+
+/* A NULL argument of an API call: GW_ERR_INVALID_ARGUMENT with the call named
+ * (in comm's message when there is a communicator, else this thread's). */
+static gw_result_t null_argument(gw_comm_t comm, const char *fn) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "%s: a NULL %s", fn, comm ? "argument" : "communicator");
+  if (comm) gw__comm_set_error(comm, msg);
+  else gw__set_thread_error(msg);
+  return GW_ERR_INVALID_ARGUMENT;
+}
+
+void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
+  pthread_mutex_lock(&comm->err_mu);
+  snprintf(out, len, "%s", comm->abort_reason[0] ? comm->abort_reason : "aborted by gw_comm_abort");
+  pthread_mutex_unlock(&comm->err_mu);
+}
+
+gw_result_t gw_comm_abort(gw_comm_t comm) {
+  if (!comm) return null_argument(comm, "gw_comm_abort");
+  /* No gate: from any thread, any time before the free (a flag alone). */
+  atomic_store(&comm->aborted, true);
+  GW_WARN(GW_SUB_INIT, "rank %d: communicator aborted by gw_comm_abort", comm->rank);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
+  if (!comm || !rank) return null_argument(comm, "gw_comm_rank");
+  *rank = comm->rank;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
+  if (!comm || !local_rank) return null_argument(comm, "gw_comm_local_rank");
+  *local_rank = comm->local_rank;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_local_size(gw_comm_t comm, int *local_size) {
+  if (!comm || !local_size) return null_argument(comm, "gw_comm_local_size");
+  *local_size = comm->local_size > 0 ? comm->local_size : 1;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_device(gw_comm_t comm, int *device) {
+  if (!comm || !device) return null_argument(comm, "gw_comm_device");
+  *device = comm->device;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error) {
+  if (!comm || !async_error) return null_argument(comm, "gw_comm_get_async_error");
+  *async_error = (gw_result_t)atomic_load(&comm->failed);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_size(gw_comm_t comm, int *size) {
+  if (!comm || !size) return null_argument(comm, "gw_comm_size");
+  *size = comm->nranks;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto) {
+  if (!comm || !algo || !proto) return null_argument(comm, "gw_comm_set_algo");
+  int a = gw__algo_from_name(algo), p = gw__proto_from_name(proto);
+  struct gw_errctx err;
+  gw_result_t res = GW_SUCCESS;
+  if (a < 0 || p == -1)
+    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_comm_set_algo: '%s' / '%s' is not an algorithm "
+                  "(auto, ring, tree, exchange) / protocol (auto, simple, ll)", comm->rank, algo, proto);
+  else if ((a == GW_ALGO_TREE && !comm->tree_ok && comm->nranks > 1) || (a == GW_ALGO_EXCHANGE && comm->nranks > 2 && !comm->rd_ok) ||
+           (p == GW_PROTO_LL && !comm->ll_chunk_bytes && comm->nranks > 1))
+    res = gw__err(&err, GW_ERR_UNSUPPORTED, "rank %d: gw_comm_set_algo: %s/%s is not available on this "
+                  "communicator (tree: made with GW_ALGO auto or tree; exchange: 2 ranks, or made with GW_ALGO auto or "
+                  "exchange; ll: shm only)",
+                  comm->rank, algo, proto);
+  if (res != GW_SUCCESS) {
+    gw__comm_set_error(comm, err.msg);
+    return res;
+  }
+  comm->algo = (enum gw_algo)a;
+  comm->proto = p < 0 ? -1 : p;
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len) {
+  if (!comm || !buf || !len) return null_argument(comm, "gw_comm_last_path");
+  uint32_t v = atomic_load_explicit(&comm->last_path, memory_order_relaxed);
+  if (!(v >> 24)) snprintf(buf, len, "none");
+  else if (v >> 16 & 1) snprintf(buf, len, "%s/device%s", gw__algo_name((int)(v & 0xff)), v >> 17 & 1 ? "-async" : "");
+  else snprintf(buf, len, "%s/%s", gw__algo_name((int)(v & 0xff)), gw__proto_name((int)(v >> 8 & 0xff)));
+  return GW_SUCCESS;
+}
+
+/* A registration: the transport's handle (NULL without ib), so the caller's
+ * handle is never NULL after success.  The live ones are listed (per
+ * process, as the transport caches them), so a handle deregistered twice,
+ * or one never given out, is refused instead of freed again. */
+struct gw_registration {
+  void *ib;
+  struct gw_registration *next;
+};
+static pthread_mutex_t regs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gw_registration *regs;
+
+/* Takes reg out of the live list; false if it is not there. */
+static bool regs_take(struct gw_registration *reg) {
+  bool found = false;
+  pthread_mutex_lock(&regs_mu);
+  for (struct gw_registration **p = &regs; *p; p = &(*p)->next)
+    if (*p == reg) {
+      *p = reg->next, found = true;
+      break;
+    }
+  pthread_mutex_unlock(&regs_mu);
+  return found;
+}
+
+gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle) {
+  if (!comm) return null_argument(comm, "gw_comm_register");
+  GW_CHECK(gw__comm_enter(comm, "gw_comm_register"));
+  struct gw_errctx err = {{0}};
+  gw_result_t r = GW_SUCCESS;
+  struct gw_registration *reg = NULL;
+  if (!buf || !bytes || !handle) {
+    r = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_comm_register(buf=%p, bytes=%zu, handle=%p): needs a "
+                "buffer, a size and a place for the handle", comm->rank, buf, bytes, (void *)handle);
+  } else if (!(reg = calloc(1, sizeof *reg))) {
+    r = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+  } else {
+#if GW_HAVE_IBVERBS
+    r = gw__ib_register(buf, bytes, &reg->ib, &err);
+#endif
+  }
+  if (r != GW_SUCCESS) {
+    free(reg);
+    gw__comm_set_error(comm, err.msg);
+    gw__comm_leave(comm);
+    return r;
+  }
+  pthread_mutex_lock(&regs_mu);
+  reg->next = regs, regs = reg;
+  pthread_mutex_unlock(&regs_mu);
+  *handle = reg;
+  gw__comm_leave(comm);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle) {
+  if (!comm) return null_argument(comm, "gw_comm_deregister");
+  struct gw_registration *reg = handle;
+  if (!reg) return GW_SUCCESS;
+  GW_CHECK(gw__comm_enter(comm, "gw_comm_deregister"));
+  if (!regs_take(reg)) {
+    char msg[GW_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "rank %d: gw_comm_deregister: %p is not a live registration (deregistered twice, or "
+             "not a handle from gw_comm_register)", comm->rank, handle);
+    gw__comm_set_error(comm, msg);
+    gw__comm_leave(comm);
+    return GW_ERR_INVALID_ARGUMENT;
+  }
+#if GW_HAVE_IBVERBS
+  gw__ib_deregister(reg->ib);
+#endif
+  free(reg);
+  gw__comm_leave(comm);
+  return GW_SUCCESS;
+}
+
+gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds) {
+  if (!comm) return null_argument(comm, "gw_comm_set_timeout");
+  if (seconds != seconds) { /* NaN: every deadline would be off without a word */
+    gw__comm_set_error(comm, "gw_comm_set_timeout: the timeout is NaN (0 waits without a limit)");
+    return GW_ERR_INVALID_ARGUMENT;
+  }
+  comm->timeout_s = seconds > 0 ? seconds : 0;
+  return GW_SUCCESS;
+}
