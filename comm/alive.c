@@ -66,13 +66,13 @@ static void fork_child(void) {
 static void install_fork_handler(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
 /* Every communicator's, liveness or not (single-rank ones have none). */
-static _Atomic unsigned fork_gen;
+_Atomic unsigned gw__fork_gen;
 static pthread_once_t gen_once = PTHREAD_ONCE_INIT;
-static void bump_fork_gen(void) { atomic_fetch_add(&fork_gen, 1); }
+static void bump_fork_gen(void) { atomic_fetch_add(&gw__fork_gen, 1); }
 static void install_gen_handler(void) { pthread_atfork(NULL, NULL, bump_fork_gen); }
 unsigned gw__fork_generation(void) {
   pthread_once(&gen_once, install_gen_handler);
-  return atomic_load(&fork_gen);
+  return atomic_load(&gw__fork_gen);
 }
 
 /* Under holders_mu (no fork in between: the prepare handler takes it). */

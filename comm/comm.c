@@ -688,7 +688,9 @@ fail:
 }
 
 /* Whether comm is its process's own: not a forked child's copy of it. */
-static bool forked_away(const struct gw_comm *comm) { return comm->fork_gen != gw__fork_generation(); }
+static bool forked_away(const struct gw_comm *comm) {
+  return comm->fork_gen != atomic_load_explicit(&gw__fork_gen, memory_order_relaxed); /* init installed the handler */
+}
 
 gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn) {
   if (forked_away(comm)) {

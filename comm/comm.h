@@ -323,8 +323,10 @@ void gw__progress_stop(struct gw_comm *comm);
 void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me);
 enum { GW_DESTROY_NO, GW_DESTROY_CHECKING, GW_DESTROY_GOING };
 /* The fork generation: bumped in every child forked without exec (a
- * handler installed at the first call). */
+ * handler installed by gw__fork_generation, which init calls); read on
+ * every call, so a plain relaxed load there. */
 unsigned gw__fork_generation(void);
+extern _Atomic unsigned gw__fork_gen;
 gw_result_t gw__alive_open_peers(struct gw_comm *c, struct gw_errctx *err);
 void gw__alive_unlink_own(struct gw_comm *c);
 bool gw__alive_lock_gone(const struct gw_comm *c, int peer); /* true: that rank's process is gone */
