@@ -149,6 +149,18 @@ struct gw_comm {
   enum gw_algo algo;  /* GW_ALGO, or gw_comm_set_algo */
   int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */
   struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
+  /* The cost model's recent picks (choose in enqueue.c), direct-mapped by size
+   * and collective: a training loop or a benchmark calls the same few shapes
+   * over and over, and a pick weighs six algorithm/protocol pairs.  Everything
+   * the model decides from is fixed at init but the caller's GW_ALGO/GW_PROTO
+   * (part of the key).  Only the thread running operations touches it, one
+   * operation at a time (inline, or the progress thread: they hand over
+   * through inline_busy and pending). */
+  struct gw_pick_memo {
+    size_t bytes;
+    uint8_t coll, algo, proto, valid;
+    int8_t want_algo, want_proto;
+  } pick_memo[8];
   bool tree_ok;       /* the trees are connected (GW_ALGO auto or tree) */
   bool oversubscribed; /* more ranks on this rank's cores than cores: waits yield at once */
   int tree_levels;    /* hierarchical trees: their depth (the cost model's); 0: flat */

@@ -13,15 +13,22 @@
 
 /* The cost model's pick for this call, within what GW_ALGO / GW_PROTO allow
  * (tune.c).  Every rank decides alike from the same call. */
-static void choose(const struct gw_comm *comm, struct gw_op *op) {
-  struct gw_pick_args a;
-  gw__pick_base(comm, op->want_algo, op->want_proto, &a);
-  a.coll = op->desc.coll;
-  a.bytes = op->desc.count * gw_dtype_size((gw_dtype_t)op->desc.dtype);
-  if (a.coll == GW_COLL_ALLGATHER || a.coll == GW_COLL_REDUCE_SCATTER) a.bytes *= (size_t)comm->nranks;
-  int algo, proto;
-  gw__model_pick(&comm->model, &a, &algo, &proto);
-  op->algo = (uint8_t)algo, op->proto = (uint8_t)proto;
+static void choose(struct gw_comm *comm, struct gw_op *op) {
+  size_t bytes = op->desc.count * gw_dtype_size((gw_dtype_t)op->desc.dtype);
+  if (op->desc.coll == GW_COLL_ALLGATHER || op->desc.coll == GW_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
+  const size_t nmemo = sizeof comm->pick_memo / sizeof comm->pick_memo[0];
+  struct gw_pick_memo *m = &comm->pick_memo[((bytes * 0x9e3779b97f4a7c15ull) >> 58 ^ op->desc.coll) % nmemo];
+  if (!m->valid || m->bytes != bytes || m->coll != op->desc.coll || m->want_algo != op->want_algo ||
+      m->want_proto != op->want_proto) {
+    struct gw_pick_args a;
+    gw__pick_base(comm, op->want_algo, op->want_proto, &a);
+    a.coll = op->desc.coll, a.bytes = bytes;
+    int algo, proto;
+    gw__model_pick(&comm->model, &a, &algo, &proto);
+    *m = (struct gw_pick_memo){.bytes = bytes, .coll = op->desc.coll, .algo = (uint8_t)algo, .proto = (uint8_t)proto,
+                               .valid = 1, .want_algo = op->want_algo, .want_proto = op->want_proto};
+  }
+  op->algo = m->algo, op->proto = m->proto;
 }
 
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
@@ -239,6 +246,14 @@ static int64_t inline_pause_us(void) {
  * running inline queues behind it (two inline at once shared the connections'
  * unsynchronized state: a slot claimed twice, chunks under the other call's
  * header). */
+/* The next n sequence numbers.  Every taker holds comm->mu, so no locked
+ * read-modify-write: other threads only read the counter (an abort notice's). */
+static uint64_t take_seq_locked(struct gw_comm *comm, uint64_t n) {
+  uint64_t seq = atomic_load_explicit(&comm->next_seq, memory_order_relaxed);
+  atomic_store_explicit(&comm->next_seq, seq + n, memory_order_relaxed);
+  return seq;
+}
+
 static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
   if (!reqp && !op->ordered && atomic_load(&comm->pending) == 0 && !atomic_exchange(&comm->inline_busy, true)) {
     if (inline_pause_us() > 0) usleep((useconds_t)inline_pause_us()); /* tests: another thread queues meanwhile */
@@ -249,10 +264,11 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
      * ran after it (ranks pair calls by number: "calls differ"). */
     pthread_mutex_lock(&comm->mu);
     const bool alone = atomic_load(&comm->pending) == 0;
-    if (alone) op->desc.seq = atomic_fetch_add(&comm->next_seq, 1);
+    if (alone) op->desc.seq = take_seq_locked(comm, 1);
     pthread_mutex_unlock(&comm->mu);
     if (alone) {
-      struct gw_errctx err = {{0}};
+      struct gw_errctx err; /* 512 bytes: only the message's end is set, not the whole */
+      err.msg[0] = 0;
       gw_result_t res = gw__run_op(comm, op, &err);
       atomic_store_explicit(&comm->inline_busy, false, memory_order_release);
       return res;
@@ -293,7 +309,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     req->detached = !reqp && op->stream;
   }
   atomic_fetch_add(&comm->pending, 1);
-  op->desc.seq = atomic_fetch_add(&comm->next_seq, op->ordered ? gw__dev_npieces(comm, op) : 1);
+  op->desc.seq = take_seq_locked(comm, op->ordered ? gw__dev_npieces(comm, op) : 1);
   req->op = *op;
   req->comm = comm;
   bool detached = req->detached;

@@ -587,6 +587,11 @@ static int body_nan_max(gw_comm_t comm, int rank, int n, void *arg) {
       EXPECT(r == GW_SUCCESS, "%s: %s", algos[a], gw_comm_last_error(comm));
       for (int i = 0; i < COUNT; i++)
         EXPECT(isnan(buf[i]), "%s %s: element %d is %g, not NaN", algos[a], op ? "min" : "max", i, buf[i]);
+      /* the same shape each time: the cost model's remembered pick must follow the setting */
+      char path[32], want[32];
+      snprintf(want, sizeof want, "%s/simple", algos[a]);
+      EXPECT(gw_comm_last_path(comm, path, sizeof path) == GW_SUCCESS && !strcmp(path, want), "%s asked for, %s ran",
+             want, path);
     }
   return 0;
 }
