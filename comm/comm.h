@@ -78,6 +78,12 @@ struct gw_ring {
   struct gw_conn recv; /* from prev */
 };
 
+/* How a receive judges a peer silent at its deadline: see struct prims. */
+struct gw_judge {
+  bool may_wait;
+  float grace_part; /* in (0, 1] */
+};
+
 /* One of the double binary tree's two trees, as this rank sees it (tree.c):
  * ranks of the parent and children (-1 where none; down[0] is set whenever a
  * child exists) and a connection each way to each of them. */
@@ -85,18 +91,18 @@ struct gw_ring {
 struct gw_tree {
   int up;
   int down[2];
-  /* The part of the grace period a wait on down[i] takes before blaming it
-   * (gw__wait_recv): 0 for a leaf, whose first send waits for no one, so it
-   * is named the straggler at once; for an interior child, which waits on its
-   * own children first, less the deeper it is, so that the parent of the
-   * deepest straggler reports first and its notice reaches the others before
-   * their later deadlines (a wait on the parent's downward chunk takes the
-   * whole grace). */
-  float down_grace[2];
-  /* The same for the wait on the parent's downward chunk: above every wait on
-   * a child, and growing with this rank's depth, so that when the straggler is
-   * the root the ranks nearest it report first. */
-  float up_grace;
+  /* How a wait on down[i] judges its silence (gw__wait_recv, struct prims's
+   * peer_may_wait and grace_part).  A leaf, whose first send waits for no
+   * one, may not wait: if it sent nothing it is named the straggler at once.
+   * An interior child waits on its own children first.  The part of the grace
+   * is less the deeper the child, so that the parent of the deepest straggler
+   * reports first and its notice reaches the others before their later
+   * deadlines. */
+  struct gw_judge down_judge[2];
+  /* The same for the wait on the parent's downward chunk: it may wait, and its
+   * part is above every wait on a child, growing with this rank's depth, so
+   * that when the straggler is the root the ranks nearest it report first. */
+  struct gw_judge up_judge;
   struct gw_conn send_up, recv_up;
   struct gw_conn send_down[2], recv_down[2];
 };

@@ -41,15 +41,19 @@ struct prims {
   uint32_t sent;        /* chunks sent so far (the header's step, for diagnostics) */
   size_t chunk_bytes;   /* the most one chunk carries: a slot, or an LL chunk */
   bool stream_out;      /* write the user's output with non-temporal stores */
-  /* Above 0: the peer of the next receive may be inside the operation yet not
-   * have sent on this connection, waiting on another rank first (recursive
-   * doubling's later steps): a timeout then waits this part (up to 1) of the
-   * grace period for the notice of the rank that names the real straggler
-   * instead of blaming this peer.  The algorithms stagger it (a ring
-   * broadcast by distance from the root, the tree by depth, recursive
-   * doubling by step), so that the rank that waits on the straggler reports
-   * first and its notice reaches the others before their own, later,
-   * deadlines.  0: the peer cannot be waiting on anyone: a silence blames it. */
+  /* How the next receive judges a peer still silent at the deadline
+   * (gw__wait_recv; set with gw__prims_judge).  peer_may_wait: the peer may be
+   * inside the operation yet not have sent on this connection, waiting on
+   * another rank first (recursive doubling's later steps, a tree's interior
+   * child); false: a peer that sent nothing of this operation here has not
+   * started it, and is blamed at once.  grace_part, in (0, 1]: how much of
+   * the grace period a wait on a peer inside the operation (it sent here
+   * already, or may wait) takes for the notice of the rank that names the
+   * real straggler.  The algorithms stagger it (a ring broadcast by distance
+   * from the root, the tree by depth, recursive doubling by step), so that the
+   * rank that waits on the straggler reports first and its notice reaches the
+   * others before their own, later, deadlines.  Defaults: false, 1. */
+  bool peer_may_wait;
   double grace_part;
   /* Device buffers on the device ring (devring.c): the payload moves between
    * device-memory twins of the slots, by copies and kernels on `stream`;
@@ -62,6 +66,12 @@ struct prims {
   gw_dev_stream_t stream;
   bool emit;
 };
+
+/* Sets the next receives' judgement of a silent peer (see peer_may_wait);
+ * gw__prims_judge(p, false, 1) restores the default. */
+static inline void gw__prims_judge(struct prims *p, bool peer_may_wait, double grace_part) {
+  p->peer_may_wait = peer_may_wait, p->grace_part = grace_part;
+}
 
 /* Whether a peer on this machine still runs (a zombie counts as dead); peers
  * elsewhere count as running (their transport watches them). */

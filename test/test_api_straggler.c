@@ -41,11 +41,19 @@ START_TEST(test_timeout_names_straggler) { ck_assert_int_eq(run_ranks(2, body_st
 END_TEST
 
 /* ---- a peer that stops inside an operation ----
- * Rank 1 stops itself (SIGSTOP, from a thread) while the two ranks run large
- * ring allreduces back to back, so mostly after it has sent chunks of the
- * operation rank 0 waits in.  Rank 0 must still fail within the timeout and
- * the grace (a wait on a peer that had sent, where the algorithm staggers
- * no grace, once waited forever), then lets rank 1 go on (SIGCONT). */
+ * Rank 1 stops itself (SIGSTOP, from a thread) while the ranks run large
+ * allreduces back to back, so mostly after it has sent chunks of the operation
+ * the others wait in.  Every other rank must still fail within the timeout and
+ * the grace (a wait on a peer that had sent, where the algorithm staggers no
+ * grace, once waited forever), by its own timeout or by the notice of one
+ * that timed out; rank 0 then lets rank 1 go on (SIGCONT).  The ring at 2
+ * ranks; recursive doubling and the trees at 4, where the waits on a peer
+ * already heard from take the algorithm's staggered parts of the grace. */
+struct midop_case {
+  const char *algo;
+  int nranks;
+};
+
 static void *stop_self(void *arg) {
   (void)arg;
   usleep(300 * 1000);
@@ -54,9 +62,11 @@ static void *stop_self(void *arg) {
 }
 
 static int body_stopped_midop(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)arg;
-  int64_t pid = getpid(), pids[2];
-  EXPECT(gw_allgather(&pid, pids, 1, GW_INT64, comm, NULL) == GW_SUCCESS, "allgather of pids");
+  const struct midop_case *mc = arg;
+  int64_t pid = getpid(), pids[8];
+  EXPECT(n <= 8 && gw_allgather(&pid, pids, 1, GW_INT64, comm, NULL) == GW_SUCCESS, "allgather of pids");
+  EXPECT(gw_comm_set_algo(comm, mc->algo, "simple") == GW_SUCCESS, "set_algo %s: %s", mc->algo,
+         gw_comm_last_error(comm));
   gw_comm_set_timeout(comm, 1.5);
   const size_t count = (size_t)8 << 20; /* 32 MiB: many chunks per operation */
   float *buf = calloc(count, sizeof *buf);
@@ -73,14 +83,20 @@ static int body_stopped_midop(gw_comm_t comm, int rank, int n, void *arg) {
   if (rank == 0) kill((pid_t)pids[1], SIGCONT);
   if (rank == 1) pthread_join(t, NULL);
   free(buf);
-  if (rank == 1) return 0; /* it hears of rank 0's failure, or its own timeout */
-  EXPECT(n == 2 && r == GW_ERR_TIMEOUT, "returned %s: %s", gw_strerror(r), gw_comm_last_error(comm));
-  EXPECT(took < 1.5 + 1.5 + 3, "took %.1f s to report (timeout 1.5 s, grace 1.5 s)", took);
-  EXPECT(has(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s", gw_comm_last_error(comm));
+  if (rank == 1) return 0; /* it hears of the others' failure, or times out itself */
+  EXPECT(n == mc->nranks && (r == GW_ERR_TIMEOUT || (n > 2 && r == GW_ERR_REMOTE)), "%s: returned %s: %s", mc->algo,
+         gw_strerror(r), gw_comm_last_error(comm));
+  EXPECT(took < 1.5 + 1.5 + 3, "%s: took %.1f s to report (timeout 1.5 s, grace 1.5 s)", mc->algo, took);
+  EXPECT(n > 2 || has(gw_comm_last_error(comm), "rank 1"), "message does not name rank 1: %s",
+         gw_comm_last_error(comm));
   return 0;
 }
 
-START_TEST(test_stopped_midop_times_out) { ck_assert_int_eq(run_ranks(2, body_stopped_midop, NULL, 60), 0); }
+START_TEST(test_stopped_midop_times_out) {
+  static const struct midop_case cases[] = {{"ring", 2}, {"exchange", 4}, {"tree", 4}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_int_eq(run_ranks(cases[i].nranks, body_stopped_midop, (void *)&cases[i], 60), 0);
+}
 END_TEST
 
 /* ---- 4 ranks, one never calls: EVERY other rank names it ----
