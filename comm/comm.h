@@ -311,6 +311,9 @@ gw_result_t gw__dev_throttle(struct gw_comm *comm);
  * is being destroyed or belongs to the parent of a forked child; else counted
  * in comm->inside until gw__comm_leave. */
 gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn);
+/* The communicator's GW_ALGO / GW_PROTO now (gw_comm_set_algo may change them
+ * on another thread). */
+void gw__comm_algo_setting(const struct gw_comm *comm, int8_t *algo, int8_t *proto);
 void gw__comm_leave(struct gw_comm *comm);
 /* Under comm->mu: takes op's ticket (and makes the flags on first use). */
 gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);

@@ -70,6 +70,14 @@ gw_result_t gw_comm_size(gw_comm_t comm, int *size) {
   return GW_SUCCESS;
 }
 
+/* Atomic loads of plain fields, here rather than in launch: there gcc 12 sees
+ * a communicator that may be NULL and reports a -Wstringop-overflow false
+ * positive on an atomic load (or on an _Atomic field). */
+void gw__comm_algo_setting(const struct gw_comm *comm, int8_t *algo, int8_t *proto) {
+  *algo = (int8_t)__atomic_load_n(&comm->algo, __ATOMIC_RELAXED);
+  *proto = (int8_t)__atomic_load_n(&comm->proto, __ATOMIC_RELAXED);
+}
+
 gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto) {
   if (!comm || !algo || !proto) return null_argument(comm, "gw_comm_set_algo");
   int a = gw__algo_from_name(algo), p = gw__proto_from_name(proto);
@@ -88,8 +96,11 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
     gw__comm_set_error(comm, err.msg);
     return res;
   }
-  comm->algo = (enum gw_algo)a;
-  comm->proto = p < 0 ? -1 : p;
+  /* Other threads may be starting calls (gw__comm_algo_setting): atomic
+   * stores.  A call racing this may pair the new algorithm with the old
+   * protocol: every pair of settings allowed here is valid. */
+  __atomic_store_n(&comm->algo, (enum gw_algo)a, __ATOMIC_RELAXED);
+  __atomic_store_n(&comm->proto, p < 0 ? -1 : p, __ATOMIC_RELAXED);
   return GW_SUCCESS;
 }
 

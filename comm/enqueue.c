@@ -351,7 +351,7 @@ static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op
   if (comm) GW_CHECK(gw__comm_enter(comm, fn));
   gw_result_t res = check_args(comm, fn, op, stream, send_elems, recv_elems);
   if (res == GW_SUCCESS) {
-    op->want_algo = (int8_t)comm->algo, op->want_proto = (int8_t)comm->proto;
+    gw__comm_algo_setting(comm, &op->want_algo, &op->want_proto);
     res = submit(comm, op, reqp);
   }
   if (comm) gw__comm_leave(comm);
