@@ -78,12 +78,6 @@ struct gw_ring {
   struct gw_conn recv; /* from prev */
 };
 
-/* How a receive judges a peer silent at its deadline: see struct prims. */
-struct gw_judge {
-  bool may_wait;
-  float grace_part; /* in (0, 1] */
-};
-
 /* One of the double binary tree's two trees, as this rank sees it (tree.c):
  * ranks of the parent and children (-1 where none; down[0] is set whenever a
  * child exists) and a connection each way to each of them. */
@@ -91,18 +85,19 @@ struct gw_judge {
 struct gw_tree {
   int up;
   int down[2];
-  /* How a wait on down[i] judges its silence (gw__wait_recv, struct prims's
-   * peer_may_wait and grace_part).  A leaf, whose first send waits for no
-   * one, may not wait: if it sent nothing it is named the straggler at once.
-   * An interior child waits on its own children first.  The part of the grace
-   * is less the deeper the child, so that the parent of the deepest straggler
-   * reports first and its notice reaches the others before their later
-   * deadlines. */
-  struct gw_judge down_judge[2];
-  /* The same for the wait on the parent's downward chunk: it may wait, and its
-   * part is above every wait on a child, growing with this rank's depth, so
-   * that when the straggler is the root the ranks nearest it report first. */
-  struct gw_judge up_judge;
+  /* The part of the grace period a wait on down[i] takes before blaming it
+   * when the child has sent nothing of the operation (struct prims's
+   * grace_part; one that did send waits on someone else, and the wait takes
+   * the whole grace): 0 for a leaf, whose first send waits for no one, so it
+   * is named the straggler at once; for an interior child, which waits on its
+   * own children first, less the deeper it is, so that the parent of the
+   * deepest straggler reports first and its notice reaches the others before
+   * their later deadlines. */
+  float down_grace[2];
+  /* The same for the wait on the parent's downward chunk: above every wait on
+   * a child, and growing with this rank's depth, so that when the straggler is
+   * the root the ranks nearest it report first. */
+  float up_grace;
   struct gw_conn send_up, recv_up;
   struct gw_conn send_down[2], recv_down[2];
 };
@@ -311,9 +306,12 @@ gw_result_t gw__dev_throttle(struct gw_comm *comm);
  * is being destroyed or belongs to the parent of a forked child; else counted
  * in comm->inside until gw__comm_leave. */
 gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn);
+void gw__comm_leave(struct gw_comm *comm);
 /* The communicator's GW_ALGO / GW_PROTO now (gw_comm_set_algo may change them
  * on another thread). */
 void gw__comm_algo_setting(const struct gw_comm *comm, int8_t *algo, int8_t *proto);
+/* The communicator's GW_ALGO / GW_PROTO now (gw_comm_set_algo may change them
+ * on another thread). */
 void gw__comm_leave(struct gw_comm *comm);
 /* Under comm->mu: takes op's ticket (and makes the flags on first use). */
 gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);

@@ -1,7 +1,6 @@
 /* prims.c - see prims.h: the waits every algorithm's primitives are made of, the
  * header check of every received chunk, flushing, and the abort notice.  Works
  * on any connection of any algorithm; knows no data layout. */
-#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -65,7 +64,7 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
-  if (c->seen_seq != p->op->desc.seq + 1 && p->peer_may_wait)
+  if (c->seen_seq != p->op->desc.seq + 1 && p->grace_part > 0)
     return gw__err(p->err, GW_ERR_TIMEOUT,
                    "rank %d: operation %s waited %.1f s for data from rank %d, which has not sent it (it is stuck "
                    "before the operation, or in it waiting on another rank; raise GW_TIMEOUT if it is just slow)",
@@ -338,7 +337,6 @@ static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 
 
 gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes) {
   const struct gw_chunk_hdr *h;
-  assert(p->grace_part > 0 && p->grace_part <= 1); /* 0 would wait forever: every prims sets it (default 1) */
   c->expect = (uint32_t)bytes, c->proto = p->op->proto;
   gw_result_t r = c->tp->recv_peek(c, &h, data);
   if (r == GW_INPROGRESS) {
@@ -354,12 +352,14 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       if (wait_step(p, &w)) continue;
       if (p->comm->aborted) return aborted_error(p);
       /* the deadline passed, so w.start is set: the message says the whole wait */
-      if (since > 0 || (c->seen_seq != p->op->desc.seq + 1 && !p->peer_may_wait))
+      const bool started = c->seen_seq == p->op->desc.seq + 1;
+      if (since > 0 || (!started && p->grace_part <= 0))
         return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
       since = w.start;
-      /* a peer inside the operation (it sent here, or may wait before it does):
-       * the algorithm's part of the grace for the straggler's neighbour's notice */
-      gw__waiter_init(&w, grace_s(p->comm) * p->grace_part);
+      /* inside the operation: a peer that sent here waits on someone else (the
+       * whole grace); one that may wait before its first send here, the
+       * algorithm's staggered part of it (see grace_part) */
+      gw__waiter_init(&w, grace_s(p->comm) * (started ? 1 : p->grace_part));
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);

@@ -41,19 +41,23 @@ struct prims {
   uint32_t sent;        /* chunks sent so far (the header's step, for diagnostics) */
   size_t chunk_bytes;   /* the most one chunk carries: a slot, or an LL chunk */
   bool stream_out;      /* write the user's output with non-temporal stores */
-  /* How the next receive judges a peer still silent at the deadline
-   * (gw__wait_recv; set with gw__prims_judge).  peer_may_wait: the peer may be
-   * inside the operation yet not have sent on this connection, waiting on
-   * another rank first (recursive doubling's later steps, a tree's interior
-   * child); false: a peer that sent nothing of this operation here has not
-   * started it, and is blamed at once.  grace_part, in (0, 1]: how much of
-   * the grace period a wait on a peer inside the operation (it sent here
-   * already, or may wait) takes for the notice of the rank that names the
-   * real straggler.  The algorithms stagger it (a ring broadcast by distance
-   * from the root, the tree by depth, recursive doubling by step), so that the
-   * rank that waits on the straggler reports first and its notice reaches the
-   * others before their own, later, deadlines.  Defaults: false, 1. */
-  bool peer_may_wait;
+  /* How the next receive judges a peer that has sent nothing of this
+   * operation on this connection when the deadline passes (gw__wait_recv).
+   * 0 (the default): it cannot be waiting on anyone first, so it has not
+   * started, and is blamed at once.  Above 0 (up to 1): it may be inside the
+   * operation, waiting on another rank before its first send here (recursive
+   * doubling's later steps, a tree's interior child or parent, a ring
+   * broadcast past the root's successor); the wait then takes this part of
+   * the grace period for the notice of the rank that names the real
+   * straggler instead of blaming this peer.  The algorithms stagger it (a
+   * ring broadcast by distance from the root, the tree by depth, recursive
+   * doubling by step), so that the rank that waits on the straggler reports
+   * first and its notice reaches the others before their own, later,
+   * deadlines.  A peer that did send here is inside the operation and
+   * blocked on someone else: whatever this says, that wait takes the whole
+   * grace, longer than any of the staggered ones (in a pipelined
+   * multi-chunk operation such waits are everywhere, and a short one
+   * reported first and its vague notice pre-empted the straggler's naming). */
   double grace_part;
   /* Device buffers on the device ring (devring.c): the payload moves between
    * device-memory twins of the slots, by copies and kernels on `stream`;
@@ -66,12 +70,6 @@ struct prims {
   gw_dev_stream_t stream;
   bool emit;
 };
-
-/* Sets the next receives' judgement of a silent peer (see peer_may_wait);
- * gw__prims_judge(p, false, 1) restores the default. */
-static inline void gw__prims_judge(struct prims *p, bool peer_may_wait, double grace_part) {
-  p->peer_may_wait = peer_may_wait, p->grace_part = grace_part;
-}
 
 /* Whether a peer on this machine still runs (a zombie counts as dead); peers
  * elsewhere count as running (their transport watches them). */

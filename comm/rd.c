@@ -92,13 +92,13 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
   struct gw_conn *send = rd->send, *recv = rd->recv;
   if (me >= pow2) { /* an extra position: fold in, get the result back */
     GW_CHECK(send_chunk(p, &send[0], in, n));
-    gw__prims_judge(p, true, 1); /* its home waits on the whole pattern first */
+    p->grace_part = 1; /* its home waits on the whole pattern first */
     return recv_copy(p, &recv[0], out, n);
   }
   bool has_extra = rd->nlinks > rd->npartners;
   const void *cur = in;
   if (has_extra) { /* the extra's data joins first (this position is the lower); it sends at once */
-    gw__prims_judge(p, false, 1.0 / (rd->npartners + 2));
+    p->grace_part = 0;
     GW_CHECK(recv_combine(p, &recv[rd->npartners], in, out, n, true, rd->npartners == 0 ? div : 0));
     cur = out;
   }
@@ -109,7 +109,7 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
      * the straggler in the earliest step reports first and its notice reaches
      * the later steps' waiters before their own deadlines (one grace for all
      * had ranks blame partners that waited themselves). */
-    gw__prims_judge(p, k > 0 || pow2 < p->comm->nranks, (double)(k + 1) / (rd->npartners + 2));
+    p->grace_part = k > 0 || pow2 < p->comm->nranks ? (double)(k + 1) / (rd->npartners + 2) : 0;
     GW_CHECK(send_chunk(p, &send[k], cur, n));
     GW_CHECK(recv_combine(p, &recv[k], cur, out, n, me < partner, k == rd->npartners - 1 ? div : 0));
     cur = out;
@@ -120,7 +120,7 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
 
 gw_result_t gw__rd_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
   struct gw_conn *conns[2 * GW_RD_MAX], *watch[GW_MAX_CHANNELS + 3 * GW_NTREES];
-  struct prims p = {.comm = comm, .op = op, .err = err, .grace_part = 1, .in = op->sendbuf, .out = op->recvbuf, .conns = conns,
+  struct prims p = {.comm = comm, .op = op, .err = err, .in = op->sendbuf, .out = op->recvbuf, .conns = conns,
                     .watch = watch,
                     .count = op->desc.count, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op),

@@ -243,10 +243,10 @@ static gw_result_t ring_broadcast(struct prims *p) {
        * from the root, so that the first rank behind the straggler (whose
        * predecessor is it: every rank before it got its data) reports first
        * and its notice travels on before the others' deadlines. */
-      gw__prims_judge(p, pos >= 2, (double)pos / n);
+      p->grace_part = (double)(pos - 1) / (n - 1); /* 0 at the root's successor */
       gw_result_t got = pos == n - 1 ? prim_recv(p, at(out, off, es), len)
                                      : prim_recv_copy_send(p, at(out, off, es), len);
-      gw__prims_judge(p, false, 1);
+      p->grace_part = 0;
       GW_CHECK(got);
     }
     off += chunk;
@@ -258,9 +258,9 @@ static gw_result_t ring_broadcast(struct prims *p) {
    * abort notice of any rank that failed). */
   if (pos == n - 1) GW_CHECK(prim_send_ex(p, NULL, NULL, 0, false));
   if (pos == 0) { /* the last rank may itself wait on an earlier straggler: a grace before blaming it */
-    gw__prims_judge(p, true, 1);
+    p->grace_part = 1;
     gw_result_t acked = prim_recv(p, NULL, 0);
-    gw__prims_judge(p, false, 1);
+    p->grace_part = 0;
     GW_CHECK(acked);
   }
   return GW_SUCCESS;
@@ -298,7 +298,7 @@ static gw_result_t ring_schedule(struct prims *p) {
 gw_result_t gw__ring_emit(struct gw_comm *comm, const struct gw_op *op, void *stream, struct gw_errctx *err) {
   struct gw_op ring_op = *op;
   ring_op.algo = GW_ALGO_RING, ring_op.proto = GW_PROTO_SIMPLE; /* as gw__run_op makes every device-ring call */
-  struct prims p = {.comm = comm, .ring = &comm->rings[0], .op = &ring_op, .err = err, .grace_part = 1,
+  struct prims p = {.comm = comm, .ring = &comm->rings[0], .op = &ring_op, .err = err,
                     .es = gw_dtype_size((gw_dtype_t)op->desc.dtype), .chunk_bytes = gw__dev_ring_chunk(comm, op),
                     .dev = comm->devring, .stream = (gw_dev_stream_t)stream, .emit = true};
   p.count = p.stride = op->desc.count;
@@ -311,8 +311,7 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
   struct gw_ring *ring = &comm->rings[ch];
   struct gw_conn *conns[2] = {&ring->send, &ring->recv}, *watch[3 * GW_NTREES + GW_RD_MAX];
   size_t dev_chunk = gw__dev_ring_chunk(comm, op);
-  struct prims p = {.comm = comm, .ring = ring, .op = op, .err = err, .grace_part = 1, .conns = conns, .nconns = 2,
-                    .watch = watch, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
+  struct prims p = {.comm = comm, .ring = ring, .op = op, .err = err, .conns = conns, .nconns = 2, .watch = watch, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .chunk_bytes = dev_chunk ? dev_chunk : gw__chunk_bytes(comm, op),
                     .dev = dev_chunk ? comm->devring : NULL,
                     .stream = dev_chunk ? comm->devring->stream : NULL};

@@ -144,14 +144,14 @@ gw_result_t gw__tree_connect(struct gw_comm *comm, struct gw_errctx *err) {
     if (hier) gw__tree_shape_hier(n, node_of, ring->index, t, &up, down);
     else gw__tree_shape(n, ring->index, t, &up, down);
     tree->up = up < 0 ? -1 : ring->order[up];
-    tree->up_judge = (struct gw_judge){true, (float)(levels + (double)depth[ring->index] / (levels + 1)) / (float)(levels + 2)};
+    tree->up_grace = (float)(levels + (double)depth[ring->index] / (levels + 1)) / (float)(levels + 2);
     if (tree->up >= 0) add_peer(links, &nlinks, &tree->send_up, &tree->recv_up, tree->up, t);
     for (int i = 0; i < 2; i++) {
       int cu, cd[2] = {-1, -1};
       if (down[i] >= 0 && hier) gw__tree_shape_hier(n, node_of, down[i], t, &cu, cd);
       else if (down[i] >= 0) gw__tree_shape(n, down[i], t, &cu, cd);
       const bool leaf = down[i] < 0 || (cd[0] < 0 && cd[1] < 0);
-      if (down[i] >= 0) tree->down_judge[i] = (struct gw_judge){!leaf, (float)(levels - depth[down[i]] + 1) / (float)(levels + 2)};
+      tree->down_grace[i] = leaf ? 0.0f : (float)(levels - depth[down[i]] + 1) / (float)(levels + 2);
       tree->down[i] = down[i] < 0 ? -1 : ring->order[down[i]];
       if (tree->down[i] >= 0) add_peer(links, &nlinks, &tree->send_down[i], &tree->recv_down[i], tree->down[i], t);
     }
@@ -175,7 +175,7 @@ struct half {
   size_t nchunks;     /* at least 1: an empty half still sends one empty chunk */
   struct gw_conn *up_send[1], *up_recv[1];
   struct gw_conn *down_send[2], *down_recv[2];
-  struct gw_judge down_judge[2]; /* the tree's: how a wait on each child judges its silence */
+  float down_grace[2]; /* the tree's: how long a wait on each child holds off blaming it */
   int ndown;
 };
 
@@ -205,16 +205,16 @@ static void combine(struct prims *p, const void *src, const void *const *data, i
  * and the chunks (see combine).  Every tree role is one call of this: a leaf
  * sends up (src, no from), an interior node reduces up (src, children) or
  * forwards down (parent, no src), the root reduces and turns the result down. */
-static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, const struct gw_judge *judge, int nfrom,
+static gw_result_t tree_step(struct prims *p, struct gw_conn *const *from, const float *grace, int nfrom,
                              struct gw_conn *const *to, int nto, const void *src, void *dst, size_t n, uint32_t div) {
   const size_t bytes = n * p->es;
   const void *data[2];
   void *targets[3];
   int nt = 0;
   for (int i = 0; i < nfrom; i++) {
-    gw__prims_judge(p, judge[i].may_wait, judge[i].grace_part);
+    p->grace_part = grace[i];
     gw_result_t r = gw__wait_recv(p, from[i], &data[i], bytes);
-    gw__prims_judge(p, false, 1);
+    p->grace_part = 0;
     GW_CHECK(r);
   }
   if (dst) targets[nt++] = dst;
@@ -231,9 +231,9 @@ static gw_result_t reduce_up(struct prims *p, const struct half *h, size_t chunk
   size_t first = h->base + k * chunk, n = blk_len(h->count, k * chunk, chunk);
   const void *src = cat(p->in, first, p->es);
   if (h->tree->up >= 0)
-    return tree_step(p, h->down_recv, h->down_judge, h->ndown, h->up_send, 1, src, NULL, n, 0);
+    return tree_step(p, h->down_recv, h->down_grace, h->ndown, h->up_send, 1, src, NULL, n, 0);
   uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)p->comm->nranks : 0;
-  return tree_step(p, h->down_recv, h->down_judge, h->ndown, h->down_send, h->ndown, src,
+  return tree_step(p, h->down_recv, h->down_grace, h->ndown, h->down_send, h->ndown, src,
                    at(p->out, first, p->es), n, div);
 }
 
@@ -242,7 +242,7 @@ static gw_result_t reduce_up(struct prims *p, const struct half *h, size_t chunk
  * is waiting on whoever it waits for. */
 static gw_result_t broadcast_down(struct prims *p, const struct half *h, size_t chunk, size_t k) {
   size_t first = h->base + k * chunk, n = blk_len(h->count, k * chunk, chunk);
-  return tree_step(p, h->up_recv, &h->tree->up_judge, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n,
+  return tree_step(p, h->up_recv, &h->tree->up_grace, 1, h->down_send, h->ndown, NULL, at(p->out, first, p->es), n,
                    0);
 }
 
@@ -252,7 +252,7 @@ static void half_init(struct half *h, struct gw_tree *tree, size_t base, size_t 
                      .up_send = {&tree->send_up}, .up_recv = {&tree->recv_up}};
   for (int i = 0; i < 2 && tree->down[i] >= 0; i++) {
     h->down_send[h->ndown] = &tree->send_down[i];
-    h->down_judge[h->ndown] = tree->down_judge[i];
+    h->down_grace[h->ndown] = tree->down_grace[i];
     h->down_recv[h->ndown++] = &tree->recv_down[i];
   }
 }
@@ -288,7 +288,7 @@ static gw_result_t run_halves(struct prims *p, const struct half *halves, int nt
  * value, a barrier) takes tree 0 alone. */
 gw_result_t gw__tree_run(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
   struct gw_conn *conns[6 * GW_NTREES], *watch[GW_MAX_CHANNELS + GW_RD_MAX];
-  struct prims p = {.comm = comm, .op = op, .err = err, .grace_part = 1, .in = op->sendbuf, .out = op->recvbuf, .conns = conns,
+  struct prims p = {.comm = comm, .op = op, .err = err, .in = op->sendbuf, .out = op->recvbuf, .conns = conns,
                     .watch = watch,
                     .count = op->desc.count, .es = gw_dtype_size((gw_dtype_t)op->desc.dtype),
                     .red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op),

@@ -47,8 +47,8 @@ END_TEST
  * the grace (a wait on a peer that had sent, where the algorithm staggers no
  * grace, once waited forever), by its own timeout or by the notice of one
  * that timed out; rank 0 then lets rank 1 go on (SIGCONT).  The ring at 2
- * ranks; recursive doubling and the trees at 4, where the waits on a peer
- * already heard from take the algorithm's staggered parts of the grace. */
+ * ranks; recursive doubling and the trees at 4, whose waits the algorithms
+ * stagger. */
 struct midop_case {
   const char *algo;
   int nranks;
@@ -84,6 +84,9 @@ static int body_stopped_midop(gw_comm_t comm, int rank, int n, void *arg) {
   if (rank == 1) pthread_join(t, NULL);
   free(buf);
   if (rank == 1) return 0; /* it hears of the others' failure, or times out itself */
+  char path[32];
+  EXPECT(gw_comm_last_path(comm, path, sizeof path) == GW_SUCCESS && !strncmp(path, mc->algo, strlen(mc->algo)),
+         "%s asked for, %s ran", mc->algo, path);
   EXPECT(n == mc->nranks && (r == GW_ERR_TIMEOUT || (n > 2 && r == GW_ERR_REMOTE)), "%s: returned %s: %s", mc->algo,
          gw_strerror(r), gw_comm_last_error(comm));
   EXPECT(took < 1.5 + 1.5 + 3, "%s: took %.1f s to report (timeout 1.5 s, grace 1.5 s)", mc->algo, took);
@@ -114,7 +117,14 @@ END_TEST
  * interior and deep: only rank 4 waits on it from above; ranks 0, 6, 5 and 7
  * wait on ranks that wait themselves.  A wait on a deeper child holds off
  * less, so rank 4 reports first and its notice reaches the others first. */
-enum straggle { STRAGGLE_ALLREDUCE, STRAGGLE_BROADCAST, STRAGGLE_TREE, STRAGGLE_TREE0, STRAGGLE_EXCHANGE };
+enum straggle {
+  STRAGGLE_ALLREDUCE,
+  STRAGGLE_BROADCAST,
+  STRAGGLE_TREE,
+  STRAGGLE_TREE0,
+  STRAGGLE_TREE_CHUNKS,
+  STRAGGLE_EXCHANGE
+};
 
 struct straggler_case {
   enum straggle how;
@@ -132,17 +142,24 @@ static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
   }
   gw_comm_set_timeout(comm, 1.2);
   double t0 = test_now();
-  float x[1000] = {1};
-  gw_result_t r = how == STRAGGLE_BROADCAST ? gw_broadcast(x, x, 1000, GW_FLOAT32, 0, comm, NULL)
-                  : how == STRAGGLE_TREE    ? gw_allreduce(x, x, 1000, GW_FLOAT32, GW_SUM, comm, NULL)
-                                            : gw_allreduce(x, x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  /* STRAGGLE_TREE_CHUNKS: 4 MiB, 8 chunks per half, so a leaf sends several
+   * chunks up before it blocks: a parent waiting on a leaf that sent must not
+   * report first (its vague notice pre-empted the straggler's naming) */
+  const size_t count = how == STRAGGLE_TREE_CHUNKS                          ? (size_t)1 << 20
+                       : how == STRAGGLE_TREE || how == STRAGGLE_BROADCAST ? 1000
+                                                                           : 1;
+  float *x = calloc(count, sizeof *x);
+  EXPECT(x, "out of memory");
+  gw_result_t r = how == STRAGGLE_BROADCAST ? gw_broadcast(x, x, count, GW_FLOAT32, 0, comm, NULL)
+                                            : gw_allreduce(x, x, count, GW_FLOAT32, GW_SUM, comm, NULL);
+  free(x);
   /* A straggler no one waits on directly from a leaf's side is named by the
    * rank waiting on it, which cannot tell whether it started. */
   /* (Recursive doubling, which 1 float at 4 ranks takes: rank 0 waits on rank
    * 2 directly in the second step, and reports it in those words when its
    * grace ends before rank 3's notice comes round.) */
   const bool hedged = how == STRAGGLE_BROADCAST || how == STRAGGLE_TREE0 || how == STRAGGLE_EXCHANGE ||
-                      how == STRAGGLE_ALLREDUCE || (how == STRAGGLE_TREE && late == 0);
+                      how == STRAGGLE_ALLREDUCE || ((how == STRAGGLE_TREE || how == STRAGGLE_TREE_CHUNKS) && late == 0);
   double took = test_now() - t0;
   EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
   EXPECT(took < 6, "took %.1f s to report", took);
@@ -160,7 +177,7 @@ static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
 
 static void straggler_at(const char *transport, enum straggle how, int nranks, int late) {
   setenv("GW_TRANSPORT", transport, 1);
-  if (how == STRAGGLE_TREE || how == STRAGGLE_TREE0) setenv("GW_ALGO", "tree", 1);
+  if (how == STRAGGLE_TREE || how == STRAGGLE_TREE0 || how == STRAGGLE_TREE_CHUNKS) setenv("GW_ALGO", "tree", 1);
   if (how == STRAGGLE_EXCHANGE) setenv("GW_ALGO", "exchange", 1);
   struct straggler_case sc = {how, late};
   ck_assert_int_eq(run_ranks(nranks, body_straggler4, &sc, 60), 0);
@@ -181,6 +198,7 @@ START_TEST(test_timeout_every_rank_names_straggler_shm) {
   /* Odd rank counts: position 0 is interior in both trees. */
   straggler_at("shm", STRAGGLE_TREE, 5, 0);
   straggler_at("shm", STRAGGLE_TREE, 7, 0);
+  straggler_at("shm", STRAGGLE_TREE_CHUNKS, 5, 0);
   /* Recursive doubling at 5 ranks (position 4 folded into 0; steps 0-1, 2-3
    * then 0-2, 1-3): a core rank, and the folded one. */
   for (int late = 1; late <= 4; late += 3) straggler_at("shm", STRAGGLE_EXCHANGE, 5, late);
