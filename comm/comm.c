@@ -472,26 +472,33 @@ static int cgroup_cpus(void) {
   return best;
 }
 
-/* Whether the ranks that may run on this rank's CPUs (same machine, affinity
- * overlapping: ranks a launcher bound to cores of their own share none) are
- * more than those CPUs, a cgroup's quota counted. */
-static bool oversubscribed(const struct gw_comm *c, int *sharers, int *ncpus) {
-  const struct gw_peer_info *me = &c->peers[c->rank];
+/* The CPUs this process may use: its affinity's count (the machine's where
+ * unknown), a cgroup's quota counted. */
+static int usable_cpus(const uint64_t cpus[16]) {
   int n = 0;
-  for (int w = 0; w < 16; w++) n += __builtin_popcountll(me->cpus[w]);
+  for (int w = 0; w < 16; w++) n += __builtin_popcountll(cpus[w]);
   if (n == 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
   const int quota = cgroup_cpus();
-  if (quota > 0 && quota < n) n = quota;
+  return quota > 0 && quota < n ? quota : n;
+}
+
+/* Whether the ranks that may run on rank `who`'s CPUs (same machine,
+ * affinity overlapping: ranks a launcher bound to cores of their own share
+ * none) are more than those CPUs; from the rendezvous table alone, so every
+ * rank finds the same for every rank. */
+static bool oversubscribed(const struct gw_comm *c, int who, int *sharers, int *ncpus) {
+  const struct gw_peer_info *me = &c->peers[who];
+  const int n = me->ncpus;
   *ncpus = n;
   *sharers = 0;
   bool mine_known = false;
   for (int w = 0; w < 16; w++) mine_known |= me->cpus[w] != 0;
   for (int r = 0; r < c->nranks; r++) {
-    bool overlap = false, known = false; /* a set unknown (all zero) overlaps every other */
+    if (strcmp(c->peers[r].node_id, me->node_id)) continue; /* another machine */
+    bool overlap = r == who, known = false; /* a set unknown (all zero) overlaps every other */
     for (int w = 0; w < 16; w++) overlap |= (c->peers[r].cpus[w] & me->cpus[w]) != 0;
     for (int w = 0; w < 16; w++) known |= c->peers[r].cpus[w] != 0;
-    overlap |= !known || !mine_known;
-    *sharers += !strcmp(c->peers[r].node_id, me->node_id) && (overlap || r == c->rank);
+    *sharers += overlap || !known || !mine_known;
   }
   return n > 0 && *sharers > n;
 }
@@ -506,11 +513,21 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
    * ranks on 2 cores, 8 B allreduce: 4.5 us with the adaptive 2 us spin, 2.6
    * us without. */
   int ncpus = 0, local = 0;
-  c->oversubscribed = oversubscribed(c, &local, &ncpus);
+  c->oversubscribed = oversubscribed(c, c->rank, &local, &ncpus);
   if (spin_us < 0 && c->oversubscribed) {
     gw__waiter_set_spin(0);
     GW_INFO(GW_SUB_INIT, "%d ranks on this rank's cores, %d cores to run them: waits yield at once", local, ncpus);
   }
+  /* Oversubscribed anywhere, every step of every algorithm costs a trip
+   * through the scheduler: the cost model counts it, so that fewer steps win
+   * (4 ranks on 2 cores: recursive doubling beat the ring 1.3-2x at 16 KiB to
+   * 1 MiB, where the built-in 2-rank table picked the ring from 16 KiB).
+   * Every rank decides alike: the table is the same everywhere. */
+  for (int r = 0, s, k; r < c->nranks; r++)
+    if (oversubscribed(c, r, &s, &k)) {
+      c->model.oversub_step_us = GW_MODEL_OVERSUB_STEP_US;
+      break;
+    }
   GW_CHECK(check_settings_agree(c, err));
   /* An allgather: every rank has opened the others' liveness files by now. */
   gw__alive_unlink_own(c);
@@ -647,6 +664,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   if (sched_getaffinity(0, sizeof aff, &aff) == 0)
     for (int cpu = 0; cpu < 1024 && cpu < CPU_SETSIZE; cpu++)
       if (CPU_ISSET(cpu, &aff)) me.cpus[cpu / 64] |= 1ull << (cpu % 64);
+  me.ncpus = usable_cpus(me.cpus);
   gw__node_id(me.node_id, sizeof me.node_id);
   if (gethostname(me.host, sizeof me.host) != 0) snprintf(me.host, sizeof me.host, "?");
   me.host[sizeof me.host - 1] = 0;

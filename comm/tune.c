@@ -92,7 +92,8 @@ double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, s
                       int tree_levels) {
   double steps, factor;
   shape(algo, coll, nranks, tree_levels, &steps, &factor);
-  return steps * m->lat_us[algo][proto] + (double)bytes * factor / (m->bw_gbps[algo][proto] * 1e3);
+  const double lat = m->lat_us[algo][proto] + (m->fitted_here[algo][proto] ? 0 : m->oversub_step_us);
+  return steps * lat + (double)bytes * factor / (m->bw_gbps[algo][proto] * 1e3);
 }
 
 static bool algo_allowed(const struct gw_pick_args *a, int algo) {
@@ -198,6 +199,7 @@ static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pas
   if (tagged != (pass == 1) || (tagged && ranks != nranks)) return GW_SUCCESS; /* another pass's or size's */
   m->lat_us[a][p] = lat;
   m->bw_gbps[a][p] = bw;
+  m->fitted_here[a][p] = tagged;
   return GW_SUCCESS;
 }
 
@@ -265,8 +267,12 @@ void gw__model_log(const struct gw_model *m, const struct gw_pick_args *base) {
   if (gw__log_level < GW_LOG_INFO) return;
   for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
     for (int p = 0; p < GW_MODEL_NPROTOS; p++)
-      GW_INFO(GW_SUB_TUNE, "model: %-8s %-6s latency %.3f us/step, bandwidth %.2f GB/s", algo_names[a],
-              proto_names[p], m->lat_us[a][p], m->bw_gbps[a][p]);
+      GW_INFO(GW_SUB_TUNE, "model: %-8s %-6s latency %.3f us/step%s, bandwidth %.2f GB/s", algo_names[a],
+              proto_names[p], m->lat_us[a][p],
+              m->oversub_step_us > 0 && !m->fitted_here[a][p] ? " (+ oversubscribed cores' per step)" : "",
+              m->bw_gbps[a][p]);
+  if (m->oversub_step_us > 0)
+    GW_INFO(GW_SUB_TUNE, "model: cores oversubscribed on some rank's machine: %.1f us more per step", m->oversub_step_us);
   GW_INFO(GW_SUB_TUNE, "model: allreduce on %d ranks, us: %10s %9s %9s %9s %9s %9s  pick", base->nranks, "bytes",
           "ring", "ring/ll", "tree", "tree/ll", "exch");
   for (size_t bytes = 8; bytes <= (64u << 20); bytes *= 8) {

@@ -17,7 +17,23 @@
 struct gw_model {
   double lat_us[GW_MODEL_NALGOS][GW_MODEL_NPROTOS];   /* per step */
   double bw_gbps[GW_MODEL_NALGOS][GW_MODEL_NPROTOS];  /* per rank's link */
+  /* Where some rank of the job shares its cores with more ranks than cores
+   * (the comm sets it, alike on every rank, from the rendezvous table): what
+   * a step costs on top, the scheduler handing the core to the rank waited
+   * for; 0 otherwise.  Not added where a tuning file's row for this very
+   * world size was loaded (fitted_here): that fit measured it already. */
+  double oversub_step_us;
+  bool fitted_here[GW_MODEL_NALGOS][GW_MODEL_NPROTOS];
 };
+/* A step's cost under oversubscription (gw_model's oversub_step_us; a
+ * compile-time constant): 4 ranks on the 2-core development machine, 8 B
+ * allreduce, ring (6 steps) 22-44 us, tree (4) 22-25 us, recursive doubling
+ * (2) 12-15 us: 4-7 us a step (another day's runs there measured about 2; at
+ * 4 ranks either value picks recursive doubling up to its 256 KiB limit). */
+#define GW_MODEL_OVERSUB_STEP_US 5.0
+_Static_assert(sizeof(struct gw_model) == 2 * sizeof(double) * GW_MODEL_NALGOS * GW_MODEL_NPROTOS + sizeof(double) +
+                                             sizeof(bool) * GW_MODEL_NALGOS * GW_MODEL_NPROTOS,
+               "struct gw_model is hashed byte by byte (gw__model_hash): no padding");
 
 /* What an operation's choice depends on; every rank has the same. */
 struct gw_pick_args {

@@ -3,6 +3,8 @@
  * reads back; a damaged one is refused naming its line and changes nothing),
  * and ranks that disagree on GW_PROTO or the table failing at init. */
 #include <check.h>
+#include <errno.h>
+#include <sched.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -350,6 +352,89 @@ START_TEST(test_rewrite_safe) {
 }
 END_TEST
 
+/* Oversubscribed cores (some rank's machine runs more ranks than it has
+ * cores for them): every step costs a trip through the scheduler, so fewer
+ * steps win: at 4 ranks recursive doubling up to its limit, where the 2-rank
+ * table picks the ring from about 16 KiB (measured at 4 ranks on 2 cores,
+ * 64 KiB: recursive doubling 24-29 us, the ring 40-48).  A row fitted for this
+ * very world size measured the scheduler already and gets nothing added. */
+START_TEST(test_oversub_picks) {
+  struct gw_model m;
+  gw__model_defaults(&m);
+  struct gw_pick_args a = args(4, 64 << 10);
+  a.rd_ok = true;
+  int algo, proto;
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert_msg(algo == GW_ALGO_RING, "64 KiB, cores of their own: picked %s", gw__algo_name(algo));
+  m.oversub_step_us = GW_MODEL_OVERSUB_STEP_US;
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert_msg(algo == GW_ALGO_EXCHANGE, "64 KiB, oversubscribed: picked %s", gw__algo_name(algo));
+  a.bytes = 64u << 20;
+  gw__model_pick(&m, &a, &algo, &proto);
+  ck_assert_msg(algo == GW_ALGO_RING, "64 MiB, oversubscribed: picked %s", gw__algo_name(algo));
+  /* the ring's row fitted at 4 ranks: its time has no scheduler added, the
+   * exchange's (untagged) has; at 2 ranks neither row is this size's */
+  char path[] = "/tmp/gw-tune-XXXXXX";
+  make_temp(path);
+  write_file(path, "ring simple 0.12 14.5 4\nexchange simple 0.18 14.5\n");
+  struct gw_errctx err;
+  for (int n = 2; n <= 4; n += 2) {
+    gw__model_defaults(&m);
+    ck_assert_msg(gw__model_load(&m, path, n, &err) == GW_SUCCESS, "%s", err.msg);
+    const double ring_bare = gw__model_time(&m, GW_ALGO_RING, GW_PROTO_SIMPLE, GW_COLL_ALLREDUCE, 4096, n, 0),
+                 ex_bare = gw__model_time(&m, GW_ALGO_EXCHANGE, GW_PROTO_SIMPLE, GW_COLL_ALLREDUCE, 4096, n, 0);
+    m.oversub_step_us = GW_MODEL_OVERSUB_STEP_US;
+    const double ring = gw__model_time(&m, GW_ALGO_RING, GW_PROTO_SIMPLE, GW_COLL_ALLREDUCE, 4096, n, 0),
+                 ex = gw__model_time(&m, GW_ALGO_EXCHANGE, GW_PROTO_SIMPLE, GW_COLL_ALLREDUCE, 4096, n, 0);
+    ck_assert_msg(n == 4 ? ring == ring_bare : ring > ring_bare + 2 * (n - 1) * 4.9, "%d ranks: ring %g, bare %g", n,
+                  ring, ring_bare);
+    ck_assert_msg(ex > ex_bare + 4.9, "%d ranks: exchange %g, bare %g", n, ex, ex_bare);
+  }
+  unlink(path);
+}
+END_TEST
+
+/* Every rank works out the same oversubscription from the rendezvous table,
+ * though only ranks 0 and 1 share a core (rank 2 has one of its own): the
+ * model's tables agree (init compares their digests) and a 16 KiB allreduce
+ * takes recursive doubling on every rank (the ring without the scheduler's
+ * cost).  Needs 2 CPUs (any two this process may use). */
+static int cpu_pair[2]; /* the first two CPUs this process may use (set before the ranks fork) */
+
+static int raw_oversub_agree(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  static const char *const decide[] = {"GW_ALGO", "GW_PROTO", "GW_EXCHANGE_MAX_BYTES", "GW_TUNING_FILE"};
+  for (size_t i = 0; i < sizeof decide / sizeof decide[0]; i++) unsetenv(decide[i]); /* the built-in choice */
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu_pair[rank == 2], &one);
+  EXPECT(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity: %s", strerror(errno));
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
+  static float x[4096];
+  EXPECT(gw_allreduce(x, x, 4096, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
+  char path[32];
+  EXPECT(gw_comm_last_path(comm, path, sizeof path) == GW_SUCCESS && !strcmp(path, "exchange/simple"),
+         "rank %d: 16 KiB took %s", rank, path);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_oversub_agree) {
+  cpu_set_t mine;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof mine, &mine), 0);
+  int found = 0;
+  for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
+    if (CPU_ISSET(c, &mine)) cpu_pair[found++] = c;
+  if (found < 2) {
+    printf("test_oversub_agree: 1 CPU here: not run\n");
+    return;
+  }
+  ck_assert_int_eq(run_ranks_raw(3, raw_oversub_agree, NULL, 90), 0);
+}
+END_TEST
+
 /* Ranks that would decide differently fail at init, naming what differs. */
 static char other_file[64]; /* rank 1's tuning file (the ranks are forked after it is set) */
 
@@ -391,6 +476,8 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_default_picks);
   tcase_add_test(tc, test_rd_picks);
+  tcase_add_test(tc, test_oversub_picks);
+  tcase_add_test(tc, test_oversub_agree);
   tcase_add_test(tc, test_rows_per_world_size);
   tcase_add_test(tc, test_rewrite_safe);
   tcase_add_test(tc, test_overrides);

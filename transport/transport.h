@@ -60,6 +60,11 @@ struct gw_peer_info {
   /* The CPUs this rank may run on (its affinity, the first 1024): whether
    * ranks on one machine share cores (comm.c, the waiting policy). */
   uint64_t cpus[16];
+  /* How many CPUs it may use: cpus' count, or the machine's when unknown,
+   * capped by its cgroup's quota (comm.c: whether the job is oversubscribed
+   * anywhere, which every rank works out alike from the table). */
+  int32_t ncpus;
+  int32_t pad; /* zero: no uninitialized padding on the wire */
 };
 #define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
 #define GW_CAP_DEVICE 2u /* bound to a device that can map its peers' memory (comm/device.c) */
