@@ -520,8 +520,9 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   }
   /* Oversubscribed anywhere, every step of every algorithm costs a trip
    * through the scheduler: the cost model counts it, so that fewer steps win
-   * (4 ranks on 2 cores: recursive doubling beat the ring 1.3-2x at 16 KiB to
-   * 1 MiB, where the built-in 2-rank table picked the ring from 16 KiB).
+   * (4 ranks on 2 cores: recursive doubling beat the ring 1.3-2x from 16 to
+   * 256 KiB, its limit, where the built-in 2-rank table picked the ring from
+   * 16 KiB).
    * Every rank decides alike: the table is the same everywhere. */
   for (int r = 0, s, k; r < c->nranks; r++)
     if (oversubscribed(c, r, &s, &k)) {
@@ -656,7 +657,9 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     res = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
     goto fail;
   }
-  struct gw_peer_info me = {.rank = rank, .pid = (int32_t)getpid(), .caps = gw__transport_caps() | gw__dev_caps()};
+  struct gw_peer_info me;
+  memset(&me, 0, sizeof me); /* padding included: it goes on the wire */
+  me.rank = rank, me.pid = (int32_t)getpid(), me.caps = gw__transport_caps() | gw__dev_caps();
   struct stat st;
   if (stat("/dev/shm", &st) == 0) me.shm_id = ((uint64_t)st.st_dev << 32) ^ (uint64_t)st.st_ino;
   me.pidns = gw__pidns_self();

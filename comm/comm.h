@@ -310,9 +310,6 @@ void gw__comm_leave(struct gw_comm *comm);
 /* The communicator's GW_ALGO / GW_PROTO now (gw_comm_set_algo may change them
  * on another thread). */
 void gw__comm_algo_setting(const struct gw_comm *comm, int8_t *algo, int8_t *proto);
-/* The communicator's GW_ALGO / GW_PROTO now (gw_comm_set_algo may change them
- * on another thread). */
-void gw__comm_leave(struct gw_comm *comm);
 /* Under comm->mu: takes op's ticket (and makes the flags on first use). */
 gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
 /* After op was queued for the progress thread, on the caller's thread: puts

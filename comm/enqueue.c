@@ -237,6 +237,14 @@ static int64_t inline_pause_us(void) {
   return x;
 }
 
+/* The next n sequence numbers.  Every taker holds comm->mu, so no locked
+ * read-modify-write: other threads only read the counter (an abort notice's). */
+static uint64_t take_seq_locked(struct gw_comm *comm, uint64_t n) {
+  uint64_t seq = atomic_load_explicit(&comm->next_seq, memory_order_relaxed);
+  atomic_store_explicit(&comm->next_seq, seq + n, memory_order_relaxed);
+  return seq;
+}
+
 /* Blocking: runs inline when nothing is queued or running (no lock, no thread
  * handoff on the latency path), else queues behind the earlier operations and
  * waits.  Non-blocking (reqp != NULL): queues for the progress thread.  Like an
@@ -246,14 +254,6 @@ static int64_t inline_pause_us(void) {
  * running inline queues behind it (two inline at once shared the connections'
  * unsynchronized state: a slot claimed twice, chunks under the other call's
  * header). */
-/* The next n sequence numbers.  Every taker holds comm->mu, so no locked
- * read-modify-write: other threads only read the counter (an abort notice's). */
-static uint64_t take_seq_locked(struct gw_comm *comm, uint64_t n) {
-  uint64_t seq = atomic_load_explicit(&comm->next_seq, memory_order_relaxed);
-  atomic_store_explicit(&comm->next_seq, seq + n, memory_order_relaxed);
-  return seq;
-}
-
 static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
   if (!reqp && !op->ordered && atomic_load(&comm->pending) == 0 && !atomic_exchange(&comm->inline_busy, true)) {
     if (inline_pause_us() > 0) usleep((useconds_t)inline_pause_us()); /* tests: another thread queues meanwhile */

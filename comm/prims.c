@@ -57,10 +57,12 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
 
 /* A receive timed out.  When the peer never sent anything of this operation, it
  * is the straggler (or waits for one before its first send): name it.  When it
- * did, it is inside the operation waiting on someone else, and every rank's
- * deadline expires at about the same moment; the rank that waits on the real
- * straggler reports first and its notice travels here, so this rank waits a
- * little longer for it (see gw__wait_recv) and then says who had started. */
+ * did, it is inside the operation, most likely waiting on someone else, and
+ * every rank's deadline expires at about the same moment; the rank that waits
+ * on the real straggler reports first and its notice travels here, so this
+ * rank waits the grace for it (see gw__wait_recv).  Past that, nobody named
+ * one (the peer itself stopped in the middle, or every rank waits on one that
+ * did): say it stopped sending, without guessing further. */
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
@@ -75,8 +77,9 @@ static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, 
                    "stuck before it, or called something else; raise GW_TIMEOUT if it is just slow)",
                    p->comm->rank, me, waited, c->peer);
   return gw__err(p->err, GW_ERR_TIMEOUT,
-                 "rank %d: operation %s waited %.1f s for more data from rank %d, which started it and is itself "
-                 "waiting (another rank is the straggler; its neighbour names it)",
+                 "rank %d: operation %s waited %.1f s for more data from rank %d, which started it and then stopped "
+                 "sending (it is stuck, or waits on a rank that is, and no rank named one within the grace; raise "
+                 "GW_TIMEOUT if it is just slow)",
                  p->comm->rank, me, waited, c->peer);
 }
 

@@ -371,9 +371,9 @@ START_TEST(test_nodes_wait_verdict_idle)
     for (int attempt = 1;; attempt++) {
         int port = gwrun_free_port_pair();
         const char *env[] = {"GW_JOB_TOKEN=mn-idle", "GW_RUN_JOIN_TIMEOUT=30", "GW_RUN_KILL_GRACE=10", NULL};
-        const char *script = "echo \"attempt $GW_RESTART_COUNT\"; [ \"$GW_RESTART_COUNT\" = 1 ] && exit 0; "
+        const char *script = "[ \"$GW_RANK\" = 0 ] && trap 'echo lingered; sleep 7; exit 0' TERM; "
+                             "echo \"attempt $GW_RESTART_COUNT\"; [ \"$GW_RESTART_COUNT\" = 1 ] && exit 0; "
                              "if [ \"$GW_RANK\" = 2 ]; then exit 6; fi; "
-                             "if [ \"$GW_RANK\" = 0 ]; then trap 'echo lingered; sleep 7; exit 0' TERM; fi; "
                              "sleep 30 & wait";
         const char *extra[] = {"--max-restarts", "1", NULL};
         struct run r[2];

@@ -356,7 +356,7 @@ END_TEST
  * cores for them): every step costs a trip through the scheduler, so fewer
  * steps win: at 4 ranks recursive doubling up to its limit, where the 2-rank
  * table picks the ring from about 16 KiB (measured at 4 ranks on 2 cores,
- * 64 KiB: recursive doubling 24-29 us, the ring 40-48).  A row fitted for this
+ * 64 KiB: recursive doubling 24-29 us, the ring 47-48).  A row fitted for this
  * very world size measured the scheduler already and gets nothing added. */
 START_TEST(test_oversub_picks) {
   struct gw_model m;
