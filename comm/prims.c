@@ -83,6 +83,33 @@ static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, 
                  p->comm->rank, me, waited, c->peer);
 }
 
+/* A wait for room at a peer timed out.  A peer that freed room for chunks of
+ * this operation on this connection (more were posted than its FIFO holds) is
+ * inside it and most likely blocked on a rank further on, whose neighbour
+ * names the straggler: this rank waited the grace for that notice (see
+ * gw__wait_slot) and says what it saw.  Otherwise the peer has freed no room
+ * for this operation's data: it has not received it (the straggler, or a rank
+ * waiting on one before its first receive here), or holds the first chunk
+ * while it waits elsewhere; over tcp the kernels' buffers take the bytes
+ * whether or not it reads them, so this rank cannot tell (depth 0). */
+static gw_result_t slot_timeout_error(struct prims *p, const struct gw_conn *c, double waited, bool took) {
+  char me[160];
+  gw__describe_op(&p->op->desc, me, sizeof me);
+  if (took)
+    return gw__err(p->err, GW_ERR_TIMEOUT,
+                   "rank %d: operation %s waited %.1f s for room at rank %d, which took data of it from this rank "
+                   "and then stopped taking it (it is stuck, or waits on a rank that is, and no rank named one "
+                   "within the grace; raise GW_TIMEOUT if it is just slow)",
+                   p->comm->rank, me, waited, c->peer);
+  return gw__err(p->err, GW_ERR_TIMEOUT,
+                 "rank %d: operation %s waited %.1f s for room at rank %d, which %s (it is stuck or dead, called "
+                 "something else, or waits on another rank; raise GW_TIMEOUT if it is just slow)",
+                 p->comm->rank, me, waited, c->peer,
+                 c->depth ? "has freed no slot for this operation's data"
+                          : "has not read enough of this operation's data (this transport cannot tell whether it "
+                            "read any)");
+}
+
 /* Transports that queue bytes in user space (tcp) move them while we wait on
  * anything, so two ranks waiting on each other's queued sends cannot deadlock. */
 static gw_result_t pump(struct prims *p) {
@@ -261,17 +288,37 @@ static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct
   return GW_SUCCESS;
 }
 
+/* A peek that only looks: whether a chunk is at c's head (a sender that
+ * closed may owe nothing more, so that is no failure here; see gw_conn.look). */
+static bool look_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data) {
+  c->look = true;
+  const bool got = c->tp->recv_peek(c, h, data) == GW_SUCCESS;
+  c->look = false;
+  return got;
+}
+
 /* The heads of the watched connections: a later operation's chunk may wait
  * there (its sender is ahead), but a chunk of this operation means its sender
  * called something else (or runs it on other connections), and an abort notice
- * means it failed. */
-static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w) {
-  if (!slow_check_due(w)) return GW_SUCCESS;
+ * means it failed.  An abort notice at the head of one of this operation's own
+ * receiving connections is a failure too, heard while this rank waits on
+ * another connection (a slot wait on a peer blocked further on hears the
+ * straggler named this way).  Now and then, or at every step (`now`: in a
+ * grace, which may be shorter than the now-and-then). */
+static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, bool now) {
+  if (!now && !slow_check_due(w)) return GW_SUCCESS;
+  for (int i = 0; i < p->nconns; i++) {
+    struct gw_conn *c = p->conns[i];
+    const struct gw_chunk_hdr *h;
+    const void *data;
+    if (!c->is_send && look_peek(c, &h, &data) && h->op.coll == GW_COLL_ABORT)
+      return check_header(p, c, h, data, h->bytes);
+  }
   for (int i = 0; i < p->nwatch; i++) {
     struct gw_conn *c = p->watch[i];
     const struct gw_chunk_hdr *h;
     const void *data;
-    if (c->tp->recv_peek(c, &h, &data) != GW_SUCCESS) continue;
+    if (!look_peek(c, &h, &data)) continue;
     if (h->op.coll != GW_COLL_ABORT && h->op.seq != p->op->desc.seq) continue;
     GW_CHECK(check_header(p, c, h, data, h->bytes));
     char me[160];
@@ -292,7 +339,7 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
     if (r == GW_SUCCESS) return GW_SUCCESS;
     if (r != GW_INPROGRESS) return r;
     GW_CHECK(pump(p));
-    GW_CHECK(look_at_watched(p, &w));
+    GW_CHECK(look_at_watched(p, &w, false));
     if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer);
   }
 }
@@ -304,39 +351,55 @@ gw_result_t gw__flush(struct prims *p) {
   return GW_SUCCESS;
 }
 
+/* How much longer a rank whose peer had started the operation waits, after its
+ * deadline, for the notice of the rank that names the straggler. */
+static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 ? comm->timeout_s : 10; }
+
 gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot) {
   size_t cap;
   c->proto = p->op->proto;
   gw_result_t r = c->tp->send_slot(c, bytes, slot, &cap);
   if (r != GW_INPROGRESS) return r == GW_SUCCESS ? r : conn_error(p, c, r);
   struct gw_waiter w;
+  double since = 0; /* the first waiter's start, once the grace below restarted it */
   gw__waiter_init(&w, p->comm->timeout_s);
   while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
     GW_CHECK(pump(p));
-    GW_CHECK(look_at_watched(p, &w));
+    GW_CHECK(look_at_watched(p, &w, since > 0));
     /* it may have freed the slot just before it exited: look once more */
     if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)
       return dead_peer_error(p, c->peer);
-    if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "a free slot at", c->peer);
+    if (wait_step(p, &w)) continue;
+    if (p->comm->aborted) return aborted_error(p);
+    /* the peer took some of what this rank posted in this operation when
+     * more went in than its FIFO holds (the oldest chunks left first) */
+    const bool took = c->depth && c->sent_seq == p->op->desc.seq && c->sent_n > c->depth;
+    if (since > 0 || !took) return slot_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start), took);
+    since = w.start;
+    gw__waiter_init(&w, grace_s(p->comm));
   }
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
 
+/* Counts c's posts in this operation (gw__wait_slot's proof that the peer took some). */
+static inline void count_post(struct gw_conn *c, uint64_t seq) {
+  if (c->sent_seq != seq) c->sent_seq = seq, c->sent_n = 0;
+  c->sent_n++;
+}
+
 gw_result_t gw__post(struct prims *p, struct gw_conn *c, size_t bytes) {
   struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = (uint32_t)bytes, .step = p->sent++};
+  count_post(c, h.op.seq);
   gw_result_t r = c->tp->send_post(c, &h);
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
 
 gw_result_t gw__post_direct(struct prims *p, struct gw_conn *c, const void *src, size_t bytes) {
   struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = (uint32_t)bytes, .step = p->sent++};
+  count_post(c, h.op.seq);
   gw_result_t r = c->tp->send_direct(c, &h, src);
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
-
-/* How much longer a rank whose peer had started the operation waits, after its
- * deadline, for the notice of the rank that names the straggler. */
-static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 ? comm->timeout_s : 10; }
 
 gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes) {
   const struct gw_chunk_hdr *h;
@@ -348,7 +411,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
     gw__waiter_init(&w, p->comm->timeout_s);
     while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
-      GW_CHECK(look_at_watched(p, &w));
+      GW_CHECK(look_at_watched(p, &w, since > 0));
       /* it may have posted the chunk just before it exited: look once more */
       if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
         return dead_peer_error(p, c->peer);
@@ -376,39 +439,47 @@ gw_result_t gw__release(struct prims *p, struct gw_conn *c) {
   return c->tp->recv_release(c);
 }
 
-/* Best effort: one abort notice on one sending connection. */
-static void abort_one(struct gw_comm *comm, struct gw_conn *c, const struct gw_opdesc *desc, const char *msg) {
-  if (!c->tp) return;
+/* Best effort: one abort notice on one sending connection, if it has room
+ * now.  True when it is done with (posted, or the connection failed). */
+static bool abort_one(struct gw_comm *comm, struct gw_conn *c, const struct gw_opdesc *desc, const char *msg) {
+  if (!c->tp) return true;
   void *slot;
   size_t cap, want = GW_MIN(strlen(msg), (size_t)comm->conn_params.slot_bytes);
-  /* A full FIFO means the peer is busy or stuck: give up after a moment. */
-  struct gw_waiter w;
-  gw__waiter_init(&w, 0.5);
-  gw_result_t r;
-  while ((r = c->tp->send_slot(c, want, &slot, &cap)) == GW_INPROGRESS)
-    if (!gw__waiter_pause(&w)) return;
-  if (r != GW_SUCCESS) return;
+  gw_result_t r = c->tp->send_slot(c, want, &slot, &cap);
+  if (r == GW_INPROGRESS) return false;
+  if (r != GW_SUCCESS) return true;
   size_t len = GW_MIN(strlen(msg), cap);
   memcpy(slot, msg, len);
   struct gw_chunk_hdr h = {.op = *desc, .bytes = (uint32_t)len};
   h.op.coll = GW_COLL_ABORT;
   c->tp->send_post(c, &h);
+  return true;
 }
 
 /* Every peer this rank sends to hears of the failure, on the ring, both trees
- * and recursive doubling's links: whichever of them a neighbour waits on, it fails at once and passes
- * the notice on to its own neighbours. */
+ * and recursive doubling's links: whichever of them a neighbour waits on, it
+ * fails at once and passes the notice on to its own neighbours.  Connections
+ * with room get it at once; a full FIFO means the peer is busy or stuck (the
+ * one this rank timed out on, often), so those are tried again for half a
+ * second in all, not one after another (a full ring FIFO held the notice to
+ * every other peer back that long). */
 void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const char *msg) {
   struct gw_conn *to[GW_MAX_CHANNELS + GW_EXTRA_CONNS], *extra[GW_EXTRA_CONNS];
+  bool done[GW_MAX_CHANNELS + GW_EXTRA_CONNS] = {false};
   int n = 0;
   for (int ch = 0; ch < comm->nchannels; ch++) to[n++] = &comm->rings[ch].send;
   for (int i = 0, ne = gw__extra_conns(comm, extra); i < ne; i++)
     if (extra[i]->is_send) to[n++] = extra[i];
-  for (int i = 0; i < n; i++) abort_one(comm, to[i], desc, msg);
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0.5);
+  for (bool all = false; !all;) {
+    all = true;
+    for (int i = 0; i < n; i++) all &= done[i] = done[i] || abort_one(comm, to[i], desc, msg);
+    if (!all && !gw__waiter_pause(&w)) break;
+  }
   /* A transport that queues in user space (tcp) may hold the notice behind
    * the failed operation's frames, and nothing else will move them: push for
    * up to a second. */
-  struct gw_waiter w;
   gw__waiter_init(&w, 1.0);
   for (;;) {
     bool queued = false;

@@ -118,14 +118,20 @@ END_TEST
  * At 8 ranks (tree 0: 0 -> 4 -> {2, 6}, 2 -> {1, 3}, 6 -> {5, 7}) rank 2
  * interior and deep: only rank 4 waits on it from above; ranks 0, 6, 5 and 7
  * wait on ranks that wait themselves.  A wait on a deeper child holds off
- * less, so rank 4 reports first and its notice reaches the others first. */
+ * less, so rank 4 reports first and its notice reaches the others first.
+ * A broadcast of 16 MiB (64 chunks; a FIFO holds 8), rank 2 the straggler:
+ * rank 1 fills rank 2's FIFO and waits for room there; the root fills rank
+ * 1's and waits for room at rank 1, which took data of the operation and
+ * waits itself: the root waits the grace for the notice that names rank 2
+ * (it blamed rank 1). */
 enum straggle {
   STRAGGLE_ALLREDUCE,
   STRAGGLE_BROADCAST,
   STRAGGLE_TREE,
   STRAGGLE_TREE0,
   STRAGGLE_TREE_CHUNKS,
-  STRAGGLE_EXCHANGE
+  STRAGGLE_EXCHANGE,
+  STRAGGLE_BROADCAST_BIG
 };
 
 struct straggler_case {
@@ -147,12 +153,14 @@ static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
   /* STRAGGLE_TREE_CHUNKS: 4 MiB, 8 chunks per half, so a leaf sends several
    * chunks up before it blocks: a parent waiting on a leaf that sent must not
    * report first (its vague notice pre-empted the straggler's naming) */
-  const size_t count = how == STRAGGLE_TREE_CHUNKS                          ? (size_t)1 << 20
+  const size_t count = how == STRAGGLE_BROADCAST_BIG                        ? (size_t)4 << 20
+                       : how == STRAGGLE_TREE_CHUNKS                        ? (size_t)1 << 20
                        : how == STRAGGLE_TREE || how == STRAGGLE_BROADCAST ? 1000
                                                                            : 1;
   float *x = calloc(count, sizeof *x);
   EXPECT(x, "out of memory");
-  gw_result_t r = how == STRAGGLE_BROADCAST ? gw_broadcast(x, x, count, GW_FLOAT32, 0, comm, NULL)
+  const bool bcast = how == STRAGGLE_BROADCAST || how == STRAGGLE_BROADCAST_BIG;
+  gw_result_t r = bcast ? gw_broadcast(x, x, count, GW_FLOAT32, 0, comm, NULL)
                                             : gw_allreduce(x, x, count, GW_FLOAT32, GW_SUM, comm, NULL);
   free(x);
   /* A straggler no one waits on directly from a leaf's side is named by the
@@ -160,13 +168,13 @@ static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
   /* (Recursive doubling, which 1 float at 4 ranks takes: rank 0 waits on rank
    * 2 directly in the second step, and reports it in those words when its
    * grace ends before rank 3's notice comes round.) */
-  const bool hedged = how == STRAGGLE_BROADCAST || how == STRAGGLE_TREE0 || how == STRAGGLE_EXCHANGE ||
+  const bool hedged = bcast || how == STRAGGLE_TREE0 || how == STRAGGLE_EXCHANGE ||
                       how == STRAGGLE_ALLREDUCE || ((how == STRAGGLE_TREE || how == STRAGGLE_TREE_CHUNKS) && late == 0);
   double took = test_now() - t0;
   EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
   EXPECT(took < 6, "took %.1f s to report", took);
   char want[64];
-  snprintf(want, sizeof want, hedged ? "from rank %d, which has not" : "from rank %d, which has not started", late);
+  snprintf(want, sizeof want, hedged ? " rank %d, which has not" : "from rank %d, which has not started", late);
   EXPECT(has(gw_comm_last_error(comm), want), "message does not name the straggler rank %d: %s", late,
          gw_comm_last_error(comm));
   /* The reporter waited past its deadline for part of the grace, and says
@@ -210,7 +218,10 @@ START_TEST(test_timeout_every_rank_names_straggler_tcp) { straggler_n("tcp", STR
 END_TEST
 /* Rank 0, the root, sends at once and then waits for the last rank's empty
  * chunk: it hears of the failure through rank 3, which hears of it from rank 2. */
-START_TEST(test_timeout_broadcast_names_straggler) { straggler_n("shm", STRAGGLE_BROADCAST, 4); }
+START_TEST(test_timeout_broadcast_names_straggler) {
+  straggler_n("shm", STRAGGLE_BROADCAST, 4);
+  straggler_at("shm", STRAGGLE_BROADCAST_BIG, 4, 2);
+}
 END_TEST
 
 void add_straggler_tests(TCase *tc) {

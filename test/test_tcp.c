@@ -21,6 +21,7 @@
 
 #include "comm.h"
 #include "harness.h"
+#include "prims.h"
 #include "sock.h"
 
 /* Setup's socket waits: a signal caught meanwhile (no SA_RESTART, as a
@@ -245,6 +246,56 @@ static int raw_skipped_part(int rank, int n, const char *master, void *arg) {
 START_TEST(test_skipped_part_named) { ck_assert_int_eq(run_ranks_raw(2, raw_skipped_part, NULL, 60), 0); }
 END_TEST
 
+/* A peer may destroy its communicator once it sent its part of an operation,
+ * while this rank still waits on another: a wait looks at the heads of all its
+ * operation's receiving connections for abort notices (comm/prims.c), and such
+ * a look at a connection whose sender closed must say "nothing here", not mark
+ * the connection failed (the next progress call then failed a healthy
+ * operation: "closed by the peer").  A real receive still fails naming it.
+ * Over tcp, and over ib with the verbs emulator. */
+static int raw_closed_look(int rank, int n, const char *master, void *arg) {
+  const char *transport = arg;
+  setenv("GW_TRANSPORT", transport, 1);
+  if (!strcmp(transport, "ib")) setenv("GW_IB_EMULATE", "1", 1);
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  EXPECT(gw_barrier(comm) == GW_SUCCESS, "%s: barrier: %s", transport, gw_comm_last_error(comm));
+  if (rank == 1) {
+    gw_comm_destroy(comm);
+    return 0;
+  }
+  for (double t0 = test_now(); gw__peer_alive(comm, 1);) {
+    EXPECT(test_now() - t0 < 20, "%s: rank 1 did not go", transport);
+    usleep(10 * 1000);
+  }
+  usleep(300 * 1000); /* its sockets closed with it */
+  struct gw_conn *c = &comm->rings[0].recv;
+  const struct gw_chunk_hdr *h;
+  const void *data;
+  for (int i = 0; i < 20; i++) {
+    c->look = true;
+    gw_result_t r = c->tp->recv_peek(c, &h, &data);
+    c->look = false;
+    EXPECT(r == GW_INPROGRESS, "%s: a look at a closed sender's connection returned %s", transport, gw_strerror(r));
+    usleep(10 * 1000);
+  }
+  struct gw_errctx err = {0};
+  gw_result_t r = c->tp->progress ? c->tp->progress(c, &err) : GW_SUCCESS;
+  EXPECT(r == GW_SUCCESS, "%s: the connection failed after looks only: %s", transport, err.msg);
+  r = c->tp->recv_peek(c, &h, &data);
+  EXPECT(r == GW_ERR_REMOTE, "%s: a receive from a closed sender returned %s", transport, gw_strerror(r));
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_closed_sender_look) {
+  ck_assert_int_eq(run_ranks_raw(2, raw_closed_look, "tcp", 60), 0);
+#if GW_HAVE_IBVERBS
+  ck_assert_int_eq(run_ranks_raw(2, raw_closed_look, "ib", 60), 0);
+#endif
+}
+END_TEST
+
 /* A machine that vanishes (its link cut) while a rank sends to it: rank 1
  * alone in network namespace B, ranks 0 and 2 in A, a ring 0 -> 1 -> 2 -> 0
  * over tcp.  Rank 1 cuts its link and stays alive but unreachable.  Without
@@ -345,6 +396,7 @@ int main(void) {
   tcase_add_test(tc, test_slot_bytes_differ);
   tcase_add_test(tc, test_ipv6_link_local);
   tcase_add_test(tc, test_skipped_part_named);
+  tcase_add_test(tc, test_closed_sender_look);
   suite_add_tcase(s, tc);
   /* The cases that mostly wait (a rank late by 9 s, a cut-off rank's 7 s of
    * keepalive): run by meson as a test of its own (CK_RUN_CASE=waits) beside

@@ -464,6 +464,7 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
     }
   }
   c->priv = t;
+  c->depth = t->nslots; /* a slot frees when the receiver's credit for it arrives */
   snprintf(c->desc + strlen(c->desc), sizeof c->desc - strlen(c->desc), " %s", t->port->name);
   return GW_SUCCESS;
 fail:
@@ -786,7 +787,7 @@ static gw_result_t ib_recv_peek(struct gw_conn *c, const struct gw_chunk_hdr **h
     if (!t->got[s] || t->got[s] < t->need[s]) {
       check_socket(t, false);
       GW_CHECK(check_async(c, t, false));
-      if (!t->eof) return GW_INPROGRESS;
+      if (!t->eof || c->look) return GW_INPROGRESS;
       /* The sender may have closed right after its last write landed (its
        * ack came before our completion was polled): look once more. */
       GW_CHECK(poll_cq(c, t));
@@ -827,7 +828,7 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
   if (!r && c->is_send) {
     for (uint32_t i = 0; i < t->nqps && !r; i++)
       if (t->q[i].done < t->q[i].direct) {
-        if (!t->eof) return GW_INPROGRESS;
+        if (!t->eof || c->look) return GW_INPROGRESS;
         r = poll_cq(c, t); /* completions polled before the close was seen count */
         if (!r && t->q[i].done < t->q[i].direct) r = peer_gone(c, t, "its writes from user memory");
       }

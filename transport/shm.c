@@ -254,6 +254,7 @@ static gw_result_t shm_send_connect(struct gw_conn *c, const struct gw_conn_para
                    c->self, h.name, c->peer);
   }
   c->priv = s;
+  c->depth = s->nslots;
   return GW_SUCCESS;
 }
 

@@ -96,6 +96,19 @@ struct gw_conn {
   uint64_t seen_seq; /* receiving end: 1 + the operation (seq) of the last chunk
                         that arrived, 0 before any (comm/prims.c: a peer that started
                         an operation is not the straggler a timeout should name) */
+  /* Sending end: sent_n chunks were posted in operation sent_seq (comm/prims.c
+   * counts them); depth is set by the transport at send_connect: the chunks
+   * its FIFO holds, where room only frees when the receiver releases a chunk,
+   * so a full FIFO after more than depth posts of one operation proves the
+   * peer took some of them (a slot wait then takes the grace); 0 where room
+   * can free without that (tcp: the kernels' buffers take the bytes). */
+  uint64_t sent_seq;
+  uint32_t sent_n, depth;
+  /* Receiving end, set by comm/prims.c around a recv_peek that only looks for
+   * an abort notice on a connection that may owe nothing more in this
+   * operation: a transport then says GW_INPROGRESS where it would fail because
+   * the sender closed (tcp, ib), since a peer may leave once it sent its part. */
+  bool look;
   /* Hints from the collective for its next data-path call (comm/prims.c sets
    * them; a transport without a low-latency format ignores both):
    * proto: the format the next send_slot should prepare (sending end), or the
