@@ -716,13 +716,19 @@ END_TEST
 
 /* The save after an epoch's evaluation only clears the pending mark: when it
  * fails (here: giving the new file the old one's mode) the run says so and
- * goes on, the checkpoint as it was (a resume evaluates the epoch again). */
+ * goes on, the checkpoint as it was (a resume evaluates the epoch again).
+ * The metrics then hold two eval lines of the epoch: both carry the step its
+ * training ended at, and the second follows the resume line of that step,
+ * so the documented rule (lines after a resume supersede earlier ones of the
+ * same step) drops the first (eval lines had no step, and a parser counted
+ * the epoch twice). */
 START_TEST(test_failed_resave_warns) {
-  char dir[512];
+  char dir[512], metrics[512];
   path(dir, sizeof dir, "ckpt-resave");
+  path(metrics, sizeof metrics, "resave.jsonl");
   const char *const failing[] = {"GW_SAFETENSORS_FAIL=chmod", NULL}, *const noenv[] = {NULL},
                     *const eval[] = {EVAL_COMMON, NULL};
-  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
+  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, "--metrics", metrics, NULL, NULL};
   struct run r;
   train_from(&r, failing, "1", eval, args);
   expect_ok(&r);
@@ -730,12 +736,20 @@ START_TEST(test_failed_resave_warns) {
                     strstr(r.out, "may still say the evaluation is pending"),
                 "expected the evaluation, then a warning for the save after it:\n%s", r.out);
   gwrun_free(&r);
-  args[6] = "--resume";
+  args[8] = "--resume";
   train_from(&r, noenv, "1", eval, args);
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 1 evaluation: top-1"),
                 "the checkpoint before the failed save should resume with the evaluation pending:\n%s", r.out);
   gwrun_free(&r);
+  size_t len;
+  char *m = slurp("resave.jsonl", &len);
+  const char *line = "{\"type\":\"eval\",\"epoch\":1,\"step\":4,";
+  const char *first = strstr(m, line), *second = first ? strstr(first + 1, line) : NULL;
+  const char *resume = first ? strstr(first, "{\"type\":\"resume\",\"step\":4}") : NULL;
+  ck_assert_msg(first && second && resume && resume < second && !strstr(second + strlen(line), "\"type\":\"eval\""),
+                "expected an eval line of epoch 1 at step 4, the resume at step 4, the eval line again:\n%s", m);
+  free(m);
   /* Any other save failing ends the run (a run without its checkpoints
    * exited 0 while they were warn-only too). */
   char dir2[512];

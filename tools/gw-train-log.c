@@ -135,15 +135,18 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
   fflush(stdout);
 }
 
-void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, double loss, int64_t samples) {
+void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, double top5, double loss,
+              int64_t samples) {
   if (l->rank != 0) return;
   char t5[48] = "top-5 n/a (fewer than 5 classes)";
   if (!isnan(top5)) snprintf(t5, sizeof t5, "top-5 %.2f%%", 100 * top5);
   log_text(l, "epoch %lld evaluation: top-1 %.2f%%, %s, loss %.4f over %lld samples", (long long)epoch, 100 * top1,
            t5, loss, (long long)samples);
   if (l->metrics) {
-    fprintf(l->metrics, "{\"type\":\"eval\",\"epoch\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"samples\":%lld}\n",
-            (long long)epoch, jnum("%.6f", top1).s, jnum("%.6f", top5).s, jnum("%.6f", loss).s, (long long)samples);
+    fprintf(l->metrics,
+            "{\"type\":\"eval\",\"epoch\":%lld,\"step\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"samples\":%lld}\n",
+            (long long)epoch, (long long)step, jnum("%.6f", top1).s, jnum("%.6f", top5).s, jnum("%.6f", loss).s,
+            (long long)samples);
     fflush(l->metrics);
   }
 }

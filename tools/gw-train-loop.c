@@ -248,7 +248,7 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   /* With fewer than 5 classes every label is in the top 5: no figure (null in
    * the metrics, n/a in the log; torchvision's accuracy() refuses topk > classes). */
   double top1 = c.top1 / c.n, top5 = gw_dataset_classes(t->val_ds) < 5 ? NAN : c.top5 / c.n;
-  log_eval(&t->log, epoch, top1, top5, c.loss / c.n, (int64_t)c.n);
+  log_eval(&t->log, epoch, t->st.step, top1, top5, c.loss / c.n, (int64_t)c.n);
   if (t->rank == 0 && t->o->plot) {
     char err[300];
     if (plot_epoch(t->o->plot, epoch, train_loss, top1, top5, err, sizeof err) != 0)

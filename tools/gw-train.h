@@ -157,7 +157,11 @@ void log_started(struct train_log *l);
 int plot_check(const char *png, char *err, size_t errlen);
 void log_close(struct train_log *l);
 void log_step(struct train_log *l, const struct step_report *r, int print);
-void log_eval(struct train_log *l, int64_t epoch, double top1, double top5, double loss, int64_t samples);
+/* An epoch's evaluation, at the step its training ended (a resume may
+ * evaluate an epoch again: the metrics line then follows a resume line of
+ * that step, and supersedes the earlier one as every line after it does). */
+void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, double top5, double loss,
+              int64_t samples);
 void log_text(struct train_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Evaluation sums (gw-train-eval.c): top-1 and top-5 hits, cross-entropy, samples. */
 struct eval_counts {
