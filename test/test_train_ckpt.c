@@ -714,6 +714,32 @@ START_TEST(test_metadata_damage_refused) {
 }
 END_TEST
 
+/* A tensor's dtype flipped in the header (F32 to I32: same size, and the
+ * checksum covers the tensors' bytes and the metadata, not the header's
+ * dtypes): the resume refuses the file as damaged, naming the tensor and
+ * both dtypes (it said "missing or has the wrong size"), and falls back. */
+START_TEST(test_tensor_dtype_damage_refused) {
+  char dir[512];
+  path(dir, sizeof dir, "ckpt-dtype");
+  const char *const noenv[] = {NULL}, *const eval[] = {EVAL_COMMON, NULL};
+  const char *args[] = {"--epochs", "2", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
+  struct run r;
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  gwrun_free(&r);
+  const char *key = "\"params\":{\"dtype\":\"";
+  ck_assert_msg(!set_meta_char("ckpt-dtype/ckpt-8.safetensors", key, (long)strlen(key), 'I'),
+                "no tensor params in ckpt-8's header");
+  args[6] = "--resume";
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-8.safetensors refused: its tensor params is I32, not F32: the file is damaged") &&
+                    strstr(r.out, "ckpt-4.safetensors at step 4"),
+                "expected ckpt-8 refused naming the dtypes, and the resume from ckpt-4:\n%s", r.out);
+  gwrun_free(&r);
+}
+END_TEST
+
 /* The save after an epoch's evaluation only clears the pending mark: when it
  * fails (here: giving the new file the old one's mode) the run says so and
  * goes on, the checkpoint as it was (a resume evaluates the epoch again).
@@ -860,6 +886,7 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_epoch_evaluated_once);
   tcase_add_test(tc, test_failed_resave_warns);
   tcase_add_test(tc, test_metadata_damage_refused);
+  tcase_add_test(tc, test_tensor_dtype_damage_refused);
   tcase_add_test(tc, test_format_versions);
   tcase_add_test(tc, test_format_version_bit_flip);
   tcase_add_test(tc, test_resume_version1_pending);

@@ -76,7 +76,7 @@ static void describe(struct ckpt_tensors *c, struct gw_model *m, struct gw_sgd *
 /* Format version 2 (the "format_version" key; version 1 had none): the
  * checksum covers these metadata entries too, in this order, after the
  * tensors (a version 1 file's covers the tensors alone, and still loads). */
-#define CKPT_VERSION "2"
+#define CKPT_VERSION "2" /* a change to describe()'s tensors or to covered[] makes a new version */
 static const char *const covered[] = {"format_version", "format", "config", "options", "eval_pending"};
 enum { NCOVERED = sizeof covered / sizeof covered[0] };
 
@@ -366,9 +366,21 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
   }
   struct ckpt_tensors got = want;
   for (int i = 0; i < want.n; i++) {
+    /* The configuration matched, so the model and its tensors are this run's:
+     * anything else here is damage (a header edited or corrupted in place). */
     const struct gw_st_tensor *t = gw_st_find(f, want.t[i].name);
-    if (!t || t->dtype != want.t[i].dtype || t->nbytes != want.t[i].nbytes) {
-      snprintf(why, whylen, "tensor %s is missing or has the wrong size", want.t[i].name);
+    if (!t) {
+      snprintf(why, whylen, "it has no tensor %s: the file is damaged", want.t[i].name);
+      return -1;
+    }
+    if (t->dtype != want.t[i].dtype) {
+      snprintf(why, whylen, "its tensor %s is %s, not %s: the file is damaged", want.t[i].name, t->dtype_name,
+               gw_st_dtype_name(want.t[i].dtype));
+      return -1;
+    }
+    if (t->nbytes != want.t[i].nbytes) {
+      snprintf(why, whylen, "its tensor %s has %zu bytes, not %zu: the file is damaged", want.t[i].name, t->nbytes,
+               want.t[i].nbytes);
       return -1;
     }
     got.t[i].data = t->data;
