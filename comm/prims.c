@@ -91,7 +91,9 @@ static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, 
  * for this operation's data: it has not received it (the straggler, or a rank
  * waiting on one before its first receive here), or holds the first chunk
  * while it waits elsewhere; over tcp the kernels' buffers take the bytes
- * whether or not it reads them, so this rank cannot tell (depth 0). */
+ * whether or not it reads them, so this rank cannot tell (depth 0).  With
+ * nothing of this operation posted yet, the FIFO holds the one before's last
+ * chunks.  (Over ib a slot can also wait for local completions, briefly.) */
 static gw_result_t slot_timeout_error(struct prims *p, const struct gw_conn *c, double waited, bool took) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
@@ -105,9 +107,10 @@ static gw_result_t slot_timeout_error(struct prims *p, const struct gw_conn *c, 
                  "rank %d: operation %s waited %.1f s for room at rank %d, which %s (it is stuck or dead, called "
                  "something else, or waits on another rank; raise GW_TIMEOUT if it is just slow)",
                  p->comm->rank, me, waited, c->peer,
-                 c->depth ? "has freed no slot for this operation's data"
-                          : "has not read enough of this operation's data (this transport cannot tell whether it "
-                            "read any)");
+                 c->sent_seq != p->op->desc.seq ? "has not taken the last chunks of the operation before from this rank"
+                 : c->depth ? "has freed no slot for this operation's data"
+                            : "has not read enough of this operation's data (this transport cannot tell whether it "
+                              "read any)");
 }
 
 /* Transports that queue bytes in user space (tcp) move them while we wait on
@@ -340,7 +343,8 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
     if (r != GW_INPROGRESS) return r;
     GW_CHECK(pump(p));
     GW_CHECK(look_at_watched(p, &w, false));
-    if (!wait_step(p, &w)) return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer);
+    if (!wait_step(p, &w))
+      return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer);
   }
 }
 

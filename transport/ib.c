@@ -828,7 +828,7 @@ static gw_result_t ib_progress(struct gw_conn *c, struct gw_errctx *err) {
   if (!r && c->is_send) {
     for (uint32_t i = 0; i < t->nqps && !r; i++)
       if (t->q[i].done < t->q[i].direct) {
-        if (!t->eof || c->look) return GW_INPROGRESS;
+        if (!t->eof) return GW_INPROGRESS;
         r = poll_cq(c, t); /* completions polled before the close was seen count */
         if (!r && t->q[i].done < t->q[i].direct) r = peer_gone(c, t, "its writes from user memory");
       }
