@@ -326,11 +326,14 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
   for (int k = 0; k < comm->rd.nlinks && ch == 0; k++) gw__watch(&p, &comm->rd.recv[k]);
   p.red = gw__reduce_fn((gw_dtype_t)op->desc.dtype, (gw_op_t)op->desc.op);
   /* Too big to stay in cache: the output is written once and not read back
-   * soon, so skip reading its lines in (in place, only where they were not
-   * just read: see prim_recv_reduce_copy_send and docs/architecture.md). */
+   * soon, so skip reading its lines in.  Not an allreduce in place: each
+   * round reads every block it later writes (its n blocks of at most a chunk
+   * each are in cache), and a streaming store to a cached line costs more
+   * than it saves (docs/architecture.md). */
   size_t out_bytes = op->desc.count * p.es;
   if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
-  p.stream_out = !p.dev && out_bytes >= (size_t)gw__param_StreamThreshold();
+  const bool rereads = op->desc.coll == GW_COLL_ALLREDUCE && op->sendbuf == op->recvbuf;
+  p.stream_out = !p.dev && !rereads && out_bytes >= (size_t)gw__param_StreamThreshold();
   /* Each channel moves its own slice: of the buffer, or of every rank's block. */
   size_t base;
   channel_part(op->desc.count, p.es, ch, nch, &base, &p.count);
