@@ -5,7 +5,8 @@
 # after each epoch.  About 16 minutes of training on a 2-core machine (plus
 # installing and building the first time); see README.md for the figures.  Output goes to runs/<date>/ (GW_RUN_DIR to choose): metrics.jsonl, plot.png,
 # checkpoints/ and the trained weights.  Extra arguments go to gw-train (they can
-# override the defaults below, e.g. ./run.sh --epochs 10).
+# override the defaults below, e.g. ./run.sh --epochs 10, or ./run.sh --steps 20
+# for a short try).
 set -euo pipefail
 cd "$(dirname "$0")"
 . scripts/deps.sh
@@ -13,8 +14,19 @@ gw_install_deps
 gw_build build
 out=${GW_RUN_DIR:-runs/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
-build/tools/gw-run -n 2 build/tools/gw-train --data fashion-mnist --model resnet50 --epochs 3 --batch 32 \
+# The length: 3 epochs, unless the arguments give --steps (gw-train takes one
+# or the other, so the default would make `./run.sh --steps 20` an error).
+length=(--epochs 3)
+for a in "$@"; do
+  case $a in --steps | --steps=*) length=() ;; esac
+done
+build/tools/gw-run -n 2 build/tools/gw-train --data fashion-mnist --model resnet50 "${length[@]}" --batch 32 \
   --lr 0.2 --warmup-epochs 0.3 --zero-init-residual --label-smoothing 0.1 \
   --metrics "$out/metrics.jsonl" --plot "$out/plot.png" --checkpoint-dir "$out/checkpoints" \
   --save-weights "$out/resnet50-fashion-mnist.safetensors" "$@"
-echo "run.sh: metrics in $out/metrics.jsonl, plot in $out/plot.png, weights in $out/resnet50-fashion-mnist.safetensors"
+# What was written (no plot before an epoch's end: a short --steps run has none).
+made=()
+for f in metrics.jsonl plot.png resnet50-fashion-mnist.safetensors checkpoints; do
+  if [ -e "$out/$f" ]; then made+=("$out/$f"); fi
+done
+echo "run.sh: wrote ${made[*]}"
