@@ -2,7 +2,7 @@
  * on the synthetic dataset with a narrow ResNet-18 so each run takes seconds:
  * - what training computes against float32, one rank, the flags
  *   (test_train_weights.c);
- * - checkpoints and resume (test_train_ckpt.c);
+ * - checkpoints and resume (test_train_ckpt.c; their metadata: test_train_ckpt_meta.c);
  * - bad and contradictory flags are refused before any work, naming the flag.
  * Exits 77 (skipped) when gw-train cannot train (built without oneDNN).
  */

@@ -57,6 +57,17 @@ int lock_live(const char *file);
 /* test_train_weights.c's, test_train_ckpt.c's, test_train_sched.c's and test_train_restart.c's cases. */
 void add_weights_tests(TCase *tc);
 void add_checkpoint_tests(TCase *tc);
+/* test_train_ckpt_meta.c's cases (added by add_checkpoint_tests). */
+void add_checkpoint_meta_tests(TCase *tc);
+/* test_train_ckpt.c's checkpoint rewriters, shared with test_train_ckpt_meta.c:
+ * rewrite_as rewrites checkpoint `file` in format `version` (NULL: version 1)
+ * with the checksum its writer would make, leaving out tensor `skip` (NULL:
+ * none), keeping its metadata or, with `config`, only format and that config;
+ * as_version1 is rewrite_as(file, skip, config, NULL); four_steps trains 4
+ * steps into dir (ckpt-2 and ckpt-4). */
+void rewrite_as(const char *file, const char *skip, const char *config, const char *version);
+void as_version1(const char *file, const char *skip, const char *config);
+void four_steps(const char *dir);
 void add_schedule_tests(TCase *tc);
 void add_restart_tests(TCase *tc);
 

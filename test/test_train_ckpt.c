@@ -8,7 +8,7 @@
  *   name, moved aside (an earlier refusal's copy kept), and the previous one
  *   used (and kept: pruning counts only this run's files); with none usable,
  *   --resume fails and says why;
- * - an epoch's evaluation is not run again on a resume;
+ * - (the evaluation's pending mark, metadata damage and format versions: test_train_ckpt_meta.c);
  * - dead saves' temporary files go, in the folder and beside --save-weights;
  * - a folder of checkpoints is refused to a new run;
  * - the last step is saved; a run with other options is refused by name.
@@ -113,7 +113,7 @@ END_TEST
  * left out (NULL: none).  Its metadata is kept (format, config, options,
  * eval_pending), or with `config` given, only format and that config (the
  * oldest writer's three keys). */
-static void rewrite_as(const char *file, const char *skip, const char *config, const char *version) {
+void rewrite_as(const char *file, const char *skip, const char *config, const char *version) {
   struct gw_st_file *f = NULL;
   ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_st_tensor keep[16];
@@ -147,7 +147,7 @@ static void rewrite_as(const char *file, const char *skip, const char *config, c
   gw_st_free(f);
 }
 
-static void as_version1(const char *file, const char *skip, const char *config) {
+void as_version1(const char *file, const char *skip, const char *config) {
   rewrite_as(file, skip, config, NULL);
 }
 
@@ -224,7 +224,7 @@ static void flip_byte(const char *file, long from_end) {
 }
 
 /* 4 steps into dir: ckpt-2 and ckpt-4. */
-static void four_steps(const char *dir) {
+void four_steps(const char *dir) {
   struct run r;
   const char *const noenv[] = {NULL};
   train(&r, noenv, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir,
@@ -624,272 +624,9 @@ START_TEST(test_refusals_kept) {
 }
 END_TEST
 
-/* An epoch evaluated at its end is saved again after the evaluation, without
- * the pending mark: a resume from its checkpoint goes on without evaluating it
- * again (it did, and the metrics got a second eval line for the epoch).  The
- * same file is written again: with --keep-checkpoints 2 both epochs' stay. */
-START_TEST(test_epoch_evaluated_once) {
-  char dir[512], metrics[512], c4[600], c8[600];
-  path(dir, sizeof dir, "ckpt-evaluated");
-  path(metrics, sizeof metrics, "evaluated.jsonl");
-  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
-  snprintf(c8, sizeof c8, "%s/ckpt-8.safetensors", dir);
-  const char *const noenv[] = {NULL}, *const eval[] = {EVAL_COMMON, NULL};
-  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, "--metrics", metrics,
-                        "--keep-checkpoints", "2", NULL, NULL};
-  struct run r;
-  train_from(&r, noenv, "1", eval, args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "epoch 1 evaluation: top-1"), "epoch 1 was not evaluated:\n%s", r.out);
-  gwrun_free(&r);
-  args[1] = "2", args[10] = "--resume";
-  train_from(&r, noenv, "1", eval, args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && !strstr(r.out, "epoch 1 evaluation") &&
-                    strstr(r.out, "epoch 2 evaluation: top-1"),
-                "the resume evaluated epoch 1 again, or not epoch 2:\n%s", r.out);
-  gwrun_free(&r);
-  size_t len;
-  char *m = slurp("evaluated.jsonl", &len);
-  int evals[2] = {0, 0};
-  for (const char *p = m; (p = strstr(p, "{\"type\":\"eval\",\"epoch\":")); p++) {
-    const long long e = atoll(p + strlen("{\"type\":\"eval\",\"epoch\":"));
-    ck_assert_msg(e == 1 || e == 2, "an eval line of epoch %lld", e);
-    evals[e - 1]++;
-  }
-  free(m);
-  ck_assert_msg(evals[0] == 1 && evals[1] == 1, "eval lines: %d of epoch 1, %d of epoch 2 (one each)", evals[0],
-                evals[1]);
-  ck_assert_msg(exists(c4) && exists(c8), "keeping 2: expected ckpt-4 and ckpt-8");
-}
-END_TEST
-
-/* Changes one character of a metadata value of the file at rel (under the
- * test folder) in place: the value's character at `at` from the start of
- * `key` (its opening text, a JSON key and the start of its value), or with
- * at = -1 the value's last, which must be a digit; to c, or with c = 0 to
- * the digit after it.  0, or -1 where the text is not there. */
-static int set_meta_char(const char *rel, const char *key, long at, int c) {
-  size_t len;
-  char *file = slurp(rel, &len);
-  const char *k = memmem(file, len, key, strlen(key)); /* after the length's 0 bytes */
-  const char *end = k ? strchr(k + strlen(key), '"') : NULL, *p = !end ? NULL : at < 0 ? end - 1 : k + at;
-  const long off = p ? (long)(p - file) : -1;
-  const int was = p ? *p : 0;
-  free(file);
-  if (!p || (c == 0 && (was < '0' || was > '9'))) return -1;
-  char full[600];
-  path(full, sizeof full, rel);
-  FILE *f = fopen(full, "r+b");
-  ck_assert(f && fseek(f, off, SEEK_SET) == 0);
-  ck_assert(fputc(c ? c : was == '9' ? '8' : was + 1, f) != EOF && fclose(f) == 0);
-  return 0;
-}
-
-/* The checksum covers the metadata (format version 2): one digit changed in
- * the pending evaluation's training loss (the file still parses, and the
- * value reads) makes the checkpoint refused by name as damaged, and the
- * resume falls back to the one before. */
-START_TEST(test_metadata_damage_refused) {
-  char dir[512], c8[600];
-  path(dir, sizeof dir, "ckpt-meta");
-  snprintf(c8, sizeof c8, "%s/ckpt-8.safetensors", dir);
-  const char *const stop[] = {"GW_TRAIN_STOP_BEFORE_EVAL=2", NULL}, *const noenv[] = {NULL},
-                    *const eval[] = {EVAL_COMMON, NULL};
-  const char *args[] = {"--epochs", "2", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
-  struct run r;
-  train_from(&r, stop, "1", eval, args);
-  ck_assert_msg(r.code != 0 && strstr(r.out, "stopping before the evaluation of epoch 2"),
-                "the interrupted run: exit %d\n%s\n%s", r.code, r.out, r.err);
-  gwrun_free(&r);
-  ck_assert_msg(!set_meta_char("ckpt-meta/ckpt-8.safetensors", "\"eval_pending\":\"2 ", -1, 0),
-                "no pending evaluation of epoch 2 ending in a digit in %s", c8);
-  args[6] = "--resume";
-  train_from(&r, noenv, "1", eval, args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-8.safetensors refused: its checksum") && strstr(r.out, "damaged") &&
-                    strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 2 evaluation: top-1"),
-                "expected ckpt-8 refused as damaged, and epoch 2 trained again from ckpt-4:\n%s", r.out);
-  gwrun_free(&r);
-}
-END_TEST
-
-/* A tensor's dtype flipped in the header (F32 to I32: same size, and the
- * checksum covers the tensors' bytes and the metadata, not the header's
- * dtypes): the resume refuses the file as damaged, naming the tensor and
- * both dtypes (it said "missing or has the wrong size"), and falls back. */
-START_TEST(test_tensor_dtype_damage_refused) {
-  char dir[512];
-  path(dir, sizeof dir, "ckpt-dtype");
-  const char *const noenv[] = {NULL}, *const eval[] = {EVAL_COMMON, NULL};
-  const char *args[] = {"--epochs", "2", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
-  struct run r;
-  train_from(&r, noenv, "1", eval, args);
-  expect_ok(&r);
-  gwrun_free(&r);
-  const char *key = "\"params\":{\"dtype\":\"";
-  ck_assert_msg(!set_meta_char("ckpt-dtype/ckpt-8.safetensors", key, (long)strlen(key), 'I'),
-                "no tensor params in ckpt-8's header");
-  args[6] = "--resume";
-  train_from(&r, noenv, "1", eval, args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-8.safetensors refused: its tensor params is I32, not F32: the file is damaged") &&
-                    strstr(r.out, "ckpt-4.safetensors at step 4"),
-                "expected ckpt-8 refused naming the dtypes, and the resume from ckpt-4:\n%s", r.out);
-  gwrun_free(&r);
-}
-END_TEST
-
-/* The save after an epoch's evaluation only clears the pending mark: when it
- * fails (here: giving the new file the old one's mode) the run says so and
- * goes on, the checkpoint as it was (a resume evaluates the epoch again).
- * The metrics then hold two eval lines of the epoch: both carry the step its
- * training ended at, and the second follows the resume line of that step,
- * so the documented rule (lines after a resume supersede earlier ones of the
- * same step) drops the first (eval lines had no step, and a parser counted
- * the epoch twice). */
-START_TEST(test_failed_resave_warns) {
-  char dir[512], metrics[512];
-  path(dir, sizeof dir, "ckpt-resave");
-  path(metrics, sizeof metrics, "resave.jsonl");
-  const char *const failing[] = {"GW_SAFETENSORS_FAIL=chmod", NULL}, *const noenv[] = {NULL},
-                    *const eval[] = {EVAL_COMMON, NULL};
-  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, "--metrics", metrics, NULL, NULL};
-  struct run r;
-  train_from(&r, failing, "1", eval, args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "epoch 1 evaluation: top-1") && strstr(r.out, "warning: checkpoint:") &&
-                    strstr(r.out, "may still say the evaluation is pending"),
-                "expected the evaluation, then a warning for the save after it:\n%s", r.out);
-  gwrun_free(&r);
-  args[8] = "--resume";
-  train_from(&r, noenv, "1", eval, args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 1 evaluation: top-1"),
-                "the checkpoint before the failed save should resume with the evaluation pending:\n%s", r.out);
-  gwrun_free(&r);
-  size_t len;
-  char *m = slurp("resave.jsonl", &len);
-  const char *line = "{\"type\":\"eval\",\"epoch\":1,\"step\":4,";
-  const char *first = strstr(m, line), *second = first ? strstr(first + 1, line) : NULL;
-  const char *resume = first ? strstr(first, "{\"type\":\"resume\",\"step\":4}") : NULL;
-  ck_assert_msg(first && second && resume && resume < second && !strstr(second + strlen(line), "\"type\":\"eval\""),
-                "expected an eval line of epoch 1 at step 4, the resume at step 4, the eval line again:\n%s", m);
-  free(m);
-  /* Any other save failing ends the run (a run without its checkpoints
-   * exited 0 while they were warn-only too). */
-  char dir2[512];
-  path(dir2, sizeof dir2, "ckpt-resave-write");
-  const char *const writes[] = {"GW_SAFETENSORS_FAIL=write", NULL};
-  train(&r, writes, "1", (const char *const[]){"--steps", "4", "--batch", "8", "--checkpoint-dir", dir2,
-                                               "--checkpoint-every", "2", NULL});
-  ck_assert_msg(r.code != 0 && strstr(r.err, "checkpoint") && !strstr(r.out, "warning: checkpoint:"),
-                "a failed periodic checkpoint: exit %d\n%s\n%s", r.code, r.out, r.err);
-  gwrun_free(&r);
-}
-END_TEST
-
-/* A checkpoint of format version 1 with every later key (options, a pending
- * evaluation; as gw-train wrote them before format_version): the resume
- * takes it, evaluates the epoch once and saves it again as version 2, without
- * the mark. */
-START_TEST(test_resume_version1_pending) {
-  char dir[512], c4[600];
-  path(dir, sizeof dir, "ckpt-v1");
-  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
-  const char *const stop[] = {"GW_TRAIN_STOP_BEFORE_EVAL=1", NULL}, *const noenv[] = {NULL},
-                    *const eval[] = {EVAL_COMMON, NULL};
-  const char *args[] = {"--epochs", "1", "--batch", "8", "--checkpoint-dir", dir, NULL, NULL};
-  struct run r;
-  train_from(&r, stop, "1", eval, args);
-  ck_assert_msg(r.code != 0 && strstr(r.out, "stopping before the evaluation of epoch 1"),
-                "the interrupted run: exit %d\n%s\n%s", r.code, r.out, r.err);
-  gwrun_free(&r);
-  as_version1(c4, NULL, NULL);
-  struct gw_st_file *f = NULL;
-  ck_assert(gw_st_open(&f, c4) == GW_SUCCESS);
-  ck_assert_msg(!gw_st_metadata(f, "format_version") && gw_st_metadata(f, "eval_pending") &&
-                    gw_st_metadata(f, "options"), "not a version 1 file with a pending evaluation");
-  gw_st_free(f);
-  args[6] = "--resume";
-  train_from(&r, noenv, "1", eval, args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && strstr(r.out, "epoch 1 evaluation: top-1") &&
-                    !strstr(r.out, "refused"),
-                "the version 1 file was not resumed with its evaluation:\n%s", r.out);
-  gwrun_free(&r);
-  ck_assert(gw_st_open(&f, c4) == GW_SUCCESS);
-  ck_assert_msg(gw_st_metadata(f, "format_version") && !strcmp(gw_st_metadata(f, "format_version"), "2") &&
-                    !gw_st_metadata(f, "eval_pending"), "the file was not saved again as version 2 without the mark");
-  gw_st_free(f);
-}
-END_TEST
-
-/* Format versions: a checkpoint of a newer format (3, its checksum made as a
- * writer of version 3 would) stops the resume, by name, and stays where it is
- * (falling back would redo steps and move a good file aside); a version no
- * gw-train writes ("1": version 1 has no key) is damage, refused by name, and
- * the resume falls back to the one before. */
-START_TEST(test_format_versions) {
-  char dir[512], c4[600];
-  path(dir, sizeof dir, "ckpt-version");
-  snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
-  struct run r;
-  const char *const noenv[] = {NULL};
-  const char *const args[] = {"--steps", "6", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "2",
-                              "--resume", NULL};
-  four_steps(dir);
-  const char *key = "\"format_version\":\"";
-  rewrite_as(c4, NULL, NULL, "3");
-  train(&r, noenv, "1", args);
-  ck_assert_msg(r.code != 0 && strstr(r.err, "cannot resume from") && strstr(r.err, "ckpt-4.safetensors") &&
-                    strstr(r.err, "a newer gw-train wrote it (format version 3") && strstr(r.err, "not falling back"),
-                "a newer format: exit %d\n%s\n%s", r.code, r.out, r.err);
-  gwrun_free(&r);
-  struct stat sb;
-  ck_assert_msg(stat(c4, &sb) == 0, "the newer checkpoint was moved away");
-  ck_assert_int_eq(set_meta_char("ckpt-version/ckpt-4.safetensors", key, (long)strlen(key), '1'), 0);
-  train(&r, noenv, "1", args);
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused: its format version '1' is not one gw-train writes") &&
-                    strstr(r.out, "ckpt-2.safetensors at step 2"),
-                "format version '1': expected ckpt-4 refused as damaged and ckpt-2 used:\n%s", r.out);
-  gwrun_free(&r);
-}
-END_TEST
-
-/* A version-2 checkpoint whose format_version alone was damaged ("2" to
- * "3" is one bit) is not taken for a newer gw-train's (that stopped the
- * resume and kept the file in the way): its checksum still matches it as
- * version 2, so it is refused as damaged and the resume falls back. */
-START_TEST(test_format_version_bit_flip) {
-  char dir[512];
-  path(dir, sizeof dir, "ckpt-version-flip");
-  struct run r;
-  const char *const noenv[] = {NULL};
-  four_steps(dir);
-  const char *key = "\"format_version\":\"";
-  ck_assert_int_eq(set_meta_char("ckpt-version-flip/ckpt-4.safetensors", key, (long)strlen(key), '3'), 0);
-  train(&r, noenv, "1", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir,
-                                              "--checkpoint-every", "2", "--resume", NULL});
-  expect_ok(&r);
-  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused: its format version '3' was damaged") &&
-                    strstr(r.out, "ckpt-2.safetensors at step 2"),
-                "a flipped format version: expected ckpt-4 refused as damaged and ckpt-2 used:\n%s\n%s", r.out,
-                r.err);
-  gwrun_free(&r);
-}
-END_TEST
-
 void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_refusals_kept);
-  tcase_add_test(tc, test_epoch_evaluated_once);
-  tcase_add_test(tc, test_failed_resave_warns);
-  tcase_add_test(tc, test_metadata_damage_refused);
-  tcase_add_test(tc, test_tensor_dtype_damage_refused);
-  tcase_add_test(tc, test_format_versions);
-  tcase_add_test(tc, test_format_version_bit_flip);
-  tcase_add_test(tc, test_resume_version1_pending);
+  add_checkpoint_meta_tests(tc);
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
   tcase_add_test(tc, test_resume_runs_pending_evaluation);
   tcase_add_test(tc, test_data_named_by_samples);
