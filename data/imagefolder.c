@@ -157,11 +157,23 @@ static void cmyk_to_rgb(unsigned char *px, size_t n) {
   }
 }
 
-/* A decode failure is a skip, except a warning that is not about missing data:
- * libjpeg warns about recoverable damage (extraneous bytes and the like) in files
- * PIL reads without complaint. */
-static int decode_failed(tjhandle tj) {
-  return tjGetErrorCode(tj) != TJERR_WARNING || strstr(tjGetErrorStr2(tj), "Premature end of JPEG file");
+/* Whether a call that returned -1 only warned, about recoverable damage
+ * (extraneous bytes and the like, in files PIL reads without complaint), and
+ * not about missing data.  The error code alone cannot tell: TurboJPEG 2.1
+ * says TJERR_WARNING for a fatal error that came after a warning in the same
+ * call (and then nothing or part of the image was written), so the message
+ * must be one of libjpeg's warnings (jerror.h: JWRN_*; no fatal error's text
+ * starts so). */
+static bool only_warned(tjhandle tj) {
+  static const char *const warnings[] = {"Corrupt JPEG data", "Inconsistent progression sequence",
+                                         "Unknown Adobe color transform code", "Warning: unknown JFIF revision",
+                                         "Invalid SOS parameters for sequential JPEG",
+                                         "Application transferred too many scanlines"};
+  const char *e = tjGetErrorStr2(tj);
+  if (tjGetErrorCode(tj) != TJERR_WARNING) return false;
+  for (size_t i = 0; i < sizeof warnings / sizeof *warnings; i++)
+    if (!strncmp(e, warnings[i], strlen(warnings[i]))) return true;
+  return false; /* "Premature end of JPEG file" among them: the rest of the image is missing */
 }
 
 /* Whether the decoder failed to allocate memory: TurboJPEG's own "Memory
@@ -193,7 +205,7 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
    * the header call in TurboJPEG 2.1 with the size read all the same: PIL reads
    * such files, and so do we. */
   if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0 &&
-      !(tjGetErrorCode(tj) == TJERR_WARNING && *w > 0 && *h > 0))
+      !(only_warned(tj) && *w > 0 && *h > 0))
     return decoder_failed(tj, path, "not a JPEG");
   /* A stream of tables only ends its header at an end-of-image marker and is
    * "read" without a size: 0 x 0 would then ask the decoder for the stream's
@@ -207,12 +219,14 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
   if (!has_end(buf, len))
     return gw__model_fail(GW_DATA_SKIPPED, "%s: ends early (no end-of-image marker after its data)", path);
   int pf = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK ? TJPF_CMYK : TJPF_RGB;
-  *rgb = malloc((size_t)*w * (size_t)*h * (size_t)tjPixelSize[pf]);
+  /* Zeroed: no path may hand on bytes the decoder never wrote (for large
+   * images these are fresh pages, zero anyway). */
+  *rgb = calloc((size_t)*w * (size_t)*h, (size_t)tjPixelSize[pf]);
   if (!*rgb)
     return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s (%dx%d pixels)", path, *w, *h);
   /* TJFLAG_LIMITSCANS: a progressive file of thousands of scans (minutes of
    * decoding) is refused. */
-  if (tjDecompress2(tj, buf, (unsigned long)len, *rgb, *w, 0, *h, pf, TJFLAG_LIMITSCANS) != 0 && decode_failed(tj))
+  if (tjDecompress2(tj, buf, (unsigned long)len, *rgb, *w, 0, *h, pf, TJFLAG_LIMITSCANS) != 0 && !only_warned(tj))
     return decoder_failed(tj, path, "cannot decode");
   if (pf == TJPF_CMYK) cmyk_to_rgb(*rgb, (size_t)*w * (size_t)*h);
   return GW_SUCCESS;
