@@ -42,6 +42,7 @@ struct gw_bucketer {
   gw_request_t *req;       /* [n] */
   int next;                /* first bucket not started */
   size_t marked;           /* elements marked this step */
+  size_t twice_lo, twice_hi; /* the step's first range marked again (refused); hi 0: none */
   struct interval *iv;     /* marked ranges, sorted, disjoint, merged */
   int niv, cap_iv;
   double first_start, last_ready;
@@ -264,6 +265,7 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
     return fail(b->comm, b->failed, "gw_bucketer_ready: a bucket of this step could not start: %s", b->failmsg);
   if (b->marked == 0) GW_CHECK(check_step(b));
   int r = iv_add(b, offset, offset + count);
+  if (r == -1 && !b->twice_hi) b->twice_lo = offset, b->twice_hi = offset + count;
   if (r == -1)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
                 "gw_bucketer_ready: [%zu, %zu) overlaps a range already marked ready in this step (each gradient "
@@ -304,6 +306,7 @@ static void reset(struct gw_bucketer *b) {
   b->first_start = b->last_ready = 0;
   b->failed = GW_SUCCESS;
   b->refused[0] = 0;
+  b->twice_lo = b->twice_hi = 0;
 }
 
 /* The step ends with buckets this rank never started while other ranks may
@@ -403,6 +406,14 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
              b->comm->rank, incomplete, b->n, b->bounds[incomplete], b->bounds[incomplete + 1], had,
              b->bounds[incomplete + 1] - b->bounds[incomplete], b->refused[0] ? "; the step's first refused mark: " : "",
              b->refused);
+  } else if (res == GW_SUCCESS && b->twice_hi) {
+    /* Every bucket was reduced (on every rank: the communicator goes on), but
+     * a range marked twice was likely written twice, maybe while its bucket
+     * was on the wire, and then this rank's gradients are not the others'. */
+    res = GW_ERR_INVALID_ARGUMENT;
+    snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: every bucket was reduced, but [%zu, %zu) was marked ready "
+             "again in this step (refused), so this rank's gradients may not match the other ranks' (was it "
+             "written again, maybe while its bucket was being reduced?)", b->comm->rank, b->twice_lo, b->twice_hi);
   } else if (res == GW_SUCCESS) {
     b->last = (struct gw_bucketer_times){b->first_start, b->last_ready, gw__now()};
   }

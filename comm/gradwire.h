@@ -262,7 +262,10 @@ gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
  * fails with it, its peers told at once: they may be waiting in that bucket's
  * allreduce, or would pair it with this rank's next step.  A wait with nothing
  * marked is such a step too; destroying a bucketer part way through a step
- * (something marked, or a mark refused) does the same.  After a failed wait the buffer's
+ * (something marked, or a mark refused) does the same.  A complete step in
+ * which a range was marked twice (refused: likely written twice, maybe during
+ * its allreduce) fails too, naming the range, but its buckets were reduced on
+ * every rank and the communicator goes on.  After a failed wait the buffer's
  * contents are unspecified. */
 gw_result_t gw_bucketer_wait(gw_bucketer_t b);
 /* The format buckets travel in: the buffer's own dtype (the default), or for
