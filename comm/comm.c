@@ -793,7 +793,9 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
     /* Aborted with no operation since: the peers have not heard of it yet (an
      * operation would have told them), and may be waiting in one. */
     struct gw_errctx err;
-    gw__err(&err, GW_ERR_ABORTED, "rank %d: aborted by gw_comm_abort (and destroyed)", comm->rank);
+    char why[GW_ERRMSG_MAX];
+    gw__abort_reason(comm, why, sizeof why); /* the bucketer's, when it aborted */
+    gw__err(&err, GW_ERR_ABORTED, "rank %d: %.440s (and destroyed)", comm->rank, why);
     struct gw_opdesc d = {.seq = atomic_load(&comm->next_seq), .root = -1, .coll = GW_COLL_ABORT};
     gw__comm_fail(comm, &d, GW_ERR_ABORTED, &err);
   }

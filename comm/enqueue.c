@@ -228,13 +228,23 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
   return GW_SUCCESS;
 }
 
-/* GW_TEST_INLINE_PAUSE_US: a pause after a blocking call claims the inline
- * path (read once). */
+/* Tests: GW_TEST_INLINE_PAUSE_US, a pause after a blocking call claims the
+ * inline path; GW_TEST_INLINE_HOLD_US, one after it ran, before it lets the
+ * connections go (read once each). */
+static int64_t test_us(_Atomic int64_t *v, const char *name) {
+  int64_t x = atomic_load_explicit(v, memory_order_relaxed);
+  if (x < 0) atomic_store_explicit(v, x = gw__env_int(name, 0), memory_order_relaxed);
+  return x;
+}
+
 static int64_t inline_pause_us(void) {
   static _Atomic int64_t v = -1;
-  int64_t x = atomic_load_explicit(&v, memory_order_relaxed);
-  if (x < 0) atomic_store_explicit(&v, x = gw__env_int("GW_TEST_INLINE_PAUSE_US", 0), memory_order_relaxed);
-  return x;
+  return test_us(&v, "GW_TEST_INLINE_PAUSE_US");
+}
+
+static int64_t inline_hold_us(void) {
+  static _Atomic int64_t v = -1;
+  return test_us(&v, "GW_TEST_INLINE_HOLD_US");
 }
 
 /* The next n sequence numbers.  Every taker holds comm->mu, so no locked
@@ -270,6 +280,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
       struct gw_errctx err; /* 512 bytes: only the message's end is set, not the whole */
       err.msg[0] = 0;
       gw_result_t res = gw__run_op(comm, op, &err);
+      if (inline_hold_us() > 0) usleep((useconds_t)inline_hold_us());
       atomic_store_explicit(&comm->inline_busy, false, memory_order_release);
       return res;
     }

@@ -494,6 +494,47 @@ START_TEST(test_reason_beside_call) {
 }
 END_TEST
 
+/* The same with the other thread's call past its last wait when the step
+ * fails (held by GW_TEST_INLINE_HOLD_US before it lets the connections go):
+ * it ends without telling anyone, so the notice goes from the bucketer's wait
+ * once the connections are free.  Rank 1, in bucket 0's allreduce, hears the
+ * reason within seconds, not when rank 0 destroys the communicator. */
+static int body_reason_after_call(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  gw_comm_set_timeout(comm, 30);
+  struct inline_call c = {comm, GW_SUCCESS};
+  float g[M];
+  gw_bucketer_t bk;
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
+  if (rank == 1) {
+    inline_allreduce(&c);
+    EXPECT(c.r == GW_SUCCESS, "rank 1's allreduce: %s", gw_comm_last_error(comm));
+    for (int i = 0; i < M; i++) g[i] = 1.0f;
+    const double t0 = test_now();
+    EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS, "ready: %s", gw_comm_last_error(comm));
+    EXPECT(gw_bucketer_wait(bk) != GW_SUCCESS, "rank 1's step passed");
+    const double took = test_now() - t0;
+    EXPECT(strstr(gw_comm_last_error(comm), "gw_bucketer_wait") && took < 4.0, "rank 1 after %.1f s: %s", took,
+           gw_comm_last_error(comm));
+  } else {
+    pthread_t th;
+    EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
+    usleep(150000); /* the other thread's call ran and holds the connections */
+    EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
+    pthread_join(th, NULL);
+    sleep(5); /* the communicator stays: its destroy would tell the peers too */
+  }
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_reason_after_call) {
+  setenv("GW_TEST_INLINE_HOLD_US", "500000", 1);
+  ck_assert_int_eq(run_ranks(2, body_reason_after_call, NULL, 60), 0);
+  unsetenv("GW_TEST_INLINE_HOLD_US");
+}
+END_TEST
+
 START_TEST(test_start_failure) {
   setenv("GW_DEV_EMULATE", "2", 1);
   ck_assert_int_eq(run_ranks(2, body_start_failure, NULL, 60), 0);
@@ -515,6 +556,7 @@ int main(void) {
   tcase_add_test(tc, test_destroy_after_refused);
   tcase_add_test(tc, test_refused_settings);
   tcase_add_test(tc, test_reason_beside_call);
+  tcase_add_test(tc, test_reason_after_call);
   tcase_add_test(tc, test_wire);
   suite_add_tcase(s, tc);
   return run_suite(s);
