@@ -153,6 +153,34 @@ START_TEST(test_multinode_rank_failure)
 }
 END_TEST
 
+/* A crash whose news is late (GW_RUN_TEST_FAIL_HOLD_MS on node 1: a slow
+ * network) while node 0's rank exits 1 first, as a peer that saw the crash
+ * would: node 0 first stops the job for that exit, then, staying until the
+ * other launchers ended, takes the crash as the job's failure when it hears
+ * of it, names it and exits 139 (it exited 1 before, the crash unheard).
+ * Node 2 ended before the news came: its code is the first verdict's. */
+START_TEST(test_multinode_crash_beats_earlier_exit)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-crash", NULL};
+    const char *late[] = {"GW_JOB_TOKEN=mn-crash", "GW_RUN_TEST_FAIL_HOLD_MS=1500", NULL};
+    const char *script = "case $GW_RANK in 0) sleep 1.5; exit 1;; 1) sleep 1; ulimit -c 0; kill -SEGV $$;; "
+                         "esac; exec sleep 30";
+    struct run r[3];
+    for (int i = 0; i < 3; i++)
+        node_start(&r[i], i == 1 ? late : env, port, 3, i, "1", script);
+    nodes_wait(r, 3);
+    char want[800];
+    snprintf(want, sizeof want, "gw-run: rank 1 on node 1 (host %s) was killed by signal 11 (SIGSEGV)", hostname());
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 139, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(r[2].code == 1 || r[2].code == 139, "node 2: exit code %d, stderr:\n%s", r[2].code, r[2].err);
+    ck_assert_msg(strstr(r[0].err, "rank 0 (pid") && gwrun_has_line(r[0].err, want), "node 0 stderr:\n%s", r[0].err);
+    ck_assert_msg(r[0].elapsed < 10.0, "node 0 took %.1f s", r[0].elapsed);
+    gwrun_nodes_free(r, 3);
+}
+END_TEST
+
 /* A node whose launcher cannot start its ranks (a fork refused: out of
  * processes) stops the job with that reason on every node, not as a lost node. */
 START_TEST(test_multinode_launch_failure)
@@ -524,6 +552,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_set_timeout(mn, 60);
     tcase_add_test(mn, test_multinode_all_succeed);
     tcase_add_test(mn, test_multinode_rank_failure);
+    tcase_add_test(mn, test_multinode_crash_beats_earlier_exit);
     tcase_add_test(mn, test_multinode_launch_failure);
     tcase_add_test(mn, test_multinode_late_node_told);
     tcase_add_test(mn, test_multinode_node_missing);

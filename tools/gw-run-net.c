@@ -93,12 +93,16 @@ static void announce_end(const struct frame *f, int except)
 
 /* A FAIL, LOST, ABORT or STOP that came from node `from`: acted on here as a
  * local failure or signal would be, and passed on by node 0. Only the first
- * failure counts: later ones are consequences of the teardown. */
+ * failure counts (later ones are consequences of the teardown), unless a
+ * later one says more of the cause: a rank killed by a signal after one that
+ * exited (gw__run_refail; node 0 passes such a correction on too). */
 static void apply(const struct msg *m, int from)
 {
     if (m->type == F_STOP || m->type == F_LOST)
         net.no_restart = true; /* a signal, a lost node (a node's launch failure restarts, as on node 0) */
-    if (m->type != F_STOP && gw__run_stopping())
+    const bool again = m->type != F_STOP && gw__run_stopping();
+    if (again && (m->type != F_FAIL ||
+                  !gw__run_refail(m->v[2] ? 128 + (int)m->v[3] : (int)m->v[3], m->v[2] ? 2 : 1, net.cfg.node != 0)))
         return;
     int code = 1;
     if (m->type == F_FAIL && m->v[2]) {
@@ -125,7 +129,11 @@ static void apply(const struct msg *m, int from)
         struct frame f;
         gw__run_pack(&f, m);
         announce_end(&f, from);
+        if (again)
+            net.end = f; /* the corrected verdict, for nodes that join later */
     }
+    if (again)
+        return;
     if (m->type == F_STOP)
         gw__run_remote_signal((int)m->v[1]);
     else
@@ -563,6 +571,7 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
     lower(deadline_ms, net.flush_ms);
     lower(deadline_ms, net.linger_ms);
     lower(deadline_ms, net.verdict_deadline_ms);
+    lower(deadline_ms, net.others_end_ms);
     if (zero ? !net.join_reported && net.joined < net.cfg.nnodes - 1 : joining)
         lower(deadline_ms, net.join_deadline_ms);
     if (!zero && joining && net.up->fd < 0)
@@ -714,6 +723,27 @@ static bool late_to_tell(int64_t now)
     return true;
 }
 
+/* Node 0, the job failed and its own ranks are gone: whether to stay until
+ * the other nodes' launchers have ended (closed their connections), so that
+ * news still on its way is heard.  A crash on another node whose news comes
+ * after a local rank exited of it (the peers of a crashed rank exit 1 within
+ * milliseconds) is then still taken as the job's failure and named
+ * (gw__run_refail), and passed on to the nodes still there.  Bounded by the
+ * kill grace (their teardown's own bound) and 5 s more. */
+static bool others_ending(int64_t now)
+{
+    if (!gw__run.have_failure || gw__run.got_signal || net.restart_to)
+        return false; /* a restart: the other nodes stay too */
+    int open = 0;
+    for (int i = 0; i < net.nconns; i++)
+        open += net.conns[i]->fd >= 0 && net.conns[i]->node > 0;
+    if (open == 0)
+        return false;
+    if (!net.others_end_ms)
+        net.others_end_ms = now + (int64_t)(gw__run.kill_grace_s * 1000.0) + 5000;
+    return now < net.others_end_ms;
+}
+
 /* Called once the local ranks are all gone: whether gw-run may exit now. */
 bool gw__run_net_finish(void)
 {
@@ -727,7 +757,7 @@ bool gw__run_net_finish(void)
                             : net.welcomed && !net.given_up && !gw__run_net_await_verdict(now)))
         return false;
     if (net.cfg.node == 0) { /* success is every node's DONE; a failure was told */
-        if (stopping && late_to_tell(now))
+        if (stopping && (late_to_tell(now) || others_ending(now)))
             return false;
         return (stopping || net.done == net.cfg.nnodes - 1) && flushed(now);
     }
@@ -759,6 +789,11 @@ void gw__run_net_rank_failed(int global, bool signaled, int value)
 {
     struct msg m = {.type = F_FAIL,
                     .v = {(uint32_t)global, (uint32_t)net.cfg.node, signaled, (uint32_t)value}};
+    /* Tests: the news is late, as over a slow network (the other nodes'
+     * own ranks may fail first, of it). */
+    const char *hold = getenv("GW_RUN_TEST_FAIL_HOLD_MS");
+    if (hold && *hold && net.on)
+        usleep((useconds_t)atoi(hold) * 1000u);
     if (net.on)
         gw__run_net_report(&m);
 }

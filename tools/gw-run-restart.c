@@ -95,7 +95,7 @@ void gw__run_net_reset(void)
         return;
     net.done = 0;
     net.have_end = false;
-    net.flush_ms = net.linger_ms = net.verdict_deadline_ms = 0;
+    net.flush_ms = net.linger_ms = net.verdict_deadline_ms = net.others_end_ms = 0;
     net.final_sent = net.ready_sent = net.verdict_known = net.no_restart = false;
     net.restart_to = 0;
     /* Node 0: every node whose connection is still there takes part again; a

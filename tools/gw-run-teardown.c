@@ -153,7 +153,25 @@ bool gw__run_fail(int code)
         return false;
     gw__run.have_failure = true;
     gw__run.exit_code = code;
+    gw__run.fail_weight = code > 128 ? 2 : 1;
     gw__run_teardown();
+    return true;
+}
+
+/* The job's failure is the likeliest cause among those seen: a rank killed
+ * by a signal (a crash) over one that exited with a code (often a peer that
+ * saw the crash: on another node it can exit before the crash's news gets
+ * here).  Node 0 decides for the job, so the others also take its word over
+ * their own of the same weight: every gw-run then exits with one code.  Not
+ * after a signal to the job, whose code that is. */
+bool gw__run_refail(int code, int weight, bool from_node0)
+{
+    if (!gw__run.have_failure || gw__run.got_signal)
+        return false;
+    if (weight < gw__run.fail_weight || (weight == gw__run.fail_weight && !from_node0))
+        return false;
+    gw__run.exit_code = code;
+    gw__run.fail_weight = weight;
     return true;
 }
 
@@ -224,6 +242,7 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
     if (!gw__run.have_failure) {
         gw__run.have_failure = true;
         gw__run.exit_code = code;
+        gw__run.fail_weight = WIFSIGNALED(status) ? 2 : 1;
         /* After a signal the ranks' deaths are its consequence, not news for
          * the other nodes, which got the signal itself as a STOP. */
         if (!after_signal) {

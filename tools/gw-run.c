@@ -577,7 +577,7 @@ static void reset_job(int local_n)
         gw__run.ranks[i] = (struct rank){.s = {{.fd = -1}, {.fd = -1}}};
     gw__run.nranks = gw__run.alive = gw__run.open_streams = 0;
     gw__run.have_failure = false;
-    gw__run.exit_code = 0;
+    gw__run.exit_code = gw__run.fail_weight = 0;
     gw__run.kill_deadline_ms = 0;
 }
 

@@ -44,6 +44,7 @@ struct job {
 
     bool have_failure;
     int exit_code;     /* of the first failure that gw-run did not cause */
+    int fail_weight;   /* what exit_code says of the cause: 2 a rank killed by a signal, 1 an exit (0 unset) */
     int got_signal;    /* first SIGINT/SIGTERM/SIGHUP received, 0 if none */
     double kill_grace_s;
     int64_t kill_deadline_ms; /* SIGKILL the remaining ranks then; 0: none */
@@ -154,6 +155,9 @@ void gw__run_net_reset(void);
 int64_t gw__run_now_ms(void);
 const char *gw__run_signal_name(int sig);
 bool gw__run_fail(int code);
+/* Another node's failure heard while stopping: whether it replaces the one
+ * the job ended with (see gw-run-teardown.c), having done so. */
+bool gw__run_refail(int code, int weight, bool from_node0);
 void gw__run_remote_signal(int sig);
 bool gw__run_setup_signals(void);
 int gw__run_signal_fd(void);
