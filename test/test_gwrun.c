@@ -17,6 +17,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -126,6 +127,26 @@ START_TEST(test_env_passthrough)
     ck_assert_int_eq(s.lines, 3);
     ck_assert_str_eq(s.token, "my-preset-token");
     ck_assert_int_eq(s.omp, 5);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* OMP_NUM_THREADS counts the cores gw-run may use (taskset, a cpuset), not
+ * the machine's: one core and one rank make 1, not the machine's count. */
+START_TEST(test_env_omp_affinity)
+{
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        return; /* nothing to tell apart */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0); /* this test's process, and gw-run after it */
+    struct run r;
+    const char *env[] = {"OMP_NUM_THREADS", NULL};
+    const char *args[] = {"-n", "1", "sh", "-c", "echo threads $OMP_NUM_THREADS", NULL};
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] threads 1"), "exit %d, stdout:\n%s\nstderr:\n%s", r.code,
+                  r.out, r.err);
     gwrun_free(&r);
 }
 END_TEST
@@ -365,17 +386,25 @@ END_TEST
  * every rank, which exit with `code` from their trap for it (named), and
  * nothing is left; gw-run exits with the ranks' code, or 128 + sig when that is
  * 0.  (A rank's nonzero exit stops the others with SIGTERM, which the TERM
- * case's trap takes too.) */
+ * case's trap takes too.)  code -1: a signal passed on with the job going on
+ * (SIGUSR1/SIGUSR2): the ranks note it and end well after, gw-run exits 0. */
 static void signal_forwarded(int sig, const char *name, int code)
 {
+    const bool passed = code < 0;
     char dir[] = "/tmp/test_gwrun_XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char dir_env[128], script[300];
     snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    snprintf(script, sizeof script,
-             "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; trap ': > \"$GWT_DIR/got.$GW_RANK\"; exit %d' %s; "
-             "while :; do sleep 0.1; done",
-             code, name);
+    if (passed)
+        snprintf(script, sizeof script,
+                 "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; trap ': > \"$GWT_DIR/got.$GW_RANK\"' %s; "
+                 "while [ ! -e \"$GWT_DIR/got.$GW_RANK\" ]; do sleep 0.1; done; echo went on",
+                 name);
+    else
+        snprintf(script, sizeof script,
+                 "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; trap ': > \"$GWT_DIR/got.$GW_RANK\"; exit %d' %s; "
+                 "while :; do sleep 0.1; done",
+                 code, name);
     /* A long grace, so the ranks can only stop through the forwarded signal. */
     const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=30", NULL};
     const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
@@ -405,8 +434,10 @@ static void signal_forwarded(int sig, const char *name, int code)
     ck_assert_msg(!r.timed_out, "gw-run ignored SIG%s; stderr:\n%s", name, r.err);
     ck_assert_msg(WIFEXITED(r.status), "gw-run died of signal %d instead of handling it",
                   WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0);
-    ck_assert_msg(r.code != 0, "gw-run exited 0 after SIG%s", name);
-    const int want = code ? code : 128 + sig;
+    ck_assert_msg(r.code != 0 || passed, "gw-run exited 0 after SIG%s", name);
+    ck_assert_msg(!passed || (gwrun_count_lines(r.out) == 2 && strstr(r.err, "passing it on to 2 ranks")),
+                  "SIG%s was not passed on with the job going on; stdout:\n%s\nstderr:\n%s", name, r.out, r.err);
+    const int want = passed ? 0 : code ? code : 128 + sig;
     ck_assert_msg(r.code == want, "exit code %d, not %d; stderr:\n%s", r.code, want, r.err);
     ck_assert_msg(after_kill < 10.0, "gw-run took %.1f s to stop after SIG%s", after_kill, name);
     for (int i = 0; i < 2; i++) {
@@ -431,6 +462,9 @@ START_TEST(test_sigterm_forwarded)
 {
     signal_forwarded(SIGTERM, "TERM", 3);
     signal_forwarded(SIGHUP, "HUP", 0);
+    signal_forwarded(SIGQUIT, "QUIT", 0); /* ^\ not from a terminal: stops the job as SIGTERM does */
+    signal_forwarded(SIGUSR1, "USR1", -1); /* a scheduler's "checkpoint now": passed on, gw-run lives */
+    signal_forwarded(SIGUSR2, "USR2", -1);
 }
 END_TEST
 
@@ -838,6 +872,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_all_ranks_succeed);
     tcase_add_test(tc, test_env_generated);
     tcase_add_test(tc, test_env_passthrough);
+    tcase_add_test(tc, test_env_omp_affinity);
     tcase_add_test(tc, test_env_master_and_multinode);
     tcase_add_test(tc, test_failing_rank_exit_code);
     tcase_add_test(tc, test_fork_failure);

@@ -487,6 +487,57 @@ START_TEST(test_multinode_signal_stops_job)
 }
 END_TEST
 
+/* SIGUSR1 to node 1's gw-run (a scheduler asking for a checkpoint) reaches
+ * every rank of every node (node 0 passes it on to node 2), and the job goes
+ * on: the ranks note it and then end well, and every gw-run exits 0. */
+START_TEST(test_multinode_usr1_passed_on)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
+    const char *env[] = {"GW_JOB_TOKEN=mn-usr1", dir_env, "GW_DEBUG=INFO", NULL};
+    const char *script = "trap ': > \"$GWT_DIR/got.$GW_RANK\"' USR1; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
+                         "while [ ! -e \"$GWT_DIR/got.$GW_RANK\" ]; do sleep 0.1; done";
+    int port = gwrun_free_port_pair();
+    struct run r[3];
+    for (int i = 0; i < 3; i++)
+        node_start(&r[i], env, port, 3, i, "1", script);
+    bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0) &&
+                  gwrun_stderr_has(&r[2], "node 2 joined node 0", 10.0);
+    int started = 0;
+    for (int tries = 0; tries < 1000 && started < 3; tries++) {
+        started = 0;
+        for (int i = 0; i < 3; i++) {
+            char path[200];
+            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+            started += gwrun_read_pid_file(path) > 0;
+        }
+        gwrun_sleep(0.01);
+    }
+    if (joined && started == 3)
+        kill(r[1].pid, SIGUSR1);
+    else
+        for (int i = 0; i < 3; i++)
+            kill(r[i].pid, SIGTERM);
+    nodes_wait(r, 3);
+    int got = 0;
+    for (int i = 0; i < 3; i++) {
+        char path[200];
+        snprintf(path, sizeof path, "%s/got.%d", dir, i);
+        got += unlink(path) == 0;
+    }
+    remove_pid_files(dir, 3);
+    ck_assert_msg(joined && started == 3, "the job did not start; stderr:\n%s\n%s\n%s", r[0].err, r[1].err, r[2].err);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(got == 3, "%d of 3 ranks got SIGUSR1", got);
+    char want[800];
+    snprintf(want, sizeof want, "gw-run: node 1 received SIGUSR1; passing it on to 1 rank");
+    ck_assert_msg(gwrun_has_line(r[2].err, want), "node 2 stderr lacks '%s':\n%s", want, r[2].err);
+    gwrun_nodes_free(r, 3);
+}
+END_TEST
+
 /* Writes a frame header claiming len body bytes, then body. */
 static void send_raw(int fd, uint32_t len, const char *body, size_t n)
 {
@@ -562,6 +613,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_lost_node);
     tcase_add_loop_test(mn, test_multinode_signal_stops_job, 0,
                         (int)(sizeof stop_cases / sizeof stop_cases[0]));
+    tcase_add_test(mn, test_multinode_usr1_passed_on);
     tcase_add_test(mn, test_multinode_garbage_frames);
     suite_add_tcase(s, mn);
     return s;

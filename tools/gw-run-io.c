@@ -397,13 +397,15 @@ void gw__run_abandon_output(void)
  *   READY   node -> 0  ub      node, whether it can start again: its ranks of a
  *                              failed attempt are gone (--max-restarts only)
  *   RESTART 0 -> node  u       the attempt every node starts now; 0: none
+ *   PASS    both ways  uus     node, signal, host: SIGUSR1/SIGUSR2 reached it, for
+ *                              every rank (the job goes on)
  * A frame that breaks these rules closes its connection with a log line.
  */
 
 static const char *const layout[] = {
     [F_HELLO] = "uuuuuTs", [F_WELCOME] = "s", [F_REFUSE] = "s", [F_FAIL] = "uubus",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
-    [F_READY] = "ub",      [F_RESTART] = "u",
+    [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",
 };
 
 static void put_u32(unsigned char *p, uint32_t v)
@@ -451,7 +453,7 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     size_t pos = 1, nv = 0;
     m->type = p[0];
     m->s[0] = '\0';
-    if (m->type < F_HELLO || m->type > F_RESTART)
+    if (m->type < F_HELLO || m->type > F_PASS)
         return false;
     if (m->type == F_HELLO && n >= 5 && get_u32(p + 1) != GW_RUN_HELLO_MAGIC) {
         memset(m->v, 0, sizeof m->v); /* another version's layout: its magic alone, refused by name */

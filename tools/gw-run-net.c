@@ -58,7 +58,9 @@ static bool sane(const struct msg *m)
         return m->v[0] < nn * (uint32_t)net.cfg.nproc && m->v[1] < nn && m->v[2] <= 1 &&
                m->v[3] >= 1 && m->v[3] <= (m->v[2] ? 64u : 255u);
     case F_STOP:
-        return m->v[0] < nn && (sig == SIGINT || sig == SIGTERM || sig == SIGHUP);
+        return m->v[0] < nn && (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT);
+    case F_PASS:
+        return m->v[0] < nn && (sig == SIGUSR1 || sig == SIGUSR2);
     case F_LOST:
     case F_DONE:
         return m->v[0] < nn;
@@ -138,6 +140,20 @@ static void apply(const struct msg *m, int from)
         gw__run_remote_signal((int)m->v[1]);
     else
         gw__run_fail(code);
+}
+
+/* A PASS from node `from`: node 0 passes it on to the other nodes; every
+ * node's ranks get the signal, and the job goes on. */
+static void pass_on(const struct msg *m, int from)
+{
+    if (net.cfg.node == 0) {
+        struct frame f;
+        gw__run_pack(&f, m);
+        for (int i = 0; i < net.nconns; i++)
+            if (net.conns[i]->node > 0 && net.conns[i]->node != from && net.conns[i]->fd >= 0)
+                gw__run_conn_send(net.conns[i], &f);
+    }
+    gw__run_pass_signal((int)m->v[1], (int)m->v[0]);
 }
 
 /* ---- node 0 ---- */
@@ -254,6 +270,12 @@ static bool frame0(struct conn *c, const struct msg *m)
         if (net.state[n] == N_JOINED || net.state[n] == N_ENDED || net.state[n] == N_DONE)
             net.state[n] = m->v[1] ? N_READY : N_ENDED;
         net.no_restart = net.no_restart || !m->v[1];
+        return true;
+    }
+    if (m->type == F_PASS) {
+        if (m->v[0] != (uint32_t)n)
+            return bad("unexpected frame from a joined node");
+        pass_on(m, n);
         return true;
     }
     if (m->type == F_ABORT) {
@@ -473,6 +495,10 @@ static bool frame_up(struct conn *c, const struct msg *m)
         if (m->type == F_RESTART && net.cfg.max_restarts > 0) {
             net.verdict_known = true;
             net.restart_to = (long)m->v[0];
+            return true;
+        }
+        if (m->type == F_PASS) {
+            pass_on(m, 0);
             return true;
         }
         if (m->type != F_FAIL && m->type != F_LOST && m->type != F_ABORT && m->type != F_STOP)
@@ -809,7 +835,25 @@ void gw__run_net_launch_failed(int code, const char *text)
         gw__run_net_report(&m);
 }
 
-/* SIGINT, SIGTERM or SIGHUP reached this gw-run. */
+/* SIGUSR1 or SIGUSR2 reached this gw-run: for every node's ranks. */
+void gw__run_net_pass(int sig)
+{
+    if (!net.on)
+        return;
+    struct msg m = {.type = F_PASS, .v = {(uint32_t)net.cfg.node, (uint32_t)sig}};
+    snprintf(m.s, sizeof m.s, "%s", net.myhost);
+    struct frame f;
+    gw__run_pack(&f, &m);
+    if (net.cfg.node == 0) {
+        for (int i = 0; i < net.nconns; i++)
+            if (net.conns[i]->node > 0 && net.conns[i]->fd >= 0)
+                gw__run_conn_send(net.conns[i], &f);
+    } else if (net.welcomed && !net.up->connecting) {
+        gw__run_conn_send(net.up, &f);
+    }
+}
+
+/* SIGINT, SIGTERM, SIGHUP or SIGQUIT reached this gw-run. */
 void gw__run_net_signal(int sig)
 {
     struct msg m = {.type = F_STOP, .v = {(uint32_t)net.cfg.node, (uint32_t)sig}};

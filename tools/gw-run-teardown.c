@@ -66,11 +66,14 @@ static size_t nstray_termed, stray_termed_cap;
 /* The signal handler only sets a flag and writes a byte into this pipe to
  * wake poll(), so all real work happens in the loop, where anything is safe. */
 static int sig_pipe[2] = {-1, -1};
-static volatile sig_atomic_t pending_chld, pending_int, pending_term, pending_hup;
+static volatile sig_atomic_t pending_chld, pending_int, pending_term, pending_hup, pending_quit;
+/* SIGUSR1/SIGUSR2: passed on to the ranks, the job goes on (mpirun's way:
+ * schedulers send them to ask for a checkpoint before a time limit). */
+static volatile sig_atomic_t pending_usr1, pending_usr2;
 /* The pending signal came from the kernel (a terminal's ^C or hangup): it went
  * to the whole foreground process group, the ranks included (they share
  * gw-run's), so passing it on would give them a second one. */
-static volatile sig_atomic_t tty_int, tty_term, tty_hup;
+static volatile sig_atomic_t tty_int, tty_term, tty_hup, tty_quit;
 static bool spawn_raced; /* a signal came while forking: some ranks may not have it */
 static volatile sig_atomic_t session_leader; /* gw-run leads its session (set before the handlers) */
 
@@ -82,7 +85,7 @@ void gw__run_signal_during_spawn(void)
 /* What the caller left us with, restored in each child before exec so that
  * the ranks start exactly as they would without the launcher. */
 static sigset_t orig_mask;
-static bool int_ignored, term_ignored, hup_ignored, pipe_ignored;
+static bool int_ignored, term_ignored, hup_ignored, pipe_ignored, quit_ignored, usr1_ignored, usr2_ignored;
 
 int64_t gw__run_now_ms(void)
 {
@@ -186,7 +189,7 @@ static void forward_signal(int sig, bool remote, bool reached)
     if (remote)
         gw__run_say("gw-run: forwarding %s to %d rank%s\n", gw__run_signal_name(sig),
                 gw__run.alive, gw__run.alive == 1 ? "" : "s");
-    else if (reached)
+    else if (reached && !spawn_raced)
         gw__run_say("gw-run: %s from the terminal reached the %d rank%s too; waiting for them\n",
                 gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
     else
@@ -207,6 +210,21 @@ static void forward_signal(int sig, bool remote, bool reached)
 void gw__run_remote_signal(int sig)
 {
     forward_signal(sig, true, false);
+}
+
+/* SIGUSR1/SIGUSR2 to every running rank, the job going on; from_node: the
+ * node whose gw-run received it, -1 this one. */
+void gw__run_pass_signal(int sig, int from_node)
+{
+    if (gw__run.alive == 0)
+        return;
+    if (from_node >= 0)
+        gw__run_say("gw-run: node %d received %s; passing it on to %d rank%s\n", from_node,
+                gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
+    else
+        gw__run_say("gw-run: received %s, passing it on to %d rank%s\n", gw__run_signal_name(sig),
+                gw__run.alive, gw__run.alive == 1 ? "" : "s");
+    signal_ranks(sig, false);
 }
 
 static void rank_exited(struct rank *r, pid_t pid, int status)
@@ -527,6 +545,12 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
         pending_term = 1, tty_term = tty;
     else if (sig == SIGHUP)
         pending_hup = 1, tty_hup = tty;
+    else if (sig == SIGQUIT)
+        pending_quit = 1, tty_quit = tty;
+    else if (sig == SIGUSR1)
+        pending_usr1 = 1;
+    else if (sig == SIGUSR2)
+        pending_usr2 = 1;
     /* The byte only wakes poll(); the flags say what happened, so nothing is
      * lost when the pipe is full (then it already holds a wake-up). */
     unsigned char b = (unsigned char)sig;
@@ -568,6 +592,21 @@ bool gw__run_setup_signals(void)
     hup_ignored = old.sa_handler == SIG_IGN;
     if (!hup_ignored)
         sigaction(SIGHUP, &sa, NULL);
+    /* ^\ (SIGQUIT) stops the job as ^C does; SIGUSR1/SIGUSR2 would kill
+     * gw-run with no teardown (the ranks then got SIGTERM by the parent-death
+     * signal instead of the request to checkpoint): passed on instead. */
+    sigaction(SIGQUIT, NULL, &old);
+    quit_ignored = old.sa_handler == SIG_IGN;
+    if (!quit_ignored)
+        sigaction(SIGQUIT, &sa, NULL);
+    sigaction(SIGUSR1, NULL, &old);
+    usr1_ignored = old.sa_handler == SIG_IGN;
+    if (!usr1_ignored)
+        sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, NULL, &old);
+    usr2_ignored = old.sa_handler == SIG_IGN;
+    if (!usr2_ignored)
+        sigaction(SIGUSR2, &sa, NULL);
 
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP | SA_SIGINFO;
     sigaction(SIGCHLD, &sa, NULL);
@@ -617,6 +656,22 @@ void gw__run_drain_signals(bool *child_event)
         gw__run_net_signal(SIGHUP);
         *child_event = true;
     }
+    if (pending_quit) {
+        pending_quit = 0;
+        forward_signal(SIGQUIT, false, tty_quit);
+        gw__run_net_signal(SIGQUIT);
+        *child_event = true;
+    }
+    if (pending_usr1) {
+        pending_usr1 = 0;
+        gw__run_pass_signal(SIGUSR1, -1);
+        gw__run_net_pass(SIGUSR1);
+    }
+    if (pending_usr2) {
+        pending_usr2 = 0;
+        gw__run_pass_signal(SIGUSR2, -1);
+        gw__run_net_pass(SIGUSR2);
+    }
 }
 
 static void set_default(int sig)
@@ -638,6 +693,12 @@ void gw__run_child_signals(void)
         set_default(SIGTERM);
     if (!hup_ignored)
         set_default(SIGHUP);
+    if (!quit_ignored)
+        set_default(SIGQUIT);
+    if (!usr1_ignored)
+        set_default(SIGUSR1);
+    if (!usr2_ignored)
+        set_default(SIGUSR2);
     set_default(SIGCHLD);
     if (!pipe_ignored)
         set_default(SIGPIPE);

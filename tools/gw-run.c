@@ -36,6 +36,7 @@
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -298,6 +299,9 @@ static sigset_t handled_signals(void)
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGQUIT);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
     sigaddset(&set, SIGCHLD);
     return set;
 }
@@ -357,7 +361,8 @@ static void spawn_all(int local_n, int node_rank, char **argv)
      * forked before it: gw-run passes that one on to all. */
     sigset_t pend;
     if (sigpending(&pend) == 0 &&
-        (sigismember(&pend, SIGINT) || sigismember(&pend, SIGHUP) || sigismember(&pend, SIGTERM)))
+        (sigismember(&pend, SIGINT) || sigismember(&pend, SIGHUP) || sigismember(&pend, SIGTERM) ||
+         sigismember(&pend, SIGQUIT)))
         gw__run_signal_during_spawn();
     sigprocmask(SIG_UNBLOCK, &block, NULL);
 
@@ -540,11 +545,11 @@ static bool node_restarts(long attempt)
  * the job is not started again, and gw-run exits as after that signal. */
 static bool signal_held(void)
 {
-    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
     sigset_t pend;
     if (sigpending(&pend) != 0)
         return false;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (sigismember(&pend, sigs[i])) {
             gw__run_say("gw-run: %s arrived as the job was to start again: not restarting it\n",
                         gw__run_signal_name(sigs[i]));
@@ -721,7 +726,10 @@ int main(int argc, char **argv)
     setenv("GW_JOB_TOKEN", token, 1);
     /* Without this every rank's OpenMP runtime would start one thread per
      * core and N ranks would oversubscribe the machine N times over. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* The cores gw-run may use (taskset, a cpuset, a scheduler's
+     * allocation), not the machine's. */
+    cpu_set_t aff;
+    long cores = sched_getaffinity(0, sizeof aff, &aff) == 0 ? CPU_COUNT(&aff) : sysconf(_SC_NPROCESSORS_ONLN);
     long threads = cores > 0 ? cores / local_n : 1;
     snprintf(buf, sizeof buf, "%ld", threads < 1 ? 1 : threads);
     setenv("OMP_NUM_THREADS", buf, 0);
@@ -753,6 +761,11 @@ int main(int argc, char **argv)
     ensure_fd_limit((int)local_n, node_rank == 0 && nnodes > 1 ? (int)nnodes + 64 : 0);
     if (!gw__run_setup_signals())
         return 1;
+    /* Held until the ranks are forked (spawn_all passes on what came
+     * meanwhile): a ^C during the launcher's own setup (a slow name lookup)
+     * was taken for one that reached ranks not started yet. */
+    const sigset_t held = handled_signals();
+    sigprocmask(SIG_BLOCK, &held, NULL);
     gw__run_io_start();
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* see gw__run_scan_strays(); best effort */
 

@@ -69,7 +69,7 @@ enum {
 /* The hello's first field: "GWL" and the protocol's version ('2': with
  * --max-restarts).  Another version is refused by name. */
 #define GW_RUN_HELLO_MAGIC 0x47574c32u
-enum { F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART };
+enum { F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART, F_PASS };
 /* What reading a connection came to. */
 enum { R_OPEN, R_GONE, R_BAD, R_CLOSED };
 
@@ -144,6 +144,7 @@ bool gw__run_net_finish(void);
 void gw__run_net_rank_failed(int global, bool signaled, int value);
 void gw__run_net_launch_failed(int code, const char *text);
 void gw__run_net_signal(int sig);
+void gw__run_net_pass(int sig); /* SIGUSR1/SIGUSR2 to every node's ranks, the job going on */
 void gw__run_net_close(void);
 /* After an attempt's loop ended: the attempt every node starts next (node 0
  * decided it once every node's ranks were gone), 0 for none; and the
@@ -159,6 +160,7 @@ bool gw__run_fail(int code);
  * the job ended with (see gw-run-teardown.c), having done so. */
 bool gw__run_refail(int code, int weight, bool from_node0);
 void gw__run_remote_signal(int sig);
+void gw__run_pass_signal(int sig, int from_node);
 bool gw__run_setup_signals(void);
 int gw__run_signal_fd(void);
 void gw__run_drain_signals(bool *child_event);
