@@ -24,7 +24,11 @@
 #include "transform.h"
 
 #define MAX_FILE_BYTES (256u << 20)     /* no photo is larger; a bound against reading anything */
-#define MAX_PIXELS (16384ull * 16384ull) /* decoded size bound, for the same reason */
+/* Decoded size bound, for the same reason: PIL's (Image.MAX_IMAGE_PIXELS
+ * times 2, past which it refuses a file as a decompression bomb, as
+ * torchvision's loaders then do); 16384 x 16384 before, which a padded file
+ * (comments count as bytes below) could claim for 0.8 GB per loader thread. */
+#define MAX_PIXELS 178956970ull
 /* Pixels per byte of file beyond which a header's size is not believed: a
  * photo compresses tens to a few hundred times, a flat frame a thousand, and a
  * 300-byte file claiming 16384 x 16384 would have each loader thread allocate

@@ -108,6 +108,21 @@ START_TEST(folder_hostile_files) {
   size_t sof = find_marker(b, n, 2, 0xc0);
   b[sof + 5] = 0x40, b[sof + 6] = 0x00, b[sof + 7] = 0x40, b[sof + 8] = 0x00;
   write_file(in_tmp("train/ant/bomb.jpg"), b, n);
+  /* ant/bomb2.jpg: 11000 x 16384 (above PIL's limit) with 100 kB of comments,
+   * enough bytes for the pixels-per-byte rule */
+  b[sof + 5] = 0x40, b[sof + 6] = 0x00, b[sof + 7] = 0x2a, b[sof + 8] = 0xf8;
+  {
+    const size_t pad = 2 * (4 + 50000);
+    unsigned char *p = calloc(1, n + pad), *q = p;
+    memcpy(q, b, 2), q += 2; /* SOI */
+    for (int k = 0; k < 2; k++) {
+      *q++ = 0xff, *q++ = 0xfe, *q++ = (unsigned char)((50002 >> 8) & 0xff), *q++ = (unsigned char)(50002 & 0xff);
+      memset(q, 'c', 50000), q += 50000;
+    }
+    memcpy(q, b + 2, n - 2);
+    write_file(in_tmp("train/ant/bomb2.jpg"), p, n + pad);
+    free(p);
+  }
   /* ant/tables.jpg: its tables, then the end: a header without a size (the fuzzer's find) */
   b[sof] = 0xff, b[sof + 1] = 0xd9;
   write_file(in_tmp("train/ant/tables.jpg"), b, sof + 2);
@@ -141,19 +156,20 @@ START_TEST(folder_hostile_files) {
   char spec[128];
   snprintf(spec, sizeof spec, "imagenet:%s", tmpdir);
   ck_assert_msg(gw_dataset_open(&ds, spec, GW_SPLIT_TRAIN, NULL) == GW_SUCCESS, "%s", gw_data_last_error());
-  /* ant/bomb ant/e ant/tables | cat/a cat/a0 cat/a3 cat/b.JPEG cat/sub/c | dog/bad dog/d dog/dt dog/text: nothing twice */
-  ck_assert_int_eq(gw_dataset_size(ds), 12);
+  /* ant/bomb ant/bomb2 ant/e ant/tables | cat/a cat/a0 cat/a3 cat/b.JPEG cat/sub/c | dog/bad dog/d dog/dt dog/text */
+  ck_assert_int_eq(gw_dataset_size(ds), 13); /* nothing twice */
   ck_assert_msg(strstr(gw_dataset_description(ds), "2 directories left out") &&
                     strstr(gw_dataset_description(ds), "a link back to a directory above it"),
                 "%s", gw_dataset_description(ds));
   /* a FIFO where cat/b.JPEG was listed */
   ck_assert_int_eq(unlink(in_tmp("train/cat/b.JPEG")), 0);
   ck_assert_int_eq(mkfifo(in_tmp("train/cat/b.JPEG"), 0600), 0);
-  const char *skip[12] = {"16384x16384 pixels from", NULL, "tables.jpg: holds no image", NULL, NULL,
+  const char *skip[13] = {"16384x16384 pixels from", "11000x16384 pixels from", NULL, "tables.jpg: holds no image",
+                          NULL, NULL,
                           "a3.jpg: cannot decode: Huffman table 0x03 was not defined", "not a regular file", NULL,
                           "bad.jpg", NULL, "dt.jpg: ends early", "text.jpg"};
   float *out = malloc(3 * 224 * 224 * sizeof *out);
-  for (int i = 0; i < 12; i++) {
+  for (int i = 0; i < 13; i++) {
     int32_t y;
     gw_result_t r = gw_dataset_get(ds, i, 0, 1, out, &y);
     if (skip[i])
