@@ -141,6 +141,7 @@ struct gw_request {
   _Atomic int done;
   gw_result_t result;
   bool detached; /* nobody waits: the progress thread frees it (stream-ordered calls) */
+  double unsettled_since; /* gw_test: when it first found the host part done, the result not copied out (0: not yet) */
 };
 struct gw_devstate;
 
@@ -324,6 +325,9 @@ void gw__dev_free(struct gw_comm *comm);
  * settle: waits for them (GW_TIMEOUT; aborts), the message set. */
 bool gw__dev_settled(const struct gw_comm *comm, const struct gw_op *op);
 gw_result_t gw__dev_settle(struct gw_comm *comm, const struct gw_op *op);
+/* One look (gw_test): *settled, or an error once the communicator was aborted
+ * or `since` is the timeout past (the message set, as gw__dev_settle's). */
+gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, double since, bool *settled);
 /* The calling thread on comm's device (destroy frees its device memory
  * there); returns what to give gw__dev_switch_back (-1: nothing changed). */
 int gw__dev_switch(struct gw_comm *comm);

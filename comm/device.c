@@ -792,23 +792,28 @@ bool gw__dev_settled(const struct gw_comm *comm, const struct gw_op *op) {
   return atomic_load_explicit((_Atomic uint64_t *)stage_free_flag(d), memory_order_acquire) >= op->ticket;
 }
 
+gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, double since, bool *settled) {
+  *settled = gw__dev_settled(comm, op);
+  const double timeout = comm->timeout_s, now = gw__now();
+  if (*settled || !((timeout > 0 && now > since + timeout) || atomic_load(&comm->aborted))) /* 0: no limit */
+    return GW_SUCCESS;
+  char me[160], msg[GW_ERRMSG_MAX];
+  gw__describe_op(&op->desc, me, sizeof me);
+  snprintf(msg, sizeof msg, "rank %d: operation %s was done, but the default stream had not copied its result "
+           "out after %.0f s%s (is that stream held up by other work?)", comm->rank, me, now - since,
+           atomic_load(&comm->aborted) ? " when the communicator was aborted" : "");
+  gw__comm_set_error(comm, msg);
+  return atomic_load(&comm->aborted) ? GW_ERR_ABORTED : GW_ERR_TIMEOUT;
+}
+
 gw_result_t gw__dev_settle(struct gw_comm *comm, const struct gw_op *op) {
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
-  const double deadline = gw__now() + comm->timeout_s;
-  while (!gw__dev_settled(comm, op)) {
-    if ((comm->timeout_s > 0 && gw__now() > deadline) || atomic_load(&comm->aborted)) { /* 0: no limit */
-      char me[160], msg[GW_ERRMSG_MAX];
-      gw__describe_op(&op->desc, me, sizeof me);
-      snprintf(msg, sizeof msg, "rank %d: operation %s was done, but the default stream had not copied its result "
-               "out after %.0f s%s (is that stream held up by other work?)", comm->rank, me, comm->timeout_s,
-               atomic_load(&comm->aborted) ? " when the communicator was aborted" : "");
-      gw__comm_set_error(comm, msg);
-      return atomic_load(&comm->aborted) ? GW_ERR_ABORTED : GW_ERR_TIMEOUT;
-    }
-    gw__waiter_pause(&w);
-  }
-  return GW_SUCCESS;
+  const double since = gw__now();
+  bool settled;
+  gw_result_t res;
+  while ((res = gw__dev_settle_look(comm, op, since, &settled)) == GW_SUCCESS && !settled) gw__waiter_pause(&w);
+  return res;
 }
 
 /* After the progress thread stopped. */

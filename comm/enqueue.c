@@ -471,14 +471,24 @@ gw_result_t gw_test(gw_request_t *reqp, int *done) {
   struct gw_comm *comm = req->comm;
   *done = 0;
   GW_CHECK(gw__comm_enter(comm, "gw_test"));
-  if (!atomic_load_explicit(&req->done, memory_order_acquire) ||
-      (req->result == GW_SUCCESS && !gw__dev_settled(comm, &req->op))) {
-    *done = 0;
+  if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
     gw__comm_leave(comm);
     return GW_SUCCESS;
   }
-  *done = 1;
+  /* Device memory with no stream: done once the default stream copied the
+   * result out, or given up on as gw_wait would (aborted, or the timeout
+   * since this call first saw the rest done): polling must end too. */
   gw_result_t res = req->result;
+  if (res == GW_SUCCESS && !gw__dev_settled(comm, &req->op)) {
+    bool settled = false;
+    if (!req->unsettled_since) req->unsettled_since = gw__now();
+    res = gw__dev_settle_look(comm, &req->op, req->unsettled_since, &settled);
+    if (res == GW_SUCCESS && !settled) {
+      gw__comm_leave(comm);
+      return GW_SUCCESS;
+    }
+  }
+  *done = 1;
   free(req);
   *reqp = NULL;
   atomic_fetch_sub(&comm->requests, 1);
