@@ -601,7 +601,12 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
    * ends first (two waits of the same requests freed them twice). */
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm);
-  wait_started(b);
+  /* A complete step not waited for ends as its wait would have ended it
+   * (a 16-bit wire converted back, the compute stream ordered after it);
+   * otherwise the buffer held the local gradients (a device wire) or the
+   * reduced ones (a host wire) depending on the wire. */
+  if (b->n > 0 && b->next == b->n) (void)wait_locked(b);
+  else wait_started(b);
   /* A step left part way (see fail_comm_for_step), also one whose every mark
    * was refused: the peers went on into its buckets. */
   if (b->next < b->n && (b->marked || b->next || b->refused[0] || b->failed)) {

@@ -310,7 +310,10 @@ struct gw_bucketer_times {
   double first_start, last_ready, done;
 };
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t);
-void gw_bucketer_destroy(gw_bucketer_t b); /* waits for what is in flight; accepts NULL */
+/* Waits for what is in flight; a complete step not waited for is finished
+ * as gw_bucketer_wait would (16-bit wire converted back, compute stream
+ * ordered after it); accepts NULL. */
+void gw_bucketer_destroy(gw_bucketer_t b);
 
 /* ---- helpers -------------------------------------------------------------- */
 size_t gw_dtype_size(gw_dtype_t dtype);          /* 0 for an unknown dtype */

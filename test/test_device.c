@@ -624,6 +624,23 @@ static int body_bucketer(gw_comm_t comm, int rank, int n, void *arg) {
       EXPECT(h[i] == want, "step %d: element %d is %g, expected %g", step, i, (double)h[i], (double)want);
     }
   }
+  if (separate == 3) { /* a complete step destroyed without its wait: converted back and ordered all the same */
+    gw_bucketer_t b2;
+    GWCHECK(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, nb, &b2), comm);
+    GWCHECK(gw_bucketer_set_wire(b2, GW_FLOAT16), comm);
+    GWCHECK(gw_bucketer_set_compute_stream(b2, compute), comm);
+    for (int i = 0; i < M; i++) h[i] = (float)(i % 100 + rank + 5);
+    DCHECK(dv->memcpy_async(g, h, M * 4, compute));
+    GWCHECK(gw_bucketer_ready(b2, 0, M), comm);
+    gw_bucketer_destroy(b2);
+    DCHECK(dv->memcpy_async(h, g, M * 4, compute));
+    DCHECK(dv->stream_sync(compute));
+    for (int i = 0; i < M; i++)
+      if (h[i] != (float)(n * (i % 100 + 5) + n * (n - 1) / 2)) {
+        EXPECT(0, "destroyed without a wait: element %d is %g", i, (double)h[i]);
+        break;
+      }
+  }
   if (separate) GWCHECK(gw_bucketer_set_compute_stream(bk, NULL), comm);
   if (separate == 3) /* the wire kept, its stream (the bucketer's own) gone: refused before anything is marked */
     EXPECT(gw_bucketer_ready(bk, 0, 10) == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(comm), "need a stream"),
