@@ -101,10 +101,13 @@ static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
  * inputs differ at most elements whatever their distance (a reduction that
  * counts one rank twice and another not at all, or an allgather that swaps
  * two ranks' blocks, shows), and so does a shift of the data.  1..5 for the
- * reductions: integers whose sums and products stay exact in every dtype up
- * to the rank counts that matter; 1..127 for allgather and broadcast, which
- * move data only (every dtype holds those, int8 included). */
+ * reductions (fewer for float sums of many ranks: choose_values); 1..127 for
+ * allgather and broadcast, which move data only (every dtype holds those,
+ * int8 included). */
 static int value_span = 5;
+/* Above 0: the values are 0 or 1, 1 for about one rank in value_sparse (float
+ * sums of more ranks than the dtype holds integers: see choose_values). */
+static int value_sparse;
 /* 0 for the checked runs; the timed runs take another set of inputs (1), so
  * one that wrote nothing leaves the checked run's result, which is wrong. */
 static uint64_t value_salt;
@@ -112,7 +115,9 @@ static int value_of(int r, size_t i) {
   uint64_t x = (((uint64_t)(unsigned)r << 40) ^ (uint64_t)i) ^ value_salt * 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return (int)((x ^ (x >> 31)) % (uint64_t)value_span) + 1;
+  x ^= x >> 31;
+  if (value_sparse) return x % (uint64_t)value_sparse == 0;
+  return (int)(x % (uint64_t)value_span) + 1;
 }
 
 /* The reduction of value_of over all ranks at element i, exactly: as integers
@@ -133,8 +138,12 @@ static bool is_float(gw_dtype_t dt) {
   return dt == GW_FLOAT16 || dt == GW_BFLOAT16 || dt == GW_FLOAT32 || dt == GW_FLOAT64;
 }
 
-/* A float dtype's unit roundoff, and the integer up to which it holds every one. */
+/* A float dtype's unit roundoff, and the integer up to which it holds every
+ * one.  A test hook (GW_PERF_TEST_BF16_LIMIT=k): bfloat16 held integers only
+ * up to k, so a few ranks stand for the rank counts where sums pass 256. */
 static double unit_roundoff(gw_dtype_t dt) {
+  const char *k = dt == GW_BFLOAT16 ? getenv("GW_PERF_TEST_BF16_LIMIT") : NULL;
+  if (k && atoi(k) > 0) return 1.0 / atoi(k);
   return dt == GW_FLOAT16 ? 0x1p-11 : dt == GW_BFLOAT16 ? 0x1p-8 : dt == GW_FLOAT32 ? 0x1p-24 : 0x1p-53;
 }
 
@@ -186,6 +195,23 @@ static bool reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t a
   double tol = op == GW_AVG ? 2 * eps * fabs(want) : 0;
   if (!exact && (op == GW_SUM || op == GW_AVG || op == GW_PROD)) tol = (nranks + 1) * eps * fabs(want);
   return fabs(got - want) <= tol;
+}
+
+/* The inputs for one collective, dtype and op.  Float sums and averages stay
+ * exact (and so are checked exactly) while n ranks' values add up to at most
+ * the integers the dtype holds (bfloat16 256, float16 2048): values 1..5 up
+ * to limit / 5 ranks, 1..limit / n up to limit ranks, past that 0 or 1 with
+ * about limit / 2 ones per element.  With 1..5 at any rank count, the
+ * tolerance that rounding then needs grew with n until a missing rank passed
+ * (bfloat16 from about 86 ranks; at 256 an output left untouched did). */
+static void choose_values(int coll, gw_dtype_t dt, int op) {
+  value_sparse = 0;
+  value_span = coll == C_ALLREDUCE || coll == C_REDUCE_SCATTER ? 5 : 127;
+  if (value_span == 127 || !is_float(dt) || (op != GW_SUM && op != GW_AVG)) return;
+  const double limit = 1.0 / unit_roundoff(dt);
+  if (5.0 * nranks <= limit) return;
+  if (nranks <= limit) value_span = (int)(limit / nranks);
+  else value_sparse = (int)ceil(2.0 * nranks / limit);
 }
 
 /* ---- one measurement ---- */
@@ -302,6 +328,15 @@ static void fill_input(gw_dtype_t dt, const struct layout *l) {
   if (dev) check_dev(dev->memcpy_async(l->send, hs, l->in_elems * gw_dtype_size(dt), stream), "copying the input in");
 }
 
+/* The whole output and the 64 bytes after it all ones (NaN in floats), then
+ * this rank's input (in place over part of the output). */
+static void clear_and_fill(gw_dtype_t dt, const struct layout *l) {
+  uint8_t *hr = dev ? mirror(l->recv) : l->recv;
+  memset(hr, 0xff, l->tail + SLACK);
+  if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->tail + SLACK, stream), "clearing the output");
+  fill_input(dt, l);
+}
+
 /* Fills the input and returns the number of wrong output elements after one
  * run (-1: not checked, -c 0). */
 static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, const struct layout *l, size_t count,
@@ -310,19 +345,23 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, con
     run_once(o, dt, op, l->send, l->recv, count);
     return -1;
   }
-  uint8_t *hr = dev ? mirror(l->recv) : l->recv;
-  /* The whole output and the 64 bytes after it first hold all ones (NaN in
-   * floats: an earlier run's correct output, or an in-place allgather's other
-   * blocks left as they were, must not pass for this run's), then the input
-   * goes in (in place, over part of the output: there a collective that wrote
-   * nothing would still pass where this rank's input is the result, as for
-   * MAX or MIN, which out-of-place runs catch). */
-  memset(hr, 0xff, l->tail + SLACK);
-  if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->tail + SLACK, stream), "clearing the output");
-  fill_input(dt, l);
+  /* The output first holds all ones (an earlier run's correct output, or an
+   * in-place allgather's other blocks left as they were, must not pass for
+   * this run's), then the input goes in (in place, over part of the output:
+   * there a collective that wrote nothing would still pass where this rank's
+   * input is the result, as for MAX or MIN, which out-of-place runs catch). */
+  clear_and_fill(dt, l);
   /* A test hook: the checked run left out, as a collective that writes
    * nothing would do; every size must then count wrong elements. */
   if (!getenv("GW_PERF_TEST_SKIP_CHECKED_RUN")) run_once(o, dt, op, l->send, l->recv, count);
+  /* A test hook: 1 added to the first output element, as a rank whose value
+   * there is 1 counted twice would. */
+  if (getenv("GW_PERF_TEST_NUDGE") && is_float(dt)) {
+    uint8_t *hr = dev ? mirror(l->recv) : l->recv;
+    if (dev) check_dev(dev->memcpy_async(hr, l->recv, gw_dtype_size(dt), stream), "reading the output"), sync_stream();
+    gw_value_store(hr, dt, 0, gw_value_load(hr, dt, 0) + 1.0);
+    if (dev) check_dev(dev->memcpy_async(l->recv, hr, gw_dtype_size(dt), stream), "nudging the output");
+  }
   return count_wrong(o, dt, op, l, count, in_place);
 }
 
@@ -365,6 +404,9 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     const bool check_timed = o->check && timed_output_checkable(o, ip == 1);
     if (check_timed) value_salt = 1, fill_input(dt, &l);
     for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, l.send, l.recv, count);
+    /* The warmup runs left the timed runs' result in place: cleared, so that
+     * timed runs that write nothing are caught too. */
+    if (check_timed && o->warmup) clear_and_fill(dt, &l);
     sync_stream();
     check_gw(gw_barrier(comm), "gw_barrier");
     double t0 = now();
@@ -629,12 +671,13 @@ int main(int argc, char **argv) {
      * takes the ranks' mean by default); #wrong: elements, plus bytes written
      * past the output and (out of place) input elements changed */
     printf("# time: the slowest rank's mean; path: what ran (algorithm/protocol, or the device ring)\n");
+    printf("# #wrong: over a size's checks (before the timed runs, their own result, after a fresh fill), wrong\n"
+           "# elements plus bytes written past the output and (out of place) input elements changed\n");
     printf("#                                                       out-of-place                       in-place\n");
     printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  path\n");
     printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
     fflush(stdout);
   }
-  value_span = o.coll == C_ALLREDUCE || o.coll == C_REDUCE_SCATTER ? 5 : 127;
   double bw_sum = 0;
   int bw_n = 0;
   long long total_wrong = 0;
@@ -650,6 +693,7 @@ int main(int argc, char **argv) {
         if (whole == last) continue;
         last = whole;
         struct result res;
+        choose_values(o.coll, dt, o.ops[oi]);
         measure(&o, dt, o.ops[oi], sendbuf, recvbuf, (size_t)sz, &res);
         if (o.check) total_wrong += res.wrong[0] + res.wrong[1];
         /* both columns, as nccl-tests' average */
