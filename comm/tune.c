@@ -229,13 +229,25 @@ static void cut_comment(char *line) {
   if (hash) *hash = 0;
 }
 
+/* Far more than a table of every algorithm, protocol and world size. */
+#define TUNING_FILE_MAX (1u << 20)
+
 gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err) {
-  FILE *f = fopen(path, "r");
-  if (!f) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: cannot open: %s", path, strerror(errno));
+  /* Opened without blocking (a FIFO with no writer would hold init there),
+   * and only a regular file of sane size is read (/dev/zero, a FIFO or a
+   * terminal never end: init spun on them on every rank). */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: cannot open: %s", path, strerror(errno));
   struct stat sb;
-  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) { /* fopen takes a directory; every read fails */
-    fclose(f);
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: is a directory", path);
+  const char *not_file = fstat(fd, &sb) != 0       ? "cannot be examined"
+                         : S_ISDIR(sb.st_mode)      ? "is a directory"
+                         : !S_ISREG(sb.st_mode)     ? "is not a regular file"
+                         : sb.st_size > TUNING_FILE_MAX ? "is larger than 1 MiB: not a tuning file"
+                                                    : NULL;
+  FILE *f = not_file ? NULL : fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: %s", path, not_file ? not_file : strerror(errno));
   }
   struct gw_model tmp = *m;
   struct rows_seen seen = {0};

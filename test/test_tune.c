@@ -150,10 +150,15 @@ START_TEST(test_corrupt_file_refused) {
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == 0.25);
   snprintf(text, sizeof text, "ring ll 0.25 4%.*s", 511 - 14, pad);
   write_file(path, text);
+  m = def;
   ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a last row of 511: %s", err.msg);
+  ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == 0.25);
   snprintf(text, sizeof text, "ring ll 0.25 4%.*s\nring simple 1 2\n", 511 - 14, pad);
   write_file(path, text);
+  m = def;
   ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a row of 511 and its newline: %s", err.msg);
+  ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == 0.25 && m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE] == 1 &&
+            m.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE] == 2);
   FILE *nf = fopen(path, "w"); /* a NUL byte ends a C string: refused, not read as the row before it */
   ck_assert_ptr_nonnull(nf);
   fwrite("ring ll 0.25 4 # x\0y\nring simple 1 2\n", 1, 37, nf);
@@ -165,6 +170,21 @@ START_TEST(test_corrupt_file_refused) {
   write_file(path, text);
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, ":1: a row of 512 characters or more"), "%s", err.msg);
+  /* What never ends or is no file: refused at once (init spun on /dev/zero,
+   * and blocked opening a FIFO nobody writes). */
+  m = def;
+  ck_assert_int_eq(gw__model_load(&m, "/dev/zero", 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(err.msg, "/dev/zero: is not a regular file"), "%s", err.msg);
+  char fifo[64];
+  snprintf(fifo, sizeof fifo, "%s.fifo", path);
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  ck_assert_int_eq(gw__model_load(&m, fifo, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(err.msg, "is not a regular file"), "%s", err.msg);
+  unlink(fifo);
+  ck_assert_int_eq(truncate(path, 2 << 20), 0);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(err.msg, "larger than 1 MiB"), "%s", err.msg);
+  ck_assert(memcmp(&m, &def, sizeof m) == 0);
   write_file(path, "# comment\n  tree ll 0.5 2.5   # trailing\n");
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_SUCCESS);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.5 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 2.5);
