@@ -68,11 +68,22 @@ void gw__tree_shape(int n, int pos, int t, int *up, int down[2]) {
  * Every position keeps at most two children, and the data crosses the network
  * once per machine level, not once per rank level as the flat tree over ring
  * positions would. */
+/* The first and last position of machine `node`: binary searches, as every
+ * position's shape takes a few (a scan from 0 made building both trees
+ * O(n^2) at init: billions of steps at tens of thousands of ranks). */
+static int first_at_least(int n, const int *node_of, int node) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (node_of[mid] < node) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 static void node_span(int n, const int *node_of, int node, int *first, int *last) {
-  *first = 0;
-  while (node_of[*first] != node) (*first)++;
-  *last = *first;
-  while (*last + 1 < n && node_of[*last + 1] == node) (*last)++;
+  *first = first_at_least(n, node_of, node);
+  *last = first_at_least(n, node_of, node + 1) - 1;
 }
 
 void gw__tree_shape_hier(int n, const int *node_of, int pos, int t, int *up, int down[2]) {
