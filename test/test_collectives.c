@@ -509,6 +509,37 @@ START_TEST(test_tree_shape_hier) {
 }
 END_TEST
 
+/* Recursive doubling's links for every world size to 300 and near the
+ * largest it takes (2^15 .. 2^16 - 1, sampled positions): partners distinct,
+ * in range and mutual, the extra position (beyond the power of two) mutual
+ * and no partner, and every position's links within GW_RD_MAX. */
+static void check_rd_pos(int n, int pos) {
+  int partners[GW_RD_MAX], extra, np = gw__rd_shape(n, pos, &extra, partners);
+  ck_assert_msg(np + (extra >= 0) <= GW_RD_MAX, "n %d pos %d: %d links", n, pos, np + (extra >= 0));
+  for (int i = 0; i < np; i++) {
+    const int q = partners[i];
+    ck_assert_msg(q >= 0 && q < n && q != pos && q != extra, "n %d pos %d: partner %d (extra %d)", n, pos, q, extra);
+    for (int j = 0; j < i; j++) ck_assert_msg(partners[j] != q, "n %d pos %d: partner %d twice", n, pos, q);
+    int back[GW_RD_MAX], e2, nb = gw__rd_shape(n, q, &e2, back), found = 0;
+    for (int j = 0; j < nb; j++) found += back[j] == pos;
+    ck_assert_msg(found == 1, "n %d: %d has partner %d, not the other way", n, pos, q);
+  }
+  if (extra >= 0) {
+    int back[GW_RD_MAX], e2;
+    (void)gw__rd_shape(n, extra, &e2, back);
+    ck_assert_msg(extra < n && e2 == pos, "n %d: %d's extra is %d, whose extra is %d", n, pos, extra, e2);
+  }
+}
+
+START_TEST(test_rd_shape) {
+  for (int n = 1; n <= 300; n++)
+    for (int pos = 0; pos < n; pos++) check_rd_pos(n, pos);
+  const int big[] = {1 << 15, (1 << 15) + 1, 40000, GW_RD_MAX_RANKS};
+  for (int k = 0; k < 4; k++)
+    for (int pos = 0; pos < big[k]; pos += pos < 64 || pos > big[k] - 64 ? 1 : 997) check_rd_pos(big[k], pos);
+}
+END_TEST
+
 /* rank 1 dies on purpose, so exactly one rank fails; the notice travels up and
  * down the tree (5 ranks: rank 1 is a leaf two hops from the root). */
 START_TEST(test_tree_killed_rank) {
@@ -605,6 +636,7 @@ static int run_tree_tests(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_tree_shape);
   tcase_add_test(tc, test_tree_shape_hier);
+  tcase_add_test(tc, test_rd_shape);
   tcase_add_test(tc, test_tree_killed_rank);
   tcase_add_test(tc, test_nan_max_every_algo);
   tcase_add_test(tc, test_tree_vs_ring_named);
