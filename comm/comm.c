@@ -101,8 +101,12 @@ static bool parse_int(const char *s, long lo, long hi, int *out) {
   return true;
 }
 
-static const char *const local_vars[] = {"GW_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
-                                        "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
+/* Launchers are looked for innermost first: mpirun inside an sbatch script
+ * leaves the batch task's SLURM_PROCID (0) in every rank's environment, so
+ * Slurm's variables come last (they came before Open MPI's, and every rank
+ * of such a job claimed rank 0). */
+static const char *const local_vars[] = {"GW_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "SLURM_LOCALID", NULL};
 
 /* The job token: GW_JOB_TOKEN, else an id every rank of the same launch shares. */
 static bool job_token(char *out, size_t len) {
@@ -111,35 +115,62 @@ static bool job_token(char *out, size_t len) {
   /* torchrun's default id with a static --master-addr is "none" for every job */
   if ((t = getenv("TORCHELASTIC_RUN_ID")) && *t && strcmp(t, "none") != 0)
     return snprintf(out, len, "torchrun:%s", t), true;
-  const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
-  if (job && *job) return snprintf(out, len, "slurm:%s.%s", job, step ? step : ""), true;
+  /* An mpirun's own id before Slurm's: two mpiruns of one sbatch script share
+   * the job and (batch) step ids. */
   if ((t = getenv("PMIX_NAMESPACE")) && *t) return snprintf(out, len, "pmix:%s", t), true;
   if ((t = getenv("OMPI_MCA_orte_ess_jobid")) && *t) return snprintf(out, len, "ompi:%s", t), true;
+  const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+  if (job && *job) return snprintf(out, len, "slurm:%s.%s", job, step ? step : ""), true;
   return false;
 }
 
 gw_result_t gw_comm_init_env(gw_comm_t *comm) {
-  static const char *const rank_vars[] = {"GW_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", NULL};
-  static const char *const size_vars[] = {"GW_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", NULL};
+  /* One launcher's pair, innermost first (see local_vars): a rank from one
+   * and a size from another mixed two jobs' numbering. */
+  static const char *const launchers[][2] = {{"GW_RANK", "GW_WORLD_SIZE"},
+                                             {"RANK", "WORLD_SIZE"},
+                                             {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                             {"SLURM_PROCID", "SLURM_NTASKS"}};
   static const char *const addr_vars[] = {"GW_MASTER_ADDR", "MASTER_ADDR", NULL};
-  static const char *const port_vars[] = {"GW_MASTER_PORT", "MASTER_PORT", NULL};
   struct gw_errctx err = {{0}};
   if (!comm) return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init_env: comm is NULL"));
   *comm = NULL;
   int rank, size;
-  const char *rs = first_env(rank_vars), *ss = first_env(size_vars);
-  if (!rs || !ss)
+  const char *rs = NULL, *ss = NULL, *rv = NULL, *sv = NULL;
+  for (size_t i = 0; i < sizeof launchers / sizeof launchers[0] && !rs; i++) {
+    const char *v = getenv(launchers[i][0]);
+    if (v && *v) rs = v, rv = launchers[i][0], sv = launchers[i][1], ss = getenv(sv);
+  }
+  if (!rs)
     return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init_env: no rank / world size in the environment; launch with "
                                    "gw-run, torchrun, srun or mpirun, or set GW_RANK and GW_WORLD_SIZE"));
+  if (!ss || !*ss)
+    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                   "gw_comm_init_env: %s is set but %s is not", rv, sv));
   if (!parse_int(ss, 1, 1 << 20, &size) || !parse_int(rs, 0, size - 1, &rank))
     return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
-                                   "gw_comm_init_env: rank '%s' / world size '%s' from the environment are "
-                                   "not a valid pair (need 0 <= rank < size)", rs, ss));
-  const char *addr = first_env(addr_vars), *port = first_env(port_vars);
-  char master[300] = "";
+                                   "gw_comm_init_env: rank %s='%s' / world size %s='%s' from the environment are "
+                                   "not a valid pair (need 0 <= rank < size)", rv, rs, sv, ss));
+  const char *addr = first_env(addr_vars), *port = getenv("GW_MASTER_PORT");
+  char master[300] = "", moved[16];
+  if (!port || !*port) {
+    port = getenv("MASTER_PORT");
+    /* Under torchrun the agent's own store (TCPStore) listens on MASTER_PORT
+     * for the whole job (TORCHELASTIC_USE_AGENT_STORE=True: its static
+     * rendezvous, the default with --master-addr/--master-port): rank 0 could
+     * not listen there ("port in use"); the next port is gradwire's. */
+    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    int p;
+    if (port && agent && !strcasecmp(agent, "true") && parse_int(port, 1, 65534, &p)) {
+      snprintf(moved, sizeof moved, "%d", p + 1);
+      port = moved;
+      GW_INFO(GW_SUB_INIT, "rank %d: torchrun's agent store holds MASTER_PORT %d: the rendezvous uses port %s "
+              "(GW_MASTER_PORT sets another)", rank, p, port);
+    }
+  }
   if (size > 1) {
-    if (!addr || !port)
+    if (!addr || !port || !*port)
       return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: no master address; set GW_MASTER_ADDR and GW_MASTER_PORT "
                                      "(rank 0's host and a free port)", rank));

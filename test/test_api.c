@@ -453,6 +453,8 @@ END_TEST
 /* ---- the launchers' environment variables ---- */
 struct env_case {
   const char *rank, *size, *addr, *port;
+  int torchrun_agent; /* MASTER_PORT is the port below the harness's, held (as torchrun's agent store holds it) */
+  const char *stale[3]; /* set too, as a launcher outside this one leaves them (0: none) */
 };
 
 static int body_env(int rank, int n, const char *master, void *arg) {
@@ -465,8 +467,23 @@ static int body_env(int rank, int n, const char *master, void *arg) {
   setenv(names->size, ss, 1);
   setenv(names->addr, "127.0.0.1", 1);
   setenv(names->port, port, 1);
+  for (int i = 0; i < 3 && names->stale[i]; i++) putenv((char *)names->stale[i]);
+  int agent = -1;
+  if (names->torchrun_agent) {
+    snprintf(port, sizeof port, "%d", atoi(port) - 1);
+    setenv(names->port, port, 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    if (rank == 0) { /* the agent's store, listening (best effort: the port may be taken anyway) */
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port))};
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      agent = socket(AF_INET, SOCK_STREAM, 0);
+      if (agent >= 0 && (bind(agent, (struct sockaddr *)&a, sizeof a) != 0 || listen(agent, 4) != 0))
+        close(agent), agent = -1;
+    }
+  }
   gw_comm_t comm;
   gw_result_t r = gw_comm_init_env(&comm);
+  if (agent >= 0) close(agent);
   EXPECT(r == GW_SUCCESS, "init_env with %s failed: %s", names->rank, gw_comm_last_error(NULL));
   int got_rank, got_size;
   gw_comm_rank(comm, &got_rank);
@@ -484,14 +501,19 @@ static int body_env(int rank, int n, const char *master, void *arg) {
 
 START_TEST(test_env_launchers) {
   static const struct env_case cases[] = {
-      {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT"},
-      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"},
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT"},
+      {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}},
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 0, {0}},
+      {"SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT", 0, {0}},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}},
+      /* mpirun inside an sbatch script: every rank inherits the batch task's Slurm rank */
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0,
+       {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0"}},
+      /* torchrun (static rendezvous): its agent's store holds MASTER_PORT */
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 1, {0}},
   };
   static const char *all[] = {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", "RANK", "WORLD_SIZE",
                               "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
-                              "OMPI_COMM_WORLD_SIZE"};
+                              "OMPI_COMM_WORLD_SIZE", "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
     ck_assert_msg(run_ranks_raw(3, body_env, (void *)&cases[i], 60) == 0, "launcher variables %s", cases[i].rank);
@@ -504,8 +526,19 @@ START_TEST(test_env_launchers) {
   setenv("GW_WORLD_SIZE", "2", 1);
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(NULL), "GW_MASTER_ADDR"));
+  setenv("GW_MASTER_ADDR", "127.0.0.1", 1), setenv("GW_MASTER_PORT", "1", 1);
   setenv("GW_RANK", "5", 1);
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "GW_RANK='5' / world size GW_WORLD_SIZE='2'") &&
+                    has(gw_comm_last_error(NULL), "not a valid pair"),
+                "%s", gw_comm_last_error(NULL));
+  unsetenv("GW_WORLD_SIZE"); /* a rank without its launcher's size: not another launcher's */
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("GW_RANK", "1", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "GW_RANK is set but GW_WORLD_SIZE is not"), "%s",
+                gw_comm_last_error(NULL));
+  for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
 }
 END_TEST
 

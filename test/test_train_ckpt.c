@@ -105,6 +105,30 @@ START_TEST(test_resume_keeps_loss_scale) {
 }
 END_TEST
 
+/* A run with a fixed --loss-scale resumed with a dynamic one starts the
+ * dynamic scale at its own initial value (65536), not at the fixed 8. */
+START_TEST(test_resume_fixed_scale_as_dynamic) {
+  char dir[512], m[512];
+  path(dir, sizeof dir, "ckpt-fixed-dynamic");
+  path(m, sizeof m, "fixed-dynamic.jsonl");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--amp", "bf16", "--loss-scale", "8",
+                                              "--checkpoint-dir", dir, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--loss-scale",
+                                              "dynamic", "--checkpoint-dir", dir, "--resume", "--metrics", m, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "loss_scale 8 -> dynamic:65536"), "no note of the change:\n%s", r.out);
+  gwrun_free(&r);
+  char v[3][32];
+  memset(v, 0, sizeof v);
+  metrics_by_step(m, "loss_scale", v, 3);
+  ck_assert_msg(!strcmp(v[2], "65536"), "step 3 ran at loss scale '%s', not dynamic's 65536", v[2]);
+}
+END_TEST
+
 /* Rewrites checkpoint `file` in format `version` with its checksum (FNV-1a
  * 64 over the tensors' bytes in file order, then, from version 2, each
  * covered metadata key, whether it is there, and its value) made as its
@@ -633,6 +657,7 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_checkpoint_dir_guarded);
   tcase_add_test(tc, test_resume_is_bit_exact);
   tcase_add_test(tc, test_resume_keeps_loss_scale);
+  tcase_add_test(tc, test_resume_fixed_scale_as_dynamic);
   tcase_add_test(tc, test_resume_old_checkpoint);
   tcase_add_test(tc, test_damaged_checkpoint);
   tcase_add_test(tc, test_refused_moved_aside);

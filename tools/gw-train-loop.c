@@ -168,8 +168,15 @@ int trainer_resume(struct trainer *t) {
     int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, t->config_legacy, path,
                              sizeof path, note, sizeof note, err, sizeof err);
     /* The saved scale carries on only where this run scales dynamically and the
-     * saved run scaled too; a fixed --loss-scale (or none) is the flag's. */
-    if (r == 0 && t->st.has_scaler && (!t->o->loss_scale_dynamic || !t->st.loss_scale || !initial_scale))
+     * saved run did too (its options say "dynamic:"; an older gw-train's have
+     * no loss_scale word: any saved scale); a fixed --loss-scale (or none) is
+     * the flag's, also when resuming a fixed-scale run dynamically (its 8 went
+     * on as the dynamic scale, while the note said dynamic:65536). */
+    char saved_scale[40];
+    const int saved_fixed = saved_word(t->st.options, "loss_scale", saved_scale, sizeof saved_scale) &&
+                             strncmp(saved_scale, "dynamic:", 8) != 0;
+    if (r == 0 && t->st.has_scaler &&
+        (!t->o->loss_scale_dynamic || !t->st.loss_scale || !initial_scale || saved_fixed))
       t->st.loss_scale = initial_scale, t->st.good_steps = 0;
     if (r == 0 && !t->st.has_scaler && initial_scale)
       log_text(&t->log, "note: the checkpoint has no loss scaler state (written by an older gw-train); the loss "
