@@ -238,11 +238,15 @@ static bool read_hello(int fd, struct gw_boot_hello *h, double deadline) {
 }
 
 /* Rank 0 tells ranks first.. n-1 why the job cannot go on (best effort). */
-static void root_broadcast_error(struct gw_bootstrap *bs, int first, const char *msg) {
+/* Every rank but `skip` (the one that failed: a stuck reader would take the
+ * second that the others' notices have) hears msg; ranks already answered
+ * in this exchange read it at their next (they reported "lost the bootstrap
+ * connection to rank 0" when it closed). */
+static void root_broadcast_error(struct gw_bootstrap *bs, int skip, const char *msg) {
   double deadline = gw__now() + 1.0;
   bs->told_error = true;
-  for (int r = first; r < bs->nranks; r++)
-    if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
+  for (int r = 1; r < bs->nranks; r++)
+    if (r != skip && bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
 }
 
 /* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes. */
@@ -268,7 +272,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
                                 "rank 0: only %d of %d ranks reached the rendezvous at %s (listening on %s) within "
                                 "%.0f s; missing ranks: %s", joined, bs->nranks, bs->master, bound, bs->timeout_s,
                                 missing);
-      root_broadcast_error(bs, 1, err ? err->msg : "rank 0: ranks are missing at the rendezvous");
+      root_broadcast_error(bs, -1, err ? err->msg : "rank 0: ranks are missing at the rendezvous");
       return res; /* the ranks that joined learn which are missing, not merely that rank 0 went */
     }
     struct sockaddr_storage from;
@@ -280,7 +284,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
                                 "joined)", bs->master, strerror(e),
                                 e == EMFILE || e == ENFILE ? "; raise `ulimit -n` above the number of ranks" : "",
                                 joined, bs->nranks);
-      root_broadcast_error(bs, 1, err ? err->msg : "rank 0: cannot accept more rank connections");
+      root_broadcast_error(bs, -1, err ? err->msg : "rank 0: cannot accept more rank connections");
       return res; /* the ranks that joined hear why, not merely that rank 0 went */
     }
     if (fd < 0) continue;
@@ -406,7 +410,7 @@ static gw_result_t root_gather(struct gw_bootstrap *bs, uint8_t *all, size_t siz
     if (res == GW_SUCCESS) res = io_all(bs->socks[r], all + (size_t)r * size, size, false, deadline);
     if (res != GW_SUCCESS) {
       res = peer_fail(bs, res, r, bs->timeout_s, err);
-      root_broadcast_error(bs, 1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
+      root_broadcast_error(bs, -1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
       return res;
     }
   }
@@ -419,7 +423,7 @@ static gw_result_t root_answer(struct gw_bootstrap *bs, int r, const void *data,
   gw_result_t res = send_frame(bs->socks[r], GW_BOOT_DATA, data, len, gw__now() + bs->timeout_s);
   if (res != GW_SUCCESS) {
     res = peer_fail(bs, res, r, bs->timeout_s, err);
-    root_broadcast_error(bs, r + 1, err ? err->msg : "rank 0 failed"); /* those not answered yet hear why */
+    root_broadcast_error(bs, r, err ? err->msg : "rank 0 failed"); /* the others hear why */
     return res;
   }
   atomic_fetch_add(&root_bytes, len);
@@ -513,7 +517,7 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
     uint8_t *sorted = NULL;
     if (!all || !at || !fill) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
-      root_broadcast_error(bs, 1, "rank 0 ran out of memory during a bootstrap exchange");
+      root_broadcast_error(bs, -1, "rank 0 ran out of memory during a bootstrap exchange");
       goto root_out;
     }
     memcpy(all, recs, mine);
@@ -528,7 +532,7 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
     sorted = malloc(GW_MAX(at[n], 1));
     if (!sorted) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
-      root_broadcast_error(bs, 1, "rank 0 ran out of memory during a bootstrap exchange");
+      root_broadcast_error(bs, -1, "rank 0 ran out of memory during a bootstrap exchange");
       goto root_out;
     }
     for (size_t o = 0; o < n; o++)

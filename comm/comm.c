@@ -650,7 +650,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->fork_gen = gw__fork_generation();
   c->nranks = nranks;
   c->next_seq = 1;
-  c->timeout_s = gw__env_double("GW_TIMEOUT", 300.0);
+  c->timeout_s = gw__env_seconds("GW_TIMEOUT", 300.0, true);
   c->algo = algo_from_env(nranks);
   c->exchange_max = (size_t)GW_MAX(0, gw__param_ExchangeMaxBytes());
   c->channel_min_bytes = (size_t)GW_MAX(1, gw__param_ChannelMinBytes());
@@ -682,7 +682,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   }
   c->conn_params = (struct gw_conn_params){.nslots = (uint32_t)nslots, .slot_bytes = (uint32_t)slot_bytes,
                                            .job_hash = gw__fnv(GW_FNV_START, token, strlen(token)), .nstreams = (uint32_t)nstreams,
-                                           .timeout_s = gw__env_double("GW_BOOTSTRAP_TIMEOUT", 60.0)};
+                                           .timeout_s = gw__env_seconds("GW_BOOTSTRAP_TIMEOUT", 60.0, false)};
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   if (!c->peers) {
     res = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
@@ -706,7 +706,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     c->peers[0] = me;
     GW_CHECK_GOTO(build_ring_order(c, &err), res, fail);
   } else {
-    double boot_timeout = gw__env_double("GW_BOOTSTRAP_TIMEOUT", 60.0);
+    double boot_timeout = gw__env_seconds("GW_BOOTSTRAP_TIMEOUT", 60.0, false);
     gw__alive_create(c, &me);
     GW_CHECK_GOTO(gw__bootstrap_init(&c->bs, rank, nranks, master, token, boot_timeout, &err), res, fail);
     GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, &me, c->peers, sizeof me, &err), res, fail);

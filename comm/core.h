@@ -83,6 +83,10 @@ int64_t gw__env_int(const char *name, int64_t dflt);
  * which pid namespace the pid in them means something in. */
 uint64_t gw__pidns_self(void);
 double gw__env_double(const char *name, double dflt);
+/* A time in seconds: finite and not negative (0 only where zero_ok: "no
+ * limit"); anything else is warned about and dflt used (GW_TIMEOUT=-300 had
+ * turned every deadline off without a word). */
+double gw__env_seconds(const char *name, double dflt, bool zero_ok);
 const char *gw__env_str(const char *name, const char *dflt);
 /* GW_PARAM(Foo, "GW_FOO", 42) defines `int64_t gw__param_Foo(void)` that reads the
  * variable on the first call and caches it, as NCCL_PARAM does. */

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -176,6 +177,14 @@ double gw__env_double(const char *name, double dflt) {
   }
   GW_INFO(GW_SUB_ENV, "%s set to %g", name, v);
   return v;
+}
+
+double gw__env_seconds(const char *name, double dflt, bool zero_ok) {
+  const double v = gw__env_double(name, dflt);
+  if (isfinite(v) && (v > 0 || (zero_ok && v == 0))) return v;
+  GW_WARN(GW_SUB_ENV, "%s=%s is not a time in seconds (%s); using the default %g", name, getenv(name),
+          zero_ok ? "0 for no limit, else above 0" : "above 0", dflt);
+  return dflt;
 }
 
 const char *gw__env_str(const char *name, const char *dflt) {

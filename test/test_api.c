@@ -499,6 +499,24 @@ static int body_env(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
+/* GW_TIMEOUT: a time in seconds, 0 for no limit; negative or infinite is
+ * warned about and the default used (-300 turned every deadline off). */
+START_TEST(test_env_timeout_checked) {
+  static const struct {
+    const char *value;
+    double want;
+  } cases[] = {{"2.5", 2.5}, {"0", 0}, {"-300", 300}, {"inf", 300}, {"abc", 300}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("GW_TIMEOUT", cases[i].value, 1);
+    gw_comm_t c;
+    ck_assert_int_eq(gw_comm_init(&c, 1, 0, NULL), GW_SUCCESS);
+    ck_assert_msg(c->timeout_s == cases[i].want, "GW_TIMEOUT=%s: %g", cases[i].value, (double)c->timeout_s);
+    gw_comm_destroy(c);
+  }
+  unsetenv("GW_TIMEOUT");
+}
+END_TEST
+
 START_TEST(test_env_launchers) {
   static const struct env_case cases[] = {
       {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}},
@@ -845,6 +863,7 @@ int main(void) {
   tcase_add_test(tc, test_master_foreign);
   tcase_add_test(tc, test_bootstrap_route);
   tcase_add_test(tc, test_env_launchers);
+  tcase_add_test(tc, test_env_timeout_checked);
   tcase_add_test(tc, test_nonblocking);
   tcase_add_test(tc, test_two_threads_one_comm);
   add_destroy_tests(tc);
