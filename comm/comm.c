@@ -759,10 +759,14 @@ gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn) {
   gw__waiter_init(&w, 0);
   while ((state = atomic_load(&comm->destroying)) == GW_DESTROY_CHECKING) gw__waiter_pause(&w); /* its verdict */
   if (state == GW_DESTROY_GOING) {
-    atomic_fetch_sub(&comm->inside, 1);
+    /* Destroy frees the communicator once `inside` is 0 again: the message
+     * goes to this thread's error (gw_comm_last_error(NULL)), and nothing of
+     * the communicator is touched after the count (it took the lock and set
+     * the communicator's error under a free). */
     char msg[GW_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "rank %d: %s: the communicator is being destroyed on another thread", comm->rank, fn);
-    gw__comm_set_error(comm, msg);
+    gw__set_thread_error(msg);
+    atomic_fetch_sub(&comm->inside, 1);
     return GW_ERR_INVALID_ARGUMENT;
   }
   return GW_SUCCESS;
@@ -819,6 +823,11 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
     return GW_ERR_INVALID_ARGUMENT;
   }
   atomic_store(&comm->destroying, GW_DESTROY_GOING);
+  /* A call that entered after the count (and waited for the verdict) is on
+   * its way out: it must be gone before the free. */
+  struct gw_waiter w;
+  gw__waiter_init(&w, 0);
+  while (atomic_load(&comm->inside) > 0) gw__waiter_pause(&w);
   gw__progress_stop(comm);
   if (atomic_load(&comm->aborted)) {
     /* Aborted with no operation since: the peers have not heard of it yet (an
