@@ -226,7 +226,13 @@ START_TEST(test_loss_scaling) {
   path(two, sizeof two, "ls-two.safetensors");
   path(metrics, sizeof metrics, "ls-metrics.jsonl");
   struct run r;
-  const char *const noenv[] = {NULL}, *const overflow2[] = {"GW_TRAIN_OVERFLOW_AT_STEP=2", NULL};
+  /* Step 2 overflows on rank 1 only: the verdict is agreed, so both ranks
+   * skip it (rank 0, which saw nothing, included). */
+  const char *const noenv[] = {NULL},
+                    *const overflow2[] = {"GW_TRAIN_OVERFLOW_AT_STEP=2", "GW_TRAIN_OVERFLOW_RANK=1", NULL};
+  char ck1[512], ck2[512];
+  path(ck1, sizeof ck1, "ls-ckpt-one");
+  path(ck2, sizeof ck2, "ls-ckpt-two");
   train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--save-weights",
                                               plain, NULL});
   expect_ok(&r);
@@ -243,11 +249,12 @@ START_TEST(test_loss_scaling) {
   ck_assert_msg(!memcmp(a, b, n1 * sizeof(float)), "a loss scale of 65536 changed the weights");
   free(a), free(b);
   train(&r, noenv, "2", (const char *const[]){"--steps", "1", "--batch", "8", "--amp", "bf16", "--loss-scale",
-                                              "dynamic", "--save-weights", one, NULL});
+                                              "dynamic", "--save-weights", one, "--checkpoint-dir", ck1, NULL});
   expect_ok(&r);
   gwrun_free(&r);
   train(&r, overflow2, "2", (const char *const[]){"--steps", "2", "--batch", "8", "--amp", "bf16", "--loss-scale",
-                                                  "dynamic", "--metrics", metrics, "--save-weights", two, NULL});
+                                                  "dynamic", "--metrics", metrics, "--save-weights", two,
+                                                  "--checkpoint-dir", ck2, "--checkpoint-every", "1", NULL});
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "step 2: the gradients overflowed at loss scale 65536; step skipped (1 so far), scale "
                               "now 32768"), "no overflow report:\n%s", r.out);
@@ -257,6 +264,18 @@ START_TEST(test_loss_scaling) {
   ck_assert(n1 == n2);
   ck_assert_msg(!memcmp(a, b, n1 * sizeof(float)), "the overflowed step changed the parameters");
   free(a), free(b);
+  /* ... nor the momentum buffer or the optimizer's step count (state[3]) */
+  struct gw_st_file *f1 = open_st("ls-ckpt-one/ckpt-1.safetensors"), *f2 = open_st("ls-ckpt-two/ckpt-2.safetensors");
+  a = floats(f1, "momentum", &n1), b = floats(f2, "momentum", &n2);
+  ck_assert_msg(n1 == n2 && !memcmp(a, b, n1 * sizeof(float)), "the overflowed step changed the momentum buffer");
+  free(a), free(b);
+  const struct gw_st_tensor *s1 = gw_st_find(f1, "state"), *s2 = gw_st_find(f2, "state");
+  ck_assert(s1 && s2 && s1->nbytes >= 4 * sizeof(int64_t) && s1->nbytes == s2->nbytes);
+  int64_t st1[5] = {0}, st2[5] = {0};
+  memcpy(st1, s1->data, 4 * sizeof(int64_t)), memcpy(st2, s2->data, 4 * sizeof(int64_t));
+  ck_assert_msg(st1[3] == 1 && st2[3] == 1, "optimizer steps: %lld after one step, %lld after one and a skipped one",
+                (long long)st1[3], (long long)st2[3]);
+  gw_st_free(f1), gw_st_free(f2);
   FILE *f = fopen(metrics, "r");
   ck_assert(f);
   char line[1024];

@@ -328,9 +328,10 @@ static int finish_gradients(struct trainer *t, struct step_report *r, double t_b
 static int overflowed(struct trainer *t, int *over) {
   const size_t np = t->np;
   /* A test hook: GW_TRAIN_OVERFLOW_AT_STEP=N makes step N's gradients overflow
-   * (on every rank), so the skip and the backoff can be tested exactly. */
-  const char *poison = getenv("GW_TRAIN_OVERFLOW_AT_STEP");
-  const int poisoned = poison && atoll(poison) == t->st.step + 1;
+   * (on every rank, or with GW_TRAIN_OVERFLOW_RANK=r on rank r only), so the
+   * skip and the backoff can be tested exactly. */
+  const char *poison = getenv("GW_TRAIN_OVERFLOW_AT_STEP"), *on = getenv("GW_TRAIN_OVERFLOW_RANK");
+  const int poisoned = poison && atoll(poison) == t->st.step + 1 && (!on || atoi(on) == t->rank);
   if (t->resident) {
     float *g = gw_exec_grads(t->e), inf = INFINITY;
     if ((poisoned && t->ops->upload(t->b, g + np / 2, &inf, sizeof inf) != GW_SUCCESS) ||
@@ -346,16 +347,14 @@ static int overflowed(struct trainer *t, int *over) {
   return 0;
 }
 
-/* Loss scaling, after the allreduce (every rank sees the same sums, so the same
- * verdict): gradients that are all finite are divided by the scale (exact for
- * a power of two; a resident run's optimizer does it, given *inv) and the step
- * goes on; any inf or NaN skips the optimizer step, counts it, and with
- * --loss-scale dynamic halves the scale, which doubles again after 2000 steps
- * without overflow (PyTorch's GradScaler's rule).  Returns 1 when the step is
- * to be skipped, -1 on an error. */
-static int unscale(struct trainer *t, float *inv) {
-  int over = 0;
-  if (overflowed(t, &over) != 0) return -1;
+/* Loss scaling, after the allreduce: gradients that are all finite are
+ * divided by the scale (exact for a power of two; a resident run's optimizer
+ * does it, given *inv) and the step goes on; any inf or NaN (`over`, agreed by
+ * every rank) skips the optimizer step, counts it, and with --loss-scale
+ * dynamic halves the scale, which doubles again after 2000 steps without
+ * overflow (PyTorch's GradScaler's rule).  Returns 1 when the step is to be
+ * skipped. */
+static int unscale(struct trainer *t, int over, float *inv) {
   if (over) {
     t->st.overflows++, t->st.good_steps = 0;
     double was = t->st.loss_scale;
@@ -379,9 +378,7 @@ static int unscale(struct trainer *t, float *inv) {
  * infinity (or NaN) there would reach every weight through the optimizer;
  * the step is skipped and counted as an overflow instead, and said.  1 when
  * skipped, -1 on an error. */
-static int wire_overflowed(struct trainer *t) {
-  int over = 0;
-  if (overflowed(t, &over) != 0) return -1;
+static int wire_overflowed(struct trainer *t, int over) {
   if (!over) return 0;
   t->st.overflows++;
   log_text(&t->log, "step %lld: the gradients overflowed on the float16 wire (a gradient or a sum beyond 65504); step "
@@ -462,12 +459,20 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   if (copies && gw_exec_download_stats(t->e) != GW_SUCCESS) return train_fail(t, "backward", gw_model_last_error());
   double t_bwd = now();
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
-  double t_comm = now(), lr = lr_at(t, t->st.step), lsum = loss;
-  if (train_allreduce_d(t, &lsum, 1, "averaging the loss") != 0) return -1;
+  double t_comm = now(), lr = lr_at(t, t->st.step);
+  /* Whether the reduced gradients overflowed rides with the loss's sum: every
+   * rank holds the same sums, but the skip (and the scale, the step count)
+   * must agree even if one rank's ever differed, or the replicas part. */
+  const int checks = t->st.loss_scale || (o->grad_wire == GW_FLOAT16 && t->bk);
+  int over = 0;
+  if (checks && overflowed(t, &over) != 0) return -1;
+  double sums[2] = {loss, over};
+  if (train_allreduce_d(t, sums, 2, "averaging the loss") != 0) return -1;
+  const double lsum = sums[0];
+  over = sums[1] > 0;
   r->loss_scale = t->st.loss_scale;
   float inv = 1.0f;
-  int skip = t->st.loss_scale ? unscale(t, &inv) : o->grad_wire == GW_FLOAT16 && t->bk ? wire_overflowed(t) : 0;
-  if (skip < 0) return -1;
+  int skip = t->st.loss_scale ? unscale(t, over, &inv) : checks ? wire_overflowed(t, over) : 0;
   r->overflows = t->st.overflows;
   if (!skip && optimizer_step(t, lr, inv) != 0) return -1;
   double t_end = now();
