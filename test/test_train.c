@@ -495,6 +495,7 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--grad-wire", "int8", NULL}, "--grad-wire 'int8'");
   refused((const char *const[]){"--steps", "2", "--amp", "fp16", NULL}, "--amp fp16 needs --backend cudnn");
   refused((const char *const[]){"--steps", "2", "--loss-scale", "huge", NULL}, "--loss-scale");
+  refused((const char *const[]){"--steps", "2", "--loss-scale", "0.5", NULL}, "of at least 1");
   refused((const char *const[]){"--steps", "2", "--loss-scale-init", "1024", NULL}, "needs --loss-scale dynamic");
   refused((const char *const[]){"--steps", "2", "--backend", "tpu", NULL}, "--backend 'tpu'");
   refused((const char *const[]){"--steps", "2", "--layout", "nchwc", NULL}, "--layout 'nchwc' is not nchw or nhwc");

@@ -358,7 +358,9 @@ static int unscale(struct trainer *t, int over, float *inv) {
   if (over) {
     t->st.overflows++, t->st.good_steps = 0;
     double was = t->st.loss_scale;
-    if (t->o->loss_scale_dynamic && t->st.loss_scale > 1e-30) t->st.loss_scale *= 0.5;
+    /* Not below 1: the check is on the scaled gradients, and unscaling by a
+     * factor above 1 could overflow after it (GradScaler checks after). */
+    if (t->o->loss_scale_dynamic && t->st.loss_scale >= 2) t->st.loss_scale *= 0.5;
     log_text(&t->log, "step %lld: the gradients overflowed at loss scale %g; step skipped (%lld so far), scale now %g",
              (long long)t->st.step + 1, was, (long long)t->st.overflows, t->st.loss_scale);
     return 1;

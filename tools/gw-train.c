@@ -62,8 +62,9 @@ static void usage(FILE *f) {
           "                           only; turns on --loss-scale dynamic unless given), weights, gradients,\n"
           "                           optimizer and BN statistics in float32 (default off)\n"
           "  --loss-scale off|dynamic|S  scale the loss's gradient by S (dynamic: start at --loss-scale-init,\n"
-          "                           default 65536, halve when the gradients overflow, double after 2000 steps\n"
-          "                           without); a step whose gradients overflowed is skipped and counted\n"
+          "                           default 65536, halve when the gradients overflow (not below 1), double\n"
+          "                           after 2000 steps without); S at least 1; a step whose gradients\n"
+          "                           overflowed is skipped and counted\n"
           "  --loss-scale-init S      the dynamic scale's start\n"
           "  --host-step              cudnn: keep the master weights on the host (gradients copied down bucket by\n"
           "                           bucket, the optimizer on the CPU, weights up each step) instead of on the\n"
@@ -278,10 +279,12 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
     else if (!strcmp(arg, "dynamic")) o->loss_scale_dynamic = 1, o->loss_scale = 65536; /* or --loss-scale-init */
     else {
       o->loss_scale_dynamic = 0;
-      return parse_double("--loss-scale (off, dynamic or a number)", arg, 1e-30, 3.4e38, &o->loss_scale);
+      /* At least 1: the overflow check looks at the scaled gradients, and
+       * dividing by a scale below 1 could overflow after it passed. */
+      return parse_double("--loss-scale (off, dynamic or a number of at least 1)", arg, 1, 3.4e38, &o->loss_scale);
     }
     return 0;
-  case O_LSINIT: return parse_double("--loss-scale-init", arg, 1e-30, 3.4e38, &o->loss_scale_init);
+  case O_LSINIT: return parse_double("--loss-scale-init (at least 1)", arg, 1, 3.4e38, &o->loss_scale_init);
   case O_CKDIR: o->checkpoint_dir = arg; return 0;
   case O_CKEVERY: return parse_long("--checkpoint-every", arg, 1, LONG_MAX / 2, &o->checkpoint_every);
   case O_CKKEEP: o->keep_given = 1; return parse_int("--keep-checkpoints", arg, 1, 1000, &o->keep_checkpoints);
