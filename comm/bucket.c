@@ -313,45 +313,13 @@ static void reset(struct gw_bucketer *b) {
  * have started them and wait in their allreduces (or would pair them with
  * this rank's next step's: other gradients summed in silently).  So the
  * communicator fails here, and its peers are told now, with msg, as they are
- * of any failure; nothing is in flight on it from this bucketer any more.
- * (Operations of the caller's own still running: the notice goes with them.) */
-static bool tell_if_idle(struct gw_comm *c, gw_result_t code, struct gw_errctx *err) {
-  /* The notice goes over the connections as a blocking call's chunks do: only
-   * with nothing queued and no other thread's call inline (enqueue.c submit). */
-  if (atomic_load(&c->pending) != 0 || atomic_exchange(&c->inline_busy, true)) return false;
-  const bool idle = atomic_load(&c->pending) == 0;
-  if (idle && !atomic_load(&c->failed)) {
-    struct gw_opdesc d = {.seq = atomic_load(&c->next_seq), .root = -1, .coll = GW_COLL_ABORT};
-    gw__comm_fail(c, &d, code, err);
-  }
-  atomic_store_explicit(&c->inline_busy, false, memory_order_release);
-  return idle;
-}
-
+ * of any failure (gw__comm_fail_caller: also beside another thread's call). */
 static void fail_comm_for_step(struct gw_bucketer *b, gw_result_t code, const char *msg) {
   struct gw_comm *c = b->comm;
   if (atomic_load(&c->aborted)) return; /* the caller's abort tells the peers, at the next call or destroy */
   struct gw_errctx err;
   gw__err(&err, code, "%s", msg);
-  if (tell_if_idle(c, code, &err)) return;
-  /* Another call is on the connections: an abort stops it at its next wait,
-   * and it tells the peers this reason (not "gw_comm_abort", which the caller
-   * never called).  One already past its last wait ends without telling
-   * anyone: then the notice goes from here once the connections are free (a
-   * queued call tells them as it starts; the others stop at once). */
-  pthread_mutex_lock(&c->err_mu);
-  snprintf(c->abort_reason, sizeof c->abort_reason, "%s", err.msg);
-  pthread_mutex_unlock(&c->err_mu);
-  gw_comm_abort(c);
-  struct gw_waiter w;
-  const double t = atomic_load(&c->timeout_s);
-  gw__waiter_init(&w, t > 0 && t < 10.0 ? t : 10.0);
-  while (!atomic_load(&c->failed) && !tell_if_idle(c, code, &err))
-    if (!gw__waiter_pause(&w)) {
-      GW_WARN(GW_SUB_INIT, "rank %d: the other ranks may not hear of this failure until this communicator is "
-              "destroyed: another thread's call still holds its connections", c->rank);
-      return;
-    }
+  gw__comm_fail_caller(c, code, &err);
 }
 
 /* Waits for every started bucket; returns the first failure. */

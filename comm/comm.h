@@ -274,6 +274,9 @@ void gw__pick_base(const struct gw_comm *comm, int algo, int proto, struct gw_pi
 /* Marks the communicator failed by res (the first failure wins: it is kept
  * and told to the peers). */
 void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result_t res, struct gw_errctx *err);
+/* The same from a caller's thread outside any operation, with other calls
+ * possibly on the connections (enqueue.c). */
+void gw__comm_fail_caller(struct gw_comm *comm, gw_result_t res, struct gw_errctx *err);
 /* Why the communicator was aborted: the library's own reason, or gw_comm_abort. */
 void gw__abort_reason(struct gw_comm *comm, char *out, size_t len);
 

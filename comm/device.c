@@ -369,8 +369,7 @@ gw_result_t gw__dev_throttle(struct gw_comm *comm) {
       gw__err(&err, GW_ERR_TIMEOUT, "rank %d: a stream-ordered call waited %.0f s (GW_TIMEOUT) for the operation %d "
               "calls before it to finish on its stream (its flag is reused)", comm->rank,
               atomic_load(&comm->timeout_s), GW_DEV_TICKETS);
-      struct gw_opdesc desc = {.seq = atomic_load(&comm->next_seq), .root = -1, .coll = GW_COLL_ABORT};
-      gw__comm_fail(comm, &desc, GW_ERR_TIMEOUT, &err);
+      gw__comm_fail_caller(comm, GW_ERR_TIMEOUT, &err); /* the progress thread may be on the connections */
       return GW_ERR_TIMEOUT;
     }
   }

@@ -86,6 +86,46 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
   gw__comm_set_error(comm, err->msg);
 }
 
+/* A failure noticed on a caller's thread, outside any operation (a step the
+ * bucketer left incomplete, a stream-ordered call that waited too long):
+ * the communicator fails and the peers are told, with err.  The notice goes
+ * over the connections as a blocking call's chunks do: only with nothing
+ * queued and no other thread's call inline (submit's claim; two threads
+ * posting at once claimed one slot twice).  Else an abort stops the call on
+ * them at its next wait, and that call sends this reason (not "aborted by
+ * gw_comm_abort", never called); one already past its last wait ends without
+ * telling anyone, so the notice goes from here once the connections are free
+ * (bounded by the timeout, at most 10 s; a queued call tells them as it
+ * starts). */
+static bool tell_if_idle(struct gw_comm *c, gw_result_t code, struct gw_errctx *err) {
+  if (atomic_load(&c->pending) != 0 || atomic_exchange(&c->inline_busy, true)) return false;
+  const bool idle = atomic_load(&c->pending) == 0;
+  if (idle && !atomic_load(&c->failed)) {
+    struct gw_opdesc d = {.seq = atomic_load(&c->next_seq), .root = -1, .coll = GW_COLL_ABORT};
+    gw__comm_fail(c, &d, code, err);
+  }
+  atomic_store_explicit(&c->inline_busy, false, memory_order_release);
+  return idle;
+}
+
+void gw__comm_fail_caller(struct gw_comm *c, gw_result_t code, struct gw_errctx *err) {
+  if (tell_if_idle(c, code, err)) return;
+  pthread_mutex_lock(&c->err_mu);
+  snprintf(c->abort_reason, sizeof c->abort_reason, "%s", err->msg);
+  pthread_mutex_unlock(&c->err_mu);
+  gw_comm_abort(c);
+  struct gw_waiter w;
+  const double t = atomic_load(&c->timeout_s);
+  gw__waiter_init(&w, t > 0 && t < 10.0 ? t : 10.0);
+  while (!atomic_load(&c->failed) && !tell_if_idle(c, code, err))
+    if (!gw__waiter_pause(&w)) {
+      GW_WARN(GW_SUB_INIT, "rank %d: the other ranks may not hear of this failure until this communicator is "
+              "destroyed: another thread's call still holds its connections", c->rank);
+      break;
+    }
+  gw__comm_set_error(c, err->msg);
+}
+
 /* ---- progress thread ------------------------------------------------------------- */
 static void *progress_main(void *arg) {
   struct gw_comm *comm = arg;

@@ -359,11 +359,21 @@ gw_result_t gw__flush(struct prims *p) {
  * deadline, for the notice of the rank that names the straggler. */
 static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 ? comm->timeout_s : 10; }
 
+/* A slot got (r): room for the chunk, or an internal error (a chunk larger
+ * than the transport's slot would overrun it; every caller sizes chunks to
+ * fit, so this only guards against a change that breaks that). */
+static gw_result_t slot_got(struct prims *p, struct gw_conn *c, gw_result_t r, size_t bytes, size_t cap) {
+  if (r != GW_SUCCESS) return conn_error(p, c, r);
+  if (bytes <= cap) return GW_SUCCESS;
+  return gw__err(p->err, GW_ERR_INTERNAL, "rank %d: a chunk of %zu bytes for rank %d, whose %s slots hold %zu",
+                 p->comm->rank, bytes, c->peer, c->tp->name, cap);
+}
+
 gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot) {
   size_t cap;
   c->proto = p->op->proto;
   gw_result_t r = c->tp->send_slot(c, bytes, slot, &cap);
-  if (r != GW_INPROGRESS) return r == GW_SUCCESS ? r : conn_error(p, c, r);
+  if (r != GW_INPROGRESS) return slot_got(p, c, r, bytes, cap);
   struct gw_waiter w;
   double since = 0; /* the first waiter's start, once the grace below restarted it */
   gw__waiter_init(&w, p->comm->timeout_s);
@@ -382,7 +392,7 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
     since = w.start;
     gw__waiter_init(&w, grace_s(p->comm));
   }
-  return r == GW_SUCCESS ? r : conn_error(p, c, r);
+  return slot_got(p, c, r, bytes, cap);
 }
 
 /* Counts c's posts in this operation (gw__wait_slot's proof that the peer took some). */

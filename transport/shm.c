@@ -42,6 +42,9 @@ struct shm_line {
   uint8_t inline_data[GW_SHM_INLINE];
 };
 _Static_assert(sizeof(struct shm_line) == GW_CACHELINE, "a slot header is one cache line");
+/* Counters shared between processes: a lock-based fallback (libatomic's
+ * per-process locks) would tear them across processes. */
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
 
 /* One line of an LL chunk: data, then the flag (1 + the chunk's position). */
 #define LL_LINE_DATA 56
