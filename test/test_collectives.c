@@ -282,6 +282,7 @@ static size_t buf_bytes(int n) {
 
 static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
+  const bool forced_ll = getenv("GW_PROTO") && !strcmp(getenv("GW_PROTO"), "ll");
   const size_t bytes = buf_bytes(n);
   uint8_t *send = big_alloc(comm, bytes), *recv = big_alloc(comm, bytes);
   for (size_t ci = 0; ci < NCOUNTS; ci++)
@@ -293,6 +294,13 @@ static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
         memset(recv, 0xa5, count * es);
         CALL(gw_allreduce(send, recv, count, dt, op, comm, NULL), "gw_allreduce");
         if (same_everywhere(comm, rank, n, recv, count * es, "allreduce", dt, op, count)) return 1;
+        if (forced_ll && n > 1 && count > 0) { /* the LL runs: LL did run (a fallback to simple only warns) */
+          char path[64];
+          if (gw_comm_last_path(comm, path, sizeof path) != GW_SUCCESS || !strstr(path, "/ll")) {
+            fprintf(stderr, "rank %d: GW_PROTO=ll, count %zu: %s ran\n", rank, count, path);
+            return 1;
+          }
+        }
         CHECK_RANGE(hi - lo, check_reduced(recv, lo + i, dt, op, n, lo + i, rank, "allreduce"));
         /* in place */
         memcpy(recv, send, count * es);
