@@ -80,4 +80,7 @@ pid_t gwrun_read_pid_file(const char *path);
  * message), runs the suite make_suite builds, and returns the exit status. */
 int gwrun_main(const char *prog, Suite *(*make_suite)(void));
 
+/* test_gwrun_output.c's cases, added to test_gwrun's test case. */
+void gwrun_add_output_tests(TCase *tc);
+
 #endif

@@ -1,5 +1,6 @@
 /* test_device.h - what test_device.c shares with test_device_streams.c (the
- * device suite's cases on several streams and hardware queues). */
+ * device suite's cases on several streams and hardware queues) and
+ * test_device_bucket.c (the bucketer case). */
 #ifndef GW_TEST_DEVICE_H
 #define GW_TEST_DEVICE_H
 
@@ -27,5 +28,9 @@ int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int3
 int device_setup_retry(int rank, int n, const char *master, void *arg);
 /* Adds the cases of test_device_streams.c to the suite. */
 void device_add_stream_cases(Suite *s);
+/* Adds test_device_bucket.c's "bucketer" case. */
+void device_add_bucketer_case(Suite *s);
+/* GW_TEST_NRANKS, or 2. */
+int nranks_env(void);
 
 #endif
