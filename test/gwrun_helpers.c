@@ -107,6 +107,12 @@ static void start_impl(struct run *r, int out_fd, const char *ctty, const char *
             }
             close(t);
         }
+        /* gw-run keeps a signal its caller ignored ignored; this process may
+         * have inherited ignores (a shell's background job ignores SIGINT
+         * and SIGQUIT; meson's runner resets only SIGINT, which it handles):
+         * the signal tests want gw-run's own handling. */
+        static const int sigs[] = {SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
         dup2(out_fd >= 0 ? out_fd : ofd, 1);
         dup2(efd, 2);
         close(ofd);
