@@ -142,8 +142,12 @@ static bool is_float(gw_dtype_t dt) {
  * one.  A test hook (GW_PERF_TEST_BF16_LIMIT=k): bfloat16 held integers only
  * up to k, so a few ranks stand for the rank counts where sums pass 256. */
 static double unit_roundoff(gw_dtype_t dt) {
-  const char *k = dt == GW_BFLOAT16 ? getenv("GW_PERF_TEST_BF16_LIMIT") : NULL;
-  if (k && atoi(k) > 0) return 1.0 / atoi(k);
+  static int bf16_limit = -1; /* read once: this runs per checked element */
+  if (bf16_limit < 0) {
+    const char *k = getenv("GW_PERF_TEST_BF16_LIMIT");
+    bf16_limit = k && atoi(k) > 0 ? atoi(k) : 0;
+  }
+  if (dt == GW_BFLOAT16 && bf16_limit) return 1.0 / bf16_limit;
   return dt == GW_FLOAT16 ? 0x1p-11 : dt == GW_BFLOAT16 ? 0x1p-8 : dt == GW_FLOAT32 ? 0x1p-24 : 0x1p-53;
 }
 
