@@ -24,6 +24,9 @@ refused "-b '0.5' is not a whole number of bytes" -b 0.5 -e 64
 refused "-b '1e-3' is not a whole number of bytes" -b 1e-3
 refused "-b ' 8' is not a size" -b ' 8'
 refused "-e '4X' is not a size" -e 4X
+refused "-i '0' must be at least one byte" -i 0
+refused "-f and -i both say how the size steps" -f 2 -i 1K
+refused "-b 8 -e 1048576 -i 8 makes more than 10000 steps" -b 8 -e 1M -i 8
 refused "--csv and --json name the same file" --csv "$tmp/a" --json "$tmp/a"
 refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"
 refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv /nonexistent-gw/c.csv
@@ -50,6 +53,9 @@ grep -qF "GW_TUNING_FILE $tmp: is a directory" <<<"$out" || { echo "FAIL: no war
 # -f 1.01 from 8 to 24 bytes of float32: 8, 12, 16, 20 and 24 bytes, once each
 sizes=$("$run" -n 2 "$perf" -b 8 -e 24 -f 1.01 -d float32 -o sum -n 1 -w 0 2>&1 | awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {printf "%s ", $2}')
 [ "$sizes" = "8 12 16 20 24 " ] || { echo "FAIL: -f 1.01 measured sizes '$sizes', expected '8 12 16 20 24 '"; fail=1; }
+# -i steps linearly: 1 KiB to 4 KiB by 1 KiB
+sizes=$("$run" -n 2 "$perf" -b 1K -e 4K -i 1K -n 1 -w 0 2>&1 | awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {printf "%s ", $2}')
+[ "$sizes" = "1024 2048 3072 4096 " ] || { echo "FAIL: -i 1K measured sizes '$sizes', expected '1024 2048 3072 4096 '"; fail=1; }
 # The check must catch a collective that writes nothing (GW_PERF_TEST_SKIP_CHECKED_RUN
 # leaves the checked run out): every size, out of place and in place, counts wrong
 # elements (in place, an allgather's other blocks and a broadcast's non-root

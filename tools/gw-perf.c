@@ -30,6 +30,7 @@ static const char *coll_names[] = {"allreduce", "allgather", "reduce_scatter", "
 struct opts {
   size_t min_bytes, max_bytes;
   double factor;
+  size_t step_bytes; /* -i: above 0, sizes step by this many bytes instead of by -f */
   int iters, warmup, check, coll, root, reg, device;
   int dtypes[GW_NUM_DTYPES], ndtypes;
   int ops[GW_NUM_OPS], nops;
@@ -58,6 +59,7 @@ static void usage(FILE *f) {
           "  -b, --minbytes SIZE   smallest size (default 8; K/M/G suffixes)\n"
           "  -e, --maxbytes SIZE   largest size (default 64M)\n"
           "  -f, --stepfactor F    multiply the size by F each step (default 2)\n"
+          "  -i, --stepbytes SIZE  add SIZE bytes each step instead (linear steps)\n"
           "  -n, --iters N         timed iterations per size (default 20)\n"
           "  -w, --warmup_iters N  untimed iterations per size (default 5)\n"
           "  -d, --datatype T      int8|uint8|int32|int64|float16|bfloat16|float32|float64|all (default float32)\n"
@@ -87,6 +89,12 @@ static size_t parse_size(const char *s, const char *what) {
     die("%s '%s' is not a size", what, s);
   if (v * mul != floor(v * mul)) die("%s '%s' is not a whole number of bytes", what, s);
   return (size_t)(v * mul);
+}
+
+/* The size after sz: times -f (at least a byte more), or plus -i's bytes. */
+static double next_size(const struct opts *o, double sz) {
+  if (o->step_bytes) return sz + (double)o->step_bytes;
+  return sz * o->factor < sz + 1 ? sz + 1 : sz * o->factor;
 }
 
 static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
@@ -515,7 +523,8 @@ int main(int argc, char **argv) {
   char given[32] = ""; /* the short options given, for those that do not apply */
   static const struct option longopts[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
-      {"stepfactor", required_argument, 0, 'f'}, {"iters", required_argument, 0, 'n'},
+      {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
+      {"iters", required_argument, 0, 'n'},
       {"warmup_iters", required_argument, 0, 'w'}, {"datatype", required_argument, 0, 'd'},
       {"op", required_argument, 0, 'o'}, {"check", required_argument, 0, 'c'},
       {"algo", required_argument, 0, 'a'}, {"collective", required_argument, 0, 'C'},
@@ -524,7 +533,7 @@ int main(int argc, char **argv) {
       {"tune", required_argument, 0, 3}, {"register", no_argument, 0, 'R'}, {"device", no_argument, 0, 'D'},
       {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:f:n:w:d:o:c:a:C:r:p:RDh", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:d:o:c:a:C:r:p:RDh", longopts, NULL)) != -1) {
     if (c > ' ' && c < 127 && !strchr(given, c) && strlen(given) + 1 < sizeof given) given[strlen(given)] = (char)c;
     switch (c) {
       case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
@@ -535,6 +544,10 @@ int main(int argc, char **argv) {
         if (*end || !(o.factor > 1.0)) die("-f '%s' must be a number greater than 1", optarg);
         break;
       }
+      case 'i':
+        o.step_bytes = parse_size(optarg, "-i");
+        if (!o.step_bytes) die("-i '%s' must be at least one byte", optarg);
+        break;
       case 'n': o.iters = parse_int_arg(optarg, 1, 1000000, "-n"); break;
       case 'w': o.warmup = parse_int_arg(optarg, 0, 1000000, "-w"); break;
       case 'c': o.check = parse_int_arg(optarg, 0, 1, "-c"); break;
@@ -593,10 +606,14 @@ int main(int argc, char **argv) {
     die("unexpected argument '%s'", argv[optind]);
   }
   if (o.min_bytes > o.max_bytes) die("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
-  { /* a factor just above 1 steps a byte at a time: millions of sizes would run for days */
+  if (strchr(given, 'f') && strchr(given, 'i')) die("-f and -i both say how the size steps: give one of them");
+  { /* a factor just above 1 (or a small -i) steps a byte at a time: millions of sizes would run for days */
     long nsizes = 0;
     for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes && nsizes <= MAX_SIZES; nsizes++)
-      sz = sz * o.factor < sz + 1 ? sz + 1 : sz * o.factor;
+      sz = next_size(&o, sz);
+    if (nsizes > MAX_SIZES && o.step_bytes)
+      die("-b %zu -e %zu -i %zu makes more than %d steps: take a larger -i or a narrower range", o.min_bytes,
+          o.max_bytes, o.step_bytes, MAX_SIZES);
     if (nsizes > MAX_SIZES)
       die("-b %zu -e %zu -f %g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
           o.max_bytes, o.factor, MAX_SIZES);
@@ -688,8 +705,7 @@ int main(int argc, char **argv) {
   bool first_json = true;
   for (int di = 0; di < o.ndtypes; di++)
     for (int oi = 0; oi < o.nops; oi++)
-      for (double sz = (double)o.min_bytes, last = -1; sz <= (double)o.max_bytes;
-           sz = sz * o.factor < sz + 1 ? sz + 1 : sz * o.factor) {
+      for (double sz = (double)o.min_bytes, last = -1; sz <= (double)o.max_bytes; sz = next_size(&o, sz)) {
         gw_dtype_t dt = (gw_dtype_t)o.dtypes[di];
         /* sizes round down to whole elements (per rank for allgather and
          * reduce_scatter): each measured size once */
