@@ -871,7 +871,7 @@ int main(void) {
   tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);
   /* The cases that mostly sleep (a straggler kept alive past the others'
-   * deadlines, a rank waiting for an abort): 25 s of waiting, run by meson as
+   * deadlines, a rank waiting for an abort): about 50 s, run by meson as
    * a test of its own (CK_RUN_CASE=waits) beside the others. */
   TCase *waits = tcase_create("waits");
   tcase_set_timeout(waits, 300);

@@ -8,10 +8,12 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -136,7 +138,8 @@ enum straggle {
 
 struct straggler_case {
   enum straggle how;
-  int late; /* the rank that never calls */
+  int late;             /* the rank that never calls */
+  _Atomic int *reported; /* shared by the ranks' processes: how many have reported */
 };
 
 static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
@@ -145,7 +148,9 @@ static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
   const enum straggle how = sc->how;
   const int late = sc->late;
   if (rank == late) {
-    sleep(9);
+    /* Alive until every other rank has reported (at most 9 s; the others
+     * must report within 6), so none can rely on its connections closing. */
+    for (double t0 = test_now(); atomic_load(sc->reported) < n - 1 && test_now() - t0 < 9;) usleep(20 * 1000);
     return 0;
   }
   gw_comm_set_timeout(comm, 1.2);
@@ -185,6 +190,7 @@ static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
   const char *w = strstr(gw_comm_last_error(comm), "waited ");
   EXPECT(!hedged || !has(gw_comm_last_error(comm), "has not sent it") || (w && atof(w + 7) > 1.3),
          "the wait it reports: %s", gw_comm_last_error(comm));
+  atomic_fetch_add(sc->reported, 1);
   return 0;
 }
 
@@ -192,8 +198,12 @@ static void straggler_at(const char *transport, enum straggle how, int nranks, i
   setenv("GW_TRANSPORT", transport, 1);
   if (how == STRAGGLE_TREE || how == STRAGGLE_TREE0 || how == STRAGGLE_TREE_CHUNKS) setenv("GW_ALGO", "tree", 1);
   if (how == STRAGGLE_EXCHANGE) setenv("GW_ALGO", "exchange", 1);
-  struct straggler_case sc = {how, late};
+  _Atomic int *reported = mmap(NULL, sizeof *reported, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(reported, MAP_FAILED);
+  atomic_init(reported, 0);
+  struct straggler_case sc = {how, late, reported};
   ck_assert_int_eq(run_ranks(nranks, body_straggler4, &sc, 60), 0);
+  munmap(reported, sizeof *reported);
   unsetenv("GW_TRANSPORT");
   unsetenv("GW_ALGO");
 }
