@@ -196,6 +196,10 @@ static gw_result_t cudnn_create_on(struct gw_backend *b, const struct gw_backend
   long lim = mb && *mb ? strtol(mb, NULL, 10) : 1024;
   if (lim < 0) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: GW_CUDNN_WORKSPACE_MB=%s is negative", mb);
   b->ws_limit = (size_t)lim << 20;
+  const char *det = getenv("GW_CUDNN_DETERMINISTIC");
+  if (det && *det && strcmp(det, "0") && strcmp(det, "1"))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: GW_CUDNN_DETERMINISTIC=%s: 0 or 1", det);
+  b->first_that_runs = det && !strcmp(det, "1");
   CU_TRY(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), "create");
   CU_TRY(cudaEventCreate(&b->ev0), "create");
   CU_TRY(cudaEventCreate(&b->ev1), "create");
@@ -203,7 +207,10 @@ static gw_result_t cudnn_create_on(struct gw_backend *b, const struct gw_backend
   DNN_TRY(cudnnSetStream(b->dnn, b->stream), "create");
   BLAS_TRY(cublasCreate(&b->blas), "create");
   BLAS_TRY(cublasSetStream(b->blas, b->stream), "create");
-  /* The fc layer's precision is each cublasGemmEx's compute type (fc_fwd). */
+  /* The fc layer's precision is each cublasGemmEx's compute type (fc_fwd), and
+   * float32 throughout: cuBLAS's default math lets a split-K GEMM with 16-bit
+   * output add its partial sums in 16 bits. */
+  BLAS_TRY(cublasSetMathMode(b->blas, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), "create");
   return GW_SUCCESS;
 }
 

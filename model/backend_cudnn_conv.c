@@ -156,7 +156,7 @@ static void drain_dnn_error(void) {
  *   NUM_TF32    anything else (cfg->tf32 on fp32 tensors). */
 enum { NUM_STRICT, NUM_FP32, NUM_TC, NUM_TC_ANY, NUM_TF32 };
 
-static int notes_allowed(cudnnBackendDescriptor_t cfg, int level) {
+static int notes_allowed(cudnnBackendDescriptor_t cfg, int level, int deterministic) {
   cudnnBackendDescriptor_t engine = NULL;
   int ok = 0;
   int64_t got = 0;
@@ -170,6 +170,9 @@ static int notes_allowed(cudnnBackendDescriptor_t cfg, int level) {
     for (int64_t i = 0; i < got; i++)
       switch (notes[i]) {
       case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS: ok = 0; break;
+      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
+        if (deterministic) ok = 0;
+        break;
       case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
         if (level < NUM_TC) ok = 0;
         break;
@@ -305,15 +308,17 @@ static float time_plan(struct gw_backend *b, cudnnBackendDescriptor_t plan, void
   return best;
 }
 
-/* Times the candidates of cfg[0..ncfg) allowed at `level`; the fastest that ran
- * goes to *best (NULL if none ran).  Counts what it saw for the message. */
+/* Times the candidates of cfg[0..ncfg) allowed at `level` (deterministic ones
+ * only when asked); the fastest that ran goes to *best (NULL if none ran), or
+ * with b->first_that_runs the first in the heuristics' order that ran.  Counts
+ * what it saw for the message. */
 static void choose_among(struct gw_op *op, const char *what, cudnnBackendDescriptor_t *cfg, int ncfg, int level,
-                         void *const ptr[3], cudnnBackendDescriptor_t *best, int64_t *best_ws, int *allowed,
-                         int *ran) {
+                         int deterministic, void *const ptr[3], cudnnBackendDescriptor_t *best, int64_t *best_ws,
+                         int *allowed, int *ran) {
   struct gw_backend *b = op->b;
   float best_ms = -1;
-  for (int i = 0; i < ncfg && *ran < MAX_TIMED; i++) {
-    if (!notes_allowed(cfg[i], level)) continue;
+  for (int i = 0; i < ncfg && *ran < MAX_TIMED && !(b->first_that_runs && *best); i++) {
+    if (!notes_allowed(cfg[i], level, deterministic)) continue;
     (*allowed)++;
     cudnnBackendDescriptor_t plan = NULL;
     struct attr a[] = {{CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &b->dnn},
@@ -378,7 +383,12 @@ static gw_result_t conv_choose(struct gw_op *op, int dir, int ai, void *const pt
   int lv[2];
   const char *numerics;
   int nlv = levels_of(b, lv, &numerics);
-  for (int i = 0; i < nlv && !best; i++) choose_among(op, what, cfg, ncfg, lv[i], ptr, &best, &best_ws, &allowed, &ran);
+  /* Deterministic engines at every level first (a resumed run must repeat the
+   * same bits: engines with atomics do not), then any allowed one, unless
+   * GW_CUDNN_DETERMINISTIC forbids it. */
+  for (int det = 1; det >= b->first_that_runs && !best; det--)
+    for (int i = 0; i < nlv && !best; i++)
+      choose_among(op, what, cfg, ncfg, lv[i], det, ptr, &best, &best_ws, &allowed, &ran);
   destroy_all(cfg, ncfg);
   cudnnBackendDestroyDescriptor(graph);
   if (!best)
@@ -404,7 +414,7 @@ gw_result_t gw__cudnn_conv_check(struct gw_op *op) {
     int lv[2];
     const char *numerics;
     int last = lv[levels_of(op->b, lv, &numerics) - 1];
-    for (int i = 0; i < n && !ok; i++) ok = notes_allowed(cfg[i], last);
+    for (int i = 0; i < n && !ok; i++) ok = notes_allowed(cfg[i], last, op->b->first_that_runs);
     destroy_all(cfg, n);
     cudnnBackendDestroyDescriptor(graph);
     if (!ok)
@@ -434,9 +444,12 @@ static gw_result_t conv_run(struct gw_op *op, int dir, const void *p0, const voi
    * 4-byte plans may leave out the fastest engines: those go through an
    * aligned copy too, made at the first such call. */
   const int copy = op->b->act != GW_FLOAT32 || perm || (uintptr_t)ptr[1] % 16;
-  if (copy && !op->wt) {
-    CU_TRY(cudaMalloc(&op->wt, nw * sizeof(float)), dir_name[dir]);
-    CU_TRY(cudaMalloc(&op->dwt, nw * sizeof(float)), dir_name[dir]);
+  if (copy && !op->wt) { /* both or neither: a failed second left a NULL gradient copy behind */
+    void *wt = NULL, *dwt = NULL;
+    cudaError_t e = cudaMalloc(&wt, nw * sizeof(float));
+    if (e == cudaSuccess && (e = cudaMalloc(&dwt, nw * sizeof(float))) != cudaSuccess) cudaFree(wt);
+    if (e != cudaSuccess) return gw__cudnn_cuda_fail(e, dir_name[dir], "cudaMalloc (the weight copies)");
+    op->wt = wt, op->dwt = dwt;
   }
   if (copy && dir != DIR_BWD_FILTER) {
     if (perm) KERNEL_TRY(gw__cu_cast_perm(d->k, d->c, rs, 1, op->b->act, op->wt, GW_FLOAT32, ptr[1], STREAM(op)),

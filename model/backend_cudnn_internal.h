@@ -20,6 +20,7 @@
 struct gw_backend {
   int device;
   int tf32;
+  int first_that_runs; /* GW_CUDNN_DETERMINISTIC: deterministic engines only, the first of the heuristics' order that runs */
   int act;             /* the activations' gw_dtype_t: GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16 */
   int nhwc;            /* activations channels-last (backend.h GW_LAYOUT_NHWC) */
   cudaStream_t stream;
