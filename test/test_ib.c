@@ -55,6 +55,27 @@ START_TEST(test_transport_choice) {
 }
 END_TEST
 
+/* Ports that cannot carry our RC queue pairs are not offered as ib (forcing
+ * ib then fails at init, clearly, as without any port): a device of another
+ * transport type (AWS's EFA: no RC queue pairs; connections between machines
+ * failed instead of going over tcp), a GW_IB_GID_INDEX naming an empty entry
+ * of the GID table (the port was used with the zero GID: every connection
+ * failed after the retry timeout), on RoCE and on InfiniBand. */
+START_TEST(test_unusable_ports) {
+  static const char *const cases[][2] = {{"efa", NULL}, {"eth", "9"}, {"ib", "5"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    emulate();
+    setenv("GW_IB_EMULATE_LINK", cases[i][0], 1);
+    if (cases[i][1]) setenv("GW_IB_GID_INDEX", cases[i][1], 1);
+    ck_assert_int_eq(run_ranks_raw(2, raw_no_port, NULL, 60), 0);
+    unsetenv("GW_IB_GID_INDEX");
+  }
+  unsetenv("GW_IB_EMULATE_LINK");
+  unsetenv("GW_IB_EMULATE");
+  unsetenv("GW_TRANSPORT");
+}
+END_TEST
+
 /* An allreduce over the connections: the sum of rank + 1 over n ranks. */
 static int sum_of_ranks(gw_comm_t comm, int rank, int n) {
   int64_t v = rank + 1;
@@ -509,6 +530,7 @@ int main(void) {
   TCase *tc = tcase_create("ib");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_transport_choice);
+  tcase_add_test(tc, test_unusable_ports);
   tcase_add_test(tc, test_several_devices);
   tcase_add_test(tc, test_credits_one_qp);
   tcase_add_test(tc, test_credits_three_qps);

@@ -60,6 +60,18 @@ static int pick_gid(struct ibv_context *ctx, uint8_t port, int tbl_len, const ch
 static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
   const struct gw_ibv *v = gw__ib_devs.v;
   const char *name = v->get_device_name(dev);
+  /* RC queue pairs with RDMA WRITE WITH IMM brought up by hand: InfiniBand
+   * and RoCE HCAs.  An iWARP device cannot, and AWS's EFA (no transport type,
+   * SRD queue pairs) makes no RC queue pair at all: offered as ib, such a
+   * device failed every connection between machines instead of leaving them
+   * to tcp. */
+  if (dev->transport_type != IBV_TRANSPORT_IB) {
+    if (named || gw__log_level >= GW_LOG_INFO)
+      gw__log(named ? GW_LOG_WARN : GW_LOG_INFO, GW_SUB_INIT, __FILE__, __LINE__,
+              "ib: %s is not an InfiniBand or RoCE device (transport type %d, node type %s): not used", name,
+              (int)dev->transport_type, ibv_node_type_str(dev->node_type));
+    return false;
+  }
   struct ibv_context *ctx = v->open_device(dev);
   if (!ctx) {
     GW_WARN(GW_SUB_INIT, "ib: cannot open %s: %s", name, strerror(errno));
@@ -78,8 +90,17 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
       if (named) GW_WARN(GW_SUB_INIT, "ib: %s port %u is not active (state %d); not used", name, p, pt->attr.state);
       continue;
     }
+    if (pt->attr.link_layer != IBV_LINK_LAYER_ETHERNET && pt->attr.link_layer != IBV_LINK_LAYER_INFINIBAND) {
+      if (named) GW_WARN(GW_SUB_INIT, "ib: %s port %u has link layer %d, neither InfiniBand nor Ethernet: not used", name,
+                         p, (int)pt->attr.link_layer);
+      continue;
+    }
     pt->eth = pt->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
     int64_t gi = gw__env_int("GW_IB_GID_INDEX", -1);
+    if (!pt->eth && gi < 0 && pt->attr.lid == 0) { /* routed by LID: without one nothing reaches it */
+      GW_WARN(GW_SUB_INIT, "ib: %s port %u has no LID (is a subnet manager running?): not used", name, p);
+      continue;
+    }
     pt->gid_type = pt->eth ? -1 : IBV_GID_TYPE_IB;
     if (gi < 0 && pt->eth) {
       gi = pick_gid(ctx, p, pt->attr.gid_tbl_len, name, &pt->gid, &pt->gid_type);
@@ -90,8 +111,15 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
       }
     } else if (gi >= 0) {
       struct ibv_gid_entry e;
+      static const uint8_t zero[16];
       if (v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
         GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %d (GW_IB_GID_INDEX): not used", name, p, (int)gi);
+        continue;
+      }
+      /* libibverbs reads an empty entry as the zero GID: no peer reaches it */
+      if (!memcmp(pt->gid.raw, zero, sizeof zero)) {
+        GW_WARN(GW_SUB_INIT, "ib: %s port %u: GID index %d (GW_IB_GID_INDEX) is empty (no address on the interface for "
+                "it?): not used", name, p, (int)gi);
         continue;
       }
       if (pt->eth && v->query_gid_ex(ctx, p, (uint32_t)gi, &e, 0) == 0) pt->gid_type = (int)e.gid_type;

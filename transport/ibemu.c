@@ -7,9 +7,10 @@
  * flushes once a QP is in the error state.
  *
  * What is emulated: devices gwemu0.. (GW_IB_EMULATE_DEVICES, default 1) with one
- * active port (GW_IB_EMULATE_LINK=ib|eth), GID tables as a ConnectX has them
- * (InfiniBand: 2 entries; RoCE: link-local and IPv4-mapped, each as v1 and v2,
- * or v1 only with GW_IB_EMULATE_ROCE=v1; QPs whose GIDs differ in type do not
+ * active port (GW_IB_EMULATE_LINK=ib|eth; efa: a device of no transport
+ * type that makes no RC queue pairs, as AWS's EFA), GID tables as a ConnectX
+ * has them (16 entries, the rest empty: InfiniBand: 2 used; RoCE: link-local
+ * and IPv4-mapped, each as v1 and v2, or v1 only with GW_IB_EMULATE_ROCE=v1; QPs whose GIDs differ in type do not
  * reach each other, as on a wire), PDs, MRs (GW_IB_EMULATE_MEMLOCK
  * simulates `ulimit -l`), CQs, RC QPs, RDMA WRITE and RDMA WRITE WITH IMM, async
  * events (non-blocking: a responder's QP_ACCESS_ERR; PORT_ERR / PORT_ACTIVE and
@@ -79,14 +80,15 @@ static struct ibv_context *emu_open_device(struct ibv_device *dev) {
   if (gw__ibemu_device_index(dev) < 0) return fail(EINVAL);
   int rerr = gw__ibemu_registry_open();
   if (rerr) return fail(rerr);
-  const char *link = gw__env_str("GW_IB_EMULATE_LINK", "ib");
-  if (strcmp(link, "ib") && strcmp(link, "eth")) {
-    GW_WARN(GW_SUB_INIT, "ibemu: GW_IB_EMULATE_LINK=%s is not ib or eth", link);
+  const char *link = gw__ibemu_link();
+  if (strcmp(link, "ib") && strcmp(link, "eth") && strcmp(link, "efa")) {
+    GW_WARN(GW_SUB_INIT, "ibemu: GW_IB_EMULATE_LINK=%s is not ib, eth or efa", link);
     return fail(EINVAL);
   }
   struct emu_ctx *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->eth = !strcmp(link, "eth");
+  c->efa = !strcmp(link, "efa");
   const char *roce = gw__env_str("GW_IB_EMULATE_ROCE", "v1v2");
   if (strcmp(roce, "v1") && strcmp(roce, "v1v2")) {
     GW_WARN(GW_SUB_INIT, "ibemu: GW_IB_EMULATE_ROCE=%s is not v1 or v1v2", roce);
@@ -304,7 +306,7 @@ static int emu_destroy_cq(struct ibv_cq *cq) {
 static struct ibv_qp *emu_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
   struct emu_ctx *c = CTX(pd->context);
   struct ibv_qp_cap *cap = &a->cap;
-  if (a->qp_type != IBV_QPT_RC || a->srq) return fail(EOPNOTSUPP);
+  if (a->qp_type != IBV_QPT_RC || a->srq || c->efa) return fail(EOPNOTSUPP);
   if (!a->send_cq || !a->recv_cq || a->send_cq->context != pd->context || a->recv_cq->context != pd->context ||
       cap->max_send_wr < 1 || cap->max_send_wr > MAX_WR || cap->max_recv_wr > MAX_WR ||
       cap->max_send_sge > MAX_SGE || cap->max_recv_sge > MAX_SGE || cap->max_inline_data > MAX_INLINE)

@@ -13,6 +13,7 @@
 
 #define EMU_MAGIC 0x756d656269777767ull /* "gwibemu" */
 #define MAX_DEVICES 16
+#define GID_TABLE 16 /* a port's GID table entries (a ConnectX has 256, most of them empty) */
 #define MAX_QP 1024    /* QP slots per context; qp_num = generation << 10 | slot */
 #define MAX_MR 4096    /* MR slots per context; key = generation << 12 | slot */
 #define RQ_SLOTS 4096  /* inbound completion slots per QP (>= MAX_WR) */
@@ -127,6 +128,7 @@ struct emu_ctx {
   pthread_mutex_t lock;
   int memfd, eth;
   int roce_v2; /* RoCE: the GID table has v2 entries (GW_IB_EMULATE_ROCE) */
+  int efa;     /* GW_IB_EMULATE_LINK=efa: a device without RC queue pairs (AWS EFA's SRD) */
   int32_t pid;
   uint16_t lid;
   uint64_t nonce;
@@ -176,6 +178,7 @@ int gw__ibemu_get_async_event(struct ibv_context *ctx, struct ibv_async_event *e
 void gw__ibemu_ack_async_event(struct ibv_async_event *ev);
 /* GID index of c's table into gid; its IBV_GID_TYPE_*, or -1 past the table. */
 int gw__ibemu_gid_entry(const struct emu_ctx *c, int index, union ibv_gid *gid);
+const char *gw__ibemu_link(void); /* GW_IB_EMULATE_LINK: ib, eth or efa */
 /* Test hooks: the port goes down (up = 0: its QPs reach nobody and nobody
  * them, IBV_EVENT_PORT_ERR) or comes back (IBV_EVENT_PORT_ACTIVE); the device
  * fails (IBV_EVENT_DEVICE_FATAL, every QP in the error state, for good). */

@@ -21,15 +21,21 @@ static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
 
 static void devices_init(void) {
   for (int i = 0; i < MAX_DEVICES; i++) {
-    devices[i].node_type = IBV_NODE_CA;
-    devices[i].transport_type = IBV_TRANSPORT_IB;
     snprintf(devices[i].name, sizeof devices[i].name, "gwemu%d", i);
     snprintf(devices[i].dev_name, sizeof devices[i].dev_name, "uverbs-emu%d", i);
   }
 }
 
+const char *gw__ibemu_link(void) { return gw__env_str("GW_IB_EMULATE_LINK", "ib"); }
+
 struct ibv_device **gw__ibemu_get_device_list(int *num) {
   pthread_once(&devices_once, devices_init);
+  /* EFA lists itself with no node or transport type (rdma-core's efa provider) */
+  const bool efa = !strcmp(gw__ibemu_link(), "efa");
+  for (int i = 0; i < MAX_DEVICES; i++) {
+    devices[i].node_type = efa ? IBV_NODE_UNSPECIFIED : IBV_NODE_CA;
+    devices[i].transport_type = efa ? IBV_TRANSPORT_UNSPECIFIED : IBV_TRANSPORT_IB;
+  }
   int64_t n = gw__env_int("GW_IB_EMULATE_DEVICES", 1);
   n = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
   struct ibv_device **list = calloc((size_t)n + 1, sizeof *list);
@@ -64,24 +70,30 @@ int gw__ibemu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_por
   if (port != 1) return EINVAL;
   *a = (struct ibv_port_attr){
       .state = c->port_down || c->fatal ? IBV_PORT_DOWN : IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096,
-      .active_mtu = IBV_MTU_4096, .gid_tbl_len = c->roce_v2 ? 4 : 2,
-      .max_msg_sz = 1u << 31, .pkey_tbl_len = 1, .lid = c->eth ? 0 : c->lid, .sm_lid = c->eth ? 0 : 1,
+      .active_mtu = IBV_MTU_4096, .gid_tbl_len = GID_TABLE,
+      .max_msg_sz = 1u << 31, .pkey_tbl_len = 1, .lid = c->eth || c->efa ? 0 : c->lid, .sm_lid = c->eth || c->efa ? 0 : 1,
       .max_vl_num = 1, .active_width = 2, .active_speed = 32, .phys_state = c->port_down || c->fatal ? 3 : 5,
-      .link_layer = c->eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND};
+      .link_layer = c->eth ? IBV_LINK_LAYER_ETHERNET : c->efa ? IBV_LINK_LAYER_UNSPECIFIED : IBV_LINK_LAYER_INFINIBAND};
   return 0;
 }
 
 /* The GID table: InfiniBand and RoCE v1 only, index 0 link-local and 1
  * IPv4-mapped; RoCE with v2: 0 and 1 link-local (v1, v2), 2 and 3 IPv4-mapped
- * (v1, v2), as mlx5 lists them.  The type, or -1 past the table. */
+ * (v1, v2), as mlx5 lists them; the rest of its GID_TABLE entries empty.  The
+ * type; -1 for an empty entry (the GID zeroed), -2 past the table. */
 int gw__ibemu_gid_entry(const struct emu_ctx *c, int index, union ibv_gid *gid) {
-  if (index < 0 || index >= (c->roce_v2 ? 4 : 2)) return -1;
+  if (index < 0 || index >= GID_TABLE) return -2;
+  if (index >= (c->roce_v2 ? 4 : 2)) {
+    memset(gid, 0, sizeof *gid);
+    return -1;
+  }
   gw__ibemu_lid_gid(c->lid, c->roce_v2 ? index / 2 : index, gid);
   return !c->eth ? IBV_GID_TYPE_IB : c->roce_v2 && index % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
 }
 
+/* An empty entry reads as the zero GID (rdma-core keeps that for ibv_query_gid). */
 int gw__ibemu_query_gid(struct ibv_context *ibctx, uint8_t port, int index, union ibv_gid *gid) {
-  if (port != 1 || gw__ibemu_gid_entry(CTX(ibctx), index, gid) < 0) return EINVAL;
+  if (port != 1 || gw__ibemu_gid_entry(CTX(ibctx), index, gid) == -2) return EINVAL;
   return 0;
 }
 
@@ -89,7 +101,7 @@ int gw__ibemu_query_gid_ex(struct ibv_context *ibctx, uint32_t port, uint32_t in
                             uint32_t flags) {
   if (port != 1 || flags) return EINVAL;
   int type = gw__ibemu_gid_entry(CTX(ibctx), (int)GW_MIN(index, (uint32_t)INT32_MAX), &e->gid);
-  if (type < 0) return EINVAL;
+  if (type < 0) return type == -1 ? ENODATA : EINVAL;
   e->gid_index = index, e->port_num = port, e->gid_type = (uint32_t)type, e->ndev_ifindex = 0;
   return 0;
 }
