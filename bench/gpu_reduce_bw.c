@@ -238,7 +238,9 @@ static void check_small(void) {
   if (S.alt_diff)
     printf("note: this CPU's host table (%s) differs from the generic one on %ld elements (%ld NaN against NaN)\n",
            gw__reduce_simd_name(), S.alt_diff, S.alt_nan_only);
-  if (S.mismatches || S.guard_errors) failed = 1;
+  /* NaN against NaN passes: which NaN two NaN inputs give is the compiler's
+   * choice on the host (the TSan build's differs), any NaN is right */
+  if (S.mismatches > S.nan_only || S.guard_errors) failed = 1;
   for (int k = 0; k < 4; k++) {
     CK(cudaFree(S.dev[k]));
     free(S.host[k]);

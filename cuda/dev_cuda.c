@@ -20,13 +20,18 @@ _Static_assert(sizeof(cudaIpcMemHandle_t) <= GW_DEV_IPC_BYTES, "a cudaIpcMemHand
 
 static _Thread_local char cu_errbuf[256];
 
-/* Records a failed CUDA call and returns nonzero (the error code). */
+/* Records a failed CUDA call and returns nonzero (the error code).  A
+ * non-sticky error is cleared from the runtime's per-thread last error: the
+ * failures we fall back from (IPC, host registration) must not surface at the
+ * caller's next unrelated kernel check (PyTorch checks cudaGetLastError after
+ * every launch). */
 static int cu_fail(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int cu_fail(cudaError_t e, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   int len = vsnprintf(cu_errbuf, sizeof cu_errbuf, fmt, ap);
   va_end(ap);
+  if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError(); /* a sticky one stays */
   if (len >= 0 && (size_t)len < sizeof cu_errbuf)
     snprintf(cu_errbuf + len, sizeof cu_errbuf - (size_t)len, ": %s: %s", cudaGetErrorName(e),
              cudaGetErrorString(e));

@@ -35,9 +35,26 @@
 # script is inside 7 minutes (what is skipped for time is said), so the whole
 # stays under 8 on one H200.
 set -u
-OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+# What the build was made from: a hash of the sources (no git needed), kept in
+# build-gpu/.gw-source-stamp by a build here; a carried build-gpu/ runs only
+# with the stamp of the tree it arrives in.  A build-gpu/ made by hand
+# (meson compile -C build-gpu) is marked as current with --stamp.
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source_stamp() {
+  (cd "$ROOT" &&
+    find comm cuda model data tools bench test transport scripts meson.build meson_options.txt -type f \
+      \( -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cc' -o -name '*.py' -o -name '*.sh' \
+      -o -name meson.build -o -name meson_options.txt \) -print0 2>/dev/null | LC_ALL=C sort -z |
+    xargs -0 sha1sum | sha1sum | cut -c1-16)
+}
+if [ "${1:-}" = --stamp ]; then
+  d="$ROOT/build-gpu"
+  [ -d "$d" ] || { echo "gpu-check.sh --stamp: no build-gpu/ (meson setup build-gpu ... first)" >&2; exit 2; }
+  source_stamp >"$d/.gw-source-stamp" && echo "build-gpu/ marked as built from $(cat "$d/.gw-source-stamp")"
+  exit 0
+fi
+OUT=${1:?usage: scripts/gpu-check.sh OUTDIR | --stamp}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$ROOT" || exit 2
 exec > >(tee "$OUT/log.txt") 2>&1
 START=$(date +%s)
@@ -93,7 +110,8 @@ run_to() {
   timeout -k 5 "$l" "$@"
 }
 
-say "# gradwire GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+STAMP=$(source_stamp)
+say "# gradwire GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), sources $STAMP"
 say "gpu: $(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 say "nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null) | tail -1)"
 say "torch: $(timeout 60 python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
@@ -111,9 +129,10 @@ command -v nvcc >/dev/null || export PATH="$PATH:/usr/local/cuda/bin"
 # directory of links to them, given to meson as extra_cuda_libs and to the
 # loader as LD_LIBRARY_PATH.
 EXTRA_OPT=()
+TORCH_LDLP=${LD_LIBRARY_PATH:-} # PyTorch runs with the caller's: its wheels' cudart, not the toolkit's
 cuda_extra() {
   # outside the source tree (meson refuses include directories inside it)
-  local top lib f d x="${TMPDIR:-/tmp}/gradwire-cuda-extra" sp
+  local top lib f d x="${TMPDIR:-/tmp}/gradwire-cuda-extra" sp dirs=
   top=$(cd "$(dirname "$(command -v nvcc)")/.." 2>/dev/null && pwd)
   [ -e "$top/lib64/libcudnn.so" ] && [ -e "$top/lib64/libcublas.so" ] && return 0
   sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
@@ -126,12 +145,17 @@ cuda_extra() {
     d=$(dirname "$f")
     # only this library's own files (CUDA 13 wheels keep every CUDA library and
     # header in one nvidia/cu13 directory: cudart from there would shadow the
-    # toolkit's), and the library's directory after the loader's others
+    # toolkit's)
     ln -sf "$d"/lib"$lib"* "$x/lib/" && ln -sf "$f" "$x/lib/lib$lib.so"
     [ "$lib" = cublas ] && [ -e "$d/libcublasLt.so.13" ] && ln -sf "$d/libcublasLt.so.13" "$x/lib/libcublasLt.so"
     [ -d "$d/../include" ] && for h in "$d/../include/$lib"*.h; do [ -e "$h" ] && ln -sf "$h" "$x/include/"; done
-    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+    dirs="$dirs:$d"
   done
+  # The links first, then the toolkit's own libraries (the binaries' cudart:
+  # LD_LIBRARY_PATH goes before their RUNPATH, and the CUDA 13 wheels'
+  # directory holds a libcudart.so.13 too), the wheels' directories last (what
+  # cuDNN loads at run time that the links lack, nvrtc and the like).
+  [ -n "$dirs" ] && export LD_LIBRARY_PATH="$x/lib:$top/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}$dirs"
   EXTRA_OPT=(-Dextra_cuda_libs="$x")
   say "cuda extra: $(ls "$x/lib" | grep -E '^lib(cudnn|cublas)\.so$' | tr '\n' ' ')from $sp"
 }
@@ -143,7 +167,10 @@ runs_here() {
   # the cudnn backend's module, which the model's programs load when asked
   [ -e "$B/model/libgwcudnn.so" ] || return 1
   ! ldd "${bins[@]}" "$B/model/libgwcudnn.so" 2>&1 | grep -q "not found" || return 1
-  GW_DEV_EMULATE=1 CK_RUN_CASE=ipc timeout 60 "$B/test/test_device" >/dev/null 2>&1
+  # built from these sources (a stale carried build tested old code)
+  [ "$(cat "$B/.gw-source-stamp" 2>/dev/null)" = "$STAMP" ] || { say "build: the carried $B was built from other sources"; return 1; }
+  # a case that needs no IPC (pidfd_getfd, which a container may forbid)
+  GW_DEV_EMULATE=1 CK_RUN_CASE=misuse timeout 60 "$B/test/test_device" >/dev/null 2>&1
 }
 build_fail=0
 if runs_here; then
@@ -164,6 +191,7 @@ else
     build_fail=1 # the exit status says so, whatever runs after
     say "build: some targets FAILED after $(elapsed) s (see build.txt); running what was built"
   else
+    echo "$STAMP" >"$B/.gw-source-stamp"
     say "build: built $B in $(elapsed) s"
   fi
   if [ ! -x "$B/test/test_device" ] || [ ! -x "$B/tools/gw-run" ] || [ ! -x "$B/tools/gw-perf" ]; then
@@ -302,7 +330,7 @@ bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
   want "model-bench-torch-$1" || return 0
   budget 45 "model_bench_torch $2" || return 0
   # shellcheck disable=SC2086
-  run_to 100 python3 bench/model_bench_torch.py --device cuda $2 "${mb[@]}" >"$OUT/model-bench-torch-$1.txt" 2>&1
+  run_to 100 env LD_LIBRARY_PATH="$TORCH_LDLP" python3 bench/model_bench_torch.py --device cuda $2 "${mb[@]}" >"$OUT/model-bench-torch-$1.txt" 2>&1
   local rc=$?
   bench_rc $rc
   say "model_bench_torch ($2): exit $rc $(tail -1 "$OUT/model-bench-torch-$1.txt")"
