@@ -435,8 +435,7 @@ static gw_result_t set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   if (!b->wbuf) {
     void *w = NULL;
     int cur = -1, ok; /* on the gradients' device, whichever the calling thread uses */
-    if (is_dev && d->get_device(&cur) == 0 && cur != dev && dev >= 0) d->set_device(dev);
-    else cur = -1;
+    if (is_dev) (void)gw__dev_enter(dev, &cur);
     ok = is_dev ? d->alloc(&w, b->count * 2) == 0 : (w = malloc(b->count * 2)) != NULL;
     if (!ok)
       fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_set_wire: out of %s memory for %zu wire elements%s%s",

@@ -335,6 +335,9 @@ gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, do
  * there); returns what to give gw__dev_switch_back (-1: nothing changed). */
 int gw__dev_switch(struct gw_comm *comm);
 void gw__dev_switch_back(int prev);
+/* The calling thread onto `device` (a thread with no context yet stays there);
+ * *prev for gw__dev_switch_back; 0, or 1 / 2 when asking / switching failed. */
+int gw__dev_enter(int device, int *prev);
 
 /* Records msg as the communicator's last error. */
 void gw__comm_set_error(struct gw_comm *comm, const char *msg);

@@ -211,8 +211,8 @@ static gw_result_t kind_of(struct gw_comm *comm, const char *fn, const char *nam
   return GW_SUCCESS;
 }
 
-gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
-                          size_t recv_elems, struct gw_errctx *err) {
+static gw_result_t dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
+                             size_t recv_elems, struct gw_errctx *err) {
   op->stream = stream;
   op->ordered = false;
   op->device_mem = false;
@@ -238,6 +238,18 @@ gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op
   op->ordered = stream || op->device_mem;
   if (op->device_mem && comm->devring) op->desc.pad |= GW_DESC_DEVICE;
   return GW_SUCCESS;
+}
+
+/* The checks run on the communicator's device: asking CUDA about a pointer
+ * on a thread that never used a device makes device 0's context current
+ * there (a host-buffer call from a fresh thread cost half a GB on GPU 0). */
+gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
+                          size_t recv_elems, struct gw_errctx *err) {
+  int prev = -1;
+  (void)gw__dev_enter(comm->device, &prev); /* a failure shows in the checks or the operation */
+  gw_result_t r = dev_check(comm, fn, op, stream, send_elems, recv_elems, err);
+  gw__dev_switch_back(prev);
+  return r;
 }
 
 /* ---- pieces -------------------------------------------------------------------------------- */
@@ -409,19 +421,32 @@ static gw_result_t devstate_make(struct gw_comm *comm, struct gw_errctx *err) {
   return devstate_ready(comm, d, err);
 }
 
-/* The calling thread on the communicator's device for the calls in between
- * (a thread other than gw_comm_init's may be on another one); *prev = -1
- * when nothing changed. */
-static gw_result_t device_enter(struct gw_comm *comm, int *prev, struct gw_errctx *err) {
+/* The calling thread on `device` for the calls in between (a thread other
+ * than gw_comm_init's may be on another one); *prev: the device to go back
+ * to, -1 for none.  A thread with no device context yet (one that never used
+ * CUDA: it "is on" device 0) goes to `device` and stays there: going back
+ * would make a context on device 0 (half a GB of it per rank on an 8-GPU
+ * machine), and staying put when `device` is 0 left the thread without a
+ * context for the driver's stream memory operations.  0, or what failed:
+ * 1 asking, 2 switching. */
+int gw__dev_enter(int device, int *prev) {
   const struct gw_dev_ops *dv = gw__dev();
-  int cur = -1;
+  int cur = -1, in_use = 0;
   *prev = -1;
-  if (comm->device < 0) return GW_SUCCESS;
-  if (dv->get_device(&cur)) return gw__dev_fail(err, comm, "asking for the calling thread's device");
-  if (cur == comm->device) return GW_SUCCESS;
-  if (dv->set_device(comm->device)) return gw__dev_fail(err, comm, "switching the calling thread to the device");
-  *prev = cur;
-  return GW_SUCCESS;
+  if (!dv || device < 0) return 0;
+  if (dv->device_in_use(&in_use) || (in_use && dv->get_device(&cur))) return 1;
+  if (in_use && cur == device) return 0;
+  if (dv->set_device(device)) return 2;
+  if (in_use) *prev = cur;
+  return 0;
+}
+
+static gw_result_t device_enter(struct gw_comm *comm, int *prev, struct gw_errctx *err) {
+  switch (gw__dev_enter(comm->device, prev)) {
+    case 1: return gw__dev_fail(err, comm, "asking for the calling thread's device");
+    case 2: return gw__dev_fail(err, comm, "switching the calling thread to the device");
+    default: return GW_SUCCESS;
+  }
 }
 
 static void device_leave(int prev) {

@@ -16,7 +16,9 @@
  *     that frees while a stream waits for something that comes only after the
  *     free hangs here as it does on a GPU (with a note on stderr after 10 s).
  *   - Devices are numbers 0..N-1 chosen per thread with set_device; nothing
- *     else differs between them.
+ *     else differs between them.  ptr_kind on a thread that chose none makes
+ *     it use device 0, as CUDA runtime calls make device 0's primary context
+ *     current on such a thread.
  * What it cannot show: a kernel's speed, or the host touching device memory by
  * mistake (it is host memory here). */
 #include <errno.h>
@@ -139,6 +141,7 @@ static int emu_ptr_kind(const void *p, int *is_device, int *device) {
   *is_device = 0;
   *device = -1;
   if (p && reg_find(p, &r) && r.kind != R_HOST) *is_device = 1, *device = r.device;
+  dev_chosen = true; /* cudaPointerGetAttributes initializes the current device's context */
   return 0;
 }
 

@@ -362,6 +362,24 @@ static int expect_error(gw_result_t r, gw_result_t code, gw_comm_t comm, const c
   return 0;
 }
 
+struct fresh_arg {
+  gw_comm_t comm;
+  int destroy;        /* else a host-buffer allreduce of rank + 1 */
+  int in_use, device; /* the thread's device after it */
+  int32_t sum;
+};
+
+static void *on_fresh_thread(void *p) {
+  struct fresh_arg *a = p;
+  int rank = 0;
+  gw_comm_rank(a->comm, &rank);
+  a->sum = rank + 1;
+  if (a->destroy) gw_comm_destroy(a->comm);
+  else if (gw_allreduce(&a->sum, &a->sum, 1, GW_INT32, GW_SUM, a->comm, NULL) != GW_SUCCESS) a->sum = -1;
+  if (dv->device_in_use(&a->in_use) == 0 && a->in_use) dv->get_device(&a->device);
+  return NULL;
+}
+
 static int body_misuse(int rank, int n, const char *master, void *arg) {
   (void)arg;
   dv = gw__dev();
@@ -417,6 +435,13 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
   GWCHECK(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, s), comm);
   DCHECK(dv->stream_sync(s));
   EXPECT(v == n * (n - 1) / 2, "after misuse: %d", v);
+  /* A host-buffer call from such a thread likewise (its pointer checks). */
+  pthread_t t;
+  struct fresh_arg fa = {comm, 0, -1, -1, 0};
+  EXPECT(pthread_create(&t, NULL, on_fresh_thread, &fa) == 0 && pthread_join(t, NULL) == 0, "thread");
+  EXPECT(fa.sum == n * (n + 1) / 2, "rank %d: the fresh thread's allreduce gave %d", rank, (int)fa.sum);
+  EXPECT(fa.in_use == 0 || fa.device == dev, "rank %d: a host call on a communicator of device %d left the thread "
+         "on device %d (in use %d)", rank, dev, fa.device, fa.in_use);
   if (comm->devring) {
     /* On the device ring, device buffers on one rank and host buffers on the
      * other in the same call are a mismatch (the payload would be in the wrong
@@ -431,7 +456,13 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
     EXPECT(strstr(gw_comm_last_error(comm), "differ") && strstr(gw_comm_last_error(comm), "on device memory"),
            "message: %s", gw_comm_last_error(comm));
   }
-  gw_comm_destroy(comm);
+  /* Destroyed from a thread that never used a device (as a Python thread
+   * pool's): the communicator's device, rank 1's the last, must not make the
+   * thread current on device 0 (a context there: half a GB on a GPU). */
+  struct fresh_arg fd = {comm, 1, -1, -1, 0};
+  EXPECT(pthread_create(&t, NULL, on_fresh_thread, &fd) == 0 && pthread_join(t, NULL) == 0, "thread");
+  EXPECT(fd.in_use == 0 || fd.device == dev, "rank %d: destroying a communicator of device %d left the thread on "
+         "device %d (in use %d)", rank, dev, fd.device, fd.in_use);
 
   /* A communicator bound to no device refuses streams and device memory. */
   setenv("GW_DEVICE", "none", 1);
