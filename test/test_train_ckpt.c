@@ -555,12 +555,24 @@ START_TEST(test_resume_runs_pending_evaluation) {
   ck_assert_msg(strstr(r.out, "note: resuming with options other than the saved run's: lr 0.4 -> 0.2"),
                 "the changed --lr was not named:\n%s", r.out);
   gwrun_free(&r);
+  /* The save that marked the evaluation done kept the saved run's options
+   * (and loss scaler): nothing of this run had been trained with yet. */
+  char c8[600];
+  snprintf(c8, sizeof c8, "%s/ckpt-8.safetensors", dir);
+  struct gw_st_file *f = NULL;
+  ck_assert_msg(gw_st_open(&f, c8) == GW_SUCCESS, "%s", gw_model_last_error());
+  const char *opts = gw_st_metadata(f, "options");
+  ck_assert_msg(!gw_st_metadata(f, "eval_pending") && opts && strstr(opts, " lr=0.4 ") && !strstr(opts, "lr=0.2"),
+                "after the pending evaluation: eval_pending %s, options %s", gw_st_metadata(f, "eval_pending"),
+                opts ? opts : "(none)");
+  gw_st_free(f);
   /* Resumed again with no steps left: the evaluation was done, not again. */
   gwrun_start(&r, noenv, args);
   gwrun_wait(&r, 180);
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "ckpt-8.safetensors at step 8") && !strstr(r.out, "evaluation: top-1"),
                 "the second resume evaluated again:\n%s", r.out);
+  ck_assert_msg(strstr(r.out, "lr 0.4 -> 0.2"), "the second resume did not name the changed --lr:\n%s", r.out);
   gwrun_free(&r);
 }
 END_TEST

@@ -53,6 +53,10 @@ struct trainer {
   int64_t epochs;
   double peak_lr;
   struct ckpt_state st;
+  /* Rank 0, resumed with an evaluation pending: the state as the checkpoint
+   * had it (before this run's loss-scale rule and options replaced them), so
+   * the re-save that marks the evaluation done changes nothing else. */
+  struct ckpt_state *as_loaded;
   struct train_log log;
   char config[512];         /* the run as checkpoints name it (gw-train-setup.c) */
   char config_legacy[4608]; /* as they named it before: --data's text (up to PATH_MAX), not its samples */

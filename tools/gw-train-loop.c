@@ -77,12 +77,12 @@ int trainer_backend_from_host(struct trainer *t) {
 /* warn_only (the saves that only clear an evaluation's pending mark): a
  * failed write is said and the run goes on (the file it would have replaced
  * stays as it was, unless it failed after the rename). */
-static int save_checkpoint_as(struct trainer *t, int warn_only) {
+static int save_state_as(struct trainer *t, const struct ckpt_state *st, int warn_only) {
   char err[600];
   t->saved_step = t->st.step;
   if (!t->o->checkpoint_dir || t->rank != 0) return 0;
   if (host_from_backend(t, "checkpoint") != 0) return -1;
-  if (!ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, &t->st, t->config, err, sizeof err))
+  if (!ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, st, t->config, err, sizeof err))
     return 0;
   if (!warn_only) return train_fail(t, "checkpoint", err);
   log_text(&t->log, "warning: checkpoint: %s (the checkpoint of step %lld may still say the evaluation is pending: "
@@ -90,6 +90,7 @@ static int save_checkpoint_as(struct trainer *t, int warn_only) {
   return 0;
 }
 
+static int save_checkpoint_as(struct trainer *t, int warn_only) { return save_state_as(t, &t->st, warn_only); }
 static int save_checkpoint(struct trainer *t) { return save_checkpoint_as(t, 0); }
 
 static int share_state(struct trainer *t) {
@@ -175,6 +176,7 @@ int trainer_resume(struct trainer *t) {
     char saved_scale[40];
     const int saved_fixed = saved_word(t->st.options, "loss_scale", saved_scale, sizeof saved_scale) &&
                              strncmp(saved_scale, "dynamic:", 8) != 0;
+    if (r == 0 && t->st.eval_epoch && (t->as_loaded = malloc(sizeof *t->as_loaded))) *t->as_loaded = t->st;
     if (r == 0 && t->st.has_scaler &&
         (!t->o->loss_scale_dynamic || !t->st.loss_scale || !initial_scale || saved_fixed))
       t->st.loss_scale = initial_scale, t->st.good_steps = 0;
@@ -542,7 +544,12 @@ static int run_steps(struct trainer *t) {
     t->st.eval_epoch = 0;
     /* Done, the checkpoint says so: without it a later resume (one with no
      * steps left saves nothing else) would evaluate the epoch again. */
-    if (t->o->eval && (evaluate(t, e, t->st.eval_train_loss) != 0 || save_checkpoint_as(t, 1) != 0)) return -1;
+    /* The checkpoint as it was but for that (this run's loss-scale rule and
+     * options must not replace the saved ones before a step of this run). */
+    if (t->as_loaded) t->as_loaded->eval_epoch = 0;
+    if (t->o->eval && (evaluate(t, e, t->st.eval_train_loss) != 0 ||
+                       save_state_as(t, t->as_loaded ? t->as_loaded : &t->st, 1) != 0))
+      return -1;
   }
   while (t->st.step < t->total_steps) {
     if (have_next) k = next, k.ahead = 1, have_next = 0;
@@ -630,7 +637,7 @@ static void teardown(struct trainer *t) {
   gw_model_free(t->m);
   gw_dataset_free(t->train_ds);
   gw_dataset_free(t->val_ds);
-  free(t->pad_x), free(t->logits), free(t->pad_y);
+  free(t->pad_x), free(t->logits), free(t->pad_y), free(t->as_loaded);
   if (t->comm) gw_comm_destroy(t->comm);
 }
 
