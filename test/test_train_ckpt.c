@@ -315,6 +315,21 @@ START_TEST(test_checkpoint_dir_guarded) {
   ck_assert_msg(same_file(c2, copy), "the refused run changed ckpt-2");
   const char *resume[] = {"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1",
                           "--resume", NULL};
+  /* Another job is using the folder (its gw-train holds the folder's lock: a
+   * duplicate submission, or a restarted job's old rank 0 still alive): the
+   * resume is refused naming it, as its saves and pruning would delete the
+   * other's checkpoints. */
+  char lockf[600];
+  snprintf(lockf, sizeof lockf, "%s/.gw-train.lock", dir);
+  FILE *lf = fopen(lockf, "w");
+  ck_assert(lf && fputs("otherhost 4242\n", lf) >= 0 && fclose(lf) == 0);
+  int held = lock_live(lockf);
+  train(&r, noenv, "1", resume);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "is in use by another gw-train (otherhost 4242)"),
+                "a resume into a folder another gw-train uses: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  close(held);
+  ck_assert_msg(same_file(c2, copy), "the refused resume changed ckpt-2");
   train(&r, noenv, "1", resume);
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2"), "--resume did not continue:\n%s", r.out);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "gwrun_helpers.h"
 #include "resnet.h" /* gw_model_last_error */
@@ -131,6 +132,36 @@ START_TEST(test_tensor_dtype_damage_refused) {
   ck_assert_msg(strstr(r.out, "ckpt-8.safetensors refused: its tensor params is I32, not F32: the file is damaged") &&
                     strstr(r.out, "ckpt-4.safetensors at step 4"),
                 "expected ckpt-8 refused naming the dtypes, and the resume from ckpt-4:\n%s", r.out);
+  gwrun_free(&r);
+  /* A tensor no gw-train writes (outside the checksum, which still matches):
+   * refused as damage naming it, not taken. */
+  char c8[600];
+  path(c8, sizeof c8, "ckpt-dtype/ckpt-8.safetensors");
+  struct gw_st_file *f = NULL;
+  ck_assert_msg(gw_st_open(&f, c8) == GW_SUCCESS, "the resumed run's ckpt-8: %s", gw_model_last_error());
+  struct gw_st_tensor t[17];
+  const char *meta[34];
+  ck_assert(f->ntensors < 16 && f->nmeta < 16);
+  for (int i = 0; i < f->ntensors; i++) t[i] = f->tensors[i];
+  static const float extra[2] = {1, 2};
+  t[f->ntensors] = (struct gw_st_tensor){.name = "extra", .dtype = GW_FLOAT32, .ndim = 1, .shape = {2},
+                                         .nbytes = sizeof extra, .data = extra};
+  for (int i = 0; i < 2 * f->nmeta; i++) meta[i] = f->meta[i];
+  meta[2 * f->nmeta] = NULL;
+  ck_assert_msg(gw_st_write(c8, t, f->ntensors + 1, meta) == GW_SUCCESS, "%s", gw_model_last_error());
+  gw_st_free(f);
+  /* A FIFO with a save's temporary name: the stale-file cleaner's open of it
+   * waited for a writer forever (left alone now). */
+  char fifo[700];
+  snprintf(fifo, sizeof fifo, "%s.tmp.%08x.%d.0", c8, gw_st_host_tag(), 1);
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  train_from(&r, noenv, "1", eval, args);
+  expect_ok(&r);
+  ck_assert_msg(exists(fifo), "the FIFO was removed");
+  unlink(fifo);
+  ck_assert_msg(strstr(r.out, "ckpt-8.safetensors refused: it holds a tensor 'extra' that no gw-train writes") &&
+                    strstr(r.out, "ckpt-4.safetensors at step 4"),
+                "expected ckpt-8 refused naming the extra tensor, and the resume from ckpt-4:\n%s", r.out);
   gwrun_free(&r);
 }
 END_TEST

@@ -106,17 +106,30 @@ static long long step_of(const char *name, size_t len) {
   return strcmp(canon, buf) ? -1 : s;
 }
 
-/* Steps of the checkpoint files in dir, newest first. */
+/* Steps of the newest `max` checkpoint files in dir, newest first; -1 (errno
+ * set) when the directory cannot be read to its end: a listing cut short by
+ * an I/O error, or by its first `max` entries, could leave the newest out,
+ * and a resume would quietly redo steps. */
 static int list_steps(const char *dir, int64_t *steps, int max) {
   DIR *d = opendir(dir);
   if (!d) return -1;
   int n = 0;
   struct dirent *de;
-  while ((de = readdir(d)) && n < max) {
+  for (errno = 0; (de = readdir(d)); errno = 0) {
     const long long s = step_of(de->d_name, strlen(de->d_name));
-    if (s >= 0) steps[n++] = s;
+    if (s < 0) continue;
+    if (n < max) {
+      steps[n++] = s;
+      continue;
+    }
+    int lo = 0; /* full: the new one replaces the oldest kept, if older */
+    for (int i = 1; i < n; i++)
+      if (steps[i] < steps[lo]) lo = i;
+    if (s > steps[lo]) steps[lo] = s;
   }
+  const int rerr = errno;
   closedir(d);
+  if (rerr) return errno = rerr, -1;
   for (int i = 1; i < n; i++) /* insertion sort, descending: few files */
     for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
       int64_t x = steps[j];
@@ -142,12 +155,15 @@ static void prune(const char *dir, int keep) {
  * process's), and that file stayed forever, a whole checkpoint each.  On a
  * file system without locks: the pid is not running. */
 static bool temp_is_stale(const char *path, unsigned tag, long long pid) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  /* without blocking: a FIFO of that name would wait for a writer forever */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return false;
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
   struct stat st;
   bool stale;
-  if (tag != gw_st_host_tag()) /* another machine's (a shared directory): its locks may not show here */
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) /* not one a save made: left alone */
+    stale = false;
+  else if (tag != gw_st_host_tag()) /* another machine's (a shared directory): its locks may not show here */
     stale = fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 3600;
   else if (fcntl(fd, F_OFD_GETLK, &fl) == 0)
     stale = fl.l_type == F_UNLCK && fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10;
@@ -213,10 +229,62 @@ void weights_remove_stale_temps(const char *path) {
   free(real);
 }
 
+/* The folder's lock: rank 0 holds a write lock (an OFD lock, released when the
+ * process ends however it ends) on DIR/.gw-train.lock for its whole run, the
+ * file naming its host and pid.  Two runs saving into one folder (a
+ * duplicate submission, a restarted job's old rank 0 still alive behind a
+ * partition) would each keep its newest checkpoints and delete the other's.
+ * A file system without locks (some NFS mounts) goes on unguarded, with a
+ * note. */
+static int dir_lock_fd = -1;
+
+static int lock_dir(const char *dir, char *err, size_t errlen) {
+  char path[4096], who[200] = "";
+  snprintf(path, sizeof path, "%s/.gw-train.lock", dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "--checkpoint-dir %s: cannot use its lock file %s: %s", dir, path,
+             fd < 0 ? strerror(errno) : "not a regular file");
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+    if (errno != EAGAIN && errno != EACCES) {
+      fprintf(stderr, "gw-train: note: --checkpoint-dir %s: cannot lock %s (%s): nothing keeps another run from "
+              "saving into the same folder\n", dir, path, strerror(errno));
+      close(fd);
+      return 0;
+    }
+    const ssize_t k = pread(fd, who, sizeof who - 1, 0);
+    who[k > 0 ? k : 0] = 0;
+    who[strcspn(who, "\n")] = 0;
+    snprintf(err, errlen, "--checkpoint-dir %s is in use by another gw-train (%s): two runs saving into one "
+             "folder delete each other's checkpoints (stop the other, or use another folder)", dir,
+             who[0] ? who : "host and pid unknown");
+    close(fd);
+    return -1;
+  }
+  char host[128] = "?";
+  gethostname(host, sizeof host - 1);
+  const int len = snprintf(who, sizeof who, "%s %ld\n", host, (long)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)len, 0) != len) { /* the lock holds; only the name is lost */ }
+  if (dir_lock_fd >= 0) close(dir_lock_fd);
+  dir_lock_fd = fd;
+  return 0;
+}
+
 int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
   struct stat sb;
   if (!dir[0]) {
     snprintf(err, errlen, "--checkpoint-dir: an empty name");
+    return -1;
+  }
+  /* Its files' names (with a save's temporary suffix) must fit the 4096-byte
+   * paths they are made in: a cut name would be another file. */
+  if (strlen(dir) > 3900) {
+    snprintf(err, errlen, "--checkpoint-dir: the name is %zu bytes long, more than 3900", strlen(dir));
     return -1;
   }
   if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
@@ -231,6 +299,7 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
     snprintf(err, errlen, "--checkpoint-dir %s: cannot write into it: %s", dir, strerror(errno));
     return -1;
   }
+  if (lock_dir(dir, err, errlen) != 0) return -1;
   remove_stale_temps(dir, NULL);
   int64_t steps[MAX_CKPT];
   const int n = list_steps(dir, steps, MAX_CKPT);
@@ -319,6 +388,17 @@ static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
     snprintf(why, whylen, "its format version '%.20s' is not one gw-train writes (%s; version 1 files have no "
              "format_version): the file is damaged", version, CKPT_VERSION);
     return -1;
+  }
+  /* A tensor no gw-train writes is outside the checksum: damage (a name's
+   * bytes) or a foreign file. */
+  for (int i = 0; i < f->ntensors; i++) {
+    int known = 0;
+    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) known |= !strcmp(f->tensors[i].name, order[k]);
+    if (!known) {
+      snprintf(why, whylen, "it holds a tensor '%.40s' that no gw-train writes: the file is damaged",
+               f->tensors[i].name);
+      return -1;
+    }
   }
   /* A damaged key would otherwise go unnoticed: "format_version" misspelt
    * reads as version 1, whose checksum leaves the metadata out. */
