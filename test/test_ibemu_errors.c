@@ -256,6 +256,25 @@ START_TEST(test_unreachable) {
   ck_assert_double_ge(now() - t0, span);
   ck_assert_int_eq(qp2->state, IBV_QPS_ERR);
   ck_assert_int_eq(V->destroy_qp(qp2), 0);
+  /* The right QP, but a first packet sequence number other than the one it
+   * expects (its RTR's rq_psn, 0 here): retried, then RETRY_EXC_ERR. */
+  struct ibv_qp *qp3 = ep_qp(&e, 8, 1, 0);
+  ck_assert_int_eq(to_init(qp3), 0);
+  ck_assert_int_eq(to_rtr(qp3, &peer, &mine), 0);
+  struct ibv_qp_attr rts = {.qp_state = IBV_QPS_RTS, .timeout = mine.timeout, .retry_cnt = mine.retry_cnt,
+                            .rnr_retry = mine.rnr_retry, .sq_psn = 0x123456, .max_rd_atomic = 1};
+  ck_assert_int_eq(V->modify_qp(qp3, &rts, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), 0);
+  ck_assert_int_eq(post_write(qp3, 1, &sge, 1, peer.addr, peer.rkey, 0, 0, 0), 0);
+  expect_status(&e, 1, IBV_WC_RETRY_EXC_ERR);
+  ck_assert_int_eq(V->destroy_qp(qp3), 0);
+  rts.sq_psn = 1u << 24; /* not 24 bits */
+  qp3 = ep_qp(&e, 8, 1, 0);
+  ck_assert_int_eq(to_init(qp3), 0);
+  ck_assert_int_eq(to_rtr(qp3, &peer, &mine), 0);
+  ck_assert_int_eq(V->modify_qp(qp3, &rts, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), EINVAL);
+  ck_assert_int_eq(V->destroy_qp(qp3), 0);
   /* The responder killed: RETRY_EXC_ERR after the computed time, not before. */
   ck_assert_int_eq(post_write(qp, 2, &sge, 1, peer.addr, peer.rkey, 1, 5, IBV_SEND_SIGNALED), 0);
   expect_status(&e, 2, IBV_WC_SUCCESS);

@@ -440,6 +440,8 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
     return 0;
   if ((mask & IBV_QP_PATH_MTU) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096)) return 0;
   if ((mask & IBV_QP_DEST_QPN) && a->dest_qp_num > 0xffffff) return 0;
+  if ((mask & IBV_QP_RQ_PSN) && a->rq_psn > 0xffffff) return 0;
+  if ((mask & IBV_QP_SQ_PSN) && a->sq_psn > 0xffffff) return 0;
   if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31) return 0;
   if ((mask & IBV_QP_TIMEOUT) && a->timeout > 31) return 0;
   if ((mask & IBV_QP_RETRY_CNT) && a->retry_cnt > 7) return 0;
@@ -460,6 +462,8 @@ static void attrs_apply(struct emu_qp *q, const struct ibv_qp_attr *a, int mask)
                                                          : IBV_GID_TYPE_IB);
   }
   if (mask & IBV_QP_DEST_QPN) q->dest_qpn = a->dest_qp_num;
+  if (mask & IBV_QP_RQ_PSN) atomic_store(&q->sh->rq_psn, a->rq_psn);
+  if (mask & IBV_QP_SQ_PSN) q->sq_psn = a->sq_psn;
   if (mask & IBV_QP_MIN_RNR_TIMER) atomic_store(&q->sh->min_rnr_timer, a->min_rnr_timer);
   if (mask & IBV_QP_TIMEOUT) q->timeout = a->timeout;
   if (mask & IBV_QP_RETRY_CNT) q->retry_cnt = a->retry_cnt;
@@ -652,6 +656,10 @@ static int sq_exec_one(struct emu_qp *q, struct swr *w, double now) {
     return unreachable(q, w, now); /* a link down at either end */
   if (q->ctx->eth && atomic_load(&rq->gid_type) != atomic_load(&q->sh->gid_type))
     return unreachable(q, w, now); /* RoCE v1 and v2 frames: neither end takes the other's */
+  /* Packet sequence numbers that do not line up: the responder NAKs (or drops,
+   * outside its window) every packet, and the requester retries to its end.
+   * (Packets count from both first numbers alike, so the first ones decide.) */
+  if (atomic_load(&rq->rq_psn) != q->sq_psn) return unreachable(q, w, now);
   /* A zero-length write checks no R_Key (IB spec), so it may carry rkey 0. */
   if (w->len > 0 && (!(atomic_load(&rq->access) & IBV_ACCESS_REMOTE_WRITE) ||
                      !mr_check(rs, w->rkey, atomic_load(&rq->pd), w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE))) {

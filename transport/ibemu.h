@@ -47,7 +47,7 @@ struct seg_qp {
   _Atomic uint32_t state, pd, access, min_rnr_timer;
   _Atomic uint32_t gid_type; /* RoCE: the type of the GID its address vector sends from */
   _Atomic uint32_t access_err; /* a requester's write was refused here (IBV_EVENT_QP_ACCESS_ERR) */
-  _Atomic uint32_t pad[1];
+  _Atomic uint32_t rq_psn; /* the first packet sequence number its receive side expects (RTR) */
   _Atomic uint64_t posted;  /* receives posted by the owner, ever (release) */
   _Atomic uint64_t claimed; /* receives taken by senders, ever; RQ_CLOSED when closed */
   uint64_t pad2[4];
@@ -106,6 +106,7 @@ struct emu_qp {
   uint32_t dest_qpn;
   uint64_t dest_nonce; /* the context the QP reached first: a later owner of its LID is not it */
   uint8_t timeout, retry_cnt, rnr_retry;
+  uint32_t sq_psn; /* its first packet's sequence number (RTS) */
   struct swr *sq;
   struct ibv_sge *sge; /* max_send_sge per SQ entry */
   uint8_t *inl;        /* max_inline_data per SQ entry */
