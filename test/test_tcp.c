@@ -69,6 +69,24 @@ START_TEST(test_socket_waits) {
 }
 END_TEST
 
+/* Whose failure a socket error is: this rank's own (memory, buffers,
+ * descriptors, its network down or without a route: a send's ENOBUFS was
+ * reported as the peer's failure) or the peer's (reset, refused, timed out,
+ * closed with no errno). */
+START_TEST(test_socket_errors_attributed) {
+  static const int own[] = {ENOBUFS, ENOMEM, EMFILE, ENFILE, ENETDOWN, ENETUNREACH};
+  static const int peer[] = {ECONNRESET, EPIPE, ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, ECONNABORTED, 0};
+  const char *hint;
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+    ck_assert_msg(gw__sock_errno_kind(own[i], &hint) == GW_ERR_SYSTEM && strstr(hint, "this "), "%s: %s",
+                  strerror(own[i]), hint);
+  }
+  for (size_t i = 0; i < sizeof peer / sizeof peer[0]; i++)
+    ck_assert_msg(gw__sock_errno_kind(peer[i], &hint) == GW_ERR_REMOTE && !*hint, "%s", strerror(peer[i]));
+  ck_assert(strstr((gw__sock_errno_kind(EMFILE, &hint), hint), "ulimit -n"));
+}
+END_TEST
+
 START_TEST(test_transport_choice) {
   unsetenv("GW_TRANSPORT");
   ck_assert_int_eq(run_ranks(3, body_uses_transport, "shm", 60), 0);
@@ -389,6 +407,7 @@ int main(void) {
   Suite *s = suite_create("tcp");
   TCase *tc = tcase_create("tcp");
   tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_socket_errors_attributed);
   tcase_add_test(tc, test_socket_waits);
   tcase_add_test(tc, test_transport_choice);
   tcase_add_test(tc, test_corrupt_frame_reported);

@@ -174,9 +174,10 @@ int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadlin
 
 gw_result_t gw__sock_accept_error(const struct gw_conn *c, const char *what, struct gw_errctx *err) {
   int e = errno;
+  const char *hint;
+  (void)gw__sock_errno_kind(e, &hint);
   return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot accept rank %d's (%s) %s: %s%s", c->self, c->peer, c->peer_host,
-                 what, strerror(e),
-                 e == EMFILE || e == ENFILE ? " (out of file descriptors: raise `ulimit -n`)" : "");
+                 what, strerror(e), hint);
 }
 
 void gw__sock_tune(int fd) {
@@ -220,4 +221,17 @@ gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *ms
            c->is_send ? "to" : "from", c->peer, c->peer_host, where, what);
   *failed = code;
   return code;
+}
+
+gw_result_t gw__sock_errno_kind(int e, const char **hint) {
+  *hint = "";
+  switch (e) {
+    case EMFILE:
+    case ENFILE: *hint = " (this rank is out of file descriptors: raise `ulimit -n`)"; return GW_ERR_SYSTEM;
+    case ENOBUFS:
+    case ENOMEM: *hint = " (this rank's machine is out of memory or socket buffers)"; return GW_ERR_SYSTEM;
+    case ENETDOWN:
+    case ENETUNREACH: *hint = " (this machine's network is down or has no route there)"; return GW_ERR_SYSTEM;
+    default: return GW_ERR_REMOTE; /* reset, refused, timed out, host unreachable, closed (no errno) */
+  }
 }

@@ -53,6 +53,12 @@ bool gw__sock_io_deadline(int fd, void *buf, size_t len, bool sending, double de
  * keepalive after GW_SOCKET_KEEPALIVE seconds of silence (default 10; 3 probes 2 s
  * apart), so a peer whose machine vanished turns into a socket error. */
 void gw__sock_tune(int fd);
+/* Whose failure a socket call's errno says it is: GW_ERR_SYSTEM for this
+ * rank's own (out of memory, socket buffers or descriptors, its network down
+ * or without a route there), else GW_ERR_REMOTE (the peer or the path to it:
+ * reset, refused, timed out, host unreachable); *hint: words to add for this
+ * rank's own, or "". */
+gw_result_t gw__sock_errno_kind(int e, const char **hint);
 
 /* A connection's first failure, for the transport to report from its data-path
  * calls: formats "rank S: <transport> connection to|from rank P (host)<where>:

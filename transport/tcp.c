@@ -201,10 +201,10 @@ static gw_result_t tcp_send_connect(struct gw_conn *c, const struct gw_conn_para
     t->ss[s].fd = fd;
     if (fd < 0) { /* out of descriptors or memory is this rank's failure, not the peer's */
       const int e = errno;
-      const bool local = e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
-      res = gw__err(err, local ? GW_ERR_SYSTEM : GW_ERR_REMOTE, "rank %d: cannot connect to rank %d (%s) at %s: %s%s",
-                    c->self, c->peer, c->peer_host, where, strerror(e),
-                    e == EMFILE || e == ENFILE ? " (out of file descriptors: raise `ulimit -n`)" : "");
+      const char *hint;
+      const gw_result_t kind = gw__sock_errno_kind(e, &hint);
+      res = gw__err(err, kind, "rank %d: cannot connect to rank %d (%s) at %s: %s%s", c->self, c->peer, c->peer_host, where,
+                    strerror(e), hint);
       goto fail;
     }
     gw__sock_tune(fd);
@@ -258,6 +258,16 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
 /* ---- data path: sender --------------------------------------------------------- */
 #define fail(c, t, code, ...) gw__conn_fail((c), &(t)->failed, (t)->failmsg, "", (code), __VA_ARGS__)
 
+/* A send or receive that failed: the peer's failure (a reset: did it exit?) or
+ * this rank's own (memory, its network), as errno says. */
+static gw_result_t io_fail(struct gw_conn *c, struct tcp_conn *t, const char *what, int e) {
+  const char *hint;
+  const gw_result_t kind = gw__sock_errno_kind(e, &hint);
+  if (kind == GW_ERR_REMOTE)
+    return fail(c, t, kind, "%s failed: %s (did rank %d exit, or its machine go away?)", what, strerror(e), c->peer);
+  return fail(c, t, kind, "%s failed: %s%s", what, strerror(e), hint);
+}
+
 static uint64_t min_stream_pos(const struct tcp_conn *t) {
   uint64_t m = UINT64_MAX;
   for (uint32_t s = 0; s < t->nstreams; s++) m = GW_MIN(m, t->ss[s].next_pos);
@@ -298,7 +308,7 @@ static gw_result_t pump_send(struct gw_conn *c, struct tcp_conn *t) {
           pending = true;
           break;
         }
-        return fail(c, t, GW_ERR_REMOTE, "send failed: %s (did rank %d exit?)", strerror(errno), c->peer);
+        return io_fail(c, t, "send", errno);
       }
       st->done += (size_t)w;
       if (st->done < total) {
@@ -383,7 +393,7 @@ static gw_result_t fill(struct gw_conn *c, struct tcp_conn *t, struct tcp_rstrea
     return GW_INPROGRESS;
   }
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return GW_INPROGRESS;
-  return fail(c, t, GW_ERR_REMOTE, "receive failed: %s", strerror(errno));
+  return io_fail(c, t, "receive", errno);
 }
 
 static void slot_take_hdr(struct tcp_conn *t, struct tcp_rslot *sl, const struct tcp_frame *f) {
@@ -437,7 +447,7 @@ static gw_result_t pump_recv(struct gw_conn *c, struct tcp_conn *t) {
           if (n == 0) return fail(c, t, GW_ERR_REMOTE, "closed by the peer in the middle of a frame (did rank %d exit?)", c->peer);
           if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-            return fail(c, t, GW_ERR_REMOTE, "receive failed: %s", strerror(errno));
+            return io_fail(c, t, "receive", errno);
           }
           rs->got += (size_t)n;
         } else {
