@@ -469,6 +469,55 @@ static int raw_roce_versions(int rank, int n, const char *master, void *arg) {
 START_TEST(test_roce_versions_differ) { ck_assert_int_eq(run_ranks_raw(2, raw_roce_versions, NULL, 60), 0); }
 END_TEST
 
+/* Partitions.  A P_Key table whose index 0 is the default partition's limited
+ * key (0x7fff, as on Azure's SR-IOV InfiniBand): the QPs join the first
+ * full-member key (index 1), and the job runs (index 0, taken before, left
+ * two limited members that never reach each other).  GW_IB_PKEY=0 forces the
+ * limited key on both: init fails at once naming it (not after the retry
+ * timeout); two different partitions likewise; an index with no key leaves
+ * no port. */
+static int body_pkey_full(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  const struct ib_port *pt = &gw__ib_devs.ports[0];
+  EXPECT(pt->pkey_index == 1 && pt->pkey == 0xffff, "rank %d: P_Key 0x%04x at index %d, expected 0xffff at 1", rank,
+         pt->pkey, pt->pkey_index);
+  return sum_of_ranks(comm, rank, n);
+}
+
+static int raw_pkeys_apart(int rank, int n, const char *master, void *arg) {
+  const char *want = arg;
+  emulate();
+  setenv("GW_IB_EMULATE_PKEYS", "7fff,ffff", 1);
+  if (strstr(want, "limited")) setenv("GW_IB_PKEY", "0", 1);
+  else if (rank == 1) setenv("GW_IB_EMULATE_PKEYS", "8001", 1);
+  gw_comm_t comm;
+  double t0 = gw__now();
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  const char *msg = gw_comm_last_error(NULL);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(msg, want) && strstr(msg, "GW_IB_PKEY"), "rank %d: init returned %s: %s",
+         rank, gw_strerror(r), msg);
+  EXPECT(gw__now() - t0 < 5, "rank %d took %.1f s to fail", rank, gw__now() - t0);
+  return 0;
+}
+
+START_TEST(test_partitions) {
+  emulate();
+  setenv("GW_IB_EMULATE_PKEYS", "7fff,ffff", 1);
+  ck_assert_int_eq(run_ranks(2, body_pkey_full, NULL, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_pkeys_apart, "both limited members", 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_pkeys_apart, "different partitions never meet", 60), 0);
+  emulate();
+  setenv("GW_IB_EMULATE_PKEYS", "7fff,ffff", 1);
+  setenv("GW_IB_PKEY", "5", 1);
+  ck_assert_int_eq(run_ranks_raw(2, raw_no_port, NULL, 60), 0);
+  unsetenv("GW_IB_PKEY");
+  unsetenv("GW_IB_EMULATE_PKEYS");
+  unsetenv("GW_IB_EMULATE");
+  unsetenv("GW_TRANSPORT");
+}
+END_TEST
+
 /* The HCA's async events: rank 1's port goes down (its writes and rank 0's
  * reach nobody; with GW_IB_TIMEOUT=8 the retries end after ~8 ms) or its
  * device fails (its QPs flushed).  Both ranks fail within seconds, rank 1
@@ -543,6 +592,7 @@ int main(void) {
   tcase_add_test(tc, test_slot_settings_differ);
   tcase_add_test(tc, test_roce_gid_choice);
   tcase_add_test(tc, test_roce_versions_differ);
+  tcase_add_test(tc, test_partitions);
   tcase_add_test(tc, test_async_events);
   suite_add_tcase(s, tc);
   return run_suite(s);

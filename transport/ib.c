@@ -53,8 +53,8 @@
 #define IB_MAX_HELD 4 /* registrations one connection holds at once (an operation reads at most two) */
 #define IB_HDR_BYTES 64u /* the chunk header at the start of every slot */
 #define IB_MIN_PART (64u << 10)
-#define IB_HANDLE_MAGIC 0x62697767u /* "gwib" */
-#define IB_HELLO_MAGIC 0x6c686267u
+#define IB_HANDLE_MAGIC 0x32697767u /* "gwi2": with the partition key */
+#define IB_HELLO_MAGIC 0x6c686268u
 #define IB_READY_BYTE 'R'
 #define IB_RECV_WRID (1ull << 63) /* receive work requests: this bit + QP index */
 static bool ib_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
@@ -84,6 +84,7 @@ struct ib_handle {
   uint16_t lid;
   uint8_t rail; /* the index of the receiver's port among its process's */
   int8_t gid_type; /* RoCE: IBV_GID_TYPE_* of its GID, -1 unknown */
+  uint16_t pkey;   /* its QPs' partition key (host order) */
 };
 _Static_assert(sizeof(struct ib_handle) <= GW_CONN_HANDLE_BYTES, "ib handle fits the opaque handle");
 
@@ -99,6 +100,7 @@ struct ib_hello {
   uint16_t lid;
   uint8_t mtu, eth;
   int8_t gid_type;
+  uint16_t pkey;
 };
 
 #define IB_DIRECT_MIN (16u << 10) /* smaller chunks are cheaper to copy into a slot */
@@ -301,7 +303,8 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
                                   .cap = {.max_send_wr = t->depth, .max_recv_wr = t->nslots, .max_send_sge = 2,
                                           .max_recv_sge = 1, .max_inline_data = 0}};
     t->q[i].qp = v->create_qp(t->port->pd, &ia);
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = t->port->num,
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = (uint16_t)t->port->pkey_index,
+                            .port_num = t->port->num,
                             .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
     int e = t->q[i].qp ? v->modify_qp(t->q[i].qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                                                            IBV_QP_ACCESS_FLAGS)
@@ -411,7 +414,7 @@ static gw_result_t ib_recv_setup(struct gw_conn *c, const struct gw_conn_params 
                         .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth, .nonce = t->nonce,
                         .slots_addr = (uintptr_t)t->buf, .slots_rkey = t->mr->rkey, .slot_bytes = t->slot_bytes,
                         .lid = t->port->attr.lid, .rail = (uint8_t)(t->port - gw__ib_devs.ports),
-                        .gid_type = (int8_t)t->port->gid_type};
+                        .gid_type = (int8_t)t->port->gid_type, .pkey = t->port->pkey};
   gw__sock_pack(&a, &h.addr);
   memcpy(h.gid, t->port->gid.raw, 16);
   for (uint32_t i = 0; i < t->nqps; i++) h.qpn[i] = t->q[i].qp->qp_num;
@@ -454,14 +457,15 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
   struct ib_hello hello = {.magic = IB_HELLO_MAGIC, .sender = c->self, .job_hash = t->job_hash, .nonce = h.nonce,
                            .credit_addr = (uintptr_t)t->credits, .credit_rkey = t->credit_mr->rkey, .nqps = t->nqps,
                            .lid = t->port->attr.lid, .mtu = (uint8_t)t->port->attr.active_mtu, .eth = t->port->eth,
-                           .gid_type = (int8_t)t->port->gid_type};
+                           .gid_type = (int8_t)t->port->gid_type, .pkey = t->port->pkey};
   memcpy(hello.gid, t->port->gid.raw, 16);
   for (uint32_t i = 0; i < t->nqps; i++) hello.qpn[i] = t->q[i].qp->qp_num;
   char where[96];
   gw__sock_addr_str(&a, where, sizeof where);
   /* RoCE versions that differ: the hello still goes (briefly tried), so the
    * receiver learns it from there instead of waiting for this rank. */
-  const gw_result_t agree = gw__ib_roce_agree(t->port, h.gid_type, c->self, c->peer, err);
+  gw_result_t agree = gw__ib_roce_agree(t->port, h.gid_type, c->self, c->peer, err);
+  if (agree == GW_SUCCESS) agree = gw__ib_pkey_agree(t->port, h.pkey, c->self, c->peer, err);
   t->fd = gw__sock_connect_hello(&a, al, &hello, sizeof hello, gw__now() + (agree ? 2.0 : t->timeout_s));
   if ((res = agree)) goto fail;
   if (t->fd < 0) {
@@ -511,6 +515,7 @@ static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   t->raddr = hello.credit_addr;
   t->rkey = hello.credit_rkey;
   GW_CHECK(gw__ib_roce_agree(t->port, hello.gid_type, c->self, c->peer, err));
+  GW_CHECK(gw__ib_pkey_agree(t->port, hello.pkey, c->self, c->peer, err));
   for (uint32_t i = 0; i < t->nqps; i++) {
     int e = qp_connect(t, t->q[i].qp, hello.qpn[i], hello.lid, hello.gid, hello.mtu, t->nonce, 1, i);
     if (e)

@@ -3,6 +3,7 @@
  * GW_IB_DISABLE), the registration cache behind gw_comm_register, and the
  * messages that need no connection (completion status hints, async events,
  * RoCE version mismatch). */
+#include <endian.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -54,6 +55,53 @@ static int pick_gid(struct ibv_context *ctx, uint8_t port, int tbl_len, const ch
     GW_INFO(GW_SUB_INIT, "ib: %s port %u has no %s GID: using index %d (%s)", name, port,
             gw__ib_gid_type_name(want), best, gw__ib_gid_type_name(*type));
   return best;
+}
+
+/* The partition the port's QPs join: GW_IB_PKEY (an index into the port's
+ * P_Key table, as NCCL_IB_PKEY), else the first full-member key (top bit
+ * set; on partitioned fabrics and SR-IOV InfiniBand, Azure's, index 0 is often
+ * the default partition's limited key, and two limited members cannot talk),
+ * else index 0.  False (said) when GW_IB_PKEY names no key. */
+static bool pick_pkey(struct ibv_context *ctx, uint8_t port, struct ib_port *pt, const char *name) {
+  const struct gw_ibv *v = gw__ib_devs.v;
+  const int64_t want = gw__env_int("GW_IB_PKEY", -1);
+  __be16 k = 0;
+  if (want >= 0) {
+    if (want > 0xffff || v->query_pkey(ctx, port, (int)want, &k) != 0 || !(be16toh(k) & 0x7fff)) {
+      GW_WARN(GW_SUB_INIT, "ib: %s port %u has no P_Key at index %lld (GW_IB_PKEY): not used", name, port,
+              (long long)want);
+      return false;
+    }
+    pt->pkey_index = (int)want, pt->pkey = be16toh(k);
+    return true;
+  }
+  pt->pkey_index = 0, pt->pkey = 0xffff;
+  const int len = pt->attr.pkey_tbl_len ? GW_MIN((int)pt->attr.pkey_tbl_len, 128) : 1;
+  bool first = true;
+  for (int i = 0; i < len; i++) {
+    if (v->query_pkey(ctx, port, i, &k) != 0 || !(be16toh(k) & 0x7fff)) continue; /* an empty entry */
+    if (first) pt->pkey_index = i, pt->pkey = be16toh(k), first = false;
+    if (be16toh(k) & 0x8000) {
+      pt->pkey_index = i, pt->pkey = be16toh(k);
+      break;
+    }
+  }
+  if (!(pt->pkey & 0x8000))
+    GW_INFO(GW_SUB_INIT, "ib: %s port %u is a limited member of every partition it has (P_Key 0x%04x at index %d): "
+            "it reaches only full members", name, port, pt->pkey, pt->pkey_index);
+  return true;
+}
+
+gw_result_t gw__ib_pkey_agree(const struct ib_port *port, uint16_t peer_pkey, int self, int peer,
+                              struct gw_errctx *err) {
+  const uint16_t mine = port->pkey;
+  if ((mine & 0x7fff) == (peer_pkey & 0x7fff) && ((mine | peer_pkey) & 0x8000)) return GW_SUCCESS;
+  const bool same = (mine & 0x7fff) == (peer_pkey & 0x7fff);
+  return gw__err(err, GW_ERR_INVALID_ARGUMENT,
+                 "rank %d: its %s is in partition P_Key 0x%04x (index %d) and rank %d's port in 0x%04x: %s (choose "
+                 "the index of a shared full-member key with GW_IB_PKEY on every machine)",
+                 self, port->name, mine, port->pkey_index, peer, peer_pkey,
+                 same ? "both limited members, which cannot reach each other" : "different partitions never meet");
 }
 
 /* Opens one device and takes its port `want` (0: the first active one). */
@@ -125,6 +173,7 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
       if (pt->eth && v->query_gid_ex(ctx, p, (uint32_t)gi, &e, 0) == 0) pt->gid_type = (int)e.gid_type;
     }
     pt->gid_index = (int)gi;
+    if (!pick_pkey(ctx, p, pt, name)) continue;
     pt->pd = v->alloc_pd(ctx);
     if (!pt->pd) {
       GW_WARN(GW_SUB_INIT, "ib: cannot allocate a protection domain on %s: %s", name, strerror(errno));

@@ -26,6 +26,8 @@ struct ib_port {
   int gid_index; /* -1: route by LID (InfiniBand without GW_IB_GID_INDEX) */
   int gid_type;  /* IBV_GID_TYPE_* of that GID; -1 when the provider cannot say */
   bool eth;      /* RoCE: link layer Ethernet, routed by GID */
+  int pkey_index; /* the QPs' partition: GW_IB_PKEY, else the first full-member key's index */
+  uint16_t pkey;  /* the key there (host order; the top bit: full membership) */
   /* From the device's async events (gw__ib_events): the link is down now
    * (IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE); the device failed for
    * good (IBV_EVENT_DEVICE_FATAL). */
@@ -37,6 +39,11 @@ struct ib_port {
  * on a QP or CQ stores its type + 1 in the atomic_int the QP's qp_context (the
  * CQ's cq_context) points at, when it has one. */
 void gw__ib_events(bool now);
+
+/* Both ends of a connection in one partition, not both limited members
+ * (whose packets the fabric drops): else an error naming the keys. */
+gw_result_t gw__ib_pkey_agree(const struct ib_port *port, uint16_t peer_pkey, int self, int peer,
+                              struct gw_errctx *err);
 
 /* "RoCE v2", "RoCE v1", "InfiniBand" or "unknown type" (an IBV_GID_TYPE_*). */
 const char *gw__ib_gid_type_name(int type);

@@ -432,7 +432,8 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
   const struct ibv_ah_attr *ah = &a->ah_attr;
   if ((mask & IBV_QP_CUR_STATE) && (int)a->cur_qp_state != cur) return 0;
   if ((mask & IBV_QP_PORT) && a->port_num != 1) return 0;
-  if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0) return 0;
+  uint16_t keys[MAX_PKEYS];
+  if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index >= gw__ibemu_pkeys(keys)) return 0;
   if ((mask & IBV_QP_ACCESS_FLAGS) && (a->qp_access_flags & ~MR_ACCESS_OK)) return 0;
   union ibv_gid g;
   if ((mask & IBV_QP_AV) && (ah->port_num != 1 || (q->ctx->eth && !ah->is_global) ||
@@ -454,6 +455,11 @@ static int attrs_valid(struct emu_qp *q, const struct ibv_qp_attr *a, int mask, 
 static void attrs_apply(struct emu_qp *q, const struct ibv_qp_attr *a, int mask) {
   int32_t pid;
   if (mask & IBV_QP_ACCESS_FLAGS) atomic_store(&q->sh->access, (uint32_t)a->qp_access_flags);
+  if (mask & IBV_QP_PKEY_INDEX) {
+    uint16_t keys[MAX_PKEYS];
+    gw__ibemu_pkeys(keys);
+    atomic_store(&q->sh->pkey, keys[a->pkey_index]);
+  }
   if (mask & IBV_QP_AV) {
     q->ah = a->ah_attr, q->dest_nonce = 0, (void)gw__ibemu_qp_remote(q, &pid);
     union ibv_gid g;
@@ -660,6 +666,10 @@ static int sq_exec_one(struct emu_qp *q, struct swr *w, double now) {
    * outside its window) every packet, and the requester retries to its end.
    * (Packets count from both first numbers alike, so the first ones decide.) */
   if (atomic_load(&rq->rq_psn) != q->sq_psn) return unreachable(q, w, now);
+  /* Partitions: the same key (its low 15 bits), and not both limited members
+   * (the top bit clear): else the switch or the port drops the packets. */
+  const uint32_t kr = atomic_load(&rq->pkey), ks = atomic_load(&q->sh->pkey);
+  if ((kr & 0x7fff) != (ks & 0x7fff) || !((kr | ks) & 0x8000)) return unreachable(q, w, now);
   /* A zero-length write checks no R_Key (IB spec), so it may carry rkey 0. */
   if (w->len > 0 && (!(atomic_load(&rq->access) & IBV_ACCESS_REMOTE_WRITE) ||
                      !mr_check(rs, w->rkey, atomic_load(&rq->pd), w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE))) {
@@ -874,6 +884,7 @@ const struct gw_ibv gw__ibv_emu = {
     .query_port = gw__ibemu_query_port,
     .query_gid = gw__ibemu_query_gid,
     .query_gid_ex = gw__ibemu_query_gid_ex,
+    .query_pkey = gw__ibemu_query_pkey,
     .alloc_pd = emu_alloc_pd,
     .dealloc_pd = emu_dealloc_pd,
     .reg_mr = emu_reg_mr,

@@ -13,6 +13,7 @@
 
 #define EMU_MAGIC 0x756d656269777767ull /* "gwibemu" */
 #define MAX_DEVICES 16
+#define MAX_PKEYS 8
 #define GID_TABLE 16 /* a port's GID table entries (a ConnectX has 256, most of them empty) */
 #define MAX_QP 1024    /* QP slots per context; qp_num = generation << 10 | slot */
 #define MAX_MR 4096    /* MR slots per context; key = generation << 12 | slot */
@@ -48,6 +49,7 @@ struct seg_qp {
   _Atomic uint32_t gid_type; /* RoCE: the type of the GID its address vector sends from */
   _Atomic uint32_t access_err; /* a requester's write was refused here (IBV_EVENT_QP_ACCESS_ERR) */
   _Atomic uint32_t rq_psn; /* the first packet sequence number its receive side expects (RTR) */
+  _Atomic uint32_t pkey;   /* the P_Key at its INIT's pkey_index (host order) */
   _Atomic uint64_t posted;  /* receives posted by the owner, ever (release) */
   _Atomic uint64_t claimed; /* receives taken by senders, ever; RQ_CLOSED when closed */
   uint64_t pad2[4];
@@ -173,6 +175,10 @@ int gw__ibemu_query_device(struct ibv_context *ctx, struct ibv_device_attr *a);
 int gw__ibemu_device_index(const struct ibv_device *dev);
 int gw__ibemu_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a);
 int gw__ibemu_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
+int gw__ibemu_query_pkey(struct ibv_context *ctx, uint8_t port, int index, __be16 *pkey);
+/* The P_Key table (GW_IB_EMULATE_PKEYS: hex keys, comma-separated, up to
+ * MAX_PKEYS; default ffff): its length, the keys into keys[] (host order). */
+int gw__ibemu_pkeys(uint16_t keys[MAX_PKEYS]);
 int gw__ibemu_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index, struct ibv_gid_entry *e,
                            uint32_t flags);
 int gw__ibemu_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev);

@@ -3,6 +3,7 @@
  * attributes, the GID table as a ConnectX lists it, and the asynchronous
  * events (port down and up, device failure from the test hooks, a
  * responder's access error per QP). */
+#include <endian.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -71,7 +72,7 @@ int gw__ibemu_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_por
   *a = (struct ibv_port_attr){
       .state = c->port_down || c->fatal ? IBV_PORT_DOWN : IBV_PORT_ACTIVE, .max_mtu = IBV_MTU_4096,
       .active_mtu = IBV_MTU_4096, .gid_tbl_len = GID_TABLE,
-      .max_msg_sz = 1u << 31, .pkey_tbl_len = 1, .lid = c->eth || c->efa ? 0 : c->lid, .sm_lid = c->eth || c->efa ? 0 : 1,
+      .max_msg_sz = 1u << 31, .pkey_tbl_len = (uint16_t)gw__ibemu_pkeys((uint16_t[MAX_PKEYS]){0}), .lid = c->eth || c->efa ? 0 : c->lid, .sm_lid = c->eth || c->efa ? 0 : 1,
       .max_vl_num = 1, .active_width = 2, .active_speed = 32, .phys_state = c->port_down || c->fatal ? 3 : 5,
       .link_layer = c->eth ? IBV_LINK_LAYER_ETHERNET : c->efa ? IBV_LINK_LAYER_UNSPECIFIED : IBV_LINK_LAYER_INFINIBAND};
   return 0;
@@ -89,6 +90,30 @@ int gw__ibemu_gid_entry(const struct emu_ctx *c, int index, union ibv_gid *gid) 
   }
   gw__ibemu_lid_gid(c->lid, c->roce_v2 ? index / 2 : index, gid);
   return !c->eth ? IBV_GID_TYPE_IB : c->roce_v2 && index % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
+}
+
+int gw__ibemu_pkeys(uint16_t keys[MAX_PKEYS]) {
+  const char *v = gw__env_str("GW_IB_EMULATE_PKEYS", "ffff");
+  int n = 0;
+  for (const char *p = v; *p && n < MAX_PKEYS;) {
+    char *end;
+    const unsigned long k = strtoul(p, &end, 16);
+    if (end == p || k > 0xffff) break;
+    keys[n++] = (uint16_t)k;
+    p = *end == ',' ? end + 1 : end;
+    if (*end != ',') break;
+  }
+  if (!n) keys[n++] = 0xffff;
+  return n;
+}
+
+int gw__ibemu_query_pkey(struct ibv_context *ibctx, uint8_t port, int index, __be16 *pkey) {
+  (void)ibctx;
+  uint16_t keys[MAX_PKEYS];
+  const int n = gw__ibemu_pkeys(keys);
+  if (port != 1 || index < 0 || index >= n) return EINVAL;
+  *pkey = htobe16(keys[index]);
+  return 0;
 }
 
 /* An empty entry reads as the zero GID (rdma-core keeps that for ibv_query_gid). */

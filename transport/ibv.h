@@ -28,6 +28,8 @@ struct gw_ibv {
   /* the GID with its type (IB, RoCE v1, RoCE v2); ENODATA for an empty entry */
   int (*query_gid_ex)(struct ibv_context *context, uint32_t port_num, uint32_t gid_index, struct ibv_gid_entry *entry,
                       uint32_t flags);
+  /* the P_Key at a port's index, in network byte order (as ibv_query_pkey) */
+  int (*query_pkey)(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey);
   struct ibv_pd *(*alloc_pd)(struct ibv_context *context);
   int (*dealloc_pd)(struct ibv_pd *pd);
   struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access);

@@ -41,6 +41,9 @@ static int real_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t inde
                              uint32_t flags) {
   return ibv_query_gid_ex(c, port, index, e, flags);
 }
+static int real_query_pkey(struct ibv_context *c, uint8_t port, int index, __be16 *pkey) {
+  return ibv_query_pkey(c, port, index, pkey);
+}
 static struct ibv_pd *real_alloc_pd(struct ibv_context *c) { return ibv_alloc_pd(c); }
 static int real_dealloc_pd(struct ibv_pd *pd) { return ibv_dealloc_pd(pd); }
 static struct ibv_mr *real_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
@@ -73,6 +76,7 @@ const struct gw_ibv gw__ibv_real = {
     .query_port = real_query_port,
     .query_gid = real_query_gid,
     .query_gid_ex = real_query_gid_ex,
+    .query_pkey = real_query_pkey,
     .alloc_pd = real_alloc_pd,
     .dealloc_pd = real_dealloc_pd,
     .reg_mr = real_reg_mr,
