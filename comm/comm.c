@@ -69,9 +69,11 @@ void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
   pthread_mutex_unlock(&comm->err_mu);
 }
 
+static bool forked_away(const struct gw_comm *comm);
+
 const char *gw_comm_last_error(gw_comm_t comm) {
   static _Thread_local char copy[GW_ERRMSG_MAX];
-  if (!comm) return gw__thread_error();
+  if (!comm || forked_away(comm)) return gw__thread_error(); /* a child's refusals are its thread's */
   pthread_mutex_lock(&comm->err_mu);
   memcpy(copy, comm->last_error, sizeof copy);
   pthread_mutex_unlock(&comm->err_mu);
@@ -744,13 +746,21 @@ static bool forked_away(const struct gw_comm *comm) {
   return comm->fork_gen != atomic_load_explicit(&gw__fork_gen, memory_order_relaxed); /* init installed the handler */
 }
 
+/* A refusal's message: the communicator's error, or in a forked child this
+ * thread's (the parent's threads may have held the error lock at the fork:
+ * held in the child for good, and the refusal hung instead). */
+static void refusal(struct gw_comm *comm, const char *msg) {
+  if (forked_away(comm)) gw__set_thread_error(msg);
+  else gw__comm_set_error(comm, msg);
+}
+
 gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn) {
   if (forked_away(comm)) {
     char msg[GW_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "rank %d: %s: this communicator belongs to process %ld, which forked this one (pid "
              "%ld); a child cannot use it (make a new communicator in the child, after exec or not)", comm->rank, fn,
              comm->owner_pid, (long)getpid());
-    gw__comm_set_error(comm, msg);
+    refusal(comm, msg);
     return GW_ERR_INVALID_ARGUMENT;
   }
   atomic_fetch_add(&comm->inside, 1); /* seq_cst, against destroy's flag and count */
@@ -813,12 +823,12 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
   if (!atomic_compare_exchange_strong(&comm->destroying, &idle, GW_DESTROY_CHECKING)) {
     snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: another thread is destroying this communicator",
              comm->rank);
-    gw__comm_set_error(comm, msg);
+    refusal(comm, msg);
     return GW_ERR_INVALID_ARGUMENT;
   }
   if (destroy_refused(comm, msg, sizeof msg)) {
     atomic_store(&comm->destroying, GW_DESTROY_NO); /* the calls that waited for the verdict go on */
-    gw__comm_set_error(comm, msg);
+    refusal(comm, msg);
     GW_WARN(GW_SUB_INIT, "%s", msg);
     return GW_ERR_INVALID_ARGUMENT;
   }

@@ -26,11 +26,15 @@ void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
   pthread_mutex_unlock(&comm->err_mu);
 }
 
+_Static_assert(ATOMIC_BOOL_LOCK_FREE == 2, "gw_comm_abort's flag must be lock-free (async-signal-safe)");
+
 gw_result_t gw_comm_abort(gw_comm_t comm) {
-  if (!comm) return null_argument(comm, "gw_comm_abort");
-  /* No gate: from any thread, any time before the free (a flag alone). */
+  if (!comm) return GW_ERR_INVALID_ARGUMENT; /* (no message: nothing here may lock or print) */
+  /* No gate: from any thread, any time before the free, and from a signal
+   * handler: a lock-free flag alone (it logged here, and a handler that
+   * interrupted a thread inside the logger's lock deadlocked).  The operations
+   * it stops say so, and destroy does. */
   atomic_store(&comm->aborted, true);
-  GW_WARN(GW_SUB_INIT, "rank %d: communicator aborted by gw_comm_abort", comm->rank);
   return GW_SUCCESS;
 }
 

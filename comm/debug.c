@@ -68,7 +68,17 @@ static void log_init_once(void) {
   if (dot) *dot = 0;
 }
 
-void gw__log_init(void) { pthread_once(&log_once, log_init_once); }
+/* A thread of the parent inside the logger at a fork left the lock held in
+ * the child for good: the child's first message hung. */
+static void log_fork_prepare(void) { pthread_mutex_lock(&log_mutex); }
+static void log_fork_after(void) { pthread_mutex_unlock(&log_mutex); }
+static pthread_once_t log_fork_once = PTHREAD_ONCE_INIT;
+static void log_fork_install(void) { pthread_atfork(log_fork_prepare, log_fork_after, log_fork_after); }
+
+void gw__log_init(void) {
+  pthread_once(&log_once, log_init_once);
+  pthread_once(&log_fork_once, log_fork_install);
+}
 
 void gw__log_set_rank(int rank) {
   log_rank_here = rank;

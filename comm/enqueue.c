@@ -110,8 +110,9 @@ static bool tell_if_idle(struct gw_comm *c, gw_result_t code, struct gw_errctx *
 
 void gw__comm_fail_caller(struct gw_comm *c, gw_result_t code, struct gw_errctx *err) {
   if (tell_if_idle(c, code, err)) return;
-  pthread_mutex_lock(&c->err_mu);
-  snprintf(c->abort_reason, sizeof c->abort_reason, "%s", err->msg);
+  pthread_mutex_lock(&c->err_mu); /* the first reason: a user's abort before it stays the user's */
+  if (!c->abort_reason[0] && !atomic_load(&c->aborted))
+    snprintf(c->abort_reason, sizeof c->abort_reason, "%s", err->msg);
   pthread_mutex_unlock(&c->err_mu);
   gw_comm_abort(c);
   struct gw_waiter w;

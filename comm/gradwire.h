@@ -89,10 +89,11 @@ gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *mast
  * included, is refused there. */
 gw_result_t gw_comm_destroy(gw_comm_t comm);
 
-/* From any thread: every operation of comm that is waiting, and every later one,
- * fails with GW_ERR_ABORTED, or with the error the communicator had already
- * failed with (peers are told, as for any failure).  Destroy the communicator
- * once its calls have returned; a new one can be made. */
+/* From any thread, and from a signal handler (async-signal-safe: it sets a
+ * flag): every operation of comm that is waiting, and every later one, fails
+ * with GW_ERR_ABORTED, or with the error the communicator had already failed
+ * with (peers are told, as for any failure).  Destroy the communicator once
+ * its calls have returned; a new one can be made. */
 gw_result_t gw_comm_abort(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);

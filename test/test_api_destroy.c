@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "harness.h"
 
 void add_destroy_tests(TCase *tc);
@@ -74,8 +75,13 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
    * connections: chunks taken from under the parent). */
   gw_comm_t solo; /* one rank: no liveness lock, marked all the same */
   EXPECT(gw_comm_init(&solo, 1, 0, NULL) == GW_SUCCESS, "a 1-rank communicator: %s", gw_comm_last_error(NULL));
+  /* The parent's error lock held at the fork (as by its progress thread
+   * failing an operation then): the child's refusals must not need it. */
+  pthread_mutex_lock(&comm->err_mu);
   pid_t child = fork();
+  if (child != 0) pthread_mutex_unlock(&comm->err_mu);
   if (child == 0) {
+    alarm(20); /* a hang is a failure, not a stuck test */
     float z = 1;
     gw_result_t c = gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, comm, NULL);
     int bad = c != GW_ERR_INVALID_ARGUMENT || !has(gw_comm_last_error(comm), "a child cannot use it");
