@@ -451,7 +451,9 @@ static gw_result_t sum_across_ranks(struct gw_exec *e, const struct gw_layer *l,
 static gw_result_t sync_bn_forward(struct gw_exec *e, const struct gw_layer *l, struct exec_layer *x) {
   const struct gw_backend_ops *o = e->ops;
   const int c = e->m->acts[l->in].c;
-  const float momentum = 0.1f, eps = 1e-5f; /* gw_model_op_desc's, as torchvision */
+  struct gw_op_desc d; /* the layer's eps and momentum: those of the unsynced batch norm */
+  gw_model_op_desc(e->m, (int)(l - e->m->layers), e->cfg.batch, &d);
+  const double momentum = d.momentum, eps = d.eps;
   float *mean = e->host_stats, *rstd = mean + c, *rmean = rstd + c, *rvar = rmean + c;
   GW_MODEL_TRY(o->bn_sums(x->op, e->act[l->in], e->sums));
   GW_MODEL_TRY(sum_across_ranks(e, l, c));
