@@ -22,7 +22,8 @@
  *   kill-idle   after a barrier the others call one allreduce; the victim sleeps
  *               FAULTS_DELAY s outside any call and kills itself
  *   straggler   after a barrier the victim never calls (it stays alive, sleeping
- *               FAULTS_LATE s, then calls late); the others call one allreduce;
+ *               FAULTS_LATE s or until every other rank wrote rank.R, then calls
+ *               late); the others call one allreduce;
  *               the fault moment is when the victim should have called
  *   abort       after a barrier rank FAULTS_VICTIM calls no collective for
  *               FAULTS_LATE s (so the others wait), rank 0 calls gw_comm_abort
@@ -101,6 +102,23 @@ static void mark_fault(double t, const char *label) {
   char line[256];
   snprintf(line, sizeof line, "%.6f\t%s\n", t, label);
   put_line("fault", line);
+}
+
+/* The straggler's wait: FAULTS_LATE s, or less once every other rank has
+ * written its rank.R line (they reported; nothing it does now can change
+ * what they said, and the netns tests then wait no longer than needed). */
+static void sleep_until_reported(double late) {
+  const double end = now() + late;
+  for (;;) {
+    int left = 0;
+    for (int k = 0; k < nranks; k++) {
+      char path[4096];
+      snprintf(path, sizeof path, "%s/rank.%d", dir, k);
+      if (k != rank && access(path, F_OK) != 0) left++;
+    }
+    if (!left || now() >= end) return;
+    sleep_s(end - now() < 0.05 ? end - now() : 0.05);
+  }
 }
 
 static void mark_started(void) {
@@ -269,7 +287,7 @@ static int run(void) {
     if (barrier_or_report(comm)) goto done;
     if (rank == victim) {
       mark_fault(now(), "straggler does not call");
-      sleep_s(late);
+      sleep_until_reported(late);
     }
     rc = one_allreduce(comm, count, GW_FLOAT32);
   } else if (!strcmp(scen, "abort")) {

@@ -151,8 +151,13 @@ int run_in_child(int (*fn)(void *), void *arg) {
 int run_suite(Suite *s) {
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
+  int failed = srunner_ntests_failed(sr), ran = srunner_ntests_run(sr);
   srunner_free(sr);
+  if (!ran) { /* a CK_RUN_CASE that names no case (a typo, a renamed case) ran nothing: no pass */
+    const char *c = getenv("CK_RUN_CASE");
+    fprintf(stderr, "no test ran%s%s%s\n", c ? " (CK_RUN_CASE=" : "", c ? c : "", c ? " names no case)" : "");
+    return 1;
+  }
   return failed ? 1 : 0;
 }
 

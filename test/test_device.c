@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -657,15 +658,23 @@ END_TEST
  * Freeing device memory another process still maps by IPC is undefined, so
  * at destroy a rank frees its twins only once its ring predecessor has
  * unmapped them: rank 0 (whose predecessor at 2 ranks is rank 1) destroys at
- * once while rank 1 waits 0.4 s before its own destroy and lives on 1.5 s
- * after it (rank 0's destroy returns at rank 1's word, after 0.4 s and well
- * before rank 1 exits), exits without destroying (rank 0 sees it gone), or, with
- * GW_DEV_UNMAP_WAIT_MS=100, waits 0.8 s (rank 0 gives up after 0.1 s and
- * leaves its twins allocated, with a warning). */
+ * once while rank 1 waits 0.4 s before its own destroy and lives on after it
+ * until rank 0's destroy returned (which must come at rank 1's word: after
+ * rank 1 entered its destroy, not at its exit), exits without destroying
+ * (rank 0 sees it gone), or, with GW_DEV_UNMAP_WAIT_MS=100, waits 0.8 s
+ * (rank 0 gives up after 0.1 s, before rank 1's destroy, and leaves its twins
+ * allocated, with a warning).  The order is checked by the two ranks' clock
+ * readings in shared memory, not by durations (a loaded machine stretches
+ * those). */
 enum { TEARDOWN_LATE, TEARDOWN_GONE, TEARDOWN_LIMIT };
+struct teardown_arg {
+  int mode;
+  _Atomic double *t; /* shared: [0] rank 1 entered its destroy, [1] rank 0's destroy returned */
+};
 
 static int body_teardown(int rank, int n, const char *master, void *arg) {
-  const int mode = *(const int *)arg;
+  const struct teardown_arg *ta = arg;
+  const int mode = ta->mode;
   if (mode == TEARDOWN_LIMIT) setenv("GW_DEV_UNMAP_WAIT_MS", "100", 1);
   dv = gw__dev();
   gw_comm_t comm;
@@ -686,23 +695,35 @@ static int body_teardown(int rank, int n, const char *master, void *arg) {
   if (rank == 1) {
     if (mode == TEARDOWN_GONE) _exit(0); /* no destroy: its mappings go with the process */
     usleep(mode == TEARDOWN_LATE ? 400000 : 800000);
+    atomic_store(&ta->t[0], test_now());
     gw_comm_destroy(comm);
-    usleep(1500000); /* alive after its destroy: rank 0 must go on at its word, not at its exit */
+    /* alive after its destroy (up to 20 s): rank 0 must go on at its word, not at its exit */
+    for (double t0 = test_now(); atomic_load(&ta->t[1]) == 0 && test_now() - t0 < 20;) usleep(10000);
     return 0;
   }
   double t0 = test_now();
   gw_comm_destroy(comm);
-  double took = test_now() - t0;
+  const double back = test_now(), took = back - t0, entered = atomic_load(&ta->t[0]);
+  atomic_store(&ta->t[1], back);
   if (ring && mode == TEARDOWN_LATE)
-    EXPECT(took > 0.25 && took < 1.2, "destroy took %.2f s: it should wait for rank 1 (0.4 s) to unmap", took);
-  if (mode == TEARDOWN_GONE) EXPECT(took < 1.5, "destroy took %.2f s with rank 1 gone", took);
-  if (ring && mode == TEARDOWN_LIMIT) EXPECT(took < 0.6, "destroy took %.2f s with a 0.1 s limit", took);
+    EXPECT(entered > 0 && back >= entered && took < 15,
+           "rank 0's destroy returned %.2f s after rank 1 entered its own (%s): it must wait for rank 1 to unmap, and "
+           "go on at its word", back - entered, entered > 0 ? "entered" : "not yet");
+  if (mode == TEARDOWN_GONE) EXPECT(took < 5, "destroy took %.2f s with rank 1 gone", took);
+  if (ring && mode == TEARDOWN_LIMIT)
+    EXPECT(entered == 0 || back < entered, "with a 0.1 s limit rank 0's destroy waited for rank 1's (%.2f s)", took);
   return 0;
 }
 
 START_TEST(teardown) {
-  for (int mode = TEARDOWN_LATE; mode <= TEARDOWN_LIMIT; mode++)
-    ck_assert_msg(run_ranks_raw(2, body_teardown, &mode, 60) == 0, "teardown mode %d", mode);
+  _Atomic double *t = mmap(NULL, 2 * sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(t, MAP_FAILED);
+  for (int mode = TEARDOWN_LATE; mode <= TEARDOWN_LIMIT; mode++) {
+    atomic_init(&t[0], 0), atomic_init(&t[1], 0);
+    struct teardown_arg ta = {mode, t};
+    ck_assert_msg(run_ranks_raw(2, body_teardown, &ta, 60) == 0, "teardown mode %d", mode);
+  }
+  munmap(t, 2 * sizeof *t);
 }
 END_TEST
 

@@ -394,16 +394,16 @@ static void signal_forwarded(int sig, const char *name, int code)
     const bool passed = code < 0;
     char dir[] = "/tmp/test_gwrun_XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    char dir_env[128], script[300];
+    char dir_env[128], script[400];
     snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
     if (passed)
         snprintf(script, sizeof script,
-                 "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; trap ': > \"$GWT_DIR/got.$GW_RANK\"' %s; "
+                 "trap ': > \"$GWT_DIR/got.$GW_RANK\"' %s; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
                  "while [ ! -e \"$GWT_DIR/got.$GW_RANK\" ]; do sleep 0.1; done; echo went on",
                  name);
     else
         snprintf(script, sizeof script,
-                 "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; trap ': > \"$GWT_DIR/got.$GW_RANK\"; exit %d' %s; "
+                 "trap ': > \"$GWT_DIR/got.$GW_RANK\"; exit %d' %s; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
                  "while :; do sleep 0.1; done",
                  code, name);
     /* A long grace, so the ranks can only stop through the forwarded signal. */
@@ -501,7 +501,7 @@ static void pty_job_start(struct pty_job *j, const char *script, const char *gra
         }
         gwrun_sleep(0.01);
     }
-    gwrun_sleep(0.3); /* the traps are set */
+    /* (the scripts set their traps before they write their pid files) */
 }
 
 /* After gwrun_wait: what rank i wrote to $GWT_DIR/sig.i ("" if nothing); the
@@ -536,9 +536,9 @@ START_TEST(test_terminal_interrupt)
 {
     struct pty_job j;
     pty_job_start(&j,
-                  "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
                   "trap 'echo INT >> \"$GWT_DIR/sig.$GW_RANK\"; [ $GW_RANK = 0 ] && exit 130; sleep 1.5; exit 0' INT; "
                   "trap 'echo TERM >> \"$GWT_DIR/sig.$GW_RANK\"; exit 143' TERM; "
+                  "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
                   "while :; do sleep 0.1; done",
                   "GW_RUN_KILL_GRACE=30");
     ck_assert_int_eq(write(j.m, "\x03", 1), 1);
@@ -564,8 +564,8 @@ START_TEST(test_terminal_hangup)
 {
     struct pty_job j;
     pty_job_start(&j,
-                  "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
                   "trap 'echo HUP >> \"$GWT_DIR/sig.$GW_RANK\"; exit 0' HUP; "
+                  "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
                   "while :; do sleep 0.1; done",
                   "GW_RUN_KILL_GRACE=20");
     close(j.m); /* the hangup */

@@ -82,6 +82,7 @@ void srunner_run_all(SRunner *sr, enum print_output mode) {
 }
 
 int srunner_ntests_failed(SRunner *sr) { return sr->failed; }
+int srunner_ntests_run(SRunner *sr) { return sr->run; }
 
 void srunner_free(SRunner *sr) {
   if (!sr) return;

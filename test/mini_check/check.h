@@ -59,6 +59,7 @@ void suite_add_tcase(Suite *s, TCase *tc);
 SRunner *srunner_create(Suite *s);
 void srunner_run_all(SRunner *sr, enum print_output mode);
 int srunner_ntests_failed(SRunner *sr);
+int srunner_ntests_run(SRunner *sr);
 void srunner_free(SRunner *sr);
 
 #endif
