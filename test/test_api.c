@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -123,11 +125,26 @@ static void *abort_later(void *argp) {
   return NULL;
 }
 
+/* Rank 0 is done (shared by the ranks' processes, set up by the test): the
+ * other rank stays alive until then, not for a fixed time, so no dead-peer
+ * detection can be what told rank 0. */
+static _Atomic int *rank0_done;
+static void rank0_done_reset(void) {
+  if (!rank0_done) {
+    rank0_done = mmap(NULL, sizeof *rank0_done, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(rank0_done, MAP_FAILED);
+  }
+  atomic_store(rank0_done, 0);
+}
+static void wait_rank0_done(double cap) {
+  for (double t0 = test_now(); !atomic_load(rank0_done) && test_now() - t0 < cap;) usleep(20000);
+}
+
 static int body_abort(gw_comm_t comm, int rank, int n, void *arg) {
   (void)n, (void)arg;
   gw_comm_set_timeout(comm, 60);
   if (rank == 1) { /* stays alive and never calls until rank 0 has aborted */
-    sleep(3);
+    wait_rank0_done(10);
     return 0;
   }
   struct abort_arg a = {comm};
@@ -138,6 +155,7 @@ static int body_abort(gw_comm_t comm, int rank, int n, void *arg) {
   gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
   double took = test_now() - t0;
   pthread_join(t, NULL);
+  atomic_store(rank0_done, 1);
   EXPECT(r == GW_ERR_ABORTED && took < 5, "returned %s after %.1f s", gw_strerror(r), took);
   EXPECT(has(gw_comm_last_error(comm), "aborted"), "message: %s", gw_comm_last_error(comm));
   EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_ERR_ABORTED, "later call not refused");
@@ -150,6 +168,7 @@ static int body_abort(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_abort_unblocks) {
+  rank0_done_reset();
   ck_assert_int_eq(run_ranks(2, body_abort, NULL, 60), 0);
   ck_assert_int_eq(count_segments(), 0);
 }
@@ -166,6 +185,7 @@ static int waits_for_abort_notice(gw_comm_t comm) {
   double t0 = test_now();
   gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
   double took = test_now() - t0;
+  atomic_store(rank0_done, 1);
   EXPECT(r == GW_ERR_REMOTE && took < 5 && has(gw_comm_last_error(comm), "aborted by gw_comm_abort"),
          "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
   return 0;
@@ -180,7 +200,7 @@ static int body_abort_idle(gw_comm_t comm, int rank, int n, void *arg) {
     gw_comm_abort(comm);
     gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
     EXPECT(r == GW_ERR_ABORTED, "the aborting rank's call returned %s", gw_strerror(r));
-    sleep(7); /* dead-peer detection would tell rank 0 only after this */
+    wait_rank0_done(10); /* dead-peer detection would tell rank 0 only after this */
     return 0;
   }
   return waits_for_abort_notice(comm);
@@ -195,7 +215,7 @@ static int raw_abort_destroy(int rank, int n, const char *master, void *arg) {
     sleep(1);
     gw_comm_abort(comm);
     gw_comm_destroy(comm);
-    sleep(7);
+    wait_rank0_done(10);
     return 0;
   }
   int rc = waits_for_abort_notice(comm);
@@ -204,7 +224,9 @@ static int raw_abort_destroy(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_abort_between_operations_told) {
+  rank0_done_reset();
   ck_assert_int_eq(run_ranks(2, body_abort_idle, NULL, 60), 0);
+  rank0_done_reset();
   ck_assert_int_eq(run_ranks_raw(2, raw_abort_destroy, NULL, 60), 0);
 }
 END_TEST
@@ -871,7 +893,7 @@ int main(void) {
   tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);
   /* The cases that mostly sleep (a straggler kept alive past the others'
-   * deadlines, a rank waiting for an abort): about 50 s, run by meson as
+   * deadlines, a rank waiting for an abort): about 40 s, run by meson as
    * a test of its own (CK_RUN_CASE=waits) beside the others. */
   TCase *waits = tcase_create("waits");
   tcase_set_timeout(waits, 300);
