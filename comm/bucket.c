@@ -118,9 +118,24 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
   return GW_SUCCESS;
 }
 
+static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                                 const size_t *bounds, int nbuckets, gw_bucketer_t *out);
+
 gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                const size_t *bounds, int nbuckets, gw_bucketer_t *out) {
   if (out) *out = NULL;
+  if (!comm) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: comm is NULL");
+  /* Through the destroy gate: a bucketer counted after destroy's check would
+   * use a freed communicator (and a forked child's is refused). */
+  gw_result_t res = gw__comm_enter(comm, "gw_bucketer_create");
+  if (res != GW_SUCCESS) return res;
+  res = bucketer_make(comm, buf, count, dtype, op, bounds, nbuckets, out);
+  gw__comm_leave(comm);
+  return res;
+}
+
+static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                                 const size_t *bounds, int nbuckets, gw_bucketer_t *out) {
   gw_result_t res = check_create(comm, buf, count, dtype, op, bounds, nbuckets);
   if (res != GW_SUCCESS) return res;
   if (!out) return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: out is NULL");

@@ -85,6 +85,11 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
     float z = 1;
     gw_result_t c = gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, comm, NULL);
     int bad = c != GW_ERR_INVALID_ARGUMENT || !has(gw_comm_last_error(comm), "a child cannot use it");
+    /* a bucketer too (it went past the gate, counted on the parent's copy) */
+    float g[4] = {0};
+    const size_t gb[2] = {0, 4};
+    gw_bucketer_t bk = NULL;
+    bad |= gw_bucketer_create(comm, g, 4, GW_FLOAT32, GW_SUM, gb, 1, &bk) != GW_ERR_INVALID_ARGUMENT || bk != NULL;
     bad |= gw_comm_destroy(comm) != GW_ERR_INVALID_ARGUMENT;
     bad |= gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, solo, NULL) != GW_ERR_INVALID_ARGUMENT;
     if (bad) fprintf(stderr, "child: allreduce %s: %s\n", gw_strerror(c), gw_comm_last_error(comm));
