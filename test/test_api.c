@@ -101,7 +101,7 @@ START_TEST(test_bad_arguments) {
 END_TEST
 
 
-static int count_segments(void);
+int count_segments(void);
 
 /* ---- a rank killed on this machine: the others fail fast, naming it ---- */
 /* rank 1 dies on purpose: exactly one rank fails */
@@ -112,124 +112,6 @@ START_TEST(test_killed_rank_shm) {
 }
 END_TEST
 
-/* ---- gw_comm_abort from another thread unblocks a waiting call ---- */
-struct abort_arg {
-  gw_comm_t comm;
-};
-
-static void *abort_later(void *argp) {
-  struct abort_arg *a = argp;
-  struct timespec ts = {0, 300 * 1000 * 1000};
-  nanosleep(&ts, NULL);
-  gw_comm_abort(a->comm);
-  return NULL;
-}
-
-/* Rank 0 is done (shared by the ranks' processes, set up by the test): the
- * other rank stays alive until then, not for a fixed time, so no dead-peer
- * detection can be what told rank 0. */
-static _Atomic int *rank0_done;
-static void rank0_done_reset(void) {
-  if (!rank0_done) {
-    rank0_done = mmap(NULL, sizeof *rank0_done, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert_ptr_ne(rank0_done, MAP_FAILED);
-  }
-  atomic_store(rank0_done, 0);
-}
-static void wait_rank0_done(double cap) {
-  for (double t0 = test_now(); !atomic_load(rank0_done) && test_now() - t0 < cap;) usleep(20000);
-}
-
-static int body_abort(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n, (void)arg;
-  gw_comm_set_timeout(comm, 60);
-  if (rank == 1) { /* stays alive and never calls until rank 0 has aborted */
-    wait_rank0_done(10);
-    return 0;
-  }
-  struct abort_arg a = {comm};
-  pthread_t t;
-  pthread_create(&t, NULL, abort_later, &a);
-  double t0 = test_now();
-  float x = 1;
-  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
-  double took = test_now() - t0;
-  pthread_join(t, NULL);
-  atomic_store(rank0_done, 1);
-  EXPECT(r == GW_ERR_ABORTED && took < 5, "returned %s after %.1f s", gw_strerror(r), took);
-  EXPECT(has(gw_comm_last_error(comm), "aborted"), "message: %s", gw_comm_last_error(comm));
-  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_ERR_ABORTED, "later call not refused");
-  /* a fresh communicator works afterwards */
-  gw_comm_t solo;
-  EXPECT(gw_comm_init(&solo, 1, 0, NULL) == GW_SUCCESS, "new communicator");
-  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, solo, NULL) == GW_SUCCESS, "new communicator's call");
-  gw_comm_destroy(solo);
-  return 0;
-}
-
-START_TEST(test_abort_unblocks) {
-  rank0_done_reset();
-  ck_assert_int_eq(run_ranks(2, body_abort, NULL, 60), 0);
-  ck_assert_int_eq(count_segments(), 0);
-}
-END_TEST
-
-/* ---- gw_comm_abort between operations: the peers hear of it ----
- * Rank 1 aborts with nothing in flight and stays alive (no dead-peer
- * detection to help): its next call, or its gw_comm_destroy, tells rank 0,
- * which is waiting in an allreduce, at once instead of after GW_TIMEOUT. */
-/* Rank 0's side: its allreduce fails with rank 1's notice within 5 s. */
-static int waits_for_abort_notice(gw_comm_t comm) {
-  const int rank = 0; /* for EXPECT's message */
-  float x = 1;
-  double t0 = test_now();
-  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
-  double took = test_now() - t0;
-  atomic_store(rank0_done, 1);
-  EXPECT(r == GW_ERR_REMOTE && took < 5 && has(gw_comm_last_error(comm), "aborted by gw_comm_abort"),
-         "returned %s after %.1f s: %s", gw_strerror(r), took, gw_comm_last_error(comm));
-  return 0;
-}
-
-static int body_abort_idle(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n, (void)arg;
-  gw_comm_set_timeout(comm, 60);
-  float x = 1;
-  if (rank == 1) {
-    sleep(1); /* rank 0 is waiting by now */
-    gw_comm_abort(comm);
-    gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
-    EXPECT(r == GW_ERR_ABORTED, "the aborting rank's call returned %s", gw_strerror(r));
-    wait_rank0_done(10); /* dead-peer detection would tell rank 0 only after this */
-    return 0;
-  }
-  return waits_for_abort_notice(comm);
-}
-
-static int raw_abort_destroy(int rank, int n, const char *master, void *arg) {
-  (void)arg;
-  gw_comm_t comm;
-  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
-  gw_comm_set_timeout(comm, 60);
-  if (rank == 1) {
-    sleep(1);
-    gw_comm_abort(comm);
-    gw_comm_destroy(comm);
-    wait_rank0_done(10);
-    return 0;
-  }
-  int rc = waits_for_abort_notice(comm);
-  gw_comm_destroy(comm);
-  return rc;
-}
-
-START_TEST(test_abort_between_operations_told) {
-  rank0_done_reset();
-  ck_assert_int_eq(run_ranks(2, body_abort_idle, NULL, 60), 0);
-  rank0_done_reset();
-  ck_assert_int_eq(run_ranks_raw(2, raw_abort_destroy, NULL, 60), 0);
-}
-END_TEST
 
 /* ---- ranks that chose different algorithms for one call ----
  * At 2 ranks the exchange and the ring move the same chunks over the same
@@ -794,7 +676,7 @@ END_TEST
  * 32 bits of the FNV-1a hash of its GW_JOB_TOKEN, as transport/shm.c names
  * them), so other jobs on the machine, such as concurrent tests, cannot move the
  * count. */
-static int count_segments(void) {
+int count_segments(void) {
   const char *token = getenv("GW_JOB_TOKEN");
   ck_assert_msg(token != NULL, "no job has run yet");
   uint64_t h = gw__fnv(GW_FNV_START, token, strlen(token)); /* the job hash in the names (comm.c) */
@@ -898,8 +780,6 @@ int main(void) {
   TCase *waits = tcase_create("waits");
   tcase_set_timeout(waits, 300);
   add_straggler_tests(waits);
-  tcase_add_test(waits, test_abort_unblocks);
-  tcase_add_test(waits, test_abort_between_operations_told);
   suite_add_tcase(s, waits);
   return run_suite(s);
 }

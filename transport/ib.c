@@ -322,19 +322,6 @@ fail:
   return res;
 }
 
-/* The first packet sequence number of queue pair i of a connection's sending
- * (receiver 0) or receiving (1) end: from the connection's random nonce,
- * which both ends know, so each expects the other's.  Random, not 0: a
- * destroyed QP's packets still being retried (seconds) could otherwise land
- * in a new QP given the same number by the HCA, whose expected PSN they
- * matched (rdma-core's examples draw them at random too). */
-static uint32_t qp_psn(uint64_t nonce, int receiver, uint32_t i) {
-  uint64_t x = nonce ^ ((uint64_t)receiver << 32 | i) ^ 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return (uint32_t)(x ^ (x >> 31)) & 0xffffff;
-}
-
 /* A QP through RTR and RTS towards the remote QP `qpn`, the sequence numbers
  * of queue pair i of the connection `nonce` from this end (receiver or not). */
 static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16_t lid, const uint8_t gid[16],
@@ -342,7 +329,7 @@ static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16
   const struct ib_port *pt = t->port;
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                           .path_mtu = (enum ibv_mtu)GW_MIN((unsigned)pt->attr.active_mtu, (unsigned)mtu),
-                          .dest_qp_num = qpn, .rq_psn = qp_psn(nonce, !receiver, i), .max_dest_rd_atomic = 1,
+                          .dest_qp_num = qpn, .rq_psn = gw__ib_qp_psn(nonce, !receiver, i), .max_dest_rd_atomic = 1,
                           .min_rnr_timer = 12};
   a.ah_attr.dlid = lid;
   a.ah_attr.sl = (uint8_t)gw__env_int("GW_IB_SL", 0);
@@ -358,7 +345,7 @@ static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16
                                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (e) return e;
   a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = t->qp_timeout, .retry_cnt = t->qp_retry_cnt,
-                           .rnr_retry = 7, .sq_psn = qp_psn(nonce, receiver, i),
+                           .rnr_retry = 7, .sq_psn = gw__ib_qp_psn(nonce, receiver, i),
                            .max_rd_atomic = 1};
   return gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                       IBV_QP_MAX_QP_RD_ATOMIC);

@@ -474,3 +474,16 @@ gw_result_t gw__ib_roce_agree(const struct ib_port *port, int peer_type, int sel
                  "must use the same RoCE version (GW_IB_ROCE_VERSION, or GW_IB_GID_INDEX, alike on every machine)",
                  self, port->name, gw__ib_gid_type_name(mine), port->gid_index, peer, gw__ib_gid_type_name(peer_type));
 }
+
+/* The first packet sequence number of queue pair i of a connection's sending
+ * (receiver 0) or receiving (1) end: from the connection's random nonce,
+ * which both ends know, so each expects the other's.  Random, not 0: a
+ * destroyed QP's packets still being retried (seconds) could otherwise land
+ * in a new QP given the same number by the HCA, whose expected PSN they
+ * matched (rdma-core's examples draw them at random too). */
+uint32_t gw__ib_qp_psn(uint64_t nonce, int receiver, uint32_t i) {
+  uint64_t x = nonce ^ ((uint64_t)receiver << 32 | i) ^ 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)(x ^ (x >> 31)) & 0xffffff;
+}

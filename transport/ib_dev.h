@@ -45,6 +45,10 @@ void gw__ib_events(bool now);
 gw_result_t gw__ib_pkey_agree(const struct ib_port *port, uint16_t peer_pkey, int self, int peer,
                               struct gw_errctx *err);
 
+/* The first packet sequence number (24 bits) of queue pair i of the connection
+ * `nonce`, at its sending (receiver 0) or receiving (1) end. */
+uint32_t gw__ib_qp_psn(uint64_t nonce, int receiver, uint32_t i);
+
 /* "RoCE v2", "RoCE v1", "InfiniBand" or "unknown type" (an IBV_GID_TYPE_*). */
 const char *gw__ib_gid_type_name(int type);
 

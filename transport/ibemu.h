@@ -163,6 +163,10 @@ struct emu_ctx {
 /* The error state: queued sends are flushed, the receive queue takes no more
  * inbound messages and its receives are flushed as the owner polls. */
 void gw__ibemu_enter_error(struct emu_qp *q);
+/* ibemu_qp_attrs.c: checks the attributes `rest` (the mask without
+ * IBV_QP_STATE) of the RC transition cur -> to and applies them to q; 0, or
+ * EINVAL for a transition or attribute the kernel would refuse (nothing applied). */
+int gw__ibemu_qp_attrs(struct emu_qp *q, const struct ibv_qp_attr *a, int rest, int cur, int to);
 
 /* ---- ibemu_device.c ----------------------------------------------------------------- */
 /* The emulator's ibv_get/free_device_list, ibv_get_device_name,
