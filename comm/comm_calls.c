@@ -84,6 +84,7 @@ void gw__comm_algo_setting(const struct gw_comm *comm, int8_t *algo, int8_t *pro
 
 gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto) {
   if (!comm || !algo || !proto) return null_argument(comm, "gw_comm_set_algo");
+  GW_CHECK(gw__comm_enter(comm, "gw_comm_set_algo")); /* not on a communicator being freed, nor a parent's copy */
   int a = gw__algo_from_name(algo), p = gw__proto_from_name(proto);
   struct gw_errctx err;
   gw_result_t res = GW_SUCCESS;
@@ -98,6 +99,7 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
                   comm->rank, algo, proto);
   if (res != GW_SUCCESS) {
     gw__comm_set_error(comm, err.msg);
+    gw__comm_leave(comm);
     return res;
   }
   /* Other threads may be starting calls (gw__comm_algo_setting): atomic
@@ -105,6 +107,7 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
    * protocol: every pair of settings allowed here is valid. */
   __atomic_store_n(&comm->algo, (enum gw_algo)a, __ATOMIC_RELAXED);
   __atomic_store_n(&comm->proto, p < 0 ? -1 : p, __ATOMIC_RELAXED);
+  gw__comm_leave(comm);
   return GW_SUCCESS;
 }
 
@@ -194,10 +197,16 @@ gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle) {
 
 gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds) {
   if (!comm) return null_argument(comm, "gw_comm_set_timeout");
+  GW_CHECK(gw__comm_enter(comm, "gw_comm_set_timeout"));
+  gw_result_t res = GW_SUCCESS;
   if (seconds != seconds) { /* NaN: every deadline would be off without a word */
-    gw__comm_set_error(comm, "gw_comm_set_timeout: the timeout is NaN (0 waits without a limit)");
-    return GW_ERR_INVALID_ARGUMENT;
+    char msg[GW_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "rank %d: gw_comm_set_timeout: the timeout is NaN (0 waits without a limit)", comm->rank);
+    gw__comm_set_error(comm, msg);
+    res = GW_ERR_INVALID_ARGUMENT;
+  } else {
+    comm->timeout_s = seconds > 0 ? seconds : 0;
   }
-  comm->timeout_s = seconds > 0 ? seconds : 0;
-  return GW_SUCCESS;
+  gw__comm_leave(comm);
+  return res;
 }

@@ -123,7 +123,8 @@ gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **han
 gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle);
 
 /* Per-communicator deadline for every blocking wait, in seconds (default
- * GW_TIMEOUT, 300 s).  0 or negative means wait forever. */
+ * GW_TIMEOUT, 300 s).  0 or negative means wait forever.  Any thread may call
+ * it at any time; a wait already under way keeps the limit it started with. */
 gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds);
 /* Forces the algorithm ("auto", "ring", "tree", "exchange") and protocol ("auto",
  * "simple", "ll") of later operations, as GW_ALGO / GW_PROTO do at init.  Every

@@ -90,6 +90,9 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
     const size_t gb[2] = {0, 4};
     gw_bucketer_t bk = NULL;
     bad |= gw_bucketer_create(comm, g, 4, GW_FLOAT32, GW_SUM, gb, 1, &bk) != GW_ERR_INVALID_ARGUMENT || bk != NULL;
+    /* and the setters (they wrote the parent's copy as if it were the child's) */
+    bad |= gw_comm_set_timeout(comm, 5) != GW_ERR_INVALID_ARGUMENT || comm->timeout_s == 5;
+    bad |= gw_comm_set_algo(comm, "ring", "simple") != GW_ERR_INVALID_ARGUMENT;
     bad |= gw_comm_destroy(comm) != GW_ERR_INVALID_ARGUMENT;
     bad |= gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, solo, NULL) != GW_ERR_INVALID_ARGUMENT;
     if (bad) fprintf(stderr, "child: allreduce %s: %s\n", gw_strerror(c), gw_comm_last_error(comm));

@@ -269,7 +269,9 @@ static int lock_dir(const char *dir, char *err, size_t errlen) {
   char host[128] = "?";
   gethostname(host, sizeof host - 1);
   const int len = snprintf(who, sizeof who, "%s %ld\n", host, (long)getpid());
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)len, 0) != len) { /* the lock holds; only the name is lost */ }
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)len, 0) != len) /* the lock holds; only the name is lost */
+    fprintf(stderr, "gw-train: note: --checkpoint-dir %s: could not write this run's name into .gw-train.lock (%s); "
+            "the folder is locked all the same\n", dir, strerror(errno));
   if (dir_lock_fd >= 0) close(dir_lock_fd);
   dir_lock_fd = fd;
   return 0;
