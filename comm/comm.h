@@ -136,6 +136,7 @@ struct gw_link {
 
 struct gw_request {
   struct gw_request *next; /* queue link */
+  struct gw_request *live_next; /* the live handles' table (enqueue.c), while the caller holds it */
   struct gw_comm *comm;
   struct gw_op op;
   _Atomic int done;

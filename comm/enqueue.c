@@ -296,6 +296,58 @@ static uint64_t take_seq_locked(struct gw_comm *comm, uint64_t n) {
   return seq;
 }
 
+/* ---- live handles ---------------------------------------------------------------------------
+ * The requests handed out and not yet completed by gw_wait / gw_test, per
+ * process.  A handle waited for twice (a copy of it, or two threads waiting
+ * on one) is refused by name instead of freed twice: gw_wait and gw_test take
+ * it out of the table before touching it, and only the one that took it goes
+ * on (gw_test puts back one not done).  Looked up by address, never read
+ * before it is found. */
+#define LIVE_BUCKETS 256
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gw_request *live[LIVE_BUCKETS];
+
+static struct gw_request **live_bucket(const void *req) {
+  return &live[(uint32_t)(((uintptr_t)req >> 4) * 0x9E3779B1u) >> 24];
+}
+
+/* Held across fork, so a child's gw_wait (refused) does not find it locked
+ * for good by a parent's thread. */
+static void live_fork_prepare(void) { pthread_mutex_lock(&live_mu); }
+static void live_fork_after(void) { pthread_mutex_unlock(&live_mu); }
+static pthread_once_t live_fork_once = PTHREAD_ONCE_INIT;
+static void live_fork_install(void) { pthread_atfork(live_fork_prepare, live_fork_after, live_fork_after); }
+
+static void live_add(struct gw_request *req) {
+  pthread_once(&live_fork_once, live_fork_install);
+  pthread_mutex_lock(&live_mu);
+  struct gw_request **b = live_bucket(req);
+  req->live_next = *b, *b = req;
+  pthread_mutex_unlock(&live_mu);
+}
+
+/* Takes req out of the table: false if it is not there. */
+static bool live_take(const struct gw_request *req) {
+  bool found = false;
+  pthread_mutex_lock(&live_mu);
+  for (struct gw_request **p = live_bucket(req); *p; p = &(*p)->live_next)
+    if (*p == req) {
+      *p = req->live_next, found = true;
+      break;
+    }
+  pthread_mutex_unlock(&live_mu);
+  return found;
+}
+
+static gw_result_t not_live(const char *fn, const void *req) {
+  char msg[GW_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s: request %p is not a live request: completed already (by gw_wait or gw_test, "
+           "through a copy of the handle), being waited for or tested on another thread, or not a handle from a "
+           "non-blocking call", fn, req);
+  gw__set_thread_error(msg);
+  return GW_ERR_INVALID_ARGUMENT;
+}
+
 /* Blocking: runs inline when nothing is queued or running (no lock, no thread
  * handoff on the latency path), else queues behind the earlier operations and
  * waits.  Non-blocking (reqp != NULL): queues for the progress thread.  Like an
@@ -386,6 +438,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   if (detached) return GW_SUCCESS; /* req may be gone already */
   if (reqp) {
     atomic_fetch_add(&comm->requests, 1); /* until gw_wait / gw_test frees it */
+    live_add(req);
     *reqp = req;
     return GW_SUCCESS;
   }
@@ -491,9 +544,14 @@ gw_result_t gw_wait(gw_request_t *reqp) {
   if (!reqp) return gw__set_thread_error("gw_wait: a NULL request pointer"), GW_ERR_INVALID_ARGUMENT;
   struct gw_request *req = *reqp;
   if (!req) return GW_SUCCESS;
+  if (!live_take(req)) return not_live("gw_wait", req);
   /* No deadline here: the operation itself enforces GW_TIMEOUT. */
   struct gw_comm *comm = req->comm;
-  GW_CHECK(gw__comm_enter(comm, "gw_wait"));
+  gw_result_t entered = gw__comm_enter(comm, "gw_wait");
+  if (entered != GW_SUCCESS) {
+    live_add(req); /* still the caller's (a forked child's refusal; destroy waits for it) */
+    return entered;
+  }
   gw_result_t res = wait_request(comm, req);
   free(req);
   atomic_fetch_sub(&comm->requests, 1);
@@ -509,10 +567,16 @@ gw_result_t gw_test(gw_request_t *reqp, int *done) {
     *done = 1;
     return GW_SUCCESS;
   }
-  struct gw_comm *comm = req->comm;
   *done = 0;
-  GW_CHECK(gw__comm_enter(comm, "gw_test"));
+  if (!live_take(req)) return not_live("gw_test", req);
+  struct gw_comm *comm = req->comm;
+  gw_result_t entered = gw__comm_enter(comm, "gw_test");
+  if (entered != GW_SUCCESS) {
+    live_add(req);
+    return entered;
+  }
   if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+    live_add(req);
     gw__comm_leave(comm);
     return GW_SUCCESS;
   }
@@ -525,6 +589,7 @@ gw_result_t gw_test(gw_request_t *reqp, int *done) {
     if (!req->unsettled_since) req->unsettled_since = gw__now();
     res = gw__dev_settle_look(comm, &req->op, req->unsettled_since, &settled);
     if (res == GW_SUCCESS && !settled) {
+      live_add(req);
       gw__comm_leave(comm);
       return GW_SUCCESS;
     }

@@ -223,7 +223,10 @@ gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req);
 
 /* Waits for *req, frees it and sets *req = NULL; returns the operation's result.
  * A NULL *req returns GW_SUCCESS at once.  Every request is waited for (or
- * tested done) before gw_comm_destroy (which refuses while one is out). */
+ * tested done) before gw_comm_destroy (which refuses while one is out).  One
+ * thread at a time per request: a request completed already (through a copy
+ * of the handle) or in gw_wait / gw_test on another thread is refused with
+ * GW_ERR_INVALID_ARGUMENT (message in gw_comm_last_error(NULL)). */
 gw_result_t gw_wait(gw_request_t *req);
 /* Sets *done.  When done, frees *req, sets it to NULL and returns the operation's
  * result; otherwise returns GW_SUCCESS and leaves *req alone. */

@@ -29,6 +29,18 @@ static void *blocked_allreduce(void *arg) {
   return &r;
 }
 
+static void *wait_copy(void *arg) {
+  static gw_result_t r;
+  r = gw_wait(arg);
+  return &r;
+}
+
+static void *join(pthread_t t) {
+  void *res = NULL;
+  pthread_join(t, &res);
+  return res;
+}
+
 static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   (void)n, (void)arg;
   if (rank == 1) {
@@ -62,7 +74,26 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   r = gw_comm_destroy(comm);
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "1 request of non-blocking calls has not"),
          "destroy with a request out: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  gw_request_t copy = req;
   EXPECT(gw_wait(&req) == GW_SUCCESS && y == 2, "the request, waited for after the refusal");
+  /* A copy of a completed handle: refused by name, not freed again (ASan
+   * saw a double free); gw_test's too. */
+  int done = 0;
+  r = gw_wait(&copy);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "is not a live request"),
+         "gw_wait on a copy of a completed request: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  r = gw_test(&copy, &done);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !done && has(gw_comm_last_error(NULL), "gw_test: request"),
+         "gw_test on it: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  /* Two threads waiting on one request: one completes it, the other is refused. */
+  EXPECT(gw_iallreduce(&y, &y, 1, GW_FLOAT32, GW_SUM, comm, NULL, &req) == GW_SUCCESS, "iallreduce 2");
+  copy = req;
+  pthread_t waiter;
+  EXPECT(pthread_create(&waiter, NULL, wait_copy, &copy) == 0, "pthread_create");
+  gw_result_t mine = gw_wait(&req), theirs = *(gw_result_t *)join(waiter);
+  EXPECT((mine == GW_SUCCESS) + (theirs == GW_SUCCESS) == 1 &&
+             (mine == GW_ERR_INVALID_ARGUMENT) + (theirs == GW_ERR_INVALID_ARGUMENT) == 1 && y == 4,
+         "two waits on one request: %s and %s (y %g)", gw_strerror(mine), gw_strerror(theirs), (double)y);
   /* A registration dropped twice: refused, not freed again. */
   void *h;
   EXPECT(gw_comm_register(comm, buf, sizeof buf, &h) == GW_SUCCESS, "register: %s", gw_comm_last_error(comm));
