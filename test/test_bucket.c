@@ -256,6 +256,38 @@ static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_refusals) { ck_assert_int_eq(run_ranks(2, body_refusals, NULL, 60), 0); }
 END_TEST
 
+/* Layouts that differ across ranks but whose bucket sizes line up (rank 2 has
+ * one bucket fewer of the same size): refused on every rank, naming rank 2,
+ * instead of each step summing rank 2's bucket 0 with the others' bucket 2;
+ * then one that agrees works. */
+static int body_layouts(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  float g[300];
+  const size_t three[] = {0, 100, 200, 300}, two[] = {0, 100, 200};
+  gw_bucketer_t bk = NULL;
+  gw_result_t r = rank == 2 ? gw_bucketer_create(comm, g, 200, GW_FLOAT32, GW_SUM, two, 2, &bk)
+                            : gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, three, 3, &bk);
+  const char *e = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk && strstr(e, "the bucket layouts differ across ranks") &&
+             strstr(e, rank == 2 ? "rank 0 has 3 over 300" : "rank 2 has 2 over 200"),
+         "differing layouts: %s: %s", gw_strerror(r), e);
+  /* the same sizes, other bounds */
+  const size_t other[] = {0, 150, 200, 300};
+  r = gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, rank == 1 ? other : three, 3, &bk);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk, "differing bounds accepted: %s", gw_strerror(r));
+  EXPECT(gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, three, 3, &bk) == GW_SUCCESS, "%s",
+         gw_comm_last_error(comm));
+  for (int i = 0; i < 300; i++) g[i] = (float)(i + rank);
+  EXPECT(gw_bucketer_ready(bk, 0, 300) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "%s",
+         gw_comm_last_error(comm));
+  for (int i = 0; i < 300; i++) EXPECT(g[i] == (float)(n * i + n * (n - 1) / 2), "element %d: %g", i, (double)g[i]);
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_layouts_differ) { ck_assert_int_eq(run_ranks(3, body_layouts, NULL, 60), 0); }
+END_TEST
+
 /* Rank 0 leaves bucket 1 unmarked, rank 1 marks everything: rank 1 waits in
  * bucket 1's allreduce and must hear of rank 0's failure at once (not at its
  * deadline, and not pair bucket 1 with rank 0's next step), with the reason. */
@@ -466,16 +498,17 @@ static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg, (void)n;
   gw_comm_set_timeout(comm, 30);
   struct inline_call c = {comm, GW_SUCCESS};
+  float g[M];
+  gw_bucketer_t bk;
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create"); /* collective */
   if (rank == 1) {
     inline_allreduce(&c);
     EXPECT(c.r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "gw_bucketer_wait") &&
                !strstr(gw_comm_last_error(comm), "gw_comm_abort"),
            "rank 1: %s: %s", gw_strerror(c.r), gw_comm_last_error(comm));
+    gw_bucketer_destroy(bk);
     return 0;
   }
-  float g[M];
-  gw_bucketer_t bk;
-  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
   pthread_t th;
   EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
   usleep(150000); /* the other thread's call is in its pause, holding the connections */
@@ -550,6 +583,7 @@ int main(void) {
   tcase_add_test(tc, test_sum_any_order);
   tcase_add_test(tc, test_avg);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_layouts_differ);
   tcase_add_test(tc, test_one_rank_incomplete);
   tcase_add_test(tc, test_stream_refused);
   tcase_add_test(tc, test_start_failure);
