@@ -791,7 +791,7 @@ static bool destroy_refused(struct gw_comm *comm, char *msg, size_t len) {
              "one; a child cannot free it (its copy goes when the child exits)", comm->rank, comm->owner_pid);
     return true;
   }
-  const int inside = atomic_load(&comm->inside), bucketers = atomic_load(&comm->bucketers),
+  const int inside = atomic_load(&comm->inside) - 1 /* this destroy */, bucketers = atomic_load(&comm->bucketers),
             requests = atomic_load(&comm->requests);
   if (inside > 0)
     snprintf(msg, len, "rank %d: gw_comm_destroy refused: %d call%s on this communicator (a collective, gw_wait, ...) "
@@ -820,24 +820,31 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
    * The flag first: a call entering after the count sees it (seq_cst). */
   char msg[GW_ERRMSG_MAX];
   int idle = GW_DESTROY_NO;
+  /* Counted inside like every call while it decides: a second destroy racing
+   * this one reads the communicator, and the winner must not free it under
+   * the loser (it did: the loser's refusal locked a freed mutex). */
+  atomic_fetch_add(&comm->inside, 1);
   if (!atomic_compare_exchange_strong(&comm->destroying, &idle, GW_DESTROY_CHECKING)) {
     snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: another thread is destroying this communicator",
              comm->rank);
-    refusal(comm, msg);
+    gw__set_thread_error(msg); /* the communicator may be freed as soon as this one leaves */
+    atomic_fetch_sub(&comm->inside, 1);
     return GW_ERR_INVALID_ARGUMENT;
   }
   if (destroy_refused(comm, msg, sizeof msg)) {
     atomic_store(&comm->destroying, GW_DESTROY_NO); /* the calls that waited for the verdict go on */
     refusal(comm, msg);
     GW_WARN(GW_SUB_INIT, "%s", msg);
+    atomic_fetch_sub(&comm->inside, 1);
     return GW_ERR_INVALID_ARGUMENT;
   }
   atomic_store(&comm->destroying, GW_DESTROY_GOING);
-  /* A call that entered after the count (and waited for the verdict) is on
-   * its way out: it must be gone before the free. */
+  /* A call that entered after the count (and waited for the verdict), or a
+   * losing destroy, is on its way out: it must be gone before the free. */
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
-  while (atomic_load(&comm->inside) > 0) gw__waiter_pause(&w);
+  while (atomic_load(&comm->inside) > 1) gw__waiter_pause(&w);
+  atomic_fetch_sub(&comm->inside, 1);
   gw__progress_stop(comm);
   if (atomic_load(&comm->aborted)) {
     /* Aborted with no operation since: the peers have not heard of it yet (an

@@ -83,7 +83,9 @@ gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *mast
  * non-blocking calls was waited for: while a call on it runs on another
  * thread, a bucketer uses it or a request is out, it is refused
  * (GW_ERR_INVALID_ARGUMENT, named in gw_comm_last_error) and the communicator
- * is left as it was.  The handle is invalid afterwards.  Stream-ordered
+ * is left as it was; so is a second destroy racing one under way (its
+ * message in gw_comm_last_error(NULL): the communicator may be gone by the
+ * time it returns).  The handle is invalid afterwards.  Stream-ordered
  * operations nobody waits for run first.  A child forked without exec
  * cannot use its parent's communicators: every call on them, destroy
  * included, is refused there. */

@@ -101,6 +101,19 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   r = gw_comm_deregister(comm, h);
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "is not a live registration"),
          "deregister twice: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  /* A destroy racing one under way (the state set as the winner's): refused
+   * without touching the communicator's error (the winner frees it as soon
+   * as the loser leaves; the loser locked its mutex under the free), and
+   * counted out again. */
+  atomic_store(&comm->destroying, GW_DESTROY_GOING);
+  gw__set_thread_error("");
+  r = gw_comm_destroy(comm);
+  const int inside_after = atomic_load(&comm->inside);
+  atomic_store(&comm->destroying, GW_DESTROY_NO);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "another thread is destroying") &&
+             !has(gw_comm_last_error(comm), "another thread is destroying") && inside_after == 0,
+         "a racing destroy: %s: thread's '%s', communicator's '%s', inside %d", gw_strerror(r),
+         gw_comm_last_error(NULL), gw_comm_last_error(comm), inside_after);
   /* A child forked without exec: every call on the parent's communicator,
    * and its destroy, refused by name (its collectives ran on the parent's
    * connections: chunks taken from under the parent). */
