@@ -603,7 +603,9 @@ gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
 }
 
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
-  if (!b || !t) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: NULL argument");
+  if (!b || !t)
+    return fail(b ? b->comm : NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: a NULL %s",
+                b ? "times pointer" : "bucketer");
   pthread_mutex_lock(&b->mu);
   *t = b->last;
   pthread_mutex_unlock(&b->mu);

@@ -206,7 +206,8 @@ struct gw_comm {
   _Atomic bool inline_busy;  /* a blocking call is running on its caller's thread */
   /* What gw_comm_destroy refuses to free the communicator under: threads
    * inside a call on it (gw__comm_enter: a collective, gw_wait, gw_test,
-   * gw_comm_abort, registration), bucketers, and requests handed out and not
+   * registration, the setters, gw_bucketer_create, and a destroy deciding),
+   * bucketers, and requests handed out and not
    * yet freed by gw_wait / gw_test.  destroying: GW_DESTROY_CHECKING while
    * destroy counts them (a call entering meanwhile waits for the verdict),
    * GW_DESTROY_GOING once it goes ahead (a call entering then is refused). */

@@ -83,8 +83,13 @@ void gw__comm_algo_setting(const struct gw_comm *comm, int8_t *algo, int8_t *pro
 }
 
 gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto) {
-  if (!comm || !algo || !proto) return null_argument(comm, "gw_comm_set_algo");
+  if (!comm) return null_argument(NULL, "gw_comm_set_algo");
   GW_CHECK(gw__comm_enter(comm, "gw_comm_set_algo")); /* not on a communicator being freed, nor a parent's copy */
+  if (!algo || !proto) {
+    null_argument(comm, "gw_comm_set_algo");
+    gw__comm_leave(comm);
+    return GW_ERR_INVALID_ARGUMENT;
+  }
   int a = gw__algo_from_name(algo), p = gw__proto_from_name(proto);
   struct gw_errctx err;
   gw_result_t res = GW_SUCCESS;
@@ -112,7 +117,11 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
 }
 
 gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len) {
-  if (!comm || !buf || !len) return null_argument(comm, "gw_comm_last_path");
+  if (!comm || !buf) return null_argument(comm, "gw_comm_last_path");
+  if (!len) {
+    gw__comm_set_error(comm, "gw_comm_last_path: len is 0 (room for at least the terminating NUL is needed)");
+    return GW_ERR_INVALID_ARGUMENT;
+  }
   uint32_t v = atomic_load_explicit(&comm->last_path, memory_order_relaxed);
   if (!(v >> 24)) snprintf(buf, len, "none");
   else if (v >> 16 & 1) snprintf(buf, len, "%s/device%s", gw__algo_name((int)(v & 0xff)), v >> 17 & 1 ? "-async" : "");
@@ -146,6 +155,7 @@ static bool regs_take(struct gw_registration *reg) {
 
 gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle) {
   if (!comm) return null_argument(comm, "gw_comm_register");
+  if (handle) *handle = NULL; /* refused below too: no stale handle */
   GW_CHECK(gw__comm_enter(comm, "gw_comm_register"));
   struct gw_errctx err = {{0}};
   gw_result_t r = GW_SUCCESS;
@@ -174,24 +184,30 @@ gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **han
   return GW_SUCCESS;
 }
 
+/* comm may be NULL: registrations are the process's, not a communicator's,
+ * and one may outlive the communicator it was made through (its memory
+ * stayed registered for good: refused for a NULL communicator). */
 gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle) {
-  if (!comm) return null_argument(comm, "gw_comm_deregister");
   struct gw_registration *reg = handle;
   if (!reg) return GW_SUCCESS;
-  GW_CHECK(gw__comm_enter(comm, "gw_comm_deregister"));
+  if (comm) GW_CHECK(gw__comm_enter(comm, "gw_comm_deregister"));
   if (!regs_take(reg)) {
     char msg[GW_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "rank %d: gw_comm_deregister: %p is not a live registration (deregistered twice, or "
-             "not a handle from gw_comm_register)", comm->rank, handle);
-    gw__comm_set_error(comm, msg);
-    gw__comm_leave(comm);
+             "not a handle from gw_comm_register)", comm ? comm->rank : -1, handle);
+    if (comm) {
+      gw__comm_set_error(comm, msg);
+      gw__comm_leave(comm);
+    } else {
+      gw__set_thread_error(msg);
+    }
     return GW_ERR_INVALID_ARGUMENT;
   }
 #if GW_HAVE_IBVERBS
   gw__ib_deregister(reg->ib);
 #endif
   free(reg);
-  gw__comm_leave(comm);
+  if (comm) gw__comm_leave(comm);
   return GW_SUCCESS;
 }
 

@@ -449,12 +449,17 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   return res == GW_SUCCESS && op->ordered ? enqueued : res;
 }
 
-static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream,
+/* dtype and op as the caller gave them (op->desc holds them narrowed).  Every
+ * refusal that writes the communicator's error comes after the gate: one
+ * racing destroy wrote into a communicator being freed, and a forked child's
+ * locked its parent's copy of the error lock. */
+static gw_result_t launch(struct gw_comm *comm, const char *fn, struct gw_op *op, int dtype, int red_op, void *stream,
                           size_t send_elems, size_t recv_elems, gw_request_t *reqp, bool nonblocking) {
-  if (nonblocking && !reqp) return bad_arg(comm, "rank %d: %s: %s", fn, "the request pointer is NULL");
   if (reqp) *reqp = NULL;
   if (comm) GW_CHECK(gw__comm_enter(comm, fn));
-  gw_result_t res = check_args(comm, fn, op, stream, send_elems, recv_elems);
+  gw_result_t res = nonblocking && !reqp ? bad_arg(comm, "rank %d: %s: %s", fn, "the request pointer is NULL")
+                                         : check_enums(comm, fn, dtype, red_op);
+  if (res == GW_SUCCESS) res = check_args(comm, fn, op, stream, send_elems, recv_elems);
   if (res == GW_SUCCESS) {
     gw__comm_algo_setting(comm, &op->want_algo, &op->want_proto);
     res = submit(comm, op, reqp);
@@ -483,8 +488,7 @@ static size_t nranks_of(gw_comm_t comm) { return comm ? (size_t)comm->nranks : 1
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
     clear_req(REQ); /* refused below too: no stale handle */                                          \
-    GW_CHECK(check_enums(comm, #NAME, (int)dtype, (int)op));                                          \
-    return launch(comm, #NAME, &o, stream, count, count, REQ, NB);                                    \
+    return launch(comm, #NAME, &o, (int)dtype, (int)op, stream, count, count, REQ, NB);                                    \
   }
 DEFINE_ALLREDUCE(gw_allreduce, NOARG, NULL, false)
 DEFINE_ALLREDUCE(gw_iallreduce, REQARG, req, true)
@@ -496,9 +500,8 @@ DEFINE_ALLREDUCE(gw_iallreduce, REQARG, req, true)
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
     clear_req(REQ); /* refused below too: no stale handle */                                          \
-    GW_CHECK(check_enums(comm, #NAME, (int)dtype, 0));                                                \
     bool is_root = comm && comm->rank == root;                                                        \
-    return launch(comm, #NAME, &o, stream, is_root ? count : 0, count, REQ, NB);                      \
+    return launch(comm, #NAME, &o, (int)dtype, 0, stream, is_root ? count : 0, count, REQ, NB);                      \
   }
 DEFINE_BROADCAST(gw_broadcast, NOARG, NULL, false)
 DEFINE_BROADCAST(gw_ibroadcast, REQARG, req, true)
@@ -510,8 +513,7 @@ DEFINE_BROADCAST(gw_ibroadcast, REQARG, req, true)
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
     clear_req(REQ); /* refused below too: no stale handle */                                          \
-    GW_CHECK(check_enums(comm, #NAME, (int)dtype, 0));                                                \
-    return launch(comm, #NAME, &o, stream, sendcount, sendcount * nranks_of(comm), REQ, NB);          \
+    return launch(comm, #NAME, &o, (int)dtype, 0, stream, sendcount, sendcount * nranks_of(comm), REQ, NB);          \
   }
 DEFINE_ALLGATHER(gw_allgather, NOARG, NULL, false)
 DEFINE_ALLGATHER(gw_iallgather, REQARG, req, true)
@@ -523,20 +525,19 @@ DEFINE_ALLGATHER(gw_iallgather, REQARG, req, true)
     o.sendbuf = sendbuf;                                                                              \
     o.recvbuf = recvbuf;                                                                              \
     clear_req(REQ); /* refused below too: no stale handle */                                          \
-    GW_CHECK(check_enums(comm, #NAME, (int)dtype, (int)op));                                          \
-    return launch(comm, #NAME, &o, stream, recvcount * nranks_of(comm), recvcount, REQ, NB);          \
+    return launch(comm, #NAME, &o, (int)dtype, (int)op, stream, recvcount * nranks_of(comm), recvcount, REQ, NB);          \
   }
 DEFINE_REDUCE_SCATTER(gw_reduce_scatter, NOARG, NULL, false)
 DEFINE_REDUCE_SCATTER(gw_ireduce_scatter, REQARG, req, true)
 
 gw_result_t gw_barrier(gw_comm_t comm) {
   struct gw_op o = OPDESC(GW_COLL_BARRIER, 0, GW_INT8, GW_SUM, -1);
-  return launch(comm, "gw_barrier", &o, NULL, 0, 0, NULL, false);
+  return launch(comm, "gw_barrier", &o, GW_INT8, GW_SUM, NULL, 0, 0, NULL, false);
 }
 
 gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req) {
   struct gw_op o = OPDESC(GW_COLL_BARRIER, 0, GW_INT8, GW_SUM, -1);
-  return launch(comm, "gw_ibarrier", &o, NULL, 0, 0, req, true);
+  return launch(comm, "gw_ibarrier", &o, GW_INT8, GW_SUM, NULL, 0, 0, req, true);
 }
 
 /* ---- requests ----------------------------------------------------------------------- */

@@ -120,8 +120,11 @@ gw_result_t gw_comm_device(gw_comm_t comm, int *device);
  * registering again.  Keep the memory mapped until gw_comm_deregister.  Without
  * an ib port it does nothing and succeeds.  *handle is for gw_comm_deregister. */
 gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **handle);
-/* Drops a registration from gw_comm_register; accepts NULL.  A handle that is
- * no live registration (dropped already) is refused, not freed again. */
+/* Drops a registration from gw_comm_register; accepts a NULL handle.  comm may
+ * be NULL, or another communicator than the one it was made through
+ * (registrations are the process's: one may outlive its communicator).  A
+ * handle that is no live registration (dropped already) is refused, not
+ * freed again. */
 gw_result_t gw_comm_deregister(gw_comm_t comm, void *handle);
 
 /* Per-communicator deadline for every blocking wait, in seconds (default
@@ -131,8 +134,9 @@ gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds);
 /* Forces the algorithm ("auto", "ring", "tree", "exchange") and protocol ("auto",
  * "simple", "ll") of later operations, as GW_ALGO / GW_PROTO do at init.  Every
  * rank must make the same call at the same point between operations.  "tree"
- * needs a communicator made with GW_ALGO auto or tree, "ll" one whose
- * connections are all shared memory (GW_ERR_UNSUPPORTED otherwise). */
+ * needs a communicator made with GW_ALGO auto or tree, "exchange" one of 2
+ * ranks or made with GW_ALGO auto or exchange, "ll" one whose connections are
+ * all shared memory (GW_ERR_UNSUPPORTED otherwise). */
 gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto);
 
 /* The path of the latest collective this communicator ran (barriers aside),

@@ -101,6 +101,13 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   r = gw_comm_deregister(comm, h);
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "is not a live registration"),
          "deregister twice: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  /* Registrations are the process's: dropped without a communicator (one that
+   * outlived its communicator could not be dropped at all). */
+  EXPECT(gw_comm_register(comm, buf, sizeof buf, &h) == GW_SUCCESS, "register again");
+  EXPECT(gw_comm_deregister(NULL, h) == GW_SUCCESS, "deregister without a communicator: %s", gw_comm_last_error(NULL));
+  r = gw_comm_deregister(NULL, h);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "is not a live registration"),
+         "deregister twice without a communicator: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
   /* A destroy racing one under way (the state set as the winner's): refused
    * without touching the communicator's error (the winner frees it as soon
    * as the loser leaves; the loser locked its mutex under the free), and
@@ -137,6 +144,12 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
     /* and the setters (they wrote the parent's copy as if it were the child's) */
     bad |= gw_comm_set_timeout(comm, 5) != GW_ERR_INVALID_ARGUMENT || comm->timeout_s == 5;
     bad |= gw_comm_set_algo(comm, "ring", "simple") != GW_ERR_INVALID_ARGUMENT;
+    /* bad arguments too: refused at the gate, not written into the parent's
+     * copy of the communicator's error under its lock (held: a hang) */
+    bad |= gw_allreduce(&z, &z, 1, (gw_dtype_t)42, GW_SUM, comm, NULL) != GW_ERR_INVALID_ARGUMENT ||
+           !has(gw_comm_last_error(comm), "a child cannot use it");
+    bad |= gw_iallreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, comm, NULL, NULL) != GW_ERR_INVALID_ARGUMENT ||
+           !has(gw_comm_last_error(comm), "a child cannot use it");
     bad |= gw_comm_destroy(comm) != GW_ERR_INVALID_ARGUMENT;
     bad |= gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, solo, NULL) != GW_ERR_INVALID_ARGUMENT;
     if (bad) fprintf(stderr, "child: allreduce %s: %s\n", gw_strerror(c), gw_comm_last_error(comm));
