@@ -108,7 +108,7 @@ void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me) {
   char *path = c->alive_path;
   for (int tries = 0; c->alive_own < 0 && tries < 8; tries++) {
     uint32_t rnd = 0;
-    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd) rnd = (uint32_t)(gw__now() * 1e9) ^ (uint32_t)tries;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd) rnd = gw__clock_bits() ^ (uint32_t)tries;
     snprintf(me->alive_name, sizeof me->alive_name, "gw-%08llx-%d-%d-%d-live-%08x-%llu",
              (unsigned long long)(c->conn_params.job_hash & 0xffffffffu), c->rank, c->rank, (int)getpid(), rnd,
              (unsigned long long)gw__pidns_self());
@@ -149,7 +149,8 @@ gw_result_t gw__alive_open_peers(struct gw_comm *c, struct gw_errctx *err) {
   for (int r = 0; r < c->nranks; r++) {
     const struct gw_peer_info *pi = &c->peers[r];
     c->alive_fds[r] = -1;
-    if (r == c->rank || !pi->alive_name[0] || strcmp(pi->node_id, me->node_id) != 0 || pi->shm_id != me->shm_id)
+    if (r == c->rank || !pi->alive_name[0] || strcmp(pi->node_id, me->node_id) != 0 || pi->shm_id != me->shm_id ||
+        pi->uid != me->uid)
       continue;
     char path[96];
     snprintf(path, sizeof path, "/dev/shm/%.*s", (int)sizeof pi->alive_name, pi->alive_name);

@@ -219,8 +219,13 @@ static void close_gracefully(int fd, double deadline) {
   for (;;) {
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     int ms = gw__ms_until(deadline);
-    if (ms <= 0 || poll(&pfd, 1, ms) <= 0) break;
-    if (recv(fd, sink, sizeof sink, 0) <= 0) break;
+    if (ms <= 0) break;
+    int ready = poll(&pfd, 1, ms);
+    if (ready < 0 && errno == EINTR) continue; /* a signal (a DataLoader's SIGCHLD) is no end of the drain */
+    if (ready <= 0) break;
+    ssize_t got = recv(fd, sink, sizeof sink, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
   }
   close(fd);
 }

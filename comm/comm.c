@@ -696,6 +696,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   struct stat st;
   if (stat("/dev/shm", &st) == 0) me.shm_id = ((uint64_t)st.st_dev << 32) ^ (uint64_t)st.st_ino;
   me.pidns = gw__pidns_self();
+  me.uid = (uint32_t)geteuid();
   cpu_set_t aff;
   if (sched_getaffinity(0, sizeof aff, &aff) == 0)
     for (int cpu = 0; cpu < 1024 && cpu < CPU_SETSIZE; cpu++)

@@ -103,6 +103,7 @@ const char *gw__env_str(const char *name, const char *dflt);
 
 /* ---- time and waiting ---------------------------------------------------------- */
 double gw__now(void); /* monotonic seconds */
+uint32_t gw__clock_bits(void); /* 32 bits of clock, pid and address: getrandom's stand-in for unique names */
 /* Milliseconds from now to the deadline for poll(): 0 once past it, at most
  * INT_MAX (a far or infinite deadline must not overflow to a negative wait). */
 int gw__ms_until(double deadline);

@@ -209,6 +209,20 @@ double gw__now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Where getrandom cannot answer: the realtime clock's nanoseconds, the pid
+ * and a stack address folded into 32 bits (a double's seconds times 1e9
+ * exceeded 32 bits: converting it was undefined, and saturated on aarch64:
+ * every rank drew the same "random" bits). */
+uint32_t gw__clock_bits(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int here;
+  uint64_t v = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40) ^
+               (uint64_t)(uintptr_t)&here;
+  v ^= v >> 33, v *= 0xff51afd7ed558ccdull, v ^= v >> 33;
+  return (uint32_t)(v ^ (v >> 32));
+}
+
 int gw__ms_until(double deadline) {
   double ms = (deadline - gw__now()) * 1000.0;
   return ms <= 0 ? 0 : ms >= (double)INT_MAX ? INT_MAX : (int)ms + (ms > (int)ms);

@@ -89,6 +89,16 @@ END_TEST
 
 START_TEST(test_transport_choice) {
   unsetenv("GW_TRANSPORT");
+  /* One machine and /dev/shm, two users: tcp (shm segments are 0600: the
+   * peer's could not be opened, and init failed). */
+  static struct gw_peer_info a, b;
+  snprintf(a.node_id, sizeof a.node_id, "host-boot");
+  a.shm_id = 7, a.uid = 1000;
+  b = a;
+  b.rank = 1;
+  ck_assert_ptr_eq(gw__transport_select(&a, &b), &gw__shm_transport);
+  b.uid = 1001;
+  ck_assert_ptr_eq(gw__transport_select(&a, &b), &gw__tcp_transport);
   ck_assert_int_eq(run_ranks(3, body_uses_transport, "shm", 60), 0);
   setenv("GW_TRANSPORT", "tcp", 1);
   ck_assert_int_eq(run_ranks(3, body_uses_transport, "tcp", 60), 0);

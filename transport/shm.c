@@ -112,7 +112,7 @@ static bool ll_attach(struct shm_conn *s, void *map) {
 }
 
 static bool shm_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
-  return strcmp(self->node_id, peer->node_id) == 0 && self->shm_id == peer->shm_id;
+  return strcmp(self->node_id, peer->node_id) == 0 && self->shm_id == peer->shm_id && self->uid == peer->uid;
 }
 
 static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params *p,
@@ -135,7 +135,7 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   int fd = -1;
   for (int tries = 0; fd < 0 && tries < 8; tries++) {
     uint32_t rnd = 0;
-    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd) rnd = (uint32_t)(gw__now() * 1e9) ^ (uint32_t)tries;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd) rnd = gw__clock_bits() ^ (uint32_t)tries;
     snprintf(s->name, sizeof s->name, "/gw-%08llx-%d-%d-%d-%u-%08x-%llu",
              (unsigned long long)(p->job_hash & 0xffffffffu), c->peer, c->self, (int)getpid(),
              atomic_fetch_add(&counter, 1), rnd, (unsigned long long)gw__pidns_self());

@@ -64,7 +64,11 @@ struct gw_peer_info {
    * capped by its cgroup's quota (comm.c: whether the job is oversubscribed
    * anywhere, which every rank works out alike from the table). */
   int32_t ncpus;
-  int32_t pad; /* the struct's tail, zero like the rest (comm.c memsets it) */
+  /* Its effective user: shm segments and liveness files are 0600, so shm
+   * only between ranks of one user (containers sharing /dev/shm may run as
+   * different users: init failed opening the peer's segment instead of
+   * taking tcp). */
+  uint32_t uid;
 };
 #define GW_CAP_IB 1u /* an active InfiniBand/RoCE port (or the verbs emulator) */
 #define GW_CAP_DEVICE 2u /* bound to a device that can map its peers' memory (comm/device.c) */
