@@ -710,6 +710,10 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     GW_CHECK_GOTO(build_ring_order(c, &err), res, fail);
   } else {
     double boot_timeout = gw__env_seconds("GW_BOOTSTRAP_TIMEOUT", 60.0, false);
+    const int swept = gw__shm_sweep(); /* what dead ranks of earlier jobs left (a full /dev/shm fails this one) */
+    if (swept)
+      GW_INFO(GW_SUB_INIT, "rank %d: removed %d file%s from /dev/shm that ranks of this user which died during setup "
+              "left", rank, swept, swept == 1 ? "" : "s");
     gw__alive_create(c, &me);
     GW_CHECK_GOTO(gw__bootstrap_init(&c->bs, rank, nranks, master, token, boot_timeout, &err), res, fail);
     GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, &me, c->peers, sizeof me, &err), res, fail);

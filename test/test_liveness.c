@@ -5,11 +5,16 @@
  * second into a wait).  A rank that destroyed its communicator early and runs
  * on is said to have left it, not to have died. */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "harness.h"
 
 struct late {
@@ -44,6 +49,43 @@ static int raw_main_thread_exits(int rank, int n, const char *master, void *arg)
   gw_comm_destroy(l.comm);
   return 0;
 }
+
+/* Leftovers in /dev/shm of a dead rank of this user and pid namespace go at
+ * the first init (a full /dev/shm failed later jobs under launchers that do
+ * not sweep); a live creator's file stays, and so does one of another pid
+ * namespace. */
+static int raw_sweep(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_leftovers_swept) {
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ck_assert_int_gt(dead, 0);
+  waitpid(dead, NULL, 0);
+  const unsigned long long ns = (unsigned long long)gw__pidns_self();
+  char gone[128], alive[128], other_ns[128];
+  snprintf(gone, sizeof gone, "/dev/shm/gw-0badf00d-1-0-%d-3-12345678-%llu", (int)dead, ns);
+  snprintf(alive, sizeof alive, "/dev/shm/gw-0badf00d-1-0-%d-4-12345678-%llu", (int)getpid(), ns);
+  snprintf(other_ns, sizeof other_ns, "/dev/shm/gw-0badf00d-1-0-%d-5-12345678-%llu", (int)dead, ns + 1);
+  const char *files[] = {gone, alive, other_ns};
+  for (int i = 0; i < 3; i++) {
+    int fd = open(files[i], O_CREAT | O_EXCL | O_WRONLY, 0600);
+    ck_assert_msg(fd >= 0, "%s: %s", files[i], strerror(errno));
+    close(fd);
+  }
+  ck_assert_int_eq(run_ranks_raw(2, raw_sweep, NULL, 60), 0);
+  const int gone_left = access(gone, F_OK) == 0, alive_left = access(alive, F_OK) == 0,
+            other_left = access(other_ns, F_OK) == 0;
+  for (int i = 0; i < 3; i++) unlink(files[i]);
+  ck_assert_msg(!gone_left, "a dead rank's leftover stayed");
+  ck_assert_msg(alive_left && other_left, "a live creator's file or another namespace's went");
+}
+END_TEST
 
 START_TEST(test_main_thread_exit_alive) { ck_assert_int_eq(run_ranks_raw(2, raw_main_thread_exits, NULL, 60), 0); }
 END_TEST
@@ -81,6 +123,7 @@ int main(void) {
   Suite *s = suite_create("liveness");
   TCase *tc = tcase_create("liveness");
   tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_leftovers_swept);
   tcase_add_test(tc, test_main_thread_exit_alive);
   tcase_add_test(tc, test_left_early_not_died);
   suite_add_tcase(s, tc);

@@ -18,7 +18,10 @@
  * crash leaves files in /dev/shm after setup.  Not here: waiting (the caller's
  * policy) and any notion of a collective. */
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +112,47 @@ static bool ll_attach(struct shm_conn *s, void *map) {
   s->stage = aligned_alloc(GW_CACHELINE, LL_STAGE_BYTES);
   if (s->stage) memset(s->stage, 0, LL_STAGE_BYTES); /* whole lines are copied: no byte is ever undefined */
   return s->stage != NULL;
+}
+
+/* Leftovers of ranks killed during setup (before their peers unlinked the
+ * names) under a launcher that does not sweep as gw-run does (torchrun, srun,
+ * mpirun): this user's /dev/shm/gw-* files whose creator, named in the file
+ * name with its pid namespace, is gone.  A pid of another namespace, or one
+ * alive (perhaps reused), keeps its file.  Once per process, at the first
+ * gw_comm_init; the number removed. */
+static int sweep_leftovers(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  const unsigned long long own_ns = (unsigned long long)gw__pidns_self();
+  const uid_t uid = geteuid();
+  int removed = 0;
+  struct dirent *e;
+  while (own_ns && (e = readdir(d)) != NULL) {
+    unsigned hash;
+    int peer, self, pid, at = 0;
+    if (sscanf(e->d_name, "gw-%8x-%d-%d-%d-%n", &hash, &peer, &self, &pid, &at) != 4 || !at || pid <= 0 ||
+        pid == getpid())
+      continue;
+    const char *dash = strrchr(e->d_name, '-');
+    char *end = NULL;
+    const unsigned long long ns = strtoull(dash + 1, &end, 10);
+    struct stat st;
+    if (!end || *end || ns != own_ns || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_uid != uid || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+      continue;
+    removed += unlinkat(dirfd(d), e->d_name, 0) == 0;
+  }
+  closedir(d);
+  return removed;
+}
+
+static pthread_once_t sweep_once = PTHREAD_ONCE_INIT;
+static _Atomic int swept;
+static void sweep_now(void) { atomic_store(&swept, sweep_leftovers()); }
+
+int gw__shm_sweep(void) {
+  pthread_once(&sweep_once, sweep_now);
+  return atomic_exchange(&swept, 0); /* told once */
 }
 
 static bool shm_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {

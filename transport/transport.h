@@ -200,6 +200,9 @@ struct gw_transport {
 };
 
 extern const struct gw_transport gw__shm_transport;
+/* Removes this user's /dev/shm leftovers of dead ranks (shm.c), once per
+ * process; how many it removed (to the first call, 0 after). */
+int gw__shm_sweep(void);
 extern const struct gw_transport gw__tcp_transport;
 #if GW_HAVE_IBVERBS
 extern const struct gw_transport gw__ib_transport;
