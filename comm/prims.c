@@ -369,6 +369,16 @@ static gw_result_t slot_got(struct prims *p, struct gw_conn *c, gw_result_t r, s
                  p->comm->rank, bytes, c->peer, c->tp->name, cap);
 }
 
+/* The receiver's rank failed and said so beside the FIFO (recv_abandon): its
+ * abort notice to this rank may sit behind data this rank has not taken
+ * (it holds a chunk while it waits here), so this is how it hears. */
+static gw_result_t receiver_gave_up(struct prims *p, struct gw_conn *c, const struct gw_waiter *w, bool now) {
+  char why[GW_ERRMSG_MAX];
+  if (!c->tp->send_abandoned || (!now && !slow_check_due(w)) || !c->tp->send_abandoned(c, why, sizeof why))
+    return GW_SUCCESS;
+  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, GW_FORWARDED, gw__root_cause(why));
+}
+
 gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot) {
   size_t cap;
   c->proto = p->op->proto;
@@ -380,6 +390,7 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
   while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
     GW_CHECK(pump(p));
     GW_CHECK(look_at_watched(p, &w, since > 0));
+    GW_CHECK(receiver_gave_up(p, c, &w, since > 0));
     /* it may have freed the slot just before it exited: look once more */
     if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)
       return dead_peer_error(p, c->peer);
@@ -484,6 +495,13 @@ void gw__send_abort(struct gw_comm *comm, const struct gw_opdesc *desc, const ch
   for (int ch = 0; ch < comm->nchannels; ch++) to[n++] = &comm->rings[ch].send;
   for (int i = 0, ne = gw__extra_conns(comm, extra); i < ne; i++)
     if (extra[i]->is_send) to[n++] = extra[i];
+  /* And every peer that sends here: one waiting for room in this rank's
+   * FIFO would not see the notice, queued behind data it has not taken. */
+  for (int ch = 0; ch < comm->nchannels; ch++)
+    if (comm->rings[ch].recv.tp && comm->rings[ch].recv.tp->recv_abandon)
+      comm->rings[ch].recv.tp->recv_abandon(&comm->rings[ch].recv, msg);
+  for (int i = 0, ne = gw__extra_conns(comm, extra); i < ne; i++)
+    if (!extra[i]->is_send && extra[i]->tp && extra[i]->tp->recv_abandon) extra[i]->tp->recv_abandon(extra[i], msg);
   struct gw_waiter w;
   gw__waiter_init(&w, 0.5);
   for (bool all = false; !all;) {

@@ -324,6 +324,73 @@ START_TEST(test_closed_sender_look) {
 }
 END_TEST
 
+/* A rank waiting for room at a peer that failed hears why at once, though
+ * the peer's abort notice sits behind data it has not taken (a ring rank
+ * holding the peer's chunk while it waits for room there; a tree child in
+ * its reduce while the parent's downward chunks queue): rank 1 posts a chunk
+ * to rank 0, then fails; rank 0 has filled rank 1's FIFO and waits for room.
+ * It waited out its whole timeout and blamed rank 1 for not taking data.
+ * Over shm and tcp (ib has no side channel: its notice or the timeout). */
+static int raw_gave_up(int rank, int n, const char *master, void *arg) {
+  (void)n;
+  const char *transport = arg;
+  setenv("GW_TRANSPORT", transport, 1);
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, 2, rank, master) != GW_SUCCESS) return 1;
+  gw_comm_set_timeout(comm, 30);
+  EXPECT(gw_barrier(comm) == GW_SUCCESS, "%s: barrier: %s", transport, gw_comm_last_error(comm));
+  struct gw_conn *out = &comm->rings[0].send, *in = &comm->rings[0].recv;
+  struct gw_chunk_hdr h = {.op = {.seq = 999, .count = 1, .root = -1, .coll = GW_COLL_ALLREDUCE}, .bytes = 64};
+  void *slot;
+  size_t cap;
+  if (rank == 1) {
+    EXPECT(out->tp->send_slot(out, 64, &slot, &cap) == GW_SUCCESS && out->tp->send_post(out, &h) == GW_SUCCESS,
+           "%s: rank 1's chunk", transport);
+    sleep(2); /* rank 0 fills this rank's FIFO meanwhile */
+    struct gw_errctx err;
+    gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank 1: the reason 4711");
+    struct gw_opdesc d = {.seq = 5, .root = -1, .coll = GW_COLL_ABORT};
+    gw__comm_fail(comm, &d, GW_ERR_INVALID_ARGUMENT, &err);
+    sleep(5); /* rank 0 hears it meanwhile */
+    gw_comm_destroy(comm);
+    return 0;
+  }
+  int posted = 0;
+  /* whole slots until none frees for 300 ms (tcp: the kernel's buffers, which
+   * grow as they fill, are full too) */
+  for (double last = test_now(); posted < 4096 && test_now() - last < 0.3;) {
+    if (out->tp->progress) {
+      struct gw_errctx ignored;
+      out->tp->progress(out, &ignored);
+    }
+    if (out->tp->send_slot(out, comm->conn_params.slot_bytes, &slot, &cap) != GW_SUCCESS) {
+      usleep(10 * 1000);
+      continue;
+    }
+    h.op.seq = 5, h.bytes = (uint32_t)cap;
+    out->tp->send_post(out, &h);
+    posted++, last = test_now();
+  }
+  struct gw_op op = {.desc = {.seq = 5, .count = 1, .root = -1, .coll = GW_COLL_ALLREDUCE}};
+  struct gw_errctx err = {0};
+  struct gw_conn *conns[2] = {out, in};
+  struct prims p = {.comm = comm, .op = &op, .err = &err, .conns = conns, .nconns = 2};
+  const double t0 = test_now();
+  gw_result_t r = gw__wait_slot(&p, out, comm->conn_params.slot_bytes, &slot);
+  const double took = test_now() - t0;
+  EXPECT(r == GW_ERR_REMOTE && strstr(err.msg, "the reason 4711") && took < 10,
+         "%s: after %d chunks, the wait for room at a failed rank returned %s after %.1f s: %s", transport, posted,
+         gw_strerror(r), took, err.msg);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_receiver_gave_up) {
+  ck_assert_int_eq(run_ranks_raw(2, raw_gave_up, "shm", 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_gave_up, "tcp", 60), 0);
+}
+END_TEST
+
 /* A machine that vanishes (its link cut) while a rank sends to it: rank 1
  * alone in network namespace B, ranks 0 and 2 in A, a ring 0 -> 1 -> 2 -> 0
  * over tcp.  Rank 1 cuts its link and stays alive but unreachable.  Without
@@ -426,6 +493,7 @@ int main(void) {
   tcase_add_test(tc, test_ipv6_link_local);
   tcase_add_test(tc, test_skipped_part_named);
   tcase_add_test(tc, test_closed_sender_look);
+  tcase_add_test(tc, test_receiver_gave_up);
   suite_add_tcase(s, tc);
   /* The cases that mostly wait (a rank late by 9 s, a cut-off rank's 7 s of
    * keepalive): run by meson as a test of its own (CK_RUN_CASE=waits) beside

@@ -76,6 +76,9 @@ struct shm_ctrl {
   char pad3[GW_CACHELINE - sizeof(uint64_t)];
   _Atomic uint64_t dflag[2][GW_CACHELINE / sizeof(uint64_t)]; /* dev_flag: [which][0], a line each */
   struct shm_line line[SHM_MAX_SLOTS];
+  /* recv_abandon: the receiver's reason, then the flag (release). */
+  _Atomic uint64_t abandoned;
+  char why[GW_ERRMSG_MAX];
 };
 
 struct shm_handle {
@@ -414,6 +417,20 @@ static gw_result_t shm_recv_release(struct gw_conn *c) {
 }
 
 static uint64_t shm_position(const struct gw_conn *c) { return ((const struct shm_conn *)c->priv)->pos; }
+static void shm_recv_abandon(struct gw_conn *c, const char *why) {
+  struct shm_conn *s = c->priv;
+  if (!s || !s->ctrl || atomic_load_explicit(&s->ctrl->abandoned, memory_order_relaxed)) return;
+  snprintf(s->ctrl->why, sizeof s->ctrl->why, "%s", why);
+  atomic_store_explicit(&s->ctrl->abandoned, 1, memory_order_release);
+}
+
+static bool shm_send_abandoned(struct gw_conn *c, char *why, size_t len) {
+  struct shm_conn *s = c->priv;
+  if (!s || !s->ctrl || !atomic_load_explicit(&s->ctrl->abandoned, memory_order_acquire)) return false;
+  snprintf(why, len, "%.*s", (int)sizeof s->ctrl->why - 1, s->ctrl->why);
+  return true;
+}
+
 static _Atomic uint64_t *shm_shared_word(struct gw_conn *c) { return &((struct shm_conn *)c->priv)->ctrl->word; }
 static uint64_t *shm_dev_flag(struct gw_conn *c, int which) {
   return (uint64_t *)&((struct shm_conn *)c->priv)->ctrl->dflag[which & 1][0];
@@ -440,6 +457,8 @@ const struct gw_transport gw__shm_transport = {
     .send_slot = shm_send_slot,
     .position = shm_position,
     .shared_word = shm_shared_word,
+    .recv_abandon = shm_recv_abandon,
+    .send_abandoned = shm_send_abandoned,
     .dev_flag = shm_dev_flag,
     .send_post = shm_send_post,
     .recv_peek = shm_recv_peek,

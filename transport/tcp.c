@@ -31,6 +31,8 @@
 #define TCP_HELLO_MAGIC 0x6c68777au
 #define TCP_MAX_STREAMS 16
 #define TCP_MIN_PART (64u << 10)
+#define TCP_ABANDON_MAGIC 0x62617767u /* "gwab": the receiver's reason, back on stream 0 */
+#define TCP_ABANDON_MAX 1024
 
 struct tcp_handle {
   struct gw_sockaddr_packed addr;
@@ -101,6 +103,9 @@ struct tcp_conn {
   int test_corrupt; /* GW_TCP_TEST_CORRUPT: corrupt the Nth frame sent (tests) */
   int test_skip;    /* GW_TCP_TEST_SKIP: leave out the Nth part sent on a stream other than 0 (tests) */
   uint32_t frames_sent, others_sent;
+  /* sender: what came back on stream 0 (only recv_abandon writes there) */
+  uint32_t ab_got;
+  uint8_t ab_buf[8 + TCP_ABANDON_MAX];
 };
 
 static bool tcp_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
@@ -521,6 +526,33 @@ static gw_result_t tcp_progress(struct gw_conn *c, struct gw_errctx *err) {
   return r;
 }
 
+/* The receiver's rank failed: its reason goes back on stream 0, which
+ * otherwise carries nothing that way (the sender's socket buffer that way is
+ * empty, so one non-blocking send takes it). */
+static void tcp_recv_abandon(struct gw_conn *c, const char *why) {
+  struct tcp_conn *t = c->priv;
+  if (!t || t->rs[0].fd < 0) return;
+  uint8_t buf[8 + TCP_ABANDON_MAX];
+  const uint32_t magic = TCP_ABANDON_MAGIC, len = (uint32_t)GW_MIN(strlen(why), (size_t)TCP_ABANDON_MAX);
+  memcpy(buf, &magic, 4), memcpy(buf + 4, &len, 4), memcpy(buf + 8, why, len);
+  (void)!send(t->rs[0].fd, buf, 8 + len, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+static bool tcp_send_abandoned(struct gw_conn *c, char *why, size_t len) {
+  struct tcp_conn *t = c->priv;
+  if (!t || t->ss[0].fd < 0) return false;
+  if (t->ab_got < sizeof t->ab_buf) {
+    ssize_t n = recv(t->ss[0].fd, t->ab_buf + t->ab_got, sizeof t->ab_buf - t->ab_got, MSG_DONTWAIT);
+    if (n > 0) t->ab_got += (uint32_t)n;
+  }
+  uint32_t magic, wlen;
+  if (t->ab_got < 8) return false;
+  memcpy(&magic, t->ab_buf, 4), memcpy(&wlen, t->ab_buf + 4, 4);
+  if (magic != TCP_ABANDON_MAGIC || wlen > TCP_ABANDON_MAX || t->ab_got < 8 + wlen) return false;
+  snprintf(why, len, "%.*s", (int)wlen, (const char *)t->ab_buf + 8);
+  return true;
+}
+
 static int tcp_pollfds(struct gw_conn *c, struct pollfd *out, int max) {
   struct tcp_conn *t = c->priv;
   int n = 0;
@@ -563,5 +595,7 @@ const struct gw_transport gw__tcp_transport = {
     .recv_release = tcp_recv_release,
     .progress = tcp_progress,
     .pollfds = tcp_pollfds,
+    .recv_abandon = tcp_recv_abandon,
+    .send_abandoned = tcp_send_abandoned,
     .close = tcp_close,
 };

@@ -194,6 +194,15 @@ struct gw_transport {
    * and 1, the count the receiver's stream has finished reading ("free"), as
    * positions + 1.  Valid until close. */
   uint64_t *(*dev_flag)(struct gw_conn *c, int which);
+  /* Optional (NULL: the peer waits for its notice or its deadline): the
+   * receiver's rank failed and takes nothing more from this connection; why
+   * reaches the sender beside the FIFO (a sender waiting for room never sees
+   * the abort notice queued behind data on the reverse connection).  Best
+   * effort, once. */
+  void (*recv_abandon)(struct gw_conn *c, const char *why);
+  /* Optional, the sender's half: whether the receiver abandoned the
+   * connection, and its reason into why[len]. */
+  bool (*send_abandoned)(struct gw_conn *c, char *why, size_t len);
 
   /* Frees everything; accepts a connection that was never set up. */
   void (*close)(struct gw_conn *c);
