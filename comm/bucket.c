@@ -52,6 +52,7 @@ struct gw_bucketer {
   gw_dtype_t wire;
   char *wbuf;
   int wire_dev; /* wbuf is device memory (device gradients): converted by cast_async on the stream */
+  int divide_first; /* gw_bucketer_set_divide_first */
   void *stream; /* gw_bucketer_set_stream, or own_stream */
   gw_dev_stream_t own_stream; /* made by set_compute_stream when no stream was given */
   /* gw_bucketer_set_compute_stream: the stream the gradients are written on,
@@ -241,7 +242,18 @@ static int bucket_of(const struct gw_bucketer *b, size_t x) {
   return lo;
 }
 
+/* gw_bucketer_set_divide_first: the average divides before the sum, in
+ * float32 on the way into the 16-bit wire (NCCL's floating average): the
+ * ring's partial sums are 16-bit, and n ranks' float16 gradients that fit
+ * summed past 65504 (an infinity where the mean was finite).  Off, the
+ * average is a sum divided once at the end: exact for exact sums, and small
+ * gradients keep float16's subnormal bits. */
+static bool prescaled(const struct gw_bucketer *b) {
+  return b->divide_first && b->wire != b->dtype && b->op == GW_AVG && b->comm->nranks > 1;
+}
+
 static gw_result_t start_buckets(struct gw_bucketer *b) {
+  const float scale = prescaled(b) ? 1.0f / (float)b->comm->nranks : 1.0f;
   while (b->next < b->n && b->ready[b->next] == b->bounds[b->next + 1] - b->bounds[b->next]) {
     int k = b->next;
     void *p = b->buf + b->bounds[k] * b->esize;
@@ -249,7 +261,7 @@ static gw_result_t start_buckets(struct gw_bucketer *b) {
     if (k == 0) b->first_start = gw__now();
     if (b->wire != b->dtype && !b->wire_dev) { /* float32 into the 16-bit wire format; back in wait_started */
       void *w = b->wbuf + b->bounds[k] * 2;
-      gw__cvt_from_f32(b->wire, w, p, n);
+      gw__cvt_from_f32_scaled(b->wire, w, p, n, scale);
       p = w;
     }
     if (b->compute) { /* the allreduce's stream waits for what compute has queued so far */
@@ -261,12 +273,12 @@ static gw_result_t start_buckets(struct gw_bucketer *b) {
     }
     if (b->wire != b->dtype && b->wire_dev) { /* the same on the device, on the allreduce's stream */
       void *w = b->wbuf + b->bounds[k] * 2;
-      if (gw__dev()->cast_async(w, b->wire, p, b->dtype, n, (gw_dev_stream_t)b->stream))
+      if (gw__dev()->cast_async(w, b->wire, p, b->dtype, n, scale, (gw_dev_stream_t)b->stream))
         return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_ready: converting bucket %d to %s: %s", k,
                     gw_dtype_name(b->wire), gw__dev()->error());
       p = w;
     }
-    gw_result_t res = gw_iallreduce(p, p, n, b->wire, b->op, b->comm, b->stream, &b->req[k]);
+    gw_result_t res = gw_iallreduce(p, p, n, b->wire, prescaled(b) ? GW_SUM : b->op, b->comm, b->stream, &b->req[k]);
     if (res != GW_SUCCESS) return res; /* the communicator holds the message */
     b->next++;
   }
@@ -396,7 +408,7 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
    * stream, after each bucket's allreduce and before compute's event below. */
   for (int k = 0; b->wire != b->dtype && b->wire_dev && k < b->next; k++)
     if (gw__dev()->cast_async(b->buf + b->bounds[k] * b->esize, b->dtype, b->wbuf + b->bounds[k] * 2, b->wire,
-                              b->bounds[k + 1] - b->bounds[k], (gw_dev_stream_t)b->stream)) {
+                              b->bounds[k + 1] - b->bounds[k], 1.0f, (gw_dev_stream_t)b->stream)) {
       res = GW_ERR_INTERNAL;
       snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: converting bucket %d back to %s: %s", b->comm->rank, k,
                gw_dtype_name(b->dtype), gw__dev()->error());
@@ -502,6 +514,19 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: bucketer is NULL");
   pthread_mutex_lock(&b->mu);
   gw_result_t res = set_wire(b, wire);
+  pthread_mutex_unlock(&b->mu);
+  return res;
+}
+
+gw_result_t gw_bucketer_set_divide_first(gw_bucketer_t b, int on) {
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_divide_first: bucketer is NULL");
+  pthread_mutex_lock(&b->mu);
+  gw_result_t res = GW_SUCCESS;
+  if (b->next || b->marked)
+    res = fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_divide_first: a step is under way (call it "
+               "between gw_bucketer_wait and the next gw_bucketer_ready)");
+  else
+    b->divide_first = on != 0;
   pthread_mutex_unlock(&b->mu);
   return res;
 }

@@ -137,9 +137,9 @@ static void host_reduce(void *dst0, void *dst1, const void *a, const void *b, si
 }
 
 /* The emulator's cast_async: the bucketer's wire conversions on the host. */
-static void host_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+static void host_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, float scale) {
   if (dst_dtype == GW_FLOAT32) gw__cvt_to_f32((gw_dtype_t)src_dtype, dst, src, n);
-  else gw__cvt_from_f32((gw_dtype_t)dst_dtype, dst, src, n);
+  else gw__cvt_from_f32_scaled((gw_dtype_t)dst_dtype, dst, src, n, scale);
 }
 
 /* ---- binding a rank to a device ------------------------------------------------------- */

@@ -294,6 +294,15 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b);
  * set_compute_stream: required), into a device buffer of half the size, and
  * back before gw_bucketer_wait's ordering of the compute stream. */
 gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
+/* With GW_AVG and a 16-bit wire: on (nonzero), each rank's gradients are
+ * divided by the number of ranks on the way into the wire and the buckets
+ * summed (NCCL's floating average), instead of summed and divided once at the
+ * end.  The float16 partial sums then stay in range whenever the mean does
+ * (n ranks' gradients that fit could sum past 65504), for log2(n) bits lost
+ * at the small end: meant for loss-scaled gradients, whose scale can then be
+ * n times larger.  Off by default; no effect without a 16-bit wire or
+ * GW_AVG.  Every rank must choose the same; only between steps. */
+gw_result_t gw_bucketer_set_divide_first(gw_bucketer_t b, int on);
 /* The stream every bucket's allreduce is ordered on (NULL, the default: host
  * buffers and no stream).  With device gradients, make it a communication
  * stream that waits (cudaStreamWaitEvent) for the kernels that wrote each

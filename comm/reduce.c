@@ -104,6 +104,16 @@ void gw__cvt_from_f32(gw_dtype_t to, void *dst, const float *src, size_t n) {
   gw__cvt_to16_generic(bf, dst, src, n);
 }
 
+void gw__cvt_from_f32_scaled(gw_dtype_t to, void *dst, const float *src, size_t n, float scale) {
+  if (scale == 1.0f) return gw__cvt_from_f32(to, dst, src, n);
+  float tmp[1024]; /* scaled in pieces that stay in L1, then converted as above */
+  for (size_t at = 0; at < n; at += 1024) {
+    const size_t k = n - at < 1024 ? n - at : 1024;
+    for (size_t i = 0; i < k; i++) tmp[i] = src[at + i] * scale;
+    gw__cvt_from_f32(to, (uint16_t *)dst + at, tmp, k);
+  }
+}
+
 void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n) {
   const gw_reduce_table_t *t = gw__reduce_table();
   int bf = from == GW_BFLOAT16;

@@ -56,6 +56,8 @@ void gw__copy_stream(void *dst, const void *src, size_t bytes);
 /* Arrays between float32 and a 16-bit dtype (GW_FLOAT16 or GW_BFLOAT16),
  * rounding to nearest even (the gradient bucketer's wire format). */
 void gw__cvt_from_f32(gw_dtype_t to, void *dst, const float *src, size_t n);
+/* The same of src[i] * scale (multiplied in float32, then rounded once to 16 bits). */
+void gw__cvt_from_f32_scaled(gw_dtype_t to, void *dst, const float *src, size_t n, float scale);
 void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n);
 
 /* Scalar conversions, exact and round-to-nearest-even (exposed for tests). */

@@ -88,8 +88,11 @@ struct gw_dev_ops {
   int (*event_record)(gw_dev_event_t e, gw_dev_stream_t s);
   int (*stream_wait_event)(gw_dev_stream_t s, gw_dev_event_t e);
   /* dst [n] (dst_dtype) = src [n] (src_dtype): float32 to float16 / bfloat16
-   * (round to nearest even) or back (exact); comm/reduce_cvt.h's conversions. */
-  int (*cast_async)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, gw_dev_stream_t s);
+   * (round to nearest even) or back (exact); comm/reduce_cvt.h's conversions.
+   * To 16 bits each element is multiplied by scale first (in float32; the
+   * bucketer's float16 average divides before the sum); back, scale is 1. */
+  int (*cast_async)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, float scale,
+                    gw_dev_stream_t s);
   /* A kernel that takes `seconds` (tests: slow work ahead of a collective). */
   int (*sleep_async)(double seconds, gw_dev_stream_t s);
   /* Loads every kernel this layer launches on the current device now.  CUDA
@@ -132,7 +135,7 @@ typedef void (*gw_dev_host_reduce_fn)(void *dst0, void *dst1, const void *a, con
 void gw__dev_set_host_reduce(gw_dev_host_reduce_fn fn);
 gw_dev_host_reduce_fn gw__dev_host_reduce(void);
 /* And its casts (cast_async), the host's conversions. */
-typedef void (*gw_dev_host_cast_fn)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+typedef void (*gw_dev_host_cast_fn)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, float scale);
 void gw__dev_set_host_cast(gw_dev_host_cast_fn fn);
 gw_dev_host_cast_fn gw__dev_host_cast(void);
 
@@ -152,7 +155,7 @@ int gw__cuda_copy(void *dst0, void *dst1, const void *src, size_t bytes, void *s
 int gw__cuda_flag_write(uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_flag_wait(const uint64_t *flag, uint64_t v, void *stream);
 int gw__cuda_sleep(double seconds, void *stream);
-int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, void *stream);
+int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, float scale, void *stream);
 /* Loads every kernel above on the current device (cudaFuncGetAttributes). */
 int gw__cuda_preload(void);
 

@@ -223,10 +223,11 @@ static int cu_reduce_async(void *dst0, void *dst1, const void *a, const void *b,
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "reduce kernel launch (dtype %d, op %d, %zu elements)", dtype, kop, n);
 }
 
-static int cu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, gw_dev_stream_t s) {
+static int cu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, float scale,
+                         gw_dev_stream_t s) {
   if (!n) return 0;
   if (!dst || !src) return cu_fail_msg("cast_async(%p, %p, %zu): NULL pointer", dst, src, n);
-  int e = gw__cuda_cast(dst, dst_dtype, src, src_dtype, n, (void *)cs(s));
+  int e = gw__cuda_cast(dst, dst_dtype, src, src_dtype, n, scale, (void *)cs(s));
   return e == 0 ? 0 : cu_fail((cudaError_t)e, "cast kernel launch (dtype %d to %d, %zu elements)", src_dtype, dst_dtype, n);
 }
 

@@ -308,6 +308,7 @@ struct item {
   const void *a, *b;
   size_t n;
   uint32_t div;
+  float scale; /* IT_CAST to 16 bits */
   uint64_t *flag;
   uint64_t v;
   double seconds;
@@ -439,7 +440,7 @@ static void run_item(const struct item *it) {
     gw__dev_host_reduce()(it->dst0, it->dst1, it->a, it->b, it->n, it->dtype, it->kop, it->div);
     break;
   case IT_CAST: /* dtype: the destination's, kop: the source's */
-    gw__dev_host_cast()(it->dst0, it->dtype, it->a, it->kop, it->n);
+    gw__dev_host_cast()(it->dst0, it->dtype, it->a, it->kop, it->n, it->scale);
     break;
   case IT_FLAG_WRITE:
     if (it->ev) { /* an event's counter only grows (records on several streams may finish out of order) */
@@ -718,14 +719,16 @@ static int emu_reduce_async(void *dst0, void *dst1, const void *a, const void *b
                                 .dtype = dtype, .kop = kop, .div = div});
 }
 
-static int emu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, gw_dev_stream_t s) {
+static int emu_cast_async(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, float scale,
+                          gw_dev_stream_t s) {
   if (!n) return 0;
   if (!dst || !src) return fail("cast_async(%p, %p, %zu): NULL pointer", dst, src, n);
   const int to16 = src_dtype == GW_FLOAT32 && (dst_dtype == GW_FLOAT16 || dst_dtype == GW_BFLOAT16);
   const int from16 = dst_dtype == GW_FLOAT32 && (src_dtype == GW_FLOAT16 || src_dtype == GW_BFLOAT16);
   if (!to16 && !from16) return fail("cast_async: dtype %d to %d is not float32 to or from 16 bits", src_dtype, dst_dtype);
   if (!gw__dev_host_cast()) return fail("cast_async: the emulator has no host conversion (internal)");
-  return push(s, &(struct item){.kind = IT_CAST, .dst0 = dst, .a = src, .n = n, .dtype = dst_dtype, .kop = src_dtype});
+  return push(s, &(struct item){.kind = IT_CAST, .dst0 = dst, .a = src, .n = n, .dtype = dst_dtype, .kop = src_dtype,
+                                .scale = scale});
 }
 
 static int emu_flag_write(uint64_t *flag, uint64_t v, gw_dev_stream_t s) {

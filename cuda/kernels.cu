@@ -531,9 +531,9 @@ __global__ void k_sleep(uint64_t ns) {
 
 /* float32 <-> 16 bits, element by element (grid-stride; no alignment needed). */
 template <bool BF16>
-__global__ void k_cast_to16(uint16_t *dst, const float *src, size_t n) {
+__global__ void k_cast_to16(uint16_t *dst, const float *src, size_t n, float scale) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    dst[i] = BF16 ? f2bf(src[i]) : f2h(src[i]);
+    dst[i] = BF16 ? f2bf(src[i] * scale) : f2h(src[i] * scale);
 }
 template <bool BF16>
 __global__ void k_cast_from16(float *dst, const uint16_t *src, size_t n) {
@@ -544,7 +544,8 @@ __global__ void k_cast_from16(float *dst, const uint16_t *src, size_t n) {
 } /* namespace */
 
 /* ---- the C launchers -------------------------------------------------------------------------- */
-extern "C" int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, void *stream) {
+extern "C" int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n, float scale,
+                             void *stream) {
   if (n == 0) return (int)cudaSuccess;
   if (!dst || !src) return (int)cudaErrorInvalidValue;
   const int to16 = src_dtype == GW_FLOAT32 && (dst_dtype == GW_FLOAT16 || dst_dtype == GW_BFLOAT16);
@@ -556,7 +557,7 @@ extern "C" int gw__cuda_cast(void *dst, int dst_dtype, const void *src, int src_
   cudaStream_t st = (cudaStream_t)stream;
   const unsigned g = (unsigned)blocks;
   if (to16) return (int)gwcu::launch(bf ? k_cast_to16<true> : k_cast_to16<false>, g, 256, st, (uint16_t *)dst,
-                                     (const float *)src, n);
+                                     (const float *)src, n, scale);
   return (int)gwcu::launch(bf ? k_cast_from16<true> : k_cast_from16<false>, g, 256, st, (float *)dst,
                            (const uint16_t *)src, n);
 }

@@ -176,6 +176,24 @@ static int body_wire(gw_comm_t comm, int rank, int n, void *arg) {
       gw_bucketer_destroy(bk);
     }
   }
+  /* A float16 average whose mean fits but whose partial sums do not (2 x 40000 >
+   * 65504), divide-first: divided on the way into the wire, not an infinity. */
+  {
+    gw_bucketer_t bk;
+    float big[64];
+    size_t bb[] = {0, 64};
+    EXPECT(gw_bucketer_create(comm, big, 64, GW_FLOAT32, GW_AVG, bb, 1, &bk) == GW_SUCCESS &&
+               gw_bucketer_set_wire(bk, GW_FLOAT16) == GW_SUCCESS &&
+               gw_bucketer_set_divide_first(bk, 1) == GW_SUCCESS, "create avg: %s", gw_comm_last_error(comm));
+    for (int i = 0; i < 64; i++) big[i] = 40000.0f + 96.0f * (float)rank;
+    EXPECT(gw_bucketer_ready(bk, 0, 64) == GW_SUCCESS && gw_bucketer_wait(bk) == GW_SUCCESS, "%s",
+           gw_comm_last_error(comm));
+    const double mean = 40000.0 + 96.0 * (n - 1) / 2.0;
+    for (int i = 0; i < 64; i++)
+      EXPECT(fabs(big[i] - mean) <= 64.0, "float16 average of ~40000s: element %d = %g, mean %g", i, (double)big[i],
+             mean);
+    gw_bucketer_destroy(bk);
+  }
   /* Refusals: only float32 buffers, only 16-bit floats. */
   gw_bucketer_t bk;
   int32_t ib[64];

@@ -360,6 +360,11 @@ static int setup_comm_parts(struct trainer *t) {
     return train_comm_fail(t, "registering the gradients", r);
   r = gw_bucketer_create(t->comm, grads, t->np, GW_FLOAT32, GW_AVG, bounds, nb, &t->bk);
   if (r == GW_SUCCESS && o->grad_wire != GW_FLOAT32) r = gw_bucketer_set_wire(t->bk, (gw_dtype_t)o->grad_wire);
+  /* Loss-scaled gradients on a float16 wire: divided before the sum, so the
+   * scale the dynamic scaler finds is the world's n times larger, not its
+   * partial sums' (without scaling, small gradients keep their bits instead). */
+  if (r == GW_SUCCESS && o->grad_wire == GW_FLOAT16 && (o->loss_scale != 0 || o->loss_scale_dynamic))
+    r = gw_bucketer_set_divide_first(t->bk, 1);
   /* Backward's kernels are queued, not done, when their gradients are reported
    * ready: the allreduces wait for them on the device, never the host. */
   if (r == GW_SUCCESS && compute) r = gw_bucketer_set_compute_stream(t->bk, compute);
