@@ -538,6 +538,121 @@ START_TEST(test_multinode_usr1_passed_on)
 }
 END_TEST
 
+/* A launch that reuses a running job's token and --master but not its
+ * command line (another -n for a node rank that already joined; a node rank
+ * the job does not have): refused, as a node rank given twice is, and the
+ * job runs on.  It tore the healthy job down (an ABORT: exit 1 everywhere). */
+START_TEST(test_multinode_stranger_mismatch_refused)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-stranger", "GW_DEBUG=INFO", "GW_RUN_JOIN_TIMEOUT=5", NULL};
+    struct run r[4];
+    node_start(&r[0], env, port, 2, 0, "1", "sleep 3");
+    node_start(&r[1], env, port, 2, 1, "1", "sleep 3");
+    const bool joined = gwrun_stderr_has(&r[0], "all nodes joined", 10.0);
+    node_start(&r[2], env, port, 2, 1, "2", "true"); /* node 1 again, with -n 2 */
+    node_start(&r[3], env, port, 3, 2, "1", "true"); /* a node 2 of 3 */
+    nodes_wait(r, 4);
+    ck_assert_msg(joined, "the job's nodes never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    for (int i = 2; i < 4; i++)
+        ck_assert_msg(r[i].code != 0 && strstr(r[i].err, "refused this node"), "stranger %d: exit code %d, stderr:\n%s",
+                      i, r[i].code, r[i].err);
+    ck_assert_msg(strstr(r[0].err, "was started with -n 2 but node 0") &&
+                      strstr(r[0].err, "was started with --nnodes 3 but node 0"),
+                  "node 0 stderr:\n%s", r[0].err);
+    gwrun_nodes_free(r, 4);
+}
+END_TEST
+
+/* Whether pid is a zombie (ended, not reaped yet). */
+static bool is_zombie(pid_t pid)
+{
+    char path[64], st[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    fclose(f);
+    st[n] = '\0';
+    const char *p = strrchr(st, ')');
+    return p && p[1] == ' ' && p[2] == 'Z';
+}
+
+/* Node 1's rank crashes while node 0's rank exits 1, and node 1's gw-run
+ * (stopped meanwhile) reads both in one wake-up, the news from node 0 first:
+ * the crash is still judged before the teardown that news starts, reported,
+ * and the job's code is SIGSEGV's on both nodes.  The teardown took the
+ * crashed rank, not reaped yet, for one it stopped: the crash was never
+ * reported, and both nodes exited 1. */
+START_TEST(test_multinode_local_crash_before_remote_fail)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128], path[200];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
+    const char *env[] = {"GW_JOB_TOKEN=mn-crashfirst", dir_env, "GW_DEBUG=INFO", "GW_RUN_KILL_GRACE=10", NULL};
+    const char *script = "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; while [ ! -e \"$GWT_DIR/go\" ]; do sleep 0.05; done; "
+                         "[ \"$GW_RANK\" = 0 ] && exit 1; ulimit -c 0; kill -SEGV $$";
+    int port = gwrun_free_port_pair();
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "1", script);
+    node_start(&r[1], env, port, 2, 1, "1", script);
+    snprintf(path, sizeof path, "%s/pid.1", dir);
+    pid_t pid1 = 0;
+    for (int tries = 0; tries < 1000 && !pid1; tries++, gwrun_sleep(0.01))
+        pid1 = gwrun_read_pid_file(path);
+    const bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0);
+    const bool stopped = pid1 > 0 && joined && kill(r[1].pid, SIGSTOP) == 0;
+    snprintf(path, sizeof path, "%s/go", dir);
+    FILE *f = fopen(path, "w");
+    if (f)
+        fclose(f);
+    /* Both have happened: node 0 sent its FAIL, node 1's rank is a zombie. */
+    const bool fail_sent = stopped && gwrun_stderr_has(&r[0], "exited with code 1", 10.0);
+    bool crashed = false;
+    for (int tries = 0; tries < 1000 && stopped && !crashed; tries++, gwrun_sleep(0.01))
+        crashed = is_zombie(pid1);
+    gwrun_sleep(0.3);
+    kill(r[1].pid, SIGCONT);
+    nodes_wait(r, 2);
+    unlink(path);
+    remove_pid_files(dir, 2);
+    ck_assert_msg(stopped && fail_sent && crashed, "set-up failed (stopped %d, FAIL sent %d, crashed %d); stderr:\n%s\n%s",
+                  stopped, fail_sent, crashed, r[0].err, r[1].err);
+    ck_assert_msg(strstr(r[1].err, "rank 1 (pid") && strstr(r[1].err, "SIGSEGV"), "node 1 stderr:\n%s", r[1].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 128 + SIGSEGV, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
+/* Node 0's launcher fails (a fork refused) before node 1 joins, whose rank
+ * exited 5 meanwhile (as one whose peers never came would): node 0's own
+ * failure stands, since news of the same weight heard later replaces no
+ * earlier failure.  It had no weight, so node 0 exited 5. */
+START_TEST(test_multinode_launch_failure_stands)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-forkfirst", "GW_RUN_JOIN_TIMEOUT=15", NULL};
+    const char *env0[] = {"GW_JOB_TOKEN=mn-forkfirst", "GW_RUN_JOIN_TIMEOUT=15", "GW_RUN_TEST_FORK_FAIL=0", NULL};
+    struct run r[2];
+    node_start(&r[1], env, port, 2, 1, "1", "exit 5");
+    /* Its FAIL waits (LINGER_MS, 5 s) for node 0 to come. */
+    const bool failed = gwrun_stderr_has(&r[1], "exited with code 5", 10.0);
+    node_start(&r[0], env0, port, 2, 0, "1", "exit 0");
+    nodes_wait(r, 2);
+    ck_assert_msg(failed, "node 1's rank did not fail first; stderr:\n%s", r[1].err);
+    char want[200];
+    snprintf(want, sizeof want, "gw-run: cannot start rank 0: fork failed: %s", strerror(EAGAIN));
+    ck_assert_msg(r[0].code == 1 && gwrun_has_line(r[0].err, want), "node 0: exit code %d, stderr:\n%s", r[0].code,
+                  r[0].err);
+    ck_assert_msg(r[1].code == 5, "node 1: exit code %d, stderr:\n%s", r[1].code, r[1].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 /* Writes a frame header claiming len body bytes, then body. */
 static void send_raw(int fd, uint32_t len, const char *body, size_t n)
 {
@@ -615,6 +730,9 @@ static Suite *gwrun_multinode_suite(void)
                         (int)(sizeof stop_cases / sizeof stop_cases[0]));
     tcase_add_test(mn, test_multinode_usr1_passed_on);
     tcase_add_test(mn, test_multinode_garbage_frames);
+    tcase_add_test(mn, test_multinode_stranger_mismatch_refused);
+    tcase_add_test(mn, test_multinode_local_crash_before_remote_fail);
+    tcase_add_test(mn, test_multinode_launch_failure_stands);
     suite_add_tcase(s, mn);
     return s;
 }

@@ -148,6 +148,31 @@ START_TEST(test_no_restart_signal_between)
 }
 END_TEST
 
+/* A SIGUSR1 while gw-run holds signals between two attempts (a scheduler's
+ * "checkpoint now" at that moment; GW_RUN_TEST_RESTART_DELAY_MS widens it) is
+ * dropped, and said so.  Passed on, it reached the ranks just started, which
+ * had no handler for it yet, and killed them: the last restart used up, the
+ * job failed with 128 + SIGUSR1. */
+START_TEST(test_usr1_between_attempts_dropped)
+{
+    struct run r;
+    const char *args[] = {"-n", "1", "--max-restarts", "1", "sh", "-c",
+                          "echo \"attempt $GW_RESTART_COUNT\"; [ \"$GW_RESTART_COUNT\" = 0 ] && exit 3; "
+                          "sleep 1; echo done",
+                          NULL};
+    gwrun_start(&r, (const char *const[]){"GW_RUN_TEST_RESTART_DELAY_MS=2000", NULL}, args);
+    const bool ended = gwrun_stderr_has(&r, "exited with code 3", 20); /* the attempt ended: the window is open */
+    gwrun_sleep(0.5);
+    if (ended)
+        kill(r.pid, SIGUSR1);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(ended && !r.timed_out && r.code == 0 && gwrun_has_line(r.out, "[0] done") &&
+                      strstr(r.err, "SIGUSR1 arrived before the ranks started"),
+                  "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 /* A job token that fits the library's 128 characters keeps fitting in every
  * attempt (TOKEN.restartK would not), and differs between attempts. */
 START_TEST(test_restart_long_token)
@@ -430,6 +455,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_restart_flags);
     tcase_add_test(tc, test_no_restart_signal_between);
     tcase_add_test(tc, test_restart_long_token);
+    tcase_add_test(tc, test_usr1_between_attempts_dropped);
     tcase_add_test(tc, test_nodes_restart_together);
     tcase_add_test(tc, test_nodes_restarts_used_up);
     tcase_add_test(tc, test_nodes_no_restart_after_signal);

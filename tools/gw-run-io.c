@@ -185,7 +185,7 @@ static bool same_file(int a, int b)
 
 /* Writes out what is queued and ends the writers (atexit: every way out of
  * gw-run passes here, and no line already read from a rank is lost). */
-static void io_finish(void)
+void gw__run_io_finish(void)
 {
     for (int i = 0; i < 2; i++) {
         struct outq *q = &queues[i];
@@ -218,7 +218,7 @@ void gw__run_io_start(void)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     queue_of[1] = queues[0].started ? &queues[0] : NULL;
     queue_of[2] = queues[one ? 0 : 1].started ? &queues[one ? 0 : 1] : NULL;
-    atexit(io_finish);
+    atexit(gw__run_io_finish);
 }
 
 /* Whether the loop may read more for destination fd now. */

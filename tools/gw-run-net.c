@@ -102,6 +102,12 @@ static void apply(const struct msg *m, int from)
 {
     if (m->type == F_STOP || m->type == F_LOST)
         net.no_restart = true; /* a signal, a lost node (a node's launch failure restarts, as on node 0) */
+    /* Local ranks that ended before this news was read (their SIGCHLD came in
+     * the same wake-up) are judged first, as gw__run_fail does: a crash here
+     * is then this node's failure, reported as such, and the news only
+     * replaces it if it says more of the cause (gw__run_refail below). */
+    if (!gw__run_stopping())
+        gw__run_reap();
     const bool again = m->type != F_STOP && gw__run_stopping();
     if (again && (m->type != F_FAIL ||
                   !gw__run_refail(m->v[2] ? 128 + (int)m->v[3] : (int)m->v[3], m->v[2] ? 2 : 1, net.cfg.node != 0)))
@@ -216,9 +222,18 @@ static bool hello0(struct conn *c, const struct msg *h)
                  "every node must use the same -n, --nnodes and --max-restarts",
                  node, h->s, flag, nn ? nnodes : np ? nproc : h->v[4], net.myhost, flag,
                  nn ? net.cfg.nnodes : np ? net.cfg.nproc : net.cfg.max_restarts);
+        /* Only a node this job still waits for ends it: a launch for
+         * another job that reuses the token and --master (another -n), or a
+         * node rank this job does not have or already has, is refused as an
+         * "already joined" one is, and the job runs on. */
+        if (node < 1 || node >= (uint32_t)net.cfg.nnodes || net.state[node] != N_ABSENT) {
+            gw__run_say("gw-run: refused a launcher connection from %s (says node %u, host %s): %s\n", c->peer,
+                        node, h->s, reason);
+            answer(c, F_REFUSE, reason);
+            return true;
+        }
         answer(c, F_REFUSE, reason);
-        if (node >= 1 && node < (uint32_t)net.cfg.nnodes && net.state[node] == N_ABSENT)
-            net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
+        net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
         struct msg m = {.type = F_ABORT, .v = {1}};
         snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
         net.no_restart = true; /* nodes that disagree cannot run any attempt */

@@ -128,8 +128,14 @@ static void signal_ranks(int sig, bool mark_stopped)
         if (gw__run.ranks[i].global == spared)
             continue;
         if (gw__run.ranks[i].pid > 0) {
+            /* A rank that already ended (not reaped yet: its crash is still
+             * to be judged) was not stopped by us. */
+            siginfo_t si = {0};
+            const bool ended = mark_stopped &&
+                               waitid(P_PID, (id_t)gw__run.ranks[i].pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                               si.si_pid == gw__run.ranks[i].pid;
             kill(gw__run.ranks[i].pid, sig);
-            if (mark_stopped)
+            if (mark_stopped && !ended)
                 gw__run.ranks[i].stopped_by_us = true;
         }
     }
@@ -152,6 +158,12 @@ void gw__run_teardown(void)
  * when the job had already failed, whose exit code then stands. */
 bool gw__run_fail(int code)
 {
+    if (gw__run.have_failure)
+        return false;
+    /* Ranks that ended before this news was read (their SIGCHLD in the same
+     * wake-up) are judged first: the teardown would take them for ranks it
+     * stopped, and a local crash would go unreported, its code lost. */
+    gw__run_reap();
     if (gw__run.have_failure)
         return false;
     gw__run.have_failure = true;
@@ -244,6 +256,10 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
      * SIGINT must not be cut off by a SIGTERM). */
     const bool after_signal = gw__run.got_signal != 0;
     if (after_signal && WIFSIGNALED(status) && WTERMSIG(status) == gw__run.got_signal)
+        return;
+    /* Nor one that exits with 128 + that signal, as a shell's trap or a
+     * program saying it was interrupted does (exit 130 after SIGINT). */
+    if (after_signal && WIFEXITED(status) && code == 128 + gw__run.got_signal)
         return;
     /* Print the rank's last words (often the reason it failed) before our
      * verdict: what its pipes hold (non-blocking), and no more than that
@@ -431,6 +447,10 @@ static int exit_weight(int status)
  * teardown the first one starts marks only ranks still running). */
 void gw__run_reap(void)
 {
+    static bool reaping; /* rank_exited's teardown must not reap again into exited[] */
+    if (reaping)
+        return;
+    reaping = true;
     int n = 0;
     for (;;) {
         int status;
@@ -456,6 +476,7 @@ void gw__run_reap(void)
         }
     for (int i = 0; i < n; i++)
         rank_exited(exited[i].r, exited[i].pid, exited[i].status);
+    reaping = false;
 }
 
 /* Forgets one attempt's ranks and teardown before the next (--max-restarts):
@@ -640,24 +661,32 @@ void gw__run_drain_signals(bool *child_event)
     }
     if (pending_int) {
         pending_int = 0;
+        if (!gw__run.own_signal)
+            gw__run.own_signal = SIGINT;
         forward_signal(SIGINT, false, tty_int);
         gw__run_net_signal(SIGINT);
         *child_event = true; /* rescan for strays now that we are stopping */
     }
     if (pending_term) {
         pending_term = 0;
+        if (!gw__run.own_signal)
+            gw__run.own_signal = SIGTERM;
         forward_signal(SIGTERM, false, tty_term);
         gw__run_net_signal(SIGTERM);
         *child_event = true;
     }
     if (pending_hup) {
         pending_hup = 0;
+        if (!gw__run.own_signal)
+            gw__run.own_signal = SIGHUP;
         forward_signal(SIGHUP, false, tty_hup);
         gw__run_net_signal(SIGHUP);
         *child_event = true;
     }
     if (pending_quit) {
         pending_quit = 0;
+        if (!gw__run.own_signal)
+            gw__run.own_signal = SIGQUIT;
         forward_signal(SIGQUIT, false, tty_quit);
         gw__run_net_signal(SIGQUIT);
         *child_event = true;
@@ -672,6 +701,27 @@ void gw__run_drain_signals(bool *child_event)
         gw__run_pass_signal(SIGUSR2, -1);
         gw__run_net_pass(SIGUSR2);
     }
+}
+
+void gw__run_drop_early_passes(void)
+{
+    static const int sigs[] = {SIGUSR1, SIGUSR2};
+    /* Caught after the last attempt's loop ended, before signals were held. */
+    bool got[2] = {pending_usr1 != 0, pending_usr2 != 0};
+    pending_usr1 = pending_usr2 = 0;
+    /* Held pending since (the caller holds them while forking). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
+    const struct timespec zero = {0, 0};
+    int sig;
+    while ((sig = sigtimedwait(&set, NULL, &zero)) > 0)
+        got[sig == SIGUSR2] = true;
+    for (int i = 0; i < 2; i++)
+        if (got[i])
+            gw__run_say("gw-run: %s arrived before the ranks started; not passing it on (they could not handle "
+                        "it yet: it would kill them)\n", gw__run_signal_name(sigs[i]));
 }
 
 static void set_default(int sig)

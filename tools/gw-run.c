@@ -98,8 +98,9 @@ static const char usage_text[] =
     "  -h, --help              show this help\n"
     "\n"
     "environment:\n"
-    "  GW_JOB_TOKEN       shared secret of the job; generated if unset, but must be\n"
-    "                     set (to the same value on every node) with --nnodes > 1\n"
+    "  GW_JOB_TOKEN       shared secret of the job, at most 128 characters; generated\n"
+    "                     if unset, but must be set (to the same value on every\n"
+    "                     node) with --nnodes > 1\n"
     "  OMP_NUM_THREADS    passed through if set, else online cores / N (at least 1)\n"
     "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n"
     "  GW_RUN_JOIN_TIMEOUT seconds for every node's gw-run to join node 0's\n"
@@ -364,6 +365,7 @@ static void spawn_all(int local_n, int node_rank, char **argv)
         (sigismember(&pend, SIGINT) || sigismember(&pend, SIGHUP) || sigismember(&pend, SIGTERM) ||
          sigismember(&pend, SIGQUIT)))
         gw__run_signal_during_spawn();
+    gw__run_drop_early_passes();
     sigprocmask(SIG_UNBLOCK, &block, NULL);
 
     gw__run_index_ranks();
@@ -373,9 +375,12 @@ static void spawn_all(int local_n, int node_rank, char **argv)
          * and the other nodes are told why (not that this node was lost). */
         gw__run_say("gw-run: %s\n", why);
         gw__run_net_launch_failed(1, why);
-        gw__run.have_failure = true;
-        gw__run.exit_code = 1;
-        gw__run_teardown();
+        /* gw__run_fail: the weight of an exit code, so that a rank's exit
+         * heard later from another node (often of this very failure: its
+         * peers never met) does not replace it; and the ranks already
+         * started that ended meanwhile are judged before the teardown
+         * marks the others as stopped by us. */
+        gw__run_fail(1);
     }
 }
 
@@ -424,9 +429,14 @@ static void run_loop(void)
                 break;
             }
         }
-        if (held)
-            drain_deadline_ms = 0; /* a fresh grace once our output moves again */
-        if (gw__run.alive == 0 && gw__run.open_streams > 0 && !held) {
+        /* A fresh grace once our output moves again, or once the strays are
+         * gone: while gw-run still waits for them (a wrapper's program taking
+         * its SIGTERM grace), they may still write their last lines, and
+         * closing the pipes under them lost those and killed them with
+         * SIGPIPE; the kill deadline and the give-up bound that wait. */
+        if (held || wait_strays)
+            drain_deadline_ms = 0;
+        if (gw__run.alive == 0 && gw__run.open_streams > 0 && !held && !wait_strays) {
             /* Every rank is gone but a process it started still holds its
              * stdout or stderr; wait a little for its last lines, not forever
              * (while our own output is stuck, the pipes wait for it instead). */
@@ -554,6 +564,8 @@ static bool signal_held(void)
             gw__run_say("gw-run: %s arrived as the job was to start again: not restarting it\n",
                         gw__run_signal_name(sigs[i]));
             gw__run.got_signal = sigs[i];
+            if (!gw__run.own_signal)
+                gw__run.own_signal = sigs[i];
             gw__run.have_failure = false; /* gw-run exits as after that signal */
             gw__run_net_signal(sigs[i]);  /* the other nodes, restarting, stop too */
             return true;
@@ -572,6 +584,31 @@ static void attempt_token(const char *token, long k, char *out, size_t cap)
     char tail[64];
     int t = snprintf(tail, sizeof tail, ".%016llx.restart%ld", (unsigned long long)gw__run_fnv1a(token), k);
     snprintf(out, cap, "%.*s%s", TOKEN_MAX - t, token, tail);
+}
+
+/* A ^C (SIGINT to gw-run) that stopped the job, and nothing else failed:
+ * gw-run ends as its ranks did, killed by SIGINT, not with exit code 130, so
+ * that the shell that started it stops too (bash ends a script, or the loop
+ * `for f in a b; do gw-run ...; done`, only when its child died of SIGINT).
+ * The output is written out first (atexit does not run on a signal death).
+ * SIGQUIT is left at 128 + 3: its default action would dump gw-run's core,
+ * and shells act on a child's SIGINT only. */
+static void die_of_sigint(void)
+{
+    gw__run_io_finish();
+    fflush(NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(SIGINT);
+    /* Not reached unless SIGINT could not kill us. */
+    exit(128 + SIGINT);
 }
 
 /* The job state of a new attempt: no ranks, no failure, no teardown. */
@@ -687,8 +724,12 @@ int main(int argc, char **argv)
         }
         token = token_buf;
     }
-    if (nnodes > 1 && strlen(token) > GW_RUN_MAX_STR) {
-        gw__run_say("gw-run: GW_JOB_TOKEN is longer than %d bytes\n", GW_RUN_MAX_STR);
+    /* The library refuses a longer one at init, on every rank (and with
+     * --max-restarts on every attempt: attempt_token shortens only the ones
+     * gw-run makes longer); refused here, once, before anything starts. */
+    if (strlen(token) > TOKEN_MAX) {
+        gw__run_say("gw-run: GW_JOB_TOKEN is %zu characters long; the ranks accept at most %d: "
+                    "use a shorter one (the same on every node)\n", strlen(token), TOKEN_MAX);
         return EXIT_USAGE;
     }
     char lo[64];
@@ -849,6 +890,8 @@ int main(int argc, char **argv)
 
     if (gw__run.have_failure)
         return gw__run.exit_code;
+    if (gw__run.got_signal == SIGINT && gw__run.own_signal == SIGINT)
+        die_of_sigint();
     if (gw__run.got_signal)
         return 128 + gw__run.got_signal;
     return 0;

@@ -46,6 +46,7 @@ struct job {
     int exit_code;     /* of the first failure that gw-run did not cause */
     int fail_weight;   /* what exit_code says of the cause: 2 a rank killed by a signal, 1 an exit (0 unset) */
     int got_signal;    /* first SIGINT/SIGTERM/SIGHUP received, 0 if none */
+    int own_signal;    /* the first of those that reached this gw-run itself (not another node's STOP) */
     double kill_grace_s;
     int64_t kill_deadline_ms; /* SIGKILL the remaining ranks then; 0: none */
 
@@ -119,6 +120,8 @@ struct net_config {
  * the ranks' lines. *held: a destination's queue is full, so pipes feeding
  * it were left out (the loop checks again soon). */
 void gw__run_io_start(void);
+/* Writes out what is queued and ends the writers (also run at exit). */
+void gw__run_io_finish(void);
 void gw__run_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
                        struct rank **owner_rank, bool *held);
@@ -175,6 +178,10 @@ void gw__run_give_up(void);
 /* A signal arrived while the ranks were being forked (spawn_all): it is passed
  * on to every rank even if it came from the terminal. */
 void gw__run_signal_during_spawn(void);
+/* Just before the ranks of an attempt start: a SIGUSR1/SIGUSR2 held since
+ * the launcher's setup or the last attempt is dropped, and said so (passed
+ * on, it would kill ranks that have no handler for it yet). */
+void gw__run_drop_early_passes(void);
 void gw__run_reap(void);
 bool gw__run_stopping(void);
 void gw__run_scan_strays(void);
