@@ -208,8 +208,11 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
   /* A warning while reading the markers (extraneous bytes and the like) fails
    * the header call in TurboJPEG 2.1 with the size read all the same: PIL reads
    * such files, and so do we. */
+  /* And TurboJPEG 2.1 fails it for sampling factors its own tables do not
+   * name (luma 3x1, chroma 2x1...), the size and colour space read all the
+   * same: its decoder (libjpeg's) reads them, as PIL does (they were skipped). */
   if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0 &&
-      !(only_warned(tj) && *w > 0 && *h > 0))
+      !((only_warned(tj) || strstr(tjGetErrorStr2(tj), "Could not determine subsampling")) && *w > 0 && *h > 0))
     return decoder_failed(tj, path, "not a JPEG");
   /* A stream of tables only ends its header at an end-of-image marker and is
    * "read" without a size: 0 x 0 would then ask the decoder for the stream's

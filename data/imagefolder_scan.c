@@ -255,8 +255,16 @@ static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const
       res = GW_ERR_INVALID_ARGUMENT;
     else if (label < 0)
       res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s is not a class of the training split", class_dir);
-    else
+    else {
+      const int64_t before = f->base.size;
       res = add_class(f, &split, class_dir, label);
+      /* An empty training class (.ipynb_checkpoints, lost+found) is still a
+       * class: it shifted every later label and gave the model an output too
+       * many (torchvision's ImageFolder refuses it too). */
+      if (res == GW_SUCCESS && is_train && f->base.size == before)
+        res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no .jpg or .jpeg files: "
+                             "remove it (as a class it would shift every later class's label)", class_dir);
+    }
   }
   names_free(&listed);
   return res;
