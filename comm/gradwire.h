@@ -51,7 +51,9 @@ typedef enum {
 
 /* Integer SUM and PROD wrap around in the type (as unsigned arithmetic does);
  * floating MAX and MIN propagate NaN (a NaN on any rank makes that element NaN
- * everywhere, whatever the algorithm). */
+ * everywhere, whatever the algorithm) and order the zeros as IEEE 754-2019's
+ * maximum and minimum do (+0 above -0: MAX of -0 and +0 is +0 whatever the
+ * ranks' order). */
 typedef enum {
   GW_SUM = 0,
   GW_PROD = 1,

@@ -3,6 +3,7 @@
  * avx512 and matching -m flags); reduce.c picks the table at run time.  Plain
  * loops over restrict pointers that the compiler vectorizes at -O3, plus explicit
  * F16C code for fp16 where the CPU has it.  No dispatch or policy here. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #if defined(__F16C__)
@@ -93,12 +94,12 @@ DEF_INT(i64, int64_t, uint64_t)
   static void NAME##_max(void *d0, void *d1, const void *a, const void *b, size_t n,  \
                          uint32_t div) {                                              \
     (void)div;                                                                       \
-    LOOP(T, x[i] > y[i] || x[i] != x[i] ? x[i] : y[i])                               \
+    LOOP(T, x[i] > y[i] || x[i] != x[i] || (x[i] == y[i] && signbit(y[i])) ? x[i] : y[i]) \
   }                                                                                  \
   static void NAME##_min(void *d0, void *d1, const void *a, const void *b, size_t n,  \
                          uint32_t div) {                                              \
     (void)div;                                                                       \
-    LOOP(T, x[i] < y[i] || x[i] != x[i] ? x[i] : y[i])                               \
+    LOOP(T, x[i] < y[i] || x[i] != x[i] || (x[i] == y[i] && signbit(x[i])) ? x[i] : y[i]) \
   }
 
 DEF_FLT(f32, float)
@@ -107,8 +108,12 @@ DEF_FLT(f64, double)
 /* fp16 / bf16: widen to fp32, operate, round once to nearest even. */
 static inline float op_sum(float p, float q) { return p + q; }
 static inline float op_prod(float p, float q) { return p * q; }
-static inline float op_max(float p, float q) { return p > q || p != p ? p : q; }
-static inline float op_min(float p, float q) { return p < q || p != p ? p : q; }
+/* MAX/MIN order the zeros as IEEE 754-2019 maximum/minimum do (+0 above -0):
+ * of two equal operands the selection took the second, so a ring gave -0 for
+ * some blocks and +0 for others in one call, by the order of the operands
+ * there (equal nonzero values are the same value either way). */
+static inline float op_max(float p, float q) { return p > q || p != p || (p == q && signbit(q)) ? p : q; }
+static inline float op_min(float p, float q) { return p < q || p != p || (p == q && signbit(p)) ? p : q; }
 
 #define DEF_H16_SCALAR(NAME, TOF, FROMF, OP)                                         \
   static void NAME(void *d0, void *d1, const void *a, const void *b, size_t n,        \
@@ -148,12 +153,15 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
       if (o1) o1[i] = h;                                                             \
     }                                                                                \
   }
-/* max/min: match the scalar op_max / op_min (p when greater or a NaN, else q). */
-static inline __m256 vpick(__m256 p, __m256 q, __m256 p_wins) {
-  return _mm256_blendv_ps(q, p, _mm256_or_ps(p_wins, _mm256_cmp_ps(p, p, _CMP_UNORD_Q)));
+/* max/min: match the scalar op_max / op_min (p when greater, a NaN, or equal
+ * with the sign that orders zeros, else q).  The blend takes p where the
+ * mask's sign bit is set: equal & the sign operand itself is that mask. */
+static inline __m256 vpick(__m256 p, __m256 q, __m256 p_wins, __m256 sign_of) {
+  const __m256 eq_signed = _mm256_and_ps(_mm256_cmp_ps(p, q, _CMP_EQ_OQ), sign_of);
+  return _mm256_blendv_ps(q, p, _mm256_or_ps(_mm256_or_ps(p_wins, eq_signed), _mm256_cmp_ps(p, p, _CMP_UNORD_Q)));
 }
-static inline __m256 vmax(__m256 p, __m256 q) { return vpick(p, q, _mm256_cmp_ps(p, q, _CMP_GT_OQ)); }
-static inline __m256 vmin(__m256 p, __m256 q) { return vpick(p, q, _mm256_cmp_ps(p, q, _CMP_LT_OQ)); }
+static inline __m256 vmax(__m256 p, __m256 q) { return vpick(p, q, _mm256_cmp_ps(p, q, _CMP_GT_OQ), q); }
+static inline __m256 vmin(__m256 p, __m256 q) { return vpick(p, q, _mm256_cmp_ps(p, q, _CMP_LT_OQ), p); }
 /* A NaN lane as the scalar cvt_f2h narrows it (0x7e00 and the sign): the
  * instruction would keep the payload, so ranks whose tables differ (F16C or
  * not) could end with other bits. */

@@ -75,8 +75,9 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
 }
 
 /* local_first: pass the local data as the first operand, so that two ranks
- * computing the same reduction order their operands the same way (max/min pick
- * the second operand on NaN; every other op is commutative bit for bit). */
+ * computing the same reduction order their operands the same way (of two NaNs
+ * max/min pass the first one on; every other op, and max/min otherwise, is
+ * commutative bit for bit). */
 static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void *dst, size_t n, uint32_t div,
                                          bool local_first) {
   if (p->dev) return gw__dprim_recv_reduce_copy(p, src, dst, n, div, local_first);

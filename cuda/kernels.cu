@@ -31,9 +31,10 @@
  *     tables do not agree among themselves there: the AVX-512 loops'
  *     remainders may pick the other NaN; the generic table is the reference.
  *     fp16 NaNs leave every table as 0x7e00 and the sign.)
- *     MAX/MIN are the host's selections `x > y || x != x ? x : y` and
- *     `x < y || x != x ? x : y` (a NaN operand wins: never fmaxf, which drops
- *     it), so they pass NaN bits on exactly as the host does.
+ *     MAX/MIN are the host's selections `x > y || x != x || (x == y &&
+ *     signbit(y)) ? x : y` and its mirror for MIN (a NaN operand wins: never
+ *     fmaxf, which drops it; +0 is above -0), so they pass NaN bits on
+ *     exactly as the host does.
  * Everything the element code needs is __host__ __device__: on the host it
  * computes what the device computes (canonical NaNs included), so a CPU-only
  * test can run the kernel bodies against the host kernels.
@@ -230,10 +231,10 @@ struct OpFlt {
       return avg ? div_x86(s, dv) : s;
     } else if constexpr (K == GW_KOP_PROD) {
       return x86_nan(op_mul(x, y), x, y);
-    } else if constexpr (K == GW_KOP_MAX) {
-      return x > y || x != x ? x : y;
+    } else if constexpr (K == GW_KOP_MAX) { /* zeros ordered as the host's (+0 above -0) */
+      return x > y || x != x || (x == y && signbit(y)) ? x : y;
     } else {
-      return x < y || x != x ? x : y;
+      return x < y || x != x || (x == y && signbit(x)) ? x : y;
     }
   }
 };
@@ -256,9 +257,9 @@ struct OpH16 {
     } else if constexpr (K == GW_KOP_PROD) {
       r = x86_nan(op_mul(p, q), q, p);
     } else if constexpr (K == GW_KOP_MAX) {
-      r = p > q || p != p ? p : q;
+      r = p > q || p != p || (p == q && signbit(q)) ? p : q;
     } else {
-      r = p < q || p != p ? p : q;
+      r = p < q || p != p || (p == q && signbit(p)) ? p : q;
     }
     if (avg) r = div_x86(r, dv);
     return BF16 ? f2bf(r) : f2h(r);

@@ -147,6 +147,14 @@ void test_reduce() {
                 A.guard(), B.guard(), D0.guard(), D1.guard();
                 fill_random(A.at(oa), bytes);
                 fill_random(B.at(ob), bytes);
+                /* Zeros of both signs facing each other (MAX/MIN order them,
+                 * +0 above -0; random bits never pair them). */
+                const bool flt = dt == GW_FLOAT16 || dt == GW_BFLOAT16 || dt == GW_FLOAT32 || dt == GW_FLOAT64;
+                for (size_t i = 0; flt && i + 1 < n; i += 4)
+                  for (size_t k = 0; k < 2; k++) {
+                    memset(A.at(oa) + (i + k) * es, 0, es), memset(B.at(ob) + (i + k) * es, 0, es);
+                    (k ? B.at(ob) : A.at(oa))[(i + k) * es + es - 1] = 0x80;
+                  }
                 /* The reference on its own aligned copies. */
                 memcpy(RA.mem, A.at(oa), bytes);
                 memcpy(RB.mem, B.at(ob), bytes);
