@@ -276,11 +276,12 @@ done_rounds="gw ${completed[gw]}/$rounds, mpi ${completed[mpi]}/$rounds, gloo ${
 echo
 echo "## comparison (out-of-place, best of the rounds each tool completed: $done_rounds; time in us, busbw in GB/s)"
 PYTHONPATH=$here PYTHONDONTWRITEBYTECODE=1 python3 - "$work" "$out_csv" "$rounds" \
-  "${status_lines[@]}" <<'PY' || exit 1
+  "${completed[gw]}" "${completed[mpi]}" "${completed[gloo]}" "${status_lines[@]}" <<'PY' || exit 1
 import csv, os, sys
 from compare_lib import fmt, human, load, num, wrong_results
 
-work, out_csv, rounds, notes = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+work, out_csv, rounds, notes = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[7:]
+done = sys.argv[4:7]  # rounds each tool finished: a best of fewer is marked in the CSV
 PROG = "compare-tcp.sh"
 tables = {t: load(work, t, rounds, PROG) for t in ("gw", "mpi", "gloo")}
 if not any(tables.values()):
@@ -289,7 +290,8 @@ gw, mpi, gloo = tables["gw"], tables["mpi"], tables["gloo"]
 wrong = wrong_results((("gradwire", gw), ("Open MPI", mpi), ("Gloo", gloo)))
 
 cols = ["size", "gw_time_us", "gw_busbw", "mpi_tcp_time_us", "mpi_tcp_busbw", "gloo_time_us",
-        "gloo_busbw", "peer_best_time_us", "peer_best_busbw", "busbw_ratio", "latency_ratio"]
+        "gloo_busbw", "peer_best_time_us", "peer_best_busbw", "busbw_ratio", "latency_ratio",
+        "gw_rounds", "mpi_rounds", "gloo_rounds"]
 rows = []
 for size in sorted(set(gw) | set(mpi) | set(gloo)):
     vals = []
@@ -321,7 +323,7 @@ with open(out_csv, "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(cols)
     for r in rows:
-        w.writerow([r[0]] + ["" if v is None else "%.4f" % v for v in r[1:]])
+        w.writerow([r[0]] + ["" if v is None else "%.4f" % v for v in r[1:]] + done)
 
 print()
 by_size = {r[0]: r for r in rows}

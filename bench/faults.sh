@@ -110,7 +110,11 @@ local_job() {
   local d=$work/$name
   mkdir -p "$d"
   local port token
-  port=$("$rank_bin" port) || { note "faults.sh: no free port"; return; }
+  if ! port=$("$rank_bin" port); then
+    note "faults.sh: no free port"
+    rows+=("$fault$US$transport$US-$US-$US-${US}setup failed: no free port")
+    return
+  fi
   token="faults-$$-$RANDOM$RANDOM"
   local pids=() r
   exit_of=()
@@ -254,3 +258,13 @@ cp "$work/faults.md" "$results/faults.md"
 cp "$log" "$results/faults.log"
 echo >&2
 echo "faults.sh: table in $results/faults.md, full messages and rank logs in $results/faults.log" >&2
+# A scenario that did not run, or a surviving rank that never reported, is a
+# failure of this run (the table above says which), not a quiet row.
+failed=0
+for row in "${rows[@]}"; do
+  [[ $row == *"no report ("* || $row == *"no fault moment recorded"* || $row == *"setup failed"* ]] && failed=$((failed + 1))
+done
+if ((failed)); then
+  echo "faults.sh: $failed row(s) without a report or with a failed setup (see the table)" >&2
+  exit 1
+fi

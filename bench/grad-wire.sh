@@ -35,14 +35,18 @@ for k in 0 1; do
 done
 export GW_JOB_TOKEN="grad-wire-$$"
 
+# The two "machines" share this one's cores: each rank gets half (its host
+# name says another machine, so gw-train and gw-run would each take them all:
+# 4 compute threads on 2 cores, and the ranks' compute times drifted apart).
+half=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 run() { # wire -> median comm_ms
   local w=$1 k pids=() bad=()
   for k in 0 1; do
     # shellcheck disable=SC2016  # $0 and $@ are for sh
     ip netns exec "$tag$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
-      "$build/tools/gw-run" -n 1 --nnodes 2 --node-rank $k --master 10.89.0.1:29533 \
+      env OMP_NUM_THREADS=$half "$build/tools/gw-run" -n 1 --nnodes 2 --node-rank $k --master 10.89.0.1:29533 \
       "$build/tools/gw-train" --model resnet50 --steps "$steps" --no-eval --data fashion-mnist --batch 32 \
-      --no-overlap --grad-wire "$w" --metrics "$work/$w-$k.jsonl" >"$work/$w-$k.log" 2>&1 &
+      --threads $half --no-overlap --grad-wire "$w" --metrics "$work/$w-$k.jsonl" >"$work/$w-$k.log" 2>&1 &
     pids+=($!)
   done
   # Each rank's own exit status (a bare `wait` returns 0 whatever they did).
@@ -53,9 +57,11 @@ run() { # wire -> median comm_ms
     tail -n 5 "$work/$w-0.log" "$work/$w-1.log" >&2
     die "gw-train failed ($w: ${bad[*]})"
   fi
-  # The median over steps skip+1..steps of rank 0's metrics; a missing or short
-  # file, or a step without a finite loss or comm_ms (NaN / inf are written as
-  # null), is a failed measurement, said in one line.
+  # The median over steps skip+1..steps of rank 0's metrics (only rank 0
+  # writes them: its comm_ms may include waiting for rank 1's backward, which
+  # the even split of the cores above keeps small, and alike for every wire);
+  # a missing or short file, or a step without a finite loss or comm_ms (NaN /
+  # inf are written as null), is a failed measurement, said in one line.
   PYTHONPATH=$here PYTHONDONTWRITEBYTECODE=1 python3 - "$work/$w-0.jsonl" "$steps" "$skip" "$w" <<'PY' || exit 1
 import sys
 from compare_lib import train_rows

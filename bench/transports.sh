@@ -13,25 +13,35 @@
 # and how much it costs on top of a copy, not what an HCA would do (see
 # docs/architecture.md for what to measure on a real one).
 #
-# Usage: bench/transports.sh [BUILD]   (BUILD defaults to ./build)
+# Usage: bench/transports.sh [BUILD]   (BUILD defaults to $BUILD, else ./build)
 # Environment: BENCH_NRANKS ("2 4"), BENCH_ROUNDS (2), BENCH_MIN (1K), BENCH_MAX
-# (64M), BENCH_FACTOR (4), BENCH_ITERS (10).
+# (64M), BENCH_FACTOR (4), BENCH_SPLIT (1M), BENCH_ITERS (100: sizes below the
+# split, where 10 iterations were a window of tens of microseconds that one
+# scheduler slice outweighed) and BENCH_ITERS_LARGE (10: from the split up).
 set -euo pipefail
 prog=transports.sh
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
-build=$(cd "${1:-$here/../build}" && pwd)
+build=$(cd "${1:-${BUILD:-$here/../build}}" && pwd)
 gwrun=$build/tools/gw-run
 gwperf=$build/tools/gw-perf
 if [ ! -x "$gwrun" ] || [ ! -x "$gwperf" ]; then die "build gw-run and gw-perf first ($build)"; fi
-[ -x "$build/test/test_ib" ] || echo "$prog: this build has no ib transport (libibverbs missing): shm and tcp only" >&2
+# the build's own word (its tests may not be built)
+has_ib() { grep -q '^#define GW_HAVE_IBVERBS 1' "$build/gw_config.h" 2>/dev/null; }
+has_ib || echo "$prog: this build has no ib transport (libibverbs missing): shm and tcp only" >&2
 nranks_list=${BENCH_NRANKS:-2 4}
 rounds=${BENCH_ROUNDS:-2}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 transports="shm tcp"
-[ -x "$build/test/test_ib" ] && transports="shm tcp ib ibreg"
+has_ib && transports="shm tcp ib ibreg"
+split=$(to_bytes "${BENCH_SPLIT:-1M}")
+min=$(to_bytes "${BENCH_MIN:-1K}") max=$(to_bytes "${BENCH_MAX:-64M}")
+# "first last iters warmup" per gw-perf invocation of a run
+parts=()
+((min < split)) && parts+=("$min $(( (max < split ? max : split - 1) )) ${BENCH_ITERS:-100} 10")
+((max >= split)) && parts+=("$(( (min > split ? min : split) )) $max ${BENCH_ITERS_LARGE:-10} 2")
 
 # $work/runs: one line per run, "TRANSPORT-NRANKS-ROUND EXIT": only the CSVs of
 # runs that exited 0 are read (a failed or timed-out run may leave a cut one).
@@ -43,10 +53,16 @@ for n in $nranks_list; do
       env=(GW_TRANSPORT="${t%reg}") extra=()
       [ "${t%reg}" = ib ] && env+=(GW_IB_EMULATE=1)
       [ "$t" = ibreg ] && extra=(-R)
-      rc=0
-      env "${env[@]}" timeout 600 "$gwrun" -n "$n" "$gwperf" -b "${BENCH_MIN:-1K}" -e "${BENCH_MAX:-64M}" \
-        -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-10}" -w 2 -c 1 "${extra[@]}" --csv "$work/$t-$n-$r.csv" \
-        >"$work/$t-$n-$r.log" 2>&1 || rc=$?
+      rc=0 k=0
+      : >"$work/$t-$n-$r.log"
+      for part in "${parts[@]}"; do
+        read -r first last it wu <<<"$part"
+        k=$((k + 1))
+        ((rc == 0)) || break
+        env "${env[@]}" timeout 600 "$gwrun" -n "$n" "$gwperf" -b "$first" -e "$last" \
+          -f "${BENCH_FACTOR:-4}" -n "$it" -w "$wu" -c 1 "${extra[@]}" --csv "$work/$t-$n-$r.$k.csv" \
+          >>"$work/$t-$n-$r.log" 2>&1 || rc=$?
+      done
       echo "$t-$n-$r $rc" >>"$work/runs"
       if ((rc != 0)); then
         why="exit $rc"
@@ -73,13 +89,14 @@ for name, rc in runs:
         left_out.append("%s at %s ranks, round %s (exit %s%s)" % (t, n, r, rc, ", timed out" if rc in ("124", "137") else ""))
         continue
     done[(int(n), t)] = done.get((int(n), t), 0) + 1
-    with open(os.path.join(work, name + ".csv")) as f:
-        for row in csv.DictReader(f):
-            size = int(row["size"])
-            bw = float(row["oop_busbw"])
-            wrong += int(row["oop_wrong"]) + int(row["ip_wrong"])
-            key = (int(n), size, t)
-            best[key] = max(best.get(key, 0.0), bw)
+    for part in sorted(p for p in os.listdir(work) if p.startswith(name + ".") and p.endswith(".csv")):
+        with open(os.path.join(work, part)) as f:
+            for row in csv.DictReader(f):
+                size = int(row["size"])
+                bw = float(row["oop_busbw"])
+                wrong += int(row["oop_wrong"]) + int(row["ip_wrong"])
+                key = (int(n), size, t)
+                best[key] = max(best.get(key, 0.0), bw)
 rows = []
 for n in sorted({k[0] for k in best}):
     print(f"\n{n} ranks, float32 sum, out-of-place busbw GB/s (best of the rounds that finished: "

@@ -356,7 +356,9 @@ kernel_times() { # TAG OPTIONS: GPU time per call site over 3 steps of model_ben
   # shellcheck disable=SC2086
   run_to 90 env GW_CUDNN_KERNEL_TIMES=1 "$B/bench/model_bench" --backend cudnn $2 --batch "$BATCH" --steps 2 --warmup 1 \
     >"$OUT/kernel-times-$1.txt" 2>&1
-  say "GPU time per call site, model_bench cudnn $2, 3 steps (exit $?; GW_CUDNN_KERNEL_TIMES, top 25):"
+  local rc=$?
+  bench_rc $rc
+  say "GPU time per call site, model_bench cudnn $2, 3 steps (exit $rc; GW_CUDNN_KERNEL_TIMES, top 25):"
   sed -n '/^kernel times/,$p' "$OUT/kernel-times-$1.txt" | head -26 | tee -a "$OUT/summary.txt"
 }
 if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
