@@ -13,11 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "hmac.h"
 #include "sock.h"
 
 #define BOOT_MAX_PAYLOAD (64u << 20)
@@ -199,14 +201,32 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
                  bs->rank, bs->master, bs->timeout_s, last_errno ? strerror(last_errno) : "no route");
 }
 
-static bool tokens_equal(const char *a, uint32_t alen, const char *b, size_t blen) {
-  /* Constant time in the token contents, so the answer's timing leaks nothing. */
-  unsigned diff = (unsigned)(alen != blen);
-  for (size_t i = 0; i < GW_BOOT_TOKEN_MAX; i++) {
-    char x = i < alen ? a[i] : 0, y = i < blen ? b[i] : 0;
-    diff |= (unsigned)(unsigned char)(x ^ y);
+void gw__boot_mac(const char *token, int which, const uint8_t challenge[GW_BOOT_NONCE],
+                  const uint8_t rank_nonce[GW_BOOT_NONCE], int32_t rank, int32_t nranks, uint8_t out[32]) {
+  static const char *const label[2] = {"gradwire rank", "gradwire root"};
+  uint8_t rn[8];
+  for (int i = 0; i < 4; i++) rn[i] = (uint8_t)((uint32_t)rank >> 8 * i), rn[4 + i] = (uint8_t)((uint32_t)nranks >> 8 * i);
+  const void *parts[] = {label[which], challenge, rank_nonce, rn};
+  const size_t lens[] = {strlen(label[which]) + 1, GW_BOOT_NONCE, which ? GW_BOOT_NONCE : 0, sizeof rn};
+  gw__hmac_sha256(token, strlen(token), parts, lens, 4, out);
+}
+
+/* A nonce: getrandom's bits, else the clock's (unique, if guessable: the
+ * token stays secret either way; a guessable challenge only lets a recorded
+ * hello be replayed to rank 0 by a stranger, who then cannot go on). */
+static void make_nonce(uint8_t out[GW_BOOT_NONCE]) {
+  if (getrandom(out, GW_BOOT_NONCE, GRND_NONBLOCK) == GW_BOOT_NONCE) return;
+  for (int i = 0; i < GW_BOOT_NONCE; i += 4) {
+    const uint32_t v = gw__clock_bits() ^ (uint32_t)i;
+    memcpy(out + i, &v, 4);
   }
-  return diff == 0;
+}
+
+/* Whether h proves the token for the challenge it answers (constant time). */
+static bool hello_mac_ok(const struct gw_boot_hello *h, const uint8_t challenge[GW_BOOT_NONCE], const char *token) {
+  uint8_t want[32];
+  gw__boot_mac(token, 0, challenge, NULL, h->rank, h->nranks, want);
+  return gw__equal_ct(want, h->mac, sizeof want);
 }
 
 /* Closes a socket the peer may still have written to without a reset: a reset
@@ -298,13 +318,16 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     getnameinfo((struct sockaddr *)&from, fl, who, sizeof who, NULL, 0, NI_NUMERICHOST);
     /* A stranger gets a few seconds to say hello, so it cannot stall the job. */
     double hello_deadline = GW_MIN(deadline, gw__now() + 5.0);
+    uint8_t challenge[GW_BOOT_NONCE];
+    make_nonce(challenge);
     struct gw_boot_hello h;
-    if (!read_hello(fd, &h, hello_deadline)) {
+    if (send_frame(fd, GW_BOOT_CHALLENGE, challenge, sizeof challenge, hello_deadline) != GW_SUCCESS ||
+        !read_hello(fd, &h, hello_deadline)) {
       GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", who, bs->master);
       close(fd);
       continue;
     }
-    if (h.token_len > GW_BOOT_TOKEN_MAX || !tokens_equal(h.token, h.token_len, token, strlen(token))) {
+    if (!hello_mac_ok(&h, challenge, token)) {
       GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s claiming rank %d: wrong job token", who, h.rank);
       refuse(fd, "wrong job token (GW_JOB_TOKEN differs from rank 0's)", hello_deadline);
       continue;
@@ -324,10 +347,61 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       bs->told_error = true;
       return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: %s", why);
     }
+    /* This rank 0 knows the token too: the rank trusts what it sends after. */
+    uint8_t proof[32];
+    gw__boot_mac(token, 1, challenge, h.nonce, h.rank, h.nranks, proof);
+    if (send_frame(fd, GW_BOOT_PROOF, proof, sizeof proof, hello_deadline) != GW_SUCCESS) {
+      GW_WARN(GW_SUB_BOOT, "rank 0: rank %d (from %s) went during its hello", h.rank, who);
+      close(fd);
+      continue;
+    }
     bs->socks[h.rank] = fd;
     joined++;
     GW_TRACE(GW_SUB_BOOT, "rank 0: rank %d joined from %s", h.rank, who);
   }
+  return GW_SUCCESS;
+}
+
+static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, double waited_s,
+                             struct gw_errctx *err);
+
+/* A rank reads rank 0's next frame of the hello: `kind` with exactly len
+ * bytes into buf, or rank 0's refusal (an ERROR frame, told as such). */
+static gw_result_t hello_frame(struct gw_bootstrap *bs, uint32_t kind, void *buf, size_t len, double deadline,
+                               double waited_s, struct gw_errctx *err) {
+  const int fd = bs->socks[0];
+  struct gw_boot_frame f;
+  gw_result_t r = recv_frame_hdr(fd, &f, deadline);
+  if (r == GW_SUCCESS && f.kind == GW_BOOT_ERROR) {
+    char msg[300];
+    read_error_text(fd, &f, msg, sizeof msg, deadline);
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s ended the rendezvous: %s", bs->rank, bs->master, msg);
+  }
+  if (r == GW_SUCCESS && (f.kind != kind || f.len != len)) r = BOOT_FOREIGN;
+  if (r == GW_SUCCESS) r = io_all(fd, buf, len, false, deadline);
+  return r == GW_SUCCESS ? r : peer_fail(bs, r, 0, waited_s, err);
+}
+
+/* A rank's side of the hello: rank 0's challenge answered, its proof checked. */
+static gw_result_t peer_hello(struct gw_bootstrap *bs, const char *token, double deadline, struct gw_errctx *err) {
+  /* Rank 0 answers once it accepts this connection, promptly once it runs:
+   * a little longer than the rendezvous' deadline, as for its answers later. */
+  const double grace = GW_MIN(bs->timeout_s, 10.0), waited = bs->timeout_s + grace;
+  deadline += grace;
+  uint8_t challenge[GW_BOOT_NONCE], proof[32], want[32];
+  GW_CHECK(hello_frame(bs, GW_BOOT_CHALLENGE, challenge, sizeof challenge, deadline, waited, err));
+  struct gw_boot_hello h = {.rank = bs->rank, .nranks = bs->nranks};
+  make_nonce(h.nonce);
+  gw__boot_mac(token, 0, challenge, NULL, h.rank, h.nranks, h.mac);
+  if (send_frame(bs->socks[0], GW_BOOT_HELLO, &h, sizeof h, deadline) != GW_SUCCESS)
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: master %s closed the connection during the hello", bs->rank,
+                   bs->master);
+  GW_CHECK(hello_frame(bs, GW_BOOT_PROOF, proof, sizeof proof, deadline, waited, err));
+  gw__boot_mac(token, 1, challenge, h.nonce, h.rank, h.nranks, want);
+  if (!gw__equal_ct(want, proof, sizeof want))
+    return gw__err(err, GW_ERR_REMOTE, "rank %d: the master at %s does not know this job's token (its proof is "
+                   "wrong): another job's rank 0, or something else holds that port; nothing was sent to it but a "
+                   "proof of the token", bs->rank, bs->master);
   return GW_SUCCESS;
 }
 
@@ -368,12 +442,7 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
     if (nranks > 1) close(bs->listen_fd), bs->listen_fd = -1;
   } else {
     GW_CHECK_GOTO(peer_connect(bs, host, port, deadline, err), res, fail);
-    struct gw_boot_hello h = {.rank = rank, .nranks = nranks, .token_len = (uint32_t)strlen(token)};
-    memcpy(h.token, token, h.token_len);
-    if (send_frame(bs->socks[0], GW_BOOT_HELLO, &h, sizeof h, deadline) != GW_SUCCESS) {
-      res = gw__err(err, GW_ERR_REMOTE, "rank %d: master %s closed the connection during the hello", rank, master);
-      goto fail;
-    }
+    GW_CHECK_GOTO(peer_hello(bs, token, deadline, err), res, fail);
   }
   *out = bs;
   return GW_SUCCESS;

@@ -42,10 +42,19 @@ gw_result_t gw__bootstrap_local_addr(struct gw_bootstrap *bs, struct sockaddr_st
 /* Splits "host:port" / "[v6]:port"; false when malformed. */
 bool gw__parse_host_port(const char *s, char *host, size_t hostlen, char *port, size_t portlen);
 
-/* The wire format of the hello, exposed for the tests and the fuzzer. */
-#define GW_BOOT_MAGIC 0x31425747u /* "GWB1" */
+/* The wire format of the hello, exposed for the tests and the fuzzer.  The
+ * job token never travels: rank 0 sends a CHALLENGE (a fresh nonce), the rank
+ * answers with a HELLO carrying HMAC-SHA256(token, "gradwire rank" | that
+ * nonce | rank | nranks) and a nonce of its own, and rank 0 answers a rank it
+ * admits with a PROOF, HMAC-SHA256(token, "gradwire root" | the rank's nonce |
+ * its own | rank | nranks), which the rank checks before it trusts anything
+ * rank 0 sends (the peers' addresses).  "GWB2": the token went in the clear to
+ * whatever listened on the master port first (a port squatter learned it, and
+ * could answer as rank 0). */
+#define GW_BOOT_MAGIC 0x32425747u /* "GWB2" */
 #define GW_BOOT_TOKEN_MAX 128
-enum { GW_BOOT_HELLO = 1, GW_BOOT_DATA = 2, GW_BOOT_ERROR = 3 };
+#define GW_BOOT_NONCE 16
+enum { GW_BOOT_HELLO = 1, GW_BOOT_DATA = 2, GW_BOOT_ERROR = 3, GW_BOOT_CHALLENGE = 4, GW_BOOT_PROOF = 5 };
 struct gw_boot_frame {
   uint32_t magic;
   uint32_t kind;
@@ -54,8 +63,11 @@ struct gw_boot_frame {
 struct gw_boot_hello {
   int32_t rank;
   int32_t nranks;
-  uint32_t token_len;
-  char token[GW_BOOT_TOKEN_MAX];
+  uint8_t nonce[GW_BOOT_NONCE]; /* the rank's, for rank 0's proof */
+  uint8_t mac[32];
 };
+/* The MACs of the exchange (bootstrap.c): which 0 the rank's, 1 rank 0's. */
+void gw__boot_mac(const char *token, int which, const uint8_t challenge[GW_BOOT_NONCE],
+                  const uint8_t rank_nonce[GW_BOOT_NONCE], int32_t rank, int32_t nranks, uint8_t out[32]);
 
 #endif

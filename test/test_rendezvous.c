@@ -7,8 +7,12 @@
  * handle); torchrun's default run id "none" is no job token; the numbers
  * init reads from the environment; whether ranks share cores (the waiting
  * policy) counts only ranks whose CPUs overlap. */
+#include <arpa/inet.h>
 #include <check.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +20,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bootstrap.h"
 #include "comm.h" /* the communicator's oversubscribed flag; gw__env_int */
 #include "harness.h"
+#include "hmac.h"
 
 static void marker(const char *master, const char *what, char *path, size_t len) {
   snprintf(path, len, "/tmp/gw-rdv-%d-%s-%s", (int)getppid(), strchr(master, ':') + 1, what);
@@ -154,6 +160,110 @@ static int raw_bound(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
+/* SHA-256 (FIPS 180-4's examples) and HMAC-SHA256 (RFC 4231's cases 1, 2
+ * and 6: a key longer than a block, as a 128-character token is). */
+static void hex(const uint8_t *p, size_t n, char *out) {
+  for (size_t i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", p[i]);
+}
+
+START_TEST(test_hmac_vectors) {
+  uint8_t d[32];
+  char h[65];
+  struct gw_sha256 s;
+  gw__sha256_init(&s);
+  gw__sha256_update(&s, "abc", 3);
+  gw__sha256_final(&s, d);
+  hex(d, 32, h);
+  ck_assert_str_eq(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  gw__sha256_init(&s);
+  const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"; /* two blocks of padding */
+  gw__sha256_update(&s, two, strlen(two));
+  gw__sha256_final(&s, d);
+  hex(d, 32, h);
+  ck_assert_str_eq(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  uint8_t k1[20], k6[131];
+  memset(k1, 0x0b, sizeof k1), memset(k6, 0xaa, sizeof k6);
+  const char *m1 = "Hi There", *m2 = "what do ya want for nothing?",
+             *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+  const struct { const void *key; size_t klen; const char *msg, *want; } v[] = {
+      {k1, sizeof k1, m1, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+      {"Jefe", 4, m2, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+      {k6, sizeof k6, m6, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"}};
+  for (size_t i = 0; i < 3; i++) {
+    /* the message in two parts, as the rendezvous passes its fields */
+    const size_t cut = strlen(v[i].msg) / 3;
+    const void *parts[] = {v[i].msg, v[i].msg + cut};
+    const size_t lens[] = {cut, strlen(v[i].msg) - cut};
+    gw__hmac_sha256(v[i].key, v[i].klen, parts, lens, 2, d);
+    hex(d, 32, h);
+    ck_assert_msg(!strcmp(h, v[i].want), "RFC 4231 vector %zu: %s", i, h);
+  }
+}
+END_TEST
+
+/* Something other than this job's rank 0 holds the master port (a squatter,
+ * another job's rank 0): it challenges the rank like rank 0 and answers with
+ * a proof it cannot make.  The rank must never send the token (it went in
+ * the clear in its hello), and must refuse the impostor's word by name. */
+struct impostor {
+  int fd;
+  uint8_t got[4096];
+  size_t n;
+};
+
+static void *impostor_master(void *arg) {
+  struct impostor *im = arg;
+  int c = accept(im->fd, NULL, NULL);
+  if (c < 0) return NULL;
+  struct gw_boot_frame f = {.magic = GW_BOOT_MAGIC, .kind = GW_BOOT_CHALLENGE, .len = GW_BOOT_NONCE};
+  uint8_t nonce[GW_BOOT_NONCE] = {7};
+  if (write(c, &f, sizeof f) == (ssize_t)sizeof f && write(c, nonce, sizeof nonce) == (ssize_t)sizeof nonce) {
+    const size_t want = sizeof f + sizeof(struct gw_boot_hello);
+    while (im->n < want) {
+      ssize_t r = read(c, im->got + im->n, sizeof im->got - im->n);
+      if (r <= 0) break;
+      im->n += (size_t)r;
+    }
+    struct gw_boot_frame p = {.magic = GW_BOOT_MAGIC, .kind = GW_BOOT_PROOF, .len = 32};
+    uint8_t bogus[32] = {1, 2, 3};
+    if (write(c, &p, sizeof p) == (ssize_t)sizeof p && write(c, bogus, sizeof bogus) == (ssize_t)sizeof bogus) {
+      ssize_t r;
+      while (im->n < sizeof im->got && (r = read(c, im->got + im->n, sizeof im->got - im->n)) > 0) im->n += (size_t)r;
+    }
+  }
+  close(c);
+  return NULL;
+}
+
+static int body_impostor(int rank, int n, const char *master, void *arg) {
+  (void)rank, (void)n, (void)master, (void)arg;
+  static const char token[] = "the-job-secret-4711";
+  setenv("GW_JOB_TOKEN", token, 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "5", 1);
+  struct impostor im = {.fd = socket(AF_INET, SOCK_STREAM, 0)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  EXPECT(im.fd >= 0 && bind(im.fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(im.fd, 4) == 0 &&
+             getsockname(im.fd, (struct sockaddr *)&a, &al) == 0,
+         "listen");
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, impostor_master, &im) == 0, "thread");
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, 2, 1, addr);
+  pthread_join(th, NULL);
+  close(im.fd);
+  EXPECT(r == GW_ERR_REMOTE && has(gw_comm_last_error(NULL), "does not know this job's token"), "returned %s: %s",
+         gw_strerror(r), gw_comm_last_error(NULL));
+  EXPECT(im.n >= sizeof(struct gw_boot_frame) + sizeof(struct gw_boot_hello), "the impostor got %zu bytes", im.n);
+  EXPECT(!memmem(im.got, im.n, token, strlen(token)), "the token went to the impostor in the clear");
+  return 0;
+}
+
+START_TEST(test_impostor_master) { ck_assert_int_eq(run_ranks_raw(1, body_impostor, NULL, 30), 0); }
+END_TEST
+
 START_TEST(test_bound_ranks_not_oversubscribed) {
   cpu_set_t all;
   ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
@@ -247,6 +357,8 @@ int main(void) {
   TCase *tc = tcase_create("rendezvous");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_late_joiner_refused);
+  tcase_add_test(tc, test_hmac_vectors);
+  tcase_add_test(tc, test_impostor_master);
   tcase_add_test(tc, test_transport_must_agree);
   tcase_add_test(tc, test_torchrun_none_no_token);
   tcase_add_test(tc, test_env_numbers);
