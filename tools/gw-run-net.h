@@ -66,6 +66,11 @@ struct run_net {
 /* The one instance (gw-run-net.c), called `net` in both files. */
 extern struct run_net gw__run_net;
 #define net gw__run_net
+/* Node 0: tells every other node (but except) how the job ended, keeping it
+ * for nodes that join later (gw-run-net.c, used by gw-run-net-end.c too). */
+void gw__run_net_announce_end(const struct frame *f, int except);
+/* A node other than 0 stops trying to reach node 0. */
+void gw__run_net_give_up(void);
 
 /* Sends m to the other nodes (node 0: all of them; the others: node 0). */
 void gw__run_net_report(struct msg *m);
