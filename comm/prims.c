@@ -239,8 +239,18 @@ static bool wait_step(struct prims *p, struct gw_waiter *w) {
 
 /* A data-path call failed: let the transport say why (it keeps the message),
  * and name the operation and connection it failed in. */
+/* The receiver's rank failed and said so beside the FIFO (recv_abandon):
+ * its reason, forwarded; GW_SUCCESS when it did not. */
+static gw_result_t abandoned_error(struct prims *p, struct gw_conn *c) {
+  char why[GW_ERRMSG_MAX];
+  if (!c->is_send || !c->tp->send_abandoned || !c->tp->send_abandoned(c, why, sizeof why)) return GW_SUCCESS;
+  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, GW_FORWARDED, gw__root_cause(why));
+}
+
 static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r) {
   char op[160];
+  /* the receiver said why before it closed: that, not the close, is the cause */
+  GW_CHECK(abandoned_error(p, c));
   gw__describe_op(&p->op->desc, op, sizeof op);
   if (c->tp->progress) {
     gw_result_t r2 = c->tp->progress(c, p->err);
@@ -373,10 +383,7 @@ static gw_result_t slot_got(struct prims *p, struct gw_conn *c, gw_result_t r, s
  * abort notice to this rank may sit behind data this rank has not taken
  * (it holds a chunk while it waits here), so this is how it hears. */
 static gw_result_t receiver_gave_up(struct prims *p, struct gw_conn *c, const struct gw_waiter *w, bool now) {
-  char why[GW_ERRMSG_MAX];
-  if (!c->tp->send_abandoned || (!now && !slow_check_due(w)) || !c->tp->send_abandoned(c, why, sizeof why))
-    return GW_SUCCESS;
-  return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, GW_FORWARDED, gw__root_cause(why));
+  return !now && !slow_check_due(w) ? GW_SUCCESS : abandoned_error(p, c);
 }
 
 gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void **slot) {

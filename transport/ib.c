@@ -56,6 +56,11 @@
 #define IB_HANDLE_MAGIC 0x32697767u /* "gwi2": with the partition key */
 #define IB_HELLO_MAGIC 0x6c686268u
 #define IB_READY_BYTE 'R'
+/* After the ready byte the receiver writes to the liveness socket only once,
+ * if its rank fails (recv_abandon): this byte, a 2-byte length (host order:
+ * both ends are one job's), the reason. */
+#define IB_ABANDON_BYTE 'A'
+#define IB_ABANDON_MAX 480
 #define IB_RECV_WRID (1ull << 63) /* receive work requests: this bit + QP index */
 static bool ib_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
   return (self->caps & GW_CAP_IB) && (peer->caps & GW_CAP_IB);
@@ -139,6 +144,9 @@ struct ib_conn {
    * to the gone sender, the receives flushed): no error of this connection's
    * until something is still to come from it (a chunk: the peer's end then). */
   bool quiet;
+  /* Sender: what the receiver wrote after its ready byte (recv_abandon). */
+  uint8_t ab_buf[3 + IB_ABANDON_MAX];
+  uint32_t ab_got;
   uint64_t nonce, job_hash;
   double timeout_s, next_check;
   uint8_t qp_timeout, qp_retry_cnt; /* GW_IB_TIMEOUT, GW_IB_RETRY_CNT, read by qp_connect */
@@ -618,10 +626,18 @@ static void check_socket(struct ib_conn *t, bool now) {
   double at = gw__now();
   if (t->eof || (t->ready && !now && at < t->next_check)) return; /* before ready: at every look */
   t->next_check = at + 0.01;
-  char b;
-  ssize_t n = recv(t->fd, &b, 1, MSG_DONTWAIT);
-  if (n == 1 && b == IB_READY_BYTE) t->ready = true;
-  else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) t->eof = true;
+  uint8_t b[sizeof t->ab_buf];
+  /* the ready byte alone; once ready (sender), what follows is the abandon frame */
+  const size_t want = t->ready && t->ab_got < sizeof t->ab_buf ? sizeof t->ab_buf - t->ab_got : 1;
+  ssize_t n = recv(t->fd, b, want, MSG_DONTWAIT);
+  if (n > 0 && !t->ready) {
+    if (b[0] == IB_READY_BYTE) t->ready = true;
+  } else if (n > 0 && t->ab_got < sizeof t->ab_buf) {
+    memcpy(t->ab_buf + t->ab_got, b, (size_t)n);
+    t->ab_got += (uint32_t)n;
+  } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    t->eof = true;
+  }
 }
 
 static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *waiting) {
@@ -867,6 +883,31 @@ static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
   }
 }
 
+/* The receiver's rank failed: its reason goes on the liveness socket, which
+ * carries nothing else that way after the ready byte (its buffer is empty,
+ * so one non-blocking send takes it). */
+static void ib_recv_abandon(struct gw_conn *c, const char *why) {
+  struct ib_conn *t = c->priv;
+  if (!t || t->fd < 0 || !t->ready) return;
+  uint8_t buf[3 + IB_ABANDON_MAX];
+  const uint16_t len = (uint16_t)GW_MIN(strlen(why), (size_t)IB_ABANDON_MAX);
+  buf[0] = IB_ABANDON_BYTE;
+  memcpy(buf + 1, &len, 2), memcpy(buf + 3, why, len);
+  (void)!send(t->fd, buf, 3 + (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+static bool ib_send_abandoned(struct gw_conn *c, char *why, size_t len) {
+  struct ib_conn *t = c->priv;
+  if (!t || t->fd < 0) return false;
+  if (t->ready && !t->eof) check_socket(t, true);
+  uint16_t wlen;
+  if (t->ab_got < 3 || t->ab_buf[0] != IB_ABANDON_BYTE) return false;
+  memcpy(&wlen, t->ab_buf + 1, 2);
+  if (wlen > IB_ABANDON_MAX || t->ab_got < 3u + wlen) return false;
+  snprintf(why, len, "%.*s", (int)wlen, (const char *)t->ab_buf + 3);
+  return true;
+}
+
 static void ib_close(struct gw_conn *c) {
   struct ib_conn *t = c->priv;
   if (!t) return;
@@ -890,5 +931,7 @@ const struct gw_transport gw__ib_transport = {
     .direct_ok = ib_direct_ok,
     .send_direct = ib_send_direct,
     .pollfds = NULL,
+    .recv_abandon = ib_recv_abandon,
+    .send_abandoned = ib_send_abandoned,
     .close = ib_close,
 };
