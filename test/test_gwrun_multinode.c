@@ -711,6 +711,72 @@ START_TEST(test_multinode_garbage_frames)
 }
 END_TEST
 
+/* Another program on the launcher port (started before node 0's gw-run, or
+ * at a wrong --master) learns nothing from a node and cannot pass for node
+ * 0: the node's hello proves the token without sending it, and a welcome
+ * without node 0's proof is refused by name.  The hello carried the token in
+ * the clear (the impostor could then join the ranks' rendezvous as them). */
+static bool read_some(int fd, unsigned char *buf, size_t cap, size_t *got, double timeout_s)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (*got < cap && gwrun_seconds_since(&t0) < timeout_s) {
+        ssize_t n = recv(fd, buf + *got, cap - *got, MSG_DONTWAIT);
+        if (n == 0)
+            return *got > 0;
+        if (n > 0)
+            *got += (size_t)n;
+        else
+            gwrun_sleep(0.01);
+        if (*got >= 4) { /* one whole frame is enough */
+            size_t len = (size_t)buf[0] << 24 | (size_t)buf[1] << 16 | (size_t)buf[2] << 8 | buf[3];
+            if (*got >= 4 + len)
+                return true;
+        }
+    }
+    return false;
+}
+
+START_TEST(test_multinode_impostor_master)
+{
+    int port = gwrun_free_port_pair();
+    static const char token[] = "mn-impostor-secret-4711";
+    const char *env[] = {"GW_JOB_TOKEN=mn-impostor-secret-4711", "GW_RUN_JOIN_TIMEOUT=4", "GW_DEBUG=INFO", NULL};
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    ck_assert_msg(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 8) == 0,
+                  "the impostor cannot listen: %s", strerror(errno));
+    struct run r[1];
+    node_start(&r[0], env, port, 2, 1, "1", "exec sleep 6");
+    int fd = accept(lfd, NULL, NULL);
+    unsigned char hello[4 + 4096];
+    size_t got = 0;
+    bool heard = false;
+    if (fd >= 0) {
+        /* a challenge as node 0 sends it: type 12, "GWL3", 16 bytes of nonce */
+        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL3" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
+        heard = read_some(fd, hello, sizeof hello, &got, 5.0);
+        /* a welcome with a proof that is not node 0's: type 2, host, 32 bytes */
+        send_raw(fd, 1 + 2 + 8 + 2 + 32,
+                 "\x02" "\0\x08" "impostor" "\0\x20" "................................", 1 + 2 + 8 + 2 + 32);
+        gwrun_sleep(0.5);
+        close(fd);
+    }
+    nodes_wait(r, 1);
+    close(lfd);
+    ck_assert_msg(fd >= 0 && heard && got > 5 && hello[4] == 0x01, "node 1 sent no hello (%zu bytes); stderr:\n%s",
+                  got, r[0].err);
+    ck_assert_msg(!memmem(hello, got, token, strlen(token)), "node 1's hello carries the job token; stderr:\n%s",
+                  r[0].err);
+    ck_assert_msg(strstr(r[0].err, "does not prove the job token") && r[0].code != 0 &&
+                      !strstr(r[0].err, "joined node 0"),
+                  "node 1 (exit %d) believed the impostor's welcome; stderr:\n%s", r[0].code, r[0].err);
+    gwrun_nodes_free(r, 1);
+}
+END_TEST
+
 static Suite *gwrun_multinode_suite(void)
 {
     Suite *s = suite_create("gw-run-multinode");
@@ -730,6 +796,7 @@ static Suite *gwrun_multinode_suite(void)
                         (int)(sizeof stop_cases / sizeof stop_cases[0]));
     tcase_add_test(mn, test_multinode_usr1_passed_on);
     tcase_add_test(mn, test_multinode_garbage_frames);
+    tcase_add_test(mn, test_multinode_impostor_master);
     tcase_add_test(mn, test_multinode_stranger_mismatch_refused);
     tcase_add_test(mn, test_multinode_local_crash_before_remote_fail);
     tcase_add_test(mn, test_multinode_launch_failure_stands);

@@ -381,9 +381,15 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   HELLO   node -> 0  uuuuuTs magic "GWL2", node, nnodes, nproc, max restarts,
- *                              token, host
- *   WELCOME 0 -> node  s       node 0's hostname
+ *   CHALLENGE 0 -> node uT    magic "GWL3", node 0's nonce (16 bytes): the
+ *                              first frame on a connection node 0 accepted
+ *   HELLO   node -> 0  uuuuuTs magic "GWL3", node, nnodes, nproc, max restarts,
+ *                              the node's nonce (16 bytes) and its proof (32:
+ *                              HMAC-SHA256 under the job token of both
+ *                              nonces and the four numbers), host
+ *   WELCOME 0 -> node  sT      node 0's hostname, node 0's proof (HMAC of
+ *                              the node's nonce, its own and the node rank):
+ *                              the node believes nothing before it
  *   REFUSE  0 -> node  s       the reason; node 0 closes the connection
  *   FAIL    both ways  uubus   global rank, node, signaled, code or signal,
  *                              host: a rank failed there
@@ -403,9 +409,9 @@ void gw__run_abandon_output(void)
  */
 
 static const char *const layout[] = {
-    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "s", [F_REFUSE] = "s", [F_FAIL] = "uubus",
+    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "sT", [F_REFUSE] = "s", [F_FAIL] = "uubus",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
-    [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",
+    [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
 };
 
 static void put_u32(unsigned char *p, uint32_t v)
@@ -453,7 +459,7 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     size_t pos = 1, nv = 0;
     m->type = p[0];
     m->s[0] = '\0';
-    if (m->type < F_HELLO || m->type > F_PASS)
+    if (m->type < F_HELLO || m->type > F_CHALLENGE)
         return false;
     if (m->type == F_HELLO && n >= 5 && get_u32(p + 1) != GW_RUN_HELLO_MAGIC) {
         memset(m->v, 0, sizeof m->v); /* another version's layout: its magic alone, refused by name */

@@ -40,6 +40,7 @@
 
 #include "gw-run.h"
 #include "gw-run-net.h"
+#include "hmac.h"
 
 struct run_net gw__run_net = {.lfd = -1};
 
@@ -167,9 +168,9 @@ static void pass_on(const struct msg *m, int from)
 /* ---- node 0 ---- */
 
 /* WELCOME, or REFUSE and the end of the connection. */
-static void answer(struct conn *c, unsigned type, const char *text)
+static void answer(struct conn *c, unsigned type, const char *text, const unsigned char *tok, size_t toklen)
 {
-    struct msg m = {.type = type};
+    struct msg m = {.type = type, .tok = tok, .toklen = toklen};
     struct frame f;
     snprintf(m.s, sizeof m.s, "%s", text);
     gw__run_pack(&f, &m);
@@ -180,15 +181,34 @@ static void answer(struct conn *c, unsigned type, const char *text)
     }
 }
 
-/* Constant time in the token we were sent, so that a stranger cannot learn
- * the token byte by byte from how fast we answer. */
-static bool token_ok(const unsigned char *t, size_t len)
+/* The job token never travels: each end proves it has it by an HMAC-SHA256
+ * under the token of both ends' nonces (fresh per connection, so a proof
+ * replayed on another connection fails) and what the frame says.  what:
+ * "hello" (the node's, over node 0's nonce first) or "welcome" (node 0's,
+ * over the node's nonce first); v[0..nv) the frame's numbers. */
+static void proof(const char *what, const unsigned char first[GW_RUN_NONCE],
+                  const unsigned char second[GW_RUN_NONCE], const uint32_t *v, int nv,
+                  unsigned char out[GW_RUN_PROOF])
 {
-    size_t mine = strlen(net.cfg.token);
-    unsigned diff = len != mine;
-    for (size_t i = 0; i < len; i++)
-        diff |= t[i] ^ (unsigned char)net.cfg.token[i < mine ? i : 0];
-    return diff == 0;
+    unsigned char nums[5 * 4];
+    for (int i = 0; i < nv; i++)
+        for (int k = 0; k < 4; k++)
+            nums[4 * i + k] = (unsigned char)(v[i] >> (24 - 8 * k));
+    const void *parts[] = {"gw-run ", what, first, second, nums};
+    const size_t lens[] = {7, strlen(what), GW_RUN_NONCE, GW_RUN_NONCE, 4 * (size_t)nv};
+    gw__hmac_sha256(net.cfg.token, strlen(net.cfg.token), parts, lens, 5, out);
+}
+
+/* Whether the hello proves the token (the comparison in constant time, so a
+ * stranger learns nothing from how fast we answer). */
+static bool hello_proven(struct conn *c, const struct msg *h)
+{
+    if (h->toklen != GW_RUN_NONCE + GW_RUN_PROOF)
+        return false;
+    unsigned char want[GW_RUN_PROOF];
+    memcpy(c->peer_nonce, h->tok, GW_RUN_NONCE);
+    proof("hello", c->nonce, c->peer_nonce, h->v, 5, want);
+    return gw__equal_ct(want, h->tok + GW_RUN_NONCE, GW_RUN_PROOF);
 }
 
 static bool hello0(struct conn *c, const struct msg *h)
@@ -200,17 +220,17 @@ static bool hello0(struct conn *c, const struct msg *h)
                  "(host %s) version %c: use the same gw-run on every node", (char)(h->v[0] & 0xff), net.myhost,
                  (char)(GW_RUN_HELLO_MAGIC & 0xff));
         gw__run_say("gw-run: refused a launcher connection from %s: %s\n", c->peer, reason);
-        answer(c, F_REFUSE, reason);
+        answer(c, F_REFUSE, reason, NULL, 0);
         return true;
     }
     if (h->v[0] != GW_RUN_HELLO_MAGIC)
         return bad("not a gw-run hello");
-    if (!token_ok(h->tok, h->toklen)) {
+    if (!hello_proven(c, h)) {
         gw__run_say(
                 "gw-run: refused a launcher connection from %s (says node %u, host %s): wrong job "
                 "token; every node needs the same GW_JOB_TOKEN\n",
                 c->peer, node, h->s);
-        answer(c, F_REFUSE, "wrong job token (GW_JOB_TOKEN differs from node 0's)");
+        answer(c, F_REFUSE, "wrong job token (GW_JOB_TOKEN differs from node 0's)", NULL, 0);
         return true;
     }
     if (nnodes != (uint32_t)net.cfg.nnodes || nproc != (uint32_t)net.cfg.nproc ||
@@ -231,10 +251,10 @@ static bool hello0(struct conn *c, const struct msg *h)
         if (node < 1 || node >= (uint32_t)net.cfg.nnodes || net.state[node] != N_ABSENT) {
             gw__run_say("gw-run: refused a launcher connection from %s (says node %u, host %s): %s\n", c->peer,
                         node, h->s, reason);
-            answer(c, F_REFUSE, reason);
+            answer(c, F_REFUSE, reason, NULL, 0);
             return true;
         }
-        answer(c, F_REFUSE, reason);
+        answer(c, F_REFUSE, reason, NULL, 0);
         net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
         struct msg m = {.type = F_ABORT, .v = {1}};
         snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
@@ -254,7 +274,7 @@ static bool hello0(struct conn *c, const struct msg *h)
                      net.hosts[node], node);
         gw__run_say("gw-run: refused a launcher connection from %s (host %s): %s\n", c->peer,
                 h->s, reason);
-        answer(c, F_REFUSE, reason);
+        answer(c, F_REFUSE, reason, NULL, 0);
         return true;
     }
     if (!(net.hosts[node] = strdup(h->s)))
@@ -263,7 +283,9 @@ static bool hello0(struct conn *c, const struct msg *h)
     net.npending--;
     net.state[node] = N_JOINED;
     net.joined++;
-    answer(c, F_WELCOME, net.myhost);
+    unsigned char mine[GW_RUN_PROOF];
+    proof("welcome", c->peer_nonce, c->nonce, &node, 1, mine);
+    answer(c, F_WELCOME, net.myhost, mine, sizeof mine);
     if (net.have_end)
         gw__run_conn_send(c, &net.end);
     if (net.verbose)
@@ -357,6 +379,17 @@ static void accept_all(void)
         gw__run_tune_socket(fd);
         net.conns[net.nconns++] = c; /* room: joined nodes + MAX_PENDING */
         net.npending++;
+        if (!gw__run_random(c->nonce, sizeof c->nonce)) {
+            gw__run_say("gw-run: closing the launcher connection from %s: no random bytes for its "
+                        "challenge: %s\n", c->peer, strerror(errno));
+            gw__run_conn_close(c);
+            continue;
+        }
+        struct msg m = {.type = F_CHALLENGE, .v = {GW_RUN_HELLO_MAGIC}, .tok = c->nonce,
+                        .toklen = sizeof c->nonce};
+        struct frame f;
+        gw__run_pack(&f, &m);
+        gw__run_conn_send(c, &f);
     }
 }
 
@@ -445,22 +478,62 @@ void gw__run_net_give_up(void)
     gw__run_conn_close(net.up);
 }
 
+/* Connected: node 0's challenge is due within HELLO_TIMEOUT_MS. */
 static void up_connected(void)
 {
     struct conn *c = net.up;
     c->connecting = false;
+    c->challenged = false;
+    c->deadline_ms = gw__run_now_ms() + HELLO_TIMEOUT_MS;
     gw__run_tune_socket(c->fd);
+}
+
+/* Node 0's challenge came: the hello with this node's proof, then what
+ * waited for the connection. */
+static bool up_hello(struct conn *c, const struct msg *ch)
+{
+    if (ch->v[0] != GW_RUN_HELLO_MAGIC) {
+        static char reason[160];
+        if ((ch->v[0] & 0xffffff00u) != (GW_RUN_HELLO_MAGIC & 0xffffff00u))
+            return bad("not a gw-run challenge");
+        snprintf(reason, sizeof reason, "node 0's gw-run speaks version %c of the launcher protocol, this "
+                 "node's version %c: use the same gw-run on every node", (char)(ch->v[0] & 0xff),
+                 (char)(GW_RUN_HELLO_MAGIC & 0xff));
+        return bad(reason);
+    }
+    if (ch->toklen != GW_RUN_NONCE)
+        return bad("a challenge of the wrong size");
+    memcpy(c->peer_nonce, ch->tok, GW_RUN_NONCE);
+    if (!gw__run_random(c->nonce, sizeof c->nonce))
+        return bad("no random bytes for this node's nonce");
+    unsigned char tok[GW_RUN_NONCE + GW_RUN_PROOF];
     struct msg h = {.type = F_HELLO,
                     .v = {GW_RUN_HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
                           (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts},
-                    .tok = (const unsigned char *)net.cfg.token,
-                    .toklen = strlen(net.cfg.token)};
+                    .tok = tok, .toklen = sizeof tok};
+    memcpy(tok, c->nonce, GW_RUN_NONCE);
+    proof("hello", c->peer_nonce, c->nonce, h.v, 5, tok + GW_RUN_NONCE);
     struct frame f;
     snprintf(h.s, sizeof h.s, "%s", net.myhost);
     gw__run_pack(&f, &h);
     gw__run_conn_send(c, &f);
     if (!gw__run_out_add(c, net.pending.out, net.pending.outlen))
         c->broken = true;
+    c->challenged = true;
+    c->deadline_ms = gw__run_now_ms() + HELLO_TIMEOUT_MS; /* the welcome due */
+    return true;
+}
+
+/* Whether node 0's welcome proves the token: another program on the
+ * launcher port (started first, or at a wrong --master) cannot. */
+static bool welcome_proven(const struct conn *c, const struct msg *m)
+{
+    if (m->toklen != GW_RUN_PROOF)
+        return false;
+    unsigned char want[GW_RUN_PROOF];
+    const uint32_t node = (uint32_t)net.cfg.node;
+    proof("welcome", c->nonce, c->peer_nonce, &node, 1, want);
+    return gw__equal_ct(want, m->tok, GW_RUN_PROOF);
 }
 
 static void up_connect(void)
@@ -523,7 +596,12 @@ static bool frame_up(struct conn *c, const struct msg *m)
         apply(m, 0);
         return true;
     }
-    if (m->type == F_WELCOME) {
+    if (m->type == F_CHALLENGE && !c->challenged)
+        return up_hello(c, m);
+    if (m->type == F_WELCOME && c->challenged) {
+        if (!welcome_proven(c, m))
+            return bad("its welcome does not prove the job token: another program answers on the "
+                       "launcher port, or node 0 has another GW_JOB_TOKEN");
         net.welcomed = true;
         net.linger_ms = 0; /* it lingered to be heard: it is now */
         net.pending.outlen = 0;
@@ -534,7 +612,7 @@ static bool frame_up(struct conn *c, const struct msg *m)
         return true;
     }
     if (m->type != F_REFUSE)
-        return bad("expected a welcome");
+        return bad(c->challenged ? "expected a welcome" : "expected a challenge");
     gw__run_say("gw-run: node %d: node 0 at %s refused this node: %s\n", net.cfg.node,
             net.where, m->s);
     gw__run_net_give_up();
@@ -630,8 +708,8 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
         net.pmap[k++] = c;
         pfds[nfds++] = (struct pollfd){
             .fd = c->fd, .events = c->connecting ? POLLOUT : c->outlen ? POLLIN | POLLOUT : POLLIN};
-        if (c->node < 0 || c->connecting)
-            lower(deadline_ms, c->deadline_ms); /* hello due, or connect attempt over */
+        if (c->node < 0 || c->connecting || (!zero && !net.welcomed))
+            lower(deadline_ms, c->deadline_ms); /* hello, challenge or welcome due, or connect attempt over */
     }
     return nfds;
 }
@@ -709,6 +787,11 @@ void gw__run_net_tick(void)
         gw__run_fail(1);
     } else if (c->fd >= 0 && c->connecting && now >= c->deadline_ms) {
         schedule_retry();
+    } else if (c->fd >= 0 && now >= c->deadline_ms) {
+        char what[120];
+        snprintf(what, sizeof what, c->challenged ? "no welcome or refusal within %d s"
+                 : "no challenge within %d s (is node 0's gw-run an older one?)", HELLO_TIMEOUT_MS / 1000);
+        up_ended(what);
     } else if (c->fd < 0 && now >= net.retry_at_ms) {
         up_connect();
     }

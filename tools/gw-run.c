@@ -209,12 +209,11 @@ static int find_free_port(void)
     return port;
 }
 
-static bool make_token(char out[33])
+bool gw__run_random(void *buf, size_t len)
 {
-    unsigned char raw[16];
     size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    while (got < len) {
+        ssize_t n = getrandom((unsigned char *)buf + got, len - got, 0);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -222,6 +221,14 @@ static bool make_token(char out[33])
         }
         got += (size_t)n;
     }
+    return true;
+}
+
+static bool make_token(char out[33])
+{
+    unsigned char raw[16];
+    if (!gw__run_random(raw, sizeof raw))
+        return false;
     for (size_t i = 0; i < sizeof raw; i++)
         snprintf(out + 2 * i, 3, "%02x", raw[i]);
     return true;

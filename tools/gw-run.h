@@ -68,9 +68,15 @@ enum {
     GW_RUN_MAX_STR = 1024,   /* bytes in one string field */
 };
 /* The hello's first field: "GWL" and the protocol's version ('2': with
- * --max-restarts).  Another version is refused by name. */
-#define GW_RUN_HELLO_MAGIC 0x47574c32u
-enum { F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART, F_PASS };
+ * --max-restarts; '3': the token proven by challenge and response, never
+ * sent).  Another version is refused by name. */
+#define GW_RUN_HELLO_MAGIC 0x47574c33u
+enum {
+    F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART, F_PASS,
+    F_CHALLENGE
+};
+/* The challenge's nonce and the proofs (HMAC-SHA256 under the job token). */
+enum { GW_RUN_NONCE = 16, GW_RUN_PROOF = 32 };
 /* What reading a connection came to. */
 enum { R_OPEN, R_GONE, R_BAD, R_CLOSED };
 
@@ -79,8 +85,8 @@ struct frame {
     size_t n;
 };
 
-/* A frame's fields: v[] the integers in layout order, tok HELLO's token (raw
- * bytes, pointing into the frame), s the string, control bytes made '?' so a
+/* A frame's fields: v[] the integers in layout order, tok the raw bytes
+ * (nonces, proofs: pointing into the frame), s the string, control bytes made '?' so a
  * peer cannot send escape sequences to our terminal. */
 struct msg {
     unsigned type;
@@ -102,6 +108,10 @@ struct conn {
     size_t inlen;
     unsigned char *out; /* [outlen], capacity outcap: frames not yet sent */
     size_t outlen, outcap;
+    /* The challenge and response: the nonce this end sent and the one the
+     * other end sent (node 0: from the hello; the others: the challenge). */
+    unsigned char nonce[GW_RUN_NONCE], peer_nonce[GW_RUN_NONCE];
+    bool challenged; /* the other nodes: the challenge came and the hello went */
 };
 
 /* What the control channel needs from the command line (gw-run.c). */
@@ -128,6 +138,8 @@ int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
 bool gw__run_pump(const struct rank *r, struct stream *s);
 void gw__run_abandon_output(void);
 void gw__run_pack(struct frame *f, const struct msg *m);
+/* n random bytes (getrandom); false when the kernel has none to give. */
+bool gw__run_random(void *buf, size_t n);
 void gw__run_tune_socket(int fd);
 bool gw__run_out_add(struct conn *c, const void *p, size_t n);
 void gw__run_conn_send(struct conn *c, const struct frame *f);
