@@ -246,8 +246,9 @@ static void KFN(loss_fwd_bwd)(const struct gw_op_desc *d, const T *logits, const
     for (int j = 1; j < k; j++) mx = IN(z[j]) > mx ? IN(z[j]) : mx;
     for (int j = 0; j < k; j++) sum += exp((double)IN(z[j]) - mx), zsum += IN(z[j]);
     double lse = mx + log(sum);
-    /* mean_j(-log p_j) = lse - mean_j(z_j) */
-    total += (1 - s) * (lse - IN(z[labels[n]])) + s * (lse - zsum / k);
+    /* mean_j(-log p_j) = lse - mean_j(z_j); only with smoothing (PyTorch's
+     * branch): a logit of -inf makes it infinite, and 0 x inf NaN */
+    total += (1 - s) * (lse - IN(z[labels[n]])) + (s > 0 ? s * (lse - zsum / k) : 0);
     for (int j = 0; j < k; j++) {
       double t = (1 - s) * (j == labels[n]) + s / k;
       g[j] = OUT((exp((double)IN(z[j]) - lse) - t) / d->n * grad_scale);

@@ -852,8 +852,11 @@ GWK_HD void loss_thread_sums(const T *z, int k, int t, int nthreads, float mx, d
   *sumexp = se, *zsum = zs;
 }
 GWK_HD double loss_lse(float mx, double sumexp) { return (double)mx + log(sumexp); }
+/* The smoothing term only with smoothing (PyTorch's branch): a logit of -inf
+ * (a float16 one below -65504) makes it infinite, and 0 x inf NaN.  The
+ * same bits as the CPU backend's (1 - s) * a + 0. */
 GWK_HD double loss_row_value(double lse, float zlabel, double zsum, double s, int k) {
-  return fma(1.0 - s, lse - (double)zlabel, s * (lse - zsum / (double)k));
+  return s > 0 ? fma(1.0 - s, lse - (double)zlabel, s * (lse - zsum / (double)k)) : lse - (double)zlabel;
 }
 GWK_HD float loss_grad(float zj, double lse, bool is_label, double s, int k, int n, double scale = 1.0) {
   double t = s / (double)k;

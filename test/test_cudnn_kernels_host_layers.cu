@@ -352,6 +352,17 @@ void test_loss(void) {
                 "%s loss n %d k %d variant %d s %g: %.9g, want %.12Lg", A::name, n, k, variant, sd, (double)loss,
                 want_mean);
         }
+  /* A logit of -inf without smoothing (a float16 logit below -65504): a
+   * finite loss, as PyTorch's (0 x the infinite smoothing term was NaN). */
+  {
+    const T z[3] = {A::make(0.0), A::make(-INFINITY), A::make(0.0)};
+    T g[3];
+    const double rl = loss_row(z, 3, 0, 0.0, 1, g);
+    CHECK(fabs(rl - log(2.0)) < 1e-12, "%s loss of {0, -inf, 0} label 0 without smoothing: %.17g, want log 2",
+          A::name, rl);
+    CHECK(A::val(g[1]) == 0 && fabsf(A::val(g[0]) + 0.5f) < 1e-2f, "%s dlogits of {0, -inf, 0}: %g %g %g", A::name,
+          (double)A::val(g[0]), (double)A::val(g[1]), (double)A::val(g[2]));
+  }
 }
 
 } /* namespace */

@@ -598,6 +598,20 @@ START_TEST(test_loss) {
   ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, 0, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(be->loss_fwd_bwd(op, z.d, dbad, INFINITY, &loss, g.d), GW_ERR_INVALID_ARGUMENT);
   ck_assert(strstr(gw_model_last_error(), "gradient scale"));
+  /* A logit of -inf without smoothing: PyTorch's loss is finite (its
+   * smoothing term, infinite, is not taken at 0); 0 x inf made it NaN.  Row 0:
+   * {0, -inf, 0} label 0, row 1: {-inf, 0, 0} label 2: each log 2. */
+  const float minf[6] = {0, -INFINITY, 0, -INFINITY, 0, 0};
+  const int32_t lab[2] = {0, 2};
+  to_backend(b, dbad, lab, sizeof lab);
+  struct tensor zi = tensor_of(b, minf, 6);
+  loss = NAN;
+  ck_assert_int_eq(be->loss_fwd_bwd(op, zi.d, dbad, 1, &loss, g.d), GW_SUCCESS);
+  down(g);
+  ck_assert_msg(fabs((double)loss - log(2.0)) < 1e-6, "loss %.9g with a -inf logit, want log 2", (double)loss);
+  ck_assert_msg(g.h[1] == 0 && g.h[3] == 0 && fabs(g.h[0] + 0.25) < 1e-7 && fabs(g.h[5] + 0.25) < 1e-7,
+                "dlogits with a -inf logit: %g %g %g %g %g %g", g.h[0], g.h[1], g.h[2], g.h[3], g.h[4], g.h[5]);
+  tensor_free(zi);
   be->op_destroy(op);
   tensor_free(z), tensor_free(g), be->dealloc(b, dbad);
   be->destroy(b);

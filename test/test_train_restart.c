@@ -1,4 +1,5 @@
-/* test_train_restart.c - gw-run --max-restarts with gw-train --resume: a job
+/* test_train_restart.c - gw-run --max-restarts with gw-train --resume, and
+ * gw-train's signals (SIGTERM: checkpoint and stop; SIGUSR1: checkpoint): a job
  * whose ranks all fail after step 3 (GW_TRAIN_STOP_AT_STEP, on the first
  * attempt only: GW_RESTART_COUNT 0) is started again by gw-run, resumes from
  * the checkpoint of step 2 and ends with the weights of an uninterrupted run,
@@ -66,7 +67,61 @@ START_TEST(test_restart_none_left) {
 }
 END_TEST
 
+/* SIGTERM (a scheduler's preemption) reaching one rank stops every rank at
+ * the same step with a checkpoint, exit 75; --resume then ends with the
+ * weights of an uninterrupted run, bit for bit.  It killed the ranks (the
+ * default action), losing everything since the last checkpoint.  Rank 1
+ * raises it after step 3 (GW_TRAIN_TEST_SIGNAL): heard in step 4's sums. */
+START_TEST(test_sigterm_checkpoints_and_stops) {
+  char full_w[512], part_w[512], full_d[512], part_d[512];
+  path(full_w, sizeof full_w, "sigterm-full.safetensors"), path(full_d, sizeof full_d, "sigterm-ckpt-full");
+  path(part_w, sizeof part_w, "sigterm-part.safetensors"), path(part_d, sizeof part_d, "sigterm-ckpt-part");
+  const char *common[] = {"--steps", "7", "--batch", "8", "--resume", "--save-weights", full_w,
+                          "--checkpoint-dir", full_d, NULL};
+  struct run r;
+  train(&r, (const char *const[]){NULL}, "2", common);
+  expect_ok(&r);
+  gwrun_free(&r);
+
+  common[6] = part_w, common[8] = part_d;
+  train(&r, (const char *const[]){"GW_TRAIN_TEST_SIGNAL=1:3:TERM", NULL}, "2", common);
+  ck_assert_msg(r.code == 75 && strstr(r.out, "SIGTERM reached 1 rank: checkpoint saved at step 4; stopping"),
+                "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  char ck[600];
+  snprintf(ck, sizeof ck, "%s/ckpt-4.safetensors", part_d);
+  ck_assert_msg(exists(ck) && !exists(part_w), "no checkpoint of step 4, or final weights of a stopped run");
+  train(&r, (const char *const[]){NULL}, "2", common);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4"), "did not resume from step 4:\n%s", r.out);
+  gwrun_free(&r);
+  ck_assert_msg(same_file(full_w, part_w), "the stopped and resumed job's final weights differ from the uninterrupted run's");
+}
+END_TEST
+
+/* SIGUSR1 (gw-run passes it on; `sbatch --signal=USR1@90`) to rank 0 after
+ * step 2: a checkpoint of step 3 on every rank's agreement, the job going on
+ * to its end.  It killed the ranks. */
+START_TEST(test_sigusr1_checkpoints_and_goes_on) {
+  char d[512], ck[600];
+  path(d, sizeof d, "sigusr1-ckpt");
+  struct run r;
+  train(&r, (const char *const[]){"GW_TRAIN_TEST_SIGNAL=0:2:USR1", NULL}, "2",
+        (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", d, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "SIGUSR1/SIGUSR2 reached 1 rank: checkpoint saved at step 3; training goes on"),
+                "stdout:\n%s", r.out);
+  gwrun_free(&r);
+  snprintf(ck, sizeof ck, "%s/ckpt-3.safetensors", d);
+  ck_assert_msg(exists(ck), "no checkpoint of step 3");
+  snprintf(ck, sizeof ck, "%s/ckpt-5.safetensors", d);
+  ck_assert_msg(exists(ck), "no checkpoint of step 5 (the run's end)");
+}
+END_TEST
+
 void add_restart_tests(TCase *tc) {
   tcase_add_test(tc, test_restart_resumes);
   tcase_add_test(tc, test_restart_none_left);
+  tcase_add_test(tc, test_sigterm_checkpoints_and_stops);
+  tcase_add_test(tc, test_sigusr1_checkpoints_and_goes_on);
 }

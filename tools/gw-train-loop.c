@@ -27,6 +27,9 @@
 
 #include "gw-train-job.h"
 
+#include <signal.h>
+#include <stdatomic.h>
+
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -49,6 +52,32 @@ static double rate(const struct schedule *s, int64_t step) {
 static double lr_at(const struct trainer *t, int64_t step) {
   const struct schedule s = {t->peak_lr, t->warmup_steps, t->total_steps, t->o->schedule == GW_SCHED_STEP};
   return rate(&s, step);
+}
+
+/* ---- signals: a scheduler's "checkpoint now" and "stop"
+ *
+ * SIGUSR1 or SIGUSR2 (gw-run passes them to every rank; `sbatch
+ * --signal=USR1@90`, `scancel -s USR1`) asks for a checkpoint, the job going
+ * on; SIGTERM (a scheduler's preemption or time limit) for a checkpoint and
+ * the end, exit 75 as an interruption, so --resume continues.  The handlers
+ * only count; the counts ride with the step's loss sum, so every rank acts at
+ * the same step however many the signal reached.  A second SIGTERM before the
+ * first was acted on ends the rank at once (the default action). */
+static atomic_int sig_ckpt_pending, sig_stop_pending;
+
+static void on_signal(int sig) {
+  if (sig != SIGTERM) {
+    atomic_store(&sig_ckpt_pending, 1);
+  } else if (atomic_exchange(&sig_stop_pending, 1)) {
+    signal(SIGTERM, SIG_DFL);
+    raise(SIGTERM);
+  }
+}
+
+static void catch_signals(int on) {
+  struct sigaction sa = {.sa_handler = on ? on_signal : SIG_DFL, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, NULL), sigaction(SIGUSR2, &sa, NULL), sigaction(SIGTERM, &sa, NULL);
 }
 
 /* ---- the host copies of a resident run */
@@ -470,10 +499,11 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   const int checks = t->st.loss_scale || (o->grad_wire == GW_FLOAT16 && t->bk);
   int over = 0;
   if (checks && overflowed(t, &over) != 0) return -1;
-  double sums[2] = {loss, over};
-  if (train_allreduce_d(t, sums, 2, "averaging the loss") != 0) return -1;
+  double sums[4] = {loss, over, atomic_exchange(&sig_ckpt_pending, 0), atomic_exchange(&sig_stop_pending, 0)};
+  if (train_allreduce_d(t, sums, 4, "averaging the loss") != 0) return -1;
   const double lsum = sums[0];
   over = sums[1] > 0;
+  r->sig_ckpt = (int)sums[2], r->sig_stop = (int)sums[3];
   r->loss_scale = t->st.loss_scale;
   float inv = 1.0f;
   int skip = t->st.loss_scale ? unscale(t, over, &inv) : checks ? wire_overflowed(t, over) : 0;
@@ -533,7 +563,40 @@ static int interrupted_here(struct trainer *t) {
   return 1;
 }
 
+/* A test hook: GW_TRAIN_TEST_SIGNAL=R:S:USR1|TERM makes rank R raise that
+ * signal at itself after step S (the others hear of it through the sums). */
+static void test_signal(const struct trainer *t) {
+  const char *s = getenv("GW_TRAIN_TEST_SIGNAL");
+  long long rank, step;
+  char name[8];
+  if (s && sscanf(s, "%lld:%lld:%7s", &rank, &step, name) == 3 && rank == t->rank && step == t->st.step)
+    raise(!strcmp(name, "TERM") ? SIGTERM : SIGUSR1);
+}
+
+/* After a step whose sums said a signal reached some rank: the checkpoint
+ * (unless this step's is saved already), then the job goes on (0) or stops
+ * (STOPPED).  A failed save ends the job only when it was to stop. */
+static int signalled(struct trainer *t, const struct step_report *r) {
+  const int stop = r->sig_stop > 0, n = stop ? r->sig_stop : r->sig_ckpt;
+  const char *sig = stop ? "SIGTERM" : "SIGUSR1/SIGUSR2", *what = "no --checkpoint-dir: nothing saved";
+  if (t->o->checkpoint_dir) {
+    if (t->saved_step != t->st.step && save_checkpoint_as(t, !stop) != 0) return -1;
+    what = t->saved_step == t->st.step ? "checkpoint saved" : "the checkpoint could not be saved (above)";
+  }
+  log_text(&t->log, "%s reached %d rank%s: %s at step %lld%s", sig, n, n > 1 ? "s" : "", what, (long long)t->st.step,
+           stop ? "; stopping (--resume continues from there)" : "; training goes on");
+  return stop ? STOPPED : 0;
+}
+
+static int run_steps_caught(struct trainer *t);
 static int run_steps(struct trainer *t) {
+  catch_signals(1);
+  const int rc = run_steps_caught(t);
+  catch_signals(0);
+  return rc;
+}
+
+static int run_steps_caught(struct trainer *t) {
   /* A device backend takes each batch during the step before (staged). */
   const int ahead = !t->ops->host_memory;
   struct taken k = {0}, next = {0};
@@ -582,7 +645,12 @@ static int run_steps(struct trainer *t) {
     if (!last_of_epoch && t->o->checkpoint_every && t->st.step % t->o->checkpoint_every == 0 &&
         save_checkpoint(t) != 0)
       return -1;
+    if (r.sig_ckpt || r.sig_stop) {
+      const int rc = signalled(t, &r);
+      if (rc != 0) return rc;
+    }
     if (interrupted_here(t)) return STOPPED;
+    test_signal(t);
   }
   /* The end of a run between checkpoints (--steps): its last state, so a later
    * --resume with more steps continues from there. */

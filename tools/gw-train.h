@@ -144,6 +144,9 @@ struct step_report {
   int64_t skipped;
   double loss_scale;         /* 0: no loss scaling */
   int64_t overflows;         /* steps skipped so far because the scaled gradients overflowed */
+  /* How many ranks a SIGUSR1/SIGUSR2 (checkpoint now) or a SIGTERM (checkpoint
+   * and stop) reached before this step's sums: every rank holds the same. */
+  int sig_ckpt, sig_stop;
 };
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen);
 /* A resume from step `step`: a {"type":"resume"} line in the metrics; the lines
