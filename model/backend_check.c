@@ -6,18 +6,22 @@
 #include "backend.h"
 #include "model_internal.h"
 
-static int conv_out(int in, int kernel, int stride, int pad) { return (in + 2 * pad - kernel) / stride + 1; }
+/* In 64 bits: a pad near INT_MAX overflowed int (undefined; in practice a
+ * misleading message or a wrong expected size). */
+static int64_t conv_out(int in, int kernel, int stride, int pad) {
+  return ((int64_t)in + 2 * (int64_t)pad - kernel) / stride + 1;
+}
 
 static gw_result_t check_conv(const char *be, const struct gw_op_desc *d, const char *what) {
   if (d->n < 1 || d->c < 1 || d->h < 1 || d->w < 1 || d->k < 1 || d->kernel < 1 || d->stride < 1 || d->pad < 0)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: %s: every size must be positive", be, what);
-  if (d->h + 2 * d->pad < d->kernel || d->w + 2 * d->pad < d->kernel)
+  if ((int64_t)d->h + 2 * (int64_t)d->pad < d->kernel || (int64_t)d->w + 2 * (int64_t)d->pad < d->kernel)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: %s: the %dx%d kernel is larger than the padded input",
                           be, what, d->kernel, d->kernel);
-  int p = conv_out(d->h, d->kernel, d->stride, d->pad), q = conv_out(d->w, d->kernel, d->stride, d->pad);
+  const int64_t p = conv_out(d->h, d->kernel, d->stride, d->pad), q = conv_out(d->w, d->kernel, d->stride, d->pad);
   if (d->p != p || d->q != q)
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: %s: output %dx%d given, the geometry makes %dx%d", be,
-                          what, d->p, d->q, p, q);
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: %s: output %dx%d given, the geometry makes %lldx%lld",
+                          be, what, d->p, d->q, (long long)p, (long long)q);
   return GW_SUCCESS;
 }
 
@@ -38,6 +42,11 @@ gw_result_t gw__backend_check_desc(const char *be, const struct gw_op_desc *d, c
     res = check_conv(be, d, what);
     if (res == GW_SUCCESS && d->k != d->c)
       res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: %s: pooling keeps the channels (k = c)", be, what);
+    /* PyTorch's rule ("pad should be at most half of effective kernel size"):
+     * more leaves windows with no input, whose gradient goes nowhere */
+    if (res == GW_SUCCESS && 2 * d->pad > d->kernel)
+      res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s backend: %s: max pooling's padding %d is more than half its "
+                           "%dx%d window", be, what, d->pad, d->kernel, d->kernel);
     return res;
   case GW_LAYER_BN:
     res = check_same(be, d, what);

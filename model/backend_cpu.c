@@ -130,6 +130,7 @@ static int cpu_layout(const struct gw_backend *b) { return b->nhwc ? GW_LAYOUT_N
 
 static void *cpu_alloc(struct gw_backend *b, size_t bytes) {
   void *p = NULL;
+  if (bytes > SIZE_MAX - 63) return NULL; /* rounded up, it wrapped to 0 */
   if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) return NULL;
   return p;
 }

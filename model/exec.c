@@ -413,6 +413,8 @@ static float *R(struct gw_exec *e, int t) { return e->running + e->m->buffers_t[
 /* ---- SyncBatchNorm: the phases of backend.h with the sums crossing ranks */
 
 gw_result_t gw_exec_check_train(const struct gw_exec *e, int ranks) {
+  if (ranks < 1)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: gw_exec_check_train: %d ranks (at least 1)", ranks);
   const int per = e->sync_sum ? ranks : 1;
   for (int i = 0; i < e->m->nlayers; i++) {
     const struct gw_layer *l = &e->m->layers[i];

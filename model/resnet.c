@@ -345,6 +345,7 @@ static void assign_offsets(struct gw_model *m) {
 }
 
 static void *alloc_aligned(size_t n, size_t elem) {
+  if (elem && n > (SIZE_MAX - 63) / elem) return NULL;
   size_t bytes = (n * elem + 63) / 64 * 64;
   void *p = NULL;
   if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;

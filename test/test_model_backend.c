@@ -377,6 +377,14 @@ START_TEST(test_refused) {
   d = conv_desc(1, 3, 8, 8, 4, 3, 2, 1);
   d.kind = GW_LAYER_MAXPOOL;
   expect_refused(b, d, GW_ERR_INVALID_ARGUMENT, "pooling keeps the channels");
+  /* PyTorch refuses a max pool padded by more than half its window (windows
+   * of padding alone); a pad near INT_MAX overflowed int in the geometry */
+  d = conv_desc(1, 3, 4, 4, 3, 2, 1, 2);
+  d.kind = GW_LAYER_MAXPOOL;
+  expect_refused(b, d, GW_ERR_INVALID_ARGUMENT, "max pooling's padding 2 is more than half its 2x2 window");
+  d = conv_desc(1, 3, 8, 8, 4, 3, 1, 1);
+  d.pad = 1 << 30;
+  expect_refused(b, d, GW_ERR_INVALID_ARGUMENT, "output 8x8 given, the geometry makes 2147483654x2147483654");
   struct gw_op_desc bn = {.kind = GW_LAYER_BN, .n = 2, .c = 3, .h = 4, .w = 4, .k = 3, .p = 4, .q = 4, .eps = 0};
   expect_refused(b, bn, GW_ERR_INVALID_ARGUMENT, "eps 0 must be > 0");
   struct gw_op_desc lo = {.kind = GW_OP_LOSS, .n = 2, .k = 3, .label_smoothing = 1.5f};

@@ -72,6 +72,9 @@ static int body_sync_bn(gw_comm_t comm, int rank, int nranks, void *arg) {
          gw_model_last_error());
   gw_exec_set_sync_bn(part.e, allreduce_doubles, comm);
   EXPECT(gw_exec_check_train(part.e, nranks) == GW_SUCCESS, "SyncBatchNorm refused: %s", gw_model_last_error());
+  /* no ranks: refused by name (SyncBatchNorm's hint divided by zero) */
+  EXPECT(gw_exec_check_train(part.e, 0) == GW_ERR_INVALID_ARGUMENT && strstr(gw_model_last_error(), "0 ranks"),
+         "check_train with 0 ranks: %s", gw_model_last_error());
   EXPECT(gw_exec_set_loss_scale(part.e, (float)mine / (float)total) == GW_SUCCESS, "loss scale");
   const size_t sample = (size_t)cfg.in_channels * cfg.image_size * cfg.image_size, np = gw_model_num_params(whole.m);
   memcpy(part.x, whole.x + (size_t)first * sample, (size_t)mine * sample * sizeof(float));

@@ -307,7 +307,35 @@ START_TEST(test_format_version_bit_flip) {
 }
 END_TEST
 
+/* A checkpoint renamed to a later step (ckpt-2 copied to ckpt-9, to force a
+ * resume from it) is refused by name and moved aside: it resumed at step 2
+ * while its name ordered the pruning, which then deleted every new save
+ * below 9 as it was written (with --keep-checkpoints 1). */
+START_TEST(test_renamed_checkpoint_refused) {
+  char dir[512], c2[600], c9[600], cmd[1400];
+  path(dir, sizeof dir, "ckpt-renamed");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  snprintf(c9, sizeof c9, "%s/ckpt-9.safetensors", dir);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  four_steps(dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", c2, c9);
+  ck_assert_int_eq(system(cmd), 0);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "6", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", "--keep-checkpoints", "1", "--resume", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-9.safetensors refused: it holds step 2 under the name of step 9") &&
+                    strstr(r.out, "ckpt-4.safetensors at step 4"),
+                "expected ckpt-9 refused and ckpt-4 used:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+  char c6[600];
+  snprintf(c6, sizeof c6, "%s/ckpt-6.safetensors", dir);
+  ck_assert_msg(access(c6, F_OK) == 0 && access(c9, F_OK) != 0, "ckpt-6 pruned, or ckpt-9 still in the way");
+}
+END_TEST
+
 void add_checkpoint_meta_tests(TCase *tc) {
+  tcase_add_test(tc, test_renamed_checkpoint_refused);
   tcase_add_test(tc, test_epoch_evaluated_once);
   tcase_add_test(tc, test_failed_resave_warns);
   tcase_add_test(tc, test_metadata_damage_refused);

@@ -423,9 +423,10 @@ static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
 }
 
 /* Checks f against the model and the run, then copies it in; 0 or -1 + why.
- * legacy: the run as older gw-trains described it (NULL: not taken). */
-static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
-                    const char *config, const char *legacy, char *why, size_t whylen) {
+ * legacy: the run as older gw-trains described it (NULL: not taken);
+ * name_step: the step its file name says. */
+static int load_one(struct gw_st_file *f, int64_t name_step, struct gw_model *m, struct gw_sgd *sgd,
+                    struct ckpt_state *st, const char *config, const char *legacy, char *why, size_t whylen) {
   const int v = verify(f, why, whylen);
   if (v != 0) return v;
   const char *cfg = gw_st_metadata(f, "config");
@@ -466,6 +467,20 @@ static int load_one(struct gw_st_file *f, struct gw_model *m, struct gw_sgd *sgd
       return -1;
     }
     got.t[i].data = t->data;
+  }
+  /* The step inside is the one its name says: a file copied to another name
+   * (ckpt-100 as ckpt-999, to force a resume from it) resumed at its own step
+   * while the name ordered the pruning, which then deleted every new save
+   * below 999 as it was written.  The checksum does not cover the name. */
+  for (int i = 0; i < want.n; i++) {
+    int64_t step;
+    if (want.t[i].data != want.state) continue;
+    memcpy(&step, got.t[i].data, sizeof step);
+    if (step != name_step) {
+      snprintf(why, whylen, "it holds step %" PRId64 " under the name of step %" PRId64 " (renamed?)", step,
+               name_step);
+      return -1;
+    }
   }
   /* Metadata a writer before these had none of. */
   const char *pending = gw_st_metadata(f, "eval_pending"), *options = gw_st_metadata(f, "options");
@@ -556,7 +571,8 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
                "names other training samples than this run's: the data changed since");
       ok = 0;
     }
-    const int loaded = ok ? load_one(f, m, sgd, st, config, other_samples ? NULL : legacy_config, why, sizeof why) : -1;
+    const int loaded =
+        ok ? load_one(f, steps[i], m, sgd, st, config, other_samples ? NULL : legacy_config, why, sizeof why) : -1;
     if (loaded == NEWER) { /* as a read error: falling back would redo steps and move the newer file aside */
       gw_st_free(f);
       snprintf(err, errlen, "cannot resume from %s: %s (not falling back to an older checkpoint: resume with that "
