@@ -191,11 +191,6 @@ static bool ring_candidate(const struct gw_comm *comm) {
   if (!(comm->device >= 0 && gw__dev() && gw__param_DevIpc() != 0 && r->send.tp && r->recv.tp &&
         r->send.tp->position && r->recv.tp->position))
     return false;
-  if (gw__dev_queues() == 1) {
-    GW_WARN(GW_SUB_INIT, "rank %d: the device's streams share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1): "
-            "no device ring, device buffers go through host staging", comm->rank);
-    return false;
-  }
   return true;
 }
 
@@ -256,6 +251,7 @@ static void ring_free(struct gw_comm *comm, struct gw_devring *dr) {
 struct ring_offer {
   int32_t ok;
   int32_t async; /* 1: asks for GW_DEV_ASYNC and registered its flags; -1: asks, could not */
+  int32_t one_queue; /* its streams share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1) */
   uint32_t nslots;
   uint64_t chunk, min_bytes, stage_bytes;
   struct gw_dev_ipc ipc;
@@ -295,6 +291,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   if (mine.ok && gw__param_DevAsync() != 0) mine.async = flags_register(comm, dr) ? 1 : -1;
   mine.nslots = dr->nslots, mine.chunk = dr->chunk, mine.min_bytes = dr->min_bytes;
   mine.stage_bytes = gw__dev_stage_bytes_own();
+  mine.one_queue = mine.ok && gw__dev_queues() == 1;
   GW_CHECK_GOTO(gw__bootstrap_allgather(comm->bs, &mine, all, sizeof mine, err), res, out);
   /* Rank 0's staging size and ring minimum are every rank's: an operation's
    * pieces, and whether it takes the ring, must be the same everywhere.  A
@@ -319,6 +316,22 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
               "alike on every rank)", comm->rank, (unsigned long long)mine.chunk, (unsigned long long)all[r].chunk,
               r);
     agree &= all[r].ok && all[r].nslots == mine.nslots && all[r].chunk == mine.chunk;
+  }
+  /* One hardware queue: the synchronized ring's engine stream would sit
+   * behind the caller's stream's wait for it, so only the stream-ordered ring
+   * (all of an operation's work on the caller's stream), and only where every
+   * rank runs it (decided before anything is mapped). */
+  int one_queue = -1, no_async = -1;
+  for (int r = 0; r < comm->nranks; r++) {
+    if (all[r].one_queue && one_queue < 0) one_queue = r;
+    if (all[r].async != 1 && no_async < 0) no_async = r;
+  }
+  if (agree && one_queue >= 0 && no_async >= 0) {
+    agree = false;
+    if (mine.one_queue)
+      GW_WARN(GW_SUB_INIT, "rank %d: rank %d's device streams share one hardware queue "
+            "(CUDA_DEVICE_MAX_CONNECTIONS=1) and rank %d runs no stream-ordered ring (GW_DEV_ASYNC=1 on every rank "
+            "allows one): no device ring, device buffers go through host staging", comm->rank, one_queue, no_async);
   }
   if (agree) {
     /* Second round: every rank maps its ring successor's twins. */

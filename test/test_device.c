@@ -171,7 +171,13 @@ static int body_grid(gw_comm_t comm, int rank, int n, void *arg) {
   const char *async_env = getenv("GW_DEV_ASYNC");
   if (comm->devring && async_env && strcmp(async_env, "0") != 0)
     EXPECT(gw__dev_ring_async(comm), "GW_DEV_ASYNC=%s, but the device ring is synchronized per chunk", async_env);
-  if (one_queue()) EXPECT(!comm->devring, "one hardware queue, yet a device ring (its stream would wait behind the caller's)");
+  /* One hardware queue: the stream-ordered ring only (the synchronized
+   * one's engine stream would wait behind the caller's) */
+  const int async_all = async_env && strcmp(async_env, "0") != 0;
+  if (one_queue() && !async_all)
+    EXPECT(!comm->devring, "one hardware queue, yet a synchronized device ring (its stream would wait behind the caller's)");
+  if (one_queue() && async_all)
+    EXPECT(comm->devring && gw__dev_ring_async(comm), "one hardware queue and GW_DEV_ASYNC=1: no stream-ordered ring");
   const char *no_peer = getenv("GW_DEV_EMU_NO_PEER");
   if (no_peer && strcmp(no_peer, "0") != 0)
     EXPECT(!comm->devring, "GW_DEV_EMU_NO_PEER: a device ring, yet no device reaches its neighbour's memory");
@@ -750,7 +756,8 @@ static int body_settings(int rank, int n, const char *master, void *arg) {
    * (the -staged runs); the GPU suite's one GPU maps its own memory. */
   const char *ipc = getenv("GW_DEV_IPC");
   dv = gw__dev();
-  const int want_ring = mode != SET_CHUNK && !(ipc && !strcmp(ipc, "0")) && !one_queue();
+  const int want_ring = mode != SET_CHUNK && !(ipc && !strcmp(ipc, "0")) &&
+                        (!one_queue() || (async_asked && mode != SET_ASYNC));
   gw_comm_t comm;
   GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
   const int ring = comm->devring != NULL;
