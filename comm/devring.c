@@ -273,6 +273,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   struct gw_devring *dr = calloc(1, sizeof *dr);
   struct ring_offer mine = {0}, *all = calloc((size_t)comm->nranks, sizeof *all);
   gw_result_t res = dr && all ? GW_SUCCESS : gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
+  bool mapping = false; /* the second round began: a peer may map our twins */
   if (res != GW_SUCCESS) goto out;
   dr->ops = dv;
   dr->nslots = comm->conn_params.nslots;
@@ -335,6 +336,7 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   }
   if (agree) {
     /* Second round: every rank maps its ring successor's twins. */
+    mapping = true;
     void *peer = NULL;
     int32_t opened = dv->ipc_open(&all[comm->rings[0].next].ipc, &peer) == 0, *oks = calloc((size_t)comm->nranks, 4);
     if (!opened) GW_WARN(GW_SUB_INIT, "rank %d: cannot map rank %d's device memory: %s", comm->rank,
@@ -387,6 +389,10 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   }
 out:
   if (dr && atomic_load(&gw__dev_given_up)) dr->send_twin = dr->recv_twin = NULL; /* leaked: see gw__dev_given_up */
+  /* Failed after the second round began: the predecessor may map this rank's
+   * twins, and no unmap handshake ran, so they are leaked (freeing memory
+   * another process maps is undefined in CUDA); this rank's mapping goes. */
+  if (dr && res != GW_SUCCESS && mapping && dr->recv_twin) dr->recv_twin = NULL;
   ring_free(comm, dr);
   free(all);
   return res;
