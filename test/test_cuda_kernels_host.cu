@@ -192,11 +192,17 @@ void test_reduce() {
   }
 }
 
-/* The copy (gw__cuda_copy: the reduction's plan and body with OpCopy, b = a):
- * one and two outputs, every phase, lengths around 16 bytes. */
+/* The copy (gw__cuda_copy: the reduction's plan and body with the word
+ * by_copy_width picks, b = a): one and two outputs, every phase, lengths
+ * around 16 bytes; words of 8, 4 and 2 bytes where the phases differ. */
 void test_copy() {
   static const size_t lengths[] = {0, 1, 15, 16, 17, 31, 33, 100, 1000, 4097};
-  static const size_t offs[][3] = {{0, 0, 0}, {5, 5, 5}, {0, 3, 9}, {1, 1, 2}, {7, 7, 7}};
+  static const size_t offs[][3] = {{0, 0, 0}, {5, 5, 5}, {0, 3, 9},  {1, 1, 2},
+                                   {7, 7, 7}, {0, 4, 12}, {2, 6, 10}, {8, 0, 24}};
+  /* the word: the widest that divides every pointer and the length */
+  check(copy_width(A.at(0), D1.at(24), D0.at(8), 1000) == 8 && copy_width(A.at(0), nullptr, D0.at(4), 1000) == 4 &&
+            copy_width(A.at(2), nullptr, D0.at(6), 1000) == 2 && copy_width(A.at(0), nullptr, D0.at(8), 1001) == 1,
+        "copy_width picks the wrong word");
   for (const auto &o : offs)
     for (size_t n : lengths)
       for (int outs = 1; outs <= 2; outs++)
@@ -204,7 +210,10 @@ void test_copy() {
           A.guard(), D0.guard(), D1.guard();
           fill_random(A.at(o[0]), n);
           unsigned char *d1 = outs == 2 ? D1.at(o[2]) : nullptr;
-          replay_reduce(OpCopy{}, D0.at(o[1]), d1, A.at(o[0]), A.at(o[0]), n, stride);
+          by_copy_width(D0.at(o[1]), d1, A.at(o[0]), n, [&](auto op, size_t words) {
+            replay_reduce(op, D0.at(o[1]), d1, A.at(o[0]), A.at(o[0]), words, stride);
+            return 0;
+          });
           const bool same = !memcmp(D0.at(o[1]), A.at(o[0]), n) && (!d1 || !memcmp(d1, A.at(o[0]), n));
           check(same, "copy of %zu bytes (offsets %zu, %zu, %zu), %d output(s), stride %zu: wrong bytes", n, o[0],
                 o[1], o[2], outs, stride);
