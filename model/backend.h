@@ -87,7 +87,10 @@ struct gw_op_desc {
   int c, h, w;               /* input, one sample */
   int k, p, q;               /* output channels, height, width */
   int kernel, stride, pad;   /* CONV, MAXPOOL (pad on every side) */
-  float eps, momentum;       /* BN: 1e-5 and 0.1 in torchvision */
+  /* BN: 1e-5 and 0.1 in torchvision, doubles as PyTorch's (0.1f is
+   * 0.10000000149: about one running statistic in ten came out one float
+   * step off PyTorch's, the differences building up over steps) */
+  double eps, momentum;
   float label_smoothing;     /* LOSS: 0 for plain cross-entropy */
 };
 

@@ -15,7 +15,7 @@
 
 /* Bumped when this header or struct gw_backend_ops changes meaning without
  * changing size; a module of another ABI is refused with a message. */
-#define GW_BACKEND_MODULE_ABI 1
+#define GW_BACKEND_MODULE_ABI 2 /* 2: gw_op_desc's eps and momentum are doubles */
 
 /* What the program lends the module: where its error messages go (the
  * program's gw_model_last_error, which the module cannot see). */

@@ -453,5 +453,5 @@ void gw_model_op_desc(const struct gw_model *m, int layer, int n, struct gw_op_d
   d->c = x->c, d->h = x->h, d->w = x->w;
   d->k = y->c, d->p = y->h, d->q = y->w;
   d->kernel = l->kernel, d->stride = l->stride, d->pad = l->pad;
-  if (l->kind == GW_LAYER_BN) d->eps = 1e-5f, d->momentum = 0.1f;
+  if (l->kind == GW_LAYER_BN) d->eps = 1e-5, d->momentum = 0.1;
 }

@@ -135,7 +135,7 @@ START_TEST(test_bn) {
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     const int *s = shapes[si];
     struct gw_op_desc d = same_desc(GW_LAYER_BN, s[0], s[1], s[2], s[3]);
-    d.eps = 1e-5f, d.momentum = 0.1f;
+    d.eps = 1e-5, d.momentum = 0.1;
     size_t n = (size_t)s[0] * s[1] * s[2] * s[3], c = (size_t)s[1];
     struct tensor x = act_in(b, &d), y = act_in(b, &d), dy = act_in(b, &d), dx = act_in(b, &d);
     struct tensor gamma = tensor_new(b, c), beta = tensor_new(b, c), mean = tensor_new(b, c);
@@ -220,7 +220,7 @@ START_TEST(test_bn_fused) {
       struct gw_op_desc d = same_desc(GW_LAYER_BN, s[0], s[1], s[2], s[3]), da = same_desc(GW_LAYER_ADD, s[0], s[1],
                                                                                           s[2], s[3]);
       struct gw_op_desc dr = same_desc(GW_LAYER_RELU, s[0], s[1], s[2], s[3]);
-      d.eps = 1e-5f, d.momentum = 0.1f;
+      d.eps = 1e-5, d.momentum = 0.1;
       const size_t n = (size_t)s[0] * s[1] * s[2] * s[3], c = (size_t)s[1];
       /* [0] fused, [1] separate */
       struct tensor x = act_in(b, &d), z = act_in(b, &d), dy = act_in(b, &d), gamma = tensor_new(b, c),
@@ -293,7 +293,7 @@ END_TEST
 START_TEST(test_bn_running_stats_exact) {
   struct gw_backend *b = backend();
   struct gw_op_desc d = same_desc(GW_LAYER_BN, 2, 2, 1, 2);
-  d.eps = 1e-5f;
+  d.eps = 1e-5;
   /* [n=2][c=2][1][2] */
   const float xv[8] = {1, 2, 0, 0, 3, 4, 8, 8}, ones[2] = {1, 1}, zeros[2] = {0, 0};
   struct tensor x = act_in(b, &d), gamma = tensor_of(b, ones, 2), beta = tensor_of(b, zeros, 2);
@@ -303,7 +303,7 @@ START_TEST(test_bn_running_stats_exact) {
   struct tensor rm = tensor_new(b, 2), rv = tensor_new(b, 2);
   const float rm0[2] = {0.3f, -1.7f}, rv0[2] = {0.9f, 2.2f};
   for (int mi = 0; mi < 2; mi++) {
-    d.momentum = mi ? 1.f : 0.1f;
+    d.momentum = mi ? 1.0 : 0.1;
     struct gw_op *op = NULL;
     ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
     memcpy(rm.h, rm0, sizeof rm0), memcpy(rv.h, rv0, sizeof rv0);
@@ -312,7 +312,7 @@ START_TEST(test_bn_running_stats_exact) {
     down(rm), down(rv), down(mean), down(rstd);
     const double bm[2] = {2.5, 4}, bv[2] = {5.0 / 3.0, 64.0 / 3.0};
     for (int ch = 0; ch < 2; ch++) {
-      double mom = (double)d.momentum;
+      const double mom = mi ? 1.0 : 0.1; /* PyTorch's momentum, a double */
       float want_m = (float)(mom * bm[ch] + (1 - mom) * (double)rm0[ch]);
       float want_v = (float)(mom * bv[ch] + (1 - mom) * (double)rv0[ch]);
       ck_assert_msg(rm.h[ch] == want_m, "momentum %g channel %d running_mean %.9g, want %.9g", mom, ch,
@@ -320,12 +320,12 @@ START_TEST(test_bn_running_stats_exact) {
       ck_assert_msg(rv.h[ch] == want_v, "momentum %g channel %d running_var %.9g, want %.9g", mom, ch,
                     (double)rv.h[ch], (double)want_v);
       ck_assert(mean.h[ch] == (float)bm[ch]);
-      ck_assert(rstd.h[ch] == (float)(1 / sqrt(bv[ch] * 3 / 4 + (double)1e-5f)));
+      ck_assert(rstd.h[ch] == (float)(1 / sqrt(bv[ch] * 3 / 4 + 1e-5)));
     }
     be->op_destroy(op);
   }
   d = same_desc(GW_LAYER_BN, 1, 2, 1, 1);
-  d.eps = 1e-5f, d.momentum = 0.1f;
+  d.eps = 1e-5, d.momentum = 0.1;
   struct gw_op *op = NULL;
   ck_assert(be->op_create(b, &d, &op) == GW_SUCCESS);
   memcpy(rm.h, zeros, sizeof zeros), memcpy(rv.h, ones, sizeof ones);
@@ -625,7 +625,7 @@ END_TEST
 START_TEST(test_bn_finite_difference) {
   struct gw_backend *b = backend();
   struct gw_op_desc d = same_desc(GW_LAYER_BN, 2, 2, 3, 3);
-  d.eps = 1e-5f, d.momentum = 0.1f;
+  d.eps = 1e-5, d.momentum = 0.1;
   enum { N = 36, C = 2 };
   struct tensor x = act_in(b, &d), g = act_in(b, &d), y = act_in(b, &d), dx = act_in(b, &d);
   struct tensor gamma = tensor_new(b, C), beta = tensor_new(b, C), mean = tensor_new(b, C), rstd = tensor_new(b, C);

@@ -172,7 +172,7 @@ enum { GAMMA, BETA, MEAN, RSTD, RM, RV, DG, DB, SUMS, NV }; /* per channel */
 
 static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cancel) {
   struct gw_op_desc d = same_desc(GW_LAYER_BN, s[0], s[1], s[2], s[3]);
-  d.eps = 1e-5f, d.momentum = 0.1f;
+  d.eps = 1e-5, d.momentum = 0.1;
   const size_t n = elems(s), c = (size_t)s[1];
   void *a[NA][2], *v[NV][2];
   bufs_alloc(p, a, NA, n * p->esz);

@@ -192,7 +192,7 @@ END_TEST
 
 START_TEST(test_bn) {
   struct gw_op_desc d = {.kind = GW_LAYER_BN, .n = 3, .c = 4, .h = 5, .w = 6, .k = 4, .p = 5, .q = 6,
-                         .eps = 1e-5f, .momentum = 0.1f};
+                         .eps = 1e-5, .momentum = 0.1};
   size_t n = (size_t)d.n * d.c * d.h * d.w;
   float *x = rand_bf(n, 11), *dy = rand_bf(n, 12), *gamma = rand_bf(4, 13), *beta = rand_bf(4, 14);
   for (size_t i = 0; i < n; i++) x[i] = r16(x[i] * 3 + 0.5f); /* a mean and a spread */
