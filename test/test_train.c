@@ -539,6 +539,13 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--save-weights", dangling, NULL},
           "dangling-w.safetensors: a symbolic link that cannot be followed: what it names does not exist");
   refused((const char *const[]){"--steps", "2", "--save-weights", fifo, NULL}, "w.fifo: not a regular file");
+  /* A name with no room for its temporary file's suffix (255 here): it failed
+   * only when written, after the training. */
+  char longname[700], base[241];
+  memset(base, 'w', sizeof base - 1), base[sizeof base - 1] = 0;
+  path(longname, sizeof longname, base);
+  refused((const char *const[]){"--steps", "2", "--save-weights", longname, NULL},
+          "the file name is 240 characters long; at most 223 here");
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/nonexistent-gw/a/b", NULL},
           "--checkpoint-dir /nonexistent-gw/a/b: cannot create it");
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/proc/self/status", NULL}, "not a directory");

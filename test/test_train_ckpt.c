@@ -428,15 +428,26 @@ START_TEST(test_other_options_refused) {
   path(dir, sizeof dir, "ckpt-options");
   struct run r;
   const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, NULL});
+  train(&r, noenv, "2", (const char *const[]){"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, NULL});
   expect_ok(&r);
   gwrun_free(&r);
+  /* Another world size: refused, naming what differs first (a long folder
+   * name cut the two whole descriptions before the world) */
   train(&r, noenv, "1", (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--resume",
+                                              NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "it is from another run: world 2 -> 1 ("),
+                "1 rank resuming 2 ranks' run: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  train(&r, noenv, "2", (const char *const[]){"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, "--resume",
+                                              NULL});
+  expect_ok(&r); /* nothing moved aside: the 2 ranks' run still resumes */
+  gwrun_free(&r);
+  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--resume",
                                               "--drop-last", NULL});
   ck_assert_msg(r.code != 0 && strstr(r.err, "from another run") && strstr(r.err, "drop_last"),
                 "--drop-last on resume: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
-  train(&r, noenv, "1", (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--resume",
+  train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--resume",
                                               "--momentum", "0", NULL});
   ck_assert_msg(r.code != 0 && strstr(r.err, "written by a run with a momentum buffer and this run has none") &&
                     !strstr(r.err, "damaged"),

@@ -277,6 +277,25 @@ static int lock_dir(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
+/* mkdir, or nothing when dir exists; a new one's entry made durable in its
+ * parent (fsync of the parent), or a power loss after the first
+ * checkpoints could take the whole folder with them (POSIX does not order
+ * the mkdir before the files' own fsyncs). */
+static int make_dir(const char *dir) {
+  if (mkdir(dir, 0777) != 0) return errno == EEXIST ? 0 : -1;
+  char parent[4096];
+  snprintf(parent, sizeof parent, "%s", dir);
+  size_t len = strlen(parent);
+  while (len > 1 && parent[len - 1] == '/') parent[--len] = 0; /* "a/b/" is a/b */
+  char *slash = strrchr(parent, '/');
+  if (!slash) snprintf(parent, sizeof parent, ".");
+  else if (slash == parent) parent[1] = 0;
+  else *slash = 0;
+  const int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) (void)fsync(fd), close(fd);
+  return 0;
+}
+
 int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
   struct stat sb;
   if (!dir[0]) {
@@ -293,7 +312,7 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
     snprintf(err, errlen, "--checkpoint-dir %s: exists and is not a directory", dir);
     return -1;
   }
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+  if (make_dir(dir) != 0) {
     snprintf(err, errlen, "--checkpoint-dir %s: cannot create it: %s", dir, strerror(errno));
     return -1;
   }
@@ -322,7 +341,7 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
 
 int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
               const char *config, char *err, size_t errlen) {
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+  if (make_dir(dir) != 0) {
     snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
     return -1;
   }
@@ -431,8 +450,14 @@ static int load_one(struct gw_st_file *f, int64_t name_step, struct gw_model *m,
   if (v != 0) return v;
   const char *cfg = gw_st_metadata(f, "config");
   if (!cfg || (strcmp(cfg, config) != 0 && (!legacy || strcmp(cfg, legacy) != 0))) {
-    snprintf(why, whylen, "it is from another run (%s; this run is %s)", cfg ? cfg : "no configuration",
-             cfg && !names_samples(cfg) && legacy ? legacy : config);
+    /* What differs first (world 2 -> 1): the two whole descriptions are
+     * long, and a long folder name cut the message before the part that
+     * differed. */
+    const char *mine = cfg && !names_samples(cfg) && legacy ? legacy : config;
+    char diff[400] = "";
+    if (cfg && train_opts_diff(cfg, mine, NULL, diff, sizeof diff) == 0) diff[0] = 0;
+    snprintf(why, whylen, "it is from another run%s%s (%s; this run is %s)", diff[0] ? ": " : "", diff,
+             cfg ? cfg : "no configuration", mine);
     return -1;
   }
   struct ckpt_tensors want;

@@ -193,7 +193,7 @@ int trainer_resume(struct trainer *t) {
   int found = 0;
   const double initial_scale = t->st.loss_scale;
   if (t->rank == 0) {
-    char path[4096], note[700], err[700];
+    char path[4096], note[2000], err[2000];
     note[0] = 0;
     int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, t->config_legacy, path,
                              sizeof path, note, sizeof note, err, sizeof err);

@@ -8,6 +8,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* ".tmp." 8 hex "." pid (7 digits at Linux's largest pid_max) "." a 32-bit counter */
+enum { TEMP_SUFFIX_MAX = 5 + 8 + 1 + 7 + 1 + 10 };
+
+/* The directory path is in ("." for a bare name, "/" for "/name"). */
+static void dir_of(const char *path, char *dir, size_t cap) {
+  snprintf(dir, cap, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, cap, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+}
+
 int output_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
   struct stat sb;
   if (!path[0]) {
@@ -24,11 +36,7 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
     return -1;
   }
   char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = 0; /* "/name" */
-  else *slash = 0;
+  dir_of(path, dir, sizeof dir);
   if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
     snprintf(err, errlen, "%s %s: its directory %s does not exist", flag, path, dir);
     return -1;
@@ -58,5 +66,20 @@ int replaced_path_ok(const char *flag, const char *path, char *err, size_t errle
              path);
     return -1;
   }
-  return output_path_ok(flag, path, err, errlen);
+  if (output_path_ok(flag, path, err, errlen) != 0) return -1;
+  /* The file is written as <name>.tmp.<8 hex>.<pid>.<counter> beside it and
+   * renamed (safetensors_write.c): a name that leaves no room for that passed
+   * here and failed only when written, after the training. */
+  char dir[4096];
+  dir_of(path, dir, sizeof dir);
+  const char *slash = strrchr(path, '/');
+  const size_t len = strlen(slash ? slash + 1 : path);
+  const long max = pathconf(dir, _PC_NAME_MAX);
+  if (max > 0 && len + TEMP_SUFFIX_MAX > (size_t)max) {
+    snprintf(err, errlen, "%s %s: the file name is %zu characters long; at most %zu here (its temporary file's "
+             "name adds %d to it, and the directory takes %ld)", flag, path, len, (size_t)max - TEMP_SUFFIX_MAX,
+             TEMP_SUFFIX_MAX, max);
+    return -1;
+  }
+  return 0;
 }
