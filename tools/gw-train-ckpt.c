@@ -154,7 +154,7 @@ static void prune(const char *dir, int keep) {
  * container's writer often has its dead predecessor's pid (even this
  * process's), and that file stayed forever, a whole checkpoint each.  On a
  * file system without locks: the pid is not running. */
-static bool temp_is_stale(const char *path, unsigned tag, long long pid) {
+static bool temp_is_stale(const char *path, unsigned tag, long long pid, bool dir_locked) {
   /* without blocking: a FIFO of that name would wait for a writer forever */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return false;
@@ -163,8 +163,11 @@ static bool temp_is_stale(const char *path, unsigned tag, long long pid) {
   bool stale;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) /* not one a save made: left alone */
     stale = false;
-  else if (tag != gw_st_host_tag()) /* another machine's (a shared directory): its locks may not show here */
-    stale = fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 3600;
+  else if (tag != gw_st_host_tag()) /* another machine's (a shared directory): its locks may not show here; */
+    /* with the folder's lock held by this run no other run writes there, and
+     * the tag is usually this machine's before a reboot (a crash, the common
+     * death of a save), so a minute of silence is enough */
+    stale = fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > (dir_locked ? 60 : 3600);
   else if (fcntl(fd, F_OFD_GETLK, &fl) == 0)
     stale = fl.l_type == F_UNLCK && fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10;
   else
@@ -197,7 +200,7 @@ static bool temp_name(const char *name, size_t *base_len, unsigned *tag, long lo
  * checkpoint, ckpt-<step>.safetensors) that no live save is writing (a save
  * killed before its rename); a live writer's is left alone, and another
  * machine's unless it is an hour old. */
-static void remove_stale_temps(const char *dir, const char *base) {
+static void remove_stale_temps(const char *dir, const char *base, bool dir_locked) {
   DIR *d = opendir(dir);
   if (!d) return;
   struct dirent *de;
@@ -210,7 +213,7 @@ static void remove_stale_temps(const char *dir, const char *base) {
         (base ? len != strlen(base) || memcmp(de->d_name, base, len) != 0 : step_of(de->d_name, len) < 0))
       continue;
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    if (temp_is_stale(path, tag, pid)) unlink(path);
+    if (temp_is_stale(path, tag, pid, dir_locked)) unlink(path);
   }
   closedir(d);
 }
@@ -225,7 +228,7 @@ void weights_remove_stale_temps(const char *path) {
   else if ((size_t)snprintf(dir, sizeof dir, "%.*s", slash == file ? 1 : (int)(slash - file), file) >= sizeof dir)
     dir[0] = 0;
   const char *base = slash ? slash + 1 : file;
-  if (dir[0] && base[0]) remove_stale_temps(dir, base);
+  if (dir[0] && base[0]) remove_stale_temps(dir, base, false);
   free(real);
 }
 
@@ -321,7 +324,7 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
     return -1;
   }
   if (lock_dir(dir, err, errlen) != 0) return -1;
-  remove_stale_temps(dir, NULL);
+  remove_stale_temps(dir, NULL, true); /* lock_dir holds the folder's lock */
   int64_t steps[MAX_CKPT];
   const int n = list_steps(dir, steps, MAX_CKPT);
   if (n < 0) {
