@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,7 +410,10 @@ static gw_result_t check_tensor(struct jp *j, struct tensor_ctx *c) {
                t->nbytes, (unsigned long long)b, (unsigned long long)e, (unsigned long long)(e - b));
   t->dtype = c->dt->gw;
   t->dtype_name = c->dt->name;
-  t->data = j->data + b;
+  /* the offset until the header is checked (parse_at points it into the
+   * data then): the check-only parse of gw_st_open has no data section in
+   * memory, and a pointer past its buffer is undefined even uncompared */
+  t->data = (const void *)(uintptr_t)b;
   return GW_SUCCESS;
 }
 
@@ -434,13 +438,12 @@ static gw_result_t top_member(struct jp *j, const char *key, void *ctx) {
   return GW_SUCCESS;
 }
 
-static size_t data_off(const struct jp *j, const struct gw_st_tensor *t) {
-  return (size_t)((const char *)t->data - j->data);
-}
+/* A tensor's offset in the data section, while parsing (check_tensor). */
+static size_t data_off(const struct gw_st_tensor *t) { return (size_t)(uintptr_t)t->data; }
 
 static int cmp_range(const void *a, const void *b) {
   const struct gw_st_tensor *x = *(const struct gw_st_tensor *const *)a, *y = *(const struct gw_st_tensor *const *)b;
-  if (x->data != y->data) return (const char *)x->data < (const char *)y->data ? -1 : 1;
+  if (data_off(x) != data_off(y)) return data_off(x) < data_off(y) ? -1 : 1;
   return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
 }
 
@@ -451,11 +454,11 @@ static gw_result_t check_tiling(struct jp *j, const struct gw_st_tensor **by, in
   size_t at = 0;
   const struct gw_st_tensor *prev = NULL;
   for (int i = 0; i < n; i++) {
-    size_t b = data_off(j, by[i]);
+    size_t b = data_off(by[i]);
     j->at.tensor = by[i]->name;
     if (b < at)
       return gw__st_bad(&j->at, "data_offsets [%zu, %zu] overlap tensor \"%.*s\" [%zu, %zu]", b, b + by[i]->nbytes, NAME_SHOWN,
-                 prev->name, data_off(j, prev), at);
+                 prev->name, data_off(prev), at);
     if (b > at) return gw__st_bad(&j->at, "data bytes [%zu, %zu) before it belong to no tensor", at, b);
     at = b + by[i]->nbytes;
     prev = by[i];
@@ -516,8 +519,10 @@ static gw_result_t check_prefix(const unsigned char *b, size_t len, const char *
 
 /* Parses the header h[0..hlen) of a file whose data section, data_len bytes,
  * follows it in memory; the data section is not read (only pointed into), so it
- * may be filled in afterwards. */
-static gw_result_t parse_at(struct gw_st_file **out, const char *h, size_t hlen, size_t data_len, const char *label) {
+ * may be filled in afterwards.  !with_data: the buffer ends with the header
+ * (a check only): the tensors' data stay NULL. */
+static gw_result_t parse_at(struct gw_st_file **out, const char *h, size_t hlen, size_t data_len, const char *label,
+                            bool with_data) {
   struct gw_st_file *f = calloc(1, sizeof *f);
   char *arena = malloc(hlen + 1);
   if (!f || !arena) {
@@ -534,6 +539,7 @@ static gw_result_t parse_at(struct gw_st_file **out, const char *h, size_t hlen,
     gw_st_free(f);
     return r;
   }
+  for (int i = 0; i < f->ntensors; i++) f->tensors[i].data = with_data ? j.data + data_off(&f->tensors[i]) : NULL;
   *out = f;
   return GW_SUCCESS;
 }
@@ -544,7 +550,7 @@ gw_result_t gw_st_parse(struct gw_st_file **out, const void *buf, size_t len, co
   if (!buf && len) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: NULL buffer", label);
   size_t hlen = 0;
   GW_MODEL_TRY(check_prefix(buf, len, label, &hlen));
-  return parse_at(out, (const char *)buf + 8, hlen, len - 8 - hlen, label);
+  return parse_at(out, (const char *)buf + 8, hlen, len - 8 - hlen, label, true);
 }
 
 /* ---- files ------------------------------------------------------------------ */
@@ -619,7 +625,7 @@ gw_result_t gw_st_open(struct gw_st_file **out, const char *path) {
     memcpy(b, prefix, 8);
     r = read_exact(fd, path, b + 8, hlen, 8);
   }
-  if (r == GW_SUCCESS) r = parse_at(out, b + 8, hlen, size - 8 - hlen, path);
+  if (r == GW_SUCCESS) r = parse_at(out, b + 8, hlen, size - 8 - hlen, path, false);
   gw_st_free(*out); /* a check only: parsed again below, in the buffer the data goes to */
   *out = NULL;
   if (r == GW_SUCCESS) {
@@ -629,7 +635,7 @@ gw_result_t gw_st_open(struct gw_st_file **out, const char *path) {
       r = gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory for its %zu bytes", path, size);
   }
   if (r == GW_SUCCESS) r = read_exact(fd, path, b + 8 + hlen, size - 8 - hlen, 8 + hlen);
-  if (r == GW_SUCCESS) r = parse_at(out, b + 8, hlen, size - 8 - hlen, path);
+  if (r == GW_SUCCESS) r = parse_at(out, b + 8, hlen, size - 8 - hlen, path, true);
   close(fd);
   if (r != GW_SUCCESS) {
     free(b);
