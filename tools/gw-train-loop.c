@@ -61,14 +61,26 @@ static double lr_at(const struct trainer *t, int64_t step) {
  * on; SIGTERM (a scheduler's preemption or time limit) for a checkpoint and
  * the end, exit 75 as an interruption, so --resume continues.  The handlers
  * only count; the counts ride with the step's loss sum, so every rank acts at
- * the same step however many the signal reached.  A second SIGTERM before the
- * first was acted on ends the rank at once (the default action). */
+ * the same step however many the signal reached.  A second SIGTERM a second
+ * or more after the first, before it was acted on, ends the rank at once (the
+ * default action: a rank stuck in a collective can still be stopped); one
+ * sooner is the same signal delivered twice (to gw-run's whole process group,
+ * or by Slurm to every process of the step: the rank directly and through
+ * gw-run). */
 static atomic_int sig_ckpt_pending, sig_stop_pending;
+static _Atomic long long sig_stop_first_ns; /* CLOCK_MONOTONIC of the pending SIGTERM */
 
 static void on_signal(int sig) {
   if (sig != SIGTERM) {
     atomic_store(&sig_ckpt_pending, 1);
-  } else if (atomic_exchange(&sig_stop_pending, 1)) {
+    return;
+  }
+  struct timespec ts; /* clock_gettime is async-signal-safe */
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const long long ns = (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+  if (!atomic_exchange(&sig_stop_pending, 1)) {
+    atomic_store(&sig_stop_first_ns, ns);
+  } else if (ns - atomic_load(&sig_stop_first_ns) >= 1000000000ll) {
     signal(SIGTERM, SIG_DFL);
     raise(SIGTERM);
   }
@@ -563,14 +575,16 @@ static int interrupted_here(struct trainer *t) {
   return 1;
 }
 
-/* A test hook: GW_TRAIN_TEST_SIGNAL=R:S:USR1|TERM makes rank R raise that
- * signal at itself after step S (the others hear of it through the sums). */
+/* A test hook: GW_TRAIN_TEST_SIGNAL=R:S:USR1|TERM|TERM2 makes rank R raise
+ * that signal at itself after step S (the others hear of it through the
+ * sums); TERM2: SIGTERM twice at once, as a process group's delivery. */
 static void test_signal(const struct trainer *t) {
   const char *s = getenv("GW_TRAIN_TEST_SIGNAL");
   long long rank, step;
   char name[8];
-  if (s && sscanf(s, "%lld:%lld:%7s", &rank, &step, name) == 3 && rank == t->rank && step == t->st.step)
-    raise(!strcmp(name, "TERM") ? SIGTERM : SIGUSR1);
+  if (!s || sscanf(s, "%lld:%lld:%7s", &rank, &step, name) != 3 || rank != t->rank || step != t->st.step) return;
+  raise(!strncmp(name, "TERM", 4) ? SIGTERM : SIGUSR1);
+  if (!strcmp(name, "TERM2")) raise(SIGTERM);
 }
 
 /* After a step whose sums said a signal reached some rank: the checkpoint
