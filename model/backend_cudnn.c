@@ -39,6 +39,7 @@
 
 #if GW_HAVE_CUDNN
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -193,8 +194,12 @@ static gw_result_t cudnn_create_on(struct gw_backend *b, const struct gw_backend
   b->tf32 = cfg ? cfg->tf32 : 0;
   b->act = cfg && cfg->act ? cfg->act : GW_FLOAT32;
   const char *mb = getenv("GW_CUDNN_WORKSPACE_MB");
-  long lim = mb && *mb ? strtol(mb, NULL, 10) : 1024;
-  if (lim < 0) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: GW_CUDNN_WORKSPACE_MB=%s is negative", mb);
+  char *end = NULL;
+  errno = 0;
+  long lim = mb && *mb ? strtol(mb, &end, 10) : 1024;
+  if (mb && *mb && (end == mb || *end || errno || lim < 0 || lim > (1l << 30)))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, BE " backend: GW_CUDNN_WORKSPACE_MB=%s: a whole number of MiB, "
+                          "0 to 2^30 (\"1G\" was taken as 1)", mb);
   b->ws_limit = (size_t)lim << 20;
   const char *det = getenv("GW_CUDNN_DETERMINISTIC");
   if (det && *det && strcmp(det, "0") && strcmp(det, "1"))

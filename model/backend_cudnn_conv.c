@@ -308,16 +308,25 @@ static float time_plan(struct gw_backend *b, cudnnBackendDescriptor_t plan, void
   return best;
 }
 
+/* The stream's sticky error (an earlier kernel's fault: an illegal address),
+ * or cudaSuccess while the context still works.  A candidate that fails on
+ * a dead context says nothing about the engine: without this every one failed
+ * the same way and the fault was reported as "no cuDNN engine runs it". */
+static cudaError_t context_fault(struct gw_backend *b) {
+  const cudaError_t e = cudaStreamQuery(b->stream);
+  return e == cudaSuccess || e == cudaErrorNotReady ? cudaSuccess : e;
+}
+
 /* Times the candidates of cfg[0..ncfg) allowed at `level` (deterministic ones
  * only when asked); the fastest that ran goes to *best (NULL if none ran), or
  * with b->first_that_runs the first in the heuristics' order that ran.  Counts
- * what it saw for the message. */
+ * what it saw for the message; *fault: the context failed (stops). */
 static void choose_among(struct gw_op *op, const char *what, cudnnBackendDescriptor_t *cfg, int ncfg, int level,
                          int deterministic, void *const ptr[3], cudnnBackendDescriptor_t *best, int64_t *best_ws,
-                         int *allowed, int *ran) {
+                         int *allowed, int *ran, cudaError_t *fault) {
   struct gw_backend *b = op->b;
   float best_ms = -1;
-  for (int i = 0; i < ncfg && *ran < MAX_TIMED && !(b->first_that_runs && *best); i++) {
+  for (int i = 0; i < ncfg && *ran < MAX_TIMED && !(b->first_that_runs && *best) && !*fault; i++) {
     if (!notes_allowed(cfg[i], level, deterministic)) continue;
     (*allowed)++;
     cudnnBackendDescriptor_t plan = NULL;
@@ -338,6 +347,7 @@ static void choose_among(struct gw_op *op, const char *what, cudnnBackendDescrip
       continue;
     }
     float ms = time_plan(b, plan, ptr);
+    if (ms < 0) *fault = context_fault(b);
     if (ms >= 0) (*ran)++;
     if (ms >= 0 && (best_ms < 0 || ms < best_ms)) {
       if (*best) cudnnBackendDestroyDescriptor(*best);
@@ -383,14 +393,19 @@ static gw_result_t conv_choose(struct gw_op *op, int dir, int ai, void *const pt
   int lv[2];
   const char *numerics;
   int nlv = levels_of(b, lv, &numerics);
+  cudaError_t fault = context_fault(b); /* an earlier kernel's, before any candidate is blamed */
   /* Deterministic engines at every level first (a resumed run must repeat the
    * same bits: engines with atomics do not), then any allowed one, unless
    * GW_CUDNN_DETERMINISTIC forbids it. */
-  for (int det = 1; det >= b->first_that_runs && !best; det--)
-    for (int i = 0; i < nlv && !best; i++)
-      choose_among(op, what, cfg, ncfg, lv[i], det, ptr, &best, &best_ws, &allowed, &ran);
+  for (int det = 1; det >= b->first_that_runs && !best && !fault; det--)
+    for (int i = 0; i < nlv && !best && !fault; i++)
+      choose_among(op, what, cfg, ncfg, lv[i], det, ptr, &best, &best_ws, &allowed, &ran, &fault);
   destroy_all(cfg, ncfg);
   cudnnBackendDestroyDescriptor(graph);
+  if (fault) {
+    if (best) cudnnBackendDestroyDescriptor(best);
+    return gw__cudnn_cuda_fail(fault, op->what, "choosing a convolution engine (the device failed earlier)");
+  }
   if (!best)
     return gw__model_fail(GW_ERR_UNSUPPORTED,
                           BE " backend: %s: %s: no cuDNN engine runs it (%d proposed, %d allowed with %s numerics, "

@@ -401,6 +401,14 @@ START_TEST(test_refused) {
   ck_assert_int_eq(be->create(&cfg, &b), GW_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_null(b);
   ck_assert_msg(strstr(gw_model_last_error(), "layout 2"), "%s", gw_model_last_error());
+  if (!strcmp(chosen, "cudnn")) { /* "1G" was taken as 1 MiB: engines with no workspace only, silently */
+    setenv("GW_CUDNN_WORKSPACE_MB", "1G", 1);
+    cfg = strict_config();
+    ck_assert_int_eq(be->create(&cfg, &b), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_null(b);
+    ck_assert_msg(strstr(gw_model_last_error(), "GW_CUDNN_WORKSPACE_MB=1G"), "%s", gw_model_last_error());
+    unsetenv("GW_CUDNN_WORKSPACE_MB");
+  }
   cfg = strict_config();
   ck_assert_int_eq(be->create(&cfg, &b), GW_SUCCESS);
   ck_assert_int_eq(be->layout(b), layout);
