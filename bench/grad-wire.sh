@@ -41,6 +41,9 @@ export GW_JOB_TOKEN="grad-wire-$$"
 half=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 run() { # wire -> median comm_ms
   local w=$1 k pids=() bad=()
+  # gw-train appends to --metrics: the file of an earlier round goes first
+  # (the second round read 16 rows of 8 steps and stopped the run)
+  rm -f "$work/$w-0.jsonl" "$work/$w-1.jsonl"
   for k in 0 1; do
     # shellcheck disable=SC2016  # $0 and $@ are for sh
     ip netns exec "$tag$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
