@@ -410,7 +410,32 @@ START_TEST(test_qp_settings_checked) {
   ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)timeout0, 60), 0);
   ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)retry9, 60), 0);
   ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)roce3, 60), 0);
+  /* a service level past 15 was EINVAL under the GID index hint, a traffic
+   * class of 256 silently 0 */
+  const char *const sl16[] = {"GW_IB_SL", "16", "GW_IB_SL=16 is not a service level (0..15)"};
+  const char *const tc256[] = {"GW_IB_TC", "256", "GW_IB_TC=256 is not a traffic class (0..255)"};
+  ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)sl16, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)tc256, 60), 0);
 }
+END_TEST
+
+/* The move to RTR timing out (RoCE's address resolution when many
+ * connections start at once; GW_IB_EMULATE_RTR_TIMEOUTS) is tried again: the
+ * communicator comes up and works.  It failed init at the first one. */
+static int raw_rtr_timeouts(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  emulate();
+  setenv("GW_IB_EMULATE_RTR_TIMEOUTS", "3", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r == GW_SUCCESS, "rank %d: init with 3 RTR timeouts: %s: %s", rank, gw_strerror(r),
+         gw_comm_last_error(NULL));
+  const int rc = sum_of_ranks(comm, rank, n);
+  gw_comm_destroy(comm);
+  return rc;
+}
+
+START_TEST(test_rtr_timeout_retried) { ck_assert_int_eq(run_ranks_raw(2, raw_rtr_timeouts, NULL, 60), 0); }
 END_TEST
 
 /* RoCE without GW_IB_GID_INDEX: the GID of the RoCE version asked
@@ -589,6 +614,7 @@ int main(void) {
   tcase_add_test(tc, test_killed_rank_named);
   tcase_add_test(tc, test_memlock_hint);
   tcase_add_test(tc, test_qp_settings_checked);
+  tcase_add_test(tc, test_rtr_timeout_retried);
   tcase_add_test(tc, test_slot_settings_differ);
   tcase_add_test(tc, test_roce_gid_choice);
   tcase_add_test(tc, test_roce_versions_differ);

@@ -42,6 +42,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ib_dev.h"
@@ -150,6 +151,7 @@ struct ib_conn {
   uint64_t nonce, job_hash;
   double timeout_s, next_check;
   uint8_t qp_timeout, qp_retry_cnt; /* GW_IB_TIMEOUT, GW_IB_RETRY_CNT, read by qp_connect */
+  uint8_t sl, tc;                   /* GW_IB_SL, GW_IB_TC */
   gw_result_t failed;
   char failmsg[GW_ERRMSG_MAX];
   char where[80]; /* " on mlx5_0:1", for messages */
@@ -240,6 +242,21 @@ static struct ib_port *pick_port(int want_eth, int peer_rail, const uint8_t *pee
   return NULL;
 }
 
+/* GW_IB_SL and GW_IB_TC, checked: out of range, modify_qp said only EINVAL
+ * (under the GID index hint) for a service level, and a traffic class of 256
+ * was taken as 0 (on RoCE, perhaps a lossy class). */
+static gw_result_t sl_tc(struct gw_conn *c, uint8_t *sl, uint8_t *tc, struct gw_errctx *err) {
+  const int64_t s = gw__env_int("GW_IB_SL", 0), t = gw__env_int("GW_IB_TC", 0);
+  if (s < 0 || s > 15)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_SL=%s is not a service level (0..15)", c->self,
+                   gw__env_str("GW_IB_SL", ""));
+  if (t < 0 || t > 255)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_TC=%s is not a traffic class (0..255)", c->self,
+                   gw__env_str("GW_IB_TC", ""));
+  *sl = (uint8_t)s, *tc = (uint8_t)t;
+  return GW_SUCCESS;
+}
+
 /* Everything both ends create: the port (as pick_port chooses), the slots
  * (staging or receive), the CQ and the QPs in INIT. */
 static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p, uint32_t nqps, int buf_access,
@@ -265,9 +282,11 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
   if (roce != 1 && roce != 2)
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_ROCE_VERSION=%s is not 1 or 2", c->self,
                    gw__env_str("GW_IB_ROCE_VERSION", ""));
+  uint8_t sl = 0, tc = 0;
+  GW_CHECK(sl_tc(c, &sl, &tc, err));
   struct ib_conn *t = calloc(1, sizeof *t);
   if (!t) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
-  t->qp_timeout = (uint8_t)qto, t->qp_retry_cnt = (uint8_t)qrc;
+  t->qp_timeout = (uint8_t)qto, t->qp_retry_cnt = (uint8_t)qrc, t->sl = sl, t->tc = tc;
   const struct gw_ibv *v = gw__ib_devs.v;
   gw_result_t res = GW_SUCCESS;
   t->fd = t->listen_fd = -1;
@@ -333,24 +352,36 @@ fail:
 /* A QP through RTR and RTS towards the remote QP `qpn`, the sequence numbers
  * of queue pair i of the connection `nonce` from this end (receiver or not). */
 static int qp_connect(struct ib_conn *t, struct ibv_qp *qp, uint32_t qpn, uint16_t lid, const uint8_t gid[16],
-                      uint8_t mtu, uint64_t nonce, int receiver, uint32_t i) {
+                      uint8_t mtu, uint64_t nonce, int receiver, uint32_t i, double deadline) {
   const struct ib_port *pt = t->port;
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                           .path_mtu = (enum ibv_mtu)GW_MIN((unsigned)pt->attr.active_mtu, (unsigned)mtu),
                           .dest_qp_num = qpn, .rq_psn = gw__ib_qp_psn(nonce, !receiver, i), .max_dest_rd_atomic = 1,
                           .min_rnr_timer = 12};
   a.ah_attr.dlid = lid;
-  a.ah_attr.sl = (uint8_t)gw__env_int("GW_IB_SL", 0);
+  a.ah_attr.sl = t->sl;
   a.ah_attr.port_num = pt->num;
   if (pt->gid_index >= 0) {
     a.ah_attr.is_global = 1;
     memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
     a.ah_attr.grh.sgid_index = (uint8_t)pt->gid_index;
     a.ah_attr.grh.hop_limit = 255;
-    a.ah_attr.grh.traffic_class = (uint8_t)gw__env_int("GW_IB_TC", 0);
+    a.ah_attr.grh.traffic_class = t->tc;
   }
-  int e = gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  /* ETIMEDOUT: on RoCE the kernel resolves the peer's MAC for the address
+   * vector, which times out when many connections start at once; tried
+   * again, 100 ms more each time (as NCCL does), until the deadline. */
+  int e;
+  for (int tries = 1;; tries++) {
+    e = gw__ib_devs.v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    const double pause = 0.1 * tries;
+    if (e != ETIMEDOUT || gw__now() + pause > deadline) break;
+    GW_WARN(GW_SUB_INIT, "queue pair %u on %s: the move to RTR timed out (address resolution?), try %d; again in "
+            "%.1f s", i, pt->name, tries, pause);
+    struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+  }
   if (e) return e;
   a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = t->qp_timeout, .retry_cnt = t->qp_retry_cnt,
                            .rnr_retry = 7, .sq_psn = gw__ib_qp_psn(nonce, receiver, i),
@@ -470,10 +501,11 @@ static gw_result_t ib_send_connect(struct gw_conn *c, const struct gw_conn_param
   }
   gw__sock_tune(t->fd);
   for (uint32_t i = 0; i < t->nqps; i++) {
-    int e = qp_connect(t, t->q[i].qp, h.qpn[i], h.lid, h.gid, h.mtu, h.nonce, 0, i);
+    int e = qp_connect(t, t->q[i].qp, h.qpn[i], h.lid, h.gid, h.mtu, h.nonce, 0, i, gw__now() + t->timeout_s);
     if (e) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot connect queue pair %u on %s to rank %d's: %s%s", c->self, i,
-                    t->port->name, c->peer, strerror(e), t->port->eth ? " (check GW_IB_GID_INDEX)" : "");
+                    t->port->name, c->peer, strerror(e),
+                    t->port->eth && e != ETIMEDOUT ? " (check GW_IB_GID_INDEX)" : "");
       goto fail;
     }
   }
@@ -512,10 +544,11 @@ static gw_result_t ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   GW_CHECK(gw__ib_roce_agree(t->port, hello.gid_type, c->self, c->peer, err));
   GW_CHECK(gw__ib_pkey_agree(t->port, hello.pkey, c->self, c->peer, err));
   for (uint32_t i = 0; i < t->nqps; i++) {
-    int e = qp_connect(t, t->q[i].qp, hello.qpn[i], hello.lid, hello.gid, hello.mtu, t->nonce, 1, i);
+    int e = qp_connect(t, t->q[i].qp, hello.qpn[i], hello.lid, hello.gid, hello.mtu, t->nonce, 1, i, deadline);
     if (e)
       return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot connect queue pair %u on %s to rank %d's: %s%s", c->self, i,
-                     t->port->name, c->peer, strerror(e), t->port->eth ? " (check GW_IB_GID_INDEX)" : "");
+                     t->port->name, c->peer, strerror(e),
+                     t->port->eth && e != ETIMEDOUT ? " (check GW_IB_GID_INDEX)" : "");
   }
   char ready = IB_READY_BYTE;
   if (!gw__sock_io_deadline(t->fd, &ready, 1, true, deadline))

@@ -434,6 +434,15 @@ static int qp_modify(struct emu_qp *q, struct ibv_qp_attr *a, int mask) {
 
 static int emu_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
   struct emu_ctx *c = QP(qp)->ctx;
+  /* GW_IB_EMULATE_RTR_TIMEOUTS=N: the first N moves to RTR of this process
+   * fail with ETIMEDOUT, as RoCE's neighbour resolution of the peer's MAC
+   * does when many connections start at once (tests). */
+  static _Atomic long rtr_timeouts = -1;
+  long left = atomic_load(&rtr_timeouts);
+  if (left < 0) atomic_compare_exchange_strong(&rtr_timeouts, &left, GW_MAX(0, gw__env_int("GW_IB_EMULATE_RTR_TIMEOUTS", 0)));
+  if ((mask & IBV_QP_STATE) && a->qp_state == IBV_QPS_RTR)
+    for (left = atomic_load(&rtr_timeouts); left > 0;)
+      if (atomic_compare_exchange_weak(&rtr_timeouts, &left, left - 1)) return ETIMEDOUT;
   pthread_mutex_lock(&c->lock);
   int r = qp_modify(QP(qp), a, mask);
   pthread_mutex_unlock(&c->lock);
