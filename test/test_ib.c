@@ -435,6 +435,29 @@ static int raw_rtr_timeouts(int rank, int n, const char *master, void *arg) {
   return rc;
 }
 
+/* ibv_fork_init before any registration (registered pages kept out of
+ * forked children: on kernels before 5.13 a fork left the HCA reading pages
+ * the process no longer used), unless GW_IB_FORK_INIT=0. */
+static int raw_fork_init(int rank, int n, const char *master, void *arg) {
+  const char *want = arg;
+  emulate();
+  setenv("GW_IB_FORK_INIT", want, 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
+  EXPECT(gw__ibemu_fork_inited() == (want[0] == '1'), "rank %d: GW_IB_FORK_INIT=%s, fork_init %s", rank, want,
+         gw__ibemu_fork_inited() ? "called" : "not called");
+  const int rc = sum_of_ranks(comm, rank, n);
+  gw_comm_destroy(comm);
+  return rc;
+}
+
+START_TEST(test_fork_init) {
+  ck_assert_int_eq(run_ranks_raw(2, raw_fork_init, "1", 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_fork_init, "0", 60), 0);
+}
+END_TEST
+
 START_TEST(test_rtr_timeout_retried) { ck_assert_int_eq(run_ranks_raw(2, raw_rtr_timeouts, NULL, 60), 0); }
 END_TEST
 
@@ -615,6 +638,7 @@ int main(void) {
   tcase_add_test(tc, test_memlock_hint);
   tcase_add_test(tc, test_qp_settings_checked);
   tcase_add_test(tc, test_rtr_timeout_retried);
+  tcase_add_test(tc, test_fork_init);
   tcase_add_test(tc, test_slot_settings_differ);
   tcase_add_test(tc, test_roce_gid_choice);
   tcase_add_test(tc, test_roce_versions_differ);

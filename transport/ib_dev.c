@@ -267,6 +267,19 @@ static const char *gdr_support(void) {
 static void ib_init(void) {
   if (gw__env_int("GW_IB_DISABLE", 0)) return;
   gw__ib_devs.v = gw__ibv();
+  /* Registered pages kept out of forked children (a data loader's workers,
+   * multiprocessing): on kernels before 5.13 a fork made them copy-on-write
+   * and the HCA went on reading the pages the process no longer used (stale
+   * chunks, lost credits); NCCL does the same.  Newer kernels need nothing
+   * (libibverbs then does nothing).  GW_IB_FORK_INIT=0 leaves it to the
+   * program (RDMAV_FORK_SAFE). */
+  if (gw__env_int("GW_IB_FORK_INIT", 1)) {
+    const int e = gw__ib_devs.v->fork_init();
+    if (e)
+      GW_WARN(GW_SUB_INIT, "ib: ibv_fork_init: %s (memory was registered before, by another library?): on kernels "
+              "before 5.13 a fork while a communicator lives can corrupt its transfers; set RDMAV_FORK_SAFE=1 at "
+              "the start", strerror(e));
+  }
   int ndev = 0;
   struct ibv_device **list = gw__ib_devs.v->get_device_list(&ndev);
   if (!list) return;

@@ -193,8 +193,19 @@ static uint64_t pinned_bytes(const void *addr, size_t len) {
   return ((end + 4095) & ~(uint64_t)4095) - (a & ~(uint64_t)4095);
 }
 
+/* ibv_fork_init's contract: EINVAL once memory was registered (too late to
+ * mark it); the emulator has no pages to protect, it records the call. */
+static _Atomic int emu_registered, emu_fork_inited;
+static int emu_fork_init(void) {
+  if (atomic_load(&emu_registered)) return EINVAL;
+  atomic_store(&emu_fork_inited, 1);
+  return 0;
+}
+int gw__ibemu_fork_inited(void) { return atomic_load(&emu_fork_inited); }
+
 static struct ibv_mr *emu_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
   struct emu_ctx *c = CTX(pd->context);
+  atomic_store(&emu_registered, 1);
   if (!addr || !len || (access & ~MR_ACCESS_OK) ||
       ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)))
     return fail(EINVAL);
@@ -823,6 +834,7 @@ const struct gw_ibv gw__ibv_emu = {
     .alloc_pd = emu_alloc_pd,
     .dealloc_pd = emu_dealloc_pd,
     .reg_mr = emu_reg_mr,
+    .fork_init = emu_fork_init,
     .dereg_mr = emu_dereg_mr,
     .create_cq = emu_create_cq,
     .destroy_cq = emu_destroy_cq,

@@ -190,6 +190,8 @@ void gw__ibemu_ack_async_event(struct ibv_async_event *ev);
 /* GID index of c's table into gid; its IBV_GID_TYPE_*, or -1 past the table. */
 int gw__ibemu_gid_entry(const struct emu_ctx *c, int index, union ibv_gid *gid);
 const char *gw__ibemu_link(void); /* GW_IB_EMULATE_LINK: ib, eth or efa */
+/* Whether fork_init was called (and before any registration: it fails after). */
+int gw__ibemu_fork_inited(void);
 /* Test hooks: the port goes down (up = 0: its QPs reach nobody and nobody
  * them, IBV_EVENT_PORT_ERR) or comes back (IBV_EVENT_PORT_ACTIVE); the device
  * fails (IBV_EVENT_DEVICE_FATAL, every QP in the error state, for good). */

@@ -17,6 +17,10 @@
 
 struct gw_ibv {
   const char *name; /* "libibverbs" or "emulator" */
+  /* ibv_fork_init: registered pages not copied into a forked child (kernels
+   * before 5.13 made them copy-on-write, the HCA then reading pages the
+   * process no longer uses); before any registration; 0 or an errno value. */
+  int (*fork_init)(void);
   struct ibv_device **(*get_device_list)(int *num_devices);
   void (*free_device_list)(struct ibv_device **list);
   const char *(*get_device_name)(struct ibv_device *device);

@@ -65,8 +65,11 @@ static int real_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
   return ibv_post_recv(qp, wr, bad);
 }
 
+static int real_fork_init(void) { return ibv_fork_init(); }
+
 const struct gw_ibv gw__ibv_real = {
     .name = "libibverbs",
+    .fork_init = real_fork_init,
     .get_device_list = real_get_device_list,
     .free_device_list = real_free_device_list,
     .get_device_name = real_get_device_name,
