@@ -600,9 +600,36 @@ static int raw_async_event(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
+/* After one of rank 1's devices failed for good, a new communicator there
+ * takes the other: it went to the failed one again (round robin) and failed
+ * at its first send. */
+static int raw_after_fatal(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  emulate();
+  setenv("GW_IB_EMULATE_DEVICES", "2", 1);
+  setenv("GW_IB_HCA", "gwemu0,gwemu1", 1);
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
+  EXPECT(gw__ib_devs.n == 2, "rank %d: %d ports", rank, gw__ib_devs.n);
+  int rc = sum_of_ranks(comm, rank, n);
+  /* the device its next receiving connection would take (round robin) */
+  if (rank == 1) gw__ibemu_device_fatal(gw__ib_devs.ports[atomic_load(&gw__ib_devs.next) % 2].ctx);
+  gw_comm_destroy(comm);
+  gw_result_t r = gw_comm_init(&comm, n, rank, master); /* the same rendezvous again */
+  EXPECT(r == GW_SUCCESS, "rank %d: a new communicator after the device failure: %s", rank,
+         gw_comm_last_error(NULL));
+  for (int i = 0; i < 4 && !rc; i++) rc |= sum_of_ranks(comm, rank, n); /* both connections, both ways */
+  static int64_t big[1 << 16];
+  EXPECT(gw_allreduce(big, big, 1 << 16, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS,
+         "rank %d: allreduce on the new communicator: %s", rank, gw_comm_last_error(comm));
+  gw_comm_destroy(comm);
+  return rc;
+}
+
 START_TEST(test_async_events) {
   ck_assert_int_eq(run_ranks_raw(2, raw_async_event, NULL, 60), 0);
   ck_assert_int_eq(run_ranks_raw(2, raw_async_event, (void *)"fatal", 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_after_fatal, NULL, 60), 0);
 }
 END_TEST
 

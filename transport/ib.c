@@ -226,18 +226,24 @@ static struct ibv_mr *reg(struct gw_conn *c, struct ib_conn *t, void *addr, size
  * fail after the retry timeout), joined ones cross the spine. */
 static struct ib_port *pick_port(int want_eth, int peer_rail, const uint8_t *peer_gid) {
   const int n = gw__ib_devs.n;
+  /* A port whose device failed for good (IBV_EVENT_DEVICE_FATAL) takes no new
+   * connection: a communicator made after one failed on it went there again
+   * and failed at its first send. */
+  gw__ib_events(true);
   if (peer_gid) {
     for (int pass = 0; pass < 2; pass++)
       for (int k = 0; k < n; k++) {
         struct ib_port *pt = &gw__ib_devs.ports[k];
-        if ((want_eth >= 0 && pt->eth != (want_eth == 1)) || memcmp(pt->gid.raw, peer_gid, 8) != 0) continue;
+        if ((want_eth >= 0 && pt->eth != (want_eth == 1)) || memcmp(pt->gid.raw, peer_gid, 8) != 0 ||
+            atomic_load(&pt->fatal))
+          continue;
         if (pass == 1 || k == peer_rail) return pt;
       }
   }
   unsigned first = atomic_fetch_add(&gw__ib_devs.next, 1);
   for (int k = 0; k < n; k++) {
     struct ib_port *pt = &gw__ib_devs.ports[(first + (unsigned)k) % (unsigned)n];
-    if (want_eth < 0 || pt->eth == (want_eth == 1)) return pt;
+    if ((want_eth < 0 || pt->eth == (want_eth == 1)) && !atomic_load(&pt->fatal)) return pt;
   }
   return NULL;
 }

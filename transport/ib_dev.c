@@ -318,6 +318,14 @@ bool gw__ib_available(void) {
   return gw__ib_devs.n > 0;
 }
 
+bool gw__ib_usable(void) {
+  if (!gw__ib_available()) return false;
+  gw__ib_events(true);
+  for (int k = 0; k < gw__ib_devs.n; k++)
+    if (!atomic_load(&gw__ib_devs.ports[k].fatal)) return true;
+  return false;
+}
+
 /* ---- the registration cache: user buffers registered once per process ------------------ */
 /* gw_comm_register's ranges, each registered with every open port (one MR per
  * port: the PD is per port).  A range inside one already registered takes a

@@ -35,7 +35,7 @@ uint32_t gw__transport_caps(void) {
   uint32_t caps = 0;
 #if GW_HAVE_IBVERBS
   const char *want = gw__env_str("GW_TRANSPORT", NULL);
-  if ((!want || !strcmp(want, "ib")) && gw__ib_available()) caps |= GW_CAP_IB;
+  if ((!want || !strcmp(want, "ib")) && gw__ib_usable()) caps |= GW_CAP_IB;
 #endif
   return caps;
 }

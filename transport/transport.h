@@ -217,6 +217,9 @@ extern const struct gw_transport gw__tcp_transport;
 extern const struct gw_transport gw__ib_transport;
 /* Whether this process has an ib port to use (opens the devices once). */
 bool gw__ib_available(void);
+/* Whether a port is left that did not fail for good (IBV_EVENT_DEVICE_FATAL):
+ * what a new communicator offers its peers. */
+bool gw__ib_usable(void);
 /* The registration cache (gw_comm_register): registers [buf, buf + bytes) with
  * every open port, or takes a reference on a registration that covers it;
  * *handle is NULL when there is no ib port.  Deregister drops the reference. */
