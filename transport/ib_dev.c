@@ -338,12 +338,21 @@ bool gw__ib_usable(void) {
 struct ib_reg {
   uintptr_t lo, hi;
   struct ibv_mr *mr[IB_MAX_PORTS];
-  int refs;  /* gw_comm_register references */
+  int refs;  /* gw_comm_register references (views) */
   int holds; /* connections with writes from it in flight */
+};
+/* One gw_comm_register call: its own range, on the registration that covers
+ * it.  Lookups match views, not registrations: a range registered inside
+ * another kept the outer one visible after the outer was deregistered, and
+ * memory mapped there later (its pages no longer the registered ones) passed
+ * the lookup and went out as the stale pinned pages. */
+struct ib_view {
+  uintptr_t lo, hi;
+  struct ib_reg *reg;
 };
 static struct {
   pthread_mutex_t lock;
-  struct ib_reg *v[256]; /* the ranges lookups see (refs > 0) */
+  struct ib_view *v[256]; /* the ranges lookups see */
   int n;
   /* for tests: ibv_reg_mr and ibv_dereg_mr calls here, chunks sent from user memory */
   atomic_ulong reg_calls, direct_chunks, dereg_calls;
@@ -369,17 +378,25 @@ gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_er
   uintptr_t lo = (uintptr_t)buf, hi = lo + bytes;
   gw_result_t res = GW_SUCCESS;
   pthread_mutex_lock(&regs.lock);
+  struct ib_view *view = regs.n < (int)(sizeof regs.v / sizeof regs.v[0]) ? calloc(1, sizeof *view) : NULL;
+  if (!view) {
+    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory or more than %d registered ranges",
+                  (int)(sizeof regs.v / sizeof regs.v[0]));
+    goto out;
+  }
+  *view = (struct ib_view){.lo = lo, .hi = hi};
   for (int i = 0; i < regs.n; i++)
-    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) {
-      regs.v[i]->refs++;
-      *handle = regs.v[i];
+    if (regs.v[i]->reg->lo <= lo && hi <= regs.v[i]->reg->hi) {
+      view->reg = regs.v[i]->reg;
+      view->reg->refs++;
+      regs.v[regs.n++] = view;
+      *handle = view;
       goto out;
     }
   struct ib_reg *r = calloc(1, sizeof *r);
-  if (!r || regs.n == (int)(sizeof regs.v / sizeof regs.v[0])) {
-    free(r);
-    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory or more than %d registered ranges",
-                  (int)(sizeof regs.v / sizeof regs.v[0]));
+  if (!r) {
+    free(view);
+    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory");
     goto out;
   }
   *r = (struct ib_reg){.lo = lo, .hi = hi, .refs = 1};
@@ -395,11 +412,13 @@ gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_er
                     e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`)" : "");
       while (p-- > 0) gw__ib_devs.v->dereg_mr(r->mr[p]);
       free(r);
+      free(view);
       goto out;
     }
   }
-  regs.v[regs.n++] = r;
-  *handle = r;
+  view->reg = r;
+  regs.v[regs.n++] = view;
+  *handle = view;
 out:
   pthread_mutex_unlock(&regs.lock);
   return res;
@@ -409,10 +428,12 @@ void gw__ib_deregister(void *handle) {
   if (!handle) return;
   pthread_mutex_lock(&regs.lock);
   for (int i = 0; i < regs.n; i++) {
-    struct ib_reg *r = regs.v[i];
-    if (r != handle || --r->refs > 0) continue;
-    regs.v[i] = regs.v[--regs.n]; /* no new lookups: the memory may be unmapped next */
-    if (r->holds == 0) reg_free(r);
+    if (regs.v[i] != handle) continue;
+    struct ib_view *view = regs.v[i];
+    struct ib_reg *r = view->reg;
+    regs.v[i] = regs.v[--regs.n]; /* no new lookups of its range: the memory may be unmapped next */
+    free(view);
+    if (--r->refs == 0 && r->holds == 0) reg_free(r);
     break;
   }
   pthread_mutex_unlock(&regs.lock);
@@ -423,8 +444,8 @@ uint32_t gw__ib_reg_hold(int p, const void *src, size_t len, struct ib_reg **hel
   uint32_t key = 0;
   pthread_mutex_lock(&regs.lock);
   for (int i = 0; i < regs.n && !key; i++) {
-    struct ib_reg *r = regs.v[i];
-    if (r->lo > lo || hi > r->hi) continue;
+    if (regs.v[i]->lo > lo || hi > regs.v[i]->hi) continue;
+    struct ib_reg *r = regs.v[i]->reg;
     int k = 0;
     while (k < *nheld && held[k] != r) k++;
     if (k == *nheld) {
