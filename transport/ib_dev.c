@@ -372,32 +372,33 @@ static void reg_free(struct ib_reg *r) {
   free(r);
 }
 
+/* The lock guards the lookups and counts only: ibv_reg_mr and ibv_dereg_mr of
+ * gigabytes take seconds (more with several ports), and every direct-send
+ * check on every channel thread took the lock meanwhile. */
 gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_errctx *err) {
   *handle = NULL;
   if (!gw__ib_available()) return GW_SUCCESS; /* nothing to register with */
   uintptr_t lo = (uintptr_t)buf, hi = lo + bytes;
-  gw_result_t res = GW_SUCCESS;
-  pthread_mutex_lock(&regs.lock);
-  struct ib_view *view = regs.n < (int)(sizeof regs.v / sizeof regs.v[0]) ? calloc(1, sizeof *view) : NULL;
-  if (!view) {
-    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory or more than %d registered ranges",
-                  (int)(sizeof regs.v / sizeof regs.v[0]));
-    goto out;
-  }
+  const int cap = (int)(sizeof regs.v / sizeof regs.v[0]);
+  struct ib_view *view = calloc(1, sizeof *view);
+  if (!view) return gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory");
   *view = (struct ib_view){.lo = lo, .hi = hi};
-  for (int i = 0; i < regs.n; i++)
+  pthread_mutex_lock(&regs.lock);
+  for (int i = 0; i < regs.n && regs.n < cap; i++)
     if (regs.v[i]->reg->lo <= lo && hi <= regs.v[i]->reg->hi) {
       view->reg = regs.v[i]->reg;
       view->reg->refs++;
       regs.v[regs.n++] = view;
       *handle = view;
-      goto out;
+      pthread_mutex_unlock(&regs.lock);
+      return GW_SUCCESS;
     }
-  struct ib_reg *r = calloc(1, sizeof *r);
+  const bool full = regs.n == cap;
+  pthread_mutex_unlock(&regs.lock);
+  struct ib_reg *r = full ? NULL : calloc(1, sizeof *r);
   if (!r) {
     free(view);
-    res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory");
-    goto out;
+    return gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory or more than %d registered ranges", cap);
   }
   *r = (struct ib_reg){.lo = lo, .hi = hi, .refs = 1};
   for (int p = 0; p < gw__ib_devs.n; p++) {
@@ -407,25 +408,30 @@ gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_er
     atomic_fetch_add(&regs.reg_calls, 1);
     if (!r->mr[p]) {
       int e = errno;
-      res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: cannot register %zu bytes at %p with %s: %s%s", bytes, buf,
-                    gw__ib_devs.ports[p].name, strerror(e),
-                    e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`)" : "");
+      gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: cannot register %zu bytes at %p with %s: %s%s",
+                                bytes, buf, gw__ib_devs.ports[p].name, strerror(e),
+                                e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`)" : "");
       while (p-- > 0) gw__ib_devs.v->dereg_mr(r->mr[p]);
       free(r);
       free(view);
-      goto out;
+      return res;
     }
   }
   view->reg = r;
-  regs.v[regs.n++] = view;
-  *handle = view;
-out:
+  pthread_mutex_lock(&regs.lock);
+  const bool room = regs.n < cap; /* others registered meanwhile */
+  if (room) regs.v[regs.n++] = view, *handle = view;
   pthread_mutex_unlock(&regs.lock);
-  return res;
+  if (room) return GW_SUCCESS;
+  r->refs = 0;
+  reg_free(r);
+  free(view);
+  return gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: more than %d registered ranges", cap);
 }
 
 void gw__ib_deregister(void *handle) {
   if (!handle) return;
+  struct ib_reg *gone = NULL;
   pthread_mutex_lock(&regs.lock);
   for (int i = 0; i < regs.n; i++) {
     if (regs.v[i] != handle) continue;
@@ -433,10 +439,11 @@ void gw__ib_deregister(void *handle) {
     struct ib_reg *r = view->reg;
     regs.v[i] = regs.v[--regs.n]; /* no new lookups of its range: the memory may be unmapped next */
     free(view);
-    if (--r->refs == 0 && r->holds == 0) reg_free(r);
+    if (--r->refs == 0 && r->holds == 0) gone = r;
     break;
   }
   pthread_mutex_unlock(&regs.lock);
+  if (gone) reg_free(gone); /* unreachable now: no view, no hold */
 }
 
 uint32_t gw__ib_reg_hold(int p, const void *src, size_t len, struct ib_reg **held, int *nheld, int max) {
@@ -461,11 +468,13 @@ uint32_t gw__ib_reg_hold(int p, const void *src, size_t len, struct ib_reg **hel
 
 void gw__ib_reg_release(struct ib_reg **held, int *nheld) {
   if (*nheld == 0) return;
+  int ngone = 0; /* the ones to free, gathered at the front of held (emptied anyway) */
   pthread_mutex_lock(&regs.lock);
   for (int k = 0; k < *nheld; k++)
-    if (--held[k]->holds == 0 && held[k]->refs == 0) reg_free(held[k]);
+    if (--held[k]->holds == 0 && held[k]->refs == 0) held[ngone++] = held[k];
   *nheld = 0;
   pthread_mutex_unlock(&regs.lock);
+  for (int k = 0; k < ngone; k++) reg_free(held[k]);
 }
 
 void gw__ib_count_direct(void) { atomic_fetch_add(&regs.direct_chunks, 1); }
