@@ -242,6 +242,9 @@ gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlin
 
 /* Runs one operation to completion (any thread; the caller serializes). */
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);
+/* A failed (or, between operations, aborted: failed now) communicator's
+ * refusal naming its first error; GW_SUCCESS while it can run. */
+gw_result_t gw__refuse_if_failed(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err);
 /* Runs op on every channel (channels.c): channel 0 on the calling thread, the
  * others on the communicator's channel threads, each on its slice of the data. */
 gw_result_t gw__ring_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err);

@@ -644,10 +644,12 @@ static gw_result_t engine_stream(struct gw_comm *comm, struct gw_devstate *d, st
 static gw_result_t pick_engine(struct gw_comm *comm, struct gw_devstate *d, const struct gw_op *op,
                                struct gw_errctx *err) {
   if (d->npool <= 1) return GW_SUCCESS;
-  /* A failed or aborted communicator runs nothing more: no seconds of probing per queued operation. */
-  if (atomic_load(&comm->aborted) || atomic_load(&comm->failed))
-    return gw__err(err, GW_ERR_ABORTED, "rank %d: operation #%llu: the communicator failed or was aborted before it",
-                   comm->rank, (unsigned long long)op->desc.seq);
+  /* A failed or aborted communicator runs nothing more: no seconds of probing
+   * per queued operation; refused as gw__run_op refuses, naming the first
+   * error (the bare "failed or was aborted before it" lost the cause, the
+   * dead rank, on every later call: with one engine stream, as the emulator
+   * had by default, this path never ran). */
+  if (atomic_load(&comm->aborted) || atomic_load(&comm->failed)) return gw__refuse_if_failed(comm, op, err);
   const int first = op->stream == d->engine_for ? d->engine : 0;
   for (int round = 0; round < 2 && !atomic_load(&comm->aborted); round++) {
     const double patience = round ? 1.0 : 0.02; /* a busy device's front end: the second round */

@@ -31,7 +31,7 @@ static void choose(struct gw_comm *comm, struct gw_op *op) {
   op->algo = m->algo, op->proto = m->proto;
 }
 
-gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+gw_result_t gw__refuse_if_failed(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
   if (atomic_load(&comm->aborted) && !atomic_load(&comm->failed)) {
     /* Aborted between operations: the peers hear of it as of any failure (they
      * may be waiting in this very operation). */
@@ -42,17 +42,20 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
     gw__comm_fail(comm, &op->desc, GW_ERR_ABORTED, &aerr);
   }
   int failed = atomic_load(&comm->failed);
-  if (failed) {
-    char first[GW_ERRMSG_MAX];
-    pthread_mutex_lock(&comm->err_mu);
-    snprintf(first, sizeof first, "%s", comm->first_error);
-    pthread_mutex_unlock(&comm->err_mu);
-    gw__err(err, (gw_result_t)failed,
-            "rank %d: the communicator %s and cannot run more; destroy it and make a new one (first error: %.300s)",
-            comm->rank, failed == GW_ERR_ABORTED ? "was aborted" : "failed in an earlier operation", first);
-    gw__comm_set_error(comm, err->msg);
-    return (gw_result_t)failed;
-  }
+  if (!failed) return GW_SUCCESS;
+  char first[GW_ERRMSG_MAX];
+  pthread_mutex_lock(&comm->err_mu);
+  snprintf(first, sizeof first, "%s", comm->first_error);
+  pthread_mutex_unlock(&comm->err_mu);
+  gw__err(err, (gw_result_t)failed,
+          "rank %d: the communicator %s and cannot run more; destroy it and make a new one (first error: %.300s)",
+          comm->rank, failed == GW_ERR_ABORTED ? "was aborted" : "failed in an earlier operation", first);
+  gw__comm_set_error(comm, err->msg);
+  return (gw_result_t)failed;
+}
+
+gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  GW_CHECK(gw__refuse_if_failed(comm, op, err));
   gw_result_t res;
   const bool dev_ring = gw__dev_ring_chunk(comm, op) != 0;
   if (dev_ring) op->algo = GW_ALGO_RING, op->proto = GW_PROTO_SIMPLE; /* one channel (device.c) */

@@ -212,7 +212,12 @@ static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
   const long after = *(const long *)arg; /* enqueues that still go in */
   dv = gw__dev();
   if (strcmp(dv->name, "emulated") != 0) return 0; /* the failure is injected in the emulator */
-  const size_t count = 1 << 18;
+  /* 16 chunks or more, so the failure comes mid-operation on every rank (at
+   * the default 4 MiB chunks 1 MiB was one: rank 0 could finish before rank
+   * 1 failed, and an idle rank hears of a peer's failure at its next call) */
+  const char *cb = getenv("GW_DEV_CHUNK_BYTES");
+  const size_t chunk = cb && atol(cb) > 0 ? (size_t)atol(cb) : (size_t)4 << 20;
+  const size_t count = chunk * 4 > ((size_t)1 << 18) ? chunk * 4 : (size_t)1 << 18;
   gw_dev_stream_t s;
   int32_t *d;
   if (warm_stream(comm, rank, count, &s, &d)) return 1;
