@@ -84,6 +84,7 @@ struct gw_devstate {
   uint64_t next_ticket; /* the caller's side, under comm->mu */
   uint64_t last_staged; /* the caller's side: the last staged operation's ticket */
   uint64_t last_ring;   /* and the last stream-ordered device-ring operation's */
+  _Atomic double next_fault_query; /* gw__dev_settle_look's (rate only: any thread waiting) */
   /* The ticket whose work the caller could not all put on its stream (0:
    * none).  Its stream may still run what went in, at any time, so nothing
    * more is put on streams for this communicator (broken). */
@@ -821,6 +822,20 @@ bool gw__dev_settled(const struct gw_comm *comm, const struct gw_op *op) {
 gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, double since, bool *settled) {
   *settled = gw__dev_settled(comm, op);
   const double timeout = comm->timeout_s, now = gw__now();
+  /* A fault on the device (sticky: the free flag is then never written) ends
+   * the wait at once, asked about every 100 ms as the other waits do: it
+   * waited GW_TIMEOUT, or for good with 0. */
+  struct gw_devstate *d = comm->dev;
+  if (!*settled && d && now > atomic_load(&d->next_fault_query)) {
+    atomic_store(&d->next_fault_query, now + 0.1);
+    int idle = 0;
+    if (d->ops->stream_idle(NULL, &idle)) { /* the default stream: the one that copies the result out */
+      struct gw_errctx e;
+      gw__dev_fail(&e, comm, "the device, while a blocking call's result was copied out,");
+      gw__comm_set_error(comm, e.msg);
+      return GW_ERR_CUDA;
+    }
+  }
   if (*settled || !((timeout > 0 && now > since + timeout) || atomic_load(&comm->aborted))) /* 0: no limit */
     return GW_SUCCESS;
   char me[160], msg[GW_ERRMSG_MAX];
