@@ -408,6 +408,10 @@ if [ -x "$B/test/test_device" ]; then
   # the synchronized ring's queues case with two
   only n2-q1:grid && budget 45 "gpu suite case 2q1:grid" && gpu_case 2q1:grid
   only n2-q2:queues && budget 45 "gpu suite case 2q2:queues" && gpu_case 2q2:queues
+  # one hardware queue with the stream-ordered ring (Megatron's
+  # CUDA_DEVICE_MAX_CONNECTIONS=1 with GW_DEV_ASYNC=1): the ring is kept there
+  # now (all of an operation's work on the caller's stream); never run on a GPU
+  only n2-async-q1:ordering && budget 45 "gpu suite case 2aq1:ordering" && gpu_case 2aq1:ordering
   only n4:dead-midop && budget 45 "gpu suite case 4:dead-midop" && gpu_case 4:dead-midop
   only n4-async:dead-midop && budget 45 "gpu suite case 4a:dead-midop" && gpu_case 4a:dead-midop
 fi
