@@ -388,13 +388,21 @@ static int cu_ipc_close(void *p) {
 }
 
 /* CUDA_DEVICE_MAX_CONNECTIONS as the runtime reads it at context creation
- * (1..32; 8 when unset or not a number). */
+ * (1..32; 8 when unset or not a number): read once, at the first call (by
+ * then the context exists, or is made at once): a program that changed the
+ * variable later made gradwire count 8 queues where the hardware had 1, and
+ * every synchronized-ring operation failed after 9 s of probing. */
 static int cu_queues(void) {
+  static _Atomic int cached;
+  int q = atomic_load(&cached);
+  if (q) return q;
   const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   char *end = NULL;
   long n = v && *v ? strtol(v, &end, 10) : 8;
-  if (!v || !*v || *end || n < 1) return 8;
-  return n > 32 ? 32 : (int)n;
+  q = !v || !*v || *end || n < 1 ? 8 : n > 32 ? 32 : (int)n;
+  int none = 0;
+  atomic_compare_exchange_strong(&cached, &none, q);
+  return atomic_load(&cached);
 }
 
 static int cu_can_access_peer(int dev, int peer, int *yes) {
