@@ -33,6 +33,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -603,4 +604,21 @@ int gw__run_conn_read(struct conn *c, bool (*handle)(struct conn *, const struct
         c->inlen -= off;
     }
     return R_OPEN;
+}
+
+/* ---- randomness (the job token, the control channel's nonces) ---- */
+
+bool gw__run_random(void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = getrandom((unsigned char *)buf + got, len - got, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return false;
+        }
+        got += (size_t)n;
+    }
+    return true;
 }

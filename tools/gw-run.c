@@ -209,21 +209,6 @@ static int find_free_port(void)
     return port;
 }
 
-bool gw__run_random(void *buf, size_t len)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = getrandom((unsigned char *)buf + got, len - got, 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return false;
-        }
-        got += (size_t)n;
-    }
-    return true;
-}
-
 static bool make_token(char out[33])
 {
     unsigned char raw[16];
