@@ -6,12 +6,20 @@
  * - a damaged metadata value or tensor dtype is refused as damage, and the
  *   resume falls back;
  * - format versions: version 1 files (with a pending evaluation too) still
- *   resume; an unknown or damaged version is refused, a newer one stops.
+ *   resume; an unknown or damaged version is refused, a newer one stops;
+ * - a full disk: a checkpoint that does not fit ends the run naming it and
+ *   the reason, the one before stays whole, no temporary file is left; the
+ *   metrics file that does not fit is cut back to its last whole line, said
+ *   once, and the training goes on; a metrics file ending in half a line gets
+ *   its newline before the new lines.
  */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -334,6 +342,101 @@ START_TEST(test_renamed_checkpoint_refused) {
 }
 END_TEST
 
+
+/* A tmpfs of `size` at tmpdir/name in this test's own mount namespace (the
+ * test process is Check's fork: the mounts go with it); 0, or -1 where that
+ * cannot be done here (not root, no namespaces, or unforked). */
+static int small_disk(const char *name, const char *size, char *out, size_t cap) {
+  const char *fork_mode = getenv("CK_FORK");
+  path(out, cap, name);
+  if ((fork_mode && strcmp(fork_mode, "no") == 0) || mkdir(out, 0755) != 0) return -1;
+  char opts[32];
+  snprintf(opts, sizeof opts, "size=%s", size);
+  static int ns;
+  if (!ns && (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)) return -1;
+  ns = 1;
+  return mount("tmpfs", out, "tmpfs", 0, opts);
+}
+
+START_TEST(test_full_disk) {
+  char ckdisk[512], mdisk[512], dir[600], metrics[600];
+  if (small_disk("full-ckpt", "2m", ckdisk, sizeof ckdisk) != 0 ||
+      small_disk("full-metrics", "4k", mdisk, sizeof mdisk) != 0) {
+    printf("test_full_disk: cannot mount a tmpfs in a mount namespace here (not root? CK_FORK=no?): not run\n");
+    return;
+  }
+  /* One checkpoint (1.4 MB) fits in 2 MB, the second does not. */
+  snprintf(dir, sizeof dir, "%s/ckpt", ckdisk);
+  struct run r;
+  train(&r, (const char *const[]){NULL}, "2",
+        (const char *const[]){"--steps", "6", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "2",
+                              NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "ckpt-4.safetensors") && strstr(r.err, "No space left on device"),
+                "a checkpoint on a full disk: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  /* ckpt-2 resumes (its checksum holds), from a copy on a disk with room. */
+  char copy_dir[600], copy[700];
+  path(copy_dir, sizeof copy_dir, "full-copy");
+  snprintf(copy, sizeof copy, "%s/ckpt-2.safetensors", copy_dir);
+  size_t len;
+  char *bytes = slurp("full-ckpt/ckpt/ckpt-2.safetensors", &len);
+  FILE *cf = mkdir(copy_dir, 0755) == 0 ? fopen(copy, "wb") : NULL;
+  ck_assert(cf && fwrite(bytes, 1, len, cf) == len && fclose(cf) == 0);
+  free(bytes);
+  train(&r, (const char *const[]){NULL}, "2",
+        (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", copy_dir, "--resume", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-2.safetensors at step 2"), "ckpt-2 did not resume:\n%s", r.out);
+  gwrun_free(&r);
+  DIR *d = opendir(dir);
+  ck_assert(d);
+  for (struct dirent *e; (e = readdir(d));)
+    ck_assert_msg(!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, ".gw-train.lock") ||
+                      !strcmp(e->d_name, "ckpt-2.safetensors"),
+                  "left in the checkpoint folder: %s", e->d_name);
+  closedir(d);
+
+  /* About 20 training lines fit in 4 KiB: the run goes on to its end. */
+  snprintf(metrics, sizeof metrics, "%s/m.jsonl", mdisk);
+  train(&r, (const char *const[]){NULL}, "1",
+        (const char *const[]){"--steps", "40", "--batch", "8", "--metrics", metrics, NULL});
+  expect_ok(&r);
+  const char *w = strstr(r.err, "warning: --metrics");
+  long long held = -1;
+  const char *up = w ? strstr(w, "training lines up to step ") : NULL;
+  if (up) held = atoll(up + strlen("training lines up to step "));
+  ck_assert_msg(w && strstr(w, "No space left on device") && held > 5 && held < 40 &&
+                    !strstr(w + 1, "warning: --metrics"),
+                "one warning for the full metrics disk:\n%s", r.err);
+  gwrun_free(&r);
+  char *m = slurp("full-metrics/m.jsonl", &len);
+  ck_assert_msg(len > 0 && m[len - 1] == '\n', "the metrics file ends in half a line");
+  long long lines = 0, last = -1;
+  for (char *p = m; p < m + len; p = strchr(p, '\n') + 1, lines++) {
+    ck_assert_msg(p[0] == '{' && strchr(p, '\n')[-1] == '}', "not a whole line: %.80s", p);
+    const char *s = strstr(p, "\"step\":");
+    if (s && s < strchr(p, '\n')) last = atoll(s + 7);
+  }
+  free(m);
+  ck_assert_msg(lines == held + 1 && last == held, "%lld lines, the last of step %lld; the warning said %lld", lines,
+                last, held);
+
+  /* An older file ending in half a line: the new lines start on their own. */
+  char partial[600];
+  path(partial, sizeof partial, "partial.jsonl");
+  FILE *pf = fopen(partial, "w");
+  ck_assert(pf && fputs("{\"type\":\"train\",\"step\":7,\"lo", pf) >= 0 && fclose(pf) == 0);
+  train(&r, (const char *const[]){NULL}, "1",
+        (const char *const[]){"--steps", "1", "--batch", "8", "--metrics", partial, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  m = slurp("partial.jsonl", &len);
+  ck_assert_msg(strncmp(m, "{\"type\":\"train\",\"step\":7,\"lo\n{\"type\":\"start\"}\n{\"type\":\"train\",\"step\":1,", 68) == 0,
+                "the half line kept, then the new lines:\n%s", m);
+  free(m);
+}
+END_TEST
+
 void add_checkpoint_meta_tests(TCase *tc) {
   tcase_add_test(tc, test_renamed_checkpoint_refused);
   tcase_add_test(tc, test_epoch_evaluated_once);
@@ -343,4 +446,5 @@ void add_checkpoint_meta_tests(TCase *tc) {
   tcase_add_test(tc, test_format_versions);
   tcase_add_test(tc, test_format_version_bit_flip);
   tcase_add_test(tc, test_resume_version1_pending);
+  tcase_add_test(tc, test_full_disk);
 }

@@ -23,31 +23,80 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The metrics file's end after its last whole line, or -1. */
+static long long file_end(FILE *f) {
+  return fflush(f) == 0 && fseeko(f, 0, SEEK_END) == 0 ? (long long)ftello(f) : -1;
+}
+
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen) {
   memset(l, 0, sizeof *l);
   l->rank = rank;
   l->start = now();
   l->tty = rank == 0 && isatty(STDOUT_FILENO);
+  l->metrics_step = -1;
   if (rank != 0 || !metrics_path) return 0;
-  l->metrics = fopen(metrics_path, "a");
-  if (!l->metrics) {
+  l->metrics_path = metrics_path;
+  l->metrics = fopen(metrics_path, "a+");
+  long long end = l->metrics ? file_end(l->metrics) : -1;
+  /* A last line without its newline (a writer killed part way, or an older
+   * gw-train's full disk) gets one, so the lines after it stay whole lines;
+   * its own bytes are kept. */
+  int last = '\n';
+  if (end > 0 && fseeko(l->metrics, end - 1, SEEK_SET) == 0) last = fgetc(l->metrics);
+  if (end > 0 && last != '\n') {
+    fseeko(l->metrics, 0, SEEK_END);
+    end = fputc('\n', l->metrics) == EOF ? -1 : file_end(l->metrics);
+  }
+  if (end < 0) {
     snprintf(err, errlen, "cannot open %s for appending: %s", metrics_path, strerror(errno));
+    if (l->metrics) fclose(l->metrics);
+    l->metrics = NULL;
     return -1;
   }
+  l->metrics_end = end;
   return 0;
+}
+
+/* After each metrics line: its bytes out (fflush), or, when they could not
+ * all go (a full disk, an I/O error), the file cut back to its last whole
+ * line, one warning naming the file, the reason and the last step it holds,
+ * and no more lines: the training goes on (its checkpoints say for
+ * themselves when they cannot be written), and a parser never meets half a
+ * line. */
+static int metrics_done(struct train_log *l) {
+  FILE *f = l->metrics;
+  errno = 0;
+  const int failed = fflush(f) != 0 || ferror(f);
+  if (!failed) {
+    l->metrics_end = (long long)ftello(f);
+    return 0;
+  }
+  const int e = errno ? errno : EIO;
+  /* Cut after the close: a close flushes what is still buffered, and the
+   * space the cut frees would let the rest of the half line in. */
+  const int fd = dup(fileno(f));
+  fclose(f);
+  l->metrics = NULL;
+  const int cut = fd >= 0 && ftruncate(fd, (off_t)l->metrics_end) == 0;
+  if (fd >= 0) close(fd);
+  char held[64] = "no training line";
+  if (l->metrics_step >= 0) snprintf(held, sizeof held, "training lines up to step %lld", (long long)l->metrics_step);
+  log_rank(l, "warning: --metrics %s: %s; no more lines are written (it holds %s%s)", l->metrics_path, strerror(e),
+           held, cut ? "" : "; its last line may be cut short");
+  return -1;
 }
 
 void log_resumed(struct train_log *l, int64_t step) {
   l->start_step = step, l->start = now(); /* the ETA: this process's pace */
   if (l->rank != 0 || !l->metrics) return;
   fprintf(l->metrics, "{\"type\":\"resume\",\"step\":%lld}\n", (long long)step);
-  fflush(l->metrics);
+  metrics_done(l);
 }
 
 void log_started(struct train_log *l) {
   if (l->rank != 0 || !l->metrics) return;
   fputs("{\"type\":\"start\"}\n", l->metrics);
-  fflush(l->metrics);
+  metrics_done(l);
 }
 
 static void end_line(struct train_log *l) {
@@ -114,7 +163,7 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
             jnum("%.2f", r->img_per_s).s, jnum("%.2f", r->compute_ms).s, jnum("%.2f", r->comm_ms).s,
             jnum("%.2f", r->exposed_ms).s, jnum("%.2f", r->data_ms).s, (long long)r->skipped,
             jnum("%.9g", r->loss_scale).s, (long long)r->overflows);
-    fflush(l->metrics);
+    if (metrics_done(l) == 0) l->metrics_step = r->step;
   }
   if (!l->tty && !print) return;
   double elapsed = now() - l->start;
@@ -147,7 +196,7 @@ void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, dou
             "{\"type\":\"eval\",\"epoch\":%lld,\"step\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"samples\":%lld}\n",
             (long long)epoch, (long long)step, jnum("%.6f", top1).s, jnum("%.6f", top5).s, jnum("%.6f", loss).s,
             (long long)samples);
-    fflush(l->metrics);
+    metrics_done(l);
   }
 }
 
