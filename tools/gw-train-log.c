@@ -272,7 +272,7 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
   }
   f = fopen(script, "w");
   if (!f) {
-    snprintf(err, errlen, "cannot write %s", script);
+    snprintf(err, errlen, "cannot write %s: %s", script, strerror(errno));
     return -1;
   }
   fprintf(f,
@@ -282,6 +282,9 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
           "'%s' using 1:3 with linespoints title 'top-1' axes x1y2%s%s%s\n",
           png, data, data, isnan(top5) ? "" : ", '", isnan(top5) ? "" : data,
           isnan(top5) ? "" : "' using 1:4 with linespoints title 'top-5' axes x1y2"); /* none under 5 classes */
-  fclose(f);
+  if (fclose(f) != 0) { /* a full disk: gnuplot would run half a script */
+    snprintf(err, errlen, "cannot write %s: %s", script, strerror(errno));
+    return -1;
+  }
   return run_gnuplot(script, err, errlen);
 }
