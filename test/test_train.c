@@ -517,6 +517,22 @@ START_TEST(test_bad_flags) {
           "--keep-checkpoints needs --checkpoint-dir");
   refused((const char *const[]){"--steps", "2", "--plot", "p.png", "--no-eval", NULL}, "drop --no-eval");
   refused((const char *const[]){"--steps", "2", "--tf32", "off", NULL}, "--tf32 applies to --backend cudnn");
+  /* The schedule's: milestones with cosine, a factor cosine would ignore, out of order, zero. */
+  refused((const char *const[]){"--steps", "2", "--schedule", "cosine", "--lr-milestones", "1", NULL},
+          "--lr-milestones applies to --schedule step, not cosine");
+  refused((const char *const[]){"--steps", "2", "--lr-gamma", "0.5", NULL},
+          "--lr-gamma applies to --schedule step, not cosine (the default; --lr-milestones implies step)");
+  refused((const char *const[]){"--steps", "2", "--lr-milestones", "30,20", NULL},
+          "--lr-milestones '30,20': 20 is not after 30");
+  refused((const char *const[]){"--steps", "2", "--lr-milestones", "30,", NULL},
+          "--lr-milestones wants epochs in (0, 1e6] separated by commas, got '30,'");
+  refused((const char *const[]){"--steps", "2", "--lr-milestones", "0", NULL}, "--lr-milestones wants epochs");
+  refused((const char *const[]){"--steps", "2", "--schedule", "step", "--lr-gamma", "0", NULL},
+          "--lr-gamma 0 would stop the training");
+  refused((const char *const[]){"--steps", "2", "--warmup-start-factor", "1.5", NULL},
+          "--warmup-start-factor wants a number in [0, 1]");
+  refused((const char *const[]){"--steps", "2", "--warmup-epochs", "0", "--warmup-start-factor", "0.1", NULL},
+          "--warmup-start-factor needs a warmup");
   /* Flags that would have done nothing, and a seed strtoull would have wrapped. */
   refused((const char *const[]){"--steps", "2", "--data", "imagenet:/x", "--augment", NULL},
           "--augment applies to fashion-mnist: imagenet:/x always trains on random resized crops and flips");

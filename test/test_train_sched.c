@@ -1,7 +1,9 @@
 /* test_train_sched.c - gw-train's schedule and what it says about it:
  * - the learning rate of every step is the closed form (linear scaling by the
  *   global batch, linear warmup over --warmup-epochs, then cosine or steps of
- *   10x), straight and across a resume in the middle of the warmup;
+ *   10x), straight and across a resume in the middle of the warmup; steps of
+ *   a factor at milestones after a warmup from a fraction of the peak, as
+ *   torchvision's schedulers give them, and a resume with a moved milestone;
  * - a resume with more --steps says the schedule now spans them, with the rates
  *   before and after; one with nothing left to train says so;
  * - a --steps run ending inside an epoch says its last steps go unevaluated;
@@ -84,6 +86,49 @@ START_TEST(test_lr_schedule) {
   ck_assert_msg(!strstr(r.out, "learning-rate schedule now spans"), "a resume with the same length noted:\n%s", r.out);
   gwrun_free(&r);
   expect_rates(m[2], 12, 4, 0, "resumed in the warmup");
+}
+END_TEST
+
+/* The step schedule at milestones (epochs from the start) with a factor and a
+ * warmup from a fraction of the peak, 4 steps per epoch: torchvision's
+ * ChainedScheduler([LinearLR(start_factor=0.25, total_iters=4),
+ * MultiStepLR(milestones=[6, 10], gamma=0.5)]) stepped per iteration gives
+ * these factors of the peak.  A milestone past the end is said.  Stopped after
+ * step 6 (its checkpoint: epoch 1's, step 4) and resumed with the milestone
+ * moved from epoch 1 to 1.5: the resume names the saved run's rate at step 5
+ * from its own milestones. */
+START_TEST(test_lr_milestones) {
+  static const double factor[12] = {0.25, 0.4375, 0.625, 0.8125, 1, 1, 0.5, 0.5, 0.5, 0.5, 0.25, 0.25};
+  const char *const noenv[] = {NULL}, *const stop6[] = {"GW_TRAIN_STOP_AT_STEP=6", NULL};
+  char m[512], dir[512];
+  path(m, sizeof m, "sched-milestones.jsonl");
+  path(dir, sizeof dir, "sched-milestones");
+  struct run r;
+  run1(&r, noenv,
+       (const char *const[]){"--epochs", "3", "--warmup-epochs", "1", "--warmup-start-factor", "0.25",
+                             "--lr-milestones", "1.5,2.5,5", "--lr-gamma", "0.5", "--no-eval", "--metrics", m, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "note: 1 of the 3 --lr-milestones (from epoch 5) come at or after this run's end"),
+                "the milestone past the end was not said:\n%s", r.out);
+  gwrun_free(&r);
+  char lr[12][32];
+  ck_assert_int_ge(metrics_by_step(m, "lr", lr, 12), 12);
+  for (int k = 0; k < 12; k++)
+    ck_assert_msg(fabs(atof(lr[k]) - factor[k] * peak) <= 1e-5 * peak, "step %d ran at lr %s, want %.6g", k + 1,
+                  lr[k], factor[k] * peak);
+  const char *saved[] = {"--epochs", "3", "--warmup-epochs", "1", "--lr-milestones", "1", "--lr-gamma", "0.5",
+                         "--no-eval", "--checkpoint-dir", dir, NULL, NULL, NULL};
+  run1(&r, stop6, saved);
+  ck_assert_msg(strstr(r.out, "stopping after step 6"), "not stopped at step 6:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+  saved[5] = "1.5", saved[11] = "--resume";
+  run1(&r, noenv, saved);
+  expect_ok(&r);
+  char want[200];
+  snprintf(want, sizeof want, "step 5 runs at lr %.4g, where the saved run's schedule gave %.4g", peak, 0.5 * peak);
+  ck_assert_msg(strstr(r.out, want) && strstr(r.out, "lr_milestones 1 -> 1.5"),
+                "the moved milestone was not said (%s):\n%s", want, r.out);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -239,6 +284,7 @@ END_TEST
 
 void add_schedule_tests(TCase *tc) {
   tcase_add_test(tc, test_lr_schedule);
+  tcase_add_test(tc, test_lr_milestones);
   tcase_add_test(tc, test_longer_resume_said);
   tcase_add_test(tc, test_epochs_resume_said);
   tcase_add_test(tc, test_unevaluated_steps_said);

@@ -35,22 +35,43 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-/* A schedule: linear warmup to the peak, then cosine to 0 or steps of 10x at
- * 1/3 and 2/3 of the rest. */
+/* A schedule: linear warmup to the peak (from peak / warmup steps, or from
+ * start x peak as torchvision's LinearLR), then cosine to 0 or steps of gamma
+ * at the milestones (steps from the start: every step from one on runs at
+ * gamma times the rate before), by default at 1/3 and 2/3 of the rest. */
 struct schedule {
   double peak;
   int64_t warmup, total;
   int steps; /* GW_SCHED_STEP */
+  double gamma, start;
+  int64_t ms[GW_MAX_MILESTONES];
+  int nms;
 };
 static double rate(const struct schedule *s, int64_t step) {
-  if (step < s->warmup) return s->peak * (double)(step + 1) / (double)s->warmup;
+  double f = 1;
+  if (step < s->warmup)
+    f = s->start > 0 ? s->start + (1 - s->start) * (double)step / (double)s->warmup
+                     : (double)(step + 1) / (double)s->warmup;
+  if (s->steps && s->nms) {
+    for (int i = 0; i < s->nms && step >= s->ms[i]; i++) f *= s->gamma;
+    return s->peak * f;
+  }
+  if (step < s->warmup) return s->peak * f;
   int64_t rest = s->total - s->warmup;
   double p = rest > 0 ? (double)(step - s->warmup) / (double)rest : 1.0;
-  if (s->steps) return s->peak * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? 0.1 : 0.01);
+  if (s->steps) return s->peak * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? s->gamma : s->gamma * s->gamma);
   return s->peak * 0.5 * (1.0 + cos(M_PI * p));
 }
+/* Milestones in epochs (a list as --lr-milestones takes it) as steps. */
+static void milestone_steps(struct schedule *s, const double *epochs, int n, int64_t spe) {
+  s->nms = n;
+  for (int i = 0; i < n; i++) s->ms[i] = (int64_t)llround(epochs[i] * (double)spe);
+}
 static double lr_at(const struct trainer *t, int64_t step) {
-  const struct schedule s = {t->peak_lr, t->warmup_steps, t->total_steps, t->o->schedule == GW_SCHED_STEP};
+  const struct train_opts *o = t->o;
+  struct schedule s = {t->peak_lr, t->warmup_steps, t->total_steps, o->schedule == GW_SCHED_STEP, o->lr_gamma,
+                       o->warmup_start, {0}, 0};
+  milestone_steps(&s, o->milestones, o->n_milestones, t->spe);
   return rate(&s, step);
 }
 
@@ -181,6 +202,15 @@ static int saved_schedule(const struct trainer *t, struct schedule *s) {
   if (s->warmup > s->total) s->warmup = s->total;
   s->peak = atof(lr) * (double)t->o->batch * t->world / 256.0;
   s->steps = !strcmp(kind, "step");
+  /* Words an older gw-train did not write: its fixed steps of 0.1 and warmup. */
+  char ms[GW_MAX_MILESTONES * 24 + 8], gamma[32], start[32];
+  s->gamma = saved_word(o, "lr_gamma", gamma, sizeof gamma) ? atof(gamma) : 0.1;
+  s->start = saved_word(o, "warmup_start", start, sizeof start) && strcmp(start, "auto") ? atof(start) : 0;
+  double epochs_at[GW_MAX_MILESTONES];
+  int n = 0;
+  if (saved_word(o, "lr_milestones", ms, sizeof ms) && strcmp(ms, "none"))
+    for (char *p = ms; n < GW_MAX_MILESTONES && *p; p += *p == ',') epochs_at[n++] = strtod(p, &p);
+  milestone_steps(s, epochs_at, n, t->spe);
   return s->total > 0;
 }
 

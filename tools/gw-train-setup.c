@@ -445,6 +445,15 @@ int trainer_setup(struct trainer *t) {
     log_text(&t->log, "note: this run ends at step %lld, %lld steps into epoch %lld (%lld steps each): the "
              "evaluation runs at epochs' ends, so those last steps are not evaluated", (long long)t->total_steps,
              (long long)(t->total_steps % t->spe), (long long)(t->total_steps / t->spe + 1), (long long)t->spe);
+  /* Milestones the run never reaches (a --steps run, or fewer --epochs than the recipe's). */
+  const struct train_opts *o = t->o;
+  int past = 0;
+  while (past < o->n_milestones && llround(o->milestones[o->n_milestones - 1 - past] * (double)t->spe) >= t->total_steps)
+    past++;
+  if (past)
+    log_text(&t->log, "note: %d of the %d --lr-milestones (from epoch %g) come at or after this run's end (step "
+             "%lld, %lld per epoch): the rate never drops there", past, o->n_milestones,
+             o->milestones[o->n_milestones - past], (long long)t->total_steps, (long long)t->spe);
   /* The plot gets a point at each epoch's end: say so at once when none comes. */
   if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
     log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "

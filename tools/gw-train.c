@@ -51,8 +51,15 @@ static void usage(FILE *f) {
           "  --wd WD                  weight decay on conv and fc weights, not BN or biases (default 1e-4)\n"
           "  --wd-all                 weight decay on every tensor, BN and biases too (torchvision's reference\n"
           "                           and plain torch.optim.SGD)\n"
-          "  --warmup-epochs W        linear warmup (default 0.2; fractions allowed)\n"
-          "  --schedule cosine|step   after warmup: cosine to 0 (default) or x0.1 at 1/3 and 2/3\n"
+          "  --warmup-epochs W        linear warmup, step by step (default 0.2; fractions allowed): from\n"
+          "                           peak / warmup steps up to the peak (NVIDIA's recipe)\n"
+          "  --warmup-start-factor F  warmup from F x peak instead (0 < F <= 1; torchvision's reference: 0.01;\n"
+          "                           Goyal et al.: 256 / global batch)\n"
+          "  --schedule cosine|step   after warmup: cosine to 0 (default) or steps of --lr-gamma\n"
+          "  --lr-milestones E1,E2,.. step schedule: x --lr-gamma at these epochs from the start (Goyal et al.:\n"
+          "                           30,60,80; fractions allowed; implies --schedule step); without them at\n"
+          "                           1/3 and 2/3 of the steps after the warmup\n"
+          "  --lr-gamma G             the step schedule's factor (0 < G <= 1, default 0.1)\n"
           "  --label-smoothing L      (default 0)\n"
           "  --threads T              compute threads per rank (default: cores / ranks on this machine)\n"
           "  --backend cpu|cudnn      oneDNN on the host (default when built with it) or cuDNN on the GPU\n"
@@ -137,7 +144,7 @@ enum {
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_WDALL,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
   O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
-  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET
+  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART
 };
 
 static const struct option longopts[] = {
@@ -154,6 +161,8 @@ static const struct option longopts[] = {
     {"momentum", required_argument, NULL, O_MOMENTUM},     {"nesterov", no_argument, NULL, O_NESTEROV},
     {"wd", required_argument, NULL, O_WD},                {"wd-all", no_argument, NULL, O_WDALL},
     {"warmup-epochs", required_argument, NULL, O_WARMUP},
+    {"warmup-start-factor", required_argument, NULL, O_WSTART},
+    {"lr-milestones", required_argument, NULL, O_MILESTONES}, {"lr-gamma", required_argument, NULL, O_GAMMA},
     {"schedule", required_argument, NULL, O_SCHED},        {"label-smoothing", required_argument, NULL, O_SMOOTH},
     {"threads", required_argument, NULL, O_THREADS},       {"sync-bn", no_argument, NULL, O_SYNCBN},
     {"bucket-mb", required_argument, NULL, O_BUCKET},      {"no-overlap", no_argument, NULL, O_NOOVERLAP},
@@ -202,6 +211,32 @@ static int parse_model_option(struct train_opts *o, int c, const char *arg) {
   return 1;
 }
 
+/* --lr-milestones E1,E2,...: positive, increasing epochs. */
+static int parse_milestones(struct train_opts *o, const char *arg) {
+  o->n_milestones = 0;
+  for (const char *p = arg;; p++) {
+    char *end;
+    errno = 0;
+    const double v = strtod(p, &end);
+    if (errno || end == p || (*end && *end != ',') || !(v > 0 && v <= 1e6)) {
+      fprintf(stderr, "gw-train: --lr-milestones wants epochs in (0, 1e6] separated by commas, got '%s'\n", arg);
+      return -1;
+    }
+    if (o->n_milestones == GW_MAX_MILESTONES) {
+      fprintf(stderr, "gw-train: --lr-milestones '%s': at most %d\n", arg, GW_MAX_MILESTONES);
+      return -1;
+    }
+    if (o->n_milestones && v <= o->milestones[o->n_milestones - 1]) {
+      fprintf(stderr, "gw-train: --lr-milestones '%s': %g is not after %g\n", arg, v,
+              o->milestones[o->n_milestones - 1]);
+      return -1;
+    }
+    o->milestones[o->n_milestones++] = v;
+    if (!*end) return 0;
+    p = end;
+  }
+}
+
 /* The optimizer's and schedule's options; 1 when c is not one of them. */
 static int parse_optim_option(struct train_opts *o, int c, const char *arg) {
   switch (c) {
@@ -220,7 +255,16 @@ static int parse_optim_option(struct train_opts *o, int c, const char *arg) {
     if (strcmp(arg, "cosine") == 0) o->schedule = GW_SCHED_COSINE;
     else if (strcmp(arg, "step") == 0) o->schedule = GW_SCHED_STEP;
     else return bad("--schedule '%s' is not cosine or step%s", arg, "");
+    o->schedule_given = 1;
     return 0;
+  case O_MILESTONES: return parse_milestones(o, arg);
+  case O_GAMMA:
+    o->lr_gamma_given = 1;
+    if (parse_double("--lr-gamma", arg, 0, 1, &o->lr_gamma) != 0) return -1;
+    return o->lr_gamma > 0 ? 0 : bad("--lr-gamma 0 would stop the training at the first milestone%s%s", "", "");
+  case O_WSTART:
+    if (parse_double("--warmup-start-factor", arg, 0, 1, &o->warmup_start) != 0) return -1;
+    return o->warmup_start > 0 ? 0 : bad("--warmup-start-factor 0 would run the first step at lr 0%s%s", "", "");
   }
   return 1;
 }
@@ -305,7 +349,7 @@ static void defaults(struct train_opts *o) {
   o->model_name = "resnet50";
   o->data = "fashion-mnist";
   o->epochs = 0, o->steps = -1;
-  o->batch = 32, o->lr = 0.1, o->momentum = 0.9, o->wd = 1e-4, o->warmup_epochs = 0.2;
+  o->batch = 32, o->lr = 0.1, o->momentum = 0.9, o->wd = 1e-4, o->warmup_epochs = 0.2, o->lr_gamma = 0.1;
   o->bucket_mb = 25, o->first_bucket_mb = 1, o->grad_wire = GW_FLOAT32;
   o->keep_checkpoints = 3, o->loader_threads = 1, o->log_every = 50, o->eval = 1;
   o->synthetic_samples = 10000;
@@ -339,6 +383,11 @@ static int check(const struct train_opts *o) {
   if (o->tf32_given && strcmp(o->backend, "cudnn"))
     return bad("--tf32 applies to --backend cudnn (the %s backend's float32 is full float32)%s", o->backend, "");
   if (o->nesterov && o->momentum <= 0) return bad("--nesterov needs a momentum > 0%s%s", "", "");
+  if ((o->n_milestones || o->lr_gamma_given) && o->schedule != GW_SCHED_STEP)
+    return bad("--%s applies to --schedule step, not cosine%s", o->n_milestones ? "lr-milestones" : "lr-gamma",
+               o->schedule_given ? "" : " (the default; --lr-milestones implies step)");
+  if (o->warmup_start > 0 && o->warmup_epochs <= 0)
+    return bad("--warmup-start-factor needs a warmup (--warmup-epochs is 0)%s%s", "", "");
   if (o->amp == GW_FLOAT16 && strcmp(o->backend, "cudnn"))
     return bad("--amp fp16 needs --backend cudnn: the %s backend has no float16 activations (oneDNN trains float16 "
                "only on CPUs with AVX512-FP16 or AMX-FP16); --amp bf16 works there%s", o->backend, "");
@@ -374,6 +423,7 @@ static int parse(int argc, char **argv, struct train_opts *o) {
    * scaling unless --loss-scale says otherwise, as PyTorch's GradScaler (before
    * the checks: --loss-scale-init applies to it). */
   if (o->amp == GW_FLOAT16 && !o->loss_scale_given) o->loss_scale_dynamic = 1, o->loss_scale = 65536;
+  if (o->n_milestones && !o->schedule_given) o->schedule = GW_SCHED_STEP;
   return check(o) != 0 ? 2 : 0;
 }
 
@@ -383,13 +433,17 @@ static const char *dtype_word(int d) {
 
 size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
   const struct gw_model_config *m = &o->model;
-  char scale[64];
+  char scale[64], ms[GW_MAX_MILESTONES * 24 + 8] = "none", ws[32] = "auto";
+  for (int i = 0, at = 0; i < o->n_milestones; i++)
+    at += snprintf(ms + at, sizeof ms - (size_t)at, "%s%.10g", i ? "," : "", o->milestones[i]);
+  if (o->warmup_start > 0) snprintf(ws, sizeof ws, "%.10g", o->warmup_start);
   if (o->loss_scale_dynamic) snprintf(scale, sizeof scale, "dynamic:%.10g", o->loss_scale_init ? o->loss_scale_init : o->loss_scale);
   else snprintf(scale, sizeof scale, "%.10g", o->loss_scale);
   int n = snprintf(buf, len,
                    "model=%s classes=%d in_channels=%d image_size=%d stem=%s width_divisor=%d zero_init_residual=%d "
                    "batch=%d seed=%llu drop_last=%d augment=%d lr=%.10g momentum=%.10g "
                    "wd=%.10g wd_all=%d nesterov=%d label_smoothing=%.10g warmup_epochs=%.10g schedule=%s epochs=%ld steps=%ld "
+                   "lr_milestones=%s lr_gamma=%.10g warmup_start=%s "
                    "sync_bn=%d overlap=%d bucket_mb=%.10g first_bucket_mb=%.10g grad_wire=%s amp=%s loss_scale=%s "
                    "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d",
                    o->model_name, o->classes_given ? m->classes : 0, o->in_channels_given ? m->in_channels : 0,
@@ -397,7 +451,8 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
                    !o->stem_given ? "data's" : m->stem == GW_STEM_SMALL ? "small" : "imagenet", m->width_divisor,
                    m->zero_init_residual, o->batch, (unsigned long long)m->seed, o->drop_last, o->augment, o->lr, o->momentum, o->wd,
                    o->wd_all, o->nesterov, o->label_smoothing, o->warmup_epochs,
-                   o->schedule == GW_SCHED_STEP ? "step" : "cosine", o->epochs, o->steps, o->sync_bn, !o->no_overlap,
+                   o->schedule == GW_SCHED_STEP ? "step" : "cosine", o->epochs, o->steps, ms, o->lr_gamma, ws,
+                   o->sync_bn, !o->no_overlap,
                    o->bucket_mb, o->first_bucket_mb, dtype_word(o->grad_wire), dtype_word(o->amp), scale, o->backend,
                    o->tf32, o->layout, o->host_step, o->eval, o->save_weights != NULL);
   return n < 0 ? 0 : (size_t)n;

@@ -18,6 +18,7 @@
 #include "resnet.h"
 
 enum gw_schedule { GW_SCHED_COSINE = 0, GW_SCHED_STEP = 1 };
+enum { GW_MAX_MILESTONES = 16 };
 
 struct train_opts {
   struct gw_model_config model;
@@ -31,6 +32,15 @@ struct train_opts {
   int nesterov;
   int wd_all; /* --wd-all: decay BN parameters and biases too */
   enum gw_schedule schedule;
+  int schedule_given;
+  /* --lr-milestones: epochs from the start at which the step schedule
+   * multiplies the rate by --lr-gamma (none: at 1/3 and 2/3 of the steps
+   * after the warmup) */
+  double milestones[GW_MAX_MILESTONES];
+  int n_milestones;
+  double lr_gamma;          /* the step schedule's factor (default 0.1) */
+  int lr_gamma_given;
+  double warmup_start;      /* --warmup-start-factor F: warmup from F x peak; 0: from peak / warmup steps */
   int sync_bn, no_overlap, augment, drop_last;
   int host_step;            /* --host-step: a device backend's master weights and optimizer on the host */
   double bucket_mb, first_bucket_mb;
