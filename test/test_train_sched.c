@@ -8,6 +8,7 @@
  *   before and after; one with nothing left to train says so;
  * - a --steps run ending inside an epoch says its last steps go unevaluated;
  * - the evaluation over 3 ranks counts every sample once (31: padding left out),
+ *   and its loss is the training's, label-smoothed as PyTorch's criterion,
  *   and the training samples a shard's whole batches leave out are said;
  * - the default compute threads are the cores over the ranks on this machine as
  *   the rendezvous found them, whatever the launcher's variables say. */
@@ -19,7 +20,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gw-train.h" /* eval_score_batch */
 #include "gwrun_helpers.h"
+#include "loader.h"
 #include "test_train.h"
 
 /* 32 samples, batch 8: 4 steps per epoch; peak lr 0.4 * 8 / 256 = 0.0125. */
@@ -221,6 +224,27 @@ END_TEST
 
 /* 3 ranks, 31 validation samples in batches of 4: each rank's share is padded
  * to 11; the evaluation counts the 31 once each. */
+/* One batch scored: two samples by hand, PyTorch's
+ * CrossEntropyLoss(label_smoothing=0.1) summed (worked in double from
+ * logsumexp), plain cross-entropy beside it; a stand-in and the sampler's
+ * padding (place 3 of a 3-sample split) not counted. */
+START_TEST(test_eval_scores) {
+  const float z[4][3] = {{2, 1, 0}, {0, 3, -1}, {9, 0, 0}, {9, 0, 0}};
+  const int32_t y[4] = {0, 2, 1, 1};
+  const uint8_t stand_in[4] = {0, 0, 1, 0};
+  const struct gw_batch bt = {.y = y, .n = 4, .stand_in = stand_in, .position = 0};
+  struct eval_counts c = {0, 0, 0, 0, 0};
+  eval_score_batch(&z[0][0], 3, &bt, 0, 1, 3, 0.1, &c);
+  ck_assert_msg(c.n == 2 && c.top1 == 1 && c.top5 == 2, "n %g top-1 %g top-5 %g (2, 1, 2)", c.n, c.top1, c.top5);
+  ck_assert_msg(fabs(c.loss - 4.4068232015351425) < 1e-6 && fabs(c.nll - 4.47348986820181) < 1e-6,
+                "loss %.9g (4.40682320), cross-entropy %.9g (4.47348987)", c.loss, c.nll);
+  struct eval_counts plain = {0, 0, 0, 0, 0};
+  eval_score_batch(&z[0][0], 3, &bt, 0, 1, 3, 0, &plain);
+  ck_assert_msg(plain.loss == plain.nll && fabs(plain.nll - c.nll) < 1e-12, "without smoothing: %.9g and %.9g",
+                plain.loss, plain.nll);
+}
+END_TEST
+
 START_TEST(test_eval_over_ranks) {
   const char *const noenv[] = {NULL};
   const char *args[] = {"-n", "3", train_bin(), "--data", "synthetic", "--synthetic-samples", "31", "--model",
@@ -288,6 +312,7 @@ void add_schedule_tests(TCase *tc) {
   tcase_add_test(tc, test_longer_resume_said);
   tcase_add_test(tc, test_epochs_resume_said);
   tcase_add_test(tc, test_unevaluated_steps_said);
+  tcase_add_test(tc, test_eval_scores);
   tcase_add_test(tc, test_eval_over_ranks);
   tcase_add_test(tc, test_default_threads);
 }

@@ -185,17 +185,20 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
 }
 
 void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, double top5, double loss,
-              int64_t samples) {
+              double nll, int64_t samples) {
   if (l->rank != 0) return;
-  char t5[48] = "top-5 n/a (fewer than 5 classes)";
+  char t5[48] = "top-5 n/a (fewer than 5 classes)", ce[64] = "";
   if (!isnan(top5)) snprintf(t5, sizeof t5, "top-5 %.2f%%", 100 * top5);
-  log_text(l, "epoch %lld evaluation: top-1 %.2f%%, %s, loss %.4f over %lld samples", (long long)epoch, 100 * top1,
-           t5, loss, (long long)samples);
+  /* The same figure unless the loss is label-smoothed (NaN: both NaN). */
+  if (!(loss == nll || (isnan(loss) && isnan(nll)))) snprintf(ce, sizeof ce, " (label-smoothed; cross-entropy %.4f)", nll);
+  log_text(l, "epoch %lld evaluation: top-1 %.2f%%, %s, loss %.4f%s over %lld samples", (long long)epoch, 100 * top1,
+           t5, loss, ce, (long long)samples);
   if (l->metrics) {
     fprintf(l->metrics,
-            "{\"type\":\"eval\",\"epoch\":%lld,\"step\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"samples\":%lld}\n",
+            "{\"type\":\"eval\",\"epoch\":%lld,\"step\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"nll\":%s,"
+            "\"samples\":%lld}\n",
             (long long)epoch, (long long)step, jnum("%.6f", top1).s, jnum("%.6f", top5).s, jnum("%.6f", loss).s,
-            (long long)samples);
+            jnum("%.6f", nll).s, (long long)samples);
     metrics_done(l);
   }
 }

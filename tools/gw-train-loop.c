@@ -302,7 +302,7 @@ static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_
   }
   if (gw_exec_forward(t->e, x, 0) != GW_SUCCESS || gw_exec_logits(t->e, t->logits) != GW_SUCCESS)
     return train_fail(t, "evaluation", gw_model_last_error());
-  eval_score_batch(t->logits, k, bt, t->rank, t->world, gw_dataset_size(t->val_ds), c);
+  eval_score_batch(t->logits, k, bt, t->rank, t->world, gw_dataset_size(t->val_ds), t->o->label_smoothing, c);
   return 0;
 }
 
@@ -312,7 +312,7 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
   if (gw_loader_seek(t->val_ld, 0, 0) != GW_SUCCESS) return train_fail(t, "evaluation", gw_data_last_error());
   if (gw_exec_upload_model(t->e) != GW_SUCCESS) return train_fail(t, "evaluation", gw_model_last_error());
-  struct eval_counts c = {0, 0, 0, 0};
+  struct eval_counts c = {0, 0, 0, 0, 0};
   const struct gw_batch *bt;
   const int64_t skipped_before = gw_loader_skipped(t->val_ld);
   for (;;) {
@@ -324,11 +324,11 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (left_out > 0)
     log_rank(&t->log, "warning: the evaluation left out %lld unreadable sample%s of this rank's share; the latest: %s",
              (long long)left_out, left_out > 1 ? "s" : "", gw_loader_last_skip(t->val_ld));
-  if (train_allreduce_d(t, &c.top1, 4, "summing the evaluation") != 0) return -1;
+  if (train_allreduce_d(t, &c.top1, 5, "summing the evaluation") != 0) return -1;
   /* With fewer than 5 classes every label is in the top 5: no figure (null in
    * the metrics, n/a in the log; torchvision's accuracy() refuses topk > classes). */
   double top1 = c.top1 / c.n, top5 = gw_dataset_classes(t->val_ds) < 5 ? NAN : c.top5 / c.n;
-  log_eval(&t->log, epoch, t->st.step, top1, top5, c.loss / c.n, (int64_t)c.n);
+  log_eval(&t->log, epoch, t->st.step, top1, top5, c.loss / c.n, c.nll / c.n, (int64_t)c.n);
   if (t->rank == 0 && t->o->plot) {
     char err[300];
     if (plot_epoch(t->o->plot, epoch, train_loss, top1, top5, err, sizeof err) != 0)

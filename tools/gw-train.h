@@ -177,18 +177,19 @@ void log_step(struct train_log *l, const struct step_report *r, int print);
  * evaluate an epoch again: the metrics line then follows a resume line of
  * that step, and supersedes the earlier one as every line after it does). */
 void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, double top5, double loss,
-              int64_t samples);
+              double nll, int64_t samples);
 void log_text(struct train_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Evaluation sums (gw-train-eval.c): top-1 and top-5 hits, cross-entropy, samples. */
+/* Evaluation sums (gw-train-eval.c): top-1 and top-5 hits, the training's
+ * loss (label-smoothed as it), samples, plain cross-entropy. */
 struct eval_counts {
-  double top1, top5, loss, n;
+  double top1, top5, loss, n, nll;
 };
 struct gw_batch;
 /* Scores batch bt's logits [bt->n, k] of this rank (of world) over a split of
  * n samples: each sample once (not the sampler's padding, not a stand-in for
  * an unreadable one). */
 void eval_score_batch(const float *logits, int k, const struct gw_batch *bt, int rank, int world, int64_t n,
-                      struct eval_counts *c);
+                      double label_smoothing, struct eval_counts *c);
 
 /* A line from any rank, on its stderr, "gw-train: rank R: ...". */
 void log_rank(struct train_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
