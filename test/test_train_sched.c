@@ -9,6 +9,7 @@
  * - a --steps run ending inside an epoch says its last steps go unevaluated;
  * - the evaluation over 3 ranks counts every sample once (31: padding left out),
  *   and its loss is the training's, label-smoothed as PyTorch's criterion,
+ * - the run's throughput at its end, from the steps' seconds,
  *   and the training samples a shard's whole batches leave out are said;
  * - the default compute threads are the cores over the ranks on this machine as
  *   the rendezvous found them, whatever the launcher's variables say. */
@@ -224,6 +225,36 @@ END_TEST
 
 /* 3 ranks, 31 validation samples in batches of 4: each rank's share is padded
  * to 11; the evaluation counts the 31 once each. */
+/* The run's throughput at its end: images over the seconds of the steps after
+ * the first (a mean of the rates would weigh a fast step more), the same in
+ * the log and in the metrics' summary line, and consistent with the steps'
+ * own rates. */
+START_TEST(test_run_summary) {
+  char m[512];
+  path(m, sizeof m, "sched-summary.jsonl");
+  struct run r;
+  run1(&r, (const char *const[]){NULL},
+       (const char *const[]){"--steps", "5", "--warmup-epochs", "0", "--no-eval", "--metrics", m, NULL});
+  expect_ok(&r);
+  const char *said = strstr(r.out, "5 steps run: ");
+  ck_assert_msg(said && strstr(said, "img/s over the 4 after the first"), "no summary:\n%s", r.out);
+  const double logged = atof(said + strlen("5 steps run: "));
+  gwrun_free(&r);
+  char ips[5][32];
+  ck_assert_int_eq(metrics_by_step(m, "img_per_s", ips, 5), 5);
+  double seconds = 0;
+  for (int k = 1; k < 5; k++) seconds += 8 / atof(ips[k]);
+  size_t len;
+  char *text = slurp("sched-summary.jsonl", &len);
+  const char *line = strstr(text, "{\"type\":\"summary\",\"steps\":5,\"timed_steps\":4,\"seconds\":");
+  const char *v = line ? strstr(line, "\"img_per_s\":") : NULL;
+  const double summary = v ? atof(v + strlen("\"img_per_s\":")) : -1;
+  free(text);
+  ck_assert_msg(summary > 0 && fabs(summary - 32 / seconds) <= 0.01 * summary && fabs(logged - summary) <= 0.1,
+                "summary %.2f img/s, logged %.1f; the steps' own rates give %.2f", summary, logged, 32 / seconds);
+}
+END_TEST
+
 /* One batch scored: two samples by hand, PyTorch's
  * CrossEntropyLoss(label_smoothing=0.1) summed (worked in double from
  * logsumexp), plain cross-entropy beside it; a stand-in and the sampler's
@@ -313,6 +344,7 @@ void add_schedule_tests(TCase *tc) {
   tcase_add_test(tc, test_epochs_resume_said);
   tcase_add_test(tc, test_unevaluated_steps_said);
   tcase_add_test(tc, test_eval_scores);
+  tcase_add_test(tc, test_run_summary);
   tcase_add_test(tc, test_eval_over_ranks);
   tcase_add_test(tc, test_default_threads);
 }

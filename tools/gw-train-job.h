@@ -27,6 +27,11 @@ struct trainer {
    * backward is queued and are waited for before the optimizer (see
    * overlapping()). */
   int warming;
+  /* The steps this process ran and the seconds of those after its first (the
+   * run's throughput: evaluations and checkpoints left out, and the first
+   * step's start-up, cuDNN's engine timing or oneDNN's first primitives). */
+  int64_t steps_run;
+  double timed_s;
   gw_comm_t comm; /* NULL when alone */
   int rank, world;
   int threads; /* the backend's compute threads (--threads, or cores / ranks on this machine) */

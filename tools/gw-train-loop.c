@@ -560,7 +560,8 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   /* The data wait: this batch's when taken just before the step (outside it),
    * the next one's when taken during it (inside it). */
   r->data_ms = (k->ahead ? 0 : k->ms) + (next ? next->ms : 0);
-  r->img_per_s = (double)o->batch * t->world / (t_end - t0 + (k->ahead ? 0 : k->ms / 1e3));
+  r->step_s = t_end - t0 + (k->ahead ? 0 : k->ms / 1e3);
+  r->img_per_s = (double)o->batch * t->world / r->step_s;
   t->warming = 0;
   return 0;
 }
@@ -665,6 +666,7 @@ static int run_steps_caught(struct trainer *t) {
     const int take_next = ahead && t->st.step + 1 < t->total_steps;
     if (train_step(t, &k, take_next ? &next : NULL, &r) != 0) return -1;
     have_next = take_next;
+    if (t->steps_run++ > 0) t->timed_s += r.step_s;
     t->st.step++;
     t->st.sgd_steps = gw_sgd_steps(t->sgd);
     t->st.epoch = k.next_epoch, t->st.position = k.next_position;
@@ -754,6 +756,9 @@ static void teardown(struct trainer *t) {
 }
 
 static int finish(struct trainer *t) {
+  if (t->steps_run > 1 && t->timed_s > 0)
+    log_summary(&t->log, t->steps_run, t->steps_run - 1, t->timed_s,
+                (double)(t->steps_run - 1) * t->o->batch * t->world / t->timed_s);
   if (!t->o->save_weights) return 0;
   if (host_from_backend(t, "--save-weights") != 0) return -1;
   if (train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;

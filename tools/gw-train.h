@@ -153,6 +153,7 @@ struct step_report {
   int64_t step, steps_total, epoch, epochs;
   int64_t step_in_epoch, steps_per_epoch;
   double loss, lr, img_per_s;
+  double step_s; /* the step's wall time, with the wait for its batch (img_per_s's) */
   double compute_ms, comm_ms, exposed_ms, data_ms;
   int64_t skipped;
   double loss_scale;         /* 0: no loss scaling */
@@ -179,6 +180,10 @@ void log_step(struct train_log *l, const struct step_report *r, int print);
 void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, double top5, double loss,
               double nll, int64_t samples);
 void log_text(struct train_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The end of a run: `steps` run by this process, the throughput over the
+ * `timed` after its first (their `seconds`, batch wait included): a line, and
+ * {"type":"summary"} in the metrics. */
+void log_summary(struct train_log *l, int64_t steps, int64_t timed, double seconds, double img_per_s);
 /* Evaluation sums (gw-train-eval.c): top-1 and top-5 hits, the training's
  * loss (label-smoothed as it), samples, plain cross-entropy. */
 struct eval_counts {
