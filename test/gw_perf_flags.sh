@@ -26,6 +26,9 @@ refused "-b ' 8' is not a size" -b ' 8'
 refused "-e '4X' is not a size" -e 4X
 refused "-i '0' must be at least one byte" -i 0
 refused "-f and -i both say how the size steps" -f 2 -i 1K
+refused "-f 'inf' must be a number greater than 1" -f inf
+refused "-f '1e999' must be a number greater than 1" -f 1e999
+refused "-b 'nan' is not a size" -b nan
 refused "-b 8 -e 1048576 -i 8 makes more than 10000 steps" -b 8 -e 1M -i 8
 refused "--csv and --json name the same file" --csv "$tmp/a" --json "$tmp/a"
 refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"

@@ -85,7 +85,7 @@ static size_t parse_size(const char *s, const char *what) {
   else if (*end == 'm' || *end == 'M') mul = 1048576.0, end++;
   else if (*end == 'g' || *end == 'G') mul = 1073741824.0, end++;
   if (*end == 'B' || *end == 'b') end++;
-  if (errno || end == s || *end || isspace((unsigned char)s[0]) || v < 0 || v * mul > 64.0 * 1073741824.0)
+  if (errno || end == s || *end || isspace((unsigned char)s[0]) || !(v >= 0 && v * mul <= 64.0 * 1073741824.0))
     die("%s '%s' is not a size", what, s);
   if (v * mul != floor(v * mul)) die("%s '%s' is not a whole number of bytes", what, s);
   return (size_t)(v * mul);
@@ -542,8 +542,11 @@ int main(int argc, char **argv) {
       case 'e': o.max_bytes = parse_size(optarg, "-e"); break;
       case 'f': {
         char *end;
+        errno = 0;
         o.factor = strtod(optarg, &end);
-        if (*end || !(o.factor > 1.0)) die("-f '%s' must be a number greater than 1", optarg);
+        /* inf (or 1e999) measured one size and said nothing of the rest */
+        if (errno || end == optarg || *end || !(o.factor > 1.0 && isfinite(o.factor)))
+          die("-f '%s' must be a number greater than 1", optarg);
         break;
       }
       case 'i':
