@@ -43,6 +43,16 @@ START_TEST(test_default_picks) {
     ck_assert_msg(algo == GW_ALGO_RING && proto == GW_PROTO_SIMPLE, "n=%d, 64 MiB: picked %s/%s", n,
                   gw__algo_name(algo), gw__proto_name(proto));
   }
+  /* 2 ranks, as docs/architecture.md says: the exchange, LL to 252 B (0.14 +
+   * B/4400 against 0.18 + B/14500 us), simple above. */
+  const size_t at[] = {248, 252, 256, 260};
+  for (int i = 0; i < 4; i++) {
+    struct gw_pick_args a = args(2, at[i]);
+    int algo, proto;
+    gw__model_pick(&m, &a, &algo, &proto);
+    ck_assert_msg(algo == GW_ALGO_EXCHANGE && proto == (at[i] <= 252 ? GW_PROTO_LL : GW_PROTO_SIMPLE),
+                  "2 ranks, %zu B: picked %s/%s", at[i], gw__algo_name(algo), gw__proto_name(proto));
+  }
 }
 END_TEST
 
