@@ -117,6 +117,19 @@ for nudge in 0 1; do
     echo "FAIL: bfloat16 sums past its integers, nudge $nudge: exit $rc, #wrong '$wrong':"; tail -4 <<<"$out"; fail=1
   fi
 done
+# Past the exact integers (bfloat16 products of 4 ranks' 1..5 reach 625) a
+# result is checked to a tolerance: rank 1's largest one unit off in its last
+# place (GW_PERF_TEST_RANK1_ULP) passes that, and is caught by comparing the
+# ranks' bits (every check, both columns); untouched, no false alarm.
+for ulp in 0 1; do
+  out=$(env $([ $ulp = 1 ] && echo GW_PERF_TEST_RANK1_ULP=1) "$run" -n 4 "$perf" -b 256 -e 256 -d bfloat16 -o prod \
+    -n 1 -w 0 2>&1)
+  rc=$?
+  cols=$(awk '$1 == "[0]" && $2 == "256" {print $10, $14}' <<<"$out")
+  if { [ $ulp = 1 ] && { [ $rc -eq 0 ] || [ "$cols" != "8 8" ]; }; } || { [ $ulp = 0 ] && { [ $rc -ne 0 ] || [ "$cols" != "0 0" ]; }; }; then
+    echo "FAIL: a rank's result a unit off, ulp $ulp: exit $rc, #wrong '$cols' (ulp 1: 8 8, ulp 0: 0 0):"; tail -4 <<<"$out"; fail=1
+  fi
+done
 # Each row names what ran, and the average bus bandwidth is over both columns
 # (nccl-tests' definition).
 for ap in "ring simple ring/simple" "exchange simple exchange/simple" "ring ll ring/ll"; do

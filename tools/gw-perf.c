@@ -306,8 +306,24 @@ static struct layout layout_of(const struct opts *o, gw_dtype_t dt, uint8_t *sen
 /* The 64 bytes after the checked span: nothing may write there. */
 enum { SLACK = 64 };
 
+/* 1 when the ranks' outputs of an allreduce, allgather or broadcast are not
+ * the same bits (each rank's may pass on its own: a float product past the
+ * integers the dtype holds is checked to a tolerance), else 0: a hash of
+ * this rank's bytes against every rank's, one allreduce (MAX of h and -h). */
+static long long ranks_differ(const struct opts *o, const uint8_t *out, size_t bytes) {
+  if (o->coll == C_REDUCE_SCATTER || nranks < 2) return 0;
+  uint64_t h = 1469598103934665603ull, w; /* FNV-1a's constants, a word at a time */
+  size_t b = 0;
+  for (; b + 8 <= bytes; b += 8) memcpy(&w, out + b, 8), h = (h ^ w) * 1099511628211ull, h ^= h >> 29;
+  for (; b < bytes; b++) h = (h ^ out[b]) * 1099511628211ull;
+  int64_t hm[2] = {(int64_t)(h >> 2), -(int64_t)(h >> 2)};
+  check_gw(gw_allreduce(hm, hm, 2, GW_INT64, GW_MAX, comm, NULL), "gw_allreduce(output hashes)");
+  return hm[0] != -hm[1];
+}
+
 /* The number of wrong output elements (and bytes written past the output, and
- * out of place input elements changed) that the last run left. */
+ * out of place input elements changed) that the last run left, and 1 more
+ * where the ranks' outputs differ (ranks_differ). */
 static long long count_wrong(const struct opts *o, gw_dtype_t dt, int op, const struct layout *l, size_t count,
                              bool in_place) {
   size_t es = gw_dtype_size(dt);
@@ -330,7 +346,7 @@ static long long count_wrong(const struct opts *o, gw_dtype_t dt, int op, const 
     }
     wrong += !ok;
   }
-  return wrong;
+  return wrong + ranks_differ(o, hr, l->out_elems * es);
 }
 
 /* This rank's input (value_of with the salt now) into l->send. */
@@ -373,6 +389,19 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, con
     if (dev) check_dev(dev->memcpy_async(hr, l->recv, gw_dtype_size(dt), stream), "reading the output"), sync_stream();
     gw_value_store(hr, dt, 0, gw_value_load(hr, dt, 0) + 1.0);
     if (dev) check_dev(dev->memcpy_async(l->recv, hr, gw_dtype_size(dt), stream), "nudging the output");
+  }
+  /* A test hook: rank 1's largest float output one unit off in its last
+   * place, within the checks' tolerance past the exact integers (a rank that
+   * reduced in another order or with another kernel). */
+  if (getenv("GW_PERF_TEST_RANK1_ULP") && is_float(dt) && rank == 1 && l->out_elems) {
+    uint8_t *hr = dev ? mirror(l->recv) : l->recv;
+    const size_t es = gw_dtype_size(dt);
+    if (dev) check_dev(dev->memcpy_async(hr, l->recv, l->out_elems * es, stream), "reading the output"), sync_stream();
+    size_t big = 0;
+    for (size_t i = 1; i < l->out_elems; i++)
+      if (fabs(gw_value_load(hr, dt, i)) > fabs(gw_value_load(hr, dt, big))) big = i;
+    hr[big * es] ^= 1; /* little-endian: the mantissa's last bit */
+    if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->out_elems * es, stream), "changing the output");
   }
   return count_wrong(o, dt, op, l, count, in_place);
 }
@@ -698,7 +727,8 @@ int main(int argc, char **argv) {
      * past the output and (out of place) input elements changed */
     printf("# time: the slowest rank's mean; path: what ran (algorithm/protocol, or the device ring)\n");
     printf("# #wrong: over a size's checks (before the timed runs, their own result, after a fresh fill), wrong\n"
-           "# elements plus bytes written past the output and (out of place) input elements changed\n");
+           "# elements plus bytes written past the output and (out of place) input elements changed, summed\n"
+           "# over the ranks, and 1 per rank and check where the ranks' results are not the same bits\n");
     printf("#                                                       out-of-place                       in-place\n");
     printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  path\n");
     printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
