@@ -89,6 +89,7 @@ struct gw_devstate {
    * none).  Its stream may still run what went in, at any time, so nothing
    * more is put on streams for this communicator (broken). */
   _Atomic uint64_t enqueue_failed;
+  char enqueue_why[GW_ERRMSG_MAX]; /* why, written before enqueue_failed (its release) */
   _Atomic bool broken;
   /* The last ticket whose waits the caller has put on its stream: its start
    * flag can be written (the stream runs it) before the done-wait after it is
@@ -569,6 +570,11 @@ gw_result_t gw__dev_enqueue(struct gw_comm *comm, const struct gw_op *op, struct
      * there (after the operation before it, whose "free" flag it waits for),
      * and never says it is done, so no later call of this communicator may
      * count on the staging buffers or the ring's counters: none is taken. */
+    /* Why, for the progress thread's failure (what the peers and
+     * gw_comm_get_async_error say): the device's error, without "rank N: ". */
+    const char *why = err->msg;
+    if (!strncmp(why, "rank ", 5) && strstr(why, ": ")) why = strstr(why, ": ") + 2;
+    snprintf(d->enqueue_why, sizeof d->enqueue_why, "%s", why);
     atomic_store_explicit(&d->broken, true, memory_order_release);
     atomic_store_explicit(&d->enqueue_failed, t, memory_order_release);
   }
@@ -586,8 +592,8 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
   double give_up = 0, next_query = gw__now() + 0.1;
   while (atomic_load_explicit(flag, memory_order_acquire) < want) {
     if (atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) == op->ticket)
-      return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the caller's stream",
-                     comm->rank, (unsigned long long)op->desc.seq);
+      return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the caller's stream: %.300s",
+                     comm->rank, (unsigned long long)op->desc.seq, d->enqueue_why);
     /* A fault on the caller's stream (an illegal address before our flag)
      * leaves the flag unwritten, and is sticky: every call on the device
      * reports it from then on, so our own stream is asked every 100 ms (not
@@ -722,7 +728,10 @@ static gw_result_t run_direct(struct gw_comm *comm, struct gw_devstate *d, const
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
   while (d->npool > 1 && atomic_load_explicit(&d->waits_queued, memory_order_acquire) < op->ticket) {
-    if (atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) == op->ticket || atomic_load(&comm->aborted))
+    if (atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) == op->ticket)
+      return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the caller's stream: %.300s",
+                     comm->rank, (unsigned long long)op->desc.seq, d->enqueue_why);
+    if (atomic_load(&comm->aborted))
       return gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the caller's stream",
                      comm->rank, (unsigned long long)op->desc.seq);
     gw__waiter_pause(&w);
@@ -789,6 +798,7 @@ static gw_result_t run_emitted(struct gw_comm *comm, struct gw_devstate *d, cons
   const struct gw_ring_end e = {.finished = &d->flags[op->ticket % GW_DEV_TICKETS],
                                 .want = fval(op->ticket, 2),
                                 .unqueued = &d->enqueue_failed,
+                                .unqueued_why = d->enqueue_why,
                                 .ticket = op->ticket,
                                 .query = d->npool ? d->stream : NULL};
   return gw__dev_ring_end(comm, op, res, &e, err);
@@ -802,8 +812,8 @@ gw_result_t gw__dev_run(struct gw_comm *comm, struct gw_op *op, struct gw_errctx
   /* Every piece started, but what follows them (the last copies out, the
    * waits) could not all be put on the stream: not a success. */
   if (res == GW_SUCCESS && atomic_load_explicit(&d->enqueue_failed, memory_order_acquire) == op->ticket)
-    res = gw__err(err, GW_ERR_CUDA, "rank %d: the end of operation #%llu could not be put on the caller's stream",
-                  comm->rank, (unsigned long long)op->desc.seq);
+    res = gw__err(err, GW_ERR_CUDA, "rank %d: the end of operation #%llu could not be put on the caller's stream: "
+                  "%.300s", comm->rank, (unsigned long long)op->desc.seq, d->enqueue_why);
   if (res != GW_SUCCESS) gw__comm_fail(comm, &op->desc, res, err);
   /* Always let the stream go on: on failure its output is undefined and the
    * error is the communicator's (gw_comm_get_async_error, gw_wait). */

@@ -130,7 +130,8 @@ static gw_result_t ring_drain(struct gw_comm *comm, const struct gw_op *op, gw_r
       gw__dev_ring_release(comm);
       return res != GW_SUCCESS ? res
                                : gw__err(err, GW_ERR_CUDA, "rank %d: operation #%llu could not be put on the "
-                                         "caller's stream", comm->rank, (unsigned long long)op->desc.seq);
+                                         "caller's stream: %.300s", comm->rank, (unsigned long long)op->desc.seq,
+                                         e->unqueued_why);
     }
     if (atomic_load_explicit((const _Atomic uint64_t *)e->finished, memory_order_acquire) >= e->want) break;
     if (gw__now() > next_query) {

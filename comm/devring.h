@@ -66,6 +66,7 @@ struct gw_ring_end {
   const uint64_t *finished; /* the caller's stream's flag, done at want */
   uint64_t want;
   const _Atomic uint64_t *unqueued; /* the ticket the caller could not put on its stream whole */
+  const char *unqueued_why;         /* why (valid once *unqueued is the ticket) */
   uint64_t ticket;
   gw_dev_stream_t query; /* a stream of ours, asked for device faults (NULL: none) */
 };

@@ -390,6 +390,16 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     gw__comm_set_error(comm, err.msg);
     return GW_ERR_SYSTEM;
   }
+  /* A stream-ordered call on a communicator known to have failed is refused
+   * here, naming the first error, as NCCL refuses a call on a communicator
+   * with an asynchronous error: queued, the progress thread refused it, and
+   * the call returned success with its stream let through and nothing reduced
+   * (the error only in the log and gw_comm_get_async_error). */
+  if (op->ordered && atomic_load(&comm->failed)) {
+    struct gw_errctx err;
+    free(req);
+    return gw__refuse_if_failed(comm, op, &err);
+  }
   if (op->ordered && (res = gw__dev_throttle(comm)) != GW_SUCCESS) {
     free(req);
     return res;

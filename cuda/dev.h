@@ -143,6 +143,11 @@ gw_dev_host_cast_fn gw__dev_host_cast(void);
 void gw__dev_emu_set_capturing(gw_dev_stream_t s, int on);
 /* Tests: the emulator's enqueues fail once n more went in (-1: never again). */
 void gw__dev_emu_fail_pushes_after(long n);
+/* Tests: the emulated device faults at the n-th stream item run from now (a
+ * kernel's illegal address): that item and all later ones do nothing, and
+ * every later call reaching the device fails with the error, sticky, as a
+ * CUDA context's (-1: no fault, and a fault cleared). */
+void gw__dev_emu_fault_after(long n);
 
 /* The implementations (dev.c picks one). */
 const struct gw_dev_ops *gw__dev_emu_ops(int ndevices);

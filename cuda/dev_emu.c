@@ -55,6 +55,34 @@ __attribute__((format(printf, 1, 2))) static int fail(const char *fmt, ...) {
 
 static const char *emu_error(void) { return emu_errbuf; }
 
+/* gw__dev_emu_fault_after (tests): the n-th stream item run from then on
+ * faults, as a kernel's illegal address does on a GPU: it and every item after
+ * it, on every stream, do nothing (a flag wait too: a dead context runs
+ * nothing), and every later call that would reach the device fails, sticky,
+ * as a CUDA context's error makes every runtime call fail.  Frees, closes and
+ * stream destroys still release (the process's memory is host memory here;
+ * cudaFree returns the error and the context is lost anyway). */
+static _Atomic long fault_items_left = -1;
+static atomic_bool faulted;
+#define EMU_STICKY "an illegal memory access was encountered (the device emulator's injected fault; sticky, as cudaErrorIllegalAddress)"
+
+void gw__dev_emu_fault_after(long n) {
+  atomic_store(&faulted, false);
+  atomic_store(&fault_items_left, n);
+}
+
+/* 1 with the sticky error once the emulated device faulted. */
+static int sticky(void) { return atomic_load(&faulted) ? fail("%s", EMU_STICKY) : 0; }
+
+/* On the stream's thread, before an item: whether it runs. */
+static bool item_runs(void) {
+  long left = atomic_load(&fault_items_left);
+  while (left > 0 && !atomic_compare_exchange_weak(&fault_items_left, &left, left - 1)) {
+  }
+  if (left == 1) atomic_store(&faulted, true);
+  return !atomic_load(&faulted);
+}
+
 /* ---- the registry of mappings ------------------------------------------------------ */
 enum { R_DEVICE = 1, R_HOST = 2, R_IPC = 3 }; /* own device memory, pinned host, opened by IPC */
 struct range {
@@ -157,6 +185,7 @@ static pthread_once_t ptracer_once = PTHREAD_ONCE_INIT;
 static void allow_ptracers(void) { (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); }
 
 static int emu_alloc(void **p, size_t bytes) {
+  if (sticky()) return 1;
   pthread_once(&ptracer_once, allow_ptracers);
   size_t size = page_round(bytes);
   int fd = (int)syscall(SYS_memfd_create, "gw-dev-emu", 0u);
@@ -203,6 +232,7 @@ static bool host_alloc_fails(size_t bytes) {
 }
 
 static int emu_host_alloc(void **p, size_t bytes) {
+  if (sticky()) return 1;
   if (host_alloc_fails(bytes)) return fail("host_alloc(%zu): out of memory (GW_DEV_EMU_FAIL_HOST_ALLOC)", bytes);
   size_t size = page_round(bytes);
   void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
@@ -243,6 +273,7 @@ struct emu_ipc {
 _Static_assert(sizeof(struct emu_ipc) <= GW_DEV_IPC_BYTES, "the IPC handle must fit");
 
 static int emu_ipc_get(void *base, struct gw_dev_ipc *h) {
+  if (sticky()) return 1;
   struct range r;
   if (!reg_find(base, &r) || r.kind != R_DEVICE || r.base != (char *)base)
     return fail("ipc_get(%p): not the start of a device allocation made by this process", base);
@@ -253,6 +284,7 @@ static int emu_ipc_get(void *base, struct gw_dev_ipc *h) {
 }
 
 static int emu_ipc_open(const struct gw_dev_ipc *h, void **p) {
+  if (sticky()) return 1;
   struct emu_ipc e;
   memcpy(&e, h->bytes, sizeof e);
   if (e.magic != IPC_MAGIC) return fail("ipc_open: not an emulated device IPC handle");
@@ -548,7 +580,7 @@ static void *stream_main(void *arg) {
     struct item *it = s->head;
     pthread_mutex_unlock(&s->mu);
     conn_enter(it);
-    run_item(it);
+    if (item_runs()) run_item(it);
     conn_leave(it);
     event_unref(it->ev);
     pthread_mutex_lock(&s->mu);
@@ -605,7 +637,7 @@ static struct gw_dev_stream *resolve(gw_dev_stream_t s) {
   return default_stream;
 }
 
-static int emu_stream_create(gw_dev_stream_t *out) { return stream_new(out); }
+static int emu_stream_create(gw_dev_stream_t *out) { return sticky() ? 1 : stream_new(out); }
 
 static int emu_stream_destroy(gw_dev_stream_t s) {
   if (!s) return fail("stream_destroy: the default stream cannot be destroyed");
@@ -623,10 +655,11 @@ static int emu_stream_sync(gw_dev_stream_t s0) {
   uint64_t target = s->enqueued;
   while (s->finished < target) pthread_cond_wait(&s->idle_cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
-  return 0;
+  return sticky();
 }
 
 static int emu_stream_idle(gw_dev_stream_t s0, int *idle) {
+  if (sticky()) return 1; /* cudaStreamQuery: the context's error */
   struct gw_dev_stream *s = resolve(s0);
   if (!s) return 1;
   pthread_mutex_lock(&s->mu);
@@ -666,6 +699,7 @@ static _Atomic long pushes_left = -1;
 void gw__dev_emu_fail_pushes_after(long n) { atomic_store(&pushes_left, n); }
 
 static int push(gw_dev_stream_t s0, const struct item *tmpl) {
+  if (sticky()) return 1;
   long left = atomic_load(&pushes_left);
   while (left > 0 && !atomic_compare_exchange_weak(&pushes_left, &left, left - 1)) {
   }

@@ -234,10 +234,12 @@ static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(async != GW_SUCCESS, "rank %d: the operation was reported good", rank);
   if (rank == 1) gw__dev_emu_fail_pushes_after(-1);
   /* Where the caller's enqueue failed, what went in may still run: the
-   * communicator takes no more stream-ordered calls. */
+   * communicator takes no more stream-ordered calls (refused as a failed
+   * communicator's, naming the enqueue's failure, once that is known). */
   if (r == GW_ERR_CUDA)
     EXPECT(gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s) == GW_ERR_CUDA &&
-               strstr(gw_comm_last_error(comm), "takes no more stream-ordered calls"),
+               (strstr(gw_comm_last_error(comm), "takes no more stream-ordered calls") ||
+                (strstr(gw_comm_last_error(comm), "earlier") && strstr(gw_comm_last_error(comm), "injected"))),
            "rank %d: a call after the failed enqueue: %s", rank, gw_comm_last_error(comm));
   DCHECK(dv->free(d));
   DCHECK(dv->stream_destroy(s));
@@ -250,6 +252,53 @@ static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(unqueued) {
   static const long afters[] = {1, 7, 20};
   for (int i = 0; i < 3; i++) ck_assert_int_eq(run_ranks(2, body_unqueued, (void *)&afters[i], 120), 0);
+}
+END_TEST
+
+/* ---- a device that faults (sticky) part way through an operation ---------------------------------- */
+/* Rank 1's emulated device faults at its `after`-th stream item of the
+ * operation (a kernel's illegal address: from then on its streams run nothing
+ * and every call reaching the device fails, as a CUDA context's sticky error).
+ * Rank 1 reports the device's error; rank 0, healthy, hears of it, its stream
+ * gets through (nothing of it waits for what the dead device would have
+ * written), and no rank hangs, in the call, the stream or destroy. */
+static int body_fault(gw_comm_t comm, int rank, int n, void *arg) {
+  const long after = *(const long *)arg;
+  dv = gw__dev();
+  if (strcmp(dv->name, "emulated") != 0) return 0; /* the fault is injected in the emulator */
+  const char *cb = getenv("GW_DEV_CHUNK_BYTES");
+  const size_t chunk = cb && atol(cb) > 0 ? (size_t)atol(cb) : (size_t)4 << 20;
+  const size_t count = chunk * 4 > ((size_t)1 << 18) ? chunk * 4 : (size_t)1 << 18;
+  gw_dev_stream_t s;
+  int32_t *d;
+  if (warm_stream(comm, rank, count, &s, &d)) return 1;
+  if (rank == 1) gw__dev_emu_fault_after(after);
+  gw_result_t r = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
+  EXPECT(r == GW_SUCCESS || r == GW_ERR_CUDA, "rank %d: the call returned %d: %s", rank, (int)r,
+         gw_comm_last_error(comm));
+  const int synced = dv->stream_sync(s); /* returns: on rank 1 with the device's error */
+  EXPECT(rank == 1 ? synced != 0 : synced == 0, "rank %d: stream_sync gave %d", rank, synced);
+  gw_result_t async = GW_SUCCESS;
+  for (int i = 0; i < 1000 && async == GW_SUCCESS; i++) {
+    EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS, "get_async_error");
+    if (async == GW_SUCCESS) usleep(10000);
+  }
+  const char *why = gw_comm_last_error(comm);
+  EXPECT(async != GW_SUCCESS, "rank %d: the operation was reported good", rank);
+  EXPECT(strstr(why, "illegal memory access") && (rank == 1 || strstr(why, "rank 1")),
+         "rank %d: the failure does not name the fault (and rank 1): %s", rank, why);
+  gw_result_t again = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
+  EXPECT(again != GW_SUCCESS, "rank %d: a call after the fault returned %d", rank, (int)again);
+  DCHECK(dv->free(d));
+  DCHECK(dv->stream_destroy(s));
+  if (rank == 1) gw__dev_emu_fault_after(-1);
+  (void)n;
+  return 0;
+}
+
+START_TEST(fault) {
+  static const long afters[] = {1, 7, 40};
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(run_ranks(2, body_fault, (void *)&afters[i], 120), 0);
 }
 END_TEST
 
@@ -302,9 +351,9 @@ START_TEST(queue_taken) { ck_assert_int_eq(run_ranks(2, body_queue_taken, NULL, 
 END_TEST
 
 void device_add_stream_cases(Suite *s) {
-  const char *names[] = {"streams", "queues", "unqueued", "queue_taken", "pieces_differ", "timeout_zero"};
-  const TTest *tests[] = {streams, queues, unqueued, queue_taken, pieces_differ, timeout_zero};
-  for (int i = 0; i < 6; i++) {
+  const char *names[] = {"streams", "queues", "unqueued", "fault", "queue_taken", "pieces_differ", "timeout_zero"};
+  const TTest *tests[] = {streams, queues, unqueued, fault, queue_taken, pieces_differ, timeout_zero};
+  for (int i = 0; i < 7; i++) {
     TCase *tc = tcase_create(names[i]);
     tcase_add_test(tc, tests[i]);
     tcase_set_timeout(tc, 300);
