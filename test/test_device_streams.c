@@ -208,30 +208,53 @@ START_TEST(queues) { ck_assert_int_eq(run_ranks(2, body_queues, NULL, 120), 0); 
  * 120 items on the stream-ordered ring at 64 KiB chunks).  Each way the
  * call or the communicator reports it, every rank's stream gets through
  * (nothing waits for work that never went in), and no rank hangs. */
-static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
-  const long after = *(const long *)arg; /* enqueues that still go in */
-  dv = gw__dev();
-  if (strcmp(dv->name, "emulated") != 0) return 0; /* the failure is injected in the emulator */
-  /* 16 chunks or more, so the failure comes mid-operation on every rank (at
-   * the default 4 MiB chunks 1 MiB was one: rank 0 could finish before rank
-   * 1 failed, and an idle rank hears of a peer's failure at its next call) */
-  const char *cb = getenv("GW_DEV_CHUNK_BYTES");
-  const size_t chunk = cb && atol(cb) > 0 ? (size_t)atol(cb) : (size_t)4 << 20;
-  const size_t count = chunk * 4 > ((size_t)1 << 18) ? chunk * 4 : (size_t)1 << 18;
+/* The shared start of unqueued's and fault's: a warm stream, rank 1's
+ * emulator told to fail `after` (inject), one allreduce that returns success
+ * or the CUDA error.  16 chunks or more, so the failure comes mid-operation
+ * on every rank (at the default 4 MiB chunks 1 MiB was one: rank 0 could
+ * finish before rank 1 failed, and an idle rank hears of a peer's failure at
+ * its next call). */
+struct injected {
   gw_dev_stream_t s;
   int32_t *d;
-  if (warm_stream(comm, rank, count, &s, &d)) return 1;
-  if (rank == 1) gw__dev_emu_fail_pushes_after(after);
-  gw_result_t r = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
-  EXPECT(r == GW_SUCCESS || r == GW_ERR_CUDA, "rank %d: the call returned %d: %s", rank, (int)r,
+  size_t count;
+  gw_result_t r;
+};
+static int injected_call(gw_comm_t comm, int rank, void (*inject)(long), long after, struct injected *x) {
+  const char *cb = getenv("GW_DEV_CHUNK_BYTES");
+  const size_t chunk = cb && atol(cb) > 0 ? (size_t)atol(cb) : (size_t)4 << 20;
+  x->count = chunk * 4 > ((size_t)1 << 18) ? chunk * 4 : (size_t)1 << 18;
+  if (warm_stream(comm, rank, x->count, &x->s, &x->d)) return 1;
+  if (rank == 1) inject(after);
+  x->r = gw_allreduce(x->d, x->d, x->count, GW_INT32, GW_SUM, comm, x->s);
+  EXPECT(x->r == GW_SUCCESS || x->r == GW_ERR_CUDA, "rank %d: the call returned %d: %s", rank, (int)x->r,
          gw_comm_last_error(comm));
-  DCHECK(dv->stream_sync(s)); /* its stream got through */
+  return 0;
+}
+
+/* Until the communicator reports the failure (the peers hear of it through
+ * the abort notice), up to 10 s; 1 when it does not. */
+static int async_failure(gw_comm_t comm, int rank) {
   gw_result_t async = GW_SUCCESS;
-  for (int i = 0; i < 500 && async == GW_SUCCESS; i++) { /* the peers hear of it through the abort notice */
+  for (int i = 0; i < 1000 && async == GW_SUCCESS; i++) {
     EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS, "get_async_error");
     if (async == GW_SUCCESS) usleep(10000);
   }
   EXPECT(async != GW_SUCCESS, "rank %d: the operation was reported good", rank);
+  return 0;
+}
+
+static int body_unqueued(gw_comm_t comm, int rank, int n, void *arg) {
+  dv = gw__dev();
+  if (strcmp(dv->name, "emulated") != 0) return 0; /* the failure is injected in the emulator */
+  struct injected x;
+  if (injected_call(comm, rank, gw__dev_emu_fail_pushes_after, *(const long *)arg, &x)) return 1;
+  gw_dev_stream_t s = x.s;
+  int32_t *d = x.d;
+  const size_t count = x.count;
+  const gw_result_t r = x.r;
+  DCHECK(dv->stream_sync(s)); /* its stream got through */
+  if (async_failure(comm, rank)) return 1;
   if (rank == 1) gw__dev_emu_fail_pushes_after(-1);
   /* Where the caller's enqueue failed, what went in may still run: the
    * communicator takes no more stream-ordered calls (refused as a failed
@@ -263,34 +286,20 @@ END_TEST
  * gets through (nothing of it waits for what the dead device would have
  * written), and no rank hangs, in the call, the stream or destroy. */
 static int body_fault(gw_comm_t comm, int rank, int n, void *arg) {
-  const long after = *(const long *)arg;
   dv = gw__dev();
   if (strcmp(dv->name, "emulated") != 0) return 0; /* the fault is injected in the emulator */
-  const char *cb = getenv("GW_DEV_CHUNK_BYTES");
-  const size_t chunk = cb && atol(cb) > 0 ? (size_t)atol(cb) : (size_t)4 << 20;
-  const size_t count = chunk * 4 > ((size_t)1 << 18) ? chunk * 4 : (size_t)1 << 18;
-  gw_dev_stream_t s;
-  int32_t *d;
-  if (warm_stream(comm, rank, count, &s, &d)) return 1;
-  if (rank == 1) gw__dev_emu_fault_after(after);
-  gw_result_t r = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
-  EXPECT(r == GW_SUCCESS || r == GW_ERR_CUDA, "rank %d: the call returned %d: %s", rank, (int)r,
-         gw_comm_last_error(comm));
-  const int synced = dv->stream_sync(s); /* returns: on rank 1 with the device's error */
+  struct injected x;
+  if (injected_call(comm, rank, gw__dev_emu_fault_after, *(const long *)arg, &x)) return 1;
+  const int synced = dv->stream_sync(x.s); /* returns: on rank 1 with the device's error */
   EXPECT(rank == 1 ? synced != 0 : synced == 0, "rank %d: stream_sync gave %d", rank, synced);
-  gw_result_t async = GW_SUCCESS;
-  for (int i = 0; i < 1000 && async == GW_SUCCESS; i++) {
-    EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS, "get_async_error");
-    if (async == GW_SUCCESS) usleep(10000);
-  }
+  if (async_failure(comm, rank)) return 1;
   const char *why = gw_comm_last_error(comm);
-  EXPECT(async != GW_SUCCESS, "rank %d: the operation was reported good", rank);
   EXPECT(strstr(why, "illegal memory access") && (rank == 1 || strstr(why, "rank 1")),
          "rank %d: the failure does not name the fault (and rank 1): %s", rank, why);
-  gw_result_t again = gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
+  gw_result_t again = gw_allreduce(x.d, x.d, x.count, GW_INT32, GW_SUM, comm, x.s);
   EXPECT(again != GW_SUCCESS, "rank %d: a call after the fault returned %d", rank, (int)again);
-  DCHECK(dv->free(d));
-  DCHECK(dv->stream_destroy(s));
+  DCHECK(dv->free(x.d));
+  DCHECK(dv->stream_destroy(x.s));
   if (rank == 1) gw__dev_emu_fault_after(-1);
   (void)n;
   return 0;
