@@ -8,13 +8,17 @@
  *   before and after; one with nothing left to train says so;
  * - a --steps run ending inside an epoch says its last steps go unevaluated;
  * - the evaluation over 3 ranks counts every sample once (31: padding left out),
- *   and its loss is the training's, label-smoothed as PyTorch's criterion,
- * - the run's throughput at its end, from the steps' seconds,
- *   and the training samples a shard's whole batches leave out are said;
+ *   and the training samples a shard's whole batches leave out are said; its
+ *   loss is the training's, label-smoothed as PyTorch's criterion;
+ * - the run's throughput at its end, from the steps' seconds; --metrics to a
+ *   FIFO;
  * - the default compute threads are the cores over the ranks on this machine as
  *   the rendezvous found them, whatever the launcher's variables say. */
 #include <check.h>
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,8 +227,6 @@ START_TEST(test_unevaluated_steps_said) {
 }
 END_TEST
 
-/* 3 ranks, 31 validation samples in batches of 4: each rank's share is padded
- * to 11; the evaluation counts the 31 once each. */
 /* The run's throughput at its end: images over the seconds of the steps after
  * the first (a mean of the rates would weigh a fast step more), the same in
  * the log and in the metrics' summary line, and consistent with the steps'
@@ -255,6 +257,46 @@ START_TEST(test_run_summary) {
 }
 END_TEST
 
+/* --metrics to a FIFO (as /dev/stdout piped into jq): written as it goes,
+ * nothing cut back or sought (a seek to check the last line stopped the run
+ * at its start: "Illegal seek"). */
+struct fifo_reader {
+  char path[512];
+  char buf[8192];
+  size_t len;
+};
+static void *read_fifo(void *arg) {
+  struct fifo_reader *f = arg;
+  FILE *in = fopen(f->path, "r");
+  if (in) f->len = fread(f->buf, 1, sizeof f->buf - 1, in), fclose(in);
+  f->buf[f->len] = 0;
+  return NULL;
+}
+
+START_TEST(test_metrics_fifo) {
+  static struct fifo_reader f;
+  path(f.path, sizeof f.path, "metrics.fifo");
+  unlink(f.path);
+  ck_assert(mkfifo(f.path, 0600) == 0);
+  pthread_t th;
+  ck_assert(pthread_create(&th, NULL, read_fifo, &f) == 0);
+  struct run r;
+  run1(&r, (const char *const[]){NULL},
+       (const char *const[]){"--steps", "2", "--warmup-epochs", "0", "--no-eval", "--metrics", f.path, NULL});
+  const int code = r.code;
+  if (code != 0) { /* the reader still waits for a writer: give it one */
+    int fd = open(f.path, O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) close(fd);
+  }
+  pthread_join(th, NULL);
+  ck_assert_msg(code == 0, "a FIFO for --metrics: exit %d\n%s", code, r.err);
+  gwrun_free(&r);
+  ck_assert_msg(strstr(f.buf, "{\"type\":\"start\"}\n{\"type\":\"train\",\"step\":1,") &&
+                    strstr(f.buf, "{\"type\":\"train\",\"step\":2,") && strstr(f.buf, "{\"type\":\"summary\""),
+                "the FIFO's lines:\n%s", f.buf);
+}
+END_TEST
+
 /* One batch scored: two samples by hand, PyTorch's
  * CrossEntropyLoss(label_smoothing=0.1) summed (worked in double from
  * logsumexp), plain cross-entropy beside it; a stand-in and the sampler's
@@ -276,6 +318,8 @@ START_TEST(test_eval_scores) {
 }
 END_TEST
 
+/* 3 ranks, 31 validation samples in batches of 4: each rank's share is padded
+ * to 11; the evaluation counts the 31 once each. */
 START_TEST(test_eval_over_ranks) {
   const char *const noenv[] = {NULL};
   const char *args[] = {"-n", "3", train_bin(), "--data", "synthetic", "--synthetic-samples", "31", "--model",
@@ -345,6 +389,7 @@ void add_schedule_tests(TCase *tc) {
   tcase_add_test(tc, test_unevaluated_steps_said);
   tcase_add_test(tc, test_eval_scores);
   tcase_add_test(tc, test_run_summary);
+  tcase_add_test(tc, test_metrics_fifo);
   tcase_add_test(tc, test_eval_over_ranks);
   tcase_add_test(tc, test_default_threads);
 }

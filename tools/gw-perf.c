@@ -728,7 +728,7 @@ int main(int argc, char **argv) {
     printf("# time: the slowest rank's mean; path: what ran (algorithm/protocol, or the device ring)\n");
     printf("# #wrong: over a size's checks (before the timed runs, their own result, after a fresh fill), wrong\n"
            "# elements plus bytes written past the output and (out of place) input elements changed, summed\n"
-           "# over the ranks, and 1 per rank and check where the ranks' results are not the same bits\n");
+           "# over the ranks; and where the ranks' results are not the same bits, every rank counts 1 per check\n");
     printf("#                                                       out-of-place                       in-place\n");
     printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  path\n");
     printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");

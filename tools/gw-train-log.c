@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,37 +24,41 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The metrics file's end after its last whole line, or -1. */
-static long long file_end(FILE *f) {
-  return fflush(f) == 0 && fseeko(f, 0, SEEK_END) == 0 ? (long long)ftello(f) : -1;
-}
-
 int log_open(struct train_log *l, const char *metrics_path, int rank, char *err, size_t errlen) {
   memset(l, 0, sizeof *l);
   l->rank = rank;
   l->start = now();
   l->tty = rank == 0 && isatty(STDOUT_FILENO);
   l->metrics_step = -1;
+  l->metrics_end = -1;
   if (rank != 0 || !metrics_path) return 0;
   l->metrics_path = metrics_path;
-  l->metrics = fopen(metrics_path, "a+");
-  long long end = l->metrics ? file_end(l->metrics) : -1;
-  /* A last line without its newline (a writer killed part way, or an older
-   * gw-train's full disk) gets one, so the lines after it stay whole lines;
-   * its own bytes are kept. */
-  int last = '\n';
-  if (end > 0 && fseeko(l->metrics, end - 1, SEEK_SET) == 0) last = fgetc(l->metrics);
-  if (end > 0 && last != '\n') {
-    fseeko(l->metrics, 0, SEEK_END);
-    end = fputc('\n', l->metrics) == EOF ? -1 : file_end(l->metrics);
-  }
-  if (end < 0) {
+  l->metrics = fopen(metrics_path, "a");
+  struct stat st;
+  if (!l->metrics || fstat(fileno(l->metrics), &st) != 0) {
     snprintf(err, errlen, "cannot open %s for appending: %s", metrics_path, strerror(errno));
     if (l->metrics) fclose(l->metrics);
     l->metrics = NULL;
     return -1;
   }
-  l->metrics_end = end;
+  /* A regular file: its size is where a half line written later is cut back
+   * to.  A pipe, a terminal or a FIFO (--metrics /dev/stdout | jq) is written
+   * to as it is, nothing cut.  A regular file's last line without its newline
+   * (a writer killed part way, or an older gw-train's full disk) gets one, so
+   * the lines after it stay whole lines; its own bytes are kept. */
+  if (!S_ISREG(st.st_mode)) return 0;
+  char last = '\n';
+  const int rfd = st.st_size > 0 ? open(metrics_path, O_RDONLY | O_CLOEXEC) : -1; /* none: write-only, unchecked */
+  if (rfd >= 0 && pread(rfd, &last, 1, st.st_size - 1) != 1) last = '\n';
+  if (rfd >= 0) close(rfd);
+  if (last != '\n' && (fputc('\n', l->metrics) == EOF || fflush(l->metrics) != 0)) {
+    snprintf(err, errlen, "%s: cannot end its last line (half a line, from a writer stopped part way): %s",
+             metrics_path, strerror(errno));
+    fclose(l->metrics);
+    l->metrics = NULL;
+    return -1;
+  }
+  l->metrics_end = (long long)st.st_size + (last != '\n');
   return 0;
 }
 
@@ -68,13 +73,13 @@ static int metrics_done(struct train_log *l) {
   errno = 0;
   const int failed = fflush(f) != 0 || ferror(f);
   if (!failed) {
-    l->metrics_end = (long long)ftello(f);
+    if (l->metrics_end >= 0) l->metrics_end = (long long)ftello(f);
     return 0;
   }
   const int e = errno ? errno : EIO;
   /* Cut after the close: a close flushes what is still buffered, and the
    * space the cut frees would let the rest of the half line in. */
-  const int fd = dup(fileno(f));
+  const int fd = l->metrics_end >= 0 ? dup(fileno(f)) : -1;
   fclose(f);
   l->metrics = NULL;
   const int cut = fd >= 0 && ftruncate(fd, (off_t)l->metrics_end) == 0;
@@ -187,7 +192,7 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
 void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, double top5, double loss,
               double nll, int64_t samples) {
   if (l->rank != 0) return;
-  char t5[48] = "top-5 n/a (fewer than 5 classes)", ce[64] = "";
+  char t5[48] = "top-5 n/a (fewer than 5 classes)", ce[96] = "";
   if (!isnan(top5)) snprintf(t5, sizeof t5, "top-5 %.2f%%", 100 * top5);
   /* The same figure unless the loss is label-smoothed (NaN: both NaN). */
   if (!(loss == nll || (isnan(loss) && isnan(nll)))) snprintf(ce, sizeof ce, " (label-smoothed; cross-entropy %.4f)", nll);
@@ -265,7 +270,7 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
   snprintf(script, sizeof script, "%s.gp", png);
   /* The rows of earlier epochs stay; a resume from before epoch `epoch`'s
    * end drew it (and later ones) already: those rows are replaced. */
-  char line[256], tmp[4200];
+  char line[256], tmp[4208];
   snprintf(tmp, sizeof tmp, "%s.tmp", data);
   FILE *f = fopen(tmp, "w");
   if (!f) {
@@ -284,9 +289,12 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
     unlink(tmp);
     return -1;
   }
-  f = fopen(script, "w");
+  /* Written aside and renamed over the last one, as the data: a full disk
+   * leaves the script before it whole. */
+  snprintf(tmp, sizeof tmp, "%s.tmp", script);
+  f = fopen(tmp, "w");
   if (!f) {
-    snprintf(err, errlen, "cannot write %s: %s", script, strerror(errno));
+    snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
     return -1;
   }
   fprintf(f,
@@ -296,8 +304,9 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
           "'%s' using 1:3 with linespoints title 'top-1' axes x1y2%s%s%s\n",
           png, data, data, isnan(top5) ? "" : ", '", isnan(top5) ? "" : data,
           isnan(top5) ? "" : "' using 1:4 with linespoints title 'top-5' axes x1y2"); /* none under 5 classes */
-  if (fclose(f) != 0) { /* a full disk: gnuplot would run half a script */
+  if (fclose(f) != 0 || rename(tmp, script) != 0) { /* a full disk: gnuplot would run half a script */
     snprintf(err, errlen, "cannot write %s: %s", script, strerror(errno));
+    unlink(tmp);
     return -1;
   }
   return run_gnuplot(script, err, errlen);

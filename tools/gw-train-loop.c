@@ -59,7 +59,10 @@ static double rate(const struct schedule *s, int64_t step) {
   if (step < s->warmup) return s->peak * f;
   int64_t rest = s->total - s->warmup;
   double p = rest > 0 ? (double)(step - s->warmup) / (double)rest : 1.0;
-  if (s->steps) return s->peak * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? s->gamma : s->gamma * s->gamma);
+  /* 0.01 itself where gamma is the default (0.1 x 0.1 is 0.010000000000000002):
+   * the rates checkpoints of the fixed schedule were trained at */
+  const double g2 = s->gamma == 0.1 ? 0.01 : s->gamma * s->gamma;
+  if (s->steps) return s->peak * (p < 1.0 / 3 ? 1.0 : p < 2.0 / 3 ? s->gamma : g2);
   return s->peak * 0.5 * (1.0 + cos(M_PI * p));
 }
 /* Milestones in epochs (a list as --lr-milestones takes it) as steps. */
@@ -225,7 +228,10 @@ static void note_schedule_change(struct trainer *t) {
   if (!saved_schedule(t, &saved) || at >= t->total_steps) return;
   const int ended = at >= saved.total; /* then its last step's rate */
   const double now_lr = lr_at(t, at), saved_lr = rate(&saved, ended ? saved.total - 1 : at);
-  if (saved.total == t->total_steps && fabs(now_lr - saved_lr) <= 1e-9 * fabs(saved_lr)) return;
+  /* Milestones (and a warmup) do not stretch with the run's length: a longer
+   * run on the same rates says nothing. */
+  const int same_rate = fabs(now_lr - saved_lr) <= 1e-9 * fabs(saved_lr);
+  if (same_rate && (saved.total == t->total_steps || (saved.nms && t->o->n_milestones))) return;
   log_text(&t->log, "note: the learning-rate schedule now spans %lld steps (the saved run's: %lld): step %lld runs "
            "at lr %.4g, where the saved run's %s %.4g", (long long)t->total_steps, (long long)saved.total,
            (long long)at + 1, now_lr, ended ? "last step ran at" : "schedule gave", saved_lr);

@@ -141,7 +141,7 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
 struct train_log {
   FILE *metrics;      /* NULL: none, or no more (a write failed: said once) */
   const char *metrics_path;
-  long long metrics_end; /* the metrics file's size after its last whole line */
+  long long metrics_end; /* the metrics file's size after its last whole line (-1: not a regular file) */
   int64_t metrics_step;  /* the step of the last training line written (-1: none) */
   int tty;            /* rank 0's stdout is a terminal: one live progress line */
   int rank;
