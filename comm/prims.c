@@ -217,13 +217,16 @@ static gw_result_t aborted_error(struct prims *p) {
   return gw__err(p->err, GW_ERR_ABORTED, "rank %d: operation %s stopped: %.400s", p->comm->rank, me, why);
 }
 
-/* One wait step: past the spinning phase, ranks whose connections have file
- * descriptors sleep in poll() until one is ready (at most 1 ms, then look again);
- * otherwise the common back-off.  False once the deadline has passed or the
- * communicator was aborted (the caller tells which by looking at `aborted`). */
-static bool wait_step(struct prims *p, struct gw_waiter *w) {
+/* One wait step for connection `awaited`: past the spinning phase, where it
+ * has file descriptors (tcp), sleep in poll() on every connection's until one
+ * is ready (at most 1 ms, then look again); otherwise the common back-off.
+ * (An shm wait beside an idle socket slept its whole millisecond in poll: shm
+ * has nothing to wake it, so a tree or exchange over shm and tcp paid about
+ * 1 ms per shm step once spinning ended.)  False once the deadline has passed
+ * or the communicator was aborted (the caller tells which by `aborted`). */
+static bool wait_step(struct prims *p, struct gw_waiter *w, const struct gw_conn *awaited) {
   if (atomic_load_explicit(&p->comm->aborted, memory_order_relaxed)) return false;
-  if (gw__waiter_done_spinning(w)) {
+  if (gw__waiter_done_spinning(w) && awaited->tp->pollfds) {
     struct pollfd fds[GW_PRIMS_MAX_CONNS * 16];
     int n = 0;
     for (int i = 0; i < p->nconns; i++)
@@ -353,7 +356,7 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
     if (r != GW_INPROGRESS) return r;
     GW_CHECK(pump(p));
     GW_CHECK(look_at_watched(p, &w, false));
-    if (!wait_step(p, &w))
+    if (!wait_step(p, &w, c))
       return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer);
   }
 }
@@ -403,7 +406,7 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
     /* it may have freed the slot just before it exited: look once more */
     if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)
       return dead_peer_error(p, c->peer);
-    if (wait_step(p, &w)) continue;
+    if (wait_step(p, &w, c)) continue;
     if (p->comm->aborted) return aborted_error(p);
     /* the peer took some of what this rank posted in this operation when
      * more went in than its FIFO holds (the oldest chunks left first) */
@@ -449,7 +452,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       /* it may have posted the chunk just before it exited: look once more */
       if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
         return dead_peer_error(p, c->peer);
-      if (wait_step(p, &w)) continue;
+      if (wait_step(p, &w, c)) continue;
       if (p->comm->aborted) return aborted_error(p);
       /* the deadline passed, so w.start is set: the message says the whole wait */
       const bool started = c->seen_seq == p->op->desc.seq + 1;
