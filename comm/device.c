@@ -237,6 +237,15 @@ static gw_result_t dev_check(struct gw_comm *comm, const char *fn, struct gw_op 
   if (stream && gw__dev()->stream_capturing(stream, &capturing) == 0 && capturing)
     return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: %s: the stream is being captured into a CUDA graph; gradwire "
                    "calls cannot be captured yet (make the call outside the capture)", comm->rank, fn);
+  /* A stream of another device: its work would run there, the copies and
+   * kernels on this device's memory from another context (a fault, or peer
+   * traffic).  Only a definite answer refuses (a stream the runtime cannot
+   * place is left to the calls that use it). */
+  int stream_dev = -1;
+  if (stream && gw__dev()->stream_device(stream, &stream_dev) == 0 && stream_dev != comm->device)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: the stream is device %d's, but this communicator is "
+                   "bound to device %d (a stream's work runs on its own device: pass one of device %d's streams)",
+                   comm->rank, fn, stream_dev, comm->device, comm->device);
   op->ordered = stream || op->device_mem;
   if (op->device_mem && comm->devring) op->desc.pad |= GW_DESC_DEVICE;
   return GW_SUCCESS;

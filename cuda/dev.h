@@ -60,6 +60,7 @@ struct gw_dev_ops {
   /* *yes = 1 while s is being captured into a CUDA graph (work enqueued on it
    * is recorded, not run). */
   int (*stream_capturing)(gw_dev_stream_t s, int *yes);
+  int (*stream_device)(gw_dev_stream_t s, int *dev); /* the device s was made on (cudaStreamGetDevice) */
 
   /* Stream-ordered work.  Copies take any pair of host/device pointers. */
   int (*memcpy_async)(void *dst, const void *src, size_t bytes, gw_dev_stream_t s);

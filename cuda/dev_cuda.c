@@ -200,6 +200,11 @@ static int cu_stream_capturing(gw_dev_stream_t s, int *yes) {
   return 0;
 }
 
+static int cu_stream_device(gw_dev_stream_t s, int *dev) {
+  cudaError_t e = cudaStreamGetDevice(cs(s), dev);
+  return e == cudaSuccess ? 0 : cu_fail(e, "cudaStreamGetDevice");
+}
+
 /* ---- stream-ordered work ------------------------------------------------------------------------ */
 static int cu_memcpy_async(void *dst, const void *src, size_t bytes, gw_dev_stream_t s) {
   if (!bytes) return 0;
@@ -430,6 +435,7 @@ static const struct gw_dev_ops cuda_ops = {
     .stream_sync = cu_stream_sync,
     .stream_idle = cu_stream_idle,
     .stream_capturing = cu_stream_capturing,
+    .stream_device = cu_stream_device,
     .memcpy_async = cu_memcpy_async,
     .copy_async = cu_copy_async,
     .reduce_async = cu_reduce_async,

@@ -675,6 +675,13 @@ static int emu_stream_capturing(gw_dev_stream_t s0, int *yes) {
   return 0;
 }
 
+static int emu_stream_device(gw_dev_stream_t s0, int *dev) {
+  struct gw_dev_stream *s = resolve(s0);
+  if (!s) return 1;
+  *dev = s0 ? s->device : cur_dev; /* the default stream: the calling thread's device's */
+  return 0;
+}
+
 void gw__dev_emu_set_capturing(gw_dev_stream_t s0, int on) {
   struct gw_dev_stream *s = resolve(s0);
   if (s) atomic_store(&s->capturing, on != 0);
@@ -834,6 +841,7 @@ static const struct gw_dev_ops emu_ops = {
     .stream_sync = emu_stream_sync,
     .stream_idle = emu_stream_idle,
     .stream_capturing = emu_stream_capturing,
+    .stream_device = emu_stream_device,
     .memcpy_async = emu_memcpy_async,
     .copy_async = emu_copy_async,
     .reduce_async = emu_reduce_async,

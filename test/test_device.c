@@ -422,11 +422,20 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
     DCHECK(dv->set_device(other));
     DCHECK(dv->alloc((void **)&od, 64));
     DCHECK(dv->set_device(dev));
-    char want[64];
+    char want[128];
     snprintf(want, sizeof want, "recvbuf is memory of device %d", other);
     if (expect_error(gw_allreduce(d, od, 16, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm, want, rank))
       return 1;
     DCHECK(dv->free(od));
+    /* A stream of another device than the communicator's. */
+    gw_dev_stream_t os;
+    DCHECK(dv->set_device(other));
+    DCHECK(dv->stream_create(&os));
+    DCHECK(dv->set_device(dev));
+    snprintf(want, sizeof want, "the stream is device %d's, but this communicator is bound to device %d", other, dev);
+    if (expect_error(gw_allreduce(d, d, 16, GW_INT32, GW_SUM, comm, os), GW_ERR_INVALID_ARGUMENT, comm, want, rank))
+      return 1;
+    DCHECK(dv->stream_destroy(os));
   }
   if (!strcmp(dv->name, "emulated")) {
     /* A stream being captured into a CUDA graph is refused (the emulator can
