@@ -201,8 +201,13 @@ static int cu_stream_capturing(gw_dev_stream_t s, int *yes) {
 }
 
 static int cu_stream_device(gw_dev_stream_t s, int *dev) {
+#if CUDART_VERSION >= 12080 /* cudaStreamGetDevice's first runtime; before it, nothing is refused */
   cudaError_t e = cudaStreamGetDevice(cs(s), dev);
   return e == cudaSuccess ? 0 : cu_fail(e, "cudaStreamGetDevice");
+#else
+  (void)s, (void)dev;
+  return cu_fail(cudaErrorNotSupported, "cudaStreamGetDevice (CUDA 12.8 and later)");
+#endif
 }
 
 /* ---- stream-ordered work ------------------------------------------------------------------------ */
