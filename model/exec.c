@@ -475,10 +475,12 @@ static gw_result_t sync_bn_forward(struct gw_exec *e, const struct gw_layer *l, 
   }
   GW_MODEL_TRY(o->upload(e->b, x->save_mean, mean, (size_t)c * sizeof(float)));
   GW_MODEL_TRY(o->upload(e->b, x->save_rstd, rstd, (size_t)c * sizeof(float)));
+  GW_MODEL_TRY(o->bn_fwd_apply(x->op, e->act[l->in], P(e, l->weight), P(e, l->bias), x->save_mean, x->save_rstd,
+                               e->act[l->out]));
+  /* The running statistics last: a refused call moves nothing (forward_layer
+   * counts the batch only on success; they moved before a failed apply). */
   GW_MODEL_TRY(o->upload(e->b, R(e, l->running_mean), rmean, (size_t)c * sizeof(float)));
-  GW_MODEL_TRY(o->upload(e->b, R(e, l->running_var), rvar, (size_t)c * sizeof(float)));
-  return o->bn_fwd_apply(x->op, e->act[l->in], P(e, l->weight), P(e, l->bias), x->save_mean, x->save_rstd,
-                         e->act[l->out]);
+  return o->upload(e->b, R(e, l->running_var), rvar, (size_t)c * sizeof(float));
 }
 
 static gw_result_t sync_bn_backward(struct gw_exec *e, const struct gw_layer *l, struct exec_layer *x, const void *dy,
