@@ -695,8 +695,9 @@ GWK_HD void bn_running_update(double mean, double var, double count, double mome
 }
 
 /* y = x * scale + shift with the channel's scale and shift in double (the cpu
- * backend's form: exact where |mean| is large next to the spread, which a float
- * (x - mean) * rstd would not be after rounding mean). */
+ * backend's form: no rounding of x - mean in float).  The mean itself comes as
+ * a float (save_mean, as PyTorch's), so where |mean| is large next to the
+ * spread the output is off by up to half a float step of the mean times rstd. */
 struct BnAffine {
   double scale, shift;
 };
