@@ -204,6 +204,16 @@ static gw_result_t check_args(struct gw_comm *comm, const char *fn, struct gw_op
   }
   if (send_elems > 0 && op->sendbuf == NULL) return bad_arg(comm, "rank %d: %s: %s", fn, "sendbuf is NULL with count > 0");
   if (recv_elems > 0 && op->recvbuf == NULL) return bad_arg(comm, "rank %d: %s: %s", fn, "recvbuf is NULL with count > 0");
+  /* Elements at addresses of their size, as C's own pointers to them: the
+   * reduction kernels read them as such (undefined otherwise, and a vectorized
+   * loop peeled for alignment may fault). */
+  const char *which = send_elems && (uintptr_t)op->sendbuf % es ? "sendbuf"
+                      : recv_elems && (uintptr_t)op->recvbuf % es ? "recvbuf" : NULL;
+  if (which) {
+    snprintf(detail, sizeof detail, "%s %p is not aligned to its %zu-byte elements", which,
+             which[0] == 's' ? op->sendbuf : op->recvbuf, es);
+    return bad_arg(comm, "rank %d: %s: %s", fn, detail);
+  }
   /* Partial overlap of send and receive buffers would corrupt data silently.
    * Equal pointers are in place for allreduce and broadcast; for allgather and
    * reduce_scatter only on rank 0 (their in-place layout puts this rank's

@@ -193,7 +193,10 @@ gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error);
  * returns at once (errors of the run: gw_comm_get_async_error; with the gw_i...
  * forms also gw_wait).  Device buffers with a NULL stream: ordered on the
  * default stream, and the call blocks until done.  sendbuf and recvbuf must
- * both be host or both device memory of the communicator's device.  In place when
+ * both be host or both device memory of the communicator's device, each at an
+ * address that is a multiple of the dtype's size (as C's pointers to it: a
+ * float at an odd address is refused).  A stream-ordered call on a communicator
+ * that already failed is refused with the first error.  In place when
  * sendbuf == recvbuf (allgather: sendbuf == recvbuf + rank * sendcount elements;
  * reduce-scatter: recvbuf == sendbuf + rank * recvcount elements; equal
  * pointers there are in place on rank 0 only, elsewhere an overlap, refused).
