@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "core.h"
@@ -84,6 +85,17 @@ static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) 
   if (comm) gw__comm_set_error(comm, err.msg);
   else gw__set_thread_error(err.msg);
   return code;
+}
+
+/* A child forked without exec: the bucketer is its parent's (its lock may have
+ * been held at the fork, its requests and connections are the parent's, and a
+ * step it failed told the parent's peers to stop): refused before anything of
+ * it is touched. */
+static gw_result_t parents(gw_bucketer_t b, const char *fn) {
+  if (!gw__comm_forked_away(b->comm)) return GW_SUCCESS;
+  return fail(NULL, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: this bucketer's communicator belongs to process %ld, which "
+              "forked this one (pid %ld); a child cannot use it", b->comm->rank, fn, (long)b->comm->owner_pid,
+              (long)getpid());
 }
 
 int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t bucket_bytes, size_t *bounds,
@@ -352,6 +364,7 @@ static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t cou
 
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: bucketer is NULL");
+  GW_CHECK(parents(b, "gw_bucketer_ready"));
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm); /* events, casts: on the communicator's device */
   gw_result_t res = ready_locked(b, offset, count);
@@ -468,6 +481,7 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
 
 gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
+  GW_CHECK(parents(b, "gw_bucketer_wait"));
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm);
   gw_result_t res = wait_locked(b);
@@ -512,6 +526,7 @@ static gw_result_t set_wire(gw_bucketer_t b, gw_dtype_t wire) {
  * steps" holds against a mark on another thread. */
 gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: bucketer is NULL");
+  GW_CHECK(parents(b, "gw_bucketer_set_wire"));
   pthread_mutex_lock(&b->mu);
   gw_result_t res = set_wire(b, wire);
   pthread_mutex_unlock(&b->mu);
@@ -520,6 +535,7 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
 
 gw_result_t gw_bucketer_set_divide_first(gw_bucketer_t b, int on) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_divide_first: bucketer is NULL");
+  GW_CHECK(parents(b, "gw_bucketer_set_divide_first"));
   pthread_mutex_lock(&b->mu);
   gw_result_t res = GW_SUCCESS;
   if (b->next || b->marked)
@@ -564,6 +580,7 @@ static gw_result_t set_stream(gw_bucketer_t b, void *stream) {
 
 gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: bucketer is NULL");
+  GW_CHECK(parents(b, "gw_bucketer_set_stream"));
   pthread_mutex_lock(&b->mu);
   gw_result_t res = set_stream(b, stream);
   pthread_mutex_unlock(&b->mu);
@@ -619,6 +636,7 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
 
 gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: bucketer is NULL");
+  GW_CHECK(parents(b, "gw_bucketer_set_compute_stream"));
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm); /* its stream and events made on the communicator's device */
   gw_result_t res = set_compute_stream(b, compute);
@@ -629,8 +647,9 @@ gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
 
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
   if (!b || !t)
-    return fail(b ? b->comm : NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: a NULL %s",
-                b ? "times pointer" : "bucketer");
+    return fail(b && !gw__comm_forked_away(b->comm) ? b->comm : NULL, GW_ERR_INVALID_ARGUMENT,
+                "gw_bucketer_times: a NULL %s", b ? "times pointer" : "bucketer");
+  GW_CHECK(parents(b, "gw_bucketer_times"));
   pthread_mutex_lock(&b->mu);
   *t = b->last;
   pthread_mutex_unlock(&b->mu);
@@ -638,7 +657,7 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 }
 
 void gw_bucketer_destroy(gw_bucketer_t b) {
-  if (!b) return;
+  if (!b || parents(b, "gw_bucketer_destroy") != GW_SUCCESS) return; /* a child's copy goes with the child */
   /* Under the lock the marks and waits take: one running on another thread
    * ends first (two waits of the same requests freed them twice). */
   pthread_mutex_lock(&b->mu);

@@ -74,9 +74,11 @@ static bool forked_away(const struct gw_comm *comm);
 const char *gw_comm_last_error(gw_comm_t comm) {
   static _Thread_local char copy[GW_ERRMSG_MAX];
   if (!comm || forked_away(comm)) return gw__thread_error(); /* a child's refusals are its thread's */
+  if (!gw__comm_peek(comm, "gw_comm_last_error")) return gw__thread_error();
   pthread_mutex_lock(&comm->err_mu);
   memcpy(copy, comm->last_error, sizeof copy);
   pthread_mutex_unlock(&comm->err_mu);
+  gw__comm_unpeek(comm);
   return copy;
 }
 
@@ -750,6 +752,22 @@ fail:
 static bool forked_away(const struct gw_comm *comm) {
   return comm->fork_gen != atomic_load_explicit(&gw__fork_gen, memory_order_relaxed); /* init installed the handler */
 }
+bool gw__comm_forked_away(const struct gw_comm *comm) { return forked_away(comm); }
+
+bool gw__comm_peek(struct gw_comm *comm, const char *fn) {
+  if (forked_away(comm)) return true;
+  atomic_fetch_add(&comm->peeking, 1); /* seq_cst: destroy's GOING, then its look at peeking */
+  if (atomic_load(&comm->destroying) != GW_DESTROY_GOING) return true;
+  char msg[GW_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "rank %d: %s: the communicator is being destroyed on another thread", comm->rank, fn);
+  gw__set_thread_error(msg);
+  atomic_fetch_sub(&comm->peeking, 1);
+  return false;
+}
+
+void gw__comm_unpeek(struct gw_comm *comm) {
+  if (!forked_away(comm)) atomic_fetch_sub(&comm->peeking, 1);
+}
 
 /* A refusal's message: the communicator's error, or in a forked child this
  * thread's (the parent's threads may have held the error lock at the fork:
@@ -848,7 +866,7 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
    * losing destroy, is on its way out: it must be gone before the free. */
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
-  while (atomic_load(&comm->inside) > 1) gw__waiter_pause(&w);
+  while (atomic_load(&comm->inside) > 1 || atomic_load(&comm->peeking) > 0) gw__waiter_pause(&w);
   atomic_fetch_sub(&comm->inside, 1);
   gw__progress_stop(comm);
   if (atomic_load(&comm->aborted)) {

@@ -215,6 +215,11 @@ struct gw_comm {
   _Atomic int bucketers;
   _Atomic int requests;
   _Atomic int destroying;
+  /* Threads in an accessor (gw_comm_last_error, gw_comm_get_async_error,
+   * gw_comm_rank, ...; a watchdog polls them beside the training thread):
+   * not a reason to refuse destroy, which waits for them once it goes ahead
+   * (gw__comm_peek). */
+  _Atomic int peeking;
   /* The process that made it and the fork generation then (alive.c): in a
    * child forked without exec every call on it is refused. */
   long owner_pid;
@@ -282,6 +287,16 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
 /* The same from a caller's thread outside any operation, with other calls
  * possibly on the connections (enqueue.c). */
 void gw__comm_fail_caller(struct gw_comm *comm, gw_result_t res, struct gw_errctx *err);
+/* Whether this process is a child forked (without exec) from comm's owner:
+ * then nothing of comm may be used (its locks may have been held at the fork,
+ * its connections and FIFOs are the parent's). */
+bool gw__comm_forked_away(const struct gw_comm *comm);
+/* An accessor's gate: false (this thread's error says so) when the
+ * communicator is being destroyed; else it may be read until
+ * gw__comm_unpeek.  A forked child's copy is read as it is (no count: nobody
+ * frees it under the child). */
+bool gw__comm_peek(struct gw_comm *comm, const char *fn);
+void gw__comm_unpeek(struct gw_comm *comm);
 /* Why the communicator was aborted: the library's own reason, or gw_comm_abort. */
 void gw__abort_reason(struct gw_comm *comm, char *out, size_t len);
 

@@ -40,37 +40,49 @@ gw_result_t gw_comm_abort(gw_comm_t comm) {
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
   if (!comm || !rank) return null_argument(comm, "gw_comm_rank");
+  if (!gw__comm_peek(comm, "gw_comm_rank")) return GW_ERR_INVALID_ARGUMENT;
   *rank = comm->rank;
+  gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
   if (!comm || !local_rank) return null_argument(comm, "gw_comm_local_rank");
+  if (!gw__comm_peek(comm, "gw_comm_local_rank")) return GW_ERR_INVALID_ARGUMENT;
   *local_rank = comm->local_rank;
+  gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_local_size(gw_comm_t comm, int *local_size) {
   if (!comm || !local_size) return null_argument(comm, "gw_comm_local_size");
+  if (!gw__comm_peek(comm, "gw_comm_local_size")) return GW_ERR_INVALID_ARGUMENT;
   *local_size = comm->local_size > 0 ? comm->local_size : 1;
+  gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_device(gw_comm_t comm, int *device) {
   if (!comm || !device) return null_argument(comm, "gw_comm_device");
+  if (!gw__comm_peek(comm, "gw_comm_device")) return GW_ERR_INVALID_ARGUMENT;
   *device = comm->device;
+  gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error) {
   if (!comm || !async_error) return null_argument(comm, "gw_comm_get_async_error");
+  if (!gw__comm_peek(comm, "gw_comm_get_async_error")) return GW_ERR_INVALID_ARGUMENT;
   *async_error = (gw_result_t)atomic_load(&comm->failed);
+  gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_size(gw_comm_t comm, int *size) {
   if (!comm || !size) return null_argument(comm, "gw_comm_size");
+  if (!gw__comm_peek(comm, "gw_comm_size")) return GW_ERR_INVALID_ARGUMENT;
   *size = comm->nranks;
+  gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
@@ -122,7 +134,9 @@ gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len) {
     gw__comm_set_error(comm, "gw_comm_last_path: len is 0 (room for at least the terminating NUL is needed)");
     return GW_ERR_INVALID_ARGUMENT;
   }
+  if (!gw__comm_peek(comm, "gw_comm_last_path")) return GW_ERR_INVALID_ARGUMENT;
   uint32_t v = atomic_load_explicit(&comm->last_path, memory_order_relaxed);
+  gw__comm_unpeek(comm);
   if (!(v >> 24)) snprintf(buf, len, "none");
   else if (v >> 16 & 1) snprintf(buf, len, "%s/device%s", gw__algo_name((int)(v & 0xff)), v >> 17 & 1 ? "-async" : "");
   else snprintf(buf, len, "%s/%s", gw__algo_name((int)(v & 0xff)), gw__proto_name((int)(v >> 8 & 0xff)));

@@ -79,6 +79,9 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
 }
 
 void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result_t res, struct gw_errctx *err) {
+  /* A forked child's copy: telling the peers would stop the parent's job
+   * (its FIFOs and sockets are the parent's); the child was refused at the gates. */
+  if (gw__comm_forked_away(comm)) return;
   int expected = 0;
   if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {
     pthread_mutex_lock(&comm->err_mu);
@@ -112,6 +115,7 @@ static bool tell_if_idle(struct gw_comm *c, gw_result_t code, struct gw_errctx *
 }
 
 void gw__comm_fail_caller(struct gw_comm *c, gw_result_t code, struct gw_errctx *err) {
+  if (gw__comm_forked_away(c)) return; /* as gw__comm_fail: the parent's peers are not the child's to stop */
   if (tell_if_idle(c, code, err)) return;
   pthread_mutex_lock(&c->err_mu); /* the first reason: a user's abort before it stays the user's */
   if (!c->abort_reason[0] && !atomic_load(&c->aborted))

@@ -87,10 +87,15 @@ gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *mast
  * (GW_ERR_INVALID_ARGUMENT, named in gw_comm_last_error) and the communicator
  * is left as it was; so is a second destroy racing one under way (its
  * message in gw_comm_last_error(NULL): the communicator may be gone by the
- * time it returns).  The handle is invalid afterwards.  Stream-ordered
+ * time it returns).  An accessor running on another thread (gw_comm_last_error,
+ * gw_comm_get_async_error, gw_comm_rank, ...: a watchdog's) does not refuse
+ * it: destroy waits for the accessor to return, and one that starts after
+ * destroy went ahead is refused (its message in gw_comm_last_error(NULL)).
+ * The handle is invalid afterwards.  Stream-ordered
  * operations nobody waits for run first.  A child forked without exec
- * cannot use its parent's communicators: every call on them, destroy
- * included, is refused there. */
+ * cannot use its parent's communicators or their bucketers: every call on
+ * them, destroy included, is refused there, and nothing the child does
+ * reaches the parent's peers. */
 gw_result_t gw_comm_destroy(gw_comm_t comm);
 
 /* From any thread, and from a signal handler (async-signal-safe: it sets a

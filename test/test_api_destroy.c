@@ -41,7 +41,39 @@ static void *join(pthread_t t) {
   return res;
 }
 
+/* A watchdog reading a communicator's error while the training thread
+ * destroys it (PyTorch polls ncclCommGetAsyncError so): destroy waits for the
+ * read instead of freeing under it.  The read is held inside by the error
+ * lock, taken here first. */
+static _Atomic int destroyed;
+static void *read_error(void *arg) { return (void *)gw_comm_last_error(arg); }
+static void *destroy_it(void *arg) {
+  static gw_result_t r;
+  r = gw_comm_destroy(arg);
+  atomic_store(&destroyed, 1);
+  return &r;
+}
+
+static int destroy_waits_for_reader(int rank) {
+  gw_comm_t solo;
+  EXPECT(gw_comm_init(&solo, 1, 0, NULL) == GW_SUCCESS, "a 1-rank communicator: %s", gw_comm_last_error(NULL));
+  pthread_mutex_lock(&solo->err_mu);
+  pthread_t reader, destroyer;
+  EXPECT(pthread_create(&reader, NULL, read_error, solo) == 0, "pthread_create");
+  while (atomic_load(&solo->peeking) == 0) usleep(1000); /* in gw_comm_last_error, at the lock */
+  EXPECT(pthread_create(&destroyer, NULL, destroy_it, solo) == 0, "pthread_create");
+  usleep(200 * 1000);
+  const int early = atomic_load(&destroyed);
+  pthread_mutex_unlock(&solo->err_mu); /* (freed already, were the reader not waited for) */
+  join(reader);
+  gw_result_t r = *(gw_result_t *)join(destroyer);
+  EXPECT(!early && r == GW_SUCCESS, "destroy %s while a reader was inside gw_comm_last_error (%s)",
+         early ? "went ahead" : "waited", gw_strerror(r));
+  return 0;
+}
+
 static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
+  if (destroy_waits_for_reader(rank)) return 1;
   (void)n, (void)arg;
   if (rank == 1) {
     usleep(800 * 1000); /* rank 0's allreduce blocks meanwhile */
@@ -126,6 +158,13 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
    * connections: chunks taken from under the parent). */
   gw_comm_t solo; /* one rank: no liveness lock, marked all the same */
   EXPECT(gw_comm_init(&solo, 1, 0, NULL) == GW_SUCCESS, "a 1-rank communicator: %s", gw_comm_last_error(NULL));
+  /* A bucketer of the parent's, alive at the fork (with its lock held): the
+   * child's marks and waits are refused before touching it (a wait with
+   * nothing marked failed the step and told the parent's peers to stop). */
+  float pg[4] = {0};
+  const size_t pgb[2] = {0, 4};
+  gw_bucketer_t pbk = NULL;
+  EXPECT(gw_bucketer_create(comm, pg, 4, GW_FLOAT32, GW_SUM, pgb, 1, &pbk) == GW_SUCCESS, "the parent's bucketer");
   /* The parent's error lock held at the fork (as by its progress thread
    * failing an operation then): the child's refusals must not need it. */
   pthread_mutex_lock(&comm->err_mu);
@@ -152,6 +191,10 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
            !has(gw_comm_last_error(comm), "a child cannot use it");
     bad |= gw_comm_destroy(comm) != GW_ERR_INVALID_ARGUMENT;
     bad |= gw_allreduce(&z, &z, 1, GW_FLOAT32, GW_SUM, solo, NULL) != GW_ERR_INVALID_ARGUMENT;
+    bad |= gw_bucketer_wait(pbk) != GW_ERR_INVALID_ARGUMENT || !has(gw_comm_last_error(NULL), "a child cannot use it");
+    bad |= gw_bucketer_ready(pbk, 100, 1) != GW_ERR_INVALID_ARGUMENT;
+    bad |= gw_bucketer_set_divide_first(pbk, 1) != GW_ERR_INVALID_ARGUMENT;
+    gw_bucketer_destroy(pbk); /* nothing of the parent's freed or counted */
     if (bad) fprintf(stderr, "child: allreduce %s: %s\n", gw_strerror(c), gw_comm_last_error(comm));
     _exit(bad);
   }
@@ -159,8 +202,14 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
          "the forked child's calls were not refused (status %d)", status);
   EXPECT(gw_comm_destroy(solo) == GW_SUCCESS, "the 1-rank communicator, in its own process");
-  float x = 1; /* the communicator still works */
-  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS && x == 2, "allreduce after");
+  float x = 1; /* the communicator still works: no rank was told to stop */
+  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS && x == 2, "allreduce after: %s",
+         gw_comm_last_error(comm));
+  /* and so does the parent's bucketer */
+  pg[0] = 1;
+  EXPECT(gw_bucketer_ready(pbk, 0, 4) == GW_SUCCESS && gw_bucketer_wait(pbk) == GW_SUCCESS && pg[0] == 2,
+         "the parent's bucketer after the child's calls: %s", gw_comm_last_error(comm));
+  gw_bucketer_destroy(pbk);
   return 0;
 }
 
