@@ -151,21 +151,31 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
  * for the message), compared: buckets pair up by order, and two layouts
  * whose bucket sizes coincide ran without a word, each step summing one rank's
  * bucket with another's (a model configured differently on one rank). */
+/* A rank whose own arguments were refused still takes part (with this mark
+ * for a layout), so its peers fail at once naming it instead of waiting for
+ * it until GW_TIMEOUT; it keeps its own error. */
+#define REFUSED_LAYOUT UINT64_MAX
 static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, gw_op_t op, const size_t *bounds,
-                                int nbuckets) {
-  if (comm->nranks < 2) return GW_SUCCESS;
+                                int nbuckets, gw_result_t refused) {
+  if (comm->nranks < 2) return refused;
   uint64_t h = 1469598103934665603ull;
   const uint64_t head[] = {count, (uint64_t)dtype, (uint64_t)op, (uint64_t)nbuckets};
-  for (int i = 0; i < 4 + nbuckets + 1; i++) {
+  for (int i = 0; refused == GW_SUCCESS && i < 4 + nbuckets + 1; i++) {
     uint64_t v = i < 4 ? head[i] : bounds[i - 4];
     for (int k = 0; k < 8; k++) h = (h ^ (v >> 8 * k & 0xff)) * 1099511628211ull;
   }
   uint64_t *all = malloc((size_t)comm->nranks * 3 * sizeof *all);
   if (!all) return fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory comparing the ranks' layouts");
+  if (refused != GW_SUCCESS) h = REFUSED_LAYOUT;
   const uint64_t mine[3] = {h, count, (uint64_t)nbuckets};
   gw_result_t res = gw_allgather(mine, all, 3, GW_INT64, comm, NULL);
+  if (refused != GW_SUCCESS) res = refused; /* its own message stands */
   for (int r = 0; res == GW_SUCCESS && r < comm->nranks; r++)
-    if (all[3 * r] != h) {
+    if (all[3 * r] == REFUSED_LAYOUT) {
+      res = fail(comm, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_bucketer_create: rank %d refused its own arguments "
+                 "(its error says why), so no rank makes the bucketer", comm->rank, r);
+      break;
+    } else if (all[3 * r] != h) {
       res = fail(comm, GW_ERR_INVALID_ARGUMENT,
                  "rank %d: gw_bucketer_create: the bucket layouts differ across ranks: this rank has %d bucket%s over "
                  "%zu %s elements (%s), rank %d has %llu over %llu (layout hashes %016llx and %016llx); every rank must "
@@ -182,9 +192,8 @@ static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, 
 static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                  const size_t *bounds, int nbuckets, gw_bucketer_t *out) {
   gw_result_t res = check_create(comm, buf, count, dtype, op, bounds, nbuckets);
-  if (res != GW_SUCCESS) return res;
-  if (!out) return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: out is NULL");
-  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets)) != GW_SUCCESS) return res;
+  if (res == GW_SUCCESS && !out) res = fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: out is NULL");
+  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets, res)) != GW_SUCCESS) return res;
   struct gw_bucketer *b = calloc(1, sizeof *b);
   if (b) {
     b->bounds = malloc((size_t)(nbuckets + 1) * sizeof *b->bounds);

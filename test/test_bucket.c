@@ -277,7 +277,8 @@ END_TEST
 /* Layouts that differ across ranks but whose bucket sizes line up (rank 2 has
  * one bucket fewer of the same size): refused on every rank, naming rank 2,
  * instead of each step summing rank 2's bucket 0 with the others' bucket 2;
- * then one that agrees works. */
+ * a rank refusing its own arguments is named by the others at once; then
+ * one that agrees works. */
 static int body_layouts(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   float g[300];
@@ -293,6 +294,15 @@ static int body_layouts(gw_comm_t comm, int rank, int n, void *arg) {
   const size_t other[] = {0, 150, 200, 300};
   r = gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, rank == 1 ? other : three, 3, &bk);
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk, "differing bounds accepted: %s", gw_strerror(r));
+  /* Rank 1's own arguments refused (bounds past the count): it still takes
+   * part, so the others fail at once naming it (they waited GW_TIMEOUT). */
+  const size_t past[] = {0, 100, 200, 400};
+  const double t0 = test_now();
+  r = gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, rank == 1 ? past : three, 3, &bk);
+  e = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk && test_now() - t0 < 10 &&
+             (rank == 1 ? !strstr(e, "refused its own") : strstr(e, "rank 1 refused its own arguments") != NULL),
+         "rank 1's arguments refused: %s after %.1f s: %s", gw_strerror(r), test_now() - t0, e);
   EXPECT(gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, three, 3, &bk) == GW_SUCCESS, "%s",
          gw_comm_last_error(comm));
   for (int i = 0; i < 300; i++) g[i] = (float)(i + rank);
