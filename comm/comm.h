@@ -137,6 +137,7 @@ struct gw_link {
 struct gw_request {
   struct gw_request *next; /* queue link */
   struct gw_request *live_next; /* the live handles' table (enqueue.c), while the caller holds it */
+  uint64_t id;                  /* its handle's value (enqueue.c): never one of an earlier request */
   struct gw_comm *comm;
   struct gw_op op;
   _Atomic int done;

@@ -318,15 +318,16 @@ static uint64_t take_seq_locked(struct gw_comm *comm, uint64_t n) {
  * process.  A handle waited for twice (a copy of it, or two threads waiting
  * on one) is refused by name instead of freed twice: gw_wait and gw_test take
  * it out of the table before touching it, and only the one that took it goes
- * on (gw_test puts back one not done).  Looked up by address, never read
- * before it is found. */
+ * on (gw_test puts back one not done).  A handle is not the request's
+ * address but a number never given out before (a copy of a completed handle
+ * matched a new request that got the freed address, and waited for it), looked
+ * up here. */
 #define LIVE_BUCKETS 256
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gw_request *live[LIVE_BUCKETS];
+static uint64_t live_next_id = 1; /* under live_mu */
 
-static struct gw_request **live_bucket(const void *req) {
-  return &live[(uint32_t)(((uintptr_t)req >> 4) * 0x9E3779B1u) >> 24];
-}
+static struct gw_request **live_bucket(uint64_t id) { return &live[(uint32_t)(id * 0x9E3779B1u) >> 24]; }
 
 /* Held across fork, so a child's gw_wait (refused) does not find it locked
  * for good by a parent's thread. */
@@ -335,21 +336,26 @@ static void live_fork_after(void) { pthread_mutex_unlock(&live_mu); }
 static pthread_once_t live_fork_once = PTHREAD_ONCE_INIT;
 static void live_fork_install(void) { pthread_atfork(live_fork_prepare, live_fork_after, live_fork_after); }
 
+/* Into the table (a new request gets its number: the handle). */
 static void live_add(struct gw_request *req) {
   pthread_once(&live_fork_once, live_fork_install);
   pthread_mutex_lock(&live_mu);
-  struct gw_request **b = live_bucket(req);
+  if (!req->id) req->id = live_next_id++;
+  struct gw_request **b = live_bucket(req->id);
   req->live_next = *b, *b = req;
   pthread_mutex_unlock(&live_mu);
 }
 
-/* Takes req out of the table: false if it is not there. */
-static bool live_take(const struct gw_request *req) {
-  bool found = false;
+static gw_request_t handle_of(const struct gw_request *req) { return (gw_request_t)(uintptr_t)req->id; }
+
+/* Takes handle h's request out of the table: NULL if it is not there. */
+static struct gw_request *live_take(gw_request_t h) {
+  const uint64_t id = (uint64_t)(uintptr_t)h;
+  struct gw_request *found = NULL;
   pthread_mutex_lock(&live_mu);
-  for (struct gw_request **p = live_bucket(req); *p; p = &(*p)->live_next)
-    if (*p == req) {
-      *p = req->live_next, found = true;
+  for (struct gw_request **p = live_bucket(id); *p; p = &(*p)->live_next)
+    if ((*p)->id == id) {
+      found = *p, *p = found->live_next;
       break;
     }
   pthread_mutex_unlock(&live_mu);
@@ -466,7 +472,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
   if (reqp) {
     atomic_fetch_add(&comm->requests, 1); /* until gw_wait / gw_test frees it */
     live_add(req);
-    *reqp = req;
+    *reqp = handle_of(req);
     return GW_SUCCESS;
   }
   res = wait_request(comm, req);
@@ -570,9 +576,9 @@ gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req) {
 /* ---- requests ----------------------------------------------------------------------- */
 gw_result_t gw_wait(gw_request_t *reqp) {
   if (!reqp) return gw__set_thread_error("gw_wait: a NULL request pointer"), GW_ERR_INVALID_ARGUMENT;
-  struct gw_request *req = *reqp;
-  if (!req) return GW_SUCCESS;
-  if (!live_take(req)) return not_live("gw_wait", req);
+  if (!*reqp) return GW_SUCCESS;
+  struct gw_request *req = live_take(*reqp);
+  if (!req) return not_live("gw_wait", *reqp);
   /* No deadline here: the operation itself enforces GW_TIMEOUT. */
   struct gw_comm *comm = req->comm;
   gw_result_t entered = gw__comm_enter(comm, "gw_wait");
@@ -590,13 +596,13 @@ gw_result_t gw_wait(gw_request_t *reqp) {
 
 gw_result_t gw_test(gw_request_t *reqp, int *done) {
   if (!reqp || !done) return gw__set_thread_error("gw_test: a NULL argument"), GW_ERR_INVALID_ARGUMENT;
-  struct gw_request *req = *reqp;
-  if (!req) {
+  if (!*reqp) {
     *done = 1;
     return GW_SUCCESS;
   }
   *done = 0;
-  if (!live_take(req)) return not_live("gw_test", req);
+  struct gw_request *req = live_take(*reqp);
+  if (!req) return not_live("gw_test", *reqp);
   struct gw_comm *comm = req->comm;
   gw_result_t entered = gw__comm_enter(comm, "gw_test");
   if (entered != GW_SUCCESS) {

@@ -242,7 +242,8 @@ gw_result_t gw_ibarrier(gw_comm_t comm, gw_request_t *req);
  * tested done) before gw_comm_destroy (which refuses while one is out).  One
  * thread at a time per request: a request completed already (through a copy
  * of the handle) or in gw_wait / gw_test on another thread is refused with
- * GW_ERR_INVALID_ARGUMENT (message in gw_comm_last_error(NULL)). */
+ * GW_ERR_INVALID_ARGUMENT (message in gw_comm_last_error(NULL)); a handle
+ * never names a later request (it is a number, not an address). */
 gw_result_t gw_wait(gw_request_t *req);
 /* Sets *done.  When done, frees *req, sets it to NULL and returns the operation's
  * result; otherwise returns GW_SUCCESS and leaves *req alone. */

@@ -117,6 +117,21 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   r = gw_test(&copy, &done);
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && !done && has(gw_comm_last_error(NULL), "gw_test: request"),
          "gw_test on it: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  /* ... also once a new request took the completed one's memory (the
+   * allocator hands a freed block back sooner or later): the copy is still not
+   * a live request, and the new one is its own caller's. */
+  int32_t zero = 0;
+  static gw_request_t seen[300];
+  for (int k = 0; k < 300; k++) {
+    gw_request_t fresh;
+    EXPECT(gw_iallreduce(&zero, &zero, 1, GW_INT32, GW_SUM, comm, NULL, &fresh) == GW_SUCCESS, "iallreduce");
+    seen[k] = fresh;
+    for (int j = 0; j < k; j++) /* a handle never names an earlier request (addresses did, once freed) */
+      EXPECT(seen[j] != fresh, "round %d: request handle %p was round %d's too", k, (void *)fresh, j);
+    r = gw_wait(&copy);
+    EXPECT(r == GW_ERR_INVALID_ARGUMENT, "round %d: a stale copy waited for a new request: %s", k, gw_strerror(r));
+    EXPECT(gw_wait(&fresh) == GW_SUCCESS, "the new request, after the stale copy: %s", gw_comm_last_error(comm));
+  }
   /* Two threads waiting on one request: one completes it, the other is refused. */
   EXPECT(gw_iallreduce(&y, &y, 1, GW_FLOAT32, GW_SUM, comm, NULL, &req) == GW_SUCCESS, "iallreduce 2");
   copy = req;
