@@ -367,13 +367,22 @@ static int piece_copies(const struct gw_comm *comm, const struct gw_dev_ops *dv,
 }
 
 /* ---- the caller's side ---------------------------------------------------------------------- */
+/* Whether the next ticket's start flag is free (see gw__dev_throttle). */
+static bool ticket_free(struct gw_devstate *d) {
+  const uint64_t next = __atomic_load_n(&d->next_ticket, __ATOMIC_RELAXED) + 1; /* written under comm->mu */
+  return next <= GW_DEV_TICKETS || atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) >=
+                                       fval(next - GW_DEV_TICKETS, GW_DEV_ALL);
+}
+
 /* Before comm->mu is taken: a start flag is reused GW_DEV_TICKETS tickets
  * later, so the next ticket waits for the one that used its flag to be done.
- * (One thread drives a communicator at a time, so next_ticket is stable.) */
+ * Calls from two threads may both pass it for one ticket: the reservation
+ * under comm->mu looks again (ticket_free) and sends the loser back here. */
 gw_result_t gw__dev_throttle(struct gw_comm *comm) {
-  struct gw_devstate *d = comm->dev;
-  if (!d || d->next_ticket + 1 <= GW_DEV_TICKETS) return GW_SUCCESS;
-  uint64_t need = fval(d->next_ticket + 1 - GW_DEV_TICKETS, GW_DEV_ALL);
+  struct gw_devstate *d = __atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE); /* made under comm->mu */
+  if (!d || ticket_free(d)) return GW_SUCCESS;
+  const uint64_t flag_of = __atomic_load_n(&d->next_ticket, __ATOMIC_RELAXED) + 1 - GW_DEV_TICKETS;
+  uint64_t need = fval(flag_of, GW_DEV_ALL);
   struct gw_waiter w;
   gw__waiter_init(&w, atomic_load(&comm->timeout_s));
   while (atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) < need) {
@@ -382,7 +391,7 @@ gw_result_t gw__dev_throttle(struct gw_comm *comm) {
     struct gw_errctx err;
     if (atomic_load(&comm->aborted) || atomic_load(&comm->failed)) {
       gw__err(&err, GW_ERR_ABORTED, "rank %d: the communicator failed or was aborted while this stream-ordered call "
-              "waited for operation #%llu's flag", comm->rank, (unsigned long long)(d->next_ticket + 1 - GW_DEV_TICKETS));
+              "waited for operation #%llu's flag", comm->rank, (unsigned long long)flag_of);
       gw__comm_set_error(comm, err.msg);
       return GW_ERR_ABORTED;
     }
@@ -428,7 +437,7 @@ static gw_result_t devstate_make(struct gw_comm *comm, struct gw_errctx *err) {
     return gw__dev_fail(err, comm, "allocating pinned host memory for the stream flags");
   }
   d->flags = flags;
-  comm->dev = d; /* from here gw__dev_free takes it back */
+  __atomic_store_n(&comm->dev, d, __ATOMIC_RELEASE); /* from here gw__dev_free takes it back; the throttle reads it unlocked */
   return devstate_ready(comm, d, err);
 }
 
@@ -475,6 +484,7 @@ int gw__dev_switch(struct gw_comm *comm) {
 void gw__dev_switch_back(int prev) { device_leave(prev); }
 
 gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  if (comm->dev && !ticket_free(comm->dev)) return GW_INPROGRESS; /* the caller throttles again */
   int prev;
   GW_CHECK(device_enter(comm, &prev, err));
   gw_result_t res = comm->dev ? devstate_ready(comm, comm->dev, err) : devstate_make(comm, err);
@@ -488,7 +498,8 @@ gw_result_t gw__dev_reserve_locked(struct gw_comm *comm, struct gw_op *op, struc
                   "GW_DEV_STAGE_BYTES=%zu; raise it", comm->rank, (unsigned long long)op->desc.count,
                   (unsigned long long)GW_DEV_ALL - 1, stage_bytes_param(comm));
   if (res == GW_SUCCESS) {
-    op->ticket = ++d->next_ticket;
+    op->ticket = d->next_ticket + 1;
+    __atomic_store_n(&d->next_ticket, op->ticket, __ATOMIC_RELAXED); /* the throttle reads it unlocked */
     if (staged(comm, op)) {
       op->after = d->last_staged;
       d->last_staged = op->ticket;

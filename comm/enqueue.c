@@ -420,6 +420,7 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
     free(req);
     return gw__refuse_if_failed(comm, op, &err);
   }
+throttled:
   if (op->ordered && (res = gw__dev_throttle(comm)) != GW_SUCCESS) {
     free(req);
     return res;
@@ -436,6 +437,10 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
      * stream's work goes on it once the operation is queued (below). */
     struct gw_errctx err;
     res = gw__dev_reserve_locked(comm, op, &err);
+    if (res == GW_INPROGRESS) { /* another thread's call took the ticket the throttle cleared: again */
+      pthread_mutex_unlock(&comm->mu);
+      goto throttled;
+    }
     if (res != GW_SUCCESS) {
       pthread_mutex_unlock(&comm->mu);
       gw__comm_set_error(comm, err.msg);
