@@ -802,6 +802,10 @@ int main(int argc, char **argv) {
     fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"check\": %d,\n  \"wrong\": %s\n}\n", avg, o.check, tw);
     if (ferror(json) | fclose(json)) die("--json %s: writing failed: %s", o.json, strerror(errno));
   }
+  /* Wrong results exit 1, and gw-run stops the job at the first rank that
+   * fails: every rank waits here until rank 0 has written its table (the
+   * count is every rank's sum, so all agree to wait). */
+  if (total_wrong > 0) check_gw(gw_barrier(comm), "gw_barrier (before exiting with wrong results)");
   gw_comm_deregister(comm, reg_send);
   gw_comm_deregister(comm, reg_recv);
   if (dev) {
