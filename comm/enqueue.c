@@ -82,14 +82,16 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
   /* A forked child's copy: telling the peers would stop the parent's job
    * (its FIFOs and sockets are the parent's); the child was refused at the gates. */
   if (gw__comm_forked_away(comm)) return;
+  /* The flag and both messages under the error lock: a thread that sees the
+   * failure (gw_comm_get_async_error) and then reads gw_comm_last_error gets
+   * its message (it read an empty one, set only after the abort notice went). */
   int expected = 0;
-  if (atomic_compare_exchange_strong(&comm->failed, &expected, (int)res)) {
-    pthread_mutex_lock(&comm->err_mu);
-    snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
-    pthread_mutex_unlock(&comm->err_mu);
-    if (comm->nranks > 1) gw__send_abort(comm, desc, err->msg);
-  }
-  gw__comm_set_error(comm, err->msg);
+  pthread_mutex_lock(&comm->err_mu);
+  const bool first = atomic_compare_exchange_strong(&comm->failed, &expected, (int)res);
+  if (first) snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
+  snprintf(comm->last_error, sizeof comm->last_error, "%s", err->msg);
+  pthread_mutex_unlock(&comm->err_mu);
+  if (first && comm->nranks > 1) gw__send_abort(comm, desc, err->msg);
 }
 
 /* A failure noticed on a caller's thread, outside any operation (a step the
