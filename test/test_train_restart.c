@@ -118,6 +118,17 @@ START_TEST(test_sigusr1_checkpoints_and_goes_on) {
   ck_assert_msg(exists(ck), "no checkpoint of step 3");
   snprintf(ck, sizeof ck, "%s/ckpt-5.safetensors", d);
   ck_assert_msg(exists(ck), "no checkpoint of step 5 (the run's end)");
+  /* The signal's save failing (warn-only: training goes on) on the last
+   * step: said as not saved, and the end-of-run save is still tried, which
+   * fails the run (it said "checkpoint saved" and exited 0 with nothing). */
+  path(d, sizeof d, "sigusr1-ckpt-fail");
+  train(&r, (const char *const[]){"GW_TRAIN_TEST_SIGNAL=0:4:USR1", "GW_SAFETENSORS_FAIL=write", NULL}, "2",
+        (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", d, NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.out, "the checkpoint could not be saved (above) at step 5") &&
+                    strstr(r.out, "warning: checkpoint of step 5: ") && strstr(r.out, "training goes on; the next") &&
+                    !strstr(r.out, "checkpoint saved"),
+                "a failed save of the signal's checkpoint on the last step: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 

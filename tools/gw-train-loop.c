@@ -139,24 +139,30 @@ int trainer_backend_from_host(struct trainer *t) {
 
 /* ---- checkpoints: rank 0 writes, everyone resumes from rank 0's reading */
 
-/* warn_only (the saves that only clear an evaluation's pending mark): a
- * failed write is said and the run goes on (the file it would have replaced
- * stays as it was, unless it failed after the rename). */
-static int save_state_as(struct trainer *t, const struct ckpt_state *st, int warn_only) {
+/* warn (the saves that only clear an evaluation's pending mark, a signal's
+ * that does not stop): a failed write is said with `warn` after it and the
+ * run goes on (the file it would have replaced stays as it was, unless it
+ * failed after the rename); NULL: a failed write ends the run. */
+static const char *const PENDING_WARN = "the checkpoint of this step may still say the evaluation is pending: a "
+                                        "resume from it would evaluate the epoch again";
+static const char *const SIGNAL_WARN = "training goes on; the next checkpoint is tried as planned";
+static int save_state_as(struct trainer *t, const struct ckpt_state *st, const char *warn) {
   char err[600];
-  t->saved_step = t->st.step;
-  if (!t->o->checkpoint_dir || t->rank != 0) return 0;
+  /* saved_step moves only once the file is there (rank 0's; the others save
+   * nothing): a failed warn-only save of a signal's checkpoint said "saved"
+   * and, on the last step, skipped the end-of-run save, the run exiting 0
+   * without its last state. */
+  if (!t->o->checkpoint_dir || t->rank != 0) return t->saved_step = t->st.step, 0;
   if (host_from_backend(t, "checkpoint") != 0) return -1;
   if (!ckpt_save(t->o->checkpoint_dir, t->o->keep_checkpoints, t->m, t->sgd, st, t->config, err, sizeof err))
-    return 0;
-  if (!warn_only) return train_fail(t, "checkpoint", err);
-  log_text(&t->log, "warning: checkpoint: %s (the checkpoint of step %lld may still say the evaluation is pending: "
-           "a resume from it would evaluate the epoch again)", err, (long long)t->st.step);
+    return t->saved_step = t->st.step, 0;
+  if (!warn) return train_fail(t, "checkpoint", err);
+  log_text(&t->log, "warning: checkpoint of step %lld: %s (%s)", (long long)t->st.step, err, warn);
   return 0;
 }
 
-static int save_checkpoint_as(struct trainer *t, int warn_only) { return save_state_as(t, &t->st, warn_only); }
-static int save_checkpoint(struct trainer *t) { return save_checkpoint_as(t, 0); }
+static int save_checkpoint_as(struct trainer *t, const char *warn) { return save_state_as(t, &t->st, warn); }
+static int save_checkpoint(struct trainer *t) { return save_checkpoint_as(t, NULL); }
 
 static int share_state(struct trainer *t) {
   int64_t s[11] = {t->st.step, t->st.epoch, t->st.position, t->st.sgd_steps, t->st.loss_count, 0, 0,
@@ -599,7 +605,7 @@ static int epoch_end(struct trainer *t, int64_t epoch) {
    * epoch again (a second eval line in the metrics).  The same file is
    * written again (ckpt-<step>: no other of the newest kept is pruned); a
    * failure there only costs that evaluation, so it does not end the run. */
-  return evaluate(t, epoch + 1, mean) != 0 ? -1 : save_checkpoint_as(t, 1);
+  return evaluate(t, epoch + 1, mean) != 0 ? -1 : save_checkpoint_as(t, PENDING_WARN);
 }
 
 /* A test hook: GW_TRAIN_STOP_AT_STEP=N ends the job right after step N (and its
@@ -631,7 +637,7 @@ static int signalled(struct trainer *t, const struct step_report *r) {
   const int stop = r->sig_stop > 0, n = stop ? r->sig_stop : r->sig_ckpt;
   const char *sig = stop ? "SIGTERM" : "SIGUSR1/SIGUSR2", *what = "no --checkpoint-dir: nothing saved";
   if (t->o->checkpoint_dir) {
-    if (t->saved_step != t->st.step && save_checkpoint_as(t, !stop) != 0) return -1;
+    if (t->saved_step != t->st.step && save_checkpoint_as(t, stop ? NULL : SIGNAL_WARN) != 0) return -1;
     what = t->saved_step == t->st.step ? "checkpoint saved" : "the checkpoint could not be saved (above)";
   }
   log_text(&t->log, "%s reached %d rank%s: %s at step %lld%s", sig, n, n > 1 ? "s" : "", what, (long long)t->st.step,
@@ -662,7 +668,7 @@ static int run_steps_caught(struct trainer *t) {
      * options must not replace the saved ones before a step of this run). */
     if (t->as_loaded) t->as_loaded->eval_epoch = 0;
     if (t->o->eval && (evaluate(t, e, t->st.eval_train_loss) != 0 ||
-                       save_state_as(t, t->as_loaded ? t->as_loaded : &t->st, 1) != 0))
+                       save_state_as(t, t->as_loaded ? t->as_loaded : &t->st, PENDING_WARN) != 0))
       return -1;
   }
   while (t->st.step < t->total_steps) {
