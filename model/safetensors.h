@@ -64,6 +64,15 @@ gw_result_t gw_st_parse(struct gw_st_file **out, const void *buf, size_t len, co
  * is refused having read at most its header).  Anything but a regular file is
  * refused without waiting on it (a FIFO without a writer). */
 gw_result_t gw_st_open(struct gw_st_file **out, const char *path);
+/* gw_st_open with a check of the header before any data is read or has
+ * memory: check(header, path, arg) sees the file's tensors (names, dtypes,
+ * shapes, nbytes; data NULL) and metadata; anything but GW_SUCCESS (with its
+ * message in gw_model_last_error) is returned as it is, nothing more read.
+ * A file that is not what the caller wants (another model's weights, a 14 GB
+ * language model) is refused by its header, however big its data.  check
+ * NULL: gw_st_open. */
+typedef gw_result_t (*gw_st_check_fn)(const struct gw_st_file *header, const char *path, void *arg);
+gw_result_t gw_st_open_checked(struct gw_st_file **out, const char *path, gw_st_check_fn check, void *arg);
 void gw_st_free(struct gw_st_file *f); /* accepts NULL */
 
 /* The tensor named name, or NULL (a binary search). */

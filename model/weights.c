@@ -106,10 +106,22 @@ static gw_result_t match_all(const struct gw_model *m, const struct gw_st_file *
   return r;
 }
 
+/* The header's check (gw_st_open_checked): the names, dtypes and shapes
+ * before the data is read, so another model's file, however big, is refused
+ * having read its header only. */
+static gw_result_t match_header(const struct gw_st_file *h, const char *path, void *arg) {
+  const struct gw_model *m = arg;
+  const struct gw_st_tensor **src = calloc((size_t)num_tensors(m) + 1, sizeof *src);
+  if (!src) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  gw_result_t r = match_all(m, h, path, src);
+  free(src);
+  return r;
+}
+
 gw_result_t gw_model_load_weights(struct gw_model *m, const char *path) {
   if (!m || !path) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_model_load_weights: NULL model or path");
   struct gw_st_file *f;
-  GW_MODEL_TRY(gw_st_open(&f, path));
+  GW_MODEL_TRY(gw_st_open_checked(&f, path, match_header, m));
   int n = num_tensors(m);
   const struct gw_st_tensor **src = calloc((size_t)n, sizeof *src);
   gw_result_t r = src ? match_all(m, f, path, src) : gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);

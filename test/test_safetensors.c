@@ -465,6 +465,32 @@ START_TEST(test_big_wrong_file_not_read) {
 }
 END_TEST
 
+/* A well-formed file of another model (here one 1 GiB tensor, sparse) is
+ * refused by gw_model_load_weights from its header: the names are checked
+ * before the data is read (it was read whole first: a 14 GB language model's
+ * file went out of memory instead of "missing: conv1.weight"). */
+START_TEST(test_big_other_model_not_read) {
+  make_tmpdir();
+  struct gw_model *m = make(18, 1);
+  const char *path = in_tmp("other-model");
+  size_t len;
+  const unsigned char *head =
+      file_of("{\"x\":{\"dtype\":\"U8\",\"shape\":[1073741824],\"data_offsets\":[0,1073741824]}}", NULL, 0, &len);
+  FILE *o = fopen(path, "wb");
+  ck_assert_uint_eq(fwrite(head, 1, len, o), len);
+  ck_assert_int_eq(ftruncate(fileno(o), (off_t)len + (1L << 30)), 0);
+  fclose(o);
+  long before = max_rss_kib();
+  ck_assert_int_eq(gw_model_load_weights(m, path), GW_ERR_INVALID_ARGUMENT);
+  ASSERT_MSG_HAS("missing: conv1.weight");
+  ASSERT_MSG_HAS(path);
+  long grew = max_rss_kib() - before;
+  ck_assert_msg(grew < 64 * 1024, "refusing another model's file took %ld KiB", grew);
+  gw_model_free(m);
+  remove_tmpdir();
+}
+END_TEST
+
 /* ---- load_weights refusing mismatched files ---------------------------------- */
 
 /* Saves m, then rewrites it through edit(tensors, &n) as name. */
@@ -751,6 +777,7 @@ int main(void) {
   tcase_add_test(tc, test_roundtrip_resnet50);
   tcase_add_test(tc, test_load_any_order);
   tcase_add_test(tc, test_write_exact_bytes);
+  tcase_add_test(tc, test_big_other_model_not_read);
   tcase_add_test(tc, test_parse_hand_made);
   tcase_add_test(tc, test_rejections);
   tcase_add_test(tc, test_rejected_lengths);

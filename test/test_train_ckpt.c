@@ -291,6 +291,35 @@ START_TEST(test_damaged_checkpoint) {
 }
 END_TEST
 
+/* A foreign safetensors file named as the newest checkpoint (no gw-train
+ * configuration; 64 GiB of tensor, sparse) is refused by its header and the
+ * resume falls back: it was read whole first, and the allocation's failure
+ * (out of memory) stopped the resume as a read error. */
+START_TEST(test_big_foreign_checkpoint) {
+  char dir[512], c9[600];
+  path(dir, sizeof dir, "ckpt-foreign");
+  snprintf(c9, sizeof c9, "%s/ckpt-9.safetensors", dir);
+  four_steps(dir);
+  static const char header[] = "{\"x\":{\"dtype\":\"U8\",\"shape\":[68719476736],\"data_offsets\":[0,68719476736]}}";
+  unsigned char len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((sizeof header - 1) >> (8 * i));
+  FILE *o = fopen(c9, "wb");
+  ck_assert_msg(o && fwrite(len8, 1, 8, o) == 8 && fwrite(header, 1, sizeof header - 1, o) == sizeof header - 1,
+                "cannot write %s", c9);
+  ck_assert_int_eq(ftruncate(fileno(o), (off_t)(8 + sizeof header - 1) + (1LL << 36)), 0);
+  fclose(o);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "6", "--batch", "8", "--checkpoint-dir", dir,
+                                              "--checkpoint-every", "2", "--resume", NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "ckpt-9.safetensors refused") && strstr(r.out, "not a checkpoint of gw-train") &&
+                    strstr(r.out, "ckpt-4.safetensors at step 4"),
+                "expected the foreign ckpt-9 refused by its header and ckpt-4 used:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
 /* A checkpoint folder that holds checkpoints is another run's unless --resume
  * says otherwise: a new run there is refused and leaves the files as they
  * were (it would have overwritten them, and pruned them to the newest K). */
@@ -689,6 +718,7 @@ END_TEST
 
 void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_refusals_kept);
+  tcase_add_test(tc, test_big_foreign_checkpoint);
   add_checkpoint_meta_tests(tc);
   tcase_add_test(tc, test_resume_stops_rather_than_roll_back);
   tcase_add_test(tc, test_resume_runs_pending_evaluation);

@@ -566,6 +566,37 @@ static int move_aside(const char *from, char *to, size_t tolen) {
   return errno = EEXIST, -1;
 }
 
+/* Before a checkpoint's data is read (gw_st_open_checked): a file without a
+ * configuration is not gw-train's, and one of this run's configuration
+ * holds describe()'s bytes with a momentum buffer at most; either, however
+ * big (twice that: a smaller excess is read, for verify() to name the
+ * damage), is refused having read its header only (a foreign 100 GB file named ckpt-N was read whole
+ * first: out of memory, which stopped the resume instead of falling back).
+ * A file of another configuration is another run's checkpoint (its size is
+ * a model's): read, for load_one to say what differs. */
+struct header_want {
+  const char *config, *legacy;
+  size_t max_bytes;
+  char why[600];
+};
+
+static gw_result_t ckpt_header_check(const struct gw_st_file *h, const char *path, void *arg) {
+  (void)path; /* the caller names the file */
+  struct header_want *w = arg;
+  const char *cfg = gw_st_metadata(h, "config");
+  size_t bytes = 0;
+  for (int i = 0; i < h->ntensors; i++) bytes += h->tensors[i].nbytes;
+  if (!cfg)
+    snprintf(w->why, sizeof w->why, "no \"config\" in its metadata (%d tensor%s, %zu bytes): not a checkpoint of "
+             "gw-train", h->ntensors, h->ntensors == 1 ? "" : "s", bytes);
+  else if ((!strcmp(cfg, w->config) || (w->legacy && !strcmp(cfg, w->legacy))) && bytes / 2 > w->max_bytes)
+    snprintf(w->why, sizeof w->why, "its tensors hold %zu bytes, over twice the %zu of a checkpoint of this run's "
+             "configuration: the file is damaged", bytes, w->max_bytes);
+  else
+    return GW_SUCCESS;
+  return GW_ERR_INVALID_ARGUMENT;
+}
+
 int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
                      const char *config, const char *legacy_config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
                      size_t errlen) {
@@ -576,10 +607,20 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
   size_t used = 0;
   int other_samples = 0; /* a newer file of this gw-train's was refused */
   err_note[0] = 0;
+  struct header_want want = {.config = config, .legacy = legacy_config};
+  {
+    struct ckpt_tensors c;
+    struct ckpt_state zero = {0};
+    describe(&c, m, sgd, &zero);
+    for (int k = 0; k < c.n; k++) want.max_bytes += c.t[k].nbytes;
+    /* --momentum is outside the configuration: a file with the buffer is this run's too (refused by load_one, by name) */
+    if (!gw_sgd_momentum(sgd)) want.max_bytes += gw_model_num_params(m) * sizeof(float);
+  }
   for (int i = 0; i < n; i++) {
     snprintf(path_out, pathlen, "%s/ckpt-%" PRId64 ".safetensors", dir, steps[i]);
     struct gw_st_file *f = NULL;
-    gw_result_t opened = gw_st_open(&f, path_out);
+    want.why[0] = 0;
+    gw_result_t opened = gw_st_open_checked(&f, path_out, ckpt_header_check, &want);
     if (opened == GW_ERR_SYSTEM) {
       /* Not the file's fault (out of memory or descriptors, permissions, an
        * I/O error): falling back would quietly redo steps and move a good
@@ -589,7 +630,7 @@ int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, st
       return -1;
     }
     int ok = opened == GW_SUCCESS;
-    if (!ok) snprintf(why, sizeof why, "%s", gw_model_last_error());
+    if (!ok) snprintf(why, sizeof why, "%s", want.why[0] ? want.why : gw_model_last_error());
     /* An older gw-train's file (the data named by --data's text) only while no
      * newer file naming other samples was refused: that one says the data
      * changed, which the older file cannot tell. */
