@@ -8,9 +8,13 @@
  * 0x00000801 + count for labels) followed by unsigned bytes.  Every header field
  * and the data length are checked, and a message names the file. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "data_internal.h"
@@ -79,14 +83,31 @@ static uint32_t be32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* Opened without waiting (O_NONBLOCK), and only a regular file is read: a
+ * FIFO put in the dataset's place (no writer) hung gzopen's open() forever. */
 static gw_result_t open_gz(gzFile *f, const char *path) {
-  /* gzopen sets errno when open() fails, not always when it fails otherwise:
-   * a value left from an earlier call would be given as the reason. */
-  errno = 0;
-  *f = gzopen(path, "rb");
-  if (!*f)
+  *f = NULL;
+  int fd;
+  do fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0)
     return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: %s (is dataset-fashion-mnist installed?)",
-                          path, errno ? strerror(errno) : "out of memory");
+                          path, strerror(errno));
+  struct stat st;
+  const bool looked = fstat(fd, &st) == 0, regular = looked && S_ISREG(st.st_mode);
+  if (!regular || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int e = errno;
+    close(fd);
+    if (looked && !regular)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s is not a regular file", path);
+    return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: %s", path, strerror(e));
+  }
+  /* gzdopen fails only for memory (errno may be a value left from before). */
+  *f = gzdopen(fd, "rb");
+  if (!*f) {
+    close(fd);
+    return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: out of memory", path);
+  }
   gzbuffer(*f, 1 << 17);
   return GW_SUCCESS;
 }

@@ -14,6 +14,7 @@
  * directory that fails part way through listing is an error: its class would
  * silently come up short.  Decoding is imagefolder.c's. */
 #include <dirent.h>
+#include <stdint.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,11 @@
 #include "imagefolder.h"
 
 #define MAX_DEPTH 32 /* levels below a class directory */
+/* Directories one class's walk may visit (os.walk's count: one reached by
+ * two links is visited twice).  Links that branch without a loop (each
+ * level's two links to the next) multiply the visits by 2 per level: the
+ * scan never ended, and its file list filled memory. */
+#define MAX_CLASS_DIRS 100000
 #define PATH_BUF 4096
 
 /* A path split where its last component starts: s + name is the name, and the
@@ -104,14 +110,55 @@ static int entry_kind(const char *dir, const struct dirent *e) {
   return S_ISDIR(st.st_mode) ? 1 : S_ISREG(st.st_mode) ? 0 : -1;
 }
 
+/* The code point at s[0..n) as Python decodes a file name (UTF-8 with
+ * surrogateescape): a well-formed sequence (Unicode's table 3-7: no
+ * overlong form, surrogate or value past U+10FFFF) is its value, any other
+ * byte b alone is U+DC00 + b.  *len: the bytes taken. */
+static uint32_t py_code_point(const unsigned char *s, size_t n, size_t *len) {
+  const unsigned c = s[0];
+  *len = 1;
+  if (c < 0x80) return c;
+  int k = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (!k || (size_t)k > n) return 0xdc00 + c;
+  const unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+  if (s[1] < lo || s[1] > hi) return 0xdc00 + c;
+  uint32_t v = c & (0x7f >> k);
+  for (int i = 1; i < k; i++) {
+    if (i > 1 && (s[i] & 0xc0) != 0x80) return 0xdc00 + c;
+    v = v << 6 | (s[i] & 0x3f);
+  }
+  *len = (size_t)k;
+  return v;
+}
+
+/* Python's order of two names (str comparison: by code point, as decoded
+ * above; a prefix first).  For well-formed UTF-8 it is the bytes' order; a
+ * name with other bytes (Latin-1 from an old archive) sorts where Python
+ * puts it, so labels are torchvision's (bytes put b"\x80a" before "\xe9",
+ * Python after it). */
+static int cmp_py(const char *a, size_t na, const char *b, size_t nb) {
+  const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
+  while (na && nb) {
+    if (*x == *y && *x < 0x80) {
+      x++, y++, na--, nb--;
+      continue;
+    }
+    size_t lx, ly;
+    const uint32_t cx = py_code_point(x, na, &lx), cy = py_code_point(y, nb, &ly);
+    if (cx != cy) return cx < cy ? -1 : 1;
+    x += lx, y += ly, na -= lx, nb -= ly;
+  }
+  return na ? 1 : nb ? -1 : 0;
+}
+
 /* sorted(os.walk()) order: by directory, then by name within it (for the plain
- * names of list_subdirs, simply by name). */
+ * names of list_subdirs, simply by name), each as Python compares str. */
 static int cmp_entry(const void *a, const void *b) {
   const struct entry *x = a, *y = b;
   size_t dx = x->name ? (size_t)x->name - 1 : 0, dy = y->name ? (size_t)y->name - 1 : 0;
-  int m = memcmp(x->s, y->s, dx < dy ? dx : dy);
-  if (m || dx != dy) return m ? m : (dx < dy ? -1 : 1);
-  return strcmp(x->s + x->name, y->s + y->name);
+  int m = cmp_py(x->s, dx, y->s, dy);
+  if (m) return m;
+  return cmp_py(x->s + x->name, strlen(x->s + x->name), y->s + y->name, strlen(y->s + y->name));
 }
 
 /* The next entry of d other than . and ..; NULL at the end, or on a failed
@@ -163,6 +210,7 @@ struct ancestry {
   dev_t dev[MAX_DEPTH + 2];
   ino_t ino[MAX_DEPTH + 2];
   int n;
+  int64_t visits; /* directories walked under this class so far */
 };
 
 /* Appends every JPEG below dir (recursively, dir at `depth` below the class
@@ -186,6 +234,11 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct
       closedir(d);
       return GW_SUCCESS;
     }
+  if (++up->visits > MAX_CLASS_DIRS) {
+    closedir(d);
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: more than %d directories below one class, the last %s "
+                          "(symbolic links that reach the same directories again and again?)", MAX_CLASS_DIRS, dir);
+  }
   up->dev[up->n] = st.st_dev, up->ino[up->n] = st.st_ino;
   up->n++;
   gw_result_t res = GW_SUCCESS;

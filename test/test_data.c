@@ -234,6 +234,15 @@ START_TEST(fmnist_bad_files) {
   s = good_idx(), s.bad_label = 12;
   write_idx(&s);
   expect_error(open_tmp_fmnist(), "train-labels-idx1-ubyte.gz", "label 12");
+  /* A FIFO in a file's place (no writer): refused at once (gzopen waited in
+   * open() forever). */
+  s = good_idx();
+  write_idx(&s);
+  ck_assert_int_eq(unlink(in_tmp("train-images-idx3-ubyte.gz")), 0);
+  ck_assert_int_eq(mkfifo(in_tmp("train-images-idx3-ubyte.gz"), 0600), 0);
+  alarm(20);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "not a regular file");
+  alarm(0);
   remove_tmpdir();
 }
 END_TEST
@@ -373,6 +382,36 @@ START_TEST(folder_classes_and_skips) {
     }
   }
   free(out);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Class directories whose names are not all UTF-8 (an old archive's
+ * Latin-1) are numbered in Python's order, which torchvision's labels follow:
+ * str comparison of the names as os.fsdecode gives them (each byte outside a
+ * well-formed sequence is U+DC00 + byte).  Byte order put "\x80a" before
+ * "\xc3\xa9", and the overlong, surrogate and past-U+10FFFF forms before
+ * U+E000. */
+START_TEST(folder_python_order) {
+  make_tmpdir();
+  /* Python: sorted(os.fsdecode(n) for n in names), as bytes again. */
+  static const char *const order[] = {"z",          "\xc3\xa9",         "\x80" "a",          "\xc3",
+                                      "\xe0\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xee\x80\x80",
+                                      "\xf0\x9f\x98\x80"};
+  const int n = (int)(sizeof order / sizeof order[0]);
+  for (int i = n - 1; i >= 0; i--) {
+    char rel[64];
+    snprintf(rel, sizeof rel, "train/%s", order[i]);
+    mkdirs(rel);
+    snprintf(rel, sizeof rel, "train/%s/x.jpg", order[i]);
+    write_jpeg(rel, 8, 8, 0, NULL, 1.0);
+  }
+  struct gw_dataset *ds;
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 8) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_classes(ds), n);
+  for (int i = 0; i < n; i++)
+    ck_assert_msg(!strcmp(gw_dataset_class_name(ds, i), order[i]), "class %d is not Python's %d-th name", i, i);
   gw_dataset_free(ds);
   remove_tmpdir();
 }
@@ -807,6 +846,7 @@ static Suite *data_suite(void) {
   tc = tcase_create("imagefolder");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, folder_classes_and_skips);
+  tcase_add_test(tc, folder_python_order);
   tcase_add_test(tc, folder_unusual_sampling);
   tcase_add_test(tc, folder_constant_colour);
   tcase_add_test(tc, folder_val_geometry);

@@ -184,6 +184,34 @@ START_TEST(folder_hostile_files) {
 }
 END_TEST
 
+/* Links that branch without a loop: d0..d19 under a class, each holding two
+ * links a and b to the next (2^19 visits of d19 as os.walk counts them):
+ * refused at the bound naming the class (the scan never ended, its list of
+ * d19's file filling memory). */
+START_TEST(folder_link_fan_out_bounded) {
+  make_tmpdir();
+  mkdirs("train/ok");
+  write_jpeg("train/ok/x.jpg", 8, 8, 0, NULL, 1.0);
+  char rel[64], link[96];
+  for (int i = 0; i < 20; i++) {
+    snprintf(rel, sizeof rel, "train/fan/d%d", i);
+    mkdirs(rel);
+    if (i == 0) continue;
+    snprintf(link, sizeof link, "../d%d", i);
+    snprintf(rel, sizeof rel, "train/fan/d%d/a", i - 1);
+    ck_assert_int_eq(symlink(link, in_tmp(rel)), 0);
+    snprintf(rel, sizeof rel, "train/fan/d%d/b", i - 1);
+    ck_assert_int_eq(symlink(link, in_tmp(rel)), 0);
+  }
+  write_jpeg("train/fan/d19/x.jpg", 8, 8, 0, NULL, 1.0);
+  alarm(60);
+  struct gw_dataset *ds;
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 8), "train/fan/d", "more than 100000 directories");
+  alarm(0);
+  remove_tmpdir();
+}
+END_TEST
+
 /* A damaged file deep enough that its path alone passes 512 bytes (where the
  * message was cut, reason and file name lost): named whole, with the reason. */
 START_TEST(folder_long_path_named) {
@@ -219,4 +247,5 @@ void add_fmnist_hostile_tests(TCase *tc) { tcase_add_test(tc, fmnist_lying_and_j
 void add_folder_hostile_tests(TCase *tc) {
   tcase_add_test(tc, folder_hostile_files);
   tcase_add_test(tc, folder_long_path_named);
+  tcase_add_test(tc, folder_link_fan_out_bounded);
 }
