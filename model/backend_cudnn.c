@@ -257,6 +257,9 @@ static void *cudnn_alloc(struct gw_backend *b, size_t bytes) {
 static void cudnn_dealloc(struct gw_backend *b, void *p) {
   if (!p) return;
   cudaStreamSynchronize(b->stream); /* work still queued may use it */
+  /* And a staged input's copy into it (the next batch, taken before a stop
+   * or an error): cudaFree need not wait for another stream's work. */
+  if (b->copy_stream) cudaStreamSynchronize(b->copy_stream);
   cudaFree(p);
 }
 
@@ -280,9 +283,13 @@ static gw_result_t cudnn_copy(struct gw_backend *b, void *dst, const void *src, 
 /* The copy stream and the slots' events, at the first transfer. */
 static gw_result_t staging_ready(struct gw_backend *b) {
   if (b->copy_stream) return GW_SUCCESS;
+  /* Each made once: a failed first try (out of resources) left the ones made
+   * and the next try made them again over their handles (leaked). */
   for (int i = 0; i < 2; i++) {
-    CU_TRY(cudaEventCreateWithFlags(&b->slot[i].copied, cudaEventDisableTiming), "upload_async");
-    CU_TRY(cudaEventCreateWithFlags(&b->slot[i].freed, cudaEventDisableTiming), "upload_async");
+    if (!b->slot[i].copied)
+      CU_TRY(cudaEventCreateWithFlags(&b->slot[i].copied, cudaEventDisableTiming), "upload_async");
+    if (!b->slot[i].freed)
+      CU_TRY(cudaEventCreateWithFlags(&b->slot[i].freed, cudaEventDisableTiming), "upload_async");
   }
   CU_TRY(cudaStreamCreateWithFlags(&b->copy_stream, cudaStreamNonBlocking), "upload_async");
   return GW_SUCCESS;
