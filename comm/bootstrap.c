@@ -175,6 +175,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
       last_gai = 0;
       for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) last_errno = errno;
         if (fd < 0) continue;
         /* Each address for at most 10 s: one that drops SYNs must not hold
          * the rest (or the whole rendezvous) for the kernel's 2 minutes. */
@@ -189,6 +190,14 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
       }
       freeaddrinfo(ai);
     }
+    /* This rank out of descriptors or memory (a socket, or the resolver's
+     * files): no wait fixes it, said at once (it retried until the deadline,
+     * then blamed rank 0 with "no route"). */
+    const char *hint;
+    if ((gai == 0 || gai == EAI_SYSTEM) && last_errno && gw__sock_errno_kind(last_errno, &hint) == GW_ERR_SYSTEM &&
+        last_errno != ENETDOWN && last_errno != ENETUNREACH)
+      return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot connect to master %s: %s%s", bs->rank, bs->master,
+                     strerror(last_errno), hint);
     /* Rank 0 may not be listening yet: retry with a growing pause. */
     struct timespec ts = {0, sleep_us * 1000};
     nanosleep(&ts, NULL);

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -264,6 +265,32 @@ static int body_impostor(int rank, int n, const char *master, void *arg) {
 START_TEST(test_impostor_master) { ck_assert_int_eq(run_ranks_raw(1, body_impostor, NULL, 30), 0); }
 END_TEST
 
+/* A rank out of file descriptors (RLIMIT_NOFILE at the lowest free one) fails
+ * at once, saying so; it retried until GW_BOOTSTRAP_TIMEOUT and then said "no
+ * answer from master ... (no route); is rank 0 running?". */
+static int body_out_of_fds(int rank, int n, const char *master, void *arg) {
+  (void)rank, (void)n, (void)master, (void)arg;
+  setenv("GW_JOB_TOKEN", "fds", 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "30", 1);
+  const int lowest = dup(0);
+  EXPECT(lowest >= 0, "dup");
+  close(lowest);
+  struct rlimit rl;
+  EXPECT(getrlimit(RLIMIT_NOFILE, &rl) == 0, "getrlimit");
+  rl.rlim_cur = (rlim_t)lowest;
+  EXPECT(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit");
+  const double t0 = gw__now();
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, 2, 1, "127.0.0.1:9");
+  const double took = gw__now() - t0;
+  EXPECT(r == GW_ERR_SYSTEM && has(gw_comm_last_error(NULL), "ulimit -n") && took < 10, "returned %s after %.1f s: %s",
+         gw_strerror(r), took, gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_out_of_fds_said) { ck_assert_int_eq(run_ranks_raw(1, body_out_of_fds, NULL, 60), 0); }
+END_TEST
+
 START_TEST(test_bound_ranks_not_oversubscribed) {
   cpu_set_t all;
   ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
@@ -359,6 +386,7 @@ int main(void) {
   tcase_add_test(tc, test_late_joiner_refused);
   tcase_add_test(tc, test_hmac_vectors);
   tcase_add_test(tc, test_impostor_master);
+  tcase_add_test(tc, test_out_of_fds_said);
   tcase_add_test(tc, test_transport_must_agree);
   tcase_add_test(tc, test_torchrun_none_no_token);
   tcase_add_test(tc, test_env_numbers);
