@@ -487,6 +487,78 @@ START_TEST(test_multinode_signal_stops_job)
 }
 END_TEST
 
+/* A signal reaching both nodes' gw-run 0.2 s apart (scancel -s INT, a time
+ * limit, sbatch --signal=USR1): every rank gets it once.  Each rank got it
+ * once from its own gw-run and again from the other node's STOP or PASS (a
+ * second SIGINT breaks Python's KeyboardInterrupt cleanup).  The ranks note
+ * each delivery and go on: SIGINT's end by the kill grace, SIGUSR1's 1.5 s
+ * after the first (exit 0). */
+static const struct {
+    int sig, code;
+    const char *script;
+} once_cases[] = {
+    {SIGINT, 128 + SIGINT,
+     "trap 'echo x >> \"$GWT_DIR/n.$GW_RANK\"' INT; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
+     "while :; do sleep 0.1; done"},
+    {SIGUSR1, 0,
+     "trap 'echo x >> \"$GWT_DIR/n.$GW_RANK\"' USR1; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
+     "while [ ! -e \"$GWT_DIR/n.$GW_RANK\" ]; do sleep 0.1; done; sleep 1.5"},
+};
+
+START_TEST(test_multinode_signal_once_per_rank)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
+    const char *env[] = {"GW_JOB_TOKEN=mn-once", dir_env, "GW_DEBUG=INFO", "GW_RUN_KILL_GRACE=2", NULL};
+    const char *script = once_cases[_i].script;
+    const int sig = once_cases[_i].sig;
+    int port = gwrun_free_port_pair();
+    struct run r[2];
+    for (int i = 0; i < 2; i++)
+        node_start(&r[i], env, port, 2, i, "1", script);
+    bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0);
+    int started = 0;
+    for (int tries = 0; tries < 1000 && started < 2; tries++) {
+        started = 0;
+        for (int i = 0; i < 2; i++) {
+            char path[200];
+            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+            started += gwrun_read_pid_file(path) > 0;
+        }
+        gwrun_sleep(0.01);
+    }
+    if (joined && started == 2) {
+        kill(r[1].pid, sig);
+        gwrun_sleep(0.2);
+        kill(r[0].pid, sig);
+    } else {
+        for (int i = 0; i < 2; i++)
+            kill(r[i].pid, SIGTERM);
+    }
+    nodes_wait(r, 2);
+    int got[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        char path[200];
+        snprintf(path, sizeof path, "%s/n.%d", dir, i);
+        FILE *f = fopen(path, "r");
+        for (int c; f && (c = fgetc(f)) != EOF;)
+            got[i] += c == '\n';
+        if (f)
+            fclose(f);
+        unlink(path);
+    }
+    bool gone = ranks_gone(dir, 2);
+    remove_pid_files(dir, 2);
+    ck_assert_msg(joined && started == 2, "the job did not start; stderr:\n%s\n%s", r[0].err, r[1].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(got[i] == 1 && r[i].code == once_cases[_i].code, "node %d: its rank got %s %d times, exit %d; "
+                      "stderr:\n%s", i, strsignal(sig), got[i], r[i].code, r[i].err);
+    ck_assert_msg(gone, "a rank outlived the job");
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 /* SIGUSR1 to node 1's gw-run (a scheduler asking for a checkpoint) reaches
  * every rank of every node (node 0 passes it on to node 2), and the job goes
  * on: the ranks note it and then end well, and every gw-run exits 0. */
@@ -795,6 +867,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_loop_test(mn, test_multinode_signal_stops_job, 0,
                         (int)(sizeof stop_cases / sizeof stop_cases[0]));
     tcase_add_test(mn, test_multinode_usr1_passed_on);
+    tcase_add_loop_test(mn, test_multinode_signal_once_per_rank, 0, (int)(sizeof once_cases / sizeof once_cases[0]));
     tcase_add_test(mn, test_multinode_garbage_frames);
     tcase_add_test(mn, test_multinode_impostor_master);
     tcase_add_test(mn, test_multinode_stranger_mismatch_refused);

@@ -198,6 +198,20 @@ static void forward_signal(int sig, bool remote, bool reached)
         gw__run.got_signal = sig;
     if (gw__run.alive == 0)
         return;
+    /* Once per signal from all nodes together: another node's after this
+     * one's (or another's), this one's after another node's (a scheduler's
+     * signal reaching the nodes a little apart).  Only a second one of this
+     * gw-run's own (kill -INT again: hurry) goes again. */
+    const unsigned bit = sig > 0 && sig < 32 ? 1u << sig : 0;
+    if ((remote && ((gw__run.stop_local | gw__run.stop_remote) & bit)) || (!remote && (gw__run.stop_remote & bit))) {
+        gw__run_say("gw-run: %s %s; the ranks here got it already\n", gw__run_signal_name(sig),
+                remote ? "from another node" : "received");
+        return;
+    }
+    if (remote)
+        gw__run.stop_remote |= bit;
+    else
+        gw__run.stop_local |= bit;
     if (remote)
         gw__run_say("gw-run: forwarding %s to %d rank%s\n", gw__run_signal_name(sig),
                 gw__run.alive, gw__run.alive == 1 ? "" : "s");
@@ -230,6 +244,18 @@ void gw__run_pass_signal(int sig, int from_node)
 {
     if (gw__run.alive == 0)
         return;
+    /* Once per scheduler's signal: the same signal from another node within
+     * a second of the last (or this node's within a second of another's) is
+     * that one, reaching several nodes; two of this gw-run's own both go. */
+    const int64_t now = gw__run_now_ms();
+    if (sig > 0 && sig < 32 && gw__run.pass_ms[sig] && now - gw__run.pass_ms[sig] < 1000 &&
+        (from_node >= 0 || gw__run.pass_remote[sig])) {
+        gw__run_say("gw-run: %s%s again within a second: the ranks here got it already\n",
+                gw__run_signal_name(sig), from_node >= 0 ? " from another node" : "");
+        return;
+    }
+    if (sig > 0 && sig < 32)
+        gw__run.pass_ms[sig] = now, gw__run.pass_remote[sig] = from_node >= 0;
     if (from_node >= 0)
         gw__run_say("gw-run: node %d received %s; passing it on to %d rank%s\n", from_node,
                 gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");
