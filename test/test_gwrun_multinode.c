@@ -81,6 +81,23 @@ static bool ranks_gone(const char *dir, int n)
     return false;
 }
 
+/* How many of the ranks' files dir/pid.0 .. pid.(n-1) are written, waiting
+ * up to 10 s for all n. */
+static int pid_files_written(const char *dir, int n)
+{
+    int started = 0;
+    for (int tries = 0; tries < 1000 && started < n; tries++) {
+        started = 0;
+        for (int i = 0; i < n; i++) {
+            char path[200];
+            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+            started += gwrun_read_pid_file(path) > 0;
+        }
+        gwrun_sleep(0.01);
+    }
+    return started;
+}
+
 static void remove_pid_files(const char *dir, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -518,16 +535,7 @@ START_TEST(test_multinode_signal_once_per_rank)
     for (int i = 0; i < 2; i++)
         node_start(&r[i], env, port, 2, i, "1", script);
     bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0);
-    int started = 0;
-    for (int tries = 0; tries < 1000 && started < 2; tries++) {
-        started = 0;
-        for (int i = 0; i < 2; i++) {
-            char path[200];
-            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
-            started += gwrun_read_pid_file(path) > 0;
-        }
-        gwrun_sleep(0.01);
-    }
+    const int started = pid_files_written(dir, 2);
     if (joined && started == 2) {
         kill(r[1].pid, sig);
         gwrun_sleep(0.2);
@@ -576,16 +584,7 @@ START_TEST(test_multinode_usr1_passed_on)
         node_start(&r[i], env, port, 3, i, "1", script);
     bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0) &&
                   gwrun_stderr_has(&r[2], "node 2 joined node 0", 10.0);
-    int started = 0;
-    for (int tries = 0; tries < 1000 && started < 3; tries++) {
-        started = 0;
-        for (int i = 0; i < 3; i++) {
-            char path[200];
-            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
-            started += gwrun_read_pid_file(path) > 0;
-        }
-        gwrun_sleep(0.01);
-    }
+    const int started = pid_files_written(dir, 3);
     if (joined && started == 3)
         kill(r[1].pid, SIGUSR1);
     else
