@@ -848,6 +848,65 @@ START_TEST(test_multinode_impostor_master)
 }
 END_TEST
 
+/* A node whose rank fails before node 0's challenge came (node 0 slow to
+ * answer) sends the hello first, then the failure: the failure went out at
+ * once, ahead of the hello, and node 0 dropped the connection ("expected a
+ * hello"), the news late by a reconnect. */
+START_TEST(test_multinode_fail_waits_for_hello)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-early-fail", "GW_RUN_JOIN_TIMEOUT=4", "GW_DEBUG=INFO", NULL};
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    ck_assert_msg(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 8) == 0,
+                  "node 0 cannot listen: %s", strerror(errno));
+    struct run r[1];
+    node_start(&r[0], env, port, 2, 1, "1", "exit 3");
+    int fd = accept(lfd, NULL, NULL);
+    unsigned char first[4 + 4096];
+    size_t got = 0;
+    bool heard = false;
+    if (fd >= 0) {
+        gwrun_stderr_has(&r[0], "exited with code 3", 5.0); /* the failure, before the challenge */
+        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL3" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
+        heard = read_some(fd, first, sizeof first, &got, 5.0);
+        close(fd);
+    }
+    nodes_wait(r, 1);
+    close(lfd);
+    ck_assert_msg(fd >= 0 && heard && got > 5 && first[4] == 0x01,
+                  "node 1's first frame (%zu bytes) is of type %d, not its hello; stderr:\n%s", got,
+                  got > 4 ? first[4] : -1, r[0].err);
+    gwrun_nodes_free(r, 1);
+}
+END_TEST
+
+/* A node refused for options that differ from node 0's, started again with
+ * the right ones while node 0 still waits to tell a late node how the job
+ * ended: refused, saying so (it was told "node 1 already joined (host
+ * (null))": a NULL string to printf, and the wrong advice). */
+START_TEST(test_multinode_refused_node_again)
+{
+    const char *env[] = {"GW_JOB_TOKEN=mn-again", "GW_RUN_JOIN_TIMEOUT=6", "GW_DEBUG=INFO", NULL};
+    int port = gwrun_free_port_pair();
+    struct run r[3];
+    node_start(&r[0], env, port, 3, 0, "1", "exec sleep 30");
+    node_start(&r[1], env, port, 3, 1, "2", "exec sleep 30");
+    gwrun_nodes_wait(&r[1], 1, NODE_TIMEOUT_S);
+    node_start(&r[2], env, port, 3, 1, "1", "exec sleep 30");
+    gwrun_nodes_wait(&r[2], 1, NODE_TIMEOUT_S);
+    gwrun_nodes_wait(&r[0], 1, NODE_TIMEOUT_S);
+    ck_assert_msg(r[1].code != 0 && strstr(r[1].err, "was started with -n 2 but node 0"),
+                  "the first node 1 (exit %d):\n%s", r[1].code, r[1].err);
+    ck_assert_msg(r[2].code != 0 && strstr(r[2].err, "node 1 was refused before") && !strstr(r[2].err, "(null)") &&
+                      !strstr(r[0].err, "(null)"),
+                  "node 1 again (exit %d):\n%s\nnode 0:\n%s", r[2].code, r[2].err, r[0].err);
+    gwrun_nodes_free(r, 3);
+}
+END_TEST
+
 static Suite *gwrun_multinode_suite(void)
 {
     Suite *s = suite_create("gw-run-multinode");
@@ -869,6 +928,8 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_loop_test(mn, test_multinode_signal_once_per_rank, 0, (int)(sizeof once_cases / sizeof once_cases[0]));
     tcase_add_test(mn, test_multinode_garbage_frames);
     tcase_add_test(mn, test_multinode_impostor_master);
+    tcase_add_test(mn, test_multinode_fail_waits_for_hello);
+    tcase_add_test(mn, test_multinode_refused_node_again);
     tcase_add_test(mn, test_multinode_stranger_mismatch_refused);
     tcase_add_test(mn, test_multinode_local_crash_before_remote_fail);
     tcase_add_test(mn, test_multinode_launch_failure_stands);

@@ -504,6 +504,13 @@ void gw__run_tune_socket(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    /* Keepalive probes only an idle connection: with a frame unacknowledged
+     * (a PASS in flight when the peer's machine died) the kernel retransmits
+     * for about 15 minutes.  30 s of no acknowledgement ends it too.  (Linux
+     * applies this to a zero window as well; gw-run reads its sockets as
+     * frames come, and its frames are small: a window never fills.) */
+    unsigned user_timeout_ms = 30000;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
 }
 
 void gw__run_conn_close(struct conn *c)

@@ -38,7 +38,9 @@ void gw__run_net_report(struct msg *m)
     }
     if (!net.welcomed)
         gw__run_out_add(&net.pending, f.b, f.n);
-    if (!net.up->connecting)
+    /* Not before the hello (node 0 drops a connection whose first frame is
+     * another): up_hello sends the pending frames after it. */
+    if (!net.up->connecting && (net.welcomed || net.up->challenged))
         gw__run_conn_send(net.up, &f);
 }
 

@@ -268,6 +268,10 @@ static bool hello0(struct conn *c, const struct msg *h)
         if (node < 1 || node >= nnodes)
             snprintf(reason, sizeof reason, "node rank %u is out of range 1..%d", node,
                      net.cfg.nnodes - 1);
+        else if (!net.hosts[node]) /* refused before (its flags differed from node 0's): the job ended then */
+            snprintf(reason, sizeof reason,
+                     "node %u was refused before (its options differed from node 0's) and the job ended "
+                     "then; start the whole job again", node);
         else
             snprintf(reason, sizeof reason,
                      "node %u already joined (host %s); is --node-rank %u given twice?", node,
