@@ -808,17 +808,25 @@ static bool read_some(int fd, unsigned char *buf, size_t cap, size_t *got, doubl
     return false;
 }
 
-START_TEST(test_multinode_impostor_master)
+/* A socket listening where the nodes look for node 0's gw-run (the launcher
+ * port: the master port + 1), for a test's own node 0. */
+static int launcher_listen(int port)
 {
-    int port = gwrun_free_port_pair();
-    static const char token[] = "mn-impostor-secret-4711";
-    const char *env[] = {"GW_JOB_TOKEN=mn-impostor-secret-4711", "GW_RUN_JOIN_TIMEOUT=4", "GW_DEBUG=INFO", NULL};
     int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     ck_assert_msg(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 8) == 0,
-                  "the impostor cannot listen: %s", strerror(errno));
+                  "cannot listen on the launcher port %d: %s", port + 1, strerror(errno));
+    return lfd;
+}
+
+START_TEST(test_multinode_impostor_master)
+{
+    int port = gwrun_free_port_pair();
+    static const char token[] = "mn-impostor-secret-4711";
+    const char *env[] = {"GW_JOB_TOKEN=mn-impostor-secret-4711", "GW_RUN_JOIN_TIMEOUT=4", "GW_DEBUG=INFO", NULL};
+    int lfd = launcher_listen(port);
     struct run r[1];
     node_start(&r[0], env, port, 2, 1, "1", "exec sleep 6");
     int fd = accept(lfd, NULL, NULL);
@@ -856,12 +864,7 @@ START_TEST(test_multinode_fail_waits_for_hello)
 {
     int port = gwrun_free_port_pair();
     const char *env[] = {"GW_JOB_TOKEN=mn-early-fail", "GW_RUN_JOIN_TIMEOUT=4", "GW_DEBUG=INFO", NULL};
-    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    ck_assert_msg(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 8) == 0,
-                  "node 0 cannot listen: %s", strerror(errno));
+    int lfd = launcher_listen(port);
     struct run r[1];
     node_start(&r[0], env, port, 2, 1, "1", "exit 3");
     int fd = accept(lfd, NULL, NULL);
