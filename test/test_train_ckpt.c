@@ -397,7 +397,7 @@ int lock_live(const char *file) {
  * (ckpt-007, ckpt-+9) are not checkpoints. */
 START_TEST(test_refused_moved_aside) {
   char dir[512], c2[600], c4[600], c5[600], c7[600], refused4[700], dead[700], live[700], odd1[600], odd2[600],
-      reused[700], far_new[700], far_old[700];
+      reused[700], far_new[700], far_old[700], fresh_dead[700];
   path(dir, sizeof dir, "ckpt-aside");
   snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
   snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
@@ -408,6 +408,9 @@ START_TEST(test_refused_moved_aside) {
   snprintf(dead, sizeof dead, "%s/ckpt-6.safetensors.tmp.%08x.999999999.0", dir, tag); /* above any pid_max */
   snprintf(live, sizeof live, "%s/ckpt-6.safetensors.tmp.%08x.%ld.3", dir, tag, (long)getpid());
   snprintf(reused, sizeof reused, "%s/ckpt-6.safetensors.tmp.%08x.%ld.4", dir, tag, (long)getpid());
+  /* a save killed seconds ago (a restart's SIGKILL): unlocked, so dead, with
+   * the folder's lock held (it was kept while under 10 s old) */
+  snprintf(fresh_dead, sizeof fresh_dead, "%s/ckpt-6.safetensors.tmp.%08x.999999999.7", dir, tag);
   /* another machine's (a shared directory), or this one's before a reboot:
    * with the folder's lock held, gone once a minute old (an hour before) */
   snprintf(far_new, sizeof far_new, "%s/ckpt-6.safetensors.tmp.%08x.999999999.5", dir, tag ^ 1u);
@@ -419,7 +422,7 @@ START_TEST(test_refused_moved_aside) {
   newest_damaged(dir, c4);
   plant((const char *const[]){dead, live, reused}, 3, 3600);
   plant((const char *const[]){far_old}, 1, 120);
-  plant((const char *const[]){odd1, odd2, far_new}, 3, 0);
+  plant((const char *const[]){odd1, odd2, far_new, fresh_dead}, 4, 0);
   const int live_fd = lock_live(live);
   /* Steps 3-5, saved at 3 and (the last step) 5, keeping one. */
   train(&r, noenv, "1", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir,
@@ -433,7 +436,7 @@ START_TEST(test_refused_moved_aside) {
   gwrun_free(&r);
   ck_assert_msg(exists(refused4) && !exists(c4), "ckpt-4 was not moved to %s", refused4);
   ck_assert_msg(exists(c5) && !exists(c2), "keeping 1: expected ckpt-5 alone (the last step), not ckpt-2");
-  ck_assert_msg(!exists(dead) && !exists(reused) && exists(live),
+  ck_assert_msg(!exists(dead) && !exists(reused) && !exists(fresh_dead) && exists(live),
                 "the dead writers' temporary files should go (also one named with a live pid), the live one's stay");
   ck_assert_msg(exists(far_new) && !exists(far_old), "another machine's: the fresh one kept, the 2-minute-old one gone");
   unlink(far_new);

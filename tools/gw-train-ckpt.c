@@ -169,7 +169,11 @@ static bool temp_is_stale(const char *path, unsigned tag, long long pid, bool di
      * death of a save), so a minute of silence is enough */
     stale = fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > (dir_locked ? 60 : 3600);
   else if (fcntl(fd, F_OFD_GETLK, &fl) == 0)
-    stale = fl.l_type == F_UNLCK && fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10;
+    /* unlocked: dead, unless its writer is between creating and locking it,
+     * which no one is while this run holds the folder's lock (a save killed
+     * by a restart's SIGKILL left one that the next attempt, seconds later,
+     * kept: a whole checkpoint until the next start) */
+    stale = fl.l_type == F_UNLCK && (dir_locked || (fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10));
   else
     stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
   close(fd);
@@ -238,7 +242,7 @@ void weights_remove_stale_temps(const char *path) {
  * duplicate submission, a restarted job's old rank 0 still alive behind a
  * partition) would each keep its newest checkpoints and delete the other's.
  * A file system without locks (some NFS mounts) goes on unguarded, with a
- * note. */
+ * note.  1: held; 0: not held (no locks here); -1: refused (err). */
 static int dir_lock_fd = -1;
 
 static int lock_dir(const char *dir, char *err, size_t errlen) {
@@ -258,7 +262,7 @@ static int lock_dir(const char *dir, char *err, size_t errlen) {
       fprintf(stderr, "gw-train: note: --checkpoint-dir %s: cannot lock %s (%s): nothing keeps another run from "
               "saving into the same folder\n", dir, path, strerror(errno));
       close(fd);
-      return 0;
+      return 0; /* not held: another run's temporary files may be live */
     }
     const ssize_t k = pread(fd, who, sizeof who - 1, 0);
     who[k > 0 ? k : 0] = 0;
@@ -277,7 +281,7 @@ static int lock_dir(const char *dir, char *err, size_t errlen) {
             "the folder is locked all the same\n", dir, strerror(errno));
   if (dir_lock_fd >= 0) close(dir_lock_fd);
   dir_lock_fd = fd;
-  return 0;
+  return 1;
 }
 
 /* mkdir, or nothing when dir exists; a new one's entry made durable in its
@@ -323,8 +327,9 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
     snprintf(err, errlen, "--checkpoint-dir %s: cannot write into it: %s", dir, strerror(errno));
     return -1;
   }
-  if (lock_dir(dir, err, errlen) != 0) return -1;
-  remove_stale_temps(dir, NULL, true); /* lock_dir holds the folder's lock */
+  const int held = lock_dir(dir, err, errlen);
+  if (held < 0) return -1;
+  remove_stale_temps(dir, NULL, held == 1); /* with the folder's lock, no other run writes here */
   int64_t steps[MAX_CKPT];
   const int n = list_steps(dir, steps, MAX_CKPT);
   if (n < 0) {
