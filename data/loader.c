@@ -109,6 +109,16 @@ static uint64_t sample_key(uint64_t seed, int64_t epoch, int64_t index) {
   return gw__mix64(gw__mix64(gw__mix64(seed ^ 0x6a09e667f3bcc908ull) ^ (uint64_t)epoch) ^ (uint64_t)index);
 }
 
+/* The key of the sample at shard position pos: sample_key, and for a padded
+ * list's repeat (entry k >= n, copy k / n of order[k % n]) that key mixed with
+ * the copy's number: a repeat on another rank got the very crop and flip of
+ * the first (PyTorch's workers draw new ones). */
+static uint64_t place_key(const struct gw_loader *l, int64_t epoch, int64_t pos, int64_t index) {
+  const uint64_t key = sample_key(l->cfg.seed, epoch, index);
+  const int64_t copy = (l->sampler.rank + pos * (int64_t)l->sampler.world) / l->sampler.n;
+  return copy ? gw__mix64(key ^ (uint64_t)copy * 0x9e3779b97f4a7c15ull) : key;
+}
+
 static struct slot *slot_of(struct gw_loader *l, int64_t seq) { return &l->slots[seq % l->nslots]; }
 
 /* ---- shard cache (under mu) --------------------------------------------------- */
@@ -184,9 +194,8 @@ static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_
   float *out = s->x + (size_t)i * l->sample_floats;
   for (int64_t k = 0; k < l->ns; k++) {
     if (atomic_load(&l->stop)) return interrupted(s);
-    int64_t index = shard[(pos + k) % l->ns];
-    gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, sample_key(l->cfg.seed, s->b.epoch, index), out,
-                                   &s->y[i]);
+    const int64_t at = (pos + k) % l->ns, index = shard[at];
+    gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, place_key(l, s->b.epoch, at, index), out, &s->y[i]);
     s->stand_in[i] = k > 0;
     /* One count per place whose own sample was skipped (loader.h), however
      * many files the search went past: the next place searches them again. */
