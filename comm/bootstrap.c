@@ -489,6 +489,13 @@ static gw_result_t root_gather(struct gw_bootstrap *bs, uint8_t *all, size_t siz
   for (int r = 1; r < bs->nranks; r++) {
     struct gw_boot_frame f;
     gw_result_t res = recv_frame_hdr(bs->socks[r], &f, deadline);
+    if (res == GW_SUCCESS && f.kind == GW_BOOT_ERROR) { /* rank r failed on its own (gw__bootstrap_fail) */
+      char msg[300];
+      read_error_text(bs->socks[r], &f, msg, sizeof msg, deadline);
+      res = gw__err(err, GW_ERR_REMOTE, "rank 0: rank %d failed: %s", r, msg);
+      root_broadcast_error(bs, r, err ? err->msg : msg);
+      return res;
+    }
     if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = BOOT_FOREIGN;
     if (res == GW_SUCCESS) res = io_all(bs->socks[r], all + (size_t)r * size, size, false, deadline);
     if (res != GW_SUCCESS) {
@@ -656,6 +663,15 @@ gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err
   gw_result_t res = gw__bootstrap_allgather(bs, &one, all, 1, err);
   free(all);
   return res;
+}
+
+void gw__bootstrap_fail(struct gw_bootstrap *bs, const char *msg) {
+  if (!bs || bs->nranks == 1) return;
+  if (bs->rank == 0) {
+    if (!bs->told_error) root_broadcast_error(bs, -1, msg);
+  } else if (bs->socks[0] >= 0) {
+    send_frame(bs->socks[0], GW_BOOT_ERROR, msg, strlen(msg), gw__now() + 1.0);
+  }
 }
 
 void gw__bootstrap_free(struct gw_bootstrap *bs) {

@@ -31,6 +31,11 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
 /* Payload bytes rank 0 has sent in answers (allgather, route) so far (tests). */
 uint64_t gw__bootstrap_root_bytes(void);
 gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err);
+/* This rank failed on its own during setup (an interface with no address, a
+ * full /dev/shm): the others hear msg at their next exchange, not "lost the
+ * bootstrap connection to rank r" (rank 0 tells them all; another rank tells
+ * rank 0, which names it to the rest).  Best effort, a second at most. */
+void gw__bootstrap_fail(struct gw_bootstrap *bs, const char *msg);
 void gw__bootstrap_free(struct gw_bootstrap *bs);
 
 /* The address other ranks can reach this one at: GW_SOCKET_IFNAME's address when

@@ -744,6 +744,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   *out = c;
   return GW_SUCCESS;
 fail:
+  gw__bootstrap_fail(c->bs, err.msg); /* the others hear why, not that this rank went */
   comm_free(c);
   return init_fail(&err, res);
 }

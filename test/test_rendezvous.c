@@ -87,6 +87,27 @@ static int body_transport_differs(int rank, int n, const char *master, void *arg
   return 0;
 }
 
+/* A rank that fails on its own during setup (here an interface with no
+ * address, named by GW_SOCKET_IFNAME on rank 2 alone) tells the others why:
+ * they said "lost the bootstrap connection to rank 2: did it exit?". */
+static int body_one_rank_fails(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_TRANSPORT", "tcp", 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "20", 1);
+  if (rank == 2) setenv("GW_SOCKET_IFNAME", "gwnosuchif0", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  const char *msg = gw_comm_last_error(NULL);
+  EXPECT(r != GW_SUCCESS && has(msg, "GW_SOCKET_IFNAME=gwnosuchif0 has no IP address") &&
+             (rank == 2 || has(msg, "rank 2 failed")),
+         "rank %d: init returned %s: %s", rank, gw_strerror(r), msg);
+  return 0;
+}
+
+START_TEST(test_failed_rank_says_why) { ck_assert_int_eq(run_ranks_raw(3, body_one_rank_fails, NULL, 60), 0); }
+END_TEST
+
 START_TEST(test_transport_must_agree) { ck_assert_int_eq(run_ranks_raw(2, body_transport_differs, NULL, 60), 0); }
 END_TEST
 
@@ -388,6 +409,7 @@ int main(void) {
   tcase_add_test(tc, test_impostor_master);
   tcase_add_test(tc, test_out_of_fds_said);
   tcase_add_test(tc, test_transport_must_agree);
+  tcase_add_test(tc, test_failed_rank_says_why);
   tcase_add_test(tc, test_torchrun_none_no_token);
   tcase_add_test(tc, test_env_numbers);
   tcase_add_test(tc, test_bound_ranks_not_oversubscribed);
