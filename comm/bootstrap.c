@@ -283,6 +283,13 @@ static void root_broadcast_error(struct gw_bootstrap *bs, int skip, const char *
     if (r != skip && bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
 }
 
+/* Whether the peer of a joined rank's socket has closed it (its process
+ * exited): the end of its stream is seen even behind data it sent first. */
+static bool peer_gone(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 /* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes. */
 static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, double deadline,
                                    struct gw_errctx *err) {
@@ -340,6 +347,17 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s claiming rank %d: wrong job token", who, h.rank);
       refuse(fd, "wrong job token (GW_JOB_TOKEN differs from rank 0's)", hello_deadline);
       continue;
+    }
+    if (h.nranks == bs->nranks && h.rank >= 1 && h.rank < bs->nranks && bs->socks[h.rank] >= 0 &&
+        peer_gone(bs->socks[h.rank])) {
+      /* Its earlier process exited before the others came (a pod restarted
+       * by Kubernetes, a rank relaunched by hand): the new one takes its
+       * place.  A live earlier connection is a duplicate, refused below. */
+      GW_INFO(GW_SUB_BOOT, "rank 0: rank %d joined again from %s; its earlier connection is closed (that process "
+              "exited): the new one takes its place", h.rank, who);
+      close(bs->socks[h.rank]);
+      bs->socks[h.rank] = -1;
+      joined--;
     }
     if (h.nranks != bs->nranks || h.rank < 1 || h.rank >= bs->nranks || bs->socks[h.rank] >= 0) {
       char why[200];

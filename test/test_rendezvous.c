@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/resource.h>
 #include <stdbool.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
@@ -106,6 +108,40 @@ static int body_one_rank_fails(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_failed_rank_says_why) { ck_assert_int_eq(run_ranks_raw(3, body_one_rank_fails, NULL, 60), 0); }
+END_TEST
+
+/* Rank 1 joins, then its process dies before rank 2 comes (SIGKILL inside
+ * gw_comm_init), and a new rank 1 starts (a pod restarted, a rank
+ * relaunched): it takes the dead one's place and the job runs.  Rank 0 took
+ * it for a duplicate ("rank 1 joined twice") and failed every rank. */
+static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "30", 1);
+  if (rank == 1) {
+    const pid_t child = fork();
+    if (child == 0) {
+      gw_comm_t c;
+      gw_comm_init(&c, n, rank, master); /* joins, then waits for rank 2 */
+      _exit(3);
+    }
+    sleep(1);
+    int status = 0;
+    EXPECT(child > 0 && kill(child, SIGKILL) == 0 && waitpid(child, &status, 0) == child && WIFSIGNALED(status),
+           "the first rank 1 did not die in the rendezvous");
+  }
+  if (rank == 2) sleep(2);
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
+  int32_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "rank %d: allreduce: %d %s",
+         rank, v, gw_comm_last_error(comm));
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_restarted_rank_takes_its_place) {
+  ck_assert_int_eq(run_ranks_raw(3, body_rank_restarted, NULL, 60), 0);
+}
 END_TEST
 
 START_TEST(test_transport_must_agree) { ck_assert_int_eq(run_ranks_raw(2, body_transport_differs, NULL, 60), 0); }
@@ -410,6 +446,7 @@ int main(void) {
   tcase_add_test(tc, test_out_of_fds_said);
   tcase_add_test(tc, test_transport_must_agree);
   tcase_add_test(tc, test_failed_rank_says_why);
+  tcase_add_test(tc, test_restarted_rank_takes_its_place);
   tcase_add_test(tc, test_torchrun_none_no_token);
   tcase_add_test(tc, test_env_numbers);
   tcase_add_test(tc, test_bound_ranks_not_oversubscribed);
