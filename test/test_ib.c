@@ -332,6 +332,14 @@ static int body_registered(gw_comm_t comm, int rank, int n, void *arg) {
          "the deregistered outer range was still found through the inner one's registration");
   EXPECT(gw__ib_reg_hold(0, out + 110, 64, other, &nother, 2) != 0 && nother == 1, "the inner range was not found");
   gw__ib_reg_release(other, &nother);
+  /* So is a new registration there: it is registered anew, not a reference on
+   * the inner range's MRs, which pin the pages of the memory that was there. */
+  void *hnew = NULL;
+  unsigned long regs_before = gw__ib_stat(0);
+  EXPECT(gw_comm_register(comm, out + 1000, 64, &hnew) == GW_SUCCESS && gw__ib_stat(0) > regs_before,
+         "a range in the deregistered outer one took a reference on the stale registration");
+  EXPECT(gw_comm_deregister(comm, hnew) == GW_SUCCESS, "deregister the new range");
+  deregs += (unsigned long)gw__ib_devs.n; /* its MRs */
   EXPECT(gw__ib_stat(2) == deregs + (unsigned long)gw__ib_devs.n, "the inner range's MRs went with the outer");
   /* Operations end their holds: the last user reference takes the MRs. */
   EXPECT(gw_comm_deregister(comm, hsub) == GW_SUCCESS, "deregister");
@@ -631,8 +639,15 @@ static int raw_after_fatal(int rank, int n, const char *master, void *arg) {
          gw_comm_last_error(NULL));
   for (int i = 0; i < 4 && !rc; i++) rc |= sum_of_ranks(comm, rank, n); /* both connections, both ways */
   static int64_t big[1 << 16];
+  /* Registering skips the failed device (it failed on every port for one
+   * dead HCA: its ibv_reg_mr is EIO) and the other's connection sends
+   * straight from the buffer. */
+  void *h = NULL;
+  EXPECT(gw_comm_register(comm, big, sizeof big, &h) == GW_SUCCESS, "rank %d: register after a device failed: %s",
+         rank, gw_comm_last_error(comm));
   EXPECT(gw_allreduce(big, big, 1 << 16, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS,
          "rank %d: allreduce on the new communicator: %s", rank, gw_comm_last_error(comm));
+  EXPECT(gw_comm_deregister(comm, h) == GW_SUCCESS, "rank %d: deregister", rank);
   gw_comm_destroy(comm);
   return rc;
 }

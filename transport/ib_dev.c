@@ -172,6 +172,12 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
       }
       if (pt->eth && v->query_gid_ex(ctx, p, (uint32_t)gi, &e, 0) == 0) pt->gid_type = (int)e.gid_type;
     }
+    /* InfiniBand routed by LID: the GID at index 0 (always valid: the port's
+     * subnet prefix and GUID) still goes in the handle, for the peer's choice
+     * of the port on this one's subnet (pick_port) and for a peer routing by
+     * GID (GW_IB_GID_INDEX there alone): it was all zeros, every port
+     * "matched", and rails ordered differently on two hosts were crossed. */
+    if (!pt->eth && gi < 0 && v->query_gid(ctx, p, 0, &pt->gid) != 0) memset(&pt->gid, 0, sizeof pt->gid);
     pt->gid_index = (int)gi;
     if (!pick_pkey(ctx, p, pt, name)) continue;
     pt->pd = v->alloc_pd(ctx);
@@ -366,6 +372,7 @@ unsigned long gw__ib_stat(int which) {
 
 static void reg_free(struct ib_reg *r) {
   for (int p = 0; p < gw__ib_devs.n; p++) {
+    if (!r->mr[p]) continue; /* a failed device's: never registered */
     gw__ib_devs.v->dereg_mr(r->mr[p]);
     atomic_fetch_add(&regs.dereg_calls, 1);
   }
@@ -384,8 +391,12 @@ gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_er
   if (!view) return gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: out of memory");
   *view = (struct ib_view){.lo = lo, .hi = hi};
   pthread_mutex_lock(&regs.lock);
+  /* Inside a live view, not merely inside a registration: the span of one
+   * whose outer range was deregistered (kept for an inner view) may hold
+   * memory mapped since, whose pages are not the pinned ones; a reference on
+   * it sent the stale pages (the lookups' rule, gw__ib_reg_hold's). */
   for (int i = 0; i < regs.n && regs.n < cap; i++)
-    if (regs.v[i]->reg->lo <= lo && hi <= regs.v[i]->reg->hi) {
+    if (regs.v[i]->lo <= lo && hi <= regs.v[i]->hi) {
       view->reg = regs.v[i]->reg;
       view->reg->refs++;
       regs.v[regs.n++] = view;
@@ -402,6 +413,10 @@ gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_er
   }
   *r = (struct ib_reg){.lo = lo, .hi = hi, .refs = 1};
   for (int p = 0; p < gw__ib_devs.n; p++) {
+    /* Not with a device that failed for good (IBV_EVENT_DEVICE_FATAL: detached,
+     * every call EIO; no connection uses it again): registration failed on
+     * every port for one dead HCA.  Its sends find no key and are staged. */
+    if (atomic_load(&gw__ib_devs.ports[p].fatal)) continue;
     /* Only ever a send source: local read, which every MR allows (LOCAL_WRITE
      * would refuse read-only mappings and break copy-on-write of private ones). */
     r->mr[p] = gw__ib_devs.v->reg_mr(gw__ib_devs.ports[p].pd, buf, bytes, 0);
@@ -411,7 +426,8 @@ gw_result_t gw__ib_register(void *buf, size_t bytes, void **handle, struct gw_er
       gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "gw_comm_register: cannot register %zu bytes at %p with %s: %s%s",
                                 bytes, buf, gw__ib_devs.ports[p].name, strerror(e),
                                 e == ENOMEM ? " (the locked-memory limit is too low: raise `ulimit -l`)" : "");
-      while (p-- > 0) gw__ib_devs.v->dereg_mr(r->mr[p]);
+      while (p-- > 0)
+        if (r->mr[p]) gw__ib_devs.v->dereg_mr(r->mr[p]);
       free(r);
       free(view);
       return res;
@@ -451,7 +467,7 @@ uint32_t gw__ib_reg_hold(int p, const void *src, size_t len, struct ib_reg **hel
   uint32_t key = 0;
   pthread_mutex_lock(&regs.lock);
   for (int i = 0; i < regs.n && !key; i++) {
-    if (regs.v[i]->lo > lo || hi > regs.v[i]->hi) continue;
+    if (regs.v[i]->lo > lo || hi > regs.v[i]->hi || !regs.v[i]->reg->mr[p]) continue;
     struct ib_reg *r = regs.v[i]->reg;
     int k = 0;
     while (k < *nheld && held[k] != r) k++;

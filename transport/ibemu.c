@@ -206,6 +206,7 @@ int gw__ibemu_fork_inited(void) { return atomic_load(&emu_fork_inited); }
 static struct ibv_mr *emu_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
   struct emu_ctx *c = CTX(pd->context);
   atomic_store(&emu_registered, 1);
+  if (c->fatal) return fail(EIO); /* as a detached device's: every call fails */
   if (!addr || !len || (access & ~MR_ACCESS_OK) ||
       ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)))
     return fail(EINVAL);
