@@ -92,8 +92,17 @@ static gw_result_t read_file(const char *path, unsigned char **buf, size_t *len)
   int fd;
   do fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   while (fd < 0 && errno == EINTR);
-  if (fd < 0) return read_failed(path, "cannot read", errno);
+  /* EWOULDBLOCK from a regular file: another process holds a write lease on
+   * it (Samba's oplocks, an NFS server's delegation); an open that waits is
+   * what any reader does, and the holder gives way (the kernel breaks the
+   * lease after lease-break-time at most).  Skipped, the sample was replaced
+   * differently from run to run. */
   struct stat st;
+  if (fd < 0 && errno == EWOULDBLOCK && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+    do fd = open(path, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+  }
+  if (fd < 0) return read_failed(path, "cannot read", errno);
   if (fstat(fd, &st) != 0) {
     gw_result_t res = read_failed(path, "cannot read", errno);
     close(fd);

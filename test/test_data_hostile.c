@@ -12,10 +12,13 @@
  *   file was (skipped, not a hung thread), a damaged file whose path alone
  *   passes 512 bytes (named whole, with its reason). */
 #include <check.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -212,6 +215,47 @@ START_TEST(folder_link_fan_out_bounded) {
 }
 END_TEST
 
+/* A sample another process holds a write lease on (Samba's oplocks, an NFS
+ * server's delegation) is read once the holder gives way: the non-blocking
+ * open's EWOULDBLOCK was taken for the file's fault and the sample replaced
+ * (differently from run to run). */
+START_TEST(folder_leased_file_waited_for) {
+  make_tmpdir();
+  mkdirs("train/cat");
+  write_jpeg("train/cat/x.jpg", 8, 8, 0, NULL, 1.0);
+  struct gw_dataset *ds;
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 8) == GW_SUCCESS, "%s", gw_data_last_error());
+  int ready[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  const pid_t holder = fork();
+  if (holder == 0) { /* holds a write lease for half a second, then lets go */
+    signal(SIGIO, SIG_IGN); /* the lease break's notice */
+    const int fd = open(in_tmp("train/cat/x.jpg"), O_RDWR);
+    const char ok = fd >= 0 && fcntl(fd, F_SETLEASE, F_WRLCK) == 0 ? 'y' : 'n';
+    if (write(ready[1], &ok, 1) != 1) _exit(1);
+    usleep(500000);
+    fcntl(fd, F_SETLEASE, F_UNLCK);
+    _exit(0);
+  }
+  char ok = 0;
+  ck_assert_int_eq(read(ready[0], &ok, 1), 1);
+  float out[3 * 8 * 8];
+  int32_t y;
+  gw_result_t r = GW_SUCCESS;
+  if (ok == 'y') r = gw_dataset_get(ds, 0, 1, 1, out, &y);
+  int status;
+  waitpid(holder, &status, 0);
+  close(ready[0]), close(ready[1]);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+  if (ok != 'y') {
+    fprintf(stderr, "folder_leased_file_waited_for: no file leases here (F_SETLEASE): not run\n");
+    return;
+  }
+  ck_assert_msg(r == GW_SUCCESS, "a leased sample was not read: %s", gw_data_last_error());
+}
+END_TEST
+
 /* A damaged file deep enough that its path alone passes 512 bytes (where the
  * message was cut, reason and file name lost): named whole, with the reason. */
 START_TEST(folder_long_path_named) {
@@ -248,4 +292,5 @@ void add_folder_hostile_tests(TCase *tc) {
   tcase_add_test(tc, folder_hostile_files);
   tcase_add_test(tc, folder_long_path_named);
   tcase_add_test(tc, folder_link_fan_out_bounded);
+  tcase_add_test(tc, folder_leased_file_waited_for);
 }
