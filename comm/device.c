@@ -728,7 +728,14 @@ gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, do
   if (!*settled && d && now > atomic_load(&d->next_fault_query)) {
     atomic_store(&d->next_fault_query, now + 0.1);
     int idle = 0;
-    if (d->ops->stream_idle(NULL, &idle)) { /* the default stream: the one that copies the result out */
+    /* On the communicator's device: gw_wait / gw_test may run on a thread of
+     * another device (its default stream is not the one copying out, and a
+     * fault here went unseen) or of none (the query made a context on device
+     * 0, which gw__dev_enter exists to avoid). */
+    const int prev = gw__dev_switch(comm);
+    const int fault = d->ops->stream_idle(NULL, &idle); /* the default stream: the one that copies the result out */
+    gw__dev_switch_back(prev);
+    if (fault) {
       struct gw_errctx e;
       gw__dev_fail(&e, comm, "the device, while a blocking call's result was copied out,");
       gw__comm_set_error(comm, e.msg);

@@ -55,6 +55,7 @@ gw_result_t gw__dev_bind(struct gw_comm *comm, struct gw_errctx *err) {
 
 void gw__dev_thread_start(struct gw_comm *comm) {
   const struct gw_dev_ops *dv = gw__dev();
+  if (dv && dv->relax_capture) dv->relax_capture();
   if (dv && comm->device >= 0 && dv->set_device(comm->device))
     GW_WARN(GW_SUB_PROXY, "rank %d: the progress thread cannot use device %d: %s", comm->rank, comm->device,
             dv->error());

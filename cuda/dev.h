@@ -32,6 +32,12 @@ struct gw_dev_ops {
   int (*device_count)(int *n);
   int (*get_device)(int *dev);
   int (*set_device)(int dev); /* for the calling thread */
+  /* The calling thread's CUDA calls allowed while another thread captures a
+   * graph in global mode (PyTorch's torch.cuda.graph): a stream query or a
+   * pinned allocation of the progress thread failed there
+   * (cudaErrorStreamCaptureUnsupported), taken for a device fault, and
+   * invalidated the user's capture.  NULL: nothing to do (the emulator). */
+  void (*relax_capture)(void);
   /* *yes = 1 when the calling thread already works on a device (a CUDA
    * context is current), so binding it to another would surprise its owner. */
   int (*device_in_use)(int *yes);

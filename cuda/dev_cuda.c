@@ -68,6 +68,11 @@ static int cu_set_device(int dev) {
   return e == cudaSuccess ? 0 : cu_fail(e, "cudaSetDevice(%d)", dev);
 }
 
+static void cu_relax_capture(void) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode); /* this thread's, for good (NCCL's proxy thread does so too) */
+}
+
 /* cuCtxGetCurrent from the driver, looked up once (NULL when unavailable). */
 typedef int (*cu_ctx_get_current_fn)(void **ctx);
 static pthread_once_t ctx_fn_once = PTHREAD_ONCE_INIT;
@@ -427,6 +432,7 @@ static const struct gw_dev_ops cuda_ops = {
     .device_count = cu_device_count,
     .get_device = cu_get_device,
     .set_device = cu_set_device,
+    .relax_capture = cu_relax_capture,
     .device_in_use = cu_device_in_use,
     .ptr_kind = cu_ptr_kind,
     .alloc = cu_alloc,
