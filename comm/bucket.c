@@ -420,6 +420,17 @@ static gw_result_t wait_started(struct gw_bucketer *b) {
 /* A step that ends with a bucket not started (never completely marked, or
  * one could not start) fails the communicator with its error, whatever else
  * failed too; errors of a complete step are only returned. */
+
+/* Later work on the compute stream (gw_bucketer_set_compute_stream) comes
+ * after everything the allreduces' stream does to the buffer of the buckets
+ * started: non-zero when the device refused. */
+static int order_compute(struct gw_bucketer *b) {
+  if (!b->compute || b->next == 0) return 0;
+  const struct gw_dev_ops *d = gw__dev();
+  return d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
+         d->stream_wait_event((gw_dev_stream_t)b->compute, b->ev[b->n]);
+}
+
 static gw_result_t wait_locked(struct gw_bucketer *b) {
   const int incomplete = b->next < b->n ? b->next : -1;
   const size_t had = incomplete >= 0 ? b->ready[incomplete] : 0;
@@ -448,15 +459,10 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
   /* Later work on compute sees the reduced gradients; also after a failed
    * allreduce or cast back (whatever the allreduces' stream still does to the
    * buffer comes before compute's next use or a stream-ordered free of it). */
-  if (b->compute && b->next > 0) {
-    const struct gw_dev_ops *d = gw__dev();
-    if ((d->event_record(b->ev[b->n], (gw_dev_stream_t)b->stream) ||
-         d->stream_wait_event((gw_dev_stream_t)b->compute, b->ev[b->n])) &&
-        res == GW_SUCCESS) {
-      res = GW_ERR_INTERNAL;
-      snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
-               b->comm->rank, d->error());
-    }
+  if (order_compute(b) && res == GW_SUCCESS) {
+    res = GW_ERR_INTERNAL;
+    snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
+             b->comm->rank, gw__dev()->error());
   }
   if (res == GW_SUCCESS && failed) { /* the reason a bucket did not start, not that it was left */
     res = failed;
@@ -675,8 +681,15 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
    * (a 16-bit wire converted back, the compute stream ordered after it);
    * otherwise the buffer held the local gradients (a device wire) or the
    * reduced ones (a host wire) depending on the wire. */
-  if (b->n > 0 && b->next == b->n) (void)wait_locked(b);
-  else wait_started(b);
+  if (b->n > 0 && b->next == b->n) {
+    (void)wait_locked(b);
+  } else {
+    wait_started(b);
+    /* A step left part way too: a staged allreduce on a stream of the
+     * caller's may still copy into the buffer, which compute's next work (a
+     * stream-ordered free) must follow. */
+    (void)order_compute(b);
+  }
   /* A step left part way (see fail_comm_for_step), also one whose every mark
    * was refused: the peers went on into its buckets. */
   if (b->next < b->n && (b->marked || b->next || b->refused[0] || b->failed)) {

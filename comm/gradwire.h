@@ -348,7 +348,10 @@ struct gw_bucketer_times {
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t);
 /* Waits for what is in flight; a complete step not waited for is finished
  * as gw_bucketer_wait would (16-bit wire converted back, compute stream
- * ordered after it); accepts NULL. */
+ * ordered after it), and the compute stream is ordered after a step left part
+ * way too; accepts NULL.  Exclusive, as gw_comm_destroy is not: no call on
+ * the bucketer may run or be about to start on another thread (a mark or wait
+ * blocked on the bucketer's lock would wake up in freed memory). */
 void gw_bucketer_destroy(gw_bucketer_t b);
 
 /* ---- helpers -------------------------------------------------------------- */
