@@ -193,17 +193,25 @@ static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dty
                                  const size_t *bounds, int nbuckets, gw_bucketer_t *out) {
   gw_result_t res = check_create(comm, buf, count, dtype, op, bounds, nbuckets);
   if (res == GW_SUCCESS && !out) res = fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: out is NULL");
-  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets, res)) != GW_SUCCESS) return res;
-  struct gw_bucketer *b = calloc(1, sizeof *b);
-  if (b) {
-    b->bounds = malloc((size_t)(nbuckets + 1) * sizeof *b->bounds);
-    b->ready = calloc((size_t)nbuckets, sizeof *b->ready);
-    b->req = calloc((size_t)nbuckets, sizeof *b->req);
+  /* Memory before the ranks agree: a rank out of it after they agreed kept
+   * none while its peers held bucketers (create "refuses on every rank"),
+   * and its retry's allgather met their first bucket's allreduce. */
+  struct gw_bucketer *b = NULL;
+  if (res == GW_SUCCESS) {
+    const bool nomem = gw__env_int("GW_TEST_BUCKETER_NOMEM", 0) != 0; /* tests: this rank's allocation fails */
+    b = nomem ? NULL : calloc(1, sizeof *b);
+    if (b) {
+      b->bounds = malloc((size_t)(nbuckets + 1) * sizeof *b->bounds);
+      b->ready = calloc((size_t)nbuckets, sizeof *b->ready);
+      b->req = calloc((size_t)nbuckets, sizeof *b->req);
+    }
+    if (!b || !b->bounds || !b->ready || !b->req)
+      res = fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory for %d buckets", nbuckets);
   }
-  if (!b || !b->bounds || !b->ready || !b->req) {
+  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets, res)) != GW_SUCCESS) {
     if (b) free(b->bounds), free(b->ready), free(b->req);
     free(b);
-    return fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory for %d buckets", nbuckets);
+    return res;
   }
   memcpy(b->bounds, bounds, (size_t)(nbuckets + 1) * sizeof *b->bounds);
   pthread_mutex_init(&b->mu, NULL);

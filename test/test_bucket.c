@@ -303,6 +303,16 @@ static int body_layouts(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk && test_now() - t0 < 10 &&
              (rank == 1 ? !strstr(e, "refused its own") : strstr(e, "rank 1 refused its own arguments") != NULL),
          "rank 1's arguments refused: %s after %.1f s: %s", gw_strerror(r), test_now() - t0, e);
+  /* Rank 2 out of memory for its bucketer: every rank refuses (the others
+   * held bucketers, rank 2 none, and the next collective paired rank 2's with
+   * their first bucket's allreduce). */
+  if (rank == 2) setenv("GW_TEST_BUCKETER_NOMEM", "1", 1);
+  r = gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, three, 3, &bk);
+  unsetenv("GW_TEST_BUCKETER_NOMEM");
+  e = gw_comm_last_error(comm);
+  EXPECT(r != GW_SUCCESS && !bk &&
+             (rank == 2 ? strstr(e, "out of memory") != NULL : strstr(e, "rank 2 refused its own arguments") != NULL),
+         "rank 2 out of memory: %s: %s", gw_strerror(r), e);
   EXPECT(gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, three, 3, &bk) == GW_SUCCESS, "%s",
          gw_comm_last_error(comm));
   for (int i = 0; i < 300; i++) g[i] = (float)(i + rank);
