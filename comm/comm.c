@@ -16,7 +16,9 @@ GW_PARAM(ShmSlots, "GW_SHM_SLOTS", 8)
 GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
 GW_PARAM(SocketStreams, "GW_SOCKET_NSTREAMS", 1)
 GW_PARAM(Channels, "GW_NCHANNELS", 1)
-GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", 256 << 10)
+/* Negative (the default): auto, gw__pick_base's rule; the ranks agree on the
+ * value as given. */
+GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", -1)
 /* An operation uses one channel per this many bytes (channels.c). */
 GW_PARAM(ChannelMinBytes, "GW_CHANNEL_MIN_BYTES", 1 << 20)
 
@@ -211,10 +213,23 @@ static void model_init(struct gw_model *m, int nranks) {
   if (*path && gw__model_load(m, path, nranks, &err) == GW_SUCCESS) GW_INFO(GW_SUB_TUNE, "cost model from %s", path);
 }
 
+/* The exchange's cap when GW_EXCHANGE_MAX_BYTES is unset: none for 2 ranks
+ * whose every connection is shm on one channel (both send everything and
+ * both reduce, one hop: measured 1.6-2x the ring's bus bandwidth from 512 KiB
+ * to 8 MiB and 1.1-1.5x up to 256 MiB on this machine, where the cap of 256
+ * KiB had left the ring); 256 KiB otherwise (over tcp the ring was as fast or
+ * faster past it; above 2 ranks recursive doubling moves log2(n) times the
+ * data). */
+enum { EXCHANGE_MAX_NET = 256 << 10 };
+static size_t exchange_cap(const struct gw_comm *c) {
+  if (c->exchange_max != SIZE_MAX) return c->exchange_max;
+  return c->nranks == 2 && c->ll_chunk_bytes > 0 && c->nchannels == 1 ? SIZE_MAX : EXCHANGE_MAX_NET;
+}
+
 void gw__pick_base(const struct gw_comm *c, int algo, int proto, struct gw_pick_args *a) {
   *a = (struct gw_pick_args){.nranks = c->nranks, .algo = algo, .proto = proto, .tree_ok = c->tree_ok,
                              .ll_ok = c->ll_chunk_bytes > 0, .tree_levels = c->tree_levels, .rd_ok = c->rd_ok,
-                             .exchange_max = c->exchange_max};
+                             .exchange_max = exchange_cap(c)};
 }
 
 /* Orders the ring by machine (in order of each machine's lowest rank), ranks
@@ -364,9 +379,11 @@ struct settings {
 };
 
 static void describe_settings(const struct settings *s, char *buf, size_t len) {
-  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_TRANSPORT=%s, GW_NCHANNELS=%d, GW_EXCHANGE_MAX_BYTES=%llu, "
+  char xmax[24] = "auto";
+  if (s->exchange_max != UINT64_MAX) snprintf(xmax, sizeof xmax, "%llu", (unsigned long long)s->exchange_max);
+  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_TRANSPORT=%s, GW_NCHANNELS=%d, GW_EXCHANGE_MAX_BYTES=%s, "
            "GW_CHANNEL_MIN_BYTES=%llu, GW_SHM_SLOTS=%u, GW_SHM_SLOT_BYTES=%u, cost model %016llx",
-           gw__algo_name(s->algo), gw__proto_name(s->proto), gw__transport_wanted_name(s->transport), s->nchannels, (unsigned long long)s->exchange_max,
+           gw__algo_name(s->algo), gw__proto_name(s->proto), gw__transport_wanted_name(s->transport), s->nchannels, xmax,
            (unsigned long long)s->channel_min, s->nslots, s->slot_bytes, (unsigned long long)s->model_hash);
 }
 
@@ -656,7 +673,8 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->next_seq = 1;
   c->timeout_s = gw__env_seconds("GW_TIMEOUT", 300.0, true);
   c->algo = algo_from_env(nranks);
-  c->exchange_max = (size_t)GW_MAX(0, gw__param_ExchangeMaxBytes());
+  const int64_t xmax = gw__param_ExchangeMaxBytes();
+  c->exchange_max = xmax < 0 ? SIZE_MAX : (size_t)xmax; /* SIZE_MAX: auto (exchange_cap) */
   c->channel_min_bytes = (size_t)GW_MAX(1, gw__param_ChannelMinBytes());
   c->proto = proto_from_env();
   model_init(&c->model, nranks);

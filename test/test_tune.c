@@ -465,6 +465,36 @@ START_TEST(test_oversub_agree) {
 }
 END_TEST
 
+/* GW_EXCHANGE_MAX_BYTES unset: 2 ranks on shm (one channel) take the exchange
+ * at every size (it ran the ring from 512 KiB, at about half the exchange's
+ * bus bandwidth up to 8 MiB); over tcp, or with the variable set, the ring
+ * past the cap. */
+static int raw_exchange_cap(int rank, int n, const char *master, void *arg) {
+  const int which = *(const int *)arg;
+  static const char *const decide[] = {"GW_ALGO", "GW_PROTO", "GW_EXCHANGE_MAX_BYTES", "GW_TUNING_FILE",
+                                       "GW_TRANSPORT", "GW_NCHANNELS"};
+  for (size_t i = 0; i < sizeof decide / sizeof decide[0]; i++) unsetenv(decide[i]);
+  if (which == 1) setenv("GW_TRANSPORT", "tcp", 1);
+  if (which == 2) setenv("GW_EXCHANGE_MAX_BYTES", "262144", 1);
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
+  static float x[1 << 20]; /* 4 MiB */
+  for (int i = 0; i < 1 << 20; i++) x[i] = (float)(i % 1000 + rank);
+  EXPECT(gw_allreduce(x, x, 1 << 20, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
+  for (int i = 0; i < 1 << 20; i++) EXPECT(x[i] == (float)(2 * (i % 1000) + 1), "element %d: %g", i, (double)x[i]);
+  char path[32];
+  const char *want = which == 0 ? "exchange/simple" : "ring/simple";
+  EXPECT(gw_comm_last_path(comm, path, sizeof path) == GW_SUCCESS && !strcmp(path, want),
+         "case %d, rank %d: 4 MiB took %s, not %s", which, rank, path, want);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_exchange_cap) {
+  for (int which = 0; which < 3; which++) ck_assert_int_eq(run_ranks_raw(2, raw_exchange_cap, &which, 60), 0);
+}
+END_TEST
+
 /* Ranks that would decide differently fail at init, naming what differs. */
 static char other_file[64]; /* rank 1's tuning file (the ranks are forked after it is set) */
 
@@ -508,6 +538,7 @@ int main(void) {
   tcase_add_test(tc, test_rd_picks);
   tcase_add_test(tc, test_oversub_picks);
   tcase_add_test(tc, test_oversub_agree);
+  tcase_add_test(tc, test_exchange_cap);
   tcase_add_test(tc, test_rows_per_world_size);
   tcase_add_test(tc, test_rewrite_safe);
   tcase_add_test(tc, test_overrides);
