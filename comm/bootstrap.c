@@ -23,11 +23,16 @@
 #include "sock.h"
 
 #define BOOT_MAX_PAYLOAD (64u << 20)
+/* Addresses of the master's name rank 0 listens on (an A and an AAAA record,
+ * several A records): a rank whose resolver or route takes another one than
+ * rank 0's first reaches it all the same. */
+#define BOOT_MAX_LISTEN 4
 
 struct gw_bootstrap {
   int rank, nranks;
   int *socks;      /* rank 0: socks[r] for r >= 1; others: socks[0] to rank 0 */
-  int listen_fd;
+  int listen_fd;   /* the first of listen_fds (rank 0, until everyone joined); -1 none */
+  int listen_fds[BOOT_MAX_LISTEN], nlisten;
   bool told_error; /* rank 0 sent ERROR frames: close those sockets gracefully */
   char master[300];
   double timeout_s;
@@ -136,8 +141,11 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: cannot resolve master address %s: %s", bs->master,
                    gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
   int last_errno = 0;
-  /* Bind only to the address named by the master address, never to all interfaces. */
-  for (struct addrinfo *a = ai; a; a = a->ai_next) {
+  /* Bind only to the addresses named by the master address, never to all
+   * interfaces: each of them (it bound the first alone, and a rank whose
+   * resolver or route took another, the IPv4 one of a name with an IPv6 one
+   * first, was refused until its deadline, "is rank 0 running?"). */
+  for (struct addrinfo *a = ai; a && bs->nlisten < BOOT_MAX_LISTEN; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
       last_errno = errno;
@@ -145,16 +153,21 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one); /* its own address alone */
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-      bs->listen_fd = fd;
-      freeaddrinfo(ai);
-      GW_INFO(GW_SUB_BOOT, "rank 0: rendezvous listening at %s", bs->master);
-      return GW_SUCCESS;
+      bs->listen_fds[bs->nlisten++] = fd;
+      continue;
     }
     last_errno = errno;
     close(fd);
   }
   freeaddrinfo(ai);
+  if (bs->nlisten) {
+    bs->listen_fd = bs->listen_fds[0];
+    GW_INFO(GW_SUB_BOOT, "rank 0: rendezvous listening at %s (%d address%s)", bs->master, bs->nlisten,
+            bs->nlisten == 1 ? "" : "es");
+    return GW_SUCCESS;
+  }
   return gw__err(err, GW_ERR_SYSTEM,
                  "rank 0: cannot listen at master address %s: %s (is the port in use by another job, "
                  "or is the address not one of this machine's?)",
@@ -295,9 +308,10 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
                                    struct gw_errctx *err) {
   int joined = 1;
   while (joined < bs->nranks) {
-    struct pollfd pfd = {.fd = bs->listen_fd, .events = POLLIN};
+    struct pollfd pfd[BOOT_MAX_LISTEN];
+    for (int i = 0; i < bs->nlisten; i++) pfd[i] = (struct pollfd){.fd = bs->listen_fds[i], .events = POLLIN};
     int ms = gw__ms_until(deadline);
-    int pr = poll(&pfd, 1, ms > 0 ? ms : 0);
+    int pr = poll(pfd, (nfds_t)bs->nlisten, ms > 0 ? ms : 0);
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) {
       char missing[256] = "";
@@ -318,7 +332,9 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     }
     struct sockaddr_storage from;
     socklen_t fl = sizeof from;
-    int fd = accept4(bs->listen_fd, (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
+    int ready = 0;
+    while (ready < bs->nlisten - 1 && !(pfd[ready].revents & POLLIN)) ready++;
+    int fd = accept4(bs->listen_fds[ready], (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
       const int e = errno;
       gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot accept rank connections at %s: %s%s (%d of %d "
@@ -432,6 +448,11 @@ static gw_result_t peer_hello(struct gw_bootstrap *bs, const char *token, double
   return GW_SUCCESS;
 }
 
+static void close_listeners(struct gw_bootstrap *bs) {
+  for (int i = 0; i < bs->nlisten; i++) close(bs->listen_fds[i]);
+  bs->nlisten = 0, bs->listen_fd = -1;
+}
+
 gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, const char *master,
                                const char *token, double timeout_s, struct gw_errctx *err) {
   gw_result_t res;
@@ -466,7 +487,7 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
      * (another job on the same port whose rank 0 could not bind) into its
      * backlog unanswered, and they failed after the timeout and its grace
      * blaming a missing rank; refused, they say rank 0 is not there. */
-    if (nranks > 1) close(bs->listen_fd), bs->listen_fd = -1;
+    if (nranks > 1) close_listeners(bs);
   } else {
     GW_CHECK_GOTO(peer_connect(bs, host, port, deadline, err), res, fail);
     GW_CHECK_GOTO(peer_hello(bs, token, deadline, err), res, fail);
@@ -701,7 +722,7 @@ void gw__bootstrap_free(struct gw_bootstrap *bs) {
       if (bs->told_error) close_gracefully(bs->socks[r], deadline);
       else close(bs->socks[r]);
     }
-  if (bs->listen_fd >= 0) close(bs->listen_fd);
+  close_listeners(bs);
   free(bs->socks);
   free(bs);
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -141,6 +142,50 @@ static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
 
 START_TEST(test_restarted_rank_takes_its_place) {
   ck_assert_int_eq(run_ranks_raw(3, body_rank_restarted, NULL, 60), 0);
+}
+END_TEST
+
+/* A master name with two addresses (/etc/hosts in a mount namespace: gwdual is
+ * 127.0.0.1 and 127.0.0.2): rank 0 listens on both, so rank 1 reaching it at
+ * one and rank 2 at the other both join.  It bound the first alone, and the
+ * rank that took the other was refused until its deadline ("is rank 0
+ * running?"), as one with no route for a name's first (IPv6) address. */
+static int body_dual_address(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "5", 1);
+  const char *port = strrchr(master, ':') + 1;
+  char mine[64];
+  snprintf(mine, sizeof mine, "%s:%s", rank == 0 ? "gwdual" : rank == 1 ? "127.0.0.1" : "127.0.0.2", port);
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, mine) == GW_SUCCESS, "rank %d at %s: init: %s", rank, mine,
+         gw_comm_last_error(NULL));
+  int32_t v = rank;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == 3, "rank %d: allreduce", rank);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+static int in_dual_hosts(void *arg) {
+  (void)arg;
+  char hosts[] = "/tmp/gw-hosts-XXXXXX";
+  const int fd = mkstemp(hosts);
+  static const char text[] = "127.0.0.1 localhost\n127.0.0.1 gwdual\n127.0.0.2 gwdual\n";
+  if (fd < 0 || write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1)) return 1;
+  close(fd);
+  const bool ns = unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+                  mount(hosts, "/etc/hosts", NULL, MS_BIND, NULL) == 0;
+  unlink(hosts);
+  if (!ns) return 77;
+  return run_ranks_raw(3, body_dual_address, NULL, 60);
+}
+
+START_TEST(test_master_name_with_two_addresses) {
+  const int r = run_in_child(in_dual_hosts, NULL);
+  if (r == 77) {
+    printf("test_master_name_with_two_addresses: no mount namespace here (not root?): not run\n");
+    return;
+  }
+  ck_assert_int_eq(r, 0);
 }
 END_TEST
 
@@ -447,6 +492,7 @@ int main(void) {
   tcase_add_test(tc, test_transport_must_agree);
   tcase_add_test(tc, test_failed_rank_says_why);
   tcase_add_test(tc, test_restarted_rank_takes_its_place);
+  tcase_add_test(tc, test_master_name_with_two_addresses);
   tcase_add_test(tc, test_torchrun_none_no_token);
   tcase_add_test(tc, test_env_numbers);
   tcase_add_test(tc, test_bound_ranks_not_oversubscribed);
