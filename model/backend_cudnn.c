@@ -45,6 +45,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <time.h>
 
@@ -53,13 +54,31 @@
 
 /* ---- errors ---- */
 
+/* A fault that kills the context: every later call returns it, so the call
+ * that reports it need not be the one that caused it (kernels run
+ * asynchronously: an earlier layer's kernel or cuDNN call may have). */
+static bool sticky_fault(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace: case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError: case cudaErrorAssert: case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 gw_result_t gw__cudnn_cuda_fail(cudaError_t e, const char *what, const char *call) {
   /* Reported here: cleared, so a later library call (cuBLAS, cuDNN) that
    * reads the last error does not report this one as its own (a sticky error
    * stays whatever is done). */
   (void)cudaGetLastError();
   return gw__model_fail(e == cudaErrorMemoryAllocation ? GW_ERR_SYSTEM : GW_ERR_INTERNAL,
-                        BE " backend: %s: %s failed: %s (%s)", what, call, cudaGetErrorString(e), cudaGetErrorName(e));
+                        BE " backend: %s: %s failed: %s (%s)%s", what, call, cudaGetErrorString(e), cudaGetErrorName(e),
+                        sticky_fault(e) ? "; the device's context is dead: the fault may come from earlier work on it "
+                                          "(kernels run asynchronously; CUDA_LAUNCH_BLOCKING=1 names the call that "
+                                          "faults)" : "");
 }
 
 gw_result_t gw__cudnn_dnn_fail(cudnnStatus_t st, const char *what, const char *call) {
