@@ -153,7 +153,9 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one); /* its own address alone */
+    /* its own address alone (not for a v4-mapped one: bind refuses that then) */
+    if (a->ai_family == AF_INET6 && !IN6_IS_ADDR_V4MAPPED(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr))
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
       bs->listen_fds[bs->nlisten++] = fd;
       continue;
@@ -203,12 +205,12 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
       }
       freeaddrinfo(ai);
     }
-    /* This rank out of descriptors or memory (a socket, or the resolver's
-     * files): no wait fixes it, said at once (it retried until the deadline,
-     * then blamed rank 0 with "no route"). */
+    /* This rank out of descriptors (a socket, or the resolver's files): no
+     * wait fixes it, said at once (it retried until the deadline, then blamed
+     * rank 0 with "no route").  Memory or socket buffers may come back: retried. */
     const char *hint;
-    if ((gai == 0 || gai == EAI_SYSTEM) && last_errno && gw__sock_errno_kind(last_errno, &hint) == GW_ERR_SYSTEM &&
-        last_errno != ENETDOWN && last_errno != ENETUNREACH)
+    if ((gai == 0 || gai == EAI_SYSTEM) && (last_errno == EMFILE || last_errno == ENFILE) &&
+        gw__sock_errno_kind(last_errno, &hint) == GW_ERR_SYSTEM)
       return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot connect to master %s: %s%s", bs->rank, bs->master,
                      strerror(last_errno), hint);
     /* Rank 0 may not be listening yet: retry with a growing pause. */
@@ -333,7 +335,8 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     struct sockaddr_storage from;
     socklen_t fl = sizeof from;
     int ready = 0;
-    while (ready < bs->nlisten - 1 && !(pfd[ready].revents & POLLIN)) ready++;
+    while (ready < bs->nlisten && !(pfd[ready].revents & POLLIN)) ready++;
+    if (ready == bs->nlisten) continue; /* an error event alone: accept4 would block */
     int fd = accept4(bs->listen_fds[ready], (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
       const int e = errno;

@@ -173,7 +173,7 @@ static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, 
   for (int r = 0; res == GW_SUCCESS && r < comm->nranks; r++)
     if (all[3 * r] == REFUSED_LAYOUT) {
       res = fail(comm, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_bucketer_create: rank %d refused its own arguments "
-                 "(its error says why), so no rank makes the bucketer", comm->rank, r);
+                 "or had no memory for its bucketer (its error says why), so no rank makes the bucketer", comm->rank, r);
       break;
     } else if (all[3 * r] != h) {
       res = fail(comm, GW_ERR_INVALID_ARGUMENT,

@@ -90,10 +90,15 @@ static gw_result_t open_gz(gzFile *f, const char *path) {
   int fd;
   do fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   while (fd < 0 && errno == EINTR);
+  struct stat st;
+  if (fd < 0 && errno == EWOULDBLOCK && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+    /* another process's write lease (Samba, NFS): wait for it, as imagefolder.c does */
+    do fd = open(path, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+  }
   if (fd < 0)
     return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: %s (is dataset-fashion-mnist installed?)",
                           path, strerror(errno));
-  struct stat st;
   const bool looked = fstat(fd, &st) == 0, regular = looked && S_ISREG(st.st_mode);
   if (!regular || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
     const int e = errno;

@@ -14,6 +14,7 @@
  * directory that fails part way through listing is an error: its class would
  * silently come up short.  Decoding is imagefolder.c's. */
 #include <dirent.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <errno.h>
 #include <stdio.h>
@@ -25,10 +26,12 @@
 #include "imagefolder.h"
 
 #define MAX_DEPTH 32 /* levels below a class directory */
-/* Directories one class's walk may visit (os.walk's count: one reached by
- * two links is visited twice).  Links that branch without a loop (each
- * level's two links to the next) multiply the visits by 2 per level: the
- * scan never ended, and its file list filled memory. */
+/* Directories one class's walk may enter through a symbolic link (os.walk's
+ * count: one reached by two links is entered twice).  Links that branch
+ * without a loop (each level's two links to the next) multiply the visits by
+ * 2 per level: the scan never ended, and its file list filled memory.  Plain
+ * subdirectories are not counted (a class of 200000 sample folders is
+ * fine). */
 #define MAX_CLASS_DIRS 100000
 #define PATH_BUF 4096
 
@@ -151,6 +154,15 @@ static int cmp_py(const char *a, size_t na, const char *b, size_t nb) {
   return na ? 1 : nb ? -1 : 0;
 }
 
+/* Whether entry e of dir is a symbolic link (d_type, or lstat where the
+ * file system leaves it unknown). */
+static bool is_link(const char *dir, const struct dirent *e) {
+  if (e->d_type != DT_UNKNOWN) return e->d_type == DT_LNK;
+  char path[PATH_BUF];
+  struct stat st;
+  return !join(path, dir, e->d_name) && lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 /* sorted(os.walk()) order: by directory, then by name within it (for the plain
  * names of list_subdirs, simply by name), each as Python compares str. */
 static int cmp_entry(const void *a, const void *b) {
@@ -215,7 +227,8 @@ struct ancestry {
 
 /* Appends every JPEG below dir (recursively, dir at `depth` below the class
  * directory) to files. */
-static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct ancestry *up, struct names *files) {
+static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, bool via_link, struct ancestry *up,
+                        struct names *files) {
   DIR *d = opendir(dir);
   struct stat st;
   if (!d || fstat(dirfd(d), &st) != 0) {
@@ -234,10 +247,11 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct
       closedir(d);
       return GW_SUCCESS;
     }
-  if (++up->visits > MAX_CLASS_DIRS) {
+  if (via_link && ++up->visits > MAX_CLASS_DIRS) {
     closedir(d);
-    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: more than %d directories below one class, the last %s "
-                          "(symbolic links that reach the same directories again and again?)", MAX_CLASS_DIRS, dir);
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: more than %d directories entered through symbolic links "
+                          "below one class, the last %s (links that reach the same directories again and again?)",
+                          MAX_CLASS_DIRS, dir);
   }
   up->dev[up->n] = st.st_dev, up->ino[up->n] = st.st_ino;
   up->n++;
@@ -250,7 +264,7 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct
     } else if (kind == 1 && depth + 1 > MAX_DEPTH) {
       skip_dir(f, sub, "more than 32 levels below its class");
     } else if (kind == 1) {
-      res = walk(f, sub, depth + 1, up, files);
+      res = walk(f, sub, depth + 1, is_link(dir, e), up, files);
     } else if (kind == 0 && is_jpeg_name(e->d_name) && names_push(files, dir, e->d_name)) {
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
     } else if (kind == -2 && is_jpeg_name(e->d_name)) {
@@ -268,7 +282,7 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, struct
 static gw_result_t add_class(struct gw__folder *f, const struct stat *split, const char *class_dir, int32_t label) {
   struct names files = {0};
   struct ancestry up = {.dev = {split->st_dev}, .ino = {split->st_ino}, .n = 1};
-  gw_result_t res = walk(f, class_dir, 0, &up, &files);
+  gw_result_t res = walk(f, class_dir, 0, false, &up, &files);
   if (res == GW_SUCCESS && files.n) qsort(files.e, files.n, sizeof *files.e, cmp_entry);
   for (size_t i = 0; i < files.n && res == GW_SUCCESS; i++) res = gw__folder_add(f, files.e[i].s, label);
   names_free(&files);

@@ -9,6 +9,7 @@
  * policy) counts only ranks whose CPUs overlap. */
 #include <arpa/inet.h>
 #include <check.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -125,12 +126,12 @@ static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
       gw_comm_init(&c, n, rank, master); /* joins, then waits for rank 2 */
       _exit(3);
     }
-    sleep(1);
+    sleep(2); /* joined by then: it waits for rank 2, which comes a second later */
     int status = 0;
     EXPECT(child > 0 && kill(child, SIGKILL) == 0 && waitpid(child, &status, 0) == child && WIFSIGNALED(status),
            "the first rank 1 did not die in the rendezvous");
   }
-  if (rank == 2) sleep(2);
+  if (rank == 2) sleep(3);
   gw_comm_t comm;
   EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
   int32_t v = rank + 1;
@@ -374,8 +375,8 @@ static int body_out_of_fds(int rank, int n, const char *master, void *arg) {
   (void)rank, (void)n, (void)master, (void)arg;
   setenv("GW_JOB_TOKEN", "fds", 1);
   setenv("GW_BOOTSTRAP_TIMEOUT", "30", 1);
-  const int lowest = dup(0);
-  EXPECT(lowest >= 0, "dup");
+  const int lowest = open("/dev/null", O_RDONLY); /* stdin may be closed */
+  EXPECT(lowest >= 0, "open /dev/null");
   close(lowest);
   struct rlimit rl;
   EXPECT(getrlimit(RLIMIT_NOFILE, &rl) == 0, "getrlimit");

@@ -190,6 +190,27 @@ bool gw__run_refail(int code, int weight, bool from_node0)
     return true;
 }
 
+/* Whether the ranks are to get sig now: not when it is the same signal as
+ * the one they got less than a second ago, reaching several nodes' gw-run a
+ * little apart (scancel, a time limit, sbatch --signal): another node's after
+ * any, or this node's own after another node's (each node passed it on and
+ * told the others, whose ranks got it again: a second SIGINT lands in
+ * Python's KeyboardInterrupt cleanup).  Two of this gw-run's own both go (a
+ * second ^C or TERM to hurry), and so does any a second later. */
+static bool once_per_signal(int sig, bool remote)
+{
+    if (sig <= 0 || sig >= 32)
+        return true;
+    const int64_t now = gw__run_now_ms();
+    if (gw__run.sig_ms[sig] && now - gw__run.sig_ms[sig] < 1000 && (remote || gw__run.sig_remote[sig])) {
+        gw__run_say("gw-run: %s%s again within a second: the ranks here got it already\n",
+                gw__run_signal_name(sig), remote ? " from another node" : "");
+        return false;
+    }
+    gw__run.sig_ms[sig] = now, gw__run.sig_remote[sig] = remote;
+    return true;
+}
+
 /* remote: the signal reached another node's gw-run, which passed it on.
  * reached: the ranks got it already (a terminal's signal to the process group). */
 static void forward_signal(int sig, bool remote, bool reached)
@@ -198,20 +219,8 @@ static void forward_signal(int sig, bool remote, bool reached)
         gw__run.got_signal = sig;
     if (gw__run.alive == 0)
         return;
-    /* Once per signal from all nodes together: another node's after this
-     * one's (or another's), this one's after another node's (a scheduler's
-     * signal reaching the nodes a little apart).  Only a second one of this
-     * gw-run's own (kill -INT again: hurry) goes again. */
-    const unsigned bit = sig > 0 && sig < 32 ? 1u << sig : 0;
-    if ((remote && ((gw__run.stop_local | gw__run.stop_remote) & bit)) || (!remote && (gw__run.stop_remote & bit))) {
-        gw__run_say("gw-run: %s %s; the ranks here got it already\n", gw__run_signal_name(sig),
-                remote ? "from another node" : "received");
+    if (!once_per_signal(sig, remote))
         return;
-    }
-    if (remote)
-        gw__run.stop_remote |= bit;
-    else
-        gw__run.stop_local |= bit;
     if (remote)
         gw__run_say("gw-run: forwarding %s to %d rank%s\n", gw__run_signal_name(sig),
                 gw__run.alive, gw__run.alive == 1 ? "" : "s");
@@ -244,18 +253,8 @@ void gw__run_pass_signal(int sig, int from_node)
 {
     if (gw__run.alive == 0)
         return;
-    /* Once per scheduler's signal: the same signal from another node within
-     * a second of the last (or this node's within a second of another's) is
-     * that one, reaching several nodes; two of this gw-run's own both go. */
-    const int64_t now = gw__run_now_ms();
-    if (sig > 0 && sig < 32 && gw__run.pass_ms[sig] && now - gw__run.pass_ms[sig] < 1000 &&
-        (from_node >= 0 || gw__run.pass_remote[sig])) {
-        gw__run_say("gw-run: %s%s again within a second: the ranks here got it already\n",
-                gw__run_signal_name(sig), from_node >= 0 ? " from another node" : "");
+    if (!once_per_signal(sig, from_node >= 0))
         return;
-    }
-    if (sig > 0 && sig < 32)
-        gw__run.pass_ms[sig] = now, gw__run.pass_remote[sig] = from_node >= 0;
     if (from_node >= 0)
         gw__run_say("gw-run: node %d received %s; passing it on to %d rank%s\n", from_node,
                 gw__run_signal_name(sig), gw__run.alive, gw__run.alive == 1 ? "" : "s");

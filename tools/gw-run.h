@@ -49,13 +49,12 @@ struct job {
     int own_signal;    /* the first of those that reached this gw-run itself (not another node's STOP) */
     double kill_grace_s;
     int64_t kill_deadline_ms; /* SIGKILL the remaining ranks then; 0: none */
-    /* Signals (bit sig) the ranks got from this node: a stop signal passed on
-     * by this gw-run itself, or by another node's (or the terminal's): one
-     * that reaches several nodes (scancel, a time limit) reaches every rank
-     * once, not once per node. */
-    unsigned stop_local, stop_remote;
-    int64_t pass_ms[32]; /* when SIGUSR1/SIGUSR2 last went to the ranks */
-    bool pass_remote[32]; /* ... and whether another node's gw-run sent it */
+    /* When each signal last went to the ranks (0: never) and whether another
+     * node's gw-run sent it: one that reaches several nodes' gw-run within a
+     * second (scancel, a time limit) reaches every rank once, not once per
+     * node (gw__run_once_per_signal). */
+    int64_t sig_ms[32];
+    bool sig_remote[32];
 
     long attempt;     /* 0, then 1, 2, ... for each restart (--max-restarts) */
     bool may_restart; /* restarts are left after this attempt */
