@@ -223,10 +223,13 @@ static void model_init(struct gw_model *m, int nranks) {
 enum { EXCHANGE_MAX_NET = 256 << 10 };
 static size_t exchange_cap(const struct gw_comm *c) {
   if (c->exchange_max != SIZE_MAX) return c->exchange_max;
-  /* Not oversubscribed (2 ranks on one core): each rank reduces all the data
-   * where the ring's reduce half, and the cores are what is short there. */
-  return c->nranks == 2 && c->ll_chunk_bytes > 0 && c->nchannels == 1 && !c->oversubscribed ? SIZE_MAX
-                                                                                            : EXCHANGE_MAX_NET;
+  /* Not oversubscribed anywhere (2 ranks on one core): each rank reduces all
+   * the data where the ring's reduce half, and the cores are what is short
+   * there.  The model's flag, the same on every rank (this rank's own is
+   * not: the ranks would pick differently). */
+  return c->nranks == 2 && c->ll_chunk_bytes > 0 && c->nchannels == 1 && !(c->model.oversub_step_us > 0)
+             ? SIZE_MAX
+             : EXCHANGE_MAX_NET;
 }
 
 void gw__pick_base(const struct gw_comm *c, int algo, int proto, struct gw_pick_args *a) {
