@@ -1,6 +1,7 @@
 /* comm_calls.c - the communicator's small calls of the public API: its
  * accessors (rank, sizes, device, async error, last path), its settings
- * (algorithm, timeout), gw_comm_abort, and buffer registration.  The
+ * (algorithm, timeout) and what a call's choice starts from (gw__pick_base),
+ * gw_comm_abort, and buffer registration.  The
  * lifecycle (init, destroy and what destroy refuses) is comm.c's, the
  * collectives enqueue.c's. */
 #include <stdio.h>
@@ -239,4 +240,29 @@ gw_result_t gw_comm_set_timeout(gw_comm_t comm, double seconds) {
   }
   gw__comm_leave(comm);
   return res;
+}
+
+/* The exchange's cap when GW_EXCHANGE_MAX_BYTES is unset: none for 2 ranks
+ * whose every connection is shm on one channel (both send everything and
+ * both reduce, one hop: measured 1.6-2x the ring's bus bandwidth from 512 KiB
+ * to 8 MiB and 1.1-1.5x up to 256 MiB on this machine, where the cap of 256
+ * KiB had left the ring); 256 KiB otherwise (over tcp the ring was as fast or
+ * faster past it; above 2 ranks recursive doubling moves log2(n) times the
+ * data). */
+enum { EXCHANGE_MAX_NET = 256 << 10 };
+static size_t exchange_cap(const struct gw_comm *c) {
+  if (c->exchange_max != SIZE_MAX) return c->exchange_max;
+  /* Not oversubscribed anywhere (2 ranks on one core): each rank reduces all
+   * the data where the ring's reduce half, and the cores are what is short
+   * there.  The model's flag, the same on every rank (this rank's own is
+   * not: the ranks would pick differently). */
+  return c->nranks == 2 && c->ll_chunk_bytes > 0 && c->nchannels == 1 && !(c->model.oversub_step_us > 0)
+             ? SIZE_MAX
+             : EXCHANGE_MAX_NET;
+}
+
+void gw__pick_base(const struct gw_comm *c, int algo, int proto, struct gw_pick_args *a) {
+  *a = (struct gw_pick_args){.nranks = c->nranks, .algo = algo, .proto = proto, .tree_ok = c->tree_ok,
+                             .ll_ok = c->ll_chunk_bytes > 0, .tree_levels = c->tree_levels, .rd_ok = c->rd_ok,
+                             .exchange_max = exchange_cap(c)};
 }

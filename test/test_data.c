@@ -23,8 +23,6 @@
 #include "sampler.h"
 #include "test_data.h"
 
-#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
-
 /* ---- temporary files ------------------------------------------------------------ */
 
 char tmpdir[64];
@@ -77,7 +75,7 @@ void expect_error(gw_result_t res, const char *part1, const char *part2) {
 
 /* ---- Fashion-MNIST on the installed files --------------------------------------- */
 
-static int fmnist_installed(void) { return access(FMNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) == 0; }
+int fmnist_installed(void) { return access(FMNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) == 0; }
 
 /* Expected values, read with Python's gzip module from Debian's
  * dataset-fashion-mnist:
@@ -790,39 +788,6 @@ START_TEST(loader_skip_substitution) {
 }
 END_TEST
 
-/* The padded list's repeats (DistributedSampler without drop_last: 10000
- * samples on 3 ranks, entries 10000 and 10001 repeat order[0] and order[1])
- * are augmented anew: rank 1's last place holds sample 0 again, which got
- * the very crop and flip of rank 0's first place in every epoch. */
-START_TEST(loader_padded_repeat_augmented_anew) {
-  struct gw_dataset *ds;
-  ck_assert_int_eq(gw_dataset_fashion_mnist(&ds, FMNIST_DIR, GW_SPLIT_VAL, 1), GW_SUCCESS);
-  const int64_t n = gw_dataset_size(ds);
-  ck_assert_int_eq(n % 3, 1);
-  struct gw_loader_config cfg;
-  gw_loader_config_default(&cfg);
-  cfg.batch = 1, cfg.threads = 1, cfg.train = 1, cfg.seed = 7;
-  float first[784], repeat[784];
-  int differs = 0;
-  for (int64_t epoch = 0; epoch < 6; epoch++) {
-    for (int rank = 0; rank < 2; rank++) {
-      struct gw_sampler s;
-      ck_assert_int_eq(gw_sampler_init(&s, n, 3, rank, 0, 0, 0), GW_SUCCESS);
-      struct gw_loader *l;
-      ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
-      ck_assert_int_eq(gw_loader_seek(l, epoch, rank ? n / 3 : 0), GW_SUCCESS); /* rank 1's place 3333: entry 10000 */
-      const struct gw_batch *b;
-      ck_assert_msg(gw_loader_next(l, &b) == GW_SUCCESS, "%s", gw_data_last_error());
-      memcpy(rank ? repeat : first, b->x, sizeof first);
-      gw_loader_free(l);
-    }
-    differs += memcmp(first, repeat, sizeof first) != 0;
-  }
-  ck_assert_msg(differs >= 3, "sample 0 and its padded repeat differ in %d of 6 epochs", differs);
-  gw_dataset_free(ds);
-}
-END_TEST
-
 START_TEST(loader_shutdown_mid_epoch) {
   struct gw_dataset *ds;
   ck_assert_int_eq(gw_dataset_synthetic(&ds, 5000, 3, 64, 10, 1), GW_SUCCESS);
@@ -901,7 +866,6 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, loader_threads_and_seek);
   tcase_add_test(tc, loader_skip_substitution);
   tcase_add_test(tc, loader_shutdown_mid_epoch);
-  if (fmnist_installed()) tcase_add_test(tc, loader_padded_repeat_augmented_anew);
   add_loader_fault_tests(tc);
   suite_add_tcase(s, tc);
   return s;

@@ -11,6 +11,9 @@
 #include "dataset.h"
 
 extern char tmpdir[64]; /* made by make_tmpdir */
+/* Debian's dataset-fashion-mnist, and whether it is there. */
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+int fmnist_installed(void);
 void make_tmpdir(void);
 void remove_tmpdir(void);
 /* tmpdir/name (one of four rotating buffers). */

@@ -328,10 +328,44 @@ START_TEST(folder_decode_out_of_memory) {
 }
 END_TEST
 
+/* The padded list's repeats (DistributedSampler without drop_last: 10000
+ * samples on 3 ranks, entries 10000 and 10001 repeat order[0] and order[1])
+ * are augmented anew: rank 1's last place holds sample 0 again, which got
+ * the very crop and flip of rank 0's first place in every epoch. */
+START_TEST(loader_padded_repeat_augmented_anew) {
+  struct gw_dataset *ds;
+  ck_assert_int_eq(gw_dataset_fashion_mnist(&ds, FMNIST_DIR, GW_SPLIT_VAL, 1), GW_SUCCESS);
+  const int64_t n = gw_dataset_size(ds);
+  ck_assert_int_eq(n % 3, 1);
+  struct gw_loader_config cfg;
+  gw_loader_config_default(&cfg);
+  cfg.batch = 1, cfg.threads = 1, cfg.train = 1, cfg.seed = 7;
+  float first[784], repeat[784];
+  int differs = 0;
+  for (int64_t epoch = 0; epoch < 6; epoch++) {
+    for (int rank = 0; rank < 2; rank++) {
+      struct gw_sampler s;
+      ck_assert_int_eq(gw_sampler_init(&s, n, 3, rank, 0, 0, 0), GW_SUCCESS);
+      struct gw_loader *l;
+      ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+      ck_assert_int_eq(gw_loader_seek(l, epoch, rank ? n / 3 : 0), GW_SUCCESS); /* rank 1's place 3333: entry 10000 */
+      const struct gw_batch *b;
+      ck_assert_msg(gw_loader_next(l, &b) == GW_SUCCESS, "%s", gw_data_last_error());
+      memcpy(rank ? repeat : first, b->x, sizeof first);
+      gw_loader_free(l);
+    }
+    differs += memcmp(first, repeat, sizeof first) != 0;
+  }
+  ck_assert_msg(differs >= 3, "sample 0 and its padded repeat differ in %d of 6 epochs", differs);
+  gw_dataset_free(ds);
+}
+END_TEST
+
 void add_loader_fault_tests(TCase *tc) {
   tcase_add_test(tc, loader_thread_start_fails);
   tcase_add_test(tc, loader_stop_in_search);
   tcase_add_test(tc, loader_worker_error);
+  if (fmnist_installed()) tcase_add_test(tc, loader_padded_repeat_augmented_anew);
 }
 
 void add_folder_limit_tests(TCase *tc) {

@@ -35,26 +35,24 @@
 #include <unistd.h>
 
 #include "gwrun_helpers.h"
+#include "test_gwrun_multinode.h"
 
 /* ---- multi-node: one gw-run per node, all on this machine ---- */
 
-/* Every multi-node run ends within seconds unless gw-run is broken; this
- * bound only keeps a broken one from stalling the suite. */
-#define NODE_TIMEOUT_S 20.0
 
 /* Starts node `node` of an nnodes-node job with master 127.0.0.1:port. */
-static void node_start(struct run *r, const char *const *env, int port, int nnodes, int node,
+void node_start(struct run *r, const char *const *env, int port, int nnodes, int node,
                        const char *nproc, const char *script)
 {
     gwrun_node_start(r, env, port, nnodes, node, nproc, NULL, script);
 }
 
-static void nodes_wait(struct run *r, int n)
+void nodes_wait(struct run *r, int n)
 {
     gwrun_nodes_wait(r, n, NODE_TIMEOUT_S);
 }
 
-static const char *hostname(void)
+const char *hostname(void)
 {
     static char h[256];
     if (!h[0] && gethostname(h, sizeof h - 1) != 0)
@@ -64,7 +62,7 @@ static const char *hostname(void)
 
 /* Whether every pid in the files dir/pid.0 .. pid.(n-1) is gone, allowing
  * a moment for the parent-death signal of a SIGKILLed gw-run to land. */
-static bool ranks_gone(const char *dir, int n)
+bool ranks_gone(const char *dir, int n)
 {
     for (int tries = 0; tries < 300; tries++) {
         bool any = false;
@@ -83,7 +81,7 @@ static bool ranks_gone(const char *dir, int n)
 
 /* How many of the ranks' files dir/pid.0 .. pid.(n-1) are written, waiting
  * up to 10 s for all n. */
-static int pid_files_written(const char *dir, int n)
+int pid_files_written(const char *dir, int n)
 {
     int started = 0;
     for (int tries = 0; tries < 1000 && started < n; tries++) {
@@ -98,7 +96,7 @@ static int pid_files_written(const char *dir, int n)
     return started;
 }
 
-static void remove_pid_files(const char *dir, int n)
+void remove_pid_files(const char *dir, int n)
 {
     for (int i = 0; i < n; i++) {
         char path[200];
@@ -426,7 +424,7 @@ END_TEST
 
 /* Starts a 2-node job whose ranks write their pids to dir/pid.RANK and wait,
  * and returns once node 0 has seen node 1 join (false if it never did). */
-static bool start_joined_pair(struct run *r, char *dir, char *dir_env, size_t dir_env_size,
+bool start_joined_pair(struct run *r, char *dir, char *dir_env, size_t dir_env_size,
                               const char *token)
 {
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -463,149 +461,6 @@ START_TEST(test_multinode_lost_node)
     ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
     ck_assert_msg(gone, "a rank outlived the job");
     gwrun_nodes_free(r, 2);
-}
-END_TEST
-
-/* A signal stops the whole job from either end of the control channel: node 0
- * got SIGTERM, or node 1 got SIGHUP (which node 0 once took for a malformed
- * frame, losing the node instead of stopping the job). */
-static const struct {
-    int node, sig;
-    const char *name, *token;
-} stop_cases[] = {{0, SIGTERM, "SIGTERM", "GW_JOB_TOKEN=mn-term"},
-                  {1, SIGHUP, "SIGHUP", "GW_JOB_TOKEN=mn-hup"}};
-
-START_TEST(test_multinode_signal_stops_job)
-{
-    int from = stop_cases[_i].node, sig = stop_cases[_i].sig, other = 1 - from;
-    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
-    struct run r[2];
-    bool joined = start_joined_pair(r, dir, dir_env, sizeof dir_env, stop_cases[_i].token);
-    if (joined)
-        kill(r[from].pid, sig);
-    struct timespec t_kill;
-    clock_gettime(CLOCK_MONOTONIC, &t_kill);
-    nodes_wait(r, 2);
-    double after = gwrun_seconds_since(&t_kill);
-    bool gone = ranks_gone(dir, 2);
-    remove_pid_files(dir, 2); /* before any assertion can skip it */
-    ck_assert_msg(joined, "node 1 never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
-    for (int i = 0; i < 2; i++)
-        ck_assert_msg(r[i].code == 128 + sig, "node %d: exit code %d, stderr:\n%s", i,
-                      r[i].code, r[i].err);
-    ck_assert_msg(after < 8.0, "the job took %.1f s to stop", after);
-    char want[800];
-    snprintf(want, sizeof want, "gw-run: node %d (host %s) received %s; stopping %s", from,
-             hostname(), stop_cases[_i].name, other == 0 ? "the job" : "this node too");
-    ck_assert_msg(gwrun_has_line(r[other].err, want), "node %d stderr lacks '%s':\n%s", other,
-                  want, r[other].err);
-    ck_assert_msg(gone, "a rank outlived the job");
-    gwrun_nodes_free(r, 2);
-}
-END_TEST
-
-/* A signal reaching both nodes' gw-run 0.2 s apart (scancel -s INT, a time
- * limit, sbatch --signal=USR1): every rank gets it once.  Each rank got it
- * once from its own gw-run and again from the other node's STOP or PASS (a
- * second SIGINT breaks Python's KeyboardInterrupt cleanup).  The ranks note
- * each delivery and go on: SIGINT's end by the kill grace, SIGUSR1's 1.5 s
- * after the first (exit 0). */
-static const struct {
-    int sig, code;
-    const char *script;
-} once_cases[] = {
-    {SIGINT, 128 + SIGINT,
-     "trap 'echo x >> \"$GWT_DIR/n.$GW_RANK\"' INT; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
-     "while :; do sleep 0.1; done"},
-    {SIGUSR1, 0,
-     "trap 'echo x >> \"$GWT_DIR/n.$GW_RANK\"' USR1; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
-     "while [ ! -e \"$GWT_DIR/n.$GW_RANK\" ]; do sleep 0.1; done; sleep 1.5"},
-};
-
-START_TEST(test_multinode_signal_once_per_rank)
-{
-    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    const char *env[] = {"GW_JOB_TOKEN=mn-once", dir_env, "GW_DEBUG=INFO", "GW_RUN_KILL_GRACE=2", NULL};
-    const char *script = once_cases[_i].script;
-    const int sig = once_cases[_i].sig;
-    int port = gwrun_free_port_pair();
-    struct run r[2];
-    for (int i = 0; i < 2; i++)
-        node_start(&r[i], env, port, 2, i, "1", script);
-    bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0);
-    const int started = pid_files_written(dir, 2);
-    if (joined && started == 2) {
-        kill(r[1].pid, sig);
-        gwrun_sleep(0.2);
-        kill(r[0].pid, sig);
-    } else {
-        for (int i = 0; i < 2; i++)
-            kill(r[i].pid, SIGTERM);
-    }
-    nodes_wait(r, 2);
-    int got[2] = {0, 0};
-    for (int i = 0; i < 2; i++) {
-        char path[200];
-        snprintf(path, sizeof path, "%s/n.%d", dir, i);
-        FILE *f = fopen(path, "r");
-        for (int c; f && (c = fgetc(f)) != EOF;)
-            got[i] += c == '\n';
-        if (f)
-            fclose(f);
-        unlink(path);
-    }
-    bool gone = ranks_gone(dir, 2);
-    remove_pid_files(dir, 2);
-    ck_assert_msg(joined && started == 2, "the job did not start; stderr:\n%s\n%s", r[0].err, r[1].err);
-    for (int i = 0; i < 2; i++)
-        ck_assert_msg(got[i] == 1 && r[i].code == once_cases[_i].code, "node %d: its rank got %s %d times, exit %d; "
-                      "stderr:\n%s", i, strsignal(sig), got[i], r[i].code, r[i].err);
-    ck_assert_msg(gone, "a rank outlived the job");
-    gwrun_nodes_free(r, 2);
-}
-END_TEST
-
-/* SIGUSR1 to node 1's gw-run (a scheduler asking for a checkpoint) reaches
- * every rank of every node (node 0 passes it on to node 2), and the job goes
- * on: the ranks note it and then end well, and every gw-run exits 0. */
-START_TEST(test_multinode_usr1_passed_on)
-{
-    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    const char *env[] = {"GW_JOB_TOKEN=mn-usr1", dir_env, "GW_DEBUG=INFO", NULL};
-    const char *script = "trap ': > \"$GWT_DIR/got.$GW_RANK\"' USR1; echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; "
-                         "while [ ! -e \"$GWT_DIR/got.$GW_RANK\" ]; do sleep 0.1; done";
-    int port = gwrun_free_port_pair();
-    struct run r[3];
-    for (int i = 0; i < 3; i++)
-        node_start(&r[i], env, port, 3, i, "1", script);
-    bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0) &&
-                  gwrun_stderr_has(&r[2], "node 2 joined node 0", 10.0);
-    const int started = pid_files_written(dir, 3);
-    if (joined && started == 3)
-        kill(r[1].pid, SIGUSR1);
-    else
-        for (int i = 0; i < 3; i++)
-            kill(r[i].pid, SIGTERM);
-    nodes_wait(r, 3);
-    int got = 0;
-    for (int i = 0; i < 3; i++) {
-        char path[200];
-        snprintf(path, sizeof path, "%s/got.%d", dir, i);
-        got += unlink(path) == 0;
-    }
-    remove_pid_files(dir, 3);
-    ck_assert_msg(joined && started == 3, "the job did not start; stderr:\n%s\n%s\n%s", r[0].err, r[1].err, r[2].err);
-    for (int i = 0; i < 3; i++)
-        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
-    ck_assert_msg(got == 3, "%d of 3 ranks got SIGUSR1", got);
-    char want[800];
-    snprintf(want, sizeof want, "gw-run: node 1 received SIGUSR1; passing it on to 1 rank");
-    ck_assert_msg(gwrun_has_line(r[2].err, want), "node 2 stderr lacks '%s':\n%s", want, r[2].err);
-    gwrun_nodes_free(r, 3);
 }
 END_TEST
 
@@ -925,10 +780,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_mismatch);
     tcase_add_test(mn, test_multinode_loopback_name_refused);
     tcase_add_test(mn, test_multinode_lost_node);
-    tcase_add_loop_test(mn, test_multinode_signal_stops_job, 0,
-                        (int)(sizeof stop_cases / sizeof stop_cases[0]));
-    tcase_add_test(mn, test_multinode_usr1_passed_on);
-    tcase_add_loop_test(mn, test_multinode_signal_once_per_rank, 0, (int)(sizeof once_cases / sizeof once_cases[0]));
+    add_multinode_signal_tests(mn);
     tcase_add_test(mn, test_multinode_garbage_frames);
     tcase_add_test(mn, test_multinode_impostor_master);
     tcase_add_test(mn, test_multinode_fail_waits_for_hello);
