@@ -52,4 +52,13 @@ static inline void gw__rng_from_key(struct gw_rng *r, uint64_t key) {
 /* Copies n names into ds->class_names; GW_ERR_SYSTEM when out of memory. */
 gw_result_t gw__dataset_set_classes(struct gw_dataset *ds, const char *const *names, int n);
 
+/* path opened for reading without waiting on what is not a regular file (a
+ * FIFO without a writer hung open()): O_NONBLOCK, left set for the caller to
+ * check fstat's S_ISREG.  A regular file another process holds a write lease
+ * on (Samba's oplocks, an NFS server's delegation: EWOULDBLOCK) is opened
+ * again waiting, as any reader waits, until the holder gives way (the kernel
+ * breaks the lease after lease-break-time at most).  The fd, or -1 with
+ * errno. */
+int gw__data_open_nowait(const char *path);
+
 #endif

@@ -1,8 +1,11 @@
 /* dataset.c - what every dataset kind shares: opening by spec string, the
  * accessors, the range check in front of get(), and freeing.  The kinds themselves
  * live in fashion_mnist.c, imagefolder.c and synthetic.c. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "data_internal.h"
 
@@ -97,4 +100,16 @@ gw_result_t gw_dataset_get(const struct gw_dataset *ds, int64_t index, int train
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: sample %lld out of range [0, %lld)", ds->description,
                           (long long)index, (long long)ds->size);
   return ds->ops->get(ds, index, train, key, out, label);
+}
+
+int gw__data_open_nowait(const char *path) {
+  int fd;
+  do fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  struct stat st;
+  if (fd < 0 && errno == EWOULDBLOCK && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+    do fd = open(path, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+  }
+  return fd;
 }

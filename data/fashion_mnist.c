@@ -87,15 +87,8 @@ static uint32_t be32(const uint8_t *p) {
  * FIFO put in the dataset's place (no writer) hung gzopen's open() forever. */
 static gw_result_t open_gz(gzFile *f, const char *path) {
   *f = NULL;
-  int fd;
-  do fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  while (fd < 0 && errno == EINTR);
+  const int fd = gw__data_open_nowait(path);
   struct stat st;
-  if (fd < 0 && errno == EWOULDBLOCK && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-    /* another process's write lease (Samba, NFS): wait for it, as imagefolder.c does */
-    do fd = open(path, O_RDONLY | O_CLOEXEC);
-    while (fd < 0 && errno == EINTR);
-  }
   if (fd < 0)
     return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: %s (is dataset-fashion-mnist installed?)",
                           path, strerror(errno));

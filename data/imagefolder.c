@@ -89,19 +89,8 @@ static gw_result_t read_failed(const char *path, const char *what, int e) {
  * descriptor an error.  Opened without blocking and checked to be a regular
  * file: a FIFO put where a listed file was would hang a loader thread in open. */
 static gw_result_t read_file(const char *path, unsigned char **buf, size_t *len) {
-  int fd;
-  do fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  while (fd < 0 && errno == EINTR);
-  /* EWOULDBLOCK from a regular file: another process holds a write lease on
-   * it (Samba's oplocks, an NFS server's delegation); an open that waits is
-   * what any reader does, and the holder gives way (the kernel breaks the
-   * lease after lease-break-time at most).  Skipped, the sample was replaced
-   * differently from run to run. */
+  const int fd = gw__data_open_nowait(path); /* a leased sample waited for: skipped, it varied run to run */
   struct stat st;
-  if (fd < 0 && errno == EWOULDBLOCK && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-    do fd = open(path, O_RDONLY | O_CLOEXEC);
-    while (fd < 0 && errno == EINTR);
-  }
   if (fd < 0) return read_failed(path, "cannot read", errno);
   if (fstat(fd, &st) != 0) {
     gw_result_t res = read_failed(path, "cannot read", errno);
