@@ -31,8 +31,7 @@
 struct gw_bootstrap {
   int rank, nranks;
   int *socks;      /* rank 0: socks[r] for r >= 1; others: socks[0] to rank 0 */
-  int listen_fd;   /* the first of listen_fds (rank 0, until everyone joined); -1 none */
-  int listen_fds[BOOT_MAX_LISTEN], nlisten;
+  int listen_fds[BOOT_MAX_LISTEN], nlisten; /* rank 0, until everyone joined */
   bool told_error; /* rank 0 sent ERROR frames: close those sockets gracefully */
   char master[300];
   double timeout_s;
@@ -165,7 +164,6 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
   }
   freeaddrinfo(ai);
   if (bs->nlisten) {
-    bs->listen_fd = bs->listen_fds[0];
     GW_INFO(GW_SUB_BOOT, "rank 0: rendezvous listening at %s (%d address%s)", bs->master, bs->nlisten,
             bs->nlisten == 1 ? "" : "es");
     return GW_SUCCESS;
@@ -190,8 +188,10 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
       last_gai = 0;
       for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) last_errno = errno;
-        if (fd < 0) continue;
+        if (fd < 0) {
+          last_errno = errno;
+          continue;
+        }
         /* Each address for at most 10 s: one that drops SYNs must not hold
          * the rest (or the whole rendezvous) for the kernel's 2 minutes. */
         if (gw__sock_connect_deadline(fd, a->ai_addr, a->ai_addrlen, GW_MIN(deadline, gw__now() + 10.0)) == 0) {
@@ -323,7 +323,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       char bound[NI_MAXHOST] = "?"; /* a host name that resolves to loopback (Debian's 127.0.1.1) is told here */
       struct sockaddr_storage la;
       socklen_t ll = sizeof la;
-      if (getsockname(bs->listen_fd, (struct sockaddr *)&la, &ll) == 0)
+      if (getsockname(bs->listen_fds[0], (struct sockaddr *)&la, &ll) == 0)
         getnameinfo((struct sockaddr *)&la, ll, bound, sizeof bound, NULL, 0, NI_NUMERICHOST);
       gw_result_t res = gw__err(err, GW_ERR_TIMEOUT,
                                 "rank 0: only %d of %d ranks reached the rendezvous at %s (listening on %s) within "
@@ -453,7 +453,7 @@ static gw_result_t peer_hello(struct gw_bootstrap *bs, const char *token, double
 
 static void close_listeners(struct gw_bootstrap *bs) {
   for (int i = 0; i < bs->nlisten; i++) close(bs->listen_fds[i]);
-  bs->nlisten = 0, bs->listen_fd = -1;
+  bs->nlisten = 0;
 }
 
 gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, const char *master,
@@ -467,7 +467,6 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
   if (!bs) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
   bs->rank = rank;
   bs->nranks = nranks;
-  bs->listen_fd = -1;
   bs->timeout_s = timeout_s;
   snprintf(bs->master, sizeof bs->master, "%s", master);
   bs->socks = malloc(sizeof(int) * (size_t)(rank == 0 ? nranks : 1));
@@ -759,7 +758,7 @@ gw_result_t gw__bootstrap_local_addr(struct gw_bootstrap *bs, struct sockaddr_st
     return GW_SUCCESS;
   }
   /* rank 0: the rendezvous listener's address, which its accepted sockets share */
-  int fd = bs->rank == 0 ? (bs->listen_fd >= 0 ? bs->listen_fd : bs->socks[1]) : bs->socks[0];
+  int fd = bs->rank == 0 ? (bs->nlisten ? bs->listen_fds[0] : bs->socks[1]) : bs->socks[0];
   *len = sizeof *addr;
   if (fd < 0 || getsockname(fd, (struct sockaddr *)addr, len) != 0)
     return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot tell this rank's address towards %s: %s", bs->rank,
