@@ -46,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   if (fds < 0) return 0;
   rd = fds & 0xffff, wr = fds >> 16;
   int socks0[2] = {-1, rd};
-  struct gw_bootstrap root = {.rank = 0, .nranks = 2, .socks = socks0, .listen_fd = -1, .timeout_s = 0.05};
+  struct gw_bootstrap root = {.rank = 0, .nranks = 2, .socks = socks0, .timeout_s = 0.05};
   uint8_t mine[16] = {0}, all[32];
   struct gw_errctx err;
   (void)gw__bootstrap_allgather(&root, mine, all, sizeof mine, &err);
@@ -58,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   if (fds < 0) return 0;
   rd = fds & 0xffff, wr = fds >> 16;
   int socks1[1] = {rd};
-  struct gw_bootstrap peer = {.rank = 1, .nranks = 2, .socks = socks1, .listen_fd = -1, .timeout_s = 0.05};
+  struct gw_bootstrap peer = {.rank = 1, .nranks = 2, .socks = socks1, .timeout_s = 0.05};
   (void)gw__bootstrap_allgather(&peer, mine, all, sizeof mine, &err);
   close(rd);
   close(wr);
