@@ -343,14 +343,16 @@ static void weights_with(const char *init_name, const char *out, const char *nam
 
 /* A diverged model (NaN logits) scores 0% in the evaluation, not 100%: a NaN
  * compares false with everything, which used to leave the label on top.  Its
- * metrics stay JSON: the NaN loss is null (printf's nan broke every parser). */
+ * metrics stay JSON: the NaN loss is null (printf's nan broke every parser).
+ * The NaN is in bn1's running variance, which training does not use (a NaN
+ * training loss stops the run: test_nonfinite_step_stops) but evaluation does. */
 START_TEST(test_nan_logits_score_zero) {
   char nan[512], metrics[512];
   path(nan, sizeof nan, "nan.safetensors");
   path(metrics, sizeof metrics, "nan-metrics.jsonl");
   struct run r;
   const char *const noenv[] = {NULL};
-  weights_with("nan-init.safetensors", nan, "fc.weight", NAN);
+  weights_with("nan-init.safetensors", nan, "bn1.running_var", NAN);
   /* COMMON without --no-eval */
   const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "32", "--model",
                         "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
@@ -373,8 +375,36 @@ START_TEST(test_nan_logits_score_zero) {
                  strstr(line, "\"top5\":null"); /* 4 classes: no top-5 */
   }
   fclose(mf);
-  ck_assert_msg(train_null == 2 && eval_null == 1, "NaN losses as null: %d train lines (2 wanted), %d eval (1)",
+  ck_assert_msg(train_null == 0 && eval_null == 1, "NaN losses as null: %d train lines (0 wanted), %d eval (1)",
                 train_null, eval_null);
+}
+END_TEST
+
+/* A model holding a NaN (here bn1's running variance, loaded so) is never
+ * saved: --save-weights writes nothing and a checkpoint is refused, each
+ * naming the value, and the run ends with exit 1. */
+START_TEST(test_nonfinite_model_not_saved) {
+  char nan[512], w[512], dir[512], c1[600];
+  path(nan, sizeof nan, "nan-var.safetensors");
+  path(w, sizeof w, "nan-var-out.safetensors");
+  path(dir, sizeof dir, "ckpt-nan-var");
+  snprintf(c1, sizeof c1, "%s/ckpt-1.safetensors", dir);
+  weights_with("nan-var-init.safetensors", nan, "bn1.running_var", NAN);
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "1", "--batch", "8", "--load-weights", nan,
+                                              "--save-weights", w, NULL});
+  ck_assert_msg(r.code == 1 && strstr(r.err, "--save-weights: not written: the model holds a value that is not "
+                                             "finite, bn1.running_var[0] = nan") && access(w, F_OK) != 0,
+                "--save-weights of a NaN: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--load-weights", nan,
+                                              "--checkpoint-dir", dir, "--checkpoint-every", "1", NULL});
+  ck_assert_msg(r.code == 1 && strstr(r.err, "checkpoint: not saved: the model holds a value that is not finite, "
+                                             "bn1.running_var[0] = nan (the checkpoints already in") &&
+                    access(c1, F_OK) != 0,
+                "a checkpoint of a NaN: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -633,6 +663,7 @@ static Suite *make_suite(void) {
   add_checkpoint_tests(tc);
   add_restart_tests(tc);
   tcase_add_test(tc, test_nan_logits_score_zero);
+  tcase_add_test(tc, test_nonfinite_model_not_saved);
   tcase_add_test(tc, test_fp16_wire_overflow_skipped);
   tcase_add_test(tc, test_ranks_must_see_same_data);
   tcase_add_test(tc, test_imagefolder_bad_files_skipped);

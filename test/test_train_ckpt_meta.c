@@ -11,7 +11,9 @@
  *   the reason, the one before stays whole, no temporary file is left; the
  *   metrics file that does not fit is cut back to its last whole line, said
  *   once, and the training goes on; a metrics file ending in half a line gets
- *   its newline before the new lines.
+ *   its newline before the new lines;
+ * - a loss or gradients that are not finite stop the run before the step's
+ *   optimizer and any save.
  */
 #include <check.h>
 #include <stdio.h>
@@ -438,7 +440,36 @@ START_TEST(test_full_disk) {
 }
 END_TEST
 
+/* A step whose gradients are not finite (rank 1's only, at step 3), with no
+ * loss scaling: the run stops (exit 1) before its optimizer step, rank 0
+ * says why and which checkpoint is whole, and nothing after step 2 is saved.
+ * A loss that is not finite stops a loss-scaled run too (its scale acts on
+ * backward only; forward's BN statistics already took it). */
+START_TEST(test_nonfinite_step_stops) {
+  char dir[512], c2[600], c3[600];
+  path(dir, sizeof dir, "ckpt-nonfinite");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
+  snprintf(c3, sizeof c3, "%s/ckpt-3.safetensors", dir);
+  struct run r;
+  train(&r, (const char *const[]){"GW_TRAIN_OVERFLOW_AT_STEP=3", "GW_TRAIN_OVERFLOW_RANK=1", NULL}, "2",
+        (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir, "--checkpoint-every", "1", NULL});
+  ck_assert_msg(r.code == 1 && strstr(r.err, "step 3: the gradients hold inf or NaN") &&
+                    strstr(r.err, "the last checkpoint, of step 2, is whole") &&
+                    strstr(r.err, "rank 1: training: stopping with the others at step 3"),
+                "gradients not finite: exit %d\n%s\n%s", r.code, r.out, r.err);
+  ck_assert_msg(access(c2, F_OK) == 0 && access(c3, F_OK) != 0, "checkpoints: step 2's should be there, not step 3's");
+  gwrun_free(&r);
+  train(&r, (const char *const[]){"GW_TRAIN_NAN_LOSS_AT_STEP=2", "GW_TRAIN_OVERFLOW_RANK=0", NULL}, "2",
+        (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--loss-scale", "dynamic", NULL});
+  ck_assert_msg(r.code == 1 && strstr(r.err, "step 2: the loss is nan (summed over the ranks)") &&
+                    strstr(r.err, "no --checkpoint-dir"),
+                "loss not finite: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
 void add_checkpoint_meta_tests(TCase *tc) {
+  tcase_add_test(tc, test_nonfinite_step_stops);
   tcase_add_test(tc, test_renamed_checkpoint_refused);
   tcase_add_test(tc, test_epoch_evaluated_once);
   tcase_add_test(tc, test_failed_resave_warns);

@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,8 +348,40 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen) {
   return 0;
 }
 
+/* The first value of kind's tensors in v (laid out as the model's storage of
+ * that kind) that is inf or NaN, named in where with `what` after the
+ * tensor's name; 1 if there is one. */
+static int scan_kind(const struct gw_model *m, enum gw_tensor_kind kind, const float *v, const char *what,
+                     char *where, size_t len) {
+  const int params = kind == GW_TENSOR_PARAM;
+  const int n = params ? gw_model_num_param_tensors(m) : gw_model_num_buffer_tensors(m);
+  for (int i = 0; i < n; i++) {
+    const struct gw_tensor *t = params ? gw_model_param_tensor(m, i) : gw_model_buffer_tensor(m, i);
+    if (t->kind != kind) continue;
+    for (size_t k = 0; k < t->numel; k++)
+      if (!isfinite(v[t->offset + k])) {
+        snprintf(where, len, "%s%s[%zu] = %g", t->name, what, k, (double)v[t->offset + k]);
+        return 1;
+      }
+  }
+  return 0;
+}
+
+int ckpt_nonfinite(const struct gw_model *m, const float *params, const float *momentum, const float *running,
+                   char *where, size_t len) {
+  return scan_kind(m, GW_TENSOR_PARAM, params, "", where, len) ||
+         (momentum && scan_kind(m, GW_TENSOR_PARAM, momentum, " (its momentum)", where, len)) ||
+         scan_kind(m, GW_TENSOR_RUNNING, running, "", where, len);
+}
+
 int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
               const char *config, char *err, size_t errlen) {
+  char where[160];
+  if (ckpt_nonfinite(m, gw_model_params(m), gw_sgd_momentum(sgd), gw_model_running(m), where, sizeof where)) {
+    snprintf(err, errlen, "not saved: the model holds a value that is not finite, %s (the checkpoints already in %s "
+             "are kept)", where, dir);
+    return -1;
+  }
   if (make_dir(dir) != 0) {
     snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
     return -1;

@@ -408,15 +408,20 @@ static int finish_gradients(struct trainer *t, struct step_report *r, double t_b
   return 0;
 }
 
+/* Test hooks: GW_TRAIN_OVERFLOW_AT_STEP=N makes step N's gradients overflow,
+ * GW_TRAIN_NAN_LOSS_AT_STEP=N its loss a NaN (on every rank, or with
+ * GW_TRAIN_OVERFLOW_RANK=r on rank r only), so the skip, the backoff and the
+ * stop can be tested exactly.  Whether `var`'s step is this one here. */
+static int hooked_here(const struct trainer *t, const char *var) {
+  const char *at = getenv(var), *on = getenv("GW_TRAIN_OVERFLOW_RANK");
+  return at && atoll(at) == t->st.step + 1 && (!on || atoi(on) == t->rank);
+}
+
 /* Whether any of this step's (reduced, scaled) gradients is inf or NaN: on
  * the backend for a resident run (one flag comes back), else on the host. */
 static int overflowed(struct trainer *t, int *over) {
   const size_t np = t->np;
-  /* A test hook: GW_TRAIN_OVERFLOW_AT_STEP=N makes step N's gradients overflow
-   * (on every rank, or with GW_TRAIN_OVERFLOW_RANK=r on rank r only), so the
-   * skip and the backoff can be tested exactly. */
-  const char *poison = getenv("GW_TRAIN_OVERFLOW_AT_STEP"), *on = getenv("GW_TRAIN_OVERFLOW_RANK");
-  const int poisoned = poison && atoll(poison) == t->st.step + 1 && (!on || atoi(on) == t->rank);
+  const int poisoned = hooked_here(t, "GW_TRAIN_OVERFLOW_AT_STEP");
   if (t->resident) {
     float *g = gw_exec_grads(t->e), inf = INFINITY;
     if ((poisoned && t->ops->upload(t->b, g + np / 2, &inf, sizeof inf) != GW_SUCCESS) ||
@@ -472,6 +477,40 @@ static int wire_overflowed(struct trainer *t, int over) {
            "skipped (%lld so far); --grad-wire bf16 has float32's range", (long long)t->st.step + 1,
            (long long)t->st.overflows);
   return 1;
+}
+
+/* A loss that is not finite (any rank's: the sum is), or gradients that are
+ * not with nothing to skip such a step (no loss scaling, no float16 wire):
+ * the optimizer step would spread it to every weight, and the checkpoints
+ * after it (pruning the good ones) would hold it.  The run stops before it,
+ * with exit 1 and nothing saved: forward has already put the step's batch
+ * statistics into BN's running ones (inf or NaN there too, for a loss that is
+ * not finite), so neither a skip nor a save is safe; a resume continues from
+ * the last checkpoint.  A loss that is not finite stops a loss-scaled run as
+ * well: the scale acts on backward only. */
+static int nonfinite_stop(struct trainer *t, double lsum) {
+  char d[640], last[160];
+  const long long step = (long long)t->st.step + 1;
+  if (t->rank != 0) {
+    snprintf(d, sizeof d, "stopping with the others at step %lld (a loss or gradients that are not finite: rank 0 "
+             "says more)", step);
+    return train_fail(t, "training", d);
+  }
+  if (!t->o->checkpoint_dir) snprintf(last, sizeof last, "no --checkpoint-dir: nothing to resume from");
+  else if (t->saved_step > 0)
+    snprintf(last, sizeof last, "the last checkpoint, of step %lld, is whole (--resume continues from it)",
+             (long long)t->saved_step);
+  else snprintf(last, sizeof last, "no checkpoint was saved yet");
+  if (!isfinite(lsum))
+    snprintf(d, sizeof d, "step %lld: the loss is %s (summed over the ranks); stopping before its optimizer step and "
+             "saving nothing, since the weights would all take it; %s. Lower --lr or lengthen --warmup-epochs%s",
+             step, isnan(lsum) ? "nan" : "inf", last,
+             t->o->amp == GW_FLOAT16 ? ", or use --amp bf16 (float16 activations overflow past 65504)" : "");
+  else
+    snprintf(d, sizeof d, "step %lld: the gradients hold inf or NaN (on some rank; the loss, %g, is finite); "
+             "stopping before its optimizer step and saving nothing, since the weights would all take it; %s. Lower "
+             "--lr or lengthen --warmup-epochs; --loss-scale dynamic skips such steps", step, lsum / t->world, last);
+  return train_fail(t, "training", d);
 }
 
 /* The optimizer step: on the backend (resident; the unscale by inv fused), or
@@ -550,17 +589,19 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   /* Whether the reduced gradients overflowed rides with the loss's sum: every
    * rank holds the same sums, but the skip (and the scale, the step count)
    * must agree even if one rank's ever differed, or the replicas part. */
-  const int checks = t->st.loss_scale || (o->grad_wire == GW_FLOAT16 && t->bk);
   int over = 0;
-  if (checks && overflowed(t, &over) != 0) return -1;
+  if (overflowed(t, &over) != 0) return -1;
+  if (hooked_here(t, "GW_TRAIN_NAN_LOSS_AT_STEP")) loss = NAN;
   double sums[4] = {loss, over, atomic_exchange(&sig_ckpt_pending, 0), atomic_exchange(&sig_stop_pending, 0)};
   if (train_allreduce_d(t, sums, 4, "averaging the loss") != 0) return -1;
   const double lsum = sums[0];
   over = sums[1] > 0;
   r->sig_ckpt = (int)sums[2], r->sig_stop = (int)sums[3];
   r->loss_scale = t->st.loss_scale;
+  const int wire16 = o->grad_wire == GW_FLOAT16 && t->bk;
+  if (!isfinite(lsum) || (over && !t->st.loss_scale && !wire16)) return nonfinite_stop(t, lsum);
   float inv = 1.0f;
-  int skip = t->st.loss_scale ? unscale(t, over, &inv) : checks ? wire_overflowed(t, over) : 0;
+  int skip = t->st.loss_scale ? unscale(t, over, &inv) : wire16 ? wire_overflowed(t, over) : 0;
   r->overflows = t->st.overflows;
   if (!skip && optimizer_step(t, lr, inv) != 0) return -1;
   double t_end = now();
@@ -774,6 +815,12 @@ static int finish(struct trainer *t) {
   if (!t->o->save_weights) return 0;
   if (host_from_backend(t, "--save-weights") != 0) return -1;
   if (train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
+  char where[160], d[320];
+  if (t->rank == 0 &&
+      ckpt_nonfinite(t->m, gw_model_params(t->m), NULL, gw_model_running(t->m), where, sizeof where)) {
+    snprintf(d, sizeof d, "not written: the model holds a value that is not finite, %s", where);
+    return train_fail(t, "--save-weights", d);
+  }
   if (t->rank == 0 && gw_model_save_weights(t->m, t->o->save_weights) != GW_SUCCESS)
     return train_fail(t, "--save-weights", gw_model_last_error());
   if (t->rank == 0) log_text(&t->log, "weights written to %s", t->o->save_weights);

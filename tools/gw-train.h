@@ -120,6 +120,12 @@ struct gw_sgd;
  * removes all but the newest keep.  config describes the run (checked on resume). */
 int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
               const char *config, char *err, size_t errlen);
+/* Whether params (momentum, when not NULL: the same layout) or running (the
+ * BN statistics) hold an inf or a NaN: 1 with the first named in where
+ * ("layer1.0.bn1.running_var[3] = nan"), else 0.  ckpt_save refuses such a
+ * checkpoint, and --save-weights such a file. */
+int ckpt_nonfinite(const struct gw_model *m, const float *params, const float *momentum, const float *running,
+                   char *where, size_t len);
 /* Rank 0, before training: dir exists (made if missing; its parent must
  * exist) and is writable, and holds no checkpoint unless resuming: a new run
  * would overwrite another's files and prune them.  0, or -1 with err. */
