@@ -101,7 +101,8 @@ static const char usage_text[] =
     "  GW_JOB_TOKEN       shared secret of the job, at most 128 characters; generated\n"
     "                     if unset, but must be set (to the same value on every\n"
     "                     node) with --nnodes > 1\n"
-    "  OMP_NUM_THREADS    passed through if set, else online cores / N (at least 1)\n"
+    "  OMP_NUM_THREADS    passed through if set, else the cores gw-run may run on\n"
+    "                     (its CPU affinity) / N (at least 1)\n"
     "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n"
     "  GW_RUN_JOIN_TIMEOUT seconds for every node's gw-run to join node 0's\n"
     "                     (default 120); a node still missing then fails the job\n";
