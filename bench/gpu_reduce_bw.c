@@ -464,7 +464,7 @@ int main(int argc, char **argv) {
       double rb = 3.0 * (double)bytes / (r.best_ms * 1e6), rm = 3.0 * (double)bytes / (r.mean_ms * 1e6);
       double cb = 2.0 * (double)bytes / (c.best_ms * 1e6), cm = 2.0 * (double)bytes / (c.mean_ms * 1e6);
       printf("%-9s %5zu MiB  %9.1f / %9.1f  %9.1f / %9.1f  %6.3f\n", dname[dt], bytes >> 20, rb, rm, cb, cm, rb / cb);
-      if (csv) fprintf(csv, "%s,%zu,%.1f,%.1f,%.4f\n", dname[dt], bytes, rb, cb, rb / cb);
+      if (csv) fprintf(csv, "%s,%zu,%.1f,%.1f,%.4f\n", dname[dt], bytes, rb, cb, rb / cb), fflush(csv);
     }
   }
   if (csv) fclose(csv);

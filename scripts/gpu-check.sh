@@ -5,7 +5,9 @@
 # are fine; no Check, libibverbs or oneDNN needed, nothing is installed):
 #   1. uses build-gpu/ if it was carried along and runs here, else builds it
 #      (meson -Druntime_only=true: the runtime, gw-perf, gw-run, the device
-#      suite on a stand-in for Check when Check is missing, the kernel bench);
+#      suite on test/mini_check, the stand-in for Check, whether Check is
+#      there or not: the same build everywhere, so CI compiles this one
+#      (.ci/run), the kernel bench);
 #   2. runs the GPU suite (test_device on the real device: the grid at 2, 3
 #      and 4 ranks on this one GPU, stream ordering, streams, hardware
 #      queues, misuse, IPC, a dead peer; the stream-ordered ring's cases too);
@@ -53,7 +55,13 @@ if [ "${1:-}" = --stamp ]; then
   source_stamp >"$d/.gw-source-stamp" && echo "build-gpu/ marked as built from $(cat "$d/.gw-source-stamp")"
   exit 0
 fi
-OUT=${1:?usage: scripts/gpu-check.sh OUTDIR | --stamp}
+# --build-only OUTDIR: step 1 alone (a build here, with warnings as errors),
+# then the device suite's misuse case on the device emulator, through the
+# stand-in for Check: what CI runs (.ci/run), so this build compiles on a
+# machine without a GPU before a lent one meets it.
+BUILD_ONLY=0
+if [ "${1:-}" = --build-only ]; then BUILD_ONLY=1; shift; fi
+OUT=${1:?usage: scripts/gpu-check.sh [--build-only] OUTDIR | --stamp}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$ROOT" || exit 2
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -61,6 +69,17 @@ START=$(date +%s)
 : >"$OUT/summary.txt"
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 elapsed() { echo $(($(date +%s) - START)); }
+# The tables (scripts/gpu_check_summary.py) and the total, however the script
+# ends: also after a failed build's exit or a TERM, what ran until then.
+finished=0
+finish() {
+  [ $finished = 1 ] && return
+  finished=1
+  [ $BUILD_ONLY = 1 ] || python3 "$ROOT/scripts/gpu_check_summary.py" "$OUT" 2>&1 | tee -a "$OUT/summary.txt"
+  say "total: $(elapsed) s"
+}
+trap finish EXIT
+trap 'exit 143' TERM
 B=build-gpu
 # One deadline for everything (seconds from the start; the whole must end
 # before 8 minutes): lim N is N or what is left before it, whichever is
@@ -112,9 +131,9 @@ run_to() {
 
 STAMP=$(source_stamp)
 say "# gradwire GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), sources $STAMP"
-say "gpu: $(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+[ $BUILD_ONLY = 1 ] || say "gpu: $(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 say "nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null) | tail -1)"
-say "torch: $(timeout 60 python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
+[ $BUILD_ONLY = 1 ] || say "torch: $(timeout 60 python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
 
 # ---- 1. build ----------------------------------------------------------------------
 MESON=(meson)
@@ -173,14 +192,15 @@ runs_here() {
   GW_DEV_EMULATE=1 CK_RUN_CASE=misuse timeout 60 "$B/test/test_device" >/dev/null 2>&1
 }
 build_fail=0
-if runs_here; then
+[ $BUILD_ONLY = 1 ] && EXTRA_OPT+=(--werror)
+if [ $BUILD_ONLY = 0 ] && runs_here; then
   say "build: the carried $B runs here"
 else
-  [ -d "$B" ] && say "build: the carried $B does not run here; building"
+  [ -d "$B" ] && [ $BUILD_ONLY = 0 ] && say "build: the carried $B does not run here; building"
   rm -rf "$B"
   # -k0: a target that fails to compile (a warning the lent machine's compiler
   # adds, -Werror) costs that target only; what was built runs.
-  if ! run_to 120 "${MESON[@]}" setup "$B" -Druntime_only=true -Dbuildtype=release -Dcuda=enabled \
+  if ! run_to 120 "${MESON[@]}" setup "$B" -Druntime_only=true -Dmini_check=true -Dbuildtype=release -Dcuda=enabled \
       -Dibverbs=disabled -Donednn=disabled "${EXTRA_OPT[@]}" >"$OUT/build.txt" 2>&1; then
     tail -30 "$OUT/build.txt"
     say "build: meson setup FAILED after $(elapsed) s (see build.txt)"
@@ -194,10 +214,21 @@ else
     echo "$STAMP" >"$B/.gw-source-stamp"
     say "build: built $B in $(elapsed) s"
   fi
-  if [ ! -x "$B/test/test_device" ] || [ ! -x "$B/tools/gw-run" ] || [ ! -x "$B/tools/gw-perf" ]; then
-    say "build: FAILED: no test_device / gw-run / gw-perf"
+  # gw-run and gw-perf are what every step after this one needs; the others
+  # (the suite, the benches, the model) each run when built.
+  if [ ! -x "$B/tools/gw-run" ] || [ ! -x "$B/tools/gw-perf" ]; then
+    say "build: FAILED: no gw-run / gw-perf"
     exit 1
   fi
+fi
+
+if [ $BUILD_ONLY = 1 ]; then
+  (export GW_DEV_EMULATE=2 GW_TEST_NRANKS=2 CK_RUN_CASE=misuse
+   run_to 120 "$B/test/test_device") >"$OUT/misuse-emulated.txt" 2>&1
+  rc=$?
+  say "the device suite's misuse case on the emulator, through mini_check: exit $rc: $(grep -E 'Checks:' "$OUT/misuse-emulated.txt" | tail -1)"
+  [ $rc = 0 ] || tail -20 "$OUT/misuse-emulated.txt"
+  exit $((build_fail || rc != 0))
 fi
 
 # ---- 2. the GPU suite ------------------------------------------------------------------
@@ -235,10 +266,15 @@ gpu_case() { # N:CASE; Na:CASE: the stream-ordered device ring (GW_DEV_ASYNC=1);
 # CUDA_DEVICE_MAX_CONNECTIONS=K), the grid at 3 and 4, and dead-peer last (a
 # rank killed mid-operation must not cost the grids if it leaves the device
 # in a bad state; the 4-rank dead-midop cases come at the very end).
-for run in 2:grid 2a:grid 2:ordering 2:streams 2a:streams 2:queues 2aq2:queues 2q1:ordering 2:misuse 2:destroy \
-           2:bucketer 2:ipc 2:teardown 3:grid 4:grid 3a:grid 2:dead-peer; do
-  gpu_case "$run"
-done
+if [ -x "$B/test/test_device" ]; then
+  for run in 2:grid 2a:grid 2:ordering 2:streams 2a:streams 2:queues 2aq2:queues 2q1:ordering 2:misuse 2:destroy \
+             2:bucketer 2:ipc 2:teardown 3:grid 4:grid 3a:grid 2:dead-peer; do
+    gpu_case "$run"
+  done
+else
+  suite_fail=1
+  say "gpu suite: test_device was not built (see build.txt)"
+fi
 
 # ---- 3. gw-perf on device buffers --------------------------------------------------------
 perf_fail=0
@@ -438,104 +474,5 @@ if [ -x "$B/test/test_device" ] && want one-queue-ring && budget 25 "one-queue-r
   say "device ring forced on with one hardware queue (expected to fail or hang): $([ $rc = 0 ] && echo "passed: the queues did not serialize the streams" || echo "$([ $rc = 124 ] || [ $rc = 137 ] && echo hung || echo "failed (exit $rc)"), as expected: $(grep -o 'none of the [0-9]* engine streams runs[^(]*' "$OUT/one-queue-ring.txt" | head -1)")"
 fi
 
-# ---- summary -----------------------------------------------------------------------------------
-python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
-import csv, os, sys
-out = sys.argv[1]
-def rows(name):
-    p = os.path.join(out, name)
-    return list(csv.DictReader(open(p))) if os.path.exists(p) and os.path.getsize(p) else []
-for name in ("gw-perf-device-n2", "gw-perf-device-n4", "gw-perf-device-staged-n2", "gw-perf-host-n2",
-             "gw-perf-device-n2-ce", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce",
-             "gw-perf-device-n2-chunk1m", "gw-perf-device-n4-ringonly", "gw-perf-device-n2-flagkernel",
-             "gw-perf-device-n2-async", "gw-perf-device-n4-async", "gw-perf-device-n4-async-256m"):
-    r = rows(name + ".csv")
-    if not r:
-        print(f"{name}: no results"); continue
-    wrong = sum(int(x["oop_wrong"]) + int(x["ip_wrong"]) for x in r)
-    big = max(r, key=lambda x: int(x["size"]))
-    small = min(r, key=lambda x: int(x["size"]))
-    print(f"{name}: #wrong {wrong} over {len(r)} sizes; {small['size']} B {float(small['oop_time_us']):.1f} us; "
-          f"{big['size']} B busbw {float(big['oop_busbw']):.2f} GB/s")
-for coll, kern, ce in (("allreduce", "gw-perf-device-n2", "gw-perf-device-n2-ce"),
-                       ("allgather", "gw-perf-device-allgather-n2", "gw-perf-device-allgather-n2-ce")):
-    k, c = rows(kern + ".csv"), rows(ce + ".csv")
-    if k and c:
-        kb, cb = max(k, key=lambda x: int(x["size"])), max(c, key=lambda x: int(x["size"]))
-        print(f"device ring {coll} copies, kernel vs copy engine at {kb['size']} B: busbw "
-              f"{float(kb['oop_busbw']):.2f} vs {float(cb['oop_busbw']):.2f} GB/s = "
-              f"{float(kb['oop_busbw']) / max(float(cb['oop_busbw']), 1e-9):.2f}x")
-for n in (2, 4):
-    k, a = rows(f"gw-perf-device-n{n}.csv"), rows(f"gw-perf-device-n{n}-async.csv")
-    if k and a:
-        sync = {x["size"]: float(x["oop_busbw"]) for x in k}
-        pick = [x for x in a if int(x["size"]) >= 65536 and x["size"] in sync and
-                (int(x["size"]).bit_length() - 17) % 4 == 0]
-        print(f"device ring, {n} ranks, busbw stream-ordered (GW_DEV_ASYNC=1) vs synchronized per chunk: " +
-              ", ".join(f"{x['size']} B {float(x['oop_busbw']):.2f} vs {sync[x['size']]:.2f} GB/s = "
-                        f"{float(x['oop_busbw']) / max(sync[x['size']], 1e-9):.2f}x" for x in pick))
-k, c = rows("gw-perf-device-n4.csv"), rows("gw-perf-device-n4-ringonly.csv")
-if k and c:
-    ring = {x["size"]: float(x["oop_time_us"]) for x in c}
-    small = [x for x in k if int(x["size"]) <= 262144 and x["size"] in ring]
-    print("device buffers, 4 ranks, us per allreduce, staged under 64 KiB (default) vs ring only: " +
-          ", ".join(f"{x['size']} B {float(x['oop_time_us']):.1f} vs {ring[x['size']]:.1f}" for x in small))
-r = rows("reduce-bw.csv")
-if r:
-    worst = min(float(x["ratio"]) for x in r)
-    for x in r:
-        print(f"reduce {x['dtype']:>9} {int(x['bytes']) >> 20:5d} MiB: {float(x['reduce_GBps']):8.1f} GB/s vs copy "
-              f"{float(x['copy_GBps']):8.1f} GB/s = {float(x['ratio']):.3f}")
-    print(f"goal (reduce >= 0.90 of copy): {'met' if worst >= 0.9 else 'MISSED'} (worst {worst:.3f})")
-import json, re
-def img_s(name):
-    p = os.path.join(out, name)
-    if not os.path.exists(p): return None
-    m = re.findall(r": ([0-9.]+) img/s", open(p).read())
-    return [float(x) for x in m]
-def one(name):
-    v = img_s(name)
-    return v[-1] if v else None
-gw = {t: one(f"model-bench-{t}.txt") for t in ("tf32", "bf16", "fp16", "bf16-nofuse", "bf16-nhwc", "bf16-nhwc-g1")}
-pt = {t: one(f"model-bench-torch-{t}.txt") for t in ("tf32", "bf16", "fp16")}
-for t, what in (("tf32", "tf32 (NCHW both)"), ("bf16", "bf16 NCHW vs channels_last amp bf16"),
-                ("fp16", "fp16 NCHW vs channels_last amp fp16")):
-    if gw[t] and pt[t]:
-        print(f"model_bench cudnn {what}: {gw[t]:.1f} vs pytorch {pt[t]:.1f} img/s = {gw[t] / pt[t]:.2f}x"
-              + (" (issue 10's goal: 1.1x)" if t == "bf16" else ""))
-    elif pt[t]:
-        print(f"pytorch {t}: {pt[t]:.1f} img/s (gradwire's run gave no figure)")
-if gw["bf16"] and gw["bf16-nofuse"]:
-    print(f"model_bench cudnn bf16 NCHW: batch norm fused {gw['bf16']:.1f} vs unfused {gw['bf16-nofuse']:.1f} img/s = "
-          f"{gw['bf16'] / gw['bf16-nofuse']:.2f}x")
-if gw["bf16"] and gw["bf16-nhwc"]:
-    print(f"model_bench cudnn bf16: NCHW {gw['bf16']:.1f} vs NHWC {gw['bf16-nhwc']:.1f} img/s = "
-          f"{gw['bf16'] / gw['bf16-nhwc']:.2f}x")
-if gw["bf16-nhwc"] and gw["bf16-nhwc-g1"]:
-    print(f"model_bench cudnn bf16 NHWC: batch-norm sums over 1-8 blocks per piece {gw['bf16-nhwc']:.1f} vs one "
-          f"{gw['bf16-nhwc-g1']:.1f} img/s = {gw['bf16-nhwc'] / gw['bf16-nhwc-g1']:.2f}x")
-best = max(((gw[t], t) for t in ("bf16", "bf16-nhwc") if gw[t]), default=None)
-if best and pt["bf16"]:
-    print(f"model_bench cudnn bf16, the faster layout ({'NHWC' if best[1] == 'bf16-nhwc' else 'NCHW'}): {best[0]:.1f} "
-          f"vs pytorch {pt['bf16']:.1f} img/s = {best[0] / pt['bf16']:.2f}x (issue 10's goal: 1.1x)")
-for tag in ("n1", "n2", "n2-hoststep", "n2-async"):
-    p = os.path.join(out, f"gw-train-{tag}.jsonl")
-    if not os.path.exists(p): continue
-    steps = []
-    for l in open(p):
-        if '"train"' not in l: continue
-        try:  # a diverged run writes nan, which JSON has no word for
-            steps.append(json.loads(re.sub(r'(?<![\w"])-?(nan|inf)(?![\w"])', 'null', l)))
-        except ValueError:
-            pass
-    late = [s for s in steps[len(steps) // 2:] if s.get('img_per_s')]
-    if late:
-        ips = len(late) / sum(1 / s['img_per_s'] for s in late)  # images over their seconds, not a mean of rates
-        ms = lambda k: late[-1].get(k) or 0.0  # null: not finite
-        print(f"gw-train cudnn {tag}: {ips:.1f} img/s (steps {late[0]['step']}..{late[-1]['step']}; compute "
-              f"{ms('compute_ms'):.0f} ms, comm {ms('comm_ms'):.0f} ms, data {ms('data_ms'):.0f} ms in the last)"
-              + (f" = {ips / pt['bf16']:.2f}x pytorch's channels_last amp bf16 {pt['bf16']:.1f} (issue 10's goal: 1.1x)"
-                 if pt["bf16"] else ""))
-EOF
-say "total: $(elapsed) s"
+# ---- summary: finish(), at the exit ------------------------------------------------------------
 exit $((suite_fail || model_fail || perf_fail || bench_fail || build_fail))

@@ -286,7 +286,6 @@ static int probe_child(void *arg) {
 }
 
 int main(int argc, char **argv) {
-  static struct gw_backend_ops cpu_dev;
   const char *which = "cpu";
   layout = GW_LAYOUT_NCHW;
   for (int i = 1; i < argc; i++) {
@@ -301,6 +300,7 @@ int main(int argc, char **argv) {
     }
   }
 #if GW_HAVE_ONEDNN
+  static struct gw_backend_ops cpu_dev;
   cpu_dev = gw_backend_cpu;
   cpu_dev.host_memory = 0;
   if (!strcmp(which, "cpu")) be = &gw_backend_cpu;

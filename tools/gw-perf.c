@@ -775,6 +775,7 @@ int main(int argc, char **argv) {
           fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s,%.3f,%.4f,%.4f,%s,%s,%s\n", res.bytes, res.count,
                   gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], wc[0],
                   res.time_us[1], res.algbw[1], res.busbw[1], wc[1], res.path[0], res.path[1]);
+        if (csv) fflush(csv); /* whole rows so far, should the run be stopped (a time limit) */
         if (json) {
           fprintf(json,
                   "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, "

@@ -35,14 +35,23 @@ TCase *tcase_create(const char *name) {
   return tc;
 }
 
+/* More than MAX_TESTS would be left out unseen: a build-time mistake, said. */
+static void too_many(const char *what, const char *name) {
+  fprintf(stderr, "mini_check: more than %d %s in %s (raise MAX_TESTS in test/mini_check/check.c)\n", MAX_TESTS,
+          what, name);
+  exit(1);
+}
+
 void tcase_add_test(TCase *tc, const TTest *t) {
-  if (tc->ntests < MAX_TESTS) tc->tests[tc->ntests++] = t;
+  if (tc->ntests == MAX_TESTS) too_many("tests", tc->name);
+  tc->tests[tc->ntests++] = t;
 }
 
 void tcase_set_timeout(TCase *tc, double seconds) { tc->timeout = seconds; }
 
 void suite_add_tcase(Suite *s, TCase *tc) {
-  if (s->ncases < MAX_TESTS) s->cases[s->ncases++] = tc;
+  if (s->ncases == MAX_TESTS) too_many("cases", s->name);
+  s->cases[s->ncases++] = tc;
 }
 
 SRunner *srunner_create(Suite *s) {
@@ -55,10 +64,13 @@ void srunner_run_all(SRunner *sr, enum print_output mode) {
   const char *only = getenv("CK_RUN_CASE");
   printf("Running suite(s): %s\n", sr->suite->name);
   fflush(stdout);
+  int matched = 0;
   for (int c = 0; c < sr->suite->ncases; c++) {
     TCase *tc = sr->suite->cases[c];
     if (only && strcmp(only, tc->name) != 0) continue;
+    matched = 1;
     for (int t = 0; t < tc->ntests; t++) {
+      fflush(stdout), fflush(stderr); /* or the child's exit writes the parent's buffered lines again */
       pid_t pid = fork();
       if (pid == 0) {
         alarm((unsigned)(tc->timeout + 0.999));
@@ -76,6 +88,10 @@ void srunner_run_all(SRunner *sr, enum print_output mode) {
         printf("%s:%s: Passed\n", tc->name, tc->tests[t]->name);
       }
     }
+  }
+  if (only && !matched) { /* a mistyped CK_RUN_CASE ran nothing: not a pass */
+    fprintf(stderr, "mini_check: no case named '%s' in suite %s\n", only, sr->suite->name);
+    sr->run++, sr->failed++;
   }
   printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", sr->run ? 100 * (sr->run - sr->failed) / sr->run : 100,
          sr->run, sr->failed);

@@ -43,12 +43,43 @@ enum print_output { CK_SILENT, CK_MINIMAL, CK_NORMAL, CK_VERBOSE };
     ck_assert_msg(ck_a_ == ck_b_, "%s == %jd, %s == %jd", #a, ck_a_, #b, ck_b_);         \
   } while (0)
 
+#define ck_assert_int_op_(a, op, b)                                                     \
+  do {                                                                                  \
+    intmax_t ck_a_ = (intmax_t)(a), ck_b_ = (intmax_t)(b);                              \
+    ck_assert_msg(ck_a_ op ck_b_, "%s == %jd, %s == %jd", #a, ck_a_, #b, ck_b_);         \
+  } while (0)
+#define ck_assert_int_ne(a, b) ck_assert_int_op_(a, !=, b)
+#define ck_assert_int_lt(a, b) ck_assert_int_op_(a, <, b)
+#define ck_assert_int_le(a, b) ck_assert_int_op_(a, <=, b)
+#define ck_assert_int_gt(a, b) ck_assert_int_op_(a, >, b)
+#define ck_assert_int_ge(a, b) ck_assert_int_op_(a, >=, b)
+#define ck_assert_uint_op_(a, op, b)                                                    \
+  do {                                                                                  \
+    uintmax_t ck_a_ = (uintmax_t)(a), ck_b_ = (uintmax_t)(b);                           \
+    ck_assert_msg(ck_a_ op ck_b_, "%s == %ju, %s == %ju", #a, ck_a_, #b, ck_b_);         \
+  } while (0)
+#define ck_assert_uint_eq(a, b) ck_assert_uint_op_(a, ==, b)
+#define ck_assert_uint_ne(a, b) ck_assert_uint_op_(a, !=, b)
+#define ck_assert_uint_le(a, b) ck_assert_uint_op_(a, <=, b)
+#define ck_assert_uint_ge(a, b) ck_assert_uint_op_(a, >=, b)
+#define ck_abort_msg(...) ck_assert_msg(0, __VA_ARGS__)
+#define ck_abort() ck_abort_msg("%s", "")
+
+#define ck_assert_ptr_eq(a, b) ck_assert_msg((const void *)(a) == (const void *)(b), "%s == %p, %s == %p", #a, \
+                                             (const void *)(a), #b, (const void *)(b))
+#define ck_assert_ptr_ne(a, b) ck_assert_msg((const void *)(a) != (const void *)(b), "%s == %s == %p", #a, #b, \
+                                             (const void *)(a))
 #define ck_assert_ptr_null(p) ck_assert_msg((p) == NULL, "%s is not NULL", #p)
 #define ck_assert_ptr_nonnull(p) ck_assert_msg((p) != NULL, "%s is NULL", #p)
 #define ck_assert_str_eq(a, b)                                                          \
   do {                                                                                  \
     const char *ck_s_ = (a), *ck_t_ = (b);                                              \
     ck_assert_msg(!strcmp(ck_s_, ck_t_), "%s == \"%s\", %s == \"%s\"", #a, ck_s_, #b, ck_t_); \
+  } while (0)
+#define ck_assert_str_ne(a, b)                                                          \
+  do {                                                                                  \
+    const char *ck_s_ = (a), *ck_t_ = (b);                                              \
+    ck_assert_msg(strcmp(ck_s_, ck_t_), "%s == %s == \"%s\"", #a, #b, ck_s_);           \
   } while (0)
 
 Suite *suite_create(const char *name);
