@@ -26,6 +26,9 @@
  * (2 ranks, one GPU) 4 MiB chunks moved 256 MiB 3.7x faster than 1 MiB ones
  * (11.2 against 3.0 GB/s), within 13% of them from 1 MiB down. */
 GW_PARAM(DevChunkBytes, "GW_DEV_CHUNK_BYTES", 4 << 20)
+size_t gw__devring_chunk(int64_t asked) {
+  return (size_t)GW_ALIGN_UP(GW_MIN(GW_MAX(asked, 4096), (int64_t)1 << 30), 256);
+}
 GW_PARAM(DevIpc, "GW_DEV_IPC", 1)
 /* How the device ring copies: 0 (default) a kernel on the SMs (copy_async:
  * the two copies of a forwarded chunk, into the peer's twin and the output,
@@ -278,7 +281,11 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   if (res != GW_SUCCESS) goto out;
   dr->ops = dv;
   dr->nslots = comm->conn_params.nslots;
-  dr->chunk = (size_t)GW_ALIGN_UP(GW_MAX(gw__param_DevChunkBytes(), 4096), 256);
+  const int64_t chunk_asked = gw__param_DevChunkBytes();
+  dr->chunk = gw__devring_chunk(chunk_asked);
+  if (chunk_asked < 4096 || chunk_asked > (int64_t)1 << 30)
+    GW_WARN(GW_SUB_INIT, "rank %d: GW_DEV_CHUNK_BYTES=%lld is outside 4096..1073741824: %zu used", comm->rank,
+            (long long)chunk_asked, dr->chunk);
   dr->copy_engine = gw__param_DevCopyEngine() != 0;
   dr->min_bytes = (uint64_t)GW_MAX(gw__param_DevRingMinBytes(), 0);
   void *twin = NULL;

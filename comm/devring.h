@@ -58,6 +58,10 @@ extern _Atomic bool gw__dev_given_up;
 gw_result_t gw__dev_fail(struct gw_errctx *err, const struct gw_comm *comm, const char *what);
 /* This rank's own GW_DEV_STAGE_BYTES (rank 0's is agreed at init). */
 size_t gw__dev_stage_bytes_own(void);
+/* The device ring's chunk for GW_DEV_CHUNK_BYTES=asked: 4 KiB .. 1 GiB (a
+ * chunk's byte count travels in 32 bits; the twin holds nslots of them), the
+ * nearest outside that (init says so), rounded up to 256 bytes. */
+size_t gw__devring_chunk(int64_t asked);
 /* After a stream-ordered ring operation's headers ran on the host (res):
  * waits until the caller's stream says it finished the operation's device
  * work, releasing it where a neighbour's never comes, then the barrier that

@@ -188,7 +188,8 @@ static int emu_alloc(void **p, size_t bytes) {
   if (sticky()) return 1;
   pthread_once(&ptracer_once, allow_ptracers);
   size_t size = page_round(bytes);
-  int fd = (int)syscall(SYS_memfd_create, "gw-dev-emu", 0u);
+  /* close-on-exec: a program a rank runs must not keep emulated device memory alive */
+  int fd = (int)syscall(SYS_memfd_create, "gw-dev-emu", (unsigned)MFD_CLOEXEC);
   if (fd < 0) return fail("alloc(%zu): memfd_create: %s", bytes, strerror(errno));
   if (ftruncate(fd, (off_t)size) != 0) {
     int e = errno;

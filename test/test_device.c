@@ -28,6 +28,8 @@
  * The parent process never touches the device before forking the ranks (a
  * CUDA process cannot fork usable children). */
 #include <check.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -40,6 +42,7 @@
 
 #include "comm.h" /* comm->devring */
 #include "dev.h"
+#include "devring.h" /* gw__devring_chunk */
 #include "harness.h"
 #include "reduce.h" /* fp16/bf16 conversions for expected values */
 #include "test_device.h"
@@ -502,7 +505,39 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
+/* The emulator's device memory (a memfd each) is close-on-exec: a program a
+ * rank runs must not keep it alive. */
+static void emulated_memory_closes_on_exec(void) {
+  dv = gw__dev();
+  void *p = NULL;
+  ck_assert_msg(dv->alloc(&p, 4096) == 0, "%s", dv->error());
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int seen = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    char link[300], to[256];
+    snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(link, to, sizeof to - 1);
+    if (n <= 0) continue;
+    to[n] = 0;
+    if (!strstr(to, "memfd:gw-dev-emu")) continue;
+    seen++;
+    ck_assert_msg(fcntl(atoi(e->d_name), F_GETFD) & FD_CLOEXEC, "fd %s (%s) is not close-on-exec", e->d_name, to);
+  }
+  closedir(d);
+  ck_assert_msg(seen > 0, "no emulated device memory among this process's descriptors");
+  ck_assert_int_eq(dv->free(p), 0);
+}
+
 START_TEST(misuse) {
+  if (getenv("GW_DEV_EMULATE")) emulated_memory_closes_on_exec();
+  /* GW_DEV_CHUNK_BYTES out of range: the nearest of 4 KiB .. 1 GiB (4 GiB
+   * overflowed the 32-bit byte count of a chunk's header), 256-byte aligned */
+  ck_assert_uint_eq(gw__devring_chunk((int64_t)1 << 32), (size_t)1 << 30);
+  ck_assert_uint_eq(gw__devring_chunk(INT64_MAX), (size_t)1 << 30);
+  ck_assert_uint_eq(gw__devring_chunk(-1), 4096);
+  ck_assert_uint_eq(gw__devring_chunk(70000), 70144);
+  ck_assert_uint_eq(gw__devring_chunk(4 << 20), 4 << 20);
   ck_assert_int_eq(run_ranks_raw(2, body_misuse, NULL, 120), 0);
   if (getenv("GW_DEV_EMULATE")) ck_assert_int_eq(run_ranks_raw(2, device_setup_retry, NULL, 120), 0);
 }
