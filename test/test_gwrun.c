@@ -344,7 +344,10 @@ START_TEST(test_leftover_shm_removed)
     ck_assert_msg(ns_kept, "%s (another pid namespace's) was removed", other_ns);
     ck_assert_msg(pid_kept, "%s (not a rank's) was removed", other_pid);
     ck_assert_msg(job_kept, "%s (another job's) was removed", other_job);
-    ck_assert_msg(strstr(r.err, "removed 2 shared-memory segments that"), "stderr:\n%s", r.err);
+    /* 2, or 1 when a library's own sweep at another test's init (dead pids'
+     * segments in its namespace) took one first: the tests run side by side */
+    ck_assert_msg(strstr(r.err, "removed 2 shared-memory segments that") ||
+                      strstr(r.err, "removed 1 shared-memory segment that"), "stderr:\n%s", r.err);
     gwrun_free(&r);
 }
 END_TEST
