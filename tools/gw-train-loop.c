@@ -417,20 +417,27 @@ static int hooked_here(const struct trainer *t, const char *var) {
   return at && atoll(at) == t->st.step + 1 && (!on || atoi(on) == t->rank);
 }
 
+/* GW_TRAIN_OVERFLOW_AT_STEP's step: one gradient made infinite, checked
+ * or not. */
+static int poison_hook(struct trainer *t) {
+  if (!hooked_here(t, "GW_TRAIN_OVERFLOW_AT_STEP")) return 0;
+  float inf = INFINITY;
+  if (!t->resident) gw_model_grads(t->m)[t->np / 2] = inf;
+  else if (t->ops->upload(t->b, gw_exec_grads(t->e) + t->np / 2, &inf, sizeof inf) != GW_SUCCESS)
+    return train_fail(t, "GW_TRAIN_OVERFLOW_AT_STEP", gw_model_last_error());
+  return 0;
+}
+
 /* Whether any of this step's (reduced, scaled) gradients is inf or NaN: on
  * the backend for a resident run (one flag comes back), else on the host. */
 static int overflowed(struct trainer *t, int *over) {
   const size_t np = t->np;
-  const int poisoned = hooked_here(t, "GW_TRAIN_OVERFLOW_AT_STEP");
   if (t->resident) {
-    float *g = gw_exec_grads(t->e), inf = INFINITY;
-    if ((poisoned && t->ops->upload(t->b, g + np / 2, &inf, sizeof inf) != GW_SUCCESS) ||
-        t->ops->nonfinite(t->b, g, np, over) != GW_SUCCESS)
+    if (t->ops->nonfinite(t->b, gw_exec_grads(t->e), np, over) != GW_SUCCESS)
       return train_fail(t, "loss scaling", gw_model_last_error());
     return 0;
   }
-  float *g = gw_model_grads(t->m);
-  if (poisoned) g[np / 2] = INFINITY;
+  const float *g = gw_model_grads(t->m);
   int finite = 1;
   for (size_t i = 0; i < np; i++) finite &= isfinite(g[i]) != 0;
   *over = !finite;
@@ -444,15 +451,17 @@ static int overflowed(struct trainer *t, int *over) {
  * dynamic halves the scale, which doubles again after 2000 steps without
  * overflow (PyTorch's GradScaler's rule).  Returns 1 when the step is to be
  * skipped. */
-static int unscale(struct trainer *t, int over, float *inv) {
+static int unscale(struct trainer *t, int over, double lsum, float *inv) {
   if (over) {
     t->st.overflows++, t->st.good_steps = 0;
     double was = t->st.loss_scale;
     /* Not below 1: the check is on the scaled gradients, and unscaling by a
      * factor above 1 could overflow after it (GradScaler checks after). */
     if (t->o->loss_scale_dynamic && t->st.loss_scale >= 2) t->st.loss_scale *= 0.5;
-    log_text(&t->log, "step %lld: the gradients overflowed at loss scale %g; step skipped (%lld so far), scale now %g",
-             (long long)t->st.step + 1, was, (long long)t->st.overflows, t->st.loss_scale);
+    log_text(&t->log, "step %lld: %s at loss scale %g; step skipped (%lld so far), scale now %g",
+             (long long)t->st.step + 1,
+             isnan(lsum) ? "the loss is nan" : isinf(lsum) ? "the loss is inf" : "the gradients overflowed", was,
+             (long long)t->st.overflows, t->st.loss_scale);
     return 1;
   }
   *inv = (float)(1.0 / t->st.loss_scale);
@@ -479,21 +488,22 @@ static int wire_overflowed(struct trainer *t, int over) {
   return 1;
 }
 
-/* A loss that is not finite (any rank's: the sum is), or gradients that are
- * not with nothing to skip such a step (no loss scaling, no float16 wire):
- * the optimizer step would spread it to every weight, and the checkpoints
- * after it (pruning the good ones) would hold it.  The run stops before it,
- * with exit 1 and nothing saved: forward has already put the step's batch
- * statistics into BN's running ones (inf or NaN there too, for a loss that is
- * not finite), so neither a skip nor a save is safe; a resume continues from
- * the last checkpoint.  A loss that is not finite stops a loss-scaled run as
- * well: the scale acts on backward only. */
+/* A loss that is not finite (any rank's: the sum is) with no loss scaling:
+ * its gradients would take every weight to NaN through the optimizer, and
+ * the checkpoints after it (pruning the good ones) would hold it.  The run
+ * stops before the optimizer step, with exit 1 and nothing saved (forward
+ * has already moved BN's running statistics with the batch's, NaN too).  A
+ * loss-scaled run skips such a step instead, as GradScaler does (an fp16
+ * overflow in the last layers is worth a skip); should the statistics have
+ * taken the NaN, no checkpoint is written with it (ckpt_save).  Gradients
+ * are checked only where a loss scale or a float16 wire asks (a pass over
+ * them each step); a NaN gradient under a finite loss reaches the weights,
+ * whose next checkpoint is refused and whose next loss stops the run. */
 static int nonfinite_stop(struct trainer *t, double lsum) {
   char d[640], last[160];
   const long long step = (long long)t->st.step + 1;
   if (t->rank != 0) {
-    snprintf(d, sizeof d, "stopping with the others at step %lld (a loss or gradients that are not finite: rank 0 "
-             "says more)", step);
+    snprintf(d, sizeof d, "stopping with the others at step %lld (a loss that is not finite: rank 0 says more)", step);
     return train_fail(t, "training", d);
   }
   if (!t->o->checkpoint_dir) snprintf(last, sizeof last, "no --checkpoint-dir: nothing to resume from");
@@ -501,15 +511,10 @@ static int nonfinite_stop(struct trainer *t, double lsum) {
     snprintf(last, sizeof last, "the last checkpoint, of step %lld, is whole (--resume continues from it)",
              (long long)t->saved_step);
   else snprintf(last, sizeof last, "no checkpoint was saved yet");
-  if (!isfinite(lsum))
-    snprintf(d, sizeof d, "step %lld: the loss is %s (summed over the ranks); stopping before its optimizer step and "
-             "saving nothing, since the weights would all take it; %s. Lower --lr or lengthen --warmup-epochs%s",
-             step, isnan(lsum) ? "nan" : "inf", last,
-             t->o->amp == GW_FLOAT16 ? ", or use --amp bf16 (float16 activations overflow past 65504)" : "");
-  else
-    snprintf(d, sizeof d, "step %lld: the gradients hold inf or NaN (on some rank; the loss, %g, is finite); "
-             "stopping before its optimizer step and saving nothing, since the weights would all take it; %s. Lower "
-             "--lr or lengthen --warmup-epochs; --loss-scale dynamic skips such steps", step, lsum / t->world, last);
+  snprintf(d, sizeof d, "step %lld: the loss is %s (summed over the ranks); stopping before its optimizer step and "
+           "saving nothing, since the weights would all take it; %s. Lower --lr or lengthen --warmup-epochs%s",
+           step, isnan(lsum) ? "nan" : "inf", last,
+           t->o->amp == GW_FLOAT16 ? ", or use --loss-scale dynamic (float16 activations overflow past 65504)" : "");
   return train_fail(t, "training", d);
 }
 
@@ -589,8 +594,9 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   /* Whether the reduced gradients overflowed rides with the loss's sum: every
    * rank holds the same sums, but the skip (and the scale, the step count)
    * must agree even if one rank's ever differed, or the replicas part. */
+  const int checks = t->st.loss_scale || (o->grad_wire == GW_FLOAT16 && t->bk);
   int over = 0;
-  if (overflowed(t, &over) != 0) return -1;
+  if (poison_hook(t) != 0 || (checks && overflowed(t, &over) != 0)) return -1;
   if (hooked_here(t, "GW_TRAIN_NAN_LOSS_AT_STEP")) loss = NAN;
   double sums[4] = {loss, over, atomic_exchange(&sig_ckpt_pending, 0), atomic_exchange(&sig_stop_pending, 0)};
   if (train_allreduce_d(t, sums, 4, "averaging the loss") != 0) return -1;
@@ -598,10 +604,9 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   over = sums[1] > 0;
   r->sig_ckpt = (int)sums[2], r->sig_stop = (int)sums[3];
   r->loss_scale = t->st.loss_scale;
-  const int wire16 = o->grad_wire == GW_FLOAT16 && t->bk;
-  if (!isfinite(lsum) || (over && !t->st.loss_scale && !wire16)) return nonfinite_stop(t, lsum);
+  if (!isfinite(lsum) && !t->st.loss_scale) return nonfinite_stop(t, lsum);
   float inv = 1.0f;
-  int skip = t->st.loss_scale ? unscale(t, over, &inv) : wire16 ? wire_overflowed(t, over) : 0;
+  int skip = t->st.loss_scale ? unscale(t, over || !isfinite(lsum), lsum, &inv) : checks ? wire_overflowed(t, over) : 0;
   r->overflows = t->st.overflows;
   if (!skip && optimizer_step(t, lr, inv) != 0) return -1;
   double t_end = now();
