@@ -145,7 +145,7 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
    * resolver or route took another, the IPv4 one of a name with an IPv6 one
    * first, was refused until its deadline, "is rank 0 running?"). */
   for (struct addrinfo *a = ai; a && bs->nlisten < BOOT_MAX_LISTEN; a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    int fd = gw__sock_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
     if (fd < 0) {
       last_errno = errno;
       continue;
@@ -160,7 +160,7 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
       continue;
     }
     last_errno = errno;
-    close(fd);
+    gw__sock_close(fd);
   }
   freeaddrinfo(ai);
   if (bs->nlisten) {
@@ -187,7 +187,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
     if (gai == 0) {
       last_gai = 0;
       for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        int fd = gw__sock_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
         if (fd < 0) {
           last_errno = errno;
           continue;
@@ -201,7 +201,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
           return GW_SUCCESS;
         }
         last_errno = errno;
-        close(fd);
+        gw__sock_close(fd);
       }
       freeaddrinfo(ai);
     }
@@ -271,7 +271,7 @@ static void close_gracefully(int fd, double deadline) {
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
   }
-  close(fd);
+  gw__sock_close(fd);
 }
 
 static void refuse(int fd, const char *why, double deadline) {
@@ -337,7 +337,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     int ready = 0;
     while (ready < bs->nlisten && !(pfd[ready].revents & POLLIN)) ready++;
     if (ready == bs->nlisten) continue; /* an error event alone: accept4 would block */
-    int fd = accept4(bs->listen_fds[ready], (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
+    int fd = gw__sock_accept(bs->listen_fds[ready], (struct sockaddr *)&from, &fl);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
       const int e = errno;
       gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot accept rank connections at %s: %s%s (%d of %d "
@@ -359,7 +359,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     if (send_frame(fd, GW_BOOT_CHALLENGE, challenge, sizeof challenge, hello_deadline) != GW_SUCCESS ||
         !read_hello(fd, &h, hello_deadline)) {
       GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", who, bs->master);
-      close(fd);
+      gw__sock_close(fd);
       continue;
     }
     if (!hello_mac_ok(&h, challenge, token)) {
@@ -374,7 +374,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
        * place.  A live earlier connection is a duplicate, refused below. */
       GW_INFO(GW_SUB_BOOT, "rank 0: rank %d joined again from %s; its earlier connection is closed (that process "
               "exited): the new one takes its place", h.rank, who);
-      close(bs->socks[h.rank]);
+      gw__sock_close(bs->socks[h.rank]);
       bs->socks[h.rank] = -1;
       joined--;
     }
@@ -398,7 +398,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
     gw__boot_mac(token, 1, challenge, h.nonce, h.rank, h.nranks, proof);
     if (send_frame(fd, GW_BOOT_PROOF, proof, sizeof proof, hello_deadline) != GW_SUCCESS) {
       GW_WARN(GW_SUB_BOOT, "rank 0: rank %d (from %s) went during its hello", h.rank, who);
-      close(fd);
+      gw__sock_close(fd);
       continue;
     }
     bs->socks[h.rank] = fd;
@@ -452,7 +452,7 @@ static gw_result_t peer_hello(struct gw_bootstrap *bs, const char *token, double
 }
 
 static void close_listeners(struct gw_bootstrap *bs) {
-  for (int i = 0; i < bs->nlisten; i++) close(bs->listen_fds[i]);
+  for (int i = 0; i < bs->nlisten; i++) gw__sock_close(bs->listen_fds[i]);
   bs->nlisten = 0;
 }
 
@@ -722,7 +722,7 @@ void gw__bootstrap_free(struct gw_bootstrap *bs) {
     for (int r = 0; r < (bs->rank == 0 ? bs->nranks : 1); r++) {
       if (bs->socks[r] < 0) continue;
       if (bs->told_error) close_gracefully(bs->socks[r], deadline);
-      else close(bs->socks[r]);
+      else gw__sock_close(bs->socks[r]);
     }
   close_listeners(bs);
   free(bs->socks);

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "gradwire.h"
 
@@ -156,5 +157,15 @@ static inline uint64_t gw__fnv(uint64_t h, const void *p, size_t n) {
 
 /* Host name plus boot id: ranks with the same node id share a machine. */
 void gw__node_id(char *out, size_t len);
+
+/* forkfd.c: every socket to a peer is made, accepted and closed through these
+ * (close-on-exec, and recorded so that a child forked without exec closes
+ * its copies: while one lived, a dead rank's peers on other machines saw its
+ * sockets open).  gw__sock_close keeps errno; gw__sock_tracked says how many
+ * are recorded (tests). */
+int gw__sock_socket(int domain, int type, int protocol);
+int gw__sock_accept(int listen_fd, struct sockaddr *addr, socklen_t *len);
+void gw__sock_close(int fd);
+int gw__sock_tracked(void);
 
 #endif /* GW_CORE_H */

@@ -205,6 +205,58 @@ START_TEST(test_killed_rank_named) {
 }
 END_TEST
 
+/* A rank that forked a child (no exec: a data loader's worker) and then
+ * died: its peers on other machines (every rank in a UTS namespace of its
+ * own, so none watches another's pid or lock: only the sockets tell) fail at
+ * once, from its sockets' end.  The child's copies of them are closed at the
+ * fork; it kept them open, and the peers waited out GW_TIMEOUT.  After the
+ * failure and the destroy, no socket the survivor made is open or listed. */
+static int raw_forked_then_died(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  char name[32];
+  snprintf(name, sizeof name, "forknode%d", rank);
+  if (unshare(CLONE_NEWUTS) != 0 || sethostname(name, strlen(name)) != 0) return 1;
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
+  gw_comm_set_timeout(comm, 30);
+  int32_t v = rank;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == 1, "warm-up: %s",
+         gw_comm_last_error(comm));
+  EXPECT(gw__sock_tracked() > 0, "rank %d: no socket on the fork list", rank);
+  if (rank == 1) {
+    if (fork() == 0) { /* holds what the fork left it for 20 s, printing nothing */
+      int nul = open("/dev/null", O_RDWR);
+      dup2(nul, 1), dup2(nul, 2);
+      sleep(20);
+      _exit(0);
+    }
+    _exit(3);
+  }
+  const double t0 = test_now();
+  const gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
+  const double took = test_now() - t0;
+  EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "rank 1"), "rank 0: %s: %s", gw_strerror(r),
+         gw_comm_last_error(comm));
+  EXPECT(took < 10, "rank 0 failed after %.1f s: rank 1's forked child kept its sockets open", took);
+  gw_comm_destroy(comm);
+  EXPECT(gw__sock_tracked() == 0, "%d sockets still listed after destroy", gw__sock_tracked());
+  return 0;
+}
+
+static int can_unshare_uts(void *arg) {
+  (void)arg;
+  return unshare(CLONE_NEWUTS) == 0 ? 0 : 1;
+}
+
+START_TEST(test_forked_child_keeps_no_socket) {
+  if (run_in_child(can_unshare_uts, NULL) != 0) {
+    printf("test_forked_child_keeps_no_socket: no UTS namespace here (not root?): not run\n");
+    return;
+  }
+  ck_assert_int_eq(run_ranks_raw(2, raw_forked_then_died, NULL, 90), 1); /* rank 1 dies on purpose */
+}
+END_TEST
+
 /* A live rank late to an allreduce (a checkpoint, an evaluation on rank 0)
  * stops reading its sockets: its senders' data waits behind a zero window.
  * Linux closes such a connection after TCP_USER_TIMEOUT even while the late
@@ -499,6 +551,7 @@ int main(void) {
   tcase_add_test(tc, test_transport_choice);
   tcase_add_test(tc, test_corrupt_frame_reported);
   tcase_add_test(tc, test_killed_rank_named);
+  tcase_add_test(tc, test_forked_child_keeps_no_socket);
   tcase_add_test(tc, test_slot_bytes_differ);
   tcase_add_test(tc, test_ipv6_link_local);
   tcase_add_test(tc, test_skipped_part_named);

@@ -32,8 +32,8 @@ void gw__ib_conn_free(struct ib_conn *t) {
   free(t->need);
   free(t->arrived);
   free(t->reads);
-  if (t->fd >= 0) close(t->fd);
-  if (t->listen_fd >= 0) close(t->listen_fd);
+  gw__sock_close(t->fd);
+  gw__sock_close(t->listen_fd);
   free(t);
 }
 
@@ -376,9 +376,9 @@ gw_result_t gw__ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
     }
     GW_WARN(GW_SUB_ALL, "rank %d: refused a connection that is not rank %d's ib connection of this job", c->self,
             c->peer);
-    close(fd);
+    gw__sock_close(fd);
   }
-  close(t->listen_fd);
+  gw__sock_close(t->listen_fd);
   t->listen_fd = -1;
   t->raddr = hello.credit_addr;
   t->rkey = hello.credit_rkey;

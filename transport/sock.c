@@ -76,14 +76,12 @@ int gw__sock_listen(const struct sockaddr_storage *local, socklen_t len, int bac
   *bound = *local;
   if (bound->ss_family == AF_INET) ((struct sockaddr_in *)bound)->sin_port = 0;
   else ((struct sockaddr_in6 *)bound)->sin6_port = 0;
-  int fd = socket(bound->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = gw__sock_socket(bound->ss_family, SOCK_STREAM, 0);
   socklen_t al = len;
   if (fd < 0) return -1;
   if (bind(fd, (struct sockaddr *)bound, al) != 0 || listen(fd, backlog) != 0 ||
       getsockname(fd, (struct sockaddr *)bound, &al) != 0) {
-    int e = errno;
-    close(fd);
-    errno = e;
+    gw__sock_close(fd);
     return -1;
   }
   return fd;
@@ -142,13 +140,11 @@ int gw__sock_connect_deadline(int fd, const struct sockaddr *a, socklen_t al, do
 
 int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const void *hello, size_t len,
                            double deadline) {
-  int fd = socket(a->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = gw__sock_socket(a->ss_family, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   if (gw__sock_connect_deadline(fd, (const struct sockaddr *)a, al, deadline) != 0 ||
       !gw__sock_io_deadline(fd, (void *)hello, len, true, deadline)) {
-    int e = errno;
-    close(fd);
-    errno = e;
+    gw__sock_close(fd);
     return -1;
   }
   return fd;
@@ -157,7 +153,7 @@ int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const
 int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadline) {
   for (;;) {
     if (poll_until(listen_fd, POLLIN, deadline) <= 0) return -1;
-    int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    int fd = gw__sock_accept(listen_fd, NULL, NULL);
     /* Out of descriptors is this process's failure, said at once (the listener
      * stays readable: retrying would spin until the deadline and blame the peer). */
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) return -1;
@@ -168,7 +164,7 @@ int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadlin
     if (fd < 0 && (errno == EBADF || errno == EINVAL || errno == ENOTSOCK || errno == EFAULT)) return -1;
     if (fd < 0) continue;
     if (gw__sock_io_deadline(fd, hello, len, false, GW_MIN(deadline, gw__now() + 5.0))) return fd;
-    close(fd);
+    gw__sock_close(fd);
   }
 }
 

@@ -171,7 +171,7 @@ static gw_result_t tcp_recv_setup(struct gw_conn *c, const struct gw_conn_params
   c->priv = t;
   return GW_SUCCESS;
 fail:
-  if (t->listen_fd >= 0) close(t->listen_fd);
+  gw__sock_close(t->listen_fd);
   if (t->slots) munmap(t->slots, t->map_bytes);
   free(t->rslot);
   free(t);
@@ -219,7 +219,7 @@ static gw_result_t tcp_send_connect(struct gw_conn *c, const struct gw_conn_para
   return GW_SUCCESS;
 fail:
   for (uint32_t s = 0; s < TCP_MAX_STREAMS; s++)
-    if (t->ss[s].fd >= 0) close(t->ss[s].fd);
+    gw__sock_close(t->ss[s].fd);
   if (t->slots) munmap(t->slots, t->map_bytes);
   free(t->shdr);
   free(t);
@@ -248,14 +248,14 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
     if (why) {
       GW_WARN(GW_SUB_ALL, "rank %d: refused a tcp connection that is not rank %d's stream of this job: %s "
               "(stream %u from rank %d)", c->self, c->peer, why, hello.stream, hello.sender);
-      close(fd);
+      gw__sock_close(fd);
       continue;
     }
     gw__sock_tune(fd);
     t->rs[hello.stream].fd = fd;
     joined++;
   }
-  close(t->listen_fd);
+  gw__sock_close(t->listen_fd);
   t->listen_fd = -1;
   return GW_SUCCESS;
 }
@@ -572,10 +572,10 @@ static void tcp_close(struct gw_conn *c) {
   struct tcp_conn *t = c->priv;
   if (!t) return;
   for (int s = 0; s < TCP_MAX_STREAMS; s++) {
-    if (t->ss[s].fd >= 0) close(t->ss[s].fd);
-    if (t->rs[s].fd >= 0) close(t->rs[s].fd);
+    gw__sock_close(t->ss[s].fd);
+    gw__sock_close(t->rs[s].fd);
   }
-  if (t->listen_fd >= 0) close(t->listen_fd);
+  gw__sock_close(t->listen_fd);
   if (t->slots) munmap(t->slots, t->map_bytes);
   free(t->shdr);
   free(t->rslot);

@@ -6,6 +6,7 @@
  * parsers (and sock.c, which its connect uses). */
 #include "../../comm/bootstrap.c"
 #include "../../comm/hmac.c"
+#include "../../comm/forkfd.c"
 #include "../../transport/sock.c"
 
 #include <sys/socket.h>

@@ -4,6 +4,7 @@
  * the collectives would.  No crash, over-read or hang is allowed; malformed input
  * must end in an error.  Built by test/fuzz.sh; includes tcp.c to reach its
  * statics. */
+#include "../../comm/forkfd.c"
 #include "../../transport/sock.c"
 #include "../../transport/tcp.c"
 
