@@ -64,23 +64,43 @@ if [ "${1:-}" = --build-only ]; then BUILD_ONLY=1; shift; fi
 OUT=${1:?usage: scripts/gpu-check.sh [--build-only] OUTDIR | --stamp}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$ROOT" || exit 2
-exec > >(tee "$OUT/log.txt") 2>&1
+# The log's tee ignores TERM and INT: a time limit that signals the whole
+# process group must leave it running for the summary written at the exit.
+exec > >(trap '' TERM INT HUP; exec tee "$OUT/log.txt") 2>&1
+exec 3>&1 # the log, for finish(): a trap can run inside a step's redirection
 START=$(date +%s)
 : >"$OUT/summary.txt"
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 elapsed() { echo $(($(date +%s) - START)); }
 # The tables (scripts/gpu_check_summary.py) and the total, however the script
 # ends: also after a failed build's exit or a TERM, what ran until then.
+# Written to the file first (a log that is gone must not cost it).
 finished=0
 finish() {
   [ $finished = 1 ] && return
   finished=1
-  [ $BUILD_ONLY = 1 ] || python3 "$ROOT/scripts/gpu_check_summary.py" "$OUT" 2>&1 | tee -a "$OUT/summary.txt"
-  say "total: $(elapsed) s"
+  trap '' PIPE
+  if [ $BUILD_ONLY = 0 ]; then
+    python3 "$ROOT/scripts/gpu_check_summary.py" "$OUT" >"$OUT/tables.txt" 2>&1
+    cat "$OUT/tables.txt" >>"$OUT/summary.txt"
+    cat "$OUT/tables.txt" >&3
+  fi
+  echo "total: $(elapsed) s" >>"$OUT/summary.txt"
+  echo "total: $(elapsed) s" >&3
+}
+# A TERM or INT (a time limit): the running step's process group goes too
+# (each step runs in the background of a wait, so the trap runs at once),
+# then the summary.  A subshell that runs steps sets the trap again (bash
+# resets caught signals in subshells).
+STEP_PID=
+on_term() {
+  [ -n "$STEP_PID" ] && kill -TERM -- "-$STEP_PID" 2>/dev/null
+  exit 143
 }
 trap finish EXIT
-trap 'exit 143' TERM
+trap on_term TERM INT
 B=build-gpu
+[ $BUILD_ONLY = 1 ] && B="$OUT/build-gpu" # CI's: not the tree's build-gpu/, which may be one to carry
 # One deadline for everything (seconds from the start; the whole must end
 # before 8 minutes): lim N is N or what is left before it, whichever is
 # smaller; run_to N CMD... runs CMD under that limit (-k: killed if it
@@ -126,7 +146,13 @@ run_to() {
   l=$(lim "$1")
   shift
   if [ "$l" -lt 15 ]; then say "skipped for time (at $(elapsed) s): $*"; return 125; fi
-  timeout -k 5 "$l" "$@"
+  # in the background of a wait: a TERM's trap runs at once (not after the step)
+  timeout -k 5 "$l" "$@" &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  local rc=$?
+  STEP_PID=
+  return $rc
 }
 
 STAMP=$(source_stamp)
@@ -223,7 +249,8 @@ else
 fi
 
 if [ $BUILD_ONLY = 1 ]; then
-  (export GW_DEV_EMULATE=2 GW_TEST_NRANKS=2 CK_RUN_CASE=misuse
+  (trap on_term TERM INT
+   export GW_DEV_EMULATE=2 GW_TEST_NRANKS=2 CK_RUN_CASE=misuse
    run_to 120 "$B/test/test_device") >"$OUT/misuse-emulated.txt" 2>&1
   rc=$?
   say "the device suite's misuse case on the emulator, through mini_check: exit $rc: $(grep -E 'Checks:' "$OUT/misuse-emulated.txt" | tail -1)"
@@ -250,7 +277,8 @@ gpu_case() { # N:CASE; Na:CASE: the stream-ordered device ring (GW_DEV_ASYNC=1);
   local name=n$n$sfx:$c
   want "$name" || return 0
   t0=$(date +%s)
-  (export GW_TEST_NRANKS=$n CK_RUN_CASE=$c GW_DEV_ASYNC=$a
+  (trap on_term TERM INT
+   export GW_TEST_NRANKS=$n CK_RUN_CASE=$c GW_DEV_ASYNC=$a
    [ -n "$q" ] && export CUDA_DEVICE_MAX_CONNECTIONS=$q
    [ -n "$k" ] && export GW_DEV_CHUNK_BYTES=$((k * 1024))
    run_to 60 "$B/test/test_device") >"$OUT/gpu-suite-${name/:/-}.txt" 2>&1
@@ -283,7 +311,7 @@ perf() { # NAME RANKS ENV ARGS... (ENV: VAR=value, or - for none)
   shift 3
   want "$name" || return 0
   [ "$envv" = - ] && envv=GW_UNUSED=0
-  (export "${envv?}"; run_to 60 "$B/tools/gw-run" -n "$n" "$B/tools/gw-perf" -b 4 -e 256M -f 4 -n 10 -w 2 "$@" \
+  (trap on_term TERM INT; export "${envv?}"; run_to 60 "$B/tools/gw-run" -n "$n" "$B/tools/gw-perf" -b 4 -e 256M -f 4 -n 10 -w 2 "$@" \
     --csv "$OUT/$name.csv") >"$OUT/$name.txt" 2>&1
   local rc=$?
   [ $rc = 0 ] || [ $rc = 125 ] || perf_fail=1
@@ -468,7 +496,8 @@ only gw-perf-device-n4-async-256m && budget 45 "gw-perf-device-n4-async-256m" &&
 # queue; about 9 s), or to hang: either shows the hazard the defaults avoid
 # is real on this GPU.  timeout kills the ranks' whole process group.
 if [ -x "$B/test/test_device" ] && want one-queue-ring && budget 25 "one-queue-ring"; then
-  (export GW_TEST_NRANKS=2 CK_RUN_CASE=ordering CUDA_DEVICE_MAX_CONNECTIONS=1 GW_DEV_QUEUES=8
+  (trap on_term TERM INT
+   export GW_TEST_NRANKS=2 CK_RUN_CASE=ordering CUDA_DEVICE_MAX_CONNECTIONS=1 GW_DEV_QUEUES=8
    run_to 20 "$B/test/test_device") >"$OUT/one-queue-ring.txt" 2>&1
   rc=$?
   say "device ring forced on with one hardware queue (expected to fail or hang): $([ $rc = 0 ] && echo "passed: the queues did not serialize the streams" || echo "$([ $rc = 124 ] || [ $rc = 137 ] && echo hung || echo "failed (exit $rc)"), as expected: $(grep -o 'none of the [0-9]* engine streams runs[^(]*' "$OUT/one-queue-ring.txt" | head -1)")"

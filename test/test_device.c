@@ -506,8 +506,10 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
 }
 
 /* The emulator's device memory (a memfd each) is close-on-exec: a program a
- * rank runs must not keep it alive. */
-static void emulated_memory_closes_on_exec(void) {
+ * rank runs must not keep it alive.  In a child of its own (run_in_child):
+ * this process forks the ranks, and must not have set up a device. */
+static int emulated_memory_closes_on_exec(void *arg) {
+  (void)arg;
   dv = gw__dev();
   void *p = NULL;
   ck_assert_msg(dv->alloc(&p, 4096) == 0, "%s", dv->error());
@@ -527,10 +529,11 @@ static void emulated_memory_closes_on_exec(void) {
   closedir(d);
   ck_assert_msg(seen > 0, "no emulated device memory among this process's descriptors");
   ck_assert_int_eq(dv->free(p), 0);
+  return 0;
 }
 
 START_TEST(misuse) {
-  if (getenv("GW_DEV_EMULATE")) emulated_memory_closes_on_exec();
+  if (getenv("GW_DEV_EMULATE")) ck_assert_int_eq(run_in_child(emulated_memory_closes_on_exec, NULL), 0);
   /* GW_DEV_CHUNK_BYTES out of range: the nearest of 4 KiB .. 1 GiB (4 GiB
    * overflowed the 32-bit byte count of a chunk's header), 256-byte aligned */
   ck_assert_uint_eq(gw__devring_chunk((int64_t)1 << 32), (size_t)1 << 30);

@@ -65,10 +65,13 @@ enum print_output { CK_SILENT, CK_MINIMAL, CK_NORMAL, CK_VERBOSE };
 #define ck_abort_msg(...) ck_assert_msg(0, __VA_ARGS__)
 #define ck_abort() ck_abort_msg("%s", "")
 
-#define ck_assert_ptr_eq(a, b) ck_assert_msg((const void *)(a) == (const void *)(b), "%s == %p, %s == %p", #a, \
-                                             (const void *)(a), #b, (const void *)(b))
-#define ck_assert_ptr_ne(a, b) ck_assert_msg((const void *)(a) != (const void *)(b), "%s == %s == %p", #a, #b, \
-                                             (const void *)(a))
+#define ck_assert_ptr_op_(a, op, b)                                                     \
+  do {                                                                                  \
+    const void *ck_p_ = (const void *)(a), *ck_q_ = (const void *)(b);                  \
+    ck_assert_msg(ck_p_ op ck_q_, "%s == %p, %s == %p", #a, ck_p_, #b, ck_q_);           \
+  } while (0)
+#define ck_assert_ptr_eq(a, b) ck_assert_ptr_op_(a, ==, b)
+#define ck_assert_ptr_ne(a, b) ck_assert_ptr_op_(a, !=, b)
 #define ck_assert_ptr_null(p) ck_assert_msg((p) == NULL, "%s is not NULL", #p)
 #define ck_assert_ptr_nonnull(p) ck_assert_msg((p) != NULL, "%s is NULL", #p)
 #define ck_assert_str_eq(a, b)                                                          \
