@@ -548,7 +548,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   int ncpus = 0, local = 0;
   c->oversubscribed = oversubscribed(c, c->rank, &local, &ncpus);
   if (spin_us < 0 && c->oversubscribed) {
-    gw__waiter_set_spin(0);
+    gw__waiter_oversubscribed(+1), c->oversub_counted = true; /* until comm_free */
     GW_INFO(GW_SUB_INIT, "%d ranks on this rank's cores, %d cores to run them: waits yield at once", local, ncpus);
   }
   /* Oversubscribed anywhere, every step of every algorithm costs a trip
@@ -588,6 +588,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
 
 static void comm_free(struct gw_comm *c) {
   if (!c) return;
+  if (c->oversub_counted) gw__waiter_oversubscribed(-1), c->oversub_counted = false;
   gw__channels_stop(c);
   const int prev_dev = gw__dev_switch(c);
   gw__dev_free(c);

@@ -167,6 +167,7 @@ struct gw_comm {
   } pick_memo[8];
   bool tree_ok;       /* the trees are connected (GW_ALGO auto or tree) */
   bool oversubscribed; /* more ranks on this rank's cores than cores: waits yield at once */
+  bool oversub_counted; /* in gw__waiter_oversubscribed's count (GW_SPIN_US unset) */
   int tree_levels;    /* hierarchical trees: their depth (the cost model's); 0: flat */
   /* GW_EXCHANGE_MAX_BYTES and GW_CHANNEL_MIN_BYTES, agreed at init (they
    * decide an operation's algorithm and channels). */

@@ -125,6 +125,11 @@ bool gw__waiter_pause(struct gw_waiter *w);
 /* Fixes the spin phase of every waiter of the process (GW_SPIN_US); without
  * it the phase adapts between 2 and 50 us to how busy the cores are. */
 void gw__waiter_set_spin(double seconds);
+/* +1 for each live communicator on an oversubscribed machine, -1 at its
+ * end: while any is counted, waits yield at once (unless GW_SPIN_US is set). */
+void gw__waiter_oversubscribed(int delta);
+/* The spinning phase a wait takes now, in seconds. */
+double gw__waiter_spin(void);
 /* Past the spinning phase: a caller that can block on file descriptors (poll)
  * should do that instead of yielding or sleeping. */
 bool gw__waiter_done_spinning(const struct gw_waiter *w);

@@ -247,10 +247,25 @@ int gw__ms_until(double deadline) {
 #define SPIN_MAX_S 50e-6
 static _Atomic double spin_s = SPIN_MAX_S;
 static _Atomic bool spin_fixed;
+/* Live communicators whose machine runs more ranks than cores: while there is
+ * one, waits yield at once (unless GW_SPIN_US fixed the phase).  A count, not
+ * a setting: it was a fixed 0 for the process's life, so a communicator made
+ * after an oversubscribed one was destroyed never spun again. */
+static _Atomic int oversub_comms;
 
 void gw__waiter_set_spin(double seconds) {
   atomic_store_explicit(&spin_s, seconds, memory_order_relaxed);
   atomic_store_explicit(&spin_fixed, true, memory_order_relaxed);
+}
+
+void gw__waiter_oversubscribed(int delta) { atomic_fetch_add_explicit(&oversub_comms, delta, memory_order_relaxed); }
+
+/* The spinning phase a wait takes now. */
+double gw__waiter_spin(void) {
+  if (!atomic_load_explicit(&spin_fixed, memory_order_relaxed) &&
+      atomic_load_explicit(&oversub_comms, memory_order_relaxed) > 0)
+    return 0;
+  return atomic_load_explicit(&spin_s, memory_order_relaxed);
 }
 
 static _Atomic uint32_t fast_yields; /* in a row, since the last slow one */
@@ -275,7 +290,7 @@ void gw__waiter_init(struct gw_waiter *w, double timeout_s) {
   w->iter = 0;
   /* The first polls do not read the clock (~6 us of pauses); on contended
    * cores even that delays the rank we wait for, so yield almost at once. */
-  w->quick = atomic_load_explicit(&spin_s, memory_order_relaxed) <= SPIN_MIN_S ? 4 : QUICK_SPINS;
+  w->quick = gw__waiter_spin() <= SPIN_MIN_S ? 4 : QUICK_SPINS;
   w->start = 0;
   w->deadline = timeout_s > 0 ? timeout_s : 0; /* made absolute on the first slow pause */
 }
@@ -292,7 +307,7 @@ bool gw__waiter_pause(struct gw_waiter *w) {
     if (w->deadline > 0) w->deadline += now;
   }
   double waited = now - w->start;
-  if (waited < atomic_load_explicit(&spin_s, memory_order_relaxed)) {
+  if (waited < gw__waiter_spin()) {
     for (int i = 0; i < 16; i++) gw__cpu_relax();
   } else if (waited < YIELD_S) {
     sched_yield();
@@ -306,7 +321,7 @@ bool gw__waiter_pause(struct gw_waiter *w) {
 }
 
 bool gw__waiter_done_spinning(const struct gw_waiter *w) {
-  return w->iter > w->quick && gw__now() - w->start >= atomic_load_explicit(&spin_s, memory_order_relaxed);
+  return w->iter > w->quick && gw__now() - w->start >= gw__waiter_spin();
 }
 
 bool gw__waiter_expired(const struct gw_waiter *w) {

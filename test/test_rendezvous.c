@@ -241,7 +241,9 @@ END_TEST
  * counted every rank on the machine against its own cores, and waits then
  * yielded at once for good).  Up to 4 ranks, bound to CPUs spread over the
  * machine (one at 64 or above where there is one: the sets are words of 64);
- * then 3 ranks on 2 CPUs, unbound among them, are. */
+ * then 3 ranks on 2 CPUs, unbound among them, are.  An oversubscribed
+ * communicator's waits yield at once while it lives, and spin again after
+ * its destroy (a fixed 0 outlived it, for every later communicator). */
 struct binding {
   int shared; /* 1: every rank on cpu[0] and cpu[1]; 0: rank r on cpu[r] */
   int cpu[4];
@@ -260,7 +262,9 @@ static int raw_bound(int rank, int n, const char *master, void *arg) {
   if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
   EXPECT(comm->oversubscribed == b->expect, "rank %d of %d, %s: oversubscribed %d", rank, n, b->what,
          comm->oversubscribed);
+  EXPECT((gw__waiter_spin() == 0) == b->expect, "rank %d, %s: waits spin %g s", rank, b->what, gw__waiter_spin());
   gw_comm_destroy(comm);
+  EXPECT(gw__waiter_spin() > 0, "rank %d, %s: waits spin %g s after the destroy", rank, b->what, gw__waiter_spin());
   return 0;
 }
 
