@@ -8,6 +8,8 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -766,6 +768,54 @@ START_TEST(test_no_shm_leftovers) {
 }
 END_TEST
 
+/* What dead ranks of earlier jobs left in /dev/shm goes at a rank's first
+ * init (transport/shm.c's sweep): a file of this pid namespace whose creator's
+ * pid is free, and, of any namespace, one older than a minute whose lock
+ * nobody holds (a container restarted with the pod's /dev/shm kept: its new
+ * pid namespace never saw the pids, and those files stayed for good).  A
+ * locked one (its creator maps it) and a new one (made, not yet locked)
+ * stay. */
+static void plant_file(const char *path, int age_s) {
+  FILE *f = fopen(path, "w");
+  ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+  fclose(f);
+  struct timespec t[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+  ck_assert_int_eq(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+START_TEST(test_dead_ranks_files_swept) {
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ck_assert_int_eq(waitpid(dead, NULL, 0), dead); /* a pid now free (unless the kernel hands it out again) */
+  const unsigned long long ns = (unsigned long long)gw__pidns_self();
+  char gone_pid[128], other_old[128], other_locked[128], other_new[128], live_pid_old[128];
+  snprintf(gone_pid, sizeof gone_pid, "/dev/shm/gw-0badc0de-0-1-%d-7-deadbeef-%llu", (int)dead, ns);
+  snprintf(other_old, sizeof other_old, "/dev/shm/gw-0badc0de-0-1-4242-7-deadbeef-%llu", ns + 1);
+  snprintf(other_locked, sizeof other_locked, "/dev/shm/gw-0badc0de-0-1-4242-8-deadbeef-%llu", ns + 1);
+  snprintf(other_new, sizeof other_new, "/dev/shm/gw-0badc0de-0-1-4242-9-deadbeef-%llu", ns + 1);
+  snprintf(live_pid_old, sizeof live_pid_old, "/dev/shm/gw-0badc0de-0-1-%d-7-deadbeef-%llu", (int)getpid(), ns);
+  plant_file(gone_pid, 0);
+  plant_file(other_old, 3600);
+  plant_file(other_locked, 3600);
+  plant_file(other_new, 0);
+  plant_file(live_pid_old, 3600); /* this process lives: its pid was reused, say, and nobody holds the file */
+  int lk = open(other_locked, O_RDWR | O_CLOEXEC);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  ck_assert(lk >= 0 && fcntl(lk, F_OFD_SETLK, &fl) == 0);
+  ck_assert_int_eq(run_ranks(2, body_sum, NULL, 60), 0);
+  const int gone_left = access(gone_pid, F_OK) == 0, old_left = access(other_old, F_OK) == 0,
+            locked_left = access(other_locked, F_OK) == 0, new_left = access(other_new, F_OK) == 0,
+            reused_left = access(live_pid_old, F_OK) == 0;
+  close(lk);
+  unlink(gone_pid), unlink(other_old), unlink(other_locked), unlink(other_new), unlink(live_pid_old);
+  ck_assert_msg(!gone_left, "a dead pid's file stayed");
+  ck_assert_msg(!old_left, "another pid namespace's old unlocked file stayed");
+  ck_assert_msg(!reused_left, "an old unlocked file of a live (reused) pid stayed");
+  ck_assert_msg(locked_left, "a locked file (its creator maps it) was removed");
+  ck_assert_msg(new_left, "a file just made (not locked yet) was removed");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("api");
@@ -789,6 +839,7 @@ int main(void) {
   tcase_add_test(tc, test_two_threads_one_comm);
   add_destroy_tests(tc);
   tcase_add_test(tc, test_no_shm_leftovers);
+  tcase_add_test(tc, test_dead_ranks_files_swept);
   tcase_add_test(tc, test_small_dev_shm);
   suite_add_tcase(s, tc);
   /* The cases that mostly sleep (a straggler kept alive past the others'

@@ -30,6 +30,7 @@
 #include <sys/statvfs.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transport.h"
@@ -117,33 +118,57 @@ static bool ll_attach(struct shm_conn *s, void *map) {
   return s->stage != NULL;
 }
 
+/* A segment's creator holds a write lock (an open file description's, on
+ * byte 0) on it from its creation: the kernel keeps it while the creator maps
+ * the segment, its descriptor closed or not, and drops it when the creator
+ * unmaps or dies.  Whether someone holds that lock on the file at dirfd/name. */
+static bool creator_holds(int dirfd, const char *name) {
+  int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return true; /* cannot tell: kept */
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  const bool held = fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
+  close(fd);
+  return held;
+}
+
 /* Leftovers of ranks killed during setup (before their peers unlinked the
  * names) under a launcher that does not sweep as gw-run does (torchrun, srun,
- * mpirun): this user's /dev/shm/gw-* files whose creator, named in the file
- * name with its pid namespace, is gone.  A pid of another namespace, or one
- * alive (perhaps reused), keeps its file.  Once per process, at the first
- * gw_comm_init; the number removed. */
+ * mpirun): this user's /dev/shm/gw-* files whose creator is gone.  Gone: its
+ * pid, named in the file name with its pid namespace, is free in ours; or,
+ * in any namespace, the file is older than SWEEP_AGE_S and nobody holds its
+ * lock (a segment's creator does while it maps it, a rank its liveness
+ * file's while its communicator lives).  The lock is what sees a container
+ * restarted with the pod's /dev/shm kept (its new pid namespace never saw
+ * the pids: those files stayed for good, each a FIFO's worth of the pod's
+ * memory) and a reused pid.  The age keeps a file just made, before its
+ * creator took the lock.  Once per process, at the first gw_comm_init; the
+ * number removed. */
+#define SWEEP_AGE_S 60
 static int sweep_leftovers(void) {
   DIR *d = opendir("/dev/shm");
   if (!d) return 0;
   const unsigned long long own_ns = (unsigned long long)gw__pidns_self();
   const uid_t uid = geteuid();
+  const time_t now = time(NULL);
   int removed = 0;
   struct dirent *e;
-  while (own_ns && (e = readdir(d)) != NULL) {
+  while ((e = readdir(d)) != NULL) {
     unsigned hash;
     int peer, self, pid, at = 0;
-    if (sscanf(e->d_name, "gw-%8x-%d-%d-%d-%n", &hash, &peer, &self, &pid, &at) != 4 || !at || pid <= 0 ||
-        pid == getpid())
+    if (sscanf(e->d_name, "gw-%8x-%d-%d-%d-%n", &hash, &peer, &self, &pid, &at) != 4 || !at || pid <= 0)
       continue;
     const char *dash = strrchr(e->d_name, '-');
     char *end = NULL;
     const unsigned long long ns = strtoull(dash + 1, &end, 10);
     struct stat st;
-    if (!end || *end || ns != own_ns || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISREG(st.st_mode) || st.st_uid != uid || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+    if (!end || *end || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != uid)
       continue;
-    removed += unlinkat(dirfd(d), e->d_name, 0) == 0;
+    const bool ours = own_ns && ns == own_ns;
+    if (ours && pid == getpid()) continue;
+    const bool pid_gone = ours && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    if (pid_gone || (now - st.st_mtime > SWEEP_AGE_S && !creator_holds(dirfd(d), e->d_name)))
+      removed += unlinkat(dirfd(d), e->d_name, 0) == 0;
   }
   closedir(d);
   return removed;
@@ -194,6 +219,10 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
                   c->self, s->name, strerror(errno));
     goto fail_free;
   }
+  /* Held while this rank maps it (sweep_leftovers); without locks there, the
+   * pid rule alone sees it left. */
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  (void)fcntl(fd, F_OFD_SETLK, &fl);
   if (ftruncate(fd, (off_t)s->map_size) != 0) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s (is /dev/shm full?)",
                   c->self, s->name, s->map_size, strerror(errno));
