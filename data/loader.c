@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "data_internal.h"
 
@@ -348,6 +349,16 @@ static gw_result_t check_config(const struct gw_dataset *ds, const struct gw_sam
 static gw_result_t alloc_slots(struct gw_loader *l) {
   size_t xbytes = (size_t)l->cfg.batch * l->sample_floats * sizeof(float);
   xbytes = (xbytes + 63) / 64 * 64;
+  /* Past half the machine's memory the pages written below got the rank
+   * OOM-killed (the allocation itself succeeds under overcommit): said. */
+  const double total = (double)l->nslots * (double)xbytes,
+               phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (phys > 0 && total > phys / 2)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                          "loader: %d batches in flight (loader threads + 2) of %.1f MiB each (batch %d x %zu "
+                          "floats) need %.1f GiB, over half this machine's %.1f GiB: use fewer loader threads, a "
+                          "smaller batch or smaller images", l->nslots, (double)xbytes / 1048576.0, l->cfg.batch,
+                          l->sample_floats, total / 1073741824.0, phys / 1073741824.0);
   for (int i = 0; i < l->nslots; i++) {
     struct slot *s = &l->slots[i];
     s->x = aligned_alloc(64, xbytes);

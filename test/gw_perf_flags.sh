@@ -34,6 +34,8 @@ refused "--csv and --json name the same file" --csv "$tmp/a" --json "$tmp/a"
 refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"
 refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv /nonexistent-gw/c.csv
 refused "--tune $tmp: is a directory" --tune "$tmp"
+# buffers past the machine's available memory: refused, not OOM-killed while faulted in
+refused "the send and receive buffers (host memory) of 2 ranks on this machine need" -b 64G -e 64G
 refused "-a tree applies to allreduce only: allgather always runs on the ring" -a tree -C allgather
 refused "-a exchange applies to allreduce only: broadcast always runs on the ring" -a exchange -C broadcast
 # Flags that would have been ignored: --tune measures its own sizes and every

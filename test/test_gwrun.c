@@ -784,6 +784,7 @@ START_TEST(test_bad_flags)
         {"-n", "2", "--master", "host:0", "true", NULL},
         {"-n", "2", "--master", "host:99999", "true", NULL},
         {"-n", "2", "--master", "::1:80", "true", NULL}, /* bare IPv6 */
+        {"-n", "2", "--launcher-port", "5000", "true", NULL}, /* one node: no launcher channel (was ignored) */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct run r;

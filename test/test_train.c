@@ -542,7 +542,21 @@ START_TEST(test_bad_flags) {
                                 "--width-divisor", "8", "--batch", "1", "--synthetic-samples", "8", "--no-eval", NULL},
           "batch norm layer4.0.bn1 sees 1 value per channel (batch 1 of 1x1); training needs at least 2: a batch of 2");
   refused((const char *const[]){"--steps", "2", "--synthetic-samples", "2305843009213693953", NULL},
-          "--synthetic-samples wants a whole number in [1, 1099511627776]");
+          "--synthetic-samples wants a whole number in [1, 100000000]");
+  /* two outputs under one name: one would replace the other */
+  refused((const char *const[]){"--steps", "2", "--metrics", "/tmp/gw-same.out", "--save-weights",
+                                "/tmp/../tmp/gw-same.out", NULL},
+          "--metrics and --save-weights name the same file");
+  refused((const char *const[]){"--steps", "2", "--plot", "/tmp/gw-p.png", "--metrics", "/tmp/gw-p.png.dat", NULL},
+          "--metrics and --plot (its data, PNG.dat) name the same file");
+  refused((const char *const[]){"--steps", "2", "--plot", "/tmp/it's.png", NULL},
+          "a quote or a line break in the path");
+  /* an unknown short option in a bundle is named, not the argument before it */
+  refused((const char *const[]){"--steps", "5", "-xy", NULL}, "unknown option or missing value: '-x'");
+  /* the loader's batches in flight past half the machine's memory (they were OOM-killed) */
+  refused((const char *const[]){"--steps", "1", "--data", "synthetic", "--image-size", "4096", "--batch", "64",
+                                "--loader-threads", "256", "--synthetic-samples", "128", "--no-eval", NULL},
+          "(--loader-threads 256, plus 2)");
   refused((const char *const[]){"--steps", "2", "--keep-checkpoints", "2", NULL},
           "--keep-checkpoints needs --checkpoint-dir");
   refused((const char *const[]){"--steps", "2", "--plot", "p.png", "--no-eval", NULL}, "drop --no-eval");

@@ -486,6 +486,27 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
   }
 }
 
+/* Host memory for the buffers, every rank of this machine's, against what the
+ * machine has available: more, and the ranks were OOM-killed while faulting
+ * their pages in (mmap succeeds under overcommit), which gw-run could only
+ * report as a killed rank. */
+static void check_memory(size_t buf_bytes, bool device) {
+  int local = 1;
+  if (gw_comm_local_size(comm, &local) != GW_SUCCESS || local < 1) local = 1;
+  FILE *f = fopen("/proc/meminfo", "r");
+  unsigned long long kib = 0;
+  char line[160];
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  if (f) fclose(f);
+  if (!kib) return; /* cannot tell */
+  const double need = 2.0 * (double)buf_bytes * local, have = (double)kib * 1024;
+  if (need > 0.9 * have)
+    die("-e %zu: the send and receive buffers (%s) of %d rank%s on this machine need %.1f GiB, and it has %.1f "
+        "GiB available: lower -e", buf_bytes - 64, device ? "their pinned host copies" : "host memory", local,
+        local > 1 ? "s" : "", need / 1073741824.0, have / 1073741824.0);
+}
+
 static void *alloc_prefaulted(size_t bytes) {
   if (bytes == 0) bytes = 64;
   /* Pre-faulted once: first-touch page faults would otherwise dominate big sizes. */
@@ -688,6 +709,7 @@ int main(int argc, char **argv) {
 
   if (o.tune) return tune(o.tune);
   size_t buf_bytes = o.max_bytes + 64;
+  check_memory(buf_bytes, o.device);
   uint8_t *sendbuf, *recvbuf;
   if (o.device) {
     if (o.reg) die("-R and -D: registering device memory is not supported yet");

@@ -688,6 +688,9 @@ int main(int argc, char **argv)
     if (nnodes > 1 && !lport && port == 65535)
         usage_error("%s--master port 65535 leaves no room for the launcher port (PORT + 1); "
                     "give --launcher-port", "");
+    if (nnodes == 1 && lport)
+        usage_error("%s--launcher-port is the channel between the nodes' gw-runs: it needs "
+                    "--nnodes > 1", "");
     if (nnodes > 1 && lport == port)
         usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
                     "listens on", master);

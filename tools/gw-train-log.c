@@ -257,6 +257,12 @@ static int run_gnuplot(const char *arg, char *err, size_t errlen) {
 
 int plot_check(const char *png, char *err, size_t errlen) {
   if (output_path_ok("--plot", png, err, errlen) != 0) return -1;
+  /* The path goes into the gnuplot script between single quotes. */
+  if (strpbrk(png, "'\n\r")) {
+    snprintf(err, errlen, "--plot %s: a quote or a line break in the path would break the gnuplot script; choose "
+             "another name", png);
+    return -1;
+  }
   char why[200];
   if (run_gnuplot("--version", why, sizeof why) == 0) return 0;
   snprintf(err, errlen, "--plot %s: %s", png, why);

@@ -7,6 +7,7 @@
 #if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
 #include <sched.h>
+#include <unistd.h>
 
 #include "core.h" /* gw__fnv */
 #include "gw-train-job.h"
@@ -422,9 +423,29 @@ static int check_outputs(const struct trainer *t) {
   return 0;
 }
 
+/* The training loader's batches in flight (its threads' and two more) past
+ * half the machine's memory: refused by the flags that size them, before the
+ * model takes its own (the pages, written at once, got the rank OOM-killed;
+ * the loader refuses too, naming no flag). */
+static int loader_fits(struct trainer *t) {
+  const struct train_opts *o = t->o;
+  int c, h, w;
+  gw_dataset_shape(t->train_ds, &c, &h, &w);
+  const double batch_bytes = (double)o->batch * c * h * w * sizeof(float),
+               total = (o->loader_threads + 2) * batch_bytes,
+               phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (phys <= 0 || total <= phys / 2) return 0;
+  char d[400];
+  snprintf(d, sizeof d, "%d batches in flight (--loader-threads %d, plus 2) of %d x %dx%dx%d floats (%.1f MiB each) "
+           "need %.1f GiB, over half this machine's %.1f GiB: lower --loader-threads, --batch or --image-size",
+           o->loader_threads + 2, o->loader_threads, o->batch, c, h, w, batch_bytes / 1048576.0,
+           total / 1073741824.0, phys / 1073741824.0);
+  return train_fail(t, "loader", d);
+}
+
 int trainer_setup(struct trainer *t) {
   if (setup_comm(t) != 0 || same_options_everywhere(t) != 0 || check_outputs(t) != 0 || open_data(t) != 0 ||
-      setup_model(t) != 0 || setup_comm_parts(t) != 0 || setup_loaders(t) != 0)
+      loader_fits(t) != 0 || setup_model(t) != 0 || setup_comm_parts(t) != 0 || setup_loaders(t) != 0)
     return -1;
   /* setup_comm_parts turned SyncBatchNorm on (or not): the values per channel are known. */
   if (gw_exec_check_train(t->e, t->world) != GW_SUCCESS) return train_fail(t, "--batch", gw_model_last_error());

@@ -277,7 +277,8 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_DROPLAST: o->drop_last = 1; return 0;
   case O_SYNSAMPLES: {
     long v;
-    if (parse_long("--synthetic-samples", arg, 1, GW_SAMPLER_MAX_SAMPLES, &v) != 0) return -1;
+    /* the sampler shuffles 8 bytes of index per sample each epoch, every rank */
+    if (parse_long("--synthetic-samples", arg, 1, 100000000, &v) != 0) return -1;
     o->synthetic_samples = v, o->synthetic_given = 1;
     return 0;
   }
@@ -360,6 +361,42 @@ static void defaults(struct train_opts *o) {
 }
 
 /* Contradictions, refused before any work. */
+/* Where path would be, its folder resolved (the file may not exist yet). */
+static void where(const char *path, char *out, size_t cap) {
+  char dir[4096], real[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  const char *base = slash ? slash + 1 : path;
+  if (slash == dir) snprintf(dir, sizeof dir, "/");
+  else if (slash) *slash = 0;
+  else snprintf(dir, sizeof dir, ".");
+  if (realpath(path, real)) snprintf(out, cap, "%s", real);
+  else if (realpath(dir, real)) snprintf(out, cap, "%s/%s", real, base);
+  else snprintf(out, cap, "%s", path);
+}
+
+/* Two of the files the run writes under one name: one would replace the
+ * other (--save-weights renamed over the metrics; the plot's data file
+ * rewritten over them each epoch). */
+static int outputs_collide(const struct train_opts *o) {
+  char names[5][4200];
+  const char *flags[5] = {"--metrics", "--save-weights", "--plot", "--plot (its data, PNG.dat)",
+                          "--plot (its script, PNG.gp)"};
+  const char *given[5] = {o->metrics, o->save_weights, o->plot, NULL, NULL};
+  if (o->plot) {
+    snprintf(names[3], sizeof names[3], "%s.dat", o->plot), given[3] = names[3];
+    snprintf(names[4], sizeof names[4], "%s.gp", o->plot), given[4] = names[4];
+  }
+  char at[5][8400];
+  for (int i = 0; i < 5; i++)
+    if (given[i]) where(given[i], at[i], sizeof at[i]);
+  for (int i = 0; i < 5; i++)
+    for (int j = i + 1; j < 5; j++)
+      if (given[i] && given[j] && !strcmp(at[i], at[j]))
+        return bad("%s and %s name the same file: one would replace the other", flags[i], flags[j]);
+  return 0;
+}
+
 static int check(const struct train_opts *o) {
   if (o->epochs > 0 && o->steps >= 0) return bad("give --epochs or --steps, not both%s%s", "", "");
   if (o->epochs == 0 && o->steps < 0)
@@ -391,6 +428,7 @@ static int check(const struct train_opts *o) {
   if (o->amp == GW_FLOAT16 && strcmp(o->backend, "cudnn"))
     return bad("--amp fp16 needs --backend cudnn: the %s backend has no float16 activations (oneDNN trains float16 "
                "only on CPUs with AVX512-FP16 or AMX-FP16); --amp bf16 works there%s", o->backend, "");
+  if (outputs_collide(o) != 0) return -1;
   if (o->steps == 0 && (o->resume || o->checkpoint_dir || o->metrics || o->plot))
     return bad("--steps 0 trains nothing: --resume, --checkpoint-dir, --metrics and --plot do not apply%s%s", "", "");
   return 0;
@@ -411,7 +449,11 @@ static int parse(int argc, char **argv, struct train_opts *o) {
     if (r == 1) r = parse_run_option(o, c, optarg);
     if (r < 0) return 2;
     if (r == 1) {
-      fprintf(stderr, "gw-train: unknown option or missing value: '%s' (see --help)\n", argv[optind - 1]);
+      /* A short option in a bundle (-xy): optind has not moved past it. */
+      if (optopt && optopt != c)
+        fprintf(stderr, "gw-train: unknown option or missing value: '-%c' (see --help)\n", optopt);
+      else
+        fprintf(stderr, "gw-train: unknown option or missing value: '%s' (see --help)\n", argv[optind - 1]);
       return 2;
     }
   }
