@@ -489,7 +489,9 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
 /* Host memory for the buffers, every rank of this machine's, against what the
  * machine has available: more, and the ranks were OOM-killed while faulting
  * their pages in (mmap succeeds under overcommit), which gw-run could only
- * report as a killed rank. */
+ * report as a killed rank.  Decided by every rank together, each having read
+ * its machine's figure before any rank allocates (a rank reading after
+ * another's buffers were in would see them gone, and refuse alone). */
 static void check_memory(size_t buf_bytes, bool device) {
   int local = 1;
   if (gw_comm_local_size(comm, &local) != GW_SUCCESS || local < 1) local = 1;
@@ -499,9 +501,14 @@ static void check_memory(size_t buf_bytes, bool device) {
   while (f && fgets(line, sizeof line, f))
     if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
   if (f) fclose(f);
-  if (!kib) return; /* cannot tell */
   const double need = 2.0 * (double)buf_bytes * local, have = (double)kib * 1024;
-  if (need > 0.9 * have)
+  /* the worst machine's shortfall (need / have; 0 where it cannot tell) */
+  double worst = kib ? need / (0.9 * have) : 0;
+  check_gw(gw_allreduce(&worst, &worst, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(memory)");
+  if (worst > 1 && !(kib && need > 0.9 * have))
+    die("-e %zu: another machine of the job has too little memory available for the buffers (it says so)",
+        buf_bytes - 64);
+  if (worst > 1)
     die("-e %zu: the send and receive buffers (%s) of %d rank%s on this machine need %.1f GiB, and it has %.1f "
         "GiB available: lower -e", buf_bytes - 64, device ? "their pinned host copies" : "host memory", local,
         local > 1 ? "s" : "", need / 1073741824.0, have / 1073741824.0);

@@ -688,9 +688,10 @@ int main(int argc, char **argv)
     if (nnodes > 1 && !lport && port == 65535)
         usage_error("%s--master port 65535 leaves no room for the launcher port (PORT + 1); "
                     "give --launcher-port", "");
+    /* Said, not refused: a job script passes it whatever --nnodes it gets. */
     if (nnodes == 1 && lport)
-        usage_error("%s--launcher-port is the channel between the nodes' gw-runs: it needs "
-                    "--nnodes > 1", "");
+        gw__run_say("gw-run: ignoring --launcher-port %ld: it is the channel between the nodes' "
+                    "gw-runs, and --nnodes is 1\n", lport);
     if (nnodes > 1 && lport == port)
         usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
                     "listens on", master);

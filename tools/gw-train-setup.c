@@ -431,14 +431,18 @@ static int loader_fits(struct trainer *t) {
   const struct train_opts *o = t->o;
   int c, h, w;
   gw_dataset_shape(t->train_ds, &c, &h, &w);
+  int local = 1; /* the ranks of this machine: each has its loaders */
+  if (t->comm && (gw_comm_local_size(t->comm, &local) != GW_SUCCESS || local < 1)) local = 1;
+  const int loaders = t->val_ds ? 2 : 1; /* the evaluation's has as many batches of the same size */
   const double batch_bytes = (double)o->batch * c * h * w * sizeof(float),
-               total = (o->loader_threads + 2) * batch_bytes,
+               total = (double)(o->loader_threads + 2) * batch_bytes * loaders * local,
                phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
   if (phys <= 0 || total <= phys / 2) return 0;
-  char d[400];
-  snprintf(d, sizeof d, "%d batches in flight (--loader-threads %d, plus 2) of %d x %dx%dx%d floats (%.1f MiB each) "
-           "need %.1f GiB, over half this machine's %.1f GiB: lower --loader-threads, --batch or --image-size",
-           o->loader_threads + 2, o->loader_threads, o->batch, c, h, w, batch_bytes / 1048576.0,
+  char d[500];
+  snprintf(d, sizeof d, "%d batches in flight (--loader-threads %d, plus 2) of %d x %dx%dx%d floats (%.1f MiB each), "
+           "times %d loader%s and %d rank%s on this machine, need %.1f GiB, over half its %.1f GiB: lower "
+           "--loader-threads, --batch or --image-size", o->loader_threads + 2, o->loader_threads, o->batch, c, h, w,
+           batch_bytes / 1048576.0, loaders, loaders > 1 ? "s" : "", local, local > 1 ? "s" : "",
            total / 1073741824.0, phys / 1073741824.0);
   return train_fail(t, "loader", d);
 }

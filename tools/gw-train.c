@@ -29,7 +29,7 @@ static void usage(FILE *f) {
           "  --augment                random flips and crops on the training set\n"
           "  --drop-last              drop the samples that do not fill a shard evenly (else the shards are padded\n"
           "                           with repeats); a shard's last partial batch is always left out\n"
-          "  --synthetic-samples N    samples of the synthetic set (default 10000)\n"
+          "  --synthetic-samples N    samples of the synthetic set (default 10000, at most 1e8)\n"
           "  --loader-threads T       decoding threads per rank (default 1)\n"
           "model:\n"
           "  --model NAME             resnet18, resnet34, resnet50 (default), resnet101, resnet152\n"
@@ -366,7 +366,7 @@ static void where(const char *path, char *out, size_t cap) {
   char dir[4096], real[4096];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
-  const char *base = slash ? slash + 1 : path;
+  const char *base = slash ? path + (slash - dir) + 1 : path; /* in path: dir is rewritten below */
   if (slash == dir) snprintf(dir, sizeof dir, "/");
   else if (slash) *slash = 0;
   else snprintf(dir, sizeof dir, ".");
@@ -450,7 +450,7 @@ static int parse(int argc, char **argv, struct train_opts *o) {
     if (r < 0) return 2;
     if (r == 1) {
       /* A short option in a bundle (-xy): optind has not moved past it. */
-      if (optopt && optopt != c)
+      if (optopt > 0 && optopt < 256 && optopt != c) /* a long option's optopt is its code (256 and up) */
         fprintf(stderr, "gw-train: unknown option or missing value: '-%c' (see --help)\n", optopt);
       else
         fprintf(stderr, "gw-train: unknown option or missing value: '%s' (see --help)\n", argv[optind - 1]);

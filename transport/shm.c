@@ -135,14 +135,16 @@ static bool creator_holds(int dirfd, const char *name) {
  * names) under a launcher that does not sweep as gw-run does (torchrun, srun,
  * mpirun): this user's /dev/shm/gw-* files whose creator is gone.  Gone: its
  * pid, named in the file name with its pid namespace, is free in ours; or,
- * in any namespace, the file is older than SWEEP_AGE_S and nobody holds its
- * lock (a segment's creator does while it maps it, a rank its liveness
+ * for another namespace, the file is older than SWEEP_AGE_S and nobody holds
+ * its lock (a segment's creator does while it maps it, a rank its liveness
  * file's while its communicator lives).  The lock is what sees a container
  * restarted with the pod's /dev/shm kept (its new pid namespace never saw
  * the pids: those files stayed for good, each a FIFO's worth of the pod's
- * memory) and a reused pid.  The age keeps a file just made, before its
- * creator took the lock.  Once per process, at the first gw_comm_init; the
- * number removed. */
+ * memory).  The age keeps a file just made, before its creator took the
+ * lock.  In our own namespace the pid alone decides (a live pid keeps its
+ * file, reused or not: a creator whose lock failed must not lose a segment
+ * its peer has yet to open).  Once per process, at the first gw_comm_init;
+ * the number removed. */
 #define SWEEP_AGE_S 60
 static int sweep_leftovers(void) {
   DIR *d = opendir("/dev/shm");
@@ -167,7 +169,7 @@ static int sweep_leftovers(void) {
     const bool ours = own_ns && ns == own_ns;
     if (ours && pid == getpid()) continue;
     const bool pid_gone = ours && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-    if (pid_gone || (now - st.st_mtime > SWEEP_AGE_S && !creator_holds(dirfd(d), e->d_name)))
+    if (pid_gone || (!ours && now - st.st_mtime > SWEEP_AGE_S && !creator_holds(dirfd(d), e->d_name)))
       removed += unlinkat(dirfd(d), e->d_name, 0) == 0;
   }
   closedir(d);
@@ -222,7 +224,9 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   /* Held while this rank maps it (sweep_leftovers); without locks there, the
    * pid rule alone sees it left. */
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-  (void)fcntl(fd, F_OFD_SETLK, &fl);
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0)
+    GW_INFO(GW_SUB_INIT, "rank %d: cannot lock %s (%s): another pid namespace's sweep may take it for a "
+            "leftover after a minute", c->self, s->name, strerror(errno));
   if (ftruncate(fd, (off_t)s->map_size) != 0) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s (is /dev/shm full?)",
                   c->self, s->name, s->map_size, strerror(errno));
