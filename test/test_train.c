@@ -549,6 +549,10 @@ START_TEST(test_bad_flags) {
           "--metrics and --save-weights name the same file");
   refused((const char *const[]){"--steps", "2", "--plot", "/tmp/gw-p.png", "--metrics", "/tmp/gw-p.png.dat", NULL},
           "--metrics and --plot (its data, PNG.dat) name the same file");
+  /* new files in / are distinct (the check took every one for "//"): this run gets to its data */
+  refused((const char *const[]){"--steps", "2", "--metrics", "/gw-m.jsonl", "--save-weights", "/gw-w.safetensors",
+                                "--plot", "/gw-p.png", "--data", "imagenet:/nonexistent", NULL},
+          "imagenet: cannot open /nonexistent/train");
   refused((const char *const[]){"--steps", "2", "--plot", "/tmp/it's.png", NULL},
           "a quote or a line break in the path");
   /* an unknown short option in a bundle is named, not the argument before it */
