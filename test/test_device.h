@@ -1,6 +1,6 @@
 /* test_device.h - what test_device.c shares with test_device_streams.c (the
- * device suite's cases on several streams and hardware queues) and
- * test_device_bucket.c (the bucketer case). */
+ * device suite's cases on several streams and hardware queues),
+ * test_device_bucket.c (the bucketer case) and test_device_settings.c. */
 #ifndef GW_TEST_DEVICE_H
 #define GW_TEST_DEVICE_H
 
@@ -30,6 +30,8 @@ int device_setup_retry(int rank, int n, const char *master, void *arg);
 void device_add_stream_cases(Suite *s);
 /* Adds test_device_bucket.c's "bucketer" case. */
 void device_add_bucketer_case(Suite *s);
+/* Adds test_device_settings.c's "settings" case. */
+void device_add_settings_case(Suite *s);
 /* GW_TEST_NRANKS, or 2. */
 int nranks_env(void);
 
