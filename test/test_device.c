@@ -845,6 +845,13 @@ static int device_present(void) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+void device_add_case(Suite *s, const char *name, const TTest *test) {
+  TCase *tc = tcase_create(name);
+  tcase_add_test(tc, test);
+  tcase_set_timeout(tc, 300);
+  suite_add_tcase(s, tc);
+}
+
 int main(void) {
   if (!device_present()) return 77;
   Suite *s = suite_create(getenv("GW_DEV_EMULATE") ? "device-emu" : "gpu");
@@ -857,11 +864,6 @@ int main(void) {
   const TTest *tests[] = {ordering, misuse, dead_peer, dead_midop, destroy, ipc, teardown};
   device_add_bucketer_case(s); /* test_device_bucket.c */
   device_add_settings_case(s); /* test_device_settings.c */
-  for (int i = 0; i < 7; i++) {
-    tc = tcase_create(names[i]);
-    tcase_add_test(tc, tests[i]);
-    tcase_set_timeout(tc, 300);
-    suite_add_tcase(s, tc);
-  }
+  for (int i = 0; i < 7; i++) device_add_case(s, names[i], tests[i]);
   return run_suite(s);
 }

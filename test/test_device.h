@@ -28,6 +28,8 @@ int warm_stream(gw_comm_t comm, int rank, size_t count, gw_dev_stream_t *s, int3
 int device_setup_retry(int rank, int n, const char *master, void *arg);
 /* Adds the cases of test_device_streams.c to the suite. */
 void device_add_stream_cases(Suite *s);
+/* A case named `name` of one test, with a 300 s limit, in s. */
+void device_add_case(Suite *s, const char *name, const TTest *test);
 /* Adds test_device_bucket.c's "bucketer" case. */
 void device_add_bucketer_case(Suite *s);
 /* Adds test_device_settings.c's "settings" case. */

@@ -137,9 +137,4 @@ START_TEST(bucketer) {
 }
 END_TEST
 
-void device_add_bucketer_case(Suite *s) {
-  TCase *tc = tcase_create("bucketer");
-  tcase_add_test(tc, bucketer);
-  tcase_set_timeout(tc, 300);
-  suite_add_tcase(s, tc);
-}
+void device_add_bucketer_case(Suite *s) { device_add_case(s, "bucketer", bucketer); }

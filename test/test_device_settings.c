@@ -81,9 +81,4 @@ START_TEST(settings) {
 }
 END_TEST
 
-void device_add_settings_case(Suite *s) {
-  TCase *tc = tcase_create("settings");
-  tcase_add_test(tc, settings);
-  tcase_set_timeout(tc, 300);
-  suite_add_tcase(s, tc);
-}
+void device_add_settings_case(Suite *s) { device_add_case(s, "settings", settings); }
