@@ -323,9 +323,8 @@ static cudaError_t context_fault(struct gw_backend *b) {
  * what it saw for the message; *fault: the context failed (stops). */
 static void choose_among(struct gw_op *op, const char *what, cudnnBackendDescriptor_t *cfg, int ncfg, int level,
                          int deterministic, void *const ptr[3], cudnnBackendDescriptor_t *best, int64_t *best_ws,
-                         int *allowed, int *ran, cudaError_t *fault) {
+                         int *best_i, float *best_ms, int *allowed, int *ran, cudaError_t *fault) {
   struct gw_backend *b = op->b;
-  float best_ms = -1;
   for (int i = 0; i < ncfg && *ran < MAX_TIMED && !(b->first_that_runs && *best) && !*fault; i++) {
     if (!notes_allowed(cfg[i], level, deterministic)) continue;
     (*allowed)++;
@@ -349,13 +348,54 @@ static void choose_among(struct gw_op *op, const char *what, cudnnBackendDescrip
     float ms = time_plan(b, plan, ptr);
     if (ms < 0) *fault = context_fault(b);
     if (ms >= 0) (*ran)++;
-    if (ms >= 0 && (best_ms < 0 || ms < best_ms)) {
+    if (ms >= 0 && (*best_ms < 0 || ms < *best_ms)) {
       if (*best) cudnnBackendDestroyDescriptor(*best);
-      *best = plan, best_ms = ms, *best_ws = ws;
+      *best = plan, *best_ms = ms, *best_ws = ws, *best_i = i;
     } else {
       cudnnBackendDestroyDescriptor(plan);
     }
   }
+}
+
+/* GW_CUDNN_PLANS=1: every chosen plan is said on stderr (the shape, the
+ * engine's global index and numerical notes, how it was chosen), to tell
+ * which engine computed what when results differ. */
+static int plans_said(void) {
+  const char *v = getenv("GW_CUDNN_PLANS");
+  return v && *v && strcmp(v, "0") != 0;
+}
+
+static void say_plan(const struct gw_op *op, int dir, int ai, cudnnBackendDescriptor_t cfg, int level, int det,
+                     float ms, int64_t ws, int allowed, int ran) {
+  static const char *const level_name[] = {"strict", "fp32", "tc", "tc-any", "tf32"};
+  static const char *const note_name[] = {"tensor_core", "down_convert", "reduced_precision", "fft", "nondet",
+                                          "winograd", "wino4x4", "wino6x6", "wino13x13", "strict_nan"};
+  cudnnBackendDescriptor_t engine = NULL;
+  int64_t index = -1, got = 0;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  char said[160] = "";
+  size_t len = 0;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) == CUDNN_STATUS_SUCCESS &&
+      cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &engine) ==
+          CUDNN_STATUS_SUCCESS) {
+    cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index);
+    if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                 CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &got, notes) == CUDNN_STATUS_SUCCESS)
+      for (int64_t i = 0; i < got && len < sizeof said - 20; i++) {
+        const unsigned n = (unsigned)notes[i];
+        len += (size_t)snprintf(said + len, sizeof said - len, "%s%s", len ? "," : "",
+                                n < sizeof note_name / sizeof note_name[0] ? note_name[n] : "other");
+      }
+  }
+  drain_dnn_error();
+  if (engine) cudnnBackendDestroyDescriptor(engine);
+  const struct gw_op_desc *d = &op->d;
+  fprintf(stderr,
+          BE " plan: %s %s n%d c%d %dx%d k%d r%d s%d p%d%s: engine %lld [%s], %s%s, %.3f ms, workspace %lld B "
+             "(%d allowed, %d ran)\n",
+          op->what, dir_name[dir], d->n, d->c, d->h, d->w, d->k, d->kernel, d->stride, d->pad,
+          ai ? " unaligned" : "", (long long)index, said, level_name[level], det ? " deterministic" : "", ms,
+          (long long)ws, allowed, ran);
 }
 
 static struct conv_key conv_key_of(const struct gw_op_desc *d, int dir, int ai) {
@@ -389,7 +429,8 @@ static gw_result_t conv_choose(struct gw_op *op, int dir, int ai, void *const pt
   GW_MODEL_TRY(conv_graph(op, dir, ai ? 4 : 16, &graph));
   int ncfg = all_configs(graph, cfg, why, sizeof why);
   int64_t best_ws = 0;
-  int allowed = 0, ran = 0;
+  int allowed = 0, ran = 0, best_i = -1, best_det = 0, best_lv = 0;
+  float best_ms = -1;
   int lv[2];
   const char *numerics;
   int nlv = levels_of(b, lv, &numerics);
@@ -398,8 +439,11 @@ static gw_result_t conv_choose(struct gw_op *op, int dir, int ai, void *const pt
    * same bits: engines with atomics do not), then any allowed one, unless
    * GW_CUDNN_DETERMINISTIC forbids it. */
   for (int det = 1; det >= b->first_that_runs && !best && !fault; det--)
-    for (int i = 0; i < nlv && !best && !fault; i++)
-      choose_among(op, what, cfg, ncfg, lv[i], det, ptr, &best, &best_ws, &allowed, &ran, &fault);
+    for (int i = 0; i < nlv && !best && !fault; i++) {
+      choose_among(op, what, cfg, ncfg, lv[i], det, ptr, &best, &best_ws, &best_i, &best_ms, &allowed, &ran, &fault);
+      best_det = det, best_lv = lv[i];
+    }
+  if (best && plans_said()) say_plan(op, dir, ai, cfg[best_i], best_lv, best_det, best_ms, best_ws, allowed, ran);
   destroy_all(cfg, ncfg);
   cudnnBackendDestroyDescriptor(graph);
   if (fault) {

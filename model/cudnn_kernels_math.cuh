@@ -24,6 +24,7 @@
 #ifndef GW_MODEL_CUDNN_KERNELS_MATH_CUH
 #define GW_MODEL_CUDNN_KERNELS_MATH_CUH
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stddef.h>
@@ -65,6 +66,13 @@ static_assert(sizeof(f16) == 2, "f16 is 2 bytes");
 
 /* Exact, subnormals included (model/half.h's gw_f16_to_f32). */
 GWK_HD float f16_bits_to_f32(uint16_t h) {
+#ifdef __CUDA_ARCH__
+  /* Every float16 but a NaN is exact in float32: the hardware's conversion
+   * gives these bits in one instruction (the loop below for subnormals, and
+   * the branches, made the float16 batch-norm and add kernels 2.5x slower
+   * than their bf16 forms on an H200); a NaN keeps its payload below. */
+  if ((h & 0x7fffu) <= 0x7c00u) return __half2float(__ushort_as_half(h));
+#endif
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
   if (e == 0x1f) {
     u = sign | 0x7f800000u | (m << 13);
@@ -83,6 +91,11 @@ GWK_HD float f16_bits_to_f32(uint16_t h) {
  * infinity; a NaN keeps its sign and upper payload and gets the quiet bit
  * (model/half.h's gw_f32_to_f16, and the F16C instructions'). */
 GWK_HD uint16_t f32_to_f16_bits(float f) {
+#ifdef __CUDA_ARCH__
+  /* The hardware rounds to nearest even, subnormals and overflow to infinity
+   * included, as below; only a NaN's bits differ (its payload is kept below). */
+  if (f == f) return __half_as_ushort(__float2half_rn(f));
+#endif
   const uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
   if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
