@@ -2,7 +2,8 @@
  * suite uses, for machines without Check: scripts/gpu-check.sh builds with it
  * on a GPU machine where nothing can be installed (-Druntime_only=true and no
  * Check found).  Each test runs in a forked child under its case's timeout;
- * CK_RUN_CASE picks one case, as in Check.  Not a general replacement. */
+ * CK_RUN_CASE picks one case, CK_FORK=no runs them in this process, as in
+ * Check.  Not a general replacement. */
 #ifndef GW_MINI_CHECK_H
 #define GW_MINI_CHECK_H
 
