@@ -404,7 +404,7 @@ bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
   say "model_bench_torch ($2): exit $rc $(tail -1 "$OUT/model-bench-torch-$1.txt")"
   awk '/^profile/ { on = 1 } /^pytorch / { on = 0 } on' "$OUT/model-bench-torch-$1.txt" | tee -a "$OUT/summary.txt"
 }
-train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NCHW (cudnn's default);
+train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NHWC (gw-train's default on cudnn);
   # TRAIN_TAG=-x in the environment: a variant's suffix (its settings in the environment too)
   local n=$1 tag=n$1${2:+-hoststep}${TRAIN_TAG:-}
   want "gw-train-$tag" || return 0
@@ -451,6 +451,8 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   TRAIN_TAG=-async GW_DEV_ASYNC=1 train 2
   kernel_times bf16-nhwc "--act bf16 --layout nhwc"
   bench_gw fp16 "--act fp16 --layout nchw"
+  bench_gw fp16-nhwc "--act fp16 --layout nhwc"
+  kernel_times fp16-nhwc "--act fp16 --layout nhwc"
   bench_torch fp16 "--tf32 1 --channels-last --amp fp16"
   kernel_times bf16 "--act bf16 --layout nchw"
   bench_gw tf32 "--tf32 1"

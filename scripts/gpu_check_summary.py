@@ -61,7 +61,8 @@ def img_s(name):
 def one(name):
     v = img_s(name)
     return v[-1] if v else None
-gw = {t: one(f"model-bench-{t}.txt") for t in ("tf32", "bf16", "fp16", "bf16-nofuse", "bf16-nhwc", "bf16-nhwc-g1")}
+gw = {t: one(f"model-bench-{t}.txt")
+      for t in ("tf32", "bf16", "fp16", "fp16-nhwc", "bf16-nofuse", "bf16-nhwc", "bf16-nhwc-g1")}
 pt = {t: one(f"model-bench-torch-{t}.txt") for t in ("tf32", "bf16", "fp16")}
 for t, what in (("tf32", "tf32 (NCHW both)"), ("bf16", "bf16 NCHW vs channels_last amp bf16"),
                 ("fp16", "fp16 NCHW vs channels_last amp fp16")):
@@ -70,6 +71,9 @@ for t, what in (("tf32", "tf32 (NCHW both)"), ("bf16", "bf16 NCHW vs channels_la
               + (" (issue 10's goal: 1.1x)" if t == "bf16" else ""))
     elif pt[t]:
         print(f"pytorch {t}: {pt[t]:.1f} img/s (gradwire's run gave no figure)")
+if gw["fp16-nhwc"] and pt["fp16"]:
+    print(f"model_bench cudnn fp16 NHWC vs channels_last amp fp16: {gw['fp16-nhwc']:.1f} vs pytorch {pt['fp16']:.1f} "
+          f"img/s = {gw['fp16-nhwc'] / pt['fp16']:.2f}x")
 if gw["bf16"] and gw["bf16-nofuse"]:
     print(f"model_bench cudnn bf16 NCHW: batch norm fused {gw['bf16']:.1f} vs unfused {gw['bf16-nofuse']:.1f} img/s = "
           f"{gw['bf16'] / gw['bf16-nofuse']:.2f}x")

@@ -277,8 +277,8 @@ static int setup_model(struct trainer *t) {
   if (!o->threads && default_threads(t, &t->threads) != 0) return -1;
   struct gw_backend_config bc = {.threads = t->threads, .tf32 = o->tf32,
                                  .act = o->amp, .layout = o->layout};
-  if (o->layout < 0) /* NCHW on both: measured faster end to end (docs/gpu.md) */
-    bc.layout = GW_LAYOUT_NCHW;
+  if (o->layout < 0) /* measured faster end to end (docs/gpu.md): NHWC on cudnn, NCHW on cpu */
+    bc.layout = !strcmp(o->backend, "cudnn") ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
 #if GW_HAVE_CUDNN
   if (!strcmp(o->backend, "cudnn") && !(t->ops = gw_backend_cudnn_ops()))
     return train_fail(t, "--backend", gw_model_last_error());
