@@ -643,6 +643,36 @@ START_TEST(test_first_bucket_mb) {
 }
 END_TEST
 
+/* One rank makes no allreduce (the log said so, yet a bucketer ran no-op
+ * allreduces and the wait after them for the device was logged as exposed
+ * communication): the metrics' comm figures are null, the log names none, a
+ * --grad-wire is said to do nothing; two ranks still report theirs. */
+START_TEST(test_one_rank_no_comm) {
+  char m1[512], m2[512], v[2][32];
+  path(m1, sizeof m1, "one-rank.jsonl");
+  path(m2, sizeof m2, "two-ranks.jsonl");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--grad-wire", "bf16", "--metrics", m1,
+                                              NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "no allreduce") && strstr(r.err, "--grad-wire bf16 has nothing to do"),
+                "one rank's log:\n%s\n%s", r.out, r.err);
+  ck_assert_msg(strstr(r.out, " img/s") && !strstr(r.out, "exposed comm"), "one rank's steps:\n%s", r.out);
+  gwrun_free(&r);
+  ck_assert_int_eq(metrics_by_step(m1, "comm_exposed_ms", v, 2), 2);
+  ck_assert_msg(!strcmp(v[0], "null") && !strcmp(v[1], "null"), "one rank's exposed comm: %s, %s", v[0], v[1]);
+  ck_assert_int_eq(metrics_by_step(m1, "comm_ms", v, 2), 2);
+  ck_assert_msg(!strcmp(v[0], "null") && !strcmp(v[1], "null"), "one rank's comm: %s, %s", v[0], v[1]);
+  train(&r, noenv, "2", (const char *const[]){"--steps", "2", "--batch", "4", "--metrics", m2, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "exposed comm"), "two ranks' steps:\n%s", r.out);
+  gwrun_free(&r);
+  ck_assert_int_eq(metrics_by_step(m2, "comm_ms", v, 2), 2);
+  ck_assert_msg(strcmp(v[0], "null") && atof(v[1]) > 0, "two ranks' comm: %s, %s", v[0], v[1]);
+}
+END_TEST
+
 /* --plot draws a point at each epoch's end: a run that ends before one says
  * so at the start (it used to end silently with no file). */
 START_TEST(test_plot_nothing_to_draw) {
@@ -670,6 +700,7 @@ static Suite *make_suite(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
   tcase_add_test(tc, test_first_bucket_mb);
+  tcase_add_test(tc, test_one_rank_no_comm);
   tcase_add_test(tc, test_ranks_must_share_options);
   tcase_add_test(tc, test_plot_nothing_to_draw);
   add_weights_tests(tc);

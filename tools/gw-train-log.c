@@ -175,11 +175,11 @@ void log_step(struct train_log *l, const struct step_report *r, int print) {
   char left[32];
   const int64_t done = r->step - l->start_step;
   eta(left, sizeof left, done > 0 ? elapsed / (double)done * (double)(r->steps_total - r->step) : 0);
-  char line[320];
-  snprintf(line, sizeof line,
-           "epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g %.1f img/s exposed comm %.1f ms ETA %s",
+  char line[320], comm[48] = "";
+  if (isfinite(r->exposed_ms)) snprintf(comm, sizeof comm, " exposed comm %.1f ms", r->exposed_ms);
+  snprintf(line, sizeof line, "epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g %.1f img/s%s ETA %s",
            (long long)r->epoch + 1, (long long)r->epochs, (long long)r->step_in_epoch, (long long)r->steps_per_epoch,
-           r->loss, r->lr, r->img_per_s, r->exposed_ms, left);
+           r->loss, r->lr, r->img_per_s, comm, left);
   if (l->tty) {
     printf("\r%-110s", line);
     l->line_open = 1;

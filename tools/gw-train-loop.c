@@ -390,7 +390,10 @@ static void on_ready_device(void *arg, size_t ready) {
 
 /* Allreduces the gradients (the buckets already in flight when overlapping). */
 static int finish_gradients(struct trainer *t, struct step_report *r, double t_bwd) {
-  if (!t->bk) return 0;
+  if (!t->bk) { /* one rank: no communication (null in the metrics) */
+    r->comm_ms = r->exposed_ms = NAN;
+    return 0;
+  }
   gw_result_t res = t->ready_err;
   if (res == GW_SUCCESS && !overlapping(t)) res = gw_bucketer_ready(t->bk, 0, t->np);
   gw_result_t w = gw_bucketer_wait(t->bk); /* always: nothing may stay in flight */
@@ -785,7 +788,7 @@ static void announce(struct trainer *t) {
            t->world == 1     ? "no allreduce"
            : o->no_overlap ? "allreduce after backward"
                              : "allreduce overlapped with backward",
-           buckets, o->sync_bn && t->world > 1 ? ", SyncBatchNorm" : "", t->np);
+           buckets, o->sync_bn ? ", SyncBatchNorm" : "", t->np);
   /* Training batches are whole: a share that is not a whole number of them
    * leaves its last samples out of every epoch (another each epoch: the order
    * is shuffled). */

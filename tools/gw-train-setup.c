@@ -347,6 +347,14 @@ static int setup_comm_parts(struct trainer *t) {
   const struct train_opts *o = t->o;
   if (!t->comm) return 0;
   if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
+  /* One rank has nothing to reduce: no bucketer (its no-op allreduces waited on
+   * the device after each bucket, and the log called that wait communication). */
+  if (t->world == 1) {
+    if (o->grad_wire != GW_FLOAT32 && t->rank == 0)
+      fprintf(stderr, "gw-train: note: one rank makes no allreduce: --grad-wire %s has nothing to do\n",
+              o->grad_wire == GW_BFLOAT16 ? "bf16" : "fp16");
+    return 0;
+  }
   size_t *bounds = t->bounds;
   int nb = t->nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
                                     (size_t)(o->bucket_mb * 1048576), bounds, 4096);
