@@ -64,18 +64,29 @@ struct f16 {
 };
 static_assert(sizeof(f16) == 2, "f16 is 2 bytes");
 
+/* An infinity or NaN (exponent all ones) as float32: the sign, the payload on
+ * top (a NaN stays one). */
+GWK_HD float f16_special_to_f32(uint16_t h) {
+  return f32_from_bits((uint32_t)(h & 0x8000u) << 16 | 0x7f800000u | (uint32_t)(h & 0x3ffu) << 13);
+}
+/* A float32 NaN's float16: the sign, the upper payload, the quiet bit. */
+GWK_HD uint16_t f32_nan_to_f16_bits(uint32_t u) {
+  return (uint16_t)((u >> 16 & 0x8000u) | 0x7e00u | (u >> 13 & 0x3ffu));
+}
+
 /* Exact, subnormals included (model/half.h's gw_f16_to_f32). */
 GWK_HD float f16_bits_to_f32(uint16_t h) {
 #ifdef __CUDA_ARCH__
   /* Every float16 but a NaN is exact in float32: the hardware's conversion
    * gives these bits in one instruction (the loop below for subnormals, and
    * the branches, made the float16 batch-norm and add kernels 2.5x slower
-   * than their bf16 forms on an H200); a NaN keeps its payload below. */
+   * than their bf16 forms on an H200); a NaN keeps its payload (f16_special_to_f32). */
   if ((h & 0x7fffu) <= 0x7c00u) return __half2float(__ushort_as_half(h));
+  return f16_special_to_f32(h); /* (without the subnormal loop below in the kernels' code) */
 #endif
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
   if (e == 0x1f) {
-    u = sign | 0x7f800000u | (m << 13);
+    return f16_special_to_f32(h);
   } else if (e) {
     u = sign | ((e + 112u) << 23) | (m << 13);
   } else if (!m) {
@@ -95,9 +106,10 @@ GWK_HD uint16_t f32_to_f16_bits(float f) {
   /* The hardware rounds to nearest even, subnormals and overflow to infinity
    * included, as below; only a NaN's bits differ (its payload is kept below). */
   if (f == f) return __half_as_ushort(__float2half_rn(f));
-#endif
+  return f32_nan_to_f16_bits(f32_bits(f));
+#else
   const uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a > 0x7f800000u) return f32_nan_to_f16_bits(u);
   if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
   if (a >= 0x38800000u) {
     uint32_t r = a - 0x38000000u;
@@ -110,6 +122,7 @@ GWK_HD uint16_t f32_to_f16_bits(float f) {
   uint32_t q = m >> shift;
   q += rem > half || (rem == half && (q & 1u));
   return (uint16_t)(sign | q);
+#endif
 }
 
 /* The two 16-bit types by their bits. */
