@@ -370,7 +370,7 @@ suite() { # NAME TITLE LIMIT COMMAND...: a test suite's verdict (skipped is not 
   run_to "$limit" "$@" >"$OUT/$name.txt" 2>&1
   rc=$?
   [ $rc = 0 ] || [ $rc = 125 ] || model_fail=1
-  say "$title: $(verdict $rc) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:|resnet18 on|against PyTorch' "$OUT/$name.txt" | tr '\n' ' ')"
+  say "$title: $(verdict $rc) in $(($(date +%s) - t0)) s: $(grep -E 'Checks:|resnet18 on|against PyTorch|patterns widened' "$OUT/$name.txt" | tr '\n' ' ')"
   [ $rc = 0 ] || tail -20 "$OUT/$name.txt"
 }
 budget() { # SECONDS WHAT: whether this many are left before the deadline, else say what is skipped
@@ -437,6 +437,8 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   bench_gw bf16-nhwc "--act bf16 --layout nhwc --profile 1"
   bench_torch bf16 "--tf32 1 --channels-last --amp bf16 --profile 1"
   bench_gw bf16 "--act bf16 --layout nchw --profile 1"
+  suite cudnn-cast-gpu "16-bit conversions of our kernels on the device, bit for bit against the host's" 60 \
+    "$B/test/test_cudnn_cast_gpu"
   suite model-backend-cudnn "model backend suite on cudnn" 90 "$B/test/test_model_backend" cudnn
   suite model-backend-cudnn-nhwc "model backend suite on cudnn, NHWC" 90 "$B/test/test_model_backend" cudnn nhwc
   suite model-bf16-cudnn "bfloat16 suite on cudnn" 60 "$B/test/test_model_bf16" cudnn

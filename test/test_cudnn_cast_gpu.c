@@ -1,0 +1,144 @@
+/* test_cudnn_cast_gpu.c - the cudnn backend kernels' 16-bit conversions on a
+ * real GPU (gw__cu_cast: every kernel loads and stores activations through the
+ * same widen / narrow), bit for bit against model/half.h, the cpu backend's:
+ *   - every float16 and bfloat16 pattern widened to float32 (NaN payloads and
+ *     signs, infinities, subnormals);
+ *   - float32 values narrowed: every 16-bit value, the midpoints between
+ *     neighbours (ties to even) and one float step either side of each, NaNs
+ *     with payloads of both signs, 65504..65520 and beyond, the float16
+ *     subnormal range and float32's own subnormals, zeros.
+ * The device takes the hardware's conversions for all but NaNs (float16), so
+ * this is what shows they agree with the host code.  Each direction runs on an
+ * aligned buffer (the vector path) and one element off (the scalar path).
+ * Exits 77 (skipped) without a GPU; no Check needed (the GPU check's machine). */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudnn_kernels.h"
+#include "gradwire.h"
+#include "half.h"
+
+static int failures;
+
+static uint32_t bits_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static float from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+#define CUDA_OK(call)                                                                     \
+  do {                                                                                    \
+    cudaError_t e_ = (call);                                                              \
+    if (e_ != cudaSuccess) {                                                              \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(1);                                                                            \
+    }                                                                                     \
+  } while (0)
+
+/* n values through gw__cu_cast on the device, the input at element offset off
+ * (1: unaligned, the scalar path). */
+static void device_cast(size_t n, int dst_dt, void *dst, size_t dst_esz, int src_dt, const void *src, size_t src_esz,
+                        int off) {
+  char *dsrc = NULL, *ddst = NULL;
+  CUDA_OK(cudaMalloc((void **)&dsrc, (n + 8) * src_esz));
+  CUDA_OK(cudaMalloc((void **)&ddst, (n + 8) * dst_esz));
+  CUDA_OK(cudaMemcpy(dsrc + off * src_esz, src, n * src_esz, cudaMemcpyHostToDevice));
+  int r = gw__cu_cast(n, dst_dt, ddst + off * dst_esz, src_dt, dsrc + off * src_esz, NULL);
+  if (r != 0) {
+    fprintf(stderr, "gw__cu_cast: %s\n", cudaGetErrorString((cudaError_t)r));
+    exit(1);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(dst, ddst + off * dst_esz, n * dst_esz, cudaMemcpyDeviceToHost));
+  cudaFree(dsrc), cudaFree(ddst);
+}
+
+static float host_widen(int dt, uint16_t h) { return dt == GW_FLOAT16 ? gw_f16_to_f32(h) : gw_bf16_to_f32(h); }
+static uint16_t host_narrow(int dt, float f) { return dt == GW_FLOAT16 ? gw_f32_to_f16(f) : gw_f32_to_bf16(f); }
+
+static void check_widen(int dt, const char *name) {
+  const size_t n = 65536;
+  uint16_t *h = malloc(n * sizeof *h);
+  float *got = malloc(n * sizeof *got);
+  for (size_t i = 0; i < n; i++) h[i] = (uint16_t)i;
+  for (int off = 0; off < 2; off++) {
+    device_cast(n, GW_FLOAT32, got, sizeof(float), dt, h, sizeof(uint16_t), off);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+      if (bits_of(got[i]) != bits_of(host_widen(dt, h[i])) && bad++ < 5)
+        fprintf(stderr, "  %s 0x%04zx widened to 0x%08x on the device, 0x%08x on the host (%s path)\n", name, i,
+                bits_of(got[i]), bits_of(host_widen(dt, h[i])), off ? "scalar" : "vector");
+    if (bad) fprintf(stderr, "FAIL: %d of 65536 %s patterns widen differently on the device\n", bad, name);
+    failures += bad != 0;
+  }
+  free(h), free(got);
+}
+
+/* The narrowing inputs: around every 16-bit value of dt, NaNs, range ends. */
+static size_t narrow_inputs(int dt, float *v, size_t cap) {
+  size_t n = 0;
+#define PUT(x) (n < cap ? (void)(v[n++] = (x)) : (void)0)
+  for (uint32_t i = 0; i < 65536; i++) {
+    const float a = host_widen(dt, (uint16_t)i);
+    if (a != a) continue;
+    PUT(a);
+    const float b = host_widen(dt, (uint16_t)(i + 1)); /* the next pattern up in magnitude (same sign) */
+    if (b == b && (i & 0x7fffu) != 0x7fffu && !((i & 0x7fffu) == (dt == GW_FLOAT16 ? 0x7c00u : 0x7f80u))) {
+      const float mid = (float)(((double)a + (double)b) / 2); /* exact: one more bit than the 16-bit values */
+      PUT(mid);
+      PUT(from_bits(bits_of(mid) + 1));
+      PUT(from_bits(bits_of(mid) - 1));
+    }
+  }
+  static const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u, 0x7fbfffffu,
+                                     0xffffffffu, 0x7fffe000u, 0x7f802000u, 0x7f801fffu, 0x00000001u, 0x80000001u,
+                                     0x007fffffu, 0x00400000u, 0x33000000u, 0x33000001u, 0x32ffffffu, 0xb3000000u,
+                                     0x33800000u, 0x33c00000u, 0x387fe000u, 0x387ff000u, 0x38800000u, 0x477fe000u,
+                                     0x477fefffu, 0x477ff000u, 0x477ff001u, 0x47800000u, 0x7f7fffffu, 0xff7fffffu,
+                                     0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u};
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) PUT(from_bits(special[i]));
+#undef PUT
+  return n;
+}
+
+static void check_narrow(int dt, const char *name) {
+  const size_t cap = 65536 * 4 + 64;
+  float *v = malloc(cap * sizeof *v);
+  uint16_t *got = malloc(cap * sizeof *got);
+  const size_t n = narrow_inputs(dt, v, cap);
+  for (int off = 0; off < 2; off++) {
+    device_cast(n, dt, got, sizeof(uint16_t), GW_FLOAT32, v, sizeof(float), off);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+      if (got[i] != host_narrow(dt, v[i]) && bad++ < 5)
+        fprintf(stderr, "  float 0x%08x to %s: 0x%04x on the device, 0x%04x on the host (%s path)\n", bits_of(v[i]),
+                name, got[i], host_narrow(dt, v[i]), off ? "scalar" : "vector");
+    if (bad) fprintf(stderr, "FAIL: %d of %zu float32 values narrow to %s differently on the device\n", bad, n, name);
+    failures += bad != 0;
+  }
+  printf("%s: 65536 patterns widened, %zu values narrowed, both paths\n", name, n);
+  free(v), free(got);
+}
+
+int main(void) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+    cudaGetLastError();
+    printf("cudnn-cast-gpu: no GPU, skipped\n");
+    return 77;
+  }
+  check_widen(GW_FLOAT16, "float16");
+  check_widen(GW_BFLOAT16, "bfloat16");
+  check_narrow(GW_FLOAT16, "float16");
+  check_narrow(GW_BFLOAT16, "bfloat16");
+  printf("%s\n", failures ? "FAILED" : "passed");
+  return failures ? 1 : 0;
+}
