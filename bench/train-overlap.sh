@@ -36,6 +36,7 @@ skip=${BENCH_SKIP:-4}
 [[ $steps =~ ^[0-9]+$ && $skip =~ ^[0-9]+$ && $skip -lt $steps ]] || die "need 0 <= BENCH_SKIP < BENCH_STEPS"
 model=${BENCH_MODEL:-resnet50}
 ranks=${BENCH_RANKS:-2}
+[[ $ranks =~ ^[0-9]+$ && $ranks -ge 2 ]] || die "BENCH_RANKS=$ranks: at least 2 (one rank makes no allreduce to overlap)"
 for b in tools/gw-run tools/gw-train; do
   [ -x "$build/$b" ] || meson compile -C "$build" >/dev/null || die "$build/$b is missing and does not build"
 done

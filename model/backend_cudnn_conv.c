@@ -443,13 +443,15 @@ static gw_result_t conv_choose(struct gw_op *op, int dir, int ai, void *const pt
       choose_among(op, what, cfg, ncfg, lv[i], det, ptr, &best, &best_ws, &best_i, &best_ms, &allowed, &ran, &fault);
       best_det = det, best_lv = lv[i];
     }
-  if (best && plans_said()) say_plan(op, dir, ai, cfg[best_i], best_lv, best_det, best_ms, best_ws, allowed, ran);
-  destroy_all(cfg, ncfg);
-  cudnnBackendDestroyDescriptor(graph);
   if (fault) {
+    destroy_all(cfg, ncfg);
+    cudnnBackendDestroyDescriptor(graph);
     if (best) cudnnBackendDestroyDescriptor(best);
     return gw__cudnn_cuda_fail(fault, op->what, "choosing a convolution engine (the device failed earlier)");
   }
+  if (best && plans_said()) say_plan(op, dir, ai, cfg[best_i], best_lv, best_det, best_ms, best_ws, allowed, ran);
+  destroy_all(cfg, ncfg);
+  cudnnBackendDestroyDescriptor(graph);
   if (!best)
     return gw__model_fail(GW_ERR_UNSUPPORTED,
                           BE " backend: %s: %s: no cuDNN engine runs it (%d proposed, %d allowed with %s numerics, "

@@ -100,8 +100,9 @@ for tag in ("n1", "n2", "n2-hoststep", "n2-async"):
     late = [s for s in steps[len(steps) // 2:] if s.get('img_per_s')]
     if late:
         ips = len(late) / sum(1 / s['img_per_s'] for s in late)  # images over their seconds, not a mean of rates
-        ms = lambda k: late[-1].get(k) or 0.0  # null: not finite
+        # null: not finite, or no such time (one rank makes no allreduce)
+        ms = lambda k: "n/a" if late[-1].get(k) is None else f"{late[-1][k]:.0f} ms"
         print(f"gw-train cudnn {tag}: {ips:.1f} img/s (steps {late[0]['step']}..{late[-1]['step']}; compute "
-              f"{ms('compute_ms'):.0f} ms, comm {ms('comm_ms'):.0f} ms, data {ms('data_ms'):.0f} ms in the last)"
+              f"{ms('compute_ms')}, comm {ms('comm_ms')}, data {ms('data_ms')} in the last)"
               + (f" = {ips / pt['bf16']:.2f}x pytorch's channels_last amp bf16 {pt['bf16']:.1f} (issue 10's goal: 1.1x)"
                  if pt["bf16"] else ""))

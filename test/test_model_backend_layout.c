@@ -252,8 +252,8 @@ static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cance
  * pieces (the second pass chains pieces per thread, and the grid's y walks
  * them), and every shape runs five times: one channel per lane in the NHWC
  * sums (GW_BN_NHWC_PAIRS=0) and one block per piece (GW_BN_NHWC_GROUPS=1);
- * two channels per lane where c is even (the backward sums take two for bf16
- * only; always one block per piece); one channel per lane with the blocks per
+ * two channels per lane where c is even (the backward sums take two for the
+ * 16-bit types only; always one block per piece); one channel per lane with the blocks per
  * piece the kernels choose (8 for these small grids); with 2; and with 4
  * (what ResNet-50's last stage takes on 132 SMs).  (The cpu backend's loops
  * have no pieces, and its large shapes would cost 40 s.) */

@@ -788,7 +788,7 @@ static void announce(struct trainer *t) {
            t->world == 1     ? "no allreduce"
            : o->no_overlap ? "allreduce after backward"
                              : "allreduce overlapped with backward",
-           buckets, o->sync_bn ? ", SyncBatchNorm" : "", t->np);
+           buckets, o->sync_bn && t->comm ? ", SyncBatchNorm" : "", t->np);
   /* Training batches are whole: a share that is not a whole number of them
    * leaves its last samples out of every epoch (another each epoch: the order
    * is shuffled). */

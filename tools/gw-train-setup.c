@@ -277,8 +277,11 @@ static int setup_model(struct trainer *t) {
   if (!o->threads && default_threads(t, &t->threads) != 0) return -1;
   struct gw_backend_config bc = {.threads = t->threads, .tf32 = o->tf32,
                                  .act = o->amp, .layout = o->layout};
-  if (o->layout < 0) /* measured faster end to end (docs/gpu.md): NHWC on cudnn, NCHW on cpu */
-    bc.layout = !strcmp(o->backend, "cudnn") ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
+  /* What was measured faster end to end (docs/gpu.md): NHWC with 16-bit
+   * activations on cudnn (bf16 1.11x NCHW on an H200, fp16 even); NCHW for
+   * float32 and TF32 there (NHWC not measured) and on cpu (oneDNN). */
+  if (o->layout < 0)
+    bc.layout = !strcmp(o->backend, "cudnn") && o->amp != GW_FLOAT32 ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
 #if GW_HAVE_CUDNN
   if (!strcmp(o->backend, "cudnn") && !(t->ops = gw_backend_cudnn_ops()))
     return train_fail(t, "--backend", gw_model_last_error());
@@ -345,16 +348,14 @@ static int setup_model(struct trainer *t) {
 
 static int setup_comm_parts(struct trainer *t) {
   const struct train_opts *o = t->o;
-  if (!t->comm) return 0;
-  if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
   /* One rank has nothing to reduce: no bucketer (its no-op allreduces waited on
    * the device after each bucket, and the log called that wait communication). */
-  if (t->world == 1) {
-    if (o->grad_wire != GW_FLOAT32 && t->rank == 0)
-      fprintf(stderr, "gw-train: note: one rank makes no allreduce: --grad-wire %s has nothing to do\n",
-              o->grad_wire == GW_BFLOAT16 ? "bf16" : "fp16");
-    return 0;
-  }
+  if (t->world == 1 && o->grad_wire != GW_FLOAT32)
+    fprintf(stderr, "gw-train: note: one rank makes no allreduce: --grad-wire %s has nothing to do\n",
+            o->grad_wire == GW_BFLOAT16 ? "bf16" : "fp16");
+  if (!t->comm) return 0;
+  if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
+  if (t->world == 1) return 0;
   size_t *bounds = t->bounds;
   int nb = t->nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
                                     (size_t)(o->bucket_mb * 1048576), bounds, 4096);
