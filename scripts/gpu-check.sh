@@ -17,7 +17,8 @@
 #      checks settled is left out unless GW_CHECK_SKIP is set: below);
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
-#      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): the model
+#      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): its
+#      kernels' 16-bit conversions against the host's, bit for bit, the model
 #      backend suite on cudnn (every layer against naive references), the
 #      same suite with NHWC activations, the bfloat16 and float16 suites on
 #      cudnn (every layer against float32), the ResNets against PyTorch's
@@ -404,7 +405,7 @@ bench_torch() { # TAG OPTIONS: the same network in PyTorch on the same GPU
   say "model_bench_torch ($2): exit $rc $(tail -1 "$OUT/model-bench-torch-$1.txt")"
   awk '/^profile/ { on = 1 } /^pytorch / { on = 0 } on' "$OUT/model-bench-torch-$1.txt" | tee -a "$OUT/summary.txt"
 }
-train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NHWC (gw-train's default on cudnn);
+train() { # RANKS [--host-step]: gw-train on synthetic ImageNet-sized data, NHWC (gw-train's default on cudnn with --amp);
   # TRAIN_TAG=-x in the environment: a variant's suffix (its settings in the environment too)
   local n=$1 tag=n$1${2:+-hoststep}${TRAIN_TAG:-}
   want "gw-train-$tag" || return 0
@@ -433,7 +434,7 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   # Most wanted first (the deadline cuts the tail): issue 10's comparison,
   # the suites, one gw-train run, the other comparisons, then the gains of
   # the fusion and the layout and the other gw-train runs.
-  # NHWC first: gw-train's default on cudnn (1.11x NCHW on the H200, 2026-12-04)
+  # NHWC first: gw-train's default on cudnn with --amp (1.11x NCHW on the H200, 2026-12-04)
   bench_gw bf16-nhwc "--act bf16 --layout nhwc --profile 1"
   bench_torch bf16 "--tf32 1 --channels-last --amp bf16 --profile 1"
   bench_gw bf16 "--act bf16 --layout nchw --profile 1"

@@ -90,13 +90,16 @@ static size_t narrow_inputs(int dt, float *v, size_t cap) {
     const float a = host_widen(dt, (uint16_t)i);
     if (a != a) continue;
     PUT(a);
-    const float b = host_widen(dt, (uint16_t)(i + 1)); /* the next pattern up in magnitude (same sign) */
-    if (b == b && (i & 0x7fffu) != 0x7fffu && !((i & 0x7fffu) == (dt == GW_FLOAT16 ? 0x7c00u : 0x7f80u))) {
-      const float mid = (float)(((double)a + (double)b) / 2); /* exact: one more bit than the 16-bit values */
-      PUT(mid);
-      PUT(from_bits(bits_of(mid) + 1));
-      PUT(from_bits(bits_of(mid) - 1));
-    }
+    if (a - a != 0) continue; /* an infinity: nothing above it */
+    /* the next pattern up in magnitude, same sign; past the largest finite,
+     * infinity, whose "midpoint" is the overflow tie (half a step up: 65520,
+     * bf16's 0x7f7f8000), the value where rounding turns to infinity */
+    const float b = host_widen(dt, (uint16_t)(i + 1));
+    const float mid = b - b != 0 ? from_bits(bits_of(a) + (dt == GW_FLOAT16 ? 0x1000u : 0x8000u))
+                                 : (float)(((double)a + (double)b) / 2); /* exact: one more bit */
+    PUT(mid);
+    PUT(from_bits(bits_of(mid) + 1));
+    PUT(from_bits(bits_of(mid) - 1));
   }
   static const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u, 0x7fbfffffu,
                                      0xffffffffu, 0x7fffe000u, 0x7f802000u, 0x7f801fffu, 0x00000001u, 0x80000001u,
