@@ -16,16 +16,23 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float gw_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
+/* A float's bits, and the float of given bits (also the tests'). */
+static inline uint32_t gw_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float gw_f32_from_bits(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
 }
 
+static inline float gw_bf16_to_f32(uint16_t h) { return gw_f32_from_bits((uint32_t)h << 16); }
+
 static inline uint16_t gw_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
+  uint32_t u = gw_f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN: stays one, quiet */
   u += 0x7fffu + ((u >> 16) & 1u);                                            /* to nearest, ties to even */
   return (uint16_t)(u >> 16);
@@ -54,14 +61,11 @@ static inline float gw_f16_to_f32(uint16_t h) {
     while (!(m & 0x400u)) m <<= 1, s++;
     u = sign | ((113u - s) << 23) | ((m & 0x3ffu) << 13);
   }
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
+  return gw_f32_from_bits(u);
 }
 
 static inline uint16_t gw_f32_to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
+  const uint32_t u = gw_f32_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN: stays one, quiet */
   if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                     /* >= 65520: infinity */

@@ -57,16 +57,8 @@ inline uint64_t rnd(void) {
 inline double unif(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); } /* [0, 1) */
 inline float sym(void) { return (float)(2 * unif() - 1); }                               /* [-1, 1) */
 
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
+inline uint32_t bits_of(float f) { return gw_f32_bits(f); } /* half.h's */
+inline float float_of(uint32_t u) { return gw_f32_from_bits(u); }
 inline bool same_bits(float a, float b) { return bits_of(a) == bits_of(b); }
 
 /* ---- the reference bf16 ----------------------------------------------------------------------------

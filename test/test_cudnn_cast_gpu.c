@@ -23,16 +23,6 @@
 
 static int failures;
 
-static uint32_t bits_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-static float from_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 #define CUDA_OK(call)                                                                     \
   do {                                                                                    \
@@ -73,9 +63,9 @@ static void check_widen(int dt, const char *name) {
     device_cast(n, GW_FLOAT32, got, sizeof(float), dt, h, sizeof(uint16_t), off);
     int bad = 0;
     for (size_t i = 0; i < n; i++)
-      if (bits_of(got[i]) != bits_of(host_widen(dt, h[i])) && bad++ < 5)
+      if (gw_f32_bits(got[i]) != gw_f32_bits(host_widen(dt, h[i])) && bad++ < 5)
         fprintf(stderr, "  %s 0x%04zx widened to 0x%08x on the device, 0x%08x on the host (%s path)\n", name, i,
-                bits_of(got[i]), bits_of(host_widen(dt, h[i])), off ? "scalar" : "vector");
+                gw_f32_bits(got[i]), gw_f32_bits(host_widen(dt, h[i])), off ? "scalar" : "vector");
     if (bad) fprintf(stderr, "FAIL: %d of 65536 %s patterns widen differently on the device\n", bad, name);
     failures += bad != 0;
   }
@@ -95,11 +85,11 @@ static size_t narrow_inputs(int dt, float *v, size_t cap) {
      * infinity, whose "midpoint" is the overflow tie (half a step up: 65520,
      * bf16's 0x7f7f8000), the value where rounding turns to infinity */
     const float b = host_widen(dt, (uint16_t)(i + 1));
-    const float mid = b - b != 0 ? from_bits(bits_of(a) + (dt == GW_FLOAT16 ? 0x1000u : 0x8000u))
+    const float mid = b - b != 0 ? gw_f32_from_bits(gw_f32_bits(a) + (dt == GW_FLOAT16 ? 0x1000u : 0x8000u))
                                  : (float)(((double)a + (double)b) / 2); /* exact: one more bit */
     PUT(mid);
-    PUT(from_bits(bits_of(mid) + 1));
-    PUT(from_bits(bits_of(mid) - 1));
+    PUT(gw_f32_from_bits(gw_f32_bits(mid) + 1));
+    PUT(gw_f32_from_bits(gw_f32_bits(mid) - 1));
   }
   static const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u, 0x7fbfffffu,
                                      0xffffffffu, 0x7fffe000u, 0x7f802000u, 0x7f801fffu, 0x00000001u, 0x80000001u,
@@ -107,7 +97,7 @@ static size_t narrow_inputs(int dt, float *v, size_t cap) {
                                      0x33800000u, 0x33c00000u, 0x387fe000u, 0x387ff000u, 0x38800000u, 0x477fe000u,
                                      0x477fefffu, 0x477ff000u, 0x477ff001u, 0x47800000u, 0x7f7fffffu, 0xff7fffffu,
                                      0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u};
-  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) PUT(from_bits(special[i]));
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) PUT(gw_f32_from_bits(special[i]));
 #undef PUT
   return n;
 }
@@ -122,7 +112,7 @@ static void check_narrow(int dt, const char *name) {
     int bad = 0;
     for (size_t i = 0; i < n; i++)
       if (got[i] != host_narrow(dt, v[i]) && bad++ < 5)
-        fprintf(stderr, "  float 0x%08x to %s: 0x%04x on the device, 0x%04x on the host (%s path)\n", bits_of(v[i]),
+        fprintf(stderr, "  float 0x%08x to %s: 0x%04x on the device, 0x%04x on the host (%s path)\n", gw_f32_bits(v[i]),
                 name, got[i], host_narrow(dt, v[i]), off ? "scalar" : "vector");
     if (bad) fprintf(stderr, "FAIL: %d of %zu float32 values narrow to %s differently on the device\n", bad, n, name);
     failures += bad != 0;

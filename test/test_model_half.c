@@ -41,17 +41,6 @@
 #include "half.h"
 #include "harness.h"
 
-static uint32_t bits_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static float float_of(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 /* half.h's NaN rule for narrowing: a NaN of the same sign, quiet bit set, the
  * float's fraction bits below its quiet bit kept from the top (f16: 9 of
@@ -71,13 +60,13 @@ static int nan_narrowed_ok(uint32_t u, uint16_t h, int f16) {
  * f's binade, f / quantum rounded by nearbyint, overflow past 2^128 less half
  * a quantum to infinity.  f finite. */
 static uint16_t ref_bf16(float f) {
-  if (f == 0) return (uint16_t)(bits_of(f) >> 16);
+  if (f == 0) return (uint16_t)(gw_f32_bits(f) >> 16);
   int e;
   frexp((double)f, &e); /* |f| in [2^(e-1), 2^e) */
   const double q = ldexp(1.0, e - 8 > -133 ? e - 8 : -133);
   double r = nearbyint((double)f / q) * q; /* exact: a power-of-two scale, then an integer */
   if (fabs(r) >= 0x1p128) r = copysign(INFINITY, r);
-  const uint32_t u = bits_of((float)r); /* exact: 8 significant bits, in float's range */
+  const uint32_t u = gw_f32_bits((float)r); /* exact: 8 significant bits, in float's range */
   if (u & 0xffffu) ck_abort_msg("reference %a is not a bfloat16", r);
   return (uint16_t)(u >> 16);
 }
@@ -85,7 +74,7 @@ static uint16_t ref_bf16(float f) {
 static size_t bf16_bad;
 
 static void check_bf16_from(uint32_t u) {
-  const float f = float_of(u);
+  const float f = gw_f32_from_bits(u);
   const uint16_t got = gw_f32_to_bf16(f);
   int ok;
   if (isnan(f)) ok = nan_narrowed_ok(u, got, 0);
@@ -120,11 +109,11 @@ static size_t sweep(int f16, void (*check)(uint32_t), const struct edge *table, 
     const uint16_t got = f16 ? gw_f32_to_f16(table[k].f) : gw_f32_to_bf16(table[k].f);
     ck_assert_msg(got == table[k].want, "%s(%a) = 0x%04x, want 0x%04x", name, (double)table[k].f, got,
                   table[k].want);
-    check(bits_of(table[k].f));
+    check(gw_f32_bits(table[k].f));
   }
   static const uint32_t nans[] = {0x7fc00000, 0x7f800001, 0x7fa00000, 0xffbfe000, 0x7fffffff, 0xff812345};
   for (size_t k = 0; k < sizeof nans / sizeof nans[0]; k++, n++) {
-    const uint16_t h = f16 ? gw_f32_to_f16(float_of(nans[k])) : gw_f32_to_bf16(float_of(nans[k]));
+    const uint16_t h = f16 ? gw_f32_to_f16(gw_f32_from_bits(nans[k])) : gw_f32_to_bf16(gw_f32_from_bits(nans[k]));
     const float back = f16 ? gw_f16_to_f32(h) : gw_bf16_to_f32(h);
     ck_assert_msg(nan_narrowed_ok(nans[k], h, f16) && isnan(back), "%s(NaN 0x%08x) = 0x%04x", name, nans[k], h);
   }
@@ -138,12 +127,12 @@ START_TEST(test_bf16_to_f32_all) {
     const float got = gw_bf16_to_f32((uint16_t)h);
     int ok;
     if (e == 0xff) { /* infinity, or a NaN with every bit kept */
-      ok = bits_of(got) == h << 16 && (m ? isnan(got) : isinf(got));
+      ok = gw_f32_bits(got) == h << 16 && (m ? isnan(got) : isinf(got));
     } else {
       const double v = e ? ldexp(128.0 + m, (int)e - 134) : ldexp((double)m, -133);
-      ok = (double)got == (s ? -v : v) && (bits_of(got) >> 31) == s;
+      ok = (double)got == (s ? -v : v) && (gw_f32_bits(got) >> 31) == s;
     }
-    if (!ok && bad++ < 5) fprintf(stderr, "  bf16 0x%04x -> %a (0x%08x)\n", h, (double)got, bits_of(got));
+    if (!ok && bad++ < 5) fprintf(stderr, "  bf16 0x%04x -> %a (0x%08x)\n", h, (double)got, gw_f32_bits(got));
   }
   ck_assert_msg(bad == 0, "%zu of 65536 bfloat16 patterns widened wrongly", bad);
 }
@@ -218,7 +207,7 @@ static void pick_casts(void) {
 static size_t f16_bad;
 
 static void check_f16_from(uint32_t u) {
-  const float f = float_of(u);
+  const float f = gw_f32_from_bits(u);
   const uint16_t got = gw_f32_to_f16(f), want = cast_narrow(f);
   const int ok = isnan(f) ? nan_narrowed_ok(u, got, 1) && (want & 0x7fffu) > 0x7c00u : got == want;
   if (!ok && f16_bad++ < 5) fprintf(stderr, "  f16(%a = 0x%08x) = 0x%04x, _Float16 0x%04x\n", (double)f, u, got, want);
@@ -231,15 +220,15 @@ START_TEST(test_f16_to_f32_all) {
     const float got = gw_f16_to_f32((uint16_t)h), want = cast_widen((uint16_t)h);
     int ok;
     if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) { /* NaN: sign and all ten fraction bits kept */
-      const uint32_t g = bits_of(got);
+      const uint32_t g = gw_f32_bits(got);
       ok = isnan(got) && isnan(want) && (g >> 31) == (h >> 15) && ((g >> 13) & 0x3ffu) == (h & 0x3ffu) &&
            !(g & 0x1fffu);
-      signaling += !(h & 0x200u) && bits_of(got) != bits_of(want);
+      signaling += !(h & 0x200u) && gw_f32_bits(got) != gw_f32_bits(want);
     } else {
-      ok = bits_of(got) == bits_of(want);
+      ok = gw_f32_bits(got) == gw_f32_bits(want);
     }
     if (!ok && bad++ < 5)
-      fprintf(stderr, "  f16 0x%04x -> 0x%08x, _Float16 0x%08x\n", h, bits_of(got), bits_of(want));
+      fprintf(stderr, "  f16 0x%04x -> 0x%08x, _Float16 0x%08x\n", h, gw_f32_bits(got), gw_f32_bits(want));
   }
   ck_assert_msg(bad == 0, "%zu of 65536 float16 patterns widened wrongly", bad);
   /* The one difference: 2 x 511 signaling NaNs stay signaling in half.h. */
