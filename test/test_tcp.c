@@ -9,10 +9,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,7 +386,17 @@ END_TEST
  * It waited out its whole timeout and blamed rank 1 for not taking data.
  * Over shm, tcp and ib (its liveness socket); and with rank 1 gone at once
  * after it failed (tcp, ib: the reason, not "closed the connection"). */
-struct gave_up { const char *transport; bool quick; };
+struct gave_up {
+  const char *transport;
+  bool quick;
+  _Atomic int *stage; /* shared: 1 when rank 0 waits for room, 2 when it heard (it was sleeps of 2 and 5 s) */
+};
+
+/* Rank 1's wait for rank 0 to reach stage (at most 20 s: rank 0 may have
+ * failed before it). */
+static void wait_stage(const _Atomic int *stage, int want) {
+  for (int i = 0; i < 2000 && atomic_load(stage) < want; i++) usleep(10 * 1000);
+}
 
 static int raw_gave_up(int rank, int n, const char *master, void *arg) {
   (void)n;
@@ -403,12 +415,13 @@ static int raw_gave_up(int rank, int n, const char *master, void *arg) {
   if (rank == 1) {
     EXPECT(out->tp->send_slot(out, 64, &slot, &cap) == GW_SUCCESS && out->tp->send_post(out, &h) == GW_SUCCESS,
            "%s: rank 1's chunk", transport);
-    sleep(2); /* rank 0 fills this rank's FIFO meanwhile */
+    wait_stage(g->stage, 1); /* rank 0 fills this rank's FIFO meanwhile, then waits for room */
+    usleep(100 * 1000);      /* (in that wait by now) */
     struct gw_errctx err;
     gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank 1: the reason 4711");
     struct gw_opdesc d = {.seq = 5, .root = -1, .coll = GW_COLL_ABORT};
     gw__comm_fail(comm, &d, GW_ERR_INVALID_ARGUMENT, &err);
-    if (!g->quick) sleep(5); /* rank 0 hears it meanwhile */
+    if (!g->quick) wait_stage(g->stage, 2); /* rank 0 hears it meanwhile */
     gw_comm_destroy(comm);
     return 0;
   }
@@ -433,8 +446,10 @@ static int raw_gave_up(int rank, int n, const char *master, void *arg) {
   struct gw_conn *conns[2] = {out, in};
   struct prims p = {.comm = comm, .op = &op, .err = &err, .conns = conns, .nconns = 2};
   const double t0 = test_now();
+  atomic_store(g->stage, 1);
   gw_result_t r = gw__wait_slot(&p, out, comm->conn_params.slot_bytes, &slot);
   const double took = test_now() - t0;
+  atomic_store(g->stage, 2);
   EXPECT(r == GW_ERR_REMOTE && strstr(err.msg, "the reason 4711") && took < 10,
          "%s%s: after %d chunks, the wait for room at a failed rank returned %s after %.1f s: %s", transport,
          g->quick ? " (rank 1 gone at once)" : "", posted, gw_strerror(r), took, err.msg);
@@ -443,13 +458,19 @@ static int raw_gave_up(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_receiver_gave_up) {
-  static const struct gave_up cases[] = {{"shm", false}, {"tcp", false}, {"tcp", true},
+  struct gave_up cases[] = {{"shm", false, NULL}, {"tcp", false, NULL}, {"tcp", true, NULL},
 #if GW_HAVE_IBVERBS
-                                         {"ib", false}, {"ib", true},
+                            {"ib", false, NULL}, {"ib", true, NULL},
 #endif
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-    ck_assert_int_eq(run_ranks_raw(2, raw_gave_up, (void *)&cases[i], 60), 0);
+  _Atomic int *stage = mmap(NULL, sizeof *stage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(stage, MAP_FAILED);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    atomic_init(stage, 0);
+    cases[i].stage = stage;
+    ck_assert_int_eq(run_ranks_raw(2, raw_gave_up, &cases[i], 60), 0);
+  }
+  munmap(stage, sizeof *stage);
 }
 END_TEST
 
