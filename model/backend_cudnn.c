@@ -125,16 +125,18 @@ static void kt_init(void) {
   kt_on = v && *v && strcmp(v, "0") != 0;
 }
 
+/* The time spent choosing kernel variants inside a call (gw__cu_tune_seconds)
+ * is left out of its site's: t0 is the clock less the seconds chosen so far. */
 double gw__cudnn_ktime_start(void) {
   pthread_once(&kt_once, kt_init);
   if (!kt_on) return 0;
   (void)cudaDeviceSynchronize();
-  return kt_now();
+  return kt_now() - gw__cu_tune_seconds();
 }
 
 void gw__cudnn_ktime_add(const char *call, const char *what, double t0) {
   (void)cudaDeviceSynchronize();
-  const double dt = kt_now() - t0;
+  const double dt = kt_now() - gw__cu_tune_seconds() - t0;
   pthread_mutex_lock(&kt_mu);
   int i = 0;
   while (i < nkt && (kt[i].call != call || kt[i].what != what)) i++;

@@ -132,6 +132,17 @@ int gw__cu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits,
  * except dst == src with equal dtypes: nothing to do, 0.  n = 0: 0. */
 int gw__cu_cast(size_t n, int dst_dtype, void *dst, int src_dtype, const void *src, void *stream);
 
+/* dst [n] = src [n] (GW_FLOAT32, GW_BFLOAT16 or GW_FLOAT16) widened to double
+ * by the integer path the NHWC sums' variant 2 reads with (gwk::widen_d):
+ * exactly (double) of the float widening, NaN payloads included (the GPU
+ * check's test; any other dtype: cudaErrorInvalidValue). */
+int gw__cu_widen_f64(size_t n, int src_dtype, const void *src, double *dst, void *stream);
+
+/* Seconds spent so far choosing the NHWC batch-norm sums' variant per shape
+ * (cudnn_kernels_nhwc.cu, GW_BN_NHWC_KERNEL): GW_CUDNN_KERNEL_TIMES leaves it
+ * out of the call sites' times. */
+double gw__cu_tune_seconds(void);
+
 /* The weights of an NHWC convolution (cudnn_kernels_nhwc.cu): [k][c][rs] (OIHW,
  * rs = kernel * kernel) to [k][rs][c] (OHWI) when to_last, else back, converted
  * from src_dtype to dst_dtype as gw__cu_cast converts (float32 to float32, or

@@ -147,10 +147,53 @@ GWK_HD uint16_t h16_narrow<f16>(float x) {
   return f32_to_f16_bits(x);
 }
 
+/* ---- exact widening to double without the conversion unit ---------------------------------
+ * A float32, bfloat16 or float16 placed bit for bit into a double's exponent
+ * and mantissa fields reads as the value scaled by 2^(1023 - bias) (its
+ * exponent field kept, 0 included: a subnormal lands on a double subnormal
+ * with the same mantissa), so one exact multiply by 2^(bias - 1023) gives the
+ * value: an integer shift or two and a double multiply (64 a clock per SM
+ * on sm_90, where each float-to-double conversion is one of 16; a float16's
+ * widening to float first is another).  Infinities and NaNs (the exponent
+ * field all ones) take the conversions, so every result has (double) widen()'s
+ * bits, NaN payloads included.  The NHWC sums' variant 2 reads its elements
+ * this way (nhwc_direct). */
+GWK_HD double f64_from_words(uint32_t hi, uint32_t lo) {
+#ifdef __CUDA_ARCH__
+  return __hiloint2double((int)hi, (int)lo);
+#else
+  const uint64_t u = (uint64_t)hi << 32 | lo;
+  double d;
+  memcpy(&d, &u, sizeof d);
+  return d;
+#endif
+}
+GWK_HD double f32_to_f64_exact(float f) {
+  const uint32_t u = f32_bits(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return (double)f;
+  return f64_from_words((u & 0x80000000u) | (u & 0x7fffffffu) >> 3, u << 29) * 0x1p896;
+}
+GWK_HD double bf16_bits_to_f64(uint16_t b) {
+  if ((b & 0x7f80u) == 0x7f80u) return (double)bf16_bits_to_f32(b);
+  return f64_from_words((uint32_t)(b & 0x8000u) << 16 | (uint32_t)(b & 0x7fffu) << 13, 0) * 0x1p896;
+}
+GWK_HD double f16_bits_to_f64(uint16_t h) {
+  if ((h & 0x7c00u) == 0x7c00u) return (double)f16_special_to_f32(h);
+  return f64_from_words((uint32_t)(h & 0x8000u) << 16 | (uint32_t)(h & 0x7fffu) << 10, 0) * 0x1p1008;
+}
+
 /* An activation element as float (exact), and a float as one (rounded once). */
 GWK_HD float widen(float v) { return v; }
 GWK_HD float widen(bf16 v) { return bf16_bits_to_f32(v.bits); }
 GWK_HD float widen(f16 v) { return f16_bits_to_f32(v.bits); }
+/* An element as double (exactly (double)widen(v)), and whether it is > 0
+ * (the ReLU mask), both on its bits: 0 < bits <= +inf's. */
+GWK_HD double widen_d(float v) { return f32_to_f64_exact(v); }
+GWK_HD double widen_d(bf16 v) { return bf16_bits_to_f64(v.bits); }
+GWK_HD double widen_d(f16 v) { return f16_bits_to_f64(v.bits); }
+GWK_HD bool positive(float v) { return f32_bits(v) - 1u < 0x7f800000u; }
+GWK_HD bool positive(bf16 v) { return (uint32_t)v.bits - 1u < 0x7f80u; }
+GWK_HD bool positive(f16 v) { return (uint32_t)v.bits - 1u < 0x7c00u; }
 template <class T>
 GWK_HD T narrow(float x);
 template <>
@@ -366,16 +409,16 @@ GWK_HD void store8(H *p, const Vals<8> &r) {
 #endif
 }
 
-/* One value into the sums of bn_sums: s += x, s2 += x^2 (x * x is exact in
+/* One value into the sums of bn_sums (a float widened exactly: callers pass
+ * floats or widen_d's doubles): s += x, s2 += x^2 (x * x is exact in
  * double); and of bn_bwd_sums: s += g, s2 += g * xhat with xhat = (x - mean) *
  * rstd (g: dy, masked by a fused ReLU).  Both layouts' reductions call these. */
-GWK_HD void sums_step(double &s, double &s2, float xv) {
-  const double v = xv;
+GWK_HD void sums_step(double &s, double &s2, double v) {
   s += v;
   s2 = fma(v, v, s2);
 }
-GWK_HD void bwd_sums_step(double &s, double &s2, float xv, float gv, double mean, double rstd) {
-  const double g = gv, xh = ((double)xv - mean) * rstd;
+GWK_HD void bwd_sums_step(double &s, double &s2, double x, double g, double mean, double rstd) {
+  const double xh = (x - mean) * rstd;
   s += g;
   s2 = fma(g, xh, s2);
 }
@@ -496,17 +539,44 @@ struct Sums2 {
   }
 };
 
+/* Where nhwc_warp_tree's partial sums wait, one Sums2 per level: in
+ * registers (RegStack: the device unrolls the levels, so every index is a
+ * constant), or in shared memory (SmemStack: the thread's doubles stride
+ * apart, a warp's lanes side by side, so a level's load or store takes no
+ * bank twice; 5 levels of 2 L doubles, 40 KiB a block of 256 threads at
+ * L = 2), which frees 40 of the 128 registers at L = 2 for loads in flight. */
+template <int L>
+struct RegStack {
+  Sums2<L> a[kNhwcDepth];
+  GWK_HD Sums2<L> get(int lvl) const { return a[lvl]; }
+  GWK_HD void put(int lvl, const Sums2<L> &x) { a[lvl] = x; }
+};
+template <int L>
+struct SmemStack {
+  double *base; /* the thread's first double */
+  int stride;   /* between its doubles: the block's threads (1 on the host) */
+  GWK_HD Sums2<L> get(int lvl) const {
+    Sums2<L> x;
+    for (int k = 0; k < L; k++)
+      x.s[k] = base[(lvl * 2 * L + k) * stride], x.s2[k] = base[(lvl * 2 * L + L + k) * stride];
+    return x;
+  }
+  GWK_HD void put(int lvl, const Sums2<L> &x) {
+    for (int k = 0; k < L; k++)
+      base[(lvl * 2 * L + k) * stride] = x.s[k], base[(lvl * 2 * L + L + k) * stride] = x.s2[k];
+  }
+};
+
 /* Virtual warp v's value (groups G): leaf(t) gives thread t's Sums2; the
  * leaves in order, each merged with the subtrees it completes (a binary
  * counter: leaf k completes one per trailing 1 bit of k), so at most
- * log2(32 / G) partial sums wait.  The device unrolls the levels, so every
- * index of the stack is a constant (registers), and the leaves by two only
- * (all 32 copies of a leaf's loads made kernels of 170-430 KB; by two, fewer
- * registers than not at all). */
-template <int L, class Leaf>
-GWK_HD Sums2<L> nhwc_warp_tree(int v, Leaf &leaf, int groups = 1) {
+ * log2(32 / G) partial sums wait, in stack.  The device unrolls the levels
+ * and the leaves by two only (all 32 copies of a leaf's loads made kernels of
+ * 170-430 KB; by two, fewer registers than not at all). */
+template <int L, class Leaf, class Stack>
+GWK_HD Sums2<L> nhwc_warp_tree(int v, Leaf &leaf, int groups, Stack &stack) {
   const int depth = nhwc_group_depth(groups), leaves = 1 << depth;
-  Sums2<L> stack[kNhwcDepth] = {}, out = {}; /* every slot is written before it is read */
+  Sums2<L> out = {}; /* every level is written before it is read */
 #ifdef __CUDA_ARCH__
 #pragma unroll 2
 #endif
@@ -519,17 +589,22 @@ GWK_HD Sums2<L> nhwc_warp_tree(int v, Leaf &leaf, int groups = 1) {
     for (int lvl = 0; lvl < kNhwcDepth; lvl++) {
       if (kept || lvl >= depth) continue;
       if ((k >> lvl) & 1) { /* the right child: its left sibling waits at this level */
-        Sums2<L> left = stack[lvl];
+        Sums2<L> left = stack.get(lvl);
         left.add(x);
         x = left;
       } else {
-        stack[lvl] = x;
+        stack.put(lvl, x);
         kept = true;
       }
     }
     if (!kept) out = x; /* k = leaves - 1 closes the whole tree */
   }
   return out;
+}
+template <int L, class Leaf>
+GWK_HD Sums2<L> nhwc_warp_tree(int v, Leaf &leaf, int groups = 1) {
+  RegStack<L> stack = {};
+  return nhwc_warp_tree<L>(v, leaf, groups, stack);
 }
 
 /* A leaf (SumsLeaf, BwdSumsLeaf) bound to its piece: nhwc_warp_tree's leaf(t). */
@@ -586,6 +661,8 @@ struct Raw {
 #endif
   }
   GWK_HD float get(int k) const { return widen(v[k]); }
+  GWK_HD double getd(int k) const { return widen_d(v[k]); }
+  GWK_HD bool pos(int k) const { return positive(v[k]); }
 };
 template <class H>
 struct RawPair16 {
@@ -597,25 +674,46 @@ struct RawPair16 {
     memcpy(&w, p, sizeof w);
 #endif
   }
-  GWK_HD float get(int k) const { return h16_widen<H>((uint16_t)(k ? w >> 16 : w & 0xffffu)); }
+  GWK_HD H elem(int k) const { return H{(uint16_t)(k ? w >> 16 : w & 0xffffu)}; }
+  GWK_HD float get(int k) const { return widen(elem(k)); }
+  GWK_HD double getd(int k) const { return widen_d(elem(k)); }
+  GWK_HD bool pos(int k) const { return positive(elem(k)); }
 };
 template <>
 struct Raw<bf16, 2> : RawPair16<bf16> {};
 template <>
 struct Raw<f16, 2> : RawPair16<f16> {};
 
+/* The NHWC sums kernels come in kNhwcVariants variants with the same bits
+ * (the host replays run each); the backend times them once per shape and
+ * keeps the fastest (cudnn_kernels_nhwc.cu, GW_BN_NHWC_KERNEL):
+ *   0: the tree's stack in registers (RegStack), each element widened to
+ *      float, then to double, by the conversion unit;
+ *   1: the stack in shared memory (SmemStack) and twice the rows per batch
+ *      in the registers that frees (more loads in flight);
+ *   2: as 1, each element widened straight to double by widen_d and the
+ *      fused ReLU's mask tested on the bits (no conversions at all). */
+constexpr int kNhwcVariants = 3;
+template <int V>
+__host__ __device__ constexpr bool nhwc_smem_stack() { return V >= 1; }
+template <int V>
+__host__ __device__ constexpr bool nhwc_direct() { return V == 2; }
+
 /* Quads per batch of nhwc_thread_rows (loads in flight per lane), as many as
- * fit the kernel's 128 registers without spilling (sm_90, ptxas -v): the
- * sums 4 (16 rows), 2 for float pairs; the backward's three tensors 2, 1 for
- * pairs.  The bits do not depend on it. */
-template <class T, int L>
-constexpr int nhwc_sums_batch() { return L == 2 && sizeof(T) == 4 ? 2 : 4; }
-template <int L>
-constexpr int nhwc_bwd_batch() { return L == 2 ? 1 : 2; }
+ * fit the kernel's 128 registers (sm_90, ptxas -v).  With the stack in
+ * registers: the sums 4 (16 rows), 2 for float pairs; the backward's three
+ * tensors 2, 1 for pairs; no spills.  With it in shared memory: the sums 8,
+ * 4 for float pairs; the backward 4 (so 4 times the rows in flight for
+ * 16-bit pairs); no spills but variant 1's one-channel sums (16 bytes).  The
+ * bits do not depend on it. */
+template <class T, int L, int V = 0>
+__host__ __device__ constexpr int nhwc_sums_batch() { return (L == 2 && sizeof(T) == 4 ? 2 : 4) * (nhwc_smem_stack<V>() ? 2 : 1); }
+template <int L, int V = 0>
+__host__ __device__ constexpr int nhwc_bwd_batch() { return nhwc_smem_stack<V>() ? 4 : L == 2 ? 1 : 2; }
 
 /* bn_sums over NHWC: one lane's leaf, channels ch .. ch + L - 1 of rows c apart;
  * SumsAcc's sums. */
-template <class T, int L, int B>
+template <class T, int L, int B, bool D = false>
 struct SumsLeaf {
   const T *x;
   size_t c;
@@ -624,7 +722,12 @@ struct SumsLeaf {
   Sums2<L> acc;
   GWK_HD void fetch(uint32_t e, int s) { raw[s].load(x + (size_t)e * c + ch); }
   GWK_HD void use(int s) {
-    for (int k = 0; k < L; k++) sums_step(acc.s[k], acc.s2[k], raw[s].get(k));
+    for (int k = 0; k < L; k++) {
+      if constexpr (D)
+        sums_step(acc.s[k], acc.s2[k], raw[s].getd(k));
+      else
+        sums_step(acc.s[k], acc.s2[k], raw[s].get(k));
+    }
   }
   GWK_HD Sums2<L> operator()(uint32_t t, uint32_t j0, uint32_t j1) {
     acc.zero();
@@ -635,7 +738,7 @@ struct SumsLeaf {
 
 /* bn_bwd_sums over NHWC: BwdSumsAcc's sums; the lane's channels' mean and rstd
  * read once. */
-template <class T, int L, int B>
+template <class T, int L, int B, bool D = false>
 struct BwdSumsLeaf {
   const T *x, *dy, *ym; /* ym: the fused output (dy masked by ym > 0), or NULL */
   size_t c;
@@ -654,8 +757,13 @@ struct BwdSumsLeaf {
   }
   GWK_HD void use(int s) {
     for (int k = 0; k < L; k++) {
-      const float g = rdy[s].get(k);
-      bwd_sums_step(acc.s[k], acc.s2[k], rx[s].get(k), ym ? relu_bwd(rym[s].get(k), g) : g, mean[k], rstd[k]);
+      if constexpr (D) { /* relu_bwd's dy or +0, on the bits */
+        const double g = ym && !rym[s].pos(k) ? 0.0 : rdy[s].getd(k);
+        bwd_sums_step(acc.s[k], acc.s2[k], rx[s].getd(k), g, mean[k], rstd[k]);
+      } else {
+        const float g = rdy[s].get(k);
+        bwd_sums_step(acc.s[k], acc.s2[k], rx[s].get(k), ym ? relu_bwd(rym[s].get(k), g) : g, mean[k], rstd[k]);
+      }
     }
   }
   GWK_HD Sums2<L> operator()(uint32_t t, uint32_t j0, uint32_t j1) {

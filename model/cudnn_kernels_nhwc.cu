@@ -19,7 +19,9 @@
  * walks its 32 / G of chan_thread's threads one after another, keeping
  * log2(32 / G) partial sums; shared memory joins the 8 warps.  Then the
  * partials as NCHW's, each piece's G first, in cudnn_kernels.cu's second
- * pass.  Before (until 2026-12), thread t kept
+ * pass.  Three variants of the kernels (gwk::kNhwcVariants: where the tree's
+ * partial sums wait, the batch, the widening), same bits, timed per shape on
+ * its first call (run_tuned).  Before (until 2026-12), thread t kept
  * 8 channels' accumulators and read chan_thread's rows itself: 16 bytes of
  * bf16 per row, rows 4 apart between lanes, so every load took a sector of
  * its own and batch norm was 61% of the NHWC step on the H200.
@@ -30,7 +32,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <math.h>
+#include <stdio.h>
+#include <time.h>
+
+#include <atomic>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "cudnn_kernels_dev.cuh"
 
@@ -39,11 +48,15 @@ namespace {
 /* ---- batch norm's per-channel sums ------------------------------------------------------------------- */
 /* Blocks (tile of 32 L channels, piece, group), grid.y striding over the
  * pieces, grid.z the groups (nhwc_groups; 1 where L = 2);
- * Leaf is SumsLeaf or BwdSumsLeaf with its tensors set, Prep sets a lane's
- * per-channel constants (BwdSumsLeaf's mean and rstd). */
-template <int L, class Leaf, class Prep>
+ * Leaf is SumsLeaf or BwdSumsLeaf with its tensors set (for variant V: its
+ * batch and widening), Prep sets a lane's per-channel constants (BwdSumsLeaf's
+ * mean and rstd); variants 1 and 2 keep the tree's stack in shared memory
+ * (40 KiB at L = 2, with ss 48: the static limit). */
+template <int L, int V, class Leaf, class Prep>
 __global__ void __launch_bounds__(gwk::kRedThreads, 2)
     k_chan_partials_nhwc(Leaf proto, Prep prep, int c, uint32_t count, uint32_t pieces, double *part) {
+  constexpr bool kSmem = gwk::nhwc_smem_stack<V>();
+  __shared__ double stk[kSmem ? gwk::kNhwcDepth * 2 * L * gwk::kRedThreads : 1];
   /* block g of the piece's groups; two channels per lane only where the grid
    * is large (pairs_ok), so always one group there (a run-time count of
    * leaves spilled the bf16 backward's registers) */
@@ -61,7 +74,13 @@ __global__ void __launch_bounds__(gwk::kRedThreads, 2)
     const uint32_t j0 = piece * gwk::kPiece, j1 = count - j0 < gwk::kPiece ? count : j0 + gwk::kPiece;
     if (active) {
       gwk::PieceLeaf<Leaf> one{leaf, j0, j1};
-      const gwk::Sums2<L> v = gwk::nhwc_warp_tree<L>(g + groups * w, one, groups);
+      gwk::Sums2<L> v;
+      if constexpr (kSmem) {
+        gwk::SmemStack<L> sk{stk + threadIdx.x, gwk::kRedThreads};
+        v = gwk::nhwc_warp_tree<L>(g + groups * w, one, groups, sk);
+      } else {
+        v = gwk::nhwc_warp_tree<L>(g + groups * w, one, groups);
+      }
 #pragma unroll
       for (int k = 0; k < L; k++) ss[w][mine + k] = v.s[k], ss2[w][mine + k] = v.s2[k];
     }
@@ -124,12 +143,28 @@ inline int nhwc_groups(uint64_t blocks) {
   return g;
 }
 
-template <int L, class Leaf, class Prep>
-int chan_reduce_nhwc(const ChanShape &s, const Leaf &leaf, const Prep &prep, double *sums, cudaStream_t st) {
-  const uint32_t pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece;
-  if (pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st); /* no values: every sum is 0 */
-  const unsigned tiles = (unsigned)((s.c + 32 * L - 1) / (32 * L)), gy = pieces < kMaxGridY ? pieces : kMaxGridY;
-  const int groups = L == 1 ? nhwc_groups((uint64_t)tiles * pieces) : 1;
+/* A reduction's grid with L channels per lane: tiles x pieces x groups. */
+struct NhwcGrid {
+  uint32_t pieces;
+  unsigned tiles, gy;
+  int groups;
+};
+template <int L>
+NhwcGrid nhwc_grid(const ChanShape &s) {
+  NhwcGrid g;
+  g.pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece;
+  g.tiles = (unsigned)((s.c + 32 * L - 1) / (32 * L));
+  g.gy = g.pieces < kMaxGridY ? g.pieces : kMaxGridY;
+  g.groups = L == 1 && g.pieces ? nhwc_groups((uint64_t)g.tiles * g.pieces) : 1;
+  return g;
+}
+
+template <int L, int V, class Leaf, class Prep>
+int chan_reduce_nhwc(const ChanShape &s, const NhwcGrid &grid, const Leaf &leaf, const Prep &prep, double *sums,
+                     cudaStream_t st) {
+  const uint32_t pieces = grid.pieces; /* > 0: the callers finish empty shapes */
+  const unsigned tiles = grid.tiles, gy = grid.gy;
+  const int groups = grid.groups;
   double *part = nullptr;
   cudaError_t e = gwkd::scratch_alloc((void **)&part, sizeof(double) * 2 * (size_t)s.c * pieces * (size_t)groups, st);
   if (e != cudaSuccess) {
@@ -137,7 +172,7 @@ int chan_reduce_nhwc(const ChanShape &s, const Leaf &leaf, const Prep &prep, dou
     return (int)e;
   }
   (void)cudaGetLastError();
-  k_chan_partials_nhwc<L, Leaf, Prep><<<dim3(tiles, gy, (unsigned)groups), gwk::kRedThreads, 0, st>>>(
+  k_chan_partials_nhwc<L, V, Leaf, Prep><<<dim3(tiles, gy, (unsigned)groups), gwk::kRedThreads, 0, st>>>(
       leaf, prep, s.c, s.count, pieces, part);
   int r = launched();
   if (r == 0) r = gwkd::chan_finish(part, s.c, pieces, groups, sums, st);
@@ -146,19 +181,147 @@ int chan_reduce_nhwc(const ChanShape &s, const Leaf &leaf, const Prep &prep, dou
   return r != 0 ? r : (int)e;
 }
 
-/* The reduction with L channels per lane: bn_sums' leaf, or bn_bwd_sums'. */
+/* ---- which variant (gwk::kNhwcVariants: the same bits) ---------------------------------------------
+ * GW_BN_NHWC_KERNEL=0/1/2 runs that one (tests, A/B runs); else each shape's
+ * first call, outside a stream capture, runs every variant three times on
+ * its stream, timed by events (the first round a warm-up), and the fastest
+ * by its better time is kept for the shape, like cudnn.benchmark; the call
+ * then runs it once more.  With GW_CUDNN_KERNEL_TIMES set, each choice is
+ * printed with the times, and the time spent choosing is left out of the
+ * call site's (gw__cu_tune_seconds). */
+struct TuneKey {
+  int dev, kind, dtype, lanes, groups, c; /* kind: 0 bn_sums, 1 bn_bwd_sums, 2 the same with the ReLU mask */
+  uint32_t count;
+  bool operator==(const TuneKey &o) const {
+    return dev == o.dev && kind == o.kind && dtype == o.dtype && lanes == o.lanes && groups == o.groups &&
+           c == o.c && count == o.count;
+  }
+};
+std::mutex tune_mu;
+std::vector<std::pair<TuneKey, int>> tuned; /* at most kTuneMax shapes; past that, untuned ones run variant 0 */
+constexpr size_t kTuneMax = 4096;
+std::atomic<long long> tune_ns{0};
+
+int forced_variant(void) {
+  const char *v = getenv("GW_BN_NHWC_KERNEL");
+  if (v && v[0] >= '0' && v[0] < '0' + gwk::kNhwcVariants && !v[1]) return v[0] - '0';
+  return -1;
+}
+
+long long now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+template <class F>
+int by_variant(int v, F &&f) {
+  static_assert(gwk::kNhwcVariants == 3, "one case per variant");
+  switch (v) {
+  case 1: return f(std::integral_constant<int, 1>{});
+  case 2: return f(std::integral_constant<int, 2>{});
+  default: return f(std::integral_constant<int, 0>{});
+  }
+}
+
+/* Times run(v) for every variant (best of two after a warm-up), returns the
+ * fastest in *best; a failed launch or event is returned as is. */
+template <class F>
+int tune_variants(const F &run, cudaStream_t st, float ms[gwk::kNhwcVariants], int *best) {
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  cudaError_t e = cudaEventCreate(&ev[0]);
+  if (e == cudaSuccess) e = cudaEventCreate(&ev[1]);
+  int r = (int)e;
+  for (int v = 0; v < gwk::kNhwcVariants; v++) ms[v] = INFINITY;
+  for (int round = 0; r == 0 && round < 3; round++)
+    for (int v = 0; r == 0 && v < gwk::kNhwcVariants; v++) {
+      float t = 0;
+      r = (int)cudaEventRecord(ev[0], st);
+      if (r == 0) r = by_variant(v, run);
+      if (r == 0) r = (int)cudaEventRecord(ev[1], st);
+      if (r == 0) r = (int)cudaEventSynchronize(ev[1]);
+      if (r == 0) r = (int)cudaEventElapsedTime(&t, ev[0], ev[1]);
+      if (r == 0 && round > 0 && t < ms[v]) ms[v] = t;
+    }
+  for (cudaEvent_t x : ev)
+    if (x) (void)cudaEventDestroy(x);
+  *best = 0;
+  for (int v = 1; v < gwk::kNhwcVariants; v++)
+    if (ms[v] < ms[*best]) *best = v;
+  return r;
+}
+
+/* run(std::integral_constant<int, V>) launches variant V of the reduction
+ * that key names. */
+template <class F>
+int run_tuned(TuneKey key, const F &run, cudaStream_t st) {
+  int v = forced_variant();
+  if (v >= 0) return by_variant(v, run);
+  if (cudaGetDevice(&key.dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return by_variant(0, run);
+  }
+  {
+    std::lock_guard<std::mutex> lk(tune_mu);
+    for (const auto &t : tuned)
+      if (t.first == key) return by_variant(t.second, run);
+    if (tuned.size() >= kTuneMax) return by_variant(0, run);
+  }
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError(); /* no synchronizing inside a capture: the default, untimed */
+    return by_variant(0, run);
+  }
+  const long long t0 = now_ns();
+  float ms[gwk::kNhwcVariants];
+  int r = tune_variants(run, st, ms, &v);
+  if (r != 0) return r;
+  {
+    std::lock_guard<std::mutex> lk(tune_mu);
+    tuned.push_back({key, v});
+  }
+  const char *kt = getenv("GW_CUDNN_KERNEL_TIMES");
+  if (kt && *kt && strcmp(kt, "0") != 0) {
+    static const char *const kinds[] = {"bn_sums", "bn_bwd_sums", "bn_bwd_sums+relu"};
+    static const char *const types[] = {"float32", "bfloat16", "float16"};
+    fprintf(stderr, "bn sums NHWC variant %d chosen: %s %s c %d count %u, %d per lane, %d groups:", v,
+            kinds[key.kind], types[key.dtype], key.c, key.count, key.lanes, key.groups);
+    for (int i = 0; i < gwk::kNhwcVariants; i++) fprintf(stderr, " v%d %.1f us", i, (double)ms[i] * 1e3);
+    fputc('\n', stderr);
+  }
+  tune_ns += now_ns() - t0;
+  return by_variant(v, run);
+}
+
+template <class T>
+constexpr int dtype_tag() { return std::is_same<T, float>::value ? 0 : std::is_same<T, gwk::bf16>::value ? 1 : 2; }
+
+/* The reduction with L channels per lane: bn_sums' leaf, or bn_bwd_sums', in
+ * the variant run_tuned picks. */
 template <class T, int L>
 int sums_nhwc(const ChanShape &s, const void *x, double *sums, cudaStream_t st) {
-  gwk::SumsLeaf<T, L, gwk::nhwc_sums_batch<T, L>()> leaf{};
-  leaf.x = (const T *)x, leaf.c = (size_t)s.c;
-  return chan_reduce_nhwc<L>(s, leaf, NoPrep{}, sums, st);
+  const NhwcGrid grid = nhwc_grid<L>(s);
+  if (grid.pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st); /* no values: every sum is 0 */
+  auto run = [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    gwk::SumsLeaf<T, L, gwk::nhwc_sums_batch<T, L, V>(), gwk::nhwc_direct<V>()> leaf{};
+    leaf.x = (const T *)x, leaf.c = (size_t)s.c;
+    return chan_reduce_nhwc<L, V>(s, grid, leaf, NoPrep{}, sums, st);
+  };
+  return run_tuned(TuneKey{0, 0, dtype_tag<T>(), L, grid.groups, s.c, s.count}, run, st);
 }
 template <class T, int L>
 int bwd_sums_nhwc(const ChanShape &s, const void *x, const void *ym, const void *dy, const MeanRstdPrep &prep,
                   double *sums, cudaStream_t st) {
-  gwk::BwdSumsLeaf<T, L, gwk::nhwc_bwd_batch<L>()> leaf{};
-  leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
-  return chan_reduce_nhwc<L>(s, leaf, prep, sums, st);
+  const NhwcGrid grid = nhwc_grid<L>(s);
+  if (grid.pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st);
+  auto run = [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    gwk::BwdSumsLeaf<T, L, gwk::nhwc_bwd_batch<L, V>(), gwk::nhwc_direct<V>()> leaf{};
+    leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
+    return chan_reduce_nhwc<L, V>(s, grid, leaf, prep, sums, st);
+  };
+  return run_tuned(TuneKey{0, ym ? 2 : 1, dtype_tag<T>(), L, grid.groups, s.c, s.count}, run, st);
 }
 
 template <class T>
@@ -203,6 +366,19 @@ int launch_cast_perm(size_t total, size_t c, size_t rs, bool to_last, void *dst,
   return launched();
 }
 
+template <class S>
+__global__ void __launch_bounds__(kThreads) k_widen_f64(size_t n, const S *src, double *dst) {
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+    dst[e] = gwk::widen_d(src[e]);
+}
+
+template <class S>
+int launch_widen_f64(size_t n, const void *src, double *dst, cudaStream_t st) {
+  (void)cudaGetLastError();
+  k_widen_f64<S><<<grid_for(n), kThreads, 0, st>>>(n, (const S *)src, dst);
+  return launched();
+}
+
 } /* namespace */
 
 int gwkd::nhwc_bn_sums(const struct gw_op_desc *d, int act, const void *x, double *sums, cudaStream_t st) {
@@ -213,6 +389,17 @@ int gwkd::nhwc_bn_bwd_sums(const struct gw_op_desc *d, int act, const void *x, c
                            const float *mean, const float *rstd, double *sums, cudaStream_t st) {
   return BY_ACT(act, bn_bwd_sums_t, d, x, ym, dy, mean, rstd, sums, st);
 }
+
+extern "C" int gw__cu_widen_f64(size_t n, int src_dtype, const void *src, double *dst, void *stream) {
+  if (n == 0) return 0;
+  cudaStream_t st = (cudaStream_t)stream;
+  if (src_dtype == GW_FLOAT32) return launch_widen_f64<float>(n, src, dst, st);
+  if (src_dtype == GW_BFLOAT16) return launch_widen_f64<gwk::bf16>(n, src, dst, st);
+  if (src_dtype == GW_FLOAT16) return launch_widen_f64<gwk::f16>(n, src, dst, st);
+  return (int)cudaErrorInvalidValue;
+}
+
+extern "C" double gw__cu_tune_seconds(void) { return (double)tune_ns.load() * 1e-9; }
 
 extern "C" int gw__cu_cast_perm(int k, int c, int rs, int to_last, int dst_dtype, void *dst, int src_dtype,
                                 const void *src, void *stream) {

@@ -10,6 +10,8 @@
  * The device takes the hardware's conversions for all but NaNs (float16), so
  * this is what shows they agree with the host code.  Each direction runs on an
  * aligned buffer (the vector path) and one element off (the scalar path).
+ * Also the NHWC sums' widening straight to double (gw__cu_widen_f64) over
+ * every 16-bit pattern and float32's exponents, against the host's (double).
  * Exits 77 (skipped) without a GPU; no Check needed (the GPU check's machine). */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -121,6 +123,62 @@ static void check_narrow(int dt, const char *name) {
   free(v), free(got);
 }
 
+/* gw__cu_widen_f64 (the NHWC sums' variant 2 widening on the integer path)
+ * against C's (double) of the host's float: bit for bit but for NaNs, which
+ * take the device's float-to-double conversion there (as every variant does)
+ * and only need to stay NaNs.  n values of dt from src. */
+static void check_widen_f64(int dt, const char *name, const void *src, size_t n) {
+  const size_t esz = dt == GW_FLOAT32 ? 4 : 2;
+  char *dsrc = NULL;
+  double *ddst = NULL, *got = malloc(n * sizeof *got);
+  CUDA_OK(cudaMalloc((void **)&dsrc, n * esz));
+  CUDA_OK(cudaMalloc((void **)&ddst, n * sizeof(double)));
+  CUDA_OK(cudaMemcpy(dsrc, src, n * esz, cudaMemcpyHostToDevice));
+  int r = gw__cu_widen_f64(n, dt, dsrc, ddst, NULL);
+  if (r != 0) {
+    fprintf(stderr, "gw__cu_widen_f64: %s\n", cudaGetErrorString((cudaError_t)r));
+    exit(1);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(got, ddst, n * sizeof(double), cudaMemcpyDeviceToHost));
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    float f;
+    if (dt == GW_FLOAT32)
+      memcpy(&f, (const char *)src + 4 * i, 4);
+    else
+      f = host_widen(dt, ((const uint16_t *)src)[i]);
+    const double want = (double)f;
+    const int ok = want != want ? got[i] != got[i] : memcmp(&got[i], &want, sizeof want) == 0;
+    if (!ok && bad++ < 5)
+      fprintf(stderr, "  %s 0x%08x widened to double: %a on the device, %a on the host\n", name, gw_f32_bits(f),
+              got[i], want);
+  }
+  if (bad) fprintf(stderr, "FAIL: %d of %zu %s values widen to double differently on the device\n", bad, n, name);
+  failures += bad != 0;
+  printf("%s: %zu values widened to double\n", name, n);
+  cudaFree(dsrc), cudaFree(ddst), free(got);
+}
+
+static void check_widen_f64_all(void) {
+  uint16_t *h = malloc(65536 * sizeof *h);
+  for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+  check_widen_f64(GW_FLOAT16, "float16", h, 65536);
+  check_widen_f64(GW_BFLOAT16, "bfloat16", h, 65536);
+  free(h);
+  /* float32: every exponent and sign with edge mantissas, then the float16
+   * narrowing inputs (the subnormal range and the specials among them) */
+  const size_t cap = 65536 * 4 + 64 + 512 * 6;
+  float *v = malloc(cap * sizeof *v);
+  size_t n = 0;
+  static const uint32_t mant[] = {0, 1, 2, 0x400000u, 0x7ffffeu, 0x7fffffu};
+  for (uint32_t e = 0; e < 512; e++) /* e's top bit: the sign */
+    for (size_t m = 0; m < sizeof mant / sizeof mant[0]; m++) v[n++] = gw_f32_from_bits(e << 23 | mant[m]);
+  n += narrow_inputs(GW_FLOAT16, v + n, cap - n);
+  check_widen_f64(GW_FLOAT32, "float32", v, n);
+  free(v);
+}
+
 int main(void) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
@@ -132,6 +190,7 @@ int main(void) {
   check_widen(GW_BFLOAT16, "bfloat16");
   check_narrow(GW_FLOAT16, "float16");
   check_narrow(GW_BFLOAT16, "bfloat16");
+  check_widen_f64_all();
   printf("%s\n", failures ? "FAILED" : "passed");
   return failures ? 1 : 0;
 }

@@ -216,6 +216,43 @@ void test_f16(void) {
   check_packing<f16>("f16");
 }
 
+/* ---- widening straight to double (the NHWC sums' variant 2) -------------------------------------
+ * widen_d against (double) of widen's float, bit for bit (NaN payloads and
+ * signs, infinities, subnormals, zeros): every 16-bit pattern, every float
+ * exponent with edge and random mantissas, random floats; positive() against
+ * the float's > 0 (the ReLU mask). */
+bool same_f64(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+template <class H>
+size_t widen_d_bad16(void) {
+  size_t bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    const H v{(uint16_t)h};
+    const float f = widen(v);
+    const bool ok = same_f64(widen_d(v), (double)f) && positive(v) == (f > 0.0f);
+    if (!ok && bad++ < 3) fprintf(stderr, "  widen_d 0x%04x = %a, want %a\n", h, widen_d(v), (double)f);
+  }
+  return bad;
+}
+
+void test_widen_d(void) {
+  CHECK(widen_d_bad16<bf16>() == 0, "bf16 widen_d / positive: patterns wrong");
+  CHECK(widen_d_bad16<f16>() == 0, "f16 widen_d / positive: patterns wrong");
+  size_t bad = 0, cases = 0;
+  auto one = [&](uint32_t u) {
+    const float f = float_of(u);
+    cases++;
+    const bool ok = same_f64(widen_d(f), (double)f) && positive(f) == (f > 0.0f);
+    if (!ok && bad++ < 3) fprintf(stderr, "  widen_d 0x%08x = %a, want %a\n", u, widen_d(f), (double)f);
+  };
+  for (uint32_t e = 0; e < 256; e++)
+    for (uint32_t sign : {0u, 1u})
+      for (uint32_t m : {0u, 1u, 2u, 0x400000u, 0x7ffffeu, 0x7fffffu, (uint32_t)rnd() & 0x7fffffu})
+        one(sign << 31 | e << 23 | m);
+  for (int i = 0; i < 1000000; i++) one((uint32_t)rnd());
+  CHECK(bad == 0, "%zu of %zu floats widened to double wrongly by widen_d", bad, cases);
+}
+
 /* ---- fast division ------------------------------------------------------------------------- */
 void test_fastdiv(void) {
   const uint32_t ds[] = {1, 2, 3, 4, 5, 7, 49, 64, 196, 3136, 12544, 100352, (1u << 20) + 1, 2147483647u, 2147483648u};
@@ -541,6 +578,7 @@ void test_relu(void) {
 int main(void) {
   test_bf16();
   test_f16();
+  test_widen_d();
   test_fastdiv();
   test_chan_coverage();
   test_bn_stats_edges();

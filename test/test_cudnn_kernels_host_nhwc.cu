@@ -6,7 +6,9 @@
  *     walking their leaves with gwk::nhwc_warp_tree, the warps joined by
  *     tree_sum, the second pass) against replay_chan's NCHW ones, for
  *     SumsLeaf / SumsAcc and BwdSumsLeaf / BwdSumsAcc with and without the
- *     fused ReLU's mask, one channel per lane with 1, 2, 4 and 8 blocks per
+ *     fused ReLU's mask, in each variant (gwk::kNhwcVariants: the tree's
+ *     stack in registers or as shared memory holds it, the batches, the
+ *     widening to double), one channel per lane with 1, 2, 4 and 8 blocks per
  *     piece (groups) and two with one, on values whose double sums depend on their order
  *     (exponents over 40 binades), channel counts that fill no tile (3, 5,
  *     12, 40, 70, 130) and shapes with several pieces; every element fetched
@@ -39,7 +41,7 @@ std::vector<T> to_nhwc(const std::vector<T> &x, int n, int c, size_t hw) {
  * then each channel's tree_sum over the warps' values; the pieces as
  * replay_chan's (replay_chan_finish), each first folded over its groups.
  * prep(leaf) sets a lane's per-channel constants, as the kernel's Prep. */
-template <int L, class Leaf, class Prep>
+template <int L, class Leaf, class Prep, bool Smem = false>
 void replay_chan_nhwc(const Leaf &proto, const Prep &prep, int n, int c, uint32_t hw, std::vector<double> &out,
                       int groups = 1) {
   const uint32_t count = (uint32_t)n * hw, pieces = (count + kPiece - 1) / kPiece;
@@ -60,7 +62,15 @@ void replay_chan_nhwc(const Leaf &proto, const Prep &prep, int n, int c, uint32_
             leaf.ch = (uint32_t)(ch0 + mine);
             prep(leaf);
             PieceLeaf<Leaf> one{leaf, j0, j1};
-            const Sums2<L> v = nhwc_warp_tree<L>(g + groups * w, one, groups);
+            Sums2<L> v;
+            if constexpr (Smem) { /* the stack as the kernel's shared memory holds it, one thread's */
+              double stk[kNhwcDepth * 2 * L];
+              for (double &d : stk) d = NAN; /* a level read before it is written shows */
+              SmemStack<L> sk{stk, 1};
+              v = nhwc_warp_tree<L>(g + groups * w, one, groups, sk);
+            } else {
+              v = nhwc_warp_tree<L>(g + groups * w, one, groups);
+            }
             for (int k = 0; k < L; k++) ss[w][mine + k] = v.s[k], ss2[w][mine + k] = v.s2[k];
           }
         }
@@ -82,14 +92,14 @@ struct NoPrep {
 };
 
 /* Counts the fetches of every element of an NHWC tensor (each must come once,
- * and be used once, in its own slot). */
-template <int L>
+ * and be used once, in its own slot), B quads per batch. */
+template <int L, int B = 4>
 struct VisitLeaf {
   int *hits;
   long *bad;
   size_t c;
   uint32_t ch;
-  int fetched[16];
+  int fetched[4 * B];
   Sums2<L> acc;
   GWK_HD void fetch(uint32_t e, int s) {
     if (fetched[s] >= 0) ++*bad; /* a slot fetched twice before its use */
@@ -103,7 +113,7 @@ struct VisitLeaf {
   GWK_HD Sums2<L> operator()(uint32_t t, uint32_t j0, uint32_t j1) {
     for (int &f : fetched) f = -1;
     acc.zero();
-    nhwc_thread_rows<4>(j0, j1, t, *this);
+    nhwc_thread_rows<B>(j0, j1, t, *this);
     return acc;
   }
 };
@@ -117,21 +127,21 @@ const Shape4 kShapes[] = {{2, 3, 5, 7},    {3, 5, 4, 4},   {2, 12, 9, 9},  {4, 8
                           {2, 40, 3, 3},   {1, 4, 96, 97}, {2, 64, 9, 9},  {1, 70, 13, 13}, {2, 130, 7, 7},
                           {1, 256, 3, 3}};
 
-template <int L>
+template <int L, int B = 4>
 void coverage_one(const Shape4 &sh, int groups) {
   const uint32_t hw = (uint32_t)(sh.h * sh.w);
   const size_t total = (size_t)sh.n * sh.c * hw;
   std::vector<int> hits(total, 0);
   long bad = 0;
-  VisitLeaf<L> leaf{};
+  VisitLeaf<L, B> leaf{};
   leaf.hits = hits.data(), leaf.bad = &bad, leaf.c = (size_t)sh.c;
   std::vector<double> out;
   replay_chan_nhwc<L>(leaf, NoPrep{}, sh.n, sh.c, hw, out, groups);
   size_t wrong = 0;
   for (size_t i = 0; i < total; i++) wrong += hits[i] != 1;
   CHECK(wrong == 0 && bad == 0,
-        "NHWC [%d,%d,%d,%d] %d per lane, %d groups: %zu elements not fetched once, %ld slots misused", sh.n, sh.c, sh.h,
-        sh.w, L, groups, wrong, bad);
+        "NHWC [%d,%d,%d,%d] %d per lane, %d groups, %d quads a batch: %zu elements not fetched once, %ld slots misused",
+        sh.n, sh.c, sh.h, sh.w, L, groups, B, wrong, bad);
 }
 
 void test_nhwc_coverage(void) {
@@ -154,7 +164,9 @@ void test_nhwc_coverage(void) {
   for (const Shape4 &sh : kShapes)
     for (int groups : {1, 8}) {
       coverage_one<1>(sh, groups);
-      if (sh.c % 2 == 0 && groups == 1) coverage_one<2>(sh, groups);
+      coverage_one<1, 1>(sh, groups);
+      coverage_one<1, 8>(sh, groups);
+      if (sh.c % 2 == 0 && groups == 1) coverage_one<2>(sh, groups), coverage_one<2, 1>(sh, groups);
     }
   /* k_bn_elem_nhwc's grid: every quad of a thread starts at the same channel,
    * with the fewest blocks at or above the wanted number. */
@@ -168,6 +180,24 @@ void test_nhwc_coverage(void) {
     }
   }
   CHECK(bad_grid == 0, "nhwc_fixed_blocks: %d grids wrong", bad_grid);
+}
+
+/* f(std::integral_constant<int, V>) for every variant of the NHWC sums. */
+template <class F>
+void for_variants(F &&f) {
+  static_assert(kNhwcVariants == 3, "one call per variant");
+  f(std::integral_constant<int, 0>{});
+  f(std::integral_constant<int, 1>{});
+  f(std::integral_constant<int, 2>{});
+}
+
+/* f(std::integral_constant<int, L>, groups) for the lanes and groups the
+ * kernels take with c channels: one channel per lane with 1 to 8 groups,
+ * two (c even) with one group (pairs_ok). */
+template <class F>
+void for_lanes_groups(int c, F &&f) {
+  for (int groups = 1; groups <= kNhwcMaxGroups; groups *= 2) f(std::integral_constant<int, 1>{}, groups);
+  if (c % 2 == 0) f(std::integral_constant<int, 2>{}, 1);
 }
 
 /* Values over 40 binades, so the order of a double sum shows in its bits. */
@@ -192,21 +222,18 @@ void test_nhwc_sums(void) {
     SumsAcc<T> acc{};
     acc.x = x.data();
     replay_chan(acc, [](SumsAcc<T> &, int) {}, sh.n, sh.c, (uint32_t)hw, false, ref);
-    for (int pairs = 0; pairs < 2; pairs++)
-      for (int groups = 1; groups <= kNhwcMaxGroups; groups *= 2) {
-        if (pairs && (sh.c % 2 || groups > 1)) continue; /* pairs: one group (pairs_ok) */
-        if (pairs) {
-          SumsLeaf<T, 2, nhwc_sums_batch<T, 2>()> leaf{};
-          leaf.x = xt.data(), leaf.c = (size_t)sh.c;
-          replay_chan_nhwc<2>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got, groups);
-        } else {
-          SumsLeaf<T, 1, nhwc_sums_batch<T, 1>()> leaf{};
-          leaf.x = xt.data(), leaf.c = (size_t)sh.c;
-          replay_chan_nhwc<1>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw, got, groups);
-        }
-        CHECK(same_elems(ref, got), "%s bn_sums NHWC [%d,%d,%d,%d] %d per lane, %d groups: not NCHW's bits", name,
-              sh.n, sh.c, sh.h, sh.w, pairs + 1, groups);
-      }
+    for_variants([&](auto vc) {
+      constexpr int V = decltype(vc)::value;
+      for_lanes_groups(sh.c, [&](auto lc, int groups) {
+        constexpr int L = decltype(lc)::value;
+        SumsLeaf<T, L, nhwc_sums_batch<T, L, V>(), nhwc_direct<V>()> leaf{};
+        leaf.x = xt.data(), leaf.c = (size_t)sh.c;
+        replay_chan_nhwc<L, decltype(leaf), NoPrep, nhwc_smem_stack<V>()>(leaf, NoPrep{}, sh.n, sh.c, (uint32_t)hw,
+                                                                         got, groups);
+        CHECK(same_elems(ref, got), "%s bn_sums NHWC [%d,%d,%d,%d] variant %d, %d per lane, %d groups: not NCHW's bits",
+              name, sh.n, sh.c, sh.h, sh.w, V, L, groups);
+      });
+    });
     for (int masked = 0; masked < 2; masked++) {
       BwdSumsAcc<T> b{};
       b.x = x.data(), b.dy = dy.data(), b.ym = masked ? ym.data() : nullptr;
@@ -214,22 +241,19 @@ void test_nhwc_sums(void) {
       replay_chan(b, [m, r](BwdSumsAcc<T> &a, int ch) { a.mean = m[ch], a.rstd = r[ch]; }, sh.n, sh.c, (uint32_t)hw,
                   false, ref);
       auto prep = [m, r](auto &leaf) { leaf.begin(m, r); };
-      for (int pairs = 0; pairs < 2; pairs++)
-        for (int groups = 1; groups <= kNhwcMaxGroups; groups *= 2) {
-          if (pairs && (sh.c % 2 || groups > 1)) continue; /* pairs: one group (pairs_ok) */
-          if (pairs) {
-            BwdSumsLeaf<T, 2, nhwc_bwd_batch<2>()> leaf{};
-            leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
-            replay_chan_nhwc<2>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got, groups);
-          } else {
-            BwdSumsLeaf<T, 1, nhwc_bwd_batch<1>()> leaf{};
-            leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
-            replay_chan_nhwc<1>(leaf, prep, sh.n, sh.c, (uint32_t)hw, got, groups);
-          }
+      for_variants([&](auto vc) {
+        constexpr int V = decltype(vc)::value;
+        for_lanes_groups(sh.c, [&](auto lc, int groups) {
+          constexpr int L = decltype(lc)::value;
+          BwdSumsLeaf<T, L, nhwc_bwd_batch<L, V>(), nhwc_direct<V>()> leaf{};
+          leaf.x = xt.data(), leaf.dy = dyt.data(), leaf.ym = masked ? ymt.data() : nullptr, leaf.c = (size_t)sh.c;
+          replay_chan_nhwc<L, decltype(leaf), decltype(prep), nhwc_smem_stack<V>()>(leaf, prep, sh.n, sh.c,
+                                                                                   (uint32_t)hw, got, groups);
           CHECK(same_elems(ref, got),
-                "%s bn_bwd_sums NHWC [%d,%d,%d,%d] mask %d, %d per lane, %d groups: not NCHW's bits", name, sh.n, sh.c,
-                sh.h, sh.w, masked, pairs + 1, groups);
-        }
+                "%s bn_bwd_sums NHWC [%d,%d,%d,%d] mask %d, variant %d, %d per lane, %d groups: not NCHW's bits", name,
+                sh.n, sh.c, sh.h, sh.w, masked, V, L, groups);
+        });
+      });
     }
   }
 }

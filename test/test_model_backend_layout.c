@@ -250,22 +250,29 @@ static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cance
 /* On cudnn three more shapes take several pieces of the per-channel sums
  * (n h w > 8192) with channels that fill no tile, the last more than 256
  * pieces (the second pass chains pieces per thread, and the grid's y walks
- * them), and every shape runs five times: one channel per lane in the NHWC
+ * them), and every shape runs ten times: one channel per lane in the NHWC
  * sums (GW_BN_NHWC_PAIRS=0) and one block per piece (GW_BN_NHWC_GROUPS=1);
  * two channels per lane where c is even (the backward sums take two for the
  * 16-bit types only; always one block per piece); one channel per lane with the blocks per
  * piece the kernels choose (8 for these small grids); with 2; and with 4
- * (what ResNet-50's last stage takes on 132 SMs).  (The cpu backend's loops
- * have no pieces, and its large shapes would cost 40 s.) */
+ * (what ResNet-50's last stage takes on 132 SMs); all five in variant 0 of
+ * the kernels (GW_BN_NHWC_KERNEL), then variants 1 and 2 with one and two
+ * channels per lane, and each shape's timed choice (auto) with either.
+ * (The cpu backend's loops have no pieces, and its large shapes would cost
+ * 40 s.) */
 START_TEST(test_layout_bn_bits) {
   static const int shapes[][4] = {{2, 64, 7, 7}, {3, 5, 4, 6}, {2, 40, 3, 3}, {4, 16, 1, 1}, {4, 130, 48, 48},
                                   {3, 70, 57, 61}, {40, 6, 240, 240}};
-  static const char *const groups[] = {"1", "1", "auto", "2", "4"};
+  static const struct {
+    const char *pairs, *groups, *kernel;
+  } passes[] = {{"0", "1", "0"}, {"1", "1", "0"},    {"0", "auto", "0"}, {"0", "2", "0"},    {"0", "4", "0"},
+                {"0", "1", "1"}, {"1", "1", "1"},    {"0", "2", "2"},    {"1", "1", "2"},    {"auto", "auto", "auto"}};
   const int cudnn = strcmp(chosen, "cudnn") == 0, nshapes = cudnn ? 7 : 4;
-  for (int pass = 0; pass < (cudnn ? 5 : 1); pass++) {
+  for (int pass = 0; pass < (cudnn ? (int)(sizeof passes / sizeof passes[0]) : 1); pass++) {
     /* read by the cudnn kernels at each call */
-    setenv("GW_BN_NHWC_PAIRS", pass == 1 ? "1" : "0", 1);
-    setenv("GW_BN_NHWC_GROUPS", groups[pass], 1);
+    setenv("GW_BN_NHWC_PAIRS", passes[pass].pairs, 1);
+    setenv("GW_BN_NHWC_GROUPS", passes[pass].groups, 1);
+    setenv("GW_BN_NHWC_KERNEL", passes[pass].kernel, 1);
     for (size_t di = 0; di < sizeof act_dtypes / sizeof act_dtypes[0]; di++) {
       struct pair p;
       if (!pair_make(&p, act_dtypes[di])) continue;
@@ -276,6 +283,7 @@ START_TEST(test_layout_bn_bits) {
   }
   unsetenv("GW_BN_NHWC_PAIRS");
   unsetenv("GW_BN_NHWC_GROUPS");
+  unsetenv("GW_BN_NHWC_KERNEL");
 }
 END_TEST
 
