@@ -21,7 +21,8 @@
  * partials as NCHW's, each piece's G first, in cudnn_kernels.cu's second
  * pass.  Three variants of the kernels (gwk::kNhwcVariants: where the tree's
  * partial sums wait, the batch, the widening), same bits, timed per shape on
- * its first call (run_tuned).  Before (until 2026-12), thread t kept
+ * its first call with the lanes and groups (run_planned).  Before (until
+ * 2026-12), thread t kept
  * 8 channels' accumulators and read chan_thread's rows itself: 16 bytes of
  * bf16 per row, rows 4 apart between lanes, so every load took a sector of
  * its own and batch norm was 61% of the NHWC step on the H200.
@@ -47,7 +48,7 @@ namespace {
 
 /* ---- batch norm's per-channel sums ------------------------------------------------------------------- */
 /* Blocks (tile of 32 L channels, piece, group), grid.y striding over the
- * pieces, grid.z the groups (nhwc_groups; 1 where L = 2);
+ * pieces, grid.z the groups (the plan's; 1 where L = 2);
  * Leaf is SumsLeaf or BwdSumsLeaf with its tensors set (for variant V: its
  * batch and widening), Prep sets a lane's per-channel constants (BwdSumsLeaf's
  * mean and rstd); variants 1 and 2 keep the tree's stack in shared memory
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(gwk::kRedThreads, 2)
   constexpr bool kSmem = gwk::nhwc_smem_stack<V>();
   __shared__ double stk[kSmem ? gwk::kNhwcDepth * 2 * L * gwk::kRedThreads : 1];
   /* block g of the piece's groups; two channels per lane only where the grid
-   * is large (pairs_ok), so always one group there (a run-time count of
+   * is large (by default), so always one group there (a run-time count of
    * leaves spilled the bf16 backward's registers) */
   const int groups = L == 1 ? (int)gridDim.z : 1, g = L == 1 ? (int)blockIdx.z : 0;
   static_assert(gwk::kNhwcWarps * 32 == gwk::kRedThreads, "a block's warps are its threads");
@@ -108,39 +109,68 @@ struct MeanRstdPrep {
   __device__ void operator()(Leaf &l) const { l.begin(mean, rstd); }
 };
 
-/* Two channels per lane (one 4-byte load per row of bf16, 8 of float) where
- * every row's pair is one aligned load (c even, the tensors aligned for two
- * elements) and the 64-channel tiles still make at least two waves of blocks
- * (2 per SM: __launch_bounds__); else one channel per lane (64 bytes per
- * warp and row of bf16: whole sectors still), twice the blocks, fewer
- * registers.  ResNet-50's later layers (c 512-2048 at 28x28 to 7x7 over a
- * batch of 256) make only 64-200 blocks of 64 channels.  The bits do not
- * depend on the choice. */
-inline bool pairs_ok(const ChanShape &s, bool aligned) {
-  if (!aligned || s.c % 2 != 0) return false;
-  /* GW_BN_NHWC_PAIRS=1 / 0: always / never where possible (tests, A/B runs) */
-  const char *force = getenv("GW_BN_NHWC_PAIRS");
-  if (force && (force[0] == '0' || force[0] == '1') && !force[1]) return force[0] == '1';
-  const uint64_t pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece, tiles = ((uint64_t)s.c + 63) / 64;
-  const int sms = sm_count();
-  return tiles * pieces >= 4 * (uint64_t)(sms > 0 ? sms : 128);
+/* ---- how a shape's sums run: a plan (the bits are the same for every one) ----------------------------
+ * Lanes: two channels per lane (one 4-byte load per row of bf16, 8 of
+ * float) where every row's pair is one aligned load (c even, the tensors
+ * aligned for two elements; not float's backward, whose three tensors'
+ * batches spill registers at two), else one (64 bytes per warp and row of
+ * bf16: whole sectors still, twice the blocks, fewer registers).  Groups:
+ * blocks per piece with one channel per lane (nhwc_group_depth; always 1 with
+ * two).  Variant: gwk::kNhwcVariants.
+ *
+ * Each shape's first call, outside a stream capture, times every plan on
+ * its stream (cuda events, three rounds, the first a warm-up, each plan's
+ * better time of the other two) and keeps the fastest per (device, kind,
+ * dtype, c, count, pairs possible), like cudnn.benchmark; the call then runs
+ * it once more.  The rules below give the default plan (variant 0), what
+ * ran before (until 2026-12-04): two channels where the 64-channel tiles
+ * still make two waves of blocks (2 per SM: __launch_bounds__), else one
+ * channel with the fewest of 1, 2, 4, 8 blocks per piece that make two blocks
+ * per SM (the 8 warps of one block per SM cannot keep enough loads in
+ * flight; ResNet-50's later layers, c 512-2048 at 28x28 to 7x7 over a batch
+ * of 256, make only 32-224 blocks of 32 channels).  The knobs (tests, A/B
+ * runs), read at every call, each force their part and turn the timing off:
+ * GW_BN_NHWC_PAIRS=1/0 two channels per lane always / never where possible,
+ * GW_BN_NHWC_GROUPS=1/2/4/8 the blocks per piece, GW_BN_NHWC_KERNEL=0/1/2
+ * the variant; any other value is auto.  With GW_CUDNN_KERNEL_TIMES set, each
+ * choice is printed with the times, and the time spent choosing is left out
+ * of the call site's (gw__cu_tune_seconds). */
+struct NhwcPlan {
+  int lanes, groups, variant;
+};
+
+int env_digit(const char *name, const char *allowed) {
+  const char *v = getenv(name);
+  if (v && v[0] && !v[1] && strchr(allowed, v[0])) return v[0] - '0';
+  return -1; /* unset or auto */
+}
+struct Knobs {
+  int pairs, groups, kernel; /* -1: auto */
+  bool any() const { return pairs >= 0 || groups >= 0 || kernel >= 0; }
+};
+Knobs knobs(void) {
+  return Knobs{env_digit("GW_BN_NHWC_PAIRS", "01"), env_digit("GW_BN_NHWC_GROUPS", "1248"),
+               env_digit("GW_BN_NHWC_KERNEL", "012")};
 }
 
-/* Blocks per piece with one channel per lane (nhwc_group_depth): the fewest
- * of 1, 2, 4, 8 that make at least two blocks per SM (the 8 warps of one
- * block per SM cannot keep enough loads in flight), since ResNet-50's small
- * layers make 32-224 blocks of 32 channels ([256,512,7,7]: 16 tiles of 2
- * pieces).  The bits do not depend on it. */
-inline int nhwc_groups(uint64_t blocks) {
-  /* GW_BN_NHWC_GROUPS=1/2/4/8: always that many (tests, A/B runs) */
-  const char *force = getenv("GW_BN_NHWC_GROUPS");
-  if (force && (force[0] == '1' || force[0] == '2' || force[0] == '4' || force[0] == '8') && !force[1])
-    return force[0] - '0';
-  const int sms = sm_count();
-  const uint64_t want = 2 * (uint64_t)(sms > 0 ? sms : 128);
-  int g = 1;
-  while (g < gwk::kNhwcMaxGroups && blocks * (uint64_t)g < want) g *= 2;
-  return g;
+uint32_t nhwc_pieces(const ChanShape &s) { return (s.count + gwk::kPiece - 1) / gwk::kPiece; }
+unsigned nhwc_tiles(const ChanShape &s, int lanes) { return (unsigned)((s.c + 32 * lanes - 1) / (32 * lanes)); }
+
+NhwcPlan plan_default(const ChanShape &s, bool pairs_possible, const Knobs &k) {
+  const int sms0 = sm_count();
+  const uint64_t sms = (uint64_t)(sms0 > 0 ? sms0 : 128), pieces = nhwc_pieces(s);
+  NhwcPlan p;
+  const bool big = (uint64_t)nhwc_tiles(s, 2) * pieces >= 4 * sms;
+  p.lanes = pairs_possible && (k.pairs >= 0 ? k.pairs == 1 : big) ? 2 : 1;
+  p.groups = 1;
+  if (p.lanes == 1 && k.groups > 0) {
+    p.groups = k.groups;
+  } else if (p.lanes == 1) {
+    const uint64_t blocks = (uint64_t)nhwc_tiles(s, 1) * pieces;
+    while (p.groups < gwk::kNhwcMaxGroups && blocks * (uint64_t)p.groups < 2 * sms) p.groups *= 2;
+  }
+  p.variant = k.kernel >= 0 ? k.kernel : 0;
+  return p;
 }
 
 /* A reduction's grid with L channels per lane: tiles x pieces x groups. */
@@ -150,12 +180,12 @@ struct NhwcGrid {
   int groups;
 };
 template <int L>
-NhwcGrid nhwc_grid(const ChanShape &s) {
+NhwcGrid nhwc_grid(const ChanShape &s, int groups) {
   NhwcGrid g;
-  g.pieces = (s.count + gwk::kPiece - 1) / gwk::kPiece;
-  g.tiles = (unsigned)((s.c + 32 * L - 1) / (32 * L));
+  g.pieces = nhwc_pieces(s);
+  g.tiles = nhwc_tiles(s, L);
   g.gy = g.pieces < kMaxGridY ? g.pieces : kMaxGridY;
-  g.groups = L == 1 && g.pieces ? nhwc_groups((uint64_t)g.tiles * g.pieces) : 1;
+  g.groups = L == 1 ? groups : 1;
   return g;
 }
 
@@ -181,39 +211,6 @@ int chan_reduce_nhwc(const ChanShape &s, const NhwcGrid &grid, const Leaf &leaf,
   return r != 0 ? r : (int)e;
 }
 
-/* ---- which variant (gwk::kNhwcVariants: the same bits) ---------------------------------------------
- * GW_BN_NHWC_KERNEL=0/1/2 runs that one (tests, A/B runs); else each shape's
- * first call, outside a stream capture, runs every variant three times on
- * its stream, timed by events (the first round a warm-up), and the fastest
- * by its better time is kept for the shape, like cudnn.benchmark; the call
- * then runs it once more.  With GW_CUDNN_KERNEL_TIMES set, each choice is
- * printed with the times, and the time spent choosing is left out of the
- * call site's (gw__cu_tune_seconds). */
-struct TuneKey {
-  int dev, kind, dtype, lanes, groups, c; /* kind: 0 bn_sums, 1 bn_bwd_sums, 2 the same with the ReLU mask */
-  uint32_t count;
-  bool operator==(const TuneKey &o) const {
-    return dev == o.dev && kind == o.kind && dtype == o.dtype && lanes == o.lanes && groups == o.groups &&
-           c == o.c && count == o.count;
-  }
-};
-std::mutex tune_mu;
-std::vector<std::pair<TuneKey, int>> tuned; /* at most kTuneMax shapes; past that, untuned ones run variant 0 */
-constexpr size_t kTuneMax = 4096;
-std::atomic<long long> tune_ns{0};
-
-int forced_variant(void) {
-  const char *v = getenv("GW_BN_NHWC_KERNEL");
-  if (v && v[0] >= '0' && v[0] < '0' + gwk::kNhwcVariants && !v[1]) return v[0] - '0';
-  return -1;
-}
-
-long long now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 template <class F>
 int by_variant(int v, F &&f) {
   static_assert(gwk::kNhwcVariants == 3, "one case per variant");
@@ -224,129 +221,163 @@ int by_variant(int v, F &&f) {
   }
 }
 
-/* Times run(v) for every variant (best of two after a warm-up), returns the
- * fastest in *best; a failed launch or event is returned as is. */
-template <class F>
-int tune_variants(const F &run, cudaStream_t st, float ms[gwk::kNhwcVariants], int *best) {
+/* launch(std::integral_constant<int, L>, std::integral_constant<int, V>,
+ * groups) runs the plan's kernels; Pairs: whether two lanes are instantiated. */
+template <bool Pairs, class F>
+int launch_plan(const NhwcPlan &p, const F &launch) {
+  return by_variant(p.variant, [&](auto vc) {
+    if constexpr (Pairs) {
+      if (p.lanes == 2) return launch(std::integral_constant<int, 2>{}, vc, 1);
+    }
+    return launch(std::integral_constant<int, 1>{}, vc, p.groups);
+  });
+}
+
+struct TuneKey {
+  int dev, kind, dtype, pairs, c; /* kind: 0 bn_sums, 1 bn_bwd_sums, 2 the same with the ReLU mask */
+  uint32_t count;
+  bool operator==(const TuneKey &o) const {
+    return dev == o.dev && kind == o.kind && dtype == o.dtype && pairs == o.pairs && c == o.c && count == o.count;
+  }
+};
+std::mutex tune_mu;
+std::vector<std::pair<TuneKey, NhwcPlan>> tuned; /* at most kTuneMax shapes; past that, the default plan */
+constexpr size_t kTuneMax = 4096;
+std::atomic<long long> tune_ns{0};
+constexpr int kMaxPlans = gwk::kNhwcVariants * 5; /* one lane with 1, 2, 4, 8 groups, two lanes */
+
+long long now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Times the n plans (ms[i]: plan i's better time of two after a warm-up);
+ * a failed launch or event is returned as is. */
+template <bool Pairs, class F>
+int time_plans(const NhwcPlan *plans, int n, const F &launch, cudaStream_t st, float *ms) {
   cudaEvent_t ev[2] = {nullptr, nullptr};
   cudaError_t e = cudaEventCreate(&ev[0]);
   if (e == cudaSuccess) e = cudaEventCreate(&ev[1]);
   int r = (int)e;
-  for (int v = 0; v < gwk::kNhwcVariants; v++) ms[v] = INFINITY;
+  for (int i = 0; i < n; i++) ms[i] = INFINITY;
   for (int round = 0; r == 0 && round < 3; round++)
-    for (int v = 0; r == 0 && v < gwk::kNhwcVariants; v++) {
+    for (int i = 0; r == 0 && i < n; i++) {
       float t = 0;
       r = (int)cudaEventRecord(ev[0], st);
-      if (r == 0) r = by_variant(v, run);
+      if (r == 0) r = launch_plan<Pairs>(plans[i], launch);
       if (r == 0) r = (int)cudaEventRecord(ev[1], st);
       if (r == 0) r = (int)cudaEventSynchronize(ev[1]);
       if (r == 0) r = (int)cudaEventElapsedTime(&t, ev[0], ev[1]);
-      if (r == 0 && round > 0 && t < ms[v]) ms[v] = t;
+      if (r == 0 && round > 0 && t < ms[i]) ms[i] = t;
     }
   for (cudaEvent_t x : ev)
     if (x) (void)cudaEventDestroy(x);
-  *best = 0;
-  for (int v = 1; v < gwk::kNhwcVariants; v++)
-    if (ms[v] < ms[*best]) *best = v;
   return r;
 }
 
-/* run(std::integral_constant<int, V>) launches variant V of the reduction
- * that key names. */
-template <class F>
-int run_tuned(TuneKey key, const F &run, cudaStream_t st) {
-  int v = forced_variant();
-  if (v >= 0) return by_variant(v, run);
+void print_choice(const TuneKey &key, const NhwcPlan *plans, int n, const float *ms, int def, int best) {
+  static const char *const kinds[] = {"bn_sums", "bn_bwd_sums", "bn_bwd_sums+relu"};
+  static const char *const types[] = {"float32", "bfloat16", "float16"};
+  float per_v[gwk::kNhwcVariants];
+  for (float &t : per_v) t = INFINITY;
+  for (int i = 0; i < n; i++)
+    if (ms[i] < per_v[plans[i].variant]) per_v[plans[i].variant] = ms[i];
+  fprintf(stderr, "bn sums NHWC tuned: %s %s c %d count %u | default L%d G%d v%d %.1f us | chosen L%d G%d v%d %.1f us |"
+          " best per variant", kinds[key.kind], types[key.dtype], key.c, key.count, plans[def].lanes, plans[def].groups,
+          plans[def].variant, (double)ms[def] * 1e3, plans[best].lanes, plans[best].groups, plans[best].variant,
+          (double)ms[best] * 1e3);
+  for (int v = 0; v < gwk::kNhwcVariants; v++) fprintf(stderr, " v%d %.1f", v, (double)per_v[v] * 1e3);
+  fputs(" us\n", stderr);
+}
+
+/* Runs the shape's plan: forced by the knobs, kept from its first call, or
+ * timed now (key: all but the device set). */
+template <bool Pairs, class F>
+int run_planned(TuneKey key, const ChanShape &s, bool pairs_possible, const F &launch, cudaStream_t st) {
+  const Knobs k = knobs();
+  const NhwcPlan def = plan_default(s, Pairs && pairs_possible, k);
+  if (k.any()) return launch_plan<Pairs>(def, launch);
   if (cudaGetDevice(&key.dev) != cudaSuccess) {
     (void)cudaGetLastError();
-    return by_variant(0, run);
+    return launch_plan<Pairs>(def, launch);
   }
   {
     std::lock_guard<std::mutex> lk(tune_mu);
     for (const auto &t : tuned)
-      if (t.first == key) return by_variant(t.second, run);
-    if (tuned.size() >= kTuneMax) return by_variant(0, run);
+      if (t.first == key) return launch_plan<Pairs>(t.second, launch);
+    if (tuned.size() >= kTuneMax) return launch_plan<Pairs>(def, launch);
   }
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError(); /* no synchronizing inside a capture: the default, untimed */
-    return by_variant(0, run);
+    (void)cudaGetLastError(); /* no synchronizing inside a capture */
+    return launch_plan<Pairs>(def, launch);
   }
   const long long t0 = now_ns();
-  float ms[gwk::kNhwcVariants];
-  int r = tune_variants(run, st, ms, &v);
+  NhwcPlan plans[kMaxPlans];
+  int n = 0, idef = 0;
+  for (int v = 0; v < gwk::kNhwcVariants; v++) {
+    for (int g = 1; g <= gwk::kNhwcMaxGroups; g *= 2) plans[n++] = NhwcPlan{1, g, v};
+    if (Pairs && pairs_possible) plans[n++] = NhwcPlan{2, 1, v};
+  }
+  for (int i = 0; i < n; i++)
+    if (plans[i].lanes == def.lanes && plans[i].groups == def.groups && plans[i].variant == def.variant) idef = i;
+  float ms[kMaxPlans];
+  const int r = time_plans<Pairs>(plans, n, launch, st, ms);
   if (r != 0) return r;
+  int best = idef; /* the default unless another is faster */
+  for (int i = 0; i < n; i++)
+    if (ms[i] < ms[best]) best = i;
   {
     std::lock_guard<std::mutex> lk(tune_mu);
-    tuned.push_back({key, v});
+    tuned.push_back({key, plans[best]});
   }
   const char *kt = getenv("GW_CUDNN_KERNEL_TIMES");
-  if (kt && *kt && strcmp(kt, "0") != 0) {
-    static const char *const kinds[] = {"bn_sums", "bn_bwd_sums", "bn_bwd_sums+relu"};
-    static const char *const types[] = {"float32", "bfloat16", "float16"};
-    fprintf(stderr, "bn sums NHWC variant %d chosen: %s %s c %d count %u, %d per lane, %d groups:", v,
-            kinds[key.kind], types[key.dtype], key.c, key.count, key.lanes, key.groups);
-    for (int i = 0; i < gwk::kNhwcVariants; i++) fprintf(stderr, " v%d %.1f us", i, (double)ms[i] * 1e3);
-    fputc('\n', stderr);
-  }
+  if (kt && *kt && strcmp(kt, "0") != 0) print_choice(key, plans, n, ms, idef, best);
   tune_ns += now_ns() - t0;
-  return by_variant(v, run);
+  return launch_plan<Pairs>(plans[best], launch);
 }
 
 template <class T>
 constexpr int dtype_tag() { return std::is_same<T, float>::value ? 0 : std::is_same<T, gwk::bf16>::value ? 1 : 2; }
-
-/* The reduction with L channels per lane: bn_sums' leaf, or bn_bwd_sums', in
- * the variant run_tuned picks. */
-template <class T, int L>
-int sums_nhwc(const ChanShape &s, const void *x, double *sums, cudaStream_t st) {
-  const NhwcGrid grid = nhwc_grid<L>(s);
-  if (grid.pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st); /* no values: every sum is 0 */
-  auto run = [&](auto vc) {
-    constexpr int V = decltype(vc)::value;
-    gwk::SumsLeaf<T, L, gwk::nhwc_sums_batch<T, L, V>(), gwk::nhwc_direct<V>()> leaf{};
-    leaf.x = (const T *)x, leaf.c = (size_t)s.c;
-    return chan_reduce_nhwc<L, V>(s, grid, leaf, NoPrep{}, sums, st);
-  };
-  return run_tuned(TuneKey{0, 0, dtype_tag<T>(), L, grid.groups, s.c, s.count}, run, st);
-}
-template <class T, int L>
-int bwd_sums_nhwc(const ChanShape &s, const void *x, const void *ym, const void *dy, const MeanRstdPrep &prep,
-                  double *sums, cudaStream_t st) {
-  const NhwcGrid grid = nhwc_grid<L>(s);
-  if (grid.pieces == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st);
-  auto run = [&](auto vc) {
-    constexpr int V = decltype(vc)::value;
-    gwk::BwdSumsLeaf<T, L, gwk::nhwc_bwd_batch<L, V>(), gwk::nhwc_direct<V>()> leaf{};
-    leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
-    return chan_reduce_nhwc<L, V>(s, grid, leaf, prep, sums, st);
-  };
-  return run_tuned(TuneKey{0, ym ? 2 : 1, dtype_tag<T>(), L, grid.groups, s.c, s.count}, run, st);
-}
 
 template <class T>
 int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
-  return pairs_ok(s, elems_aligned<2, T>(x)) ? sums_nhwc<T, 2>(s, x, sums, st) : sums_nhwc<T, 1>(s, x, sums, st);
+  if (nhwc_pieces(s) == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st); /* no values: every sum is 0 */
+  const bool pairs = elems_aligned<2, T>(x) && s.c % 2 == 0;
+  auto launch = [&](auto lc, auto vc, int groups) {
+    constexpr int L = decltype(lc)::value, V = decltype(vc)::value;
+    gwk::SumsLeaf<T, L, gwk::nhwc_sums_batch<T, L, V>(), gwk::nhwc_direct<V>()> leaf{};
+    leaf.x = (const T *)x, leaf.c = (size_t)s.c;
+    return chan_reduce_nhwc<L, V>(s, nhwc_grid<L>(s, groups), leaf, NoPrep{}, sums, st);
+  };
+  return run_planned<true>(TuneKey{0, 0, dtype_tag<T>(), pairs, s.c, s.count}, s, pairs, launch, st);
 }
 
+/* Pairs for the 16-bit types: float's spill registers here (three tensors'
+ * batches): one per lane.  (float16 joined bf16 once its widening became the
+ * hardware's conversion: 128 registers, no spills, ptxas -v on sm_80/sm_90.) */
 template <class T>
 int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, const void *dy, const float *mean,
                   const float *rstd, double *sums, cudaStream_t st) {
   ChanShape s;
   if (int e = nchw_ok(d, &s)) return e;
   if (s.c == 0) return 0;
+  if (nhwc_pieces(s) == 0) return gwkd::chan_finish(nullptr, s.c, 0, 1, sums, st);
+  constexpr bool kPairs = sizeof(T) == 2;
+  const bool pairs = kPairs && s.c % 2 == 0 && elems_aligned<2, T>(x) && elems_aligned<2, T>(dy) &&
+                     (!ym || elems_aligned<2, T>(ym));
   const MeanRstdPrep prep{mean, rstd};
-  /* Pairs for the 16-bit types: float's spill registers here (three tensors'
-   * batches): one per lane.  (float16 joined bf16 once its widening became the
-   * hardware's conversion: 128 registers, no spills, ptxas -v on sm_80/sm_90.) */
-  if constexpr (sizeof(T) == 2) {
-    if (pairs_ok(s, elems_aligned<2, T>(x) && elems_aligned<2, T>(dy) && (!ym || elems_aligned<2, T>(ym))))
-      return bwd_sums_nhwc<T, 2>(s, x, ym, dy, prep, sums, st);
-  }
-  return bwd_sums_nhwc<T, 1>(s, x, ym, dy, prep, sums, st);
+  auto launch = [&](auto lc, auto vc, int groups) {
+    constexpr int L = decltype(lc)::value, V = decltype(vc)::value;
+    gwk::BwdSumsLeaf<T, L, gwk::nhwc_bwd_batch<L, V>(), gwk::nhwc_direct<V>()> leaf{};
+    leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
+    return chan_reduce_nhwc<L, V>(s, nhwc_grid<L>(s, groups), leaf, prep, sums, st);
+  };
+  return run_planned<kPairs>(TuneKey{0, ym ? 2 : 1, dtype_tag<T>(), pairs, s.c, s.count}, s, pairs, launch, st);
 }
 
 /* ---- weights for NHWC convolutions: [k][c][rs] <-> [k][rs][c], converted ----------------------------------- */

@@ -429,14 +429,17 @@ kernel_times() { # TAG OPTIONS: GPU time per call site over 3 steps of model_ben
   bench_rc $rc
   say "GPU time per call site, model_bench cudnn $2, 3 steps (exit $rc; GW_CUDNN_KERNEL_TIMES, top 25):"
   sed -n '/^kernel times/,$p' "$OUT/kernel-times-$1.txt" | head -26 | tee -a "$OUT/summary.txt"
-  # NHWC batch norm's sums: each shape's variant times (once per shape) and
-  # the choices, summed (the shapes' own times: a shape called several
-  # times a step counts once here)
-  grep '^bn sums NHWC variant' "$OUT/kernel-times-$1.txt" >"$OUT/bn-variants-$1.txt"
-  if [ -s "$OUT/bn-variants-$1.txt" ]; then
-    awk '{ chosen["v" $5]++; for (i = 1; i < NF; i++) if ($i ~ /^v[0-9]$/) t[$i] += $(i + 1) }
-      END { printf "bn sums NHWC variants over %d shapes: chosen", NR; for (v in chosen) printf " %s: %d", v, chosen[v];
-            printf "; summed"; for (v in t) printf " %s %.0f us", v, t[v]; printf "\n" }' "$OUT/bn-variants-$1.txt" |
+  # NHWC batch norm's sums: each shape's timed plans (the rules' plan in
+  # variant 0, the chosen one, each variant's best), summed once per shape
+  # (a shape called several times a step counts once here)
+  grep '^bn sums NHWC tuned' "$OUT/kernel-times-$1.txt" >"$OUT/bn-plans-$1.txt"
+  if [ -s "$OUT/bn-plans-$1.txt" ]; then
+    awk -F ' [|] ' '{ split($2, d, " "); split($3, c, " "); nb = split($4, b, " "); rules += d[5]; chosen += c[5]
+        n[c[4]]++; for (i = 4; i + 1 <= nb; i += 2) best[b[i]] += b[i + 1] }
+      END { printf "bn sums NHWC plans over %d shapes: rules %.0f us, chosen %.0f us (%.2fx); best per variant",
+              NR, rules, chosen, (chosen > 0 ? rules / chosen : 0)
+            for (v in best) printf " %s %.0f", v, best[v]
+            printf " us; chosen"; for (v in n) printf " %s: %d", v, n[v]; printf "\n" }' "$OUT/bn-plans-$1.txt" |
       tee -a "$OUT/summary.txt"
   fi
 }
@@ -465,7 +468,7 @@ if [ -x "$B/test/test_model_backend" ] && [ -x "$B/bench/model_bench" ]; then
   bench_gw fp16 "--act fp16 --layout nchw"
   bench_gw fp16-nhwc "--act fp16 --layout nhwc"
   kernel_times fp16-nhwc "--act fp16 --layout nhwc"
-  # what the NHWC sums' timed variants gain: variant 0 alone (as before 2026-12-04 evening)
+  # what the NHWC sums' timed plans gain: the rules' plans in variant 0 (as before 2026-12-04 evening)
   GW_BN_NHWC_KERNEL=0 bench_gw bf16-nhwc-v0 "--act bf16 --layout nhwc"
   bench_torch fp16 "--tf32 1 --channels-last --amp fp16"
   kernel_times bf16 "--act bf16 --layout nchw"

@@ -257,7 +257,7 @@ static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cance
  * piece the kernels choose (8 for these small grids); with 2; and with 4
  * (what ResNet-50's last stage takes on 132 SMs); all five in variant 0 of
  * the kernels (GW_BN_NHWC_KERNEL), then variants 1 and 2 with one and two
- * channels per lane, and each shape's timed choice (auto) with either.
+ * channels per lane, and each shape's timed plan (all three knobs auto).
  * (The cpu backend's loops have no pieces, and its large shapes would cost
  * 40 s.) */
 START_TEST(test_layout_bn_bits) {
