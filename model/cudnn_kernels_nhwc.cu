@@ -253,19 +253,27 @@ long long now_ns(void) {
 }
 
 /* Times the n plans (ms[i]: plan i's better time of two after a warm-up);
- * a failed launch or event is returned as is. */
+ * a plan other than idef (the rules') that fails to launch is left out
+ * (infinite time: a GPU without the shared memory it takes), any other
+ * failure of a launch or an event is returned as is. */
 template <bool Pairs, class F>
-int time_plans(const NhwcPlan *plans, int n, const F &launch, cudaStream_t st, float *ms) {
+int time_plans(const NhwcPlan *plans, int n, int idef, const F &launch, cudaStream_t st, float *ms) {
   cudaEvent_t ev[2] = {nullptr, nullptr};
   cudaError_t e = cudaEventCreate(&ev[0]);
   if (e == cudaSuccess) e = cudaEventCreate(&ev[1]);
   int r = (int)e;
+  bool out[kMaxPlans] = {};
   for (int i = 0; i < n; i++) ms[i] = INFINITY;
   for (int round = 0; r == 0 && round < 3; round++)
     for (int i = 0; r == 0 && i < n; i++) {
+      if (out[i]) continue;
       float t = 0;
       r = (int)cudaEventRecord(ev[0], st);
       if (r == 0) r = launch_plan<Pairs>(plans[i], launch);
+      if (r != 0 && i != idef && cudaPeekAtLastError() == cudaSuccess) {
+        out[i] = true, r = 0; /* refused, the context fine (not sticky): not a plan for this GPU */
+        continue;
+      }
       if (r == 0) r = (int)cudaEventRecord(ev[1], st);
       if (r == 0) r = (int)cudaEventSynchronize(ev[1]);
       if (r == 0) r = (int)cudaEventElapsedTime(&t, ev[0], ev[1]);
@@ -323,7 +331,7 @@ int run_planned(TuneKey key, const ChanShape &s, bool pairs_possible, const F &l
   for (int i = 0; i < n; i++)
     if (plans[i].lanes == def.lanes && plans[i].groups == def.groups && plans[i].variant == def.variant) idef = i;
   float ms[kMaxPlans];
-  const int r = time_plans<Pairs>(plans, n, launch, st, ms);
+  const int r = time_plans<Pairs>(plans, n, idef, launch, st, ms);
   if (r != 0) return r;
   int best = idef; /* the default unless another is faster */
   for (int i = 0; i < n; i++)
