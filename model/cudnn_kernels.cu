@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(kThreads)
  * once), in the tensor's order as above; `cd` is hw (NCHW) or c (NHWC). */
 template <class T, bool kNhwc>
 __global__ void __launch_bounds__(kThreads)
-    k_maxpool_bwd(const T *dy, const int32_t *argmax, T *dx, int n, int c, int p, int q, int kernel, int stride,
+    k_maxpool_bwd(const T *dy, const int32_t *argmax, T *dx, int n, int c, int p, int q, int kernel, FastDiv sd,
                   int pad, uint32_t len, FastDiv cd, FastDiv wd) {
   const uint32_t gs = gridDim.x * blockDim.x;
   for (int smp = blockIdx.y; smp < n; smp += gridDim.y)
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t ch = kNhwc ? b : a, r = kNhwc ? a : b, ih = gwk::fastdiv(wd, r), iw = r - ih * wd.d;
       const Plane pl = plane_of<kNhwc>(smp, ch, c, (size_t)p * q);
       dx[(size_t)smp * len + i] = narrow<T>(gwk::maxpool_gather(dy + pl.base, argmax + pl.base, p, q, (int)ih,
-                                                                (int)iw, (int)wd.d, kernel, stride, pad, pl.cs));
+                                                                (int)iw, (int)wd.d, kernel, sd, pad, pl.cs));
     }
 }
 
@@ -512,13 +512,14 @@ int maxpool_bwd_t(const struct gw_op_desc *d, bool nhwc, const void *dy, const i
   if (s.n == 0 || len == 0) return 0;
   const dim3 grid((len + kThreads - 1) / kThreads, s.n < kMaxGridY ? (unsigned)s.n : (unsigned)kMaxGridY);
   const FastDiv cd = gwk::fastdiv_make(nhwc ? (uint32_t)s.c : s.hw), wd = gwk::fastdiv_make((uint32_t)d->w);
+  const FastDiv sd = gwk::fastdiv_make((uint32_t)d->stride);
   (void)cudaGetLastError();
   if (nhwc)
     k_maxpool_bwd<T, true><<<grid, kThreads, 0, st>>>((const T *)dy, argmax, (T *)dx, d->n, d->c, d->p, d->q,
-                                                       d->kernel, d->stride, d->pad, len, cd, wd);
+                                                       d->kernel, sd, d->pad, len, cd, wd);
   else
     k_maxpool_bwd<T, false><<<grid, kThreads, 0, st>>>((const T *)dy, argmax, (T *)dx, d->n, d->c, d->p, d->q,
-                                                        d->kernel, d->stride, d->pad, len, cd, wd);
+                                                        d->kernel, sd, d->pad, len, cd, wd);
   return launched();
 }
 

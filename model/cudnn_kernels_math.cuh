@@ -917,13 +917,15 @@ GWK_HD float maxpool_window(const T *plane, int h, int w, int oh, int ow, int ke
  * row-major order, of dy over the windows that contain (ih, iw) and whose argmax
  * is ih * w + iw (PyTorch's max_pool_backward_nchw gather, which sums in float).
  * Windows containing row ih: ph in [ceil((ih + pad - kernel + 1) / stride),
- * floor((ih + pad) / stride)], clipped to [0, p). */
+ * floor((ih + pad) / stride)], clipped to [0, p).  The stride comes as sd =
+ * fastdiv_make(stride): a division by a run-time value is a long instruction
+ * sequence on a GPU, and every dx took four. */
 template <class T>
 GWK_HD float maxpool_gather(const T *dy_plane, const int32_t *argmax_plane, int p, int q, int ih, int iw, int w,
-                            int kernel, int stride, int pad, size_t cs = 1) {
-  const int phs = ih + pad < kernel ? 0 : (ih + pad - kernel) / stride + 1;
-  const int pws = iw + pad < kernel ? 0 : (iw + pad - kernel) / stride + 1;
-  const int phe0 = (ih + pad) / stride + 1, pwe0 = (iw + pad) / stride + 1;
+                            int kernel, const FastDiv &sd, int pad, size_t cs = 1) {
+  const int phs = ih + pad < kernel ? 0 : (int)fastdiv(sd, (uint32_t)(ih + pad - kernel)) + 1;
+  const int pws = iw + pad < kernel ? 0 : (int)fastdiv(sd, (uint32_t)(iw + pad - kernel)) + 1;
+  const int phe0 = (int)fastdiv(sd, (uint32_t)(ih + pad)) + 1, pwe0 = (int)fastdiv(sd, (uint32_t)(iw + pad)) + 1;
   const int phe = phe0 < p ? phe0 : p, pwe = pwe0 < q ? pwe0 : q;
   const int32_t me = ih * w + iw;
   double s = 0;

@@ -162,11 +162,12 @@ void test_maxpool(void) {
        * both in double: the same additions in the same order, so the same bits
        * (then rounded to float, then to T) */
       std::vector<double> acc((size_t)h * w, 0.0);
+      const FastDiv sd = fastdiv_make((uint32_t)ps.stride);
       for (size_t o = 0; o < (size_t)p * q; o++) acc[(size_t)arg[o]] += dyf[o];
       size_t bad_dx = 0;
       for (int ih = 0; ih < h; ih++)
         for (int iw = 0; iw < w; iw++) {
-          const T g = narrow<T>(maxpool_gather(dy.data(), arg.data(), p, q, ih, iw, w, ps.kernel, ps.stride, ps.pad));
+          const T g = narrow<T>(maxpool_gather(dy.data(), arg.data(), p, q, ih, iw, w, ps.kernel, sd, ps.pad));
           bad_dx += !A::stored(g, (float)acc[(size_t)ih * w + iw]);
         }
       CHECK(bad_dx == 0, "%s maxpool bwd %dx%d k%d s%d p%d variant %d: %zu of dx differ from the scatter", A::name,

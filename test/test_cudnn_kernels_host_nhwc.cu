@@ -296,10 +296,10 @@ void test_nhwc_pools(void) {
         for (int ih = 0; ih < ps.h; ih++)
           for (int iw = 0; iw < ps.w; iw++) {
             const size_t pl = ((size_t)s * ps.c + ch) * pq, plt = (size_t)s * pq * ps.c + ch;
-            const float a = maxpool_gather(dy.data() + pl, arg.data() + pl, p, q, ih, iw, ps.w, ps.kernel, ps.stride,
-                                           ps.pad);
-            const float b = maxpool_gather(dyt.data() + plt, argt.data() + plt, p, q, ih, iw, ps.w, ps.kernel,
-                                           ps.stride, ps.pad, (size_t)ps.c);
+            const FastDiv sd = fastdiv_make((uint32_t)ps.stride);
+            const float a = maxpool_gather(dy.data() + pl, arg.data() + pl, p, q, ih, iw, ps.w, ps.kernel, sd, ps.pad);
+            const float b = maxpool_gather(dyt.data() + plt, argt.data() + plt, p, q, ih, iw, ps.w, ps.kernel, sd,
+                                           ps.pad, (size_t)ps.c);
             bad += !same_bits(a, b);
           }
     CHECK(bad == 0, "%s maxpool gather NHWC [%d,%d,%d,%d]: %zu inputs differ from NCHW", name, ps.n, ps.c, ps.h, ps.w,
