@@ -482,6 +482,9 @@ int maxpool_ok(const struct gw_op_desc *d, ChanShape *s) {
   if (int e = nchw_ok(d, s)) return e;
   if (d->p < 0 || d->q < 0 || d->kernel < 1 || d->stride < 1 || d->pad < 0) return (int)cudaErrorInvalidValue;
   if ((uint64_t)d->p * (uint64_t)d->q * (uint64_t)d->c >= kIndexLimit) return (int)cudaErrorInvalidValue;
+  /* the window arithmetic in int (ih + pad, oh * stride) */
+  if ((uint64_t)d->h + 2 * (uint64_t)d->pad >= kIndexLimit || (uint64_t)d->w + 2 * (uint64_t)d->pad >= kIndexLimit)
+    return (int)cudaErrorInvalidValue;
   return 0;
 }
 

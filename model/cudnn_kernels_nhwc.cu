@@ -37,7 +37,6 @@
 #include <stdio.h>
 #include <time.h>
 
-#include <atomic>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -243,7 +242,7 @@ struct TuneKey {
 std::mutex tune_mu;
 std::vector<std::pair<TuneKey, NhwcPlan>> tuned; /* at most kTuneMax shapes; past that, the default plan */
 constexpr size_t kTuneMax = 4096;
-std::atomic<long long> tune_ns{0};
+thread_local long long tune_ns = 0; /* this thread's: GW_CUDNN_KERNEL_TIMES subtracts it from its own calls */
 constexpr int kMaxPlans = gwk::kNhwcVariants * 5; /* one lane with 1, 2, 4, 8 groups, two lanes */
 
 long long now_ns(void) {
@@ -271,7 +270,7 @@ int time_plans(const NhwcPlan *plans, int n, int idef, const F &launch, cudaStre
       r = (int)cudaEventRecord(ev[0], st);
       if (r == 0) r = launch_plan<Pairs>(plans[i], launch);
       if (r != 0 && i != idef && cudaPeekAtLastError() == cudaSuccess) {
-        out[i] = true, r = 0; /* refused, the context fine (not sticky): not a plan for this GPU */
+        ms[i] = INFINITY, out[i] = true, r = 0; /* refused, the context fine (not sticky): not a plan for this GPU */
         continue;
       }
       if (r == 0) r = (int)cudaEventRecord(ev[1], st);
@@ -332,16 +331,23 @@ int run_planned(TuneKey key, const ChanShape &s, bool pairs_possible, const F &l
     if (plans[i].lanes == def.lanes && plans[i].groups == def.groups && plans[i].variant == def.variant) idef = i;
   float ms[kMaxPlans];
   const int r = time_plans<Pairs>(plans, n, idef, launch, st, ms);
-  if (r != 0) return r;
   int best = idef; /* the default unless another is faster */
-  for (int i = 0; i < n; i++)
-    if (ms[i] < ms[best]) best = i;
+  if (r != 0) { /* an event or the rules' plan failed: if not sticky, the rules' plan as without timing */
+    (void)cudaGetLastError();
+    if (cudaPeekAtLastError() != cudaSuccess) {
+      tune_ns += now_ns() - t0;
+      return r;
+    }
+  } else {
+    for (int i = 0; i < n; i++)
+      if (ms[i] < ms[best]) best = i;
+  }
   {
     std::lock_guard<std::mutex> lk(tune_mu);
     tuned.push_back({key, plans[best]});
   }
   const char *kt = getenv("GW_CUDNN_KERNEL_TIMES");
-  if (kt && *kt && strcmp(kt, "0") != 0) print_choice(key, plans, n, ms, idef, best);
+  if (r == 0 && kt && *kt && strcmp(kt, "0") != 0) print_choice(key, plans, n, ms, idef, best);
   tune_ns += now_ns() - t0;
   return launch_plan<Pairs>(plans[best], launch);
 }
@@ -438,7 +444,7 @@ extern "C" int gw__cu_widen_f64(size_t n, int src_dtype, const void *src, double
   return (int)cudaErrorInvalidValue;
 }
 
-extern "C" double gw__cu_tune_seconds(void) { return (double)tune_ns.load() * 1e-9; }
+extern "C" double gw__cu_tune_seconds(void) { return (double)tune_ns * 1e-9; }
 
 extern "C" int gw__cu_cast_perm(int k, int c, int rs, int to_last, int dst_dtype, void *dst, int src_dtype,
                                 const void *src, void *stream) {

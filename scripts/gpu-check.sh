@@ -438,8 +438,8 @@ kernel_times() { # TAG OPTIONS: GPU time per call site over 3 steps of model_ben
         n[c[4]]++; for (i = 4; i + 1 <= nb; i += 2) best[b[i]] += b[i + 1] }
       END { printf "bn sums NHWC plans over %d shapes: rules %.0f us, chosen %.0f us (%.2fx); best per variant",
               NR, rules, chosen, (chosen > 0 ? rules / chosen : 0)
-            for (v in best) printf " %s %.0f", v, best[v]
-            printf " us; chosen"; for (v in n) printf " %s: %d", v, n[v]; printf "\n" }' "$OUT/bn-plans-$1.txt" |
+            for (i = 0; i < 3; i++) printf " v%d %.0f", i, best["v" i]
+            printf " us; chosen"; for (i = 0; i < 3; i++) printf " v%d: %d", i, n["v" i]; printf "\n" }' "$OUT/bn-plans-$1.txt" |
       tee -a "$OUT/summary.txt"
   fi
 }

@@ -250,14 +250,15 @@ static void bn_case(const struct pair *p, const int *s, uint64_t seed, int cance
 /* On cudnn three more shapes take several pieces of the per-channel sums
  * (n h w > 8192) with channels that fill no tile, the last more than 256
  * pieces (the second pass chains pieces per thread, and the grid's y walks
- * them), and every shape runs ten times: one channel per lane in the NHWC
+ * them), and every shape runs twelve times: one channel per lane in the NHWC
  * sums (GW_BN_NHWC_PAIRS=0) and one block per piece (GW_BN_NHWC_GROUPS=1);
  * two channels per lane where c is even (the backward sums take two for the
  * 16-bit types only; always one block per piece); one channel per lane with the blocks per
  * piece the kernels choose (8 for these small grids); with 2; and with 4
  * (what ResNet-50's last stage takes on 132 SMs); all five in variant 0 of
- * the kernels (GW_BN_NHWC_KERNEL), then variants 1 and 2 with one and two
- * channels per lane, and each shape's timed plan (all three knobs auto).
+ * the kernels (GW_BN_NHWC_KERNEL), then variants 1 and 2 with one channel
+ * per lane (1 and 8 blocks per piece, 2 and 4) and two, and each shape's
+ * timed plan (all three knobs auto).
  * (The cpu backend's loops have no pieces, and its large shapes would cost
  * 40 s.) */
 START_TEST(test_layout_bn_bits) {
@@ -265,8 +266,9 @@ START_TEST(test_layout_bn_bits) {
                                   {3, 70, 57, 61}, {40, 6, 240, 240}};
   static const struct {
     const char *pairs, *groups, *kernel;
-  } passes[] = {{"0", "1", "0"}, {"1", "1", "0"},    {"0", "auto", "0"}, {"0", "2", "0"},    {"0", "4", "0"},
-                {"0", "1", "1"}, {"1", "1", "1"},    {"0", "2", "2"},    {"1", "1", "2"},    {"auto", "auto", "auto"}};
+  } passes[] = {{"0", "1", "0"}, {"1", "1", "0"}, {"0", "auto", "0"}, {"0", "2", "0"}, {"0", "4", "0"},
+                {"0", "1", "1"}, {"1", "1", "1"}, {"0", "8", "1"},    {"0", "2", "2"}, {"0", "4", "2"},
+                {"1", "1", "2"}, {"auto", "auto", "auto"}};
   const int cudnn = strcmp(chosen, "cudnn") == 0, nshapes = cudnn ? 7 : 4;
   for (int pass = 0; pass < (cudnn ? (int)(sizeof passes / sizeof passes[0]) : 1); pass++) {
     /* read by the cudnn kernels at each call */
