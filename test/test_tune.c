@@ -23,6 +23,16 @@ static void make_temp(char *path) {
   close(fd);
 }
 
+/* Removes a tuning file and the PATH.lock its writer leaves (kept there on
+ * purpose: unlinking a lock another writer holds would let a third take a new
+ * one), so runs do not pile locks up in /tmp. */
+static void remove_tuned(const char *path) {
+  char lock[4200];
+  snprintf(lock, sizeof lock, "%s.lock", path);
+  unlink(path);
+  unlink(lock);
+}
+
 static struct gw_pick_args args(int n, size_t bytes) {
   return (struct gw_pick_args){.nranks = n, .coll = GW_COLL_ALLREDUCE, .bytes = bytes, .algo = GW_ALGO_AUTO,
                                .proto = -1, .tree_ok = true, .ll_ok = true, .exchange_max = 256 << 10};
@@ -199,7 +209,7 @@ START_TEST(test_corrupt_file_refused) {
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_SUCCESS);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.5 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 2.5);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE] == def.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE]);
-  unlink(path);
+  remove_tuned(path);
 }
 END_TEST
 
@@ -225,7 +235,7 @@ START_TEST(test_fit_roundtrip) {
     ck_assert_double_eq_tol(m.lat_us[GW_ALGO_RING][p], truth.lat_us[GW_ALGO_RING][p], 1e-3);
     ck_assert_double_eq_tol(m.bw_gbps[GW_ALGO_RING][p], truth.bw_gbps[GW_ALGO_RING][p], 1e-2);
   }
-  unlink(path);
+  remove_tuned(path);
 }
 END_TEST
 
@@ -267,7 +277,7 @@ START_TEST(test_fit_tree_levels) {
                 gw_comm_last_error(NULL));
   s[2].proto = "auto";
   ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
-  unlink(path);
+  remove_tuned(path);
 }
 END_TEST
 
@@ -311,7 +321,7 @@ START_TEST(test_rows_per_world_size) {
   m = def;
   ck_assert(gw__model_load(&m, path, 4, &err) == GW_SUCCESS);
   ck_assert_double_eq_tol(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], truth.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], 1e-3);
-  unlink(path);
+  remove_tuned(path);
 }
 END_TEST
 
@@ -357,9 +367,8 @@ START_TEST(test_rewrite_safe) {
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == def.lat_us[GW_ALGO_RING][GW_PROTO_LL] &&
             m.bw_gbps[GW_ALGO_RING][GW_PROTO_LL] == def.bw_gbps[GW_ALGO_RING][GW_PROTO_LL]);
   ck_assert(m.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE] != def.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE]);
-  char tmp[64], lock[64];
+  char tmp[64];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  snprintf(lock, sizeof lock, "%s.lock", path);
   ck_assert_msg(access(tmp, F_OK) != 0, "%s left behind", tmp);
   /* A directory that cannot take the new file: an error, the old file whole. */
   char dir[] = "/tmp/gw-tune-dir-XXXXXX";
@@ -373,12 +382,9 @@ START_TEST(test_rewrite_safe) {
   m = def;
   ck_assert(gw__model_load(&m, inside, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
   rmdir(blocker);
-  unlink(inside);
-  snprintf(blocker, sizeof blocker, "%s.lock", inside);
-  unlink(blocker);
+  remove_tuned(inside);
   rmdir(dir);
-  unlink(path);
-  unlink(lock);
+  remove_tuned(path);
 }
 END_TEST
 
@@ -420,7 +426,7 @@ START_TEST(test_oversub_picks) {
                   ring, ring_bare);
     ck_assert_msg(ex > ex_bare + 4.9, "%d ranks: exchange %g, bare %g", n, ex, ex_bare);
   }
-  unlink(path);
+  remove_tuned(path);
 }
 END_TEST
 
