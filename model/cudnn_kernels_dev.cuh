@@ -294,16 +294,15 @@ struct BnAffineOp {
   typedef gwk::BnAffine P;
   __device__ P params(int, uint32_t ch) const { return prm(ch); }
   __device__ void one(size_t i, const P &p) const {
-    y[i] = gwk::bn_tail<T>(gwk::bn_affine_apply(widen(x[i]), p), z, i, relu_on);
+    y[i] = gwk::bn_fwd_elem<T>(x[i], p, z != nullptr, z ? z[i] : T(), relu_on);
   }
   template <class PF>
   __device__ void quad(size_t i, const PF &p) const {
-    gwk::Quad q = gwk::load4(x + i);
-    for (int l = 0; l < 4; l++) q.v[l] = gwk::bn_affine_apply(q.v[l], p(l));
-    if (z || relu_on) { /* the tail element by element (rounding, add, ReLU), then back */
-      for (int l = 0; l < 4; l++) q.v[l] = widen(gwk::bn_tail<T>(q.v[l], z, i + l, relu_on));
-    }
-    gwk::store4(y + i, q);
+    gwk::Raw4<T> a, b = {}, o;
+    a.load(x + i);
+    if (z) b.load(z + i);
+    for (int l = 0; l < 4; l++) o.v[l] = gwk::bn_fwd_elem<T>(a.v[l], p(l), z != nullptr, b.v[l], relu_on);
+    o.store(y + i);
   }
 };
 struct TrainParams {
@@ -335,21 +334,19 @@ struct BnBwdApplyOp {
     return gwk::bn_bwd_channel(gamma[ch], mean[ch], rstd[ch], sums[ch], sums[c + ch], count);
   }
   __device__ void one(size_t i, const P &p) const {
-    const float g = ym ? gwk::relu_bwd(widen(ym[i]), widen(dy[i])) : widen(dy[i]);
-    if (dz) dz[i] = narrow<T>(g);
-    dx[i] = narrow<T>(gwk::bn_bwd_apply(widen(x[i]), g, p));
+    T g;
+    dx[i] = gwk::bn_bwd_elem<T>(x[i], dy[i], ym != nullptr, ym ? ym[i] : T(), p, &g);
+    if (dz) dz[i] = g;
   }
   template <class PF>
   __device__ void quad(size_t i, const PF &p) const {
-    const gwk::Quad a = gwk::load4(x + i);
-    gwk::Quad g = gwk::load4(dy + i), r;
-    if (ym) {
-      const gwk::Quad m = gwk::load4(ym + i);
-      for (int l = 0; l < 4; l++) g.v[l] = gwk::relu_bwd(m.v[l], g.v[l]);
-    }
-    if (dz) gwk::store4(dz + i, g);
-    for (int l = 0; l < 4; l++) r.v[l] = gwk::bn_bwd_apply(a.v[l], g.v[l], p(l));
-    gwk::store4(dx + i, r);
+    gwk::Raw4<T> a, g, m = {}, r, d;
+    a.load(x + i);
+    g.load(dy + i);
+    if (ym) m.load(ym + i);
+    for (int l = 0; l < 4; l++) r.v[l] = gwk::bn_bwd_elem<T>(a.v[l], g.v[l], ym != nullptr, m.v[l], p(l), &d.v[l]);
+    if (dz) d.store(dz + i);
+    r.store(dx + i);
   }
 };
 

@@ -684,6 +684,41 @@ struct Raw<bf16, 2> : RawPair16<bf16> {};
 template <>
 struct Raw<f16, 2> : RawPair16<f16> {};
 
+/* Four adjacent elements as stored, in one load or store (alignment: 4 *
+ * sizeof(T), as load4's): batch norm's apply passes (bn_fwd_elem, bn_bwd_elem). */
+template <class T>
+struct Raw4 {
+  T v[4];
+  GWK_HD void load(const T *p) {
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(T) == 4) {
+      const float4 f = *reinterpret_cast<const float4 *>(p);
+      memcpy(v, &f, sizeof f);
+    } else {
+      const uint2 u = *reinterpret_cast<const uint2 *>(p);
+      memcpy(v, &u, sizeof u);
+    }
+#else
+    memcpy(v, p, sizeof v);
+#endif
+  }
+  GWK_HD void store(T *p) const {
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(T) == 4) {
+      float4 f;
+      memcpy(&f, v, sizeof f);
+      *reinterpret_cast<float4 *>(p) = f;
+    } else {
+      uint2 u;
+      memcpy(&u, v, sizeof u);
+      *reinterpret_cast<uint2 *>(p) = u;
+    }
+#else
+    memcpy(p, v, sizeof v);
+#endif
+  }
+};
+
 /* The NHWC sums kernels come in kNhwcVariants variants with the same bits
  * (the host replays run each); the backend times them once per shape and
  * keeps the fastest (cudnn_kernels_nhwc.cu, GW_BN_NHWC_KERNEL):
@@ -789,14 +824,30 @@ GWK_HD uint32_t nhwc_fixed_blocks(uint32_t c, uint32_t threads, uint32_t want) {
   return (want + step - 1) / step * step;
 }
 
-/* Batch norm's output v (float, before the store) through the fused tail: its
- * rounding to T, plus z (the residual add, in float, rounded once), then ReLU
- * (backend.h bn_act_*): the bits of the separate ops. */
+/* Whether a stored element is a NaN, on its bits. */
+GWK_HD bool is_nan(float v) { return (f32_bits(v) & 0x7fffffffu) > 0x7f800000u; }
+GWK_HD bool is_nan(bf16 v) { return (v.bits & 0x7fffu) > 0x7f80u; }
+GWK_HD bool is_nan(f16 v) { return (v.bits & 0x7fffu) > 0x7c00u; }
+/* narrow<T>(widen(v)): v itself but for a NaN, which gets narrow's quiet bit. */
 template <class T>
-GWK_HD T bn_tail(float v, const T *z, size_t i, bool relu_on) {
+GWK_HD T restored(T v) {
+  return is_nan(v) ? narrow<T>(widen(v)) : v;
+}
+/* narrow<T>(relu(widen(r))) on the bits: no conversion but for a NaN. */
+template <class T>
+GWK_HD T relu_elem(T r) {
+  if (positive(r)) return r;
+  return is_nan(r) ? restored(r) : narrow<T>(0.0f);
+}
+
+/* Batch norm's output v (float, before the store) through the fused tail: its
+ * rounding to T, plus z (the residual add, in float, rounded once; has_z),
+ * then ReLU (backend.h bn_act_*): the bits of the separate ops. */
+template <class T>
+GWK_HD T bn_tail(float v, bool has_z, T z, bool relu_on) {
   T r = narrow<T>(v);
-  if (z) r = narrow<T>(add_rn(widen(r), widen(z[i])));
-  if (relu_on) r = narrow<T>(relu(widen(r)));
+  if (has_z) r = narrow<T>(add_rn(widen(r), widen(z)));
+  if (relu_on) r = relu_elem(r);
   return r;
 }
 
@@ -849,7 +900,8 @@ GWK_HD BnAffine bn_affine_infer(float gamma, float beta, float running_mean, flo
   a.shift = fma(-(double)running_mean, a.scale, (double)beta);
   return a;
 }
-GWK_HD float bn_affine_apply(float x, const BnAffine &a) { return (float)fma((double)x, a.scale, a.shift); }
+GWK_HD float bn_affine_apply_d(double x, const BnAffine &a) { return (float)fma(x, a.scale, a.shift); }
+GWK_HD float bn_affine_apply(float x, const BnAffine &a) { return bn_affine_apply_d((double)x, a); }
 
 /* Backward: dx = gamma * rstd * (dy - sdy / count - xhat * sdyx / count). */
 struct BnBwd {
@@ -864,9 +916,34 @@ GWK_HD BnBwd bn_bwd_channel(float gamma, float mean, float rstd, double sdy, dou
   p.b = sdyx / count;
   return p;
 }
-GWK_HD float bn_bwd_apply(float x, float dy, const BnBwd &p) {
-  const double xh = ((double)x - p.mean) * p.rstd;
-  return (float)(p.k * fma(-xh, p.b, (double)dy - p.a));
+GWK_HD float bn_bwd_apply_d(double x, double dy, const BnBwd &p) {
+  const double xh = (x - p.mean) * p.rstd;
+  return (float)(p.k * fma(-xh, p.b, dy - p.a));
+}
+GWK_HD float bn_bwd_apply(float x, float dy, const BnBwd &p) { return bn_bwd_apply_d((double)x, (double)dy, p); }
+
+/* ---- batch norm's apply passes, one stored element at a time -------------------------------
+ * The bits of widening each element to float, the float functions above and
+ * narrow<T> at each store, with the conversions that change nothing left out:
+ * elements go straight to double (widen_d: exactly (double)widen(v)), the
+ * ReLU and its mask work on the bits, and an element stored again unchanged
+ * is copied (restored).  Per float16 element that is 2 conversions where the
+ * float path took 8 (forward with ReLU: widen, to and from double, narrow,
+ * ReLU's widen and narrow, the quad's widen and narrow again; backward: the
+ * mask's, dy's and x's widenings, dz's narrowing, dy and x to double, back
+ * and narrow), which Hopper issues at 16 a clock per SM. */
+/* y from x with the channel's affine, then the tail (z: the residual, has_z). */
+template <class T>
+GWK_HD T bn_fwd_elem(T x, const BnAffine &a, bool has_z, T z, bool relu_on) {
+  return bn_tail<T>(bn_affine_apply_d(widen_d(x), a), has_z, z, relu_on);
+}
+/* dx from x and dy, dy masked first by a fused ReLU's output ym (has_ym):
+ * *dz gets the masked dy as stored (the residual's gradient). */
+template <class T>
+GWK_HD T bn_bwd_elem(T x, T dy, bool has_ym, T ym, const BnBwd &p, T *dz) {
+  const bool keep = !has_ym || positive(ym); /* relu_bwd: ym > 0 */
+  *dz = keep ? restored(dy) : narrow<T>(0.0f);
+  return narrow<T>(bn_bwd_apply_d(widen_d(x), keep ? widen_d(dy) : 0.0, p));
 }
 
 /* ---- weights for NHWC convolutions ----------------------------------------------------------

@@ -20,6 +20,8 @@
  * Tolerances are stated where they are checked; each is the output's rounding
  * (float, or bf16 after float) plus a bound on the double arithmetic before it.
  * Exit 0 when everything holds, 1 (with what failed) otherwise. */
+#include <type_traits>
+
 #include "cudnn_host_common.cuh"
 
 namespace gwt {
@@ -253,6 +255,131 @@ void test_widen_d(void) {
   CHECK(bad == 0, "%zu of %zu floats widened to double wrongly by widen_d", bad, cases);
 }
 
+/* ---- batch norm's apply passes on the bits ------------------------------------------------------
+ * bn_fwd_elem and bn_bwd_elem (the device's apply passes, element and quad
+ * forms) against the float path they replace, written out here: widen each
+ * element, the float functions, narrow at each store.  Bit for bit, for every
+ * 16-bit pattern in each operand's place (the others from a set with zeros,
+ * subnormals, infinities, NaNs of both signs and kinds, random values), and
+ * for floats the same set and random patterns.  dz (a copy, no arithmetic)
+ * bit for bit always. */
+template <class T>
+T elem_bits(uint32_t u);
+template <>
+float elem_bits<float>(uint32_t u) {
+  return float_of(u);
+}
+template <>
+bf16 elem_bits<bf16>(uint32_t u) {
+  return bf16{(uint16_t)u};
+}
+template <>
+f16 elem_bits<f16>(uint32_t u) {
+  return f16{(uint16_t)u};
+}
+inline uint32_t bits_elem(float v) { return bits_of(v); }
+inline uint32_t bits_elem(bf16 v) { return v.bits; }
+inline uint32_t bits_elem(f16 v) { return v.bits; }
+
+/* Stored patterns worth every path, in this order for each type: +-0, +-the
+ * smallest subnormal, +-1, +-the largest finite, +-inf, a quiet NaN, a
+ * negative one with a payload, signalling NaNs, the smallest normal, 0.3,
+ * -3.14; then random patterns. */
+template <class T>
+std::vector<T> edge_elems(int randoms) {
+  static const uint32_t f32[] = {0u, 0x80000000u, 1u, 0x80000001u, 0x3f800000u, 0xbf800000u,
+                                 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                 0x7f800001u, 0xff812345u, 0x00800000u, 0x3e99999au, 0xc0490fdbu};
+  static const uint32_t b16[] = {0, 0x8000, 1, 0x8001, 0x3f80, 0xbf80, 0x7f7f, 0xff7f, 0x7f80,
+                                 0xff80, 0x7fc0, 0xffc1, 0x7f81, 0xff81, 0x0080, 0x3e9a, 0xc049};
+  static const uint32_t h16[] = {0, 0x8000, 1, 0x8001, 0x3c00, 0xbc00, 0x7bff, 0xfbff, 0x7c00,
+                                 0xfc00, 0x7e00, 0xfe01, 0x7c01, 0xfd01, 0x0400, 0x34cd, 0xc248};
+  const uint32_t *e = std::is_same<T, float>::value ? f32 : std::is_same<T, bf16>::value ? b16 : h16;
+  std::vector<T> r;
+  for (int i = 0; i < 17; i++) r.push_back(elem_bits<T>(e[i]));
+  for (int i = 0; i < randoms; i++) r.push_back(elem_bits<T>((uint32_t)(rnd() >> (sizeof(T) == 4 ? 32 : 48))));
+  return r;
+}
+
+template <class T>
+T ref_fwd(T x, const BnAffine &a, bool has_z, T z, bool relu_on) {
+  T r = narrow<T>(bn_affine_apply(widen(x), a));
+  if (has_z) r = narrow<T>(add_rn(widen(r), widen(z)));
+  if (relu_on) r = narrow<T>(relu(widen(r)));
+  return r;
+}
+template <class T>
+T ref_bwd(T x, T dy, bool has_ym, T ym, const BnBwd &p, T *dz) {
+  const float g = has_ym ? relu_bwd(widen(ym), widen(dy)) : widen(dy);
+  *dz = narrow<T>(g);
+  return narrow<T>(bn_bwd_apply(widen(x), g, p));
+}
+
+template <class T>
+void test_bn_elems(void) {
+  const bool wide = sizeof(T) == 4;
+  const char *name = Act<T>::name;
+  /* every pattern (16-bit) or the edges and 2^20 random floats, in turn in each operand's place */
+  std::vector<T> all;
+  if (wide) {
+    all = edge_elems<T>(1 << 16);
+  } else {
+    for (uint32_t u = 0; u < 65536; u++) all.push_back(elem_bits<T>(u));
+  }
+  const std::vector<T> few = edge_elems<T>(6);
+  /* masks: +-0, +-the smallest subnormal, +-1, +inf, a NaN */
+  const T masks[] = {few[0], few[1], few[2], few[3], few[4], few[5], few[8], few[10]};
+  /* channels: ordinary, one that overflows T (a huge scale), a NaN scale, a zero one */
+  const BnAffine affs[] = {bn_affine_train(1.25f, -0.5f, 0.1f, 2.0f), bn_affine_infer(0.75f, 0.25f, -3.0f, 4.0f, 1e-5),
+                           {1e30, -1e-3}, {NAN, 0.0}, {0.0, -0.0}};
+  const BnBwd bwds[] = {bn_bwd_channel(1.25f, 0.1f, 2.0f, 3.5, -1.25, 64.0), bn_bwd_channel(0.5f, -7.0f, 0.01f, 1e-9, 1e9, 3.0),
+                        bn_bwd_channel(2.0f, 0.0f, 1e20f, 0.0, 0.0, 1.0)};
+  size_t bad_f = 0, bad_b = 0, n_f = 0, n_b = 0;
+  auto fwd = [&](T x, const BnAffine &a, bool has_z, T z, bool relu_on) {
+    n_f++;
+    const T got = bn_fwd_elem<T>(x, a, has_z, z, relu_on), want = ref_fwd<T>(x, a, has_z, z, relu_on);
+    /* NaNs made by arithmetic: the GPU's are canonical, the host's carry a
+     * payload of whichever operand the compiler put first: any NaN for a NaN */
+    if (bits_elem(got) != bits_elem(want) && !(is_nan(got) && is_nan(want)) && bad_f++ < 3)
+      fprintf(stderr, "  %s bn_fwd_elem(x 0x%x, z %d 0x%x, relu %d) = 0x%x, want 0x%x\n", name, bits_elem(x), has_z,
+              bits_elem(z), relu_on, bits_elem(got), bits_elem(want));
+  };
+  auto bwd = [&](T x, T dy, bool has_ym, T ym, const BnBwd &p) {
+    n_b++;
+    T dz, dz_want;
+    const T got = bn_bwd_elem<T>(x, dy, has_ym, ym, p, &dz), want = ref_bwd<T>(x, dy, has_ym, ym, p, &dz_want);
+    if (((bits_elem(got) != bits_elem(want) && !(is_nan(got) && is_nan(want))) || bits_elem(dz) != bits_elem(dz_want)) &&
+        bad_b++ < 3)
+      fprintf(stderr, "  %s bn_bwd_elem(x 0x%x, dy 0x%x, ym %d 0x%x) = 0x%x dz 0x%x, want 0x%x dz 0x%x\n", name,
+              bits_elem(x), bits_elem(dy), has_ym, bits_elem(ym), bits_elem(got), bits_elem(dz), bits_elem(want),
+              bits_elem(dz_want));
+  };
+  for (const BnAffine &a : affs)
+    for (int relu_on = 0; relu_on < 2; relu_on++) {
+      for (T x : all) fwd(x, a, false, T(), relu_on != 0);
+      for (T z : few)
+        for (T x : all) fwd(x, a, true, z, relu_on != 0);
+      for (T x : few)
+        for (T z : all) fwd(x, a, true, z, relu_on != 0);
+    }
+  for (const BnBwd &p : bwds)
+    for (T o : few)
+      for (T v : all) {
+        bwd(v, o, false, T(), p);
+        bwd(o, v, false, T(), p);
+        for (T m : masks) bwd(v, o, true, m, p), bwd(o, v, true, m, p);
+        bwd(o, o, true, v, p);
+      }
+  CHECK(bad_f == 0, "%s: %zu of %zu forward elements differ from the float path's", name, bad_f, n_f);
+  CHECK(bad_b == 0, "%s: %zu of %zu backward elements differ from the float path's", name, bad_b, n_b);
+  /* Raw4: the elements in memory order, a store writes them back as read */
+  T src[4] = {all[1], all[2], all[3], all[4]}, dst[4];
+  Raw4<T> q;
+  q.load(src);
+  q.store(dst);
+  CHECK(memcmp(src, dst, sizeof src) == 0 && bits_elem(q.v[2]) == bits_elem(src[2]), "%s: Raw4 reordered", name);
+}
+
 /* ---- fast division ------------------------------------------------------------------------- */
 void test_fastdiv(void) {
   const uint32_t ds[] = {1, 2, 3, 4, 5, 7, 49, 64, 196, 3136, 12544, 100352, (1u << 20) + 1, 2147483647u, 2147483648u};
@@ -426,10 +553,13 @@ void test_bn_forward(void) {
           bad_i += !(fabsl(A::val(yi1[base + i]) - want_i) <= tol_i);
         }
         for (size_t i = 0; hw % 4 == 0 && i < hw; i += 4) {
-          Quad q = load4(x.data() + base + i), qi = q;
-          for (int l = 0; l < 4; l++) q.v[l] = bn_affine_apply(q.v[l], af), qi.v[l] = bn_affine_apply(qi.v[l], ai);
-          store4(y4.data() + base + i, q);
-          store4(yi4.data() + base + i, qi);
+          /* the device's quads: bn_fwd_elem on a Raw4 */
+          Raw4<T> a, q, qi;
+          a.load(x.data() + base + i);
+          for (int l = 0; l < 4; l++)
+            q.v[l] = bn_fwd_elem<T>(a.v[l], af, false, T(), false), qi.v[l] = bn_fwd_elem<T>(a.v[l], ai, false, T(), false);
+          q.store(y4.data() + base + i);
+          qi.store(yi4.data() + base + i);
         }
       }
       CHECK(bad == 0, "%s [%d,%d,%d,%d] ch %d: %zu training outputs off", A::name, sh.n, sh.c, sh.h, sh.w, ch, bad);
@@ -530,10 +660,11 @@ void test_bn_backward(void) {
           bad += !(fabsl(A::val(dx1[o]) - want) <= tol);
         }
         for (size_t i = 0; hw % 4 == 0 && i < hw; i += 4) {
-          const Quad qx = load4(x.data() + base + i), qg = load4(dy.data() + base + i);
-          Quad r;
-          for (int l = 0; l < 4; l++) r.v[l] = bn_bwd_apply(qx.v[l], qg.v[l], p);
-          store4(dx4.data() + base + i, r);
+          Raw4<T> qx, qg, r, d;
+          qx.load(x.data() + base + i);
+          qg.load(dy.data() + base + i);
+          for (int l = 0; l < 4; l++) r.v[l] = bn_bwd_elem<T>(qx.v[l], qg.v[l], false, T(), p, &d.v[l]);
+          r.store(dx4.data() + base + i);
         }
       }
       CHECK(bad == 0, "%s [%d,%d,%d,%d] ch %d: %zu of dx off", A::name, sh.n, sh.c, sh.h, sh.w, ch, bad);
@@ -579,6 +710,9 @@ int main(void) {
   test_bf16();
   test_f16();
   test_widen_d();
+  test_bn_elems<float>();
+  test_bn_elems<bf16>();
+  test_bn_elems<f16>();
   test_fastdiv();
   test_chan_coverage();
   test_bn_stats_edges();
