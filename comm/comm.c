@@ -20,7 +20,7 @@ GW_PARAM(Channels, "GW_NCHANNELS", 1)
  * value as given. */
 GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", -1)
 /* An operation uses one channel per this many bytes (channels.c). */
-GW_PARAM(ChannelMinBytes, "GW_CHANNEL_MIN_BYTES", 1 << 20)
+GW_PARAM_MIN(ChannelMinBytes, "GW_CHANNEL_MIN_BYTES", 1 << 20, 1)
 
 /* ---- dtype / op helpers ---------------------------------------------------------- */
 static const struct {
@@ -538,7 +538,7 @@ static bool oversubscribed(const struct gw_comm *c, int who, int *sharers, int *
 
 static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   /* How long waits spin before they yield: adaptive unless fixed (gw__waiter_pause). */
-  int64_t spin_us = gw__env_int("GW_SPIN_US", -1);
+  int64_t spin_us = gw__env_int_min("GW_SPIN_US", -1, 0); /* -1: adaptive */
   if (spin_us >= 0) gw__waiter_set_spin((double)spin_us * 1e-6);
   /* More ranks on this machine than cores to run them: the rank a wait is for
    * is likely queued behind this one, so waits yield at once instead of

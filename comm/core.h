@@ -79,6 +79,9 @@ const char *gw__thread_error(void);
 
 /* ---- tunables: environment variables read once ------------------------------ */
 int64_t gw__env_int(const char *name, int64_t dflt);
+/* gw__env_int, and a value below min is warned about and dflt used
+ * (GW_NT_THRESHOLD=-1 had meant "never" without a word). */
+int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min);
 /* This process's pid namespace (the inode of /proc/self/ns/pid), 0 if unknown:
  * the names this library makes in /dev/shm end with it, so a cleaner tells
  * which pid namespace the pid in them means something in. */
@@ -90,17 +93,19 @@ double gw__env_double(const char *name, double dflt);
 double gw__env_seconds(const char *name, double dflt, bool zero_ok);
 const char *gw__env_str(const char *name, const char *dflt);
 /* GW_PARAM(Foo, "GW_FOO", 42) defines `int64_t gw__param_Foo(void)` that reads the
- * variable on the first call and caches it, as NCCL_PARAM does. */
-#define GW_PARAM(fname, env, dflt)                                                   \
+ * variable on the first call and caches it, as NCCL_PARAM does; GW_PARAM_MIN
+ * also refuses values below min (gw__env_int_min). */
+#define GW_PARAM_MIN(fname, env, dflt, min)                                          \
   static inline int64_t gw__param_##fname(void) {                                    \
     static _Atomic int64_t cached_ = INT64_MIN;                                      \
     int64_t v_ = atomic_load_explicit(&cached_, memory_order_relaxed);               \
     if (v_ == INT64_MIN) {                                                           \
-      v_ = gw__env_int(env, dflt);                                                   \
+      v_ = gw__env_int_min(env, dflt, min);                                          \
       atomic_store_explicit(&cached_, v_, memory_order_relaxed);                     \
     }                                                                                \
     return v_;                                                                       \
   }
+#define GW_PARAM(fname, env, dflt) GW_PARAM_MIN(fname, env, dflt, INT64_MIN)
 
 /* ---- time and waiting ---------------------------------------------------------- */
 double gw__now(void); /* monotonic seconds */

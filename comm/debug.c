@@ -176,6 +176,14 @@ int64_t gw__env_int(const char *name, int64_t dflt) {
   return v;
 }
 
+int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min) {
+  const int64_t v = gw__env_int(name, dflt);
+  if (v >= min || v == dflt) return v; /* (a default below min means "automatic") */
+  GW_WARN(GW_SUB_ENV, "%s=%s is below its least value %lld; using the default %lld", name, getenv(name),
+          (long long)min, (long long)dflt);
+  return dflt;
+}
+
 double gw__env_double(const char *name, double dflt) {
   const char *s = getenv(name);
   if (!s || !*s) return dflt;

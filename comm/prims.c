@@ -206,7 +206,8 @@ static gw_result_t dead_peer_error(struct prims *p, int peer) {
   return gw__err(p->err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d %s) %s during operation %s", p->comm->rank, peer,
                  (int)pi->pid, pi->pidns == p->comm->peers[p->comm->rank].pidns ? "on this machine"
                                                                                 : "in another pid namespace here",
-                 runs ? "left the communicator (destroyed it while its peers still called, or is exiting)" : "died",
+                 runs ? "left the communicator (destroyed it while its peers still called, or is exiting)"
+                      : "is gone (it died, or exited after fewer calls than this rank made)",
                  me);
 }
 

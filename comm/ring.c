@@ -15,7 +15,7 @@
 #include "devring.h"
 #include "prims.h"
 
-GW_PARAM(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20)
+GW_PARAM_MIN(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20, 0)
 
 /* ---- the primitives: n is in elements, pointers may be NULL when n == 0 ---- */
 

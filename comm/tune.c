@@ -232,12 +232,19 @@ static void cut_comment(char *line) {
 /* Far more than a table of every algorithm, protocol and world size. */
 #define TUNING_FILE_MAX (1u << 20)
 
-gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err) {
-  /* Opened without blocking (a FIFO with no writer would hold init there),
-   * and only a regular file of sane size is read (/dev/zero, a FIFO or a
-   * terminal never end: init spun on them on every rank). */
+/* Opens an existing tuning file to read: without blocking (a FIFO with no
+ * writer would hold the caller there), and only a regular file of sane size
+ * (/dev/zero, a FIFO or a terminal never end: init spun on them on every
+ * rank).  NULL with why (cap bytes) saying what is wrong and errno ENOENT
+ * when there is no such file. */
+static FILE *open_tuning(const char *path, char *why, size_t cap) {
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: cannot open: %s", path, strerror(errno));
+  if (fd < 0) {
+    const int e = errno;
+    snprintf(why, cap, "cannot open: %s", strerror(e));
+    errno = e;
+    return NULL;
+  }
   struct stat sb;
   const char *not_file = fstat(fd, &sb) != 0       ? "cannot be examined"
                          : S_ISDIR(sb.st_mode)      ? "is a directory"
@@ -246,9 +253,17 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
                                                     : NULL;
   FILE *f = not_file ? NULL : fdopen(fd, "r");
   if (!f) {
+    snprintf(why, cap, "%s", not_file ? not_file : strerror(errno));
     close(fd);
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: %s", path, not_file ? not_file : strerror(errno));
+    errno = EINVAL;
   }
+  return f;
+}
+
+gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err) {
+  char not_file[160];
+  FILE *f = open_tuning(path, not_file, sizeof not_file);
+  if (!f) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: %s", path, not_file);
   struct gw_model tmp = *m;
   struct rows_seen seen = {0};
   char line[512];
@@ -362,10 +377,13 @@ static bool row_ok(const char *row, struct rows_seen *seen) {
 
 /* The rows of an existing tuning file that gw_tune_write keeps: every good row
  * not tagged with nranks (other world sizes', and untagged ones), verbatim
- * (with a comment after it). */
-static char *kept_rows(const char *path, int nranks) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
+ * (with a comment after it); none when there is no file.  NULL with why set
+ * when the file is there and is no tuning file to replace (a FIFO, a device,
+ * a directory, over 1 MiB: its writer hung on a FIFO, spun on /dev/zero and
+ * replaced /dev/null with a regular file) or cannot be read. */
+static char *kept_rows(const char *path, int nranks, char *why, size_t why_cap) {
+  FILE *f = open_tuning(path, why, why_cap);
+  if (!f) return errno == ENOENT ? calloc(1, 1) : NULL;
   size_t cap = 4096, len = 0;
   char *out = malloc(cap), line[512];
   struct rows_seen seen = {0};
@@ -384,7 +402,11 @@ static char *kept_rows(const char *path, int nranks) {
     size_t n = strlen(line);
     if (len + n + 2 > cap) {
       char *grown = realloc(out, cap *= 2);
-      if (!grown) break;
+      if (!grown) { /* (writing what fit would drop the other rows) */
+        free(out);
+        out = NULL;
+        break;
+      }
       out = grown;
     }
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
@@ -392,9 +414,17 @@ static char *kept_rows(const char *path, int nranks) {
     len += n;
     out[len++] = '\n';
   }
+  const bool read_failed = ferror(f) != 0; /* (what was read so far would drop the rest) */
+  const int read_errno = errno;
   fclose(f);
   free(seen.tagged);
+  if (out && read_failed) {
+    free(out);
+    snprintf(why, why_cap, "could not be read: %s", strerror(read_errno));
+    return NULL;
+  }
   if (out) out[len] = 0;
+  else snprintf(why, why_cap, "could not be read in: out of memory");
   return out;
 }
 
@@ -423,17 +453,37 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
       return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
     }
   }
-  char lock[4200], tmp[4200];
+  /* A symbolic link: the file it names is the one rewritten (the rename
+   * would put a regular file in the link's place). */
+  struct stat lsb;
+  char *real = lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode) ? realpath(path, NULL) : NULL;
+  if (real) path = real;
+  char lock[4200], tmp[4200], why[200];
   snprintf(lock, sizeof lock, "%s.lock", path);
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  struct stat sb; /* checked before the lock file goes next to it */
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: %s %s: not replaced (a tuning file is a regular file)",
+            path, S_ISDIR(sb.st_mode) ? "is a directory" : "is not a regular file (a device, FIFO or socket)");
+    free(real);
+    return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
+  }
   int lk = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0666);
   if (lk >= 0) while (flock(lk, LOCK_EX) != 0 && errno == EINTR) {}
-  char *kept = kept_rows(path, nranks);
+  char *kept = kept_rows(path, nranks, why, sizeof why);
+  if (!kept) {
+    if (lk >= 0) close(lk);
+    gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: %s %s: not replaced", path, why);
+    free(real);
+    return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
+  }
   FILE *f = fopen(tmp, "w");
   if (!f) {
+    const int e = errno;
     free(kept);
     if (lk >= 0) close(lk);
-    gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: cannot write %s: %s", tmp, strerror(errno));
+    gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: cannot write %s: %s", tmp, strerror(e));
+    free(real);
     return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
   }
   fprintf(f, "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune%s%s\n", note ? ": " : "",
@@ -472,8 +522,10 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
     unlink(tmp);
   }
   if (lk >= 0) close(lk);
+  if (!ok)
+    gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: writing %s failed: %s (the file is as it was)", path, strerror(saved));
+  free(real);
   if (ok) return GW_SUCCESS;
-  gw__err(&err, GW_ERR_SYSTEM, "gw_tune_write: writing %s failed: %s (the file is as it was)", path, strerror(saved));
   return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
 }
 

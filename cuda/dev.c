@@ -1,6 +1,7 @@
 /* dev.c - picks the device layer once per process: the emulator when
  * GW_DEV_EMULATE asks for it, else CUDA when this build has it and the process
  * sees a GPU, else none (host memory only). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +19,18 @@ static gw_dev_host_cast_fn host_cast;
 static void dev_pick(void) {
   const char *e = getenv("GW_DEV_EMULATE");
   if (e && *e && strcmp(e, "0") != 0) {
-    int n = atoi(e);
-    dev_ops = gw__dev_emu_ops(n > 0 ? n : 1);
+    /* N >= 1 devices; anything else ("false", "no", "-1") used to turn the
+     * emulator on with one device, so a run meant for the GPU measured the
+     * emulator: no device at all then, with the reason */
+    char *end;
+    errno = 0;
+    const long n = strtol(e, &end, 10);
+    if (errno || end == e || *end || n < 1 || n > 1024) {
+      snprintf(dev_reason, sizeof dev_reason,
+               "GW_DEV_EMULATE=%.60s is not a number of emulated devices (1 to 1024; unset or 0 for the real ones)", e);
+      return;
+    }
+    dev_ops = gw__dev_emu_ops((int)n);
     return;
   }
 #if GW_HAVE_CUDA

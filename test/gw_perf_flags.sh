@@ -30,10 +30,27 @@ refused "-f 'inf' must be a number greater than 1" -f inf
 refused "-f '1e999' must be a number greater than 1" -f 1e999
 refused "-b 'nan' is not a size" -b nan
 refused "-b 8 -e 1048576 -i 8 makes more than 10000 steps" -b 8 -e 1M -i 8
-refused "--csv and --json name the same file" --csv "$tmp/a" --json "$tmp/a"
+refused "--csv $tmp/a and --json $tmp/a name the same file" --csv "$tmp/a" --json "$tmp/a"
 refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"
 refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv /nonexistent-gw/c.csv
 refused "--tune $tmp: is a directory" --tune "$tmp"
+# one file by two spellings or a link: refused like the same string (the CSV was lost)
+refused "--csv $tmp/a and --json $tmp/./a name the same file" --csv "$tmp/a" --json "$tmp/./a"
+: >"$tmp/j" && ln -s "$tmp/j" "$tmp/jl"
+refused "--csv $tmp/jl and --json $tmp/j name the same file" --csv "$tmp/jl" --json "$tmp/j"
+rm -f "$tmp/j" "$tmp/jl"
+# a FIFO or device as the tuning file: refused at once (rank 0 blocked in
+# open() on a FIFO for ever; a device was replaced by a regular file)
+mkfifo "$tmp/fifo"
+refused "--tune $tmp/fifo: not a regular file" --tune "$tmp/fifo"
+[ -p "$tmp/fifo" ] || { echo "FAIL: --tune replaced the FIFO"; fail=1; }
+rm -f "$tmp/fifo" "$tmp/fifo.lock"
+refused "-f 1.0000001 makes more than 10000 steps" -f 1.0000001
+# not a number of emulated devices: no device, named (it ran the emulator)
+out=$(GW_DEV_EMULATE=false "$run" -n 2 "$perf" -D -b 8 -e 8 2>&1) &&
+  { echo "FAIL: GW_DEV_EMULATE=false accepted"; fail=1; }
+grep -qF "GW_DEV_EMULATE=false is not a number of emulated devices" <<<"$out" ||
+  { echo "FAIL: GW_DEV_EMULATE=false:"; tail -3 <<<"$out"; fail=1; }
 # buffers past the machine's available memory: refused, not OOM-killed while
 # faulted in (2 ranks x 2 buffers of the machine's whole memory; -e is at most
 # 64G, so a machine of over 120 GiB is not asked)

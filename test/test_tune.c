@@ -388,6 +388,55 @@ START_TEST(test_rewrite_safe) {
 }
 END_TEST
 
+/* What gw_tune_write replaces: a FIFO, a device or a file too large to be a
+ * tuning file is refused as it is (the writer blocked on a FIFO for ever,
+ * spun on /dev/zero, and put a regular file in /dev/null's place); through a
+ * symbolic link the file it names is rewritten and the link stays. */
+START_TEST(test_write_refuses_non_files) {
+  struct gw_model truth;
+  struct gw_tune_sample s[4];
+  tree_samples(&truth, 0, s);
+  char dir[] = "/tmp/gw-tune-dir-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char fifo[96], big[96], target[96], link[96];
+  snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+  snprintf(big, sizeof big, "%s/big", dir);
+  snprintf(target, sizeof target, "%s/target", dir);
+  snprintf(link, sizeof link, "%s/link", dir);
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  ck_assert_int_eq(gw_tune_write(fifo, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "is not a regular file"), "%s", gw_comm_last_error(NULL));
+  struct stat sb;
+  ck_assert(stat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode));
+  ck_assert_int_eq(gw_tune_write("/dev/null", 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(stat("/dev/null", &sb) == 0 && S_ISCHR(sb.st_mode));
+  FILE *f = fopen(big, "w");
+  ck_assert_ptr_nonnull(f);
+  for (int i = 0; i < 70000; i++) fputs("# not a tuning file\n", f); /* 1.4 MB */
+  ck_assert_int_eq(fclose(f), 0);
+  ck_assert_int_eq(gw_tune_write(big, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "larger than 1 MiB"), "%s", gw_comm_last_error(NULL));
+  ck_assert(stat(big, &sb) == 0 && sb.st_size == 70000 * 20);
+  write_file(target, "tree simple 0.7 7 2\n");
+  ck_assert_int_eq(symlink(target, link), 0);
+  ck_assert_int_eq(gw_tune_write(link, 4, s, 4, "test"), GW_SUCCESS);
+  ck_assert(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode));
+  struct gw_model m, def;
+  gw__model_defaults(&def);
+  struct gw_errctx err;
+  m = def; /* the target has the kept 2-rank row and the new 4-rank ones */
+  ck_assert(gw__model_load(&m, target, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  m = def;
+  ck_assert(gw__model_load(&m, target, 4, &err) == GW_SUCCESS);
+  ck_assert_double_eq_tol(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], truth.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], 1e-3);
+  unlink(fifo);
+  unlink(link);
+  remove_tuned(big);
+  remove_tuned(target);
+  rmdir(dir);
+}
+END_TEST
+
 /* Oversubscribed cores (some rank's machine runs more ranks than it has
  * cores for them): every step costs a trip through the scheduler, so fewer
  * steps win: at 4 ranks recursive doubling up to its limit, where the 2-rank
@@ -547,6 +596,7 @@ int main(void) {
   tcase_add_test(tc, test_exchange_cap);
   tcase_add_test(tc, test_rows_per_world_size);
   tcase_add_test(tc, test_rewrite_safe);
+  tcase_add_test(tc, test_write_refuses_non_files);
   tcase_add_test(tc, test_overrides);
   tcase_add_test(tc, test_corrupt_file_refused);
   tcase_add_test(tc, test_fit_roundtrip);

@@ -560,7 +560,10 @@ static int tune(const char *path) {
       if (gw_comm_set_algo(comm, algos[a], protos[p]) != GW_SUCCESS) continue; /* alike on every rank */
       for (int s = 0; s < 4; s++) {
         samples[ns] = (struct gw_tune_sample){algos[a], protos[p], sizes[p][s], tune_time(send, recv, sizes[p][s])};
-        if (rank == 0) printf("%-8s %-6s %10zu B %10.2f us\n", algos[a], protos[p], sizes[p][s], samples[ns].time_us);
+        if (rank == 0) { /* each row as measured: a job stopped midway keeps what it had */
+          printf("%-8s %-6s %10zu B %10.2f us\n", algos[a], protos[p], sizes[p][s], samples[ns].time_us);
+          fflush(stdout);
+        }
         ns++;
       }
     }
@@ -677,7 +680,7 @@ int main(int argc, char **argv) {
       die("-b %zu -e %zu -i %zu makes more than %d steps: take a larger -i or a narrower range", o.min_bytes,
           o.max_bytes, o.step_bytes, MAX_SIZES);
     if (nsizes > MAX_SIZES)
-      die("-b %zu -e %zu -f %g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
+      die("-b %zu -e %zu -f %.15g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
           o.max_bytes, o.factor, MAX_SIZES);
   }
   /* The tree and the exchange reduce: the other collectives always take the
@@ -685,7 +688,8 @@ int main(int argc, char **argv) {
   if (algo_flag && (!strcmp(algo_flag, "tree") || !strcmp(algo_flag, "exchange")) && o.coll != C_ALLREDUCE)
     die("-a %s applies to allreduce only: %s always runs on the ring (drop -a, or -a ring)", algo_flag,
         coll_names[o.coll]);
-  if (o.csv && o.json && !strcmp(o.csv, o.json)) die("--csv and --json name the same file %s", o.csv);
+  if (o.csv && o.json && same_output_file(o.csv, o.json))
+    die("--csv %s and --json %s name the same file (one would overwrite the other)", o.csv, o.json);
   if (o.tune && (o.csv || o.json))
     die("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");
   /* --tune measures its own sizes of float32 allreduce with every algorithm
@@ -709,8 +713,10 @@ int main(int argc, char **argv) {
   if (rank == 0) { /* rank 0 writes them: checked now, not after the measurement */
     char err[1200];
     const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o.tune, o.csv, o.json};
+    /* the tuning file is replaced whole (a rename): a device or FIFO is refused */
     for (int i = 0; i < 3; i++)
-      if (file[i] && output_path_ok(flag[i], file[i], err, sizeof err) != 0) die("%s", err);
+      if (file[i] && (i == 0 ? replaced_path_ok : output_path_ok)(flag[i], file[i], err, sizeof err) != 0)
+        die("%s", err);
   }
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
 

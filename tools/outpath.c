@@ -83,3 +83,29 @@ int replaced_path_ok(const char *flag, const char *path, char *err, size_t errle
   }
   return 0;
 }
+
+/* The file's directory resolved (realpath) and its last component; 0 when the
+ * directory cannot be resolved. */
+static int resolved_name(const char *path, char *dir, size_t cap, const char **base) {
+  char d[4096];
+  dir_of(path, d, sizeof d);
+  char *real = realpath(d, NULL);
+  if (!real) return 0;
+  snprintf(dir, cap, "%s", real);
+  free(real);
+  const char *slash = strrchr(path, '/');
+  *base = slash ? slash + 1 : path;
+  return 1;
+}
+
+int same_output_file(const char *a, const char *b) {
+  if (!strcmp(a, b)) return 1;
+  struct stat sa, sb;
+  const int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+  if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  if (ea || eb) return 0; /* (one exists, the other is a new name) */
+  char da[4096], db[4096];
+  const char *na, *nb;
+  return resolved_name(a, da, sizeof da, &na) && resolved_name(b, db, sizeof db, &nb) && !strcmp(da, db) &&
+         !strcmp(na, nb);
+}

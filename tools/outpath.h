@@ -16,4 +16,9 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
  * temporary file goes. */
 int replaced_path_ok(const char *flag, const char *path, char *err, size_t errlen);
 
+/* Whether two output paths name one file: the same file where both exist
+ * (links and "./" spellings included), else the same name in the same
+ * directory. */
+int same_output_file(const char *a, const char *b);
+
 #endif
