@@ -50,9 +50,12 @@ static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len,
     if (n <= 0) {
       int zerr = 0;
       const char *zmsg = gzerror(f, &zerr);
+      if (zerr && zerr != Z_BUF_ERROR) /* (Z_BUF_ERROR: the input ended: truncated) */
+        return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: zlib failed reading %s after %zu of "
+                              "its %zu bytes: %s", path, what, before + got, total, zmsg);
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                            "fashion-mnist: %s: truncated or corrupt: %s needs %zu bytes, the file ends after %zu%s%s",
-                            path, what, total, before + got, zerr ? " (zlib: " : "", zerr ? zmsg : "");
+                            "fashion-mnist: %s: truncated: %s needs %zu bytes, the file ends after %zu", path, what,
+                            total, before + got);
     }
     got += (size_t)n;
   }
@@ -140,10 +143,18 @@ static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, ui
   /* Nothing may follow the items: two files joined would pass for one.  And
    * the gzip trailer (its CRC-32 of everything) may be checked only by this
    * read, when the items ended with the reader's input buffer. */
-  char extra;
-  int more = res == GW_SUCCESS ? gzread(f, &extra, 1) : 0;
+  char extra[1 << 16];
+  int more = res == GW_SUCCESS ? gzread(f, extra, 1) : 0;
+  /* what follows read to its end (256 MiB at most): a damaged stream often
+   * decodes past the items and fails its check only there, which is damage,
+   * not a second file */
+  for (size_t drained = 0, n = 1; more > 0 && n > 0 && drained < (256u << 20); drained += n) {
+    const int r = gzread(f, extra, sizeof extra);
+    n = r > 0 ? (size_t)r : 0;
+    if (r < 0) more = r;
+  }
   if (more > 0)
-    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (two files joined?)",
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (a damaged file, or two joined)",
                          path, hdr[0]);
   else if (more < 0) {
     int zerr;

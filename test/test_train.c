@@ -318,7 +318,7 @@ END_TEST
 
 /* COMMON's initial weights, saved as tmpdir/init_name, written again to `out`
  * with every value of tensor `name` set to v. */
-static void weights_with(const char *init_name, const char *out, const char *name, float v) {
+void weights_with(const char *init_name, const char *out, const char *name, float v) {
   char init[512];
   path(init, sizeof init, init_name);
   struct run r;
@@ -354,14 +354,14 @@ START_TEST(test_nan_logits_score_zero) {
   path(nan, sizeof nan, "nan.safetensors");
   path(metrics, sizeof metrics, "nan-metrics.jsonl");
   struct run r;
-  const char *const noenv[] = {NULL};
+  const char *const hook_env[] = {"GW_TRAIN_TEST_LOAD_NONFINITE=1", NULL}; /* loaded as it is */
   weights_with("nan-init.safetensors", nan, "bn1.running_var", NAN);
   /* COMMON without --no-eval */
   const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "32", "--model",
                         "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
                         "4", "--stem", "small", "--threads", "1", "--epochs", "1", "--batch", "16", "--lr", "0",
                         "--load-weights", nan, "--metrics", metrics, NULL};
-  gwrun_start(&r, noenv, args);
+  gwrun_start(&r, hook_env, args);
   gwrun_wait(&r, 120);
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "evaluation: top-1 0.00%, top-5 n/a (fewer than 5 classes), loss nan"),
@@ -394,14 +394,14 @@ START_TEST(test_nonfinite_model_not_saved) {
   snprintf(c1, sizeof c1, "%s/ckpt-1.safetensors", dir);
   weights_with("nan-var-init.safetensors", nan, "bn1.running_var", NAN);
   struct run r;
-  const char *const noenv[] = {NULL};
-  train(&r, noenv, "1", (const char *const[]){"--steps", "1", "--batch", "8", "--load-weights", nan,
+  const char *const hook_env[] = {"GW_TRAIN_TEST_LOAD_NONFINITE=1", NULL}; /* loaded as it is */
+  train(&r, hook_env, "1", (const char *const[]){"--steps", "1", "--batch", "8", "--load-weights", nan,
                                               "--save-weights", w, NULL});
   ck_assert_msg(r.code == 1 && strstr(r.err, "--save-weights: not written: the model holds a value that is not "
                                              "finite, bn1.running_var[0] = nan") && access(w, F_OK) != 0,
                 "--save-weights of a NaN: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
-  train(&r, noenv, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--load-weights", nan,
+  train(&r, hook_env, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--load-weights", nan,
                                               "--checkpoint-dir", dir, "--checkpoint-every", "1", NULL});
   ck_assert_msg(r.code == 1 && strstr(r.err, "checkpoint: not saved: the model holds a value that is not finite, "
                                              "bn1.running_var[0] = nan (the checkpoints already in") &&
@@ -501,6 +501,21 @@ START_TEST(test_ranks_must_share_options) {
                     strstr(r.err, "resume 1 -> 0"),
                 "--resume on rank 0 only: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
+  /* --checkpoint-dir on rank 1 alone (rank 0 saves: nothing was saved, silently);
+   * another --load-weights file on rank 1 (rank 0's weights were broadcast
+   * over it without a word) */
+  char a[512], b[512];
+  path(a, sizeof a, "lw-a.safetensors");
+  path(b, sizeof b, "lw-b.safetensors");
+  weights_with("lw-a.safetensors", b, "fc.bias", 0.5f);
+  static const char *const want[2] = {"checkpoint_dir 0 -> 1", "holds other values than rank 0's file"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(rank0, sizeof rank0, k ? "--batch 8 --load-weights %s" : "--batch 8", a);
+    if (k) snprintf(rank1, sizeof rank1, "--batch 8 --load-weights %s", b);
+    two_ranks_differ(&r, rank0, rank1);
+    ck_assert_msg(r.code != 0 && strstr(r.err, want[k]), "rank 1's %s: exit %d\n%s\n%s", rank1, r.code, r.out, r.err);
+    gwrun_free(&r);
+  }
 }
 END_TEST
 
@@ -606,6 +621,10 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--save-weights", dangling, NULL},
           "dangling-w.safetensors: a symbolic link that cannot be followed: what it names does not exist");
   refused((const char *const[]){"--steps", "2", "--save-weights", fifo, NULL}, "w.fifo: not a regular file");
+  /* the plot's FIFO held gnuplot, and so the run, for ever; the metrics'
+   * without a reader held the run in open() */
+  refused((const char *const[]){"--steps", "2", "--plot", fifo, NULL}, "w.fifo: not a regular file");
+  refused((const char *const[]){"--steps", "2", "--metrics", fifo, NULL}, "w.fifo: a FIFO with no reader");
   /* A name with no room for its temporary file's suffix (255 here): it failed
    * only when written, after the training. */
   char longname[700], base[241];

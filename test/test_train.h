@@ -39,6 +39,10 @@ char *slurp(const char *name, size_t *len);
  * (val[step - 1]); returns how many lines had it. */
 int metrics_by_step(const char *file, const char *key, char val[][32], int max);
 
+/* COMMON's initial weights, saved as tmpdir/init_name, written again to `out`
+ * with every value of tensor `name` set to v. */
+void weights_with(const char *init_name, const char *out, const char *name, float v);
+
 struct gw_st_file;
 /* The weights file tmpdir/name, opened (gw_st_free it). */
 struct gw_st_file *open_st(const char *name);

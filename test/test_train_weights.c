@@ -373,6 +373,38 @@ END_TEST
  * checkpoint folder's rule (a dead writer's, also one named with a live pid;
  * a live writer's, locked, stays), after training and with --steps 0.
  * Another file's, and names the writer never makes, are left. */
+/* A weights file holding a NaN or an infinity is refused where it is loaded,
+ * naming the file and the tensor: training from it failed at its first step
+ * blaming the learning rate (a running variance's NaN only when the weights
+ * were saved at the end, the run lost), and --steps 0 saved it again. */
+START_TEST(test_load_weights_nonfinite) {
+  char bad[512], out[512];
+  path(bad, sizeof bad, "nf-bad.safetensors");
+  path(out, sizeof out, "nf-out.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  static const struct {
+    const char *tensor, *shown;
+    float v;
+  } cases[] = {{"conv1.weight", "conv1.weight[0] = nan", NAN}, {"bn1.running_var", "bn1.running_var[0] = inf",
+                                                                  INFINITY}};
+  for (int k = 0; k < 2; k++) {
+    weights_with("nf-good.safetensors", bad, cases[k].tensor, cases[k].v);
+    for (int steps = 0; steps < 2; steps++) {
+      unlink(out);
+      train(&r, noenv, "1",
+            (const char *const[]){"--steps", steps ? "1" : "0", "--batch", "8", "--load-weights", bad,
+                                  "--save-weights", out, NULL});
+      ck_assert_msg(r.code != 0 && strstr(r.err, bad) && strstr(r.err, "holds a value that is not finite") &&
+                        strstr(r.err, cases[k].shown),
+                    "--steps %d --load-weights with %s: exit %d\n%s", steps, cases[k].shown, r.code, r.err);
+      ck_assert_msg(!exists(out), "--steps %d: a model loaded with %s was saved", steps, cases[k].shown);
+      gwrun_free(&r);
+    }
+  }
+}
+END_TEST
+
 START_TEST(test_weights_stale_temps_removed) {
   char weights[512], dead[600], reused[600], live[600], other[600], odd[600], dead0[600];
   path(weights, sizeof weights, "w-temps.safetensors");
@@ -429,4 +461,5 @@ void add_weights_tests(TCase *tc) {
   tcase_add_test(tc, test_loss_scaling);
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
   tcase_add_test(tc, test_weights_stale_temps_removed);
+  tcase_add_test(tc, test_load_weights_nonfinite);
 }

@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,9 @@
 #include <unistd.h>
 
 #include "gw-train.h"
+
+/* The longest one gnuplot run may take (a plot takes well under a second). */
+#define GNUPLOT_WAIT_S 60
 
 static double now(void) {
   struct timespec ts;
@@ -33,7 +38,16 @@ int log_open(struct train_log *l, const char *metrics_path, int rank, char *err,
   l->metrics_end = -1;
   if (rank != 0 || !metrics_path) return 0;
   l->metrics_path = metrics_path;
-  l->metrics = fopen(metrics_path, "a");
+  /* Opened without blocking first: a FIFO with no reader held the run in
+   * open() for ever, silently (the other ranks then timed out blaming this one) */
+  const int mfd = open(metrics_path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666);
+  if (mfd < 0 && errno == ENXIO) {
+    snprintf(err, errlen, "%s: a FIFO with no reader (start its reader first, or name a file)", metrics_path);
+    return -1;
+  }
+  if (mfd >= 0) fcntl(mfd, F_SETFL, fcntl(mfd, F_GETFL) & ~O_NONBLOCK);
+  l->metrics = mfd >= 0 ? fdopen(mfd, "a") : NULL;
+  if (!l->metrics && mfd >= 0) close(mfd);
   struct stat st;
   if (!l->metrics || fstat(fileno(l->metrics), &st) != 0) {
     snprintf(err, errlen, "cannot open %s for appending: %s", metrics_path, strerror(errno));
@@ -140,7 +154,11 @@ void log_rank(struct train_log *l, const char *fmt, ...) {
 }
 
 static void eta(char *buf, size_t cap, double seconds) {
-  long s = seconds > 0 && seconds < 1e8 ? (long)seconds : 0;
+  if (seconds >= 1e8) { /* (over 3 years; it printed 0:00) */
+    snprintf(buf, cap, "over %.0f years", floor(seconds / (365.25 * 86400)));
+    return;
+  }
+  long s = seconds > 0 ? (long)seconds : 0;
   if (s >= 3600) snprintf(buf, cap, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
   else snprintf(buf, cap, "%ld:%02ld", s / 60, s % 60);
 }
@@ -224,12 +242,14 @@ void log_summary(struct train_log *l, int64_t steps, int64_t timed, double secon
  * 0 when it exited 0.  Spawned, not forked: the communicator is alive, and a
  * fork makes its registered memory copy-on-write (an HCA on an older kernel
  * would then go on reading pages the process no longer uses). */
-static int run_gnuplot(const char *arg, char *err, size_t errlen) {
+static int run_gnuplot(const char *pre, const char *arg, char *err, size_t errlen) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  char *const argv[] = {"gnuplot", (char *)arg, NULL};
+  char *const argv_pre[] = {"gnuplot", "-e", (char *)pre, (char *)arg, NULL}, *const argv_one[] = {"gnuplot",
+                                                                                                    (char *)arg, NULL};
+  char *const *argv = pre ? argv_pre : argv_one;
   pid_t pid;
   int e = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
@@ -241,12 +261,22 @@ static int run_gnuplot(const char *arg, char *err, size_t errlen) {
     snprintf(err, errlen, "cannot start gnuplot: %s", strerror(e));
     return -1;
   }
+  /* At most GNUPLOT_WAIT_S: a plot takes a fraction of a second, and a
+   * gnuplot stuck (on an output it cannot open, say) held the training. */
   int status;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) { /* ECHILD: SIGCHLD ignored (inherited), the child reaped for us */
+  const double deadline = now() + GNUPLOT_WAIT_S;
+  for (pid_t w; (w = waitpid(pid, &status, WNOHANG)) <= 0;) {
+    if (w < 0 && errno != EINTR) { /* ECHILD: SIGCHLD ignored (inherited), the child reaped for us */
       snprintf(err, errlen, "cannot wait for gnuplot: %s", strerror(errno));
       return -1;
     }
+    if (now() > deadline) {
+      kill(pid, SIGKILL);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+      snprintf(err, errlen, "gnuplot did not finish in %d s: stopped", GNUPLOT_WAIT_S);
+      return -1;
+    }
+    usleep(10000);
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
   snprintf(err, errlen, WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "gnuplot is not installed (apt-get "
@@ -255,8 +285,24 @@ static int run_gnuplot(const char *arg, char *err, size_t errlen) {
   return -1;
 }
 
+/* Whether a PNG file ends with its IEND chunk (length 0, type, CRC): one cut
+ * short by a failed write does not. */
+static bool png_whole(const char *path) {
+  static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+  unsigned char tail[12];
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  const bool ok = fstat(fd, &st) == 0 && st.st_size >= 8 + 12 &&
+                  pread(fd, tail, sizeof tail, st.st_size - (off_t)sizeof tail) == (ssize_t)sizeof tail &&
+                  !memcmp(tail, iend, sizeof tail);
+  close(fd);
+  return ok;
+}
+
 int plot_check(const char *png, char *err, size_t errlen) {
-  if (output_path_ok("--plot", png, err, errlen) != 0) return -1;
+  /* replaced (below): a FIFO held gnuplot, and so the training, for ever */
+  if (replaced_path_ok("--plot", png, err, errlen) != 0) return -1;
   /* The path goes into the gnuplot script between single quotes. */
   if (strpbrk(png, "'\n\r")) {
     snprintf(err, errlen, "--plot %s: a quote or a line break in the path would break the gnuplot script; choose "
@@ -264,7 +310,7 @@ int plot_check(const char *png, char *err, size_t errlen) {
     return -1;
   }
   char why[200];
-  if (run_gnuplot("--version", why, sizeof why) == 0) return 0;
+  if (run_gnuplot(NULL, "--version", why, sizeof why) == 0) return 0;
   snprintf(err, errlen, "--plot %s: %s", png, why);
   return -1;
 }
@@ -304,7 +350,8 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
     return -1;
   }
   fprintf(f,
-          "set terminal png size 900,500\nset output '%s'\nset xlabel 'epoch'\nset ylabel 'training loss'\n"
+          "set terminal png size 900,500\nif (!exists('out')) out = '%s'\nset output out\n"
+          "set xlabel 'epoch'\nset ylabel 'training loss'\n"
           "set y2label 'test accuracy (%%)'\nset ytics nomirror\nset y2tics\nset key center right\nset grid\n"
           "plot '%s' using 1:2 with linespoints title 'training loss' axes x1y1, "
           "'%s' using 1:3 with linespoints title 'top-1' axes x1y2%s%s%s\n",
@@ -315,5 +362,26 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
     unlink(tmp);
     return -1;
   }
-  return run_gnuplot(script, err, errlen);
+  /* The image too is drawn aside (the script's `out`) and renamed over the
+   * last one only whole: gnuplot exits 0 when its write fails, and a full
+   * disk left a cut PNG in the last good one's place without a word. */
+  char img[4210], pre[4240];
+  snprintf(img, sizeof img, "%s.tmp", png);
+  snprintf(pre, sizeof pre, "out = '%s'", img);
+  unlink(img);
+  if (run_gnuplot(pre, script, err, errlen) != 0) {
+    unlink(img);
+    return -1;
+  }
+  if (!png_whole(img)) {
+    snprintf(err, errlen, "gnuplot wrote %s short (a full disk?): %s kept as it was", img, png);
+    unlink(img);
+    return -1;
+  }
+  if (rename(img, png) != 0) {
+    snprintf(err, errlen, "cannot rename %s to %s: %s", img, png, strerror(errno));
+    unlink(img);
+    return -1;
+  }
+  return 0;
 }

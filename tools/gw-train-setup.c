@@ -88,9 +88,12 @@ static int same_options_everywhere(struct trainer *t) {
   if (t->world == 1) return 0;
   /* --resume too (not kept: a resume is not a changed option): a rank
    * without it would skip rank 0's resume broadcasts and pair the first
-   * gradient allreduce with them. */
+   * gradient allreduce with them; and whether --load-weights and
+   * --checkpoint-dir are given (rank 0's weights are broadcast, rank 0
+   * saves: given on another rank alone, they were ignored without a word). */
   const size_t used = strlen(mine);
-  snprintf(mine + used, sizeof mine - used, " resume=%d", t->o->resume);
+  snprintf(mine + used, sizeof mine - used, " resume=%d load_weights=%d checkpoint_dir=%d", t->o->resume,
+           t->o->load_weights != NULL, t->o->checkpoint_dir != NULL);
   memcpy(r0, mine, sizeof r0);
   if (train_bcast(t, r0, sizeof r0, GW_UINT8, "comparing the options with rank 0's") != 0) return -1;
   r0[sizeof r0 - 1] = 0;
@@ -263,6 +266,28 @@ static size_t count_buffers(const struct gw_model *m, enum gw_tensor_kind kind) 
   return n;
 }
 
+/* --load-weights on every rank (same_options_everywhere) and the same values
+ * everywhere: rank 0's are broadcast over the others', so another file on
+ * another rank was ignored without a word. */
+static int same_loaded_weights(struct trainer *t) {
+  if (t->world == 1 || !t->o->load_weights) return 0;
+  uint64_t h = gw__fnv(GW_FNV_START, gw_model_params(t->m), t->np * sizeof(float));
+  h = gw__fnv(h, gw_model_running(t->m), t->nrun * sizeof(float));
+  uint64_t r0 = h;
+  if (train_bcast(t, &r0, sizeof r0, GW_UINT8, "comparing the loaded weights with rank 0's") != 0) return -1;
+  double differ = r0 != h;
+  if (train_allreduce_d(t, &differ, 1, "comparing the loaded weights with rank 0's") != 0) return -1;
+  if (differ == 0) return 0;
+  char d[600];
+  if (r0 != h)
+    snprintf(d, sizeof d, "this rank's %s holds other values than rank 0's file (rank 0's weights are the ones "
+             "trained: give every rank the same file)", t->o->load_weights);
+  else
+    snprintf(d, sizeof d, "%.0f rank(s) loaded other values than rank 0's %s (their logs say which)", differ,
+             t->o->load_weights);
+  return fail_together(t, "--load-weights", d);
+}
+
 static int setup_model(struct trainer *t) {
   const struct train_opts *o = t->o;
   struct gw_model_config cfg;
@@ -270,9 +295,13 @@ static int setup_model(struct trainer *t) {
   if (gw_model_init(&t->m, &cfg) != GW_SUCCESS) return train_fail(t, "model", gw_model_last_error());
   if (o->load_weights && gw_model_load_weights(t->m, o->load_weights) != GW_SUCCESS)
     return train_fail(t, "--load-weights", gw_model_last_error());
+  char why[400];
+  if (o->load_weights && loaded_weights_finite(t->m, o->load_weights, why, sizeof why) != 0)
+    return train_fail(t, "--load-weights", why);
   t->np = gw_model_num_params(t->m);
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
+  if (same_loaded_weights(t) != 0) return -1;
   t->threads = o->threads;
   if (!o->threads && default_threads(t, &t->threads) != 0) return -1;
   struct gw_backend_config bc = {.threads = t->threads, .tf32 = o->tf32,

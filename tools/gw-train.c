@@ -568,8 +568,12 @@ static int build_only(struct train_opts *o) {
   }
   int rc = 0;
   if (o->save_weights) weights_remove_stale_temps(o->save_weights);
+  char why_load[400];
   if (o->load_weights && gw_model_load_weights(m, o->load_weights) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: --load-weights: %s\n", gw_model_last_error());
+    rc = 1;
+  } else if (o->load_weights && loaded_weights_finite(m, o->load_weights, why_load, sizeof why_load) != 0) {
+    fprintf(stderr, "gw-train: --load-weights: %s\n", why_load);
     rc = 1;
   } else if (o->save_weights && gw_model_save_weights(m, o->save_weights) != GW_SUCCESS) {
     fprintf(stderr, "gw-train: --save-weights: %s\n", gw_model_last_error());

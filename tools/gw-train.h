@@ -126,6 +126,11 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
  * checkpoint, and --save-weights such a file. */
 int ckpt_nonfinite(const struct gw_model *m, const float *params, const float *momentum, const float *running,
                    char *where, size_t len);
+/* After --load-weights: 0, or -1 with err naming the file and the first value
+ * that is not finite (training from it failed at the first step blaming the
+ * learning rate; a run without training saved it again). */
+int loaded_weights_finite(struct gw_model *m, const char *path, char *err, size_t len);
+
 /* Rank 0, before training: dir exists (made if missing; its parent must
  * exist) and is writable, and holds no checkpoint unless resuming: a new run
  * would overwrite another's files and prune them.  0, or -1 with err. */
