@@ -437,7 +437,7 @@ int bn_fwd_apply_t(const struct gw_op_desc *d, bool nhwc, const void *x, const v
   if (int e = nchw_ok(d, &s)) return e;
   const BnAffineOp<T, TrainParams> op = {(const T *)x, (const T *)z, (T *)y, relu_on != 0,
                                          TrainParams{gamma, beta, mean, rstd}};
-  return launch_bn_elem(s, op, quad_aligned<T>(x) && quad_aligned<T>(y), nhwc, st);
+  return launch_bn_elem(s, op, quad_aligned<T>(x) && quad_aligned<T>(y) && quad_aligned<T>(z), nhwc, st);
 }
 
 template <class T>
@@ -448,7 +448,7 @@ int bn_fwd_infer_t(const struct gw_op_desc *d, bool nhwc, const void *x, const v
   if (int e = nchw_ok(d, &s)) return e;
   const BnAffineOp<T, InferParams> op = {(const T *)x, (const T *)z, (T *)y, relu_on != 0,
                                          InferParams{gamma, beta, running_mean, running_var, (double)d->eps}};
-  return launch_bn_elem(s, op, quad_aligned<T>(x) && quad_aligned<T>(y), nhwc, st);
+  return launch_bn_elem(s, op, quad_aligned<T>(x) && quad_aligned<T>(y) && quad_aligned<T>(z), nhwc, st);
 }
 
 template <class T>
