@@ -121,6 +121,12 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
     return fail(comm, GW_ERR_INVALID_ARGUMENT,
                 "gw_bucketer_create: needs a buffer, a count > 0, a known dtype and op (got %p, %zu, %d, %d)", buf,
                 count, (int)dtype, (int)op);
+  /* as every collective on it would refuse it (enqueue.c): accepted here, the
+   * first step failed the communicator on every rank */
+  if ((uintptr_t)buf % gw_dtype_size(dtype) != 0)
+    return fail(comm, GW_ERR_INVALID_ARGUMENT,
+                "gw_bucketer_create: buf %p is not aligned to its %zu-byte elements (the collectives need that)", buf,
+                gw_dtype_size(dtype));
   if (!bounds || nbuckets < 1 || bounds[0] != 0 || bounds[nbuckets] != count)
     return fail(comm, GW_ERR_INVALID_ARGUMENT,
                 "gw_bucketer_create: bounds must run from 0 to count %zu over nbuckets %d >= 1", count, nbuckets);
@@ -218,6 +224,7 @@ static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dty
   b->comm = comm, b->buf = buf, b->count = count, b->esize = gw_dtype_size(dtype);
   b->dtype = dtype, b->op = op, b->n = nbuckets, b->wire = dtype;
   atomic_fetch_add(&comm->bucketers, 1);
+  gw__live_add(b);
   *out = b;
   return GW_SUCCESS;
 }
@@ -680,7 +687,8 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 }
 
 void gw_bucketer_destroy(gw_bucketer_t b) {
-  if (!b || parents(b, "gw_bucketer_destroy") != GW_SUCCESS) return; /* a child's copy goes with the child */
+  if (!b || !gw__live_or_refuse(b, "gw_bucketer_destroy", "bucketer")) return;
+  if (parents(b, "gw_bucketer_destroy") != GW_SUCCESS) return; /* a child's copy goes with the child */
   /* Under the lock the marks and waits take: one running on another thread
    * ends first (two waits of the same requests freed them twice). */
   pthread_mutex_lock(&b->mu);
@@ -717,6 +725,7 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   else free(b->wbuf);
   free(b->bounds), free(b->ready), free(b->req), free(b->iv);
   atomic_fetch_sub(&b->comm->bucketers, 1);
+  gw__live_remove(b);
   free(b);
   gw__dev_switch_back(prev);
 }

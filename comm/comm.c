@@ -588,6 +588,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
 
 static void comm_free(struct gw_comm *c) {
   if (!c) return;
+  gw__live_remove(c);
   if (c->oversub_counted) gw__waiter_oversubscribed(-1), c->oversub_counted = false;
   gw__channels_stop(c);
   const int prev_dev = gw__dev_switch(c);
@@ -646,6 +647,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
 
   struct gw_comm *c = calloc(1, sizeof *c);
   if (!c) return init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
+  gw__live_add(c);
   c->rank = rank;
   c->device = -1;
   c->alive_own = -1;
@@ -838,6 +840,7 @@ static bool destroy_refused(struct gw_comm *comm, char *msg, size_t len) {
 
 gw_result_t gw_comm_destroy(gw_comm_t comm) {
   if (!comm) return GW_SUCCESS;
+  if (!gw__live_or_refuse(comm, "gw_comm_destroy", "communicator")) return GW_ERR_INVALID_ARGUMENT;
   /* Freed under a call on another thread, a bucketer or a request, the
    * communicator would be used after its free (a crash, or worse): refused,
    * left as it was, so the caller can let them finish and destroy it again.

@@ -77,6 +77,20 @@ gw_result_t gw__err(struct gw_errctx *ctx, gw_result_t code, const char *fmt, ..
 void gw__set_thread_error(const char *msg);
 const char *gw__thread_error(void);
 
+/* ---- live handles --------------------------------------------------------------
+ * The communicators and bucketers handed out and not yet destroyed, by
+ * address: a destroy of one that is not live (destroyed already) is refused
+ * instead of freeing it twice (a second gw_bucketer_destroy aborted in
+ * free(); a second gw_comm_destroy wrote into freed memory and the next init
+ * crashed).  Only destroy looks: a handle whose memory went to a new object
+ * cannot be told from it. */
+void gw__live_add(const void *p);
+void gw__live_remove(const void *p);
+bool gw__live_has(const void *p);
+/* gw__live_has, and if not, "FN: P is not a live WHAT (destroyed already?)"
+ * as the thread's error and a warning. */
+bool gw__live_or_refuse(const void *p, const char *fn, const char *what);
+
 /* ---- tunables: environment variables read once ------------------------------ */
 int64_t gw__env_int(const char *name, int64_t dflt);
 /* gw__env_int, and a value below min is warned about and dflt used

@@ -176,6 +176,50 @@ int64_t gw__env_int(const char *name, int64_t dflt) {
   return v;
 }
 
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static const void **live;
+static size_t nlive, live_cap;
+static bool live_lost; /* one not counted (out of memory): every address taken for live */
+
+void gw__live_add(const void *p) {
+  pthread_mutex_lock(&live_mu);
+  if (nlive == live_cap) {
+    const size_t cap = live_cap ? 2 * live_cap : 16;
+    const void **grown = realloc(live, cap * sizeof *grown);
+    if (grown) live = grown, live_cap = cap;
+  }
+  if (nlive < live_cap) live[nlive++] = p;
+  else live_lost = true;
+  pthread_mutex_unlock(&live_mu);
+}
+
+void gw__live_remove(const void *p) {
+  pthread_mutex_lock(&live_mu);
+  for (size_t i = 0; i < nlive; i++)
+    if (live[i] == p) {
+      live[i] = live[--nlive];
+      break;
+    }
+  pthread_mutex_unlock(&live_mu);
+}
+
+bool gw__live_has(const void *p) {
+  pthread_mutex_lock(&live_mu);
+  bool found = live_lost;
+  for (size_t i = 0; i < nlive && !found; i++) found = live[i] == p;
+  pthread_mutex_unlock(&live_mu);
+  return found;
+}
+
+bool gw__live_or_refuse(const void *p, const char *fn, const char *what) {
+  if (gw__live_has(p)) return true;
+  char m[200];
+  snprintf(m, sizeof m, "%s: %p is not a live %s (destroyed already?): nothing done", fn, p, what);
+  gw__set_thread_error(m);
+  GW_WARN(GW_SUB_INIT, "%s", m);
+  return false;
+}
+
 int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min) {
   const int64_t v = gw__env_int(name, dflt);
   if (v >= min || v == dflt) return v; /* (a default below min means "automatic") */

@@ -487,11 +487,24 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
      * leaves the flag unwritten, and is sticky: every call on the device
      * reports it from then on, so our own stream is asked every 100 ms (not
      * the caller's, which the caller may destroy once its work is queued). */
-    if (d->npool && gw__now() > next_query) {
+    if (gw__now() > next_query) {
       int idle = 0;
-      if (d->ops->stream_idle(d->stream, &idle))
+      if (d->npool && d->ops->stream_idle(d->stream, &idle))
         return gw__dev_fail(err, comm, "the device, while the caller's stream went to the operation,");
       next_query = gw__now() + 0.1;
+      /* No deadline here, but a peer that failed (its notice; it timed out
+       * waiting for this operation, say) or died ends the wait: it held this
+       * rank's later calls for ever.  (Not while destroying: the give-up
+       * below marks the state abandoned, so frees do not wait for a stream
+       * that may never get here.) */
+      if (!atomic_load(&comm->stopping)) GW_CHECK(gw__heard_abort(comm, err));
+      for (int i = 0; i < 2 && comm->nranks > 1 && !atomic_load(&comm->stopping); i++) {
+        const int peer = i ? comm->rings[0].next : comm->rings[0].prev;
+        if (!gw__peer_alive(comm, peer))
+          return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d) is gone, while this rank waited for the "
+                         "stream to reach operation #%llu", comm->rank, peer, (int)comm->peers[peer].pid,
+                         (unsigned long long)op->desc.seq);
+      }
     }
     if (atomic_load(&comm->aborted))
       return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while waiting for the stream to reach operation #%llu",

@@ -79,16 +79,7 @@ static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, doub
     /* The predecessor's abort notice: its operation failed, and its stream,
      * whose counter writes this stream may wait for, may never run them
      * (a device fault).  Only looked at: the host waits take it as ever. */
-    struct gw_conn *in = &comm->rings[0].recv;
-    const struct gw_chunk_hdr *h;
-    const void *data;
-    if (in->tp->recv_peek(in, &h, &data) == GW_SUCCESS && h->op.coll == GW_COLL_ABORT) {
-      char msg[GW_ERRMSG_MAX];
-      size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
-      memcpy(msg, data, len);
-      msg[len] = 0;
-      return gw__err(err, GW_ERR_REMOTE, "rank %d: " GW_FORWARDED "%s", comm->rank, gw__root_cause(msg));
-    }
+    GW_CHECK(gw__notice_on(comm, &comm->rings[0].recv, err));
     const int dead = !gw__peer_alive(comm, prev) ? prev : !gw__peer_alive(comm, next) ? next : -1;
     if (dead >= 0) {
       gw__describe_op(&op->desc, what, sizeof what);

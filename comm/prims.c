@@ -281,16 +281,20 @@ const char *gw__root_cause(const char *msg) {
 
 /* A received header against this rank's own call: a peer's abort notice, a
  * different call or a wrong size are errors naming the peer. */
+/* A peer's abort notice (h, its reason in data) as this rank's failure. */
+static gw_result_t notice_error(const struct gw_comm *comm, const struct gw_chunk_hdr *h, const void *data,
+                                struct gw_errctx *err) {
+  char msg[GW_ERRMSG_MAX];
+  size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
+  memcpy(msg, data, len);
+  msg[len] = 0;
+  return gw__err(err, GW_ERR_REMOTE, "rank %d: %s%s", comm->rank, GW_FORWARDED, gw__root_cause(msg));
+}
+
 static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct gw_chunk_hdr *h, const void *data,
                                 size_t bytes) {
   struct gw_opdesc theirs = h->op;
-  if (theirs.coll == GW_COLL_ABORT) {
-    char msg[GW_ERRMSG_MAX];
-    size_t len = GW_MIN((size_t)h->bytes, sizeof msg - 1);
-    memcpy(msg, data, len);
-    msg[len] = 0;
-    return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, GW_FORWARDED, gw__root_cause(msg));
-  }
+  if (theirs.coll == GW_COLL_ABORT) return notice_error(p->comm, h, data, p->err);
   if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
     char me[160], them[160];
     gw__describe_op(&p->op->desc, me, sizeof me);
@@ -314,6 +318,20 @@ static bool look_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const vo
   return got;
 }
 
+gw_result_t gw__notice_on(struct gw_comm *comm, struct gw_conn *c, struct gw_errctx *err) {
+  const struct gw_chunk_hdr *h;
+  const void *data;
+  if (c->is_send || !c->tp || !look_peek(c, &h, &data) || h->op.coll != GW_COLL_ABORT) return GW_SUCCESS;
+  return notice_error(comm, h, data, err);
+}
+
+gw_result_t gw__heard_abort(struct gw_comm *comm, struct gw_errctx *err) {
+  struct gw_conn *extra[GW_EXTRA_CONNS];
+  for (int ch = 0; ch < comm->nchannels; ch++) GW_CHECK(gw__notice_on(comm, &comm->rings[ch].recv, err));
+  for (int i = 0, ne = gw__extra_conns(comm, extra); i < ne; i++) GW_CHECK(gw__notice_on(comm, extra[i], err));
+  return GW_SUCCESS;
+}
+
 /* The heads of the watched connections: a later operation's chunk may wait
  * there (its sender is ahead), but a chunk of this operation means its sender
  * called something else (or runs it on other connections), and an abort notice
@@ -328,7 +346,13 @@ static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, b
     struct gw_conn *c = p->conns[i];
     const struct gw_chunk_hdr *h;
     const void *data;
-    if (!c->is_send && look_peek(c, &h, &data) && h->op.coll == GW_COLL_ABORT)
+    /* and a chunk of this operation unlike ours: the sender called something
+     * else (a 2-rank broadcast whose ranks both took themselves for the root
+     * filled each other's FIFO and waited for room until the deadline: the
+     * root looks at its receiving side only at the end) */
+    if (!c->is_send && look_peek(c, &h, &data) &&
+        (h->op.coll == GW_COLL_ABORT ||
+         (h->op.seq == p->op->desc.seq && memcmp(&h->op, &p->op->desc, sizeof h->op) != 0)))
       return check_header(p, c, h, data, h->bytes);
   }
   for (int i = 0; i < p->nwatch; i++) {

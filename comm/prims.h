@@ -74,6 +74,13 @@ struct prims {
 /* Whether a peer on this machine still runs (a zombie counts as dead); peers
  * elsewhere count as running (their transport watches them). */
 bool gw__peer_alive(const struct gw_comm *comm, int peer);
+/* A peer's abort notice at the head of receiving connection c (looked at, left
+ * there), or at any of comm's receiving connections: GW_ERR_REMOTE with its
+ * reason, else GW_SUCCESS.  For waits outside an operation's own connections
+ * (the device ring's stream; a stream-ordered operation waiting for its stream)
+ * on the thread that runs the operations. */
+gw_result_t gw__notice_on(struct gw_comm *comm, struct gw_conn *c, struct gw_errctx *err);
+gw_result_t gw__heard_abort(struct gw_comm *comm, struct gw_errctx *err);
 
 /* The device ring's primitives (device.c), the device forms of ring.c's. */
 gw_result_t gw__dprim_send(struct prims *p, const void *src, void *dst, size_t n);

@@ -428,6 +428,33 @@ static char *kept_rows(const char *path, int nranks, char *why, size_t why_cap) 
   return out;
 }
 
+/* The rows fitted from the samples, one per algorithm and protocol measured
+ * at two sizes or more, into out (cap bytes); how many. */
+static int fit_rows(const struct gw_tune_sample *samples, int nsamples, int nranks, int tree_levels, char *out,
+                    size_t cap) {
+  int n = 0;
+  size_t len = 0;
+  out[0] = 0;
+  for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
+    for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
+      double lat, bw;
+      char row[160];
+      struct rows_seen fresh = {0}; /* one row per algorithm and protocol: never a second */
+      if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, tree_levels, &lat, &bw)) continue;
+      snprintf(row, sizeof row, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
+      const bool good = row_ok(row, &fresh);
+      free(fresh.tagged);
+      if (good && len + strlen(row) < cap) {
+        memcpy(out + len, row, strlen(row) + 1);
+        len += strlen(row), n++;
+      } else {
+        GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s %s: fitted %.4g us, %.4g GB/s are out of the loader's range: no "
+                "row written", algo_names[a], proto_names[p], lat, bw);
+      }
+    }
+  return n;
+}
+
 /* Writes the file whole or not at all, and one writer at a time: a new file
  * next to it, synced, renamed over it (a crash or a full disk used to leave it
  * empty or cut, which loads as the built-in table or as a wrong row), under
@@ -452,6 +479,15 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
               "tree or exchange; simple or ll)", i, t->algo ? t->algo : "(null)", t->proto ? t->proto : "(null)");
       return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
     }
+  }
+  /* Nothing fitted (each pair needs two sizes with rising times): the file
+   * is left as it was (a header and no rows was written, and success said) */
+  char fitted[GW_MODEL_NALGOS * GW_MODEL_NPROTOS * 160];
+  if (fit_rows(samples, nsamples, nranks, tree_levels, fitted, sizeof fitted) == 0) {
+    gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: no algorithm and protocol could be fitted from these %d "
+            "samples (each needs two sizes or more, with finite times rising with the size): %s not written",
+            nsamples, path);
+    return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
   }
   /* A symbolic link: the file it names is the one rewritten (the rename
    * would put a regular file in the link's place). */
@@ -492,19 +528,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
   fprintf(f, "# algo proto latency_us bandwidth_GBps [ranks: this row only for that world size]\n");
   if (kept && *kept) fprintf(f, "%s", kept);
   free(kept);
-  for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
-    for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
-      double lat, bw;
-      char row[160];
-      struct rows_seen fresh = {0}; /* one row per algorithm and protocol: never a second */
-      if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, tree_levels, &lat, &bw)) continue;
-      snprintf(row, sizeof row, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
-      const bool good = row_ok(row, &fresh);
-      free(fresh.tagged);
-      if (good) fputs(row, f);
-      else GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s %s: fitted %.4g us, %.4g GB/s are out of the loader's range: no "
-                   "row written", algo_names[a], proto_names[p], lat, bw);
-    }
+  fputs(fitted, f);
   bool ok = !ferror(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
   ok = (fclose(f) == 0) && ok;
   ok = ok && rename(tmp, path) == 0;

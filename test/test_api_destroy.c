@@ -225,6 +225,17 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(gw_bucketer_ready(pbk, 0, 4) == GW_SUCCESS && gw_bucketer_wait(pbk) == GW_SUCCESS && pg[0] == 2,
          "the parent's bucketer after the child's calls: %s", gw_comm_last_error(comm));
   gw_bucketer_destroy(pbk);
+  /* destroyed twice: the second refused (it freed the bucketer twice: an abort) */
+  gw_bucketer_destroy(pbk);
+  EXPECT(has(gw_comm_last_error(NULL), "is not a live bucketer"), "a second bucketer destroy: %s",
+         gw_comm_last_error(NULL));
+  /* and a communicator (the second wrote into freed memory; the next init crashed) */
+  gw_comm_t once;
+  EXPECT(gw_comm_init(&once, 1, 0, NULL) == GW_SUCCESS && gw_comm_destroy(once) == GW_SUCCESS, "a 1-rank communicator");
+  EXPECT(gw_comm_destroy(once) == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "is not a live communicator"),
+         "a second destroy: %s", gw_comm_last_error(NULL));
+  EXPECT(gw_comm_init(&once, 1, 0, NULL) == GW_SUCCESS && gw_comm_destroy(once) == GW_SUCCESS,
+         "a communicator made after it: %s", gw_comm_last_error(NULL));
   return 0;
 }
 

@@ -274,6 +274,25 @@ static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_refusals) { ck_assert_int_eq(run_ranks(2, body_refusals, NULL, 60), 0); }
 END_TEST
 
+/* A buffer not aligned to its elements: refused at create, on every rank, the
+ * communicator still good (accepted, the first step failed it everywhere). */
+static int body_misaligned(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)rank, (void)arg;
+  float g[65];
+  size_t whole[] = {0, 64};
+  gw_bucketer_t b = NULL;
+  EXPECT(gw_bucketer_create(comm, (char *)g + 2, 64, GW_FLOAT32, GW_SUM, whole, 1, &b) == GW_ERR_INVALID_ARGUMENT &&
+             !b && strstr(gw_comm_last_error(comm), "is not aligned to its 4-byte elements"),
+         "a misaligned buffer: %s", gw_comm_last_error(comm));
+  float x = 1;
+  EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS && x == (float)n,
+         "the communicator after the refusal: %s", gw_comm_last_error(comm));
+  return 0;
+}
+
+START_TEST(test_misaligned) { ck_assert_int_eq(run_ranks(2, body_misaligned, NULL, 60), 0); }
+END_TEST
+
 /* Layouts that differ across ranks but whose bucket sizes line up (rank 2 has
  * one bucket fewer of the same size): refused on every rank, naming rank 2,
  * instead of each step summing rank 2's bucket 0 with the others' bucket 2;
@@ -621,6 +640,7 @@ int main(void) {
   tcase_add_test(tc, test_sum_any_order);
   tcase_add_test(tc, test_avg);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_misaligned);
   tcase_add_test(tc, test_layouts_differ);
   tcase_add_test(tc, test_one_rank_incomplete);
   tcase_add_test(tc, test_stream_refused);

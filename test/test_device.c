@@ -712,6 +712,47 @@ static int body_destroy(int rank, int n, const char *master, void *arg) {
 START_TEST(destroy) { ck_assert_int_eq(run_ranks_raw(2, body_destroy, NULL, 60), 0); }
 END_TEST
 
+/* ---- a peer fails while this rank's stream has not reached the operation -------------------------
+ * Rank 0's stream is held by a gate while rank 1 runs the operation and times
+ * out: rank 0's wait for its stream hears rank 1's notice and fails, naming
+ * it.  That wait has no deadline of its own (the stream may have a long
+ * forward pass ahead), and it held rank 0's later calls for ever. */
+static int body_peer_fails_first(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  gw_comm_t comm;
+  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  gw_comm_set_timeout(comm, 2);
+  int32_t h[64], out[64];
+  for (int i = 0; i < 64; i++) h[i] = rank;
+  if (rank == 0) {
+    gw_dev_stream_t s;
+    uint64_t *held;
+    DCHECK(dv->stream_create(&s));
+    DCHECK(dv->host_alloc((void **)&held, 64));
+    atomic_store((_Atomic uint64_t *)held, 0);
+    DCHECK(dv->flag_wait(held, 1, s)); /* opened only after the wait below */
+    gw_request_t q;
+    GWCHECK(gw_iallreduce(h, out, 64, GW_INT32, GW_SUM, comm, s, &q), comm);
+    const double t0 = test_now();
+    const gw_result_t r = gw_wait(&q);
+    const double took = test_now() - t0;
+    EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(comm), "rank 1"),
+           "rank 0: the wait for its stream ended with %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+    EXPECT(took < 30, "rank 0 heard rank 1's failure after %.1f s", took);
+    atomic_store((_Atomic uint64_t *)held, 1);
+    DCHECK(dv->stream_sync(s)); /* the stream runs out its work */
+  } else {
+    const gw_result_t r = gw_allreduce(h, out, 64, GW_INT32, GW_SUM, comm, NULL);
+    EXPECT(r == GW_ERR_TIMEOUT, "rank 1: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  }
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(peer_fails_first) { ck_assert_int_eq(run_ranks_raw(2, body_peer_fails_first, NULL, 60), 0); }
+END_TEST
+
 /* ---- teardown of the device ring ------------------------------------------------------------------
  * Freeing device memory another process still maps by IPC is undefined, so
  * at destroy a rank frees its twins only once its ring predecessor has
@@ -860,10 +901,11 @@ int main(void) {
   tcase_set_timeout(tc, 1300);
   suite_add_tcase(s, tc);
   device_add_stream_cases(s); /* test_device_streams.c */
-  const char *names[] = {"ordering", "misuse", "dead-peer", "dead-midop", "destroy", "ipc", "teardown"};
-  const TTest *tests[] = {ordering, misuse, dead_peer, dead_midop, destroy, ipc, teardown};
+  const char *names[] = {"ordering", "misuse", "dead-peer", "dead-midop", "destroy", "peer-fails-first", "ipc",
+                         "teardown"};
+  const TTest *tests[] = {ordering, misuse, dead_peer, dead_midop, destroy, peer_fails_first, ipc, teardown};
   device_add_bucketer_case(s); /* test_device_bucket.c */
   device_add_settings_case(s); /* test_device_settings.c */
-  for (int i = 0; i < 7; i++) device_add_case(s, names[i], tests[i]);
+  for (int i = 0; i < 8; i++) device_add_case(s, names[i], tests[i]);
   return run_suite(s);
 }

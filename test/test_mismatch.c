@@ -53,18 +53,29 @@ END_TEST
 /* Two ranks that both think they are the root: each returned success and
  * kept its own data. */
 static int body_two_roots(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n, (void)arg;
+  (void)n;
+  const size_t count = *(const size_t *)arg;
   gw_comm_set_timeout(comm, 20);
-  int32_t buf[8] = {rank, rank, rank, rank, rank, rank, rank, rank};
-  gw_result_t r = gw_broadcast(buf, buf, 8, GW_INT32, rank, comm, NULL);
+  int32_t *buf = malloc(count * sizeof *buf);
+  for (size_t i = 0; i < count; i++) buf[i] = rank;
+  const double t0 = test_now();
+  gw_result_t r = gw_broadcast(buf, buf, count, GW_INT32, rank, comm, NULL);
   EXPECT(r != GW_SUCCESS, "rank %d: a broadcast from root %d beside one from the other root returned success", rank,
          rank);
   const char *msg = gw_comm_last_error(comm);
   EXPECT(has(msg, "root=0") && has(msg, "root=1"), "rank %d: the message does not name both roots: %s", rank, msg);
+  EXPECT(test_now() - t0 < 10, "rank %d: %zu values: the difference found after %.1f s", rank, count, test_now() - t0);
+  free(buf);
   return 0;
 }
 
-START_TEST(test_broadcast_two_roots) { ck_assert_int_eq(run_ranks(2, body_two_roots, NULL, 60), 0); }
+/* 8 values, and 4 MiB: past what the FIFOs hold, each root waited for room
+ * until the deadline ("waited 20 s for room"), the other's chunk at the head
+ * of its receiving side unread. */
+START_TEST(test_broadcast_two_roots) {
+  static const size_t counts[] = {8, 1 << 20};
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(run_ranks(2, body_two_roots, (void *)&counts[k], 60), 0);
+}
 END_TEST
 
 /* The root's count differs from the others': rank 1 sees it, rank 2 and the

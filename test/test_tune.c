@@ -277,6 +277,16 @@ START_TEST(test_fit_tree_levels) {
                 gw_comm_last_error(NULL));
   s[2].proto = "auto";
   ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  /* nothing to fit (every sample of one size): refused, the file as it was
+   * (a header and no rows was written, and success said) */
+  write_file(path, "tree simple 0.7 7 2\n");
+  tree_samples(&truth, 5, s);
+  for (int i = 0; i < 4; i++) s[i].bytes = 4096;
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "no algorithm and protocol could be fitted"), "%s",
+                gw_comm_last_error(NULL));
+  gw__model_defaults(&m);
+  ck_assert(gw__model_load(&m, path, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
   remove_tuned(path);
 }
 END_TEST
