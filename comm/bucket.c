@@ -687,8 +687,11 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
 }
 
 void gw_bucketer_destroy(gw_bucketer_t b) {
-  if (!b || !gw__live_or_refuse(b, "gw_bucketer_destroy", "bucketer")) return;
-  if (parents(b, "gw_bucketer_destroy") != GW_SUCCESS) return; /* a child's copy goes with the child */
+  if (!b || !gw__live_take_or_refuse(b, "gw_bucketer_destroy", "bucketer")) return;
+  if (parents(b, "gw_bucketer_destroy") != GW_SUCCESS) { /* a child's copy goes with the child */
+    gw__live_add(b);
+    return;
+  }
   /* Under the lock the marks and waits take: one running on another thread
    * ends first (two waits of the same requests freed them twice). */
   pthread_mutex_lock(&b->mu);
@@ -725,7 +728,6 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   else free(b->wbuf);
   free(b->bounds), free(b->ready), free(b->req), free(b->iv);
   atomic_fetch_sub(&b->comm->bucketers, 1);
-  gw__live_remove(b);
   free(b);
   gw__dev_switch_back(prev);
 }

@@ -20,7 +20,7 @@ GW_PARAM(Channels, "GW_NCHANNELS", 1)
  * value as given. */
 GW_PARAM(ExchangeMaxBytes, "GW_EXCHANGE_MAX_BYTES", -1)
 /* An operation uses one channel per this many bytes (channels.c). */
-GW_PARAM_MIN(ChannelMinBytes, "GW_CHANNEL_MIN_BYTES", 1 << 20, 1)
+GW_PARAM_MIN(ChannelMinBytes, "GW_CHANNEL_MIN_BYTES", 1 << 20, 0) /* 0: as 1 (every channel for any size) */
 
 /* ---- dtype / op helpers ---------------------------------------------------------- */
 static const struct {
@@ -647,7 +647,6 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
 
   struct gw_comm *c = calloc(1, sizeof *c);
   if (!c) return init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
-  gw__live_add(c);
   c->rank = rank;
   c->device = -1;
   c->alive_own = -1;
@@ -743,6 +742,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   GW_CHECK_GOTO(gw__dev_ring_setup(c, &err), res, fail);
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());
+  gw__live_add(c); /* whole: a destroy may take it */
   *out = c;
   return GW_SUCCESS;
 fail:

@@ -90,6 +90,8 @@ bool gw__live_has(const void *p);
 /* gw__live_has, and if not, "FN: P is not a live WHAT (destroyed already?)"
  * as the thread's error and a warning. */
 bool gw__live_or_refuse(const void *p, const char *fn, const char *what);
+/* The same, and takes p out at once (two destroys racing: one wins). */
+bool gw__live_take_or_refuse(const void *p, const char *fn, const char *what);
 
 /* ---- tunables: environment variables read once ------------------------------ */
 int64_t gw__env_int(const char *name, int64_t dflt);

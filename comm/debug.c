@@ -176,47 +176,72 @@ int64_t gw__env_int(const char *name, int64_t dflt) {
   return v;
 }
 
-static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
-static const void **live;
-static size_t nlive, live_cap;
-static bool live_lost; /* one not counted (out of memory): every address taken for live */
+/* The live handles (core.h): communicators and bucketers, by address. */
+static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
+static const void **handles;
+static size_t nhandles, handles_cap;
+static bool handles_lost; /* one not counted (out of memory): every address taken for live */
+/* Held across fork, as the other process-wide locks: a child's init or
+ * destroy must not find it locked for good by a parent's thread. */
+static void handles_fork_prepare(void) { pthread_mutex_lock(&handles_mu); }
+static void handles_fork_after(void) { pthread_mutex_unlock(&handles_mu); }
+static pthread_once_t handles_fork_once = PTHREAD_ONCE_INIT;
+static void handles_fork_install(void) { pthread_atfork(handles_fork_prepare, handles_fork_after, handles_fork_after); }
 
 void gw__live_add(const void *p) {
-  pthread_mutex_lock(&live_mu);
-  if (nlive == live_cap) {
-    const size_t cap = live_cap ? 2 * live_cap : 16;
-    const void **grown = realloc(live, cap * sizeof *grown);
-    if (grown) live = grown, live_cap = cap;
+  pthread_once(&handles_fork_once, handles_fork_install);
+  pthread_mutex_lock(&handles_mu);
+  if (nhandles == handles_cap) {
+    const size_t cap = handles_cap ? 2 * handles_cap : 16;
+    const void **grown = realloc(handles, cap * sizeof *grown);
+    if (grown) handles = grown, handles_cap = cap;
   }
-  if (nlive < live_cap) live[nlive++] = p;
-  else live_lost = true;
-  pthread_mutex_unlock(&live_mu);
+  if (nhandles < handles_cap) handles[nhandles++] = p;
+  else handles_lost = true;
+  pthread_mutex_unlock(&handles_mu);
 }
 
-void gw__live_remove(const void *p) {
-  pthread_mutex_lock(&live_mu);
-  for (size_t i = 0; i < nlive; i++)
-    if (live[i] == p) {
-      live[i] = live[--nlive];
+/* Takes p out; whether it was there (or handles_lost). */
+static bool live_take(const void *p) {
+  pthread_mutex_lock(&handles_mu);
+  bool found = handles_lost;
+  for (size_t i = 0; i < nhandles; i++)
+    if (handles[i] == p) {
+      handles[i] = handles[--nhandles];
+      found = true;
       break;
     }
-  pthread_mutex_unlock(&live_mu);
-}
-
-bool gw__live_has(const void *p) {
-  pthread_mutex_lock(&live_mu);
-  bool found = live_lost;
-  for (size_t i = 0; i < nlive && !found; i++) found = live[i] == p;
-  pthread_mutex_unlock(&live_mu);
+  pthread_mutex_unlock(&handles_mu);
   return found;
 }
 
-bool gw__live_or_refuse(const void *p, const char *fn, const char *what) {
-  if (gw__live_has(p)) return true;
+void gw__live_remove(const void *p) { (void)live_take(p); }
+
+bool gw__live_has(const void *p) {
+  pthread_mutex_lock(&handles_mu);
+  bool found = handles_lost;
+  for (size_t i = 0; i < nhandles && !found; i++) found = handles[i] == p;
+  pthread_mutex_unlock(&handles_mu);
+  return found;
+}
+
+/* "FN: P is not a live WHAT" as the thread's error and a warning. */
+static void not_live(const void *p, const char *fn, const char *what) {
   char m[200];
   snprintf(m, sizeof m, "%s: %p is not a live %s (destroyed already?): nothing done", fn, p, what);
   gw__set_thread_error(m);
   GW_WARN(GW_SUB_INIT, "%s", m);
+}
+
+bool gw__live_or_refuse(const void *p, const char *fn, const char *what) {
+  if (gw__live_has(p)) return true;
+  not_live(p, fn, what);
+  return false;
+}
+
+bool gw__live_take_or_refuse(const void *p, const char *fn, const char *what) {
+  if (live_take(p)) return true;
+  not_live(p, fn, what);
   return false;
 }
 

@@ -492,7 +492,13 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
   /* A symbolic link: the file it names is the one rewritten (the rename
    * would put a regular file in the link's place). */
   struct stat lsb;
-  char *real = lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode) ? realpath(path, NULL) : NULL;
+  const bool link = lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode);
+  char *real = link ? realpath(path, NULL) : NULL;
+  if (link && !real) {
+    gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: %s is a symbolic link that cannot be followed: %s", path,
+            strerror(errno));
+    return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
+  }
   if (real) path = real;
   char lock[4200], tmp[4200], why[200];
   snprintf(lock, sizeof lock, "%s.lock", path);

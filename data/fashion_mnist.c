@@ -50,6 +50,8 @@ static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len,
     if (n <= 0) {
       int zerr = 0;
       const char *zmsg = gzerror(f, &zerr);
+      if (zerr == Z_ERRNO)
+        return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: %s: cannot read %s: %s", path, what, strerror(errno));
       if (zerr && zerr != Z_BUF_ERROR) /* (Z_BUF_ERROR: the input ended: truncated) */
         return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: zlib failed reading %s after %zu of "
                               "its %zu bytes: %s", path, what, before + got, total, zmsg);

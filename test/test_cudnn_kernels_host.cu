@@ -319,7 +319,7 @@ template <class T>
 void test_bn_elems(void) {
   const bool wide = sizeof(T) == 4;
   const char *name = Act<T>::name;
-  /* every pattern (16-bit) or the edges and 2^20 random floats, in turn in each operand's place */
+  /* every pattern (16-bit) or the edges and 2^16 random floats, in turn in each operand's place */
   std::vector<T> all;
   if (wide) {
     all = edge_elems<T>(1 << 16);

@@ -501,19 +501,24 @@ START_TEST(test_ranks_must_share_options) {
                     strstr(r.err, "resume 1 -> 0"),
                 "--resume on rank 0 only: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
-  /* --checkpoint-dir on rank 1 alone (rank 0 saves: nothing was saved, silently);
-   * another --load-weights file on rank 1 (rank 0's weights were broadcast
-   * over it without a word) */
+  /* --checkpoint-dir on rank 1 alone (rank 0 saves: nothing was saved,
+   * silently); another --load-weights file on rank 1 (rank 0's weights were
+   * broadcast over it without a word); --load-weights on rank 0 alone runs
+   * (a file on rank 0's machine only) */
   char a[512], b[512];
   path(a, sizeof a, "lw-a.safetensors");
   path(b, sizeof b, "lw-b.safetensors");
   weights_with("lw-a.safetensors", b, "fc.bias", 0.5f);
-  static const char *const want[2] = {"checkpoint_dir 0 -> 1", "holds other values than rank 0's file"};
-  for (int k = 0; k < 2; k++) {
-    snprintf(rank0, sizeof rank0, k ? "--batch 8 --load-weights %s" : "--batch 8", a);
-    if (k) snprintf(rank1, sizeof rank1, "--batch 8 --load-weights %s", b);
+  static const char *const want[3] = {"rank 1: options: this rank has --checkpoint-dir and rank 0 has not",
+                                      "rank 1: --load-weights: this rank's", NULL};
+  for (int k = 0; k < 3; k++) {
+    if (k == 0) snprintf(rank0, sizeof rank0, "--batch 8"), snprintf(rank1, sizeof rank1, "--batch 8 --checkpoint-dir %s", dir);
+    else snprintf(rank0, sizeof rank0, "--batch 8 --load-weights %s", a);
+    if (k == 1) snprintf(rank1, sizeof rank1, "--batch 8 --load-weights %s", b);
+    if (k == 2) snprintf(rank1, sizeof rank1, "--batch 8");
     two_ranks_differ(&r, rank0, rank1);
-    ck_assert_msg(r.code != 0 && strstr(r.err, want[k]), "rank 1's %s: exit %d\n%s\n%s", rank1, r.code, r.out, r.err);
+    ck_assert_msg(want[k] ? r.code != 0 && strstr(r.err, want[k]) : r.code == 0, "rank 0's %s, rank 1's %s: exit %d\n%s\n%s",
+                  rank0, rank1, r.code, r.out, r.err);
     gwrun_free(&r);
   }
 }

@@ -27,6 +27,9 @@ struct trainer {
    * backward is queued and are waited for before the optimizer (see
    * overlapping()). */
   int warming;
+  /* Whether rank 0 loads --load-weights (same_options_everywhere): its
+   * weights are the ones broadcast. */
+  int rank0_loads;
   /* The steps this process ran and the seconds of those after its first (the
    * run's throughput: evaluations and checkpoints left out, and the first
    * step's start-up, cuDNN's engine timing or oneDNN's first primitives). */

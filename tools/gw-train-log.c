@@ -41,7 +41,8 @@ int log_open(struct train_log *l, const char *metrics_path, int rank, char *err,
   /* Opened without blocking first: a FIFO with no reader held the run in
    * open() for ever, silently (the other ranks then timed out blaming this one) */
   const int mfd = open(metrics_path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666);
-  if (mfd < 0 && errno == ENXIO) {
+  struct stat fst;
+  if (mfd < 0 && errno == ENXIO && stat(metrics_path, &fst) == 0 && S_ISFIFO(fst.st_mode)) {
     snprintf(err, errlen, "%s: a FIFO with no reader (start its reader first, or name a file)", metrics_path);
     return -1;
   }
@@ -365,23 +366,27 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
   /* The image too is drawn aside (the script's `out`) and renamed over the
    * last one only whole: gnuplot exits 0 when its write fails, and a full
    * disk left a cut PNG in the last good one's place without a word. */
+  /* Through a symbolic link, the file it names (the rename would put a
+   * regular file in the link's place; gnuplot wrote through it). */
+  struct stat lsb;
+  char *real = lstat(png, &lsb) == 0 && S_ISLNK(lsb.st_mode) ? realpath(png, NULL) : NULL;
+  const char *target = real ? real : png;
   char img[4210], pre[4240];
-  snprintf(img, sizeof img, "%s.tmp", png);
+  snprintf(img, sizeof img, "%s.tmp", target);
   snprintf(pre, sizeof pre, "out = '%s'", img);
   unlink(img);
-  if (run_gnuplot(pre, script, err, errlen) != 0) {
-    unlink(img);
-    return -1;
+  int rc = strpbrk(img, "'\n\r") ? -1 : run_gnuplot(pre, script, err, errlen);
+  if (rc != 0 && strpbrk(img, "'\n\r"))
+    snprintf(err, errlen, "%s: the file it names has a quote or a line break in its path", png);
+  if (rc == 0 && !png_whole(img)) {
+    snprintf(err, errlen, "gnuplot wrote %s short (a full disk?): %s kept as it was", img, target);
+    rc = -1;
   }
-  if (!png_whole(img)) {
-    snprintf(err, errlen, "gnuplot wrote %s short (a full disk?): %s kept as it was", img, png);
-    unlink(img);
-    return -1;
+  if (rc == 0 && rename(img, target) != 0) {
+    snprintf(err, errlen, "cannot rename %s to %s: %s", img, target, strerror(errno));
+    rc = -1;
   }
-  if (rename(img, png) != 0) {
-    snprintf(err, errlen, "cannot rename %s to %s: %s", img, png, strerror(errno));
-    unlink(img);
-    return -1;
-  }
-  return 0;
+  if (rc != 0) unlink(img);
+  free(real);
+  return rc;
 }

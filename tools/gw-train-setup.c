@@ -88,12 +88,9 @@ static int same_options_everywhere(struct trainer *t) {
   if (t->world == 1) return 0;
   /* --resume too (not kept: a resume is not a changed option): a rank
    * without it would skip rank 0's resume broadcasts and pair the first
-   * gradient allreduce with them; and whether --load-weights and
-   * --checkpoint-dir are given (rank 0's weights are broadcast, rank 0
-   * saves: given on another rank alone, they were ignored without a word). */
+   * gradient allreduce with them. */
   const size_t used = strlen(mine);
-  snprintf(mine + used, sizeof mine - used, " resume=%d load_weights=%d checkpoint_dir=%d", t->o->resume,
-           t->o->load_weights != NULL, t->o->checkpoint_dir != NULL);
+  snprintf(mine + used, sizeof mine - used, " resume=%d", t->o->resume);
   memcpy(r0, mine, sizeof r0);
   if (train_bcast(t, r0, sizeof r0, GW_UINT8, "comparing the options with rank 0's") != 0) return -1;
   r0[sizeof r0 - 1] = 0;
@@ -102,6 +99,32 @@ static int same_options_everywhere(struct trainer *t) {
   if (differ == 0) return 0;
   if (diff[0]) snprintf(detail, sizeof detail, "this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);
   else snprintf(detail, sizeof detail, "%.0f rank(s) run with options other than rank 0's (their logs say which)", differ);
+  return fail_together(t, "options", detail);
+}
+
+/* --load-weights and --checkpoint-dir are rank 0's: its weights are
+ * broadcast, and it saves.  Given on another rank but not on rank 0, they
+ * were ignored without a word; given on rank 0 alone is how a job whose
+ * file is on rank 0's machine only runs. */
+static int outputs_follow_rank0(struct trainer *t) {
+  int32_t r0[2] = {t->o->load_weights != NULL, t->o->checkpoint_dir != NULL};
+  t->rank0_loads = r0[0];
+  if (t->world == 1) return 0;
+  if (train_bcast(t, r0, 2, GW_INT32, "comparing --load-weights and --checkpoint-dir with rank 0's") != 0) return -1;
+  t->rank0_loads = r0[0];
+  const char *flag = t->o->load_weights && !r0[0]     ? "--load-weights"
+                     : t->o->checkpoint_dir && !r0[1] ? "--checkpoint-dir"
+                                                      : NULL;
+  double bad = flag != NULL;
+  if (train_allreduce_d(t, &bad, 1, "comparing --load-weights and --checkpoint-dir with rank 0's") != 0) return -1;
+  if (bad == 0) return 0;
+  char detail[300];
+  if (flag)
+    snprintf(detail, sizeof detail, "this rank has %s and rank 0 has not: it would be ignored (rank 0's weights are "
+             "broadcast, and rank 0 saves): give it to rank 0", flag);
+  else
+    snprintf(detail, sizeof detail, "%.0f rank(s) have --load-weights or --checkpoint-dir that rank 0 has not (their "
+             "logs say which)", bad);
   return fail_together(t, "options", detail);
 }
 
@@ -266,20 +289,20 @@ static size_t count_buffers(const struct gw_model *m, enum gw_tensor_kind kind) 
   return n;
 }
 
-/* --load-weights on every rank (same_options_everywhere) and the same values
- * everywhere: rank 0's are broadcast over the others', so another file on
- * another rank was ignored without a word. */
+/* The same values on every rank that loads --load-weights: rank 0's are
+ * broadcast over the others', so another file on another rank was ignored
+ * without a word. */
 static int same_loaded_weights(struct trainer *t) {
-  if (t->world == 1 || !t->o->load_weights) return 0;
+  if (t->world == 1 || !t->rank0_loads) return 0; /* (rank 0 loads when any rank does: outputs_follow_rank0) */
   uint64_t h = gw__fnv(GW_FNV_START, gw_model_params(t->m), t->np * sizeof(float));
   h = gw__fnv(h, gw_model_running(t->m), t->nrun * sizeof(float));
   uint64_t r0 = h;
   if (train_bcast(t, &r0, sizeof r0, GW_UINT8, "comparing the loaded weights with rank 0's") != 0) return -1;
-  double differ = r0 != h;
+  double differ = t->o->load_weights && r0 != h; /* a rank without the flag takes rank 0's */
   if (train_allreduce_d(t, &differ, 1, "comparing the loaded weights with rank 0's") != 0) return -1;
   if (differ == 0) return 0;
   char d[600];
-  if (r0 != h)
+  if (t->o->load_weights && r0 != h)
     snprintf(d, sizeof d, "this rank's %s holds other values than rank 0's file (rank 0's weights are the ones "
              "trained: give every rank the same file)", t->o->load_weights);
   else
@@ -486,8 +509,9 @@ static int loader_fits(struct trainer *t) {
 }
 
 int trainer_setup(struct trainer *t) {
-  if (setup_comm(t) != 0 || same_options_everywhere(t) != 0 || check_outputs(t) != 0 || open_data(t) != 0 ||
-      loader_fits(t) != 0 || setup_model(t) != 0 || setup_comm_parts(t) != 0 || setup_loaders(t) != 0)
+  if (setup_comm(t) != 0 || same_options_everywhere(t) != 0 || outputs_follow_rank0(t) != 0 ||
+      check_outputs(t) != 0 || open_data(t) != 0 || loader_fits(t) != 0 || setup_model(t) != 0 ||
+      setup_comm_parts(t) != 0 || setup_loaders(t) != 0)
     return -1;
   /* setup_comm_parts turned SyncBatchNorm on (or not): the values per channel are known. */
   if (gw_exec_check_train(t->e, t->world) != GW_SUCCESS) return train_fail(t, "--batch", gw_model_last_error());
