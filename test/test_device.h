@@ -1,6 +1,7 @@
 /* test_device.h - what test_device.c shares with test_device_streams.c (the
  * device suite's cases on several streams and hardware queues),
- * test_device_bucket.c (the bucketer case) and test_device_settings.c. */
+ * test_device_bucket.c (the bucketer case), test_device_settings.c and
+ * test_device_failures.c. */
 #ifndef GW_TEST_DEVICE_H
 #define GW_TEST_DEVICE_H
 
@@ -34,6 +35,9 @@ void device_add_case(Suite *s, const char *name, const TTest *test);
 void device_add_bucketer_case(Suite *s);
 /* Adds test_device_settings.c's "settings" case. */
 void device_add_settings_case(Suite *s);
+/* Adds test_device_failures.c's cases: dead-peer, dead-midop, destroy,
+ * peer-fails-first, teardown. */
+void device_add_failure_cases(Suite *s);
 /* GW_TEST_NRANKS, or 2. */
 int nranks_env(void);
 
