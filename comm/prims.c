@@ -161,23 +161,52 @@ static bool zombie_leader_alive(pid_t pid) {
  * pid namespace sharing our /dev/shm), and its pid (our pid namespace only;
  * sees the rank gone while a child it forked bypassing the fork handlers,
  * raw clone, still holds the lock). */
-/* Whether the peer's process runs, by its pid: 1 yes, 0 no, -1 not ours to
- * look up (another machine, or a pid of another pid namespace: a container). */
-static int peer_pid_runs(const struct gw_comm *comm, int peer) {
+/* The state letter of the peer's process from /proc (R, S, D, T, t, Z, X,
+ * ...): 0 where its pid is not ours to look up (another machine, or a pid of
+ * another pid namespace: a container), '?' when it cannot be read. */
+static char peer_pid_state(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *pi = &comm->peers[peer];
   const struct gw_peer_info *me = &comm->peers[comm->rank];
-  if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return -1;
-  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return 0;
+  if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return 0;
+  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return 'X';
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pi->pid);
   FILE *f = fopen(path, "r");
-  if (!f) return 1;
+  if (!f) return '?';
   size_t n = fread(buf, 1, sizeof buf - 1, f);
   fclose(f);
   buf[n] = 0;
   const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
-  if (!(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'))) return 1;
-  return zombie_leader_alive(pi->pid);
+  return close && close[1] == ' ' && close[2] ? close[2] : '?';
+}
+
+/* Whether the peer's process runs, by its pid: 1 yes, 0 no, -1 not ours to
+ * look up. */
+static int peer_pid_runs(const struct gw_comm *comm, int peer) {
+  const char state = peer_pid_state(comm, peer);
+  if (!state) return -1;
+  if (state != 'Z' && state != 'X') return 1;
+  return zombie_leader_alive(comm->peers[peer].pid);
+}
+
+/* A wait's deadline passed while the peer it waits on is stopped: job
+ * control (SIGSTOP, or SIGTSTP from a terminal's Ctrl-Z), or a debugger or
+ * tracer holding it.  That peer is the straggler for certain, so the wait
+ * says so at its deadline without the grace for a notice: the ranks behind it
+ * then hear the notice naming it within their own grace (each blamed its
+ * healthy predecessor when every deadline ran out together).  GW_SUCCESS when
+ * the peer is not stopped, or is not ours to look at (another machine or pid
+ * namespace). */
+static gw_result_t stopped_peer_error(struct prims *p, const struct gw_conn *c, const char *what, double waited) {
+  const char state = peer_pid_state(p->comm, c->peer);
+  if (state != 'T' && state != 't') return GW_SUCCESS;
+  char me[160];
+  gw__describe_op(&p->op->desc, me, sizeof me);
+  return gw__err(p->err, GW_ERR_TIMEOUT,
+                 "rank %d: operation %s waited %.1f s for %s rank %d, whose process (pid %d on this machine) is "
+                 "stopped (%s; raise GW_TIMEOUT for ranks to wait longer on a stopped one)",
+                 p->comm->rank, me, waited, what, c->peer, (int)p->comm->peers[c->peer].pid,
+                 state == 't' ? "held by a debugger or tracer" : "SIGSTOP, or Ctrl-Z at its terminal");
 }
 
 bool gw__peer_alive(const struct gw_comm *comm, int peer) {
@@ -433,6 +462,7 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
       return dead_peer_error(p, c->peer);
     if (wait_step(p, &w, c)) continue;
     if (p->comm->aborted) return aborted_error(p);
+    GW_CHECK(stopped_peer_error(p, c, "room at", gw__now() - (since > 0 ? since : w.start)));
     /* the peer took some of what this rank posted in this operation when
      * more went in than its FIFO holds (the oldest chunks left first) */
     const bool took = c->depth && c->sent_seq == p->op->desc.seq && c->sent_n > c->depth;
@@ -479,7 +509,8 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
         return dead_peer_error(p, c->peer);
       if (wait_step(p, &w, c)) continue;
       if (p->comm->aborted) return aborted_error(p);
-      /* the deadline passed, so w.start is set: the message says the whole wait */
+      /* the deadline passed, so w.start is set: the messages say the whole wait */
+      GW_CHECK(stopped_peer_error(p, c, "data from", gw__now() - (since > 0 ? since : w.start)));
       const bool started = c->seen_seq == p->op->desc.seq + 1;
       if (since > 0 || (!started && p->grace_part <= 0))
         return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
