@@ -470,13 +470,20 @@ static void two_ranks_differ(struct run *r, const char *rank0, const char *rank1
 }
 
 /* Ranks that opened different data (here 96 and 97 synthetic samples; in life a
- * folder scanned while files came or went) are refused, naming the split. */
+ * folder scanned while files came or went) are refused, naming the split; and
+ * --drop-last that leaves a rank nothing. */
 START_TEST(test_ranks_must_see_same_data) {
   struct run r;
   two_ranks_differ(&r, "--synthetic-samples 96 --batch 8", "--synthetic-samples 97 --batch 8");
   ck_assert_msg(r.code != 0 && strstr(r.err, "training split (97 samples") && strstr(r.err, "is not rank 0's (96 samples") &&
                     strstr(r.err, "every rank must see the same files"),
                 "different data on rank 1: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  /* --drop-last with fewer samples than ranks: no --batch helps, so it is
+   * --drop-last that is named (--batch was) */
+  two_ranks_differ(&r, "--synthetic-samples 1 --batch 1 --drop-last", "--synthetic-samples 1 --batch 1 --drop-last");
+  ck_assert_msg(r.code != 0 && strstr(r.err, "rank 0: --drop-last: the 1 training samples are fewer than the 2 ranks"),
+                "--drop-last with 1 sample at 2 ranks: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
 }
 END_TEST

@@ -4,6 +4,8 @@
  *   10x), straight and across a resume in the middle of the warmup; steps of
  *   a factor at milestones after a warmup from a fraction of the peak, as
  *   torchvision's schedulers give them, and a resume with a moved milestone;
+ *   a warmup longer than the run not squeezed into it (said); a step skipped
+ *   for a non-finite loss left out of the epoch's mean;
  * - a resume with more --steps says the schedule now spans them, with the rates
  *   before and after; one with nothing left to train says so;
  * - a --steps run ending inside an epoch says its last steps go unevaluated;
@@ -94,6 +96,32 @@ START_TEST(test_lr_schedule) {
   ck_assert_msg(!strstr(r.out, "learning-rate schedule now spans"), "a resume with the same length noted:\n%s", r.out);
   gwrun_free(&r);
   expect_rates(m[2], 12, 4, 0, "resumed in the warmup");
+}
+END_TEST
+
+/* A warmup longer than the run climbs as the recipe's does, not squeezed into
+ * the run (8 warmup steps, 4 run: 1/8 .. 4/8 of the peak; it ran 1/4 .. 1),
+ * and the start says where the run ends on it.  A step the loss scaler skips
+ * for a non-finite loss is left out of the epoch's mean (it made it nan). */
+START_TEST(test_long_warmup_and_skipped_loss) {
+  const char *const noenv[] = {NULL}, *const nan2[] = {"GW_TRAIN_NAN_LOSS_AT_STEP=2", NULL};
+  char m[512];
+  path(m, sizeof m, "sched-long-warmup.jsonl");
+  struct run r;
+  run1(&r, noenv, (const char *const[]){"--epochs", "1", "--warmup-epochs", "2", "--no-eval", "--metrics", m, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "note: the warmup (8 steps, --warmup-epochs 2) is longer than this run (4 steps): its "
+                              "last step runs at lr 0.00625, 0.5 of the peak 0.0125"),
+                "the long warmup not said:\n%s", r.out);
+  gwrun_free(&r);
+  expect_rates(m, 4, 8, 0, "warmup longer than the run");
+  run1(&r, nan2, (const char *const[]){"--epochs", "1", "--no-eval", "--loss-scale", "dynamic", NULL});
+  expect_ok(&r);
+  const char *e = strstr(r.out, "epoch 1 done: mean training loss ");
+  ck_assert_msg(e && strstr(e, " (over 3 steps; 1 skipped for a non-finite loss are left out)") &&
+                    isfinite(atof(e + strlen("epoch 1 done: mean training loss "))),
+                "the skipped step's nan in the epoch's mean:\n%s", r.out);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -383,6 +411,7 @@ END_TEST
 
 void add_schedule_tests(TCase *tc) {
   tcase_add_test(tc, test_lr_schedule);
+  tcase_add_test(tc, test_long_warmup_and_skipped_loss);
   tcase_add_test(tc, test_lr_milestones);
   tcase_add_test(tc, test_longer_resume_said);
   tcase_add_test(tc, test_epochs_resume_said);

@@ -405,6 +405,69 @@ START_TEST(test_load_weights_nonfinite) {
 }
 END_TEST
 
+/* A checkpoint goes on at another world size or batch through
+ * --load-weights (a resume there is refused, and now says so): its weights,
+ * BN statistics and counters, exactly (the weights saved from it equal those
+ * a resume at its step saves); another model's checkpoint, and a damaged one,
+ * are refused naming what. */
+START_TEST(test_load_weights_from_checkpoint) {
+  char dir[512], ckpt[600], w_resumed[512], w_loaded[512], damaged[512];
+  path(dir, sizeof dir, "lw-ckpt");
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt-2.safetensors", dir);
+  path(w_resumed, sizeof w_resumed, "lw-resumed.safetensors");
+  path(w_loaded, sizeof w_loaded, "lw-loaded.safetensors");
+  path(damaged, sizeof damaged, "lw-damaged.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  /* at 2 ranks of 4: refused as a resume, with the way on */
+  train(&r, noenv, "2",
+        (const char *const[]){"--steps", "3", "--batch", "4", "--checkpoint-dir", dir, "--resume", NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "world 1 -> 2, batch 8 -> 4") &&
+                    strstr(r.err, "start a new run from its weights: --load-weights with that file"),
+                "a resume at another world and batch: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  train(&r, noenv, "2", (const char *const[]){"--steps", "1", "--batch", "4", "--load-weights", ckpt, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  /* the values: a resume with nothing left saves the checkpoint's */
+  train(&r, noenv, "1",
+        (const char *const[]){"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, "--resume", "--save-weights",
+                              w_resumed, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--load-weights", ckpt, "--save-weights", w_loaded, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  ck_assert_msg(same_file(w_resumed, w_loaded), "the weights loaded from %s are not the checkpoint's", ckpt);
+  /* another model (more classes) */
+  train(&r, noenv, "1",
+        (const char *const[]){"--steps", "1", "--batch", "8", "--classes", "5", "--load-weights", ckpt, NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "a checkpoint of another model (resnet18 classes=4 ") &&
+                    strstr(r.err, "this run's: resnet18 classes=5 "),
+                "another model's checkpoint: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  /* one byte of its weights changed: the checksum says so */
+  FILE *in = fopen(ckpt, "rb"), *out = fopen(damaged, "wb");
+  ck_assert(in && out);
+  char buf[1 << 16];
+  size_t n, at = 0;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) {
+    if (at + n > 6000 && at <= 6000) buf[6000 - at] ^= 0x10;
+    ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+    at += n;
+  }
+  fclose(in);
+  ck_assert_int_eq(fclose(out), 0);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--load-weights", damaged, NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "checkpoint refused: its checksum") && strstr(r.err, "the file is damaged"),
+                "a damaged checkpoint as weights: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
 START_TEST(test_weights_stale_temps_removed) {
   char weights[512], dead[600], reused[600], live[600], other[600], odd[600], dead0[600];
   path(weights, sizeof weights, "w-temps.safetensors");
@@ -462,4 +525,5 @@ void add_weights_tests(TCase *tc) {
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
   tcase_add_test(tc, test_weights_stale_temps_removed);
   tcase_add_test(tc, test_load_weights_nonfinite);
+  tcase_add_test(tc, test_load_weights_from_checkpoint);
 }

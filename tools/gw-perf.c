@@ -73,7 +73,8 @@ static void usage(FILE *f) {
           "  -C, --collective NAME allreduce|allgather|reduce_scatter|broadcast (default allreduce)\n"
           "  -r, --root R          broadcast root (default 0)\n"
           "      --csv FILE        write the results as CSV (rank 0)\n"
-          "      --json FILE       write the results as JSON (rank 0)\n");
+          "      --json FILE       write the results as JSON (rank 0)\n"
+          "  -h, --help            this text\n");
 }
 
 static size_t parse_size(const char *s, const char *what) {

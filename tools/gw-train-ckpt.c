@@ -374,7 +374,7 @@ int ckpt_nonfinite(const struct gw_model *m, const float *params, const float *m
          scan_kind(m, GW_TENSOR_RUNNING, running, "", where, len);
 }
 
-int loaded_weights_finite(struct gw_model *m, const char *path, char *err, size_t len) {
+static int loaded_weights_finite(struct gw_model *m, const char *path, char *err, size_t len) {
   /* A test hook: the tests of what a model holding a NaN does (the
    * evaluation's score, the metrics, the refused saves) load one. */
   const char *hook = getenv("GW_TRAIN_TEST_LOAD_NONFINITE");
@@ -494,6 +494,24 @@ static int verify(const struct gw_st_file *f, char *why, size_t whylen) {
   return 0;
 }
 
+/* The model's words of a run's configuration (its name, classes, input
+ * channels, stem and width: not the image size, which weights do not fix,
+ * nor the run's data, world or batch), as ckpt_model_words writes them; 0
+ * when one is missing. */
+static int config_model_words(const char *cfg, char *out, size_t cap) {
+  static const char *const keys[] = {"classes", "in_channels", "stem", "width_divisor"};
+  int n = snprintf(out, cap, "%.*s", (int)strcspn(cfg, " "), cfg);
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    char k[32];
+    snprintf(k, sizeof k, " %s=", keys[i]);
+    const char *v = strstr(cfg, k);
+    if (!v || n < 0 || (size_t)n >= cap) return 0;
+    v += strlen(k);
+    n += snprintf(out + n, cap - (size_t)n, "%s%.*s", k, (int)strcspn(v, " "), v);
+  }
+  return n > 0 && (size_t)n < cap;
+}
+
 /* Checks f against the model and the run, then copies it in; 0 or -1 + why.
  * legacy: the run as older gw-trains described it (NULL: not taken);
  * name_step: the step its file name says. */
@@ -507,10 +525,23 @@ static int load_one(struct gw_st_file *f, int64_t name_step, struct gw_model *m,
      * long, and a long folder name cut the message before the part that
      * differed. */
     const char *mine = cfg && !names_samples(cfg) && legacy ? legacy : config;
-    char diff[400] = "";
-    if (cfg && train_opts_diff(cfg, mine, NULL, diff, sizeof diff) == 0) diff[0] = 0;
-    snprintf(why, whylen, "it is from another run%s%s (%s; this run is %s)", diff[0] ? ": " : "", diff,
-             cfg ? cfg : "no configuration", mine);
+    /* the model's name leads without a key, so the word diff skips it */
+    char words[360] = "", named[100] = "", diff[480];
+    if (cfg && train_opts_diff(cfg, mine, NULL, words, sizeof words) <= 0) words[0] = 0;
+    const int name_len = (int)strcspn(mine, " "), their_len = cfg ? (int)strcspn(cfg, " ") : 0;
+    if (cfg && (their_len != name_len || strncmp(cfg, mine, (size_t)name_len) != 0))
+      snprintf(named, sizeof named, "model %.*s -> %.*s", their_len > 40 ? 40 : their_len, cfg,
+               name_len > 40 ? 40 : name_len, mine);
+    snprintf(diff, sizeof diff, "%s%s%s", named, named[0] && words[0] ? ", " : "", words);
+    /* another world or batch on the same model: its weights can go on */
+    char ours[400], theirs[400];
+    const bool regroup = cfg && (strstr(diff, "world ") || strstr(diff, "batch ")) &&
+                         config_model_words(cfg, theirs, sizeof theirs) &&
+                         config_model_words(mine, ours, sizeof ours) && !strcmp(ours, theirs);
+    snprintf(why, whylen, "it is from another run%s%s (%s; this run is %s)%s", diff[0] ? ": " : "", diff,
+             cfg ? cfg : "no configuration", mine,
+             regroup ? "; to go on with another world size or batch, start a new run from its weights: "
+                       "--load-weights with that file (momentum and the schedule start anew)" : "");
     return -1;
   }
   struct ckpt_tensors want;
@@ -645,6 +676,74 @@ static gw_result_t ckpt_header_check(const struct gw_st_file *h, const char *pat
   else
     return GW_SUCCESS;
   return GW_ERR_INVALID_ARGUMENT;
+}
+
+struct probe {
+  int is_ckpt;
+};
+/* Only a file with a run's configuration is read as a checkpoint; a weights
+ * file is left to the model's loader, unread here. */
+static gw_result_t probe_header(const struct gw_st_file *h, const char *path, void *arg) {
+  (void)path;
+  struct probe *p = arg;
+  p->is_ckpt = gw_st_metadata(h, "config") != NULL;
+  return p->is_ckpt ? GW_SUCCESS : GW_ERR_INVALID_ARGUMENT;
+}
+
+static int ckpt_load_weights(const char *path, struct gw_model *m, const char *model_words, char *why,
+                             size_t whylen) {
+  struct probe p = {0};
+  struct gw_st_file *f = NULL;
+  if (gw_st_open_checked(&f, path, probe_header, &p) != GW_SUCCESS) {
+    if (!p.is_ckpt) return 1;
+    snprintf(why, whylen, "%s", gw_model_last_error());
+    return -1;
+  }
+  const char *cfg = gw_st_metadata(f, "config");
+  char theirs[400];
+  int r = -1;
+  if (!config_model_words(cfg, theirs, sizeof theirs))
+    snprintf(why, whylen, "%s: a checkpoint whose configuration names no model (%.200s): the file is damaged", path,
+             cfg);
+  else if (strcmp(theirs, model_words) != 0)
+    snprintf(why, whylen, "%s: a checkpoint of another model (%s; this run's: %s)", path, theirs, model_words);
+  else if (verify(f, why, whylen) != 0) { /* damaged, or a newer gw-train's */
+    char v[600];
+    snprintf(v, sizeof v, "%s", why);
+    snprintf(why, whylen, "%s: checkpoint refused: %s", path, v);
+  } else {
+    const struct { const char *name; gw_dtype_t dtype; void *dst; size_t numel; } want[3] = {
+        {"params", GW_FLOAT32, gw_model_params(m), gw_model_num_params(m)},
+        {"running", GW_FLOAT32, gw_model_running(m), buffer_elems(m, GW_TENSOR_RUNNING)},
+        {"counters", GW_INT64, gw_model_counters(m), buffer_elems(m, GW_TENSOR_COUNTER)}};
+    r = 0;
+    for (int i = 0; i < 3 && r == 0; i++) {
+      const struct gw_st_tensor *t = gw_st_find(f, want[i].name);
+      if (!t || t->dtype != want[i].dtype || t->nbytes != want[i].numel * gw_st_dtype_size(want[i].dtype)) {
+        snprintf(why, whylen, "%s: checkpoint refused: its tensor %s is missing or not this model's (%zu %s)", path,
+                 want[i].name, want[i].numel, gw_st_dtype_name(want[i].dtype));
+        r = -1;
+      }
+    }
+    for (int i = 0; i < 3 && r == 0; i++)
+      if (want[i].numel) memcpy(want[i].dst, gw_st_find(f, want[i].name)->data, gw_st_find(f, want[i].name)->nbytes);
+  }
+  gw_st_free(f);
+  return r;
+}
+
+int load_weights(struct gw_model *m, const char *path, const char *model_name, char *err, size_t len) {
+  const struct gw_model_config *cfg = gw_model_get_config(m);
+  char words[300];
+  snprintf(words, sizeof words, "%s classes=%d in_channels=%d stem=%s width_divisor=%d", model_name, cfg->classes,
+           cfg->in_channels, cfg->stem == GW_STEM_SMALL ? "small" : "imagenet", cfg->width_divisor);
+  const int ck = ckpt_load_weights(path, m, words, err, len);
+  if (ck < 0) return -1;
+  if (ck == 1 && gw_model_load_weights(m, path) != GW_SUCCESS) {
+    snprintf(err, len, "%s", gw_model_last_error());
+    return -1;
+  }
+  return loaded_weights_finite(m, path, err, len);
 }
 
 int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,

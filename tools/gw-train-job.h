@@ -82,6 +82,8 @@ int train_allreduce_d(struct trainer *t, double *buf, size_t n, const char *what
 
 /* gw-train-setup.c: everything before the first step; 0 or -1 (said). */
 int trainer_setup(struct trainer *t);
+/* The learning rate of a step (0-based) by the run's schedule (gw-train-loop.c). */
+double trainer_lr_at(const struct trainer *t, int64_t step);
 /* gw-train-loop.c: --resume (rank 0 reads, everyone gets its state), and
  * the device copies made current from the host's. */
 int trainer_resume(struct trainer *t);

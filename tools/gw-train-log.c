@@ -229,8 +229,8 @@ void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, dou
 
 void log_summary(struct train_log *l, int64_t steps, int64_t timed, double seconds, double img_per_s) {
   if (l->rank != 0) return;
-  log_text(l, "%lld steps run: %.1f img/s over the %lld after the first (%.2f s of steps; evaluations and "
-           "checkpoints left out)", (long long)steps, img_per_s, (long long)timed, seconds);
+  log_text(l, "%lld steps run: %.1f img/s over the %lld after the first (all ranks together; %.2f s of steps; "
+           "evaluations and checkpoints left out)", (long long)steps, img_per_s, (long long)timed, seconds);
   if (l->metrics) {
     fprintf(l->metrics, "{\"type\":\"summary\",\"steps\":%lld,\"timed_steps\":%lld,\"seconds\":%s,\"img_per_s\":%s}\n",
             (long long)steps, (long long)timed, jnum("%.6f", seconds).s, jnum("%.2f", img_per_s).s);

@@ -70,7 +70,7 @@ static void milestone_steps(struct schedule *s, const double *epochs, int n, int
   s->nms = n;
   for (int i = 0; i < n; i++) s->ms[i] = (int64_t)llround(epochs[i] * (double)spe);
 }
-static double lr_at(const struct trainer *t, int64_t step) {
+double trainer_lr_at(const struct trainer *t, int64_t step) {
   const struct train_opts *o = t->o;
   struct schedule s = {t->peak_lr, t->warmup_steps, t->total_steps, o->schedule == GW_SCHED_STEP, o->lr_gamma,
                        o->warmup_start, {0}, 0};
@@ -208,7 +208,6 @@ static int saved_schedule(const struct trainer *t, struct schedule *s) {
     return 0;
   s->total = atoll(epochs) > 0 ? atoll(epochs) * t->spe : atoll(steps);
   s->warmup = (int64_t)llround(atof(warmup) * (double)t->spe);
-  if (s->warmup > s->total) s->warmup = s->total;
   s->peak = atof(lr) * (double)t->o->batch * t->world / 256.0;
   s->steps = !strcmp(kind, "step");
   /* Words an older gw-train did not write: its fixed steps of 0.1 and warmup. */
@@ -233,7 +232,7 @@ static void note_schedule_change(struct trainer *t) {
   const int64_t at = t->st.step;
   if (!saved_schedule(t, &saved) || at >= t->total_steps) return;
   const int ended = at >= saved.total; /* then its last step's rate */
-  const double now_lr = lr_at(t, at), saved_lr = rate(&saved, ended ? saved.total - 1 : at);
+  const double now_lr = trainer_lr_at(t, at), saved_lr = rate(&saved, ended ? saved.total - 1 : at);
   /* Milestones (and a warmup) do not stretch with the run's length: a longer
    * run on the same rates says nothing. */
   const int same_rate = fabs(now_lr - saved_lr) <= 1e-9 * fabs(saved_lr);
@@ -287,6 +286,9 @@ int trainer_resume(struct trainer *t) {
       found = r == 0;
       if (found) log_text(&t->log, "resumed from %s at step %lld", path, (long long)t->st.step);
       if (found) log_resumed(&t->log, t->st.step);
+      /* torchvision's order too, but a user fine-tuning from a file hears it */
+      if (found && t->o->load_weights)
+        log_text(&t->log, "note: --load-weights %s is not used: the weights are the checkpoint's", t->o->load_weights);
       else log_text(&t->log, "--resume: no checkpoint in %s yet; starting from the beginning", t->o->checkpoint_dir);
     }
   }
@@ -593,7 +595,7 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   if (copies && gw_exec_download_stats(t->e) != GW_SUCCESS) return train_fail(t, "backward", gw_model_last_error());
   double t_bwd = now();
   if (finish_gradients(t, r, t_bwd) != 0) return -1;
-  double t_comm = now(), lr = lr_at(t, t->st.step);
+  double t_comm = now(), lr = trainer_lr_at(t, t->st.step);
   /* Whether the reduced gradients overflowed rides with the loss's sum: every
    * rank holds the same sums, but the skip (and the scale, the step count)
    * must agree even if one rank's ever differed, or the replicas part. */
@@ -636,8 +638,14 @@ static int stop_before_eval(int64_t epoch) {
 }
 
 static int epoch_end(struct trainer *t, int64_t epoch) {
-  double mean = t->st.loss_count ? t->st.loss_sum / (double)t->st.loss_count : 0;
-  log_text(&t->log, "epoch %lld done: mean training loss %.4f", (long long)epoch + 1, mean);
+  const int64_t left_out = t->spe - t->st.loss_count; /* the epoch's non-finite losses (skipped steps) */
+  /* every step's loss non-finite: no mean (nan), not 0 */
+  const double mean = t->st.loss_count ? t->st.loss_sum / (double)t->st.loss_count : left_out > 0 ? NAN : 0;
+  if (left_out > 0 && left_out <= t->spe)
+    log_text(&t->log, "epoch %lld done: mean training loss %.4f (over %lld steps; %lld skipped for a non-finite loss "
+             "are left out)", (long long)epoch + 1, mean, (long long)t->st.loss_count, (long long)left_out);
+  else
+    log_text(&t->log, "epoch %lld done: mean training loss %.4f", (long long)epoch + 1, mean);
   t->st.loss_sum = 0, t->st.loss_count = 0;
   /* Saved before the evaluation (which changes nothing saved), so a job that
    * ends during it keeps the epoch; the checkpoint says the evaluation is
@@ -731,7 +739,9 @@ static int run_steps_caught(struct trainer *t) {
     t->st.step++;
     t->st.sgd_steps = gw_sgd_steps(t->sgd);
     t->st.epoch = k.next_epoch, t->st.position = k.next_position;
-    t->st.loss_sum += r.loss, t->st.loss_count++;
+    /* a step the loss scaler skipped for a non-finite loss: out of the mean
+     * (one made the whole epoch's nan) */
+    if (isfinite(r.loss)) t->st.loss_sum += r.loss, t->st.loss_count++;
     r.step = t->st.step, r.steps_total = t->total_steps, r.epoch = k.epoch, r.epochs = t->epochs;
     r.step_in_epoch = k.position / t->o->batch + 1, r.steps_per_epoch = t->spe;
     r.skipped = gw_loader_skipped(t->train_ld);

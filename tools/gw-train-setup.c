@@ -184,6 +184,12 @@ static int open_data(struct trainer *t) {
   if (same_data_everywhere(t) != 0) return -1;
   /* Every step takes a whole batch from each rank's share of the data. */
   int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
+  if (o->drop_last && share == 0) {
+    char detail[200];
+    snprintf(detail, sizeof detail, "the %lld training samples are fewer than the %d ranks, so a rank's share is "
+             "empty (without --drop-last the shares are padded)", (long long)n, t->world);
+    return train_fail(t, "--drop-last", detail);
+  }
   if (share < o->batch) {
     char detail[200];
     snprintf(detail, sizeof detail, "a rank's share of the %lld training samples (%lld) is less than one batch of %d",
@@ -316,10 +322,8 @@ static int setup_model(struct trainer *t) {
   struct gw_model_config cfg;
   if (model_config(t, &cfg) != 0) return -1;
   if (gw_model_init(&t->m, &cfg) != GW_SUCCESS) return train_fail(t, "model", gw_model_last_error());
-  if (o->load_weights && gw_model_load_weights(t->m, o->load_weights) != GW_SUCCESS)
-    return train_fail(t, "--load-weights", gw_model_last_error());
-  char why[400];
-  if (o->load_weights && loaded_weights_finite(t->m, o->load_weights, why, sizeof why) != 0)
+  char why[1200];
+  if (o->load_weights && load_weights(t->m, o->load_weights, o->model_name, why, sizeof why) != 0)
     return train_fail(t, "--load-weights", why);
   t->np = gw_model_num_params(t->m);
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
@@ -464,8 +468,10 @@ static void plan_schedule(struct trainer *t) {
   const struct train_opts *o = t->o;
   t->total_steps = o->epochs > 0 ? o->epochs * t->spe : o->steps;
   t->epochs = (t->total_steps + t->spe - 1) / t->spe;
+  /* A warmup longer than the run is not squeezed into it: the rate climbs as
+   * the recipe's does (torchvision's LinearLR, NVIDIA's per-step ramp), and
+   * the run ends part way up (said at the start). */
   t->warmup_steps = (int64_t)llround(o->warmup_epochs * (double)t->spe);
-  if (t->warmup_steps > t->total_steps) t->warmup_steps = t->total_steps;
   t->peak_lr = o->lr * (double)o->batch * t->world / 256.0;
 }
 
@@ -541,6 +547,11 @@ int trainer_setup(struct trainer *t) {
     log_text(&t->log, "note: %d of the %d --lr-milestones (from epoch %g) come at or after this run's end (step "
              "%lld, %lld per epoch): the rate never drops there", past, o->n_milestones,
              o->milestones[o->n_milestones - past], (long long)t->total_steps, (long long)t->spe);
+  if (t->warmup_steps > t->total_steps && t->st.step < t->total_steps)
+    log_text(&t->log, "note: the warmup (%lld steps, --warmup-epochs %g) is longer than this run (%lld steps): "
+             "its last step runs at lr %.4g, %.3g of the peak %.4g", (long long)t->warmup_steps, o->warmup_epochs,
+             (long long)t->total_steps, trainer_lr_at(t, t->total_steps - 1),
+             trainer_lr_at(t, t->total_steps - 1) / t->peak_lr, t->peak_lr);
   /* The plot gets a point at each epoch's end: say so at once when none comes. */
   if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
     log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "

@@ -39,7 +39,8 @@ static void usage(FILE *f) {
           "  --width-divisor D        narrower layers (1, 2, 4, ..., 64; default 1 = torchvision)\n"
           "  --zero-init-residual     start the last BN gamma of every block at 0\n"
           "  --seed S                 initialization, shuffling and augmentation seed (default 0)\n"
-          "  --load-weights FILE      start from FILE (safetensors, torchvision names)\n"
+          "  --load-weights FILE      start from FILE (safetensors, torchvision names), or from a checkpoint's\n"
+          "                           weights (ckpt-N.safetensors: another world size or batch; momentum anew)\n"
           "  --save-weights FILE      write the trained weights (safetensors) at the end\n"
           "training:\n"
           "  --epochs E | --steps S   how long (exactly one; --steps 0 only builds, loads and saves: in\n"
@@ -93,7 +94,8 @@ static void usage(FILE *f) {
           "  --resume                 continue from the newest valid checkpoint in --checkpoint-dir (without it,\n"
           "                           a folder that holds checkpoints is refused: a new run would overwrite them)\n"
           "output:\n"
-          "  --metrics FILE.jsonl     one JSON object per step and per evaluation\n"
+          "  --metrics FILE.jsonl     one JSON object per step and per evaluation (img/s of all ranks\n"
+          "                           together, as in the log; times are rank 0's, the loss the ranks' mean)\n"
           "  --plot FILE.png          loss and accuracy per epoch (gnuplot)\n"
           "  --log-every N            steps between plain log lines when not on a terminal (default 50)\n"
           "  --no-eval                skip the evaluation at each epoch end\n"
@@ -568,11 +570,8 @@ static int build_only(struct train_opts *o) {
   }
   int rc = 0;
   if (o->save_weights) weights_remove_stale_temps(o->save_weights);
-  char why_load[400];
-  if (o->load_weights && gw_model_load_weights(m, o->load_weights) != GW_SUCCESS) {
-    fprintf(stderr, "gw-train: --load-weights: %s\n", gw_model_last_error());
-    rc = 1;
-  } else if (o->load_weights && loaded_weights_finite(m, o->load_weights, why_load, sizeof why_load) != 0) {
+  char why_load[1200];
+  if (o->load_weights && load_weights(m, o->load_weights, o->model_name, why_load, sizeof why_load) != 0) {
     fprintf(stderr, "gw-train: --load-weights: %s\n", why_load);
     rc = 1;
   } else if (o->save_weights && gw_model_save_weights(m, o->save_weights) != GW_SUCCESS) {

@@ -126,10 +126,15 @@ int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd,
  * checkpoint, and --save-weights such a file. */
 int ckpt_nonfinite(const struct gw_model *m, const float *params, const float *momentum, const float *running,
                    char *where, size_t len);
-/* After --load-weights: 0, or -1 with err naming the file and the first value
- * that is not finite (training from it failed at the first step blaming the
- * learning rate; a run without training saved it again). */
-int loaded_weights_finite(struct gw_model *m, const char *path, char *err, size_t len);
+/* --load-weights: a weights file (torchvision's names, as --save-weights
+ * writes), or a checkpoint of gw-train (ckpt-N.safetensors) of this model
+ * (model_name, and the classes, input channels, stem and width of m: any
+ * image size, data, world or batch): its weights, BN statistics and
+ * counters, its checksum checked.  Then every value must be finite (training
+ * from an inf failed at the first step blaming the learning rate; a run
+ * without training saved it again).  0, or -1 with err naming the file and
+ * what is wrong. */
+int load_weights(struct gw_model *m, const char *path, const char *model_name, char *err, size_t len);
 
 /* Rank 0, before training: dir exists (made if missing; its parent must
  * exist) and is writable, and holds no checkpoint unless resuming: a new run
