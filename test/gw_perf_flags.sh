@@ -45,6 +45,10 @@ mkfifo "$tmp/fifo"
 refused "--tune $tmp/fifo: not a regular file" --tune "$tmp/fifo"
 [ -p "$tmp/fifo" ] || { echo "FAIL: --tune replaced the FIFO"; fail=1; }
 rm -f "$tmp/fifo" "$tmp/fifo.lock"
+# the tuning file's temporary name adds 12 (".tmp." and a pid), not the
+# weights writer's 32: a 250-character name leaves no room, 243 is the most
+refused "the file name is 250 characters long; at most 243 here (its temporary file's name adds 12 to it" \
+  --tune "$tmp/$(printf 't%.0s' $(seq 250))"
 refused "-f 1.0000001 makes more than 10000 steps" -f 1.0000001
 # not a number of emulated devices: no device, named (it ran the emulator)
 out=$(GW_DEV_EMULATE=false "$run" -n 2 "$perf" -D -b 8 -e 8 2>&1) &&

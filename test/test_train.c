@@ -644,6 +644,15 @@ START_TEST(test_bad_flags) {
   path(longname, sizeof longname, base);
   refused((const char *const[]){"--steps", "2", "--save-weights", longname, NULL},
           "the file name is 240 characters long; at most 223 here");
+  /* the plot's temporary names add 8 (".dat.tmp"), not the weights' 32: 240
+   * passes (the run goes on to its data), 250 does not */
+  refused((const char *const[]){"--steps", "2", "--plot", longname, "--data", "imagenet:/nonexistent", NULL},
+          "imagenet: cannot open /nonexistent/train");
+  char longer[700], base250[251];
+  memset(base250, 'p', sizeof base250 - 1), base250[sizeof base250 - 1] = 0;
+  path(longer, sizeof longer, base250);
+  refused((const char *const[]){"--steps", "2", "--plot", longer, NULL},
+          "the file name is 250 characters long; at most 247 here (its temporary file's name adds 8 to it");
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/nonexistent-gw/a/b", NULL},
           "--checkpoint-dir /nonexistent-gw/a/b: cannot create it");
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/proc/self/status", NULL}, "not a directory");

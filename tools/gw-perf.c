@@ -716,7 +716,8 @@ int main(int argc, char **argv) {
     const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o.tune, o.csv, o.json};
     /* the tuning file is replaced whole (a rename): a device or FIFO is refused */
     for (int i = 0; i < 3; i++)
-      if (file[i] && (i == 0 ? replaced_path_ok : output_path_ok)(flag[i], file[i], err, sizeof err) != 0)
+      if (file[i] && (i == 0 ? replaced_path_ok(flag[i], file[i], OUTPATH_TEMP_TUNE, err, sizeof err)
+                             : output_path_ok(flag[i], file[i], err, sizeof err)) != 0)
         die("%s", err);
   }
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;

@@ -303,7 +303,7 @@ static bool png_whole(const char *path) {
 
 int plot_check(const char *png, char *err, size_t errlen) {
   /* replaced (below): a FIFO held gnuplot, and so the training, for ever */
-  if (replaced_path_ok("--plot", png, err, errlen) != 0) return -1;
+  if (replaced_path_ok("--plot", png, OUTPATH_TEMP_PLOT, err, errlen) != 0) return -1;
   /* The path goes into the gnuplot script between single quotes. */
   if (strpbrk(png, "'\n\r")) {
     snprintf(err, errlen, "--plot %s: a quote or a line break in the path would break the gnuplot script; choose "

@@ -484,7 +484,7 @@ static int check_outputs(const struct trainer *t) {
   if (t->rank != 0) return 0;
   char err[1200];
   if ((o->checkpoint_dir && ckpt_prepare_dir(o->checkpoint_dir, o->resume, err, sizeof err) != 0) ||
-      (o->save_weights && replaced_path_ok("--save-weights", o->save_weights, err, sizeof err) != 0) ||
+      (o->save_weights && replaced_path_ok("--save-weights", o->save_weights, OUTPATH_TEMP_WEIGHTS, err, sizeof err) != 0) ||
       (o->plot && plot_check(o->plot, err, sizeof err) != 0))
     return train_fail(t, "output files", err);
   return 0;

@@ -8,8 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ".tmp." 8 hex "." pid (7 digits at Linux's largest pid_max) "." a 32-bit counter */
-enum { TEMP_SUFFIX_MAX = 5 + 8 + 1 + 7 + 1 + 10 };
+_Static_assert(OUTPATH_TEMP_WEIGHTS == 5 + 8 + 1 + 7 + 1 + 10, "safetensors_write.c's temporary names");
 
 /* The directory path is in ("." for a bare name, "/" for "/name"). */
 static void dir_of(const char *path, char *dir, size_t cap) {
@@ -48,7 +47,7 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
   return 0;
 }
 
-int replaced_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
+int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *err, size_t errlen) {
   struct stat sb;
   if (path[0] && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
     char *real = realpath(path, NULL);
@@ -57,7 +56,7 @@ int replaced_path_ok(const char *flag, const char *path, char *err, size_t errle
                errno == ENOENT ? "what it names does not exist" : strerror(errno));
       return -1;
     }
-    int r = replaced_path_ok(flag, real, err, errlen);
+    int r = replaced_path_ok(flag, real, temp_suffix, err, errlen);
     free(real);
     return r;
   }
@@ -67,18 +66,19 @@ int replaced_path_ok(const char *flag, const char *path, char *err, size_t errle
     return -1;
   }
   if (output_path_ok(flag, path, err, errlen) != 0) return -1;
-  /* The file is written as <name>.tmp.<8 hex>.<pid>.<counter> beside it and
-   * renamed (safetensors_write.c): a name that leaves no room for that passed
-   * here and failed only when written, after the training. */
+  /* The file is written as a temporary file beside it and renamed (the
+   * safetensors writer's <name>.tmp.<8 hex>.<pid>.<counter>): a name that
+   * leaves no room for that passed here and failed only when written, after
+   * the training. */
   char dir[4096];
   dir_of(path, dir, sizeof dir);
   const char *slash = strrchr(path, '/');
   const size_t len = strlen(slash ? slash + 1 : path);
   const long max = pathconf(dir, _PC_NAME_MAX);
-  if (max > 0 && len + TEMP_SUFFIX_MAX > (size_t)max) {
+  if (max > 0 && len + (size_t)temp_suffix > (size_t)max) {
     snprintf(err, errlen, "%s %s: the file name is %zu characters long; at most %zu here (its temporary file's "
-             "name adds %d to it, and the directory takes %ld)", flag, path, len, (size_t)max - TEMP_SUFFIX_MAX,
-             TEMP_SUFFIX_MAX, max);
+             "name adds %d to it, and the directory takes %ld)", flag, path, len, (size_t)(max - temp_suffix),
+             temp_suffix, max);
     return -1;
   }
   return 0;

@@ -14,7 +14,12 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
  * link to nothing is refused), which must be a regular file where it exists,
  * and the checks above apply to that file and its directory, where the
  * temporary file goes. */
-int replaced_path_ok(const char *flag, const char *path, char *err, size_t errlen);
+int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *err, size_t errlen);
+/* temp_suffix: the most its writer's temporary files add to the name, for
+ * which the name must leave room: the safetensors writer's ".tmp." 8 hex "."
+ * pid (7 digits at Linux's largest pid_max) "." a 32-bit counter; the tuning
+ * file's ".tmp." pid; the plot's data file's ".dat.tmp". */
+enum { OUTPATH_TEMP_WEIGHTS = 32, OUTPATH_TEMP_TUNE = 12, OUTPATH_TEMP_PLOT = 8 };
 
 /* Whether two output paths name one file: the same file where both exist
  * (links and "./" spellings included), else the same name in the same
