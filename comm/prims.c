@@ -163,12 +163,13 @@ static bool zombie_leader_alive(pid_t pid) {
  * raw clone, still holds the lock). */
 /* The state letter of the peer's process from /proc (R, S, D, T, t, Z, X,
  * ...): 0 where its pid is not ours to look up (another machine, or a pid of
- * another pid namespace: a container), '?' when it cannot be read. */
+ * another pid namespace: a container), '-' when it is gone, '?' when it
+ * cannot be read. */
 static char peer_pid_state(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *pi = &comm->peers[peer];
   const struct gw_peer_info *me = &comm->peers[comm->rank];
   if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return 0;
-  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return 'X';
+  if (kill(pi->pid, 0) != 0 && errno == ESRCH) return '-'; /* gone: not even a zombie */
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pi->pid);
   FILE *f = fopen(path, "r");
@@ -185,21 +186,53 @@ static char peer_pid_state(const struct gw_comm *comm, int peer) {
 static int peer_pid_runs(const struct gw_comm *comm, int peer) {
   const char state = peer_pid_state(comm, peer);
   if (!state) return -1;
+  if (state == '-') return 0;
   if (state != 'Z' && state != 'X') return 1;
   return zombie_leader_alive(comm->peers[peer].pid);
 }
 
-/* A wait's deadline passed while the peer it waits on is stopped: job
- * control (SIGSTOP, or SIGTSTP from a terminal's Ctrl-Z), or a debugger or
- * tracer holding it.  That peer is the straggler for certain, so the wait
+/* A wait's deadline passed while the peer it waits on is stopped, every
+ * thread of it: job control (SIGSTOP, or SIGTSTP from a terminal's Ctrl-Z),
+ * or a debugger or tracer holding it.  That peer is the straggler for certain, so the wait
  * says so at its deadline without the grace for a notice: the ranks behind it
  * then hear the notice naming it within their own grace (each blamed its
  * healthy predecessor when every deadline ran out together).  GW_SUCCESS when
  * the peer is not stopped, or is not ours to look at (another machine or pid
  * namespace). */
+/* 'T' when every thread of pid is stopped, 't' when every one is stopped
+ * or held by a tracer and one is held, else 0: the leader's state alone is
+ * not enough (under strace -p, or gdb's non-stop mode, the leader may sit in
+ * 't' while another thread drives the communicator). */
+static char threads_stopped(pid_t pid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  char all = 'T';
+  int seen = 0;
+  for (struct dirent *e; all && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/%d/task/%.20s/stat", (int)pid, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue; /* a thread that just ended */
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *close = strrchr(buf, ')');
+    const char st = close && close[1] == ' ' ? close[2] : '?';
+    if (st == 't') all = 't';
+    else if (st != 'T') all = 0;
+    seen++;
+  }
+  closedir(d);
+  return seen ? all : 0;
+}
+
 static gw_result_t stopped_peer_error(struct prims *p, const struct gw_conn *c, const char *what, double waited) {
-  const char state = peer_pid_state(p->comm, c->peer);
-  if (state != 'T' && state != 't') return GW_SUCCESS;
+  const char leader = peer_pid_state(p->comm, c->peer);
+  if (leader != 'T' && leader != 't') return GW_SUCCESS;
+  const char state = threads_stopped(p->comm->peers[c->peer].pid);
+  if (!state) return GW_SUCCESS;
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
   return gw__err(p->err, GW_ERR_TIMEOUT,

@@ -304,8 +304,12 @@ gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum
                   "; %lld director%s left out (%s)", (long long)f->scan_skipped, f->scan_skipped > 1 ? "ies" : "y",
                   f->scan_note);
   if (f->scan_files_skipped && n > 0 && (size_t)n < sizeof f->base.description)
-    snprintf(f->base.description + n, sizeof f->base.description - (size_t)n, "; %lld file%s left out (%s)",
-             (long long)f->scan_files_skipped, f->scan_files_skipped > 1 ? "s" : "", f->scan_file_note);
+    n += snprintf(f->base.description + n, sizeof f->base.description - (size_t)n, "; %lld file%s left out (%s)",
+                  (long long)f->scan_files_skipped, f->scan_files_skipped > 1 ? "s" : "", f->scan_file_note);
+  if (f->scan_other_images && n > 0 && (size_t)n < sizeof f->base.description)
+    snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
+             "; %lld image file%s of other formats left out (JPEG only is decoded; the first: %s)",
+             (long long)f->scan_other_images, f->scan_other_images > 1 ? "s" : "", f->scan_other_note);
   *ds = &f->base;
   return GW_SUCCESS;
 }

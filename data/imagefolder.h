@@ -27,6 +27,11 @@ struct gw__folder {
    * one with why. */
   int64_t scan_files_skipped;
   char scan_file_note[240];
+  /* Image files of other formats (torchvision's ImageFolder extensions: .png,
+   * .ppm, .bmp, .pgm, .tif, .tiff, .webp), which are not decoded here: how
+   * many were left out, and the first. */
+  int64_t scan_other_images;
+  char scan_other_note[240];
 };
 
 /* Appends one sample; GW_ERR_SYSTEM when out of memory. */

@@ -88,6 +88,23 @@ static int is_jpeg_name(const char *name) {
   return (n > 4 && !strcasecmp(name + n - 4, ".jpg")) || (n > 5 && !strcasecmp(name + n - 5, ".jpeg"));
 }
 
+/* An image file torchvision's ImageFolder would read and this one does not
+ * decode (JPEG only): counted and said, not left out silently. */
+static int is_other_image_name(const char *name) {
+  static const char *const ext[] = {".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
+  const size_t n = strlen(name);
+  for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+    const size_t k = strlen(ext[i]);
+    if (n > k && !strcasecmp(name + n - k, ext[i])) return 1;
+  }
+  return 0;
+}
+
+static void other_image(struct gw__folder *f, const char *dir, const char *name) {
+  if (!f->scan_other_images++)
+    snprintf(f->scan_other_note, sizeof f->scan_other_note, "%.200s/%.30s", dir, name);
+}
+
 /* Notes a directory the walk leaves out (the first one's path and why). */
 static void skip_dir(struct gw__folder *f, const char *path, const char *why) {
   if (!f->scan_skipped++) snprintf(f->scan_note, sizeof f->scan_note, "%.200s: %s", path, why);
@@ -269,6 +286,8 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, bool v
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
     } else if (kind == -2 && is_jpeg_name(e->d_name)) {
       skip_file(f, dir, e->d_name);
+    } else if (kind == 0 && is_other_image_name(e->d_name)) {
+      other_image(f, dir, e->d_name);
     }
     if (res != GW_SUCCESS) break;
   }
@@ -323,14 +342,23 @@ static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const
     else if (label < 0)
       res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s is not a class of the training split", class_dir);
     else {
-      const int64_t before = f->base.size;
+      const int64_t before = f->base.size, others = f->scan_other_images;
       res = add_class(f, &split, class_dir, label);
       /* An empty training class (.ipynb_checkpoints, lost+found) is still a
        * class: it shifted every later label and gave the model an output too
-       * many (torchvision's ImageFolder refuses it too). */
-      if (res == GW_SUCCESS && is_train && f->base.size == before)
-        res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no .jpg or .jpeg files: "
-                             "remove it (as a class it would shift every later class's label)", class_dir);
+       * many; an empty evaluation class left the class out of the scores
+       * unsaid (torchvision's ImageFolder refuses both). */
+      char also[120] = "";
+      if (f->scan_other_images > others)
+        snprintf(also, sizeof also, " (it holds %lld image file%s of other formats, which are not decoded: JPEG "
+                 "only)", (long long)(f->scan_other_images - others), f->scan_other_images - others > 1 ? "s" : "");
+      if (res == GW_SUCCESS && f->base.size == before)
+        res = is_train ? gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no .jpg or .jpeg "
+                                        "files%s: remove it (as a class it would shift every later class's label)",
+                                        class_dir, also)
+                       : gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no .jpg or .jpeg "
+                                        "files%s: remove it (the evaluation would leave its class out unsaid)",
+                                        class_dir, also);
     }
   }
   names_free(&listed);

@@ -196,7 +196,12 @@ static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_
   for (int64_t k = 0; k < l->ns; k++) {
     if (atomic_load(&l->stop)) return interrupted(s);
     const int64_t at = (pos + k) % l->ns, index = shard[at];
-    gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, place_key(l, s->b.epoch, at, index), out, &s->y[i]);
+    /* a stand-in's key is its place's too: the sample at `at` gets place_key
+     * on its own turn, usually in the same batch, and the stand-in was its
+     * exact copy, crop and flip alike */
+    uint64_t key = place_key(l, s->b.epoch, at, index);
+    if (k) key = gw__mix64(key ^ ((uint64_t)pos + 1) * 0xbf58476d1ce4e5b9ull);
+    gw_result_t r = gw_dataset_get(l->ds, index, l->cfg.train, key, out, &s->y[i]);
     s->stand_in[i] = k > 0;
     /* One count per place whose own sample was skipped (loader.h), however
      * many files the search went past: the next place searches them again. */

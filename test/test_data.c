@@ -622,6 +622,23 @@ START_TEST(folder_bad_trees) {
                 "%s", gw_dataset_description(ds));
   ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
   gw_dataset_free(ds);
+  /* Image files of formats torchvision reads and this scan does not decode
+   * are counted and said (they were dropped without a word); an evaluation
+   * class holding only those is refused as an empty training class is (its
+   * class left the scores unsaid). */
+  write_file(in_tmp("train/a/p.png"), "png", 3);
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 image file of other formats left out (JPEG only is decoded; "
+                                                   "the first: ") &&
+                    strstr(gw_dataset_description(ds), "train/a/p.png)"),
+                "%s", gw_dataset_description(ds));
+  ck_assert_int_eq(gw_dataset_size(ds), 1);
+  gw_dataset_free(ds);
+  ck_assert_int_eq(rmdir(in_tmp("val/zebra")), 0);
+  mkdirs("val/a");
+  write_file(in_tmp("val/a/v.webp"), "webp", 4);
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 32), "val/a",
+               "holds no .jpg or .jpeg files (it holds 1 image file of other formats, which are not decoded");
   ck_assert_int_eq(symlink("c", in_tmp("train/c")), 0);
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "cannot look at", "train/c");
   remove_tmpdir();

@@ -171,7 +171,8 @@ END_TEST
 
 /* ---- an error from one of several workers ------------------------------------------ */
 
-/* 40 samples in order, batches of 4, 3 workers: sample 29 fails (not a skip).
+/* 40 samples in order, batches of 4, 3 workers: sample 29 fails (not a skip);
+ * sample 13 is skipped, and its stand-in is augmented anew.
  * Batches 0-6 arrive whole; batch 7 (positions 28-31) is the error, naming the
  * sample, on this call and the next; a seek clears it. */
 START_TEST(loader_worker_error) {
@@ -184,6 +185,11 @@ START_TEST(loader_worker_error) {
     ck_assert_msg(gw_loader_next(l, &b) == GW_SUCCESS, "batch %d: %s", k, gw_data_last_error());
     ck_assert(b && b->position == 4 * k && b->n == 4);
     ck_assert_int_eq(b->skipped, k == 3);
+    /* place 13's stand-in is sample 14, also at place 14: not its copy (the
+     * augmentation key is the place's; it was the sample's alone) */
+    if (k == 3)
+      ck_assert_msg(b->stand_in[1] && b->y[1] == b->y[2] && memcmp(b->x + 16, b->x + 32, 16 * sizeof *b->x) != 0,
+                    "the stand-in at place 13 is sample 14's exact copy");
   }
   for (int again = 0; again < 2; again++) {
     gw_result_t res = gw_loader_next(l, &b);

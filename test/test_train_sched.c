@@ -84,16 +84,20 @@ START_TEST(test_lr_schedule) {
   expect_ok(&r);
   gwrun_free(&r);
   expect_rates(m[1], 12, 4, 1, "step schedule");
+  /* checkpoints at every step: the stop at step 2 saves one there (without,
+   * the "resume" found none and started over, which the rates could not tell) */
   const char *const resumed[] = {"--epochs", "3", "--warmup-epochs", "1", "--no-eval", "--metrics", m[2],
-                                 "--checkpoint-dir", dir, NULL};
+                                 "--checkpoint-dir", dir, "--checkpoint-every", "1", NULL};
   run1(&r, stop2, resumed);
   ck_assert_msg(strstr(r.out, "stopping after step 2"), "not stopped at step 2:\n%s\n%s", r.out, r.err);
   gwrun_free(&r);
   const char *const again[] = {"--epochs", "3", "--warmup-epochs", "1", "--no-eval", "--metrics", m[2],
-                               "--checkpoint-dir", dir, "--resume", NULL};
+                               "--checkpoint-dir", dir, "--checkpoint-every", "1", "--resume", NULL};
   run1(&r, noenv, again);
   expect_ok(&r);
   ck_assert_msg(!strstr(r.out, "learning-rate schedule now spans"), "a resume with the same length noted:\n%s", r.out);
+  ck_assert_msg(strstr(r.out, "resumed from ") && strstr(r.out, "at step 2") && !strstr(r.out, "no checkpoint in"),
+                "not resumed at step 2, or also said it found no checkpoint:\n%s", r.out);
   gwrun_free(&r);
   expect_rates(m[2], 12, 4, 0, "resumed in the warmup");
 }

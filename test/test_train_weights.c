@@ -432,11 +432,15 @@ START_TEST(test_load_weights_from_checkpoint) {
   train(&r, noenv, "2", (const char *const[]){"--steps", "1", "--batch", "4", "--load-weights", ckpt, NULL});
   expect_ok(&r);
   gwrun_free(&r);
-  /* the values: a resume with nothing left saves the checkpoint's */
+  /* the values: a resume with nothing left saves the checkpoint's (a
+   * --load-weights beside it is said to be unused) */
   train(&r, noenv, "1",
         (const char *const[]){"--steps", "2", "--batch", "8", "--checkpoint-dir", dir, "--resume", "--save-weights",
-                              w_resumed, NULL});
+                              w_resumed, "--load-weights", ckpt, NULL});
   expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "resumed from ") && strstr(r.out, "is not used: the weights are the checkpoint's") &&
+                    !strstr(r.out, "no checkpoint in"),
+                "a resume beside --load-weights:\n%s", r.out);
   gwrun_free(&r);
   train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--load-weights", ckpt, "--save-weights", w_loaded, NULL});
   expect_ok(&r);

@@ -681,12 +681,15 @@ static gw_result_t ckpt_header_check(const struct gw_st_file *h, const char *pat
 struct probe {
   int is_ckpt;
 };
-/* Only a file with a run's configuration is read as a checkpoint; a weights
- * file is left to the model's loader, unread here. */
+/* Only a file with a run's configuration and gw-train's format (or, version
+ * 1, its params tensor) is read as a checkpoint; a weights file, even one
+ * with a "config" of its own, is left to the model's loader, unread here. */
 static gw_result_t probe_header(const struct gw_st_file *h, const char *path, void *arg) {
   (void)path;
   struct probe *p = arg;
-  p->is_ckpt = gw_st_metadata(h, "config") != NULL;
+  const char *format = gw_st_metadata(h, "format");
+  p->is_ckpt = gw_st_metadata(h, "config") && ((format && !strcmp(format, "gradwire-checkpoint")) ||
+                                               gw_st_find(h, "params")); /* version 1 */
   return p->is_ckpt ? GW_SUCCESS : GW_ERR_INVALID_ARGUMENT;
 }
 

@@ -284,12 +284,16 @@ int trainer_resume(struct trainer *t) {
       found = -1;
     } else {
       found = r == 0;
-      if (found) log_text(&t->log, "resumed from %s at step %lld", path, (long long)t->st.step);
-      if (found) log_resumed(&t->log, t->st.step);
-      /* torchvision's order too, but a user fine-tuning from a file hears it */
-      if (found && t->o->load_weights)
-        log_text(&t->log, "note: --load-weights %s is not used: the weights are the checkpoint's", t->o->load_weights);
-      else log_text(&t->log, "--resume: no checkpoint in %s yet; starting from the beginning", t->o->checkpoint_dir);
+      if (found) {
+        log_text(&t->log, "resumed from %s at step %lld", path, (long long)t->st.step);
+        log_resumed(&t->log, t->st.step);
+        /* torchvision's order too, but a user fine-tuning from a file hears it */
+        if (t->o->load_weights)
+          log_text(&t->log, "note: --load-weights %s is not used: the weights are the checkpoint's",
+                   t->o->load_weights);
+      } else {
+        log_text(&t->log, "--resume: no checkpoint in %s yet; starting from the beginning", t->o->checkpoint_dir);
+      }
     }
   }
   int64_t f = found;

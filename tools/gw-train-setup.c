@@ -547,7 +547,7 @@ int trainer_setup(struct trainer *t) {
     log_text(&t->log, "note: %d of the %d --lr-milestones (from epoch %g) come at or after this run's end (step "
              "%lld, %lld per epoch): the rate never drops there", past, o->n_milestones,
              o->milestones[o->n_milestones - past], (long long)t->total_steps, (long long)t->spe);
-  if (t->warmup_steps > t->total_steps && t->st.step < t->total_steps)
+  if (t->warmup_steps > t->total_steps && t->st.step < t->total_steps && t->peak_lr > 0)
     log_text(&t->log, "note: the warmup (%lld steps, --warmup-epochs %g) is longer than this run (%lld steps): "
              "its last step runs at lr %.4g, %.3g of the peak %.4g", (long long)t->warmup_steps, o->warmup_epochs,
              (long long)t->total_steps, trainer_lr_at(t, t->total_steps - 1),
