@@ -1,7 +1,7 @@
 /* dataset.h - the trainer's datasets: a size, a sample shape, classes, and a get()
  * that decodes (and for training, augments) one sample into fp32 CHW, normalized.
  * Three kinds: Fashion-MNIST from its IDX .gz files, ImageNet-style class folders
- * of JPEGs (torchvision's ImageFolder convention and transforms), and synthetic
+ * of JPEGs and PNGs (torchvision's ImageFolder convention and transforms), and synthetic
  * samples for throughput runs.
  *
  * It is not a loader: nothing here shuffles, batches or runs threads (sampler.h and
@@ -57,8 +57,9 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
  * counts, labels < 10 and truncation; the message names the file. */
 gw_result_t gw_dataset_fashion_mnist(struct gw_dataset **ds, const char *dir, enum gw_split split, int augment);
 /* Classes are the sorted subdirectories of DIR/train (val's must be among them);
- * files are *.jpg / *.jpeg in any case, anywhere below a class directory, in
- * torchvision's order.  image_size: the output side (224). */
+ * files are *.jpg / *.jpeg (and *.png where built with libpng) in any case,
+ * anywhere below a class directory, in torchvision's order, decoded by what
+ * their bytes are (JPEG or PNG), as PIL opens them.  image_size: the output side (224). */
 gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum gw_split split, int image_size);
 gw_result_t gw_dataset_synthetic(struct gw_dataset **ds, int64_t samples, int channels, int size, int classes,
                                  uint64_t seed);

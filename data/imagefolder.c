@@ -1,6 +1,8 @@
 /* imagefolder.c - ImageNet-style class folders (imagefolder_scan.c finds the
  * files): get() reads one JPEG, decodes it with libjpeg-turbo to RGB (grayscale
- * and CMYK files too, as PIL's convert("RGB") would), and applies torchvision's
+ * and CMYK files too, as PIL's convert("RGB") would), or a PNG with libpng
+ * (imagefolder_png.c; a file is decoded by what its bytes are, not its name,
+ * as PIL opens it), and applies torchvision's
  * transforms (transform.c): RandomResizedCrop + flip for training, Resize +
  * CenterCrop for validation, normalized with ImageNet's mean and std.
  *
@@ -24,11 +26,10 @@
 #include "transform.h"
 
 #define MAX_FILE_BYTES (256u << 20)     /* no photo is larger; a bound against reading anything */
-/* Decoded size bound, for the same reason: PIL's (Image.MAX_IMAGE_PIXELS
- * times 2, past which it refuses a file as a decompression bomb, as
- * torchvision's loaders then do); 16384 x 16384 before, which a padded file
- * (comments count as bytes below) could claim for 0.8 GB per loader thread. */
-#define MAX_PIXELS 178956970ull
+/* Decoded size bound, for the same reason: GW__MAX_PIXELS, PIL's; 16384 x
+ * 16384 before, which a padded file (comments count as bytes below) could
+ * claim for 0.8 GB per loader thread. */
+#define MAX_PIXELS GW__MAX_PIXELS
 /* Pixels per byte of file beyond which a header's size is not believed: a
  * photo compresses tens to a few hundred times, a flat frame a thousand, and a
  * 300-byte file claiming 16384 x 16384 would have each loader thread allocate
@@ -101,7 +102,7 @@ static gw_result_t read_file(const char *path, unsigned char **buf, size_t *len)
   if (!S_ISREG(st.st_mode))
     res = gw__model_fail(GW_DATA_SKIPPED, "%s: not a regular file", path);
   else if (st.st_size <= 0 || (uint64_t)st.st_size > MAX_FILE_BYTES)
-    res = gw__model_fail(GW_DATA_SKIPPED, "%s: %lld bytes is no plausible JPEG", path, (long long)st.st_size);
+    res = gw__model_fail(GW_DATA_SKIPPED, "%s: %lld bytes is no plausible image", path, (long long)st.st_size);
   else if (!(*buf = malloc((size_t)st.st_size)))
     res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory reading %s", path);
   size_t got = 0;
@@ -211,7 +212,7 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
    * same: its decoder (libjpeg's) reads them, as PIL does (they were skipped). */
   if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0 &&
       !((only_warned(tj) || strstr(tjGetErrorStr2(tj), "Could not determine subsampling")) && *w > 0 && *h > 0))
-    return decoder_failed(tj, path, "not a JPEG");
+    return decoder_failed(tj, path, GW_HAVE_PNG ? "not a JPEG or PNG" : "not a JPEG");
   /* A stream of tables only ends its header at an end-of-image marker and is
    * "read" without a size: 0 x 0 would then ask the decoder for the stream's
    * own size, into no buffer (the fuzzer found it). */
@@ -250,6 +251,10 @@ static gw_result_t folder_get(const struct gw_dataset *ds, int64_t index, int tr
   gw_result_t res = tj ? read_file(path, &file, &len)
                        : gw__model_fail(GW_ERR_SYSTEM, "imagenet: cannot create a JPEG decoder: %s",
                                         tjGetErrorStr2(NULL));
+#if GW_HAVE_PNG
+  if (res == GW_SUCCESS && gw__is_png(file, len)) res = gw__decode_png(path, file, len, &rgb, &w, &h);
+  else
+#endif
   if (res == GW_SUCCESS) res = decode(tj, path, file, len, &rgb, &w, &h);
   if (res == GW_SUCCESS) {
     struct gw__view v;
@@ -308,8 +313,9 @@ gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum
                   (long long)f->scan_files_skipped, f->scan_files_skipped > 1 ? "s" : "", f->scan_file_note);
   if (f->scan_other_images && n > 0 && (size_t)n < sizeof f->base.description)
     snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
-             "; %lld image file%s of other formats left out (JPEG only is decoded; the first: %s)",
-             (long long)f->scan_other_images, f->scan_other_images > 1 ? "s" : "", f->scan_other_note);
+             "; %lld image file%s of other formats left out (only %s are decoded; the first: %s)",
+             (long long)f->scan_other_images, f->scan_other_images > 1 ? "s" : "",
+             GW_HAVE_PNG ? "JPEG and PNG" : "JPEG files", f->scan_other_note);
   *ds = &f->base;
   return GW_SUCCESS;
 }

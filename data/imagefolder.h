@@ -4,10 +4,15 @@
 #ifndef GW_DATA_IMAGEFOLDER_H
 #define GW_DATA_IMAGEFOLDER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "data_internal.h"
+#include "gw_config.h"
+#ifndef GW_HAVE_PNG /* a configuration without it (the fuzz targets') */
+#define GW_HAVE_PNG 0
+#endif
 
 struct gw__folder {
   struct gw_dataset base;
@@ -33,6 +38,20 @@ struct gw__folder {
   int64_t scan_other_images;
   char scan_other_note[240];
 };
+
+/* Decoded size bound, PIL's (Image.MAX_IMAGE_PIXELS times 2, past which it
+ * refuses a file as a decompression bomb, as torchvision's loaders then do). */
+#define GW__MAX_PIXELS 178956970ull
+
+#if GW_HAVE_PNG
+/* Whether buf starts with PNG's signature (the format is the file's, not its
+ * name's: PIL opens what it recognizes). */
+bool gw__is_png(const unsigned char *buf, size_t len);
+/* Decodes a PNG into a new 8-bit RGB image [h, w, 3] as PIL's convert("RGB")
+ * gives it (imagefolder_png.c); GW_DATA_SKIPPED naming path when damaged. */
+gw_result_t gw__decode_png(const char *path, const unsigned char *buf, size_t len, unsigned char **rgb, int *w,
+                           int *h);
+#endif
 
 /* Appends one sample; GW_ERR_SYSTEM when out of memory. */
 gw_result_t gw__folder_add(struct gw__folder *f, const char *path, int32_t label);

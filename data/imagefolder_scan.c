@@ -83,20 +83,27 @@ static int join(char *out, const char *dir, const char *name) {
   return -1;
 }
 
-static int is_jpeg_name(const char *name) {
-  size_t n = strlen(name);
-  return (n > 4 && !strcasecmp(name + n - 4, ".jpg")) || (n > 5 && !strcasecmp(name + n - 5, ".jpeg"));
+/* The names the scan lists, as IMAGE_NAMES says them. */
+#if GW_HAVE_PNG
+#define IMAGE_NAMES ".jpg, .jpeg or .png"
+#else
+#define IMAGE_NAMES ".jpg or .jpeg"
+#endif
+static int ends_with(const char *name, const char *ext) {
+  const size_t n = strlen(name), k = strlen(ext);
+  return n > k && !strcasecmp(name + n - k, ext);
+}
+
+static int is_image_name(const char *name) {
+  return ends_with(name, ".jpg") || ends_with(name, ".jpeg") || (GW_HAVE_PNG && ends_with(name, ".png"));
 }
 
 /* An image file torchvision's ImageFolder would read and this one does not
- * decode (JPEG only): counted and said, not left out silently. */
+ * decode (JPEG and PNG only): counted and said, not left out silently. */
 static int is_other_image_name(const char *name) {
   static const char *const ext[] = {".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
-  const size_t n = strlen(name);
-  for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
-    const size_t k = strlen(ext[i]);
-    if (n > k && !strcasecmp(name + n - k, ext[i])) return 1;
-  }
+  for (size_t i = GW_HAVE_PNG ? 1 : 0; i < sizeof ext / sizeof ext[0]; i++)
+    if (ends_with(name, ext[i])) return 1;
   return 0;
 }
 
@@ -282,9 +289,9 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, bool v
       skip_dir(f, sub, "more than 32 levels below its class");
     } else if (kind == 1) {
       res = walk(f, sub, depth + 1, is_link(dir, e), up, files);
-    } else if (kind == 0 && is_jpeg_name(e->d_name) && names_push(files, dir, e->d_name)) {
+    } else if (kind == 0 && is_image_name(e->d_name) && names_push(files, dir, e->d_name)) {
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
-    } else if (kind == -2 && is_jpeg_name(e->d_name)) {
+    } else if (kind == -2 && is_image_name(e->d_name)) {
       skip_file(f, dir, e->d_name);
     } else if (kind == 0 && is_other_image_name(e->d_name)) {
       other_image(f, dir, e->d_name);
@@ -350,14 +357,15 @@ static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const
        * unsaid (torchvision's ImageFolder refuses both). */
       char also[120] = "";
       if (f->scan_other_images > others)
-        snprintf(also, sizeof also, " (it holds %lld image file%s of other formats, which are not decoded: JPEG "
-                 "only)", (long long)(f->scan_other_images - others), f->scan_other_images - others > 1 ? "s" : "");
+        snprintf(also, sizeof also, " (it holds %lld image file%s of other formats; only " IMAGE_NAMES
+                 " files are decoded)", (long long)(f->scan_other_images - others),
+                 f->scan_other_images - others > 1 ? "s" : "");
       if (res == GW_SUCCESS && f->base.size == before)
-        res = is_train ? gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no .jpg or .jpeg "
-                                        "files%s: remove it (as a class it would shift every later class's label)",
+        res = is_train ? gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no " IMAGE_NAMES
+                                        " files%s: remove it (as a class it would shift every later class's label)",
                                         class_dir, also)
-                       : gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no .jpg or .jpeg "
-                                        "files%s: remove it (the evaluation would leave its class out unsaid)",
+                       : gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: class directory %s holds no " IMAGE_NAMES
+                                        " files%s: remove it (the evaluation would leave its class out unsaid)",
                                         class_dir, also);
     }
   }
@@ -381,7 +389,7 @@ gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split
   }
   if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes, split == GW_SPLIT_TRAIN);
   if (res == GW_SUCCESS && f->base.size == 0)
-    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no .jpg or .jpeg files under %s", split_dir);
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no " IMAGE_NAMES " files under %s", split_dir);
   names_free(&classes);
   return res;
 }

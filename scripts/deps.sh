@@ -4,13 +4,14 @@
 # everything is there).  Sourced by run.sh and test.sh.
 gw_install_deps() {
   # The model (oneDNN), the verbs transport, the trainer's data (zlib for the
-  # IDX .gz files, libjpeg-turbo, Fashion-MNIST itself) and its plots (gnuplot).
+  # IDX .gz files, libjpeg-turbo and libpng for image folders, Fashion-MNIST
+  # itself) and its plots (gnuplot).
   # PyTorch and torchvision (Debian's, CPU): the torchvision-roundtrip test
   # (our ResNet-50 weights loaded strictly by torchvision and back, bit for bit)
   # and the fixture scripts; about 175 packages, installed once.
   local pkgs=(meson ninja-build pkg-config gcc libc6-dev check python3 iproute2 util-linux
               libopenmpi-dev openmpi-bin g++ libgloo-dev clang libclang-rt-14-dev
-              libdnnl-dev libibverbs-dev librdmacm-dev zlib1g-dev libturbojpeg0-dev
+              libdnnl-dev libibverbs-dev librdmacm-dev zlib1g-dev libturbojpeg0-dev libpng-dev
               dataset-fashion-mnist gnuplot-nox python3-torch python3-torchvision)
   local missing=()
   for p in "${pkgs[@]}"; do

@@ -15,10 +15,11 @@ flags=(-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sa
        -I"$src/comm" -I"$src/transport" -I"$src/model" -I"$src/data" -I"$work")
 printf '#pragma once\n' > "$work/gw_config.h"
 fail=0
-for t in bootstrap tcp safetensors jpeg; do
-  libs=(-lpthread -lm)
+for t in bootstrap tcp safetensors jpeg png; do
+  libs=(-lpthread -lm) defs=()
   [ "$t" = jpeg ] && libs+=(-lturbojpeg)
-  if ! clang "${flags[@]}" "$src/test/fuzz/fuzz_$t.c" "$src/comm/debug.c" -o "$work/fuzz_$t" "${libs[@]}"; then
+  [ "$t" = png ] && libs+=(-lpng) defs+=(-DGW_HAVE_PNG=1)
+  if ! clang "${flags[@]}" "${defs[@]}" "$src/test/fuzz/fuzz_$t.c" "$src/comm/debug.c" -o "$work/fuzz_$t" "${libs[@]}"; then
     echo "fuzz: fuzz_$t does not build"; fail=1; continue
   fi
   mkdir -p "$work/corpus_$t"

@@ -17,6 +17,16 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "gw_config.h"
+/* What the folder scan lists and decodes (PNG where libpng was found). */
+#if GW_HAVE_PNG
+#define NAMES ".jpg, .jpeg or .png"
+#define DECODED "JPEG and PNG"
+#else
+#define NAMES ".jpg or .jpeg"
+#define DECODED "JPEG files"
+#endif
+
 #include "dataset.h"
 #include "harness.h"
 #include "loader.h"
@@ -578,7 +588,7 @@ START_TEST(folder_bad_trees) {
   struct gw_dataset *ds;
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), "train", "no class directories");
   mkdirs("train/a");
-  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), "train", "no .jpg or .jpeg files");
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), "train", "no " NAMES " files");
   mkdirs("val/zebra");
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 224), "val/zebra", "not a class");
   /* A shard with no readable sample at all is an error, not an endless search. */
@@ -587,7 +597,7 @@ START_TEST(folder_bad_trees) {
    * by name, not class 0 shifting every label. */
   mkdirs("train/.ipynb_checkpoints");
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "train/.ipynb_checkpoints",
-               "no .jpg or .jpeg files");
+               "no " NAMES " files");
   ck_assert_int_eq(rmdir(in_tmp("train/.ipynb_checkpoints")), 0);
   ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), GW_SUCCESS);
   struct gw_sampler s;
@@ -626,11 +636,11 @@ START_TEST(folder_bad_trees) {
    * are counted and said (they were dropped without a word); an evaluation
    * class holding only those is refused as an empty training class is (its
    * class left the scores unsaid). */
-  write_file(in_tmp("train/a/p.png"), "png", 3);
+  write_file(in_tmp("train/a/p.ppm"), "ppm", 3);
   ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
-  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 image file of other formats left out (JPEG only is decoded; "
-                                                   "the first: ") &&
-                    strstr(gw_dataset_description(ds), "train/a/p.png)"),
+  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 image file of other formats left out (only " DECODED
+                                                   " are decoded; the first: ") &&
+                    strstr(gw_dataset_description(ds), "train/a/p.ppm)"),
                 "%s", gw_dataset_description(ds));
   ck_assert_int_eq(gw_dataset_size(ds), 1);
   gw_dataset_free(ds);
@@ -638,7 +648,7 @@ START_TEST(folder_bad_trees) {
   mkdirs("val/a");
   write_file(in_tmp("val/a/v.webp"), "webp", 4);
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 32), "val/a",
-               "holds no .jpg or .jpeg files (it holds 1 image file of other formats, which are not decoded");
+               "holds no " NAMES " files (it holds 1 image file of other formats; only " NAMES " files are decoded)");
   ck_assert_int_eq(symlink("c", in_tmp("train/c")), 0);
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "cannot look at", "train/c");
   remove_tmpdir();
@@ -870,6 +880,9 @@ static Suite *data_suite(void) {
   add_folder_hostile_tests(tc);
   add_folder_limit_tests(tc);
   suite_add_tcase(s, tc);
+  tc = tcase_create("png");
+  suite_add_tcase(s, tc);
+  add_png_tests(tc);
   tc = tcase_create("transform");
   tcase_set_timeout(tc, 60);
   add_transform_tests(tc);

@@ -50,6 +50,8 @@ void add_loader_fault_tests(TCase *tc);
 void add_folder_limit_tests(TCase *tc);
 /* test_data_transform.c's: the training view and the resampler. */
 void add_transform_tests(TCase *tc);
+/* test_data_png.c's: PNG decoding against PIL (nothing without libpng). */
+void add_png_tests(TCase *tc);
 void add_sampler_tests(TCase *tc);
 
 #endif

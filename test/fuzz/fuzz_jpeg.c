@@ -10,6 +10,7 @@
 #include "../../data/imagefolder.c"
 #include "../../data/transform.c"
 
+#include "fuzz_views.h"
 #include "model_fail_stub.h"
 
 /* What imagefolder.c's opening needs but never gets here. */
@@ -57,14 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* A file's bytes are a skip or an image, never the machine's failure
    * (GW_ERR_SYSTEM stops the run: out of descriptors or memory). */
   if (tj && r == GW_ERR_SYSTEM) abort();
-  if (r == GW_SUCCESS) {
-    static float out[3 * 32 * 32];
-    struct gw__view v;
-    gw__view_val(&v, w, h, 32);
-    gw__resample(rgb, w, h, 3, &v, 32, 32, MEAN, STD, out);
-    gw__view_train(&v, w, h, 32, (uint64_t)size * 0x9e3779b97f4a7c15ull);
-    gw__resample(rgb, w, h, 3, &v, 32, 32, MEAN, STD, out);
-  }
+  if (r == GW_SUCCESS) fuzz_views(rgb, w, h, (uint64_t)size * 0x9e3779b97f4a7c15ull, MEAN, STD);
   free(rgb);
   free(edited);
   if (tj) tjDestroy(tj);
