@@ -106,7 +106,8 @@ END_TEST
 /* A warmup longer than the run climbs as the recipe's does, not squeezed into
  * the run (8 warmup steps, 4 run: 1/8 .. 4/8 of the peak; it ran 1/4 .. 1),
  * and the start says where the run ends on it.  A step the loss scaler skips
- * for a non-finite loss is left out of the epoch's mean (it made it nan). */
+ * for a non-finite loss is left out of the epoch's mean (it made it nan).  A
+ * warmup rounded to one step is said to be none. */
 START_TEST(test_long_warmup_and_skipped_loss) {
   const char *const noenv[] = {NULL}, *const nan2[] = {"GW_TRAIN_NAN_LOSS_AT_STEP=2", NULL};
   char m[512];
@@ -125,6 +126,9 @@ START_TEST(test_long_warmup_and_skipped_loss) {
   ck_assert_msg(e && strstr(e, " (over 3 steps; 1 skipped for a non-finite loss are left out)") &&
                     isfinite(atof(e + strlen("epoch 1 done: mean training loss "))),
                 "the skipped step's nan in the epoch's mean:\n%s", r.out);
+  /* the default 0.2 epochs at 4 steps each: 1 step, no warmup, said */
+  ck_assert_msg(strstr(r.out, "note: --warmup-epochs 0.2 is 1 step at 4 steps per epoch: no warmup"),
+                "a warmup of one step not said:\n%s", r.out);
   gwrun_free(&r);
 }
 END_TEST

@@ -240,6 +240,8 @@ START_TEST(test_loss_scaling) {
   train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--loss-scale",
                                               "dynamic", "--save-weights", scaled, NULL});
   expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "note: --loss-scale with bfloat16 activations and a float32 gradient wire: both have "
+                              "float32's range"), "loss scaling without float16 not noted:\n%s", r.out);
   gwrun_free(&r);
   size_t n1, n2;
   float *a, *b;

@@ -552,6 +552,19 @@ int trainer_setup(struct trainer *t) {
              "its last step runs at lr %.4g, %.3g of the peak %.4g", (long long)t->warmup_steps, o->warmup_epochs,
              (long long)t->total_steps, trainer_lr_at(t, t->total_steps - 1),
              trainer_lr_at(t, t->total_steps - 1) / t->peak_lr, t->peak_lr);
+  /* A warmup rounded to at most one step is none: its first step runs at the
+   * peak ((step + 1) / warmup), e.g. the default 0.2 epochs at 2 steps each. */
+  if (o->warmup_epochs > 0 && o->warmup_start <= 0 && t->warmup_steps <= 1 && t->st.step < t->total_steps)
+    log_text(&t->log, "note: --warmup-epochs %g is %lld step%s at %lld steps per epoch: no warmup, the first step "
+             "runs at the peak rate", o->warmup_epochs, (long long)t->warmup_steps, t->warmup_steps == 1 ? "" : "s",
+             (long long)t->spe);
+  /* Loss scaling is for float16's range: with none in the step it only costs
+   * a pass over the gradients (allowed: the scaler's tests run so on cpu). */
+  if ((o->loss_scale != 0 || o->loss_scale_dynamic) && o->amp != GW_FLOAT16 && o->grad_wire != GW_FLOAT16)
+    log_text(&t->log, "note: --loss-scale with %s activations and a %s gradient wire: both have float32's range "
+             "(scaling is for float16's, --amp fp16 or --grad-wire fp16); here it only costs a pass over the "
+             "gradients each step", o->amp == GW_BFLOAT16 ? "bfloat16" : "float32",
+             o->grad_wire == GW_BFLOAT16 ? "bfloat16" : "float32");
   /* The plot gets a point at each epoch's end: say so at once when none comes. */
   if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
     log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "
