@@ -9,6 +9,7 @@
  * - a resume with more --steps says the schedule now spans them, with the rates
  *   before and after; one with nothing left to train says so;
  * - a --steps run ending inside an epoch says its last steps go unevaluated;
+ * - --test-only scores saved weights as their run's last evaluation did;
  * - the evaluation over 3 ranks counts every sample once (31: padding left out),
  *   and the training samples a shard's whole batches leave out are said; its
  *   loss is the training's, label-smoothed as PyTorch's criterion;
@@ -337,6 +338,57 @@ END_TEST
  * CrossEntropyLoss(label_smoothing=0.1) summed (worked in double from
  * logsumexp), plain cross-entropy beside it; a stand-in and the sampler's
  * padding (place 3 of a 3-sample split) not counted. */
+/* --test-only: the weights a run saved, evaluated alone, score what that run's
+ * last evaluation said, at 1 rank and at 2 (each sample once), with a
+ * metrics line of epoch 0; what would train or save is refused by name. */
+START_TEST(test_test_only) {
+  const char *const noenv[] = {NULL};
+  char w[512], m[512];
+  path(w, sizeof w, "test-only.safetensors");
+  path(m, sizeof m, "test-only.jsonl");
+  struct run r;
+  run1(&r, noenv, (const char *const[]){"--epochs", "1", "--save-weights", w, NULL});
+  expect_ok(&r);
+  const char *e = strstr(r.out, "epoch 1 evaluation: ");
+  ck_assert_msg(e, "no evaluation:\n%s", r.out);
+  char want[200];
+  snprintf(want, sizeof want, "%.*s", (int)strcspn(e + 8, "\n"), e + 8); /* "evaluation: top-1 ..." */
+  gwrun_free(&r);
+  for (int ranks = 1; ranks <= 2; ranks++) {
+    unlink(m); /* a metrics file is appended to */
+    train_from(&r, noenv, ranks == 1 ? "1" : "2", (const char *const[]){SCHED_ARGS, NULL},
+               (const char *const[]){"--test-only", "--load-weights", w, "--batch", ranks == 1 ? "8" : "4", "--metrics",
+                                     m, NULL});
+    expect_ok(&r);
+    ck_assert_msg(strstr(r.out, "evaluating resnet18 from ") && strstr(r.out, want) && !strstr(r.out, "step 1/"),
+                  "--test-only at %d rank(s) did not score %s:\n%s", ranks, want, r.out);
+    gwrun_free(&r);
+    char line[512] = "";
+    int evals = 0, trains = 0;
+    FILE *f = fopen(m, "r");
+    ck_assert(f);
+    while (fgets(line, sizeof line, f)) {
+      trains += strstr(line, "\"type\":\"train\"") != NULL;
+      evals += strstr(line, "{\"type\":\"eval\",\"epoch\":0,\"step\":0,") && strstr(line, "\"samples\":32}");
+    }
+    fclose(f);
+    ck_assert_msg(evals == 1 && trains == 0, "metrics: %d evaluation lines of epoch 0, %d training lines", evals, trains);
+  }
+  static const char *const refusals[][3] = {{"--steps", "2", "--steps does not apply"},
+                                            {"--no-eval", NULL, "--no-eval contradicts it"},
+                                            {"--plot", "/tmp/p.png", "--plot does not apply"}};
+  for (size_t k = 0; k < sizeof refusals / sizeof refusals[0]; k++) {
+    run1(&r, noenv, (const char *const[]){"--test-only", "--load-weights", w, refusals[k][0], refusals[k][1], NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, refusals[k][2]), "--test-only %s: exit %d\n%s", refusals[k][0], r.code,
+                  r.err);
+    gwrun_free(&r);
+  }
+  run1(&r, noenv, (const char *const[]){"--test-only", NULL});
+  ck_assert_msg(r.code == 2 && strstr(r.err, "--test-only needs --load-weights"), "exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
 START_TEST(test_eval_scores) {
   const float z[4][3] = {{2, 1, 0}, {0, 3, -1}, {9, 0, 0}, {9, 0, 0}};
   const int32_t y[4] = {0, 2, 1, 1};
@@ -425,6 +477,7 @@ void add_schedule_tests(TCase *tc) {
   tcase_add_test(tc, test_epochs_resume_said);
   tcase_add_test(tc, test_unevaluated_steps_said);
   tcase_add_test(tc, test_eval_scores);
+  tcase_add_test(tc, test_test_only);
   tcase_add_test(tc, test_run_summary);
   tcase_add_test(tc, test_metrics_fifo);
   tcase_add_test(tc, test_eval_over_ranks);

@@ -215,8 +215,10 @@ void log_eval(struct train_log *l, int64_t epoch, int64_t step, double top1, dou
   if (!isnan(top5)) snprintf(t5, sizeof t5, "top-5 %.2f%%", 100 * top5);
   /* The same figure unless the loss is label-smoothed (NaN: both NaN). */
   if (!(loss == nll || (isnan(loss) && isnan(nll)))) snprintf(ce, sizeof ce, " (label-smoothed; cross-entropy %.4f)", nll);
-  log_text(l, "epoch %lld evaluation: top-1 %.2f%%, %s, loss %.4f%s over %lld samples", (long long)epoch, 100 * top1,
-           t5, loss, ce, (long long)samples);
+  char when[48] = ""; /* epoch 0: --test-only's evaluation, of no epoch */
+  if (epoch > 0) snprintf(when, sizeof when, "epoch %lld ", (long long)epoch);
+  log_text(l, "%sevaluation: top-1 %.2f%%, %s, loss %.4f%s over %lld samples", when, 100 * top1, t5, loss, ce,
+           (long long)samples);
   if (l->metrics) {
     fprintf(l->metrics,
             "{\"type\":\"eval\",\"epoch\":%lld,\"step\":%lld,\"top1\":%s,\"top5\":%s,\"loss\":%s,\"nll\":%s,"

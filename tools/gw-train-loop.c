@@ -856,7 +856,11 @@ int gw_train_run(const struct train_opts *o) {
   t.log.rank = -1;
   int rc = trainer_setup(&t);
   if (rc == 0 && t.rank == 0 && o->save_weights) weights_remove_stale_temps(o->save_weights);
-  if (rc == 0) {
+  if (rc == 0 && o->test_only) {
+    log_text(&t.log, "evaluating %s from %s on %s: %d rank%s x batch %d on %s", o->model_name, o->load_weights,
+             gw_dataset_description(t.val_ds), t.world, t.world > 1 ? "s" : "", o->batch, t.ops->name);
+    rc = evaluate(&t, 0, NAN);
+  } else if (rc == 0) {
     announce(&t);
     rc = run_steps(&t);
   }

@@ -466,7 +466,7 @@ static int setup_loaders(struct trainer *t) {
 
 static void plan_schedule(struct trainer *t) {
   const struct train_opts *o = t->o;
-  t->total_steps = o->epochs > 0 ? o->epochs * t->spe : o->steps;
+  t->total_steps = o->test_only ? 0 : o->epochs > 0 ? o->epochs * t->spe : o->steps;
   t->epochs = (t->total_steps + t->spe - 1) / t->spe;
   /* A warmup longer than the run is not squeezed into it: the rate climbs as
    * the recipe's does (torchvision's LinearLR, NVIDIA's per-step ramp), and

@@ -99,6 +99,8 @@ static void usage(FILE *f) {
           "  --plot FILE.png          loss and accuracy per epoch (gnuplot)\n"
           "  --log-every N            steps between plain log lines when not on a terminal (default 50)\n"
           "  --no-eval                skip the evaluation at each epoch end\n"
+          "  --test-only              evaluate --load-weights (weights or a checkpoint) once on the evaluation\n"
+          "                           split and exit, training nothing (torchvision's --test-only)\n"
           "  -h, --help\n");
 }
 
@@ -144,7 +146,7 @@ enum {
   O_MODEL = 256, O_CLASSES, O_INCH, O_SIZE, O_STEM, O_WIDTH, O_ZERO, O_SEED, O_STEPS, O_SAVE, O_LOAD, O_DATA,
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_WDALL,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
-  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
+  O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_TESTONLY, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
   O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART
 };
 
@@ -172,6 +174,7 @@ static const struct option longopts[] = {
     {"keep-checkpoints", required_argument, NULL, O_CKKEEP}, {"resume", no_argument, NULL, O_RESUME},
     {"metrics", required_argument, NULL, O_METRICS},       {"plot", required_argument, NULL, O_PLOT},
     {"log-every", required_argument, NULL, O_LOGEVERY},    {"no-eval", no_argument, NULL, O_NOEVAL},
+    {"test-only", no_argument, NULL, O_TESTONLY},
     {"grad-wire", required_argument, NULL, O_WIRE},        {"backend", required_argument, NULL, O_BACKEND},
     {"tf32", required_argument, NULL, O_TF32},            {"amp", required_argument, NULL, O_AMP},
     {"loss-scale", required_argument, NULL, O_LSCALE},    {"loss-scale-init", required_argument, NULL, O_LSINIT},
@@ -339,6 +342,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_PLOT: o->plot = arg; return 0;
   case O_LOGEVERY: return parse_long("--log-every", arg, 1, LONG_MAX / 2, &o->log_every);
   case O_NOEVAL: o->eval = 0; return 0;
+  case O_TESTONLY: o->test_only = 1; return 0;
   case O_SAVE: o->save_weights = arg; return 0;
   case O_LOAD: o->load_weights = arg; return 0;
   }
@@ -398,9 +402,24 @@ static int outputs_collide(const struct train_opts *o) {
   return 0;
 }
 
+/* --test-only: an evaluation of given weights, so what trains or saves does not
+ * apply (each refused by name rather than ignored). */
+static int check_test_only(const struct train_opts *o) {
+  static const char *const why = "--test-only evaluates --load-weights once and trains nothing";
+  if (!o->load_weights) return bad("--test-only needs --load-weights FILE (weights, or a checkpoint)%s%s", "", "");
+  if (!o->eval) return bad("%s: --no-eval contradicts it%s", why, "");
+  const char *const flag[] = {o->epochs > 0 ? "--epochs" : NULL, o->steps >= 0 ? "--steps" : NULL,
+                              o->resume ? "--resume" : NULL, o->checkpoint_dir ? "--checkpoint-dir" : NULL,
+                              o->save_weights ? "--save-weights" : NULL, o->plot ? "--plot" : NULL};
+  for (size_t i = 0; i < sizeof flag / sizeof flag[0]; i++)
+    if (flag[i]) return bad("%s: %s does not apply", why, flag[i]);
+  return 0;
+}
+
 static int check(const struct train_opts *o) {
+  if (o->test_only && check_test_only(o) != 0) return -1;
   if (o->epochs > 0 && o->steps >= 0) return bad("give --epochs or --steps, not both%s%s", "", "");
-  if (o->epochs == 0 && o->steps < 0)
+  if (o->epochs == 0 && o->steps < 0 && !o->test_only)
     return bad("say how long to train: --epochs E or --steps S (--steps 0: build, load and save only)%s%s", "", "");
   if (o->resume && !o->checkpoint_dir) return bad("--resume needs --checkpoint-dir DIR%s%s", "", "");
   if (o->loss_scale_init && !o->loss_scale_dynamic)
@@ -488,7 +507,7 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
                    "wd=%.10g wd_all=%d nesterov=%d label_smoothing=%.10g warmup_epochs=%.10g schedule=%s epochs=%ld steps=%ld "
                    "lr_milestones=%s lr_gamma=%.10g warmup_start=%s "
                    "sync_bn=%d overlap=%d bucket_mb=%.10g first_bucket_mb=%.10g grad_wire=%s amp=%s loss_scale=%s "
-                   "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d",
+                   "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d%s",
                    o->model_name, o->classes_given ? m->classes : 0, o->in_channels_given ? m->in_channels : 0,
                    o->image_size_given ? m->image_size : 0,
                    !o->stem_given ? "data's" : m->stem == GW_STEM_SMALL ? "small" : "imagenet", m->width_divisor,
@@ -497,7 +516,8 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
                    o->schedule == GW_SCHED_STEP ? "step" : "cosine", o->epochs, o->steps, ms, o->lr_gamma, ws,
                    o->sync_bn, !o->no_overlap,
                    o->bucket_mb, o->first_bucket_mb, dtype_word(o->grad_wire), dtype_word(o->amp), scale, o->backend,
-                   o->tf32, o->layout, o->host_step, o->eval, o->save_weights != NULL);
+                   o->tf32, o->layout, o->host_step, o->eval, o->save_weights != NULL,
+                   o->test_only ? " test_only=1" : ""); /* (never in a checkpoint: it writes none) */
   return n < 0 ? 0 : (size_t)n;
 }
 
@@ -593,6 +613,6 @@ int main(int argc, char **argv) {
   struct train_opts o;
   int p = parse(argc, argv, &o);
   if (p) return p == 1 ? 0 : 2;
-  if (o.steps == 0) return build_only(&o);
+  if (o.steps == 0 && !o.test_only) return build_only(&o);
   return gw_train_run(&o);
 }

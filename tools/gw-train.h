@@ -62,6 +62,7 @@ struct train_opts {
   int loss_scale_given;     /* --loss-scale was on the command line */
   long log_every;           /* steps between plain log lines */
   int eval;                 /* evaluate at each epoch end */
+  int test_only;            /* --test-only: evaluate --load-weights once, train nothing */
   const char *save_weights, *load_weights;
   int64_t synthetic_samples;
   int synthetic_given;
