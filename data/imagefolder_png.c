@@ -8,7 +8,13 @@
  *     ("I") and converts to RGB by clipping at 255: values past 255 are white;
  *   - a palette's colours; alpha and tRNS dropped, not composited (convert
  *     drops them); gamma, sRGB and ICC chunks ignored (so does convert);
- *   - interlaced (Adam7) files as plain ones.
+ *   - interlaced (Adam7) files as plain ones;
+ *   - a palette shorter than its depth allows: grey (i, i, i) past its end,
+ *     PIL's ramp under it; unknown chunks, critical ones too, ignored.
+ * Stricter than PIL (such files are skipped, where PIL decodes them): a bad
+ * CRC on any chunk PIL does not check (IDAT's), an image stream without its
+ * Adler-32 or cut right after its data, interlace method 2, a palette image
+ * without PLTE, a malformed PLTE or IHDR.
  * The same bounds as the JPEG path (imagefolder.c): PIL's decompression-bomb
  * limit, and a bound on pixels per byte of file so that a tiny file cannot
  * ask each loader thread for gigabytes.  A damaged or truncated file is
@@ -21,9 +27,13 @@
 
 #include "imagefolder.h"
 
-/* Deflate's largest ratio is about 1032:1, and a 1-bit image packs 8 pixels
- * in a byte: no honest PNG holds more pixels per byte of file than this. */
-#define PNG_MAX_PIXELS_PER_BYTE 8400ull
+/* Deflate's largest ratio is about 1032:1: no honest PNG's raw image (rows
+ * of packed samples, each after its filter byte) exceeds the file's length
+ * that many times (a 13000 x 13000 all-zero 1-bit image at zlib's level 9
+ * comes to 1024 raw bytes per byte).  So a tiny file cannot ask each loader
+ * thread for gigabytes (libpng zero-fills a whole row's buffer, and we the
+ * image's), at any bit depth. */
+#define PNG_MAX_RAW_PER_BYTE 1040ull
 
 struct png_job {
   const char *path;
@@ -50,6 +60,13 @@ static void on_error(png_structp png, png_const_charp m) {
   png_longjmp(png, 1);
 }
 
+/* An unknown chunk, critical ones included (PIL skips those that come before
+ * the image data as it does ancillary ones): handled, by ignoring it. */
+static int ignore_chunk(png_structp png, png_unknown_chunkp chunk) {
+  (void)png, (void)chunk;
+  return 1;
+}
+
 static void on_warning(png_structp png, png_const_charp m) {
   (void)png, (void)m; /* recoverable (a benign error: an unknown chunk's oddity): decoded, as PIL does */
 }
@@ -62,18 +79,34 @@ static gw_result_t read_png(png_structp png, png_infop info, struct png_job *j) 
   /* A bad CRC on any chunk fails the file, as PIL refuses it (libpng's
    * default drops a damaged ancillary chunk and decodes). */
   png_set_crc_action(png, PNG_CRC_ERROR_QUIT, PNG_CRC_ERROR_QUIT);
+  png_set_read_user_chunk_fn(png, NULL, ignore_chunk);
+  /* libpng's default of 1000000 a side refused wide images PIL reads; the
+   * bounds below are the ones that matter */
+  png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
   png_read_info(png, info);
   png_uint_32 w, h;
   int depth, type, interlace;
   png_get_IHDR(png, info, &w, &h, &depth, &type, &interlace, NULL, NULL);
-  const unsigned long long px = (unsigned long long)w * h;
-  if (w == 0 || h == 0 || w > 1u << 30 || h > 1u << 30 || px > GW__MAX_PIXELS ||
-      px > PNG_MAX_PIXELS_PER_BYTE * j->len)
+  const unsigned long long px = (unsigned long long)w * h,
+                           raw = ((unsigned long long)w * png_get_channels(png, info) * depth + 7) / 8 + 1;
+  if (w == 0 || h == 0 || px > GW__MAX_PIXELS || raw * h > PNG_MAX_RAW_PER_BYTE * j->len)
     return gw__model_fail(GW_DATA_SKIPPED, "%s: %ux%u pixels from %zu bytes is too large to decode", j->path,
                           (unsigned)w, (unsigned)h, j->len);
   j->w = (int)w, j->h = (int)h;
   const int gray16 = depth == 16 && type == PNG_COLOR_TYPE_GRAY;
-  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (type == PNG_COLOR_TYPE_PALETTE) {
+    /* PIL starts a palette as a grey ramp and lays PLTE over it: an index
+     * past a short PLTE is grey (i, i, i), where libpng's would be black */
+    png_colorp given;
+    int n = 0;
+    if (png_get_PLTE(png, info, &given, &n) && n < 1 << depth) {
+      png_color full[256];
+      for (int i = 0; i < 256; i++) full[i].red = full[i].green = full[i].blue = (png_byte)i;
+      memcpy(full, given, (size_t)n * sizeof *full);
+      png_set_PLTE(png, info, full, 1 << depth);
+    }
+    png_set_palette_to_rgb(png);
+  }
   if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (depth == 16 && !gray16) png_set_strip_16(png); /* the high byte */
   png_set_strip_alpha(png);                           /* alpha, or a palette's tRNS expanded to it */
@@ -102,23 +135,26 @@ static gw_result_t read_png(png_structp png, png_infop info, struct png_job *j) 
   return GW_SUCCESS;
 }
 
+/* The setjmp's frame: nothing here changes between it and a longjmp (j lives
+ * in the caller's frame, out of the rule on such locals). */
+static gw_result_t read_guarded(png_structp png, png_infop info, struct png_job *j) {
+  if (setjmp(png_jmpbuf(png)))
+    return j->out_of_memory ? gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s: %s", j->path, j->msg)
+                            : gw__model_fail(GW_DATA_SKIPPED, "%s: cannot decode the PNG: %s", j->path, j->msg);
+  return read_png(png, info, j);
+}
+
 gw_result_t gw__decode_png(const char *path, const unsigned char *buf, size_t len, unsigned char **rgb, int *w,
                            int *h) {
   *rgb = NULL, *w = *h = 0;
-  struct png_job job = {.path = path, .buf = buf, .len = len};
-  struct png_job *j = &job; /* in memory across the longjmp */
+  struct png_job job = {.path = path, .buf = buf, .len = len}, *j = &job;
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, j, on_error, on_warning);
   png_infop info = png ? png_create_info_struct(png) : NULL;
   if (!info) {
     png_destroy_read_struct(png ? &png : NULL, NULL, NULL);
     return gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s", path);
   }
-  gw_result_t res;
-  if (setjmp(png_jmpbuf(png)))
-    res = j->out_of_memory ? gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory decoding %s: %s", path, j->msg)
-                           : gw__model_fail(GW_DATA_SKIPPED, "%s: cannot decode the PNG: %s", path, j->msg);
-  else
-    res = read_png(png, info, j);
+  const gw_result_t res = read_guarded(png, info, j);
   png_destroy_read_struct(&png, &info, NULL);
   free(j->wide);
   free(j->rows);

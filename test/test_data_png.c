@@ -1,8 +1,8 @@
 /* test_data_png.c - PNG files in the class folders (data/imagefolder_png.c),
  * against PIL: every fixture of test/fixtures/png (made by
  * make_png_fixtures.py: each colour type and bit depth, palettes with and
- * without transparency, tRNS, 16-bit grayscale past 255, interlaced, gamma
- * chunks) decodes to the very bytes PIL's convert("RGB") gave, and the
+ * without transparency and shorter than their indices, tRNS, 16-bit
+ * grayscale past 255, interlaced, gamma and unknown critical chunks) decodes to the very bytes PIL's convert("RGB") gave, and the
  * damaged ones (a truncated file, a bad CRC) are skipped naming the file.
  * Through the dataset: a PNG named .png and one named .JPEG (ILSVRC-2012
  * holds one) are samples, the evaluation view of PIL's pixels exactly. */
@@ -44,7 +44,7 @@ static const char *const KINDS[] = {
     "gray1",    "gray2",       "gray4",    "gray8",    "gray16",    "gray16low",          "rgb8",
     "rgb16",    "palette1",    "palette2", "palette4", "palette8",  "palette8trns",       "graya8",
     "graya16",  "rgba8",       "rgba16",   "gray8trns", "rgb8trns", "rgb8interlaced",     "palette4interlaced",
-    "gray16interlaced", "rgb8gamma"};
+    "gray16interlaced", "rgb8gamma", "palette8short", "palette1short", "rgb8critchunk"};
 
 START_TEST(png_as_pil) {
   const char *name = KINDS[_i];
@@ -130,6 +130,7 @@ START_TEST(png_in_folder) {
   struct gw_dataset *ds;
   ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 8) == GW_SUCCESS, "%s", gw_data_last_error());
   ck_assert_int_eq(gw_dataset_size(ds), 2);
+  ck_assert_msg(!strstr(gw_dataset_description(ds), "other formats"), "%s", gw_dataset_description(ds));
   static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
   float got[3 * 8 * 8], ref[3 * 8 * 8];
   struct gw__view v;
