@@ -17,15 +17,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "gw_config.h"
-/* What the folder scan lists and decodes (PNG where libpng was found). */
-#if GW_HAVE_PNG
-#define NAMES ".jpg, .jpeg or .png"
-#define DECODED "JPEG and PNG"
-#else
-#define NAMES ".jpg or .jpeg"
-#define DECODED "JPEG files"
-#endif
 
 #include "dataset.h"
 #include "harness.h"
@@ -582,78 +573,6 @@ START_TEST(folder_train_keys) {
 }
 END_TEST
 
-START_TEST(folder_bad_trees) {
-  make_tmpdir();
-  mkdirs("train");
-  struct gw_dataset *ds;
-  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), "train", "no class directories");
-  mkdirs("train/a");
-  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 224), "train", "no " NAMES " files");
-  mkdirs("val/zebra");
-  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 224), "val/zebra", "not a class");
-  /* A shard with no readable sample at all is an error, not an endless search. */
-  write_file(in_tmp("train/a/t.jpg"), "text", 4);
-  /* An empty training class beside a real one (Jupyter's checkpoints): refused
-   * by name, not class 0 shifting every label. */
-  mkdirs("train/.ipynb_checkpoints");
-  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "train/.ipynb_checkpoints",
-               "no " NAMES " files");
-  ck_assert_int_eq(rmdir(in_tmp("train/.ipynb_checkpoints")), 0);
-  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), GW_SUCCESS);
-  struct gw_sampler s;
-  gw_sampler_init(&s, 1, 1, 0, 0, 0, 0);
-  struct gw_loader_config cfg;
-  gw_loader_config_default(&cfg);
-  struct gw_loader *l;
-  ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
-  const struct gw_batch *b;
-  for (int k = 0; k < 2; k++) expect_error(gw_loader_next(l, &b), "none of the 1 samples", "t.jpg");
-  gw_loader_free(l);
-  gw_dataset_free(ds);
-  /* Class entries: a link to nothing is left out and said; one that cannot be
-   * looked at (a link to itself) stops the scan: a class left out silently
-   * would shift every later class's label. */
-  ck_assert_int_eq(symlink("nowhere", in_tmp("train/b")), 0);
-  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
-  ck_assert_int_eq(gw_dataset_classes(ds), 1);
-  ck_assert_msg(strstr(gw_dataset_description(ds), "train/b: a link to nothing"), "%s", gw_dataset_description(ds));
-  /* Counted once, though the training split's classes and its class
-   * directories are the same listing. */
-  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 directory left out ("), "%s", gw_dataset_description(ds));
-  const uint64_t fingerprint = gw_dataset_fingerprint(ds);
-  gw_dataset_free(ds);
-  /* A *.jpg entry that cannot be looked at is left out and said, as a
-   * directory would be; the file list (and its fingerprint) stays. */
-  ck_assert_int_eq(symlink("nothing.jpg", in_tmp("train/a/x.jpg")), 0);
-  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
-  ck_assert_int_eq(gw_dataset_size(ds), 1);
-  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 file left out (") &&
-                    strstr(gw_dataset_description(ds), "train/a/x.jpg: a link to nothing"),
-                "%s", gw_dataset_description(ds));
-  ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
-  gw_dataset_free(ds);
-  /* Image files of formats torchvision reads and this scan does not decode
-   * are counted and said (they were dropped without a word); an evaluation
-   * class holding only those is refused as an empty training class is (its
-   * class left the scores unsaid). */
-  write_file(in_tmp("train/a/p.ppm"), "ppm", 3);
-  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
-  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 image file of other formats left out (only " DECODED
-                                                   " are decoded; the first: ") &&
-                    strstr(gw_dataset_description(ds), "train/a/p.ppm)"),
-                "%s", gw_dataset_description(ds));
-  ck_assert_int_eq(gw_dataset_size(ds), 1);
-  gw_dataset_free(ds);
-  ck_assert_int_eq(rmdir(in_tmp("val/zebra")), 0);
-  mkdirs("val/a");
-  write_file(in_tmp("val/a/v.webp"), "webp", 4);
-  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 32), "val/a",
-               "holds no " NAMES " files (it holds 1 image file of other formats; only " NAMES " files are decoded)");
-  ck_assert_int_eq(symlink("c", in_tmp("train/c")), 0);
-  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32), "cannot look at", "train/c");
-  remove_tmpdir();
-}
-END_TEST
 
 /* ---- loader ------------------------------------------------------------------------- */
 
@@ -876,7 +795,6 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, folder_constant_colour);
   tcase_add_test(tc, folder_val_geometry);
   tcase_add_test(tc, folder_train_keys);
-  tcase_add_test(tc, folder_bad_trees);
   add_folder_hostile_tests(tc);
   add_folder_limit_tests(tc);
   suite_add_tcase(s, tc);

@@ -9,6 +9,16 @@
 #include <stdint.h>
 
 #include "dataset.h"
+#include "gw_config.h"
+
+/* What the folder scan lists and decodes (PNG where libpng was found). */
+#if GW_HAVE_PNG
+#define NAMES ".jpg, .jpeg or .png"
+#define DECODED "JPEG and PNG"
+#else
+#define NAMES ".jpg or .jpeg"
+#define DECODED "JPEG files"
+#endif
 
 extern char tmpdir[64]; /* made by make_tmpdir */
 /* Debian's dataset-fashion-mnist, and whether it is there. */
