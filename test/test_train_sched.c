@@ -131,6 +131,34 @@ START_TEST(test_long_warmup_and_skipped_loss) {
   ck_assert_msg(strstr(r.out, "note: --warmup-epochs 0.2 is 1 step at 4 steps per epoch: no warmup"),
                 "a warmup of one step not said:\n%s", r.out);
   gwrun_free(&r);
+  /* said at the run's start only (not on a resume past it); from a start
+   * factor one step is a warmup, none is not; loss scaling with a float16
+   * wire between 2 ranks is for something (not said), at 1 rank there is no
+   * wire (said) */
+  char dir[512];
+  path(dir, sizeof dir, "sched-notes");
+  static const struct {
+    const char *ranks, *const args[12];
+    int warmup_note, scale_note;
+  } runs[] = {
+      {"1", {"--steps", "2", "--no-eval", "--checkpoint-dir", NULL}, 1, 0},
+      {"1", {"--steps", "4", "--no-eval", "--checkpoint-dir", NULL, "--resume"}, 0, 0},
+      {"1", {"--steps", "1", "--no-eval", "--warmup-epochs", "0.25", "--warmup-start-factor", "0.5"}, 0, 0},
+      {"1", {"--steps", "1", "--no-eval", "--warmup-epochs", "0.1", "--warmup-start-factor", "0.5"}, 1, 0},
+      {"2", {"--steps", "1", "--no-eval", "--loss-scale", "dynamic", "--grad-wire", "fp16"}, 1, 0},
+      {"1", {"--steps", "1", "--no-eval", "--loss-scale", "dynamic", "--grad-wire", "fp16"}, 1, 1}};
+  for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+    const char *args[12];
+    memcpy(args, runs[k].args, sizeof args);
+    if (k < 2) args[4] = dir;
+    train_from(&r, noenv, runs[k].ranks, (const char *const[]){SCHED_ARGS, NULL}, args);
+    expect_ok(&r);
+    ck_assert_msg(!strstr(r.out, "note: --warmup-epochs ") == !runs[k].warmup_note &&
+                      !strstr(r.out, "note: --loss-scale with ") == !runs[k].scale_note,
+                  "run %zu: the warmup note %s, the loss-scale note %s:\n%s", k,
+                  runs[k].warmup_note ? "wanted" : "not wanted", runs[k].scale_note ? "wanted" : "not wanted", r.out);
+    gwrun_free(&r);
+  }
 }
 END_TEST
 
@@ -343,38 +371,50 @@ END_TEST
  * metrics line of epoch 0; what would train or save is refused by name. */
 START_TEST(test_test_only) {
   const char *const noenv[] = {NULL};
-  char w[512], m[512];
+  char w[512], m[512], dir[512], ckpt[600];
   path(w, sizeof w, "test-only.safetensors");
   path(m, sizeof m, "test-only.jsonl");
+  path(dir, sizeof dir, "test-only-ckpt");
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt-4.safetensors", dir);
   struct run r;
-  run1(&r, noenv, (const char *const[]){"--epochs", "1", "--save-weights", w, NULL});
+  run1(&r, noenv, (const char *const[]){"--epochs", "1", "--save-weights", w, "--checkpoint-dir", dir, NULL});
   expect_ok(&r);
   const char *e = strstr(r.out, "epoch 1 evaluation: ");
   ck_assert_msg(e, "no evaluation:\n%s", r.out);
   char want[200];
-  snprintf(want, sizeof want, "%.*s", (int)strcspn(e + 8, "\n"), e + 8); /* "evaluation: top-1 ..." */
+  snprintf(want, sizeof want, "gw-train: %.*s", (int)strcspn(e + 8, "\n"), e + 8); /* "evaluation: top-1 ..." */
   gwrun_free(&r);
-  for (int ranks = 1; ranks <= 2; ranks++) {
+  /* the weights file at 1 rank and 2; the checkpoint; batches larger than
+   * the training set and of 1 (training rules, not an evaluation's) */
+  static const char *const batch[4] = {"8", "4", "64", "1"};
+  for (int k = 0; k < 4; k++) {
     unlink(m); /* a metrics file is appended to */
-    train_from(&r, noenv, ranks == 1 ? "1" : "2", (const char *const[]){SCHED_ARGS, NULL},
-               (const char *const[]){"--test-only", "--load-weights", w, "--batch", ranks == 1 ? "8" : "4", "--metrics",
-                                     m, NULL});
+    train_from(&r, noenv, k == 1 ? "2" : "1", (const char *const[]){SCHED_ARGS, NULL},
+               (const char *const[]){"--test-only", "--load-weights", k == 2 ? ckpt : w, "--batch", batch[k],
+                                     "--metrics", m, NULL});
     expect_ok(&r);
-    ck_assert_msg(strstr(r.out, "evaluating resnet18 from ") && strstr(r.out, want) && !strstr(r.out, "step 1/"),
-                  "--test-only at %d rank(s) did not score %s:\n%s", ranks, want, r.out);
+    ck_assert_msg(strstr(r.out, "evaluating resnet18 from ") && strstr(r.out, want) && !strstr(r.out, "step 1/") &&
+                      !strstr(r.out, "note:"),
+                  "--test-only (case %d) did not score %s alone:\n%s", k, want + 10, r.out);
     gwrun_free(&r);
     char line[512] = "";
-    int evals = 0, trains = 0;
+    int evals = 0, others = 0, marks = 0;
     FILE *f = fopen(m, "r");
     ck_assert(f);
     while (fgets(line, sizeof line, f)) {
-      trains += strstr(line, "\"type\":\"train\"") != NULL;
+      marks += !strcmp(line, "{\"type\":\"test_only\"}\n");
       evals += strstr(line, "{\"type\":\"eval\",\"epoch\":0,\"step\":0,") && strstr(line, "\"samples\":32}");
+      others += !strstr(line, "\"type\":\"eval\"") && !strstr(line, "\"type\":\"test_only\"");
     }
     fclose(f);
-    ck_assert_msg(evals == 1 && trains == 0, "metrics: %d evaluation lines of epoch 0, %d training lines", evals, trains);
+    ck_assert_msg(marks == 1 && evals == 1 && others == 0, "metrics (case %d): %d test_only, %d evaluation, %d other lines",
+                  k, marks, evals, others);
   }
   static const char *const refusals[][3] = {{"--steps", "2", "--steps does not apply"},
+                                            {"--epochs", "1", "--epochs does not apply"},
+                                            {"--save-weights", "/tmp/x.safetensors", "--save-weights does not apply"},
+                                            {"--checkpoint-dir", "/tmp/x", "--checkpoint-dir does not apply"},
+                                            {"--checkpoint-every", "2", "--checkpoint-every does not apply"},
                                             {"--no-eval", NULL, "--no-eval contradicts it"},
                                             {"--plot", "/tmp/p.png", "--plot does not apply"}};
   for (size_t k = 0; k < sizeof refusals / sizeof refusals[0]; k++) {
@@ -384,7 +424,8 @@ START_TEST(test_test_only) {
     gwrun_free(&r);
   }
   run1(&r, noenv, (const char *const[]){"--test-only", NULL});
-  ck_assert_msg(r.code == 2 && strstr(r.err, "--test-only needs --load-weights"), "exit %d\n%s", r.code, r.err);
+  ck_assert_msg(r.code == 1 && strstr(r.err, "--test-only: rank 0 has no --load-weights"), "exit %d\n%s", r.code,
+                r.err);
   gwrun_free(&r);
 }
 END_TEST

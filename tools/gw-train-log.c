@@ -113,9 +113,9 @@ void log_resumed(struct train_log *l, int64_t step) {
   metrics_done(l);
 }
 
-void log_started(struct train_log *l) {
+void log_marker(struct train_log *l, const char *type) {
   if (l->rank != 0 || !l->metrics) return;
-  fputs("{\"type\":\"start\"}\n", l->metrics);
+  fprintf(l->metrics, "{\"type\":\"%s\"}\n", type);
   metrics_done(l);
 }
 

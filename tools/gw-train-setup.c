@@ -108,10 +108,15 @@ static int same_options_everywhere(struct trainer *t) {
  * file is on rank 0's machine only runs. */
 static int outputs_follow_rank0(struct trainer *t) {
   int32_t r0[2] = {t->o->load_weights != NULL, t->o->checkpoint_dir != NULL};
+  if (t->world > 1 && train_bcast(t, r0, 2, GW_INT32, "comparing --load-weights and --checkpoint-dir with rank 0's") != 0)
+    return -1;
   t->rank0_loads = r0[0];
+  /* every rank knows: rank 0's weights are the ones evaluated (on rank 0
+   * alone, as for training, where the file is on its machine only) */
+  if (t->o->test_only && !r0[0])
+    return train_fail(t, "--test-only", "rank 0 has no --load-weights FILE (weights, or a checkpoint): nothing to "
+                      "evaluate");
   if (t->world == 1) return 0;
-  if (train_bcast(t, r0, 2, GW_INT32, "comparing --load-weights and --checkpoint-dir with rank 0's") != 0) return -1;
-  t->rank0_loads = r0[0];
   const char *flag = t->o->load_weights && !r0[0]     ? "--load-weights"
                      : t->o->checkpoint_dir && !r0[1] ? "--checkpoint-dir"
                                                       : NULL;
@@ -182,7 +187,9 @@ static int open_data(struct trainer *t) {
   if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
     return train_fail(t, "--data (evaluation split)", gw_data_last_error());
   if (same_data_everywhere(t) != 0) return -1;
-  /* Every step takes a whole batch from each rank's share of the data. */
+  /* Every step takes a whole batch from each rank's share of the data (an
+   * evaluation alone pads its last batch: any size goes). */
+  if (o->test_only) return 0;
   int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
   if (o->drop_last && share == 0) {
     char detail[200];
@@ -406,7 +413,7 @@ static int setup_comm_parts(struct trainer *t) {
   const struct train_opts *o = t->o;
   /* One rank has nothing to reduce: no bucketer (its no-op allreduces waited on
    * the device after each bucket, and the log called that wait communication). */
-  if (t->world == 1 && o->grad_wire != GW_FLOAT32)
+  if (t->world == 1 && o->grad_wire != GW_FLOAT32 && !o->test_only)
     fprintf(stderr, "gw-train: note: one rank makes no allreduce: --grad-wire %s has nothing to do\n",
             o->grad_wire == GW_BFLOAT16 ? "bf16" : "fp16");
   if (!t->comm) return 0;
@@ -446,9 +453,10 @@ static int setup_loaders(struct trainer *t) {
   struct gw_loader_config lc;
   gw_loader_config_default(&lc);
   lc.batch = o->batch, lc.threads = o->loader_threads, lc.train = 1, lc.drop_last_batch = 1, lc.seed = seed;
-  if (gw_loader_init(&t->train_ld, t->train_ds, &t->train_s, &lc) != GW_SUCCESS)
+  /* --test-only: no training loader (its threads and batches for nothing) */
+  if (!o->test_only && gw_loader_init(&t->train_ld, t->train_ds, &t->train_s, &lc) != GW_SUCCESS)
     return train_fail(t, "loader", gw_data_last_error());
-  t->spe = gw_loader_batches_per_epoch(t->train_ld);
+  t->spe = o->test_only ? 1 : gw_loader_batches_per_epoch(t->train_ld);
   if (t->spe < 1) {
     char d[200];
     snprintf(d, sizeof d, "a rank's share of the %lld training samples is less than one batch of %d",
@@ -500,7 +508,8 @@ static int loader_fits(struct trainer *t) {
   gw_dataset_shape(t->train_ds, &c, &h, &w);
   int local = 1; /* the ranks of this machine: each has its loaders */
   if (t->comm && (gw_comm_local_size(t->comm, &local) != GW_SUCCESS || local < 1)) local = 1;
-  const int loaders = t->val_ds ? 2 : 1; /* the evaluation's has as many batches of the same size */
+  /* the evaluation's has as many batches of the same size; --test-only has it alone */
+  const int loaders = t->val_ds && !o->test_only ? 2 : 1;
   const double batch_bytes = (double)o->batch * c * h * w * sizeof(float),
                total = (double)(o->loader_threads + 2) * batch_bytes * loaders * local,
                phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
@@ -520,7 +529,8 @@ int trainer_setup(struct trainer *t) {
       setup_comm_parts(t) != 0 || setup_loaders(t) != 0)
     return -1;
   /* setup_comm_parts turned SyncBatchNorm on (or not): the values per channel are known. */
-  if (gw_exec_check_train(t->e, t->world) != GW_SUCCESS) return train_fail(t, "--batch", gw_model_last_error());
+  if (!t->o->test_only && gw_exec_check_train(t->e, t->world) != GW_SUCCESS)
+    return train_fail(t, "--batch", gw_model_last_error());
   plan_schedule(t);
   size_t sample = gw_dataset_sample_floats(t->train_ds);
   t->pad_x = malloc((size_t)t->o->batch * sample * sizeof(float));
@@ -529,7 +539,13 @@ int trainer_setup(struct trainer *t) {
   char err[600];
   if (log_open(&t->log, t->o->metrics, t->rank, err, sizeof err) != 0) return train_fail(t, "--metrics", err);
   if (t->o->resume && trainer_resume(t) != 0) return -1;
-  if (t->st.step == 0) log_started(&t->log);
+  /* An evaluation alone is no run's start: its own marker, so a metrics file
+   * it is appended to keeps its training run's lines */
+  if (t->o->test_only) {
+    log_marker(&t->log, "test_only");
+    return trainer_backend_from_host(t);
+  }
+  if (t->st.step == 0) log_marker(&t->log, "start");
   if (t->st.step > 0 && t->st.step >= t->total_steps)
     log_text(&t->log, "note: nothing left to train: the checkpoint is at step %lld and this run ends at step %lld "
              "(--steps, --epochs)", (long long)t->st.step, (long long)t->total_steps);
@@ -553,18 +569,23 @@ int trainer_setup(struct trainer *t) {
              (long long)t->total_steps, trainer_lr_at(t, t->total_steps - 1),
              trainer_lr_at(t, t->total_steps - 1) / t->peak_lr, t->peak_lr);
   /* A warmup rounded to at most one step is none: its first step runs at the
-   * peak ((step + 1) / warmup), e.g. the default 0.2 epochs at 2 steps each. */
-  if (o->warmup_epochs > 0 && o->warmup_start <= 0 && t->warmup_steps <= 1 && t->st.step < t->total_steps)
+   * peak ((step + 1) / warmup), e.g. the default 0.2 epochs at 2 steps each
+   * (from a start factor, one step is a warmup, none is not).  Said at the
+   * run's start only. */
+  if (o->warmup_epochs > 0 && (o->warmup_start > 0 ? t->warmup_steps == 0 : t->warmup_steps <= 1) &&
+      t->st.step == 0 && t->total_steps > 0)
     log_text(&t->log, "note: --warmup-epochs %g is %lld step%s at %lld steps per epoch: no warmup, the first step "
              "runs at the peak rate", o->warmup_epochs, (long long)t->warmup_steps, t->warmup_steps == 1 ? "" : "s",
              (long long)t->spe);
   /* Loss scaling is for float16's range: with none in the step it only costs
    * a pass over the gradients (allowed: the scaler's tests run so on cpu). */
-  if ((o->loss_scale != 0 || o->loss_scale_dynamic) && o->amp != GW_FLOAT16 && o->grad_wire != GW_FLOAT16)
+  const int fp16_wire = o->grad_wire == GW_FLOAT16 && t->world > 1; /* one rank has no wire */
+  if ((o->loss_scale != 0 || o->loss_scale_dynamic) && o->amp != GW_FLOAT16 && !fp16_wire &&
+      t->st.step < t->total_steps)
     log_text(&t->log, "note: --loss-scale with %s activations and a %s gradient wire: both have float32's range "
              "(scaling is for float16's, --amp fp16 or --grad-wire fp16); here it only costs a pass over the "
              "gradients each step", o->amp == GW_BFLOAT16 ? "bfloat16" : "float32",
-             o->grad_wire == GW_BFLOAT16 ? "bfloat16" : "float32");
+             o->grad_wire == GW_BFLOAT16 && t->world > 1 ? "bfloat16" : "float32");
   /* The plot gets a point at each epoch's end: say so at once when none comes. */
   if (t->o->plot && t->total_steps / t->spe <= t->st.step / t->spe)
     log_text(&t->log, "warning: --plot %s: this run ends at step %lld, before the end of an epoch (%lld steps "

@@ -406,11 +406,12 @@ static int outputs_collide(const struct train_opts *o) {
  * apply (each refused by name rather than ignored). */
 static int check_test_only(const struct train_opts *o) {
   static const char *const why = "--test-only evaluates --load-weights once and trains nothing";
-  if (!o->load_weights) return bad("--test-only needs --load-weights FILE (weights, or a checkpoint)%s%s", "", "");
   if (!o->eval) return bad("%s: --no-eval contradicts it%s", why, "");
   const char *const flag[] = {o->epochs > 0 ? "--epochs" : NULL, o->steps >= 0 ? "--steps" : NULL,
                               o->resume ? "--resume" : NULL, o->checkpoint_dir ? "--checkpoint-dir" : NULL,
-                              o->save_weights ? "--save-weights" : NULL, o->plot ? "--plot" : NULL};
+                              o->checkpoint_every ? "--checkpoint-every" : NULL,
+                              o->keep_given ? "--keep-checkpoints" : NULL, o->save_weights ? "--save-weights" : NULL,
+                              o->plot ? "--plot" : NULL};
   for (size_t i = 0; i < sizeof flag / sizeof flag[0]; i++)
     if (flag[i]) return bad("%s: %s does not apply", why, flag[i]);
   return 0;

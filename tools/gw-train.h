@@ -183,9 +183,11 @@ int log_open(struct train_log *l, const char *metrics_path, int rank, char *err,
 /* A resume from step `step`: a {"type":"resume"} line in the metrics; the lines
  * after it supersede earlier ones of the same step (those steps run again). */
 void log_resumed(struct train_log *l, int64_t step);
-/* A run from the beginning: a {"type":"start"} line in the metrics; the lines
- * before it (the file is appended to) are another run's. */
-void log_started(struct train_log *l);
+/* A {"type":TYPE} line in the metrics.  "start": a run from the beginning,
+ * the lines before it (the file is appended to) are another run's;
+ * "test_only": an evaluation alone follows (its line of epoch 0), no run's
+ * start. */
+void log_marker(struct train_log *l, const char *type);
 /* Before training (rank 0): output_path_ok (outpath.h) for the PNG, and
  * gnuplot runs.  0, or -1 with err naming the flag and path. */
 int plot_check(const char *png, char *err, size_t errlen);
