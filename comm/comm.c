@@ -112,7 +112,33 @@ static bool parse_int(const char *s, long lo, long hi, int *out) {
  * Slurm's variables come last (they came before Open MPI's, and every rank
  * of such a job claimed rank 0). */
 static const char *const local_vars[] = {"GW_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "SLURM_LOCALID", NULL};
+                                        "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
+
+/* The launchers' (rank, world size) pairs, innermost first (see local_vars):
+ * a rank from one and a size from another mixed two jobs' numbering.
+ * MPICH's and Intel MPI's mpiexec (Hydra) say PMI_RANK / PMI_SIZE.  Slurm's
+ * only inside a job step (srun: SLURM_STEP_ID): a batch script's own
+ * environment holds SLURM_PROCID 0 and SLURM_NTASKS of the whole
+ * allocation, and one program run there took itself for rank 0 of them. */
+static const char *const launchers[][2] = {{"GW_RANK", "GW_WORLD_SIZE"},
+                                           {"RANK", "WORLD_SIZE"},
+                                           {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                           {"PMI_RANK", "PMI_SIZE"},
+                                           {"SLURM_PROCID", "SLURM_NTASKS"}};
+enum { NLAUNCHERS = sizeof launchers / sizeof launchers[0] };
+
+/* The launcher pair whose rank the environment holds: its index, or -1. */
+static int launcher_pair(void) {
+  for (int i = 0; i < NLAUNCHERS; i++) {
+    const char *v = getenv(launchers[i][0]);
+    if (!v || !*v) continue;
+    if (!strcmp(launchers[i][0], "SLURM_PROCID") && !getenv("SLURM_STEP_ID")) continue;
+    return i;
+  }
+  return -1;
+}
+
+int gw_env_launched(void) { return launcher_pair() >= 0; }
 
 /* The job token: GW_JOB_TOKEN, else an id every rank of the same launch shares. */
 static bool job_token(char *out, size_t len) {
@@ -121,6 +147,20 @@ static bool job_token(char *out, size_t len) {
   /* torchrun's default id with a static --master-addr is "none" for every job */
   if ((t = getenv("TORCHELASTIC_RUN_ID")) && *t && strcmp(t, "none") != 0)
     return snprintf(out, len, "torchrun:%s", t), true;
+  /* ... and on one node its agent's own: every worker's error file lies in
+   * <log dir>/<run id>_<random>/attempt_<n>/<local rank>/error.json, the
+   * directory above the local rank's made afresh for each agent and attempt
+   * (plain `torchrun --nproc-per-node N prog` failed here) */
+  const char *world = getenv("WORLD_SIZE"), *local = getenv("LOCAL_WORLD_SIZE"), *lr = getenv("LOCAL_RANK"),
+             *ef = getenv("TORCHELASTIC_ERROR_FILE");
+  if (t && !strcmp(t, "none") && world && local && lr && ef && !strcmp(world, local)) {
+    const char *file = strrchr(ef, '/'), *rank_dir = NULL;
+    for (const char *p = ef; file && p < file; p++)
+      if (*p == '/') rank_dir = p; /* the '/' before <local rank> */
+    if (file && rank_dir && !strcmp(file, "/error.json") && (size_t)(file - rank_dir - 1) == strlen(lr) &&
+        !strncmp(rank_dir + 1, lr, strlen(lr)) && rank_dir > ef)
+      return snprintf(out, len, "torchrun-local:%.*s", (int)(rank_dir - ef), ef), true;
+  }
   /* An mpirun's own id before Slurm's: two mpiruns of one sbatch script share
    * the job and (batch) step ids. */
   if ((t = getenv("PMIX_NAMESPACE")) && *t) return snprintf(out, len, "pmix:%s", t), true;
@@ -131,26 +171,18 @@ static bool job_token(char *out, size_t len) {
 }
 
 gw_result_t gw_comm_init_env(gw_comm_t *comm) {
-  /* One launcher's pair, innermost first (see local_vars): a rank from one
-   * and a size from another mixed two jobs' numbering. */
-  static const char *const launchers[][2] = {{"GW_RANK", "GW_WORLD_SIZE"},
-                                             {"RANK", "WORLD_SIZE"},
-                                             {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                             {"SLURM_PROCID", "SLURM_NTASKS"}};
   static const char *const addr_vars[] = {"GW_MASTER_ADDR", "MASTER_ADDR", NULL};
   struct gw_errctx err = {{0}};
   if (!comm) return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init_env: comm is NULL"));
   *comm = NULL;
   int rank, size;
-  const char *rs = NULL, *ss = NULL, *rv = NULL, *sv = NULL;
-  for (size_t i = 0; i < sizeof launchers / sizeof launchers[0] && !rs; i++) {
-    const char *v = getenv(launchers[i][0]);
-    if (v && *v) rs = v, rv = launchers[i][0], sv = launchers[i][1], ss = getenv(sv);
-  }
-  if (!rs)
+  const int pair = launcher_pair();
+  if (pair < 0)
     return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init_env: no rank / world size in the environment; launch with "
-                                   "gw-run, torchrun, srun or mpirun, or set GW_RANK and GW_WORLD_SIZE"));
+                                   "gw-run, torchrun, srun (a job step, not the batch script itself) or "
+                                   "mpirun / mpiexec, or set GW_RANK and GW_WORLD_SIZE"));
+  const char *rv = launchers[pair][0], *sv = launchers[pair][1], *rs = getenv(rv), *ss = getenv(sv);
   if (!ss || !*ss)
     return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init_env: %s is set but %s is not", rv, sv));

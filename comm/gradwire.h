@@ -72,9 +72,14 @@ typedef struct gw_request *gw_request_t;
 /* Rank, world size and master address from the environment: GW_RANK /
  * GW_WORLD_SIZE / GW_LOCAL_RANK / GW_MASTER_ADDR / GW_MASTER_PORT, else the
  * names torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
- * Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or Open MPI
- * (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK) set. */
+ * Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+ * OMPI_COMM_WORLD_LOCAL_RANK), MPICH / Intel MPI (PMI_RANK, PMI_SIZE,
+ * MPI_LOCALRANKID) or Slurm inside a job step (SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_LOCALID; not a batch script's own) set. */
 gw_result_t gw_comm_init_env(gw_comm_t *comm);
+/* Whether the environment holds a rank gw_comm_init_env would take (1), or
+ * the program was started alone (0): a plain shell, or a batch script. */
+int gw_env_launched(void);
 
 /* master_host_port: "host:port" where rank 0 serves the rendezvous. */
 gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *master_host_port);

@@ -361,6 +361,7 @@ struct env_case {
   const char *rank, *size, *addr, *port;
   int torchrun_agent; /* MASTER_PORT is the port below the harness's, held (as torchrun's agent store holds it) */
   const char *stale[3]; /* set too, as a launcher outside this one leaves them (0: none) */
+  int torchrun_local;   /* no GW_JOB_TOKEN: torchrun's run id "none", its error files the token */
 };
 
 static int body_env(int rank, int n, const char *master, void *arg) {
@@ -374,6 +375,16 @@ static int body_env(int rank, int n, const char *master, void *arg) {
   setenv(names->addr, "127.0.0.1", 1);
   setenv(names->port, port, 1);
   for (int i = 0; i < 3 && names->stale[i]; i++) putenv((char *)names->stale[i]);
+  if (names->torchrun_local) { /* plain `torchrun --nproc-per-node n`: as its agent sets them */
+    char file[160];
+    snprintf(file, sizeof file, "/tmp/torchelastic_%s/none_x1/attempt_0/%d/error.json", getenv("GW_JOB_TOKEN"),
+             rank);
+    setenv("TORCHELASTIC_ERROR_FILE", file, 1);
+    setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    setenv("LOCAL_RANK", rs, 1);
+    setenv("LOCAL_WORLD_SIZE", ss, 1);
+    unsetenv("GW_JOB_TOKEN");
+  }
   int agent = -1;
   if (names->torchrun_agent) {
     snprintf(port, sizeof port, "%d", atoi(port) - 1);
@@ -425,19 +436,25 @@ END_TEST
 
 START_TEST(test_env_launchers) {
   static const struct env_case cases[] = {
-      {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}},
-      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 0, {0}},
-      {"SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT", 0, {0}},
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}},
+      {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 0, {0}, 0},
+      {"SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT", 0, {"SLURM_STEP_ID=0"}, 0},
+      /* MPICH's and Intel MPI's mpiexec (Hydra) */
+      {"PMI_RANK", "PMI_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
       /* mpirun inside an sbatch script: every rank inherits the batch task's Slurm rank */
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0,
-       {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0"}},
+       {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0"}, 0},
       /* torchrun (static rendezvous): its agent's store holds MASTER_PORT */
-      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 1, {0}},
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 1, {0}, 0},
+      /* plain torchrun on one node: run id "none", the token from its error files */
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 1, {0}, 1},
   };
   static const char *all[] = {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", "RANK", "WORLD_SIZE",
                               "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
-                              "OMPI_COMM_WORLD_SIZE", "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE"};
+                              "OMPI_COMM_WORLD_SIZE", "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE",
+                              "SLURM_STEP_ID", "PMI_RANK", "PMI_SIZE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID",
+                              "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
     ck_assert_msg(run_ranks_raw(3, body_env, (void *)&cases[i], 60) == 0, "launcher variables %s", cases[i].rank);
@@ -446,6 +463,15 @@ START_TEST(test_env_launchers) {
   gw_comm_t comm;
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(NULL), "gw-run"));
+  /* an sbatch script's own environment: Slurm's rank outside a job step is
+   * no launcher's (one program there took itself for rank 0 of them all) */
+  setenv("SLURM_PROCID", "0", 1), setenv("SLURM_NTASKS", "4", 1);
+  ck_assert_int_eq(gw_env_launched(), 0);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "a job step, not the batch script"), "%s", gw_comm_last_error(NULL));
+  setenv("SLURM_STEP_ID", "0", 1);
+  ck_assert_int_eq(gw_env_launched(), 1);
+  unsetenv("SLURM_PROCID"), unsetenv("SLURM_NTASKS"), unsetenv("SLURM_STEP_ID");
   setenv("GW_RANK", "0", 1);
   setenv("GW_WORLD_SIZE", "2", 1);
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);

@@ -195,6 +195,55 @@ START_TEST(test_env_master_and_multinode)
 }
 END_TEST
 
+/* torchrun's names beside gradwire's (a program written for torchrun runs
+ * unchanged), its MASTER_PORT another port than gradwire's rendezvous; its
+ * spellings --master-addr / --master-port / --standalone and -n cpu. */
+START_TEST(test_env_torchrun_names)
+{
+    const char *script = "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE "
+                         "$ROLE_RANK $MASTER_ADDR $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS "
+                         "$(test \"$MASTER_PORT\" -gt 0 && test \"$MASTER_PORT\" != \"$GW_MASTER_PORT\" && echo apart)";
+    struct run r;
+    const char *a1[] = {"-n", "2", "--standalone", "sh", "-c", script, NULL};
+    gwrun_run(&r, NULL, a1);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 0 0 2 2 0 1 0 127.0.0.1 0 0 apart") &&
+                      gwrun_has_line(r.out, "[1] 1 1 2 2 0 1 1 127.0.0.1 0 0 apart"),
+                  "exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+    const char *a2[] = {"-n", "1", "--master-addr", "10.1.2.3", "--master-port", "4000", "sh", "-c",
+                        "echo $GW_MASTER_ADDR $GW_MASTER_PORT", NULL};
+    gwrun_run(&r, NULL, a2);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 10.1.2.3 4000"), "exit %d, stdout:\n%s\nstderr:\n%s",
+                  r.code, r.out, r.err);
+    gwrun_free(&r);
+    const char *a3[] = {"-n", "1", "--master-addr", "10.1.2.3", "sh", "-c", "echo $GW_MASTER_PORT", NULL};
+    gwrun_run(&r, NULL, a3);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 29500"), "torchrun's default port: exit %d\n%s",
+                  r.code, r.out);
+    gwrun_free(&r);
+    cpu_set_t aff;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof aff, &aff), 0);
+    const char *a4[] = {"-n", "cpu", "sh", "-c", "echo $WORLD_SIZE", NULL};
+    gwrun_run(&r, NULL, a4);
+    char want[32];
+    snprintf(want, sizeof want, "[0] %d", CPU_COUNT(&aff));
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, want), "-n cpu: exit %d, stdout:\n%s", r.code, r.out);
+    gwrun_free(&r);
+    static const char *const refused[][8] = {
+        {"-n", "1", "--master", "h:1", "--master-port", "2", "true", NULL},
+        {"-n", "1", "--standalone", "--nnodes", "2", "--master", "h:1", NULL},
+        {"-n", "some", "true", NULL},
+    };
+    static const char *const why[] = {"not both", "--standalone is a job of one node",
+                                      "or gpu, cpu or auto, not 'some'"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        gwrun_run(&r, NULL, refused[i]);
+        ck_assert_msg(r.code == 2 && strstr(r.err, why[i]), "case %zu: exit %d, stderr:\n%s", i, r.code, r.err);
+        gwrun_free(&r);
+    }
+}
+END_TEST
+
 /* ---- 3, 4: failures are propagated and the other ranks stopped ---- */
 
 START_TEST(test_failing_rank_exit_code)
@@ -854,6 +903,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_env_passthrough);
     tcase_add_test(tc, test_env_omp_affinity);
     tcase_add_test(tc, test_env_master_and_multinode);
+tcase_add_test(tc, test_env_torchrun_names);
     tcase_add_test(tc, test_failing_rank_exit_code);
     tcase_add_test(tc, test_fork_failure);
     tcase_add_test(tc, test_stuck_stdout);

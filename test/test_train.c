@@ -713,10 +713,11 @@ START_TEST(test_one_rank_no_comm) {
   gwrun_free(&r);
   ck_assert_int_eq(metrics_by_step(m2, "comm_ms", v, 2), 2);
   ck_assert_msg(strcmp(v[0], "null") && atof(v[1]) > 0, "two ranks' comm: %s, %s", v[0], v[1]);
-  /* gw-train started by hand (no launcher's rank variables: no communicator)
+  /* gw-train started by hand (no launcher's rank variables, gw-run's and
+   * torchrun's names both unset: no communicator)
    * says the same note, and names no SyncBatchNorm (none runs there) */
-  const char *direct[] = {"-n", "1", "env", "-u", "GW_RANK", train_bin(), COMMON, "--steps", "1", "--batch", "8",
-                          "--grad-wire", "fp16", "--sync-bn", NULL};
+  const char *direct[] = {"-n", "1", "env", "-u", "GW_RANK", "-u", "RANK", train_bin(), COMMON, "--steps", "1",
+                          "--batch", "8", "--grad-wire", "fp16", "--sync-bn", NULL};
   gwrun_start(&r, noenv, direct);
   gwrun_wait(&r, 120);
   expect_ok(&r);

@@ -2,7 +2,8 @@
  * gw-run-teardown.c: how the gw-run launcher reacts to signals and failures.
  *
  * What it is: the signal handling (a self-pipe that wakes the poll loop,
- * forwarding SIGINT and SIGTERM to the ranks, restoring the caller's
+ * forwarding SIGINT, SIGTERM, SIGHUP and SIGQUIT (and passing SIGUSR1/2 on) to
+ * the ranks, restoring the caller's
  * dispositions in each child), reaping exited ranks and deciding which exits
  * are failures, and tearing the job down: SIGTERM to every remaining rank and
  * to the processes they left behind, SIGKILL once the grace is over.

@@ -3,9 +3,11 @@
  *
  * What it is: a small program that starts N ranks of one PROGRAM on this
  * machine with fork + execvp, gives each rank the GW_* environment that the
- * library's bootstrap reads (rank, world size, master address, job token),
- * prefixes every output line with the rank that wrote it, forwards SIGINT and
- * SIGTERM, and tears the whole job down as soon as one rank fails, so a crash
+ * library's bootstrap reads (rank, world size, master address, job token) and
+ * torchrun's names for the same (a program written for torchrun runs
+ * unchanged), prefixes every output line with the rank that wrote it,
+ * forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT and passes SIGUSR1/2 on, and
+ * tears the whole job down as soon as one rank fails, so a crash
  * on one rank never leaves the others hanging in a collective.
  *
  * For a multi-node job you run one gw-run per node (with ssh, Slurm or by
@@ -30,6 +32,7 @@
  * gw-run-net.c is the control channel between the nodes, and gw-run-restart.c
  * how they agree on a restart over it.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -80,12 +83,17 @@ static const char usage_text[] =
     "rank failure, a signal or a missing node on any node stops the job everywhere.\n"
     "\n"
     "options:\n"
-    "  -n, --nproc-per-node N  ranks to start on this node (1..4096)\n"
+    "  -n, --nproc-per-node N  ranks to start on this node (1..4096), or as torchrun:\n"
+    "                          gpu (one per GPU), cpu (one per core it may use),\n"
+    "                          auto (gpu where there are GPUs, else cpu)\n"
     "  --nnodes M              nodes in the job (default 1); run one gw-run per node\n"
     "  --node-rank R           index of this node, 0..M-1 (default 0)\n"
     "  --master HOST:PORT      rendezvous address, [v6addr]:PORT for IPv6; required\n"
     "                          with --nnodes > 1, else 127.0.0.1 and a free port;\n"
     "                          node 0 must run on the machine HOST names\n"
+    "  --master-addr A, --master-port P  torchrun's spelling of --master A:P (the\n"
+    "                          address alone: port 29500, as torchrun)\n"
+    "  --standalone            one node (the default; torchrun's flag)\n"
     "  --launcher-port P       port of the launcher control channel between the\n"
     "                          gw-runs of a multi-node job (default PORT + 1),\n"
     "                          bound by node 0 on the master HOST only\n"
@@ -96,6 +104,10 @@ static const char usage_text[] =
     "                          and GW_MAX_RESTARTS; every node of a multi-node\n"
     "                          job gives the same K, and all restart together\n"
     "  -h, --help              show this help\n"
+    "\n"
+    "Each rank gets GW_RANK, GW_LOCAL_RANK, GW_WORLD_SIZE, ... and torchrun's RANK,\n"
+    "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT\n"
+    "(its TCPStore's: not gradwire's port), TORCHELASTIC_RESTART_COUNT, ...\n"
     "\n"
     "environment:\n"
     "  GW_JOB_TOKEN       shared secret of the job, at most 128 characters; generated\n"
@@ -210,6 +222,70 @@ static int find_free_port(void)
     return port;
 }
 
+/* torchrun's names for what every rank shares, beside gradwire's: a program
+ * written for torchrun (init_process_group("env://"), LOCAL_RANK for the
+ * device, TORCHELASTIC_RESTART_COUNT) runs under gw-run unchanged.  Its
+ * MASTER_PORT is the port of rank 0's TCPStore, not gradwire's rendezvous
+ * (GW_MASTER_PORT), so that a program using both binds two ports: on one
+ * node another free port, across nodes the --master port + 2 (+ 1 is the
+ * launchers'), or none when that does not fit. */
+static void torch_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
+                      long lport, bool multi)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", world);
+    setenv("WORLD_SIZE", buf, 1);
+    setenv("ROLE_WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof buf, "%ld", local_n);
+    setenv("LOCAL_WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof buf, "%ld", nnodes);
+    setenv("GROUP_WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof buf, "%ld", node_rank);
+    setenv("GROUP_RANK", buf, 1);
+    setenv("MASTER_ADDR", host, 1);
+    long store = -1;
+    if (!multi) {
+        for (int tries = 0; tries < 8 && (store < 0 || store == port); tries++)
+            store = find_free_port();
+    } else if (port + 2 <= 65535 && port + 2 != lport) {
+        store = port + 2;
+    }
+    if (store > 0 && store != port) {
+        snprintf(buf, sizeof buf, "%ld", store);
+        setenv("MASTER_PORT", buf, 1);
+    } else {
+        unsetenv("MASTER_PORT");
+    }
+    /* not torchrun's agent store, which would move gradwire's port */
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+}
+
+/* torchrun's -n gpu | cpu | auto: the GPUs the NVIDIA driver lists (no CUDA
+ * needed), the cores this process may use, or GPUs where there are some. */
+static bool ranks_by_kind(const char *kind, long *n)
+{
+    long gpus = 0;
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    for (struct dirent *e; d && (e = readdir(d));)
+        gpus += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    cpu_set_t aff;
+    const long cores = sched_getaffinity(0, sizeof aff, &aff) == 0 ? CPU_COUNT(&aff) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (!strcmp(kind, "gpu") && gpus > 0)
+        *n = gpus;
+    else if (!strcmp(kind, "cpu") || (!strcmp(kind, "auto") && gpus == 0))
+        *n = cores;
+    else if (!strcmp(kind, "auto"))
+        *n = gpus;
+    else if (!strcmp(kind, "gpu"))
+        usage_error("-n gpu: this machine lists no NVIDIA GPU (/proc/driver/nvidia/gpus)%s", "");
+    else
+        return false;
+    *n = *n < 1 ? 1 : *n > MAX_LOCAL_RANKS ? MAX_LOCAL_RANKS : *n;
+    return true;
+}
+
 static bool make_token(char out[33])
 {
     unsigned char raw[16];
@@ -238,8 +314,11 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid
     char buf[16];
     snprintf(buf, sizeof buf, "%d", r->global);
     setenv("GW_RANK", buf, 1);
+    setenv("RANK", buf, 1); /* torchrun's names too (see torch_env) */
+    setenv("ROLE_RANK", buf, 1);
     snprintf(buf, sizeof buf, "%d", local);
     setenv("GW_LOCAL_RANK", buf, 1);
+    setenv("LOCAL_RANK", buf, 1);
 
     execvp(argv[0], argv);
     dprintf(2, "gw-run: cannot run '%s': %s\n", argv[0], strerror(errno));
@@ -284,7 +363,7 @@ static void ensure_std_fds(void)
     }
 }
 
-/* The signals gw-run handles (INT, TERM, HUP, CHLD): held while forking and
+/* The signals gw-run handles (INT, TERM, HUP, QUIT, USR1, USR2, CHLD): held while forking and
  * between two attempts. */
 static sigset_t handled_signals(void)
 {
@@ -623,14 +702,18 @@ int main(int argc, char **argv)
         {"nnodes", required_argument, NULL, 'N'},
         {"node-rank", required_argument, NULL, 'r'},
         {"master", required_argument, NULL, 'm'},
+        {"master-addr", required_argument, NULL, 'A'},
+        {"master-port", required_argument, NULL, 'P'},
+        {"standalone", no_argument, NULL, 'S'},
         {"launcher-port", required_argument, NULL, 'L'},
         {"max-restarts", required_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    long local_n = 0, nnodes = 1, node_rank = 0, port = 0, lport = 0, max_restarts = 0;
-    const char *master = NULL;
-    char host[256];
+    long local_n = 0, nnodes = 1, node_rank = 0, port = 0, lport = 0, max_restarts = 0, mport = 0;
+    const char *master = NULL, *maddr = NULL;
+    char host[256], composed[300];
+    bool standalone = false;
 
     /* '+' stops at the first non-option so PROGRAM's own flags are left alone;
      * the leading ':' lets us word the error messages ourselves. */
@@ -639,8 +722,19 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+:hn:", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            if (!parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n))
-                usage_error("-n must be a number of ranks from 1 to 4096, not '%s'", optarg);
+            if (!parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n) && !ranks_by_kind(optarg, &local_n))
+                usage_error("-n (--nproc-per-node) must be a number of ranks from 1 to 4096, or gpu, cpu "
+                            "or auto, not '%s'", optarg);
+            break;
+        case 'A':
+            maddr = optarg;
+            break;
+        case 'P':
+            if (!parse_long(optarg, 1, 65535, &mport))
+                usage_error("--master-port must be a port from 1 to 65535, not '%s'", optarg);
+            break;
+        case 'S':
+            standalone = true;
             break;
         case 'N':
             if (!parse_long(optarg, 1, MAX_NNODES, &nnodes))
@@ -677,6 +771,16 @@ int main(int argc, char **argv)
     }
     if (local_n == 0)
         usage_error("%smissing -n N (ranks to start on this node)", "");
+    if (master && (maddr || mport))
+        usage_error("%sgive --master HOST:PORT or --master-addr/--master-port, not both", "");
+    if (maddr || mport) { /* torchrun's defaults for the one not given */
+        const char *a = maddr ? maddr : "127.0.0.1";
+        snprintf(composed, sizeof composed, strchr(a, ':') && a[0] != '[' ? "[%s]:%ld" : "%s:%ld", a,
+                 mport ? mport : 29500);
+        master = composed;
+    }
+    if (standalone && nnodes > 1)
+        usage_error("%s--standalone is a job of one node; --nnodes is more", "");
     if (optind >= argc)
         usage_error("%smissing PROGRAM to run", "");
     if (master && !parse_master(master, host, sizeof host, &port))
@@ -762,6 +866,7 @@ int main(int argc, char **argv)
     snprintf(buf, sizeof buf, "%ld", port);
     setenv("GW_MASTER_PORT", buf, 1);
     setenv("GW_JOB_TOKEN", token, 1);
+    torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
     /* Without this every rank's OpenMP runtime would start one thread per
      * core and N ranks would oversubscribe the machine N times over. */
     /* The cores gw-run may use (taskset, a cpuset, a scheduler's
@@ -841,8 +946,10 @@ int main(int argc, char **argv)
     for (long attempt = 0;; attempt++) {
         snprintf(buf, sizeof buf, "%ld", attempt);
         setenv("GW_RESTART_COUNT", buf, 1);
+        setenv("TORCHELASTIC_RESTART_COUNT", buf, 1);
         snprintf(buf, sizeof buf, "%ld", max_restarts);
         setenv("GW_MAX_RESTARTS", buf, 1);
+        setenv("TORCHELASTIC_MAX_RESTARTS", buf, 1);
         gw__run.attempt = attempt;
         gw__run.may_restart = attempt < max_restarts;
         spawn_all((int)local_n, (int)node_rank, argv + optind);
@@ -876,6 +983,7 @@ int main(int argc, char **argv)
             }
             snprintf(buf, sizeof buf, "%ld", port);
             setenv("GW_MASTER_PORT", buf, 1);
+            torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, port + 1, false);
         }
         gw__run_say("gw-run: restarting the job (exit code %d): restart %ld of %ld, %ld rank%s\n",
                 gw__run.exit_code, attempt + 1, max_restarts, local_n, local_n == 1 ? "" : "s");

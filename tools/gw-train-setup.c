@@ -27,16 +27,9 @@ int train_comm_fail(const struct trainer *t, const char *what, gw_result_t r) {
 
 /* ---- communication helpers: no-ops when alone */
 
-static int launched_as_rank(void) {
-  static const char *const vars[] = {"GW_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-    if (getenv(vars[i])) return 1;
-  return 0;
-}
-
 static int setup_comm(struct trainer *t) {
   t->world = 1;
-  if (!launched_as_rank()) return 0;
+  if (!gw_env_launched()) return 0; /* alone: a shell, or a batch script's own environment */
   gw_result_t r = gw_comm_init_env(&t->comm);
   if (r != GW_SUCCESS) {
     fprintf(stderr, "gw-train: joining the job failed: %s\n", gw_comm_last_error(NULL));
