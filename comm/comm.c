@@ -2,6 +2,7 @@
  * rendezvous, connecting ranks (the rings, and the trees unless GW_ALGO rules
  * them out), the cost model's table and teardown.  Also the small dtype/op helpers of the public API.  The
  * collectives live in enqueue.c, ring.c and tree.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,12 +128,24 @@ static const char *const launchers[][2] = {{"GW_RANK", "GW_WORLD_SIZE"},
                                            {"SLURM_PROCID", "SLURM_NTASKS"}};
 enum { NLAUNCHERS = sizeof launchers / sizeof launchers[0] };
 
+/* Whether this process is a task of a Slurm job step srun started: a step id
+ * below Slurm's special ones (batch 0xfffffffb, interactive 0xfffffffa,
+ * extern ...; an salloc shell's interactive step holds SLURM_PROCID 0 and the
+ * allocation's SLURM_NTASKS as a batch script does). */
+static bool slurm_task_step(void) {
+  const char *s = getenv("SLURM_STEP_ID");
+  char *end;
+  errno = 0;
+  const unsigned long long id = s && *s ? strtoull(s, &end, 10) : ~0ull;
+  return s && *s && !*end && !errno && id < 0xfffffff0ull;
+}
+
 /* The launcher pair whose rank the environment holds: its index, or -1. */
 static int launcher_pair(void) {
   for (int i = 0; i < NLAUNCHERS; i++) {
     const char *v = getenv(launchers[i][0]);
     if (!v || !*v) continue;
-    if (!strcmp(launchers[i][0], "SLURM_PROCID") && !getenv("SLURM_STEP_ID")) continue;
+    if (!strcmp(launchers[i][0], "SLURM_PROCID") && !slurm_task_step()) continue;
     return i;
   }
   return -1;
@@ -158,8 +171,9 @@ static bool job_token(char *out, size_t len) {
     for (const char *p = ef; file && p < file; p++)
       if (*p == '/') rank_dir = p; /* the '/' before <local rank> */
     if (file && rank_dir && !strcmp(file, "/error.json") && (size_t)(file - rank_dir - 1) == strlen(lr) &&
-        !strncmp(rank_dir + 1, lr, strlen(lr)) && rank_dir > ef)
-      return snprintf(out, len, "torchrun-local:%.*s", (int)(rank_dir - ef), ef), true;
+        !strncmp(rank_dir + 1, lr, strlen(lr)) && rank_dir > ef) /* hashed: a deep --log_dir is long */
+      return snprintf(out, len, "torchrun-local:%016llx",
+                      (unsigned long long)gw__fnv(GW_FNV_START, ef, (size_t)(rank_dir - ef))), true;
   }
   /* An mpirun's own id before Slurm's: two mpiruns of one sbatch script share
    * the job and (batch) step ids. */
@@ -182,7 +196,10 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
                                    "gw_comm_init_env: no rank / world size in the environment; launch with "
                                    "gw-run, torchrun, srun (a job step, not the batch script itself) or "
                                    "mpirun / mpiexec, or set GW_RANK and GW_WORLD_SIZE"));
-  const char *rv = launchers[pair][0], *sv = launchers[pair][1], *rs = getenv(rv), *ss = getenv(sv);
+  const char *rv = launchers[pair][0], *sv = launchers[pair][1], *rs = getenv(rv);
+  /* the step's own count (SLURM_NTASKS may be the allocation's, kept by srun) */
+  if (!strcmp(rv, "SLURM_PROCID") && getenv("SLURM_STEP_NUM_TASKS")) sv = "SLURM_STEP_NUM_TASKS";
+  const char *ss = getenv(sv);
   if (!ss || !*ss)
     return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init_env: %s is set but %s is not", rv, sv));

@@ -74,8 +74,9 @@ typedef struct gw_request *gw_request_t;
  * names torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
  * Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
  * OMPI_COMM_WORLD_LOCAL_RANK), MPICH / Intel MPI (PMI_RANK, PMI_SIZE,
- * MPI_LOCALRANKID) or Slurm inside a job step (SLURM_PROCID, SLURM_NTASKS,
- * SLURM_LOCALID; not a batch script's own) set. */
+ * MPI_LOCALRANKID) or Slurm in a task of a step srun started (SLURM_PROCID,
+ * SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID; not a batch script's
+ * or an salloc shell's own) set. */
 gw_result_t gw_comm_init_env(gw_comm_t *comm);
 /* Whether the environment holds a rank gw_comm_init_env would take (1), or
  * the program was started alone (0): a plain shell, or a batch script. */

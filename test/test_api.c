@@ -438,7 +438,8 @@ START_TEST(test_env_launchers) {
   static const struct env_case cases[] = {
       {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
       {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 0, {0}, 0},
-      {"SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT", 0, {"SLURM_STEP_ID=0"}, 0},
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "MASTER_ADDR", "MASTER_PORT", 0, {"SLURM_STEP_ID=0", "SLURM_NTASKS=64"},
+       0},
       /* MPICH's and Intel MPI's mpiexec (Hydra) */
       {"PMI_RANK", "PMI_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
@@ -453,7 +454,7 @@ START_TEST(test_env_launchers) {
   static const char *all[] = {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", "RANK", "WORLD_SIZE",
                               "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
                               "OMPI_COMM_WORLD_SIZE", "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE",
-                              "SLURM_STEP_ID", "PMI_RANK", "PMI_SIZE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID",
+                              "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "PMI_RANK", "PMI_SIZE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID",
                               "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
@@ -469,6 +470,8 @@ START_TEST(test_env_launchers) {
   ck_assert_int_eq(gw_env_launched(), 0);
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(has(gw_comm_last_error(NULL), "a job step, not the batch script"), "%s", gw_comm_last_error(NULL));
+  setenv("SLURM_STEP_ID", "4294967290", 1); /* salloc's interactive step: no srun task either */
+  ck_assert_int_eq(gw_env_launched(), 0);
   setenv("SLURM_STEP_ID", "0", 1);
   ck_assert_int_eq(gw_env_launched(), 1);
   unsetenv("SLURM_PROCID"), unsetenv("SLURM_NTASKS"), unsetenv("SLURM_STEP_ID");

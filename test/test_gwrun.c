@@ -229,6 +229,17 @@ START_TEST(test_env_torchrun_names)
     snprintf(want, sizeof want, "[0] %d", CPU_COUNT(&aff));
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, want), "-n cpu: exit %d, stdout:\n%s", r.code, r.out);
     gwrun_free(&r);
+    /* the GPUs CUDA_VISIBLE_DEVICES leaves, as torch.cuda.device_count(); none refused */
+    const char *three[] = {"CUDA_VISIBLE_DEVICES=0,2,5", NULL}, *none[] = {"CUDA_VISIBLE_DEVICES=-1", NULL};
+    const char *a5[] = {"--nproc_per_node", "gpu", "sh", "-c", "echo $WORLD_SIZE", NULL};
+    gwrun_run(&r, three, a5);
+    ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == 3 && gwrun_has_line(r.out, "[2] 3"),
+                  "-n gpu of 3 visible: exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, none, a5);
+    ck_assert_msg(r.code == 2 && strstr(r.err, "-n gpu: no GPU to use"), "-n gpu of none: exit %d\n%s", r.code,
+                  r.err);
+    gwrun_free(&r);
     static const char *const refused[][8] = {
         {"-n", "1", "--master", "h:1", "--master-port", "2", "true", NULL},
         {"-n", "1", "--standalone", "--nnodes", "2", "--master", "h:1", NULL},
@@ -903,7 +914,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_env_passthrough);
     tcase_add_test(tc, test_env_omp_affinity);
     tcase_add_test(tc, test_env_master_and_multinode);
-tcase_add_test(tc, test_env_torchrun_names);
+    tcase_add_test(tc, test_env_torchrun_names);
     tcase_add_test(tc, test_failing_rank_exit_code);
     tcase_add_test(tc, test_fork_failure);
     tcase_add_test(tc, test_stuck_stdout);

@@ -92,7 +92,9 @@ static const char usage_text[] =
     "                          with --nnodes > 1, else 127.0.0.1 and a free port;\n"
     "                          node 0 must run on the machine HOST names\n"
     "  --master-addr A, --master-port P  torchrun's spelling of --master A:P (the\n"
-    "                          address alone: port 29500, as torchrun)\n"
+    "                          address alone: port 29500, as torchrun); torch 1.x's\n"
+    "                          --nproc_per_node, --node_rank, --master_addr,\n"
+    "                          --master_port, --max_restarts are taken too\n"
     "  --standalone            one node (the default; torchrun's flag)\n"
     "  --launcher-port P       port of the launcher control channel between the\n"
     "                          gw-runs of a multi-node job (default PORT + 1),\n"
@@ -227,8 +229,8 @@ static int find_free_port(void)
  * device, TORCHELASTIC_RESTART_COUNT) runs under gw-run unchanged.  Its
  * MASTER_PORT is the port of rank 0's TCPStore, not gradwire's rendezvous
  * (GW_MASTER_PORT), so that a program using both binds two ports: on one
- * node another free port, across nodes the --master port + 2 (+ 1 is the
- * launchers'), or none when that does not fit. */
+ * node another free port, across nodes the --master port + 2 (+ 3 where the
+ * launcher port is + 2), or none past 65535. */
 static void torch_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
                       long lport, bool multi)
 {
@@ -247,8 +249,10 @@ static void torch_env(long world, long local_n, long nnodes, long node_rank, con
     if (!multi) {
         for (int tries = 0; tries < 8 && (store < 0 || store == port); tries++)
             store = find_free_port();
-    } else if (port + 2 <= 65535 && port + 2 != lport) {
-        store = port + 2;
+    } else {
+        store = port + 2 != lport ? port + 2 : port + 3; /* the same on every node: from flags they share */
+        if (store > 65535)
+            store = -1;
     }
     if (store > 0 && store != port) {
         snprintf(buf, sizeof buf, "%ld", store);
@@ -256,20 +260,40 @@ static void torch_env(long world, long local_n, long nnodes, long node_rank, con
     } else {
         unsetenv("MASTER_PORT");
     }
-    /* not torchrun's agent store, which would move gradwire's port */
+    /* not torchrun's agent store, which would move gradwire's port; nor an
+     * outer torchrun's worker (gw-run started inside one): its run id and
+     * error file would make every rank of this job that worker */
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    unsetenv("TORCHELASTIC_RUN_ID");
+    unsetenv("TORCHELASTIC_ERROR_FILE");
+    setenv("ROLE_NAME", "default", 1);
 }
 
-/* torchrun's -n gpu | cpu | auto: the GPUs the NVIDIA driver lists (no CUDA
- * needed), the cores this process may use, or GPUs where there are some. */
-static bool ranks_by_kind(const char *kind, long *n)
+/* The GPUs this job may use, as torch.cuda.device_count() counts them:
+ * CUDA_VISIBLE_DEVICES' entries where it is set (empty, or starting at -1:
+ * none), else those the NVIDIA driver lists (no CUDA needed). */
+static long visible_gpus(void)
 {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
     long gpus = 0;
+    if (v) {
+        for (const char *p = v; *p && strncmp(p, "-1", 2) != 0; p += strcspn(p, ","), p += *p == ',')
+            gpus++;
+        return gpus;
+    }
     DIR *d = opendir("/proc/driver/nvidia/gpus");
     for (struct dirent *e; d && (e = readdir(d));)
         gpus += e->d_name[0] != '.';
     if (d)
         closedir(d);
+    return gpus;
+}
+
+/* torchrun's -n gpu | cpu | auto: the GPUs this job may use, the cores this
+ * process may use, or GPUs where there are some. */
+static bool ranks_by_kind(const char *kind, long *n)
+{
+    const long gpus = visible_gpus();
     cpu_set_t aff;
     const long cores = sched_getaffinity(0, sizeof aff, &aff) == 0 ? CPU_COUNT(&aff) : sysconf(_SC_NPROCESSORS_ONLN);
     if (!strcmp(kind, "gpu") && gpus > 0)
@@ -279,7 +303,8 @@ static bool ranks_by_kind(const char *kind, long *n)
     else if (!strcmp(kind, "auto"))
         *n = gpus;
     else if (!strcmp(kind, "gpu"))
-        usage_error("-n gpu: this machine lists no NVIDIA GPU (/proc/driver/nvidia/gpus)%s", "");
+        usage_error("-n gpu: no GPU to use (CUDA_VISIBLE_DEVICES, or the NVIDIA driver's list in "
+                    "/proc/driver/nvidia/gpus)%s", "");
     else
         return false;
     *n = *n < 1 ? 1 : *n > MAX_LOCAL_RANKS ? MAX_LOCAL_RANKS : *n;
@@ -699,6 +724,11 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"nproc-per-node", required_argument, NULL, 'n'},
+        {"nproc_per_node", required_argument, NULL, 'n'}, /* torch 1.x's torchrun spelled them so */
+        {"node_rank", required_argument, NULL, 'r'},
+        {"master_addr", required_argument, NULL, 'A'},
+        {"master_port", required_argument, NULL, 'P'},
+        {"max_restarts", required_argument, NULL, 'R'},
         {"nnodes", required_argument, NULL, 'N'},
         {"node-rank", required_argument, NULL, 'r'},
         {"master", required_argument, NULL, 'm'},
@@ -983,8 +1013,9 @@ int main(int argc, char **argv)
             }
             snprintf(buf, sizeof buf, "%ld", port);
             setenv("GW_MASTER_PORT", buf, 1);
-            torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, port + 1, false);
         }
+        /* the store's port afresh too (one node), or the same (across nodes) */
+        torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
         gw__run_say("gw-run: restarting the job (exit code %d): restart %ld of %ld, %ld rank%s\n",
                 gw__run.exit_code, attempt + 1, max_restarts, local_n, local_n == 1 ? "" : "s");
         reset_job((int)local_n);
