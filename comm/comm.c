@@ -85,153 +85,9 @@ const char *gw_comm_last_error(gw_comm_t comm) {
   return copy;
 }
 
-static gw_result_t init_fail(struct gw_errctx *err, gw_result_t res) {
+gw_result_t gw__init_fail(struct gw_errctx *err, gw_result_t res) {
   gw__set_thread_error(err->msg);
   return res;
-}
-
-/* ---- environment ---------------------------------------------------------------- */
-static const char *first_env(const char *const *names) {
-  for (; *names; names++) {
-    const char *v = getenv(*names);
-    if (v && *v) return v;
-  }
-  return NULL;
-}
-
-static bool parse_int(const char *s, long lo, long hi, int *out) {
-  if (!s) return false;
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (end == s || *end || v < lo || v > hi) return false;
-  *out = (int)v;
-  return true;
-}
-
-/* Launchers are looked for innermost first: mpirun inside an sbatch script
- * leaves the batch task's SLURM_PROCID (0) in every rank's environment, so
- * Slurm's variables come last (they came before Open MPI's, and every rank
- * of such a job claimed rank 0). */
-static const char *const local_vars[] = {"GW_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
-
-/* The launchers' (rank, world size) pairs, innermost first (see local_vars):
- * a rank from one and a size from another mixed two jobs' numbering.
- * MPICH's and Intel MPI's mpiexec (Hydra) say PMI_RANK / PMI_SIZE.  Slurm's
- * only inside a job step (srun: SLURM_STEP_ID): a batch script's own
- * environment holds SLURM_PROCID 0 and SLURM_NTASKS of the whole
- * allocation, and one program run there took itself for rank 0 of them. */
-static const char *const launchers[][2] = {{"GW_RANK", "GW_WORLD_SIZE"},
-                                           {"RANK", "WORLD_SIZE"},
-                                           {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                           {"PMI_RANK", "PMI_SIZE"},
-                                           {"SLURM_PROCID", "SLURM_NTASKS"}};
-enum { NLAUNCHERS = sizeof launchers / sizeof launchers[0] };
-
-/* Whether this process is a task of a Slurm job step srun started: a step id
- * below Slurm's special ones (batch 0xfffffffb, interactive 0xfffffffa,
- * extern ...; an salloc shell's interactive step holds SLURM_PROCID 0 and the
- * allocation's SLURM_NTASKS as a batch script does). */
-static bool slurm_task_step(void) {
-  const char *s = getenv("SLURM_STEP_ID");
-  char *end;
-  errno = 0;
-  const unsigned long long id = s && *s ? strtoull(s, &end, 10) : ~0ull;
-  return s && *s && !*end && !errno && id < 0xfffffff0ull;
-}
-
-/* The launcher pair whose rank the environment holds: its index, or -1. */
-static int launcher_pair(void) {
-  for (int i = 0; i < NLAUNCHERS; i++) {
-    const char *v = getenv(launchers[i][0]);
-    if (!v || !*v) continue;
-    if (!strcmp(launchers[i][0], "SLURM_PROCID") && !slurm_task_step()) continue;
-    return i;
-  }
-  return -1;
-}
-
-int gw_env_launched(void) { return launcher_pair() >= 0; }
-
-/* The job token: GW_JOB_TOKEN, else an id every rank of the same launch shares. */
-static bool job_token(char *out, size_t len) {
-  const char *t = getenv("GW_JOB_TOKEN");
-  if (t && *t) return snprintf(out, len, "%s", t), true;
-  /* torchrun's default id with a static --master-addr is "none" for every job */
-  if ((t = getenv("TORCHELASTIC_RUN_ID")) && *t && strcmp(t, "none") != 0)
-    return snprintf(out, len, "torchrun:%s", t), true;
-  /* ... and on one node its agent's own: every worker's error file lies in
-   * <log dir>/<run id>_<random>/attempt_<n>/<local rank>/error.json, the
-   * directory above the local rank's made afresh for each agent and attempt
-   * (plain `torchrun --nproc-per-node N prog` failed here) */
-  const char *world = getenv("WORLD_SIZE"), *local = getenv("LOCAL_WORLD_SIZE"), *lr = getenv("LOCAL_RANK"),
-             *ef = getenv("TORCHELASTIC_ERROR_FILE");
-  if (t && !strcmp(t, "none") && world && local && lr && ef && !strcmp(world, local)) {
-    const char *file = strrchr(ef, '/'), *rank_dir = NULL;
-    for (const char *p = ef; file && p < file; p++)
-      if (*p == '/') rank_dir = p; /* the '/' before <local rank> */
-    if (file && rank_dir && !strcmp(file, "/error.json") && (size_t)(file - rank_dir - 1) == strlen(lr) &&
-        !strncmp(rank_dir + 1, lr, strlen(lr)) && rank_dir > ef) /* hashed: a deep --log_dir is long */
-      return snprintf(out, len, "torchrun-local:%016llx",
-                      (unsigned long long)gw__fnv(GW_FNV_START, ef, (size_t)(rank_dir - ef))), true;
-  }
-  /* An mpirun's own id before Slurm's: two mpiruns of one sbatch script share
-   * the job and (batch) step ids. */
-  if ((t = getenv("PMIX_NAMESPACE")) && *t) return snprintf(out, len, "pmix:%s", t), true;
-  if ((t = getenv("OMPI_MCA_orte_ess_jobid")) && *t) return snprintf(out, len, "ompi:%s", t), true;
-  const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
-  if (job && *job) return snprintf(out, len, "slurm:%s.%s", job, step ? step : ""), true;
-  return false;
-}
-
-gw_result_t gw_comm_init_env(gw_comm_t *comm) {
-  static const char *const addr_vars[] = {"GW_MASTER_ADDR", "MASTER_ADDR", NULL};
-  struct gw_errctx err = {{0}};
-  if (!comm) return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init_env: comm is NULL"));
-  *comm = NULL;
-  int rank, size;
-  const int pair = launcher_pair();
-  if (pair < 0)
-    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
-                                   "gw_comm_init_env: no rank / world size in the environment; launch with "
-                                   "gw-run, torchrun, srun (a job step, not the batch script itself) or "
-                                   "mpirun / mpiexec, or set GW_RANK and GW_WORLD_SIZE"));
-  const char *rv = launchers[pair][0], *sv = launchers[pair][1], *rs = getenv(rv);
-  /* the step's own count (SLURM_NTASKS may be the allocation's, kept by srun) */
-  if (!strcmp(rv, "SLURM_PROCID") && getenv("SLURM_STEP_NUM_TASKS")) sv = "SLURM_STEP_NUM_TASKS";
-  const char *ss = getenv(sv);
-  if (!ss || !*ss)
-    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
-                                   "gw_comm_init_env: %s is set but %s is not", rv, sv));
-  if (!parse_int(ss, 1, 1 << 20, &size) || !parse_int(rs, 0, size - 1, &rank))
-    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
-                                   "gw_comm_init_env: rank %s='%s' / world size %s='%s' from the environment are "
-                                   "not a valid pair (need 0 <= rank < size)", rv, rs, sv, ss));
-  const char *addr = first_env(addr_vars), *port = getenv("GW_MASTER_PORT");
-  char master[300] = "", moved[16];
-  if (!port || !*port) {
-    port = getenv("MASTER_PORT");
-    /* Under torchrun the agent's own store (TCPStore) listens on MASTER_PORT
-     * for the whole job (TORCHELASTIC_USE_AGENT_STORE=True: its static
-     * rendezvous, the default with --master-addr/--master-port): rank 0 could
-     * not listen there ("port in use"); the next port is gradwire's. */
-    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-    int p;
-    if (port && agent && !strcasecmp(agent, "true") && parse_int(port, 1, 65534, &p)) {
-      snprintf(moved, sizeof moved, "%d", p + 1);
-      port = moved;
-      GW_INFO(GW_SUB_INIT, "rank %d: torchrun's agent store holds MASTER_PORT %d: the rendezvous uses port %s "
-              "(GW_MASTER_PORT sets another)", rank, p, port);
-    }
-  }
-  if (size > 1) {
-    if (!addr || !port || !*port)
-      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
-                                     "rank %d: no master address; set GW_MASTER_ADDR and GW_MASTER_PORT "
-                                     "(rank 0's host and a free port)", rank));
-    snprintf(master, sizeof master, strchr(addr, ':') && addr[0] != '[' ? "[%s]:%s" : "%s:%s", addr, port);
-  }
-  return gw_comm_init(comm, size, rank, size > 1 ? master : NULL);
 }
 
 /* ---- setup ----------------------------------------------------------------------- */
@@ -666,25 +522,25 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   struct gw_errctx err = {{0}};
   gw_result_t res;
   gw__log_init();
-  if (!out) return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init: comm is NULL"));
+  if (!out) return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init: comm is NULL"));
   *out = NULL;
   if (nranks < 1 || rank < 0 || rank >= nranks)
-    return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+    return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init: rank %d is not valid for %d ranks (need 0 <= rank < nranks)",
                                    rank, nranks));
   char token[GW_BOOT_TOKEN_MAX + 16] = "";
   if (nranks > 1) {
     if (!master || !*master)
-      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+      return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: gw_comm_init needs the master address (HOST:PORT) for %d ranks",
                                      rank, nranks));
     char host[256], port[16];
     if (!gw__parse_host_port(master, host, sizeof host, port, sizeof port))
-      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+      return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: master address '%s' is not HOST:PORT (IPv6 as [ADDR]:PORT, "
                                      "port 1..65535)", rank, master));
-    if (!job_token(token, sizeof token))
-      return init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+    if (!gw__job_token(token, sizeof token))
+      return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: no job token: set GW_JOB_TOKEN to the same secret on every rank "
                                      "(gw-run does this for you)%s", rank,
                                      getenv("TORCHELASTIC_RUN_ID") && !strcmp(getenv("TORCHELASTIC_RUN_ID"), "none")
@@ -695,7 +551,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   gw__log_set_rank(rank);
 
   struct gw_comm *c = calloc(1, sizeof *c);
-  if (!c) return init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
+  if (!c) return gw__init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
   c->rank = rank;
   c->device = -1;
   c->alive_own = -1;
@@ -780,7 +636,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
       if (r < rank && !strcmp(c->peers[r].node_id, me.node_id)) c->local_rank++;
       if (!strcmp(c->peers[r].node_id, me.node_id)) c->local_size++;
     }
-    const char *env_local = first_env(local_vars);
+    const char *env_local = gw__env_local_rank();
     if (env_local && atoi(env_local) != c->local_rank)
       GW_WARN(GW_SUB_INIT, "rank %d: the launcher says local rank %s but the rendezvous found %d ranks before it "
               "on this machine; using %d", rank, env_local, c->local_rank, c->local_rank);
@@ -797,7 +653,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
 fail:
   gw__bootstrap_fail(c->bs, err.msg); /* the others hear why, not that this rank went */
   comm_free(c);
-  return init_fail(&err, res);
+  return gw__init_fail(&err, res);
 }
 
 /* Whether comm is its process's own: not a forked child's copy of it. */

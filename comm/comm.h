@@ -244,6 +244,13 @@ struct gw_comm {
 /* Connects links[0..nlinks) over the transport each pair allows (shm on one
  * machine, else tcp), with one rendezvous round for all of them; every rank
  * calls it at the same point, with at most max_recv receiving links. */
+/* comm.c: a failed init's message as the thread's error, res passed on. */
+gw_result_t gw__init_fail(struct gw_errctx *err, gw_result_t res);
+/* comm_env.c: the job token every rank of one launch shares (GW_JOB_TOKEN,
+ * else the launcher's id); false when none; and the launcher's local rank
+ * (NULL when none says). */
+bool gw__job_token(char *out, size_t len);
+const char *gw__env_local_rank(void);
 gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
                         struct gw_errctx *err);
 

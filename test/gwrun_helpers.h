@@ -82,5 +82,7 @@ int gwrun_main(const char *prog, Suite *(*make_suite)(void));
 
 /* test_gwrun_output.c's cases, added to test_gwrun's test case. */
 void gwrun_add_output_tests(TCase *tc);
+/* test_gwrun_env.c's cases: the ranks' environment. */
+void gwrun_add_env_tests(TCase *tc);
 
 #endif

@@ -60,14 +60,14 @@
 #include "gw-run.h"
 
 enum {
-    MAX_LOCAL_RANKS = 4096,
+    MAX_LOCAL_RANKS = GW_RUN_MAX_LOCAL_RANKS,
     MAX_NNODES = 65536, /* keeps N * nnodes far below INT_MAX */
     DRAIN_GRACE_MS = 2000,
     HELD_RECHECK_MS = 20,
     EXIT_USAGE = 2,
     EXIT_NOT_FOUND = 127,
     MAX_RESTARTS = 10000,
-    TOKEN_MAX = 128, /* the library's longest GW_JOB_TOKEN (comm/bootstrap.h) */
+    TOKEN_MAX = GW_RUN_TOKEN_MAX,
 };
 
 #define DEFAULT_KILL_GRACE_S 5.0
@@ -150,34 +150,6 @@ static bool parse_long(const char *s, long lo, long hi, long *out)
 
 /* HOST:PORT or [v6addr]:PORT. A bare IPv6 address is refused because its
  * last colon cannot be told apart from the port separator. */
-/* Whether host is a name (not a numeric address: 127.0.0.1 stays allowed,
- * for tests on one machine) whose every address here is a loopback one; out
- * gets the first. */
-static bool name_is_loopback(const char *host, char *out, size_t outsz)
-{
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(host, NULL, &hints, &ai) == 0) {
-        freeaddrinfo(ai);
-        return false;
-    }
-    hints.ai_flags = 0;
-    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
-        return false; /* not resolvable now: the rendezvous retries and says so */
-    bool all = ai != NULL;
-    for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        bool lo = false;
-        if (a->ai_family == AF_INET)
-            lo = (ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-        else if (a->ai_family == AF_INET6)
-            lo = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
-        if (a == ai)
-            getnameinfo(a->ai_addr, a->ai_addrlen, out, (socklen_t)outsz, NULL, 0, NI_NUMERICHOST);
-        all = all && lo;
-    }
-    freeaddrinfo(ai);
-    return all;
-}
-
 static bool parse_master(const char *s, char *host, size_t hostsz, long *port)
 {
     const char *h, *colon;
@@ -200,124 +172,6 @@ static bool parse_master(const char *s, char *host, size_t hostsz, long *port)
         return false;
     memcpy(host, h, hl);
     host[hl] = '\0';
-    return true;
-}
-
-/* Binding port 0 lets the kernel pick a free port. It is released again before
- * rank 0 binds it, so another process could take it in between; torchrun
- * accepts the same small race, and a clash shows up as a clear bind error. */
-static int find_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
-/* torchrun's names for what every rank shares, beside gradwire's: a program
- * written for torchrun (init_process_group("env://"), LOCAL_RANK for the
- * device, TORCHELASTIC_RESTART_COUNT) runs under gw-run unchanged.  Its
- * MASTER_PORT is the port of rank 0's TCPStore, not gradwire's rendezvous
- * (GW_MASTER_PORT), so that a program using both binds two ports: on one
- * node another free port, across nodes the --master port + 2 (+ 3 where the
- * launcher port is + 2), or none past 65535. */
-static void torch_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
-                      long lport, bool multi)
-{
-    char buf[32];
-    snprintf(buf, sizeof buf, "%ld", world);
-    setenv("WORLD_SIZE", buf, 1);
-    setenv("ROLE_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", local_n);
-    setenv("LOCAL_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", nnodes);
-    setenv("GROUP_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", node_rank);
-    setenv("GROUP_RANK", buf, 1);
-    setenv("MASTER_ADDR", host, 1);
-    long store = -1;
-    if (!multi) {
-        for (int tries = 0; tries < 8 && (store < 0 || store == port); tries++)
-            store = find_free_port();
-    } else {
-        store = port + 2 != lport ? port + 2 : port + 3; /* the same on every node: from flags they share */
-        if (store > 65535)
-            store = -1;
-    }
-    if (store > 0 && store != port) {
-        snprintf(buf, sizeof buf, "%ld", store);
-        setenv("MASTER_PORT", buf, 1);
-    } else {
-        unsetenv("MASTER_PORT");
-    }
-    /* not torchrun's agent store, which would move gradwire's port; nor an
-     * outer torchrun's worker (gw-run started inside one): its run id and
-     * error file would make every rank of this job that worker */
-    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-    unsetenv("TORCHELASTIC_RUN_ID");
-    unsetenv("TORCHELASTIC_ERROR_FILE");
-    setenv("ROLE_NAME", "default", 1);
-}
-
-/* The GPUs this job may use, as torch.cuda.device_count() counts them:
- * CUDA_VISIBLE_DEVICES' entries where it is set (empty, or starting at -1:
- * none), else those the NVIDIA driver lists (no CUDA needed). */
-static long visible_gpus(void)
-{
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    long gpus = 0;
-    if (v) {
-        for (const char *p = v; *p && strncmp(p, "-1", 2) != 0; p += strcspn(p, ","), p += *p == ',')
-            gpus++;
-        return gpus;
-    }
-    DIR *d = opendir("/proc/driver/nvidia/gpus");
-    for (struct dirent *e; d && (e = readdir(d));)
-        gpus += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return gpus;
-}
-
-/* torchrun's -n gpu | cpu | auto: the GPUs this job may use, the cores this
- * process may use, or GPUs where there are some. */
-static bool ranks_by_kind(const char *kind, long *n)
-{
-    const long gpus = visible_gpus();
-    cpu_set_t aff;
-    const long cores = sched_getaffinity(0, sizeof aff, &aff) == 0 ? CPU_COUNT(&aff) : sysconf(_SC_NPROCESSORS_ONLN);
-    if (!strcmp(kind, "gpu") && gpus > 0)
-        *n = gpus;
-    else if (!strcmp(kind, "cpu") || (!strcmp(kind, "auto") && gpus == 0))
-        *n = cores;
-    else if (!strcmp(kind, "auto"))
-        *n = gpus;
-    else if (!strcmp(kind, "gpu"))
-        usage_error("-n gpu: no GPU to use (CUDA_VISIBLE_DEVICES, or the NVIDIA driver's list in "
-                    "/proc/driver/nvidia/gpus)%s", "");
-    else
-        return false;
-    *n = *n < 1 ? 1 : *n > MAX_LOCAL_RANKS ? MAX_LOCAL_RANKS : *n;
-    return true;
-}
-
-static bool make_token(char out[33])
-{
-    unsigned char raw[16];
-    if (!gw__run_random(raw, sizeof raw))
-        return false;
-    for (size_t i = 0; i < sizeof raw; i++)
-        snprintf(out + 2 * i, 3, "%02x", raw[i]);
     return true;
 }
 
@@ -670,19 +524,6 @@ static bool signal_held(void)
     return false;
 }
 
-/* The job token of attempt k: TOKEN.restartK, within the library's 128
- * characters (a token that fit at the first start must not make every
- * restart fail at init): a longer one keeps its start and a hash of the
- * whole instead, the same on every node. */
-static void attempt_token(const char *token, long k, char *out, size_t cap)
-{
-    if (snprintf(out, cap, "%s.restart%ld", token, k) <= TOKEN_MAX)
-        return;
-    char tail[64];
-    int t = snprintf(tail, sizeof tail, ".%016llx.restart%ld", (unsigned long long)gw__run_fnv1a(token), k);
-    snprintf(out, cap, "%.*s%s", TOKEN_MAX - t, token, tail);
-}
-
 /* A ^C (SIGINT to gw-run) that stopped the job, and nothing else failed:
  * gw-run ends as its ranks did, killed by SIGINT, not with exit code 130, so
  * that the shell that started it stops too (bash ends a script, or the loop
@@ -752,9 +593,15 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+:hn:", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            if (!parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n) && !ranks_by_kind(optarg, &local_n))
-                usage_error("-n (--nproc-per-node) must be a number of ranks from 1 to 4096, or gpu, cpu "
-                            "or auto, not '%s'", optarg);
+            if (!parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n)) {
+                const int by_kind = gw__run_ranks_by_kind(optarg, &local_n);
+                if (by_kind < 0)
+                    usage_error("-n gpu: no GPU to use (CUDA_VISIBLE_DEVICES, or the NVIDIA driver's list in "
+                                "/proc/driver/nvidia/gpus)%s", "");
+                if (by_kind == 0)
+                    usage_error("-n (--nproc-per-node) must be a number of ranks from 1 to 4096, or gpu, cpu "
+                                "or auto, not '%s'", optarg);
+            }
             break;
         case 'A':
             maddr = optarg;
@@ -848,7 +695,7 @@ int main(int argc, char **argv)
                     "export GW_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\n");
             return EXIT_USAGE;
         }
-        if (!make_token(token_buf)) {
+        if (!gw__run_make_token(token_buf)) {
             gw__run_say("gw-run: cannot make a job token: getrandom failed: %s\n",
                     strerror(errno));
             return 1;
@@ -864,7 +711,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     char lo[64];
-    if (nnodes > 1 && strcmp(host, "localhost") != 0 && name_is_loopback(host, lo, sizeof lo)) {
+    if (nnodes > 1 && strcmp(host, "localhost") != 0 && gw__run_name_is_loopback(host, lo, sizeof lo)) {
         gw__run_say("gw-run: --master %s resolves to %s (a loopback address) here; the other nodes cannot reach "
                     "that: give node 0's network address, or a name that resolves to it (Debian and Ubuntu map "
                     "the host name to 127.0.1.1 in /etc/hosts)\n", host, lo);
@@ -873,7 +720,7 @@ int main(int argc, char **argv)
 
     if (!master) {
         strcpy(host, "127.0.0.1");
-        port = find_free_port();
+        port = gw__run_free_port();
         if (port < 0) {
             gw__run_say("gw-run: cannot find a free TCP port on 127.0.0.1: %s\n",
                     strerror(errno));
@@ -896,7 +743,7 @@ int main(int argc, char **argv)
     snprintf(buf, sizeof buf, "%ld", port);
     setenv("GW_MASTER_PORT", buf, 1);
     setenv("GW_JOB_TOKEN", token, 1);
-    torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
+    gw__run_torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
     /* Without this every rank's OpenMP runtime would start one thread per
      * core and N ranks would oversubscribe the machine N times over. */
     /* The cores gw-run may use (taskset, a cpuset, a scheduler's
@@ -1002,10 +849,10 @@ int main(int argc, char **argv)
         /* Nothing of the failed attempt is left (run_loop waited for every
          * rank and stray): a fresh token and, unless --master fixed it, a
          * fresh port keep anything it left elsewhere away from the next. */
-        attempt_token(token, attempt + 1, cur_token, token_cap);
+        gw__run_attempt_token(token, attempt + 1, cur_token, token_cap);
         setenv("GW_JOB_TOKEN", cur_token, 1);
         if (!master) {
-            port = find_free_port();
+            port = gw__run_free_port();
             if (port < 0) {
                 gw__run_say("gw-run: cannot restart the job: no free TCP port on 127.0.0.1: %s\n",
                         strerror(errno));
@@ -1015,7 +862,7 @@ int main(int argc, char **argv)
             setenv("GW_MASTER_PORT", buf, 1);
         }
         /* the store's port afresh too (one node), or the same (across nodes) */
-        torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
+        gw__run_torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
         gw__run_say("gw-run: restarting the job (exit code %d): restart %ld of %ld, %ld rank%s\n",
                 gw__run.exit_code, attempt + 1, max_restarts, local_n, local_n == 1 ? "" : "s");
         reset_job((int)local_n);

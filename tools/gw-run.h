@@ -211,4 +211,17 @@ uint64_t gw__run_fnv1a(const char *s);
  * the one that ended is forgotten. */
 void gw__run_teardown_reset(void);
 
+/* ---- gw-run-setup.c: what gw-run prepares before spawning */
+enum {
+    GW_RUN_MAX_LOCAL_RANKS = 4096,
+    GW_RUN_TOKEN_MAX = 128, /* the library's longest GW_JOB_TOKEN (comm/bootstrap.h) */
+};
+bool gw__run_name_is_loopback(const char *host, char *out, size_t outsz);
+int gw__run_free_port(void);
+void gw__run_torch_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
+                       long lport, bool multi);
+int gw__run_ranks_by_kind(const char *kind, long *n);
+bool gw__run_make_token(char out[33]);
+void gw__run_attempt_token(const char *token, long k, char *out, size_t cap);
+
 #endif

@@ -1,0 +1,231 @@
+/*
+ * test_gwrun_env.c: the environment gw-run gives its ranks (out of
+ * test_gwrun.c, which was past 900 lines): GW_* made and passed through,
+ * OMP_NUM_THREADS from the affinity, --master and the multi-node numbering,
+ * torchrun's names and option spellings.
+ */
+#include <check.h>
+#include <ctype.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gwrun_helpers.h"
+
+/* ---- 2: environment ---- */
+
+struct env_seen {
+    int lines;
+    bool rank_seen[8];
+    char token[128];
+    int omp;
+};
+
+static void check_env_line(const char *line, void *arg)
+{
+    struct env_seen *s = arg;
+    int prefix, rank, port, omp, lws, nnodes, node_rank, used = 0;
+    char addr[64], token[128];
+    int n = sscanf(line, "[%d] %d %63s %d %127s %d %d %d %d%n", &prefix, &rank, addr, &port, token,
+                   &omp, &lws, &nnodes, &node_rank, &used);
+    ck_assert_msg(n == 9 && line[used] == '\0', "unexpected line '%s'", line);
+    ck_assert_int_eq(prefix, rank);
+    ck_assert(rank >= 0 && rank < 8);
+    s->rank_seen[rank] = true;
+    ck_assert_str_eq(addr, "127.0.0.1");
+    ck_assert_msg(port >= 1 && port <= 65535, "GW_MASTER_PORT %d", port);
+    ck_assert_int_ge(omp, 1);
+    ck_assert_int_eq(nnodes, 1);
+    ck_assert_int_eq(node_rank, 0);
+    if (s->lines == 0) {
+        snprintf(s->token, sizeof s->token, "%s", token);
+        s->omp = omp;
+    } else {
+        ck_assert_msg(strcmp(s->token, token) == 0, "ranks see different tokens: %s vs %s",
+                      s->token, token);
+        ck_assert_int_eq(s->omp, omp);
+    }
+    (void)lws;
+    s->lines++;
+}
+
+static const char env_script[] =
+    "echo $GW_RANK $GW_MASTER_ADDR $GW_MASTER_PORT $GW_JOB_TOKEN $OMP_NUM_THREADS "
+    "$GW_LOCAL_WORLD_SIZE $GW_NNODES $GW_NODE_RANK";
+
+START_TEST(test_env_generated)
+{
+    struct run r;
+    const char *env[] = {"GW_JOB_TOKEN", "OMP_NUM_THREADS", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", env_script, NULL};
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    struct env_seen s = {0};
+    gwrun_for_each_line(r.out, check_env_line, &s);
+    ck_assert_int_eq(s.lines, 2);
+    ck_assert(s.rank_seen[0] && s.rank_seen[1]);
+    ck_assert_uint_eq(strlen(s.token), 32);
+    for (int i = 0; i < 32; i++)
+        ck_assert_msg(isxdigit((unsigned char)s.token[i]), "token %s is not hex", s.token);
+    /* Two runs must not share a token: it is the job's secret. */
+    struct run r2;
+    gwrun_run(&r2, env, args);
+    ck_assert_int_eq(r2.code, 0);
+    struct env_seen s2 = {0};
+    gwrun_for_each_line(r2.out, check_env_line, &s2);
+    ck_assert_str_ne(s.token, s2.token);
+    gwrun_free(&r);
+    gwrun_free(&r2);
+}
+END_TEST
+
+START_TEST(test_env_passthrough)
+{
+    struct run r;
+    const char *env[] = {"GW_JOB_TOKEN=my-preset-token", "OMP_NUM_THREADS=5", NULL};
+    const char *args[] = {"-n", "3", "sh", "-c", env_script, NULL};
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    struct env_seen s = {0};
+    gwrun_for_each_line(r.out, check_env_line, &s);
+    ck_assert_int_eq(s.lines, 3);
+    ck_assert_str_eq(s.token, "my-preset-token");
+    ck_assert_int_eq(s.omp, 5);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* OMP_NUM_THREADS counts the cores gw-run may use (taskset, a cpuset), not
+ * the machine's: one core and one rank make 1, not the machine's count. */
+START_TEST(test_env_omp_affinity)
+{
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        return; /* nothing to tell apart */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0); /* this test's process, and gw-run after it */
+    struct run r;
+    const char *env[] = {"OMP_NUM_THREADS", NULL};
+    const char *args[] = {"-n", "1", "sh", "-c", "echo threads $OMP_NUM_THREADS", NULL};
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] threads 1"), "exit %d, stdout:\n%s\nstderr:\n%s", r.code,
+                  r.out, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
+START_TEST(test_env_master_and_multinode)
+{
+    const char *script = "echo $GW_RANK $GW_WORLD_SIZE $GW_LOCAL_RANK $GW_LOCAL_WORLD_SIZE "
+                         "$GW_NODE_RANK $GW_NNODES $GW_MASTER_ADDR $GW_MASTER_PORT";
+    struct run r;
+    const char *a1[] = {"-n", "1", "--master", "10.1.2.3:29500", "sh", "-c", script, NULL};
+    gwrun_run(&r, NULL, a1);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(gwrun_has_line(r.out, "[0] 0 1 0 1 0 1 10.1.2.3 29500"), "stdout:\n%s", r.out);
+    gwrun_free(&r);
+
+    const char *a2[] = {"-n", "1", "--master", "[::1]:4000", "--", "sh", "-c", script, NULL};
+    gwrun_run(&r, NULL, a2);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(gwrun_has_line(r.out, "[0] 0 1 0 1 0 1 ::1 4000"), "stdout:\n%s", r.out);
+    gwrun_free(&r);
+
+    /* Node 1 of 2 with 2 ranks each holds global ranks 2 and 3. Its node 0
+     * runs too: without one, node 1 would wait for it to join. */
+    const char *env[] = {"GW_JOB_TOKEN=shared", NULL};
+    int port = gwrun_free_port_pair();
+    char master[64], line[128];
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    const char *a0[] = {"-n", "2", "--nnodes", "2", "--master", master, "true", NULL};
+    const char *a3[] = {"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+                        "--master", master, "sh", "-c", script, NULL};
+    struct run r0;
+    gwrun_start(&r0, env, a0);
+    gwrun_start(&r, env, a3);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    gwrun_wait(&r0, GWRUN_TIMEOUT_S);
+    ck_assert_msg(r.code == 0 && r0.code == 0, "exit codes %d, %d, stderr:\n%s%s", r0.code,
+                  r.code, r0.err, r.err);
+    ck_assert_int_eq(gwrun_count_lines(r.out), 2);
+    snprintf(line, sizeof line, "[2] 2 4 0 2 1 2 127.0.0.1 %d", port);
+    ck_assert_msg(gwrun_has_line(r.out, line), "stdout:\n%s", r.out);
+    snprintf(line, sizeof line, "[3] 3 4 1 2 1 2 127.0.0.1 %d", port);
+    ck_assert_msg(gwrun_has_line(r.out, line), "stdout:\n%s", r.out);
+    gwrun_free(&r);
+    gwrun_free(&r0);
+}
+END_TEST
+
+/* torchrun's names beside gradwire's (a program written for torchrun runs
+ * unchanged), its MASTER_PORT another port than gradwire's rendezvous; its
+ * spellings --master-addr / --master-port / --standalone and -n cpu. */
+START_TEST(test_env_torchrun_names)
+{
+    const char *script = "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE "
+                         "$ROLE_RANK $MASTER_ADDR $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS "
+                         "$(test \"$MASTER_PORT\" -gt 0 && test \"$MASTER_PORT\" != \"$GW_MASTER_PORT\" && echo apart)";
+    struct run r;
+    const char *a1[] = {"-n", "2", "--standalone", "sh", "-c", script, NULL};
+    gwrun_run(&r, NULL, a1);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 0 0 2 2 0 1 0 127.0.0.1 0 0 apart") &&
+                      gwrun_has_line(r.out, "[1] 1 1 2 2 0 1 1 127.0.0.1 0 0 apart"),
+                  "exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+    const char *a2[] = {"-n", "1", "--master-addr", "10.1.2.3", "--master-port", "4000", "sh", "-c",
+                        "echo $GW_MASTER_ADDR $GW_MASTER_PORT", NULL};
+    gwrun_run(&r, NULL, a2);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 10.1.2.3 4000"), "exit %d, stdout:\n%s\nstderr:\n%s",
+                  r.code, r.out, r.err);
+    gwrun_free(&r);
+    const char *a3[] = {"-n", "1", "--master-addr", "10.1.2.3", "sh", "-c", "echo $GW_MASTER_PORT", NULL};
+    gwrun_run(&r, NULL, a3);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 29500"), "torchrun's default port: exit %d\n%s",
+                  r.code, r.out);
+    gwrun_free(&r);
+    cpu_set_t aff;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof aff, &aff), 0);
+    const char *a4[] = {"-n", "cpu", "sh", "-c", "echo $WORLD_SIZE", NULL};
+    gwrun_run(&r, NULL, a4);
+    char want[32];
+    snprintf(want, sizeof want, "[0] %d", CPU_COUNT(&aff));
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, want), "-n cpu: exit %d, stdout:\n%s", r.code, r.out);
+    gwrun_free(&r);
+    /* the GPUs CUDA_VISIBLE_DEVICES leaves, as torch.cuda.device_count(); none refused */
+    const char *three[] = {"CUDA_VISIBLE_DEVICES=0,2,5", NULL}, *none[] = {"CUDA_VISIBLE_DEVICES=-1", NULL};
+    const char *a5[] = {"--nproc_per_node", "gpu", "sh", "-c", "echo $WORLD_SIZE", NULL};
+    gwrun_run(&r, three, a5);
+    ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == 3 && gwrun_has_line(r.out, "[2] 3"),
+                  "-n gpu of 3 visible: exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, none, a5);
+    ck_assert_msg(r.code == 2 && strstr(r.err, "-n gpu: no GPU to use"), "-n gpu of none: exit %d\n%s", r.code,
+                  r.err);
+    gwrun_free(&r);
+    static const char *const refused[][8] = {
+        {"-n", "1", "--master", "h:1", "--master-port", "2", "true", NULL},
+        {"-n", "1", "--standalone", "--nnodes", "2", "--master", "h:1", NULL},
+        {"-n", "some", "true", NULL},
+    };
+    static const char *const why[] = {"not both", "--standalone is a job of one node",
+                                      "or gpu, cpu or auto, not 'some'"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        gwrun_run(&r, NULL, refused[i]);
+        ck_assert_msg(r.code == 2 && strstr(r.err, why[i]), "case %zu: exit %d, stderr:\n%s", i, r.code, r.err);
+        gwrun_free(&r);
+    }
+}
+END_TEST
+
+void gwrun_add_env_tests(TCase *tc)
+{
+    tcase_add_test(tc, test_env_generated);
+    tcase_add_test(tc, test_env_passthrough);
+    tcase_add_test(tc, test_env_omp_affinity);
+    tcase_add_test(tc, test_env_master_and_multinode);
+    tcase_add_test(tc, test_env_torchrun_names);
+}

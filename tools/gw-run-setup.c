@@ -1,0 +1,180 @@
+/* gw-run-setup.c - what gw-run prepares before it spawns a job (out of
+ * gw-run.c, which was past 900 lines): the ranks' shared environment in
+ * torchrun's names, free ports, the job token and its per-attempt form,
+ * -n by kind (gpu, cpu, auto), and whether --master names a loopback. */
+#include <dirent.h>
+#include <errno.h>
+#include <netdb.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "gw-run.h"
+
+/* Whether host is a name (not a numeric address: 127.0.0.1 stays allowed,
+ * for tests on one machine) whose every address here is a loopback one; out
+ * gets the first. */
+bool gw__run_name_is_loopback(const char *host, char *out, size_t outsz)
+{
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) == 0) {
+        freeaddrinfo(ai);
+        return false;
+    }
+    hints.ai_flags = 0;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return false; /* not resolvable now: the rendezvous retries and says so */
+    bool all = ai != NULL;
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        bool lo = false;
+        if (a->ai_family == AF_INET)
+            lo = (ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (a->ai_family == AF_INET6)
+            lo = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
+        if (a == ai)
+            getnameinfo(a->ai_addr, a->ai_addrlen, out, (socklen_t)outsz, NULL, 0, NI_NUMERICHOST);
+        all = all && lo;
+    }
+    freeaddrinfo(ai);
+    return all;
+}
+
+/* Binding port 0 lets the kernel pick a free port. It is released again before
+ * rank 0 binds it, so another process could take it in between; torchrun
+ * accepts the same small race, and a clash shows up as a clear bind error. */
+int gw__run_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* torchrun's names for what every rank shares, beside gradwire's: a program
+ * written for torchrun (init_process_group("env://"), LOCAL_RANK for the
+ * device, TORCHELASTIC_RESTART_COUNT) runs under gw-run unchanged.  Its
+ * MASTER_PORT is the port of rank 0's TCPStore, not gradwire's rendezvous
+ * (GW_MASTER_PORT), so that a program using both binds two ports: on one
+ * node another free port, across nodes the --master port + 2 (+ 3 where the
+ * launcher port is + 2), or none past 65535. */
+void gw__run_torch_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
+                      long lport, bool multi)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", world);
+    setenv("WORLD_SIZE", buf, 1);
+    setenv("ROLE_WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof buf, "%ld", local_n);
+    setenv("LOCAL_WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof buf, "%ld", nnodes);
+    setenv("GROUP_WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof buf, "%ld", node_rank);
+    setenv("GROUP_RANK", buf, 1);
+    setenv("MASTER_ADDR", host, 1);
+    long store = -1;
+    if (!multi) {
+        for (int tries = 0; tries < 8 && (store < 0 || store == port); tries++)
+            store = gw__run_free_port();
+    } else {
+        store = port + 2 != lport ? port + 2 : port + 3; /* the same on every node: from flags they share */
+        if (store > 65535)
+            store = -1;
+    }
+    if (store > 0 && store != port) {
+        snprintf(buf, sizeof buf, "%ld", store);
+        setenv("MASTER_PORT", buf, 1);
+    } else {
+        unsetenv("MASTER_PORT");
+    }
+    /* not torchrun's agent store, which would move gradwire's port; nor an
+     * outer torchrun's worker (gw-run started inside one): its run id and
+     * error file would make every rank of this job that worker */
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    unsetenv("TORCHELASTIC_RUN_ID");
+    unsetenv("TORCHELASTIC_ERROR_FILE");
+    setenv("ROLE_NAME", "default", 1);
+}
+
+/* The GPUs this job may use, as torch.cuda.device_count() counts them:
+ * CUDA_VISIBLE_DEVICES' entries where it is set (empty, or starting at -1:
+ * none), else those the NVIDIA driver lists (no CUDA needed). */
+static long visible_gpus(void)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    long gpus = 0;
+    if (v) {
+        for (const char *p = v; *p && strncmp(p, "-1", 2) != 0; p += strcspn(p, ","), p += *p == ',')
+            gpus++;
+        return gpus;
+    }
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    for (struct dirent *e; d && (e = readdir(d));)
+        gpus += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return gpus;
+}
+
+/* torchrun's -n gpu | cpu | auto: the GPUs this job may use, the cores this
+ * process may use, or GPUs where there are some.  1 with *n, 0 when kind is
+ * none of these, -1 for gpu without one. */
+int gw__run_ranks_by_kind(const char *kind, long *n)
+{
+    const long gpus = visible_gpus();
+    cpu_set_t aff;
+    const long cores = sched_getaffinity(0, sizeof aff, &aff) == 0 ? CPU_COUNT(&aff) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (!strcmp(kind, "gpu") && gpus > 0)
+        *n = gpus;
+    else if (!strcmp(kind, "cpu") || (!strcmp(kind, "auto") && gpus == 0))
+        *n = cores;
+    else if (!strcmp(kind, "auto"))
+        *n = gpus;
+    else if (!strcmp(kind, "gpu"))
+        return -1;
+    else
+        return 0;
+    *n = *n < 1 ? 1 : *n > GW_RUN_MAX_LOCAL_RANKS ? GW_RUN_MAX_LOCAL_RANKS : *n;
+    return 1;
+}
+
+bool gw__run_make_token(char out[33])
+{
+    unsigned char raw[16];
+    if (!gw__run_random(raw, sizeof raw))
+        return false;
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    return true;
+}
+
+/* The job token of attempt k: TOKEN.restartK, within the library's 128
+ * characters (a token that fit at the first start must not make every
+ * restart fail at init): a longer one keeps its start and a hash of the
+ * whole instead, the same on every node. */
+void gw__run_attempt_token(const char *token, long k, char *out, size_t cap)
+{
+    if (snprintf(out, cap, "%s.restart%ld", token, k) <= GW_RUN_TOKEN_MAX)
+        return;
+    char tail[64];
+    int t = snprintf(tail, sizeof tail, ".%016llx.restart%ld", (unsigned long long)gw__run_fnv1a(token), k);
+    snprintf(out, cap, "%.*s%s", GW_RUN_TOKEN_MAX - t, token, tail);
+}
+
