@@ -233,9 +233,10 @@ END_TEST
  * once while rank 1 waits 0.4 s before its own destroy and lives on after it
  * until rank 0's destroy returned (which must come at rank 1's word: after
  * rank 1 entered its destroy, not at its exit), exits without destroying
- * (rank 0 sees it gone), or, with GW_DEV_UNMAP_WAIT_MS=100, waits 0.8 s
- * (rank 0 gives up after 0.1 s, before rank 1's destroy, and leaves its twins
- * allocated, with a warning).  The order is checked by the two ranks' clock
+ * (rank 0 sees it gone), or, with GW_DEV_UNMAP_WAIT_MS=100, destroys only
+ * once rank 0's destroy returned, or after 20 s (rank 0 gives up after 0.1 s,
+ * before rank 1's destroy, and leaves its twins allocated, with a warning; a
+ * 0.8 s sleep there instead raced with a loaded machine).  The order is checked by the two ranks' clock
  * readings in shared memory, not by durations (a loaded machine stretches
  * those). */
 enum { TEARDOWN_LATE, TEARDOWN_GONE, TEARDOWN_LIMIT };
@@ -247,7 +248,8 @@ struct teardown_arg {
 static int body_teardown(int rank, int n, const char *master, void *arg) {
   const struct teardown_arg *ta = arg;
   const int mode = ta->mode;
-  if (mode == TEARDOWN_LIMIT) setenv("GW_DEV_UNMAP_WAIT_MS", "100", 1);
+  /* the late peer's wait well past its 0.4 s (the default is 2 s), the limit's short */
+  setenv("GW_DEV_UNMAP_WAIT_MS", mode == TEARDOWN_LIMIT ? "100" : "20000", 1);
   dv = gw__dev();
   gw_comm_t comm;
   GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
@@ -266,7 +268,9 @@ static int body_teardown(int rank, int n, const char *master, void *arg) {
   GWCHECK(gw_barrier(comm), comm);
   if (rank == 1) {
     if (mode == TEARDOWN_GONE) _exit(0); /* no destroy: its mappings go with the process */
-    usleep(mode == TEARDOWN_LATE ? 400000 : 800000);
+    if (mode == TEARDOWN_LATE) usleep(400000);
+    else /* until rank 0's destroy returned (it must not wait for this one's), at most 20 s */
+      for (double t0 = test_now(); atomic_load(&ta->t[1]) == 0 && test_now() - t0 < 20;) usleep(10000);
     atomic_store(&ta->t[0], test_now());
     gw_comm_destroy(comm);
     /* alive after its destroy (up to 20 s): rank 0 must go on at its word, not at its exit */
