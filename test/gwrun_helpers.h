@@ -84,5 +84,7 @@ int gwrun_main(const char *prog, Suite *(*make_suite)(void));
 void gwrun_add_output_tests(TCase *tc);
 /* test_gwrun_env.c's cases: the ranks' environment. */
 void gwrun_add_env_tests(TCase *tc);
+/* test_gwrun_logs.c's cases: --log-dir, --tee, --redirects. */
+void gwrun_add_log_tests(TCase *tc);
 
 #endif

@@ -724,6 +724,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_program_not_found);
     gwrun_add_output_tests(tc); /* test_gwrun_output.c */
     gwrun_add_env_tests(tc);    /* test_gwrun_env.c */
+    gwrun_add_log_tests(tc);    /* test_gwrun_logs.c */
     suite_add_tcase(s, tc);
     return s;
 }

@@ -316,6 +316,7 @@ static void close_stream(const struct rank *r, struct stream *s)
 {
     if (s->fd < 0)
         return;
+    gw__run_logs_close((int)(r - gw__run.ranks), (int)(s - r->s));
     if (s->len > 0)
         emit_line(r, s, s->partial, s->len, NULL, 0);
     flush_out(s->out_fd);
@@ -341,8 +342,11 @@ bool gw__run_pump(const struct rank *r, struct stream *s)
         close_stream(r, s);
         return false;
     }
-    consume(r, s, buf, (size_t)n);
-    flush_out(s->out_fd);
+    const size_t skip = gw__run_logs_write((int)(r - gw__run.ranks), (int)(s - r->s), r->global, buf, (size_t)n);
+    if (skip < (size_t)n) {
+        consume(r, s, buf + skip, (size_t)n - skip);
+        flush_out(s->out_fd);
+    }
     return true;
 }
 

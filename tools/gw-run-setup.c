@@ -4,6 +4,7 @@
  * -n by kind (gpu, cpu, auto), and whether --master names a loopback. */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <sched.h>
 #include <stdbool.h>
@@ -68,27 +69,37 @@ int gw__run_free_port(void)
     return port;
 }
 
-/* torchrun's names for what every rank shares, beside gradwire's: a program
- * written for torchrun (init_process_group("env://"), LOCAL_RANK for the
- * device, TORCHELASTIC_RESTART_COUNT) runs under gw-run unchanged.  Its
- * MASTER_PORT is the port of rank 0's TCPStore, not gradwire's rendezvous
- * (GW_MASTER_PORT), so that a program using both binds two ports: on one
- * node another free port, across nodes the --master port + 2 (+ 3 where the
- * launcher port is + 2), or none past 65535. */
-void gw__run_torch_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
-                      long lport, bool multi)
+/* What every rank of the job shares, under gradwire's names (GW_*) and
+ * torchrun's beside them, from the same values so the two never drift: a
+ * program written for torchrun (init_process_group("env://"), LOCAL_RANK for
+ * the device, TORCHELASTIC_RESTART_COUNT) runs under gw-run unchanged.
+ * torchrun's MASTER_PORT is the port of rank 0's TCPStore, not gradwire's
+ * rendezvous (GW_MASTER_PORT), so that a program using both binds two ports:
+ * on one node another free port, across nodes the --master port + 2 (+ 3 where
+ * the launcher port is + 2), or none past 65535.  Set again at each restart
+ * (a fresh token, and on one node fresh ports). */
+void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
+                     long lport, bool multi, const char *token)
 {
     char buf[32];
     snprintf(buf, sizeof buf, "%ld", world);
+    setenv("GW_WORLD_SIZE", buf, 1);
     setenv("WORLD_SIZE", buf, 1);
     setenv("ROLE_WORLD_SIZE", buf, 1);
     snprintf(buf, sizeof buf, "%ld", local_n);
+    setenv("GW_LOCAL_WORLD_SIZE", buf, 1);
     setenv("LOCAL_WORLD_SIZE", buf, 1);
     snprintf(buf, sizeof buf, "%ld", nnodes);
+    setenv("GW_NNODES", buf, 1);
     setenv("GROUP_WORLD_SIZE", buf, 1);
     snprintf(buf, sizeof buf, "%ld", node_rank);
+    setenv("GW_NODE_RANK", buf, 1);
     setenv("GROUP_RANK", buf, 1);
+    setenv("GW_MASTER_ADDR", host, 1);
     setenv("MASTER_ADDR", host, 1);
+    snprintf(buf, sizeof buf, "%ld", port);
+    setenv("GW_MASTER_PORT", buf, 1);
+    setenv("GW_JOB_TOKEN", token, 1);
     long store = -1;
     if (!multi) {
         for (int tries = 0; tries < 8 && (store < 0 || store == port); tries++)
@@ -178,3 +189,19 @@ void gw__run_attempt_token(const char *token, long k, char *out, size_t cap)
     snprintf(out, cap, "%.*s%s", GW_RUN_TOKEN_MAX - t, token, tail);
 }
 
+/* Seconds from the environment variable name (at most 86400, 0 allowed where
+ * zero_ok), else dflt; a bad value is said and ignored. */
+double gw__run_env_seconds(const char *name, double dflt, bool zero_ok)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    const double x = strtod(v, &end);
+    if (*end != '\0' || !isfinite(x) || x < 0 || (x == 0 && !zero_ok) || x > 86400) {
+        gw__run_say("gw-run: ignoring %s='%s' (want seconds, %s86400)\n", name, v,
+                    zero_ok ? "0.." : "above 0, at most ");
+        return dflt;
+    }
+    return x;
+}

@@ -86,7 +86,8 @@ void gw__run_signal_during_spawn(void)
 /* What the caller left us with, restored in each child before exec so that
  * the ranks start exactly as they would without the launcher. */
 static sigset_t orig_mask;
-static bool int_ignored, term_ignored, hup_ignored, pipe_ignored, quit_ignored, usr1_ignored, usr2_ignored;
+static bool int_ignored, term_ignored, hup_ignored, pipe_ignored, quit_ignored, usr1_ignored, usr2_ignored,
+    xfsz_ignored;
 
 int64_t gw__run_now_ms(void)
 {
@@ -665,6 +666,9 @@ bool gw__run_setup_signals(void)
     sigemptyset(&ign.sa_mask);
     sigaction(SIGPIPE, &ign, &old);
     pipe_ignored = old.sa_handler == SIG_IGN;
+    /* Nor a log file past the file-size limit (ulimit -f): EFBIG, said. */
+    sigaction(SIGXFSZ, &ign, &old);
+    xfsz_ignored = old.sa_handler == SIG_IGN;
     return true;
 }
 
@@ -778,5 +782,7 @@ void gw__run_child_signals(void)
     set_default(SIGCHLD);
     if (!pipe_ignored)
         set_default(SIGPIPE);
+    if (!xfsz_ignored)
+        set_default(SIGXFSZ);
     sigprocmask(SIG_SETMASK, &orig_mask, NULL);
 }

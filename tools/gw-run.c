@@ -37,7 +37,6 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
-#include <math.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -105,6 +104,17 @@ static const char usage_text[] =
     "                          ranks see GW_RESTART_COUNT (0 on the first start)\n"
     "                          and GW_MAX_RESTARTS; every node of a multi-node\n"
     "                          job gives the same K, and all restart together\n"
+    "  --log-dir DIR           also write each rank's stdout and stderr, as printed\n"
+    "                          (no prefix), to DIR/attempt_K/RANK/stdout.log and\n"
+    "                          stderr.log (K the restart, RANK the global rank);\n"
+    "                          refused where those files are already there\n"
+    "  -t, --tee S             as torchrun: the streams written to files and to the\n"
+    "                          console: 0 none, 1 stdout, 2 stderr, 3 both, for\n"
+    "                          every rank or as LOCAL_RANK:S,... (default 3 with\n"
+    "                          --log-dir)\n"
+    "  -r, --redirects S       the streams written to files only (same values);\n"
+    "                          --tee or --redirects without --log-dir: a new\n"
+    "                          directory under $TMPDIR (or /tmp), said at the start\n"
     "  -h, --help              show this help\n"
     "\n"
     "Each rank gets GW_RANK, GW_LOCAL_RANK, GW_WORLD_SIZE, ... and torchrun's RANK,\n"
@@ -193,7 +203,7 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid
     char buf[16];
     snprintf(buf, sizeof buf, "%d", r->global);
     setenv("GW_RANK", buf, 1);
-    setenv("RANK", buf, 1); /* torchrun's names too (see torch_env) */
+    setenv("RANK", buf, 1); /* torchrun's names too (see gw__run_job_env) */
     setenv("ROLE_RANK", buf, 1);
     snprintf(buf, sizeof buf, "%d", local);
     setenv("GW_LOCAL_RANK", buf, 1);
@@ -274,6 +284,8 @@ static void spawn_all(int local_n, int node_rank, char **argv)
     for (int i = 0; i < local_n; i++) {
         struct rank *r = &gw__run.ranks[i];
         r->global = node_rank * local_n + i;
+        if (!gw__run_logs_open(i, r->global, gw__run.attempt, why, sizeof why))
+            break;
         int po[2], pe[2];
         bool have_po = pipe2(po, O_CLOEXEC) == 0;
         if (!have_po || pipe2(pe, O_CLOEXEC) < 0) {
@@ -283,6 +295,7 @@ static void spawn_all(int local_n, int node_rank, char **argv)
                 close(po[0]);
                 close(po[1]);
             }
+            gw__run_logs_close(i, 0), gw__run_logs_close(i, 1);
             break;
         }
         pid_t pid = r->global == fail_at ? (errno = EAGAIN, -1) : fork();
@@ -296,6 +309,7 @@ static void spawn_all(int local_n, int node_rank, char **argv)
                      strerror(fork_errno));
             close(po[0]);
             close(pe[0]);
+            gw__run_logs_close(i, 0), gw__run_logs_close(i, 1);
             break;
         }
         r->pid = pid;
@@ -566,23 +580,27 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"nproc-per-node", required_argument, NULL, 'n'},
         {"nproc_per_node", required_argument, NULL, 'n'}, /* torch 1.x's torchrun spelled them so */
-        {"node_rank", required_argument, NULL, 'r'},
+        {"node_rank", required_argument, NULL, 'K'},
         {"master_addr", required_argument, NULL, 'A'},
         {"master_port", required_argument, NULL, 'P'},
         {"max_restarts", required_argument, NULL, 'R'},
         {"nnodes", required_argument, NULL, 'N'},
-        {"node-rank", required_argument, NULL, 'r'},
+        {"node-rank", required_argument, NULL, 'K'},
         {"master", required_argument, NULL, 'm'},
         {"master-addr", required_argument, NULL, 'A'},
         {"master-port", required_argument, NULL, 'P'},
         {"standalone", no_argument, NULL, 'S'},
         {"launcher-port", required_argument, NULL, 'L'},
         {"max-restarts", required_argument, NULL, 'R'},
+        {"log-dir", required_argument, NULL, 'D'},
+        {"log_dir", required_argument, NULL, 'D'},
+        {"tee", required_argument, NULL, 't'},
+        {"redirects", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     long local_n = 0, nnodes = 1, node_rank = 0, port = 0, lport = 0, max_restarts = 0, mport = 0;
-    const char *master = NULL, *maddr = NULL;
+    const char *master = NULL, *maddr = NULL, *log_dir = NULL, *tee = NULL, *redirects = NULL;
     char host[256], composed[300];
     bool standalone = false;
 
@@ -590,7 +608,7 @@ int main(int argc, char **argv)
      * the leading ':' lets us word the error messages ourselves. */
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "+:hn:", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:hn:r:t:", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (!parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n)) {
@@ -617,7 +635,16 @@ int main(int argc, char **argv)
             if (!parse_long(optarg, 1, MAX_NNODES, &nnodes))
                 usage_error("--nnodes must be a number from 1 to 65536, not '%s'", optarg);
             break;
+        case 'D':
+            log_dir = optarg;
+            break;
+        case 't':
+            tee = optarg;
+            break;
         case 'r':
+            redirects = optarg;
+            break;
+        case 'K':
             if (!parse_long(optarg, 0, MAX_NNODES - 1, &node_rank))
                 usage_error("--node-rank must be a number from 0 to nnodes-1, not '%s'", optarg);
             break;
@@ -710,7 +737,15 @@ int main(int argc, char **argv)
                     "use a shorter one (the same on every node)\n", strlen(token), TOKEN_MAX);
         return EXIT_USAGE;
     }
-    char lo[64];
+    char lo[64], why[512];
+    const int logs = gw__run_logs_setup(log_dir, tee, redirects, (int)local_n, (int)node_rank, max_restarts, why,
+                                        sizeof why);
+    if (logs < 0)
+        usage_error("%s", why);
+    if (logs) {
+        gw__run_say("gw-run: %s\n", why);
+        return logs;
+    }
     if (nnodes > 1 && strcmp(host, "localhost") != 0 && gw__run_name_is_loopback(host, lo, sizeof lo)) {
         gw__run_say("gw-run: --master %s resolves to %s (a loopback address) here; the other nodes cannot reach "
                     "that: give node 0's network address, or a name that resolves to it (Debian and Ubuntu map "
@@ -731,19 +766,8 @@ int main(int argc, char **argv)
     /* Settings shared by all ranks go into our own environment once; the
      * per-rank ones are set in each child. */
     char buf[32];
-    snprintf(buf, sizeof buf, "%ld", local_n * nnodes);
-    setenv("GW_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", local_n);
-    setenv("GW_LOCAL_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", nnodes);
-    setenv("GW_NNODES", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", node_rank);
-    setenv("GW_NODE_RANK", buf, 1);
-    setenv("GW_MASTER_ADDR", host, 1);
-    snprintf(buf, sizeof buf, "%ld", port);
-    setenv("GW_MASTER_PORT", buf, 1);
-    setenv("GW_JOB_TOKEN", token, 1);
-    gw__run_torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
+    gw__run_job_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1,
+                    token);
     /* Without this every rank's OpenMP runtime would start one thread per
      * core and N ranks would oversubscribe the machine N times over. */
     /* The cores gw-run may use (taskset, a cpuset, a scheduler's
@@ -754,31 +778,12 @@ int main(int argc, char **argv)
     snprintf(buf, sizeof buf, "%ld", threads < 1 ? 1 : threads);
     setenv("OMP_NUM_THREADS", buf, 0);
 
-    const char *grace = getenv("GW_RUN_KILL_GRACE");
-    if (grace && *grace) {
-        char *end;
-        double g = strtod(grace, &end);
-        if (*end != '\0' || !isfinite(g) || g < 0 || g > 86400)
-            gw__run_say("gw-run: ignoring GW_RUN_KILL_GRACE='%s' (want seconds, 0..86400)\n",
-                    grace);
-        else
-            gw__run.kill_grace_s = g;
-    }
-    double join_timeout_s = DEFAULT_JOIN_TIMEOUT_S;
-    const char *join = getenv("GW_RUN_JOIN_TIMEOUT");
-    if (join && *join) {
-        char *end;
-        double j = strtod(join, &end);
-        if (*end != '\0' || !isfinite(j) || j <= 0 || j > 86400)
-            gw__run_say(
-                    "gw-run: ignoring GW_RUN_JOIN_TIMEOUT='%s' (want seconds, above 0, at most "
-                    "86400)\n", join);
-        else
-            join_timeout_s = j;
-    }
+    gw__run.kill_grace_s = gw__run_env_seconds("GW_RUN_KILL_GRACE", gw__run.kill_grace_s, true);
+    const double join_timeout_s = gw__run_env_seconds("GW_RUN_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S, false);
 
     ensure_std_fds();
-    ensure_fd_limit((int)local_n, node_rank == 0 && nnodes > 1 ? (int)nnodes + 64 : 0);
+    ensure_fd_limit((int)local_n, (node_rank == 0 && nnodes > 1 ? (int)nnodes + 64 : 0) +
+                                      (gw__run_logs_on() ? 2 * (int)local_n : 0));
     if (!gw__run_setup_signals())
         return 1;
     /* Held until the ranks are forked (spawn_all passes on what came
@@ -850,7 +855,6 @@ int main(int argc, char **argv)
          * rank and stray): a fresh token and, unless --master fixed it, a
          * fresh port keep anything it left elsewhere away from the next. */
         gw__run_attempt_token(token, attempt + 1, cur_token, token_cap);
-        setenv("GW_JOB_TOKEN", cur_token, 1);
         if (!master) {
             port = gw__run_free_port();
             if (port < 0) {
@@ -858,11 +862,10 @@ int main(int argc, char **argv)
                         strerror(errno));
                 break;
             }
-            snprintf(buf, sizeof buf, "%ld", port);
-            setenv("GW_MASTER_PORT", buf, 1);
         }
         /* the store's port afresh too (one node), or the same (across nodes) */
-        gw__run_torch_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1);
+        gw__run_job_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1,
+                        nnodes > 1, cur_token);
         gw__run_say("gw-run: restarting the job (exit code %d): restart %ld of %ld, %ld rank%s\n",
                 gw__run.exit_code, attempt + 1, max_restarts, local_n, local_n == 1 ? "" : "s");
         reset_job((int)local_n);

@@ -218,9 +218,23 @@ enum {
 };
 bool gw__run_name_is_loopback(const char *host, char *out, size_t outsz);
 int gw__run_free_port(void);
-void gw__run_torch_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
-                       long lport, bool multi);
+void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
+                     long lport, bool multi, const char *token);
 int gw__run_ranks_by_kind(const char *kind, long *n);
+double gw__run_env_seconds(const char *name, double dflt, bool zero_ok);
+
+/* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
+ * Setup takes the options as given (NULL: absent); 0, or the reason in err
+ * and -2 (a bad value: gw-run's usage follows), 2 (logs already there) or 1
+ * (the system's error). */
+int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, int local_n, int node_rank,
+                       long max_restarts, char *err, size_t errsz);
+bool gw__run_logs_on(void);
+/* Opens the files of local rank `local` (global rank `global`) for an attempt. */
+bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t whysz);
+/* Writes what stream k (0 stdout, 1 stderr) read to its file; how many of those bytes the console skips. */
+size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n);
+void gw__run_logs_close(int local, int k);
 bool gw__run_make_token(char out[33]);
 void gw__run_attempt_token(const char *token, long k, char *out, size_t cap);
 

@@ -1,0 +1,246 @@
+/*
+ * test_gwrun_logs: gw-run's log files (--log-dir, --tee, --redirects), part
+ * of test_gwrun (test_gwrun.c runs them): each rank's streams land byte for
+ * byte in DIR/attempt_K/RANK/{stdout,stderr}.log beside the console's
+ * prefixed lines; torchrun's per-rank selections send a stream to the file
+ * only, to both, or to the console only; each restart gets its own files; a
+ * directory holding logs is refused, not overwritten; a file past the
+ * file-size limit is said and the rest goes to the console, losing nothing;
+ * bad values are refused by name.
+ */
+#include <check.h>
+#include <glob.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "gwrun_helpers.h"
+
+/* The whole file, or NULL where there is none; *n its length. */
+static char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t cap = 0, len = 0, got;
+    do {
+        if (len + 4096 > cap) {
+            cap = (len + 4096) * 2;
+            buf = realloc(buf, cap + 1);
+            ck_assert_ptr_nonnull(buf);
+        }
+        got = fread(buf + len, 1, 4096, f);
+        len += got;
+    } while (got > 0);
+    fclose(f);
+    buf[len] = '\0';
+    if (n)
+        *n = len;
+    return buf;
+}
+
+/* Asserts that dir/rel holds exactly want (NULL: that there is no such file). */
+static void expect_file(const char *dir, const char *rel, const char *want)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    char *got = slurp(path, NULL);
+    if (!want)
+        ck_assert_msg(!got, "%s exists, holding '%s'", path, got);
+    else
+        ck_assert_msg(got && strcmp(got, want) == 0, "%s holds '%s', expected '%s'", path, got ? got : "(no file)",
+                      want);
+    free(got);
+}
+
+static void make_tmp_dir(char *dir, size_t n)
+{
+    snprintf(dir, n, "/tmp/gwrun-logs-test-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void remove_tree(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_log_dir_tees)
+{
+    char base[64], dir[96];
+    make_tmp_dir(base, sizeof base);
+    snprintf(dir, sizeof dir, "%s/logs/job", base); /* made, parents too */
+    struct run r;
+    const char *args[] = {"-n", "2", "--log-dir", dir, "sh", "-c",
+                          "echo out $GW_RANK; printf 'err %s\\n\\001no newline' $GW_RANK >&2", NULL};
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    /* the console as without --log-dir */
+    ck_assert_msg(gwrun_has_line(r.out, "[0] out 0") && gwrun_has_line(r.out, "[1] out 1"), "stdout:\n%s", r.out);
+    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] \001no newline"), "stderr:\n%s",
+                  r.err);
+    ck_assert_msg(strstr(r.err, "logged in ") && strstr(r.err, dir), "where the logs are is not said:\n%s", r.err);
+    /* the files as the ranks printed them: no prefix, the last line unended */
+    expect_file(dir, "attempt_0/0/stdout.log", "out 0\n");
+    expect_file(dir, "attempt_0/1/stdout.log", "out 1\n");
+    expect_file(dir, "attempt_0/0/stderr.log", "err 0\n\001no newline");
+    expect_file(dir, "attempt_0/1/stderr.log", "err 1\n\001no newline");
+    gwrun_free(&r);
+
+    /* Again into the same directory: refused, the logs there untouched. */
+    const char *again[] = {"-n", "2", "--log-dir", dir, "sh", "-c", "echo second", NULL};
+    gwrun_run(&r, NULL, again);
+    ck_assert_msg(r.code == 2 && strstr(r.err, "already holds the logs of a job") && strstr(r.err, "attempt_0/0"),
+                  "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(!strstr(r.out, "second"), "the job ran:\n%s", r.out);
+    expect_file(dir, "attempt_0/0/stdout.log", "out 0\n");
+    gwrun_free(&r);
+    remove_tree(base);
+}
+END_TEST
+
+START_TEST(test_tee_and_redirects_by_rank)
+{
+    /* torchrun's per-rank values: rank 0's stdout to its file only, rank 1's
+     * streams to both, the rest to the console only; no --log-dir: a new
+     * directory under TMPDIR, said. */
+    char tmp[64], env_tmp[96];
+    make_tmp_dir(tmp, sizeof tmp);
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
+    const char *env[] = {env_tmp, NULL};
+    struct run r;
+    const char *args[] = {"-n", "3", "-r", "0:1", "--tee", "1:3", "sh", "-c",
+                          "echo out $GW_RANK; echo err $GW_RANK >&2", NULL};
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(!strstr(r.out, "out 0"), "a redirected stream reached the console:\n%s", r.out);
+    ck_assert_msg(gwrun_has_line(r.out, "[1] out 1") && gwrun_has_line(r.out, "[2] out 2"), "stdout:\n%s", r.out);
+    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] err 1") &&
+                      gwrun_has_line(r.err, "[2] err 2"),
+                  "stderr:\n%s", r.err);
+    char pattern[128];
+    snprintf(pattern, sizeof pattern, "%s/gw-run-logs-*", tmp);
+    glob_t g;
+    ck_assert_msg(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1, "no single log directory in %s", tmp);
+    ck_assert_msg(strstr(r.err, g.gl_pathv[0]), "the directory %s is not said:\n%s", g.gl_pathv[0], r.err);
+    expect_file(g.gl_pathv[0], "attempt_0/0/stdout.log", "out 0\n");
+    expect_file(g.gl_pathv[0], "attempt_0/0/stderr.log", NULL);
+    expect_file(g.gl_pathv[0], "attempt_0/1/stdout.log", "out 1\n");
+    expect_file(g.gl_pathv[0], "attempt_0/1/stderr.log", "err 1\n");
+    expect_file(g.gl_pathv[0], "attempt_0/2/stdout.log", NULL);
+    globfree(&g);
+    gwrun_free(&r);
+    remove_tree(tmp);
+}
+END_TEST
+
+START_TEST(test_logs_per_restart)
+{
+    /* Attempt 0 fails (rank 0, once rank 1 has printed and exited), attempt 1
+     * succeeds: each has its own files, all of them redirected. */
+    char base[64], dir[96], script[512];
+    make_tmp_dir(base, sizeof base);
+    snprintf(dir, sizeof dir, "%s/logs", base);
+    snprintf(script, sizeof script,
+             "echo try $GW_RESTART_COUNT; [ $GW_RESTART_COUNT = 0 ] || exit 0; "
+             "if [ $GW_RANK = 1 ]; then : > %s/printed; exit 0; fi; "
+             "i=0; while [ ! -e %s/printed ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 1",
+             base, base);
+    struct run r;
+    const char *args[] = {"-n", "2", "--max-restarts", "1", "--log-dir", dir, "--redirects", "3", "sh", "-c",
+                          script, NULL};
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 0 && strstr(r.err, "restarting the job"), "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(!strstr(r.out, "try"), "redirected lines reached the console:\n%s", r.out);
+    expect_file(dir, "attempt_0/0/stdout.log", "try 0\n");
+    expect_file(dir, "attempt_0/1/stdout.log", "try 0\n");
+    expect_file(dir, "attempt_1/0/stdout.log", "try 1\n");
+    expect_file(dir, "attempt_1/1/stdout.log", "try 1\n");
+    gwrun_free(&r);
+    remove_tree(base);
+}
+END_TEST
+
+START_TEST(test_log_file_full)
+{
+    /* Past the file-size limit (ulimit -f; the same for a full disk) the
+     * file keeps what it took, the rest and what follows go to the console,
+     * said once; gw-run is not killed by SIGXFSZ, and the job goes on. */
+    char dir[64];
+    make_tmp_dir(dir, sizeof dir);
+    struct rlimit old, lim = {.rlim_cur = 65536, .rlim_max = RLIM_INFINITY};
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim.rlim_max = old.rlim_max;
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    struct run r;
+    const char *args[] = {"-n", "1", "--log-dir", dir, "-r", "1", "sh", "-c",
+                          "head -c 100000 /dev/zero | tr '\\000' a; echo; echo end", NULL};
+    gwrun_start(&r, NULL, args);
+    setrlimit(RLIMIT_FSIZE, &old);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(strstr(r.err, "cannot write") && strstr(r.err, "File too large") &&
+                      strstr(r.err, "rank 0's stdout goes to the console"),
+                  "stderr:\n%s", r.err);
+    char path[128];
+    snprintf(path, sizeof path, "%s/attempt_0/0/stdout.log", dir);
+    size_t n = 0;
+    char *got = slurp(path, &n);
+    ck_assert_msg(got && n == 65536 && strspn(got, "a") == n, "the log holds %zu bytes", n);
+    free(got);
+    size_t console = 0; /* the a's on the console: the rest, once */
+    const char *line = strstr(r.out, "[0] a");
+    ck_assert_msg(line, "stdout:\n%.200s", r.out);
+    console = strspn(line + 4, "a");
+    ck_assert_msg(console == 100000 - 65536, "%zu a's on the console, expected %d", console, 100000 - 65536);
+    ck_assert_msg(gwrun_has_line(r.out, "[0] end"), "the line after is missing:\n%.200s", r.out);
+    gwrun_free(&r);
+    remove_tree(dir);
+}
+END_TEST
+
+START_TEST(test_log_values_refused)
+{
+    static const struct {
+        const char *flag, *value, *says;
+    } bad[] = {
+        {"--tee", "4", "--tee must be 0 (no stream)"},
+        {"-r", "0:1,0:2", "local rank 0 is named twice"},
+        {"--redirects", "2:1", "local rank 2 is not on this node"},
+        {"-t", "0:1,", "not '0:1,'"},
+        {"-t", "-1:1", "not '-1:1'"},
+        {"--log-dir", "", "--log-dir must name a directory"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct run r;
+        const char *args[] = {"-n", "2", bad[i].flag, bad[i].value, "true", NULL};
+        gwrun_run(&r, NULL, args);
+        ck_assert_msg(r.code == 2 && strstr(r.err, bad[i].says), "%s '%s': exit code %d, stderr:\n%s", bad[i].flag,
+                      bad[i].value, r.code, r.err);
+        gwrun_free(&r);
+    }
+    /* a file where the directory should be: the system's reason, by name */
+    struct run r;
+    const char *args[] = {"-n", "1", "--log-dir", "/dev/null/logs", "true", NULL};
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 1 && strstr(r.err, "--log-dir /dev/null/logs: cannot make that directory"),
+                  "exit code %d, stderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
+void gwrun_add_log_tests(TCase *tc)
+{
+    tcase_add_test(tc, test_log_dir_tees);
+    tcase_add_test(tc, test_tee_and_redirects_by_rank);
+    tcase_add_test(tc, test_logs_per_restart);
+    tcase_add_test(tc, test_log_file_full);
+    tcase_add_test(tc, test_log_values_refused);
+}
