@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,18 +73,23 @@ static int destroy_waits_for_reader(int rank) {
   return 0;
 }
 
+/* Rank 0's thread blocks in an allreduce that rank 1 joins only after rank
+ * 0's destroy was refused (*refused, shared; at most 20 s): handshakes, not
+ * sleeps, which a loaded machine outran. */
 static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
+  _Atomic int *refused = arg;
   if (destroy_waits_for_reader(rank)) return 1;
-  (void)n, (void)arg;
+  (void)n;
   if (rank == 1) {
-    usleep(800 * 1000); /* rank 0's allreduce blocks meanwhile */
+    for (double t0 = test_now(); !atomic_load(refused) && test_now() - t0 < 20;) usleep(1000);
     float x = 1;
     EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "allreduce");
   } else {
     pthread_t t;
     EXPECT(pthread_create(&t, NULL, blocked_allreduce, comm) == 0, "pthread_create");
-    usleep(300 * 1000);
+    for (double t0 = test_now(); atomic_load(&comm->inside) == 0 && test_now() - t0 < 20;) usleep(1000);
     gw_result_t r = gw_comm_destroy(comm);
+    atomic_store(refused, 1);
     EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "gw_comm_destroy refused: 1 call") &&
                has(gw_comm_last_error(comm), "still running on another thread"),
            "destroy under a blocked allreduce: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
@@ -239,7 +245,13 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-START_TEST(test_destroy_refused_in_use) { ck_assert_int_eq(run_ranks(2, body_destroy_in_use, NULL, 60), 0); }
+START_TEST(test_destroy_refused_in_use) {
+  _Atomic int *refused = mmap(NULL, sizeof *refused, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(refused, MAP_FAILED);
+  atomic_init(refused, 0);
+  ck_assert_int_eq(run_ranks(2, body_destroy_in_use, (void *)refused, 60), 0);
+  munmap(refused, sizeof *refused);
+}
 END_TEST
 
 void add_destroy_tests(TCase *tc) { tcase_add_test(tc, test_destroy_refused_in_use); }

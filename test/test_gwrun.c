@@ -209,13 +209,24 @@ END_TEST
 START_TEST(test_sigkill_after_grace)
 {
     /* Ranks that ignore SIGTERM are killed once GW_RUN_KILL_GRACE has passed. */
+    /* Rank 2 fails once the others ignore SIGTERM (ready files: a sleep
+     * before its exit raced with their shells' start on a loaded machine). */
+    char dir[] = "/tmp/gwrun-grace-XXXXXX", script[512];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(script, sizeof script,
+             "if [ \"$GW_RANK\" = 2 ]; then i=0; while [ ! -e %s/ready.0 -o ! -e %s/ready.1 ] && [ $i -lt 400 ]; "
+             "do sleep 0.05; i=$((i+1)); done; exit 5; fi; trap '' TERM; : > %s/ready.$GW_RANK; exec sleep 30",
+             dir, dir, dir);
     struct run r;
     const char *env[] = {"GW_RUN_KILL_GRACE=1", NULL};
-    const char *args[] = {"-n", "3", "sh", "-c",
-                          "if [ \"$GW_RANK\" = 2 ]; then sleep 0.3; exit 5; fi; "
-                          "trap '' TERM; exec sleep 30",
-                          NULL};
+    const char *args[] = {"-n", "3", "sh", "-c", script, NULL};
     gwrun_run(&r, env, args);
+    for (int i = 0; i < 2; i++) {
+        char f[64];
+        snprintf(f, sizeof f, "%s/ready.%d", dir, i);
+        unlink(f);
+    }
+    rmdir(dir);
     ck_assert_msg(r.code == 5, "exit code %d, stderr:\n%s", r.code, r.err);
     ck_assert_msg(r.elapsed < 15.0, "took %.1f s", r.elapsed);
     ck_assert_msg(strstr(r.err, "SIGKILL"), "stderr does not mention SIGKILL:\n%s", r.err);

@@ -13,6 +13,7 @@
  * address, and ranks whose RoCE versions differ fail at init naming them.  The
  * collective grid over ib runs as separate meson tests (test_collectives). */
 #include <check.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -141,9 +142,11 @@ static struct gw_conn_params params(uint32_t slot_bytes) {
   return p;
 }
 
-/* The sending process: posts NCHUNKS patterned chunks; returns how long it
- * waited for the slot of chunk NSLOTS (the receiver sleeps before reading). */
-static int sender(int hfd, int syncfd, uint32_t slot_bytes) {
+/* The sending process: posts NCHUNKS patterned chunks; the slot of chunk
+ * NSLOTS must wait for a credit: once it finds none, it says so on blockfd,
+ * and the receiver starts reading 0.2 s later (a sleep before reading, not
+ * after the sender is held, raced with a descheduled sender). */
+static int sender(int hfd, int syncfd, int blockfd, uint32_t slot_bytes) {
   struct gw_conn_params p = params(slot_bytes);
   struct gw_conn_handle h;
   if (read(hfd, &h, sizeof h) != sizeof h) return 10;
@@ -161,8 +164,10 @@ static int sender(int hfd, int syncfd, uint32_t slot_bytes) {
     size_t cap;
     double t0 = test_now();
     gw_result_t r;
+    bool said = false;
     while ((r = c.tp->send_slot(&c, slot_bytes, &buf, &cap)) == GW_INPROGRESS) {
       if (test_now() - t0 > 15) return 13;
+      if (i == NSLOTS && !said) said = write(blockfd, &one, 1) == 1;
       sched_yield();
     }
     if (r != GW_SUCCESS || cap < slot_bytes) return 14;
@@ -174,16 +179,16 @@ static int sender(int hfd, int syncfd, uint32_t slot_bytes) {
     if (c.tp->progress(&c, &err) != GW_SUCCESS) return 16;
   }
   c.tp->close(&c);
-  /* the receiver slept 0.3 s before reading: chunk NSLOTS had to wait for a credit */
+  /* the receiver read 0.2 s after this sender was held: chunk NSLOTS waited for a credit */
   return waited_full > 0.15 ? 0 : 17;
 }
 
 static void credits(uint32_t slot_bytes) {
   emulate();
-  int hp[2], sp[2];
-  ck_assert(pipe(hp) == 0 && pipe(sp) == 0);
+  int hp[2], sp[2], bp[2];
+  ck_assert(pipe(hp) == 0 && pipe(sp) == 0 && pipe(bp) == 0);
   pid_t pid = fork();
-  if (pid == 0) _exit(sender(hp[0], sp[1], slot_bytes));
+  if (pid == 0) _exit(sender(hp[0], sp[1], bp[1], slot_bytes));
   struct gw_conn_params p = params(slot_bytes);
   struct gw_conn c = {.tp = &gw__ib_transport, .self = 1, .peer = 0, .is_send = false};
   struct gw_errctx err = {{0}};
@@ -193,7 +198,10 @@ static void credits(uint32_t slot_bytes) {
   char one;
   ck_assert(read(sp[0], &one, 1) == 1);
   ck_assert_msg(c.tp->recv_connect(&c, &err) == GW_SUCCESS, "recv_connect: %s", err.msg);
-  usleep(300 * 1000);
+  struct pollfd held = {.fd = bp[0], .events = POLLIN};
+  if (poll(&held, 1, 15000) == 1) /* else the sender never waited: it fails with 17 */
+    ck_assert(read(bp[0], &one, 1) == 1);
+  usleep(200 * 1000);
   for (uint32_t i = 0; i < NCHUNKS; i++) {
     const struct gw_chunk_hdr *hdr;
     const void *data;
