@@ -1,12 +1,13 @@
 /*
  * test_gwrun_logs: gw-run's log files (--log-dir, --tee, --redirects), part
  * of test_gwrun (test_gwrun.c runs them): each rank's streams land byte for
- * byte in DIR/attempt_K/RANK/{stdout,stderr}.log beside the console's
- * prefixed lines; torchrun's per-rank selections send a stream to the file
- * only, to both, or to the console only; each restart gets its own files; a
- * directory holding logs is refused, not overwritten; a file past the
- * file-size limit is said and the rest goes to the console, losing nothing;
- * bad values are refused by name.
+ * byte in DIR/RUN/attempt_K/RANK/{stdout,stderr}.log beside the console's
+ * prefixed lines, RUN new at each start (a second run leaves the first's
+ * logs alone); torchrun's per-rank selections send a stream to the file
+ * only, to both (tee over redirect), or to the console only; each restart
+ * gets its own files; a failed rank's redirected stderr is named; a file
+ * past the file-size limit is said and the rest goes to the console, losing
+ * nothing; bad values are refused by name.
  */
 #include <check.h>
 #include <glob.h>
@@ -59,6 +60,20 @@ static void expect_file(const char *dir, const char *rel, const char *want)
     free(got);
 }
 
+/* The run directories pattern matches: asserts there are `want`, and
+ * copies the newest (by name: its date and time lead) into out. */
+static void run_dirs(const char *pattern, size_t want, char *out, size_t outsz)
+{
+    glob_t g;
+    const int rc = glob(pattern, GLOB_ONLYDIR, NULL, &g);
+    const size_t n = rc == 0 ? g.gl_pathc : 0;
+    ck_assert_msg(n == want, "%zu run directories match %s, expected %zu", n, pattern, want);
+    if (n)
+        snprintf(out, outsz, "%s", g.gl_pathv[n - 1]);
+    if (rc == 0)
+        globfree(&g);
+}
+
 static void make_tmp_dir(char *dir, size_t n)
 {
     snprintf(dir, n, "/tmp/gwrun-logs-test-XXXXXX");
@@ -74,9 +89,10 @@ static void remove_tree(const char *dir)
 
 START_TEST(test_log_dir_tees)
 {
-    char base[64], dir[96];
+    char base[64], dir[96], pattern[128], run1[256], run2[256];
     make_tmp_dir(base, sizeof base);
     snprintf(dir, sizeof dir, "%s/logs/job", base); /* made, parents too */
+    snprintf(pattern, sizeof pattern, "%s/2*-*", dir);
     struct run r;
     const char *args[] = {"-n", "2", "--log-dir", dir, "sh", "-c",
                           "echo out $GW_RANK; printf 'err %s\\n\\001no newline' $GW_RANK >&2", NULL};
@@ -86,21 +102,31 @@ START_TEST(test_log_dir_tees)
     ck_assert_msg(gwrun_has_line(r.out, "[0] out 0") && gwrun_has_line(r.out, "[1] out 1"), "stdout:\n%s", r.out);
     ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] \001no newline"), "stderr:\n%s",
                   r.err);
-    ck_assert_msg(strstr(r.err, "logged in ") && strstr(r.err, dir), "where the logs are is not said:\n%s", r.err);
+    run_dirs(pattern, 1, run1, sizeof run1);
+    ck_assert_msg(strstr(r.err, "logged in ") && strstr(r.err, run1), "%s is not said:\n%s", run1, r.err);
     /* the files as the ranks printed them: no prefix, the last line unended */
-    expect_file(dir, "attempt_0/0/stdout.log", "out 0\n");
-    expect_file(dir, "attempt_0/1/stdout.log", "out 1\n");
-    expect_file(dir, "attempt_0/0/stderr.log", "err 0\n\001no newline");
-    expect_file(dir, "attempt_0/1/stderr.log", "err 1\n\001no newline");
+    expect_file(run1, "attempt_0/0/stdout.log", "out 0\n");
+    expect_file(run1, "attempt_0/1/stdout.log", "out 1\n");
+    expect_file(run1, "attempt_0/0/stderr.log", "err 0\n\001no newline");
+    expect_file(run1, "attempt_0/1/stderr.log", "err 1\n\001no newline");
     gwrun_free(&r);
 
-    /* Again into the same directory: refused, the logs there untouched. */
+    /* Again into the same directory (a resubmitted job): a run directory of
+     * its own, the first run's logs untouched. */
     const char *again[] = {"-n", "2", "--log-dir", dir, "sh", "-c", "echo second", NULL};
     gwrun_run(&r, NULL, again);
-    ck_assert_msg(r.code == 2 && strstr(r.err, "already holds the logs of a job") && strstr(r.err, "attempt_0/0"),
-                  "exit code %d, stderr:\n%s", r.code, r.err);
-    ck_assert_msg(!strstr(r.out, "second"), "the job ran:\n%s", r.out);
-    expect_file(dir, "attempt_0/0/stdout.log", "out 0\n");
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    run_dirs(pattern, 2, run2, sizeof run2);
+    ck_assert_msg(strstr(r.err, run2) && strcmp(run1, run2) != 0, "stderr:\n%s", r.err);
+    expect_file(run2, "attempt_0/0/stdout.log", "second\n");
+    expect_file(run1, "attempt_0/0/stdout.log", "out 0\n");
+    gwrun_free(&r);
+
+    /* No stream to a file: no directory made, nothing said. */
+    const char *none[] = {"-n", "1", "--log-dir", dir, "--tee", "0", "true", NULL};
+    gwrun_run(&r, NULL, none);
+    ck_assert_msg(r.code == 0 && !strstr(r.err, "logged in"), "exit code %d, stderr:\n%s", r.code, r.err);
+    run_dirs(pattern, 2, run2, sizeof run2);
     gwrun_free(&r);
     remove_tree(base);
 }
@@ -108,34 +134,44 @@ END_TEST
 
 START_TEST(test_tee_and_redirects_by_rank)
 {
-    /* torchrun's per-rank values: rank 0's stdout to its file only, rank 1's
-     * streams to both, the rest to the console only; no --log-dir: a new
-     * directory under TMPDIR, said. */
+    /* torchrun's per-rank values: rank 0's stdout to its file only; rank 1's
+     * streams to both; rank 2's redirected, its stdout teed too (tee wins);
+     * rank 3 (past -n) ignored, as torchrun does; the rest to the console
+     * only.  No --log-dir: a new directory under TMPDIR, said. */
     char tmp[64], env_tmp[96];
     make_tmp_dir(tmp, sizeof tmp);
     snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
     const char *env[] = {env_tmp, NULL};
     struct run r;
-    const char *args[] = {"-n", "3", "-r", "0:1", "--tee", "1:3", "sh", "-c",
+    const char *args[] = {"-n", "3", "-r", "0:1,2:3,3:3", "--tee", "1:3,2:1", "sh", "-c",
                           "echo out $GW_RANK; echo err $GW_RANK >&2", NULL};
     gwrun_run(&r, env, args);
     ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
-    ck_assert_msg(!strstr(r.out, "out 0"), "a redirected stream reached the console:\n%s", r.out);
+    ck_assert_msg(!strstr(r.out, "out 0") && !strstr(r.err, "err 2"), "a redirected stream reached the console:\n"
+                  "%s\n%s", r.out, r.err);
     ck_assert_msg(gwrun_has_line(r.out, "[1] out 1") && gwrun_has_line(r.out, "[2] out 2"), "stdout:\n%s", r.out);
-    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] err 1") &&
-                      gwrun_has_line(r.err, "[2] err 2"),
-                  "stderr:\n%s", r.err);
-    char pattern[128];
+    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] err 1"), "stderr:\n%s", r.err);
+    char pattern[128], run[256];
     snprintf(pattern, sizeof pattern, "%s/gw-run-logs-*", tmp);
-    glob_t g;
-    ck_assert_msg(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1, "no single log directory in %s", tmp);
-    ck_assert_msg(strstr(r.err, g.gl_pathv[0]), "the directory %s is not said:\n%s", g.gl_pathv[0], r.err);
-    expect_file(g.gl_pathv[0], "attempt_0/0/stdout.log", "out 0\n");
-    expect_file(g.gl_pathv[0], "attempt_0/0/stderr.log", NULL);
-    expect_file(g.gl_pathv[0], "attempt_0/1/stdout.log", "out 1\n");
-    expect_file(g.gl_pathv[0], "attempt_0/1/stderr.log", "err 1\n");
-    expect_file(g.gl_pathv[0], "attempt_0/2/stdout.log", NULL);
-    globfree(&g);
+    run_dirs(pattern, 1, run, sizeof run);
+    ck_assert_msg(strstr(r.err, run), "the directory %s is not said:\n%s", run, r.err);
+    expect_file(run, "attempt_0/0/stdout.log", "out 0\n");
+    expect_file(run, "attempt_0/0/stderr.log", NULL);
+    expect_file(run, "attempt_0/1/stdout.log", "out 1\n");
+    expect_file(run, "attempt_0/1/stderr.log", "err 1\n");
+    expect_file(run, "attempt_0/2/stdout.log", "out 2\n");
+    expect_file(run, "attempt_0/2/stderr.log", "err 2\n");
+    gwrun_free(&r);
+
+    /* A program that cannot be started, its stderr redirected: the report
+     * names the file that says why. */
+    const char *bad[] = {"-n", "1", "-r", "2", "/nonexistent/program", NULL};
+    gwrun_run(&r, env, bad);
+    run_dirs(pattern, 2, run, sizeof run);
+    char named[320];
+    snprintf(named, sizeof named, "rank 0's stderr is in %s/attempt_0/0/stderr.log", run);
+    ck_assert_msg(r.code == 127 && strstr(r.err, named), "exit code %d, stderr:\n%s", r.code, r.err);
+    expect_file(run, "attempt_0/0/stderr.log", "gw-run: cannot run '/nonexistent/program': No such file or directory\n");
     gwrun_free(&r);
     remove_tree(tmp);
 }
@@ -145,9 +181,10 @@ START_TEST(test_logs_per_restart)
 {
     /* Attempt 0 fails (rank 0, once rank 1 has printed and exited), attempt 1
      * succeeds: each has its own files, all of them redirected. */
-    char base[64], dir[96], script[512];
+    char base[64], dir[96], script[512], pattern[128], run[256];
     make_tmp_dir(base, sizeof base);
     snprintf(dir, sizeof dir, "%s/logs", base);
+    snprintf(pattern, sizeof pattern, "%s/2*-*", dir);
     snprintf(script, sizeof script,
              "echo try $GW_RESTART_COUNT; [ $GW_RESTART_COUNT = 0 ] || exit 0; "
              "if [ $GW_RANK = 1 ]; then : > %s/printed; exit 0; fi; "
@@ -159,10 +196,11 @@ START_TEST(test_logs_per_restart)
     gwrun_run(&r, NULL, args);
     ck_assert_msg(r.code == 0 && strstr(r.err, "restarting the job"), "exit code %d, stderr:\n%s", r.code, r.err);
     ck_assert_msg(!strstr(r.out, "try"), "redirected lines reached the console:\n%s", r.out);
-    expect_file(dir, "attempt_0/0/stdout.log", "try 0\n");
-    expect_file(dir, "attempt_0/1/stdout.log", "try 0\n");
-    expect_file(dir, "attempt_1/0/stdout.log", "try 1\n");
-    expect_file(dir, "attempt_1/1/stdout.log", "try 1\n");
+    run_dirs(pattern, 1, run, sizeof run);
+    expect_file(run, "attempt_0/0/stdout.log", "try 0\n");
+    expect_file(run, "attempt_0/1/stdout.log", "try 0\n");
+    expect_file(run, "attempt_1/0/stdout.log", "try 1\n");
+    expect_file(run, "attempt_1/1/stdout.log", "try 1\n");
     gwrun_free(&r);
     remove_tree(base);
 }
@@ -181,7 +219,8 @@ START_TEST(test_log_file_full)
     ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
     struct run r;
     const char *args[] = {"-n", "1", "--log-dir", dir, "-r", "1", "sh", "-c",
-                          "head -c 100000 /dev/zero | tr '\\000' a; echo; echo end", NULL};
+                          "grep SigIgn /proc/$$/status >&2; head -c 100000 /dev/zero | tr '\\000' a; echo; echo end",
+                          NULL};
     gwrun_start(&r, NULL, args);
     setrlimit(RLIMIT_FSIZE, &old);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
@@ -189,8 +228,13 @@ START_TEST(test_log_file_full)
     ck_assert_msg(strstr(r.err, "cannot write") && strstr(r.err, "File too large") &&
                       strstr(r.err, "rank 0's stdout goes to the console"),
                   "stderr:\n%s", r.err);
-    char path[128];
-    snprintf(path, sizeof path, "%s/attempt_0/0/stdout.log", dir);
+    /* the rank got SIGXFSZ's default back (gw-run ignores it) */
+    const char *ign = strstr(r.err, "SigIgn:");
+    ck_assert_msg(ign && !(strtoull(ign + 7, NULL, 16) & (1ull << (25 - 1))), "the rank ignores SIGXFSZ:\n%s", r.err);
+    char pattern[128], run[256], path[320];
+    snprintf(pattern, sizeof pattern, "%s/2*-*", dir);
+    run_dirs(pattern, 1, run, sizeof run);
+    snprintf(path, sizeof path, "%s/attempt_0/0/stdout.log", run);
     size_t n = 0;
     char *got = slurp(path, &n);
     ck_assert_msg(got && n == 65536 && strspn(got, "a") == n, "the log holds %zu bytes", n);
@@ -213,7 +257,8 @@ START_TEST(test_log_values_refused)
     } bad[] = {
         {"--tee", "4", "--tee must be 0 (no stream)"},
         {"-r", "0:1,0:2", "local rank 0 is named twice"},
-        {"--redirects", "2:1", "local rank 2 is not on this node"},
+        {"--redirects", " 1:3", "not ' 1:3'"},
+        {"--redirects", "0:3, -1:2", "not '0:3, -1:2'"},
         {"-t", "0:1,", "not '0:1,'"},
         {"-t", "-1:1", "not '-1:1'"},
         {"--log-dir", "", "--log-dir must name a directory"},

@@ -3,12 +3,13 @@
  * torchrun writes them.
  *
  * What it is: parsing torchrun's stream selections ("3", or "0:1,2:3" by
- * local rank), making the log directory, refusing one that already holds
- * this node's ranks' logs (gw-run never overwrites a log), opening each
- * rank's files at each attempt (DIR/attempt_K/RANK/stdout.log and stderr.log,
- * RANK the global rank, so that the nodes of a job can share one directory),
+ * local rank), making each run's own directory under --log-dir (as torchrun's
+ * RUNID_RANDOM: DIR/YYYYmmdd-HHMMSS-XXXXXX, with -nodeN across nodes, so a
+ * job resubmitted with the same DIR, or the nodes of one job sharing it, never
+ * meet a log already there), opening each rank's files at each attempt
+ * (RUN/attempt_K/RANK/stdout.log and stderr.log, RANK the global rank),
  * writing what a rank prints there byte for byte, unprefixed, and saying when
- * a file cannot be written any more (its lines then go to the console: a full
+ * a file cannot be written any more (its bytes then go to the console: a full
  * disk loses no line a rank printed, and does not stop the job).
  *
  * A stream is teed (file and console, --tee, and every stream with --log-dir
@@ -18,14 +19,17 @@
  *
  * What it is not: it reads no pipe and writes no console line (gw-run-io.c
  * does, and asks here whether a stream is teed, redirected or neither).
+ * Files are written from gw-run's loop: a local disk's page cache takes a
+ * write at once, a hung network file system would hold the loop.
  */
-#include <dirent.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -35,8 +39,10 @@
 enum { TO_FILE = 1, TO_CONSOLE = 2 };
 
 static struct {
-    char *dir;               /* NULL: no log files */
-    int local_n, node_rank;
+    bool on;                 /* a stream goes to a file */
+    const char *base;        /* --log-dir, or NULL: $TMPDIR */
+    char *dir;               /* this run's directory, made by gw__run_logs_start */
+    int local_n, node_rank, nnodes;
     unsigned char *where;    /* [local * 2 + k]: TO_FILE | TO_CONSOLE */
     bool *broken;            /* [local * 2 + k]: its file failed this attempt: to the console */
     int *fd;                 /* [local * 2 + k]: the open log file, -1 none */
@@ -45,7 +51,8 @@ static struct {
 
 /* torchrun's Std: one of 0 (none), 1 (stdout), 2 (stderr), 3 (both) for
  * every local rank, or LOCAL:V pairs separated by commas (ranks not named:
- * 0).  Fills mask[local]; false with the reason in err. */
+ * 0; ranks past -n ignored, as torchrun does; one named twice refused).
+ * Fills mask[local]; false with the reason in err. */
 static bool parse_std(const char *flag, const char *v, int local_n, unsigned char *mask, char *err, size_t errsz)
 {
     if (v[0] >= '0' && v[0] <= '3' && v[1] == '\0') {
@@ -59,19 +66,20 @@ static bool parse_std(const char *flag, const char *v, int local_n, unsigned cha
     while (ok && *p) {
         char *end;
         errno = 0;
-        long r = strtol(p, &end, 10);
-        ok = end != p && *p != '-' && *p != '+' && errno == 0 && *end == ':' && end[1] >= '0' && end[1] <= '3' &&
+        const long r = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1;
+        ok = r >= 0 && errno == 0 && *end == ':' && end[1] >= '0' && end[1] <= '3' &&
              (end[2] == ',' || end[2] == '\0') && !(end[2] == ',' && end[3] == '\0');
         if (!ok)
             break;
-        if (r >= local_n || seen[r]) {
-            snprintf(err, errsz, "%s '%s': local rank %ld %s", flag, v, r,
-                     r >= local_n ? "is not on this node (-n gives fewer)" : "is named twice");
+        if (r < local_n && seen[r]) {
+            snprintf(err, errsz, "%s '%s': local rank %ld is named twice", flag, v, r);
             free(seen);
             return false;
         }
-        seen[r] = true;
-        mask[r] = (unsigned char)(end[1] - '0');
+        if (r < local_n) {
+            seen[r] = true;
+            mask[r] = (unsigned char)(end[1] - '0');
+        }
         p = end[2] ? end + 3 : end + 2;
     }
     free(seen);
@@ -110,37 +118,16 @@ static bool make_dirs(const char *path)
     return true;
 }
 
-/* A rank's logs of an attempt this job may run, already there. */
-static bool find_old_logs(long max_restarts, char *found, size_t foundsz)
-{
-    DIR *d = opendir(L.dir);
-    if (!d)
-        return false;
-    bool hit = false;
-    struct dirent *e;
-    while (!hit && (e = readdir(d)) != NULL) {
-        char *end;
-        if (strncmp(e->d_name, "attempt_", 8) != 0)
-            continue;
-        long k = strtol(e->d_name + 8, &end, 10);
-        if (*end || end == e->d_name + 8 || k < 0 || k > max_restarts)
-            continue;
-        for (int i = 0; i < L.local_n && !hit; i++) {
-            struct stat st;
-            snprintf(found, foundsz, "%s/%s/%d", L.dir, e->d_name, L.node_rank * L.local_n + i);
-            hit = stat(found, &st) == 0;
-        }
-    }
-    closedir(d);
-    return hit;
-}
-
 int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, int local_n, int node_rank,
-                       long max_restarts, char *err, size_t errsz)
+                       int nnodes, char *err, size_t errsz)
 {
     if (!dir && !tee && !redirects)
         return 0;
-    L.local_n = local_n, L.node_rank = node_rank;
+    if (dir && !*dir) {
+        snprintf(err, errsz, "--log-dir must name a directory, not ''");
+        return -2;
+    }
+    L.local_n = local_n, L.node_rank = node_rank, L.nnodes = nnodes, L.base = dir;
     unsigned char *t = calloc((size_t)local_n, 1), *r = calloc((size_t)local_n, 1);
     L.where = calloc((size_t)local_n * 2, 1);
     L.fd = malloc((size_t)local_n * 2 * sizeof *L.fd);
@@ -161,33 +148,34 @@ int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, 
         L.fd[i] = -1;
         L.where[i] = (unsigned char)(((t[i / 2] | r[i / 2]) & bit ? TO_FILE : 0) |
                                      ((t[i / 2] & bit) || !(r[i / 2] & bit) ? TO_CONSOLE : 0));
+        L.on |= (L.where[i] & TO_FILE) != 0;
     }
     free(t), free(r);
-    if (dir) {
-        if (!*dir) {
-            snprintf(err, errsz, "--log-dir must name a directory, not ''");
-            return -2;
-        }
-        L.dir = strdup(dir);
-        if (!L.dir || !make_dirs(dir)) {
-            snprintf(err, errsz, "--log-dir %s: cannot make that directory: %s", dir, strerror(errno));
-            return 1;
-        }
-    } else { /* torchrun's choice too: a fresh temporary directory, said */
-        const char *tmp = getenv("TMPDIR");
-        char templ[4096];
-        snprintf(templ, sizeof templ, "%s/gw-run-logs-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(templ) || !(L.dir = strdup(templ))) {
-            snprintf(err, errsz, "--tee/--redirects without --log-dir: cannot make a directory %s: %s", templ,
-                     strerror(errno));
-            return 1;
-        }
+    return 0;
+}
+
+/* Makes this run's directory (none where no stream goes to a file). */
+int gw__run_logs_start(char *err, size_t errsz)
+{
+    if (!L.on)
+        return 0;
+    const char *tmp = getenv("TMPDIR");
+    const char *base = L.base ? L.base : tmp && *tmp ? tmp : "/tmp";
+    if (L.base && !make_dirs(L.base)) {
+        snprintf(err, errsz, "--log-dir %s: cannot make that directory: %s", L.base, strerror(errno));
+        return 1;
     }
-    char found[4200];
-    if (find_old_logs(max_restarts, found, sizeof found)) {
-        snprintf(err, errsz, "--log-dir %s already holds the logs of a job (%s): gw-run does not overwrite them; "
-                 "give another directory, or move them away", L.dir, found);
-        return 2;
+    char stamp[32], node[24] = "", templ[4200];
+    const time_t now = time(NULL);
+    struct tm tm;
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
+    if (L.nnodes > 1)
+        snprintf(node, sizeof node, "-node%d", L.node_rank);
+    snprintf(templ, sizeof templ, "%s/%s%s%s-XXXXXX", base, L.base ? "" : "gw-run-logs-", stamp, node);
+    if (!mkdtemp(templ) || !(L.dir = strdup(templ))) {
+        snprintf(err, errsz, "%scannot make the log directory %s: %s",
+                 L.base ? "" : "--tee/--redirects without --log-dir: ", templ, strerror(errno));
+        return 1;
     }
     gw__run_say("gw-run: the ranks' output logged in %s/attempt_K/RANK/{stdout,stderr}.log (K the restart, RANK "
                 "the global rank)\n", L.dir);
@@ -196,7 +184,14 @@ int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, 
 
 bool gw__run_logs_on(void)
 {
-    return L.dir != NULL;
+    return L.on;
+}
+
+/* The file a stream goes to alone (redirected), or NULL. */
+const char *gw__run_logs_file_only(int local, int k)
+{
+    const int i = local * 2 + k;
+    return L.dir && !(L.where[i] & TO_CONSOLE) && !L.broken[i] ? L.path[i] : NULL;
 }
 
 bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t whysz)
@@ -214,6 +209,7 @@ bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t wh
             continue;
         if (!made && !make_dirs(dir)) {
             snprintf(why, whysz, "cannot make the log directory %s for rank %d: %s", dir, global, strerror(errno));
+            gw__run_logs_close(local, 0);
             return false;
         }
         made = true;
@@ -221,6 +217,7 @@ bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t wh
         L.path[i] = malloc(strlen(dir) + 16);
         if (!L.path[i]) {
             snprintf(why, whysz, "out of memory");
+            gw__run_logs_close(local, 0);
             return false;
         }
         sprintf(L.path[i], "%s/%s", dir, k == 0 ? "stdout.log" : "stderr.log");

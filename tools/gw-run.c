@@ -105,9 +105,10 @@ static const char usage_text[] =
     "                          and GW_MAX_RESTARTS; every node of a multi-node\n"
     "                          job gives the same K, and all restart together\n"
     "  --log-dir DIR           also write each rank's stdout and stderr, as printed\n"
-    "                          (no prefix), to DIR/attempt_K/RANK/stdout.log and\n"
-    "                          stderr.log (K the restart, RANK the global rank);\n"
-    "                          refused where those files are already there\n"
+    "                          (no prefix), to DIR/RUN/attempt_K/RANK/stdout.log and\n"
+    "                          stderr.log: RUN new at each start (its date, time and\n"
+    "                          6 random characters; said), K the restart, RANK the\n"
+    "                          global rank\n"
     "  -t, --tee S             as torchrun: the streams written to files and to the\n"
     "                          console: 0 none, 1 stdout, 2 stderr, 3 both, for\n"
     "                          every rank or as LOCAL_RANK:S,... (default 3 with\n"
@@ -737,8 +738,8 @@ int main(int argc, char **argv)
                     "use a shorter one (the same on every node)\n", strlen(token), TOKEN_MAX);
         return EXIT_USAGE;
     }
-    char lo[64], why[512];
-    const int logs = gw__run_logs_setup(log_dir, tee, redirects, (int)local_n, (int)node_rank, max_restarts, why,
+    char lo[64], why[4400];
+    const int logs = gw__run_logs_setup(log_dir, tee, redirects, (int)local_n, (int)node_rank, (int)nnodes, why,
                                         sizeof why);
     if (logs < 0)
         usage_error("%s", why);
@@ -817,6 +818,10 @@ int main(int argc, char **argv)
     };
     if (!gw__run_net_init(&net))
         return 1;
+    if (gw__run_logs_start(why, sizeof why)) {
+        gw__run_say("gw-run: %s\n", why);
+        return 1;
+    }
 
     const size_t token_cap = strlen(token) + 32;
     char *cur_token = malloc(token_cap);

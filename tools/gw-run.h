@@ -224,15 +224,19 @@ int gw__run_ranks_by_kind(const char *kind, long *n);
 double gw__run_env_seconds(const char *name, double dflt, bool zero_ok);
 
 /* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
- * Setup takes the options as given (NULL: absent); 0, or the reason in err
- * and -2 (a bad value: gw-run's usage follows), 2 (logs already there) or 1
- * (the system's error). */
+ * Setup takes the options as given (NULL: absent): 0, or the reason in err
+ * and -2 (a bad value: gw-run's usage follows) or 1 (out of memory).  Start
+ * makes the run's directory (0, or 1 with the system's reason). */
 int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, int local_n, int node_rank,
-                       long max_restarts, char *err, size_t errsz);
+                       int nnodes, char *err, size_t errsz);
+int gw__run_logs_start(char *err, size_t errsz);
+/* Whether any stream goes to a file. */
 bool gw__run_logs_on(void);
+/* The file stream k (0 stdout, 1 stderr) of local rank `local` goes to alone (redirected), or NULL. */
+const char *gw__run_logs_file_only(int local, int k);
 /* Opens the files of local rank `local` (global rank `global`) for an attempt. */
 bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t whysz);
-/* Writes what stream k (0 stdout, 1 stderr) read to its file; how many of those bytes the console skips. */
+/* Writes what stream k read to its file; how many of those bytes the console skips. */
 size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n);
 void gw__run_logs_close(int local, int k);
 bool gw__run_make_token(char out[33]);
