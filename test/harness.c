@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -172,3 +173,15 @@ double test_unit_roundoff(gw_dtype_t dt) {
 }
 
 int test_is_float(gw_dtype_t dt) { return test_unit_roundoff(dt) > 0; }
+
+_Atomic int *test_shared_int(void) {
+  _Atomic int *p = mmap(NULL, sizeof *p, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("test_shared_int: mmap");
+    abort();
+  }
+  atomic_init(p, 0);
+  return p;
+}
+
+void test_shared_free(_Atomic int *p) { munmap((void *)p, sizeof *p); }

@@ -27,6 +27,11 @@ int run_ranks_raw(int nranks, raw_body_fn body, void *arg, double timeout_s);
 /* A free TCP port on 127.0.0.1. */
 int free_port(void);
 
+/* An int, 0, shared by the rank processes run_ranks forks (a handshake
+ * between them, instead of a sleep); aborts where mmap fails. */
+_Atomic int *test_shared_int(void);
+void test_shared_free(_Atomic int *p);
+
 /* Deterministic pseudo-random numbers for test inputs. */
 static inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -246,11 +245,9 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_destroy_refused_in_use) {
-  _Atomic int *refused = mmap(NULL, sizeof *refused, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(refused, MAP_FAILED);
-  atomic_init(refused, 0);
+  _Atomic int *refused = test_shared_int();
   ck_assert_int_eq(run_ranks(2, body_destroy_in_use, (void *)refused, 60), 0);
-  munmap(refused, sizeof *refused);
+  test_shared_free(refused);
 }
 END_TEST
 

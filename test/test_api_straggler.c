@@ -46,11 +46,9 @@ static int body_straggler(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_timeout_names_straggler) {
-  _Atomic int *done = mmap(NULL, sizeof *done, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(done, MAP_FAILED);
-  atomic_init(done, 0);
+  _Atomic int *done = test_shared_int();
   ck_assert_int_eq(run_ranks(2, body_straggler, (void *)done, 60), 0);
-  munmap(done, sizeof *done);
+  test_shared_free(done);
 }
 END_TEST
 
@@ -219,12 +217,10 @@ static void straggler_at(const char *transport, enum straggle how, int nranks, i
   setenv("GW_TRANSPORT", transport, 1);
   if (how == STRAGGLE_TREE || how == STRAGGLE_TREE0 || how == STRAGGLE_TREE_CHUNKS) setenv("GW_ALGO", "tree", 1);
   if (how == STRAGGLE_EXCHANGE) setenv("GW_ALGO", "exchange", 1);
-  _Atomic int *reported = mmap(NULL, sizeof *reported, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(reported, MAP_FAILED);
-  atomic_init(reported, 0);
+  _Atomic int *reported = test_shared_int();
   struct straggler_case sc = {how, late, reported};
   ck_assert_int_eq(run_ranks(nranks, body_straggler4, &sc, 60), 0);
-  munmap(reported, sizeof *reported);
+  test_shared_free(reported);
   unsetenv("GW_TRANSPORT");
   unsetenv("GW_ALGO");
 }
