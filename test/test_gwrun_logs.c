@@ -60,18 +60,21 @@ static void expect_file(const char *dir, const char *rel, const char *want)
     free(got);
 }
 
-/* The run directories pattern matches: asserts there are `want`, and
- * copies the newest (by name: its date and time lead) into out. */
-static void run_dirs(const char *pattern, size_t want, char *out, size_t outsz)
+/* Asserts that `want` run directories match pattern, and copies the one
+ * gw-run's stderr says it logged in into out (two runs in one second sort by
+ * their random part, not by time). */
+static void run_dirs(const char *pattern, size_t want, const char *err, char *out, size_t outsz)
 {
     glob_t g;
     const int rc = glob(pattern, GLOB_ONLYDIR, NULL, &g);
     const size_t n = rc == 0 ? g.gl_pathc : 0;
-    ck_assert_msg(n == want, "%zu run directories match %s, expected %zu", n, pattern, want);
-    if (n)
-        snprintf(out, outsz, "%s", g.gl_pathv[n - 1]);
     if (rc == 0)
         globfree(&g);
+    ck_assert_msg(n == want, "%zu run directories match %s, expected %zu", n, pattern, want);
+    const char *said = strstr(err, "logged in "), *end = said ? strstr(said, "/attempt_K/") : NULL;
+    ck_assert_msg(said && end && (size_t)(end - said - 10) < outsz, "no log directory said:\n%s", err);
+    memcpy(out, said + 10, (size_t)(end - said - 10));
+    out[end - said - 10] = '\0';
 }
 
 static void make_tmp_dir(char *dir, size_t n)
@@ -102,8 +105,7 @@ START_TEST(test_log_dir_tees)
     ck_assert_msg(gwrun_has_line(r.out, "[0] out 0") && gwrun_has_line(r.out, "[1] out 1"), "stdout:\n%s", r.out);
     ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] \001no newline"), "stderr:\n%s",
                   r.err);
-    run_dirs(pattern, 1, run1, sizeof run1);
-    ck_assert_msg(strstr(r.err, "logged in ") && strstr(r.err, run1), "%s is not said:\n%s", run1, r.err);
+    run_dirs(pattern, 1, r.err, run1, sizeof run1);
     /* the files as the ranks printed them: no prefix, the last line unended */
     expect_file(run1, "attempt_0/0/stdout.log", "out 0\n");
     expect_file(run1, "attempt_0/1/stdout.log", "out 1\n");
@@ -116,8 +118,8 @@ START_TEST(test_log_dir_tees)
     const char *again[] = {"-n", "2", "--log-dir", dir, "sh", "-c", "echo second", NULL};
     gwrun_run(&r, NULL, again);
     ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
-    run_dirs(pattern, 2, run2, sizeof run2);
-    ck_assert_msg(strstr(r.err, run2) && strcmp(run1, run2) != 0, "stderr:\n%s", r.err);
+    run_dirs(pattern, 2, r.err, run2, sizeof run2);
+    ck_assert_msg(strcmp(run1, run2) != 0, "the second run logged in the first's %s", run1);
     expect_file(run2, "attempt_0/0/stdout.log", "second\n");
     expect_file(run1, "attempt_0/0/stdout.log", "out 0\n");
     gwrun_free(&r);
@@ -126,7 +128,9 @@ START_TEST(test_log_dir_tees)
     const char *none[] = {"-n", "1", "--log-dir", dir, "--tee", "0", "true", NULL};
     gwrun_run(&r, NULL, none);
     ck_assert_msg(r.code == 0 && !strstr(r.err, "logged in"), "exit code %d, stderr:\n%s", r.code, r.err);
-    run_dirs(pattern, 2, run2, sizeof run2);
+    glob_t g;
+    ck_assert_msg(glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0 && g.gl_pathc == 2, "a directory was made for no file");
+    globfree(&g);
     gwrun_free(&r);
     remove_tree(base);
 }
@@ -153,8 +157,7 @@ START_TEST(test_tee_and_redirects_by_rank)
     ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] err 1"), "stderr:\n%s", r.err);
     char pattern[128], run[256];
     snprintf(pattern, sizeof pattern, "%s/gw-run-logs-*", tmp);
-    run_dirs(pattern, 1, run, sizeof run);
-    ck_assert_msg(strstr(r.err, run), "the directory %s is not said:\n%s", run, r.err);
+    run_dirs(pattern, 1, r.err, run, sizeof run);
     expect_file(run, "attempt_0/0/stdout.log", "out 0\n");
     expect_file(run, "attempt_0/0/stderr.log", NULL);
     expect_file(run, "attempt_0/1/stdout.log", "out 1\n");
@@ -167,7 +170,7 @@ START_TEST(test_tee_and_redirects_by_rank)
      * names the file that says why. */
     const char *bad[] = {"-n", "1", "-r", "2", "/nonexistent/program", NULL};
     gwrun_run(&r, env, bad);
-    run_dirs(pattern, 2, run, sizeof run);
+    run_dirs(pattern, 2, r.err, run, sizeof run);
     char named[320];
     snprintf(named, sizeof named, "rank 0's stderr is in %s/attempt_0/0/stderr.log", run);
     ck_assert_msg(r.code == 127 && strstr(r.err, named), "exit code %d, stderr:\n%s", r.code, r.err);
@@ -196,7 +199,7 @@ START_TEST(test_logs_per_restart)
     gwrun_run(&r, NULL, args);
     ck_assert_msg(r.code == 0 && strstr(r.err, "restarting the job"), "exit code %d, stderr:\n%s", r.code, r.err);
     ck_assert_msg(!strstr(r.out, "try"), "redirected lines reached the console:\n%s", r.out);
-    run_dirs(pattern, 1, run, sizeof run);
+    run_dirs(pattern, 1, r.err, run, sizeof run);
     expect_file(run, "attempt_0/0/stdout.log", "try 0\n");
     expect_file(run, "attempt_0/1/stdout.log", "try 0\n");
     expect_file(run, "attempt_1/0/stdout.log", "try 1\n");
@@ -233,7 +236,7 @@ START_TEST(test_log_file_full)
     ck_assert_msg(ign && !(strtoull(ign + 7, NULL, 16) & (1ull << (25 - 1))), "the rank ignores SIGXFSZ:\n%s", r.err);
     char pattern[128], run[256], path[320];
     snprintf(pattern, sizeof pattern, "%s/2*-*", dir);
-    run_dirs(pattern, 1, run, sizeof run);
+    run_dirs(pattern, 1, r.err, run, sizeof run);
     snprintf(path, sizeof path, "%s/attempt_0/0/stdout.log", run);
     size_t n = 0;
     char *got = slurp(path, &n);
