@@ -339,3 +339,17 @@ int gwrun_main(const char *prog, Suite *(*make_suite)(void))
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
 }
+
+bool gwrun_is_zombie(pid_t pid)
+{
+    char path[64], st[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    fclose(f);
+    st[n] = '\0';
+    const char *p = strrchr(st, ')');
+    return p && p[1] == ' ' && p[2] == 'Z';
+}

@@ -75,6 +75,8 @@ void gwrun_for_each_line(const char *text, void (*fn)(const char *line, void *ar
 int gwrun_free_port_pair(void);
 /* The pid on the first, complete line of path; 0 if there is none yet. */
 pid_t gwrun_read_pid_file(const char *path);
+/* Whether pid is a zombie: ended, not yet reaped (its parent stopped). */
+bool gwrun_is_zombie(pid_t pid);
 
 /* main() of a gw-run suite: checks GW_RUN_BIN (prog names the binary in the
  * message), runs the suite make_suite builds, and returns the exit status. */

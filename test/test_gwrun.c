@@ -492,20 +492,56 @@ END_TEST
 
 /* Ranks that all ended before gw-run looked (it is stopped meanwhile): the
  * crash (rank 2, SIGSEGV) is the job's failure, not the exits 1 that follow
- * it (ranks 0 and 1, collected first in fork order), and each is reported. */
+ * it (ranks 0 and 1, collected first in fork order), and each is reported.
+ * Handshakes, not sleeps: gw-run is stopped once every rank wrote its pid
+ * file, the ranks go on at a file made then, and gw-run goes on once all
+ * three are zombies (at most 30 s each). */
 START_TEST(test_crash_reported_over_consequences)
 {
+    char dir[] = "/tmp/gwrun-crash-XXXXXX", script[512], path[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(script, sizeof script,
+             "echo $$ > %s/pid.$GW_RANK; i=0; while [ ! -e %s/go ] && [ $i -lt 600 ]; do sleep 0.05; "
+             "i=$((i+1)); done; if [ \"$GW_RANK\" = 2 ]; then kill -SEGV $$; fi; sleep 0.3; exit 1",
+             dir, dir);
     const char *env[] = {"GW_RUN_KILL_GRACE=30", NULL};
-    const char *args[] = {"-n", "3", "sh", "-c",
-                          "sleep 1; if [ \"$GW_RANK\" = 2 ]; then kill -SEGV $$; fi; sleep 0.3; exit 1",
-                          NULL};
+    const char *args[] = {"-n", "3", "sh", "-c", script, NULL};
     struct run r;
     gwrun_start(&r, env, args);
-    gwrun_sleep(0.4);
-    ck_assert_int_eq(kill(r.pid, SIGSTOP), 0);
-    gwrun_sleep(2.5);
-    ck_assert_int_eq(kill(r.pid, SIGCONT), 0);
+    pid_t pids[3] = {0, 0, 0};
+    for (double t0 = gwrun_seconds_since(&r.t0); gwrun_seconds_since(&r.t0) - t0 < 30;) {
+        int have = 0;
+        for (int i = 0; i < 3; i++) {
+            snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+            if (!pids[i])
+                pids[i] = gwrun_read_pid_file(path);
+            have += pids[i] > 0;
+        }
+        if (have == 3)
+            break;
+        gwrun_sleep(0.02);
+    }
+    const bool started = pids[0] > 0 && pids[1] > 0 && pids[2] > 0;
+    bool ended = false;
+    if (started && kill(r.pid, SIGSTOP) == 0) {
+        snprintf(path, sizeof path, "%s/go", dir);
+        close(open(path, O_CREAT | O_WRONLY, 0644));
+        for (double t0 = gwrun_seconds_since(&r.t0); !ended && gwrun_seconds_since(&r.t0) - t0 < 30;) {
+            ended = gwrun_is_zombie(pids[0]) && gwrun_is_zombie(pids[1]) && gwrun_is_zombie(pids[2]);
+            gwrun_sleep(0.02);
+        }
+    }
+    kill(r.pid, SIGCONT);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/go", dir);
+    unlink(path);
+    rmdir(dir);
+    ck_assert_msg(started && ended, "set-up failed (ranks started %d, ended while gw-run was stopped %d)", started,
+                  ended);
     ck_assert_msg(!r.timed_out, "gw-run did not finish; stderr:\n%s", r.err);
     ck_assert_msg(r.code == 128 + SIGSEGV, "exit code %d, not SIGSEGV's; stderr:\n%s", r.code, r.err);
     ck_assert_msg(strstr(r.err, "rank 2 (pid") && strstr(r.err, "SIGSEGV") && strstr(r.err, "rank 0 (pid") &&

@@ -493,20 +493,6 @@ START_TEST(test_multinode_stranger_mismatch_refused)
 END_TEST
 
 /* Whether pid is a zombie (ended, not reaped yet). */
-static bool is_zombie(pid_t pid)
-{
-    char path[64], st[512];
-    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    size_t n = fread(st, 1, sizeof st - 1, f);
-    fclose(f);
-    st[n] = '\0';
-    const char *p = strrchr(st, ')');
-    return p && p[1] == ' ' && p[2] == 'Z';
-}
-
 /* Node 1's rank crashes while node 0's rank exits 1, and node 1's gw-run
  * (stopped meanwhile) reads both in one wake-up, the news from node 0 first:
  * the crash is still judged before the teardown that news starts, reported,
@@ -539,7 +525,7 @@ START_TEST(test_multinode_local_crash_before_remote_fail)
     const bool fail_sent = stopped && gwrun_stderr_has(&r[0], "exited with code 1", 10.0);
     bool crashed = false;
     for (int tries = 0; tries < 1000 && stopped && !crashed; tries++, gwrun_sleep(0.01))
-        crashed = is_zombie(pid1);
+        crashed = gwrun_is_zombie(pid1);
     gwrun_sleep(0.3);
     kill(r[1].pid, SIGCONT);
     nodes_wait(r, 2);

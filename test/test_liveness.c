@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -94,20 +95,21 @@ END_TEST
  * sleeps: the others fail the second within seconds (not at the 30 s
  * deadline), naming rank 2 as gone from the communicator, its process alive. */
 static int raw_left_early(int rank, int n, const char *master, void *arg) {
-  (void)arg;
+  _Atomic int *reported = arg; /* shared: how many of the others have their answer */
   gw_comm_t comm;
   if (gw_comm_init(&comm, n, rank, master) != GW_SUCCESS) return 1;
   gw_comm_set_timeout(comm, 30);
   int32_t v = 1;
   gw_result_t r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
   EXPECT(r == GW_SUCCESS && v == n, "rank %d: first allreduce: %s", rank, gw_comm_last_error(comm));
-  if (rank == 2) {
+  if (rank == 2) { /* alive until both others have their answer (at most 30 s) */
     gw_comm_destroy(comm);
-    sleep(4);
+    for (double t0 = test_now(); atomic_load(reported) < n - 1 && test_now() - t0 < 30;) usleep(10000);
     return 0;
   }
   double t0 = test_now();
   r = gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL);
+  atomic_fetch_add(reported, 1);
   const char *msg = gw_comm_last_error(comm);
   EXPECT(r == GW_ERR_REMOTE && test_now() - t0 < 10, "rank %d: %s after %.1f s: %s", rank, gw_strerror(r),
          test_now() - t0, msg);
@@ -116,7 +118,11 @@ static int raw_left_early(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
-START_TEST(test_left_early_not_died) { ck_assert_int_eq(run_ranks_raw(3, raw_left_early, NULL, 60), 0); }
+START_TEST(test_left_early_not_died) {
+  _Atomic int *reported = test_shared_int();
+  ck_assert_int_eq(run_ranks_raw(3, raw_left_early, (void *)reported, 60), 0);
+  test_shared_free(reported);
+}
 END_TEST
 
 int main(void) {

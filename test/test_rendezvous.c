@@ -117,7 +117,7 @@ END_TEST
  * relaunched): it takes the dead one's place and the job runs.  Rank 0 took
  * it for a duplicate ("rank 1 joined twice") and failed every rank. */
 static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
-  (void)arg;
+  _Atomic int *killed = arg; /* shared: the first rank 1 is dead, rank 2 may come */
   setenv("GW_BOOTSTRAP_TIMEOUT", "30", 1);
   if (rank == 1) {
     const pid_t child = fork();
@@ -130,8 +130,10 @@ static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
     int status = 0;
     EXPECT(child > 0 && kill(child, SIGKILL) == 0 && waitpid(child, &status, 0) == child && WIFSIGNALED(status),
            "the first rank 1 did not die in the rendezvous");
+    atomic_store(killed, 1);
   }
-  if (rank == 2) sleep(3);
+  if (rank == 2) /* after the kill (at most 30 s), not a second after it by the clock */
+    for (double t0 = test_now(); !atomic_load(killed) && test_now() - t0 < 30;) usleep(10000);
   gw_comm_t comm;
   EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
   int32_t v = rank + 1;
@@ -142,7 +144,9 @@ static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_restarted_rank_takes_its_place) {
-  ck_assert_int_eq(run_ranks_raw(3, body_rank_restarted, NULL, 60), 0);
+  _Atomic int *killed = test_shared_int();
+  ck_assert_int_eq(run_ranks_raw(3, body_rank_restarted, (void *)killed, 60), 0);
+  test_shared_free(killed);
 }
 END_TEST
 

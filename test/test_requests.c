@@ -6,6 +6,7 @@
  * ones, and the peer hears of it in its own calls. */
 #include <check.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,19 +14,26 @@
 
 #include "harness.h"
 
+/* Waits (at most 30 s) until the other rank set *flag: a handshake. */
+static void wait_flag(_Atomic int *flag) {
+  for (double t0 = test_now(); !atomic_load(flag) && test_now() - t0 < 30;) usleep(10000);
+}
+
 static int body_test_unfinished(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)arg;
-  gw_comm_set_timeout(comm, 20);
+  _Atomic int *tested = arg; /* shared: rank 0 has called gw_test */
+  gw_comm_set_timeout(comm, 40);
   int32_t v[256];
   for (int i = 0; i < 256; i++) v[i] = rank + 1;
-  if (rank == 1) sleep(3); /* rank 0's operation waits for this one (3 s: a loaded machine) */
+  if (rank == 1) wait_flag(tested); /* rank 0's operation waits for this one meanwhile */
   gw_request_t req = NULL;
   EXPECT(gw_iallreduce(v, v, 256, GW_INT32, GW_SUM, comm, NULL, &req) == GW_SUCCESS && req, "iallreduce: %s",
          gw_comm_last_error(comm));
   if (rank == 0) {
     int done = -1;
     gw_request_t before = req;
-    EXPECT(gw_test(&req, &done) == GW_SUCCESS && done == 0 && req == before,
+    const gw_result_t r = gw_test(&req, &done);
+    atomic_store(tested, 1);
+    EXPECT(r == GW_SUCCESS && done == 0 && req == before,
            "gw_test on an operation its peer has not joined: done %d, request %s", done,
            req == before ? "kept" : "changed");
   }
@@ -38,7 +46,11 @@ static int body_test_unfinished(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-START_TEST(test_test_unfinished) { ck_assert_int_eq(run_ranks(2, body_test_unfinished, NULL, 60), 0); }
+START_TEST(test_test_unfinished) {
+  _Atomic int *tested = test_shared_int();
+  ck_assert_int_eq(run_ranks(2, body_test_unfinished, (void *)tested, 60), 0);
+  test_shared_free(tested);
+}
 END_TEST
 
 static void *abort_later(void *arg) {
@@ -50,13 +62,14 @@ static void *abort_later(void *arg) {
 enum { NQ = 4, QN = 1024 };
 
 static int body_abort_queued(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)n, (void)arg;
+  _Atomic int *gave_up = arg; /* shared: rank 0's waits all returned */
+  (void)n;
   gw_comm_set_timeout(comm, 60);
   static int32_t v[NQ][QN];
   for (int k = 0; k < NQ; k++)
     for (int i = 0; i < QN; i++) v[k][i] = 7;
   if (rank == 1) { /* joins after rank 0 gave up: hears of the abort in its own calls */
-    sleep(2);
+    wait_flag(gave_up);
     double t0 = test_now();
     /* the first may still complete (rank 0's part of it was sent before the
      * abort, the notice behind it); the next meets the notice */
@@ -78,6 +91,7 @@ static int body_abort_queued(gw_comm_t comm, int rank, int n, void *arg) {
     EXPECT(r == GW_ERR_ABORTED, "request %d: %s: %s", k, gw_strerror(r), gw_comm_last_error(comm));
   }
   const double took = test_now() - t0;
+  atomic_store(gave_up, 1);
   pthread_join(th, NULL);
   EXPECT(took < 5, "the waits took %.1f s after the abort", took);
   for (int k = 1; k < NQ; k++) /* the queued ones never ran: their buffers as they were */
@@ -85,7 +99,11 @@ static int body_abort_queued(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-START_TEST(test_abort_queued) { ck_assert_int_eq(run_ranks(2, body_abort_queued, NULL, 60), 0); }
+START_TEST(test_abort_queued) {
+  _Atomic int *gave_up = test_shared_int();
+  ck_assert_int_eq(run_ranks(2, body_abort_queued, (void *)gave_up, 60), 0);
+  test_shared_free(gave_up);
+}
 END_TEST
 
 int main(void) {
