@@ -235,6 +235,7 @@ struct gw_comm {
    * communicator refuses further operations with the first failure's code. */
   _Atomic int failed;
   _Atomic bool aborted; /* gw_comm_abort: every wait gives up */
+  _Atomic int test_paused; /* tests: a blocking call is in GW_TEST_INLINE_PAUSE_US's or _HOLD_US's pause */
   pthread_mutex_t err_mu;
   char last_error[GW_ERRMSG_MAX];
   char first_error[GW_ERRMSG_MAX];

@@ -289,22 +289,35 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
 }
 
 /* Tests: GW_TEST_INLINE_PAUSE_US, a pause after a blocking call claims the
- * inline path; GW_TEST_INLINE_HOLD_US, one after it ran, before it lets the
- * connections go (read once each). */
-static int64_t test_us(_Atomic int64_t *v, const char *name) {
-  int64_t x = atomic_load_explicit(v, memory_order_relaxed);
-  if (x < 0) atomic_store_explicit(v, x = gw__env_int(name, 0), memory_order_relaxed);
-  return x;
+ * inline path (over early once another call queued); GW_TEST_INLINE_HOLD_US,
+ * one after it ran, before it lets the connections go.  Either is over early
+ * once the communicator is aborted, and says it is on (comm->test_paused): a
+ * test waits for that and then acts, its bound long, instead of racing a
+ * short pause with a sleep of its own.  A variable set at the first call is
+ * read again at every call (a test's rank sets it for one call alone); one
+ * absent then is never looked at again. */
+static int64_t test_us(_Atomic int *armed, const char *name) {
+  int a = atomic_load_explicit(armed, memory_order_relaxed);
+  if (a < 0) atomic_store_explicit(armed, a = getenv(name) != NULL, memory_order_relaxed);
+  return a ? gw__env_int(name, 0) : 0;
 }
 
 static int64_t inline_pause_us(void) {
-  static _Atomic int64_t v = -1;
-  return test_us(&v, "GW_TEST_INLINE_PAUSE_US");
+  static _Atomic int armed = -1;
+  return test_us(&armed, "GW_TEST_INLINE_PAUSE_US");
 }
 
 static int64_t inline_hold_us(void) {
-  static _Atomic int64_t v = -1;
-  return test_us(&v, "GW_TEST_INLINE_HOLD_US");
+  static _Atomic int armed = -1;
+  return test_us(&armed, "GW_TEST_INLINE_HOLD_US");
+}
+
+static void test_pause(struct gw_comm *comm, int64_t us, bool until_queued) {
+  atomic_store(&comm->test_paused, 1);
+  for (const double end = gw__now() + (double)us / 1e6;
+       gw__now() < end && !atomic_load(&comm->aborted) && !(until_queued && atomic_load(&comm->pending) != 0);)
+    usleep(1000);
+  atomic_store(&comm->test_paused, 0);
 }
 
 /* The next n sequence numbers.  Every taker holds comm->mu, so no locked
@@ -384,7 +397,8 @@ static gw_result_t not_live(const char *fn, const void *req) {
  * header). */
 static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *reqp) {
   if (!reqp && !op->ordered && atomic_load(&comm->pending) == 0 && !atomic_exchange(&comm->inline_busy, true)) {
-    if (inline_pause_us() > 0) usleep((useconds_t)inline_pause_us()); /* tests: another thread queues meanwhile */
+    const int64_t pause_us = inline_pause_us();
+    if (pause_us > 0) test_pause(comm, pause_us, true); /* tests: another thread queues meanwhile */
     /* Re-check after announcing: the progress thread waits for inline_busy to
      * clear before it starts anything queued meanwhile.  The check and the
      * sequence number under the queue's lock, as a queued call takes its own:
@@ -398,7 +412,8 @@ static gw_result_t submit(struct gw_comm *comm, struct gw_op *op, gw_request_t *
       struct gw_errctx err; /* 512 bytes: only the message's end is set, not the whole */
       err.msg[0] = 0;
       gw_result_t res = gw__run_op(comm, op, &err);
-      if (inline_hold_us() > 0) usleep((useconds_t)inline_hold_us());
+      const int64_t hold_us = inline_hold_us();
+      if (hold_us > 0) test_pause(comm, hold_us, false);
       atomic_store_explicit(&comm->inline_busy, false, memory_order_release);
       return res;
     }

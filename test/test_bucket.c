@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "comm.h"   /* comm->test_paused */
 #include "dev.h"    /* gw__dev: the emulator's streams */
 #include "reduce.h" /* gw__cvt_* */
 
@@ -551,6 +552,11 @@ static void *inline_allreduce(void *arg) {
   return NULL;
 }
 
+/* Until a blocking call on another thread is in its test pause (at most 20 s). */
+static void wait_paused(gw_comm_t comm) {
+  for (double t0 = test_now(); !atomic_load(&comm->test_paused) && test_now() - t0 < 20;) usleep(1000);
+}
+
 static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg, (void)n;
   gw_comm_set_timeout(comm, 30);
@@ -567,10 +573,12 @@ static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
     return 0;
   }
   pthread_t th;
+  setenv("GW_TEST_INLINE_PAUSE_US", "30000000", 1); /* rank 0's next call; over at the abort */
   EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
-  usleep(150000); /* the other thread's call is in its pause, holding the connections */
+  wait_paused(comm); /* the other thread's call is in its pause, holding the connections */
   EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
   pthread_join(th, NULL);
+  setenv("GW_TEST_INLINE_PAUSE_US", "0", 1); /* (not while the other thread runs: getenv there) */
   EXPECT(c.r == GW_ERR_ABORTED && strstr(gw_comm_last_error(comm), "gw_bucketer_wait"), "rank 0's call: %s: %s",
          gw_strerror(c.r), gw_comm_last_error(comm));
   gw_bucketer_destroy(bk);
@@ -578,7 +586,7 @@ static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_reason_beside_call) {
-  setenv("GW_TEST_INLINE_PAUSE_US", "500000", 1);
+  setenv("GW_TEST_INLINE_PAUSE_US", "0", 1); /* armed: rank 0 sets it for one call */
   ck_assert_int_eq(run_ranks(2, body_reason_beside_call, NULL, 60), 0);
   unsetenv("GW_TEST_INLINE_PAUSE_US");
 }
@@ -590,7 +598,8 @@ END_TEST
  * once the connections are free.  Rank 1, in bucket 0's allreduce, hears the
  * reason within seconds, not when rank 0 destroys the communicator. */
 static int body_reason_after_call(gw_comm_t comm, int rank, int n, void *arg) {
-  (void)arg, (void)n;
+  _Atomic int *heard = arg; /* shared: rank 1 has its answer (rank 0's communicator stays until then) */
+  (void)n;
   gw_comm_set_timeout(comm, 30);
   struct inline_call c = {comm, GW_SUCCESS};
   float g[M];
@@ -604,23 +613,29 @@ static int body_reason_after_call(gw_comm_t comm, int rank, int n, void *arg) {
     EXPECT(gw_bucketer_ready(bk, 0, M) == GW_SUCCESS, "ready: %s", gw_comm_last_error(comm));
     EXPECT(gw_bucketer_wait(bk) != GW_SUCCESS, "rank 1's step passed");
     const double took = test_now() - t0;
-    EXPECT(strstr(gw_comm_last_error(comm), "gw_bucketer_wait") && took < 4.0, "rank 1 after %.1f s: %s", took,
+    atomic_store(heard, 1);
+    EXPECT(strstr(gw_comm_last_error(comm), "gw_bucketer_wait") && took < 20, "rank 1 after %.1f s: %s", took,
            gw_comm_last_error(comm));
   } else {
     pthread_t th;
+    setenv("GW_TEST_INLINE_HOLD_US", "30000000", 1); /* rank 0's next call; over at the abort */
     EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
-    usleep(150000); /* the other thread's call ran and holds the connections */
+    wait_paused(comm); /* the other thread's call ran and holds the connections */
     EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
     pthread_join(th, NULL);
-    sleep(5); /* the communicator stays: its destroy would tell the peers too */
+    setenv("GW_TEST_INLINE_HOLD_US", "0", 1); /* (not while the other thread runs: getenv there) */
+    /* the communicator stays until rank 1 heard (at most 30 s): its destroy would tell the peers too */
+    for (double t0 = test_now(); !atomic_load(heard) && test_now() - t0 < 30;) usleep(10000);
   }
   gw_bucketer_destroy(bk);
   return 0;
 }
 
 START_TEST(test_reason_after_call) {
-  setenv("GW_TEST_INLINE_HOLD_US", "500000", 1);
-  ck_assert_int_eq(run_ranks(2, body_reason_after_call, NULL, 60), 0);
+  setenv("GW_TEST_INLINE_HOLD_US", "0", 1); /* armed: rank 0 sets it for one call */
+  _Atomic int *heard = test_shared_int();
+  ck_assert_int_eq(run_ranks(2, body_reason_after_call, (void *)heard, 60), 0);
+  test_shared_free(heard);
   unsetenv("GW_TEST_INLINE_HOLD_US");
 }
 END_TEST

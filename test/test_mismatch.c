@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm.h" /* comm->test_paused */
 #include "harness.h"
 
 /* ---- calls that differ across ranks ---- */
@@ -151,12 +152,15 @@ static int body_queued_meanwhile(gw_comm_t comm, int rank, int n, void *arg) {
   for (int i = 0; i < 512; i++) a.buf[i] = 1, b.buf[i] = 1;
   if (rank == 0) {
     pthread_t th;
+    setenv("GW_TEST_INLINE_PAUSE_US", "30000000", 1); /* this rank's call; over once the other queued */
     EXPECT(pthread_create(&th, NULL, blocking_call, &a) == 0, "pthread_create");
-    usleep(100000); /* the blocking call is in its pause */
+    /* the blocking call is in its pause (at most 20 s), which this call's queueing ends */
+    for (double t0 = test_now(); !atomic_load(&comm->test_paused) && test_now() - t0 < 20;) usleep(1000);
     gw_request_t req;
     b.r = gw_iallreduce(b.buf, b.buf, 512, GW_INT32, GW_SUM, comm, NULL, &req);
     if (b.r == GW_SUCCESS) b.r = gw_wait(&req);
     pthread_join(th, NULL);
+    setenv("GW_TEST_INLINE_PAUSE_US", "0", 1); /* (not while the other thread runs: getenv there) */
   } else {
     blocking_call(&a);
     blocking_call(&b);
@@ -172,7 +176,7 @@ static int body_queued_meanwhile(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_queued_meanwhile) {
-  setenv("GW_TEST_INLINE_PAUSE_US", "400000", 1);
+  setenv("GW_TEST_INLINE_PAUSE_US", "0", 1); /* armed: rank 0 sets it for one call */
   ck_assert_int_eq(run_ranks(2, body_queued_meanwhile, NULL, 60), 0);
   unsetenv("GW_TEST_INLINE_PAUSE_US");
 }
