@@ -115,14 +115,15 @@ START_TEST(test_no_restart_after_signal)
 {
     struct run r;
     const char *args[] = {"-n", "2", "--max-restarts", "3", "sh", "-c",
-                          "trap 'exit 3' TERM; echo \"attempt $GW_RESTART_COUNT\"; while :; do sleep 0.1; done",
+                          "trap 'exit 3' TERM; echo \"attempt $GW_RESTART_COUNT\" >&2; while :; do sleep 0.1; done",
                           NULL};
     gwrun_start(&r, (const char *const[]){"GW_RUN_KILL_GRACE=5", NULL}, args);
-    gwrun_sleep(1.0);
+    /* both traps set (their lines come after them), at most 30 s */
+    const bool trapped = gwrun_stderr_has(&r, "[0] attempt 0", 30) && gwrun_stderr_has(&r, "[1] attempt 0", 30);
     kill(r.pid, SIGTERM);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
-    ck_assert_msg(!r.timed_out && r.code == 3, "exit %d\nstderr:\n%s", r.code, r.err);
-    ck_assert_msg(!strstr(r.err, "restarting") && !strstr(r.out, "attempt 1"), "stdout:\n%s\nstderr:\n%s",
+    ck_assert_msg(trapped && !r.timed_out && r.code == 3, "exit %d\nstderr:\n%s", r.code, r.err);
+    ck_assert_msg(!strstr(r.err, "restarting") && !strstr(r.err, "attempt 1"), "stdout:\n%s\nstderr:\n%s",
                   r.out, r.err);
     gwrun_free(&r);
 }
@@ -136,9 +137,8 @@ START_TEST(test_no_restart_signal_between)
     struct run r;
     const char *args[] = {"-n", "2", "--max-restarts", "3", "sh", "-c",
                           "echo \"attempt $GW_RESTART_COUNT\"; exit 3", NULL};
-    gwrun_start(&r, (const char *const[]){"GW_RUN_TEST_RESTART_DELAY_MS=3000", NULL}, args);
-    ck_assert(gwrun_stderr_has(&r, "exited with code 3", 20)); /* the attempt ended: the window is open */
-    gwrun_sleep(0.5);
+    gwrun_start(&r, (const char *const[]){"GW_RUN_TEST_RESTART_DELAY_MS=30000", NULL}, args);
+    ck_assert(gwrun_stderr_has(&r, "holding the restart", 30)); /* the window is open, until a signal */
     kill(r.pid, SIGINT);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
     ck_assert_msg(!r.timed_out && r.code == 128 + SIGINT && !strstr(r.out, "attempt 1") &&
@@ -160,9 +160,8 @@ START_TEST(test_usr1_between_attempts_dropped)
                           "echo \"attempt $GW_RESTART_COUNT\"; [ \"$GW_RESTART_COUNT\" = 0 ] && exit 3; "
                           "sleep 1; echo done",
                           NULL};
-    gwrun_start(&r, (const char *const[]){"GW_RUN_TEST_RESTART_DELAY_MS=2000", NULL}, args);
-    const bool ended = gwrun_stderr_has(&r, "exited with code 3", 20); /* the attempt ended: the window is open */
-    gwrun_sleep(0.5);
+    gwrun_start(&r, (const char *const[]){"GW_RUN_TEST_RESTART_DELAY_MS=30000", NULL}, args);
+    const bool ended = gwrun_stderr_has(&r, "holding the restart", 30); /* the window is open, until a signal */
     if (ended)
         kill(r.pid, SIGUSR1);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
@@ -351,15 +350,15 @@ START_TEST(test_nodes_signal_between)
 {
     int port = gwrun_free_port_pair();
     const char *env0[] = {"GW_JOB_TOKEN=mn-sigbetween", NULL};
-    const char *env1[] = {"GW_JOB_TOKEN=mn-sigbetween", "GW_RUN_TEST_RESTART_DELAY_MS=3000", NULL};
+    const char *env1[] = {"GW_JOB_TOKEN=mn-sigbetween", "GW_RUN_TEST_RESTART_DELAY_MS=30000", NULL};
     const char *script = "echo \"attempt $GW_RESTART_COUNT\"; "
                          "if [ \"$GW_RANK\" = 3 ] && [ \"$GW_RESTART_COUNT\" = 0 ]; then exit 6; fi; exec sleep 30";
     struct run r[2];
     nodes_start(r, port, env0, env1, "2", NULL, script);
-    ck_assert(gwrun_stderr_has(&r[0], "restarting the job", 20)); /* node 1 now holds its window open */
-    gwrun_sleep(0.5);
+    const bool held = gwrun_stderr_has(&r[1], "holding the restart", 30); /* node 1's window, open until a signal */
     kill(r[1].pid, SIGINT);
     gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
+    ck_assert_msg(held, "node 1 never held its restart; stderr:\n%s", r[1].err);
     ck_assert_msg(r[1].code == 128 + SIGINT && strstr(r[1].err, "SIGINT arrived as the job was to start again") &&
                       !strstr(r[1].out, "attempt 1"),
                   "node 1: exit %d\nstdout:\n%s\nstderr:\n%s", r[1].code, r[1].out, r[1].err);

@@ -8,12 +8,17 @@
  * the next attempt's number, or 0 (a signal anywhere, a lost node, a node
  * that cannot, none left).  gw-run.c's loop then starts the attempt.
  *
+ * Also the tests' hold between two attempts (GW_RUN_TEST_RESTART_DELAY_MS).
+ *
  * What it is not: the channel itself (joining, frames, failures, signals:
  * gw-run-net.c) nor the single-node restart (gw-run.c alone).
  */
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "gw-run.h"
 #include "gw-run-net.h"
@@ -110,3 +115,23 @@ void gw__run_net_reset(void)
     }
 }
 
+/* Tests: GW_RUN_TEST_RESTART_DELAY_MS holds gw-run between two attempts, its
+ * signals blocked, up to that long: said when it begins, over as soon as a
+ * signal it handles is pending (a test signals once it read the line, instead
+ * of racing the hold with a sleep). */
+void gw__run_test_restart_hold(void)
+{
+    const char *hook = getenv("GW_RUN_TEST_RESTART_DELAY_MS");
+    if (!hook || !*hook)
+        return;
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    gw__run_say("gw-run: test hook: holding the restart (signals blocked) up to %s ms\n", hook);
+    for (long ms = 0; ms < atol(hook); ms += 10) {
+        sigset_t pend;
+        if (sigpending(&pend) == 0)
+            for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+                if (sigismember(&pend, sigs[i]))
+                    return;
+        usleep(10000);
+    }
+}

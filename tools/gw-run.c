@@ -849,9 +849,8 @@ int main(int argc, char **argv)
         sigset_t old;
         sigprocmask(SIG_BLOCK, &block, &old);
         bool again = nnodes > 1 ? node_restarts(attempt) : restart_wanted(max_restarts);
-        const char *hook = getenv("GW_RUN_TEST_RESTART_DELAY_MS"); /* test hook: a wide window */
-        if (again && hook && *hook)
-            usleep((useconds_t)atoi(hook) * 1000u);
+        if (again)
+            gw__run_test_restart_hold();
         if (!again || signal_held()) {
             sigprocmask(SIG_SETMASK, &old, NULL);
             break;

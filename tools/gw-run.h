@@ -156,6 +156,7 @@ void gw__run_conn_close(struct conn *c);
 
 /* gw-run-net.c: the launcher control channel (nothing at all with one node);
  * gw__run_net_restart and gw__run_net_reset are gw-run-restart.c's. */
+void gw__run_test_restart_hold(void); /* gw-run-restart.c: tests' hold between attempts */
 bool gw__run_net_init(const struct net_config *cfg);
 int gw__run_net_max_fds(void);
 int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms);
