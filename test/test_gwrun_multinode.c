@@ -21,6 +21,7 @@
 #include <check.h>
 #include <netdb.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -372,6 +373,30 @@ START_TEST(test_multinode_loopback_name_refused)
 }
 END_TEST
 
+/* A script that waits (at most 30 s) for a go file named in go, which
+ * does not exist yet. */
+static void go_file_script(char *go, size_t gosz, char *script, size_t scriptsz)
+{
+    char dir[] = "/tmp/gwrun-go-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(go, gosz, "%s/go", dir); /* made by go_when, removed with its directory by go_remove */
+    snprintf(script, scriptsz, "i=0; while [ ! -e %s ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done", go);
+}
+
+/* Makes the go file once r's stderr says a and b (b may be NULL), or after 20 s. */
+static void go_when(const struct run *r, const char *a, const char *b, const char *go)
+{
+    (void)(gwrun_stderr_has(r, a, 20.0) && (!b || gwrun_stderr_has(r, b, 20.0)));
+    close(open(go, O_CREAT | O_WRONLY, 0644));
+}
+
+static void go_remove(char *go)
+{
+    unlink(go);
+    *strrchr(go, '/') = '\0';
+    rmdir(go);
+}
+
 START_TEST(test_multinode_mismatch)
 {
     const char *env[] = {"GW_JOB_TOKEN=mn-mismatch", "GW_RUN_JOIN_TIMEOUT=5", NULL};
@@ -405,13 +430,18 @@ START_TEST(test_multinode_mismatch)
     ck_assert_msg(strstr(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
     gwrun_nodes_free(r, 2);
 
-    /* --node-rank 1 twice: the second one is refused, the job runs on. */
+    /* --node-rank 1 twice: the second one is refused, the job runs on (its
+     * ranks until node 0 said so: a go file, not a second's sleep). */
     struct run d[3];
+    char go[64], go_script[160];
     port = gwrun_free_port_pair();
-    node_start(&d[0], env, port, 2, 0, "1", "sleep 1");
-    node_start(&d[1], env, port, 2, 1, "1", "sleep 1");
-    node_start(&d[2], env, port, 2, 1, "1", "sleep 1");
+    go_file_script(go, sizeof go, go_script, sizeof go_script);
+    node_start(&d[0], env, port, 2, 0, "1", go_script);
+    node_start(&d[1], env, port, 2, 1, "1", go_script);
+    node_start(&d[2], env, port, 2, 1, "1", go_script);
+    go_when(&d[0], "node 1 already joined", NULL, go);
     nodes_wait(d, 3);
+    go_remove(go);
     ck_assert_msg(d[0].code == 0, "node 0: exit code %d, stderr:\n%s", d[0].code, d[0].err);
     ck_assert_msg((d[1].code == 0) != (d[2].code == 0),
                   "not exactly one node 1 refused: exit codes %d, %d", d[1].code, d[2].code);
@@ -473,12 +503,17 @@ START_TEST(test_multinode_stranger_mismatch_refused)
     int port = gwrun_free_port_pair();
     const char *env[] = {"GW_JOB_TOKEN=mn-stranger", "GW_DEBUG=INFO", "GW_RUN_JOIN_TIMEOUT=5", NULL};
     struct run r[4];
-    node_start(&r[0], env, port, 2, 0, "1", "sleep 3");
-    node_start(&r[1], env, port, 2, 1, "1", "sleep 3");
+    char go[64], go_script[160];
+    go_file_script(go, sizeof go, go_script, sizeof go_script);
+    node_start(&r[0], env, port, 2, 0, "1", go_script);
+    node_start(&r[1], env, port, 2, 1, "1", go_script);
     const bool joined = gwrun_stderr_has(&r[0], "all nodes joined", 10.0);
     node_start(&r[2], env, port, 2, 1, "2", "true"); /* node 1 again, with -n 2 */
     node_start(&r[3], env, port, 3, 2, "1", "true"); /* a node 2 of 3 */
+    /* the job's ranks run until both strangers were refused (a go file, not 3 s) */
+    go_when(&r[0], "was started with -n 2 but node 0", "was started with --nnodes 3 but node 0", go);
     nodes_wait(r, 4);
+    go_remove(go);
     ck_assert_msg(joined, "the job's nodes never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
