@@ -61,7 +61,7 @@ START_TEST(test_socket_waits) {
   t0 = gw__now();
   bool sent = gw__sock_io_deadline(sv[0], p, big, true, t0 + 0.5);
   double took = gw__now() - t0;
-  ck_assert_msg(!sent && errno == ETIMEDOUT && took < 3.0, "sending into a full socket: %d after %.2f s", sent, took);
+  ck_assert_msg(!sent && errno == ETIMEDOUT && took < 10.0, "sending into a full socket: %d after %.2f s", sent, took);
   /* A far deadline (a month: past INT_MAX ms): a wait, not an instant timeout. */
   ck_assert_int_eq(gw__ms_until(gw__now() + 30 * 86400.0), INT_MAX);
   ck_assert_int_eq(gw__ms_until(gw__now() - 1.0), 0);
