@@ -50,6 +50,9 @@ static inline void gw__rng_from_key(struct gw_rng *r, uint64_t key) {
 }
 
 /* Copies n names into ds->class_names; GW_ERR_SYSTEM when out of memory. */
+/* imagenet: the evaluation's resize of the shorter side before the center
+ * crop (0: image size * 256 / 224), at least the image size. */
+gw_result_t gw__folder_set_val_resize(struct gw_dataset *ds, int resize);
 gw_result_t gw__dataset_set_classes(struct gw_dataset *ds, const char *const *names, int n);
 
 /* path opened for reading without waiting on what is not a regular file (a

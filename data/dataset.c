@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "data_internal.h"
+#include "gw_config.h"
 
 #define FASHION_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
 
@@ -44,7 +45,15 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
   if (!spec) spec = "";
   if ((arg = spec_arg(spec, "fashion-mnist")))
     return gw_dataset_fashion_mnist(ds, *arg ? arg : FASHION_MNIST_DEFAULT_DIR, split, opt->augment);
-  if ((arg = spec_arg(spec, "imagenet")) && *arg) return gw_dataset_imagefolder(ds, arg, split, opt->image_size);
+  if ((arg = spec_arg(spec, "imagenet")) && *arg) {
+    gw_result_t res = gw_dataset_imagefolder(ds, arg, split, opt->image_size);
+#if GW_HAVE_TURBOJPEG
+    if (res == GW_SUCCESS && split == GW_SPLIT_VAL && opt->val_resize_size &&
+        (res = gw__folder_set_val_resize(*ds, opt->val_resize_size)))
+      gw_dataset_free(*ds), *ds = NULL;
+#endif
+    return res;
+  }
   if ((arg = spec_arg(spec, "synthetic")) && !*arg) {
     /* The validation split draws other values than the training one. */
     uint64_t seed = opt->synthetic_seed ^ (split == GW_SPLIT_VAL ? 0x5eed5eed5eed5eedull : 0);

@@ -259,7 +259,7 @@ static gw_result_t folder_get(const struct gw_dataset *ds, int64_t index, int tr
   if (res == GW_SUCCESS) {
     struct gw__view v;
     if (train) gw__view_train(&v, w, h, f->out_size, key);
-    else gw__view_val(&v, w, h, f->out_size);
+    else gw__view_val(&v, w, h, f->out_size, f->val_resize);
     res = gw__resample(rgb, w, h, 3, &v, f->out_size, f->out_size, MEAN, STD, out);
   }
   *label = f->labels[index];
@@ -278,6 +278,19 @@ static void folder_destroy(struct gw_dataset *ds) {
 }
 
 static const struct gw_dataset_ops FOLDER_OPS = {folder_get, folder_destroy};
+
+gw_result_t gw__folder_set_val_resize(struct gw_dataset *ds, int resize) {
+  struct gw__folder *f = (struct gw__folder *)ds;
+  if (ds->ops != &FOLDER_OPS)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "the evaluation resize applies to imagenet:DIR data");
+  if (resize != 0 && (resize < f->out_size || resize > 8192))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                          "imagenet: an evaluation resize to %d pixels (the shorter side) %s the image size %d: the "
+                          "center crop is taken from the resized image", resize,
+                          resize < f->out_size ? "is smaller than" : "is past 8192, too far from", f->out_size);
+  f->val_resize = resize;
+  return GW_SUCCESS;
+}
 
 gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum gw_split split, int image_size) {
   *ds = NULL;

@@ -22,6 +22,7 @@ struct gw__folder {
   int32_t *labels;      /* [size] */
   int64_t cap;          /* room in path_at and labels */
   int out_size;         /* output side in pixels (image_size) */
+  int val_resize;       /* evaluation's shorter side before the center crop; 0: out_size * 256 / 224 */
   /* Directories below the classes the scan left out (a link back to a
    * directory it was already in, past MAX_DEPTH levels, unreadable), and the
    * first one with why, for the dataset's description. */

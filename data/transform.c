@@ -54,10 +54,10 @@ void gw__view_train(struct gw__view *v, int width, int height, int size, uint64_
   v->flip = gw__rng_uniform(&r) < 0.5;
 }
 
-void gw__view_val(struct gw__view *v, int width, int height, int size) {
+void gw__view_val(struct gw__view *v, int width, int height, int size, int resize) {
   /* torchvision's reference pairs Resize(256) with CenterCrop(224); other output
-   * sizes keep that 0.875 crop fraction. */
-  int resize = size * 256 / 224;
+   * sizes keep that 0.875 crop fraction unless given (--val-resize-size). */
+  if (resize <= 0) resize = size * 256 / 224;
   int shorter = width <= height ? width : height, longer = width <= height ? height : width;
   int scaled_long = (int)((double)resize * longer / shorter); /* Python's int(size * long / short) */
   v->x = v->y = 0;

@@ -27,8 +27,9 @@ struct gw__view {
  * probability 1/2, drawn from key, for an image of width x height. */
 void gw__view_train(struct gw__view *v, int width, int height, int size, uint64_t key);
 
-/* Resize(shorter side = size * 256 / 224) + CenterCrop(size). */
-void gw__view_val(struct gw__view *v, int width, int height, int size);
+/* Resize(shorter side = resize) + CenterCrop(size); resize 0: size * 256 / 224
+ * (torchvision's reference: 256 for 224). */
+void gw__view_val(struct gw__view *v, int width, int height, int size, int resize);
 
 /* Resamples src (interleaved, channels 1 or 3, width x height, rows of
  * width * channels bytes) through v into out [channels, out_h, out_w] as

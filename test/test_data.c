@@ -18,6 +18,7 @@
 #include <zlib.h>
 
 
+#include "data_internal.h" /* gw__folder_set_val_resize */
 #include "dataset.h"
 #include "harness.h"
 #include "loader.h"
@@ -548,6 +549,43 @@ START_TEST(folder_val_geometry) {
 }
 END_TEST
 
+/* --val-resize-size through the dataset: 256 is the default's 224 * 256 / 224
+ * (the same floats); 288 resamples otherwise; below the image size refused,
+ * by gw_dataset_open's option too. */
+START_TEST(folder_val_resize) {
+  make_tree();
+  struct gw_dataset *ds, *dr;
+  ck_assert_int_eq(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 224), GW_SUCCESS);
+  ck_assert_int_eq(gw_dataset_imagefolder(&dr, tmpdir, GW_SPLIT_VAL, 224), GW_SUCCESS);
+  float *a = malloc((OUT_FLOATS + 64) * sizeof *a), *b = malloc((OUT_FLOATS + 64) * sizeof *b);
+  int32_t y;
+  ck_assert_int_eq(gw__folder_set_val_resize(dr, 256), GW_SUCCESS);
+  ck_assert_int_eq(get_guarded(ds, 2, 0, 0, a, &y), GW_SUCCESS); /* big.jpg, 512 x 512 */
+  ck_assert_int_eq(get_guarded(dr, 2, 0, 0, b, &y), GW_SUCCESS);
+  ck_assert(memcmp(a, b, OUT_FLOATS * sizeof *a) == 0);
+  ck_assert_int_eq(gw__folder_set_val_resize(dr, 288), GW_SUCCESS);
+  ck_assert_int_eq(get_guarded(dr, 2, 0, 0, b, &y), GW_SUCCESS);
+  ck_assert(memcmp(a, b, OUT_FLOATS * sizeof *a) != 0);
+  /* training views are not the evaluation's: unchanged */
+  ck_assert_int_eq(get_guarded(ds, 2, 1, 7, a, &y), GW_SUCCESS);
+  ck_assert_int_eq(get_guarded(dr, 2, 1, 7, b, &y), GW_SUCCESS);
+  ck_assert(memcmp(a, b, OUT_FLOATS * sizeof *a) == 0);
+  expect_error(gw__folder_set_val_resize(dr, 200), "imagenet", "200 pixels (the shorter side) is smaller than the "
+               "image size 224");
+  gw_dataset_free(dr);
+  struct gw_data_options opt;
+  gw_data_options_default(&opt);
+  opt.val_resize_size = 100;
+  char spec[128];
+  snprintf(spec, sizeof spec, "imagenet:%s", tmpdir);
+  expect_error(gw_dataset_open(&dr, spec, GW_SPLIT_VAL, &opt), "imagenet", "is smaller than the image size 224");
+  ck_assert_ptr_null(dr);
+  free(a), free(b);
+  gw_dataset_free(ds);
+  remove_tmpdir();
+}
+END_TEST
+
 START_TEST(folder_train_keys) {
   make_tree();
   struct gw_dataset *ds;
@@ -794,6 +832,7 @@ static Suite *data_suite(void) {
   tcase_add_test(tc, folder_unusual_sampling);
   tcase_add_test(tc, folder_constant_colour);
   tcase_add_test(tc, folder_val_geometry);
+  tcase_add_test(tc, folder_val_resize);
   tcase_add_test(tc, folder_train_keys);
   add_folder_hostile_tests(tc);
   add_folder_limit_tests(tc);

@@ -134,7 +134,7 @@ START_TEST(png_in_folder) {
   static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
   float got[3 * 8 * 8], ref[3 * 8 * 8];
   struct gw__view v;
-  gw__view_val(&v, 9, 7, 8);
+  gw__view_val(&v, 9, 7, 8, 0);
   ck_assert_int_eq(gw__resample(want, 9, 7, 3, &v, 8, 8, mean, std, ref), GW_SUCCESS);
   for (int64_t i = 0; i < 2; i++) {
     int32_t label = -1;

@@ -16,6 +16,31 @@
 #include "test_data.h"
 #include "transform.h"
 
+/* ---- the evaluation view: torchvision's Resize(R) + CenterCrop(S) ------------------ */
+/* The longer side int(R * long / short), the crop's corner round((side - S) / 2)
+ * as Python rounds (half to even): hand-derived from torchvision's code. */
+START_TEST(view_val_sizes) {
+  static const struct {
+    int w, h, size, resize, rw, rh, ox, oy;
+  } cases[] = {
+      {500, 375, 299, 342, 456, 342, 78, 22}, /* Inception's 342/299: 78.5 -> 78, 21.5 -> 22 */
+      {375, 500, 299, 342, 342, 456, 22, 78}, /* portrait */
+      {500, 375, 224, 0, 341, 256, 58, 16},   /* the default: 224 * 256 / 224 */
+      {500, 375, 224, 256, 341, 256, 58, 16}, /* the same, given */
+      {640, 480, 160, 232, 309, 232, 74, 36}, /* 309.33 -> 309; 74.5 -> 74 */
+      {300, 300, 224, 224, 224, 224, 0, 0},   /* resize = crop: the whole image */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct gw__view v;
+    gw__view_val(&v, cases[i].w, cases[i].h, cases[i].size, cases[i].resize);
+    ck_assert_msg(v.x == 0 && v.y == 0 && v.w == cases[i].w && v.h == cases[i].h && !v.flip, "case %zu: box", i);
+    ck_assert_msg(v.rw == cases[i].rw && v.rh == cases[i].rh && v.ox == cases[i].ox && v.oy == cases[i].oy,
+                  "case %zu: resized %dx%d crop at (%d, %d), expected %dx%d at (%d, %d)", i, v.rw, v.rh, v.ox, v.oy,
+                  cases[i].rw, cases[i].rh, cases[i].ox, cases[i].oy);
+  }
+}
+END_TEST
+
 /* ---- the training view's statistics ---------------------------------------------- */
 
 struct shape {
@@ -159,6 +184,7 @@ START_TEST(resample_halved_ramp) {
 END_TEST
 
 void add_transform_tests(TCase *tc) {
+  tcase_add_test(tc, view_val_sizes);
   tcase_add_test(tc, view_train_ranges);
   tcase_add_test(tc, view_train_keys);
   tcase_add_test(tc, resample_crop_and_flip);

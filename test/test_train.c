@@ -313,6 +313,24 @@ START_TEST(test_imagefolder_bad_files_skipped) {
    * place is replaced once per epoch (a search passing over the other bad file
    * is no second replacement), so exactly 4. */
   ck_assert_msg(skipped == 4, "the metrics count %lld skipped samples, expected 4", skipped);
+  /* --val-resize-size: taken by the evaluation (40 around the 32 crop), and
+   * one below the image size refused where the evaluation split opens */
+  const char *resized[] = {"-n", "1", train_bin(), "--data", spec, "--image-size", "32", "--model", "resnet18",
+                           "--width-divisor", "16", "--batch", "5", "--epochs", "1", "--threads", "1",
+                           "--val-resize-size", "40", NULL};
+  gwrun_start(&r, noenv, resized);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "over 8 samples"), "no evaluation:\n%s", r.out);
+  gwrun_free(&r);
+  resized[18] = "31";
+  gwrun_start(&r, noenv, resized);
+  gwrun_wait(&r, 120);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "--data (evaluation split)") &&
+                    strstr(r.err, "an evaluation resize to 31 pixels (the shorter side) is smaller than the image "
+                                  "size 32"),
+                "exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -616,6 +634,11 @@ START_TEST(test_bad_flags) {
           "--augment applies to fashion-mnist: imagenet:/x always trains on random resized crops and flips");
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--augment", NULL},
           "--augment applies to fashion-mnist: synthetic has nothing to augment");
+  refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--val-resize-size", "256", NULL},
+          "--val-resize-size applies to imagenet:DIR data: synthetic is not resized for its evaluation");
+  refused((const char *const[]){"--steps", "2", "--data", "imagenet:/x", "--val-resize-size", "256", "--no-eval", NULL},
+          "--val-resize-size sets the evaluation's resize: it needs the evaluation (drop --no-eval)");
+  refused((const char *const[]){"--steps", "2", "--val-resize-size", "4", NULL}, "--val-resize-size");
   refused((const char *const[]){"--steps", "2", "--synthetic-samples", "10", NULL},
           "--synthetic-samples applies to --data synthetic, not fashion-mnist");
   refused((const char *const[]){"--steps", "2", "--seed", " -1", NULL}, "--seed wants a non-negative whole number");

@@ -163,6 +163,7 @@ static int same_data_everywhere(struct trainer *t) {
 void train_data_options(const struct train_opts *o, struct gw_data_options *d) {
   gw_data_options_default(d);
   d->augment = o->augment;
+  d->val_resize_size = o->val_resize;
   d->synthetic_samples = o->synthetic_samples;
   d->synthetic_channels = o->model.in_channels;
   d->synthetic_size = o->model.image_size;

@@ -27,6 +27,8 @@ static void usage(FILE *f) {
           "data:\n"
           "  --data SPEC              fashion-mnist[:DIR] (default), imagenet:DIR or synthetic\n"
           "  --augment                random flips and crops on the training set\n"
+          "  --val-resize-size R      imagenet: the evaluation's shorter side before its center crop (default\n"
+          "                           the image size x 256/224: 256 for 224, as torchvision's reference)\n"
           "  --drop-last              drop the samples that do not fill a shard evenly (else the shards are padded\n"
           "                           with repeats); a shard's last partial batch is always left out\n"
           "  --synthetic-samples N    samples of the synthetic set (default 10000, at most 1e8)\n"
@@ -147,7 +149,7 @@ enum {
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_WDALL,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
   O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_TESTONLY, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
-  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART
+  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART, O_VALRESIZE
 };
 
 static const struct option longopts[] = {
@@ -159,6 +161,7 @@ static const struct option longopts[] = {
     {"load-weights", required_argument, NULL, O_LOAD},     {"data", required_argument, NULL, O_DATA},
     {"augment", no_argument, NULL, O_AUGMENT},            {"drop-last", no_argument, NULL, O_DROPLAST},
     {"synthetic-samples", required_argument, NULL, O_SYNSAMPLES},
+    {"val-resize-size", required_argument, NULL, O_VALRESIZE},
     {"loader-threads", required_argument, NULL, O_LTHREADS}, {"epochs", required_argument, NULL, O_EPOCHS},
     {"batch", required_argument, NULL, O_BATCH},          {"lr", required_argument, NULL, O_LR},
     {"momentum", required_argument, NULL, O_MOMENTUM},     {"nesterov", no_argument, NULL, O_NESTEROV},
@@ -287,6 +290,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
     return 0;
   }
   case O_LTHREADS: return parse_int("--loader-threads", arg, 1, 256, &o->loader_threads);
+  case O_VALRESIZE: return parse_int("--val-resize-size", arg, 8, 8192, &o->val_resize);
   case O_SYNCBN: o->sync_bn = 1; return 0;
   case O_BUCKET: return parse_double("--bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->bucket_mb);
   case O_FIRSTBUCKET: return parse_double("--first-bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->first_bucket_mb);
@@ -436,6 +440,10 @@ static int check(const struct train_opts *o) {
     return bad("--augment applies to fashion-mnist: %s %s", d,
                !strncmp(d, "imagenet:", 9) ? "always trains on random resized crops and flips"
                                            : "has nothing to augment");
+  if (o->val_resize && strncmp(d, "imagenet:", 9))
+    return bad("--val-resize-size applies to imagenet:DIR data: %s is not resized for its evaluation%s", d, "");
+  if (o->val_resize && !o->eval && !o->test_only)
+    return bad("--val-resize-size sets the evaluation's resize: it needs the evaluation (drop --no-eval)%s%s", "", "");
   if (o->synthetic_given && strcmp(d, "synthetic"))
     return bad("--synthetic-samples applies to --data synthetic, not %s%s", d, "");
   if (o->tf32_given && strcmp(o->backend, "cudnn"))
@@ -500,6 +508,8 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
   for (int i = 0, at = 0; i < o->n_milestones; i++)
     at += snprintf(ms + at, sizeof ms - (size_t)at, "%s%.10g", i ? "," : "", o->milestones[i]);
   if (o->warmup_start > 0) snprintf(ws, sizeof ws, "%.10g", o->warmup_start);
+  char vr[32] = ""; /* only where given: a run without it describes itself as before */
+  if (o->val_resize) snprintf(vr, sizeof vr, " val_resize=%d", o->val_resize);
   if (o->loss_scale_dynamic) snprintf(scale, sizeof scale, "dynamic:%.10g", o->loss_scale_init ? o->loss_scale_init : o->loss_scale);
   else snprintf(scale, sizeof scale, "%.10g", o->loss_scale);
   int n = snprintf(buf, len,
@@ -508,7 +518,7 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
                    "wd=%.10g wd_all=%d nesterov=%d label_smoothing=%.10g warmup_epochs=%.10g schedule=%s epochs=%ld steps=%ld "
                    "lr_milestones=%s lr_gamma=%.10g warmup_start=%s "
                    "sync_bn=%d overlap=%d bucket_mb=%.10g first_bucket_mb=%.10g grad_wire=%s amp=%s loss_scale=%s "
-                   "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d%s",
+                   "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d%s%s",
                    o->model_name, o->classes_given ? m->classes : 0, o->in_channels_given ? m->in_channels : 0,
                    o->image_size_given ? m->image_size : 0,
                    !o->stem_given ? "data's" : m->stem == GW_STEM_SMALL ? "small" : "imagenet", m->width_divisor,
@@ -518,7 +528,8 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
                    o->sync_bn, !o->no_overlap,
                    o->bucket_mb, o->first_bucket_mb, dtype_word(o->grad_wire), dtype_word(o->amp), scale, o->backend,
                    o->tf32, o->layout, o->host_step, o->eval, o->save_weights != NULL,
-                   o->test_only ? " test_only=1" : ""); /* (never in a checkpoint: it writes none) */
+                   o->test_only ? " test_only=1" : "", /* (never in a checkpoint: it writes none) */
+                   vr);
   return n < 0 ? 0 : (size_t)n;
 }
 
