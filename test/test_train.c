@@ -290,9 +290,11 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   snprintf(spec, sizeof spec, "imagenet:%s", root);
   struct run r;
   const char *const noenv[] = {NULL};
+  char weights[512];
+  path(weights, sizeof weights, "folder.safetensors");
   const char *args[] = {"-n", "1", train_bin(), "--data", spec, "--image-size", "32", "--model", "resnet18",
                         "--width-divisor", "16", "--batch", "5", "--epochs", "2", "--threads", "1",
-                        "--metrics", metrics, NULL};
+                        "--metrics", metrics, "--save-weights", weights, NULL};
   gwrun_start(&r, noenv, args);
   gwrun_wait(&r, 120);
   expect_ok(&r);
@@ -330,6 +332,35 @@ START_TEST(test_imagefolder_bad_files_skipped) {
                     strstr(r.err, "an evaluation resize to 31 pixels (the shorter side) is smaller than the image "
                                   "size 32"),
                 "exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
+  /* --test-only opens the evaluation split alone (the classes are train's
+   * folder names, not its files): a tree whose training folders hold no
+   * image, which training refuses, evaluates the saved weights. */
+  char root2[512], spec2[600];
+  path(root2, sizeof root2, "folder-eval-only");
+  mkdir(root2, 0777);
+  for (int c = 0; c < 2; c++) {
+    snprintf(dir, sizeof dir, "%s/train", root2);
+    mkdir(dir, 0777);
+    snprintf(dir, sizeof dir, "%s/train/%s", root2, classes[c]);
+    ck_assert_int_eq(mkdir(dir, 0777), 0);
+  }
+  snprintf(dir, sizeof dir, "%s/val", root);
+  snprintf(file, sizeof file, "%s/val", root2);
+  ck_assert_int_eq(symlink(dir, file), 0);
+  snprintf(spec2, sizeof spec2, "imagenet:%s", root2);
+  const char *eval_only[] = {"-n", "1", train_bin(), "--data", spec2, "--model", "resnet18", "--width-divisor", "16",
+                             "--batch", "5", "--threads", "1", "--test-only", "--load-weights", weights, NULL};
+  gwrun_start(&r, noenv, eval_only);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "on imagenet val") && strstr(r.out, "over 8 samples"), "stdout:\n%s", r.out);
+  gwrun_free(&r);
+  const char *train_there[] = {"-n", "1", train_bin(), "--data", spec2, "--model", "resnet18", "--width-divisor",
+                               "16", "--batch", "5", "--threads", "1", "--steps", "1", NULL};
+  gwrun_start(&r, noenv, train_there);
+  gwrun_wait(&r, 120);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "--data"), "training on empty folders: exit %d\n%s", r.code, r.err);
   gwrun_free(&r);
 }
 END_TEST

@@ -824,7 +824,7 @@ static void teardown(struct trainer *t) {
   if (t->mom_dev) t->ops->dealloc(t->b, t->mom_dev);
   if (t->b) t->ops->destroy(t->b);
   gw_model_free(t->m);
-  gw_dataset_free(t->train_ds);
+  if (t->train_ds != t->val_ds) gw_dataset_free(t->train_ds); /* --test-only: one, the evaluation split */
   gw_dataset_free(t->val_ds);
   free(t->pad_x), free(t->logits), free(t->pad_y), free(t->as_loaded);
   if (t->comm) gw_comm_destroy(t->comm);

@@ -131,7 +131,7 @@ static int outputs_follow_rank0(struct trainer *t) {
  * (overlapping, with gaps) and could take different numbers of steps. */
 static int same_data_everywhere(struct trainer *t) {
   if (t->world == 1) return 0;
-  const struct gw_dataset *ds[2] = {t->train_ds, t->val_ds};
+  const struct gw_dataset *ds[2] = {t->train_ds != t->val_ds ? t->train_ds : NULL, t->val_ds};
   int64_t mine[6] = {0}, r0[6];
   for (int k = 0; k < 2; k++)
     if (ds[k])
@@ -176,14 +176,18 @@ static int open_data(struct trainer *t) {
   const struct train_opts *o = t->o;
   struct gw_data_options d;
   train_data_options(o, &d);
+  if (o->test_only) { /* the evaluation split alone gives the model's shape: no scan of ImageNet's 1.28M files */
+    if (gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
+      return train_fail(t, "--data (evaluation split)", gw_data_last_error());
+    t->train_ds = t->val_ds; /* (freed once) */
+    return same_data_everywhere(t);
+  }
   if (gw_dataset_open(&t->train_ds, o->data, GW_SPLIT_TRAIN, &d) != GW_SUCCESS)
     return train_fail(t, "--data", gw_data_last_error());
   if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
     return train_fail(t, "--data (evaluation split)", gw_data_last_error());
   if (same_data_everywhere(t) != 0) return -1;
-  /* Every step takes a whole batch from each rank's share of the data (an
-   * evaluation alone pads its last batch: any size goes). */
-  if (o->test_only) return 0;
+  /* Every step takes a whole batch from each rank's share of the data. */
   int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
   if (o->drop_last && share == 0) {
     char detail[200];
