@@ -75,6 +75,60 @@ static int launcher_pair(void) {
 
 int gw_env_launched(void) { return launcher_pair() >= 0; }
 
+bool gw__slurm_first_host(const char *list, char *out, size_t len) {
+  size_t n = 0;
+  for (const char *p = list; p && *p && *p != ','; p++) {
+    if (*p == '[') { /* a range group: its first number, as written (zero padding kept) */
+      const char *q = p + 1;
+      if (*q < '0' || *q > '9') return false;
+      for (; *q >= '0' && *q <= '9'; q++)
+        if (n + 1 < len) out[n++] = *q;
+        else return false;
+      p = strchr(q, ']');
+      if (!p || memchr(q, '[', (size_t)(p - q))) return false;
+      continue;
+    }
+    if (*p == ']' || n + 1 >= len) return false;
+    out[n++] = *p;
+  }
+  out[n] = 0;
+  return n > 0;
+}
+
+/* A Slurm step's master when none is set (srun alone, as torchrun's users
+ * export MASTER_ADDR from the node list): rank 0's host is the step's first
+ * node (task 0's with srun's block and cyclic distributions; rank 0 checks
+ * that it is on it), the port 20000 + (job id x 31 + step id) mod 12000, the
+ * same on every rank, below Linux's ephemeral ports (32768-60999), which any
+ * connection may take.  Returns an error's code, or GW_SUCCESS with addr and
+ * port filled (or left as they were where given). */
+static gw_result_t slurm_master(int rank, const char **addr, const char **port, char *host, size_t hostlen,
+                                char *portbuf, size_t portlen, struct gw_errctx *err) {
+  if (!*addr) {
+    const char *list = getenv("SLURM_STEP_NODELIST");
+    if (!list || !*list) list = getenv("SLURM_JOB_NODELIST");
+    if (!list || !*list || !gw__slurm_first_host(list, host, hostlen))
+      return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: no master address: Slurm's node list ('%s') names no "
+                     "first node; set GW_MASTER_ADDR and GW_MASTER_PORT (rank 0's host and a free port)", rank,
+                     list ? list : "");
+    const char *node = getenv("SLURMD_NODENAME");
+    if (rank == 0 && node && *node && strcmp(node, host) != 0)
+      return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0 runs on %s, not on the step's first node %s (from "
+                     "SLURM_STEP_NODELIST), where the other ranks look for it (srun's --distribution or "
+                     "--relative?): set GW_MASTER_ADDR to rank 0's host", node, host);
+    *addr = host;
+  }
+  if (!*port || !**port) {
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    const unsigned long long j = job ? strtoull(job, NULL, 10) : 0, s = step ? strtoull(step, NULL, 10) : 0;
+    snprintf(portbuf, portlen, "%llu", 20000 + (j * 31 + s) % 12000);
+    *port = portbuf;
+  }
+  GW_INFO(GW_SUB_INIT, "rank %d: master %s:%s from Slurm's step (its first node; GW_MASTER_ADDR and "
+          "GW_MASTER_PORT set others)", rank, *addr, *port);
+  return GW_SUCCESS;
+}
+
 /* The job token: GW_JOB_TOKEN, else an id every rank of the same launch shares. */
 bool gw__job_token(char *out, size_t len) {
   const char *t = getenv("GW_JOB_TOKEN");
@@ -145,6 +199,12 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
       GW_INFO(GW_SUB_INIT, "rank %d: torchrun's agent store holds MASTER_PORT %d: the rendezvous uses port %s "
               "(GW_MASTER_PORT sets another)", rank, p, port);
     }
+  }
+  char slurm_host[256], slurm_port[16];
+  if (size > 1 && (!addr || !port || !*port) && !strcmp(rv, "SLURM_PROCID")) {
+    const gw_result_t r = slurm_master(rank, &addr, &port, slurm_host, sizeof slurm_host, slurm_port,
+                                       sizeof slurm_port, &err);
+    if (r != GW_SUCCESS) return gw__init_fail(&err, r);
   }
   if (size > 1) {
     if (!addr || !port || !*port)

@@ -1,0 +1,259 @@
+/* test_api_env.c - the launchers' environment variables, part of test_api
+ * (test_api.c runs them): gw_comm_init_env under gw-run, torchrun (its agent
+ * store's port, its error files as the job token), Slurm (a job step only; the
+ * master from the step's first node when none is set), Open MPI, MPICH/Intel
+ * MPI, inner launchers over outer ones' leftovers; GW_TIMEOUT checked. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "comm.h" /* gw__slurm_first_host; the timeout */
+#include "harness.h"
+
+void add_env_tests(TCase *tc);
+
+/* ---- the launchers' environment variables ---- */
+struct env_case {
+  const char *rank, *size, *addr, *port;
+  int torchrun_agent; /* MASTER_PORT is the port below the harness's, held (as torchrun's agent store holds it) */
+  const char *stale[3]; /* set too, as a launcher outside this one leaves them (0: none) */
+  int torchrun_local;   /* no GW_JOB_TOKEN: torchrun's run id "none", its error files the token */
+};
+
+static int body_env(int rank, int n, const char *master, void *arg) {
+  const struct env_case *names = arg;
+  char port[16], rs[16], ss[16];
+  snprintf(port, sizeof port, "%s", strrchr(master, ':') + 1);
+  snprintf(rs, sizeof rs, "%d", rank);
+  snprintf(ss, sizeof ss, "%d", n);
+  setenv(names->rank, rs, 1);
+  setenv(names->size, ss, 1);
+  setenv(names->addr, "127.0.0.1", 1);
+  setenv(names->port, port, 1);
+  for (int i = 0; i < 3 && names->stale[i]; i++) putenv((char *)names->stale[i]);
+  if (names->torchrun_local) { /* plain `torchrun --nproc-per-node n`: as its agent sets them */
+    char file[160];
+    snprintf(file, sizeof file, "/tmp/torchelastic_%s/none_x1/attempt_0/%d/error.json", getenv("GW_JOB_TOKEN"),
+             rank);
+    setenv("TORCHELASTIC_ERROR_FILE", file, 1);
+    setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    setenv("LOCAL_RANK", rs, 1);
+    setenv("LOCAL_WORLD_SIZE", ss, 1);
+    unsetenv("GW_JOB_TOKEN");
+  }
+  int agent = -1;
+  if (names->torchrun_agent) {
+    snprintf(port, sizeof port, "%d", atoi(port) - 1);
+    setenv(names->port, port, 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    if (rank == 0) { /* the agent's store, listening (best effort: the port may be taken anyway) */
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port))};
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      agent = socket(AF_INET, SOCK_STREAM, 0);
+      if (agent >= 0 && (bind(agent, (struct sockaddr *)&a, sizeof a) != 0 || listen(agent, 4) != 0))
+        close(agent), agent = -1;
+    }
+  }
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init_env(&comm);
+  if (agent >= 0) close(agent);
+  EXPECT(r == GW_SUCCESS, "init_env with %s failed: %s", names->rank, gw_comm_last_error(NULL));
+  int got_rank, got_size;
+  gw_comm_rank(comm, &got_rank);
+  gw_comm_size(comm, &got_size);
+  EXPECT(got_rank == rank && got_size == n, "got rank %d size %d", got_rank, got_size);
+  int local;
+  EXPECT(gw_comm_local_rank(comm, &local) == GW_SUCCESS && local == rank, "local rank %d (all ranks share this machine)", local);
+  EXPECT(gw_comm_local_size(comm, &local) == GW_SUCCESS && local == n, "local size %d of %d ranks on this machine", local,
+         n);
+  int64_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && v == n * (n + 1) / 2, "sum %lld", (long long)v);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+/* GW_TIMEOUT: a time in seconds, 0 for no limit; negative or infinite is
+ * warned about and the default used (-300 turned every deadline off). */
+START_TEST(test_env_timeout_checked) {
+  static const struct {
+    const char *value;
+    double want;
+  } cases[] = {{"2.5", 2.5}, {"0", 0}, {"-300", 300}, {"inf", 300}, {"abc", 300}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("GW_TIMEOUT", cases[i].value, 1);
+    gw_comm_t c;
+    ck_assert_int_eq(gw_comm_init(&c, 1, 0, NULL), GW_SUCCESS);
+    ck_assert_msg(c->timeout_s == cases[i].want, "GW_TIMEOUT=%s: %g", cases[i].value, (double)c->timeout_s);
+    gw_comm_destroy(c);
+  }
+  unsetenv("GW_TIMEOUT");
+}
+END_TEST
+
+START_TEST(test_env_launchers) {
+  static const struct env_case cases[] = {
+      {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 0, {0}, 0},
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "MASTER_ADDR", "MASTER_PORT", 0, {"SLURM_STEP_ID=0", "SLURM_NTASKS=64"},
+       0},
+      /* MPICH's and Intel MPI's mpiexec (Hydra) */
+      {"PMI_RANK", "PMI_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0, {0}, 0},
+      /* mpirun inside an sbatch script: every rank inherits the batch task's Slurm rank */
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", 0,
+       {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0"}, 0},
+      /* torchrun (static rendezvous): its agent's store holds MASTER_PORT */
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 1, {0}, 0},
+      /* plain torchrun on one node: run id "none", the token from its error files */
+      {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", 1, {0}, 1},
+  };
+  static const char *all[] = {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", "RANK", "WORLD_SIZE",
+                              "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                              "OMPI_COMM_WORLD_SIZE", "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE",
+                              "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "PMI_RANK", "PMI_SIZE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID",
+                              "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+    ck_assert_msg(run_ranks_raw(3, body_env, (void *)&cases[i], 60) == 0, "launcher variables %s", cases[i].rank);
+  }
+  for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+  gw_comm_t comm;
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "gw-run"));
+  /* an sbatch script's own environment: Slurm's rank outside a job step is
+   * no launcher's (one program there took itself for rank 0 of them all) */
+  setenv("SLURM_PROCID", "0", 1), setenv("SLURM_NTASKS", "4", 1);
+  ck_assert_int_eq(gw_env_launched(), 0);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "a job step, not the batch script"), "%s", gw_comm_last_error(NULL));
+  setenv("SLURM_STEP_ID", "4294967290", 1); /* salloc's interactive step: no srun task either */
+  ck_assert_int_eq(gw_env_launched(), 0);
+  setenv("SLURM_STEP_ID", "0", 1);
+  ck_assert_int_eq(gw_env_launched(), 1);
+  unsetenv("SLURM_PROCID"), unsetenv("SLURM_NTASKS"), unsetenv("SLURM_STEP_ID");
+  setenv("GW_RANK", "0", 1);
+  setenv("GW_WORLD_SIZE", "2", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "GW_MASTER_ADDR"));
+  setenv("GW_MASTER_ADDR", "127.0.0.1", 1), setenv("GW_MASTER_PORT", "1", 1);
+  setenv("GW_RANK", "5", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "GW_RANK='5' / world size GW_WORLD_SIZE='2'") &&
+                    has(gw_comm_last_error(NULL), "not a valid pair"),
+                "%s", gw_comm_last_error(NULL));
+  unsetenv("GW_WORLD_SIZE"); /* a rank without its launcher's size: not another launcher's */
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("GW_RANK", "1", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "GW_RANK is set but GW_WORLD_SIZE is not"), "%s",
+                gw_comm_last_error(NULL));
+  for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+}
+END_TEST
+
+
+/* ---- Slurm's master: the step's first node ---- */
+START_TEST(test_slurm_first_host) {
+  static const struct {
+    const char *list, *want; /* want NULL: not a host list */
+  } cases[] = {
+      {"node07", "node07"},
+      {"node[07-09,12],gpu1", "node07"},
+      {"gpu1,node[07-09]", "gpu1"},
+      {"n[009-011]", "n009"},
+      {"rack[1-2]-n[3,5]", "rack1-n3"},
+      {"a-b.c[2]", "a-b.c2"},
+      {"node[", NULL},
+      {"node[a-b]", NULL},
+      {"node[1-2", NULL},
+      {"node]1", NULL},
+      {"node[1[2]]", NULL},
+      {"", NULL},
+      {",node1", NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char out[64] = "";
+    const bool ok = gw__slurm_first_host(cases[i].list, out, sizeof out);
+    ck_assert_msg(ok == (cases[i].want != NULL) && (!ok || !strcmp(out, cases[i].want)), "'%s': %s '%s', expected %s",
+                  cases[i].list, ok ? "gave" : "refused", out, cases[i].want ? cases[i].want : "a refusal");
+  }
+  char tiny[6];
+  ck_assert(!gw__slurm_first_host("node[07-09]", tiny, sizeof tiny)); /* "node07" does not fit: refused, not cut */
+  ck_assert(gw__slurm_first_host("node[7-9]", tiny, sizeof tiny) && !strcmp(tiny, "node7"));
+}
+END_TEST
+
+/* srun alone across "nodes" (all this machine: the step's node list says
+ * localhost): no MASTER_* set, the master is the first node and a port from
+ * the job and step ids; every rank agrees and the job runs. */
+static int body_slurm_master(int rank, int n, const char *master, void *arg) {
+  (void)master, (void)arg;
+  char v[16];
+  snprintf(v, sizeof v, "%d", rank);
+  setenv("SLURM_PROCID", v, 1);
+  setenv("SLURM_LOCALID", v, 1);
+  snprintf(v, sizeof v, "%d", n);
+  setenv("SLURM_STEP_NUM_TASKS", v, 1);
+  setenv("SLURM_NTASKS", "64", 1);
+  setenv("SLURM_STEP_ID", "3", 1);
+  setenv("SLURM_STEP_NODELIST", "localhost", 1);
+  setenv("SLURMD_NODENAME", "localhost", 1);
+  gw_comm_t comm;
+  EXPECT(gw_comm_init_env(&comm) == GW_SUCCESS, "init_env under srun: %s", gw_comm_last_error(NULL));
+  int64_t x = rank + 1;
+  EXPECT(gw_allreduce(&x, &x, 1, GW_INT64, GW_SUM, comm, NULL) == GW_SUCCESS && x == n * (n + 1) / 2, "sum %lld",
+         (long long)x);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_slurm_master_from_nodelist) {
+  static const char *all[] = {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", "RANK", "WORLD_SIZE",
+                              "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+  for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+  /* a job id whose port (20000 + (id x 31 + step 3) mod 12000) is free now */
+  char job[24];
+  for (int id = (int)getpid(), tries = 0; tries < 100; id++, tries++) {
+    const int port = 20000 + (int)(((unsigned long long)id * 31 + 3) % 12000);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    const bool free_now = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0) close(fd);
+    snprintf(job, sizeof job, "%d", id);
+    if (free_now) break;
+  }
+  setenv("SLURM_JOB_ID", job, 1);
+  ck_assert_int_eq(run_ranks_raw(3, body_slurm_master, NULL, 60), 0);
+  /* Rank 0 elsewhere than the list's first node: said, naming both, before
+   * anyone waits for it there. */
+  setenv("SLURM_PROCID", "0", 1), setenv("SLURM_STEP_NUM_TASKS", "2", 1), setenv("SLURM_STEP_ID", "0", 1);
+  setenv("SLURM_STEP_NODELIST", "node[07-08]", 1), setenv("SLURMD_NODENAME", "node08", 1);
+  gw_comm_t comm;
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "rank 0 runs on node08, not on the step's first node node07"), "%s",
+                gw_comm_last_error(NULL));
+  /* No list to take a first node from. */
+  setenv("SLURM_STEP_NODELIST", "node[", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "Slurm's node list ('node[') names no first node"), "%s",
+                gw_comm_last_error(NULL));
+  static const char *slurm[] = {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+                                "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURMD_NODENAME", "SLURM_JOB_ID"};
+  for (size_t j = 0; j < sizeof slurm / sizeof slurm[0]; j++) unsetenv(slurm[j]);
+}
+END_TEST
+
+void add_env_tests(TCase *tc) {
+  tcase_add_test(tc, test_env_launchers);
+  tcase_add_test(tc, test_env_timeout_checked);
+  tcase_add_test(tc, test_slurm_first_host);
+  tcase_add_test(tc, test_slurm_master_from_nodelist);
+}
