@@ -298,7 +298,10 @@ static gw_result_t start_thread_locked(struct gw_comm *comm) {
  * absent then is never looked at again. */
 static int64_t test_us(_Atomic int *armed, const char *name) {
   int a = atomic_load_explicit(armed, memory_order_relaxed);
-  if (a < 0) atomic_store_explicit(armed, a = getenv(name) != NULL, memory_order_relaxed);
+  if (a < 0) {
+    const char *v = getenv(name); /* empty: unset, as everywhere in the library */
+    atomic_store_explicit(armed, a = v && *v, memory_order_relaxed);
+  }
   return a ? gw__env_int(name, 0) : 0;
 }
 

@@ -552,9 +552,11 @@ static void *inline_allreduce(void *arg) {
   return NULL;
 }
 
-/* Until a blocking call on another thread is in its test pause (at most 20 s). */
-static void wait_paused(gw_comm_t comm) {
+/* Until a blocking call on another thread is in its test pause (at most
+ * 20 s); whether it got there (else the test would go on without the race). */
+static bool wait_paused(gw_comm_t comm) {
   for (double t0 = test_now(); !atomic_load(&comm->test_paused) && test_now() - t0 < 20;) usleep(1000);
+  return atomic_load(&comm->test_paused) != 0;
 }
 
 static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
@@ -575,7 +577,7 @@ static int body_reason_beside_call(gw_comm_t comm, int rank, int n, void *arg) {
   pthread_t th;
   setenv("GW_TEST_INLINE_PAUSE_US", "30000000", 1); /* rank 0's next call; over at the abort */
   EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
-  wait_paused(comm); /* the other thread's call is in its pause, holding the connections */
+  EXPECT(wait_paused(comm), "the other thread's call never paused"); /* it holds the connections */
   EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
   pthread_join(th, NULL);
   setenv("GW_TEST_INLINE_PAUSE_US", "0", 1); /* (not while the other thread runs: getenv there) */
@@ -620,7 +622,7 @@ static int body_reason_after_call(gw_comm_t comm, int rank, int n, void *arg) {
     pthread_t th;
     setenv("GW_TEST_INLINE_HOLD_US", "30000000", 1); /* rank 0's next call; over at the abort */
     EXPECT(pthread_create(&th, NULL, inline_allreduce, &c) == 0, "pthread_create");
-    wait_paused(comm); /* the other thread's call ran and holds the connections */
+    EXPECT(wait_paused(comm), "the other thread's call never held"); /* it ran and holds the connections */
     EXPECT(gw_bucketer_wait(bk) == GW_ERR_INVALID_ARGUMENT, "a step with nothing marked passed");
     pthread_join(th, NULL);
     setenv("GW_TEST_INLINE_HOLD_US", "0", 1); /* (not while the other thread runs: getenv there) */

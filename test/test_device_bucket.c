@@ -30,8 +30,10 @@ struct gate {
 static void *gate_watchdog(void *arg) {
   struct gate *g = arg;
   for (int i = 0; i < 1000 && !atomic_load(&g->marked); i++) usleep(10000);
-  if (!atomic_load(&g->marked)) atomic_store(&g->forced, 1);
-  atomic_store((_Atomic uint64_t *)g->flag, 1);
+  if (!atomic_load(&g->marked)) { /* marking waits for the stream: let it go, and say so */
+    atomic_store(&g->forced, 1);
+    atomic_store((_Atomic uint64_t *)g->flag, 1);
+  }
   return NULL;
 }
 
@@ -85,6 +87,9 @@ static int body_bucketer(gw_comm_t comm, int rank, int n, void *arg) {
       atomic_store(&gate.marked, 1);
       pthread_join(watchdog, NULL);
       EXPECT(!atomic_load(&gate.forced), "step %d: marking ready waited for the compute stream", step);
+      int idle = 1; /* the gate held the gradients' writes until now */
+      DCHECK(dv->stream_idle(compute, &idle));
+      EXPECT(!idle, "step %d: the compute stream finished before its gate opened", step);
       atomic_store((_Atomic uint64_t *)gate.flag, 1);
     }
     GWCHECK(gw_bucketer_wait(bk), comm);

@@ -156,6 +156,7 @@ static int body_queued_meanwhile(gw_comm_t comm, int rank, int n, void *arg) {
     EXPECT(pthread_create(&th, NULL, blocking_call, &a) == 0, "pthread_create");
     /* the blocking call is in its pause (at most 20 s), which this call's queueing ends */
     for (double t0 = test_now(); !atomic_load(&comm->test_paused) && test_now() - t0 < 20;) usleep(1000);
+    EXPECT(atomic_load(&comm->test_paused), "the blocking call never paused: nothing to queue beside");
     gw_request_t req;
     b.r = gw_iallreduce(b.buf, b.buf, 512, GW_INT32, GW_SUM, comm, NULL, &req);
     if (b.r == GW_SUCCESS) b.r = gw_wait(&req);
