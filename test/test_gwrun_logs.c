@@ -100,10 +100,10 @@ START_TEST(test_log_dir_tees)
     const char *args[] = {"-n", "2", "--log-dir", dir, "sh", "-c",
                           "echo out $GW_RANK; printf 'err %s\\n\\001no newline' $GW_RANK >&2", NULL};
     gwrun_run(&r, NULL, args);
-    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%.800s", r.code, r.err);
     /* the console as without --log-dir */
     ck_assert_msg(gwrun_has_line(r.out, "[0] out 0") && gwrun_has_line(r.out, "[1] out 1"), "stdout:\n%s", r.out);
-    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] \001no newline"), "stderr:\n%s",
+    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] \001no newline"), "stderr:\n%.800s",
                   r.err);
     run_dirs(pattern, 1, r.err, run1, sizeof run1);
     /* the files as the ranks printed them: no prefix, the last line unended */
@@ -117,7 +117,7 @@ START_TEST(test_log_dir_tees)
      * its own, the first run's logs untouched. */
     const char *again[] = {"-n", "2", "--log-dir", dir, "sh", "-c", "echo second", NULL};
     gwrun_run(&r, NULL, again);
-    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%.800s", r.code, r.err);
     run_dirs(pattern, 2, r.err, run2, sizeof run2);
     ck_assert_msg(strcmp(run1, run2) != 0, "the second run logged in the first's %s", run1);
     expect_file(run2, "attempt_0/0/stdout.log", "second\n");
@@ -127,7 +127,7 @@ START_TEST(test_log_dir_tees)
     /* No stream to a file: no directory made, nothing said. */
     const char *none[] = {"-n", "1", "--log-dir", dir, "--tee", "0", "true", NULL};
     gwrun_run(&r, NULL, none);
-    ck_assert_msg(r.code == 0 && !strstr(r.err, "logged in"), "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.code == 0 && !strstr(r.err, "logged in"), "exit code %d, stderr:\n%.800s", r.code, r.err);
     glob_t g;
     ck_assert_msg(glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0 && g.gl_pathc == 2, "a directory was made for no file");
     globfree(&g);
@@ -150,11 +150,11 @@ START_TEST(test_tee_and_redirects_by_rank)
     const char *args[] = {"-n", "3", "-r", "0:1,2:3,3:3", "--tee", "1:3,2:1", "sh", "-c",
                           "echo out $GW_RANK; echo err $GW_RANK >&2", NULL};
     gwrun_run(&r, env, args);
-    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%.800s", r.code, r.err);
     ck_assert_msg(!strstr(r.out, "out 0") && !strstr(r.err, "err 2"), "a redirected stream reached the console:\n"
                   "%s\n%s", r.out, r.err);
     ck_assert_msg(gwrun_has_line(r.out, "[1] out 1") && gwrun_has_line(r.out, "[2] out 2"), "stdout:\n%s", r.out);
-    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] err 1"), "stderr:\n%s", r.err);
+    ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] err 1"), "stderr:\n%.800s", r.err);
     char pattern[128], run[256];
     snprintf(pattern, sizeof pattern, "%s/gw-run-logs-*", tmp);
     run_dirs(pattern, 1, r.err, run, sizeof run);
@@ -173,7 +173,7 @@ START_TEST(test_tee_and_redirects_by_rank)
     run_dirs(pattern, 2, r.err, run, sizeof run);
     char named[320];
     snprintf(named, sizeof named, "rank 0's stderr is in %s/attempt_0/0/stderr.log", run);
-    ck_assert_msg(r.code == 127 && strstr(r.err, named), "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.code == 127 && strstr(r.err, named), "exit code %d, stderr:\n%.800s", r.code, r.err);
     expect_file(run, "attempt_0/0/stderr.log", "gw-run: cannot run '/nonexistent/program': No such file or directory\n");
     gwrun_free(&r);
     remove_tree(tmp);
@@ -197,7 +197,7 @@ START_TEST(test_logs_per_restart)
     const char *args[] = {"-n", "2", "--max-restarts", "1", "--log-dir", dir, "--redirects", "3", "sh", "-c",
                           script, NULL};
     gwrun_run(&r, NULL, args);
-    ck_assert_msg(r.code == 0 && strstr(r.err, "restarting the job"), "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.code == 0 && strstr(r.err, "restarting the job"), "exit code %d, stderr:\n%.800s", r.code, r.err);
     ck_assert_msg(!strstr(r.out, "try"), "redirected lines reached the console:\n%s", r.out);
     run_dirs(pattern, 1, r.err, run, sizeof run);
     expect_file(run, "attempt_0/0/stdout.log", "try 0\n");
@@ -227,10 +227,10 @@ START_TEST(test_log_file_full)
     gwrun_start(&r, NULL, args);
     setrlimit(RLIMIT_FSIZE, &old);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
-    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%.800s", r.code, r.err);
     ck_assert_msg(strstr(r.err, "cannot write") && strstr(r.err, "File too large") &&
                       strstr(r.err, "rank 0's stdout goes to the console"),
-                  "stderr:\n%s", r.err);
+                  "stderr:\n%.800s", r.err);
     /* the rank got SIGXFSZ's default back (gw-run ignores it) */
     const char *ign = strstr(r.err, "SigIgn:");
     ck_assert_msg(ign && !(strtoull(ign + 7, NULL, 16) & (1ull << (25 - 1))), "the rank ignores SIGXFSZ:\n%s", r.err);
@@ -270,7 +270,7 @@ START_TEST(test_log_values_refused)
         struct run r;
         const char *args[] = {"-n", "2", bad[i].flag, bad[i].value, "true", NULL};
         gwrun_run(&r, NULL, args);
-        ck_assert_msg(r.code == 2 && strstr(r.err, bad[i].says), "%s '%s': exit code %d, stderr:\n%s", bad[i].flag,
+        ck_assert_msg(r.code == 2 && strstr(r.err, bad[i].says), "%s '%s': exit code %d, stderr:\n%.800s", bad[i].flag,
                       bad[i].value, r.code, r.err);
         gwrun_free(&r);
     }
@@ -279,7 +279,7 @@ START_TEST(test_log_values_refused)
     const char *args[] = {"-n", "1", "--log-dir", "/dev/null/logs", "true", NULL};
     gwrun_run(&r, NULL, args);
     ck_assert_msg(r.code == 1 && strstr(r.err, "--log-dir /dev/null/logs: cannot make that directory"),
-                  "exit code %d, stderr:\n%s", r.code, r.err);
+                  "exit code %d, stderr:\n%.800s", r.code, r.err);
     gwrun_free(&r);
 }
 END_TEST

@@ -137,10 +137,11 @@ int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, 
         snprintf(err, errsz, "out of memory");
         return 1;
     }
-    if (tee && !parse_std("--tee", tee, local_n, t, err, errsz))
+    if ((tee && !parse_std("--tee", tee, local_n, t, err, errsz)) ||
+        (redirects && !parse_std("--redirects", redirects, local_n, r, err, errsz))) {
+        free(t), free(r);
         return -2;
-    if (redirects && !parse_std("--redirects", redirects, local_n, r, err, errsz))
-        return -2;
+    }
     if (!tee && !redirects)
         memset(t, 3, (size_t)local_n); /* --log-dir alone: both streams, and the console as before */
     for (int i = 0; i < local_n * 2; i++) {
