@@ -98,15 +98,20 @@ bool gw__slurm_first_host(const char *list, char *out, size_t len) {
 /* A Slurm step's master when none is set (srun alone, as torchrun's users
  * export MASTER_ADDR from the node list): rank 0's host is the step's first
  * node (task 0's with srun's block and cyclic distributions; rank 0 checks
- * that it is on it), the port 20000 + (job id x 31 + step id) mod 12000, the
+ * that it is on it), the port 20000 + FNV-1a("JOB.STEP") mod 12000, the
  * same on every rank, below Linux's ephemeral ports (32768-60999), which any
- * connection may take.  Returns an error's code, or GW_SUCCESS with addr and
+ * connection may take.  Not in a heterogeneous job (its components have job
+ * ids of their own).  Returns an error's code, or GW_SUCCESS with addr and
  * port filled (or left as they were where given). */
 static gw_result_t slurm_master(int rank, const char **addr, const char **port, char *host, size_t hostlen,
                                 char *portbuf, size_t portlen, struct gw_errctx *err) {
+  const char *het = getenv("SLURM_HET_SIZE");
+  if (het && *het)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: no master address, and a heterogeneous Slurm job's "
+                   "components cannot agree on one: set GW_MASTER_ADDR and GW_MASTER_PORT", rank);
   if (!*addr) {
-    const char *list = getenv("SLURM_STEP_NODELIST");
-    if (!list || !*list) list = getenv("SLURM_JOB_NODELIST");
+    const char *list = getenv("SLURM_STEP_NODELIST"), *list_var = "SLURM_STEP_NODELIST";
+    if (!list || !*list) list = getenv("SLURM_JOB_NODELIST"), list_var = "SLURM_JOB_NODELIST";
     if (!list || !*list || !gw__slurm_first_host(list, host, hostlen))
       return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: no master address: Slurm's node list ('%s') names no "
                      "first node; set GW_MASTER_ADDR and GW_MASTER_PORT (rank 0's host and a free port)", rank,
@@ -114,18 +119,20 @@ static gw_result_t slurm_master(int rank, const char **addr, const char **port, 
     const char *node = getenv("SLURMD_NODENAME");
     if (rank == 0 && node && *node && strcmp(node, host) != 0)
       return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0 runs on %s, not on the step's first node %s (from "
-                     "SLURM_STEP_NODELIST), where the other ranks look for it (srun's --distribution or "
-                     "--relative?): set GW_MASTER_ADDR to rank 0's host", node, host);
+                     "%s), where the other ranks look for it (srun --distribution=arbitrary?): set "
+                     "GW_MASTER_ADDR to rank 0's host", node, host, list_var);
     *addr = host;
   }
   if (!*port || !**port) {
     const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
-    const unsigned long long j = job ? strtoull(job, NULL, 10) : 0, s = step ? strtoull(step, NULL, 10) : 0;
-    snprintf(portbuf, portlen, "%llu", 20000 + (j * 31 + s) % 12000);
+    char id[64];
+    snprintf(id, sizeof id, "%s.%s", job ? job : "", step ? step : "");
+    snprintf(portbuf, portlen, "%llu", 20000 + (unsigned long long)(gw__fnv(GW_FNV_START, id, strlen(id)) % 12000));
     *port = portbuf;
   }
-  GW_INFO(GW_SUB_INIT, "rank %d: master %s:%s from Slurm's step (its first node; GW_MASTER_ADDR and "
-          "GW_MASTER_PORT set others)", rank, *addr, *port);
+  GW_INFO(GW_SUB_INIT, "rank %d: master %s:%s, %s from Slurm's step (GW_MASTER_ADDR and GW_MASTER_PORT set "
+          "others)", rank, *addr, *port,
+          *addr == host && *port == portbuf ? "both" : *addr == host ? "the host" : "the port");
   return GW_SUCCESS;
 }
 

@@ -76,7 +76,9 @@ typedef struct gw_request *gw_request_t;
  * OMPI_COMM_WORLD_LOCAL_RANK), MPICH / Intel MPI (PMI_RANK, PMI_SIZE,
  * MPI_LOCALRANKID) or Slurm in a task of a step srun started (SLURM_PROCID,
  * SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID; not a batch script's
- * or an salloc shell's own) set. */
+ * or an salloc shell's own) set.  Under srun with no master set, rank 0's
+ * host is the step's first node (SLURM_STEP_NODELIST) and the port one
+ * derived from the job and step ids. */
 gw_result_t gw_comm_init_env(gw_comm_t *comm);
 /* Whether the environment holds a rank gw_comm_init_env would take (1), or
  * the program was started alone (0): a plain shell, or a batch script. */

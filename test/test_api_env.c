@@ -216,10 +216,12 @@ START_TEST(test_slurm_master_from_nodelist) {
   static const char *all[] = {"GW_RANK", "GW_WORLD_SIZE", "GW_MASTER_ADDR", "GW_MASTER_PORT", "RANK", "WORLD_SIZE",
                               "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
   for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
-  /* a job id whose port (20000 + (id x 31 + step 3) mod 12000) is free now */
+  /* a job id whose port (20000 + FNV-1a("JOB.3") mod 12000) is free now */
   char job[24];
   for (int id = (int)getpid(), tries = 0; tries < 100; id++, tries++) {
-    const int port = 20000 + (int)(((unsigned long long)id * 31 + 3) % 12000);
+    char jobstep[40];
+    snprintf(jobstep, sizeof jobstep, "%d.3", id);
+    const int port = 20000 + (int)(gw__fnv(GW_FNV_START, jobstep, strlen(jobstep)) % 12000);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_ANY);
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -238,8 +240,14 @@ START_TEST(test_slurm_master_from_nodelist) {
   setenv("SLURM_STEP_NODELIST", "node[07-08]", 1), setenv("SLURMD_NODENAME", "node08", 1);
   gw_comm_t comm;
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
-  ck_assert_msg(has(gw_comm_last_error(NULL), "rank 0 runs on node08, not on the step's first node node07"), "%s",
+  ck_assert_msg(has(gw_comm_last_error(NULL), "rank 0 runs on node08, not on the step's first node node07 (from "
+                "SLURM_STEP_NODELIST)"), "%s",
                 gw_comm_last_error(NULL));
+  /* A heterogeneous job: its components have job ids of their own. */
+  setenv("SLURM_HET_SIZE", "2", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "heterogeneous Slurm job"), "%s", gw_comm_last_error(NULL));
+  unsetenv("SLURM_HET_SIZE");
   /* No list to take a first node from. */
   setenv("SLURM_STEP_NODELIST", "node[", 1);
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);

@@ -416,7 +416,8 @@ START_TEST(test_test_only) {
                                             {"--checkpoint-dir", "/tmp/x", "--checkpoint-dir does not apply"},
                                             {"--checkpoint-every", "2", "--checkpoint-every does not apply"},
                                             {"--no-eval", NULL, "--no-eval contradicts it"},
-                                            {"--plot", "/tmp/p.png", "--plot does not apply"}};
+                                            {"--plot", "/tmp/p.png", "--plot does not apply"},
+                                            {"--drop-last", NULL, "--drop-last does not apply"}};
   for (size_t k = 0; k < sizeof refusals / sizeof refusals[0]; k++) {
     run1(&r, noenv, (const char *const[]){"--test-only", "--load-weights", w, refusals[k][0], refusals[k][1], NULL});
     ck_assert_msg(r.code == 2 && strstr(r.err, refusals[k][2]), "--test-only %s: exit %d\n%s", refusals[k][0], r.code,

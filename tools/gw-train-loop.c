@@ -271,7 +271,7 @@ int trainer_resume(struct trainer *t) {
        * steps), but said: it is easily done by mistake.  These are not: they
        * change how the run is carried out, not what it computes. */
       static const char *const how[] = {"eval", "save_weights", "overlap", "bucket_mb", "first_bucket_mb",
-                                        "backend", "layout", "host_step", "val_resize", NULL};
+                                        "backend", "layout", "host_step", NULL};
       char now_opts[sizeof t->st.options], changed[1200];
       train_opts_describe(t->o, now_opts, sizeof now_opts);
       if (t->st.options[0] && train_opts_diff(t->st.options, now_opts, how, changed, sizeof changed) > 0)

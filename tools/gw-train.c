@@ -415,7 +415,7 @@ static int check_test_only(const struct train_opts *o) {
                               o->resume ? "--resume" : NULL, o->checkpoint_dir ? "--checkpoint-dir" : NULL,
                               o->checkpoint_every ? "--checkpoint-every" : NULL,
                               o->keep_given ? "--keep-checkpoints" : NULL, o->save_weights ? "--save-weights" : NULL,
-                              o->plot ? "--plot" : NULL};
+                              o->plot ? "--plot" : NULL, o->drop_last ? "--drop-last" : NULL};
   for (size_t i = 0; i < sizeof flag / sizeof flag[0]; i++)
     if (flag[i]) return bad("%s: %s does not apply", why, flag[i]);
   return 0;
@@ -442,8 +442,14 @@ static int check(const struct train_opts *o) {
                                            : "has nothing to augment");
   if (o->val_resize && strncmp(d, "imagenet:", 9))
     return bad("--val-resize-size applies to imagenet:DIR data: %s is not resized for its evaluation%s", d, "");
-  if (o->val_resize && !o->eval && !o->test_only)
+  if (o->val_resize && !o->eval)
     return bad("--val-resize-size sets the evaluation's resize: it needs the evaluation (drop --no-eval)%s%s", "", "");
+  const int crop = o->image_size_given ? o->model.image_size : 224; /* imagenet's default */
+  char rs[16], cs[16];
+  snprintf(rs, sizeof rs, "%d", o->val_resize), snprintf(cs, sizeof cs, "%d", crop);
+  if (o->val_resize && o->val_resize < crop)
+    return bad("--val-resize-size %s is smaller than the image size %s (--image-size): the evaluation's center crop "
+               "is taken from the resized image", rs, cs);
   if (o->synthetic_given && strcmp(d, "synthetic"))
     return bad("--synthetic-samples applies to --data synthetic, not %s%s", d, "");
   if (o->tf32_given && strcmp(o->backend, "cudnn"))
@@ -508,8 +514,8 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
   for (int i = 0, at = 0; i < o->n_milestones; i++)
     at += snprintf(ms + at, sizeof ms - (size_t)at, "%s%.10g", i ? "," : "", o->milestones[i]);
   if (o->warmup_start > 0) snprintf(ws, sizeof ws, "%.10g", o->warmup_start);
-  char vr[32] = ""; /* only where given: a run without it describes itself as before */
-  if (o->val_resize) snprintf(vr, sizeof vr, " val_resize=%d", o->val_resize);
+  char vr[32] = ""; /* (0: image size x 256/224); a resume notes a change, as of any option that changes a result */
+  snprintf(vr, sizeof vr, " val_resize=%d", o->val_resize);
   if (o->loss_scale_dynamic) snprintf(scale, sizeof scale, "dynamic:%.10g", o->loss_scale_init ? o->loss_scale_init : o->loss_scale);
   else snprintf(scale, sizeof scale, "%.10g", o->loss_scale);
   int n = snprintf(buf, len,
