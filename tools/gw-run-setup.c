@@ -78,27 +78,25 @@ int gw__run_free_port(void)
  * on one node another free port, across nodes the --master port + 2 (+ 3 where
  * the launcher port is + 2), or none past 65535.  Set again at each restart
  * (a fresh token, and on one node fresh ports). */
+void gw__run_setenv_long(const char *a, const char *b, const char *c, long v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", v);
+    for (const char *const *name = (const char *const[]){a, b, c, NULL}; *name; name++)
+        setenv(*name, buf, 1);
+}
+
 void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
                      long lport, bool multi, const char *token)
 {
     char buf[32];
-    snprintf(buf, sizeof buf, "%ld", world);
-    setenv("GW_WORLD_SIZE", buf, 1);
-    setenv("WORLD_SIZE", buf, 1);
-    setenv("ROLE_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", local_n);
-    setenv("GW_LOCAL_WORLD_SIZE", buf, 1);
-    setenv("LOCAL_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", nnodes);
-    setenv("GW_NNODES", buf, 1);
-    setenv("GROUP_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%ld", node_rank);
-    setenv("GW_NODE_RANK", buf, 1);
-    setenv("GROUP_RANK", buf, 1);
+    gw__run_setenv_long("GW_WORLD_SIZE", "WORLD_SIZE", "ROLE_WORLD_SIZE", world);
+    gw__run_setenv_long("GW_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", NULL, local_n);
+    gw__run_setenv_long("GW_NNODES", "GROUP_WORLD_SIZE", NULL, nnodes);
+    gw__run_setenv_long("GW_NODE_RANK", "GROUP_RANK", NULL, node_rank);
+    gw__run_setenv_long("GW_MASTER_PORT", NULL, NULL, port);
     setenv("GW_MASTER_ADDR", host, 1);
     setenv("MASTER_ADDR", host, 1);
-    snprintf(buf, sizeof buf, "%ld", port);
-    setenv("GW_MASTER_PORT", buf, 1);
     setenv("GW_JOB_TOKEN", token, 1);
     long store = -1;
     if (!multi) {

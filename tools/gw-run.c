@@ -831,12 +831,8 @@ int main(int argc, char **argv)
     }
     snprintf(cur_token, token_cap, "%s", token);
     for (long attempt = 0;; attempt++) {
-        snprintf(buf, sizeof buf, "%ld", attempt);
-        setenv("GW_RESTART_COUNT", buf, 1);
-        setenv("TORCHELASTIC_RESTART_COUNT", buf, 1);
-        snprintf(buf, sizeof buf, "%ld", max_restarts);
-        setenv("GW_MAX_RESTARTS", buf, 1);
-        setenv("TORCHELASTIC_MAX_RESTARTS", buf, 1);
+        gw__run_setenv_long("GW_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", NULL, attempt);
+        gw__run_setenv_long("GW_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS", NULL, max_restarts);
         gw__run.attempt = attempt;
         gw__run.may_restart = attempt < max_restarts;
         spawn_all((int)local_n, (int)node_rank, argv + optind);

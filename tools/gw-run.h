@@ -223,6 +223,8 @@ void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, cons
                      long lport, bool multi, const char *token);
 int gw__run_ranks_by_kind(const char *kind, long *n);
 double gw__run_env_seconds(const char *name, double dflt, bool zero_ok);
+/* Sets the names given (b and c may be NULL) to v in decimal. */
+void gw__run_setenv_long(const char *a, const char *b, const char *c, long v);
 
 /* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
  * Setup takes the options as given (NULL: absent): 0, or the reason in err
