@@ -27,10 +27,13 @@
  * several A records): a rank whose resolver or route takes another one than
  * rank 0's first reaches it all the same. */
 #define BOOT_MAX_LISTEN 4
+/* Rank 0's socks[r] for a rank whose connection closed before the
+ * rendezvous completed: not joined, told as such if it never comes back. */
+#define BOOT_EXITED (-2)
 
 struct gw_bootstrap {
   int rank, nranks;
-  int *socks;      /* rank 0: socks[r] for r >= 1; others: socks[0] to rank 0 */
+  int *socks;      /* rank 0: socks[r] for r >= 1 (BOOT_EXITED: joined, then its process exited); others: socks[0] */
   int listen_fds[BOOT_MAX_LISTEN], nlisten; /* rank 0, until everyone joined */
   bool told_error; /* rank 0 sent ERROR frames: close those sockets gracefully */
   char master[300];
@@ -305,11 +308,29 @@ static bool peer_gone(int fd) {
   return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
+/* Rank 0, once every rank joined: takes out those whose process exited
+ * since (a pod restarted, a rank killed while it waited for the last one),
+ * so a new process for that rank can still take its place; completing with
+ * a dead connection failed every rank at the next exchange.  One poll per
+ * rank, only when the count is full.  Returns how many are still joined. */
+static int root_drop_exited(struct gw_bootstrap *bs, int joined) {
+  for (int r = 1; r < bs->nranks; r++)
+    if (bs->socks[r] >= 0 && peer_gone(bs->socks[r])) {
+      GW_WARN(GW_SUB_BOOT, "rank 0: rank %d joined the rendezvous at %s, then its process exited (its connection "
+              "closed) before the job started; waiting for a new rank %d for the rest of the %.0f s",
+              r, bs->master, r, bs->timeout_s);
+      gw__sock_close(bs->socks[r]);
+      bs->socks[r] = BOOT_EXITED;
+      joined--;
+    }
+  return joined;
+}
+
 /* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes. */
 static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, double deadline,
                                    struct gw_errctx *err) {
   int joined = 1;
-  while (joined < bs->nranks) {
+  while (joined < bs->nranks || (joined = root_drop_exited(bs, joined)) < bs->nranks) {
     struct pollfd pfd[BOOT_MAX_LISTEN];
     for (int i = 0; i < bs->nlisten; i++) pfd[i] = (struct pollfd){.fd = bs->listen_fds[i], .events = POLLIN};
     int ms = gw__ms_until(deadline);
@@ -319,7 +340,9 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       char missing[256] = "";
       size_t used = 0;
       for (int r = 1; r < bs->nranks && used < sizeof missing - 16; r++)
-        if (bs->socks[r] < 0) used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", r);
+        if (bs->socks[r] < 0)
+          used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d%s", used ? "," : "", r,
+                                   bs->socks[r] == BOOT_EXITED ? " (joined, then exited)" : "");
       char bound[NI_MAXHOST] = "?"; /* a host name that resolves to loopback (Debian's 127.0.1.1) is told here */
       struct sockaddr_storage la;
       socklen_t ll = sizeof la;

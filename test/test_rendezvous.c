@@ -6,7 +6,8 @@
  * fail in the connection setup naming the FIFO sizes or a malformed tcp
  * handle); torchrun's default run id "none" is no job token; the numbers
  * init reads from the environment; whether ranks share cores (the waiting
- * policy) counts only ranks whose CPUs overlap. */
+ * policy) counts only ranks whose CPUs overlap; a rank whose process exited
+ * after it joined gives its place to a new one, before or after the last. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
@@ -112,15 +113,20 @@ static int body_one_rank_fails(int rank, int n, const char *master, void *arg) {
 START_TEST(test_failed_rank_says_why) { ck_assert_int_eq(run_ranks_raw(3, body_one_rank_fails, NULL, 60), 0); }
 END_TEST
 
-/* Rank 1 joins, then its process dies before rank 2 comes (SIGKILL inside
- * gw_comm_init), and a new rank 1 starts (a pod restarted, a rank
- * relaunched): it takes the dead one's place and the job runs.  Rank 0 took
- * it for a duplicate ("rank 1 joined twice") and failed every rank.  The
- * steps go by rank 0's log (GW_DEBUG=TRACE, its stderr in a file): the first
- * rank 1 is killed once rank 0 saw it join, rank 2 comes once rank 0 let the
- * new one take its place (rank 0 looks at a dead connection only when its
- * rank joins again: rank 2 first would complete the rendezvous with the dead
- * one; sleeps of 2 and 3 s ordered this before). */
+/* Rank 1 joins, then its process dies (SIGKILL inside gw_comm_init), and a
+ * new rank 1 starts (a pod restarted, a rank relaunched): it takes the dead
+ * one's place and the job runs.  The steps go by rank 0's log (GW_DEBUG=TRACE,
+ * its stderr in a file) and by its end of the dead connection (CLOSE_WAIT);
+ * sleeps of 2 and 3 s ordered them before.  Three orders:
+ *  - RESTART_BEFORE_LAST: the new rank 1 comes before rank 2.  Rank 0 took it
+ *    for a duplicate ("rank 1 joined twice") and failed every rank.
+ *  - RESTART_AFTER_LAST: rank 2 comes first, once rank 0 holds a closed
+ *    connection for rank 1; the new rank 1 comes once rank 0 said it waits
+ *    for one.  Rank 0 completed the rendezvous with the dead connection and
+ *    every rank failed at the next exchange.
+ *  - RESTART_NEVER: no new rank 1: the timeout names rank 1 as having joined
+ *    and exited, at rank 0 and at rank 2. */
+enum { RESTART_BEFORE_LAST, RESTART_AFTER_LAST, RESTART_NEVER };
 static char restart_log[64]; /* rank 0's stderr */
 
 /* Whether rank 0's log holds `what`, within 30 s. */
@@ -136,9 +142,27 @@ static bool rank0_said(const char *what) {
   return false;
 }
 
+/* Whether rank 0 holds a connection its peer closed (CLOSE_WAIT on the
+ * master's port in /proc/net/tcp), within 30 s. */
+static bool rank0_holds_closed(const char *master) {
+  const unsigned port = (unsigned)atoi(strrchr(master, ':') + 1);
+  for (double t0 = test_now(); test_now() - t0 < 30; usleep(10000)) {
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    bool seen = false;
+    while (f && !seen && fgets(line, sizeof line, f)) {
+      unsigned lport, st;
+      seen = sscanf(line, " %*d: %*x:%x %*x:%*x %x", &lport, &st) == 2 && lport == port && st == 0x08;
+    }
+    if (f) fclose(f);
+    if (seen) return true;
+  }
+  return false;
+}
+
 static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
-  (void)arg;
-  setenv("GW_BOOTSTRAP_TIMEOUT", "40", 1);
+  const int order = *(const int *)arg;
+  setenv("GW_BOOTSTRAP_TIMEOUT", order == RESTART_NEVER ? "8" : "40", 1);
   int saved_err = -1;
   if (rank == 0) { /* its log into the file the others read */
     setenv("GW_DEBUG", "TRACE", 1);
@@ -159,13 +183,25 @@ static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
     EXPECT(child > 0 && kill(child, SIGKILL) == 0 && waitpid(child, &status, 0) == child && WIFSIGNALED(status),
            "the first rank 1 did not die in the rendezvous");
     EXPECT(joined, "rank 0 never saw the first rank 1 join");
+    if (order == RESTART_NEVER) return 0;
+    if (order == RESTART_AFTER_LAST)
+      EXPECT(rank0_said("waiting for a new rank 1"), "rank 0 never took out the dead rank 1");
   }
-  if (rank == 2) EXPECT(rank0_said("the new one takes its place"), "rank 0 never let the new rank 1 in");
+  if (rank == 2 && order == RESTART_BEFORE_LAST)
+    EXPECT(rank0_said("the new one takes its place"), "rank 0 never let the new rank 1 in");
+  if (rank == 2 && order != RESTART_BEFORE_LAST)
+    EXPECT(rank0_holds_closed(master), "rank 0 never saw the first rank 1's connection close");
   gw_comm_t comm;
   const gw_result_t r = gw_comm_init(&comm, n, rank, master);
   if (rank == 0) { /* its log back where it was, and shown there */
     dup2(saved_err, 2), close(saved_err);
     unsetenv("GW_DEBUG");
+  }
+  if (order == RESTART_NEVER) {
+    if (r == GW_SUCCESS) gw_comm_destroy(comm);
+    EXPECT(r != GW_SUCCESS && has(gw_comm_last_error(NULL), "missing ranks: 1 (joined, then exited)"),
+           "rank %d: init returned %s: %s", rank, gw_strerror(r), gw_comm_last_error(NULL));
+    return 0;
   }
   EXPECT(r == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
   int32_t v = rank + 1;
@@ -176,13 +212,16 @@ static int body_rank_restarted(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_restarted_rank_takes_its_place) {
-  snprintf(restart_log, sizeof restart_log, "/tmp/gw-restart-log-XXXXXX");
-  const int fd = mkstemp(restart_log);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
-  const int rc = run_ranks_raw(3, body_rank_restarted, NULL, 90);
-  unlink(restart_log);
-  ck_assert_int_eq(rc, 0);
+  static const int orders[] = {RESTART_BEFORE_LAST, RESTART_AFTER_LAST, RESTART_NEVER};
+  for (size_t i = 0; i < sizeof orders / sizeof orders[0]; i++) {
+    snprintf(restart_log, sizeof restart_log, "/tmp/gw-restart-log-XXXXXX");
+    const int fd = mkstemp(restart_log);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    const int rc = run_ranks_raw(3, body_rank_restarted, (void *)&orders[i], 90);
+    unlink(restart_log);
+    ck_assert_msg(rc == 0, "order %d: the ranks failed", orders[i]);
+  }
 }
 END_TEST
 
