@@ -685,6 +685,14 @@ START_TEST(test_bad_flags)
         {"-n", "2", "--master", "host:0", "true", NULL},
         {"-n", "2", "--master", "host:99999", "true", NULL},
         {"-n", "2", "--master", "::1:80", "true", NULL}, /* bare IPv6 */
+        {"-n", "1", "--nnodes", "1:4", "true", NULL},   /* torchrun's elastic range */
+        {"-n", "1", "--nnodes", "2:x", "true", NULL},
+        {"-n", "1", "--rdzv-backend", "etcd-v2", "true", NULL},
+        {"-n", "1", "--rdzv-conf", "is_host=maybe", "true", NULL},
+        {"-n", "1", "--rdzv-conf", "join_timeout=0", "true", NULL},
+        {"-n", "1", "--rdzv-conf", "is_host", "true", NULL},
+        {"-n", "1", "--master", "h:1", "--rdzv-endpoint", "h:2", "true", NULL},
+        {"-n", "1", "--rdzv-conf", "is_host=1", "--node-rank", "1", "true", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct run r;

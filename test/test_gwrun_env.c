@@ -211,7 +211,7 @@ START_TEST(test_env_torchrun_names)
         {"-n", "1", "--standalone", "--nnodes", "2", "--master", "h:1", NULL},
         {"-n", "some", "true", NULL},
     };
-    static const char *const why[] = {"not both", "--standalone is a job of one node",
+    static const char *const why[] = {"give one of --master", "--standalone is a job of one node",
                                       "or gpu, cpu or auto, not 'some'"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         gwrun_run(&r, NULL, refused[i]);

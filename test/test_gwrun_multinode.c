@@ -684,9 +684,7 @@ static bool read_some(int fd, unsigned char *buf, size_t cap, size_t *got, doubl
     return false;
 }
 
-/* A socket listening where the nodes look for node 0's gw-run (the launcher
- * port: the master port + 1), for a test's own node 0. */
-static int launcher_listen(int port)
+int launcher_listen(int port)
 {
     int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
@@ -710,12 +708,13 @@ START_TEST(test_multinode_impostor_master)
     size_t got = 0;
     bool heard = false;
     if (fd >= 0) {
-        /* a challenge as node 0 sends it: type 12, "GWL3", 16 bytes of nonce */
-        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL3" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
+        /* a challenge as node 0 sends it: type 12, "GWL4", 16 bytes of nonce */
+        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL4" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
         heard = read_some(fd, hello, sizeof hello, &got, 5.0);
-        /* a welcome with a proof that is not node 0's: type 2, host, 32 bytes */
-        send_raw(fd, 1 + 2 + 8 + 2 + 32,
-                 "\x02" "\0\x08" "impostor" "\0\x20" "................................", 1 + 2 + 8 + 2 + 32);
+        /* a welcome with a proof that is not node 0's: type 2, node 1, host, 32 bytes */
+        send_raw(fd, 1 + 4 + 2 + 8 + 2 + 32,
+                 "\x02" "\0\0\0\x01" "\0\x08" "impostor" "\0\x20" "................................",
+                 1 + 4 + 2 + 8 + 2 + 32);
         gwrun_sleep(0.5);
         close(fd);
     }
@@ -749,7 +748,7 @@ START_TEST(test_multinode_fail_waits_for_hello)
     bool heard = false;
     if (fd >= 0) {
         gwrun_stderr_has(&r[0], "exited with code 3", 2.5); /* the failure, before the challenge (its hello is due 5 s after connecting) */
-        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL3" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
+        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL4" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
         heard = read_some(fd, first, sizeof first, &got, 5.0);
         close(fd);
     }
@@ -809,6 +808,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_stranger_mismatch_refused);
     tcase_add_test(mn, test_multinode_local_crash_before_remote_fail);
     tcase_add_test(mn, test_multinode_launch_failure_stands);
+    add_multinode_arrival_tests(mn);
     suite_add_tcase(s, mn);
     return s;
 }

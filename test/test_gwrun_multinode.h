@@ -29,7 +29,12 @@ void remove_pid_files(const char *dir, int n);
 /* A 2-node job whose ranks write their pids and wait; true once node 1 joined. */
 bool start_joined_pair(struct run *r, char *dir, char *dir_env, size_t dir_env_size, const char *token);
 
-/* test_gwrun_multinode_signals.c's cases. */
+/* A socket listening where the nodes look for node 0's gw-run (the launcher
+ * port: the master port + 1), for a test's own node 0. */
+int launcher_listen(int port);
+
+/* test_gwrun_multinode_signals.c's and test_gwrun_arrival.c's cases. */
 void add_multinode_signal_tests(TCase *tc);
+void add_multinode_arrival_tests(TCase *tc);
 
 #endif

@@ -386,15 +386,17 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   CHALLENGE 0 -> node uT    magic "GWL3", node 0's nonce (16 bytes): the
+ *   CHALLENGE 0 -> node uT    magic "GWL4", node 0's nonce (16 bytes): the
  *                              first frame on a connection node 0 accepted
- *   HELLO   node -> 0  uuuuuTs magic "GWL3", node, nnodes, nproc, max restarts,
- *                              the node's nonce (16 bytes) and its proof (32:
- *                              HMAC-SHA256 under the job token of both
- *                              nonces and the four numbers), host
- *   WELCOME 0 -> node  sT      node 0's hostname, node 0's proof (HMAC of
- *                              the node's nonce, its own and the node rank):
- *                              the node believes nothing before it
+ *   HELLO   node -> 0  uuuuuTs magic "GWL4", node (0xffffffff: none given,
+ *                              number it by arrival), nnodes, nproc, max
+ *                              restarts, the node's nonce (16 bytes) and its
+ *                              proof (32: HMAC-SHA256 under the job token of
+ *                              both nonces and the four numbers), host
+ *   WELCOME 0 -> node  usT     the node's number (its own, or the one node 0
+ *                              gave it), node 0's hostname, node 0's proof
+ *                              (HMAC of the node's nonce, its own and that
+ *                              number): the node believes nothing before it
  *   REFUSE  0 -> node  s       the reason; node 0 closes the connection
  *   FAIL    both ways  uubus   global rank, node, signaled, code or signal,
  *                              host: a rank failed there
@@ -414,7 +416,7 @@ void gw__run_abandon_output(void)
  */
 
 static const char *const layout[] = {
-    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "sT", [F_REFUSE] = "s", [F_FAIL] = "uubus",
+    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubus",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
     [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
 };

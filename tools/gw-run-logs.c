@@ -156,8 +156,9 @@ int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, 
 }
 
 /* Makes this run's directory (none where no stream goes to a file). */
-int gw__run_logs_start(char *err, size_t errsz)
+int gw__run_logs_start(int node_rank, char *err, size_t errsz)
 {
+    L.node_rank = node_rank;
     if (!L.on)
         return 0;
     const char *tmp = getenv("TMPDIR");

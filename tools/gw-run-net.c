@@ -52,6 +52,17 @@ static bool bad(const char *what)
     return false;
 }
 
+/* "node N" for messages, or "this node" before node 0 numbered it (a node
+ * numbered by arrival, before its welcome). */
+static const char *me(void)
+{
+    static char buf[32];
+    if (net.cfg.node < 0)
+        return "this node";
+    snprintf(buf, sizeof buf, "node %d", net.cfg.node);
+    return buf;
+}
+
 /* Range checks that do not depend on who sent the frame. */
 static bool sane(const struct msg *m)
 {
@@ -167,10 +178,11 @@ static void pass_on(const struct msg *m, int from)
 
 /* ---- node 0 ---- */
 
-/* WELCOME, or REFUSE and the end of the connection. */
-static void answer(struct conn *c, unsigned type, const char *text, const unsigned char *tok, size_t toklen)
+/* WELCOME (for node `node`), or REFUSE and the end of the connection. */
+static void answer(struct conn *c, unsigned type, uint32_t node, const char *text, const unsigned char *tok,
+                   size_t toklen)
 {
-    struct msg m = {.type = type, .tok = tok, .toklen = toklen};
+    struct msg m = {.type = type, .v = {node}, .tok = tok, .toklen = toklen};
     struct frame f;
     snprintf(m.s, sizeof m.s, "%s", text);
     gw__run_pack(&f, &m);
@@ -220,7 +232,7 @@ static bool hello0(struct conn *c, const struct msg *h)
                  "(host %s) version %c: use the same gw-run on every node", (char)(h->v[0] & 0xff), net.myhost,
                  (char)(GW_RUN_HELLO_MAGIC & 0xff));
         gw__run_say("gw-run: refused a launcher connection from %s: %s\n", c->peer, reason);
-        answer(c, F_REFUSE, reason, NULL, 0);
+        answer(c, F_REFUSE, 0, reason, NULL, 0);
         return true;
     }
     if (h->v[0] != GW_RUN_HELLO_MAGIC)
@@ -230,8 +242,23 @@ static bool hello0(struct conn *c, const struct msg *h)
                 "gw-run: refused a launcher connection from %s (says node %u, host %s): wrong job "
                 "token; every node needs the same GW_JOB_TOKEN\n",
                 c->peer, node, h->s);
-        answer(c, F_REFUSE, "wrong job token (GW_JOB_TOKEN differs from node 0's)", NULL, 0);
+        answer(c, F_REFUSE, 0, "wrong job token (GW_JOB_TOKEN differs from node 0's)", NULL, 0);
         return true;
+    }
+    const bool by_arrival = node == GW_RUN_NODE_ANY;
+    if (by_arrival) { /* the lowest number no node has taken (or been refused with) */
+        node = 0;
+        for (uint32_t n = 1; n < (uint32_t)net.cfg.nnodes && !node; n++)
+            if (net.state[n] == N_ABSENT && !net.hosts[n])
+                node = n;
+        if (!node) {
+            snprintf(reason, sizeof reason, "all %d nodes of the job joined already (or were refused): this "
+                     "one (host %.255s, no --node-rank) has no number left; another job with the same token "
+                     "and --master?", net.cfg.nnodes, h->s);
+            gw__run_say("gw-run: refused a launcher connection from %s: %s\n", c->peer, reason);
+            answer(c, F_REFUSE, 0, reason, NULL, 0);
+            return true;
+        }
     }
     if (nnodes != (uint32_t)net.cfg.nnodes || nproc != (uint32_t)net.cfg.nproc ||
         h->v[4] != (uint32_t)net.cfg.max_restarts) {
@@ -251,10 +278,10 @@ static bool hello0(struct conn *c, const struct msg *h)
         if (node < 1 || node >= (uint32_t)net.cfg.nnodes || net.state[node] != N_ABSENT) {
             gw__run_say("gw-run: refused a launcher connection from %s (says node %u, host %s): %s\n", c->peer,
                         node, h->s, reason);
-            answer(c, F_REFUSE, reason, NULL, 0);
+            answer(c, F_REFUSE, 0, reason, NULL, 0);
             return true;
         }
-        answer(c, F_REFUSE, reason, NULL, 0);
+        answer(c, F_REFUSE, 0, reason, NULL, 0);
         net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
         struct msg m = {.type = F_ABORT, .v = {1}};
         snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
@@ -278,7 +305,7 @@ static bool hello0(struct conn *c, const struct msg *h)
                      net.hosts[node], node);
         gw__run_say("gw-run: refused a launcher connection from %s (host %s): %s\n", c->peer,
                 h->s, reason);
-        answer(c, F_REFUSE, reason, NULL, 0);
+        answer(c, F_REFUSE, 0, reason, NULL, 0);
         return true;
     }
     if (!(net.hosts[node] = strdup(h->s)))
@@ -289,11 +316,12 @@ static bool hello0(struct conn *c, const struct msg *h)
     net.joined++;
     unsigned char mine[GW_RUN_PROOF];
     proof("welcome", c->peer_nonce, c->nonce, &node, 1, mine);
-    answer(c, F_WELCOME, net.myhost, mine, sizeof mine);
+    answer(c, F_WELCOME, node, net.myhost, mine, sizeof mine);
     if (net.have_end)
         gw__run_conn_send(c, &net.end);
     if (net.verbose)
-        gw__run_say("gw-run: node %u (host %s) joined from %s%s\n", node, h->s, c->peer,
+        gw__run_say("gw-run: node %u (host %s) joined from %s%s%s\n", node, h->s, c->peer,
+                by_arrival ? " (numbered by arrival: it gave no --node-rank)" : "",
                 net.joined == net.cfg.nnodes - 1 ? "; all nodes joined" : "");
     return true;
 }
@@ -443,8 +471,9 @@ static int resolve(void)
 }
 
 /* Binds the master HOST's own address, not every interface: the launcher
- * port is only for the job's nodes, which reach node 0 there anyway. */
-static bool listen0(void)
+ * port is only for the job's nodes, which reach node 0 there anyway.
+ * Returns 0, or the errno of the last address tried. */
+static int bind_launcher(void)
 {
     int err = 0, one = 1;
     for (struct addrinfo *a = net.ai; a && net.lfd < 0; a = a->ai_next) {
@@ -456,6 +485,11 @@ static bool listen0(void)
             close(fd);
         err = net.lfd < 0 ? errno : 0;
     }
+    return err;
+}
+
+static bool listen0(int err)
+{
     if (net.lfd < 0)
         gw__run_say("gw-run: node 0 (host %s) cannot listen on the launcher port %s: %s\n",
                 net.myhost, net.where,
@@ -529,13 +563,14 @@ static bool up_hello(struct conn *c, const struct msg *ch)
 }
 
 /* Whether node 0's welcome proves the token: another program on the
- * launcher port (started first, or at a wrong --master) cannot. */
+ * launcher port (started first, or at a wrong --master) cannot.  The proof
+ * covers the node number it gives (this node's own, or by arrival). */
 static bool welcome_proven(const struct conn *c, const struct msg *m)
 {
     if (m->toklen != GW_RUN_PROOF)
         return false;
     unsigned char want[GW_RUN_PROOF];
-    const uint32_t node = (uint32_t)net.cfg.node;
+    const uint32_t node = m->v[0];
     proof("welcome", c->nonce, c->peer_nonce, &node, 1, want);
     return gw__equal_ct(want, m->tok, GW_RUN_PROOF);
 }
@@ -564,8 +599,8 @@ static void up_connect(void)
 static void up_ended(const char *badly)
 {
     if (badly)
-        gw__run_say("gw-run: node %d: closing the launcher connection to node 0 at %s: %s\n",
-                net.cfg.node, net.where, badly);
+        gw__run_say("gw-run: %s: closing the launcher connection to node 0 at %s: %s\n", me(),
+                net.where, badly);
     gw__run_conn_close(net.up);
     if (net.given_up)
         return;
@@ -606,6 +641,14 @@ static bool frame_up(struct conn *c, const struct msg *m)
         if (!welcome_proven(c, m))
             return bad("its welcome does not prove the job token: another program answers on the "
                        "launcher port, or node 0 has another GW_JOB_TOKEN");
+        if (net.cfg.node < 0 ? m->v[0] < 1 || m->v[0] >= (uint32_t)net.cfg.nnodes
+                             : m->v[0] != (uint32_t)net.cfg.node)
+            return bad("its welcome gives another node number");
+        if (net.cfg.node < 0) {
+            net.cfg.node = (int)m->v[0];
+            gw__run_say("gw-run: this node is node %d of %d (numbered by node 0, host %.255s, as it joined)\n",
+                        net.cfg.node, net.cfg.nnodes, m->s);
+        }
         net.welcomed = true;
         net.linger_ms = 0; /* it lingered to be heard: it is now */
         net.pending.outlen = 0;
@@ -617,8 +660,7 @@ static bool frame_up(struct conn *c, const struct msg *m)
     }
     if (m->type != F_REFUSE)
         return bad(c->challenged ? "expected a welcome" : "expected a challenge");
-    gw__run_say("gw-run: node %d: node 0 at %s refused this node: %s\n", net.cfg.node,
-            net.where, m->s);
+    gw__run_say("gw-run: %s: node 0 at %s refused this node: %s\n", me(), net.where, m->s);
     gw__run_net_give_up();
     gw__run_fail(1);
     return true;
@@ -640,11 +682,31 @@ bool gw__run_net_init(const struct net_config *cfg)
     const char *d = getenv("GW_DEBUG");
     net.verbose = d && (strcasecmp(d, "INFO") == 0 || strcasecmp(d, "TRACE") == 0);
     net.join_deadline_ms = gw__run_now_ms() + (int64_t)(cfg->join_timeout_s * 1000.0);
+    /* Another node may retry a transient failure (EAI_AGAIN) as it connects;
+     * node 0, and a node that must find out whether it is node 0, may not. */
+    int rc = resolve();
+    if (rc != 0 && (rc != EAI_AGAIN || cfg->node <= 0)) {
+        gw__run_say("gw-run: %s cannot resolve the master host '%s': %s\n", me(), cfg->host, gai_strerror(rc));
+        return false;
+    }
+    /* No --node-rank: node 0 is the gw-run that can listen on the launcher
+     * port at the master HOST; where HOST is not this machine's, or the port
+     * is taken (node 0's gw-run on this machine, as nodes tried on one
+     * machine), this node joins node 0 and is numbered as it arrives. */
+    int err = 0;
+    if (cfg->node == GW_RUN_NODE_AUTO && !cfg->not_host) {
+        err = bind_launcher();
+        if (net.lfd >= 0)
+            net.cfg.node = 0;
+        else if (err != EADDRNOTAVAIL && err != EADDRINUSE)
+            return listen0(err);
+        net.port_in_use = err == EADDRINUSE;
+    }
     /* Node 0: every joined node and MAX_PENDING strangers; the others: the
      * one connection to node 0, kept (closed) between connect attempts. */
     net.pmap = calloc((size_t)gw__run_net_max_fds(), sizeof *net.pmap);
     net.conns = calloc((size_t)gw__run_net_max_fds(), sizeof *net.conns);
-    if (cfg->node == 0) {
+    if (net.cfg.node == 0) {
         net.state = calloc((size_t)cfg->nnodes, 1);
         net.hosts = calloc((size_t)cfg->nnodes, sizeof *net.hosts);
     } else if (net.conns && (net.up = net.conns[0] = calloc(1, sizeof *net.up)) != NULL) {
@@ -653,30 +715,52 @@ bool gw__run_net_init(const struct net_config *cfg)
         net.retry_ms = RETRY_MIN_MS;
         net.retry_at_ms = gw__run_now_ms();
     }
-    if (!net.pmap || !net.conns || (cfg->node == 0 ? !net.state || !net.hosts : !net.up)) {
+    if (!net.pmap || !net.conns || (net.cfg.node == 0 ? !net.state || !net.hosts : !net.up)) {
         gw__run_say("gw-run: out of memory\n");
         return false;
     }
-    /* Another node may retry a transient failure (EAI_AGAIN) as it connects. */
-    int rc = resolve();
-    if (rc != 0 && (rc != EAI_AGAIN || cfg->node == 0)) {
-        gw__run_say("gw-run: node %d cannot resolve the master host '%s': %s\n", cfg->node,
-                cfg->host, gai_strerror(rc));
-        return false;
-    }
-    if (cfg->node != 0)
+    if (net.cfg.node != 0)
         return true;
-    bool ok = listen0();
+    bool ok = net.lfd >= 0 || listen0(bind_launcher());
     freeaddrinfo(net.ai);
     net.ai = NULL;
     return ok;
+}
+
+int gw__run_net_join(int *sig)
+{
+    *sig = 0;
+    if (!net.on)
+        return 0;
+    struct pollfd pfds[1];
+    while (net.cfg.node < 0) {
+        if (net.given_up)
+            return -1; /* refused, or no node 0 in time: said */
+        static const int stops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+        sigset_t pend;
+        if (sigpending(&pend) == 0)
+            for (int i = 0; i < 4; i++)
+                if (sigismember(&pend, stops[i])) {
+                    gw__run_say("gw-run: %s before node 0 numbered this node: no rank was started\n",
+                                gw__run_signal_name(stops[i]));
+                    *sig = stops[i];
+                    return -1;
+                }
+        int64_t deadline = 0;
+        const int n = gw__run_net_pollfds(pfds, 0, &deadline);
+        const int64_t left = deadline ? deadline - gw__run_now_ms() : 100; /* signals are held: look again soon */
+        if (poll(pfds, (nfds_t)n, left < 0 ? 0 : left > 100 ? 100 : (int)left) > 0)
+            gw__run_net_events(pfds, n);
+        gw__run_net_tick();
+    }
+    return net.cfg.node;
 }
 
 int gw__run_net_max_fds(void)
 {
     if (!net.on)
         return 0;
-    return net.cfg.node == 0 ? net.cfg.nnodes + MAX_PENDING : 1;
+    return net.cfg.node == 0 ? net.cfg.nnodes + MAX_PENDING : 1; /* a node numbered by arrival: not 0 */
 }
 
 static void lower(int64_t *deadline, int64_t t)
@@ -785,8 +869,10 @@ void gw__run_net_tick(void)
     if (net.welcomed || net.given_up)
         return;
     if (now >= net.join_deadline_ms) {
-        gw__run_say("gw-run: node %d: no answer from node 0 at %s after %g s\n", net.cfg.node,
-                net.where, net.cfg.join_timeout_s);
+        gw__run_say("gw-run: %s: no answer from node 0 at %s after %g s%s\n", me(), net.where,
+                net.cfg.join_timeout_s, net.cfg.node < 0 && net.port_in_use
+                ? " (with no --node-rank, this node took the program that holds the launcher port here for "
+                  "node 0: is that another job's gw-run, or not a gw-run?)" : "");
         gw__run_net_give_up();
         gw__run_fail(1);
     } else if (c->fd >= 0 && c->connecting && now >= c->deadline_ms) {

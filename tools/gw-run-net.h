@@ -53,6 +53,7 @@ struct run_net {
     struct conn pending; /* only .out: frames sent again after a reconnect */
     char host0[256];
     bool welcomed, given_up, final_sent;
+    bool port_in_use; /* no --node-rank, and the launcher port was taken here */
     int64_t retry_at_ms;
     int retry_ms;
     /* --max-restarts: node 0 waits for every node's READY, then sends its

@@ -26,8 +26,9 @@
  * does not start anything on other machines. It links nothing from
  * gradwire on purpose, so it builds and works even when the library does not.
  *
- * This file parses the arguments, sets up the environment, spawns the ranks
- * and runs the main loop; gw-run-io.c forwards the ranks' output,
+ * This file parses the arguments (gw-run-args.c has the help text and the
+ * parsers), sets up the environment, spawns the ranks and runs the main
+ * loop; gw-run-io.c forwards the ranks' output,
  * gw-run-teardown.c handles signals, failures, teardown and reaping, and
  * gw-run-net.c is the control channel between the nodes, and gw-run-restart.c
  * how they agree on a restart over it.
@@ -72,119 +73,11 @@ enum {
 #define DEFAULT_KILL_GRACE_S 5.0
 #define DEFAULT_JOIN_TIMEOUT_S 120.0
 
-static const char usage_text[] =
-    "usage: gw-run -n N [--nnodes M --node-rank R --master HOST:PORT] [--] PROGRAM [ARGS...]\n"
-    "\n"
-    "Starts N ranks of PROGRAM on this machine with the GW_* environment set,\n"
-    "prefixes their output lines with [rank], and stops the job when a rank fails.\n"
-    "With --nnodes M > 1, run one gw-run per node: node 0's gw-run listens on the\n"
-    "launcher port (PORT + 1) of the master HOST, the others connect to it, and a\n"
-    "rank failure, a signal or a missing node on any node stops the job everywhere.\n"
-    "\n"
-    "options:\n"
-    "  -n, --nproc-per-node N  ranks to start on this node (1..4096), or as torchrun:\n"
-    "                          gpu (one per GPU), cpu (one per core it may use),\n"
-    "                          auto (gpu where there are GPUs, else cpu)\n"
-    "  --nnodes M              nodes in the job (default 1); run one gw-run per node\n"
-    "  --node-rank R           index of this node, 0..M-1 (default 0)\n"
-    "  --master HOST:PORT      rendezvous address, [v6addr]:PORT for IPv6; required\n"
-    "                          with --nnodes > 1, else 127.0.0.1 and a free port;\n"
-    "                          node 0 must run on the machine HOST names\n"
-    "  --master-addr A, --master-port P  torchrun's spelling of --master A:P (the\n"
-    "                          address alone: port 29500, as torchrun); torch 1.x's\n"
-    "                          --nproc_per_node, --node_rank, --master_addr,\n"
-    "                          --master_port, --max_restarts are taken too\n"
-    "  --standalone            one node (the default; torchrun's flag)\n"
-    "  --launcher-port P       port of the launcher control channel between the\n"
-    "                          gw-runs of a multi-node job (default PORT + 1),\n"
-    "                          bound by node 0 on the master HOST only\n"
-    "  --max-restarts K        start the job again, all N ranks, when it fails\n"
-    "                          (a rank exits non-zero or is killed; not after a\n"
-    "                          signal to gw-run), up to K times (default 0); the\n"
-    "                          ranks see GW_RESTART_COUNT (0 on the first start)\n"
-    "                          and GW_MAX_RESTARTS; every node of a multi-node\n"
-    "                          job gives the same K, and all restart together\n"
-    "  --log-dir DIR           also write each rank's stdout and stderr, as printed\n"
-    "                          (no prefix), to DIR/RUN/attempt_K/RANK/stdout.log and\n"
-    "                          stderr.log: RUN new at each start (its date, time and\n"
-    "                          6 random characters; said), K the restart, RANK the\n"
-    "                          global rank\n"
-    "  -t, --tee S             as torchrun: the streams written to files and to the\n"
-    "                          console: 0 none, 1 stdout, 2 stderr, 3 both, for\n"
-    "                          every rank or as LOCAL_RANK:S,... (default 3 with\n"
-    "                          --log-dir)\n"
-    "  -r, --redirects S       the streams written to files only (same values);\n"
-    "                          --tee or --redirects without --log-dir: a new\n"
-    "                          directory under $TMPDIR (or /tmp), said at the start\n"
-    "  -h, --help              show this help\n"
-    "\n"
-    "Each rank gets GW_RANK, GW_LOCAL_RANK, GW_WORLD_SIZE, ... and torchrun's RANK,\n"
-    "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT\n"
-    "(its TCPStore's: not gradwire's port), TORCHELASTIC_RESTART_COUNT, ...\n"
-    "\n"
-    "environment:\n"
-    "  GW_JOB_TOKEN       shared secret of the job, at most 128 characters; generated\n"
-    "                     if unset, but must be set (to the same value on every\n"
-    "                     node) with --nnodes > 1\n"
-    "  OMP_NUM_THREADS    passed through if set, else the cores gw-run may run on\n"
-    "                     (its CPU affinity) / N (at least 1)\n"
-    "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n"
-    "  GW_RUN_JOIN_TIMEOUT seconds for every node's gw-run to join node 0's\n"
-    "                     (default 120); a node still missing then fails the job\n";
-
 struct job gw__run = {.kill_grace_s = DEFAULT_KILL_GRACE_S};
 
 /* The caller's open-file limit, restored in each child before exec so that
  * the ranks start exactly as they would without the launcher. */
 static struct rlimit orig_nofile;
-
-static void usage_error(const char *fmt, const char *arg)
-{
-    fputs("gw-run: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\n\n", stderr);
-    fputs(usage_text, stderr);
-    exit(EXIT_USAGE);
-}
-
-/* Strict decimal parse: the whole string must be a number within [lo, hi]. */
-static bool parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || errno != 0 || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
-/* HOST:PORT or [v6addr]:PORT. A bare IPv6 address is refused because its
- * last colon cannot be told apart from the port separator. */
-static bool parse_master(const char *s, char *host, size_t hostsz, long *port)
-{
-    const char *h, *colon;
-    size_t hl;
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close || close[1] != ':')
-            return false;
-        h = s + 1;
-        hl = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon || memchr(s, ':', (size_t)(colon - s)))
-            return false;
-        h = s;
-        hl = (size_t)(colon - s);
-    }
-    if (hl == 0 || hl >= hostsz || !parse_long(colon + 1, 1, 65535, port))
-        return false;
-    memcpy(host, h, hl);
-    host[hl] = '\0';
-    return true;
-}
 
 /* Runs in the child between fork and exec. gw-run is single-threaded, so the
  * non-async-signal-safe calls here (setenv, dprintf) are fine. */
@@ -597,13 +490,24 @@ int main(int argc, char **argv)
         {"log_dir", required_argument, NULL, 'D'},
         {"tee", required_argument, NULL, 't'},
         {"redirects", required_argument, NULL, 'r'},
+        {"rdzv-endpoint", required_argument, NULL, 'E'},
+        {"rdzv_endpoint", required_argument, NULL, 'E'},
+        {"rdzv-backend", required_argument, NULL, 'B'},
+        {"rdzv_backend", required_argument, NULL, 'B'},
+        {"rdzv-id", required_argument, NULL, 'I'},
+        {"rdzv_id", required_argument, NULL, 'I'},
+        {"rdzv-conf", required_argument, NULL, 'C'},
+        {"rdzv_conf", required_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    long local_n = 0, nnodes = 1, node_rank = 0, port = 0, lport = 0, max_restarts = 0, mport = 0;
+    long local_n = 0, nnodes = 1, node_rank = GW_RUN_NODE_AUTO, port = 0, lport = 0, max_restarts = 0, mport = 0;
     const char *master = NULL, *maddr = NULL, *log_dir = NULL, *tee = NULL, *redirects = NULL;
-    char host[256], composed[300];
+    const char *endpoint = NULL, *rdzv_id = NULL;
+    char host[256], composed[300], err[1200];
     bool standalone = false;
+    int is_host = -1; /* --rdzv-conf is_host */
+    double conf_join_timeout_s = 0;
 
     /* '+' stops at the first non-option so PROGRAM's own flags are left alone;
      * the leading ':' lets us word the error messages ourselves. */
@@ -612,13 +516,13 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+:hn:r:t:", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            if (!parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n)) {
+            if (!gw__run_parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n)) {
                 const int by_kind = gw__run_ranks_by_kind(optarg, &local_n);
                 if (by_kind < 0)
-                    usage_error("-n gpu: no GPU to use (CUDA_VISIBLE_DEVICES, or the NVIDIA driver's list in "
+                    gw__run_usage_error("-n gpu: no GPU to use (CUDA_VISIBLE_DEVICES, or the NVIDIA driver's list in "
                                 "/proc/driver/nvidia/gpus)%s", "");
                 if (by_kind == 0)
-                    usage_error("-n (--nproc-per-node) must be a number of ranks from 1 to 4096, or gpu, cpu "
+                    gw__run_usage_error("-n (--nproc-per-node) must be a number of ranks from 1 to 4096, or gpu, cpu "
                                 "or auto, not '%s'", optarg);
             }
             break;
@@ -626,15 +530,29 @@ int main(int argc, char **argv)
             maddr = optarg;
             break;
         case 'P':
-            if (!parse_long(optarg, 1, 65535, &mport))
-                usage_error("--master-port must be a port from 1 to 65535, not '%s'", optarg);
+            if (!gw__run_parse_long(optarg, 1, 65535, &mport))
+                gw__run_usage_error("--master-port must be a port from 1 to 65535, not '%s'", optarg);
             break;
         case 'S':
             standalone = true;
             break;
         case 'N':
-            if (!parse_long(optarg, 1, MAX_NNODES, &nnodes))
-                usage_error("--nnodes must be a number from 1 to 65536, not '%s'", optarg);
+            if (!gw__run_parse_nnodes(optarg, &nnodes, err, sizeof err))
+                gw__run_usage_error("%s", err);
+            break;
+        case 'E':
+            endpoint = optarg;
+            break;
+        case 'B':
+            if (!gw__run_check_rdzv_backend(optarg, err, sizeof err))
+                gw__run_usage_error("%s", err);
+            break;
+        case 'I':
+            rdzv_id = optarg;
+            break;
+        case 'C':
+            if (!gw__run_parse_rdzv_conf(optarg, &conf_join_timeout_s, &is_host, err, sizeof err))
+                gw__run_usage_error("%s", err);
             break;
         case 'D':
             log_dir = optarg;
@@ -646,38 +564,54 @@ int main(int argc, char **argv)
             redirects = optarg;
             break;
         case 'K':
-            if (!parse_long(optarg, 0, MAX_NNODES - 1, &node_rank))
-                usage_error("--node-rank must be a number from 0 to nnodes-1, not '%s'", optarg);
+            if (!gw__run_parse_long(optarg, 0, MAX_NNODES - 1, &node_rank))
+                gw__run_usage_error("--node-rank must be a number from 0 to nnodes-1, not '%s'", optarg);
             break;
         case 'm':
             master = optarg;
             break;
         case 'L':
-            if (!parse_long(optarg, 1, 65535, &lport))
-                usage_error("--launcher-port must be a port from 1 to 65535, not '%s'", optarg);
+            if (!gw__run_parse_long(optarg, 1, 65535, &lport))
+                gw__run_usage_error("--launcher-port must be a port from 1 to 65535, not '%s'", optarg);
             break;
         case 'R':
-            if (!parse_long(optarg, 0, MAX_RESTARTS, &max_restarts))
-                usage_error("--max-restarts must be a number from 0 to 10000, not '%s'", optarg);
+            if (!gw__run_parse_long(optarg, 0, MAX_RESTARTS, &max_restarts))
+                gw__run_usage_error("--max-restarts must be a number from 0 to 10000, not '%s'", optarg);
             break;
         case 'h':
-            fputs(usage_text, stdout);
+            fputs(gw__run_usage_text, stdout);
             return 0;
         case ':':
-            usage_error("option '%s' needs a value", argv[optind - 1]);
+            gw__run_usage_error("option '%s' needs a value", argv[optind - 1]);
             break;
         default:
             if (optopt) {
                 char opt[3] = {'-', (char)optopt, '\0'};
-                usage_error("unknown option '%s'", opt);
+                gw__run_usage_error("unknown option '%s'", opt);
             }
-            usage_error("unknown option '%s'", argv[optind - 1]);
+            gw__run_usage_error("unknown option '%s'", argv[optind - 1]);
         }
     }
     if (local_n == 0)
-        usage_error("%smissing -n N (ranks to start on this node)", "");
-    if (master && (maddr || mport))
-        usage_error("%sgive --master HOST:PORT or --master-addr/--master-port, not both", "");
+        gw__run_usage_error("%smissing -n N (ranks to start on this node)", "");
+    if ((master != NULL) + (maddr || mport) + (endpoint != NULL) > 1)
+        gw__run_usage_error("%sgive one of --master HOST:PORT, --master-addr/--master-port and --rdzv-endpoint "
+                    "HOST[:PORT]", "");
+    if (endpoint) { /* torchrun's c10d endpoint: its port 29400 by default */
+        const char *close = endpoint[0] == '[' ? strchr(endpoint, ']') : NULL, *colon = strchr(endpoint, ':');
+        const bool has_port = close ? close[1] == ':' : colon && colon == strrchr(endpoint, ':');
+        snprintf(composed, sizeof composed, has_port ? "%s" : colon && !close ? "[%s]:29400" : "%s:29400",
+                 endpoint);
+        master = composed;
+    }
+    if (is_host == 1 && node_rank > 0)
+        gw__run_usage_error("%s--rdzv-conf is_host=1 makes this node 0; --node-rank says it is another", "");
+    if (is_host == 0 && node_rank == 0)
+        gw__run_usage_error("%s--rdzv-conf is_host=0 says this is not node 0; --node-rank says it is", "");
+    if (is_host == 1)
+        node_rank = 0;
+    if (nnodes == 1 && node_rank == GW_RUN_NODE_AUTO)
+        node_rank = 0;
     if (maddr || mport) { /* torchrun's defaults for the one not given */
         const char *a = maddr ? maddr : "127.0.0.1";
         snprintf(composed, sizeof composed, strchr(a, ':') && a[0] != '[' ? "[%s]:%ld" : "%s:%ld", a,
@@ -685,24 +619,24 @@ int main(int argc, char **argv)
         master = composed;
     }
     if (standalone && nnodes > 1)
-        usage_error("%s--standalone is a job of one node; --nnodes is more", "");
+        gw__run_usage_error("%s--standalone is a job of one node; --nnodes is more", "");
     if (optind >= argc)
-        usage_error("%smissing PROGRAM to run", "");
-    if (master && !parse_master(master, host, sizeof host, &port))
-        usage_error("--master must be HOST:PORT or [IPv6]:PORT with a port from 1 to 65535, "
+        gw__run_usage_error("%smissing PROGRAM to run", "");
+    if (master && !gw__run_parse_master(master, host, sizeof host, &port))
+        gw__run_usage_error("--master must be HOST:PORT or [IPv6]:PORT with a port from 1 to 65535, "
                     "not '%s'", master);
     if (nnodes > 1 && !master)
-        usage_error("%s--nnodes > 1 needs --master HOST:PORT (the address of node 0's rank 0)",
+        gw__run_usage_error("%s--nnodes > 1 needs --master HOST:PORT (the address of node 0's rank 0)",
                     "");
     if (nnodes > 1 && !lport && port == 65535)
-        usage_error("%s--master port 65535 leaves no room for the launcher port (PORT + 1); "
+        gw__run_usage_error("%s--master port 65535 leaves no room for the launcher port (PORT + 1); "
                     "give --launcher-port", "");
     /* Said, not refused: a job script passes it whatever --nnodes it gets. */
     if (nnodes == 1 && lport)
         gw__run_say("gw-run: ignoring --launcher-port %ld: it is the channel between the nodes' "
                     "gw-runs, and --nnodes is 1\n", lport);
     if (nnodes > 1 && lport == port)
-        usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
+        gw__run_usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
                     "listens on", master);
     if (node_rank >= nnodes) {
         gw__run_say("gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)\n",
@@ -712,13 +646,15 @@ int main(int argc, char **argv)
 
     const char *token = getenv("GW_JOB_TOKEN");
     char token_buf[33];
+    if ((!token || !*token) && rdzv_id && *rdzv_id)
+        token = rdzv_id; /* torchrun's job id: the same on every node */
     if (!token || !*token) {
         if (nnodes > 1) {
             /* Each node would invent a different token and the ranks would
              * refuse each other at rendezvous; only the user can share one. */
             gw__run_say(
-                    "gw-run: GW_JOB_TOKEN is not set; a multi-node job needs the same token on "
-                    "every node.\n"
+                    "gw-run: GW_JOB_TOKEN is not set (nor --rdzv-id); a multi-node job needs the same "
+                    "token on every node.\n"
                     "        Set it before starting gw-run on each node, e.g. "
                     "export GW_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\n");
             return EXIT_USAGE;
@@ -742,7 +678,7 @@ int main(int argc, char **argv)
     const int logs = gw__run_logs_setup(log_dir, tee, redirects, (int)local_n, (int)node_rank, (int)nnodes, why,
                                         sizeof why);
     if (logs < 0)
-        usage_error("%s", why);
+        gw__run_usage_error("%s", why);
     if (logs) {
         gw__run_say("gw-run: %s\n", why);
         return logs;
@@ -764,11 +700,7 @@ int main(int argc, char **argv)
         }
     }
 
-    /* Settings shared by all ranks go into our own environment once; the
-     * per-rank ones are set in each child. */
     char buf[32];
-    gw__run_job_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1,
-                    token);
     /* Without this every rank's OpenMP runtime would start one thread per
      * core and N ranks would oversubscribe the machine N times over. */
     /* The cores gw-run may use (taskset, a cpuset, a scheduler's
@@ -780,10 +712,11 @@ int main(int argc, char **argv)
     setenv("OMP_NUM_THREADS", buf, 0);
 
     gw__run.kill_grace_s = gw__run_env_seconds("GW_RUN_KILL_GRACE", gw__run.kill_grace_s, true);
-    const double join_timeout_s = gw__run_env_seconds("GW_RUN_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S, false);
+    const double join_timeout_s = conf_join_timeout_s > 0 ? conf_join_timeout_s
+                                  : gw__run_env_seconds("GW_RUN_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S, false);
 
     ensure_std_fds();
-    ensure_fd_limit((int)local_n, (node_rank == 0 && nnodes > 1 ? (int)nnodes + 64 : 0) +
+    ensure_fd_limit((int)local_n, (node_rank <= 0 && nnodes > 1 ? (int)nnodes + 64 : 0) +
                                       (gw__run_logs_on() ? 2 * (int)local_n : 0));
     if (!gw__run_setup_signals())
         return 1;
@@ -815,13 +748,26 @@ int main(int argc, char **argv)
         .token = token,
         .join_timeout_s = join_timeout_s,
         .max_restarts = (int)max_restarts,
+        .not_host = is_host == 0,
     };
     if (!gw__run_net_init(&net))
         return 1;
-    if (gw__run_logs_start(why, sizeof why)) {
+    int join_sig = 0;
+    node_rank = gw__run_net_join(&join_sig); /* no --node-rank: node 0, or the number node 0 gives */
+    if (node_rank < 0) {
+        gw__run_net_close();
+        if (join_sig == SIGINT)
+            die_of_sigint();
+        return join_sig ? 128 + join_sig : 1;
+    }
+    if (gw__run_logs_start((int)node_rank, why, sizeof why)) {
         gw__run_say("gw-run: %s\n", why);
         return 1;
     }
+    /* Settings shared by all ranks go into our own environment once; the
+     * per-rank ones are set in each child. */
+    gw__run_job_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1,
+                    token);
 
     const size_t token_cap = strlen(token) + 32;
     char *cur_token = malloc(token_cap);

@@ -75,8 +75,13 @@ enum {
 };
 /* The hello's first field: "GWL" and the protocol's version ('2': with
  * --max-restarts; '3': the token proven by challenge and response, never
- * sent).  Another version is refused by name. */
-#define GW_RUN_HELLO_MAGIC 0x47574c33u
+ * sent; '4': the welcome gives the node its number, nodes numbered by
+ * arrival).  Another version is refused by name. */
+#define GW_RUN_HELLO_MAGIC 0x47574c34u
+/* net_config.node of a node started without --node-rank, and the number its
+ * hello gives then. */
+enum { GW_RUN_NODE_AUTO = -1 };
+#define GW_RUN_NODE_ANY 0xffffffffu
 enum {
     F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART, F_PASS,
     F_CHALLENGE
@@ -122,7 +127,8 @@ struct conn {
 
 /* What the control channel needs from the command line (gw-run.c). */
 struct net_config {
-    int node, nnodes, nproc; /* --node-rank, --nnodes, -n */
+    int node, nnodes, nproc; /* --node-rank (GW_RUN_NODE_AUTO: none given), --nnodes, -n */
+    bool not_host;           /* --rdzv-conf is_host=0: with no --node-rank, never node 0 */
     const char *host;        /* the master HOST, without IPv6 brackets */
     int lport;               /* the launcher port: master PORT + 1 or --launcher-port */
     const char *token;       /* GW_JOB_TOKEN */
@@ -158,6 +164,11 @@ void gw__run_conn_close(struct conn *c);
  * gw__run_net_restart and gw__run_net_reset are gw-run-restart.c's. */
 void gw__run_test_restart_hold(void); /* gw-run-restart.c: tests' hold between attempts */
 bool gw__run_net_init(const struct net_config *cfg);
+/* A node started without --node-rank that is not node 0: waits for node 0's
+ * welcome and returns the number it gave; -1 when none came (said), or when
+ * a SIGINT, SIGTERM, SIGHUP or SIGQUIT is pending (*sig; said).  Node 0 and
+ * numbered nodes: their number at once. */
+int gw__run_net_join(int *sig);
 int gw__run_net_max_fds(void);
 int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms);
 void gw__run_net_events(const struct pollfd *pfds, int nfds);
@@ -225,6 +236,20 @@ int gw__run_ranks_by_kind(const char *kind, long *n);
 double gw__run_env_seconds(const char *name, double dflt, bool zero_ok);
 /* Sets the names given (b and c may be NULL) to v in decimal. */
 void gw__run_setenv_long(const char *a, const char *b, const char *c, long v);
+/* ---- gw-run-args.c: the command line.  The usage error says fmt (with
+ * arg), then the help text, and exits 2.  Strict decimal numbers within
+ * [lo, hi]; HOST:PORT or [v6addr]:PORT (a bare IPv6 address is refused: its
+ * last colon cannot be told from the port's). */
+extern const char gw__run_usage_text[];
+void gw__run_usage_error(const char *fmt, const char *arg) __attribute__((noreturn));
+bool gw__run_parse_long(const char *s, long lo, long hi, long *out);
+bool gw__run_parse_master(const char *s, char *host, size_t hostsz, long *port);
+/* torchrun's --nnodes (N, or MIN:MAX with MIN = MAX), --rdzv-backend (c10d
+ * and static) and --rdzv-conf (join_timeout in seconds; is_host: 1 node 0, 0
+ * never node 0; other keys said and ignored): false with the reason in err. */
+bool gw__run_parse_nnodes(const char *v, long *out, char *err, size_t errsz);
+bool gw__run_check_rdzv_backend(const char *v, char *err, size_t errsz);
+bool gw__run_parse_rdzv_conf(const char *v, double *join_timeout_s, int *is_host, char *err, size_t errsz);
 
 /* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
  * Setup takes the options as given (NULL: absent): 0, or the reason in err
@@ -232,7 +257,7 @@ void gw__run_setenv_long(const char *a, const char *b, const char *c, long v);
  * makes the run's directory (0, or 1 with the system's reason). */
 int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, int local_n, int node_rank,
                        int nnodes, char *err, size_t errsz);
-int gw__run_logs_start(char *err, size_t errsz);
+int gw__run_logs_start(int node_rank, char *err, size_t errsz); /* node_rank: setup's, or the one node 0 gave */
 /* Whether any stream goes to a file. */
 bool gw__run_logs_on(void);
 /* The file stream k (0 stdout, 1 stderr) of local rank `local` goes to alone (redirected), or NULL. */

@@ -1,0 +1,223 @@
+/*
+ * gw-run-args.c: gw-run's command line (out of gw-run.c, which was past 900
+ * lines): the help text, the usage error, strict numbers and HOST:PORT, and
+ * torchrun's rendezvous options as far as gw-run has them (--nnodes N:N,
+ * --rdzv-backend c10d|static, --rdzv-conf join_timeout and is_host; the
+ * endpoint and the id are gw-run.c's --master and job token).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "gw-run.h"
+
+const char gw__run_usage_text[] =
+    "usage: gw-run -n N [--nnodes M [--node-rank R] --master HOST:PORT] [--] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts N ranks of PROGRAM on this machine with the GW_* environment set,\n"
+    "prefixes their output lines with [rank], and stops the job when a rank fails.\n"
+    "With --nnodes M > 1, run one gw-run per node: node 0's gw-run listens on the\n"
+    "launcher port (PORT + 1) of the master HOST, the others connect to it, and a\n"
+    "rank failure, a signal or a missing node on any node stops the job everywhere.\n"
+    "\n"
+    "options:\n"
+    "  -n, --nproc-per-node N  ranks to start on this node (1..4096), or as torchrun:\n"
+    "                          gpu (one per GPU), cpu (one per core it may use),\n"
+    "                          auto (gpu where there are GPUs, else cpu)\n"
+    "  --nnodes M              nodes in the job (default 1); run one gw-run per node\n"
+    "  --node-rank R           index of this node, 0..M-1; with --nnodes > 1 and no\n"
+    "                          --node-rank, node 0 is the gw-run that can listen\n"
+    "                          on the launcher port at HOST, and the others are\n"
+    "                          numbered 1, 2, ... as they join it (said)\n"
+    "  --master HOST:PORT      rendezvous address, [v6addr]:PORT for IPv6; required\n"
+    "                          with --nnodes > 1, else 127.0.0.1 and a free port;\n"
+    "                          node 0 must run on the machine HOST names\n"
+    "  --master-addr A, --master-port P  torchrun's spelling of --master A:P (the\n"
+    "                          address alone: port 29500, as torchrun); torch 1.x's\n"
+    "                          --nproc_per_node, --node_rank, --master_addr,\n"
+    "                          --master_port, --max_restarts are taken too\n"
+    "  --rdzv-endpoint HOST[:PORT]  torchrun's: --master HOST:PORT (port 29400 when\n"
+    "                          not given, as torchrun's c10d)\n"
+    "  --rdzv-id ID            torchrun's job id: the job token when GW_JOB_TOKEN\n"
+    "                          is unset (the same on every node)\n"
+    "  --rdzv-backend B        c10d or static (gw-run's own rendezvous either way)\n"
+    "  --rdzv-conf K=V,...     join_timeout=S (as GW_RUN_JOIN_TIMEOUT), is_host=1|0\n"
+    "                          (this gw-run is node 0, or never is); others said\n"
+    "                          and ignored; --nnodes N:N is N (no elastic range)\n"
+    "  --standalone            one node (the default; torchrun's flag)\n"
+    "  --launcher-port P       port of the launcher control channel between the\n"
+    "                          gw-runs of a multi-node job (default PORT + 1),\n"
+    "                          bound by node 0 on the master HOST only\n"
+    "  --max-restarts K        start the job again, all N ranks, when it fails\n"
+    "                          (a rank exits non-zero or is killed; not after a\n"
+    "                          signal to gw-run), up to K times (default 0); the\n"
+    "                          ranks see GW_RESTART_COUNT (0 on the first start)\n"
+    "                          and GW_MAX_RESTARTS; every node of a multi-node\n"
+    "                          job gives the same K, and all restart together\n"
+    "  --log-dir DIR           also write each rank's stdout and stderr, as printed\n"
+    "                          (no prefix), to DIR/RUN/attempt_K/RANK/stdout.log and\n"
+    "                          stderr.log: RUN new at each start (its date, time and\n"
+    "                          6 random characters; said), K the restart, RANK the\n"
+    "                          global rank\n"
+    "  -t, --tee S             as torchrun: the streams written to files and to the\n"
+    "                          console: 0 none, 1 stdout, 2 stderr, 3 both, for\n"
+    "                          every rank or as LOCAL_RANK:S,... (default 3 with\n"
+    "                          --log-dir)\n"
+    "  -r, --redirects S       the streams written to files only (same values);\n"
+    "                          --tee or --redirects without --log-dir: a new\n"
+    "                          directory under $TMPDIR (or /tmp), said at the start\n"
+    "  -h, --help              show this help\n"
+    "\n"
+    "Each rank gets GW_RANK, GW_LOCAL_RANK, GW_WORLD_SIZE, ... and torchrun's RANK,\n"
+    "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT\n"
+    "(its TCPStore's: not gradwire's port), TORCHELASTIC_RESTART_COUNT, ...\n"
+    "\n"
+    "environment:\n"
+    "  GW_JOB_TOKEN       shared secret of the job, at most 128 characters; generated\n"
+    "                     if unset, but must be set (to the same value on every\n"
+    "                     node) with --nnodes > 1\n"
+    "  OMP_NUM_THREADS    passed through if set, else the cores gw-run may run on\n"
+    "                     (its CPU affinity) / N (at least 1)\n"
+    "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n"
+    "  GW_RUN_JOIN_TIMEOUT seconds for every node's gw-run to join node 0's\n"
+    "                     (default 120); a node still missing then fails the job\n";
+
+void gw__run_usage_error(const char *fmt, const char *arg)
+{
+    fputs("gw-run: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n\n", stderr);
+    fputs(gw__run_usage_text, stderr);
+    exit(2);
+}
+
+/* Strict decimal parse: the whole string must be a number within [lo, hi]. */
+bool gw__run_parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno != 0 || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* HOST:PORT or [v6addr]:PORT. A bare IPv6 address is refused because its
+ * last colon cannot be told apart from the port separator. */
+bool gw__run_parse_master(const char *s, char *host, size_t hostsz, long *port)
+{
+    const char *h, *colon;
+    size_t hl;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':')
+            return false;
+        h = s + 1;
+        hl = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || memchr(s, ':', (size_t)(colon - s)))
+            return false;
+        h = s;
+        hl = (size_t)(colon - s);
+    }
+    if (hl == 0 || hl >= hostsz || !gw__run_parse_long(colon + 1, 1, 65535, port))
+        return false;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    return true;
+}
+
+/* ---- torchrun's rendezvous options, as far as gw-run has them ---- */
+
+bool gw__run_parse_nnodes(const char *v, long *out, char *err, size_t errsz)
+{
+    char *end;
+    errno = 0;
+    const long lo = strtol(v, &end, 10);
+    long hi = lo;
+    if (*end == ':' && end > v) {
+        const char *h = end + 1;
+        hi = strtol(h, &end, 10);
+        if (end == h)
+            hi = -1;
+    }
+    if (errno || *end || end == v || lo < 1 || lo > 65536 || hi < 1 || hi > 65536) {
+        snprintf(err, errsz, "--nnodes must be a number from 1 to 65536 (or N:N), not '%s'", v);
+        return false;
+    }
+    if (hi != lo) {
+        snprintf(err, errsz, "--nnodes %s: gw-run has no elastic membership (torchrun's MIN:MAX); every node "
+                 "of the job must come: give one number, or MIN:MAX with MIN = MAX", v);
+        return false;
+    }
+    *out = lo;
+    return true;
+}
+
+bool gw__run_check_rdzv_backend(const char *v, char *err, size_t errsz)
+{
+    if (strcmp(v, "c10d") == 0 || strcmp(v, "static") == 0)
+        return true;
+    snprintf(err, errsz, "--rdzv-backend %s: gw-run has its own rendezvous, as torchrun's c10d or static (both "
+             "taken): node 0's gw-run at --rdzv-endpoint HOST:PORT%s", v,
+             strncmp(v, "etcd", 4) == 0 ? "; there is no etcd backend" : "");
+    return false;
+}
+
+/* "yes"-like 1, "no"-like 0, else -1 (torchrun's is_host spellings). */
+static int conf_bool(const char *v)
+{
+    static const char *const yes[] = {"1", "true", "t", "yes", "y"}, *const no[] = {"0", "false", "f", "no", "n"};
+    for (int i = 0; i < 5; i++) {
+        if (strcasecmp(v, yes[i]) == 0)
+            return 1;
+        if (strcasecmp(v, no[i]) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+bool gw__run_parse_rdzv_conf(const char *v, double *join_timeout_s, int *is_host, char *err, size_t errsz)
+{
+    char buf[1024];
+    if (strlen(v) >= sizeof buf) {
+        snprintf(err, errsz, "--rdzv-conf is longer than %zu characters", sizeof buf - 1);
+        return false;
+    }
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq || eq == kv) {
+            snprintf(err, errsz, "--rdzv-conf wants KEY=VALUE,... (torchrun's), not '%s'", kv);
+            return false;
+        }
+        *eq = '\0';
+        const char *val = eq + 1;
+        if (strcmp(kv, "join_timeout") == 0) {
+            char *end;
+            const double x = strtod(val, &end);
+            if (*end || end == val || !isfinite(x) || x <= 0 || x > 86400) {
+                snprintf(err, errsz, "--rdzv-conf join_timeout must be seconds above 0, at most 86400, not '%s'",
+                         val);
+                return false;
+            }
+            *join_timeout_s = x;
+        } else if (strcmp(kv, "is_host") == 0) {
+            if ((*is_host = conf_bool(val)) < 0) {
+                snprintf(err, errsz, "--rdzv-conf is_host must be true or false (1 or 0), not '%s'", val);
+                return false;
+            }
+        } else {
+            gw__run_say("gw-run: ignoring --rdzv-conf %s=%s (gw-run takes join_timeout and is_host)\n", kv, val);
+        }
+    }
+    return true;
+}
