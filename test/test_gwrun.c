@@ -693,6 +693,8 @@ START_TEST(test_bad_flags)
         {"-n", "1", "--rdzv-conf", "is_host", "true", NULL},
         {"-n", "1", "--master", "h:1", "--rdzv-endpoint", "h:2", "true", NULL},
         {"-n", "1", "--rdzv-conf", "is_host=1", "--node-rank", "1", "true", NULL},
+        {"-n", "1", "--rdzv-endpoint", "[::1", "true", NULL},
+        {"-n", "1", "--rdzv-endpoint", "", "true", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct run r;

@@ -160,6 +160,29 @@ START_TEST(test_arrival_node_too_many)
 }
 END_TEST
 
+/* A node numbered by arrival after the job ended (node 0's rank failed and
+ * node 0 waits to tell late nodes): how it ended comes with the welcome, and
+ * the node starts nothing, exiting with the job's code.  Its ranks started,
+ * with no teardown left to stop them. */
+START_TEST(test_arrival_after_the_end)
+{
+    const char *env[] = {"GW_JOB_TOKEN=arrival-late", "GW_RUN_JOIN_TIMEOUT=15", NULL};
+    const int port = gwrun_free_port_pair();
+    const char *const zero[] = {"--node-rank", "0", NULL}, *const not_host[] = {"--rdzv-conf", "is_host=0", NULL};
+    struct run r[2];
+    arrival_start(&r[0], env, port, 2, "1", zero, "exit 4");
+    const bool waiting = gwrun_stderr_has(&r[0], "waiting up to", 10.0);
+    arrival_start(&r[1], env, port, 2, "1", not_host, "echo started");
+    nodes_wait(r, 2);
+    ck_assert_msg(waiting, "node 0 did not wait for a late node; stderr:\n%s", r[0].err);
+    ck_assert_msg(r[0].code == 4, "node 0: exit %d, stderr:\n%s", r[0].code, r[0].err);
+    ck_assert_msg(r[1].code == 4 && r[1].out[0] == '\0' &&
+                      strstr(r[1].err, "node 1: the job ended before this node joined; no rank started"),
+                  "the late node: exit %d, stdout:\n%s\nstderr:\n%s", r[1].code, r[1].out, r[1].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 /* A gw-run waiting for its number (is_host=0: it joins even on the master's
  * machine; here a socket that never answers holds the port) ends at
  * SIGTERM, saying so, with no rank started.  Without is_host, the port
@@ -201,5 +224,6 @@ void add_multinode_arrival_tests(TCase *tc)
     tcase_add_test(tc, test_arrival_numbers_nodes);
     tcase_add_test(tc, test_arrival_torchrun_flags);
     tcase_add_test(tc, test_arrival_node_too_many);
+    tcase_add_test(tc, test_arrival_after_the_end);
     tcase_add_test(tc, test_arrival_signal_and_port_taken);
 }

@@ -127,7 +127,8 @@ bool gw__run_parse_master(const char *s, char *host, size_t hostsz, long *port)
         h = s;
         hl = (size_t)(colon - s);
     }
-    if (hl == 0 || hl >= hostsz || !gw__run_parse_long(colon + 1, 1, 65535, port))
+    if (hl == 0 || hl >= hostsz || memchr(h, '[', hl) || memchr(h, ']', hl) ||
+        !gw__run_parse_long(colon + 1, 1, 65535, port))
         return false;
     memcpy(host, h, hl);
     host[hl] = '\0';

@@ -685,7 +685,7 @@ bool gw__run_net_init(const struct net_config *cfg)
     /* Another node may retry a transient failure (EAI_AGAIN) as it connects;
      * node 0, and a node that must find out whether it is node 0, may not. */
     int rc = resolve();
-    if (rc != 0 && (rc != EAI_AGAIN || cfg->node <= 0)) {
+    if (rc != 0 && (rc != EAI_AGAIN || cfg->node == 0 || (cfg->node < 0 && !cfg->not_host))) {
         gw__run_say("gw-run: %s cannot resolve the master host '%s': %s\n", me(), cfg->host, gai_strerror(rc));
         return false;
     }

@@ -597,6 +597,8 @@ int main(int argc, char **argv)
     if ((master != NULL) + (maddr || mport) + (endpoint != NULL) > 1)
         gw__run_usage_error("%sgive one of --master HOST:PORT, --master-addr/--master-port and --rdzv-endpoint "
                     "HOST[:PORT]", "");
+    if (endpoint && (!*endpoint || *endpoint == ':' || (endpoint[0] == '[' && !strchr(endpoint, ']'))))
+        gw__run_usage_error("--rdzv-endpoint must be HOST[:PORT] or [v6addr][:PORT], not '%s'", endpoint);
     if (endpoint) { /* torchrun's c10d endpoint: its port 29400 by default */
         const char *close = endpoint[0] == '[' ? strchr(endpoint, ']') : NULL, *colon = strchr(endpoint, ':');
         const bool has_port = close ? close[1] == ':' : colon && colon == strrchr(endpoint, ':');
@@ -646,8 +648,11 @@ int main(int argc, char **argv)
 
     const char *token = getenv("GW_JOB_TOKEN");
     char token_buf[33];
-    if ((!token || !*token) && rdzv_id && *rdzv_id)
-        token = rdzv_id; /* torchrun's job id: the same on every node */
+    /* torchrun's job id, the same on every node (not its default "none",
+     * which every job shares: the library refuses it as a token too) */
+    const bool from_id = (!token || !*token) && rdzv_id && *rdzv_id && strcmp(rdzv_id, "none") != 0;
+    if (from_id)
+        token = rdzv_id;
     if (!token || !*token) {
         if (nnodes > 1) {
             /* Each node would invent a different token and the ranks would
@@ -670,8 +675,9 @@ int main(int argc, char **argv)
      * --max-restarts on every attempt: attempt_token shortens only the ones
      * gw-run makes longer); refused here, once, before anything starts. */
     if (strlen(token) > TOKEN_MAX) {
-        gw__run_say("gw-run: GW_JOB_TOKEN is %zu characters long; the ranks accept at most %d: "
-                    "use a shorter one (the same on every node)\n", strlen(token), TOKEN_MAX);
+        gw__run_say("gw-run: %s is %zu characters long; the ranks accept at most %d: "
+                    "use a shorter one (the same on every node)\n", from_id ? "--rdzv-id (the job token)"
+                    : "GW_JOB_TOKEN", strlen(token), TOKEN_MAX);
         return EXIT_USAGE;
     }
     char lo[64], why[4400];
@@ -716,7 +722,8 @@ int main(int argc, char **argv)
                                   : gw__run_env_seconds("GW_RUN_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S, false);
 
     ensure_std_fds();
-    ensure_fd_limit((int)local_n, (node_rank <= 0 && nnodes > 1 ? (int)nnodes + 64 : 0) +
+    ensure_fd_limit((int)local_n, ((node_rank == 0 || (node_rank < 0 && is_host != 0)) && nnodes > 1
+                                       ? (int)nnodes + 64 : 0) +
                                       (gw__run_logs_on() ? 2 * (int)local_n : 0));
     if (!gw__run_setup_signals())
         return 1;
@@ -759,6 +766,11 @@ int main(int argc, char **argv)
         if (join_sig == SIGINT)
             die_of_sigint();
         return join_sig ? 128 + join_sig : 1;
+    }
+    if (gw__run_stopping()) { /* node 0's welcome came with how the job ended (it waited for late nodes) */
+        gw__run_say("gw-run: node %ld: the job ended before this node joined; no rank started\n", node_rank);
+        gw__run_net_close();
+        return gw__run.have_failure ? gw__run.exit_code : 128 + gw__run.got_signal;
     }
     if (gw__run_logs_start((int)node_rank, why, sizeof why)) {
         gw__run_say("gw-run: %s\n", why);
