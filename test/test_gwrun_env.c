@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gwrun_helpers.h"
@@ -221,8 +222,66 @@ START_TEST(test_env_torchrun_names)
 }
 END_TEST
 
+/* torchrun's PROGRAM: a .py script runs as python3 -u SCRIPT (torchrun runs
+ * every script so; gw-run exec'd it: not executable, not on PATH, it
+ * failed), -m a module, --no-python the file as given, GW_RUN_PYTHON another
+ * interpreter; --no-python with -m, and --run-path, refused. */
+START_TEST(test_env_python_program)
+{
+    char dir[] = "/tmp/gwrun-py-XXXXXX", path[96], pypath[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pkg", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    static const struct { const char *name, *text; mode_t mode; } files[] = {
+        {"s.py", "import os, sys\nprint('py', os.environ['RANK'], sys.argv[1:], sys.stdout.write_through)\n", 0644},
+        {"pkg/__init__.py", "", 0644},
+        {"pkg/__main__.py", "import os\nprint('module', os.environ['LOCAL_RANK'])\n", 0644},
+        {"direct.py", "#!/bin/sh\necho direct $RANK\n", 0755},
+    };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+        FILE *f = fopen(path, "w");
+        ck_assert_msg(f && fputs(files[i].text, f) >= 0 && fclose(f) == 0 && chmod(path, files[i].mode) == 0,
+                      "cannot write %s", path);
+    }
+    struct run r;
+    snprintf(path, sizeof path, "%s/s.py", dir);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "2", path, "--lr", "0.1", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[1] py 1 ['--lr', '0.1'] True"),
+                  "a .py script: exit %d, stdout:\n%s\nstderr:\n%.800s", r.code, r.out, r.err);
+    gwrun_free(&r);
+    const char *env_py[] = {"GW_RUN_PYTHON=/bin/echo", NULL};
+    gwrun_run(&r, env_py, (const char *[]){"-n", "1", path, NULL});
+    char want[160];
+    snprintf(want, sizeof want, "[0] -u %s", path);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, want), "GW_RUN_PYTHON: exit %d, stdout:\n%s", r.code, r.out);
+    gwrun_free(&r);
+    snprintf(pypath, sizeof pypath, "PYTHONPATH=%s", dir);
+    const char *env_mod[] = {pypath, NULL};
+    gwrun_run(&r, env_mod, (const char *[]){"-n", "2", "-m", "pkg", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[1] module 1"), "-m: exit %d, stdout:\n%s\nstderr:\n%.800s",
+                  r.code, r.out, r.err);
+    gwrun_free(&r);
+    snprintf(path, sizeof path, "%s/direct.py", dir);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--no-python", path, NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] direct 0"), "--no-python: exit %d, stdout:\n%s\n%.800s",
+                  r.code, r.out, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--no-python", "-m", "pkg", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "exclude each other"), "exit %d:\n%.800s", r.code, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--run-path", path, NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "--run-path runs the script inside"), "exit %d:\n%.800s", r.code, r.err);
+    gwrun_free(&r);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 void gwrun_add_env_tests(TCase *tc)
 {
+    tcase_add_test(tc, test_env_python_program);
     tcase_add_test(tc, test_env_generated);
     tcase_add_test(tc, test_env_passthrough);
     tcase_add_test(tc, test_env_omp_affinity);

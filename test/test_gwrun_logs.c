@@ -265,6 +265,10 @@ START_TEST(test_log_values_refused)
         {"-t", "0:1,", "not '0:1,'"},
         {"-t", "-1:1", "not '-1:1'"},
         {"--log-dir", "", "--log-dir must name a directory"},
+        {"--local-ranks-filter", "", "--local-ranks-filter must be local ranks"},
+        {"--local-ranks-filter", "0,,1", "not '0,,1'"},
+        {"--local-ranks-filter", "-1", "not '-1'"},
+        {"--local_ranks_filter", "0;1", "not '0;1'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct run r;
@@ -284,8 +288,55 @@ START_TEST(test_log_values_refused)
 }
 END_TEST
 
+/* Each "[1] ..." line of a report must be one the rank printed whole. */
+static void whole_line(const char *line, void *arg)
+{
+    if (strncmp(line, "[1] ", 4) == 0 && strncmp(line + 4, "noise ", 6) != 0 && strcmp(line + 4, "the reason") != 0)
+        ++*(int *)arg;
+}
+
+/* torchrun's --local-ranks-filter: only the named local ranks' lines reach
+ * the console (a rank past -n names nothing), the log files keep every
+ * rank's, and a hidden rank that fails has the end of its stderr said, from
+ * a whole line (its reason was lost). */
+START_TEST(test_local_ranks_filter)
+{
+    char base[64], dir[96], pattern[128], run[256];
+    make_tmp_dir(base, sizeof base);
+    snprintf(dir, sizeof dir, "%s/logs", base);
+    snprintf(pattern, sizeof pattern, "%s/2*-*", dir);
+    struct run r;
+    const char *args[] = {"-n", "3", "--local-ranks-filter", "0,2,7", "--log-dir", dir, "sh", "-c",
+                          "echo out $RANK; echo err $RANK >&2", NULL};
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] out 0") && gwrun_has_line(r.out, "[2] out 2") &&
+                      !strstr(r.out, "out 1") && gwrun_has_line(r.err, "[2] err 2") && !strstr(r.err, "err 1"),
+                  "exit code %d, stdout:\n%s\nstderr:\n%.800s", r.code, r.out, r.err);
+    run_dirs(pattern, 1, r.err, run, sizeof run);
+    expect_file(run, "attempt_0/1/stdout.log", "out 1\n");
+    expect_file(run, "attempt_0/1/stderr.log", "err 1\n");
+    gwrun_free(&r);
+    remove_tree(base);
+
+    const char *fail[] = {"-n", "2", "--local-ranks-filter", "0", "sh", "-c",
+                          "if [ $RANK = 1 ]; then i=0; while [ $i -lt 100 ]; do "
+                          "echo \"noise $i of rank 1 .........................................\" >&2; "
+                          "i=$((i + 1)); done; echo 'the reason' >&2; exit 3; fi; exec sleep 30", NULL};
+    gwrun_run(&r, NULL, fail);
+    int broken = 0;
+    gwrun_for_each_line(r.err, whole_line, &broken);
+    const char *said = strstr(r.err, "rank 1's last stderr lines (hidden by --local-ranks-filter):");
+    ck_assert_msg(r.code == 3 && said && strstr(said, "[1] noise 99 of rank 1") && strstr(said, "[1] the reason") &&
+                      !strstr(r.err, "noise 0 of") && broken == 0 && !strstr(r.out, "rank 1"),
+                  "exit code %d, %d broken lines, stderr from the report:\n%.800s", r.code, broken,
+                  said ? said : r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 void gwrun_add_log_tests(TCase *tc)
 {
+    tcase_add_test(tc, test_local_ranks_filter);
     tcase_add_test(tc, test_log_dir_tees);
     tcase_add_test(tc, test_tee_and_redirects_by_rank);
     tcase_add_test(tc, test_logs_per_restart);

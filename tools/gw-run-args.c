@@ -70,6 +70,15 @@ const char gw__run_usage_text[] =
     "  -r, --redirects S       the streams written to files only (same values);\n"
     "                          --tee or --redirects without --log-dir: a new\n"
     "                          directory under $TMPDIR (or /tmp), said at the start\n"
+    "  --local-ranks-filter L  torchrun's: only these local ranks' lines reach the\n"
+    "                          console (e.g. 0, or 0,3); log files keep every\n"
+    "                          rank's, and a hidden rank that fails has the end of\n"
+    "                          its stderr said\n"
+    "  -m, --module            PROGRAM is a Python module: python3 -u -m PROGRAM\n"
+    "  --no-python             run PROGRAM as given, even a .py script (otherwise\n"
+    "                          a PROGRAM ending in .py runs as python3 -u PROGRAM,\n"
+    "                          as under torchrun; GW_RUN_PYTHON names another\n"
+    "                          interpreter)\n"
     "  -h, --help              show this help\n"
     "\n"
     "Each rank gets GW_RANK, GW_LOCAL_RANK, GW_WORLD_SIZE, ... and torchrun's RANK,\n"
@@ -221,4 +230,52 @@ bool gw__run_parse_rdzv_conf(const char *v, double *join_timeout_s, int *is_host
         }
     }
     return true;
+}
+
+char **gw__run_program_argv(char **argv, int mode)
+{
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    const size_t len = strlen(argv[0]);
+    if (mode == GW_RUN_PROG_DIRECT || (mode == GW_RUN_PROG_AUTO && (len < 3 || strcmp(argv[0] + len - 3, ".py") != 0)))
+        return argv;
+    /* torchrun's: the interpreter, unbuffered (each line reaches gw-run as it
+     * is printed), then the script or -m and the module */
+    char **out = calloc(n + 4, sizeof *out);
+    if (!out)
+        return NULL;
+    const char *py = getenv("GW_RUN_PYTHON");
+    size_t k = 0;
+    out[k++] = (char *)(py && *py ? py : "python3");
+    out[k++] = "-u";
+    if (mode == GW_RUN_PROG_MODULE)
+        out[k++] = "-m";
+    for (size_t i = 0; i <= n; i++)
+        out[k++] = argv[i];
+    return out;
+}
+
+bool gw__run_parse_ranks_filter(const char *v, int local_n, bool *shown, char *err, size_t errsz)
+{
+    memset(shown, 0, (size_t)local_n * sizeof *shown);
+    const char *p = v;
+    int named = 0;
+    for (;;) {
+        char *end;
+        errno = 0;
+        const long r = strtol(p, &end, 10);
+        if (end == p || errno || r < 0 || (*end && *end != ',')) {
+            snprintf(err, errsz, "--local-ranks-filter must be local ranks separated by commas (torchrun's, "
+                     "e.g. 0 or 0,3), not '%s'", v);
+            return false;
+        }
+        if (r < local_n) /* ranks past -n show nothing, as torchrun's */
+            shown[r] = true;
+        named++;
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    return named > 0;
 }

@@ -36,7 +36,14 @@
 
 #include "gw-run.h"
 
-enum { TO_FILE = 1, TO_CONSOLE = 2 };
+enum { TO_FILE = 1, TO_CONSOLE = 2, TAIL = 2048 };
+
+/* The end of a hidden rank's stderr (--local-ranks-filter), for the report
+ * if it fails. */
+struct tail {
+    char b[TAIL];
+    size_t len;
+};
 
 static struct {
     bool on;                 /* a stream goes to a file */
@@ -47,6 +54,8 @@ static struct {
     bool *broken;            /* [local * 2 + k]: its file failed this attempt: to the console */
     int *fd;                 /* [local * 2 + k]: the open log file, -1 none */
     char **path;             /* [local * 2 + k]: its name, for messages */
+    bool *shown;             /* [local]: its lines reach the console; NULL: every rank's do */
+    struct tail *tail;       /* [local]: the end of a hidden rank's stderr this attempt */
 } L;
 
 /* torchrun's Std: one of 0 (none), 1 (stdout), 2 (stderr), 3 (both) for
@@ -118,9 +127,19 @@ static bool make_dirs(const char *path)
     return true;
 }
 
-int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, int local_n, int node_rank,
-                       int nnodes, char *err, size_t errsz)
+int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, const char *filter, int local_n,
+                       int node_rank, int nnodes, char *err, size_t errsz)
 {
+    if (filter) {
+        L.shown = calloc((size_t)local_n, sizeof *L.shown);
+        L.tail = calloc((size_t)local_n, sizeof *L.tail);
+        if (!L.shown || !L.tail) {
+            snprintf(err, errsz, "out of memory");
+            return 1;
+        }
+        if (!gw__run_parse_ranks_filter(filter, local_n, L.shown, err, errsz))
+            return -2;
+    }
     if (!dir && !tee && !redirects)
         return 0;
     if (dir && !*dir) {
@@ -198,6 +217,8 @@ const char *gw__run_logs_file_only(int local, int k)
 
 bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t whysz)
 {
+    if (L.tail)
+        L.tail[local].len = 0;
     if (!L.dir)
         return true;
     char dir[4200];
@@ -239,7 +260,7 @@ bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t wh
  * console skips (n where the stream is redirected, else 0).  A file that
  * cannot take them (a full disk, ulimit -f) is closed, said once, and what it
  * did not take goes to the console, as its stream's lines from then on. */
-size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
+static size_t file_write(int local, int k, int global, const char *p, size_t n)
 {
     if (!L.dir)
         return 0;
@@ -262,6 +283,45 @@ size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
     if (L.where[i] & TO_CONSOLE)
         return 0;
     return L.broken[i] ? done : n;
+}
+
+/* The file's part, then --local-ranks-filter's: a hidden rank's console
+ * skips everything, the end of its stderr kept. */
+size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
+{
+    const size_t skip = file_write(local, k, global, p, n);
+    if (!L.shown || L.shown[local])
+        return skip;
+    struct tail *t = &L.tail[local];
+    if (k == 1 && n >= TAIL) {
+        memcpy(t->b, p + n - TAIL, TAIL);
+        t->len = TAIL;
+    } else if (k == 1) {
+        const size_t drop = t->len + n > TAIL ? t->len + n - TAIL : 0;
+        memmove(t->b, t->b + drop, t->len - drop);
+        memcpy(t->b + t->len - drop, p, n);
+        t->len += n - drop;
+    }
+    return n;
+}
+
+void gw__run_logs_say_hidden(int local, int global)
+{
+    if (!L.shown || L.shown[local] || !L.tail[local].len)
+        return;
+    const struct tail *t = &L.tail[local];
+    const char *s = t->b, *end = t->b + t->len;
+    if (t->len == TAIL) { /* from the first whole line */
+        const char *nl = memchr(s, '\n', t->len);
+        s = nl && nl + 1 < end ? nl + 1 : s;
+    }
+    gw__run_say("gw-run: rank %d's last stderr lines (hidden by --local-ranks-filter):\n", global);
+    while (s < end) {
+        const char *nl = memchr(s, '\n', (size_t)(end - s));
+        const int len = (int)((nl ? nl : end) - s);
+        gw__run_say("[%d] %.*s\n", global, len, s);
+        s += len + (nl != NULL);
+    }
 }
 
 void gw__run_logs_close(int local, int k)

@@ -480,7 +480,7 @@ int main(int argc, char **argv)
         {"max_restarts", required_argument, NULL, 'R'},
         {"nnodes", required_argument, NULL, 'N'},
         {"node-rank", required_argument, NULL, 'K'},
-        {"master", required_argument, NULL, 'm'},
+        {"master", required_argument, NULL, 'O'},
         {"master-addr", required_argument, NULL, 'A'},
         {"master-port", required_argument, NULL, 'P'},
         {"standalone", no_argument, NULL, 'S'},
@@ -498,12 +498,20 @@ int main(int argc, char **argv)
         {"rdzv_id", required_argument, NULL, 'I'},
         {"rdzv-conf", required_argument, NULL, 'C'},
         {"rdzv_conf", required_argument, NULL, 'C'},
+        {"local-ranks-filter", required_argument, NULL, 'F'},
+        {"local_ranks_filter", required_argument, NULL, 'F'},
+        {"no-python", no_argument, NULL, 'Y'},
+        {"no_python", no_argument, NULL, 'Y'},
+        {"module", no_argument, NULL, 'm'},
+        {"run-path", no_argument, NULL, 'X'},
+        {"run_path", no_argument, NULL, 'X'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     long local_n = 0, nnodes = 1, node_rank = GW_RUN_NODE_AUTO, port = 0, lport = 0, max_restarts = 0, mport = 0;
     const char *master = NULL, *maddr = NULL, *log_dir = NULL, *tee = NULL, *redirects = NULL;
-    const char *endpoint = NULL, *rdzv_id = NULL;
+    const char *endpoint = NULL, *rdzv_id = NULL, *filter = NULL;
+    int prog_mode = GW_RUN_PROG_AUTO;
     char host[256], composed[300], err[1200];
     bool standalone = false;
     int is_host = -1; /* --rdzv-conf is_host */
@@ -513,7 +521,7 @@ int main(int argc, char **argv)
      * the leading ':' lets us word the error messages ourselves. */
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "+:hn:r:t:", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:hmn:r:t:", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (!gw__run_parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n)) {
@@ -543,6 +551,18 @@ int main(int argc, char **argv)
         case 'E':
             endpoint = optarg;
             break;
+        case 'F':
+            filter = optarg;
+            break;
+        case 'Y':
+        case 'm':
+            if (prog_mode != GW_RUN_PROG_AUTO && prog_mode != (c == 'm' ? GW_RUN_PROG_MODULE : GW_RUN_PROG_DIRECT))
+                gw__run_usage_error("%s--no-python and -m (--module) exclude each other (torchrun's too)", "");
+            prog_mode = c == 'm' ? GW_RUN_PROG_MODULE : GW_RUN_PROG_DIRECT;
+            break;
+        case 'X':
+            gw__run_usage_error("%s--run-path runs the script inside torchrun's own Python: gw-run starts every "
+                                "rank as a process (a .py PROGRAM with python3 -u, as torchrun without it)", "");
         case 'B':
             if (!gw__run_check_rdzv_backend(optarg, err, sizeof err))
                 gw__run_usage_error("%s", err);
@@ -567,7 +587,7 @@ int main(int argc, char **argv)
             if (!gw__run_parse_long(optarg, 0, MAX_NNODES - 1, &node_rank))
                 gw__run_usage_error("--node-rank must be a number from 0 to nnodes-1, not '%s'", optarg);
             break;
-        case 'm':
+        case 'O':
             master = optarg;
             break;
         case 'L':
@@ -624,6 +644,13 @@ int main(int argc, char **argv)
         gw__run_usage_error("%s--standalone is a job of one node; --nnodes is more", "");
     if (optind >= argc)
         gw__run_usage_error("%smissing PROGRAM to run", "");
+    /* a .py script with python3 -u, as torchrun; kept to the end (static: LeakSanitizer sees it held) */
+    static char **program;
+    program = gw__run_program_argv(argv + optind, prog_mode);
+    if (!program) {
+        gw__run_say("gw-run: out of memory\n");
+        return 1;
+    }
     if (master && !gw__run_parse_master(master, host, sizeof host, &port))
         gw__run_usage_error("--master must be HOST:PORT or [IPv6]:PORT with a port from 1 to 65535, "
                     "not '%s'", master);
@@ -681,7 +708,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     char lo[64], why[4400];
-    const int logs = gw__run_logs_setup(log_dir, tee, redirects, (int)local_n, (int)node_rank, (int)nnodes, why,
+    const int logs = gw__run_logs_setup(log_dir, tee, redirects, filter, (int)local_n, (int)node_rank, (int)nnodes, why,
                                         sizeof why);
     if (logs < 0)
         gw__run_usage_error("%s", why);
@@ -793,7 +820,7 @@ int main(int argc, char **argv)
         gw__run_setenv_long("GW_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS", NULL, max_restarts);
         gw__run.attempt = attempt;
         gw__run.may_restart = attempt < max_restarts;
-        spawn_all((int)local_n, (int)node_rank, argv + optind);
+        spawn_all((int)local_n, (int)node_rank, program);
         run_loop();
         gw__run_remove_leftover_shm(cur_token);
         /* Signals are held from the decision until spawn_all has forked the

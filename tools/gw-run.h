@@ -250,13 +250,22 @@ bool gw__run_parse_master(const char *s, char *host, size_t hostsz, long *port);
 bool gw__run_parse_nnodes(const char *v, long *out, char *err, size_t errsz);
 bool gw__run_check_rdzv_backend(const char *v, char *err, size_t errsz);
 bool gw__run_parse_rdzv_conf(const char *v, double *join_timeout_s, int *is_host, char *err, size_t errsz);
+/* What runs for PROGRAM ARGS: as given (DIRECT, torchrun's --no-python), or
+ * as torchrun runs it, the interpreter (GW_RUN_PYTHON, else python3) with -u
+ * and the script (AUTO: where PROGRAM ends in .py; else as given) or -m and
+ * the module (MODULE).  argv itself, or a new array; NULL: out of memory. */
+enum { GW_RUN_PROG_AUTO, GW_RUN_PROG_DIRECT, GW_RUN_PROG_MODULE };
+char **gw__run_program_argv(char **argv, int mode);
+/* torchrun's --local-ranks-filter: local ranks separated by commas; shown[local]
+ * for the -n local ranks (ranks past it ignored); false with the reason. */
+bool gw__run_parse_ranks_filter(const char *v, int local_n, bool *shown, char *err, size_t errsz);
 
 /* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
  * Setup takes the options as given (NULL: absent): 0, or the reason in err
  * and -2 (a bad value: gw-run's usage follows) or 1 (out of memory).  Start
  * makes the run's directory (0, or 1 with the system's reason). */
-int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, int local_n, int node_rank,
-                       int nnodes, char *err, size_t errsz);
+int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, const char *filter, int local_n,
+                       int node_rank, int nnodes, char *err, size_t errsz);
 int gw__run_logs_start(int node_rank, char *err, size_t errsz); /* node_rank: setup's, or the one node 0 gave */
 /* Whether any stream goes to a file. */
 bool gw__run_logs_on(void);
@@ -267,6 +276,8 @@ bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t wh
 /* Writes what stream k read to its file; how many of those bytes the console skips. */
 size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n);
 void gw__run_logs_close(int local, int k);
+/* A failed rank hidden by --local-ranks-filter: the end of its stderr, said. */
+void gw__run_logs_say_hidden(int local, int global);
 bool gw__run_make_token(char out[33]);
 void gw__run_attempt_token(const char *token, long k, char *out, size_t cap);
 
