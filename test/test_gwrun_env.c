@@ -183,6 +183,17 @@ START_TEST(test_env_torchrun_names)
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 10.1.2.3 4000"), "exit %d, stdout:\n%s\nstderr:\n%s",
                   r.code, r.out, r.err);
     gwrun_free(&r);
+    /* --role names ROLE_NAME ("default" without); --monitor-interval and
+     * --start-method are taken, checked */
+    const char *no_role[] = {"ROLE_NAME=outer", NULL};
+    gwrun_run(&r, no_role, (const char *[]){"-n", "1", "sh", "-c", "echo $ROLE_NAME", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] default"), "no --role: exit %d\n%s", r.code, r.out);
+    gwrun_free(&r);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--role", "trainer", "--monitor-interval", "0.1",
+                                         "--start-method", "spawn", "sh", "-c", "echo $ROLE_NAME", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] trainer"), "--role: exit %d\n%s\n%.800s", r.code, r.out,
+                  r.err);
+    gwrun_free(&r);
     const char *a3[] = {"-n", "1", "--master-addr", "10.1.2.3", "sh", "-c", "echo $GW_MASTER_PORT", NULL};
     gwrun_run(&r, NULL, a3);
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 29500"), "torchrun's default port: exit %d\n%s",
@@ -211,9 +222,13 @@ START_TEST(test_env_torchrun_names)
         {"-n", "1", "--master", "h:1", "--master-port", "2", "true", NULL},
         {"-n", "1", "--standalone", "--nnodes", "2", "--master", "h:1", NULL},
         {"-n", "some", "true", NULL},
+        {"-n", "1", "--start-method", "thread", "true", NULL},
+        {"-n", "1", "--monitor-interval", "0", "true", NULL},
+        {"-n", "1", "--role", "", "true", NULL},
     };
     static const char *const why[] = {"give one of --master", "--standalone is a job of one node",
-                                      "or gpu, cpu or auto, not 'some'"};
+                                      "or gpu, cpu or auto, not 'some'", "spawn, fork or forkserver",
+                                      "--monitor-interval must be seconds above 0", "--role must name the role"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         gwrun_run(&r, NULL, refused[i]);
         ck_assert_msg(r.code == 2 && strstr(r.err, why[i]), "case %zu: exit %d, stderr:\n%s", i, r.code, r.err);
@@ -228,6 +243,10 @@ END_TEST
  * interpreter; --no-python with -m, and --run-path, refused. */
 START_TEST(test_env_python_program)
 {
+    if (system("command -v python3 >/dev/null") != 0) {
+        printf("test_env_python_program: no python3 here: not run\n");
+        return;
+    }
     char dir[] = "/tmp/gwrun-py-XXXXXX", path[96], pypath[128];
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/pkg", dir);
@@ -246,7 +265,8 @@ START_TEST(test_env_python_program)
     }
     struct run r;
     snprintf(path, sizeof path, "%s/s.py", dir);
-    gwrun_run(&r, NULL, (const char *[]){"-n", "2", path, "--lr", "0.1", NULL});
+    const char *buffered[] = {"PYTHONUNBUFFERED", NULL}; /* so write_through is -u's */
+    gwrun_run(&r, buffered, (const char *[]){"-n", "2", path, "--lr", "0.1", NULL});
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[1] py 1 ['--lr', '0.1'] True"),
                   "a .py script: exit %d, stdout:\n%s\nstderr:\n%.800s", r.code, r.out, r.err);
     gwrun_free(&r);

@@ -265,8 +265,7 @@ START_TEST(test_log_values_refused)
         {"-t", "0:1,", "not '0:1,'"},
         {"-t", "-1:1", "not '-1:1'"},
         {"--log-dir", "", "--log-dir must name a directory"},
-        {"--local-ranks-filter", "", "--local-ranks-filter must be local ranks"},
-        {"--local-ranks-filter", "0,,1", "not '0,,1'"},
+        {"--local-ranks-filter", "0,,1", "--local-ranks-filter must be local ranks"},
         {"--local-ranks-filter", "-1", "not '-1'"},
         {"--local_ranks_filter", "0;1", "not '0;1'"},
     };
@@ -319,7 +318,7 @@ START_TEST(test_local_ranks_filter)
     remove_tree(base);
 
     const char *fail[] = {"-n", "2", "--local-ranks-filter", "0", "sh", "-c",
-                          "if [ $RANK = 1 ]; then i=0; while [ $i -lt 100 ]; do "
+                          "if [ $RANK = 1 ]; then echo hidden out; i=0; while [ $i -lt 100 ]; do "
                           "echo \"noise $i of rank 1 .........................................\" >&2; "
                           "i=$((i + 1)); done; echo 'the reason' >&2; exit 3; fi; exec sleep 30", NULL};
     gwrun_run(&r, NULL, fail);
@@ -327,9 +326,23 @@ START_TEST(test_local_ranks_filter)
     gwrun_for_each_line(r.err, whole_line, &broken);
     const char *said = strstr(r.err, "rank 1's last stderr lines (hidden by --local-ranks-filter):");
     ck_assert_msg(r.code == 3 && said && strstr(said, "[1] noise 99 of rank 1") && strstr(said, "[1] the reason") &&
-                      !strstr(r.err, "noise 0 of") && broken == 0 && !strstr(r.out, "rank 1"),
+                      !strstr(r.err, "noise 0 of") && broken == 0 && !strstr(r.out, "hidden out"),
                   "exit code %d, %d broken lines, stderr from the report:\n%.800s", r.code, broken,
                   said ? said : r.err);
+    gwrun_free(&r);
+
+    /* Two lines filling the kept end exactly: both said (the first was taken
+     * for a cut one); '' is torchrun's default, every rank shown */
+    const char *exact[] = {"-n", "2", "--local-ranks-filter", "0", "sh", "-c",
+                           "if [ $RANK = 1 ]; then head -c 1023 /dev/zero | tr '\\0' A >&2; echo >&2; "
+                           "head -c 1023 /dev/zero | tr '\\0' B >&2; echo >&2; exit 5; fi; exec sleep 30", NULL};
+    gwrun_run(&r, NULL, exact);
+    said = strstr(r.err, "hidden by --local-ranks-filter");
+    ck_assert_msg(r.code == 5 && said && strstr(said, "[1] AAAA") && strstr(said, "[1] BBBB"),
+                  "exit code %d, stderr:\n%.800s", r.code, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "2", "--local-ranks-filter", "", "sh", "-c", "echo out $RANK", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[1] out 1"), "'': exit %d, stdout:\n%s", r.code, r.out);
     gwrun_free(&r);
 }
 END_TEST

@@ -77,8 +77,12 @@ const char gw__run_usage_text[] =
     "  -m, --module            PROGRAM is a Python module: python3 -u -m PROGRAM\n"
     "  --no-python             run PROGRAM as given, even a .py script (otherwise\n"
     "                          a PROGRAM ending in .py runs as python3 -u PROGRAM,\n"
-    "                          as under torchrun; GW_RUN_PYTHON names another\n"
-    "                          interpreter)\n"
+    "                          as under torchrun; GW_RUN_PYTHON, else torchrun's\n"
+    "                          PYTHON_EXEC, names another interpreter)\n"
+    "  --role NAME             torchrun's: the ranks' ROLE_NAME (default: default)\n"
+    "  --monitor-interval S, --start-method spawn|fork|forkserver  torchrun's,\n"
+    "                          checked and otherwise unused: gw-run sees a rank\n"
+    "                          exit at once, and every rank is a fresh process\n"
     "  -h, --help              show this help\n"
     "\n"
     "Each rank gets GW_RANK, GW_LOCAL_RANK, GW_WORLD_SIZE, ... and torchrun's RANK,\n"
@@ -245,9 +249,9 @@ char **gw__run_program_argv(char **argv, int mode)
     char **out = calloc(n + 4, sizeof *out);
     if (!out)
         return NULL;
-    const char *py = getenv("GW_RUN_PYTHON");
+    const char *py = getenv("GW_RUN_PYTHON"), *torchrun_py = getenv("PYTHON_EXEC");
     size_t k = 0;
-    out[k++] = (char *)(py && *py ? py : "python3");
+    out[k++] = (char *)(py && *py ? py : torchrun_py && *torchrun_py ? torchrun_py : "python3");
     out[k++] = "-u";
     if (mode == GW_RUN_PROG_MODULE)
         out[k++] = "-m";
@@ -258,7 +262,9 @@ char **gw__run_program_argv(char **argv, int mode)
 
 bool gw__run_parse_ranks_filter(const char *v, int local_n, bool *shown, char *err, size_t errsz)
 {
-    memset(shown, 0, (size_t)local_n * sizeof *shown);
+    memset(shown, !*v, (size_t)local_n * sizeof *shown); /* '': torchrun's default, every rank */
+    if (!*v)
+        return true;
     const char *p = v;
     int named = 0;
     for (;;) {
@@ -278,4 +284,20 @@ bool gw__run_parse_ranks_filter(const char *v, int local_n, bool *shown, char *e
         p = end + 1;
     }
     return named > 0;
+}
+
+bool gw__run_check_ignored(const char *flag, const char *v, char *err, size_t errsz)
+{
+    if (strcmp(flag, "--start-method") == 0) {
+        if (strcmp(v, "spawn") == 0 || strcmp(v, "fork") == 0 || strcmp(v, "forkserver") == 0)
+            return true;
+        snprintf(err, errsz, "--start-method must be spawn, fork or forkserver (torchrun's), not '%s'", v);
+        return false;
+    }
+    char *end;
+    const double s = strtod(v, &end);
+    if (end != v && !*end && isfinite(s) && s > 0)
+        return true;
+    snprintf(err, errsz, "%s must be seconds above 0, not '%s'", flag, v);
+    return false;
 }

@@ -333,7 +333,8 @@ static void close_stream(const struct rank *r, struct stream *s)
 bool gw__run_pump(const struct rank *r, struct stream *s)
 {
     static char buf[MAX_LINE];
-    if (s->fd < 0 || !has_room(s->out_fd))
+    const int local = (int)(r - gw__run.ranks);
+    if (s->fd < 0 || (!has_room(s->out_fd) && !gw__run_logs_hidden(local))) /* a hidden rank queues nothing */
         return false;
     ssize_t n = read(s->fd, buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -342,7 +343,7 @@ bool gw__run_pump(const struct rank *r, struct stream *s)
         close_stream(r, s);
         return false;
     }
-    const size_t skip = gw__run_logs_write((int)(r - gw__run.ranks), (int)(s - r->s), r->global, buf, (size_t)n);
+    const size_t skip = gw__run_logs_write(local, (int)(s - r->s), r->global, buf, (size_t)n);
     if (skip < (size_t)n) {
         consume(r, s, buf + skip, (size_t)n - skip);
         flush_out(s->out_fd);
@@ -360,7 +361,7 @@ int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
     *held = !room[1] || !room[2];
     for (int i = 0; i < gw__run.nranks; i++) {
         for (int k = 0; k < 2; k++) {
-            if (ranks[i].s[k].fd >= 0 && room[ranks[i].s[k].out_fd]) {
+            if (ranks[i].s[k].fd >= 0 && (room[ranks[i].s[k].out_fd] || gw__run_logs_hidden(i))) {
                 owner[nfds] = &ranks[i].s[k];
                 owner_rank[nfds] = &ranks[i];
                 pfds[nfds++] = (struct pollfd){.fd = ranks[i].s[k].fd, .events = POLLIN};

@@ -43,6 +43,7 @@ enum { TO_FILE = 1, TO_CONSOLE = 2, TAIL = 2048 };
 struct tail {
     char b[TAIL];
     size_t len;
+    bool cut; /* b starts inside a line (what came before it is gone) */
 };
 
 static struct {
@@ -218,7 +219,7 @@ const char *gw__run_logs_file_only(int local, int k)
 bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t whysz)
 {
     if (L.tail)
-        L.tail[local].len = 0;
+        L.tail[local].len = 0, L.tail[local].cut = false;
     if (!L.dir)
         return true;
     char dir[4200];
@@ -290,14 +291,17 @@ static size_t file_write(int local, int k, int global, const char *p, size_t n)
 size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
 {
     const size_t skip = file_write(local, k, global, p, n);
-    if (!L.shown || L.shown[local])
-        return skip;
+    if (!gw__run_logs_hidden(local) || (L.dir && L.broken[local * 2 + k]))
+        return skip; /* shown, or its file failed: said to go to the console, and it does */
     struct tail *t = &L.tail[local];
     if (k == 1 && n >= TAIL) {
+        t->cut = n > TAIL ? p[n - TAIL - 1] != '\n' : t->len > 0 && t->b[t->len - 1] != '\n';
         memcpy(t->b, p + n - TAIL, TAIL);
         t->len = TAIL;
     } else if (k == 1) {
         const size_t drop = t->len + n > TAIL ? t->len + n - TAIL : 0;
+        if (drop)
+            t->cut = t->b[drop - 1] != '\n';
         memmove(t->b, t->b + drop, t->len - drop);
         memcpy(t->b + t->len - drop, p, n);
         t->len += n - drop;
@@ -305,14 +309,22 @@ size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
     return n;
 }
 
+bool gw__run_logs_hidden(int local)
+{
+    return L.shown && !L.shown[local];
+}
+
 void gw__run_logs_say_hidden(int local, int global)
 {
-    if (!L.shown || L.shown[local] || !L.tail[local].len)
+    if (!gw__run_logs_hidden(local) || !L.tail[local].len)
         return;
-    const struct tail *t = &L.tail[local];
-    const char *s = t->b, *end = t->b + t->len;
-    if (t->len == TAIL) { /* from the first whole line */
-        const char *nl = memchr(s, '\n', t->len);
+    struct tail *t = &L.tail[local];
+    char *s = t->b;
+    const char *end = t->b + t->len;
+    for (char *c = s; c < end; c++) /* printed as text: a NUL would end its line */
+        *c = *c ? *c : '?';
+    if (t->cut) { /* from the first whole line */
+        char *nl = memchr(s, '\n', t->len);
         s = nl && nl + 1 < end ? nl + 1 : s;
     }
     gw__run_say("gw-run: rank %d's last stderr lines (hidden by --local-ranks-filter):\n", global);

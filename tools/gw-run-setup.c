@@ -120,7 +120,6 @@ void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, cons
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");
     unsetenv("TORCHELASTIC_RUN_ID");
     unsetenv("TORCHELASTIC_ERROR_FILE");
-    setenv("ROLE_NAME", "default", 1);
 }
 
 /* The GPUs this job may use, as torch.cuda.device_count() counts them:

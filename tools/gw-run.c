@@ -81,6 +81,9 @@ static struct rlimit orig_nofile;
 
 /* Runs in the child between fork and exec. gw-run is single-threaded, so the
  * non-async-signal-safe calls here (setenv, dprintf) are fine. */
+/* PROGRAM runs through the Python interpreter (gw__run_program_argv). */
+static bool run_by_python;
+
 static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid_t launcher,
                       char **argv)
 {
@@ -104,7 +107,9 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid
     setenv("LOCAL_RANK", buf, 1);
 
     execvp(argv[0], argv);
-    dprintf(2, "gw-run: cannot run '%s': %s\n", argv[0], strerror(errno));
+    dprintf(2, "gw-run: cannot run '%s': %s%s\n", argv[0], strerror(errno),
+            run_by_python ? " (a .py PROGRAM or -m runs with python3 -u, as under torchrun: GW_RUN_PYTHON or "
+                            "PYTHON_EXEC name another interpreter, --no-python runs PROGRAM as given)" : "");
     _exit(EXIT_NOT_FOUND);
 }
 
@@ -505,12 +510,17 @@ int main(int argc, char **argv)
         {"module", no_argument, NULL, 'm'},
         {"run-path", no_argument, NULL, 'X'},
         {"run_path", no_argument, NULL, 'X'},
+        {"role", required_argument, NULL, 'W'},
+        {"monitor-interval", required_argument, NULL, 'V'},
+        {"monitor_interval", required_argument, NULL, 'V'},
+        {"start-method", required_argument, NULL, 'T'},
+        {"start_method", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     long local_n = 0, nnodes = 1, node_rank = GW_RUN_NODE_AUTO, port = 0, lport = 0, max_restarts = 0, mport = 0;
     const char *master = NULL, *maddr = NULL, *log_dir = NULL, *tee = NULL, *redirects = NULL;
-    const char *endpoint = NULL, *rdzv_id = NULL, *filter = NULL;
+    const char *endpoint = NULL, *rdzv_id = NULL, *filter = NULL, *role = "default";
     int prog_mode = GW_RUN_PROG_AUTO;
     char host[256], composed[300], err[1200];
     bool standalone = false;
@@ -553,6 +563,16 @@ int main(int argc, char **argv)
             break;
         case 'F':
             filter = optarg;
+            break;
+        case 'W':
+            if (!*optarg)
+                gw__run_usage_error("%s--role must name the role (ROLE_NAME), not ''", "");
+            role = optarg;
+            break;
+        case 'V':
+        case 'T':
+            if (!gw__run_check_ignored(c == 'V' ? "--monitor-interval" : "--start-method", optarg, err, sizeof err))
+                gw__run_usage_error("%s", err);
             break;
         case 'Y':
         case 'm':
@@ -647,6 +667,7 @@ int main(int argc, char **argv)
     /* a .py script with python3 -u, as torchrun; kept to the end (static: LeakSanitizer sees it held) */
     static char **program;
     program = gw__run_program_argv(argv + optind, prog_mode);
+    run_by_python = program != argv + optind;
     if (!program) {
         gw__run_say("gw-run: out of memory\n");
         return 1;
@@ -805,6 +826,7 @@ int main(int argc, char **argv)
     }
     /* Settings shared by all ranks go into our own environment once; the
      * per-rank ones are set in each child. */
+    setenv("ROLE_NAME", role, 1); /* torchrun's --role */
     gw__run_job_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1,
                     token);
 

@@ -259,6 +259,10 @@ char **gw__run_program_argv(char **argv, int mode);
 /* torchrun's --local-ranks-filter: local ranks separated by commas; shown[local]
  * for the -n local ranks (ranks past it ignored); false with the reason. */
 bool gw__run_parse_ranks_filter(const char *v, int local_n, bool *shown, char *err, size_t errsz);
+/* torchrun's flags that change nothing here, their values checked:
+ * --monitor-interval (gw-run sees a rank's exit at once, by SIGCHLD) and
+ * --start-method (every rank is a fresh process, torchrun's spawn). */
+bool gw__run_check_ignored(const char *flag, const char *v, char *err, size_t errsz);
 
 /* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
  * Setup takes the options as given (NULL: absent): 0, or the reason in err
@@ -278,6 +282,8 @@ size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
 void gw__run_logs_close(int local, int k);
 /* A failed rank hidden by --local-ranks-filter: the end of its stderr, said. */
 void gw__run_logs_say_hidden(int local, int global);
+/* Whether --local-ranks-filter hides local rank `local` from the console. */
+bool gw__run_logs_hidden(int local);
 bool gw__run_make_token(char out[33]);
 void gw__run_attempt_token(const char *token, long k, char *out, size_t cap);
 
