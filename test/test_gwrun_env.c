@@ -194,6 +194,20 @@ START_TEST(test_env_torchrun_names)
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] trainer"), "--role: exit %d\n%s\n%.800s", r.code, r.out,
                   r.err);
     gwrun_free(&r);
+    /* torchrun's --log-line-prefix-template (Template.safe_substitute: ${x} or
+     * $x, $$, unknown names and a lone $ as written), cut at 127 bytes */
+    gwrun_run(&r, NULL, (const char *[]){"-n", "2", "--role", "trn", "--log-line-prefix-template",
+                                         "${role_name}/$rank:${local_rank}|$$ ${nope} $", "sh", "-c", "echo hi", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "trn/1:1|$ ${nope} $hi"), "template: exit %d\n%s", r.code,
+                  r.out);
+    gwrun_free(&r);
+    char longer[300];
+    memset(longer, 'x', 299), longer[299] = '\0';
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--log-line-prefix-template", longer, "sh", "-c", "echo hi", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == 1 && strlen(r.out) == 127 + 3 &&
+                      !strncmp(r.out + 127, "hi\n", 3),
+                  "a long template: exit %d\n%.400s", r.code, r.out);
+    gwrun_free(&r);
     const char *a3[] = {"-n", "1", "--master-addr", "10.1.2.3", "sh", "-c", "echo $GW_MASTER_PORT", NULL};
     gwrun_run(&r, NULL, a3);
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 29500"), "torchrun's default port: exit %d\n%s",

@@ -80,6 +80,9 @@ const char gw__run_usage_text[] =
     "                          as under torchrun; GW_RUN_PYTHON, else torchrun's\n"
     "                          PYTHON_EXEC, names another interpreter)\n"
     "  --role NAME             torchrun's: the ranks' ROLE_NAME (default: default)\n"
+    "  --log-line-prefix-template T  torchrun's: each console line's prefix, with\n"
+    "                          ${rank}, ${local_rank} and ${role_name} put in\n"
+    "                          (default \"[${rank}] \")\n"
     "  --monitor-interval S, --start-method spawn|fork|forkserver  torchrun's,\n"
     "                          checked and otherwise unused: gw-run sees a rank\n"
     "                          exit at once, and every rank is a fresh process\n"
@@ -300,4 +303,47 @@ bool gw__run_check_ignored(const char *flag, const char *v, char *err, size_t er
         return true;
     snprintf(err, errsz, "%s must be seconds above 0, not '%s'", flag, v);
     return false;
+}
+
+void gw__run_format_prefix(const char *tmpl, const char *role, int rank, int local, char *out, size_t cap)
+{
+    if (!tmpl) {
+        snprintf(out, cap, "[%d] ", rank);
+        return;
+    }
+    /* Python's Template.safe_substitute: ${name} or $name, $$ for $, the
+     * rest (an unknown name, a lone $) as written */
+    size_t o = 0;
+    for (const char *p = tmpl; *p && o + 1 < cap;) {
+        char val[32] = "";
+        const char *v = NULL;
+        size_t skip = 0;
+        if (p[0] == '$' && p[1] == '$') {
+            v = "$", skip = 2;
+        } else if (p[0] == '$') {
+            static const char *const names[] = {"role_name", "rank", "local_rank"};
+            for (int i = 0; i < 3 && !v; i++) {
+                const size_t nl = strlen(names[i]);
+                const bool braced = p[1] == '{' && strncmp(p + 2, names[i], nl) == 0 && p[2 + nl] == '}';
+                const bool bare = strncmp(p + 1, names[i], nl) == 0 &&
+                                  !(p[1 + nl] == '_' || (p[1 + nl] >= 'a' && p[1 + nl] <= 'z') ||
+                                    (p[1 + nl] >= 'A' && p[1 + nl] <= 'Z') || (p[1 + nl] >= '0' && p[1 + nl] <= '9'));
+                if (braced || bare) {
+                    if (i == 0)
+                        v = role;
+                    else
+                        snprintf(val, sizeof val, "%d", i == 1 ? rank : local), v = val;
+                    skip = braced ? nl + 3 : nl + 1;
+                }
+            }
+        }
+        if (!v) {
+            out[o++] = *p++;
+            continue;
+        }
+        o += (size_t)snprintf(out + o, cap - o, "%s", v);
+        o = o < cap ? o : cap - 1;
+        p += skip;
+    }
+    out[o] = '\0';
 }

@@ -251,18 +251,16 @@ static void flush_out(int fd)
     outlen = 0;
 }
 
-/* Queues "[R] " + a + b + "\n". The line is built in one buffer so that it
+/* Queues the rank's prefix ("[R] ") + a + b + "\n". The line is built in one buffer so that it
  * reaches our stdout in one write and never interleaves with another rank's. */
 static void emit_line(const struct rank *r, const struct stream *s, const char *a, size_t alen,
                       const char *b, size_t blen)
 {
-    char prefix[24];
-    int pl = snprintf(prefix, sizeof prefix, "[%d] ", r->global);
-    size_t need = (size_t)pl + alen + blen + 1;
+    const size_t pl = strlen(r->prefix), need = pl + alen + blen + 1;
     if (outlen + need > sizeof outbuf)
         flush_out(s->out_fd);
-    memcpy(outbuf + outlen, prefix, (size_t)pl);
-    outlen += (size_t)pl;
+    memcpy(outbuf + outlen, r->prefix, pl);
+    outlen += pl;
     if (alen)
         memcpy(outbuf + outlen, a, alen);
     outlen += alen;

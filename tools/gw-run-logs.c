@@ -314,7 +314,7 @@ bool gw__run_logs_hidden(int local)
     return L.shown && !L.shown[local];
 }
 
-void gw__run_logs_say_hidden(int local, int global)
+void gw__run_logs_say_hidden(int local, int global, const char *prefix)
 {
     if (!gw__run_logs_hidden(local) || !L.tail[local].len)
         return;
@@ -331,7 +331,7 @@ void gw__run_logs_say_hidden(int local, int global)
     while (s < end) {
         const char *nl = memchr(s, '\n', (size_t)(end - s));
         const int len = (int)((nl ? nl : end) - s);
-        gw__run_say("[%d] %.*s\n", global, len, s);
+        gw__run_say("%s%.*s\n", prefix, len, s);
         s += len + (nl != NULL);
     }
 }

@@ -300,7 +300,7 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
     else
         gw__run_say("gw-run: rank %d (pid %ld) was killed by signal %d (%s)\n", r->global,
                 (long)pid, WTERMSIG(status), gw__run_signal_name(WTERMSIG(status)));
-    gw__run_logs_say_hidden((int)(r - gw__run.ranks), r->global);
+    gw__run_logs_say_hidden((int)(r - gw__run.ranks), r->global, r->prefix);
     const char *err_log = gw__run_logs_file_only((int)(r - gw__run.ranks), 1);
     if (err_log) /* its last words (a program not found, too) went there alone */
         gw__run_say("gw-run: rank %d's stderr is in %s\n", r->global, err_log);

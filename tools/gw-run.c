@@ -183,6 +183,7 @@ static void spawn_all(int local_n, int node_rank, char **argv)
     for (int i = 0; i < local_n; i++) {
         struct rank *r = &gw__run.ranks[i];
         r->global = node_rank * local_n + i;
+        gw__run_format_prefix(gw__run.prefix_template, gw__run.role, r->global, i, r->prefix, sizeof r->prefix);
         if (!gw__run_logs_open(i, r->global, gw__run.attempt, why, sizeof why))
             break;
         int po[2], pe[2];
@@ -515,6 +516,8 @@ int main(int argc, char **argv)
         {"monitor_interval", required_argument, NULL, 'V'},
         {"start-method", required_argument, NULL, 'T'},
         {"start_method", required_argument, NULL, 'T'},
+        {"log-line-prefix-template", required_argument, NULL, 'Q'},
+        {"log_line_prefix_template", required_argument, NULL, 'Q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -563,6 +566,9 @@ int main(int argc, char **argv)
             break;
         case 'F':
             filter = optarg;
+            break;
+        case 'Q':
+            gw__run.prefix_template = optarg;
             break;
         case 'W':
             if (!*optarg)
@@ -827,6 +833,7 @@ int main(int argc, char **argv)
     /* Settings shared by all ranks go into our own environment once; the
      * per-rank ones are set in each child. */
     setenv("ROLE_NAME", role, 1); /* torchrun's --role */
+    gw__run.role = role;
     gw__run_job_env(local_n * nnodes, local_n, nnodes, node_rank, host, port, lport ? lport : port + 1, nnodes > 1,
                     token);
 

@@ -29,7 +29,8 @@ struct stream {
 
 struct rank {
     pid_t pid;          /* 0 when never started or already reaped */
-    int global;         /* global rank, printed as the line prefix */
+    int global;         /* global rank */
+    char prefix[128];   /* before each line it prints: "[global] ", or --log-line-prefix-template's */
     bool stopped_by_us; /* gw-run stopped it: its exit is not a failure */
     struct stream s[2]; /* [0] stdout, [1] stderr */
 };
@@ -56,6 +57,7 @@ struct job {
     int64_t sig_ms[32];
     bool sig_remote[32];
 
+    const char *prefix_template, *role; /* --log-line-prefix-template (NULL: none), --role */
     long attempt;     /* 0, then 1, 2, ... for each restart (--max-restarts) */
     bool may_restart; /* restarts are left after this attempt */
 };
@@ -263,6 +265,9 @@ bool gw__run_parse_ranks_filter(const char *v, int local_n, bool *shown, char *e
  * --monitor-interval (gw-run sees a rank's exit at once, by SIGCHLD) and
  * --start-method (every rank is a fresh process, torchrun's spawn). */
 bool gw__run_check_ignored(const char *flag, const char *v, char *err, size_t errsz);
+/* A rank's line prefix: "[RANK] ", or torchrun's --log-line-prefix-template
+ * with ${role_name}, ${rank} and ${local_rank} (or $name; $$ is $) put in. */
+void gw__run_format_prefix(const char *tmpl, const char *role, int rank, int local, char *out, size_t cap);
 
 /* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
  * Setup takes the options as given (NULL: absent): 0, or the reason in err
@@ -281,7 +286,7 @@ bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t wh
 size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n);
 void gw__run_logs_close(int local, int k);
 /* A failed rank hidden by --local-ranks-filter: the end of its stderr, said. */
-void gw__run_logs_say_hidden(int local, int global);
+void gw__run_logs_say_hidden(int local, int global, const char *prefix);
 /* Whether --local-ranks-filter hides local rank `local` from the console. */
 bool gw__run_logs_hidden(int local);
 bool gw__run_make_token(char out[33]);
