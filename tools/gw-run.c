@@ -79,11 +79,11 @@ struct job gw__run = {.kill_grace_s = DEFAULT_KILL_GRACE_S};
  * the ranks start exactly as they would without the launcher. */
 static struct rlimit orig_nofile;
 
-/* Runs in the child between fork and exec. gw-run is single-threaded, so the
- * non-async-signal-safe calls here (setenv, dprintf) are fine. */
 /* PROGRAM runs through the Python interpreter (gw__run_program_argv). */
 static bool run_by_python;
 
+/* Runs in the child between fork and exec. gw-run is single-threaded, so the
+ * non-async-signal-safe calls here (setenv, dprintf) are fine. */
 static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid_t launcher,
                       char **argv)
 {
