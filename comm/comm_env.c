@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "comm.h"
+#include "netname.h"
 
 /* ---- environment ---------------------------------------------------------------- */
 static const char *first_env(const char *const *names) {
@@ -121,6 +122,15 @@ static gw_result_t slurm_master(int rank, const char **addr, const char **port, 
       return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0 runs on %s, not on the step's first node %s (from "
                      "%s), where the other ranks look for it (srun --distribution=arbitrary?): set "
                      "GW_MASTER_ADDR to rank 0's host", node, host, list_var);
+    /* rank 0 would listen there alone, out of the other nodes' reach (gw-run
+     * refuses such a --master the same way) */
+    const char *nodes = getenv("SLURM_STEP_NUM_NODES");
+    char lo[64];
+    if (rank == 0 && nodes && atoi(nodes) > 1 && gw__name_is_loopback(host, lo, sizeof lo))
+      return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: the step's first node %s resolves to %s (a loopback "
+                     "address) here, which the ranks on the other %d nodes cannot reach: set GW_MASTER_ADDR to this "
+                     "node's network address (Debian and Ubuntu map the host name to 127.0.1.1 in /etc/hosts)",
+                     host, lo, atoi(nodes) - 1);
     *addr = host;
   }
   if (!*port || !**port) {

@@ -243,6 +243,16 @@ START_TEST(test_slurm_master_from_nodelist) {
   ck_assert_msg(has(gw_comm_last_error(NULL), "rank 0 runs on node08, not on the step's first node node07 (from "
                 "SLURM_STEP_NODELIST)"), "%s",
                 gw_comm_last_error(NULL));
+  /* A first node whose name resolves to a loopback address on rank 0's
+   * (Debian's 127.0.1.1) in a step of two nodes: said at once, not after the
+   * bootstrap timeout with the other node's ranks refused; one node is fine */
+  setenv("SLURM_STEP_NODELIST", "localhost,node2", 1), setenv("SLURMD_NODENAME", "localhost", 1);
+  setenv("SLURM_STEP_NUM_NODES", "2", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "the step's first node localhost resolves to ") &&
+                    has(gw_comm_last_error(NULL), "(a loopback address) here, which the ranks on the other 1 nodes"),
+                "%s", gw_comm_last_error(NULL));
+  setenv("SLURM_STEP_NODELIST", "node[07-08]", 1), setenv("SLURMD_NODENAME", "node08", 1);
   /* A heterogeneous job: its components have job ids of their own. */
   setenv("SLURM_HET_SIZE", "2", 1);
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
@@ -254,7 +264,8 @@ START_TEST(test_slurm_master_from_nodelist) {
   ck_assert_msg(has(gw_comm_last_error(NULL), "Slurm's node list ('node[') names no first node"), "%s",
                 gw_comm_last_error(NULL));
   static const char *slurm[] = {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
-                                "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURMD_NODENAME", "SLURM_JOB_ID"};
+                                "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURMD_NODENAME", "SLURM_JOB_ID",
+                                "SLURM_STEP_NUM_NODES"};
   for (size_t j = 0; j < sizeof slurm / sizeof slurm[0]; j++) unsetenv(slurm[j]);
 }
 END_TEST

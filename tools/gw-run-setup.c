@@ -1,7 +1,8 @@
 /* gw-run-setup.c - what gw-run prepares before it spawns a job (out of
  * gw-run.c, which was past 900 lines): the ranks' shared environment in
  * torchrun's names, free ports, the job token and its per-attempt form,
- * -n by kind (gpu, cpu, auto), and whether --master names a loopback. */
+ * -n by kind (gpu, cpu, auto); whether --master names a loopback is
+ * comm/netname.c's, shared with the library. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -20,34 +21,6 @@
 #include <sys/types.h>
 
 #include "gw-run.h"
-
-/* Whether host is a name (not a numeric address: 127.0.0.1 stays allowed,
- * for tests on one machine) whose every address here is a loopback one; out
- * gets the first. */
-bool gw__run_name_is_loopback(const char *host, char *out, size_t outsz)
-{
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(host, NULL, &hints, &ai) == 0) {
-        freeaddrinfo(ai);
-        return false;
-    }
-    hints.ai_flags = 0;
-    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
-        return false; /* not resolvable now: the rendezvous retries and says so */
-    bool all = ai != NULL;
-    for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        bool lo = false;
-        if (a->ai_family == AF_INET)
-            lo = (ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-        else if (a->ai_family == AF_INET6)
-            lo = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
-        if (a == ai)
-            getnameinfo(a->ai_addr, a->ai_addrlen, out, (socklen_t)outsz, NULL, 0, NI_NUMERICHOST);
-        all = all && lo;
-    }
-    freeaddrinfo(ai);
-    return all;
-}
 
 /* Binding port 0 lets the kernel pick a free port. It is released again before
  * rank 0 binds it, so another process could take it in between; torchrun

@@ -58,6 +58,7 @@
 #include <sys/types.h>
 
 #include "gw-run.h"
+#include "netname.h"
 
 enum {
     MAX_LOCAL_RANKS = GW_RUN_MAX_LOCAL_RANKS,
@@ -743,7 +744,7 @@ int main(int argc, char **argv)
         gw__run_say("gw-run: %s\n", why);
         return logs;
     }
-    if (nnodes > 1 && strcmp(host, "localhost") != 0 && gw__run_name_is_loopback(host, lo, sizeof lo)) {
+    if (nnodes > 1 && strcmp(host, "localhost") != 0 && gw__name_is_loopback(host, lo, sizeof lo)) {
         gw__run_say("gw-run: --master %s resolves to %s (a loopback address) here; the other nodes cannot reach "
                     "that: give node 0's network address, or a name that resolves to it (Debian and Ubuntu map "
                     "the host name to 127.0.1.1 in /etc/hosts)\n", host, lo);

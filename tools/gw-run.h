@@ -230,7 +230,6 @@ enum {
     GW_RUN_MAX_LOCAL_RANKS = 4096,
     GW_RUN_TOKEN_MAX = 128, /* the library's longest GW_JOB_TOKEN (comm/bootstrap.h) */
 };
-bool gw__run_name_is_loopback(const char *host, char *out, size_t outsz);
 int gw__run_free_port(void);
 void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, const char *host, long port,
                      long lport, bool multi, const char *token);
