@@ -12,6 +12,8 @@
 
 bool gw__name_is_loopback(const char *host, char *out, size_t outsz)
 {
+    if (outsz)
+        out[0] = '\0';
     struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     if (getaddrinfo(host, NULL, &hints, &ai) == 0) {
         freeaddrinfo(ai);

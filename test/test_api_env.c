@@ -245,7 +245,8 @@ START_TEST(test_slurm_master_from_nodelist) {
                 gw_comm_last_error(NULL));
   /* A first node whose name resolves to a loopback address on rank 0's
    * (Debian's 127.0.1.1) in a step of two nodes: said at once, not after the
-   * bootstrap timeout with the other node's ranks refused; one node is fine */
+   * bootstrap timeout with the other node's ranks refused; in a step of one
+   * node it is fine (the 3-rank job above, on localhost) */
   setenv("SLURM_STEP_NODELIST", "localhost,node2", 1), setenv("SLURMD_NODENAME", "localhost", 1);
   setenv("SLURM_STEP_NUM_NODES", "2", 1);
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);

@@ -46,7 +46,9 @@ enum {
     MAX_OUT = 256 * 1024, /* unsent bytes on one connection before we drop it */
 };
 
-static char outbuf[2 * MAX_LINE + 64];
+/* Two pieces of a line (the partial one held, and the next read's) and the
+ * rank's prefix: one emit_line fits after a flush. */
+static char outbuf[2 * MAX_LINE + sizeof ((struct rank *)0)->prefix + 1];
 static size_t outlen;
 
 /* ---- the output queues ----
@@ -332,7 +334,8 @@ bool gw__run_pump(const struct rank *r, struct stream *s)
 {
     static char buf[MAX_LINE];
     const int local = (int)(r - gw__run.ranks);
-    if (s->fd < 0 || (!has_room(s->out_fd) && !gw__run_logs_hidden(local))) /* a hidden rank queues nothing */
+    const int k = (int)(s - r->s);
+    if (s->fd < 0 || (!has_room(s->out_fd) && !gw__run_logs_console_skips(local, k))) /* it queues nothing */
         return false;
     ssize_t n = read(s->fd, buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -341,7 +344,7 @@ bool gw__run_pump(const struct rank *r, struct stream *s)
         close_stream(r, s);
         return false;
     }
-    const size_t skip = gw__run_logs_write(local, (int)(s - r->s), r->global, buf, (size_t)n);
+    const size_t skip = gw__run_logs_write(local, k, r->global, buf, (size_t)n);
     if (skip < (size_t)n) {
         consume(r, s, buf + skip, (size_t)n - skip);
         flush_out(s->out_fd);
@@ -359,7 +362,7 @@ int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
     *held = !room[1] || !room[2];
     for (int i = 0; i < gw__run.nranks; i++) {
         for (int k = 0; k < 2; k++) {
-            if (ranks[i].s[k].fd >= 0 && (room[ranks[i].s[k].out_fd] || gw__run_logs_hidden(i))) {
+            if (ranks[i].s[k].fd >= 0 && (room[ranks[i].s[k].out_fd] || gw__run_logs_console_skips(i, k))) {
                 owner[nfds] = &ranks[i].s[k];
                 owner_rank[nfds] = &ranks[i];
                 pfds[nfds++] = (struct pollfd){.fd = ranks[i].s[k].fd, .events = POLLIN};

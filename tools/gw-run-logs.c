@@ -291,7 +291,7 @@ static size_t file_write(int local, int k, int global, const char *p, size_t n)
 size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
 {
     const size_t skip = file_write(local, k, global, p, n);
-    if (!gw__run_logs_hidden(local) || (L.dir && L.broken[local * 2 + k]))
+    if (!gw__run_logs_console_skips(local, k))
         return skip; /* shown, or its file failed: said to go to the console, and it does */
     struct tail *t = &L.tail[local];
     if (k == 1 && n >= TAIL) {
@@ -312,6 +312,11 @@ size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
 bool gw__run_logs_hidden(int local)
 {
     return L.shown && !L.shown[local];
+}
+
+bool gw__run_logs_console_skips(int local, int k)
+{
+    return gw__run_logs_hidden(local) && !(L.dir && L.broken[local * 2 + k]);
 }
 
 void gw__run_logs_say_hidden(int local, int global, const char *prefix)
