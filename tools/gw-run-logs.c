@@ -257,6 +257,12 @@ bool gw__run_logs_open(int local, int global, long attempt, char *why, size_t wh
     return true;
 }
 
+/* Whether --local-ranks-filter hides local rank `local` from the console. */
+static bool gw__run_logs_hidden(int local)
+{
+    return L.shown && !L.shown[local];
+}
+
 /* Writes n bytes to a stream's log file; returns how many of them the
  * console skips (n where the stream is redirected, else 0).  A file that
  * cannot take them (a full disk, ulimit -f) is closed, said once, and what it
@@ -307,11 +313,6 @@ size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
         t->len += n - drop;
     }
     return n;
-}
-
-bool gw__run_logs_hidden(int local)
-{
-    return L.shown && !L.shown[local];
 }
 
 bool gw__run_logs_console_skips(int local, int k)

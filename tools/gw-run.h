@@ -286,11 +286,9 @@ size_t gw__run_logs_write(int local, int k, int global, const char *p, size_t n)
 void gw__run_logs_close(int local, int k);
 /* A failed rank hidden by --local-ranks-filter: the end of its stderr, said. */
 void gw__run_logs_say_hidden(int local, int global, const char *prefix);
-/* Whether --local-ranks-filter hides local rank `local` from the console;
- * and whether the console takes nothing of its stream k (hidden, and not
- * sent there after its log file failed): read even while the console's
- * queue is full. */
-bool gw__run_logs_hidden(int local);
+/* Whether the console takes nothing of local rank `local`'s stream k
+ * (--local-ranks-filter hides it, and its log file did not fail, which
+ * sends it there): read even while the console's queue is full. */
 bool gw__run_logs_console_skips(int local, int k);
 bool gw__run_make_token(char out[33]);
 void gw__run_attempt_token(const char *token, long k, char *out, size_t cap);
