@@ -121,7 +121,10 @@ struct MeanRstdPrep {
  * its stream (cuda events, three rounds, the first a warm-up, each plan's
  * better time of the other two) and keeps the fastest per (device, kind,
  * dtype, c, count, pairs possible), like cudnn.benchmark; the call then runs
- * it once more.  The rules below give the default plan (variant 0), what
+ * it once more.  Each plan's sums in its warm-up are compared with the rules'
+ * plan's on the same inputs: one that differs is said and never chosen (the
+ * variants were written for the same bits; a kernel first run on a new GPU
+ * cannot cost a run its results).  The rules below give the default plan (variant 0), what
  * ran before (until 2026-12-04): two channels where the 64-channel tiles
  * still make two waves of blocks (2 per SM: __launch_bounds__), else one
  * channel with the fewest of 1, 2, 4, 8 blocks per piece that make two blocks
@@ -251,18 +254,46 @@ long long now_ns(void) {
   return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* Whether two plans' sums are the same: bit for bit, or both NaN (a NaN's
+ * payload is not part of the contract: widened on the bits, variant 2 may
+ * keep another than the conversion instruction's). */
+bool same_sums(const double *a, const double *b, size_t n, size_t *at) {
+  for (size_t i = 0; i < n; i++)
+    if (memcmp(&a[i], &b[i], sizeof(double)) != 0 && !(a[i] != a[i] && b[i] != b[i])) {
+      *at = i;
+      return false;
+    }
+  return true;
+}
+
+/* The sums the last launch wrote into sums (nvals doubles), on the host. */
+int fetch_sums(double *host, const double *sums, size_t nvals, cudaStream_t st) {
+  int r = (int)cudaMemcpyAsync(host, sums, nvals * sizeof(double), cudaMemcpyDeviceToHost, st);
+  if (r == 0) r = (int)cudaStreamSynchronize(st);
+  return r;
+}
+
 /* Times the n plans (ms[i]: plan i's better time of two after a warm-up);
  * a plan other than idef (the rules') that fails to launch is left out
- * (infinite time: a GPU without the shared memory it takes), any other
- * failure of a launch or an event is returned as is. */
+ * (infinite time: a GPU without the shared memory it takes), and so is one
+ * whose sums (nvals doubles at sums) in its warm-up differ from the rules'
+ * plan's on these same inputs (every plan has the same bits by design: one
+ * that differs is a defect, said on stderr with the first channel that
+ * differs, never chosen); any other failure of a launch, an
+ * event or a copy is returned as is. */
 template <bool Pairs, class F>
-int time_plans(const NhwcPlan *plans, int n, int idef, const F &launch, cudaStream_t st, float *ms) {
+int time_plans(const NhwcPlan *plans, int n, int idef, const F &launch, cudaStream_t st, double *sums, size_t nvals,
+               float *ms) {
   cudaEvent_t ev[2] = {nullptr, nullptr};
-  cudaError_t e = cudaEventCreate(&ev[0]);
+  double *ref = (double *)malloc(2 * nvals * sizeof(double)), *got = ref ? ref + nvals : nullptr;
+  cudaError_t e = ref ? cudaEventCreate(&ev[0]) : cudaErrorMemoryAllocation;
   if (e == cudaSuccess) e = cudaEventCreate(&ev[1]);
   int r = (int)e;
   bool out[kMaxPlans] = {};
   for (int i = 0; i < n; i++) ms[i] = INFINITY;
+  /* the reference: the rules' plan's sums */
+  if (r == 0) r = launch_plan<Pairs>(plans[idef], launch);
+  if (r == 0) r = fetch_sums(ref, sums, nvals, st);
   for (int round = 0; r == 0 && round < 3; round++)
     for (int i = 0; r == 0 && i < n; i++) {
       if (out[i]) continue;
@@ -277,9 +308,20 @@ int time_plans(const NhwcPlan *plans, int n, int idef, const F &launch, cudaStre
       if (r == 0) r = (int)cudaEventSynchronize(ev[1]);
       if (r == 0) r = (int)cudaEventElapsedTime(&t, ev[0], ev[1]);
       if (r == 0 && round > 0 && t < ms[i]) ms[i] = t;
+      size_t at = 0;
+      if (r == 0 && round == 0 && i != idef && (r = fetch_sums(got, sums, nvals, st)) == 0 &&
+          !same_sums(ref, got, nvals, &at)) {
+        const size_t c = nvals / 2;
+        fprintf(stderr, "gradwire cudnn: bn sums NHWC plan L%d G%d v%d gave other sums than the rules' plan L%d G%d v%d "
+                "on the same inputs (%zu channels, channel %zu's %s: %a, the rules' %a): a defect, left out of the timing\n",
+                plans[i].lanes, plans[i].groups, plans[i].variant, plans[idef].lanes, plans[idef].groups,
+                plans[idef].variant, c, at % c, at < c ? "first sum" : "second sum", got[at], ref[at]);
+        ms[i] = INFINITY, out[i] = true;
+      }
     }
   for (cudaEvent_t x : ev)
     if (x) (void)cudaEventDestroy(x);
+  free(ref);
   return r;
 }
 
@@ -301,7 +343,7 @@ void print_choice(const TuneKey &key, const NhwcPlan *plans, int n, const float 
 /* Runs the shape's plan: forced by the knobs, kept from its first call, or
  * timed now (key: all but the device set). */
 template <bool Pairs, class F>
-int run_planned(TuneKey key, const ChanShape &s, bool pairs_possible, const F &launch, cudaStream_t st) {
+int run_planned(TuneKey key, const ChanShape &s, bool pairs_possible, const F &launch, double *sums, cudaStream_t st) {
   const Knobs k = knobs();
   const NhwcPlan def = plan_default(s, Pairs && pairs_possible, k);
   if (k.any()) return launch_plan<Pairs>(def, launch);
@@ -330,7 +372,7 @@ int run_planned(TuneKey key, const ChanShape &s, bool pairs_possible, const F &l
   for (int i = 0; i < n; i++)
     if (plans[i].lanes == def.lanes && plans[i].groups == def.groups && plans[i].variant == def.variant) idef = i;
   float ms[kMaxPlans];
-  const int r = time_plans<Pairs>(plans, n, idef, launch, st, ms);
+  const int r = time_plans<Pairs>(plans, n, idef, launch, st, sums, 2 * (size_t)s.c, ms);
   int best = idef; /* the default unless another is faster */
   if (r != 0) { /* an event or the rules' plan failed: if not sticky, the rules' plan as without timing */
     (void)cudaGetLastError();
@@ -368,7 +410,7 @@ int bn_sums_t(const struct gw_op_desc *d, const void *x, double *sums, cudaStrea
     leaf.x = (const T *)x, leaf.c = (size_t)s.c;
     return chan_reduce_nhwc<L, V>(s, nhwc_grid<L>(s, groups), leaf, NoPrep{}, sums, st);
   };
-  return run_planned<true>(TuneKey{0, 0, dtype_tag<T>(), pairs, s.c, s.count}, s, pairs, launch, st);
+  return run_planned<true>(TuneKey{0, 0, dtype_tag<T>(), pairs, s.c, s.count}, s, pairs, launch, sums, st);
 }
 
 /* Pairs for the 16-bit types: float's spill registers here (three tensors'
@@ -391,7 +433,7 @@ int bn_bwd_sums_t(const struct gw_op_desc *d, const void *x, const void *ym, con
     leaf.x = (const T *)x, leaf.dy = (const T *)dy, leaf.ym = (const T *)ym, leaf.c = (size_t)s.c;
     return chan_reduce_nhwc<L, V>(s, nhwc_grid<L>(s, groups), leaf, prep, sums, st);
   };
-  return run_planned<kPairs>(TuneKey{0, ym ? 2 : 1, dtype_tag<T>(), pairs, s.c, s.count}, s, pairs, launch, st);
+  return run_planned<kPairs>(TuneKey{0, ym ? 2 : 1, dtype_tag<T>(), pairs, s.c, s.count}, s, pairs, launch, sums, st);
 }
 
 /* ---- weights for NHWC convolutions: [k][c][rs] <-> [k][rs][c], converted ----------------------------------- */
