@@ -372,6 +372,17 @@ int run(int argc, char **argv) {
     allreduce(nullptr, &one, 1);
     barrier();
   }
+  // Then the warmup's count at the largest size and at the smallest, out of
+  // place, as nccl-tests (and gw-perf) do before a sweep.
+  for (size_t bytes : {o.max_bytes, o.min_bytes}) {
+    size_t count = bytes / sizeof(float);
+    if (count == 0) continue;
+    float *send = alloc_buffer(count * sizeof(float)), *recv = alloc_buffer(count * sizeof(float));
+    fill(send, count, g_rank);
+    for (int i = 0; i < o.warmup; i++) allreduce(send, recv, count);
+    free(send);
+    free(recv);
+  }
 
   double busbw_sum = 0.0;
   int n_results = 0;
