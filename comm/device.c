@@ -47,8 +47,10 @@ GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
  * the device layer (CUDA: CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set).  A
  * stream gets a queue when it is made, round robin, and work of two streams
  * in one queue runs in the order it was enqueued.  With one queue there is no
- * device ring (the caller's stream waits for the progress thread, whose ring
- * work on the engine's stream would queue behind that wait and never run);
+ * synchronized device ring (the caller's stream waits for the progress thread,
+ * whose ring work on the engine's stream would queue behind that wait and
+ * never run), unless every rank runs the stream-ordered ring (GW_DEV_ASYNC=1:
+ * all of an operation's work on the caller's stream), which is kept;
  * with more, the device ring takes an engine stream that is seen to run
  * while the caller's waits (pick_engine).  Another value overrides what the
  * layer says (the GPU check sets 8 with CUDA_DEVICE_MAX_CONNECTIONS=1 to

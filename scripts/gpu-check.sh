@@ -14,7 +14,7 @@
 #   3. runs gw-perf on device buffers at 2 and 4 ranks over the device ring
 #      (#wrong must be 0), stream-ordered up to 64 MiB, at 2 ranks through
 #      host staging, and on host buffers at 2 ranks beside them (what earlier
-#      checks settled is left out unless GW_CHECK_SKIP is set: below);
+#      checks settled is left out unless GW_CHECK_ALL=1: below);
 #   4. measures the reduction kernel against cudaMemcpy device-to-device;
 #   5. the cudnn backend (cuDNN and cuBLAS from the toolkit, or from PyTorch's
 #      pip wheels through a directory of links, /tmp/gradwire-cuda-extra): its
