@@ -46,7 +46,8 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
   if ((arg = spec_arg(spec, "fashion-mnist")))
     return gw_dataset_fashion_mnist(ds, *arg ? arg : FASHION_MNIST_DEFAULT_DIR, split, opt->augment);
   if ((arg = spec_arg(spec, "imagenet")) && *arg) {
-    gw_result_t res = gw_dataset_imagefolder(ds, arg, split, opt->image_size);
+    const int side = split == GW_SPLIT_VAL && opt->val_crop_size ? opt->val_crop_size : opt->image_size;
+    gw_result_t res = gw_dataset_imagefolder(ds, arg, split, side);
 #if GW_HAVE_TURBOJPEG
     if (res == GW_SUCCESS && split == GW_SPLIT_VAL && opt->val_resize_size &&
         (res = gw__folder_set_val_resize(*ds, opt->val_resize_size)))

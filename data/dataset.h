@@ -33,8 +33,10 @@ enum gw_split {
 
 struct gw_data_options {
   int image_size;            /* imagenet: output side in pixels (default 224) */
+  int val_crop_size;         /* imagenet, GW_SPLIT_VAL: the center crop's side, the evaluation's image size
+                                (default 0: image_size; torchvision's --val-crop-size) */
   int val_resize_size;       /* imagenet, GW_SPLIT_VAL: the shorter side before the center crop, at least
-                                image_size (default 0: image_size * 256 / 224, torchvision's 256 for 224) */
+                                the crop (default 0: the crop * 256 / 224, torchvision's 256 for 224) */
   int augment;               /* fashion-mnist: flip + 2-pixel padded random crop on
                                 train gets (default 0: none) */
   int64_t synthetic_samples; /* synthetic: samples (default 10000) */

@@ -328,8 +328,41 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   resized[18] = "31";
   gwrun_start(&r, noenv, resized);
   gwrun_wait(&r, 120);
-  ck_assert_msg(r.code != 0 && strstr(r.err, "--val-resize-size 31 is smaller than the image size 32"),
+  ck_assert_msg(r.code != 0 && strstr(r.err, "--val-resize-size 31 is smaller than the evaluation's crop 32 (--image-size)"),
                 "exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
+  /* --val-crop-size: trained on 32x32 crops, evaluated on 40x40 center
+   * crops by a model at that size given the trained values, which scores
+   * exactly what --test-only of the saved weights at 40 scores (the same
+   * weights, BN statistics and crops); a resize below that crop is refused */
+  char weights40[512], scored[3][160];
+  path(weights40, sizeof weights40, "folder-crop40.safetensors");
+  const char *crop40[] = {"-n", "1", train_bin(), "--data", spec, "--image-size", "32", "--model", "resnet18",
+                          "--width-divisor", "16", "--batch", "5", "--epochs", "1", "--threads", "1",
+                          "--val-crop-size", "40", "--save-weights", weights40, NULL};
+  const char *at40[][3] = {{"--val-crop-size", "40", NULL}, {"--image-size", "40", NULL}};
+  for (int k = 0; k < 3; k++) {
+    const char *only[] = {"-n", "1", train_bin(), "--data", spec, "--model", "resnet18", "--width-divisor", "16",
+                          "--batch", "5", "--threads", "1", "--test-only", "--load-weights", weights40,
+                          k ? at40[k - 1][0] : NULL, k ? at40[k - 1][1] : NULL, NULL};
+    gwrun_start(&r, noenv, k ? only : crop40);
+    gwrun_wait(&r, 120);
+    expect_ok(&r);
+    const char *ev = strstr(r.out, "evaluation: top-1");
+    ck_assert_msg(ev && strstr(ev, "over 8 samples"), "run %d: no evaluation:\n%s", k, r.out);
+    ck_assert_msg(k || strstr(r.out, "evaluation on 40x40 center crops (--val-crop-size), training on 32x32"),
+                  "the crop is not said:\n%s", r.out);
+    snprintf(scored[k], sizeof scored[k], "%.*s", (int)strcspn(ev, "\n"), ev);
+    gwrun_free(&r);
+  }
+  ck_assert_msg(!strcmp(scored[0], scored[1]) && !strcmp(scored[0], scored[2]),
+                "the evaluation at --val-crop-size 40 scored\n  %s\n--test-only at 40 scored\n  %s\n  %s", scored[0],
+                scored[1], scored[2]);
+  crop40[18] = "48", crop40[19] = "--val-resize-size", crop40[20] = "44";
+  gwrun_start(&r, noenv, crop40);
+  gwrun_wait(&r, 120);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "--val-resize-size 44 is smaller than the evaluation's crop 48 "
+                                              "(--val-crop-size)"), "exit %d\n%s", r.code, r.err);
   gwrun_free(&r);
   /* --test-only opens the evaluation split alone (the classes are train's
    * folder names, not its files): a tree whose training folders hold no
@@ -668,6 +701,11 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--data", "imagenet:/x", "--val-resize-size", "256", "--no-eval", NULL},
           "--val-resize-size sets the evaluation's resize: it needs the evaluation (drop --no-eval)");
   refused((const char *const[]){"--steps", "2", "--val-resize-size", "4", NULL}, "--val-resize-size");
+  refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--val-crop-size", "224", NULL},
+          "--val-crop-size applies to imagenet:DIR data: synthetic is evaluated at its own size");
+  refused((const char *const[]){"--steps", "2", "--data", "imagenet:/x", "--val-crop-size", "224", "--no-eval", NULL},
+          "--val-crop-size sets the evaluation's crop: it needs the evaluation (drop --no-eval)");
+  refused((const char *const[]){"--steps", "2", "--val-crop-size", "4", NULL}, "--val-crop-size");
   refused((const char *const[]){"--steps", "2", "--synthetic-samples", "10", NULL},
           "--synthetic-samples applies to --data synthetic, not fashion-mnist");
   refused((const char *const[]){"--steps", "2", "--seed", " -1", NULL}, "--seed wants a non-negative whole number");

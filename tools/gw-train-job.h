@@ -45,6 +45,11 @@ struct trainer {
   const struct gw_backend_ops *ops; /* --backend */
   struct gw_backend *b;
   struct gw_exec *e;
+  /* --val-crop-size other than the training's image size: the model at the
+   * evaluation's size (the same tensors: a ResNet's do not depend on it) and
+   * its executor, given the trained values before each evaluation; else NULL */
+  struct gw_model *m_eval;
+  struct gw_exec *e_eval;
   struct gw_sgd *sgd;
   gw_bucketer_t bk;
   int resident;  /* device backend: weights, gradients, momentum stay in its memory (see the top) */

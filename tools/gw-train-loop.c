@@ -318,7 +318,8 @@ static int eval_batch(struct trainer *t, const struct gw_batch *bt, struct eval_
                                            sample * sizeof(float));
     x = t->pad_x;
   }
-  if (gw_exec_forward(t->e, x, 0) != GW_SUCCESS || gw_exec_logits(t->e, t->logits) != GW_SUCCESS)
+  struct gw_exec *e = t->e_eval ? t->e_eval : t->e;
+  if (gw_exec_forward(e, x, 0) != GW_SUCCESS || gw_exec_logits(e, t->logits) != GW_SUCCESS)
     return train_fail(t, "evaluation", gw_model_last_error());
   eval_score_batch(t->logits, k, bt, t->rank, t->world, gw_dataset_size(t->val_ds), t->o->label_smoothing, c);
   return 0;
@@ -329,7 +330,12 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   if (host_from_backend(t, "evaluation") != 0) return -1;
   if (train_bcast(t, gw_model_running(t->m), t->nrun, GW_FLOAT32, "sharing rank 0's BN statistics") != 0) return -1;
   if (gw_loader_seek(t->val_ld, 0, 0) != GW_SUCCESS) return train_fail(t, "evaluation", gw_data_last_error());
-  if (gw_exec_upload_model(t->e) != GW_SUCCESS) return train_fail(t, "evaluation", gw_model_last_error());
+  if (t->e_eval) { /* --val-crop-size: the model at the evaluation's size takes the trained values */
+    memcpy(gw_model_params(t->m_eval), gw_model_params(t->m), t->np * sizeof(float));
+    memcpy(gw_model_running(t->m_eval), gw_model_running(t->m), t->nrun * sizeof(float));
+  }
+  if (gw_exec_upload_model(t->e_eval ? t->e_eval : t->e) != GW_SUCCESS)
+    return train_fail(t, "evaluation", gw_model_last_error());
   struct eval_counts c = {0, 0, 0, 0, 0};
   const struct gw_batch *bt;
   const int64_t skipped_before = gw_loader_skipped(t->val_ld);
@@ -803,6 +809,11 @@ static void announce(struct trainer *t) {
            : o->no_overlap ? "allreduce after backward"
                              : "allreduce overlapped with backward",
            buckets, o->sync_bn && t->comm ? ", SyncBatchNorm" : "", t->np);
+  if (t->e_eval) {
+    const struct gw_model_config *tr = gw_model_get_config(t->m), *ev = gw_model_get_config(t->m_eval);
+    log_text(&t->log, "evaluation on %dx%d center crops (--val-crop-size), training on %dx%d", ev->image_size,
+             ev->image_size, tr->image_size, tr->image_size);
+  }
   /* Training batches are whole: a share that is not a whole number of them
    * leaves its last samples out of every epoch (another each epoch: the order
    * is shuffled). */
@@ -821,9 +832,11 @@ static void teardown(struct trainer *t) {
   gw_sgd_free(t->sgd);
   if (t->comm) gw_comm_deregister(t->comm, t->grads_reg); /* before the gradients' memory goes */
   gw_exec_free(t->e);
+  gw_exec_free(t->e_eval);
   if (t->mom_dev) t->ops->dealloc(t->b, t->mom_dev);
   if (t->b) t->ops->destroy(t->b);
   gw_model_free(t->m);
+  gw_model_free(t->m_eval);
   if (t->train_ds != t->val_ds) gw_dataset_free(t->train_ds); /* --test-only: one, the evaluation split */
   gw_dataset_free(t->val_ds);
   free(t->pad_x), free(t->logits), free(t->pad_y), free(t->as_loaded);

@@ -164,6 +164,7 @@ void train_data_options(const struct train_opts *o, struct gw_data_options *d) {
   gw_data_options_default(d);
   d->augment = o->augment;
   d->val_resize_size = o->val_resize;
+  d->val_crop_size = o->val_crop;
   d->synthetic_samples = o->synthetic_samples;
   d->synthetic_channels = o->model.in_channels;
   d->synthetic_size = o->model.image_size;
@@ -210,7 +211,10 @@ int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, s
   gw_dataset_shape(ds, &c, &h, &w);
   *cfg = o->model;
   int classes = gw_dataset_classes(ds);
-  if ((o->in_channels_given && o->model.in_channels != c) || (o->image_size_given && o->model.image_size != h) ||
+  /* --test-only builds the model from the evaluation split: at --val-crop-size where given */
+  const int side = o->test_only && o->val_crop ? o->val_crop : o->model.image_size;
+  const int side_given = o->test_only && o->val_crop ? 1 : o->image_size_given;
+  if ((o->in_channels_given && o->model.in_channels != c) || (side_given && side != h) ||
       (o->classes_given && o->model.classes != classes) || h != w) {
     char given[160] = "";
     size_t k = 0;
@@ -218,8 +222,9 @@ int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, s
       k += (size_t)snprintf(given + k, sizeof given - k, " --classes %d", o->model.classes);
     if (o->in_channels_given && o->model.in_channels != c && k < sizeof given)
       k += (size_t)snprintf(given + k, sizeof given - k, " --in-channels %d", o->model.in_channels);
-    if (o->image_size_given && o->model.image_size != h && k < sizeof given)
-      snprintf(given + k, sizeof given - k, " --image-size %d", o->model.image_size);
+    if (side_given && side != h && k < sizeof given)
+      snprintf(given + k, sizeof given - k, " %s %d", o->test_only && o->val_crop ? "--val-crop-size" : "--image-size",
+               side);
     if (h != w) snprintf(d, dlen, "its %dx%d images are not square", h, w);
     else
       snprintf(d, dlen, "the data has %d classes of %dx%dx%d images, not as given:%s (left out, they are the "
@@ -368,6 +373,14 @@ static int setup_model(struct trainer *t) {
   struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
   if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
     return train_fail(t, "model", gw_model_last_error());
+  if (t->val_ds && !o->test_only && o->val_crop && o->val_crop != cfg.image_size) {
+    struct gw_model_config ce = cfg;
+    ce.image_size = o->val_crop;
+    if (gw_model_init(&t->m_eval, &ce) != GW_SUCCESS || gw_exec_create(t->m_eval, t->ops, t->b, &ec, &t->e_eval))
+      return train_fail(t, "--val-crop-size", gw_model_last_error());
+    if (gw_model_num_params(t->m_eval) != t->np || count_buffers(t->m_eval, GW_TENSOR_RUNNING) != t->nrun)
+      return train_fail(t, "--val-crop-size", "the model at the evaluation's size has other tensors");
+  }
   t->st.loss_scale = o->loss_scale_dynamic && o->loss_scale_init ? o->loss_scale_init : o->loss_scale;
   struct gw_sgd_config sc = {.momentum = (float)o->momentum, .weight_decay = (float)o->wd, .nesterov = o->nesterov,
                            .decay_all = o->wd_all};
@@ -506,18 +519,23 @@ static int loader_fits(struct trainer *t) {
   gw_dataset_shape(t->train_ds, &c, &h, &w);
   int local = 1; /* the ranks of this machine: each has its loaders */
   if (t->comm && (gw_comm_local_size(t->comm, &local) != GW_SUCCESS || local < 1)) local = 1;
-  /* the evaluation's has as many batches of the same size; --test-only has it alone */
+  /* the evaluation's has as many batches (of its own size: --val-crop-size);
+   * --test-only has it alone */
   const int loaders = t->val_ds && !o->test_only ? 2 : 1;
+  size_t val_floats = 0;
+  if (loaders == 2) val_floats = gw_dataset_sample_floats(t->val_ds);
   const double batch_bytes = (double)o->batch * c * h * w * sizeof(float),
-               total = (double)(o->loader_threads + 2) * batch_bytes * loaders * local,
+               all_batches = batch_bytes + (double)o->batch * (double)val_floats * sizeof(float),
+               total = (double)(o->loader_threads + 2) * all_batches * local,
                phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
   if (phys <= 0 || total <= phys / 2) return 0;
   char d[500];
+  const bool other = loaders == 2 && val_floats != (size_t)c * h * w; /* --val-crop-size */
   snprintf(d, sizeof d, "%d batches in flight (--loader-threads %d, plus 2) of %d x %dx%dx%d floats (%.1f MiB each), "
-           "times %d loader%s and %d rank%s on this machine, need %.1f GiB, over half its %.1f GiB: lower "
-           "--loader-threads, --batch or --image-size", o->loader_threads + 2, o->loader_threads, o->batch, c, h, w,
-           batch_bytes / 1048576.0, loaders, loaders > 1 ? "s" : "", local, local > 1 ? "s" : "",
-           total / 1073741824.0, phys / 1073741824.0);
+           "times %d loader%s%s and %d rank%s on this machine, need %.1f GiB, over half its %.1f GiB: lower "
+           "--loader-threads, --batch or --image-size%s", o->loader_threads + 2, o->loader_threads, o->batch, c, h, w,
+           batch_bytes / 1048576.0, loaders, loaders > 1 ? "s" : "", other ? " (the evaluation's at its crop)" : "",
+           local, local > 1 ? "s" : "", total / 1073741824.0, phys / 1073741824.0, other ? " or --val-crop-size" : "");
   return train_fail(t, "loader", d);
 }
 
@@ -530,7 +548,8 @@ int trainer_setup(struct trainer *t) {
   if (!t->o->test_only && gw_exec_check_train(t->e, t->world) != GW_SUCCESS)
     return train_fail(t, "--batch", gw_model_last_error());
   plan_schedule(t);
-  size_t sample = gw_dataset_sample_floats(t->train_ds);
+  /* pad_x: the evaluation's last batch, of its own size (--val-crop-size) */
+  size_t sample = gw_dataset_sample_floats(t->val_ds ? t->val_ds : t->train_ds);
   t->pad_x = malloc((size_t)t->o->batch * sample * sizeof(float));
   t->logits = malloc((size_t)t->o->batch * gw_model_get_config(t->m)->classes * sizeof(float));
   if (!t->pad_x || !t->logits) return train_fail(t, "setup", "out of memory");

@@ -27,8 +27,10 @@ static void usage(FILE *f) {
           "data:\n"
           "  --data SPEC              fashion-mnist[:DIR] (default), imagenet:DIR or synthetic\n"
           "  --augment                random flips and crops on the training set\n"
+          "  --val-crop-size V        imagenet: the evaluation's center crop, the side of the images it scores\n"
+          "                           (default the image size; torchvision's newer recipe trains at 176, evaluates at 224)\n"
           "  --val-resize-size R      imagenet: the evaluation's shorter side before its center crop (default\n"
-          "                           the image size x 256/224: 256 for 224, as torchvision's reference)\n"
+          "                           the crop x 256/224: 256 for 224, as torchvision's reference)\n"
           "  --drop-last              drop the samples that do not fill a shard evenly (else the shards are padded\n"
           "                           with repeats); a shard's last partial batch is always left out\n"
           "  --synthetic-samples N    samples of the synthetic set (default 10000, at most 1e8)\n"
@@ -36,7 +38,8 @@ static void usage(FILE *f) {
           "model:\n"
           "  --model NAME             resnet18, resnet34, resnet50 (default), resnet101, resnet152\n"
           "  --classes N --in-channels C --image-size S\n"
-          "                           default: the dataset's (given ones must agree with it)\n"
+          "                           default: the dataset's (given ones must agree with it); imagenet: S is\n"
+          "                           the training crop (default 224; --train-crop-size S, torchvision's name)\n"
           "  --stem imagenet|small    7x7/2 conv + max pool (default), or 3x3/1 conv for small images\n"
           "  --width-divisor D        narrower layers (1, 2, 4, ..., 64; default 1 = torchvision)\n"
           "  --zero-init-residual     start the last BN gamma of every block at 0\n"
@@ -149,7 +152,7 @@ enum {
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_WDALL,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
   O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_TESTONLY, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
-  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART, O_VALRESIZE
+  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART, O_VALRESIZE, O_VALCROP
 };
 
 static const struct option longopts[] = {
@@ -161,7 +164,8 @@ static const struct option longopts[] = {
     {"load-weights", required_argument, NULL, O_LOAD},     {"data", required_argument, NULL, O_DATA},
     {"augment", no_argument, NULL, O_AUGMENT},            {"drop-last", no_argument, NULL, O_DROPLAST},
     {"synthetic-samples", required_argument, NULL, O_SYNSAMPLES},
-    {"val-resize-size", required_argument, NULL, O_VALRESIZE},
+    {"val-resize-size", required_argument, NULL, O_VALRESIZE}, {"val-crop-size", required_argument, NULL, O_VALCROP},
+    {"train-crop-size", required_argument, NULL, O_SIZE},
     {"loader-threads", required_argument, NULL, O_LTHREADS}, {"epochs", required_argument, NULL, O_EPOCHS},
     {"batch", required_argument, NULL, O_BATCH},          {"lr", required_argument, NULL, O_LR},
     {"momentum", required_argument, NULL, O_MOMENTUM},     {"nesterov", no_argument, NULL, O_NESTEROV},
@@ -291,6 +295,7 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   }
   case O_LTHREADS: return parse_int("--loader-threads", arg, 1, 256, &o->loader_threads);
   case O_VALRESIZE: return parse_int("--val-resize-size", arg, 8, 8192, &o->val_resize);
+  case O_VALCROP: return parse_int("--val-crop-size", arg, 8, 4096, &o->val_crop);
   case O_SYNCBN: o->sync_bn = 1; return 0;
   case O_BUCKET: return parse_double("--bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->bucket_mb);
   case O_FIRSTBUCKET: return parse_double("--first-bucket-mb", arg, 1.0 / 1024, 1 << 20, &o->first_bucket_mb);
@@ -444,12 +449,17 @@ static int check(const struct train_opts *o) {
     return bad("--val-resize-size applies to imagenet:DIR data: %s is not resized for its evaluation%s", d, "");
   if (o->val_resize && !o->eval)
     return bad("--val-resize-size sets the evaluation's resize: it needs the evaluation (drop --no-eval)%s%s", "", "");
-  const int crop = o->image_size_given ? o->model.image_size : 224; /* imagenet's default */
-  char rs[16], cs[16];
-  snprintf(rs, sizeof rs, "%d", o->val_resize), snprintf(cs, sizeof cs, "%d", crop);
+  if (o->val_crop && strncmp(d, "imagenet:", 9))
+    return bad("--val-crop-size applies to imagenet:DIR data: %s is evaluated at its own size%s", d, "");
+  if (o->val_crop && !o->eval)
+    return bad("--val-crop-size sets the evaluation's crop: it needs the evaluation (drop --no-eval)%s%s", "", "");
+  const int crop = o->val_crop ? o->val_crop : o->image_size_given ? o->model.image_size : 224; /* imagenet's default */
+  char rs[16], cs[48];
+  snprintf(rs, sizeof rs, "%d", o->val_resize);
+  snprintf(cs, sizeof cs, "%d (%s)", crop, o->val_crop ? "--val-crop-size" : "--image-size");
   if (o->val_resize && o->val_resize < crop)
-    return bad("--val-resize-size %s is smaller than the image size %s (--image-size): the evaluation's center crop "
-               "is taken from the resized image", rs, cs);
+    return bad("--val-resize-size %s is smaller than the evaluation's crop %s: its center crop is taken from the "
+               "resized image", rs, cs);
   if (o->synthetic_given && strcmp(d, "synthetic"))
     return bad("--synthetic-samples applies to --data synthetic, not %s%s", d, "");
   if (o->tf32_given && strcmp(o->backend, "cudnn"))
@@ -514,8 +524,8 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
   for (int i = 0, at = 0; i < o->n_milestones; i++)
     at += snprintf(ms + at, sizeof ms - (size_t)at, "%s%.10g", i ? "," : "", o->milestones[i]);
   if (o->warmup_start > 0) snprintf(ws, sizeof ws, "%.10g", o->warmup_start);
-  char vr[32] = ""; /* (0: image size x 256/224); a resume notes a change, as of any option that changes a result */
-  snprintf(vr, sizeof vr, " val_resize=%d", o->val_resize);
+  char vr[48] = ""; /* (0: the default); a resume notes a change, as of any option that changes a result */
+  snprintf(vr, sizeof vr, " val_resize=%d val_crop=%d", o->val_resize, o->val_crop);
   if (o->loss_scale_dynamic) snprintf(scale, sizeof scale, "dynamic:%.10g", o->loss_scale_init ? o->loss_scale_init : o->loss_scale);
   else snprintf(scale, sizeof scale, "%.10g", o->loss_scale);
   int n = snprintf(buf, len,

@@ -42,7 +42,8 @@ struct train_opts {
   int lr_gamma_given;
   double warmup_start;      /* --warmup-start-factor F: warmup from F x peak; 0: from peak / warmup steps */
   int sync_bn, no_overlap, augment, drop_last;
-  int val_resize; /* --val-resize-size: imagenet's evaluation resize (0: image size * 256 / 224) */
+  int val_crop;   /* --val-crop-size: imagenet's evaluation center crop, the evaluation's image size (0: image size) */
+  int val_resize; /* --val-resize-size: imagenet's evaluation resize (0: the evaluation's crop * 256 / 224) */
   int host_step;            /* --host-step: a device backend's master weights and optimizer on the host */
   double bucket_mb, first_bucket_mb;
   int grad_wire; /* gw_dtype_t the gradients travel as (--grad-wire) */
