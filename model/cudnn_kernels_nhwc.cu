@@ -313,7 +313,8 @@ int time_plans(const NhwcPlan *plans, int n, int idef, const F &launch, cudaStre
           !same_sums(ref, got, nvals, &at)) {
         const size_t c = nvals / 2;
         fprintf(stderr, "gradwire cudnn: bn sums NHWC plan L%d G%d v%d gave other sums than the rules' plan L%d G%d v%d "
-                "on the same inputs (%zu channels, channel %zu's %s: %a, the rules' %a): a defect, left out of the timing\n",
+                "on the same inputs (%zu channels, channel %zu's %s: %a, the rules' %a): one of the two is a defect (the "
+                "rules' plan, where every other plan differs alike); this one is left out of the timing\n",
                 plans[i].lanes, plans[i].groups, plans[i].variant, plans[idef].lanes, plans[idef].groups,
                 plans[idef].variant, c, at % c, at < c ? "first sum" : "second sum", got[at], ref[at]);
         ms[i] = INFINITY, out[i] = true;

@@ -144,7 +144,8 @@ static gw_result_t plan_activations(struct gw_exec *e, const int *count, int *pr
   return GW_SUCCESS;
 }
 
-/* The gradient pool: best-fit reuse of buffers over each gradient's window. */
+/* The gradient pool: best-fit reuse of buffers over each gradient's window
+ * (and an inference executor's activations over theirs). */
 struct pool {
   void **buf;
   size_t *size;
@@ -170,6 +171,50 @@ static void *pool_take(struct gw_exec *e, struct pool *p, size_t elems) {
 static void pool_give(struct pool *p, const void *buf) {
   for (int i = 0; i < p->n; i++)
     if (p->buf[i] == buf) p->busy[i] = 0;
+}
+
+/* An inference executor's activations: as plan_activations (the same
+ * in-place outputs, so the same fused groups), but each buffer goes back to a
+ * pool once the last reader of its activation has run, three layers later:
+ * a fused group (bn -> relu, bn -> add -> relu: at most three layers in one
+ * call) reads its layers' inputs while it writes their outputs, so no output
+ * of a group may take a buffer that one of the group's reads let go.  An
+ * activation whose buffer an in-place output took is not given back (the
+ * output's reader does that); the logits never are. */
+static gw_result_t plan_activations_infer(struct gw_exec *e, const int *count, const int *last, int *producer) {
+  const struct gw_model *m = e->m;
+  enum { LAG = 3 };
+  for (int a = 0; a < m->nacts; a++) producer[a] = -1;
+  EX_ALLOC(e->act[0], e, act_elems(e, 0) * e->esz, "the input batch");
+  e->act0 = e->act[0];
+  struct pool p = {calloc((size_t)m->nacts + 1, sizeof(void *)), calloc((size_t)m->nacts + 1, sizeof(size_t)),
+                   calloc((size_t)m->nacts + 1, sizeof(int)), 0};
+  char *handed = calloc((size_t)m->nacts, 1);
+  gw_result_t res = GW_ERR_SYSTEM;
+  if (!p.buf || !p.size || !p.busy || !handed) {
+    gw__model_fail(GW_ERR_SYSTEM, "executor: out of memory planning activations");
+    goto out;
+  }
+  for (int i = 0; i < m->nlayers + LAG; i++) {
+    if (i < m->nlayers) {
+      const struct gw_layer *l = &m->layers[i];
+      producer[l->out] = i;
+      int pr = producer[l->in];
+      int in_place = (l->kind == GW_LAYER_RELU || l->kind == GW_LAYER_ADD) && l->in != 0 && count[l->in] == 1 &&
+                     pr >= 0 && m->layers[pr].kind != GW_LAYER_RELU;
+      if (in_place) e->act[l->out] = e->act[l->in], handed[l->in] = 1;
+      else if (!(e->act[l->out] = pool_take(e, &p, act_elems(e, l->out)))) goto out;
+    }
+    if (i < LAG) continue;
+    const struct gw_layer *r = &m->layers[i - LAG]; /* its reads are LAG layers back: give back what they ended */
+    const int ins[2] = {r->in, r->in2};
+    for (int k = 0; k < 2; k++)
+      if (ins[k] > 0 && last[ins[k]] == i - LAG && !handed[ins[k]]) pool_give(&p, e->act[ins[k]]);
+  }
+  res = GW_SUCCESS;
+out:
+  free(p.buf), free(p.size), free(p.busy), free(handed);
+  return res;
 }
 
 static gw_result_t take_grad(struct gw_exec *e, struct pool *p, int a, const int *last, int step) {
@@ -252,8 +297,8 @@ static gw_result_t plan_layer(struct gw_exec *e, int i, const int *last) {
     return gw__model_fail(GW_ERR_UNSUPPORTED, "executor: layer %s reads the input image; only a convolution may",
                           l->name);
   GW_MODEL_TRY(e->ops->op_create(e->b, &d, &x->op));
-  x->acc_in = l->in != 0 && last[l->in] != i;
-  x->acc_in2 = l->in2 >= 0 && last[l->in2] != i;
+  x->acc_in = !e->cfg.inference && l->in != 0 && last[l->in] != i;
+  x->acc_in2 = !e->cfg.inference && l->in2 >= 0 && last[l->in2] != i;
   if (x->acc_in && l->kind != GW_LAYER_ADD) {
     const struct gw_act *s = &m->acts[l->in];
     struct gw_op_desc a = {.kind = GW_LAYER_ADD, .n = e->cfg.batch, .c = s->c, .h = s->h, .w = s->w,
@@ -261,7 +306,7 @@ static gw_result_t plan_layer(struct gw_exec *e, int i, const int *last) {
     GW_MODEL_TRY(e->ops->op_create(e->b, &a, &x->acc));
   }
   if (l->kind == GW_LAYER_MAXPOOL) EX_ALLOC(x->workspace, e, e->ops->workspace_bytes(x->op), l->name);
-  if (l->kind == GW_LAYER_BN) {
+  if (l->kind == GW_LAYER_BN && !e->cfg.inference) { /* the batch statistics, for backward */
     size_t c = (size_t)m->acts[l->in].c * sizeof(float);
     EX_ALLOC(x->save_mean, e, c, l->name);
     EX_ALLOC(x->save_rstd, e, c, l->name);
@@ -294,7 +339,7 @@ static gw_result_t plan_model_storage(struct gw_exec *e) {
     return GW_SUCCESS;
   }
   EX_ALLOC(e->params, e, m->num_params * sizeof(float), "parameters");
-  EX_ALLOC(e->grads, e, m->num_params * sizeof(float), "gradients");
+  if (!e->cfg.inference) EX_ALLOC(e->grads, e, m->num_params * sizeof(float), "gradients");
   EX_ALLOC(e->running, e, (m->num_running ? m->num_running : 1) * sizeof(float), "running statistics");
   return gw_exec_upload_model(e);
 }
@@ -309,9 +354,10 @@ static gw_result_t plan(struct gw_exec *e) {
     goto out;
   }
   readers(m, count, last);
-  if ((res = plan_activations(e, count, producer)) != GW_SUCCESS) goto out;
+  res = e->cfg.inference ? plan_activations_infer(e, count, last, producer) : plan_activations(e, count, producer);
+  if (res != GW_SUCCESS) goto out;
   plan_fusion(e, count, last);
-  if ((res = plan_gradients(e, last)) != GW_SUCCESS) goto out;
+  if (!e->cfg.inference && (res = plan_gradients(e, last)) != GW_SUCCESS) goto out;
   size_t max_elems = 0;
   for (int i = 0; i < m->nlayers; i++) {
     if ((res = plan_layer(e, i, last)) != GW_SUCCESS) goto out;
@@ -591,6 +637,8 @@ static gw_result_t layer_failed(const struct gw_exec *e, gw_result_t r, const ch
 
 gw_result_t gw_exec_forward(struct gw_exec *e, const float *images, int train) {
   e->trained_forward = 0;
+  if (train && e->cfg.inference)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: an inference executor runs evaluation forwards only");
   if (!images) { /* the staged batch */
     if (e->staged < 0)
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: forward needs an input batch (none given, none staged)");
@@ -759,6 +807,8 @@ const struct gw_exec_layer_time *gw_exec_profile(const struct gw_exec *e, int *n
 
 gw_result_t gw_exec_backward(struct gw_exec *e, const int32_t *labels, float *loss, gw_grad_ready_fn ready,
                              void *ready_arg) {
+  if (e->cfg.inference)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: an inference executor has no backward");
   if (!e->trained_forward)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                           "executor: backward needs a training forward first (the last forward was evaluation, "
@@ -818,6 +868,7 @@ gw_result_t gw_exec_download_grads(struct gw_exec *e, size_t first, size_t count
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: gradients [%zu, +%zu) are not within the %zu of the model",
                           first, count, m->num_params);
   if (e->ops->host_memory || count == 0) return GW_SUCCESS;
+  if (!e->grads) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "executor: an inference executor has no gradients");
   return e->ops->download(e->b, m->grad_data + first, e->grads + first, count * sizeof(float));
 }
 
@@ -831,6 +882,6 @@ gw_result_t gw_exec_download_model(struct gw_exec *e) {
   struct gw_model *m = e->m;
   if (e->ops->host_memory) return GW_SUCCESS;
   GW_MODEL_TRY(e->ops->download(e->b, m->param_data, e->params, m->num_params * sizeof(float)));
-  GW_MODEL_TRY(e->ops->download(e->b, m->grad_data, e->grads, m->num_params * sizeof(float)));
+  if (e->grads) GW_MODEL_TRY(e->ops->download(e->b, m->grad_data, e->grads, m->num_params * sizeof(float)));
   return e->ops->download(e->b, m->running_data, e->running, m->num_running * sizeof(float));
 }

@@ -39,6 +39,10 @@ struct gw_exec_config {
   int no_fuse;            /* 1: run every layer by itself (default 0: batch norm fused with the ReLU,
                              or the residual add and ReLU, after it where the backend can; the same
                              values either way) */
+  int inference;          /* 1: evaluation only (gw_exec_forward with train 0; training forwards and
+                             backward refused): no gradients, no batch statistics kept, and each
+                             activation's memory reused once its last reader has run (a ResNet-50's
+                             forward then holds a few activations instead of all of them) */
 };
 
 /* Called during backward with the number of leading gradient elements that are

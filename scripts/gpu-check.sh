@@ -85,8 +85,9 @@ finish() {
     # the NHWC sums' tuner compares every plan's sums with the rules' plan's:
     # a plan that differs is a kernel defect (left out of the timing)
     local defects
-    defects=$(grep -rh --include='*.txt' --exclude=summary.txt --exclude=tables.txt 'bn sums NHWC plan .* gave other sums' "$OUT")
-    [ -n "$defects" ] && { echo "bn sums NHWC: $(grep -c . <<<"$defects") plan(s) gave other sums than the rules' plan (a kernel defect; the first:)"
+    defects=$(grep -rh --include='*.txt' --exclude=summary.txt --exclude=tables.txt --exclude=log.txt \
+                'bn sums NHWC plan .* gave other sums' "$OUT")
+    [ -n "$defects" ] && { echo "bn sums NHWC: $(grep -c . <<<"$defects") line(s), $(sed 's/.*plan \(L[0-9]* G[0-9]* v[0-9]*\) gave.*/\1/' <<<"$defects" | sort -u | wc -l) distinct plan(s) gave other sums than the rules' plan (a kernel defect, in them or in the rules' plan; the first:)"
                            head -1 <<<"$defects"; } | tee -a "$OUT/summary.txt" >&3
     python3 "$ROOT/scripts/gpu_check_summary.py" "$OUT" >"$OUT/tables.txt" 2>&1
     cat "$OUT/tables.txt" >>"$OUT/summary.txt"

@@ -16,6 +16,8 @@
  * - a device-memory backend (the cpu one with host_memory = 0, so every tensor
  *   crosses upload/download/copy) gives bit-identical results, also with its
  *   input staged ahead (gw_exec_stage);
+ * - an inference executor: the training one's evaluation logits bit for bit,
+ *   in under half its memory; what it refuses;
  * - profiles (gw_exec_set_profile): unchanged results, every layer timed, fused
  *   groups' members at 0, steps counted only while on;
  * - what it refuses: backward without a training forward, a label out of range,
@@ -313,6 +315,51 @@ START_TEST(test_fused_equals_unfused) {
 }
 END_TEST
 
+/* An inference executor (gw_exec_config.inference, gw-train's --val-crop-size
+ * evaluation) on a trained model: the training executor's evaluation logits
+ * bit for bit, fused and unfused, on host memory and through upload (the
+ * device path: a separate executor needs the trained statistics uploaded), in
+ * under half the memory (no gradients, activations reused three layers after
+ * their last reader); training forwards, backward and gradients refused. */
+static void inference_case(int depth, int no_fuse, int device) {
+  struct gw_backend_ops dev;
+  struct rig a, unused;
+  if (device) rig_pair(&unused, &a, &dev, depth, 3);
+  else rig_up(&a, &gw_backend_cpu, depth, 3);
+  const struct gw_backend_ops *ops = device ? &dev : &gw_backend_cpu;
+  for (int step = 0; step < 2; step++) train_step(&a, NULL, NULL); /* running statistics of their own */
+  struct gw_exec *inf = NULL;
+  struct gw_exec_config ec = {.batch = 3, .label_smoothing = 0.1f, .no_fuse = no_fuse, .inference = 1};
+  ck_assert_msg(gw_exec_create(a.m, ops, a.b, &ec, &inf) == GW_SUCCESS, "%s", gw_model_last_error());
+  if (device) ck_assert(gw_exec_download_stats(a.e) == GW_SUCCESS && gw_exec_upload_model(inf) == GW_SUCCESS);
+  float la[3 * 3], lb[3 * 3];
+  for (int k = 0; k < 2; k++) { /* twice: the reused buffers hold the last forward's values */
+    ck_assert(gw_exec_forward(a.e, a.x, 0) == GW_SUCCESS && gw_exec_logits(a.e, la) == GW_SUCCESS);
+    ck_assert_msg(gw_exec_forward(inf, a.x, 0) == GW_SUCCESS, "%s", gw_model_last_error());
+    ck_assert(gw_exec_logits(inf, lb) == GW_SUCCESS);
+    ck_assert_msg(!memcmp(la, lb, sizeof la), "resnet%d%s%s: the inference executor's logits differ (%.9g vs %.9g)",
+                  depth, no_fuse ? " unfused" : "", device ? " device" : "", (double)la[0], (double)lb[0]);
+  }
+  const size_t mt = gw_exec_memory_bytes(a.e), mi = gw_exec_memory_bytes(inf);
+  ck_assert_msg(2 * mi < mt, "resnet%d: inference executor %zu bytes, training %zu", depth, mi, mt);
+  ck_assert_int_eq(gw_exec_forward(inf, a.x, 1), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "evaluation forwards only"));
+  float loss;
+  ck_assert_int_eq(gw_exec_backward(inf, a.y, &loss, NULL, NULL), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(strstr(gw_model_last_error(), "no backward"));
+  if (device) ck_assert_int_eq(gw_exec_download_grads(inf, 0, 1), GW_ERR_INVALID_ARGUMENT);
+  gw_exec_free(inf);
+  rig_down(&a, ops);
+  if (device) rig_down(&unused, &gw_backend_cpu);
+}
+
+START_TEST(test_inference_executor) {
+  for (int d = 0; d < 2; d++)
+    for (int nf = 0; nf < 2; nf++) inference_case(d ? 50 : 18, nf, 0);
+  inference_case(50, 0, 1);
+}
+END_TEST
+
 /* Profiles (gw_exec_set_profile): the same loss and gradients as without, bit
  * for bit; one entry per layer and one for the loss; every layer that runs
  * timed in both directions, a fused group's members at 0 and its BN marked;
@@ -596,6 +643,7 @@ int main(void) {
   tcase_add_test(tc, test_device_memory_path);
   tcase_add_test(tc, test_staged_input);
   tcase_add_test(tc, test_fused_equals_unfused);
+  tcase_add_test(tc, test_inference_executor);
   tcase_add_test(tc, test_profile);
   tcase_add_test(tc, test_nhwc_equals_nchw);
   tcase_add_test(tc, test_refusals);

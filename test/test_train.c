@@ -706,6 +706,11 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--data", "imagenet:/x", "--val-crop-size", "224", "--no-eval", NULL},
           "--val-crop-size sets the evaluation's crop: it needs the evaluation (drop --no-eval)");
   refused((const char *const[]){"--steps", "2", "--val-crop-size", "4", NULL}, "--val-crop-size");
+  refused((const char *const[]){"--test-only", "--load-weights", "w", "--data", "imagenet:/x", "--val-crop-size", "48",
+                                 "--train-crop-size", "40", NULL},
+          "--test-only evaluates at the evaluation's crop: --val-crop-size 48 with --train-crop-size 40 (the "
+          "training's size) is ambiguous: give one");
+  refused((const char *const[]){"--steps", "2", "--train-crop-size", "0", NULL}, "--train-crop-size");
   refused((const char *const[]){"--steps", "2", "--synthetic-samples", "10", NULL},
           "--synthetic-samples applies to --data synthetic, not fashion-mnist");
   refused((const char *const[]){"--steps", "2", "--seed", " -1", NULL}, "--seed wants a non-negative whole number");

@@ -334,7 +334,9 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
     memcpy(gw_model_params(t->m_eval), gw_model_params(t->m), t->np * sizeof(float));
     memcpy(gw_model_running(t->m_eval), gw_model_running(t->m), t->nrun * sizeof(float));
   }
-  if (gw_exec_upload_model(t->e_eval ? t->e_eval : t->e) != GW_SUCCESS)
+  /* every rank's statistics are rank 0's from here on, on a device too (and
+   * in the evaluation's executor, if any) */
+  if (gw_exec_upload_model(t->e) != GW_SUCCESS || (t->e_eval && gw_exec_upload_model(t->e_eval) != GW_SUCCESS))
     return train_fail(t, "evaluation", gw_model_last_error());
   struct eval_counts c = {0, 0, 0, 0, 0};
   const struct gw_batch *bt;

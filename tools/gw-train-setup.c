@@ -223,7 +223,7 @@ int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, s
     if (o->in_channels_given && o->model.in_channels != c && k < sizeof given)
       k += (size_t)snprintf(given + k, sizeof given - k, " --in-channels %d", o->model.in_channels);
     if (side_given && side != h && k < sizeof given)
-      snprintf(given + k, sizeof given - k, " %s %d", o->test_only && o->val_crop ? "--val-crop-size" : "--image-size",
+      snprintf(given + k, sizeof given - k, " %s %d", o->test_only && o->val_crop ? "--val-crop-size" : o->image_size_flag,
                side);
     if (h != w) snprintf(d, dlen, "its %dx%d images are not square", h, w);
     else
@@ -376,7 +376,9 @@ static int setup_model(struct trainer *t) {
   if (t->val_ds && !o->test_only && o->val_crop && o->val_crop != cfg.image_size) {
     struct gw_model_config ce = cfg;
     ce.image_size = o->val_crop;
-    if (gw_model_init(&t->m_eval, &ce) != GW_SUCCESS || gw_exec_create(t->m_eval, t->ops, t->b, &ec, &t->e_eval))
+    struct gw_exec_config ee = ec;
+    ee.inference = 1; /* no gradients, activations reused: a few of them at the evaluation's size */
+    if (gw_model_init(&t->m_eval, &ce) != GW_SUCCESS || gw_exec_create(t->m_eval, t->ops, t->b, &ee, &t->e_eval))
       return train_fail(t, "--val-crop-size", gw_model_last_error());
     if (gw_model_num_params(t->m_eval) != t->np || count_buffers(t->m_eval, GW_TENSOR_RUNNING) != t->nrun)
       return train_fail(t, "--val-crop-size", "the model at the evaluation's size has other tensors");
@@ -533,9 +535,10 @@ static int loader_fits(struct trainer *t) {
   const bool other = loaders == 2 && val_floats != (size_t)c * h * w; /* --val-crop-size */
   snprintf(d, sizeof d, "%d batches in flight (--loader-threads %d, plus 2) of %d x %dx%dx%d floats (%.1f MiB each), "
            "times %d loader%s%s and %d rank%s on this machine, need %.1f GiB, over half its %.1f GiB: lower "
-           "--loader-threads, --batch or --image-size%s", o->loader_threads + 2, o->loader_threads, o->batch, c, h, w,
+           "--loader-threads, --batch or %s%s", o->loader_threads + 2, o->loader_threads, o->batch, c, h, w,
            batch_bytes / 1048576.0, loaders, loaders > 1 ? "s" : "", other ? " (the evaluation's at its crop)" : "",
-           local, local > 1 ? "s" : "", total / 1073741824.0, phys / 1073741824.0, other ? " or --val-crop-size" : "");
+           local, local > 1 ? "s" : "", total / 1073741824.0, phys / 1073741824.0, o->image_size_flag,
+           other ? " or --val-crop-size" : "");
   return train_fail(t, "loader", d);
 }
 

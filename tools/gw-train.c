@@ -152,7 +152,7 @@ enum {
   O_AUGMENT, O_DROPLAST, O_SYNSAMPLES, O_LTHREADS, O_EPOCHS, O_BATCH, O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_WDALL,
   O_WARMUP, O_SCHED, O_SMOOTH, O_THREADS, O_SYNCBN, O_BUCKET, O_NOOVERLAP, O_CKDIR, O_CKEVERY, O_CKKEEP,
   O_RESUME, O_METRICS, O_PLOT, O_LOGEVERY, O_NOEVAL, O_TESTONLY, O_WIRE, O_BACKEND, O_TF32, O_AMP, O_LSCALE, O_LSINIT,
-  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART, O_VALRESIZE, O_VALCROP
+  O_HOSTSTEP, O_LAYOUT, O_FIRSTBUCKET, O_MILESTONES, O_GAMMA, O_WSTART, O_VALRESIZE, O_VALCROP, O_TRAINCROP
 };
 
 static const struct option longopts[] = {
@@ -165,7 +165,7 @@ static const struct option longopts[] = {
     {"augment", no_argument, NULL, O_AUGMENT},            {"drop-last", no_argument, NULL, O_DROPLAST},
     {"synthetic-samples", required_argument, NULL, O_SYNSAMPLES},
     {"val-resize-size", required_argument, NULL, O_VALRESIZE}, {"val-crop-size", required_argument, NULL, O_VALCROP},
-    {"train-crop-size", required_argument, NULL, O_SIZE},
+    {"train-crop-size", required_argument, NULL, O_TRAINCROP},
     {"loader-threads", required_argument, NULL, O_LTHREADS}, {"epochs", required_argument, NULL, O_EPOCHS},
     {"batch", required_argument, NULL, O_BATCH},          {"lr", required_argument, NULL, O_LR},
     {"momentum", required_argument, NULL, O_MOMENTUM},     {"nesterov", no_argument, NULL, O_NESTEROV},
@@ -208,7 +208,10 @@ static int parse_model_option(struct train_opts *o, int c, const char *arg) {
     return bad("--model '%s' is not one of resnet18, resnet34, resnet50, resnet101, resnet152%s", arg, "");
   case O_CLASSES: o->classes_given = 1; return parse_int("--classes", arg, 1, 1 << 24, &m->classes);
   case O_INCH: o->in_channels_given = 1; return parse_int("--in-channels", arg, 1, 4096, &m->in_channels);
-  case O_SIZE: o->image_size_given = 1; return parse_int("--image-size", arg, 1, 8192, &m->image_size);
+  case O_SIZE:
+  case O_TRAINCROP: /* torchvision's name for the same */
+    o->image_size_given = 1, o->image_size_flag = c == O_SIZE ? "--image-size" : "--train-crop-size";
+    return parse_int(o->image_size_flag, arg, 1, 8192, &m->image_size);
   case O_WIDTH: return parse_int("--width-divisor", arg, 1, 64, &m->width_divisor);
   case O_ZERO: m->zero_init_residual = 1; return 0;
   case O_SEED: return parse_seed(arg, &m->seed);
@@ -362,6 +365,7 @@ static void defaults(struct train_opts *o) {
   memset(o, 0, sizeof *o);
   gw_model_config_default(&o->model);
   o->model_name = "resnet50";
+  o->image_size_flag = "--image-size";
   o->data = "fashion-mnist";
   o->epochs = 0, o->steps = -1;
   o->batch = 32, o->lr = 0.1, o->momentum = 0.9, o->wd = 1e-4, o->warmup_epochs = 0.2, o->lr_gamma = 0.1;
@@ -451,12 +455,18 @@ static int check(const struct train_opts *o) {
     return bad("--val-resize-size sets the evaluation's resize: it needs the evaluation (drop --no-eval)%s%s", "", "");
   if (o->val_crop && strncmp(d, "imagenet:", 9))
     return bad("--val-crop-size applies to imagenet:DIR data: %s is evaluated at its own size%s", d, "");
+  if (o->val_crop && o->test_only && o->image_size_given && o->model.image_size != o->val_crop) {
+    char both[64];
+    snprintf(both, sizeof both, "%d with %s %d", o->val_crop, o->image_size_flag, o->model.image_size);
+    return bad("--test-only evaluates at the evaluation's crop: --val-crop-size %s (the training's size) is "
+               "ambiguous%s: give one", both, "");
+  }
   if (o->val_crop && !o->eval)
     return bad("--val-crop-size sets the evaluation's crop: it needs the evaluation (drop --no-eval)%s%s", "", "");
   const int crop = o->val_crop ? o->val_crop : o->image_size_given ? o->model.image_size : 224; /* imagenet's default */
   char rs[16], cs[48];
   snprintf(rs, sizeof rs, "%d", o->val_resize);
-  snprintf(cs, sizeof cs, "%d (%s)", crop, o->val_crop ? "--val-crop-size" : "--image-size");
+  snprintf(cs, sizeof cs, "%d (%s)", crop, o->val_crop ? "--val-crop-size" : o->image_size_flag);
   if (o->val_resize && o->val_resize < crop)
     return bad("--val-resize-size %s is smaller than the evaluation's crop %s: its center crop is taken from the "
                "resized image", rs, cs);

@@ -24,6 +24,7 @@ struct train_opts {
   struct gw_model_config model;
   const char *model_name;
   int classes_given, in_channels_given, image_size_given, stem_given;
+  const char *image_size_flag; /* how the image size was given: --image-size or --train-crop-size (messages) */
   const char *data;         /* fashion-mnist[:DIR] | imagenet:DIR | synthetic */
   long epochs, steps;       /* exactly one is set (> 0), or steps == 0 */
   int batch;                /* per rank */
