@@ -370,7 +370,9 @@ static int setup_model(struct trainer *t) {
   if (o->host_step && t->ops->host_memory)
     return train_fail(t, "--host-step", "the cpu backend's weights and optimizer are on the host already (it applies to "
                                   "--backend cudnn)");
-  struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing};
+  /* --test-only: an inference executor (no gradients, activations reused) */
+  struct gw_exec_config ec = {.batch = o->batch, .label_smoothing = (float)o->label_smoothing,
+                              .inference = o->test_only};
   if (gw_exec_create(t->m, t->ops, t->b, &ec, &t->e) != GW_SUCCESS)
     return train_fail(t, "model", gw_model_last_error());
   if (t->val_ds && !o->test_only && o->val_crop && o->val_crop != cfg.image_size) {
@@ -389,7 +391,8 @@ static int setup_model(struct trainer *t) {
   if (gw_sgd_create(t->m, &sc, &t->sgd) != GW_SUCCESS) return train_fail(t, "optimizer", gw_model_last_error());
   t->resident = !t->ops->host_memory && !o->host_step;
   t->warming = !t->ops->host_memory;
-  if (t->resident && gw_sgd_momentum(t->sgd) && !(t->mom_dev = t->ops->alloc(t->b, t->np * sizeof(float)))) {
+  if (t->resident && !o->test_only && gw_sgd_momentum(t->sgd) &&
+      !(t->mom_dev = t->ops->alloc(t->b, t->np * sizeof(float)))) {
     char d[160];
     snprintf(d, sizeof d, "out of %s memory for the momentum buffer (%zu MiB)", t->ops->name,
              t->np * sizeof(float) >> 20);
@@ -430,8 +433,8 @@ static int setup_comm_parts(struct trainer *t) {
     fprintf(stderr, "gw-train: note: one rank makes no allreduce: --grad-wire %s has nothing to do\n",
             o->grad_wire == GW_BFLOAT16 ? "bf16" : "fp16");
   if (!t->comm) return 0;
-  if (o->sync_bn) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
-  if (t->world == 1) return 0;
+  if (o->sync_bn && !o->test_only) gw_exec_set_sync_bn(t->e, sync_bn_sum, t->comm);
+  if (t->world == 1 || o->test_only) return 0; /* --test-only has no gradients to reduce */
   size_t *bounds = t->bounds;
   int nb = t->nb = gw_bucket_bounds(t->np, sizeof(float), (size_t)(o->first_bucket_mb * 1048576),
                                     (size_t)(o->bucket_mb * 1048576), bounds, 4096);
