@@ -491,9 +491,10 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
 /* Before a sweep (each datatype and operation): the warmup's count of runs
  * at the largest size, then at the smallest, out of place, as nccl-tests'
  * TimeTest does.  Every buffer and FIFO slot a size will use has then been
- * used once: a first store through a page can cost a trap on virtual
- * machines that track dirty pages (5 us a page on this project's test
- * machine, 0.7 ms per 256 KiB FIFO slot), which otherwise fell in the
+ * used once: the first access through a page can cost a trap on virtual
+ * machines with shadow page tables (5 us a page on this project's test
+ * machine, read or write, MAP_POPULATE or not: 0.7 ms per 256 KiB FIFO
+ * slot and end), which otherwise fell in the
  * timed runs of the first sizes that reach further into the slots
  * (out-of-place 16-256 KiB measured 3-4x their in-place times with -w 5). */
 static void warm_sweep(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbuf, uint8_t *recvbuf) {
