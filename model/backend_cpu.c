@@ -98,6 +98,7 @@ static void cpu_destroy(struct gw_backend *b) {
   if (b->engine) dnnl_engine_destroy(b->engine);
   free(b->marks);
   free(b->stage[0]), free(b->stage[1]);
+  free(b->arena);
   free(b);
 }
 
@@ -163,15 +164,21 @@ static void cpu_op_destroy(struct gw_op *op) {
   free(op);
 }
 
-/* Sets up one argument: `plain` is the caller's layout, `chosen` oneDNN's.  The
- * reorder goes plain -> chosen for inputs and chosen -> plain for outputs. */
-static gw_result_t arg_init(struct gw_backend *b, struct arg *a, const dnnl_memory_desc_t *plain,
+/* Sets up one argument of step st: `plain` is the caller's layout, `chosen`
+ * oneDNN's.  The reorder goes plain -> chosen for inputs and chosen -> plain
+ * for outputs; the reordered copy takes the next place in the step's part of
+ * the arena (its data handle set at each run). */
+static gw_result_t arg_init(struct gw_backend *b, struct step *st, struct arg *a, const dnnl_memory_desc_t *plain,
                             const dnnl_memory_desc_t *chosen, int is_output, const char *what) {
   gw_result_t res = GW_SUCCESS;
   dnnl_primitive_desc_t rpd = NULL;
   DNNL_TRY(dnnl_memory_create(&a->user, plain, b->engine, DNNL_MEMORY_NONE), what);
   if (dnnl_memory_desc_equal(plain, chosen)) return GW_SUCCESS;
-  DNNL_TRY(dnnl_memory_create(&a->internal, chosen, b->engine, DNNL_MEMORY_ALLOCATE), what);
+  DNNL_TRY(dnnl_memory_create(&a->internal, chosen, b->engine, DNNL_MEMORY_NONE), what);
+  const size_t bytes = dnnl_memory_desc_get_size(chosen);
+  a->at = st->arena_bytes;
+  st->arena_bytes += (bytes + 4095) / 4096 * 4096; /* each copy page-aligned */
+  if (st->arena_bytes > b->arena_need) b->arena_need = st->arena_bytes;
   if (is_output) DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, chosen, b->engine, plain, b->engine, NULL), what);
   else DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, plain, b->engine, chosen, b->engine, NULL), what);
   DNNL_TRY(dnnl_primitive_create(&a->reorder, rpd), what);
@@ -200,7 +207,7 @@ gw_result_t gw__cpu_step_arg(struct gw_backend *b, struct step *st, int id, cons
   int i = st->nargs++;
   st->id[i] = id;
   st->is_output[i] = is_output;
-  return arg_init(b, &st->a[i], plain, chosen, is_output, what);
+  return arg_init(b, st, &st->a[i], plain, chosen, is_output, what);
 }
 
 /* oneDNN takes non-const handles for inputs too; it does not write them. */
@@ -218,8 +225,18 @@ static gw_result_t step_run(struct gw_backend *b, struct step *st, const void *c
   gw_result_t res = GW_SUCCESS;
   dnnl_exec_arg_t args[STEP_MAX_ARGS];
   if (!st->prim) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: not planned for this op", what);
+  if (st->arena_bytes > b->arena_cap) { /* the largest step so far: the arena grows to every step's need */
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, b->arena_need) != 0)
+      return gw__model_fail(GW_ERR_SYSTEM, "cpu backend: %s: out of memory for %zu bytes of reordered copies", what,
+                            b->arena_need);
+    free(b->arena);
+    b->arena = p, b->arena_cap = b->arena_need;
+  }
   for (int i = 0; i < st->nargs; i++) {
     GW_MODEL_TRY(set_handle(&st->a[i], ptr[i], what));
+    if (st->a[i].internal)
+      DNNL_TRY(dnnl_memory_set_data_handle(st->a[i].internal, (char *)b->arena + st->a[i].at), what);
     if (!st->is_output[i] && st->a[i].reorder) GW_MODEL_TRY(run_reorder(b, &st->a[i], 0, what));
     args[i].arg = st->id[i];
     args[i].memory = st->a[i].internal ? st->a[i].internal : st->a[i].user;

@@ -23,14 +23,23 @@ struct gw_backend {
   int nmarks;
   void *stage[2];         /* stage_buffer's, per slot */
   size_t stage_cap[2];
+  /* The reordered copies of every step's arguments (oneDNN's blocked layouts)
+   * live in one arena, at offsets of their step: a step reorders its inputs
+   * in, runs and reorders its outputs out before it returns (step_run waits),
+   * so no copy outlives its step and one step's worth serves them all (each
+   * op had its own, allocated at creation: activation-sized, several per
+   * convolution, never shared).  Grown at a step's run to the largest need. */
+  void *arena;
+  size_t arena_cap, arena_need;
 };
 
 /* One tensor argument: the plain memory the caller's pointer goes into, and when
  * oneDNN wants another layout, the reordered copy and the reorder primitive. */
 struct arg {
   dnnl_memory_t user;     /* plain layout, data handle set per call */
-  dnnl_memory_t internal; /* NULL when oneDNN takes the plain layout */
+  dnnl_memory_t internal; /* NULL when oneDNN takes the plain layout; its data in the backend's arena */
   dnnl_primitive_t reorder;
+  size_t at;              /* internal's offset in the arena */
 };
 
 /* One primitive and its arguments in execution order (inputs are reordered in
@@ -42,6 +51,7 @@ struct step {
   int id[STEP_MAX_ARGS];        /* DNNL_ARG_* */
   int is_output[STEP_MAX_ARGS];
   struct arg a[STEP_MAX_ARGS];
+  size_t arena_bytes; /* its arguments' reordered copies, end to end */
 };
 
 struct gw_op {

@@ -153,13 +153,13 @@ struct pool {
   int n;
 };
 
-static void *pool_take(struct gw_exec *e, struct pool *p, size_t elems) {
+static void *pool_take(struct gw_exec *e, struct pool *p, size_t elems, const char *what) {
   int best = -1;
   for (int i = 0; i < p->n; i++)
     if (!p->busy[i] && p->size[i] >= elems && (best < 0 || p->size[i] < p->size[best])) best = i;
   if (best < 0) {
     best = p->n;
-    p->buf[best] = ex_alloc(e, elems * e->esz, "activation gradients");
+    p->buf[best] = ex_alloc(e, elems * e->esz, what);
     if (!p->buf[best]) return NULL;
     p->size[best] = elems;
     p->n++;
@@ -203,7 +203,7 @@ static gw_result_t plan_activations_infer(struct gw_exec *e, const int *count, c
       int in_place = (l->kind == GW_LAYER_RELU || l->kind == GW_LAYER_ADD) && l->in != 0 && count[l->in] == 1 &&
                      pr >= 0 && m->layers[pr].kind != GW_LAYER_RELU;
       if (in_place) e->act[l->out] = e->act[l->in], handed[l->in] = 1;
-      else if (!(e->act[l->out] = pool_take(e, &p, act_elems(e, l->out)))) goto out;
+      else if (!(e->act[l->out] = pool_take(e, &p, act_elems(e, l->out), "activations"))) goto out;
     }
     if (i < LAG) continue;
     const struct gw_layer *r = &m->layers[i - LAG]; /* its reads are LAG layers back: give back what they ended */
@@ -219,7 +219,7 @@ out:
 
 static gw_result_t take_grad(struct gw_exec *e, struct pool *p, int a, const int *last, int step) {
   if (a <= 0 || last[a] != step) return GW_SUCCESS; /* the input has none; others start at their last reader */
-  e->grad[a] = pool_take(e, p, act_elems(e, a));
+  e->grad[a] = pool_take(e, p, act_elems(e, a), "activation gradients");
   return e->grad[a] ? GW_SUCCESS : GW_ERR_SYSTEM;
 }
 
