@@ -34,7 +34,11 @@
 extern "C" {
 #endif
 
-struct gw_backend;  /* one instance: engine, stream, thread settings */
+/* One instance: engine, stream, thread settings.  A backend runs one call at
+ * a time (the cpu backend's reordered copies share one arena; it refuses a
+ * second call while one runs): threads that compute at once each make their
+ * own.  Executors on one backend run one after another. */
+struct gw_backend;
 struct gw_op;       /* one planned layer */
 struct gw_sgd_run;      /* sgd.h */
 struct gw_sgd_scalars;  /* sgd_math.h */

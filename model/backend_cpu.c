@@ -3,7 +3,8 @@
  * Every operation is planned once: op_create builds oneDNN's primitive with the
  * layouts left to oneDNN ("any"), and when its choice differs from the plain
  * PyTorch layout the caller's tensors cross this table in, it also builds the
- * reorders and keeps the reordered copies in memory oneDNN allocates for the op.
+ * reorders; the reordered copies of every op live in one arena per backend
+ * (step_run), which is why a backend runs one call at a time.
  * This is what PyTorch's own CPU convolution does, so comparisons are like for
  * like.
  *
@@ -175,14 +176,17 @@ static gw_result_t arg_init(struct gw_backend *b, struct step *st, struct arg *a
   DNNL_TRY(dnnl_memory_create(&a->user, plain, b->engine, DNNL_MEMORY_NONE), what);
   if (dnnl_memory_desc_equal(plain, chosen)) return GW_SUCCESS;
   DNNL_TRY(dnnl_memory_create(&a->internal, chosen, b->engine, DNNL_MEMORY_NONE), what);
-  const size_t bytes = dnnl_memory_desc_get_size(chosen);
-  a->at = st->arena_bytes;
-  st->arena_bytes += (bytes + 4095) / 4096 * 4096; /* each copy page-aligned */
-  if (st->arena_bytes > b->arena_need) b->arena_need = st->arena_bytes;
   if (is_output) DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, chosen, b->engine, plain, b->engine, NULL), what);
   else DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, plain, b->engine, chosen, b->engine, NULL), what);
   DNNL_TRY(dnnl_primitive_create(&a->reorder, rpd), what);
   dnnl_primitive_desc_destroy(rpd);
+  /* counted once made (the size includes a blocked layout's padding, which
+   * oneDNN 2.x zeroes at each set_data_handle: the arena's bytes are other
+   * steps' before) */
+  const size_t bytes = dnnl_memory_desc_get_size(chosen);
+  a->at = st->arena_bytes;
+  st->arena_bytes += (bytes + 4095) / 4096 * 4096; /* each copy page-aligned */
+  if (st->arena_bytes > b->arena_need) b->arena_need = st->arena_bytes;
   return GW_SUCCESS;
 fail:
   if (rpd) dnnl_primitive_desc_destroy(rpd);
@@ -221,17 +225,19 @@ fail:
 
 /* Runs a step on the caller's pointers (ptr[i] for argument i, in the order the
  * step's arguments were added) and waits for it. */
-static gw_result_t step_run(struct gw_backend *b, struct step *st, const void *const *ptr, const char *what) {
+static gw_result_t step_run_on(struct gw_backend *b, struct step *st, const void *const *ptr, const char *what) {
   gw_result_t res = GW_SUCCESS;
   dnnl_exec_arg_t args[STEP_MAX_ARGS];
   if (!st->prim) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: not planned for this op", what);
   if (st->arena_bytes > b->arena_cap) { /* the largest step so far: the arena grows to every step's need */
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, b->arena_need) != 0)
+    free(b->arena); /* nothing in it outlives a step */
+    b->arena = NULL, b->arena_cap = 0;
+    if (posix_memalign(&b->arena, 4096, b->arena_need) != 0) {
+      b->arena = NULL;
       return gw__model_fail(GW_ERR_SYSTEM, "cpu backend: %s: out of memory for %zu bytes of reordered copies", what,
                             b->arena_need);
-    free(b->arena);
-    b->arena = p, b->arena_cap = b->arena_need;
+    }
+    b->arena_cap = b->arena_need;
   }
   for (int i = 0; i < st->nargs; i++) {
     GW_MODEL_TRY(set_handle(&st->a[i], ptr[i], what));
@@ -248,6 +254,17 @@ static gw_result_t step_run(struct gw_backend *b, struct step *st, const void *c
   return GW_SUCCESS;
 fail:
   return res;
+}
+
+/* One call at a time on a backend (backend.h): the arena is every step's.
+ * Two at once are refused, not left to write over each other's copies. */
+static gw_result_t step_run(struct gw_backend *b, struct step *st, const void *const *ptr, const char *what) {
+  if (atomic_exchange(&b->running, 1))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "cpu backend: %s: another call is running on this backend (a "
+                          "backend runs one call at a time: give each thread its own)", what);
+  gw_result_t r = step_run_on(b, st, ptr, what);
+  atomic_store(&b->running, 0);
+  return r;
 }
 
 static gw_result_t cpu_op_create(struct gw_backend *b, const struct gw_op_desc *d, struct gw_op **out) {

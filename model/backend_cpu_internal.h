@@ -5,6 +5,8 @@
 #ifndef GW_MODEL_BACKEND_CPU_INTERNAL_H
 #define GW_MODEL_BACKEND_CPU_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
@@ -31,6 +33,7 @@ struct gw_backend {
    * convolution, never shared).  Grown at a step's run to the largest need. */
   void *arena;
   size_t arena_cap, arena_need;
+  atomic_int running; /* a step is running (step_run): a second at once is refused */
 };
 
 /* One tensor argument: the plain memory the caller's pointer goes into, and when

@@ -152,6 +152,36 @@ START_TEST(test_conv_fwd_grid) {
 }
 END_TEST
 
+/* An op made and run before a larger one runs still gives the same bits
+ * after it: the cpu backend's reordered copies live in one arena, grown to
+ * the largest step and re-pointed at each run (a stale pointer into the old
+ * one is a use after free under ASan). */
+START_TEST(test_op_after_a_larger_one) {
+  struct gw_backend *b = backend();
+  const struct gw_op_desc ds = conv_desc(2, 16, 7, 7, 16, 3, 1, 1), dl = conv_desc(2, 32, 28, 28, 64, 3, 1, 1);
+  struct gw_op *small = NULL, *large = NULL;
+  ck_assert_msg(be->op_create(b, &ds, &small) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct tensor x = act_in(b, &ds), w = tensor_new(b, (size_t)16 * 16 * 9), y1 = act_out(b, &ds),
+                y2 = act_out(b, &ds);
+  fill(x.h, x.n, 5), fill(w.h, w.n, 6);
+  up(x), up(w), nan_up(y1), nan_up(y2);
+  ck_assert(be->conv_fwd(small, x.d, w.d, y1.d) == GW_SUCCESS);
+  ck_assert_msg(be->op_create(b, &dl, &large) == GW_SUCCESS, "%s", gw_model_last_error());
+  struct tensor lx = act_in(b, &dl), lw = tensor_new(b, (size_t)64 * 32 * 9), ly = act_out(b, &dl);
+  fill(lx.h, lx.n, 7), fill(lw.h, lw.n, 8);
+  up(lx), up(lw), nan_up(ly);
+  ck_assert_msg(be->conv_fwd(large, lx.d, lw.d, ly.d) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_msg(be->conv_fwd(small, x.d, w.d, y2.d) == GW_SUCCESS, "%s", gw_model_last_error());
+  down(y1), down(y2);
+  ck_assert_msg(!memcmp(y1.h, y2.h, y1.n * sizeof(float)), "the small convolution's output changed after a larger "
+                "one ran");
+  be->op_destroy(small), be->op_destroy(large);
+  struct tensor all[] = {x, w, y1, y2, lx, lw, ly};
+  tensors_free(all, 7);
+  be->destroy(b);
+}
+END_TEST
+
 /* Every convolution of two small ResNets, with their initialized weights and the
  * geometry the model description gives. */
 START_TEST(test_conv_fwd_model_layers) {
@@ -561,6 +591,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create(chosen);
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, test_conv_fwd_grid);
+  tcase_add_test(tc, test_op_after_a_larger_one);
   tcase_add_test(tc, test_conv_fwd_model_layers);
   tcase_add_test(tc, test_refused);
   tcase_add_test(tc, test_conv_bwd_grid);
