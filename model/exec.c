@@ -127,6 +127,16 @@ static void readers(const struct gw_model *m, int *count, int *last) {
   last[m->nacts - 1] = m->nlayers; /* the logits: read by the loss */
 }
 
+/* Whether layer i writes its output over its input: a ReLU or add whose
+ * input has no other reader and was not made by a ReLU (producer[]: the
+ * layers so far; the input image never). */
+static int runs_in_place(const struct gw_model *m, int i, const int *count, const int *producer) {
+  const struct gw_layer *l = &m->layers[i];
+  const int p = producer[l->in];
+  return (l->kind == GW_LAYER_RELU || l->kind == GW_LAYER_ADD) && l->in != 0 && count[l->in] == 1 && p >= 0 &&
+         m->layers[p].kind != GW_LAYER_RELU;
+}
+
 static gw_result_t plan_activations(struct gw_exec *e, const int *count, int *producer) {
   const struct gw_model *m = e->m;
   for (int a = 0; a < m->nacts; a++) producer[a] = -1;
@@ -135,10 +145,7 @@ static gw_result_t plan_activations(struct gw_exec *e, const int *count, int *pr
   for (int i = 0; i < m->nlayers; i++) {
     const struct gw_layer *l = &m->layers[i];
     producer[l->out] = i;
-    int p = producer[l->in];
-    int in_place = (l->kind == GW_LAYER_RELU || l->kind == GW_LAYER_ADD) && l->in != 0 && count[l->in] == 1 &&
-                   p >= 0 && m->layers[p].kind != GW_LAYER_RELU;
-    if (in_place) e->act[l->out] = e->act[l->in];
+    if (runs_in_place(m, i, count, producer)) e->act[l->out] = e->act[l->in];
     else EX_ALLOC(e->act[l->out], e, act_elems(e, l->out) * e->esz, l->name);
   }
   return GW_SUCCESS;
@@ -199,10 +206,7 @@ static gw_result_t plan_activations_infer(struct gw_exec *e, const int *count, c
     if (i < m->nlayers) {
       const struct gw_layer *l = &m->layers[i];
       producer[l->out] = i;
-      int pr = producer[l->in];
-      int in_place = (l->kind == GW_LAYER_RELU || l->kind == GW_LAYER_ADD) && l->in != 0 && count[l->in] == 1 &&
-                     pr >= 0 && m->layers[pr].kind != GW_LAYER_RELU;
-      if (in_place) e->act[l->out] = e->act[l->in], handed[l->in] = 1;
+      if (runs_in_place(m, i, count, producer)) e->act[l->out] = e->act[l->in], handed[l->in] = 1;
       else if (!(e->act[l->out] = pool_take(e, &p, act_elems(e, l->out), "activations"))) goto out;
     }
     if (i < LAG) continue;
