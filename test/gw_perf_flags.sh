@@ -72,6 +72,11 @@ refused "--tune measures its own sizes, algorithms and protocols: -b does not ap
 refused "--tune measures its own sizes, algorithms and protocols: -a does not apply" --tune "$tmp/t" -a ring
 refused "-o applies to allreduce and reduce_scatter: allgather reduces nothing" -C allgather -o prod
 refused "-r (the root) applies to -C broadcast only" -r 1
+# nccl-tests' -g and -t: 1 accepted (its own quick example runs), else refused
+refused "-g '2': a gw-perf rank is one process with one GPU (nccl-tests' -g 1 -t 1); start N ranks with gw-run -n N" -g 2
+refused "-t '4': a gw-perf rank is one process with one GPU" -t 4
+out=$("$run" -n 2 "$perf" -b 8 -e 128 -f 2 -g 1 -t 1 -n 1 -w 0 2>&1) ||
+  { echo "FAIL: nccl-tests' -g 1 -t 1 refused:"; tail -3 <<<"$out"; fail=1; }
 out=$(GW_ALGO=ring "$run" -n 2 "$perf" --tune "$tmp/t" 2>&1) &&
   { echo "FAIL: --tune under GW_ALGO=ring accepted"; fail=1; }
 grep -qF "unset GW_ALGO (it is ring)" <<<"$out" || { echo "FAIL: --tune under GW_ALGO=ring:"; tail -3 <<<"$out"; fail=1; }

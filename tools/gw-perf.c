@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dev.h"
 #include "dtype_values.h"
@@ -43,13 +44,19 @@ static int rank = -1, nranks; /* rank -1 until the communicator is made */
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
+  /* one write: a rank stopped by gw-run right after (every rank failing the
+   * same check) printed a bare prefix when the line went out in pieces */
+  char line[1024];
+  int n = rank >= 0 ? snprintf(line, sizeof line, "gw-perf: rank %d: ", rank) : snprintf(line, sizeof line, "gw-perf: ");
   va_list ap;
   va_start(ap, fmt);
-  if (rank >= 0) fprintf(stderr, "gw-perf: rank %d: ", rank);
-  else fprintf(stderr, "gw-perf: ");
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
   va_end(ap);
+  n += m < 0 ? 0 : m > (int)(sizeof line - (size_t)n - 2) ? (int)(sizeof line - (size_t)n - 2) : m;
+  line[n++] = '\n';
+  fflush(stdout);
+  if (write(STDERR_FILENO, line, (size_t)n) < 0) { /* nothing else to tell it on */
+  }
   exit(1);
 }
 
@@ -75,6 +82,8 @@ static void usage(FILE *f) {
           "  -r, --root R          broadcast root (default 0)\n"
           "      --csv FILE        write the results as CSV (rank 0)\n"
           "      --json FILE       write the results as JSON (rank 0)\n"
+          "  -g, --ngpus 1, -t, --nthreads 1  accepted as nccl-tests' (a rank is a process with one GPU: more ranks\n"
+          "                        with gw-run -n); its -a, -p, -C, -R and -c N mean other things there\n"
           "  -h, --help            this text\n");
 }
 
@@ -110,37 +119,91 @@ static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
  * What rank r puts at element i: from a hash of (r, i), so any two ranks'
  * inputs differ at most elements whatever their distance (a reduction that
  * counts one rank twice and another not at all, or an allgather that swaps
- * two ranks' blocks, shows), and so does a shift of the data.  1..5 for the
- * reductions (fewer for float sums of many ranks: choose_values); 1..127 for
- * allgather and broadcast, which move data only (every dtype holds those,
- * int8 included). */
+ * two ranks' blocks, shows), and so does a shift of the data.
+ * - Reductions: +-1..5 in units of 2^-value_frac_bits (choose_values: floats
+ *   take as many fraction bits as keep every partial sum exact, so the low
+ *   bytes of an element carry data too; integers and products whole numbers;
+ *   fewer for float sums of many ranks).  Both signs: a signed dtype compared
+ *   as unsigned, a float compared as an integer, or a conversion that drops
+ *   the sign shows.  Float MAX and MIN also take signed zeros (one element in
+ *   8: two ranks' opposite zeros meet often enough to show) and NaNs (one in
+ *   256), which the library's rules order (+0 above -0) and propagate.
+ * - Allgather and broadcast move data only: every bit of an element is the
+ *   hash's (never all ones, which the output holds before a run). */
 static int value_span = 5;
+static int value_frac_bits;
 /* Above 0: the values are 0 or 1, 1 for about one rank in value_sparse (float
  * sums of more ranks than the dtype holds integers: see choose_values). */
 static int value_sparse;
+static bool value_specials; /* signed zeros and NaNs (float MAX and MIN) */
+static bool value_bits;     /* data moves: the element's bits from the hash */
 /* 0 for the checked runs; the timed runs take another set of inputs (1), so
  * one that wrote nothing leaves the checked run's result, which is wrong. */
 static uint64_t value_salt;
-static int value_of(int r, size_t i) {
+static uint64_t value_hash(int r, size_t i) {
   uint64_t x = (((uint64_t)(unsigned)r << 40) ^ (uint64_t)i) ^ value_salt * 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  if (value_sparse) return x % (uint64_t)value_sparse == 0;
-  return (int)(x % (uint64_t)value_span) + 1;
+  return x ^ (x >> 31);
 }
 
-/* The reduction of value_of over all ranks at element i, exactly: as integers
- * modulo 2^64 (*u, what integer dtypes wrap from), and in double (*d: sums
- * and products of small integers, exact while below 2^53). */
-static void reduce_exact(int op, size_t i, uint64_t *u, double *d) {
-  *u = (uint64_t)value_of(0, i), *d = (double)*u;
+/* A reduction's input value (exact in the dtype). */
+static double value_of(int r, size_t i) {
+  const uint64_t x = value_hash(r, i);
+  if (value_sparse) return x % (uint64_t)value_sparse == 0;
+  const bool neg = x >> 63;
+  if (value_specials && ((x >> 50) & 7) == 0) /* bits 50-57: a use of their own */
+    return ((x >> 53) & 31) == 0 ? NAN : neg ? -0.0 : 0.0;
+  const double v = ldexp((double)(x % ((uint64_t)value_span << value_frac_bits) + 1), -value_frac_bits);
+  return neg ? -v : v;
+}
+
+/* Rank r's input element i as the dtype's bytes (es of out). */
+static void input_elem(gw_dtype_t dt, int r, size_t i, uint8_t out[8]) {
+  if (!value_bits) {
+    gw_value_store(out, dt, 0, value_of(r, i));
+    return;
+  }
+  const size_t es = gw_dtype_size(dt);
+  uint64_t x = value_hash(r, i);
+  if (es < 8 && (x & ((1ull << (8 * es)) - 1)) == (1ull << (8 * es)) - 1) x ^= 1;
+  if (es == 8 && x == ~0ull) x ^= 1;
+  memcpy(out, &x, es); /* little-endian: the low bytes */
+}
+
+/* IEEE 754-2019's maximum and minimum, as the library's MAX and MIN: a NaN
+ * wins, +0 is above -0. */
+static double ieee_max(double a, double b) {
+  if (isnan(a) || isnan(b)) return NAN;
+  if (a == b) return signbit(a) ? b : a;
+  return a > b ? a : b;
+}
+static double ieee_min(double a, double b) {
+  if (isnan(a) || isnan(b)) return NAN;
+  if (a == b) return signbit(a) ? a : b;
+  return a < b ? a : b;
+}
+
+/* The reduction of value_of over all ranks at element i, exactly: as
+ * integers modulo 2^64 (*u, what integer dtypes wrap from; MAX and MIN
+ * compared as dt compares), and in double (*d: sums and products of these
+ * values, exact while below 2^53 units), with *mag the largest magnitude a
+ * partial result reaches (sums: the sum of magnitudes; products: the
+ * product's). */
+static void reduce_exact(gw_dtype_t dt, int op, size_t i, uint64_t *u, double *d, double *mag) {
+  const bool ints = dt == GW_INT8 || dt == GW_UINT8 || dt == GW_INT32 || dt == GW_INT64;
+  *d = value_of(0, i), *u = ints ? (uint64_t)(int64_t)*d : 0, *mag = fabs(*d);
   for (int r = 1; r < nranks; r++) {
-    const uint64_t v = (uint64_t)value_of(r, i);
-    if (op == GW_SUM || op == GW_AVG) *u += v, *d += (double)v;
-    else if (op == GW_PROD) *u *= v, *d *= (double)v;
-    else if (op == GW_MAX) *u = v > *u ? v : *u, *d = fmax(*d, (double)v);
-    else *u = v < *u ? v : *u, *d = fmin(*d, (double)v);
+    const double v = value_of(r, i);
+    const uint64_t w = ints ? (uint64_t)(int64_t)v : 0; /* floats' values may be NaN */
+    if (op == GW_SUM || op == GW_AVG) *u += w, *d += v, *mag += fabs(v);
+    else if (op == GW_PROD) *u *= w, *d *= v, *mag = fabs(*d);
+    else {
+      const int cmp = dt == GW_UINT8 ? ((uint8_t)w > (uint8_t)*u) - ((uint8_t)w < (uint8_t)*u)
+                                     : ((int64_t)w > (int64_t)*u) - ((int64_t)w < (int64_t)*u);
+      if (op == GW_MAX) *u = cmp > 0 ? w : *u, *d = ieee_max(*d, v);
+      else *u = cmp < 0 ? w : *u, *d = ieee_min(*d, v);
+    }
   }
 }
 
@@ -181,16 +244,18 @@ static int64_t load_int(const void *buf, gw_dtype_t dt, size_t i) {
 
 /* Whether got is the reduction at element i.  Integers: exactly, wrapped to
  * the dtype as the library wraps (AVG: the wrapped sum divided in int64).
- * Floats: every partial sum or product of these integers is an integer no
- * larger than the result, so while the result is within the integers the
- * dtype holds (float16 2048, bfloat16 256, float32 2^24) the order of
- * reduction cannot matter and the result must be exact: one missing or
- * doubled contribution shows at any rank count.  AVG adds a division's
- * rounding (two units); beyond exactness each of the n - 1 steps may round. */
+ * Floats: every partial sum or product of these values is a whole number of
+ * units no larger in magnitude than *mag, so while that is within the units
+ * the dtype holds exactly (float16 2048, bfloat16 256, float32 2^24) the
+ * order of reduction cannot matter and the result must be exact: one missing
+ * or doubled contribution shows at any rank count.  AVG adds a division's
+ * rounding (two units); beyond exactness each of the n - 1 steps may round
+ * (sums by a unit of the magnitudes' sum).  NaN must give NaN; MAX and MIN's
+ * zeros must have the sign IEEE's maximum and minimum give. */
 static bool reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t at) {
   uint64_t u;
-  double d;
-  reduce_exact(op, at, &u, &d);
+  double d, mag;
+  reduce_exact(dt, op, at, &u, &d, &mag);
   if (!is_float(dt)) {
     int64_t want;
     switch (dt) {
@@ -203,29 +268,36 @@ static bool reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t a
     return load_int(out, dt, i) == want;
   }
   const double got = gw_value_load(out, dt, i), eps = unit_roundoff(dt);
-  const bool exact = d <= 1.0 / eps;
+  const bool exact = ldexp(mag, value_frac_bits) <= 1.0 / eps;
   const double want = round_to(dt, op == GW_AVG ? d / nranks : d);
+  if (isnan(want)) return isnan(got);
   if (isinf(want) || isnan(got)) return got == want;
+  if (want == 0 && (op == GW_MAX || op == GW_MIN)) return got == 0 && signbit(got) == signbit(want);
   double tol = op == GW_AVG ? 2 * eps * fabs(want) : 0;
-  if (!exact && (op == GW_SUM || op == GW_AVG || op == GW_PROD)) tol = (nranks + 1) * eps * fabs(want);
+  if (!exact && op == GW_PROD) tol = (nranks + 1) * eps * fabs(want);
+  if (!exact && (op == GW_SUM || op == GW_AVG)) tol = (nranks + 1) * eps * mag;
   return fabs(got - want) <= tol;
 }
 
-/* The inputs for one collective, dtype and op.  Float sums and averages stay
- * exact (and so are checked exactly) while n ranks' values add up to at most
- * the integers the dtype holds (bfloat16 256, float16 2048): values 1..5 up
- * to limit / 5 ranks, 1..limit / n up to limit ranks, past that 0 or 1 with
- * about limit / 2 ones per element.  With 1..5 at any rank count, the
+/* The inputs for one collective, dtype and op (the values block above).
+ * Float sums and averages stay exact (and so are checked exactly) while n
+ * ranks' magnitudes add up to at most the units the dtype holds (bfloat16
+ * 256, float16 2048): +-1..5 with as many fraction bits as that leaves up
+ * to limit / 5 ranks, +-1..limit / n up to limit ranks, past that 0 or 1
+ * with about limit / 2 ones per element.  With 1..5 at any rank count, the
  * tolerance that rounding then needs grew with n until a missing rank passed
- * (bfloat16 from about 86 ranks; at 256 an output left untouched did). */
+ * (bfloat16 from about 86 ranks; at 256 an output left untouched did).  MAX
+ * and MIN take any value the dtype holds exactly; products whole numbers. */
 static void choose_values(int coll, gw_dtype_t dt, int op) {
-  value_sparse = 0;
-  value_span = coll == C_ALLREDUCE || coll == C_REDUCE_SCATTER ? 5 : 127;
-  if (value_span == 127 || !is_float(dt) || (op != GW_SUM && op != GW_AVG)) return;
+  value_sparse = 0, value_span = 5, value_frac_bits = 0;
+  value_bits = coll != C_ALLREDUCE && coll != C_REDUCE_SCATTER;
+  value_specials = !value_bits && is_float(dt) && (op == GW_MAX || op == GW_MIN);
+  if (value_bits || !is_float(dt) || op == GW_PROD) return;
   const double limit = 1.0 / unit_roundoff(dt);
-  if (5.0 * nranks <= limit) return;
-  if (nranks <= limit) value_span = (int)(limit / nranks);
-  else value_sparse = (int)ceil(2.0 * nranks / limit);
+  const double ranks = op == GW_MAX || op == GW_MIN ? 1 : nranks; /* values that add up */
+  if (5.0 * ranks <= limit) value_frac_bits = (int)floor(log2(limit / (5.0 * ranks)));
+  else if (ranks <= limit) value_span = (int)(limit / ranks);
+  else value_sparse = (int)ceil(2.0 * ranks / limit);
 }
 
 /* ---- one measurement ---- */
@@ -337,14 +409,16 @@ static long long count_wrong(const struct opts *o, gw_dtype_t dt, int op, const 
   }
   long long wrong = 0;
   for (size_t b = 0; b < SLACK; b++) wrong += hr[l->tail + b] != 0xff;
-  for (size_t i = 0; !in_place && i < l->in_elems; i++) wrong += gw_value_load(hs, dt, i) != value_of(rank, i);
+  uint8_t e[8];
+  for (size_t i = 0; !in_place && i < l->in_elems; i++)
+    input_elem(dt, rank, i, e), wrong += memcmp(hs + i * es, e, es) != 0;
   for (size_t i = 0; i < l->out_elems; i++) {
     bool ok;
     switch (o->coll) {
       case C_ALLREDUCE: ok = reduce_ok(dt, op, hr, i, i); break;
       case C_REDUCE_SCATTER: ok = reduce_ok(dt, op, hr, i, (size_t)rank * count + i); break;
-      case C_ALLGATHER: ok = gw_value_load(hr, dt, i) == value_of((int)(i / count), i % count); break;
-      default: ok = gw_value_load(hr, dt, i) == value_of(o->root, i); break;
+      case C_ALLGATHER: input_elem(dt, (int)(i / count), i % count, e), ok = !memcmp(hr + i * es, e, es); break;
+      default: input_elem(dt, o->root, i, e), ok = !memcmp(hr + i * es, e, es); break;
     }
     wrong += !ok;
   }
@@ -354,8 +428,9 @@ static long long count_wrong(const struct opts *o, gw_dtype_t dt, int op, const 
 /* This rank's input (value_of with the salt now) into l->send. */
 static void fill_input(gw_dtype_t dt, const struct layout *l) {
   uint8_t *hs = dev ? mirror(l->send) : l->send;
-  for (size_t i = 0; i < l->in_elems; i++) gw_value_store(hs, dt, i, value_of(rank, i));
-  if (dev) check_dev(dev->memcpy_async(l->send, hs, l->in_elems * gw_dtype_size(dt), stream), "copying the input in");
+  const size_t es = gw_dtype_size(dt);
+  for (size_t i = 0; i < l->in_elems; i++) input_elem(dt, rank, i, hs + i * es);
+  if (dev) check_dev(dev->memcpy_async(l->send, hs, l->in_elems * es, stream), "copying the input in");
 }
 
 /* The whole output and the 64 bytes after it all ones (NaN in floats), then
@@ -614,9 +689,9 @@ int main(int argc, char **argv) {
       {"root", required_argument, 0, 'r'}, {"csv", required_argument, 0, 1},
       {"json", required_argument, 0, 2}, {"help", no_argument, 0, 'h'}, {"proto", required_argument, 0, 'p'},
       {"tune", required_argument, 0, 3}, {"register", no_argument, 0, 'R'}, {"device", no_argument, 0, 'D'},
-      {0, 0, 0, 0}};
+      {"ngpus", required_argument, 0, 'g'}, {"nthreads", required_argument, 0, 't'}, {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:d:o:c:a:C:r:p:RDh", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:d:o:c:a:C:r:p:g:t:RDh", longopts, NULL)) != -1) {
     if (c > ' ' && c < 127 && !strchr(given, c) && strlen(given) + 1 < sizeof given) given[strlen(given)] = (char)c;
     switch (c) {
       case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
@@ -638,6 +713,12 @@ int main(int argc, char **argv) {
       case 'w': o.warmup = parse_int_arg(optarg, 0, 1000000, "-w"); break;
       case 'c': o.check = parse_int_arg(optarg, 0, 1, "-c"); break;
       case 'r': o.root = parse_int_arg(optarg, 0, 1 << 20, "-r"); break;
+      case 'g':
+      case 't': /* nccl-tests' GPUs per thread and threads per process: one each here */
+        if (strcmp(optarg, "1"))
+          die("-%c '%s': a gw-perf rank is one process with one GPU (nccl-tests' -g 1 -t 1); start N ranks with "
+              "gw-run -n N", c, optarg);
+        break;
       case 'R': o.reg = 1; break;
       case 'D': o.device = 1; break;
       case 'd':
@@ -825,9 +906,13 @@ int main(int argc, char **argv) {
         char path[72]; /* one name when both ran alike */
         if (strcmp(res.path[0], res.path[1])) snprintf(path, sizeof path, "%s,%s", res.path[0], res.path[1]);
         else snprintf(path, sizeof path, "%s", res.path[0]);
-        printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5s  %7.2f  %6.2f  %6.2f  %5s  %s\n", res.bytes,
-               res.count, gw_dtype_name(dt), opn, root, res.time_us[0], res.algbw[0], res.busbw[0], w[0],
-               res.time_us[1], res.algbw[1], res.busbw[1], w[1], path);
+        char tm[2][24]; /* 7 wide: fewer decimals from 10 ms on, as nccl-tests */
+        for (int k = 0; k < 2; k++)
+          snprintf(tm[k], sizeof tm[k], "%7.*f", res.time_us[k] < 1e4 ? 2 : res.time_us[k] < 1e5 ? 1 : 0,
+                   res.time_us[k]);
+        printf("%12zu  %12zu  %8s  %6s  %6d  %s  %6.2f  %6.2f  %5s  %s  %6.2f  %6.2f  %5s  %s\n", res.bytes, res.count,
+               gw_dtype_name(dt), opn, root, tm[0], res.algbw[0], res.busbw[0], w[0], tm[1], res.algbw[1],
+               res.busbw[1], w[1], path);
         fflush(stdout);
         if (csv)
           fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s,%.3f,%.4f,%.4f,%s,%s,%s\n", res.bytes, res.count,
