@@ -104,15 +104,6 @@ static int64_t norm(gw_dtype_t dt, uint64_t u) {
   }
 }
 
-static int64_t load_int(const void *buf, gw_dtype_t dt, size_t i) {
-  switch (dt) {
-    case GW_INT8: return ((const int8_t *)buf)[i];
-    case GW_UINT8: return ((const uint8_t *)buf)[i];
-    case GW_INT32: return ((const int32_t *)buf)[i];
-    default: return ((const int64_t *)buf)[i];
-  }
-}
-
 static void store_int(void *buf, gw_dtype_t dt, size_t i, uint64_t v) {
   switch (dt) {
     case GW_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
@@ -151,7 +142,7 @@ static int check_reduced(const void *out, size_t i, gw_dtype_t dt, int op, int n
       }
     }
     if (op == GW_AVG) acc = norm(dt, (uint64_t)(acc / n));
-    int64_t got = load_int(out, dt, i);
+    int64_t got = gw_value_load_int(out, dt, i);
     if (got == acc) return 0;
     fprintf(stderr, "rank %d: %s %s/%s n=%d element %zu: got %" PRId64 ", expected %" PRId64 "\n", rank, what,
             gw_dtype_name(dt), gw_op_name(op), n, i, got, acc);

@@ -34,6 +34,17 @@ static inline double gw_value_load(const void *buf, gw_dtype_t dt, size_t i) {
   }
 }
 
+/* Element i of an integer dtype as int64, not through a double (int64
+ * products wrap far past 2^53). */
+static inline int64_t gw_value_load_int(const void *buf, gw_dtype_t dt, size_t i) {
+  switch (dt) {
+    case GW_INT8: return ((const int8_t *)buf)[i];
+    case GW_UINT8: return ((const uint8_t *)buf)[i];
+    case GW_INT32: return ((const int32_t *)buf)[i];
+    default: return ((const int64_t *)buf)[i];
+  }
+}
+
 /* Stores v rounded to the dtype (floats: to nearest even; integers: converted). */
 static inline void gw_value_store(void *buf, gw_dtype_t dt, size_t i, double v) {
   switch (dt) {
