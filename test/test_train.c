@@ -612,7 +612,7 @@ START_TEST(test_ranks_must_share_options) {
 END_TEST
 
 /* Refused before any work: exit 2 and a message naming the flag. */
-static void refused(const char *const *args, const char *words) {
+void refused(const char *const *args, const char *words) {
   struct run r;
   const char *full[32] = {"-n", "1", train_bin()};
   int n = 3;

@@ -30,6 +30,8 @@ void train(struct run *r, const char *const *env, const char *ranks, const char 
 void train_from(struct run *r, const char *const *env, const char *ranks, const char *const *base,
                 const char *const *extra);
 void expect_ok(struct run *r);
+/* gw-train at 1 rank with args refused before any work, its message holding words. */
+void refused(const char *const *args, const char *words);
 /* Whether files a and b hold the same bytes (both must exist). */
 int same_file(const char *a, const char *b);
 /* The whole of file tmpdir/name (free it). */

@@ -522,7 +522,39 @@ START_TEST(test_weights_stale_temps_removed) {
 }
 END_TEST
 
+/* Outputs named as the run's input or as the checkpoint folder's own files:
+ * refused before any work (the metrics were appended to --load-weights's
+ * file, the plot written over it; --save-weights over ckpt-N was taken for a
+ * damaged checkpoint at the next resume), the input left as it was. */
+START_TEST(test_outputs_spare_inputs) {
+  char w[512], dir[512], in_dir[600], want[1400];
+  path(w, sizeof w, "spare-w.safetensors");
+  FILE *f = fopen(w, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("the weights", f);
+  fclose(f);
+  refused((const char *const[]){"--steps", "2", "--load-weights", w, "--metrics", w, NULL},
+          "is --load-weights's file: the run would write over the weights it starts from");
+  snprintf(want, sizeof want, "--plot %s is --load-weights's file", w);
+  refused((const char *const[]){"--steps", "2", "--load-weights", w, "--plot", w, NULL}, want);
+  path(dir, sizeof dir, "spare-ck");
+  snprintf(in_dir, sizeof in_dir, "%s/ckpt-4.safetensors", dir);
+  refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--save-weights", in_dir, NULL},
+          "is a name of --checkpoint-dir's own files (ckpt-*, .gw-train.lock)");
+  snprintf(in_dir, sizeof in_dir, "%s/./.gw-train.lock", dir);
+  snprintf(want, sizeof want, "--metrics %s is a name of --checkpoint-dir's own files", in_dir);
+  refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--metrics", in_dir, NULL}, want);
+  char back[64] = "";
+  f = fopen(w, "r");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_ptr_nonnull(fgets(back, sizeof back, f));
+  fclose(f);
+  ck_assert_str_eq(back, "the weights");
+}
+END_TEST
+
 void add_weights_tests(TCase *tc) {
+  tcase_add_test(tc, test_outputs_spare_inputs);
   tcase_add_test(tc, test_steps0_takes_data_shape);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_amp_bf16_follows_fp32);

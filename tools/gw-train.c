@@ -379,18 +379,34 @@ static void defaults(struct train_opts *o) {
 }
 
 /* Contradictions, refused before any work. */
-/* Where path would be, its folder resolved (the file may not exist yet). */
+/* Where path would be: resolved as far as it exists, the rest taken
+ * lexically (a name that does not exist is no link: "x/.." is its folder),
+ * so two spellings of one file in a folder not made yet compare equal. */
 static void where(const char *path, char *out, size_t cap) {
-  char dir[4096], real[4096];
+  char dir[4096], real[4096], parent[8400];
+  if (realpath(path, real)) {
+    snprintf(out, cap, "%s", real);
+    return;
+  }
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
   const char *base = slash ? path + (slash - dir) + 1 : path; /* in path: dir is rewritten below */
   if (slash == dir) snprintf(dir, sizeof dir, "/");
   else if (slash) *slash = 0;
   else snprintf(dir, sizeof dir, ".");
-  if (realpath(path, real)) snprintf(out, cap, "%s", real);
-  else if (realpath(dir, real)) snprintf(out, cap, "%s/%s", real, base);
-  else snprintf(out, cap, "%s", path);
+  where(dir, parent, sizeof parent); /* shorter than path: ends at "." or "/" at the latest */
+  if (!*base || !strcmp(base, ".")) {
+    snprintf(out, cap, "%s", parent);
+  } else if (!strcmp(base, "..")) {
+    char *last = strrchr(parent, '/');
+    if (last && last != parent) *last = 0;
+    else if (last) last[1] = 0;
+    snprintf(out, cap, "%s", parent);
+  } else { /* parent/base; past cap, the name as given */
+    size_t n = strcmp(parent, "/") ? strlen(parent) : 0, b = strlen(base);
+    if (n + 1 + b + 1 > cap) snprintf(out, cap, "%s", path);
+    else memcpy(out, parent, n), out[n] = '/', memcpy(out + n + 1, base, b), out[n + 1 + b] = 0;
+  }
 }
 
 /* Two of the files the run writes under one name: one would replace the
@@ -412,6 +428,29 @@ static int outputs_collide(const struct train_opts *o) {
     for (int j = i + 1; j < 5; j++)
       if (given[i] && given[j] && !strcmp(at[i], at[j]))
         return bad("%s and %s name the same file: one would replace the other", flags[i], flags[j]);
+  /* The input: the metrics were appended to it, the plot written over it (a
+   * later --load-weights refused what was left).  --save-weights may replace
+   * it: that save is atomic, at the end, as fine-tuning in place wants. */
+  char in[8400];
+  if (o->load_weights) where(o->load_weights, in, sizeof in);
+  for (int i = 0; i < 5; i++)
+    if (o->load_weights && given[i] && i != 1 && !strcmp(at[i], in))
+      return bad("%s %s is --load-weights's file: the run would write over the weights it starts from", flags[i],
+                 given[i]);
+  /* The checkpoint folder's own files: a save or the pruning there replaces
+   * or deletes them (--save-weights over ckpt-N was taken for a damaged
+   * checkpoint, and the resume went back a save). */
+  char dir[8400];
+  if (o->checkpoint_dir) where(o->checkpoint_dir, dir, sizeof dir);
+  for (int i = 0; i < 5; i++) {
+    if (!o->checkpoint_dir || !given[i]) continue;
+    const size_t dl = strlen(dir);
+    const char *base = at[i] + dl + 1;
+    if (strncmp(at[i], dir, dl) || at[i][dl] != '/' || strchr(base, '/')) continue;
+    if (!strncmp(base, "ckpt-", 5) || !strncmp(base, ".gw-train", 9))
+      return bad("%s %s is a name of --checkpoint-dir's own files (ckpt-*, .gw-train.lock): its saves and "
+                 "pruning would replace or delete it", flags[i], given[i]);
+  }
   return 0;
 }
 
