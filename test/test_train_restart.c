@@ -132,7 +132,37 @@ START_TEST(test_sigusr1_checkpoints_and_goes_on) {
 }
 END_TEST
 
+/* SIGUSR1 before the first step (rank 1, at the end of the setup: a
+ * dataset's scan, the rendezvous, a resume's load) asks for a checkpoint at
+ * the first step, and during --test-only is heard and let be.  Its default
+ * action killed the job (or cost a restart). */
+START_TEST(test_sigusr1_during_setup) {
+  char d[512], ck[600], w[512];
+  path(d, sizeof d, "sigusr1-setup-ckpt");
+  struct run r;
+  train(&r, (const char *const[]){"GW_TRAIN_TEST_SIGNAL=1:-1:USR1", NULL}, "2",
+        (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", d, NULL});
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "SIGUSR1/SIGUSR2 reached 1 rank: checkpoint saved at step 1; training goes on"),
+                "stdout:\n%s", r.out);
+  gwrun_free(&r);
+  snprintf(ck, sizeof ck, "%s/ckpt-1.safetensors", d);
+  ck_assert_msg(exists(ck), "no checkpoint of step 1");
+  path(w, sizeof w, "sigusr1-setup-w.safetensors");
+  train(&r, (const char *const[]){NULL}, "1", (const char *const[]){"--steps", "0", "--save-weights", w, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train_from(&r, (const char *const[]){"GW_TRAIN_TEST_SIGNAL=0:-1:USR1", NULL}, "2",
+             (const char *const[]){EVAL_COMMON, NULL},
+             (const char *const[]){"--test-only", "--load-weights", w, "--batch", "8", NULL});
+  ck_assert_msg(r.code == 0 && strstr(r.out, "evaluation: top-1"), "--test-only with SIGUSR1: exit %d\n%s\n%s",
+                r.code, r.out, r.err);
+  gwrun_free(&r);
+}
+END_TEST
+
 void add_restart_tests(TCase *tc) {
+  tcase_add_test(tc, test_sigusr1_during_setup);
   tcase_add_test(tc, test_restart_resumes);
   tcase_add_test(tc, test_restart_none_left);
   tcase_add_test(tc, test_sigterm_checkpoints_and_stops);

@@ -110,10 +110,23 @@ static void on_signal(int sig) {
   }
 }
 
+/* SIGTERM is caught while steps run (before them, nothing is there to save:
+ * it ends the rank at once, as does a second one later).  SIGUSR1 and
+ * SIGUSR2 are caught from the start (trainer_catch_requests): one that
+ * came during the setup (a dataset's scan, the rendezvous, a resume's load)
+ * killed the job, or cost a restart; it asks for a checkpoint at the first
+ * step, and after the steps (an evaluation, the weights' save) is heard and
+ * let be. */
+void trainer_catch_requests(void) {
+  struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, NULL), sigaction(SIGUSR2, &sa, NULL);
+}
+
 static void catch_signals(int on) {
   struct sigaction sa = {.sa_handler = on ? on_signal : SIG_DFL, .sa_flags = SA_RESTART};
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGUSR1, &sa, NULL), sigaction(SIGUSR2, &sa, NULL), sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
 }
 
 /* ---- the host copies of a resident run */
@@ -689,12 +702,13 @@ static int interrupted_here(struct trainer *t) {
 
 /* A test hook: GW_TRAIN_TEST_SIGNAL=R:S:USR1|TERM|TERM2 makes rank R raise
  * that signal at itself after step S (the others hear of it through the
- * sums); TERM2: SIGTERM twice at once, as a process group's delivery. */
-static void test_signal(const struct trainer *t) {
+ * sums), S -1: at the end of the setup, before any step or evaluation;
+ * TERM2: SIGTERM twice at once, as a process group's delivery. */
+static void test_signal(const struct trainer *t, long long at) {
   const char *s = getenv("GW_TRAIN_TEST_SIGNAL");
   long long rank, step;
   char name[8];
-  if (!s || sscanf(s, "%lld:%lld:%7s", &rank, &step, name) != 3 || rank != t->rank || step != t->st.step) return;
+  if (!s || sscanf(s, "%lld:%lld:%7s", &rank, &step, name) != 3 || rank != t->rank || step != at) return;
   raise(!strncmp(name, "TERM", 4) ? SIGTERM : SIGUSR1);
   if (!strcmp(name, "TERM2")) raise(SIGTERM);
 }
@@ -779,7 +793,7 @@ static int run_steps_caught(struct trainer *t) {
       if (rc != 0) return rc;
     }
     if (interrupted_here(t)) return STOPPED;
-    test_signal(t);
+    test_signal(t, t->st.step);
   }
   /* The end of a run between checkpoints (--steps): its last state, so a later
    * --resume with more steps continues from there. */
@@ -870,6 +884,7 @@ int gw_train_run(const struct train_opts *o) {
   t.o = o;
   t.log.rank = -1;
   int rc = trainer_setup(&t);
+  if (rc == 0) test_signal(&t, -1);
   if (rc == 0 && t.rank == 0 && o->save_weights) weights_remove_stale_temps(o->save_weights);
   if (rc == 0 && o->test_only) {
     log_text(&t.log, "evaluating %s from %s on %s: %d rank%s x batch %d on %s", o->model_name, o->load_weights,
@@ -886,6 +901,8 @@ int gw_train_run(const struct train_opts *o) {
 }
 
 #else /* neither oneDNN nor cuDNN */
+
+void trainer_catch_requests(void) {} /* nothing trains: no checkpoint to ask for */
 
 int gw_train_run(const struct train_opts *o) {
   (void)o;

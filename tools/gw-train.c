@@ -687,6 +687,7 @@ static int build_only(struct train_opts *o) {
 }
 
 int main(int argc, char **argv) {
+  trainer_catch_requests(); /* before anything slow: their default action ends the process */
   struct train_opts o;
   int p = parse(argc, argv, &o);
   if (p) return p == 1 ? 0 : 2;

@@ -93,6 +93,8 @@ int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, s
 /* Everything the loop needs, made once. */
 struct trainer;
 
+/* SIGUSR1 and SIGUSR2 from now on ask for a checkpoint (gw-train-loop.c). */
+void trainer_catch_requests(void);
 /* gw-train-loop.c: runs the whole job; returns the process exit code. */
 int gw_train_run(const struct train_opts *o);
 
