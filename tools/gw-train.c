@@ -612,6 +612,36 @@ static const char *word_value(const char *words, const char *key, size_t klen, s
   return NULL;
 }
 
+/* Whether words holds the bare word (no '=') w of length wlen after its first word. */
+static int has_flag_word(const char *words, const char *w, size_t wlen) {
+  const char *p = strchr(words, ' ');
+  while (p && *p) {
+    p++;
+    const size_t l = strcspn(p, " ");
+    if (l == wlen && !strncmp(p, w, wlen)) return 1;
+    p += l;
+  }
+  return 0;
+}
+
+/* The bare words (flags on: drop_last) after the first in `from` and not in
+ * `other`, said as "WORD on -> off" (off -> on when !on_in_a). */
+static int flag_words_diff(const char *from, const char *other, int on_in_a, int n, char *out, size_t len,
+                           size_t *used) {
+  for (const char *p = strchr(from, ' '); p && *p;) {
+    p++;
+    const size_t l = strcspn(p, " ");
+    if (l && !memchr(p, '=', l) && !has_flag_word(other, p, l)) {
+      int w = snprintf(out + *used, len - *used, "%s%.*s %s", n ? ", " : "", (int)l, p,
+                       on_in_a ? "on -> off" : "off -> on");
+      if (w > 0) *used += (size_t)w < len - *used ? (size_t)w : len - *used - 1;
+      n++;
+    }
+    p += l;
+  }
+  return n;
+}
+
 int train_opts_diff(const char *a, const char *b, const char *const *skip, char *out, size_t len) {
   int n = 0;
   size_t used = 0;
@@ -634,7 +664,8 @@ int train_opts_diff(const char *a, const char *b, const char *const *skip, char 
     }
     p = *end ? end + 1 : end;
   }
-  return n;
+  n = flag_words_diff(a, b, 1, n, out, len, &used);
+  return flag_words_diff(b, a, 0, n, out, len, &used);
 }
 
 /* --steps 0: the model alone.  With --data, in the data's shape (its classes,

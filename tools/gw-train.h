@@ -77,7 +77,9 @@ struct train_opts {
  * "key=value" words; returns the length (as snprintf). */
 size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len);
 /* Lists "key A -> B" in out for each key of words a whose value in b differs
- * (or is missing), keys in skip (NULL-terminated) aside; returns how many. */
+ * (or is missing), keys in skip (NULL-terminated) aside, then "word on -> off"
+ * or "off -> on" for a bare word after the first (a flag: drop_last) in one
+ * of a and b only; returns how many. */
 int train_opts_diff(const char *a, const char *b, const char *const *skip, char *out, size_t len);
 
 /* gw-train-setup.c: the data options the flags give (the synthetic set's
