@@ -200,15 +200,24 @@ START_TEST(test_restart_long_token)
 }
 END_TEST
 
-/* A program that cannot be started is not tried again. */
+/* A program that cannot be started is not tried again; one that started and
+ * exited 127 (a wrapper script whose last command is missing) is: its exit
+ * code alone was taken for "could not be started". */
 START_TEST(test_no_restart_not_found)
 {
     struct run r;
     const char *args[] = {"-n", "2", "--max-restarts", "3", "gw-no-such-program-xyz", NULL};
     gwrun_run(&r, NULL, args);
-    ck_assert_msg(r.code == 127 && strstr(r.err, "not restarting the job: exit code 127") &&
+    ck_assert_msg(r.code == 127 && strstr(r.err, "not restarting the job: the program could not be started") &&
                       !strstr(r.err, "restarting the job ("),
                   "exit %d\nstderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+    const char *ran[] = {"-n", "2", "--max-restarts", "1", "sh", "-c", "echo attempt $GW_RESTART_COUNT; exit 127",
+                         NULL};
+    gwrun_run(&r, NULL, ran);
+    ck_assert_msg(r.code == 127 && strstr(r.err, "restarting the job (exit code 127): restart 1 of 1") &&
+                      strstr(r.out, "attempt 1") && !strstr(r.err, "could not be started"),
+                  "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
     gwrun_free(&r);
 }
 END_TEST

@@ -268,6 +268,13 @@ void gw__run_pass_signal(int sig, int from_node)
 
 static void rank_exited(struct rank *r, pid_t pid, int status)
 {
+    if (r->exec_fd >= 0) { /* exec failed: the child wrote its errno there */
+        int e;
+        if (read(r->exec_fd, &e, sizeof e) == (ssize_t)sizeof e)
+            gw__run.not_started = true;
+        close(r->exec_fd);
+        r->exec_fd = -1;
+    }
     int code;
     if (WIFEXITED(status))
         code = WEXITSTATUS(status);

@@ -85,11 +85,16 @@ static bool run_by_python;
 
 /* Runs in the child between fork and exec. gw-run is single-threaded, so the
  * non-async-signal-safe calls here (setenv, dprintf) are fine. */
-static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid_t launcher,
-                      char **argv)
+static void exec_rank(const struct rank *r, int local, int out_w, int err_w, int report_w,
+                      pid_t launcher, char **argv)
 {
-    if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+    int e;
+    if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) {
+        e = errno;
+        if (write(report_w, &e, sizeof e) < 0) { /* the exit code says it too */
+        }
         _exit(EXIT_NOT_FOUND);
+    }
     /* If gw-run dies without a chance to clean up (SIGKILL, OOM killer), its
      * ranks would otherwise live on holding GPUs and ports. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -108,19 +113,24 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, pid
     setenv("LOCAL_RANK", buf, 1);
 
     execvp(argv[0], argv);
-    dprintf(2, "gw-run: cannot run '%s': %s%s\n", argv[0], strerror(errno),
+    e = errno;
+    /* an exit code of 127 alone is no proof: a program that ran may exit with it */
+    if (write(report_w, &e, sizeof e) < 0) {
+    }
+    dprintf(2, "gw-run: cannot run '%s': %s%s\n", argv[0], strerror(e),
             run_by_python ? " (a .py PROGRAM or -m runs with python3 -u, as under torchrun: GW_RUN_PYTHON or "
                             "PYTHON_EXEC name another interpreter, --no-python runs PROGRAM as given)" : "");
     _exit(EXIT_NOT_FOUND);
 }
 
-/* Each rank needs two pipes (node 0 of a large job one socket per node on top,
- * counted in extra); thousands of ranks exceed the usual soft limit of 1024
- * descriptors, so raise it up to the hard limit when needed. */
+/* Each rank needs three pipes: stdout, stderr and the exec report (node 0 of
+ * a large job one socket per node on top, counted in extra); thousands of
+ * ranks exceed the usual soft limit of 1024 descriptors, so raise it up to
+ * the hard limit when needed. */
 static void ensure_fd_limit(int n, int extra)
 {
     getrlimit(RLIMIT_NOFILE, &orig_nofile);
-    rlim_t need = (rlim_t)n * 2 + (rlim_t)extra + 64;
+    rlim_t need = (rlim_t)n * 3 + (rlim_t)extra + 64;
     if (orig_nofile.rlim_cur != RLIM_INFINITY && orig_nofile.rlim_cur < need) {
         struct rlimit raised = orig_nofile;
         raised.rlim_cur = orig_nofile.rlim_max == RLIM_INFINITY || orig_nofile.rlim_max > need
@@ -187,32 +197,34 @@ static void spawn_all(int local_n, int node_rank, char **argv)
         gw__run_format_prefix(gw__run.prefix_template, gw__run.role, r->global, i, r->prefix, sizeof r->prefix);
         if (!gw__run_logs_open(i, r->global, gw__run.attempt, why, sizeof why))
             break;
-        int po[2], pe[2];
-        bool have_po = pipe2(po, O_CLOEXEC) == 0;
-        if (!have_po || pipe2(pe, O_CLOEXEC) < 0) {
+        int pp[3][2], made = 0; /* stdout, stderr, the exec report */
+        while (made < 3 && pipe2(pp[made], O_CLOEXEC) == 0)
+            made++;
+        if (made < 3) {
             snprintf(why, sizeof why, "cannot create a pipe for rank %d: %s", r->global,
                      strerror(errno));
-            if (have_po) {
-                close(po[0]);
-                close(po[1]);
-            }
+            for (int k = 0; k < made; k++)
+                close(pp[k][0]), close(pp[k][1]);
             gw__run_logs_close(i, 0), gw__run_logs_close(i, 1);
             break;
         }
         pid_t pid = r->global == fail_at ? (errno = EAGAIN, -1) : fork();
         int fork_errno = errno;
         if (pid == 0)
-            exec_rank(r, i, po[1], pe[1], self, argv);
-        close(po[1]);
-        close(pe[1]);
+            exec_rank(r, i, pp[0][1], pp[1][1], pp[2][1], self, argv);
+        for (int k = 0; k < 3; k++)
+            close(pp[k][1]);
         if (pid < 0) {
             snprintf(why, sizeof why, "cannot start rank %d: fork failed: %s", r->global,
                      strerror(fork_errno));
-            close(po[0]);
-            close(pe[0]);
+            for (int k = 0; k < 3; k++)
+                close(pp[k][0]);
             gw__run_logs_close(i, 0), gw__run_logs_close(i, 1);
             break;
         }
+        int po[2] = {pp[0][0], -1}, pe[2] = {pp[1][0], -1};
+        fcntl(pp[2][0], F_SETFL, fcntl(pp[2][0], F_GETFL) | O_NONBLOCK);
+        r->exec_fd = pp[2][0];
         r->pid = pid;
         for (int k = 0; k < 2; k++) {
             int fd = k == 0 ? po[0] : pe[0];
@@ -369,8 +381,8 @@ const char *gw__run_restart_refusal(void)
         return "";
     if (gw__run.alive > 0 || gw__run_waiting_for_strays())
         return "processes of the failed attempt are still there";
-    if (gw__run.exit_code == EXIT_NOT_FOUND)
-        return "exit code 127 (the program could not be started)";
+    if (gw__run.not_started)
+        return "the program could not be started";
     if (!gw__run.may_restart)
         return no_restarts_left;
     return NULL;
@@ -469,9 +481,9 @@ static void reset_job(int local_n)
 {
     gw__run_teardown_reset();
     for (int i = 0; i < local_n; i++)
-        gw__run.ranks[i] = (struct rank){.s = {{.fd = -1}, {.fd = -1}}};
+        gw__run.ranks[i] = (struct rank){.s = {{.fd = -1}, {.fd = -1}}, .exec_fd = -1};
     gw__run.nranks = gw__run.alive = gw__run.open_streams = 0;
-    gw__run.have_failure = false;
+    gw__run.have_failure = gw__run.not_started = false;
     gw__run.exit_code = gw__run.fail_weight = 0;
     gw__run.kill_deadline_ms = 0;
 }

@@ -33,6 +33,8 @@ struct rank {
     char prefix[128];   /* before each line it prints: "[global] ", or --log-line-prefix-template's */
     bool stopped_by_us; /* gw-run stopped it: its exit is not a failure */
     struct stream s[2]; /* [0] stdout, [1] stderr */
+    int exec_fd;        /* the exec report's read end (close-on-exec in the child: it holds
+                           an errno when exec failed, nothing when the program started); -1 none */
 };
 
 /* The job as the three files see it; the one instance, gw__run, lives in
@@ -45,6 +47,7 @@ struct job {
 
     bool have_failure;
     int exit_code;     /* of the first failure that gw-run did not cause */
+    bool not_started;  /* a rank's program could not be started (exec failed): no restart helps */
     int fail_weight;   /* what exit_code says of the cause: 2 a rank killed by a signal, 1 an exit (0 unset) */
     int got_signal;    /* first SIGINT/SIGTERM/SIGHUP received, 0 if none */
     int own_signal;    /* the first of those that reached this gw-run itself (not another node's STOP) */
