@@ -266,7 +266,7 @@ static void newest_damaged(const char *dir, const char *c4) {
 
 START_TEST(test_damaged_checkpoint) {
   char dir[512], c2[600], c4[600];
-  path(dir, sizeof dir, "ckpt-damage");
+  path(dir, sizeof dir, "ckpt-damage/of/a/new/run"); /* the folders above made too, as mkdir -p */
   snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir);
   snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
   struct run r;

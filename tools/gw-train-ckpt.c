@@ -290,7 +290,6 @@ static int lock_dir(const char *dir, char *err, size_t errlen) {
  * checkpoints could take the whole folder with them (POSIX does not order
  * the mkdir before the files' own fsyncs). */
 static int make_dir(const char *dir) {
-  if (mkdir(dir, 0777) != 0) return errno == EEXIST ? 0 : -1;
   char parent[4096];
   snprintf(parent, sizeof parent, "%s", dir);
   size_t len = strlen(parent);
@@ -299,6 +298,13 @@ static int make_dir(const char *dir) {
   if (!slash) snprintf(parent, sizeof parent, ".");
   else if (slash == parent) parent[1] = 0;
   else *slash = 0;
+  if (mkdir(dir, 0777) != 0) {
+    if (errno == EEXIST) return 0;
+    /* the folders above it too, as mkdir -p and torchvision's output_dir (the
+     * README's runs/<date>/checkpoints was refused in a new runs/) */
+    if (errno != ENOENT || !slash || make_dir(parent) != 0) return -1;
+    if (mkdir(dir, 0777) != 0) return errno == EEXIST ? 0 : -1;
+  }
   const int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) (void)fsync(fd), close(fd);
   return 0;
