@@ -199,6 +199,19 @@ static gw_result_t decoder_failed(tjhandle tj, const char *path, const char *wha
   return gw__model_fail(GW_DATA_SKIPPED, "%s: %s: %s", path, what, tjGetErrorStr2(tj));
 }
 
+/* What buf's header says it is, for a file the JPEG decoder refused: the
+ * decoder's own words alone called a cut-short JPEG "not a JPEG". */
+static const char *not_decoded_as(const unsigned char *buf, size_t len) {
+  if (len >= 3 && buf[0] == 0xff && buf[1] == 0xd8 && buf[2] == 0xff) return "a damaged or cut-short JPEG";
+  if (len >= 6 && (!memcmp(buf, "GIF87a", 6) || !memcmp(buf, "GIF89a", 6)))
+    return GW_HAVE_PNG ? "a GIF image (JPEG and PNG are read)" : "a GIF image (JPEG is read)";
+  if (len >= 12 && !memcmp(buf, "RIFF", 4) && !memcmp(buf + 8, "WEBP", 4))
+    return GW_HAVE_PNG ? "a WebP image (JPEG and PNG are read)" : "a WebP image (JPEG is read)";
+  if (len >= 14 && !memcmp(buf, "BM", 2))
+    return GW_HAVE_PNG ? "a BMP image (JPEG and PNG are read)" : "a BMP image (JPEG is read)";
+  return GW_HAVE_PNG ? "not a JPEG or PNG" : "not a JPEG";
+}
+
 /* Decodes buf into a new RGB image [h, w, 3]. */
 static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *buf, size_t len, unsigned char **rgb,
                           int *w, int *h) {
@@ -212,7 +225,7 @@ static gw_result_t decode(tjhandle tj, const char *path, const unsigned char *bu
    * same: its decoder (libjpeg's) reads them, as PIL does (they were skipped). */
   if (tjDecompressHeader3(tj, buf, (unsigned long)len, w, h, &subsamp, &colorspace) != 0 &&
       !((only_warned(tj) || strstr(tjGetErrorStr2(tj), "Could not determine subsampling")) && *w > 0 && *h > 0))
-    return decoder_failed(tj, path, GW_HAVE_PNG ? "not a JPEG or PNG" : "not a JPEG");
+    return decoder_failed(tj, path, not_decoded_as(buf, len));
   /* A stream of tables only ends its header at an end-of-image marker and is
    * "read" without a size: 0 x 0 would then ask the decoder for the stream's
    * own size, into no buffer (the fuzzer found it). */

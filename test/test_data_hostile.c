@@ -157,6 +157,10 @@ START_TEST(folder_hostile_files) {
   size_t sos = find_marker(b, n, 2, 0xda), mid = sos + (n - sos) / 3;
   for (size_t i = 0; i < 32; i++) b[mid + i] = (unsigned char)(0x11 * (i % 7) + 1);
   write_file(in_tmp("train/dog/dt.jpg"), b, n * 6 / 10);
+  /* dog/dh.jpg: cut before its scan's header; dog/gif.jpg: a GIF's bytes
+   * (each was "not a JPEG or PNG") */
+  write_file(in_tmp("train/dog/dh.jpg"), b, sos);
+  write_file(in_tmp("train/dog/gif.jpg"), "GIF89a\x01\x00\x01\x00\x00\x00\x00;", 14);
   free(b);
   /* link cycles: to the class itself, and from below the class to the split */
   char target[600];
@@ -168,20 +172,23 @@ START_TEST(folder_hostile_files) {
   char spec[128];
   snprintf(spec, sizeof spec, "imagenet:%s", tmpdir);
   ck_assert_msg(gw_dataset_open(&ds, spec, GW_SPLIT_TRAIN, NULL) == GW_SUCCESS, "%s", gw_data_last_error());
-  /* ant/bomb ant/bomb2 ant/e ant/tables | cat/a cat/a0 cat/a3 cat/b.JPEG cat/sub/c | dog/bad dog/d dog/dt dog/text */
-  ck_assert_int_eq(gw_dataset_size(ds), 13); /* nothing twice */
+  /* ant/bomb ant/bomb2 ant/e ant/tables | cat/a cat/a0 cat/a3 cat/b.JPEG cat/sub/c | dog/bad dog/d dog/dh dog/dt
+   * dog/gif dog/text */
+  ck_assert_int_eq(gw_dataset_size(ds), 15); /* nothing twice */
   ck_assert_msg(strstr(gw_dataset_description(ds), "2 directories left out") &&
                     strstr(gw_dataset_description(ds), "a link back to a directory above it"),
                 "%s", gw_dataset_description(ds));
   /* a FIFO where cat/b.JPEG was listed */
   ck_assert_int_eq(unlink(in_tmp("train/cat/b.JPEG")), 0);
   ck_assert_int_eq(mkfifo(in_tmp("train/cat/b.JPEG"), 0600), 0);
-  const char *skip[13] = {"16384x16384 pixels from", "11000x16384 pixels from", NULL, "tables.jpg: holds no image",
+  const char *skip[15] = {"16384x16384 pixels from", "11000x16384 pixels from", NULL, "tables.jpg: holds no image",
                           NULL, NULL,
                           "a3.jpg: cannot decode: Huffman table 0x03 was not defined", "not a regular file", NULL,
-                          "bad.jpg", NULL, "dt.jpg: ends early", "text.jpg"};
+                          "bad.jpg", NULL, "dh.jpg: a damaged or cut-short JPEG: ", "dt.jpg: ends early",
+                          GW_HAVE_PNG ? "gif.jpg: a GIF image (JPEG and PNG are read)" : "gif.jpg: a GIF image",
+                          GW_HAVE_PNG ? "text.jpg: not a JPEG or PNG" : "text.jpg: not a JPEG"};
   float *out = malloc(3 * 224 * 224 * sizeof *out);
-  for (int i = 0; i < 13; i++) {
+  for (int i = 0; i < 15; i++) {
     int32_t y;
     gw_result_t r = gw_dataset_get(ds, i, 0, 1, out, &y);
     if (skip[i])
