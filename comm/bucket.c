@@ -114,6 +114,22 @@ int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t 
   return n;
 }
 
+/* What each bucket's allreduce checks of the buffer (device memory of the
+ * communicator's device, or host memory) or of a stream (its device, not
+ * under capture), checked when it is given: refused at a bucket's start, it
+ * failed the communicator on every rank for a setting. */
+static gw_result_t dev_args(gw_comm_t comm, const char *fn, const void *buf, size_t count, gw_dtype_t dtype,
+                            void *stream) {
+  struct gw_op op;
+  memset(&op, 0, sizeof op);
+  op.desc.dtype = (uint8_t)dtype;
+  struct gw_errctx err;
+  gw_result_t r = buf ? gw__dev_check_buffer(comm, fn, "buf", buf, count * gw_dtype_size(dtype), &err) : GW_SUCCESS;
+  if (r == GW_SUCCESS && stream) r = gw__dev_check(comm, fn, &op, stream, 0, 0, &err);
+  if (r != GW_SUCCESS) gw__comm_set_error(comm, err.msg);
+  return r;
+}
+
 static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                 const size_t *bounds, int nbuckets) {
   if (!comm) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: comm is NULL");
@@ -134,7 +150,7 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
     if (bounds[i + 1] <= bounds[i])
       return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: bucket %d [%zu, %zu) is empty or reversed", i,
                   bounds[i], bounds[i + 1]);
-  return GW_SUCCESS;
+  return dev_args(comm, "gw_bucketer_create", buf, count, dtype, NULL);
 }
 
 static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
@@ -153,46 +169,70 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
   return res;
 }
 
-/* Every rank's layout (a hash of count, dtype, op and bounds, with the counts
+/* Every rank's layout (a hash of count, dtype, op and bounds, with its parts
  * for the message), compared: buckets pair up by order, and two layouts
  * whose bucket sizes coincide ran without a word, each step summing one rank's
- * bucket with another's (a model configured differently on one rank). */
+ * bucket with another's (a model configured differently on one rank).  Rank
+ * 0's is broadcast, each rank compares its own, and one allreduce finds the
+ * first rank that refused and the first that differs, whose layout is then
+ * broadcast for the message: fixed sizes, nothing allocated (a rank out of
+ * memory for an allgather's nranks records left its peers waiting for it
+ * until GW_TIMEOUT). */
 /* A rank whose own arguments were refused still takes part (with this mark
  * for a layout), so its peers fail at once naming it instead of waiting for
  * it until GW_TIMEOUT; it keeps its own error. */
-#define REFUSED_LAYOUT UINT64_MAX
+#define REFUSED_LAYOUT INT64_MAX
+enum { L_HASH, L_COUNT, L_NBUCKETS, L_DTYPE, L_OP, L_BOUNDS, L_WORDS };
+static int64_t fnv_words(uint64_t h, const uint64_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < 8; k++) h = (h ^ (v[i] >> 8 * k & 0xff)) * 1099511628211ull;
+  return (int64_t)(h >> 1); /* never REFUSED_LAYOUT */
+}
+
 static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, gw_op_t op, const size_t *bounds,
                                 int nbuckets, gw_result_t refused) {
   if (comm->nranks < 2) return refused;
-  uint64_t h = 1469598103934665603ull;
-  const uint64_t head[] = {count, (uint64_t)dtype, (uint64_t)op, (uint64_t)nbuckets};
-  for (int i = 0; refused == GW_SUCCESS && i < 4 + nbuckets + 1; i++) {
-    uint64_t v = i < 4 ? head[i] : bounds[i - 4];
-    for (int k = 0; k < 8; k++) h = (h ^ (v >> 8 * k & 0xff)) * 1099511628211ull;
-  }
-  uint64_t *all = malloc((size_t)comm->nranks * 3 * sizeof *all);
-  if (!all) return fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory comparing the ranks' layouts");
-  if (refused != GW_SUCCESS) h = REFUSED_LAYOUT;
-  const uint64_t mine[3] = {h, count, (uint64_t)nbuckets};
-  gw_result_t res = gw_allgather(mine, all, 3, GW_INT64, comm, NULL);
-  if (refused != GW_SUCCESS) res = refused; /* its own message stands */
-  for (int r = 0; res == GW_SUCCESS && r < comm->nranks; r++)
-    if (all[3 * r] == REFUSED_LAYOUT) {
-      res = fail(comm, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_bucketer_create: rank %d refused its own arguments "
-                 "or had no memory for its bucketer (its error says why), so no rank makes the bucketer", comm->rank, r);
-      break;
-    } else if (all[3 * r] != h) {
-      res = fail(comm, GW_ERR_INVALID_ARGUMENT,
-                 "rank %d: gw_bucketer_create: the bucket layouts differ across ranks: this rank has %d bucket%s over "
-                 "%zu %s elements (%s), rank %d has %llu over %llu (layout hashes %016llx and %016llx); every rank must "
-                 "create its bucketer with the same count, dtype, op and bounds (buckets pair up by their order)",
-                 comm->rank, nbuckets, nbuckets == 1 ? "" : "s", count, gw_dtype_name(dtype), gw_op_name(op), r,
-                 (unsigned long long)all[3 * r + 2], (unsigned long long)all[3 * r + 1], (unsigned long long)h,
-                 (unsigned long long)all[3 * r]);
-      break;
+  int64_t mine[L_WORDS] = {REFUSED_LAYOUT, (int64_t)count, nbuckets, (int64_t)dtype, (int64_t)op, 0}, r0[L_WORDS],
+          other[L_WORDS];
+  if (refused == GW_SUCCESS) {
+    const uint64_t head[] = {count, (uint64_t)dtype, (uint64_t)op, (uint64_t)nbuckets};
+    uint64_t bv[64];
+    int64_t hb = fnv_words(1469598103934665603ull, NULL, 0);
+    for (int i = 0; i <= nbuckets; i += 64) { /* the bounds' hash, 64 at a time */
+      const int k = nbuckets + 1 - i < 64 ? nbuckets + 1 - i : 64;
+      for (int j = 0; j < k; j++) bv[j] = bounds[i + j];
+      hb = fnv_words((uint64_t)hb, bv, (size_t)k);
     }
-  free(all);
-  return res; /* a failed allgather: the communicator holds its message */
+    mine[L_BOUNDS] = hb;
+    const uint64_t all[] = {head[0], head[1], head[2], head[3], (uint64_t)hb};
+    mine[L_HASH] = fnv_words(1469598103934665603ull, all, 5);
+  }
+  gw_result_t res = gw_broadcast(mine, r0, L_WORDS, GW_INT64, 0, comm, NULL);
+  int64_t first[2] = {refused != GW_SUCCESS ? comm->rank : INT64_MAX,
+                      res == GW_SUCCESS && refused == GW_SUCCESS && r0[L_HASH] != mine[L_HASH] ? comm->rank : INT64_MAX};
+  if (res == GW_SUCCESS) res = gw_allreduce(first, first, 2, GW_INT64, GW_MIN, comm, NULL);
+  if (refused != GW_SUCCESS) return refused; /* its own message stands */
+  if (res != GW_SUCCESS) return res;         /* a failed collective: the communicator holds its message */
+  if (first[0] != INT64_MAX)
+    return fail(comm, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_bucketer_create: rank %lld refused its own arguments "
+                "or had no memory for its bucketer (its error says why), so no rank makes the bucketer", comm->rank,
+                (long long)first[0]);
+  if (first[1] == INT64_MAX) return GW_SUCCESS;
+  res = gw_broadcast(mine, other, L_WORDS, GW_INT64, (int)first[1], comm, NULL);
+  if (res != GW_SUCCESS) return res;
+  /* a rank that differs from rank 0 says rank 0's layout; the others the first that differs */
+  const bool off = mine[L_HASH] != r0[L_HASH];
+  const int64_t *them = off ? r0 : other;
+  const int them_rank = off ? 0 : (int)first[1];
+  const bool same_sizes = them[L_COUNT] == mine[L_COUNT] && them[L_NBUCKETS] == mine[L_NBUCKETS] &&
+                          them[L_DTYPE] == mine[L_DTYPE] && them[L_OP] == mine[L_OP];
+  return fail(comm, GW_ERR_INVALID_ARGUMENT,
+              "rank %d: gw_bucketer_create: the bucket layouts differ across ranks: this rank has %d bucket%s over "
+              "%zu %s elements (%s), rank %d has %lld over %lld %s elements (%s)%s; every rank must create its "
+              "bucketer with the same count, dtype, op and bounds (buckets pair up by their order)",
+              comm->rank, nbuckets, nbuckets == 1 ? "" : "s", count, gw_dtype_name(dtype), gw_op_name(op), them_rank,
+              (long long)them[L_NBUCKETS], (long long)them[L_COUNT], gw_dtype_name((gw_dtype_t)them[L_DTYPE]),
+              gw_op_name((gw_op_t)them[L_OP]), same_sizes ? ": the bounds between the buckets differ" : "");
 }
 
 static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
@@ -356,9 +396,10 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
                 "gw_bucketer_ready: offset %zu + count %zu is outside the buffer of %zu elements", offset, count,
                 b->count);
-  if (count == 0) return GW_SUCCESS;
+  /* after a failed start every later mark of the step says it, empty ones too (gradwire.h) */
   if (b->failed)
     return fail(b->comm, b->failed, "gw_bucketer_ready: a bucket of this step could not start: %s", b->failmsg);
+  if (count == 0) return GW_SUCCESS;
   if (b->marked == 0) GW_CHECK(check_step(b));
   int r = iv_add(b, offset, offset + count);
   if (r == -1 && !b->twice_hi) b->twice_lo = offset, b->twice_hi = offset + count;
@@ -603,6 +644,7 @@ static gw_result_t set_stream(gw_bucketer_t b, void *stream) {
   if (stream && b->comm->device < 0)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: a stream was given, but the "
                 "communicator is bound to no device (GW_DEVICE=none)");
+  if (stream) GW_CHECK(dev_args(b->comm, "gw_bucketer_set_stream", NULL, 0, b->dtype, stream));
   if (stream != b->own_stream) drop_own_stream(b);
   b->stream = stream;
   return GW_SUCCESS;
@@ -633,6 +675,7 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
   if (b->comm->device < 0)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: the communicator is bound to no "
                 "device (GW_DEVICE=none)");
+  GW_CHECK(dev_args(b->comm, "gw_bucketer_set_compute_stream", NULL, 0, b->dtype, compute));
   if (b->stream == compute)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: the allreduces' stream "
                 "(gw_bucketer_set_stream) is the compute stream: on one stream backward would wait for "

@@ -21,6 +21,20 @@ static gw_result_t null_argument(gw_comm_t comm, const char *fn) {
   return GW_ERR_INVALID_ARGUMENT;
 }
 
+/* The accessors' start: the destroy gate, then the output pointer, whose
+ * refusal goes into comm's message only once the gate let the call in (before
+ * it, a call racing destroy wrote into a communicator being freed, and a
+ * forked child locked its copy of err_mu, which may have been held at the
+ * fork).  GW_SUCCESS holds the peek. */
+static gw_result_t peek_out(gw_comm_t comm, const void *out, const char *fn) {
+  if (!comm) return null_argument(NULL, fn);
+  if (!gw__comm_peek(comm, fn)) return GW_ERR_INVALID_ARGUMENT;
+  if (out) return GW_SUCCESS;
+  null_argument(comm, fn);
+  gw__comm_unpeek(comm);
+  return GW_ERR_INVALID_ARGUMENT;
+}
+
 void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
   pthread_mutex_lock(&comm->err_mu);
   snprintf(out, len, "%s", comm->abort_reason[0] ? comm->abort_reason : "aborted by gw_comm_abort");
@@ -40,48 +54,48 @@ gw_result_t gw_comm_abort(gw_comm_t comm) {
 }
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
-  if (!comm || !rank) return null_argument(comm, "gw_comm_rank");
-  if (!gw__comm_peek(comm, "gw_comm_rank")) return GW_ERR_INVALID_ARGUMENT;
+  gw_result_t res = peek_out(comm, rank, "gw_comm_rank");
+  if (res != GW_SUCCESS) return res;
   *rank = comm->rank;
   gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_local_rank(gw_comm_t comm, int *local_rank) {
-  if (!comm || !local_rank) return null_argument(comm, "gw_comm_local_rank");
-  if (!gw__comm_peek(comm, "gw_comm_local_rank")) return GW_ERR_INVALID_ARGUMENT;
+  gw_result_t res = peek_out(comm, local_rank, "gw_comm_local_rank");
+  if (res != GW_SUCCESS) return res;
   *local_rank = comm->local_rank;
   gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_local_size(gw_comm_t comm, int *local_size) {
-  if (!comm || !local_size) return null_argument(comm, "gw_comm_local_size");
-  if (!gw__comm_peek(comm, "gw_comm_local_size")) return GW_ERR_INVALID_ARGUMENT;
+  gw_result_t res = peek_out(comm, local_size, "gw_comm_local_size");
+  if (res != GW_SUCCESS) return res;
   *local_size = comm->local_size > 0 ? comm->local_size : 1;
   gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_device(gw_comm_t comm, int *device) {
-  if (!comm || !device) return null_argument(comm, "gw_comm_device");
-  if (!gw__comm_peek(comm, "gw_comm_device")) return GW_ERR_INVALID_ARGUMENT;
+  gw_result_t res = peek_out(comm, device, "gw_comm_device");
+  if (res != GW_SUCCESS) return res;
   *device = comm->device;
   gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_get_async_error(gw_comm_t comm, gw_result_t *async_error) {
-  if (!comm || !async_error) return null_argument(comm, "gw_comm_get_async_error");
-  if (!gw__comm_peek(comm, "gw_comm_get_async_error")) return GW_ERR_INVALID_ARGUMENT;
+  gw_result_t res = peek_out(comm, async_error, "gw_comm_get_async_error");
+  if (res != GW_SUCCESS) return res;
   *async_error = (gw_result_t)atomic_load(&comm->failed);
   gw__comm_unpeek(comm);
   return GW_SUCCESS;
 }
 
 gw_result_t gw_comm_size(gw_comm_t comm, int *size) {
-  if (!comm || !size) return null_argument(comm, "gw_comm_size");
-  if (!gw__comm_peek(comm, "gw_comm_size")) return GW_ERR_INVALID_ARGUMENT;
+  gw_result_t res = peek_out(comm, size, "gw_comm_size");
+  if (res != GW_SUCCESS) return res;
   *size = comm->nranks;
   gw__comm_unpeek(comm);
   return GW_SUCCESS;
@@ -130,12 +144,13 @@ gw_result_t gw_comm_set_algo(gw_comm_t comm, const char *algo, const char *proto
 }
 
 gw_result_t gw_comm_last_path(gw_comm_t comm, char *buf, size_t len) {
-  if (!comm || !buf) return null_argument(comm, "gw_comm_last_path");
+  gw_result_t res = peek_out(comm, buf, "gw_comm_last_path");
+  if (res != GW_SUCCESS) return res;
   if (!len) {
     gw__comm_set_error(comm, "gw_comm_last_path: len is 0 (room for at least the terminating NUL is needed)");
+    gw__comm_unpeek(comm);
     return GW_ERR_INVALID_ARGUMENT;
   }
-  if (!gw__comm_peek(comm, "gw_comm_last_path")) return GW_ERR_INVALID_ARGUMENT;
   uint32_t v = atomic_load_explicit(&comm->last_path, memory_order_relaxed);
   gw__comm_unpeek(comm);
   if (!(v >> 24)) snprintf(buf, len, "none");

@@ -313,7 +313,19 @@ static int body_layouts(gw_comm_t comm, int rank, int n, void *arg) {
   /* the same sizes, other bounds */
   const size_t other[] = {0, 150, 200, 300};
   r = gw_bucketer_create(comm, g, 300, GW_FLOAT32, GW_SUM, rank == 1 ? other : three, 3, &bk);
-  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk, "differing bounds accepted: %s", gw_strerror(r));
+  e = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk && strstr(e, "the bounds between the buckets differ") &&
+             strstr(e, rank == 1 ? "rank 0 has 3 over 300 float32 elements (sum)" : "rank 1 has 3 over 300"),
+         "differing bounds: %s: %s", gw_strerror(r), e);
+  /* the same counts, another dtype or op: named (the counts alone matched) */
+  r = gw_bucketer_create(comm, g, 300, rank == 1 ? GW_BFLOAT16 : GW_FLOAT32, rank == 2 ? GW_AVG : GW_SUM, three, 3,
+                         &bk);
+  e = gw_comm_last_error(comm);
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk && !strstr(e, "the bounds between") &&
+             strstr(e, rank == 0 ? "rank 1 has 3 over 300 bfloat16 elements (sum)"
+                                 : rank == 1 ? "this rank has 3 buckets over 300 bfloat16 elements (sum), rank 0 has"
+                                             : "this rank has 3 buckets over 300 float32 elements (avg), rank 0 has"),
+         "differing dtype and op: %s: %s", gw_strerror(r), e);
   /* Rank 1's own arguments refused (bounds past the count): it still takes
    * part, so the others fail at once naming it (they waited GW_TIMEOUT). */
   const size_t past[] = {0, 100, 200, 400};

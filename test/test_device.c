@@ -431,6 +431,14 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
     snprintf(want, sizeof want, "recvbuf is memory of device %d", other);
     if (expect_error(gw_allreduce(d, od, 16, GW_INT32, GW_SUM, comm, s), GW_ERR_INVALID_ARGUMENT, comm, want, rank))
       return 1;
+    /* a bucketer over it: refused at create (its first bucket's allreduce
+     * refused it, failing the communicator on every rank) */
+    const size_t b16[] = {0, 16};
+    gw_bucketer_t bk = NULL;
+    snprintf(want, sizeof want, "gw_bucketer_create: buf is memory of device %d", other);
+    if (expect_error(gw_bucketer_create(comm, od, 16, GW_INT32, GW_SUM, b16, 1, &bk), GW_ERR_INVALID_ARGUMENT, comm,
+                     want, rank))
+      return 1;
     DCHECK(dv->free(od));
     /* A stream of another device than the communicator's. */
     gw_dev_stream_t os;
@@ -440,6 +448,12 @@ static int body_misuse(int rank, int n, const char *master, void *arg) {
     snprintf(want, sizeof want, "the stream is device %d's, but this communicator is bound to device %d", other, dev);
     if (expect_error(gw_allreduce(d, d, 16, GW_INT32, GW_SUM, comm, os), GW_ERR_INVALID_ARGUMENT, comm, want, rank))
       return 1;
+    /* ... and as a bucketer's stream: refused when set */
+    GWCHECK(gw_bucketer_create(comm, d, 16, GW_INT32, GW_SUM, b16, 1, &bk), comm);
+    if (expect_error(gw_bucketer_set_stream(bk, os), GW_ERR_INVALID_ARGUMENT, comm, want, rank) ||
+        expect_error(gw_bucketer_set_compute_stream(bk, os), GW_ERR_INVALID_ARGUMENT, comm, want, rank))
+      return 1;
+    gw_bucketer_destroy(bk);
     DCHECK(dv->stream_destroy(os));
   }
   if (!strcmp(dv->name, "emulated")) {
