@@ -531,6 +531,17 @@ START_TEST(test_resume_redraws_epochs) {
   }
   fclose(f);
   ck_assert_msg(rows == 3, "%s has %d rows for 3 epochs", dat, rows);
+  /* The script draws the PNG again from its own folder and from anywhere (it
+   * named its files from the training's working directory) */
+  char cmd[1600], dir_of[512];
+  snprintf(dir_of, sizeof dir_of, "%s", png);
+  *strrchr(dir_of, '/') = 0;
+  for (int from = 0; from < 2; from++) {
+    ck_assert_int_eq(unlink(png), 0);
+    if (from == 0) snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot resume.png.gp 2>/dev/null", dir_of);
+    else snprintf(cmd, sizeof cmd, "cd / && gnuplot '%s.gp' 2>/dev/null", png);
+    ck_assert_msg(system(cmd) == 0 && access(png, F_OK) == 0, "%s drew no %s", cmd, png);
+  }
   size_t len;
   char *m = slurp("resume.jsonl", &len);
   ck_assert_msg(m && strstr(m, "{\"type\":\"resume\",\"step\":4}\n"), "no resume line in the metrics");

@@ -352,13 +352,20 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
     snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
     return -1;
   }
+  /* The files by their names in the script's own folder (ARG0's, gnuplot
+   * 5): `cd plots && gnuplot p.png.gp` found none when they were named from
+   * the training's working directory. */
+  const char *png_base = strrchr(png, '/') ? strrchr(png, '/') + 1 : png;
+  const char *data_base = strrchr(data, '/') ? strrchr(data, '/') + 1 : data;
   fprintf(f,
-          "set terminal png size 900,500\nif (!exists('out')) out = '%s'\nset output out\n"
+          "here = ARG0\nwhile (strstrt(here, '/') > 0) { here = here[strstrt(here, '/') + 1:] }\n"
+          "here = ARG0[1:strlen(ARG0) - strlen(here)]\n"
+          "set terminal png size 900,500\nif (!exists('out')) out = here.'%s'\nset output out\n"
           "set xlabel 'epoch'\nset ylabel 'training loss'\n"
           "set y2label 'test accuracy (%%)'\nset ytics nomirror\nset y2tics\nset key center right\nset grid\n"
-          "plot '%s' using 1:2 with linespoints title 'training loss' axes x1y1, "
-          "'%s' using 1:3 with linespoints title 'top-1' axes x1y2%s%s%s\n",
-          png, data, data, isnan(top5) ? "" : ", '", isnan(top5) ? "" : data,
+          "plot here.'%s' using 1:2 with linespoints title 'training loss' axes x1y1, "
+          "here.'%s' using 1:3 with linespoints title 'top-1' axes x1y2%s%s%s\n",
+          png_base, data_base, data_base, isnan(top5) ? "" : ", here.'", isnan(top5) ? "" : data_base,
           isnan(top5) ? "" : "' using 1:4 with linespoints title 'top-5' axes x1y2"); /* none under 5 classes */
   if (fclose(f) != 0 || rename(tmp, script) != 0) { /* a full disk: gnuplot would run half a script */
     snprintf(err, errlen, "cannot write %s: %s", script, strerror(errno));
