@@ -314,8 +314,16 @@ START_TEST(test_local_ranks_filter)
     run_dirs(pattern, 1, r.err, run, sizeof run);
     expect_file(run, "attempt_0/1/stdout.log", "out 1\n");
     expect_file(run, "attempt_0/1/stderr.log", "err 1\n");
+    ck_assert_msg(!strstr(r.err, "names no local rank"), "a filter naming ranks 0 and 2 said it named none");
     gwrun_free(&r);
     remove_tree(base);
+    /* one naming no rank of -n: accepted as torchrun's, and said */
+    const char *none[] = {"-n", "2", "--local-ranks-filter", "7", "sh", "-c", "echo out $RANK", NULL};
+    gwrun_run(&r, NULL, none);
+    ck_assert_msg(r.code == 0 && !strstr(r.out, "out") &&
+                      strstr(r.err, "gw-run: note: --local-ranks-filter 7 names no local rank of -n 2 (0-1)"),
+                  "exit code %d, stdout:\n%s\nstderr:\n%.800s", r.code, r.out, r.err);
+    gwrun_free(&r);
 
     const char *fail[] = {"-n", "2", "--local-ranks-filter", "0", "sh", "-c",
                           "if [ $RANK = 1 ]; then echo hidden out; i=0; while [ $i -lt 100 ]; do "

@@ -140,6 +140,13 @@ int gw__run_logs_setup(const char *dir, const char *tee, const char *redirects, 
         }
         if (!gw__run_parse_ranks_filter(filter, local_n, L.shown, err, errsz))
             return -2;
+        int shown = 0;
+        for (int i = 0; i < local_n; i++)
+            shown += L.shown[i];
+        if (!shown) /* accepted as torchrun's, but said: the job looked silent */
+            gw__run_say("gw-run: note: --local-ranks-filter %s names no local rank of -n %d (0-%d): every rank's "
+                        "output is hidden (a failing rank's last stderr lines are still shown)\n", filter, local_n,
+                        local_n - 1);
     }
     if (!dir && !tee && !redirects)
         return 0;
