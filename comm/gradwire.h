@@ -280,8 +280,11 @@ int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t 
  * Collective: every rank of comm calls it, with the same count, dtype, op and
  * bounds (buckets pair up across ranks by their order; layouts that differ but
  * whose sizes happen to line up would sum unrelated gradients).  It compares
- * the layouts (one small allgather) and refuses, on every rank, naming a rank
- * whose layout differs. */
+ * the layouts (rank 0's broadcast, one small allreduce) and refuses, on every
+ * rank, naming a rank whose layout differs and how.  buf is host memory or the
+ * communicator's device's, checked here (as a stream given to the setters
+ * below is) rather than at the first bucket's allreduce, which would fail the
+ * communicator. */
 gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                const size_t *bounds, int nbuckets, gw_bucketer_t *out);
 /* Marks buf[offset, offset + count) ready; starts every allreduce that became
