@@ -335,9 +335,13 @@ int gwrun_main(const char *prog, Suite *(*make_suite)(void))
     }
     SRunner *sr = srunner_create(make_suite());
     srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
+    int failed = srunner_ntests_failed(sr), ran = srunner_ntests_run(sr);
     srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    /* nothing run (a CK_RUN_CASE naming no case) is no pass, as run_suite says */
+    if (ran == 0)
+        fprintf(stderr, "%s: no test ran (CK_RUN_CASE='%s' names no case?)\n", prog,
+                getenv("CK_RUN_CASE") ? getenv("CK_RUN_CASE") : "");
+    return failed == 0 && ran > 0 ? 0 : 1;
 }
 
 bool gwrun_is_zombie(pid_t pid)

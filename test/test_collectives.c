@@ -274,6 +274,9 @@ static size_t buf_bytes(int n) {
 static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   const bool forced_ll = getenv("GW_PROTO") && !strcmp(getenv("GW_PROTO"), "ll");
+  const char *algo = getenv("GW_ALGO"),
+             *forced_algo = algo && (!strcmp(algo, "tree") || !strcmp(algo, "exchange") || !strcmp(algo, "ring"))
+                                ? algo : NULL;
   const size_t bytes = buf_bytes(n);
   uint8_t *send = big_alloc(comm, bytes), *recv = big_alloc(comm, bytes);
   for (size_t ci = 0; ci < NCOUNTS; ci++)
@@ -284,14 +287,20 @@ static int body_allreduce(gw_comm_t comm, int rank, int n, void *arg) {
         fill_input(send, dt, op, rank, count, 0);
         memset(recv, 0xa5, count * es);
         CALL(gw_allreduce(send, recv, count, dt, op, comm, NULL), "gw_allreduce");
-        if (same_everywhere(comm, rank, n, recv, count * es, "allreduce", dt, op, count)) return 1;
-        if (forced_ll && n > 1 && count > 0) { /* the LL runs: LL did run (a fallback to simple only warns) */
-          char path[64];
-          if (gw_comm_last_path(comm, path, sizeof path) != GW_SUCCESS || !strstr(path, "/ll")) {
-            fprintf(stderr, "rank %d: GW_PROTO=ll, count %zu: %s ran\n", rank, count, path);
+        if ((forced_ll || forced_algo) && n > 1 && count > 0) {
+          /* the LL, tree and exchange runs: that did run (a fallback, an
+           * unknown GW_ALGO's too, only warns: the grid passed on the ring);
+           * read before same_everywhere's own collective replaces it */
+          char path[64] = "", want[32];
+          snprintf(want, sizeof want, "%s/", forced_algo ? forced_algo : "");
+          if (gw_comm_last_path(comm, path, sizeof path) != GW_SUCCESS || (forced_ll && !strstr(path, "/ll")) ||
+              (forced_algo && strncmp(path, want, strlen(want)))) {
+            fprintf(stderr, "rank %d: GW_ALGO=%s GW_PROTO=%s, count %zu: %s ran\n", rank,
+                    forced_algo ? forced_algo : "", forced_ll ? "ll" : "", count, path);
             return 1;
           }
         }
+        if (same_everywhere(comm, rank, n, recv, count * es, "allreduce", dt, op, count)) return 1;
         CHECK_RANGE(hi - lo, check_reduced(recv, lo + i, dt, op, n, lo + i, rank, "allreduce"));
         /* in place */
         memcpy(recv, send, count * es);

@@ -47,7 +47,7 @@ static gw_result_t allreduce_doubles(void *arg, double *buf, size_t n) {
 static double max_rel_diff(const float *a, const float *b, size_t n) {
   double scale = 0, err = 0;
   for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n && !isnan(err); i++) { /* a NaN stays the answer (a later finite one replaced it) */
     double d = fabs((double)a[i] - b[i]);
     if (!(d <= err)) err = d;
   }

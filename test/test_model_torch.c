@@ -102,9 +102,9 @@ static void compare_from(const char *name, const float *ours, const float *base,
   double scale = 0, err = 0;
   size_t at = 0;
   for (size_t i = 0; i < numel; i++) scale = fmax(scale, fabs(r[i] - (base ? base[i] : 0.0f)));
-  for (size_t i = 0; i < numel; i++) {
+  for (size_t i = 0; i < numel && !isnan(err); i++) {
     double d = fabs((double)ours[i] - r[i]);
-    if (!(d <= err)) err = d, at = i; /* NaN counts as the worst */
+    if (!(d <= err)) err = d, at = i; /* NaN counts as the worst: the first one stays (a later finite one replaced it) */
   }
   double bound = rtol * scale + 1e-6;
   if (getenv("GW_TORCH_VERBOSE")) printf("%-50s %.3g of the bound\n", name, err / bound);

@@ -83,6 +83,9 @@ static int body_soak(gw_comm_t comm, int rank, int n, void *arg) {
     size_t es = gw_dtype_size(dt);
     bool in_place = (h >> 60) & 1;
     gw_result_t r = GW_SUCCESS;
+    /* poisoned before each call: an element the collective never wrote
+     * cannot pass with an earlier operation's value (inputs are 1..3) */
+    if (coll < 4) memset(recv, 0xa5, count * es);
     switch (coll) {
       case 0: { /* allreduce */
         for (size_t i = 0; i < count; i++) gw_value_store(send, dt, i, val(k, rank, i));
@@ -127,6 +130,13 @@ static int body_soak(gw_comm_t comm, int rank, int n, void *arg) {
   }
   long rss1 = rss_kib();
   int fds1 = count_fds();
+  /* unreadable /proc: -1 both times, and the leak checks would compare -1 with -1 */
+  if (rss0 <= 0 || rss1 <= 0 || fds0 <= 0 || fds1 <= 0) {
+    fprintf(stderr, "rank %d: cannot read /proc/self/statm or /proc/self/fd (rss %ld, %ld KiB; fds %d, %d): the "
+            "leak checks need them\n", rank, rss0, rss1, fds0, fds1);
+    free(send), free(recv);
+    return 1;
+  }
   if (rank == 0) printf("soak: %ld operations on %d ranks; rss %ld -> %ld KiB, fds %d -> %d\n", ops, n, rss0, rss1, fds0, fds1);
   free(send);
   free(recv);

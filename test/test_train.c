@@ -886,7 +886,7 @@ int main(void) {
   }
   snprintf(tmpdir, sizeof tmpdir, "/tmp/gw-train-test.XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
-  int rc = gwrun_main("gw-run", make_suite);
+  int rc = gwrun_main("test_train", make_suite);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   if (system(cmd) != 0) fprintf(stderr, "train: could not remove %s\n", tmpdir);
