@@ -41,6 +41,7 @@
 
 #include "model_internal.h" /* num_running */
 #include "sgd.h"
+#include "sgd_math.h" /* struct gw_sgd_scalars */
 #include "test_model_exec.h"
 
 void small_config(struct gw_model_config *cfg, int depth) {
@@ -537,7 +538,10 @@ static void sgd_reference(double *p, double *buf, const float *g, size_t n, doub
   }
 }
 
-static void sgd_case(int nesterov, float damp) {
+/* scale != 1: the gradients come multiplied by scale (a loss scale) and the
+ * step runs through the backend's path (runs, scalars with grad_scale
+ * 1 / scale, gw_sgd_apply) against the reference on the unscaled ones. */
+static void sgd_case(int nesterov, float damp, float scale) {
   struct gw_model_config cfg;
   small_config(&cfg, 18);
   struct gw_model *m;
@@ -551,7 +555,19 @@ static void sgd_case(int nesterov, float damp) {
   for (size_t i = 0; i < n; i++) rp[i] = p[i];
   for (int step = 0; step < 3; step++) {
     for (size_t i = 0; i < n; i++) g[i] = (float)((double)(mix64(i * 3 + (size_t)step) >> 40) / 16777216.0 - 0.5);
-    ck_assert(gw_sgd_step(s, p, g, 0.1f) == GW_SUCCESS);
+    if (scale == 1.0f) {
+      ck_assert(gw_sgd_step(s, p, g, 0.1f) == GW_SUCCESS);
+    } else {
+      float *gs = malloc(n * sizeof(float));
+      for (size_t i = 0; i < n; i++) gs[i] = g[i] * scale; /* a power of two: exact */
+      int nruns = 0;
+      const struct gw_sgd_run *runs = gw_sgd_runs(s, &nruns);
+      struct gw_sgd_scalars sc2;
+      gw_sgd_scalars_at(s, 0.1f, 1.0f / scale, &sc2);
+      gw_sgd_apply(runs, nruns, p, gs, gw_sgd_momentum(s), &sc2);
+      gw_sgd_set_steps(s, gw_sgd_steps(s) + 1);
+      free(gs);
+    }
     for (int t = 0; t < gw_model_num_param_tensors(m); t++) {
       const struct gw_tensor *tt = gw_model_param_tensor(m, t);
       double wd = tt->ndim >= 2 ? (double)sc.weight_decay : 0.0;
@@ -568,11 +584,19 @@ static void sgd_case(int nesterov, float damp) {
   free(rp), free(rb);
 }
 
-START_TEST(test_sgd_momentum) { sgd_case(0, 0.0f); }
+START_TEST(test_sgd_momentum) { sgd_case(0, 0.0f, 1.0f); }
 END_TEST
-START_TEST(test_sgd_nesterov) { sgd_case(1, 0.0f); }
+START_TEST(test_sgd_nesterov) { sgd_case(1, 0.0f, 1.0f); }
 END_TEST
-START_TEST(test_sgd_dampening) { sgd_case(0, 0.25f); }
+START_TEST(test_sgd_dampening) { sgd_case(0, 0.25f, 1.0f); }
+END_TEST
+/* the loss scale's division inside the step (the cpu backend's sgd_step path,
+ * which test_sgd_step_bits holds to gw_sgd_step only) */
+START_TEST(test_sgd_grad_scale) {
+  sgd_case(0, 0.0f, 1024.0f);
+  sgd_case(1, 0.0f, 1.0f / 64);
+  sgd_case(0, 0.25f, 4096.0f);
+}
 END_TEST
 
 START_TEST(test_sgd_decay_targets) {
@@ -661,6 +685,7 @@ int main(void) {
   tcase_add_test(tc, test_sgd_momentum);
   tcase_add_test(tc, test_sgd_nesterov);
   tcase_add_test(tc, test_sgd_dampening);
+  tcase_add_test(tc, test_sgd_grad_scale);
   tcase_add_test(tc, test_sgd_decay_targets);
   tcase_add_test(tc, test_sgd_refusals);
   suite_add_tcase(s, tc);
