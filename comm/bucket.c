@@ -81,7 +81,9 @@ static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) 
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   struct gw_errctx err;
-  gw__err(&err, code, "%s", msg);
+  /* which rank says it, as the collectives' messages do */
+  if (comm && strncmp(msg, "rank ", 5) != 0) gw__err(&err, code, "rank %d: %s", comm->rank, msg);
+  else gw__err(&err, code, "%s", msg);
   if (comm) gw__comm_set_error(comm, err.msg);
   else gw__set_thread_error(err.msg);
   return code;
@@ -137,6 +139,11 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
     return fail(comm, GW_ERR_INVALID_ARGUMENT,
                 "gw_bucketer_create: needs a buffer, a count > 0, a known dtype and op (got %p, %zu, %d, %d)", buf,
                 count, (int)dtype, (int)op);
+  /* the collectives' bound (enqueue.c): past it a 16-bit wire buffer's size
+   * (count * 2) wrapped, and the casts wrote past its end */
+  if (count > (SIZE_MAX / 2) / gw_dtype_size(dtype) / (size_t)comm->nranks)
+    return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: count %zu is too large for %s elements", count,
+                gw_dtype_name(dtype));
   /* as every collective on it would refuse it (enqueue.c): accepted here, the
    * first step failed the communicator on every rank */
   if ((uintptr_t)buf % gw_dtype_size(dtype) != 0)
@@ -422,8 +429,16 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
 
 static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t count) {
   gw_result_t res = mark_locked(b, offset, count);
-  if (res != GW_SUCCESS && !b->refused[0] && !b->failed) /* a start failure is kept as such */
-    snprintf(b->refused, sizeof b->refused, "%s", gw_comm_last_error(b->comm));
+  if (res != GW_SUCCESS && !b->refused[0] && !b->failed) { /* a start failure is kept as such */
+    /* without fail()'s "rank N: ", which the message quoting it says first */
+    const char *m = gw_comm_last_error(b->comm), *p = m;
+    if (!strncmp(p, "rank ", 5)) {
+      p += 5;
+      while (*p >= '0' && *p <= '9') p++;
+      p = !strncmp(p, ": ", 2) ? p + 2 : m;
+    }
+    snprintf(b->refused, sizeof b->refused, "%s", p);
+  }
   return res;
 }
 
@@ -569,6 +584,8 @@ static gw_result_t set_wire(gw_bucketer_t b, gw_dtype_t wire) {
     b->wire = wire;
     return GW_SUCCESS;
   }
+  if ((unsigned)wire >= GW_NUM_DTYPES)
+    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: %d is no gw_dtype_t", (int)wire);
   if (b->dtype != GW_FLOAT32 || (wire != GW_BFLOAT16 && wire != GW_FLOAT16))
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: %s gradients can travel as themselves%s, "
                 "not as %s", gw_dtype_name(b->dtype), b->dtype == GW_FLOAT32 ? ", bfloat16 or float16" : "",

@@ -2,6 +2,7 @@
  * comm.c, which was past 900 lines): the (rank, world size) pair of gw-run,
  * torchrun, Open MPI, MPICH / Intel MPI or Slurm, the local rank, the master
  * address and the job token; gw_comm_init_env and gw_env_launched. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,7 +229,19 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
       return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: no master address; set GW_MASTER_ADDR and GW_MASTER_PORT "
                                      "(rank 0's host and a free port)", rank));
-    snprintf(master, sizeof master, strchr(addr, ':') && addr[0] != '[' ? "[%s]:%s" : "%s:%s", addr, port);
+    /* host:port in the address (a torchrun-style slip) was taken for an IPv6
+     * literal and retried as a name until the bootstrap deadline */
+    struct in6_addr a6;
+    const char *avar = getenv("GW_MASTER_ADDR") && *getenv("GW_MASTER_ADDR") ? "GW_MASTER_ADDR" : "MASTER_ADDR";
+    if (addr[0] != '[' && strchr(addr, ':') && inet_pton(AF_INET6, addr, &a6) != 1)
+      return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s='%s' is no host name or "
+                                         "address (a port there? give it in GW_MASTER_PORT or MASTER_PORT)", rank,
+                                         avar, addr));
+    const int w = snprintf(master, sizeof master, strchr(addr, ':') && addr[0] != '[' ? "[%s]:%s" : "%s:%s", addr,
+                           port);
+    if (w < 0 || (size_t)w >= sizeof master) /* cut, it named another host or port */
+      return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s and the port make %d "
+                                         "characters, more than %zu", rank, avar, w, sizeof master - 1));
   }
   return gw_comm_init(comm, size, rank, size > 1 ? master : NULL);
 }

@@ -152,6 +152,20 @@ START_TEST(test_env_launchers) {
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(has(gw_comm_last_error(NULL), "GW_RANK is set but GW_WORLD_SIZE is not"), "%s",
                 gw_comm_last_error(NULL));
+  /* host:port in the address (retried as a name until the bootstrap
+   * deadline), and one too long for the master's name (cut, it named another) */
+  unsetenv("SLURM_NTASKS");
+  setenv("GW_WORLD_SIZE", "2", 1);
+  setenv("GW_MASTER_ADDR", "127.0.0.1:5", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "GW_MASTER_ADDR='127.0.0.1:5' is no host name or address (a port"),
+                "%s", gw_comm_last_error(NULL));
+  char longname[320];
+  memset(longname, 'h', sizeof longname - 1), longname[sizeof longname - 1] = 0;
+  setenv("GW_MASTER_ADDR", longname, 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "GW_MASTER_ADDR and the port make 321 characters, more than 299"),
+                "%s", gw_comm_last_error(NULL));
   for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
 }
 END_TEST

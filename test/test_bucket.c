@@ -285,6 +285,12 @@ static int body_misaligned(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(gw_bucketer_create(comm, (char *)g + 2, 64, GW_FLOAT32, GW_SUM, whole, 1, &b) == GW_ERR_INVALID_ARGUMENT &&
              !b && strstr(gw_comm_last_error(comm), "is not aligned to its 4-byte elements"),
          "a misaligned buffer: %s", gw_comm_last_error(comm));
+  /* a count every collective refuses (a 16-bit wire buffer's size wrapped past
+   * it, and the casts wrote past its end: a helper's probe under ASan) */
+  const size_t huge[] = {0, 16, (size_t)1 << 62};
+  EXPECT(gw_bucketer_create(comm, g, (size_t)1 << 62, GW_FLOAT32, GW_SUM, huge, 2, &b) == GW_ERR_INVALID_ARGUMENT &&
+             !b && strstr(gw_comm_last_error(comm), "count 4611686018427387904 is too large for float32 elements"),
+         "a count past the collectives' bound: %s", gw_comm_last_error(comm));
   float x = 1;
   EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS && x == (float)n,
          "the communicator after the refusal: %s", gw_comm_last_error(comm));
