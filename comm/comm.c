@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "prims.h" /* gw__heard_abort */
 
 GW_PARAM(ShmSlots, "GW_SHM_SLOTS", 8)
 GW_PARAM(ShmSlotBytes, "GW_SHM_SLOT_BYTES", 256 << 10)
@@ -787,6 +788,16 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
     gw__err(&err, GW_ERR_ABORTED, "rank %d: %.440s (and destroyed)", comm->rank, why);
     struct gw_opdesc d = {.seq = atomic_load(&comm->next_seq), .root = -1, .coll = GW_COLL_ABORT};
     gw__comm_fail(comm, &d, GW_ERR_ABORTED, &err);
+  } else if (!atomic_load(&comm->failed) && comm->nranks > 1) {
+    /* A peer's notice behind the data of this rank's last operation: that
+     * completed here (its data had all arrived) but failed there (a timeout
+     * while this rank was late, an abort); with no call after it, nothing
+     * else would ever say so.  Said, not returned: the communicator is freed
+     * either way, and an error here would invite a second destroy. */
+    struct gw_errctx err;
+    if (gw__heard_abort(comm, &err) != GW_SUCCESS)
+      GW_WARN(GW_SUB_INIT, "rank %d: destroyed with that peer's failure notice (above) waiting: this rank's last "
+              "operation completed here, but not on every rank", comm->rank);
   }
   comm_free(comm);
   return GW_SUCCESS;

@@ -375,7 +375,51 @@ START_TEST(test_abort_between_operations_told) {
 }
 END_TEST
 
+/* ---- a late rank whose operation completes after the peer failed it ----
+ * Rank 0 times out waiting for rank 1 (its data already sent) and fails;
+ * rank 1 comes later, finds the data and completes (a correct sum), with
+ * rank 0's notice waiting behind it.  Its destroy, with no call after, says
+ * so (it ended without a word). */
+static int raw_late_completes(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
+  float x = 1;
+  if (rank == 0) {
+    gw_comm_set_timeout(comm, 0.5);
+    gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+    EXPECT(r == GW_ERR_TIMEOUT, "rank 0's allreduce returned %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+    gw_comm_destroy(comm);
+    atomic_store(rank0_done, 1);
+    return 0;
+  }
+  wait_rank0_done(30);
+  gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  EXPECT(r == GW_SUCCESS && x == 2.0f, "the late rank's allreduce: %s, %g", gw_strerror(r), (double)x);
+  char path[] = "/tmp/gw-late-XXXXXX";
+  const int fd = mkstemp(path), saved = dup(2);
+  EXPECT(fd >= 0 && saved >= 0, "a file for stderr");
+  fflush(stderr), dup2(fd, 2);
+  gw_comm_destroy(comm);
+  fflush(stderr), dup2(saved, 2), close(saved);
+  char text[4096] = "";
+  const ssize_t got = pread(fd, text, sizeof text - 1, 0);
+  close(fd), unlink(path);
+  text[got > 0 ? got : 0] = 0;
+  EXPECT(has(text, "rank 1: destroyed with that peer's failure notice (above) waiting") &&
+             has(text, "stopped because another rank failed: rank 0:"),
+         "destroy said: %s", text);
+  return 0;
+}
+
+START_TEST(test_late_rank_told_at_destroy) {
+  rank0_done_reset();
+  ck_assert_int_eq(run_ranks_raw(2, raw_late_completes, NULL, 60), 0);
+}
+END_TEST
+
 void add_straggler_tests(TCase *tc) {
+  tcase_add_test(tc, test_late_rank_told_at_destroy);
   tcase_add_test(tc, test_timeout_names_straggler);
   tcase_add_test(tc, test_timeout_every_rank_names_straggler_shm);
   tcase_add_test(tc, test_timeout_every_rank_names_straggler_tcp);
