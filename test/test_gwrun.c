@@ -749,8 +749,23 @@ START_TEST(test_program_not_found)
     gwrun_run(&r, NULL, args);
     ck_assert_msg(r.code != 0, "gw-run exited 0 for a missing program");
     ck_assert_int_eq(r.code, 127);
-    ck_assert_msg(strstr(r.err, "gw-no-such-program-xyz"),
+    ck_assert_msg(strstr(r.err, "gw-no-such-program-xyz") && !strstr(r.err, "searched in PATH"),
                   "stderr does not name the program:\n%s", r.err);
+    gwrun_free(&r);
+    /* a file of that name in this directory, not in PATH (torchrun would run
+     * it with python): said where it is and how to run it */
+    char here[64];
+    snprintf(here, sizeof here, "gw-script-here-%d", (int)getpid());
+    FILE *f = fopen(here, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("print('hi')\n", f);
+    fclose(f);
+    const char *local[] = {"-n", "1", here, NULL};
+    gwrun_run(&r, NULL, local);
+    unlink(here);
+    ck_assert_msg(r.code == 127 && strstr(r.err, "searched in PATH; the file in this directory is ./gw-script-here-") &&
+                      strstr(r.err, "runs as 'python3 SCRIPT'"),
+                  "a script here: exit %d\n%s", r.code, r.err);
     gwrun_free(&r);
 }
 END_TEST

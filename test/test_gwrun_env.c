@@ -183,6 +183,21 @@ START_TEST(test_env_torchrun_names)
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 10.1.2.3 4000"), "exit %d, stdout:\n%s\nstderr:\n%s",
                   r.code, r.out, r.err);
     gwrun_free(&r);
+    /* TORCHELASTIC_RUN_ID, torchrun's (torch.distributed.is_torchelastic_launched()
+     * asks for it): --rdzv-id, else "none", an outer one's replaced;
+     * --standalone drops an endpoint given beside it, saying so (one
+     * unreachable held the job until the bootstrap deadline) */
+    const char *outer[] = {"TORCHELASTIC_RUN_ID=outer", NULL};
+    gwrun_run(&r, outer, (const char *[]){"-n", "1", "sh", "-c", "echo id=$TORCHELASTIC_RUN_ID", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] id=none"), "no --rdzv-id: exit %d\n%s", r.code, r.out);
+    gwrun_free(&r);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--rdzv-id", "job7", "--standalone", "--rdzv-endpoint",
+                                         "10.9.9.9:29400", "sh", "-c", "echo id=$TORCHELASTIC_RUN_ID $MASTER_ADDR",
+                                         NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] id=job7 127.0.0.1") &&
+                      strstr(r.err, "--standalone runs on this machine alone: 10.9.9.9:29400 is not used"),
+                  "--rdzv-id with --standalone: exit %d\n%s\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
     /* --role names ROLE_NAME ("default" without); --monitor-interval and
      * --start-method are taken, checked */
     const char *no_role[] = {"ROLE_NAME=outer", NULL};

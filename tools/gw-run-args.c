@@ -201,6 +201,17 @@ static int conf_bool(const char *v)
     return -1;
 }
 
+const char *gw__run_standalone(bool standalone, long nnodes, const char *master)
+{
+    if (!standalone)
+        return master;
+    if (nnodes > 1)
+        gw__run_usage_error("%s--standalone is a job of one node; --nnodes is more", "");
+    if (master)
+        gw__run_say("gw-run: note: --standalone runs on this machine alone: %s is not used (as torchrun)\n", master);
+    return NULL;
+}
+
 bool gw__run_parse_rdzv_conf(const char *v, double *join_timeout_s, int *is_host, char *err, size_t errsz)
 {
     char buf[1024];

@@ -10,8 +10,11 @@
  *
  * Also the tests' hold between two attempts (GW_RUN_TEST_RESTART_DELAY_MS).
  *
+ * And why an attempt that ended cannot start again (gw__run_restart_refusal,
+ * which single-node restarts ask too).
+ *
  * What it is not: the channel itself (joining, frames, failures, signals:
- * gw-run-net.c) nor the single-node restart (gw-run.c alone).
+ * gw-run-net.c) nor the single-node restart loop (gw-run.c).
  */
 #include <signal.h>
 #include <stdbool.h>
@@ -22,6 +25,35 @@
 
 #include "gw-run.h"
 #include "gw-run-net.h"
+
+/* Why this node's part of the attempt that ended cannot start again, or NULL
+ * if it can: a failure, no signal to gw-run, no process gw-run gave up on, a
+ * program that could be started, restarts left.  "" where nothing needs
+ * saying (success, a signal).  Single-node and multi-node restarts both ask. */
+static const char no_restarts_left[] = "no restarts left";
+
+const char *gw__run_restart_refusal(void)
+{
+    if (!gw__run.have_failure || gw__run.got_signal)
+        return "";
+    if (gw__run.alive > 0 || gw__run_waiting_for_strays())
+        return "processes of the failed attempt are still there";
+    if (gw__run.not_started)
+        return "the program could not be started";
+    if (!gw__run.may_restart)
+        return no_restarts_left;
+    return NULL;
+}
+
+void gw__run_say_no_restart(const char *why, long max_restarts)
+{
+    if (!why || !*why)
+        return;
+    if (why == no_restarts_left)
+        gw__run_say("gw-run: the job failed again; no restarts left (%ld used)\n", max_restarts);
+    else
+        gw__run_say("gw-run: not restarting the job: %s\n", why);
+}
 
 /* How long node 0 waits for every node's READY, and a node for the verdict:
  * their teardowns take up to the grace, SIGKILL and the give-up after it. */

@@ -86,12 +86,19 @@ void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, cons
         setenv("MASTER_PORT", buf, 1);
     } else {
         unsetenv("MASTER_PORT");
+        static bool said; /* once, not at each restart */
+        if (multi && !said)
+            gw__run_say("gw-run: note: no MASTER_PORT for the ranks (torch.distributed's store takes the master port "
+                        "+ 2 or 3 across nodes, past 65535 here): give a lower --master-port if they use one\n");
+        said = true;
     }
     /* not torchrun's agent store, which would move gradwire's port; nor an
-     * outer torchrun's worker (gw-run started inside one): its run id and
-     * error file would make every rank of this job that worker */
+     * outer torchrun's worker's error file (gw-run started inside one), which
+     * would make every rank of this job that worker.  The run id is this
+     * job's (torch.distributed.is_torchelastic_launched() asks for it; the
+     * job token stays GW_JOB_TOKEN). */
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-    unsetenv("TORCHELASTIC_RUN_ID");
+    setenv("TORCHELASTIC_RUN_ID", gw__run.run_id && *gw__run.run_id ? gw__run.run_id : "none", 1);
     unsetenv("TORCHELASTIC_ERROR_FILE");
 }
 

@@ -117,9 +117,14 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, int
     /* an exit code of 127 alone is no proof: a program that ran may exit with it */
     if (write(report_w, &e, sizeof e) < 0) {
     }
-    dprintf(2, "gw-run: cannot run '%s': %s%s\n", argv[0], strerror(e),
+    /* a file of that name here, not found in PATH or not executable: torchrun
+     * would run it with python (gw-run does so for .py files alone) */
+    const bool here = !run_by_python && !strchr(argv[0], '/') && access(argv[0], F_OK) == 0;
+    dprintf(2, "gw-run: cannot run '%s': %s%s%s%s%s\n", argv[0], strerror(e),
             run_by_python ? " (a .py PROGRAM or -m runs with python3 -u, as under torchrun: GW_RUN_PYTHON or "
-                            "PYTHON_EXEC name another interpreter, --no-python runs PROGRAM as given)" : "");
+                            "PYTHON_EXEC name another interpreter, --no-python runs PROGRAM as given)" : "",
+            here ? " (searched in PATH; the file in this directory is ./" : "", here ? argv[0] : "",
+            here ? ", which must be executable; a Python script without .py runs as 'python3 SCRIPT')" : "");
     _exit(EXIT_NOT_FOUND);
 }
 
@@ -369,35 +374,6 @@ static void run_loop(void)
     free(owner_rank);
 }
 
-/* Why this node's part of the attempt that ended cannot start again, or NULL
- * if it can: a failure, no signal to gw-run, no process gw-run gave up on, a
- * program that could be started, restarts left.  "" where nothing needs
- * saying (success, a signal).  Single-node and multi-node restarts both ask. */
-static const char no_restarts_left[] = "no restarts left";
-
-const char *gw__run_restart_refusal(void)
-{
-    if (!gw__run.have_failure || gw__run.got_signal)
-        return "";
-    if (gw__run.alive > 0 || gw__run_waiting_for_strays())
-        return "processes of the failed attempt are still there";
-    if (gw__run.not_started)
-        return "the program could not be started";
-    if (!gw__run.may_restart)
-        return no_restarts_left;
-    return NULL;
-}
-
-void gw__run_say_no_restart(const char *why, long max_restarts)
-{
-    if (!why || !*why)
-        return;
-    if (why == no_restarts_left)
-        gw__run_say("gw-run: the job failed again; no restarts left (%ld used)\n", max_restarts);
-    else
-        gw__run_say("gw-run: not restarting the job: %s\n", why);
-}
-
 /* A single-node job after an attempt ended: whether to start it again (a
  * signal since the loop ended counts: gw-run exits as after it). */
 static bool restart_wanted(long max_restarts)
@@ -607,7 +583,7 @@ int main(int argc, char **argv)
                 gw__run_usage_error("%s", err);
             break;
         case 'I':
-            rdzv_id = optarg;
+            rdzv_id = gw__run.run_id = optarg;
             break;
         case 'C':
             if (!gw__run_parse_rdzv_conf(optarg, &conf_join_timeout_s, &is_host, err, sizeof err))
@@ -679,8 +655,7 @@ int main(int argc, char **argv)
                  mport ? mport : 29500);
         master = composed;
     }
-    if (standalone && nnodes > 1)
-        gw__run_usage_error("%s--standalone is a job of one node; --nnodes is more", "");
+    master = gw__run_standalone(standalone, nnodes, master);
     if (optind >= argc)
         gw__run_usage_error("%smissing PROGRAM to run", "");
     /* a .py script with python3 -u, as torchrun; kept to the end (static: LeakSanitizer sees it held) */

@@ -40,6 +40,7 @@ struct rank {
 /* The job as the three files see it; the one instance, gw__run, lives in
  * gw-run.c. State that only one file needs stays static in that file. */
 struct job {
+    const char *run_id; /* --rdzv-id, the workers' TORCHELASTIC_RUN_ID ("none" without) */
     struct rank *ranks;
     int nranks;      /* ranks spawned (N unless a fork failed) */
     int alive;       /* spawned and not yet reaped */
@@ -246,6 +247,11 @@ void gw__run_setenv_long(const char *a, const char *b, const char *c, long v);
  * last colon cannot be told from the port's). */
 extern const char gw__run_usage_text[];
 void gw__run_usage_error(const char *fmt, const char *arg) __attribute__((noreturn));
+/* --standalone: refused with --nnodes above 1; a master or endpoint given
+ * beside it is said and dropped (torchrun's --standalone runs on localhost
+ * whatever else is given; one unreachable held the job until the bootstrap
+ * deadline).  Returns the master to use. */
+const char *gw__run_standalone(bool standalone, long nnodes, const char *master);
 bool gw__run_parse_long(const char *s, long lo, long hi, long *out);
 bool gw__run_parse_master(const char *s, char *host, size_t hostsz, long *port);
 /* torchrun's --nnodes (N, or MIN:MAX with MIN = MAX), --rdzv-backend (c10d
