@@ -100,6 +100,21 @@ START_TEST(test_long_line_split)
 }
 END_TEST
 
+/* A progress bar's redraws ("\r" + the bar, a newline at its end, as tqdm
+ * writes them) go out "\r"-ended with the prefix as each next one arrives
+ * (they waited for the bar's newline); "\r\n" stays one line end. */
+START_TEST(test_carriage_return_redraws)
+{
+    struct run r;
+    const char *args[] = {"-n", "1", "sh", "-c",
+                          "printf 'a\\r\\nb\\n'; for i in 1 2 3; do printf '\\r %d0%%' $i; done; printf '\\n'", NULL};
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 0 && !strcmp(r.out, "[0] a\r\n[0] b\n[0]  10%\r[0]  20%\r[0]  30%\n"),
+                  "exit code %d, stdout '%s', stderr:\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 START_TEST(test_grandchild_holding_output)
 {
     /* A rank that leaves a background process holding its stdout must not keep
@@ -119,5 +134,6 @@ void gwrun_add_output_tests(TCase *tc)
     tcase_add_test(tc, test_output_routing);
     tcase_add_test(tc, test_lines_never_interleave);
     tcase_add_test(tc, test_long_line_split);
+    tcase_add_test(tc, test_carriage_return_redraws);
     tcase_add_test(tc, test_grandchild_holding_output);
 }

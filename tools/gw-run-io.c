@@ -253,10 +253,11 @@ static void flush_out(int fd)
     outlen = 0;
 }
 
-/* Queues the rank's prefix ("[R] ") + a + b + "\n". The line is built in one buffer so that it
+/* Queues the rank's prefix ("[R] ") + a + b + end ("\n", or "\r" for a
+ * progress bar's redraw). The line is built in one buffer so that it
  * reaches our stdout in one write and never interleaves with another rank's. */
-static void emit_line(const struct rank *r, const struct stream *s, const char *a, size_t alen,
-                      const char *b, size_t blen)
+static void emit_ended(const struct rank *r, const struct stream *s, const char *a, size_t alen,
+                       const char *b, size_t blen, char end)
 {
     const size_t pl = strlen(r->prefix), need = pl + alen + blen + 1;
     if (outlen + need > sizeof outbuf)
@@ -269,7 +270,13 @@ static void emit_line(const struct rank *r, const struct stream *s, const char *
     if (blen)
         memcpy(outbuf + outlen, b, blen);
     outlen += blen;
-    outbuf[outlen++] = '\n';
+    outbuf[outlen++] = end;
+}
+
+static void emit_line(const struct rank *r, const struct stream *s, const char *a, size_t alen,
+                      const char *b, size_t blen)
+{
+    emit_ended(r, s, a, alen, b, blen, '\n');
 }
 
 /* Splits freshly read bytes into lines; what follows the last newline is kept
@@ -277,7 +284,26 @@ static void emit_line(const struct rank *r, const struct stream *s, const char *
 static void consume(const struct rank *r, struct stream *s, const char *p, size_t n)
 {
     const char *end = p + n, *nl;
-    while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+    /* A carriage return not ending a line ("\r\n") ends a redraw (tqdm's
+     * progress bars write "\r" + the bar, newline only at the end): passed on
+     * with its prefix, "\r"-ended, when what follows shows it is no "\r\n",
+     * so the bar moves (it stayed hidden until the bar's last newline). */
+    if (n && s->len && s->partial[s->len - 1] == '\r' && *p != '\n') {
+        emit_ended(r, s, s->partial, s->len - 1, NULL, 0, '\r');
+        s->len = 0;
+    }
+    for (;;) {
+        nl = memchr(p, '\n', (size_t)(end - p));
+        const char *cr = memchr(p, '\r', (size_t)((nl ? nl : end) - p));
+        if (cr && cr + 1 < end && cr[1] != '\n') {
+            if (s->len || cr > p) /* nothing before it: no empty line */
+                emit_ended(r, s, s->partial, s->len, p, (size_t)(cr - p), '\r');
+            s->len = 0;
+            p = cr + 1;
+            continue;
+        }
+        if (!nl)
+            break;
         emit_line(r, s, s->partial, s->len, p, (size_t)(nl - p));
         s->len = 0;
         p = nl + 1;
