@@ -187,6 +187,18 @@ START_TEST(test_env_torchrun_names)
      * asks for it): --rdzv-id, else "none", an outer one's replaced;
      * --standalone drops an endpoint given beside it, saying so (one
      * unreachable held the job until the bootstrap deadline) */
+    /* torchrun's PET_* variables (Kubeflow's PyTorchJob) for flags not given:
+     * -n from PET_NPROC_PER_NODE, the command line's over it, the master's
+     * only when the command line names none */
+    const char *pet[] = {"PET_NPROC_PER_NODE=2", "PET_MASTER_ADDR=10.7.7.7", "PET_RDZV_ID=petjob", NULL};
+    gwrun_run(&r, pet, (const char *[]){"sh", "-c", "echo $RANK/$WORLD_SIZE $TORCHELASTIC_RUN_ID", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 0/2 petjob") && gwrun_has_line(r.out, "[1] 1/2 petjob"),
+                  "PET_NPROC_PER_NODE: exit %d\n%s\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, pet, (const char *[]){"-n", "1", "--standalone", "sh", "-c", "echo $WORLD_SIZE $MASTER_ADDR", NULL});
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 1 127.0.0.1") && !strstr(r.err, "10.7.7.7"),
+                  "the command line over PET_*: exit %d\n%s\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
     const char *outer[] = {"TORCHELASTIC_RUN_ID=outer", NULL};
     gwrun_run(&r, outer, (const char *[]){"-n", "1", "sh", "-c", "echo id=$TORCHELASTIC_RUN_ID", NULL});
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] id=none"), "no --rdzv-id: exit %d\n%s", r.code, r.out);

@@ -46,6 +46,9 @@ const char gw__run_usage_text[] =
     "                          is unset (the same on every node)\n"
     "  --rdzv-backend B        c10d or static (gw-run's own rendezvous either way)\n"
     "  --rdzv-conf K=V,...     join_timeout=S (as GW_RUN_JOIN_TIMEOUT), is_host=1|0\n"
+    "                          (torchrun's PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK,\n"
+    "                          PET_MASTER_ADDR, PET_MASTER_PORT, PET_RDZV_ENDPOINT, PET_RDZV_ID,\n"
+    "                          PET_RDZV_BACKEND, PET_MAX_RESTARTS stand for the flags not given)\n"
     "                          (this gw-run is node 0, or never is); others said\n"
     "                          and ignored; --nnodes N:N is N (no elastic range)\n"
     "  --standalone            one node (the default; torchrun's flag)\n"
@@ -199,6 +202,41 @@ static int conf_bool(const char *v)
             return 0;
     }
     return -1;
+}
+
+char **gw__run_pet_argv(const char given[128], int *argc, char **argv)
+{
+    static const struct { const char *var, *flag; char code; bool master; } pet[] = {
+        {"PET_NPROC_PER_NODE", "--nproc-per-node", 'n', false}, {"PET_NNODES", "--nnodes", 'N', false},
+        {"PET_NODE_RANK", "--node-rank", 'K', false},          {"PET_MAX_RESTARTS", "--max-restarts", 'R', false},
+        {"PET_RDZV_ID", "--rdzv-id", 'I', false},              {"PET_RDZV_BACKEND", "--rdzv-backend", 'B', false},
+        {"PET_MASTER_ADDR", "--master-addr", 'A', true},       {"PET_MASTER_PORT", "--master-port", 'P', true},
+        {"PET_RDZV_ENDPOINT", "--rdzv-endpoint", 'E', true},
+    };
+    const size_t np = sizeof pet / sizeof pet[0];
+    const bool master_given = given['A'] || given['P'] || given['E'] || given['O'] || given['S'];
+    static char **out; /* kept to the end (LeakSanitizer sees it held) */
+    out = calloc((size_t)*argc + 2 * np + 1, sizeof *out);
+    if (!out)
+        return argv;
+    int k = 0;
+    out[k++] = argv[0];
+    for (size_t i = 0; i < np; i++) {
+        const char *v = getenv(pet[i].var);
+        if (!v || !*v || given[(unsigned char)pet[i].code] || (pet[i].master && master_given))
+            continue;
+        /* an endpoint beside an address from the same environment: the endpoint, as torchrun's c10d */
+        if (pet[i].master && pet[i].code != 'E' && getenv("PET_RDZV_ENDPOINT") && *getenv("PET_RDZV_ENDPOINT"))
+            continue;
+        out[k++] = (char *)pet[i].flag;
+        out[k++] = (char *)v;
+    }
+    if (k == 1)
+        return argv;
+    for (int i = 1; i <= *argc; i++) /* argv[argc] is NULL */
+        out[k + i - 1] = argv[i];
+    *argc += k - 1;
+    return out;
 }
 
 const char *gw__run_standalone(bool standalone, long nnodes, const char *master)

@@ -523,6 +523,13 @@ int main(int argc, char **argv)
      * the leading ':' lets us word the error messages ourselves. */
     opterr = 0;
     int c;
+    /* torchrun's PET_* variables (Kubeflow's PyTorchJob sets them) for the
+     * flags not given: a first pass notes which were */
+    char given[128] = {0};
+    while ((c = getopt_long(argc, argv, "+:hmn:r:t:", longopts, NULL)) != -1)
+        given[c & 127] = 1;
+    optind = 0;
+    argv = gw__run_pet_argv(given, &argc, argv);
     while ((c = getopt_long(argc, argv, "+:hmn:r:t:", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':

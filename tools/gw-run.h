@@ -252,6 +252,12 @@ void gw__run_usage_error(const char *fmt, const char *arg) __attribute__((noretu
  * whatever else is given; one unreachable held the job until the bootstrap
  * deadline).  Returns the master to use. */
 const char *gw__run_standalone(bool standalone, long nnodes, const char *master);
+/* argv with torchrun's PET_* environment variables put before the options as
+ * the flags they stand for (PET_NPROC_PER_NODE as --nproc-per-node, ...),
+ * those whose flag (getopt code in given[]) the command line has left out;
+ * the master's (address, port, endpoint) only when the command line names
+ * none of them.  argc is updated; argv itself when there are none. */
+char **gw__run_pet_argv(const char given[128], int *argc, char **argv);
 bool gw__run_parse_long(const char *s, long lo, long hi, long *out);
 bool gw__run_parse_master(const char *s, char *host, size_t hostsz, long *port);
 /* torchrun's --nnodes (N, or MIN:MAX with MIN = MAX), --rdzv-backend (c10d
