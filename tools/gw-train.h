@@ -95,8 +95,12 @@ int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, s
 /* Everything the loop needs, made once. */
 struct trainer;
 
-/* SIGUSR1 and SIGUSR2 from now on ask for a checkpoint (gw-train-loop.c). */
+/* gw-train-signals.c: SIGUSR1 and SIGUSR2 from now on ask for a checkpoint;
+ * SIGTERM, while on, for a checkpoint and the end; what came since the last
+ * take (each 0 or 1), cleared. */
 void trainer_catch_requests(void);
+void trainer_catch_stop(int on);
+void trainer_signals_take(int *ckpt, int *stop);
 /* gw-train-loop.c: runs the whole job; returns the process exit code. */
 int gw_train_run(const struct train_opts *o);
 
