@@ -193,7 +193,7 @@ enum { L_HASH, L_COUNT, L_NBUCKETS, L_DTYPE, L_OP, L_BOUNDS, L_WORDS };
 static int64_t fnv_words(uint64_t h, const uint64_t *v, size_t n) {
   for (size_t i = 0; i < n; i++)
     for (int k = 0; k < 8; k++) h = (h ^ (v[i] >> 8 * k & 0xff)) * 1099511628211ull;
-  return (int64_t)(h >> 1); /* never REFUSED_LAYOUT */
+  return (int64_t)(h >> 1); /* non-negative (refusals travel in the allreduce, not here) */
 }
 
 static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, gw_op_t op, const size_t *bounds,

@@ -63,8 +63,12 @@ int gw_op_from_name(const char *name) {
 }
 
 /* ---- errors ----------------------------------------------------------------------- */
+static bool forked_away(const struct gw_comm *comm);
+
 void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
-  if (!comm) {
+  /* a forked child's copy: its err_mu may have been held at the fork, and
+   * gw_comm_last_error reads a child's refusals from its thread anyway */
+  if (!comm || forked_away(comm)) {
     gw__set_thread_error(msg);
     return;
   }
@@ -72,8 +76,6 @@ void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
   snprintf(comm->last_error, sizeof comm->last_error, "%s", msg);
   pthread_mutex_unlock(&comm->err_mu);
 }
-
-static bool forked_away(const struct gw_comm *comm);
 
 const char *gw_comm_last_error(gw_comm_t comm) {
   static _Thread_local char copy[GW_ERRMSG_MAX];
@@ -796,8 +798,8 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
      * either way, and an error here would invite a second destroy. */
     struct gw_errctx err;
     if (gw__heard_abort(comm, &err) != GW_SUCCESS)
-      GW_WARN(GW_SUB_INIT, "rank %d: destroyed with that peer's failure notice (above) waiting: this rank's last "
-              "operation completed here, but not on every rank", comm->rank);
+      GW_WARN(GW_SUB_INIT, "rank %d: destroyed with that peer's failure notice (above) unread: the peer failed in "
+              "or after this rank's last operation, which completed here", comm->rank);
   }
   comm_free(comm);
   return GW_SUCCESS;

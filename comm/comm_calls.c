@@ -22,10 +22,10 @@ static gw_result_t null_argument(gw_comm_t comm, const char *fn) {
 }
 
 /* The accessors' start: the destroy gate, then the output pointer, whose
- * refusal goes into comm's message only once the gate let the call in (before
- * it, a call racing destroy wrote into a communicator being freed, and a
- * forked child locked its copy of err_mu, which may have been held at the
- * fork).  GW_SUCCESS holds the peek. */
+ * refusal goes into comm's message only once the gate let the call in
+ * (before it, a call racing destroy wrote into a communicator being freed;
+ * a forked child's goes to its thread's, gw__comm_set_error).  GW_SUCCESS
+ * holds the peek. */
 static gw_result_t peek_out(gw_comm_t comm, const void *out, const char *fn) {
   if (!comm) return null_argument(NULL, fn);
   if (!gw__comm_peek(comm, fn)) return GW_ERR_INVALID_ARGUMENT;

@@ -233,7 +233,9 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
      * literal and retried as a name until the bootstrap deadline */
     struct in6_addr a6;
     const char *avar = getenv("GW_MASTER_ADDR") && *getenv("GW_MASTER_ADDR") ? "GW_MASTER_ADDR" : "MASTER_ADDR";
-    if (addr[0] != '[' && strchr(addr, ':') && inet_pton(AF_INET6, addr, &a6) != 1)
+    char v6[64]; /* the address before a zone id (fe80::1%eth0), which inet_pton does not take */
+    snprintf(v6, sizeof v6, "%.*s", (int)strcspn(addr, "%"), addr);
+    if (addr[0] != '[' && strchr(addr, ':') && inet_pton(AF_INET6, v6, &a6) != 1)
       return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s='%s' is no host name or "
                                          "address (a port there? give it in GW_MASTER_PORT or MASTER_PORT)", rank,
                                          avar, addr));

@@ -160,6 +160,11 @@ START_TEST(test_env_launchers) {
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(has(gw_comm_last_error(NULL), "GW_MASTER_ADDR='127.0.0.1:5' is no host name or address (a port"),
                 "%s", gw_comm_last_error(NULL));
+  setenv("GW_MASTER_ADDR", "fe80::1%lo", 1); /* an IPv6 address with its zone: no port in it */
+  setenv("GW_BOOTSTRAP_TIMEOUT", "0.2", 1);     /* it is then looked for, in vain */
+  ck_assert_int_ne(gw_comm_init_env(&comm), GW_SUCCESS);
+  unsetenv("GW_BOOTSTRAP_TIMEOUT");
+  ck_assert_msg(!has(gw_comm_last_error(NULL), "is no host name"), "%s", gw_comm_last_error(NULL));
   char longname[320];
   memset(longname, 'h', sizeof longname - 1), longname[sizeof longname - 1] = 0;
   setenv("GW_MASTER_ADDR", longname, 1);

@@ -289,7 +289,8 @@ static void consume(const struct rank *r, struct stream *s, const char *p, size_
      * with its prefix, "\r"-ended, when what follows shows it is no "\r\n",
      * so the bar moves (it stayed hidden until the bar's last newline). */
     if (n && s->len && s->partial[s->len - 1] == '\r' && *p != '\n') {
-        emit_ended(r, s, s->partial, s->len - 1, NULL, 0, '\r');
+        if (s->len > 1) /* nothing before it: no empty piece */
+            emit_ended(r, s, s->partial, s->len - 1, NULL, 0, '\r');
         s->len = 0;
     }
     for (;;) {

@@ -202,6 +202,7 @@ static void spawn_all(int local_n, int node_rank, char **argv)
         gw__run_format_prefix(gw__run.prefix_template, gw__run.role, r->global, i, r->prefix, sizeof r->prefix);
         if (!gw__run_logs_open(i, r->global, gw__run.attempt, why, sizeof why))
             break;
+        r->exec_fd = -1;
         int pp[3][2], made = 0; /* stdout, stderr, the exec report */
         while (made < 3 && pipe2(pp[made], O_CLOEXEC) == 0)
             made++;

@@ -358,8 +358,9 @@ int plot_epoch(const char *png, int64_t epoch, double train_loss, double top1, d
   const char *png_base = strrchr(png, '/') ? strrchr(png, '/') + 1 : png;
   const char *data_base = strrchr(data, '/') ? strrchr(data, '/') + 1 : data;
   fprintf(f,
-          "here = ARG0\nwhile (strstrt(here, '/') > 0) { here = here[strstrt(here, '/') + 1:] }\n"
-          "here = ARG0[1:strlen(ARG0) - strlen(here)]\n"
+          "script = exists('ARG0') ? ARG0 : ''\nhere = script\n"
+          "while (strstrt(here, '/') > 0) { here = here[strstrt(here, '/') + 1:] }\n"
+          "here = script[1:strlen(script) - strlen(here)]\n"
           "set terminal png size 900,500\nif (!exists('out')) out = here.'%s'\nset output out\n"
           "set xlabel 'epoch'\nset ylabel 'training loss'\n"
           "set y2label 'test accuracy (%%)'\nset ytics nomirror\nset y2tics\nset key center right\nset grid\n"

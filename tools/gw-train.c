@@ -383,10 +383,16 @@ static void defaults(struct train_opts *o) {
 /* Where path would be: resolved as far as it exists, the rest taken
  * lexically (a name that does not exist is no link: "x/.." is its folder),
  * so two spellings of one file in a folder not made yet compare equal. */
-static void where(const char *path, char *out, size_t cap) {
+static void where_at(const char *path, char *out, size_t cap, int depth) {
   char dir[4096], real[4096], parent[8400];
   if (realpath(path, real)) {
     snprintf(out, cap, "%s", real);
+    return;
+  }
+  /* "." unresolved (a deleted working directory) or a path of hundreds of
+   * missing folders: the name as given (each level takes 16 KiB of stack) */
+  if (depth > 32 || !strcmp(path, ".") || !strcmp(path, "/")) {
+    snprintf(out, cap, "%s", path);
     return;
   }
   snprintf(dir, sizeof dir, "%s", path);
@@ -395,7 +401,7 @@ static void where(const char *path, char *out, size_t cap) {
   if (slash == dir) snprintf(dir, sizeof dir, "/");
   else if (slash) *slash = 0;
   else snprintf(dir, sizeof dir, ".");
-  where(dir, parent, sizeof parent); /* shorter than path: ends at "." or "/" at the latest */
+  where_at(dir, parent, sizeof parent, depth + 1); /* shorter than path: ends at "." or "/" at the latest */
   if (!*base || !strcmp(base, ".")) {
     snprintf(out, cap, "%s", parent);
   } else if (!strcmp(base, "..")) {
@@ -409,6 +415,8 @@ static void where(const char *path, char *out, size_t cap) {
     else memcpy(out, parent, n), out[n] = '/', memcpy(out + n + 1, base, b), out[n + 1 + b] = 0;
   }
 }
+
+static void where(const char *path, char *out, size_t cap) { where_at(path, out, cap, 0); }
 
 /* Two of the files the run writes under one name: one would replace the
  * other (--save-weights renamed over the metrics; the plot's data file
