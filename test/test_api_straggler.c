@@ -406,7 +406,7 @@ static int raw_late_completes(int rank, int n, const char *master, void *arg) {
   const ssize_t got = pread(fd, text, sizeof text - 1, 0);
   close(fd), unlink(path);
   text[got > 0 ? got : 0] = 0;
-  EXPECT(has(text, "rank 1: destroyed with that peer's failure notice (above) waiting") &&
+  EXPECT(has(text, "rank 1: destroyed with that peer's failure notice (above) unread: the peer failed in or after") &&
              has(text, "stopped because another rank failed: rank 0:"),
          "destroy said: %s", text);
   return 0;
