@@ -544,14 +544,15 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       if (p->comm->aborted) return aborted_error(p);
       /* the deadline passed, so w.start is set: the messages say the whole wait */
       GW_CHECK(stopped_peer_error(p, c, "data from", gw__now() - (since > 0 ? since : w.start)));
-      const bool started = c->seen_seq == p->op->desc.seq + 1;
-      if (since > 0 || (!started && p->grace_part <= 0))
-        return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
-      since = w.start;
       /* inside the operation: a peer that sent here waits on someone else (the
        * whole grace); one that may wait before its first send here, the
-       * algorithm's staggered part of it (see grace_part) */
-      gw__waiter_init(&w, grace_s(p->comm) * (started ? 1 : p->grace_part));
+       * algorithm's staggered part of it (see grace_part); one that may be
+       * finishing the operation before, a short part (prev_part) */
+      const bool started = c->seen_seq == p->op->desc.seq + 1;
+      const double part = started ? 1 : p->grace_part > 0 ? p->grace_part : p->prev_part;
+      if (since > 0 || part <= 0) return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
+      since = w.start;
+      gw__waiter_init(&w, grace_s(p->comm) * part);
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);

@@ -59,6 +59,19 @@ struct prims {
    * multi-chunk operation such waits are everywhere, and a short one
    * reported first and its vague notice pre-empted the straggler's naming). */
   double grace_part;
+  /* The part of the grace a wait takes, when grace_part is 0, on a peer
+   * that has not started this operation but may still be finishing the one
+   * before (the ring's allreduce, reduce-scatter and allgather: a rank's last
+   * step there is a receive, after its last send here), blocked behind a
+   * straggler whose neighbour names it at its own deadline, which may come a
+   * little after this one.  The message still says "has not started it".  At
+   * 4 ranks with one stopped mid-operation, the rank two behind it had
+   * finished the operation, waited on its healthy predecessor in the next
+   * one and blamed it just before the stopped rank's naming arrived (a
+   * loaded machine spread the deadlines).  Below every other grace: the rank
+   * waiting on a straggler that never called reports first (its notice
+   * still reaches the ranks waiting the whole grace on peers that did send). */
+  double prev_part;
   /* Device buffers on the device ring (devring.c): the payload moves between
    * device-memory twins of the slots, by copies and kernels on `stream`;
    * NULL for host memory.  Synchronized, the progress thread does both, on
