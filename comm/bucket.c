@@ -89,6 +89,20 @@ static gw_result_t fail(gw_comm_t comm, gw_result_t code, const char *fmt, ...) 
   return code;
 }
 
+/* A mark of this step refused (fail()'s report, and b->refused keeps the
+ * first such message, bare: the report of the incomplete step quotes it). */
+static gw_result_t refuse(struct gw_bucketer *b, gw_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static gw_result_t refuse(struct gw_bucketer *b, gw_result_t code, const char *fmt, ...) {
+  char msg[GW_ERRMSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (!b->refused[0]) snprintf(b->refused, sizeof b->refused, "%s", msg);
+  return fail(b->comm, code, "%s", msg);
+}
+
 /* A child forked without exec: the bucketer is its parent's (its lock may have
  * been held at the fork, its requests and connections are the parent's, and a
  * step it failed told the parent's peers to stop): refused before anything of
@@ -122,12 +136,9 @@ int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t 
  * failed the communicator on every rank for a setting. */
 static gw_result_t dev_args(gw_comm_t comm, const char *fn, const void *buf, size_t count, gw_dtype_t dtype,
                             void *stream) {
-  struct gw_op op;
-  memset(&op, 0, sizeof op);
-  op.desc.dtype = (uint8_t)dtype;
   struct gw_errctx err;
   gw_result_t r = buf ? gw__dev_check_buffer(comm, fn, "buf", buf, count * gw_dtype_size(dtype), &err) : GW_SUCCESS;
-  if (r == GW_SUCCESS && stream) r = gw__dev_check(comm, fn, &op, stream, 0, 0, &err);
+  if (r == GW_SUCCESS && stream) r = gw__dev_check_stream(comm, fn, stream, &err);
   if (r != GW_SUCCESS) gw__comm_set_error(comm, err.msg);
   return r;
 }
@@ -385,24 +396,24 @@ static gw_result_t start_ready_buckets(struct gw_bucketer *b) {
  * been changed in either order since the last step). */
 static gw_result_t check_step(struct gw_bucketer *b) {
   if (b->wire != b->dtype && b->wire_dev && !b->stream)
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: device gradients with a %s wire need a "
-                "stream to convert on (gw_bucketer_set_stream or gw_bucketer_set_compute_stream)",
-                gw_dtype_name(b->wire));
+    return refuse(b, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: device gradients with a %s wire need a "
+                  "stream to convert on (gw_bucketer_set_stream or gw_bucketer_set_compute_stream)",
+                  gw_dtype_name(b->wire));
   /* Host conversions run on the calling thread at the mark and at wait: a
    * stream's earlier writes may not be there yet, and its later work would
    * read the unconverted values. */
   if (b->wire != b->dtype && !b->wire_dev && (b->compute || b->stream))
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: host gradients with a %s wire are converted "
-                "by the calling thread, which cannot wait for the %s stream's work: drop that stream or the wire "
-                "format", gw_dtype_name(b->wire), b->compute ? "compute" : "allreduce");
+    return refuse(b, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: host gradients with a %s wire are converted "
+                  "by the calling thread, which cannot wait for the %s stream's work: drop that stream or the wire "
+                  "format", gw_dtype_name(b->wire), b->compute ? "compute" : "allreduce");
   return GW_SUCCESS;
 }
 
 static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t count) {
   if (offset > b->count || count > b->count - offset)
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
-                "gw_bucketer_ready: offset %zu + count %zu is outside the buffer of %zu elements", offset, count,
-                b->count);
+    return refuse(b, GW_ERR_INVALID_ARGUMENT,
+                  "gw_bucketer_ready: offset %zu + count %zu is outside the buffer of %zu elements", offset, count,
+                  b->count);
   /* after a failed start every later mark of the step says it, empty ones too (gradwire.h) */
   if (b->failed)
     return fail(b->comm, b->failed, "gw_bucketer_ready: a bucket of this step could not start: %s", b->failmsg);
@@ -411,12 +422,12 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
   int r = iv_add(b, offset, offset + count);
   if (r == -1 && !b->twice_hi) b->twice_lo = offset, b->twice_hi = offset + count;
   if (r == -1)
-    return fail(b->comm, GW_ERR_INVALID_ARGUMENT,
-                "gw_bucketer_ready: [%zu, %zu) overlaps a range already marked ready in this step (each gradient "
-                "element is marked once per step)",
-                offset, offset + count);
-  if (r == -2) return fail(b->comm, GW_ERR_SYSTEM, "gw_bucketer_ready: out of memory for [%zu, %zu)", offset,
-                           offset + count);
+    return refuse(b, GW_ERR_INVALID_ARGUMENT,
+                  "gw_bucketer_ready: [%zu, %zu) overlaps a range already marked ready in this step (each gradient "
+                  "element is marked once per step)",
+                  offset, offset + count);
+  if (r == -2) return refuse(b, GW_ERR_SYSTEM, "gw_bucketer_ready: out of memory for [%zu, %zu)", offset,
+                             offset + count);
   for (int k = bucket_of(b, offset); k < b->n && b->bounds[k] < offset + count; k++) {
     size_t lo = b->bounds[k] > offset ? b->bounds[k] : offset;
     size_t hi = b->bounds[k + 1] < offset + count ? b->bounds[k + 1] : offset + count;
@@ -427,27 +438,12 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
   return start_ready_buckets(b);
 }
 
-static gw_result_t ready_locked(struct gw_bucketer *b, size_t offset, size_t count) {
-  gw_result_t res = mark_locked(b, offset, count);
-  if (res != GW_SUCCESS && !b->refused[0] && !b->failed) { /* a start failure is kept as such */
-    /* without fail()'s "rank N: ", which the message quoting it says first */
-    const char *m = gw_comm_last_error(b->comm), *p = m;
-    if (!strncmp(p, "rank ", 5)) {
-      p += 5;
-      while (*p >= '0' && *p <= '9') p++;
-      p = !strncmp(p, ": ", 2) ? p + 2 : m;
-    }
-    snprintf(b->refused, sizeof b->refused, "%s", p);
-  }
-  return res;
-}
-
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: bucketer is NULL");
   GW_CHECK(parents(b, "gw_bucketer_ready"));
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm); /* events, casts: on the communicator's device */
-  gw_result_t res = ready_locked(b, offset, count);
+  gw_result_t res = mark_locked(b, offset, count);
   gw__dev_switch_back(prev);
   pthread_mutex_unlock(&b->mu);
   return res;

@@ -334,6 +334,8 @@ bool gw__dev_ring_async(const struct gw_comm *comm);
  * checks a call's: host memory, or the communicator's device's for `bytes`. */
 gw_result_t gw__dev_check_buffer(struct gw_comm *comm, const char *fn, const char *name, const void *p, size_t bytes,
                                  struct gw_errctx *err);
+/* A stream to come (a bucketer's), checked as gw__dev_check checks a call's. */
+gw_result_t gw__dev_check_stream(struct gw_comm *comm, const char *fn, void *stream, struct gw_errctx *err);
 /* Classifies the buffers (host or device) and sets op's stream fields. */
 gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
                           size_t recv_elems, struct gw_errctx *err);

@@ -92,6 +92,31 @@ static gw_result_t kind_of(struct gw_comm *comm, const char *fn, const char *nam
   return GW_SUCCESS;
 }
 
+/* What a stream given to fn must be: of the communicator's device, not
+ * under capture, and a device layer there to take it. */
+static gw_result_t stream_check(struct gw_comm *comm, const char *fn, void *stream, struct gw_errctx *err) {
+  if (!gw__dev())
+    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given, but %s; pass stream = NULL with "
+                   "host buffers", comm->rank, fn, gw__dev_absent_reason());
+  if (comm->device < 0)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: a CUDA stream was given, but this communicator is "
+                   "bound to no device (GW_DEVICE=none)", comm->rank, fn);
+  int capturing = 0;
+  if (gw__dev()->stream_capturing(stream, &capturing) == 0 && capturing)
+    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: %s: the stream is being captured into a CUDA graph; gradwire "
+                   "calls cannot be captured yet (make the call outside the capture)", comm->rank, fn);
+  /* A stream of another device: its work would run there, the copies and
+   * kernels on this device's memory from another context (a fault, or peer
+   * traffic).  Only a definite answer refuses (a stream the runtime cannot
+   * place is left to the calls that use it). */
+  int stream_dev = -1;
+  if (gw__dev()->stream_device(stream, &stream_dev) == 0 && stream_dev != comm->device)
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: the stream is device %d's, but this communicator is "
+                   "bound to device %d (a stream's work runs on its own device: pass one of device %d's streams)",
+                   comm->rank, fn, stream_dev, comm->device, comm->device);
+  return GW_SUCCESS;
+}
+
 static gw_result_t dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op, void *stream, size_t send_elems,
                              size_t recv_elems, struct gw_errctx *err) {
   op->stream = stream;
@@ -106,25 +131,7 @@ static gw_result_t dev_check(struct gw_comm *comm, const char *fn, struct gw_op 
                    "must be on the same side (copy one of them first)", comm->rank, fn, sdev ? "device" : "host",
                    rdev ? "device" : "host");
   op->device_mem = sdev || rdev;
-  if (stream && !gw__dev())
-    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given, but %s; pass stream = NULL with "
-                   "host buffers", comm->rank, fn, gw__dev_absent_reason());
-  if (stream && comm->device < 0)
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: a CUDA stream was given, but this communicator is "
-                   "bound to no device (GW_DEVICE=none)", comm->rank, fn);
-  int capturing = 0;
-  if (stream && gw__dev()->stream_capturing(stream, &capturing) == 0 && capturing)
-    return gw__err(err, GW_ERR_UNSUPPORTED, "rank %d: %s: the stream is being captured into a CUDA graph; gradwire "
-                   "calls cannot be captured yet (make the call outside the capture)", comm->rank, fn);
-  /* A stream of another device: its work would run there, the copies and
-   * kernels on this device's memory from another context (a fault, or peer
-   * traffic).  Only a definite answer refuses (a stream the runtime cannot
-   * place is left to the calls that use it). */
-  int stream_dev = -1;
-  if (stream && gw__dev()->stream_device(stream, &stream_dev) == 0 && stream_dev != comm->device)
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s: the stream is device %d's, but this communicator is "
-                   "bound to device %d (a stream's work runs on its own device: pass one of device %d's streams)",
-                   comm->rank, fn, stream_dev, comm->device, comm->device);
+  if (stream) GW_CHECK(stream_check(comm, fn, stream, err));
   op->ordered = stream || op->device_mem;
   if (op->device_mem && comm->devring) op->desc.pad |= GW_DESC_DEVICE;
   return GW_SUCCESS;
@@ -151,3 +158,10 @@ gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op
   return r;
 }
 
+gw_result_t gw__dev_check_stream(struct gw_comm *comm, const char *fn, void *stream, struct gw_errctx *err) {
+  int prev = -1;
+  (void)gw__dev_enter(comm->device, &prev);
+  gw_result_t r = stream_check(comm, fn, stream, err);
+  gw__dev_switch_back(prev);
+  return r;
+}
