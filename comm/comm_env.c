@@ -13,13 +13,19 @@
 #include "netname.h"
 
 /* ---- environment ---------------------------------------------------------------- */
-static const char *first_env(const char *const *names) {
+/* The first of names set and not empty (its name in *which, if asked). */
+static const char *first_env_named(const char *const *names, const char **which) {
   for (; *names; names++) {
     const char *v = getenv(*names);
-    if (v && *v) return v;
+    if (v && *v) {
+      if (which) *which = *names;
+      return v;
+    }
   }
   return NULL;
 }
+
+static const char *first_env(const char *const *names) { return first_env_named(names, NULL); }
 
 static bool parse_int(const char *s, long lo, long hi, int *out) {
   if (!s) return false;
@@ -201,7 +207,8 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
     return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init_env: rank %s='%s' / world size %s='%s' from the environment are "
                                    "not a valid pair (need 0 <= rank < size)", rv, rs, sv, ss));
-  const char *addr = first_env(addr_vars), *port = getenv("GW_MASTER_PORT");
+  const char *avar = "the Slurm node list's first host"; /* where addr came from, for messages */
+  const char *addr = first_env_named(addr_vars, &avar), *port = getenv("GW_MASTER_PORT");
   char master[300] = "", moved[16];
   if (!port || !*port) {
     port = getenv("MASTER_PORT");
@@ -232,7 +239,6 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
     /* host:port in the address (a torchrun-style slip) was taken for an IPv6
      * literal and retried as a name until the bootstrap deadline */
     struct in6_addr a6;
-    const char *avar = getenv("GW_MASTER_ADDR") && *getenv("GW_MASTER_ADDR") ? "GW_MASTER_ADDR" : "MASTER_ADDR";
     char v6[64]; /* the address before a zone id (fe80::1%eth0), which inet_pton does not take */
     snprintf(v6, sizeof v6, "%.*s", (int)strcspn(addr, "%"), addr);
     if (addr[0] != '[' && strchr(addr, ':') && inet_pton(AF_INET6, v6, &a6) != 1)
