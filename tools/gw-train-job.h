@@ -37,7 +37,7 @@ struct trainer {
   double timed_s;
   gw_comm_t comm; /* NULL when alone */
   int rank, world;
-  int threads; /* the backend's compute threads (--threads, or cores / ranks on this machine) */
+  int threads; /* the backend's compute threads (--threads, or the CPUs it may use over the ranks here sharing them) */
   struct gw_dataset *train_ds, *val_ds;
   struct gw_sampler train_s, val_s;
   struct gw_loader *train_ld, *val_ld;
