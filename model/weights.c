@@ -7,10 +7,12 @@
  * all or nothing: every name, dtype and shape is checked before the first value is
  * copied, so a refused file leaves the model exactly as it was.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core.h" /* gw__fnv */
 #include "model_internal.h"
 #include "safetensors.h"
 
@@ -29,6 +31,25 @@ static void describe(const struct gw_model_config *c, char *buf, size_t cap) {
            c->width_divisor);
 }
 
+/* The "gradwire_checksum" metadata entry gw-train's files carry (PyTorch
+ * ignores it): FNV-1a 64 over each tensor of the model's table, its name and
+ * then its bytes (data[i]; NULL: absent, a counter older files lack), and the
+ * "gradwire_model" entry.  A flipped bit loaded silently before (a negative
+ * running variance, a weight of 1e37: an evaluation of NaN or nonsense that
+ * exited 0).  Files without the entry (torchvision's, or from before it)
+ * load unchecked, as they did. */
+static uint64_t weights_sum(const struct gw_model *m, const void *const *data, const char *desc) {
+  uint64_t h = GW_FNV_START;
+  for (int i = 0; i < num_tensors(m); i++) {
+    const struct gw_tensor *t = tensor_at(m, i);
+    const unsigned char present = data[i] != NULL;
+    h = gw__fnv(h, t->name, strlen(t->name) + 1);
+    h = gw__fnv(h, &present, 1);
+    if (present) h = gw__fnv(h, data[i], t->numel * gw_st_dtype_size(t->dtype));
+  }
+  return desc ? gw__fnv(h, desc, strlen(desc) + 1) : h;
+}
+
 gw_result_t gw_model_save_weights(struct gw_model *m, const char *path) {
   if (!m || !path) return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_model_save_weights: NULL model or path");
   int n = num_tensors(m);
@@ -43,10 +64,18 @@ gw_result_t gw_model_save_weights(struct gw_model *m, const char *path) {
     ts[i].nbytes = t->numel * gw_st_dtype_size(t->dtype);
     ts[i].data = gw_model_tensor_data(m, t);
   }
-  char desc[160];
+  char desc[160], sum[20];
   describe(&m->cfg, desc, sizeof desc);
+  const void **data = malloc((size_t)n * sizeof *data);
+  if (!data) {
+    free(ts);
+    return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  }
+  for (int i = 0; i < n; i++) data[i] = ts[i].data;
+  snprintf(sum, sizeof sum, "%016" PRIx64, weights_sum(m, data, desc));
+  free(data);
   /* "format": "pt" is what safetensors.torch writes; transformers checks it. */
-  const char *const meta[] = {"format", "pt", "gradwire_model", desc, NULL};
+  const char *const meta[] = {"format", "pt", "gradwire_model", desc, "gradwire_checksum", sum, NULL};
   gw_result_t r = gw_st_write(path, ts, n, meta);
   free(ts);
   return r;
@@ -115,7 +144,35 @@ static gw_result_t match_header(const struct gw_st_file *h, const char *path, vo
   if (!src) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
   gw_result_t r = match_all(m, h, path, src);
   free(src);
+  /* A file of gradwire's names the model it holds: which setting differs
+   * (it said the first tensor whose shape did, alone) */
+  const char *theirs = gw_st_metadata(h, "gradwire_model");
+  char mine[160];
+  describe(&m->cfg, mine, sizeof mine);
+  if (r != GW_SUCCESS && r != GW_ERR_SYSTEM && theirs && strcmp(theirs, mine) != 0) {
+    char first[GW_MODEL_ERRMSG_MAX];
+    snprintf(first, sizeof first, "%s", gw_model_last_error());
+    return gw__model_fail(r, "%.600s (the file holds %.160s; this model is %s)", first, theirs, mine);
+  }
   return r;
+}
+
+/* The file's own checksum, where it has one (weights_sum). */
+static gw_result_t check_sum(const struct gw_model *m, const struct gw_st_file *f, const char *path,
+                             const struct gw_st_tensor *const *src) {
+  const char *want = gw_st_metadata(f, "gradwire_checksum");
+  if (!want) return GW_SUCCESS;
+  const int n = num_tensors(m);
+  const void **data = malloc((size_t)n * sizeof *data);
+  if (!data) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  for (int i = 0; i < n; i++) data[i] = src[i] ? src[i]->data : NULL;
+  char have[20];
+  snprintf(have, sizeof have, "%016" PRIx64, weights_sum(m, data, gw_st_metadata(f, "gradwire_model")));
+  free(data);
+  if (!strcmp(have, want)) return GW_SUCCESS;
+  return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: its gradwire_checksum %.40s does not match its contents (%s): "
+                        "the file is damaged, or another program changed its tensors and kept gradwire's metadata "
+                        "(without that entry it loads unchecked)", path, want, have);
 }
 
 gw_result_t gw_model_load_weights(struct gw_model *m, const char *path) {
@@ -125,6 +182,7 @@ gw_result_t gw_model_load_weights(struct gw_model *m, const char *path) {
   int n = num_tensors(m);
   const struct gw_st_tensor **src = calloc((size_t)n, sizeof *src);
   gw_result_t r = src ? match_all(m, f, path, src) : gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  if (r == GW_SUCCESS) r = check_sum(m, f, path, src);
   for (int i = 0; i < n && r == GW_SUCCESS; i++) {
     const struct gw_tensor *t = tensor_at(m, i);
     if (src[i]) memcpy(gw_model_tensor_data(m, t), src[i]->data, src[i]->nbytes);

@@ -281,8 +281,9 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   fputs("not a picture\n", f);
   fclose(f);
   /* In the validation set too: the sample put in its place is scored once, at
-   * its own place, so the evaluation counts the 8 readable ones. */
-  snprintf(file, sizeof file, "%s/val/dog/notes.jpg", root);
+   * its own place, so the evaluation counts the 8 readable ones.  The first
+   * in the list (cat/), which 2 ranks' padding repeats. */
+  snprintf(file, sizeof file, "%s/val/cat/a-notes.jpg", root);
   f = fopen(file, "w");
   fputs("not a picture either\n", f);
   fclose(f);
@@ -315,6 +316,20 @@ START_TEST(test_imagefolder_bad_files_skipped) {
    * place is replaced once per epoch (a search passing over the other bad file
    * is no second replacement), so exactly 4. */
   ck_assert_msg(skipped == 4, "the metrics count %lld skipped samples, expected 4", skipped);
+  /* 2 ranks: 10 places for the 9 validation files, the last repeating the
+   * first, the unreadable one: one sample left out, said by rank 0 alone
+   * (rank 1 warned of the padding's repeat too) */
+  const char *two[] = {"-n", "2", train_bin(), "--data", spec, "--image-size", "32", "--model", "resnet18",
+                       "--width-divisor", "16", "--batch", "1", "--threads", "1", "--test-only", "--load-weights",
+                       weights, NULL};
+  gwrun_start(&r, noenv, two);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  const char *said = strstr(r.err, "rank 0: warning: the evaluation left out 1 unreadable sample of");
+  ck_assert_msg(strstr(r.out, "over 8 samples") && said && !strstr(said + 20, "the evaluation left out") &&
+                    !strstr(r.err, "rank 1: warning: the evaluation left out"),
+                "2 ranks: not one unreadable sample said once over 8 samples:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
   /* --val-resize-size: taken by the evaluation (40 around the 32 crop), and
    * one below the image size refused before anything opens */
   const char *resized[] = {"-n", "1", train_bin(), "--data", spec, "--image-size", "32", "--model", "resnet18",

@@ -484,6 +484,7 @@ START_TEST(test_other_options_refused) {
   train(&r, noenv, "2", (const char *const[]){"--steps", "3", "--batch", "8", "--checkpoint-dir", dir, "--resume",
                                               "--momentum", "0", NULL});
   ck_assert_msg(r.code != 0 && strstr(r.err, "written by a run with a momentum buffer and this run has none") &&
+                    strstr(r.err, "start a new run from its weights: --load-weights with that file") &&
                     !strstr(r.err, "damaged"),
                 "--momentum 0 on resume: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);

@@ -235,6 +235,23 @@ START_TEST(test_longer_resume_said) {
   ck_assert_msg(strstr(r.out, "nothing left to train: the checkpoint is at step 8 and this run ends at step 8"),
                 "a resume with nothing left did not say so:\n%s", r.out);
   gwrun_free(&r);
+  /* Stopped in the warmup, whose rates do not stretch: the next step's rate
+   * is the saved run's, said as such (it said "at lr X, where the saved
+   * run's schedule gave X"). */
+  char warm[512];
+  path(warm, sizeof warm, "sched-longer-warmup");
+  const char *const stop4[] = {"GW_TRAIN_STOP_AT_STEP=4", NULL}; /* the first epoch's end: saved */
+  const char *in_warmup[] = {"--steps", "12", "--warmup-epochs", "2", "--no-eval", "--checkpoint-dir", warm, NULL, NULL};
+  run1(&r, stop4, in_warmup);
+  ck_assert_msg(strstr(r.out, "stopping after step 4"), "not stopped at step 4:\n%s\n%s", r.out, r.err);
+  gwrun_free(&r);
+  in_warmup[1] = "16", in_warmup[7] = "--resume";
+  run1(&r, noenv, in_warmup);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "now spans 16 steps (the saved run's: 12): step 5 runs at the saved run's lr ") &&
+                    !strstr(r.out, "where the saved run's schedule gave"),
+                "the warmup's unchanged rate was not said as such:\n%s", r.out);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -434,14 +451,15 @@ END_TEST
 START_TEST(test_eval_scores) {
   const float z[4][3] = {{2, 1, 0}, {0, 3, -1}, {9, 0, 0}, {9, 0, 0}};
   const int32_t y[4] = {0, 2, 1, 1};
-  const uint8_t stand_in[4] = {0, 0, 1, 0};
+  const uint8_t stand_in[4] = {0, 0, 1, 1}; /* the last place is the sampler's padding */
   const struct gw_batch bt = {.y = y, .n = 4, .stand_in = stand_in, .position = 0};
-  struct eval_counts c = {0, 0, 0, 0, 0};
+  struct eval_counts c = {0};
   eval_score_batch(&z[0][0], 3, &bt, 0, 1, 3, 0.1, &c);
   ck_assert_msg(c.n == 2 && c.top1 == 1 && c.top5 == 2, "n %g top-1 %g top-5 %g (2, 1, 2)", c.n, c.top1, c.top5);
+  ck_assert_msg(c.left_out == 1, "%g places left out (1: the padding's stand-in is no other sample)", c.left_out);
   ck_assert_msg(fabs(c.loss - 4.4068232015351425) < 1e-6 && fabs(c.nll - 4.47348986820181) < 1e-6,
                 "loss %.9g (4.40682320), cross-entropy %.9g (4.47348987)", c.loss, c.nll);
-  struct eval_counts plain = {0, 0, 0, 0, 0};
+  struct eval_counts plain = {0};
   eval_score_batch(&z[0][0], 3, &bt, 0, 1, 3, 0, &plain);
   ck_assert_msg(plain.loss == plain.nll && fabs(plain.nll - c.nll) < 1e-12, "without smoothing: %.9g and %.9g",
                 plain.loss, plain.nll);
@@ -461,9 +479,10 @@ START_TEST(test_eval_over_ranks) {
   expect_ok(&r);
   ck_assert_msg(strstr(r.out, "epoch 1 evaluation") && strstr(r.out, "over 31 samples"),
                 "the evaluation over 3 ranks did not count 31 samples:\n%s", r.out);
-  /* training: shares of 11 (padded), 2 whole batches of 4 each */
-  ck_assert_msg(strstr(r.out, "each rank's share of 11 training samples is 2 batches of 4: 3 samples per rank left "
-                              "out of each epoch"),
+  /* training: shares of 11 (padded: 33 places for 31 samples), 2 whole
+   * batches of 4 each: places 24..32 left out, 2 of them padding */
+  ck_assert_msg(strstr(r.out, "each rank's share of 11 training samples is 2 batches of 4: 7 of the 31 samples are "
+                              "left out of each epoch"),
                 "the samples left out of each epoch were not said:\n%s", r.out);
   gwrun_free(&r);
 }

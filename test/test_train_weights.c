@@ -388,22 +388,62 @@ START_TEST(test_load_weights_nonfinite) {
   static const struct {
     const char *tensor, *shown;
     float v;
-  } cases[] = {{"conv1.weight", "conv1.weight[0] = nan", NAN}, {"bn1.running_var", "bn1.running_var[0] = inf",
-                                                                  INFINITY}};
-  for (int k = 0; k < 2; k++) {
+    const char *said;
+  } cases[] = {{"conv1.weight", "conv1.weight[0] = nan", NAN, "holds a value that is not finite"},
+               {"bn1.running_var", "bn1.running_var[0] = inf", INFINITY, "holds a value that is not finite"},
+               /* a flipped sign bit: the evaluation's NaN throughout, exit 0 */
+               {"bn1.running_var", "bn1.running_var[0] = -5", -5, "holds a batch-norm variance below 0"}};
+  for (int k = 0; k < 3; k++) {
     weights_with("nf-good.safetensors", bad, cases[k].tensor, cases[k].v);
     for (int steps = 0; steps < 2; steps++) {
       unlink(out);
       train(&r, noenv, "1",
             (const char *const[]){"--steps", steps ? "1" : "0", "--batch", "8", "--load-weights", bad,
                                   "--save-weights", out, NULL});
-      ck_assert_msg(r.code != 0 && strstr(r.err, bad) && strstr(r.err, "holds a value that is not finite") &&
+      ck_assert_msg(r.code != 0 && strstr(r.err, bad) && strstr(r.err, cases[k].said) &&
                         strstr(r.err, cases[k].shown),
                     "--steps %d --load-weights with %s: exit %d\n%s", steps, cases[k].shown, r.code, r.err);
       ck_assert_msg(!exists(out), "--steps %d: a model loaded with %s was saved", steps, cases[k].shown);
       gwrun_free(&r);
     }
   }
+}
+END_TEST
+
+/* A weights file of gw-train's carries a checksum (gradwire_checksum): one
+ * flipped bit of a tensor is refused by it, naming the file (a weight of
+ * 1e37 evaluated to nonsense, exit 0).  Another width's file names both
+ * models (only the first tensor whose shape differed was said). */
+START_TEST(test_load_weights_checksum) {
+  char good[512], flipped[512];
+  path(good, sizeof good, "sum-good.safetensors");
+  path(flipped, sizeof flipped, "sum-flipped.safetensors");
+  struct run r;
+  const char *const noenv[] = {NULL};
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", good, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--load-weights", good, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  size_t len;
+  char *bytes = slurp("sum-good.safetensors", &len);
+  ck_assert(len > 100);
+  bytes[len - 3] ^= 0x40; /* an exponent bit of the file's last tensor */
+  FILE *f = fopen(flipped, "wb");
+  ck_assert(f && fwrite(bytes, 1, len, f) == len && fclose(f) == 0);
+  free(bytes);
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--load-weights", flipped, NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, flipped) && strstr(r.err, "its gradwire_checksum") &&
+                    strstr(r.err, "does not match its contents"),
+                "a flipped bit: exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
+  /* COMMON's width divisor is 8 */
+  train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--width-divisor", "16", "--load-weights", good, NULL});
+  ck_assert_msg(r.code != 0 && strstr(r.err, "(the file holds resnet18 ") && strstr(r.err, "width_divisor=8; this "
+                    "model is resnet18 ") && strstr(r.err, "width_divisor=16)"),
+                "another width: exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -497,10 +537,16 @@ START_TEST(test_weights_stale_temps_removed) {
                 "the dead saves' temporary files should go (also one named with a live pid), the live one's stay");
   ck_assert_msg(exists(other) && exists(odd), "another file's temporary file, or a name no save makes, was removed");
   plant((const char *const[]){dead0}, 1, 3600);
+  /* a save killed a moment ago (a restart's SIGKILL): unlocked, its pid no
+   * process (it was kept while under 10 s old) */
+  char fresh_dead[600];
+  snprintf(fresh_dead, sizeof fresh_dead, "%s.tmp.%08x.999999999.2", weights, tag);
+  plant((const char *const[]){fresh_dead}, 1, 0);
   train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", weights, NULL});
   expect_ok(&r);
   gwrun_free(&r);
-  ck_assert_msg(!exists(dead0) && exists(live), "--steps 0: the dead save's temporary file should go, the live one's stay");
+  ck_assert_msg(!exists(dead0) && !exists(fresh_dead) && exists(live),
+                "--steps 0: the dead saves' temporary files should go (a fresh one too), the live one's stay");
   close(live_fd);
   /* Saved through a symbolic link into another folder: the writer's
    * temporary files are next to the file it names, and are looked for there. */
@@ -540,10 +586,20 @@ START_TEST(test_outputs_spare_inputs) {
   path(dir, sizeof dir, "spare-ck");
   snprintf(in_dir, sizeof in_dir, "%s/ckpt-4.safetensors", dir);
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--save-weights", in_dir, NULL},
-          "is a name of --checkpoint-dir's own files (ckpt-*, .gw-train.lock)");
+          "is a name of --checkpoint-dir's own files (ckpt-<step>.safetensors*, .gw-train.lock)");
   snprintf(in_dir, sizeof in_dir, "%s/./.gw-train.lock", dir);
   snprintf(want, sizeof want, "--metrics %s is a name of --checkpoint-dir's own files", in_dir);
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--metrics", in_dir, NULL}, want);
+  /* names no save or pruning touches there are the user's to take (a bare
+   * "ckpt-" prefix was refused) */
+  char metrics[600];
+  snprintf(metrics, sizeof metrics, "%s/ckpt-metrics.jsonl", dir);
+  struct run r;
+  train(&r, (const char *const[]){NULL}, "1",
+        (const char *const[]){"--steps", "1", "--checkpoint-dir", dir, "--metrics", metrics, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
+  ck_assert_msg(exists(metrics), "no %s", metrics);
   char back[64] = "";
   f = fopen(w, "r");
   ck_assert_ptr_nonnull(f);
@@ -555,6 +611,7 @@ END_TEST
 
 void add_weights_tests(TCase *tc) {
   tcase_add_test(tc, test_outputs_spare_inputs);
+  tcase_add_test(tc, test_load_weights_checksum);
   tcase_add_test(tc, test_steps0_takes_data_shape);
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_amp_bf16_follows_fp32);

@@ -151,7 +151,8 @@ static void prune(const char *dir, int keep) {
 
 /* Whether a temporary file's writer is gone: it write-locks the file (an OFD
  * lock) from its creation to its rename, so an unlocked one older than a few
- * seconds was left by a save that died.  Pids alone misled: a restarted
+ * seconds, or named with a pid that is no process, was left by a save that
+ * died.  Pids alone misled: a restarted
  * container's writer often has its dead predecessor's pid (even this
  * process's), and that file stayed forever, a whole checkpoint each.  On a
  * file system without locks: the pid is not running. */
@@ -173,8 +174,12 @@ static bool temp_is_stale(const char *path, unsigned tag, long long pid, bool di
     /* unlocked: dead, unless its writer is between creating and locking it,
      * which no one is while this run holds the folder's lock (a save killed
      * by a restart's SIGKILL left one that the next attempt, seconds later,
-     * kept: a whole checkpoint until the next start) */
-    stale = fl.l_type == F_UNLCK && (dir_locked || (fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10));
+     * kept: a whole checkpoint until the next start), or whose writer's pid
+     * is no process (one between creating and locking it is alive; a
+     * --save-weights killed during the final save left its whole weights to
+     * a restart's save beside, for want of a folder lock there) */
+    stale = fl.l_type == F_UNLCK && (dir_locked || (fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10) ||
+                                     (kill((pid_t)pid, 0) != 0 && errno == ESRCH));
   else
     stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
   close(fd);
@@ -386,10 +391,26 @@ static int loaded_weights_finite(struct gw_model *m, const char *path, char *err
   const char *hook = getenv("GW_TRAIN_TEST_LOAD_NONFINITE");
   if (hook && !strcmp(hook, "1")) return 0;
   char where[160];
-  if (!ckpt_nonfinite(m, gw_model_params(m), NULL, gw_model_running(m), where, sizeof where)) return 0;
-  snprintf(err, len, "%s holds a value that is not finite, %s: refused (a model to train, evaluate or save holds "
-           "finite values only)", path, where);
-  return -1;
+  if (ckpt_nonfinite(m, gw_model_params(m), NULL, gw_model_running(m), where, sizeof where)) {
+    snprintf(err, len, "%s holds a value that is not finite, %s: refused (a model to train, evaluate or save holds "
+             "finite values only)", path, where);
+    return -1;
+  }
+  /* A variance below 0 (a flipped sign bit, with no checksum to catch it):
+   * the evaluation's normalization took its square root, NaN throughout. */
+  const float *run = gw_model_running(m);
+  for (int i = 0; i < gw_model_num_buffer_tensors(m); i++) {
+    const struct gw_tensor *t = gw_model_buffer_tensor(m, i);
+    const size_t nl = strlen(t->name);
+    if (t->kind != GW_TENSOR_RUNNING || nl < 11 || strcmp(t->name + nl - 11, "running_var") != 0) continue;
+    for (size_t k = 0; k < t->numel; k++)
+      if (run[t->offset + k] < 0) {
+        snprintf(err, len, "%s holds a batch-norm variance below 0, %s[%zu] = %g: refused (the file is damaged)",
+                 path, t->name, k, (double)run[t->offset + k]);
+        return -1;
+      }
+  }
+  return 0;
 }
 
 int ckpt_save(const char *dir, int keep, struct gw_model *m, struct gw_sgd *sgd, const struct ckpt_state *st,
@@ -558,8 +579,10 @@ static int load_one(struct gw_st_file *f, int64_t name_step, struct gw_model *m,
   st->has_scaler = gw_st_find(f, "scaler") != NULL;
   if (!st->has_scaler) want.n--;
   if (!gw_st_find(f, "momentum") != !gw_sgd_momentum(sgd)) {
-    snprintf(why, whylen, "it was written by a run %s momentum buffer and this run has %s (--momentum)",
-             gw_sgd_momentum(sgd) ? "without a" : "with a", gw_sgd_momentum(sgd) ? "one" : "none");
+    snprintf(why, whylen, "it was written by a run %s momentum buffer and this run has %s (--momentum); to go on "
+             "with the other --momentum, start a new run from its weights: --load-weights with that file (the "
+             "schedule starts anew)", gw_sgd_momentum(sgd) ? "without a" : "with a",
+             gw_sgd_momentum(sgd) ? "one" : "none");
     return -1;
   }
   struct ckpt_tensors got = want;

@@ -40,5 +40,6 @@ void eval_score_batch(const float *logits, int k, const struct gw_batch *bt, int
     const int64_t global = rank + (int64_t)world * (bt->position + i);
     /* A sample standing in for an unreadable one is in the epoch at its own place too. */
     if (global < n && !bt->stand_in[i]) score(logits + (size_t)i * k, k, bt->y[i], label_smoothing, c);
+    c->left_out += global < n && bt->stand_in[i];
   }
 }

@@ -199,9 +199,14 @@ static void note_schedule_change(struct trainer *t) {
    * run on the same rates says nothing. */
   const int same_rate = fabs(now_lr - saved_lr) <= 1e-9 * fabs(saved_lr);
   if (same_rate && (saved.total == t->total_steps || (saved.nms && t->o->n_milestones))) return;
-  log_text(&t->log, "note: the learning-rate schedule now spans %lld steps (the saved run's: %lld): step %lld runs "
-           "at lr %.4g, where the saved run's %s %.4g", (long long)t->total_steps, (long long)saved.total,
-           (long long)at + 1, now_lr, ended ? "last step ran at" : "schedule gave", saved_lr);
+  if (same_rate) /* (in the warmup: the later steps' rates differ) */
+    log_text(&t->log, "note: the learning-rate schedule now spans %lld steps (the saved run's: %lld): step %lld "
+             "runs at the saved run's lr %.4g, later steps at other rates", (long long)t->total_steps,
+             (long long)saved.total, (long long)at + 1, now_lr);
+  else
+    log_text(&t->log, "note: the learning-rate schedule now spans %lld steps (the saved run's: %lld): step %lld "
+             "runs at lr %.4g, where the saved run's %s %.4g", (long long)t->total_steps, (long long)saved.total,
+             (long long)at + 1, now_lr, ended ? "last step ran at" : "schedule gave", saved_lr);
 }
 
 int trainer_resume(struct trainer *t) {
@@ -300,15 +305,14 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
    * in the evaluation's executor, if any) */
   if (gw_exec_upload_model(t->e) != GW_SUCCESS || (t->e_eval && gw_exec_upload_model(t->e_eval) != GW_SUCCESS))
     return train_fail(t, "evaluation", gw_model_last_error());
-  struct eval_counts c = {0, 0, 0, 0, 0};
+  struct eval_counts c = {0};
   const struct gw_batch *bt;
-  const int64_t skipped_before = gw_loader_skipped(t->val_ld);
   for (;;) {
     if (gw_loader_next(t->val_ld, &bt) != GW_SUCCESS) return train_fail(t, "evaluation data", gw_data_last_error());
     if (!bt) break;
     if (eval_batch(t, bt, &c) != 0) return -1;
   }
-  const int64_t left_out = gw_loader_skipped(t->val_ld) - skipped_before;
+  const int64_t left_out = (int64_t)c.left_out; /* not the padding's repeats of them */
   if (left_out > 0)
     log_rank(&t->log, "warning: the evaluation left out %lld unreadable sample%s of this rank's share; the latest: %s",
              (long long)left_out, left_out > 1 ? "s" : "", gw_loader_last_skip(t->val_ld));
@@ -782,13 +786,16 @@ static void announce(struct trainer *t) {
              ev->image_size, tr->image_size, tr->image_size);
   }
   /* Training batches are whole: a share that is not a whole number of them
-   * leaves its last samples out of every epoch (another each epoch: the order
-   * is shuffled). */
-  const int64_t share = t->train_s.num_samples, left = share - t->spe * o->batch;
+   * leaves its last places out of every epoch (other samples each epoch: the
+   * order is shuffled).  Counted over the ranks without the sampler's
+   * padding (the list's last places, repeats of its first samples): the
+   * places left out are the list's from world x steps x batch on. */
+  const int64_t share = t->train_s.num_samples, n = gw_dataset_size(t->train_ds);
+  const int64_t listed = n < share * t->world ? n : share * t->world, left = listed - t->spe * o->batch * t->world;
   if (left > 0)
-    log_text(&t->log, "note: each rank's share of %lld training samples is %lld batch%s of %d: %lld sample%s per "
-             "rank left out of each epoch", (long long)share, (long long)t->spe, t->spe > 1 ? "es" : "", o->batch,
-             (long long)left, left > 1 ? "s" : "");
+    log_text(&t->log, "note: each rank's share of %lld training samples is %lld batch%s of %d: %lld of the %lld "
+             "sample%s left out of each epoch", (long long)share, (long long)t->spe, t->spe > 1 ? "es" : "", o->batch,
+             (long long)left, (long long)n, left > 1 ? "s are" : " is");
 }
 
 static void teardown(struct trainer *t) {

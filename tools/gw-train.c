@@ -457,9 +457,11 @@ static int outputs_collide(const struct train_opts *o) {
     const size_t dl = strlen(dir);
     const char *base = at[i] + dl + 1;
     if (strncmp(at[i], dir, dl) || at[i][dl] != '/' || strchr(base, '/')) continue;
-    if (!strncmp(base, "ckpt-", 5) || !strncmp(base, ".gw-train", 9))
-      return bad("%s %s is a name of --checkpoint-dir's own files (ckpt-*, .gw-train.lock): its saves and "
-                 "pruning would replace or delete it", flags[i], given[i]);
+    /* ckpt-<step>.safetensors, its temporary files and .refused copies */
+    const size_t digits = strncmp(base, "ckpt-", 5) ? 0 : strspn(base + 5, "0123456789");
+    if ((digits && !strncmp(base + 5 + digits, ".safetensors", 12)) || !strncmp(base, ".gw-train", 9))
+      return bad("%s %s is a name of --checkpoint-dir's own files (ckpt-<step>.safetensors*, .gw-train.lock): "
+                 "its saves and pruning would replace or delete it", flags[i], given[i]);
   }
   return 0;
 }

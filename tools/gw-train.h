@@ -217,7 +217,8 @@ void log_summary(struct train_log *l, int64_t steps, int64_t timed, double secon
 /* Evaluation sums (gw-train-eval.c): top-1 and top-5 hits, the training's
  * loss (label-smoothed as it), samples, plain cross-entropy. */
 struct eval_counts {
-  double top1, top5, loss, n, nll;
+  double top1, top5, loss, n, nll; /* summed over the ranks, in this order */
+  double left_out;                 /* this rank's places whose sample was unreadable (not the padding's) */
 };
 struct gw_batch;
 /* Scores batch bt's logits [bt->n, k] of this rank (of world) over a split of
