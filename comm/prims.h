@@ -68,9 +68,13 @@ struct prims {
    * 4 ranks with one stopped mid-operation, the rank two behind it had
    * finished the operation, waited on its healthy predecessor in the next
    * one and blamed it just before the stopped rank's naming arrived (a
-   * loaded machine spread the deadlines).  Below every other grace: the rank
-   * waiting on a straggler that never called reports first (its notice
-   * still reaches the ranks waiting the whole grace on peers that did send). */
+   * loaded machine spread the deadlines).  Below the whole grace of waits on
+   * peers that sent: in one of these collectives the rank waiting on a
+   * straggler that never called reports first, and its notice reaches the
+   * others.  Matched to the ring's own collectives only: after a broadcast,
+   * tree or recursive doubling, whose waits take larger parts, a rank that
+   * finished it may still blame a predecessor that waits in it (not worse
+   * than without: it blamed it at its deadline). */
   double prev_part;
   /* Device buffers on the device ring (devring.c): the payload moves between
    * device-memory twins of the slots, by copies and kernels on `stream`;

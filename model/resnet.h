@@ -141,12 +141,15 @@ const struct gw_act *gw_model_act(const struct gw_model *m, int i);
 
 /* Weights as safetensors (weights.c): every parameter (F32) and buffer (running
  * statistics F32, num_batches_tracked I64 of shape []) under torchvision's names,
- * with metadata {"format": "pt", "gradwire_model": "resnet50 classes=10 ..."}.
+ * with metadata {"format": "pt", "gradwire_model": "resnet50 classes=10 ...",
+ * "gradwire_checksum": FNV-1a 64 of the tensors by name and the description}.
  * Saving replaces path atomically.  Loading takes a file written here or by
  * safetensors.torch.save_file(model.state_dict()), and refuses, before changing
  * anything, one whose names, dtypes or shapes differ from the model's: the message
- * names the first differing tensor in table order, then "missing: NAME" or
- * "unexpected: NAME" (GW_ERR_INVALID_ARGUMENT; GW_ERR_SYSTEM for I/O). */
+ * names the first differing tensor in table order (and both models' descriptions
+ * where the file has one), then "missing: NAME" or "unexpected: NAME", and one whose
+ * gradwire_checksum, where it has one, does not match its contents
+ * (GW_ERR_INVALID_ARGUMENT; GW_ERR_SYSTEM for I/O). */
 gw_result_t gw_model_save_weights(struct gw_model *m, const char *path);
 gw_result_t gw_model_load_weights(struct gw_model *m, const char *path);
 

@@ -34,20 +34,33 @@ static void describe(const struct gw_model_config *c, char *buf, size_t cap) {
 /* The "gradwire_checksum" metadata entry gw-train's files carry (PyTorch
  * ignores it): FNV-1a 64 over each tensor of the model's table, its name and
  * then its bytes (data[i]; NULL: absent, a counter older files lack), and the
- * "gradwire_model" entry.  A flipped bit loaded silently before (a negative
+ * "gradwire_model" entry, the tensors in their names' order.  A flipped bit loaded silently before (a negative
  * running variance, a weight of 1e37: an evaluation of NaN or nonsense that
  * exited 0).  Files without the entry (torchvision's, or from before it)
  * load unchecked, as they did. */
-static uint64_t weights_sum(const struct gw_model *m, const void *const *data, const char *desc) {
+static int weights_sum(const struct gw_model *m, const void *const *data, const char *desc, uint64_t *sum) {
   uint64_t h = GW_FNV_START;
-  for (int i = 0; i < num_tensors(m); i++) {
+  /* in name order: a model whose table another build orders otherwise sums
+   * the same (the file's order is the writer's) */
+  const int n = num_tensors(m);
+  int *order = malloc((size_t)n * sizeof *order);
+  if (!order) return -1;
+  for (int i = 0; i < n; i++) { /* insertion sort: a few hundred names */
+    int j = i;
+    for (; j > 0 && strcmp(tensor_at(m, order[j - 1])->name, tensor_at(m, i)->name) > 0; j--) order[j] = order[j - 1];
+    order[j] = i;
+  }
+  for (int k = 0; k < n; k++) {
+    const int i = order[k];
     const struct gw_tensor *t = tensor_at(m, i);
     const unsigned char present = data[i] != NULL;
     h = gw__fnv(h, t->name, strlen(t->name) + 1);
     h = gw__fnv(h, &present, 1);
     if (present) h = gw__fnv(h, data[i], t->numel * gw_st_dtype_size(t->dtype));
   }
-  return desc ? gw__fnv(h, desc, strlen(desc) + 1) : h;
+  free(order);
+  *sum = desc ? gw__fnv(h, desc, strlen(desc) + 1) : h;
+  return 0;
 }
 
 gw_result_t gw_model_save_weights(struct gw_model *m, const char *path) {
@@ -72,8 +85,14 @@ gw_result_t gw_model_save_weights(struct gw_model *m, const char *path) {
     return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
   }
   for (int i = 0; i < n; i++) data[i] = ts[i].data;
-  snprintf(sum, sizeof sum, "%016" PRIx64, weights_sum(m, data, desc));
+  uint64_t h;
+  const int summed = weights_sum(m, data, desc, &h);
   free(data);
+  if (summed != 0) {
+    free(ts);
+    return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  }
+  snprintf(sum, sizeof sum, "%016" PRIx64, h);
   /* "format": "pt" is what safetensors.torch writes; transformers checks it. */
   const char *const meta[] = {"format", "pt", "gradwire_model", desc, "gradwire_checksum", sum, NULL};
   gw_result_t r = gw_st_write(path, ts, n, meta);
@@ -167,8 +186,11 @@ static gw_result_t check_sum(const struct gw_model *m, const struct gw_st_file *
   if (!data) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
   for (int i = 0; i < n; i++) data[i] = src[i] ? src[i]->data : NULL;
   char have[20];
-  snprintf(have, sizeof have, "%016" PRIx64, weights_sum(m, data, gw_st_metadata(f, "gradwire_model")));
+  uint64_t h;
+  const int summed = weights_sum(m, data, gw_st_metadata(f, "gradwire_model"), &h);
   free(data);
+  if (summed != 0) return gw__model_fail(GW_ERR_SYSTEM, "%s: out of memory", path);
+  snprintf(have, sizeof have, "%016" PRIx64, h);
   if (!strcmp(have, want)) return GW_SUCCESS;
   return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: its gradwire_checksum %.40s does not match its contents (%s): "
                         "the file is damaged, or another program changed its tensors and kept gradwire's metadata "

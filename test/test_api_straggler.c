@@ -148,7 +148,8 @@ enum straggle {
   STRAGGLE_TREE0,
   STRAGGLE_TREE_CHUNKS,
   STRAGGLE_EXCHANGE,
-  STRAGGLE_BROADCAST_BIG
+  STRAGGLE_BROADCAST_BIG,
+  STRAGGLE_RING /* the ring allreduce (GW_ALGO=ring), 1000 floats */
 };
 
 struct straggler_case {
@@ -179,8 +180,8 @@ static int body_straggler4(gw_comm_t comm, int rank, int n, void *arg) {
    * report first (its vague notice pre-empted the straggler's naming) */
   const size_t count = how == STRAGGLE_BROADCAST_BIG                        ? (size_t)4 << 20
                        : how == STRAGGLE_TREE_CHUNKS                        ? (size_t)1 << 20
-                       : how == STRAGGLE_TREE || how == STRAGGLE_BROADCAST ? 1000
-                                                                           : 1;
+                       : how == STRAGGLE_TREE || how == STRAGGLE_BROADCAST || how == STRAGGLE_RING ? 1000
+                                                                                                   : 1;
   float *x = calloc(count, sizeof *x);
   EXPECT(x, "out of memory");
   const bool bcast = how == STRAGGLE_BROADCAST || how == STRAGGLE_BROADCAST_BIG;
@@ -217,6 +218,7 @@ static void straggler_at(const char *transport, enum straggle how, int nranks, i
   setenv("GW_TRANSPORT", transport, 1);
   if (how == STRAGGLE_TREE || how == STRAGGLE_TREE0 || how == STRAGGLE_TREE_CHUNKS) setenv("GW_ALGO", "tree", 1);
   if (how == STRAGGLE_EXCHANGE) setenv("GW_ALGO", "exchange", 1);
+  if (how == STRAGGLE_RING) setenv("GW_ALGO", "ring", 1);
   _Atomic int *reported = test_shared_int();
   struct straggler_case sc = {how, late, reported};
   ck_assert_int_eq(run_ranks(nranks, body_straggler4, &sc, 60), 0);
@@ -242,6 +244,13 @@ START_TEST(test_timeout_every_rank_names_straggler_shm) {
   /* Recursive doubling at 5 ranks (position 4 folded into 0; steps 0-1, 2-3
    * then 0-2, 1-3): a core rank, and the folded one. */
   for (int late = 1; late <= 4; late += 3) straggler_at("shm", STRAGGLE_EXCHANGE, 5, late);
+  /* The ring allreduce itself (1 float at 4 ranks takes recursive doubling):
+   * the straggler's successor names it after a quarter of the grace (its
+   * predecessor might be finishing the operation before), every other rank
+   * waits on one that sent and hears it within its whole grace; at 7 ranks
+   * the notice goes most of the way round. */
+  straggler_at("shm", STRAGGLE_RING, 4, 2);
+  straggler_at("shm", STRAGGLE_RING, 7, 1);
 }
 END_TEST
 START_TEST(test_timeout_every_rank_names_straggler_tcp) { straggler_n("tcp", STRAGGLE_ALLREDUCE, 4); }

@@ -429,7 +429,12 @@ START_TEST(test_load_weights_checksum) {
   size_t len;
   char *bytes = slurp("sum-good.safetensors", &len);
   ck_assert(len > 100);
-  bytes[len - 3] ^= 0x40; /* an exponent bit of the file's last tensor */
+  /* an exponent bit of the first float of the data (conv1.weight's: the
+   * writer's first), after the 8-byte header length and the header */
+  uint64_t hl = 0;
+  memcpy(&hl, bytes, 8);
+  ck_assert(8 + hl + 4 <= len);
+  bytes[8 + hl + 3] ^= 0x40;
   FILE *f = fopen(flipped, "wb");
   ck_assert(f && fwrite(bytes, 1, len, f) == len && fclose(f) == 0);
   free(bytes);
@@ -537,11 +542,11 @@ START_TEST(test_weights_stale_temps_removed) {
                 "the dead saves' temporary files should go (also one named with a live pid), the live one's stay");
   ck_assert_msg(exists(other) && exists(odd), "another file's temporary file, or a name no save makes, was removed");
   plant((const char *const[]){dead0}, 1, 3600);
-  /* a save killed a moment ago (a restart's SIGKILL): unlocked, its pid no
+  /* a save killed seconds ago (a restart's SIGKILL): unlocked, its pid no
    * process (it was kept while under 10 s old) */
   char fresh_dead[600];
   snprintf(fresh_dead, sizeof fresh_dead, "%s.tmp.%08x.999999999.2", weights, tag);
-  plant((const char *const[]){fresh_dead}, 1, 0);
+  plant((const char *const[]){fresh_dead}, 1, 3);
   train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", weights, NULL});
   expect_ok(&r);
   gwrun_free(&r);

@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,11 +176,14 @@ static bool temp_is_stale(const char *path, unsigned tag, long long pid, bool di
      * which no one is while this run holds the folder's lock (a save killed
      * by a restart's SIGKILL left one that the next attempt, seconds later,
      * kept: a whole checkpoint until the next start), or whose writer's pid
-     * is no process (one between creating and locking it is alive; a
-     * --save-weights killed during the final save left its whole weights to
-     * a restart's save beside, for want of a folder lock there) */
-    stale = fl.l_type == F_UNLCK && (dir_locked || (fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10) ||
-                                     (kill((pid_t)pid, 0) != 0 && errno == ESRCH));
+     * is no process, once 2 s old (one between creating and locking it is
+     * alive, and locks within microseconds: the age guards a writer in another
+     * pid namespace under this host name; a --save-weights killed during the
+     * final save left its whole weights to a restart's save beside, for want
+     * of a folder lock there) */
+    stale = fl.l_type == F_UNLCK &&
+            (dir_locked || (fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10) ||
+             (pid <= INT_MAX && kill((pid_t)pid, 0) != 0 && errno == ESRCH && time(NULL) - st.st_mtime >= 2));
   else
     stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
   close(fd);
@@ -396,8 +400,9 @@ static int loaded_weights_finite(struct gw_model *m, const char *path, char *err
              "finite values only)", path, where);
     return -1;
   }
-  /* A variance below 0 (a flipped sign bit, with no checksum to catch it):
-   * the evaluation's normalization took its square root, NaN throughout. */
+  /* A variance below 0, which no run writes (a flipped sign bit, with no
+   * checksum to catch it): below -eps the evaluation's normalization took
+   * its square root, NaN throughout. */
   const float *run = gw_model_running(m);
   for (int i = 0; i < gw_model_num_buffer_tensors(m); i++) {
     const struct gw_tensor *t = gw_model_buffer_tensor(m, i);

@@ -314,7 +314,8 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
   }
   const int64_t left_out = (int64_t)c.left_out; /* not the padding's repeats of them */
   if (left_out > 0)
-    log_rank(&t->log, "warning: the evaluation left out %lld unreadable sample%s of this rank's share; the latest: %s",
+    log_rank(&t->log, "warning: the evaluation left out %lld unreadable sample%s of this rank's share; the last "
+             "unreadable file this rank met: %s",
              (long long)left_out, left_out > 1 ? "s" : "", gw_loader_last_skip(t->val_ld));
   if (train_allreduce_d(t, &c.top1, 5, "summing the evaluation") != 0) return -1;
   /* With fewer than 5 classes every label is in the top 5: no figure (null in
@@ -787,15 +788,16 @@ static void announce(struct trainer *t) {
   }
   /* Training batches are whole: a share that is not a whole number of them
    * leaves its last places out of every epoch (other samples each epoch: the
-   * order is shuffled).  Counted over the ranks without the sampler's
-   * padding (the list's last places, repeats of its first samples): the
-   * places left out are the list's from world x steps x batch on. */
+   * order is shuffled).  Counted over the ranks, without the sampler's
+   * padding (the list's last places, repeats of its first samples) and with
+   * --drop-last's tail: the epoch takes the list's first world x steps x
+   * batch places, the rest of the n samples are left out. */
   const int64_t share = t->train_s.num_samples, n = gw_dataset_size(t->train_ds);
-  const int64_t listed = n < share * t->world ? n : share * t->world, left = listed - t->spe * o->batch * t->world;
+  const int64_t taken = t->spe * o->batch * t->world, left = n - (taken < n ? taken : n);
   if (left > 0)
     log_text(&t->log, "note: each rank's share of %lld training samples is %lld batch%s of %d: %lld of the %lld "
-             "sample%s left out of each epoch", (long long)share, (long long)t->spe, t->spe > 1 ? "es" : "", o->batch,
-             (long long)left, (long long)n, left > 1 ? "s are" : " is");
+             "samples %s left out of each epoch", (long long)share, (long long)t->spe, t->spe > 1 ? "es" : "",
+             o->batch, (long long)left, (long long)n, left > 1 ? "are" : "is");
 }
 
 static void teardown(struct trainer *t) {
