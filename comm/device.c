@@ -255,7 +255,8 @@ gw_result_t gw__dev_throttle(struct gw_comm *comm) {
   const uint64_t flag_of = __atomic_load_n(&d->next_ticket, __ATOMIC_RELAXED) + 1 - GW_DEV_TICKETS;
   uint64_t need = fval(flag_of, GW_DEV_ALL);
   struct gw_waiter w;
-  gw__waiter_init(&w, atomic_load(&comm->timeout_s));
+  const double limit = atomic_load(&comm->timeout_s); /* what the message says: this wait's */
+  gw__waiter_init(&w, limit);
   while (atomic_load_explicit((_Atomic uint64_t *)done_flag(d), memory_order_acquire) < need) {
     /* The operation that holds the flag ends (or is given up) by its own
      * deadline; an abort or a failed communicator ends this wait too. */
@@ -271,7 +272,7 @@ gw_result_t gw__dev_throttle(struct gw_comm *comm) {
        * they hear of it, as from any failed operation. */
       gw__err(&err, GW_ERR_TIMEOUT, "rank %d: a stream-ordered call waited %.0f s (GW_TIMEOUT) for the operation %d "
               "calls before it to finish on its stream (its flag is reused)", comm->rank,
-              atomic_load(&comm->timeout_s), GW_DEV_TICKETS);
+              limit, GW_DEV_TICKETS);
       gw__comm_fail_caller(comm, GW_ERR_TIMEOUT, &err); /* the progress thread may be on the connections */
       return GW_ERR_TIMEOUT;
     }

@@ -46,13 +46,13 @@ void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len) {
   if (algo && used < len) snprintf(buf + used, len - used, " by %s/%s", gw__algo_name(algo), gw__proto_name(proto));
 }
 
-static gw_result_t timeout_error(struct prims *p, const char *what, int peer) {
+static gw_result_t timeout_error(struct prims *p, const char *what, int peer, double limit) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
   return gw__err(p->err, GW_ERR_TIMEOUT,
                  "rank %d: operation %s waited %.0f s for %s rank %d; that rank is stuck, dead or "
                  "in a different operation (raise GW_TIMEOUT if it is just slow)",
-                 p->comm->rank, me, p->comm->timeout_s, what, peer);
+                 p->comm->rank, me, limit, what, peer);
 }
 
 /* A receive timed out.  When the peer never sent anything of this operation, it
@@ -436,7 +436,8 @@ static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, b
 /* Everything c queued in user space leaves it (or the wait fails). */
 static gw_result_t drain(struct prims *p, struct gw_conn *c) {
   struct gw_waiter w;
-  gw__waiter_init(&w, p->comm->timeout_s);
+  const double limit = p->comm->timeout_s; /* a wait keeps the limit it started with (gradwire.h) */
+  gw__waiter_init(&w, limit);
   for (;;) {
     gw_result_t r = c->tp->progress(c, p->err);
     if (r == GW_SUCCESS) return GW_SUCCESS;
@@ -444,7 +445,7 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
     GW_CHECK(pump(p));
     GW_CHECK(look_at_watched(p, &w, false));
     if (!wait_step(p, &w, c))
-      return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer);
+      return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer, limit);
   }
 }
 
@@ -456,8 +457,10 @@ gw_result_t gw__flush(struct prims *p) {
 }
 
 /* How much longer a rank whose peer had started the operation waits, after its
- * deadline, for the notice of the rank that names the straggler. */
-static double grace_s(const struct gw_comm *comm) { return comm->timeout_s < 10 ? comm->timeout_s : 10; }
+ * deadline, for the notice of the rank that names the straggler: from the
+ * limit the wait started with (the communicator's, set to 0 meanwhile, made
+ * the grace endless: a wait under way keeps its limit, gradwire.h). */
+static double grace_s(double limit) { return limit < 10 ? limit : 10; }
 
 /* A slot got (r): room for the chunk, or an internal error (a chunk larger
  * than the transport's slot would overrun it; every caller sizes chunks to
@@ -485,7 +488,8 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
   if (r != GW_INPROGRESS) return slot_got(p, c, r, bytes, cap);
   struct gw_waiter w;
   double since = 0; /* the first waiter's start, once the grace below restarted it */
-  gw__waiter_init(&w, p->comm->timeout_s);
+  const double limit = p->comm->timeout_s;
+  gw__waiter_init(&w, limit);
   while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
     GW_CHECK(pump(p));
     GW_CHECK(look_at_watched(p, &w, since > 0));
@@ -501,7 +505,7 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
     const bool took = c->depth && c->sent_seq == p->op->desc.seq && c->sent_n > c->depth;
     if (since > 0 || !took) return slot_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start), took);
     since = w.start;
-    gw__waiter_init(&w, grace_s(p->comm));
+    gw__waiter_init(&w, grace_s(limit));
   }
   return slot_got(p, c, r, bytes, cap);
 }
@@ -533,7 +537,8 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
   if (r == GW_INPROGRESS) {
     struct gw_waiter w;
     double since = 0; /* the first waiter's start, once the grace below restarted it */
-    gw__waiter_init(&w, p->comm->timeout_s);
+    const double limit = p->comm->timeout_s;
+    gw__waiter_init(&w, limit);
     while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
       GW_CHECK(look_at_watched(p, &w, since > 0));
@@ -552,7 +557,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       const double part = started ? 1 : p->grace_part > 0 ? p->grace_part : p->prev_part;
       if (since > 0 || part <= 0) return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
       since = w.start;
-      gw__waiter_init(&w, grace_s(p->comm) * part);
+      gw__waiter_init(&w, grace_s(limit) * part);
     }
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);

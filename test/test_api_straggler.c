@@ -265,6 +265,41 @@ START_TEST(test_timeout_broadcast_names_straggler) {
 }
 END_TEST
 
+/* ---- a wait under way keeps the limit it started with ----
+ * 3 ranks on the ring, rank 2 never calls; the others start an allreduce
+ * with a 2 s limit and set 0 (no limit) while it waits: it still fails
+ * within its limit and grace (the grace was taken from the communicator's
+ * limit at its deadline, 0 then, and the wait went on until rank 2 left). */
+static int body_limit_kept(gw_comm_t comm, int rank, int n, void *arg) {
+  _Atomic int *reported = arg;
+  if (rank == 2) { /* alive until both have reported (at most 20 s) */
+    for (double t0 = test_now(); atomic_load(reported) < n - 1 && test_now() - t0 < 20;) usleep(20 * 1000);
+    return 0;
+  }
+  EXPECT(gw_comm_set_algo(comm, "ring", "simple") == GW_SUCCESS, "set_algo: %s", gw_comm_last_error(comm));
+  gw_comm_set_timeout(comm, 2);
+  float x[1024] = {0};
+  gw_request_t q;
+  const double t0 = test_now();
+  EXPECT(gw_iallreduce(x, x, 1024, GW_FLOAT32, GW_SUM, comm, NULL, &q) == GW_SUCCESS, "iallreduce: %s",
+         gw_comm_last_error(comm));
+  usleep(500 * 1000);
+  gw_comm_set_timeout(comm, 0);
+  const gw_result_t r = gw_wait(&q);
+  const double took = test_now() - t0;
+  atomic_fetch_add(reported, 1);
+  EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
+  EXPECT(took < 10, "took %.1f s (the limit 2 s and its grace, set to 0 while the wait was under way)", took);
+  return 0;
+}
+
+START_TEST(test_timeout_kept_by_wait_under_way) {
+  _Atomic int *reported = test_shared_int();
+  ck_assert_int_eq(run_ranks(3, body_limit_kept, (void *)reported, 60), 0);
+  test_shared_free(reported);
+}
+END_TEST
+
 /* ---- gw_comm_abort from another thread unblocks a waiting call ---- */
 struct abort_arg {
   gw_comm_t comm;
@@ -434,6 +469,7 @@ void add_straggler_tests(TCase *tc) {
   tcase_add_test(tc, test_timeout_every_rank_names_straggler_tcp);
   tcase_add_test(tc, test_timeout_broadcast_names_straggler);
   tcase_add_test(tc, test_stopped_midop_times_out);
+  tcase_add_test(tc, test_timeout_kept_by_wait_under_way);
   tcase_add_test(tc, test_abort_unblocks);
   tcase_add_test(tc, test_abort_between_operations_told);
 }
