@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "comm.h"
@@ -339,11 +340,14 @@ static uint64_t take_seq_locked(struct gw_comm *comm, uint64_t n) {
  * on (gw_test puts back one not done).  A handle is not the request's
  * address but a number never given out before (a copy of a completed handle
  * matched a new request that got the freed address, and waited for it), looked
- * up here. */
+ * up here: the count of requests, through a bijection keyed per process (as
+ * 1, 2, 3..., the likeliest garbage values, an uninitialised handle waited
+ * for completed another caller's request, whose own wait was then refused). */
 #define LIVE_BUCKETS 256
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gw_request *live[LIVE_BUCKETS];
 static uint64_t live_next_id = 1; /* under live_mu */
+static uint64_t live_key;          /* set once (live_fork_once) */
 
 static struct gw_request **live_bucket(uint64_t id) { return &live[(uint32_t)(id * 0x9E3779B1u) >> 24]; }
 
@@ -352,13 +356,23 @@ static struct gw_request **live_bucket(uint64_t id) { return &live[(uint32_t)(id
 static void live_fork_prepare(void) { pthread_mutex_lock(&live_mu); }
 static void live_fork_after(void) { pthread_mutex_unlock(&live_mu); }
 static pthread_once_t live_fork_once = PTHREAD_ONCE_INIT;
-static void live_fork_install(void) { pthread_atfork(live_fork_prepare, live_fork_after, live_fork_after); }
+static void live_fork_install(void) {
+  pthread_atfork(live_fork_prepare, live_fork_after, live_fork_after);
+  uint64_t k = 0;
+  if (getrandom(&k, sizeof k, GRND_NONBLOCK) != (ssize_t)sizeof k) /* no entropy yet: the clock and pid */
+    k = ((uint64_t)gw__clock_bits() << 32 | gw__clock_bits()) | 1;
+  live_key = k;
+}
+
+/* The n-th request's handle: n times an odd number (a bijection mod 2^64),
+ * xor the key, within a pointer's width; never 0 (NULL: no request). */
+static uint64_t live_id(uint64_t n) { return ((n * 0x9E3779B97F4A7C15ull) ^ live_key) & (uint64_t)UINTPTR_MAX; }
 
 /* Into the table (a new request gets its number: the handle). */
 static void live_add(struct gw_request *req) {
   pthread_once(&live_fork_once, live_fork_install);
   pthread_mutex_lock(&live_mu);
-  if (!req->id) req->id = live_next_id++;
+  while (!req->id) req->id = live_id(live_next_id++);
   struct gw_request **b = live_bucket(req->id);
   req->live_next = *b, *b = req;
   pthread_mutex_unlock(&live_mu);

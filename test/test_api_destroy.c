@@ -112,6 +112,14 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "1 request of non-blocking calls has not"),
          "destroy with a request out: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
   gw_request_t copy = req;
+  /* small numbers (an uninitialised handle's likeliest values) are no
+   * request: refused, not taken for this one (handles were 1, 2, 3, ...) */
+  for (uintptr_t v = 1; v <= 4096; v++) {
+    gw_request_t garbage = (gw_request_t)v;
+    r = gw_wait(&garbage);
+    EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "is not a live request"),
+           "gw_wait on %p: %s: %s", (void *)garbage, gw_strerror(r), gw_comm_last_error(NULL));
+  }
   EXPECT(gw_wait(&req) == GW_SUCCESS && y == 2, "the request, waited for after the refusal");
   /* A copy of a completed handle: refused by name, not freed again (ASan
    * saw a double free); gw_test's too. */
