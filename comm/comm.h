@@ -142,6 +142,10 @@ struct gw_request {
   struct gw_op op;
   _Atomic int done;
   gw_result_t result;
+  /* result's message (progress thread; NULL: success, or no memory for it):
+   * what its wait reports, the communicator's last error having moved on to
+   * the refusals of the requests queued after it */
+  char *msg;
   bool detached; /* nobody waits: the progress thread frees it (stream-ordered calls) */
   double unsettled_since; /* gw_test: when it first found the host part done, the result not copied out (0: not yet) */
 };

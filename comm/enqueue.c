@@ -160,6 +160,7 @@ static void *progress_main(void *arg) {
     struct gw_errctx err = {{0}};
     req->result = req->op.ordered ? gw__dev_run(comm, &req->op, &err) : gw__run_op(comm, &req->op, &err);
     bool detached = req->detached;
+    if (req->result != GW_SUCCESS && !detached && err.msg[0]) req->msg = strdup(err.msg);
     /* Not pending any more before it is seen done: a waiter that then finds
      * pending 0 may run the communicator inline (the bucketer's failure
      * notice does; finding it still 1 it fell back to an abort, and the peers
@@ -260,6 +261,15 @@ static gw_result_t check_enums(struct gw_comm *comm, const char *fn, int dtype, 
 }
 
 /* ---- execution --------------------------------------------------------------------- */
+/* A request done with: its own failure is the communicator's last error
+ * again for the caller (requests queued after it, refused, replaced it). */
+static gw_result_t free_request(struct gw_comm *comm, struct gw_request *req, gw_result_t res) {
+  if (res != GW_SUCCESS && res == req->result && req->msg) gw__comm_set_error(comm, req->msg);
+  free(req->msg);
+  free(req);
+  return res;
+}
+
 static gw_result_t wait_request(struct gw_comm *comm, struct gw_request *req) {
   bool done = false;
   for (int i = 0; i < 4000 && !done; i++) {
@@ -514,8 +524,7 @@ throttled:
     *reqp = handle_of(req);
     return GW_SUCCESS;
   }
-  res = wait_request(comm, req);
-  free(req);
+  res = free_request(comm, req, wait_request(comm, req));
   /* Its stream's part could not all be queued: the call failed, whatever
    * the host's part did. */
   return res == GW_SUCCESS && op->ordered ? enqueued : res;
@@ -625,8 +634,7 @@ gw_result_t gw_wait(gw_request_t *reqp) {
     live_add(req); /* still the caller's (a forked child's refusal; destroy waits for it) */
     return entered;
   }
-  gw_result_t res = wait_request(comm, req);
-  free(req);
+  gw_result_t res = free_request(comm, req, wait_request(comm, req));
   atomic_fetch_sub(&comm->requests, 1);
   gw__comm_leave(comm);
   *reqp = NULL;
@@ -668,7 +676,7 @@ gw_result_t gw_test(gw_request_t *reqp, int *done) {
     }
   }
   *done = 1;
-  free(req);
+  res = free_request(comm, req, res);
   *reqp = NULL;
   atomic_fetch_sub(&comm->requests, 1);
   gw__comm_leave(comm);

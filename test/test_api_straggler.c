@@ -300,6 +300,43 @@ START_TEST(test_timeout_kept_by_wait_under_way) {
 }
 END_TEST
 
+/* ---- a failed request's wait says its own failure ----
+ * Rank 0 queues 5 allreduces, rank 1 never calls: the first times out, the
+ * progress thread refuses the other 4, and each refusal became the
+ * communicator's last error before the first's wait read it ("failed in an
+ * earlier operation", for the operation that failed first). */
+static int body_own_message(gw_comm_t comm, int rank, int n, void *arg) {
+  _Atomic int *reported = arg;
+  (void)n;
+  if (rank == 1) {
+    for (double t0 = test_now(); !atomic_load(reported) && test_now() - t0 < 20;) usleep(20 * 1000);
+    return 0;
+  }
+  gw_comm_set_timeout(comm, 1);
+  float x[5] = {0};
+  gw_request_t q[5];
+  for (int i = 0; i < 5; i++)
+    EXPECT(gw_iallreduce(&x[i], &x[i], 1, GW_FLOAT32, GW_SUM, comm, NULL, &q[i]) == GW_SUCCESS, "iallreduce %d", i);
+  usleep(1500 * 1000); /* all 5 done with: the first timed out, the rest refused */
+  gw_result_t r = gw_wait(&q[0]);
+  EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(comm), "waited") &&
+             !has(gw_comm_last_error(comm), "failed in an earlier operation"),
+         "the first request's wait: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  r = gw_wait(&q[3]);
+  EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(comm), "failed in an earlier operation"),
+         "a later request's wait: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  for (int i = 1; i < 5; i++) gw_wait(&q[i]);
+  atomic_store(reported, 1);
+  return 0;
+}
+
+START_TEST(test_request_says_own_failure) {
+  _Atomic int *reported = test_shared_int();
+  ck_assert_int_eq(run_ranks(2, body_own_message, (void *)reported, 60), 0);
+  test_shared_free(reported);
+}
+END_TEST
+
 /* ---- gw_comm_abort from another thread unblocks a waiting call ---- */
 struct abort_arg {
   gw_comm_t comm;
@@ -470,6 +507,7 @@ void add_straggler_tests(TCase *tc) {
   tcase_add_test(tc, test_timeout_broadcast_names_straggler);
   tcase_add_test(tc, test_stopped_midop_times_out);
   tcase_add_test(tc, test_timeout_kept_by_wait_under_way);
+  tcase_add_test(tc, test_request_says_own_failure);
   tcase_add_test(tc, test_abort_unblocks);
   tcase_add_test(tc, test_abort_between_operations_told);
 }
