@@ -303,8 +303,6 @@ static bool wait_step(struct prims *p, struct gw_waiter *w, const struct gw_conn
   return gw__waiter_pause(w);
 }
 
-/* A data-path call failed: let the transport say why (it keeps the message),
- * and name the operation and connection it failed in. */
 /* The receiver's rank failed and said so beside the FIFO (recv_abandon):
  * its reason, forwarded; GW_SUCCESS when it did not. */
 static gw_result_t abandoned_error(struct prims *p, struct gw_conn *c) {
@@ -313,6 +311,8 @@ static gw_result_t abandoned_error(struct prims *p, struct gw_conn *c) {
   return gw__err(p->err, GW_ERR_REMOTE, "rank %d: %s%s", p->comm->rank, GW_FORWARDED, gw__root_cause(why));
 }
 
+/* A data-path call failed: let the transport say why (it keeps the message),
+ * and name the operation and connection it failed in. */
 static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r) {
   char op[160];
   /* the receiver said why before it closed: that, not the close, is the cause */
@@ -444,8 +444,16 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
     if (r != GW_INPROGRESS) return r;
     GW_CHECK(pump(p));
     GW_CHECK(look_at_watched(p, &w, false));
-    if (!wait_step(p, &w, c))
-      return p->comm->aborted ? aborted_error(p) : timeout_error(p, "its socket to drain towards", c->peer, limit);
+    /* a receiver that stopped reading because it failed says why beside the
+     * stream, now and then (as a wait for room hears it: here the whole
+     * timeout passed, and the healthy receiver was blamed for a straggler
+     * further on) */
+    if (slow_check_due(&w)) GW_CHECK(abandoned_error(p, c));
+    if (wait_step(p, &w, c)) continue;
+    if (p->comm->aborted) return aborted_error(p);
+    GW_CHECK(abandoned_error(p, c));
+    GW_CHECK(stopped_peer_error(p, c, "its socket to drain towards", gw__now() - w.start));
+    return timeout_error(p, "its socket to drain towards", c->peer, limit);
   }
 }
 
