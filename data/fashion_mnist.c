@@ -52,9 +52,12 @@ static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len,
       const char *zmsg = gzerror(f, &zerr);
       if (zerr == Z_ERRNO)
         return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: %s: cannot read %s: %s", path, what, strerror(errno));
+      /* zlib's message names the descriptor ("<fd:3>: ..."): the path is said already */
+      if (zmsg && !strncmp(zmsg, "<fd:", 4) && strstr(zmsg, ": ")) zmsg = strstr(zmsg, ": ") + 2;
       if (zerr && zerr != Z_BUF_ERROR) /* (Z_BUF_ERROR: the input ended: truncated) */
-        return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: zlib failed reading %s after %zu of "
-                              "its %zu bytes: %s", path, what, before + got, total, zmsg);
+        return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: zlib failed reading %s, %zu of its "
+                              "%zu bytes in (zlib reads ahead: the damage may lie further on): %s", path, what,
+                              before + got, total, zmsg);
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                             "fashion-mnist: %s: truncated: %s needs %zu bytes, the file ends after %zu", path, what,
                             total, before + got);
@@ -155,9 +158,15 @@ static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, ui
     n = r > 0 ? (size_t)r : 0;
     if (r < 0) more = r;
   }
+  int zend = 0;
+  if (more == 0 && res == GW_SUCCESS) (void)gzerror(f, &zend);
   if (more > 0)
     res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (a damaged file, or two joined)",
                          path, hdr[0]);
+  else if (zend == Z_BUF_ERROR) /* the input ended inside the gzip stream: its trailer (the CRC-32) is missing, and
+                                 * the items it would have checked loaded unchecked */
+    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: truncated: the gzip stream ends after its %u "
+                         "items without its trailer (the checksum of the data): the file is cut short", path, hdr[0]);
   else if (more < 0) {
     int zerr;
     const char *why = gzerror(f, &zerr);

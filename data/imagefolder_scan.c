@@ -373,6 +373,17 @@ static gw_result_t scan_split(struct gw__folder *f, const char *split_dir, const
   return res;
 }
 
+/* How many image files lie in dir itself, in no class folder (the message
+ * for a split found empty). */
+static size_t loose_images(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  size_t n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.' && is_image_name(e->d_name);
+  closedir(d);
+  return n;
+}
+
 gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split split) {
   char train_dir[PATH_BUF], split_dir[PATH_BUF];
   if (join(train_dir, dir, "train") || join(split_dir, dir, split == GW_SPLIT_TRAIN ? "train" : "val"))
@@ -388,8 +399,14 @@ gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split
     res = set_class_names(f, &classes);
   }
   if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes, split == GW_SPLIT_TRAIN);
-  if (res == GW_SUCCESS && f->base.size == 0)
-    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no " IMAGE_NAMES " files under %s", split_dir);
+  if (res == GW_SUCCESS && f->base.size == 0) {
+    const size_t loose = loose_images(split_dir);
+    res = loose ? gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s has no class directories: its %zu " IMAGE_NAMES
+                                 " file%s in it directly (ImageNet's original validation layout: sort them into "
+                                 "one folder per class, as train/ has them, as torchvision's ImageFolder needs too)",
+                                 split_dir, loose, loose > 1 ? "s lie" : " lies")
+                : gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no " IMAGE_NAMES " files under %s", split_dir);
+  }
   names_free(&classes);
   return res;
 }

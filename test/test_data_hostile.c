@@ -82,11 +82,17 @@ START_TEST(fmnist_lying_and_joined) {
   ck_assert_msg(open_tmp_fmnist() == GW_SUCCESS, "%s", gw_data_last_error()); /* the file itself is right */
   write_stored_gz(in_tmp("train-images-idx3-ubyte.gz"), raw, len, 5 << 17, 1);
   expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "damaged after its 800 items");
+  /* the trailer cut off: nothing checks the items (a flipped pixel loaded
+   * silently), and zlib says only that the input ended */
+  write_stored_gz(in_tmp("train-images-idx3-ubyte.gz"), raw, len, 5 << 17, 0);
+  ck_assert_int_eq(truncate(in_tmp("train-images-idx3-ubyte.gz"), 5 << 17), 0);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz",
+               "truncated: the gzip stream ends after its 800 items without its trailer");
   /* the trailer in the fill that ends the items: zlib fails the items' read,
    * which is damage ("truncated or corrupt ... the file ends after ..." said
    * neither which, and a whole file was no truncated one) */
   write_stored_gz(in_tmp("train-images-idx3-ubyte.gz"), raw, len, len + 4096, 1);
-  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "corrupt: zlib failed reading the pixels after");
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "corrupt: zlib failed reading the pixels, ");
   free(raw);
   remove_tmpdir();
 }
@@ -329,10 +335,21 @@ START_TEST(folder_bad_trees) {
   gw_sampler_init(&s, 1, 1, 0, 0, 0, 0);
   struct gw_loader_config cfg;
   gw_loader_config_default(&cfg);
+  cfg.train = 1;
   struct gw_loader *l;
   ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
   const struct gw_batch *b;
   for (int k = 0; k < 2; k++) expect_error(gw_loader_next(l, &b), "none of the 1 samples", "t.jpg");
+  gw_loader_free(l);
+  /* An evaluation's loader gives a blank stand-in, scored nowhere: one rank
+   * whose whole share is unreadable leaves it out as a single rank would
+   * (it failed the job at 2 ranks, not at 1) */
+  cfg.train = 0;
+  ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
+  ck_assert_msg(gw_loader_next(l, &b) == GW_SUCCESS && b && b->n == 1 && b->stand_in[0] == 1 && b->skipped == 1 &&
+                    b->x[0] == 0.0f,
+                "the evaluation's unreadable shard: %s", gw_data_last_error());
+  ck_assert_msg(strstr(gw_loader_last_skip(l), "t.jpg"), "the reason: %s", gw_loader_last_skip(l));
   gw_loader_free(l);
   gw_dataset_free(ds);
   /* Class entries: a link to nothing is left out and said; one that cannot be
@@ -370,6 +387,12 @@ START_TEST(folder_bad_trees) {
   ck_assert_int_eq(gw_dataset_size(ds), 1);
   gw_dataset_free(ds);
   ck_assert_int_eq(rmdir(in_tmp("val/zebra")), 0);
+  /* ImageNet's original validation layout, every image in val/ itself: said
+   * so (it said "no .jpg ... files under val") */
+  write_file(in_tmp("val/ILSVRC2012_val_00000001.JPEG"), "text", 4);
+  expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 32), "val",
+               "has no class directories: its 1 " NAMES " file lies in it directly");
+  ck_assert_int_eq(unlink(in_tmp("val/ILSVRC2012_val_00000001.JPEG")), 0);
   mkdirs("val/a");
   write_file(in_tmp("val/a/v.webp"), "webp", 4);
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 32), "val/a",

@@ -23,6 +23,7 @@ struct trainer {
   const struct train_opts *o;
   int64_t saved_step; /* the step of the last checkpoint written or resumed */
   int64_t skips_told, skips_told_at; /* unreadable training samples logged, and when */
+  int64_t skipped_all, skipped_epoch; /* every rank's so far (the last step's sums), at the last epoch's end */
   /* A device backend's first step in this process: its allreduces start after
    * backward is queued and are waited for before the optimizer (see
    * overlapping()). */

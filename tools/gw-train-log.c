@@ -150,6 +150,10 @@ void log_rank(struct train_log *l, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
+  /* one line: a file name with a newline in it (data errors name files)
+   * printed a line of its own, one that could pass for gw-train's */
+  for (char *c = line; *c; c++)
+    if ((unsigned char)*c < 0x20 && *c != '\t') *c = '?';
   fprintf(stderr, "gw-train: rank %d: %s\n", l->rank, line);
   fflush(stderr);
 }

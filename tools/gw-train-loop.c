@@ -318,6 +318,12 @@ static int evaluate(struct trainer *t, int64_t epoch, double train_loss) {
              "unreadable file this rank met: %s",
              (long long)left_out, left_out > 1 ? "s" : "", gw_loader_last_skip(t->val_ld));
   if (train_allreduce_d(t, &c.top1, 5, "summing the evaluation") != 0) return -1;
+  if (c.n == 0) { /* every sample unreadable: no figures (0 / 0) */
+    char why[160];
+    snprintf(why, sizeof why, "none of the %lld samples of %s is readable", (long long)gw_dataset_size(t->val_ds),
+             t->o->test_only ? "the split evaluated" : "the evaluation split");
+    return train_fail(t, "evaluation", why);
+  }
   /* With fewer than 5 classes every label is in the top 5: no figure (null in
    * the metrics, n/a in the log; torchvision's accuracy() refuses topk > classes). */
   double top1 = c.top1 / c.n, top5 = gw_dataset_classes(t->val_ds) < 5 ? NAN : c.top5 / c.n;
@@ -584,11 +590,14 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   if (hooked_here(t, "GW_TRAIN_NAN_LOSS_AT_STEP")) loss = NAN;
   int ckpt, stop;
   trainer_signals_take(&ckpt, &stop);
-  double sums[4] = {loss, over, ckpt, stop};
-  if (train_allreduce_d(t, sums, 4, "averaging the loss") != 0) return -1;
+  /* and the unreadable samples so far: the metrics' count is every rank's
+   * (it was rank 0's alone) */
+  double sums[5] = {loss, over, ckpt, stop, (double)gw_loader_skipped(t->train_ld)};
+  if (train_allreduce_d(t, sums, 5, "averaging the loss") != 0) return -1;
   const double lsum = sums[0];
   over = sums[1] > 0;
   r->sig_ckpt = (int)sums[2], r->sig_stop = (int)sums[3];
+  r->skipped = t->skipped_all = (int64_t)sums[4];
   r->loss_scale = t->st.loss_scale;
   if (!isfinite(lsum) && !t->st.loss_scale) return nonfinite_stop(t, lsum);
   float inv = 1.0f;
@@ -627,6 +636,12 @@ static int epoch_end(struct trainer *t, int64_t epoch) {
              "are left out)", (long long)epoch + 1, mean, (long long)t->st.loss_count, (long long)left_out);
   else
     log_text(&t->log, "epoch %lld done: mean training loss %.4f", (long long)epoch + 1, mean);
+  /* the warnings above come now and then, each rank's own: the epoch's total */
+  if (t->skipped_all > t->skipped_epoch)
+    log_text(&t->log, "epoch %lld: %lld unreadable training sample%s replaced by readable ones (all ranks; %lld in "
+             "all so far)", (long long)epoch + 1, (long long)(t->skipped_all - t->skipped_epoch),
+             t->skipped_all - t->skipped_epoch > 1 ? "s" : "", (long long)t->skipped_all);
+  t->skipped_epoch = t->skipped_all;
   t->st.loss_sum = 0, t->st.loss_count = 0;
   /* Saved before the evaluation (which changes nothing saved), so a job that
    * ends during it keeps the epoch; the checkpoint says the evaluation is
@@ -726,14 +741,15 @@ static int run_steps_caught(struct trainer *t) {
     if (isfinite(r.loss)) t->st.loss_sum += r.loss, t->st.loss_count++;
     r.step = t->st.step, r.steps_total = t->total_steps, r.epoch = k.epoch, r.epochs = t->epochs;
     r.step_in_epoch = k.position / t->o->batch + 1, r.steps_per_epoch = t->spe;
-    r.skipped = gw_loader_skipped(t->train_ld);
     /* Unreadable samples, each rank its own (its loader's): the first at once,
-     * then at most every 100 steps, with the latest reason (naming the file). */
-    if (r.skipped > t->skips_told && (!t->skips_told || t->st.step >= t->skips_told_at + 100)) {
+     * then at most every 100 steps, with the latest reason (naming the file);
+     * every rank's at each epoch's end (epoch_end). */
+    const int64_t mine = gw_loader_skipped(t->train_ld);
+    if (mine > t->skips_told && (!t->skips_told || t->st.step >= t->skips_told_at + 100)) {
       log_rank(&t->log, "warning: %lld training sample%s unreadable so far, each replaced by the next readable one "
-               "of this rank's shard; the latest: %s", (long long)r.skipped, r.skipped > 1 ? "s" : "",
+               "of this rank's shard; the latest: %s", (long long)mine, mine > 1 ? "s" : "",
                gw_loader_last_skip(t->train_ld));
-      t->skips_told = r.skipped, t->skips_told_at = t->st.step;
+      t->skips_told = mine, t->skips_told_at = t->st.step;
     }
     log_step(&t->log, &r, t->st.step % t->o->log_every == 0 || t->st.step == t->total_steps);
     int last_of_epoch = r.step_in_epoch == t->spe;
@@ -781,6 +797,10 @@ static void announce(struct trainer *t) {
            : o->no_overlap ? "allreduce after backward"
                              : "allreduce overlapped with backward",
            buckets, o->sync_bn && t->comm ? ", SyncBatchNorm" : "", t->np);
+  /* the evaluation's split, with what its scan left out (said by --test-only
+   * alone before) */
+  if (o->eval && t->val_ds && t->val_ds != t->train_ds)
+    log_text(&t->log, "evaluation on %s", gw_dataset_description(t->val_ds));
   if (t->e_eval) {
     const struct gw_model_config *tr = gw_model_get_config(t->m), *ev = gw_model_get_config(t->m_eval);
     log_text(&t->log, "evaluation on %dx%d center crops (--val-crop-size), training on %dx%d", ev->image_size,

@@ -183,7 +183,7 @@ struct step_report {
   double loss, lr, img_per_s;
   double step_s; /* the step's wall time, with the wait for its batch (img_per_s's) */
   double compute_ms, comm_ms, exposed_ms, data_ms;
-  int64_t skipped;
+  int64_t skipped;           /* unreadable training samples replaced so far, every rank's */
   double loss_scale;         /* 0: no loss scaling */
   int64_t overflows;         /* steps skipped so far because the scaled gradients overflowed */
   /* How many ranks a SIGUSR1/SIGUSR2 (checkpoint now) or a SIGTERM (checkpoint
