@@ -34,6 +34,7 @@
 struct gw_bootstrap {
   int rank, nranks;
   int *socks;      /* rank 0: socks[r] for r >= 1 (BOOT_EXITED: joined, then its process exited); others: socks[0] */
+  char (*from)[64]; /* rank 0: the address rank r joined from (its messages name it; the master is rank 0's own) */
   int listen_fds[BOOT_MAX_LISTEN], nlisten; /* rank 0, until everyone joined */
   bool told_error; /* rank 0 sent ERROR frames: close those sockets gracefully */
   char master[300];
@@ -425,6 +426,7 @@ static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, d
       continue;
     }
     bs->socks[h.rank] = fd;
+    snprintf(bs->from[h.rank], sizeof bs->from[h.rank], "%s", who);
     joined++;
     GW_TRACE(GW_SUB_BOOT, "rank 0: rank %d joined from %s", h.rank, who);
   }
@@ -498,6 +500,11 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
     return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
   }
   for (int r = 0; r < (rank == 0 ? nranks : 1); r++) bs->socks[r] = -1;
+  if (rank == 0 && !(bs->from = calloc((size_t)nranks, sizeof *bs->from))) {
+    free(bs->socks);
+    free(bs);
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
+  }
 
   char host[256], port[16];
   if (!gw__parse_host_port(master, host, sizeof host, port, sizeof port)) {
@@ -528,18 +535,24 @@ fail:
  * for rank 0's answer). */
 static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, double waited_s,
                              struct gw_errctx *err) {
+  /* where the peer is: rank 0's address for the others; for rank 0, where
+   * the rank joined from (the master's address named rank 0 itself) */
+  char from[80];
+  const bool joined = bs->rank == 0 && bs->from && peer > 0 && peer < bs->nranks && bs->from[peer][0];
+  if (joined) snprintf(from, sizeof from, "from %s", bs->from[peer]);
+  const char *where = joined ? from : bs->master;
   if (r == GW_ERR_TIMEOUT)
     return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d did not answer within %.0f s during the rendezvous at %s%s",
-                   bs->rank, peer, waited_s, bs->master,
+                   bs->rank, peer, waited_s, where,
                    peer == 0 ? " (rank 0 answers once every rank has reached this point: look for a rank that is "
                                "missing, slow or failed)"
                              : "");
   if (r == BOOT_FOREIGN)
     return gw__err(err, GW_ERR_REMOTE, "rank %d: the bootstrap connection to rank %d (%s) carried something that is "
                    "not this build's rendezvous: is another service listening on that port, or do the ranks run "
-                   "different gradwire builds?", bs->rank, peer, bs->master);
+                   "different gradwire builds?", bs->rank, peer, where);
   return gw__err(err, GW_ERR_REMOTE, "rank %d: lost the bootstrap connection to rank %d (%s): did it exit?",
-                 bs->rank, peer, bs->master);
+                 bs->rank, peer, where);
 }
 
 static _Atomic uint64_t root_bytes; /* payload rank 0 sent in answers (tests) */
@@ -749,6 +762,7 @@ void gw__bootstrap_free(struct gw_bootstrap *bs) {
     }
   close_listeners(bs);
   free(bs->socks);
+  free(bs->from);
   free(bs);
 }
 
