@@ -180,48 +180,59 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
 
 static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const char *port,
                                 double deadline, struct gw_errctx *err) {
-  int last_errno = 0, last_gai = 0;
+  int last_errno = 0, last_gai = 0, gai = 0;
   long sleep_us = 1000;
+  /* The name's addresses, looked up again every 2 s at most (a late DNS
+   * record, a moved service): every retry looked it up, every ~100 ms, and
+   * thousands of ranks waiting for a late rank 0 asked the name server as
+   * often each. */
+  struct addrinfo *ai = NULL;
+  double resolved_at = 0;
   while (gw__now() < deadline) {
-    struct addrinfo *ai = NULL;
-    /* A name that does not resolve yet is retried (a Kubernetes service's DNS
-     * record may come after its pod), and named if it never does. */
-    const int gai = resolve(host, port, false, &ai);
-    if (gai != 0) last_gai = gai, last_errno = gai == EAI_SYSTEM ? errno : 0;
-    if (gai == 0) {
-      last_gai = 0;
-      for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        int fd = gw__sock_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd < 0) {
-          last_errno = errno;
-          continue;
-        }
-        /* Each address for at most 10 s: one that drops SYNs must not hold
-         * the rest (or the whole rendezvous) for the kernel's 2 minutes. */
-        if (gw__sock_connect_deadline(fd, a->ai_addr, a->ai_addrlen, GW_MIN(deadline, gw__now() + 10.0)) == 0) {
-          freeaddrinfo(ai);
-          set_sock_opts(fd);
-          bs->socks[0] = fd;
-          return GW_SUCCESS;
-        }
+    if (!ai || gw__now() - resolved_at >= 2.0) {
+      if (ai) freeaddrinfo(ai), ai = NULL;
+      /* A name that does not resolve yet is retried (a Kubernetes service's DNS
+       * record may come after its pod), and named if it never does. */
+      gai = resolve(host, port, false, &ai);
+      resolved_at = gw__now();
+      if (gai != 0) ai = NULL, last_gai = gai, last_errno = gai == EAI_SYSTEM ? errno : 0;
+      else last_gai = 0;
+    }
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+      int fd = gw__sock_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      if (fd < 0) {
         last_errno = errno;
-        gw__sock_close(fd);
+        continue;
       }
-      freeaddrinfo(ai);
+      /* Each address for at most 10 s: one that drops SYNs must not hold
+       * the rest (or the whole rendezvous) for the kernel's 2 minutes. */
+      if (gw__sock_connect_deadline(fd, a->ai_addr, a->ai_addrlen, GW_MIN(deadline, gw__now() + 10.0)) == 0) {
+        freeaddrinfo(ai);
+        set_sock_opts(fd);
+        bs->socks[0] = fd;
+        return GW_SUCCESS;
+      }
+      last_errno = errno;
+      gw__sock_close(fd);
     }
     /* This rank out of descriptors (a socket, or the resolver's files): no
      * wait fixes it, said at once (it retried until the deadline, then blamed
      * rank 0 with "no route").  Memory or socket buffers may come back: retried. */
     const char *hint;
     if ((gai == 0 || gai == EAI_SYSTEM) && (last_errno == EMFILE || last_errno == ENFILE) &&
-        gw__sock_errno_kind(last_errno, &hint) == GW_ERR_SYSTEM)
+        gw__sock_errno_kind(last_errno, &hint) == GW_ERR_SYSTEM) {
+      if (ai) freeaddrinfo(ai);
       return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot connect to master %s: %s%s", bs->rank, bs->master,
                      strerror(last_errno), hint);
-    /* Rank 0 may not be listening yet: retry with a growing pause. */
-    struct timespec ts = {0, sleep_us * 1000};
+    }
+    /* Rank 0 may not be listening yet: retry with a growing pause, spread
+     * (ranks started together came back together) */
+    const long pause_us = sleep_us / 2 + (long)(gw__clock_bits() % (uint32_t)sleep_us);
+    struct timespec ts = {0, pause_us * 1000};
     nanosleep(&ts, NULL);
     if (sleep_us < 100000) sleep_us *= 2;
   }
+  if (ai) freeaddrinfo(ai);
   if (last_gai && last_gai != EAI_SYSTEM)
     return gw__err(err, GW_ERR_TIMEOUT, "rank %d: cannot resolve the master's name in %s for %.0f s: %s", bs->rank,
                    bs->master, bs->timeout_s, gai_strerror(last_gai));
