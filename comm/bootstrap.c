@@ -122,6 +122,10 @@ static void read_error_text(int fd, const struct gw_boot_frame *f, char *msg, si
   size_t n = f->len < len - 1 ? f->len : len - 1;
   if (io_all(fd, msg, n, false, deadline) != GW_SUCCESS) n = 0;
   msg[n] = 0;
+  /* printable only: before the proof, anything listening on the master's
+   * port may send it (control characters reached the terminal) */
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)msg[i] < 0x20 || msg[i] == 0x7f) msg[i] = '?';
 }
 
 static void set_sock_opts(int fd) {
