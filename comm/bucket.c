@@ -472,13 +472,18 @@ static void fail_comm_for_step(struct gw_bucketer *b, gw_result_t code, const ch
 }
 
 /* Waits for every started bucket; returns the first failure. */
-static gw_result_t wait_started(struct gw_bucketer *b) {
+/* Every started bucket's allreduce waited for: the first failure's code, and
+ * its message in first_msg (if given; the later buckets' refusals came after
+ * it and would be the communicator's last error). */
+static gw_result_t wait_started(struct gw_bucketer *b, char *first_msg, size_t len) {
   gw_result_t first = GW_SUCCESS;
   for (int k = 0; k < b->next; k++) {
     gw_result_t res = gw_wait(&b->req[k]);
     if (res == GW_SUCCESS && b->wire != b->dtype && !b->wire_dev)
       gw__cvt_to_f32(b->wire, (float *)(b->buf + b->bounds[k] * b->esize), b->wbuf + b->bounds[k] * 2,
                      b->bounds[k + 1] - b->bounds[k]);
+    if (first == GW_SUCCESS && res != GW_SUCCESS && first_msg)
+      snprintf(first_msg, len, "%s", gw_comm_last_error(b->comm));
     if (first == GW_SUCCESS) first = res;
   }
   return first;
@@ -518,10 +523,11 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
    * is ordered after the allreduces: a wait put on it while a bucket's
    * synchronized device ring still enqueues chunks could hold the hardware
    * queue that ring's engine stream shares with it, for good. */
-  gw_result_t w = wait_started(b);
+  char first[GW_ERRMSG_MAX] = "";
+  gw_result_t w = wait_started(b, first, sizeof first);
   if (res == GW_SUCCESS && w != GW_SUCCESS) {
     res = w;
-    snprintf(msg, sizeof msg, "%s", gw_comm_last_error(b->comm));
+    snprintf(msg, sizeof msg, "%s", first);
   }
   /* Later work on compute sees the reduced gradients; also after a failed
    * allreduce or cast back (whatever the allreduces' stream still does to the
@@ -759,7 +765,7 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   if (b->n > 0 && b->next == b->n) {
     (void)wait_locked(b);
   } else {
-    wait_started(b);
+    wait_started(b, NULL, 0);
     /* A step left part way too: a staged allreduce on a stream of the
      * caller's may still copy into the buffer, which compute's next work (a
      * stream-ordered free) must follow. */

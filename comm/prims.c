@@ -441,7 +441,10 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
   for (;;) {
     gw_result_t r = c->tp->progress(c, p->err);
     if (r == GW_SUCCESS) return GW_SUCCESS;
-    if (r != GW_INPROGRESS) return r;
+    if (r != GW_INPROGRESS) { /* the receiver's reason, if it said one before it closed */
+      GW_CHECK(abandoned_error(p, c));
+      return r;
+    }
     GW_CHECK(pump(p));
     GW_CHECK(look_at_watched(p, &w, false));
     /* a receiver that stopped reading because it failed says why beside the

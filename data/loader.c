@@ -208,15 +208,17 @@ static gw_result_t fill_sample(struct gw_loader *l, struct slot *s, const int64_
     s->b.skipped += r == GW_SUCCESS && k > 0;
     if (r != GW_DATA_SKIPPED) return r;
     snprintf(s->msg, sizeof s->msg, "%s", gw_model_last_error());
-  }
-  /* An evaluation scores a stand-in nowhere (it is in the epoch at its own
-   * place): a blank one, so that a rank whose whole share is unreadable
-   * leaves those samples out as one rank holding them all would (it failed
-   * the job, after an epoch's training, at 2 ranks and not at 1). */
-  if (!l->cfg.train) {
-    memset(out, 0, l->sample_floats * sizeof *out);
-    s->y[i] = 0, s->stand_in[i] = 1, s->b.skipped++;
-    return GW_SUCCESS;
+    /* An evaluation scores a stand-in nowhere (it is in the epoch at its
+     * own place): a blank one at once, no search (a share with nothing
+     * readable took its size squared of failed reads), so that a rank whose
+     * whole share is unreadable leaves those samples out as one rank
+     * holding them all would (it failed the job, after an epoch's training,
+     * at 2 ranks and not at 1). */
+    if (l->cfg.blank_unreadable) {
+      memset(out, 0, l->sample_floats * sizeof *out);
+      s->y[i] = 0, s->stand_in[i] = 1, s->b.skipped++;
+      return GW_SUCCESS;
+    }
   }
   return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                         "loader: rank %d: none of the %lld samples of its shard is readable (%s)", l->sampler.rank,

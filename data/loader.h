@@ -28,6 +28,9 @@ struct gw_loader_config {
   int threads;         /* worker threads, >= 1 */
   int depth;           /* batches decoded ahead; 0: threads + 1 */
   int train;           /* passed to gw_dataset_get: augmentation on */
+  int blank_unreadable; /* an unreadable sample's place gets zeros and label 0 at once (stand_in
+                           1), not the next readable one: an evaluation's, which scores no
+                           stand-in (0: the search) */
   int drop_last_batch; /* drop an epoch's final batch when it is short */
   int64_t epochs;      /* epochs the stream delivers from its start (seek); 0: endless */
   uint64_t seed;       /* augmentation seed */
@@ -40,7 +43,8 @@ struct gw_batch {
   int skipped;        /* samples of this batch that replaced a skipped one */
   const uint8_t *stand_in; /* [n]: 1 where the sample stands in for a skipped one
                               (the next readable one of the shard, so it is in
-                              the epoch twice: evaluation counts it once) */
+                              the epoch twice; blank_unreadable: zeros, label
+                              0): an evaluation scores none */
   int64_t epoch;
   int64_t position;   /* the first sample's place in the rank's shard */
 };
@@ -61,7 +65,7 @@ void gw_loader_free(struct gw_loader *l);
 /* The next batch in order, valid until the next call of gw_loader_next,
  * gw_loader_seek or gw_loader_free.  *batch is NULL once cfg.epochs have been
  * delivered.  Blocks only while that batch is not decoded yet.  An error (a
- * dataset failure other than a skip, or no readable sample in the shard) repeats
+ * dataset failure other than a skip, or, without blank_unreadable, no readable sample in the shard) repeats
  * on every later call until a seek.  Worker threads that cannot all start
  * (GW_ERR_SYSTEM) leave the stream where it was; a later call tries again. */
 gw_result_t gw_loader_next(struct gw_loader *l, const struct gw_batch **batch);

@@ -270,6 +270,12 @@ END_TEST
  * with a 2 s limit and set 0 (no limit) while it waits: it still fails
  * within its limit and grace (the grace was taken from the communicator's
  * limit at its deadline, 0 then, and the wait went on until rank 2 left). */
+static void *unlimit_later(void *comm) {
+  usleep(500 * 1000);
+  gw_comm_set_timeout(comm, 0);
+  return NULL;
+}
+
 static int body_limit_kept(gw_comm_t comm, int rank, int n, void *arg) {
   _Atomic int *reported = arg;
   if (rank == 2) { /* alive until both have reported (at most 20 s) */
@@ -279,14 +285,14 @@ static int body_limit_kept(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(gw_comm_set_algo(comm, "ring", "simple") == GW_SUCCESS, "set_algo: %s", gw_comm_last_error(comm));
   gw_comm_set_timeout(comm, 2);
   float x[1024] = {0};
-  gw_request_t q;
+  /* a blocking call runs on this thread at once, so its wait starts under
+   * the 2 s limit; another thread lifts the limit while it waits */
+  pthread_t t;
+  EXPECT(pthread_create(&t, NULL, unlimit_later, comm) == 0, "pthread_create");
   const double t0 = test_now();
-  EXPECT(gw_iallreduce(x, x, 1024, GW_FLOAT32, GW_SUM, comm, NULL, &q) == GW_SUCCESS, "iallreduce: %s",
-         gw_comm_last_error(comm));
-  usleep(500 * 1000);
-  gw_comm_set_timeout(comm, 0);
-  const gw_result_t r = gw_wait(&q);
+  const gw_result_t r = gw_allreduce(x, x, 1024, GW_FLOAT32, GW_SUM, comm, NULL);
   const double took = test_now() - t0;
+  pthread_join(t, NULL);
   atomic_fetch_add(reported, 1);
   EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "returned %s", gw_strerror(r));
   EXPECT(took < 10, "took %.1f s (the limit 2 s and its grace, set to 0 while the wait was under way)", took);
@@ -317,7 +323,12 @@ static int body_own_message(gw_comm_t comm, int rank, int n, void *arg) {
   gw_request_t q[5];
   for (int i = 0; i < 5; i++)
     EXPECT(gw_iallreduce(&x[i], &x[i], 1, GW_FLOAT32, GW_SUM, comm, NULL, &q[i]) == GW_SUCCESS, "iallreduce %d", i);
-  usleep(1500 * 1000); /* all 5 done with: the first timed out, the rest refused */
+  /* all 5 done with (the queue runs in order): the first timed out, the
+   * rest refused */
+  for (int d = 0; !d;) {
+    EXPECT(q[4] == NULL || gw_test(&q[4], &d) != GW_ERR_INVALID_ARGUMENT, "gw_test");
+    if (!d) usleep(10 * 1000);
+  }
   gw_result_t r = gw_wait(&q[0]);
   EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(comm), "waited") &&
              !has(gw_comm_last_error(comm), "failed in an earlier operation"),

@@ -335,7 +335,6 @@ START_TEST(folder_bad_trees) {
   gw_sampler_init(&s, 1, 1, 0, 0, 0, 0);
   struct gw_loader_config cfg;
   gw_loader_config_default(&cfg);
-  cfg.train = 1;
   struct gw_loader *l;
   ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
   const struct gw_batch *b;
@@ -344,7 +343,7 @@ START_TEST(folder_bad_trees) {
   /* An evaluation's loader gives a blank stand-in, scored nowhere: one rank
    * whose whole share is unreadable leaves it out as a single rank would
    * (it failed the job at 2 ranks, not at 1) */
-  cfg.train = 0;
+  cfg.blank_unreadable = 1;
   ck_assert_int_eq(gw_loader_init(&l, ds, &s, &cfg), GW_SUCCESS);
   ck_assert_msg(gw_loader_next(l, &b) == GW_SUCCESS && b && b->n == 1 && b->stand_in[0] == 1 && b->skipped == 1 &&
                     b->x[0] == 0.0f,

@@ -303,7 +303,7 @@ START_TEST(test_imagefolder_bad_files_skipped) {
                     !strstr(r.out, "over 9 samples"),
                 "no evaluation over the 8 readable validation samples:\n%s", r.out);
   /* and the epochs' totals (the per-rank warnings come now and then) */
-  ck_assert_msg(strstr(r.out, "unreadable training samples replaced by readable ones (all ranks; 4 in all so far)"),
+  ck_assert_msg(strstr(r.out, "unreadable training samples replaced by readable ones (all ranks; 4 in this run so far)"),
                 "no total of the 4 replaced samples at the last epoch's end:\n%s", r.out);
   gwrun_free(&r);
   f = fopen(metrics, "r");

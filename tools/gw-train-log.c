@@ -131,15 +131,24 @@ void log_close(struct train_log *l) {
   l->metrics = NULL;
 }
 
+/* One line: a file name with a newline in it (data errors and the dataset's
+ * notes name files) printed a line of its own, one that could pass for
+ * gw-train's. */
+static void one_line(char *line) {
+  for (char *c = line; *c; c++)
+    if ((unsigned char)*c < 0x20 && *c != '\t') *c = '?';
+}
+
 void log_text(struct train_log *l, const char *fmt, ...) {
   if (l->rank != 0) return;
   end_line(l);
+  char line[GW_MODEL_ERRMSG_MAX + 1200]; /* a dataset's description (notes naming files) and the words around */
   va_list ap;
   va_start(ap, fmt);
-  fputs("gw-train: ", stdout);
-  vprintf(fmt, ap);
+  vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  fputc('\n', stdout);
+  one_line(line);
+  printf("gw-train: %s\n", line);
   fflush(stdout);
 }
 
@@ -150,10 +159,7 @@ void log_rank(struct train_log *l, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  /* one line: a file name with a newline in it (data errors name files)
-   * printed a line of its own, one that could pass for gw-train's */
-  for (char *c = line; *c; c++)
-    if ((unsigned char)*c < 0x20 && *c != '\t') *c = '?';
+  one_line(line);
   fprintf(stderr, "gw-train: rank %d: %s\n", l->rank, line);
   fflush(stderr);
 }

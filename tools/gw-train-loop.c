@@ -576,6 +576,9 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   if (gw_exec_backward(t->e, k->staged ? NULL : bt->y, &loss, ready, t) != GW_SUCCESS)
     return train_fail(t, "backward", gw_model_last_error());
   if (t->ready_msg[0]) return train_fail(t, "backward", t->ready_msg);
+  /* this rank's unreadable samples up to this step's batch (not the next one,
+   * taken below on a device backend) */
+  const int64_t skipped = gw_loader_skipped(t->train_ld);
   if (next && take_batch(t, next) != 0) return -1;
   if (copies && gw_exec_download_stats(t->e) != GW_SUCCESS) return train_fail(t, "backward", gw_model_last_error());
   double t_bwd = now();
@@ -592,7 +595,7 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   trainer_signals_take(&ckpt, &stop);
   /* and the unreadable samples so far: the metrics' count is every rank's
    * (it was rank 0's alone) */
-  double sums[5] = {loss, over, ckpt, stop, (double)gw_loader_skipped(t->train_ld)};
+  double sums[5] = {loss, over, ckpt, stop, (double)skipped};
   if (train_allreduce_d(t, sums, 5, "averaging the loss") != 0) return -1;
   const double lsum = sums[0];
   over = sums[1] > 0;
@@ -639,7 +642,7 @@ static int epoch_end(struct trainer *t, int64_t epoch) {
   /* the warnings above come now and then, each rank's own: the epoch's total */
   if (t->skipped_all > t->skipped_epoch)
     log_text(&t->log, "epoch %lld: %lld unreadable training sample%s replaced by readable ones (all ranks; %lld in "
-             "all so far)", (long long)epoch + 1, (long long)(t->skipped_all - t->skipped_epoch),
+             "this run so far)", (long long)epoch + 1, (long long)(t->skipped_all - t->skipped_epoch),
              t->skipped_all - t->skipped_epoch > 1 ? "s" : "", (long long)t->skipped_all);
   t->skipped_epoch = t->skipped_all;
   t->st.loss_sum = 0, t->st.loss_count = 0;

@@ -483,6 +483,7 @@ static int setup_loaders(struct trainer *t) {
   if (gw_sampler_init(&t->val_s, gw_dataset_size(t->val_ds), t->world, t->rank, 0, 0, seed) != GW_SUCCESS)
     return train_fail(t, "sampler", gw_data_last_error());
   lc.train = 0, lc.drop_last_batch = 0, lc.epochs = 1;
+  lc.blank_unreadable = 1; /* the evaluation scores no stand-in: no search for one */
   if (gw_loader_init(&t->val_ld, t->val_ds, &t->val_s, &lc) != GW_SUCCESS)
     return train_fail(t, "loader", gw_data_last_error());
   return 0;
