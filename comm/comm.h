@@ -148,6 +148,7 @@ struct gw_request {
   char *msg;
   bool detached; /* nobody waits: the progress thread frees it (stream-ordered calls) */
   double unsettled_since; /* gw_test: when it first found the host part done, the result not copied out (0: not yet) */
+  double unsettled_limit; /* GW_TIMEOUT then: the limit of that wait (a wait under way keeps its limit) */
 };
 struct gw_devstate;
 
@@ -372,8 +373,10 @@ void gw__dev_free(struct gw_comm *comm);
 bool gw__dev_settled(const struct gw_comm *comm, const struct gw_op *op);
 gw_result_t gw__dev_settle(struct gw_comm *comm, const struct gw_op *op);
 /* One look (gw_test): *settled, or an error once the communicator was aborted
- * or `since` is the timeout past (the message set, as gw__dev_settle's). */
-gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, double since, bool *settled);
+ * or `since` is `timeout` past, the wait's limit (0: none; the message set,
+ * as gw__dev_settle's). */
+gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, double since, double timeout,
+                                bool *settled);
 /* The calling thread on comm's device (destroy frees its device memory
  * there); returns what to give gw__dev_switch_back (-1: nothing changed). */
 int gw__dev_switch(struct gw_comm *comm);

@@ -734,9 +734,10 @@ bool gw__dev_settled(const struct gw_comm *comm, const struct gw_op *op) {
   return atomic_load_explicit((_Atomic uint64_t *)stage_free_flag(d), memory_order_acquire) >= op->ticket;
 }
 
-gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, double since, bool *settled) {
+gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, double since, double timeout,
+                                bool *settled) {
   *settled = gw__dev_settled(comm, op);
-  const double timeout = comm->timeout_s, now = gw__now();
+  const double now = gw__now();
   /* A fault on the device (sticky: the free flag is then never written) ends
    * the wait at once, asked about every 100 ms as the other waits do: it
    * waited GW_TIMEOUT, or for good with 0. */
@@ -772,10 +773,11 @@ gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, do
 gw_result_t gw__dev_settle(struct gw_comm *comm, const struct gw_op *op) {
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
-  const double since = gw__now();
+  const double since = gw__now(), limit = comm->timeout_s; /* a wait under way keeps its limit */
   bool settled;
   gw_result_t res;
-  while ((res = gw__dev_settle_look(comm, op, since, &settled)) == GW_SUCCESS && !settled) gw__waiter_pause(&w);
+  while ((res = gw__dev_settle_look(comm, op, since, limit, &settled)) == GW_SUCCESS && !settled)
+    gw__waiter_pause(&w);
   return res;
 }
 

@@ -63,9 +63,10 @@ GW_PARAM(DevUnmapWaitMs, "GW_DEV_UNMAP_WAIT_MS", 2000)
 #define GW_DEV_FLAG_RELEASE (1ull << 62)
 
 /* The checks of a host wait on the stream-ordered ring: an abort, a dead
- * neighbour (looked at every 100 ms), GW_TIMEOUT counted from start. */
-static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, double start, double *next_look,
-                              struct gw_errctx *err) {
+ * neighbour (looked at every 100 ms), the limit (GW_TIMEOUT when the wait
+ * started: a wait under way keeps it, gradwire.h) counted from start. */
+static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, double start, double limit,
+                              double *next_look, struct gw_errctx *err) {
   const int prev = comm->rings[0].prev, next = comm->rings[0].next;
   const double now = gw__now();
   char what[160];
@@ -88,11 +89,11 @@ static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, doub
                      (int)comm->peers[dead].pid, what);
     }
   }
-  if (comm->timeout_s > 0 && now - start > comm->timeout_s) {
+  if (limit > 0 && now - start > limit) {
     gw__describe_op(&op->desc, what, sizeof what);
     return gw__err(err, GW_ERR_TIMEOUT, "rank %d: operation %s: this rank's stream still waits after %.0f s "
                    "(GW_TIMEOUT) for rank %d's or rank %d's stream on the device ring", comm->rank, what,
-                   comm->timeout_s, prev, next);
+                   limit, prev, next);
   }
   return GW_SUCCESS;
 }
@@ -111,7 +112,7 @@ static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, doub
 static gw_result_t ring_drain(struct gw_comm *comm, const struct gw_op *op, gw_result_t res,
                               const struct gw_ring_end *e, struct gw_errctx *err) {
   const struct gw_devring *dr = comm->devring;
-  const double start = gw__now();
+  const double start = gw__now(), limit = comm->timeout_s;
   double next_look = start + 0.1, next_query = start + 0.1;
   bool release = res != GW_SUCCESS;
   struct gw_waiter w;
@@ -134,7 +135,7 @@ static gw_result_t ring_drain(struct gw_comm *comm, const struct gw_op *op, gw_r
         return res != GW_SUCCESS ? res : gw__dev_fail(err, comm, "the device, while the device ring's stream ran,");
     }
     if (!release) {
-      res = ring_watch(comm, op, start, &next_look, err);
+      res = ring_watch(comm, op, start, limit, &next_look, err);
       release = res != GW_SUCCESS;
     }
     if (release) gw__dev_ring_release(comm);

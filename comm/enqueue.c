@@ -667,8 +667,8 @@ gw_result_t gw_test(gw_request_t *reqp, int *done) {
   gw_result_t res = req->result;
   if (res == GW_SUCCESS && !gw__dev_settled(comm, &req->op)) {
     bool settled = false;
-    if (!req->unsettled_since) req->unsettled_since = gw__now();
-    res = gw__dev_settle_look(comm, &req->op, req->unsettled_since, &settled);
+    if (!req->unsettled_since) req->unsettled_since = gw__now(), req->unsettled_limit = comm->timeout_s;
+    res = gw__dev_settle_look(comm, &req->op, req->unsettled_since, req->unsettled_limit, &settled);
     if (res == GW_SUCCESS && !settled) {
       live_add(req);
       gw__comm_leave(comm);
