@@ -125,7 +125,7 @@ static void read_error_text(int fd, const struct gw_boot_frame *f, char *msg, si
   /* printable only: before the proof, anything listening on the master's
    * port may send it (control characters reached the terminal) */
   for (size_t i = 0; i < n; i++)
-    if ((unsigned char)msg[i] < 0x20 || msg[i] == 0x7f) msg[i] = '?';
+    if ((unsigned char)msg[i] < 0x20 || ((unsigned char)msg[i] >= 0x7f && (unsigned char)msg[i] < 0xa0)) msg[i] = '?';
 }
 
 static void set_sock_opts(int fd) {
@@ -193,13 +193,14 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
   struct addrinfo *ai = NULL;
   double resolved_at = 0;
   while (gw__now() < deadline) {
-    if (!ai || gw__now() - resolved_at >= 2.0) {
+    if (resolved_at == 0 || gw__now() - resolved_at >= 2.0) {
       if (ai) freeaddrinfo(ai), ai = NULL;
       /* A name that does not resolve yet is retried (a Kubernetes service's DNS
        * record may come after its pod), and named if it never does. */
       gai = resolve(host, port, false, &ai);
+      const int e = errno;
       resolved_at = gw__now();
-      if (gai != 0) ai = NULL, last_gai = gai, last_errno = gai == EAI_SYSTEM ? errno : 0;
+      if (gai != 0) ai = NULL, last_gai = gai, last_errno = gai == EAI_SYSTEM ? e : 0;
       else last_gai = 0;
     }
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
@@ -557,8 +558,9 @@ static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, d
   if (joined) snprintf(from, sizeof from, "from %s", bs->from[peer]);
   const char *where = joined ? from : bs->master;
   if (r == GW_ERR_TIMEOUT)
-    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d did not answer within %.0f s during the rendezvous at %s%s",
-                   bs->rank, peer, waited_s, where,
+    return gw__err(err, GW_ERR_TIMEOUT,
+                   "rank %d: rank %d%s%s%s did not answer within %.0f s during the rendezvous at %s%s", bs->rank, peer,
+                   joined ? " (" : "", joined ? from : "", joined ? ")" : "", waited_s, bs->master,
                    peer == 0 ? " (rank 0 answers once every rank has reached this point: look for a rank that is "
                                "missing, slow or failed)"
                              : "");

@@ -379,7 +379,8 @@ static size_t loose_images(const char *dir) {
   DIR *d = opendir(dir);
   if (!d) return 0;
   size_t n = 0;
-  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.' && is_image_name(e->d_name);
+  for (struct dirent *e; (e = readdir(d));)
+    n += e->d_name[0] != '.' && e->d_type != DT_DIR && is_image_name(e->d_name);
   closedir(d);
   return n;
 }
@@ -401,9 +402,10 @@ gw_result_t gw__folder_scan(struct gw__folder *f, const char *dir, enum gw_split
   if (res == GW_SUCCESS) res = scan_split(f, split_dir, &classes, split == GW_SPLIT_TRAIN);
   if (res == GW_SUCCESS && f->base.size == 0) {
     const size_t loose = loose_images(split_dir);
-    res = loose ? gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s has no class directories: its %zu " IMAGE_NAMES
-                                 " file%s in it directly (ImageNet's original validation layout: sort them into "
-                                 "one folder per class, as train/ has them, as torchvision's ImageFolder needs too)",
+    res = loose ? gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: %s has no images in class directories: its %zu "
+                                 IMAGE_NAMES " file%s in it directly (ImageNet's original validation layout: sort "
+                                 "them into one folder per class, as train/ has them, as torchvision's ImageFolder "
+                                 "needs too)",
                                  split_dir, loose, loose > 1 ? "s lie" : " lies")
                 : gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: no " IMAGE_NAMES " files under %s", split_dir);
   }

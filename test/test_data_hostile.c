@@ -390,7 +390,7 @@ START_TEST(folder_bad_trees) {
    * so (it said "no .jpg ... files under val") */
   write_file(in_tmp("val/ILSVRC2012_val_00000001.JPEG"), "text", 4);
   expect_error(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_VAL, 32), "val",
-               "has no class directories: its 1 " NAMES " file lies in it directly");
+               "has no images in class directories: its 1 " NAMES " file lies in it directly");
   ck_assert_int_eq(unlink(in_tmp("val/ILSVRC2012_val_00000001.JPEG")), 0);
   mkdirs("val/a");
   write_file(in_tmp("val/a/v.webp"), "webp", 4);
