@@ -62,6 +62,7 @@ int lock_live(const char *file);
 
 /* test_train_weights.c's, test_train_ckpt.c's, test_train_sched.c's and test_train_restart.c's cases. */
 void add_weights_tests(TCase *tc);
+void add_data_tests(TCase *tc); /* test_train_data.c */
 void add_checkpoint_tests(TCase *tc);
 /* test_train_ckpt_meta.c's cases (added by add_checkpoint_tests). */
 void add_checkpoint_meta_tests(TCase *tc);
