@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -453,6 +454,67 @@ static int body_impostor(int rank, int n, const char *master, void *arg) {
 START_TEST(test_impostor_master) { ck_assert_int_eq(run_ranks_raw(1, body_impostor, NULL, 30), 0); }
 END_TEST
 
+/* Strangers on the master's port that connect and say nothing (a health
+ * check, a port scan holding its connections), one that drips a byte of a
+ * frame every half second, and one that sends a gradwire header and stops,
+ * all before the ranks: the job starts all the same.  Rank 0 took one
+ * handshake at a time, 5 s for each silent one: these 10 held it 50 s, past
+ * the rendezvous' 20 s.  Harness rank 3 is the strangers; ranks 0-2 the job. */
+#define STRANGERS 10
+static int body_silent_strangers(int rank, int n, const char *master, void *arg) {
+  (void)n, (void)arg;
+  char up[128], done[128];
+  marker(master, "strangers", up, sizeof up);
+  marker(master, "strangers-done", done, sizeof done);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "20", 1);
+  if (rank == 3) {
+    char host[64], port[16];
+    struct addrinfo *ai = NULL, hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    EXPECT(gw__parse_host_port(master, host, sizeof host, port, sizeof port) &&
+           getaddrinfo(host, port, &hints, &ai) == 0, "master %s", master);
+    int fds[STRANGERS];
+    for (int i = 0; i < STRANGERS; i++) {
+      fds[i] = socket(ai->ai_family, SOCK_STREAM, 0);
+      double t0 = test_now(); /* rank 0 may not listen yet */
+      while (connect(fds[i], ai->ai_addr, ai->ai_addrlen) != 0 && test_now() - t0 < 30) {
+        close(fds[i]);
+        usleep(20000);
+        fds[i] = socket(ai->ai_family, SOCK_STREAM, 0);
+      }
+    }
+    freeaddrinfo(ai);
+    const struct gw_boot_frame f = {.magic = GW_BOOT_MAGIC, .kind = GW_BOOT_HELLO, .len = sizeof(struct gw_boot_hello)};
+    EXPECT(send(fds[STRANGERS - 1], &f, sizeof f, MSG_NOSIGNAL) == (ssize_t)sizeof f, "the header");
+    FILE *m = fopen(up, "w");
+    if (m) fclose(m);
+    /* all held until the job is up (or 25 s), whatever rank 0 did with one */
+    static const char drip[] = "GET / HTTP/1.0\r\n";
+    for (int i = 0; i < 50 && access(done, F_OK) != 0; i++, usleep(500000))
+      (void)send(fds[0], drip + i % (sizeof drip - 1), 1, MSG_NOSIGNAL);
+    for (int i = 0; i < STRANGERS; i++) close(fds[i]);
+    unlink(up), unlink(done);
+    return 0;
+  }
+  if (rank > 0) EXPECT(wait_for(up, 60), "the strangers never came");
+  gw_comm_t comm;
+  const double t0 = test_now();
+  EXPECT(gw_comm_init(&comm, 3, rank, master) == GW_SUCCESS, "rank %d: init after %.1f s: %s", rank,
+         test_now() - t0, gw_comm_last_error(NULL));
+  if (rank == 0) {
+    FILE *m = fopen(done, "w");
+    if (m) fclose(m);
+  }
+  int32_t v = rank + 1;
+  EXPECT(gw_allreduce(&v, &v, 1, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS && v == 6, "rank %d: allreduce", rank);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_silent_strangers_cost_nothing) {
+  ck_assert_int_eq(run_ranks_raw(4, body_silent_strangers, NULL, 90), 0);
+}
+END_TEST
+
 /* A rank out of file descriptors (RLIMIT_NOFILE at the lowest free one) fails
  * at once, saying so; it retried until GW_BOOTSTRAP_TIMEOUT and then said "no
  * answer from master ... (no route); is rank 0 running?". */
@@ -574,6 +636,7 @@ int main(void) {
   tcase_add_test(tc, test_late_joiner_refused);
   tcase_add_test(tc, test_hmac_vectors);
   tcase_add_test(tc, test_impostor_master);
+  tcase_add_test(tc, test_silent_strangers_cost_nothing);
   tcase_add_test(tc, test_out_of_fds_said);
   tcase_add_test(tc, test_transport_must_agree);
   tcase_add_test(tc, test_failed_rank_says_why);

@@ -1,9 +1,10 @@
 /* fuzz_bootstrap.c - libFuzzer target for the rendezvous parsers: the bytes a
  * stranger (or a broken peer) sends are fed through a socket pair to rank 0's
- * hello reader and token check, to rank 0's allgather receive, and, as rank 0's
- * answer, to a rank's allgather receive.  Built by test/fuzz.sh with clang
- * -fsanitize=fuzzer,address,undefined; includes bootstrap.c to reach its static
- * parsers (and sock.c, which its connect uses). */
+ * hello reader (a read at a time, as its poll loop does) and token check, to
+ * rank 0's allgather receive, and, as rank 0's answer, to a rank's allgather
+ * receive.  Built by test/fuzz.sh with clang -fsanitize=fuzzer,address,undefined;
+ * includes bootstrap.c to reach its static parsers (and sock.c, which its
+ * connect uses). */
 #include "../../comm/bootstrap.c"
 #include "../../comm/hmac.c"
 #include "../../comm/forkfd.c"
@@ -36,10 +37,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   int fds = feed(data, len);
   if (fds < 0) return 0;
   int rd = fds & 0xffff, wr = fds >> 16;
-  struct gw_boot_hello h;
-  static const uint8_t challenge[GW_BOOT_NONCE] = {1, 2, 3};
-  if (read_hello(rd, &h, deadline)) (void)hello_mac_ok(&h, challenge, "token");
-  close(rd);
+  struct gw_bootstrap hb = {.rank = 0, .nranks = 2};
+  struct boot_pending p = {.fd = rd, .deadline = deadline, .challenge = {1, 2, 3}};
+  snprintf(p.who, sizeof p.who, "fuzz");
+  bool whole = false;
+  while (p.fd >= 0 && !whole) whole = root_read_hello(&hb, &p); /* the data, then EOF: never waits */
+  if (whole) {
+    struct gw_boot_hello h;
+    memcpy(&h, p.buf + sizeof(struct gw_boot_frame), sizeof h);
+    (void)hello_mac_ok(&h, p.challenge, "token");
+  }
+  if (p.fd >= 0) close(rd); /* a refused one was closed by the reader */
   close(wr);
 
   /* 2: rank 0 receives rank 1's allgather contribution */
