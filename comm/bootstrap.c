@@ -18,28 +18,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bootstrap.h"
+#include "bootstrap_internal.h"
 #include "hmac.h"
 #include "sock.h"
 
 #define BOOT_MAX_PAYLOAD (64u << 20)
-/* Addresses of the master's name rank 0 listens on (an A and an AAAA record,
- * several A records): a rank whose resolver or route takes another one than
- * rank 0's first reaches it all the same. */
-#define BOOT_MAX_LISTEN 4
-/* Rank 0's socks[r] for a rank whose connection closed before the
- * rendezvous completed: not joined, told as such if it never comes back. */
-#define BOOT_EXITED (-2)
-
-struct gw_bootstrap {
-  int rank, nranks;
-  int *socks;      /* rank 0: socks[r] for r >= 1 (BOOT_EXITED: joined, then its process exited); others: socks[0] */
-  char (*from)[64]; /* rank 0: the address rank r joined from (its messages name it; the master is rank 0's own) */
-  int listen_fds[BOOT_MAX_LISTEN], nlisten; /* rank 0, until everyone joined */
-  bool told_error; /* rank 0 sent ERROR frames: close those sockets gracefully */
-  char master[300];
-  double timeout_s;
-};
 
 bool gw__parse_host_port(const char *s, char *host, size_t hostlen, char *port, size_t portlen) {
   if (!s || !*s) return false;
@@ -98,7 +81,7 @@ static gw_result_t io_all(int fd, void *buf, size_t len, bool sending, double de
   return GW_SUCCESS;
 }
 
-static gw_result_t send_frame(int fd, uint32_t kind, const void *data, size_t len, double deadline) {
+gw_result_t gw__boot_send_frame(int fd, uint32_t kind, const void *data, size_t len, double deadline) {
   struct gw_boot_frame f = {.magic = GW_BOOT_MAGIC, .kind = kind, .len = len};
   GW_CHECK(io_all(fd, &f, sizeof f, true, deadline));
   if (len) GW_CHECK(io_all(fd, (void *)data, len, true, deadline));
@@ -128,7 +111,7 @@ static void read_error_text(int fd, const struct gw_boot_frame *f, char *msg, si
     if ((unsigned char)msg[i] < 0x20 || ((unsigned char)msg[i] >= 0x7f && (unsigned char)msg[i] < 0xa0)) msg[i] = '?';
 }
 
-static void set_sock_opts(int fd) {
+void gw__boot_sock_opts(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
@@ -213,7 +196,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
        * the rest (or the whole rendezvous) for the kernel's 2 minutes. */
       if (gw__sock_connect_deadline(fd, a->ai_addr, a->ai_addrlen, GW_MIN(deadline, gw__now() + 10.0)) == 0) {
         freeaddrinfo(ai);
-        set_sock_opts(fd);
+        gw__boot_sock_opts(fd);
         bs->socks[0] = fd;
         return GW_SUCCESS;
       }
@@ -258,7 +241,7 @@ void gw__boot_mac(const char *token, int which, const uint8_t challenge[GW_BOOT_
 /* A nonce: getrandom's bits, else the clock's (unique, if guessable: the
  * token stays secret either way; a guessable challenge only lets a recorded
  * hello be replayed to rank 0 by a stranger, who then cannot go on). */
-static void make_nonce(uint8_t out[GW_BOOT_NONCE]) {
+void gw__boot_nonce(uint8_t out[GW_BOOT_NONCE]) {
   if (getrandom(out, GW_BOOT_NONCE, GRND_NONBLOCK) == GW_BOOT_NONCE) return;
   for (int i = 0; i < GW_BOOT_NONCE; i += 4) {
     const uint32_t v = gw__clock_bits() ^ (uint32_t)i;
@@ -266,18 +249,11 @@ static void make_nonce(uint8_t out[GW_BOOT_NONCE]) {
   }
 }
 
-/* Whether h proves the token for the challenge it answers (constant time). */
-static bool hello_mac_ok(const struct gw_boot_hello *h, const uint8_t challenge[GW_BOOT_NONCE], const char *token) {
-  uint8_t want[32];
-  gw__boot_mac(token, 0, challenge, NULL, h->rank, h->nranks, want);
-  return gw__equal_ct(want, h->mac, sizeof want);
-}
-
 /* Closes a socket the peer may still have written to without a reset: a reset
  * would make the peer's kernel drop our last frame (the reason it was refused)
  * before the peer reads it.  Shut our side, read until the peer closes or a
  * short deadline passes, then close. */
-static void close_gracefully(int fd, double deadline) {
+void gw__boot_close_gracefully(int fd, double deadline) {
   shutdown(fd, SHUT_WR);
   char sink[512];
   for (;;) {
@@ -294,257 +270,16 @@ static void close_gracefully(int fd, double deadline) {
   gw__sock_close(fd);
 }
 
-static void refuse(int fd, const char *why, double deadline) {
-  send_frame(fd, GW_BOOT_ERROR, why, strlen(why), deadline);
-  close_gracefully(fd, GW_MIN(deadline, gw__now() + 2.0));
-}
-
 /* Rank 0 tells ranks first.. n-1 why the job cannot go on (best effort). */
 /* Every rank but `skip` (the one that failed: a stuck reader would take the
  * second that the others' notices have) hears msg; ranks already answered
  * in this exchange read it at their next (they reported "lost the bootstrap
  * connection to rank 0" when it closed). */
-static void root_broadcast_error(struct gw_bootstrap *bs, int skip, const char *msg) {
+void gw__boot_broadcast_error(struct gw_bootstrap *bs, int skip, const char *msg) {
   double deadline = gw__now() + 1.0;
   bs->told_error = true;
   for (int r = 1; r < bs->nranks; r++)
-    if (r != skip && bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
-}
-
-/* Whether the peer of a joined rank's socket has closed it (its process
- * exited): the end of its stream is seen even behind data it sent first. */
-static bool peer_gone(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-  return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
-/* Rank 0, once every rank joined: takes out those whose process exited
- * since (a pod restarted, a rank killed while it waited for the last one),
- * so a new process for that rank can still take its place; completing with
- * a dead connection failed every rank at the next exchange.  One poll per
- * rank, only when the count is full.  Returns how many are still joined. */
-static int root_drop_exited(struct gw_bootstrap *bs, int joined) {
-  for (int r = 1; r < bs->nranks; r++)
-    if (bs->socks[r] >= 0 && peer_gone(bs->socks[r])) {
-      GW_WARN(GW_SUB_BOOT, "rank 0: rank %d joined the rendezvous at %s, then its process exited (its connection "
-              "closed) before the job started; waiting for a new rank %d for the rest of the %.0f s",
-              r, bs->master, r, bs->timeout_s);
-      gw__sock_close(bs->socks[r]);
-      bs->socks[r] = BOOT_EXITED;
-      joined--;
-    }
-  return joined;
-}
-
-/* A connection rank 0 accepted and challenged, whose hello is still coming:
- * rank 0 waits for all of them at once, so a stranger that connects and says
- * nothing (a health check, a port scan that holds the connection) costs the
- * job nothing; each handshake waited in turn, 5 s for each silent one, and a
- * few of them outlasted the rendezvous' timeout. */
-struct boot_pending {
-  int fd;
-  double deadline; /* its 5 s to say hello */
-  size_t got;      /* bytes of the hello frame read so far */
-  uint8_t challenge[GW_BOOT_NONCE];
-  uint8_t buf[sizeof(struct gw_boot_frame) + sizeof(struct gw_boot_hello)];
-  char who[64];
-};
-/* Hellos waited for at once; past it, accepting waits for a slot. */
-#define BOOT_MAX_PENDING 256
-
-/* Rank 0's message when the deadline passed with ranks missing; the ranks
- * that joined hear it too (which are missing, not merely that rank 0 went). */
-static gw_result_t root_missing(struct gw_bootstrap *bs, int joined, struct gw_errctx *err) {
-  char missing[256] = "";
-  size_t used = 0;
-  for (int r = 1; r < bs->nranks && used < sizeof missing - 16; r++)
-    if (bs->socks[r] < 0)
-      used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d%s", used ? "," : "", r,
-                               bs->socks[r] == BOOT_EXITED ? " (joined, then exited)" : "");
-  char bound[NI_MAXHOST] = "?"; /* a host name that resolves to loopback (Debian's 127.0.1.1) is told here */
-  struct sockaddr_storage la;
-  socklen_t ll = sizeof la;
-  if (getsockname(bs->listen_fds[0], (struct sockaddr *)&la, &ll) == 0)
-    getnameinfo((struct sockaddr *)&la, ll, bound, sizeof bound, NULL, 0, NI_NUMERICHOST);
-  gw_result_t res = gw__err(err, GW_ERR_TIMEOUT,
-                            "rank 0: only %d of %d ranks reached the rendezvous at %s (listening on %s) within "
-                            "%.0f s; missing ranks: %s", joined, bs->nranks, bs->master, bound, bs->timeout_s,
-                            missing);
-  root_broadcast_error(bs, -1, err ? err->msg : "rank 0: ranks are missing at the rendezvous");
-  return res;
-}
-
-/* Accepts one connection on listener fd and sends it a challenge: *p is the
- * pending hello (p->fd -1 when there is none to wait for).  Only running out
- * of descriptors or memory is an error (the ranks that joined hear why). */
-static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined, struct boot_pending *p,
-                                   struct gw_errctx *err) {
-  struct sockaddr_storage from;
-  socklen_t fl = sizeof from;
-  p->fd = gw__sock_accept(lfd, (struct sockaddr *)&from, &fl);
-  if (p->fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
-    const int e = errno;
-    gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot accept rank connections at %s: %s%s (%d of %d "
-                              "joined)", bs->master, strerror(e),
-                              e == EMFILE || e == ENFILE ? "; raise `ulimit -n` above the number of ranks" : "",
-                              joined, bs->nranks);
-    root_broadcast_error(bs, -1, err ? err->msg : "rank 0: cannot accept more rank connections");
-    return res;
-  }
-  if (p->fd < 0) return GW_SUCCESS;
-  set_sock_opts(p->fd);
-  char who[NI_MAXHOST] = "?";
-  getnameinfo((struct sockaddr *)&from, fl, who, sizeof who, NULL, 0, NI_NUMERICHOST);
-  snprintf(p->who, sizeof p->who, "%s", who);
-  /* A stranger gets a few seconds to say hello, so it cannot stall the job. */
-  p->deadline = gw__now() + 5.0;
-  p->got = 0;
-  make_nonce(p->challenge);
-  if (send_frame(p->fd, GW_BOOT_CHALLENGE, p->challenge, sizeof p->challenge, p->deadline) != GW_SUCCESS) {
-    GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", p->who, bs->master);
-    gw__sock_close(p->fd);
-    p->fd = -1;
-  }
-  return GW_SUCCESS;
-}
-
-/* Reads what has come of p's hello.  Returns true when the whole frame is
- * in; closes p (p->fd -1) when it is no gradwire hello or its peer went. */
-static bool root_read_hello(struct gw_bootstrap *bs, struct boot_pending *p) {
-  ssize_t n = recv(p->fd, p->buf + p->got, sizeof p->buf - p->got, MSG_DONTWAIT);
-  if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-  bool bad = n <= 0;
-  if (n > 0) p->got += (size_t)n;
-  struct gw_boot_frame f;
-  if (!bad && p->got >= sizeof f) {
-    memcpy(&f, p->buf, sizeof f);
-    bad = f.magic != GW_BOOT_MAGIC || f.kind != GW_BOOT_HELLO || f.len != sizeof(struct gw_boot_hello);
-  }
-  if (bad) {
-    GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", p->who, bs->master);
-    gw__sock_close(p->fd);
-    p->fd = -1;
-    return false;
-  }
-  return p->got == sizeof p->buf;
-}
-
-/* Rank 0 takes p's whole hello: the rank joins, or the connection is
- * refused (a wrong token), or the job cannot go on (ranks that disagree on
- * the world size, a rank twice): that error, which every rank joined so far
- * hears.  p->fd is -1 after, whatever became of it. */
-static gw_result_t root_admit(struct gw_bootstrap *bs, const char *token, struct boot_pending *p, int *joined,
-                              struct gw_errctx *err) {
-  struct gw_boot_hello h;
-  memcpy(&h, p->buf + sizeof(struct gw_boot_frame), sizeof h);
-  const int fd = p->fd;
-  const char *who = p->who;
-  const double hello_deadline = p->deadline;
-  p->fd = -1;
-  if (!hello_mac_ok(&h, p->challenge, token)) {
-    GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s claiming rank %d: wrong job token", who, h.rank);
-    refuse(fd, "wrong job token (GW_JOB_TOKEN differs from rank 0's)", hello_deadline);
-    return GW_SUCCESS;
-  }
-  if (h.nranks == bs->nranks && h.rank >= 1 && h.rank < bs->nranks && bs->socks[h.rank] >= 0 &&
-      peer_gone(bs->socks[h.rank])) {
-    /* Its earlier process exited before the others came (a pod restarted
-     * by Kubernetes, a rank relaunched by hand): the new one takes its
-     * place.  A live earlier connection is a duplicate, refused below. */
-    GW_INFO(GW_SUB_BOOT, "rank 0: rank %d joined again from %s; its earlier connection is closed (that process "
-            "exited): the new one takes its place", h.rank, who);
-    gw__sock_close(bs->socks[h.rank]);
-    bs->socks[h.rank] = -1;
-    (*joined)--;
-  }
-  if (h.nranks != bs->nranks || h.rank < 1 || h.rank >= bs->nranks || bs->socks[h.rank] >= 0) {
-    char why[200];
-    if (h.nranks != bs->nranks)
-      snprintf(why, sizeof why, "world size mismatch: rank %d says %d ranks, rank 0 says %d", h.rank, h.nranks, bs->nranks);
-    else if (h.rank < 1 || h.rank >= bs->nranks)
-      snprintf(why, sizeof why, "rank %d is out of range for %d ranks", h.rank, bs->nranks);
-    else
-      snprintf(why, sizeof why, "rank %d joined twice (from %s)", h.rank, who);
-    refuse(fd, why, hello_deadline);
-    /* A job whose ranks disagree cannot run: tell everyone who joined so far. */
-    for (int r = 1; r < bs->nranks; r++)
-      if (bs->socks[r] >= 0) send_frame(bs->socks[r], GW_BOOT_ERROR, why, strlen(why), hello_deadline);
-    bs->told_error = true;
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank 0: %s", why);
-  }
-  /* This rank 0 knows the token too: the rank trusts what it sends after. */
-  uint8_t proof[32];
-  gw__boot_mac(token, 1, p->challenge, h.nonce, h.rank, h.nranks, proof);
-  if (send_frame(fd, GW_BOOT_PROOF, proof, sizeof proof, hello_deadline) != GW_SUCCESS) {
-    GW_WARN(GW_SUB_BOOT, "rank 0: rank %d (from %s) went during its hello", h.rank, who);
-    gw__sock_close(fd);
-    return GW_SUCCESS;
-  }
-  bs->socks[h.rank] = fd;
-  snprintf(bs->from[h.rank], sizeof bs->from[h.rank], "%s", who);
-  (*joined)++;
-  GW_TRACE(GW_SUB_BOOT, "rank 0: rank %d joined from %s", h.rank, who);
-  return GW_SUCCESS;
-}
-
-/* Rank 0: accepts ranks 1..n-1 until all have joined or the deadline passes,
- * every hello under way waited for at once. */
-static gw_result_t root_accept_all(struct gw_bootstrap *bs, const char *token, double deadline,
-                                   struct gw_errctx *err) {
-  struct boot_pending *pend = calloc(BOOT_MAX_PENDING, sizeof *pend);
-  struct pollfd *pfd = calloc(BOOT_MAX_LISTEN + BOOT_MAX_PENDING, sizeof *pfd);
-  gw_result_t res = GW_SUCCESS;
-  int joined = 1, npend = 0;
-  if (!pend || !pfd) {
-    res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory for the rendezvous");
-    goto out;
-  }
-  while (joined < bs->nranks || (joined = root_drop_exited(bs, joined)) < bs->nranks) {
-    /* the listeners while a hello can be waited for, then the hellos */
-    const int nl = npend < BOOT_MAX_PENDING ? bs->nlisten : 0;
-    double until = deadline;
-    for (int i = 0; i < nl; i++) pfd[i] = (struct pollfd){.fd = bs->listen_fds[i], .events = POLLIN};
-    for (int i = 0; i < npend; i++) {
-      pfd[nl + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
-      until = GW_MIN(until, pend[i].deadline);
-    }
-    const int ms = gw__ms_until(until);
-    const int pr = poll(pfd, (nfds_t)(nl + npend), ms > 0 ? ms : 0);
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0 && gw__now() >= deadline) {
-      res = root_missing(bs, joined, err);
-      goto out;
-    }
-    const double now = gw__now();
-    for (int i = 0; i < npend && res == GW_SUCCESS; i++) {
-      struct boot_pending *p = &pend[i];
-      if (pr > 0 && (pfd[nl + i].revents & (POLLIN | POLLHUP | POLLERR))) {
-        if (root_read_hello(bs, p)) res = root_admit(bs, token, p, &joined, err);
-      } else if (now >= p->deadline) {
-        GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: no gradwire hello within 5 s", p->who,
-                bs->master);
-        gw__sock_close(p->fd);
-        p->fd = -1;
-      }
-    }
-    int kept = 0; /* the hellos still coming, in the order they came */
-    for (int i = 0; i < npend; i++)
-      if (pend[i].fd >= 0) pend[kept++] = pend[i];
-    npend = kept;
-    for (int i = 0; i < nl && pr > 0 && res == GW_SUCCESS && npend < BOOT_MAX_PENDING; i++)
-      if (pfd[i].revents & POLLIN) {
-        res = root_accept_one(bs, bs->listen_fds[i], joined, &pend[npend], err);
-        if (pend[npend].fd >= 0) npend++;
-      }
-    if (res != GW_SUCCESS) goto out;
-  }
-out:
-  if (pend)
-    for (int i = 0; i < npend; i++)
-      if (pend[i].fd >= 0) gw__sock_close(pend[i].fd);
-  free(pend);
-  free(pfd);
-  return res;
+    if (r != skip && bs->socks[r] >= 0) gw__boot_send_frame(bs->socks[r], GW_BOOT_ERROR, msg, strlen(msg), deadline);
 }
 
 static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, double waited_s,
@@ -576,9 +311,9 @@ static gw_result_t peer_hello(struct gw_bootstrap *bs, const char *token, double
   uint8_t challenge[GW_BOOT_NONCE], proof[32], want[32];
   GW_CHECK(hello_frame(bs, GW_BOOT_CHALLENGE, challenge, sizeof challenge, deadline, waited, err));
   struct gw_boot_hello h = {.rank = bs->rank, .nranks = bs->nranks};
-  make_nonce(h.nonce);
+  gw__boot_nonce(h.nonce);
   gw__boot_mac(token, 0, challenge, NULL, h.rank, h.nranks, h.mac);
-  if (send_frame(bs->socks[0], GW_BOOT_HELLO, &h, sizeof h, deadline) != GW_SUCCESS)
+  if (gw__boot_send_frame(bs->socks[0], GW_BOOT_HELLO, &h, sizeof h, deadline) != GW_SUCCESS)
     return gw__err(err, GW_ERR_REMOTE, "rank %d: master %s closed the connection during the hello", bs->rank,
                    bs->master);
   GW_CHECK(hello_frame(bs, GW_BOOT_PROOF, proof, sizeof proof, deadline, waited, err));
@@ -628,7 +363,7 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
   double deadline = gw__now() + timeout_s;
   if (rank == 0) {
     GW_CHECK_GOTO(root_listen(bs, host, port, err), res, fail);
-    GW_CHECK_GOTO(root_accept_all(bs, token, deadline, err), res, fail);
+    GW_CHECK_GOTO(gw__boot_accept_all(bs, token, deadline, err), res, fail);
     /* Everyone is in: the port is let go.  Kept, it took a later job's ranks
      * (another job on the same port whose rank 0 could not bind) into its
      * backlog unanswered, and they failed after the timeout and its grace
@@ -685,14 +420,14 @@ static gw_result_t root_gather(struct gw_bootstrap *bs, uint8_t *all, size_t siz
       char msg[300];
       read_error_text(bs->socks[r], &f, msg, sizeof msg, deadline);
       res = gw__err(err, GW_ERR_REMOTE, "rank 0: rank %d failed: %s", r, msg);
-      root_broadcast_error(bs, r, err ? err->msg : msg);
+      gw__boot_broadcast_error(bs, r, err ? err->msg : msg);
       return res;
     }
     if (res == GW_SUCCESS && (f.kind != GW_BOOT_DATA || f.len != size)) res = BOOT_FOREIGN;
     if (res == GW_SUCCESS) res = io_all(bs->socks[r], all + (size_t)r * size, size, false, deadline);
     if (res != GW_SUCCESS) {
       res = peer_fail(bs, res, r, bs->timeout_s, err);
-      root_broadcast_error(bs, -1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
+      gw__boot_broadcast_error(bs, -1, err ? err->msg : "rank 0 failed during a bootstrap exchange");
       return res;
     }
   }
@@ -702,10 +437,10 @@ static gw_result_t root_gather(struct gw_bootstrap *bs, uint8_t *all, size_t siz
 /* Rank 0: answers rank r (each send with a fresh timeout: the answers of a
  * large job take a while in all, and a slow reader is named by its own). */
 static gw_result_t root_answer(struct gw_bootstrap *bs, int r, const void *data, size_t len, struct gw_errctx *err) {
-  gw_result_t res = send_frame(bs->socks[r], GW_BOOT_DATA, data, len, gw__now() + bs->timeout_s);
+  gw_result_t res = gw__boot_send_frame(bs->socks[r], GW_BOOT_DATA, data, len, gw__now() + bs->timeout_s);
   if (res != GW_SUCCESS) {
     res = peer_fail(bs, res, r, bs->timeout_s, err);
-    root_broadcast_error(bs, r, err ? err->msg : "rank 0 failed"); /* the others hear why */
+    gw__boot_broadcast_error(bs, r, err ? err->msg : "rank 0 failed"); /* the others hear why */
     return res;
   }
   atomic_fetch_add(&root_bytes, len);
@@ -716,7 +451,7 @@ static gw_result_t root_answer(struct gw_bootstrap *bs, int r, const void *data,
  * (a DATA frame; an ERROR frame's text becomes the error). */
 static gw_result_t send_and_await(struct gw_bootstrap *bs, const void *mine, size_t size, double *deadline,
                                   struct gw_boot_frame *f, struct gw_errctx *err) {
-  gw_result_t res = send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, *deadline);
+  gw_result_t res = gw__boot_send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, *deadline);
   if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s, err);
   /* Rank 0 answers by its own deadline, with the data or with why not (a
    * rank missing): this rank, whose deadline may have started earlier, waits
@@ -799,7 +534,7 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
     uint8_t *sorted = NULL;
     if (!all || !at || !fill) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
-      root_broadcast_error(bs, -1, "rank 0 ran out of memory during a bootstrap exchange");
+      gw__boot_broadcast_error(bs, -1, "rank 0 ran out of memory during a bootstrap exchange");
       goto root_out;
     }
     memcpy(all, recs, mine);
@@ -814,7 +549,7 @@ gw_result_t gw__bootstrap_route(struct gw_bootstrap *bs, const void *recs, int c
     sorted = malloc(GW_MAX(at[n], 1));
     if (!sorted) {
       res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory");
-      root_broadcast_error(bs, -1, "rank 0 ran out of memory during a bootstrap exchange");
+      gw__boot_broadcast_error(bs, -1, "rank 0 ran out of memory during a bootstrap exchange");
       goto root_out;
     }
     for (size_t o = 0; o < n; o++)
@@ -860,9 +595,9 @@ gw_result_t gw__bootstrap_barrier(struct gw_bootstrap *bs, struct gw_errctx *err
 void gw__bootstrap_fail(struct gw_bootstrap *bs, const char *msg) {
   if (!bs || bs->nranks == 1) return;
   if (bs->rank == 0) {
-    if (!bs->told_error) root_broadcast_error(bs, -1, msg);
+    if (!bs->told_error) gw__boot_broadcast_error(bs, -1, msg);
   } else if (bs->socks[0] >= 0) {
-    send_frame(bs->socks[0], GW_BOOT_ERROR, msg, strlen(msg), gw__now() + 1.0);
+    gw__boot_send_frame(bs->socks[0], GW_BOOT_ERROR, msg, strlen(msg), gw__now() + 1.0);
   }
 }
 
@@ -872,7 +607,7 @@ void gw__bootstrap_free(struct gw_bootstrap *bs) {
   if (bs->socks)
     for (int r = 0; r < (bs->rank == 0 ? bs->nranks : 1); r++) {
       if (bs->socks[r] < 0) continue;
-      if (bs->told_error) close_gracefully(bs->socks[r], deadline);
+      if (bs->told_error) gw__boot_close_gracefully(bs->socks[r], deadline);
       else gw__sock_close(bs->socks[r]);
     }
   close_listeners(bs);

@@ -394,6 +394,37 @@ gw_result_t gw__heard_abort(struct gw_comm *comm, struct gw_errctx *err) {
   return GW_SUCCESS;
 }
 
+/* Now and then in a long wait: the operation this rank runs, published on
+ * every connection of the communicator whose transport has a place for it
+ * (shm), and what the peers published there while they waited.  The same
+ * operation number with another call is a mismatch no chunk shows when every
+ * rank waits before its first send: at 3 ranks, one rank's tree or
+ * recursive-doubling allreduce against the others' broadcast (the root's
+ * tree waits for its children, the broadcast's ranks for the root's data)
+ * hung until the deadline, which blamed a rank "stuck, or called something
+ * else".  A peer's publication of another operation number says nothing. */
+static gw_result_t waiting_differs(struct prims *p) {
+  struct gw_comm *comm = p->comm;
+  struct gw_conn *conns[2 * GW_MAX_CHANNELS + GW_EXTRA_CONNS];
+  int n = 0;
+  for (int ch = 0; ch < comm->nchannels; ch++) conns[n++] = &comm->rings[ch].send, conns[n++] = &comm->rings[ch].recv;
+  n += gw__extra_conns(comm, conns + n);
+  const struct gw_opdesc *mine = &p->op->desc;
+  for (int i = 0; i < n; i++) {
+    struct gw_conn *c = conns[i];
+    struct gw_opdesc theirs;
+    if (!c->tp || !c->tp->waiting || !c->tp->waiting(c, mine, &theirs)) continue;
+    if (theirs.seq != mine->seq || memcmp(&theirs, mine, sizeof theirs) == 0) continue;
+    char me[160], them[160];
+    gw__describe_op(mine, me, sizeof me);
+    gw__describe_op(&theirs, them, sizeof them);
+    return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
+                   "rank %d: collective calls differ across ranks: this rank called %s but rank %d called %s (both "
+                   "waited, neither call sends first)", comm->rank, me, c->peer, them);
+  }
+  return GW_SUCCESS;
+}
+
 /* The heads of the watched connections: a later operation's chunk may wait
  * there (its sender is ahead), but a chunk of this operation means its sender
  * called something else (or runs it on other connections), and an abort notice
@@ -404,6 +435,7 @@ gw_result_t gw__heard_abort(struct gw_comm *comm, struct gw_errctx *err) {
  * grace, which may be shorter than the now-and-then). */
 static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, bool now) {
   if (!now && !slow_check_due(w)) return GW_SUCCESS;
+  if (slow_check_due(w)) GW_CHECK(waiting_differs(p));
   for (int i = 0; i < p->nconns; i++) {
     struct gw_conn *c = p->conns[i];
     const struct gw_chunk_hdr *h;

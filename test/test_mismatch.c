@@ -100,6 +100,38 @@ static int body_root_count(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_broadcast_root_count) { ck_assert_int_eq(run_ranks(3, body_root_count, NULL, 60), 0); }
 END_TEST
 
+/* Calls where every rank waits before its first send: rank 0's allreduce
+ * (recursive doubling at 3 ranks, or the tree) waits for its partner or its
+ * children, the others' broadcast from root 0 for rank 0's data.  No chunk
+ * shows the difference; every rank waited until the deadline, which blamed
+ * a rank "stuck before it, or called something else".  Now the ranks tell
+ * each other what they wait in (over shm), and every rank fails with both
+ * calls named, not with a timeout.  arg: the algorithm every rank sets
+ * (NULL: auto), then the count. */
+struct silent_case { const char *algo; size_t count; };
+static int body_silent_mismatch(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n;
+  const struct silent_case *k = arg;
+  gw_comm_set_timeout(comm, 40);
+  if (k->algo) EXPECT(gw_comm_set_algo(comm, k->algo, "auto") == GW_SUCCESS, "set_algo %s", k->algo);
+  int32_t buf[16] = {0};
+  const double t0 = test_now();
+  const gw_result_t r = rank == 0 ? gw_allreduce(buf, buf, k->count, GW_INT32, GW_SUM, comm, NULL)
+                                  : gw_broadcast(buf, buf, k->count, GW_INT32, 0, comm, NULL);
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT((r == GW_ERR_INVALID_ARGUMENT || r == GW_ERR_REMOTE) && has(msg, "broadcast") && has(msg, "allreduce"),
+         "rank %d (%s, count %zu): returned %s after %.1f s: %s", rank, k->algo ? k->algo : "auto", k->count,
+         gw_strerror(r), test_now() - t0, msg);
+  return 0;
+}
+
+START_TEST(test_silent_mismatch_named) {
+  static const struct silent_case cases[] = {{NULL, 8}, {"tree", 8}, {NULL, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_msg(run_ranks(3, body_silent_mismatch, (void *)&cases[i], 90) == 0, "case %zu", i);
+}
+END_TEST
+
 /* A ring longer than its FIFOs are deep (10 ranks, 2 slots of 4 KiB): rank
  * 1's count differs, so it fails at rank 0's first chunk and stops taking
  * them; rank 0 fills its FIFO to rank 1 and may wait for a slot while the
@@ -191,6 +223,7 @@ int main(void) {
   tcase_add_test(tc, test_mismatched_collectives);
   tcase_add_test(tc, test_broadcast_two_roots);
   tcase_add_test(tc, test_broadcast_root_count);
+  tcase_add_test(tc, test_silent_mismatch_named);
   tcase_add_test(tc, test_notice_behind_held_chunk);
   tcase_add_test(tc, test_queued_meanwhile);
   suite_add_tcase(s, tc);

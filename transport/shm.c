@@ -80,7 +80,15 @@ struct shm_ctrl {
   /* recv_abandon: the receiver's reason, then the flag (release). */
   _Atomic uint64_t abandoned;
   char why[GW_ERRMSG_MAX];
+  /* waiting: [is_send] what that end published it runs, a seqlock (ver odd
+   * while written, 0 never), a line each */
+  struct shm_waiting {
+    _Atomic uint64_t ver;
+    _Atomic uint64_t d[3];
+    char pad[GW_CACHELINE - 4 * sizeof(uint64_t)];
+  } waiting[2];
 };
+_Static_assert(sizeof(struct gw_opdesc) == 3 * sizeof(uint64_t), "an operation's descriptor is three words");
 
 struct shm_handle {
   char name[64];
@@ -464,6 +472,30 @@ static bool shm_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   return true;
 }
 
+static bool shm_waiting(struct gw_conn *c, const struct gw_opdesc *mine, struct gw_opdesc *theirs) {
+  struct shm_conn *s = c->priv;
+  if (!s || !s->ctrl) return false;
+  uint64_t words[3];
+  /* ours, unless another thread of this rank (a channel's) writes it now */
+  struct shm_waiting *w = &s->ctrl->waiting[c->is_send];
+  uint64_t v = atomic_load_explicit(&w->ver, memory_order_relaxed);
+  if (!(v & 1) && atomic_compare_exchange_strong_explicit(&w->ver, &v, v + 1, memory_order_relaxed,
+                                                          memory_order_relaxed)) {
+    atomic_thread_fence(memory_order_release);
+    memcpy(words, mine, sizeof words);
+    for (int i = 0; i < 3; i++) atomic_store_explicit(&w->d[i], words[i], memory_order_relaxed);
+    atomic_store_explicit(&w->ver, v + 2, memory_order_release);
+  }
+  struct shm_waiting *o = &s->ctrl->waiting[!c->is_send];
+  const uint64_t v1 = atomic_load_explicit(&o->ver, memory_order_acquire);
+  if (v1 == 0 || (v1 & 1)) return false;
+  for (int i = 0; i < 3; i++) words[i] = atomic_load_explicit(&o->d[i], memory_order_relaxed);
+  atomic_thread_fence(memory_order_acquire);
+  if (atomic_load_explicit(&o->ver, memory_order_relaxed) != v1) return false;
+  memcpy(theirs, words, sizeof words);
+  return true;
+}
+
 static _Atomic uint64_t *shm_shared_word(struct gw_conn *c) { return &((struct shm_conn *)c->priv)->ctrl->word; }
 static uint64_t *shm_dev_flag(struct gw_conn *c, int which) {
   return (uint64_t *)&((struct shm_conn *)c->priv)->ctrl->dflag[which & 1][0];
@@ -492,6 +524,7 @@ const struct gw_transport gw__shm_transport = {
     .shared_word = shm_shared_word,
     .recv_abandon = shm_recv_abandon,
     .send_abandoned = shm_send_abandoned,
+    .waiting = shm_waiting,
     .dev_flag = shm_dev_flag,
     .send_post = shm_send_post,
     .recv_peek = shm_recv_peek,

@@ -6,6 +6,7 @@
  * includes bootstrap.c to reach its static parsers (and sock.c, which its
  * connect uses). */
 #include "../../comm/bootstrap.c"
+#include "../../comm/bootstrap_root.c"
 #include "../../comm/hmac.c"
 #include "../../comm/forkfd.c"
 #include "../../transport/sock.c"
