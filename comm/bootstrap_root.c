@@ -58,7 +58,7 @@ static int root_drop_exited(struct gw_bootstrap *bs, int joined) {
  * few of them outlasted the rendezvous' timeout. */
 struct boot_pending {
   int fd;
-  double deadline; /* its 5 s to say hello */
+  double since, deadline; /* accepted then; its 5 s to say hello */
   size_t got;      /* bytes of the hello frame read so far */
   uint8_t challenge[GW_BOOT_NONCE];
   uint8_t buf[sizeof(struct gw_boot_frame) + sizeof(struct gw_boot_hello)];
@@ -91,12 +91,15 @@ static gw_result_t root_missing(struct gw_bootstrap *bs, int joined, struct gw_e
 
 /* Accepts one connection on listener fd and sends it a challenge: *p is the
  * pending hello (p->fd -1 when there is none to wait for).  Only running out
- * of descriptors or memory is an error (the ranks that joined hear why). */
-static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined, struct boot_pending *p,
-                                   struct gw_errctx *err) {
+ * of descriptors or memory is an error (the ranks that joined hear why),
+ * except that out of descriptors with hellos pending (can_free) is
+ * GW_INPROGRESS: the caller frees one (strangers may hold them). */
+static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined, bool can_free,
+                                   struct boot_pending *p, double deadline, struct gw_errctx *err) {
   struct sockaddr_storage from;
   socklen_t fl = sizeof from;
   p->fd = gw__sock_accept(lfd, (struct sockaddr *)&from, &fl);
+  if (p->fd < 0 && can_free && (errno == EMFILE || errno == ENFILE)) return GW_INPROGRESS;
   if (p->fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
     const int e = errno;
     gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot accept rank connections at %s: %s%s (%d of %d "
@@ -111,8 +114,10 @@ static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined,
   char who[NI_MAXHOST] = "?";
   getnameinfo((struct sockaddr *)&from, fl, who, sizeof who, NULL, 0, NI_NUMERICHOST);
   snprintf(p->who, sizeof p->who, "%s", who);
-  /* A stranger gets a few seconds to say hello, so it cannot stall the job. */
-  p->deadline = gw__now() + 5.0;
+  /* A stranger gets a few seconds to say hello (the rendezvous' own deadline
+   * comes first), so it cannot stall the job. */
+  p->since = gw__now();
+  p->deadline = GW_MIN(deadline, p->since + 5.0);
   p->got = 0;
   gw__boot_nonce(p->challenge);
   if (gw__boot_send_frame(p->fd, GW_BOOT_CHALLENGE, p->challenge, sizeof p->challenge, p->deadline) != GW_SUCCESS) {
@@ -226,8 +231,10 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
     const int ms = gw__ms_until(until);
     const int pr = poll(pfd, (nfds_t)(nl + npend), ms > 0 ? ms : 0);
     if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0 && gw__now() >= deadline) {
-      res = root_missing(bs, joined, err);
+    if (pr < 0) {
+      res = gw__err(err, GW_ERR_SYSTEM, "rank 0: waiting for ranks at the rendezvous at %s: poll: %s", bs->master,
+                    strerror(errno));
+      gw__boot_broadcast_error(bs, -1, err ? err->msg : "rank 0: the rendezvous failed");
       goto out;
     }
     const double now = gw__now();
@@ -248,10 +255,25 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
     npend = kept;
     for (int i = 0; i < nl && pr > 0 && res == GW_SUCCESS && npend < BOOT_MAX_PENDING; i++)
       if (pfd[i].revents & POLLIN) {
-        res = root_accept_one(bs, bs->listen_fds[i], joined, &pend[npend], err);
+        res = root_accept_one(bs, bs->listen_fds[i], joined, npend > 0, &pend[npend], deadline, err);
+        if (res == GW_INPROGRESS) {
+          /* out of descriptors with hellos pending: the oldest one, most
+           * likely a stranger (a rank says hello within milliseconds), makes
+           * room; the connection waiting in the backlog comes next pass */
+          GW_WARN(GW_SUB_BOOT, "rank 0: out of file descriptors at %s: closed the connection from %s, which has not "
+                  "said hello for %.1f s, to accept the next", bs->master, pend[0].who, now - pend[0].since);
+          gw__sock_close(pend[0].fd);
+          memmove(pend, pend + 1, (size_t)--npend * sizeof *pend);
+          res = GW_SUCCESS;
+          break;
+        }
         if (pend[npend].fd >= 0) npend++;
       }
     if (res != GW_SUCCESS) goto out;
+    if (joined < bs->nranks && gw__now() >= deadline) { /* also while connections keep coming */
+      res = root_missing(bs, joined, err);
+      goto out;
+    }
   }
 out:
   if (pend)

@@ -458,11 +458,16 @@ END_TEST
  * check, a port scan holding its connections), one that drips a byte of a
  * frame every half second, and one that sends a gradwire header and stops,
  * all before the ranks: the job starts all the same.  Rank 0 took one
- * handshake at a time, 5 s for each silent one: these 10 held it 50 s, past
- * the rendezvous' 20 s.  Harness rank 3 is the strangers; ranks 0-2 the job. */
-#define STRANGERS 10
+ * handshake at a time, 5 s for each silent one: 10 of them held it 50 s, past
+ * the rendezvous' 20 s.  With rank 0 a few descriptors from its limit
+ * (headroom), the strangers take them all: it closes the oldest silent one
+ * for the next connection (it failed the job: "raise `ulimit -n`").  Harness
+ * rank 3 is the strangers; ranks 0-2 the job. */
+struct strangers { int n, headroom; };
+#define MAX_STRANGERS 24
 static int body_silent_strangers(int rank, int n, const char *master, void *arg) {
-  (void)n, (void)arg;
+  (void)n;
+  const struct strangers *k = arg;
   char up[128], done[128];
   marker(master, "strangers", up, sizeof up);
   marker(master, "strangers-done", done, sizeof done);
@@ -472,8 +477,8 @@ static int body_silent_strangers(int rank, int n, const char *master, void *arg)
     struct addrinfo *ai = NULL, hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     EXPECT(gw__parse_host_port(master, host, sizeof host, port, sizeof port) &&
            getaddrinfo(host, port, &hints, &ai) == 0, "master %s", master);
-    int fds[STRANGERS];
-    for (int i = 0; i < STRANGERS; i++) {
+    int fds[MAX_STRANGERS];
+    for (int i = 0; i < k->n; i++) {
       fds[i] = socket(ai->ai_family, SOCK_STREAM, 0);
       double t0 = test_now(); /* rank 0 may not listen yet */
       while (connect(fds[i], ai->ai_addr, ai->ai_addrlen) != 0 && test_now() - t0 < 30) {
@@ -484,22 +489,32 @@ static int body_silent_strangers(int rank, int n, const char *master, void *arg)
     }
     freeaddrinfo(ai);
     const struct gw_boot_frame f = {.magic = GW_BOOT_MAGIC, .kind = GW_BOOT_HELLO, .len = sizeof(struct gw_boot_hello)};
-    EXPECT(send(fds[STRANGERS - 1], &f, sizeof f, MSG_NOSIGNAL) == (ssize_t)sizeof f, "the header");
+    EXPECT(send(fds[k->n - 1], &f, sizeof f, MSG_NOSIGNAL) == (ssize_t)sizeof f, "the header");
     FILE *m = fopen(up, "w");
     if (m) fclose(m);
     /* all held until the job is up (or 25 s), whatever rank 0 did with one */
     static const char drip[] = "GET / HTTP/1.0\r\n";
     for (int i = 0; i < 50 && access(done, F_OK) != 0; i++, usleep(500000))
       (void)send(fds[0], drip + i % (sizeof drip - 1), 1, MSG_NOSIGNAL);
-    for (int i = 0; i < STRANGERS; i++) close(fds[i]);
+    for (int i = 0; i < k->n; i++) close(fds[i]);
     unlink(up), unlink(done);
     return 0;
   }
   if (rank > 0) EXPECT(wait_for(up, 60), "the strangers never came");
+  struct rlimit old;
+  if (rank == 0 && k->headroom) { /* the listener and `headroom` more; the limit back after the rendezvous */
+    const int lowest = open("/dev/null", O_RDONLY);
+    EXPECT(lowest >= 0 && getrlimit(RLIMIT_NOFILE, &old) == 0, "getrlimit");
+    close(lowest);
+    struct rlimit rl = old;
+    rl.rlim_cur = (rlim_t)(lowest + 1 + k->headroom);
+    EXPECT(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit");
+  }
   gw_comm_t comm;
   const double t0 = test_now();
-  EXPECT(gw_comm_init(&comm, 3, rank, master) == GW_SUCCESS, "rank %d: init after %.1f s: %s", rank,
-         test_now() - t0, gw_comm_last_error(NULL));
+  const gw_result_t r = gw_comm_init(&comm, 3, rank, master);
+  if (rank == 0 && k->headroom) setrlimit(RLIMIT_NOFILE, &old);
+  EXPECT(r == GW_SUCCESS, "rank %d: init after %.1f s: %s", rank, test_now() - t0, gw_comm_last_error(NULL));
   if (rank == 0) {
     FILE *m = fopen(done, "w");
     if (m) fclose(m);
@@ -511,7 +526,10 @@ static int body_silent_strangers(int rank, int n, const char *master, void *arg)
 }
 
 START_TEST(test_silent_strangers_cost_nothing) {
-  ck_assert_int_eq(run_ranks_raw(4, body_silent_strangers, NULL, 90), 0);
+  static const struct strangers cases[] = {{10, 0}, {MAX_STRANGERS, 12}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_msg(run_ranks_raw(4, body_silent_strangers, (void *)&cases[i], 90) == 0, "%d strangers, headroom %d",
+                  cases[i].n, cases[i].headroom);
 }
 END_TEST
 

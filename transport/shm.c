@@ -83,12 +83,13 @@ struct shm_ctrl {
   /* waiting: [is_send] what that end published it runs, a seqlock (ver odd
    * while written, 0 never), a line each */
   struct shm_waiting {
-    _Atomic uint64_t ver;
+    _Alignas(GW_CACHELINE) _Atomic uint64_t ver;
     _Atomic uint64_t d[3];
     char pad[GW_CACHELINE - 4 * sizeof(uint64_t)];
   } waiting[2];
 };
 _Static_assert(sizeof(struct gw_opdesc) == 3 * sizeof(uint64_t), "an operation's descriptor is three words");
+_Static_assert(offsetof(struct shm_ctrl, waiting) % GW_CACHELINE == 0, "a line for each end's publication");
 
 struct shm_handle {
   char name[64];
@@ -479,7 +480,7 @@ static bool shm_waiting(struct gw_conn *c, const struct gw_opdesc *mine, struct 
   /* ours, unless another thread of this rank (a channel's) writes it now */
   struct shm_waiting *w = &s->ctrl->waiting[c->is_send];
   uint64_t v = atomic_load_explicit(&w->ver, memory_order_relaxed);
-  if (!(v & 1) && atomic_compare_exchange_strong_explicit(&w->ver, &v, v + 1, memory_order_relaxed,
+  if (!(v & 1) && atomic_compare_exchange_strong_explicit(&w->ver, &v, v + 1, memory_order_acquire,
                                                           memory_order_relaxed)) {
     atomic_thread_fence(memory_order_release);
     memcpy(words, mine, sizeof words);
