@@ -62,7 +62,19 @@ total_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
 if [ -n "$total_kib" ] && [ "$total_kib" -lt $((120 * 1024 * 1024)) ]; then
   big=$(( total_kib / 1048576 + 1 ))G
   refused "the send and receive buffers (host memory) of 2 ranks on this machine need" -b "$big" -e "$big"
+  # the emulator's device memory is host memory too: 4 buffers a rank, where
+  # 2 were counted (a sixth of the machine each passed, and would have filled
+  # it; ulimit -v makes a regression fail to allocate instead, so not under
+  # ASan, whose shadow memory needs more address space than that)
+  e=$(( total_kib / 6 / 1024 + 1 ))M
+  if ! grep -qa __asan_init "$perf"; then
+    out=$( (ulimit -v $(( total_kib / 2 )); GW_DEV_EMULATE=1 "$run" -n 2 "$perf" -D -b "$e" -e "$e") 2>&1) &&
+      { echo "FAIL: -D -e $e on the emulator accepted"; fail=1; }
+    grep -qF "(emulated device memory in host memory, and their pinned host copies) of 2 ranks on this machine need" \
+      <<<"$out" || { echo "FAIL: -D -e $e on the emulator:"; tail -3 <<<"$out"; fail=1; }
+  fi
 fi
+refused "-e '65G' is above the largest size gw-perf takes, 64G" -e 65G
 refused "-a tree applies to allreduce only: allgather always runs on the ring" -a tree -C allgather
 refused "-a exchange applies to allreduce only: broadcast always runs on the ring" -a exchange -C broadcast
 # Flags that would have been ignored: --tune measures its own sizes and every
