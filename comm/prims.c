@@ -403,7 +403,7 @@ gw_result_t gw__heard_abort(struct gw_comm *comm, struct gw_errctx *err) {
  * tree waits for its children, the broadcast's ranks for the root's data)
  * hung until the deadline, which blamed a rank "stuck, or called something
  * else".  A peer's publication of another operation number says nothing. */
-static gw_result_t waiting_differs(struct prims *p) {
+static gw_result_t waiting_differs(struct prims *p, double waited) {
   struct gw_comm *comm = p->comm;
   struct gw_conn *conns[2 * GW_MAX_CHANNELS + GW_EXTRA_CONNS];
   int n = 0;
@@ -413,7 +413,10 @@ static gw_result_t waiting_differs(struct prims *p) {
   for (int i = 0; i < n; i++) {
     struct gw_conn *c = conns[i];
     struct gw_opdesc theirs;
-    if (!c->tp || !c->tp->waiting || !c->tp->waiting(c, mine, &theirs)) continue;
+    if (!c->tp || !c->tp->waiting) continue;
+    bool in_op = false;
+    for (int k = 0; k < p->nconns && !in_op; k++) in_op = p->conns[k] == c;
+    if (!c->tp->waiting(c, mine, waited, in_op, &theirs)) continue;
     if (theirs.seq != mine->seq || memcmp(&theirs, mine, sizeof theirs) == 0) continue;
     char me[160], them[160];
     gw__describe_op(mine, me, sizeof me);
@@ -435,7 +438,7 @@ static gw_result_t waiting_differs(struct prims *p) {
  * grace, which may be shorter than the now-and-then). */
 static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, bool now) {
   if (!now && !slow_check_due(w)) return GW_SUCCESS;
-  if (slow_check_due(w)) GW_CHECK(waiting_differs(p));
+  if (slow_check_due(w)) GW_CHECK(waiting_differs(p, gw__now() - w->start));
   for (int i = 0; i < p->nconns; i++) {
     struct gw_conn *c = p->conns[i];
     const struct gw_chunk_hdr *h;

@@ -105,10 +105,10 @@ END_TEST
  * children, the others' broadcast from root 0 for rank 0's data.  No chunk
  * shows the difference; every rank waited until the deadline, which blamed
  * a rank "stuck before it, or called something else".  Now the ranks tell
- * each other what they wait in (over shm), and every rank fails with both
- * calls named, not with a timeout.  arg: the algorithm every rank sets
- * (NULL: auto), then the count. */
-struct silent_case { const char *algo; size_t count; };
+ * each other what they wait in (over shm at once, over tcp after a second),
+ * and every rank fails with both calls named, not with a timeout.  arg: the
+ * algorithm every rank sets (NULL: auto), the count, the transport. */
+struct silent_case { const char *algo; size_t count; const char *transport; };
 static int body_silent_mismatch(gw_comm_t comm, int rank, int n, void *arg) {
   (void)n;
   const struct silent_case *k = arg;
@@ -126,9 +126,13 @@ static int body_silent_mismatch(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_silent_mismatch_named) {
-  static const struct silent_case cases[] = {{NULL, 8}, {"tree", 8}, {NULL, 0}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+  static const struct silent_case cases[] = {{NULL, 8, NULL}, {"tree", 8, NULL}, {NULL, 0, NULL},
+                                             {NULL, 8, "tcp"}, {"tree", 0, "tcp"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    if (cases[i].transport) setenv("GW_TRANSPORT", cases[i].transport, 1);
     ck_assert_msg(run_ranks(3, body_silent_mismatch, (void *)&cases[i], 90) == 0, "case %zu", i);
+    unsetenv("GW_TRANSPORT");
+  }
 }
 END_TEST
 

@@ -473,7 +473,9 @@ static bool shm_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   return true;
 }
 
-static bool shm_waiting(struct gw_conn *c, const struct gw_opdesc *mine, struct gw_opdesc *theirs) {
+static bool shm_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool in_op,
+                        struct gw_opdesc *theirs) {
+  (void)waited, (void)in_op;
   struct shm_conn *s = c->priv;
   if (!s || !s->ctrl) return false;
   uint64_t words[3];

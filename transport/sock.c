@@ -176,21 +176,32 @@ gw_result_t gw__sock_accept_error(const struct gw_conn *c, const char *what, str
                  what, strerror(e), hint);
 }
 
+/* GW_SOCKET_KEEPALIVE's idle seconds: Linux takes 1..32767 s (more was
+ * refused, and the system's 2 hours applied) and a wider value is no int
+ * (4294967295 was -1, off): clamped, said.  0: off. */
+static int keepalive_idle(void) {
+  const int64_t v = gw__env_int("GW_SOCKET_KEEPALIVE", 10);
+  static _Atomic bool told;
+  if (v > 32767 && !atomic_exchange(&told, true))
+    GW_WARN(GW_SUB_ENV, "GW_SOCKET_KEEPALIVE=%lld is more than Linux's 32767 s: using 32767", (long long)v);
+  return v <= 0 ? 0 : v > 32767 ? 32767 : (int)v;
+}
+#define KEEPALIVE_INTVL 2
+#define KEEPALIVE_CNT 3
+
+int gw__sock_keepalive_ms(void) {
+  const int idle = keepalive_idle();
+  return idle ? (idle + KEEPALIVE_INTVL * KEEPALIVE_CNT) * 1000 : 0;
+}
+
 void gw__sock_tune(int fd) {
   int fl = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  /* Linux takes 1..32767 s of idle time (more was refused, and the system's
-   * 2 hours applied) and a wider value is no int (4294967295 was -1, off):
-   * clamped, said. */
-  const int64_t v = gw__env_int("GW_SOCKET_KEEPALIVE", 10);
-  const int idle = v <= 0 ? 0 : v > 32767 ? 32767 : (int)v;
-  static _Atomic bool told;
-  if (v > 32767 && !atomic_exchange(&told, true))
-    GW_WARN(GW_SUB_ENV, "GW_SOCKET_KEEPALIVE=%lld is more than Linux's 32767 s: using 32767", (long long)v);
+  const int idle = keepalive_idle();
   if (idle > 0) {
-    int intvl = 2, cnt = 3;
+    int intvl = KEEPALIVE_INTVL, cnt = KEEPALIVE_CNT;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);

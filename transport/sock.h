@@ -52,6 +52,9 @@ bool gw__sock_io_deadline(int fd, void *buf, size_t len, bool sending, double de
 /* Makes a connected socket a data socket: non-blocking, TCP_NODELAY, and TCP
  * keepalive after GW_SOCKET_KEEPALIVE seconds of silence (default 10; 3 probes 2 s
  * apart), so a peer whose machine vanished turns into a socket error. */
+/* How long keepalive takes to end a connection to a vanished machine
+ * (GW_SOCKET_KEEPALIVE plus the probes), in ms; 0 where it is off. */
+int gw__sock_keepalive_ms(void);
 void gw__sock_tune(int fd);
 /* Whose failure a socket call's errno says it is: GW_ERR_SYSTEM for this
  * rank's own (out of memory, socket buffers or descriptors, its network down

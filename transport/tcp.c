@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <stdatomic.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -33,6 +34,9 @@
 #define TCP_MIN_PART (64u << 10)
 #define TCP_ABANDON_MAGIC 0x62617767u /* "gwab": the receiver's reason, back on stream 0 */
 #define TCP_ABANDON_MAX 1024
+/* "gwwt": the operation the receiver waits in, back on stream 0 (waiting) */
+#define TCP_WAIT_MAGIC 0x74777767u
+#define TCP_WAIT_BYTES (8 + sizeof(struct gw_opdesc))
 
 struct tcp_handle {
   struct gw_sockaddr_packed addr;
@@ -103,9 +107,27 @@ struct tcp_conn {
   int test_corrupt; /* GW_TCP_TEST_CORRUPT: corrupt the Nth frame sent (tests) */
   int test_skip;    /* GW_TCP_TEST_SKIP: leave out the Nth part sent on a stream other than 0 (tests) */
   uint32_t frames_sent, others_sent;
-  /* sender: what came back on stream 0 (only recv_abandon writes there) */
+  /* Stream 0's way back, receiver to sender: records of 8 bytes (magic,
+   * length) and a body, TCP_WAIT_MAGIC (waiting) and at last
+   * TCP_ABANDON_MAGIC (recv_abandon).  Touched by the thread that drives
+   * the connection and by any that waits on the communicator (waiting):
+   * back_lock, tried, never waited for (each use is best effort or comes
+   * again). */
+  atomic_flag back_lock;
+  /* an error the way back met (a keepalive's timeout, a reset): the socket
+   * says it once, so the thread driving the connection reports it */
+  _Atomic int back_err;
+  /* sender: what came back, from a record's start; the latest waiting record */
   uint32_t ab_got;
   uint8_t ab_buf[8 + TCP_ABANDON_MAX];
+  bool peer_waits;
+  struct gw_opdesc peer_wait;
+  uint64_t drained_seq; /* the operation send_post last drained the way back in */
+  /* receiver: the operation published last, and a record's rest not yet sent */
+  bool back_bounded;
+  uint64_t published_seq;
+  uint32_t back_left;
+  uint8_t back_out[TCP_WAIT_BYTES];
 };
 
 static bool tcp_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
@@ -280,7 +302,14 @@ static uint64_t min_stream_pos(const struct tcp_conn *t) {
 }
 
 /* Writes as much as the sockets take.  GW_INPROGRESS while bytes are queued. */
+/* The error the way back met on stream 0's socket, said by the data path. */
+static gw_result_t back_failed(struct gw_conn *c, struct tcp_conn *t) {
+  const int e = atomic_exchange_explicit(&t->back_err, 0, memory_order_relaxed);
+  return e ? io_fail(c, t, c->is_send ? "receive" : "send", e) : GW_SUCCESS;
+}
+
 static gw_result_t pump_send(struct gw_conn *c, struct tcp_conn *t) {
+  GW_CHECK(back_failed(c, t));
   bool pending = false;
   for (uint32_t s = 0; s < t->nstreams; s++) {
     struct tcp_sstream *st = &t->ss[s];
@@ -341,8 +370,19 @@ static gw_result_t tcp_send_slot(struct gw_conn *c, size_t bytes, void **buf, si
   return GW_SUCCESS;
 }
 
+static void back_read(struct tcp_conn *t);
+
 static gw_result_t tcp_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
   struct tcp_conn *t = c->priv;
+  /* the way back's waiting records taken in once in 16 operations, so a
+   * sender that never waits long does not let them fill the socket (the
+   * receiver publishes only in operations on this connection, at most one
+   * record each) */
+  if (h->op.seq >= t->drained_seq + 16 && !atomic_flag_test_and_set(&t->back_lock)) {
+    t->drained_seq = h->op.seq;
+    back_read(t);
+    atomic_flag_clear(&t->back_lock);
+  }
   t->shdr[t->pos % t->nslots] = *h;
   t->pos++;
   gw_result_t r = pump_send(c, t);
@@ -413,6 +453,7 @@ static void slot_take_hdr(struct tcp_conn *t, struct tcp_rslot *sl, const struct
  * payload, often for several frames); big payloads go straight from the socket
  * into their slot, so bulk data is copied once. */
 static gw_result_t pump_recv(struct gw_conn *c, struct tcp_conn *t) {
+  GW_CHECK(back_failed(c, t));
   for (uint32_t s = 0; s < t->nstreams; s++) {
     struct tcp_rstream *rs = &t->rs[s];
     for (;;) {
@@ -526,31 +567,107 @@ static gw_result_t tcp_progress(struct gw_conn *c, struct gw_errctx *err) {
   return r;
 }
 
+/* Receiver, under back_lock: sends what is left of the record in back_out;
+ * true once nothing is (a record goes whole or in parts, never mixed). */
+static bool back_flush(struct tcp_conn *t) {
+  while (t->back_left) {
+    const ssize_t n = send(t->rs[0].fd, t->back_out + TCP_WAIT_BYTES - t->back_left, t->back_left,
+                           MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      atomic_store_explicit(&t->back_err, errno, memory_order_relaxed), t->back_left = 0;
+    if (n <= 0) return false;
+    t->back_left -= (uint32_t)n;
+  }
+  return true;
+}
+
 /* The receiver's rank failed: its reason goes back on stream 0, which
- * otherwise carries nothing that way (the sender's socket buffer that way is
- * empty, so one non-blocking send takes it). */
+ * otherwise carries only waiting records that way (the sender takes those
+ * in, so one non-blocking send takes it). */
 static void tcp_recv_abandon(struct gw_conn *c, const char *why) {
   struct tcp_conn *t = c->priv;
   if (!t || t->rs[0].fd < 0) return;
-  uint8_t buf[8 + TCP_ABANDON_MAX];
-  const uint32_t magic = TCP_ABANDON_MAGIC, len = (uint32_t)GW_MIN(strlen(why), (size_t)TCP_ABANDON_MAX);
-  memcpy(buf, &magic, 4), memcpy(buf + 4, &len, 4), memcpy(buf + 8, why, len);
-  (void)!send(t->rs[0].fd, buf, 8 + len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  for (int tries = 0; atomic_flag_test_and_set(&t->back_lock); tries++) /* held a moment by a waiting look */
+    if (tries > 1000) return;
+  if (back_flush(t)) {
+    uint8_t buf[8 + TCP_ABANDON_MAX];
+    const uint32_t magic = TCP_ABANDON_MAGIC, len = (uint32_t)GW_MIN(strlen(why), (size_t)TCP_ABANDON_MAX);
+    memcpy(buf, &magic, 4), memcpy(buf + 4, &len, 4), memcpy(buf + 8, why, len);
+    (void)!send(t->rs[0].fd, buf, 8 + len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+  atomic_flag_clear(&t->back_lock);
+}
+
+/* Sender, under back_lock: takes in what came back; waiting records are
+ * consumed (the latest kept), an abandon record stays at the front. */
+static void back_read(struct tcp_conn *t) {
+  if (t->ss[0].fd < 0) return;
+  for (;;) {
+    uint32_t magic = 0, wlen = 0;
+    if (t->ab_got >= 8) memcpy(&magic, t->ab_buf, 4), memcpy(&wlen, t->ab_buf + 4, 4);
+    if (t->ab_got >= TCP_WAIT_BYTES && magic == TCP_WAIT_MAGIC && wlen == sizeof(struct gw_opdesc)) {
+      memcpy(&t->peer_wait, t->ab_buf + 8, sizeof t->peer_wait);
+      t->peer_waits = true;
+      t->ab_got -= (uint32_t)TCP_WAIT_BYTES;
+      memmove(t->ab_buf, t->ab_buf + TCP_WAIT_BYTES, t->ab_got);
+      continue;
+    }
+    if (t->ab_got >= 8 && magic != TCP_WAIT_MAGIC) return; /* an abandon record (or what no gradwire sends) */
+    if (t->ab_got >= sizeof t->ab_buf) return;
+    const ssize_t n = recv(t->ss[0].fd, t->ab_buf + t->ab_got, sizeof t->ab_buf - t->ab_got, MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      atomic_store_explicit(&t->back_err, errno, memory_order_relaxed);
+    if (n <= 0) return;
+    t->ab_got += (uint32_t)n;
+  }
 }
 
 static bool tcp_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   struct tcp_conn *t = c->priv;
-  if (!t || t->ss[0].fd < 0) return false;
-  if (t->ab_got < sizeof t->ab_buf) {
-    ssize_t n = recv(t->ss[0].fd, t->ab_buf + t->ab_got, sizeof t->ab_buf - t->ab_got, MSG_DONTWAIT);
-    if (n > 0) t->ab_got += (uint32_t)n;
+  if (!t || t->ss[0].fd < 0 || atomic_flag_test_and_set(&t->back_lock)) return false;
+  back_read(t);
+  uint32_t magic = 0, wlen = 0;
+  if (t->ab_got >= 8) memcpy(&magic, t->ab_buf, 4), memcpy(&wlen, t->ab_buf + 4, 4);
+  const bool said = t->ab_got >= 8 && magic == TCP_ABANDON_MAGIC && wlen <= TCP_ABANDON_MAX && t->ab_got >= 8 + wlen;
+  if (said) snprintf(why, len, "%.*s", (int)wlen, (const char *)t->ab_buf + 8);
+  atomic_flag_clear(&t->back_lock);
+  return said;
+}
+
+/* The receiver of one of the operation's connections publishes the
+ * operation it has waited in for a second or more (once per operation; a
+ * shorter wait is a straggler's, every day);
+ * the sender reads the latest the receiver published.  One way only: the
+ * way forward is the chunks' stream. */
+static bool tcp_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool in_op,
+                        struct gw_opdesc *theirs) {
+  struct tcp_conn *t = c->priv;
+  if (!t || atomic_flag_test_and_set(&t->back_lock)) return false;
+  bool got = false;
+  if (!c->is_send) {
+    if (t->rs[0].fd >= 0 && back_flush(t) && in_op && waited >= 1.0 && mine->seq != t->published_seq) {
+      /* Keepalive probes only a connection with nothing unacknowledged: a
+       * record towards a machine that vanished would keep this side from
+       * seeing it (the vanished-machine bound relies on the receivers), so
+       * such data gets keepalive's time (TCP_USER_TIMEOUT, which also ends a
+       * zero window that long: this direction carries only these records,
+       * which the sender takes in at least once in 16 of the operations
+       * that publish them). */
+      const int ms = gw__sock_keepalive_ms();
+      if (!t->back_bounded && ms > 0) setsockopt(t->rs[0].fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+      t->back_bounded = true;
+      const uint32_t magic = TCP_WAIT_MAGIC, len = sizeof *mine;
+      memcpy(t->back_out, &magic, 4), memcpy(t->back_out + 4, &len, 4), memcpy(t->back_out + 8, mine, len);
+      t->back_left = (uint32_t)TCP_WAIT_BYTES;
+      t->published_seq = mine->seq;
+      back_flush(t);
+    }
+  } else {
+    back_read(t);
+    if ((got = t->peer_waits)) *theirs = t->peer_wait;
   }
-  uint32_t magic, wlen;
-  if (t->ab_got < 8) return false;
-  memcpy(&magic, t->ab_buf, 4), memcpy(&wlen, t->ab_buf + 4, 4);
-  if (magic != TCP_ABANDON_MAGIC || wlen > TCP_ABANDON_MAX || t->ab_got < 8 + wlen) return false;
-  snprintf(why, len, "%.*s", (int)wlen, (const char *)t->ab_buf + 8);
-  return true;
+  atomic_flag_clear(&t->back_lock);
+  return got;
 }
 
 static int tcp_pollfds(struct gw_conn *c, struct pollfd *out, int max) {
@@ -571,6 +688,13 @@ static int tcp_pollfds(struct gw_conn *c, struct pollfd *out, int max) {
 static void tcp_close(struct gw_conn *c) {
   struct tcp_conn *t = c->priv;
   if (!t) return;
+  /* the way back's unread records taken first: closed with bytes unread, the
+   * socket resets, and the receiver loses what it had not read yet of ours
+   * (an abort notice) */
+  if (c->is_send && t->ss[0].fd >= 0) {
+    uint8_t sink[256];
+    while (recv(t->ss[0].fd, sink, sizeof sink, MSG_DONTWAIT) > 0) continue;
+  }
   for (int s = 0; s < TCP_MAX_STREAMS; s++) {
     gw__sock_close(t->ss[s].fd);
     gw__sock_close(t->rs[s].fd);
@@ -597,5 +721,6 @@ const struct gw_transport gw__tcp_transport = {
     .pollfds = tcp_pollfds,
     .recv_abandon = tcp_recv_abandon,
     .send_abandoned = tcp_send_abandoned,
+    .waiting = tcp_waiting,
     .close = tcp_close,
 };
