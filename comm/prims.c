@@ -403,7 +403,7 @@ gw_result_t gw__heard_abort(struct gw_comm *comm, struct gw_errctx *err) {
  * tree waits for its children, the broadcast's ranks for the root's data)
  * hung until the deadline, which blamed a rank "stuck, or called something
  * else".  A peer's publication of another operation number says nothing. */
-static gw_result_t waiting_differs(struct prims *p, double waited) {
+static gw_result_t waiting_differs(struct prims *p, double waited, const struct gw_conn *awaited) {
   struct gw_comm *comm = p->comm;
   struct gw_conn *conns[2 * GW_MAX_CHANNELS + GW_EXTRA_CONNS];
   int n = 0;
@@ -413,10 +413,11 @@ static gw_result_t waiting_differs(struct prims *p, double waited) {
   for (int i = 0; i < n; i++) {
     struct gw_conn *c = conns[i];
     struct gw_opdesc theirs;
-    if (!c->tp || !c->tp->waiting) continue;
-    bool in_op = false;
-    for (int k = 0; k < p->nconns && !in_op; k++) in_op = p->conns[k] == c;
-    if (!c->tp->waiting(c, mine, waited, in_op, &theirs)) continue;
+    /* where a transport publishes only sometimes (tcp): on the connection
+     * this rank waits to receive on, before it sent anything in the
+     * operation (as every rank in such a standoff has) */
+    if (!c->tp || !c->tp->waiting || !c->tp->waiting(c, mine, waited, c == awaited && p->sent == 0, &theirs))
+      continue;
     if (theirs.seq != mine->seq || memcmp(&theirs, mine, sizeof theirs) == 0) continue;
     char me[160], them[160];
     gw__describe_op(mine, me, sizeof me);
@@ -436,9 +437,10 @@ static gw_result_t waiting_differs(struct prims *p, double waited) {
  * another connection (a slot wait on a peer blocked further on hears the
  * straggler named this way).  Now and then, or at every step (`now`: in a
  * grace, which may be shorter than the now-and-then). */
-static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, bool now) {
+static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, const struct gw_conn *awaited,
+                                   bool now) {
   if (!now && !slow_check_due(w)) return GW_SUCCESS;
-  if (slow_check_due(w)) GW_CHECK(waiting_differs(p, gw__now() - w->start));
+  if (slow_check_due(w)) GW_CHECK(waiting_differs(p, gw__now() - w->start, awaited));
   for (int i = 0; i < p->nconns; i++) {
     struct gw_conn *c = p->conns[i];
     const struct gw_chunk_hdr *h;
@@ -481,7 +483,7 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
       return r;
     }
     GW_CHECK(pump(p));
-    GW_CHECK(look_at_watched(p, &w, false));
+    GW_CHECK(look_at_watched(p, &w, c, false));
     /* a receiver that stopped reading because it failed says why beside the
      * stream, now and then (as a wait for room hears it: here the whole
      * timeout passed, and the healthy receiver was blamed for a straggler
@@ -538,7 +540,7 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
   gw__waiter_init(&w, limit);
   while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
     GW_CHECK(pump(p));
-    GW_CHECK(look_at_watched(p, &w, since > 0));
+    GW_CHECK(look_at_watched(p, &w, c, since > 0));
     GW_CHECK(receiver_gave_up(p, c, &w, since > 0));
     /* it may have freed the slot just before it exited: look once more */
     if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)
@@ -587,7 +589,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
     gw__waiter_init(&w, limit);
     while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
-      GW_CHECK(look_at_watched(p, &w, since > 0));
+      GW_CHECK(look_at_watched(p, &w, c, since > 0));
       /* it may have posted the chunk just before it exited: look once more */
       if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
         return dead_peer_error(p, c->peer);

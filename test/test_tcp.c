@@ -476,6 +476,52 @@ START_TEST(test_receiver_gave_up) {
 }
 END_TEST
 
+/* Stream 0's way back, receiver to sender: waiting records (a receiver
+ * that waited a second in an operation says which), then the abandon
+ * notice, all unread when the sender looks.  The sender's one read took the
+ * records and the notice's first part, consumed the records, and never read
+ * the rest of the notice: a sender waiting for room never heard why. */
+static int raw_way_back(int rank, int n, const char *master, void *arg) {
+  (void)n;
+  _Atomic int *stage = arg;
+  setenv("GW_TRANSPORT", "tcp", 1);
+  gw_comm_t comm;
+  if (gw_comm_init(&comm, 2, rank, master) != GW_SUCCESS) return 1;
+  EXPECT(gw_barrier(comm) == GW_SUCCESS, "barrier: %s", gw_comm_last_error(comm));
+  struct gw_conn *out = &comm->rings[0].send, *in = &comm->rings[0].recv;
+  struct gw_opdesc d = {.count = 8, .root = -1, .coll = GW_COLL_ALLREDUCE}, theirs;
+  char why[1024];
+  if (rank == 1) {
+    for (d.seq = 100; d.seq < 112; d.seq++) /* 12 records of 32 bytes */
+      EXPECT(!in->tp->waiting(in, &d, 2.0, true, &theirs), "a receiving end read a record");
+    memset(why, 'x', 800);
+    snprintf(why + 800, sizeof why - 800, " the reason 4711");
+    in->tp->recv_abandon(in, why);
+    atomic_store(stage, 1);
+    wait_stage(stage, 2);
+  } else {
+    wait_stage(stage, 1);
+    bool said = false;
+    for (int i = 0; i < 200 && !said; i++, usleep(10 * 1000)) said = out->tp->send_abandoned(out, why, sizeof why);
+    EXPECT(said && strlen(why) == 816 && strstr(why, "xxx the reason 4711"), "the notice: %s (%zu bytes)",
+           said ? why : "not heard", said ? strlen(why) : 0);
+    EXPECT(out->tp->waiting(out, &d, 0, false, &theirs) && theirs.seq == 111 && theirs.count == 8,
+           "the latest record: seq %llu", (unsigned long long)theirs.seq);
+    atomic_store(stage, 2);
+  }
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_way_back_records) {
+  _Atomic int *stage = mmap(NULL, sizeof *stage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(stage, MAP_FAILED);
+  atomic_init(stage, 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_way_back, stage, 60), 0);
+  munmap(stage, sizeof *stage);
+}
+END_TEST
+
 /* A machine that vanishes (its link cut) while a rank sends to it: rank 1
  * alone in network namespace B, ranks 0 and 2 in A, a ring 0 -> 1 -> 2 -> 0
  * over tcp.  Rank 1 cuts its link and stays alive but unreachable.  Without
@@ -580,6 +626,7 @@ int main(void) {
   tcase_add_test(tc, test_skipped_part_named);
   tcase_add_test(tc, test_closed_sender_look);
   tcase_add_test(tc, test_receiver_gave_up);
+  tcase_add_test(tc, test_way_back_records);
   suite_add_tcase(s, tc);
   /* The cases that mostly wait (a rank late by 9 s, a cut-off rank's 7 s of
    * keepalive): run by meson as a test of its own (CK_RUN_CASE=waits) beside

@@ -473,9 +473,9 @@ static bool shm_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   return true;
 }
 
-static bool shm_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool in_op,
+static bool shm_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool awaited,
                         struct gw_opdesc *theirs) {
-  (void)waited, (void)in_op;
+  (void)waited, (void)awaited;
   struct shm_conn *s = c->priv;
   if (!s || !s->ctrl) return false;
   uint64_t words[3];

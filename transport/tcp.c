@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -122,7 +123,8 @@ struct tcp_conn {
   uint8_t ab_buf[8 + TCP_ABANDON_MAX];
   bool peer_waits;
   struct gw_opdesc peer_wait;
-  uint64_t drained_seq; /* the operation send_post last drained the way back in */
+  uint64_t drained_seq; /* the operation send_post last drained the way back in, and when */
+  double drained_at;
   /* receiver: the operation published last, and a record's rest not yet sent */
   bool back_bounded;
   uint64_t published_seq;
@@ -374,12 +376,15 @@ static void back_read(struct tcp_conn *t);
 
 static gw_result_t tcp_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h) {
   struct tcp_conn *t = c->priv;
-  /* the way back's waiting records taken in once in 16 operations, so a
-   * sender that never waits long does not let them fill the socket (the
-   * receiver publishes only in operations on this connection, at most one
-   * record each) */
-  if (h->op.seq >= t->drained_seq + 16 && !atomic_flag_test_and_set(&t->back_lock)) {
-    t->drained_seq = h->op.seq;
+  /* the way back's waiting records taken in once in 16 operations, or
+   * half a second, so a sender that never waits long does not let them fill
+   * the socket (the receiver publishes at most one a wait for this
+   * sender's data), nor leaves one unread when it closes: a socket closed
+   * with bytes unread resets, and the receiver loses what it had not read
+   * yet of this sender's last data */
+  const double now = gw__now();
+  if ((h->op.seq >= t->drained_seq + 16 || now - t->drained_at > 0.5) && !atomic_flag_test_and_set(&t->back_lock)) {
+    t->drained_seq = h->op.seq, t->drained_at = now;
     back_read(t);
     atomic_flag_clear(&t->back_lock);
   }
@@ -587,8 +592,10 @@ static bool back_flush(struct tcp_conn *t) {
 static void tcp_recv_abandon(struct gw_conn *c, const char *why) {
   struct tcp_conn *t = c->priv;
   if (!t || t->rs[0].fd < 0) return;
-  for (int tries = 0; atomic_flag_test_and_set(&t->back_lock); tries++) /* held a moment by a waiting look */
-    if (tries > 1000) return;
+  for (int tries = 0; atomic_flag_test_and_set(&t->back_lock); tries++) { /* held a moment by a waiting look */
+    if (tries > 10000) return;
+    sched_yield();
+  }
   if (back_flush(t)) {
     uint8_t buf[8 + TCP_ABANDON_MAX];
     const uint32_t magic = TCP_ABANDON_MAGIC, len = (uint32_t)GW_MIN(strlen(why), (size_t)TCP_ABANDON_MAX);
@@ -612,7 +619,10 @@ static void back_read(struct tcp_conn *t) {
       memmove(t->ab_buf, t->ab_buf + TCP_WAIT_BYTES, t->ab_got);
       continue;
     }
-    if (t->ab_got >= 8 && magic != TCP_WAIT_MAGIC) return; /* an abandon record (or what no gradwire sends) */
+    /* an abandon record, whole (or what no gradwire sends): it stays */
+    if (t->ab_got >= 8 && magic != TCP_WAIT_MAGIC && (magic != TCP_ABANDON_MAGIC || wlen > TCP_ABANDON_MAX ||
+                                                      t->ab_got >= 8 + wlen))
+      return;
     if (t->ab_got >= sizeof t->ab_buf) return;
     const ssize_t n = recv(t->ss[0].fd, t->ab_buf + t->ab_got, sizeof t->ab_buf - t->ab_got, MSG_DONTWAIT);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
@@ -634,18 +644,19 @@ static bool tcp_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   return said;
 }
 
-/* The receiver of one of the operation's connections publishes the
- * operation it has waited in for a second or more (once per operation; a
- * shorter wait is a straggler's, every day);
+/* The receiver publishes the operation it has waited in for a second or
+ * more on this connection before it sent anything in it (once per
+ * operation; a shorter wait is a straggler's, every day, and a ring
+ * allreduce's ranks send first, so DDP's gradients publish nothing);
  * the sender reads the latest the receiver published.  One way only: the
  * way forward is the chunks' stream. */
-static bool tcp_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool in_op,
+static bool tcp_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool awaited,
                         struct gw_opdesc *theirs) {
   struct tcp_conn *t = c->priv;
   if (!t || atomic_flag_test_and_set(&t->back_lock)) return false;
   bool got = false;
   if (!c->is_send) {
-    if (t->rs[0].fd >= 0 && back_flush(t) && in_op && waited >= 1.0 && mine->seq != t->published_seq) {
+    if (t->rs[0].fd >= 0 && back_flush(t) && awaited && waited >= 1.0 && mine->seq != t->published_seq) {
       /* Keepalive probes only a connection with nothing unacknowledged: a
        * record towards a machine that vanished would keep this side from
        * seeing it (the vanished-machine bound relies on the receivers), so

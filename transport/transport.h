@@ -206,14 +206,14 @@ struct gw_transport {
 
   /* Optional (NULL: none): for a rank whose wait drags on (comm/prims.c),
    * publishes `mine`, the operation this end runs (`waited` seconds so far;
-   * in_op: this connection is one of the operation's), where the other end
-   * can read it, and reads what the other end published into *theirs (true
-   * when it published one, read whole).  shm: both ends, at once; tcp: the
-   * receiver of one of the operation's connections publishes once it waited
-   * 1 s, back on stream 0, and the sender reads.  Two ranks waiting in the same operation
+   * awaited: the rank waits to receive on this connection and has sent
+   * nothing in the operation), where the other end can read it, and reads
+   * what the other end published into *theirs (true when it published one,
+   * read whole).  shm: both ends, at once; tcp: an awaited receiving end
+   * publishes once it waited 1 s, back on stream 0, and the sender reads.  Two ranks waiting in the same operation
    * number with other calls are a mismatch that no chunk shows when neither
    * sends first (one rank's tree allreduce, the others' broadcast). */
-  bool (*waiting)(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool in_op,
+  bool (*waiting)(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool awaited,
                   struct gw_opdesc *theirs);
 
   /* Frees everything; accepts a connection that was never set up. */
