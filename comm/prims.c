@@ -437,6 +437,7 @@ static gw_result_t waiting_differs(struct prims *p, double waited, const struct 
  * another connection (a slot wait on a peer blocked further on hears the
  * straggler named this way).  Now and then, or at every step (`now`: in a
  * grace, which may be shorter than the now-and-then). */
+/* awaited: the connection the wait is to receive on (NULL: a wait to send) */
 static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, const struct gw_conn *awaited,
                                    bool now) {
   if (!now && !slow_check_due(w)) return GW_SUCCESS;
@@ -483,7 +484,7 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
       return r;
     }
     GW_CHECK(pump(p));
-    GW_CHECK(look_at_watched(p, &w, c, false));
+    GW_CHECK(look_at_watched(p, &w, NULL, false));
     /* a receiver that stopped reading because it failed says why beside the
      * stream, now and then (as a wait for room hears it: here the whole
      * timeout passed, and the healthy receiver was blamed for a straggler
@@ -540,7 +541,7 @@ gw_result_t gw__wait_slot(struct prims *p, struct gw_conn *c, size_t bytes, void
   gw__waiter_init(&w, limit);
   while ((r = c->tp->send_slot(c, bytes, slot, &cap)) == GW_INPROGRESS) {
     GW_CHECK(pump(p));
-    GW_CHECK(look_at_watched(p, &w, c, since > 0));
+    GW_CHECK(look_at_watched(p, &w, NULL, since > 0));
     GW_CHECK(receiver_gave_up(p, c, &w, since > 0));
     /* it may have freed the slot just before it exited: look once more */
     if (waited_peer_dead(p, &w, c->peer) && c->tp->send_slot(c, bytes, slot, &cap) == GW_INPROGRESS)

@@ -382,9 +382,9 @@ static gw_result_t tcp_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h
    * sender's data), nor leaves one unread when it closes: a socket closed
    * with bytes unread resets, and the receiver loses what it had not read
    * yet of this sender's last data */
-  const double now = gw__now();
-  if ((h->op.seq >= t->drained_seq + 16 || now - t->drained_at > 0.5) && !atomic_flag_test_and_set(&t->back_lock)) {
-    t->drained_seq = h->op.seq, t->drained_at = now;
+  if ((h->op.seq >= t->drained_seq + 16 || gw__now() - t->drained_at > 0.5) &&
+      !atomic_flag_test_and_set(&t->back_lock)) {
+    t->drained_seq = h->op.seq, t->drained_at = gw__now();
     back_read(t);
     atomic_flag_clear(&t->back_lock);
   }
@@ -612,7 +612,8 @@ static void back_read(struct tcp_conn *t) {
   for (;;) {
     uint32_t magic = 0, wlen = 0;
     if (t->ab_got >= 8) memcpy(&magic, t->ab_buf, 4), memcpy(&wlen, t->ab_buf + 4, 4);
-    if (t->ab_got >= TCP_WAIT_BYTES && magic == TCP_WAIT_MAGIC && wlen == sizeof(struct gw_opdesc)) {
+    if (t->ab_got >= 8 && magic == TCP_WAIT_MAGIC && wlen != sizeof(struct gw_opdesc)) return; /* no gradwire's */
+    if (t->ab_got >= TCP_WAIT_BYTES && magic == TCP_WAIT_MAGIC) {
       memcpy(&t->peer_wait, t->ab_buf + 8, sizeof t->peer_wait);
       t->peer_waits = true;
       t->ab_got -= (uint32_t)TCP_WAIT_BYTES;
