@@ -395,8 +395,9 @@ gw_result_t gw__heard_abort(struct gw_comm *comm, struct gw_errctx *err) {
 }
 
 /* Now and then in a long wait: the operation this rank runs, published on
- * every connection of the communicator whose transport has a place for it
- * (shm), and what the peers published there while they waited.  The same
+ * the communicator's connections whose transport has a place for it (shm:
+ * every one; tcp: the one awaited, back to its sender), and what the peers
+ * published there while they waited.  The same
  * operation number with another call is a mismatch no chunk shows when every
  * rank waits before its first send: at 3 ranks, one rank's tree or
  * recursive-doubling allreduce against the others' broadcast (the root's
@@ -436,8 +437,8 @@ static gw_result_t waiting_differs(struct prims *p, double waited, const struct 
  * receiving connections is a failure too, heard while this rank waits on
  * another connection (a slot wait on a peer blocked further on hears the
  * straggler named this way).  Now and then, or at every step (`now`: in a
- * grace, which may be shorter than the now-and-then). */
-/* awaited: the connection the wait is to receive on (NULL: a wait to send) */
+ * grace, which may be shorter than the now-and-then).  awaited: the
+ * connection the wait is to receive on (NULL: a wait to send). */
 static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, const struct gw_conn *awaited,
                                    bool now) {
   if (!now && !slow_check_due(w)) return GW_SUCCESS;
