@@ -494,8 +494,34 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   return gw__channels_start(c, err);
 }
 
+/* Communicators' memory, kept for the next one rather than freed: a call
+ * racing a destroy may still count itself in and out of the gate (comm.h)
+ * after the destroy let the communicator go; on freed memory that was a
+ * write after free (a second destroy, or an accessor, starting while the
+ * destroy ran).  At most as many as were ever alive at once. */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gw_comm *pool;
+
+/* A communicator to make, zeroed but for the gate, which says GOING until
+ * init is done (gw__live_add's caller opens it). */
+static struct gw_comm *comm_alloc(void) {
+  pthread_mutex_lock(&pool_mu);
+  struct gw_comm *c = pool;
+  if (c) pool = c->pool_next;
+  pthread_mutex_unlock(&pool_mu);
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    if (c) atomic_init(&c->destroying, GW_DESTROY_GOING);
+    return c;
+  }
+  const size_t keep = offsetof(struct gw_comm, pool_next);
+  memset((char *)c + keep, 0, sizeof *c - keep);
+  return c;
+}
+
 static void comm_free(struct gw_comm *c) {
   if (!c) return;
+  atomic_store(&c->destroying, GW_DESTROY_GOING); /* init's failures come here too */
   gw__live_remove(c);
   if (c->oversub_counted) gw__waiter_oversubscribed(-1), c->oversub_counted = false;
   gw__channels_stop(c);
@@ -518,7 +544,10 @@ static void comm_free(struct gw_comm *c) {
   pthread_cond_destroy(&c->done_cv);
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->err_mu);
-  free(c);
+  pthread_mutex_lock(&pool_mu);
+  c->pool_next = pool;
+  pool = c;
+  pthread_mutex_unlock(&pool_mu);
 }
 
 gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *master) {
@@ -553,7 +582,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   }
   gw__log_set_rank(rank);
 
-  struct gw_comm *c = calloc(1, sizeof *c);
+  struct gw_comm *c = comm_alloc();
   if (!c) return gw__init_fail(&err, gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank));
   c->rank = rank;
   c->device = -1;
@@ -651,6 +680,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());
   gw__live_add(c); /* whole: a destroy may take it */
+  atomic_store(&c->destroying, GW_DESTROY_NO); /* and calls may enter */
   *out = c;
   return GW_SUCCESS;
 fail:
@@ -755,17 +785,17 @@ gw_result_t gw_comm_destroy(gw_comm_t comm) {
    * The flag first: a call entering after the count sees it (seq_cst). */
   char msg[GW_ERRMSG_MAX];
   int idle = GW_DESTROY_NO;
-  /* Counted inside like every call while it decides: a second destroy racing
-   * this one reads the communicator, and the winner must not free it under
-   * the loser (it did: the loser's refusal locked a freed mutex). */
-  atomic_fetch_add(&comm->inside, 1);
+  /* A second destroy racing this one touches only the gate, which outlives
+   * the free (comm_alloc), and says so in its thread's error (it locked the
+   * freed error mutex once; counted inside, it made the first one refuse too,
+   * "1 call ... is still running"). */
   if (!atomic_compare_exchange_strong(&comm->destroying, &idle, GW_DESTROY_CHECKING)) {
     snprintf(msg, sizeof msg, "rank %d: gw_comm_destroy refused: another thread is destroying this communicator",
              comm->rank);
-    gw__set_thread_error(msg); /* the communicator may be freed as soon as this one leaves */
-    atomic_fetch_sub(&comm->inside, 1);
+    gw__set_thread_error(msg);
     return GW_ERR_INVALID_ARGUMENT;
   }
+  atomic_fetch_add(&comm->inside, 1); /* counted inside like every call while it decides */
   if (destroy_refused(comm, msg, sizeof msg)) {
     atomic_store(&comm->destroying, GW_DESTROY_NO); /* the calls that waited for the verdict go on */
     refusal(comm, msg);

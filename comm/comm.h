@@ -153,6 +153,24 @@ struct gw_request {
 struct gw_devstate;
 
 struct gw_comm {
+  /* The gate, first: a destroyed communicator's memory is kept for the next
+   * one (comm.c, comm_alloc), and these three are never cleared, so a call
+   * that raced the destroy (a second destroy, an accessor on a watchdog
+   * thread) counts itself in and out of memory that is still there, and is
+   * refused.  inside: threads inside a call on it (gw__comm_enter: a
+   * collective, gw_wait, gw_test, registration, the setters,
+   * gw_bucketer_create, and a destroy deciding).  destroying:
+   * GW_DESTROY_CHECKING while destroy counts them (a call entering meanwhile
+   * waits for the verdict), GW_DESTROY_GOING once it goes ahead (a call
+   * entering then is refused), and while the memory waits for reuse or the
+   * next communicator is being made.  peeking: threads in an accessor
+   * (gw_comm_last_error, gw_comm_get_async_error, gw_comm_rank, ...; a
+   * watchdog polls them beside the training thread), not a reason to refuse
+   * destroy, which waits for them once it goes ahead (gw__comm_peek). */
+  _Atomic int inside;
+  _Atomic int destroying;
+  _Atomic int peeking;
+  struct gw_comm *pool_next; /* while kept for reuse */
   int rank, nranks, local_rank, local_size; /* local: on this machine (node id) */
   _Atomic double timeout_s; /* every wait on the data path (gw_comm_set_timeout: any thread, any time) */
   enum gw_algo algo;  /* GW_ALGO, or gw_comm_set_algo */
@@ -212,21 +230,10 @@ struct gw_comm {
   _Atomic int pending;       /* operations queued or running on the progress thread */
   _Atomic bool inline_busy;  /* a blocking call is running on its caller's thread */
   /* What gw_comm_destroy refuses to free the communicator under: threads
-   * inside a call on it (gw__comm_enter: a collective, gw_wait, gw_test,
-   * registration, the setters, gw_bucketer_create, and a destroy deciding),
-   * bucketers, and requests handed out and not
-   * yet freed by gw_wait / gw_test.  destroying: GW_DESTROY_CHECKING while
-   * destroy counts them (a call entering meanwhile waits for the verdict),
-   * GW_DESTROY_GOING once it goes ahead (a call entering then is refused). */
-  _Atomic int inside;
+   * inside a call on it (`inside`, at the top), bucketers, and requests
+   * handed out and not yet freed by gw_wait / gw_test. */
   _Atomic int bucketers;
   _Atomic int requests;
-  _Atomic int destroying;
-  /* Threads in an accessor (gw_comm_last_error, gw_comm_get_async_error,
-   * gw_comm_rank, ...; a watchdog polls them beside the training thread):
-   * not a reason to refuse destroy, which waits for them once it goes ahead
-   * (gw__comm_peek). */
-  _Atomic int peeking;
   /* The process that made it and the fork generation then (alive.c): in a
    * child forked without exec every call on it is refused. */
   long owner_pid;

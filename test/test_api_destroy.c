@@ -4,6 +4,7 @@
  * without exec using its parent's communicators.  Part of test_api's "api"
  * case. */
 #include <check.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,4 +260,65 @@ START_TEST(test_destroy_refused_in_use) {
 }
 END_TEST
 
-void add_destroy_tests(TCase *tc) { tcase_add_test(tc, test_destroy_refused_in_use); }
+/* Two destroys at once, and an accessor polling meanwhile (a watchdog
+ * thread): exactly one destroy frees the communicator, the other and the
+ * accessor are refused.  The loser counted itself in and out of freed memory
+ * once the winner's wait was over (ASan: a write after free), an accessor
+ * read it, and now and then both destroys were refused ("1 call ... is still
+ * running": the other destroy), the communicator left alive. */
+struct destroy_race {
+  gw_comm_t comm;
+  pthread_barrier_t go;
+  _Atomic bool done;
+  gw_result_t r[2];
+};
+
+static void *race_destroyer(void *arg) {
+  struct destroy_race *d = ((struct destroy_race **)arg)[0];
+  const int k = (int)(intptr_t)((void **)arg)[1];
+  pthread_barrier_wait(&d->go);
+  d->r[k] = gw_comm_destroy(d->comm);
+  return NULL;
+}
+
+static void *race_accessor(void *arg) {
+  struct destroy_race *d = arg;
+  pthread_barrier_wait(&d->go);
+  int rank;
+  gw_result_t async;
+  while (!atomic_load(&d->done)) {
+    (void)gw_comm_rank(d->comm, &rank);
+    (void)gw_comm_get_async_error(d->comm, &async);
+  }
+  return NULL;
+}
+
+START_TEST(test_destroy_races) {
+  struct destroy_race d;
+  for (int i = 0; i < 2000; i++) {
+    ck_assert_int_eq(gw_comm_init(&d.comm, 1, 0, NULL), GW_SUCCESS);
+    pthread_barrier_init(&d.go, NULL, 3);
+    atomic_store(&d.done, false);
+    void *args[2][2] = {{&d, (void *)0}, {&d, (void *)1}};
+    pthread_t t[3];
+    pthread_create(&t[0], NULL, race_destroyer, args[0]);
+    pthread_create(&t[1], NULL, race_destroyer, args[1]);
+    pthread_create(&t[2], NULL, race_accessor, &d);
+    pthread_join(t[0], NULL), pthread_join(t[1], NULL);
+    atomic_store(&d.done, true);
+    pthread_join(t[2], NULL);
+    pthread_barrier_destroy(&d.go);
+    const int freed = (d.r[0] == GW_SUCCESS) + (d.r[1] == GW_SUCCESS);
+    if (freed != 1) {
+      const gw_result_t again = gw_comm_destroy(d.comm); /* left alive: freed here */
+      ck_assert_msg(0, "iteration %d: %d destroys succeeded (%s, %s); a third: %s", i, freed, gw_strerror(d.r[0]),
+                    gw_strerror(d.r[1]), gw_strerror(again));
+    }
+  }
+}
+END_TEST
+
+void add_destroy_tests(TCase *tc) {
+  tcase_add_test(tc, test_destroy_refused_in_use);
+  tcase_add_test(tc, test_destroy_races);
+}
