@@ -39,6 +39,26 @@ struct fmnist {
   int augment;
 };
 
+/* zlib's message without the descriptor it names ("<fd:3>: ..."): the path
+ * is said already. */
+static const char *zlib_why(gzFile f, int *zerr) {
+  const char *zmsg = gzerror(f, zerr);
+  if (zmsg && !strncmp(zmsg, "<fd:", 4) && strstr(zmsg, ": ")) zmsg = strstr(zmsg, ": ") + 2;
+  return zmsg ? zmsg : "";
+}
+
+/* Whether zlib's error is the gzip trailer's check failing: the CRC-32 (or
+ * the length) of all the data, so the damage may be anywhere in the file,
+ * wherever zlib's read-ahead happened to reach the trailer. */
+static bool zlib_check_failed(const char *why) {
+  return !strcmp(why, "incorrect data check") || !strcmp(why, "incorrect length check");
+}
+
+static gw_result_t checksum_failed(const char *path, const char *why) {
+  return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: its gzip checksum does not match the "
+                        "data (zlib: %s): the file is damaged somewhere in it", path, why);
+}
+
 /* Reads exactly len bytes; anything short is a truncated file.  For the
  * message: `before` bytes of `what` were read already, of `total`. */
 static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len, const char *what, size_t before,
@@ -49,11 +69,10 @@ static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len,
     int n = gzread(f, (char *)buf + got, (unsigned)chunk);
     if (n <= 0) {
       int zerr = 0;
-      const char *zmsg = gzerror(f, &zerr);
+      const char *zmsg = zlib_why(f, &zerr);
       if (zerr == Z_ERRNO)
         return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: %s: cannot read %s: %s", path, what, strerror(errno));
-      /* zlib's message names the descriptor ("<fd:3>: ..."): the path is said already */
-      if (zmsg && !strncmp(zmsg, "<fd:", 4) && strstr(zmsg, ": ")) zmsg = strstr(zmsg, ": ") + 2;
+      if (zerr && zlib_check_failed(zmsg)) return checksum_failed(path, zmsg);
       if (zerr && zerr != Z_BUF_ERROR) /* (Z_BUF_ERROR: the input ended: truncated) */
         return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: zlib failed reading %s, %zu of its "
                               "%zu bytes in (zlib reads ahead: the damage may lie further on): %s", path, what,
@@ -169,9 +188,11 @@ static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, ui
                          "items without its trailer (the checksum of the data): the file is cut short", path, hdr[0]);
   else if (more < 0) {
     int zerr;
-    const char *why = gzerror(f, &zerr);
-    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: damaged after its %u items (zlib: %s)", path,
-                         hdr[0], why);
+    const char *why = zlib_why(f, &zerr);
+    res = zlib_check_failed(why) ? checksum_failed(path, why)
+                                 : gw__model_fail(GW_ERR_INVALID_ARGUMENT,
+                                                  "fashion-mnist: %s: damaged after its %u items (zlib: %s)", path,
+                                                  hdr[0], why);
   }
   *count = hdr[0];
   gzclose(f);
