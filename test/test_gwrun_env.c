@@ -199,6 +199,19 @@ START_TEST(test_env_torchrun_names)
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 1 127.0.0.1") && !strstr(r.err, "10.7.7.7"),
                   "the command line over PET_*: exit %d\n%s\n%s", r.code, r.out, r.err);
     gwrun_free(&r);
+    /* a bad value from PET_* is named by its variable, not only by a flag
+     * nobody typed */
+    const char *bad_pet[] = {"PET_MAX_RESTARTS=abc", NULL};
+    gwrun_run(&r, bad_pet, (const char *[]){"-n", "1", "true", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "not 'abc' (from PET_MAX_RESTARTS in the environment"),
+                  "PET_MAX_RESTARTS=abc: exit %d\n%s", r.code, r.err);
+    gwrun_free(&r);
+    const char *bad_end[] = {"PET_RDZV_ENDPOINT=host:x", NULL};
+    gwrun_run(&r, bad_end, (const char *[]){"-n", "1", "true", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "--rdzv-endpoint must give HOST:PORT") &&
+                      strstr(r.err, "(from PET_RDZV_ENDPOINT in the environment"),
+                  "PET_RDZV_ENDPOINT=host:x: exit %d\n%s", r.code, r.err);
+    gwrun_free(&r);
     const char *outer[] = {"TORCHELASTIC_RUN_ID=outer", NULL};
     gwrun_run(&r, outer, (const char *[]){"-n", "1", "sh", "-c", "echo id=$TORCHELASTIC_RUN_ID", NULL});
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] id=none"), "no --rdzv-id: exit %d\n%s", r.code, r.out);

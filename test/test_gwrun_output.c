@@ -2,14 +2,20 @@
  * test_gwrun_output: the single-node gw-run launcher's output cases, part of
  * test_gwrun (test_gwrun.c runs them): each rank's stdout and stderr go to
  * gw-run's with a [rank] prefix, whole lines never interleave between ranks,
- * a line longer than the buffer is split (not lost), and a grandchild that
- * keeps the output open does not keep gw-run waiting.
+ * a line longer than the buffer is split (not lost), a grandchild that
+ * keeps the output open does not keep gw-run waiting, and neither does a
+ * stdout nobody reads once gw-run was told to stop.
  */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gwrun_helpers.h"
 
@@ -100,6 +106,35 @@ START_TEST(test_long_line_split)
 }
 END_TEST
 
+/* A line of exactly 64 KiB (the piece size), its newline in the next read,
+ * is one line: it was a piece and then an empty line. The /dev/full stdout:
+ * the job goes on, and the lost output is named on stderr (it was silent). */
+START_TEST(test_line_of_piece_size)
+{
+    int full = open("/dev/full", O_WRONLY | O_CLOEXEC);
+    ck_assert_int_ge(full, 0);
+    struct run r;
+    const char *args[] = {"-n", "1", "sh", "-c", "head -c 65536 /dev/zero | tr '\\0' x; sleep 0.3; echo; echo after",
+                          NULL};
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == 2 && gwrun_has_line(r.out, "[0] after"),
+                  "exit code %d, %d lines (2 expected), stderr:\n%s", r.code, gwrun_count_lines(r.out), r.err);
+    struct long_seen s = {0};
+    gwrun_for_each_line(r.out, check_long_line, &s);
+    ck_assert_int_eq(s.xs, 65536);
+    gwrun_free(&r);
+
+    const char *args_full[] = {"-n", "1", "sh", "-c", "echo hi", NULL};
+    gwrun_start_out(&r, full, NULL, args_full);
+    close(full);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(r.code == 0 && strstr(r.err, "gw-run: cannot write the ranks' output to stdout: No space left on "
+                                                "device; its lines are dropped from here on, the job goes on"),
+                  "exit code %d, stderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 /* A progress bar's redraws ("\r" + the bar, a newline at its end, as tqdm
  * writes them) go out "\r"-ended with the prefix as each next one arrives
  * (they waited for the bar's newline); "\r\n" stays one line end. */
@@ -129,11 +164,69 @@ START_TEST(test_grandchild_holding_output)
 }
 END_TEST
 
+/* Whether gw-run (r) is still running, leaving it to gwrun_wait to collect. */
+static bool still_running(const struct run *r)
+{
+    siginfo_t si = {0};
+    return waitid(P_PID, (id_t)r->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == 0;
+}
+
+/* A stdout nobody reads (a paused pager) and a SIGTERM: gw-run stops the
+ * ranks, and gives up the output it cannot write once that output has taken
+ * nothing for 5 s, naming it, instead of waiting for the reader for ever (it
+ * did, through a second SIGTERM too). ranks_end: the rank writes less than
+ * the queue holds and exits before the signal, which then comes with no rank
+ * left and ends gw-run at once. */
+static void stuck_stdout_signal(bool ranks_end)
+{
+    int p[2]; /* close-on-exec: only gw-run's stdout (a dup) holds the write end */
+    ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+    struct run r;
+    const char *args[] = {"-n", "1", "sh", "-c", ranks_end ? "head -c 300000 /dev/zero | tr '\\0' x" : "exec yes stuck",
+                          NULL};
+    gwrun_start_out(&r, p[1], NULL, args);
+    close(p[1]);
+    gwrun_sleep(1.5);
+    const bool running = still_running(&r);
+    kill(r.pid, SIGTERM);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    gwrun_wait(&r, 20.0);
+    const double took = gwrun_seconds_since(&t0);
+    close(p[0]);
+    ck_assert_msg(running, "gw-run exited before the signal while its stdout was full (code %d)", r.code);
+    ck_assert_msg(!r.timed_out, "gw-run still ran 20 s after SIGTERM with its stdout unread; stderr:\n%s", r.err);
+    ck_assert_msg(strstr(r.err, "stdout has taken nothing for") && strstr(r.err, "gw-run was told to stop"),
+                  "the output given up is not named; stderr:\n%s", r.err);
+    if (ranks_end)
+        ck_assert_msg(r.code == 0 && took < 3.0, "with no rank left: code %d after %.1f s; stderr:\n%s", r.code,
+                      took, r.err);
+    else
+        ck_assert_msg(r.code == 128 + SIGTERM && took < 12.0, "code %d after %.1f s; stderr:\n%s", r.code, took,
+                      r.err);
+    gwrun_free(&r);
+}
+
+START_TEST(test_stuck_stdout_signal)
+{
+    stuck_stdout_signal(false);
+}
+END_TEST
+
+START_TEST(test_stuck_stdout_signal_after_job)
+{
+    stuck_stdout_signal(true);
+}
+END_TEST
+
 void gwrun_add_output_tests(TCase *tc)
 {
+    tcase_add_test(tc, test_stuck_stdout_signal);
+    tcase_add_test(tc, test_stuck_stdout_signal_after_job);
     tcase_add_test(tc, test_output_routing);
     tcase_add_test(tc, test_lines_never_interleave);
     tcase_add_test(tc, test_long_line_split);
+    tcase_add_test(tc, test_line_of_piece_size);
     tcase_add_test(tc, test_carriage_return_redraws);
     tcase_add_test(tc, test_grandchild_holding_output);
 }

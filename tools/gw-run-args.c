@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h> /* optarg */
 
 #include "gw-run.h"
 
@@ -105,10 +106,27 @@ const char gw__run_usage_text[] =
     "  GW_RUN_JOIN_TIMEOUT seconds for every node's gw-run to join node 0's\n"
     "                     (default 120); a node still missing then fails the job\n";
 
+/* The values gw__run_pet_argv made flags of, and their variables: a usage
+ * error about one names the variable, not only a flag the user never typed. */
+static const char *pet_given_value[16], *pet_given_var[16], *pet_given_flag[16];
+static int pet_given;
+
 void gw__run_usage_error(const char *fmt, const char *arg)
 {
-    fputs("gw-run: ", stderr);
-    fprintf(stderr, fmt, arg);
+    char msg[2048];
+    snprintf(msg, sizeof msg, fmt, arg);
+    gw__run_usage_error_for(msg, arg);
+}
+
+void gw__run_usage_error_for(const char *msg, const char *arg)
+{
+    fprintf(stderr, "gw-run: %s", msg);
+    /* getopt's optarg is the very string: the value passed (arg), or the
+     * option being parsed when the message names its flag (a parser's
+     * message passed whole) */
+    for (int i = 0; i < pet_given; i++)
+        if (arg == pet_given_value[i] || (optarg == pet_given_value[i] && strstr(msg, pet_given_flag[i])))
+            fprintf(stderr, " (from %s in the environment, torchrun's variable for it)", pet_given_var[i]);
     fputs("\n\n", stderr);
     fputs(gw__run_usage_text, stderr);
     exit(2);
@@ -230,6 +248,9 @@ char **gw__run_pet_argv(const char given[128], int *argc, char **argv)
             continue;
         out[k++] = (char *)pet[i].flag;
         out[k++] = (char *)v;
+        if (pet_given < (int)(sizeof pet_given_var / sizeof pet_given_var[0]))
+            pet_given_value[pet_given] = v, pet_given_flag[pet_given] = pet[i].flag,
+            pet_given_var[pet_given++] = pet[i].var;
     }
     if (k == 1)
         return argv;

@@ -24,11 +24,13 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <netinet/in.h>
@@ -73,33 +75,46 @@ struct outq {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
-    bool started, stop;
+    bool started, stop, done; /* done: the writer has returned */
     unsigned char *buf, *spare;
     size_t len, cap, spare_cap;
     size_t inflight; /* bytes the writer took and has not finished writing */
     size_t last;     /* offset of the last record's header; SIZE_MAX: none */
+    /* When the queue last moved: it got bytes while empty, the writer took
+     * them, or a write took some (gw__run_io_stuck_ms). */
+    _Atomic int64_t moved_ms;
 };
 static struct outq queues[2];
 static struct outq *queue_of[3]; /* by destination fd; NULL: written directly */
-static bool out_broken[3];
+static _Atomic bool out_broken[3];
 
 /* Writes everything, waiting when a non-blocking stdout is full. After a hard
  * error (a closed pipe, a full disk) the destination is dropped but the ranks
- * keep running: losing log lines must not kill a training job. */
-static void write_all(int fd, const unsigned char *p, size_t n)
+ * keep running: losing log lines must not kill a training job. A dropped
+ * stdout is named once on stderr (it was silent: a job whose stdout went to a
+ * full disk ended 0 with every line lost and nothing said); a closed one is
+ * not (`gw-run ... | head` closes it on purpose). q: the queue it writes
+ * for, NULL when written directly. */
+static void write_all(int fd, const unsigned char *p, size_t n, struct outq *q)
 {
     while (n > 0 && !out_broken[fd]) {
         ssize_t w = write(fd, p, n);
         if (w > 0) {
             p += w;
             n -= (size_t)w;
+            if (q)
+                atomic_store(&q->moved_ms, gw__run_now_ms());
         } else if (w < 0 && errno == EINTR) {
             continue;
         } else if (w < 0 && errno == EAGAIN) {
             struct pollfd pfd = {.fd = fd, .events = POLLOUT};
             poll(&pfd, 1, 100);
         } else {
+            const int e = w < 0 ? errno : EIO;
             out_broken[fd] = true;
+            if (fd == 1 && e != EPIPE && !out_broken[2] && !(queue_of[2] && queue_of[2] == queue_of[1]))
+                gw__run_say("gw-run: cannot write the ranks' output to stdout: %s; its lines are dropped from "
+                            "here on, the job goes on\n", strerror(e));
         }
     }
 }
@@ -118,11 +133,12 @@ static void *writer_main(void *arg)
         q->buf = q->spare, q->cap = q->spare_cap;
         q->spare = NULL, q->spare_cap = 0;
         q->len = 0, q->last = SIZE_MAX, q->inflight = n;
+        atomic_store(&q->moved_ms, gw__run_now_ms());
         pthread_mutex_unlock(&q->mu);
         for (size_t off = 0; off + REC_HDR <= n;) {
             uint32_t len;
             memcpy(&len, b + off + 1, 4);
-            write_all(b[off], b + off + REC_HDR, len);
+            write_all(b[off], b + off + REC_HDR, len, q);
             off += REC_HDR + len;
         }
         pthread_mutex_lock(&q->mu);
@@ -134,6 +150,8 @@ static void *writer_main(void *arg)
             free(b);
         }
     }
+    q->done = true;
+    pthread_cond_broadcast(&q->cv); /* gw__run_io_finish waits on it too */
     pthread_mutex_unlock(&q->mu);
     return NULL;
 }
@@ -146,10 +164,12 @@ static void out_append(int fd, const char *p, size_t n)
     if (n == 0)
         return;
     if (!q) {
-        write_all(fd, (const unsigned char *)p, n);
+        write_all(fd, (const unsigned char *)p, n, NULL);
         return;
     }
     pthread_mutex_lock(&q->mu);
+    if (q->len == 0 && q->inflight == 0)
+        atomic_store(&q->moved_ms, gw__run_now_ms()); /* behind from now, not since its last write */
     bool extend = q->last != SIZE_MAX && q->buf[q->last] == fd;
     size_t need = q->len + n + (extend ? 0 : REC_HDR);
     if (need > q->cap) {
@@ -175,7 +195,7 @@ static void out_append(int fd, const char *p, size_t n)
     memcpy(q->buf + q->last + 1, &len, 4);
     memcpy(q->buf + q->len, p, n);
     q->len += n;
-    pthread_cond_signal(&q->cv);
+    pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -186,8 +206,48 @@ static bool same_file(int a, int b)
            sa.st_ino == sb.st_ino;
 }
 
+/* How long queue q has been behind: bytes to write and none taken since
+ * (0: nothing waits). Called with q->mu held or from the loop. */
+static int64_t queue_stuck_ms(struct outq *q, int64_t now)
+{
+    if (!q->started || q->done || (q->len == 0 && q->inflight == 0))
+        return 0;
+    const int64_t d = now - atomic_load(&q->moved_ms);
+    return d > 0 ? d : 0;
+}
+
+int64_t gw__run_io_stuck_ms(void)
+{
+    const int64_t now = gw__run_now_ms();
+    int64_t worst = 0;
+    for (int i = 0; i < 2; i++) {
+        struct outq *q = &queues[i];
+        if (!q->started)
+            continue;
+        pthread_mutex_lock(&q->mu);
+        const int64_t d = queue_stuck_ms(q, now);
+        pthread_mutex_unlock(&q->mu);
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+/* How long a stuck destination may hold gw-run: for ever while nothing asked
+ * it to stop (a job that ended waits for its reader, as any program's write
+ * would), GW_RUN_OUT_STUCK_MS of no progress once a stop signal ended the
+ * job, GW_RUN_OUT_HURRY_MS once one came with no rank left. */
+static int64_t stuck_limit_ms(void)
+{
+    if (gw__run.out_hurry || gw__run_stop_signal_pending())
+        return GW_RUN_OUT_HURRY_MS;
+    return gw__run.got_signal ? GW_RUN_OUT_STUCK_MS : 0;
+}
+
 /* Writes out what is queued and ends the writers (atexit: every way out of
- * gw-run passes here, and no line already read from a rank is lost). */
+ * gw-run passes here, and no line already read from a rank is lost), but
+ * leaves a writer that a stop signal's limit finds stuck (it stays blocked in
+ * write(2) until the process exits; a blocked stdout kept gw-run alive after
+ * SIGTERM, and a second one too, for as long as its reader slept). */
 void gw__run_io_finish(void)
 {
     for (int i = 0; i < 2; i++) {
@@ -196,9 +256,34 @@ void gw__run_io_finish(void)
             continue;
         pthread_mutex_lock(&q->mu);
         q->stop = true;
-        pthread_cond_signal(&q->cv);
+        pthread_cond_broadcast(&q->cv);
+        int64_t stuck = 0;
+        while (!q->done) {
+            const int64_t limit = stuck_limit_ms(), now = gw__run_now_ms();
+            stuck = queue_stuck_ms(q, now);
+            if (limit && stuck >= limit)
+                break;
+            /* A signal's handler does not wake this wait: look again soon. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L)
+                ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        }
+        const bool left = !q->done;
+        const size_t behind = q->len + q->inflight;
         pthread_mutex_unlock(&q->mu);
-        pthread_join(q->thread, NULL);
+        if (left) {
+            const bool both = queue_of[1] == queue_of[2];
+            gw__run_say("gw-run: %s has taken nothing for %.1f s and gw-run was told to stop: exiting without the "
+                        "last %zu bytes of output\n",
+                        both ? "stdout and stderr" : i == 0 ? "stdout" : "stderr", (double)stuck / 1000.0,
+                        behind);
+            pthread_detach(q->thread);
+        } else {
+            pthread_join(q->thread, NULL);
+        }
         q->started = false;
     }
     queue_of[1] = queue_of[2] = NULL;
@@ -311,7 +396,7 @@ static void consume(const struct rank *r, struct stream *s, const char *p, size_
     }
     while (p < end) {
         size_t take = (size_t)(end - p);
-        if (s->len + take >= MAX_LINE) {
+        if (s->len + take > MAX_LINE) { /* one of exactly MAX_LINE waits: its newline may come next */
             take = MAX_LINE - s->len;
             emit_line(r, s, s->partial, s->len, p, take);
             s->len = 0;
@@ -397,6 +482,15 @@ int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
         }
     }
     return nfds;
+}
+
+void gw__run_abandon_stuck_output(int64_t stuck_ms)
+{
+    gw__run_say("gw-run: our output has taken nothing for %.1f s and gw-run was told to stop: not reading the "
+                "ranks' pipes any more\n", (double)stuck_ms / 1000.0);
+    for (int i = 0; i < gw__run.nranks; i++)
+        for (int k = 0; k < 2; k++)
+            close_stream(&gw__run.ranks[i], &gw__run.ranks[i].s[k]);
 }
 
 /* Every rank is gone and the drain grace is over, but a process a rank

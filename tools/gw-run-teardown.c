@@ -219,8 +219,14 @@ static void forward_signal(int sig, bool remote, bool reached)
 {
     if (!gw__run.got_signal)
         gw__run.got_signal = sig;
-    if (gw__run.alive == 0)
+    if (gw__run.alive == 0) {
+        /* Nothing left to stop: what keeps gw-run may be its own output, a
+         * stdout nobody reads; a program blocked writing there would die
+         * of this signal, so gw-run gives that output up at once. */
+        if (!remote)
+            gw__run.out_hurry = true;
         return;
+    }
     if (!once_per_signal(sig, remote))
         return;
     if (remote)
@@ -586,6 +592,11 @@ void gw__run_remove_leftover_shm(const char *token)
     if (removed)
         gw__run_say("gw-run: removed %d shared-memory segment%s that ranks which died during setup left in "
                     "/dev/shm\n", removed, removed == 1 ? "" : "s");
+}
+
+bool gw__run_stop_signal_pending(void)
+{
+    return pending_int || pending_term || pending_hup || pending_quit;
 }
 
 static void on_signal(int sig, siginfo_t *si, void *uc)

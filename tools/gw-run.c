@@ -320,6 +320,16 @@ static void run_loop(void)
          * SIGPIPE; the kill deadline and the give-up bound that wait. */
         if (held || wait_strays)
             drain_deadline_ms = 0;
+        /* ... but not for ever once the job was stopped by a signal: a
+         * stdout whose reader sleeps (a paused pager) kept gw-run alive with
+         * every rank gone, through a second signal too. */
+        if (gw__run.alive == 0 && !wait_strays && held && (gw__run.got_signal || gw__run.out_hurry)) {
+            const int64_t stuck = gw__run_io_stuck_ms();
+            if (stuck >= (gw__run.out_hurry ? GW_RUN_OUT_HURRY_MS : GW_RUN_OUT_STUCK_MS)) {
+                gw__run_abandon_stuck_output(stuck);
+                continue;
+            }
+        }
         if (gw__run.alive == 0 && gw__run.open_streams > 0 && !held && !wait_strays) {
             /* Every rank is gone but a process it started still holds its
              * stdout or stderr; wait a little for its last lines, not forever
@@ -513,6 +523,7 @@ int main(int argc, char **argv)
     };
     long local_n = 0, nnodes = 1, node_rank = GW_RUN_NODE_AUTO, port = 0, lport = 0, max_restarts = 0, mport = 0;
     const char *master = NULL, *maddr = NULL, *log_dir = NULL, *tee = NULL, *redirects = NULL;
+    const char *master_flag = "--master", *master_given = NULL; /* where master came from */
     const char *endpoint = NULL, *rdzv_id = NULL, *filter = NULL, *role = "default";
     int prog_mode = GW_RUN_PROG_AUTO;
     char host[256], composed[300], err[1200];
@@ -648,6 +659,7 @@ int main(int argc, char **argv)
         snprintf(composed, sizeof composed, has_port ? "%s" : colon && !close ? "[%s]:29400" : "%s:29400",
                  endpoint);
         master = composed;
+        master_flag = "--rdzv-endpoint", master_given = endpoint;
     }
     if (is_host == 1 && node_rank > 0)
         gw__run_usage_error("%s--rdzv-conf is_host=1 makes this node 0; --node-rank says it is another", "");
@@ -662,6 +674,7 @@ int main(int argc, char **argv)
         snprintf(composed, sizeof composed, strchr(a, ':') && a[0] != '[' ? "[%s]:%ld" : "%s:%ld", a,
                  mport ? mport : 29500);
         master = composed;
+        master_flag = "--master-addr/--master-port", master_given = maddr;
     }
     master = gw__run_standalone(standalone, nnodes, master);
     if (optind >= argc)
@@ -674,9 +687,12 @@ int main(int argc, char **argv)
         gw__run_say("gw-run: out of memory\n");
         return 1;
     }
-    if (master && !gw__run_parse_master(master, host, sizeof host, &port))
-        gw__run_usage_error("--master must be HOST:PORT or [IPv6]:PORT with a port from 1 to 65535, "
-                    "not '%s'", master);
+    if (master && !gw__run_parse_master(master, host, sizeof host, &port)) {
+        char msg[1400]; /* named by the flag it came from (the endpoint's was called --master) */
+        snprintf(msg, sizeof msg, "%s must give HOST:PORT or [IPv6]:PORT with a port from 1 to 65535, not '%s'",
+                 master_flag, master);
+        gw__run_usage_error_for(msg, master_given);
+    }
     if (nnodes > 1 && !master)
         gw__run_usage_error("%s--nnodes > 1 needs --master HOST:PORT (the address of node 0's rank 0)",
                     "");

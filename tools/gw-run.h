@@ -52,6 +52,10 @@ struct job {
     int fail_weight;   /* what exit_code says of the cause: 2 a rank killed by a signal, 1 an exit (0 unset) */
     int got_signal;    /* first SIGINT/SIGTERM/SIGHUP received, 0 if none */
     int own_signal;    /* the first of those that reached this gw-run itself (not another node's STOP) */
+    /* A stop signal came once every rank here was gone: output that our
+     * stdout or stderr does not take is given up at once, not after
+     * GW_RUN_OUT_STUCK_MS (gw__run_io_stuck_ms). */
+    bool out_hurry;
     double kill_grace_s;
     int64_t kill_deadline_ms; /* SIGKILL the remaining ranks then; 0: none */
     /* When each signal last went to the ranks (0: never) and whether another
@@ -148,13 +152,27 @@ struct net_config {
  * the ranks' lines. *held: a destination's queue is full, so pipes feeding
  * it were left out (the loop checks again soon). */
 void gw__run_io_start(void);
-/* Writes out what is queued and ends the writers (also run at exit). */
+/* Writes out what is queued and ends the writers (also run at exit).
+ * After a stop signal it waits no longer than the output moves: a
+ * destination that took nothing for GW_RUN_OUT_STUCK_MS (a paused `| less`,
+ * a reader that never reads), or at once after a signal with no rank left
+ * (out_hurry), is left behind, named on the other one where it can be. */
 void gw__run_io_finish(void);
+enum { GW_RUN_OUT_STUCK_MS = 5000, GW_RUN_OUT_HURRY_MS = 250 };
+/* gw-run-teardown.c: a SIGINT/TERM/HUP/QUIT came and was not handled yet
+ * (the loop is over: gw__run_io_finish asks). */
+bool gw__run_stop_signal_pending(void);
+/* How long a destination has had bytes to take and taken none (0: it is not
+ * behind). */
+int64_t gw__run_io_stuck_ms(void);
 void gw__run_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
                        struct rank **owner_rank, bool *held);
 bool gw__run_pump(const struct rank *r, struct stream *s);
 void gw__run_abandon_output(void);
+/* After a stop signal, every rank gone: our own output took nothing for
+ * too long; the ranks' pipes are closed and what they held is lost. */
+void gw__run_abandon_stuck_output(int64_t stuck_ms);
 void gw__run_pack(struct frame *f, const struct msg *m);
 /* n random bytes (getrandom); false when the kernel has none to give. */
 bool gw__run_random(void *buf, size_t n);
@@ -247,6 +265,9 @@ void gw__run_setenv_long(const char *a, const char *b, const char *c, long v);
  * last colon cannot be told from the port's). */
 extern const char gw__run_usage_text[];
 void gw__run_usage_error(const char *fmt, const char *arg) __attribute__((noreturn));
+/* The same with the message made (msg), arg being the value it is about: a
+ * value that came from a PET_ variable is named as such. */
+void gw__run_usage_error_for(const char *msg, const char *arg) __attribute__((noreturn));
 /* --standalone: refused with --nnodes above 1; a master or endpoint given
  * beside it is said and dropped (torchrun's --standalone runs on localhost
  * whatever else is given; one unreachable held the job until the bootstrap
