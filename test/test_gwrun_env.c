@@ -245,8 +245,9 @@ START_TEST(test_env_torchrun_names)
     memset(longer, 'x', 299), longer[299] = '\0';
     gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--log-line-prefix-template", longer, "sh", "-c", "echo hi", NULL});
     ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == 1 && strlen(r.out) == 127 + 3 &&
-                      !strncmp(r.out + 127, "hi\n", 3),
-                  "a long template: exit %d\n%.400s", r.code, r.out);
+                      !strncmp(r.out + 127, "hi\n", 3) &&
+                      strstr(r.err, "--log-line-prefix-template makes prefixes longer than 127 bytes; they are cut"),
+                  "a long template (cut, and said so): exit %d\n%.400s\n%s", r.code, r.out, r.err);
     gwrun_free(&r);
     const char *a3[] = {"-n", "1", "--master-addr", "10.1.2.3", "sh", "-c", "echo $GW_MASTER_PORT", NULL};
     gwrun_run(&r, NULL, a3);

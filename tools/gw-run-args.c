@@ -375,16 +375,17 @@ bool gw__run_check_ignored(const char *flag, const char *v, char *err, size_t er
     return false;
 }
 
-void gw__run_format_prefix(const char *tmpl, const char *role, int rank, int local, char *out, size_t cap)
+bool gw__run_format_prefix(const char *tmpl, const char *role, int rank, int local, char *out, size_t cap)
 {
     if (!tmpl) {
         snprintf(out, cap, "[%d] ", rank);
-        return;
+        return false;
     }
     /* Python's Template.safe_substitute: ${name} or $name, $$ for $, the
      * rest (an unknown name, a lone $) as written */
     size_t o = 0;
-    for (const char *p = tmpl; *p && o + 1 < cap;) {
+    const char *p = tmpl;
+    for (; *p && o + 1 < cap;) {
         char val[32] = "";
         const char *v = NULL;
         size_t skip = 0;
@@ -411,9 +412,14 @@ void gw__run_format_prefix(const char *tmpl, const char *role, int rank, int loc
             out[o++] = *p++;
             continue;
         }
-        o += (size_t)snprintf(out + o, cap - o, "%s", v);
-        o = o < cap ? o : cap - 1;
+        const size_t n = (size_t)snprintf(out + o, cap - o, "%s", v);
+        if (o + n >= cap) {
+            out[cap - 1] = '\0';
+            return true;
+        }
+        o += n;
         p += skip;
     }
     out[o] = '\0';
+    return *p != '\0'; /* the template not all used: cut */
 }

@@ -301,8 +301,9 @@ bool gw__run_parse_ranks_filter(const char *v, int local_n, bool *shown, char *e
  * --start-method (every rank is a fresh process, torchrun's spawn). */
 bool gw__run_check_ignored(const char *flag, const char *v, char *err, size_t errsz);
 /* A rank's line prefix: "[RANK] ", or torchrun's --log-line-prefix-template
- * with ${role_name}, ${rank} and ${local_rank} (or $name; $$ is $) put in. */
-void gw__run_format_prefix(const char *tmpl, const char *role, int rank, int local, char *out, size_t cap);
+ * with ${role_name}, ${rank} and ${local_rank} (or $name; $$ is $) put in.
+ * Returns whether it was cut to fit cap. */
+bool gw__run_format_prefix(const char *tmpl, const char *role, int rank, int local, char *out, size_t cap);
 
 /* ---- gw-run-logs.c: the ranks' log files (--log-dir, --tee, --redirects).
  * Setup takes the options as given (NULL: absent): 0, or the reason in err
