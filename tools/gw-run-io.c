@@ -484,13 +484,18 @@ int gw__run_io_pollfds(struct pollfd *pfds, int nfds, struct stream **owner,
     return nfds;
 }
 
+static void close_all_streams(void)
+{
+    for (int i = 0; i < gw__run.nranks; i++)
+        for (int k = 0; k < 2; k++)
+            close_stream(&gw__run.ranks[i], &gw__run.ranks[i].s[k]);
+}
+
 void gw__run_abandon_stuck_output(int64_t stuck_ms)
 {
     gw__run_say("gw-run: our output has taken nothing for %.1f s and gw-run was told to stop: not reading the "
                 "ranks' pipes any more\n", (double)stuck_ms / 1000.0);
-    for (int i = 0; i < gw__run.nranks; i++)
-        for (int k = 0; k < 2; k++)
-            close_stream(&gw__run.ranks[i], &gw__run.ranks[i].s[k]);
+    close_all_streams();
 }
 
 /* Every rank is gone and the drain grace is over, but a process a rank
@@ -499,9 +504,7 @@ void gw__run_abandon_output(void)
 {
     gw__run_say("gw-run: all ranks exited but a process they started still "
                     "holds their output; not waiting for it\n");
-    for (int i = 0; i < gw__run.nranks; i++)
-        for (int k = 0; k < 2; k++)
-            close_stream(&gw__run.ranks[i], &gw__run.ranks[i].s[k]);
+    close_all_streams();
 }
 
 /* ---- control-channel frames ----
