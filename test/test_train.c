@@ -595,8 +595,10 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/dev/null/gw/a", NULL},
           "--checkpoint-dir /dev/null/gw/a: cannot create it");
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", "/proc/self/status", NULL}, "not a directory");
-  refused((const char *const[]){"--steps", "2", "--metrics", "/nonexistent-gw/m.jsonl", NULL},
-          "No such file or directory");
+  /* before the data (it was opened after the data and the model) */
+  refused((const char *const[]){"--steps", "2", "--metrics", "/nonexistent-gw/m.jsonl", "--data",
+                                 "imagenet:/nonexistent", NULL},
+          "--metrics /nonexistent-gw/m.jsonl: its directory /nonexistent-gw does not exist");
   refused((const char *const[]){"--steps", "2", "--classes", "5", NULL},
           "not as given: --classes 5 (left out, they are the data's)");
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--host-step", NULL},

@@ -6,7 +6,9 @@
 
 #if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
+#include <errno.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core.h" /* gw__fnv */
@@ -504,11 +506,25 @@ static void plan_schedule(struct trainer *t) {
 /* Rank 0's output paths, checked before any work: a bad one used to fail only
  * when first written (after the training, for --save-weights), or never; and
  * a checkpoint folder holding another run's files is refused unless resuming. */
+/* --metrics is appended to: an existing file (or a FIFO, /dev/stdout) needs
+ * only to take writes; a new one, a directory to be made in.  It was first
+ * opened after the data and the model, so a bad one cost their setup. */
+static int metrics_path_ok(const char *path, char *err, size_t errlen) {
+  struct stat sb;
+  if (path[0] && stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+    if (access(path, W_OK) == 0) return 0;
+    snprintf(err, errlen, "--metrics %s: cannot append to it: %s", path, strerror(errno));
+    return -1;
+  }
+  return output_path_ok("--metrics", path, err, errlen);
+}
+
 static int check_outputs(const struct trainer *t) {
   const struct train_opts *o = t->o;
   if (t->rank != 0) return 0;
   char err[1200];
   if ((o->checkpoint_dir && ckpt_prepare_dir(o->checkpoint_dir, o->resume, err, sizeof err) != 0) ||
+      (o->metrics && metrics_path_ok(o->metrics, err, sizeof err) != 0) || /* (in the folder just made, maybe) */
       (o->save_weights && replaced_path_ok("--save-weights", o->save_weights, OUTPATH_TEMP_WEIGHTS, err, sizeof err) != 0) ||
       (o->plot && plot_check(o->plot, err, sizeof err) != 0))
     return train_fail(t, "output files", err);
