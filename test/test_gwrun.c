@@ -762,10 +762,17 @@ START_TEST(test_program_not_found)
     fclose(f);
     const char *local[] = {"-n", "1", here, NULL};
     gwrun_run(&r, NULL, local);
-    unlink(here);
     ck_assert_msg(r.code == 127 && strstr(r.err, "searched in PATH; the file in this directory is ./gw-script-here-") &&
                       strstr(r.err, "runs as 'python3 SCRIPT'"),
                   "a script here: exit %d\n%s", r.code, r.err);
+    gwrun_free(&r);
+    /* named by its path, found but not executable: the shell's 126, not 127 */
+    char path[80];
+    snprintf(path, sizeof path, "./%s", here);
+    const char *by_path[] = {"-n", "1", path, NULL};
+    gwrun_run(&r, NULL, by_path);
+    unlink(here);
+    ck_assert_msg(r.code == 126 && strstr(r.err, "Permission denied"), "not executable: exit %d\n%s", r.code, r.err);
     gwrun_free(&r);
 }
 END_TEST

@@ -67,6 +67,7 @@ enum {
     HELD_RECHECK_MS = 20,
     EXIT_USAGE = 2,
     EXIT_NOT_FOUND = 127,
+    EXIT_NOT_EXECUTABLE = 126, /* found, but exec refused it: the shell's code */
     MAX_RESTARTS = 10000,
     TOKEN_MAX = GW_RUN_TOKEN_MAX,
 };
@@ -125,7 +126,7 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, int
                             "PYTHON_EXEC name another interpreter, --no-python runs PROGRAM as given)" : "",
             here ? " (searched in PATH; the file in this directory is ./" : "", here ? argv[0] : "",
             here ? ", which must be executable; a Python script without .py runs as 'python3 SCRIPT')" : "");
-    _exit(EXIT_NOT_FOUND);
+    _exit(e == ENOENT || e == ENOTDIR ? EXIT_NOT_FOUND : EXIT_NOT_EXECUTABLE);
 }
 
 /* Each rank needs three pipes: stdout, stderr and the exec report (node 0 of
