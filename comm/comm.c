@@ -293,6 +293,11 @@ static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err
                   here, r, there);
   }
   free(all);
+  /* a name that is no transport, alike everywhere: said as such (it read as
+   * "no transport connects it with rank 1: GW_TRANSPORT restricts ...") */
+  if (res == GW_SUCCESS && mine.transport < 0)
+    res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_TRANSPORT=%s is not a transport: shm, ib or tcp (or unset: "
+                  "each link picks the best)", c->rank, getenv("GW_TRANSPORT"));
   return res;
 }
 

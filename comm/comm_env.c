@@ -153,13 +153,26 @@ static gw_result_t slurm_master(int rank, const char **addr, const char **port, 
   return GW_SUCCESS;
 }
 
+/* A launcher's id as the token, "PREFIX:ID"; an id that would make it longer
+ * than a token may be (a deep PMIx namespace, a long --rdzv-id) is hashed,
+ * 128 bits (it failed init as "GW_JOB_TOKEN is longer than 128 characters",
+ * a variable nobody had set). */
+static bool launcher_token(char *out, size_t len, const char *prefix, const char *id, const char *more) {
+  const int w = snprintf(out, len, "%s:%s%s", prefix, id, more);
+  if (w >= 0 && (size_t)w <= GW_BOOT_TOKEN_MAX && (size_t)w < len) return true;
+  uint64_t h1 = gw__fnv(GW_FNV_START, id, strlen(id)), h2 = gw__fnv(h1 ^ 0x9e3779b97f4a7c15ull, id, strlen(id));
+  h1 = gw__fnv(h1, more, strlen(more)), h2 = gw__fnv(h2, more, strlen(more));
+  snprintf(out, len, "%s-hashed:%016llx%016llx", prefix, (unsigned long long)h1, (unsigned long long)h2);
+  return true;
+}
+
 /* The job token: GW_JOB_TOKEN, else an id every rank of the same launch shares. */
 bool gw__job_token(char *out, size_t len) {
   const char *t = getenv("GW_JOB_TOKEN");
   if (t && *t) return snprintf(out, len, "%s", t), true;
   /* torchrun's default id with a static --master-addr is "none" for every job */
   if ((t = getenv("TORCHELASTIC_RUN_ID")) && *t && strcmp(t, "none") != 0)
-    return snprintf(out, len, "torchrun:%s", t), true;
+    return launcher_token(out, len, "torchrun", t, "");
   /* ... and on one node its agent's own: every worker's error file lies in
    * <log dir>/<run id>_<random>/attempt_<n>/<local rank>/error.json, the
    * directory above the local rank's made afresh for each agent and attempt
@@ -177,10 +190,12 @@ bool gw__job_token(char *out, size_t len) {
   }
   /* An mpirun's own id before Slurm's: two mpiruns of one sbatch script share
    * the job and (batch) step ids. */
-  if ((t = getenv("PMIX_NAMESPACE")) && *t) return snprintf(out, len, "pmix:%s", t), true;
-  if ((t = getenv("OMPI_MCA_orte_ess_jobid")) && *t) return snprintf(out, len, "ompi:%s", t), true;
+  if ((t = getenv("PMIX_NAMESPACE")) && *t) return launcher_token(out, len, "pmix", t, "");
+  if ((t = getenv("OMPI_MCA_orte_ess_jobid")) && *t) return launcher_token(out, len, "ompi", t, "");
   const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
-  if (job && *job) return snprintf(out, len, "slurm:%s.%s", job, step ? step : ""), true;
+  char dot_step[80];
+  snprintf(dot_step, sizeof dot_step, ".%.70s", step ? step : "");
+  if (job && *job) return launcher_token(out, len, "slurm", job, dot_step);
   return false;
 }
 
@@ -198,7 +213,8 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
                                    "mpirun / mpiexec, or set GW_RANK and GW_WORLD_SIZE"));
   const char *rv = launchers[pair][0], *sv = launchers[pair][1], *rs = getenv(rv);
   /* the step's own count (SLURM_NTASKS may be the allocation's, kept by srun) */
-  if (!strcmp(rv, "SLURM_PROCID") && getenv("SLURM_STEP_NUM_TASKS")) sv = "SLURM_STEP_NUM_TASKS";
+  if (!strcmp(rv, "SLURM_PROCID") && getenv("SLURM_STEP_NUM_TASKS") && *getenv("SLURM_STEP_NUM_TASKS"))
+    sv = "SLURM_STEP_NUM_TASKS"; /* (empty: unset, as everywhere) */
   const char *ss = getenv(sv);
   if (!ss || !*ss)
     return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
@@ -209,9 +225,10 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
                                    "not a valid pair (need 0 <= rank < size)", rv, rs, sv, ss));
   const char *avar = "the Slurm node list's first host"; /* where addr came from, for messages */
   const char *addr = first_env_named(addr_vars, &avar), *port = getenv("GW_MASTER_PORT");
+  const char *pvar = "GW_MASTER_PORT"; /* where port came from, for messages */
   char master[300] = "", moved[16];
   if (!port || !*port) {
-    port = getenv("MASTER_PORT");
+    port = getenv("MASTER_PORT"), pvar = "MASTER_PORT";
     /* Under torchrun the agent's own store (TCPStore) listens on MASTER_PORT
      * for the whole job (TORCHELASTIC_USE_AGENT_STORE=True: its static
      * rendezvous, the default with --master-addr/--master-port): rank 0 could
@@ -236,6 +253,12 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
       return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                      "rank %d: no master address; set GW_MASTER_ADDR and GW_MASTER_PORT "
                                      "(rank 0's host and a free port)", rank));
+    /* the port named by its variable (the master's parse said only
+     * "'127.0.0.1:abc' is not HOST:PORT"), strictly decimal */
+    int pnum;
+    if (port != moved && port != slurm_port && !parse_int(port, 1, 65535, &pnum))
+      return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s='%s' is no port: a number "
+                                         "from 1 to 65535", rank, pvar, port));
     /* host:port in the address (a torchrun-style slip) was taken for an IPv6
      * literal and retried as a name until the bootstrap deadline */
     struct in6_addr a6;

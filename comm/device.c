@@ -42,7 +42,7 @@
 /* Bytes of one staging buffer (two are used).  Rank 0's is every rank's
  * (agreed at init, gw__dev_ring_setup): the pieces of an operation must be
  * the same on every rank. */
-GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
+GW_PARAM_MIN(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20, 4096)
 /* How many hardware work queues this rank's streams share: 0 (default) asks
  * the device layer (CUDA: CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set).  A
  * stream gets a queue when it is made, round robin, and work of two streams
@@ -56,7 +56,7 @@ GW_PARAM(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20)
  * layer says (the GPU check sets 8 with CUDA_DEVICE_MAX_CONNECTIONS=1 to
  * show the hazard: the probe then finds no engine stream that runs, and the
  * operation fails instead of hanging). */
-GW_PARAM(DevQueues, "GW_DEV_QUEUES", 0)
+GW_PARAM_MIN(DevQueues, "GW_DEV_QUEUES", 0, 0)
 
 long gw__dev_queues(void) {
   const struct gw_dev_ops *dv = gw__dev();

@@ -41,7 +41,7 @@ GW_PARAM(DevCopyEngine, "GW_DEV_COPY_ENGINE", 0)
  * header per step, 2 (n - 1) of them for an allreduce, where staging pays two
  * copies and the host algorithms (exchange, tree, LL) at host latency.  Rank
  * 0's is every rank's (agreed at init with the ring). */
-GW_PARAM(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10)
+GW_PARAM_MIN(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10, 0)
 /* How the device ring orders one rank's stream with its neighbours': 0
  * (default) the progress thread runs each chunk's work on the engine's stream
  * and synchronizes it before the chunk's header goes out (a host round trip
@@ -56,7 +56,7 @@ GW_PARAM(DevRingMinBytes, "GW_DEV_RING_MIN_BYTES", 64 << 10)
 GW_PARAM(DevAsync, "GW_DEV_ASYNC", 0)
 /* At destroy, how long a rank waits for its ring predecessor to unmap this
  * rank's twins before it frees them (gw__dev_ring_free). */
-GW_PARAM(DevUnmapWaitMs, "GW_DEV_UNMAP_WAIT_MS", 2000)
+GW_PARAM_MIN(DevUnmapWaitMs, "GW_DEV_UNMAP_WAIT_MS", 2000, 0)
 
 /* What a failed operation stores in the counters its stream waits on, so the
  * stream runs to its end instead of waiting for a peer that will never write. */

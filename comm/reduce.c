@@ -33,7 +33,12 @@ const gw_reduce_table_t *gw__reduce_table_named(const char *name) {
 static void choose(void) {
   static const char *order[] = {"avx512", "avx2", "generic"};
   const char *want = gw__env_str("GW_SIMD", NULL);
-  bool reached = want == NULL;
+  bool known = want == NULL;
+  for (size_t i = 0; !known && i < sizeof order / sizeof order[0]; i++) known = !strcasecmp(want, order[i]);
+  if (!known) GW_WARN(GW_SUB_INIT, "GW_SIMD=%s is not one of avx512, avx2, generic; ignored", want);
+  /* an unknown name is ignored: the best the CPU has (it left every table
+   * unreached, so the slowest was taken) */
+  bool reached = !known || want == NULL;
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     if (!reached && !strcasecmp(want, order[i])) reached = true;
     if (!reached) continue;
@@ -44,7 +49,6 @@ static void choose(void) {
       break;
     }
   }
-  if (!reached) GW_WARN(GW_SUB_INIT, "GW_SIMD=%s is not one of avx512, avx2, generic; ignored", want);
   if (!chosen) chosen = &gw__reduce_table_generic, chosen_name = "generic";
   GW_INFO(GW_SUB_INIT, "host reduction kernels: %s", chosen_name);
 }

@@ -174,6 +174,29 @@ double test_unit_roundoff(gw_dtype_t dt) {
 
 int test_is_float(gw_dtype_t dt) { return test_unit_roundoff(dt) > 0; }
 
+void test_in_child_with_env(const char *name, const char *value, void (*fn)(void *out, size_t cap), void *out,
+                            size_t cap) {
+  int p[2];
+  ck_assert_int_eq(pipe(p), 0);
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(p[0]);
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    fn(out, cap);
+    _exit(write(p[1], out, cap) == (ssize_t)cap ? 0 : 1);
+  }
+  close(p[1]);
+  size_t got = 0;
+  for (ssize_t k; got < cap && (k = read(p[0], (char *)out + got, cap - got)) > 0;) got += (size_t)k;
+  close(p[0]);
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0 && got == cap, "the child with %s=%s failed", name,
+                value ? value : "(unset)");
+}
+
 _Atomic int *test_shared_int(void) {
   _Atomic int *p = mmap(NULL, sizeof *p, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {

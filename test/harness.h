@@ -32,6 +32,13 @@ int free_port(void);
 _Atomic int *test_shared_int(void);
 void test_shared_free(_Atomic int *p);
 
+/* Runs fn(out, cap) in a child process with environment variable name set
+ * to value (NULL: unset), and copies the cap bytes it left in out back into
+ * the caller's out: for settings a process reads once.  Fails the test
+ * where the child cannot be made or dies. */
+void test_in_child_with_env(const char *name, const char *value, void (*fn)(void *out, size_t cap), void *out,
+                            size_t cap);
+
 /* Deterministic pseudo-random numbers for test inputs. */
 static inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -171,7 +171,49 @@ START_TEST(test_env_launchers) {
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(has(gw_comm_last_error(NULL), "GW_MASTER_ADDR and the port make 321 characters, more than 299"),
                 "%s", gw_comm_last_error(NULL));
+  /* a bad port named by its variable (it was "'127.0.0.1:abc' is not HOST:PORT") */
+  setenv("GW_MASTER_ADDR", "127.0.0.1", 1);
+  setenv("GW_MASTER_PORT", "abc", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "GW_MASTER_PORT='abc' is no port: a number from 1 to 65535"), "%s",
+                gw_comm_last_error(NULL));
+  unsetenv("GW_MASTER_PORT");
+  setenv("MASTER_PORT", "65536", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "MASTER_PORT='65536' is no port"), "%s", gw_comm_last_error(NULL));
   for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+  /* Slurm's step count set but empty: unset, as every other variable (it
+   * was "SLURM_STEP_NUM_TASKS is not set" beside SLURM_NTASKS) */
+  setenv("SLURM_PROCID", "0", 1), setenv("SLURM_NTASKS", "1", 1), setenv("SLURM_STEP_ID", "0", 1);
+  setenv("SLURM_STEP_NUM_TASKS", "", 1);
+  ck_assert_msg(gw_comm_init_env(&comm) == GW_SUCCESS, "%s", gw_comm_last_error(NULL));
+  ck_assert_int_eq(gw_comm_destroy(comm), GW_SUCCESS);
+  for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+}
+END_TEST
+
+/* A launcher's id too long for a token is hashed (it failed init as
+ * "GW_JOB_TOKEN is longer than 128 characters", a variable nobody set);
+ * a short one is kept as it is. */
+START_TEST(test_long_launcher_id_hashed) {
+  unsetenv("GW_JOB_TOKEN");
+  char id[201], tok[GW_BOOT_TOKEN_MAX + 16], other[sizeof tok];
+  memset(id, 'r', sizeof id - 1), id[sizeof id - 1] = 0;
+  setenv("TORCHELASTIC_RUN_ID", id, 1);
+  ck_assert(gw__job_token(tok, sizeof tok));
+  ck_assert_msg(strlen(tok) <= GW_BOOT_TOKEN_MAX && !strncmp(tok, "torchrun-hashed:", 16), "%s", tok);
+  id[100] = 's'; /* another id, another token */
+  setenv("TORCHELASTIC_RUN_ID", id, 1);
+  ck_assert(gw__job_token(other, sizeof other));
+  ck_assert_str_ne(tok, other);
+  setenv("TORCHELASTIC_RUN_ID", "job-7", 1);
+  ck_assert(gw__job_token(tok, sizeof tok));
+  ck_assert_str_eq(tok, "torchrun:job-7");
+  unsetenv("TORCHELASTIC_RUN_ID");
+  setenv("PMIX_NAMESPACE", id, 1);
+  ck_assert(gw__job_token(tok, sizeof tok));
+  ck_assert_msg(!strncmp(tok, "pmix-hashed:", 12), "%s", tok);
+  unsetenv("PMIX_NAMESPACE");
 }
 END_TEST
 
@@ -292,6 +334,7 @@ END_TEST
 
 void add_env_tests(TCase *tc) {
   tcase_add_test(tc, test_env_launchers);
+  tcase_add_test(tc, test_long_launcher_id_hashed);
   tcase_add_test(tc, test_env_timeout_checked);
   tcase_add_test(tc, test_slurm_first_host);
   tcase_add_test(tc, test_slurm_master_from_nodelist);

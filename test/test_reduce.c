@@ -279,11 +279,27 @@ START_TEST(test_bf16_conversions) {
 }
 END_TEST
 
+/* The table's name a process picks (the choice is made once per process). */
+static void simd_chosen(void *out, size_t cap) { snprintf(out, cap, "%s", gw__reduce_simd_name()); }
+
+/* GW_SIMD naming no table is ignored (warned): the best table the CPU has, as
+ * unset; it took the slowest, generic. A known name is honoured. */
+START_TEST(test_simd_unknown_name_ignored) {
+  char best[32] = "", bogus[32] = "", generic[32] = "";
+  test_in_child_with_env("GW_SIMD", NULL, simd_chosen, best, sizeof best);
+  test_in_child_with_env("GW_SIMD", "bogus", simd_chosen, bogus, sizeof bogus);
+  test_in_child_with_env("GW_SIMD", "GENERIC", simd_chosen, generic, sizeof generic);
+  ck_assert_str_eq(bogus, best);
+  ck_assert_str_eq(generic, "generic");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("reduce");
   TCase *tc = tcase_create("kernels");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_kernels_match_reference);
+  tcase_add_test(tc, test_simd_unknown_name_ignored);
   tcase_add_test(tc, test_nan_max_min);
   tcase_add_test(tc, test_signed_zeros);
   tcase_add_test(tc, test_half_conversions_exact);

@@ -288,6 +288,28 @@ static int body_late_rank(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
+/* GW_SOCKET_KEEPALIVE below 0: warned about and the default (10 s idle + 3
+ * probes 2 s apart) used; it turned dead-peer detection off without a word.
+ * 0 is off. Read once per process: each value in a child of its own. */
+static void keepalive_ms(void *out, size_t cap) {
+  const int ms = gw__sock_keepalive_ms();
+  memcpy(out, &ms, cap < sizeof ms ? cap : sizeof ms);
+}
+
+static int keepalive_ms_with(const char *v) {
+  int ms = -1;
+  test_in_child_with_env("GW_SOCKET_KEEPALIVE", v, keepalive_ms, &ms, sizeof ms);
+  return ms;
+}
+
+START_TEST(test_keepalive_setting) {
+  ck_assert_int_eq(keepalive_ms_with("-5"), 16000);
+  ck_assert_int_eq(keepalive_ms_with("0"), 0);
+  ck_assert_int_eq(keepalive_ms_with("1"), 7000);
+  ck_assert_int_eq(keepalive_ms_with("99999"), (32767 + 6) * 1000);
+}
+END_TEST
+
 START_TEST(test_late_rank_kept) {
   setenv("GW_TRANSPORT", "tcp", 1);
   setenv("GW_SOCKET_KEEPALIVE", "1", 1);
@@ -627,6 +649,7 @@ int main(void) {
   tcase_add_test(tc, test_closed_sender_look);
   tcase_add_test(tc, test_receiver_gave_up);
   tcase_add_test(tc, test_way_back_records);
+  tcase_add_test(tc, test_keepalive_setting);
   suite_add_tcase(s, tc);
   /* The cases that mostly wait (a rank late by 9 s, a cut-off rank's 7 s of
    * keepalive): run by meson as a test of its own (CK_RUN_CASE=waits) beside

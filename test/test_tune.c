@@ -599,6 +599,33 @@ START_TEST(test_settings_must_agree) {
 }
 END_TEST
 
+/* GW_TRANSPORT alike on every rank: a name that is no transport is said as
+ * such (it read "no transport connects it with rank 1"), and the names are
+ * taken in any case, as GW_ALGO's and GW_PROTO's. */
+static int raw_transport_named(int rank, int n, const char *master, void *arg) {
+  const char *v = arg;
+  setenv("GW_TRANSPORT", v, 1);
+  gw_comm_t comm;
+  const gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  unsetenv("GW_TRANSPORT");
+  if (!strcmp(v, "SHM")) {
+    EXPECT(r == GW_SUCCESS, "GW_TRANSPORT=SHM: init returned %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  } else {
+    char want[80];
+    snprintf(want, sizeof want, "rank %d: GW_TRANSPORT=%s is not a transport: shm, ib or tcp", rank, v);
+    EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(NULL), want), "init returned %s: %s",
+           gw_strerror(r), gw_comm_last_error(NULL));
+  }
+  return 0;
+}
+
+START_TEST(test_transport_name) {
+  ck_assert_int_eq(run_ranks_raw(2, raw_transport_named, "bogus", 90), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_transport_named, "SHM", 90), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("tune");
   TCase *tc = tcase_create("tune");
@@ -616,6 +643,7 @@ int main(void) {
   tcase_add_test(tc, test_fit_roundtrip);
   tcase_add_test(tc, test_fit_tree_levels);
   tcase_add_test(tc, test_settings_must_agree);
+  tcase_add_test(tc, test_transport_name);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -622,7 +623,7 @@ int main(int argc, char **argv) {
     if (*g != 'h') die("--tune measures its own sizes, algorithms and protocols: -%c does not apply", *g);
   for (int i = 0; o.tune && i < 2; i++) {
     const char *v = getenv(i ? "GW_PROTO" : "GW_ALGO");
-    if (v && *v && strcmp(v, "auto"))
+    if (v && *v && strcasecmp(v, "auto")) /* (the library takes AUTO too) */
       die("--tune measures every algorithm and protocol: unset %s (it is %s)", i ? "GW_PROTO" : "GW_ALGO", v);
   }
   if (strchr(given, 'o') && o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER)

@@ -178,9 +178,13 @@ gw_result_t gw__sock_accept_error(const struct gw_conn *c, const char *what, str
 
 /* GW_SOCKET_KEEPALIVE's idle seconds: Linux takes 1..32767 s (more was
  * refused, and the system's 2 hours applied) and a wider value is no int
- * (4294967295 was -1, off): clamped, said.  0: off. */
+ * (4294967295 was -1, off): clamped, said.  0: off; a negative value is
+ * warned about and the default used (it turned dead-peer detection off
+ * without a word). */
+GW_PARAM_MIN(SocketKeepalive, "GW_SOCKET_KEEPALIVE", 10, 0)
+
 static int keepalive_idle(void) {
-  const int64_t v = gw__env_int("GW_SOCKET_KEEPALIVE", 10);
+  const int64_t v = gw__param_SocketKeepalive();
   static _Atomic bool told;
   if (v > 32767 && !atomic_exchange(&told, true))
     GW_WARN(GW_SUB_ENV, "GW_SOCKET_KEEPALIVE=%lld is more than Linux's 32767 s: using 32767", (long long)v);

@@ -3,6 +3,7 @@
  * the verbs emulator), else tcp.  GW_TRANSPORT restricts the choice (e.g. tcp or
  * ib inside one machine). */
 #include <string.h>
+#include <strings.h>
 
 #include "transport.h"
 
@@ -21,7 +22,7 @@ int32_t gw__transport_wanted(void) {
   const char *want = gw__env_str("GW_TRANSPORT", NULL);
   if (!want || !*want) return 0;
   for (int32_t i = 0; i < (int32_t)(sizeof wanted_names / sizeof wanted_names[0]); i++)
-    if (!strcmp(want, wanted_names[i])) return i + 1;
+    if (!strcasecmp(want, wanted_names[i])) return i + 1; /* (as GW_ALGO and GW_PROTO: SHM was no transport) */
   return -1;
 }
 
@@ -35,7 +36,7 @@ uint32_t gw__transport_caps(void) {
   uint32_t caps = 0;
 #if GW_HAVE_IBVERBS
   const char *want = gw__env_str("GW_TRANSPORT", NULL);
-  if ((!want || !strcmp(want, "ib")) && gw__ib_usable()) caps |= GW_CAP_IB;
+  if ((!want || !strcasecmp(want, "ib")) && gw__ib_usable()) caps |= GW_CAP_IB;
 #endif
   return caps;
 }
@@ -45,7 +46,7 @@ const struct gw_transport *gw__transport_select(const struct gw_peer_info *self,
   const char *want = gw__env_str("GW_TRANSPORT", NULL);
   for (size_t i = 0; i < sizeof all_transports / sizeof all_transports[0]; i++) {
     const struct gw_transport *t = all_transports[i];
-    if (want && strcmp(want, t->name) != 0) continue;
+    if (want && strcasecmp(want, t->name) != 0) continue;
     if (t->can_connect(self, peer)) return t;
   }
   return NULL;
