@@ -240,6 +240,11 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
       port = moved;
       GW_INFO(GW_SUB_INIT, "rank %d: torchrun's agent store holds MASTER_PORT %d: the rendezvous uses port %s "
               "(GW_MASTER_PORT sets another)", rank, p, port);
+    } else if (port && agent && !strcasecmp(agent, "true") && parse_int(port, 65535, 65535, &p)) {
+      /* no port after it: rank 0 would have failed to listen, "in use" */
+      return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: torchrun's agent store holds "
+                                         "MASTER_PORT 65535 and no port follows it for the rendezvous: set "
+                                         "GW_MASTER_PORT, or give torchrun a lower --master-port", rank));
     }
   }
   char slurm_host[256], slurm_port[16];

@@ -182,6 +182,14 @@ START_TEST(test_env_launchers) {
   ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(has(gw_comm_last_error(NULL), "MASTER_PORT='65536' is no port"), "%s", gw_comm_last_error(NULL));
   for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
+  /* torchrun's agent store on the last port: none follows it for the
+   * rendezvous (rank 0 failed to listen, "in use") */
+  setenv("RANK", "0", 1), setenv("WORLD_SIZE", "2", 1), setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "65535", 1), setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(has(gw_comm_last_error(NULL), "torchrun's agent store holds MASTER_PORT 65535 and no port follows"),
+                "%s", gw_comm_last_error(NULL));
+  for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) unsetenv(all[j]);
   /* Slurm's step count set but empty: unset, as every other variable (it
    * was "SLURM_STEP_NUM_TASKS is not set" beside SLURM_NTASKS) */
   setenv("SLURM_PROCID", "0", 1), setenv("SLURM_NTASKS", "1", 1), setenv("SLURM_STEP_ID", "0", 1);
