@@ -506,10 +506,17 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
  * destroy ran).  At most as many as were ever alive at once. */
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gw_comm *pool;
+/* Held across fork, as the other process-wide locks: a child's init or
+ * destroy must not find it locked for good by a parent's thread. */
+static void pool_fork_prepare(void) { pthread_mutex_lock(&pool_mu); }
+static void pool_fork_after(void) { pthread_mutex_unlock(&pool_mu); }
+static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
+static void pool_fork_install(void) { pthread_atfork(pool_fork_prepare, pool_fork_after, pool_fork_after); }
 
 /* A communicator to make, zeroed but for the gate, which says GOING until
  * init is done (gw__live_add's caller opens it). */
 static struct gw_comm *comm_alloc(void) {
+  pthread_once(&pool_fork_once, pool_fork_install);
   pthread_mutex_lock(&pool_mu);
   struct gw_comm *c = pool;
   if (c) pool = c->pool_next;

@@ -240,7 +240,7 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
       port = moved;
       GW_INFO(GW_SUB_INIT, "rank %d: torchrun's agent store holds MASTER_PORT %d: the rendezvous uses port %s "
               "(GW_MASTER_PORT sets another)", rank, p, port);
-    } else if (port && agent && !strcasecmp(agent, "true") && parse_int(port, 65535, 65535, &p)) {
+    } else if (size > 1 && port && agent && !strcasecmp(agent, "true") && parse_int(port, 65535, 65535, &p)) {
       /* no port after it: rank 0 would have failed to listen, "in use" */
       return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: torchrun's agent store holds "
                                          "MASTER_PORT 65535 and no port follows it for the rendezvous: set "
@@ -259,7 +259,7 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
                                      "rank %d: no master address; set GW_MASTER_ADDR and GW_MASTER_PORT "
                                      "(rank 0's host and a free port)", rank));
     /* the port named by its variable (the master's parse said only
-     * "'127.0.0.1:abc' is not HOST:PORT"), strictly decimal */
+     * "'127.0.0.1:abc' is not HOST:PORT"), a decimal number */
     int pnum;
     if (port != moved && port != slurm_port && !parse_int(port, 1, 65535, &pnum))
       return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s='%s' is no port: a number "

@@ -42,7 +42,7 @@
 /* Bytes of one staging buffer (two are used).  Rank 0's is every rank's
  * (agreed at init, gw__dev_ring_setup): the pieces of an operation must be
  * the same on every rank. */
-GW_PARAM_MIN(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20, 4096)
+GW_PARAM_MIN(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20, 0) /* (below 4096: 4096, gw__dev_stage_bytes_own) */
 /* How many hardware work queues this rank's streams share: 0 (default) asks
  * the device layer (CUDA: CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set).  A
  * stream gets a queue when it is made, round robin, and work of two streams

@@ -249,6 +249,13 @@ START_TEST(test_env_torchrun_names)
                       strstr(r.err, "--log-line-prefix-template makes prefixes longer than 127 bytes; they are cut"),
                   "a long template (cut, and said so): exit %d\n%.400s\n%s", r.code, r.out, r.err);
     gwrun_free(&r);
+    /* one that fits rank 0's prefix but not rank 10's: said too */
+    char fits0[200];
+    memset(fits0, 'x', 126), strcpy(fits0 + 126, "${rank}"); /* 127 bytes for ranks 0-9 */
+    gwrun_run(&r, NULL, (const char *[]){"-n", "11", "--log-line-prefix-template", fits0, "sh", "-c", "true", NULL});
+    ck_assert_msg(r.code == 0 && strstr(r.err, "--log-line-prefix-template makes prefixes longer than 127 bytes"),
+                  "cut for rank 10 only: exit %d\n%s", r.code, r.err);
+    gwrun_free(&r);
     const char *a3[] = {"-n", "1", "--master-addr", "10.1.2.3", "sh", "-c", "echo $GW_MASTER_PORT", NULL};
     gwrun_run(&r, NULL, a3);
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] 29500"), "torchrun's default port: exit %d\n%s",

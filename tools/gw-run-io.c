@@ -98,7 +98,11 @@ static _Atomic bool out_broken[3];
 static void write_all(int fd, const unsigned char *p, size_t n, struct outq *q)
 {
     while (n > 0 && !out_broken[fd]) {
-        ssize_t w = write(fd, p, n);
+        /* 64 KiB at a time: a blocking write of a whole record (up to 1 MiB)
+         * returned only once a slow reader had taken all of it, so a reader
+         * still reading looked stuck (gw__run_io_stuck_ms) and lost its
+         * output after a signal */
+        ssize_t w = write(fd, p, n < 65536 ? n : 65536);
         if (w > 0) {
             p += w;
             n -= (size_t)w;
@@ -276,10 +280,21 @@ void gw__run_io_finish(void)
         pthread_mutex_unlock(&q->mu);
         if (left) {
             const bool both = queue_of[1] == queue_of[2];
-            gw__run_say("gw-run: %s has taken nothing for %.1f s and gw-run was told to stop: exiting without the "
-                        "last %zu bytes of output\n",
-                        both ? "stdout and stderr" : i == 0 ? "stdout" : "stderr", (double)stuck / 1000.0,
-                        behind);
+            char note[256];
+            const int len = snprintf(note, sizeof note, "gw-run: %s has taken nothing for %.1f s and gw-run was told "
+                                     "to stop: exiting without the last %zu bytes of output\n",
+                                     both ? "stdout and stderr" : i == 0 ? "stdout" : "stderr",
+                                     (double)stuck / 1000.0, behind);
+            if (!both && i == 0) {
+                gw__run_say("%s", note); /* stderr's own queue moves */
+            } else if (len > 0 && (size_t)len < sizeof note) {
+                /* the stuck queue is stderr's: one try straight to it, when
+                 * it has room for the whole line (a write of at most
+                 * PIPE_BUF then goes in at once, without blocking) */
+                struct pollfd pfd = {.fd = 2, .events = POLLOUT};
+                if (poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLOUT) && write(2, note, (size_t)len) < 0) {
+                }
+            }
             pthread_detach(q->thread);
         } else {
             pthread_join(q->thread, NULL);

@@ -200,10 +200,13 @@ static void spawn_all(int local_n, int node_rank, char **argv)
     for (int i = 0; i < local_n; i++) {
         struct rank *r = &gw__run.ranks[i];
         r->global = node_rank * local_n + i;
+        static bool prefix_cut_noted; /* once: the first rank cut (rank 10's is longer than rank 1's) */
         if (gw__run_format_prefix(gw__run.prefix_template, gw__run.role, r->global, i, r->prefix,
-                                  sizeof r->prefix) && i == 0 && gw__run.attempt == 0)
+                                  sizeof r->prefix) && !prefix_cut_noted) {
+            prefix_cut_noted = true;
             gw__run_say("gw-run: note: --log-line-prefix-template makes prefixes longer than %zu bytes; they are cut "
                         "there (what follows, a ${rank} too, is lost)\n", sizeof r->prefix - 1);
+        }
         if (!gw__run_logs_open(i, r->global, gw__run.attempt, why, sizeof why))
             break;
         r->exec_fd = -1;

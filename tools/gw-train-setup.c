@@ -503,9 +503,6 @@ static void plan_schedule(struct trainer *t) {
 }
 
 /* Linear warmup to the peak, then cosine to 0 or steps of 10x at 1/3 and 2/3. */
-/* Rank 0's output paths, checked before any work: a bad one used to fail only
- * when first written (after the training, for --save-weights), or never; and
- * a checkpoint folder holding another run's files is refused unless resuming. */
 /* --metrics is appended to: an existing file (or a FIFO, /dev/stdout) needs
  * only to take writes; a new one, a directory to be made in.  It was first
  * opened after the data and the model, so a bad one cost their setup. */
@@ -519,6 +516,9 @@ static int metrics_path_ok(const char *path, char *err, size_t errlen) {
   return output_path_ok("--metrics", path, err, errlen);
 }
 
+/* Rank 0's output paths, checked before any work: a bad one used to fail only
+ * when first written (after the training, for --save-weights), or never; and
+ * a checkpoint folder holding another run's files is refused unless resuming. */
 static int check_outputs(const struct trainer *t) {
   const struct train_opts *o = t->o;
   if (t->rank != 0) return 0;
