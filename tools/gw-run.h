@@ -152,6 +152,9 @@ struct net_config {
  * the ranks' lines. *held: a destination's queue is full, so pipes feeding
  * it were left out (the loop checks again soon). */
 void gw__run_io_start(void);
+/* gw-run-loop.c: runs one attempt of the job started by spawn_all until every
+ * rank and stray is gone (or given up on). */
+void gw__run_loop(void);
 /* Writes out what is queued and ends the writers (also run at exit).
  * After a stop signal it waits no longer than the output moves: a
  * destination that took nothing for GW_RUN_OUT_STUCK_MS (a paused `| less`,
