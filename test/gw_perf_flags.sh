@@ -9,13 +9,13 @@ set -u
 run=$1 perf=$2 fail=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-refused() { # WORDS ARGS...
+refused() { # WORDS ARGS...: exit 2 (a bad command line), or $want_rc
   local words=$1 out rc
   shift
   out=$("$run" -n 2 "$perf" "$@" 2>&1)
   rc=$?
-  if [ $rc -eq 0 ] || ! grep -qF -- "$words" <<<"$out"; then
-    echo "FAIL: gw-perf $*: exit $rc, expected a refusal naming \"$words\":"
+  if [ $rc -ne "${want_rc:-2}" ] || ! grep -qF -- "$words" <<<"$out"; then
+    echo "FAIL: gw-perf $*: exit $rc, expected ${want_rc:-2} and a refusal naming \"$words\":"
     tail -5 <<<"$out"
     fail=1
   fi
@@ -61,7 +61,7 @@ grep -qF "GW_DEV_EMULATE=false is not a number of emulated devices" <<<"$out" ||
 total_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
 if [ -n "$total_kib" ] && [ "$total_kib" -lt $((120 * 1024 * 1024)) ]; then
   big=$(( total_kib / 1048576 + 1 ))G
-  refused "the send and receive buffers (host memory) of 2 ranks on this machine need" -b "$big" -e "$big"
+  want_rc=1 refused "the send and receive buffers (host memory) of 2 ranks on this machine need" -b "$big" -e "$big"
   # the emulator's device memory is host memory too: 4 buffers a rank, where
   # 2 were counted (a sixth of the machine each passed, and would have filled
   # it; ulimit -v makes a regression fail to allocate instead, so not under
@@ -93,7 +93,8 @@ out=$(GW_ALGO=ring "$run" -n 2 "$perf" --tune "$tmp/t" 2>&1) &&
   { echo "FAIL: --tune under GW_ALGO=ring accepted"; fail=1; }
 grep -qF "unset GW_ALGO (it is ring)" <<<"$out" || { echo "FAIL: --tune under GW_ALGO=ring:"; tail -3 <<<"$out"; fail=1; }
 # A file that cannot be written to the end (a full disk) fails the run.
-refused "--csv /dev/full: writing failed" -b 8 -e 8 -n 1 -w 0 --csv /dev/full
+want_rc=1 refused "--csv /dev/full: writing failed" -b 8 -e 8 -n 1 -w 0 --csv /dev/full
+refused "unrecognized option '--bogus'" --bogus
 for f in a c t; do
   [ -e "$tmp/$f" ] && { echo "FAIL: a refused run wrote $tmp/$f"; fail=1; }
 done
@@ -117,6 +118,25 @@ for coll in allreduce allgather reduce_scatter broadcast; do
   if [ $rc -eq 0 ] || [ -z "$rows" ] || [ "$caught" -ne "$(wc -l <<<"$rows")" ]; then
     echo "FAIL: $coll with nothing written: exit $rc, $caught of $(wc -l <<<"$rows") sizes caught:"; tail -8 <<<"$out"; fail=1
   fi
+done
+# An element left unwritten never passes: out of place, every element of both
+# checked runs counts on both ranks (4 x count), integers too, whose all-ones
+# fill was a likely result (-1 or 255: 8-27% of elements passed); count is
+# per rank for reduce_scatter (nccl-tests' column); the summary says FAILED.
+for coll in allreduce reduce_scatter; do
+  for d in int8 uint8 int32; do
+    for op in sum max avg; do
+      out=$(GW_PERF_TEST_SKIP_CHECKED_RUN=1 "$run" -n 2 "$perf" -C $coll -b 4K -e 4K -d $d -o $op -n 1 -w 0 2>&1)
+      rc=$?
+      es=$([ $d = int32 ] && echo 4 || echo 1)
+      want=$(( 4096 / es / $([ $coll = reduce_scatter ] && echo 2 || echo 1) ))
+      if [ $rc -ne 1 ] || ! awk -v c=$want '$1 == "[0]" && $2 == 4096 && $3 == c && $10 == 4 * c {f=1} END {exit !f}' <<<"$out" ||
+         ! grep -qE "Out of bounds values : [0-9]+ FAILED" <<<"$out"; then
+        echo "FAIL: $coll $d $op with nothing written: exit $rc, expected count $want and #wrong $((4 * want)):"
+        tail -4 <<<"$out"; fail=1
+      fi
+    done
+  done
 done
 # The timed runs' own result is checked where they leave it: GW_PERF_TEST_SPOIL_TIMED
 # spoils one element of it (as a fault of back-to-back calls would), the fresh

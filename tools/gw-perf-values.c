@@ -1,6 +1,7 @@
 /* gw-perf-values.c - what gw-perf's ranks put in their inputs, and what each
  * output element must then be (gw-perf.h; why, in docs/architecture.md's
  * tools entry on gw-perf's check). */
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -118,6 +119,11 @@ static double unit_roundoff(gw_dtype_t dt) {
   return dt == GW_FLOAT16 ? 0x1p-11 : dt == GW_BFLOAT16 ? 0x1p-8 : dt == GW_FLOAT32 ? 0x1p-24 : 0x1p-53;
 }
 
+/* A float dtype's largest finite value. */
+static double largest(gw_dtype_t dt) {
+  return dt == GW_FLOAT16 ? 65504.0 : dt == GW_BFLOAT16 ? 0x1.fep127 : dt == GW_FLOAT32 ? 0x1.fffffep127 : DBL_MAX;
+}
+
 /* v rounded to dt (to infinity where it overflows float16). */
 static double round_to(gw_dtype_t dt, double v) {
   uint8_t b[8];
@@ -125,40 +131,74 @@ static double round_to(gw_dtype_t dt, double v) {
   return gw_value_load(b, dt, 0);
 }
 
+/* An integer dtype's result from the exact one modulo 2^64: wrapped to the
+ * dtype as the library wraps (AVG: the wrapped sum divided in int64). */
+static int64_t int_result(gw_dtype_t dt, int op, uint64_t u) {
+  int64_t want;
+  switch (dt) {
+    case GW_INT8: want = (int8_t)u; break;
+    case GW_UINT8: want = (uint8_t)u; break;
+    case GW_INT32: want = (int32_t)u; break;
+    default: want = (int64_t)u; break;
+  }
+  return op == GW_AVG ? want / nranks : want;
+}
+
+/* The dtype's neighbour of v (a value of it) towards +infinity (up) or
+ * -infinity: one step of its bits. */
+static double dtype_step(gw_dtype_t dt, double v, bool up) {
+  uint8_t b[8] = {0};
+  gw_value_store(b, dt, 0, v);
+  const size_t es = gw_dtype_size(dt);
+  uint64_t bits = 0, sign = 1ull << (8 * es - 1);
+  memcpy(&bits, b, es); /* little-endian */
+  if (v == 0) bits = up ? 1 : sign | 1;         /* the smallest subnormal of that sign */
+  else if ((v > 0) == up) bits++;               /* away from zero */
+  else bits--;                                  /* towards zero */
+  memcpy(b, &bits, es);
+  return gw_value_load(b, dt, 0);
+}
+
 /* Whether got is the reduction at element i.  Integers: exactly, wrapped to
- * the dtype as the library wraps (AVG: the wrapped sum divided in int64).
+ * the dtype as the library wraps (AVG: the wrapped sum divided in int64,
+ * which truncates: a missing contribution smaller than n hides in it).
  * Floats: every partial sum or product of these values is a whole number of
  * units no larger in magnitude than *mag, so while that is within the units
  * the dtype holds exactly (float16 2048, bfloat16 256, float32 2^24) the
  * order of reduction cannot matter and the result must be exact: one missing
- * or doubled contribution shows at any rank count.  AVG adds a division's
- * rounding (two units); beyond exactness each of the n - 1 steps may round
- * (sums by a unit of the magnitudes' sum).  NaN must give NaN; MAX and MIN's
- * zeros must have the sign IEEE's maximum and minimum give. */
+ * or doubled contribution shows at any rank count.  AVG there: the exact sum
+ * divided once, so the result must be one of the dtype's two values around
+ * the exact mean (the division rounds, bfloat16 and float16 a second time
+ * from float32): a contribution missing shows where it moves the mean past
+ * one of them, always while it is at least one step of the dtype times n
+ * (not where, say, 512 ranks' bfloat16 zeros and ones lose a one).  Beyond
+ * exactness each of the n - 1 steps may round (sums by a unit of the
+ * magnitudes' sum, an average by that divided by n).  NaN must give NaN;
+ * MAX and MIN's zeros must have the sign IEEE's maximum and minimum give. */
 bool gwp_reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t at) {
   uint64_t u;
   double d, mag;
   reduce_exact(dt, op, at, &u, &d, &mag);
-  if (!gwp_is_float(dt)) {
-    int64_t want;
-    switch (dt) {
-      case GW_INT8: want = (int8_t)u; break;
-      case GW_UINT8: want = (uint8_t)u; break;
-      case GW_INT32: want = (int32_t)u; break;
-      default: want = (int64_t)u; break;
-    }
-    if (op == GW_AVG) want /= nranks;
-    return gw_value_load_int(out, dt, i) == want;
-  }
+  if (!gwp_is_float(dt)) return gw_value_load_int(out, dt, i) == int_result(dt, op, u);
   const double got = gw_value_load(out, dt, i), eps = unit_roundoff(dt);
   const bool exact = ldexp(mag, value_frac_bits) <= 1.0 / eps;
   const double want = round_to(dt, op == GW_AVG ? d / nranks : d);
   if (isnan(want)) return isnan(got);
-  if (isinf(want) || isnan(got)) return got == want;
+  if (isnan(got)) return false;
   if (want == 0 && (op == GW_MAX || op == GW_MIN)) return got == 0 && signbit(got) == signbit(want);
-  double tol = op == GW_AVG ? 2 * eps * fabs(want) : 0;
-  if (!exact && op == GW_PROD) tol = (nranks + 1) * eps * fabs(want);
-  if (!exact && (op == GW_SUM || op == GW_AVG)) tol = (nranks + 1) * eps * mag;
+  if (op == GW_AVG && exact) {
+    const double mean = d / nranks; /* exact, or within 2^-53 of it: no dtype value between */
+    return got == want || (want != mean && got == dtype_step(dt, want, mean > want));
+  }
+  if (exact) return got == want;
+  /* Rounded at every step, a product near the dtype's largest value may stay
+   * finite where the exact one rounds to infinity, and overflow where it does
+   * not: within the tolerance of that largest value, either passes. */
+  const double big = largest(dt);
+  double tol = (nranks + 1) * eps * (op == GW_PROD ? fmin(fabs(want), big) : op == GW_SUM ? mag : mag / nranks);
+  if (op == GW_AVG) tol += 2 * eps * fabs(want);
+  if (isinf(got)) return signbit(got) == signbit(want) && fabs(want) + tol >= big;
+  if (isinf(want)) return signbit(got) == signbit(want) && big - fabs(got) <= tol;
   return fabs(got - want) <= tol;
 }
 
@@ -184,3 +224,19 @@ void gwp_choose_values(bool reduction, gw_dtype_t dt, int op, int job_ranks) {
   else value_sparse = (int)ceil(2.0 * ranks / limit);
 }
 
+/* A value that gwp_reduce_ok refuses at element `at`, for the output to hold
+ * before a run: an element the collective leaves unwritten must not pass by
+ * chance (all ones is -1 in a signed integer, a common sum of +-1..5, and NaN
+ * a float MAX's result where a rank's input is NaN).  Integers: the result
+ * plus one; floats: NaN, or 1 where NaN is the result. */
+void gwp_wrong_elem(gw_dtype_t dt, int op, size_t at, uint8_t out[8]) {
+  uint64_t u;
+  double d, mag;
+  reduce_exact(dt, op, at, &u, &d, &mag);
+  if (gwp_is_float(dt)) {
+    gw_value_store(out, dt, 0, isnan(d) ? 1.0 : NAN);
+    return;
+  }
+  const uint64_t w = (uint64_t)int_result(dt, op, u) + 1;
+  memcpy(out, &w, gw_dtype_size(dt)); /* little-endian: the low bytes, wrapped */
+}

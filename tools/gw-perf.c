@@ -44,22 +44,34 @@ enum { MAX_SIZES = 10000 }; /* sizes one run measures, at most */
 
 static int rank = -1, nranks; /* rank -1 until the communicator is made */
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...) {
+/* Says what failed on stderr and exits with status (1: a failure or wrong
+ * results, 2: a bad command line, as gw-train). */
+static void vdie(int status, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0), noreturn));
+static void vdie(int status, const char *fmt, va_list ap) {
   /* one write: a rank stopped by gw-run right after (every rank failing the
    * same check) printed a bare prefix when the line went out in pieces */
   char line[1024];
   int n = rank >= 0 ? snprintf(line, sizeof line, "gw-perf: rank %d: ", rank) : snprintf(line, sizeof line, "gw-perf: ");
-  va_list ap;
-  va_start(ap, fmt);
   int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
-  va_end(ap);
   n += m < 0 ? 0 : m > (int)(sizeof line - (size_t)n - 2) ? (int)(sizeof line - (size_t)n - 2) : m;
   line[n++] = '\n';
   fflush(stdout);
   if (write(STDERR_FILENO, line, (size_t)n) < 0) { /* nothing else to tell it on */
   }
-  exit(1);
+  exit(status);
+}
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vdie(1, fmt, ap);
+}
+/* A flag's value or a combination of flags refused. */
+static void bad_use(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void bad_use(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vdie(2, fmt, ap);
 }
 
 static void usage(FILE *f) {
@@ -86,7 +98,8 @@ static void usage(FILE *f) {
           "      --json FILE       write the results as JSON (rank 0)\n"
           "  -g, --ngpus 1, -t, --nthreads 1  accepted as nccl-tests' (a rank is a process with one GPU: more ranks\n"
           "                        with gw-run -n); its -a, -p, -C, -R and -c N mean other things there\n"
-          "  -h, --help            this text\n");
+          "  -h, --help            this text\n"
+          "exit status: 0 every result right, 1 wrong results or a failure, 2 a bad command line\n");
 }
 
 static size_t parse_size(const char *s, const char *what) {
@@ -98,9 +111,9 @@ static size_t parse_size(const char *s, const char *what) {
   else if (*end == 'm' || *end == 'M') mul = 1048576.0, end++;
   else if (*end == 'g' || *end == 'G') mul = 1073741824.0, end++;
   if (*end == 'B' || *end == 'b') end++;
-  if (errno || end == s || *end || isspace((unsigned char)s[0]) || !(v >= 0)) die("%s '%s' is not a size", what, s);
-  if (!(v * mul <= 64.0 * 1073741824.0)) die("%s '%s' is above the largest size gw-perf takes, 64G", what, s);
-  if (v * mul != floor(v * mul)) die("%s '%s' is not a whole number of bytes", what, s);
+  if (errno || end == s || *end || isspace((unsigned char)s[0]) || !(v >= 0)) bad_use("%s '%s' is not a size", what, s);
+  if (!(v * mul <= 64.0 * 1073741824.0)) bad_use("%s '%s' is above the largest size gw-perf takes, 64G", what, s);
+  if (v * mul != floor(v * mul)) bad_use("%s '%s' is not a whole number of bytes", what, s);
   return (size_t)(v * mul);
 }
 
@@ -113,7 +126,7 @@ static double next_size(const struct opts *o, double sz) {
 static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
   char *end;
   long v = strtol(s, &end, 10);
-  if (end == s || *end || v < lo || v > hi) die("%s '%s' is not an integer in %d..%d", what, s, lo, hi);
+  if (end == s || *end || v < lo || v > hi) bad_use("%s '%s' is not an integer in %d..%d", what, s, lo, hi);
   return (int)v;
 }
 
@@ -250,11 +263,17 @@ static void fill_input(gw_dtype_t dt, const struct layout *l) {
   if (dev) check_dev(dev->memcpy_async(l->send, hs, l->in_elems * es, stream), "copying the input in");
 }
 
-/* The whole output and the 64 bytes after it all ones (NaN in floats), then
- * this rank's input (in place over part of the output). */
-static void clear_and_fill(gw_dtype_t dt, const struct layout *l) {
+/* The whole output and the 64 bytes after it all ones (NaN in floats; never
+ * an allgather's or broadcast's input), a reduction's output elements values
+ * its check refuses (gwp_wrong_elem: all ones is a likely integer result),
+ * then this rank's input (in place over part of the output). */
+static void clear_and_fill(const struct opts *o, gw_dtype_t dt, int op, const struct layout *l, size_t count) {
   uint8_t *hr = dev ? mirror(l->recv) : l->recv;
   memset(hr, 0xff, l->tail + SLACK);
+  if (o->coll == C_ALLREDUCE || o->coll == C_REDUCE_SCATTER) {
+    const size_t es = gw_dtype_size(dt), first = o->coll == C_REDUCE_SCATTER ? (size_t)rank * count : 0;
+    for (size_t i = 0; i < l->out_elems; i++) gwp_wrong_elem(dt, op, first + i, hr + i * es);
+  }
   if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->tail + SLACK, stream), "clearing the output");
   fill_input(dt, l);
 }
@@ -267,12 +286,12 @@ static long long fill_run_check(const struct opts *o, gw_dtype_t dt, int op, con
     run_once(o, dt, op, l->send, l->recv, count);
     return -1;
   }
-  /* The output first holds all ones (an earlier run's correct output, or an
-   * in-place allgather's other blocks left as they were, must not pass for
+  /* The output first holds wrong values (an earlier run's correct output, or
+   * an in-place allgather's other blocks left as they were, must not pass for
    * this run's), then the input goes in (in place, over part of the output:
    * there a collective that wrote nothing would still pass where this rank's
    * input is the result, as for MAX or MIN, which out-of-place runs catch). */
-  clear_and_fill(dt, l);
+  clear_and_fill(o, dt, op, l, count);
   /* A test hook: the checked run left out, as a collective that writes
    * nothing would do; every size must then count wrong elements. */
   if (!getenv("GW_PERF_TEST_SKIP_CHECKED_RUN")) run_once(o, dt, op, l->send, l->recv, count);
@@ -331,7 +350,7 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
                     struct result *res) {
   size_t count = per_rank_count(o, dt, bytes);
   res->bytes = measured_bytes(o, dt, bytes);
-  res->count = res->bytes / gw_dtype_size(dt);
+  res->count = count; /* per rank for allgather and reduce_scatter, as nccl-tests' count column */
   for (int ip = 0; ip < 2; ip++) {
     const struct layout l = layout_of(o, dt, sendbuf, recvbuf, count, ip == 1);
     long long wrong = fill_run_check(o, dt, op, &l, count, ip == 1);
@@ -341,7 +360,7 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, l.send, l.recv, count);
     /* The warmup runs left the timed runs' result in place: cleared, so that
      * timed runs that write nothing are caught too. */
-    if (check_timed && o->warmup) clear_and_fill(dt, &l);
+    if (check_timed && o->warmup) clear_and_fill(o, dt, op, &l, count);
     /* A test hook: the timed runs left out, as runs that wrote nothing would do
      * (looked up before the clock starts: an environment scan is a good part
      * of an 8-byte allreduce, counted against gradwire only). */
@@ -362,9 +381,11 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     if (check_timed) {
       /* A test hook: one timed result spoilt, as a fault of repeated calls would. */
       if (getenv("GW_PERF_TEST_SPOIL_TIMED")) {
-        static const uint8_t ones[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}; /* NaN, or -1 */
-        if (dev) check_dev(dev->memcpy_async(l.recv, ones, gw_dtype_size(dt), stream), "spoiling the output");
-        else memcpy(l.recv, ones, gw_dtype_size(dt));
+        uint8_t bad[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}; /* never moved data */
+        if (o->coll == C_ALLREDUCE || o->coll == C_REDUCE_SCATTER)
+          gwp_wrong_elem(dt, op, o->coll == C_REDUCE_SCATTER ? (size_t)rank * count : 0, bad);
+        if (dev) check_dev(dev->memcpy_async(l.recv, bad, gw_dtype_size(dt), stream), "spoiling the output");
+        else memcpy(l.recv, bad, gw_dtype_size(dt));
       }
       wrong += count_wrong(o, dt, op, &l, count, ip == 1);
       gwp_value_salt = 0;
@@ -524,12 +545,12 @@ int main(int argc, char **argv) {
         o.factor = strtod(optarg, &end);
         /* inf (or 1e999) measured one size and said nothing of the rest */
         if (errno || end == optarg || *end || !(o.factor > 1.0 && isfinite(o.factor)))
-          die("-f '%s' must be a number greater than 1", optarg);
+          bad_use("-f '%s' must be a number greater than 1", optarg);
         break;
       }
       case 'i':
         o.step_bytes = parse_size(optarg, "-i");
-        if (!o.step_bytes) die("-i '%s' must be at least one byte", optarg);
+        if (!o.step_bytes) bad_use("-i '%s' must be at least one byte", optarg);
         break;
       case 'n': o.iters = parse_int_arg(optarg, 1, 1000000, "-n"); break;
       case 'w': o.warmup = parse_int_arg(optarg, 0, 1000000, "-w"); break;
@@ -538,7 +559,7 @@ int main(int argc, char **argv) {
       case 'g':
       case 't': /* nccl-tests' GPUs per thread and threads per process: one each here */
         if (strcmp(optarg, "1"))
-          die("-%c '%s': a gw-perf rank is one process with one GPU (nccl-tests' -g 1 -t 1); start N ranks with "
+          bad_use("-%c '%s': a gw-perf rank is one process with one GPU (nccl-tests' -g 1 -t 1); start N ranks with "
               "gw-run -n N", c, optarg);
         break;
       case 'R': o.reg = 1; break;
@@ -549,7 +570,8 @@ int main(int argc, char **argv) {
           for (int i = 0; i < GW_NUM_DTYPES; i++) o.dtypes[o.ndtypes++] = i;
         } else {
           int dt = gw_dtype_from_name(optarg);
-          if (dt < 0) die("-d '%s' is not a dtype (int8 uint8 int32 int64 float16 bfloat16 float32 float64 all)", optarg);
+          if (dt < 0)
+            bad_use("-d '%s' is not a dtype (int8 uint8 int32 int64 float16 bfloat16 float32 float64 all)", optarg);
           o.dtypes[o.ndtypes++] = dt;
         }
         break;
@@ -559,20 +581,20 @@ int main(int argc, char **argv) {
           for (int i = 0; i < GW_NUM_OPS; i++) o.ops[o.nops++] = i;
         } else {
           int op = gw_op_from_name(optarg);
-          if (op < 0) die("-o '%s' is not an op (sum prod max min avg all)", optarg);
+          if (op < 0) bad_use("-o '%s' is not an op (sum prod max min avg all)", optarg);
           o.ops[o.nops++] = op;
         }
         break;
       case 'a':
         /* The library reads GW_ALGO when the communicator is made, just below. */
         if (strcmp(optarg, "ring") && strcmp(optarg, "tree") && strcmp(optarg, "exchange") && strcmp(optarg, "auto"))
-          die("-a '%s': unknown algorithm (available: auto, ring, tree, exchange)", optarg);
+          bad_use("-a '%s': unknown algorithm (available: auto, ring, tree, exchange)", optarg);
         setenv("GW_ALGO", optarg, 1);
         algo_flag = optarg;
         break;
       case 'p':
         if (strcmp(optarg, "simple") && strcmp(optarg, "ll") && strcmp(optarg, "auto"))
-          die("-p '%s': unknown protocol (available: auto, simple, ll)", optarg);
+          bad_use("-p '%s': unknown protocol (available: auto, simple, ll)", optarg);
         setenv("GW_PROTO", optarg, 1);
         break;
       case 3: o.tune = optarg; break;
@@ -580,7 +602,7 @@ int main(int argc, char **argv) {
         int found = -1;
         for (int i = 0; i < 4; i++)
           if (!strcmp(optarg, coll_names[i])) found = i;
-        if (found < 0) die("-C '%s' is not one of allreduce, allgather, reduce_scatter, broadcast", optarg);
+        if (found < 0) bad_use("-C '%s' is not one of allreduce, allgather, reduce_scatter, broadcast", optarg);
         o.coll = found;
         break;
       }
@@ -592,48 +614,48 @@ int main(int argc, char **argv) {
   }
   if (optind < argc) {
     usage(stderr);
-    die("unexpected argument '%s'", argv[optind]);
+    bad_use("unexpected argument '%s'", argv[optind]);
   }
-  if (o.min_bytes > o.max_bytes) die("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
-  if (strchr(given, 'f') && strchr(given, 'i')) die("-f and -i both say how the size steps: give one of them");
+  if (o.min_bytes > o.max_bytes) bad_use("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
+  if (strchr(given, 'f') && strchr(given, 'i')) bad_use("-f and -i both say how the size steps: give one of them");
   { /* a factor just above 1 (or a small -i) steps a byte at a time: millions of sizes would run for days */
     long nsizes = 0;
     for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes && nsizes <= MAX_SIZES; nsizes++)
       sz = next_size(&o, sz);
     if (nsizes > MAX_SIZES && o.step_bytes)
-      die("-b %zu -e %zu -i %zu makes more than %d steps: take a larger -i or a narrower range", o.min_bytes,
+      bad_use("-b %zu -e %zu -i %zu makes more than %d steps: take a larger -i or a narrower range", o.min_bytes,
           o.max_bytes, o.step_bytes, MAX_SIZES);
     if (nsizes > MAX_SIZES)
-      die("-b %zu -e %zu -f %.15g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
+      bad_use("-b %zu -e %zu -f %.15g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
           o.max_bytes, o.factor, MAX_SIZES);
   }
   /* The tree and the exchange reduce: the other collectives always take the
    * ring, so -a would name an algorithm the measurement never ran. */
   if (algo_flag && (!strcmp(algo_flag, "tree") || !strcmp(algo_flag, "exchange")) && o.coll != C_ALLREDUCE)
-    die("-a %s applies to allreduce only: %s always runs on the ring (drop -a, or -a ring)", algo_flag,
+    bad_use("-a %s applies to allreduce only: %s always runs on the ring (drop -a, or -a ring)", algo_flag,
         coll_names[o.coll]);
   if (o.csv && o.json && same_output_file(o.csv, o.json))
-    die("--csv %s and --json %s name the same file (one would overwrite the other)", o.csv, o.json);
+    bad_use("--csv %s and --json %s name the same file (one would overwrite the other)", o.csv, o.json);
   if (o.tune && (o.csv || o.json))
-    die("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");
+    bad_use("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");
   /* --tune measures its own sizes of float32 allreduce with every algorithm
    * and protocol on host memory: anything else would be ignored, or (an
    * algorithm forced) drop this world size's rows of the others from the file. */
   for (const char *g = given; o.tune && *g; g++)
-    if (*g != 'h') die("--tune measures its own sizes, algorithms and protocols: -%c does not apply", *g);
+    if (*g != 'h') bad_use("--tune measures its own sizes, algorithms and protocols: -%c does not apply", *g);
   for (int i = 0; o.tune && i < 2; i++) {
     const char *v = getenv(i ? "GW_PROTO" : "GW_ALGO");
     if (v && *v && strcasecmp(v, "auto")) /* (the library takes AUTO too) */
-      die("--tune measures every algorithm and protocol: unset %s (it is %s)", i ? "GW_PROTO" : "GW_ALGO", v);
+      bad_use("--tune measures every algorithm and protocol: unset %s (it is %s)", i ? "GW_PROTO" : "GW_ALGO", v);
   }
   if (strchr(given, 'o') && o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER)
-    die("-o applies to allreduce and reduce_scatter: %s reduces nothing", coll_names[o.coll]);
-  if (strchr(given, 'r') && o.coll != C_BROADCAST) die("-r (the root) applies to -C broadcast only");
+    bad_use("-o applies to allreduce and reduce_scatter: %s reduces nothing", coll_names[o.coll]);
+  if (strchr(given, 'r') && o.coll != C_BROADCAST) bad_use("-r (the root) applies to -C broadcast only");
   gw_result_t r = gw_comm_init_env(&comm);
   if (r != GW_SUCCESS) die("gw_comm_init_env failed: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
   gw_comm_rank(comm, &rank);
   gw_comm_size(comm, &nranks);
-  if (o.root >= nranks) die("-r %d is not a rank of %d", o.root, nranks);
+  if (o.root >= nranks) bad_use("-r %d is not a rank of %d", o.root, nranks);
   if (rank == 0) { /* rank 0 writes them: checked now, not after the measurement */
     char err[1200];
     const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o.tune, o.csv, o.json};
@@ -641,7 +663,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++)
       if (file[i] && (i == 0 ? replaced_path_ok(flag[i], file[i], OUTPATH_TEMP_TUNE, err, sizeof err)
                              : output_path_ok(flag[i], file[i], err, sizeof err)) != 0)
-        die("%s", err);
+        bad_use("%s", err);
   }
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
 
@@ -650,7 +672,7 @@ int main(int argc, char **argv) {
   check_memory(buf_bytes, o.device);
   uint8_t *sendbuf, *recvbuf;
   if (o.device) {
-    if (o.reg) die("-R and -D: registering device memory is not supported yet");
+    if (o.reg) bad_use("-R and -D: registering device memory is not supported yet");
     if (!(dev = gw__dev())) die("-D: no device: %s", gw__dev_absent_reason());
     dbytes = buf_bytes;
     check_dev(dev->stream_create(&stream), "stream_create");
@@ -756,9 +778,9 @@ int main(int argc, char **argv) {
     }
   double avg = bw_n ? bw_sum / bw_n : 0;
   if (rank == 0) {
-    if (o.check) printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "ERROR" : "OK");
+    if (o.check) printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
     else printf("# Out of bounds values : N/A (not checked: -c 0)\n");
-    printf("# Avg bus bandwidth    : %.3f\n", avg);
+    printf("# Avg bus bandwidth    : %g\n", avg);
     fflush(stdout);
   }
   /* A full disk must not pass for a finished run with a cut file. */

@@ -21,5 +21,7 @@ void gwp_choose_values(bool reduction, gw_dtype_t dt, int op, int job_ranks);
 void gwp_input_elem(gw_dtype_t dt, int r, size_t i, uint8_t out[8]);
 /* Whether element i of out is the reduction over every rank of element `at`. */
 bool gwp_reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t at);
+/* A value (its dtype's bytes into out) that gwp_reduce_ok refuses at `at`. */
+void gwp_wrong_elem(gw_dtype_t dt, int op, size_t at, uint8_t out[8]);
 bool gwp_is_float(gw_dtype_t dt);
 #endif

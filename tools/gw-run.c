@@ -37,8 +37,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <limits.h>
-#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
