@@ -402,6 +402,40 @@ START_TEST(test_inplace_exchange_registered) {
 }
 END_TEST
 
+/* A small broadcast (the ring) and a small allreduce by the exchange
+ * (recursive doubling) or the tree at 3 ranks, with the emulator's sends held
+ * back 300 us: the root's broadcast is done once its chunk is posted, and its
+ * allreduce then waits on other connections, whose CQs are all it polls.  The
+ * emulator ran a held-back write only when its own QP's CQ was polled, so the
+ * broadcast's chunk never left and every rank waited until its deadline (an
+ * HCA sends it whatever the process polls). */
+static int body_small_held_back(gw_comm_t comm, int rank, int n, void *arg) {
+  gw_comm_set_timeout(comm, 20);
+  EXPECT(gw_comm_set_algo(comm, arg, "simple") == GW_SUCCESS, "set_algo %s", (const char *)arg);
+  for (int it = 0; it < 20; it++) {
+    int32_t in[11], out[11], root[4] = {rank, rank, rank, rank};
+    EXPECT(gw_broadcast(root, root, it % 2 ? 4 : 0, GW_INT32, 0, comm, NULL) == GW_SUCCESS, "broadcast: %s",
+           gw_comm_last_error(comm));
+    EXPECT(it % 2 == 0 || root[3] == 0, "iteration %d: the broadcast gave %d", it, root[3]);
+    for (int i = 0; i < 11; i++) in[i] = rank * 100 + it + i;
+    EXPECT(gw_allreduce(in, out, 11, GW_INT32, GW_SUM, comm, NULL) == GW_SUCCESS, "%s: iteration %d: %s",
+           (const char *)arg, it, gw_comm_last_error(comm));
+    for (int i = 0; i < 11; i++)
+      EXPECT(out[i] == 100 * n * (n - 1) / 2 + n * (it + i), "%s: iteration %d: element %d is %d", (const char *)arg,
+             it, i, out[i]);
+  }
+  return 0;
+}
+
+START_TEST(test_small_held_back) {
+  emulate();
+  setenv("GW_IB_EMULATE_DELAY_US", "300", 1);
+  ck_assert_int_eq(run_ranks(3, body_small_held_back, "exchange", 60), 0);
+  ck_assert_int_eq(run_ranks(3, body_small_held_back, "tree", 60), 0);
+  unsetenv("GW_IB_EMULATE_DELAY_US");
+}
+END_TEST
+
 /* ---- setup errors ---- */
 static int raw_memlock(int rank, int n, const char *master, void *arg) {
   (void)arg;
@@ -695,6 +729,7 @@ int main(void) {
   tcase_add_test(tc, test_credits_three_qps);
   tcase_add_test(tc, test_registered_buffers);
   tcase_add_test(tc, test_inplace_exchange_registered);
+  tcase_add_test(tc, test_small_held_back);
   tcase_add_test(tc, test_bad_rkey_reported);
   tcase_add_test(tc, test_killed_rank_named);
   tcase_add_test(tc, test_memlock_hint);

@@ -131,7 +131,8 @@ static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
 }
 
 /* The liveness socket, looked at about every 10 ms (now: at once): the
- * receiver's ready byte, or the peer closing it (exit, crash, kill). */
+ * receiver's ready byte, then its waiting records and abandon frame, or the
+ * peer closing it (exit, crash, kill). */
 static void check_socket(struct ib_conn *t, bool now) {
   double at = gw__now();
   if (t->eof || (t->ready && !now && at < t->next_check)) return; /* before ready: at every look */
@@ -145,6 +146,13 @@ static void check_socket(struct ib_conn *t, bool now) {
   } else if (n > 0 && t->ab_got < sizeof t->ab_buf) {
     memcpy(t->ab_buf + t->ab_got, b, (size_t)n);
     t->ab_got += (uint32_t)n;
+    /* waiting records taken out, the latest kept (ib_waiting) */
+    while (t->ab_got >= IB_WAIT_BYTES && t->ab_buf[0] == IB_WAIT_BYTE) {
+      memcpy(&t->peer_wait, t->ab_buf + 1, sizeof t->peer_wait);
+      t->peer_waits = true;
+      t->ab_got -= (uint32_t)IB_WAIT_BYTES;
+      memmove(t->ab_buf, t->ab_buf + IB_WAIT_BYTES, t->ab_got);
+    }
   } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
     t->eof = true;
   }
@@ -393,17 +401,70 @@ static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
   }
 }
 
+/* Receiver, under wait_lock: sends what is left of the waiting record; true
+ * once nothing is (a record goes whole or in parts, never mixed). */
+static bool wait_flush(struct ib_conn *t) {
+  while (t->wait_left) {
+    const ssize_t n = send(t->fd, t->wait_out + IB_WAIT_BYTES - t->wait_left, t->wait_left, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) t->wait_left = 0; /* eof says it */
+    if (n <= 0) return false;
+    t->wait_left -= (uint32_t)n;
+  }
+  return true;
+}
+
 /* The receiver's rank failed: its reason goes on the liveness socket, which
- * carries nothing else that way after the ready byte (its buffer is empty,
- * so one non-blocking send takes it). */
+ * carries only waiting records that way after the ready byte (the sender
+ * takes those in, so one non-blocking send takes it). */
 static void ib_recv_abandon(struct gw_conn *c, const char *why) {
   struct ib_conn *t = c->priv;
   if (!t || t->fd < 0 || !t->ready) return;
-  uint8_t buf[3 + IB_ABANDON_MAX];
-  const uint16_t len = (uint16_t)GW_MIN(strlen(why), (size_t)IB_ABANDON_MAX);
-  buf[0] = IB_ABANDON_BYTE;
-  memcpy(buf + 1, &len, 2), memcpy(buf + 3, why, len);
-  (void)!send(t->fd, buf, 3 + (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  for (int tries = 0; atomic_flag_test_and_set(&t->wait_lock); tries++) { /* held a moment by a waiting look */
+    if (tries > 10000) return;
+    sched_yield();
+  }
+  if (wait_flush(t)) {
+    uint8_t buf[3 + IB_ABANDON_MAX];
+    const uint16_t len = (uint16_t)GW_MIN(strlen(why), (size_t)IB_ABANDON_MAX);
+    buf[0] = IB_ABANDON_BYTE;
+    memcpy(buf + 1, &len, 2), memcpy(buf + 3, why, len);
+    (void)!send(t->fd, buf, 3 + (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+  atomic_flag_clear(&t->wait_lock);
+}
+
+/* As tcp's (transport.h): the receiver publishes the operation it has
+ * waited in for a second or more on this connection before it sent
+ * anything in it, once per operation, on the liveness socket; the sender
+ * reads the latest (check_socket).  Over ib two ranks that called different
+ * collectives and both wait before their first send (one rank's tree
+ * allreduce, the others' broadcast) waited until the deadline. */
+static bool ib_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool awaited,
+                       struct gw_opdesc *theirs) {
+  struct ib_conn *t = c->priv;
+  if (!t || t->fd < 0) return false;
+  if (c->is_send) {
+    const bool was_ready = t->ready;
+    check_socket(t, true);
+    if (!was_ready && t->ready) check_socket(t, true); /* the ready byte came alone: what follows it */
+    if (t->peer_waits) *theirs = t->peer_wait;
+    return t->peer_waits;
+  }
+  if (!t->ready || atomic_flag_test_and_set(&t->wait_lock)) return false;
+  if (!t->eof && wait_flush(t) && awaited && waited >= 1.0 && mine->seq != t->published_seq) {
+    /* keepalive probes only a socket with nothing unacknowledged: a record
+     * towards a machine that vanished gets keepalive's time (as tcp's) */
+    const int ms = gw__sock_keepalive_ms();
+    if (!t->wait_bounded && ms > 0) setsockopt(t->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+    t->wait_bounded = true;
+    t->wait_out[0] = IB_WAIT_BYTE;
+    memcpy(t->wait_out + 1, mine, sizeof *mine);
+    t->wait_left = (uint32_t)IB_WAIT_BYTES;
+    t->published_seq = mine->seq;
+    wait_flush(t);
+  }
+  atomic_flag_clear(&t->wait_lock);
+  return false;
 }
 
 static bool ib_send_abandoned(struct gw_conn *c, char *why, size_t len) {
@@ -443,5 +504,6 @@ const struct gw_transport gw__ib_transport = {
     .pollfds = NULL,
     .recv_abandon = ib_recv_abandon,
     .send_abandoned = ib_send_abandoned,
+    .waiting = ib_waiting,
     .close = ib_close,
 };

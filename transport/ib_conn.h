@@ -7,9 +7,13 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,9 +36,12 @@
 #define IB_HANDLE_MAGIC 0x32697767u /* "gwi2": with the partition key */
 #define IB_HELLO_MAGIC 0x6c686268u
 #define IB_READY_BYTE 'R'
-/* After the ready byte the receiver writes to the liveness socket only once,
- * if its rank fails (recv_abandon): this byte, a 2-byte length (host order:
- * both ends are one job's), the reason. */
+/* After the ready byte the receiver writes to the liveness socket waiting
+ * records (ib_waiting: this byte, then the operation it waits in, host order:
+ * both ends are one job's), and once, if its rank fails (recv_abandon), the
+ * abandon byte, a 2-byte length and the reason. */
+#define IB_WAIT_BYTE 'W'
+#define IB_WAIT_BYTES (1 + sizeof(struct gw_opdesc))
 #define IB_ABANDON_BYTE 'A'
 #define IB_ABANDON_MAX 480
 #define IB_RECV_WRID (1ull << 63) /* receive work requests: this bit + QP index */
@@ -117,9 +124,21 @@ struct ib_conn {
    * to the gone sender, the receives flushed): no error of this connection's
    * until something is still to come from it (a chunk: the peer's end then). */
   bool quiet;
-  /* Sender: what the receiver wrote after its ready byte (recv_abandon). */
+  /* Sender: what the receiver wrote after its ready byte and this end has
+   * not consumed: waiting records are taken out (the latest kept in
+   * peer_wait), an abandon frame stays at the front. */
   uint8_t ab_buf[3 + IB_ABANDON_MAX];
   uint32_t ab_got;
+  bool peer_waits;
+  struct gw_opdesc peer_wait;
+  /* Receiver: the waiting record still to go (its last wait_left bytes) and
+   * the operation it published last, under wait_lock (tried, never waited
+   * for: recv_abandon may come from another thread). */
+  atomic_flag wait_lock;
+  bool wait_bounded;
+  uint32_t wait_left;
+  uint64_t published_seq;
+  uint8_t wait_out[IB_WAIT_BYTES];
   uint64_t nonce, job_hash;
   double timeout_s, next_check;
   uint8_t qp_timeout, qp_retry_cnt; /* GW_IB_TIMEOUT, GW_IB_RETRY_CNT, read by qp_connect */

@@ -36,7 +36,7 @@
  * process) and publishes the inbound completion with a release store; the
  * receiver sees it when it polls.  Work that cannot complete yet (receiver not
  * ready, remote unreachable) stays queued and is retried whenever the owner
- * posts to that QP or polls its send CQ.  The registry (1 MiB, one per uid) is
+ * posts to that QP or polls any CQ of the context.  The registry (1 MiB, one per uid) is
  * the only file; everything else dies with its process, and a dead process's
  * LID is taken over by the next one that needs it.  As with real verbs, a
  * context belongs to the process that opened it: open devices after fork().
@@ -793,14 +793,18 @@ static int cq_overrun(struct emu_ctx *c, struct emu_cq *cq, uint64_t pending) {
   return -1;
 }
 
-/* Retries the blocked sends of the QPs that complete here, then reports. */
+/* Retries the blocked (or held back) sends of every QP of the context, as an
+ * HCA runs them whatever the process polls: a rank waiting on one
+ * connection's CQ while its write to another peer was held back
+ * (GW_IB_EMULATE_DELAY_US) waited for ever (the tree and the exchange at 3
+ * ranks post to one peer and wait on another); then reports. */
 static int emu_poll_cq(struct ibv_cq *ibcq, int max, struct ibv_wc *wc) {
   struct emu_ctx *c = CTX(ibcq->context);
   struct emu_cq *cq = CQ(ibcq);
   if (max < 0) return -1;
   pthread_mutex_lock(&c->lock);
   for (int i = 0; i < c->nlive; i++) {
-    if (c->live[i]->scq == cq) sq_progress(c->live[i]);
+    sq_progress(c->live[i]);
     if (c->live[i]->rcq == cq) sync_error(c->live[i]);
   }
   uint64_t pending = cq_pending(c, cq);

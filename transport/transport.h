@@ -210,7 +210,8 @@ struct gw_transport {
    * nothing in the operation), where the other end can read it, and reads
    * what the other end published into *theirs (true when it published one,
    * read whole).  shm: both ends, at once; tcp: an awaited receiving end
-   * publishes once it waited 1 s, back on stream 0, and the sender reads.  Two ranks waiting in the same operation
+   * publishes once it waited 1 s, back on stream 0, and the sender reads;
+   * ib: the same, on the connection's liveness socket.  Two ranks waiting in the same operation
    * number with other calls are a mismatch that no chunk shows when neither
    * sends first (one rank's tree allreduce, the others' broadcast). */
   bool (*waiting)(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool awaited,
