@@ -208,6 +208,18 @@ awk '$1 == "[0]" && $2 == "1048576" {want = ($9 + $13) / 2} /Avg bus bandwidth/ 
      END {exit !(want > 0 && got - want < 0.006 && want - got < 0.006)}  # rows print two decimals' <<<"$out" ||
   { echo "FAIL: the average bus bandwidth is not the mean of both columns:"; tail -4 <<<"$out"; fail=1; }
 refused "-b 8 -e 67108864 -f 1.0001 makes more than 10000 steps" -b 8 -e 64M -f 1.0001
+# --min-bw (nccl-tests' NCCL_TESTS_MIN_BW): an average below it fails the run,
+# said on the closing line; above it, OK.
+out=$("$run" -n 2 "$perf" -b 1K -e 1K -n 1 -w 0 --min-bw 1e6 2>&1)
+rc=$?
+[ $rc -eq 1 ] && grep -qE "Avg bus bandwidth    : [0-9.e+-]+ FAILED \(--min-bw 1e\+06\)" <<<"$out" ||
+  { echo "FAIL: --min-bw 1e6: exit $rc:"; tail -4 <<<"$out"; fail=1; }
+out=$("$run" -n 2 "$perf" -b 1K -e 1K -n 1 -w 0 --min-bw 1e-9 2>&1)
+rc=$?
+[ $rc -eq 0 ] && grep -qE "Avg bus bandwidth    : [0-9.e+-]+ OK \(--min-bw 1e-09\)" <<<"$out" ||
+  { echo "FAIL: --min-bw 1e-9: exit $rc:"; tail -4 <<<"$out"; fail=1; }
+refused "--min-bw 'fast' must be a bus bandwidth in GB/s above 0" --min-bw fast
+refused "--min-bw '0' must be a bus bandwidth in GB/s above 0" --min-bw 0
 # -c 0 checks nothing and says so: N/A, not a #wrong of 0.
 out=$("$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 -c 0 -d float32 -o sum 2>&1)
 grep -qF "Out of bounds values : N/A" <<<"$out" && awk '$1 == "[0]" && $2 == "8" && $10 == "N/A" && $14 == "N/A" {f=1} END {exit !f}' <<<"$out" ||

@@ -38,6 +38,7 @@ struct opts {
   int dtypes[GW_NUM_DTYPES], ndtypes;
   int ops[GW_NUM_OPS], nops;
   const char *csv, *json, *tune;
+  double min_bw; /* --min-bw: the closing average below this fails the run (0: none) */
 };
 
 enum { MAX_SIZES = 10000 }; /* sizes one run measures, at most */
@@ -96,6 +97,8 @@ static void usage(FILE *f) {
           "  -r, --root R          broadcast root (default 0)\n"
           "      --csv FILE        write the results as CSV (rank 0)\n"
           "      --json FILE       write the results as JSON (rank 0)\n"
+          "      --min-bw GBPS     fail (exit 1) when the closing average bus bandwidth is below GBPS (as\n"
+          "                        nccl-tests' NCCL_TESTS_MIN_BW)\n"
           "  -g, --ngpus 1, -t, --nthreads 1  accepted as nccl-tests' (a rank is a process with one GPU: more ranks\n"
           "                        with gw-run -n); its -a, -p, -C, -R and -c N mean other things there\n"
           "  -h, --help            this text\n"
@@ -532,7 +535,8 @@ int main(int argc, char **argv) {
       {"root", required_argument, 0, 'r'}, {"csv", required_argument, 0, 1},
       {"json", required_argument, 0, 2}, {"help", no_argument, 0, 'h'}, {"proto", required_argument, 0, 'p'},
       {"tune", required_argument, 0, 3}, {"register", no_argument, 0, 'R'}, {"device", no_argument, 0, 'D'},
-      {"ngpus", required_argument, 0, 'g'}, {"nthreads", required_argument, 0, 't'}, {0, 0, 0, 0}};
+      {"ngpus", required_argument, 0, 'g'}, {"nthreads", required_argument, 0, 't'},
+      {"min-bw", required_argument, 0, 4}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:d:o:c:a:C:r:p:g:t:RDh", longopts, NULL)) != -1) {
     if (c > ' ' && c < 127 && !strchr(given, c) && strlen(given) + 1 < sizeof given) given[strlen(given)] = (char)c;
@@ -598,6 +602,14 @@ int main(int argc, char **argv) {
         setenv("GW_PROTO", optarg, 1);
         break;
       case 3: o.tune = optarg; break;
+      case 4: {
+        char *end;
+        errno = 0;
+        o.min_bw = strtod(optarg, &end);
+        if (errno || end == optarg || *end || !(o.min_bw > 0) || isinf(o.min_bw))
+          bad_use("--min-bw '%s' must be a bus bandwidth in GB/s above 0", optarg);
+        break;
+      }
       case 'C': {
         int found = -1;
         for (int i = 0; i < 4; i++)
@@ -636,8 +648,9 @@ int main(int argc, char **argv) {
         coll_names[o.coll]);
   if (o.csv && o.json && same_output_file(o.csv, o.json))
     bad_use("--csv %s and --json %s name the same file (one would overwrite the other)", o.csv, o.json);
-  if (o.tune && (o.csv || o.json))
-    bad_use("--tune writes the tuning file only: --csv and --json do not apply (run gw-perf without --tune for them)");
+  if (o.tune && (o.csv || o.json || o.min_bw))
+    bad_use("--tune writes the tuning file only: --csv, --json and --min-bw do not apply (run gw-perf without --tune "
+            "for them)");
   /* --tune measures its own sizes of float32 allreduce with every algorithm
    * and protocol on host memory: anything else would be ignored, or (an
    * algorithm forced) drop this world size's rows of the others from the file. */
@@ -777,10 +790,13 @@ int main(int argc, char **argv) {
       }
     }
   double avg = bw_n ? bw_sum / bw_n : 0;
+  /* the same on every rank: each time is the slowest rank's */
+  const bool slow = o.min_bw > 0 && !(avg >= o.min_bw);
   if (rank == 0) {
     if (o.check) printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
     else printf("# Out of bounds values : N/A (not checked: -c 0)\n");
-    printf("# Avg bus bandwidth    : %g\n", avg);
+    if (o.min_bw > 0) printf("# Avg bus bandwidth    : %g %s (--min-bw %g)\n", avg, slow ? "FAILED" : "OK", o.min_bw);
+    else printf("# Avg bus bandwidth    : %g\n", avg);
     fflush(stdout);
   }
   /* A full disk must not pass for a finished run with a cut file. */
@@ -794,7 +810,7 @@ int main(int argc, char **argv) {
   /* Wrong results exit 1, and gw-run stops the job at the first rank that
    * fails: every rank waits here until rank 0 has written its table (the
    * count is every rank's sum, so all agree to wait). */
-  if (total_wrong > 0) check_gw(gw_barrier(comm), "gw_barrier (before exiting with wrong results)");
+  if (total_wrong > 0 || slow) check_gw(gw_barrier(comm), "gw_barrier (before exiting with a failure)");
   gw_comm_deregister(comm, reg_send);
   gw_comm_deregister(comm, reg_recv);
   if (dev) {
@@ -803,5 +819,5 @@ int main(int argc, char **argv) {
     dev->stream_destroy(stream);
   }
   gw_comm_destroy(comm);
-  return total_wrong ? 1 : 0;
+  return total_wrong || slow ? 1 : 0;
 }
