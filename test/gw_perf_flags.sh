@@ -167,6 +167,17 @@ for w in 0 2; do
     fi
   done
 done
+# ... every element of them, integers too: with -w 0 the output held the
+# checked run's result, often the timed runs' too (MAX of +-1..5 at 4 ranks:
+# 0, 52 and 192 of 4, 64 and 256 elements caught), now cleared.
+for w in 0 2; do
+  out=$(GW_PERF_TEST_SKIP_TIMED_RUNS=1 "$run" -n 4 "$perf" -d int8 -o max -b 1 -e 64 -f 4 -n 1 -w $w 2>&1)
+  rows=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/' <<<"$out")
+  if [ -z "$rows" ] || [ "$(awk '$10 == 4 * $3' <<<"$rows" | wc -l)" -ne "$(wc -l <<<"$rows")" ]; then
+    echo "FAIL: int8 max, -w $w: timed runs that wrote nothing not caught at every element (#wrong 4 x count):"
+    tail -6 <<<"$out"; fail=1
+  fi
+done
 # Float sums are checked exactly at any rank count: the inputs shrink so that
 # n ranks' sums stay within the integers the dtype holds.  Four ranks stand
 # for many with bfloat16 holding integers only to 8 (GW_PERF_TEST_BF16_LIMIT):

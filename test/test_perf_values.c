@@ -2,9 +2,11 @@
  * what the output holds before a run is refused at every element (an element
  * left unwritten never passes), results computed as the library computes them
  * (each step rounded to the dtype, AVG divided once) pass at every element for
- * every dtype and op from 1 to 600 ranks, and a float average that left one
- * rank out is refused wherever it moved the mean by two of the dtype's steps. */
+ * every dtype and op from 1 to 600 ranks, a float average that left one
+ * rank out is refused wherever it moved the mean by two of the dtype's steps,
+ * and a product a rank off by a factor of 2 or more wherever it is. */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -136,6 +138,80 @@ START_TEST(test_avg_missing_rank_refused) {
 }
 END_TEST
 
+/* Products of many ranks (past the integers the dtype holds: checked to a
+ * tolerance) with a rank left out or counted twice: every result off by a
+ * factor of 2 or more, or of the other sign, is refused, also where one of
+ * the two overflowed (an infinite exact product took a tolerance of the
+ * largest value itself, and 17 in 855 results a rank short passed at 100
+ * ranks of bfloat16). */
+/* Past the largest value by a factor of 2, 100 ranks' bfloat16 product
+ * (each step rounded: within 47% of the exact one) can only be infinite: a
+ * finite 0.7 of the largest value passed (the tolerance was 39% of it). */
+START_TEST(test_prod_overflow_bounds) {
+  const double big = 0x1.fep127;
+  gwp_choose_values(true, GW_BFLOAT16, GW_PROD, 100);
+  int tried = 0;
+  for (size_t i = 0; i < ELEMS; i++) {
+    double d = 1;
+    for (int r = 0; r < 100; r++) {
+      uint8_t b[8];
+      gwp_input_elem(GW_BFLOAT16, r, i, b);
+      d *= gw_value_load(b, GW_BFLOAT16, 0);
+    }
+    if (fabs(d) < 2 * big) continue;
+    uint8_t got[8];
+    gw_value_store(got, GW_BFLOAT16, 0, copysign(0.7 * big, d));
+    ck_assert_msg(!gwp_reduce_ok(GW_BFLOAT16, GW_PROD, got, 0, i), "element %zu: %.17g passed for %.17g", i,
+                  gw_value_load(got, GW_BFLOAT16, 0), d);
+    gw_value_store(got, GW_BFLOAT16, 0, copysign(INFINITY, d));
+    ck_assert_msg(gwp_reduce_ok(GW_BFLOAT16, GW_PROD, got, 0, i), "element %zu: the overflow refused", i);
+    tried++;
+  }
+  ck_assert_msg(tried > 50, "only %d elements past twice the largest value", tried);
+}
+END_TEST
+
+START_TEST(test_prod_rank_off_refused) {
+  const gw_dtype_t fdt[] = {GW_FLOAT16, GW_BFLOAT16, GW_FLOAT32, GW_FLOAT64};
+  for (size_t d = 0; d < 4; d++)
+    for (size_t k = 0; k < sizeof rank_counts / sizeof *rank_counts; k++) {
+      const int n = rank_counts[k];
+      if (n < 2) continue;
+      gwp_choose_values(true, fdt[d], GW_PROD, n);
+      for (int twice = 0; twice < 2; twice++)
+        for (size_t i = 0; i < ELEMS; i++) {
+          uint8_t right[8], wrong[8];
+          const int off = (int)(i % (size_t)n);
+          reduce_as_library(fdt[d], GW_PROD, n, i, 0, -1, right);
+          if (twice) { /* rank off counted twice: one more factor of its value */
+            uint8_t b[8];
+            gwp_input_elem(fdt[d], off, i, b);
+            gw_value_store(wrong, fdt[d], 0, step(fdt[d], GW_PROD, gw_value_load(right, fdt[d], 0),
+                                                  gw_value_load(b, fdt[d], 0), 1));
+          } else {
+            reduce_as_library(fdt[d], GW_PROD, n, i, 0, off, wrong);
+          }
+          const double r = gw_value_load(right, fdt[d], 0), w = gw_value_load(wrong, fdt[d], 0);
+          if (isinf(r) && isinf(w) && signbit(r) == signbit(w)) continue; /* both past the range: the same */
+          /* one of them infinite: far when the other is below an eighth of
+           * the largest value (the tolerance, compounded over 100 steps of
+           * bfloat16, is 47%: near the top an overflow is a right result) */
+          const double big = fdt[d] == GW_FLOAT16    ? 65504
+                             : fdt[d] == GW_BFLOAT16 ? 0x1.fep127
+                             : fdt[d] == GW_FLOAT32  ? 0x1.fffffep127
+                                                     : DBL_MAX;
+          const bool far = signbit(r) != signbit(w) ||
+                           (isinf(r) != isinf(w) ? fmin(fabs(r), fabs(w)) < big / 8
+                                                 : fabs(w) >= 2 * fabs(r) || fabs(r) >= 2 * fabs(w));
+          if (far)
+            ck_assert_msg(!gwp_reduce_ok(fdt[d], GW_PROD, wrong, 0, i),
+                          "%s prod at %d ranks, element %zu: rank %d %s (%.17g for %.17g) passed",
+                          gw_dtype_name(fdt[d]), n, i, off, twice ? "counted twice" : "left out", w, r);
+        }
+    }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("perf-values");
   TCase *tc = tcase_create("check");
@@ -143,6 +219,8 @@ int main(void) {
   tcase_add_test(tc, test_output_fill_refused);
   tcase_add_test(tc, test_library_results_pass);
   tcase_add_test(tc, test_avg_missing_rank_refused);
+  tcase_add_test(tc, test_prod_rank_off_refused);
+  tcase_add_test(tc, test_prod_overflow_bounds);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }

@@ -359,7 +359,10 @@ static void measure(const struct opts *o, gw_dtype_t dt, int op, uint8_t *sendbu
     long long wrong = fill_run_check(o, dt, op, &l, count, ip == 1);
     /* The timed runs on other inputs, where their result is checked after. */
     const bool check_timed = o->check && timed_output_checkable(o, ip == 1);
-    if (check_timed) gwp_value_salt = 1, fill_input(dt, &l);
+    /* The output cleared too: with -w 0 it held the checked run's result,
+     * often the timed runs' too (MAX and MIN, small integers), so timed runs
+     * that wrote nothing passed there. */
+    if (check_timed) gwp_value_salt = 1, clear_and_fill(o, dt, op, &l, count);
     for (int i = 0; i < o->warmup; i++) run_once(o, dt, op, l.send, l.recv, count);
     /* The warmup runs left the timed runs' result in place: cleared, so that
      * timed runs that write nothing are caught too. */

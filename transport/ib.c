@@ -130,10 +130,19 @@ static gw_result_t poll_cq(struct gw_conn *c, struct ib_conn *t) {
   return t->failed;
 }
 
+/* The liveness socket's reading state (ready, eof, ab_buf, peer_wait) is
+ * one thread's at a time: besides the connection's own channel thread, every
+ * other channel's looks at it in a long wait (ib_waiting), and two readers
+ * tore records and took a record's first byte for the ready byte. */
+static void sock_lock(struct ib_conn *t) {
+  while (atomic_flag_test_and_set_explicit(&t->sock_lock, memory_order_acquire)) sched_yield(); /* one recv() */
+}
+static void sock_unlock(struct ib_conn *t) { atomic_flag_clear_explicit(&t->sock_lock, memory_order_release); }
+
 /* The liveness socket, looked at about every 10 ms (now: at once): the
  * receiver's ready byte, then its waiting records and abandon frame, or the
- * peer closing it (exit, crash, kill). */
-static void check_socket(struct ib_conn *t, bool now) {
+ * peer closing it (exit, crash, kill).  Under sock_lock. */
+static void check_socket_locked(struct ib_conn *t, bool now) {
   double at = gw__now();
   if (t->eof || (t->ready && !now && at < t->next_check)) return; /* before ready: at every look */
   t->next_check = at + 0.01;
@@ -156,6 +165,12 @@ static void check_socket(struct ib_conn *t, bool now) {
   } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
     t->eof = true;
   }
+}
+
+static void check_socket(struct ib_conn *t, bool now) {
+  sock_lock(t);
+  check_socket_locked(t, now);
+  sock_unlock(t);
 }
 
 static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *waiting) {
@@ -405,7 +420,8 @@ static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
  * once nothing is (a record goes whole or in parts, never mixed). */
 static bool wait_flush(struct ib_conn *t) {
   while (t->wait_left) {
-    const ssize_t n = send(t->fd, t->wait_out + IB_WAIT_BYTES - t->wait_left, t->wait_left, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const ssize_t n =
+        send(t->fd, t->wait_out + IB_WAIT_BYTES - t->wait_left, t->wait_left, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) t->wait_left = 0; /* eof says it */
     if (n <= 0) return false;
     t->wait_left -= (uint32_t)n;
@@ -415,7 +431,9 @@ static bool wait_flush(struct ib_conn *t) {
 
 /* The receiver's rank failed: its reason goes on the liveness socket, which
  * carries only waiting records that way after the ready byte (the sender
- * takes those in, so one non-blocking send takes it). */
+ * takes those in at its socket looks, so one non-blocking send takes it;
+ * best effort, as the interface says: a record that cannot go whole first,
+ * towards a sender that stopped looking, leaves it out). */
 static void ib_recv_abandon(struct gw_conn *c, const char *why) {
   struct ib_conn *t = c->priv;
   if (!t || t->fd < 0 || !t->ready) return;
@@ -444,11 +462,14 @@ static bool ib_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double w
   struct ib_conn *t = c->priv;
   if (!t || t->fd < 0) return false;
   if (c->is_send) {
+    sock_lock(t);
     const bool was_ready = t->ready;
-    check_socket(t, true);
-    if (!was_ready && t->ready) check_socket(t, true); /* the ready byte came alone: what follows it */
-    if (t->peer_waits) *theirs = t->peer_wait;
-    return t->peer_waits;
+    check_socket_locked(t, true);
+    if (!was_ready && t->ready) check_socket_locked(t, true); /* the ready byte came alone: what follows it */
+    const bool got = t->peer_waits;
+    if (got) *theirs = t->peer_wait;
+    sock_unlock(t);
+    return got;
   }
   if (!t->ready || atomic_flag_test_and_set(&t->wait_lock)) return false;
   if (!t->eof && wait_flush(t) && awaited && waited >= 1.0 && mine->seq != t->published_seq) {
@@ -470,13 +491,15 @@ static bool ib_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double w
 static bool ib_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   struct ib_conn *t = c->priv;
   if (!t || t->fd < 0) return false;
-  if (t->ready && !t->eof) check_socket(t, true);
-  uint16_t wlen;
-  if (t->ab_got < 3 || t->ab_buf[0] != IB_ABANDON_BYTE) return false;
-  memcpy(&wlen, t->ab_buf + 1, 2);
-  if (wlen > IB_ABANDON_MAX || t->ab_got < 3u + wlen) return false;
-  snprintf(why, len, "%.*s", (int)wlen, (const char *)t->ab_buf + 3);
-  return true;
+  sock_lock(t);
+  if (t->ready && !t->eof) check_socket_locked(t, true);
+  uint16_t wlen = 0;
+  if (t->ab_got >= 3 && t->ab_buf[0] == IB_ABANDON_BYTE) memcpy(&wlen, t->ab_buf + 1, 2);
+  const bool said =
+      t->ab_got >= 3 && t->ab_buf[0] == IB_ABANDON_BYTE && wlen <= IB_ABANDON_MAX && t->ab_got >= 3u + wlen;
+  if (said) snprintf(why, len, "%.*s", (int)wlen, (const char *)t->ab_buf + 3);
+  sock_unlock(t);
+  return said;
 }
 
 static void ib_close(struct gw_conn *c) {

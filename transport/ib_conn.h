@@ -131,6 +131,7 @@ struct ib_conn {
   uint32_t ab_got;
   bool peer_waits;
   struct gw_opdesc peer_wait;
+  atomic_flag sock_lock; /* the liveness socket's reading (ib.c: check_socket) */
   /* Receiver: the waiting record still to go (its last wait_left bytes) and
    * the operation it published last, under wait_lock (tried, never waited
    * for: recv_abandon may come from another thread). */
