@@ -267,13 +267,42 @@ struct settings {
   uint32_t nslots, slot_bytes;
 };
 
-static void describe_settings(const struct settings *s, char *buf, size_t len) {
-  char xmax[24] = "auto";
-  if (s->exchange_max != UINT64_MAX) snprintf(xmax, sizeof xmax, "%llu", (unsigned long long)s->exchange_max);
-  snprintf(buf, len, "GW_ALGO=%s, GW_PROTO=%s, GW_TRANSPORT=%s, GW_NCHANNELS=%d, GW_EXCHANGE_MAX_BYTES=%s, "
-           "GW_CHANNEL_MIN_BYTES=%llu, GW_SHM_SLOTS=%u, GW_SHM_SLOT_BYTES=%u, cost model %016llx",
-           gw__algo_name(s->algo), gw__proto_name(s->proto), gw__transport_wanted_name(s->transport), s->nchannels, xmax,
-           (unsigned long long)s->channel_min, s->nslots, s->slot_bytes, (unsigned long long)s->model_hash);
+static void add_text(char *buf, size_t len, size_t *n, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void add_text(char *buf, size_t len, size_t *n, const char *fmt, ...) {
+  if (*n >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  const int m = vsnprintf(buf + *n, len - *n, fmt, ap);
+  va_end(ap);
+  *n = m < 0 ? len : GW_MIN(len, *n + (size_t)m);
+}
+
+/* s's settings that differ from o's, as "GW_X=v, GW_Y=w" (every one, when
+ * listed beside another rank's, ran to 700 characters that hid the one
+ * that differed). */
+static void describe_settings(const struct settings *s, const struct settings *o, bool here, char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = 0;
+  const char *sep = "";
+  if (s->algo != o->algo) add_text(buf, len, &n, "%sGW_ALGO=%s", sep, gw__algo_name(s->algo)), sep = ", ";
+  if (s->proto != o->proto) add_text(buf, len, &n, "%sGW_PROTO=%s", sep, gw__proto_name(s->proto)), sep = ", ";
+  if (s->transport != o->transport)
+    add_text(buf, len, &n, "%sGW_TRANSPORT=%s", sep, gw__transport_wanted_name(s->transport)), sep = ", ";
+  if (s->nchannels != o->nchannels) add_text(buf, len, &n, "%sGW_NCHANNELS=%d", sep, s->nchannels), sep = ", ";
+  if (s->exchange_max != o->exchange_max) {
+    if (s->exchange_max == UINT64_MAX) add_text(buf, len, &n, "%sGW_EXCHANGE_MAX_BYTES=auto", sep);
+    else add_text(buf, len, &n, "%sGW_EXCHANGE_MAX_BYTES=%llu", sep, (unsigned long long)s->exchange_max);
+    sep = ", ";
+  }
+  if (s->channel_min != o->channel_min)
+    add_text(buf, len, &n, "%sGW_CHANNEL_MIN_BYTES=%llu", sep, (unsigned long long)s->channel_min), sep = ", ";
+  if (s->nslots != o->nslots) add_text(buf, len, &n, "%sGW_SHM_SLOTS=%u", sep, s->nslots), sep = ", ";
+  if (s->slot_bytes != o->slot_bytes) add_text(buf, len, &n, "%sGW_SHM_SLOT_BYTES=%u", sep, s->slot_bytes), sep = ", ";
+  if (s->model_hash != o->model_hash) {
+    const char *file = here ? getenv("GW_TUNING_FILE") : NULL;
+    add_text(buf, len, &n, "%sthe cost model %016llx", sep, (unsigned long long)s->model_hash);
+    if (here) add_text(buf, len, &n, file && *file ? " (from GW_TUNING_FILE=%s)" : " (the built-in one%s)", file ? file : "");
+  }
 }
 
 static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
@@ -285,9 +314,9 @@ static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err
   gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
   for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++) {
     if (!memcmp(&all[r], &mine, sizeof mine)) continue;
-    char here[360], there[360];
-    describe_settings(&mine, here, sizeof here);
-    describe_settings(&all[r], there, sizeof there);
+    char here[600], there[360];
+    describe_settings(&mine, &all[r], true, here, sizeof here);
+    describe_settings(&all[r], &mine, false, there, sizeof there);
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
                   "rank %d: %s here, but rank %d has %s; set them (and GW_TUNING_FILE) alike on every rank", c->rank,
                   here, r, there);
@@ -614,26 +643,35 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_cond_init(&c->work_cv, NULL);
   pthread_cond_init(&c->done_cv, NULL);
+  /* Settings out of range are refused, but only once the rendezvous has
+   * this rank, so that every rank hears why (said here at once too): the
+   * others waited out GW_BOOTSTRAP_TIMEOUT, then said only that this rank
+   * never came, when ranks were started without a launcher that stops them. */
+  gw_result_t refused = GW_SUCCESS;
   int64_t slot_bytes = gw__param_ShmSlotBytes(), nslots = gw__param_ShmSlots();
-  if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64) {
-    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT,
-                  "rank %d: GW_SHM_SLOT_BYTES=%lld / GW_SHM_SLOTS=%lld out of range (4 KiB..64 MiB, a multiple of "
-                  "64; 2..64 slots)", rank, (long long)slot_bytes, (long long)nslots);
-    goto fail;
-  }
-  int64_t nchannels = gw__param_Channels();
-  if (nchannels < 1 || nchannels > GW_MAX_CHANNELS) {
-    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_NCHANNELS=%lld is not in 1..%d", rank,
-                  (long long)nchannels, GW_MAX_CHANNELS);
-    goto fail;
+  int64_t nchannels = gw__param_Channels(), nstreams = gw__param_SocketStreams();
+  if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64)
+    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                      "rank %d: GW_SHM_SLOT_BYTES=%lld / GW_SHM_SLOTS=%lld out of range (4 KiB..64 MiB, a multiple "
+                      "of 64; 2..64 slots)", rank, (long long)slot_bytes, (long long)nslots);
+  else if (nchannels < 1 || nchannels > GW_MAX_CHANNELS)
+    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_NCHANNELS=%lld is not in 1..%d", rank,
+                      (long long)nchannels, GW_MAX_CHANNELS);
+  else if (nstreams < 1 || nstreams > 16)
+    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_NSTREAMS=%lld is not in 1..16", rank,
+                      (long long)nstreams);
+  char refusal[GW_ERRMSG_MAX] = "";
+  if (refused) {
+    if (nranks == 1) {
+      res = refused;
+      goto fail;
+    }
+    snprintf(refusal, sizeof refusal, "%s", err.msg);
+    GW_WARN(GW_SUB_INIT, "%s; failing init once the rendezvous has this rank, so that the others hear it too",
+            refusal);
+    nchannels = 1, slot_bytes = 4096, nslots = 2, nstreams = 1; /* nothing is connected with them */
   }
   c->nchannels = nranks == 1 ? 1 : (int)nchannels;
-  int64_t nstreams = gw__param_SocketStreams();
-  if (nstreams < 1 || nstreams > 16) {
-    res = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_NSTREAMS=%lld is not in 1..16", rank,
-                  (long long)nstreams);
-    goto fail;
-  }
   c->conn_params = (struct gw_conn_params){.nslots = (uint32_t)nslots, .slot_bytes = (uint32_t)slot_bytes,
                                            .job_hash = gw__fnv(GW_FNV_START, token, strlen(token)), .nstreams = (uint32_t)nstreams,
                                            .timeout_s = gw__env_seconds("GW_BOOTSTRAP_TIMEOUT", 60.0, false)};
@@ -667,8 +705,17 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
       GW_INFO(GW_SUB_INIT, "rank %d: removed %d file%s from /dev/shm that ranks of this user which died during setup "
               "left", rank, swept, swept == 1 ? "" : "s");
     gw__alive_create(c, &me);
-    GW_CHECK_GOTO(gw__bootstrap_init(&c->bs, rank, nranks, master, token, boot_timeout, &err), res, fail);
-    GW_CHECK_GOTO(gw__bootstrap_allgather(c->bs, &me, c->peers, sizeof me, &err), res, fail);
+    res = gw__bootstrap_init(&c->bs, rank, nranks, master, token, boot_timeout, &err);
+    /* the table exchanged first: a rank that left right after joining was
+     * taken for one that exited during the rendezvous, its news unread */
+    if (!res) res = gw__bootstrap_allgather(c->bs, &me, c->peers, sizeof me, &err);
+    if (refused) { /* the refusal first, the rendezvous's failure after it */
+      char boot[GW_ERRMSG_MAX];
+      snprintf(boot, sizeof boot, "%s", err.msg);
+      if (res) res = gw__err(&err, refused, "%s (and the rendezvous failed: %s)", refusal, boot);
+      else res = gw__err(&err, refused, "%s", refusal);
+    }
+    if (res) goto fail;
     for (int r = 0; r < nranks; r++) {
       if (c->peers[r].rank != r) {
         res = gw__err(&err, GW_ERR_REMOTE, "rank %d: rendezvous returned a garbled table (slot %d says rank %d)",

@@ -114,6 +114,37 @@ static int body_one_rank_fails(int rank, int n, const char *master, void *arg) {
 START_TEST(test_failed_rank_says_why) { ck_assert_int_eq(run_ranks_raw(3, body_one_rank_fails, NULL, 60), 0); }
 END_TEST
 
+/* A setting out of range on one rank (ranks started without a launcher
+ * that stops the others): that rank refused it before the rendezvous, and
+ * the others waited out GW_BOOTSTRAP_TIMEOUT, then said only that it never
+ * came.  Now it joins the rendezvous to fail there, and every rank names
+ * the setting in well under the timeout (30 s here).  arg: "RANK VAR=VALUE". */
+static int body_setting_refused(int rank, int n, const char *master, void *arg) {
+  const char *spec = arg, *eq = strchr(spec, '=');
+  const int bad = atoi(spec);
+  char var[64];
+  snprintf(var, sizeof var, "%.*s", (int)(eq - (strchr(spec, ' ') + 1)), strchr(spec, ' ') + 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "30", 1);
+  if (rank == bad) setenv(var, eq + 1, 1);
+  const double t0 = test_now();
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  const char *msg = gw_comm_last_error(NULL);
+  char want[80]; /* "rank 2: GW_SOCKET_NSTREAMS=99", on every rank */
+  snprintf(want, sizeof want, "rank %d: %s", bad, strchr(spec, ' ') + 1);
+  EXPECT(r != GW_SUCCESS && has(msg, want) && test_now() - t0 < 15,
+         "%s: rank %d: init returned %s after %.1f s: %s", spec, rank, gw_strerror(r), test_now() - t0, msg);
+  return 0;
+}
+
+START_TEST(test_setting_refused_said_to_all) {
+  static const char *const cases[] = {"2 GW_SOCKET_NSTREAMS=99", "0 GW_NCHANNELS=0", "1 GW_SHM_SLOT_BYTES=1000"};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_msg(run_ranks_raw(3, body_setting_refused, (void *)cases[i], 60) == 0, "%s", cases[i]);
+}
+END_TEST
+
 /* Rank 1 joins, then its process dies (SIGKILL inside gw_comm_init), and a
  * new rank 1 starts (a pod restarted, a rank relaunched): it takes the dead
  * one's place and the job runs.  The steps go by rank 0's log (GW_DEBUG=TRACE,
@@ -658,6 +689,7 @@ int main(void) {
   tcase_add_test(tc, test_out_of_fds_said);
   tcase_add_test(tc, test_transport_must_agree);
   tcase_add_test(tc, test_failed_rank_says_why);
+  tcase_add_test(tc, test_setting_refused_said_to_all);
   tcase_add_test(tc, test_restarted_rank_takes_its_place);
   tcase_add_test(tc, test_master_name_with_two_addresses);
   tcase_add_test(tc, test_torchrun_none_no_token);

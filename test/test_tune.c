@@ -581,6 +581,14 @@ static int raw_settings_differ(int rank, int n, const char *master, void *arg) {
                                                              : "cost model";
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(NULL), named), "init returned %s: %s",
          gw_strerror(r), gw_comm_last_error(NULL));
+  /* and only what differs (all nine settings, both ranks', hid it) */
+  const char *msg = gw_comm_last_error(NULL);
+  EXPECT((!strstr(msg, "GW_SHM_SLOTS=") || strstr(what, "GW_SHM_SLOTS=")) &&
+             (!strstr(msg, "cost model") || !eq) && (!strstr(msg, "GW_ALGO=") || strstr(what, "GW_ALGO=")),
+         "the message names settings that do not differ: %s", msg);
+  if (!eq && strcmp(what, "GW_PROTO"))
+    EXPECT(strstr(msg, rank == 1 ? other_file : "GW_TUNING_FILE=/dev/null"), "the message does not name this rank's "
+           "tuning file: %s", msg);
   return 0;
 }
 
