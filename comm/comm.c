@@ -169,12 +169,20 @@ struct published {
  * the INFO line ("ring 0: 1 -> 2 via shm", "tree 1: 3 -> 1 via tcp"). */
 static gw_result_t prepare_link(struct gw_comm *c, const struct gw_link *l, struct gw_errctx *err) {
   const struct gw_transport *tp = gw__transport_select(&c->peers[c->rank], &c->peers[l->peer]);
-  if (!tp)
+  if (!tp) {
+    /* over ib, which end has no port (one rank's GW_IB_DISABLE or GW_IB_HCA
+     * read as this general note) */
+    const bool ib = gw__transport_wanted() == 2, mine = c->peers[c->rank].caps & GW_CAP_IB;
+    char which[96] = "";
+    if (ib && !(mine && (c->peers[l->peer].caps & GW_CAP_IB)))
+      snprintf(which, sizeof which, "; rank %d has no ib port to use", mine ? l->peer : c->rank);
     return gw__err(err, GW_ERR_UNSUPPORTED,
-                   "rank %d (%s): no transport connects it with rank %d (%s)%s", c->rank, c->peers[c->rank].host,
+                   "rank %d (%s): no transport connects it with rank %d (%s)%s%s", c->rank, c->peers[c->rank].host,
                    l->peer, c->peers[l->peer].host,
                    getenv("GW_TRANSPORT") ? ": GW_TRANSPORT restricts the choice (shm needs both on one machine, ib an "
-                                            "active port on both: GW_IB_HCA, or GW_IB_EMULATE=1 in tests)" : "");
+                                            "active port on both: GW_IB_HCA, GW_IB_DISABLE, or GW_IB_EMULATE=1 in "
+                                            "tests)" : "", which);
+  }
   struct gw_conn *conn = l->conn;
   *conn = (struct gw_conn){.tp = tp, .self = c->rank, .peer = l->peer, .is_send = l->is_send};
   snprintf(conn->peer_host, sizeof conn->peer_host, "%s", c->peers[l->peer].host);

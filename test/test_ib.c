@@ -43,6 +43,23 @@ static int raw_no_port(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
+/* GW_TRANSPORT=ib with one rank's port disabled: both name that rank (they
+ * said only that no transport connects them). */
+static int raw_one_without_ib(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  emulate();
+  if (rank == 1) setenv("GW_IB_DISABLE", "1", 1);
+  gw_comm_t comm;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(NULL), "rank 1 has no ib port to use"), "rank %d: %s: %s", rank,
+         gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_one_rank_without_ib) { ck_assert_int_eq(run_ranks_raw(2, raw_one_without_ib, NULL, 60), 0); }
+END_TEST
+
 START_TEST(test_transport_choice) {
   setenv("GW_IB_EMULATE", "1", 1);
   unsetenv("GW_TRANSPORT");
@@ -723,6 +740,7 @@ int main(void) {
   TCase *tc = tcase_create("ib");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_transport_choice);
+  tcase_add_test(tc, test_one_rank_without_ib);
   tcase_add_test(tc, test_unusable_ports);
   tcase_add_test(tc, test_several_devices);
   tcase_add_test(tc, test_credits_one_qp);
