@@ -452,7 +452,20 @@ static gw_result_t root_answer(struct gw_bootstrap *bs, int r, const void *data,
 static gw_result_t send_and_await(struct gw_bootstrap *bs, const void *mine, size_t size, double *deadline,
                                   struct gw_boot_frame *f, struct gw_errctx *err) {
   gw_result_t res = gw__boot_send_frame(bs->socks[0], GW_BOOT_DATA, mine, size, *deadline);
-  if (res != GW_SUCCESS) return peer_fail(bs, res, 0, bs->timeout_s, err);
+  if (res != GW_SUCCESS) {
+    /* Rank 0 may have ended the rendezvous and closed before this rank came
+     * to send (a rank that refused a setting, or failed, as this one was
+     * late): its error frame waits unread here, and says why; it was taken
+     * for rank 0 gone ("did it exit?"). */
+    struct gw_boot_frame e;
+    if (recv_frame_hdr(bs->socks[0], &e, gw__now() + 0.5) == GW_SUCCESS && e.kind == GW_BOOT_ERROR) {
+      char msg[300];
+      read_error_text(bs->socks[0], &e, msg, sizeof msg, gw__now() + 0.5);
+      return gw__err(err, GW_ERR_REMOTE, "rank %d: the master %s ended the rendezvous: %s", bs->rank, bs->master,
+                     msg);
+    }
+    return peer_fail(bs, res, 0, bs->timeout_s, err);
+  }
   /* Rank 0 answers by its own deadline, with the data or with why not (a
    * rank missing): this rank, whose deadline may have started earlier, waits
    * a little longer for that answer rather than blame rank 0 first. */

@@ -309,7 +309,8 @@ static void describe_settings(const struct settings *s, const struct settings *o
   if (s->model_hash != o->model_hash) {
     const char *file = here ? getenv("GW_TUNING_FILE") : NULL;
     add_text(buf, len, &n, "%sthe cost model %016llx", sep, (unsigned long long)s->model_hash);
-    if (here) add_text(buf, len, &n, file && *file ? " (from GW_TUNING_FILE=%s)" : " (the built-in one%s)", file ? file : "");
+    if (here && file && *file) add_text(buf, len, &n, " (from GW_TUNING_FILE=%s)", file);
+    else if (here) add_text(buf, len, &n, " (the built-in one)");
   }
 }
 
@@ -322,7 +323,7 @@ static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err
   gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
   for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++) {
     if (!memcmp(&all[r], &mine, sizeof mine)) continue;
-    char here[600], there[360];
+    char here[240], there[200]; /* the message holds 512 */
     describe_settings(&mine, &all[r], true, here, sizeof here);
     describe_settings(&all[r], &mine, false, there, sizeof there);
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
@@ -724,6 +725,10 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
       else res = gw__err(&err, refused, "%s", refusal);
     }
     if (res) goto fail;
+    /* A test hook: this rank late to the next exchange, after rank 0 ended
+     * the rendezvous and closed (test_setting_refused_said_to_all). */
+    const char *pause = getenv("GW_TEST_AFTER_TABLE_PAUSE_MS");
+    if (pause) usleep((useconds_t)(atoi(pause) * 1000));
     for (int r = 0; r < nranks; r++) {
       if (c->peers[r].rank != r) {
         res = gw__err(&err, GW_ERR_REMOTE, "rank %d: rendezvous returned a garbled table (slot %d says rank %d)",

@@ -354,6 +354,8 @@ gw_result_t gw__dev_check(struct gw_comm *comm, const char *fn, struct gw_op *op
 /* How many hardware work queues the device's streams share (GW_DEV_QUEUES,
  * else the device layer's; 0: each stream its own). */
 long gw__dev_queues(void);
+/* Whether GW_DEV_QUEUES set that count (else the device layer said it). */
+bool gw__dev_queues_set(void);
 /* How many sequence numbers a stream-ordered op takes (its staging pieces). */
 uint64_t gw__dev_npieces(const struct gw_comm *comm, const struct gw_op *op);
 gw_result_t gw__dev_throttle(struct gw_comm *comm);

@@ -64,6 +64,8 @@ long gw__dev_queues(void) {
   return dv && dv->queues ? dv->queues() : 0;
 }
 
+bool gw__dev_queues_set(void) { return gw__param_DevQueues() > 0; }
+
 
 
 /* Start flags: one per ticket modulo this many; at most this many stream

@@ -330,10 +330,8 @@ gw_result_t gw__dev_ring_setup(struct gw_comm *comm, struct gw_errctx *err) {
   if (agree && one_queue >= 0 && no_async >= 0) {
     agree = false;
     /* named by what set it here (the CUDA variable was named whatever did) */
-    const struct gw_dev_ops *qv = gw__dev();
-    const char *q = getenv("GW_DEV_QUEUES");
-    const char *why = q && atol(q) > 0                              ? "GW_DEV_QUEUES=1"
-                      : qv && qv->name && !strcmp(qv->name, "cuda") ? "CUDA_DEVICE_MAX_CONNECTIONS=1"
+    const char *why = gw__dev_queues_set()                          ? "GW_DEV_QUEUES=1"
+                      : dv && dv->name && !strcmp(dv->name, "cuda") ? "CUDA_DEVICE_MAX_CONNECTIONS=1"
                                                                     : "GW_DEV_EMU_CONNECTIONS=1";
     if (mine.one_queue)
       GW_WARN(GW_SUB_INIT, "rank %d: this rank's device streams share one hardware queue (%s) and rank %d runs no "
