@@ -247,3 +247,23 @@ void gwp_wrong_elem(gw_dtype_t dt, int op, size_t at, uint8_t out[8]) {
   const uint64_t w = (uint64_t)int_result(dt, op, u) + 1;
   memcpy(out, &w, gw_dtype_size(dt)); /* little-endian: the low bytes, wrapped */
 }
+
+/* One value refused at every element (into out, the dtype's bytes), where
+ * the inputs make one such (false: gwp_wrong_elem per element, which costs
+ * a reduction of every rank's value: the fill took more time than the
+ * check).  Floats: NaN, except for MAX and MIN, whose inputs hold NaNs.
+ * Integers: the dtype's lowest value (128 for uint8), which no MAX, MIN or
+ * average of +-1..5 gives, nor a sum or product that cannot wrap. */
+bool gwp_wrong_fixed(gw_dtype_t dt, int op, uint8_t out[8]) {
+  memset(out, 0xff, 8);
+  if (gwp_is_float(dt)) return !value_specials;
+  const size_t es = gw_dtype_size(dt);
+  const double top = ldexp(1.0, 8 * (int)es - 1); /* the magnitude past which a signed result wraps */
+  bool fits = true;
+  if (op == GW_SUM) fits = (double)value_span * nranks < top;
+  if (op == GW_PROD) fits = nranks * log((double)value_span) < log(top);
+  if (!fits) return false;
+  memset(out, 0, 8);
+  out[es - 1] = 0x80; /* little-endian: the sign bit */
+  return true;
+}

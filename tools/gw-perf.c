@@ -273,9 +273,14 @@ static void fill_input(gw_dtype_t dt, const struct layout *l) {
 static void clear_and_fill(const struct opts *o, gw_dtype_t dt, int op, const struct layout *l, size_t count) {
   uint8_t *hr = dev ? mirror(l->recv) : l->recv;
   memset(hr, 0xff, l->tail + SLACK);
-  if (o->coll == C_ALLREDUCE || o->coll == C_REDUCE_SCATTER) {
+  uint8_t fixed[8];
+  if ((o->coll == C_ALLREDUCE || o->coll == C_REDUCE_SCATTER) && !gwp_wrong_fixed(dt, op, fixed)) {
     const size_t es = gw_dtype_size(dt), first = o->coll == C_REDUCE_SCATTER ? (size_t)rank * count : 0;
     for (size_t i = 0; i < l->out_elems; i++) gwp_wrong_elem(dt, op, first + i, hr + i * es);
+  } else if (o->coll == C_ALLREDUCE || o->coll == C_REDUCE_SCATTER) {
+    const size_t es = gw_dtype_size(dt);
+    if (memcmp(fixed, "\xff\xff\xff\xff\xff\xff\xff\xff", es))
+      for (size_t i = 0; i < l->out_elems; i++) memcpy(hr + i * es, fixed, es);
   }
   if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->tail + SLACK, stream), "clearing the output");
   fill_input(dt, l);

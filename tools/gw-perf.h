@@ -23,5 +23,8 @@ void gwp_input_elem(gw_dtype_t dt, int r, size_t i, uint8_t out[8]);
 bool gwp_reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t at);
 /* A value (its dtype's bytes into out) that gwp_reduce_ok refuses at `at`. */
 void gwp_wrong_elem(gw_dtype_t dt, int op, size_t at, uint8_t out[8]);
+/* One value (into out) that gwp_reduce_ok refuses at every element for these
+ * inputs, when there is one: false means gwp_wrong_elem per element. */
+bool gwp_wrong_fixed(gw_dtype_t dt, int op, uint8_t out[8]);
 bool gwp_is_float(gw_dtype_t dt);
 #endif
