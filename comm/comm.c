@@ -1,6 +1,7 @@
-/* comm.c - communicator lifecycle: reading the launcher's environment, the
- * rendezvous, connecting ranks (the rings, and the trees unless GW_ALGO rules
- * them out), the cost model's table and teardown.  Also the small dtype/op helpers of the public API.  The
+/* comm.c - communicator lifecycle: the rendezvous, connecting ranks (the
+ * rings, and the trees unless GW_ALGO rules them out), the cost model's table
+ * and teardown; the settings every rank must share are compared in
+ * comm_settings.c.  Also the small dtype/op helpers of the public API.  The
  * collectives live in enqueue.c, ring.c and tree.c. */
 #include <errno.h>
 #include <stdio.h>
@@ -262,83 +263,6 @@ static gw_result_t connect_rings(struct gw_comm *c, struct gw_errctx *err) {
   return gw__connect(c, links, 2 * c->nchannels, c->nchannels, err);
 }
 
-/* GW_ALGO, GW_PROTO, GW_TRANSPORT, GW_NCHANNELS, GW_EXCHANGE_MAX_BYTES,
- * GW_CHANNEL_MIN_BYTES and the cost model's table decide which connections exist and how each call
- * runs, so ranks that disagree would hang in the rendezvous or in an
- * operation, or (the exchange against the ring at 2 ranks) compute different
- * results; GW_SHM_SLOTS / GW_SHM_SLOT_BYTES set the chunk size every
- * algorithm cuts by (over tcp a difference failed mid-run, as a malformed
- * frame or an internal error): find out here and say which rank differs. */
-struct settings {
-  int32_t algo, nchannels, proto, transport;
-  uint64_t model_hash, exchange_max, channel_min;
-  uint32_t nslots, slot_bytes;
-};
-
-static void add_text(char *buf, size_t len, size_t *n, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void add_text(char *buf, size_t len, size_t *n, const char *fmt, ...) {
-  if (*n >= len) return;
-  va_list ap;
-  va_start(ap, fmt);
-  const int m = vsnprintf(buf + *n, len - *n, fmt, ap);
-  va_end(ap);
-  *n = m < 0 ? len : GW_MIN(len, *n + (size_t)m);
-}
-
-/* s's settings that differ from o's, as "GW_X=v, GW_Y=w" (every one, when
- * listed beside another rank's, ran to 700 characters that hid the one
- * that differed). */
-static void describe_settings(const struct settings *s, const struct settings *o, bool here, char *buf, size_t len) {
-  size_t n = 0;
-  buf[0] = 0;
-  const char *sep = "";
-  if (s->algo != o->algo) add_text(buf, len, &n, "%sGW_ALGO=%s", sep, gw__algo_name(s->algo)), sep = ", ";
-  if (s->proto != o->proto) add_text(buf, len, &n, "%sGW_PROTO=%s", sep, gw__proto_name(s->proto)), sep = ", ";
-  if (s->transport != o->transport)
-    add_text(buf, len, &n, "%sGW_TRANSPORT=%s", sep, gw__transport_wanted_name(s->transport)), sep = ", ";
-  if (s->nchannels != o->nchannels) add_text(buf, len, &n, "%sGW_NCHANNELS=%d", sep, s->nchannels), sep = ", ";
-  if (s->exchange_max != o->exchange_max) {
-    if (s->exchange_max == UINT64_MAX) add_text(buf, len, &n, "%sGW_EXCHANGE_MAX_BYTES=auto", sep);
-    else add_text(buf, len, &n, "%sGW_EXCHANGE_MAX_BYTES=%llu", sep, (unsigned long long)s->exchange_max);
-    sep = ", ";
-  }
-  if (s->channel_min != o->channel_min)
-    add_text(buf, len, &n, "%sGW_CHANNEL_MIN_BYTES=%llu", sep, (unsigned long long)s->channel_min), sep = ", ";
-  if (s->nslots != o->nslots) add_text(buf, len, &n, "%sGW_SHM_SLOTS=%u", sep, s->nslots), sep = ", ";
-  if (s->slot_bytes != o->slot_bytes) add_text(buf, len, &n, "%sGW_SHM_SLOT_BYTES=%u", sep, s->slot_bytes), sep = ", ";
-  if (s->model_hash != o->model_hash) {
-    const char *file = here ? getenv("GW_TUNING_FILE") : NULL;
-    add_text(buf, len, &n, "%sthe cost model %016llx", sep, (unsigned long long)s->model_hash);
-    if (here && file && *file) add_text(buf, len, &n, " (from GW_TUNING_FILE=%s)", file);
-    else if (here) add_text(buf, len, &n, " (the built-in one)");
-  }
-}
-
-static gw_result_t check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
-  struct settings mine = {(int32_t)c->algo, c->nchannels, c->proto, gw__transport_wanted(), gw__model_hash(&c->model),
-                          c->exchange_max,
-                          c->channel_min_bytes, c->conn_params.nslots, c->conn_params.slot_bytes};
-  struct settings *all = calloc((size_t)c->nranks, sizeof *all);
-  if (!all) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->rank);
-  gw_result_t res = gw__bootstrap_allgather(c->bs, &mine, all, sizeof mine, err);
-  for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++) {
-    if (!memcmp(&all[r], &mine, sizeof mine)) continue;
-    char here[240], there[200]; /* the message holds 512 */
-    describe_settings(&mine, &all[r], true, here, sizeof here);
-    describe_settings(&all[r], &mine, false, there, sizeof there);
-    res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
-                  "rank %d: %s here, but rank %d has %s; set them (and GW_TUNING_FILE) alike on every rank", c->rank,
-                  here, r, there);
-  }
-  free(all);
-  /* a name that is no transport, alike everywhere: said as such (it read as
-   * "no transport connects it with rank 1: GW_TRANSPORT restricts ...") */
-  if (res == GW_SUCCESS && mine.transport < 0)
-    res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_TRANSPORT=%s is not a transport: shm, ib or tcp (or unset: "
-                  "each link picks the best)", c->rank, getenv("GW_TRANSPORT"));
-  return res;
-}
-
 /* The LL format's chunk size: the smallest any rank's connections allow, 0
  * when one of them has none (tcp), so every rank chunks an LL operation alike. */
 static uint32_t conn_ll_bytes(const struct gw_conn *conn, uint32_t cur) {
@@ -513,7 +437,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
       c->model.oversub_step_us = GW_MODEL_OVERSUB_STEP_US;
       break;
     }
-  GW_CHECK(check_settings_agree(c, err));
+  GW_CHECK(gw__check_settings_agree(c, err));
   /* An allgather: every rank has opened the others' liveness files by now. */
   gw__alive_unlink_own(c);
   GW_CHECK(gw__bootstrap_local_addr(c->bs, &c->conn_params.local_addr, &c->conn_params.local_addr_len, err));

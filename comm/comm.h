@@ -267,6 +267,9 @@ const char *gw__env_local_rank(void);
 /* The first host of a Slurm hostlist ("node[07-09,12],gpu1" -> "node07",
  * "rack[1-2]-n[3,5]" -> "rack1-n3"); false when it is not one. */
 bool gw__slurm_first_host(const char *list, char *out, size_t len);
+/* Every rank's GW_ALGO, GW_PROTO, GW_TRANSPORT, channels, chunk sizes and cost
+ * model must match: compared once at init (comm_settings.c). */
+gw_result_t gw__check_settings_agree(struct gw_comm *c, struct gw_errctx *err);
 gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
                         struct gw_errctx *err);
 
