@@ -416,19 +416,6 @@ static void flush_sends(struct gw_conn *c, struct ib_conn *t) {
   }
 }
 
-/* Receiver, under wait_lock: sends what is left of the waiting record; true
- * once nothing is (a record goes whole or in parts, never mixed). */
-static bool wait_flush(struct ib_conn *t) {
-  while (t->wait_left) {
-    const ssize_t n =
-        send(t->fd, t->wait_out + IB_WAIT_BYTES - t->wait_left, t->wait_left, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) t->wait_left = 0; /* eof says it */
-    if (n <= 0) return false;
-    t->wait_left -= (uint32_t)n;
-  }
-  return true;
-}
-
 /* The receiver's rank failed: its reason goes on the liveness socket, which
  * carries only waiting records that way after the ready byte (the sender
  * takes those in at its socket looks, so one non-blocking send takes it;
@@ -437,18 +424,11 @@ static bool wait_flush(struct ib_conn *t) {
 static void ib_recv_abandon(struct gw_conn *c, const char *why) {
   struct ib_conn *t = c->priv;
   if (!t || t->fd < 0 || !t->ready) return;
-  for (int tries = 0; atomic_flag_test_and_set(&t->wait_lock); tries++) { /* held a moment by a waiting look */
-    if (tries > 10000) return;
-    sched_yield();
-  }
-  if (wait_flush(t)) {
-    uint8_t buf[3 + IB_ABANDON_MAX];
-    const uint16_t len = (uint16_t)GW_MIN(strlen(why), (size_t)IB_ABANDON_MAX);
-    buf[0] = IB_ABANDON_BYTE;
-    memcpy(buf + 1, &len, 2), memcpy(buf + 3, why, len);
-    (void)!send(t->fd, buf, 3 + (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
-  atomic_flag_clear(&t->wait_lock);
+  uint8_t buf[3 + IB_ABANDON_MAX];
+  const uint16_t len = (uint16_t)GW_MIN(strlen(why), (size_t)IB_ABANDON_MAX);
+  buf[0] = IB_ABANDON_BYTE;
+  memcpy(buf + 1, &len, 2), memcpy(buf + 3, why, len);
+  gw__way_back_abandon(t->fd, &t->back, buf, 3 + (size_t)len, NULL); /* an error: eof says it */
 }
 
 /* As tcp's (transport.h): the receiver publishes the operation it has
@@ -471,20 +451,8 @@ static bool ib_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double w
     sock_unlock(t);
     return got;
   }
-  if (!t->ready || atomic_flag_test_and_set(&t->wait_lock)) return false;
-  if (!t->eof && wait_flush(t) && awaited && waited >= 1.0 && mine->seq != t->published_seq) {
-    /* keepalive probes only a socket with nothing unacknowledged: a record
-     * towards a machine that vanished gets keepalive's time (as tcp's) */
-    const int ms = gw__sock_keepalive_ms();
-    if (!t->wait_bounded && ms > 0) setsockopt(t->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
-    t->wait_bounded = true;
-    t->wait_out[0] = IB_WAIT_BYTE;
-    memcpy(t->wait_out + 1, mine, sizeof *mine);
-    t->wait_left = (uint32_t)IB_WAIT_BYTES;
-    t->published_seq = mine->seq;
-    wait_flush(t);
-  }
-  atomic_flag_clear(&t->wait_lock);
+  const uint8_t head = IB_WAIT_BYTE;
+  if (t->ready && !t->eof) gw__way_back_waiting(t->fd, &t->back, &head, 1, mine, waited, awaited, NULL);
   return false;
 }
 

@@ -42,6 +42,7 @@
  * abandon byte, a 2-byte length and the reason. */
 #define IB_WAIT_BYTE 'W'
 #define IB_WAIT_BYTES (1 + sizeof(struct gw_opdesc))
+_Static_assert(IB_WAIT_BYTES <= GW_WAY_BACK_MAX, "a waiting record fits the way back");
 #define IB_ABANDON_BYTE 'A'
 #define IB_ABANDON_MAX 480
 #define IB_RECV_WRID (1ull << 63) /* receive work requests: this bit + QP index */
@@ -132,14 +133,9 @@ struct ib_conn {
   bool peer_waits;
   struct gw_opdesc peer_wait;
   atomic_flag sock_lock; /* the liveness socket's reading (ib.c: check_socket) */
-  /* Receiver: the waiting record still to go (its last wait_left bytes) and
-   * the operation it published last, under wait_lock (tried, never waited
-   * for: recv_abandon may come from another thread). */
-  atomic_flag wait_lock;
-  bool wait_bounded;
-  uint32_t wait_left;
-  uint64_t published_seq;
-  uint8_t wait_out[IB_WAIT_BYTES];
+  /* Receiver: the waiting record still to go and the operation it published
+   * last (sock.h's way back; recv_abandon may come from another thread). */
+  struct gw_way_back back;
   uint64_t nonce, job_hash;
   double timeout_s, next_check;
   uint8_t qp_timeout, qp_retry_cnt; /* GW_IB_TIMEOUT, GW_IB_RETRY_CNT, read by qp_connect */

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -245,4 +246,48 @@ gw_result_t gw__sock_errno_kind(int e, const char **hint) {
     case ENETUNREACH: *hint = " (this machine's network is down or has no route there)"; return GW_ERR_SYSTEM;
     default: return GW_ERR_REMOTE; /* reset, refused, timed out, host unreachable, closed (no errno) */
   }
+}
+
+bool gw__way_back_flush(int fd, struct gw_way_back *w, _Atomic int *err) {
+  while (w->left) {
+    const ssize_t n = send(fd, w->out + w->len - w->left, w->left, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      if (err) atomic_store_explicit(err, errno, memory_order_relaxed);
+      w->left = 0;
+    }
+    if (n <= 0) return false;
+    w->left -= (uint32_t)n;
+  }
+  return true;
+}
+
+bool gw__way_back_waiting(int fd, struct gw_way_back *w, const void *head, size_t hlen, const struct gw_opdesc *mine,
+                          double waited, bool awaited, _Atomic int *err) {
+  if (atomic_flag_test_and_set(&w->lock)) return false;
+  if (gw__way_back_flush(fd, w, err) && awaited && waited >= 1.0 && mine->seq != w->published_seq &&
+      hlen + sizeof *mine <= sizeof w->out) {
+    /* Keepalive probes only a connection with nothing unacknowledged: a
+     * record towards a machine that vanished would keep this side from
+     * seeing it (the vanished-machine bound relies on the receivers), so
+     * such data gets keepalive's time (TCP_USER_TIMEOUT, which also ends a
+     * zero window that long). */
+    const int ms = gw__sock_keepalive_ms();
+    if (!w->bounded && ms > 0) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+    w->bounded = true;
+    memcpy(w->out, head, hlen), memcpy(w->out + hlen, mine, sizeof *mine);
+    w->len = w->left = (uint32_t)(hlen + sizeof *mine);
+    w->published_seq = mine->seq;
+    gw__way_back_flush(fd, w, err);
+  }
+  atomic_flag_clear(&w->lock);
+  return true;
+}
+
+void gw__way_back_abandon(int fd, struct gw_way_back *w, const void *rec, size_t len, _Atomic int *err) {
+  for (int tries = 0; atomic_flag_test_and_set(&w->lock); tries++) { /* held a moment by a waiting look */
+    if (tries > 10000) return;
+    sched_yield();
+  }
+  if (gw__way_back_flush(fd, w, err)) (void)!send(fd, rec, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  atomic_flag_clear(&w->lock);
 }

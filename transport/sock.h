@@ -6,6 +6,7 @@
 #ifndef GW_SOCK_H
 #define GW_SOCK_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -70,5 +71,35 @@ gw_result_t gw__sock_errno_kind(int e, const char **hint);
 struct gw_conn;
 gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *msg, const char *where, gw_result_t code,
                           const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* The receiver's way back to its sender on one socket (tcp's stream 0, ib's
+ * liveness socket): waiting records, at last an abandon record, one at a
+ * time, sent without blocking, in parts when the socket is full and never
+ * mixed with another (the sender takes them in, so the socket does not stay
+ * full).  The receiver's threads and any that waits on the communicator
+ * touch it: under lock, tried, never waited for (each use is best effort or
+ * comes again).  Zeroed memory is a fresh one. */
+#define GW_WAY_BACK_MAX 64
+struct gw_way_back {
+  atomic_flag lock;
+  bool bounded;           /* TCP_USER_TIMEOUT set on the socket */
+  uint32_t len, left;     /* the record in out, and how many of its last bytes are still to go */
+  uint64_t published_seq; /* the operation the last waiting record named */
+  uint8_t out[GW_WAY_BACK_MAX];
+};
+struct gw_opdesc;
+/* Under w->lock: sends what is left of the record; true once nothing is.  A
+ * socket error ends the record and is stored in *err (when err is not NULL). */
+bool gw__way_back_flush(int fd, struct gw_way_back *w, _Atomic int *err);
+/* The receiver's part of transport.h's waiting: once per operation, after a
+ * wait of a second or more before it sent anything in it (awaited), the
+ * record head (hlen bytes) followed by mine goes back; what is left of the
+ * last record goes first.  Tries the lock; false when it was busy. */
+bool gw__way_back_waiting(int fd, struct gw_way_back *w, const void *head, size_t hlen, const struct gw_opdesc *mine,
+                          double waited, bool awaited, _Atomic int *err);
+/* The receiver's rank failed: rec (len bytes) goes back in one non-blocking
+ * send after what is left of the last record; left out when that cannot go
+ * whole (best effort; the lock is held a moment by a waiting look). */
+void gw__way_back_abandon(int fd, struct gw_way_back *w, const void *rec, size_t len, _Atomic int *err);
 
 #endif

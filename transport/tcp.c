@@ -38,6 +38,7 @@
 /* "gwwt": the operation the receiver waits in, back on stream 0 (waiting) */
 #define TCP_WAIT_MAGIC 0x74777767u
 #define TCP_WAIT_BYTES (8 + sizeof(struct gw_opdesc))
+_Static_assert(TCP_WAIT_BYTES <= GW_WAY_BACK_MAX, "a waiting record fits the way back");
 
 struct tcp_handle {
   struct gw_sockaddr_packed addr;
@@ -112,9 +113,9 @@ struct tcp_conn {
    * length) and a body, TCP_WAIT_MAGIC (waiting) and at last
    * TCP_ABANDON_MAGIC (recv_abandon).  Touched by the thread that drives
    * the connection and by any that waits on the communicator (waiting):
-   * back_lock, tried, never waited for (each use is best effort or comes
-   * again). */
-  atomic_flag back_lock;
+   * back.lock, tried, never waited for (each use is best effort or comes
+   * again); the receiver's record still to go is back's (sock.h). */
+  struct gw_way_back back;
   /* an error the way back met (a keepalive's timeout, a reset): the socket
    * says it once, so the thread driving the connection reports it */
   _Atomic int back_err;
@@ -125,11 +126,6 @@ struct tcp_conn {
   struct gw_opdesc peer_wait;
   uint64_t drained_seq; /* the operation send_post last drained the way back in, and when */
   double drained_at;
-  /* receiver: the operation published last, and a record's rest not yet sent */
-  bool back_bounded;
-  uint64_t published_seq;
-  uint32_t back_left;
-  uint8_t back_out[TCP_WAIT_BYTES];
 };
 
 static bool tcp_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
@@ -383,10 +379,10 @@ static gw_result_t tcp_send_post(struct gw_conn *c, const struct gw_chunk_hdr *h
    * with bytes unread resets, and the receiver loses what it had not read
    * yet of this sender's last data */
   if ((h->op.seq >= t->drained_seq + 16 || gw__now() - t->drained_at > 0.5) &&
-      !atomic_flag_test_and_set(&t->back_lock)) {
+      !atomic_flag_test_and_set(&t->back.lock)) {
     t->drained_seq = h->op.seq, t->drained_at = gw__now();
     back_read(t);
-    atomic_flag_clear(&t->back_lock);
+    atomic_flag_clear(&t->back.lock);
   }
   t->shdr[t->pos % t->nslots] = *h;
   t->pos++;
@@ -572,40 +568,19 @@ static gw_result_t tcp_progress(struct gw_conn *c, struct gw_errctx *err) {
   return r;
 }
 
-/* Receiver, under back_lock: sends what is left of the record in back_out;
- * true once nothing is (a record goes whole or in parts, never mixed). */
-static bool back_flush(struct tcp_conn *t) {
-  while (t->back_left) {
-    const ssize_t n = send(t->rs[0].fd, t->back_out + TCP_WAIT_BYTES - t->back_left, t->back_left,
-                           MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      atomic_store_explicit(&t->back_err, errno, memory_order_relaxed), t->back_left = 0;
-    if (n <= 0) return false;
-    t->back_left -= (uint32_t)n;
-  }
-  return true;
-}
-
 /* The receiver's rank failed: its reason goes back on stream 0, which
  * otherwise carries only waiting records that way (the sender takes those
  * in, so one non-blocking send takes it). */
 static void tcp_recv_abandon(struct gw_conn *c, const char *why) {
   struct tcp_conn *t = c->priv;
   if (!t || t->rs[0].fd < 0) return;
-  for (int tries = 0; atomic_flag_test_and_set(&t->back_lock); tries++) { /* held a moment by a waiting look */
-    if (tries > 10000) return;
-    sched_yield();
-  }
-  if (back_flush(t)) {
-    uint8_t buf[8 + TCP_ABANDON_MAX];
-    const uint32_t magic = TCP_ABANDON_MAGIC, len = (uint32_t)GW_MIN(strlen(why), (size_t)TCP_ABANDON_MAX);
-    memcpy(buf, &magic, 4), memcpy(buf + 4, &len, 4), memcpy(buf + 8, why, len);
-    (void)!send(t->rs[0].fd, buf, 8 + len, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
-  atomic_flag_clear(&t->back_lock);
+  uint8_t buf[8 + TCP_ABANDON_MAX];
+  const uint32_t magic = TCP_ABANDON_MAGIC, len = (uint32_t)GW_MIN(strlen(why), (size_t)TCP_ABANDON_MAX);
+  memcpy(buf, &magic, 4), memcpy(buf + 4, &len, 4), memcpy(buf + 8, why, len);
+  gw__way_back_abandon(t->rs[0].fd, &t->back, buf, 8 + len, &t->back_err);
 }
 
-/* Sender, under back_lock: takes in what came back; waiting records are
+/* Sender, under back.lock: takes in what came back; waiting records are
  * consumed (the latest kept), an abandon record stays at the front. */
 static void back_read(struct tcp_conn *t) {
   if (t->ss[0].fd < 0) return;
@@ -635,13 +610,13 @@ static void back_read(struct tcp_conn *t) {
 
 static bool tcp_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   struct tcp_conn *t = c->priv;
-  if (!t || t->ss[0].fd < 0 || atomic_flag_test_and_set(&t->back_lock)) return false;
+  if (!t || t->ss[0].fd < 0 || atomic_flag_test_and_set(&t->back.lock)) return false;
   back_read(t);
   uint32_t magic = 0, wlen = 0;
   if (t->ab_got >= 8) memcpy(&magic, t->ab_buf, 4), memcpy(&wlen, t->ab_buf + 4, 4);
   const bool said = t->ab_got >= 8 && magic == TCP_ABANDON_MAGIC && wlen <= TCP_ABANDON_MAX && t->ab_got >= 8 + wlen;
   if (said) snprintf(why, len, "%.*s", (int)wlen, (const char *)t->ab_buf + 8);
-  atomic_flag_clear(&t->back_lock);
+  atomic_flag_clear(&t->back.lock);
   return said;
 }
 
@@ -654,31 +629,20 @@ static bool tcp_send_abandoned(struct gw_conn *c, char *why, size_t len) {
 static bool tcp_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool awaited,
                         struct gw_opdesc *theirs) {
   struct tcp_conn *t = c->priv;
-  if (!t || atomic_flag_test_and_set(&t->back_lock)) return false;
-  bool got = false;
+  if (!t) return false;
   if (!c->is_send) {
-    if (t->rs[0].fd >= 0 && back_flush(t) && awaited && waited >= 1.0 && mine->seq != t->published_seq) {
-      /* Keepalive probes only a connection with nothing unacknowledged: a
-       * record towards a machine that vanished would keep this side from
-       * seeing it (the vanished-machine bound relies on the receivers), so
-       * such data gets keepalive's time (TCP_USER_TIMEOUT, which also ends a
-       * zero window that long: this direction carries only these records,
-       * which the sender takes in at least once in 16 of the operations
-       * that publish them). */
-      const int ms = gw__sock_keepalive_ms();
-      if (!t->back_bounded && ms > 0) setsockopt(t->rs[0].fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
-      t->back_bounded = true;
-      const uint32_t magic = TCP_WAIT_MAGIC, len = sizeof *mine;
-      memcpy(t->back_out, &magic, 4), memcpy(t->back_out + 4, &len, 4), memcpy(t->back_out + 8, mine, len);
-      t->back_left = (uint32_t)TCP_WAIT_BYTES;
-      t->published_seq = mine->seq;
-      back_flush(t);
-    }
-  } else {
-    back_read(t);
-    if ((got = t->peer_waits)) *theirs = t->peer_wait;
+    /* the sender takes the records in at least once in 16 of the operations
+     * that publish them, so this direction's window does not stay shut */
+    const uint32_t head[2] = {TCP_WAIT_MAGIC, sizeof *mine};
+    if (t->rs[0].fd >= 0)
+      gw__way_back_waiting(t->rs[0].fd, &t->back, head, sizeof head, mine, waited, awaited, &t->back_err);
+    return false;
   }
-  atomic_flag_clear(&t->back_lock);
+  if (atomic_flag_test_and_set(&t->back.lock)) return false;
+  back_read(t);
+  const bool got = t->peer_waits;
+  if (got) *theirs = t->peer_wait;
+  atomic_flag_clear(&t->back.lock);
   return got;
 }
 
