@@ -1,8 +1,9 @@
 /* sock.h - what the network transports (tcp, ib) share: a connection's error
  * message, and socket chores: a listening socket
  * on the communicator's address and its packed form for a connection handle,
- * blocking setup I/O with a deadline, and tuning of a data socket (non-blocking,
- * no Nagle, keepalive).  Never on a data path. */
+ * blocking setup I/O with a deadline, tuning of a data socket (non-blocking,
+ * no Nagle, keepalive), and the receiver's way back to its sender (waiting
+ * and abandon records).  Never on a data path. */
 #ifndef GW_SOCK_H
 #define GW_SOCK_H
 
