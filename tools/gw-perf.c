@@ -279,7 +279,10 @@ static void clear_and_fill(const struct opts *o, gw_dtype_t dt, int op, const st
     for (size_t i = 0; i < l->out_elems; i++) gwp_wrong_elem(dt, op, first + i, hr + i * es);
   } else if (o->coll == C_ALLREDUCE || o->coll == C_REDUCE_SCATTER) {
     const size_t es = gw_dtype_size(dt);
-    if (memcmp(fixed, "\xff\xff\xff\xff\xff\xff\xff\xff", es))
+    bool bytewise = true; /* one byte repeated (the floats' all-ones NaN): a memset */
+    for (size_t b = 1; b < es; b++) bytewise &= fixed[b] == fixed[0];
+    if (bytewise && fixed[0] != 0xff) memset(hr, fixed[0], l->out_elems * es); /* 0xff: there already */
+    else if (!bytewise)
       for (size_t i = 0; i < l->out_elems; i++) memcpy(hr + i * es, fixed, es);
   }
   if (dev) check_dev(dev->memcpy_async(l->recv, hr, l->tail + SLACK, stream), "clearing the output");
