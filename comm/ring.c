@@ -258,8 +258,9 @@ static gw_result_t ring_broadcast(struct prims *p) {
    * round the ring, carries its call's header for the root to check (or the
    * abort notice of any rank that failed). */
   if (pos == n - 1) GW_CHECK(prim_send_ex(p, NULL, NULL, 0, false));
-  if (pos == 0) { /* the last rank may itself wait on an earlier straggler: a grace before blaming it */
-    p->grace_part = 1;
+  if (pos == 0) { /* the last rank may itself wait on an earlier straggler: a grace before blaming it (none
+                    * at 2 ranks, where it receives from the root: the wait was twice the limit) */
+    p->grace_part = n > 2 ? 1 : 0;
     gw_result_t acked = prim_recv(p, NULL, 0);
     p->grace_part = 0;
     GW_CHECK(acked);
