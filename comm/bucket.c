@@ -37,6 +37,7 @@ struct gw_bucketer {
   size_t count, esize;
   gw_dtype_t dtype;
   gw_op_t op;
+  uint32_t number;         /* on the communicator, from 1 (its allreduces carry it: gw__desc_bucket_tag) */
   size_t *bounds;          /* [n + 1] */
   int n;
   size_t *ready;           /* [n] elements marked in each bucket this step */
@@ -114,6 +115,13 @@ static gw_result_t parents(gw_bucketer_t b, const char *fn) {
               (long)getpid());
 }
 
+/* A bucketer a call may use: live (one destroyed already is refused before
+ * its freed memory is read) and this process's. */
+static gw_result_t usable(gw_bucketer_t b, const char *fn) {
+  if (!gw__live_or_refuse(b, fn, "bucketer")) return GW_ERR_INVALID_ARGUMENT;
+  return parents(b, fn);
+}
+
 int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t bucket_bytes, size_t *bounds,
                      int max_bounds) {
   if (!count || !elem_size || !first_bytes || !bucket_bytes || !bounds || max_bounds < 2) return -1;
@@ -161,9 +169,13 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
     return fail(comm, GW_ERR_INVALID_ARGUMENT,
                 "gw_bucketer_create: buf %p is not aligned to its %zu-byte elements (the collectives need that)", buf,
                 gw_dtype_size(dtype));
-  if (!bounds || nbuckets < 1 || bounds[0] != 0 || bounds[nbuckets] != count)
+  if (!bounds || nbuckets < 1)
+    return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: needs bounds and nbuckets >= 1 (got %p, %d)",
+                (const void *)bounds, nbuckets);
+  if (bounds[0] != 0 || bounds[nbuckets] != count)
     return fail(comm, GW_ERR_INVALID_ARGUMENT,
-                "gw_bucketer_create: bounds must run from 0 to count %zu over nbuckets %d >= 1", count, nbuckets);
+                "gw_bucketer_create: bounds must run from 0 to count %zu, but bounds[0] is %zu and bounds[%d] "
+                "(nbuckets) is %zu", count, bounds[0], nbuckets, bounds[nbuckets]);
   for (int i = 0; i < nbuckets; i++)
     if (bounds[i + 1] <= bounds[i])
       return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: bucket %d [%zu, %zu) is empty or reversed", i,
@@ -282,6 +294,7 @@ static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dty
   b->comm = comm, b->buf = buf, b->count = count, b->esize = gw_dtype_size(dtype);
   b->dtype = dtype, b->op = op, b->n = nbuckets, b->wire = dtype;
   atomic_fetch_add(&comm->bucketers, 1);
+  b->number = atomic_fetch_add(&comm->bucketers_made, 1) + 1;
   gw__live_add(b);
   *out = b;
   return GW_SUCCESS;
@@ -362,17 +375,18 @@ static gw_result_t start_buckets(struct gw_bucketer *b) {
       const struct gw_dev_ops *d = gw__dev();
       if (d->event_record(b->ev[k], (gw_dev_stream_t)b->compute) ||
           d->stream_wait_event((gw_dev_stream_t)b->stream, b->ev[k]))
-        return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_ready: ordering bucket %d after the compute stream: %s", k,
+        return fail(b->comm, GW_ERR_CUDA, "gw_bucketer_ready: ordering bucket %d after the compute stream: %s", k,
                     d->error());
     }
     if (b->wire != b->dtype && b->wire_dev) { /* the same on the device, on the allreduce's stream */
       void *w = b->wbuf + b->bounds[k] * 2;
       if (gw__dev()->cast_async(w, b->wire, p, b->dtype, n, scale, (gw_dev_stream_t)b->stream))
-        return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_ready: converting bucket %d to %s: %s", k,
+        return fail(b->comm, GW_ERR_CUDA, "gw_bucketer_ready: converting bucket %d to %s: %s", k,
                     gw_dtype_name(b->wire), gw__dev()->error());
       p = w;
     }
-    gw_result_t res = gw_iallreduce(p, p, n, b->wire, prescaled(b) ? GW_SUM : b->op, b->comm, b->stream, &b->req[k]);
+    gw_result_t res = gw__iallreduce_tagged(p, p, n, b->wire, prescaled(b) ? GW_SUM : b->op, b->comm, b->stream,
+                                            &b->req[k], gw__desc_bucket_tag(b->number, (uint32_t)k));
     if (res != GW_SUCCESS) return res; /* the communicator holds the message */
     b->next++;
   }
@@ -440,7 +454,7 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
 
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: bucketer is NULL");
-  GW_CHECK(parents(b, "gw_bucketer_ready"));
+  GW_CHECK(usable(b, "gw_bucketer_ready"));
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm); /* events, casts: on the communicator's device */
   gw_result_t res = mark_locked(b, offset, count);
@@ -514,7 +528,7 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
   for (int k = 0; b->wire != b->dtype && b->wire_dev && k < b->next; k++)
     if (gw__dev()->cast_async(b->buf + b->bounds[k] * b->esize, b->dtype, b->wbuf + b->bounds[k] * 2, b->wire,
                               b->bounds[k + 1] - b->bounds[k], 1.0f, (gw_dev_stream_t)b->stream)) {
-      res = GW_ERR_INTERNAL;
+      res = GW_ERR_CUDA;
       snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: converting bucket %d back to %s: %s", b->comm->rank, k,
                gw_dtype_name(b->dtype), gw__dev()->error());
       break;
@@ -533,7 +547,7 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
    * allreduce or cast back (whatever the allreduces' stream still does to the
    * buffer comes before compute's next use or a stream-ordered free of it). */
   if (order_compute(b) && res == GW_SUCCESS) {
-    res = GW_ERR_INTERNAL;
+    res = GW_ERR_CUDA;
     snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
              b->comm->rank, gw__dev()->error());
   }
@@ -569,7 +583,7 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
 
 gw_result_t gw_bucketer_wait(gw_bucketer_t b) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_wait: bucketer is NULL");
-  GW_CHECK(parents(b, "gw_bucketer_wait"));
+  GW_CHECK(usable(b, "gw_bucketer_wait"));
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm);
   gw_result_t res = wait_locked(b);
@@ -616,7 +630,7 @@ static gw_result_t set_wire(gw_bucketer_t b, gw_dtype_t wire) {
  * steps" holds against a mark on another thread. */
 gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_wire: bucketer is NULL");
-  GW_CHECK(parents(b, "gw_bucketer_set_wire"));
+  GW_CHECK(usable(b, "gw_bucketer_set_wire"));
   pthread_mutex_lock(&b->mu);
   gw_result_t res = set_wire(b, wire);
   pthread_mutex_unlock(&b->mu);
@@ -625,7 +639,7 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire) {
 
 gw_result_t gw_bucketer_set_divide_first(gw_bucketer_t b, int on) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_divide_first: bucketer is NULL");
-  GW_CHECK(parents(b, "gw_bucketer_set_divide_first"));
+  GW_CHECK(usable(b, "gw_bucketer_set_divide_first"));
   pthread_mutex_lock(&b->mu);
   gw_result_t res = GW_SUCCESS;
   if (b->next || b->marked)
@@ -671,7 +685,7 @@ static gw_result_t set_stream(gw_bucketer_t b, void *stream) {
 
 gw_result_t gw_bucketer_set_stream(gw_bucketer_t b, void *stream) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: bucketer is NULL");
-  GW_CHECK(parents(b, "gw_bucketer_set_stream"));
+  GW_CHECK(usable(b, "gw_bucketer_set_stream"));
   pthread_mutex_lock(&b->mu);
   gw_result_t res = set_stream(b, stream);
   pthread_mutex_unlock(&b->mu);
@@ -701,7 +715,7 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
                 "communication");
   if (!b->stream) { /* none given: one of our own */
     if (d->stream_create(&b->own_stream))
-      return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_set_compute_stream: creating the allreduces' stream: %s",
+      return fail(b->comm, GW_ERR_CUDA, "gw_bucketer_set_compute_stream: creating the allreduces' stream: %s",
                   d->error());
     b->stream = b->own_stream;
   }
@@ -718,7 +732,7 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
         while (i-- > 0) d->event_destroy(ev[i]);
         free(ev);
         drop_own_stream(b); /* as before the call: no stream of ours without a compute stream */
-        return fail(b->comm, GW_ERR_INTERNAL, "gw_bucketer_set_compute_stream: creating events: %s", msg);
+        return fail(b->comm, GW_ERR_CUDA, "gw_bucketer_set_compute_stream: creating events: %s", msg);
       }
     b->ev = ev;
   }
@@ -728,7 +742,7 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
 
 gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
   if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: bucketer is NULL");
-  GW_CHECK(parents(b, "gw_bucketer_set_compute_stream"));
+  GW_CHECK(usable(b, "gw_bucketer_set_compute_stream"));
   pthread_mutex_lock(&b->mu);
   const int prev = gw__dev_switch(b->comm); /* its stream and events made on the communicator's device */
   gw_result_t res = set_compute_stream(b, compute);
@@ -741,7 +755,7 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
   if (!b || !t)
     return fail(b && !gw__comm_forked_away(b->comm) ? b->comm : NULL, GW_ERR_INVALID_ARGUMENT,
                 "gw_bucketer_times: a NULL %s", b ? "times pointer" : "bucketer");
-  GW_CHECK(parents(b, "gw_bucketer_times"));
+  GW_CHECK(usable(b, "gw_bucketer_times"));
   pthread_mutex_lock(&b->mu);
   *t = b->last;
   pthread_mutex_unlock(&b->mu);

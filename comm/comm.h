@@ -47,6 +47,23 @@ enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO
  * call's first; at the shorter call's last piece the headers differ. */
 #define GW_DESC_MORE (1u << 4)
 
+/* An allreduce a bucketer starts carries in its descriptor's root (-1 for a
+ * caller's own call) which bucketer (its number on the communicator, from 1,
+ * in creation order) and which bucket it is: two bucketers on one
+ * communicator whose buckets start in different orders on different ranks
+ * paired one's bucket with the other's without a word where the sizes
+ * matched; the header check now refuses it and says both.  Numbers past the
+ * fields' widths wrap (the message may then name a wrong one). */
+static inline int32_t gw__desc_bucket_tag(uint32_t bucketer, uint32_t bucket) {
+  return -2 - (int32_t)((bucketer & 0x3fffu) << 16 | (bucket & 0xffffu));
+}
+static inline bool gw__desc_bucket_of(int32_t root, uint32_t *bucketer, uint32_t *bucket) {
+  if (root > -2) return false;
+  const uint32_t v = (uint32_t)(-2 - root);
+  *bucketer = v >> 16, *bucket = v & 0xffffu;
+  return true;
+}
+
 /* One operation as the algorithms see it. */
 struct gw_op {
   struct gw_opdesc desc; /* seq, count, root, coll, dtype, op */
@@ -233,6 +250,7 @@ struct gw_comm {
    * inside a call on it (`inside`, at the top), bucketers, and requests
    * handed out and not yet freed by gw_wait / gw_test. */
   _Atomic int bucketers;
+  _Atomic unsigned bucketers_made; /* numbers them, the same on every rank (create is collective) */
   _Atomic int requests;
   /* The process that made it and the fork generation then (alive.c): in a
    * child forked without exec every call on it is refused. */
@@ -270,6 +288,9 @@ bool gw__slurm_first_host(const char *list, char *out, size_t len);
 /* Every rank's GW_ALGO, GW_PROTO, GW_TRANSPORT, channels, chunk sizes and cost
  * model must match: compared once at init (comm_settings.c). */
 gw_result_t gw__check_settings_agree(struct gw_comm *c, struct gw_errctx *err);
+/* gw_iallreduce with the descriptor's root set to tag (gw__desc_bucket_tag). */
+gw_result_t gw__iallreduce_tagged(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                                  gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag);
 gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
                         struct gw_errctx *err);
 

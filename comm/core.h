@@ -82,8 +82,10 @@ const char *gw__thread_error(void);
  * address: a destroy of one that is not live (destroyed already) is refused
  * instead of freeing it twice (a second gw_bucketer_destroy aborted in
  * free(); a second gw_comm_destroy wrote into freed memory and the next init
- * crashed).  Only destroy looks: a handle whose memory went to a new object
- * cannot be told from it. */
+ * crashed).  Destroys look, and every bucketer call (a ready after destroy
+ * read freed memory; communicators are pooled, never freed, and their
+ * destroy gate refuses later calls).  A handle whose memory went to a new
+ * object cannot be told from it. */
 void gw__live_add(const void *p);
 void gw__live_remove(const void *p);
 bool gw__live_has(const void *p);

@@ -562,17 +562,29 @@ static void clear_req(gw_request_t *req) {
 
 static size_t nranks_of(gw_comm_t comm) { return comm ? (size_t)comm->nranks : 1; }
 
-#define DEFINE_ALLREDUCE(NAME, REQ_PARAM, REQ, NB)                                                      \
-  gw_result_t NAME(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,     \
-                   gw_comm_t comm, void *stream REQ_PARAM) {                                          \
-    struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, dtype, op, -1);                                 \
-    o.sendbuf = sendbuf;                                                                              \
-    o.recvbuf = recvbuf;                                                                              \
-    clear_req(REQ); /* refused below too: no stale handle */                                          \
-    return launch(comm, #NAME, &o, (int)dtype, (int)op, stream, count, count, REQ, NB);                                    \
-  }
-DEFINE_ALLREDUCE(gw_allreduce, NOARG, NULL, false)
-DEFINE_ALLREDUCE(gw_iallreduce, REQARG, req, true)
+static gw_result_t allreduce_call(const char *fn, const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
+                                  gw_op_t op, gw_comm_t comm, void *stream, gw_request_t *req, bool nb, int32_t tag) {
+  struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, dtype, op, tag);
+  o.sendbuf = sendbuf;
+  o.recvbuf = recvbuf;
+  clear_req(req); /* refused below too: no stale handle */
+  return launch(comm, fn, &o, (int)dtype, (int)op, stream, count, count, req, nb);
+}
+
+gw_result_t gw_allreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                         gw_comm_t comm, void *stream) {
+  return allreduce_call("gw_allreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, NULL, false, -1);
+}
+
+gw_result_t gw_iallreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                          gw_comm_t comm, void *stream, gw_request_t *req) {
+  return allreduce_call("gw_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, req, true, -1);
+}
+
+gw_result_t gw__iallreduce_tagged(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
+                                  gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag) {
+  return allreduce_call("gw_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, req, true, tag);
+}
 
 #define DEFINE_BROADCAST(NAME, REQ_PARAM, REQ, NB)                                                      \
   gw_result_t NAME(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, int root,       \

@@ -265,7 +265,12 @@ gw_result_t gw_test(gw_request_t *req, int *done);
  * started in bucket order, so every rank issues the same sequence whatever order
  * its gradients finished in.  gw_bucketer_wait() waits for all of them and makes
  * the bucketer ready for the next step.  Host or device buffers (device:
- * give the allreduces a stream with gw_bucketer_set_stream). */
+ * give the allreduces a stream with gw_bucketer_set_stream).  Several
+ * bucketers (and calls of the caller's own) may share a communicator when
+ * their allreduces start in the same order on every rank; where that order
+ * differs, the calls fail on every rank naming both (each bucketer's
+ * allreduces carry its number, from 1 in creation order, and the bucket's),
+ * never summing one bucketer's gradients with another's. */
 typedef struct gw_bucketer *gw_bucketer_t;
 
 /* Bucket boundaries in the style of PyTorch DDP: the first bucket first_bytes,
@@ -362,7 +367,9 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t);
  * ordered after it), and the compute stream is ordered after a step left part
  * way too; accepts NULL.  Exclusive, as gw_comm_destroy is not: no call on
  * the bucketer may run or be about to start on another thread (a mark or wait
- * blocked on the bucketer's lock would wake up in freed memory). */
+ * blocked on the bucketer's lock would wake up in freed memory).  Calls on
+ * it afterwards (a second destroy too) are refused with
+ * GW_ERR_INVALID_ARGUMENT, the message in gw_comm_last_error(NULL). */
 void gw_bucketer_destroy(gw_bucketer_t b);
 
 /* ---- helpers -------------------------------------------------------------- */

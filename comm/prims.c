@@ -38,6 +38,11 @@ void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len) {
       snprintf(buf, len, "#%" PRIu64 " %s(count=%" PRIu64 ", %s, %s)", d->seq, gw__coll_name(d->coll), d->count,
                dt, gw_op_name((gw_op_t)d->op));
   }
+  uint32_t bucketer, bucket;
+  if (d->coll != GW_COLL_BROADCAST && d->coll != GW_COLL_ABORT && gw__desc_bucket_of(d->root, &bucketer, &bucket)) {
+    const size_t used = strlen(buf);
+    if (used < len) snprintf(buf + used, len - used, " for bucket %u of bucketer %u", bucket, bucketer);
+  }
   size_t used = strlen(buf);
   if (d->pad & GW_DESC_DEVICE && used < len) used += (size_t)snprintf(buf + used, len - used, " on device memory");
   if (d->pad & GW_DESC_MORE && used < len)

@@ -243,6 +243,18 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   gw_bucketer_destroy(pbk);
   EXPECT(has(gw_comm_last_error(NULL), "is not a live bucketer"), "a second bucketer destroy: %s",
          gw_comm_last_error(NULL));
+  /* and every other call on it (ready read the freed bucketer) */
+  struct gw_bucketer_times tt;
+  EXPECT(gw_bucketer_ready(pbk, 0, 4) == GW_ERR_INVALID_ARGUMENT &&
+             has(gw_comm_last_error(NULL), "gw_bucketer_ready: ") &&
+             has(gw_comm_last_error(NULL), "is not a live bucketer"),
+         "ready after destroy: %s", gw_comm_last_error(NULL));
+  EXPECT(gw_bucketer_wait(pbk) == GW_ERR_INVALID_ARGUMENT && gw_bucketer_times(pbk, &tt) == GW_ERR_INVALID_ARGUMENT &&
+             gw_bucketer_set_wire(pbk, GW_FLOAT32) == GW_ERR_INVALID_ARGUMENT &&
+             gw_bucketer_set_divide_first(pbk, 1) == GW_ERR_INVALID_ARGUMENT &&
+             gw_bucketer_set_stream(pbk, NULL) == GW_ERR_INVALID_ARGUMENT &&
+             gw_bucketer_set_compute_stream(pbk, NULL) == GW_ERR_INVALID_ARGUMENT,
+         "calls after destroy: %s", gw_comm_last_error(NULL));
   /* and a communicator (the second wrote into freed memory; the next init crashed) */
   gw_comm_t once;
   EXPECT(gw_comm_init(&once, 1, 0, NULL) == GW_SUCCESS && gw_comm_destroy(once) == GW_SUCCESS, "a 1-rank communicator");

@@ -225,6 +225,18 @@ static int body_refusals(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg, (void)n;
   float g[M];
   gw_bucketer_t bk;
+  /* bounds that miss the buffer's ends say which end and the values (four
+   * faults had one message without them) */
+  const size_t short_end[] = {0, 500, M - 1}, late_start[] = {1, 500, M};
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, short_end, 2, &bk) == GW_ERR_INVALID_ARGUMENT &&
+             strstr(gw_comm_last_error(comm), "bounds[0] is 0 and bounds[2] (nbuckets) is 999"),
+         "bounds short of the count: %s", gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, late_start, 2, &bk) == GW_ERR_INVALID_ARGUMENT &&
+             strstr(gw_comm_last_error(comm), "bounds[0] is 1 and"),
+         "bounds not from 0: %s", gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, NULL, 2, &bk) == GW_ERR_INVALID_ARGUMENT &&
+             strstr(gw_comm_last_error(comm), "needs bounds and nbuckets >= 1"),
+         "NULL bounds: %s", gw_comm_last_error(comm));
   EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
   /* A complete step with a range marked twice: reduced, but wait fails, naming
    * the mark; the communicator goes on (the steps below run on it). */
@@ -362,6 +374,55 @@ static int body_layouts(gw_comm_t comm, int rank, int n, void *arg) {
 }
 
 START_TEST(test_layouts_differ) { ck_assert_int_eq(run_ranks(3, body_layouts, NULL, 60), 0); }
+END_TEST
+
+/* Two bucketers on one communicator with buckets of one size: a step that
+ * starts them in the same order on every rank sums each with itself; one
+ * whose order differs across ranks (rank 0 marks A first, rank 1 B) summed
+ * A's gradients with B's on every rank, all calls successful.  Now each
+ * bucketer's allreduces carry its number, and both ranks fail naming both. */
+static int body_two_bucketers(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  float a[100], b[100];
+  const size_t one[] = {0, 100};
+  gw_bucketer_t ba = NULL, bb = NULL;
+  EXPECT(gw_comm_set_timeout(comm, 30) == GW_SUCCESS, "timeout");
+  EXPECT(gw_bucketer_create(comm, a, 100, GW_FLOAT32, GW_SUM, one, 1, &ba) == GW_SUCCESS &&
+             gw_bucketer_create(comm, b, 100, GW_FLOAT32, GW_SUM, one, 1, &bb) == GW_SUCCESS,
+         "create: %s", gw_comm_last_error(comm));
+  for (int step = 0; step < 2; step++) {
+    for (int i = 0; i < 100; i++) a[i] = (float)(1 + rank), b[i] = (float)(100 * (1 + rank));
+    gw_bucketer_t first = step == 1 && rank == 1 ? bb : ba, second = first == ba ? bb : ba;
+    const double t0 = test_now();
+    gw_result_t r = gw_bucketer_ready(first, 0, 100);
+    if (r == GW_SUCCESS) r = gw_bucketer_ready(second, 0, 100);
+    gw_result_t ra = gw_bucketer_wait(ba), rb = gw_bucketer_wait(bb);
+    const char *e = gw_comm_last_error(comm);
+    if (step == 0) {
+      EXPECT(r == GW_SUCCESS && ra == GW_SUCCESS && rb == GW_SUCCESS, "same order: %s", e);
+      for (int i = 0; i < 100; i++)
+        EXPECT(a[i] == (float)(n * (n + 1) / 2) && b[i] == (float)(100 * n * (n + 1) / 2), "element %d: %g %g", i,
+               (double)a[i], (double)b[i]);
+      continue;
+    }
+    EXPECT(ra != GW_SUCCESS && rb != GW_SUCCESS && test_now() - t0 < 20, "orders differ: %s %s after %.1f s: %s",
+           gw_strerror(ra), gw_strerror(rb), test_now() - t0, e);
+    /* the first error the communicator met names both calls (rank 0's call
+     * was bucketer 1's, rank 1's bucketer 2's) */
+    gw_result_t async = GW_SUCCESS;
+    char why[GW_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", e);
+    EXPECT(gw_comm_get_async_error(comm, &async) == GW_SUCCESS && async != GW_SUCCESS, "async %s",
+           gw_strerror(async));
+    EXPECT(strstr(why, "for bucket 0 of bucketer 1") && strstr(why, "for bucket 0 of bucketer 2"),
+           "orders differ: the message names neither: %s", why);
+  }
+  gw_bucketer_destroy(ba);
+  gw_bucketer_destroy(bb);
+  return 0;
+}
+
+START_TEST(test_two_bucketers) { ck_assert_int_eq(run_ranks(2, body_two_bucketers, NULL, 90), 0); }
 END_TEST
 
 /* Rank 0 leaves bucket 1 unmarked, rank 1 marks everything: rank 1 waits in
@@ -677,6 +738,7 @@ int main(void) {
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_misaligned);
   tcase_add_test(tc, test_layouts_differ);
+  tcase_add_test(tc, test_two_bucketers);
   tcase_add_test(tc, test_one_rank_incomplete);
   tcase_add_test(tc, test_stream_refused);
   tcase_add_test(tc, test_start_failure);

@@ -175,4 +175,57 @@ START_TEST(bucketer) {
 }
 END_TEST
 
-void device_add_bucketer_case(Suite *s) { device_add_case(s, "bucketer", bucketer); }
+/* A device call failing inside a step (emulator: the enqueue after `after`
+ * pushes on rank 0): the event ordering a bucket after the compute stream,
+ * the cast to the wire, or an allreduce.  Every failure ready and wait return
+ * is GW_ERR_CUDA (the bucketer's own device calls said GW_ERR_INTERNAL, "a
+ * bug in gradwire"), the step fails on rank 0 and its peer hears of it. */
+static int body_bucketer_fault(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n;
+  dv = gw__dev();
+  if (strcmp(dv->name, "emulated") != 0) return 0; /* the failure is injected in the emulator */
+  enum { M = 20000 };
+  gw_dev_stream_t cs;
+  float *g, *h;
+  EXPECT(gw_comm_set_timeout(comm, 30) == GW_SUCCESS, "timeout");
+  DCHECK(dv->stream_create(&cs));
+  DCHECK(dv->alloc((void **)&g, M * 4));
+  DCHECK(dv->host_alloc((void **)&h, M * 4));
+  size_t bounds[16];
+  const int nb = gw_bucket_bounds(M, 4, 4000, 20000, bounds, 16);
+  gw_bucketer_t bk;
+  GWCHECK(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, nb, &bk), comm);
+  GWCHECK(gw_bucketer_set_wire(bk, GW_BFLOAT16), comm);
+  GWCHECK(gw_bucketer_set_compute_stream(bk, cs), comm);
+  for (int i = 0; i < M; i++) h[i] = 1;
+  DCHECK(dv->memcpy_async(g, h, M * 4, cs));
+  DCHECK(dv->stream_sync(cs));
+  if (rank == 0) gw__dev_emu_fail_pushes_after(*(const long *)arg);
+  const gw_result_t r = gw_bucketer_ready(bk, 0, M);
+  if (rank == 0) gw__dev_emu_fail_pushes_after(-1);
+  const gw_result_t w = gw_bucketer_wait(bk);
+  if (rank == 0)
+    EXPECT((r == GW_SUCCESS || r == GW_ERR_CUDA) && w == GW_ERR_CUDA, "rank 0: ready %s, wait %s: %s",
+           gw_strerror(r), gw_strerror(w), gw_comm_last_error(comm));
+  else
+    EXPECT(w != GW_SUCCESS, "rank 1: the step was reported good");
+  gw_bucketer_destroy(bk);
+  DCHECK(dv->stream_sync(cs));
+  DCHECK(dv->free(g));
+  DCHECK(dv->host_free(h));
+  DCHECK(dv->stream_destroy(cs));
+  return 0;
+}
+
+START_TEST(bucketer_fault) {
+  static const long afters[] = {0, 2, 3, 6};
+  for (size_t i = 0; i < sizeof afters / sizeof *afters; i++)
+    ck_assert_msg(run_ranks(2, body_bucketer_fault, (void *)&afters[i], 90) == 0, "failing after %ld pushes",
+                  afters[i]);
+}
+END_TEST
+
+void device_add_bucketer_case(Suite *s) {
+  device_add_case(s, "bucketer", bucketer);
+  device_add_case(s, "bucketer_fault", bucketer_fault);
+}

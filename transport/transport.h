@@ -27,7 +27,7 @@
 struct gw_opdesc {
   uint64_t seq;   /* the communicator's operation number, from 1 */
   uint64_t count; /* the count argument of the call */
-  int32_t root;   /* broadcast root, else -1 */
+  int32_t root;   /* broadcast root, else -1 or a bucketer's bucket (gw__desc_bucket_tag) */
   uint8_t coll;   /* enum gw_coll */
   uint8_t dtype;
   uint8_t op;
