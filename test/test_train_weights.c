@@ -10,6 +10,7 @@
  *   its skipped steps; --wd-all.
  */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -595,6 +596,38 @@ START_TEST(test_outputs_spare_inputs) {
   snprintf(in_dir, sizeof in_dir, "%s/./.gw-train.lock", dir);
   snprintf(want, sizeof want, "--metrics %s is a name of --checkpoint-dir's own files", in_dir);
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--metrics", in_dir, NULL}, want);
+  /* Another name of the same file (a hard link): the path comparison let
+   * it through, and the metrics were appended to the weights. */
+  char hard[600];
+  snprintf(hard, sizeof hard, "%s.hard", w);
+  unlink(hard);
+  ck_assert_int_eq(link(w, hard), 0);
+  refused((const char *const[]){"--steps", "2", "--load-weights", w, "--metrics", hard, NULL},
+          "is --load-weights's file: the run would write over the weights it starts from");
+  refused((const char *const[]){"--steps", "2", "--save-weights", w, "--metrics", hard, NULL},
+          "--metrics and --save-weights name the same file");
+  /* a hard link of a checkpoint in the folder, and a checkpoint name in
+   * another run's folder (one with a lock file: --save-weights replaced its
+   * checkpoint) */
+  char ck[700], lock[700], other[700];
+  ck_assert_int_eq(mkdir(dir, 0755) == 0 || errno == EEXIST, 1);
+  snprintf(ck, sizeof ck, "%s/ckpt-2.safetensors", dir);
+  unlink(hard);
+  f = fopen(ck, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("a checkpoint", f);
+  fclose(f);
+  ck_assert_int_eq(link(ck, hard), 0);
+  snprintf(want, sizeof want, "--metrics %s is another name (a hard link) of %s", hard, dir);
+  refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--metrics", hard, NULL}, want);
+  snprintf(lock, sizeof lock, "%s/.gw-train.lock", dir);
+  f = fopen(lock, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  snprintf(other, sizeof other, "%s/ckpt-4.safetensors", dir);
+  refused((const char *const[]){"--steps", "2", "--save-weights", other, NULL},
+          "is a name of a checkpoint folder's own files (the folder has a .gw-train.lock)");
+  unlink(hard), unlink(ck), unlink(lock);
   /* names no save or pruning touches there are the user's to take (a bare
    * "ckpt-" prefix was refused) */
   char metrics[600];

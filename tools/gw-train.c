@@ -11,9 +11,13 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "backend.h" /* GW_LAYOUT_* */
 #include "dataset.h"
@@ -419,6 +423,39 @@ static void where_at(const char *path, char *out, size_t cap, int depth) {
 
 static void where(const char *path, char *out, size_t cap) { where_at(path, out, cap, 0); }
 
+/* Whether a and b are one existing file however they are spelled (a hard
+ * link, a bind mount: where() tells only paths apart). */
+static bool same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* ckpt-<step>.safetensors, its temporary files and .refused copies, and the
+ * lock: the names a checkpoint folder's saves and pruning replace or delete. */
+static bool checkpoint_name(const char *base) {
+  const size_t digits = strncmp(base, "ckpt-", 5) ? 0 : strspn(base + 5, "0123456789");
+  return (digits && !strncmp(base + 5 + digits, ".safetensors", 12)) || !strncmp(base, ".gw-train", 9);
+}
+
+/* The checkpoint file of folder dir that path is another name of (a hard
+ * link), into out; false when none is. */
+static bool links_a_checkpoint(const char *dir, const char *path, char *out, size_t cap) {
+  struct stat sp;
+  DIR *d = stat(path, &sp) == 0 ? opendir(dir) : NULL;
+  if (!d) return false;
+  bool found = false;
+  for (struct dirent *e; !found && (e = readdir(d));) {
+    char full[8400];
+    struct stat se;
+    if (!checkpoint_name(e->d_name)) continue;
+    snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+    found = stat(full, &se) == 0 && se.st_dev == sp.st_dev && se.st_ino == sp.st_ino;
+    if (found) snprintf(out, cap, "%s", full);
+  }
+  closedir(d);
+  return found;
+}
+
 /* Two of the files the run writes under one name: one would replace the
  * other (--save-weights renamed over the metrics; the plot's data file
  * rewritten over them each epoch). */
@@ -436,7 +473,7 @@ static int outputs_collide(const struct train_opts *o) {
     if (given[i]) where(given[i], at[i], sizeof at[i]);
   for (int i = 0; i < 5; i++)
     for (int j = i + 1; j < 5; j++)
-      if (given[i] && given[j] && !strcmp(at[i], at[j]))
+      if (given[i] && given[j] && (!strcmp(at[i], at[j]) || same_file(given[i], given[j])))
         return bad("%s and %s name the same file: one would replace the other", flags[i], flags[j]);
   /* The input: the metrics were appended to it, the plot written over it (a
    * later --load-weights refused what was left).  --save-weights may replace
@@ -444,24 +481,40 @@ static int outputs_collide(const struct train_opts *o) {
   char in[8400];
   if (o->load_weights) where(o->load_weights, in, sizeof in);
   for (int i = 0; i < 5; i++)
-    if (o->load_weights && given[i] && i != 1 && !strcmp(at[i], in))
+    if (o->load_weights && given[i] && i != 1 && (!strcmp(at[i], in) || same_file(given[i], o->load_weights)))
       return bad("%s %s is --load-weights's file: the run would write over the weights it starts from", flags[i],
                  given[i]);
   /* The checkpoint folder's own files: a save or the pruning there replaces
    * or deletes them (--save-weights over ckpt-N was taken for a damaged
-   * checkpoint, and the resume went back a save). */
+   * checkpoint, and the resume went back a save); by any other name of the
+   * folder (a bind mount) or of the file (a hard link) too, and in another
+   * run's checkpoint folder (one with a .gw-train.lock: --save-weights
+   * replaced a checkpoint of it). */
   char dir[8400];
   if (o->checkpoint_dir) where(o->checkpoint_dir, dir, sizeof dir);
   for (int i = 0; i < 5; i++) {
-    if (!o->checkpoint_dir || !given[i]) continue;
-    const size_t dl = strlen(dir);
-    const char *base = at[i] + dl + 1;
-    if (strncmp(at[i], dir, dl) || at[i][dl] != '/' || strchr(base, '/')) continue;
-    /* ckpt-<step>.safetensors, its temporary files and .refused copies */
-    const size_t digits = strncmp(base, "ckpt-", 5) ? 0 : strspn(base + 5, "0123456789");
-    if ((digits && !strncmp(base + 5 + digits, ".safetensors", 12)) || !strncmp(base, ".gw-train", 9))
+    if (!given[i]) continue;
+    char parent[8400], lock[8500], linked[8400];
+    const size_t pl = strnlen(at[i], sizeof parent - 1);
+    memcpy(parent, at[i], pl), parent[pl] = 0;
+    char *slash = strrchr(parent, '/');
+    const char *base = slash ? at[i] + (slash - parent) + 1 : at[i];
+    if (slash == parent) parent[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(parent, sizeof parent, ".");
+    const bool ours = o->checkpoint_dir && (!strcmp(parent, dir) || same_file(parent, o->checkpoint_dir));
+    snprintf(lock, sizeof lock, "%s/.gw-train.lock", parent);
+    if (checkpoint_name(base) && ours)
       return bad("%s %s is a name of --checkpoint-dir's own files (ckpt-<step>.safetensors*, .gw-train.lock): "
                  "its saves and pruning would replace or delete it", flags[i], given[i]);
+    if (checkpoint_name(base) && access(lock, F_OK) == 0)
+      return bad("%s %s is a name of a checkpoint folder's own files (the folder has a .gw-train.lock): it "
+                 "would replace that run's checkpoint", flags[i], given[i]);
+    if (o->checkpoint_dir && links_a_checkpoint(o->checkpoint_dir, given[i], linked, sizeof linked)) {
+      fprintf(stderr, "gw-train: %s %s is another name (a hard link) of %s: writing it would damage that checkpoint\n",
+              flags[i], given[i], linked);
+      return -1;
+    }
   }
   return 0;
 }
