@@ -98,6 +98,15 @@ START_TEST(test_sigterm_checkpoints_and_stops) {
   ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4"), "did not resume from step 4:\n%s", r.out);
   gwrun_free(&r);
   ck_assert_msg(same_file(full_w, part_w), "the stopped and resumed job's final weights differ from the uninterrupted run's");
+  /* Without --checkpoint-dir: nothing saved, and said so; not exit 75 (it
+   * said "--resume continues from there" with nothing to resume) but 143, as
+   * the signal's default action. */
+  train(&r, (const char *const[]){"GW_TRAIN_TEST_SIGNAL=1:2:TERM", NULL}, "2",
+        (const char *const[]){"--steps", "5", "--batch", "8", NULL});
+  ck_assert_msg(r.code == 143 && strstr(r.out, "no --checkpoint-dir: nothing saved at step 3; stopping (a rerun starts "
+                                        "over") && !strstr(r.out, "--resume continues"),
+                "SIGTERM without --checkpoint-dir: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 

@@ -625,6 +625,9 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
 /* A test hook: GW_TRAIN_STOP_BEFORE_EVAL=E ends the job as an interruption
  * would (exit 75) after epoch E's checkpoint, before its evaluation. */
 enum { STOPPED = 75 };
+/* SIGTERM's stop with nothing saved (no --checkpoint-dir): not resumable, so
+ * not 75; 128 + SIGTERM, as the signal's default action would end it. */
+enum { STOPPED_UNSAVED = 128 + SIGTERM };
 static int stop_before_eval(int64_t epoch) {
   const char *s = getenv("GW_TRAIN_STOP_BEFORE_EVAL");
   return s && atoll(s) == epoch;
@@ -693,6 +696,11 @@ static void test_signal(const struct trainer *t, long long at) {
 static int signalled(struct trainer *t, const struct step_report *r) {
   const int stop = r->sig_stop > 0, n = stop ? r->sig_stop : r->sig_ckpt;
   const char *sig = stop ? "SIGTERM" : "SIGUSR1/SIGUSR2", *what = "no --checkpoint-dir: nothing saved";
+  if (stop && !t->o->checkpoint_dir) { /* it said "--resume continues from there", with nothing to resume */
+    log_text(&t->log, "SIGTERM reached %d rank%s: %s at step %lld; stopping (a rerun starts over: --checkpoint-dir "
+             "keeps the progress)", n, n > 1 ? "s" : "", what, (long long)t->st.step);
+    return STOPPED_UNSAVED;
+  }
   if (t->o->checkpoint_dir) {
     if (t->saved_step != t->st.step && save_checkpoint_as(t, stop ? NULL : SIGNAL_WARN) != 0) return -1;
     what = t->saved_step == t->st.step ? "checkpoint saved" : "the checkpoint could not be saved (above)";
@@ -880,7 +888,7 @@ int gw_train_run(const struct train_opts *o) {
   if (rc == 0) rc = finish(&t);
   if (rc < 0 && t.comm) gw_comm_abort(t.comm); /* the other ranks fail at once instead of timing out */
   teardown(&t);
-  return rc == STOPPED ? STOPPED : rc == 0 ? 0 : 1;
+  return rc == STOPPED || rc == STOPPED_UNSAVED ? rc : rc == 0 ? 0 : 1;
 }
 
 #else /* neither oneDNN nor cuDNN */
