@@ -137,19 +137,36 @@ END_TEST
  * left out (NULL: none).  Its metadata is kept (format, config, options,
  * eval_pending), or with `config` given, only format and that config (the
  * oldest writer's three keys). */
-void rewrite_as(const char *file, const char *skip, const char *config, const char *version) {
+/* An edit of one tensor's bytes before the checksum is made (rewrite_with). */
+struct tensor_edit {
+  const char *tensor;
+  size_t at;
+  const void *bytes;
+  size_t len;
+};
+
+static void rewrite_with(const char *file, const char *skip, const char *config, const char *version,
+                         const struct tensor_edit *edit) {
   struct gw_st_file *f = NULL;
   ck_assert_msg(gw_st_open(&f, file) == GW_SUCCESS, "%s", gw_model_last_error());
   struct gw_st_tensor keep[16];
   int n = 0;
   uint64_t h = GW_FNV_START;
+  void *edited = NULL;
   for (int i = 0; i < f->ntensors; i++) {
     if (skip && !strcmp(f->tensors[i].name, skip)) continue;
     ck_assert(n < 16);
     keep[n] = f->tensors[i];
+    if (edit && !strcmp(keep[n].name, edit->tensor)) {
+      ck_assert(edit->at + edit->len <= keep[n].nbytes && (edited = malloc(keep[n].nbytes)));
+      memcpy(edited, keep[n].data, keep[n].nbytes);
+      memcpy((char *)edited + edit->at, edit->bytes, edit->len);
+      keep[n].data = edited;
+    }
     h = gw__fnv(h, keep[n].data, keep[n].nbytes);
     n++;
   }
+  ck_assert_msg(!edit || edited, "no tensor %s in %s", edit ? edit->tensor : "", file);
   ck_assert_int_eq(n, f->ntensors - (skip != NULL));
   const char *vals[] = {version, gw_st_metadata(f, "format"), config ? config : gw_st_metadata(f, "config"),
                         config ? NULL : gw_st_metadata(f, "options"), config ? NULL : gw_st_metadata(f, "eval_pending")};
@@ -169,6 +186,11 @@ void rewrite_as(const char *file, const char *skip, const char *config, const ch
   meta[m] = NULL;
   ck_assert_msg(gw_st_write(file, keep, n, meta) == GW_SUCCESS, "%s", gw_model_last_error());
   gw_st_free(f);
+  free(edited);
+}
+
+void rewrite_as(const char *file, const char *skip, const char *config, const char *version) {
+  rewrite_with(file, skip, config, version, NULL);
 }
 
 void as_version1(const char *file, const char *skip, const char *config) {
@@ -288,6 +310,39 @@ START_TEST(test_damaged_checkpoint) {
                                               NULL});
   ck_assert_msg(r.code != 0 && strstr(r.err, "no usable checkpoint"), "exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
+}
+END_TEST
+
+/* Values no save writes, under a checksum made as the writer's (a writer's
+ * bug, a hand edit): refused as --load-weights refuses them, the resume
+ * falling back to ckpt-2.  A NaN in the running statistics trained to the
+ * epoch's end and then no save was possible; a negative loss count printed
+ * a negative mean loss. */
+START_TEST(test_resume_refuses_impossible_values) {
+  const float nan = NAN;
+  const int64_t minus3 = -3;
+  const struct tensor_edit edits[] = {{"running", 0, &nan, sizeof nan}, {"state", 4 * sizeof(int64_t), &minus3, 8}};
+  const char *why[] = {"holds a value that is not finite", "its training state (step 4, epoch 0, position"};
+  for (int i = 0; i < 2; i++) {
+    char dir[512], c4[600];
+    path(dir, sizeof dir, i ? "ckpt-impossible-state" : "ckpt-impossible-nan");
+    snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
+    four_steps(dir);
+    struct gw_st_file *f = NULL;
+    ck_assert_msg(gw_st_open(&f, c4) == GW_SUCCESS, "%s", gw_model_last_error());
+    char version[16];
+    snprintf(version, sizeof version, "%s", gw_st_metadata(f, "format_version"));
+    gw_st_free(f);
+    rewrite_with(c4, NULL, NULL, version, &edits[i]);
+    struct run r;
+    train(&r, (const char *const[]){NULL}, "1", (const char *const[]){"--steps", "6", "--batch", "8",
+                                                                       "--checkpoint-dir", dir, "--resume", NULL});
+    expect_ok(&r);
+    ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused") && strstr(r.out, why[i]) &&
+                      strstr(r.out, "ckpt-2.safetensors at step 2"),
+                  "expected ckpt-4 refused (%s) and ckpt-2 used:\n%s", why[i], r.out);
+    gwrun_free(&r);
+  }
 }
 END_TEST
 
@@ -745,6 +800,7 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_resume_fixed_scale_as_dynamic);
   tcase_add_test(tc, test_resume_old_checkpoint);
   tcase_add_test(tc, test_damaged_checkpoint);
+  tcase_add_test(tc, test_resume_refuses_impossible_values);
   tcase_add_test(tc, test_refused_moved_aside);
   tcase_add_test(tc, test_other_options_refused);
   tcase_add_test(tc, test_resume_redraws_epochs);

@@ -643,6 +643,27 @@ static int load_one(struct gw_st_file *f, int64_t name_step, struct gw_model *m,
     }
   }
   for (int i = 0; i < want.n; i++) memcpy((void *)want.t[i].data, got.t[i].data, want.t[i].nbytes);
+  /* What a save never writes, under a valid checksum (a writer's bug, a hand
+   * edit): refused as --load-weights refuses it, not trained on (a NaN in the
+   * running statistics trained an epoch, then no save was possible; a
+   * negative loss count printed a negative mean loss; epoch 1e12 at step 4
+   * said "epoch 1000000000001 done").  A refused file's values are replaced
+   * by the next one's, or the resume stops. */
+  const int64_t *sv = want.state;
+  if (sv[0] < 0 || sv[1] < 0 || sv[1] > sv[0] || sv[2] < 0 || sv[3] < 0 || sv[4] < 0 || sv[4] > sv[0] ||
+      !isfinite(want.loss_sum) || pe > sv[1] + 1 || pe > sv[0]) {
+    snprintf(why, whylen, "its training state (step %" PRId64 ", epoch %" PRId64 ", position %" PRId64
+             ", sgd steps %" PRId64 ", losses %" PRId64 " summing to %g, pending evaluation %lld) is not one a run "
+             "saves: the file is damaged", sv[0], sv[1], sv[2], sv[3], sv[4], want.loss_sum, pe);
+    return -1;
+  }
+  char bad_value[160];
+  if (ckpt_nonfinite(m, gw_model_params(m), gw_sgd_momentum(sgd), gw_model_running(m), bad_value,
+                     sizeof bad_value)) {
+    snprintf(why, whylen, "it holds a value that is not finite, %s (saves refuse those): the file is damaged",
+             bad_value);
+    return -1;
+  }
   st->step = want.state[0], st->epoch = want.state[1], st->position = want.state[2];
   st->sgd_steps = want.state[3], st->loss_count = want.state[4], st->loss_sum = want.loss_sum;
   if (st->has_scaler)
