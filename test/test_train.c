@@ -452,6 +452,15 @@ START_TEST(test_ranks_must_share_options) {
                   rank0, rank1, r.code, r.out, r.err);
     gwrun_free(&r);
   }
+  /* --metrics or --plot on rank 1 alone: rank 0 writes them (nothing was
+   * written, silently) */
+  char m1[512];
+  path(m1, sizeof m1, "metrics-rank1.jsonl");
+  snprintf(rank1, sizeof rank1, "--batch 8 --metrics %s", m1);
+  two_ranks_differ(&r, "--batch 8", rank1);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "rank 1: options: this rank has --metrics and rank 0 has not"),
+                "--metrics on rank 1 alone: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 
@@ -475,6 +484,7 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--resume", NULL}, "--resume needs --checkpoint-dir");
   refused((const char *const[]){"--steps", "2", "--bogus", NULL}, "--bogus");
   refused((const char *const[]){"--steps", "2", "--batch", "0", NULL}, "--batch");
+  refused((const char *const[]){"--steps", "2", "--classes", "1", NULL}, "--classes wants a whole number in [2, ");
   refused((const char *const[]){"--steps", "2", "--lr", "fast", NULL}, "--lr");
   refused((const char *const[]){"--steps", "2", "--grad-wire", "int8", NULL}, "--grad-wire 'int8'");
   refused((const char *const[]){"--steps", "2", "--amp", "fp16", NULL}, "--amp fp16 needs --backend cudnn");

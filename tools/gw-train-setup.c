@@ -97,34 +97,38 @@ static int same_options_everywhere(struct trainer *t) {
   return fail_together(t, "options", detail);
 }
 
-/* --load-weights and --checkpoint-dir are rank 0's: its weights are
- * broadcast, and it saves.  Given on another rank but not on rank 0, they
- * were ignored without a word; given on rank 0 alone is how a job whose
- * file is on rank 0's machine only runs. */
+/* --load-weights, --checkpoint-dir, --metrics and --plot are rank 0's: its
+ * weights are broadcast, and it saves and writes.  Given on another rank but
+ * not on rank 0, they were ignored without a word; given on rank 0 alone is
+ * how a job whose file is on rank 0's machine only runs. */
 static int outputs_follow_rank0(struct trainer *t) {
-  int32_t r0[2] = {t->o->load_weights != NULL, t->o->checkpoint_dir != NULL};
-  if (t->world > 1 && train_bcast(t, r0, 2, GW_INT32, "comparing --load-weights and --checkpoint-dir with rank 0's") != 0)
-    return -1;
+  const struct train_opts *o = t->o;
+  static const char *const flags[4] = {"--load-weights", "--checkpoint-dir", "--metrics", "--plot"};
+  const bool given[4] = {o->load_weights != NULL, o->checkpoint_dir != NULL, o->metrics != NULL, o->plot != NULL};
+  int32_t r0[4];
+  for (int i = 0; i < 4; i++) r0[i] = given[i];
+  const char *what = "comparing --load-weights, --checkpoint-dir, --metrics and --plot with rank 0's";
+  if (t->world > 1 && train_bcast(t, r0, 4, GW_INT32, what) != 0) return -1;
   t->rank0_loads = r0[0];
   /* every rank knows: rank 0's weights are the ones evaluated (on rank 0
    * alone, as for training, where the file is on its machine only) */
-  if (t->o->test_only && !r0[0])
+  if (o->test_only && !r0[0])
     return train_fail(t, "--test-only", "rank 0 has no --load-weights FILE (weights, or a checkpoint): nothing to "
                       "evaluate");
   if (t->world == 1) return 0;
-  const char *flag = t->o->load_weights && !r0[0]     ? "--load-weights"
-                     : t->o->checkpoint_dir && !r0[1] ? "--checkpoint-dir"
-                                                      : NULL;
+  const char *flag = NULL;
+  for (int i = 0; i < 4 && !flag; i++)
+    if (given[i] && !r0[i]) flag = flags[i];
   double bad = flag != NULL;
-  if (train_allreduce_d(t, &bad, 1, "comparing --load-weights and --checkpoint-dir with rank 0's") != 0) return -1;
+  if (train_allreduce_d(t, &bad, 1, what) != 0) return -1;
   if (bad == 0) return 0;
   char detail[300];
   if (flag)
     snprintf(detail, sizeof detail, "this rank has %s and rank 0 has not: it would be ignored (rank 0's weights are "
-             "broadcast, and rank 0 saves): give it to rank 0", flag);
+             "broadcast, and rank 0 saves and writes the metrics and plot): give it to rank 0", flag);
   else
-    snprintf(detail, sizeof detail, "%.0f rank(s) have --load-weights or --checkpoint-dir that rank 0 has not (their "
-             "logs say which)", bad);
+    snprintf(detail, sizeof detail, "%.0f rank(s) have --load-weights, --checkpoint-dir, --metrics or --plot that "
+             "rank 0 has not (their logs say which)", bad);
   return fail_together(t, "options", detail);
 }
 

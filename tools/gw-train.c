@@ -107,7 +107,8 @@ static void usage(FILE *f) {
           "output:\n"
           "  --metrics FILE.jsonl     one JSON object per step and per evaluation (img/s of all ranks\n"
           "                           together, as in the log; times are rank 0's, the loss the ranks' mean)\n"
-          "  --plot FILE.png          loss and accuracy per epoch (gnuplot)\n"
+          "  --plot FILE.png          loss and accuracy per epoch (gnuplot; writes FILE.png.dat and FILE.png.gp\n"
+          "                           beside it, replacing them)\n"
           "  --log-every N            steps between plain log lines when not on a terminal (default 50)\n"
           "  --no-eval                skip the evaluation at each epoch end\n"
           "  --test-only              evaluate --load-weights (weights or a checkpoint) once on the evaluation\n"
@@ -212,7 +213,8 @@ static int parse_model_option(struct train_opts *o, int c, const char *arg) {
     o->model_name = arg;
     if (gw_model_depth_from_name(arg, &m->depth) == 0) return 0;
     return bad("--model '%s' is not one of resnet18, resnet34, resnet50, resnet101, resnet152%s", arg, "");
-  case O_CLASSES: o->classes_given = 1; return parse_int("--classes", arg, 1, 1 << 24, &m->classes);
+  /* one class: the loss is 0 and nothing trains (it ran, "100% top-1") */
+  case O_CLASSES: o->classes_given = 1; return parse_int("--classes", arg, 2, 1 << 24, &m->classes);
   case O_INCH: o->in_channels_given = 1; return parse_int("--in-channels", arg, 1, 4096, &m->in_channels);
   case O_SIZE:
   case O_TRAINCROP: /* torchvision's name for the same */
