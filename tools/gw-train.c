@@ -435,8 +435,11 @@ static bool same_file(const char *a, const char *b) {
 /* ckpt-<step>.safetensors, its temporary files and .refused copies, and the
  * lock: the names a checkpoint folder's saves and pruning replace or delete. */
 static bool checkpoint_name(const char *base) {
-  const size_t digits = strncmp(base, "ckpt-", 5) ? 0 : strspn(base + 5, "0123456789");
-  return (digits && !strncmp(base + 5 + digits, ".safetensors", 12)) || !strncmp(base, ".gw-train", 9);
+  if (!strncmp(base, ".gw-train", 9)) return true;
+  if (strncmp(base, "ckpt-", 5)) return false;
+  size_t digits = 0;
+  while (base[5 + digits] >= '0' && base[5 + digits] <= '9') digits++;
+  return digits && !strncmp(base + 5 + digits, ".safetensors", 12);
 }
 
 /* The checkpoint file of folder dir that path is another name of (a hard
