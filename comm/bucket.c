@@ -752,10 +752,9 @@ gw_result_t gw_bucketer_set_compute_stream(gw_bucketer_t b, void *compute) {
 }
 
 gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
-  if (!b || !t)
-    return fail(b && !gw__comm_forked_away(b->comm) ? b->comm : NULL, GW_ERR_INVALID_ARGUMENT,
-                "gw_bucketer_times: a NULL %s", b ? "times pointer" : "bucketer");
-  GW_CHECK(usable(b, "gw_bucketer_times"));
+  if (!b) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: a NULL bucketer");
+  GW_CHECK(usable(b, "gw_bucketer_times")); /* before b is read */
+  if (!t) return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_times: a NULL times pointer");
   pthread_mutex_lock(&b->mu);
   *t = b->last;
   pthread_mutex_unlock(&b->mu);

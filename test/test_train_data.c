@@ -185,6 +185,24 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   gwrun_wait(&r, 120);
   ck_assert_msg(r.code != 0 && strstr(r.err, "--data"), "training on empty folders: exit %d\n%s", r.code, r.err);
   gwrun_free(&r);
+  /* One class folder (as --classes 1): the loss is 0 and nothing trains; refused */
+  char root3[512], spec3[600];
+  path(root3, sizeof root3, "folder-one-class");
+  mkdir(root3, 0777);
+  for (int s = 0; s < 2; s++) {
+    snprintf(dir, sizeof dir, "%s/%s", root3, splits[s]);
+    mkdir(dir, 0777);
+    snprintf(dir, sizeof dir, "%s/%s/cat", root, splits[s]);
+    snprintf(file, sizeof file, "%s/%s/cat", root3, splits[s]);
+    ck_assert_int_eq(symlink(dir, file), 0);
+  }
+  snprintf(spec3, sizeof spec3, "imagenet:%s", root3);
+  train_there[4] = spec3;
+  gwrun_start(&r, noenv, train_there);
+  gwrun_wait(&r, 120);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "the data has 1 class: the loss is 0 and nothing trains"),
+                "training on one class: exit %d\n%s", r.code, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 

@@ -11,6 +11,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -620,6 +621,12 @@ START_TEST(test_outputs_spare_inputs) {
   ck_assert_int_eq(link(ck, hard), 0);
   snprintf(want, sizeof want, "--metrics %s is another name (a hard link) of %s", hard, dir);
   refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--metrics", hard, NULL}, want);
+  /* --save-weights is renamed into place, replacing that name only: a hard
+   * link that keeps a checkpoint from the pruning may take it (the run gets
+   * to its data) */
+  refused((const char *const[]){"--steps", "2", "--checkpoint-dir", dir, "--resume", "--save-weights", hard,
+                                "--data", "imagenet:/nonexistent", NULL},
+          "imagenet: cannot open /nonexistent/train");
   snprintf(lock, sizeof lock, "%s/.gw-train.lock", dir);
   f = fopen(lock, "w");
   ck_assert_ptr_nonnull(f);
@@ -627,6 +634,17 @@ START_TEST(test_outputs_spare_inputs) {
   snprintf(other, sizeof other, "%s/ckpt-4.safetensors", dir);
   refused((const char *const[]){"--steps", "2", "--save-weights", other, NULL},
           "is a name of a checkpoint folder's own files (the folder has a .gw-train.lock)");
+  /* fine-tuning a checkpoint in place is that run's files' owner's call: it
+   * gets past the options (and fails on the file, no checkpoint here) ... */
+  refused((const char *const[]){"--steps", "2", "--load-weights", ck, "--save-weights", ck, NULL},
+          "(not a safetensors file?)");
+  /* ... unless a running gw-train holds the folder (this process, here) */
+  const int lfd = open(lock, O_RDWR);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  ck_assert_int_eq(lfd >= 0 && fcntl(lfd, F_OFD_SETLK, &fl) == 0, 1);
+  refused((const char *const[]){"--steps", "2", "--load-weights", ck, "--save-weights", ck, NULL},
+          "and a running gw-train holds that folder (.gw-train.lock)");
+  close(lfd);
   unlink(hard), unlink(ck), unlink(lock);
   /* names no save or pruning touches there are the user's to take (a bare
    * "ckpt-" prefix was refused) */

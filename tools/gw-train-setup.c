@@ -237,6 +237,11 @@ int data_model_config(const struct train_opts *o, const struct gw_dataset *ds, s
                "data's)", classes, c, h, w, given);
     return -1;
   }
+  if (classes < 2) { /* (as --classes 1 is refused) */
+    snprintf(d, dlen, "the data has %d class%s: the loss is 0 and nothing trains (a folder per class, two or more)",
+             classes, classes == 1 ? "" : "es");
+    return -1;
+  }
   cfg->in_channels = c, cfg->image_size = h, cfg->classes = classes;
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -426,7 +427,9 @@ static void where_at(const char *path, char *out, size_t cap, int depth) {
 static void where(const char *path, char *out, size_t cap) { where_at(path, out, cap, 0); }
 
 /* Whether a and b are one existing file however they are spelled (a hard
- * link, a bind mount: where() tells only paths apart). */
+ * link, a bind mount: where() tells only paths apart).  Only --metrics
+ * writes its file in place (appends); the other outputs are renamed into
+ * place, which replaces one name of a hard link and leaves the others. */
 static bool same_file(const char *a, const char *b) {
   struct stat sa, sb;
   return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
@@ -440,6 +443,17 @@ static bool checkpoint_name(const char *base) {
   size_t digits = 0;
   while (base[5 + digits] >= '0' && base[5 + digits] <= '9') digits++;
   return digits && !strncmp(base + 5 + digits, ".safetensors", 12);
+}
+
+/* Whether a live gw-train holds the checkpoint folder lock `lock` (its OFD
+ * write lock; the file stays after the run). */
+static bool lock_held(const char *lock) {
+  const int fd = open(lock, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+  const bool held = fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+  close(fd);
+  return held;
 }
 
 /* The checkpoint file of folder dir that path is another name of (a hard
@@ -478,7 +492,7 @@ static int outputs_collide(const struct train_opts *o) {
     if (given[i]) where(given[i], at[i], sizeof at[i]);
   for (int i = 0; i < 5; i++)
     for (int j = i + 1; j < 5; j++)
-      if (given[i] && given[j] && (!strcmp(at[i], at[j]) || same_file(given[i], given[j])))
+      if (given[i] && given[j] && (!strcmp(at[i], at[j]) || (i == 0 && same_file(given[i], given[j]))))
         return bad("%s and %s name the same file: one would replace the other", flags[i], flags[j]);
   /* The input: the metrics were appended to it, the plot written over it (a
    * later --load-weights refused what was left).  --save-weights may replace
@@ -486,7 +500,8 @@ static int outputs_collide(const struct train_opts *o) {
   char in[8400];
   if (o->load_weights) where(o->load_weights, in, sizeof in);
   for (int i = 0; i < 5; i++)
-    if (o->load_weights && given[i] && i != 1 && (!strcmp(at[i], in) || same_file(given[i], o->load_weights)))
+    if (o->load_weights && given[i] && i != 1 &&
+        (!strcmp(at[i], in) || (i == 0 && same_file(given[i], o->load_weights))))
       return bad("%s %s is --load-weights's file: the run would write over the weights it starts from", flags[i],
                  given[i]);
   /* The checkpoint folder's own files: a save or the pruning there replaces
@@ -512,10 +527,19 @@ static int outputs_collide(const struct train_opts *o) {
     if (checkpoint_name(base) && ours)
       return bad("%s %s is a name of --checkpoint-dir's own files (ckpt-<step>.safetensors*, .gw-train.lock): "
                  "its saves and pruning would replace or delete it", flags[i], given[i]);
-    if (checkpoint_name(base) && access(lock, F_OK) == 0)
-      return bad("%s %s is a name of a checkpoint folder's own files (the folder has a .gw-train.lock): it "
-                 "would replace that run's checkpoint", flags[i], given[i]);
-    if (o->checkpoint_dir && links_a_checkpoint(o->checkpoint_dir, given[i], linked, sizeof linked)) {
+    /* Another run's folder: refused while that run holds it (its pruning
+     * deletes by name); after it, only fine-tuning a checkpoint in place
+     * (--save-weights the --load-weights file) may replace one. */
+    const bool in_place = i == 1 && o->load_weights && !strcmp(at[i], in);
+    if (checkpoint_name(base) && access(lock, F_OK) == 0 && (lock_held(lock) || !in_place))
+      return bad(lock_held(lock) ? "%s %s is a name of a checkpoint folder's own files, and a running gw-train "
+                                   "holds that folder (.gw-train.lock): its saves and pruning would replace or "
+                                   "delete it"
+                                 : "%s %s is a name of a checkpoint folder's own files (the folder has a "
+                                   ".gw-train.lock): it would replace that run's checkpoint (to fine-tune one in "
+                                   "place, give it as both --load-weights and --save-weights)",
+                 flags[i], given[i]);
+    if (i == 0 && o->checkpoint_dir && links_a_checkpoint(o->checkpoint_dir, given[i], linked, sizeof linked)) {
       fprintf(stderr, "gw-train: %s %s is another name (a hard link) of %s: writing it would damage that checkpoint\n",
               flags[i], given[i], linked);
       return -1;
