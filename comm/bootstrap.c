@@ -288,7 +288,7 @@ static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, d
 /* A rank reads rank 0's next frame of the hello: `kind` with exactly len
  * bytes into buf, or rank 0's refusal (an ERROR frame, told as such). */
 static gw_result_t hello_frame(struct gw_bootstrap *bs, uint32_t kind, void *buf, size_t len, double deadline,
-                               double waited_s, struct gw_errctx *err) {
+                               double waited_s, bool *lost, struct gw_errctx *err) {
   const int fd = bs->socks[0];
   struct gw_boot_frame f;
   gw_result_t r = recv_frame_hdr(fd, &f, deadline);
@@ -299,24 +299,34 @@ static gw_result_t hello_frame(struct gw_bootstrap *bs, uint32_t kind, void *buf
   }
   if (r == GW_SUCCESS && (f.kind != kind || f.len != len)) r = BOOT_FOREIGN;
   if (r == GW_SUCCESS) r = io_all(fd, buf, len, false, deadline);
+  *lost = r != GW_SUCCESS && r != GW_ERR_TIMEOUT && r != BOOT_FOREIGN;
   return r == GW_SUCCESS ? r : peer_fail(bs, r, 0, waited_s, err);
 }
 
-/* A rank's side of the hello: rank 0's challenge answered, its proof checked. */
-static gw_result_t peer_hello(struct gw_bootstrap *bs, const char *token, double deadline, struct gw_errctx *err) {
+/* A rank's side of the hello: rank 0's challenge answered, its proof checked.
+ * *lost: the connection went before the proof came (rank 0 gave up on a
+ * hello that packet loss held back past its window, or a stranger's end):
+ * worth connecting again while the deadline allows. */
+static gw_result_t peer_hello(struct gw_bootstrap *bs, const char *token, double deadline, bool *lost,
+                              struct gw_errctx *err) {
   /* Rank 0 answers once it accepts this connection, promptly once it runs:
    * a little longer than the rendezvous' deadline, as for its answers later. */
   const double grace = GW_MIN(bs->timeout_s, 10.0), waited = bs->timeout_s + grace;
   deadline += grace;
   uint8_t challenge[GW_BOOT_NONCE], proof[32], want[32];
-  GW_CHECK(hello_frame(bs, GW_BOOT_CHALLENGE, challenge, sizeof challenge, deadline, waited, err));
+  *lost = false;
+  gw_result_t r = hello_frame(bs, GW_BOOT_CHALLENGE, challenge, sizeof challenge, deadline, waited, lost, err);
+  if (r != GW_SUCCESS) return r;
   struct gw_boot_hello h = {.rank = bs->rank, .nranks = bs->nranks};
   gw__boot_nonce(h.nonce);
   gw__boot_mac(token, 0, challenge, NULL, h.rank, h.nranks, h.mac);
-  if (gw__boot_send_frame(bs->socks[0], GW_BOOT_HELLO, &h, sizeof h, deadline) != GW_SUCCESS)
+  if (gw__boot_send_frame(bs->socks[0], GW_BOOT_HELLO, &h, sizeof h, deadline) != GW_SUCCESS) {
+    *lost = true;
     return gw__err(err, GW_ERR_REMOTE, "rank %d: master %s closed the connection during the hello", bs->rank,
                    bs->master);
-  GW_CHECK(hello_frame(bs, GW_BOOT_PROOF, proof, sizeof proof, deadline, waited, err));
+  }
+  r = hello_frame(bs, GW_BOOT_PROOF, proof, sizeof proof, deadline, waited, lost, err);
+  if (r != GW_SUCCESS) return r;
   gw__boot_mac(token, 1, challenge, h.nonce, h.rank, h.nranks, want);
   if (!gw__equal_ct(want, proof, sizeof want))
     return gw__err(err, GW_ERR_REMOTE, "rank %d: the master at %s does not know this job's token (its proof is "
@@ -370,8 +380,20 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
      * blaming a missing rank; refused, they say rank 0 is not there. */
     if (nranks > 1) close_listeners(bs);
   } else {
-    GW_CHECK_GOTO(peer_connect(bs, host, port, deadline, err), res, fail);
-    GW_CHECK_GOTO(peer_hello(bs, token, deadline, err), res, fail);
+    /* A hello whose connection went (rank 0 stopped waiting for it: lost
+     * packets held it back past rank 0's window) is tried again on a new
+     * connection while the deadline allows: the rank gave up at once,
+     * blaming rank 0 ("did it exit?"), and rank 0 waited for it. */
+    for (bool lost = true; lost;) {
+      GW_CHECK_GOTO(peer_connect(bs, host, port, deadline, err), res, fail);
+      res = peer_hello(bs, token, deadline, &lost, err);
+      if (res == GW_SUCCESS) break;
+      if (!lost || gw__now() >= deadline) goto fail;
+      GW_WARN(GW_SUB_BOOT, "rank %d: the connection to master %s went during the hello (%s); connecting again",
+              rank, master, err ? err->msg : "");
+      gw__sock_close(bs->socks[0]);
+      bs->socks[0] = -1;
+    }
   }
   *out = bs;
   return GW_SUCCESS;

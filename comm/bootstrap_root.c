@@ -58,7 +58,7 @@ static int root_drop_exited(struct gw_bootstrap *bs, int joined) {
  * few of them outlasted the rendezvous' timeout. */
 struct boot_pending {
   int fd;
-  double since, deadline; /* accepted then; its 5 s to say hello */
+  double since, deadline; /* accepted then; its BOOT_HELLO_S to say hello */
   size_t got;      /* bytes of the hello frame read so far */
   uint8_t challenge[GW_BOOT_NONCE];
   uint8_t buf[sizeof(struct gw_boot_frame) + sizeof(struct gw_boot_hello)];
@@ -66,6 +66,8 @@ struct boot_pending {
 };
 /* Hellos waited for at once; past it, accepting waits for a slot. */
 #define BOOT_MAX_PENDING 256
+/* How long a connection may take to say hello (root_accept_one). */
+#define BOOT_HELLO_S 30.0
 
 /* Rank 0's message when the deadline passed with ranks missing; the ranks
  * that joined hear it too (which are missing, not merely that rank 0 went). */
@@ -110,14 +112,27 @@ static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined,
     return res;
   }
   if (p->fd < 0) return GW_SUCCESS;
+  /* A test hook: the first N connections closed as they come, as rank 0
+   * closes one whose hello packet loss held back past BOOT_HELLO_S. */
+  static int drop = -1;
+  if (drop < 0) drop = (int)GW_MAX(0, gw__env_int("GW_TEST_BOOT_DROP_HELLOS", 0));
+  if (drop > 0) {
+    drop--;
+    gw__sock_close(p->fd);
+    p->fd = -1;
+    return GW_SUCCESS;
+  }
   gw__boot_sock_opts(p->fd);
   char who[NI_MAXHOST] = "?";
   getnameinfo((struct sockaddr *)&from, fl, who, sizeof who, NULL, 0, NI_NUMERICHOST);
   snprintf(p->who, sizeof p->who, "%s", who);
-  /* A stranger gets a few seconds to say hello (the rendezvous' own deadline
-   * comes first), so it cannot stall the job. */
+  /* A hello is waited for BOOT_HELLO_S (the rendezvous' own deadline comes
+   * first): a stranger holds a pending slot no longer, and the others' hellos
+   * are waited for beside it.  5 s was short of TCP's retransmissions under
+   * packet loss (1 s, 2 s, 4 s ...): a rank's hello came after rank 0 had
+   * closed its connection (the rank now connects again, too). */
   p->since = gw__now();
-  p->deadline = GW_MIN(deadline, p->since + 5.0);
+  p->deadline = GW_MIN(deadline, p->since + BOOT_HELLO_S);
   p->got = 0;
   gw__boot_nonce(p->challenge);
   if (gw__boot_send_frame(p->fd, GW_BOOT_CHALLENGE, p->challenge, sizeof p->challenge, p->deadline) != GW_SUCCESS) {
@@ -243,8 +258,8 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
       if (pr > 0 && (pfd[nl + i].revents & (POLLIN | POLLHUP | POLLERR))) {
         if (root_read_hello(bs, p)) res = root_admit(bs, token, p, &joined, err);
       } else if (now >= p->deadline) {
-        GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: no gradwire hello within 5 s", p->who,
-                bs->master);
+        GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: no gradwire hello within %.0f s", p->who,
+                bs->master, BOOT_HELLO_S);
         gw__sock_close(p->fd);
         p->fd = -1;
       }

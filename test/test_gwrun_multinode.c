@@ -373,6 +373,78 @@ START_TEST(test_multinode_loopback_name_refused)
 }
 END_TEST
 
+/* The launchers' link follows GW_SOCKET_KEEPALIVE as the ranks' connections
+ * do (it ended a job after ~30 s of outage whatever the ranks were told):
+ * read from /proc/net/tcp while both nodes run, its keepalive timer ("tr"
+ * 2, "tm->when" in 1/100 s) on both ends of the link (node 0's launcher
+ * port, the master's + 1).  Unset: within 10 s; 60: past 30 s; 0: none. */
+static int link_timers(int port, int *keepalive, long *most)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int n = 0;
+    *keepalive = 0, *most = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned lport, rport, st, tr;
+        unsigned long when;
+        if (sscanf(line, " %*d: %*x:%x %*x:%x %x %*x:%*x %x:%lx", &lport, &rport, &st, &tr, &when) != 5 || st != 1 ||
+            ((int)lport != port && (int)rport != port))
+            continue;
+        n++;
+        if (tr == 2)
+            (*keepalive)++, *most = (long)when > *most ? (long)when : *most;
+    }
+    fclose(f);
+    return n;
+}
+
+START_TEST(test_multinode_link_keepalive)
+{
+    static const char *const settings[] = {NULL, "GW_SOCKET_KEEPALIVE=60", "GW_SOCKET_KEEPALIVE=0"};
+    for (int k = 0; k < 3; k++) {
+        const int port = gwrun_free_port_pair();
+        char master[64];
+        snprintf(master, sizeof master, "127.0.0.1:%d", port);
+        const char *env[] = {"GW_JOB_TOKEN=mn-ka", settings[k], NULL};
+        struct run r[2];
+        for (int node = 0; node < 2; node++) {
+            const char *args[] = {"-n", "1", "--nnodes", "2", "--node-rank", node ? "1" : "0", "--master", master,
+                                  "sleep", "3", NULL};
+            gwrun_start(&r[node], env, args);
+        }
+        /* the link up (both ends seen), then idle: a frame in flight has a
+         * retransmission timer instead, for a moment */
+        int conns = 0, ka = 0, ka_max = 0;
+        long most = 0;
+        for (int i = 0; i < 40 && conns < 2; i++) {
+            usleep(50 * 1000);
+            conns = link_timers(port + 1, &ka, &most);
+        }
+        for (int i = 0; i < 10 && conns == 2 && ka_max < 2; i++) {
+            usleep(100 * 1000);
+            if (link_timers(port + 1, &ka, &most) == 2 && ka > ka_max)
+                ka_max = ka;
+        }
+        ka = ka_max;
+        for (int node = 0; node < 2; node++) {
+            gwrun_wait(&r[node], 30);
+            ck_assert_msg(r[node].code == 0, "%s: node %d exit %d\n%s", settings[k] ? settings[k] : "unset", node,
+                          r[node].code, r[node].err);
+            gwrun_free(&r[node]);
+        }
+        ck_assert_msg(conns == 2, "%s: %d ends of the launchers' link seen", settings[k] ? settings[k] : "unset", conns);
+        if (k == 0)
+            ck_assert_msg(ka == 2 && most <= 1000, "unset: %d keepalive timers, %ld/100 s", ka, most);
+        if (k == 1)
+            ck_assert_msg(ka == 2 && most > 3000, "60: %d keepalive timers, %ld/100 s", ka, most);
+        if (k == 2)
+            ck_assert_msg(ka == 0, "0: %d keepalive timers", ka);
+    }
+}
+END_TEST
+
 /* A script that waits (at most 30 s) for a go file named in go, which
  * does not exist yet. */
 static void go_file_script(char *go, size_t gosz, char *script, size_t scriptsz)
@@ -799,6 +871,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_wrong_token);
     tcase_add_test(mn, test_multinode_mismatch);
     tcase_add_test(mn, test_multinode_loopback_name_refused);
+    tcase_add_test(mn, test_multinode_link_keepalive);
     tcase_add_test(mn, test_multinode_lost_node);
     add_multinode_signal_tests(mn);
     tcase_add_test(mn, test_multinode_garbage_frames);

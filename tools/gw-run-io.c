@@ -641,12 +641,28 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     return pos == n;
 }
 
+/* GW_SOCKET_KEEPALIVE as the ranks read it (README): 10 unset or out of
+ * range, 0 off. */
+static int ranks_keepalive_s(void)
+{
+    const char *s = getenv("GW_SOCKET_KEEPALIVE");
+    char *end;
+    const long v = s && *s ? strtol(s, &end, 10) : 10;
+    return s && *s && (*end || v < 0 || v > 32767) ? 10 : (int)v;
+}
+
 void gw__run_tune_socket(int fd)
 {
-    int one = 1, idle = 10, intvl = 5, cnt = 4;
+    /* The launchers' links ride out an outage at least as long as the ranks'
+     * connections do (GW_SOCKET_KEEPALIVE; 0: any): gw-run ended the job
+     * after ~30 s whatever the ranks were told. */
+    const int ka = ranks_keepalive_s();
+    int one = 1, idle = ka > 10 ? ka : 10, intvl = 5, cnt = 4;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (ka == 0)
+        return;
     /* A machine that dies or drops off the network sends no FIN; keepalive
-     * turns its silence into an error within about 30 s. */
+     * turns its silence into an error within about 30 s (idle + 20 s). */
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
@@ -656,7 +672,7 @@ void gw__run_tune_socket(int fd)
      * for about 15 minutes.  30 s of no acknowledgement ends it too.  (Linux
      * applies this to a zero window as well; gw-run reads its sockets as
      * frames come, and its frames are small: a window never fills.) */
-    unsigned user_timeout_ms = 30000;
+    unsigned user_timeout_ms = (unsigned)(idle + intvl * cnt) * 1000u;
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
 }
 
