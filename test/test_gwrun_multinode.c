@@ -411,7 +411,7 @@ START_TEST(test_multinode_link_keepalive)
         struct run r[2];
         for (int node = 0; node < 2; node++) {
             const char *args[] = {"-n", "1", "--nnodes", "2", "--node-rank", node ? "1" : "0", "--master", master,
-                                  "sleep", "3", NULL};
+                                  "sleep", "2", NULL};
             gwrun_start(&r[node], env, args);
         }
         /* the link up (both ends seen), then idle: a frame in flight has a
