@@ -75,11 +75,10 @@ void gwrun_start(struct run *r, const char *const *env, const char *const *args)
     gwrun_start_out(r, -1, env, args);
 }
 
-static void start_impl(struct run *r, int out_fd, const char *ctty, const char *const *env,
+static void start_impl(struct run *r, const char *bin, int out_fd, const char *ctty, const char *const *env,
                        const char *const *args)
 {
     memset(r, 0, sizeof *r);
-    const char *bin = gwrun_bin();
     snprintf(r->out_path, sizeof r->out_path, "/tmp/test_gwrun_out_XXXXXX");
     snprintf(r->err_path, sizeof r->err_path, "/tmp/test_gwrun_err_XXXXXX");
     int ofd = mkstemp(r->out_path);
@@ -137,12 +136,17 @@ static void start_impl(struct run *r, int out_fd, const char *ctty, const char *
 
 void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args)
 {
-    start_impl(r, out_fd, NULL, env, args);
+    start_impl(r, gwrun_bin(), out_fd, NULL, env, args);
+}
+
+void gwrun_start_prog(struct run *r, const char *prog, const char *const *env, const char *const *args)
+{
+    start_impl(r, prog, -1, NULL, env, args);
 }
 
 void gwrun_start_ctty(struct run *r, const char *ctty, const char *const *env, const char *const *args)
 {
-    start_impl(r, -1, ctty, env, args);
+    start_impl(r, gwrun_bin(), -1, ctty, env, args);
 }
 
 /* Waits for gw-run, killing it after timeout_s, then collects its output. */

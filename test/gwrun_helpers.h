@@ -43,6 +43,8 @@ void gwrun_sleep(double s);
 void gwrun_start(struct run *r, const char *const *env, const char *const *args);
 /* The same with gw-run's stdout on out_fd instead (r->out then stays empty). */
 void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args);
+/* The same with prog in gw-run's place (a program run alone: args are its own). */
+void gwrun_start_prog(struct run *r, const char *prog, const char *const *env, const char *const *args);
 /* The same in a session of its own whose controlling terminal is ctty (a pty's
  * slave): a ^C written to the master reaches gw-run and its ranks as the
  * terminal's SIGINT. */

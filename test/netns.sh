@@ -92,20 +92,24 @@ expect_in_logs grid "via tcp 10.79.0" "cross-node pairs use tcp"
 # ranks, several 256 KiB chunks per block; 16 MiB took 4x the time and reached
 # no other path).  Every dtype at 4 MiB took 3x the time of both: checking a
 # 4-million-element int8 sum is 24 million hashes per rank.
+# The host tcp run checks every dtype; the others (device staging, ib, both)
+# one each, a different width each: the bytes crossing the machines are the
+# same code whatever the dtype, and each dtype's reductions have the grids
+# (every dtype in all four took 33 s more of the 70 this script ran).
 # GW_NETNS_PERF=0 leaves them out (CI's sanitizer pass: gw-perf's code and the
-# staging run under ASan in their own suites; 60 s of the 100 this run took).
-perf_jobs() { # NAME GW-PERF-ARGS...: every dtype up to 1 MiB, float32 at 4 MiB
-  local name=$1
-  shift
+# staging run under ASan in their own suites).
+perf_jobs() { # NAME DTYPE GW-PERF-ARGS...: DTYPE up to 1 MiB, float32 at 4 MiB
+  local name=$1 dtype=$2
+  shift 2
   [ "${GW_NETNS_PERF:-1}" = 0 ] && { echo "netns: $name left out (GW_NETNS_PERF=0)"; return; }
-  run_job "$name" 300 "$build/tools/gw-perf" -b 4 -e 1M -f 4 -n 1 -w 1 -c 1 -d all "$@"
+  run_job "$name" 300 "$build/tools/gw-perf" -b 4 -e 1M -f 4 -n 1 -w 1 -c 1 -d "$dtype" "$@"
   run_job "$name-4M" 300 "$build/tools/gw-perf" -b 4M -e 4M -n 1 -w 1 -c 1 -d float32 "$@"
 }
-perf_jobs perf
+perf_jobs perf all
 # Device buffers (emulated GPUs) across machines: no device ring (its neighbours
 # are not all on one machine), so they go through pinned host staging, every
 # result checked (64 KiB pieces: several per block from 1 MiB).
-GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT perf_jobs perf-device -D
+GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 GW_DEBUG=INFO GW_DEBUG_SUBSYS=INIT perf_jobs perf-device bfloat16 -D
 [ "${GW_NETNS_PERF:-1}" = 0 ] ||
   expect_in_logs perf-device "no device ring" "device buffers across machines go through staging"
 # The tree across machines: hierarchical (a chain inside each machine) when a
@@ -158,8 +162,8 @@ if [ -e "$build/test/test_ib" ]; then
     "$build/test/test_collectives" --from-env
   expect_in_logs grid-ib "via ib gwemu0" "cross-node pairs use ib (emulated)"
   [ "$rpn" -gt 1 ] && expect_in_logs grid-ib "via shm" "same-node pairs still use shm"
-  GW_IB_EMULATE=1 perf_jobs perf-ib
-  GW_IB_EMULATE=1 GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 perf_jobs perf-device-ib -D
+  GW_IB_EMULATE=1 perf_jobs perf-ib float64
+  GW_IB_EMULATE=1 GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 perf_jobs perf-device-ib int8 -D
 fi
 echo "netns: $failures failed"
 [ $failures -eq 0 ]

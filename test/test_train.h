@@ -30,7 +30,7 @@ void train(struct run *r, const char *const *env, const char *ranks, const char 
 void train_from(struct run *r, const char *const *env, const char *ranks, const char *const *base,
                 const char *const *extra);
 void expect_ok(struct run *r);
-/* gw-train at 1 rank with args refused before any work, its message holding words. */
+/* gw-train alone (1 rank) with args refused before any work, its message holding words. */
 void refused(const char *const *args, const char *words);
 /* Whether files a and b hold the same bytes (both must exist). */
 int same_file(const char *a, const char *b);
@@ -62,6 +62,10 @@ int lock_live(const char *file);
 
 /* test_train_weights.c's, test_train_ckpt.c's, test_train_sched.c's and test_train_restart.c's cases. */
 void add_weights_tests(TCase *tc);
+/* test_train_weights.c's runs whose weights are compared with another way to
+ * the same result (the `numerics` case: 16-bit wires and AMP against float32,
+ * 2 ranks against 1, weight decay, loss scaling). */
+void add_weights_numerics_tests(TCase *tc);
 void add_data_tests(TCase *tc); /* test_train_data.c */
 void add_checkpoint_tests(TCase *tc);
 /* test_train_ckpt_meta.c's cases (added by add_checkpoint_tests). */

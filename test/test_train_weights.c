@@ -669,12 +669,15 @@ void add_weights_tests(TCase *tc) {
   tcase_add_test(tc, test_outputs_spare_inputs);
   tcase_add_test(tc, test_load_weights_checksum);
   tcase_add_test(tc, test_steps0_takes_data_shape);
+  tcase_add_test(tc, test_weights_stale_temps_removed);
+  tcase_add_test(tc, test_load_weights_nonfinite);
+  tcase_add_test(tc, test_load_weights_from_checkpoint);
+}
+
+void add_weights_numerics_tests(TCase *tc) {
   tcase_add_test(tc, test_bf16_wire_close_to_fp32);
   tcase_add_test(tc, test_amp_bf16_follows_fp32);
   tcase_add_test(tc, test_wd_all);
   tcase_add_test(tc, test_loss_scaling);
   tcase_add_test(tc, test_two_ranks_equal_one_rank_double_batch);
-  tcase_add_test(tc, test_weights_stale_temps_removed);
-  tcase_add_test(tc, test_load_weights_nonfinite);
-  tcase_add_test(tc, test_load_weights_from_checkpoint);
 }
