@@ -1,5 +1,5 @@
-/* gw-train-job.h - what gw-train-setup.c and gw-train-loop.c share: the
- * trainer, and the helpers both use. */
+/* gw-train-job.h - what gw-train-setup.c, gw-train-loop.c and
+ * gw-train-resume.c share: the trainer, and the helpers they use. */
 #ifndef GW_TRAIN_JOB_H
 #define GW_TRAIN_JOB_H
 
@@ -88,11 +88,11 @@ int train_allreduce_d(struct trainer *t, double *buf, size_t n, const char *what
 
 /* gw-train-setup.c: everything before the first step; 0 or -1 (said). */
 int trainer_setup(struct trainer *t);
-/* The learning rate of a step (0-based) by the run's schedule (gw-train-loop.c). */
+/* gw-train-resume.c: the learning rate of a step (0-based) by the run's
+ * schedule, and --resume (rank 0 reads, everyone gets its state). */
 double trainer_lr_at(const struct trainer *t, int64_t step);
-/* gw-train-loop.c: --resume (rank 0 reads, everyone gets its state), and
- * the device copies made current from the host's. */
 int trainer_resume(struct trainer *t);
+/* gw-train-loop.c: the device copies made current from the host's. */
 int trainer_backend_from_host(struct trainer *t);
 
 #endif

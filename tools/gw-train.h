@@ -1,9 +1,11 @@
 /* gw-train.h - the pieces of gw-train shared by its files:
  *   gw-train.c        options and main()
  *   gw-train-setup.c  setup: the communicator, options and data agreed across ranks, model, loaders
- *   gw-train-loop.c   the training loop with bucketed allreduce, checkpoint glue, evaluation
- *   gw-train-job.h    the trainer those two share
- *   gw-train-ckpt.c   checkpoints (atomic, checksummed, last K kept) and resume
+ *   gw-train-loop.c   the training loop with bucketed allreduce, checkpoint saves, evaluation
+ *   gw-train-resume.c the learning-rate schedule, --resume's state shared from rank 0
+ *   gw-train-job.h    the trainer those three share
+ *   gw-train-ckpt.c   checkpoint files (atomic, checksummed, last K kept) written and read
+ *   gw-train-signals.c SIGUSR1/2 and SIGTERM: a checkpoint, a stop
  *   gw-train-log.c    metrics JSON lines, the progress line, the gnuplot plot
  */
 #ifndef GW_TRAIN_H
