@@ -91,6 +91,7 @@ const char *gw_comm_last_error(gw_comm_t comm) {
 
 gw_result_t gw__init_fail(struct gw_errctx *err, gw_result_t res) {
   gw__set_thread_error(err->msg);
+  gw__record_failure(res != GW_ERR_REMOTE, err->msg);
   return res;
 }
 

@@ -73,6 +73,10 @@ struct gw_errctx {
 /* Formats the message into ctx (may be NULL: then only logged) and returns code. */
 gw_result_t gw__err(struct gw_errctx *ctx, gw_result_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* This process's first failure, for its launcher (GW_ERROR_FILE; failrec.c):
+ * origin, its own finding; else news of another rank's failure.  Later
+ * calls do nothing. */
+void gw__record_failure(bool origin, const char *msg);
 /* Thread-local message for failures with no communicator (init). */
 void gw__set_thread_error(const char *msg);
 const char *gw__thread_error(void);

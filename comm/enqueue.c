@@ -92,6 +92,7 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
   if (first) snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
   snprintf(comm->last_error, sizeof comm->last_error, "%s", err->msg);
   pthread_mutex_unlock(&comm->err_mu);
+  if (first) gw__record_failure(res != GW_ERR_REMOTE, err->msg);
   if (first && comm->nranks > 1) gw__send_abort(comm, desc, err->msg);
 }
 
@@ -119,6 +120,7 @@ static bool tell_if_idle(struct gw_comm *c, gw_result_t code, struct gw_errctx *
 
 void gw__comm_fail_caller(struct gw_comm *c, gw_result_t code, struct gw_errctx *err) {
   if (gw__comm_forked_away(c)) return; /* as gw__comm_fail: the parent's peers are not the child's to stop */
+  if (!atomic_load(&c->failed)) gw__record_failure(code != GW_ERR_REMOTE, err->msg);
   if (tell_if_idle(c, code, err)) return;
   pthread_mutex_lock(&c->err_mu); /* the first reason: a user's abort before it stays the user's */
   if (!c->abort_reason[0] && !atomic_load(&c->aborted))

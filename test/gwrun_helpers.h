@@ -90,5 +90,7 @@ void gwrun_add_output_tests(TCase *tc);
 void gwrun_add_env_tests(TCase *tc);
 /* test_gwrun_logs.c's cases: --log-dir, --tee, --redirects. */
 void gwrun_add_log_tests(TCase *tc);
+/* test_gwrun_cause.c's cases: where a failure began (GW_ERROR_FILE records). */
+void gwrun_add_cause_tests(TCase *tc);
 
 #endif

@@ -804,6 +804,7 @@ static Suite *gwrun_suite(void)
     gwrun_add_output_tests(tc); /* test_gwrun_output.c */
     gwrun_add_env_tests(tc);    /* test_gwrun_env.c */
     gwrun_add_log_tests(tc);    /* test_gwrun_logs.c */
+    gwrun_add_cause_tests(tc);  /* test_gwrun_cause.c */
     suite_add_tcase(s, tc);
     return s;
 }

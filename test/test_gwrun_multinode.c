@@ -169,6 +169,32 @@ START_TEST(test_multinode_rank_failure)
 }
 END_TEST
 
+/* A rank that gives up on its own on node 1 and lingers (cleaning up) while
+ * its peer on node 0 fails of it at once: node 0 names its own rank first,
+ * then, hearing node 1's record (a CAUSE frame), where the failure began. */
+START_TEST(test_multinode_failure_origin_named)
+{
+    const char *bin = getenv("GW_TEST_FAILING_BIN");
+    ck_assert_msg(bin && *bin, "GW_TEST_FAILING_BIN is not set (point it at the built gwrun_failing)");
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-cause", "GWF_RECORD=1", "GW_TIMEOUT=30", NULL};
+    char script[600], want[800];
+    snprintf(script, sizeof script, "exec '%s'", bin);
+    struct run r[2];
+    for (int i = 0; i < 2; i++)
+        node_start(&r[i], env, port, 2, i, "1", script);
+    nodes_wait(r, 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 1, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(strstr(r[0].err, "gw-run: rank 0 (pid"), "node 0 stderr:\n%s", r[0].err);
+    snprintf(want, sizeof want, "gw-run: the failure began at rank 1 on node 1 (host %s, pid ", hostname());
+    const char *line = strstr(r[0].err, want);
+    ck_assert_msg(line && strstr(line, " before rank 0's failure above): rank 1: bad input (gwrun_failing)\n"),
+                  "node 0 does not name rank 1:\n%s", r[0].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 /* A crash whose news is late (GW_RUN_TEST_FAIL_HOLD_MS on node 1: a slow
  * network) while node 0's rank exits 1 first, as a peer that saw the crash
  * would: node 0 first stops the job for that exit, then, staying until the
@@ -780,8 +806,8 @@ START_TEST(test_multinode_impostor_master)
     size_t got = 0;
     bool heard = false;
     if (fd >= 0) {
-        /* a challenge as node 0 sends it: type 12, "GWL4", 16 bytes of nonce */
-        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL4" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
+        /* a challenge as node 0 sends it: type 12, "GWL5", 16 bytes of nonce */
+        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL5" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
         heard = read_some(fd, hello, sizeof hello, &got, 5.0);
         /* a welcome with a proof that is not node 0's: type 2, node 1, host, 32 bytes */
         send_raw(fd, 1 + 4 + 2 + 8 + 2 + 32,
@@ -820,7 +846,7 @@ START_TEST(test_multinode_fail_waits_for_hello)
     bool heard = false;
     if (fd >= 0) {
         gwrun_stderr_has(&r[0], "exited with code 3", 2.5); /* the failure, before the challenge (its hello is due 5 s after connecting) */
-        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL4" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
+        send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL5" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
         heard = read_some(fd, first, sizeof first, &got, 5.0);
         close(fd);
     }
@@ -865,6 +891,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_all_succeed);
     tcase_add_test(mn, test_multinode_rank_failure);
     tcase_add_test(mn, test_multinode_crash_beats_earlier_exit);
+    tcase_add_test(mn, test_multinode_failure_origin_named);
     tcase_add_test(mn, test_multinode_launch_failure);
     tcase_add_test(mn, test_multinode_late_node_told);
     tcase_add_test(mn, test_multinode_node_missing);

@@ -527,9 +527,9 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   CHALLENGE 0 -> node uT    magic "GWL4", node 0's nonce (16 bytes): the
+ *   CHALLENGE 0 -> node uT    magic "GWL5", node 0's nonce (16 bytes): the
  *                              first frame on a connection node 0 accepted
- *   HELLO   node -> 0  uuuuuTs magic "GWL4", node (0xffffffff: none given,
+ *   HELLO   node -> 0  uuuuuTs magic "GWL5", node (0xffffffff: none given,
  *                              number it by arrival), nnodes, nproc, max
  *                              restarts, the node's nonce (16 bytes) and its
  *                              proof (32: HMAC-SHA256 under the job token of
@@ -553,6 +553,10 @@ void gw__run_abandon_output(void)
  *   RESTART 0 -> node  u       the attempt every node starts now; 0: none
  *   PASS    both ways  uus     node, signal, host: SIGUSR1/SIGUSR2 reached it, for
  *                              every rank (the job goes on)
+ *   CAUSE   node -> 0  uuuuus  global rank, node, pid, seconds and microseconds
+ *                              of the wall clock, message: a rank there that
+ *                              failed recorded a failure of its own then
+ *                              (gw-run-cause.c)
  * A frame that breaks these rules closes its connection with a log line.
  */
 
@@ -560,6 +564,7 @@ static const char *const layout[] = {
     [F_HELLO] = "uuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubus",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
     [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
+    [F_CAUSE] = "uuuuus",
 };
 
 static void put_u32(unsigned char *p, uint32_t v)
@@ -607,7 +612,7 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     size_t pos = 1, nv = 0;
     m->type = p[0];
     m->s[0] = '\0';
-    if (m->type < F_HELLO || m->type > F_CHALLENGE)
+    if (m->type < F_HELLO || m->type > F_CAUSE)
         return false;
     if (m->type == F_HELLO && n >= 5 && get_u32(p + 1) != GW_RUN_HELLO_MAGIC) {
         memset(m->v, 0, sizeof m->v); /* another version's layout: its magic alone, refused by name */

@@ -82,6 +82,8 @@ static bool sane(const struct msg *m)
         return m->v[0] < nn && m->v[1] <= 1;
     case F_ABORT:
         return m->v[0] >= 1;
+    case F_CAUSE:
+        return m->v[0] < nn * (uint32_t)net.cfg.nproc && m->v[1] < nn && m->v[4] < 1000000u;
     default:
         return true;
     }
@@ -147,6 +149,8 @@ static void apply(const struct msg *m, int from)
                 gw__run_signal_name((int)m->v[1]),
                 net.cfg.node == 0 ? "the job" : "this node too");
     }
+    if (m->type != F_STOP)
+        gw__run_cause_named(m->type == F_FAIL ? (int)m->v[0] : -1);
     if (net.cfg.node == 0) {
         struct frame f;
         gw__run_pack(&f, m);
@@ -347,6 +351,12 @@ static bool frame0(struct conn *c, const struct msg *m)
         if (m->v[0] != (uint32_t)n)
             return bad("unexpected frame from a joined node");
         pass_on(m, n);
+        return true;
+    }
+    if (m->type == F_CAUSE) { /* one of its ranks' own failure (gw-run-cause.c) */
+        if (m->v[1] != (uint32_t)n || m->v[0] / (uint32_t)net.cfg.nproc != (uint32_t)n)
+            return bad("unexpected frame from a joined node");
+        gw__run_cause_heard(m, net.hosts[n]);
         return true;
     }
     if (m->type == F_ABORT) {

@@ -108,6 +108,7 @@ static void exec_rank(const struct rank *r, int local, int out_w, int err_w, int
     snprintf(buf, sizeof buf, "%d", local);
     setenv("GW_LOCAL_RANK", buf, 1);
     setenv("LOCAL_RANK", buf, 1);
+    gw__run_cause_env(r->global);
 
     execvp(argv[0], argv);
     e = errno;
@@ -742,6 +743,7 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(cur_token, token_cap, "%s", token);
+    gw__run_cause_init();
     for (long attempt = 0;; attempt++) {
         gw__run_setenv_long("GW_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", NULL, attempt);
         gw__run_setenv_long("GW_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS", NULL, max_restarts);
@@ -749,6 +751,7 @@ int main(int argc, char **argv)
         gw__run.may_restart = attempt < max_restarts;
         spawn_all((int)local_n, (int)node_rank, program);
         gw__run_loop();
+        gw__run_cause_say();
         gw__run_remove_leftover_shm(cur_token);
         /* Signals are held from the decision until spawn_all has forked the
          * next attempt (it unblocks them, passing on what came meanwhile): a
@@ -785,6 +788,7 @@ int main(int argc, char **argv)
     }
     free(cur_token);
     gw__run_net_close();
+    gw__run_cause_cleanup();
 
     if (gw__run.have_failure)
         return gw__run.exit_code;

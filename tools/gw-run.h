@@ -86,15 +86,16 @@ enum {
 /* The hello's first field: "GWL" and the protocol's version ('2': with
  * --max-restarts; '3': the token proven by challenge and response, never
  * sent; '4': the welcome gives the node its number, nodes numbered by
- * arrival).  Another version is refused by name. */
-#define GW_RUN_HELLO_MAGIC 0x47574c34u
+ * arrival; '5': CAUSE frames, the ranks' own failures).  Another version is
+ * refused by name. */
+#define GW_RUN_HELLO_MAGIC 0x47574c35u
 /* net_config.node of a node started without --node-rank, and the number its
  * hello gives then. */
 enum { GW_RUN_NODE_AUTO = -1 };
 #define GW_RUN_NODE_ANY 0xffffffffu
 enum {
     F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART, F_PASS,
-    F_CHALLENGE
+    F_CHALLENGE, F_CAUSE
 };
 /* The challenge's nonce and the proofs (HMAC-SHA256 under the job token). */
 enum { GW_RUN_NONCE = 16, GW_RUN_PROOF = 32 };
@@ -206,6 +207,20 @@ void gw__run_net_launch_failed(int code, const char *text);
 void gw__run_net_signal(int sig);
 void gw__run_net_pass(int sig); /* SIGUSR1/SIGUSR2 to every node's ranks, the job going on */
 void gw__run_net_close(void);
+/* gw-run-cause.c: the rank a failed job's failure began at (each rank's
+ * GW_ERROR_FILE record).  init makes the records' folder (once), env sets a
+ * rank's GW_ERROR_FILE (in its child), read takes a rank's record as it exits
+ * (failed: a non-zero exit or a signal, the teardown's included), heard is
+ * node 0's for another node's CAUSE frame, named marks the failure gw-run
+ * named (-1: no rank's), say ends an attempt (saying the earliest origin
+ * when it is not the named rank and came before), cleanup removes the folder. */
+void gw__run_cause_init(void);
+void gw__run_cause_env(int global);
+void gw__run_cause_read(int global, bool failed);
+void gw__run_cause_heard(const struct msg *m, const char *host);
+void gw__run_cause_named(int global);
+void gw__run_cause_say(void);
+void gw__run_cause_cleanup(void);
 /* After an attempt's loop ended: the attempt every node starts next (node 0
  * decided it once every node's ranks were gone), 0 for none; and the
  * channel's state made ready for that attempt. */

@@ -15,10 +15,19 @@
 #include "gw-train-job.h"
 
 /* Prints the message once (rank-prefixed when there are several) and returns -1. */
-int train_fail(const struct trainer *t, const char *what, const char *detail) {
+int train_say_fail(const struct trainer *t, const char *what, const char *detail) {
   if (t->world > 1) fprintf(stderr, "gw-train: rank %d: %s: %s\n", t->rank, what, detail);
   else fprintf(stderr, "gw-train: %s: %s\n", what, detail);
   return -1;
+}
+
+int train_fail(const struct trainer *t, const char *what, const char *detail) {
+  /* for gw-run, which names the rank a failure began at (a communicator's
+   * failure was recorded by the library when it happened: this does nothing) */
+  char line[1200];
+  snprintf(line, sizeof line, "gw-train: rank %d: %.200s: %.900s", t->rank, what, detail);
+  gw_record_failure(line);
+  return train_say_fail(t, what, detail);
 }
 
 int train_comm_fail(const struct trainer *t, const char *what, gw_result_t r) {
@@ -67,9 +76,10 @@ static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
 /* A refusal every rank reaches together (the ranks found they differ): each
  * says its part, and none leaves before all have (gw-run stops the others
  * when the first exits, and a slower rank's message naming what differs on it
- * was lost). */
-static int fail_together(struct trainer *t, const char *what, const char *detail) {
-  train_fail(t, what, detail);
+ * was lost).  own: this rank's part names what differs here (recorded for
+ * gw-run as where the failure began); else it points to the others' logs. */
+static int fail_together(struct trainer *t, const char *what, const char *detail, bool own) {
+  (own ? train_fail : train_say_fail)(t, what, detail);
   fflush(stdout), fflush(stderr);
   gw_barrier(t->comm);
   return -1;
@@ -94,7 +104,7 @@ static int same_options_everywhere(struct trainer *t) {
   if (differ == 0) return 0;
   if (diff[0]) snprintf(detail, sizeof detail, "this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);
   else snprintf(detail, sizeof detail, "%.0f rank(s) run with options other than rank 0's (their logs say which)", differ);
-  return fail_together(t, "options", detail);
+  return fail_together(t, "options", detail, diff[0] != 0);
 }
 
 /* --load-weights, --checkpoint-dir, --metrics and --plot are rank 0's: its
@@ -129,7 +139,7 @@ static int outputs_follow_rank0(struct trainer *t) {
   else
     snprintf(detail, sizeof detail, "%.0f rank(s) have --load-weights, --checkpoint-dir, --metrics or --plot that "
              "rank 0 has not (their logs say which)", bad);
-  return fail_together(t, "options", detail);
+  return fail_together(t, "options", detail, flag != NULL);
 }
 
 /* Every rank must have opened the same samples: ranks that scanned a folder
@@ -156,12 +166,12 @@ static int same_data_everywhere(struct trainer *t) {
              k ? "evaluation" : "training", (long long)mine[3 * k], (long long)mine[3 * k + 1],
              (unsigned long long)mine[3 * k + 2], (long long)r0[3 * k], (long long)r0[3 * k + 1],
              (unsigned long long)r0[3 * k + 2]);
-    return fail_together(t, "--data", detail);
+    return fail_together(t, "--data", detail, true);
   }
   if (differ > 0) {
     char detail[160];
     snprintf(detail, sizeof detail, "%.0f rank(s) opened other data than rank 0 (their logs say what differs)", differ);
-    return fail_together(t, "--data", detail);
+    return fail_together(t, "--data", detail, false);
   }
   return 0;
 }
@@ -335,7 +345,7 @@ static int same_loaded_weights(struct trainer *t) {
   else
     snprintf(d, sizeof d, "%.0f rank(s) loaded other values than rank 0's %s (their logs say which)", differ,
              t->o->load_weights);
-  return fail_together(t, "--load-weights", d);
+  return fail_together(t, "--load-weights", d, t->o->load_weights && r0 != h);
 }
 
 static int setup_model(struct trainer *t) {

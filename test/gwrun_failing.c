@@ -1,0 +1,49 @@
+/* gwrun_failing.c - a rank for gw-run's tests of naming the rank a job's
+ * failure began at (tools/gw-run-cause.c).
+ *
+ * Every rank joins (gw_comm_init_env) and passes a barrier.  Then rank
+ * GWF_RANK (default 1) gives up on its own: with GWF_RECORD=1 it first
+ * records "rank R: bad input (gwrun_failing)" (gw_record_failure); it aborts
+ * its communicator and calls an allreduce, which fails and tells the others
+ * (the library records that abort as this rank's own failure, unless the
+ * program's record came first), then takes GWF_LINGER seconds (default 3)
+ * before exiting 1, as a program cleaning up or saving would.  The others
+ * call one allreduce, which fails with the notice, and exit 1 at once: gw-run
+ * sees them fail first. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "gradwire.h"
+
+int main(void) {
+  gw_comm_t comm;
+  if (gw_comm_init_env(&comm) != GW_SUCCESS) {
+    fprintf(stderr, "gwrun_failing: init: %s\n", gw_comm_last_error(NULL));
+    return 2;
+  }
+  int rank = -1;
+  gw_comm_rank(comm, &rank);
+  const int victim = getenv("GWF_RANK") ? atoi(getenv("GWF_RANK")) : 1;
+  const double linger = getenv("GWF_LINGER") ? atof(getenv("GWF_LINGER")) : 3;
+  if (gw_barrier(comm) != GW_SUCCESS) {
+    fprintf(stderr, "gwrun_failing: rank %d: barrier: %s\n", rank, gw_comm_last_error(comm));
+    return 2;
+  }
+  float x = 1;
+  if (rank == victim) {
+    char why[128];
+    snprintf(why, sizeof why, "rank %d: bad input (gwrun_failing)", rank);
+    if (getenv("GWF_RECORD") && atoi(getenv("GWF_RECORD"))) gw_record_failure(why);
+    fprintf(stderr, "%s; giving up\n", why);
+    gw_comm_abort(comm);
+    gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL); /* fails: the others hear of it */
+    usleep((useconds_t)(linger * 1e6));
+    gw_comm_destroy(comm);
+    return 1;
+  }
+  const gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL);
+  fprintf(stderr, "gwrun_failing: rank %d: allreduce: %s: %s\n", rank, gw_strerror(r), gw_comm_last_error(comm));
+  gw_comm_destroy(comm);
+  return r == GW_SUCCESS ? 0 : 1;
+}

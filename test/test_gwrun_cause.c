@@ -1,0 +1,148 @@
+/*
+ * test_gwrun_cause.c: gw-run names the rank a failure began at when that is
+ * not the rank it saw fail first (tools/gw-run-cause.c): each rank's
+ * GW_ERROR_FILE, the records libgradwire writes (comm/failrec.c) and the
+ * program's own (gw_record_failure), records written by hand (what gw-run
+ * takes and what it leaves), and the records' folder removed afterwards.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gwrun_helpers.h"
+
+/* A folder for gw-run's TMPDIR (its records' folder goes there). */
+static void fresh_tmp(char *dir, size_t len)
+{
+    snprintf(dir, len, "/tmp/gwrun-cause-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+/* Whether gw-run left nothing in dir (then removes it). */
+static bool left_nothing(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    rmdir(dir);
+    return n == 0;
+}
+
+/* The line of text starting with start ("" when none). */
+static const char *line_of(const char *text, const char *start, char *buf, size_t len)
+{
+    const char *p = strstr(text, start);
+    buf[0] = '\0';
+    if (p)
+        snprintf(buf, len, "%.*s", (int)strcspn(p, "\n"), p);
+    return buf;
+}
+
+static const char *failing_bin(void)
+{
+    const char *b = getenv("GW_TEST_FAILING_BIN");
+    ck_assert_msg(b && *b, "GW_TEST_FAILING_BIN is not set (point it at the built gwrun_failing)");
+    return b;
+}
+
+/* Rank 1 gives up on its own and lingers 3 s; ranks 0 and 2 fail of it at
+ * once and are the ones gw-run sees fail.  The line names rank 1 and the
+ * reason it recorded: the program's own (gw_record_failure), or, without
+ * one, the library's record of its abort. */
+static void origin_named(bool record, const char *reason)
+{
+    char tmp[64], env_tmp[100], line[1200];
+    fresh_tmp(tmp, sizeof tmp);
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
+    const char *env[] = {env_tmp, record ? "GWF_RECORD=1" : "GWF_RECORD=0", "GW_TIMEOUT=30", NULL};
+    const char *args[] = {"-n", "3", failing_bin(), NULL};
+    struct run r;
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 1, "exit code %d; stderr:\n%s", r.code, r.err);
+    /* the first failure gw-run saw is rank 0's or rank 2's (rank 1 lingers) */
+    ck_assert_msg(strstr(r.err, "gw-run: rank 0 (pid") || strstr(r.err, "gw-run: rank 2 (pid"), "stderr:\n%s", r.err);
+    line_of(r.err, "gw-run: the failure began at ", line, sizeof line);
+    char want[200];
+    snprintf(want, sizeof want, "): %s", reason);
+    ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") && strstr(line, " before rank ") &&
+                      !strstr(line, " before rank 1's") && strlen(line) > strlen(want) &&
+                      !strcmp(line + strlen(line) - strlen(want), want),
+                  "no line naming rank 1 with '%s'; stderr:\n%s", reason, r.err);
+    ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
+    gwrun_free(&r);
+}
+
+START_TEST(test_failure_origin_named)
+{
+    origin_named(true, "rank 1: bad input (gwrun_failing)");
+    origin_named(false, "rank 1: aborted by gw_comm_abort");
+}
+END_TEST
+
+/* Records written by hand: an origin 5 s before the failure gw-run saw is
+ * named with its time; a consequence, a record of a rank that exited 0, a
+ * malformed one and one from after the failure are not.  Each rank gets its
+ * own GW_ERROR_FILE whatever gw-run was given. */
+START_TEST(test_failure_records_read)
+{
+    char tmp[64], env_tmp[100], line[1200];
+    fresh_tmp(tmp, sizeof tmp);
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
+    const char *env[] = {env_tmp, "GW_ERROR_FILE=/tmp/gwrun-cause-shared", NULL};
+    /* rank 0 fails first; rank 1 recorded an origin 5 s ago and is stopped by
+     * the teardown; rank 2 a consequence 9 s ago; rank 3 an origin 8 s ago
+     * but exits 0 first; rank 4 a line with no time; rank 5 an origin in the
+     * future (after the failure gw-run saw) */
+    const char *script =
+        "now=$(date +%s); echo \"$GW_ERROR_FILE\"; "
+        "case $GW_RANK in "
+        "0) sleep 1; exit 1;; "
+        "1) printf 'gw-failure 1\\torigin\\t%s.250000\\t%s\\tmy own words\\n' $((now - 5)) $$ > \"$GW_ERROR_FILE\"; "
+        "   exec sleep 30;; "
+        "2) printf 'gw-failure 1\\tconsequence\\t%s.000000\\t%s\\ttold\\n' $((now - 9)) $$ > \"$GW_ERROR_FILE\"; "
+        "   exec sleep 30;; "
+        "3) printf 'gw-failure 1\\torigin\\t%s.000000\\t%s\\tfine after all\\n' $((now - 8)) $$ > \"$GW_ERROR_FILE\"; "
+        "   exit 0;; "
+        "4) printf 'gw-failure 1\\torigin\\tsoon\\t%s\\tno time\\n' $$ > \"$GW_ERROR_FILE\"; exec sleep 30;; "
+        "5) printf 'gw-failure 1\\torigin\\t%s.000000\\t%s\\tlater\\n' $((now + 60)) $$ > \"$GW_ERROR_FILE\"; "
+        "   exec sleep 30;; "
+        "esac";
+    const char *args[] = {"-n", "6", "sh", "-c", script, NULL};
+    struct run r;
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 1, "exit code %d; stderr:\n%s", r.code, r.err);
+    ck_assert_msg(strstr(r.err, "gw-run: rank 0 (pid"), "stderr:\n%s", r.err);
+    line_of(r.err, "gw-run: the failure began at ", line, sizeof line);
+    ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") &&
+                      strstr(line, " s before rank 0's failure above): my own words") && !strstr(line, "\t"),
+                  "stderr:\n%s", r.err);
+    double ahead = 0;
+    const char *s = strstr(line, "(pid ");
+    ck_assert_msg(s && sscanf(s, "(pid %*d, %lf s before", &ahead) == 1 && ahead > 4.5 && ahead < 8, "line: %s", line);
+    /* every rank its own file, in gw-run's folder under TMPDIR */
+    for (int k = 0; k < 6; k++) {
+        char want[160];
+        snprintf(want, sizeof want, "[%d] %s/gw-run-", k, tmp);
+        ck_assert_msg(strstr(r.out, want), "rank %d's GW_ERROR_FILE is not under %s:\n%s", k, tmp, r.out);
+        snprintf(want, sizeof want, "/rank.%d\n", k);
+        ck_assert_msg(strstr(r.out, want), "rank %d's GW_ERROR_FILE:\n%s", k, r.out);
+    }
+    ck_assert_msg(access("/tmp/gwrun-cause-shared", F_OK) != 0, "a rank wrote gw-run's own GW_ERROR_FILE");
+    ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
+    gwrun_free(&r);
+}
+END_TEST
+
+void gwrun_add_cause_tests(TCase *tc)
+{
+    tcase_add_test(tc, test_failure_origin_named);
+    tcase_add_test(tc, test_failure_records_read);
+}
