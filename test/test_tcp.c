@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -192,6 +194,42 @@ START_TEST(test_ipv6_link_local) {
   int r = run_in_child(in_link_local_netns, NULL);
   if (r == 77) {
     printf("test_ipv6_link_local: cannot make a network namespace with a veth pair here: not run\n");
+    return;
+  }
+  ck_assert_int_eq(r, 0);
+}
+END_TEST
+
+/* gw__sock_local_down on a connection over lo in a network namespace of the
+ * test's own: up; lo down; lo up without its address. */
+static int local_link_states(void *arg) {
+  (void)arg;
+  if (unshare(CLONE_NEWNET) != 0 || system("ip link set lo up") != 0) return 77;
+  int l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  if (l < 0 || c < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1) ||
+      getsockname(l, (struct sockaddr *)&a, &al) || connect(c, (struct sockaddr *)&a, sizeof a))
+    return 2;
+  char why[300] = "";
+  int bad = 0;
+  if (gw__sock_local_down(c, why, sizeof why) != GW_LOCAL_UP) bad |= 1, printf("lo up: %s\n", why);
+  if (system("ip link set lo down") != 0) return 2;
+  if (gw__sock_local_down(c, why, sizeof why) != GW_LOCAL_DOWN || strcmp(why, "this machine's interface lo, "
+                                                                           "127.0.0.1, is down"))
+    bad |= 2, printf("lo down: %s\n", why);
+  if (system("ip link set lo up && ip addr del 127.0.0.1/8 dev lo") != 0) return 2;
+  if (gw__sock_local_down(c, why, sizeof why) != GW_LOCAL_DOWN || !strstr(why, "no longer has the address 127.0.0.1"))
+    bad |= 4, printf("address gone: %s\n", why);
+  if (gw__sock_local_down(-1, why, sizeof why) != GW_LOCAL_UP) bad |= 8; /* no socket: cannot tell */
+  close(c), close(l);
+  return bad ? 1 : 0;
+}
+
+START_TEST(test_local_link_down_named) {
+  int r = run_in_child(local_link_states, NULL);
+  if (r == 77) {
+    printf("test_local_link_down_named: cannot make a network namespace here: not run\n");
     return;
   }
   ck_assert_int_eq(r, 0);
@@ -583,6 +621,16 @@ static int raw_vanished(int rank, int n, const char *master, void *arg) {
   snprintf(done, sizeof done, "/tmp/%s-done", ns_a);
   if (rank == 1) { /* gone, as far as the others can tell, but not closing anything, until both are done */
     EXPECT(system("ip link set gwvb down") == 0, "cutting the link");
+    /* Its own call fails too, blaming its own interface, not rank 0 or 2
+     * ("did rank 0 exit, or its machine go away?"); its notice cannot reach
+     * them (the link is down). */
+    const double t1 = test_now();
+    const gw_result_t own = gw_allreduce(x, x, M, GW_FLOAT32, GW_SUM, comm, NULL);
+    if (getenv("GW_TEST_VERBOSE"))
+      printf("rank 1 after %.1f s: %s: %s\n", test_now() - t1, gw_strerror(own), gw_comm_last_error(comm)),
+          fflush(stdout);
+    EXPECT(own == GW_ERR_SYSTEM && strstr(gw_comm_last_error(comm), "this machine's interface gwvb, 10.83.0.2, is down"),
+           "rank 1, whose interface is down: %s: %s", gw_strerror(own), gw_comm_last_error(comm));
     for (int i = 0; i < 400 && access(done, F_OK) != 0; i++) usleep(100000);
     unlink(done);
     _exit(0);
@@ -645,6 +693,7 @@ int main(void) {
   tcase_add_test(tc, test_forked_child_keeps_no_socket);
   tcase_add_test(tc, test_slot_bytes_differ);
   tcase_add_test(tc, test_ipv6_link_local);
+  tcase_add_test(tc, test_local_link_down_named);
   tcase_add_test(tc, test_skipped_part_named);
   tcase_add_test(tc, test_closed_sender_look);
   tcase_add_test(tc, test_receiver_gave_up);

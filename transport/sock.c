@@ -1,6 +1,7 @@
 /* sock.c - see sock.h. */
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -233,6 +234,52 @@ gw_result_t gw__conn_fail(const struct gw_conn *c, gw_result_t *failed, char *ms
            c->is_send ? "to" : "from", c->peer, c->peer_host, where, what);
   *failed = code;
   return code;
+}
+
+/* ifa's address is the socket's: the same family and bytes (a v4-mapped v6
+ * address as the v4 one). */
+static bool same_address(const struct sockaddr *ifa, const struct sockaddr_storage *me) {
+  if (ifa->sa_family == AF_INET && me->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)ifa)->sin_addr.s_addr == ((const struct sockaddr_in *)me)->sin_addr.s_addr;
+  if (ifa->sa_family == AF_INET6 && me->ss_family == AF_INET6)
+    return !memcmp(&((const struct sockaddr_in6 *)ifa)->sin6_addr, &((const struct sockaddr_in6 *)me)->sin6_addr,
+                   sizeof(struct in6_addr));
+  return false;
+}
+
+enum gw_local_link gw__sock_local_down(int fd, char *why, size_t len) {
+  struct sockaddr_storage me;
+  socklen_t sl = sizeof me;
+  if (fd < 0 || getsockname(fd, (struct sockaddr *)&me, &sl) != 0) return GW_LOCAL_UP;
+  if (me.ss_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&((struct sockaddr_in6 *)&me)->sin6_addr)) {
+    struct sockaddr_in v4 = {.sin_family = AF_INET};
+    memcpy(&v4.sin_addr, &((struct sockaddr_in6 *)&me)->sin6_addr.s6_addr[12], 4);
+    memset(&me, 0, sizeof me);
+    memcpy(&me, &v4, sizeof v4);
+  }
+  if (me.ss_family != AF_INET && me.ss_family != AF_INET6) return GW_LOCAL_UP;
+  char addr[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(me.ss_family, me.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)&me)->sin_addr
+                                                  : (const void *)&((struct sockaddr_in6 *)&me)->sin6_addr,
+            addr, sizeof addr);
+  struct ifaddrs *ifs;
+  if (getifaddrs(&ifs) != 0) return GW_LOCAL_UP;
+  const struct ifaddrs *hit = NULL;
+  for (const struct ifaddrs *i = ifs; i && !hit; i = i->ifa_next)
+    if (i->ifa_addr && same_address(i->ifa_addr, &me)) hit = i;
+  enum gw_local_link link = GW_LOCAL_DOWN;
+  if (!hit)
+    snprintf(why, len, "this machine no longer has the address %s the connection was made from: its interface went "
+             "away or lost it", addr);
+  else if (!(hit->ifa_flags & IFF_UP))
+    snprintf(why, len, "this machine's interface %.32s, %s, is down", hit->ifa_name, addr);
+  else if (!(hit->ifa_flags & IFF_RUNNING))
+    snprintf(why, len, "this machine's interface %.32s, %s, has no link (its cable, its switch port, or the machine "
+             "at the other end of a direct cable)", hit->ifa_name, addr), link = GW_LOCAL_NO_LINK;
+  else
+    link = GW_LOCAL_UP;
+  freeifaddrs(ifs);
+  return link;
 }
 
 gw_result_t gw__sock_errno_kind(int e, const char **hint) {

@@ -64,6 +64,17 @@ void gw__sock_tune(int fd);
  * reset, refused, timed out, host unreachable); *hint: words to add for this
  * rank's own, or "". */
 gw_result_t gw__sock_errno_kind(int e, const char **hint);
+/* Whether this machine's side of fd's connection is gone: GW_LOCAL_DOWN when
+ * the interface its local address is on is down or no interface has that
+ * address any more (then a timeout or an unreachable peer on it is this
+ * machine's failure, not the peer's), GW_LOCAL_NO_LINK when the interface is
+ * up without a link (a cable, a switch port, or the machine at the other end
+ * of a direct one: either side's); why (at least 256 bytes) says which,
+ * "this machine's interface eth0, 10.0.0.2, is down".  GW_LOCAL_UP when the
+ * interface is up, or when it cannot tell (no socket address, getifaddrs
+ * failed). */
+enum gw_local_link { GW_LOCAL_UP, GW_LOCAL_DOWN, GW_LOCAL_NO_LINK };
+enum gw_local_link gw__sock_local_down(int fd, char *why, size_t len);
 
 /* A connection's first failure, for the transport to report from its data-path
  * calls: formats "rank S: <transport> connection to|from rank P (host)<where>:

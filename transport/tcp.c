@@ -288,6 +288,17 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
 static gw_result_t io_fail(struct gw_conn *c, struct tcp_conn *t, const char *what, int e) {
   const char *hint;
   const gw_result_t kind = gw__sock_errno_kind(e, &hint);
+  /* A timeout or an unreachable peer with this machine's own interface down
+   * (its streams share the route): this rank's failure, said so. */
+  char here[300];
+  int fd = -1;
+  for (uint32_t s = 0; s < t->nstreams && fd < 0; s++) fd = t->ss[s].fd >= 0 ? t->ss[s].fd : t->rs[s].fd;
+  const enum gw_local_link link = kind == GW_ERR_REMOTE && (e == ETIMEDOUT || e == EHOSTUNREACH || e == EHOSTDOWN)
+                                      ? gw__sock_local_down(fd, here, sizeof here)
+                                      : GW_LOCAL_UP;
+  if (link == GW_LOCAL_DOWN) return fail(c, t, GW_ERR_SYSTEM, "%s failed: %s (%s)", what, strerror(e), here);
+  if (link == GW_LOCAL_NO_LINK)
+    return fail(c, t, kind, "%s failed: %s (did rank %d's machine go away? %s)", what, strerror(e), c->peer, here);
   if (kind == GW_ERR_REMOTE)
     return fail(c, t, kind, "%s failed: %s (did rank %d exit, or its machine go away?)", what, strerror(e), c->peer);
   return fail(c, t, kind, "%s failed: %s%s", what, strerror(e), hint);
