@@ -428,6 +428,17 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
     return refuse(b, GW_ERR_INVALID_ARGUMENT,
                   "gw_bucketer_ready: offset %zu + count %zu is outside the buffer of %zu elements", offset, count,
                   b->count);
+  /* A communicator that failed already (a bucket's allreduce on the progress
+   * thread, a peer's notice, an abort): said at once, not only by the mark
+   * that completes a bucket or by the wait (gradwire.h). */
+  const int comm_failed = atomic_load(&b->comm->failed);
+  if (comm_failed && !b->failed) {
+    char first[GW_ERRMSG_MAX];
+    pthread_mutex_lock(&b->comm->err_mu);
+    snprintf(first, sizeof first, "%s", b->comm->first_error);
+    pthread_mutex_unlock(&b->comm->err_mu);
+    return fail(b->comm, comm_failed, "gw_bucketer_ready: the communicator has failed (first error: %.400s)", first);
+  }
   /* after a failed start every later mark of the step says it, empty ones too (gradwire.h) */
   if (b->failed)
     return fail(b->comm, b->failed, "gw_bucketer_ready: a bucket of this step could not start: %s", b->failmsg);

@@ -309,7 +309,10 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
  * startable.  Marking an element twice in one step, or outside the buffer, is
  * GW_ERR_INVALID_ARGUMENT.  Marks may come from several threads (they are
  * serialized).  When a bucket cannot start, this and every later mark of the
- * step return that error, and gw_bucketer_wait reports it. */
+ * step return that error, and gw_bucketer_wait reports it.  Once the
+ * communicator has failed (a bucket's allreduce, a peer's notice, an abort)
+ * every mark returns its failure at once (it returned success until the
+ * mark that completed a bucket, or the wait). */
 gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
 /* Waits for every bucket's allreduce and resets for the next step.  A step is
  * all or nothing: when some bucket was never completely marked (or could not

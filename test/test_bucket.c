@@ -721,6 +721,30 @@ START_TEST(test_reason_after_call) {
 }
 END_TEST
 
+/* A mark on a communicator that failed already (here rank 1's abort, heard
+ * by rank 0 in a barrier) returns the failure at once: it returned success
+ * until a mark completed a bucket, or the wait. */
+static int body_ready_after_failure(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  gw_comm_set_timeout(comm, 30);
+  float g[M] = {0};
+  gw_bucketer_t bk;
+  EXPECT(create3(comm, g, &bk) == GW_SUCCESS, "create");
+  if (rank == 1) gw_comm_abort(comm);
+  EXPECT(gw_barrier(comm) != GW_SUCCESS, "rank %d: the barrier passed", rank);
+  const gw_result_t r = gw_bucketer_ready(bk, 0, 1); /* completes no bucket */
+  EXPECT(r == (rank == 1 ? GW_ERR_ABORTED : GW_ERR_REMOTE) &&
+             strstr(gw_comm_last_error(comm), "gw_bucketer_ready: the communicator has failed (first error: ") &&
+             strstr(gw_comm_last_error(comm), "rank 1: aborted by gw_comm_abort"),
+         "rank %d: ready on a failed communicator: %s: %s", rank, gw_strerror(r), gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_wait(bk) != GW_SUCCESS, "rank %d: the step passed", rank);
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_ready_after_failure) { ck_assert_int_eq(run_ranks(2, body_ready_after_failure, NULL, 60), 0); }
+END_TEST
+
 START_TEST(test_start_failure) {
   setenv("GW_DEV_EMULATE", "2", 1);
   ck_assert_int_eq(run_ranks(2, body_start_failure, NULL, 60), 0);
@@ -742,6 +766,7 @@ int main(void) {
   tcase_add_test(tc, test_one_rank_incomplete);
   tcase_add_test(tc, test_stream_refused);
   tcase_add_test(tc, test_start_failure);
+  tcase_add_test(tc, test_ready_after_failure);
   tcase_add_test(tc, test_destroy_after_refused);
   tcase_add_test(tc, test_refused_settings);
   tcase_add_test(tc, test_reason_beside_call);
