@@ -478,73 +478,92 @@ static bool links_a_checkpoint(const char *dir, const char *path, char *out, siz
 /* Two of the files the run writes under one name: one would replace the
  * other (--save-weights renamed over the metrics; the plot's data file
  * rewritten over them each epoch). */
-static int outputs_collide(const struct train_opts *o) {
-  char names[5][4200];
-  const char *flags[5] = {"--metrics", "--save-weights", "--plot", "--plot (its data, PNG.dat)",
-                          "--plot (its script, PNG.gp)"};
-  const char *given[5] = {o->metrics, o->save_weights, o->plot, NULL, NULL};
-  if (o->plot) {
-    snprintf(names[3], sizeof names[3], "%s.dat", o->plot), given[3] = names[3];
-    snprintf(names[4], sizeof names[4], "%s.gp", o->plot), given[4] = names[4];
+/* The files a run writes, as the collision rules see them: appended (written
+ * in place, --metrics: any other name of the file, a hard link or a bind
+ * mount, is the file) or renamed into place at the end (the others: a hard
+ * link's other names keep the old file), and whether it may replace the
+ * --load-weights file (--save-weights: fine-tuning in place).  at: where()'s
+ * spelling of path. */
+struct output {
+  const char *flag, *path;
+  bool appended, may_replace_input;
+  char at[8400];
+};
+
+/* A checkpoint folder's own names: --checkpoint-dir's by any name of the
+ * folder (a bind mount), and another run's folder (one with a .gw-train.lock:
+ * --save-weights replaced a checkpoint of it) while that run holds it, or
+ * after it unless fine-tuning a checkpoint in place; and for an appended file
+ * any other name (a hard link) of one of --checkpoint-dir's checkpoints. */
+static int collides_with_checkpoints(const struct train_opts *o, const struct output *w, const char *dir,
+                                     const char *in) {
+  char parent[8400], lock[8500], linked[8400];
+  const size_t pl = strnlen(w->at, sizeof parent - 1);
+  memcpy(parent, w->at, pl), parent[pl] = 0;
+  char *slash = strrchr(parent, '/');
+  const char *base = slash ? w->at + (slash - parent) + 1 : w->at;
+  if (slash == parent) parent[1] = 0;
+  else if (slash) *slash = 0;
+  else snprintf(parent, sizeof parent, ".");
+  const bool ours = o->checkpoint_dir && (!strcmp(parent, dir) || same_file(parent, o->checkpoint_dir));
+  snprintf(lock, sizeof lock, "%s/.gw-train.lock", parent);
+  if (checkpoint_name(base) && ours)
+    return bad("%s %s is a name of --checkpoint-dir's own files (ckpt-<step>.safetensors*, .gw-train.lock): "
+               "its saves and pruning would replace or delete it", w->flag, w->path);
+  /* Another run's folder: refused while that run holds it (its pruning
+   * deletes by name); after it, only fine-tuning a checkpoint in place
+   * (--save-weights the --load-weights file) may replace one. */
+  const bool in_place = w->may_replace_input && o->load_weights && !strcmp(w->at, in);
+  if (checkpoint_name(base) && access(lock, F_OK) == 0 && (lock_held(lock) || !in_place))
+    return bad(lock_held(lock) ? "%s %s is a name of a checkpoint folder's own files, and a running gw-train "
+                                 "holds that folder (.gw-train.lock): its saves and pruning would replace or "
+                                 "delete it"
+                               : "%s %s is a name of a checkpoint folder's own files (the folder has a "
+                                 ".gw-train.lock): it would replace that run's checkpoint (to fine-tune one in "
+                                 "place, give it as both --load-weights and --save-weights)",
+               w->flag, w->path);
+  if (w->appended && o->checkpoint_dir && links_a_checkpoint(o->checkpoint_dir, w->path, linked, sizeof linked)) {
+    fprintf(stderr, "gw-train: %s %s is another name (a hard link) of %s: writing it would damage that checkpoint\n",
+            w->flag, w->path, linked);
+    return -1;
   }
-  char at[5][8400];
-  for (int i = 0; i < 5; i++)
-    if (given[i]) where(given[i], at[i], sizeof at[i]);
-  for (int i = 0; i < 5; i++)
-    for (int j = i + 1; j < 5; j++)
-      if (given[i] && given[j] && (!strcmp(at[i], at[j]) || (i == 0 && same_file(given[i], given[j]))))
-        return bad("%s and %s name the same file: one would replace the other", flags[i], flags[j]);
+  return 0;
+}
+
+static int outputs_collide(const struct train_opts *o) {
+  char dat[4200], gp[4200];
+  if (o->plot) snprintf(dat, sizeof dat, "%s.dat", o->plot), snprintf(gp, sizeof gp, "%s.gp", o->plot);
+  struct output w[5] = {
+      {"--metrics", o->metrics, true, false, ""},
+      {"--save-weights", o->save_weights, false, true, ""},
+      {"--plot", o->plot, false, false, ""},
+      {"--plot (its data, PNG.dat)", o->plot ? dat : NULL, false, false, ""},
+      {"--plot (its script, PNG.gp)", o->plot ? gp : NULL, false, false, ""},
+  };
+  const int n = (int)(sizeof w / sizeof w[0]);
+  for (int i = 0; i < n; i++)
+    if (w[i].path) where(w[i].path, w[i].at, sizeof w[i].at);
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++)
+      if (w[i].path && w[j].path &&
+          (!strcmp(w[i].at, w[j].at) || ((w[i].appended || w[j].appended) && same_file(w[i].path, w[j].path))))
+        return bad("%s and %s name the same file: one would replace the other", w[i].flag, w[j].flag);
   /* The input: the metrics were appended to it, the plot written over it (a
    * later --load-weights refused what was left).  --save-weights may replace
    * it: that save is atomic, at the end, as fine-tuning in place wants. */
-  char in[8400];
+  char in[8400] = "", dir[8400] = "";
   if (o->load_weights) where(o->load_weights, in, sizeof in);
-  for (int i = 0; i < 5; i++)
-    if (o->load_weights && given[i] && i != 1 &&
-        (!strcmp(at[i], in) || (i == 0 && same_file(given[i], o->load_weights))))
-      return bad("%s %s is --load-weights's file: the run would write over the weights it starts from", flags[i],
-                 given[i]);
-  /* The checkpoint folder's own files: a save or the pruning there replaces
+  for (int i = 0; i < n; i++)
+    if (o->load_weights && w[i].path && !w[i].may_replace_input &&
+        (!strcmp(w[i].at, in) || (w[i].appended && same_file(w[i].path, o->load_weights))))
+      return bad("%s %s is --load-weights's file: the run would write over the weights it starts from", w[i].flag,
+                 w[i].path);
+  /* The checkpoint folders' own files: a save or the pruning there replaces
    * or deletes them (--save-weights over ckpt-N was taken for a damaged
-   * checkpoint, and the resume went back a save); by any other name of the
-   * folder (a bind mount) or of the file (a hard link) too, and in another
-   * run's checkpoint folder (one with a .gw-train.lock: --save-weights
-   * replaced a checkpoint of it). */
-  char dir[8400];
+   * checkpoint, and the resume went back a save). */
   if (o->checkpoint_dir) where(o->checkpoint_dir, dir, sizeof dir);
-  for (int i = 0; i < 5; i++) {
-    if (!given[i]) continue;
-    char parent[8400], lock[8500], linked[8400];
-    const size_t pl = strnlen(at[i], sizeof parent - 1);
-    memcpy(parent, at[i], pl), parent[pl] = 0;
-    char *slash = strrchr(parent, '/');
-    const char *base = slash ? at[i] + (slash - parent) + 1 : at[i];
-    if (slash == parent) parent[1] = 0;
-    else if (slash) *slash = 0;
-    else snprintf(parent, sizeof parent, ".");
-    const bool ours = o->checkpoint_dir && (!strcmp(parent, dir) || same_file(parent, o->checkpoint_dir));
-    snprintf(lock, sizeof lock, "%s/.gw-train.lock", parent);
-    if (checkpoint_name(base) && ours)
-      return bad("%s %s is a name of --checkpoint-dir's own files (ckpt-<step>.safetensors*, .gw-train.lock): "
-                 "its saves and pruning would replace or delete it", flags[i], given[i]);
-    /* Another run's folder: refused while that run holds it (its pruning
-     * deletes by name); after it, only fine-tuning a checkpoint in place
-     * (--save-weights the --load-weights file) may replace one. */
-    const bool in_place = i == 1 && o->load_weights && !strcmp(at[i], in);
-    if (checkpoint_name(base) && access(lock, F_OK) == 0 && (lock_held(lock) || !in_place))
-      return bad(lock_held(lock) ? "%s %s is a name of a checkpoint folder's own files, and a running gw-train "
-                                   "holds that folder (.gw-train.lock): its saves and pruning would replace or "
-                                   "delete it"
-                                 : "%s %s is a name of a checkpoint folder's own files (the folder has a "
-                                   ".gw-train.lock): it would replace that run's checkpoint (to fine-tune one in "
-                                   "place, give it as both --load-weights and --save-weights)",
-                 flags[i], given[i]);
-    if (i == 0 && o->checkpoint_dir && links_a_checkpoint(o->checkpoint_dir, given[i], linked, sizeof linked)) {
-      fprintf(stderr, "gw-train: %s %s is another name (a hard link) of %s: writing it would damage that checkpoint\n",
-              flags[i], given[i], linked);
-      return -1;
-    }
-  }
+  for (int i = 0; i < n; i++)
+    if (w[i].path && collides_with_checkpoints(o, &w[i], dir, in) != 0) return -1;
   return 0;
 }
 
