@@ -433,11 +433,13 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
    * that completes a bucket or by the wait (gradwire.h). */
   const int comm_failed = atomic_load(&b->comm->failed);
   if (comm_failed && !b->failed) {
-    char first[GW_ERRMSG_MAX];
+    /* kept as a failed start's reason is: the wait says it, not "incomplete" */
+    b->failed = comm_failed;
     pthread_mutex_lock(&b->comm->err_mu);
-    snprintf(first, sizeof first, "%s", b->comm->first_error);
+    snprintf(b->failmsg, sizeof b->failmsg, "%s", b->comm->first_error);
     pthread_mutex_unlock(&b->comm->err_mu);
-    return fail(b->comm, comm_failed, "gw_bucketer_ready: the communicator has failed (first error: %.400s)", first);
+    return fail(b->comm, comm_failed, "gw_bucketer_ready: the communicator has failed (first error: %.400s)",
+                b->failmsg);
   }
   /* after a failed start every later mark of the step says it, empty ones too (gradwire.h) */
   if (b->failed)
