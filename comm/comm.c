@@ -529,6 +529,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   struct gw_errctx err = {{0}};
   gw_result_t res;
   gw__log_init();
+  gw__record_failure_init();
   if (!out) return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_comm_init: comm is NULL"));
   *out = NULL;
   if (nranks < 1 || rank < 0 || rank >= nranks)

@@ -77,6 +77,8 @@ gw_result_t gw__err(struct gw_errctx *ctx, gw_result_t code, const char *fmt, ..
  * origin, its own finding; else news of another rank's failure.  Later
  * calls do nothing. */
 void gw__record_failure(bool origin, const char *msg);
+/* Reads GW_ERROR_FILE once, on a caller's thread (gw_comm_init). */
+void gw__record_failure_init(void);
 /* Thread-local message for failures with no communicator (init). */
 void gw__set_thread_error(const char *msg);
 const char *gw__thread_error(void);

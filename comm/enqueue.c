@@ -92,8 +92,8 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
   if (first) snprintf(comm->first_error, sizeof comm->first_error, "%s", err->msg);
   snprintf(comm->last_error, sizeof comm->last_error, "%s", err->msg);
   pthread_mutex_unlock(&comm->err_mu);
-  if (first) gw__record_failure(res != GW_ERR_REMOTE, err->msg);
   if (first && comm->nranks > 1) gw__send_abort(comm, desc, err->msg);
+  if (first) gw__record_failure(res != GW_ERR_REMOTE, err->msg); /* after the peers were told */
 }
 
 /* A failure noticed on a caller's thread, outside any operation (a step the

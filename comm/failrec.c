@@ -13,12 +13,13 @@
  *
  * One line: "gw-failure 1 TAB origin|consequence TAB SECONDS.MICROS TAB PID
  * TAB MESSAGE" (tabs and line breaks in the message made spaces), written
- * with one write(2) to a file created afresh (O_TRUNC; a symbolic link is not
- * followed).  Only the first failure of the process is recorded: later ones
+ * with one write(2) to a file that must not exist yet (a symbolic link is
+ * not followed).  Only the first failure of the process is recorded: later ones
  * are usually its consequences (an abort after a timeout, a destroy after a
  * failed step).  Nothing is said when the file cannot be written: the record
  * is a hint to the launcher, not a result. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,10 +30,22 @@
 #include "core.h"
 
 static atomic_int recorded;
+static pthread_once_t path_once = PTHREAD_ONCE_INIT;
+static char path[4096]; /* GW_ERROR_FILE, read once ("": none) */
+
+static void read_path(void) {
+  const char *p = getenv("GW_ERROR_FILE");
+  if (p && strlen(p) < sizeof path) snprintf(path, sizeof path, "%s", p);
+}
+
+/* On a caller's thread (gw_comm_init, gw_record_failure): the progress
+ * thread that records a failure must not read the environment while the
+ * application may be changing it. */
+void gw__record_failure_init(void) { pthread_once(&path_once, read_path); }
 
 void gw__record_failure(bool origin, const char *msg) {
-  const char *path = getenv("GW_ERROR_FILE");
-  if (!path || !*path || atomic_exchange(&recorded, 1)) return;
+  gw__record_failure_init();
+  if (!path[0] || atomic_exchange(&recorded, 1)) return;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   char line[96 + GW_ERRMSG_MAX * 2];
@@ -41,11 +54,15 @@ void gw__record_failure(bool origin, const char *msg) {
   for (const char *p = msg ? msg : ""; *p && n < (int)sizeof line - 2; p++)
     line[n++] = *p == '\t' || *p == '\n' || *p == '\r' ? ' ' : *p;
   line[n++] = '\n';
-  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  /* O_EXCL: the first record wins across processes too (a rank's forked
+   * child, a second program the rank's script runs); the launcher removes
+   * the file before each start.  O_NONBLOCK: a FIFO there must not hold
+   * the failure (its notice to the peers goes after this). */
+  const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) return;
   if (write(fd, line, (size_t)n) != n) { /* a hint only: a short record is dropped by its reader */
   }
   close(fd);
 }
 
-void gw_record_failure(const char *msg) { gw__record_failure(true, msg); }
+void gw_record_failure(const char *msg, int own) { gw__record_failure(own != 0, msg); }

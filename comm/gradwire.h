@@ -194,16 +194,17 @@ const char *gw_comm_last_error(gw_comm_t comm);
 
 /* Records msg as the reason this process is failing, for its launcher: under
  * gw-run (which sets GW_ERROR_FILE for each rank) a failed job names the rank
- * whose failure came first when that is not the rank it saw exit first (the
- * one at fault often exits after the peers it told, which fail at once).
- * Call it where the program gives up for a reason of its own (bad input, a
- * failed file), before it exits or aborts its communicators.  Only the
- * process's first failure is recorded: the library records a communicator's
- * first failure itself (a timeout, a mismatch, an abort: as this rank's own;
- * another rank's failure notice or a peer gone: as a consequence), so a call
- * after one of those does nothing.  Thread-safe; without GW_ERROR_FILE it
- * does nothing. */
-void gw_record_failure(const char *msg);
+ * the failure began at when the rank it saw fail first only failed of it
+ * (the one at fault often exits after the peers it told, which fail at
+ * once).  own: 1 for a reason of this process's own (bad input, a failed
+ * file), 0 when it gives up because another rank failed (it heard so other
+ * than from this library).  Call it before the program aborts its
+ * communicators or exits: only the process's first failure is recorded, and
+ * the library records a communicator's first failure itself (a timeout, a
+ * mismatch, the program's gw_comm_abort: as its own; another rank's failure
+ * notice or a peer gone: not), so a call after one of those does nothing.
+ * Thread-safe; without GW_ERROR_FILE it does nothing. */
+void gw_record_failure(const char *msg, int own);
 
 /* The failure of an operation that ran asynchronously (stream-ordered calls
  * report nothing when they return): GW_SUCCESS, or the code of the first

@@ -34,7 +34,7 @@ int main(void) {
   if (rank == victim) {
     char why[128];
     snprintf(why, sizeof why, "rank %d: bad input (gwrun_failing)", rank);
-    if (getenv("GWF_RECORD") && atoi(getenv("GWF_RECORD"))) gw_record_failure(why);
+    if (getenv("GWF_RECORD") && atoi(getenv("GWF_RECORD"))) gw_record_failure(why, 1);
     fprintf(stderr, "%s; giving up\n", why);
     gw_comm_abort(comm);
     gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, comm, NULL); /* fails: the others hear of it */

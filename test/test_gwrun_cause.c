@@ -87,10 +87,12 @@ START_TEST(test_failure_origin_named)
 }
 END_TEST
 
-/* Records written by hand: an origin 5 s before the failure gw-run saw is
- * named with its time; a consequence, a record of a rank that exited 0, a
- * malformed one and one from after the failure are not.  Each rank gets its
- * own GW_ERROR_FILE whatever gw-run was given. */
+/* Records written by hand: an origin 5 s before the failure gw-run saw (of a
+ * rank that recorded nothing) is named with its time, its control characters
+ * made '?'; a consequence, a record of a rank that exited 0, a malformed one
+ * and one from after the failure are not.  Each rank gets its own
+ * GW_ERROR_FILE whatever gw-run was given; what a rank leaves in the folder
+ * (a folder of its own) goes with it. */
 START_TEST(test_failure_records_read)
 {
     char tmp[64], env_tmp[100], line[1200];
@@ -105,10 +107,10 @@ START_TEST(test_failure_records_read)
         "now=$(date +%s); echo \"$GW_ERROR_FILE\"; "
         "case $GW_RANK in "
         "0) sleep 1; exit 1;; "
-        "1) printf 'gw-failure 1\\torigin\\t%s.250000\\t%s\\tmy own words\\n' $((now - 5)) $$ > \"$GW_ERROR_FILE\"; "
-        "   exec sleep 30;; "
+        "1) printf 'gw-failure 1\\torigin\\t%s.250000\\t%s\\tmy own\\033[31m words\\n' $((now - 5)) $$ "
+        "   > \"$GW_ERROR_FILE\"; exec sleep 30;; "
         "2) printf 'gw-failure 1\\tconsequence\\t%s.000000\\t%s\\ttold\\n' $((now - 9)) $$ > \"$GW_ERROR_FILE\"; "
-        "   exec sleep 30;; "
+        "   mkdir \"$GW_ERROR_FILE.d\" && touch \"$GW_ERROR_FILE.d/x\"; exec sleep 30;; "
         "3) printf 'gw-failure 1\\torigin\\t%s.000000\\t%s\\tfine after all\\n' $((now - 8)) $$ > \"$GW_ERROR_FILE\"; "
         "   exit 0;; "
         "4) printf 'gw-failure 1\\torigin\\tsoon\\t%s\\tno time\\n' $$ > \"$GW_ERROR_FILE\"; exec sleep 30;; "
@@ -122,7 +124,7 @@ START_TEST(test_failure_records_read)
     ck_assert_msg(strstr(r.err, "gw-run: rank 0 (pid"), "stderr:\n%s", r.err);
     line_of(r.err, "gw-run: the failure began at ", line, sizeof line);
     ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") &&
-                      strstr(line, " s before rank 0's failure above): my own words") && !strstr(line, "\t"),
+                      strstr(line, " s before rank 0's failure above): my own?[31m words") && !strstr(line, "\t"),
                   "stderr:\n%s", r.err);
     double ahead = 0;
     const char *s = strstr(line, "(pid ");
@@ -141,8 +143,43 @@ START_TEST(test_failure_records_read)
 }
 END_TEST
 
+/* Every rank refusing the same input on its own: the rank gw-run names
+ * recorded its own failure too, so no other is said to be where it began;
+ * an empty message is said as such. */
+START_TEST(test_failure_own_everywhere)
+{
+    char tmp[64], env_tmp[100], line[1200];
+    fresh_tmp(tmp, sizeof tmp);
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
+    const char *env[] = {env_tmp, NULL};
+    const char *same = "now=$(date +%s); printf 'gw-failure 1\\torigin\\t%s.000000\\t%s\\tbad --batch\\n' "
+                       "$((now - GW_RANK)) $$ > \"$GW_ERROR_FILE\"; [ $GW_RANK = 0 ] && exit 2; exec sleep 30";
+    const char *args[] = {"-n", "3", "sh", "-c", same, NULL};
+    struct run r;
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 2 && strstr(r.err, "gw-run: rank 0 (pid") && !strstr(r.err, "the failure began"),
+                  "exit %d; stderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+    /* rank 0 told (a consequence); rank 1's origin has no words */
+    const char *empty = "now=$(date +%s); case $GW_RANK in "
+                        "0) printf 'gw-failure 1\\tconsequence\\t%s.000000\\t%s\\ttold\\n' $now $$ > \"$GW_ERROR_FILE\"; "
+                        "   sleep 0.5; exit 1;; "
+                        "1) printf 'gw-failure 1\\torigin\\t%s.000000\\t%s\\t\\n' $((now - 1)) $$ > \"$GW_ERROR_FILE\"; "
+                        "   exec sleep 30;; esac";
+    const char *args2[] = {"-n", "2", "sh", "-c", empty, NULL};
+    gwrun_run(&r, env, args2);
+    line_of(r.err, "gw-run: the failure began at ", line, sizeof line);
+    ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") &&
+                      strstr(line, " before rank 0's failure above): (an empty message)"),
+                  "stderr:\n%s", r.err);
+    ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
+    gwrun_free(&r);
+}
+END_TEST
+
 void gwrun_add_cause_tests(TCase *tc)
 {
     tcase_add_test(tc, test_failure_origin_named);
     tcase_add_test(tc, test_failure_records_read);
+    tcase_add_test(tc, test_failure_own_everywhere);
 }

@@ -11,16 +11,16 @@
  * failure: its own finding ("origin") or news of another's ("consequence"),
  * with the wall-clock time (comm/failrec.c; gw_record_failure for the
  * program's own reasons).  gw-run reads a rank's record when it exits and,
- * once the attempt is over, says the earliest origin when that is not the
- * rank it named and came before it.  Across machines each node sends its
- * ranks' origins to node 0 (a CAUSE frame), whose verdict is the job's; the
- * machines' clocks then order them (NTP keeps them within milliseconds, far
- * less than a failure takes to spread).  After a signal nothing is said: the
- * signal is the cause.
+ * once the attempt is over, says the earliest origin when the rank it named
+ * recorded none of its own and the origin came before it.  Across machines
+ * the FAIL frame says what the failed rank recorded and each node sends its
+ * earliest origin to node 0 (one CAUSE frame), whose verdict is the job's;
+ * the machines' clocks then order them (NTP keeps them within milliseconds,
+ * far less than a failure takes to spread).  After a signal nothing is said:
+ * the signal is the cause.  docs/architecture.md, "Where a failure began".
  */
-#include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,11 +42,13 @@ struct cause {
     char host[256];
     char msg[GW_RUN_MAX_STR + 1];
 };
-static struct cause first;
+static struct cause first; /* the earliest origin heard this attempt */
+static bool sent;          /* the other nodes: this attempt's earliest went to node 0 */
 /* The failure gw-run named first (or corrected to: a crash): its rank (-1:
- * no rank's, a lost node or a launcher's failure) and when gw-run heard of it. */
+ * no rank's, a lost node or a launcher's failure), what that rank recorded
+ * and when gw-run heard of it. */
 static bool named;
-static int named_rank = -1;
+static int named_rank = -1, named_kind;
 static int64_t named_us;
 
 static int64_t wall_us(void)
@@ -56,15 +58,19 @@ static int64_t wall_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag;
+    if (ftw->level > 0) /* the folder itself stays */
+        remove(path);
+    return 0;
+}
+
+/* What the ranks (or their children: a folder, files in it) left there. */
 static void empty_dir(void)
 {
-    DIR *d = dir[0] ? opendir(dir) : NULL;
-    if (!d)
-        return;
-    for (struct dirent *e; (e = readdir(d));)
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            unlinkat(dirfd(d), e->d_name, 0);
-    closedir(d);
+    if (dir[0])
+        nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static void remove_dir(void)
@@ -77,9 +83,12 @@ static void remove_dir(void)
 
 void gw__run_cause_init(void)
 {
+    /* An absolute TMPDIR (a rank that changes directory must still find its
+     * file) with room for the files' names; else /tmp. */
     const char *tmp = getenv("TMPDIR");
-    for (int i = 0; i < 2 && !dir[0]; i++) {
-        snprintf(dir, sizeof dir, "%s/gw-run-XXXXXX", i == 0 && tmp && *tmp ? tmp : "/tmp");
+    const bool usable = tmp && tmp[0] == '/' && strlen(tmp) < 3000;
+    for (int i = usable ? 0 : 1; i < 2 && !dir[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/gw-run-XXXXXX", i == 0 ? tmp : "/tmp");
         if (!mkdtemp(dir))
             dir[0] = '\0';
     }
@@ -110,60 +119,75 @@ static void consider(const struct cause *c)
         first = *c;
 }
 
-/* "gw-failure 1 TAB origin TAB SECONDS.MICROS TAB PID TAB MESSAGE\n": the
- * origin's time, pid and message; false for anything else (a consequence, a
+/* "gw-failure 1 TAB origin|consequence TAB SECONDS.MICROS TAB PID TAB
+ * MESSAGE\n": the record's kind (GW_RUN_CAUSE_ORIGIN, _CONSEQUENCE), and an
+ * origin's time, pid and message (control characters made '?', as the frames
+ * make them; an empty one said so); GW_RUN_CAUSE_NONE for anything else (a
  * short write, another format). */
-static bool parse(char *line, struct cause *c)
+static int parse(char *line, struct cause *c)
 {
     char *nl = strchr(line, '\n');
-    if (strncmp(line, "gw-failure 1\torigin\t", 20) != 0 || !nl)
-        return false;
+    const bool origin = !strncmp(line, "gw-failure 1\torigin\t", 20);
+    if (!nl || (!origin && strncmp(line, "gw-failure 1\tconsequence\t", 25)))
+        return GW_RUN_CAUSE_NONE;
     *nl = '\0';
-    char *p = line + 20, *end;
-    errno = 0;
+    char *p = line + (origin ? 20 : 25), *end;
     const long long s = strtoll(p, &end, 10);
     if (end == p || *end != '.' || s < 0 || s > 4000000000ll)
-        return false;
+        return GW_RUN_CAUSE_NONE;
     p = end + 1;
     const long us = strtol(p, &end, 10);
     if (end == p || *end != '\t' || us < 0 || us > 999999)
-        return false;
+        return GW_RUN_CAUSE_NONE;
     p = end + 1;
     c->pid = strtol(p, &end, 10);
     if (end == p || *end != '\t' || c->pid <= 0)
-        return false;
+        return GW_RUN_CAUSE_NONE;
     c->us = (int64_t)s * 1000000 + us;
-    snprintf(c->msg, sizeof c->msg, "%s", end + 1);
-    return true;
+    snprintf(c->msg, sizeof c->msg, "%s", end[1] ? end + 1 : "(an empty message)");
+    for (char *q = c->msg; *q; q++)
+        if ((unsigned char)*q < 0x20 || *q == 0x7f)
+            *q = '?';
+    return origin ? GW_RUN_CAUSE_ORIGIN : GW_RUN_CAUSE_CONSEQUENCE;
 }
 
-void gw__run_cause_read(int global, bool failed)
+int gw__run_cause_read(int global, bool failed)
 {
     if (!dir[0])
-        return;
+        return GW_RUN_CAUSE_NONE;
     char path[4200], buf[GW_RUN_MAX_STR + 128];
     snprintf(path, sizeof path, "%s/rank.%d", dir, global);
     const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return;
+        return GW_RUN_CAUSE_NONE;
     const ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
     unlink(path);
     struct cause c = {.have = true, .global = global, .node = net.on ? net.cfg.node : 0};
     if (!failed || n <= 0)
-        return;
+        return GW_RUN_CAUSE_NONE;
     buf[n] = '\0';
-    if (!parse(buf, &c))
-        return;
+    const int kind = parse(buf, &c);
+    if (kind != GW_RUN_CAUSE_ORIGIN)
+        return kind;
     snprintf(c.host, sizeof c.host, "%s", net.on ? net.myhost : "");
     consider(&c);
-    if (net.on && net.cfg.node != 0) { /* node 0 decides; the frame goes before this node's READY or end */
-        struct msg m = {.type = F_CAUSE,
-                        .v = {(uint32_t)global, (uint32_t)net.cfg.node, (uint32_t)c.pid,
-                              (uint32_t)(c.us / 1000000), (uint32_t)(c.us % 1000000)}};
-        snprintf(m.s, sizeof m.s, "%s", c.msg);
-        gw__run_net_report(&m);
-    }
+    return kind;
+}
+
+/* The other nodes, their ranks all gone: this attempt's earliest origin to
+ * node 0, one frame (one per rank could fill the queue kept for node 0
+ * before it welcomed this node, which then could never join). */
+void gw__run_cause_send(void)
+{
+    if (!net.on || net.cfg.node == 0 || sent || !first.have)
+        return;
+    sent = true;
+    struct msg m = {.type = F_CAUSE,
+                    .v = {(uint32_t)first.global, (uint32_t)net.cfg.node, (uint32_t)first.pid,
+                          (uint32_t)(first.us / 1000000), (uint32_t)(first.us % 1000000)}};
+    snprintf(m.s, sizeof m.s, "%s", first.msg);
+    gw__run_net_report(&m);
 }
 
 void gw__run_cause_heard(const struct msg *m, const char *host)
@@ -175,38 +199,48 @@ void gw__run_cause_heard(const struct msg *m, const char *host)
     consider(&c);
 }
 
-void gw__run_cause_named(int global)
+void gw__run_cause_named(int global, int kind)
 {
     named = true;
     named_rank = global;
+    named_kind = kind;
     named_us = wall_us();
 }
 
 void gw__run_cause_say(void)
 {
+    /* Said when the rank named failed of another's failure, or recorded
+     * nothing (a program that exits without gradwire's word) and the origin
+     * came before it (a second of the machines' clocks' disagreement
+     * allowed); not when it failed of its own accord too (every rank
+     * refusing the same input, a straggler's neighbours timing out: its own
+     * message says it). */
     const bool judge = !net.on || net.cfg.node == 0;
+    const bool before = named_kind == GW_RUN_CAUSE_CONSEQUENCE || first.us <= named_us + 1000000;
     if (judge && gw__run.have_failure && !gw__run.got_signal && first.have && named && first.global != named_rank &&
-        first.us <= named_us) {
-        char who[400], when[160];
+        named_kind != GW_RUN_CAUSE_ORIGIN && before) {
+        char who[400], when[160] = "", ahead[32];
         if (net.on)
             snprintf(who, sizeof who, "rank %d on node %d (host %s, pid %ld", first.global, first.node, first.host,
                      first.pid);
         else
             snprintf(who, sizeof who, "rank %d (pid %ld", first.global, first.pid);
-        char ahead[32];
+        /* (a record a little after it by another machine's clock: no time) */
         const int64_t us = named_us - first.us;
         if (us < 1000000)
             snprintf(ahead, sizeof ahead, "%lld ms", (long long)((us + 500) / 1000));
         else
             snprintf(ahead, sizeof ahead, "%.1f s", (double)us / 1e6);
-        if (named_rank >= 0)
-            snprintf(when, sizeof when, "%s before rank %d's failure above", ahead, named_rank);
-        else
-            snprintf(when, sizeof when, "%s before the failure above", ahead);
-        gw__run_say("gw-run: the failure began at %s, %s): %s\n", who, when, first.msg);
+        if (us >= 0 && named_rank >= 0)
+            snprintf(when, sizeof when, ", %s before rank %d's failure above", ahead, named_rank);
+        else if (us >= 0)
+            snprintf(when, sizeof when, ", %s before the failure above", ahead);
+        gw__run_say("gw-run: the failure began at %s%s): %s\n", who, when, first.msg);
     }
     first.have = false;
+    sent = false;
     named = false;
     named_rank = -1;
+    named_kind = GW_RUN_CAUSE_NONE;
     empty_dir(); /* what a rank's leftover child wrote: not the next attempt's */
 }

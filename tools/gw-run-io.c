@@ -539,8 +539,9 @@ void gw__run_abandon_output(void)
  *                              (HMAC of the node's nonce, its own and that
  *                              number): the node believes nothing before it
  *   REFUSE  0 -> node  s       the reason; node 0 closes the connection
- *   FAIL    both ways  uubus   global rank, node, signaled, code or signal,
- *                              host: a rank failed there
+ *   FAIL    both ways  uubusb  global rank, node, signaled, code or signal,
+ *                              host, what the rank recorded (GW_RUN_CAUSE_*):
+ *                              a rank failed there
  *   LOST    0 -> node  us      node, host: its launcher went away
  *   ABORT   both ways  bs      exit code, message: the job failed for a
  *                              reason that is no rank's (a node missing or
@@ -554,14 +555,14 @@ void gw__run_abandon_output(void)
  *   PASS    both ways  uus     node, signal, host: SIGUSR1/SIGUSR2 reached it, for
  *                              every rank (the job goes on)
  *   CAUSE   node -> 0  uuuuus  global rank, node, pid, seconds and microseconds
- *                              of the wall clock, message: a rank there that
- *                              failed recorded a failure of its own then
- *                              (gw-run-cause.c)
+ *                              of the wall clock, message: the earliest failure
+ *                              of its own a failed rank there recorded, sent
+ *                              once its ranks are gone (gw-run-cause.c)
  * A frame that breaks these rules closes its connection with a log line.
  */
 
 static const char *const layout[] = {
-    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubus",
+    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubusb",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
     [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
     [F_CAUSE] = "uuuuus",

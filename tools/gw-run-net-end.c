@@ -103,6 +103,7 @@ bool gw__run_net_finish(void)
 {
     if (!net.on)
         return true;
+    gw__run_cause_send(); /* before READY or DONE, and before the links close */
     int64_t now = gw__run_now_ms();
     bool stopping = gw__run_stopping();
     /* A failed attempt with restarts allowed: the nodes agree on the next. */
@@ -139,10 +140,10 @@ bool gw__run_net_finish(void)
 }
 
 /* A local rank failed (the first failure, not after a signal). */
-void gw__run_net_rank_failed(int global, bool signaled, int value)
+void gw__run_net_rank_failed(int global, bool signaled, int value, int recorded)
 {
     struct msg m = {.type = F_FAIL,
-                    .v = {(uint32_t)global, (uint32_t)net.cfg.node, signaled, (uint32_t)value}};
+                    .v = {(uint32_t)global, (uint32_t)net.cfg.node, signaled, (uint32_t)value, (uint32_t)recorded}};
     /* Tests: the news is late, as over a slow network (the other nodes'
      * own ranks may fail first, of it). */
     const char *hold = getenv("GW_RUN_TEST_FAIL_HOLD_MS");

@@ -70,7 +70,7 @@ static bool sane(const struct msg *m)
     switch (m->type) {
     case F_FAIL:
         return m->v[0] < nn * (uint32_t)net.cfg.nproc && m->v[1] < nn && m->v[2] <= 1 &&
-               m->v[3] >= 1 && m->v[3] <= (m->v[2] ? 64u : 255u);
+               m->v[3] >= 1 && m->v[3] <= (m->v[2] ? 64u : 255u) && m->v[4] <= GW_RUN_CAUSE_CONSEQUENCE;
     case F_STOP:
         return m->v[0] < nn && (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT);
     case F_PASS:
@@ -150,7 +150,7 @@ static void apply(const struct msg *m, int from)
                 net.cfg.node == 0 ? "the job" : "this node too");
     }
     if (m->type != F_STOP)
-        gw__run_cause_named(m->type == F_FAIL ? (int)m->v[0] : -1);
+        gw__run_cause_named(m->type == F_FAIL ? (int)m->v[0] : -1, m->type == F_FAIL ? (int)m->v[4] : 0);
     if (net.cfg.node == 0) {
         struct frame f;
         gw__run_pack(&f, m);

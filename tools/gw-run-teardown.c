@@ -290,7 +290,7 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
         return;
     /* Its failure record, whoever ended it (the one at fault is often
      * stopped by the teardown, still cleaning up: gw-run-cause.c). */
-    gw__run_cause_read(r->global, code != 0);
+    const int recorded = gw__run_cause_read(r->global, code != 0);
     if (code == 0 || r->stopped_by_us)
         return;
     /* After a signal: a rank it ended is its effect, not a failure to report
@@ -324,12 +324,12 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
         gw__run.have_failure = true;
         gw__run.exit_code = code;
         gw__run.fail_weight = WIFSIGNALED(status) ? 2 : 1;
-        gw__run_cause_named(r->global);
+        gw__run_cause_named(r->global, recorded);
         /* After a signal the ranks' deaths are its consequence, not news for
          * the other nodes, which got the signal itself as a STOP. */
         if (!after_signal) {
             gw__run_net_rank_failed(r->global, WIFSIGNALED(status),
-                                    WIFSIGNALED(status) ? WTERMSIG(status) : code);
+                                    WIFSIGNALED(status) ? WTERMSIG(status) : code, recorded);
             gw__run_teardown();
         }
     }

@@ -80,8 +80,11 @@ static struct rlimit orig_nofile;
 /* PROGRAM runs through the Python interpreter (gw__run_program_argv). */
 static bool run_by_python;
 
-/* Runs in the child between fork and exec. gw-run is single-threaded, so the
- * non-async-signal-safe calls here (setenv, dprintf) are fine. */
+/* Runs in the child between fork and exec.  gw-run's only other threads are
+ * its output writers (gw-run-io.c), which touch neither the environment nor
+ * stdio's locks (they write(2) their queues); malloc, which setenv uses, is
+ * kept consistent in the child by glibc's own fork handling.  So the
+ * non-async-signal-safe calls here (setenv, snprintf, dprintf) are fine. */
 static void exec_rank(const struct rank *r, int local, int out_w, int err_w, int report_w,
                       pid_t launcher, char **argv)
 {

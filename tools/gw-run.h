@@ -202,7 +202,7 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms);
 void gw__run_net_events(const struct pollfd *pfds, int nfds);
 void gw__run_net_tick(void);
 bool gw__run_net_finish(void);
-void gw__run_net_rank_failed(int global, bool signaled, int value);
+void gw__run_net_rank_failed(int global, bool signaled, int value, int recorded);
 void gw__run_net_launch_failed(int code, const char *text);
 void gw__run_net_signal(int sig);
 void gw__run_net_pass(int sig); /* SIGUSR1/SIGUSR2 to every node's ranks, the job going on */
@@ -210,15 +210,19 @@ void gw__run_net_close(void);
 /* gw-run-cause.c: the rank a failed job's failure began at (each rank's
  * GW_ERROR_FILE record).  init makes the records' folder (once), env sets a
  * rank's GW_ERROR_FILE (in its child), read takes a rank's record as it exits
- * (failed: a non-zero exit or a signal, the teardown's included), heard is
- * node 0's for another node's CAUSE frame, named marks the failure gw-run
- * named (-1: no rank's), say ends an attempt (saying the earliest origin
- * when it is not the named rank and came before), cleanup removes the folder. */
+ * (failed: a non-zero exit or a signal, the teardown's included), send is the
+ * other nodes' (their earliest origin to node 0, once their ranks are gone),
+ * heard node 0's for another node's CAUSE frame, named marks the failure
+ * gw-run named (-1: no rank's) with what that rank recorded, say ends an
+ * attempt (saying the earliest origin when the named rank recorded none of
+ * its own and it came before), cleanup removes the folder. */
+enum { GW_RUN_CAUSE_NONE, GW_RUN_CAUSE_ORIGIN, GW_RUN_CAUSE_CONSEQUENCE };
 void gw__run_cause_init(void);
 void gw__run_cause_env(int global);
-void gw__run_cause_read(int global, bool failed);
+int gw__run_cause_read(int global, bool failed); /* the record's kind (GW_RUN_CAUSE_*) */
+void gw__run_cause_send(void);
 void gw__run_cause_heard(const struct msg *m, const char *host);
-void gw__run_cause_named(int global);
+void gw__run_cause_named(int global, int kind);
 void gw__run_cause_say(void);
 void gw__run_cause_cleanup(void);
 /* After an attempt's loop ended: the attempt every node starts next (node 0

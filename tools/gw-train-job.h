@@ -79,11 +79,11 @@ struct trainer {
 };
 
 /* Prints the message once (rank-prefixed when there are several) and returns
- * -1; train_fail also records it as this rank's own failure for gw-run
- * (gw_record_failure), train_say_fail does not (a failure another rank
- * found, which it says). */
+ * -1; records it for gw-run (gw_record_failure) as this rank's own failure,
+ * or with train_fail_of_others as one it stops for because another rank
+ * failed (which that rank says). */
 int train_fail(const struct trainer *t, const char *what, const char *detail);
-int train_say_fail(const struct trainer *t, const char *what, const char *detail);
+int train_fail_of_others(const struct trainer *t, const char *what, const char *detail);
 int train_comm_fail(const struct trainer *t, const char *what, gw_result_t r);
 /* Rank 0's buffer to every rank / a sum of doubles over the ranks; no-ops when
  * alone; 0, or -1 having said why. */

@@ -305,7 +305,7 @@ static int nonfinite_stop(struct trainer *t, double lsum) {
   const long long step = (long long)t->st.step + 1;
   if (t->rank != 0) {
     snprintf(d, sizeof d, "stopping with the others at step %lld (a loss that is not finite: rank 0 says more)", step);
-    return train_say_fail(t, "training", d);
+    return train_fail_of_others(t, "training", d);
   }
   if (!t->o->checkpoint_dir) snprintf(last, sizeof last, "no --checkpoint-dir: nothing to resume from");
   else if (t->saved_step > 0)

@@ -15,19 +15,26 @@
 #include "gw-train-job.h"
 
 /* Prints the message once (rank-prefixed when there are several) and returns -1. */
-int train_say_fail(const struct trainer *t, const char *what, const char *detail) {
+/* Said once (rank-prefixed when there are several), and recorded for gw-run,
+ * which names the rank a failure began at: own, or another rank's failure
+ * this rank stops for (so that the abort gw_train_run makes next is not
+ * recorded as this rank's own).  A communicator's failure was recorded by
+ * the library when it happened: the record then does nothing. */
+static int fail_recorded(const struct trainer *t, const char *what, const char *detail, int own) {
+  char line[1200];
+  snprintf(line, sizeof line, "gw-train: rank %d: %.200s: %.900s", t->rank, what, detail);
+  gw_record_failure(line, own);
   if (t->world > 1) fprintf(stderr, "gw-train: rank %d: %s: %s\n", t->rank, what, detail);
   else fprintf(stderr, "gw-train: %s: %s\n", what, detail);
   return -1;
 }
 
 int train_fail(const struct trainer *t, const char *what, const char *detail) {
-  /* for gw-run, which names the rank a failure began at (a communicator's
-   * failure was recorded by the library when it happened: this does nothing) */
-  char line[1200];
-  snprintf(line, sizeof line, "gw-train: rank %d: %.200s: %.900s", t->rank, what, detail);
-  gw_record_failure(line);
-  return train_say_fail(t, what, detail);
+  return fail_recorded(t, what, detail, 1);
+}
+
+int train_fail_of_others(const struct trainer *t, const char *what, const char *detail) {
+  return fail_recorded(t, what, detail, 0);
 }
 
 int train_comm_fail(const struct trainer *t, const char *what, gw_result_t r) {
@@ -79,7 +86,7 @@ static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
  * was lost).  own: this rank's part names what differs here (recorded for
  * gw-run as where the failure began); else it points to the others' logs. */
 static int fail_together(struct trainer *t, const char *what, const char *detail, bool own) {
-  (own ? train_fail : train_say_fail)(t, what, detail);
+  (own ? train_fail : train_fail_of_others)(t, what, detail);
   fflush(stdout), fflush(stderr);
   gw_barrier(t->comm);
   return -1;
