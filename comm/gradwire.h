@@ -201,9 +201,11 @@ const char *gw_comm_last_error(gw_comm_t comm);
  * than from this library).  Call it before the program aborts its
  * communicators or exits: only the process's first failure is recorded, and
  * the library records a communicator's first failure itself (a timeout, a
- * mismatch, the program's gw_comm_abort: as its own; another rank's failure
- * notice or a peer gone: not), so a call after one of those does nothing.
- * Thread-safe; without GW_ERROR_FILE it does nothing. */
+ * mismatch, the program's gw_comm_abort once it takes effect, at the next
+ * call or the destroy: as its own; another rank's failure notice or a peer
+ * gone: not), so a call after one of those does nothing.  GW_ERROR_FILE is
+ * read once, at the first gw_comm_init or gw_record_failure.  Thread-safe;
+ * without GW_ERROR_FILE it does nothing. */
 void gw_record_failure(const char *msg, int own);
 
 /* The failure of an operation that ran asynchronously (stream-ordered calls

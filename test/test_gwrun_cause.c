@@ -145,7 +145,9 @@ END_TEST
 
 /* Every rank refusing the same input on its own: the rank gw-run names
  * recorded its own failure too, so no other is said to be where it began;
- * an empty message is said as such. */
+ * an empty message is said as such; an origin recorded after gw-run began
+ * stopping the job (a rank that aborts on the teardown's SIGTERM) is the
+ * teardown's consequence. */
 START_TEST(test_failure_own_everywhere)
 {
     char tmp[64], env_tmp[100], line[1200];
@@ -172,6 +174,14 @@ START_TEST(test_failure_own_everywhere)
     ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") &&
                       strstr(line, " before rank 0's failure above): (an empty message)"),
                   "stderr:\n%s", r.err);
+    gwrun_free(&r);
+    const char *late = "case $GW_RANK in 0) sleep 0.5; exit 1;; "
+                       "1) trap 'printf \"gw-failure 1\\torigin\\t%s\\t%s\\taborted on SIGTERM\\n\" $(date +%s.%6N) $$ "
+                       "> \"$GW_ERROR_FILE\"; exit 1' TERM; sleep 30 & wait;; esac";
+    const char *args3[] = {"-n", "2", "sh", "-c", late, NULL};
+    gwrun_run(&r, env, args3);
+    ck_assert_msg(r.code == 1 && strstr(r.err, "gw-run: rank 0 (pid") && !strstr(r.err, "the failure began"),
+                  "exit %d; stderr:\n%s", r.code, r.err);
     ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
     gwrun_free(&r);
 }

@@ -168,6 +168,11 @@ int gw__run_cause_read(int global, bool failed)
         return GW_RUN_CAUSE_NONE;
     buf[n] = '\0';
     const int kind = parse(buf, &c);
+    /* Made after this node began stopping the job (a rank that aborts its
+     * communicators on the teardown's SIGTERM, a timeout in its grace): a
+     * consequence of the failure named, whatever the rank took it for. */
+    if (kind == GW_RUN_CAUSE_ORIGIN && named && c.us > named_us)
+        return GW_RUN_CAUSE_CONSEQUENCE;
     if (kind != GW_RUN_CAUSE_ORIGIN)
         return kind;
     snprintf(c.host, sizeof c.host, "%s", net.on ? net.myhost : "");
@@ -201,24 +206,24 @@ void gw__run_cause_heard(const struct msg *m, const char *host)
 
 void gw__run_cause_named(int global, int kind)
 {
+    if (!named) /* the moment this node began stopping: later records are its consequences */
+        named_us = wall_us();
     named = true;
     named_rank = global;
     named_kind = kind;
-    named_us = wall_us();
 }
 
 void gw__run_cause_say(void)
 {
     /* Said when the rank named failed of another's failure, or recorded
-     * nothing (a program that exits without gradwire's word) and the origin
-     * came before it (a second of the machines' clocks' disagreement
-     * allowed); not when it failed of its own accord too (every rank
-     * refusing the same input, a straggler's neighbours timing out: its own
-     * message says it). */
+     * nothing (a program that exits without gradwire's word); not when it
+     * failed of its own accord too (every rank refusing the same input, a
+     * straggler's neighbours timing out: its own message says it).  Only
+     * origins made before each node began stopping the job count
+     * (gw__run_cause_read): those after are the teardown's consequences. */
     const bool judge = !net.on || net.cfg.node == 0;
-    const bool before = named_kind == GW_RUN_CAUSE_CONSEQUENCE || first.us <= named_us + 1000000;
     if (judge && gw__run.have_failure && !gw__run.got_signal && first.have && named && first.global != named_rank &&
-        named_kind != GW_RUN_CAUSE_ORIGIN && before) {
+        named_kind != GW_RUN_CAUSE_ORIGIN) {
         char who[400], when[160] = "", ahead[32];
         if (net.on)
             snprintf(who, sizeof who, "rank %d on node %d (host %s, pid %ld", first.global, first.node, first.host,
