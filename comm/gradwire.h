@@ -204,8 +204,11 @@ const char *gw_comm_last_error(gw_comm_t comm);
  * mismatch, the program's gw_comm_abort once it takes effect, at the next
  * call or the destroy: as its own; another rank's failure notice or a peer
  * gone: not), so a call after one of those does nothing.  GW_ERROR_FILE is
- * read once, at the first gw_comm_init or gw_record_failure.  Thread-safe;
- * without GW_ERROR_FILE it does nothing. */
+ * read once, at the first gw_comm_init or gw_record_failure; the record is
+ * one line (docs/architecture.md, "Where a failure began") in a file that
+ * must not exist yet: another launcher gives each rank a fresh path, as
+ * gw-run does (an existing file is left as it is).  Thread-safe; without
+ * GW_ERROR_FILE it does nothing. */
 void gw_record_failure(const char *msg, int own);
 
 /* The failure of an operation that ran asynchronously (stream-ordered calls
