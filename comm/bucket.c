@@ -435,9 +435,7 @@ static gw_result_t mark_locked(struct gw_bucketer *b, size_t offset, size_t coun
   if (comm_failed && !b->failed) {
     /* kept as a failed start's reason is: the wait says it, not "incomplete" */
     b->failed = comm_failed;
-    pthread_mutex_lock(&b->comm->err_mu);
-    snprintf(b->failmsg, sizeof b->failmsg, "%s", b->comm->first_error);
-    pthread_mutex_unlock(&b->comm->err_mu);
+    gw__comm_first_error(b->comm, b->failmsg, sizeof b->failmsg);
     return fail(b->comm, comm_failed, "gw_bucketer_ready: the communicator has failed (first error: %.400s)",
                 b->failmsg);
   }

@@ -78,6 +78,12 @@ void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
   pthread_mutex_unlock(&comm->err_mu);
 }
 
+void gw__comm_first_error(struct gw_comm *comm, char *buf, size_t len) {
+  pthread_mutex_lock(&comm->err_mu);
+  snprintf(buf, len, "%s", comm->first_error);
+  pthread_mutex_unlock(&comm->err_mu);
+}
+
 const char *gw_comm_last_error(gw_comm_t comm) {
   static _Thread_local char copy[GW_ERRMSG_MAX];
   if (!comm || forked_away(comm)) return gw__thread_error(); /* a child's refusals are its thread's */

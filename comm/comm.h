@@ -420,6 +420,8 @@ int gw__dev_enter(int device, int *prev);
 
 /* Records msg as the communicator's last error. */
 void gw__comm_set_error(struct gw_comm *comm, const char *msg);
+/* The communicator's first failure's message, copied under its lock. */
+void gw__comm_first_error(struct gw_comm *comm, char *buf, size_t len);
 
 /* Called by gw_comm_destroy: drains the queue and stops the progress thread. */
 void gw__progress_stop(struct gw_comm *comm);

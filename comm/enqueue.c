@@ -45,9 +45,7 @@ gw_result_t gw__refuse_if_failed(struct gw_comm *comm, const struct gw_op *op, s
   int failed = atomic_load(&comm->failed);
   if (!failed) return GW_SUCCESS;
   char first[GW_ERRMSG_MAX];
-  pthread_mutex_lock(&comm->err_mu);
-  snprintf(first, sizeof first, "%s", comm->first_error);
-  pthread_mutex_unlock(&comm->err_mu);
+  gw__comm_first_error(comm, first, sizeof first);
   gw__err(err, (gw_result_t)failed,
           "rank %d: the communicator %s and cannot run more; destroy it and make a new one (first error: %.300s)",
           comm->rank, failed == GW_ERR_ABORTED ? "was aborted" : "failed in an earlier operation", first);
