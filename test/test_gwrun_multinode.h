@@ -33,8 +33,10 @@ bool start_joined_pair(struct run *r, char *dir, char *dir_env, size_t dir_env_s
  * port: the master port + 1), for a test's own node 0. */
 int launcher_listen(int port);
 
-/* test_gwrun_multinode_signals.c's and test_gwrun_arrival.c's cases. */
+/* test_gwrun_multinode_signals.c's, test_gwrun_multinode_handshake.c's and
+ * test_gwrun_arrival.c's cases. */
 void add_multinode_signal_tests(TCase *tc);
+void add_multinode_handshake_tests(TCase *tc);
 void add_multinode_arrival_tests(TCase *tc);
 
 #endif
