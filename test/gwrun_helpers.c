@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <sys/ioctl.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -81,9 +82,11 @@ static void start_impl(struct run *r, const char *bin, int out_fd, const char *c
     memset(r, 0, sizeof *r);
     snprintf(r->out_path, sizeof r->out_path, "/tmp/test_gwrun_out_XXXXXX");
     snprintf(r->err_path, sizeof r->err_path, "/tmp/test_gwrun_err_XXXXXX");
+    snprintf(r->tmp_path, sizeof r->tmp_path, "/tmp/test_gwrun_tmp_XXXXXX");
     int ofd = mkstemp(r->out_path);
     int efd = mkstemp(r->err_path);
     ck_assert_msg(ofd >= 0 && efd >= 0, "mkstemp failed: %s", strerror(errno));
+    ck_assert_msg(mkdtemp(r->tmp_path) != NULL, "mkdtemp failed: %s", strerror(errno));
 
     const char *argv[64];
     int argc = 0;
@@ -116,6 +119,7 @@ static void start_impl(struct run *r, const char *bin, int out_fd, const char *c
         dup2(efd, 2);
         close(ofd);
         close(efd);
+        setenv("TMPDIR", r->tmp_path, 1);
         for (int i = 0; env && env[i]; i++) {
             const char *eq = strchr(env[i], '=');
             if (eq) {
@@ -149,6 +153,13 @@ void gwrun_start_ctty(struct run *r, const char *ctty, const char *const *env, c
     start_impl(r, gwrun_bin(), -1, ctty, env, args);
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
 /* Waits for gw-run, killing it after timeout_s, then collects its output. */
 void gwrun_wait(struct run *r, double timeout_s)
 {
@@ -174,6 +185,7 @@ void gwrun_wait(struct run *r, double timeout_s)
     r->err = slurp(r->err_path);
     unlink(r->out_path);
     unlink(r->err_path);
+    nftw(r->tmp_path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 void gwrun_run(struct run *r, const char *const *env, const char *const *args)

@@ -26,6 +26,7 @@
 struct run {
     pid_t pid;
     char out_path[64], err_path[64];
+    char tmp_path[64]; /* the run's TMPDIR (unless env sets one): removed with all it holds by gwrun_wait */
     struct timespec t0;
     int status;
     int code;       /* exit code, or 128 + signal when gw-run itself was killed */
@@ -39,7 +40,9 @@ double gwrun_seconds_since(const struct timespec *t0);
 void gwrun_sleep(double s);
 
 /* Starts gw-run with args (NULL-terminated, without argv[0]). env holds
- * "NAME=VALUE" to set and "NAME" to unset in the child, NULL-terminated. */
+ * "NAME=VALUE" to set and "NAME" to unset in the child, NULL-terminated.
+ * gw-run gets a TMPDIR of its own (env may set another), so that what a
+ * killed gw-run leaves there (its records' folder) goes with the run. */
 void gwrun_start(struct run *r, const char *const *env, const char *const *args);
 /* The same with gw-run's stdout on out_fd instead (r->out then stays empty). */
 void gwrun_start_out(struct run *r, int out_fd, const char *const *env, const char *const *args);
