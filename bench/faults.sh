@@ -11,7 +11,10 @@
 # vanished machine: 2 "machines" (network + UTS namespaces, 2 ranks each) on a
 # bridge, the link of machine 1 cut (its switch port taken off the bridge, no
 # carrier change on either side, nobody killed), once during a loop of large
-# allreduces and once while every rank waits with nothing in flight.
+# allreduces and once while every rank waits with nothing in flight; and on
+# the same two machines rank 1, machine 0's last, stopped (SIGSTOP) during large
+# allreduces with GW_TIMEOUT=5 (rank 2 waits on it across machines, rank 3 on
+# rank 2 and rank 0 on rank 3: the line of waits each must see through).
 #
 # The fault moment is on CLOCK_MONOTONIC, shared by every process of this machine
 # and across network namespaces: the faulting rank writes it just before the fault
@@ -154,6 +157,8 @@ done
 # ---- a vanished machine: network namespaces --------------------------------------
 # netns_job NAME FAULT DEADLINE ENV...: ranks 0,1 on machine 0 (10.81.0.1), 2,3 on
 # machine 1 (10.81.0.2); when all 4 wrote started.*, wait 1 s, take the time, cut.
+# With NETNS_CUT=0 the script cuts nothing (the ranks make the fault) and, once
+# three ranks reported, lets a stopped one go on (SIGCONT).
 netns_job() {
   local name=$1 fault=$2 deadline=$3
   shift 3
@@ -181,6 +186,13 @@ netns_job() {
   done
   if (($(started) < nranks)); then
     note "faults.sh: $name: ranks did not start within 30 s"
+  elif [[ ${NETNS_CUT:-1} == 0 ]]; then
+    reported() { local f=("$d"/rank.*); [[ -e ${f[0]} ]] && echo ${#f[@]} || echo 0; }
+    while (($(reported) < nranks - 1 && waited < 3000)); do
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+    pkill -CONT -x faults_rank
   else
     sleep 1
     # the machine vanishes: its switch port leaves the bridge (both NICs keep carrier)
@@ -225,10 +237,12 @@ netns_setup() {
   return 0
 }
 
-if want cut-busy || want cut-idle; then
+if want cut-busy || want cut-idle || want stop-remote; then
   if netns_setup; then
     want cut-busy && netns_job cut-busy "machine 1 vanishes (link cut) during 64 MiB allreduces" 100 \
       GW_TIMEOUT=60 FAULTS_SCENARIO=loop FAULTS_MAX_S=80
+    want stop-remote && NETNS_CUT=0 netns_job stop-remote "rank 1 (machine 0's last) stops (SIGSTOP) during 64 MiB allreduces, GW_TIMEOUT=5" 100 \
+      GW_TIMEOUT=5 FAULTS_SCENARIO=stop FAULTS_VICTIM=1 FAULTS_DELAY=1 FAULTS_MAX_S=60
     want cut-idle && netns_job cut-idle "machine 1 vanishes while all wait (rank 2 late, nothing in flight)" 100 \
       GW_TIMEOUT=60 FAULTS_SCENARIO=late FAULTS_VICTIM=2 FAULTS_LATE=4 FAULTS_COUNT=1048576
   else

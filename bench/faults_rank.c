@@ -19,6 +19,9 @@
  *   kill-busy   every rank loops allreduces of FAULTS_COUNT float32; FAULTS_DELAY s
  *               after the first one finished, FAULTS_VICTIM kills itself (SIGKILL)
  *               from a second thread while its main thread is inside an allreduce
+ *   stop        as kill-busy, but the victim stops itself (SIGSTOP: every
+ *               thread, as a debugger or Ctrl-Z would) instead of dying; it
+ *               writes no report (whoever started it must SIGCONT or kill it)
  *   kill-idle   after a barrier the others call one allreduce; the victim sleeps
  *               FAULTS_DELAY s outside any call and kills itself
  *   straggler   after a barrier the victim never calls (it stays alive, sleeping
@@ -80,7 +83,7 @@ static const char *dir;
 static int rank = -1, nranks;
 
 /* Appends one line to DIR/NAME.RANK with plain write(2), so it is in the page
- * cache before a raise(SIGKILL) that follows. */
+ * cache before a SIGKILL that follows. */
 static void put_line(const char *name, const char *line) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s.%d", dir, name, rank);
@@ -153,16 +156,17 @@ static atomic_long iteration;
 
 struct killer {
   double delay;
+  int sig; /* SIGKILL, or SIGSTOP */
 };
 
 static void *kill_later(void *argp) {
   struct killer *k = argp;
   sleep_s(k->delay);
   char label[128];
-  snprintf(label, sizeof label, "rank %d SIGKILL (main thread in_call=%d, iteration %ld)", rank,
-           atomic_load(&in_call), atomic_load(&iteration));
+  snprintf(label, sizeof label, "rank %d %s (main thread in_call=%d, iteration %ld)", rank,
+           k->sig == SIGSTOP ? "SIGSTOP" : "SIGKILL", atomic_load(&in_call), atomic_load(&iteration));
   mark_fault(now(), label);
-  raise(SIGKILL);
+  kill(getpid(), k->sig);
   return NULL;
 }
 
@@ -206,7 +210,7 @@ static gw_result_t timed_allreduce(void *buf, size_t count, gw_dtype_t dt, gw_co
 }
 
 /* Loops allreduces until one fails or max_s passes; reports the failing one. */
-static int loop_until_error(gw_comm_t comm, size_t count, int victim, double delay, double max_s) {
+static int loop_until_error(gw_comm_t comm, size_t count, int victim, int sig, double delay, double max_s) {
   float *buf = big(count);
   double t0, t1, start = now();
   gw_result_t r = timed_allreduce(buf, count, GW_FLOAT32, comm, &t0, &t1);
@@ -216,7 +220,7 @@ static int loop_until_error(gw_comm_t comm, size_t count, int victim, double del
   }
   mark_started();
   pthread_t th;
-  struct killer k = {delay};
+  struct killer k = {delay, sig};
   if (rank == victim) pthread_create(&th, NULL, kill_later, &k);
   for (long it = 1;; it++) {
     atomic_store(&iteration, it);
@@ -272,13 +276,14 @@ static int run(void) {
   gw_comm_size(comm, &nranks);
 
   int rc = 0;
-  if (!strcmp(scen, "kill-busy") || !strcmp(scen, "loop")) {
-    rc = loop_until_error(comm, count, !strcmp(scen, "loop") ? -1 : victim, delay, max_s);
+  if (!strcmp(scen, "kill-busy") || !strcmp(scen, "loop") || !strcmp(scen, "stop")) {
+    rc = loop_until_error(comm, count, !strcmp(scen, "loop") ? -1 : victim, !strcmp(scen, "stop") ? SIGSTOP : SIGKILL,
+                          delay, max_s);
   } else if (!strcmp(scen, "kill-idle")) {
     if (barrier_or_report(comm)) goto done;
     if (rank == victim) {
       pthread_t th;
-      struct killer k = {delay};
+      struct killer k = {delay, SIGKILL};
       pthread_create(&th, NULL, kill_later, &k);
       pthread_join(th, NULL); /* never returns: the thread kills the process */
     }

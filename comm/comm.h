@@ -21,6 +21,7 @@ enum gw_coll {
   GW_COLL_REDUCE_SCATTER = 4,
   GW_COLL_BARRIER = 5,
   GW_COLL_ABORT = 6, /* not a collective: a failing rank's notice to its ring successor */
+  GW_COLL_STATUS = 7, /* not a collective: whom a rank past its deadline waits on (struct gw_wait_status) */
 };
 const char *gw__coll_name(int coll);
 

@@ -60,17 +60,37 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer, do
                  p->comm->rank, me, limit, what, peer);
 }
 
-/* A receive timed out.  When the peer never sent anything of this operation, it
- * is the straggler (or waits for one before its first send): name it.  When it
- * did, it is inside the operation, most likely waiting on someone else, and
- * every rank's deadline expires at about the same moment; the rank that waits
- * on the real straggler reports first and its notice travels here, so this
- * rank waits the grace for it (see gw__wait_recv).  Past that, nobody named
- * one (the peer itself stopped in the middle, or every rank waits on one that
- * did): say it stopped sending, without guessing further. */
+/* A receive timed out.  When the peer said it waits itself in this
+ * operation (tell_status), name the end of that line of waits: the rank
+ * nobody heard waiting.  When the peer never sent anything of this
+ * operation, it is the straggler (or waits for one before its first send):
+ * name it.  When it did, it is inside the operation, most likely waiting on
+ * someone else, and every rank's deadline expires at about the same moment;
+ * the rank that waits on the real straggler reports first and its notice
+ * travels here, so this rank waits the grace for it (see gw__wait_recv).
+ * Past that, nobody named one and the peer said nothing of waiting (it
+ * stopped in the middle): say it stopped sending. */
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
+  const struct gw_wait_status *st = &c->status;
+  if (c->status_seq == p->op->desc.seq + 1 && st->end == p->comm->rank)
+    return gw__err(p->err, GW_ERR_TIMEOUT,
+                   "rank %d: operation %s waited %.1f s for data from rank %d, which waits itself on rank %d, in a "
+                   "line of %u waits that leads back to this rank: the ranks wait on each other (calls that differ "
+                   "across ranks?)",
+                   p->comm->rank, me, waited, c->peer, st->waits_on, (unsigned)st->hops + 1);
+  if (c->status_seq == p->op->desc.seq + 1) {
+    char line[96] = "";
+    if (st->hops > 1)
+      snprintf(line, sizeof line, ", in a line of %u waits that ends at rank %d", (unsigned)st->hops + 1, st->end);
+    return gw__err(p->err, GW_ERR_TIMEOUT,
+                   "rank %d: operation %s waited %.1f s for data from rank %d, which waits itself on rank %d%s; rank "
+                   "%d %s and has not said it waits on another rank (it is stuck or stopped, or its machine is; raise "
+                   "GW_TIMEOUT if it is just slow)",
+                   p->comm->rank, me, waited, c->peer, st->waits_on, line, st->end,
+                   st->end_started ? "started it and then stopped sending" : "has sent nothing of it");
+  }
   if (c->seen_seq != p->op->desc.seq + 1 && p->grace_part > 0)
     return gw__err(p->err, GW_ERR_TIMEOUT,
                    "rank %d: operation %s waited %.1f s for data from rank %d, which has not sent it (it is stuck "
@@ -83,8 +103,8 @@ static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, 
                    p->comm->rank, me, waited, c->peer);
   return gw__err(p->err, GW_ERR_TIMEOUT,
                  "rank %d: operation %s waited %.1f s for more data from rank %d, which started it and then stopped "
-                 "sending (it is stuck, or waits on a rank that is, and no rank named one within the grace; raise "
-                 "GW_TIMEOUT if it is just slow)",
+                 "sending and has not said it waits on another rank (it is stuck or stopped, or its machine is; "
+                 "raise GW_TIMEOUT if it is just slow)",
                  p->comm->rank, me, waited, c->peer);
 }
 
@@ -376,11 +396,30 @@ static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct
   return GW_SUCCESS;
 }
 
+/* recv_peek past the wait statuses at c's head: each is kept on c (the last
+ * one, when it names ranks of this communicator) and released, so that no
+ * caller sees one (see tell_status). */
+static gw_result_t peek_data(const struct gw_comm *comm, struct gw_conn *c, const struct gw_chunk_hdr **h,
+                             const void **data) {
+  gw_result_t r;
+  while ((r = c->tp->recv_peek(c, h, data)) == GW_SUCCESS && (*h)->op.coll == GW_COLL_STATUS) {
+    struct gw_wait_status st;
+    if ((*h)->bytes >= sizeof st) {
+      memcpy(&st, *data, sizeof st);
+      if (st.waits_on >= 0 && st.waits_on < comm->nranks && st.end >= 0 && st.end < comm->nranks && st.hops > 0)
+        c->status = st, c->status_seq = (*h)->op.seq + 1;
+    }
+    if ((r = c->tp->recv_release(c)) != GW_SUCCESS) return r;
+  }
+  return r;
+}
+
 /* A peek that only looks: whether a chunk is at c's head (a sender that
  * closed may owe nothing more, so that is no failure here; see gw_conn.look). */
-static bool look_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const void **data) {
+static bool look_peek(const struct gw_comm *comm, struct gw_conn *c, const struct gw_chunk_hdr **h,
+                      const void **data) {
   c->look = true;
-  const bool got = c->tp->recv_peek(c, h, data) == GW_SUCCESS;
+  const bool got = peek_data(comm, c, h, data) == GW_SUCCESS;
   c->look = false;
   return got;
 }
@@ -388,7 +427,7 @@ static bool look_peek(struct gw_conn *c, const struct gw_chunk_hdr **h, const vo
 gw_result_t gw__notice_on(struct gw_comm *comm, struct gw_conn *c, struct gw_errctx *err) {
   const struct gw_chunk_hdr *h;
   const void *data;
-  if (c->is_send || !c->tp || !look_peek(c, &h, &data) || h->op.coll != GW_COLL_ABORT) return GW_SUCCESS;
+  if (c->is_send || !c->tp || !look_peek(comm, c, &h, &data) || h->op.coll != GW_COLL_ABORT) return GW_SUCCESS;
   return notice_error(comm, h, data, err);
 }
 
@@ -456,7 +495,7 @@ static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, c
      * else (a 2-rank broadcast whose ranks both took themselves for the root
      * filled each other's FIFO and waited for room until the deadline: the
      * root looks at its receiving side only at the end) */
-    if (!c->is_send && look_peek(c, &h, &data) &&
+    if (!c->is_send && look_peek(p->comm, c, &h, &data) &&
         (h->op.coll == GW_COLL_ABORT ||
          (h->op.seq == p->op->desc.seq && memcmp(&h->op, &p->op->desc, sizeof h->op) != 0)))
       return check_header(p, c, h, data, h->bytes);
@@ -465,7 +504,7 @@ static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, c
     struct gw_conn *c = p->watch[i];
     const struct gw_chunk_hdr *h;
     const void *data;
-    if (!look_peek(c, &h, &data)) continue;
+    if (!look_peek(p->comm, c, &h, &data)) continue;
     if (h->op.coll != GW_COLL_ABORT && h->op.seq != p->op->desc.seq) continue;
     GW_CHECK(check_header(p, c, h, data, h->bytes));
     char me[160];
@@ -585,33 +624,82 @@ gw_result_t gw__post_direct(struct prims *p, struct gw_conn *c, const void *src,
   return r == GW_SUCCESS ? r : conn_error(p, c, r);
 }
 
+/* This rank's wait on c's peer ran past its deadline (`deadline`), or in the
+ * grace what that peer told of its own wait changed: tell the ranks this operation
+ * sends to, which may be waiting on this rank, whom it waits on and the end
+ * of the line of waits beyond (what c's peer told), so that their waits
+ * name that end rather than this rank, which waits itself.  Every rank's
+ * deadline runs out at about the same moment, and in a pipelined operation
+ * every wait is on a peer that sent already, so on machines that cannot see
+ * each other's processes (comm/prims.c's stopped check) the ranks behind a
+ * stopped one blamed their healthy predecessors.  Best effort: a full FIFO
+ * skips that peer (it has not taken this rank's data, so it does not wait
+ * on any from here).  Not on the device ring's connection, whose slots pair
+ * with device-memory twins by a count of data chunks alone. */
+static void tell_status(struct prims *p, const struct gw_conn *c, bool deadline) {
+  const uint64_t in_op = p->op->desc.seq + 1;
+  struct gw_wait_status st = {.waits_on = c->peer, .end = c->peer, .hops = 1, .end_started = c->seen_seq == in_op};
+  if (c->status_seq == in_op && c->status.end != p->comm->rank) {
+    st.end = c->status.end, st.end_started = c->status.end_started;
+    st.hops = (uint16_t)(c->status.hops < UINT16_MAX ? c->status.hops + 1 : UINT16_MAX);
+  }
+  if (p->dev || (!deadline && p->told && p->told_end == st.end)) return;
+  p->told = true, p->told_end = st.end;
+  for (int i = 0; i < p->nconns; i++) {
+    struct gw_conn *to = p->conns[i];
+    if (!to->is_send || !to->tp || (p->comm->devring && to == &p->comm->rings[0].send)) continue;
+    void *slot;
+    size_t cap;
+    if (to->tp->send_slot(to, sizeof st, &slot, &cap) != GW_SUCCESS || cap < sizeof st) continue;
+    memcpy(slot, &st, sizeof st);
+    struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = sizeof st};
+    h.op.coll = GW_COLL_STATUS;
+    to->tp->send_post(to, &h);
+  }
+}
+
 gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes) {
   const struct gw_chunk_hdr *h;
   c->expect = (uint32_t)bytes, c->proto = p->op->proto;
-  gw_result_t r = c->tp->recv_peek(c, &h, data);
+  gw_result_t r = peek_data(p->comm, c, &h, data);
   if (r == GW_INPROGRESS) {
     struct gw_waiter w;
     double since = 0; /* the first waiter's start, once the grace below restarted it */
+    double part = 1;  /* the part of the grace this wait takes, once in it */
     const double limit = p->comm->timeout_s;
+    const uint64_t in_op = p->op->desc.seq + 1;
     gw__waiter_init(&w, limit);
-    while ((r = c->tp->recv_peek(c, &h, data)) == GW_INPROGRESS) {
+    while ((r = peek_data(p->comm, c, &h, data)) == GW_INPROGRESS) {
       GW_CHECK(pump(p));
       GW_CHECK(look_at_watched(p, &w, c, since > 0));
       /* it may have posted the chunk just before it exited: look once more */
-      if (waited_peer_dead(p, &w, c->peer) && c->tp->recv_peek(c, &h, data) == GW_INPROGRESS)
+      if (waited_peer_dead(p, &w, c->peer) && peek_data(p->comm, c, &h, data) == GW_INPROGRESS)
         return dead_peer_error(p, c->peer);
+      if (since > 0) {
+        /* in the grace: pass on what the peer told of its wait; a peer that
+         * said it waits in this operation is not the straggler, so the wait
+         * takes the whole grace, for the notice of the rank that names one */
+        tell_status(p, c, false);
+        if (part < 1 && c->status_seq == in_op) {
+          const double left = grace_s(limit) - (gw__now() - w.start);
+          part = 1;
+          if (left > 0) gw__waiter_init(&w, left);
+          continue;
+        }
+      }
       if (wait_step(p, &w, c)) continue;
       if (p->comm->aborted) return aborted_error(p);
       /* the deadline passed, so w.start is set: the messages say the whole wait */
       GW_CHECK(stopped_peer_error(p, c, "data from", gw__now() - (since > 0 ? since : w.start)));
-      /* inside the operation: a peer that sent here waits on someone else (the
-       * whole grace); one that may wait before its first send here, the
-       * algorithm's staggered part of it (see grace_part); one that may be
-       * finishing the operation before, a short part (prev_part) */
-      const bool started = c->seen_seq == p->op->desc.seq + 1;
-      const double part = started ? 1 : p->grace_part > 0 ? p->grace_part : p->prev_part;
-      if (since > 0 || part <= 0) return recv_timeout_error(p, c, gw__now() - (since > 0 ? since : w.start));
+      if (since > 0) return recv_timeout_error(p, c, gw__now() - since);
+      /* inside the operation: a peer that sent here, or said it waits, waits
+       * on someone else (the whole grace); one that may wait before its first
+       * send here, the algorithm's staggered part of it (see grace_part); one
+       * that may be finishing the operation before, a short part (prev_part) */
+      part = c->seen_seq == in_op || c->status_seq == in_op ? 1 : p->grace_part > 0 ? p->grace_part : p->prev_part;
+      if (part <= 0) return recv_timeout_error(p, c, gw__now() - w.start);
       since = w.start;
+      tell_status(p, c, true);
       gw__waiter_init(&w, grace_s(limit) * part);
     }
   }

@@ -76,6 +76,10 @@ struct prims {
    * finished it may still blame a predecessor that waits in it (not worse
    * than without: it blamed it at its deadline). */
   double prev_part;
+  /* The last wait status this operation told the ranks it sends to (told:
+   * any yet), so that a wait tells again only when what it knows changed. */
+  bool told;
+  int32_t told_end;
   /* Device buffers on the device ring (devring.c): the payload moves between
    * device-memory twins of the slots, by copies and kernels on `stream`;
    * NULL for host memory.  Synchronized, the progress thread does both, on

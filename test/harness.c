@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,3 +209,41 @@ _Atomic int *test_shared_int(void) {
 }
 
 void test_shared_free(_Atomic int *p) { munmap((void *)p, sizeof *p); }
+
+static void *stop_self(void *arg) {
+  (void)arg;
+  usleep(300 * 1000);
+  kill(getpid(), SIGSTOP);
+  return NULL;
+}
+
+gw_result_t test_allreduce_until_rank1_stopped(gw_comm_t comm, int rank, const char *algo, double timeout_s,
+                                               size_t count, double *took) {
+  int n = 0;
+  int64_t pid = getpid(), pids[8];
+  gw_comm_size(comm, &n);
+  if (n > 8 || gw_allgather(&pid, pids, 1, GW_INT64, comm, NULL) != GW_SUCCESS ||
+      gw_comm_set_algo(comm, algo, "simple") != GW_SUCCESS) {
+    fprintf(stderr, "rank %d: setup for %s at %d ranks failed: %s\n", rank, algo, n, gw_comm_last_error(comm));
+    return GW_ERR_INTERNAL;
+  }
+  gw_comm_set_timeout(comm, timeout_s);
+  float *buf = calloc(count, sizeof *buf);
+  pthread_t t;
+  if (!buf || (rank == 1 && pthread_create(&t, NULL, stop_self, NULL) != 0)) {
+    fprintf(stderr, "rank %d: out of memory, or no thread\n", rank);
+    free(buf);
+    return GW_ERR_INTERNAL;
+  }
+  gw_result_t r = GW_SUCCESS;
+  double start = 0;
+  for (int i = 0; i < 100000 && r == GW_SUCCESS; i++) {
+    start = test_now();
+    r = gw_allreduce(buf, buf, count, GW_FLOAT32, GW_SUM, comm, NULL);
+  }
+  *took = test_now() - start;
+  if (rank == 0) kill((pid_t)pids[1], SIGCONT);
+  if (rank == 1) pthread_join(t, NULL);
+  free(buf);
+  return r;
+}

@@ -39,6 +39,14 @@ void test_shared_free(_Atomic int *p);
 void test_in_child_with_env(const char *name, const char *value, void (*fn)(void *out, size_t cap), void *out,
                             size_t cap);
 
+/* Rank 1 stops itself (SIGSTOP, from a thread, 300 ms in) while every rank
+ * runs allreduces of count float32 with algo (simple protocol) back to back,
+ * under a timeout of timeout_s, until one fails; rank 0 then lets rank 1 go
+ * on (SIGCONT).  Returns the failed call's result and its duration in *took;
+ * GW_ERR_INTERNAL, said on stderr, where the setup failed (at most 8 ranks). */
+gw_result_t test_allreduce_until_rank1_stopped(gw_comm_t comm, int rank, const char *algo, double timeout_s,
+                                               size_t count, double *took);
+
 /* Deterministic pseudo-random numbers for test inputs. */
 static inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -28,6 +28,8 @@
 #include "prims.h"
 #include "sock.h"
 
+void add_stopped_tests(TCase *tc); /* test_tcp_stopped.c */
+
 /* Setup's socket waits: a signal caught meanwhile (no SA_RESTART, as a
  * profiler's or a data loader's SIGCHLD may be) does not fail them, a send
  * larger than the socket buffer gives up at its deadline instead of blocking
@@ -707,6 +709,7 @@ int main(void) {
   tcase_set_timeout(waits, 300);
   tcase_add_test(waits, test_late_rank_kept);
   tcase_add_test(waits, test_vanished_machine_ends_job);
+  add_stopped_tests(waits);
   suite_add_tcase(s, waits);
   return run_suite(s);
 }

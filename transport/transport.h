@@ -41,6 +41,20 @@ struct gw_chunk_hdr {
 };
 _Static_assert(sizeof(struct gw_chunk_hdr) == 32, "chunk header is 32 bytes");
 
+/* A rank whose wait ran past its deadline tells the ranks it sends to whom it
+ * waits on (comm/prims.c): the payload of a chunk whose header says
+ * GW_COLL_STATUS.  It carries no data and no step of the operation; a
+ * receiver keeps the last one on the connection and releases it. */
+struct gw_wait_status {
+  int32_t waits_on;    /* the rank the sender waits on for data */
+  int32_t end;         /* the last rank of the line of waits the sender knows: waits_on, or one
+                          further on that the statuses from waits_on told of */
+  uint16_t hops;       /* ranks from the sender to end (1: end is waits_on) */
+  uint8_t end_started; /* the rank that waits on `end` had data of the operation from it */
+  uint8_t pad;
+};
+_Static_assert(sizeof(struct gw_wait_status) == 12, "wait status is 12 bytes");
+
 /* What ranks publish about themselves at the rendezvous. */
 struct gw_peer_info {
   int32_t rank;
@@ -100,6 +114,10 @@ struct gw_conn {
   uint64_t seen_seq; /* receiving end: 1 + the operation (seq) of the last chunk
                         that arrived, 0 before any (comm/prims.c: a peer that started
                         an operation is not the straggler a timeout should name) */
+  /* Receiving end: the last wait status the sender told (comm/prims.c), in
+   * operation status_seq - 1 (0: none yet). */
+  uint64_t status_seq;
+  struct gw_wait_status status;
   /* Sending end: sent_n chunks were posted in operation sent_seq (comm/prims.c
    * counts them); depth is set by the transport at send_connect: the chunks
    * its FIFO holds, where room only frees when the receiver releases a chunk,

@@ -1,0 +1,91 @@
+/* test_tcp_stopped.c - a rank stopped in the middle of an operation on
+ * another machine is named by every other rank (part of test_tcp's "waits"
+ * case).
+ *
+ * Every rank runs in a UTS namespace of its own whose host name says which
+ * "machine" it is on, so ranks on different names see each other as remote:
+ * tcp between them, and no look at each other's process state (the /proc
+ * check that names a stopped peer on the same machine at once).  Rank 1 stops
+ * itself (SIGSTOP, from a thread) while large allreduces run back to back.
+ * Every deadline then runs out together; the rank that waits on rank 1 names
+ * it, and each other rank waits on a healthy rank that waits itself.  Those
+ * blamed their healthy predecessor ("which started it and then stopped
+ * sending") before waiting ranks told the ranks they send to whom they wait
+ * on (GW_COLL_STATUS, comm/prims.c).
+ *
+ * Cases: the ring at 4 ranks on 2 machines (rank 1 the last of machine 0,
+ * so rank 2 waits on it over tcp, rank 3 on rank 2 over shm and rank 0 on
+ * rank 3 over tcp); the ring at 5 ranks on 5 machines (lines of one, two and
+ * three waits behind rank 2's), over tcp and over the ib transport (its verbs
+ * emulator); the tree at 4 on 4. */
+#include <check.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gw_config.h"
+#include "harness.h"
+
+void add_stopped_tests(TCase *tc);
+
+struct stopped_case {
+  const char *algo;
+  int nranks, per_machine; /* ranks per host name, in rank order */
+  const char *transport;    /* GW_TRANSPORT (NULL: the default choice) */
+};
+
+static int raw_stopped_remote(int rank, int n, const char *master, void *arg) {
+  const struct stopped_case *sc = arg;
+  char name[32];
+  snprintf(name, sizeof name, "stopnode%d", rank / sc->per_machine);
+  if (unshare(CLONE_NEWUTS) != 0 || sethostname(name, strlen(name)) != 0) return 1;
+  if (sc->transport) setenv("GW_TRANSPORT", sc->transport, 1);
+  if (sc->transport && !strcmp(sc->transport, "ib")) setenv("GW_IB_EMULATE", "1", 1);
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
+  double took = 0;
+  /* 16 MiB: many chunks per operation */
+  const gw_result_t r = test_allreduce_until_rank1_stopped(comm, rank, sc->algo, 2, (size_t)4 << 20, &took);
+  EXPECT(r != GW_ERR_INTERNAL, "setup");
+  if (rank == 1) {
+    gw_comm_destroy(comm);
+    return 0;
+  }
+  const char *e = gw_comm_last_error(comm);
+  printf("%s at %d ranks, rank %d: %s\n", sc->algo, n, rank, e);
+  EXPECT(r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE, "%s: rank %d returned %s: %s", sc->algo, rank, gw_strerror(r), e);
+  EXPECT(took < 2 + 2 + 5, "%s: rank %d took %.1f s to report (timeout 2 s, grace 2 s)", sc->algo, rank, took);
+  /* rank 1 named: by the rank that waits on it directly, or as the end of the
+   * line of waits the others' waits lead to */
+  EXPECT(has(e, "from rank 1, which") || has(e, "waits itself on rank 1;") || has(e, "ends at rank 1;"),
+         "%s at %d ranks: rank %d does not name rank 1: %s", sc->algo, n, rank, e);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+static int can_unshare_uts(void *arg) {
+  (void)arg;
+  return unshare(CLONE_NEWUTS) == 0 ? 0 : 1;
+}
+
+START_TEST(test_stopped_remote_named) {
+  if (run_in_child(can_unshare_uts, NULL) != 0) {
+    printf("test_stopped_remote_named: no UTS namespace here (not root?): not run\n");
+    return;
+  }
+  static const struct stopped_case cases[] = {
+      {"ring", 4, 2, NULL}, {"ring", 5, 1, NULL}, {"tree", 4, 1, NULL},
+#if GW_HAVE_IBVERBS
+      {"ring", 5, 1, "ib"}, /* the verbs emulator */
+#endif
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_msg(run_ranks_raw(cases[i].nranks, raw_stopped_remote, (void *)&cases[i], 60) == 0, "%s at %d ranks",
+                  cases[i].algo, cases[i].nranks);
+}
+END_TEST
+
+void add_stopped_tests(TCase *tc) { tcase_add_test(tc, test_stopped_remote_named); }
