@@ -19,7 +19,10 @@
  * three waits behind rank 2's), over tcp and over the ib transport (its verbs
  * emulator); the tree at 4 on 4. */
 #include <check.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,4 +91,93 @@ START_TEST(test_stopped_remote_named) {
 }
 END_TEST
 
-void add_stopped_tests(TCase *tc) { tcase_add_test(tc, test_stopped_remote_named); }
+/* ---- a rank stopped past the others' deadline, within their grace ----
+ * Every wait passed its deadline and told its successors whom it waits on;
+ * rank 1 then goes on (rank 0 sends SIGCONT 3 s after the stop, the grace
+ * ends 4 s after it), and the operation completes: the statuses left in the
+ * FIFOs are skipped, and every allreduce, that one and the ones after, has
+ * exactly the sums.  4 ranks on 2 machines (tcp between them, shm within). */
+struct slow_case {
+  _Atomic int *stopped_ms; /* CLOCK_MONOTONIC ms of rank 1's stop (0: not yet) */
+  _Atomic int *resumed;    /* rank 0 sent SIGCONT */
+};
+
+struct slow_arg {
+  const struct slow_case *sc;
+  pid_t victim;
+};
+
+static void *stop_and_note(void *argp) {
+  const struct slow_case *sc = argp;
+  usleep(300 * 1000);
+  atomic_store(sc->stopped_ms, (int)(test_now() * 1000));
+  kill(getpid(), SIGSTOP);
+  return NULL;
+}
+
+static void *resume_later(void *argp) {
+  const struct slow_arg *a = argp;
+  while (!atomic_load(a->sc->stopped_ms)) usleep(10 * 1000);
+  while (test_now() * 1000 < atomic_load(a->sc->stopped_ms) + 3000.0) usleep(10 * 1000);
+  kill(a->victim, SIGCONT);
+  atomic_store(a->sc->resumed, 1);
+  return NULL;
+}
+
+static int raw_slow_remote(int rank, int n, const char *master, void *arg) {
+  const struct slow_case *sc = arg;
+  char name[32];
+  snprintf(name, sizeof name, "slownode%d", rank / 2);
+  if (unshare(CLONE_NEWUTS) != 0 || sethostname(name, strlen(name)) != 0) return 1;
+  gw_comm_t comm;
+  EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "rank %d: init: %s", rank, gw_comm_last_error(NULL));
+  int64_t pid = getpid(), pids[4];
+  EXPECT(n == 4 && gw_allgather(&pid, pids, 1, GW_INT64, comm, NULL) == GW_SUCCESS, "allgather of pids: %s",
+         gw_comm_last_error(comm));
+  EXPECT(gw_comm_set_algo(comm, "ring", "simple") == GW_SUCCESS, "set_algo: %s", gw_comm_last_error(comm));
+  gw_comm_set_timeout(comm, 2);
+  const size_t count = (size_t)1 << 20; /* 4 MiB: many chunks per operation */
+  int32_t *x = malloc(count * sizeof *x);
+  EXPECT(x, "out of memory");
+  pthread_t t;
+  struct slow_arg a = {sc, (pid_t)pids[1]};
+  if (rank == 1) EXPECT(pthread_create(&t, NULL, stop_and_note, (void *)sc) == 0, "pthread_create");
+  if (rank == 0) EXPECT(pthread_create(&t, NULL, resume_later, &a) == 0, "pthread_create");
+  int after = 0, ops = 0;
+  for (int32_t it = 0; after < 3 && it < 100000; it++, ops++) {
+    for (size_t i = 0; i < count; i++) x[i] = (int32_t)(rank + 1) * (it + (int32_t)(i & 1023));
+    const gw_result_t r = gw_allreduce(x, x, count, GW_INT32, GW_SUM, comm, NULL);
+    EXPECT(r == GW_SUCCESS, "allreduce %d failed though rank 1 went on within the grace: %s", it,
+           gw_comm_last_error(comm));
+    for (size_t i = 0; i < count; i++)
+      EXPECT(x[i] == 10 * (it + (int32_t)(i & 1023)), "allreduce %d: element %zu is %d, expected %d", it, i, x[i],
+             10 * (it + (int32_t)(i & 1023)));
+    int32_t go_on = atomic_load(sc->resumed); /* the same decision on every rank */
+    EXPECT(gw_allreduce(&go_on, &go_on, 1, GW_INT32, GW_MAX, comm, NULL) == GW_SUCCESS, "flag: %s",
+           gw_comm_last_error(comm));
+    after += go_on > 0;
+  }
+  if (rank <= 1) pthread_join(t, NULL);
+  EXPECT(atomic_load(sc->resumed), "rank 1 was never resumed (%d operations)", ops);
+  free(x);
+  gw_comm_destroy(comm);
+  return 0;
+}
+
+START_TEST(test_slow_remote_kept) {
+  if (run_in_child(can_unshare_uts, NULL) != 0) {
+    printf("test_slow_remote_kept: no UTS namespace here (not root?): not run\n");
+    return;
+  }
+  struct slow_case sc = {test_shared_int(), test_shared_int()};
+  const int failed = run_ranks_raw(4, raw_slow_remote, &sc, 90);
+  test_shared_free(sc.stopped_ms);
+  test_shared_free(sc.resumed);
+  ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+void add_stopped_tests(TCase *tc) {
+  tcase_add_test(tc, test_stopped_remote_named);
+  tcase_add_test(tc, test_slow_remote_kept);
+}
