@@ -234,6 +234,39 @@ START_TEST(test_sigkill_after_grace)
 }
 END_TEST
 
+/* A rank stopped by job control (SIGSTOP here; Ctrl-Z at its own terminal)
+ * when the job fails holds the teardown's SIGTERM pending: gw-run continues
+ * it (SIGCONT) and says so, so that it ends at once instead of being killed
+ * after the whole kill grace (30 s here). */
+START_TEST(test_stopped_rank_continued)
+{
+    char dir[] = "/tmp/gwrun-stopped-XXXXXX", script[640];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(script, sizeof script,
+             "if [ \"$GW_RANK\" = 1 ]; then echo $$ > %s/pid.tmp; mv %s/pid.tmp %s/pid; kill -STOP $$; exec sleep 30; "
+             "fi; i=0; while [ $i -lt 400 ]; do p=$(cat %s/pid 2>/dev/null) && "
+             "grep -q '^[0-9]* (.*) T' /proc/$p/stat 2>/dev/null && exit 4; sleep 0.05; i=$((i+1)); done; exit 9",
+             dir, dir, dir, dir);
+    struct run r;
+    const char *env[] = {"GW_RUN_KILL_GRACE=30", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    gwrun_run(&r, env, args);
+    char f[64];
+    snprintf(f, sizeof f, "%s/pid", dir);
+    const pid_t stopped = gwrun_read_pid_file(f);
+    unlink(f);
+    rmdir(dir);
+    ck_assert_msg(r.code == 4, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(r.elapsed < 15.0, "took %.1f s (kill grace 30 s); stderr:\n%s", r.elapsed, r.err);
+    char want[128];
+    snprintf(want, sizeof want, "gw-run: rank 1 (pid %ld) is stopped (SIGSTOP, or Ctrl-Z); continuing it (SIGCONT)",
+             (long)stopped);
+    ck_assert_msg(stopped > 0 && strstr(r.err, want), "no \"%s\" in stderr:\n%s", want, r.err);
+    ck_assert_msg(!strstr(r.err, "sending SIGKILL"), "stderr:\n%s", r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 START_TEST(test_rank_killed_by_signal)
 {
     struct run r;
@@ -789,6 +822,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_leftover_shm_removed);
     tcase_add_test(tc, test_sigkill_after_grace);
     tcase_add_test(tc, test_rank_killed_by_signal);
+    tcase_add_test(tc, test_stopped_rank_continued);
     tcase_add_test(tc, test_sigterm_forwarded);
     tcase_add_test(tc, test_terminal_interrupt);
     tcase_add_test(tc, test_terminal_hangup);

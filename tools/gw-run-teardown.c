@@ -121,6 +121,48 @@ const char *gw__run_signal_name(int sig)
     }
 }
 
+/* The state letter of pid in /proc (R, S, D, T, t, Z, ...), '?' where it
+ * cannot be read. */
+static char proc_state(pid_t pid)
+{
+    char path[64], st[512] = "";
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return '?';
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    st[n] = 0;
+    fclose(f);
+    const char *close_paren = strrchr(st, ')');
+    return close_paren && close_paren[1] == ' ' && close_paren[2] ? close_paren[2] : '?';
+}
+
+/* A process stopped by job control (SIGSTOP, Ctrl-Z at a terminal: state T)
+ * holds a terminating signal pending until it is continued, so the teardown
+ * waited the whole kill grace for it and then killed it without its cleanup:
+ * it gets SIGCONT after the signal, as a shell's kill and systemd do (one held
+ * by a debugger, t, is left alone: SIGCONT does not free it).  rank: its
+ * global rank, said once per process; -1: a stray, not said. */
+static void continue_if_stopped(pid_t pid, int rank, int sig)
+{
+    static pid_t said[8];
+    if (proc_state(pid) != 'T')
+        return;
+    kill(pid, SIGCONT);
+    if (rank < 0)
+        return;
+    for (size_t i = 0; i < sizeof said / sizeof said[0]; i++) {
+        if (said[i] == pid)
+            return;
+        if (!said[i]) {
+            said[i] = pid;
+            break;
+        }
+    }
+    gw__run_say("gw-run: rank %d (pid %ld) is stopped (SIGSTOP, or Ctrl-Z); continuing it (SIGCONT) so that it "
+                "takes the %s\n", rank, (long)pid, gw__run_signal_name(sig));
+}
+
 static void signal_ranks(int sig, bool mark_stopped)
 {
     /* Test hook: this global rank is never signalled (as if unkillable). */
@@ -137,6 +179,8 @@ static void signal_ranks(int sig, bool mark_stopped)
                                waitid(P_PID, (id_t)gw__run.ranks[i].pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
                                si.si_pid == gw__run.ranks[i].pid;
             kill(gw__run.ranks[i].pid, sig);
+            if (sig != SIGKILL && sig != SIGUSR1 && sig != SIGUSR2)
+                continue_if_stopped(gw__run.ranks[i].pid, gw__run.ranks[i].global, sig);
             if (mark_stopped && !ended)
                 gw__run.ranks[i].stopped_by_us = true;
         }
@@ -242,8 +286,11 @@ static void forward_signal(int sig, bool remote, bool reached)
         signal_ranks(sig, false);
     } else { /* a rank that left gw-run's process group (setsid) did not get it */
         for (int i = 0; i < gw__run.nranks; i++)
-            if (gw__run.ranks[i].pid > 0 && getpgid(gw__run.ranks[i].pid) != getpgrp())
-                kill(gw__run.ranks[i].pid, sig);
+            if (gw__run.ranks[i].pid > 0) {
+                if (getpgid(gw__run.ranks[i].pid) != getpgrp())
+                    kill(gw__run.ranks[i].pid, sig);
+                continue_if_stopped(gw__run.ranks[i].pid, gw__run.ranks[i].global, sig);
+            }
     }
     /* A rank that ignores the signal must not keep the job alive forever. */
     if (!gw__run.kill_deadline_ms)
@@ -412,6 +459,7 @@ void gw__run_scan_strays(void)
         }
         stray_termed[nstray_termed++] = pid;
         kill(pid, SIGTERM);
+        continue_if_stopped(pid, -1, SIGTERM);
         fresh++;
     }
     fclose(f);
@@ -452,17 +500,7 @@ void gw__run_give_up(void)
         const pid_t pid = gw__run.ranks[i].pid;
         if (pid <= 0)
             continue;
-        char path[64], st[512] = "", state = '?';
-        snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-        FILE *f = fopen(path, "r");
-        if (f) {
-            size_t n = fread(st, 1, sizeof st - 1, f);
-            st[n] = 0;
-            fclose(f);
-            const char *close_paren = strrchr(st, ')');
-            if (close_paren && close_paren[1] == ' ')
-                state = close_paren[2];
-        }
+        const char state = proc_state(pid);
         gw__run_say("gw-run: rank %d (pid %ld, state %c) is still there %g s after SIGKILL%s: giving up on it\n",
                     gw__run.ranks[i].global, (long)pid, state, (double)(gw__run_now_ms() - escalated_ms) / 1000.0,
                     state == 'D' ? " (uninterruptible sleep: a driver or file system hang; see /proc/PID/stack)"
