@@ -7,6 +7,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,8 +188,39 @@ START_TEST(test_failure_own_everywhere)
 }
 END_TEST
 
+/* A SIGTERM to gw-run while it stops the ranks after a failure (to hurry a
+ * rank that ignores the teardown's) leaves the failure's exit code, and the
+ * line naming where it began (it was left out after any signal). */
+START_TEST(test_failure_origin_named_after_signal)
+{
+    char tmp[64], env_tmp[100], line[1200];
+    fresh_tmp(tmp, sizeof tmp);
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
+    const char *env[] = {env_tmp, "GW_RUN_KILL_GRACE=4", NULL};
+    const char *script = "now=$(date +%s); case $GW_RANK in 0) sleep 0.5; exit 1;; "
+                         "1) printf 'gw-failure 1\torigin\t%s.000000\t%s\tdisk full\n' $((now - 1)) $$ "
+                         "> \"$GW_ERROR_FILE\"; trap '' TERM; exec sleep 30;; esac";
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    struct run r;
+    gwrun_start(&r, env, args);
+    const bool stopping = gwrun_stderr_has(&r, "gw-run: stopping the 1 other running rank", 20);
+    if (stopping)
+        kill(r.pid, SIGTERM);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(stopping && !r.timed_out && r.code == 1, "exit %d; stderr:\n%s", r.code, r.err);
+    ck_assert_msg(strstr(r.err, "gw-run: received SIGTERM"), "stderr:\n%s", r.err);
+    line_of(r.err, "gw-run: the failure began at ", line, sizeof line);
+    ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") &&
+                      strstr(line, " before rank 0's failure above): disk full"),
+                  "stderr:\n%s", r.err);
+    ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
+    gwrun_free(&r);
+}
+END_TEST
+
 void gwrun_add_cause_tests(TCase *tc)
 {
+    tcase_add_test(tc, test_failure_origin_named_after_signal);
     tcase_add_test(tc, test_failure_origin_named);
     tcase_add_test(tc, test_failure_records_read);
     tcase_add_test(tc, test_failure_own_everywhere);

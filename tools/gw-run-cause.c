@@ -50,6 +50,7 @@ static bool sent;          /* the other nodes: this attempt's earliest went to n
 static bool named;
 static int named_rank = -1, named_kind;
 static int64_t named_us;
+static bool signal_first; /* a signal to the job came before the failure named: that is the job's end */
 
 static int64_t wall_us(void)
 {
@@ -206,8 +207,10 @@ void gw__run_cause_heard(const struct msg *m, const char *host)
 
 void gw__run_cause_named(int global, int kind)
 {
-    if (!named) /* the moment this node began stopping: later records are its consequences */
+    if (!named) { /* the moment this node began stopping: later records are its consequences */
         named_us = wall_us();
+        signal_first = gw__run.got_signal != 0;
+    }
     named = true;
     named_rank = global;
     named_kind = kind;
@@ -220,9 +223,11 @@ void gw__run_cause_say(void)
      * failed of its own accord too (every rank refusing the same input, a
      * straggler's neighbours timing out: its own message says it).  Only
      * origins made before each node began stopping the job count
-     * (gw__run_cause_read): those after are the teardown's consequences. */
+     * (gw__run_cause_read): those after are the teardown's consequences.
+     * A signal to the job after the failure (a ^C to hurry the teardown)
+     * leaves the failure's exit code, and so its line too. */
     const bool judge = !net.on || net.cfg.node == 0;
-    if (judge && gw__run.have_failure && !gw__run.got_signal && first.have && named && first.global != named_rank &&
+    if (judge && gw__run.have_failure && !signal_first && first.have && named && first.global != named_rank &&
         named_kind != GW_RUN_CAUSE_ORIGIN) {
         char who[400], when[160] = "", ahead[32];
         if (net.on)
