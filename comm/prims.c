@@ -60,6 +60,16 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer, do
                  p->comm->rank, me, limit, what, peer);
 }
 
+/* What c's sender last said it waits on, while that holds: no chunk came
+ * after it (peek_data), and it was told in this operation or in the one
+ * before (a ring peer still finishing that one: a ring rank's last step
+ * there is a receive, so its successor may be in the next already).  NULL
+ * when there is none. */
+static const struct gw_wait_status *live_status(const struct prims *p, const struct gw_conn *c) {
+  const uint64_t told = c->status_seq - 1, seq = p->op->desc.seq;
+  return c->status_seq && (told == seq || told + 1 == seq) ? &c->status : NULL;
+}
+
 /* A receive timed out.  When the peer said it waits itself in this
  * operation (tell_status), name the end of that line of waits: the rank
  * nobody heard waiting.  When the peer never sent anything of this
@@ -73,22 +83,25 @@ static gw_result_t timeout_error(struct prims *p, const char *what, int peer, do
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
   char me[160];
   gw__describe_op(&p->op->desc, me, sizeof me);
-  const struct gw_wait_status *st = &c->status;
-  if (c->status_seq == p->op->desc.seq + 1 && st->end == p->comm->rank)
+  const struct gw_wait_status *st = live_status(p, c);
+  char in[64] = ""; /* a peer still in the operation before */
+  if (st && c->status_seq - 1 != p->op->desc.seq)
+    snprintf(in, sizeof in, " (still in operation #%llu)", (unsigned long long)(c->status_seq - 1));
+  if (st && st->end == p->comm->rank)
     return gw__err(p->err, GW_ERR_TIMEOUT,
-                   "rank %d: operation %s waited %.1f s for data from rank %d, which waits itself on rank %d, in a "
+                   "rank %d: operation %s waited %.1f s for data from rank %d, which waits itself%s on rank %d, in a "
                    "line of %u waits that leads back to this rank: the ranks wait on each other (calls that differ "
                    "across ranks?)",
-                   p->comm->rank, me, waited, c->peer, st->waits_on, (unsigned)st->hops + 1);
-  if (c->status_seq == p->op->desc.seq + 1) {
+                   p->comm->rank, me, waited, c->peer, in, st->waits_on, (unsigned)st->hops + 1);
+  if (st) {
     char line[96] = "";
     if (st->hops > 1)
       snprintf(line, sizeof line, ", in a line of %u waits that ends at rank %d", (unsigned)st->hops + 1, st->end);
     return gw__err(p->err, GW_ERR_TIMEOUT,
-                   "rank %d: operation %s waited %.1f s for data from rank %d, which waits itself on rank %d%s; rank "
+                   "rank %d: operation %s waited %.1f s for data from rank %d, which waits itself%s on rank %d%s; rank "
                    "%d %s and has not said it waits on another rank (it is stuck or stopped, or its machine is; raise "
                    "GW_TIMEOUT if it is just slow)",
-                   p->comm->rank, me, waited, c->peer, st->waits_on, line, st->end,
+                   p->comm->rank, me, waited, c->peer, in, st->waits_on, line, st->end,
                    st->end_started ? "started it and then stopped sending" : "has sent nothing of it");
   }
   if (c->seen_seq != p->op->desc.seq + 1 && p->grace_part > 0)
@@ -411,6 +424,8 @@ static gw_result_t peek_data(const struct gw_comm *comm, struct gw_conn *c, cons
     }
     if ((r = c->tp->recv_release(c)) != GW_SUCCESS) return r;
   }
+  /* a chunk after the status: the wait it told of is over (a later one tells again) */
+  if (r == GW_SUCCESS) c->status_seq = 0;
   return r;
 }
 
@@ -637,11 +652,15 @@ gw_result_t gw__post_direct(struct prims *p, struct gw_conn *c, const void *src,
  * on any from here).  Not on the device ring's connection, whose slots pair
  * with device-memory twins by a count of data chunks alone. */
 static void tell_status(struct prims *p, const struct gw_conn *c, bool deadline) {
-  const uint64_t in_op = p->op->desc.seq + 1;
-  struct gw_wait_status st = {.waits_on = c->peer, .end = c->peer, .hops = 1, .end_started = c->seen_seq == in_op};
-  if (c->status_seq == in_op && c->status.end != p->comm->rank) {
-    st.end = c->status.end, st.end_started = c->status.end_started;
-    st.hops = (uint16_t)(c->status.hops < UINT16_MAX ? c->status.hops + 1 : UINT16_MAX);
+  struct gw_wait_status st = {
+      .waits_on = c->peer, .end = c->peer, .hops = 1, .end_started = c->seen_seq == p->op->desc.seq + 1};
+  const struct gw_wait_status *beyond = live_status(p, c);
+  /* a line that leads back here (calls that differ?) is not passed round
+   * again: the ends would go round it until the grace ran out */
+  if (beyond && beyond->end == p->comm->rank && !deadline) return;
+  if (beyond && beyond->end != p->comm->rank) {
+    st.end = beyond->end, st.end_started = beyond->end_started;
+    st.hops = (uint16_t)(beyond->hops < UINT16_MAX ? beyond->hops + 1 : UINT16_MAX);
   }
   if (p->dev || (!deadline && p->told && p->told_end == st.end)) return;
   p->told = true, p->told_end = st.end;
@@ -666,6 +685,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
     struct gw_waiter w;
     double since = 0; /* the first waiter's start, once the grace below restarted it */
     double part = 1;  /* the part of the grace this wait takes, once in it */
+    double grace_at = 0; /* when the grace began */
     const double limit = p->comm->timeout_s;
     const uint64_t in_op = p->op->desc.seq + 1;
     gw__waiter_init(&w, limit);
@@ -680,8 +700,8 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
          * said it waits in this operation is not the straggler, so the wait
          * takes the whole grace, for the notice of the rank that names one */
         tell_status(p, c, false);
-        if (part < 1 && c->status_seq == in_op) {
-          const double left = grace_s(limit) - (gw__now() - w.start);
+        if (part < 1 && live_status(p, c)) {
+          const double left = grace_s(limit) - (gw__now() - grace_at);
           part = 1;
           if (left > 0) gw__waiter_init(&w, left);
           continue;
@@ -696,9 +716,9 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
        * on someone else (the whole grace); one that may wait before its first
        * send here, the algorithm's staggered part of it (see grace_part); one
        * that may be finishing the operation before, a short part (prev_part) */
-      part = c->seen_seq == in_op || c->status_seq == in_op ? 1 : p->grace_part > 0 ? p->grace_part : p->prev_part;
+      part = c->seen_seq == in_op || live_status(p, c) ? 1 : p->grace_part > 0 ? p->grace_part : p->prev_part;
       if (part <= 0) return recv_timeout_error(p, c, gw__now() - w.start);
-      since = w.start;
+      since = w.start, grace_at = gw__now();
       tell_status(p, c, true);
       gw__waiter_init(&w, grace_s(limit) * part);
     }
