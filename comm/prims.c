@@ -419,7 +419,9 @@ static gw_result_t peek_data(const struct gw_comm *comm, struct gw_conn *c, cons
     struct gw_wait_status st;
     if ((*h)->bytes >= sizeof st) {
       memcpy(&st, *data, sizeof st);
-      if (st.waits_on >= 0 && st.waits_on < comm->nranks && st.end >= 0 && st.end < comm->nranks && st.hops > 0)
+      if (st.waits_on == -1) /* withdrawn: that wait is over */
+        c->status_seq = 0;
+      else if (st.waits_on >= 0 && st.waits_on < comm->nranks && st.end >= 0 && st.end < comm->nranks && st.hops > 0)
         c->status = st, c->status_seq = (*h)->op.seq + 1;
     }
     if ((r = c->tp->recv_release(c)) != GW_SUCCESS) return r;
@@ -651,6 +653,21 @@ gw_result_t gw__post_direct(struct prims *p, struct gw_conn *c, const void *src,
  * skips that peer (it has not taken this rank's data, so it does not wait
  * on any from here).  Not on the device ring's connection, whose slots pair
  * with device-memory twins by a count of data chunks alone. */
+/* st on each of the operation's sending connections with room (see tell_status). */
+static void post_status(struct prims *p, const struct gw_wait_status *st) {
+  for (int i = 0; i < p->nconns; i++) {
+    struct gw_conn *to = p->conns[i];
+    if (!to->is_send || !to->tp || (p->comm->devring && to == &p->comm->rings[0].send)) continue;
+    void *slot;
+    size_t cap;
+    if (to->tp->send_slot(to, sizeof *st, &slot, &cap) != GW_SUCCESS || cap < sizeof *st) continue;
+    memcpy(slot, st, sizeof *st);
+    struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = sizeof *st};
+    h.op.coll = GW_COLL_STATUS;
+    to->tp->send_post(to, &h);
+  }
+}
+
 static void tell_status(struct prims *p, const struct gw_conn *c, bool deadline) {
   struct gw_wait_status st = {
       .waits_on = c->peer, .end = c->peer, .hops = 1, .end_started = c->seen_seq == p->op->desc.seq + 1};
@@ -664,17 +681,20 @@ static void tell_status(struct prims *p, const struct gw_conn *c, bool deadline)
   }
   if (p->dev || (!deadline && p->told && p->told_end == st.end)) return;
   p->told = true, p->told_end = st.end;
-  for (int i = 0; i < p->nconns; i++) {
-    struct gw_conn *to = p->conns[i];
-    if (!to->is_send || !to->tp || (p->comm->devring && to == &p->comm->rings[0].send)) continue;
-    void *slot;
-    size_t cap;
-    if (to->tp->send_slot(to, sizeof st, &slot, &cap) != GW_SUCCESS || cap < sizeof st) continue;
-    memcpy(slot, &st, sizeof st);
-    struct gw_chunk_hdr h = {.op = p->op->desc, .bytes = sizeof st};
-    h.op.coll = GW_COLL_STATUS;
-    to->tp->send_post(to, &h);
-  }
+  post_status(p, &st);
+}
+
+/* The wait this rank told of is over (its chunk came within the grace): the
+ * ranks told hear so.  A chunk after the status says it as well, but a rank
+ * that had sent its last chunk of the operation before would send none, and
+ * its successor, already waiting in the next one, would go on reading the
+ * status as holding (and name the rank it told of, were this one to stop
+ * there). */
+static void withdraw_status(struct prims *p) {
+  if (!p->told) return;
+  p->told = false;
+  const struct gw_wait_status st = {.waits_on = -1, .end = -1};
+  post_status(p, &st);
 }
 
 gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data, size_t bytes) {
@@ -722,6 +742,7 @@ gw_result_t gw__wait_recv(struct prims *p, struct gw_conn *c, const void **data,
       tell_status(p, c, true);
       gw__waiter_init(&w, grace_s(limit) * part);
     }
+    if (r == GW_SUCCESS) withdraw_status(p);
   }
   if (r != GW_SUCCESS) return conn_error(p, c, r);
   GW_CHECK(check_header(p, c, h, *data, bytes));

@@ -46,7 +46,7 @@ _Static_assert(sizeof(struct gw_chunk_hdr) == 32, "chunk header is 32 bytes");
  * GW_COLL_STATUS.  It carries no data and no step of the operation; a
  * receiver keeps the last one on the connection and releases it. */
 struct gw_wait_status {
-  int32_t waits_on;    /* the rank the sender waits on for data */
+  int32_t waits_on;    /* the rank the sender waits on for data; -1: the wait it told of is over */
   int32_t end;         /* the last rank of the line of waits the sender knows: waits_on, or one
                           further on that the statuses from waits_on told of */
   uint16_t hops;       /* ranks from the sender to end (1: end is waits_on) */
