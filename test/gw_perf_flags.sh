@@ -23,6 +23,10 @@ refused() { # WORDS ARGS...: exit 2 (a bad command line), or $want_rc
 refused "-b '0.5' is not a whole number of bytes" -b 0.5 -e 64
 refused "-b '1e-3' is not a whole number of bytes" -b 1e-3
 refused "-b ' 8' is not a size" -b ' 8'
+# hexadecimal (strtod's) and a space before an integer: refused as the rest are
+refused "-b '0x10' is not a size" -b 0x10
+refused "-f '0x2' must be a number greater than 1" -f 0x2
+refused "-n ' 1' is not an integer" -n ' 1'
 refused "-e '4X' is not a size" -e 4X
 refused "-i '0' must be at least one byte" -i 0
 refused "-f and -i both say how the size steps" -f 2 -i 1K
@@ -50,6 +54,11 @@ rm -f "$tmp/fifo" "$tmp/fifo.lock"
 refused "the file name is 250 characters long; at most 243 here (its temporary file's name adds 12 to it" \
   --tune "$tmp/$(printf 't%.0s' $(seq 250))"
 refused "-f 1.0000001 makes more than 10000 steps" -f 1.0000001
+# every size under one element (of a rank's share): refused, not a sweep of empty operations that passed
+refused "-e 7: no size up to it holds a whole float64 element (8 bytes), so float64 would measure nothing: take -e 8" \
+  -b 7 -e 7 -d float64
+refused "-e 7: no size up to it holds a whole int32 element (4 bytes) for each rank (reduce_scatter splits the size)" \
+  -b 1 -e 7 -d int32 -C reduce_scatter
 # not a number of emulated devices: no device, named (it ran the emulator)
 out=$(GW_DEV_EMULATE=false "$run" -n 2 "$perf" -D -b 8 -e 8 2>&1) &&
   { echo "FAIL: GW_DEV_EMULATE=false accepted"; fail=1; }

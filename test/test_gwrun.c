@@ -728,6 +728,8 @@ START_TEST(test_bad_flags)
         {"-n", "1", "--rdzv-conf", "is_host=1", "--node-rank", "1", "true", NULL},
         {"-n", "1", "--rdzv-endpoint", "[::1", "true", NULL},
         {"-n", "1", "--rdzv-endpoint", "", "true", NULL},
+        {"-n", "1", "--rdzv-endpoint", "a:b:c", "true", NULL},     /* taken for an IPv6 address */
+        {"-n", "1", "--master-addr", "host:29500", "true", NULL}, /* taken too; the ranks then failed */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct run r;
@@ -739,8 +741,30 @@ START_TEST(test_bad_flags)
         ck_assert_msg(r.out[0] == '\0', "case %zu: unexpected stdout:\n%s", i, r.out);
         gwrun_free(&r);
     }
-    /* One node: --launcher-port has nothing to do, and says so (it was ignored silently) */
+    /* an unbracketed IPv6 endpoint: its port or its address's last part? said (torchrun takes it for the port) */
     struct run r;
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--rdzv-endpoint", "fe80::1:1234", "true", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "--rdzv-endpoint 'fe80::1:1234': an IPv6 address goes in brackets"),
+                  "exit %d, stderr:\n%.600s", r.code, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--master-addr", "host:1", "true", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "--master-addr 'host:1' is neither a host name nor an IPv6 address "
+                                               "(the port goes in --master-port)"),
+                  "exit %d, stderr:\n%.600s", r.code, r.err);
+    gwrun_free(&r);
+    /* a host name past 255 characters: said so (the port was said to be wrong) */
+    char longmaster[320];
+    snprintf(longmaster, sizeof longmaster, "%0300d:29500", 0);
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--master", longmaster, "true", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "the host is 300 characters long, at most 255"), "exit %d, stderr:\n%.600s",
+                  r.code, r.err);
+    gwrun_free(&r);
+    /* seconds in hexadecimal (strtod's: 16 s) are no seconds: said and ignored, as other bad values */
+    gwrun_run(&r, (const char *[]){"GW_RUN_KILL_GRACE=0x10", NULL}, (const char *[]){"-n", "1", "true", NULL});
+    ck_assert_msg(r.code == 0 && strstr(r.err, "gw-run: ignoring GW_RUN_KILL_GRACE='0x10' (want seconds"),
+                  "exit %d, stderr:\n%.600s", r.code, r.err);
+    gwrun_free(&r);
+    /* One node: --launcher-port has nothing to do, and says so (it was ignored silently) */
     gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--launcher-port", "5000", "true", NULL});
     ck_assert_msg(r.code == 0 && strstr(r.err, "ignoring --launcher-port 5000"), "exit %d, stderr:\n%s", r.code,
                   r.err);

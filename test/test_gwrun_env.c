@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -212,6 +213,13 @@ START_TEST(test_env_torchrun_names)
                       strstr(r.err, "(from PET_RDZV_ENDPOINT in the environment"),
                   "PET_RDZV_ENDPOINT=host:x: exit %d\n%s", r.code, r.err);
     gwrun_free(&r);
+    /* a node rank out of range from the environment: the variables named (only a flag never typed was) */
+    const char *bad_rank[] = {"PET_NNODES=2", "PET_NODE_RANK=3", "GW_JOB_TOKEN=pet-rank", NULL};
+    gwrun_run(&r, bad_rank, (const char *[]){"-n", "1", "--master", "127.0.0.1:29999", "true", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "--node-rank 3 is out of range for --nnodes 2 (0..1) (--node-rank from "
+                                               "PET_NODE_RANK in the environment"),
+                  "PET_NODE_RANK=3: exit %d\n%s", r.code, r.err);
+    gwrun_free(&r);
     const char *outer[] = {"TORCHELASTIC_RUN_ID=outer", NULL};
     gwrun_run(&r, outer, (const char *[]){"-n", "1", "sh", "-c", "echo id=$TORCHELASTIC_RUN_ID", NULL});
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] id=none"), "no --rdzv-id: exit %d\n%s", r.code, r.out);
@@ -269,16 +277,40 @@ START_TEST(test_env_torchrun_names)
     snprintf(want, sizeof want, "[0] %d", CPU_COUNT(&aff));
     ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, want), "-n cpu: exit %d, stdout:\n%s", r.code, r.out);
     gwrun_free(&r);
-    /* the GPUs CUDA_VISIBLE_DEVICES leaves, as torch.cuda.device_count(); none refused */
+    /* the GPUs CUDA_VISIBLE_DEVICES leaves, as torch.cuda.device_count():
+     * its entries up to the first that is not an ordinal, or past the
+     * driver's GPUs where it lists some; none refused */
+    int raw = 0; /* the GPUs the driver lists (0: no driver, nothing to cut by) */
+    DIR *gd = opendir("/proc/driver/nvidia/gpus");
+    for (struct dirent *e; gd && (e = readdir(gd));)
+        raw += e->d_name[0] != '.';
+    if (gd)
+        closedir(gd);
+    const int of025 = raw == 0 || raw > 5 ? 3 : raw > 2 ? 2 : 1;
+    char want3[32];
+    snprintf(want3, sizeof want3, "[%d] %d", of025 - 1, of025);
     const char *three[] = {"CUDA_VISIBLE_DEVICES=0,2,5", NULL}, *none[] = {"CUDA_VISIBLE_DEVICES=-1", NULL};
     const char *a5[] = {"--nproc_per_node", "gpu", "sh", "-c", "echo $WORLD_SIZE", NULL};
     gwrun_run(&r, three, a5);
-    ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == 3 && gwrun_has_line(r.out, "[2] 3"),
-                  "-n gpu of 3 visible: exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == of025 && gwrun_has_line(r.out, want3),
+                  "-n gpu of 0,2,5 visible (the driver lists %d): exit %d, stdout:\n%s\nstderr:\n%s", raw, r.code,
+                  r.out, r.err);
     gwrun_free(&r);
     gwrun_run(&r, none, a5);
     ck_assert_msg(r.code == 2 && strstr(r.err, "-n gpu: no GPU to use"), "-n gpu of none: exit %d\n%s", r.code,
                   r.err);
+    gwrun_free(&r);
+    /* an empty entry ends the list (one GPU, where three ranks started); a
+     * repeated one leaves none (torch's empty set), said */
+    const char *gap[] = {"CUDA_VISIBLE_DEVICES=0,,1", NULL}, *twice[] = {"CUDA_VISIBLE_DEVICES=0,0", NULL};
+    gwrun_run(&r, gap, a5);
+    ck_assert_msg(r.code == 0 && gwrun_count_lines(r.out) == 1 && gwrun_has_line(r.out, "[0] 1"),
+                  "-n gpu of '0,,1': exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    gwrun_free(&r);
+    gwrun_run(&r, twice, a5);
+    ck_assert_msg(r.code == 2 && strstr(r.err, "-n gpu: no GPU to use: CUDA_VISIBLE_DEVICES='0,0' leaves none, as "
+                                                "torch reads it"),
+                  "-n gpu of '0,0': exit %d\n%.600s", r.code, r.err);
     gwrun_free(&r);
     static const char *const refused[][8] = {
         {"-n", "1", "--master", "h:1", "--master-port", "2", "true", NULL},

@@ -155,6 +155,11 @@ START_TEST(test_tee_and_redirects_by_rank)
                   "%s\n%s", r.out, r.err);
     ck_assert_msg(gwrun_has_line(r.out, "[1] out 1") && gwrun_has_line(r.out, "[2] out 2"), "stdout:\n%s", r.out);
     ck_assert_msg(gwrun_has_line(r.err, "[0] err 0") && gwrun_has_line(r.err, "[1] err 1"), "stderr:\n%.800s", r.err);
+    /* said (a value naming only such ranks logged nothing, and said nothing) */
+    ck_assert_msg(strstr(r.err, "gw-run: note: --redirects '0:1,2:3,3:3' names local rank 3, past -n 3 "
+                                "(local ranks 0-2): ignored, as torchrun ignores it") &&
+                      !strstr(r.err, "--tee '1:3,2:1' names"),
+                  "stderr:\n%.800s", r.err);
     char pattern[128], run[256];
     snprintf(pattern, sizeof pattern, "%s/gw-run-logs-*", tmp);
     run_dirs(pattern, 1, r.err, run, sizeof run);

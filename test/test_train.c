@@ -472,8 +472,10 @@ void refused(const char *const *args, const char *words) {
   const char *const noenv[] = {NULL};
   gwrun_start_prog(&r, train_bin(), noenv, args);
   gwrun_wait(&r, 60);
-  ck_assert_msg(r.code != 0 && strstr(r.err, words), "expected a refusal mentioning '%s', got exit %d\n%s\n%s", words,
-                r.code, r.out, r.err);
+  /* (the outputs' ends: Check's messages hold 4 KiB) */
+  const size_t no = strlen(r.out), ne = strlen(r.err);
+  ck_assert_msg(r.code != 0 && strstr(r.err, words), "expected a refusal mentioning '%.300s', got exit %d\n%s\n%s",
+                words, r.code, r.out + (no > 1000 ? no - 1000 : 0), r.err + (ne > 2000 ? ne - 2000 : 0));
   gwrun_free(&r);
 }
 
@@ -484,6 +486,9 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--batch", "0", NULL}, "--batch");
   refused((const char *const[]){"--steps", "2", "--classes", "1", NULL}, "--classes wants a whole number in [2, ");
   refused((const char *const[]){"--steps", "2", "--lr", "fast", NULL}, "--lr");
+  /* hexadecimal, which strtod reads (--lr 0x10 was 16), and a space before a whole number */
+  refused((const char *const[]){"--steps", "2", "--lr", "0x10", NULL}, "--lr wants a number in [0, 1000], got '0x10'");
+  refused((const char *const[]){"--steps", " 2", NULL}, "--steps wants a whole number");
   refused((const char *const[]){"--steps", "2", "--grad-wire", "int8", NULL}, "--grad-wire 'int8'");
   refused((const char *const[]){"--steps", "2", "--amp", "fp16", NULL}, "--amp fp16 needs --backend cudnn");
   refused((const char *const[]){"--steps", "2", "--loss-scale", "huge", NULL}, "--loss-scale");
@@ -611,6 +616,28 @@ START_TEST(test_bad_flags) {
           "not as given: --classes 5 (left out, they are the data's)");
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--host-step", NULL},
           "--host-step: the cpu backend's weights");
+  /* Names past PATH_MAX, with their temporary file's: refused before training
+   * (the weights were not written after it, the message cut off before its
+   * reason); "./" steps make one of existing folders. */
+  char deep[4200];
+  int used = snprintf(deep, sizeof deep, "%s/", tmpdir);
+  while (used < 4060) used += snprintf(deep + used, sizeof deep - (size_t)used, "./");
+  snprintf(deep + used, sizeof deep - (size_t)used, "w.safetensors");
+  refused((const char *const[]){"--steps", "2", "--save-weights", deep, NULL},
+          "so that its temporary file's name (up to 32 bytes longer) stays within PATH_MAX");
+  snprintf(deep + used, sizeof deep - (size_t)used, "%0100d.jsonl", 0);
+  refused((const char *const[]){"--steps", "2", "--metrics", deep, NULL}, "; at most 4095 (PATH_MAX)");
+  /* --metrics onto a file that holds no metrics (saved weights): refused, the
+   * file kept (the lines went on its end, and the weights no longer loaded) */
+  char weights[512];
+  path(weights, sizeof weights, "not-metrics.safetensors");
+  FILE *f = fopen(weights, "wb");
+  ck_assert(f && fwrite("\x02\0\0\0\0\0\0\0{}", 1, 10, f) == 10 && fclose(f) == 0);
+  refused((const char *const[]){"--steps", "2", "--metrics", weights, NULL},
+          "not-metrics.safetensors: holds something other than metrics (JSON lines, one object each, as gw-train "
+          "writes them): it begins with binary data");
+  struct stat st;
+  ck_assert_msg(stat(weights, &st) == 0 && st.st_size == 10, "the refused metrics file changed");
 }
 END_TEST
 

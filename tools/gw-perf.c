@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "decimal.h"
 #include "dev.h"
 #include "dtype_values.h"
 #include "gradwire.h"
@@ -114,7 +115,7 @@ static size_t parse_size(const char *s, const char *what) {
   else if (*end == 'm' || *end == 'M') mul = 1048576.0, end++;
   else if (*end == 'g' || *end == 'G') mul = 1073741824.0, end++;
   if (*end == 'B' || *end == 'b') end++;
-  if (errno || end == s || *end || isspace((unsigned char)s[0]) || !(v >= 0)) bad_use("%s '%s' is not a size", what, s);
+  if (errno || end == s || *end || !gw_decimal_text(s) || !(v >= 0)) bad_use("%s '%s' is not a size", what, s);
   if (!(v * mul <= 64.0 * 1073741824.0)) bad_use("%s '%s' is above the largest size gw-perf takes, 64G", what, s);
   if (v * mul != floor(v * mul)) bad_use("%s '%s' is not a whole number of bytes", what, s);
   return (size_t)(v * mul);
@@ -129,7 +130,8 @@ static double next_size(const struct opts *o, double sz) {
 static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
   char *end;
   long v = strtol(s, &end, 10);
-  if (end == s || *end || v < lo || v > hi) bad_use("%s '%s' is not an integer in %d..%d", what, s, lo, hi);
+  if (end == s || *end || !gw_decimal_text(s) || v < lo || v > hi)
+    bad_use("%s '%s' is not an integer in %d..%d", what, s, lo, hi);
   return (int)v;
 }
 
@@ -559,7 +561,7 @@ int main(int argc, char **argv) {
         errno = 0;
         o.factor = strtod(optarg, &end);
         /* inf (or 1e999) measured one size and said nothing of the rest */
-        if (errno || end == optarg || *end || !(o.factor > 1.0 && isfinite(o.factor)))
+        if (errno || end == optarg || *end || !gw_decimal_text(optarg) || !(o.factor > 1.0 && isfinite(o.factor)))
           bad_use("-f '%s' must be a number greater than 1", optarg);
         break;
       }
@@ -617,7 +619,7 @@ int main(int argc, char **argv) {
         char *end;
         errno = 0;
         o.min_bw = strtod(optarg, &end);
-        if (errno || end == optarg || *end || !(o.min_bw > 0) || isinf(o.min_bw))
+        if (errno || end == optarg || *end || !gw_decimal_text(optarg) || !(o.min_bw > 0) || isinf(o.min_bw))
           bad_use("--min-bw '%s' must be a bus bandwidth in GB/s above 0", optarg);
         break;
       }
@@ -690,6 +692,19 @@ int main(int argc, char **argv) {
         bad_use("%s", err);
   }
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
+  /* A sweep whose every size rounds down to no element (of a rank's share,
+   * for allgather and reduce_scatter) measured empty operations under sizes
+   * that said otherwise, and passed.  -e 0 asks for the empty one. */
+  for (int di = 0; di < o.ndtypes && o.max_bytes > 0; di++) {
+    const gw_dtype_t dt = (gw_dtype_t)o.dtypes[di];
+    const bool shared = o.coll == C_ALLGATHER || o.coll == C_REDUCE_SCATTER;
+    const size_t need = gw_dtype_size(dt) * (shared ? (size_t)nranks : 1);
+    if (measured_bytes(&o, dt, o.max_bytes) == 0)
+      bad_use("-e %zu: no size up to it holds a whole %s element (%zu bytes)%s%s%s, so %s would measure nothing: "
+              "take -e %zu or more", o.max_bytes, gw_dtype_name(dt), gw_dtype_size(dt),
+              shared ? " for each rank (" : "", shared ? coll_names[o.coll] : "", shared ? " splits the size)" : "",
+              gw_dtype_name(dt), need);
+  }
 
   if (o.tune) return tune(o.tune);
   size_t buf_bytes = o.max_bytes + 64;

@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <unistd.h> /* optarg */
 
+#include "decimal.h"
 #include "gw-run.h"
 
 const char gw__run_usage_text[] =
@@ -114,6 +115,16 @@ const char gw__run_usage_text[] =
 static const char *pet_given_value[16], *pet_given_var[16], *pet_given_flag[16];
 static int pet_given;
 
+const char *gw__run_pet_note(const char *flag, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    for (int i = 0; i < pet_given; i++)
+        if (!strcmp(flag, pet_given_flag[i]))
+            snprintf(buf, cap, " (%s from %s in the environment, torchrun's variable for it)", flag,
+                     pet_given_var[i]);
+    return buf;
+}
+
 void gw__run_usage_error(const char *fmt, const char *arg)
 {
     char msg[2048];
@@ -141,7 +152,7 @@ bool gw__run_parse_long(const char *s, long lo, long hi, long *out)
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || errno != 0 || v < lo || v > hi)
+    if (*s == '\0' || *end != '\0' || !gw_decimal_text(s) || errno != 0 || v < lo || v > hi)
         return false;
     *out = v;
     return true;
@@ -294,7 +305,7 @@ bool gw__run_parse_rdzv_conf(const char *v, double *join_timeout_s, int *is_host
         if (strcmp(kv, "join_timeout") == 0) {
             char *end;
             const double x = strtod(val, &end);
-            if (*end || end == val || !isfinite(x) || x <= 0 || x > 86400) {
+            if (*end || end == val || !gw_decimal_text(val) || !isfinite(x) || x <= 0 || x > 86400) {
                 snprintf(err, errsz, "--rdzv-conf join_timeout must be seconds above 0, at most 86400, not '%s'",
                          val);
                 return false;
@@ -372,7 +383,7 @@ bool gw__run_check_ignored(const char *flag, const char *v, char *err, size_t er
     }
     char *end;
     const double s = strtod(v, &end);
-    if (end != v && !*end && isfinite(s) && s > 0)
+    if (end != v && !*end && gw_decimal_text(v) && isfinite(s) && s > 0)
         return true;
     snprintf(err, errsz, "%s must be seconds above 0, not '%s'", flag, v);
     return false;

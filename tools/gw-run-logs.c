@@ -73,6 +73,8 @@ static bool parse_std(const char *flag, const char *v, int local_n, unsigned cha
     bool *seen = calloc((size_t)local_n, 1);
     const char *p = v;
     bool ok = seen != NULL && *p != '\0';
+    long past = -1; /* the first local rank named past -n */
+    int npast = 0;
     while (ok && *p) {
         char *end;
         errno = 0;
@@ -89,6 +91,8 @@ static bool parse_std(const char *flag, const char *v, int local_n, unsigned cha
         if (r < local_n) {
             seen[r] = true;
             mask[r] = (unsigned char)(end[1] - '0');
+        } else if (npast++ == 0) {
+            past = r;
         }
         p = end[2] ? end + 3 : end + 2;
     }
@@ -96,6 +100,10 @@ static bool parse_std(const char *flag, const char *v, int local_n, unsigned cha
     if (!ok)
         snprintf(err, errsz, "%s must be 0 (no stream), 1 (stdout), 2 (stderr) or 3 (both), for every rank or as "
                  "LOCAL_RANK:VALUE pairs separated by commas (e.g. 0:3,1:2), not '%s'", flag, v);
+    else if (npast) /* accepted as torchrun's, but said: no file came of it, and nothing told why */
+        gw__run_say("gw-run: note: %s '%s' names local rank %ld%s, past -n %d (local ranks 0-%d): ignored, as "
+                    "torchrun ignores %s\n", flag, v, past, npast > 1 ? " and others" : "", local_n, local_n - 1,
+                    npast > 1 ? "them" : "it");
     return ok;
 }
 

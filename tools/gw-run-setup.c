@@ -3,6 +3,7 @@
  * torchrun's names, free ports, the job token and its per-attempt form,
  * -n by kind (gpu, cpu, auto); whether --master names a loopback is
  * comm/netname.c's, shared with the library. */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -20,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "decimal.h"
 #include "gw-run.h"
 
 /* Binding port 0 lets the kernel pick a free port. It is released again before
@@ -102,24 +104,60 @@ void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, cons
     unsetenv("TORCHELASTIC_ERROR_FILE");
 }
 
-/* The GPUs this job may use, as torch.cuda.device_count() counts them:
- * CUDA_VISIBLE_DEVICES' entries where it is set (empty, or starting at -1:
- * none), else those the NVIDIA driver lists (no CUDA needed). */
+/* The GPUs this job may use, as torch.cuda.device_count() counts them
+ * (torch.cuda._parse_visible_devices): without CUDA_VISIBLE_DEVICES those
+ * the NVIDIA driver lists (no CUDA needed); with it, its entries up to the
+ * first that is not an ordinal (an empty one, a word, a negative number:
+ * "0,,1" is 1 GPU, "-1" none) or, where the driver lists GPUs, names none of
+ * them (an ordinal past its count), and none at all when an entry repeats
+ * ("0,0": torch's empty set); GPU-/MIG- UUIDs while they keep that prefix.
+ * Counting every comma-separated entry started more ranks than torch saw
+ * GPUs. */
 static long visible_gpus(void)
 {
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    long gpus = 0;
-    if (v) {
-        for (const char *p = v; *p && strncmp(p, "-1", 2) != 0; p += strcspn(p, ","), p += *p == ',')
-            gpus++;
-        return gpus;
-    }
+    long raw = 0;
     DIR *d = opendir("/proc/driver/nvidia/gpus");
     for (struct dirent *e; d && (e = readdir(d));)
-        gpus += e->d_name[0] != '.';
+        raw += e->d_name[0] != '.';
     if (d)
         closedir(d);
-    return gpus;
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v)
+        return raw;
+    const bool uuids = !strncmp(v, "GPU-", 4) || !strncmp(v, "MIG-", 4);
+    enum { MAX_SEEN = 1024 };
+    static char seen[MAX_SEEN][64]; /* the entries so far, for repeats */
+    long n = 0;
+    for (const char *p = v; *p && n < MAX_SEEN; p += *p == ',') {
+        const size_t len = strcspn(p, ",");
+        size_t b = 0, e = len; /* torch strips each entry */
+        while (b < e && isspace((unsigned char)p[b]))
+            b++;
+        while (e > b && isspace((unsigned char)p[e - 1]))
+            e--;
+        char entry[64];
+        snprintf(entry, sizeof entry, "%.*s", (int)(e - b), p + b);
+        p += len;
+        if (uuids) {
+            if (strncmp(entry, v, 4) != 0)
+                break;
+        } else {
+            /* the ordinal the entry starts with (a sign, then digits), as torch's _strtoul */
+            const size_t sign = entry[0] == '+' || entry[0] == '-';
+            size_t k = sign;
+            while (isdigit((unsigned char)entry[k]))
+                k++;
+            const long ord = k > sign ? strtol(entry, NULL, 10) : -1;
+            if (ord < 0 || (raw > 0 && ord >= raw))
+                break;
+            snprintf(entry, sizeof entry, "%ld", ord);
+        }
+        for (long i = 0; i < n; i++)
+            if (!strcmp(seen[i], entry))
+                return 0;
+        snprintf(seen[n++], sizeof seen[0], "%s", entry);
+    }
+    return n;
 }
 
 /* torchrun's -n gpu | cpu | auto: the GPUs this job may use, the cores this
@@ -176,7 +214,7 @@ double gw__run_env_seconds(const char *name, double dflt, bool zero_ok)
         return dflt;
     char *end;
     const double x = strtod(v, &end);
-    if (*end != '\0' || !isfinite(x) || x < 0 || (x == 0 && !zero_ok) || x > 86400) {
+    if (*end != '\0' || !gw_decimal_text(v) || !isfinite(x) || x < 0 || (x == 0 && !zero_ok) || x > 86400) {
         gw__run_say("gw-run: ignoring %s='%s' (want seconds, %s86400)\n", name, v,
                     zero_ok ? "0.." : "above 0, at most ");
         return dflt;

@@ -416,7 +416,7 @@ int main(int argc, char **argv)
     const char *master_flag = "--master", *master_given = NULL; /* where master came from */
     const char *endpoint = NULL, *rdzv_id = NULL, *filter = NULL, *role = "default";
     int prog_mode = GW_RUN_PROG_AUTO;
-    char host[256], composed[300], err[1200];
+    char host[256], composed[1100], err[1200]; /* (composed: a long value quoted whole in a refusal) */
     bool standalone = false;
     int is_host = -1; /* --rdzv-conf is_host */
     double conf_join_timeout_s = 0;
@@ -437,8 +437,13 @@ int main(int argc, char **argv)
         case 'n':
             if (!gw__run_parse_long(optarg, 1, MAX_LOCAL_RANKS, &local_n)) {
                 const int by_kind = gw__run_ranks_by_kind(optarg, &local_n);
+                const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+                if (by_kind < 0 && cvd)
+                    gw__run_usage_error("-n gpu: no GPU to use: CUDA_VISIBLE_DEVICES='%.200s' leaves none, as torch "
+                                "reads it (its entries up to the first that is no GPU ordinal or UUID, or one the "
+                                "driver does not list; none where one repeats)", cvd);
                 if (by_kind < 0)
-                    gw__run_usage_error("-n gpu: no GPU to use (CUDA_VISIBLE_DEVICES, or the NVIDIA driver's list in "
+                    gw__run_usage_error("-n gpu: no GPU to use (the NVIDIA driver lists none in "
                                 "/proc/driver/nvidia/gpus)%s", "");
                 if (by_kind == 0)
                     gw__run_usage_error("-n (--nproc-per-node) must be a number of ranks from 1 to 4096, or gpu, cpu "
@@ -543,6 +548,12 @@ int main(int argc, char **argv)
                     "HOST[:PORT]", "");
     if (endpoint && (!*endpoint || *endpoint == ':' || (endpoint[0] == '[' && !strchr(endpoint, ']'))))
         gw__run_usage_error("--rdzv-endpoint must be HOST[:PORT] or [v6addr][:PORT], not '%s'", endpoint);
+    /* Two colons or more outside brackets: an IPv6 address with a port or
+     * without one (fe80::1:1234 is both; torchrun takes the last part for
+     * the port, where it was taken for the address's) */
+    if (endpoint && endpoint[0] != '[' && strchr(endpoint, ':') != strrchr(endpoint, ':'))
+        gw__run_usage_error("--rdzv-endpoint '%.300s': an IPv6 address goes in brackets, [ADDRESS]:PORT or [ADDRESS] "
+                    "(without them the last part could be the port or part of the address)", endpoint);
     if (endpoint) { /* torchrun's c10d endpoint: its port 29400 by default */
         const char *close = endpoint[0] == '[' ? strchr(endpoint, ']') : NULL, *colon = strchr(endpoint, ':');
         const bool has_port = close ? close[1] == ':' : colon && colon == strrchr(endpoint, ':');
@@ -559,6 +570,14 @@ int main(int argc, char **argv)
         node_rank = 0;
     if (nnodes == 1 && node_rank == GW_RUN_NODE_AUTO)
         node_rank = 0;
+    if (maddr && strchr(maddr, ':') && maddr[0] != '[') { /* an IPv6 address, or a port put in the wrong place */
+        struct in6_addr a6;
+        char bare[INET6_ADDRSTRLEN + 16];
+        snprintf(bare, sizeof bare, "%.*s", (int)strcspn(maddr, "%"), maddr); /* (fe80::1%eth0: its zone apart) */
+        if (inet_pton(AF_INET6, bare, &a6) != 1)
+            gw__run_usage_error("--master-addr '%.300s' is neither a host name nor an IPv6 address (the port goes in "
+                        "--master-port)", maddr);
+    }
     if (maddr || mport) { /* torchrun's defaults for the one not given */
         const char *a = maddr ? maddr : "127.0.0.1";
         snprintf(composed, sizeof composed, strchr(a, ':') && a[0] != '[' ? "[%s]:%ld" : "%s:%ld", a,
@@ -579,8 +598,14 @@ int main(int argc, char **argv)
     }
     if (master && !gw__run_parse_master(master, host, sizeof host, &port)) {
         char msg[1400]; /* named by the flag it came from (the endpoint's was called --master) */
-        snprintf(msg, sizeof msg, "%s must give HOST:PORT or [IPv6]:PORT with a port from 1 to 65535, not '%s'",
-                 master_flag, master);
+        const bool v6 = master[0] == '[';
+        const size_t hl = v6 ? strcspn(master + 1, "]") : strcspn(master, ":");
+        if (hl >= sizeof host) /* (it said the port was wrong) */
+            snprintf(msg, sizeof msg, "%s '%.300s...': the host is %zu characters long, at most %zu (a DNS name has "
+                     "at most 253)", master_flag, master, hl, sizeof host - 1);
+        else
+            snprintf(msg, sizeof msg, "%s must give HOST:PORT or [IPv6]:PORT with a port from 1 to 65535, not "
+                     "'%.1000s'", master_flag, master);
         gw__run_usage_error_for(msg, master_given);
     }
     if (nnodes > 1 && !master)
@@ -597,8 +622,10 @@ int main(int argc, char **argv)
         gw__run_usage_error("--launcher-port must differ from the --master port (%s), which rank 0 "
                     "listens on", master);
     if (node_rank >= nnodes) {
-        gw__run_say("gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)\n",
-                node_rank, nnodes, nnodes - 1);
+        char from_r[160], from_n[160];
+        gw__run_say("gw-run: --node-rank %ld is out of range for --nnodes %ld (0..%ld)%s%s\n", node_rank, nnodes,
+                    nnodes - 1, gw__run_pet_note("--node-rank", from_r, sizeof from_r),
+                    gw__run_pet_note("--nnodes", from_n, sizeof from_n));
         return EXIT_USAGE;
     }
 

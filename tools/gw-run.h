@@ -290,6 +290,9 @@ void gw__run_usage_error(const char *fmt, const char *arg) __attribute__((noretu
 /* The same with the message made (msg), arg being the value it is about: a
  * value that came from a PET_ variable is named as such. */
 void gw__run_usage_error_for(const char *msg, const char *arg) __attribute__((noreturn));
+/* " (FLAG from VAR in the environment, ...)" where FLAG's value came from
+ * torchrun's PET_ variable VAR (gw__run_pet_argv), else "": in buf. */
+const char *gw__run_pet_note(const char *flag, char *buf, size_t cap);
 /* --standalone: refused with --nnodes above 1; a master or endpoint given
  * beside it is said and dropped (torchrun's --standalone runs on localhost
  * whatever else is given; one unreachable held the job until the bootstrap

@@ -7,6 +7,7 @@
 #if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -529,15 +530,34 @@ static void plan_schedule(struct trainer *t) {
 }
 
 /* Linear warmup to the peak, then cosine to 0 or steps of 10x at 1/3 and 2/3. */
+/* An existing regular file that --metrics appends to holds JSON lines (an
+ * earlier run's): each begins with '{' and none holds a NUL byte.  Anything
+ * else (saved weights, a plot, a checkpoint) was taken and spoilt: the lines
+ * went on its end, and the weights no longer loaded. */
+static int metrics_file_ok(const char *path, char *err, size_t errlen) {
+  char head[4096];
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0; /* write-only: appended to unchecked, as log_open does */
+  const ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  if (n <= 0 || (head[0] == '{' && !memchr(head, 0, (size_t)n))) return 0;
+  snprintf(err, errlen, "--metrics %.900s: holds something other than metrics (JSON lines, one object each, as "
+           "gw-train writes them): it begins with %s; name a new file, or one an earlier run wrote", path,
+           memchr(head, 0, (size_t)n) ? "binary data" : "something other than '{'");
+  return -1;
+}
+
 /* --metrics is appended to: an existing file (or a FIFO, /dev/stdout) needs
  * only to take writes; a new one, a directory to be made in.  It was first
  * opened after the data and the model, so a bad one cost their setup. */
 static int metrics_path_ok(const char *path, char *err, size_t errlen) {
   struct stat sb;
   if (path[0] && stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-    if (access(path, W_OK) == 0) return 0;
-    snprintf(err, errlen, "--metrics %s: cannot append to it: %s", path, strerror(errno));
-    return -1;
+    if (access(path, W_OK) != 0) {
+      snprintf(err, errlen, "--metrics %.900s: cannot append to it: %s", path, strerror(errno));
+      return -1;
+    }
+    return S_ISREG(sb.st_mode) ? metrics_file_ok(path, err, errlen) : 0;
   }
   return output_path_ok("--metrics", path, err, errlen);
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h" /* GW_LAYOUT_* */
+#include "decimal.h"
 #include "dataset.h"
 #include "gw-train.h"
 #include "gw_config.h"
@@ -128,7 +129,7 @@ static int parse_long(const char *opt, const char *s, long lo, long hi, long *ou
   char *end;
   errno = 0;
   long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) {
+  if (errno || end == s || *end || !gw_decimal_text(s) || v < lo || v > hi) {
     fprintf(stderr, "gw-train: %s wants a whole number in [%ld, %ld], got '%s'\n", opt, lo, hi, s);
     return -1;
   }
@@ -147,7 +148,7 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+  if (errno || end == s || *end || !gw_decimal_text(s) || !(v >= lo && v <= hi)) {
     fprintf(stderr, "gw-train: %s wants a number in [%g, %g], got '%s'\n", opt, lo, hi, s);
     return -1;
   }
@@ -241,7 +242,7 @@ static int parse_milestones(struct train_opts *o, const char *arg) {
     char *end;
     errno = 0;
     const double v = strtod(p, &end);
-    if (errno || end == p || (*end && *end != ',') || !(v > 0 && v <= 1e6)) {
+    if (errno || end == p || (*end && *end != ',') || !gw_decimal_text(p) || !(v > 0 && v <= 1e6)) {
       fprintf(stderr, "gw-train: --lr-milestones wants epochs in (0, 1e6] separated by commas, got '%s'\n", arg);
       return -1;
     }

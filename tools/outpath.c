@@ -2,6 +2,7 @@
 #include "outpath.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,29 +20,59 @@ static void dir_of(const char *path, char *dir, size_t cap) {
   else *slash = 0;
 }
 
+/* A path as messages show it: a long one by its start and end, so the
+ * message's reason after it is not cut off with the path (every buffer for
+ * messages is shorter than PATH_MAX). */
+struct shown {
+  char s[200];
+};
+static struct shown shown(const char *path) {
+  struct shown v;
+  const size_t len = strlen(path);
+  if (len < sizeof v.s) snprintf(v.s, sizeof v.s, "%s", path);
+  else snprintf(v.s, sizeof v.s, "%.80s...(%zu bytes)...%s", path, len, path + len - 80);
+  return v;
+}
+
+/* Whether the name, with `extra` bytes more (a temporary file's), fits
+ * PATH_MAX: a longer one fails only when the file is opened, after the
+ * work (--save-weights: after the training). */
+static int fits_path_max(const char *flag, const char *path, size_t extra, char *err, size_t errlen) {
+  const size_t len = strlen(path);
+  if (len + extra < PATH_MAX) return 0;
+  if (!extra)
+    snprintf(err, errlen, "%s %s: the name is %zu bytes long; at most %d (PATH_MAX)", flag, shown(path).s, len,
+             PATH_MAX - 1);
+  else
+    snprintf(err, errlen, "%s %s: the name is %zu bytes long; at most %zu, so that its temporary file's name (up to "
+             "%zu bytes longer) stays within PATH_MAX", flag, shown(path).s, len, (size_t)PATH_MAX - 1 - extra, extra);
+  return -1;
+}
+
 int output_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
   struct stat sb;
   if (!path[0]) {
     snprintf(err, errlen, "%s: an empty file name", flag);
     return -1;
   }
+  if (fits_path_max(flag, path, 0, err, errlen) != 0) return -1;
   const int exists = stat(path, &sb) == 0;
   if (exists && S_ISDIR(sb.st_mode)) {
-    snprintf(err, errlen, "%s %s: is a directory", flag, path);
+    snprintf(err, errlen, "%s %s: is a directory", flag, shown(path).s);
     return -1;
   }
   if (exists && access(path, W_OK) != 0) { /* found only after the work, otherwise */
-    snprintf(err, errlen, "%s %s: cannot write it: %s", flag, path, strerror(errno));
+    snprintf(err, errlen, "%s %s: cannot write it: %s", flag, shown(path).s, strerror(errno));
     return -1;
   }
   char dir[4096];
   dir_of(path, dir, sizeof dir);
   if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-    snprintf(err, errlen, "%s %s: its directory %s does not exist", flag, path, dir);
+    snprintf(err, errlen, "%s %s: its directory %s does not exist", flag, shown(path).s, shown(dir).s);
     return -1;
   }
   if (access(dir, W_OK | X_OK) != 0) {
-    snprintf(err, errlen, "%s %s: cannot write into %s: %s", flag, path, dir, strerror(errno));
+    snprintf(err, errlen, "%s %s: cannot write into %s: %s", flag, shown(path).s, shown(dir).s, strerror(errno));
     return -1;
   }
   return 0;
@@ -52,7 +83,7 @@ int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *
   if (path[0] && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
     char *real = realpath(path, NULL);
     if (!real) {
-      snprintf(err, errlen, "%s %s: a symbolic link that cannot be followed: %s", flag, path,
+      snprintf(err, errlen, "%s %s: a symbolic link that cannot be followed: %s", flag, shown(path).s,
                errno == ENOENT ? "what it names does not exist" : strerror(errno));
       return -1;
     }
@@ -62,10 +93,11 @@ int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *
   }
   if (path[0] && stat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
     snprintf(err, errlen, "%s %s: not a regular file (a device, FIFO or socket would be replaced by one)", flag,
-             path);
+             shown(path).s);
     return -1;
   }
-  if (output_path_ok(flag, path, err, errlen) != 0) return -1;
+  if (output_path_ok(flag, path, err, errlen) != 0 || fits_path_max(flag, path, (size_t)temp_suffix, err, errlen) != 0)
+    return -1;
   /* The file is written as a temporary file beside it and renamed (the
    * safetensors writer's <name>.tmp.<8 hex>.<pid>.<counter>): a name that
    * leaves no room for that passed here and failed only when written, after
@@ -77,7 +109,7 @@ int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *
   const long max = pathconf(dir, _PC_NAME_MAX);
   if (max > 0 && len + (size_t)temp_suffix > (size_t)max) {
     snprintf(err, errlen, "%s %s: the file name is %zu characters long; at most %zu here (its temporary file's "
-             "name adds %d to it, and the directory takes %ld)", flag, path, len, (size_t)(max - temp_suffix),
+             "name adds %d to it, and the directory takes %ld)", flag, shown(path).s, len, (size_t)(max - temp_suffix),
              temp_suffix, max);
     return -1;
   }
