@@ -47,7 +47,9 @@ enum { MAX_SIZES = 10000 }; /* sizes one run measures, at most */
 static int rank = -1, nranks; /* rank -1 until the communicator is made */
 
 /* Says what failed on stderr and exits with status (1: a failure or wrong
- * results, 2: a bad command line, as gw-train). */
+ * results, 2: a bad command line, output files included; gw-train exits 2
+ * for what its flags say alone, 1 for what its setup finds wrong with them:
+ * its data, its model, its files). */
 static void vdie(int status, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0), noreturn));
 static void vdie(int status, const char *fmt, va_list ap) {
   /* one write: a rank stopped by gw-run right after (every rank failing the
