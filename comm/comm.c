@@ -542,6 +542,10 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init: rank %d is not valid for %d ranks (need 0 <= rank < nranks)",
                                    rank, nranks));
+  if (nranks > GW_MAX_NRANKS)
+    return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
+                                   "gw_comm_init: %d ranks, more than a communicator takes (%d)", nranks,
+                                   GW_MAX_NRANKS));
   char token[GW_BOOT_TOKEN_MAX + 16] = "";
   if (nranks > 1) {
     if (!master || !*master)

@@ -219,7 +219,7 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm) {
   if (!ss || !*ss)
     return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init_env: %s is set but %s is not", rv, sv));
-  if (!parse_int(ss, 1, 1 << 20, &size) || !parse_int(rs, 0, size - 1, &rank))
+  if (!parse_int(ss, 1, GW_MAX_NRANKS, &size) || !parse_int(rs, 0, size - 1, &rank))
     return gw__init_fail(&err, gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                                    "gw_comm_init_env: rank %s='%s' / world size %s='%s' from the environment are "
                                    "not a valid pair (need 0 <= rank < size)", rv, rs, sv, ss));

@@ -26,6 +26,11 @@ enum gw_subsys {
   GW_SUB_ALL = ~0u
 };
 
+/* The most ranks a communicator takes (gw_comm_init, and the world sizes
+ * gw_comm_init_env reads): a larger one failed as "out of memory" when its
+ * tables could not be had, or waited out the rendezvous when they could. */
+#define GW_MAX_NRANKS (1 << 20)
+
 extern int gw__log_level; /* set once by gw__log_init */
 void gw__log_init(void);
 void gw__log(int level, unsigned subsys, const char *file, int line, const char *fmt, ...)

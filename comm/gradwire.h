@@ -84,7 +84,8 @@ gw_result_t gw_comm_init_env(gw_comm_t *comm);
  * the program was started alone (0): a plain shell, or a batch script. */
 int gw_env_launched(void);
 
-/* master_host_port: "host:port" where rank 0 serves the rendezvous. */
+/* master_host_port: "host:port" where rank 0 serves the rendezvous; nranks
+ * at most 2^20. */
 gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *master_host_port);
 
 /* Frees everything the communicator holds; accepts NULL.  Only once every

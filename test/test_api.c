@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
@@ -86,6 +87,9 @@ START_TEST(test_bad_arguments) {
   ck_assert_int_eq(gw_comm_init(&comm, 2, 2, "127.0.0.1:1"), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(NULL), "rank 2 is not valid for 2 ranks"));
   ck_assert_int_eq(gw_comm_init(&comm, 0, 0, NULL), GW_ERR_INVALID_ARGUMENT);
+  /* a world no machine holds: refused as such (it was "out of memory", a system error) */
+  ck_assert_int_eq(gw_comm_init(&comm, INT_MAX, 1, "127.0.0.1:1"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(has(gw_comm_last_error(NULL), "gw_comm_init: 2147483647 ranks, more than a communicator takes (1048576)"));
   ck_assert_int_eq(gw_comm_init(&comm, 2, 0, NULL), GW_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(gw_comm_init(&comm, 2, 1, "no-port-here"), GW_ERR_INVALID_ARGUMENT);
   ck_assert(has(gw_comm_last_error(NULL), "not HOST:PORT"));
