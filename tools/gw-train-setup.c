@@ -529,7 +529,6 @@ static void plan_schedule(struct trainer *t) {
   t->peak_lr = o->lr * (double)o->batch * t->world / 256.0;
 }
 
-/* Linear warmup to the peak, then cosine to 0 or steps of 10x at 1/3 and 2/3. */
 /* An existing regular file that --metrics appends to holds JSON lines (an
  * earlier run's): each begins with '{' and none holds a NUL byte.  Anything
  * else (saved weights, a plot, a checkpoint) was taken and spoilt: the lines
