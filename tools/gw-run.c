@@ -555,10 +555,10 @@ int main(int argc, char **argv)
         gw__run_usage_error("--rdzv-endpoint '%.300s': an IPv6 address goes in brackets, [ADDRESS]:PORT or [ADDRESS] "
                     "(without them the last part could be the port or part of the address)", endpoint);
     if (endpoint) { /* torchrun's c10d endpoint: its port 29400 by default */
-        const char *close = endpoint[0] == '[' ? strchr(endpoint, ']') : NULL, *colon = strchr(endpoint, ':');
-        const bool has_port = close ? close[1] == ':' : colon && colon == strrchr(endpoint, ':');
-        snprintf(composed, sizeof composed, has_port ? "%s" : colon && !close ? "[%s]:29400" : "%s:29400",
-                 endpoint);
+        /* (outside brackets at most one colon now: the port's) */
+        const char *close = endpoint[0] == '[' ? strchr(endpoint, ']') : NULL;
+        const bool has_port = close ? close[1] == ':' : strchr(endpoint, ':') != NULL;
+        snprintf(composed, sizeof composed, has_port ? "%s" : "%s:29400", endpoint);
         master = composed;
         master_flag = "--rdzv-endpoint", master_given = endpoint;
     }
