@@ -5,8 +5,10 @@
 # one rank each, ResNet-50 on Fashion-MNIST (batch 32), --no-overlap so the whole
 # allreduce is measured.  Runs alternate (fp32, bf16, fp16, fp32, ...); prints
 # the median comm_ms of each after the warm-up steps and the ratios.  Needs root.
+# The rate `local` runs both ranks on this machine instead (shared memory, no
+# namespaces): where the wire's conversions cost more than the bytes they save.
 #
-# Environment: BUILD [build]  RATES ["2gbit 10gbit"]  BENCH_STEPS [8]  BENCH_SKIP [3]  BENCH_REPS [2]
+# Environment: BUILD [build]  RATES ["2gbit 10gbit"; add "local"]  BENCH_STEPS [8]  BENCH_SKIP [3]  BENCH_REPS [2]
 set -euo pipefail
 prog=grad-wire.sh
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -44,7 +46,14 @@ run() { # wire -> median comm_ms
   # gw-train appends to --metrics: the file of an earlier round goes first
   # (the second round read 16 rows of 8 steps and stopped the run)
   rm -f "$work/$w-0.jsonl" "$work/$w-1.jsonl"
+  if [ "$rate" = local ]; then # one gw-run, two ranks (only rank 0 writes metrics)
+    env OMP_NUM_THREADS=$half "$build/tools/gw-run" -n 2 --master 127.0.0.1:29533 \
+      "$build/tools/gw-train" --model resnet50 --steps "$steps" --no-eval --data fashion-mnist --batch 32 \
+      --threads $half --no-overlap --grad-wire "$w" --metrics "$work/$w-0.jsonl" >"$work/$w-0.log" 2>&1 ||
+      { tail -n 5 "$work/$w-0.log" >&2; die "gw-train failed ($w, local: exit $?)"; }
+  fi
   for k in 0 1; do
+    [ "$rate" = local ] && break
     # shellcheck disable=SC2016  # $0 and $@ are for sh
     ip netns exec "$tag$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
       env OMP_NUM_THREADS=$half "$build/tools/gw-run" -n 1 --nnodes 2 --node-rank $k --master 10.89.0.1:29533 \
@@ -54,6 +63,7 @@ run() { # wire -> median comm_ms
   done
   # Each rank's own exit status (a bare `wait` returns 0 whatever they did).
   for k in 0 1; do
+    [ "$rate" = local ] && break
     wait "${pids[k]}" || bad+=("rank $k exit $?")
   done
   if ((${#bad[@]})); then
@@ -77,6 +87,7 @@ PY
 
 for rate in $rates; do
   for k in 0 1; do
+    [ "$rate" = local ] && break
     dev=$([ $k = 0 ] && echo "${tag}a" || echo "${tag}b")
     ip netns exec "$tag$k" tc qdisc replace dev "$dev" root tbf rate "$rate" burst 4mb latency 50ms
   done

@@ -366,10 +366,12 @@ static gw_result_t start_buckets(struct gw_bucketer *b) {
     void *p = b->buf + b->bounds[k] * b->esize;
     size_t n = b->bounds[k + 1] - b->bounds[k];
     if (k == 0) b->first_start = gw__now();
-    if (b->wire != b->dtype && !b->wire_dev) { /* float32 into the 16-bit wire format; back in wait_started */
-      void *w = b->wbuf + b->bounds[k] * 2;
-      gw__cvt_from_f32_scaled(b->wire, w, p, n, scale);
-      p = w;
+    if (b->wire != b->dtype && !b->wire_dev) { /* converted by the operation itself, both ways (enqueue.c) */
+      gw_result_t res = gw__iallreduce_widened(p, b->wbuf + b->bounds[k] * 2, n, b->wire, prescaled(b) ? GW_SUM : b->op,
+                                               scale, b->comm, &b->req[k], gw__desc_bucket_tag(b->number, (uint32_t)k));
+      if (res != GW_SUCCESS) return res; /* the communicator holds the message */
+      b->next++;
+      continue;
     }
     if (b->compute) { /* the allreduce's stream waits for what compute has queued so far */
       const struct gw_dev_ops *d = gw__dev();
@@ -413,12 +415,12 @@ static gw_result_t check_step(struct gw_bucketer *b) {
     return refuse(b, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: device gradients with a %s wire need a "
                   "stream to convert on (gw_bucketer_set_stream or gw_bucketer_set_compute_stream)",
                   gw_dtype_name(b->wire));
-  /* Host conversions run on the calling thread at the mark and at wait: a
-   * stream's earlier writes may not be there yet, and its later work would
-   * read the unconverted values. */
+  /* Host conversions run inside each bucket's allreduce, on the host, in no
+   * stream's order: a stream's earlier writes may not be there yet, and its
+   * later work could read the values before they are converted back. */
   if (b->wire != b->dtype && !b->wire_dev && (b->compute || b->stream))
     return refuse(b, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_ready: host gradients with a %s wire are converted "
-                  "by the calling thread, which cannot wait for the %s stream's work: drop that stream or the wire "
+                  "on the host, in no order with the %s stream's work: drop that stream or the wire "
                   "format", gw_dtype_name(b->wire), b->compute ? "compute" : "allreduce");
   return GW_SUCCESS;
 }
@@ -504,9 +506,6 @@ static gw_result_t wait_started(struct gw_bucketer *b, char *first_msg, size_t l
   gw_result_t first = GW_SUCCESS;
   for (int k = 0; k < b->next; k++) {
     gw_result_t res = gw_wait(&b->req[k]);
-    if (res == GW_SUCCESS && b->wire != b->dtype && !b->wire_dev)
-      gw__cvt_to_f32(b->wire, (float *)(b->buf + b->bounds[k] * b->esize), b->wbuf + b->bounds[k] * 2,
-                     b->bounds[k + 1] - b->bounds[k]);
     if (first == GW_SUCCESS && res != GW_SUCCESS && first_msg)
       snprintf(first_msg, len, "%s", gw_comm_last_error(b->comm));
     if (first == GW_SUCCESS) first = res;

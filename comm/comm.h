@@ -83,6 +83,16 @@ struct gw_op {
   bool ordered, device_mem;
   void *stream;
   uint64_t ticket, after;
+  /* The bucketer's 16-bit wire on host gradients (gw__iallreduce_widened):
+   * sendbuf and recvbuf hold float32 while desc.dtype is the wire's 16-bit
+   * dtype.  The ring and the two-rank exchange convert inside their steps
+   * (each input element times scale, rounded once; each result widened from
+   * the 16-bit value sent on); the other algorithms run on wire_buf (count
+   * 16-bit elements) between a conversion pass each way, on the thread that
+   * runs the operation.  Bit for bit the same results either way. */
+  bool widened;
+  float scale;
+  void *wire_buf;
 };
 
 /* A ring: this rank receives from prev and sends to next.  Ranks of one machine
@@ -292,6 +302,10 @@ gw_result_t gw__check_settings_agree(struct gw_comm *c, struct gw_errctx *err);
 /* gw_iallreduce with the descriptor's root set to tag (gw__desc_bucket_tag). */
 gw_result_t gw__iallreduce_tagged(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                   gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag);
+/* The same in place on count float32 elements at buf that travel as the
+ * 16-bit dtype wire (struct gw_op's widened; wire_buf: count elements of it). */
+gw_result_t gw__iallreduce_widened(float *buf, void *wire_buf, size_t count, gw_dtype_t wire, gw_op_t op, float scale,
+                                   gw_comm_t comm, gw_request_t *req, int32_t tag);
 gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
                         struct gw_errctx *err);
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "reduce.h"
 
 /* The cost model's pick for this call, within what GW_ALGO / GW_PROTO allow
  * (tune.c).  Every rank decides alike from the same call. */
@@ -53,6 +54,32 @@ gw_result_t gw__refuse_if_failed(struct gw_comm *comm, const struct gw_op *op, s
   return (gw_result_t)failed;
 }
 
+static gw_result_t run_host(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
+  return op->algo == GW_ALGO_TREE                              ? gw__tree_run(comm, op, err)
+         : op->algo == GW_ALGO_EXCHANGE && comm->nranks > 2 ? gw__rd_run(comm, op, err)
+                                                            : gw__ring_run(comm, op, err);
+}
+
+/* Whether the algorithm chosen for a widened operation converts inside its
+ * steps (ring.c: the ring's allreduce and the two-rank exchange). */
+static bool folds(const struct gw_comm *comm, const struct gw_op *op) {
+  return comm->nranks > 1 && (op->algo == GW_ALGO_RING || (op->algo == GW_ALGO_EXCHANGE && comm->nranks == 2));
+}
+
+/* A widened operation on an algorithm that does not convert (the trees,
+ * recursive doubling, one rank): float32 into the 16-bit buffer, the
+ * operation on it, and back, here on the operation's thread. */
+static gw_result_t run_through_wire_buf(struct gw_comm *comm, const struct gw_op *op, struct gw_errctx *err) {
+  const gw_dtype_t wire = (gw_dtype_t)op->desc.dtype;
+  struct gw_op w = *op;
+  w.sendbuf = w.recvbuf = op->wire_buf;
+  w.widened = false;
+  gw__cvt_from_f32_scaled(wire, op->wire_buf, op->sendbuf, op->desc.count, op->scale);
+  gw_result_t res = run_host(comm, &w, err);
+  if (res == GW_SUCCESS) gw__cvt_to_f32(wire, op->recvbuf, op->wire_buf, op->desc.count);
+  return res;
+}
+
 gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx *err) {
   GW_CHECK(gw__refuse_if_failed(comm, op, err));
   gw_result_t res;
@@ -66,13 +93,9 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
                           memory_order_relaxed);
   op->desc.pad = (uint8_t)((op->desc.pad & (GW_DESC_DEVICE | GW_DESC_MORE)) | op->algo << GW_DESC_ALGO_SHIFT |
                            op->proto << GW_DESC_PROTO_SHIFT);
-  if (dev_ring) {
-    res = gw__ring_run_channel(comm, 0, 1, op, err);
-  } else {
-    res = op->algo == GW_ALGO_TREE                              ? gw__tree_run(comm, op, err)
-          : op->algo == GW_ALGO_EXCHANGE && comm->nranks > 2 ? gw__rd_run(comm, op, err)
-                                                             : gw__ring_run(comm, op, err);
-  }
+  if (dev_ring) res = gw__ring_run_channel(comm, 0, 1, op, err);
+  else if (op->widened && !folds(comm, op)) res = run_through_wire_buf(comm, op, err);
+  else res = run_host(comm, op, err);
   if (res != GW_SUCCESS) gw__comm_fail(comm, &op->desc, res, err);
   return res;
 }
@@ -584,6 +607,15 @@ gw_result_t gw_iallreduce(const void *sendbuf, void *recvbuf, size_t count, gw_d
 gw_result_t gw__iallreduce_tagged(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                   gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag) {
   return allreduce_call("gw_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, req, true, tag);
+}
+
+gw_result_t gw__iallreduce_widened(float *buf, void *wire_buf, size_t count, gw_dtype_t wire, gw_op_t op, float scale,
+                                   gw_comm_t comm, gw_request_t *req, int32_t tag) {
+  struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, wire, op, tag);
+  o.sendbuf = o.recvbuf = buf;
+  o.widened = true, o.scale = scale, o.wire_buf = wire_buf;
+  clear_req(req);
+  return launch(comm, "gw_iallreduce", &o, (int)wire, (int)op, NULL, count, count, req, true);
 }
 
 #define DEFINE_BROADCAST(NAME, REQ_PARAM, REQ, NB)                                                      \

@@ -335,10 +335,14 @@ gw_result_t gw_bucketer_ready(gw_bucketer_t b, size_t offset, size_t count);
  * contents are unspecified. */
 gw_result_t gw_bucketer_wait(gw_bucketer_t b);
 /* The format buckets travel in: the buffer's own dtype (the default), or for
- * a float32 buffer GW_BFLOAT16 or GW_FLOAT16: each bucket is rounded to 16 bits
- * when it starts (half the bytes on the wire), every reduction step of the
- * allreduce computes in float32 and rounds once, and the result comes back
- * into the float32 buffer by gw_bucketer_wait (the same on every rank).  Every
+ * a float32 buffer GW_BFLOAT16 or GW_FLOAT16: each bucket travels rounded to
+ * 16 bits (half the bytes on the wire), every reduction step of the
+ * allreduce computes in float32 and rounds once, and the result, widened
+ * back, is in the float32 buffer by gw_bucketer_wait (the same on every
+ * rank; written during the allreduce, as a float32 bucket's result is).
+ * Host gradients are converted by the allreduce itself, on the progress
+ * thread (the ring's steps read float32 and write 16 bits), not by the
+ * thread that marks them.  Every
  * rank must choose the same; only between steps.  Device gradients are
  * converted on the device, on the bucketer's stream (set_stream or
  * set_compute_stream: required), into a device buffer of half the size, and

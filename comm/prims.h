@@ -38,6 +38,13 @@ struct prims {
   size_t stride;        /* RS/AG: elements between consecutive ranks' blocks */
   gw_reduce_fn red;
   size_t es;            /* element size */
+  /* A widened operation (struct gw_op; the ring's allreduce and the two-rank
+   * exchange only): in and out hold float32 (ues, the user's element size, is
+   * 4) while es and the slots are the 16-bit wire's; each primitive converts
+   * on its way (ring.c).  Otherwise ues == es. */
+  bool fold;
+  float fscale; /* the factor of every input element on its way into the wire */
+  size_t ues;
   uint32_t sent;        /* chunks sent so far (the header's step, for diagnostics) */
   size_t chunk_bytes;   /* the most one chunk carries: a slot, or an LL chunk */
   bool stream_out;      /* write the user's output with non-temporal stores */

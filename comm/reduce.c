@@ -128,3 +128,16 @@ void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n) {
   (void)t;
   gw__cvt_from16_generic(bf, dst, src, n);
 }
+
+void gw__fold_reduce(gw_reduce_fn red, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
+                     size_t n, uint32_t div, float scale, int local_first) {
+  enum { PIECE = 2048 };
+  uint16_t mine[PIECE]; /* this rank's operand, then the result */
+  for (size_t at = 0; at < n; at += PIECE) {
+    const size_t k = n - at < PIECE ? n - at : PIECE;
+    const uint16_t *theirs = (const uint16_t *)recv + at;
+    gw__cvt_from_f32_scaled(wire, mine, local + at, k, scale);
+    red(mine, slot ? (uint16_t *)slot + at : NULL, local_first ? mine : theirs, local_first ? theirs : mine, k, div);
+    if (wide) gw__cvt_to_f32(wire, wide + at, mine, k);
+  }
+}

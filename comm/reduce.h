@@ -59,6 +59,14 @@ void gw__cvt_from_f32(gw_dtype_t to, void *dst, const float *src, size_t n);
 /* The same of src[i] * scale (multiplied in float32, then rounded once to 16 bits). */
 void gw__cvt_from_f32_scaled(gw_dtype_t to, void *dst, const float *src, size_t n, float scale);
 void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n);
+/* A reduction step of a 16-bit allreduce whose local operand is float32 (a
+ * widened operation's ring step, struct gw_op): out = red(recv, round(local *
+ * scale)), or red(round(local * scale), recv) when local_first, rounded as
+ * red rounds; out goes to slot (NULL: nowhere) and, widened, to wide (NULL:
+ * nowhere; may be local itself, element for element).  red is the wire
+ * dtype's kernel.  Converts in pieces that stay in L1. */
+void gw__fold_reduce(gw_reduce_fn red, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
+                     size_t n, uint32_t div, float scale, int local_first);
 
 /* Scalar conversions, exact and round-to-nearest-even (exposed for tests). */
 float gw__half_to_float(uint16_t h);

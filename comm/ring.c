@@ -19,6 +19,9 @@ GW_PARAM_MIN(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20, 0)
 
 /* ---- the primitives: n is in elements, pointers may be NULL when n == 0 ---- */
 
+/* A widened operation's wire dtype (p->fold: the buffers are float32). */
+static inline gw_dtype_t wire_of(const struct prims *p) { return (gw_dtype_t)p->op->desc.dtype; }
+
 /* slot <- src, and dst <- src too when dst is not NULL.  A transport that can
  * send from registered memory (ib) may read src after this returns, until the
  * operation's flush: direct = false where src is written before then. */
@@ -26,6 +29,10 @@ static gw_result_t prim_send_ex(struct prims *p, const void *src, void *dst, siz
   if (p->dev) return gw__dprim_send(p, src, dst, n);
   void *slot;
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
+  if (p->fold) { /* float32 into the wire; the algorithms that fold send no copy to dst */
+    if (n) gw__cvt_from_f32_scaled(wire_of(p), slot, src, n, p->fscale);
+    return gw__post(p, &p->ring->send, n * p->es);
+  }
   if (direct && !dst && gw__direct_ok(&p->ring->send, src, n * p->es))
     return gw__post_direct(p, &p->ring->send, src, n * p->es);
   if (n) gw__copy2(slot, dst, src, n * p->es);
@@ -40,7 +47,8 @@ static gw_result_t prim_recv(struct prims *p, void *dst, size_t n) {
   if (p->dev) return gw__dprim_recv(p, dst, n);
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  if (n && p->stream_out) gw__copy_stream(dst, data, n * p->es);
+  if (n && p->fold) gw__cvt_to_f32(wire_of(p), dst, data, n);
+  else if (n && p->stream_out) gw__copy_stream(dst, data, n * p->es);
   else if (n) memcpy(dst, data, n * p->es);
   return gw__release(p, &p->ring->recv);
 }
@@ -51,7 +59,8 @@ static gw_result_t prim_recv_reduce_send(struct prims *p, const void *src, size_
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  if (n) p->red(slot, NULL, data, src, n, 0);
+  if (n && p->fold) gw__fold_reduce(p->red, wire_of(p), slot, NULL, data, src, n, 0, p->fscale, false);
+  else if (n) p->red(slot, NULL, data, src, n, 0);
   GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
   return gw__release(p, &p->ring->recv);
 }
@@ -63,7 +72,9 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  if (n && p->stream_out && dst != src) {
+  if (n && p->fold) {
+    gw__fold_reduce(p->red, wire_of(p), slot, dst, data, src, n, div, p->fscale, false);
+  } else if (n && p->stream_out && dst != src) {
     /* reduce once into the slot (it stays in cache), then stream it out */
     p->red(slot, NULL, data, src, n, div);
     gw__copy_stream(dst, slot, n * p->es);
@@ -83,7 +94,8 @@ static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void 
   if (p->dev) return gw__dprim_recv_reduce_copy(p, src, dst, n, div, local_first);
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  if (n && local_first) p->red(dst, NULL, src, data, n, div);
+  if (n && p->fold) gw__fold_reduce(p->red, wire_of(p), NULL, dst, data, src, n, div, p->fscale, local_first);
+  else if (n && local_first) p->red(dst, NULL, src, data, n, div);
   else if (n) p->red(dst, NULL, data, src, n, div);
   return gw__release(p, &p->ring->recv);
 }
@@ -94,13 +106,14 @@ static gw_result_t prim_recv_copy_send(struct prims *p, void *dst, size_t n) {
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  if (gw__direct_ok(&p->ring->send, dst, n * p->es)) { /* dst is registered: it is the source of the send */
+  if (p->fold) { /* the 16-bit values on, widened into dst */
+    if (n) memcpy(slot, data, n * p->es), gw__cvt_to_f32(wire_of(p), dst, data, n);
+  } else if (gw__direct_ok(&p->ring->send, dst, n * p->es)) { /* dst is registered: it is the source of the send */
     if (p->stream_out) gw__copy_stream(dst, data, n * p->es);
     else memcpy(dst, data, n * p->es);
     GW_CHECK(gw__post_direct(p, &p->ring->send, dst, n * p->es));
     return gw__release(p, &p->ring->recv);
-  }
-  if (n && p->stream_out) {
+  } else if (n && p->stream_out) {
     memcpy(slot, data, n * p->es);
     gw__copy_stream(dst, data, n * p->es);
   } else if (n) {
@@ -120,7 +133,7 @@ static inline int mod(int a, int n) { return ((a % n) + n) % n; }
  * those map positions to ranks through ring->order. */
 static gw_result_t ring_allreduce(struct prims *p) {
   const int n = p->comm->nranks, r = p->ring->index;
-  const size_t count = p->count, es = p->es;
+  const size_t count = p->count, es = p->es, ues = p->ues;
   const size_t chunk = p->chunk_bytes / es;
   const size_t align = GW_MAX((size_t)1, 64 / es); /* keep blocks cache-line aligned */
   const uint32_t div = p->op->desc.op == GW_AVG ? (uint32_t)n : 0;
@@ -135,19 +148,19 @@ static gw_result_t ring_allreduce(struct prims *p) {
     /* In place, this block's result is written here in the allgather phase,
      * before the operation's flush: not sent from the buffer directly (over
      * ib a retransmission after a lost ack would send the result). */
-    GW_CHECK(prim_send_ex(p, cat(in, BLK(k), es), NULL, LEN(k), in != out));
+    GW_CHECK(prim_send_ex(p, cat(in, BLK(k), ues), NULL, LEN(k), in != out));
     for (int j = 2; j < n; j++) {
       k = mod(r - j, n);
-      GW_CHECK(prim_recv_reduce_send(p, cat(in, BLK(k), es), LEN(k)));
+      GW_CHECK(prim_recv_reduce_send(p, cat(in, BLK(k), ues), LEN(k)));
     }
     k = r;
-    GW_CHECK(prim_recv_reduce_copy_send(p, cat(in, BLK(k), es), at(out, BLK(k), es), LEN(k), div));
+    GW_CHECK(prim_recv_reduce_copy_send(p, cat(in, BLK(k), ues), at(out, BLK(k), ues), LEN(k), div));
     for (int j = 1; j < n - 1; j++) {
       k = mod(r - j, n);
-      GW_CHECK(prim_recv_copy_send(p, at(out, BLK(k), es), LEN(k)));
+      GW_CHECK(prim_recv_copy_send(p, at(out, BLK(k), ues), LEN(k)));
     }
     k = mod(r + 1, n);
-    GW_CHECK(prim_recv(p, at(out, BLK(k), es), LEN(k)));
+    GW_CHECK(prim_recv(p, at(out, BLK(k), ues), LEN(k)));
 #undef BLK
 #undef LEN
     off += (size_t)n * real;
@@ -162,14 +175,14 @@ static gw_result_t ring_allreduce(struct prims *p) {
  * send: copied through the slot then, never sent from the buffer directly
  * (over ib the peer summed partly reduced values). */
 static gw_result_t exchange_allreduce(struct prims *p) {
-  const size_t count = p->count, es = p->es;
+  const size_t count = p->count, es = p->es, ues = p->ues;
   const size_t chunk = p->chunk_bytes / es;
   const uint32_t div = p->op->desc.op == GW_AVG ? 2 : 0;
   size_t off = 0;
   do {
     size_t len = blk_len(count, off, chunk);
-    GW_CHECK(prim_send_ex(p, cat(p->in, off, es), NULL, len, p->in != p->out));
-    GW_CHECK(prim_recv_reduce_copy(p, cat(p->in, off, es), at(p->out, off, es), len, div,
+    GW_CHECK(prim_send_ex(p, cat(p->in, off, ues), NULL, len, p->in != p->out));
+    GW_CHECK(prim_recv_reduce_copy(p, cat(p->in, off, ues), at(p->out, off, ues), len, div,
                                    p->comm->rank == 0));
     off += chunk;
   } while (off < count);
@@ -307,6 +320,7 @@ gw_result_t gw__ring_emit(struct gw_comm *comm, const struct gw_op *op, void *st
   struct prims p = {.comm = comm, .ring = &comm->rings[0], .op = &ring_op, .err = err,
                     .es = gw_dtype_size((gw_dtype_t)op->desc.dtype), .chunk_bytes = gw__dev_ring_chunk(comm, op),
                     .dev = comm->devring, .stream = (gw_dev_stream_t)stream, .emit = true};
+  p.ues = p.es;
   p.count = p.stride = op->desc.count;
   p.in = p.count ? op->sendbuf : NULL;
   p.out = p.count ? op->recvbuf : NULL;
@@ -339,13 +353,14 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
   size_t out_bytes = op->desc.count * p.es;
   if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
   const bool rereads = op->desc.coll == GW_COLL_ALLREDUCE && op->sendbuf == op->recvbuf;
-  p.stream_out = !p.dev && !rereads && out_bytes >= (size_t)gw__param_StreamThreshold();
+  p.fold = op->widened, p.fscale = op->scale, p.ues = op->widened ? sizeof(float) : p.es;
+  p.stream_out = !p.dev && !p.fold && !rereads && out_bytes >= (size_t)gw__param_StreamThreshold();
   /* Each channel moves its own slice: of the buffer, or of every rank's block. */
   size_t base;
   channel_part(op->desc.count, p.es, ch, nch, &base, &p.count);
   p.stride = op->desc.count;
-  p.in = p.count ? cat(op->sendbuf, base, p.es) : NULL;
-  p.out = p.count ? at(op->recvbuf, base, p.es) : NULL;
+  p.in = p.count ? cat(op->sendbuf, base, p.ues) : NULL;
+  p.out = p.count ? at(op->recvbuf, base, p.ues) : NULL;
   gw_result_t res = ring_schedule(&p);
   return res == GW_SUCCESS ? gw__flush(&p) : res;
 }

@@ -144,7 +144,7 @@ static int body_bucketer(gw_comm_t comm, int rank, int n, void *arg) {
     EXPECT(gw_bucketer_ready(bk, 0, 10) == GW_ERR_INVALID_ARGUMENT && strstr(gw_comm_last_error(comm), "need a stream"),
            "a device wire without a stream: %s", gw_comm_last_error(comm));
   gw_bucketer_destroy(bk);
-  if (separate == 1) { /* host gradients converted by the calling thread cannot wait for a compute stream */
+  if (separate == 1) { /* host gradients converted on the host in no stream's order: refused with a compute stream */
     GWCHECK(gw_bucketer_create(comm, h, M, GW_FLOAT32, GW_SUM, bounds, nb, &bk), comm);
     GWCHECK(gw_bucketer_set_wire(bk, GW_BFLOAT16), comm);
     GWCHECK(gw_bucketer_set_compute_stream(bk, compute), comm);

@@ -2,7 +2,8 @@
  * against a scalar reference written here, for every dtype and op, odd lengths,
  * both outputs, in-place aliasing and the AVG division; NaN through MAX and
  * MIN; and the fp16/bf16
- * conversions against the compiler's _Float16 and an independent bf16 rounding. */
+ * conversions against the compiler's _Float16 and an independent bf16 rounding;
+ * the widened ring step (gw__fold_reduce) against its parts. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -223,11 +224,11 @@ START_TEST(test_array_conversions) {
         ck_assert_msg(!memcmp(&f[i], &want, 4) || (want != want && f[i] != f[i]), "%s %s widen 0x%04x", variants[v],
                       bf ? "bf16" : "fp16", i);
       }
-      /* halfway and near-halfway floats between neighbours, and out of range */
+      /* halfway and near-halfway floats between neighbours, out of range, and
+       * NaNs (narrowed to the scalar conversion's bits: F16C kept payloads) */
       for (int i = 0; i < N; i++) {
         uint32_t u = ((uint32_t)i << 16) | (uint32_t)(mix_bits(i) & 0xffff);
         memcpy(&g[i], &u, 4);
-        if (g[i] != g[i]) g[i] = 0;
       }
       to16[v](bf, h2, g, N);
       for (int i = 0; i < N; i++) {
@@ -294,6 +295,65 @@ START_TEST(test_simd_unknown_name_ignored) {
 }
 END_TEST
 
+/* gw__fold_reduce (a widened ring step: float32 local data into a 16-bit
+ * reduction) gives what its three parts give one after another over whole
+ * arrays: the local values times the scale rounded to the wire, the wire's
+ * kernel, the result widened; with either output left out, the local values
+ * first, in place (the widened result over the local values), lengths around
+ * its piece size.  In a child per table (the table is chosen once per process);
+ * "ok" or the first difference. */
+static void fold_check(void *out, size_t cap) {
+  enum { N = 5003 };
+  static float local[N], wide[N], want_wide[N];
+  static uint16_t recv[N], slot[N], mine[N], want[N];
+  static const size_t lens[] = {0, 1, 7, 2047, 2048, 2049, 5003};
+  snprintf(out, cap, "ok");
+  for (int bf = 0; bf < 2; bf++) {
+    const gw_dtype_t dt = bf ? GW_BFLOAT16 : GW_FLOAT16;
+    const gw_reduce_fn red = gw__reduce_fn(dt, GW_SUM);
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+      for (int variant = 0; variant < 16; variant++) {
+        const size_t n = lens[li];
+        const float scale = variant & 1 ? 1.0f / 3.0f : 1.0f;
+        const int local_first = variant >> 1 & 1, no_slot = variant >> 2 & 1, in_place = variant >> 3 & 1;
+        const uint32_t div = variant & 2 ? 3 : 0;
+        for (size_t i = 0; i < n; i++) {
+          local[i] = (float)(((double)(mix64(i + 77 * li) >> 11) * 0x1p-53) * 8 - 4);
+          float r = (float)(((double)(mix64(i + 5 + 1000 * li) >> 11) * 0x1p-53) * 8 - 4);
+          gw__cvt_from_f32(dt, &recv[i], &r, 1);
+        }
+        gw__cvt_from_f32_scaled(dt, mine, local, n, scale);
+        red(want, NULL, local_first ? mine : recv, local_first ? recv : mine, n, div);
+        gw__cvt_to_f32(dt, want_wide, want, n);
+        memset(slot, 0xee, sizeof slot), memset(wide, 0xee, sizeof wide);
+        float *w = wide;
+        if (in_place) w = local;
+        gw__fold_reduce(red, dt, no_slot ? NULL : slot, w, recv, local, n, div, scale, local_first);
+        for (size_t i = 0; i < n; i++)
+          if ((!no_slot && slot[i] != want[i]) || memcmp(&w[i], &want_wide[i], 4)) {
+            snprintf(out, cap, "%s %s n %zu variant %d element %zu: slot 0x%04x wide %a, want 0x%04x %a",
+                     gw__reduce_simd_name(), gw_dtype_name(dt), n, variant, i, slot[i], (double)w[i], want[i],
+                     (double)want_wide[i]);
+            return;
+          }
+        if (n && no_slot && slot[0] != 0xeeee) {
+          snprintf(out, cap, "%s: a NULL slot was written", gw__reduce_simd_name());
+          return;
+        }
+      }
+  }
+}
+
+START_TEST(test_fold_reduce) {
+  for (size_t v = 0; v < 3; v++) {
+    if (!gw__reduce_table_named(variants[v])) continue;
+    char res[300] = "";
+    test_in_child_with_env("GW_SIMD", variants[v], fold_check, res, sizeof res);
+    ck_assert_msg(!strcmp(res, "ok"), "%s: %s", variants[v], res);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("reduce");
   TCase *tc = tcase_create("kernels");
@@ -305,6 +365,7 @@ int main(void) {
   tcase_add_test(tc, test_half_conversions_exact);
   tcase_add_test(tc, test_array_conversions);
   tcase_add_test(tc, test_bf16_conversions);
+  tcase_add_test(tc, test_fold_reduce);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
