@@ -6,7 +6,7 @@
 # allreduce is measured.  Runs alternate (fp32, bf16, fp16, fp32, ...); prints
 # the median comm_ms of each after the warm-up steps and the ratios.  Needs root.
 # The rate `local` runs both ranks on this machine instead (shared memory, no
-# namespaces): where the wire's conversions cost more than the bytes they save.
+# namespaces, no root): where the conversions weigh against the bytes saved.
 #
 # Environment: BUILD [build]  RATES ["2gbit 10gbit"; add "local"]  BENCH_STEPS [8]  BENCH_SKIP [3]  BENCH_REPS [2]
 set -euo pipefail
@@ -20,21 +20,25 @@ build=${BUILD:-build}
 rates=${RATES:-"2gbit 10gbit"}
 steps=${BENCH_STEPS:-8} skip=${BENCH_SKIP:-3} reps=${BENCH_REPS:-2}
 [[ $steps =~ ^[0-9]+$ && $skip =~ ^[0-9]+$ && $skip -lt $steps ]] || die "need 0 <= BENCH_SKIP < BENCH_STEPS"
-[ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, tc)"
-command -v tc >/dev/null || die "needs tc (iproute2)"
+links=0 # whether a rate other than local needs the namespaces
+for rate in $rates; do [ "$rate" = local ] || links=1; done
 work=$(mktemp -d)
 tag=gwire$$
 cleanup() { ip netns del "${tag}0" 2>/dev/null || true; ip netns del "${tag}1" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-ip netns add "${tag}0" && ip netns add "${tag}1"
-ip link add "${tag}a" type veth peer name "${tag}b"
-ip link set "${tag}a" netns "${tag}0" && ip link set "${tag}b" netns "${tag}1"
-for k in 0 1; do
-  dev=$([ $k = 0 ] && echo "${tag}a" || echo "${tag}b")
-  ip -n "$tag$k" addr add "10.89.0.$((k + 1))/24" dev "$dev"
-  ip -n "$tag$k" link set "$dev" up
-  ip -n "$tag$k" link set lo up
-done
+if ((links)); then
+  [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, tc)"
+  command -v tc >/dev/null || die "needs tc (iproute2)"
+  ip netns add "${tag}0" && ip netns add "${tag}1"
+  ip link add "${tag}a" type veth peer name "${tag}b"
+  ip link set "${tag}a" netns "${tag}0" && ip link set "${tag}b" netns "${tag}1"
+  for k in 0 1; do
+    dev=$([ $k = 0 ] && echo "${tag}a" || echo "${tag}b")
+    ip -n "$tag$k" addr add "10.89.0.$((k + 1))/24" dev "$dev"
+    ip -n "$tag$k" link set "$dev" up
+    ip -n "$tag$k" link set lo up
+  done
+fi
 export GW_JOB_TOKEN="grad-wire-$$"
 
 # The two "machines" share this one's cores: each rank gets half (its host
@@ -50,7 +54,7 @@ run() { # wire -> median comm_ms
     env OMP_NUM_THREADS=$half "$build/tools/gw-run" -n 2 --master 127.0.0.1:29533 \
       "$build/tools/gw-train" --model resnet50 --steps "$steps" --no-eval --data fashion-mnist --batch 32 \
       --threads $half --no-overlap --grad-wire "$w" --metrics "$work/$w-0.jsonl" >"$work/$w-0.log" 2>&1 ||
-      { tail -n 5 "$work/$w-0.log" >&2; die "gw-train failed ($w, local: exit $?)"; }
+      { rc=$?; tail -n 5 "$work/$w-0.log" >&2; die "gw-train failed ($w, local: exit $rc)"; }
   fi
   for k in 0 1; do
     [ "$rate" = local ] && break

@@ -25,7 +25,6 @@
 #include "core.h"
 #include "gradwire.h"
 #include "dev.h"
-#include "reduce.h"
 
 struct interval {
   size_t lo, hi; /* [lo, hi) */

@@ -271,6 +271,9 @@ struct gw_comm {
   /* The latest collective's path (gw_comm_last_path): 0 before any, else
    * 1 << 24 | device ring << 16 | protocol << 8 | algorithm. */
   _Atomic uint32_t last_path;
+  /* Widened operations the ring converted inside its steps (tests tell the
+   * fold from the passes by it). */
+  _Atomic uint64_t folded_ops;
 
   /* Once an operation fails the ring may hold half-sent chunks, so the
    * communicator refuses further operations with the first failure's code. */

@@ -340,9 +340,10 @@ gw_result_t gw_bucketer_wait(gw_bucketer_t b);
  * allreduce computes in float32 and rounds once, and the result, widened
  * back, is in the float32 buffer by gw_bucketer_wait (the same on every
  * rank; written during the allreduce, as a float32 bucket's result is).
- * Host gradients are converted by the allreduce itself, on the progress
- * thread (the ring's steps read float32 and write 16 bits), not by the
- * thread that marks them.  Every
+ * Host gradients are converted by the allreduce itself, on the
+ * communicator's progress and channel threads (the ring's steps read float32
+ * and write 16 bits), not by the thread that marks them: as with float32
+ * buckets, a marked range must not be written before gw_bucketer_wait.  Every
  * rank must choose the same; only between steps.  Device gradients are
  * converted on the device, on the bucketer's stream (set_stream or
  * set_compute_stream: required), into a device buffer of half the size, and

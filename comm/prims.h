@@ -41,7 +41,8 @@ struct prims {
   /* A widened operation (struct gw_op; the ring's allreduce and the two-rank
    * exchange only): in and out hold float32 (ues, the user's element size, is
    * 4) while es and the slots are the 16-bit wire's; each primitive converts
-   * on its way (ring.c).  Otherwise ues == es. */
+   * on its way (ring.c).  Otherwise ues == es (set by ring.c only: the
+   * tree and recursive doubling never see a widened operation). */
   bool fold;
   float fscale; /* the factor of every input element on its way into the wire */
   size_t ues;

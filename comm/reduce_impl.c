@@ -2,7 +2,9 @@
  * (meson builds this file three times with GW_SIMD_SUFFIX = generic, avx2,
  * avx512 and matching -m flags); reduce.c picks the table at run time.  Plain
  * loops over restrict pointers that the compiler vectorizes at -O3, plus explicit
- * F16C code for fp16 where the CPU has it.  No dispatch or policy here. */
+ * eight-lane code for the 16-bit floats where the build has AVX2 (F16C for
+ * fp16; integer rounding for bf16 in the AVX2 build only).  No dispatch or
+ * policy here. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -229,7 +231,8 @@ const gw_reduce_table_t TABLE = {
 };
 
 /* float32 <-> 16-bit arrays (the bucketer's wire format): F16C for fp16 where
- * the build has it, integer rounding for bf16 (vectorized by the compiler). */
+ * the build has it (NaNs narrowed to the scalar bits), integer rounding for
+ * bf16 (the eight-lane helpers in the AVX2 build, the compiler's otherwise). */
 void CAT(gw__cvt_to16_, GW_SIMD_SUFFIX)(int bf16, uint16_t *restrict d, const float *restrict s, size_t n) {
   size_t i = 0;
   if (bf16) {

@@ -353,7 +353,13 @@ gw_result_t gw__ring_run_channel(struct gw_comm *comm, int ch, int nch, const st
   size_t out_bytes = op->desc.count * p.es;
   if (op->desc.coll == GW_COLL_ALLGATHER) out_bytes *= (size_t)comm->nranks;
   const bool rereads = op->desc.coll == GW_COLL_ALLREDUCE && op->sendbuf == op->recvbuf;
+  /* A widened operation folds here only as gw__run_op routes it: an
+   * allreduce of several ranks in host memory. */
+  if (op->widened && (p.dev || op->desc.coll != GW_COLL_ALLREDUCE))
+    return gw__err(err, GW_ERR_INTERNAL, "rank %d: a float32 operation on a %s wire reached the %s", comm->rank,
+                   gw_dtype_name((gw_dtype_t)op->desc.dtype), p.dev ? "device ring" : "ring's other collectives");
   p.fold = op->widened, p.fscale = op->scale, p.ues = op->widened ? sizeof(float) : p.es;
+  if (p.fold && ch == 0) atomic_fetch_add_explicit(&comm->folded_ops, 1, memory_order_relaxed);
   p.stream_out = !p.dev && !p.fold && !rereads && out_bytes >= (size_t)gw__param_StreamThreshold();
   /* Each channel moves its own slice: of the buffer, or of every rank's block. */
   size_t base;

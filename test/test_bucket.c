@@ -213,17 +213,19 @@ static int body_wire(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_wire) { ck_assert_int_eq(run_ranks(3, body_wire, NULL, 300), 0); }
 END_TEST
 
-/* A host wire converts inside each bucket's allreduce (ring and exchange: in
- * their steps; the trees and recursive doubling: a pass each way around the
- * 16-bit operation).  Either way every result is bit for bit what the
- * conversions around a plain 16-bit allreduce of the same bucket give: each
- * rank's float32 gradients rounded to the wire (times 1/n first with
- * divide-first), the bucket allreduced in the wire dtype, widened back.
- * Buckets of 1, 999, 32334 and 36667 elements (odd tails, several ring
- * rounds and channels where the environment asks for small slots and two
- * channels), every algorithm and both protocols, bfloat16 and float16, sum,
- * average and divide-first average; the path each bucket took is the one
- * forced. */
+/* A host wire converts inside each bucket's allreduce (ring and two-rank
+ * exchange: in their steps, counted in comm->folded_ops; the trees,
+ * recursive doubling and one rank: a pass each way around the 16-bit
+ * operation).  Either way every result is bit for bit what the conversions
+ * around a plain 16-bit allreduce of the same bucket give: each rank's
+ * float32 gradients rounded to the wire (times 1/n first with divide-first),
+ * the bucket allreduced in the wire dtype, widened back.  Buckets of 1, 999,
+ * 32334 and 36667 elements (odd tails, several ring rounds and channels
+ * where the environment asks for small slots and two channels), every
+ * algorithm and both protocols, bfloat16 and float16, sum, average,
+ * divide-first average, and max over NaNs whose payloads and signs differ by
+ * rank (which operand comes first shows); the path of each bucketer step is
+ * the one forced. */
 static int body_wire_fold(gw_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   enum { M = 70001 };
@@ -233,44 +235,60 @@ static int body_wire_fold(gw_comm_t comm, int rank, int n, void *arg) {
   const int nb = 4;
   const char *algos[][2] = {{"ring", "simple"}, {"ring", "ll"}, {"exchange", "simple"}, {"tree", "simple"},
                             {"auto", "auto"}};
+  static const char *const modes[] = {"sum", "avg", "divide-first avg", "max"};
   for (size_t a = 0; a < sizeof algos / sizeof algos[0]; a++) {
-    if (!strcmp(algos[a][0], "exchange") && n != 2) continue; /* recursive doubling past 2: passes, as the tree */
+    if (n == 1 && a > 0) break; /* one rank: no algorithm runs */
     EXPECT(gw_comm_set_algo(comm, algos[a][0], algos[a][1]) == GW_SUCCESS, "set %s/%s: %s", algos[a][0],
            algos[a][1], gw_comm_last_error(comm));
+    const bool forced = strcmp(algos[a][0], "auto") != 0;
+    const bool folds = n > 1 && (!strcmp(algos[a][0], "ring") || (!strcmp(algos[a][0], "exchange") && n == 2));
     for (int wi = 0; wi < 2; wi++) {
       const gw_dtype_t wire = wi ? GW_FLOAT16 : GW_BFLOAT16;
-      for (int mode = 0; mode < 3; mode++) { /* sum, average, divide-first average */
+      for (int mode = 0; mode < 4; mode++) {
+        const gw_op_t op = mode == 3 ? GW_MAX : mode ? GW_AVG : GW_SUM;
         gw_bucketer_t bk;
-        EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, mode ? GW_AVG : GW_SUM, bounds, nb, &bk) == GW_SUCCESS &&
+        EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, op, bounds, nb, &bk) == GW_SUCCESS &&
                    gw_bucketer_set_wire(bk, wire) == GW_SUCCESS &&
                    gw_bucketer_set_divide_first(bk, mode == 2) == GW_SUCCESS,
                "create: %s", gw_comm_last_error(comm));
-        for (int i = 0; i < M; i++) mine[i] = g[i] = wire_val(rank, i) * (float)(1 + i % 37) * 0.25f;
+        for (int i = 0; i < M; i++) {
+          mine[i] = wire_val(rank, i) * (float)(1 + i % 37) * 0.25f;
+          if (mode == 3 && i % 7 == 0) { /* NaNs of this rank's payload and sign */
+            const uint32_t bits = (rank % 2 ? 0xff800000u : 0x7f800000u) | (uint32_t)(rank + 1) << 16 | 0x1234;
+            memcpy(&mine[i], &bits, 4);
+          }
+          g[i] = mine[i];
+        }
+        const uint64_t folded = atomic_load(&((struct gw_comm *)comm)->folded_ops);
         for (int k = nb - 1; k >= 0; k--)
           EXPECT(gw_bucketer_ready(bk, bounds[k], bounds[k + 1] - bounds[k]) == GW_SUCCESS, "ready: %s",
                  gw_comm_last_error(comm));
         EXPECT(gw_bucketer_wait(bk) == GW_SUCCESS, "wait: %s", gw_comm_last_error(comm));
+        const uint64_t now_folded = atomic_load(&((struct gw_comm *)comm)->folded_ops);
+        EXPECT(!forced || now_folded - folded == (folds ? (uint64_t)nb : 0), "%s/%s on %d ranks: %llu of %d buckets "
+               "folded, expected %d", algos[a][0], algos[a][1], n, (unsigned long long)(now_folded - folded), nb,
+               folds ? nb : 0);
         char path[64];
         EXPECT(gw_comm_last_path(comm, path, sizeof path) == GW_SUCCESS, "path");
-        const bool forced = strcmp(algos[a][0], "auto") != 0;
-        EXPECT(!forced || (!strncmp(path, algos[a][0], strlen(algos[a][0])) &&
-                           !strcmp(strchr(path, '/') + 1, algos[a][1])),
+        const char *slash = strchr(path, '/');
+        EXPECT(!forced || n == 1 || (slash && !strncmp(path, algos[a][0], strlen(algos[a][0])) &&
+                                     !strcmp(slash + 1, algos[a][1])),
                "the last bucket went %s, not %s/%s", path, algos[a][0], algos[a][1]);
         gw_bucketer_destroy(bk);
         /* the reference: conversion passes around a 16-bit allreduce per bucket */
         gw__cvt_from_f32_scaled(wire, ref, mine, M, mode == 2 ? 1.0f / (float)n : 1.0f);
         for (int k = 0; k < nb; k++)
           EXPECT(gw_allreduce(ref + bounds[k], ref + bounds[k], bounds[k + 1] - bounds[k], wire,
-                              mode == 1 ? GW_AVG : GW_SUM, comm, NULL) == GW_SUCCESS,
+                              mode == 2 ? GW_SUM : op, comm, NULL) == GW_SUCCESS,
                  "reference: %s", gw_comm_last_error(comm));
         for (int i = 0; i < M; i++) {
           float want;
           gw__cvt_to_f32(wire, &want, &ref[i], 1);
           uint32_t gb, wb;
           memcpy(&gb, &g[i], 4), memcpy(&wb, &want, 4);
-          EXPECT(gb == wb, "%s/%s %s %s: element %d = %a, the conversions around a %s allreduce give %a", algos[a][0],
-                 algos[a][1], gw_dtype_name(wire), mode == 0 ? "sum" : mode == 1 ? "avg" : "divide-first avg", i,
-                 (double)g[i], gw_dtype_name(wire), (double)want);
+          EXPECT(gb == wb, "%s/%s %s %s on %d ranks: element %d = %a (0x%08x), the conversions around a %s "
+                 "allreduce give %a (0x%08x)", algos[a][0], algos[a][1], gw_dtype_name(wire), modes[mode], n, i,
+                 (double)g[i], gb, gw_dtype_name(wire), (double)want, wb);
         }
       }
     }
@@ -281,10 +299,13 @@ static int body_wire_fold(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_wire_fold) {
   ck_assert_int_eq(run_ranks(3, body_wire_fold, NULL, 300), 0);
   ck_assert_int_eq(run_ranks(2, body_wire_fold, NULL, 300), 0);
-  /* small slots and two channels for every size: many rounds, channel slices */
+  ck_assert_int_eq(run_ranks(1, body_wire_fold, NULL, 300), 0);
+  /* small slots and two channels for every size: many rounds, channel
+   * slices; and the AVX2 kernels where the CPU has AVX-512 */
   setenv("GW_SHM_SLOT_BYTES", "4096", 1), setenv("GW_NCHANNELS", "2", 1), setenv("GW_CHANNEL_MIN_BYTES", "0", 1);
+  setenv("GW_SIMD", "avx2", 1);
   int r3 = run_ranks(3, body_wire_fold, NULL, 300), r2 = run_ranks(2, body_wire_fold, NULL, 300);
-  unsetenv("GW_SHM_SLOT_BYTES"), unsetenv("GW_NCHANNELS"), unsetenv("GW_CHANNEL_MIN_BYTES");
+  unsetenv("GW_SHM_SLOT_BYTES"), unsetenv("GW_NCHANNELS"), unsetenv("GW_CHANNEL_MIN_BYTES"), unsetenv("GW_SIMD");
   ck_assert_int_eq(r3, 0);
   ck_assert_int_eq(r2, 0);
 }

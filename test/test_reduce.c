@@ -6,6 +6,7 @@
  * the widened ring step (gw__fold_reduce) against its parts. */
 #include <check.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,8 +197,8 @@ START_TEST(test_signed_zeros) {
 END_TEST
 
 /* The array conversions of every instruction-set build against the scalar
- * ones: every 16-bit pattern widened, and floats around every rounding case
- * narrowed (NaN payloads aside: F16C keeps them, the scalar code does not). */
+ * ones: every 16-bit pattern widened (NaN payloads aside), and floats around
+ * every rounding case narrowed, NaNs to the same bits. */
 START_TEST(test_array_conversions) {
   typedef void (*to16_fn)(int, uint16_t *, const float *, size_t);
   typedef void (*from16_fn)(int, float *, const uint16_t *, size_t);
@@ -298,49 +299,71 @@ END_TEST
 /* gw__fold_reduce (a widened ring step: float32 local data into a 16-bit
  * reduction) gives what its three parts give one after another over whole
  * arrays: the local values times the scale rounded to the wire, the wire's
- * kernel, the result widened; with either output left out, the local values
- * first, in place (the widened result over the local values), lengths around
- * its piece size.  In a child per table (the table is chosen once per process);
- * "ok" or the first difference. */
+ * kernel, the result widened; every combination of scale, division, the
+ * local values first, either output left out, in place (the widened result
+ * over the local values); SUM with NaNs on one side, MAX with NaNs of other
+ * payloads and signs on both (which operand comes first shows); lengths
+ * around its piece size; nothing written past n or to a left-out output.
+ * In a child per table (the table is chosen once per process); "ok" or the
+ * first difference. */
 static void fold_check(void *out, size_t cap) {
-  enum { N = 5003 };
-  static float local[N], wide[N], want_wide[N];
-  static uint16_t recv[N], slot[N], mine[N], want[N];
+  enum { N = 5003, PAD = 8 };
+  static float local[N + PAD], wide[N + PAD], want_wide[N];
+  static uint16_t recv[N], slot[N + PAD], mine[N], want[N];
   static const size_t lens[] = {0, 1, 7, 2047, 2048, 2049, 5003};
   snprintf(out, cap, "ok");
   for (int bf = 0; bf < 2; bf++) {
     const gw_dtype_t dt = bf ? GW_BFLOAT16 : GW_FLOAT16;
-    const gw_reduce_fn red = gw__reduce_fn(dt, GW_SUM);
-    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
-      for (int variant = 0; variant < 16; variant++) {
-        const size_t n = lens[li];
-        const float scale = variant & 1 ? 1.0f / 3.0f : 1.0f;
-        const int local_first = variant >> 1 & 1, no_slot = variant >> 2 & 1, in_place = variant >> 3 & 1;
-        const uint32_t div = variant & 2 ? 3 : 0;
-        for (size_t i = 0; i < n; i++) {
-          local[i] = (float)(((double)(mix64(i + 77 * li) >> 11) * 0x1p-53) * 8 - 4);
-          float r = (float)(((double)(mix64(i + 5 + 1000 * li) >> 11) * 0x1p-53) * 8 - 4);
-          gw__cvt_from_f32(dt, &recv[i], &r, 1);
-        }
-        gw__cvt_from_f32_scaled(dt, mine, local, n, scale);
-        red(want, NULL, local_first ? mine : recv, local_first ? recv : mine, n, div);
-        gw__cvt_to_f32(dt, want_wide, want, n);
-        memset(slot, 0xee, sizeof slot), memset(wide, 0xee, sizeof wide);
-        float *w = wide;
-        if (in_place) w = local;
-        gw__fold_reduce(red, dt, no_slot ? NULL : slot, w, recv, local, n, div, scale, local_first);
-        for (size_t i = 0; i < n; i++)
-          if ((!no_slot && slot[i] != want[i]) || memcmp(&w[i], &want_wide[i], 4)) {
-            snprintf(out, cap, "%s %s n %zu variant %d element %zu: slot 0x%04x wide %a, want 0x%04x %a",
-                     gw__reduce_simd_name(), gw_dtype_name(dt), n, variant, i, slot[i], (double)w[i], want[i],
-                     (double)want_wide[i]);
-            return;
+    for (int max = 0; max < 2; max++) {
+      const gw_reduce_fn red = gw__reduce_fn(dt, max ? GW_MAX : GW_SUM);
+      for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (int variant = 0; variant < 64; variant++) {
+          const size_t n = lens[li];
+          const float scale = variant & 1 ? 1.0f / 3.0f : 1.0f;
+          const int local_first = variant >> 1 & 1, no_slot = variant >> 2 & 1, in_place = variant >> 3 & 1;
+          const int no_wide = variant >> 4 & 1;
+          const uint32_t div = (variant >> 5 & 1) && !max ? 3 : 0;
+          if (in_place && no_wide) continue;
+          for (size_t i = 0; i < n; i++) {
+            local[i] = (float)(((double)(mix64(i + 77 * li) >> 11) * 0x1p-53) * 8 - 4);
+            float r = (float)(((double)(mix64(i + 5 + 1000 * li) >> 11) * 0x1p-53) * 8 - 4);
+            if (i % 5 == 0) { /* a NaN here: quiet, its own payload */
+              const uint32_t bits = 0x7fc12345u;
+              memcpy(&local[i], &bits, 4);
+            }
+            if (i % 3 == 0 && (max || i % 5)) { /* and there: negative, another payload (SUM: one side only) */
+              const uint32_t bits = 0xffc50000u;
+              memcpy(&r, &bits, 4);
+            }
+            gw__cvt_from_f32(dt, &recv[i], &r, 1);
           }
-        if (n && no_slot && slot[0] != 0xeeee) {
-          snprintf(out, cap, "%s: a NULL slot was written", gw__reduce_simd_name());
-          return;
+          gw__cvt_from_f32_scaled(dt, mine, local, n, scale);
+          red(want, NULL, local_first ? mine : recv, local_first ? recv : mine, n, div);
+          gw__cvt_to_f32(dt, want_wide, want, n);
+          memset(slot, 0xee, sizeof slot), memset(wide, 0xee, sizeof wide);
+          for (size_t i = n; i < N + PAD; i++) memset(&local[i], 0xee, 4);
+          float *w = no_wide ? NULL : in_place ? local : wide;
+          gw__fold_reduce(red, dt, no_slot ? NULL : slot, w, recv, local, n, div, scale, local_first);
+          for (size_t i = 0; i < n; i++)
+            if ((!no_slot && slot[i] != want[i]) || (w && memcmp(&w[i], &want_wide[i], 4))) {
+              snprintf(out, cap, "%s %s %s n %zu variant %d element %zu: slot 0x%04x wide %a, want 0x%04x %a",
+                       gw__reduce_simd_name(), gw_dtype_name(dt), max ? "max" : "sum", n, variant, i, slot[i],
+                       w ? (double)w[i] : 0.0, want[i], (double)want_wide[i]);
+              return;
+            }
+          for (size_t i = 0; i < N + PAD; i++) {
+            uint32_t lb, wb;
+            memcpy(&lb, &local[i], 4), memcpy(&wb, &wide[i], 4);
+            const bool slot_bad = (no_slot || i >= n) && slot[i] != 0xeeee;
+            const bool wide_bad = (w != wide || i >= n) && wb != 0xeeeeeeeeu;
+            if (slot_bad || wide_bad || (i >= n && lb != 0xeeeeeeeeu)) {
+              snprintf(out, cap, "%s %s n %zu variant %d: element %zu written where nothing should be",
+                       gw__reduce_simd_name(), gw_dtype_name(dt), n, variant, i);
+              return;
+            }
+          }
         }
-      }
+    }
   }
 }
 
