@@ -107,17 +107,24 @@ void remove_pid_files(const char *dir, int n)
     rmdir(dir);
 }
 
-START_TEST(test_multinode_all_succeed)
+/* A 2-node job, nproc ranks each, node i with env[i]; every gw-run must
+ * exit with code. */
+static void pair_ends_with(struct run r[2], const char *const *env0, const char *const *env1, const char *nproc,
+                           const char *script, int code)
 {
     int port = gwrun_free_port_pair();
-    const char *env[] = {"GW_JOB_TOKEN=mn-ok", NULL};
-    const char *script = "echo $GW_RANK $GW_WORLD_SIZE $GW_NODE_RANK $GW_LOCAL_RANK; sleep 0.2";
-    struct run r[2];
-    node_start(&r[0], env, port, 2, 0, "2", script);
-    node_start(&r[1], env, port, 2, 1, "2", script);
+    node_start(&r[0], env0, port, 2, 0, nproc, script);
+    node_start(&r[1], env1, port, 2, 1, nproc, script);
     nodes_wait(r, 2);
     for (int i = 0; i < 2; i++)
-        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+        ck_assert_msg(r[i].code == code, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+}
+
+START_TEST(test_multinode_all_succeed)
+{
+    const char *env[] = {"GW_JOB_TOKEN=mn-ok", NULL};
+    struct run r[2];
+    pair_ends_with(r, env, env, "2", "echo $GW_RANK $GW_WORLD_SIZE $GW_NODE_RANK $GW_LOCAL_RANK; sleep 0.2", 0);
     ck_assert_msg(gwrun_has_line(r[0].out, "[0] 0 4 0 0") &&
                       gwrun_has_line(r[0].out, "[1] 1 4 0 1") && gwrun_count_lines(r[0].out) == 2,
                   "node 0 stdout:\n%s", r[0].out);
@@ -220,6 +227,25 @@ START_TEST(test_multinode_crash_beats_earlier_exit)
     ck_assert_msg(strstr(r[0].err, "rank 0 (pid") && gwrun_has_line(r[0].err, want), "node 0 stderr:\n%s", r[0].err);
     ck_assert_msg(r[0].elapsed < 10.0, "node 0 took %.1f s", r[0].elapsed);
     gwrun_nodes_free(r, 3);
+}
+END_TEST
+
+/* After a failure node 0 waits for the other launchers to end, bounded by
+ * the longest kill grace of any node (each hello gives the node's) + 5 s:
+ * node 1 here, with a 12 s grace, ends its rank 7 s after its SIGTERM; node
+ * 0, with 0.5 s of its own, gave up at 5.5 s before the hellos said it
+ * (and lost whatever news node 1 still had). */
+START_TEST(test_multinode_waits_for_longer_grace)
+{
+    const char *env0[] = {"GW_JOB_TOKEN=mn-grace", "GW_RUN_KILL_GRACE=0.5", NULL};
+    const char *env1[] = {"GW_JOB_TOKEN=mn-grace", "GW_RUN_KILL_GRACE=12", NULL};
+    struct run r[2];
+    pair_ends_with(r, env0, env1, "1",
+                   "case $GW_RANK in 0) sleep 1; exit 3;; esac; trap 'sleep 7; exit 0' TERM; sleep 30 & wait", 3);
+    ck_assert_msg(r[1].elapsed > 7.0, "node 1 ended its rank after %.1f s: the trap did not hold it", r[1].elapsed);
+    ck_assert_msg(r[0].elapsed > r[1].elapsed - 0.5, "node 0 ended after %.1f s, node 1 after %.1f s; node 0:\n%s",
+                  r[0].elapsed, r[1].elapsed, r[0].err);
+    gwrun_nodes_free(r, 2);
 }
 END_TEST
 
@@ -706,6 +732,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_all_succeed);
     tcase_add_test(mn, test_multinode_rank_failure);
     tcase_add_test(mn, test_multinode_crash_beats_earlier_exit);
+    tcase_add_test(mn, test_multinode_waits_for_longer_grace);
     tcase_add_test(mn, test_multinode_failure_origin_named);
     tcase_add_test(mn, test_multinode_launch_failure);
     tcase_add_test(mn, test_multinode_late_node_told);

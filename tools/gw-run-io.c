@@ -527,13 +527,15 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   CHALLENGE 0 -> node uT    magic "GWL5", node 0's nonce (16 bytes): the
+ *   CHALLENGE 0 -> node uT    magic "GWL6", node 0's nonce (16 bytes): the
  *                              first frame on a connection node 0 accepted
- *   HELLO   node -> 0  uuuuuTs magic "GWL5", node (0xffffffff: none given,
+ *   HELLO   node -> 0  uuuuuuTs magic "GWL6", node (0xffffffff: none given,
  *                              number it by arrival), nnodes, nproc, max
- *                              restarts, the node's nonce (16 bytes) and its
- *                              proof (32: HMAC-SHA256 under the job token of
- *                              both nonces and the four numbers), host
+ *                              restarts, its kill grace in milliseconds
+ *                              (GW_RUN_KILL_GRACE), the node's nonce (16
+ *                              bytes) and its proof (32: HMAC-SHA256 under
+ *                              the job token of both nonces and the five
+ *                              numbers), host
  *   WELCOME 0 -> node  usT     the node's number (its own, or the one node 0
  *                              gave it), node 0's hostname, node 0's proof
  *                              (HMAC of the node's nonce, its own and that
@@ -562,7 +564,7 @@ void gw__run_abandon_output(void)
  */
 
 static const char *const layout[] = {
-    [F_HELLO] = "uuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubusb",
+    [F_HELLO] = "uuuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubusb",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
     [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
     [F_CAUSE] = "uuuuus",

@@ -83,7 +83,9 @@ static bool late_to_tell(int64_t now)
  * after a local rank exited of it (the peers of a crashed rank exit 1 within
  * milliseconds) is then still taken as the job's failure and named
  * (gw__run_refail), and passed on to the nodes still there.  Bounded by the
- * kill grace (their teardown's own bound) and 5 s more. */
+ * longest kill grace of any node (their teardown's own bound: each node's
+ * hello says its own) and 5 s more; node 0's own bounded it before, and a
+ * node given a longer GW_RUN_KILL_GRACE was left behind, its news lost. */
 static bool others_ending(int64_t now)
 {
     if (!gw__run.have_failure || gw__run.got_signal || net.restart_to)
@@ -93,8 +95,9 @@ static bool others_ending(int64_t now)
         open += net.conns[i]->fd >= 0 && net.conns[i]->node > 0;
     if (open == 0)
         return false;
+    const int64_t own = (int64_t)(gw__run.kill_grace_s * 1000.0), theirs = net.others_grace_ms;
     if (!net.others_end_ms)
-        net.others_end_ms = now + (int64_t)(gw__run.kill_grace_s * 1000.0) + 5000;
+        net.others_end_ms = now + (own > theirs ? own : theirs) + 5000;
     return now < net.others_end_ms;
 }
 

@@ -206,13 +206,21 @@ static void proof(const char *what, const unsigned char first[GW_RUN_NONCE],
                   const unsigned char second[GW_RUN_NONCE], const uint32_t *v, int nv,
                   unsigned char out[GW_RUN_PROOF])
 {
-    unsigned char nums[5 * 4];
+    unsigned char nums[6 * 4];
     for (int i = 0; i < nv; i++)
         for (int k = 0; k < 4; k++)
             nums[4 * i + k] = (unsigned char)(v[i] >> (24 - 8 * k));
     const void *parts[] = {"gw-run ", what, first, second, nums};
     const size_t lens[] = {7, strlen(what), GW_RUN_NONCE, GW_RUN_NONCE, 4 * (size_t)nv};
     gw__hmac_sha256(net.cfg.token, strlen(net.cfg.token), parts, lens, 5, out);
+}
+
+/* A kill grace in whole milliseconds for the hello (a day at most: past
+ * it, node 0 would wait as long as the node for nothing it could not see
+ * sooner in the node's closed connection). */
+static uint32_t grace_ms(double s)
+{
+    return s >= 86400.0 ? 86400000u : (uint32_t)(s * 1000.0);
 }
 
 /* Whether the hello proves the token (the comparison in constant time, so a
@@ -223,7 +231,7 @@ static bool hello_proven(struct conn *c, const struct msg *h)
         return false;
     unsigned char want[GW_RUN_PROOF];
     memcpy(c->peer_nonce, h->tok, GW_RUN_NONCE);
-    proof("hello", c->nonce, c->peer_nonce, h->v, 5, want);
+    proof("hello", c->nonce, c->peer_nonce, h->v, 6, want);
     return gw__equal_ct(want, h->tok + GW_RUN_NONCE, GW_RUN_PROOF);
 }
 
@@ -318,6 +326,8 @@ static bool hello0(struct conn *c, const struct msg *h)
     net.npending--;
     net.state[node] = N_JOINED;
     net.joined++;
+    if (h->v[5] > net.others_grace_ms) /* how long node 0 waits for the launchers to end (gw-run-net-end.c) */
+        net.others_grace_ms = h->v[5];
     unsigned char mine[GW_RUN_PROOF];
     proof("welcome", c->peer_nonce, c->nonce, &node, 1, mine);
     answer(c, F_WELCOME, node, net.myhost, mine, sizeof mine);
@@ -557,10 +567,10 @@ static bool up_hello(struct conn *c, const struct msg *ch)
     unsigned char tok[GW_RUN_NONCE + GW_RUN_PROOF];
     struct msg h = {.type = F_HELLO,
                     .v = {GW_RUN_HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
-                          (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts},
+                          (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts, grace_ms(gw__run.kill_grace_s)},
                     .tok = tok, .toklen = sizeof tok};
     memcpy(tok, c->nonce, GW_RUN_NONCE);
-    proof("hello", c->peer_nonce, c->nonce, h.v, 5, tok + GW_RUN_NONCE);
+    proof("hello", c->peer_nonce, c->nonce, h.v, 6, tok + GW_RUN_NONCE);
     struct frame f;
     snprintf(h.s, sizeof h.s, "%s", net.myhost);
     gw__run_pack(&f, &h);

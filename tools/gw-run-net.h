@@ -33,6 +33,7 @@ struct run_net {
     char myhost[256]; /* this machine's hostname */
     int64_t join_deadline_ms, flush_ms, linger_ms;
     int64_t others_end_ms; /* node 0, the job failed: how long it waits for the other launchers to end */
+    uint32_t others_grace_ms; /* node 0: the longest kill grace of a node that joined (its hello) */
     struct conn **pmap;  /* the connection behind each polled descriptor; NULL: listener */
     struct conn **conns; /* [nconns]: node 0's pending and joined ones, or up */
     int nconns;

@@ -88,7 +88,7 @@ enum {
  * sent; '4': the welcome gives the node its number, nodes numbered by
  * arrival; '5': CAUSE frames and the FAIL frame's record kind, where a
  * failure began).  Another version is refused by name. */
-#define GW_RUN_HELLO_MAGIC 0x47574c35u
+#define GW_RUN_HELLO_MAGIC 0x47574c36u
 /* net_config.node of a node started without --node-rank, and the number its
  * hello gives then. */
 enum { GW_RUN_NODE_AUTO = -1 };
@@ -112,7 +112,7 @@ struct frame {
  * peer cannot send escape sequences to our terminal. */
 struct msg {
     unsigned type;
-    uint32_t v[5];
+    uint32_t v[6];
     const unsigned char *tok;
     size_t toklen;
     char s[GW_RUN_MAX_STR + 1];
