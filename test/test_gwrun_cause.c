@@ -54,6 +54,44 @@ static const char *failing_bin(void)
     return b;
 }
 
+/* gw-run with args under a fresh TMPDIR (made in tmp, 64 bytes) and one
+ * more variable (NULL: none). */
+static void run_in_tmp(struct run *r, char *tmp, const char *more, const char *const *args)
+{
+    char env_tmp[100];
+    fresh_tmp(tmp, 64);
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
+    const char *env[] = {env_tmp, more, NULL};
+    gwrun_run(r, env, args);
+}
+
+/* A job gw-run saw fail first at rank 0 (exit 1) whose failure began at
+ * rank 1, the line ending in ...tail (which must be there): the line. */
+static const char *began_at_rank1(const struct run *r, const char *tail, char *line, size_t len)
+{
+    ck_assert_msg(r->code == 1, "exit code %d; stderr:\n%s", r->code, r->err);
+    ck_assert_msg(strstr(r->err, "gw-run: rank 0 (pid"), "stderr:\n%s", r->err);
+    line_of(r->err, "gw-run: the failure began at ", line, len);
+    ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") && strstr(line, tail), "no '%s'; stderr:\n%s",
+                  tail, r->err);
+    return line;
+}
+
+/* Each of n ranks printed its own var, <tmp>/gw-run-.../rank.<k><suffix>, and
+ * none wrote the one gw-run was given (shared). */
+static void own_files(const struct run *r, const char *tmp, int n, const char *var, const char *suffix,
+                      const char *shared)
+{
+    for (int k = 0; k < n; k++) {
+        char want[160];
+        snprintf(want, sizeof want, "[%d] %s/gw-run-", k, tmp);
+        ck_assert_msg(strstr(r->out, want), "rank %d's %s is not under %s:\n%s", k, var, tmp, r->out);
+        snprintf(want, sizeof want, "/rank.%d%s\n", k, suffix);
+        ck_assert_msg(strstr(r->out, want), "rank %d's %s:\n%s", k, var, r->out);
+    }
+    ck_assert_msg(access(shared, F_OK) != 0, "a rank wrote gw-run's own %s", var);
+}
+
 /* Rank 1 gives up on its own and lingers 3 s; ranks 0 and 2 fail of it at
  * once and are the ones gw-run sees fail.  The line names rank 1 and the
  * reason it recorded: the program's own (gw_record_failure), or, without
@@ -96,10 +134,7 @@ END_TEST
  * (a folder of its own) goes with it. */
 START_TEST(test_failure_records_read)
 {
-    char tmp[64], env_tmp[100], line[1200];
-    fresh_tmp(tmp, sizeof tmp);
-    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", tmp);
-    const char *env[] = {env_tmp, "GW_ERROR_FILE=/tmp/gwrun-cause-shared", NULL};
+    char tmp[64], line[1200];
     /* rank 0 fails first; rank 1 recorded an origin 5 s ago and is stopped by
      * the teardown; rank 2 a consequence 9 s ago; rank 3 an origin 8 s ago
      * but exits 0 first; rank 4 a line with no time; rank 5 an origin in the
@@ -120,25 +155,14 @@ START_TEST(test_failure_records_read)
         "esac";
     const char *args[] = {"-n", "6", "sh", "-c", script, NULL};
     struct run r;
-    gwrun_run(&r, env, args);
-    ck_assert_msg(r.code == 1, "exit code %d; stderr:\n%s", r.code, r.err);
-    ck_assert_msg(strstr(r.err, "gw-run: rank 0 (pid"), "stderr:\n%s", r.err);
-    line_of(r.err, "gw-run: the failure began at ", line, sizeof line);
-    ck_assert_msg(strstr(line, "gw-run: the failure began at rank 1 (pid ") &&
-                      strstr(line, " s before rank 0's failure above): my own?[31m words") && !strstr(line, "\t"),
-                  "stderr:\n%s", r.err);
+    run_in_tmp(&r, tmp, "GW_ERROR_FILE=/tmp/gwrun-cause-shared", args);
+    began_at_rank1(&r, " s before rank 0's failure above): my own?[31m words", line, sizeof line);
+    ck_assert_msg(!strstr(line, "\t"), "stderr:\n%s", r.err);
     double ahead = 0;
     const char *s = strstr(line, "(pid ");
     ck_assert_msg(s && sscanf(s, "(pid %*d, %lf s before", &ahead) == 1 && ahead > 4.5 && ahead < 10, "line: %s", line);
     /* every rank its own file, in gw-run's folder under TMPDIR */
-    for (int k = 0; k < 6; k++) {
-        char want[160];
-        snprintf(want, sizeof want, "[%d] %s/gw-run-", k, tmp);
-        ck_assert_msg(strstr(r.out, want), "rank %d's GW_ERROR_FILE is not under %s:\n%s", k, tmp, r.out);
-        snprintf(want, sizeof want, "/rank.%d\n", k);
-        ck_assert_msg(strstr(r.out, want), "rank %d's GW_ERROR_FILE:\n%s", k, r.out);
-    }
-    ck_assert_msg(access("/tmp/gwrun-cause-shared", F_OK) != 0, "a rank wrote gw-run's own GW_ERROR_FILE");
+    own_files(&r, tmp, 6, "GW_ERROR_FILE", "", "/tmp/gwrun-cause-shared");
     ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
     gwrun_free(&r);
 }
@@ -188,6 +212,80 @@ START_TEST(test_failure_own_everywhere)
 }
 END_TEST
 
+/* A PyTorch program's exception under torchelastic's @record: each rank
+ * gets TORCHELASTIC_ERROR_FILE in gw-run's folder, and the file torch
+ * writes there is read as the rank's record (its JSON escapes undone, control
+ * characters made '?', UTF-8 kept): the earliest names where the failure
+ * began, also when the rank gw-run named wrote one of its own later (an
+ * exception does not say whether it was its own); a file of another form
+ * is not taken.  Rank 1 writes what torch 1.13's ErrorHandler writes and is
+ * stopped by the teardown; rank 2 an earlier file that is no such record;
+ * rank 0 its own file, then exits 1 first. */
+START_TEST(test_failure_torch_error_file)
+{
+    char tmp[64], line[1200];
+    const char *script =
+        "echo \"$TORCHELASTIC_ERROR_FILE\"; "
+        "case $GW_RANK in "
+        "0) sleep 1.5; printf '{\"message\": {\"message\": \"RuntimeError: Connection closed by peer\", "
+        "\"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"0\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 1;; "
+        "1) sleep 0.5; printf '{\"message\": {\"message\": \"ValueError: bad \\\\\"shard\\\\\" 7\\\\nnext line "
+        "caf\\\\u00e9\\\\u0001\", \"extraInfo\": {\"py_callstack\": \"Traceback ...\", \"timestamp\": \"1\"}}}' "
+        "> \"$TORCHELASTIC_ERROR_FILE\"; exec sleep 30;; "
+        "2) printf '{\"message\": \"plain\"}' > \"$TORCHELASTIC_ERROR_FILE\"; exec sleep 30;; "
+        "esac";
+    const char *args[] = {"-n", "3", "sh", "-c", script, NULL};
+    struct run r;
+    run_in_tmp(&r, tmp, "TORCHELASTIC_ERROR_FILE=/tmp/gwrun-cause-torch-shared", args);
+    began_at_rank1(&r, " before rank 0's failure above): ValueError: bad \"shard\" 7?next line caf\xc3\xa9?", line,
+                   sizeof line);
+    ck_assert_msg(line[strlen(line) - 1] == '?', "stderr:\n%s", r.err);
+    own_files(&r, tmp, 3, "TORCHELASTIC_ERROR_FILE", ".json", "/tmp/gwrun-cause-torch-shared");
+    ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* The same file as torch itself writes it (its ErrorHandler, which @record
+ * calls), where this machine's python3 has torch: rank 1 records a
+ * ValueError and lingers; rank 0 exits 1 once the file is there. */
+START_TEST(test_failure_torch_record_real)
+{
+    /* the first python3 on PATH, else Debian's (a pyenv's may lack torch) */
+    const char *py = NULL;
+    static const char *const pys[] = {"python3", "/usr/bin/python3"};
+    for (int i = 0; i < 2 && !py; i++) {
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "%s -c 'import torch.distributed.elastic.multiprocessing.errors' >/dev/null 2>&1",
+                 pys[i]);
+        if (system(cmd) == 0)
+            py = pys[i];
+    }
+    if (!py) {
+        fprintf(stderr, "test_failure_torch_record_real: no python3 with torch here; the test above has its format\n");
+        return;
+    }
+    char tmp[64], env_py[64], line[1200];
+    snprintf(env_py, sizeof env_py, "PY=%s", py);
+    const char *script =
+        "case $GW_RANK in "
+        "0) i=0; while [ $i -lt 300 ] && [ ! -s \"${TORCHELASTIC_ERROR_FILE%/*}/rank.1.json\" ]; do "
+        "   sleep 0.05; i=$((i + 1)); done; sleep 0.2; exit 1;; "
+        "1) exec \"$PY\" -c 'import time\n"
+        "from torch.distributed.elastic.multiprocessing.errors import ErrorHandler\n"
+        "try:\n    raise ValueError(\"shard 7 is corrupt\")\n"
+        "except ValueError as e:\n    ErrorHandler().record_exception(e)\n"
+        "time.sleep(30)';; "
+        "esac";
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    struct run r;
+    run_in_tmp(&r, tmp, env_py, args);
+    began_at_rank1(&r, " before rank 0's failure above): ValueError: shard 7 is corrupt", line, sizeof line);
+    ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
+    gwrun_free(&r);
+}
+END_TEST
+
 /* A SIGTERM to gw-run while it stops the ranks after a failure (to hurry a
  * rank that ignores the teardown's) leaves the failure's exit code, and the
  * line naming where it began (it was left out after any signal). */
@@ -224,4 +322,6 @@ void gwrun_add_cause_tests(TCase *tc)
     tcase_add_test(tc, test_failure_origin_named);
     tcase_add_test(tc, test_failure_records_read);
     tcase_add_test(tc, test_failure_own_everywhere);
+    tcase_add_test(tc, test_failure_torch_error_file);
+    tcase_add_test(tc, test_failure_torch_record_real);
 }

@@ -17,10 +17,13 @@
  * earliest origin to node 0 (one CAUSE frame), whose verdict is the job's;
  * the machines' clocks then order them (NTP keeps them within milliseconds,
  * far less than a failure takes to spread).  After a signal nothing is said:
- * the signal is the cause.  docs/architecture.md, "Where a failure began".
+ * the signal is the cause.  A PyTorch program's exception under @record
+ * comes through TORCHELASTIC_ERROR_FILE (read_torch_record).
+ * docs/architecture.md, "Where a failure began".
  */
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/stat.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -112,6 +115,9 @@ void gw__run_cause_env(int global)
     }
     snprintf(path, sizeof path, "%s/rank.%d", dir, global);
     setenv("GW_ERROR_FILE", path, 1);
+    /* torchelastic's, for a PyTorch program's @record (read_torch_record) */
+    snprintf(path, sizeof path, "%s/rank.%d.json", dir, global);
+    setenv("TORCHELASTIC_ERROR_FILE", path, 1);
 }
 
 static void consider(const struct cause *c)
@@ -152,23 +158,146 @@ static int parse(char *line, struct cause *c)
     return origin ? GW_RUN_CAUSE_ORIGIN : GW_RUN_CAUSE_CONSEQUENCE;
 }
 
-int gw__run_cause_read(int global, bool failed)
+/* Appends code point u to out[*k] as UTF-8 (control characters, lone
+ * surrogates: '?'), within cap - 1 bytes. */
+static void put_utf8(char *out, size_t cap, size_t *k, unsigned u)
+{
+    char b[3];
+    size_t n = 1;
+    if (u < 0x20 || u == 0x7f || (u >= 0xd800 && u < 0xe000))
+        b[0] = '?';
+    else if (u < 0x80)
+        b[0] = (char)u;
+    else if (u < 0x800)
+        b[0] = (char)(0xc0 | u >> 6), b[1] = (char)(0x80 | (u & 0x3f)), n = 2;
+    else
+        b[0] = (char)(0xe0 | u >> 12), b[1] = (char)(0x80 | (u >> 6 & 0x3f)), b[2] = (char)(0x80 | (u & 0x3f)), n = 3;
+    if (*k + n < cap)
+        memcpy(out + *k, b, n), *k += n;
+}
+
+static const char *skip_ws(const char *p)
+{
+    return p + strspn(p, " \t\r\n");
+}
+
+/* p at `"key"` (after white space) followed by ':': what follows the colon
+ * and its white space, else NULL. */
+static const char *after_key(const char *p, const char *key)
+{
+    const size_t len = strlen(key);
+    p = skip_ws(p);
+    if (*p != '"' || strncmp(p + 1, key, len) || p[1 + len] != '"')
+        return NULL;
+    p = skip_ws(p + 2 + len);
+    return *p == ':' ? skip_ws(p + 1) : NULL;
+}
+
+/* The message of a torchelastic error file as torch.distributed.elastic's
+ * @record writes it (json.dump of {"message": {"message": "RuntimeError:
+ * ...", "extraInfo": {"py_callstack": ..., "timestamp": "SECONDS"}}}; the
+ * timestamp is whole seconds, the file's own time is finer): its JSON
+ * escapes undone, control characters made '?' (a multi-line message is one
+ * line); false for anything else. */
+static bool torch_message(const char *buf, char *out, size_t cap)
+{
+    const char *p = skip_ws(buf);
+    if (*p++ != '{' || !(p = after_key(p, "message")) || *p++ != '{' || !(p = after_key(p, "message")) ||
+        *p++ != '"')
+        return false;
+    size_t k = 0;
+    for (; *p && *p != '"'; p++) {
+        unsigned u = (unsigned char)*p;
+        if (u == '\\') {
+            const char e = *++p;
+            static const char plain[] = "\"\\/", ctrl[] = "bfnrt";
+            if (e && strchr(plain, e)) {
+                u = (unsigned char)e;
+            } else if (e && strchr(ctrl, e)) {
+                u = '\n'; /* shown as '?' */
+            } else if (e == 'u' && strspn(p + 1, "0123456789abcdefABCDEF") >= 4) {
+                char hex[5] = {p[1], p[2], p[3], p[4], 0};
+                u = (unsigned)strtoul(hex, NULL, 16);
+                p += 4;
+            } else {
+                return false;
+            }
+            put_utf8(out, cap, &k, u);
+        } else if (u < 0x20) {
+            return false; /* not JSON */
+        } else if (k + 1 < cap) {
+            out[k++] = (char)(u == 0x7f ? '?' : u); /* UTF-8 bytes as they are */
+        }
+    }
+    if (*p != '"')
+        return false;
+    out[k] = '\0';
+    if (!k)
+        snprintf(out, cap, "(an empty message)");
+    return true;
+}
+
+/* The rank's torchelastic error file, read once its GW_ERROR_FILE held no
+ * record: a PyTorch program's exception under @record is its own finding,
+ * an origin as of the file's last change (a record gradwire's library wrote
+ * wins: it knows what was its own). */
+static int read_torch_record(int global, long pid, struct cause *c)
+{
+    char path[4200];
+    static char buf[16384]; /* the message comes first; the traceback after it is not read */
+    snprintf(path, sizeof path, "%s/rank.%d.json", dir, global);
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return GW_RUN_CAUSE_NONE;
+    struct stat st;
+    const bool stated = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    const ssize_t n = stated ? read(fd, buf, sizeof buf - 1) : -1;
+    close(fd);
+    unlink(path);
+    if (n <= 0)
+        return GW_RUN_CAUSE_NONE;
+    buf[n] = '\0';
+    if (!torch_message(buf, c->msg, sizeof c->msg))
+        return GW_RUN_CAUSE_NONE;
+    c->us = (int64_t)st.st_mtim.tv_sec * 1000000 + st.st_mtim.tv_nsec / 1000;
+    c->pid = pid;
+    return GW_RUN_CAUSE_ORIGIN;
+}
+
+int gw__run_cause_read(int global, long pid, bool failed)
 {
     if (!dir[0])
         return GW_RUN_CAUSE_NONE;
     char path[4200], buf[GW_RUN_MAX_STR + 128];
     snprintf(path, sizeof path, "%s/rank.%d", dir, global);
-    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return GW_RUN_CAUSE_NONE;
-    const ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    unlink(path);
     struct cause c = {.have = true, .global = global, .node = net.on ? net.cfg.node : 0};
-    if (!failed || n <= 0)
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    const ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+    if (fd >= 0)
+        close(fd), unlink(path);
+    int kind = GW_RUN_CAUSE_NONE;
+    if (failed && n > 0) {
+        buf[n] = '\0';
+        kind = parse(buf, &c);
+    }
+    if (kind == GW_RUN_CAUSE_NONE) {
+        /* The torchelastic file, if any, goes too.  An exception does not
+         * say whether it was the rank's own finding or another's failure
+         * reaching it (a peer's closed connection): the earliest is taken
+         * for where the failure began (torchrun's "first observed
+         * failure"), and the rank itself counts as having recorded nothing
+         * of its own, so that an earlier one elsewhere is said. */
+        const bool torch = read_torch_record(global, pid, &c) == GW_RUN_CAUSE_ORIGIN;
+        if (failed && torch && !(named && c.us > named_us)) {
+            snprintf(c.host, sizeof c.host, "%s", net.on ? net.myhost : "");
+            consider(&c);
+        }
         return GW_RUN_CAUSE_NONE;
-    buf[n] = '\0';
-    const int kind = parse(buf, &c);
+    }
+    snprintf(path, sizeof path, "%s/rank.%d.json", dir, global);
+    unlink(path);
+    if (!failed)
+        return GW_RUN_CAUSE_NONE;
     /* Made after this node began stopping the job (a rank that aborts its
      * communicators on the teardown's SIGTERM, a timeout in its grace): a
      * consequence of the failure named, whatever the rank took it for. */

@@ -96,7 +96,8 @@ void gw__run_job_env(long world, long local_n, long nnodes, long node_rank, cons
     }
     /* not torchrun's agent store, which would move gradwire's port; nor an
      * outer torchrun's worker's error file (gw-run started inside one), which
-     * would make every rank of this job that worker.  The run id is this
+     * would make every rank of this job that worker (each rank gets its own
+     * in gw-run's folder: gw__run_cause_env).  The run id is this
      * job's (torch.distributed.is_torchelastic_launched() asks for it; the
      * job token stays GW_JOB_TOKEN). */
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");

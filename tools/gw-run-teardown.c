@@ -337,7 +337,7 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
         return;
     /* Its failure record, whoever ended it (the one at fault is often
      * stopped by the teardown, still cleaning up: gw-run-cause.c). */
-    const int recorded = gw__run_cause_read(r->global, code != 0);
+    const int recorded = gw__run_cause_read(r->global, (long)pid, code != 0);
     if (code == 0 || r->stopped_by_us)
         return;
     /* After a signal: a rank it ended is its effect, not a failure to report
