@@ -218,7 +218,8 @@ END_TEST
  * characters made '?', UTF-8 kept): the earliest names where the failure
  * began, also when the rank gw-run named wrote one of its own later (an
  * exception does not say whether it was its own); a file of another form
- * is not taken.  Rank 1 writes what torch 1.13's ErrorHandler writes and is
+ * is not taken; the other form torch reads, a character past 16 bits and a
+ * message too long to keep.  Rank 1 writes what torch 1.13's ErrorHandler writes and is
  * stopped by the teardown; rank 2 an earlier file that is no such record;
  * rank 0 its own file, then exits 1 first. */
 START_TEST(test_failure_torch_error_file)
@@ -232,7 +233,7 @@ START_TEST(test_failure_torch_error_file)
         "1) sleep 0.5; printf '{\"message\": {\"message\": \"ValueError: bad \\\\\"shard\\\\\" 7\\\\nnext line "
         "caf\\\\u00e9\\\\u0001\", \"extraInfo\": {\"py_callstack\": \"Traceback ...\", \"timestamp\": \"1\"}}}' "
         "> \"$TORCHELASTIC_ERROR_FILE\"; exec sleep 30;; "
-        "2) printf '{\"message\": \"plain\"}' > \"$TORCHELASTIC_ERROR_FILE\"; exec sleep 30;; "
+        "2) printf '{\"msg\": \"plain\", \"message\": \"second\"}' > \"$TORCHELASTIC_ERROR_FILE\"; exec sleep 30;; "
         "esac";
     const char *args[] = {"-n", "3", "sh", "-c", script, NULL};
     struct run r;
@@ -241,6 +242,19 @@ START_TEST(test_failure_torch_error_file)
                    sizeof line);
     ck_assert_msg(line[strlen(line) - 1] == '?', "stderr:\n%s", r.err);
     own_files(&r, tmp, 3, "TORCHELASTIC_ERROR_FILE", ".json", "/tmp/gwrun-cause-torch-shared");
+    ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
+    gwrun_free(&r);
+    /* torch's other form ({"message": "..."}), a character past 16 bits as
+     * json.dump escapes it (a surrogate pair), and a message longer than
+     * what is read of the file: cut with "..." */
+    const char *script2 = "case $GW_RANK in 0) sleep 1; exit 1;; esac; "
+                          "{ printf '{\"message\": \"KeyError: \\\\ud83d\\\\ude00 '; head -c 20000 /dev/zero | tr '\\0' x; "
+                          "printf '\", \"timestamp\": 1}'; } > \"$TORCHELASTIC_ERROR_FILE\"; exec sleep 30";
+    const char *args2[] = {"-n", "2", "sh", "-c", script2, NULL};
+    run_in_tmp(&r, tmp, NULL, args2);
+    began_at_rank1(&r, " before rank 0's failure above): KeyError: \xf0\x9f\x98\x80 xxxx", line, sizeof line);
+    ck_assert_msg(strlen(line) > 900 && strlen(line) < 1200 && !strcmp(line + strlen(line) - 4, "x..."),
+                  "a %zu-byte line: %s", strlen(line), line);
     ck_assert_msg(left_nothing(tmp), "gw-run left files in its TMPDIR %s", tmp);
     gwrun_free(&r);
 }

@@ -158,22 +158,49 @@ static int parse(char *line, struct cause *c)
     return origin ? GW_RUN_CAUSE_ORIGIN : GW_RUN_CAUSE_CONSEQUENCE;
 }
 
-/* Appends code point u to out[*k] as UTF-8 (control characters, lone
- * surrogates: '?'), within cap - 1 bytes. */
-static void put_utf8(char *out, size_t cap, size_t *k, unsigned u)
+/* A message being decoded into out[cap]: it ends at the first character
+ * that does not fit (full; "..." then marks the cut), so nothing is dropped
+ * from its middle and no character is cut in two. */
+struct text {
+    char *out;
+    size_t cap, k;
+    bool full;
+};
+
+static void put_bytes(struct text *t, const char *b, size_t n)
 {
-    char b[3];
+    if (t->full || t->k + n + 4 > t->cap) /* room for "..." and the NUL stays */
+        t->full = true;
+    else
+        memcpy(t->out + t->k, b, n), t->k += n;
+}
+
+/* Code point u as UTF-8 (control characters, lone surrogates: '?'). */
+static void put_code(struct text *t, unsigned long u)
+{
+    char b[4];
     size_t n = 1;
-    if (u < 0x20 || u == 0x7f || (u >= 0xd800 && u < 0xe000))
+    if (u < 0x20 || u == 0x7f || (u >= 0xd800 && u < 0xe000) || u > 0x10ffff)
         b[0] = '?';
     else if (u < 0x80)
         b[0] = (char)u;
     else if (u < 0x800)
         b[0] = (char)(0xc0 | u >> 6), b[1] = (char)(0x80 | (u & 0x3f)), n = 2;
-    else
+    else if (u < 0x10000)
         b[0] = (char)(0xe0 | u >> 12), b[1] = (char)(0x80 | (u >> 6 & 0x3f)), b[2] = (char)(0x80 | (u & 0x3f)), n = 3;
-    if (*k + n < cap)
-        memcpy(out + *k, b, n), *k += n;
+    else
+        b[0] = (char)(0xf0 | u >> 18), b[1] = (char)(0x80 | (u >> 12 & 0x3f)), b[2] = (char)(0x80 | (u >> 6 & 0x3f)),
+        b[3] = (char)(0x80 | (u & 0x3f)), n = 4;
+    put_bytes(t, b, n);
+}
+
+/* The 4 hex digits at p as a number, or -1. */
+static long hex4(const char *p)
+{
+    if (strspn(p, "0123456789abcdefABCDEF") < 4)
+        return -1;
+    char hex[5] = {p[0], p[1], p[2], p[3], 0};
+    return strtol(hex, NULL, 16);
 }
 
 static const char *skip_ws(const char *p)
@@ -196,43 +223,69 @@ static const char *after_key(const char *p, const char *key)
 /* The message of a torchelastic error file as torch.distributed.elastic's
  * @record writes it (json.dump of {"message": {"message": "RuntimeError:
  * ...", "extraInfo": {"py_callstack": ..., "timestamp": "SECONDS"}}}; the
- * timestamp is whole seconds, the file's own time is finer): its JSON
- * escapes undone, control characters made '?' (a multi-line message is one
- * line); false for anything else. */
-static bool torch_message(const char *buf, char *out, size_t cap)
+ * timestamp is whole seconds, the file's own time is finer), or in the
+ * other form torch reads, {"message": "...", "timestamp": N}: its JSON
+ * escapes undone (\uXXXX, surrogate pairs too, to UTF-8; json.dump escapes
+ * every non-ASCII character), control characters made '?' (a multi-line
+ * message is one line), cut with "..." where out is full or the text read
+ * (cut: buf holds only the file's start) ends inside it; false for anything
+ * else. */
+static bool torch_message(const char *buf, bool cut, char *out, size_t cap)
 {
     const char *p = skip_ws(buf);
-    if (*p++ != '{' || !(p = after_key(p, "message")) || *p++ != '{' || !(p = after_key(p, "message")) ||
-        *p++ != '"')
+    if (*p++ != '{' || !(p = after_key(p, "message")))
         return false;
-    size_t k = 0;
-    for (; *p && *p != '"'; p++) {
-        unsigned u = (unsigned char)*p;
-        if (u == '\\') {
+    if (*p == '{' && !(p = after_key(p + 1, "message")))
+        return false;
+    if (*p++ != '"')
+        return false;
+    struct text t = {.out = out, .cap = cap};
+    for (; *p && *p != '"' && !t.full; p++) {
+        const unsigned char c = (unsigned char)*p;
+        if (c == '\\') {
             const char e = *++p;
             static const char plain[] = "\"\\/", ctrl[] = "bfnrt";
+            long u = -1;
             if (e && strchr(plain, e)) {
                 u = (unsigned char)e;
             } else if (e && strchr(ctrl, e)) {
-                u = '\n'; /* shown as '?' */
-            } else if (e == 'u' && strspn(p + 1, "0123456789abcdefABCDEF") >= 4) {
-                char hex[5] = {p[1], p[2], p[3], p[4], 0};
-                u = (unsigned)strtoul(hex, NULL, 16);
+                u = '?';
+            } else if (e == 'u' && (u = hex4(p + 1)) >= 0) {
                 p += 4;
-            } else {
+                const long lo = u >= 0xd800 && u < 0xdc00 && p[1] == '\\' && p[2] == 'u' ? hex4(p + 3) : -1;
+                if (lo >= 0xdc00 && lo < 0xe000) /* a pair: one character past the 16-bit ones */
+                    u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00), p += 6;
+            }
+            if (u < 0) {
+                if (cut && !p[e ? 1 + strspn(p + 1, "0123456789abcdefABCDEF") : 0])
+                    break; /* an escape the read cut short */
                 return false;
             }
-            put_utf8(out, cap, &k, u);
-        } else if (u < 0x20) {
+            put_code(&t, (unsigned long)u);
+        } else if (c < 0x20) {
             return false; /* not JSON */
-        } else if (k + 1 < cap) {
-            out[k++] = (char)(u == 0x7f ? '?' : u); /* UTF-8 bytes as they are */
+        } else if (c < 0x80) {
+            put_bytes(&t, c == 0x7f ? "?" : (const char *)p, 1);
+        } else { /* a UTF-8 character as it is, whole, or '?' */
+            const size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+            size_t ok = 1;
+            while (ok < n && ((unsigned char)p[ok] & 0xc0) == 0x80)
+                ok++;
+            if (ok == n && n > 1)
+                put_bytes(&t, p, n), p += n - 1;
+            else if (cut && !p[ok])
+                break; /* a character the read cut short */
+            else
+                put_bytes(&t, "?", 1);
         }
     }
-    if (*p != '"')
+    const bool ended = *p == '"' && !t.full;
+    if (!ended && !t.full && !cut)
         return false;
-    out[k] = '\0';
-    if (!k)
+    if (!ended)
+        memcpy(out + t.k, "...", 3), t.k += 3;
+    out[t.k] = '\0';
+    if (!t.k)
         snprintf(out, cap, "(an empty message)");
     return true;
 }
@@ -257,7 +310,7 @@ static int read_torch_record(int global, long pid, struct cause *c)
     if (n <= 0)
         return GW_RUN_CAUSE_NONE;
     buf[n] = '\0';
-    if (!torch_message(buf, c->msg, sizeof c->msg))
+    if (!torch_message(buf, (size_t)n == sizeof buf - 1, c->msg, sizeof c->msg))
         return GW_RUN_CAUSE_NONE;
     c->us = (int64_t)st.st_mtim.tv_sec * 1000000 + st.st_mtim.tv_nsec / 1000;
     c->pid = pid;

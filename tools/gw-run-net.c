@@ -326,8 +326,10 @@ static bool hello0(struct conn *c, const struct msg *h)
     net.npending--;
     net.state[node] = N_JOINED;
     net.joined++;
-    if (h->v[5] > net.others_grace_ms) /* how long node 0 waits for the launchers to end (gw-run-net-end.c) */
-        net.others_grace_ms = h->v[5];
+    /* how long node 0 waits for the launchers to end (gw-run-net-end.c) and
+     * for their READY (gw-run-restart.c); a day at most, as GW_RUN_KILL_GRACE */
+    if (h->v[5] > net.others_grace_ms)
+        net.others_grace_ms = h->v[5] < 86400000u ? h->v[5] : 86400000u;
     unsigned char mine[GW_RUN_PROOF];
     proof("welcome", c->peer_nonce, c->nonce, &node, 1, mine);
     answer(c, F_WELCOME, node, net.myhost, mine, sizeof mine);

@@ -56,10 +56,15 @@ void gw__run_say_no_restart(const char *why, long max_restarts)
 }
 
 /* How long node 0 waits for every node's READY, and a node for the verdict:
- * their teardowns take up to the grace, SIGKILL and the give-up after it. */
+ * their teardowns take up to the grace, SIGKILL and the give-up after it.
+ * Node 0 counts the longest grace of any node (their hellos say it); the
+ * others know only their own (node 0 may then wait longer for a third node
+ * than they wait for it: docs/architecture.md). */
 static int64_t verdict_wait_ms(void)
 {
-    return (int64_t)(1000.0 * (3 * gw__run.kill_grace_s + 30));
+    const int64_t own = (int64_t)(gw__run.kill_grace_s * 1000.0);
+    const int64_t grace = net.cfg.node == 0 && (int64_t)net.others_grace_ms > own ? net.others_grace_ms : own;
+    return 3 * grace + 30000;
 }
 
 /* Node 0, its ranks gone after a failure, with --max-restarts: waits for every

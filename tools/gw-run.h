@@ -87,7 +87,8 @@ enum {
  * --max-restarts; '3': the token proven by challenge and response, never
  * sent; '4': the welcome gives the node its number, nodes numbered by
  * arrival; '5': CAUSE frames and the FAIL frame's record kind, where a
- * failure began).  Another version is refused by name. */
+ * failure began; '6': the hello's kill grace).  Another version is refused
+ * by name. */
 #define GW_RUN_HELLO_MAGIC 0x47574c36u
 /* net_config.node of a node started without --node-rank, and the number its
  * hello gives then. */
