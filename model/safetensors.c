@@ -24,6 +24,7 @@
 
 #include "model_internal.h"
 #include "safetensors_internal.h"
+#include "utf8.h" /* comm/: \uXXXX and UTF-8, shared with gw-run */
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data are little-endian and this file does not byte-swap"
@@ -191,55 +192,22 @@ static gw_result_t expect(struct jp *j, char c) {
   return GW_SUCCESS;
 }
 
-static int hex4(const char *p, const char *end, unsigned *v) {
-  if (end - p < 4) return -1;
-  *v = 0;
-  for (int i = 0; i < 4; i++) {
-    char c = p[i];
-    unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0')
-                 : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
-                 : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10) : 16u;
-    if (d == 16) return -1;
-    *v = *v << 4 | d;
-  }
-  return 0;
-}
-
-static char *put_utf8(char *d, unsigned cp) {
-  if (cp < 0x80) {
-    *d++ = (char)cp;
-  } else if (cp < 0x800) {
-    *d++ = (char)(0xc0 | cp >> 6);
-    *d++ = (char)(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    *d++ = (char)(0xe0 | cp >> 12);
-    *d++ = (char)(0x80 | (cp >> 6 & 0x3f));
-    *d++ = (char)(0x80 | (cp & 0x3f));
-  } else {
-    *d++ = (char)(0xf0 | cp >> 18);
-    *d++ = (char)(0x80 | (cp >> 12 & 0x3f));
-    *d++ = (char)(0x80 | (cp >> 6 & 0x3f));
-    *d++ = (char)(0x80 | (cp & 0x3f));
-  }
-  return d;
-}
-
 /* \uXXXX (j->p at the 'u'), a surrogate pair as one code point; \u0000 is refused
  * because names and values are C strings. */
 static gw_result_t unicode_escape(struct jp *j, char **d) {
   unsigned cp, lo;
-  if (hex4(j->p + 1, j->end, &cp) != 0) return bad_json(j, "\\u needs four hex digits");
+  if (gw__hex4(j->p + 1, j->end, &cp) != 0) return bad_json(j, "\\u needs four hex digits");
   j->p += 5;
   if (cp >= 0xdc00 && cp <= 0xdfff) return bad_json(j, "lone low surrogate");
   if (cp >= 0xd800 && cp <= 0xdbff) {
-    if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || hex4(j->p + 2, j->end, &lo) != 0 ||
+    if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || gw__hex4(j->p + 2, j->end, &lo) != 0 ||
         lo < 0xdc00 || lo > 0xdfff)
       return bad_json(j, "high surrogate without a low one");
     j->p += 6;
     cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
   }
   if (cp == 0) return bad_json(j, "\\u0000 in a string");
-  *d = put_utf8(*d, cp);
+  *d = gw__put_utf8(*d, cp);
   return GW_SUCCESS;
 }
 

@@ -34,6 +34,7 @@
 
 #include "gw-run.h"
 #include "gw-run-net.h"
+#include "utf8.h"
 
 static char dir[4096]; /* the records' folder; "" when none could be made */
 
@@ -179,28 +180,16 @@ static void put_bytes(struct text *t, const char *b, size_t n)
 static void put_code(struct text *t, unsigned long u)
 {
     char b[4];
-    size_t n = 1;
     if (u < 0x20 || u == 0x7f || (u >= 0xd800 && u < 0xe000) || u > 0x10ffff)
-        b[0] = '?';
-    else if (u < 0x80)
-        b[0] = (char)u;
-    else if (u < 0x800)
-        b[0] = (char)(0xc0 | u >> 6), b[1] = (char)(0x80 | (u & 0x3f)), n = 2;
-    else if (u < 0x10000)
-        b[0] = (char)(0xe0 | u >> 12), b[1] = (char)(0x80 | (u >> 6 & 0x3f)), b[2] = (char)(0x80 | (u & 0x3f)), n = 3;
-    else
-        b[0] = (char)(0xf0 | u >> 18), b[1] = (char)(0x80 | (u >> 12 & 0x3f)), b[2] = (char)(0x80 | (u >> 6 & 0x3f)),
-        b[3] = (char)(0x80 | (u & 0x3f)), n = 4;
-    put_bytes(t, b, n);
+        u = '?';
+    put_bytes(t, b, (size_t)(gw__put_utf8(b, (unsigned)u) - b));
 }
 
 /* The 4 hex digits at p as a number, or -1. */
 static long hex4(const char *p)
 {
-    if (strspn(p, "0123456789abcdefABCDEF") < 4)
-        return -1;
-    char hex[5] = {p[0], p[1], p[2], p[3], 0};
-    return strtol(hex, NULL, 16);
+    unsigned v;
+    return gw__hex4(p, p + strnlen(p, 4), &v) == 0 ? (long)v : -1;
 }
 
 static const char *skip_ws(const char *p)
