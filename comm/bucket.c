@@ -49,7 +49,10 @@ struct gw_bucketer {
   double first_start, last_ready;
   struct gw_bucketer_times last; /* of the last completed step */
   /* gw_bucketer_set_wire: the dtype buckets travel in (== dtype: as they are),
-   * and the buffer they are converted into for it. */
+   * and a 16-bit buffer of count elements: a device wire's buckets are cast
+   * into it; a host wire's only where the algorithm does not convert inside
+   * its steps (enqueue.c's run_through_wire_buf; the ring and the exchange
+   * never touch it). */
   gw_dtype_t wire;
   char *wbuf;
   int wire_dev; /* wbuf is device memory (device gradients): converted by cast_async on the stream */
