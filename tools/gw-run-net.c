@@ -19,7 +19,8 @@
  * them. With one node none of this exists.
  *
  * The frames themselves (their layouts, encoding, buffering) are in
- * gw-run-io.c; this file decides what they mean.  What a node tells the
+ * gw-run-io.c; this file decides what they mean.  The handshake (challenge,
+ * hello, welcome or refusal) is in gw-run-net-hello.c.  What a node tells the
  * others as its job ends (reports, the last flush, the verdict) is in
  * gw-run-net-end.c.
  */
@@ -46,7 +47,7 @@ struct run_net gw__run_net = {.lfd = -1};
 
 static const char *why; /* what a frame handler found wrong */
 
-static bool bad(const char *what)
+bool gw__run_net_bad(const char *what)
 {
     why = what;
     return false;
@@ -114,7 +115,7 @@ void gw__run_net_announce_end(const struct frame *f, int except)
  * failure counts (later ones are consequences of the teardown), unless a
  * later one says more of the cause: a rank killed by a signal after one that
  * exited (gw__run_refail; node 0 passes such a correction on too). */
-static void apply(const struct msg *m, int from)
+void gw__run_net_apply(const struct msg *m, int from)
 {
     if (m->type == F_STOP || m->type == F_LOST)
         net.no_restart = true; /* a signal, a lost node (a node's launch failure restarts, as on node 0) */
@@ -183,7 +184,7 @@ static void pass_on(const struct msg *m, int from)
 /* ---- node 0 ---- */
 
 /* WELCOME (for node `node`), or REFUSE and the end of the connection. */
-static void answer(struct conn *c, unsigned type, uint32_t node, const char *text, const unsigned char *tok,
+void gw__run_net_answer(struct conn *c, unsigned type, uint32_t node, const char *text, const unsigned char *tok,
                    size_t toklen)
 {
     struct msg m = {.type = type, .v = {node}, .tok = tok, .toklen = toklen};
@@ -197,161 +198,16 @@ static void answer(struct conn *c, unsigned type, uint32_t node, const char *tex
     }
 }
 
-/* The job token never travels: each end proves it has it by an HMAC-SHA256
- * under the token of both ends' nonces (fresh per connection, so a proof
- * replayed on another connection fails) and what the frame says.  what:
- * "hello" (the node's, over node 0's nonce first) or "welcome" (node 0's,
- * over the node's nonce first); v[0..nv) the frame's numbers. */
-static void proof(const char *what, const unsigned char first[GW_RUN_NONCE],
-                  const unsigned char second[GW_RUN_NONCE], const uint32_t *v, int nv,
-                  unsigned char out[GW_RUN_PROOF])
-{
-    unsigned char nums[6 * 4];
-    for (int i = 0; i < nv; i++)
-        for (int k = 0; k < 4; k++)
-            nums[4 * i + k] = (unsigned char)(v[i] >> (24 - 8 * k));
-    const void *parts[] = {"gw-run ", what, first, second, nums};
-    const size_t lens[] = {7, strlen(what), GW_RUN_NONCE, GW_RUN_NONCE, 4 * (size_t)nv};
-    gw__hmac_sha256(net.cfg.token, strlen(net.cfg.token), parts, lens, 5, out);
-}
-
-/* A kill grace in whole milliseconds for the hello (a day at most: past
- * it, node 0 would wait as long as the node for nothing it could not see
- * sooner in the node's closed connection). */
-static uint32_t grace_ms(double s)
-{
-    return s >= 86400.0 ? 86400000u : (uint32_t)(s * 1000.0);
-}
-
-/* Whether the hello proves the token (the comparison in constant time, so a
- * stranger learns nothing from how fast we answer). */
-static bool hello_proven(struct conn *c, const struct msg *h)
-{
-    if (h->toklen != GW_RUN_NONCE + GW_RUN_PROOF)
-        return false;
-    unsigned char want[GW_RUN_PROOF];
-    memcpy(c->peer_nonce, h->tok, GW_RUN_NONCE);
-    proof("hello", c->nonce, c->peer_nonce, h->v, 6, want);
-    return gw__equal_ct(want, h->tok + GW_RUN_NONCE, GW_RUN_PROOF);
-}
-
-static bool hello0(struct conn *c, const struct msg *h)
-{
-    uint32_t node = h->v[1], nnodes = h->v[2], nproc = h->v[3];
-    char reason[1024];
-    if ((h->v[0] & 0xffffff00u) == (GW_RUN_HELLO_MAGIC & 0xffffff00u) && h->v[0] != GW_RUN_HELLO_MAGIC) {
-        snprintf(reason, sizeof reason, "this node's gw-run speaks version %c of the launcher protocol, node 0's "
-                 "(host %s) version %c: use the same gw-run on every node", (char)(h->v[0] & 0xff), net.myhost,
-                 (char)(GW_RUN_HELLO_MAGIC & 0xff));
-        gw__run_say("gw-run: refused a launcher connection from %s: %s\n", c->peer, reason);
-        answer(c, F_REFUSE, 0, reason, NULL, 0);
-        return true;
-    }
-    if (h->v[0] != GW_RUN_HELLO_MAGIC)
-        return bad("not a gw-run hello");
-    if (!hello_proven(c, h)) {
-        gw__run_say(
-                "gw-run: refused a launcher connection from %s (says node %u, host %s): wrong job "
-                "token; every node needs the same GW_JOB_TOKEN\n",
-                c->peer, node, h->s);
-        answer(c, F_REFUSE, 0, "wrong job token (GW_JOB_TOKEN differs from node 0's)", NULL, 0);
-        return true;
-    }
-    const bool by_arrival = node == GW_RUN_NODE_ANY;
-    if (by_arrival) { /* the lowest number no node has taken (or been refused with) */
-        node = 0;
-        for (uint32_t n = 1; n < (uint32_t)net.cfg.nnodes && !node; n++)
-            if (net.state[n] == N_ABSENT && !net.hosts[n])
-                node = n;
-        if (!node) {
-            snprintf(reason, sizeof reason, "all %d nodes of the job joined already (or were refused): this "
-                     "one (host %.255s, no --node-rank) has no number left; another job with the same token "
-                     "and --master?", net.cfg.nnodes, h->s);
-            gw__run_say("gw-run: refused a launcher connection from %s: %s\n", c->peer, reason);
-            answer(c, F_REFUSE, 0, reason, NULL, 0);
-            return true;
-        }
-    }
-    if (nnodes != (uint32_t)net.cfg.nnodes || nproc != (uint32_t)net.cfg.nproc ||
-        h->v[4] != (uint32_t)net.cfg.max_restarts) {
-        /* The job cannot run: the ranks would disagree on the world size, or
-         * the nodes on whether a failure ends the job. */
-        bool nn = nnodes != (uint32_t)net.cfg.nnodes, np = nproc != (uint32_t)net.cfg.nproc;
-        const char *flag = nn ? "--nnodes" : np ? "-n" : "--max-restarts";
-        snprintf(reason, sizeof reason,
-                 "node %u (host %.255s) was started with %s %u but node 0 (host %s) with %s %d; "
-                 "every node must use the same -n, --nnodes and --max-restarts",
-                 node, h->s, flag, nn ? nnodes : np ? nproc : h->v[4], net.myhost, flag,
-                 nn ? net.cfg.nnodes : np ? net.cfg.nproc : net.cfg.max_restarts);
-        /* Only a node this job still waits for ends it: a launch for
-         * another job that reuses the token and --master (another -n), or a
-         * node rank this job does not have or already has, is refused as an
-         * "already joined" one is, and the job runs on. */
-        if (node < 1 || node >= (uint32_t)net.cfg.nnodes || net.state[node] != N_ABSENT) {
-            gw__run_say("gw-run: refused a launcher connection from %s (says node %u, host %s): %s\n", c->peer,
-                        node, h->s, reason);
-            answer(c, F_REFUSE, 0, reason, NULL, 0);
-            return true;
-        }
-        answer(c, F_REFUSE, 0, reason, NULL, 0);
-        net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
-        struct msg m = {.type = F_ABORT, .v = {1}};
-        snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
-        net.no_restart = true; /* nodes that disagree cannot run any attempt */
-        if (gw__run_stopping()) /* apply() says nothing then */
-            gw__run_say("%s\n", m.s);
-        apply(&m, -1);
-        return true;
-    }
-    if (node < 1 || node >= nnodes || net.state[node] != N_ABSENT) {
-        if (node < 1 || node >= nnodes)
-            snprintf(reason, sizeof reason, "node rank %u is out of range 1..%d", node,
-                     net.cfg.nnodes - 1);
-        else if (!net.hosts[node]) /* refused before (its flags differed from node 0's): the job ended then */
-            snprintf(reason, sizeof reason,
-                     "node %u was refused before (its options differed from node 0's) and the job ended "
-                     "then; start the whole job again", node);
-        else
-            snprintf(reason, sizeof reason,
-                     "node %u already joined (host %s); is --node-rank %u given twice?", node,
-                     net.hosts[node], node);
-        gw__run_say("gw-run: refused a launcher connection from %s (host %s): %s\n", c->peer,
-                h->s, reason);
-        answer(c, F_REFUSE, 0, reason, NULL, 0);
-        return true;
-    }
-    if (!(net.hosts[node] = strdup(h->s)))
-        return bad("out of memory");
-    c->node = (int)node;
-    net.npending--;
-    net.state[node] = N_JOINED;
-    net.joined++;
-    /* how long node 0 waits for the launchers to end (gw-run-net-end.c) and
-     * for their READY (gw-run-restart.c); a day at most, as GW_RUN_KILL_GRACE */
-    if (h->v[5] > net.others_grace_ms)
-        net.others_grace_ms = h->v[5] < 86400000u ? h->v[5] : 86400000u;
-    unsigned char mine[GW_RUN_PROOF];
-    proof("welcome", c->peer_nonce, c->nonce, &node, 1, mine);
-    answer(c, F_WELCOME, node, net.myhost, mine, sizeof mine);
-    if (net.have_end)
-        gw__run_conn_send(c, &net.end);
-    if (net.verbose)
-        gw__run_say("gw-run: node %u (host %s) joined from %s%s%s\n", node, h->s, c->peer,
-                by_arrival ? " (numbered by arrival: it gave no --node-rank)" : "",
-                net.joined == net.cfg.nnodes - 1 ? "; all nodes joined" : "");
-    return true;
-}
-
 static bool frame0(struct conn *c, const struct msg *m)
 {
     if (!sane(m))
-        return bad("field out of range");
+        return gw__run_net_bad("field out of range");
     if (c->node < 0)
-        return m->type == F_HELLO ? hello0(c, m) : bad("expected a hello");
+        return m->type == F_HELLO ? gw__run_net_hello0(c, m) : gw__run_net_bad("expected a hello");
     int n = c->node;
     if (m->type == F_READY) {
         if (m->v[0] != (uint32_t)n || net.cfg.max_restarts == 0)
-            return bad("unexpected frame from a joined node");
+            return gw__run_net_bad("unexpected frame from a joined node");
         if (net.state[n] == N_DONE) /* its ranks ended well; another node's failed after */
             net.done--;
         if (net.state[n] == N_JOINED || net.state[n] == N_ENDED || net.state[n] == N_DONE)
@@ -361,13 +217,13 @@ static bool frame0(struct conn *c, const struct msg *m)
     }
     if (m->type == F_PASS) {
         if (m->v[0] != (uint32_t)n)
-            return bad("unexpected frame from a joined node");
+            return gw__run_net_bad("unexpected frame from a joined node");
         pass_on(m, n);
         return true;
     }
     if (m->type == F_CAUSE) { /* one of its ranks' own failure (gw-run-cause.c) */
         if (m->v[1] != (uint32_t)n || m->v[0] / (uint32_t)net.cfg.nproc != (uint32_t)n)
-            return bad("unexpected frame from a joined node");
+            return gw__run_net_bad("unexpected frame from a joined node");
         gw__run_cause_heard(m, net.hosts[n]);
         return true;
     }
@@ -375,14 +231,14 @@ static bool frame0(struct conn *c, const struct msg *m)
         /* Its launcher failed (it could not start its ranks): the message says how. */
     } else if ((m->type != F_FAIL && m->type != F_STOP && m->type != F_DONE) ||
                m->v[m->type == F_FAIL ? 1 : 0] != (uint32_t)n) {
-        return bad("unexpected frame from a joined node");
+        return gw__run_net_bad("unexpected frame from a joined node");
     }
     if (net.state[n] == N_JOINED) {
         net.state[n] = m->type == F_DONE ? N_DONE : N_ENDED;
         net.done += m->type == F_DONE;
     }
     if (m->type != F_DONE)
-        apply(m, n);
+        gw__run_net_apply(m, n);
     return true;
 }
 
@@ -403,7 +259,7 @@ static void conn0_ended(struct conn *c, const char *badly)
     net.state[n] = N_ENDED;
     struct msg m = {.type = F_LOST, .v = {(uint32_t)n}};
     snprintf(m.s, sizeof m.s, "%s", net.hosts[n]);
-    apply(&m, n); /* nothing if the job is ending anyway and nodes leave as they stop */
+    gw__run_net_apply(&m, n); /* nothing if the job is ending anyway and nodes leave as they stop */
 }
 
 static void accept_all(void)
@@ -478,7 +334,7 @@ static void report_missing(void)
     snprintf(m.s, sizeof m.s, "gw-run: node(s) %s did not join within %g s (launcher port %s)",
              list, net.cfg.join_timeout_s, net.where);
     net.no_restart = true;
-    apply(&m, -1);
+    gw__run_net_apply(&m, -1);
 }
 
 static int resolve(void)
@@ -548,55 +404,6 @@ static void up_connected(void)
     gw__run_tune_socket(c->fd);
 }
 
-/* Node 0's challenge came: the hello with this node's proof, then what
- * waited for the connection. */
-static bool up_hello(struct conn *c, const struct msg *ch)
-{
-    if (ch->v[0] != GW_RUN_HELLO_MAGIC) {
-        static char reason[160];
-        if ((ch->v[0] & 0xffffff00u) != (GW_RUN_HELLO_MAGIC & 0xffffff00u))
-            return bad("not a gw-run challenge");
-        snprintf(reason, sizeof reason, "node 0's gw-run speaks version %c of the launcher protocol, this "
-                 "node's version %c: use the same gw-run on every node", (char)(ch->v[0] & 0xff),
-                 (char)(GW_RUN_HELLO_MAGIC & 0xff));
-        return bad(reason);
-    }
-    if (ch->toklen != GW_RUN_NONCE)
-        return bad("a challenge of the wrong size");
-    memcpy(c->peer_nonce, ch->tok, GW_RUN_NONCE);
-    if (!gw__run_random(c->nonce, sizeof c->nonce))
-        return bad("no random bytes for this node's nonce");
-    unsigned char tok[GW_RUN_NONCE + GW_RUN_PROOF];
-    struct msg h = {.type = F_HELLO,
-                    .v = {GW_RUN_HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
-                          (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts, grace_ms(gw__run.kill_grace_s)},
-                    .tok = tok, .toklen = sizeof tok};
-    memcpy(tok, c->nonce, GW_RUN_NONCE);
-    proof("hello", c->peer_nonce, c->nonce, h.v, 6, tok + GW_RUN_NONCE);
-    struct frame f;
-    snprintf(h.s, sizeof h.s, "%s", net.myhost);
-    gw__run_pack(&f, &h);
-    gw__run_conn_send(c, &f);
-    if (!gw__run_out_add(c, net.pending.out, net.pending.outlen))
-        c->broken = true;
-    c->challenged = true;
-    c->deadline_ms = gw__run_now_ms() + HELLO_TIMEOUT_MS; /* the welcome due */
-    return true;
-}
-
-/* Whether node 0's welcome proves the token: another program on the
- * launcher port (started first, or at a wrong --master) cannot.  The proof
- * covers the node number it gives (this node's own, or by arrival). */
-static bool welcome_proven(const struct conn *c, const struct msg *m)
-{
-    if (m->toklen != GW_RUN_PROOF)
-        return false;
-    unsigned char want[GW_RUN_PROOF];
-    const uint32_t node = m->v[0];
-    proof("welcome", c->nonce, c->peer_nonce, &node, 1, want);
-    return gw__equal_ct(want, m->tok, GW_RUN_PROOF);
-}
-
 static void up_connect(void)
 {
     struct conn *c = net.up;
@@ -635,13 +442,13 @@ static void up_ended(const char *badly)
         return; /* our DONE is out: node 0 had no more to say to us */
     struct msg m = {.type = F_LOST, .v = {0}};
     snprintf(m.s, sizeof m.s, "%s", net.host0);
-    apply(&m, 0);
+    gw__run_net_apply(&m, 0);
 }
 
 static bool frame_up(struct conn *c, const struct msg *m)
 {
     if (!sane(m))
-        return bad("field out of range");
+        return gw__run_net_bad("field out of range");
     if (net.welcomed) {
         if (m->type == F_RESTART && net.cfg.max_restarts > 0) {
             net.verdict_known = true;
@@ -653,19 +460,19 @@ static bool frame_up(struct conn *c, const struct msg *m)
             return true;
         }
         if (m->type != F_FAIL && m->type != F_LOST && m->type != F_ABORT && m->type != F_STOP)
-            return bad("unexpected frame type");
-        apply(m, 0);
+            return gw__run_net_bad("unexpected frame type");
+        gw__run_net_apply(m, 0);
         return true;
     }
     if (m->type == F_CHALLENGE && !c->challenged)
-        return up_hello(c, m);
+        return gw__run_net_up_hello(c, m);
     if (m->type == F_WELCOME && c->challenged) {
-        if (!welcome_proven(c, m))
-            return bad("its welcome does not prove the job token: another program answers on the "
+        if (!gw__run_net_welcome_proven(c, m))
+            return gw__run_net_bad("its welcome does not prove the job token: another program answers on the "
                        "launcher port, or node 0 has another GW_JOB_TOKEN");
         if (net.cfg.node < 0 ? m->v[0] < 1 || m->v[0] >= (uint32_t)net.cfg.nnodes
                              : m->v[0] != (uint32_t)net.cfg.node)
-            return bad("its welcome gives another node number");
+            return gw__run_net_bad("its welcome gives another node number");
         if (net.cfg.node < 0) {
             net.cfg.node = (int)m->v[0];
             gw__run_say("gw-run: this node is node %d of %d (numbered by node 0, host %.255s, as it joined)\n",
@@ -681,7 +488,7 @@ static bool frame_up(struct conn *c, const struct msg *m)
         return true;
     }
     if (m->type != F_REFUSE)
-        return bad(c->challenged ? "expected a welcome" : "expected a challenge");
+        return gw__run_net_bad(c->challenged ? "expected a welcome" : "expected a challenge");
     gw__run_say("gw-run: %s: node 0 at %s refused this node: %s\n", me(), net.where, m->s);
     gw__run_net_give_up();
     gw__run_fail(1);

@@ -80,4 +80,18 @@ void gw__run_net_report(struct msg *m);
 bool gw__run_net_decide_restart(int64_t now);
 bool gw__run_net_await_verdict(int64_t now);
 
+/* gw-run-net.c's pieces the handshake (gw-run-net-hello.c) uses: a frame
+ * handler's complaint (false), node 0's WELCOME or REFUSE (which closes the
+ * connection), and what a frame means to this node. */
+bool gw__run_net_bad(const char *what);
+void gw__run_net_answer(struct conn *c, unsigned type, uint32_t node, const char *text, const unsigned char *tok,
+                        size_t toklen);
+void gw__run_net_apply(const struct msg *m, int from);
+/* gw-run-net-hello.c: node 0's reading of a hello (false: a broken frame;
+ * a refusal is answered and true); a node's hello on node 0's challenge;
+ * whether node 0's welcome proves the token. */
+bool gw__run_net_hello0(struct conn *c, const struct msg *h);
+bool gw__run_net_up_hello(struct conn *c, const struct msg *ch);
+bool gw__run_net_welcome_proven(const struct conn *c, const struct msg *m);
+
 #endif
