@@ -129,8 +129,17 @@ void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n) {
   gw__cvt_from16_generic(bf, dst, src, n);
 }
 
-void gw__fold_reduce(gw_reduce_fn red, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
+void gw__fold_reduce(gw_op_t op, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
                      size_t n, uint32_t div, float scale, int local_first) {
+  const int kop = op == GW_AVG ? GW_KOP_SUM : (int)op;
+#ifdef GW_HAVE_X86_SIMD
+  const gw_reduce_table_t *t = gw__reduce_table();
+  const gw_fold_table_t *f = t == &gw__reduce_table_avx512 ? &gw__fold_table_avx512
+                             : t == &gw__reduce_table_avx2 ? &gw__fold_table_avx2
+                                                           : NULL;
+  if (f) return (*f)[wire == GW_BFLOAT16][kop](slot, wide, recv, local, n, div, scale, local_first);
+#endif
+  const gw_reduce_fn red = gw__reduce_fn(wire, (gw_op_t)kop);
   enum { PIECE = 2048 };
   uint16_t mine[PIECE]; /* this rank's operand, then the result */
   for (size_t at = 0; at < n; at += PIECE) {

@@ -37,6 +37,16 @@ GW_DECL_CVT(avx2)
 GW_DECL_CVT(avx512)
 #endif
 
+/* A widened operation's reduction step in one pass (gw__fold_reduce below,
+ * the wire dtype's kernel for one op), per build that has one: [bf16][op]. */
+typedef void (*gw_fold_fn)(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n,
+                           uint32_t div, float scale, int local_first);
+typedef gw_fold_fn gw_fold_table_t[2][GW_NUM_KOPS];
+#ifdef GW_HAVE_X86_SIMD
+extern const gw_fold_table_t gw__fold_table_avx2;
+extern const gw_fold_table_t gw__fold_table_avx512;
+#endif
+
 /* The table for this CPU (GW_SIMD=generic|avx2|avx512 forces a lower one). */
 const gw_reduce_table_t *gw__reduce_table(void);
 const char *gw__reduce_simd_name(void);
@@ -62,10 +72,12 @@ void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n);
 /* A reduction step of a 16-bit allreduce whose local operand is float32 (a
  * widened operation's ring step, struct gw_op): out = red(recv, round(local *
  * scale)), or red(round(local * scale), recv) when local_first, rounded as
- * red rounds; out goes to slot (NULL: nowhere) and, widened, to wide (NULL:
- * nowhere; may be local itself, element for element).  red is the wire
- * dtype's kernel.  Converts in pieces that stay in L1. */
-void gw__fold_reduce(gw_reduce_fn red, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
+ * red rounds, where red is the wire dtype's kernel of op (GW_AVG: GW_SUM);
+ * out goes to slot (NULL: nowhere) and, widened, to wide (NULL: nowhere; may
+ * be local itself, element for element).  One pass where the CPU's table
+ * has F16C (gw_fold_table_t), else the three in pieces that stay in L1;
+ * the same bits either way. */
+void gw__fold_reduce(gw_op_t op, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
                      size_t n, uint32_t div, float scale, int local_first);
 
 /* Scalar conversions, exact and round-to-nearest-even (exposed for tests). */

@@ -169,7 +169,8 @@ static inline __m256 vmin(__m256 p, __m256 q) { return vpick(p, q, _mm256_cmp_ps
  * the scalar cvt_f2h narrows it (0x7e00 and the sign): the instruction would
  * keep the payload, so ranks whose tables differ (F16C or not) could end
  * with other bits. */
-static inline __m256 f16_load8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 f16_widen8(__m128i h) { return _mm256_cvtph_ps(h); }
+static inline __m256 f16_load8(const uint16_t *p) { return f16_widen8(_mm_loadu_si128((const __m128i *)p)); }
 static inline __m128i f16_round8(__m256 r) {
   const __m256 sign = _mm256_and_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
   const __m256 quiet = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
@@ -212,6 +213,112 @@ DEF_H16_SCALAR(bf16_prod, cvt_bf2f, cvt_f2bf, op_prod)
 DEF_H16_SCALAR(bf16_max, cvt_bf2f, cvt_f2bf, op_max)
 DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
 #endif
+
+/* A widened operation's reduction step (reduce.h, gw__fold_reduce) in one
+ * pass: the local float32 values times the scale (not applied when it is 1,
+ * as the rounding pass did not), rounded to the wire and widened again (the
+ * 16-bit value this rank contributes), the op with the received values in
+ * the order asked, the division, one rounding; the result to the slot and/or
+ * widened to the float32 output.  The same operations in the same order as
+ * the three passes it replaces (the rounding, the wire dtype's kernel, the
+ * widening), so the same bits.  float16 in eight lanes with F16C; bfloat16
+ * rounded inside each float's 32 bits (no packing to 16 bits and back but
+ * into the slot), a plain loop per combination of the flags that the
+ * compiler vectorizes.  Nanoseconds per element, 16 K elements in L1 (to the
+ * slot / to the slot and the output with a division), the three passes ->
+ * this: AVX-512 bf16 0.16 / 0.22 -> 0.11 / 0.15, fp16 0.16 / 0.25 -> 0.13 /
+ * 0.21; AVX2 bf16 0.31 / 0.40 -> 0.27 / 0.35, fp16 0.19 / 0.27 -> 0.15 /
+ * 0.24 (float32's own sum 0.07 / 0.10); at 256 K elements AVX-512 bf16 0.18
+ * -> 0.12 ns, below float32's 0.14 (half the bytes read). */
+#define DEF_FOLD_VEC(NAME, WIDEN8, ROUND8, ROUND8_ANY_NAN, TOF, FROMF, OP, VOP)      \
+  static void NAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n, \
+                   uint32_t div, float scale, int local_first) {                      \
+    const float dv = div > 1 ? (float)div : 1.0f;                                    \
+    const __m256 vdv = _mm256_set1_ps(dv), vsc = _mm256_set1_ps(scale);              \
+    const int scaled = scale != 1.0f;                                                \
+    size_t i = 0;                                                                    \
+    for (; i + 8 <= n; i += 8) {                                                     \
+      __m256 l = _mm256_loadu_ps(local + i);                                         \
+      if (scaled) l = _mm256_mul_ps(l, vsc);                                         \
+      const __m256 mine = WIDEN8(ROUND8_ANY_NAN(l));                                 \
+      const __m256 theirs = WIDEN8(_mm_loadu_si128((const __m128i *)(recv + i)));   \
+      __m256 r = local_first ? VOP(mine, theirs) : VOP(theirs, mine);                \
+      if (div > 1) r = _mm256_div_ps(r, vdv);                                        \
+      const __m128i h = ROUND8(r);                                                   \
+      if (slot) _mm_storeu_si128((__m128i *)(slot + i), h);                          \
+      if (wide) _mm256_storeu_ps(wide + i, WIDEN8(h));                               \
+    }                                                                                \
+    for (; i < n; i++) {                                                             \
+      const float mine = TOF(FROMF(scaled ? local[i] * scale : local[i]));           \
+      const float theirs = TOF(recv[i]);                                             \
+      const float v = local_first ? OP(mine, theirs) : OP(theirs, mine);             \
+      const uint16_t h = FROMF(div > 1 ? v / dv : v);                                \
+      if (slot) slot[i] = h;                                                         \
+      if (wide) wide[i] = TOF(h);                                                    \
+    }                                                                                \
+  }
+/* This rank's operand needs no NaN of the scalar bits: whatever its payload,
+ * the op passes on a NaN of its sign, which the result's rounding makes
+ * those bits. */
+static inline __m128i f16_round8_any_nan(__m256 r) { return _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT); }
+DEF_FOLD_VEC(fold_f16_sum, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_sum, _mm256_add_ps)
+DEF_FOLD_VEC(fold_f16_prod, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_prod, _mm256_mul_ps)
+DEF_FOLD_VEC(fold_f16_max, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_max, vmax)
+DEF_FOLD_VEC(fold_f16_min, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_min, vmin)
+
+/* bfloat16 rounded in place: cvt_bf2f(cvt_f2bf(f)) without leaving the
+ * float's 32 bits (a NaN quieted as cvt_f2bf quiets it). */
+static inline float bf_keep(float f) {
+  const uint32_t u = cvt_f2u(f);
+  const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  return cvt_u2f(r & 0xffff0000u);
+}
+/* One loop per combination, each a plain loop the compiler vectorizes (the
+ * flags are constants where fold_bf16_loop is expanded). */
+static inline __attribute__((always_inline)) void fold_bf16_loop(
+    uint16_t *restrict slot, float *wide, const uint16_t *restrict recv, const float *local, size_t n, float dv,
+    float scale, const int op, const int lf, const int div, const int to_slot, const int to_wide) {
+  for (size_t i = 0; i < n; i++) {
+    const float l = local[i];
+    const float mine = bf_keep(scale != 1.0f ? l * scale : l), theirs = cvt_bf2f(recv[i]);
+    const float p = lf ? mine : theirs, q = lf ? theirs : mine;
+    float v = op == GW_KOP_SUM ? p + q : op == GW_KOP_PROD ? p * q : op == GW_KOP_MAX ? op_max(p, q) : op_min(p, q);
+    if (div) v = v / dv;
+    const float r = bf_keep(v);
+    if (to_slot) slot[i] = (uint16_t)(cvt_f2u(r) >> 16);
+    if (to_wide) wide[i] = r;
+  }
+}
+#define FOLD_BF16(OPNAME, KOP)                                                                         \
+  static void fold_bf16_##OPNAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, \
+                                 size_t n, uint32_t div, float scale, int lf) {                        \
+    const float dv = (float)div;                                                                       \
+    const int d = div > 1;                                                                             \
+    if (slot && wide) {                                                                                \
+      if (lf) d ? fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 1, 1, 1, 1)               \
+              : fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 1, 0, 1, 1);                \
+      else d ? fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 0, 1, 1, 1)                  \
+             : fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 0, 0, 1, 1);                 \
+    } else if (slot) {                                                                                 \
+      if (lf) d ? fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 1, 1, 1, 0)               \
+              : fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 1, 0, 1, 0);                \
+      else d ? fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 0, 1, 1, 0)                  \
+             : fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 0, 0, 1, 0);                 \
+    } else if (wide) {                                                                                 \
+      if (lf) d ? fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 1, 1, 0, 1)               \
+              : fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 1, 0, 0, 1);                \
+      else d ? fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 0, 1, 0, 1)                  \
+             : fold_bf16_loop(slot, wide, recv, local, n, dv, scale, KOP, 0, 0, 0, 1);                 \
+    }                                                                                                  \
+  }
+FOLD_BF16(sum, GW_KOP_SUM)
+FOLD_BF16(prod, GW_KOP_PROD)
+FOLD_BF16(max, GW_KOP_MAX)
+FOLD_BF16(min, GW_KOP_MIN)
+const gw_fold_table_t CAT(gw__fold_table_, GW_SIMD_SUFFIX) = {
+    {fold_f16_sum, fold_f16_prod, fold_f16_max, fold_f16_min},
+    {fold_bf16_sum, fold_bf16_prod, fold_bf16_max, fold_bf16_min},
+};
 #else
 DEF_H16_SCALAR(f16_sum, cvt_h2f, cvt_f2h, op_sum)
 DEF_H16_SCALAR(f16_prod, cvt_h2f, cvt_f2h, op_prod)

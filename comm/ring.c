@@ -21,6 +21,7 @@ GW_PARAM_MIN(StreamThreshold, "GW_NT_THRESHOLD", 8 << 20, 0)
 
 /* A widened operation's wire dtype (p->fold: the buffers are float32). */
 static inline gw_dtype_t wire_of(const struct prims *p) { return (gw_dtype_t)p->op->desc.dtype; }
+static inline gw_op_t op_of(const struct prims *p) { return (gw_op_t)p->op->desc.op; }
 
 /* slot <- src, and dst <- src too when dst is not NULL.  A transport that can
  * send from registered memory (ib) may read src after this returns, until the
@@ -59,7 +60,7 @@ static gw_result_t prim_recv_reduce_send(struct prims *p, const void *src, size_
   void *slot;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
-  if (n && p->fold) gw__fold_reduce(p->red, wire_of(p), slot, NULL, data, src, n, 0, p->fscale, false);
+  if (n && p->fold) gw__fold_reduce(op_of(p), wire_of(p), slot, NULL, data, src, n, 0, p->fscale, false);
   else if (n) p->red(slot, NULL, data, src, n, 0);
   GW_CHECK(gw__post(p, &p->ring->send, n * p->es));
   return gw__release(p, &p->ring->recv);
@@ -73,7 +74,7 @@ static gw_result_t prim_recv_reduce_copy_send(struct prims *p, const void *src, 
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
   GW_CHECK(gw__wait_slot(p, &p->ring->send, n * p->es, &slot));
   if (n && p->fold) {
-    gw__fold_reduce(p->red, wire_of(p), slot, dst, data, src, n, div, p->fscale, false);
+    gw__fold_reduce(op_of(p), wire_of(p), slot, dst, data, src, n, div, p->fscale, false);
   } else if (n && p->stream_out && dst != src) {
     /* reduce once into the slot (it stays in cache), then stream it out */
     p->red(slot, NULL, data, src, n, div);
@@ -94,7 +95,7 @@ static gw_result_t prim_recv_reduce_copy(struct prims *p, const void *src, void 
   if (p->dev) return gw__dprim_recv_reduce_copy(p, src, dst, n, div, local_first);
   const void *data;
   GW_CHECK(gw__wait_recv(p, &p->ring->recv, &data, n * p->es));
-  if (n && p->fold) gw__fold_reduce(p->red, wire_of(p), NULL, dst, data, src, n, div, p->fscale, local_first);
+  if (n && p->fold) gw__fold_reduce(op_of(p), wire_of(p), NULL, dst, data, src, n, div, p->fscale, local_first);
   else if (n && local_first) p->red(dst, NULL, src, data, n, div);
   else if (n) p->red(dst, NULL, data, src, n, div);
   return gw__release(p, &p->ring->recv);

@@ -301,9 +301,10 @@ END_TEST
  * arrays: the local values times the scale rounded to the wire, the wire's
  * kernel, the result widened; every combination of scale, division, the
  * local values first, either output left out, in place (the widened result
- * over the local values); SUM with NaNs on one side, MAX with NaNs of other
- * payloads and signs on both (which operand comes first shows); lengths
- * around its piece size; nothing written past n or to a left-out output.
+ * over the local values); every op, SUM and PROD with NaNs on one side,
+ * MAX and MIN with NaNs of other payloads and signs on both (which operand
+ * comes first shows); lengths around the three passes' piece size and the
+ * one pass's eight lanes; nothing written past n or to a left-out output.
  * In a child per table (the table is chosen once per process); "ok" or the
  * first difference. */
 static void fold_check(void *out, size_t cap) {
@@ -314,24 +315,27 @@ static void fold_check(void *out, size_t cap) {
   snprintf(out, cap, "ok");
   for (int bf = 0; bf < 2; bf++) {
     const gw_dtype_t dt = bf ? GW_BFLOAT16 : GW_FLOAT16;
-    for (int max = 0; max < 2; max++) {
-      const gw_reduce_fn red = gw__reduce_fn(dt, max ? GW_MAX : GW_SUM);
+    for (int o = 0; o < 4; o++) {
+      static const gw_op_t ops[] = {GW_SUM, GW_PROD, GW_MAX, GW_MIN};
+      const int max = o >= 2; /* max or min: NaNs on both sides */
+      const gw_reduce_fn red = gw__reduce_fn(dt, ops[o]);
       for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
         for (int variant = 0; variant < 64; variant++) {
           const size_t n = lens[li];
           const float scale = variant & 1 ? 1.0f / 3.0f : 1.0f;
           const int local_first = variant >> 1 & 1, no_slot = variant >> 2 & 1, in_place = variant >> 3 & 1;
           const int no_wide = variant >> 4 & 1;
-          const uint32_t div = (variant >> 5 & 1) && !max ? 3 : 0;
+          const uint32_t div = (variant >> 5 & 1) && ops[o] == GW_SUM ? 3 : 0;
           if (in_place && no_wide) continue;
           for (size_t i = 0; i < n; i++) {
             local[i] = (float)(((double)(mix64(i + 77 * li) >> 11) * 0x1p-53) * 8 - 4);
             float r = (float)(((double)(mix64(i + 5 + 1000 * li) >> 11) * 0x1p-53) * 8 - 4);
-            if (i % 5 == 0) { /* a NaN here: quiet, its own payload */
-              const uint32_t bits = 0x7fc12345u;
+            const bool local_nan = i % 5 == 0 || i % 7 == 3;
+            if (local_nan) { /* a NaN here: quiet with its own payload, or signaling and negative */
+              const uint32_t bits = i % 5 == 0 ? 0x7fc12345u : 0xff800001u;
               memcpy(&local[i], &bits, 4);
             }
-            if (i % 3 == 0 && (max || i % 5)) { /* and there: negative, another payload (SUM: one side only) */
+            if (i % 3 == 0 && (max || !local_nan)) { /* and there: negative, another payload (SUM: one side only) */
               const uint32_t bits = 0xffc50000u;
               memcpy(&r, &bits, 4);
             }
@@ -343,11 +347,11 @@ static void fold_check(void *out, size_t cap) {
           memset(slot, 0xee, sizeof slot), memset(wide, 0xee, sizeof wide);
           for (size_t i = n; i < N + PAD; i++) memset(&local[i], 0xee, 4);
           float *w = no_wide ? NULL : in_place ? local : wide;
-          gw__fold_reduce(red, dt, no_slot ? NULL : slot, w, recv, local, n, div, scale, local_first);
+          gw__fold_reduce(ops[o], dt, no_slot ? NULL : slot, w, recv, local, n, div, scale, local_first);
           for (size_t i = 0; i < n; i++)
             if ((!no_slot && slot[i] != want[i]) || (w && memcmp(&w[i], &want_wide[i], 4))) {
               snprintf(out, cap, "%s %s %s n %zu variant %d element %zu: slot 0x%04x wide %a, want 0x%04x %a",
-                       gw__reduce_simd_name(), gw_dtype_name(dt), max ? "max" : "sum", n, variant, i, slot[i],
+                       gw__reduce_simd_name(), gw_dtype_name(dt), gw_op_name(ops[o]), n, variant, i, slot[i],
                        w ? (double)w[i] : 0.0, want[i], (double)want_wide[i]);
               return;
             }
