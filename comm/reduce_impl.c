@@ -221,16 +221,21 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
  * the order asked, the division, one rounding; the result to the slot and/or
  * widened to the float32 output.  The same operations in the same order as
  * the three passes it replaces (the rounding, the wire dtype's kernel, the
- * widening), so the same bits.  float16 in eight lanes with F16C; bfloat16
+ * widening), so the same bits, but for one thing: SUM and PROD give a NaN
+ * first operand as the result (of two NaNs the three passes gave the first
+ * one's only as the compiler ordered the instruction's operands, and in the
+ * loops specialized here it ordered them alike for both orders: the
+ * two-rank exchange's ranks, one with its own values first, the other with
+ * the received ones, ended with NaNs of other signs or payloads;
+ * test_fold_exchange_agrees).  float16 in eight lanes with F16C; bfloat16
  * rounded inside each float's 32 bits (no packing to 16 bits and back but
  * into the slot), a plain loop per combination of the flags that the
  * compiler vectorizes.  Nanoseconds per element, 16 K elements in L1 (to the
  * slot / to the slot and the output with a division), the three passes ->
- * this: AVX-512 bf16 0.16 / 0.22 -> 0.11 / 0.15, fp16 0.16 / 0.25 -> 0.13 /
- * 0.21; AVX2 bf16 0.31 / 0.40 -> 0.27 / 0.35, fp16 0.19 / 0.27 -> 0.15 /
- * 0.24 (float32's own sum 0.07 / 0.10); at 256 K elements AVX-512 bf16 0.18
- * -> 0.12 ns, below float32's 0.14 (half the bytes read). */
-#define DEF_FOLD_VEC(NAME, WIDEN8, ROUND8, ROUND8_ANY_NAN, TOF, FROMF, OP, VOP)      \
+ * this, in one sitting: AVX-512 bf16 0.17 / 0.24 -> 0.13 / 0.17, fp16 0.19 /
+ * 0.27 -> 0.16 / 0.23; AVX2 bf16 0.33 / 0.42 -> 0.31 / 0.38, fp16 0.21 /
+ * 0.32 -> 0.17 / 0.25 (float32's own sum 0.07 / 0.10). */
+#define DEF_FOLD_VEC(NAME, WIDEN8, ROUND8, ROUND8_ANY_NAN, TOF, FROMF, OP, VOP, NAN_FIRST) \
   static void NAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n, \
                    uint32_t div, float scale, int local_first) {                      \
     const float dv = div > 1 ? (float)div : 1.0f;                                    \
@@ -243,6 +248,7 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
       const __m256 mine = WIDEN8(ROUND8_ANY_NAN(l));                                 \
       const __m256 theirs = WIDEN8(_mm_loadu_si128((const __m128i *)(recv + i)));   \
       __m256 r = local_first ? VOP(mine, theirs) : VOP(theirs, mine);                \
+      if (NAN_FIRST) r = nan_first8(r, local_first ? mine : theirs);                 \
       if (div > 1) r = _mm256_div_ps(r, vdv);                                        \
       const __m128i h = ROUND8(r);                                                   \
       if (slot) _mm_storeu_si128((__m128i *)(slot + i), h);                          \
@@ -251,7 +257,8 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
     for (; i < n; i++) {                                                             \
       const float mine = TOF(FROMF(scaled ? local[i] * scale : local[i]));           \
       const float theirs = TOF(recv[i]);                                             \
-      const float v = local_first ? OP(mine, theirs) : OP(theirs, mine);             \
+      const float first = local_first ? mine : theirs;                               \
+      const float v = first != first ? first : local_first ? OP(mine, theirs) : OP(theirs, mine); \
       const uint16_t h = FROMF(div > 1 ? v / dv : v);                                \
       if (slot) slot[i] = h;                                                         \
       if (wide) wide[i] = TOF(h);                                                    \
@@ -261,10 +268,15 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
  * the op passes on a NaN of its sign, which the result's rounding makes
  * those bits. */
 static inline __m128i f16_round8_any_nan(__m256 r) { return _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT); }
-DEF_FOLD_VEC(fold_f16_sum, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_sum, _mm256_add_ps)
-DEF_FOLD_VEC(fold_f16_prod, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_prod, _mm256_mul_ps)
-DEF_FOLD_VEC(fold_f16_max, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_max, vmax)
-DEF_FOLD_VEC(fold_f16_min, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_min, vmin)
+/* SUM and PROD: the first operand where it is a NaN (max and min say so
+ * themselves). */
+static inline __m256 nan_first8(__m256 r, __m256 first) {
+  return _mm256_blendv_ps(r, first, _mm256_cmp_ps(first, first, _CMP_UNORD_Q));
+}
+DEF_FOLD_VEC(fold_f16_sum, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_sum, _mm256_add_ps, 1)
+DEF_FOLD_VEC(fold_f16_prod, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_prod, _mm256_mul_ps, 1)
+DEF_FOLD_VEC(fold_f16_max, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_max, vmax, 0)
+DEF_FOLD_VEC(fold_f16_min, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_min, vmin, 0)
 
 /* bfloat16 rounded in place: cvt_bf2f(cvt_f2bf(f)) without leaving the
  * float's 32 bits (a NaN quieted as cvt_f2bf quiets it). */
@@ -281,7 +293,11 @@ static inline __attribute__((always_inline)) void fold_bf16_loop(
   for (size_t i = 0; i < n; i++) {
     const float l = local[i];
     const float mine = bf_keep(scale != 1.0f ? l * scale : l), theirs = cvt_bf2f(recv[i]);
-    const float p = lf ? mine : theirs, q = lf ? theirs : mine;
+    const float p = lf ? mine : theirs;
+    float q = lf ? theirs : mine;
+    /* SUM and PROD of a NaN p: p with itself, p's NaN whichever operand the
+     * instruction takes first (a select of the result kept AVX2 from vectorizing) */
+    if (op == GW_KOP_SUM || op == GW_KOP_PROD) q = cvt_u2f((cvt_f2u(p) & 0x7fffffffu) > 0x7f800000u ? cvt_f2u(p) : cvt_f2u(q));
     float v = op == GW_KOP_SUM ? p + q : op == GW_KOP_PROD ? p * q : op == GW_KOP_MAX ? op_max(p, q) : op_min(p, q);
     if (div) v = v / dv;
     const float r = bf_keep(v);

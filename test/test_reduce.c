@@ -381,6 +381,57 @@ START_TEST(test_fold_reduce) {
 }
 END_TEST
 
+/* The two-rank exchange on a 16-bit wire: both ranks reduce the same pair,
+ * rank 0 with its own values first (local_first), rank 1 with the received
+ * ones first, and must end with the same bits, NaNs included: SUM and PROD
+ * where both operands are NaNs of other payloads and signs (a NaN's sign
+ * survives float16's rounding, its payload bfloat16's) gave the first
+ * operand's only as the compiler happened to order the instruction's
+ * operands in each specialized loop.  Every pair of the CPU's one-pass
+ * kernels (the ranks may run other tables: another machine). */
+START_TEST(test_fold_exchange_agrees) {
+  enum { N = 1003 };
+  static float a[N], b[N], wide0[N], wide1[N];
+  static uint16_t a16[N], b16[N], slot0[N], slot1[N];
+#ifdef GW_HAVE_X86_SIMD
+  const gw_fold_table_t *tabs[2] = {gw__reduce_table_named("avx2") ? &gw__fold_table_avx2 : NULL,
+                                    gw__reduce_table_named("avx512") ? &gw__fold_table_avx512 : NULL};
+  static const char *names[2] = {"avx2", "avx512"};
+#else
+  const gw_fold_table_t *tabs[2] = {NULL, NULL};
+  static const char *names[2] = {"", ""};
+#endif
+  int pairs = 0;
+  for (int bf = 0; bf < 2; bf++)
+    for (int kop = GW_KOP_SUM; kop <= GW_KOP_PROD; kop++) {
+      const gw_dtype_t dt = bf ? GW_BFLOAT16 : GW_FLOAT16;
+      for (size_t i = 0; i < N; i++) {
+        a[i] = (float)(((double)(mix64(i + 11) >> 11) * 0x1p-53) * 8 - 4);
+        b[i] = (float)(((double)(mix64(i + 12345) >> 11) * 0x1p-53) * 8 - 4);
+        const uint32_t na = 0x7fc12345u, nb = 0xffe54321u; /* quiet, other payloads and signs */
+        if (i % 3 == 0) memcpy(&a[i], &na, 4);
+        if (i % 2 == 0) memcpy(&b[i], &nb, 4);
+      }
+      gw__cvt_from_f32(dt, a16, a, N);
+      gw__cvt_from_f32(dt, b16, b, N);
+      for (int t0 = 0; t0 < 2; t0++)
+        for (int t1 = 0; t1 < 2; t1++) {
+          if (!tabs[t0] || !tabs[t1]) continue;
+          for (int div = 0; div <= 2; div += 2) {
+            (*tabs[t0])[bf][kop](slot0, wide0, b16, a, N, kop == GW_KOP_SUM ? (uint32_t)div : 0, 1.0f, 1);
+            (*tabs[t1])[bf][kop](slot1, wide1, a16, b, N, kop == GW_KOP_SUM ? (uint32_t)div : 0, 1.0f, 0);
+            for (size_t i = 0; i < N; i++)
+              ck_assert_msg(slot0[i] == slot1[i] && !memcmp(&wide0[i], &wide1[i], 4),
+                            "%s %s: rank 0 on %s 0x%04x, rank 1 on %s 0x%04x at element %zu", gw_dtype_name(dt),
+                            kop == GW_KOP_SUM ? "sum" : "prod", names[t0], slot0[i], names[t1], slot1[i], i);
+            pairs++;
+          }
+        }
+    }
+  if (!pairs) printf("test_fold_exchange_agrees: no one-pass kernels on this CPU or build\n");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("reduce");
   TCase *tc = tcase_create("kernels");
@@ -393,6 +444,7 @@ int main(void) {
   tcase_add_test(tc, test_array_conversions);
   tcase_add_test(tc, test_bf16_conversions);
   tcase_add_test(tc, test_fold_reduce);
+  tcase_add_test(tc, test_fold_exchange_agrees);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
