@@ -435,6 +435,45 @@ START_TEST(test_nodes_wait_verdict_idle)
 }
 END_TEST
 
+/* Node 1's kill grace is far shorter than node 0's: it sends READY at once
+ * and, counting its own grace, would give up on the verdict after 5 s (3 x
+ * 0.5 s + the test's 1 s in place of 30, doubled) while node 0's rank 0
+ * takes 8 s over its SIGTERM (within node 0's 15 s grace).  Node 0's WAIT,
+ * its answer to the READY, gives node 1 the longest grace: both nodes start
+ * attempt 1 together and succeed.  Before, node 1 said "no word from node
+ * 0" and ended, and node 0's restart failed for want of it. */
+START_TEST(test_nodes_verdict_waits_longest_grace)
+{
+    for (int attempt = 1;; attempt++) {
+        int port = gwrun_free_port_pair();
+        const char *env0[] = {"GW_JOB_TOKEN=mn-graces", "GW_RUN_KILL_GRACE=15", "GW_RUN_TEST_VERDICT_SLACK_MS=1000", NULL};
+        const char *env1[] = {"GW_JOB_TOKEN=mn-graces", "GW_RUN_KILL_GRACE=0.5", "GW_RUN_TEST_VERDICT_SLACK_MS=1000",
+                              NULL};
+        const char *script = "[ \"$GW_RANK\" = 0 ] && [ \"$GW_RESTART_COUNT\" = 0 ] && "
+                             "trap 'echo lingered; sleep 8; exit 0' TERM; "
+                             "echo \"attempt $GW_RESTART_COUNT\"; [ \"$GW_RESTART_COUNT\" = 1 ] && exit 0; "
+                             "if [ \"$GW_RANK\" = 2 ]; then sleep 1; exit 6; fi; "
+                             "sleep 30 & wait";
+        struct run r[2];
+        nodes_start(r, port, env0, env1, "1", NULL, script);
+        gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
+        const bool lingered = strstr(r[0].out, "lingered") != NULL;
+        if (lingered) {
+            for (int i = 0; i < 2; i++)
+                ck_assert_msg(r[i].code == 0 && strstr(r[i].err, "restart 1 of 1") && strstr(r[i].out, "attempt 1") &&
+                                  !strstr(r[i].err, "no word from node 0"),
+                              "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
+        } else {
+            /* rank 0's SIGTERM came before its shell set the trap: proves nothing */
+            ck_assert_msg(attempt < 3, "node 0's rank 0 never caught the SIGTERM in 3 runs (stdout:\n%s)", r[0].out);
+        }
+        gwrun_nodes_free(r, 2);
+        if (lingered)
+            break;
+    }
+}
+END_TEST
+
 /* The nodes must agree on --max-restarts, as on -n and --nnodes. */
 START_TEST(test_nodes_restarts_must_agree)
 {
@@ -469,6 +508,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_nodes_no_restart_after_signal);
     tcase_add_test(tc, test_nodes_restarts_must_agree);
     tcase_add_test(tc, test_nodes_wait_verdict_idle);
+    tcase_add_test(tc, test_nodes_verdict_waits_longest_grace);
     tcase_add_test(tc, test_nodes_signal_between);
     tcase_add_test(tc, test_nodes_launch_failure_restarts);
     suite_add_tcase(s, tc);

@@ -527,9 +527,9 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   CHALLENGE 0 -> node uT    magic "GWL6", node 0's nonce (16 bytes): the
+ *   CHALLENGE 0 -> node uT    magic "GWL7", node 0's nonce (16 bytes): the
  *                              first frame on a connection node 0 accepted
- *   HELLO   node -> 0  uuuuuuTs magic "GWL6", node (0xffffffff: none given,
+ *   HELLO   node -> 0  uuuuuuTs magic "GWL7", node (0xffffffff: none given,
  *                              number it by arrival), nnodes, nproc, max
  *                              restarts, its kill grace in milliseconds
  *                              (GW_RUN_KILL_GRACE), the node's nonce (16
@@ -553,6 +553,9 @@ void gw__run_abandon_output(void)
  *   DONE    node -> 0  u       node: every rank there exited 0
  *   READY   node -> 0  ub      node, whether it can start again: its ranks of a
  *                              failed attempt are gone (--max-restarts only)
+ *   WAIT    0 -> node  u       the longest kill grace of any node, in
+ *                              milliseconds (a day at most), in answer to its
+ *                              READY: how long the verdict may take
  *   RESTART 0 -> node  u       the attempt every node starts now; 0: none
  *   PASS    both ways  uus     node, signal, host: SIGUSR1/SIGUSR2 reached it, for
  *                              every rank (the job goes on)
@@ -567,7 +570,7 @@ static const char *const layout[] = {
     [F_HELLO] = "uuuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubusb",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
     [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
-    [F_CAUSE] = "uuuuus",
+    [F_CAUSE] = "uuuuus", [F_WAIT] = "u",
 };
 
 static void put_u32(unsigned char *p, uint32_t v)
@@ -615,7 +618,7 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     size_t pos = 1, nv = 0;
     m->type = p[0];
     m->s[0] = '\0';
-    if (m->type < F_HELLO || m->type > F_CAUSE)
+    if (m->type < F_HELLO || m->type > F_WAIT)
         return false;
     if (m->type == F_HELLO && n >= 5 && get_u32(p + 1) != GW_RUN_HELLO_MAGIC) {
         memset(m->v, 0, sizeof m->v); /* another version's layout: its magic alone, refused by name */

@@ -35,12 +35,12 @@ static void proof(const char *what, const unsigned char first[GW_RUN_NONCE],
     gw__hmac_sha256(net.cfg.token, strlen(net.cfg.token), parts, lens, 5, out);
 }
 
-/* A kill grace in whole milliseconds for the hello (a day at most: past
- * it, node 0 would wait as long as the node for nothing it could not see
- * sooner in the node's closed connection). */
-static uint32_t grace_ms(double s)
+/* A kill grace in whole milliseconds for the hello and WAIT (a day at
+ * most: past it, node 0 would wait as long as the node for nothing it could
+ * not see sooner in the node's closed connection). */
+uint32_t gw__run_grace_ms(double s)
 {
-    return s >= 86400.0 ? 86400000u : (uint32_t)(s * 1000.0);
+    return s >= 86400.0 ? GW_RUN_MAX_GRACE_MS : (uint32_t)(s * 1000.0);
 }
 
 /* Whether the hello proves the token (the comparison in constant time, so a
@@ -149,7 +149,7 @@ bool gw__run_net_hello0(struct conn *c, const struct msg *h)
     /* how long node 0 waits for the launchers to end (gw-run-net-end.c) and
      * for their READY (gw-run-restart.c); a day at most, as GW_RUN_KILL_GRACE */
     if (h->v[5] > net.others_grace_ms)
-        net.others_grace_ms = h->v[5] < 86400000u ? h->v[5] : 86400000u;
+        net.others_grace_ms = h->v[5] < GW_RUN_MAX_GRACE_MS ? h->v[5] : GW_RUN_MAX_GRACE_MS;
     unsigned char mine[GW_RUN_PROOF];
     proof("welcome", c->peer_nonce, c->nonce, &node, 1, mine);
     gw__run_net_answer(c, F_WELCOME, node, net.myhost, mine, sizeof mine);
@@ -183,7 +183,7 @@ bool gw__run_net_up_hello(struct conn *c, const struct msg *ch)
     unsigned char tok[GW_RUN_NONCE + GW_RUN_PROOF];
     struct msg h = {.type = F_HELLO,
                     .v = {GW_RUN_HELLO_MAGIC, (uint32_t)net.cfg.node, (uint32_t)net.cfg.nnodes,
-                          (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts, grace_ms(gw__run.kill_grace_s)},
+                          (uint32_t)net.cfg.nproc, (uint32_t)net.cfg.max_restarts, gw__run_grace_ms(gw__run.kill_grace_s)},
                     .tok = tok, .toklen = sizeof tok};
     memcpy(tok, c->nonce, GW_RUN_NONCE);
     proof("hello", c->peer_nonce, c->nonce, h.v, 6, tok + GW_RUN_NONCE);

@@ -85,6 +85,8 @@ static bool sane(const struct msg *m)
         return m->v[0] >= 1;
     case F_CAUSE:
         return m->v[0] < nn * (uint32_t)net.cfg.nproc && m->v[1] < nn && m->v[4] < 1000000u;
+    case F_WAIT:
+        return m->v[0] <= GW_RUN_MAX_GRACE_MS;
     default:
         return true;
     }
@@ -213,6 +215,7 @@ static bool frame0(struct conn *c, const struct msg *m)
         if (net.state[n] == N_JOINED || net.state[n] == N_ENDED || net.state[n] == N_DONE)
             net.state[n] = m->v[1] ? N_READY : N_ENDED;
         net.no_restart = net.no_restart || !m->v[1];
+        gw__run_net_tell_wait(c);
         return true;
     }
     if (m->type == F_PASS) {
@@ -453,6 +456,10 @@ static bool frame_up(struct conn *c, const struct msg *m)
         if (m->type == F_RESTART && net.cfg.max_restarts > 0) {
             net.verdict_known = true;
             net.restart_to = (long)m->v[0];
+            return true;
+        }
+        if (m->type == F_WAIT && net.cfg.max_restarts > 0) {
+            gw__run_net_heard_wait(m->v[0]);
             return true;
         }
         if (m->type == F_PASS) {

@@ -33,7 +33,9 @@ struct run_net {
     char myhost[256]; /* this machine's hostname */
     int64_t join_deadline_ms, flush_ms, linger_ms;
     int64_t others_end_ms; /* node 0, the job failed: how long it waits for the other launchers to end */
-    uint32_t others_grace_ms; /* node 0: the longest kill grace of a node that joined (its hello) */
+    /* node 0: the longest kill grace of a node that joined (its hello); the
+     * others: the longest of any node, as node 0's WAIT said (0: none yet) */
+    uint32_t others_grace_ms;
     struct conn **pmap;  /* the connection behind each polled descriptor; NULL: listener */
     struct conn **conns; /* [nconns]: node 0's pending and joined ones, or up */
     int nconns;
@@ -63,6 +65,7 @@ struct run_net {
     bool no_restart, ready_sent, verdict_known;
     long restart_to;           /* the attempt to start next; 0: none */
     int64_t verdict_deadline_ms; /* node 0: READYs due; the others: the verdict due */
+    int64_t ready_ms;            /* the others: when this node sent its READY */
 };
 
 /* The one instance (gw-run-net.c), called `net` in both files. */
@@ -79,6 +82,13 @@ void gw__run_net_report(struct msg *m);
 /* gw-run-restart.c, for gw__run_net_finish: false while still waiting. */
 bool gw__run_net_decide_restart(int64_t now);
 bool gw__run_net_await_verdict(int64_t now);
+/* Node 0, a node's READY in: tells it the longest kill grace (WAIT).  A
+ * node, node 0's WAIT in: waits for the verdict by that grace. */
+void gw__run_net_tell_wait(struct conn *c);
+void gw__run_net_heard_wait(uint32_t grace_ms);
+/* A kill grace in whole milliseconds, at most GW_RUN_MAX_GRACE_MS. */
+enum { GW_RUN_MAX_GRACE_MS = 86400000 };
+uint32_t gw__run_grace_ms(double s);
 
 /* gw-run-net.c's pieces the handshake (gw-run-net-hello.c) uses: a frame
  * handler's complaint (false), node 0's WELCOME or REFUSE (which closes the

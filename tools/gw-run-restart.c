@@ -57,14 +57,35 @@ void gw__run_say_no_restart(const char *why, long max_restarts)
 
 /* How long node 0 waits for every node's READY, and a node for the verdict:
  * their teardowns take up to the grace, SIGKILL and the give-up after it.
- * Node 0 counts the longest grace of any node (their hellos say it); the
- * others know only their own (node 0 may then wait longer for a third node
- * than they wait for it: docs/architecture.md). */
+ * Every node counts the longest grace of any node: node 0 from the hellos,
+ * the others from node 0's WAIT, its answer to their READY (before, they
+ * counted their own: one with a far shorter grace than another's gave up
+ * on the verdict while node 0 still waited for that other node, and ended
+ * while the rest of the job started again).  GW_RUN_TEST_VERDICT_SLACK_MS
+ * (tests) replaces the 30 s added. */
 static int64_t verdict_wait_ms(void)
 {
     const int64_t own = (int64_t)(gw__run.kill_grace_s * 1000.0);
-    const int64_t grace = net.cfg.node == 0 && (int64_t)net.others_grace_ms > own ? net.others_grace_ms : own;
-    return 3 * grace + 30000;
+    const int64_t grace = (int64_t)net.others_grace_ms > own ? net.others_grace_ms : own;
+    const char *hook = getenv("GW_RUN_TEST_VERDICT_SLACK_MS");
+    return 3 * grace + (hook && *hook ? atol(hook) : 30000);
+}
+
+void gw__run_net_tell_wait(struct conn *c)
+{
+    const uint32_t own = gw__run_grace_ms(gw__run.kill_grace_s);
+    struct msg m = {.type = F_WAIT, .v = {net.others_grace_ms > own ? net.others_grace_ms : own}};
+    struct frame f;
+    gw__run_pack(&f, &m);
+    gw__run_conn_send(c, &f);
+}
+
+void gw__run_net_heard_wait(uint32_t grace_ms)
+{
+    if (grace_ms > net.others_grace_ms)
+        net.others_grace_ms = grace_ms;
+    if (net.ready_sent && !net.verdict_known)
+        net.verdict_deadline_ms = net.ready_ms + 2 * verdict_wait_ms();
 }
 
 /* Node 0, its ranks gone after a failure, with --max-restarts: waits for every
@@ -110,6 +131,7 @@ bool gw__run_net_await_verdict(int64_t now)
         struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, gw__run_restart_refusal() == NULL}};
         gw__run_net_report(&m);
         net.ready_sent = true;
+        net.ready_ms = now;
         net.verdict_deadline_ms = now + 2 * verdict_wait_ms();
     }
     if (net.verdict_known) {

@@ -87,16 +87,16 @@ enum {
  * --max-restarts; '3': the token proven by challenge and response, never
  * sent; '4': the welcome gives the node its number, nodes numbered by
  * arrival; '5': CAUSE frames and the FAIL frame's record kind, where a
- * failure began; '6': the hello's kill grace).  Another version is refused
- * by name. */
-#define GW_RUN_HELLO_MAGIC 0x47574c36u
+ * failure began; '6': the hello's kill grace; '7': node 0 answers a READY
+ * with the longest kill grace, WAIT).  Another version is refused by name. */
+#define GW_RUN_HELLO_MAGIC 0x47574c37u
 /* net_config.node of a node started without --node-rank, and the number its
  * hello gives then. */
 enum { GW_RUN_NODE_AUTO = -1 };
 #define GW_RUN_NODE_ANY 0xffffffffu
 enum {
     F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART, F_PASS,
-    F_CHALLENGE, F_CAUSE
+    F_CHALLENGE, F_CAUSE, F_WAIT
 };
 /* The challenge's nonce and the proofs (HMAC-SHA256 under the job token). */
 enum { GW_RUN_NONCE = 16, GW_RUN_PROOF = 32 };
