@@ -129,24 +129,19 @@ void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n) {
   gw__cvt_from16_generic(bf, dst, src, n);
 }
 
+/* The one-pass kernels built with the reduction table t (NULL: none). */
+static const gw_fold_table_t *fold_of(const gw_reduce_table_t *t) {
+#ifdef GW_HAVE_X86_SIMD
+  if (t == &gw__reduce_table_avx512) return &gw__fold_table_avx512;
+  if (t == &gw__reduce_table_avx2) return &gw__fold_table_avx2;
+#endif
+  return t ? &gw__fold_table_generic : NULL;
+}
+
+const gw_fold_table_t *gw__fold_table_named(const char *name) { return fold_of(gw__reduce_table_named(name)); }
+
 void gw__fold_reduce(gw_op_t op, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
                      size_t n, uint32_t div, float scale, int local_first) {
-  const int kop = op == GW_AVG ? GW_KOP_SUM : (int)op;
-#ifdef GW_HAVE_X86_SIMD
-  const gw_reduce_table_t *t = gw__reduce_table();
-  const gw_fold_table_t *f = t == &gw__reduce_table_avx512 ? &gw__fold_table_avx512
-                             : t == &gw__reduce_table_avx2 ? &gw__fold_table_avx2
-                                                           : NULL;
-  if (f) return (*f)[wire == GW_BFLOAT16][kop](slot, wide, recv, local, n, div, scale, local_first);
-#endif
-  const gw_reduce_fn red = gw__reduce_fn(wire, (gw_op_t)kop);
-  enum { PIECE = 2048 };
-  uint16_t mine[PIECE]; /* this rank's operand, then the result */
-  for (size_t at = 0; at < n; at += PIECE) {
-    const size_t k = n - at < PIECE ? n - at : PIECE;
-    const uint16_t *theirs = (const uint16_t *)recv + at;
-    gw__cvt_from_f32_scaled(wire, mine, local + at, k, scale);
-    red(mine, slot ? (uint16_t *)slot + at : NULL, local_first ? mine : theirs, local_first ? theirs : mine, k, div);
-    if (wide) gw__cvt_to_f32(wire, wide + at, mine, k);
-  }
+  const gw_fold_table_t *f = fold_of(gw__reduce_table());
+  (*f)[wire == GW_BFLOAT16][op == GW_AVG ? GW_KOP_SUM : (int)op](slot, wide, recv, local, n, div, scale, local_first);
 }

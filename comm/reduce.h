@@ -37,15 +37,19 @@ GW_DECL_CVT(avx2)
 GW_DECL_CVT(avx512)
 #endif
 
-/* A widened operation's reduction step in one pass (gw__fold_reduce below,
- * the wire dtype's kernel for one op), per build that has one: [bf16][op]. */
+/* A widened operation's reduction step in one pass (gw__fold_reduce below),
+ * per instruction-set build: [bf16][op]. */
 typedef void (*gw_fold_fn)(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n,
                            uint32_t div, float scale, int local_first);
 typedef gw_fold_fn gw_fold_table_t[2][GW_NUM_KOPS];
+extern const gw_fold_table_t gw__fold_table_generic;
 #ifdef GW_HAVE_X86_SIMD
 extern const gw_fold_table_t gw__fold_table_avx2;
 extern const gw_fold_table_t gw__fold_table_avx512;
 #endif
+/* The one-pass kernels of the table named as gw__reduce_table_named names
+ * them (NULL where that one is), for tests. */
+const gw_fold_table_t *gw__fold_table_named(const char *name);
 
 /* The table for this CPU (GW_SIMD=generic|avx2|avx512 forces a lower one). */
 const gw_reduce_table_t *gw__reduce_table(void);
@@ -74,9 +78,9 @@ void gw__cvt_to_f32(gw_dtype_t from, float *dst, const void *src, size_t n);
  * scale)), or red(round(local * scale), recv) when local_first, rounded as
  * red rounds, where red is the wire dtype's kernel of op (GW_AVG: GW_SUM);
  * out goes to slot (NULL: nowhere) and, widened, to wide (NULL: nowhere; may
- * be local itself, element for element).  One pass where the CPU's table
- * has F16C (gw_fold_table_t), else the three in pieces that stay in L1;
- * the same bits either way. */
+ * be local itself, element for element).  One pass (gw_fold_table_t of the
+ * CPU's table), the bits of those three passes but where SUM or PROD meet
+ * two NaNs: the first operand's, whichever table runs it (reduce_impl.c). */
 void gw__fold_reduce(gw_op_t op, gw_dtype_t wire, void *slot, float *wide, const void *recv, const float *local,
                      size_t n, uint32_t div, float scale, int local_first);
 

@@ -214,6 +214,17 @@ DEF_H16_SCALAR(bf16_max, cvt_bf2f, cvt_f2bf, op_max)
 DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
 #endif
 
+#else
+DEF_H16_SCALAR(f16_sum, cvt_h2f, cvt_f2h, op_sum)
+DEF_H16_SCALAR(f16_prod, cvt_h2f, cvt_f2h, op_prod)
+DEF_H16_SCALAR(f16_max, cvt_h2f, cvt_f2h, op_max)
+DEF_H16_SCALAR(f16_min, cvt_h2f, cvt_f2h, op_min)
+DEF_H16_SCALAR(bf16_sum, cvt_bf2f, cvt_f2bf, op_sum)
+DEF_H16_SCALAR(bf16_prod, cvt_bf2f, cvt_f2bf, op_prod)
+DEF_H16_SCALAR(bf16_max, cvt_bf2f, cvt_f2bf, op_max)
+DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
+#endif
+
 /* A widened operation's reduction step (reduce.h, gw__fold_reduce) in one
  * pass: the local float32 values times the scale (not applied when it is 1,
  * as the rounding pass did not), rounded to the wire and widened again (the
@@ -227,14 +238,17 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
  * loops specialized here it ordered them alike for both orders: the
  * two-rank exchange's ranks, one with its own values first, the other with
  * the received ones, ended with NaNs of other signs or payloads;
- * test_fold_exchange_agrees).  float16 in eight lanes with F16C; bfloat16
- * rounded inside each float's 32 bits (no packing to 16 bits and back but
- * into the slot), a plain loop per combination of the flags that the
- * compiler vectorizes.  Nanoseconds per element, 16 K elements in L1 (to the
+ * test_fold_exchange_agrees; every table follows the rule, the generic
+ * one too, so ranks on machines of other instruction sets agree).  float16
+ * in eight lanes with F16C (the generic build: the scalar conversions);
+ * bfloat16 rounded inside each float's 32 bits (no packing to 16 bits and
+ * back but into the slot), a plain loop per combination of the flags that
+ * the compiler vectorizes, in every build.  Nanoseconds per element, 16 K elements in L1 (to the
  * slot / to the slot and the output with a division), the three passes ->
  * this, in one sitting: AVX-512 bf16 0.17 / 0.24 -> 0.13 / 0.17, fp16 0.19 /
  * 0.27 -> 0.16 / 0.23; AVX2 bf16 0.33 / 0.42 -> 0.31 / 0.38, fp16 0.21 /
  * 0.32 -> 0.17 / 0.25 (float32's own sum 0.07 / 0.10). */
+#if defined(__F16C__) && defined(__AVX2__)
 #define DEF_FOLD_VEC(NAME, WIDEN8, ROUND8, ROUND8_ANY_NAN, TOF, FROMF, OP, VOP, NAN_FIRST) \
   static void NAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n, \
                    uint32_t div, float scale, int local_first) {                      \
@@ -277,6 +291,29 @@ DEF_FOLD_VEC(fold_f16_sum, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, 
 DEF_FOLD_VEC(fold_f16_prod, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_prod, _mm256_mul_ps, 1)
 DEF_FOLD_VEC(fold_f16_max, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_max, vmax, 0)
 DEF_FOLD_VEC(fold_f16_min, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_min, vmin, 0)
+
+#else
+/* Without F16C: the loop of the scalar conversions (the same operations as
+ * DEF_FOLD_VEC's tail). */
+#define DEF_FOLD_SCALAR(NAME, TOF, FROMF, OP, NAN_FIRST)                               \
+  static void NAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n, \
+                   uint32_t div, float scale, int local_first) {                      \
+    const float dv = div > 1 ? (float)div : 1.0f;                                    \
+    for (size_t i = 0; i < n; i++) {                                                 \
+      const float mine = TOF(FROMF(scale != 1.0f ? local[i] * scale : local[i]));     \
+      const float theirs = TOF(recv[i]);                                             \
+      const float first = local_first ? mine : theirs;                               \
+      const float v = NAN_FIRST && first != first ? first : local_first ? OP(mine, theirs) : OP(theirs, mine); \
+      const uint16_t h = FROMF(div > 1 ? v / dv : v);                                \
+      if (slot) slot[i] = h;                                                         \
+      if (wide) wide[i] = TOF(h);                                                    \
+    }                                                                                \
+  }
+DEF_FOLD_SCALAR(fold_f16_sum, cvt_h2f, cvt_f2h, op_sum, 1)
+DEF_FOLD_SCALAR(fold_f16_prod, cvt_h2f, cvt_f2h, op_prod, 1)
+DEF_FOLD_SCALAR(fold_f16_max, cvt_h2f, cvt_f2h, op_max, 0)
+DEF_FOLD_SCALAR(fold_f16_min, cvt_h2f, cvt_f2h, op_min, 0)
+#endif
 
 /* bfloat16 rounded in place: cvt_bf2f(cvt_f2bf(f)) without leaving the
  * float's 32 bits (a NaN quieted as cvt_f2bf quiets it). */
@@ -335,16 +372,6 @@ const gw_fold_table_t CAT(gw__fold_table_, GW_SIMD_SUFFIX) = {
     {fold_f16_sum, fold_f16_prod, fold_f16_max, fold_f16_min},
     {fold_bf16_sum, fold_bf16_prod, fold_bf16_max, fold_bf16_min},
 };
-#else
-DEF_H16_SCALAR(f16_sum, cvt_h2f, cvt_f2h, op_sum)
-DEF_H16_SCALAR(f16_prod, cvt_h2f, cvt_f2h, op_prod)
-DEF_H16_SCALAR(f16_max, cvt_h2f, cvt_f2h, op_max)
-DEF_H16_SCALAR(f16_min, cvt_h2f, cvt_f2h, op_min)
-DEF_H16_SCALAR(bf16_sum, cvt_bf2f, cvt_f2bf, op_sum)
-DEF_H16_SCALAR(bf16_prod, cvt_bf2f, cvt_f2bf, op_prod)
-DEF_H16_SCALAR(bf16_max, cvt_bf2f, cvt_f2bf, op_max)
-DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
-#endif
 
 #define ROW(NAME) {NAME##_sum, NAME##_prod, NAME##_max, NAME##_min}
 const gw_reduce_table_t TABLE = {

@@ -5,6 +5,7 @@
  * conversions against the compiler's _Float16 and an independent bf16 rounding;
  * the widened ring step (gw__fold_reduce) against its parts. */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -301,12 +302,24 @@ END_TEST
  * arrays: the local values times the scale rounded to the wire, the wire's
  * kernel, the result widened; every combination of scale, division, the
  * local values first, either output left out, in place (the widened result
- * over the local values); every op, SUM and PROD with NaNs on one side,
- * MAX and MIN with NaNs of other payloads and signs on both (which operand
- * comes first shows); lengths around the three passes' piece size and the
- * one pass's eight lanes; nothing written past n or to a left-out output.
+ * over the local values); every op, with NaNs of other payloads and signs
+ * on both sides (which operand comes first shows; SUM and PROD of two NaNs
+ * give the first one's, a rule the three passes do not keep), zeros,
+ * subnormals, infinities, values that overflow on rounding, signaling NaNs
+ * received; lengths around the three passes' piece size and the one
+ * pass's eight lanes; nothing written past n or to a left-out output.
  * In a child per table (the table is chosen once per process); "ok" or the
  * first difference. */
+static bool nan16(int bf, uint16_t h) { return bf ? (h & 0x7fff) > 0x7f80 : (h & 0x7fff) > 0x7c00; }
+/* Local values of the edges: zeros, a float32 subnormal, float16's
+ * subnormals, what rounds to float16's infinity or largest value, float32's
+ * largest, infinities. */
+static const float specials[] = {0.0f, -0.0f, 1e-40f, -3e-6f, 6e-8f, 65520.0f, 65519.0f, -FLT_MAX, INFINITY, -INFINITY};
+/* Received 16-bit values of the edges: zeros, subnormals, infinities, a
+ * signaling NaN, the largest finite (float16 / bfloat16). */
+static const uint16_t raw16[2][8] = {{0x0000, 0x8000, 0x0001, 0x83ff, 0x7c00, 0xfc00, 0x7c01, 0x7bff},
+                                     {0x0000, 0x8000, 0x0001, 0x807f, 0x7f80, 0xff80, 0x7f81, 0x7f7f}};
+
 static void fold_check(void *out, size_t cap) {
   enum { N = 5003, PAD = 8 };
   static float local[N + PAD], wide[N + PAD], want_wide[N];
@@ -317,7 +330,7 @@ static void fold_check(void *out, size_t cap) {
     const gw_dtype_t dt = bf ? GW_BFLOAT16 : GW_FLOAT16;
     for (int o = 0; o < 4; o++) {
       static const gw_op_t ops[] = {GW_SUM, GW_PROD, GW_MAX, GW_MIN};
-      const int max = o >= 2; /* max or min: NaNs on both sides */
+      const int max = o >= 2;
       const gw_reduce_fn red = gw__reduce_fn(dt, ops[o]);
       for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
         for (int variant = 0; variant < 64; variant++) {
@@ -330,19 +343,29 @@ static void fold_check(void *out, size_t cap) {
           for (size_t i = 0; i < n; i++) {
             local[i] = (float)(((double)(mix64(i + 77 * li) >> 11) * 0x1p-53) * 8 - 4);
             float r = (float)(((double)(mix64(i + 5 + 1000 * li) >> 11) * 0x1p-53) * 8 - 4);
-            const bool local_nan = i % 5 == 0 || i % 7 == 3;
-            if (local_nan) { /* a NaN here: quiet with its own payload, or signaling and negative */
+            if (i % 11 == 4) local[i] = specials[(i / 11) % (sizeof specials / sizeof *specials)];
+            if (i % 5 == 0 || i % 7 == 3) { /* a NaN here: quiet with its own payload, or signaling and negative */
               const uint32_t bits = i % 5 == 0 ? 0x7fc12345u : 0xff800001u;
               memcpy(&local[i], &bits, 4);
             }
-            if (i % 3 == 0 && (max || !local_nan)) { /* and there: negative, another payload (SUM: one side only) */
+            if (i % 3 == 0) { /* and there: negative, another payload */
               const uint32_t bits = 0xffc50000u;
               memcpy(&r, &bits, 4);
             }
             gw__cvt_from_f32(dt, &recv[i], &r, 1);
+            /* beside each local edge value, each received one in turn (all
+             * pairs within 880 elements), signaling NaNs no rank of ours sends too */
+            if (i % 11 == 4) recv[i] = raw16[bf][(i / 110) % 8];
           }
           gw__cvt_from_f32_scaled(dt, mine, local, n, scale);
           red(want, NULL, local_first ? mine : recv, local_first ? recv : mine, n, div);
+          /* SUM and PROD of two NaNs: the first operand's (the rule, not the
+           * three passes' chance) */
+          for (size_t i = 0; i < n && !max; i++)
+            if (nan16(bf, mine[i]) && nan16(bf, recv[i])) {
+              const uint16_t first = local_first ? mine[i] : recv[i];
+              want[i] = bf ? (uint16_t)(first | 0x40) : (uint16_t)(0x7e00 | (first & 0x8000));
+            }
           gw__cvt_to_f32(dt, want_wide, want, n);
           memset(slot, 0xee, sizeof slot), memset(wide, 0xee, sizeof wide);
           for (size_t i = n; i < N + PAD; i++) memset(&local[i], 0xee, 4);
@@ -387,48 +410,50 @@ END_TEST
  * where both operands are NaNs of other payloads and signs (a NaN's sign
  * survives float16's rounding, its payload bfloat16's) gave the first
  * operand's only as the compiler happened to order the instruction's
- * operands in each specialized loop.  Every pair of the CPU's one-pass
- * kernels (the ranks may run other tables: another machine). */
+ * operands in each specialized loop; now rank 0's (the first operand's) by
+ * rule.  Every pair of the CPU's tables, generic included (the ranks may
+ * run on machines of other instruction sets), with and without a scale. */
 START_TEST(test_fold_exchange_agrees) {
   enum { N = 1003 };
   static float a[N], b[N], wide0[N], wide1[N];
   static uint16_t a16[N], b16[N], slot0[N], slot1[N];
-#ifdef GW_HAVE_X86_SIMD
-  const gw_fold_table_t *tabs[2] = {gw__reduce_table_named("avx2") ? &gw__fold_table_avx2 : NULL,
-                                    gw__reduce_table_named("avx512") ? &gw__fold_table_avx512 : NULL};
-  static const char *names[2] = {"avx2", "avx512"};
-#else
-  const gw_fold_table_t *tabs[2] = {NULL, NULL};
-  static const char *names[2] = {"", ""};
-#endif
-  int pairs = 0;
   for (int bf = 0; bf < 2; bf++)
-    for (int kop = GW_KOP_SUM; kop <= GW_KOP_PROD; kop++) {
-      const gw_dtype_t dt = bf ? GW_BFLOAT16 : GW_FLOAT16;
-      for (size_t i = 0; i < N; i++) {
-        a[i] = (float)(((double)(mix64(i + 11) >> 11) * 0x1p-53) * 8 - 4);
-        b[i] = (float)(((double)(mix64(i + 12345) >> 11) * 0x1p-53) * 8 - 4);
-        const uint32_t na = 0x7fc12345u, nb = 0xffe54321u; /* quiet, other payloads and signs */
-        if (i % 3 == 0) memcpy(&a[i], &na, 4);
-        if (i % 2 == 0) memcpy(&b[i], &nb, 4);
-      }
-      gw__cvt_from_f32(dt, a16, a, N);
-      gw__cvt_from_f32(dt, b16, b, N);
-      for (int t0 = 0; t0 < 2; t0++)
-        for (int t1 = 0; t1 < 2; t1++) {
-          if (!tabs[t0] || !tabs[t1]) continue;
-          for (int div = 0; div <= 2; div += 2) {
-            (*tabs[t0])[bf][kop](slot0, wide0, b16, a, N, kop == GW_KOP_SUM ? (uint32_t)div : 0, 1.0f, 1);
-            (*tabs[t1])[bf][kop](slot1, wide1, a16, b, N, kop == GW_KOP_SUM ? (uint32_t)div : 0, 1.0f, 0);
-            for (size_t i = 0; i < N; i++)
-              ck_assert_msg(slot0[i] == slot1[i] && !memcmp(&wide0[i], &wide1[i], 4),
-                            "%s %s: rank 0 on %s 0x%04x, rank 1 on %s 0x%04x at element %zu", gw_dtype_name(dt),
-                            kop == GW_KOP_SUM ? "sum" : "prod", names[t0], slot0[i], names[t1], slot1[i], i);
-            pairs++;
-          }
+    for (int kop = GW_KOP_SUM; kop <= GW_KOP_PROD; kop++)
+      for (int scaled = 0; scaled < 2; scaled++) {
+        const gw_dtype_t dt = bf ? GW_BFLOAT16 : GW_FLOAT16;
+        const float scale = scaled ? 1.0f / 3.0f : 1.0f;
+        for (size_t i = 0; i < N; i++) {
+          a[i] = (float)(((double)(mix64(i + 11) >> 11) * 0x1p-53) * 8 - 4);
+          b[i] = (float)(((double)(mix64(i + 12345) >> 11) * 0x1p-53) * 8 - 4);
+          const uint32_t na = 0x7fc12345u, nb = 0xffe54321u; /* quiet, other payloads and signs */
+          if (i % 3 == 0) memcpy(&a[i], &na, 4);
+          if (i % 2 == 0) memcpy(&b[i], &nb, 4);
         }
-    }
-  if (!pairs) printf("test_fold_exchange_agrees: no one-pass kernels on this CPU or build\n");
+        /* what each rank sends the other: its values times the scale, rounded */
+        gw__cvt_from_f32_scaled(dt, a16, a, N, scale);
+        gw__cvt_from_f32_scaled(dt, b16, b, N, scale);
+        for (size_t t0 = 0; t0 < 3; t0++)
+          for (size_t t1 = 0; t1 < 3; t1++) {
+            const gw_fold_table_t *f0 = gw__fold_table_named(variants[t0]), *f1 = gw__fold_table_named(variants[t1]);
+            if (!f0 || !f1) continue;
+            for (uint32_t div = 0; div <= 2; div += 2) {
+              const uint32_t d = kop == GW_KOP_SUM ? div : 0;
+              (*f0)[bf][kop](slot0, wide0, b16, a, N, d, scale, 1);
+              (*f1)[bf][kop](slot1, wide1, a16, b, N, d, scale, 0);
+              for (size_t i = 0; i < N; i++) {
+                ck_assert_msg(slot0[i] == slot1[i] && !memcmp(&wide0[i], &wide1[i], 4),
+                              "%s %s scale %g: rank 0 on %s 0x%04x, rank 1 on %s 0x%04x at element %zu",
+                              gw_dtype_name(dt), kop == GW_KOP_SUM ? "sum" : "prod", (double)scale, variants[t0],
+                              slot0[i], variants[t1], slot1[i], i);
+                if (nan16(bf, a16[i]) && nan16(bf, b16[i])) {
+                  const uint16_t want = bf ? (uint16_t)(a16[i] | 0x40) : (uint16_t)(0x7e00 | (a16[i] & 0x8000));
+                  ck_assert_msg(slot0[i] == want, "%s: two NaNs gave 0x%04x, not rank 0's 0x%04x at element %zu",
+                                variants[t0], slot0[i], want, i);
+                }
+              }
+            }
+          }
+      }
 }
 END_TEST
 
