@@ -440,8 +440,10 @@ END_TEST
  * 0.5 s + the test's 1 s in place of 30, doubled) while node 0's rank 0
  * takes 8 s over its SIGTERM (within node 0's 15 s grace).  Node 0's WAIT,
  * its answer to the READY, gives node 1 the longest grace: both nodes start
- * attempt 1 together and succeed.  Before, node 1 said "no word from node
- * 0" and ended, and node 0's restart failed for want of it. */
+ * attempt 1 together and succeed.  Without the WAIT (node 0 not sending
+ * it, or node 1 not heeding it; the slack hook came with it), node 1 said
+ * "no word from node 0" and ended, and node 0's restart failed for want of
+ * it. */
 START_TEST(test_nodes_verdict_waits_longest_grace)
 {
     for (int attempt = 1;; attempt++) {

@@ -148,8 +148,14 @@ bool gw__run_net_hello0(struct conn *c, const struct msg *h)
     net.joined++;
     /* how long node 0 waits for the launchers to end (gw-run-net-end.c) and
      * for their READY (gw-run-restart.c); a day at most, as GW_RUN_KILL_GRACE */
-    if (h->v[5] > net.others_grace_ms)
+    if (h->v[5] > net.others_grace_ms) {
         net.others_grace_ms = h->v[5] < GW_RUN_MAX_GRACE_MS ? h->v[5] : GW_RUN_MAX_GRACE_MS;
+        /* a node already waiting for the verdict (it joined before this
+         * one; ranks start before every node joined) waits longer too */
+        for (int i = 0; i < net.nconns; i++)
+            if (net.conns[i]->node > 0 && net.state[net.conns[i]->node] == N_READY)
+                gw__run_net_tell_wait(net.conns[i]);
+    }
     unsigned char mine[GW_RUN_PROOF];
     proof("welcome", c->peer_nonce, c->nonce, &node, 1, mine);
     gw__run_net_answer(c, F_WELCOME, node, net.myhost, mine, sizeof mine);

@@ -6,7 +6,9 @@
  * READY (whether it can start again) and waits for node 0's verdict; node 0,
  * its own ranks gone, waits for every READY and sends them all RESTART with
  * the next attempt's number, or 0 (a signal anywhere, a lost node, a node
- * that cannot, none left).  gw-run.c's loop then starts the attempt.
+ * that cannot, none left).  gw-run.c's loop then starts the attempt.  Node 0
+ * answers each READY with the longest kill grace of any node (WAIT), by
+ * which the node bounds its wait for the verdict.
  *
  * Also the tests' hold between two attempts (GW_RUN_TEST_RESTART_DELAY_MS).
  *
@@ -62,13 +64,14 @@ void gw__run_say_no_restart(const char *why, long max_restarts)
  * counted their own: one with a far shorter grace than another's gave up
  * on the verdict while node 0 still waited for that other node, and ended
  * while the rest of the job started again).  GW_RUN_TEST_VERDICT_SLACK_MS
- * (tests) replaces the 30 s added. */
+ * (tests; 0 to an hour) replaces the 30 s added. */
 static int64_t verdict_wait_ms(void)
 {
     const int64_t own = (int64_t)(gw__run.kill_grace_s * 1000.0);
     const int64_t grace = (int64_t)net.others_grace_ms > own ? net.others_grace_ms : own;
     const char *hook = getenv("GW_RUN_TEST_VERDICT_SLACK_MS");
-    return 3 * grace + (hook && *hook ? atol(hook) : 30000);
+    const long slack = hook && *hook ? atol(hook) : 30000;
+    return 3 * grace + (slack < 0 ? 0 : slack > 3600000 ? 3600000 : slack);
 }
 
 void gw__run_net_tell_wait(struct conn *c)
