@@ -248,53 +248,8 @@ DEF_H16_SCALAR(bf16_min, cvt_bf2f, cvt_f2bf, op_min)
  * this, in one sitting: AVX-512 bf16 0.17 / 0.24 -> 0.13 / 0.17, fp16 0.19 /
  * 0.27 -> 0.16 / 0.23; AVX2 bf16 0.33 / 0.42 -> 0.31 / 0.38, fp16 0.21 /
  * 0.32 -> 0.17 / 0.25 (float32's own sum 0.07 / 0.10). */
-#if defined(__F16C__) && defined(__AVX2__)
-#define DEF_FOLD_VEC(NAME, WIDEN8, ROUND8, ROUND8_ANY_NAN, TOF, FROMF, OP, VOP, NAN_FIRST) \
-  static void NAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n, \
-                   uint32_t div, float scale, int local_first) {                      \
-    const float dv = div > 1 ? (float)div : 1.0f;                                    \
-    const __m256 vdv = _mm256_set1_ps(dv), vsc = _mm256_set1_ps(scale);              \
-    const int scaled = scale != 1.0f;                                                \
-    size_t i = 0;                                                                    \
-    for (; i + 8 <= n; i += 8) {                                                     \
-      __m256 l = _mm256_loadu_ps(local + i);                                         \
-      if (scaled) l = _mm256_mul_ps(l, vsc);                                         \
-      const __m256 mine = WIDEN8(ROUND8_ANY_NAN(l));                                 \
-      const __m256 theirs = WIDEN8(_mm_loadu_si128((const __m128i *)(recv + i)));   \
-      __m256 r = local_first ? VOP(mine, theirs) : VOP(theirs, mine);                \
-      if (NAN_FIRST) r = nan_first8(r, local_first ? mine : theirs);                 \
-      if (div > 1) r = _mm256_div_ps(r, vdv);                                        \
-      const __m128i h = ROUND8(r);                                                   \
-      if (slot) _mm_storeu_si128((__m128i *)(slot + i), h);                          \
-      if (wide) _mm256_storeu_ps(wide + i, WIDEN8(h));                               \
-    }                                                                                \
-    for (; i < n; i++) {                                                             \
-      const float mine = TOF(FROMF(scaled ? local[i] * scale : local[i]));           \
-      const float theirs = TOF(recv[i]);                                             \
-      const float first = local_first ? mine : theirs;                               \
-      const float v = first != first ? first : local_first ? OP(mine, theirs) : OP(theirs, mine); \
-      const uint16_t h = FROMF(div > 1 ? v / dv : v);                                \
-      if (slot) slot[i] = h;                                                         \
-      if (wide) wide[i] = TOF(h);                                                    \
-    }                                                                                \
-  }
-/* This rank's operand needs no NaN of the scalar bits: whatever its payload,
- * the op passes on a NaN of its sign, which the result's rounding makes
- * those bits. */
-static inline __m128i f16_round8_any_nan(__m256 r) { return _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT); }
-/* SUM and PROD: the first operand where it is a NaN (max and min say so
- * themselves). */
-static inline __m256 nan_first8(__m256 r, __m256 first) {
-  return _mm256_blendv_ps(r, first, _mm256_cmp_ps(first, first, _CMP_UNORD_Q));
-}
-DEF_FOLD_VEC(fold_f16_sum, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_sum, _mm256_add_ps, 1)
-DEF_FOLD_VEC(fold_f16_prod, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_prod, _mm256_mul_ps, 1)
-DEF_FOLD_VEC(fold_f16_max, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_max, vmax, 0)
-DEF_FOLD_VEC(fold_f16_min, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, cvt_f2h, op_min, vmin, 0)
-
-#else
-/* Without F16C: the loop of the scalar conversions (the same operations as
- * DEF_FOLD_VEC's tail). */
+/* The scalar conversions' loop: the generic build's float16 kernels, and
+ * the tail of the eight-lane ones. */
 #define DEF_FOLD_SCALAR(NAME, TOF, FROMF, OP, NAN_FIRST)                               \
   static void NAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n, \
                    uint32_t div, float scale, int local_first) {                      \
@@ -309,10 +264,49 @@ DEF_FOLD_VEC(fold_f16_min, f16_widen8, f16_round8, f16_round8_any_nan, cvt_h2f, 
       if (wide) wide[i] = TOF(h);                                                    \
     }                                                                                \
   }
-DEF_FOLD_SCALAR(fold_f16_sum, cvt_h2f, cvt_f2h, op_sum, 1)
-DEF_FOLD_SCALAR(fold_f16_prod, cvt_h2f, cvt_f2h, op_prod, 1)
-DEF_FOLD_SCALAR(fold_f16_max, cvt_h2f, cvt_f2h, op_max, 0)
-DEF_FOLD_SCALAR(fold_f16_min, cvt_h2f, cvt_f2h, op_min, 0)
+DEF_FOLD_SCALAR(fold1_f16_sum, cvt_h2f, cvt_f2h, op_sum, 1)
+DEF_FOLD_SCALAR(fold1_f16_prod, cvt_h2f, cvt_f2h, op_prod, 1)
+DEF_FOLD_SCALAR(fold1_f16_max, cvt_h2f, cvt_f2h, op_max, 0)
+DEF_FOLD_SCALAR(fold1_f16_min, cvt_h2f, cvt_f2h, op_min, 0)
+
+#if defined(__F16C__) && defined(__AVX2__)
+#define DEF_FOLD_VEC(NAME, WIDEN8, ROUND8, ROUND8_ANY_NAN, VOP, NAN_FIRST, TAIL)        \
+  static void NAME(uint16_t *slot, float *wide, const uint16_t *recv, const float *local, size_t n, \
+                   uint32_t div, float scale, int local_first) {                      \
+    const __m256 vdv = _mm256_set1_ps(div > 1 ? (float)div : 1.0f), vsc = _mm256_set1_ps(scale); \
+    const int scaled = scale != 1.0f;                                                \
+    size_t i = 0;                                                                    \
+    for (; i + 8 <= n; i += 8) {                                                     \
+      __m256 l = _mm256_loadu_ps(local + i);                                         \
+      if (scaled) l = _mm256_mul_ps(l, vsc);                                         \
+      const __m256 mine = WIDEN8(ROUND8_ANY_NAN(l));                                 \
+      const __m256 theirs = WIDEN8(_mm_loadu_si128((const __m128i *)(recv + i)));   \
+      __m256 r = local_first ? VOP(mine, theirs) : VOP(theirs, mine);                \
+      if (NAN_FIRST) r = nan_first8(r, local_first ? mine : theirs);                 \
+      if (div > 1) r = _mm256_div_ps(r, vdv);                                        \
+      const __m128i h = ROUND8(r);                                                   \
+      if (slot) _mm_storeu_si128((__m128i *)(slot + i), h);                          \
+      if (wide) _mm256_storeu_ps(wide + i, WIDEN8(h));                               \
+    }                                                                                \
+    if (i < n)                                                                       \
+      TAIL(slot ? slot + i : NULL, wide ? wide + i : NULL, recv + i, local + i, n - i, div, scale, local_first); \
+  }
+/* This rank's operand needs no NaN of the scalar bits: whatever its payload,
+ * the op passes on a NaN of its sign, which the result's rounding makes
+ * those bits. */
+static inline __m128i f16_round8_any_nan(__m256 r) { return _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT); }
+/* SUM and PROD: the first operand where it is a NaN (max and min say so
+ * themselves). */
+static inline __m256 nan_first8(__m256 r, __m256 first) {
+  return _mm256_blendv_ps(r, first, _mm256_cmp_ps(first, first, _CMP_UNORD_Q));
+}
+DEF_FOLD_VEC(fold_f16_sum, f16_widen8, f16_round8, f16_round8_any_nan, _mm256_add_ps, 1, fold1_f16_sum)
+DEF_FOLD_VEC(fold_f16_prod, f16_widen8, f16_round8, f16_round8_any_nan, _mm256_mul_ps, 1, fold1_f16_prod)
+DEF_FOLD_VEC(fold_f16_max, f16_widen8, f16_round8, f16_round8_any_nan, vmax, 0, fold1_f16_max)
+DEF_FOLD_VEC(fold_f16_min, f16_widen8, f16_round8, f16_round8_any_nan, vmin, 0, fold1_f16_min)
+#define F16_FOLD(OP) fold_f16_##OP
+#else
+#define F16_FOLD(OP) fold1_f16_##OP
 #endif
 
 /* bfloat16 rounded in place: cvt_bf2f(cvt_f2bf(f)) without leaving the
@@ -369,7 +363,7 @@ FOLD_BF16(prod, GW_KOP_PROD)
 FOLD_BF16(max, GW_KOP_MAX)
 FOLD_BF16(min, GW_KOP_MIN)
 const gw_fold_table_t CAT(gw__fold_table_, GW_SIMD_SUFFIX) = {
-    {fold_f16_sum, fold_f16_prod, fold_f16_max, fold_f16_min},
+    {F16_FOLD(sum), F16_FOLD(prod), F16_FOLD(max), F16_FOLD(min)},
     {fold_bf16_sum, fold_bf16_prod, fold_bf16_max, fold_bf16_min},
 };
 
