@@ -436,9 +436,9 @@ START_TEST(test_nodes_wait_verdict_idle)
 END_TEST
 
 /* Node 1's kill grace is far shorter than node 0's: it sends READY at once
- * and, counting its own grace, would give up on the verdict after 5 s (3 x
- * 0.5 s + the test's 1 s in place of 30, doubled) while node 0's rank 0
- * takes 8 s over its SIGTERM (within node 0's 15 s grace).  Node 0's WAIT,
+ * and, counting its own grace, would give up on the verdict after 4 s (3 x
+ * 0.5 s + the test's 0.5 s in place of 30, doubled) while node 0's rank 0
+ * takes 6 s over its SIGTERM (within node 0's 15 s grace).  Node 0's WAIT,
  * its answer to the READY, gives node 1 the longest grace: both nodes start
  * attempt 1 together and succeed.  Without the WAIT (node 0 not sending
  * it, or node 1 not heeding it; the slack hook came with it), node 1 said
@@ -448,11 +448,11 @@ START_TEST(test_nodes_verdict_waits_longest_grace)
 {
     for (int attempt = 1;; attempt++) {
         int port = gwrun_free_port_pair();
-        const char *env0[] = {"GW_JOB_TOKEN=mn-graces", "GW_RUN_KILL_GRACE=15", "GW_RUN_TEST_VERDICT_SLACK_MS=1000", NULL};
-        const char *env1[] = {"GW_JOB_TOKEN=mn-graces", "GW_RUN_KILL_GRACE=0.5", "GW_RUN_TEST_VERDICT_SLACK_MS=1000",
+        const char *env0[] = {"GW_JOB_TOKEN=mn-graces", "GW_RUN_KILL_GRACE=15", "GW_RUN_TEST_VERDICT_SLACK_MS=500", NULL};
+        const char *env1[] = {"GW_JOB_TOKEN=mn-graces", "GW_RUN_KILL_GRACE=0.5", "GW_RUN_TEST_VERDICT_SLACK_MS=500",
                               NULL};
         const char *script = "[ \"$GW_RANK\" = 0 ] && [ \"$GW_RESTART_COUNT\" = 0 ] && "
-                             "trap 'echo lingered; sleep 8; exit 0' TERM; "
+                             "trap 'echo lingered; sleep 6; exit 0' TERM; "
                              "echo \"attempt $GW_RESTART_COUNT\"; [ \"$GW_RESTART_COUNT\" = 1 ] && exit 0; "
                              "if [ \"$GW_RANK\" = 2 ]; then sleep 1; exit 6; fi; "
                              "sleep 30 & wait";
