@@ -43,9 +43,18 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
   *ds = NULL;
   const char *arg;
   if (!spec) spec = "";
+  /* a colon with nothing after it is refused, not read as no DIR at all
+   * ("fashion-mnist:" read the default folder; "imagenet:" was unknown) */
+  const char *colon = strchr(spec, ':');
+  if (colon && !colon[1] && (spec_arg(spec, "fashion-mnist") || spec_arg(spec, "imagenet")))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "dataset \"%s\": no DIR after the colon (%s)", spec,
+                          spec_arg(spec, "imagenet") ? "imagenet:DIR"
+                                                     : "fashion-mnist:DIR, or fashion-mnist for " FASHION_MNIST_DEFAULT_DIR);
   if ((arg = spec_arg(spec, "fashion-mnist")))
     return gw_dataset_fashion_mnist(ds, *arg ? arg : FASHION_MNIST_DEFAULT_DIR, split, opt->augment);
-  if ((arg = spec_arg(spec, "imagenet")) && *arg) {
+  if ((arg = spec_arg(spec, "imagenet")) && !*arg)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "dataset \"imagenet\" needs its folder: imagenet:DIR (DIR/train, DIR/val)");
+  if (arg) {
     const int side = split == GW_SPLIT_VAL && opt->val_crop_size ? opt->val_crop_size : opt->image_size;
     gw_result_t res = gw_dataset_imagefolder(ds, arg, split, side);
 #if GW_HAVE_TURBOJPEG
@@ -55,7 +64,10 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
 #endif
     return res;
   }
-  if ((arg = spec_arg(spec, "synthetic")) && !*arg) {
+  if ((arg = spec_arg(spec, "synthetic")) && *arg)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "dataset \"%s\": synthetic takes no argument (its shape comes from "
+                          "the model's flags)", spec);
+  if (arg) {
     /* The validation split draws other values than the training one. */
     uint64_t seed = opt->synthetic_seed ^ (split == GW_SPLIT_VAL ? 0x5eed5eed5eed5eedull : 0);
     return gw_dataset_synthetic(ds, opt->synthetic_samples, opt->synthetic_channels, opt->synthetic_size,

@@ -276,6 +276,12 @@ START_TEST(bad_specs) {
   expect_error(gw_dataset_open(&ds, "cifar10", GW_SPLIT_TRAIN, NULL), "cifar10", "fashion-mnist[:DIR]");
   ck_assert_ptr_null(ds);
   expect_error(gw_dataset_open(&ds, "imagenet", GW_SPLIT_TRAIN, NULL), "imagenet", "imagenet:DIR");
+  /* a colon and no DIR: refused (fashion-mnist's read the default folder) */
+  expect_error(gw_dataset_open(&ds, "imagenet:", GW_SPLIT_TRAIN, NULL), "no DIR after the colon", "imagenet:DIR");
+  expect_error(gw_dataset_open(&ds, "fashion-mnist:", GW_SPLIT_TRAIN, NULL), "no DIR after the colon",
+               "fashion-mnist:DIR");
+  ck_assert_ptr_null(ds);
+  expect_error(gw_dataset_open(&ds, "synthetic:10", GW_SPLIT_TRAIN, NULL), "synthetic:10", "no argument");
   expect_error(gw_dataset_open(&ds, "imagenet:/nonexistent/x", GW_SPLIT_TRAIN, NULL), "/nonexistent/x/train",
                "cannot open");
   expect_error(gw_dataset_synthetic(&ds, 0, 3, 8, 10, 0), "synthetic", "positive");

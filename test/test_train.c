@@ -501,6 +501,8 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--first-bucket-mb", "1M", NULL}, "--first-bucket-mb");
   refused((const char *const[]){NULL}, "--epochs E or --steps S");
   refused((const char *const[]){"--steps", "2", "--data", "imagenet:/nonexistent", NULL}, "/nonexistent");
+  refused((const char *const[]){"--steps", "2", "--data", "fashion-mnist:", NULL}, "no DIR after the colon");
+  refused((const char *const[]){"--steps", "2", "--width-divisor", "3", NULL}, "'3' is not a power of two");
   refused((const char *const[]){"--steps", "2", "--data", "synthetic", "--classes", "5", "--batch", "100000",
                                 "--synthetic-samples", "10", NULL},
           "--batch");

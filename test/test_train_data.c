@@ -203,6 +203,32 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   ck_assert_msg(r.code != 0 && strstr(r.err, "the data has 1 class: the loss is 0 and nothing trains"),
                 "training on one class: exit %d\n%s", r.code, r.err);
   gwrun_free(&r);
+  /* An evaluation split of unreadable files: refused before the first step
+   * (it failed the job at the first evaluation, after an epoch) */
+  char root4[512], spec4[600];
+  path(root4, sizeof root4, "folder-bad-val");
+  mkdir(root4, 0777);
+  snprintf(dir, sizeof dir, "%s/train", root);
+  snprintf(file, sizeof file, "%s/train", root4);
+  ck_assert_int_eq(symlink(dir, file), 0);
+  for (int c = 0; c < 2; c++) {
+    snprintf(dir, sizeof dir, "%s/val", root4);
+    mkdir(dir, 0777);
+    snprintf(dir, sizeof dir, "%s/val/%s", root4, classes[c]);
+    ck_assert_int_eq(mkdir(dir, 0777), 0);
+    snprintf(file, sizeof file, "%s/x.jpg", dir);
+    f = fopen(file, "w");
+    fputs("no picture\n", f);
+    fclose(f);
+  }
+  snprintf(spec4, sizeof spec4, "imagenet:%s", root4);
+  train_there[4] = spec4;
+  gwrun_start(&r, noenv, train_there);
+  gwrun_wait(&r, 120);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "--data (evaluation split): none of the 2 samples of the evaluation "
+                                              "split is readable") && !strstr(r.out, "rank x batch"),
+                "an unreadable evaluation split: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 

@@ -527,6 +527,20 @@ START_TEST(test_default_threads) {
                   cases[c][2], r.out);
     gwrun_free(&r);
   }
+  /* --threads on one rank only: the other still finds its default (the
+   * comparison of cores runs on every rank; it ran only where --threads was
+   * left out, a collective mismatch against the other's next call) */
+  snprintf(script, sizeof script,
+           "t=''; [ \"$GW_RANK\" = 1 ] && t='--threads 1'; GW_TRAIN_TEST_CPUS=0-3 exec '%s' $t --data synthetic "
+           "--synthetic-samples 32 --model resnet18 --width-divisor 8 --in-channels 3 --image-size 16 --classes 4 "
+           "--stem small --batch 8 --steps 1 --no-eval --backend cpu",
+           train_bin());
+  gwrun_start(&r, noenv, args);
+  gwrun_wait(&r, 120);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "2 threads per rank"), "--threads on rank 1 only: expected rank 0's 2 threads:\n%s",
+                r.out);
+  gwrun_free(&r);
 }
 END_TEST
 

@@ -197,6 +197,33 @@ void train_data_options(const struct train_opts *o, struct gw_data_options *d) {
   if (o->image_size_given) d->image_size = o->model.image_size;
 }
 
+/* Whether the evaluation split has a readable sample, found at the start: a
+ * split of unreadable files failed the job at its first evaluation, after an
+ * epoch's training (the checkpoint before it kept the epoch, --save-weights
+ * was never written).  Reads the split's samples in order up to the first
+ * readable one (one, as a rule); every rank alike, so they fail together. */
+static int some_eval_sample_readable(struct trainer *t) {
+  const int64_t n = gw_dataset_size(t->val_ds);
+  float *x = malloc(gw_dataset_sample_floats(t->val_ds) * sizeof *x);
+  if (!x) return train_fail(t, "--data (evaluation split)", "out of memory");
+  char last[200] = "";
+  gw_result_t r = GW_DATA_SKIPPED;
+  for (int64_t i = 0; i < n && r == GW_DATA_SKIPPED; i++) {
+    int32_t label;
+    if ((r = gw_dataset_get(t->val_ds, i, 0, 0, x, &label)) == GW_DATA_SKIPPED)
+      snprintf(last, sizeof last, "%s", gw_data_last_error());
+  }
+  free(x);
+  if (r == GW_SUCCESS) return 0;
+  char why[400];
+  if (r == GW_DATA_SKIPPED)
+    snprintf(why, sizeof why, "none of the %lld samples of the evaluation split is readable (the last: %s); "
+             "--no-eval trains without it", (long long)n, last);
+  else
+    snprintf(why, sizeof why, "%s", gw_data_last_error());
+  return train_fail(t, "--data (evaluation split)", why);
+}
+
 static int open_data(struct trainer *t) {
   const struct train_opts *o = t->o;
   struct gw_data_options d;
@@ -211,7 +238,7 @@ static int open_data(struct trainer *t) {
     return train_fail(t, "--data", gw_data_last_error());
   if (o->eval && gw_dataset_open(&t->val_ds, o->data, GW_SPLIT_VAL, &d) != GW_SUCCESS)
     return train_fail(t, "--data (evaluation split)", gw_data_last_error());
-  if (same_data_everywhere(t) != 0) return -1;
+  if (same_data_everywhere(t) != 0 || (t->val_ds && some_eval_sample_readable(t) != 0)) return -1;
   /* Every step takes a whole batch from each rank's share of the data. */
   int64_t n = gw_dataset_size(t->train_ds), share = o->drop_last ? n / t->world : (n + t->world - 1) / t->world;
   if (o->drop_last && share == 0) {
@@ -291,7 +318,9 @@ static uint64_t machine_id(void) {
  * (dividing those again left 1 thread of 4); the ranks on this machine are
  * found by comparing, not from a launcher's variable (GW_LOCAL_WORLD_SIZE was
  * gw-run's alone: under torchrun every rank took every core).  Collective:
- * every rank calls it (--threads is the same everywhere). */
+ * every rank calls it, with --threads or without (a rank may set its own: one
+ * that did while another did not ran a broadcast against the other's
+ * allgather, and both failed with a collective mismatch naming neither). */
 static int default_threads(struct trainer *t, int *threads) {
   struct claim {
     uint64_t machine;
@@ -368,8 +397,8 @@ static int setup_model(struct trainer *t) {
   t->nrun = count_buffers(t->m, GW_TENSOR_RUNNING);
   t->ncounters = count_buffers(t->m, GW_TENSOR_COUNTER);
   if (same_loaded_weights(t) != 0) return -1;
-  t->threads = o->threads;
-  if (!o->threads && default_threads(t, &t->threads) != 0) return -1;
+  if (default_threads(t, &t->threads) != 0) return -1;
+  if (o->threads) t->threads = o->threads;
   struct gw_backend_config bc = {.threads = t->threads, .tf32 = o->tf32,
                                  .act = o->amp, .layout = o->layout};
   /* What was measured faster end to end (docs/gpu.md): NHWC with 16-bit

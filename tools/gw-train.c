@@ -222,7 +222,11 @@ static int parse_model_option(struct train_opts *o, int c, const char *arg) {
   case O_TRAINCROP: /* torchvision's name for the same */
     o->image_size_given = 1, o->image_size_flag = c == O_SIZE ? "--image-size" : "--train-crop-size";
     return parse_int(o->image_size_flag, arg, 1, 8192, &m->image_size);
-  case O_WIDTH: return parse_int("--width-divisor", arg, 1, 64, &m->width_divisor);
+  case O_WIDTH: /* a power of two: it divides every layer's width (the model refused others, after the setup) */
+    if (parse_int("--width-divisor", arg, 1, 64, &m->width_divisor) != 0) return -1;
+    if (m->width_divisor & (m->width_divisor - 1))
+      return bad("--width-divisor '%s' is not a power of two (1, 2, 4, 8, 16, 32 or 64)%s", arg, "");
+    return 0;
   case O_ZERO: m->zero_init_residual = 1; return 0;
   case O_SEED: return parse_seed(arg, &m->seed);
   case O_STEM:
