@@ -64,6 +64,10 @@ struct gw_op {
   struct step bwd_data; /* CONV: diff_dst, weights -> diff_src; RELU: dst, diff_dst -> diff_src */
   struct step bwd_wei;  /* CONV: src, diff_dst -> diff_weights; FC: also diff_bias */
   size_t workspace_bytes; /* MAXPOOL: the argmax positions backward needs */
+  /* CONV planned as an inner product (gw__cpu_conv_create: an output of one
+   * position): the bytes of dx / dw outside the taps it reads, zeroed before
+   * the backward writes the rest (0: it reads all of them) */
+  size_t zero_dx_bytes, zero_dw_bytes;
 };
 
 #define DNNL_TRY(call, what)                                                                   \

@@ -7,6 +7,9 @@
 
 #if GW_HAVE_ONEDNN
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend_cpu_internal.h"
 
 /* The memory descriptor a primitive descriptor chose; query_at picks among
@@ -17,11 +20,118 @@ static const dnnl_memory_desc_t *query_at(const_dnnl_primitive_desc_t pd, dnnl_q
 
 static const dnnl_memory_desc_t *query(const_dnnl_primitive_desc_t pd, dnnl_query_t q) { return query_at(pd, q, 0); }
 
+/* Whether oneDNN's choice for a primitive is a reference (plain loop)
+ * implementation: on a CPU without its dtype's instructions. */
+static int is_ref_impl(const_dnnl_primitive_desc_t pd) {
+  const char *impl = NULL;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl) return 1;
+  return strstr(impl, "ref") != NULL;
+}
+
+/* Plans an inner product and both its backward passes on the caller's plain
+ * layouts src, wei (float32: the weights and their gradient), bias (NULL: none)
+ * and dst, oneDNN choosing its own for each (the same dtypes; its weights in
+ * src's).  The fully connected layer's, and the convolutions of one output
+ * position's.  With no_ref, returns GW_ERR_UNSUPPORTED with nothing planned
+ * where oneDNN would run any of the three on a reference implementation. */
+static gw_result_t plan_inner_product(struct gw_op *op, const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                                      const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst, int no_ref,
+                                      const char *what) {
+  gw_result_t res = GW_SUCCESS;
+  struct gw_backend *b = op->b;
+  dnnl_primitive_desc_t pd = NULL, dpd = NULL, wpd = NULL;
+  dnnl_memory_desc_t src_any, wei_any, dwei_any, dst_any;
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, src->ndims, src->dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, wei->ndims, wei->dims, b->adt, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, wei->ndims, wei->dims, dnnl_f32, dnnl_format_tag_any), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, dst->ndims, dst->dims, b->adt, dnnl_format_tag_any), what);
+  dnnl_inner_product_desc_t ipd;
+  DNNL_TRY(dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &src_any, &wei_any, bias, &dst_any), what);
+  DNNL_TRY(dnnl_primitive_desc_create(&pd, &ipd, NULL, b->engine, NULL), what);
+  DNNL_TRY(dnnl_inner_product_backward_data_desc_init(&ipd, &src_any, &wei_any, &dst_any), what);
+  DNNL_TRY(dnnl_primitive_desc_create(&dpd, &ipd, NULL, b->engine, pd), what);
+  DNNL_TRY(dnnl_inner_product_backward_weights_desc_init(&ipd, &src_any, &dwei_any, bias, &dst_any), what);
+  DNNL_TRY(dnnl_primitive_desc_create(&wpd, &ipd, NULL, b->engine, pd), what);
+  if (no_ref && (is_ref_impl(pd) || is_ref_impl(dpd) || is_ref_impl(wpd))) {
+    res = GW_ERR_UNSUPPORTED;
+    goto fail;
+  }
+  DNNL_TRY(dnnl_primitive_create(&op->fwd.prim, pd), what);
+  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_SRC, src, query(pd, dnnl_query_src_md), 0, what));
+  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_WEIGHTS, wei, query(pd, dnnl_query_weights_md), 0, what));
+  if (bias)
+    GW_MODEL_TRY_GOTO(
+        gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_BIAS, bias, query_at(pd, dnnl_query_weights_md, 1), 0, what));
+  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_DST, dst, query(pd, dnnl_query_dst_md), 1, what));
+  DNNL_TRY(dnnl_primitive_create(&op->bwd_data.prim, dpd), what);
+  GW_MODEL_TRY_GOTO(
+      gw__cpu_step_arg(b, &op->bwd_data, DNNL_ARG_DIFF_DST, dst, query(dpd, dnnl_query_diff_dst_md), 0, what));
+  GW_MODEL_TRY_GOTO(
+      gw__cpu_step_arg(b, &op->bwd_data, DNNL_ARG_WEIGHTS, wei, query(dpd, dnnl_query_weights_md), 0, what));
+  GW_MODEL_TRY_GOTO(
+      gw__cpu_step_arg(b, &op->bwd_data, DNNL_ARG_DIFF_SRC, src, query(dpd, dnnl_query_diff_src_md), 1, what));
+  DNNL_TRY(dnnl_primitive_create(&op->bwd_wei.prim, wpd), what);
+  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_SRC, src, query(wpd, dnnl_query_src_md), 0, what));
+  GW_MODEL_TRY_GOTO(
+      gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_DIFF_DST, dst, query(wpd, dnnl_query_diff_dst_md), 0, what));
+  GW_MODEL_TRY_GOTO(
+      gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_DIFF_WEIGHTS, wei, query(wpd, dnnl_query_diff_weights_md), 1, what));
+  if (bias)
+    GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_DIFF_BIAS, bias,
+                                       query_at(wpd, dnnl_query_diff_weights_md, 1), 1, what));
+fail:
+  if (wpd) dnnl_primitive_desc_destroy(wpd);
+  if (dpd) dnnl_primitive_desc_destroy(dpd);
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  return res;
+}
+
+/* A convolution whose output has one position (P = Q = 1) reads one
+ * rectangle of its input against one rectangle of taps: it is an inner
+ * product (a GEMM of the batch against the channels x taps), which oneDNN
+ * runs on its GEMM kernels where its direct convolution kernels, made for
+ * larger images, ran ResNet-50's last stage at 28x28 (1x1 images: 1x1 and
+ * center-tap 3x3 convolutions; 2x2 -> 1x1 with stride 2) at a fifth to a
+ * half of that speed, the backward for weights slowest.  The rectangles are
+ * strided views of the caller's tensors: input rows and columns 0 .. r-1
+ * with r = min(H, K - pad), taps from (pad, pad); the backward's outputs are
+ * zeroed outside them first (cpu_conv_bwd_*).  GW_CPU_CONV_IP=0 plans every
+ * convolution as one (A/B runs, tests).  Returns GW_ERR_UNSUPPORTED, nothing
+ * planned, where it does not apply or oneDNN would run it on a reference
+ * implementation (bfloat16 without the CPU's instructions). */
+static gw_result_t conv_as_inner_product(struct gw_op *op, const char *what) {
+  gw_result_t res = GW_SUCCESS;
+  const struct gw_op_desc *d = &op->d;
+  struct gw_backend *b = op->b;
+  const char *env = getenv("GW_CPU_CONV_IP");
+  if (d->p != 1 || d->q != 1 || (env && !strcmp(env, "0"))) return GW_ERR_UNSUPPORTED;
+  const int64_t K = d->kernel, H = d->h, W = d->w, C = d->c;
+  const int64_t hr = H < K - d->pad ? H : K - d->pad, wr = W < K - d->pad ? W : K - d->pad;
+  if (hr <= 0 || wr <= 0) return GW_ERR_UNSUPPORTED; /* every tap on the padding */
+  dnnl_memory_desc_t src, wei, dst;
+  dnnl_dims_t src_dims = {d->n, C, hr, wr}, wei_dims = {d->k, C, hr, wr}, dst_dims = {d->n, d->k};
+  dnnl_dims_t src_strides = {C * H * W, H * W, W, 1}, wei_strides = {C * K * K, K * K, K, 1};
+  if (b->nhwc) src_strides[1] = 1, src_strides[2] = W * C, src_strides[3] = C;
+  DNNL_TRY(dnnl_memory_desc_init_by_strides(&src, 4, src_dims, b->adt, src_strides), what);
+  DNNL_TRY(dnnl_memory_desc_init_by_strides(&wei, 4, wei_dims, dnnl_f32, wei_strides), what);
+  wei.offset0 = d->pad * K + d->pad; /* the first tap read (the weights' gradient: the same view) */
+  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dst_dims, b->adt, dnnl_nc), what);
+  GW_MODEL_TRY_GOTO(plan_inner_product(op, &src, &wei, NULL, &dst, 1, what));
+  const size_t es = b->adt == dnnl_bf16 ? 2 : 4;
+  op->zero_dx_bytes = hr * wr < H * W ? (size_t)(d->n * C * H * W) * es : 0;
+  op->zero_dw_bytes = hr * wr < K * K ? (size_t)(d->k * C * K * K) * sizeof(float) : 0;
+fail:
+  return res;
+}
+
 /* Plans the forward convolution and, with its primitive descriptor as the hint,
  * the two backward ones.  Each picks its own layouts, so each has its own
- * reorders. */
+ * reorders.  One with an output of one position: as an inner product
+ * (conv_as_inner_product), where that applies. */
 gw_result_t gw__cpu_conv_create(struct gw_op *op, const char *what) {
-  gw_result_t res = GW_SUCCESS;
+  gw_result_t res = conv_as_inner_product(op, what);
+  if (res != GW_ERR_UNSUPPORTED) return res;
+  res = GW_SUCCESS;
   const struct gw_op_desc *d = &op->d;
   struct gw_backend *b = op->b;
   dnnl_primitive_desc_t pd = NULL, bpd = NULL;
@@ -155,8 +265,7 @@ gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what) {
   gw_result_t res = GW_SUCCESS;
   const struct gw_op_desc *d = &op->d;
   struct gw_backend *b = op->b;
-  dnnl_primitive_desc_t pd = NULL, bpd = NULL;
-  dnnl_memory_desc_t src, wei, bias, dst, src_any, wei_any, dwei_any, dst_any;
+  dnnl_memory_desc_t src, wei, bias, dst;
   dnnl_dim_t f = (dnnl_dim_t)d->c * d->h * d->w;
   dnnl_dims_t src_dims = {d->n, f}, wei_dims = {d->k, f}, bias_dims = {d->k}, dst_dims = {d->n, d->k};
   int nd = 2;
@@ -173,46 +282,8 @@ gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what) {
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei, nd, wei_dims, dnnl_f32, wei_tag), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&bias, 1, bias_dims, dnnl_f32, dnnl_x), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dst_dims, b->adt, dnnl_nc), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, nd, src_dims, b->adt, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_any, nd, wei_dims, b->adt, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, nd, wei_dims, dnnl_f32, dnnl_format_tag_any), what);
-  DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, 2, dst_dims, b->adt, dnnl_format_tag_any), what);
-  dnnl_inner_product_desc_t ipd;
-  DNNL_TRY(dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &src_any, &wei_any, &bias, &dst_any),
-           what);
-  DNNL_TRY(dnnl_primitive_desc_create(&pd, &ipd, NULL, b->engine, NULL), what);
-  DNNL_TRY(dnnl_primitive_create(&op->fwd.prim, pd), what);
-  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_SRC, &src, query(pd, dnnl_query_src_md), 0, what));
-  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_WEIGHTS, &wei, query(pd, dnnl_query_weights_md), 0, what));
-  GW_MODEL_TRY_GOTO(
-      gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_BIAS, &bias, query_at(pd, dnnl_query_weights_md, 1), 0, what));
-  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_DST, &dst, query(pd, dnnl_query_dst_md), 1, what));
-
-  DNNL_TRY(dnnl_inner_product_backward_data_desc_init(&ipd, &src_any, &wei_any, &dst_any), what);
-  DNNL_TRY(dnnl_primitive_desc_create(&bpd, &ipd, NULL, b->engine, pd), what);
-  DNNL_TRY(dnnl_primitive_create(&op->bwd_data.prim, bpd), what);
-  GW_MODEL_TRY_GOTO(
-      gw__cpu_step_arg(b, &op->bwd_data, DNNL_ARG_DIFF_DST, &dst, query(bpd, dnnl_query_diff_dst_md), 0, what));
-  GW_MODEL_TRY_GOTO(
-      gw__cpu_step_arg(b, &op->bwd_data, DNNL_ARG_WEIGHTS, &wei, query(bpd, dnnl_query_weights_md), 0, what));
-  GW_MODEL_TRY_GOTO(
-      gw__cpu_step_arg(b, &op->bwd_data, DNNL_ARG_DIFF_SRC, &src, query(bpd, dnnl_query_diff_src_md), 1, what));
-  dnnl_primitive_desc_destroy(bpd);
-  bpd = NULL;
-
-  DNNL_TRY(dnnl_inner_product_backward_weights_desc_init(&ipd, &src_any, &dwei_any, &bias, &dst_any), what);
-  DNNL_TRY(dnnl_primitive_desc_create(&bpd, &ipd, NULL, b->engine, pd), what);
-  DNNL_TRY(dnnl_primitive_create(&op->bwd_wei.prim, bpd), what);
-  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_SRC, &src, query(bpd, dnnl_query_src_md), 0, what));
-  GW_MODEL_TRY_GOTO(
-      gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_DIFF_DST, &dst, query(bpd, dnnl_query_diff_dst_md), 0, what));
-  GW_MODEL_TRY_GOTO(
-      gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_DIFF_WEIGHTS, &wei, query(bpd, dnnl_query_diff_weights_md), 1, what));
-  GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->bwd_wei, DNNL_ARG_DIFF_BIAS, &bias,
-                                     query_at(bpd, dnnl_query_diff_weights_md, 1), 1, what));
+  return plan_inner_product(op, &src, &wei, &bias, &dst, 0, what);
 fail:
-  if (bpd) dnnl_primitive_desc_destroy(bpd);
-  if (pd) dnnl_primitive_desc_destroy(pd);
   return res;
 }
 

@@ -138,6 +138,13 @@ START_TEST(test_conv_fwd_grid) {
       {2, 8, 1, 1, 16, 3, 2, 1},    /* stride 2 on 1x1 (images under 17 px): 1x1 */
       {2, 8, 1, 1, 16, 1, 2, 0},    /* projection shortcut on 1x1 */
       {2, 3, 1, 1, 8, 7, 2, 3},     /* imagenet stem on a 1x1 image */
+      /* one output position (the cpu backend's inner product: a rectangle of
+       * input against one of taps, the rest of dx and dw zero) */
+      {2, 8, 2, 2, 16, 3, 2, 1},    /* 2x2 -> 1x1, stride 2 (28x28's layer4.0.conv2) */
+      {2, 8, 2, 2, 16, 1, 2, 0},    /* its shortcut: input (0, 0) alone */
+      {2, 6, 4, 4, 8, 3, 4, 1},     /* rows and columns 0-1 of 4 */
+      {1, 4, 3, 3, 8, 3, 1, 0},     /* the whole window, no padding */
+      {2, 5, 3, 2, 7, 3, 3, 1},     /* non-square: 2x2 of 3x2 */
   };
   struct gw_backend *b = backend();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -282,7 +289,8 @@ START_TEST(test_conv_bwd_grid) {
       {3, 16, 8, 8, 32, 1, 2, 0},  {2, 16, 7, 7, 16, 1, 1, 0}, {2, 32, 14, 14, 64, 3, 1, 1},
       {2, 5, 10, 7, 6, 3, 2, 1},   {1, 8, 6, 6, 8, 3, 1, 0},   {2, 1, 28, 28, 8, 3, 1, 1},
       {1, 24, 5, 5, 40, 5, 3, 2},  {2, 8, 1, 1, 16, 3, 2, 1},  {2, 8, 1, 1, 16, 1, 2, 0},
-      {2, 3, 1, 1, 8, 7, 2, 3},
+      {2, 3, 1, 1, 8, 7, 2, 3},    {2, 8, 2, 2, 16, 3, 2, 1},  {2, 8, 2, 2, 16, 1, 2, 0},
+      {2, 6, 4, 4, 8, 3, 4, 1},    {1, 4, 3, 3, 8, 3, 1, 0},   {2, 5, 3, 2, 7, 3, 3, 1},
   };
   struct gw_backend *b = backend();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
