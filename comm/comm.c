@@ -65,6 +65,7 @@ int gw_op_from_name(const char *name) {
 
 /* ---- errors ----------------------------------------------------------------------- */
 static bool forked_away(const struct gw_comm *comm);
+static bool peek(struct gw_comm *comm, const char *fn, bool quiet);
 
 void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
   /* a forked child's copy: its err_mu may have been held at the fork, and
@@ -87,7 +88,9 @@ void gw__comm_first_error(struct gw_comm *comm, char *buf, size_t len) {
 const char *gw_comm_last_error(gw_comm_t comm) {
   static _Thread_local char copy[GW_ERRMSG_MAX];
   if (!comm || forked_away(comm)) return gw__thread_error(); /* a child's refusals are its thread's */
-  if (!gw__comm_peek(comm, "gw_comm_last_error")) return gw__thread_error();
+  /* gone or going: the thread's error, which a refused call set (not
+   * replaced by this refusal: the call's own message was lost) */
+  if (!peek(comm, "gw_comm_last_error", true)) return gw__thread_error();
   pthread_mutex_lock(&comm->err_mu);
   memcpy(copy, comm->last_error, sizeof copy);
   pthread_mutex_unlock(&comm->err_mu);
@@ -703,16 +706,32 @@ static bool forked_away(const struct gw_comm *comm) {
 }
 bool gw__comm_forked_away(const struct gw_comm *comm) { return forked_away(comm); }
 
-bool gw__comm_peek(struct gw_comm *comm, const char *fn) {
+/* A call refused at the gate (GOING): the thread's error says whether the
+ * communicator is still being destroyed or is gone (its gate outlives the
+ * free, comm_alloc: every call after gw_comm_destroy returned said "being
+ * destroyed on another thread", with no other thread).  Only the gate and the
+ * registry are read: the rest may be freed. */
+static void refuse_going(const struct gw_comm *comm, const char *fn) {
+  char msg[GW_ERRMSG_MAX];
+  if (gw__live_has(comm))
+    snprintf(msg, sizeof msg, "%s: the communicator is being destroyed on another thread", fn);
+  else
+    snprintf(msg, sizeof msg, "%s: %p is not a live communicator (gw_comm_destroy freed it): nothing done", fn,
+             (const void *)comm);
+  gw__set_thread_error(msg);
+}
+
+/* gw__comm_peek; quiet: a refusal leaves the thread's error as it is. */
+static bool peek(struct gw_comm *comm, const char *fn, bool quiet) {
   if (forked_away(comm)) return true;
   atomic_fetch_add(&comm->peeking, 1); /* seq_cst: destroy's GOING, then its look at peeking */
   if (atomic_load(&comm->destroying) != GW_DESTROY_GOING) return true;
-  char msg[GW_ERRMSG_MAX];
-  snprintf(msg, sizeof msg, "rank %d: %s: the communicator is being destroyed on another thread", comm->rank, fn);
-  gw__set_thread_error(msg);
   atomic_fetch_sub(&comm->peeking, 1);
+  if (!quiet) refuse_going(comm, fn);
   return false;
 }
+
+bool gw__comm_peek(struct gw_comm *comm, const char *fn) { return peek(comm, fn, false); }
 
 void gw__comm_unpeek(struct gw_comm *comm) {
   if (!forked_away(comm)) atomic_fetch_sub(&comm->peeking, 1);
@@ -745,10 +764,8 @@ gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn) {
      * goes to this thread's error (gw_comm_last_error(NULL)), and nothing of
      * the communicator is touched after the count (it took the lock and set
      * the communicator's error under a free). */
-    char msg[GW_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "rank %d: %s: the communicator is being destroyed on another thread", comm->rank, fn);
-    gw__set_thread_error(msg);
     atomic_fetch_sub(&comm->inside, 1);
+    refuse_going(comm, fn);
     return GW_ERR_INVALID_ARGUMENT;
   }
   return GW_SUCCESS;

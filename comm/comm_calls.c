@@ -48,7 +48,10 @@ gw_result_t gw_comm_abort(gw_comm_t comm) {
   /* No gate: from any thread, any time before the free, and from a signal
    * handler: a lock-free flag alone (it logged here, and a handler that
    * interrupted a thread inside the logger's lock deadlocked).  The operations
-   * it stops say so, and destroy does. */
+   * it stops say so, and destroy does.  One destroyed (its gate, which
+   * outlives the free, says GOING) has nothing to stop: refused, not a
+   * success (the flag is cleared when the memory is reused anyway). */
+  if (atomic_load(&comm->destroying) == GW_DESTROY_GOING) return GW_ERR_INVALID_ARGUMENT;
   atomic_store(&comm->aborted, true);
   return GW_SUCCESS;
 }
@@ -193,6 +196,9 @@ gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **han
   if (!buf || !bytes || !handle) {
     r = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_comm_register(buf=%p, bytes=%zu, handle=%p): needs a "
                 "buffer, a size and a place for the handle", comm->rank, buf, bytes, (void *)handle);
+  } else if (bytes > UINTPTR_MAX - (uintptr_t)buf) { /* its end wrapped: a range ending below its start was cached */
+    r = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_comm_register(buf=%p, bytes=%zu): the range runs past the "
+                "end of the address space", comm->rank, buf, bytes);
   } else if (!(reg = calloc(1, sizeof *reg))) {
     r = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", comm->rank);
   } else {

@@ -147,6 +147,15 @@ uint64_t gw__pidns_self(void) {
   return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
+/* " N", or " (automatic)" for a negative default: every setting read with one
+ * takes it for "unset, chosen at run time" (GW_SPIN_US's adaptive spin,
+ * GW_EXCHANGE_MAX_BYTES's auto, ...), and its warning said "the default -1". */
+static const char *default_text(int64_t dflt, char buf[32]) {
+  if (dflt < 0) return " (automatic)";
+  snprintf(buf, 32, " %lld", (long long)dflt);
+  return buf;
+}
+
 int64_t gw__env_int(const char *name, int64_t dflt) {
   const char *s = getenv(name);
   if (!s || !*s) return dflt;
@@ -169,7 +178,8 @@ int64_t gw__env_int(const char *name, int64_t dflt) {
     }
   }
   if (errno || end == s || *end) {
-    GW_WARN(GW_SUB_ENV, "%s=%s is not an integer in range; using the default %lld", name, s, (long long)dflt);
+    char d[32];
+    GW_WARN(GW_SUB_ENV, "%s=%s is not an integer in range; using the default%s", name, s, default_text(dflt, d));
     return dflt;
   }
   GW_INFO(GW_SUB_ENV, "%s set to %lld", name, v);
@@ -248,8 +258,9 @@ bool gw__live_take_or_refuse(const void *p, const char *fn, const char *what) {
 int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min) {
   const int64_t v = gw__env_int(name, dflt);
   if (v >= min || v == dflt) return v; /* (a default below min means "automatic") */
-  GW_WARN(GW_SUB_ENV, "%s=%s is below its least value %lld; using the default %lld", name, getenv(name),
-          (long long)min, (long long)dflt);
+  char d[32];
+  GW_WARN(GW_SUB_ENV, "%s=%s is below its least value %lld; using the default%s", name, getenv(name), (long long)min,
+          default_text(dflt, d));
   return dflt;
 }
 

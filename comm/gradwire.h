@@ -100,7 +100,10 @@ gw_result_t gw_comm_init(gw_comm_t *comm, int nranks, int rank, const char *mast
  * gw_comm_get_async_error, gw_comm_rank, ...: a watchdog's) does not refuse
  * it: destroy waits for the accessor to return, and one that starts after
  * destroy went ahead is refused (its message in gw_comm_last_error(NULL)).
- * The handle is invalid afterwards.  Stream-ordered
+ * The handle is invalid afterwards: calls on it are refused as "not a live
+ * communicator" (gw_comm_abort: GW_ERR_INVALID_ARGUMENT) until a later
+ * gw_comm_init reuses its memory, as file descriptors are reused; from then
+ * on the old handle names the new communicator, so drop it.  Stream-ordered
  * operations nobody waits for run first.  A child forked without exec
  * cannot use its parent's communicators or their bucketers: every call on
  * them, destroy included, is refused there, and nothing the child does

@@ -464,6 +464,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
                            int nsamples, const char *note) {
   struct gw_errctx err;
   const char *bad = !path ? "a NULL path" : !samples ? "NULL samples" : nranks < 2 ? "fewer than 2 ranks"
+                  : nranks > GW_MAX_NRANKS ? "more ranks than a communicator may have (2^20)"
                   : nsamples < 2 ? "fewer than 2 samples"
                   : note && (strpbrk(note, "\n\r") || strlen(note) > 200) ? "a note of several lines or over 200 characters"
                   : NULL;

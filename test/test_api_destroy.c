@@ -162,6 +162,13 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   r = gw_comm_deregister(comm, h);
   EXPECT(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(comm), "is not a live registration"),
          "deregister twice: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  /* A range whose end wraps past the address space: refused (it was taken,
+   * cached with its end below its start) */
+  EXPECT(gw_comm_register(comm, buf, SIZE_MAX, &h) == GW_ERR_INVALID_ARGUMENT && !h &&
+             has(gw_comm_last_error(comm), "runs past the end of the address space"),
+         "register of SIZE_MAX bytes: %s", gw_comm_last_error(comm));
+  EXPECT(gw_comm_register(comm, (void *)(UINTPTR_MAX - 4095), 8192, &h) == GW_ERR_INVALID_ARGUMENT,
+         "register of 8 KiB from 4 KiB below the top: %s", gw_comm_last_error(comm));
   /* Registrations are the process's: dropped without a communicator (one that
    * outlived its communicator could not be dropped at all). */
   EXPECT(gw_comm_register(comm, buf, sizeof buf, &h) == GW_SUCCESS, "register again");
@@ -260,6 +267,19 @@ static int body_destroy_in_use(gw_comm_t comm, int rank, int n, void *arg) {
   EXPECT(gw_comm_init(&once, 1, 0, NULL) == GW_SUCCESS && gw_comm_destroy(once) == GW_SUCCESS, "a 1-rank communicator");
   EXPECT(gw_comm_destroy(once) == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), "is not a live communicator"),
          "a second destroy: %s", gw_comm_last_error(NULL));
+  /* calls on it, with no other thread: not "being destroyed on another
+   * thread"; gw_comm_last_error on it keeps the refused call's message (it
+   * put its own refusal there); gw_comm_abort is no success */
+  int rk = -1;
+  float v = 1;
+  EXPECT(gw_comm_rank(once, &rk) == GW_ERR_INVALID_ARGUMENT &&
+             has(gw_comm_last_error(NULL), "gw_comm_rank: ") &&
+             has(gw_comm_last_error(NULL), "is not a live communicator (gw_comm_destroy freed it)"),
+         "gw_comm_rank after destroy: %s", gw_comm_last_error(NULL));
+  EXPECT(gw_allreduce(&v, &v, 1, GW_FLOAT32, GW_SUM, once, NULL) == GW_ERR_INVALID_ARGUMENT &&
+             has(gw_comm_last_error(once), "gw_allreduce: ") && has(gw_comm_last_error(once), "is not a live"),
+         "gw_allreduce after destroy, its error read through the handle: %s", gw_comm_last_error(NULL));
+  EXPECT(gw_comm_abort(once) == GW_ERR_INVALID_ARGUMENT, "gw_comm_abort after destroy succeeded");
   EXPECT(gw_comm_init(&once, 1, 0, NULL) == GW_SUCCESS && gw_comm_destroy(once) == GW_SUCCESS,
          "a communicator made after it: %s", gw_comm_last_error(NULL));
   return 0;

@@ -352,6 +352,29 @@ START_TEST(test_env_numbers) {
     const int64_t got = gw__env_int("GW_TEST_NUMBER", 7);
     ck_assert_msg(got == ints[i].want, "'%s' read as %lld", ints[i].text, (long long)got);
   }
+  /* junk where the default is a negative "automatic": the warning says so
+   * (it said "using the default -1"); stderr caught in a file meanwhile */
+  char said[512] = {0};
+  FILE *caught = tmpfile();
+  ck_assert_ptr_nonnull(caught);
+  fflush(stderr);
+  const int saved = dup(2);
+  ck_assert(saved >= 0 && dup2(fileno(caught), 2) == 2);
+  setenv("GW_TEST_NUMBER", "abc", 1);
+  const int64_t got = gw__env_int("GW_TEST_NUMBER", -1), got_min = gw__env_int_min("GW_TEST_NUMBER", -1, 0);
+  setenv("GW_TEST_NUMBER", "-5", 1);
+  const int64_t below = gw__env_int_min("GW_TEST_NUMBER", 3, 0);
+  fflush(stderr);
+  ck_assert(dup2(saved, 2) == 2 && close(saved) == 0);
+  rewind(caught);
+  ck_assert(fread(said, 1, sizeof said - 1, caught) > 0);
+  fclose(caught);
+  ck_assert_msg(got == -1 && got_min == -1 && below == 3, "read as %lld, %lld, %lld", (long long)got,
+                (long long)got_min, (long long)below);
+  ck_assert_msg(strstr(said, "GW_TEST_NUMBER=abc is not an integer in range; using the default (automatic)") &&
+                    strstr(said, "GW_TEST_NUMBER=-5 is below its least value 0; using the default 3") &&
+                    !strstr(said, "default -1"),
+                "the warnings said:\n%s", said);
   unsetenv("GW_TEST_NUMBER");
 }
 END_TEST

@@ -277,6 +277,12 @@ START_TEST(test_fit_tree_levels) {
                 gw_comm_last_error(NULL));
   s[2].proto = "auto";
   ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  s[2].proto = "simple";
+  /* more ranks than a communicator may have: said as such (it was "no
+   * algorithm and protocol could be fitted") */
+  ck_assert_int_eq(gw_tune_write(path, (1 << 20) + 1, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "more ranks than a communicator may have"), "%s",
+                gw_comm_last_error(NULL));
   /* nothing to fit (every sample of one size): refused, the file as it was
    * (a header and no rows was written, and success said) */
   write_file(path, "tree simple 0.7 7 2\n");
