@@ -20,6 +20,7 @@
  *                    [--batch 16] [--backend cpu|cudnn] [--tf32 0|1] [--act fp32|bf16|fp16] [--no-fuse]
  *                    [--layout nchw|nhwc] [--threads T]
  *                    [--steps 5] [--warmup 2] [--profile N]
+ * (--layout: by default gw-train's, gw_backend_default_layout)
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -129,7 +130,7 @@ int main(int argc, char **argv) {
 #else
   struct gw_model_config cfg;
   gw_model_config_default(&cfg);
-  int batch = 16, threads = 0, steps = 5, warmup = 2, profile = 0, tf32 = 0, act = GW_FLOAT32, no_fuse = 0, layout = GW_LAYOUT_NCHW;
+  int batch = 16, threads = 0, steps = 5, warmup = 2, profile = 0, tf32 = 0, act = GW_FLOAT32, no_fuse = 0, layout = -1;
   const struct gw_backend_ops *ops = NULL;
 #if GW_HAVE_ONEDNN
   ops = &gw_backend_cpu;
@@ -200,6 +201,7 @@ int main(int argc, char **argv) {
   struct gw_exec *e;
   struct gw_sgd *sgd;
   CHECK(gw_model_init(&m, &cfg));
+  if (layout < 0) layout = gw_backend_default_layout(ops->name, act, cfg.image_size); /* gw-train's default */
   struct gw_backend_config bc = {.threads = threads, .tf32 = tf32, .act = act, .layout = layout};
   gw_result_t r = ops->create(&bc, &b);
   if (r == GW_ERR_UNSUPPORTED) {

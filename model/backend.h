@@ -70,6 +70,16 @@ struct gw_backend_config {
 /* gw_backend_config.layout. */
 enum { GW_LAYOUT_NCHW = 0, GW_LAYOUT_NHWC = 1 };
 
+/* The layout a trainer takes when none is given (gw-train, model_bench): the
+ * one measured faster end to end for ResNet-50 on the backend named ("cpu",
+ * "cudnn"), its activations' dtype and the images' side.  cudnn: NHWC with
+ * 16-bit activations (bf16 1.11x NCHW on an H200), NCHW for float32 and TF32
+ * (NHWC not measured).  cpu: NHWC below 56 px (28x28: 1.17x float32, 1.22x
+ * bf16; 32x32: 1.12x; oneDNN's blocked kernels then pay more for the
+ * transposes to and from NCHW around every convolution than they gain),
+ * NCHW from there (56 and 112 even, 224: NCHW 1.17x). */
+int gw_backend_default_layout(const char *backend, int act, int image_size);
+
 /* An activation tensor: the x, y, dx and dy of every layer, the logits and their
  * gradient.  Its elements are of the backend's activation dtype (act_dtype):
  * float32 unless the backend was created with another. */

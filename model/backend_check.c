@@ -2,6 +2,7 @@
  * op_create (backend.h: the shapes per layer kind), with one wording whichever
  * backend refuses. */
 #include <stdio.h>
+#include <string.h>
 
 #include "backend.h"
 #include "model_internal.h"
@@ -90,4 +91,9 @@ gw_result_t gw__backend_layout(const char *be, const struct gw_backend_config *c
                           be, layout);
   *nhwc = layout == GW_LAYOUT_NHWC;
   return GW_SUCCESS;
+}
+
+int gw_backend_default_layout(const char *backend, int act, int image_size) {
+  if (backend && !strcmp(backend, "cudnn")) return act != GW_FLOAT32 ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
+  return image_size > 0 && image_size < 56 ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
 }

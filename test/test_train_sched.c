@@ -507,7 +507,7 @@ START_TEST(test_default_threads) {
   gwrun_wait(&r, 120);
   expect_ok(&r);
   char said[64];
-  snprintf(said, sizeof said, "on cpu, %d thread%s per rank", want, want > 1 ? "s" : "");
+  snprintf(said, sizeof said, ", %d thread%s per rank", want, want > 1 ? "s" : "");
   ck_assert_msg(strstr(r.out, said), "2 ranks on %d cores: expected '%s':\n%s", CPU_COUNT(&set), said, r.out);
   gwrun_free(&r);
   /* Ranks a launcher bound to cores of their own keep them (GW_TRAIN_TEST_CPUS

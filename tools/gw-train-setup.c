@@ -401,11 +401,9 @@ static int setup_model(struct trainer *t) {
   if (o->threads) t->threads = o->threads;
   struct gw_backend_config bc = {.threads = t->threads, .tf32 = o->tf32,
                                  .act = o->amp, .layout = o->layout};
-  /* What was measured faster end to end (docs/gpu.md): NHWC with 16-bit
-   * activations on cudnn (bf16 1.11x NCHW on an H200, fp16 even); NCHW for
-   * float32 and TF32 there (NHWC not measured) and on cpu (oneDNN). */
-  if (o->layout < 0)
-    bc.layout = !strcmp(o->backend, "cudnn") && o->amp != GW_FLOAT32 ? GW_LAYOUT_NHWC : GW_LAYOUT_NCHW;
+  /* What was measured faster end to end (backend.h): NHWC with 16-bit
+   * activations on cudnn, and on cpu for images under 56 px; else NCHW. */
+  if (o->layout < 0) bc.layout = gw_backend_default_layout(o->backend, o->amp, cfg.image_size);
 #if GW_HAVE_CUDNN
   if (!strcmp(o->backend, "cudnn") && !(t->ops = gw_backend_cudnn_ops()))
     return train_fail(t, "--backend", gw_model_last_error());
