@@ -66,6 +66,7 @@ int gw_op_from_name(const char *name) {
 /* ---- errors ----------------------------------------------------------------------- */
 static bool forked_away(const struct gw_comm *comm);
 static bool peek(struct gw_comm *comm, const char *fn, bool quiet);
+static void refuse_going(const struct gw_comm *comm, const char *fn);
 
 void gw__comm_set_error(struct gw_comm *comm, const char *msg) {
   /* a forked child's copy: its err_mu may have been held at the fork, and
@@ -90,7 +91,10 @@ const char *gw_comm_last_error(gw_comm_t comm) {
   if (!comm || forked_away(comm)) return gw__thread_error(); /* a child's refusals are its thread's */
   /* gone or going: the thread's error, which a refused call set (not
    * replaced by this refusal: the call's own message was lost) */
-  if (!peek(comm, "gw_comm_last_error", true)) return gw__thread_error();
+  if (!peek(comm, "gw_comm_last_error", true)) {
+    if (!gw__thread_error()[0]) refuse_going(comm, "gw_comm_last_error"); /* a thread that made no call on it */
+    return gw__thread_error();
+  }
   pthread_mutex_lock(&comm->err_mu);
   memcpy(copy, comm->last_error, sizeof copy);
   pthread_mutex_unlock(&comm->err_mu);

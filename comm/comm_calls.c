@@ -48,12 +48,13 @@ gw_result_t gw_comm_abort(gw_comm_t comm) {
   /* No gate: from any thread, any time before the free, and from a signal
    * handler: a lock-free flag alone (it logged here, and a handler that
    * interrupted a thread inside the logger's lock deadlocked).  The operations
-   * it stops say so, and destroy does.  One destroyed (its gate, which
-   * outlives the free, says GOING) has nothing to stop: refused, not a
-   * success (the flag is cleared when the memory is reused anyway). */
-  if (atomic_load(&comm->destroying) == GW_DESTROY_GOING) return GW_ERR_INVALID_ARGUMENT;
+   * it stops say so, and destroy does.  One being destroyed or destroyed
+   * (its gate, which outlives the free, says GOING) is refused, not a
+   * success, but the flag is set still: a destroy under way tells the peers
+   * of it (one done has its memory kept for reuse, which clears the flag). */
+  const bool going = atomic_load(&comm->destroying) == GW_DESTROY_GOING;
   atomic_store(&comm->aborted, true);
-  return GW_SUCCESS;
+  return going ? GW_ERR_INVALID_ARGUMENT : GW_SUCCESS;
 }
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {

@@ -64,7 +64,7 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
 #endif
     return res;
   }
-  if ((arg = spec_arg(spec, "synthetic")) && *arg)
+  if ((arg = spec_arg(spec, "synthetic")) && (*arg || strchr(spec, ':')))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "dataset \"%s\": synthetic takes no argument (its shape comes from "
                           "the model's flags)", spec);
   if (arg) {

@@ -68,6 +68,7 @@ struct gw_op {
    * position): the bytes of dx / dw outside the taps it reads, zeroed before
    * the backward writes the rest (0: it reads all of them) */
   size_t zero_dx_bytes, zero_dw_bytes;
+  int as_inner_product;
 };
 
 #define DNNL_TRY(call, what)                                                                   \
@@ -97,5 +98,6 @@ gw_result_t gw__cpu_conv_create(struct gw_op *op, const char *what);
 gw_result_t gw__cpu_relu_create(struct gw_op *op, const char *what);
 gw_result_t gw__cpu_maxpool_create(struct gw_op *op, const char *what);
 gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what);
+int gw__cpu_conv_is_inner_product(const struct gw_op *op);
 
 #endif

@@ -33,7 +33,8 @@ static int is_ref_impl(const_dnnl_primitive_desc_t pd) {
  * and dst, oneDNN choosing its own for each (the same dtypes; its weights in
  * src's).  The fully connected layer's, and the convolutions of one output
  * position's.  With no_ref, returns GW_ERR_UNSUPPORTED with nothing planned
- * where oneDNN would run any of the three on a reference implementation. */
+ * where oneDNN has none of the three, or would run one on a reference
+ * implementation. */
 static gw_result_t plan_inner_product(struct gw_op *op, const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
                                       const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst, int no_ref,
                                       const char *what) {
@@ -46,16 +47,22 @@ static gw_result_t plan_inner_product(struct gw_op *op, const dnnl_memory_desc_t
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dwei_any, wei->ndims, wei->dims, dnnl_f32, dnnl_format_tag_any), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_any, dst->ndims, dst->dims, b->adt, dnnl_format_tag_any), what);
   dnnl_inner_product_desc_t ipd;
-  DNNL_TRY(dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &src_any, &wei_any, bias, &dst_any), what);
-  DNNL_TRY(dnnl_primitive_desc_create(&pd, &ipd, NULL, b->engine, NULL), what);
-  DNNL_TRY(dnnl_inner_product_backward_data_desc_init(&ipd, &src_any, &wei_any, &dst_any), what);
-  DNNL_TRY(dnnl_primitive_desc_create(&dpd, &ipd, NULL, b->engine, pd), what);
-  DNNL_TRY(dnnl_inner_product_backward_weights_desc_init(&ipd, &src_any, &dwei_any, bias, &dst_any), what);
-  DNNL_TRY(dnnl_primitive_desc_create(&wpd, &ipd, NULL, b->engine, pd), what);
-  if (no_ref && (is_ref_impl(pd) || is_ref_impl(dpd) || is_ref_impl(wpd))) {
-    res = GW_ERR_UNSUPPORTED;
-    goto fail;
-  }
+  /* with no_ref, none at all is as a reference one: declined (nothing planned yet) */
+#define IP_PD(desc_init, out, hint)                                                               \
+  do {                                                                                            \
+    DNNL_TRY(desc_init, what);                                                                    \
+    const dnnl_status_t st_pd_ = dnnl_primitive_desc_create(&(out), &ipd, NULL, b->engine, hint); \
+    if (no_ref && (st_pd_ == dnnl_unimplemented || (st_pd_ == dnnl_success && is_ref_impl(out)))) { \
+      res = GW_ERR_UNSUPPORTED;                                                                   \
+      goto fail;                                                                                  \
+    }                                                                                             \
+    DNNL_TRY(st_pd_, what);                                                                       \
+  } while (0)
+  IP_PD(dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &src_any, &wei_any, bias, &dst_any), pd,
+        NULL);
+  IP_PD(dnnl_inner_product_backward_data_desc_init(&ipd, &src_any, &wei_any, &dst_any), dpd, pd);
+  IP_PD(dnnl_inner_product_backward_weights_desc_init(&ipd, &src_any, &dwei_any, bias, &dst_any), wpd, pd);
+#undef IP_PD
   DNNL_TRY(dnnl_primitive_create(&op->fwd.prim, pd), what);
   GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_SRC, src, query(pd, dnnl_query_src_md), 0, what));
   GW_MODEL_TRY_GOTO(gw__cpu_step_arg(b, &op->fwd, DNNL_ARG_WEIGHTS, wei, query(pd, dnnl_query_weights_md), 0, what));
@@ -117,6 +124,7 @@ static gw_result_t conv_as_inner_product(struct gw_op *op, const char *what) {
   wei.offset0 = d->pad * K + d->pad; /* the first tap read (the weights' gradient: the same view) */
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dst_dims, b->adt, dnnl_nc), what);
   GW_MODEL_TRY_GOTO(plan_inner_product(op, &src, &wei, NULL, &dst, 1, what));
+  op->as_inner_product = 1;
   const size_t es = b->adt == dnnl_bf16 ? 2 : 4;
   op->zero_dx_bytes = hr * wr < H * W ? (size_t)(d->n * C * H * W) * es : 0;
   op->zero_dw_bytes = hr * wr < K * K ? (size_t)(d->k * C * K * K) * sizeof(float) : 0;
@@ -286,5 +294,8 @@ gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what) {
 fail:
   return res;
 }
+
+/* Tests: whether a convolution was planned as an inner product. */
+int gw__cpu_conv_is_inner_product(const struct gw_op *op) { return op && op->as_inner_product; }
 
 #endif /* GW_HAVE_ONEDNN */

@@ -282,6 +282,7 @@ START_TEST(bad_specs) {
                "fashion-mnist:DIR");
   ck_assert_ptr_null(ds);
   expect_error(gw_dataset_open(&ds, "synthetic:10", GW_SPLIT_TRAIN, NULL), "synthetic:10", "no argument");
+  expect_error(gw_dataset_open(&ds, "synthetic:", GW_SPLIT_TRAIN, NULL), "synthetic:", "no argument");
   expect_error(gw_dataset_open(&ds, "imagenet:/nonexistent/x", GW_SPLIT_TRAIN, NULL), "/nonexistent/x/train",
                "cannot open");
   expect_error(gw_dataset_synthetic(&ds, 0, 3, 8, 10, 0), "synthetic", "positive");

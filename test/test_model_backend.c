@@ -80,6 +80,24 @@ static void conv_ref(const struct gw_op_desc *d, const float *x, const float *w,
 /* Runs one convolution through the backend (twice, with different buffers, so
  * stale data handles would show) and compares it with the reference.  `w` may be
  * given (model weights) or NULL (random). */
+#if GW_HAVE_ONEDNN
+int gw__cpu_conv_is_inner_product(const struct gw_op *op); /* backend_cpu_prims.c */
+#endif
+
+/* On cpu, a convolution of one output position is planned as an inner
+ * product (unless GW_CPU_CONV_IP=0): the grids' shapes of that kind test it,
+ * not the direct convolution it falls back to. */
+static void expect_planned(const struct gw_op_desc *d, const struct gw_op *op, const char *label) {
+#if GW_HAVE_ONEDNN
+  const char *env = getenv("GW_CPU_CONV_IP");
+  if (be == &gw_backend_cpu && d->p == 1 && d->q == 1 && !(env && !strcmp(env, "0")))
+    ck_assert_msg(gw__cpu_conv_is_inner_product(op), "%s: one output position, not planned as an inner product",
+                  label);
+#else
+  (void)d, (void)op, (void)label;
+#endif
+}
+
 static void check_conv(struct gw_backend *b, const struct gw_op_desc *d, const float *given_w, const char *label) {
   size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
   size_t ny = (size_t)d->n * d->k * d->p * d->q;
@@ -89,6 +107,7 @@ static void check_conv(struct gw_backend *b, const struct gw_op_desc *d, const f
   struct gw_op *op = NULL;
   gw_result_t r = be->op_create(b, d, &op);
   ck_assert_msg(r == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+  expect_planned(d, op, label);
   for (int round = 0; round < 2; round++) {
     struct tensor o = round ? y2 : y;
     fill(x.h, nx, 1000 + (uint64_t)round);
@@ -260,6 +279,7 @@ static void check_conv_bwd(struct gw_backend *b, const struct gw_op_desc *d, con
   ck_assert(rdx && mdx && rdw && mdw);
   struct gw_op *op = NULL;
   ck_assert_msg(be->op_create(b, d, &op) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
+  expect_planned(d, op, label);
   for (int round = 0; round < 2; round++) {
     fill(x.h, nx, 3000 + (uint64_t)round), fill(w.h, nw, 4000 + (uint64_t)round);
     fill(dy.h, ny, 5000 + (uint64_t)round);

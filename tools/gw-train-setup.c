@@ -201,27 +201,31 @@ void train_data_options(const struct train_opts *o, struct gw_data_options *d) {
  * split of unreadable files failed the job at its first evaluation, after an
  * epoch's training (the checkpoint before it kept the epoch, --save-weights
  * was never written).  Reads the split's samples in order up to the first
- * readable one (one, as a rule); every rank alike, so they fail together. */
+ * readable one (one, as a rule).  Collective: a rank whose copy of the files
+ * differs fails with the others (fail_together), each saying its part. */
 static int some_eval_sample_readable(struct trainer *t) {
   const int64_t n = gw_dataset_size(t->val_ds);
   float *x = malloc(gw_dataset_sample_floats(t->val_ds) * sizeof *x);
-  if (!x) return train_fail(t, "--data (evaluation split)", "out of memory");
-  char last[200] = "";
-  gw_result_t r = GW_DATA_SKIPPED;
-  for (int64_t i = 0; i < n && r == GW_DATA_SKIPPED; i++) {
+  char last[200] = "", why[400] = "";
+  gw_result_t r = x ? GW_DATA_SKIPPED : GW_ERR_SYSTEM;
+  for (int64_t i = 0; x && i < n && r == GW_DATA_SKIPPED; i++) {
     int32_t label;
     if ((r = gw_dataset_get(t->val_ds, i, 0, 0, x, &label)) == GW_DATA_SKIPPED)
       snprintf(last, sizeof last, "%s", gw_data_last_error());
   }
   free(x);
-  if (r == GW_SUCCESS) return 0;
-  char why[400];
   if (r == GW_DATA_SKIPPED)
     snprintf(why, sizeof why, "none of the %lld samples of the evaluation split is readable (the last: %s); "
              "--no-eval trains without it", (long long)n, last);
-  else
-    snprintf(why, sizeof why, "%s", gw_data_last_error());
-  return train_fail(t, "--data (evaluation split)", why);
+  else if (r != GW_SUCCESS)
+    snprintf(why, sizeof why, "%s", x ? gw_data_last_error() : "out of memory");
+  double bad = why[0] != 0;
+  if (train_allreduce_d(t, &bad, 1, "comparing the evaluation splits' reads") != 0) return -1;
+  if (bad == 0) return 0;
+  char others[160];
+  snprintf(others, sizeof others, "%.0f rank(s) found no readable sample in the evaluation split (their logs say "
+           "why)", bad);
+  return fail_together(t, "--data (evaluation split)", why[0] ? why : others, why[0] != 0);
 }
 
 static int open_data(struct trainer *t) {
