@@ -114,7 +114,9 @@ gw_result_t gw_comm_destroy(gw_comm_t comm);
  * flag): every operation of comm that is waiting, and every later one, fails
  * with GW_ERR_ABORTED, or with the error the communicator had already failed
  * with (peers are told, as for any failure).  Destroy the communicator once
- * its calls have returned; a new one can be made. */
+ * its calls have returned; a new one can be made.  On a communicator being
+ * destroyed or destroyed it returns GW_ERR_INVALID_ARGUMENT (a destroy under
+ * way still tells the peers). */
 gw_result_t gw_comm_abort(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);

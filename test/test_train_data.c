@@ -30,6 +30,24 @@ static void write_jpeg(const char *file, int w, int h, unsigned seed, double kee
   free(px);
 }
 
+/* ROOT/SPLIT/cat and ROOT/SPLIT/dog made; with junk, each holding x.jpg of
+ * that text (no picture). */
+static void class_dirs(const char *root, const char *split, const char *const classes[2], const char *junk) {
+  char dir[700], file[800];
+  snprintf(dir, sizeof dir, "%s/%s", root, split);
+  mkdir(dir, 0777);
+  for (int c = 0; c < 2; c++) {
+    snprintf(dir, sizeof dir, "%s/%s/%s", root, split, classes[c]);
+    ck_assert_int_eq(mkdir(dir, 0777), 0);
+    if (!junk) continue;
+    snprintf(file, sizeof file, "%s/x.jpg", dir);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(junk, f);
+    fclose(f);
+  }
+}
+
 /* An ImageNet-style tree with a truncated JPEG and a text file posing as one:
  * training goes on, and the metrics count the samples that were replaced. */
 START_TEST(test_imagefolder_bad_files_skipped) {
@@ -162,12 +180,7 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   char root2[512], spec2[600];
   path(root2, sizeof root2, "folder-eval-only");
   mkdir(root2, 0777);
-  for (int c = 0; c < 2; c++) {
-    snprintf(dir, sizeof dir, "%s/train", root2);
-    mkdir(dir, 0777);
-    snprintf(dir, sizeof dir, "%s/train/%s", root2, classes[c]);
-    ck_assert_int_eq(mkdir(dir, 0777), 0);
-  }
+  class_dirs(root2, "train", classes, NULL);
   snprintf(dir, sizeof dir, "%s/val", root);
   snprintf(file, sizeof file, "%s/val", root2);
   ck_assert_int_eq(symlink(dir, file), 0);
@@ -211,16 +224,7 @@ START_TEST(test_imagefolder_bad_files_skipped) {
   snprintf(dir, sizeof dir, "%s/train", root);
   snprintf(file, sizeof file, "%s/train", root4);
   ck_assert_int_eq(symlink(dir, file), 0);
-  for (int c = 0; c < 2; c++) {
-    snprintf(dir, sizeof dir, "%s/val", root4);
-    mkdir(dir, 0777);
-    snprintf(dir, sizeof dir, "%s/val/%s", root4, classes[c]);
-    ck_assert_int_eq(mkdir(dir, 0777), 0);
-    snprintf(file, sizeof file, "%s/x.jpg", dir);
-    f = fopen(file, "w");
-    fputs("no picture\n", f);
-    fclose(f);
-  }
+  class_dirs(root4, "val", classes, "no picture\n");
   snprintf(spec4, sizeof spec4, "imagenet:%s", root4);
   train_there[4] = spec4;
   gwrun_start(&r, noenv, train_there);
