@@ -19,6 +19,7 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <dirent.h>
 #include <netdb.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -429,9 +430,33 @@ END_TEST
  * do (it ended a job after ~30 s of outage whatever the ranks were told):
  * read from /proc/net/tcp while both nodes run, its keepalive timer ("tr"
  * 2, "tm->when" in 1/100 s) on both ends of the link (node 0's launcher
- * port, the master's + 1).  Unset: within 10 s; 60: past 30 s; 0: none. */
-static int link_timers(int port, int *keepalive, long *most)
+ * port, the master's + 1).  Unset: within 10 s; 60: past 30 s; 0: none.
+ * Only sockets the two launchers hold count (their /proc/PID/fd): another
+ * test's connection can take the port as its ephemeral one between
+ * gwrun_free_port_pair and the launcher's bind, and was seen as more ends. */
+static int socket_inodes(pid_t pid, unsigned long *inodes, int n, int cap)
 {
+    char dir[64], path[320], target[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return n;
+    for (struct dirent *e; (e = readdir(d)) && n < cap;) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        const ssize_t len = readlink(path, target, sizeof target - 1);
+        unsigned long ino;
+        if (len > 0 && (target[len] = 0, sscanf(target, "socket:[%lu]", &ino) == 1))
+            inodes[n++] = ino;
+    }
+    closedir(d);
+    return n;
+}
+
+static int link_timers(int port, const pid_t pids[2], int *keepalive, long *most)
+{
+    unsigned long inodes[256];
+    int ninodes = socket_inodes(pids[0], inodes, 0, 256);
+    ninodes = socket_inodes(pids[1], inodes, ninodes, 256);
     FILE *f = fopen("/proc/net/tcp", "r");
     if (!f)
         return -1;
@@ -440,9 +465,15 @@ static int link_timers(int port, int *keepalive, long *most)
     *keepalive = 0, *most = 0;
     while (fgets(line, sizeof line, f)) {
         unsigned lport, rport, st, tr;
-        unsigned long when;
-        if (sscanf(line, " %*d: %*x:%x %*x:%x %x %*x:%*x %x:%lx", &lport, &rport, &st, &tr, &when) != 5 || st != 1 ||
-            ((int)lport != port && (int)rport != port))
+        unsigned long when, ino;
+        if (sscanf(line, " %*d: %*x:%x %*x:%x %x %*x:%*x %x:%lx %*x %*u %*d %lu", &lport, &rport, &st, &tr, &when,
+                   &ino) != 6 ||
+            st != 1 || ((int)lport != port && (int)rport != port))
+            continue;
+        bool ours = false;
+        for (int i = 0; i < ninodes && !ours; i++)
+            ours = inodes[i] == ino;
+        if (!ours)
             continue;
         n++;
         if (tr == 2)
@@ -466,17 +497,18 @@ START_TEST(test_multinode_link_keepalive)
                                   "sleep", "2", NULL};
             gwrun_start(&r[node], env, args);
         }
+        const pid_t pids[2] = {r[0].pid, r[1].pid};
         /* the link up (both ends seen), then idle: a frame in flight has a
          * retransmission timer instead, for a moment */
         int conns = 0, ka = 0, ka_max = 0;
         long most = 0;
         for (int i = 0; i < 40 && conns < 2; i++) {
             usleep(50 * 1000);
-            conns = link_timers(port + 1, &ka, &most);
+            conns = link_timers(port + 1, pids, &ka, &most);
         }
         for (int i = 0; i < 10 && conns == 2 && ka_max < 2; i++) {
             usleep(100 * 1000);
-            if (link_timers(port + 1, &ka, &most) == 2 && ka > ka_max)
+            if (link_timers(port + 1, pids, &ka, &most) == 2 && ka > ka_max)
                 ka_max = ka;
         }
         ka = ka_max;
