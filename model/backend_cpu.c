@@ -165,6 +165,48 @@ static void cpu_op_destroy(struct gw_op *op) {
   free(op);
 }
 
+/* An output out of oneDNN's blocked layout by gw__cpu_unblock (the weight
+ * gradients: oneDNN 2.6 reorders the 1x1 convolutions' "ABcd16b64a" to plain
+ * at ~3.4 GB/s on this machine's two cores, 2048 x 1024 in 2.45 ms, the loop
+ * at ~18 GB/s, 0.46 ms; "ABcd16b16a" both at ~17-18 GB/s; about 7 ms of a
+ * 28x28 batch-64 step's ~170):
+ * where `chosen` has two inner blocks on two dims and no padding, `plain` no
+ * blocks, both of one 2- or 4-byte type (arg_init: not with GW_CPU_UNBLOCK=0,
+ * oneDNN's reorder always, for A/B runs).  test_model_backend checks it
+ * against oneDNN's. */
+bool gw__cpu_plan_unblock(struct gw_cpu_unblock *t, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *chosen) {
+  const int nd = chosen->ndims;
+  if (nd < 2 || nd > 6 || plain->ndims != nd || plain->data_type != chosen->data_type) return false;
+  if (chosen->format_kind != dnnl_blocked || plain->format_kind != dnnl_blocked) return false;
+  if (chosen->offset0 || plain->offset0 || chosen->extra.flags || plain->extra.flags) return false;
+  const dnnl_blocking_desc_t *cb = &chosen->format_desc.blocking, *pb = &plain->format_desc.blocking;
+  if (cb->inner_nblks != 2 || pb->inner_nblks != 0 || cb->inner_idxs[0] == cb->inner_idxs[1]) return false;
+  const dnnl_data_type_t dt = chosen->data_type;
+  if (dt != dnnl_f32 && dt != dnnl_bf16 && dt != dnnl_f16) return false;
+  *t = (struct gw_cpu_unblock){.ndims = nd, .p = (int)cb->inner_idxs[0], .q = (int)cb->inner_idxs[1],
+                               .bp = (int)cb->inner_blks[0], .bq = (int)cb->inner_blks[1], .esize = dt == dnnl_f32 ? 4 : 2};
+  if (t->p < 0 || t->p >= nd || t->q < 0 || t->q >= nd || t->bp < 1 || t->bq < 1) return false;
+  for (int d = 0; d < nd; d++) {
+    const int64_t blk = d == t->p ? t->bp : d == t->q ? t->bq : 1;
+    if (chosen->dims[d] != plain->dims[d] || chosen->padded_dims[d] != chosen->dims[d] ||
+        plain->padded_dims[d] != plain->dims[d] || chosen->dims[d] % blk)
+      return false;
+    t->nb[d] = chosen->dims[d] / blk;
+    t->sstride[d] = cb->strides[d];
+    t->dstride[d] = pb->strides[d];
+  }
+  return true;
+}
+
+/* How many of an op's outputs gw__cpu_unblock reorders (test_model_backend). */
+int gw__cpu_op_unblocks(const struct gw_op *op) {
+  int n = 0;
+  const struct step *steps[] = {&op->fwd, &op->bwd_data, &op->bwd_wei};
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < steps[k]->nargs; i++) n += steps[k]->a[i].own_unblock;
+  return n;
+}
+
 /* Sets up one argument of step st: `plain` is the caller's layout, `chosen`
  * oneDNN's.  The reorder goes plain -> chosen for inputs and chosen -> plain
  * for outputs; the reordered copy takes the next place in the step's part of
@@ -176,10 +218,14 @@ static gw_result_t arg_init(struct gw_backend *b, struct step *st, struct arg *a
   DNNL_TRY(dnnl_memory_create(&a->user, plain, b->engine, DNNL_MEMORY_NONE), what);
   if (dnnl_memory_desc_equal(plain, chosen)) return GW_SUCCESS;
   DNNL_TRY(dnnl_memory_create(&a->internal, chosen, b->engine, DNNL_MEMORY_NONE), what);
-  if (is_output) DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, chosen, b->engine, plain, b->engine, NULL), what);
-  else DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, plain, b->engine, chosen, b->engine, NULL), what);
-  DNNL_TRY(dnnl_primitive_create(&a->reorder, rpd), what);
-  dnnl_primitive_desc_destroy(rpd);
+  const char *env = getenv("GW_CPU_UNBLOCK");
+  a->own_unblock = is_output && !(env && !strcmp(env, "0")) && gw__cpu_plan_unblock(&a->unblock, plain, chosen);
+  if (!a->own_unblock) {
+    if (is_output) DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, chosen, b->engine, plain, b->engine, NULL), what);
+    else DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, plain, b->engine, chosen, b->engine, NULL), what);
+    DNNL_TRY(dnnl_primitive_create(&a->reorder, rpd), what);
+    dnnl_primitive_desc_destroy(rpd);
+  }
   /* counted once made (the size includes a blocked layout's padding, which
    * oneDNN 2.x zeroes at each set_data_handle: the arena's bytes are other
    * steps' before) */
@@ -195,6 +241,14 @@ fail:
 
 static gw_result_t run_reorder(struct gw_backend *b, struct arg *a, int is_output, const char *what) {
   gw_result_t res = GW_SUCCESS;
+  if (a->own_unblock) { /* the primitive's results first (step_run_on waits for the stream only at the end) */
+    void *from = NULL, *to = NULL;
+    DNNL_TRY(dnnl_stream_wait(b->stream), what);
+    DNNL_TRY(dnnl_memory_get_data_handle(a->internal, &from), what);
+    DNNL_TRY(dnnl_memory_get_data_handle(a->user, &to), what);
+    gw__cpu_unblock(&a->unblock, from, to);
+    return GW_SUCCESS;
+  }
   dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, is_output ? a->internal : a->user},
                              {DNNL_ARG_TO, is_output ? a->user : a->internal}};
   DNNL_TRY(dnnl_primitive_execute(a->reorder, b->stream, 2, args), what);
@@ -249,7 +303,7 @@ static gw_result_t step_run_on(struct gw_backend *b, struct step *st, const void
   }
   DNNL_TRY(dnnl_primitive_execute(st->prim, b->stream, st->nargs, args), what);
   for (int i = 0; i < st->nargs; i++)
-    if (st->is_output[i] && st->a[i].reorder) GW_MODEL_TRY(run_reorder(b, &st->a[i], 1, what));
+    if (st->is_output[i] && (st->a[i].reorder || st->a[i].own_unblock)) GW_MODEL_TRY(run_reorder(b, &st->a[i], 1, what));
   DNNL_TRY(dnnl_stream_wait(b->stream), what);
   return GW_SUCCESS;
 fail:

@@ -6,11 +6,13 @@
 #define GW_MODEL_BACKEND_CPU_INTERNAL_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
 #include "backend.h"
+#include "backend_cpu_kernels.h"
 #include "model_internal.h"
 
 struct gw_backend {
@@ -42,6 +44,8 @@ struct arg {
   dnnl_memory_t user;     /* plain layout, data handle set per call */
   dnnl_memory_t internal; /* NULL when oneDNN takes the plain layout; its data in the backend's arena */
   dnnl_primitive_t reorder;
+  bool own_unblock;       /* an output reordered by gw__cpu_unblock instead (reorder NULL) */
+  struct gw_cpu_unblock unblock;
   size_t at;              /* internal's offset in the arena */
 };
 
@@ -99,5 +103,8 @@ gw_result_t gw__cpu_relu_create(struct gw_op *op, const char *what);
 gw_result_t gw__cpu_maxpool_create(struct gw_op *op, const char *what);
 gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what);
 int gw__cpu_conv_is_inner_product(const struct gw_op *op);
+/* Whether an output's reorder out of `chosen` into `plain` can be gw__cpu_unblock's (t: its plan). */
+bool gw__cpu_plan_unblock(struct gw_cpu_unblock *t, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *chosen);
+int gw__cpu_op_unblocks(const struct gw_op *op);
 
 #endif

@@ -46,6 +46,20 @@ void gw__cpu_avgpool_bwd(const struct gw_op_desc *d, int act, int nhwc, const vo
 void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logits, const int32_t *labels,
                           float grad_scale, float *loss, void *dlogits);
 
+/* A copy out of one of oneDNN's blocked layouts with two inner blocks (its
+ * weights' and weight gradients' "ABcd16b64a" and the like) into a plain one:
+ * element (i_0 .. i_{ndims-1}) sits in the blocked copy at
+ * sum_d (i_d / blk_d) * sstride[d] + (i_p % bp) * bq + (i_q % bq) and in the
+ * plain one at sum_d i_d * dstride[d] (strides in elements; blk_d is bp for
+ * dim p, bq for dim q, else 1).  nb[d]: dims[d] / blk_d (no padding).
+ * esize: 2 or 4 bytes (copied as they are). */
+struct gw_cpu_unblock {
+  int ndims, p, q, bp, bq;
+  size_t esize;
+  int64_t nb[6], sstride[6], dstride[6];
+};
+void gw__cpu_unblock(const struct gw_cpu_unblock *t, const void *src, void *dst);
+
 /* y = a + b over n elements (y may alias a or b). */
 void gw__cpu_add(size_t n, int act, const void *a, const void *b, void *y);
 

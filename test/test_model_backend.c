@@ -43,6 +43,13 @@
 
 #include "backend.h"
 #include "model_backend_util.h"
+#if GW_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend_cpu_kernels.h"
+#endif
 #include "resnet.h"
 
 #ifdef _OPENMP
@@ -82,6 +89,8 @@ static void conv_ref(const struct gw_op_desc *d, const float *x, const float *w,
  * given (model weights) or NULL (random). */
 #if GW_HAVE_ONEDNN
 int gw__cpu_conv_is_inner_product(const struct gw_op *op); /* backend_cpu_prims.c */
+int gw__cpu_op_unblocks(const struct gw_op *op);           /* backend_cpu.c */
+bool gw__cpu_plan_unblock(struct gw_cpu_unblock *t, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *chosen);
 #endif
 
 /* On cpu, a convolution of one output position is planned as an inner
@@ -270,7 +279,7 @@ static void conv_bwd_ref(const struct gw_op_desc *d, const float *x, const float
 
 /* conv_bwd_data and conv_bwd_weights against conv_bwd_ref, twice with new
  * buffers, after a forward on the same op (so the steps share nothing stale). */
-static void check_conv_bwd(struct gw_backend *b, const struct gw_op_desc *d, const char *label) {
+static void check_conv_bwd(struct gw_backend *b, const struct gw_op_desc *d, const char *label, int *unblocked) {
   size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->kernel * d->kernel;
   size_t ny = (size_t)d->n * d->k * d->p * d->q;
   struct tensor x = act_in(b, d), w = tensor_new(b, nw), y = act_out(b, d), dy = act_out(b, d);
@@ -280,6 +289,11 @@ static void check_conv_bwd(struct gw_backend *b, const struct gw_op_desc *d, con
   struct gw_op *op = NULL;
   ck_assert_msg(be->op_create(b, d, &op) == GW_SUCCESS, "%s: %s", label, gw_model_last_error());
   expect_planned(d, op, label);
+#if GW_HAVE_ONEDNN
+  if (be == &gw_backend_cpu) *unblocked += gw__cpu_op_unblocks(op);
+#else
+  (void)unblocked;
+#endif
   for (int round = 0; round < 2; round++) {
     fill(x.h, nx, 3000 + (uint64_t)round), fill(w.h, nw, 4000 + (uint64_t)round);
     fill(dy.h, ny, 5000 + (uint64_t)round);
@@ -311,16 +325,25 @@ START_TEST(test_conv_bwd_grid) {
       {1, 24, 5, 5, 40, 5, 3, 2},  {2, 8, 1, 1, 16, 3, 2, 1},  {2, 8, 1, 1, 16, 1, 2, 0},
       {2, 3, 1, 1, 8, 7, 2, 3},    {2, 8, 2, 2, 16, 3, 2, 1},  {2, 8, 2, 2, 16, 1, 2, 0},
       {2, 6, 4, 4, 8, 3, 4, 1},    {1, 4, 3, 3, 8, 3, 1, 0},   {2, 5, 3, 2, 7, 3, 3, 1},
+      {2, 64, 4, 4, 128, 1, 1, 0}, /* 1x1 with 64 / 128 channels (oneDNN's 16b64a weight-gradient blocks) */
   };
   struct gw_backend *b = backend();
+  int unblocked = 0;
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int *s = shapes[i];
     struct gw_op_desc d = conv_desc(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]);
     char label[96];
     snprintf(label, sizeof label, "bwd n%d c%d %dx%d k%d kernel%d stride%d pad%d", s[0], s[1], s[2], s[3], s[4],
              s[5], s[6], s[7]);
-    check_conv_bwd(b, &d, label);
+    check_conv_bwd(b, &d, label, &unblocked);
   }
+#if GW_HAVE_ONEDNN
+  /* the cpu backend's own reorder of the weight gradients out of oneDNN's
+   * blocked layouts (gw__cpu_unblock) is what some of these shapes test */
+  const char *env = getenv("GW_CPU_UNBLOCK");
+  if (be == &gw_backend_cpu && !(env && !strcmp(env, "0")))
+    ck_assert_msg(unblocked > 0, "no shape's weight gradient came out of a blocked layout by gw__cpu_unblock");
+#endif
   be->destroy(b);
 }
 END_TEST
@@ -369,6 +392,85 @@ START_TEST(test_conv_bwd_finite_difference) {
   be->destroy(b);
 }
 END_TEST
+
+#if GW_HAVE_ONEDNN
+/* gw__cpu_unblock, the cpu backend's way out of oneDNN's blocked weight
+ * layouts, against oneDNN's own reorder on the same bytes: bit for bit, into
+ * a dense OIHW copy and into a strided view (the inner products' weights: a
+ * rectangle of taps), each destination prefilled so a write outside it, or an
+ * element missed, shows.  Blocked layouts it does not take (one or three
+ * inner blocks, padded dims, a mismatched type) are declined, not mangled. */
+static void unblock_case(dnnl_engine_t eng, dnnl_stream_t st, int nd, const dnnl_dims_t dims, dnnl_format_tag_t tag,
+                         dnnl_data_type_t dt, const dnnl_dims_t view_strides, size_t dst_elems, int want_plan) {
+  char label[96];
+  snprintf(label, sizeof label, "%dD %lldx%lld tag %d dtype %d%s", nd, (long long)dims[0], (long long)dims[1], (int)tag,
+           (int)dt, view_strides ? " into a view" : "");
+  dnnl_memory_desc_t blocked, plain;
+  ck_assert(dnnl_memory_desc_init_by_tag(&blocked, nd, dims, dt, tag) == dnnl_success);
+  if (view_strides) ck_assert(dnnl_memory_desc_init_by_strides(&plain, nd, dims, dt, view_strides) == dnnl_success);
+  else ck_assert(dnnl_memory_desc_init_by_tag(&plain, nd, dims, dt, nd == 2 ? dnnl_ab : dnnl_abcd) == dnnl_success);
+  struct gw_cpu_unblock t;
+  const bool planned = gw__cpu_plan_unblock(&t, &plain, &blocked);
+  ck_assert_msg(planned == (want_plan != 0), "%s: planned %d, expected %d", label, planned, want_plan);
+  if (!planned) return;
+  const size_t esize = dt == dnnl_f32 ? 4 : 2, src_bytes = dnnl_memory_desc_get_size(&blocked);
+  const size_t dst_bytes = dst_elems * esize;
+  unsigned char *src = malloc(src_bytes), *mine = malloc(dst_bytes), *theirs = malloc(dst_bytes);
+  ck_assert(src && mine && theirs);
+  uint64_t r = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < src_bytes; i += esize) { /* finite values: 0x3f.. / 0x40.. exponents */
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    const uint32_t v = 0x3f000000u | (uint32_t)(r & 0x00ffffffu);
+    memcpy(src + i, esize == 4 ? (const void *)&v : (const void *)((const char *)&v + 2), esize);
+  }
+  memset(mine, 0xa5, dst_bytes), memset(theirs, 0xa5, dst_bytes);
+  gw__cpu_unblock(&t, src, mine);
+  dnnl_memory_t from, to;
+  dnnl_primitive_desc_t rpd;
+  dnnl_primitive_t reorder;
+  ck_assert(dnnl_memory_create(&from, &blocked, eng, src) == dnnl_success);
+  ck_assert(dnnl_memory_create(&to, &plain, eng, theirs) == dnnl_success);
+  ck_assert(dnnl_reorder_primitive_desc_create(&rpd, &blocked, eng, &plain, eng, NULL) == dnnl_success);
+  ck_assert(dnnl_primitive_create(&reorder, rpd) == dnnl_success);
+  dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+  ck_assert(dnnl_primitive_execute(reorder, st, 2, args) == dnnl_success);
+  ck_assert(dnnl_stream_wait(st) == dnnl_success);
+  size_t first = dst_bytes;
+  for (size_t i = 0; i < dst_bytes && first == dst_bytes; i++)
+    if (mine[i] != theirs[i]) first = i;
+  ck_assert_msg(first == dst_bytes, "%s: byte %zu of %zu differs from oneDNN's reorder (%02x vs %02x)", label, first,
+                dst_bytes, first < dst_bytes ? mine[first] : 0, first < dst_bytes ? theirs[first] : 0);
+  dnnl_primitive_destroy(reorder), dnnl_primitive_desc_destroy(rpd);
+  dnnl_memory_destroy(from), dnnl_memory_destroy(to);
+  free(src), free(mine), free(theirs);
+}
+
+START_TEST(test_cpu_unblock) {
+  dnnl_engine_t eng;
+  dnnl_stream_t st;
+  ck_assert(dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success);
+  ck_assert(dnnl_stream_create(&st, eng, dnnl_stream_default_flags) == dnnl_success);
+  const dnnl_data_type_t dts[] = {dnnl_f32, dnnl_bf16};
+  for (int k = 0; k < 2; k++) {
+    const dnnl_data_type_t dt = dts[k];
+    unblock_case(eng, st, 4, (dnnl_dims_t){64, 32, 3, 3}, dnnl_ABcd16b16a, dt, NULL, 64 * 32 * 9, 1);
+    unblock_case(eng, st, 4, (dnnl_dims_t){128, 64, 1, 1}, dnnl_ABcd16b64a, dt, NULL, 128 * 64, 1);
+    unblock_case(eng, st, 4, (dnnl_dims_t){32, 48, 3, 3}, dnnl_BAcd16a16b, dt, NULL, 32 * 48 * 9, 1);
+    unblock_case(eng, st, 4, (dnnl_dims_t){48, 32, 5, 2}, dnnl_ABcd16a16b, dt, NULL, 48 * 32 * 10, 1);
+    unblock_case(eng, st, 2, (dnnl_dims_t){128, 32}, dnnl_AB16b64a, dt, NULL, 128 * 32, 1);
+    /* the taps (1..2, 1..2) of a 32 x 16 x 3 x 3 kernel, as the inner products plan them */
+    unblock_case(eng, st, 4, (dnnl_dims_t){32, 16, 2, 2}, dnnl_ABcd16b16a, dt, (dnnl_dims_t){16 * 9, 9, 3, 1},
+                 32 * 16 * 9, 1);
+    /* declined: one inner block, three, padding (10 output channels in blocks of 16) */
+    unblock_case(eng, st, 4, (dnnl_dims_t){32, 32, 3, 3}, dnnl_aBcd16b, dt, NULL, 0, 0);
+    unblock_case(eng, st, 4, (dnnl_dims_t){32, 32, 3, 3}, dnnl_ABcd4b16a4b, dt, NULL, 0, 0);
+    unblock_case(eng, st, 4, (dnnl_dims_t){10, 32, 3, 3}, dnnl_ABcd16b16a, dt, NULL, 0, 0);
+  }
+  dnnl_stream_destroy(st);
+  dnnl_engine_destroy(eng);
+}
+END_TEST
+#endif
 
 /* Every layer of three small ResNets plans on this backend from the description
  * the model gives (gw_model_op_desc), and the loss over its logits. */
@@ -628,6 +730,9 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, test_model_layers_plan);
   add_train_tests(tc);
   if (layout == GW_LAYOUT_NCHW) add_layout_tests(tc); /* it makes both layouts itself */
+#if GW_HAVE_ONEDNN
+  if (strcmp(chosen, "cpu") == 0 && layout == GW_LAYOUT_NCHW) tcase_add_test(tc, test_cpu_unblock);
+#endif
   suite_add_tcase(s, tc);
 #if GW_HAVE_ONEDNN && defined(_OPENMP)
   if (strcmp(chosen, "cpu") == 0) { /* a case of its own: CK_RUN_CASE=cpu-threads */
