@@ -36,8 +36,11 @@ built=$SECONDS
 # run in a meson run of their own, all at once, beside the others' (two at a
 # time, one per core): in either run alone they held a slot each while a core
 # idled.  Only when the arguments leave the choice of tests to test.sh (none,
-# or --no-suite only); a test name or --suite runs as asked, in one run.
+# or --no-suite only); a test name, --suite or any other option runs as
+# asked, in one run.  Not under TSan, whose ranks are many times slower: six
+# such tests at once there would press their timing limits.
 split=1
+[ "$dir" = build-tsan ] && split=0
 a=("$@")
 for ((i = 0; i < ${#a[@]}; i++)); do
   case "${a[i]}" in

@@ -10,6 +10,7 @@
  * What it is not: any test case; nothing here knows what a test expects.
  */
 #include "gwrun_helpers.h"
+#include "ports.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -298,33 +299,15 @@ void gwrun_for_each_line(const char *text, void (*fn)(const char *line, void *ar
 }
 
 /* A port P with P and P + 1 both free on 127.0.0.1: the master port and
- * node 0's launcher port. Released before use, so another process could take
- * it in between; on a test machine that is rare enough. */
+ * node 0's launcher port, from below the ephemeral range (ports.h: a pair
+ * bind(0) gave could be taken by another test's connect() before gw-run
+ * listened on it). Released before use; nothing else binds there. */
 int gwrun_free_port_pair(void)
 {
-    for (int tries = 0; tries < 100; tries++) {
-        struct sockaddr_in a;
-        memset(&a, 0, sizeof a);
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof a;
-        int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-        ck_assert_int_ge(fd, 0);
-        if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-            getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-            port = ntohs(a.sin_port);
-        close(fd);
-        if (port <= 0 || port >= 65535)
-            continue;
-        fd = socket(AF_INET, SOCK_STREAM, 0);
-        a.sin_port = htons((uint16_t)(port + 1));
-        bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-        close(fd);
-        if (ok)
-            return port;
-    }
-    ck_abort_msg("no two adjacent free ports on 127.0.0.1");
-    return -1;
+    const int port = test_free_ports(2);
+    if (port < 0)
+        ck_abort_msg("no two adjacent free ports on 127.0.0.1 below the ephemeral range");
+    return port;
 }
 
 pid_t gwrun_read_pid_file(const char *path)

@@ -1,5 +1,6 @@
 /* harness.c - see harness.h. */
 #include "harness.h"
+#include "ports.h"
 #include "comm.h" /* the ring's connections, for body_uses_transport */
 
 #include <arpa/inet.h>
@@ -17,15 +18,12 @@
 #include <unistd.h>
 
 int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-    perror("free_port");
+  const int port = test_free_ports(1); /* ports.h: from below the ephemeral range */
+  if (port < 0) {
+    fprintf(stderr, "free_port: no bindable port on 127.0.0.1 below the ephemeral range\n");
     exit(99);
   }
-  close(fd);
-  return ntohs(a.sin_port);
+  return port;
 }
 
 struct wrap {

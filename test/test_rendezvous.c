@@ -191,8 +191,9 @@ static bool rank0_holds_closed(const char *master) {
     char line[512];
     bool live = false;
     while (f && !live && fgets(line, sizeof line, f)) {
-      unsigned lport, st;
-      live = sscanf(line, " %*d: %*x:%x %*x:%*x %x", &lport, &st) == 2 && lport == port && st == 0x01;
+      unsigned laddr, lport, st; /* rank 0's own: on 127.0.0.1 (another address's socket may share the number) */
+      live = sscanf(line, " %*d: %x:%x %*x:%*x %x", &laddr, &lport, &st) == 3 && laddr == 0x0100007Fu &&
+             lport == port && st == 0x01;
     }
     if (f) fclose(f);
     if (f && !live) return true;
