@@ -170,21 +170,23 @@ static void cpu_op_destroy(struct gw_op *op) {
  * at ~3.4 GB/s on this machine's two cores, 2048 x 1024 in 2.45 ms, the loop
  * at ~18 GB/s, 0.46 ms; "ABcd16b16a" both at ~17-18 GB/s; about 7 ms of a
  * 28x28 batch-64 step's ~170):
- * where `chosen` has two inner blocks on two dims and no padding, `plain` no
- * blocks, both of one 2- or 4-byte type (arg_init: not with GW_CPU_UNBLOCK=0,
+ * where `chosen` has two inner blocks on two dims, no padding and no offset,
+ * `plain` no blocks (a view with an offset too: the inner products' taps),
+ * both of one 2- or 4-byte type (arg_init: not with GW_CPU_UNBLOCK=0,
  * oneDNN's reorder always, for A/B runs).  test_model_backend checks it
  * against oneDNN's. */
 bool gw__cpu_plan_unblock(struct gw_cpu_unblock *t, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *chosen) {
   const int nd = chosen->ndims;
   if (nd < 2 || nd > 6 || plain->ndims != nd || plain->data_type != chosen->data_type) return false;
   if (chosen->format_kind != dnnl_blocked || plain->format_kind != dnnl_blocked) return false;
-  if (chosen->offset0 || plain->offset0 || chosen->extra.flags || plain->extra.flags) return false;
+  if (chosen->offset0 || plain->offset0 < 0 || chosen->extra.flags || plain->extra.flags) return false;
   const dnnl_blocking_desc_t *cb = &chosen->format_desc.blocking, *pb = &plain->format_desc.blocking;
   if (cb->inner_nblks != 2 || pb->inner_nblks != 0 || cb->inner_idxs[0] == cb->inner_idxs[1]) return false;
   const dnnl_data_type_t dt = chosen->data_type;
   if (dt != dnnl_f32 && dt != dnnl_bf16 && dt != dnnl_f16) return false;
   *t = (struct gw_cpu_unblock){.ndims = nd, .p = (int)cb->inner_idxs[0], .q = (int)cb->inner_idxs[1],
-                               .bp = (int)cb->inner_blks[0], .bq = (int)cb->inner_blks[1], .esize = dt == dnnl_f32 ? 4 : 2};
+                               .bp = (int)cb->inner_blks[0], .bq = (int)cb->inner_blks[1], .esize = dt == dnnl_f32 ? 4 : 2,
+                               .doff = plain->offset0};
   if (t->p < 0 || t->p >= nd || t->q < 0 || t->q >= nd || t->bp < 1 || t->bq < 1) return false;
   for (int d = 0; d < nd; d++) {
     const int64_t blk = d == t->p ? t->bp : d == t->q ? t->bq : 1;

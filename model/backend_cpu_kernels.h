@@ -51,11 +51,13 @@ void gw__cpu_loss_fwd_bwd(const struct gw_op_desc *d, int act, const void *logit
  * element (i_0 .. i_{ndims-1}) sits in the blocked copy at
  * sum_d (i_d / blk_d) * sstride[d] + (i_p % bp) * bq + (i_q % bq) and in the
  * plain one at sum_d i_d * dstride[d] (strides in elements; blk_d is bp for
- * dim p, bq for dim q, else 1).  nb[d]: dims[d] / blk_d (no padding).
- * esize: 2 or 4 bytes (copied as they are). */
+ * dim p, bq for dim q, else 1), plus doff in the plain one (its oneDNN
+ * offset0: a view that starts inside its buffer).  nb[d]: dims[d] / blk_d
+ * (no padding).  esize: 2 or 4 bytes (copied as they are). */
 struct gw_cpu_unblock {
   int ndims, p, q, bp, bq;
   size_t esize;
+  int64_t doff;
   int64_t nb[6], sstride[6], dstride[6];
 };
 void gw__cpu_unblock(const struct gw_cpu_unblock *t, const void *src, void *dst);
