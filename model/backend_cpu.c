@@ -299,13 +299,14 @@ static gw_result_t step_run_on(struct gw_backend *b, struct step *st, const void
     GW_MODEL_TRY(set_handle(&st->a[i], ptr[i], what));
     if (st->a[i].internal)
       DNNL_TRY(dnnl_memory_set_data_handle(st->a[i].internal, (char *)b->arena + st->a[i].at), what);
-    if (!st->is_output[i] && st->a[i].reorder) GW_MODEL_TRY(run_reorder(b, &st->a[i], 0, what));
+    /* (an internal copy has its reorder: oneDNN's primitive, or gw__cpu_unblock for an output) */
+    if (!st->is_output[i] && st->a[i].internal) GW_MODEL_TRY(run_reorder(b, &st->a[i], 0, what));
     args[i].arg = st->id[i];
     args[i].memory = st->a[i].internal ? st->a[i].internal : st->a[i].user;
   }
   DNNL_TRY(dnnl_primitive_execute(st->prim, b->stream, st->nargs, args), what);
   for (int i = 0; i < st->nargs; i++)
-    if (st->is_output[i] && (st->a[i].reorder || st->a[i].own_unblock)) GW_MODEL_TRY(run_reorder(b, &st->a[i], 1, what));
+    if (st->is_output[i] && st->a[i].internal) GW_MODEL_TRY(run_reorder(b, &st->a[i], 1, what));
   DNNL_TRY(dnnl_stream_wait(b->stream), what);
   return GW_SUCCESS;
 fail:
