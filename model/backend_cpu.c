@@ -363,7 +363,7 @@ static gw_result_t cpu_conv_fwd(struct gw_op *op, const gw_act_t *x, const float
 static gw_result_t cpu_conv_bwd_data(struct gw_op *op, const gw_act_t *dy, const float *w, gw_act_t *dx) {
   GW_MODEL_TRY(op_entry(op, GW_LAYER_CONV, "conv_bwd_data"));
   const void *ptr[] = {dy, w, dx};
-  if (op->zero_dx_bytes) memset(dx, 0, op->zero_dx_bytes); /* the inputs an inner product never read */
+  if (op->zero_dx_bytes) memset(dx, 0, op->zero_dx_bytes); /* inputs never read (inner product, view) */
   return step_run(op->b, &op->bwd_data, ptr, "conv_bwd_data");
 }
 

@@ -69,10 +69,11 @@ struct gw_op {
   struct step bwd_wei;  /* CONV: src, diff_dst -> diff_weights; FC: also diff_bias */
   size_t workspace_bytes; /* MAXPOOL: the argmax positions backward needs */
   /* CONV planned as an inner product (gw__cpu_conv_create: an output of one
-   * position): the bytes of dx / dw outside the taps it reads, zeroed before
-   * the backward writes the rest (0: it reads all of them) */
+   * position) or on a subsampled view (a strided 1x1): the bytes of dx / dw
+   * to zero before the backward writes the part it read (0: it reads all) */
   size_t zero_dx_bytes, zero_dw_bytes;
   int as_inner_product;
+  int subsampled; /* CONV 1x1 strided, planned unstrided on a subsampled view of its input */
 };
 
 #define DNNL_TRY(call, what)                                                                   \
@@ -103,6 +104,7 @@ gw_result_t gw__cpu_relu_create(struct gw_op *op, const char *what);
 gw_result_t gw__cpu_maxpool_create(struct gw_op *op, const char *what);
 gw_result_t gw__cpu_fc_create(struct gw_op *op, const char *what);
 int gw__cpu_conv_is_inner_product(const struct gw_op *op);
+int gw__cpu_conv_is_subsampled(const struct gw_op *op);
 /* Whether an output's reorder out of `chosen` into `plain` can be gw__cpu_unblock's (t: its plan). */
 bool gw__cpu_plan_unblock(struct gw_cpu_unblock *t, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *chosen);
 int gw__cpu_op_unblocks(const struct gw_op *op);

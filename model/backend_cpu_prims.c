@@ -132,6 +132,34 @@ fail:
   return res;
 }
 
+/* A strided 1x1 convolution without padding reads every stride-th row and
+ * column of its input and nothing else: it is an unstrided one on that
+ * subsampled view.  oneDNN 2.6 runs the strided form (its jit kernels for
+ * 1x1 with a stride) at 0.8x the unstrided form's speed on the view
+ * (ResNet-50 at 32x32, batch 64, two threads: layer2.0's and layer3.0's
+ * shortcuts 4.8 and 5.3 ms forward + backward, 3.8 and 4.2 on the view;
+ * docs/architecture.md); the view costs only the gather that the
+ * reorder into oneDNN's layout does anyway, and dx zeroed where the backward
+ * does not write it.  With the view as src_plain (every step's source and
+ * diff_source) the convolution is planned at stride 1.  oneDNN 2.6 refuses a
+ * view whose rows seem to reach past the next image's start (h < stride x p:
+ * an odd h at stride 2), which keeps the strided form, as
+ * GW_CPU_CONV_SUBSAMPLE=0 does everywhere (A/B runs, tests).  Sets
+ * op->subsampled where it applies. */
+static void subsample_view(struct gw_op *op, dnnl_memory_desc_t *src_plain) {
+  const struct gw_op_desc *d = &op->d;
+  const char *env = getenv("GW_CPU_CONV_SUBSAMPLE");
+  if (d->kernel != 1 || d->pad != 0 || d->stride < 2 || (env && !strcmp(env, "0"))) return;
+  dnnl_dims_t dims = {d->n, d->c, d->p, d->q}, strides;
+  for (int i = 0; i < 4; i++) strides[i] = src_plain->format_desc.blocking.strides[i];
+  strides[2] *= d->stride, strides[3] *= d->stride;
+  dnnl_memory_desc_t view;
+  if (dnnl_memory_desc_init_by_strides(&view, 4, dims, src_plain->data_type, strides) != dnnl_success) return;
+  *src_plain = view;
+  op->subsampled = 1;
+  op->zero_dx_bytes = (size_t)d->n * d->c * d->h * d->w * dnnl_data_type_size(view.data_type);
+}
+
 /* Plans the forward convolution and, with its primitive descriptor as the hint,
  * the two backward ones.  Each picks its own layouts, so each has its own
  * reorders.  One with an output of one position: as an inner product
@@ -150,6 +178,8 @@ gw_result_t gw__cpu_conv_create(struct gw_op *op, const char *what) {
    * memory and in the activations' dtype inside (the reorder converts), and
    * their gradient is float32 throughout (mixed precision's master copy). */
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_plain, 4, src_dims, b->adt, b->atag), what);
+  subsample_view(op, &src_plain);
+  if (op->subsampled) src_dims[2] = d->p, src_dims[3] = d->q, strides[0] = strides[1] = 1;
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&wei_plain, 4, wei_dims, dnnl_f32, dnnl_oihw), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst_plain, 4, dst_dims, b->adt, b->atag), what);
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&src_any, 4, src_dims, b->adt, dnnl_format_tag_any), what);
@@ -297,5 +327,8 @@ fail:
 
 /* Tests: whether a convolution was planned as an inner product. */
 int gw__cpu_conv_is_inner_product(const struct gw_op *op) { return op && op->as_inner_product; }
+
+/* Tests: whether a convolution was planned on a subsampled view (subsample_view). */
+int gw__cpu_conv_is_subsampled(const struct gw_op *op) { return op && op->subsampled; }
 
 #endif /* GW_HAVE_ONEDNN */

@@ -89,19 +89,28 @@ static void conv_ref(const struct gw_op_desc *d, const float *x, const float *w,
  * given (model weights) or NULL (random). */
 #if GW_HAVE_ONEDNN
 int gw__cpu_conv_is_inner_product(const struct gw_op *op); /* backend_cpu_prims.c */
+int gw__cpu_conv_is_subsampled(const struct gw_op *op);    /* backend_cpu_prims.c */
 int gw__cpu_op_unblocks(const struct gw_op *op);           /* backend_cpu.c */
 bool gw__cpu_plan_unblock(struct gw_cpu_unblock *t, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *chosen);
 #endif
 
 /* On cpu, a convolution of one output position is planned as an inner
- * product (unless GW_CPU_CONV_IP=0): the grids' shapes of that kind test it,
- * not the direct convolution it falls back to. */
+ * product (unless GW_CPU_CONV_IP=0), and a strided 1x1 one whose input's
+ * height the stride divides as an unstrided one on a subsampled view (unless
+ * GW_CPU_CONV_SUBSAMPLE=0; oneDNN refuses the view of an odd height at
+ * stride 2): the grids' shapes
+ * of those kinds test them, not the direct convolution they fall back to. */
 static void expect_planned(const struct gw_op_desc *d, const struct gw_op *op, const char *label) {
 #if GW_HAVE_ONEDNN
+  if (be != &gw_backend_cpu) return;
   const char *env = getenv("GW_CPU_CONV_IP");
-  if (be == &gw_backend_cpu && d->p == 1 && d->q == 1 && !(env && !strcmp(env, "0")))
+  const int ip = d->p == 1 && d->q == 1 && !(env && !strcmp(env, "0"));
+  if (ip)
     ck_assert_msg(gw__cpu_conv_is_inner_product(op), "%s: one output position, not planned as an inner product",
                   label);
+  env = getenv("GW_CPU_CONV_SUBSAMPLE");
+  if (!ip && d->kernel == 1 && d->pad == 0 && d->stride > 1 && d->h % d->stride == 0 && !(env && !strcmp(env, "0")))
+    ck_assert_msg(gw__cpu_conv_is_subsampled(op), "%s: a strided 1x1, not planned on a subsampled view", label);
 #else
   (void)d, (void)op, (void)label;
 #endif
@@ -173,6 +182,11 @@ START_TEST(test_conv_fwd_grid) {
       {2, 6, 4, 4, 8, 3, 4, 1},     /* rows and columns 0-1 of 4 */
       {1, 4, 3, 3, 8, 3, 1, 0},     /* the whole window, no padding */
       {2, 5, 3, 2, 7, 3, 3, 1},     /* non-square: 2x2 of 3x2 */
+      /* strided 1x1s (the cpu backend's subsampled view where the stride
+       * divides the input: the shortcut above, and here stride 3) */
+      {2, 16, 7, 7, 32, 1, 2, 0},   /* odd input: the strided form */
+      {1, 8, 9, 6, 16, 1, 3, 0},    /* stride 3, non-square */
+      {2, 4, 8, 7, 8, 1, 2, 0},     /* odd width alone */
   };
   struct gw_backend *b = backend();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -326,6 +340,7 @@ START_TEST(test_conv_bwd_grid) {
       {2, 3, 1, 1, 8, 7, 2, 3},    {2, 8, 2, 2, 16, 3, 2, 1},  {2, 8, 2, 2, 16, 1, 2, 0},
       {2, 6, 4, 4, 8, 3, 4, 1},    {1, 4, 3, 3, 8, 3, 1, 0},   {2, 5, 3, 2, 7, 3, 3, 1},
       {2, 64, 4, 4, 128, 1, 1, 0}, /* 1x1 with 64 / 128 channels (oneDNN's 16b64a weight-gradient blocks) */
+      {2, 16, 7, 7, 32, 1, 2, 0},  {1, 8, 9, 6, 16, 1, 3, 0},  {2, 4, 8, 7, 8, 1, 2, 0}, /* strided 1x1s */
   };
   struct gw_backend *b = backend();
   int unblocked = 0;
