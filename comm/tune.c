@@ -377,28 +377,42 @@ static bool row_ok(const char *row, struct rows_seen *seen) {
 
 /* The rows of an existing tuning file that gw_tune_write keeps: every good row
  * not tagged with nranks (other world sizes', and untagged ones), verbatim
- * (with a comment after it); none when there is no file.  NULL with why set
- * when the file is there and is no tuning file to replace (a FIFO, a device,
- * a directory, over 1 MiB: its writer hung on a FIFO, spun on /dev/zero and
- * replaced /dev/null with a regular file) or cannot be read. */
-static char *kept_rows(const char *path, int nranks, char *why, size_t why_cap) {
+ * (with a comment after it); none when there is no file.  A bad row is
+ * dropped, said unless quiet.  NULL with why set when the file is there and
+ * is no tuning file to replace (a FIFO, a device, a directory, over 1 MiB:
+ * its writer hung on a FIFO, spun on /dev/zero and replaced /dev/null with a
+ * regular file; a NUL byte, or lines of which none is a row the loader takes:
+ * a checkpoint or someone's notes, which gw-perf --tune replaced with its
+ * rows) or cannot be read. */
+static char *kept_rows(const char *path, int nranks, bool quiet, char *why, size_t why_cap) {
   FILE *f = open_tuning(path, why, why_cap);
   if (!f) return errno == ENOENT ? calloc(1, 1) : NULL;
   size_t cap = 4096, len = 0;
-  char *out = malloc(cap), line[512];
+  char *out = malloc(cap), line[512], first[64] = "";
   struct rows_seen seen = {0};
   const char *bad;
+  int lineno = 0, content = 0, rows = 0, nul_line = 0, first_line = 0;
   while (out && next_line(f, line, sizeof line, &bad)) {
     char copy[512], *save, *fld[6];
+    lineno++;
+    if (bad && strstr(bad, "NUL") && !nul_line) nul_line = lineno;
     snprintf(copy, sizeof copy, "%s", line);
     cut_comment(copy);
     int nf = 0;
     for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
-    if ((nf != 4 && nf != 5) || (nf == 5 && atoi(fld[4]) == nranks)) continue;
-    if (bad || !row_ok(line, &seen)) {
-      GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s: dropped a row the loader would refuse: %.200s", path, line);
+    if (nf == 0) continue; /* blank, or a comment */
+    if (!content++) first_line = lineno, snprintf(first, sizeof first, "%.60s", line);
+    if (nf == 5 && atoi(fld[4]) == nranks) { /* replaced by the new rows */
+      struct rows_seen fresh = {0};
+      rows += row_ok(line, &fresh);
+      free(fresh.tagged);
       continue;
     }
+    if (bad || (nf != 4 && nf != 5) || !row_ok(line, &seen)) {
+      if (!quiet) GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s: dropped a row the loader would refuse: %.200s", path, line);
+      continue;
+    }
+    rows++;
     size_t n = strlen(line);
     if (len + n + 2 > cap) {
       char *grown = realloc(out, cap *= 2);
@@ -423,9 +437,25 @@ static char *kept_rows(const char *path, int nranks, char *why, size_t why_cap) 
     snprintf(why, why_cap, "could not be read: %s", strerror(read_errno));
     return NULL;
   }
+  if (out && (nul_line || (content > 0 && rows == 0))) {
+    free(out);
+    for (char *c = first; *c; c++)
+      if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    if (nul_line) snprintf(why, why_cap, "holds a NUL byte (line %d): not a tuning file (remove it, or name "
+                           "another file)", nul_line);
+    else snprintf(why, why_cap, "has none of a tuning file's rows (line %d of %d: \"%.50s\"): not a tuning file "
+                  "(remove it, or name another file)", first_line, lineno, first);
+    return NULL;
+  }
   if (out) out[len] = 0;
   else snprintf(why, why_cap, "could not be read in: out of memory");
   return out;
+}
+
+int gw__tune_replaceable(const char *path, char *why, size_t why_cap) {
+  char *kept = kept_rows(path, -1, true, why, why_cap);
+  free(kept);
+  return kept ? 0 : -1;
 }
 
 /* The rows fitted from the samples, one per algorithm and protocol measured
@@ -513,7 +543,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
   }
   int lk = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0666);
   if (lk >= 0) while (flock(lk, LOCK_EX) != 0 && errno == EINTR) {}
-  char *kept = kept_rows(path, nranks, why, sizeof why);
+  char *kept = kept_rows(path, nranks, false, why, sizeof why);
   if (!kept) {
     if (lk >= 0) close(lk);
     gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: %s %s: not replaced", path, why);

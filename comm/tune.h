@@ -69,6 +69,10 @@ uint64_t gw__model_hash(const struct gw_model *m);
 void gw__model_log(const struct gw_model *m, const struct gw_pick_args *base);
 const char *gw__algo_name(int algo);
 const char *gw__proto_name(int proto);
+/* Whether gw__tune_write may replace path: no such file, or a tuning file
+ * (gw-perf checks it before it measures).  0, or -1 with why saying what the
+ * file is. */
+int gw__tune_replaceable(const char *path, char *why, size_t why_cap);
 int gw__algo_from_name(const char *s);  /* -1 when unknown */
 int gw__proto_from_name(const char *s); /* -1 when unknown; "auto" is -2 */
 

@@ -49,6 +49,16 @@ mkfifo "$tmp/fifo"
 refused "--tune $tmp/fifo: not a regular file" --tune "$tmp/fifo"
 [ -p "$tmp/fifo" ] || { echo "FAIL: --tune replaced the FIFO"; fail=1; }
 rm -f "$tmp/fifo" "$tmp/fifo.lock"
+# a file that is no tuning file (a checkpoint, notes): refused at once, kept
+# byte for byte (it was replaced by the measured rows)
+printf 'remember the milk\nand the bread\n' >"$tmp/notes"
+printf '\x20\0\0\0\0\0\0\0{"w":{"dtype":"F32"}}' >"$tmp/ckpt.safetensors"
+cp "$tmp/notes" "$tmp/notes.orig" && cp "$tmp/ckpt.safetensors" "$tmp/ckpt.orig"
+refused "--tune $tmp/notes: has none of a tuning file's rows (line 1 of 2: \"remember the milk\")" --tune "$tmp/notes"
+refused "--tune $tmp/ckpt.safetensors: holds a NUL byte (line 1): not a tuning file" --tune "$tmp/ckpt.safetensors"
+cmp -s "$tmp/notes" "$tmp/notes.orig" && cmp -s "$tmp/ckpt.safetensors" "$tmp/ckpt.orig" ||
+  { echo "FAIL: --tune changed a file that is no tuning file"; fail=1; }
+rm -f "$tmp"/notes* "$tmp"/ckpt*
 # the tuning file's temporary name adds 12 (".tmp." and a pid), not the
 # weights writer's 32: a 250-character name leaves no room, 243 is the most
 refused "the file name is 250 characters long; at most 243 here (its temporary file's name adds 12 to it" \

@@ -457,6 +457,50 @@ START_TEST(test_write_refuses_non_files) {
 }
 END_TEST
 
+/* Nor does it replace a regular file that is no tuning file: one with a NUL
+ * byte (a checkpoint given by mistake) or lines of which none is a row the
+ * loader takes (notes); gw-perf replaced both with its rows.  An empty file or
+ * one of comments, and a tuning file with some bad rows (dropped), are
+ * rewritten; gw__tune_replaceable (gw-perf's check before it measures) says
+ * the same without writing. */
+START_TEST(test_write_refuses_foreign_files) {
+  struct gw_model truth;
+  struct gw_tune_sample s[4];
+  tree_samples(&truth, 0, s);
+  char path[] = "/tmp/gw-tune-XXXXXX", why[300];
+  make_temp(path);
+  static const char bin[] = "\x20\0\0\0\0\0\0\0{\"w\":{}}";
+  FILE *f = fopen(path, "w");
+  ck_assert(f && fwrite(bin, 1, sizeof bin - 1, f) == sizeof bin - 1 && fclose(f) == 0);
+  ck_assert_int_eq(gw__tune_replaceable(path, why, sizeof why), -1);
+  ck_assert_msg(strstr(why, "holds a NUL byte (line 1): not a tuning file"), "%s", why);
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "holds a NUL byte"), "%s", gw_comm_last_error(NULL));
+  struct stat sb;
+  ck_assert(stat(path, &sb) == 0 && sb.st_size == (off_t)sizeof bin - 1);
+  const char *notes = "# shopping\nremember the milk\nring simple 1 2 3 4 5 6\n";
+  write_file(path, notes);
+  ck_assert_int_eq(gw__tune_replaceable(path, why, sizeof why), -1);
+  ck_assert_msg(strstr(why, "has none of a tuning file's rows (line 2 of 3: \"remember the milk\")"), "%s", why);
+  ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert(stat(path, &sb) == 0 && sb.st_size == (off_t)strlen(notes));
+  /* rewritten: empty, comments only, a tuning file with a bad row beside a good one */
+  static const char *const ok[] = {"", "# comments\n\n# only\n", "remember the milk\ntree simple 0.7 7 2\n"};
+  for (int i = 0; i < 3; i++) {
+    write_file(path, ok[i]);
+    ck_assert_msg(gw__tune_replaceable(path, why, sizeof why) == 0, "%d: %s", i, why);
+    ck_assert_msg(gw_tune_write(path, 4, s, 4, "test") == GW_SUCCESS, "%d: %s", i, gw_comm_last_error(NULL));
+  }
+  struct gw_model m, def;
+  gw__model_defaults(&def);
+  struct gw_errctx err;
+  m = def; /* the good row stayed */
+  ck_assert(gw__model_load(&m, path, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  remove_tuned(path);
+  ck_assert_int_eq(gw__tune_replaceable(path, why, sizeof why), 0); /* no file */
+}
+END_TEST
+
 /* Oversubscribed cores (some rank's machine runs more ranks than it has
  * cores for them): every step costs a trip through the scheduler, so fewer
  * steps win: at 4 ranks recursive doubling up to its limit, where the 2-rank
@@ -652,6 +696,7 @@ int main(void) {
   tcase_add_test(tc, test_rows_per_world_size);
   tcase_add_test(tc, test_rewrite_safe);
   tcase_add_test(tc, test_write_refuses_non_files);
+  tcase_add_test(tc, test_write_refuses_foreign_files);
   tcase_add_test(tc, test_overrides);
   tcase_add_test(tc, test_corrupt_file_refused);
   tcase_add_test(tc, test_fit_roundtrip);

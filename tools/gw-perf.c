@@ -27,6 +27,7 @@
 #include "gradwire.h"
 #include "gw-perf.h"
 #include "outpath.h"
+#include "tune.h"
 
 enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST };
 static const char *coll_names[] = {"allreduce", "allgather", "reduce_scatter", "broadcast"};
@@ -692,6 +693,8 @@ int main(int argc, char **argv) {
       if (file[i] && (i == 0 ? replaced_path_ok(flag[i], file[i], OUTPATH_TEMP_TUNE, err, sizeof err)
                              : output_path_ok(flag[i], file[i], err, sizeof err)) != 0)
         bad_use("%s", err);
+    /* and it replaces a tuning file only (a checkpoint given by mistake was replaced) */
+    if (o.tune && gw__tune_replaceable(o.tune, err, sizeof err) != 0) bad_use("--tune %s: %s", o.tune, err);
   }
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
   /* A sweep whose every size rounds down to no element (of a rank's share,
