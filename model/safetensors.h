@@ -113,6 +113,10 @@ void gw_st_format_shape(char *buf, size_t cap, const int64_t *shape, int ndim);
  * =chmod-eperm the mode's fchmod with EPERM (read at every call, unlike GW_* tunables, so one test can succeed and
  * then fail). */
 gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, const char *const *metadata);
+/* This process's file-size limit (RLIMIT_FSIZE, `ulimit -f`) in bytes,
+ * UINT64_MAX where there is none: gw_st_write refuses a file larger than it
+ * (GW_ERR_INVALID_ARGUMENT, nothing created, the file there kept). */
+uint64_t gw_st_file_size_limit(void);
 /* This machine and boot (host name and boot id, hashed): the tag in the
  * temporary files' names, whose pids and locks mean something here only. */
 uint32_t gw_st_host_tag(void);

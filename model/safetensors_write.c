@@ -5,11 +5,13 @@
  * crash or an error never leaves a half-written weights file under the real name.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -327,6 +329,25 @@ static gw_result_t write_atomic(const char *path, int mode, const struct sbuf *h
   return r == GW_SUCCESS ? sync_dir(path) : r;
 }
 
+uint64_t gw_st_file_size_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  return (uint64_t)rl.rlim_cur;
+}
+
+/* A file over the file-size limit is refused before its temporary file is
+ * made: its write would stop there (EFBIG), or SIGXFSZ would kill the
+ * process (the signal's default action) with the file half written. */
+static gw_result_t check_size_limit(const char *path, const struct sbuf *h, const struct gw_st_tensor *t, int n) {
+  uint64_t total = 8 + (uint64_t)h->len;
+  for (int i = 0; i < n; i++) total += (uint64_t)t[i].nbytes;
+  const uint64_t limit = gw_st_file_size_limit();
+  if (total <= limit) return GW_SUCCESS;
+  return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "%s: the file would be %" PRIu64 " bytes, over this process's "
+                        "file-size limit (ulimit -f) of %" PRIu64 " bytes: not written (raise the limit)", path, total,
+                        limit);
+}
+
 gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, const char *const *metadata) {
   if (!path || n < 0 || (n > 0 && !t))
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "gw_st_write: no path, or no tensors for n = %d", n);
@@ -338,6 +359,7 @@ gw_result_t gw_st_write(const char *path, const struct gw_st_tensor *t, int n, c
   gw_result_t r = check_for_write(path, t, n);
   if (r == GW_SUCCESS) r = collect_metadata(path, metadata, &kv, &nkv);
   if (r == GW_SUCCESS) r = build_header(path, &h, t, n, kv, nkv);
+  if (r == GW_SUCCESS) r = check_size_limit(path, &h, t, n);
   if (r == GW_SUCCESS) r = resolve_target(path, &real, &mode);
   if (r == GW_SUCCESS) r = write_atomic(real, mode, &h, t, n);
   free(real);

@@ -114,6 +114,18 @@ grep -qF "unset GW_ALGO (it is ring)" <<<"$out" || { echo "FAIL: --tune under GW
 # A file that cannot be written to the end (a full disk) fails the run.
 want_rc=1 refused "--csv /dev/full: writing failed" -b 8 -e 8 -n 1 -w 0 --csv /dev/full
 refused "unrecognized option '--bogus'" --bogus
+# Under a file-size limit (ulimit -f): the shared-memory FIFOs over it are
+# named (sizing one raised SIGXFSZ and its default action killed the ranks
+# unexplained), and a CSV past it fails the run with EFBIG, said.
+out=$(prlimit --fsize=1000000 -- "$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 2>&1) &&
+  { echo "FAIL: FIFOs over ulimit -f accepted"; fail=1; }
+grep -qF "over this process's file-size limit (ulimit -f) of 1000000 bytes" <<<"$out" ||
+  { echo "FAIL: FIFOs over ulimit -f:"; tail -3 <<<"$out"; fail=1; }
+out=$(prlimit --fsize=10 -- "$run" -n 1 "$perf" -b 8 -e 8 -n 1 -w 0 --csv "$tmp/big.csv" 2>&1) &&
+  { echo "FAIL: a CSV past ulimit -f passed"; fail=1; }
+grep -qF -- "--csv $tmp/big.csv: writing failed: File too large" <<<"$out" ||
+  { echo "FAIL: a CSV past ulimit -f:"; tail -3 <<<"$out"; fail=1; }
+rm -f "$tmp/big.csv"
 for f in a c t; do
   [ -e "$tmp/$f" ] && { echo "FAIL: a refused run wrote $tmp/$f"; fail=1; }
 done

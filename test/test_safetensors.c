@@ -725,6 +725,45 @@ static mode_t mode_of(const char *path) {
   return st.st_mode & 07777;
 }
 
+/* A file over the file-size limit (ulimit -f) is refused before anything is
+ * written: the old file kept, no temporary file (SIGXFSZ's default action,
+ * as here, killed the writer with one half written); exactly the limit is
+ * written. */
+START_TEST(test_write_over_size_limit) {
+  make_tmpdir();
+  static float v[1024]; /* 4096 bytes of data, the file a little more */
+  struct gw_st_tensor t = {.name = "a", .dtype = GW_FLOAT32, .ndim = 1, .shape = {1024}, .nbytes = sizeof v, .data = v};
+  const char *path = in_tmp("w.safetensors");
+  ck_assert(gw_st_write(path, &t, 1, NULL) == GW_SUCCESS);
+  size_t len0;
+  char *before = slurp(path, &len0);
+  ck_assert_uint_eq(gw_st_file_size_limit(), UINT64_MAX); /* (none in the tests) */
+  struct rlimit old, low;
+  ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+  low = old, low.rlim_cur = len0 - 1;
+  ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &low), 0);
+  ck_assert_uint_eq(gw_st_file_size_limit(), len0 - 1);
+  v[0] = 1;
+  ck_assert_int_eq(gw_st_write(path, &t, 1, NULL), GW_ERR_INVALID_ARGUMENT);
+  char want[160];
+  snprintf(want, sizeof want, "the file would be %zu bytes, over this process's file-size limit (ulimit -f) of %zu",
+           len0, len0 - 1);
+  ASSERT_MSG_HAS(want);
+  ck_assert_int_eq(count_files(), 1);
+  size_t len;
+  char *now = slurp(path, &len);
+  ck_assert(len == len0 && memcmp(now, before, len) == 0);
+  free(now);
+  low.rlim_cur = len0;
+  ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &low), 0);
+  ck_assert_msg(gw_st_write(path, &t, 1, NULL) == GW_SUCCESS, "%s", gw_model_last_error());
+  ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+  ck_assert_int_eq(load_value(path), 1);
+  free(before);
+  remove_tmpdir();
+}
+END_TEST
+
 /* A save replaces the file's contents, not what the name is: a symbolic link
  * stays a link to the file now saved, and a file replaced keeps its mode (the
  * umask decides only a new file's); a link to nothing is refused. */
@@ -788,6 +827,7 @@ int main(void) {
   tcase_add_test(tc, test_load_without_counters);
   tcase_add_test(tc, test_write_refusals);
   tcase_add_test(tc, test_atomic_write);
+  tcase_add_test(tc, test_write_over_size_limit);
   tcase_add_test(tc, test_save_keeps_link_and_mode);
   suite_add_tcase(s, tc);
   return run_suite(s);

@@ -728,6 +728,69 @@ START_TEST(test_plot_nothing_to_draw) {
 }
 END_TEST
 
+/* gw-train with args under a file-size limit (ulimit -f) of `bytes`, set
+ * by prlimit for it alone (this process's own files are Check's). */
+static void train_fsize(struct run *r, const char *bytes, const char *const *args) {
+  const char *argv[64];
+  char lim[64];
+  snprintf(lim, sizeof lim, "--fsize=%s", bytes);
+  int n = 0;
+  argv[n++] = lim, argv[n++] = "--", argv[n++] = train_bin();
+  for (int i = 0; args[i]; i++) {
+    ck_assert_int_lt(n, 62);
+    argv[n++] = args[i];
+  }
+  argv[n] = NULL;
+  const char *const noenv[] = {NULL};
+  gwrun_start_prog(r, "/usr/bin/prlimit", noenv, argv);
+  gwrun_wait(r, 120);
+}
+
+/* A file-size limit (ulimit -f): files that cannot fit it are refused once the
+ * model is built, before the training (a save past it was SIGXFSZ's, whose
+ * default action ended the rank after its training, unexplained); --metrics
+ * past it is said once and the training goes on (it was killed too). */
+START_TEST(test_file_size_limit) {
+  char ck[512], w[512], m[512];
+  path(ck, sizeof ck, "fsz-ckpt");
+  path(w, sizeof w, "fsz.safetensors");
+  path(m, sizeof m, "fsz-metrics.jsonl");
+#define FSZ_COMMON "--data", "synthetic", "--synthetic-samples", "16", "--model", "resnet18", "--width-divisor", "8", \
+    "--in-channels", "3", "--image-size", "16", "--classes", "4", "--stem", "small", "--threads", "1", "--steps", "2", \
+    "--batch", "8", "--no-eval"
+  static const char *const want[2] = {
+      "--save-weights: its files will be over 704048 bytes (the model's 176012 parameters in float32), past this "
+      "process's file-size limit (ulimit -f) of 65536 bytes",
+      "--checkpoint-dir: its files will be over 1408096 bytes (the model's 176012 parameters and their momentum"};
+  struct run r;
+  for (int k = 0; k < 2; k++) {
+    train_fsize(&r, "65536", (const char *const[]){FSZ_COMMON, k ? "--checkpoint-dir" : "--save-weights", k ? ck : w,
+                                                   NULL});
+    ck_assert_msg(r.code != 0 && strstr(r.err, want[k]), "expected a refusal mentioning '%s', got exit %d\n%s\n%s",
+                  want[k], r.code, r.out, r.err);
+    gwrun_free(&r);
+  }
+  /* metrics 8 bytes short of the limit: the next line does not fit (its
+   * start goes in, and is cut back) */
+  FILE *f = fopen(m, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("{\"pad\": \"", f); /* 9 bytes, and 3 at the end */
+  for (long i = 0; i < 65536 - 8 - 12; i++) fputc('x', f);
+  fputs("\"}\n", f);
+  ck_assert_int_eq(fclose(f), 0);
+  train_fsize(&r, "65536", (const char *const[]){FSZ_COMMON, "--metrics", m, NULL});
+#undef FSZ_COMMON
+  ck_assert_msg(r.code == 0 && strstr(r.err, "warning: --metrics") && strstr(r.err, "File too large"),
+                "--metrics past ulimit -f: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  struct stat sb;
+  ck_assert(stat(m, &sb) == 0 && sb.st_size == 65536 - 8);
+  ck_assert_msg(access(w, F_OK) != 0, "%s was written", w);
+  unlink(m);
+  rmdir(ck);
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("train");
   TCase *tc = tcase_create("gw-train");
@@ -737,6 +800,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_one_rank_no_comm);
   tcase_add_test(tc, test_ranks_must_share_options);
   tcase_add_test(tc, test_plot_nothing_to_draw);
+  tcase_add_test(tc, test_file_size_limit);
   add_weights_tests(tc);
   add_checkpoint_tests(tc);
   add_restart_tests(tc);

@@ -8,12 +8,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core.h" /* gw__fnv */
 #include "gw-train-job.h"
+#include "safetensors.h"
 
 /* Prints the message once (rank-prefixed when there are several) and returns -1. */
 /* Said once (rank-prefixed when there are several), and recorded for gw-run,
@@ -607,6 +609,27 @@ static int check_outputs(const struct trainer *t) {
   return 0;
 }
 
+/* Rank 0's files past the file-size limit (ulimit -f), refused once the model's
+ * size is known, before the training: their write would fail (or, without
+ * gw-train's SIGXFSZ ignored, kill the rank) only after it.  Each file holds
+ * at least its float32 tensors: the weights the parameters, a checkpoint the
+ * parameters and their momentum; gw_st_write checks the exact size at each
+ * save. */
+static int files_fit_limit(const struct trainer *t) {
+  const struct train_opts *o = t->o;
+  const uint64_t limit = gw_st_file_size_limit();
+  if (t->rank != 0 || limit == UINT64_MAX) return 0;
+  const uint64_t weights = (uint64_t)gw_model_num_params(t->m) * sizeof(float);
+  const char *flag = o->save_weights && weights > limit ? "--save-weights"
+                     : o->checkpoint_dir && 2 * weights > limit ? "--checkpoint-dir" : NULL;
+  if (!flag) return 0;
+  char d[300];
+  snprintf(d, sizeof d, "its files will be over %" PRIu64 " bytes (the model's %zu parameters%s in float32), past "
+           "this process's file-size limit (ulimit -f) of %" PRIu64 " bytes: raise the limit", flag[2] == 's' ? weights
+           : 2 * weights, gw_model_num_params(t->m), flag[2] == 's' ? "" : " and their momentum", limit);
+  return train_fail(t, flag, d);
+}
+
 /* The training loader's batches in flight (its threads' and two more) past
  * half the machine's memory: refused by the flags that size them, before the
  * model takes its own (the pages, written at once, got the rank OOM-killed;
@@ -640,7 +663,7 @@ static int loader_fits(struct trainer *t) {
 
 int trainer_setup(struct trainer *t) {
   if (setup_comm(t) != 0 || same_options_everywhere(t) != 0 || outputs_follow_rank0(t) != 0 ||
-      check_outputs(t) != 0 || open_data(t) != 0 || loader_fits(t) != 0 || setup_model(t) != 0 ||
+      check_outputs(t) != 0 || open_data(t) != 0 || loader_fits(t) != 0 || setup_model(t) != 0 || files_fit_limit(t) != 0 ||
       setup_comm_parts(t) != 0 || setup_loaders(t) != 0)
     return -1;
   /* setup_comm_parts turned SyncBatchNorm on (or not): the values per channel are known. */

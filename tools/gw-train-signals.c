@@ -47,6 +47,11 @@ void trainer_catch_requests(void) {
   struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGUSR1, &sa, NULL), sigaction(SIGUSR2, &sa, NULL);
+  /* A write past the file-size limit (ulimit -f) fails with EFBIG, which the
+   * writers report (--metrics goes on without; a checkpoint keeps the older
+   * ones), instead of SIGXFSZ's default action ending the rank unexplained
+   * after its training. */
+  signal(SIGXFSZ, SIG_IGN);
 }
 
 void trainer_catch_stop(int on) {

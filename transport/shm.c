@@ -29,6 +29,7 @@
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -236,6 +237,15 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   if (fcntl(fd, F_OFD_SETLK, &fl) != 0)
     GW_INFO(GW_SUB_INIT, "rank %d: cannot lock %s (%s): another pid namespace's sweep may take it for a "
             "leftover after a minute", c->self, s->name, strerror(errno));
+  /* A segment over the file-size limit (ulimit -f): sizing it raises SIGXFSZ,
+   * whose default action killed the rank without a word. */
+  struct rlimit fsz;
+  if (getrlimit(RLIMIT_FSIZE, &fsz) == 0 && fsz.rlim_cur != RLIM_INFINITY && s->map_size > fsz.rlim_cur) {
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: the shared-memory FIFO from rank %d takes %zu bytes, over this "
+                  "process's file-size limit (ulimit -f) of %llu bytes: raise it, or lower GW_SHM_SLOTS / "
+                  "GW_SHM_SLOT_BYTES", c->self, c->peer, s->map_size, (unsigned long long)fsz.rlim_cur);
+    goto fail_unlink;
+  }
   if (ftruncate(fd, (off_t)s->map_size) != 0) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s (is /dev/shm full?)",
                   c->self, s->name, s->map_size, strerror(errno));
