@@ -38,6 +38,8 @@ refused "--csv $tmp/a and --json $tmp/a name the same file" --csv "$tmp/a" --jso
 refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"
 refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv /nonexistent-gw/c.csv
 refused "--tune $tmp: is a directory" --tune "$tmp"
+# a mount that takes no files, though access() says yes to root (written only after the measurement)
+refused "--csv /proc/gw-perf.csv: cannot " --csv /proc/gw-perf.csv
 # one file by two spellings or a link: refused like the same string (the CSV was lost)
 refused "--csv $tmp/a and --json $tmp/./a name the same file" --csv "$tmp/a" --json "$tmp/./a"
 : >"$tmp/j" && ln -s "$tmp/j" "$tmp/jl"

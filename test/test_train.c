@@ -525,6 +525,18 @@ START_TEST(test_bad_flags) {
           "imagenet: cannot open /nonexistent/train");
   refused((const char *const[]){"--steps", "2", "--plot", "/tmp/it's.png", NULL},
           "a quote or a line break in the path");
+  /* a directory where the plot's data or script goes; a mount that takes no
+   * files though access() says yes to root (/proc): refused before the work */
+  char pd[512], pdat[520];
+  path(pd, sizeof pd, "side.png");
+  snprintf(pdat, sizeof pdat, "%s.gp", pd);
+  ck_assert_int_eq(mkdir(pdat, 0700), 0);
+  char want[1200];
+  snprintf(want, sizeof want, "--plot's script %s: is a directory", pdat);
+  refused((const char *const[]){"--steps", "2", "--plot", pd, NULL}, want);
+  rmdir(pdat);
+  refused((const char *const[]){"--steps", "2", "--save-weights", "/proc/gw-w.safetensors", NULL},
+          "--save-weights /proc/gw-w.safetensors: cannot ");
   /* an unknown short option in a bundle is named, not the argument before it */
   refused((const char *const[]){"--steps", "5", "-xy", NULL}, "unknown option or missing value: '-x'");
   /* the loader's batches in flight past half the machine's memory (they were OOM-killed) */

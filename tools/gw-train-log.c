@@ -316,6 +316,14 @@ static bool png_whole(const char *path) {
 int plot_check(const char *png, char *err, size_t errlen) {
   /* replaced (below): a FIFO held gnuplot, and so the training, for ever */
   if (replaced_path_ok("--plot", png, OUTPATH_TEMP_PLOT, err, errlen) != 0) return -1;
+  /* and the data and script beside it (PNG.dat, PNG.gp, each renamed over
+   * from its .tmp): a directory there failed only at the first epoch's end */
+  static const char *const side[2][2] = {{".dat", "--plot's data"}, {".gp", "--plot's script"}};
+  for (int i = 0; i < 2; i++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s%s", png, side[i][0]);
+    if (replaced_path_ok(side[i][1], path, 4, err, errlen) != 0) return -1;
+  }
   /* The path goes into the gnuplot script between single quotes. */
   if (strpbrk(png, "'\n\r")) {
     snprintf(err, errlen, "--plot %s: a quote or a line break in the path would break the gnuplot script; choose "

@@ -2,6 +2,7 @@
 #include "outpath.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,14 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
     snprintf(err, errlen, "%s %s: cannot write it: %s", flag, shown(path).s, strerror(errno));
     return -1;
   }
+  if (exists && S_ISREG(sb.st_mode)) { /* root passes access() but for a read-only mount (/proc's files) */
+    const int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC); /* (no O_TRUNC: nothing changes) */
+    if (fd < 0) {
+      snprintf(err, errlen, "%s %s: cannot write it: %s", flag, shown(path).s, strerror(errno));
+      return -1;
+    }
+    close(fd);
+  }
   char dir[4096];
   dir_of(path, dir, sizeof dir);
   if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
@@ -75,6 +84,18 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
     snprintf(err, errlen, "%s %s: cannot write into %s: %s", flag, shown(path).s, shown(dir).s, strerror(errno));
     return -1;
   }
+  /* access() says yes to root but for a read-only mount: /proc, /sys or a
+   * server's root squash refused the file only after the work.  A file made
+   * there and removed says what the writer will meet. */
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/.gw-probe-XXXXXX", dir);
+  const int fd = mkstemp(probe);
+  if (fd < 0) {
+    snprintf(err, errlen, "%s %s: cannot create files in %s: %s", flag, shown(path).s, shown(dir).s, strerror(errno));
+    return -1;
+  }
+  close(fd);
+  unlink(probe);
   return 0;
 }
 
