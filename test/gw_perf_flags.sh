@@ -116,6 +116,20 @@ grep -qF "unset GW_ALGO (it is ring)" <<<"$out" || { echo "FAIL: --tune under GW
 # A file that cannot be written to the end (a full disk) fails the run.
 want_rc=1 refused "--csv /dev/full: writing failed" -b 8 -e 8 -n 1 -w 0 --csv /dev/full
 refused "unrecognized option '--bogus'" --bogus
+# Options that differ across ranks: named by the rank that has them (the calls
+# then mismatched, "collective calls differ", naming no flag; --min-bw on rank
+# 1 alone stopped it with a peer's "left the communicator")
+printf '#!/bin/sh\nif [ "$RANK" = 1 ]; then exec "%s" "$@" $GW_TEST_EXTRA; fi\nexec "%s" "$@"\n' "$perf" "$perf" \
+  >"$tmp/r1.sh"
+chmod +x "$tmp/r1.sh"
+for extra in "-e 2K|-e 1024 -> 2048" "--min-bw 1000|--min-bw 0 -> 1000" "--csv $tmp/c -d int32|-d float32 -> int32, --csv none -> given"; do
+  out=$(GW_TEST_EXTRA=${extra%%|*} "$run" -n 2 "$tmp/r1.sh" -b 8 -e 1K -n 1 -w 0 2>&1)
+  rc=$?
+  if [ $rc -ne 2 ] || ! grep -qF "rank 1: this rank's options are not rank 0's (rank 0's -> this rank's): ${extra#*|}" <<<"$out" ||
+    ! grep -qF "rank 0: rank 1 runs with options other than rank 0's" <<<"$out"; then
+    echo "FAIL: ${extra%%|*} on rank 1 alone: exit $rc:"; tail -4 <<<"$out"; fail=1
+  fi
+done
 # Under a file-size limit (ulimit -f): the shared-memory FIFOs over it are
 # named (sizing one raised SIGXFSZ and its default action killed the ranks
 # unexplained), and a CSV past it fails the run with EFBIG, said.

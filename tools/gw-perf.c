@@ -27,6 +27,7 @@
 #include "dtype_values.h"
 #include "gradwire.h"
 #include "gw-perf.h"
+#include "optwords.h"
 #include "outpath.h"
 #include "tune.h"
 
@@ -535,6 +536,42 @@ static int tune(const char *path) {
   return 0;
 }
 
+/* The options every rank must run with, as "key=value" words (optwords.h):
+ * the sweep, the checks, the collective and its buffers, --min-bw, and which
+ * output files are given (rank 0 writes them: given on another rank alone,
+ * nothing was written).  -a and -p the library compares (GW_ALGO, GW_PROTO). */
+static void describe_opts(const struct opts *o, char *buf, size_t cap) {
+  char dts[256] = "", ops[128] = "";
+  for (int i = 0, at = 0; i < o->ndtypes && at < (int)sizeof dts; i++)
+    at += snprintf(dts + at, sizeof dts - (size_t)at, "%s%s", i ? "," : "", gw_dtype_name((gw_dtype_t)o->dtypes[i]));
+  for (int i = 0, at = 0; i < o->nops && at < (int)sizeof ops; i++)
+    at += snprintf(ops + at, sizeof ops - (size_t)at, "%s%s", i ? "," : "", gw_op_name((gw_op_t)o->ops[i]));
+  snprintf(buf, cap, "gw-perf -b=%zu -e=%zu -f=%.17g -i=%zu -n=%d -w=%d -c=%d -C=%s -r=%d -R=%d -D=%d -d=%s -o=%s "
+           "--min-bw=%.17g --csv=%s --json=%s --tune=%s", o->min_bytes, o->max_bytes, o->factor, o->step_bytes,
+           o->iters, o->warmup, o->check, coll_names[o->coll], o->root, o->reg, o->device, dts, ops, o->min_bw,
+           o->csv ? "given" : "none", o->json ? "given" : "none", o->tune ? "given" : "none");
+}
+
+/* Every rank's options against rank 0's: one that differs ran other sizes or
+ * checks than its peers (their calls then mismatched, "collective calls
+ * differ", naming no flag) or stopped alone (--min-bw: rank 0 decides).
+ * Each rank that differs names the flags; the others say that it does. */
+static void same_options_everywhere(const struct opts *o) {
+  char mine[1024], r0[1024], diff[900];
+  memset(mine, 0, sizeof mine);
+  describe_opts(o, mine, sizeof mine);
+  memcpy(r0, mine, sizeof r0);
+  if (gw_broadcast(r0, r0, sizeof r0, GW_UINT8, 0, comm, NULL) != GW_SUCCESS)
+    die("comparing the options with rank 0's: %s", gw_comm_last_error(comm));
+  r0[sizeof r0 - 1] = 0;
+  const int differs = opt_words_diff(r0, mine, NULL, diff, sizeof diff) > 0;
+  int32_t last = differs ? rank + 1 : 0; /* the highest rank that differs, plus one */
+  if (gw_allreduce(&last, &last, 1, GW_INT32, GW_MAX, comm, NULL) != GW_SUCCESS)
+    die("comparing the options with rank 0's: %s", gw_comm_last_error(comm));
+  if (differs) bad_use("this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);
+  if (last) bad_use("rank %d runs with options other than rank 0's (its message names them)", last - 1);
+}
+
 int main(int argc, char **argv) {
   signal(SIGXFSZ, SIG_IGN); /* past ulimit -f, --csv / --json / --tune writes fail with EFBIG, said */
   struct opts o = {.min_bytes = 8, .max_bytes = 64u << 20, .factor = 2, .iters = 20, .warmup = 5, .check = 1,
@@ -686,6 +723,7 @@ int main(int argc, char **argv) {
   if (r != GW_SUCCESS) die("gw_comm_init_env failed: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
   gw_comm_rank(comm, &rank);
   gw_comm_size(comm, &nranks);
+  if (nranks > 1) same_options_everywhere(&o);
   if (o.root >= nranks) bad_use("-r %d is not a rank of %d", o.root, nranks);
   if (rank == 0) { /* rank 0 writes them: checked now, not after the measurement */
     char err[1200];

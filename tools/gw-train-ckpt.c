@@ -31,6 +31,7 @@
 
 #include "core.h" /* gw__fnv */
 #include "gw-train.h"
+#include "optwords.h"
 #include "safetensors.h"
 #include "sgd.h"
 
@@ -559,7 +560,7 @@ static int load_one(struct gw_st_file *f, int64_t name_step, struct gw_model *m,
     const char *mine = cfg && !names_samples(cfg) && legacy ? legacy : config;
     /* the model's name leads without a key, so the word diff skips it */
     char words[360] = "", named[100] = "", diff[480];
-    if (cfg && train_opts_diff(cfg, mine, NULL, words, sizeof words) <= 0) words[0] = 0;
+    if (cfg && opt_words_diff(cfg, mine, NULL, words, sizeof words) <= 0) words[0] = 0;
     const int name_len = (int)strcspn(mine, " "), their_len = cfg ? (int)strcspn(cfg, " ") : 0;
     if (cfg && (their_len != name_len || strncmp(cfg, mine, (size_t)name_len) != 0))
       snprintf(named, sizeof named, "model %.*s -> %.*s", their_len > 40 ? 40 : their_len, cfg,

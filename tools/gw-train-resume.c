@@ -9,6 +9,7 @@
 #if GW_HAVE_ONEDNN || GW_HAVE_CUDNN
 
 #include "gw-train-job.h"
+#include "optwords.h"
 
 /* A schedule: linear warmup to the peak (from peak / warmup steps, or from
  * start x peak as torchvision's LinearLR), then cosine to 0 or steps of gamma
@@ -168,7 +169,7 @@ int trainer_resume(struct trainer *t) {
                                         "backend", "layout", "host_step", NULL};
       char now_opts[sizeof t->st.options], changed[1200];
       train_opts_describe(t->o, now_opts, sizeof now_opts);
-      if (t->st.options[0] && train_opts_diff(t->st.options, now_opts, how, changed, sizeof changed) > 0)
+      if (t->st.options[0] && opt_words_diff(t->st.options, now_opts, how, changed, sizeof changed) > 0)
         log_text(&t->log, "note: resuming with options other than the saved run's: %s", changed);
       if (t->st.options[0]) note_schedule_change(t);
       snprintf(t->st.options, sizeof t->st.options, "%s", now_opts);

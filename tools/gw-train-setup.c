@@ -15,6 +15,7 @@
 
 #include "core.h" /* gw__fnv */
 #include "gw-train-job.h"
+#include "optwords.h"
 #include "safetensors.h"
 
 /* Prints the message once (rank-prefixed when there are several) and returns -1. */
@@ -109,7 +110,7 @@ static int same_options_everywhere(struct trainer *t) {
   memcpy(r0, mine, sizeof r0);
   if (train_bcast(t, r0, sizeof r0, GW_UINT8, "comparing the options with rank 0's") != 0) return -1;
   r0[sizeof r0 - 1] = 0;
-  double differ = train_opts_diff(r0, mine, NULL, diff, sizeof diff) > 0;
+  double differ = opt_words_diff(r0, mine, NULL, diff, sizeof diff) > 0;
   if (train_allreduce_d(t, &differ, 1, "comparing the options with rank 0's") != 0) return -1;
   if (differ == 0) return 0;
   if (diff[0]) snprintf(detail, sizeof detail, "this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);

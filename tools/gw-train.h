@@ -78,11 +78,7 @@ struct train_opts {
  * collectives or the arithmetic; paths, threads and logging left out), as
  * "key=value" words; returns the length (as snprintf). */
 size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len);
-/* Lists "key A -> B" in out for each key of words a whose value in b differs
- * (or is missing), keys in skip (NULL-terminated) aside, then "word on -> off"
- * or "off -> on" for a bare word after the first (a flag: drop_last) in one
- * of a and b only; returns how many. */
-int train_opts_diff(const char *a, const char *b, const char *const *skip, char *out, size_t len);
+/* (compared by opt_words_diff, optwords.h) */
 
 /* gw-train-setup.c: the data options the flags give (the synthetic set's
  * shape, the image size), and the model's configuration for dataset ds: its
