@@ -328,8 +328,27 @@ gw_result_t gw_dataset_imagefolder(struct gw_dataset **ds, const char *dir, enum
     h = gw__fnv(h, p + root, strlen(p + root) + 1);
   }
   f->base.fingerprint = gw__fnv(h, f->labels, (size_t)f->base.size * sizeof *f->labels);
-  int n = snprintf(f->base.description, sizeof f->base.description, "imagenet %s (%lld images, %d classes) from %s",
-                   split == GW_SPLIT_TRAIN ? "train" : "val", (long long)f->base.size, f->base.classes, dir);
+  /* The evaluation's classes with images: a training class with no folder
+   * (or an empty one; refused in the scan) in val/ is left out of its scores,
+   * said here (the log's "evaluation on" line), not counted as there. */
+  int present = f->base.classes, first_missing = -1;
+  unsigned char *seen = split == GW_SPLIT_TRAIN ? NULL : calloc((size_t)f->base.classes, 1);
+  if (seen) {
+    for (int64_t i = 0; i < f->base.size; i++) seen[f->labels[i]] = 1;
+    present = 0;
+    for (int c = 0; c < f->base.classes; c++) {
+      present += seen[c];
+      if (!seen[c] && first_missing < 0) first_missing = c;
+    }
+    free(seen);
+  }
+  char classes[200];
+  if (first_missing < 0) snprintf(classes, sizeof classes, "%d classes", f->base.classes);
+  else snprintf(classes, sizeof classes, "%d of the training split's %d classes: no folder here for %d, %.60s%s, "
+                "which the scores leave out", present, f->base.classes, f->base.classes - present,
+                gw_dataset_class_name(&f->base, first_missing), f->base.classes - present > 1 ? " and more" : "");
+  int n = snprintf(f->base.description, sizeof f->base.description, "imagenet %s (%lld images, %s) from %s",
+                   split == GW_SPLIT_TRAIN ? "train" : "val", (long long)f->base.size, classes, dir);
   if (f->scan_skipped && n > 0 && (size_t)n < sizeof f->base.description)
     n += snprintf(f->base.description + n, sizeof f->base.description - (size_t)n,
                   "; %lld director%s left out (%s)", (long long)f->scan_skipped, f->scan_skipped > 1 ? "ies" : "y",

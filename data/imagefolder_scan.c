@@ -118,9 +118,10 @@ static void skip_dir(struct gw__folder *f, const char *path, const char *why) {
 }
 
 /* Notes a *.jpg / *.jpeg file the walk leaves out (the first one's path and
- * why), errno being stat's. */
-static void skip_file(struct gw__folder *f, const char *dir, const char *name) {
-  const char *why = errno == ENOENT ? "a link to nothing" : strerror(errno);
+ * why: stat's errno, or a file that is no regular one, where reading it
+ * would block or never end: a FIFO, a device). */
+static void skip_file(struct gw__folder *f, const char *dir, const char *name, bool not_regular) {
+  const char *why = not_regular ? "not a regular file" : errno == ENOENT ? "a link to nothing" : strerror(errno);
   if (!f->scan_files_skipped++)
     snprintf(f->scan_file_note, sizeof f->scan_file_note, "%.100s/%.60s: %s", dir, name, why);
 }
@@ -291,8 +292,8 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, bool v
       res = walk(f, sub, depth + 1, is_link(dir, e), up, files);
     } else if (kind == 0 && is_image_name(e->d_name) && names_push(files, dir, e->d_name)) {
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
-    } else if (kind == -2 && is_image_name(e->d_name)) {
-      skip_file(f, dir, e->d_name);
+    } else if (kind < 0 && is_image_name(e->d_name)) {
+      skip_file(f, dir, e->d_name, kind == -1);
     } else if (kind == 0 && is_other_image_name(e->d_name)) {
       other_image(f, dir, e->d_name);
     }

@@ -379,6 +379,18 @@ START_TEST(folder_bad_trees) {
                 "%s", gw_dataset_description(ds));
   ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
   gw_dataset_free(ds);
+  /* and so is one that is no regular file (a FIFO: reading it would block;
+   * it was left out unsaid) */
+  ck_assert_int_eq(unlink(in_tmp("train/a/x.jpg")), 0);
+  ck_assert_int_eq(mkfifo(in_tmp("train/a/f.jpg"), 0600), 0);
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_size(ds), 1);
+  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 file left out (") &&
+                    strstr(gw_dataset_description(ds), "train/a/f.jpg: not a regular file"),
+                "%s", gw_dataset_description(ds));
+  ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
+  gw_dataset_free(ds);
+  ck_assert_int_eq(unlink(in_tmp("train/a/f.jpg")), 0);
   /* Image files of formats torchvision reads and this scan does not decode
    * are counted and said (they were dropped without a word); an evaluation
    * class holding only those is refused as an empty training class is (its

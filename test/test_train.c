@@ -525,6 +525,7 @@ START_TEST(test_bad_flags) {
           "imagenet: cannot open /nonexistent/train");
   refused((const char *const[]){"--steps", "2", "--plot", "/tmp/it's.png", NULL},
           "a quote or a line break in the path");
+  refused((const char *const[]){"--steps", "2", "--load-weights", "", NULL}, "--load-weights: an empty file name");
   /* a directory where the plot's data or script goes; a mount that takes no
    * files though access() says yes to root (/proc): refused before the work */
   char pd[512], pdat[520];

@@ -372,7 +372,10 @@ static int parse_run_option(struct train_opts *o, int c, const char *arg) {
   case O_NOEVAL: o->eval = 0; return 0;
   case O_TESTONLY: o->test_only = 1; return 0;
   case O_SAVE: o->save_weights = arg; return 0;
-  case O_LOAD: o->load_weights = arg; return 0;
+  case O_LOAD: /* (an empty name reached the open: "--load-weights: : cannot open") */
+    if (!*arg) return bad("--load-weights: an empty file name%s%s", "", "");
+    o->load_weights = arg;
+    return 0;
   }
   return 1;
 }
