@@ -229,6 +229,9 @@ static void cut_comment(char *line) {
   if (hash) *hash = 0;
 }
 
+/* The first line gw__tune_write writes starts with this. */
+#define TUNING_HEADER "# gradwire tuning file"
+
 /* Far more than a table of every algorithm, protocol and world size. */
 #define TUNING_FILE_MAX (1u << 20)
 
@@ -383,7 +386,8 @@ static bool row_ok(const char *row, struct rows_seen *seen) {
  * its writer hung on a FIFO, spun on /dev/zero and replaced /dev/null with a
  * regular file; a NUL byte, or lines of which none is a row the loader takes:
  * a checkpoint or someone's notes, which gw-perf --tune replaced with its
- * rows) or cannot be read. */
+ * rows, unless the file starts with the writer's header: a tuning file a
+ * crash or an older writer left damaged is rewritten) or cannot be read. */
 static char *kept_rows(const char *path, int nranks, bool quiet, char *why, size_t why_cap) {
   FILE *f = open_tuning(path, why, why_cap);
   if (!f) return errno == ENOENT ? calloc(1, 1) : NULL;
@@ -392,9 +396,11 @@ static char *kept_rows(const char *path, int nranks, bool quiet, char *why, size
   struct rows_seen seen = {0};
   const char *bad;
   int lineno = 0, content = 0, rows = 0, nul_line = 0, first_line = 0;
+  bool ours = false; /* written by gw__tune_write (its header): whatever a crash left of it */
   while (out && next_line(f, line, sizeof line, &bad)) {
     char copy[512], *save, *fld[6];
     lineno++;
+    if (lineno == 1) ours = !strncmp(line, TUNING_HEADER, strlen(TUNING_HEADER));
     if (bad && strstr(bad, "NUL") && !nul_line) nul_line = lineno;
     snprintf(copy, sizeof copy, "%s", line);
     cut_comment(copy);
@@ -437,7 +443,7 @@ static char *kept_rows(const char *path, int nranks, bool quiet, char *why, size
     snprintf(why, why_cap, "could not be read: %s", strerror(read_errno));
     return NULL;
   }
-  if (out && (nul_line || (content > 0 && rows == 0))) {
+  if (out && !ours && (nul_line || (content > 0 && rows == 0))) {
     free(out);
     for (char *c = first; *c; c++)
       if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
@@ -559,7 +565,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
     free(real);
     return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
   }
-  fprintf(f, "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune%s%s\n", note ? ": " : "",
+  fprintf(f, TUNING_HEADER " (GW_TUNING_FILE), written by gw-perf --tune%s%s\n", note ? ": " : "",
           note ? note : "");
   fprintf(f, "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth\n");
   fprintf(f, "# algo proto latency_us bandwidth_GBps [ranks: this row only for that world size]\n");

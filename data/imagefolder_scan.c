@@ -118,22 +118,23 @@ static void skip_dir(struct gw__folder *f, const char *path, const char *why) {
 }
 
 /* Notes a *.jpg / *.jpeg file the walk leaves out (the first one's path and
- * why: stat's errno, or a file that is no regular one, where reading it
- * would block or never end: a FIFO, a device). */
-static void skip_file(struct gw__folder *f, const char *dir, const char *name, bool not_regular) {
-  const char *why = not_regular ? "not a regular file" : errno == ENOENT ? "a link to nothing" : strerror(errno);
+ * why: entry_kind's kind: stat's errno, a file that is no regular one, where
+ * reading it would block or never end (a FIFO, a device), a path too long). */
+static void skip_file(struct gw__folder *f, const char *dir, const char *name, int kind) {
+  const char *why = kind == -1 ? "not a regular file" : kind == -3 ? "its path is too long"
+                    : errno == ENOENT ? "a link to nothing" : strerror(errno);
   if (!f->scan_files_skipped++)
     snprintf(f->scan_file_note, sizeof f->scan_file_note, "%.100s/%.60s: %s", dir, name, why);
 }
 
-/* 1 directory, 0 regular file, -1 other or unreadable, -2 when stat failed
- * (errno says why); links are followed. */
+/* 1 directory, 0 regular file, -1 other, -2 when stat failed (errno says
+ * why), -3 a path too long; links are followed. */
 static int entry_kind(const char *dir, const struct dirent *e) {
   if (e->d_type == DT_DIR) return 1;
   if (e->d_type == DT_REG) return 0;
   char path[PATH_BUF];
   struct stat st;
-  if (join(path, dir, e->d_name)) return -1;
+  if (join(path, dir, e->d_name)) return -3;
   if (stat(path, &st) != 0) return -2;
   return S_ISDIR(st.st_mode) ? 1 : S_ISREG(st.st_mode) ? 0 : -1;
 }
@@ -230,6 +231,10 @@ static gw_result_t list_subdirs(struct gw__folder *f, const char *dir, struct na
       res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "imagenet: cannot look at %s: %s", path, strerror(errno));
       break;
     }
+    if (kind == -3) { /* (join said it) a class left out would shift every later class's label */
+      res = GW_ERR_INVALID_ARGUMENT;
+      break;
+    }
     if (kind != 1) continue;
     if (names_push(out, NULL, e->d_name)) {
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
@@ -293,7 +298,7 @@ static gw_result_t walk(struct gw__folder *f, const char *dir, int depth, bool v
     } else if (kind == 0 && is_image_name(e->d_name) && names_push(files, dir, e->d_name)) {
       res = gw__model_fail(GW_ERR_SYSTEM, "imagenet: out of memory listing %s", dir);
     } else if (kind < 0 && is_image_name(e->d_name)) {
-      skip_file(f, dir, e->d_name, kind == -1);
+      skip_file(f, dir, e->d_name, kind);
     } else if (kind == 0 && is_other_image_name(e->d_name)) {
       other_image(f, dir, e->d_name);
     }

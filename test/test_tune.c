@@ -484,13 +484,23 @@ START_TEST(test_write_refuses_foreign_files) {
   ck_assert_msg(strstr(why, "has none of a tuning file's rows (line 2 of 3: \"remember the milk\")"), "%s", why);
   ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
   ck_assert(stat(path, &sb) == 0 && sb.st_size == (off_t)strlen(notes));
-  /* rewritten: empty, comments only, a tuning file with a bad row beside a good one */
-  static const char *const ok[] = {"", "# comments\n\n# only\n", "remember the milk\ntree simple 0.7 7 2\n"};
-  for (int i = 0; i < 3; i++) {
+  /* rewritten: empty, comments only, a tuning file with a bad row beside a
+   * good one, and one the writer's header begins whatever else it holds (a
+   * row cut short, NUL bytes: what a crash left) */
+  static const char *const ok[] = {"", "# comments\n\n# only\n", "# gradwire tuning file (GW_TUNING_FILE)\nring simple 1.2",
+                                   "remember the milk\ntree simple 0.7 7 2\n"};
+  for (int i = 0; i < 4; i++) {
     write_file(path, ok[i]);
     ck_assert_msg(gw__tune_replaceable(path, why, sizeof why) == 0, "%d: %s", i, why);
     ck_assert_msg(gw_tune_write(path, 4, s, 4, "test") == GW_SUCCESS, "%d: %s", i, gw_comm_last_error(NULL));
   }
+  static const char ours_nul[] = "# gradwire tuning file\n\0\0\0\0";
+  f = fopen(path, "w");
+  ck_assert(f && fwrite(ours_nul, 1, sizeof ours_nul - 1, f) == sizeof ours_nul - 1 && fclose(f) == 0);
+  ck_assert_msg(gw__tune_replaceable(path, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(gw_tune_write(path, 4, s, 4, "test") == GW_SUCCESS, "%s", gw_comm_last_error(NULL));
+  write_file(path, ok[3]);
+  ck_assert(gw_tune_write(path, 4, s, 4, "test") == GW_SUCCESS);
   struct gw_model m, def;
   gw__model_defaults(&def);
   struct gw_errctx err;

@@ -537,9 +537,11 @@ static int tune(const char *path) {
 }
 
 /* The options every rank must run with, as "key=value" words (optwords.h):
- * the sweep, the checks, the collective and its buffers, --min-bw, and which
- * output files are given (rank 0 writes them: given on another rank alone,
- * nothing was written).  -a and -p the library compares (GW_ALGO, GW_PROTO). */
+ * the sweep, the checks, the collective and its buffers, --tune; and whether
+ * rank 0's own flags are given (--csv, --json: rank 0 writes them; --min-bw:
+ * rank 0 decides), which may be given on rank 0 alone (its machine has the
+ * folder) but not on another rank alone (nothing was written, or the run
+ * stopped there alone).  -a and -p the library compares (GW_ALGO, GW_PROTO). */
 static void describe_opts(const struct opts *o, char *buf, size_t cap) {
   char dts[256] = "", ops[128] = "";
   for (int i = 0, at = 0; i < o->ndtypes && at < (int)sizeof dts; i++)
@@ -547,10 +549,12 @@ static void describe_opts(const struct opts *o, char *buf, size_t cap) {
   for (int i = 0, at = 0; i < o->nops && at < (int)sizeof ops; i++)
     at += snprintf(ops + at, sizeof ops - (size_t)at, "%s%s", i ? "," : "", gw_op_name((gw_op_t)o->ops[i]));
   snprintf(buf, cap, "gw-perf -b=%zu -e=%zu -f=%.17g -i=%zu -n=%d -w=%d -c=%d -C=%s -r=%d -R=%d -D=%d -d=%s -o=%s "
-           "--min-bw=%.17g --csv=%s --json=%s --tune=%s", o->min_bytes, o->max_bytes, o->factor, o->step_bytes,
-           o->iters, o->warmup, o->check, coll_names[o->coll], o->root, o->reg, o->device, dts, ops, o->min_bw,
+           "--min-bw=%s --csv=%s --json=%s --tune=%s", o->min_bytes, o->max_bytes, o->factor, o->step_bytes,
+           o->iters, o->warmup, o->check, coll_names[o->coll], o->root, o->reg, o->device, dts, ops, o->min_bw > 0 ? "given" : "none",
            o->csv ? "given" : "none", o->json ? "given" : "none", o->tune ? "given" : "none");
 }
+
+static const char *const rank0_flags[] = {"--csv", "--json", "--min-bw", NULL};
 
 /* Every rank's options against rank 0's: one that differs ran other sizes or
  * checks than its peers (their calls then mismatched, "collective calls
@@ -564,11 +568,21 @@ static void same_options_everywhere(const struct opts *o) {
   if (gw_broadcast(r0, r0, sizeof r0, GW_UINT8, 0, comm, NULL) != GW_SUCCESS)
     die("comparing the options with rank 0's: %s", gw_comm_last_error(comm));
   r0[sizeof r0 - 1] = 0;
-  const int differs = opt_words_diff(r0, mine, NULL, diff, sizeof diff) > 0;
+  char why[1000] = "";
+  if (opt_words_diff(r0, mine, rank0_flags, diff, sizeof diff) > 0)
+    snprintf(why, sizeof why, "this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);
+  for (int i = 0; rank0_flags[i] && !why[0]; i++) {
+    char none[32];
+    snprintf(none, sizeof none, " %s=none", rank0_flags[i]);
+    if (strstr(r0, none) && !strstr(mine, none))
+      snprintf(why, sizeof why, "%s is given here and not on rank 0 (%s: give it to rank 0)", rank0_flags[i],
+               i < 2 ? "rank 0 writes the file" : "rank 0 decides");
+  }
+  const int differs = why[0] != 0;
   int32_t last = differs ? rank + 1 : 0; /* the highest rank that differs, plus one */
   if (gw_allreduce(&last, &last, 1, GW_INT32, GW_MAX, comm, NULL) != GW_SUCCESS)
     die("comparing the options with rank 0's: %s", gw_comm_last_error(comm));
-  if (differs) bad_use("this rank's options are not rank 0's (rank 0's -> this rank's): %s", diff);
+  if (differs) bad_use("%s", why);
   if (last) bad_use("rank %d runs with options other than rank 0's (its message names them)", last - 1);
 }
 

@@ -614,20 +614,23 @@ static int check_outputs(const struct trainer *t) {
  * size is known, before the training: their write would fail (or, without
  * gw-train's SIGXFSZ ignored, kill the rank) only after it.  Each file holds
  * at least its float32 tensors: the weights the parameters, a checkpoint the
- * parameters and their momentum; gw_st_write checks the exact size at each
- * save. */
+ * parameters and their momentum (where there is one); gw_st_write checks the
+ * exact size at each save. */
 static int files_fit_limit(const struct trainer *t) {
   const struct train_opts *o = t->o;
   const uint64_t limit = gw_st_file_size_limit();
   if (t->rank != 0 || limit == UINT64_MAX) return 0;
   const uint64_t weights = (uint64_t)gw_model_num_params(t->m) * sizeof(float);
-  const char *flag = o->save_weights && weights > limit ? "--save-weights"
-                     : o->checkpoint_dir && 2 * weights > limit ? "--checkpoint-dir" : NULL;
+  const bool momentum = gw_sgd_momentum(t->sgd) != NULL; /* (none with --momentum 0: a checkpoint has none) */
+  const uint64_t ckpt = momentum ? 2 * weights : weights;
+  const bool is_weights = o->save_weights && weights > limit;
+  const char *flag = is_weights ? "--save-weights" : o->checkpoint_dir && ckpt > limit ? "--checkpoint-dir" : NULL;
   if (!flag) return 0;
   char d[300];
   snprintf(d, sizeof d, "its files will be over %" PRIu64 " bytes (the model's %zu parameters%s in float32), past "
-           "this process's file-size limit (ulimit -f) of %" PRIu64 " bytes: raise the limit", flag[2] == 's' ? weights
-           : 2 * weights, gw_model_num_params(t->m), flag[2] == 's' ? "" : " and their momentum", limit);
+           "this process's file-size limit (ulimit -f) of %" PRIu64 " bytes: raise the limit",
+           is_weights ? weights : ckpt, gw_model_num_params(t->m),
+           !is_weights && momentum ? " and their momentum" : "", limit);
   return train_fail(t, flag, d);
 }
 

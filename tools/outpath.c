@@ -2,7 +2,6 @@
 #include "outpath.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +49,10 @@ static int fits_path_max(const char *flag, const char *path, size_t extra, char 
   return -1;
 }
 
-int output_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
+/* The checks of output_path_ok; with a new file to be made in the directory
+ * (path missing, or replaced by a renamed temporary file: `made_in_dir`), a
+ * file made there and removed. */
+static int path_ok(const char *flag, const char *path, int made_in_dir, char *err, size_t errlen) {
   struct stat sb;
   if (!path[0]) {
     snprintf(err, errlen, "%s: an empty file name", flag);
@@ -66,14 +68,6 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
     snprintf(err, errlen, "%s %s: cannot write it: %s", flag, shown(path).s, strerror(errno));
     return -1;
   }
-  if (exists && S_ISREG(sb.st_mode)) { /* root passes access() but for a read-only mount (/proc's files) */
-    const int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC); /* (no O_TRUNC: nothing changes) */
-    if (fd < 0) {
-      snprintf(err, errlen, "%s %s: cannot write it: %s", flag, shown(path).s, strerror(errno));
-      return -1;
-    }
-    close(fd);
-  }
   char dir[4096];
   dir_of(path, dir, sizeof dir);
   if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
@@ -85,18 +79,28 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
     return -1;
   }
   /* access() says yes to root but for a read-only mount: /proc, /sys or a
-   * server's root squash refused the file only after the work.  A file made
-   * there and removed says what the writer will meet. */
-  char probe[4200];
-  snprintf(probe, sizeof probe, "%s/.gw-probe-XXXXXX", dir);
+   * server's root squash refused the new file only after the work.  A file
+   * made there and removed says what the writer will meet (an existing file
+   * written in place needs no new one: a FIFO, /dev/stdout). */
+  char probe[PATH_MAX];
+  if (!(made_in_dir || !exists) || (size_t)snprintf(probe, sizeof probe, "%s/.gw-probe-XXXXXX", dir) >= sizeof probe)
+    return 0;
   const int fd = mkstemp(probe);
   if (fd < 0) {
     snprintf(err, errlen, "%s %s: cannot create files in %s: %s", flag, shown(path).s, shown(dir).s, strerror(errno));
     return -1;
   }
   close(fd);
-  unlink(probe);
+  if (unlink(probe) != 0) { /* (an append-only directory: chattr +a) */
+    snprintf(err, errlen, "%s %s: a file made in %s to try it cannot be removed (%s): %s is left there", flag,
+             shown(path).s, shown(dir).s, strerror(errno), shown(probe).s);
+    return -1;
+  }
   return 0;
+}
+
+int output_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
+  return path_ok(flag, path, 0, err, errlen);
 }
 
 int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *err, size_t errlen) {
@@ -117,7 +121,7 @@ int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *
              shown(path).s);
     return -1;
   }
-  if (output_path_ok(flag, path, err, errlen) != 0 || fits_path_max(flag, path, (size_t)temp_suffix, err, errlen) != 0)
+  if (path_ok(flag, path, 1, err, errlen) != 0 || fits_path_max(flag, path, (size_t)temp_suffix, err, errlen) != 0)
     return -1;
   /* The file is written as a temporary file beside it and renamed (the
    * safetensors writer's <name>.tmp.<8 hex>.<pid>.<counter>): a name that

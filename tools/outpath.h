@@ -1,7 +1,9 @@
 /* outpath.h - before any work, so a bad output path fails at once instead of
  * after the measurement or the training: path names a file that is not a
- * directory, in an existing directory this process can write into.  0, or -1
- * with err naming flag and path (gw-train, gw-perf). */
+ * directory, in an existing directory this process can write into (where
+ * the file is new, tried by making one there and removing it: root passes
+ * access() on /proc).  0, or -1 with err naming flag and path (gw-train,
+ * gw-perf). */
 #ifndef GW_OUTPATH_H
 #define GW_OUTPATH_H
 
@@ -13,7 +15,7 @@ int output_path_ok(const char *flag, const char *path, char *err, size_t errlen)
  * safetensors writer): a symbolic link is followed to the file it names (a
  * link to nothing is refused), which must be a regular file where it exists,
  * and the checks above apply to that file and its directory, where the
- * temporary file goes. */
+ * temporary file goes (tried whether or not the file exists). */
 int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *err, size_t errlen);
 /* temp_suffix: the most its writer's temporary files add to the name, for
  * which the name must leave room: the safetensors writer's ".tmp." 8 hex "."
