@@ -584,7 +584,11 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->fork_gen = gw__fork_generation();
   c->nranks = nranks;
   c->next_seq = 1;
-  c->timeout_s = gw__env_seconds("GW_TIMEOUT", 300.0, true);
+  double timeout_s;
+  const bool timeout_ok = gw__env_seconds_checked("GW_TIMEOUT", 300.0, true, &timeout_s);
+  c->timeout_s = timeout_s;
+  double boot_timeout;
+  const bool boot_timeout_ok = gw__env_seconds_checked("GW_BOOTSTRAP_TIMEOUT", 60.0, false, &boot_timeout);
   c->algo = algo_from_env(nranks);
   const int64_t xmax = gw__param_ExchangeMaxBytes();
   c->exchange_max = xmax < 0 ? SIZE_MAX : (size_t)xmax; /* SIZE_MAX: auto (exchange_cap) */
@@ -612,6 +616,11 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   else if (nstreams < 1 || nstreams > 16)
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_NSTREAMS=%lld is not in 1..16", rank,
                       (long long)nstreams);
+  else if (!timeout_ok || !boot_timeout_ok) /* (the limits on every wait: a typo left the default unsaid) */
+    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s=%s is not a time in seconds (%s)", rank,
+                      timeout_ok ? "GW_BOOTSTRAP_TIMEOUT" : "GW_TIMEOUT",
+                      getenv(timeout_ok ? "GW_BOOTSTRAP_TIMEOUT" : "GW_TIMEOUT"),
+                      timeout_ok ? "above 0" : "0 for no limit, else above 0");
   char refusal[GW_ERRMSG_MAX] = "";
   if (refused) {
     if (nranks == 1) {
@@ -626,7 +635,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->nchannels = nranks == 1 ? 1 : (int)nchannels;
   c->conn_params = (struct gw_conn_params){.nslots = (uint32_t)nslots, .slot_bytes = (uint32_t)slot_bytes,
                                            .job_hash = gw__fnv(GW_FNV_START, token, strlen(token)), .nstreams = (uint32_t)nstreams,
-                                           .timeout_s = gw__env_seconds("GW_BOOTSTRAP_TIMEOUT", 60.0, false)};
+                                           .timeout_s = boot_timeout};
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   if (!c->peers) {
     res = gw__err(&err, GW_ERR_SYSTEM, "rank %d: out of memory", rank);
@@ -651,7 +660,6 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     c->peers[0] = me;
     GW_CHECK_GOTO(build_ring_order(c, &err), res, fail);
   } else {
-    double boot_timeout = gw__env_seconds("GW_BOOTSTRAP_TIMEOUT", 60.0, false);
     const int swept = gw__shm_sweep(); /* what dead ranks of earlier jobs left (a full /dev/shm fails this one) */
     if (swept)
       GW_INFO(GW_SUB_INIT, "rank %d: removed %d file%s from /dev/shm that ranks of this user which died during setup "

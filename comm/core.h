@@ -120,6 +120,11 @@ double gw__env_double(const char *name, double dflt);
  * limit"); anything else is warned about and dflt used (GW_TIMEOUT=-300 had
  * turned every deadline off without a word). */
 double gw__env_seconds(const char *name, double dflt, bool zero_ok);
+/* The same without the warning: false (and dflt in *out) where the variable
+ * is set to something else than such a time (init refuses GW_TIMEOUT's and
+ * GW_BOOTSTRAP_TIMEOUT's: the limits on every wait, a typo left them at the
+ * default with a line of warning among many). */
+bool gw__env_seconds_checked(const char *name, double dflt, bool zero_ok, double *out);
 const char *gw__env_str(const char *name, const char *dflt);
 /* GW_PARAM(Foo, "GW_FOO", 42) defines `int64_t gw__param_Foo(void)` that reads the
  * variable on the first call and caches it, as NCCL_PARAM does; GW_PARAM_MIN

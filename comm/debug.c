@@ -277,12 +277,24 @@ double gw__env_double(const char *name, double dflt) {
   return v;
 }
 
+bool gw__env_seconds_checked(const char *name, double dflt, bool zero_ok, double *out) {
+  *out = dflt;
+  const char *s = getenv(name);
+  if (!s || !*s) return true;
+  char *end = NULL;
+  const double v = strtod(s, &end);
+  if (end == s || *end || !isfinite(v) || !(v > 0 || (zero_ok && v == 0))) return false;
+  GW_INFO(GW_SUB_ENV, "%s set to %g", name, v);
+  *out = v;
+  return true;
+}
+
 double gw__env_seconds(const char *name, double dflt, bool zero_ok) {
-  const double v = gw__env_double(name, dflt);
-  if (isfinite(v) && (v > 0 || (zero_ok && v == 0))) return v;
-  GW_WARN(GW_SUB_ENV, "%s=%s is not a time in seconds (%s); using the default %g", name, getenv(name),
-          zero_ok ? "0 for no limit, else above 0" : "above 0", dflt);
-  return dflt;
+  double v;
+  if (!gw__env_seconds_checked(name, dflt, zero_ok, &v))
+    GW_WARN(GW_SUB_ENV, "%s=%s is not a time in seconds (%s); using the default %g", name, getenv(name),
+            zero_ok ? "0 for no limit, else above 0" : "above 0", dflt);
+  return v;
 }
 
 const char *gw__env_str(const char *name, const char *dflt) {

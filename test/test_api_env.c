@@ -77,21 +77,34 @@ static int body_env(int rank, int n, const char *master, void *arg) {
   return 0;
 }
 
-/* GW_TIMEOUT: a time in seconds, 0 for no limit; negative or infinite is
- * warned about and the default used (-300 turned every deadline off). */
+/* GW_TIMEOUT: a time in seconds, 0 for no limit, the default when empty;
+ * anything else (negative: -300 turned every deadline off; infinite, junk,
+ * a unit: 5s was the default 300 with one line of warning) refuses init,
+ * naming it, and so does GW_BOOTSTRAP_TIMEOUT's (0 too: it has no "none"). */
 START_TEST(test_env_timeout_checked) {
   static const struct {
-    const char *value;
-    double want;
-  } cases[] = {{"2.5", 2.5}, {"0", 0}, {"-300", 300}, {"inf", 300}, {"abc", 300}};
+    const char *name, *value;
+    double want; /* -1: refused */
+  } cases[] = {{"GW_TIMEOUT", "2.5", 2.5}, {"GW_TIMEOUT", "0", 0},     {"GW_TIMEOUT", "", 300},
+               {"GW_TIMEOUT", "-300", -1}, {"GW_TIMEOUT", "inf", -1},  {"GW_TIMEOUT", "abc", -1},
+               {"GW_TIMEOUT", "5s", -1},   {"GW_TIMEOUT", "nan", -1},  {"GW_BOOTSTRAP_TIMEOUT", "0", -1},
+               {"GW_BOOTSTRAP_TIMEOUT", "1m", -1}, {"GW_BOOTSTRAP_TIMEOUT", "30", 300}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    setenv("GW_TIMEOUT", cases[i].value, 1);
-    gw_comm_t c;
-    ck_assert_int_eq(gw_comm_init(&c, 1, 0, NULL), GW_SUCCESS);
-    ck_assert_msg(c->timeout_s == cases[i].want, "GW_TIMEOUT=%s: %g", cases[i].value, (double)c->timeout_s);
+    setenv(cases[i].name, cases[i].value, 1);
+    gw_comm_t c = NULL;
+    const gw_result_t r = gw_comm_init(&c, 1, 0, NULL);
+    unsetenv(cases[i].name);
+    if (cases[i].want < 0) {
+      char want[160];
+      snprintf(want, sizeof want, "rank 0: %s=%s is not a time in seconds (", cases[i].name, cases[i].value);
+      ck_assert_msg(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), want), "%s=%s: %d %s",
+                    cases[i].name, cases[i].value, r, gw_comm_last_error(NULL));
+      continue;
+    }
+    ck_assert_msg(r == GW_SUCCESS, "%s=%s: %s", cases[i].name, cases[i].value, gw_comm_last_error(NULL));
+    ck_assert_msg(c->timeout_s == cases[i].want, "%s=%s: %g", cases[i].name, cases[i].value, (double)c->timeout_s);
     gw_comm_destroy(c);
   }
-  unsetenv("GW_TIMEOUT");
 }
 END_TEST
 
