@@ -27,6 +27,7 @@
 #include "dtype_values.h"
 #include "gradwire.h"
 #include "gw-perf.h"
+#include "gw-perf-run.h"
 #include "optwords.h"
 #include "outpath.h"
 #include "tune.h"
@@ -47,7 +48,7 @@ struct opts {
 
 enum { MAX_SIZES = 10000 }; /* sizes one run measures, at most */
 
-static int rank = -1, nranks; /* rank -1 until the communicator is made */
+int rank = -1, nranks; /* rank -1 until the communicator is made (gw-perf-run.h) */
 
 /* Says what failed on stderr and exits with status (1: a failure or wrong
  * results, 2: a bad command line, output files included; gw-train exits 2
@@ -67,8 +68,7 @@ static void vdie(int status, const char *fmt, va_list ap) {
   }
   exit(status);
 }
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...) {
+void die(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vdie(1, fmt, ap);
@@ -148,13 +148,13 @@ struct result {
   char path[2][32]; /* what ran (gw_comm_last_path) */
 };
 
-static double now(void) {
+double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static gw_comm_t comm;
+gw_comm_t comm;
 
 /* -D: the device layer, the stream every call goes on, and host mirrors of the
  * device buffers for filling and checking. */
@@ -178,7 +178,7 @@ static void sync_stream(void) {
   if (dev) check_dev(dev->stream_sync(stream), "stream_sync");
 }
 
-static void check_gw(gw_result_t r, const char *what) {
+void check_gw(gw_result_t r, const char *what) {
   if (r != GW_SUCCESS) die("%s failed: %s: %s", what, gw_strerror(r), gw_comm_last_error(comm));
 }
 
@@ -474,66 +474,12 @@ static void check_memory(size_t buf_bytes, bool device) {
         local > 1 ? "s" : "", need / 1073741824.0, have / 1073741824.0);
 }
 
-static void *alloc_prefaulted(size_t bytes) {
+void *alloc_prefaulted(size_t bytes) {
   if (bytes == 0) bytes = 64;
   /* Pre-faulted once: first-touch page faults would otherwise dominate big sizes. */
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) die("cannot allocate %zu bytes: %s", bytes, strerror(errno));
   return p;
-}
-
-/* ---- --tune: the cost model's constants, measured ---- */
-
-static void tune_op(void *send, void *recv, size_t count) {
-  check_gw(gw_allreduce(send, recv, count, GW_FLOAT32, GW_SUM, comm, NULL), "gw_allreduce");
-}
-
-/* Mean time of one allreduce of `bytes` (float32 sum), the best of three rounds,
- * as the slowest rank saw it (so every rank holds the same figure). */
-static double tune_time(void *send, void *recv, size_t bytes) {
-  size_t count = bytes / 4;
-  int iters = bytes <= (64u << 10) ? 300 : 20;
-  double best = 1e30;
-  for (int round = 0; round < 3; round++) {
-    for (int i = 0; i < 5; i++) tune_op(send, recv, count);
-    check_gw(gw_barrier(comm), "gw_barrier");
-    double t0 = now();
-    for (int i = 0; i < iters; i++) tune_op(send, recv, count);
-    double t = (now() - t0) / iters * 1e6;
-    check_gw(gw_allreduce(&t, &t, 1, GW_FLOAT64, GW_MAX, comm, NULL), "gw_allreduce(time)");
-    best = t < best ? t : best;
-  }
-  return best;
-}
-
-/* Sizes per protocol: LL is for small messages, so its fit stays below 64 KiB;
- * simple reaches 16 MiB, where the output no longer stays in cache. */
-static int tune(const char *path) {
-  static const char *algos[] = {"ring", "tree", "exchange"}, *protos[] = {"simple", "ll"};
-  static const size_t sizes[2][4] = {{8, 4096, 256u << 10, 16u << 20}, {8, 512, 4096, 32768}};
-  struct gw_tune_sample samples[3 * 2 * 4];
-  int ns = 0;
-  void *send = alloc_prefaulted(16u << 20), *recv = alloc_prefaulted(16u << 20);
-  if (rank == 0) printf("# gw-perf --tune: %d ranks, float32 sum allreduce, best of 3 rounds (us)\n", nranks);
-  for (int a = 0; a < 3; a++)
-    for (int p = 0; p < 2; p++) {
-      if (gw_comm_set_algo(comm, algos[a], protos[p]) != GW_SUCCESS) continue; /* alike on every rank */
-      for (int s = 0; s < 4; s++) {
-        samples[ns] = (struct gw_tune_sample){algos[a], protos[p], sizes[p][s], tune_time(send, recv, sizes[p][s])};
-        if (rank == 0) { /* each row as measured: a job stopped midway keeps what it had */
-          printf("%-8s %-6s %10zu B %10.2f us\n", algos[a], protos[p], sizes[p][s], samples[ns].time_us);
-          fflush(stdout);
-        }
-        ns++;
-      }
-    }
-  char note[128];
-  snprintf(note, sizeof note, "%d ranks", nranks);
-  if (rank == 0 && gw_tune_write_comm(comm, path, samples, ns, note) != GW_SUCCESS)
-    die("%s", gw_comm_last_error(NULL));
-  if (rank == 0) printf("# wrote %s (use it with GW_TUNING_FILE=%s)\n", path, path);
-  gw_comm_destroy(comm);
-  return 0;
 }
 
 /* The options every rank must run with, as "key=value" words (optwords.h):
@@ -765,7 +711,7 @@ int main(int argc, char **argv) {
               gw_dtype_name(dt), need);
   }
 
-  if (o.tune) return tune(o.tune);
+  if (o.tune) return gwp_tune(o.tune);
   size_t buf_bytes = o.max_bytes + 64;
   check_memory(buf_bytes, o.device);
   uint8_t *sendbuf, *recvbuf;

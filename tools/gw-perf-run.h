@@ -1,0 +1,21 @@
+/* gw-perf-run.h - gw-perf.c's run state and exits, for its other files
+ * (gw-perf-tune.c): the communicator, this rank and the world size, the
+ * failure exit (status 1, the message on stderr), a check of a gradwire call,
+ * the monotonic clock and pre-faulted buffers. */
+#ifndef GW_PERF_RUN_H
+#define GW_PERF_RUN_H
+
+#include <stddef.h>
+
+#include "gradwire.h"
+
+extern gw_comm_t comm;
+extern int rank, nranks; /* rank -1 until the communicator is made */
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void check_gw(gw_result_t r, const char *what);
+double now(void); /* seconds, CLOCK_MONOTONIC */
+void *alloc_prefaulted(size_t bytes);
+/* --tune FILE, after the options were checked (every rank): 0, or exits. */
+int gwp_tune(const char *path);
+
+#endif
