@@ -617,10 +617,12 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_NSTREAMS=%lld is not in 1..16", rank,
                       (long long)nstreams);
   else if (!timeout_ok || !boot_timeout_ok) /* (the limits on every wait: a typo left the default unsaid) */
-    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s=%s is not a time in seconds (%s)", rank,
-                      timeout_ok ? "GW_BOOTSTRAP_TIMEOUT" : "GW_TIMEOUT",
-                      getenv(timeout_ok ? "GW_BOOTSTRAP_TIMEOUT" : "GW_TIMEOUT"),
-                      timeout_ok ? "above 0" : "0 for no limit, else above 0");
+    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s%.60s%s%s%s%.60s%s: not %s in seconds (a number "
+                      "above 0; GW_TIMEOUT=0: no limit)", rank,
+                      timeout_ok ? "" : "GW_TIMEOUT='", timeout_ok ? "" : getenv("GW_TIMEOUT"), timeout_ok ? "" : "'",
+                      !timeout_ok && !boot_timeout_ok ? " and " : "",
+                      boot_timeout_ok ? "" : "GW_BOOTSTRAP_TIMEOUT='", boot_timeout_ok ? "" : getenv("GW_BOOTSTRAP_TIMEOUT"),
+                      boot_timeout_ok ? "" : "'", !timeout_ok && !boot_timeout_ok ? "times" : "a time");
   char refusal[GW_ERRMSG_MAX] = "";
   if (refused) {
     if (nranks == 1) {

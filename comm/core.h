@@ -116,14 +116,12 @@ int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min);
  * which pid namespace the pid in them means something in. */
 uint64_t gw__pidns_self(void);
 double gw__env_double(const char *name, double dflt);
-/* A time in seconds: finite and not negative (0 only where zero_ok: "no
- * limit"); anything else is warned about and dflt used (GW_TIMEOUT=-300 had
- * turned every deadline off without a word). */
-double gw__env_seconds(const char *name, double dflt, bool zero_ok);
-/* The same without the warning: false (and dflt in *out) where the variable
- * is set to something else than such a time (init refuses GW_TIMEOUT's and
- * GW_BOOTSTRAP_TIMEOUT's: the limits on every wait, a typo left them at the
- * default with a line of warning among many). */
+/* A time in seconds from the environment: a number (the C locale's, no white
+ * space), finite and above 0, or 0 where zero_ok ("no limit"); unset or
+ * empty: dflt.  False (and dflt in *out) for anything else: init refuses
+ * GW_TIMEOUT's and GW_BOOTSTRAP_TIMEOUT's, the limits on every wait
+ * (GW_TIMEOUT=-300 had turned every deadline off, and 5s was the default
+ * with one line of warning among many). */
 bool gw__env_seconds_checked(const char *name, double dflt, bool zero_ok, double *out);
 const char *gw__env_str(const char *name, const char *dflt);
 /* GW_PARAM(Foo, "GW_FOO", 42) defines `int64_t gw__param_Foo(void)` that reads the

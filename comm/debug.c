@@ -1,7 +1,9 @@
 /* debug.c - logging, error messages, environment tunables, clocks and the waiting
  * policy used by every poll loop.  No communication happens here. */
 #include <errno.h>
+#include <ctype.h>
 #include <limits.h>
+#include <locale.h>
 #include <pthread.h>
 #include <sched.h>
 #include <math.h>
@@ -264,11 +266,28 @@ int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min) {
   return dflt;
 }
 
+/* A number in the environment as the C locale reads it (a host program in a
+ * locale with decimal commas read "2.5" as 2, or refused it), and no
+ * white space before it (strtod skips it there, and " 5" passed where
+ * "5 " did not). */
+static locale_t c_locale; /* (made once; (locale_t)0 if it could not be: then strtod's) */
+static void make_c_locale(void) { c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0); }
+
+static double env_strtod(const char *s, char **end) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, make_c_locale);
+  if (isspace((unsigned char)s[0])) {
+    *end = (char *)s;
+    return 0;
+  }
+  return c_locale ? strtod_l(s, end, c_locale) : strtod(s, end);
+}
+
 double gw__env_double(const char *name, double dflt) {
   const char *s = getenv(name);
   if (!s || !*s) return dflt;
   char *end = NULL;
-  double v = strtod(s, &end);
+  double v = env_strtod(s, &end);
   if (end == s || *end || v != v) { /* NaN compares false with everything: a timeout of NaN never expired */
     GW_WARN(GW_SUB_ENV, "%s=%s is not a number; using the default %g", name, s, dflt);
     return dflt;
@@ -282,19 +301,11 @@ bool gw__env_seconds_checked(const char *name, double dflt, bool zero_ok, double
   const char *s = getenv(name);
   if (!s || !*s) return true;
   char *end = NULL;
-  const double v = strtod(s, &end);
+  const double v = env_strtod(s, &end);
   if (end == s || *end || !isfinite(v) || !(v > 0 || (zero_ok && v == 0))) return false;
   GW_INFO(GW_SUB_ENV, "%s set to %g", name, v);
   *out = v;
   return true;
-}
-
-double gw__env_seconds(const char *name, double dflt, bool zero_ok) {
-  double v;
-  if (!gw__env_seconds_checked(name, dflt, zero_ok, &v))
-    GW_WARN(GW_SUB_ENV, "%s=%s is not a time in seconds (%s); using the default %g", name, getenv(name),
-            zero_ok ? "0 for no limit, else above 0" : "above 0", dflt);
-  return v;
 }
 
 const char *gw__env_str(const char *name, const char *dflt) {

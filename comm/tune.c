@@ -229,8 +229,8 @@ static void cut_comment(char *line) {
   if (hash) *hash = 0;
 }
 
-/* The first line gw__tune_write writes starts with this. */
-#define TUNING_HEADER "# gradwire tuning file"
+/* The first line gw__tune_write writes (every version) starts with this. */
+#define TUNING_HEADER "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune"
 
 /* Far more than a table of every algorithm, protocol and world size. */
 #define TUNING_FILE_MAX (1u << 20)
@@ -565,7 +565,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
     free(real);
     return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
   }
-  fprintf(f, TUNING_HEADER " (GW_TUNING_FILE), written by gw-perf --tune%s%s\n", note ? ": " : "",
+  fprintf(f, TUNING_HEADER "%s%s\n", note ? ": " : "",
           note ? note : "");
   fprintf(f, "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth\n");
   fprintf(f, "# algo proto latency_us bandwidth_GBps [ranks: this row only for that world size]\n");

@@ -138,6 +138,13 @@ done
 out=$(GW_TEST_RANK=0 GW_TEST_EXTRA="--csv $tmp/c0 --min-bw 0.000001" "$run" -n 2 "$tmp/one.sh" -b 8 -e 1K -n 1 -w 0 2>&1) &&
   [ -s "$tmp/c0" ] || { echo "FAIL: --csv and --min-bw on rank 0 alone:"; tail -4 <<<"$out"; fail=1; }
 rm -f "$tmp/c0"
+# rank 0's --min-bw failing: every rank takes it (the others exited 0 and
+# rank 0's wait before its exit 1 failed, "rank 1 ... is gone")
+out=$(GW_TEST_RANK=0 GW_TEST_EXTRA="--min-bw 1000000" "$run" -n 2 "$tmp/one.sh" -b 8 -e 1K -n 1 -w 0 2>&1)
+rc=$?
+if [ $rc -ne 1 ] || ! grep -qF "FAILED (--min-bw 1e+06)" <<<"$out" || grep -qF "is gone" <<<"$out"; then
+  echo "FAIL: --min-bw failing on rank 0 alone: exit $rc:"; tail -4 <<<"$out"; fail=1
+fi
 # Under a file-size limit (ulimit -f): the shared-memory FIFOs over it are
 # named (sizing one raised SIGXFSZ and its default action killed the ranks
 # unexplained), and a CSV past it fails the run with EFBIG, said.
@@ -151,6 +158,8 @@ out=$(prlimit --fsize=10 -- "$run" -n 1 "$perf" -b 8 -e 8 -n 1 -w 0 --csv "$tmp/
 grep -qF -- "--csv $tmp/big.csv: writing failed: File too large" <<<"$out" ||
   { echo "FAIL: a CSV past ulimit -f:"; tail -3 <<<"$out"; fail=1; }
 rm -f "$tmp/big.csv"
+else
+  echo "SKIP: the ulimit -f cases (no prlimit here: util-linux, which scripts/deps.sh installs)"
 fi
 for f in a c t; do
   [ -e "$tmp/$f" ] && { echo "FAIL: a refused run wrote $tmp/$f"; fail=1; }

@@ -79,8 +79,9 @@ static int body_env(int rank, int n, const char *master, void *arg) {
 
 /* GW_TIMEOUT: a time in seconds, 0 for no limit, the default when empty;
  * anything else (negative: -300 turned every deadline off; infinite, junk,
- * a unit: 5s was the default 300 with one line of warning) refuses init,
- * naming it, and so does GW_BOOTSTRAP_TIMEOUT's (0 too: it has no "none"). */
+ * a unit: 5s was the default 300 with one line of warning; white space on
+ * either side) refuses init, naming it, and so does GW_BOOTSTRAP_TIMEOUT's
+ * (0 too: it has no "none"). */
 START_TEST(test_env_timeout_checked) {
   static const struct {
     const char *name, *value;
@@ -88,7 +89,8 @@ START_TEST(test_env_timeout_checked) {
   } cases[] = {{"GW_TIMEOUT", "2.5", 2.5}, {"GW_TIMEOUT", "0", 0},     {"GW_TIMEOUT", "", 300},
                {"GW_TIMEOUT", "-300", -1}, {"GW_TIMEOUT", "inf", -1},  {"GW_TIMEOUT", "abc", -1},
                {"GW_TIMEOUT", "5s", -1},   {"GW_TIMEOUT", "nan", -1},  {"GW_BOOTSTRAP_TIMEOUT", "0", -1},
-               {"GW_BOOTSTRAP_TIMEOUT", "1m", -1}, {"GW_BOOTSTRAP_TIMEOUT", "30", 300}};
+               {"GW_BOOTSTRAP_TIMEOUT", "1m", -1}, {"GW_BOOTSTRAP_TIMEOUT", "30", 30},
+               {"GW_TIMEOUT", " 5", -1},   {"GW_TIMEOUT", "5 ", -1},   {"GW_TIMEOUT", "1e3", 1000}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     setenv(cases[i].name, cases[i].value, 1);
     gw_comm_t c = NULL;
@@ -96,13 +98,14 @@ START_TEST(test_env_timeout_checked) {
     unsetenv(cases[i].name);
     if (cases[i].want < 0) {
       char want[160];
-      snprintf(want, sizeof want, "rank 0: %s=%s is not a time in seconds (", cases[i].name, cases[i].value);
+      snprintf(want, sizeof want, "rank 0: %s='%s': not a time in seconds (", cases[i].name, cases[i].value);
       ck_assert_msg(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), want), "%s=%s: %d %s",
                     cases[i].name, cases[i].value, r, gw_comm_last_error(NULL));
       continue;
     }
     ck_assert_msg(r == GW_SUCCESS, "%s=%s: %s", cases[i].name, cases[i].value, gw_comm_last_error(NULL));
-    ck_assert_msg(c->timeout_s == cases[i].want, "%s=%s: %g", cases[i].name, cases[i].value, (double)c->timeout_s);
+    const double got = !strcmp(cases[i].name, "GW_TIMEOUT") ? c->timeout_s : c->conn_params.timeout_s;
+    ck_assert_msg(got == cases[i].want, "%s=%s: %g", cases[i].name, cases[i].value, got);
     gw_comm_destroy(c);
   }
 }

@@ -487,18 +487,23 @@ START_TEST(test_write_refuses_foreign_files) {
   /* rewritten: empty, comments only, a tuning file with a bad row beside a
    * good one, and one the writer's header begins whatever else it holds (a
    * row cut short, NUL bytes: what a crash left) */
-  static const char *const ok[] = {"", "# comments\n\n# only\n", "# gradwire tuning file (GW_TUNING_FILE)\nring simple 1.2",
+  static const char *const ok[] = {"", "# comments\n\n# only\n",
+                                   "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune: 4 ranks\n"
+                                   "ring simple 1.2",
                                    "remember the milk\ntree simple 0.7 7 2\n"};
   for (int i = 0; i < 4; i++) {
     write_file(path, ok[i]);
     ck_assert_msg(gw__tune_replaceable(path, why, sizeof why) == 0, "%d: %s", i, why);
     ck_assert_msg(gw_tune_write(path, 4, s, 4, "test") == GW_SUCCESS, "%d: %s", i, gw_comm_last_error(NULL));
   }
-  static const char ours_nul[] = "# gradwire tuning file\n\0\0\0\0";
+  static const char ours_nul[] = "# gradwire tuning file (GW_TUNING_FILE), written by gw-perf --tune\n\0\0\0\0";
   f = fopen(path, "w");
   ck_assert(f && fwrite(ours_nul, 1, sizeof ours_nul - 1, f) == sizeof ours_nul - 1 && fclose(f) == 0);
   ck_assert_msg(gw__tune_replaceable(path, why, sizeof why) == 0, "%s", why);
   ck_assert_msg(gw_tune_write(path, 4, s, 4, "test") == GW_SUCCESS, "%s", gw_comm_last_error(NULL));
+  /* a header that only begins like the writer's is no proof */
+  write_file(path, "# gradwire tuning files: my notes\nremember the milk\n");
+  ck_assert_int_eq(gw__tune_replaceable(path, why, sizeof why), -1);
   write_file(path, ok[3]);
   ck_assert(gw_tune_write(path, 4, s, 4, "test") == GW_SUCCESS);
   struct gw_model m, def;

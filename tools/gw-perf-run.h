@@ -9,12 +9,13 @@
 
 #include "gradwire.h"
 
-extern gw_comm_t comm;
-extern int rank, nranks; /* rank -1 until the communicator is made */
-void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-void check_gw(gw_result_t r, const char *what);
-double now(void); /* seconds, CLOCK_MONOTONIC */
-void *alloc_prefaulted(size_t bytes);
+gw_comm_t gwp_comm(void);
+int gwp_rank(void);
+int gwp_nranks(void);
+void gwp_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void gwp_check(gw_result_t r, const char *what);
+double gwp_now(void); /* seconds, CLOCK_MONOTONIC */
+void *gwp_alloc_prefaulted(size_t bytes);
 /* --tune FILE, after the options were checked (every rank): 0, or exits. */
 int gwp_tune(const char *path);
 

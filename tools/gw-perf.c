@@ -48,7 +48,7 @@ struct opts {
 
 enum { MAX_SIZES = 10000 }; /* sizes one run measures, at most */
 
-int rank = -1, nranks; /* rank -1 until the communicator is made (gw-perf-run.h) */
+static int rank = -1, nranks; /* rank -1 until the communicator is made */
 
 /* Says what failed on stderr and exits with status (1: a failure or wrong
  * results, 2: a bad command line, output files included; gw-train exits 2
@@ -68,7 +68,8 @@ static void vdie(int status, const char *fmt, va_list ap) {
   }
   exit(status);
 }
-void die(const char *fmt, ...) {
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vdie(1, fmt, ap);
@@ -148,13 +149,13 @@ struct result {
   char path[2][32]; /* what ran (gw_comm_last_path) */
 };
 
-double now(void) {
+static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-gw_comm_t comm;
+static gw_comm_t comm;
 
 /* -D: the device layer, the stream every call goes on, and host mirrors of the
  * device buffers for filling and checking. */
@@ -178,7 +179,7 @@ static void sync_stream(void) {
   if (dev) check_dev(dev->stream_sync(stream), "stream_sync");
 }
 
-void check_gw(gw_result_t r, const char *what) {
+static void check_gw(gw_result_t r, const char *what) {
   if (r != GW_SUCCESS) die("%s failed: %s: %s", what, gw_strerror(r), gw_comm_last_error(comm));
 }
 
@@ -474,13 +475,26 @@ static void check_memory(size_t buf_bytes, bool device) {
         local > 1 ? "s" : "", need / 1073741824.0, have / 1073741824.0);
 }
 
-void *alloc_prefaulted(size_t bytes) {
+static void *alloc_prefaulted(size_t bytes) {
   if (bytes == 0) bytes = 64;
   /* Pre-faulted once: first-touch page faults would otherwise dominate big sizes. */
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) die("cannot allocate %zu bytes: %s", bytes, strerror(errno));
   return p;
 }
+
+/* gw-perf-run.h: the pieces above, for gw-perf-tune.c */
+gw_comm_t gwp_comm(void) { return comm; }
+int gwp_rank(void) { return rank; }
+int gwp_nranks(void) { return nranks; }
+void gwp_die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vdie(1, fmt, ap);
+}
+void gwp_check(gw_result_t r, const char *what) { check_gw(r, what); }
+double gwp_now(void) { return now(); }
+void *gwp_alloc_prefaulted(size_t bytes) { return alloc_prefaulted(bytes); }
 
 /* The options every rank must run with, as "key=value" words (optwords.h):
  * the sweep, the checks, the collective and its buffers, --tune; and whether
@@ -506,7 +520,7 @@ static const char *const rank0_flags[] = {"--csv", "--json", "--min-bw", NULL};
  * checks than its peers (their calls then mismatched, "collective calls
  * differ", naming no flag) or stopped alone (--min-bw: rank 0 decides).
  * Each rank that differs names the flags; the others say that it does. */
-static void same_options_everywhere(const struct opts *o) {
+static void same_options_everywhere(struct opts *o) {
   char mine[1024], r0[1024], diff[900];
   memset(mine, 0, sizeof mine);
   describe_opts(o, mine, sizeof mine);
@@ -530,6 +544,11 @@ static void same_options_everywhere(const struct opts *o) {
     die("comparing the options with rank 0's: %s", gw_comm_last_error(comm));
   if (differs) bad_use("%s", why);
   if (last) bad_use("rank %d runs with options other than rank 0's (its message names them)", last - 1);
+  /* rank 0's --min-bw on every rank (given to rank 0 alone): each decides
+   * alike whether the run failed, and all wait for rank 0 before exiting 1
+   * (a rank without it exited 0 and left rank 0's barrier without it) */
+  if (gw_broadcast(&o->min_bw, &o->min_bw, 1, GW_FLOAT64, 0, comm, NULL) != GW_SUCCESS)
+    die("taking rank 0's --min-bw: %s", gw_comm_last_error(comm));
 }
 
 int main(int argc, char **argv) {

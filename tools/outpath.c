@@ -68,6 +68,7 @@ static int path_ok(const char *flag, const char *path, int made_in_dir, char *er
     snprintf(err, errlen, "%s %s: cannot write it: %s", flag, shown(path).s, strerror(errno));
     return -1;
   }
+  if (exists && !made_in_dir) return 0; /* written in place (a FIFO, /dev/null): its directory is not written */
   char dir[4096];
   dir_of(path, dir, sizeof dir);
   if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
@@ -80,20 +81,20 @@ static int path_ok(const char *flag, const char *path, int made_in_dir, char *er
   }
   /* access() says yes to root but for a read-only mount: /proc, /sys or a
    * server's root squash refused the new file only after the work.  A file
-   * made there and removed says what the writer will meet (an existing file
-   * written in place needs no new one: a FIFO, /dev/stdout). */
+   * made there and removed says what the writer will meet. */
   char probe[PATH_MAX];
-  if (!(made_in_dir || !exists) || (size_t)snprintf(probe, sizeof probe, "%s/.gw-probe-XXXXXX", dir) >= sizeof probe)
-    return 0;
+  if ((size_t)snprintf(probe, sizeof probe, "%s/.gw-probe-XXXXXX", dir) >= sizeof probe) return 0;
   const int fd = mkstemp(probe);
   if (fd < 0) {
     snprintf(err, errlen, "%s %s: cannot create files in %s: %s", flag, shown(path).s, shown(dir).s, strerror(errno));
     return -1;
   }
   close(fd);
-  if (unlink(probe) != 0) { /* (an append-only directory: chattr +a) */
-    snprintf(err, errlen, "%s %s: a file made in %s to try it cannot be removed (%s): %s is left there", flag,
-             shown(path).s, shown(dir).s, strerror(errno), shown(probe).s);
+  /* A directory where files cannot be removed (append-only: chattr +a) takes
+   * a new file written in place, not a file replaced by a rename. */
+  if (unlink(probe) != 0 && made_in_dir) {
+    snprintf(err, errlen, "%s %s: files in %s cannot be replaced (%s; a file made there to try it, %s, is left)",
+             flag, shown(path).s, shown(dir).s, strerror(errno), shown(probe).s);
     return -1;
   }
   return 0;
