@@ -319,6 +319,19 @@ void add_fmnist_hostile_tests(TCase *tc) { tcase_add_test(tc, fmnist_lying_and_j
 /* Trees a scan must refuse or note (moved from test_data.c): no classes, an
  * empty class in either split, files of formats not decoded, links to
  * nothing and to themselves. */
+/* The training split of tmpdir scanned with one *.jpg left out and said
+ * ("; 1 file left out (", then `said`), its one image and file list (the
+ * fingerprint) as without that entry. */
+static void expect_one_file_left_out(const char *said, uint64_t fingerprint) {
+  struct gw_dataset *ds;
+  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_size(ds), 1);
+  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 file left out (") && strstr(gw_dataset_description(ds), said),
+                "%s", gw_dataset_description(ds));
+  ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
+  gw_dataset_free(ds);
+}
+
 START_TEST(folder_bad_trees) {
   make_tmpdir();
   mkdirs("train");
@@ -372,24 +385,12 @@ START_TEST(folder_bad_trees) {
   /* A *.jpg entry that cannot be looked at is left out and said, as a
    * directory would be; the file list (and its fingerprint) stays. */
   ck_assert_int_eq(symlink("nothing.jpg", in_tmp("train/a/x.jpg")), 0);
-  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
-  ck_assert_int_eq(gw_dataset_size(ds), 1);
-  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 file left out (") &&
-                    strstr(gw_dataset_description(ds), "train/a/x.jpg: a link to nothing"),
-                "%s", gw_dataset_description(ds));
-  ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
-  gw_dataset_free(ds);
+  expect_one_file_left_out("train/a/x.jpg: a link to nothing", fingerprint);
   /* and so is one that is no regular file (a FIFO: reading it would block;
    * it was left out unsaid) */
   ck_assert_int_eq(unlink(in_tmp("train/a/x.jpg")), 0);
   ck_assert_int_eq(mkfifo(in_tmp("train/a/f.jpg"), 0600), 0);
-  ck_assert_msg(gw_dataset_imagefolder(&ds, tmpdir, GW_SPLIT_TRAIN, 32) == GW_SUCCESS, "%s", gw_data_last_error());
-  ck_assert_int_eq(gw_dataset_size(ds), 1);
-  ck_assert_msg(strstr(gw_dataset_description(ds), "; 1 file left out (") &&
-                    strstr(gw_dataset_description(ds), "train/a/f.jpg: not a regular file"),
-                "%s", gw_dataset_description(ds));
-  ck_assert_uint_eq(gw_dataset_fingerprint(ds), fingerprint);
-  gw_dataset_free(ds);
+  expect_one_file_left_out("train/a/f.jpg: not a regular file", fingerprint);
   ck_assert_int_eq(unlink(in_tmp("train/a/f.jpg")), 0);
   /* Image files of formats torchvision reads and this scan does not decode
    * are counted and said (they were dropped without a word); an evaluation
