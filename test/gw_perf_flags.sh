@@ -46,6 +46,17 @@ refused "--csv $tmp/a and --json $tmp/./a name the same file" --csv "$tmp/a" --j
 : >"$tmp/j" && ln -s "$tmp/j" "$tmp/jl"
 refused "--csv $tmp/jl and --json $tmp/j name the same file" --csv "$tmp/jl" --json "$tmp/j"
 rm -f "$tmp/j" "$tmp/jl"
+# a link to nothing is written through (open makes what it names): checked
+# where the file will be, not at the link (it failed after the measurement),
+# and a link and the file it will make are one file
+ln -s /nonexistent-gw/c.csv "$tmp/dl1" && ln -s dl1 "$tmp/dl2" && ln -s sub/c.csv "$tmp/dl3" && ln -s dl4 "$tmp/dl4"
+refused "--csv $tmp/dl2 -> /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv "$tmp/dl2"
+refused "--csv $tmp/dl4: a symbolic link that cannot be followed: Too many levels" --csv "$tmp/dl4"
+mkdir "$tmp/sub"
+refused "--csv $tmp/dl3 and --json $tmp/sub/c.csv name the same file" --csv "$tmp/dl3" --json "$tmp/sub/c.csv"
+out=$("$run" -n 1 "$perf" -b 8 -e 8 -n 1 -w 0 --csv "$tmp/dl3" 2>&1) && [ -L "$tmp/dl3" ] && [ -s "$tmp/sub/c.csv" ] ||
+  { echo "FAIL: --csv through a link to a new file in an existing directory:"; tail -4 <<<"$out"; fail=1; }
+rm -rf "$tmp"/dl[1-4] "$tmp/sub"
 # a FIFO or device as the tuning file: refused at once (rank 0 blocked in
 # open() on a FIFO for ever; a device was replaced by a regular file)
 mkfifo "$tmp/fifo"

@@ -606,6 +606,10 @@ START_TEST(test_bad_flags) {
    * without a reader held the run in open() */
   refused((const char *const[]){"--steps", "2", "--plot", fifo, NULL}, "w.fifo: not a regular file");
   refused((const char *const[]){"--steps", "2", "--metrics", fifo, NULL}, "w.fifo: a FIFO with no reader");
+  /* a link to nothing as the metrics: open() makes what it names, where it
+   * names (the link's own directory was checked) */
+  refused((const char *const[]){"--steps", "2", "--metrics", dangling, NULL},
+          "dangling-w.safetensors -> /nonexistent-gw/w.safetensors: its directory /nonexistent-gw does not exist");
   /* A name with no room for its temporary file's suffix (255 here): it failed
    * only when written, after the training. */
   char longname[700], base[241];

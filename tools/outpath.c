@@ -100,8 +100,44 @@ static int path_ok(const char *flag, const char *path, int made_in_dir, char *er
   return 0;
 }
 
+/* Where a write through path lands when path is a symbolic link to nothing:
+ * open(O_CREAT) makes the file that the chain of links ends at, in that
+ * file's directory (the link's own directory passed the checks while the
+ * target's was missing, and the writer failed after the work; a link and
+ * its target given to two flags passed as two files).  1 with that path in
+ * out; 0 when path is no such link; -1 (errno) when it cannot be followed. */
+static int dangling_target(const char *path, char *out, size_t cap) {
+  char cur[PATH_MAX], target[PATH_MAX], dir[4096];
+  struct stat sb;
+  if (!path[0] || lstat(path, &sb) != 0 || !S_ISLNK(sb.st_mode)) return 0;
+  if (stat(path, &sb) == 0) return 0; /* a link to a file: checked as that file */
+  if (errno != ENOENT) return -1;
+  snprintf(cur, sizeof cur, "%s", path);
+  for (int depth = 0; lstat(cur, &sb) == 0 && S_ISLNK(sb.st_mode); depth++) {
+    const ssize_t n = depth < 40 ? readlink(cur, target, sizeof target - 1) : (errno = ELOOP, -1);
+    if (n < 0) return -1;
+    target[n] = 0;
+    dir_of(cur, dir, sizeof dir);
+    char next[PATH_MAX];
+    const int len = target[0] == '/' ? snprintf(next, sizeof next, "%s", target)
+                                     : snprintf(next, sizeof next, "%s/%s", dir, target);
+    if (len < 0 || (size_t)len >= sizeof next) return errno = ENAMETOOLONG, -1;
+    memcpy(cur, next, (size_t)len + 1);
+  }
+  snprintf(out, cap, "%s", cur);
+  return 1;
+}
+
 int output_path_ok(const char *flag, const char *path, char *err, size_t errlen) {
-  return path_ok(flag, path, 0, err, errlen);
+  char target[PATH_MAX], named[512];
+  const int dangling = dangling_target(path, target, sizeof target);
+  if (dangling < 0) {
+    snprintf(err, errlen, "%s %s: a symbolic link that cannot be followed: %s", flag, shown(path).s, strerror(errno));
+    return -1;
+  }
+  if (!dangling) return path_ok(flag, path, 0, err, errlen);
+  snprintf(named, sizeof named, "%s %s ->", flag, shown(path).s);
+  return path_ok(named, target, 0, err, errlen);
 }
 
 int replaced_path_ok(const char *flag, const char *path, int temp_suffix, char *err, size_t errlen) {
@@ -157,6 +193,10 @@ static int resolved_name(const char *path, char *dir, size_t cap, const char **b
 }
 
 int same_output_file(const char *a, const char *b) {
+  if (!strcmp(a, b)) return 1;
+  char ta[PATH_MAX], tb[PATH_MAX]; /* links to nothing: the files they will make */
+  if (dangling_target(a, ta, sizeof ta) == 1) a = ta;
+  if (dangling_target(b, tb, sizeof tb) == 1) b = tb;
   if (!strcmp(a, b)) return 1;
   struct stat sa, sb;
   const int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;

@@ -2,8 +2,9 @@
  * after the measurement or the training: path names a file that is not a
  * directory, in an existing directory this process can write into (where
  * the file is new, tried by making one there and removing it: root passes
- * access() on /proc).  0, or -1 with err naming flag and path (gw-train,
- * gw-perf). */
+ * access() on /proc).  A symbolic link to nothing is checked where the file
+ * it names will be made (the end of its chain of links).  0, or -1 with err
+ * naming flag and path (gw-train, gw-perf). */
 #ifndef GW_OUTPATH_H
 #define GW_OUTPATH_H
 
@@ -25,7 +26,7 @@ enum { OUTPATH_TEMP_WEIGHTS = 32, OUTPATH_TEMP_TUNE = 12, OUTPATH_TEMP_PLOT = 8 
 
 /* Whether two output paths name one file: the same file where both exist
  * (links and "./" spellings included), else the same name in the same
- * directory. */
+ * directory (a link to nothing counting as the file it will make). */
 int same_output_file(const char *a, const char *b);
 
 #endif
