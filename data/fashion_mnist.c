@@ -39,57 +39,149 @@ struct fmnist {
   int augment;
 };
 
-/* zlib's message without the descriptor it names ("<fd:3>: ..."): the path
- * is said already. */
-static const char *zlib_why(gzFile f, int *zerr) {
-  const char *zmsg = gzerror(f, zerr);
-  if (zmsg && !strncmp(zmsg, "<fd:", 4) && strstr(zmsg, ": ")) zmsg = strstr(zmsg, ": ") + 2;
-  return zmsg ? zmsg : "";
+/* The gzip reader: zlib's inflate over the file, member after member, in
+ * our own loop rather than gzread's: gzread took whatever follows the last
+ * member, when it is no gzip header, for the file's clean end (junk
+ * appended to a file passed), and its read-ahead put the trailer's check
+ * error wherever its buffer happened to end.  A file that does not start
+ * with gzip's magic bytes is read as it is (as gzread did). */
+struct gz_in {
+  int fd;
+  bool raw;         /* no gzip header: the bytes as they are */
+  bool member_done; /* inflate ended a member: what follows is looked at when more is wanted */
+  bool ended;       /* the last member's trailer checked, and the file's end reached */
+  int err;          /* errno of a failed read */
+  z_stream s;
+  unsigned char in[1 << 17];
+};
+
+enum gz_status {
+  GZ_OK,   /* all that was asked for */
+  GZ_END,  /* the file ended after a whole member (or, raw, at its end) */
+  GZ_CUT,  /* the file ended inside a member */
+  GZ_BAD,  /* zlib refused the data: s.msg */
+  GZ_JUNK, /* after a member, bytes that are no gzip member */
+  GZ_SYS   /* a read failed: err */
+};
+
+/* More of the file after what the input buffer holds: bytes read, 0 at its end, -1 (err). */
+static ssize_t gz_fill(struct gz_in *g) {
+  if (g->s.avail_in && g->s.next_in != g->in) memmove(g->in, g->s.next_in, g->s.avail_in);
+  g->s.next_in = g->in;
+  ssize_t n;
+  do n = read(g->fd, g->in + g->s.avail_in, sizeof g->in - g->s.avail_in);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) g->err = errno;
+  else g->s.avail_in += (uInt)n;
+  return n;
+}
+
+/* After a member's end: another member (its two magic bytes), the file's end, or junk. */
+static enum gz_status gz_next_member(struct gz_in *g) {
+  while (g->s.avail_in < 2) {
+    const ssize_t n = gz_fill(g);
+    if (n < 0) return GZ_SYS;
+    if (n == 0) break;
+  }
+  if (!g->s.avail_in) return g->ended = true, GZ_END;
+  if (g->s.avail_in < 2 || g->s.next_in[0] != 0x1f || g->s.next_in[1] != 0x8b) return GZ_JUNK;
+  g->member_done = false;
+  return inflateReset(&g->s) == Z_OK ? GZ_OK : GZ_BAD;
+}
+
+/* Up to len bytes of the data into buf, *got of them. */
+static enum gz_status gz_read(struct gz_in *g, void *buf, size_t len, size_t *got) {
+  *got = 0;
+  while (*got < len) {
+    if (g->ended) return GZ_END;
+    if (g->member_done) {
+      const enum gz_status st = gz_next_member(g);
+      if (st != GZ_OK) return st;
+    }
+    const uInt room = len - *got > (1u << 30) ? 1u << 30 : (uInt)(len - *got);
+    if (!g->s.avail_in) {
+      const ssize_t n = gz_fill(g);
+      if (n < 0) return GZ_SYS;
+      if (n == 0) return g->raw ? (g->ended = true, GZ_END) : GZ_CUT;
+    }
+    if (g->raw) {
+      const uInt n = g->s.avail_in < room ? g->s.avail_in : room;
+      memcpy((unsigned char *)buf + *got, g->s.next_in, n);
+      g->s.next_in += n, g->s.avail_in -= n, *got += n;
+      continue;
+    }
+    g->s.next_out = (Bytef *)buf + *got;
+    g->s.avail_out = room;
+    const int r = inflate(&g->s, Z_NO_FLUSH);
+    *got += room - g->s.avail_out;
+    if (r == Z_STREAM_END) g->member_done = true;
+    else if (r == Z_MEM_ERROR) return g->err = ENOMEM, GZ_SYS;
+    else if (r != Z_OK && r != Z_BUF_ERROR) return GZ_BAD;
+  }
+  return GZ_OK;
+}
+
+/* Where the reader is in the file (the bytes read less those not yet
+ * decoded), and the bytes after it. */
+static long long gz_offset(const struct gz_in *g) {
+  const off_t at = lseek(g->fd, 0, SEEK_CUR);
+  return at < 0 ? -1 : (long long)at - g->s.avail_in;
+}
+static long long gz_left(const struct gz_in *g) {
+  struct stat st;
+  const long long at = gz_offset(g);
+  return at < 0 || fstat(g->fd, &st) != 0 ? -1 : (long long)st.st_size - at;
+}
+
+static void gz_close(struct gz_in *g) {
+  if (!g) return;
+  if (!g->raw) inflateEnd(&g->s);
+  close(g->fd);
+  free(g);
 }
 
 /* Whether zlib's error is the gzip trailer's check failing: the CRC-32 (or
- * the length) of all the data, so the damage may be anywhere in the file,
- * wherever zlib's read-ahead happened to reach the trailer. */
-static bool zlib_check_failed(const char *why) {
+ * the length) of all the data, so the damage may be anywhere in the file. */
+static bool zlib_check_failed(const struct gz_in *g) {
+  const char *why = g->s.msg ? g->s.msg : "";
   return !strcmp(why, "incorrect data check") || !strcmp(why, "incorrect length check");
 }
 
-static gw_result_t checksum_failed(const char *path, const char *why) {
-  return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: its gzip checksum does not match the "
-                        "data (zlib: %s): the file is damaged somewhere in it", path, why);
+/* zlib's refusal, named: the checksum's failure, or the damage where it was met. */
+static gw_result_t zlib_refused(const struct gz_in *g, const char *path, const char *what, size_t at, size_t total) {
+  const char *why = g->s.msg ? g->s.msg : "bad data";
+  if (zlib_check_failed(g))
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: its gzip checksum does not match the "
+                          "data (zlib: %s): the file is damaged somewhere in it", path, why);
+  if (!what)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: damaged after its %zu items, near byte %lld of "
+                          "the file (zlib: %s)", path, total, gz_offset(g), why);
+  return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: zlib failed reading %s, %zu of its %zu "
+                        "bytes in, near byte %lld of the file: %s", path, what, at, total, gz_offset(g), why);
 }
 
 /* Reads exactly len bytes; anything short is a truncated file.  For the
  * message: `before` bytes of `what` were read already, of `total`. */
-static gw_result_t read_exact(gzFile f, const char *path, void *buf, size_t len, const char *what, size_t before,
-                              size_t total) {
+static gw_result_t read_exact(struct gz_in *g, const char *path, void *buf, size_t len, const char *what,
+                              size_t before, size_t total) {
   size_t got = 0;
-  while (got < len) {
-    size_t chunk = len - got > (1u << 30) ? (1u << 30) : len - got;
-    int n = gzread(f, (char *)buf + got, (unsigned)chunk);
-    if (n <= 0) {
-      int zerr = 0;
-      const char *zmsg = zlib_why(f, &zerr);
-      if (zerr == Z_ERRNO)
-        return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: %s: cannot read %s: %s", path, what, strerror(errno));
-      if (zerr && zlib_check_failed(zmsg)) return checksum_failed(path, zmsg);
-      if (zerr && zerr != Z_BUF_ERROR) /* (Z_BUF_ERROR: the input ended: truncated) */
-        return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: corrupt: zlib failed reading %s, %zu of its "
-                              "%zu bytes in (zlib reads ahead: the damage may lie further on): %s", path, what,
-                              before + got, total, zmsg);
-      return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                            "fashion-mnist: %s: truncated: %s needs %zu bytes, the file ends after %zu", path, what,
-                            total, before + got);
-    }
-    got += (size_t)n;
-  }
-  return GW_SUCCESS;
+  const enum gz_status st = gz_read(g, buf, len, &got);
+  if (st == GZ_OK) return GW_SUCCESS;
+  if (st == GZ_SYS)
+    return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: %s: cannot read %s: %s", path, what, strerror(g->err));
+  if (st == GZ_BAD) return zlib_refused(g, path, what, before + got, total);
+  if (st == GZ_JUNK)
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: truncated: %s needs %zu bytes, its gzip stream "
+                          "ends after %zu (followed by %lld bytes that are no gzip data)", path, what, total,
+                          before + got, gz_left(g));
+  return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: truncated: %s needs %zu bytes, the file ends "
+                        "after %zu", path, what, total, before + got);
 }
 
 /* Reads exactly len bytes into a new buffer *data, grown as they arrive: a
  * header claiming ten million items in a file of a few bytes costs no more
  * than the file holds before it is found truncated. */
-static gw_result_t read_grown(gzFile f, const char *path, uint8_t **data, size_t len, const char *what) {
+static gw_result_t read_grown(struct gz_in *g, const char *path, uint8_t **data, size_t len, const char *what) {
   size_t cap = len < (16u << 20) ? len : (16u << 20), got = 0;
   *data = malloc(cap ? cap : 1);
   if (!*data) return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: out of memory for %s", path);
@@ -100,7 +192,7 @@ static gw_result_t read_grown(gzFile f, const char *path, uint8_t **data, size_t
       if (!p) return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: out of memory for %s", path);
       *data = p;
     }
-    GW_MODEL_TRY(read_exact(f, path, *data + got, cap - got, what, got, len));
+    GW_MODEL_TRY(read_exact(g, path, *data + got, cap - got, what, got, len));
     got = cap;
   }
   return GW_SUCCESS;
@@ -112,8 +204,8 @@ static uint32_t be32(const uint8_t *p) {
 
 /* Opened without waiting (O_NONBLOCK), and only a regular file is read: a
  * FIFO put in the dataset's place (no writer) hung gzopen's open() forever. */
-static gw_result_t open_gz(gzFile *f, const char *path) {
-  *f = NULL;
+static gw_result_t open_gz(struct gz_in **out, const char *path) {
+  *out = NULL;
   const int fd = gw__data_open_nowait(path);
   struct stat st;
   if (fd < 0)
@@ -127,20 +219,33 @@ static gw_result_t open_gz(gzFile *f, const char *path) {
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s is not a regular file", path);
     return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: %s", path, strerror(e));
   }
-  /* gzdopen fails only for memory (errno may be a value left from before). */
-  *f = gzdopen(fd, "rb");
-  if (!*f) {
+  struct gz_in *g = calloc(1, sizeof *g);
+  if (!g) {
     close(fd);
     return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: out of memory", path);
   }
-  gzbuffer(*f, 1 << 17);
+  g->fd = fd;
+  g->s.next_in = g->in;
+  ssize_t n = 1;
+  while (g->s.avail_in < 2 && n > 0) n = gz_fill(g);
+  if (n < 0) {
+    const gw_result_t r = gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot read %s: %s", path, strerror(g->err));
+    g->raw = true, gz_close(g);
+    return r;
+  }
+  g->raw = g->s.avail_in < 2 || g->in[0] != 0x1f || g->in[1] != 0x8b;
+  if (!g->raw && inflateInit2(&g->s, 16 + MAX_WBITS) != Z_OK) { /* gzip only */
+    g->raw = true, gz_close(g);
+    return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: cannot open %s: out of memory", path);
+  }
+  *out = g;
   return GW_SUCCESS;
 }
 
 /* Reads the header fields after the magic number: nfields big-endian words. */
-static gw_result_t read_header(gzFile f, const char *path, uint32_t magic, uint32_t *fields, int nfields) {
+static gw_result_t read_header(struct gz_in *g, const char *path, uint32_t magic, uint32_t *fields, int nfields) {
   uint8_t h[16];
-  GW_MODEL_TRY(read_exact(f, path, h, 4 * (size_t)(nfields + 1), "the IDX header", 0, 4 * (size_t)(nfields + 1)));
+  GW_MODEL_TRY(read_exact(g, path, h, 4 * (size_t)(nfields + 1), "the IDX header", 0, 4 * (size_t)(nfields + 1)));
   if (be32(h) != magic)
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT,
                           "fashion-mnist: %s: bad magic number 0x%08x (an IDX %s file starts with 0x%08x)", path,
@@ -151,51 +256,59 @@ static gw_result_t read_header(gzFile f, const char *path, uint32_t magic, uint3
   return GW_SUCCESS;
 }
 
+/* Nothing may follow the items: two files joined would pass for one, and
+ * junk appended to the gzip stream is a damaged file.  The gzip trailer (its
+ * CRC-32 of everything) may be checked only here, when the items ended with
+ * the last inflate's output. */
+static gw_result_t check_end(struct gz_in *g, const char *path, uint32_t items) {
+  unsigned char extra[1 << 16];
+  size_t got = 0;
+  enum gz_status st = gz_read(g, extra, 1, &got);
+  if (st == GZ_OK) {
+    /* what follows read to its end (256 MiB at most): a damaged stream often
+     * decodes past the items and fails its check only there, which is
+     * damage, not a second file */
+    for (size_t drained = 0; st == GZ_OK && drained < (256u << 20); drained += got)
+      st = gz_read(g, extra, sizeof extra, &got);
+    if (st != GZ_BAD)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (a damaged file, "
+                            "or two joined)", path, items);
+  }
+  switch (st) {
+  case GZ_OK:
+  case GZ_END: return GW_SUCCESS;
+  case GZ_CUT: /* the input ended inside the gzip stream: its trailer (the CRC-32) is missing, and the items it
+                * would have checked loaded unchecked */
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: truncated: the gzip stream ends after its %u "
+                          "items without its trailer (the checksum of the data): the file is cut short", path, items);
+  case GZ_JUNK: {
+    const long long left = gz_left(g);
+    return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: damaged: %lld byte%s after its gzip stream, "
+                          "from byte %lld, %s no gzip data (its %u items are whole and checked)", path, left,
+                          left == 1 ? "" : "s", gz_offset(g), left == 1 ? "is" : "are", items);
+  }
+  case GZ_BAD: return zlib_refused(g, path, NULL, 0, items);
+  case GZ_SYS: break;
+  }
+  return gw__model_fail(GW_ERR_SYSTEM, "fashion-mnist: %s: cannot read it: %s", path, strerror(g->err));
+}
+
 /* Reads an IDX file whole: images (magic 0x803: count, rows, cols; 28x28 bytes
  * each) or labels (0x801: count; one byte each) into a new buffer *data. */
 static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, uint32_t *count) {
   int images = magic == IDX_IMAGES_MAGIC;
-  gzFile f;
-  GW_MODEL_TRY(open_gz(&f, path));
+  struct gz_in *g;
+  GW_MODEL_TRY(open_gz(&g, path));
   uint32_t hdr[3] = {0};
-  gw_result_t res = read_header(f, path, magic, hdr, images ? 3 : 1);
+  gw_result_t res = read_header(g, path, magic, hdr, images ? 3 : 1);
   if (res == GW_SUCCESS && images && (hdr[1] != SIDE || hdr[2] != SIDE))
     res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: images are %ux%u, expected %dx%d", path,
                          hdr[1], hdr[2], SIDE, SIDE);
   size_t bytes = (size_t)hdr[0] * (images ? PIXELS : 1);
-  if (res == GW_SUCCESS) res = read_grown(f, path, data, bytes, images ? "the pixels" : "the labels");
-  /* Nothing may follow the items: two files joined would pass for one.  And
-   * the gzip trailer (its CRC-32 of everything) may be checked only by this
-   * read, when the items ended with the reader's input buffer. */
-  char extra[1 << 16];
-  int more = res == GW_SUCCESS ? gzread(f, extra, 1) : 0;
-  /* what follows read to its end (256 MiB at most): a damaged stream often
-   * decodes past the items and fails its check only there, which is damage,
-   * not a second file */
-  for (size_t drained = 0, n = 1; more > 0 && n > 0 && drained < (256u << 20); drained += n) {
-    const int r = gzread(f, extra, sizeof extra);
-    n = r > 0 ? (size_t)r : 0;
-    if (r < 0) more = r;
-  }
-  int zend = 0;
-  if (more == 0 && res == GW_SUCCESS) (void)gzerror(f, &zend);
-  if (more > 0)
-    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (a damaged file, or two joined)",
-                         path, hdr[0]);
-  else if (zend == Z_BUF_ERROR) /* the input ended inside the gzip stream: its trailer (the CRC-32) is missing, and
-                                 * the items it would have checked loaded unchecked */
-    res = gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: truncated: the gzip stream ends after its %u "
-                         "items without its trailer (the checksum of the data): the file is cut short", path, hdr[0]);
-  else if (more < 0) {
-    int zerr;
-    const char *why = zlib_why(f, &zerr);
-    res = zlib_check_failed(why) ? checksum_failed(path, why)
-                                 : gw__model_fail(GW_ERR_INVALID_ARGUMENT,
-                                                  "fashion-mnist: %s: damaged after its %u items (zlib: %s)", path,
-                                                  hdr[0], why);
-  }
+  if (res == GW_SUCCESS) res = read_grown(g, path, data, bytes, images ? "the pixels" : "the labels");
+  if (res == GW_SUCCESS) res = check_end(g, path, hdr[0]);
   *count = hdr[0];
-  gzclose(f);
+  gz_close(g);
   return res;
 }
 

@@ -315,7 +315,71 @@ START_TEST(folder_long_path_named) {
 }
 END_TEST
 
-void add_fmnist_hostile_tests(TCase *tc) { tcase_add_test(tc, fmnist_lying_and_joined); }
+/* Image 2 of the train split in tmpdir, as get() gives it. */
+static void third_image(float *out) {
+  struct gw_dataset *ds = NULL;
+  int32_t y;
+  ck_assert_msg(gw_dataset_fashion_mnist(&ds, tmpdir, GW_SPLIT_TRAIN, 0) == GW_SUCCESS, "%s", gw_data_last_error());
+  ck_assert_int_eq(gw_dataset_get(ds, 2, 0, 0, out, &y), GW_SUCCESS);
+  gw_dataset_free(ds);
+}
+
+/* The gzip stream read member by member: a file of two members is one
+ * stream (gzip's rule), a file without gzip's header is read as it is, and
+ * bytes after the last member that are no member are damage (zlib's gzread
+ * dropped them: junk appended passed). */
+START_TEST(fmnist_gzip_members_and_junk) {
+  make_tmpdir();
+  struct idx_spec s = good_idx();
+  write_idx(&s);
+  const size_t len = 16 + s.image_bytes;
+  unsigned char *raw = calloc(1, len);
+  put_be32(raw, 0x803), put_be32(raw + 4, 3), put_be32(raw + 8, 28), put_be32(raw + 12, 28);
+  for (size_t i = 16; i < len; i++) raw[i] = (unsigned char)(i * 7 + i / 784);
+  const char *images = in_tmp("train-images-idx3-ubyte.gz");
+  write_gz(images, raw, len);
+  float want[784], got[784];
+  third_image(want);
+  ck_assert_float_ne(want[100], want[101]); /* (pixels that differ: a check that can fail) */
+  /* two members, split inside the second image */
+  size_t n1, n2;
+  write_gz(images, raw, 1000);
+  unsigned char *m1 = slurp(images, &n1);
+  write_gz(images, raw + 1000, len - 1000);
+  unsigned char *m2 = slurp(images, &n2), *both = malloc(n1 + n2 + 8);
+  memcpy(both, m1, n1), memcpy(both + n1, m2, n2);
+  write_file(images, both, n1 + n2);
+  third_image(got);
+  ck_assert_mem_eq(got, want, sizeof got);
+  /* not gzip at all: the IDX bytes as they are */
+  write_file(images, raw, len);
+  third_image(got);
+  ck_assert_mem_eq(got, want, sizeof got);
+  /* junk after the stream, and a single byte of it (the magic needs two) */
+  memcpy(both + n1 + n2, "junk\n", 5);
+  write_file(images, both, n1 + n2 + 5);
+  char words[160];
+  snprintf(words, sizeof words, "damaged: 5 bytes after its gzip stream, from byte %zu, are no gzip data (its 3 items are "
+           "whole and checked)", n1 + n2);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", words);
+  both[n1 + n2] = 0;
+  write_file(images, both, n1 + n2 + 1);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz", "damaged: 1 byte after its gzip stream");
+  /* a member whose data ends before the items do, then junk: short, and said so */
+  memcpy(both, m1, n1), memcpy(both + n1, "junk", 4);
+  write_file(images, both, n1 + 4);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz",
+               "truncated: the pixels needs 2352 bytes, its gzip stream ends after 984 (followed by 4 bytes that are no "
+               "gzip data)");
+  free(m1), free(m2), free(both), free(raw);
+  remove_tmpdir();
+}
+END_TEST
+
+void add_fmnist_hostile_tests(TCase *tc) {
+  tcase_add_test(tc, fmnist_lying_and_joined);
+  tcase_add_test(tc, fmnist_gzip_members_and_junk);
+}
 /* Trees a scan must refuse or note (moved from test_data.c): no classes, an
  * empty class in either split, files of formats not decoded, links to
  * nothing and to themselves. */
