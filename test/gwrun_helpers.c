@@ -324,6 +324,33 @@ pid_t gwrun_read_pid_file(const char *path)
     return (pid_t)pid;
 }
 
+void gwt_dir(char *env_dir, size_t cap)
+{
+    char d[] = "/tmp/gwt-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(d));
+    snprintf(env_dir, cap, "GWT_DIR=%s", d);
+}
+
+void gwt_dir_remove(const char *env_dir)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", env_dir + strlen("GWT_DIR="));
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+void gwt_assert_gone(const char *env_dir, const char *name, const char *what)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", env_dir + strlen("GWT_DIR="), name);
+    const pid_t pid = gwrun_read_pid_file(path);
+    ck_assert_msg(pid > 0, "%s: no pid in %s", what, path);
+    errno = 0;
+    const int rc = kill(pid, 0);
+    if (rc == 0)
+        kill(pid, SIGKILL);
+    ck_assert_msg(rc == -1 && errno == ESRCH, "%s (pid %ld) is still there", what, (long)pid);
+}
+
 int gwrun_main(const char *prog, Suite *(*make_suite)(void))
 {
     const char *bin = getenv("GW_RUN_BIN");

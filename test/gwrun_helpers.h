@@ -80,6 +80,13 @@ void gwrun_for_each_line(const char *text, void (*fn)(const char *line, void *ar
 int gwrun_free_port_pair(void);
 /* The pid on the first, complete line of path; 0 if there is none yet. */
 pid_t gwrun_read_pid_file(const char *path);
+/* A fresh directory for a test's files, as env_dir = "GWT_DIR=<dir>" (the
+ * directory itself at env_dir + 8); gwt_dir_remove removes it and all in it. */
+void gwt_dir(char *env_dir, size_t cap);
+void gwt_dir_remove(const char *env_dir);
+/* The process with the pid in file <GWT_DIR>/name is gone: asserted (a
+ * survivor is killed first, naming `what`). */
+void gwt_assert_gone(const char *env_dir, const char *name, const char *what);
 /* Whether pid is a zombie: ended, not yet reaped (its parent stopped). */
 bool gwrun_is_zombie(pid_t pid);
 

@@ -605,11 +605,8 @@ START_TEST(test_teardown_stops_leftovers)
 {
     /* Rank 0 is a wrapper script whose real program (a grandchild of gw-run)
      * would survive the wrapper's death; the teardown must stop it too. */
-    char dir[] = "/tmp/test_gwrun_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char dir_env[128], path[200];
-    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    snprintf(path, sizeof path, "%s/gc", dir);
+    char dir_env[128];
+    gwt_dir(dir_env, sizeof dir_env);
     const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=2", NULL};
     const char *args[] = {"-n", "2", "sh", "-c",
                           "if [ \"$GW_RANK\" = 1 ]; then "
@@ -622,14 +619,8 @@ START_TEST(test_teardown_stops_leftovers)
     gwrun_run(&r, env, args);
     ck_assert_msg(r.code == 7, "exit code %d, stderr:\n%s", r.code, r.err);
     ck_assert_msg(r.elapsed < 15.0, "took %.1f s", r.elapsed);
-    pid_t gc = gwrun_read_pid_file(path);
-    ck_assert_msg(gc > 0, "no grandchild pid; stderr:\n%s", r.err);
-    errno = 0;
-    int rc = kill(gc, 0);
-    ck_assert_msg(rc == -1 && errno == ESRCH, "the wrapper's program (pid %ld) is still there",
-                  (long)gc);
-    unlink(path);
-    rmdir(dir);
+    gwt_assert_gone(dir_env, "gc", "the wrapper's program");
+    gwt_dir_remove(dir_env);
     gwrun_free(&r);
 }
 END_TEST
@@ -641,11 +632,8 @@ END_TEST
  * line lost and the stray killed by SIGPIPE. */
 START_TEST(test_stray_last_words_kept)
 {
-    char dir[] = "/tmp/test_gwrun_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char dir_env[128], path[200];
-    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
-    snprintf(path, sizeof path, "%s/ready", dir);
+    char dir_env[128];
+    gwt_dir(dir_env, sizeof dir_env);
     const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=20", NULL};
     const char *args[] = {"-n", "2", "sh", "-c",
                           "if [ \"$GW_RANK\" = 1 ]; then "
@@ -656,8 +644,7 @@ START_TEST(test_stray_last_words_kept)
                           NULL};
     struct run r;
     gwrun_run(&r, env, args);
-    unlink(path);
-    rmdir(dir);
+    gwt_dir_remove(dir_env);
     ck_assert_msg(r.code == 3 && r.elapsed < 15.0, "exit code %d after %.1f s, stderr:\n%s", r.code, r.elapsed,
                   r.err);
     ck_assert_msg(gwrun_has_line(r.out, "[0] last words") && !strstr(r.err, "not waiting for it"),

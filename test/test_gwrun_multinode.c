@@ -323,6 +323,18 @@ START_TEST(test_multinode_late_node_told)
     ck_assert_msg(r[0].code == 4 && r[0].elapsed < 10.0, "node 0: exit code %d after %.1f s, stderr:\n%s",
                   r[0].code, r[0].elapsed, r[0].err);
     gwrun_nodes_free(r, 1);
+    /* A signal that stops the job (a scheduler's, timeout's) ends node 0 at
+     * once: it waited for node 1 until its deadline, or a second signal. */
+    const char *env4[] = {"GW_JOB_TOKEN=mn-late4", "GW_RUN_JOIN_TIMEOUT=60", NULL};
+    node_start(&r[0], env4, gwrun_free_port_pair(), 2, 0, "1", "echo up >&2; exec sleep 30");
+    const bool up = gwrun_stderr_has(&r[0], "[0] up", 10.0);
+    kill(r[0].pid, SIGTERM);
+    nodes_wait(r, 1);
+    ck_assert_msg(up && r[0].code == 128 + SIGTERM && r[0].elapsed < 10.0 &&
+                      gwrun_has_line(r[0].err, "gw-run: 1 node has not joined yet; not waiting to tell it the job "
+                                               "ended (stopped by a signal)"),
+                  "node 0: exit code %d after %.1f s, stderr:\n%s", r[0].code, r[0].elapsed, r[0].err);
+    gwrun_nodes_free(r, 1);
 }
 END_TEST
 
@@ -347,14 +359,20 @@ START_TEST(test_multinode_node_missing)
     }
     gwrun_nodes_free(r, 2);
 
-    /* Node 0 never starts: node 1 gives up at its deadline. */
+    /* Node 0 never starts: node 1 says it is still trying (first after 10 s,
+     * here 0.5 s; it was silent until its deadline), and gives up at its
+     * deadline. */
     port = gwrun_free_port_pair();
-    node_start(&r[1], env, port, 2, 1, "1", script);
+    const char *env_note[] = {"GW_JOB_TOKEN=mn-missing", "GW_RUN_JOIN_TIMEOUT=2", "GW_RUN_TEST_JOIN_NOTE_MS=500", NULL};
+    node_start(&r[1], env_note, port, 2, 1, "1", script);
     nodes_wait(&r[1], 1);
     snprintf(want, sizeof want, "gw-run: node 1: no answer from node 0 at 127.0.0.1:%d after 2 s",
              port + 1);
     ck_assert_msg(r[1].code != 0 && r[1].elapsed < 10.0, "exit code %d after %.1f s", r[1].code,
                   r[1].elapsed);
+    ck_assert_msg(gwrun_has_line(r[1].err, want), "stderr lacks '%s':\n%s", want, r[1].err);
+    snprintf(want, sizeof want, "gw-run: node 1: no answer from node 0 at 127.0.0.1:%d yet; trying for 2 s more "
+             "(GW_RUN_JOIN_TIMEOUT)", port + 1);
     ck_assert_msg(gwrun_has_line(r[1].err, want), "stderr lacks '%s':\n%s", want, r[1].err);
     gwrun_free(&r[1]);
 }

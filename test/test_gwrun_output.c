@@ -150,20 +150,6 @@ START_TEST(test_carriage_return_redraws)
 }
 END_TEST
 
-START_TEST(test_grandchild_holding_output)
-{
-    /* A rank that leaves a background process holding its stdout must not keep
-     * gw-run waiting for that process. */
-    struct run r;
-    const char *args[] = {"-n", "1", "sh", "-c", "sleep 60 & echo done", NULL};
-    gwrun_run(&r, NULL, args);
-    ck_assert_msg(r.code == 0, "exit code %d, stderr:\n%s", r.code, r.err);
-    ck_assert_msg(gwrun_has_line(r.out, "[0] done"), "stdout:\n%s", r.out);
-    ck_assert_msg(r.elapsed < 30.0, "gw-run waited %.1f s for a background process", r.elapsed);
-    gwrun_free(&r);
-}
-END_TEST
-
 /* Whether gw-run (r) is still running, leaving it to gwrun_wait to collect. */
 static bool still_running(const struct run *r)
 {
@@ -219,6 +205,34 @@ START_TEST(test_stuck_stdout_signal_after_job)
 }
 END_TEST
 
+/* A clean run whose ranks leave processes running: one started with nohup,
+ * one in a session of its own holding the ranks' stdout.  They end with
+ * the job (they were orphaned unsaid; the one holding stdout given up on
+ * after 2 s), and gw-run still exits 0. */
+START_TEST(test_clean_run_stops_leftovers)
+{
+    char dir_env[128];
+    gwt_dir(dir_env, sizeof dir_env);
+    const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=2", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c",
+                          "f=\"$GWT_DIR/gc$GW_RANK\"; "
+                          "if [ \"$GW_RANK\" = 1 ]; then nohup sleep 30 >/dev/null 2>&1 & echo $! > \"$f.tmp\"; "
+                          "else setsid sh -c 'echo $$ > \"$0.tmp\"; exec sleep 30' \"$f\" & "
+                          "while [ ! -s \"$f.tmp\" ]; do sleep 0.05; done; fi; mv \"$f.tmp\" \"$f\"; echo done",
+                          NULL};
+    struct run r;
+    gwrun_run(&r, env, args);
+    ck_assert_msg(r.code == 0 && r.elapsed < 15.0, "exit code %d after %.1f s, stderr:\n%s", r.code, r.elapsed, r.err);
+    ck_assert_msg(gwrun_has_line(r.out, "[0] done") && gwrun_has_line(r.out, "[1] done"), "stdout:\n%s", r.out);
+    ck_assert_msg(strstr(r.err, "stopping 2 processes left behind by exited ranks (the job is over") &&
+                      !strstr(r.err, "not waiting for it"), "stderr:\n%s", r.err);
+    gwt_assert_gone(dir_env, "gc0", "rank 0's leftover (setsid, holding stdout)");
+    gwt_assert_gone(dir_env, "gc1", "rank 1's leftover (nohup)");
+    gwt_dir_remove(dir_env);
+    gwrun_free(&r);
+}
+END_TEST
+
 void gwrun_add_output_tests(TCase *tc)
 {
     tcase_add_test(tc, test_stuck_stdout_signal);
@@ -228,5 +242,5 @@ void gwrun_add_output_tests(TCase *tc)
     tcase_add_test(tc, test_long_line_split);
     tcase_add_test(tc, test_line_of_piece_size);
     tcase_add_test(tc, test_carriage_return_redraws);
-    tcase_add_test(tc, test_grandchild_holding_output);
+    tcase_add_test(tc, test_clean_run_stops_leftovers);
 }

@@ -32,21 +32,6 @@
     "sleep 0.05; k=$((k+1)); done; "
 
 
-/* A fresh $GWT_DIR in env_dir ("GWT_DIR=..."); gwt_dir_remove removes it. */
-static void gwt_dir(char *env_dir, size_t cap)
-{
-    char d[] = "/tmp/gw-restart-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(d));
-    snprintf(env_dir, cap, "GWT_DIR=%s", d);
-}
-
-static void gwt_dir_remove(const char *env_dir)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", env_dir + strlen("GWT_DIR="));
-    ck_assert_int_eq(system(cmd), 0);
-}
-
 /* Rank 1 fails (exit 5) on the first two attempts; every rank says what it
  * sees. */
 START_TEST(test_restarts_until_success)
@@ -107,6 +92,29 @@ START_TEST(test_restarts_used_up)
 }
 END_TEST
 
+/* A SIGTERM while a failed attempt's leftovers take their grace (every rank
+ * gone, a process rank 0 started ignoring SIGTERM): no restart, the
+ * failure's code kept, and both said (nothing was: the signal found no rank
+ * to forward to, and the restart was dropped unsaid). */
+START_TEST(test_signal_in_cleanup_said)
+{
+    struct run r;
+    const char *args[] = {"-n", "2", "--max-restarts", "3", "sh", "-c",
+                          "if [ \"$GW_RANK\" = 1 ]; then sleep 0.3; exit 7; fi; "
+                          "(trap '' TERM; sleep 30) & sleep 30",
+                          NULL};
+    gwrun_start(&r, (const char *const[]){"GW_RUN_KILL_GRACE=4", NULL}, args);
+    const bool cleaning = gwrun_stderr_has(&r, "left behind by exited ranks", 30);
+    kill(r.pid, SIGTERM);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(cleaning && !r.timed_out && r.code == 7, "exit %d\nstderr:\n%s", r.code, r.err);
+    ck_assert_msg(strstr(r.err, "gw-run: received SIGTERM with no rank running") &&
+                      strstr(r.err, "gw-run: not restarting the job: stopped by SIGTERM") &&
+                      !strstr(r.err, "gw-run: restarting"), "stderr:\n%s", r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 /* SIGTERM to gw-run stops the job for good: no restart.  The ranks fail on
  * it (exit 3: gw-run's code then), so only the rule about signals keeps
  * gw-run from restarting (ranks that die of the signal itself are no failure
@@ -123,7 +131,8 @@ START_TEST(test_no_restart_after_signal)
     kill(r.pid, SIGTERM);
     gwrun_wait(&r, GWRUN_TIMEOUT_S);
     ck_assert_msg(trapped && !r.timed_out && r.code == 3, "exit %d\nstderr:\n%s", r.code, r.err);
-    ck_assert_msg(!strstr(r.err, "restarting") && !strstr(r.err, "attempt 1"), "stdout:\n%s\nstderr:\n%s",
+    ck_assert_msg(!strstr(r.err, "gw-run: restarting") && !strstr(r.err, "attempt 1") &&
+                      strstr(r.err, "gw-run: not restarting the job: stopped by SIGTERM"), "stdout:\n%s\nstderr:\n%s",
                   r.out, r.err);
     gwrun_free(&r);
 }
@@ -346,7 +355,7 @@ START_TEST(test_nodes_no_restart_after_signal)
     kill(r[1].pid, SIGTERM);
     gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     for (int i = 0; i < 2; i++)
-        ck_assert_msg(r[i].code != 0 && !strstr(r[i].out, "attempt 1") && !strstr(r[i].err, "restarting"),
+        ck_assert_msg(r[i].code != 0 && !strstr(r[i].out, "attempt 1") && !strstr(r[i].err, "gw-run: restarting"),
                       "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
     gwrun_nodes_free(r, 2);
 }
@@ -500,6 +509,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_restarts_until_success);
     tcase_add_test(tc, test_restarts_used_up);
     tcase_add_test(tc, test_no_restart_after_signal);
+    tcase_add_test(tc, test_signal_in_cleanup_said);
     tcase_add_test(tc, test_no_restart_not_found);
     tcase_add_test(tc, test_restart_flags);
     tcase_add_test(tc, test_no_restart_signal_between);

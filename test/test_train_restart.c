@@ -61,7 +61,7 @@ START_TEST(test_restart_none_left) {
   struct run r;
   train_restarting(&r, "0", (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", d, NULL});
   ck_assert_msg(r.code == 75 && strstr(r.out, "stopping after step 3") && !strstr(r.out, "attempt 1") &&
-                    !strstr(r.err, "restarting"),
+                    !strstr(r.err, "gw-run: restarting"),
                 "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
 }

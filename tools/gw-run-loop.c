@@ -39,7 +39,7 @@ void gw__run_loop(void)
         if (child_event) {
             child_event = false;
             gw__run_reap();
-            if (gw__run_stopping())
+            if (gw__run_stopping() || gw__run.alive == 0)
                 gw__run_scan_strays();
         }
         /* A failure or signal from another node starts a teardown here, after

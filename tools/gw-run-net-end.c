@@ -64,9 +64,18 @@ static bool late_to_tell(int64_t now)
     int missing = 0;
     for (int n = 1; n < net.cfg.nnodes; n++)
         missing += net.state[n] == N_ABSENT;
-    if (!net.have_end || net.stop_waiting || net.join_reported || now >= net.join_deadline_ms ||
-        missing == 0)
+    if (!net.have_end || net.join_reported || now >= net.join_deadline_ms || missing == 0)
         return false;
+    if (net.stop_waiting) {
+        /* A signal here ended the job or the wait (^C, a scheduler's or
+         * timeout's SIGTERM): one signal stops gw-run, not two, and the
+         * late nodes fail at their own join deadline. */
+        if (!net.waiting_late)
+            gw__run_say("gw-run: %d node%s not joined yet; not waiting to tell %s the job ended (stopped by a "
+                        "signal)\n", missing, missing == 1 ? " has" : "s have", missing == 1 ? "it" : "them");
+        net.waiting_late = true;
+        return false;
+    }
     if (!net.waiting_late) {
         net.waiting_late = true;
         gw__run_say("gw-run: %d node%s not joined yet; waiting up to %.0f s (GW_RUN_JOIN_TIMEOUT) "
@@ -189,8 +198,7 @@ void gw__run_net_pass(int sig)
 void gw__run_net_signal(int sig)
 {
     struct msg m = {.type = F_STOP, .v = {(uint32_t)net.cfg.node, (uint32_t)sig}};
-    if (net.waiting_late)
-        net.stop_waiting = true; /* a signal while node 0 waits for late nodes: leave now */
+    net.stop_waiting = true; /* a signal before or while node 0 waits for late nodes: it does not wait */
     if (net.on)
         gw__run_net_report(&m);
 }

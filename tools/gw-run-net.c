@@ -518,6 +518,11 @@ bool gw__run_net_init(const struct net_config *cfg)
     const char *d = getenv("GW_DEBUG");
     net.verbose = d && (strcasecmp(d, "INFO") == 0 || strcasecmp(d, "TRACE") == 0);
     net.join_deadline_ms = gw__run_now_ms() + (int64_t)(cfg->join_timeout_s * 1000.0);
+    /* Tests: GW_RUN_TEST_JOIN_NOTE_MS (1 ms to an hour) replaces the 10 s
+     * before a node not yet welcomed first says it is still trying. */
+    const char *note = getenv("GW_RUN_TEST_JOIN_NOTE_MS");
+    const long note_ms = note && *note ? atol(note) : 0;
+    net.join_note_ms = gw__run_now_ms() + (note_ms > 0 && note_ms <= 3600000 ? note_ms : JOIN_NOTE_MS);
     /* Another node may retry a transient failure (EAI_AGAIN) as it connects;
      * node 0, and a node that must find out whether it is node 0, may not. */
     int rc = resolve();
@@ -621,6 +626,8 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
         lower(deadline_ms, net.join_deadline_ms);
     if (!zero && joining && net.up->fd < 0)
         lower(deadline_ms, net.retry_at_ms);
+    if (!zero && joining)
+        lower(deadline_ms, net.join_note_ms);
     if (zero && net.npending < MAX_PENDING) {
         net.pmap[k++] = NULL;
         pfds[nfds++] = (struct pollfd){.fd = net.lfd, .events = POLLIN};
@@ -704,6 +711,13 @@ void gw__run_net_tick(void)
         up_ended("node 0 does not read what this node sends");
     if (net.welcomed || net.given_up)
         return;
+    /* Silent until the deadline, a node whose node 0 had gone (a wrong
+     * address, a job already over, its place taken) looked hung. */
+    if (now < net.join_deadline_ms && now >= net.join_note_ms) {
+        gw__run_say("gw-run: %s: no answer from node 0 at %s yet; trying for %.0f s more (GW_RUN_JOIN_TIMEOUT)\n",
+                    me(), net.where, (double)(net.join_deadline_ms - now) / 1000.0);
+        net.join_note_ms = now + JOIN_NOTE_EVERY_MS;
+    }
     if (now >= net.join_deadline_ms) {
         gw__run_say("gw-run: %s: no answer from node 0 at %s after %g s%s\n", me(), net.where,
                 net.cfg.join_timeout_s, net.cfg.node < 0 && net.port_in_use

@@ -20,6 +20,8 @@ enum {
     RETRY_MAX_MS = 1000,
     LINGER_MS = 5000, /* a node that failed, still trying to tell node 0 */
     FLUSH_MS = 2000,  /* sending the last frames before exiting */
+    JOIN_NOTE_MS = 10000, /* a node not yet welcomed says it is still trying, first after this */
+    JOIN_NOTE_EVERY_MS = 30000,
 };
 
 /* What node 0 knows of each other node. ENDED: it failed, stopped or left.
@@ -47,8 +49,8 @@ struct run_net {
     struct frame end;     /* how the job ended, for nodes that join after that */
     bool have_end, join_reported;
     /* The job ended before every node joined: node 0 stays (until the join
-     * deadline, or another signal) to tell the late ones, which would
-     * otherwise retry until their own deadline with their ranks running. */
+     * deadline, or a signal) to tell the late ones, which would otherwise
+     * retry until their own deadline; not where a signal ended the job. */
     bool waiting_late, stop_waiting;
     /* the other nodes */
     struct conn *up;
@@ -59,6 +61,7 @@ struct run_net {
     bool port_in_use; /* no --node-rank, and the launcher port was taken here */
     int64_t retry_at_ms;
     int retry_ms;
+    int64_t join_note_ms; /* when a node not yet welcomed next says it is still trying */
     /* --max-restarts: node 0 waits for every node's READY, then sends its
      * verdict (RESTART); the others send READY and wait for it.  no_restart:
      * something happened that a restart cannot mend (a signal, a lost node). */

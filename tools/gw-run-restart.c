@@ -31,13 +31,20 @@
 /* Why this node's part of the attempt that ended cannot start again, or NULL
  * if it can: a failure, no signal to gw-run, no process gw-run gave up on, a
  * program that could be started, restarts left.  "" where nothing needs
- * saying (success, a signal).  Single-node and multi-node restarts both ask. */
+ * saying (success, a signal with no restart due anyway).  Single-node and multi-node restarts both ask. */
 static const char no_restarts_left[] = "no restarts left";
 
 const char *gw__run_restart_refusal(void)
 {
-    if (!gw__run.have_failure || gw__run.got_signal)
+    static char stopped[64];
+    if (!gw__run.have_failure)
         return "";
+    if (gw__run.got_signal) { /* said where a restart was due (it came as the failed attempt ended: unsaid) */
+        if (!gw__run.may_restart || gw__run.not_started)
+            return "";
+        snprintf(stopped, sizeof stopped, "stopped by %s", gw__run_signal_name(gw__run.got_signal));
+        return stopped;
+    }
     if (gw__run.alive > 0 || gw__run_waiting_for_strays())
         return "processes of the failed attempt are still there";
     if (gw__run.not_started)

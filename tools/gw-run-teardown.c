@@ -266,9 +266,12 @@ static void forward_signal(int sig, bool remote, bool reached)
     if (gw__run.alive == 0) {
         /* Nothing left to stop: what keeps gw-run may be its own output, a
          * stdout nobody reads; a program blocked writing there would die
-         * of this signal, so gw-run gives that output up at once. */
+         * of this signal, so gw-run gives that output up at once.  Said
+         * (once a second): it also ends a failed attempt's restart. */
         if (!remote)
             gw__run.out_hurry = true;
+        if (!remote && once_per_signal(sig, false))
+            gw__run_say("gw-run: received %s with no rank running\n", gw__run_signal_name(sig));
         return;
     }
     if (!once_per_signal(sig, remote))
@@ -416,15 +419,19 @@ bool gw__run_stopping(void)
     return gw__run.have_failure || gw__run.got_signal;
 }
 
-/* While stopping, the loop keeps running until the strays are gone too. */
+/* While stopping, or once every rank ended, the loop keeps running until the
+ * strays are gone too. */
 bool gw__run_waiting_for_strays(void)
 {
-    return gw__run_stopping() && strays > 0;
+    return (gw__run_stopping() || gw__run.alive == 0) && strays > 0;
 }
 
 /* Signals our children that are not ranks: SIGTERM once, SIGKILL after the
- * grace. Only called while stopping; after a clean run, a process a rank left
- * behind on purpose is left alone. Without /proc the strays are not chased. */
+ * grace.  Called while stopping, and once every rank ended: what the ranks
+ * started ends with the job, a clean one too (as torchrun ends each
+ * worker's process group, and a scheduler its step's processes; a daemon a
+ * rank left running was orphaned unsaid, and one holding the ranks' output
+ * was given up on after 2 s).  Without /proc the strays are not chased. */
 void gw__run_scan_strays(void)
 {
     char path[64];
@@ -464,8 +471,8 @@ void gw__run_scan_strays(void)
     }
     fclose(f);
     if (fresh)
-        gw__run_say("gw-run: stopping %d process%s left behind by exited ranks\n", fresh,
-                fresh == 1 ? "" : "es");
+        gw__run_say("gw-run: stopping %d process%s left behind by exited ranks%s\n", fresh,
+                fresh == 1 ? "" : "es", gw__run_stopping() ? "" : " (the job is over: what it started ends with it)");
     if (strays && !gw__run.kill_deadline_ms && !escalated)
         gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
 }
