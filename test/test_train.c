@@ -462,6 +462,21 @@ START_TEST(test_ranks_must_share_options) {
   ck_assert_msg(r.code != 0 && strstr(r.err, "rank 1: options: this rank has --metrics and rank 0 has not"),
                 "--metrics on rank 1 alone: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
+  /* another value than rank 0's: as ignored (it was, unsaid) */
+  char m0[512], want1[1200];
+  path(m0, sizeof m0, "metrics-rank0.jsonl");
+  snprintf(rank0, sizeof rank0, "--batch 8 --metrics %s", m0);
+  two_ranks_differ(&r, rank0, rank1);
+  snprintf(want1, sizeof want1, "rank 1: options: this rank's --metrics %s is not rank 0's %s: it would be ignored",
+           m1, m0);
+  ck_assert_msg(r.code != 0 && strstr(r.err, want1), "--metrics differing: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  snprintf(rank0, sizeof rank0, "--batch 8 --checkpoint-dir %s", dir);
+  snprintf(rank1, sizeof rank1, "--batch 8 --checkpoint-dir %s --keep-checkpoints 1", dir);
+  two_ranks_differ(&r, rank0, rank1);
+  ck_assert_msg(r.code != 0 && strstr(r.err, "rank 1: options: this rank's --keep-checkpoints 1 is not rank 0's 3"),
+                "--keep-checkpoints differing: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
 }
 END_TEST
 

@@ -317,15 +317,28 @@ END_TEST
  * bug, a hand edit): refused as --load-weights refuses them, the resume
  * falling back to ckpt-2.  A NaN in the running statistics trained to the
  * epoch's end and then no save was possible; a negative loss count printed
- * a negative mean loss. */
+ * a negative mean loss; a negative variance (bn1's, in the first 64 values)
+ * trained and saved, and the save was refused by --load-weights; an epoch or
+ * position that step 4 does not reach (96 samples, batch 8: 12 steps an
+ * epoch, step 4 at epoch 0, position 32) logged "epoch 2/1", or skipped a
+ * batch unsaid. */
 START_TEST(test_resume_refuses_impossible_values) {
   const float nan = NAN;
-  const int64_t minus3 = -3;
-  const struct tensor_edit edits[] = {{"running", 0, &nan, sizeof nan}, {"state", 4 * sizeof(int64_t), &minus3, 8}};
-  const char *why[] = {"holds a value that is not finite", "its training state (step 4, epoch 0, position"};
-  for (int i = 0; i < 2; i++) {
+  float minus1[64];
+  for (int k = 0; k < 64; k++) minus1[k] = -1.0f;
+  const int64_t minus3 = -3, one = 1, forty = 40;
+  const struct tensor_edit edits[] = {{"running", 0, &nan, sizeof nan}, {"state", 4 * sizeof(int64_t), &minus3, 8},
+                                      {"running", 0, minus1, sizeof minus1}, {"state", 1 * sizeof(int64_t), &one, 8},
+                                      {"state", 2 * sizeof(int64_t), &forty, 8}};
+  const char *why[] = {"holds a value that is not finite", "its training state (step 4, epoch 0, position",
+                       "holds a batch-norm variance below 0, bn1.running_var[0] = -1 (no run writes one)",
+                       "its training state (step 4, epoch 1, position 32) is not where a run's steps leave the data "
+                       "(12 batches of 8 per epoch)",
+                       "its training state (step 4, epoch 0, position 40) is not where"};
+  for (int i = 0; i < 5; i++) {
     char dir[512], c4[600];
-    path(dir, sizeof dir, i ? "ckpt-impossible-state" : "ckpt-impossible-nan");
+    snprintf(c4, sizeof c4, "ckpt-impossible-%d", i);
+    path(dir, sizeof dir, c4);
     snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
     four_steps(dir);
     struct gw_st_file *f = NULL;

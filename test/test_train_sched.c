@@ -463,6 +463,18 @@ START_TEST(test_eval_scores) {
   eval_score_batch(&z[0][0], 3, &bt, 0, 1, 3, 0, &plain);
   ck_assert_msg(plain.loss == plain.nll && fabs(plain.nll - c.nll) < 1e-12, "without smoothing: %.9g and %.9g",
                 plain.loss, plain.nll);
+  /* Overflowed logits (a diverged model): in no top-k, as NaN.  Every logit
+   * +inf ranked the ties by class index (label 0 on top); one +inf at the
+   * label, or a -inf elsewhere, put the label first.  The finite row still
+   * counts. */
+  const float inf = INFINITY, zi[4][3] = {{inf, inf, inf}, {0, inf, 0}, {5, 0, -inf}, {1, 2, 0}};
+  const int32_t yi[4] = {0, 1, 0, 1};
+  const uint8_t none[4] = {0, 0, 0, 0};
+  const struct gw_batch bi = {.y = yi, .n = 4, .stand_in = none, .position = 0};
+  struct eval_counts ci = {0};
+  eval_score_batch(&zi[0][0], 3, &bi, 0, 1, 4, 0, &ci);
+  ck_assert_msg(ci.n == 4 && ci.top1 == 1 && ci.top5 == 1, "n %g top-1 %g top-5 %g (4, 1, 1)", ci.n, ci.top1,
+                ci.top5);
 }
 END_TEST
 

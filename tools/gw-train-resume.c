@@ -143,8 +143,8 @@ int trainer_resume(struct trainer *t) {
   if (t->rank == 0) {
     char path[4096], note[2000], err[2000];
     note[0] = 0;
-    int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, t->config_legacy, path,
-                             sizeof path, note, sizeof note, err, sizeof err);
+    int r = ckpt_load_latest(t->o->checkpoint_dir, t->m, t->sgd, &t->st, t->config, t->config_legacy, t->spe,
+                             t->o->batch, path, sizeof path, note, sizeof note, err, sizeof err);
     /* The saved scale carries on only where this run scales dynamically and the
      * saved run did too (its options say "dynamic:"; an older gw-train's have
      * no loss_scale word: any saved scale); a fixed --loss-scale (or none) is

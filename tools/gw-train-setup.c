@@ -120,8 +120,9 @@ static int same_options_everywhere(struct trainer *t) {
 
 /* --load-weights, --checkpoint-dir, --metrics and --plot are rank 0's: its
  * weights are broadcast, and it saves and writes.  Given on another rank but
- * not on rank 0, they were ignored without a word; given on rank 0 alone is
- * how a job whose file is on rank 0's machine only runs. */
+ * not on rank 0, or with another value than rank 0's, they were ignored
+ * without a word; given on rank 0 alone is how a job whose file is on rank
+ * 0's machine only runs. */
 static int outputs_follow_rank0(struct trainer *t) {
   const struct train_opts *o = t->o;
   static const char *const flags[4] = {"--load-weights", "--checkpoint-dir", "--metrics", "--plot"};
@@ -140,17 +141,40 @@ static int outputs_follow_rank0(struct trainer *t) {
   const char *flag = NULL;
   for (int i = 0; i < 4 && !flag; i++)
     if (given[i] && !r0[i]) flag = flags[i];
-  double bad = flag != NULL;
-  if (train_allreduce_d(t, &bad, 1, what) != 0) return -1;
-  if (bad == 0) return 0;
-  char detail[300];
+  /* Given on both with other values (another --checkpoint-dir, --metrics,
+   * --plot or --keep-checkpoints): as ignored here, and were unsaid.
+   * (--load-weights: its file's contents are compared in the loading.) */
+  enum { NV = 4, VLEN = 4096 };
+  static const char *const vflags[NV] = {"--checkpoint-dir", "--metrics", "--plot", "--keep-checkpoints"};
+  char(*vals)[2][VLEN] = calloc(NV, sizeof *vals); /* [flag][mine, rank 0's] */
+  if (!vals) return train_fail(t, "setup", "out of memory");
+  const char *mine[NV] = {o->checkpoint_dir, o->metrics, o->plot, NULL};
+  char keep[16];
+  snprintf(keep, sizeof keep, "%d", o->keep_checkpoints);
+  if (o->checkpoint_dir) mine[3] = keep;
+  for (int i = 0; i < NV; i++) snprintf(vals[i][0], VLEN, "%s", mine[i] ? mine[i] : "");
+  for (int i = 0; i < NV; i++) memcpy(vals[i][1], vals[i][0], VLEN);
+  for (int i = 0; i < NV; i++)
+    if (train_bcast(t, vals[i][1], VLEN, GW_UINT8, what) != 0) return free(vals), -1;
+  int other = -1;
+  for (int i = 0; i < NV && !flag && other < 0; i++)
+    if (vals[i][0][0] && vals[i][1][0] && strcmp(vals[i][0], vals[i][1]) != 0) other = i;
+  double bad = flag != NULL || other >= 0;
+  if (train_allreduce_d(t, &bad, 1, what) != 0) return free(vals), -1;
+  if (bad == 0) return free(vals), 0;
+  char detail[600];
   if (flag)
     snprintf(detail, sizeof detail, "this rank has %s and rank 0 has not: it would be ignored (rank 0's weights are "
              "broadcast, and rank 0 saves and writes the metrics and plot): give it to rank 0", flag);
+  else if (other >= 0)
+    snprintf(detail, sizeof detail, "this rank's %s %.200s is not rank 0's %.200s: it would be ignored (rank 0 saves "
+             "and writes the metrics and plot): give every rank rank 0's, or none", vflags[other], vals[other][0],
+             vals[other][1]);
   else
-    snprintf(detail, sizeof detail, "%.0f rank(s) have --load-weights, --checkpoint-dir, --metrics or --plot that "
-             "rank 0 has not (their logs say which)", bad);
-  return fail_together(t, "options", detail, flag != NULL);
+    snprintf(detail, sizeof detail, "%.0f rank(s) have --load-weights, --checkpoint-dir, --metrics, --plot or "
+             "--keep-checkpoints that rank 0 has not (their logs say which)", bad);
+  free(vals);
+  return fail_together(t, "options", detail, flag != NULL || other >= 0);
 }
 
 /* Every rank must have opened the same samples: ranks that scanned a folder

@@ -155,13 +155,14 @@ int ckpt_prepare_dir(const char *dir, int resume, char *err, size_t errlen);
  * folder); a live writer's stay. */
 void weights_remove_stale_temps(const char *file);
 /* Loads the newest valid checkpoint of dir written by a run described as
- * config (or legacy_config: as older gw-trains described it; may be NULL); a
+ * config (or legacy_config: as older gw-trains described it; may be NULL),
+ * whose data has steps_per_epoch batches of batch samples (each rank's); a
  * corrupt or other run's newer one is reported in err_note (and skipped).
  * Returns 0 on success, 1 when dir holds none, -1 on an error (err says which
  * file and why). */
 int ckpt_load_latest(const char *dir, struct gw_model *m, struct gw_sgd *sgd, struct ckpt_state *st,
-                     const char *config, const char *legacy_config, char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err,
-                     size_t errlen);
+                     const char *config, const char *legacy_config, int64_t steps_per_epoch, int64_t batch,
+                     char *path_out, size_t pathlen, char *err_note, size_t notelen, char *err, size_t errlen);
 
 /* ---- output (gw-train-log.c) */
 struct train_log {
