@@ -51,6 +51,7 @@ struct gz_in {
   bool member_done; /* inflate ended a member: what follows is looked at when more is wanted */
   bool ended;       /* the last member's trailer checked, and the file's end reached */
   int err;          /* errno of a failed read */
+  uint64_t out, out_checked; /* bytes decoded, and those of members whose trailers were checked */
   z_stream s;
   unsigned char in[1 << 17];
 };
@@ -114,7 +115,8 @@ static enum gz_status gz_read(struct gz_in *g, void *buf, size_t len, size_t *go
     g->s.avail_out = room;
     const int r = inflate(&g->s, Z_NO_FLUSH);
     *got += room - g->s.avail_out;
-    if (r == Z_STREAM_END) g->member_done = true;
+    g->out += room - g->s.avail_out;
+    if (r == Z_STREAM_END) g->member_done = true, g->out_checked = g->out;
     else if (r == Z_MEM_ERROR) return g->err = ENOMEM, GZ_SYS;
     else if (r != Z_OK && r != Z_BUF_ERROR) return GZ_BAD;
   }
@@ -260,7 +262,7 @@ static gw_result_t read_header(struct gz_in *g, const char *path, uint32_t magic
  * junk appended to the gzip stream is a damaged file.  The gzip trailer (its
  * CRC-32 of everything) may be checked only here, when the items ended with
  * the last inflate's output. */
-static gw_result_t check_end(struct gz_in *g, const char *path, uint32_t items) {
+static gw_result_t check_end(struct gz_in *g, const char *path, uint32_t items, size_t data_bytes) {
   unsigned char extra[1 << 16];
   size_t got = 0;
   enum gz_status st = gz_read(g, extra, 1, &got);
@@ -270,7 +272,7 @@ static gw_result_t check_end(struct gz_in *g, const char *path, uint32_t items) 
      * damage, not a second file */
     for (size_t drained = 0; st == GZ_OK && drained < (256u << 20); drained += got)
       st = gz_read(g, extra, sizeof extra, &got);
-    if (st != GZ_BAD)
+    if (st != GZ_BAD && st != GZ_SYS)
       return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: data follows its %u items (a damaged file, "
                             "or two joined)", path, items);
   }
@@ -278,7 +280,11 @@ static gw_result_t check_end(struct gz_in *g, const char *path, uint32_t items) 
   case GZ_OK:
   case GZ_END: return GW_SUCCESS;
   case GZ_CUT: /* the input ended inside the gzip stream: its trailer (the CRC-32) is missing, and the items it
-                * would have checked loaded unchecked */
+                * would have checked loaded unchecked; or a member after the items' own is cut short */
+    if (g->out_checked >= data_bytes)
+      return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: truncated: a gzip member after its %u items "
+                            "is cut short (the items' own members are whole and checked): the file is damaged", path,
+                            items);
     return gw__model_fail(GW_ERR_INVALID_ARGUMENT, "fashion-mnist: %s: truncated: the gzip stream ends after its %u "
                           "items without its trailer (the checksum of the data): the file is cut short", path, items);
   case GZ_JUNK: {
@@ -306,7 +312,7 @@ static gw_result_t load_idx(const char *path, uint32_t magic, uint8_t **data, ui
                          hdr[1], hdr[2], SIDE, SIDE);
   size_t bytes = (size_t)hdr[0] * (images ? PIXELS : 1);
   if (res == GW_SUCCESS) res = read_grown(g, path, data, bytes, images ? "the pixels" : "the labels");
-  if (res == GW_SUCCESS) res = check_end(g, path, hdr[0]);
+  if (res == GW_SUCCESS) res = check_end(g, path, hdr[0], (images ? 16 : 8) + bytes);
   *count = hdr[0];
   gz_close(g);
   return res;

@@ -338,12 +338,17 @@ void gwt_dir_remove(const char *env_dir)
     ck_assert_int_eq(system(cmd), 0);
 }
 
-void gwt_assert_gone(const char *env_dir, const char *name, const char *what)
+pid_t gwt_pid(const char *env_dir, const char *name)
 {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", env_dir + strlen("GWT_DIR="), name);
-    const pid_t pid = gwrun_read_pid_file(path);
-    ck_assert_msg(pid > 0, "%s: no pid in %s", what, path);
+    return gwrun_read_pid_file(path);
+}
+
+void gwt_assert_gone(const char *env_dir, const char *name, const char *what)
+{
+    const pid_t pid = gwt_pid(env_dir, name);
+    ck_assert_msg(pid > 0, "%s: no pid in %s/%s", what, env_dir + strlen("GWT_DIR="), name);
     errno = 0;
     const int rc = kill(pid, 0);
     if (rc == 0)

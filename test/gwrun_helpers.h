@@ -84,6 +84,8 @@ pid_t gwrun_read_pid_file(const char *path);
  * directory itself at env_dir + 8); gwt_dir_remove removes it and all in it. */
 void gwt_dir(char *env_dir, size_t cap);
 void gwt_dir_remove(const char *env_dir);
+/* The pid in file <GWT_DIR>/name (gwrun_read_pid_file), 0 if none. */
+pid_t gwt_pid(const char *env_dir, const char *name);
 /* The process with the pid in file <GWT_DIR>/name is gone: asserted (a
  * survivor is killed first, naming `what`). */
 void gwt_assert_gone(const char *env_dir, const char *name, const char *what);

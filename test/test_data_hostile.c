@@ -371,6 +371,15 @@ START_TEST(fmnist_gzip_members_and_junk) {
   expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz",
                "truncated: the pixels needs 2352 bytes, its gzip stream ends after 984 (followed by 4 bytes that are no "
                "gzip data)");
+  /* the items whole in their member, then a member cut after its magic bytes */
+  write_gz(images, raw, len);
+  size_t nw;
+  unsigned char *whole = slurp(images, &nw), *cut = malloc(nw + 2);
+  memcpy(cut, whole, nw), cut[nw] = 0x1f, cut[nw + 1] = 0x8b;
+  write_file(images, cut, nw + 2);
+  expect_error(open_tmp_fmnist(), "train-images-idx3-ubyte.gz",
+               "truncated: a gzip member after its 3 items is cut short (the items' own members are whole and checked)");
+  free(whole), free(cut);
   free(m1), free(m2), free(both), free(raw);
   remove_tmpdir();
 }

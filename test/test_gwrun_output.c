@@ -224,11 +224,50 @@ START_TEST(test_clean_run_stops_leftovers)
     gwrun_run(&r, env, args);
     ck_assert_msg(r.code == 0 && r.elapsed < 15.0, "exit code %d after %.1f s, stderr:\n%s", r.code, r.elapsed, r.err);
     ck_assert_msg(gwrun_has_line(r.out, "[0] done") && gwrun_has_line(r.out, "[1] done"), "stdout:\n%s", r.out);
-    ck_assert_msg(strstr(r.err, "stopping 2 processes left behind by exited ranks (the job is over") &&
+    ck_assert_msg(strstr(r.err, "stopping 2 processes left behind by exited ranks (every rank here ended") &&
                       !strstr(r.err, "not waiting for it"), "stderr:\n%s", r.err);
     gwt_assert_gone(dir_env, "gc0", "rank 0's leftover (setsid, holding stdout)");
     gwt_assert_gone(dir_env, "gc1", "rank 1's leftover (nohup)");
+    gwrun_free(&r);
+    /* One that SIGKILL does not end (a hook spares it): named and given up
+     * on, the job's success kept (it exited 1, a rank's failure). */
+    const char *spare_env[] = {dir_env, "GW_RUN_KILL_GRACE=1", "GW_RUN_TEST_UNKILLABLE_STRAYS=1", NULL};
+    const char *one[] = {"-n", "1", "sh", "-c", "sleep 30 & echo $! > \"$GWT_DIR/gc.tmp\"; "
+                         "mv \"$GWT_DIR/gc.tmp\" \"$GWT_DIR/gc\"; echo done", NULL};
+    gwrun_run(&r, spare_env, one);
+    ck_assert_msg(r.code == 0 && strstr(r.err, "is still there after SIGKILL: giving up on it") &&
+                      gwrun_has_line(r.out, "[0] done"), "exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out,
+                  r.err);
+    const pid_t spared = gwt_pid(dir_env, "gc");
+    if (spared > 0)
+        kill(spared, SIGKILL);
     gwt_dir_remove(dir_env);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* A process gw-run had before its ranks (a job script's `tensorboard &
+ * exec gw-run ...`) is not the job's: left running after a clean run, as
+ * after a failed one (it was stopped as a leftover of the ranks). */
+START_TEST(test_inherited_child_left_alone)
+{
+    char dir_env[128];
+    gwt_dir(dir_env, sizeof dir_env);
+    const char *env[] = {dir_env, "GW_RUN_KILL_GRACE=2", NULL};
+    const char *args[] = {"-c", "sleep 30 & echo $! > \"$GWT_DIR/bg.tmp\"; mv \"$GWT_DIR/bg.tmp\" \"$GWT_DIR/bg\"; "
+                          "exec \"$GW_RUN_BIN\" -n 1 sh -c 'echo done'", NULL};
+    struct run r;
+    gwrun_start_prog(&r, "/bin/sh", env, args);
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    const pid_t bg = gwt_pid(dir_env, "bg");
+    const bool alive = bg > 0 && kill(bg, 0) == 0;
+    if (bg > 0)
+        kill(bg, SIGKILL);
+    gwt_dir_remove(dir_env);
+    ck_assert_msg(r.code == 0 && gwrun_has_line(r.out, "[0] done"), "exit %d\nstdout:\n%s\nstderr:\n%s", r.code,
+                  r.out, r.err);
+    ck_assert_msg(alive && !strstr(r.err, "left behind"), "the inherited child (pid %ld) was %s; stderr:\n%s",
+                  (long)bg, alive ? "named" : "stopped", r.err);
     gwrun_free(&r);
 }
 END_TEST
@@ -243,4 +282,5 @@ void gwrun_add_output_tests(TCase *tc)
     tcase_add_test(tc, test_line_of_piece_size);
     tcase_add_test(tc, test_carriage_return_redraws);
     tcase_add_test(tc, test_clean_run_stops_leftovers);
+    tcase_add_test(tc, test_inherited_child_left_alone);
 }

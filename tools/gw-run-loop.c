@@ -62,8 +62,11 @@ void gw__run_loop(void)
         if ((gw__run.alive > 0 || wait_strays) && give_up && now >= give_up) {
             gw__run_reap(); /* one that ended since the last look is no straggler */
             if (gw__run.alive > 0 || gw__run_waiting_for_strays()) {
+                const bool clean = gw__run.alive == 0 && !gw__run_stopping();
                 gw__run_give_up();
-                break;
+                if (!clean)
+                    break;
+                continue; /* a clean run's unkillable leftover: the job ends as it would (a node's DONE) */
             }
         }
         /* A fresh grace once our output moves again, or once the strays are

@@ -25,6 +25,7 @@
  * gw-run-net-end.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -163,8 +164,10 @@ void gw__run_net_apply(const struct msg *m, int from)
     }
     if (again)
         return;
-    if (m->type == F_STOP)
+    if (m->type == F_STOP) {
+        net.stop_waiting = true; /* a signal ended the job (on another node): node 0 does not wait for late nodes */
         gw__run_remote_signal((int)m->v[1]);
+    }
     else
         gw__run_fail(code);
 }
@@ -715,7 +718,7 @@ void gw__run_net_tick(void)
      * address, a job already over, its place taken) looked hung. */
     if (now < net.join_deadline_ms && now >= net.join_note_ms) {
         gw__run_say("gw-run: %s: no answer from node 0 at %s yet; trying for %.0f s more (GW_RUN_JOIN_TIMEOUT)\n",
-                    me(), net.where, (double)(net.join_deadline_ms - now) / 1000.0);
+                    me(), net.where, ceil((double)(net.join_deadline_ms - now) / 1000.0));
         net.join_note_ms = now + JOIN_NOTE_EVERY_MS;
     }
     if (now >= net.join_deadline_ms) {

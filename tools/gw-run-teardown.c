@@ -266,12 +266,12 @@ static void forward_signal(int sig, bool remote, bool reached)
     if (gw__run.alive == 0) {
         /* Nothing left to stop: what keeps gw-run may be its own output, a
          * stdout nobody reads; a program blocked writing there would die
-         * of this signal, so gw-run gives that output up at once.  Said
-         * (once a second): it also ends a failed attempt's restart. */
-        if (!remote)
+         * of this signal, so gw-run gives that output up at once.  Said:
+         * it also ends a failed attempt's restart. */
+        if (!remote) {
             gw__run.out_hurry = true;
-        if (!remote && once_per_signal(sig, false))
             gw__run_say("gw-run: received %s with no rank running\n", gw__run_signal_name(sig));
+        }
         return;
     }
     if (!once_per_signal(sig, remote))
@@ -419,11 +419,51 @@ bool gw__run_stopping(void)
     return gw__run.have_failure || gw__run.got_signal;
 }
 
+/* Children gw-run had before it started a rank (inherited across the exec
+ * of a job script's `tensorboard & exec gw-run ...`): not the job's, never
+ * stopped as its leftovers. */
+static pid_t *inherited;
+static size_t ninherited;
+static bool strays_abandoned; /* given up on after SIGKILL: no longer waited for */
+
+static FILE *open_children(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)getpid());
+    return fopen(path, "re");
+}
+
+void gw__run_note_inherited_children(void)
+{
+    FILE *f = open_children();
+    long v;
+    size_t cap = 0;
+    while (f && fscanf(f, "%ld", &v) == 1) {
+        if (ninherited == cap) {
+            pid_t *np = realloc(inherited, (cap = cap ? 2 * cap : 8) * sizeof *np);
+            if (!np)
+                break;
+            inherited = np;
+        }
+        inherited[ninherited++] = (pid_t)v;
+    }
+    if (f)
+        fclose(f);
+}
+
+static bool is_inherited(pid_t pid)
+{
+    for (size_t i = 0; i < ninherited; i++)
+        if (inherited[i] == pid)
+            return true;
+    return false;
+}
+
 /* While stopping, or once every rank ended, the loop keeps running until the
  * strays are gone too. */
 bool gw__run_waiting_for_strays(void)
 {
-    return (gw__run_stopping() || gw__run.alive == 0) && strays > 0;
+    return (gw__run_stopping() || gw__run.alive == 0) && strays > 0 && !strays_abandoned;
 }
 
 /* Signals our children that are not ranks: SIGTERM once, SIGKILL after the
@@ -434,21 +474,23 @@ bool gw__run_waiting_for_strays(void)
  * was given up on after 2 s).  Without /proc the strays are not chased. */
 void gw__run_scan_strays(void)
 {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)getpid());
-    FILE *f = fopen(path, "re");
+    FILE *f = open_children();
     strays = 0;
+    /* Test hook: the strays are never signalled (as if unkillable). */
+    const char *hook = getenv("GW_RUN_TEST_UNKILLABLE_STRAYS");
+    const bool spare = hook && !strcmp(hook, "1");
     if (!f)
         return;
     int fresh = 0;
     long v;
     while (fscanf(f, "%ld", &v) == 1) {
         pid_t pid = (pid_t)v;
-        if (is_live_rank(pid))
+        if (is_live_rank(pid) || is_inherited(pid))
             continue;
         strays++;
         if (escalated) {
-            kill(pid, SIGKILL);
+            if (!spare)
+                kill(pid, SIGKILL);
             continue;
         }
         bool seen = false;
@@ -465,14 +507,16 @@ void gw__run_scan_strays(void)
             stray_termed_cap = cap;
         }
         stray_termed[nstray_termed++] = pid;
-        kill(pid, SIGTERM);
-        continue_if_stopped(pid, -1, SIGTERM);
+        if (!spare) {
+            kill(pid, SIGTERM);
+            continue_if_stopped(pid, -1, SIGTERM);
+        }
         fresh++;
     }
     fclose(f);
     if (fresh)
         gw__run_say("gw-run: stopping %d process%s left behind by exited ranks%s\n", fresh,
-                fresh == 1 ? "" : "es", gw__run_stopping() ? "" : " (the job is over: what it started ends with it)");
+                fresh == 1 ? "" : "es", gw__run_stopping() ? "" : " (every rank here ended: what they started ends with them)");
     if (strays && !gw__run.kill_deadline_ms && !escalated)
         gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
 }
@@ -500,7 +544,9 @@ int64_t gw__run_give_up_deadline(void)
 }
 
 /* The give-up deadline has passed: names what is still there and stops
- * waiting for it (gw-run exits with the job's failure, or 1). */
+ * waiting for it (gw-run exits with the job's failure, or 1; after a clean
+ * run, a leftover that survived SIGKILL is named and the job keeps its
+ * success). */
 void gw__run_give_up(void)
 {
     for (int i = 0; i < gw__run.nranks; i++) {
@@ -517,8 +563,10 @@ void gw__run_give_up(void)
         if (kill(stray_termed[i], 0) == 0)
             gw__run_say("gw-run: a process the ranks left behind (pid %ld) is still there after SIGKILL: giving up "
                         "on it\n", (long)stray_termed[i]);
-    /* A signal's stop keeps its 128 + signal; else the job failed. */
-    if (!gw__run.have_failure && !gw__run.got_signal) {
+    strays_abandoned = true;
+    /* A signal's stop keeps its 128 + signal; else the job failed (a rank
+     * was still there: no clean run). */
+    if (!gw__run.have_failure && !gw__run.got_signal && gw__run.alive > 0) {
         gw__run.have_failure = true;
         gw__run.exit_code = 1;
     }

@@ -717,6 +717,7 @@ int main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &held, NULL);
     gw__run_io_start();
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* see gw__run_scan_strays(); best effort */
+    gw__run_note_inherited_children();
 
     gw__run.ranks = calloc((size_t)local_n, sizeof *gw__run.ranks);
     if (!gw__run.ranks) {

@@ -262,6 +262,9 @@ void gw__run_drop_early_passes(void);
 void gw__run_reap(void);
 bool gw__run_stopping(void);
 void gw__run_scan_strays(void);
+/* Before the first rank: the children gw-run has already (inherited across
+ * exec), which gw__run_scan_strays leaves alone. */
+void gw__run_note_inherited_children(void);
 bool gw__run_waiting_for_strays(void);
 void gw__run_remove_leftover_shm(const char *token);
 /* FNV-1a 64 of a string, as the library hashes the job token. */

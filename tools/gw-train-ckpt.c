@@ -396,10 +396,11 @@ static int load_one(struct gw_st_file *f, int64_t name_step, struct gw_model *m,
   /* The data's place is where that many steps leave it: each step takes
    * one batch, and an epoch's end puts the position back to 0 (a step, epoch
    * or position set apart skipped or repeated data unsaid, and the log said
-   * "epoch 6/2").  The configuration matched: the batches per epoch are the
-   * saved run's. */
+   * "epoch 6/2").  This gw-train's configuration matched: the batches per
+   * epoch are the saved run's (an older gw-train's, naming --data's text,
+   * does not fix the sample count: not checked). */
   const int64_t batches = batch > 0 ? sv[2] / batch : 0;
-  if (spe > 0 && batch > 0 &&
+  if (spe > 0 && batch > 0 && !strcmp(gw_st_metadata(f, "config"), config) &&
       (sv[2] % batch || batches >= spe || (sv[0] - batches) % spe || (sv[0] - batches) / spe != sv[1])) {
     snprintf(why, whylen, "its training state (step %" PRId64 ", epoch %" PRId64 ", position %" PRId64 ") is not "
              "where a run's steps leave the data (%" PRId64 " batches of %" PRId64 " per epoch): the file is damaged",

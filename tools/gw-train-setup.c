@@ -151,7 +151,8 @@ static int outputs_follow_rank0(struct trainer *t) {
   const char *mine[NV] = {o->checkpoint_dir, o->metrics, o->plot, NULL};
   char keep[16];
   snprintf(keep, sizeof keep, "%d", o->keep_checkpoints);
-  if (o->checkpoint_dir) mine[3] = keep;
+  /* rank 0's count, given or its default; another rank's only where given */
+  if (o->checkpoint_dir && (o->keep_given || t->rank == 0)) mine[3] = keep;
   for (int i = 0; i < NV; i++) snprintf(vals[i][0], VLEN, "%s", mine[i] ? mine[i] : "");
   for (int i = 0; i < NV; i++) memcpy(vals[i][1], vals[i][0], VLEN);
   for (int i = 0; i < NV; i++)
