@@ -54,8 +54,8 @@ static int rank = -1, nranks; /* rank -1 until the communicator is made */
  * results, 2: a bad command line, output files included; gw-train exits 2
  * for what its flags say alone, 1 for what its setup finds wrong with them:
  * its data, its model, its files). */
-static void vdie(int status, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0), noreturn));
-static void vdie(int status, const char *fmt, va_list ap) {
+static void vsay(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
+static void vsay(const char *fmt, va_list ap) {
   /* one write: a rank stopped by gw-run right after (every rank failing the
    * same check) printed a bare prefix when the line went out in pieces */
   char line[1024];
@@ -66,6 +66,17 @@ static void vdie(int status, const char *fmt, va_list ap) {
   fflush(stdout);
   if (write(STDERR_FILENO, line, (size_t)n) < 0) { /* nothing else to tell it on */
   }
+}
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsay(fmt, ap);
+  va_end(ap);
+}
+static void vdie(int status, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0), noreturn));
+static void vdie(int status, const char *fmt, va_list ap) {
+  vsay(fmt, ap);
   exit(status);
 }
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -542,8 +553,16 @@ static void same_options_everywhere(struct opts *o) {
   int32_t last = differs ? rank + 1 : 0; /* the highest rank that differs, plus one */
   if (gw_allreduce(&last, &last, 1, GW_INT32, GW_MAX, comm, NULL) != GW_SUCCESS)
     die("comparing the options with rank 0's: %s", gw_comm_last_error(comm));
-  if (differs) bad_use("%s", why);
-  if (last) bad_use("rank %d runs with options other than rank 0's (its message names them)", last - 1);
+  if (last) {
+    /* Every rank says its part before any exits: gw-run stops the others at
+     * the first exit, and the line of the rank that names the flags was lost
+     * when rank 0 got there first. */
+    if (differs) say("%s", why);
+    else say("rank %d runs with options other than rank 0's (its message names them)", last - 1);
+    fflush(NULL);
+    gw_barrier(comm);
+    exit(2);
+  }
   /* rank 0's --min-bw on every rank (given to rank 0 alone): each decides
    * alike whether the run failed, and all wait for rank 0 before exiting 1
    * (a rank without it exited 0 and left rank 0's barrier without it) */
