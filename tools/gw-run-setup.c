@@ -2,7 +2,9 @@
  * gw-run.c, which was past 900 lines): the ranks' shared environment in
  * torchrun's names, free ports, the job token and its per-attempt form,
  * -n by kind (gpu, cpu, auto); whether --master names a loopback is
- * comm/netname.c's, shared with the library. */
+ * comm/netname.c's, shared with the library.  Also the shared memory that
+ * ranks which died during their setup left (removed before the next
+ * attempt and at the end; out of gw-run-teardown.c, past 900 lines). */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -15,6 +17,8 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <signal.h>
+#include <sys/stat.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -221,4 +225,60 @@ double gw__run_env_seconds(const char *name, double dflt, bool zero_ok)
         return dflt;
     }
     return x;
+}
+
+/* FNV-1a 64 of a string: the library's job hash (comm/core.h's gw__fnv, which
+ * gw-run, linking nothing of the library, does not include). */
+uint64_t gw__run_fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return h;
+}
+
+/* Removes the shared-memory segments (/dev/shm/gw-HASH-PEER-SELF-PID-...) that
+ * ranks of this job left behind: the library unlinks each one once both of its
+ * ends have opened it (and its liveness files, gw-HASH-RANK-RANK-PID-live-...,
+ * at the end of the rendezvous), so only a rank that died during its setup leaves one,
+ * and nothing else ever would remove it (it holds memory until reboot).  Only
+ * names of this job's token (HASH: the low 32 bits of its FNV-1a 64, as the
+ * library makes them) created by one of the ranks gw-run started (PID). */
+void gw__run_remove_leftover_shm(const char *token)
+{
+    const uint64_t h = gw__run_fnv1a(token);
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "gw-%08llx-", (unsigned long long)(h & 0xffffffffu));
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct stat nsst;
+    const uint64_t own_pidns = stat("/proc/self/ns/pid", &nsst) == 0 ? (uint64_t)nsst.st_ino : 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int peer, self, pid;
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
+            sscanf(e->d_name + strlen(prefix), "%d-%d-%d-", &peer, &self, &pid) != 3)
+            continue;
+        /* A rank's own, or one whose creator is gone: a rank started through a
+         * wrapper (a script that runs python without exec) creates them in a
+         * process that is not gw-run's child.  The name ends with the
+         * creator's pid namespace: a pid from another one (a container
+         * sharing /dev/shm) says nothing here. */
+        const bool ours = gw__run_started_pid((pid_t)pid);
+        const char *dash = strrchr(e->d_name, '-');
+        char *end = NULL;
+        const unsigned long long ns = dash ? strtoull(dash + 1, &end, 10) : 0;
+        const bool here = ns && end && !*end && ns == (unsigned long long)own_pidns;
+        if (!ours && (!here || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        removed += unlink(path) == 0;
+    }
+    closedir(d);
+    if (removed)
+        gw__run_say("gw-run: removed %d shared-memory segment%s that ranks which died during setup left in "
+                    "/dev/shm\n", removed, removed == 1 ? "" : "s");
 }

@@ -515,8 +515,8 @@ void gw__run_scan_strays(void)
     }
     fclose(f);
     if (fresh)
-        gw__run_say("gw-run: stopping %d process%s left behind by exited ranks%s\n", fresh,
-                fresh == 1 ? "" : "es", gw__run_stopping() ? "" : " (every rank here ended: what they started ends with them)");
+        gw__run_say("gw-run: stopping %d process%s left behind by exited ranks%s\n", fresh, fresh == 1 ? "" : "es",
+                    gw__run_stopping() ? "" : " (every rank here ended: what they started ends with them)");
     if (strays && !gw__run.kill_deadline_ms && !escalated)
         gw__run.kill_deadline_ms = gw__run_now_ms() + (int64_t)(gw__run.kill_grace_s * 1000.0);
 }
@@ -630,65 +630,16 @@ void gw__run_teardown_reset(void)
     pid_index = NULL, exited = NULL;
     escalated = false, give_up_ms = escalated_ms = 0;
     strays = 0, nstray_termed = 0;
+    strays_abandoned = false;
     spawn_raced = false;
 }
 
-/* FNV-1a 64 of a string: the library's job hash (comm/core.h's gw__fnv, which
- * gw-run, linking nothing of the library, does not include). */
-uint64_t gw__run_fnv1a(const char *s)
+/* Whether pid is one of the ranks gw-run started in this attempt (alive or
+ * not), for gw__run_remove_leftover_shm. */
+bool gw__run_started_pid(pid_t pid)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ull;
-    return h;
-}
-
-/* Removes the shared-memory segments (/dev/shm/gw-HASH-PEER-SELF-PID-...) that
- * ranks of this job left behind: the library unlinks each one once both of its
- * ends have opened it (and its liveness files, gw-HASH-RANK-RANK-PID-live-...,
- * at the end of the rendezvous), so only a rank that died during its setup leaves one,
- * and nothing else ever would remove it (it holds memory until reboot).  Only
- * names of this job's token (HASH: the low 32 bits of its FNV-1a 64, as the
- * library makes them) created by one of the ranks gw-run started (PID). */
-void gw__run_remove_leftover_shm(const char *token)
-{
-    const uint64_t h = gw__run_fnv1a(token);
-    char prefix[16];
-    snprintf(prefix, sizeof prefix, "gw-%08llx-", (unsigned long long)(h & 0xffffffffu));
-    DIR *d = opendir("/dev/shm");
-    if (!d)
-        return;
-    struct stat nsst;
-    const uint64_t own_pidns = stat("/proc/self/ns/pid", &nsst) == 0 ? (uint64_t)nsst.st_ino : 0;
-    int removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        int peer, self, pid;
-        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
-            sscanf(e->d_name + strlen(prefix), "%d-%d-%d-", &peer, &self, &pid) != 3)
-            continue;
-        /* A rank's own, or one whose creator is gone: a rank started through a
-         * wrapper (a script that runs python without exec) creates them in a
-         * process that is not gw-run's child.  The name ends with the
-         * creator's pid namespace: a pid from another one (a container
-         * sharing /dev/shm) says nothing here. */
-        struct pid_index key = {.pid = (pid_t)pid};
-        const bool ours = pid_index &&
-                          bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
-        const char *dash = strrchr(e->d_name, '-');
-        char *end = NULL;
-        const unsigned long long ns = dash ? strtoull(dash + 1, &end, 10) : 0;
-        const bool here = ns && end && !*end && ns == (unsigned long long)own_pidns;
-        if (!ours && (!here || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH))
-            continue;
-        char path[300];
-        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-        removed += unlink(path) == 0;
-    }
-    closedir(d);
-    if (removed)
-        gw__run_say("gw-run: removed %d shared-memory segment%s that ranks which died during setup left in "
-                    "/dev/shm\n", removed, removed == 1 ? "" : "s");
+    struct pid_index key = {.pid = pid};
+    return pid_index && bsearch(&key, pid_index, (size_t)gw__run.nranks, sizeof *pid_index, cmp_pid_index);
 }
 
 bool gw__run_stop_signal_pending(void)

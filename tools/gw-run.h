@@ -267,6 +267,8 @@ void gw__run_scan_strays(void);
 void gw__run_note_inherited_children(void);
 bool gw__run_waiting_for_strays(void);
 void gw__run_remove_leftover_shm(const char *token);
+/* Whether pid is one of the ranks gw-run started in this attempt (gw-run-teardown.c). */
+bool gw__run_started_pid(pid_t pid);
 /* FNV-1a 64 of a string, as the library hashes the job token. */
 uint64_t gw__run_fnv1a(const char *s);
 /* Between two attempts of a job (--max-restarts): the teardown's state of
