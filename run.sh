@@ -2,7 +2,7 @@
 # ./run.sh - installs what is missing, builds into build/, and runs the main job:
 # ResNet-50 trained data-parallel on Fashion-MNIST by 2 local ranks (gw-run) on the
 # CPU, the gradient allreduce overlapped with backward, evaluated on the test set
-# after each epoch.  About 16 minutes of training on a 2-core machine (plus
+# after each epoch.  About 14 minutes of training on a 2-core machine (plus
 # installing and building the first time); see README.md for the figures.  Output goes to runs/<date>/ (GW_RUN_DIR to choose): metrics.jsonl, plot.png,
 # checkpoints/ and the trained weights.  Extra arguments go to gw-train (they can
 # override the defaults below, e.g. ./run.sh --epochs 10, or ./run.sh --steps 20

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "envint.h"
 
 int gw__log_level = GW_LOG_WARN;
 static unsigned log_subsys = GW_SUB_ALL;
@@ -161,25 +162,8 @@ static const char *default_text(int64_t dflt, char buf[32]) {
 int64_t gw__env_int(const char *name, int64_t dflt) {
   const char *s = getenv(name);
   if (!s || !*s) return dflt;
-  char *end = NULL;
-  errno = 0;
-  /* Decimal, or hexadecimal after 0x: a leading zero is no octal (010 was 8,
-   * and 08 "not an integer"). */
-  const char *digits = s + strspn(s, " \t+-");
-  long long v = strtoll(s, &end, digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X') ? 16 : 10);
-  /* Accept K/M/G suffixes (powers of 1024) since most tunables are sizes. */
-  if (end && *end) {
-    long long mul = 1;
-    if (*end == 'k' || *end == 'K') mul = 1LL << 10;
-    else if (*end == 'm' || *end == 'M') mul = 1LL << 20;
-    else if (*end == 'g' || *end == 'G') mul = 1LL << 30;
-    if (mul != 1 && end[1] == 0) {
-      if (v > LLONG_MAX / mul || v < LLONG_MIN / mul) errno = ERANGE; /* it wrapped to a small size */
-      else v *= mul;
-      end++;
-    }
-  }
-  if (errno || end == s || *end) {
+  long long v;
+  if (!gw__parse_env_int(s, &v)) {
     char d[32];
     GW_WARN(GW_SUB_ENV, "%s=%s is not an integer in range; using the default%s", name, s, default_text(dflt, d));
     return dflt;

@@ -461,7 +461,9 @@ END_TEST
  * do (it ended a job after ~30 s of outage whatever the ranks were told):
  * read from /proc/net/tcp while both nodes run, its keepalive timer ("tr"
  * 2, "tm->when" in 1/100 s) on both ends of the link (node 0's launcher
- * port, the master's + 1).  Unset: within 10 s; 60: past 30 s; 0: none.
+ * port, the master's + 1).  Unset: within 10 s; 60: past 30 s; 0: none;
+ * past Linux's 32767 s and in hexadecimal, as the ranks read them (32767 and
+ * 60: past 30 s; gw-run took both for 10).
  * Only sockets the two launchers hold count (their /proc/PID/fd): another
  * test's connection can take the port as its ephemeral one between
  * gwrun_free_port_pair and the launcher's bind, and was seen as more ends. */
@@ -516,8 +518,9 @@ static int link_timers(int port, const pid_t pids[2], int *keepalive, long *most
 
 START_TEST(test_multinode_link_keepalive)
 {
-    static const char *const settings[] = {NULL, "GW_SOCKET_KEEPALIVE=60", "GW_SOCKET_KEEPALIVE=0"};
-    for (int k = 0; k < 3; k++) {
+    static const char *const settings[] = {NULL, "GW_SOCKET_KEEPALIVE=60", "GW_SOCKET_KEEPALIVE=0",
+                                           "GW_SOCKET_KEEPALIVE=40000", "GW_SOCKET_KEEPALIVE=0x3c"};
+    for (int k = 0; k < 5; k++) {
         const int port = gwrun_free_port_pair();
         char master[64];
         snprintf(master, sizeof master, "127.0.0.1:%d", port);
@@ -554,8 +557,8 @@ START_TEST(test_multinode_link_keepalive)
         ck_assert_msg(conns == 2, "%s: %d ends of the launchers' link seen", settings[k] ? settings[k] : "unset", conns);
         if (k == 0)
             ck_assert_msg(ka == 2 && most <= 1000, "unset: %d keepalive timers, %ld/100 s", ka, most);
-        if (k == 1)
-            ck_assert_msg(ka == 2 && most > 3000, "60: %d keepalive timers, %ld/100 s", ka, most);
+        if (k == 1 || k >= 3)
+            ck_assert_msg(ka == 2 && most > 3000, "%s: %d keepalive timers, %ld/100 s", settings[k], ka, most);
         if (k == 2)
             ck_assert_msg(ka == 0, "0: %d keepalive timers", ka);
     }

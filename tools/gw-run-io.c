@@ -39,6 +39,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include "envint.h"
 #include "gw-run.h"
 
 enum {
@@ -652,14 +653,18 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     return pos == n;
 }
 
-/* GW_SOCKET_KEEPALIVE as the ranks read it (README): 10 unset or out of
- * range, 0 off. */
+/* GW_SOCKET_KEEPALIVE as the ranks read it (transport/sock.c, README): 10
+ * unset, not an integer (spelled as every GW_* setting: envint.h) or
+ * negative, 0 off, above Linux's 32767 s 32767 (the ranks say so).  Read
+ * with strtol up to 32767 only, a longer setting left these links at ~30 s
+ * while the ranks rode out hours. */
 static int ranks_keepalive_s(void)
 {
     const char *s = getenv("GW_SOCKET_KEEPALIVE");
-    char *end;
-    const long v = s && *s ? strtol(s, &end, 10) : 10;
-    return s && *s && (*end || v < 0 || v > 32767) ? 10 : (int)v;
+    long long v;
+    if (!s || !*s || !gw__parse_env_int(s, &v) || v < 0)
+        return 10;
+    return v > 32767 ? 32767 : (int)v;
 }
 
 void gw__run_tune_socket(int fd)
