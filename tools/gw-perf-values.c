@@ -29,6 +29,11 @@ static int nranks = 1; /* the job's, from gwp_choose_values */
  *   hash's (never all ones, which the output holds before a run). */
 static int value_span = 5;
 static int value_frac_bits;
+/* value_frac_bits' powers of two and value_of's modulus, set with them: an
+ * element's value is a product, not ldexp (libm's scalbn per value and rank
+ * was a third of a checked run's time; a power of two scales exactly) */
+static double value_unit = 1, value_units = 1;
+static uint64_t value_mod = 5;
 /* Above 0: the values are 0 or 1, 1 for about one rank in value_sparse (float
  * sums of more ranks than the dtype holds integers: see gwp_choose_values). */
 static int value_sparse;
@@ -49,7 +54,7 @@ static double value_of(int r, size_t i) {
   const bool neg = x >> 63;
   if (value_specials && ((x >> 50) & 7) == 0) /* bits 50-57: a use of their own */
     return ((x >> 53) & 31) == 0 ? NAN : neg ? -0.0 : 0.0;
-  const double v = ldexp((double)(x % ((uint64_t)value_span << value_frac_bits) + 1), -value_frac_bits);
+  const double v = (double)(x % value_mod + 1) * value_unit;
   return neg ? -v : v;
 }
 
@@ -182,7 +187,7 @@ bool gwp_reduce_ok(gw_dtype_t dt, int op, const void *out, size_t i, size_t at) 
   reduce_exact(dt, op, at, &u, &d, &mag);
   if (!gwp_is_float(dt)) return gw_value_load_int(out, dt, i) == int_result(dt, op, u);
   const double got = gw_value_load(out, dt, i), eps = unit_roundoff(dt);
-  const bool exact = ldexp(mag, value_frac_bits) <= 1.0 / eps;
+  const bool exact = mag * value_units <= 1.0 / eps;
   const double want = round_to(dt, op == GW_AVG ? d / nranks : d);
   if (isnan(want)) return isnan(got);
   if (isnan(got)) return false;
@@ -223,12 +228,15 @@ void gwp_choose_values(bool reduction, gw_dtype_t dt, int op, int job_ranks) {
   value_sparse = 0, value_span = 5, value_frac_bits = 0;
   value_bits = !reduction;
   value_specials = !value_bits && gwp_is_float(dt) && (op == GW_MAX || op == GW_MIN);
-  if (value_bits || !gwp_is_float(dt) || op == GW_PROD) return;
-  const double limit = 1.0 / unit_roundoff(dt);
-  const double ranks = op == GW_MAX || op == GW_MIN ? 1 : nranks; /* values that add up */
-  if (5.0 * ranks <= limit) value_frac_bits = (int)floor(log2(limit / (5.0 * ranks)));
-  else if (ranks <= limit) value_span = (int)(limit / ranks);
-  else value_sparse = (int)ceil(2.0 * ranks / limit);
+  if (!value_bits && gwp_is_float(dt) && op != GW_PROD) {
+    const double limit = 1.0 / unit_roundoff(dt);
+    const double ranks = op == GW_MAX || op == GW_MIN ? 1 : nranks; /* values that add up */
+    if (5.0 * ranks <= limit) value_frac_bits = (int)floor(log2(limit / (5.0 * ranks)));
+    else if (ranks <= limit) value_span = (int)(limit / ranks);
+    else value_sparse = (int)ceil(2.0 * ranks / limit);
+  }
+  value_unit = ldexp(1.0, -value_frac_bits), value_units = ldexp(1.0, value_frac_bits);
+  value_mod = (uint64_t)value_span << value_frac_bits;
 }
 
 /* A value that gwp_reduce_ok refuses at element `at`, for the output to hold
