@@ -36,7 +36,7 @@ struct gw_bucketer {
   size_t count, esize;
   gw_dtype_t dtype;
   gw_op_t op;
-  uint32_t number;         /* on the communicator, from 1 (its allreduces carry it: gw__desc_bucket_tag) */
+  uint32_t number;         /* on the communicator (agree_number; its allreduces carry it: gw__desc_bucket_tag) */
   size_t *bounds;          /* [n + 1] */
   int n;
   size_t *ready;           /* [n] elements marked in each bucket this step */
@@ -120,7 +120,7 @@ static gw_result_t parents(gw_bucketer_t b, const char *fn) {
 /* A bucketer a call may use: live (one destroyed already is refused before
  * its freed memory is read) and this process's. */
 static gw_result_t usable(gw_bucketer_t b, const char *fn) {
-  if (!gw__live_or_refuse(b, fn, "bucketer")) return GW_ERR_INVALID_ARGUMENT;
+  if (!gw__live_or_refuse(b, GW_LIVE_BUCKETER, fn)) return GW_ERR_INVALID_ARGUMENT;
   return parents(b, fn);
 }
 
@@ -183,6 +183,36 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
       return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: bucket %d [%zu, %zu) is empty or reversed", i,
                   bounds[i], bounds[i + 1]);
   return dev_args(comm, "gw_bucketer_create", buf, count, dtype, NULL);
+}
+
+/* The lowest bucketer number from `from` that no live bucketer of comm holds
+ * on this rank; GW_BUCKETER_NUMBERS when every one is held. */
+static int64_t free_number(gw_comm_t comm, int64_t from) {
+  for (int64_t k = from; k < GW_BUCKETER_NUMBERS; k++)
+    if (!(atomic_load(&comm->bucketer_numbers[k / 64]) >> (k % 64) & 1)) return k;
+  return GW_BUCKETER_NUMBERS;
+}
+
+/* The new bucketer's number (gw__desc_bucket_tag): the lowest that is free on
+ * every rank (their live bucketers may differ: destroy is a rank's own),
+ * agreed by rounds of one allreduce: each rank's lowest free number from the
+ * last round's, the largest of them; when that is every rank's own, it is
+ * free everywhere.  Numbers of destroyed bucketers are taken again, as file
+ * descriptors are.  After the layouts agreed: every rank is here. */
+static gw_result_t agree_number(gw_comm_t comm, uint32_t *number) {
+  for (int64_t c = 1;;) {
+    int64_t f = free_number(comm, c);
+    if (comm->nranks > 1) GW_CHECK(gw_allreduce(&f, &f, 1, GW_INT64, GW_MAX, comm, NULL));
+    if (f >= GW_BUCKETER_NUMBERS)
+      return fail(comm, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_bucketer_create: every bucketer number (1 to %d) is "
+                  "held by a live bucketer of this communicator (on this rank or another): destroy the bucketers "
+                  "no longer in use", comm->rank, GW_BUCKETER_NUMBERS - 1);
+    if (f == c) {
+      *number = (uint32_t)c;
+      return GW_SUCCESS;
+    }
+    c = f;
+  }
 }
 
 static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
@@ -286,7 +316,9 @@ static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dty
     if (!b || !b->bounds || !b->ready || !b->req)
       res = fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory for %d buckets", nbuckets);
   }
-  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets, res)) != GW_SUCCESS) {
+  uint32_t number = 0;
+  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets, res)) != GW_SUCCESS ||
+      (res = agree_number(comm, &number)) != GW_SUCCESS) {
     if (b) free(b->bounds), free(b->ready), free(b->req);
     free(b);
     return res;
@@ -296,8 +328,9 @@ static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dty
   b->comm = comm, b->buf = buf, b->count = count, b->esize = gw_dtype_size(dtype);
   b->dtype = dtype, b->op = op, b->n = nbuckets, b->wire = dtype;
   atomic_fetch_add(&comm->bucketers, 1);
-  b->number = atomic_fetch_add(&comm->bucketers_made, 1) + 1;
-  gw__live_add(b);
+  b->number = number;
+  atomic_fetch_or(&comm->bucketer_numbers[number / 64], 1ull << (number % 64));
+  gw__live_add(b, GW_LIVE_BUCKETER);
   *out = b;
   return GW_SUCCESS;
 }
@@ -563,7 +596,13 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
     snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: ordering the compute stream after the allreduces: %s",
              b->comm->rank, gw__dev()->error());
   }
-  if (res == GW_SUCCESS && failed) { /* the reason a bucket did not start, not that it was left */
+  if (res == GW_SUCCESS && failed && incomplete < 0) {
+    /* every bucket was reduced; the communicator failed since (a peer's
+     * notice or an abort seen by a mark after the last bucket started) */
+    res = failed;
+    snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: every bucket of the step was reduced, but the communicator "
+             "has failed since: %s", b->comm->rank, b->failmsg);
+  } else if (res == GW_SUCCESS && failed) { /* the reason a bucket did not start, not that it was left */
     res = failed;
     snprintf(msg, sizeof msg, "rank %d: gw_bucketer_wait: bucket %d of %d and those after it were not reduced: %s",
              b->comm->rank, incomplete, b->n, b->failmsg);
@@ -589,7 +628,7 @@ static gw_result_t wait_locked(struct gw_bucketer *b) {
   }
   reset(b);
   if (res == GW_SUCCESS) return res;
-  if (incomplete >= 0 || failed) fail_comm_for_step(b, res, msg);
+  if (incomplete >= 0) fail_comm_for_step(b, res, msg); /* `failed` alone: the communicator has failed already */
   return fail(b->comm, res, "%s", msg);
 }
 
@@ -773,10 +812,28 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t) {
   return GW_SUCCESS;
 }
 
+/* Destroyed bucketers' memory is kept for the next QUARANTINE destroys
+ * before it goes back to malloc, which hands the last freed block of a size
+ * straight back: a handle used after its destroy (a second destroy) named
+ * the next bucketer made, and destroyed it.  Past that, as with
+ * communicators, an old handle may name a new bucketer (gradwire.h). */
+enum { QUARANTINE = 64 };
+static pthread_mutex_t quarantine_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gw_bucketer *quarantine[QUARANTINE];
+static unsigned quarantine_next;
+
+static void quarantine_free(struct gw_bucketer *b) {
+  pthread_mutex_lock(&quarantine_mu);
+  struct gw_bucketer *old = quarantine[quarantine_next % QUARANTINE];
+  quarantine[quarantine_next++ % QUARANTINE] = b;
+  pthread_mutex_unlock(&quarantine_mu);
+  free(old);
+}
+
 void gw_bucketer_destroy(gw_bucketer_t b) {
-  if (!b || !gw__live_take_or_refuse(b, "gw_bucketer_destroy", "bucketer")) return;
+  if (!b || !gw__live_take_or_refuse(b, GW_LIVE_BUCKETER, "gw_bucketer_destroy")) return;
   if (parents(b, "gw_bucketer_destroy") != GW_SUCCESS) { /* a child's copy goes with the child */
-    gw__live_add(b);
+    gw__live_add(b, GW_LIVE_BUCKETER);
     return;
   }
   /* Under the lock the marks and waits take: one running on another thread
@@ -814,7 +871,8 @@ void gw_bucketer_destroy(gw_bucketer_t b) {
   if (b->wire_dev) gw__dev()->free(b->wbuf);
   else free(b->wbuf);
   free(b->bounds), free(b->ready), free(b->req), free(b->iv);
+  atomic_fetch_and(&b->comm->bucketer_numbers[b->number / 64], ~(1ull << (b->number % 64)));
   atomic_fetch_sub(&b->comm->bucketers, 1);
-  free(b);
+  quarantine_free(b);
   gw__dev_switch_back(prev);
 }

@@ -510,7 +510,7 @@ static struct gw_comm *comm_alloc(void) {
 static void comm_free(struct gw_comm *c) {
   if (!c) return;
   atomic_store(&c->destroying, GW_DESTROY_GOING); /* init's failures come here too */
-  gw__live_remove(c);
+  gw__live_remove(c, GW_LIVE_COMM);
   if (c->oversub_counted) gw__waiter_oversubscribed(-1), c->oversub_counted = false;
   gw__channels_stop(c);
   const int prev_dev = gw__dev_switch(c);
@@ -704,7 +704,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   GW_CHECK_GOTO(gw__dev_ring_setup(c, &err), res, fail);
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());
-  gw__live_add(c); /* whole: a destroy may take it */
+  gw__live_add(c, GW_LIVE_COMM); /* whole: a destroy may take it */
   atomic_store(&c->destroying, GW_DESTROY_NO); /* and calls may enter */
   *out = c;
   return GW_SUCCESS;
@@ -727,7 +727,7 @@ bool gw__comm_forked_away(const struct gw_comm *comm) { return forked_away(comm)
  * registry are read: the rest may be freed. */
 static void refuse_going(const struct gw_comm *comm, const char *fn) {
   char msg[GW_ERRMSG_MAX];
-  if (gw__live_has(comm))
+  if (gw__live_has(comm, GW_LIVE_COMM))
     snprintf(msg, sizeof msg, "%s: the communicator is being destroyed on another thread", fn);
   else
     snprintf(msg, sizeof msg, "%s: %p is not a live communicator (gw_comm_destroy freed it): nothing done", fn,
@@ -817,7 +817,7 @@ static bool destroy_refused(struct gw_comm *comm, char *msg, size_t len) {
 
 gw_result_t gw_comm_destroy(gw_comm_t comm) {
   if (!comm) return GW_SUCCESS;
-  if (!gw__live_or_refuse(comm, "gw_comm_destroy", "communicator")) return GW_ERR_INVALID_ARGUMENT;
+  if (!gw__live_or_refuse(comm, GW_LIVE_COMM, "gw_comm_destroy")) return GW_ERR_INVALID_ARGUMENT;
   /* Freed under a call on another thread, a bucketer or a request, the
    * communicator would be used after its free (a crash, or worse): refused,
    * left as it was, so the caller can let them finish and destroy it again.

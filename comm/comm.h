@@ -49,12 +49,17 @@ enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO
 #define GW_DESC_MORE (1u << 4)
 
 /* An allreduce a bucketer starts carries in its descriptor's root (-1 for a
- * caller's own call) which bucketer (its number on the communicator, from 1,
- * in creation order) and which bucket it is: two bucketers on one
- * communicator whose buckets start in different orders on different ranks
- * paired one's bucket with the other's without a word where the sizes
- * matched; the header check now refuses it and says both.  Numbers past the
- * fields' widths wrap (the message may then name a wrong one). */
+ * caller's own call) which bucketer (its number on the communicator) and
+ * which bucket it is: two bucketers on one communicator whose buckets start
+ * in different orders on different ranks paired one's bucket with the
+ * other's without a word where the sizes matched; the header check now
+ * refuses it and says both.  A number is 1 to GW_BUCKETER_NUMBERS - 1, the
+ * lowest that no live bucketer of the communicator holds on any rank
+ * (gw_bucketer_create agrees on it), so it fits its 14 bits and no two live
+ * bucketers share one (numbered by creation they wrapped after 16383
+ * bucketers, and a live one's buckets then passed for a newer one's).
+ * Bucket indices past 16 bits wrap: a bucketer's buckets start in order. */
+#define GW_BUCKETER_NUMBERS 16384
 static inline int32_t gw__desc_bucket_tag(uint32_t bucketer, uint32_t bucket) {
   return -2 - (int32_t)((bucketer & 0x3fffu) << 16 | (bucket & 0xffffu));
 }
@@ -261,7 +266,8 @@ struct gw_comm {
    * inside a call on it (`inside`, at the top), bucketers, and requests
    * handed out and not yet freed by gw_wait / gw_test. */
   _Atomic int bucketers;
-  _Atomic unsigned bucketers_made; /* numbers them, the same on every rank (create is collective) */
+  /* bit k: bucketer number k is a live bucketer's on this rank (gw__desc_bucket_tag) */
+  _Atomic uint64_t bucketer_numbers[GW_BUCKETER_NUMBERS / 64];
   _Atomic int requests;
   /* The process that made it and the fork generation then (alive.c): in a
    * child forked without exec every call on it is refused. */

@@ -95,16 +95,21 @@ const char *gw__thread_error(void);
  * free(); a second gw_comm_destroy wrote into freed memory and the next init
  * crashed).  Destroys look, and every bucketer call (a ready after destroy
  * read freed memory; communicators are pooled, never freed, and their
- * destroy gate refuses later calls).  A handle whose memory went to a new
- * object cannot be told from it. */
-void gw__live_add(const void *p);
-void gw__live_remove(const void *p);
-bool gw__live_has(const void *p);
-/* gw__live_has, and if not, "FN: P is not a live WHAT (destroyed already?)"
- * as the thread's error and a warning. */
-bool gw__live_or_refuse(const void *p, const char *fn, const char *what);
+ * destroy gate refuses later calls).  Each is held with its kind: a
+ * communicator given as a bucketer is refused (its memory was read as one's
+ * and crashed).  A handle whose memory went to a new object of its kind
+ * cannot be told from it (destroyed bucketers' memory is held back a while
+ * first: bucket.c's quarantine). */
+enum gw_live_kind { GW_LIVE_COMM = 1, GW_LIVE_BUCKETER = 2 };
+void gw__live_add(const void *p, enum gw_live_kind kind);
+void gw__live_remove(const void *p, enum gw_live_kind kind);
+bool gw__live_has(const void *p, enum gw_live_kind kind);
+/* gw__live_has, and if not, "FN: P is not a live communicator|bucketer
+ * (destroyed already?)" (or "... is a live communicator, not a bucketer") as
+ * the thread's error and a warning. */
+bool gw__live_or_refuse(const void *p, enum gw_live_kind kind, const char *fn);
 /* The same, and takes p out at once (two destroys racing: one wins). */
-bool gw__live_take_or_refuse(const void *p, const char *fn, const char *what);
+bool gw__live_take_or_refuse(const void *p, enum gw_live_kind kind, const char *fn);
 
 /* ---- tunables: environment variables read once ------------------------------ */
 int64_t gw__env_int(const char *name, int64_t dflt);

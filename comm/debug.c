@@ -172,9 +172,13 @@ int64_t gw__env_int(const char *name, int64_t dflt) {
   return v;
 }
 
-/* The live handles (core.h): communicators and bucketers, by address. */
+/* The live handles (core.h): communicators and bucketers, by address and kind. */
+struct live_handle {
+  const void *p;
+  enum gw_live_kind kind;
+};
 static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-static const void **handles;
+static struct live_handle *handles;
 static size_t nhandles, handles_cap;
 static bool handles_lost; /* one not counted (out of memory): every address taken for live */
 /* Held across fork, as the other process-wide locks: a child's init or
@@ -184,60 +188,63 @@ static void handles_fork_after(void) { pthread_mutex_unlock(&handles_mu); }
 static pthread_once_t handles_fork_once = PTHREAD_ONCE_INIT;
 static void handles_fork_install(void) { pthread_atfork(handles_fork_prepare, handles_fork_after, handles_fork_after); }
 
-void gw__live_add(const void *p) {
+static const char *kind_name(enum gw_live_kind kind) { return kind == GW_LIVE_COMM ? "communicator" : "bucketer"; }
+
+void gw__live_add(const void *p, enum gw_live_kind kind) {
   pthread_once(&handles_fork_once, handles_fork_install);
   pthread_mutex_lock(&handles_mu);
   if (nhandles == handles_cap) {
     const size_t cap = handles_cap ? 2 * handles_cap : 16;
-    const void **grown = realloc(handles, cap * sizeof *grown);
+    struct live_handle *grown = realloc(handles, cap * sizeof *grown);
     if (grown) handles = grown, handles_cap = cap;
   }
-  if (nhandles < handles_cap) handles[nhandles++] = p;
+  if (nhandles < handles_cap) handles[nhandles++] = (struct live_handle){p, kind};
   else handles_lost = true;
   pthread_mutex_unlock(&handles_mu);
 }
 
-/* Takes p out; whether it was there (or handles_lost). */
-static bool live_take(const void *p) {
+/* p's kind among the live handles (taken out when `take` and of `kind`),
+ * 0 when p is none; `kind` itself when handles were lost. */
+static int live_find(const void *p, enum gw_live_kind kind, bool take) {
   pthread_mutex_lock(&handles_mu);
-  bool found = handles_lost;
+  int found = handles_lost ? (int)kind : 0;
   for (size_t i = 0; i < nhandles; i++)
-    if (handles[i] == p) {
-      handles[i] = handles[--nhandles];
-      found = true;
+    if (handles[i].p == p) {
+      found = (int)handles[i].kind;
+      if (take && handles[i].kind == kind) handles[i] = handles[--nhandles];
       break;
     }
   pthread_mutex_unlock(&handles_mu);
   return found;
 }
 
-void gw__live_remove(const void *p) { (void)live_take(p); }
+void gw__live_remove(const void *p, enum gw_live_kind kind) { (void)live_find(p, kind, true); }
 
-bool gw__live_has(const void *p) {
-  pthread_mutex_lock(&handles_mu);
-  bool found = handles_lost;
-  for (size_t i = 0; i < nhandles && !found; i++) found = handles[i] == p;
-  pthread_mutex_unlock(&handles_mu);
-  return found;
-}
+bool gw__live_has(const void *p, enum gw_live_kind kind) { return live_find(p, kind, false) == (int)kind; }
 
-/* "FN: P is not a live WHAT" as the thread's error and a warning. */
-static void not_live(const void *p, const char *fn, const char *what) {
+/* "FN: P is not a live KIND" (or is another kind's handle) as the thread's error and a warning. */
+static void not_live(const void *p, int found, enum gw_live_kind kind, const char *fn) {
   char m[200];
-  snprintf(m, sizeof m, "%s: %p is not a live %s (destroyed already?): nothing done", fn, p, what);
+  if (found)
+    snprintf(m, sizeof m, "%s: %p is a live %s, not a %s: nothing done", fn, p, kind_name((enum gw_live_kind)found),
+             kind_name(kind));
+  else
+    snprintf(m, sizeof m, "%s: %p is not a live %s (destroyed already?): nothing done", fn, p, kind_name(kind));
   gw__set_thread_error(m);
   GW_WARN(GW_SUB_INIT, "%s", m);
 }
 
-bool gw__live_or_refuse(const void *p, const char *fn, const char *what) {
-  if (gw__live_has(p)) return true;
-  not_live(p, fn, what);
+bool gw__live_or_refuse(const void *p, enum gw_live_kind kind, const char *fn) {
+  const int found = live_find(p, kind, false);
+  if (found == (int)kind) return true;
+  not_live(p, found, kind, fn);
   return false;
 }
 
-bool gw__live_take_or_refuse(const void *p, const char *fn, const char *what) {
-  if (live_take(p)) return true;
-  not_live(p, fn, what);
+bool gw__live_take_or_refuse(const void *p, enum gw_live_kind kind, const char *fn) {
+  const int found = live_find(p, kind, true);
+  if (found == (int)kind) return true;
+  not_live(p, found, kind, fn);
   return false;
 }
 

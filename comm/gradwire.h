@@ -294,8 +294,11 @@ gw_result_t gw_test(gw_request_t *req, int *done);
  * bucketers (and calls of the caller's own) may share a communicator when
  * their allreduces start in the same order on every rank; where that order
  * differs, the calls fail on every rank naming both (each bucketer's
- * allreduces carry its number, from 1 in creation order, and the bucket's),
- * never summing one bucketer's gradients with another's. */
+ * allreduces carry its number and the bucket's), never summing one
+ * bucketer's gradients with another's.  A bucketer's number is the lowest
+ * from 1 that no live bucketer of the communicator holds on any rank (a
+ * destroyed one's is taken again, as file descriptors are); at most 16383
+ * bucketers of one communicator live at once. */
 typedef struct gw_bucketer *gw_bucketer_t;
 
 /* Bucket boundaries in the style of PyTorch DDP: the first bucket first_bytes,
@@ -402,7 +405,10 @@ gw_result_t gw_bucketer_times(gw_bucketer_t b, struct gw_bucketer_times *t);
  * the bucketer may run or be about to start on another thread (a mark or wait
  * blocked on the bucketer's lock would wake up in freed memory).  Calls on
  * it afterwards (a second destroy too) are refused with
- * GW_ERR_INVALID_ARGUMENT, the message in gw_comm_last_error(NULL). */
+ * GW_ERR_INVALID_ARGUMENT, the message in gw_comm_last_error(NULL), as is
+ * a communicator given as a bucketer.  Its memory is kept back for the next
+ * 64 destroys; after that, as a communicator's, it may go to a new bucketer,
+ * which the old handle then names: drop it. */
 void gw_bucketer_destroy(gw_bucketer_t b);
 
 /* ---- helpers -------------------------------------------------------------- */

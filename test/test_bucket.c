@@ -853,6 +853,8 @@ START_TEST(test_start_failure) {
 }
 END_TEST
 
+void add_handle_tests(TCase *tc); /* test_bucket_handles.c */
+
 int main(void) {
   Suite *s = suite_create("bucket");
   TCase *tc = tcase_create("bucket");
@@ -874,6 +876,7 @@ int main(void) {
   tcase_add_test(tc, test_reason_after_call);
   tcase_add_test(tc, test_wire);
   tcase_add_test(tc, test_wire_fold);
+  add_handle_tests(tc);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
