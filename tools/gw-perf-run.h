@@ -1,11 +1,13 @@
 /* gw-perf-run.h - gw-perf.c's run state and exits, for its other files
  * (gw-perf-tune.c): the communicator, this rank and the world size, the
  * failure exit (status 1, the message on stderr), a check of a gradwire call,
- * the monotonic clock and pre-faulted buffers. */
+ * the monotonic clock and pre-faulted buffers; and gw-perf-args.c's help
+ * text and value parsers. */
 #ifndef GW_PERF_RUN_H
 #define GW_PERF_RUN_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "gradwire.h"
 
@@ -16,6 +18,13 @@ void gwp_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn
 void gwp_check(gw_result_t r, const char *what);
 double gwp_now(void); /* seconds, CLOCK_MONOTONIC */
 void *gwp_alloc_prefaulted(size_t bytes);
+/* A flag's value or a combination of flags refused: the message, exit 2. */
+void gwp_bad_use(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* gw-perf-args.c: the help text, a size (K/M/G, at most 64G, whole bytes)
+ * and an integer in lo..hi, WHAT naming the flag in a refusal. */
+void gwp_usage(FILE *f);
+size_t gwp_parse_size(const char *s, const char *what);
+int gwp_parse_int_arg(const char *s, int lo, int hi, const char *what);
 /* --tune FILE, after the options were checked (every rank): 0, or exits. */
 int gwp_tune(const char *path);
 

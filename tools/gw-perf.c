@@ -86,70 +86,16 @@ static void die(const char *fmt, ...) {
   vdie(1, fmt, ap);
 }
 /* A flag's value or a combination of flags refused. */
-static void bad_use(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void bad_use(const char *fmt, ...) {
+void gwp_bad_use(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vdie(2, fmt, ap);
-}
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: gw-run -n N gw-perf [options]\n"
-          "  -b, --minbytes SIZE   smallest size (default 8; K/M/G suffixes)\n"
-          "  -e, --maxbytes SIZE   largest size (default 64M, at most 64G)\n"
-          "  -f, --stepfactor F    multiply the size by F each step (default 2)\n"
-          "  -i, --stepbytes SIZE  add SIZE bytes each step instead (linear steps)\n"
-          "  -n, --iters N         timed iterations per size (default 20)\n"
-          "  -w, --warmup_iters N  untimed iterations per size, and before each sweep at the largest size then\n"
-          "                        the smallest, as nccl-tests (default 5)\n"
-          "  -d, --datatype T      int8|uint8|int32|int64|float16|bfloat16|float32|float64|all (default float32)\n"
-          "  -o, --op OP           sum|prod|max|min|avg|all (default sum)\n"
-          "  -c, --check 0|1       verify results (default 1)\n"
-          "  -a, --algo NAME       auto|ring|tree|exchange (allreduce; exchange: one hop at 2 ranks, recursive doubling above; default auto)\n"
-          "  -p, --proto NAME      auto|simple|ll (ll: shared memory only; default auto)\n"
-          "  -R, --register        register the buffers (gw_comm_register): over ib, chunks go straight from them\n"
-          "  -D, --device          buffers in device memory, calls ordered on a stream (times to the stream's end)\n"
-          "      --tune FILE       measure every algorithm and protocol, write the fitted cost model to FILE\n"
-          "  -C, --collective NAME allreduce|allgather|reduce_scatter|broadcast (default allreduce)\n"
-          "  -r, --root R          broadcast root (default 0)\n"
-          "      --csv FILE        write the results as CSV (rank 0)\n"
-          "      --json FILE       write the results as JSON (rank 0)\n"
-          "      --min-bw GBPS     fail (exit 1) when the closing average bus bandwidth is below GBPS (as\n"
-          "                        nccl-tests' NCCL_TESTS_MIN_BW)\n"
-          "  -g, --ngpus 1, -t, --nthreads 1  accepted as nccl-tests' (a rank is a process with one GPU: more ranks\n"
-          "                        with gw-run -n); its -a, -p, -C, -R and -c N mean other things there\n"
-          "  -h, --help            this text\n"
-          "exit status: 0 every result right, 1 wrong results or a failure, 2 a bad command line\n");
-}
-
-static size_t parse_size(const char *s, const char *what) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  double mul = 1;
-  if (*end == 'k' || *end == 'K') mul = 1024.0, end++;
-  else if (*end == 'm' || *end == 'M') mul = 1048576.0, end++;
-  else if (*end == 'g' || *end == 'G') mul = 1073741824.0, end++;
-  if (*end == 'B' || *end == 'b') end++;
-  if (errno || end == s || *end || !gw_decimal_text(s) || !(v >= 0)) bad_use("%s '%s' is not a size", what, s);
-  if (!(v * mul <= 64.0 * 1073741824.0)) bad_use("%s '%s' is above the largest size gw-perf takes, 64G", what, s);
-  if (v * mul != floor(v * mul)) bad_use("%s '%s' is not a whole number of bytes", what, s);
-  return (size_t)(v * mul);
 }
 
 /* The size after sz: times -f (at least a byte more), or plus -i's bytes. */
 static double next_size(const struct opts *o, double sz) {
   if (o->step_bytes) return sz + (double)o->step_bytes;
   return sz * o->factor < sz + 1 ? sz + 1 : sz * o->factor;
-}
-
-static int parse_int_arg(const char *s, int lo, int hi, const char *what) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (end == s || *end || !gw_decimal_text(s) || v < lo || v > hi)
-    bad_use("%s '%s' is not an integer in %d..%d", what, s, lo, hi);
-  return (int)v;
 }
 
 /* ---- one measurement ---- */
@@ -605,29 +551,29 @@ int main(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:d:o:c:a:C:r:p:g:t:RDh", longopts, NULL)) != -1) {
     if (c > ' ' && c < 127 && !strchr(given, c) && strlen(given) + 1 < sizeof given) given[strlen(given)] = (char)c;
     switch (c) {
-      case 'b': o.min_bytes = parse_size(optarg, "-b"); break;
-      case 'e': o.max_bytes = parse_size(optarg, "-e"); break;
+      case 'b': o.min_bytes = gwp_parse_size(optarg, "-b"); break;
+      case 'e': o.max_bytes = gwp_parse_size(optarg, "-e"); break;
       case 'f': {
         char *end;
         errno = 0;
         o.factor = strtod(optarg, &end);
         /* inf (or 1e999) measured one size and said nothing of the rest */
         if (errno || end == optarg || *end || !gw_decimal_text(optarg) || !(o.factor > 1.0 && isfinite(o.factor)))
-          bad_use("-f '%s' must be a number greater than 1", optarg);
+          gwp_bad_use("-f '%s' must be a number greater than 1", optarg);
         break;
       }
       case 'i':
-        o.step_bytes = parse_size(optarg, "-i");
-        if (!o.step_bytes) bad_use("-i '%s' must be at least one byte", optarg);
+        o.step_bytes = gwp_parse_size(optarg, "-i");
+        if (!o.step_bytes) gwp_bad_use("-i '%s' must be at least one byte", optarg);
         break;
-      case 'n': o.iters = parse_int_arg(optarg, 1, 1000000, "-n"); break;
-      case 'w': o.warmup = parse_int_arg(optarg, 0, 1000000, "-w"); break;
-      case 'c': o.check = parse_int_arg(optarg, 0, 1, "-c"); break;
-      case 'r': o.root = parse_int_arg(optarg, 0, 1 << 20, "-r"); break;
+      case 'n': o.iters = gwp_parse_int_arg(optarg, 1, 1000000, "-n"); break;
+      case 'w': o.warmup = gwp_parse_int_arg(optarg, 0, 1000000, "-w"); break;
+      case 'c': o.check = gwp_parse_int_arg(optarg, 0, 1, "-c"); break;
+      case 'r': o.root = gwp_parse_int_arg(optarg, 0, 1 << 20, "-r"); break;
       case 'g':
       case 't': /* nccl-tests' GPUs per thread and threads per process: one each here */
         if (strcmp(optarg, "1"))
-          bad_use("-%c '%s': a gw-perf rank is one process with one GPU (nccl-tests' -g 1 -t 1); start N ranks with "
+          gwp_bad_use("-%c '%s': a gw-perf rank is one process with one GPU (nccl-tests' -g 1 -t 1); start N ranks with "
               "gw-run -n N", c, optarg);
         break;
       case 'R': o.reg = 1; break;
@@ -639,7 +585,7 @@ int main(int argc, char **argv) {
         } else {
           int dt = gw_dtype_from_name(optarg);
           if (dt < 0)
-            bad_use("-d '%s' is not a dtype (int8 uint8 int32 int64 float16 bfloat16 float32 float64 all)", optarg);
+            gwp_bad_use("-d '%s' is not a dtype (int8 uint8 int32 int64 float16 bfloat16 float32 float64 all)", optarg);
           o.dtypes[o.ndtypes++] = dt;
         }
         break;
@@ -649,20 +595,20 @@ int main(int argc, char **argv) {
           for (int i = 0; i < GW_NUM_OPS; i++) o.ops[o.nops++] = i;
         } else {
           int op = gw_op_from_name(optarg);
-          if (op < 0) bad_use("-o '%s' is not an op (sum prod max min avg all)", optarg);
+          if (op < 0) gwp_bad_use("-o '%s' is not an op (sum prod max min avg all)", optarg);
           o.ops[o.nops++] = op;
         }
         break;
       case 'a':
         /* The library reads GW_ALGO when the communicator is made, just below. */
         if (strcmp(optarg, "ring") && strcmp(optarg, "tree") && strcmp(optarg, "exchange") && strcmp(optarg, "auto"))
-          bad_use("-a '%s': unknown algorithm (available: auto, ring, tree, exchange)", optarg);
+          gwp_bad_use("-a '%s': unknown algorithm (available: auto, ring, tree, exchange)", optarg);
         setenv("GW_ALGO", optarg, 1);
         algo_flag = optarg;
         break;
       case 'p':
         if (strcmp(optarg, "simple") && strcmp(optarg, "ll") && strcmp(optarg, "auto"))
-          bad_use("-p '%s': unknown protocol (available: auto, simple, ll)", optarg);
+          gwp_bad_use("-p '%s': unknown protocol (available: auto, simple, ll)", optarg);
         setenv("GW_PROTO", optarg, 1);
         break;
       case 3: o.tune = optarg; break;
@@ -671,69 +617,69 @@ int main(int argc, char **argv) {
         errno = 0;
         o.min_bw = strtod(optarg, &end);
         if (errno || end == optarg || *end || !gw_decimal_text(optarg) || !(o.min_bw > 0) || isinf(o.min_bw))
-          bad_use("--min-bw '%s' must be a bus bandwidth in GB/s above 0", optarg);
+          gwp_bad_use("--min-bw '%s' must be a bus bandwidth in GB/s above 0", optarg);
         break;
       }
       case 'C': {
         int found = -1;
         for (int i = 0; i < 4; i++)
           if (!strcmp(optarg, coll_names[i])) found = i;
-        if (found < 0) bad_use("-C '%s' is not one of allreduce, allgather, reduce_scatter, broadcast", optarg);
+        if (found < 0) gwp_bad_use("-C '%s' is not one of allreduce, allgather, reduce_scatter, broadcast", optarg);
         o.coll = found;
         break;
       }
       case 1: o.csv = optarg; break;
       case 2: o.json = optarg; break;
-      case 'h': usage(stdout); return 0;
-      default: usage(stderr); return 2;
+      case 'h': gwp_usage(stdout); return 0;
+      default: gwp_usage(stderr); return 2;
     }
   }
   if (optind < argc) {
-    usage(stderr);
-    bad_use("unexpected argument '%s'", argv[optind]);
+    gwp_usage(stderr);
+    gwp_bad_use("unexpected argument '%s'", argv[optind]);
   }
-  if (o.min_bytes > o.max_bytes) bad_use("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
-  if (strchr(given, 'f') && strchr(given, 'i')) bad_use("-f and -i both say how the size steps: give one of them");
+  if (o.min_bytes > o.max_bytes) gwp_bad_use("-b %zu is larger than -e %zu", o.min_bytes, o.max_bytes);
+  if (strchr(given, 'f') && strchr(given, 'i')) gwp_bad_use("-f and -i both say how the size steps: give one of them");
   { /* a factor just above 1 (or a small -i) steps a byte at a time: millions of sizes would run for days */
     long nsizes = 0;
     for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes && nsizes <= MAX_SIZES; nsizes++)
       sz = next_size(&o, sz);
     if (nsizes > MAX_SIZES && o.step_bytes)
-      bad_use("-b %zu -e %zu -i %zu makes more than %d steps: take a larger -i or a narrower range", o.min_bytes,
+      gwp_bad_use("-b %zu -e %zu -i %zu makes more than %d steps: take a larger -i or a narrower range", o.min_bytes,
           o.max_bytes, o.step_bytes, MAX_SIZES);
     if (nsizes > MAX_SIZES)
-      bad_use("-b %zu -e %zu -f %.15g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
+      gwp_bad_use("-b %zu -e %zu -f %.15g makes more than %d steps: take a larger -f or a narrower range", o.min_bytes,
           o.max_bytes, o.factor, MAX_SIZES);
   }
   /* The tree and the exchange reduce: the other collectives always take the
    * ring, so -a would name an algorithm the measurement never ran. */
   if (algo_flag && (!strcmp(algo_flag, "tree") || !strcmp(algo_flag, "exchange")) && o.coll != C_ALLREDUCE)
-    bad_use("-a %s applies to allreduce only: %s always runs on the ring (drop -a, or -a ring)", algo_flag,
+    gwp_bad_use("-a %s applies to allreduce only: %s always runs on the ring (drop -a, or -a ring)", algo_flag,
         coll_names[o.coll]);
   if (o.csv && o.json && same_output_file(o.csv, o.json))
-    bad_use("--csv %s and --json %s name the same file (one would overwrite the other)", o.csv, o.json);
+    gwp_bad_use("--csv %s and --json %s name the same file (one would overwrite the other)", o.csv, o.json);
   if (o.tune && (o.csv || o.json || o.min_bw))
-    bad_use("--tune writes the tuning file only: --csv, --json and --min-bw do not apply (run gw-perf without --tune "
+    gwp_bad_use("--tune writes the tuning file only: --csv, --json and --min-bw do not apply (run gw-perf without --tune "
             "for them)");
   /* --tune measures its own sizes of float32 allreduce with every algorithm
    * and protocol on host memory: anything else would be ignored, or (an
    * algorithm forced) drop this world size's rows of the others from the file. */
   for (const char *g = given; o.tune && *g; g++)
-    if (*g != 'h') bad_use("--tune measures its own sizes, algorithms and protocols: -%c does not apply", *g);
+    if (*g != 'h') gwp_bad_use("--tune measures its own sizes, algorithms and protocols: -%c does not apply", *g);
   for (int i = 0; o.tune && i < 2; i++) {
     const char *v = getenv(i ? "GW_PROTO" : "GW_ALGO");
     if (v && *v && strcasecmp(v, "auto")) /* (the library takes AUTO too) */
-      bad_use("--tune measures every algorithm and protocol: unset %s (it is %s)", i ? "GW_PROTO" : "GW_ALGO", v);
+      gwp_bad_use("--tune measures every algorithm and protocol: unset %s (it is %s)", i ? "GW_PROTO" : "GW_ALGO", v);
   }
   if (strchr(given, 'o') && o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER)
-    bad_use("-o applies to allreduce and reduce_scatter: %s reduces nothing", coll_names[o.coll]);
-  if (strchr(given, 'r') && o.coll != C_BROADCAST) bad_use("-r (the root) applies to -C broadcast only");
+    gwp_bad_use("-o applies to allreduce and reduce_scatter: %s reduces nothing", coll_names[o.coll]);
+  if (strchr(given, 'r') && o.coll != C_BROADCAST) gwp_bad_use("-r (the root) applies to -C broadcast only");
   gw_result_t r = gw_comm_init_env(&comm);
   if (r != GW_SUCCESS) die("gw_comm_init_env failed: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
   gw_comm_rank(comm, &rank);
   gw_comm_size(comm, &nranks);
   if (nranks > 1) same_options_everywhere(&o);
-  if (o.root >= nranks) bad_use("-r %d is not a rank of %d", o.root, nranks);
+  if (o.root >= nranks) gwp_bad_use("-r %d is not a rank of %d", o.root, nranks);
   if (rank == 0) { /* rank 0 writes them: checked now, not after the measurement */
     char err[1200];
     const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o.tune, o.csv, o.json};
@@ -741,9 +687,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++)
       if (file[i] && (i == 0 ? replaced_path_ok(flag[i], file[i], OUTPATH_TEMP_TUNE, err, sizeof err)
                              : output_path_ok(flag[i], file[i], err, sizeof err)) != 0)
-        bad_use("%s", err);
+        gwp_bad_use("%s", err);
     /* and it replaces a tuning file only (a checkpoint given by mistake was replaced) */
-    if (o.tune && gw__tune_replaceable(o.tune, err, sizeof err) != 0) bad_use("--tune %s: %s", o.tune, err);
+    if (o.tune && gw__tune_replaceable(o.tune, err, sizeof err) != 0) gwp_bad_use("--tune %s: %s", o.tune, err);
   }
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
   /* A sweep whose every size rounds down to no element (of a rank's share,
@@ -754,7 +700,7 @@ int main(int argc, char **argv) {
     const bool shared = o.coll == C_ALLGATHER || o.coll == C_REDUCE_SCATTER;
     const size_t need = gw_dtype_size(dt) * (shared ? (size_t)nranks : 1);
     if (measured_bytes(&o, dt, o.max_bytes) == 0)
-      bad_use("-e %zu: no size up to it holds a whole %s element (%zu bytes)%s%s%s, so %s would measure nothing: "
+      gwp_bad_use("-e %zu: no size up to it holds a whole %s element (%zu bytes)%s%s%s, so %s would measure nothing: "
               "take -e %zu or more", o.max_bytes, gw_dtype_name(dt), gw_dtype_size(dt),
               shared ? " for each rank (" : "", shared ? coll_names[o.coll] : "", shared ? " splits the size)" : "",
               gw_dtype_name(dt), need);
@@ -765,7 +711,7 @@ int main(int argc, char **argv) {
   check_memory(buf_bytes, o.device);
   uint8_t *sendbuf, *recvbuf;
   if (o.device) {
-    if (o.reg) bad_use("-R and -D: registering device memory is not supported yet");
+    if (o.reg) gwp_bad_use("-R and -D: registering device memory is not supported yet");
     if (!(dev = gw__dev())) die("-D: no device: %s", gw__dev_absent_reason());
     dbytes = buf_bytes;
     check_dev(dev->stream_create(&stream), "stream_create");
