@@ -185,6 +185,16 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
   return dev_args(comm, "gw_bucketer_create", buf, count, dtype, NULL);
 }
 
+/* A collective of create's agreement failed (a peer that never calls create
+ * timed out the first): its message under create's name, which the caller
+ * called (it named only an internal "broadcast(count=6, int64, root=0)"). */
+static gw_result_t agreement_failed(gw_comm_t comm, gw_result_t res) {
+  char why[GW_ERRMSG_MAX];
+  snprintf(why, sizeof why, "%s", gw_comm_last_error(comm));
+  return fail(comm, res, "gw_bucketer_create: agreeing with the other ranks failed (every rank must call it): %s",
+              why);
+}
+
 /* The lowest bucketer number from `from` that no live bucketer of comm holds
  * on this rank; GW_BUCKETER_NUMBERS when every one is held. */
 static int64_t free_number(gw_comm_t comm, int64_t from) {
@@ -202,7 +212,8 @@ static int64_t free_number(gw_comm_t comm, int64_t from) {
 static gw_result_t agree_number(gw_comm_t comm, uint32_t *number) {
   for (int64_t c = 1;;) {
     int64_t f = free_number(comm, c);
-    if (comm->nranks > 1) GW_CHECK(gw_allreduce(&f, &f, 1, GW_INT64, GW_MAX, comm, NULL));
+    gw_result_t res = comm->nranks > 1 ? gw_allreduce(&f, &f, 1, GW_INT64, GW_MAX, comm, NULL) : GW_SUCCESS;
+    if (res != GW_SUCCESS) return agreement_failed(comm, res);
     if (f >= GW_BUCKETER_NUMBERS)
       return fail(comm, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_bucketer_create: every bucketer number (1 to %d) is "
                   "held by a live bucketer of this communicator (on this rank or another): destroy the bucketers "
@@ -274,14 +285,14 @@ static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, 
                       res == GW_SUCCESS && refused == GW_SUCCESS && r0[L_HASH] != mine[L_HASH] ? comm->rank : INT64_MAX};
   if (res == GW_SUCCESS) res = gw_allreduce(first, first, 2, GW_INT64, GW_MIN, comm, NULL);
   if (refused != GW_SUCCESS) return refused; /* its own message stands */
-  if (res != GW_SUCCESS) return res;         /* a failed collective: the communicator holds its message */
+  if (res != GW_SUCCESS) return agreement_failed(comm, res);
   if (first[0] != INT64_MAX)
     return fail(comm, GW_ERR_INVALID_ARGUMENT, "rank %d: gw_bucketer_create: rank %lld refused its own arguments "
                 "or had no memory for its bucketer (its error says why), so no rank makes the bucketer", comm->rank,
                 (long long)first[0]);
   if (first[1] == INT64_MAX) return GW_SUCCESS;
   res = gw_broadcast(mine, other, L_WORDS, GW_INT64, (int)first[1], comm, NULL);
-  if (res != GW_SUCCESS) return res;
+  if (res != GW_SUCCESS) return agreement_failed(comm, res);
   /* a rank that differs from rank 0 says rank 0's layout; the others the first that differs */
   const bool off = mine[L_HASH] != r0[L_HASH];
   const int64_t *them = off ? r0 : other;

@@ -13,10 +13,13 @@
  *   the new bucketer is untouched (a second destroy destroyed it); a
  *   communicator given as a bucketer is refused (it crashed);
  * - a step whose every bucket was reduced before the communicator failed:
- *   the wait says so (it said "bucket -1 of 1 ... not reduced"). */
+ *   the wait says so (it said "bucket -1 of 1 ... not reduced");
+ * - a create whose peer never calls it: the timeout is said as create's (it
+ *   named only an internal broadcast). */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -150,10 +153,32 @@ static int body_failed_after_reduced(gw_comm_t comm, int rank, int n, void *arg)
 START_TEST(test_failed_after_reduced) { ck_assert_int_eq(run_ranks(2, body_failed_after_reduced, NULL, 60), 0); }
 END_TEST
 
+/* Rank 1 never calls create (it sleeps past rank 0's 0.5 s timeout). */
+static int body_create_alone(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  if (rank == 1) {
+    usleep(1500 * 1000);
+    return 0;
+  }
+  EXPECT(gw_comm_set_timeout(comm, 0.5) == GW_SUCCESS, "timeout");
+  float g[4];
+  gw_bucketer_t bk = NULL;
+  const gw_result_t r = make1(comm, g, 4, &bk);
+  EXPECT(r != GW_SUCCESS && !bk &&
+             strstr(gw_comm_last_error(comm), "gw_bucketer_create: agreeing with the other ranks failed (every rank "
+                    "must call it): ") && strstr(gw_comm_last_error(comm), "rank 1"),
+         "create without rank 1: %s: %s", gw_strerror(r), gw_comm_last_error(comm));
+  return 0;
+}
+
+START_TEST(test_create_alone_said) { ck_assert_int_eq(run_ranks(2, body_create_alone, NULL, 60), 0); }
+END_TEST
+
 void add_handle_tests(TCase *tc);
 void add_handle_tests(TCase *tc) {
   tcase_add_test(tc, test_numbers_never_shared);
   tcase_add_test(tc, test_numbers_agreed);
   tcase_add_test(tc, test_stale_handle_refused);
   tcase_add_test(tc, test_failed_after_reduced);
+  tcase_add_test(tc, test_create_alone_said);
 }
