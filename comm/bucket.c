@@ -145,16 +145,17 @@ int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t 
  * under capture), checked when it is given: refused at a bucket's start, it
  * failed the communicator on every rank for a setting. */
 static gw_result_t dev_args(gw_comm_t comm, const char *fn, const void *buf, size_t count, gw_dtype_t dtype,
-                            void *stream) {
+                            void *stream, int *is_dev) {
   struct gw_errctx err;
-  gw_result_t r = buf ? gw__dev_check_buffer(comm, fn, "buf", buf, count * gw_dtype_size(dtype), &err) : GW_SUCCESS;
+  gw_result_t r =
+      buf ? gw__dev_check_buffer(comm, fn, "buf", buf, count * gw_dtype_size(dtype), is_dev, &err) : GW_SUCCESS;
   if (r == GW_SUCCESS && stream) r = gw__dev_check_stream(comm, fn, stream, &err);
   if (r != GW_SUCCESS) gw__comm_set_error(comm, err.msg);
   return r;
 }
 
 static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
-                                const size_t *bounds, int nbuckets) {
+                                const size_t *bounds, int nbuckets, int *is_dev) {
   if (!comm) return fail(NULL, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: comm is NULL");
   if (!buf || !count || !gw_dtype_size(dtype) || (unsigned)op >= GW_NUM_OPS)
     return fail(comm, GW_ERR_INVALID_ARGUMENT,
@@ -182,7 +183,7 @@ static gw_result_t check_create(gw_comm_t comm, const void *buf, size_t count, g
     if (bounds[i + 1] <= bounds[i])
       return fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: bucket %d [%zu, %zu) is empty or reversed", i,
                   bounds[i], bounds[i + 1]);
-  return dev_args(comm, "gw_bucketer_create", buf, count, dtype, NULL);
+  return dev_args(comm, "gw_bucketer_create", buf, count, dtype, NULL, is_dev);
 }
 
 /* A collective of create's agreement failed (a peer that never calls create
@@ -242,8 +243,8 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
   return res;
 }
 
-/* Every rank's layout (a hash of count, dtype, op and bounds, with its parts
- * for the message), compared: buckets pair up by order, and two layouts
+/* Every rank's layout (a hash of count, dtype, op, bounds and where the
+ * gradients are, with its parts for the message), compared: buckets pair up by order, and two layouts
  * whose bucket sizes coincide ran without a word, each step summing one rank's
  * bucket with another's (a model configured differently on one rank).  Rank
  * 0's is broadcast, each rank compares its own, and one allreduce finds the
@@ -255,7 +256,14 @@ gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype
  * for a layout), so its peers fail at once naming it instead of waiting for
  * it until GW_TIMEOUT; it keeps its own error. */
 #define REFUSED_LAYOUT INT64_MAX
-enum { L_HASH, L_COUNT, L_NBUCKETS, L_DTYPE, L_OP, L_BOUNDS, L_WORDS };
+/* L_MEM: the gradients are device memory (1) or host memory (0).  A rank
+ * with host gradients against one with device gradients failed the
+ * communicator at the first bucket: on a device ring every call says
+ * whether its buffers are device memory (GW_DESC_DEVICE), and through host
+ * staging a device call larger than a staging piece runs as several calls.
+ * (Buckets small enough for one piece would pair up, but a model on the
+ * host on one rank and on a device on another is a mistake to name.) */
+enum { L_HASH, L_COUNT, L_NBUCKETS, L_DTYPE, L_OP, L_BOUNDS, L_MEM, L_WORDS };
 static int64_t fnv_words(uint64_t h, const uint64_t *v, size_t n) {
   for (size_t i = 0; i < n; i++)
     for (int k = 0; k < 8; k++) h = (h ^ (v[i] >> 8 * k & 0xff)) * 1099511628211ull;
@@ -263,10 +271,10 @@ static int64_t fnv_words(uint64_t h, const uint64_t *v, size_t n) {
 }
 
 static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, gw_op_t op, const size_t *bounds,
-                                int nbuckets, gw_result_t refused) {
+                                int nbuckets, int mem, gw_result_t refused) {
   if (comm->nranks < 2) return refused;
-  int64_t mine[L_WORDS] = {REFUSED_LAYOUT, (int64_t)count, nbuckets, (int64_t)dtype, (int64_t)op, 0}, r0[L_WORDS],
-          other[L_WORDS];
+  int64_t mine[L_WORDS] = {REFUSED_LAYOUT, (int64_t)count, nbuckets, (int64_t)dtype, (int64_t)op, 0, mem},
+          r0[L_WORDS], other[L_WORDS];
   if (refused == GW_SUCCESS) {
     const uint64_t head[] = {count, (uint64_t)dtype, (uint64_t)op, (uint64_t)nbuckets};
     uint64_t bv[64];
@@ -277,8 +285,8 @@ static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, 
       hb = fnv_words((uint64_t)hb, bv, (size_t)k);
     }
     mine[L_BOUNDS] = hb;
-    const uint64_t all[] = {head[0], head[1], head[2], head[3], (uint64_t)hb};
-    mine[L_HASH] = fnv_words(1469598103934665603ull, all, 5);
+    const uint64_t all[] = {head[0], head[1], head[2], head[3], (uint64_t)hb, (uint64_t)mem};
+    mine[L_HASH] = fnv_words(1469598103934665603ull, all, 6);
   }
   gw_result_t res = gw_broadcast(mine, r0, L_WORDS, GW_INT64, 0, comm, NULL);
   int64_t first[2] = {refused != GW_SUCCESS ? comm->rank : INT64_MAX,
@@ -299,6 +307,11 @@ static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, 
   const int them_rank = off ? 0 : (int)first[1];
   const bool same_sizes = them[L_COUNT] == mine[L_COUNT] && them[L_NBUCKETS] == mine[L_NBUCKETS] &&
                           them[L_DTYPE] == mine[L_DTYPE] && them[L_OP] == mine[L_OP];
+  if (same_sizes && them[L_BOUNDS] == mine[L_BOUNDS])
+    return fail(comm, GW_ERR_INVALID_ARGUMENT,
+                "rank %d: gw_bucketer_create: this rank's gradients are in %s memory, rank %d's in %s memory; "
+                "every rank's must be on the same side (is the model on the wrong device on one of them?)",
+                comm->rank, mem ? "device" : "host", them_rank, them[L_MEM] ? "device" : "host");
   return fail(comm, GW_ERR_INVALID_ARGUMENT,
               "rank %d: gw_bucketer_create: the bucket layouts differ across ranks: this rank has %d bucket%s over "
               "%zu %s elements (%s), rank %d has %lld over %lld %s elements (%s)%s; every rank must create its "
@@ -310,7 +323,8 @@ static gw_result_t agree_layout(gw_comm_t comm, size_t count, gw_dtype_t dtype, 
 
 static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                  const size_t *bounds, int nbuckets, gw_bucketer_t *out) {
-  gw_result_t res = check_create(comm, buf, count, dtype, op, bounds, nbuckets);
+  int is_dev = 0;
+  gw_result_t res = check_create(comm, buf, count, dtype, op, bounds, nbuckets, &is_dev);
   if (res == GW_SUCCESS && !out) res = fail(comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_create: out is NULL");
   /* Memory before the ranks agree: a rank out of it after they agreed kept
    * none while its peers held bucketers (create "refuses on every rank"),
@@ -328,7 +342,7 @@ static gw_result_t bucketer_make(gw_comm_t comm, void *buf, size_t count, gw_dty
       res = fail(comm, GW_ERR_SYSTEM, "gw_bucketer_create: out of memory for %d buckets", nbuckets);
   }
   uint32_t number = 0;
-  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets, res)) != GW_SUCCESS ||
+  if ((res = agree_layout(comm, count, dtype, op, bounds, nbuckets, is_dev, res)) != GW_SUCCESS ||
       (res = agree_number(comm, &number)) != GW_SUCCESS) {
     if (b) free(b->bounds), free(b->ready), free(b->req);
     free(b);
@@ -407,6 +421,7 @@ static bool prescaled(const struct gw_bucketer *b) {
 
 static gw_result_t start_buckets(struct gw_bucketer *b) {
   const float scale = prescaled(b) ? 1.0f / (float)b->comm->nranks : 1.0f;
+  const uint8_t marks = prescaled(b) ? GW_DESC_DIVIDED : 0;
   while (b->next < b->n && b->ready[b->next] == b->bounds[b->next + 1] - b->bounds[b->next]) {
     int k = b->next;
     void *p = b->buf + b->bounds[k] * b->esize;
@@ -414,7 +429,8 @@ static gw_result_t start_buckets(struct gw_bucketer *b) {
     if (k == 0) b->first_start = gw__now();
     if (b->wire != b->dtype && !b->wire_dev) { /* converted by the operation itself, both ways (enqueue.c) */
       gw_result_t res = gw__iallreduce_widened(p, b->wbuf + b->bounds[k] * 2, n, b->wire, prescaled(b) ? GW_SUM : b->op,
-                                               scale, b->comm, &b->req[k], gw__desc_bucket_tag(b->number, (uint32_t)k));
+                                               scale, b->comm, &b->req[k],
+                                               gw__desc_bucket_tag(b->number, (uint32_t)k), marks);
       if (res != GW_SUCCESS) return res; /* the communicator holds the message */
       b->next++;
       continue;
@@ -434,7 +450,7 @@ static gw_result_t start_buckets(struct gw_bucketer *b) {
       p = w;
     }
     gw_result_t res = gw__iallreduce_tagged(p, p, n, b->wire, prescaled(b) ? GW_SUM : b->op, b->comm, b->stream,
-                                            &b->req[k], gw__desc_bucket_tag(b->number, (uint32_t)k));
+                                            &b->req[k], gw__desc_bucket_tag(b->number, (uint32_t)k), marks);
     if (res != GW_SUCCESS) return res; /* the communicator holds the message */
     b->next++;
   }
@@ -739,7 +755,7 @@ static gw_result_t set_stream(gw_bucketer_t b, void *stream) {
   if (stream && b->comm->device < 0)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_stream: a stream was given, but the "
                 "communicator is bound to no device (GW_DEVICE=none)");
-  if (stream) GW_CHECK(dev_args(b->comm, "gw_bucketer_set_stream", NULL, 0, b->dtype, stream));
+  if (stream) GW_CHECK(dev_args(b->comm, "gw_bucketer_set_stream", NULL, 0, b->dtype, stream, NULL));
   if (stream != b->own_stream) drop_own_stream(b);
   b->stream = stream;
   return GW_SUCCESS;
@@ -770,7 +786,7 @@ static gw_result_t set_compute_stream(gw_bucketer_t b, void *compute) {
   if (b->comm->device < 0)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: the communicator is bound to no "
                 "device (GW_DEVICE=none)");
-  GW_CHECK(dev_args(b->comm, "gw_bucketer_set_compute_stream", NULL, 0, b->dtype, compute));
+  GW_CHECK(dev_args(b->comm, "gw_bucketer_set_compute_stream", NULL, 0, b->dtype, compute, NULL));
   if (b->stream == compute)
     return fail(b->comm, GW_ERR_INVALID_ARGUMENT, "gw_bucketer_set_compute_stream: the allreduces' stream "
                 "(gw_bucketer_set_stream) is the compute stream: on one stream backward would wait for "

@@ -47,6 +47,11 @@ enum gw_algo { GW_ALGO_AUTO = 0, GW_ALGO_RING = 1, GW_ALGO_EXCHANGE = 2, GW_ALGO
  * whole number of pieces would pair one call's extra pieces with the next
  * call's first; at the shorter call's last piece the headers differ. */
 #define GW_DESC_MORE (1u << 4)
+/* A bucketer's average divided on each rank before a sum
+ * (gw_bucketer_set_divide_first): the descriptor's op is then sum, and a
+ * rank that set it against one that did not was named as calling sum
+ * against avg; the mark says why. */
+#define GW_DESC_DIVIDED (1u << 5)
 
 /* An allreduce a bucketer starts carries in its descriptor's root (-1 for a
  * caller's own call) which bucketer (its number on the communicator) and
@@ -308,13 +313,14 @@ bool gw__slurm_first_host(const char *list, char *out, size_t len);
 /* Every rank's GW_ALGO, GW_PROTO, GW_TRANSPORT, channels, chunk sizes and cost
  * model must match: compared once at init (comm_settings.c). */
 gw_result_t gw__check_settings_agree(struct gw_comm *c, struct gw_errctx *err);
-/* gw_iallreduce with the descriptor's root set to tag (gw__desc_bucket_tag). */
+/* gw_iallreduce with the descriptor's root set to tag (gw__desc_bucket_tag)
+ * and marks (GW_DESC_DIVIDED or 0) in its pad. */
 gw_result_t gw__iallreduce_tagged(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
-                                  gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag);
+                                  gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag, uint8_t marks);
 /* The same in place on count float32 elements at buf that travel as the
  * 16-bit dtype wire (struct gw_op's widened; wire_buf: count elements of it). */
 gw_result_t gw__iallreduce_widened(float *buf, void *wire_buf, size_t count, gw_dtype_t wire, gw_op_t op, float scale,
-                                   gw_comm_t comm, gw_request_t *req, int32_t tag);
+                                   gw_comm_t comm, gw_request_t *req, int32_t tag, uint8_t marks);
 gw_result_t gw__connect(struct gw_comm *c, const struct gw_link *links, int nlinks, int max_recv,
                         struct gw_errctx *err);
 
@@ -391,9 +397,10 @@ void gw__dev_ring_free(struct gw_comm *comm);
 /* Whether the device ring is stream-ordered (GW_DEV_ASYNC on every rank). */
 bool gw__dev_ring_async(const struct gw_comm *comm);
 /* One buffer of a call to come (a bucketer's), checked as gw__dev_check
- * checks a call's: host memory, or the communicator's device's for `bytes`. */
+ * checks a call's: host memory, or the communicator's device's for `bytes`;
+ * *is_dev (when not NULL) says which. */
 gw_result_t gw__dev_check_buffer(struct gw_comm *comm, const char *fn, const char *name, const void *p, size_t bytes,
-                                 struct gw_errctx *err);
+                                 int *is_dev, struct gw_errctx *err);
 /* A stream to come (a bucketer's), checked as gw__dev_check checks a call's. */
 gw_result_t gw__dev_check_stream(struct gw_comm *comm, const char *fn, void *stream, struct gw_errctx *err);
 /* Classifies the buffers (host or device) and sets op's stream fields. */

@@ -763,7 +763,7 @@ gw_result_t gw__dev_settle_look(struct gw_comm *comm, const struct gw_op *op, do
   }
   if (*settled || !((timeout > 0 && now > since + timeout) || atomic_load(&comm->aborted))) /* 0: no limit */
     return GW_SUCCESS;
-  char me[160], msg[GW_ERRMSG_MAX];
+  char me[GW_OPDESC_TEXT], msg[GW_ERRMSG_MAX];
   gw__describe_op(&op->desc, me, sizeof me);
   snprintf(msg, sizeof msg, "rank %d: operation %s was done, but the default stream had not copied its result "
            "out after %.0f s%s (is that stream held up by other work?)", comm->rank, me, now - since,

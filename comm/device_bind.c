@@ -141,11 +141,12 @@ static gw_result_t dev_check(struct gw_comm *comm, const char *fn, struct gw_op 
  * on a thread that never used a device makes device 0's context current
  * there (a host-buffer call from a fresh thread cost half a GB on GPU 0). */
 gw_result_t gw__dev_check_buffer(struct gw_comm *comm, const char *fn, const char *name, const void *p, size_t bytes,
-                                 struct gw_errctx *err) {
-  int prev = -1, is_dev = 0;
+                                 int *is_dev, struct gw_errctx *err) {
+  int prev = -1, dev = 0;
   (void)gw__dev_enter(comm->device, &prev);
-  gw_result_t r = kind_of(comm, fn, name, p, bytes, &is_dev, err);
+  gw_result_t r = kind_of(comm, fn, name, p, bytes, &dev, err);
   gw__dev_switch_back(prev);
+  if (is_dev) *is_dev = dev;
   return r;
 }
 

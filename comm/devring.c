@@ -69,7 +69,7 @@ static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, doub
                               double *next_look, struct gw_errctx *err) {
   const int prev = comm->rings[0].prev, next = comm->rings[0].next;
   const double now = gw__now();
-  char what[160];
+  char what[GW_OPDESC_TEXT];
   if (atomic_load(&comm->aborted)) {
     gw__describe_op(&op->desc, what, sizeof what);
     return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while the device ring's stream ran operation %s",

@@ -91,8 +91,8 @@ gw_result_t gw__run_op(struct gw_comm *comm, struct gw_op *op, struct gw_errctx 
                           1u << 24 | (uint32_t)(dev_ring && gw__dev_ring_async(comm)) << 17 | (uint32_t)dev_ring << 16 |
                               (uint32_t)op->proto << 8 | op->algo,
                           memory_order_relaxed);
-  op->desc.pad = (uint8_t)((op->desc.pad & (GW_DESC_DEVICE | GW_DESC_MORE)) | op->algo << GW_DESC_ALGO_SHIFT |
-                           op->proto << GW_DESC_PROTO_SHIFT);
+  op->desc.pad = (uint8_t)((op->desc.pad & (GW_DESC_DEVICE | GW_DESC_MORE | GW_DESC_DIVIDED)) |
+                           op->algo << GW_DESC_ALGO_SHIFT | op->proto << GW_DESC_PROTO_SHIFT);
   if (dev_ring) res = gw__ring_run_channel(comm, 0, 1, op, err);
   else if (op->widened && !folds(comm, op)) res = run_through_wire_buf(comm, op, err);
   else res = run_host(comm, op, err);
@@ -586,8 +586,10 @@ static void clear_req(gw_request_t *req) {
 static size_t nranks_of(gw_comm_t comm) { return comm ? (size_t)comm->nranks : 1; }
 
 static gw_result_t allreduce_call(const char *fn, const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype,
-                                  gw_op_t op, gw_comm_t comm, void *stream, gw_request_t *req, bool nb, int32_t tag) {
+                                  gw_op_t op, gw_comm_t comm, void *stream, gw_request_t *req, bool nb, int32_t tag,
+                                  uint8_t marks) {
   struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, dtype, op, tag);
+  o.desc.pad = marks;
   o.sendbuf = sendbuf;
   o.recvbuf = recvbuf;
   clear_req(req); /* refused below too: no stale handle */
@@ -596,22 +598,23 @@ static gw_result_t allreduce_call(const char *fn, const void *sendbuf, void *rec
 
 gw_result_t gw_allreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
                          gw_comm_t comm, void *stream) {
-  return allreduce_call("gw_allreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, NULL, false, -1);
+  return allreduce_call("gw_allreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, NULL, false, -1, 0);
 }
 
 gw_result_t gw_iallreduce(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
                           gw_comm_t comm, void *stream, gw_request_t *req) {
-  return allreduce_call("gw_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, req, true, -1);
+  return allreduce_call("gw_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, req, true, -1, 0);
 }
 
 gw_result_t gw__iallreduce_tagged(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,
-                                  gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag) {
-  return allreduce_call("gw_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, req, true, tag);
+                                  gw_comm_t comm, void *stream, gw_request_t *req, int32_t tag, uint8_t marks) {
+  return allreduce_call("gw_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, req, true, tag, marks);
 }
 
 gw_result_t gw__iallreduce_widened(float *buf, void *wire_buf, size_t count, gw_dtype_t wire, gw_op_t op, float scale,
-                                   gw_comm_t comm, gw_request_t *req, int32_t tag) {
+                                   gw_comm_t comm, gw_request_t *req, int32_t tag, uint8_t marks) {
   struct gw_op o = OPDESC(GW_COLL_ALLREDUCE, count, wire, op, tag);
+  o.desc.pad = marks;
   o.sendbuf = o.recvbuf = buf;
   o.widened = true, o.scale = scale, o.wire_buf = wire_buf;
   clear_req(req);

@@ -315,9 +315,9 @@ int gw_bucket_bounds(size_t count, size_t elem_size, size_t first_bytes, size_t 
  * whose sizes happen to line up would sum unrelated gradients).  It compares
  * the layouts (rank 0's broadcast, one small allreduce) and refuses, on every
  * rank, naming a rank whose layout differs and how.  buf is host memory or the
- * communicator's device's, checked here (as a stream given to the setters
- * below is) rather than at the first bucket's allreduce, which would fail the
- * communicator. */
+ * communicator's device's, the same kind on every rank, checked here (as a
+ * stream given to the setters below is) rather than at the first bucket's
+ * allreduce, which would fail the communicator. */
 gw_result_t gw_bucketer_create(gw_comm_t comm, void *buf, size_t count, gw_dtype_t dtype, gw_op_t op,
                                const size_t *bounds, int nbuckets, gw_bucketer_t *out);
 /* Marks buf[offset, offset + count) ready; starts every allreduce that became
@@ -364,7 +364,8 @@ gw_result_t gw_bucketer_set_wire(gw_bucketer_t b, gw_dtype_t wire);
  * (n ranks' gradients that fit could sum past 65504), for log2(n) bits lost
  * at the small end: meant for loss-scaled gradients, whose scale can then be
  * n times larger.  Off by default; no effect without a 16-bit wire or
- * GW_AVG.  Every rank must choose the same; only between steps. */
+ * GW_AVG.  Every rank must choose the same (a step with ranks that differ
+ * fails on every rank naming this setting); only between steps. */
 gw_result_t gw_bucketer_set_divide_first(gw_bucketer_t b, int on);
 /* The stream every bucket's allreduce is ordered on (NULL, the default: host
  * buffers and no stream).  With device gradients, make it a communication

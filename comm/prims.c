@@ -44,6 +44,9 @@ void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len) {
     if (used < len) snprintf(buf + used, len - used, " for bucket %u of bucketer %u", bucket, bucketer);
   }
   size_t used = strlen(buf);
+  if (d->pad & GW_DESC_DIVIDED && used < len)
+    used += (size_t)snprintf(buf + used, len - used, ", an average divided on each rank first "
+                             "(gw_bucketer_set_divide_first)");
   if (d->pad & GW_DESC_DEVICE && used < len) used += (size_t)snprintf(buf + used, len - used, " on device memory");
   if (d->pad & GW_DESC_MORE && used < len)
     used += (size_t)snprintf(buf + used, len - used, " (a piece of a staged device call, more to come)");
@@ -52,7 +55,7 @@ void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len) {
 }
 
 static gw_result_t timeout_error(struct prims *p, const char *what, int peer, double limit) {
-  char me[160];
+  char me[GW_OPDESC_TEXT];
   gw__describe_op(&p->op->desc, me, sizeof me);
   return gw__err(p->err, GW_ERR_TIMEOUT,
                  "rank %d: operation %s waited %.0f s for %s rank %d; that rank is stuck, dead or "
@@ -81,7 +84,7 @@ static const struct gw_wait_status *live_status(const struct prims *p, const str
  * Past that, nobody named one and the peer said nothing of waiting (it
  * stopped in the middle): say it stopped sending. */
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
-  char me[160];
+  char me[GW_OPDESC_TEXT];
   gw__describe_op(&p->op->desc, me, sizeof me);
   const struct gw_wait_status *st = live_status(p, c);
   char in[64] = ""; /* a peer still in the operation before */
@@ -133,7 +136,7 @@ static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, 
  * nothing of this operation posted yet, the FIFO holds the one before's last
  * chunks.  (Over ib a slot can also wait for local completions, briefly.) */
 static gw_result_t slot_timeout_error(struct prims *p, const struct gw_conn *c, double waited, bool took) {
-  char me[160];
+  char me[GW_OPDESC_TEXT];
   gw__describe_op(&p->op->desc, me, sizeof me);
   if (took)
     return gw__err(p->err, GW_ERR_TIMEOUT,
@@ -271,7 +274,7 @@ static gw_result_t stopped_peer_error(struct prims *p, const struct gw_conn *c, 
   if (leader != 'T' && leader != 't') return GW_SUCCESS;
   const char state = threads_stopped(p->comm->peers[c->peer].pid);
   if (!state) return GW_SUCCESS;
-  char me[160];
+  char me[GW_OPDESC_TEXT];
   gw__describe_op(&p->op->desc, me, sizeof me);
   return gw__err(p->err, GW_ERR_TIMEOUT,
                  "rank %d: operation %s waited %.1f s for %s rank %d, whose process (pid %d on this machine) is "
@@ -299,7 +302,7 @@ static bool waited_peer_dead(struct prims *p, const struct gw_waiter *w, int pee
 /* Its liveness lock went with its communicator: a process still running
  * (its pid says so) destroyed the communicator, or is on its way out. */
 static gw_result_t dead_peer_error(struct prims *p, int peer) {
-  char me[160];
+  char me[GW_OPDESC_TEXT];
   gw__describe_op(&p->op->desc, me, sizeof me);
   const struct gw_peer_info *pi = &p->comm->peers[peer];
   const bool runs = peer_pid_runs(p->comm, peer) == 1;
@@ -312,7 +315,7 @@ static gw_result_t dead_peer_error(struct prims *p, int peer) {
 }
 
 static gw_result_t aborted_error(struct prims *p) {
-  char me[160], why[GW_ERRMSG_MAX];
+  char me[GW_OPDESC_TEXT], why[GW_ERRMSG_MAX];
   gw__describe_op(&p->op->desc, me, sizeof me);
   gw__abort_reason(p->comm, why, sizeof why);
   return gw__err(p->err, GW_ERR_ABORTED, "rank %d: operation %s stopped: %.400s", p->comm->rank, me, why);
@@ -352,7 +355,7 @@ static gw_result_t abandoned_error(struct prims *p, struct gw_conn *c) {
 /* A data-path call failed: let the transport say why (it keeps the message),
  * and name the operation and connection it failed in. */
 static gw_result_t conn_error(struct prims *p, struct gw_conn *c, gw_result_t r) {
-  char op[160];
+  char op[GW_OPDESC_TEXT];
   /* the receiver said why before it closed: that, not the close, is the cause */
   GW_CHECK(abandoned_error(p, c));
   gw__describe_op(&p->op->desc, op, sizeof op);
@@ -396,7 +399,7 @@ static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct
   struct gw_opdesc theirs = h->op;
   if (theirs.coll == GW_COLL_ABORT) return notice_error(p->comm, h, data, p->err);
   if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
-    char me[160], them[160];
+    char me[GW_OPDESC_TEXT], them[GW_OPDESC_TEXT];
     gw__describe_op(&p->op->desc, me, sizeof me);
     gw__describe_op(&theirs, them, sizeof them);
     return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
@@ -481,7 +484,7 @@ static gw_result_t waiting_differs(struct prims *p, double waited, const struct 
     if (!c->tp || !c->tp->waiting || !c->tp->waiting(c, mine, waited, c == awaited && p->sent == 0, &theirs))
       continue;
     if (theirs.seq != mine->seq || memcmp(&theirs, mine, sizeof theirs) == 0) continue;
-    char me[160], them[160];
+    char me[GW_OPDESC_TEXT], them[GW_OPDESC_TEXT];
     gw__describe_op(mine, me, sizeof me);
     gw__describe_op(&theirs, them, sizeof them);
     return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
@@ -524,7 +527,7 @@ static gw_result_t look_at_watched(struct prims *p, const struct gw_waiter *w, c
     if (!look_peek(p->comm, c, &h, &data)) continue;
     if (h->op.coll != GW_COLL_ABORT && h->op.seq != p->op->desc.seq) continue;
     GW_CHECK(check_header(p, c, h, data, h->bytes));
-    char me[160];
+    char me[GW_OPDESC_TEXT];
     gw__describe_op(&p->op->desc, me, sizeof me);
     return gw__err(p->err, GW_ERR_INVALID_ARGUMENT,
                    "rank %d: rank %d runs operation %s on other connections (%s) than this rank; do GW_ALGO "

@@ -126,7 +126,10 @@ static inline size_t gw__chunk_bytes(const struct gw_comm *c, const struct gw_op
   return op->proto == GW_PROTO_LL ? c->ll_chunk_bytes : c->conn_params.slot_bytes;
 }
 
-/* "#seq allreduce(count=.., dtype, op)[ on device memory]", for messages. */
+/* "#seq allreduce(count=.., dtype, op)[ for bucket k of bucketer b][, an
+ * average divided first][ on device memory][ by algo/proto]", for messages;
+ * GW_OPDESC_TEXT holds the longest. */
+#define GW_OPDESC_TEXT 256
 void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len);
 
 /* What a rank puts before the message of an abort notice it received. */

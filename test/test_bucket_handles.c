@@ -15,7 +15,9 @@
  * - a step whose every bucket was reduced before the communicator failed:
  *   the wait says so (it said "bucket -1 of 1 ... not reduced");
  * - a create whose peer never calls it: the timeout is said as create's (it
- *   named only an internal broadcast). */
+ *   named only an internal broadcast);
+ * - gw_bucketer_set_divide_first on one rank only: both ranks fail naming it
+ *   (they said sum against avg). */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,6 +176,36 @@ static int body_create_alone(gw_comm_t comm, int rank, int n, void *arg) {
 START_TEST(test_create_alone_said) { ck_assert_int_eq(run_ranks(2, body_create_alone, NULL, 60), 0); }
 END_TEST
 
+/* A float32 average on a bfloat16 wire divided first on rank 0 only: its
+ * buckets' allreduces are sums of divided values, rank 1's averages.  Both
+ * ranks fail; the message says which setting differs (it named only sum
+ * against avg, two ops the caller never chose between). */
+static int body_divide_first_one_rank(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  EXPECT(gw_comm_set_timeout(comm, 30) == GW_SUCCESS, "timeout");
+  enum { M = 256 };
+  float g[M];
+  const size_t bounds[] = {0, M / 2, M};
+  gw_bucketer_t bk;
+  EXPECT(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_AVG, bounds, 2, &bk) == GW_SUCCESS, "create: %s",
+         gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_set_wire(bk, GW_BFLOAT16) == GW_SUCCESS, "wire: %s", gw_comm_last_error(comm));
+  EXPECT(gw_bucketer_set_divide_first(bk, rank == 0) == GW_SUCCESS, "divide first: %s", gw_comm_last_error(comm));
+  for (int i = 0; i < M; i++) g[i] = (float)(rank + 1);
+  (void)gw_bucketer_ready(bk, 0, M);
+  const gw_result_t w = gw_bucketer_wait(bk);
+  EXPECT(w != GW_SUCCESS, "rank %d: divide-first on one rank only, the step passed (g[0] %g)", rank, (double)g[0]);
+  EXPECT(strstr(gw_comm_last_error(comm), "an average divided on each rank first (gw_bucketer_set_divide_first)"),
+         "rank %d: the message: %s", rank, gw_comm_last_error(comm));
+  gw_bucketer_destroy(bk);
+  return 0;
+}
+
+START_TEST(test_divide_first_one_rank_said) {
+  ck_assert_int_eq(run_ranks(2, body_divide_first_one_rank, NULL, 60), 0);
+}
+END_TEST
+
 void add_handle_tests(TCase *tc);
 void add_handle_tests(TCase *tc) {
   tcase_add_test(tc, test_numbers_never_shared);
@@ -181,4 +213,5 @@ void add_handle_tests(TCase *tc) {
   tcase_add_test(tc, test_stale_handle_refused);
   tcase_add_test(tc, test_failed_after_reduced);
   tcase_add_test(tc, test_create_alone_said);
+  tcase_add_test(tc, test_divide_first_one_rank_said);
 }

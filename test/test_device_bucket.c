@@ -2,8 +2,9 @@
  * runs it): the gradient bucketer over device gradients written on its stream
  * behind slow work and marked ready at once (exact sums, three steps); with a
  * separate compute stream ordered by events; with a float16 wire converted on
- * the device; a complete step destroyed without its wait; and host gradients
- * with a 16-bit wire refused beside a stream. */
+ * the device; a complete step destroyed without its wait; host gradients
+ * with a 16-bit wire refused beside a stream; and host gradients on one rank
+ * against device gradients on another refused at create (bucketer_sides). */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -225,7 +226,55 @@ START_TEST(bucketer_fault) {
 }
 END_TEST
 
+/* Rank 0's gradients in device memory, the others' in host memory: create
+ * is refused on every rank naming both sides (on a device ring the first
+ * bucket failed the communicator; through staging a bucket past one piece
+ * did), and the communicator still works: a bucketer with every rank's
+ * gradients on the device then reduces exactly. */
+static int body_bucketer_sides(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  dv = gw__dev();
+  enum { M = 50000 };
+  float *g, *h;
+  gw_dev_stream_t st;
+  DCHECK(dv->stream_create(&st));
+  DCHECK(dv->alloc((void **)&g, M * 4));
+  DCHECK(dv->host_alloc((void **)&h, M * 4));
+  size_t bounds[16];
+  const int nb = gw_bucket_bounds(M, 4, 40000, 200000, bounds, 16);
+  gw_bucketer_t bk = NULL;
+  const gw_result_t r = gw_bucketer_create(comm, rank == 0 ? (void *)g : (void *)h, M, GW_FLOAT32, GW_SUM, bounds,
+                                           nb, &bk);
+  char want[96];
+  snprintf(want, sizeof want, "this rank's gradients are in %s memory, rank %d's in %s memory", rank ? "host" : "device",
+           rank ? 0 : 1, rank ? "device" : "host");
+  EXPECT(r == GW_ERR_INVALID_ARGUMENT && !bk && strstr(gw_comm_last_error(comm), want),
+         "rank %d: host and device gradients across ranks: %s: %s", rank, gw_strerror(r), gw_comm_last_error(comm));
+  GWCHECK(gw_bucketer_create(comm, g, M, GW_FLOAT32, GW_SUM, bounds, nb, &bk), comm);
+  for (int i = 0; i < M; i++) h[i] = (float)(i % 7 + rank);
+  DCHECK(dv->memcpy_async(g, h, M * 4, st));
+  DCHECK(dv->stream_sync(st));
+  GWCHECK(gw_bucketer_ready(bk, 0, M), comm);
+  GWCHECK(gw_bucketer_wait(bk), comm);
+  gw_bucketer_destroy(bk);
+  DCHECK(dv->memcpy_async(h, g, M * 4, st));
+  DCHECK(dv->stream_sync(st));
+  for (int i = 0; i < M; i++)
+    if (h[i] != (float)(n * (i % 7) + n * (n - 1) / 2)) {
+      EXPECT(0, "after the refusal: element %d is %g", i, (double)h[i]);
+      break;
+    }
+  DCHECK(dv->free(g));
+  DCHECK(dv->host_free(h));
+  DCHECK(dv->stream_destroy(st));
+  return 0;
+}
+
+START_TEST(bucketer_sides) { ck_assert_int_eq(run_ranks(nranks_env(), body_bucketer_sides, NULL, 60), 0); }
+END_TEST
+
 void device_add_bucketer_case(Suite *s) {
   device_add_case(s, "bucketer", bucketer);
   device_add_case(s, "bucketer_fault", bucketer_fault);
+  device_add_case(s, "bucketer_sides", bucketer_sides);
 }
