@@ -42,7 +42,7 @@
 /* Bytes of one staging buffer (two are used).  Rank 0's is every rank's
  * (agreed at init, gw__dev_ring_setup): the pieces of an operation must be
  * the same on every rank. */
-GW_PARAM_MIN(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20, 0) /* (below 4096: 4096, gw__dev_stage_bytes_own) */
+GW_PARAM_MIN(DevStageBytes, "GW_DEV_STAGE_BYTES", 4 << 20, 0) /* (4096..GW_DEV_STAGE_MAX: gw__dev_stage_bytes_own) */
 /* How many hardware work queues this rank's streams share: 0 (default) asks
  * the device layer (CUDA: CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set).  A
  * stream gets a queue when it is made, round robin, and work of two streams
@@ -137,7 +137,14 @@ gw_result_t gw__dev_fail(struct gw_errctx *err, const struct gw_comm *comm, cons
 }
 
 /* ---- pieces -------------------------------------------------------------------------------- */
-size_t gw__dev_stage_bytes_own(void) { return (size_t)GW_MAX(gw__param_DevStageBytes(), 4096); }
+size_t gw__dev_stage_bytes_own(void) {
+  const int64_t asked = gw__param_DevStageBytes();
+  static atomic_bool said;
+  if (asked > GW_DEV_STAGE_MAX && !atomic_exchange(&said, true))
+    GW_WARN(GW_SUB_INIT, "GW_DEV_STAGE_BYTES=%lld is above %lld (each of two pinned staging buffers): %lld used",
+            (long long)asked, (long long)GW_DEV_STAGE_MAX, (long long)GW_DEV_STAGE_MAX);
+  return (size_t)GW_MIN(GW_MAX(asked, 4096), GW_DEV_STAGE_MAX);
+}
 
 /* The staging size: rank 0's, agreed at init (this rank's own before that,
  * or where no rank-wide agreement was needed: one rank, or not every rank

@@ -56,7 +56,11 @@ extern _Atomic bool gw__dev_given_up;
 
 /* "rank R: WHAT failed: <the device layer's message>". */
 gw_result_t gw__dev_fail(struct gw_errctx *err, const struct gw_comm *comm, const char *what);
-/* This rank's own GW_DEV_STAGE_BYTES (rank 0's is agreed at init). */
+/* This rank's own GW_DEV_STAGE_BYTES (rank 0's is agreed at init), 4 KiB
+ * to GW_DEV_STAGE_MAX: each of the two staging buffers is pinned host
+ * memory of that size, made at a communicator's first staged call (8G ran
+ * the machine out of memory there, with no word of the setting). */
+#define GW_DEV_STAGE_MAX ((int64_t)1 << 30)
 size_t gw__dev_stage_bytes_own(void);
 /* The device ring's chunk for GW_DEV_CHUNK_BYTES=asked: 4 KiB .. 1 GiB (a
  * chunk's byte count travels in 32 bits; the twin holds nslots of them), the

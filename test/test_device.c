@@ -548,8 +548,18 @@ static int emulated_memory_closes_on_exec(void *arg) {
   return 0;
 }
 
+/* GW_DEV_STAGE_BYTES past 1 GiB: 1 GiB (each of the two pinned staging
+ * buffers; 8G ran the machine out of memory at the first staged call).  In a
+ * child of its own: the setting is read once per process. */
+static int stage_bytes_capped(void *arg) {
+  setenv("GW_DEV_STAGE_BYTES", (const char *)arg, 1);
+  return gw__dev_stage_bytes_own() == (size_t)1 << 30 ? 0 : 1;
+}
+
 START_TEST(misuse) {
   if (getenv("GW_DEV_EMULATE")) ck_assert_int_eq(run_in_child(emulated_memory_closes_on_exec, NULL), 0);
+  ck_assert_int_eq(run_in_child(stage_bytes_capped, "8G"), 0);
+  ck_assert_int_eq(run_in_child(stage_bytes_capped, "0x7fffffffffffffff"), 0);
   /* GW_DEV_CHUNK_BYTES out of range: the nearest of 4 KiB .. 1 GiB (4 GiB
    * overflowed the 32-bit byte count of a chunk's header), 256-byte aligned */
   ck_assert_uint_eq(gw__devring_chunk((int64_t)1 << 32), (size_t)1 << 30);

@@ -3,7 +3,8 @@
  * credits waits, and never overwrites a slot its receiver has not read), with one
  * queue pair and with chunks split over three; a bad rkey reported as a remote
  * access error naming the peer; GW_IB_HCA with two devices uses both, and a
- * name that is no device leaves ib unavailable; a rank killed with SIGKILL (each rank on its own
+ * name that is no device or a port that is no port number leaves ib
+ * unavailable; a rank killed with SIGKILL (each rank on its own
  * "machine") makes the others fail quickly, naming it; the locked-memory limit
  * and slot settings that differ across ranks as clear errors; buffers
  * registered with gw_comm_register are sent from directly (registered once:
@@ -80,7 +81,8 @@ END_TEST
  * of the GID table (the port was used with the zero GID: every connection
  * failed after the retry timeout), on RoCE and on InfiniBand. */
 START_TEST(test_unusable_ports) {
-  static const char *const cases[][2] = {{"efa", NULL}, {"eth", "9"}, {"ib", "5"}};
+  /* (4294967296: an index past the table, which a cast to int made 0) */
+  static const char *const cases[][2] = {{"efa", NULL}, {"eth", "9"}, {"ib", "5"}, {"ib", "4294967296"}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     emulate();
     setenv("GW_IB_EMULATE_LINK", cases[i][0], 1);
@@ -137,8 +139,13 @@ START_TEST(test_several_devices) {
   setenv("GW_IB_EMULATE_DEVICES", "2", 1);
   setenv("GW_IB_HCA", "gwemu0,gwemu1:1", 1);
   ck_assert_int_eq(run_ranks(3, body_two_devices, NULL, 60), 0);
-  setenv("GW_IB_HCA", "mlx5_9", 1);
-  ck_assert_int_eq(run_ranks_raw(2, raw_no_port, NULL, 60), 0);
+  /* a name that is no device, or a port that is no port number (atoi made
+   * 257 port 1, and "abc" every port) */
+  static const char *const bad[] = {"mlx5_9", "gwemu1:257", "gwemu1:abc", "gwemu1:"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    setenv("GW_IB_HCA", bad[i], 1);
+    ck_assert_msg(run_ranks_raw(2, raw_no_port, NULL, 60) == 0, "GW_IB_HCA=%s", bad[i]);
+  }
 }
 END_TEST
 

@@ -160,8 +160,10 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
     } else if (gi >= 0) {
       struct ibv_gid_entry e;
       static const uint8_t zero[16];
-      if (v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
-        GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %d (GW_IB_GID_INDEX): not used", name, p, (int)gi);
+      /* (past the table before the cast: 4294967296 was index 0) */
+      if (gi >= pt->attr.gid_tbl_len || v->query_gid(ctx, p, (int)gi, &pt->gid) != 0) {
+        GW_WARN(GW_SUB_INIT, "ib: %s port %u has no GID index %lld (GW_IB_GID_INDEX; its table has %d): not used",
+                name, p, (long long)gi, pt->attr.gid_tbl_len);
         continue;
       }
       /* libibverbs reads an empty entry as the zero GID: no peer reaches it */
@@ -299,7 +301,19 @@ static void ib_init(void) {
     for (char *tok = strtok_r(buf, ",", &save); tok && gw__ib_devs.n < IB_MAX_PORTS; tok = strtok_r(NULL, ",", &save)) {
       char *colon = strchr(tok, ':');
       uint8_t port = 0;
-      if (colon) *colon = 0, port = (uint8_t)atoi(colon + 1);
+      if (colon) {
+        /* 1..255 (a port number is 8 bits): atoi's 257 was port 1, "abc" every port */
+        *colon = 0;
+        char *end = NULL;
+        errno = 0;
+        const long v = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end || errno || v < 1 || v > 255) {
+          GW_WARN(GW_SUB_INIT, "ib: GW_IB_HCA names port '%s' of %s, which is no port number (1..255): not used",
+                  colon + 1, tok);
+          continue;
+        }
+        port = (uint8_t)v;
+      }
       int i = 0;
       while (i < ndev && strcmp(gw__ib_devs.v->get_device_name(list[i]), tok) != 0) i++;
       if (i == ndev) {
