@@ -159,10 +159,15 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
             bs->nlisten == 1 ? "" : "es");
     return GW_SUCCESS;
   }
-  return gw__err(err, GW_ERR_SYSTEM,
-                 "rank 0: cannot listen at master address %s: %s (is the port in use by another job, "
-                 "or is the address not one of this machine's?)",
-                 bs->master, strerror(last_errno));
+  /* In use: also this job's own rank 0, started twice (two processes given
+   * GW_RANK=0 met here, and the second was told only of another job). */
+  return gw__err(err, GW_ERR_SYSTEM, "rank 0: cannot listen at master address %s: %s (%s)", bs->master,
+                 strerror(last_errno),
+                 last_errno == EADDRINUSE ? "is the port in use by another job, or by another process started as "
+                                            "rank 0 of this one: was rank 0 given to two processes?"
+                 : last_errno == EADDRNOTAVAIL ? "is the address not one of this machine's?"
+                                               : "is the port in use by another job, or is the address not one of "
+                                                 "this machine's?");
 }
 
 static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const char *port,

@@ -109,31 +109,58 @@ gw_result_t gw__init_fail(struct gw_errctx *err, gw_result_t res) {
 }
 
 /* ---- setup ----------------------------------------------------------------------- */
+/* GW_ALGO and GW_PROTO: a word that is none of theirs is refused at init
+ * (bad_setting; it ran as auto with a warning, while GW_TRANSPORT's was
+ * refused), auto meanwhile. */
 static enum gw_algo algo_from_env(int nranks) {
-  const char *want = gw__env_str("GW_ALGO", "auto");
-  int a = gw__algo_from_name(want);
-  if (a < 0) {
-    GW_WARN(GW_SUB_INIT, "GW_ALGO=%s is not one of auto, ring, tree, exchange; using auto", want);
-    return GW_ALGO_AUTO;
-  }
+  int a = gw__algo_from_name(gw__env_str("GW_ALGO", "auto"));
+  if (a < 0) return GW_ALGO_AUTO;
   if (a == GW_ALGO_EXCHANGE && nranks < 2) return GW_ALGO_AUTO; /* nothing to exchange with */
   return (enum gw_algo)a;
 }
 
 static int proto_from_env(void) {
-  const char *want = gw__env_str("GW_PROTO", "auto");
-  int p = gw__proto_from_name(want);
-  if (p == -1) GW_WARN(GW_SUB_INIT, "GW_PROTO=%s is not one of auto, simple, ll; using auto", want);
+  int p = gw__proto_from_name(gw__env_str("GW_PROTO", "auto"));
   return p < 0 ? -1 : p;
 }
 
-/* The built-in table, or GW_TUNING_FILE's; a file that does not parse is
- * refused (the warning names the line) and the built-in table stays. */
-static void model_init(struct gw_model *m, int nranks) {
+/* A setting init refuses whatever its value's range: GW_ALGO or GW_PROTO
+ * naming none of theirs, or an integer setting whose value is no number
+ * (those out of range are refused below; "12abc" ran as the default, with
+ * a warning, while "16" failed init).  Its message into buf; false if none. */
+static bool bad_setting(int rank, char *buf, size_t len) {
+  const char *algo = gw__env_str("GW_ALGO", "auto"), *proto = gw__env_str("GW_PROTO", "auto");
+  if (gw__algo_from_name(algo) < 0) {
+    snprintf(buf, len, "rank %d: GW_ALGO=%.60s is not one of auto, ring, tree, exchange", rank, algo);
+    return true;
+  }
+  if (gw__proto_from_name(proto) == -1) {
+    snprintf(buf, len, "rank %d: GW_PROTO=%.60s is not one of auto, simple, ll", rank, proto);
+    return true;
+  }
+  static const char *const ints[] = {"GW_SHM_SLOT_BYTES", "GW_SHM_SLOTS", "GW_NCHANNELS", "GW_SOCKET_NSTREAMS",
+                                     "GW_EXCHANGE_MAX_BYTES", "GW_CHANNEL_MIN_BYTES"};
+  for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+    const char *v = getenv(ints[i]);
+    if (i == 4 && v && !strcasecmp(v, "auto")) continue; /* the documented default's name */
+    if (!gw__env_int_parses(ints[i])) {
+      snprintf(buf, len, "rank %d: %s=%.60s is not an integer (digits, or 0x and hex digits, and K, M or G after "
+               "them if you like)", rank, ints[i], v);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* The built-in table, or GW_TUNING_FILE's (true); a file that does not parse
+ * is refused (the warning names the line) and the built-in table stays. */
+static bool model_init(struct gw_model *m, int nranks) {
   gw__model_defaults(m);
   const char *path = gw__env_str("GW_TUNING_FILE", "");
   struct gw_errctx err;
-  if (*path && gw__model_load(m, path, nranks, &err) == GW_SUCCESS) GW_INFO(GW_SUB_TUNE, "cost model from %s", path);
+  if (!*path || gw__model_load(m, path, nranks, &err) != GW_SUCCESS) return false;
+  GW_INFO(GW_SUB_TUNE, "cost model from %s", path);
+  return true;
 }
 
 /* Orders the ring by machine (in order of each machine's lowest rank), ranks
@@ -590,11 +617,12 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   double boot_timeout;
   const bool boot_timeout_ok = gw__env_seconds_checked("GW_BOOTSTRAP_TIMEOUT", 60.0, false, &boot_timeout);
   c->algo = algo_from_env(nranks);
-  const int64_t xmax = gw__param_ExchangeMaxBytes();
+  const char *xword = getenv("GW_EXCHANGE_MAX_BYTES"); /* "auto": the default's name, no number to warn about */
+  const int64_t xmax = xword && !strcasecmp(xword, "auto") ? -1 : gw__param_ExchangeMaxBytes();
   c->exchange_max = xmax < 0 ? SIZE_MAX : (size_t)xmax; /* SIZE_MAX: auto (exchange_cap) */
   c->channel_min_bytes = (size_t)GW_MAX(1, gw__param_ChannelMinBytes());
   c->proto = proto_from_env();
-  model_init(&c->model, nranks);
+  c->model_from_file = model_init(&c->model, nranks);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_cond_init(&c->work_cv, NULL);
@@ -606,7 +634,10 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   gw_result_t refused = GW_SUCCESS;
   int64_t slot_bytes = gw__param_ShmSlotBytes(), nslots = gw__param_ShmSlots();
   int64_t nchannels = gw__param_Channels(), nstreams = gw__param_SocketStreams();
-  if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64)
+  char bad[GW_ERRMSG_MAX];
+  if (bad_setting(rank, bad, sizeof bad))
+    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "%s", bad);
+  else if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64)
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT,
                       "rank %d: GW_SHM_SLOT_BYTES=%lld / GW_SHM_SLOTS=%lld out of range (4 KiB..64 MiB, a multiple "
                       "of 64; 2..64 slots)", rank, (long long)slot_bytes, (long long)nslots);
@@ -618,11 +649,12 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
                       (long long)nstreams);
   else if (!timeout_ok || !boot_timeout_ok) /* (the limits on every wait: a typo left the default unsaid) */
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s%.60s%s%s%s%.60s%s: not %s in seconds (a number "
-                      "above 0; GW_TIMEOUT=0: no limit)", rank,
+                      "above 0%s)", rank,
                       timeout_ok ? "" : "GW_TIMEOUT='", timeout_ok ? "" : getenv("GW_TIMEOUT"), timeout_ok ? "" : "'",
                       !timeout_ok && !boot_timeout_ok ? " and " : "",
                       boot_timeout_ok ? "" : "GW_BOOTSTRAP_TIMEOUT='", boot_timeout_ok ? "" : getenv("GW_BOOTSTRAP_TIMEOUT"),
-                      boot_timeout_ok ? "" : "'", !timeout_ok && !boot_timeout_ok ? "times" : "a time");
+                      boot_timeout_ok ? "" : "'", !timeout_ok && !boot_timeout_ok ? "times" : "a time",
+                      timeout_ok ? "" : "; GW_TIMEOUT=0: no limit"); /* (the rendezvous always has one) */
   char refusal[GW_ERRMSG_MAX] = "";
   if (refused) {
     if (nranks == 1) {

@@ -214,6 +214,7 @@ struct gw_comm {
   enum gw_algo algo;  /* GW_ALGO, or gw_comm_set_algo */
   int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */
   struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
+  bool model_from_file;   /* GW_TUNING_FILE's was loaded (a file refused leaves the built-in one) */
   /* The cost model's recent picks (choose in enqueue.c), direct-mapped by size
    * and collective: a training loop or a benchmark calls the same few shapes
    * over and over, and a pick weighs six algorithm/protocol pairs.  Everything

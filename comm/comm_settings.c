@@ -34,7 +34,8 @@ static void add_text(char *buf, size_t len, size_t *n, const char *fmt, ...) {
 /* s's settings that differ from o's, as "GW_X=v, GW_Y=w" (every one, when
  * listed beside another rank's, ran to 700 characters that hid the one
  * that differed). */
-static void describe_settings(const struct settings *s, const struct settings *o, bool here, char *buf, size_t len) {
+static void describe_settings(const struct settings *s, const struct settings *o, const struct gw_comm *here,
+                              char *buf, size_t len) {
   size_t n = 0;
   buf[0] = 0;
   const char *sep = "";
@@ -53,9 +54,12 @@ static void describe_settings(const struct settings *s, const struct settings *o
   if (s->nslots != o->nslots) add_text(buf, len, &n, "%sGW_SHM_SLOTS=%u", sep, s->nslots), sep = ", ";
   if (s->slot_bytes != o->slot_bytes) add_text(buf, len, &n, "%sGW_SHM_SLOT_BYTES=%u", sep, s->slot_bytes), sep = ", ";
   if (s->model_hash != o->model_hash) {
+    /* (said for this rank only: a file refused here left the built-in one,
+     * which the message named as the file's) */
     const char *file = here ? getenv("GW_TUNING_FILE") : NULL;
     add_text(buf, len, &n, "%sthe cost model %016llx", sep, (unsigned long long)s->model_hash);
-    if (here && file && *file) add_text(buf, len, &n, " (from GW_TUNING_FILE=%s)", file);
+    if (here && here->model_from_file) add_text(buf, len, &n, " (from GW_TUNING_FILE=%s)", file);
+    else if (here && file && *file) add_text(buf, len, &n, " (the built-in one: GW_TUNING_FILE=%s was refused)", file);
     else if (here) add_text(buf, len, &n, " (the built-in one)");
   }
 }
@@ -70,8 +74,8 @@ gw_result_t gw__check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
   for (int r = 0; r < c->nranks && res == GW_SUCCESS; r++) {
     if (!memcmp(&all[r], &mine, sizeof mine)) continue;
     char here[240], there[200]; /* the message holds 512 */
-    describe_settings(&mine, &all[r], true, here, sizeof here);
-    describe_settings(&all[r], &mine, false, there, sizeof there);
+    describe_settings(&mine, &all[r], c, here, sizeof here);
+    describe_settings(&all[r], &mine, NULL, there, sizeof there);
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT,
                   "rank %d: %s here, but rank %d has %s; set them (and GW_TUNING_FILE) alike on every rank", c->rank,
                   here, r, there);

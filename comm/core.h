@@ -113,6 +113,10 @@ bool gw__live_take_or_refuse(const void *p, enum gw_live_kind kind, const char *
 
 /* ---- tunables: environment variables read once ------------------------------ */
 int64_t gw__env_int(const char *name, int64_t dflt);
+/* Whether name is unset, empty or an integer gw__env_int takes (settings
+ * refused when out of range refuse a value that is no number too: "12abc"
+ * ran as the default while "16" failed init). */
+bool gw__env_int_parses(const char *name);
 /* gw__env_int, and a value below min is warned about and dflt used
  * (GW_NT_THRESHOLD=-1 had meant "never" without a word). */
 int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min);

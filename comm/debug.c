@@ -248,6 +248,12 @@ bool gw__live_take_or_refuse(const void *p, enum gw_live_kind kind, const char *
   return false;
 }
 
+bool gw__env_int_parses(const char *name) {
+  const char *s = getenv(name);
+  long long v;
+  return !s || !*s || gw__parse_env_int(s, &v);
+}
+
 int64_t gw__env_int_min(const char *name, int64_t dflt, int64_t min) {
   const int64_t v = gw__env_int(name, dflt);
   if (v >= min || v == dflt) return v; /* (a default below min means "automatic") */

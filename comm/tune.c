@@ -272,17 +272,24 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
   char line[512];
   const char *why = NULL;
   gw_result_t res = GW_SUCCESS;
+  int rows = 0;
   for (int pass = 0; pass < 2 && res == GW_SUCCESS; pass++) { /* untagged rows, then this size's over them */
     rewind(f);
     const char *bad;
     for (int no = 1; res == GW_SUCCESS && next_line(f, line, sizeof line, &bad); no++) {
       if (bad) why = bad, res = GW_ERR_INVALID_ARGUMENT;
       cut_comment(line);
+      rows += pass == 0 && line[strspn(line, " \t\r")] != 0;
       if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, pass, &seen, &why);
       if (res != GW_SUCCESS)
         gw__err(err, res, "GW_TUNING_FILE %s:%d: %s; using the built-in table", path, no, why);
     }
   }
+  /* gw-perf --tune writes rows or no file: an empty one (cut short, or
+   * another file emptied) loaded as the built-in table with no word */
+  if (res == GW_SUCCESS && rows == 0)
+    res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: no rows (empty, or only comments: gw-perf --tune "
+                  "writes at least one); using the built-in table", path);
   fclose(f);
   free(seen.tagged);
   if (res == GW_SUCCESS) *m = tmp;

@@ -101,6 +101,10 @@ START_TEST(test_env_timeout_checked) {
       snprintf(want, sizeof want, "rank 0: %s='%s': not a time in seconds (", cases[i].name, cases[i].value);
       ck_assert_msg(r == GW_ERR_INVALID_ARGUMENT && has(gw_comm_last_error(NULL), want), "%s=%s: %d %s",
                     cases[i].name, cases[i].value, r, gw_comm_last_error(NULL));
+      /* GW_TIMEOUT's "0: no limit" only where GW_TIMEOUT is the one refused
+       * (the rendezvous' limit has no "none") */
+      ck_assert_msg(has(gw_comm_last_error(NULL), "GW_TIMEOUT=0: no limit") == !strcmp(cases[i].name, "GW_TIMEOUT"),
+                    "%s=%s: %s", cases[i].name, cases[i].value, gw_comm_last_error(NULL));
       continue;
     }
     ck_assert_msg(r == GW_SUCCESS, "%s=%s: %s", cases[i].name, cases[i].value, gw_comm_last_error(NULL));

@@ -502,6 +502,11 @@ START_TEST(test_qp_settings_checked) {
   const char *const tc256[] = {"GW_IB_TC", "256", "GW_IB_TC=256 is not a traffic class (0..255)"};
   ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)sl16, 60), 0);
   ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)tc256, 60), 0);
+  /* no number: refused as out of range is (it ran as the default) */
+  const char *const sl_word[] = {"GW_IB_SL", "abc", "GW_IB_SL=abc is not a service level (0..15)"};
+  const char *const timeout_word[] = {"GW_IB_TIMEOUT", "18ms", "GW_IB_TIMEOUT=18ms is not in 1..31"};
+  ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)sl_word, 60), 0);
+  ck_assert_int_eq(run_ranks_raw(2, raw_qp_settings, (void *)timeout_word, 60), 0);
 }
 END_TEST
 

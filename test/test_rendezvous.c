@@ -7,7 +7,8 @@
  * handle); torchrun's default run id "none" is no job token; the numbers
  * init reads from the environment; whether ranks share cores (the waiting
  * policy) counts only ranks whose CPUs overlap; a rank whose process exited
- * after it joined gives its place to a new one, before or after the last. */
+ * after it joined gives its place to a new one, before or after the last;
+ * rank 0 given to two processes is said as such by the second. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
@@ -41,6 +42,41 @@ static int wait_for(const char *path, double seconds) {
     if (access(path, F_OK) == 0) return 1;
   return 0;
 }
+
+/* Whether master's port takes a connection within 30 s (rank 0 listens). */
+static bool master_listens(const char *master) {
+  char host[64], port[16];
+  struct addrinfo *ai = NULL, hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  if (!gw__parse_host_port(master, host, sizeof host, port, sizeof port) || getaddrinfo(host, port, &hints, &ai) != 0)
+    return false;
+  bool up = false;
+  for (double t0 = test_now(); !up && test_now() - t0 < 30; usleep(up ? 0 : 20000)) {
+    const int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    up = fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    if (fd >= 0) close(fd);
+  }
+  freeaddrinfo(ai);
+  return up;
+}
+
+/* Rank 0 given to two processes: the second cannot listen at the master's
+ * port, and says it may be this job's own rank 0 twice (it spoke only of
+ * another job). */
+static int body_rank0_twice(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "2", 1);
+  if (rank == 1) EXPECT(master_listens(master), "rank 0 never listened at %s", master);
+  gw_comm_t comm;
+  const gw_result_t r = gw_comm_init(&comm, n, 0, master);
+  if (r == GW_SUCCESS) gw_comm_destroy(comm);
+  if (rank == 1)
+    EXPECT(r != GW_SUCCESS && strstr(gw_comm_last_error(NULL), "was rank 0 given to two processes?"),
+           "a second rank 0: %s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_rank0_twice_said) { ck_assert_int_eq(run_ranks_raw(2, body_rank0_twice, NULL, 60), 0); }
+END_TEST
 
 /* Harness ranks 0 and 1 make a 2-rank communicator; harness rank 2 then
  * claims to be its rank 1. */
@@ -114,10 +150,10 @@ static int body_one_rank_fails(int rank, int n, const char *master, void *arg) {
 START_TEST(test_failed_rank_says_why) { ck_assert_int_eq(run_ranks_raw(3, body_one_rank_fails, NULL, 60), 0); }
 END_TEST
 
-/* A setting out of range on one rank (ranks started without a launcher
- * that stops the others): that rank refused it before the rendezvous, and
- * the others waited out GW_BOOTSTRAP_TIMEOUT, then said only that it never
- * came.  Now it joins the rendezvous to fail there, and every rank names
+/* A setting out of range (or no number, or no word of its own) on one rank
+ * (ranks started without a launcher that stops the others): that rank
+ * refused it before the rendezvous, and the others waited out
+ * GW_BOOTSTRAP_TIMEOUT, then said only that it never came.  Now it joins the rendezvous to fail there, and every rank names
  * the setting in well under the timeout (30 s here).  arg: "RANK VAR=VALUE". */
 static int body_setting_refused(int rank, int n, const char *master, void *arg) {
   const char *spec = arg, *eq = strchr(spec, '=');
@@ -146,7 +182,10 @@ static int body_setting_refused(int rank, int n, const char *master, void *arg) 
 
 START_TEST(test_setting_refused_said_to_all) {
   static const char *const cases[] = {"2 GW_SOCKET_NSTREAMS=99", "0 GW_NCHANNELS=0", "1 GW_SHM_SLOT_BYTES=1000",
-                                      "0 GW_NCHANNELS=0 late 2", "1 GW_SOCKET_NSTREAMS=0 late 2"};
+                                      "0 GW_NCHANNELS=0 late 2", "1 GW_SOCKET_NSTREAMS=0 late 2",
+                                      /* no number, no such word: refused too (they ran as the default) */
+                                      "1 GW_NCHANNELS=12abc", "2 GW_ALGO=bogus", "0 GW_PROTO=fast",
+                                      "1 GW_EXCHANGE_MAX_BYTES=zz"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     ck_assert_msg(run_ranks_raw(3, body_setting_refused, (void *)cases[i], 60) == 0, "%s", cases[i]);
 }
@@ -737,6 +776,7 @@ int main(void) {
   TCase *tc = tcase_create("rendezvous");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_late_joiner_refused);
+  tcase_add_test(tc, test_rank0_twice_said);
   tcase_add_test(tc, test_hmac_vectors);
   tcase_add_test(tc, test_impostor_master);
   tcase_add_test(tc, test_silent_strangers_cost_nothing);

@@ -205,6 +205,14 @@ START_TEST(test_corrupt_file_refused) {
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, "larger than 1 MiB"), "%s", err.msg);
   ck_assert(memcmp(&m, &def, sizeof m) == 0);
+  /* no rows (gw-perf --tune writes some): refused, not the built-in table
+   * taken for the file's without a word */
+  static const char *const rowless[] = {"", "\n \t\n", "# gradwire tuning file\n# 2 ranks\n\n"};
+  for (size_t i = 0; i < sizeof rowless / sizeof *rowless; i++) {
+    write_file(path, rowless[i]);
+    ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(err.msg, "no rows"), "case %zu: %s", i, err.msg);
+  }
   write_file(path, "# comment\n  tree ll 0.5 2.5   # trailing\n");
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_SUCCESS);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.5 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 2.5);
@@ -654,6 +662,12 @@ static int raw_settings_differ(int rank, int n, const char *master, void *arg) {
   if (!eq && strcmp(what, "GW_PROTO"))
     EXPECT(strstr(msg, rank == 1 ? other_file : "GW_TUNING_FILE=/dev/null"), "the message does not name this rank's "
            "tuning file: %s", msg);
+  /* /dev/null is refused (no regular file): rank 0 runs the built-in table
+   * and says so (it named the file as its model's source) */
+  if (!eq && strcmp(what, "GW_PROTO") && rank != 1)
+    EXPECT(strstr(msg, "(the built-in one: GW_TUNING_FILE=/dev/null was refused)"), "rank %d: %s", rank, msg);
+  if (!eq && strcmp(what, "GW_PROTO") && rank == 1)
+    EXPECT(strstr(msg, "(from GW_TUNING_FILE="), "rank 1: %s", msg);
   return 0;
 }
 

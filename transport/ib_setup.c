@@ -88,10 +88,10 @@ static struct ib_port *pick_port(int want_eth, int peer_rail, const uint8_t *pee
  * was taken as 0 (on RoCE, perhaps a lossy class). */
 static gw_result_t sl_tc(struct gw_conn *c, uint8_t *sl, uint8_t *tc, struct gw_errctx *err) {
   const int64_t s = gw__env_int("GW_IB_SL", 0), t = gw__env_int("GW_IB_TC", 0);
-  if (s < 0 || s > 15)
+  if (s < 0 || s > 15 || !gw__env_int_parses("GW_IB_SL")) /* (no number ran as 0, with a warning) */
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_SL=%s is not a service level (0..15)", c->self,
                    gw__env_str("GW_IB_SL", ""));
-  if (t < 0 || t > 255)
+  if (t < 0 || t > 255 || !gw__env_int_parses("GW_IB_TC"))
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_TC=%s is not a traffic class (0..255)", c->self,
                    gw__env_str("GW_IB_TC", ""));
   *sl = (uint8_t)s, *tc = (uint8_t)t;
@@ -113,14 +113,15 @@ static gw_result_t conn_create(struct gw_conn *c, const struct gw_conn_params *p
    * how soon a dead peer is noticed: out of range, modify_qp says only EINVAL;
    * 0 is "never" on hardware (the emulator took it for 14). */
   const int64_t qto = gw__env_int("GW_IB_TIMEOUT", 18), qrc = gw__env_int("GW_IB_RETRY_CNT", 7);
-  if (qto < 1 || qto > 31)
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_TIMEOUT=%lld is not in 1..31 (each try waits "
-                   "4.096 us x 2^N; 0, no timeout, would leave a dead peer unnoticed)", c->self, (long long)qto);
-  if (qrc < 0 || qrc > 7)
-    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_RETRY_CNT=%lld is not in 0..7", c->self,
-                   (long long)qrc);
+  if (qto < 1 || qto > 31 || !gw__env_int_parses("GW_IB_TIMEOUT"))
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_TIMEOUT=%s is not in 1..31 (each try waits "
+                   "4.096 us x 2^N; 0, no timeout, would leave a dead peer unnoticed)", c->self,
+                   gw__env_str("GW_IB_TIMEOUT", ""));
+  if (qrc < 0 || qrc > 7 || !gw__env_int_parses("GW_IB_RETRY_CNT"))
+    return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_RETRY_CNT=%s is not in 0..7", c->self,
+                   gw__env_str("GW_IB_RETRY_CNT", ""));
   const int64_t roce = gw__env_int("GW_IB_ROCE_VERSION", 2);
-  if (roce != 1 && roce != 2)
+  if ((roce != 1 && roce != 2) || !gw__env_int_parses("GW_IB_ROCE_VERSION"))
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_ROCE_VERSION=%s is not 1 or 2", c->self,
                    gw__env_str("GW_IB_ROCE_VERSION", ""));
   uint8_t sl = 0, tc = 0;
