@@ -109,49 +109,6 @@ gw_result_t gw__init_fail(struct gw_errctx *err, gw_result_t res) {
 }
 
 /* ---- setup ----------------------------------------------------------------------- */
-/* GW_ALGO and GW_PROTO: a word that is none of theirs is refused at init
- * (bad_setting; it ran as auto with a warning, while GW_TRANSPORT's was
- * refused), auto meanwhile. */
-static enum gw_algo algo_from_env(int nranks) {
-  int a = gw__algo_from_name(gw__env_str("GW_ALGO", "auto"));
-  if (a < 0) return GW_ALGO_AUTO;
-  if (a == GW_ALGO_EXCHANGE && nranks < 2) return GW_ALGO_AUTO; /* nothing to exchange with */
-  return (enum gw_algo)a;
-}
-
-static int proto_from_env(void) {
-  int p = gw__proto_from_name(gw__env_str("GW_PROTO", "auto"));
-  return p < 0 ? -1 : p;
-}
-
-/* A setting init refuses whatever its value's range: GW_ALGO or GW_PROTO
- * naming none of theirs, or an integer setting whose value is no number
- * (those out of range are refused below; "12abc" ran as the default, with
- * a warning, while "16" failed init).  Its message into buf; false if none. */
-static bool bad_setting(int rank, char *buf, size_t len) {
-  const char *algo = gw__env_str("GW_ALGO", "auto"), *proto = gw__env_str("GW_PROTO", "auto");
-  if (gw__algo_from_name(algo) < 0) {
-    snprintf(buf, len, "rank %d: GW_ALGO=%.60s is not one of auto, ring, tree, exchange", rank, algo);
-    return true;
-  }
-  if (gw__proto_from_name(proto) == -1) {
-    snprintf(buf, len, "rank %d: GW_PROTO=%.60s is not one of auto, simple, ll", rank, proto);
-    return true;
-  }
-  static const char *const ints[] = {"GW_SHM_SLOT_BYTES", "GW_SHM_SLOTS", "GW_NCHANNELS", "GW_SOCKET_NSTREAMS",
-                                     "GW_EXCHANGE_MAX_BYTES", "GW_CHANNEL_MIN_BYTES"};
-  for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
-    const char *v = getenv(ints[i]);
-    if (i == 4 && v && !strcasecmp(v, "auto")) continue; /* the documented default's name */
-    if (!gw__env_int_parses(ints[i])) {
-      snprintf(buf, len, "rank %d: %s=%.60s is not an integer (digits, or 0x and hex digits, and K, M or G after "
-               "them if you like)", rank, ints[i], v);
-      return true;
-    }
-  }
-  return false;
-}
-
 /* The built-in table, or GW_TUNING_FILE's (true); a file that does not parse
  * is refused (the warning names the line) and the built-in table stays. */
 static bool model_init(struct gw_model *m, int nranks) {
@@ -616,12 +573,12 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->timeout_s = timeout_s;
   double boot_timeout;
   const bool boot_timeout_ok = gw__env_seconds_checked("GW_BOOTSTRAP_TIMEOUT", 60.0, false, &boot_timeout);
-  c->algo = algo_from_env(nranks);
+  c->algo = gw__settings_algo(nranks);
   const char *xword = getenv("GW_EXCHANGE_MAX_BYTES"); /* "auto": the default's name, no number to warn about */
   const int64_t xmax = xword && !strcasecmp(xword, "auto") ? -1 : gw__param_ExchangeMaxBytes();
   c->exchange_max = xmax < 0 ? SIZE_MAX : (size_t)xmax; /* SIZE_MAX: auto (exchange_cap) */
   c->channel_min_bytes = (size_t)GW_MAX(1, gw__param_ChannelMinBytes());
-  c->proto = proto_from_env();
+  c->proto = gw__settings_proto();
   c->model_from_file = model_init(&c->model, nranks);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
@@ -635,7 +592,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   int64_t slot_bytes = gw__param_ShmSlotBytes(), nslots = gw__param_ShmSlots();
   int64_t nchannels = gw__param_Channels(), nstreams = gw__param_SocketStreams();
   char bad[GW_ERRMSG_MAX];
-  if (bad_setting(rank, bad, sizeof bad))
+  if (gw__settings_refused(rank, bad, sizeof bad))
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "%s", bad);
   else if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64)
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT,

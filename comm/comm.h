@@ -314,6 +314,15 @@ bool gw__slurm_first_host(const char *list, char *out, size_t len);
 /* Every rank's GW_ALGO, GW_PROTO, GW_TRANSPORT, channels, chunk sizes and cost
  * model must match: compared once at init (comm_settings.c). */
 gw_result_t gw__check_settings_agree(struct gw_comm *c, struct gw_errctx *err);
+/* GW_ALGO (auto at 1 rank for the exchange) and GW_PROTO (-1: auto); a word
+ * that is none of theirs reads as auto here and is refused by
+ * gw__settings_refused (comm_settings.c). */
+enum gw_algo gw__settings_algo(int nranks);
+int gw__settings_proto(void);
+/* Whether init refuses a setting for what it is, whatever its range (a word
+ * that is none of GW_ALGO's or GW_PROTO's, an integer setting given no
+ * number); the message into buf. */
+bool gw__settings_refused(int rank, char *buf, size_t len);
 /* gw_iallreduce with the descriptor's root set to tag (gw__desc_bucket_tag)
  * and marks (GW_DESC_DIVIDED or 0) in its pad. */
 gw_result_t gw__iallreduce_tagged(const void *sendbuf, void *recvbuf, size_t count, gw_dtype_t dtype, gw_op_t op,

@@ -1,10 +1,12 @@
 /* comm_settings.c - the settings every rank must share (GW_ALGO, GW_PROTO,
  * GW_TRANSPORT, channels, chunk sizes, the cost model): gathered at init and
- * compared, naming the rank and the setting that differ. */
+ * compared, naming the rank and the setting that differ; and GW_ALGO's and
+ * GW_PROTO's words, and the settings init refuses for what they are. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "comm.h"
 
@@ -87,4 +89,47 @@ gw_result_t gw__check_settings_agree(struct gw_comm *c, struct gw_errctx *err) {
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_TRANSPORT=%s is not a transport: shm, ib or tcp (or unset: "
                   "each link picks the best)", c->rank, getenv("GW_TRANSPORT"));
   return res;
+}
+
+/* GW_ALGO and GW_PROTO: a word that is none of theirs is refused at init
+ * (gw__settings_refused; it ran as auto with a warning, while GW_TRANSPORT's was
+ * refused), auto meanwhile. */
+enum gw_algo gw__settings_algo(int nranks) {
+  int a = gw__algo_from_name(gw__env_str("GW_ALGO", "auto"));
+  if (a < 0) return GW_ALGO_AUTO;
+  if (a == GW_ALGO_EXCHANGE && nranks < 2) return GW_ALGO_AUTO; /* nothing to exchange with */
+  return (enum gw_algo)a;
+}
+
+int gw__settings_proto(void) {
+  int p = gw__proto_from_name(gw__env_str("GW_PROTO", "auto"));
+  return p < 0 ? -1 : p;
+}
+
+/* A setting init refuses whatever its value's range: GW_ALGO or GW_PROTO
+ * naming none of theirs, or an integer setting whose value is no number
+ * (those out of range are refused below; "12abc" ran as the default, with
+ * a warning, while "16" failed init).  Its message into buf; false if none. */
+bool gw__settings_refused(int rank, char *buf, size_t len) {
+  const char *algo = gw__env_str("GW_ALGO", "auto"), *proto = gw__env_str("GW_PROTO", "auto");
+  if (gw__algo_from_name(algo) < 0) {
+    snprintf(buf, len, "rank %d: GW_ALGO=%.60s is not one of auto, ring, tree, exchange", rank, algo);
+    return true;
+  }
+  if (gw__proto_from_name(proto) == -1) {
+    snprintf(buf, len, "rank %d: GW_PROTO=%.60s is not one of auto, simple, ll", rank, proto);
+    return true;
+  }
+  static const char *const ints[] = {"GW_SHM_SLOT_BYTES", "GW_SHM_SLOTS", "GW_NCHANNELS", "GW_SOCKET_NSTREAMS",
+                                     "GW_EXCHANGE_MAX_BYTES", "GW_CHANNEL_MIN_BYTES"};
+  for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+    const char *v = getenv(ints[i]);
+    if (!strcmp(ints[i], "GW_EXCHANGE_MAX_BYTES") && v && !strcasecmp(v, "auto")) continue; /* its default's name */
+    if (!gw__env_int_parses(ints[i])) {
+      snprintf(buf, len, "rank %d: %s=%.60s is not an integer (digits, or 0x and hex digits, and K, M or G after "
+               "them if you like)", rank, ints[i], v);
+      return true;
+    }
+  }
+  return false;
 }
