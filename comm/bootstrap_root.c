@@ -58,20 +58,36 @@ static int root_drop_exited(struct gw_bootstrap *bs, int joined) {
  * few of them outlasted the rendezvous' timeout. */
 struct boot_pending {
   int fd;
-  double since, deadline; /* accepted then; its BOOT_HELLO_S to say hello */
+  double since, deadline; /* accepted then; its BOOT_HELLO_S to say hello (closing: to close) */
+  bool closing;    /* refused (a wrong token): its reason sent, our side shut, drained until it closes */
   size_t got;      /* bytes of the hello frame read so far */
   uint8_t challenge[GW_BOOT_NONCE];
   uint8_t buf[sizeof(struct gw_boot_frame) + sizeof(struct gw_boot_hello)];
   char who[64];
 };
-/* Hellos waited for at once; past it, accepting waits for a slot. */
+/* Hellos waited for at once; past it, the oldest is closed for the next
+ * (accepting waited for a slot: 256 silent strangers kept every rank out). */
 #define BOOT_MAX_PENDING 256
+
+/* The connections that were no rank of this job (no hello in time, no
+ * gradwire hello, a wrong token, closed for a newer one), for the message
+ * of a rendezvous that ends with ranks missing: they may have held it. */
+struct boot_strangers {
+  unsigned n, pushed; /* every one; those closed for a newer connection */
+  char last[64];      /* the last one's address */
+};
+
+static void stranger(struct boot_strangers *st, const char *who) {
+  st->n++;
+  snprintf(st->last, sizeof st->last, "%s", who);
+}
 /* How long a connection may take to say hello (root_accept_one). */
 #define BOOT_HELLO_S 30.0
 
 /* Rank 0's message when the deadline passed with ranks missing; the ranks
  * that joined hear it too (which are missing, not merely that rank 0 went). */
-static gw_result_t root_missing(struct gw_bootstrap *bs, int joined, struct gw_errctx *err) {
+static gw_result_t root_missing(struct gw_bootstrap *bs, int joined, const struct boot_strangers *st,
+                                struct gw_errctx *err) {
   char missing[256] = "";
   size_t used = 0;
   for (int r = 1; r < bs->nranks && used < sizeof missing - 16; r++)
@@ -83,10 +99,15 @@ static gw_result_t root_missing(struct gw_bootstrap *bs, int joined, struct gw_e
   socklen_t ll = sizeof la;
   if (getsockname(bs->listen_fds[0], (struct sockaddr *)&la, &ll) == 0)
     getnameinfo((struct sockaddr *)&la, ll, bound, sizeof bound, NULL, 0, NI_NUMERICHOST);
+  char others[320] = "";
+  if (st->n)
+    snprintf(others, sizeof others, "; %u connection%s that %s no rank of this job came meanwhile, the last from %s%s",
+             st->n, st->n == 1 ? "" : "s", st->n == 1 ? "was" : "were", st->last,
+             st->pushed ? " (silent ones filled the waiting slots: a missing rank may have queued behind them)" : "");
   gw_result_t res = gw__err(err, GW_ERR_TIMEOUT,
                             "rank 0: only %d of %d ranks reached the rendezvous at %s (listening on %s) within "
-                            "%.0f s; missing ranks: %s", joined, bs->nranks, bs->master, bound, bs->timeout_s,
-                            missing);
+                            "%.0f s; missing ranks: %s%s", joined, bs->nranks, bs->master, bound, bs->timeout_s,
+                            missing, others);
   gw__boot_broadcast_error(bs, -1, err ? err->msg : "rank 0: ranks are missing at the rendezvous");
   return res;
 }
@@ -97,7 +118,8 @@ static gw_result_t root_missing(struct gw_bootstrap *bs, int joined, struct gw_e
  * except that out of descriptors with hellos pending (can_free) is
  * GW_INPROGRESS: the caller frees one (strangers may hold them). */
 static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined, bool can_free,
-                                   struct boot_pending *p, double deadline, struct gw_errctx *err) {
+                                   struct boot_pending *p, double deadline, struct boot_strangers *st,
+                                   struct gw_errctx *err) {
   struct sockaddr_storage from;
   socklen_t fl = sizeof from;
   p->fd = gw__sock_accept(lfd, (struct sockaddr *)&from, &fl);
@@ -134,9 +156,11 @@ static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined,
   p->since = gw__now();
   p->deadline = GW_MIN(deadline, p->since + BOOT_HELLO_S);
   p->got = 0;
+  p->closing = false;
   gw__boot_nonce(p->challenge);
   if (gw__boot_send_frame(p->fd, GW_BOOT_CHALLENGE, p->challenge, sizeof p->challenge, p->deadline) != GW_SUCCESS) {
     GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", p->who, bs->master);
+    stranger(st, p->who);
     gw__sock_close(p->fd);
     p->fd = -1;
   }
@@ -145,7 +169,16 @@ static gw_result_t root_accept_one(struct gw_bootstrap *bs, int lfd, int joined,
 
 /* Reads what has come of p's hello.  Returns true when the whole frame is
  * in; closes p (p->fd -1) when it is no gradwire hello or its peer went. */
-static bool root_read_hello(struct gw_bootstrap *bs, struct boot_pending *p) {
+static bool root_read_hello(struct gw_bootstrap *bs, struct boot_pending *p, struct boot_strangers *st) {
+  if (p->closing) { /* refused: what it sends is drained until it closes */
+    char sink[512];
+    const ssize_t n = recv(p->fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      gw__sock_close(p->fd);
+      p->fd = -1;
+    }
+    return false;
+  }
   ssize_t n = recv(p->fd, p->buf + p->got, sizeof p->buf - p->got, MSG_DONTWAIT);
   if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return false;
   bool bad = n <= 0;
@@ -157,6 +190,7 @@ static bool root_read_hello(struct gw_bootstrap *bs, struct boot_pending *p) {
   }
   if (bad) {
     GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: not a gradwire hello", p->who, bs->master);
+    stranger(st, p->who);
     gw__sock_close(p->fd);
     p->fd = -1;
     return false;
@@ -169,7 +203,7 @@ static bool root_read_hello(struct gw_bootstrap *bs, struct boot_pending *p) {
  * the world size, a rank twice): that error, which every rank joined so far
  * hears.  p->fd is -1 after, whatever became of it. */
 static gw_result_t root_admit(struct gw_bootstrap *bs, const char *token, struct boot_pending *p, int *joined,
-                              struct gw_errctx *err) {
+                              struct boot_strangers *st, struct gw_errctx *err) {
   struct gw_boot_hello h;
   memcpy(&h, p->buf + sizeof(struct gw_boot_frame), sizeof h);
   const int fd = p->fd;
@@ -178,7 +212,13 @@ static gw_result_t root_admit(struct gw_bootstrap *bs, const char *token, struct
   p->fd = -1;
   if (!hello_mac_ok(&h, p->challenge, token)) {
     GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s claiming rank %d: wrong job token", who, h.rank);
-    refuse(fd, "wrong job token (GW_JOB_TOKEN differs from rank 0's)", hello_deadline);
+    stranger(st, who);
+    /* Told why, then drained beside the others until it closes (2 s at
+     * most): the drain held the whole rendezvous 2 s per such stranger. */
+    static const char why[] = "wrong job token (GW_JOB_TOKEN differs from rank 0's)";
+    gw__boot_send_frame(fd, GW_BOOT_ERROR, why, sizeof why - 1, GW_MIN(hello_deadline, gw__now() + 0.1));
+    shutdown(fd, SHUT_WR);
+    p->fd = fd, p->closing = true, p->deadline = gw__now() + 2.0;
     return GW_SUCCESS;
   }
   if (h.nranks == bs->nranks && h.rank >= 1 && h.rank < bs->nranks && bs->socks[h.rank] >= 0 &&
@@ -230,13 +270,15 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
   struct pollfd *pfd = calloc(BOOT_MAX_LISTEN + BOOT_MAX_PENDING, sizeof *pfd);
   gw_result_t res = GW_SUCCESS;
   int joined = 1, npend = 0;
+  struct boot_strangers st = {0};
   if (!pend || !pfd) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank 0: out of memory for the rendezvous");
     goto out;
   }
   while (joined < bs->nranks || (joined = root_drop_exited(bs, joined)) < bs->nranks) {
-    /* the listeners while a hello can be waited for, then the hellos */
-    const int nl = npend < BOOT_MAX_PENDING ? bs->nlisten : 0;
+    /* the listeners, then the hellos (with every slot taken, the oldest
+     * makes room for the next connection: a rank says hello at once) */
+    const int nl = bs->nlisten;
     double until = deadline;
     for (int i = 0; i < nl; i++) pfd[i] = (struct pollfd){.fd = bs->listen_fds[i], .events = POLLIN};
     for (int i = 0; i < npend; i++) {
@@ -256,10 +298,14 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
     for (int i = 0; i < npend && res == GW_SUCCESS; i++) {
       struct boot_pending *p = &pend[i];
       if (pr > 0 && (pfd[nl + i].revents & (POLLIN | POLLHUP | POLLERR))) {
-        if (root_read_hello(bs, p)) res = root_admit(bs, token, p, &joined, err);
+        if (root_read_hello(bs, p, &st)) res = root_admit(bs, token, p, &joined, &st, err);
       } else if (now >= p->deadline) {
-        GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: no gradwire hello within %.0f s", p->who,
-                bs->master, BOOT_HELLO_S);
+        /* (the time it had: the rendezvous' end may come before BOOT_HELLO_S) */
+        if (!p->closing) {
+          GW_WARN(GW_SUB_BOOT, "rank 0: refused a connection from %s to %s: no gradwire hello within %.0f s",
+                  p->who, bs->master, now - p->since);
+          stranger(&st, p->who);
+        }
         gw__sock_close(p->fd);
         p->fd = -1;
       }
@@ -268,9 +314,21 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
     for (int i = 0; i < npend; i++)
       if (pend[i].fd >= 0) pend[kept++] = pend[i];
     npend = kept;
-    for (int i = 0; i < nl && pr > 0 && res == GW_SUCCESS && npend < BOOT_MAX_PENDING; i++)
+    for (int i = 0; i < nl && pr > 0 && res == GW_SUCCESS; i++)
       if (pfd[i].revents & POLLIN) {
-        res = root_accept_one(bs, bs->listen_fds[i], joined, npend > 0, &pend[npend], deadline, err);
+        if (npend == BOOT_MAX_PENDING) { /* the oldest (a rank says hello within milliseconds) goes */
+          if (!pend[0].closing) {
+            if (!st.pushed)
+              GW_WARN(GW_SUB_BOOT, "rank 0: all %d waiting slots at %s are held by connections that have not said "
+                      "hello: closing the oldest for each new one (from %s first, silent %.1f s)", BOOT_MAX_PENDING,
+                      bs->master, pend[0].who, now - pend[0].since);
+            st.pushed++;
+            stranger(&st, pend[0].who);
+          }
+          gw__sock_close(pend[0].fd);
+          memmove(pend, pend + 1, (size_t)--npend * sizeof *pend);
+        }
+        res = root_accept_one(bs, bs->listen_fds[i], joined, npend > 0, &pend[npend], deadline, &st, err);
         if (res == GW_INPROGRESS) {
           /* out of descriptors with hellos pending: the oldest one, most
            * likely a stranger (a rank says hello within milliseconds), makes
@@ -286,7 +344,7 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
       }
     if (res != GW_SUCCESS) goto out;
     if (joined < bs->nranks && gw__now() >= deadline) { /* also while connections keep coming */
-      res = root_missing(bs, joined, err);
+      res = root_missing(bs, joined, &st, err);
       goto out;
     }
   }

@@ -8,7 +8,8 @@
  * init reads from the environment; whether ranks share cores (the waiting
  * policy) counts only ranks whose CPUs overlap; a rank whose process exited
  * after it joined gives its place to a new one, before or after the last;
- * rank 0 given to two processes is said as such by the second. */
+ * rank 0 given to two processes is said as such by the second; strangers
+ * are said beside the ranks missing at the timeout. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
@@ -76,6 +77,26 @@ static int body_rank0_twice(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_rank0_twice_said) { ck_assert_int_eq(run_ranks_raw(2, body_rank0_twice, NULL, 60), 0); }
+END_TEST
+
+/* Rank 1 never comes, a stranger does (it connects and closes): rank 0's
+ * timeout says it beside the missing rank (a rank kept out by strangers was
+ * said only as missing). */
+static int body_missing_beside_stranger(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  if (rank == 1) return master_listens(master) ? 0 : 1;
+  setenv("GW_BOOTSTRAP_TIMEOUT", "2", 1);
+  gw_comm_t comm;
+  const gw_result_t r = gw_comm_init(&comm, n, 0, master);
+  EXPECT(r == GW_ERR_TIMEOUT && has(gw_comm_last_error(NULL), "missing ranks: 1; 1 connection that was no rank of "
+                                    "this job came meanwhile, the last from 127.0.0.1"),
+         "%s: %s", gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_missing_beside_stranger) {
+  ck_assert_int_eq(run_ranks_raw(2, body_missing_beside_stranger, NULL, 60), 0);
+}
 END_TEST
 
 /* Harness ranks 0 and 1 make a 2-rank communicator; harness rank 2 then
@@ -585,10 +606,15 @@ END_TEST
  * handshake at a time, 5 s for each silent one: 10 of them held it 50 s, past
  * the rendezvous' 20 s.  With rank 0 a few descriptors from its limit
  * (headroom), the strangers take them all: it closes the oldest silent one
- * for the next connection (it failed the job: "raise `ulimit -n`").  Harness
- * rank 3 is the strangers; ranks 0-2 the job. */
-struct strangers { int n, headroom; };
-#define MAX_STRANGERS 24
+ * for the next connection (it failed the job: "raise `ulimit -n`").  More
+ * silent strangers than rank 0's 256 waiting slots: the oldest is closed for
+ * each new connection (rank 0 stopped accepting, and the ranks queued behind
+ * them until the timeout, said as missing).  Strangers that send a hello
+ * with a wrong token and hold their connection: each is drained beside the
+ * others (each held the rendezvous 2 s: 15 of them 30 s).  Harness rank 3 is
+ * the strangers; ranks 0-2 the job. */
+struct strangers { int n, headroom, bad_token; };
+#define MAX_STRANGERS 300
 static int body_silent_strangers(int rank, int n, const char *master, void *arg) {
   (void)n;
   const struct strangers *k = arg;
@@ -614,6 +640,13 @@ static int body_silent_strangers(int rank, int n, const char *master, void *arg)
     freeaddrinfo(ai);
     const struct gw_boot_frame f = {.magic = GW_BOOT_MAGIC, .kind = GW_BOOT_HELLO, .len = sizeof(struct gw_boot_hello)};
     EXPECT(send(fds[k->n - 1], &f, sizeof f, MSG_NOSIGNAL) == (ssize_t)sizeof f, "the header");
+    for (int i = k->n - 1 - k->bad_token; i < k->n - 1; i++) { /* a whole hello, its MAC not the token's */
+      struct {
+        struct gw_boot_frame f;
+        struct gw_boot_hello h;
+      } bad = {f, {.rank = 1, .nranks = 3}};
+      EXPECT(send(fds[i], &bad, sizeof bad, MSG_NOSIGNAL) == (ssize_t)sizeof bad, "a wrong token's hello");
+    }
     FILE *m = fopen(up, "w");
     if (m) fclose(m);
     /* all held until the job is up (or 25 s), whatever rank 0 did with one */
@@ -638,7 +671,8 @@ static int body_silent_strangers(int rank, int n, const char *master, void *arg)
   const double t0 = test_now();
   const gw_result_t r = gw_comm_init(&comm, 3, rank, master);
   if (rank == 0 && k->headroom) setrlimit(RLIMIT_NOFILE, &old);
-  EXPECT(r == GW_SUCCESS, "rank %d: init after %.1f s: %s", rank, test_now() - t0, gw_comm_last_error(NULL));
+  EXPECT(r == GW_SUCCESS && test_now() - t0 < 15, "rank %d: init after %.1f s: %s", rank, test_now() - t0,
+         gw_comm_last_error(NULL));
   if (rank == 0) {
     FILE *m = fopen(done, "w");
     if (m) fclose(m);
@@ -650,10 +684,11 @@ static int body_silent_strangers(int rank, int n, const char *master, void *arg)
 }
 
 START_TEST(test_silent_strangers_cost_nothing) {
-  static const struct strangers cases[] = {{10, 0}, {MAX_STRANGERS, 12}};
+  static const struct strangers cases[] = {{10, 0, 0}, {24, 12, 0}, {MAX_STRANGERS, 0, 0}, {12, 0, 10}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-    ck_assert_msg(run_ranks_raw(4, body_silent_strangers, (void *)&cases[i], 90) == 0, "%d strangers, headroom %d",
-                  cases[i].n, cases[i].headroom);
+    ck_assert_msg(run_ranks_raw(4, body_silent_strangers, (void *)&cases[i], 90) == 0,
+                  "%d strangers, headroom %d, %d with a wrong token", cases[i].n, cases[i].headroom,
+                  cases[i].bad_token);
 }
 END_TEST
 
@@ -777,6 +812,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_late_joiner_refused);
   tcase_add_test(tc, test_rank0_twice_said);
+  tcase_add_test(tc, test_missing_beside_stranger);
   tcase_add_test(tc, test_hmac_vectors);
   tcase_add_test(tc, test_impostor_master);
   tcase_add_test(tc, test_silent_strangers_cost_nothing);

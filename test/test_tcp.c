@@ -2,7 +2,8 @@
  * on one machine use shm, GW_TRANSPORT=tcp forces tcp; a corrupted frame (the
  * GW_TCP_TEST_CORRUPT hook) is reported as an error naming the peer, not crashed
  * on; a rank killed with SIGKILL makes the others fail quickly with a message
- * naming it (its sockets close), not after the deadline.  The collective grid
+ * naming it (its sockets close), not after the deadline; strangers on a
+ * listener do not hold the peer's connection.  The collective grid
  * itself runs over tcp as separate meson tests (test_collectives). */
 #include <check.h>
 #include <sched.h>
@@ -72,6 +73,58 @@ START_TEST(test_socket_waits) {
   free(p);
   close(sv[0]), close(sv[1]);
   sigaction(SIGALRM, &old, NULL);
+}
+END_TEST
+
+/* A listener's hellos read side by side (gw__sock_accept_hello): 40 silent
+ * strangers (more than the set holds: the oldest are pushed out), one that
+ * sends half a hello and one that closes at once come before the peer, whose
+ * hello is taken at once.  One at a time, each silent one held the peer 5 s
+ * and a few made its streams time out, blamed on the peer.  A wait that
+ * times out says the strangers and the last one's address. */
+static int connect_loopback(const struct sockaddr_storage *a) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(connect(fd, (const struct sockaddr *)a, sizeof(struct sockaddr_in)), 0);
+  return fd;
+}
+
+START_TEST(test_accept_strangers_side_by_side) {
+  struct sockaddr_storage local = {0}, bound;
+  struct sockaddr_in *in = (struct sockaddr_in *)&local;
+  in->sin_family = AF_INET, in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int lfd = gw__sock_listen(&local, sizeof *in, GW_LISTEN_BACKLOG, &bound);
+  ck_assert_int_ge(lfd, 0);
+  enum { SILENT = 40 };
+  int strangers[SILENT + 2];
+  for (int i = 0; i < SILENT; i++) strangers[i] = connect_loopback(&bound);
+  strangers[SILENT] = connect_loopback(&bound);
+  ck_assert_int_eq(write(strangers[SILENT], "half", 4), 4);
+  strangers[SILENT + 1] = connect_loopback(&bound);
+  close(strangers[SILENT + 1]);
+  const int peer = connect_loopback(&bound);
+  char hello[32], got[32], from[64];
+  for (int i = 0; i < 32; i++) hello[i] = (char)(i * 7 + 1);
+  ck_assert_int_eq(write(peer, hello, sizeof hello), (ssize_t)sizeof hello);
+  struct gw_accept_set set;
+  gw__accept_set_init(&set);
+  const double t0 = gw__now();
+  const int fd = gw__sock_accept_hello(&set, lfd, got, sizeof got, t0 + 20.0, from, sizeof from);
+  const double took = gw__now() - t0;
+  ck_assert_msg(fd >= 0 && !memcmp(got, hello, sizeof got) && took < 4.0,
+                "the peer's hello behind %d strangers: fd %d after %.1f s", SILENT + 2, fd, took);
+  ck_assert_msg(!strncmp(from, "127.0.0.1:", 10), "its address: %s", from);
+  close(fd);
+  /* nothing more comes: the wait ends at its deadline, saying the strangers */
+  ck_assert_int_lt(gw__sock_accept_hello(&set, lfd, got, sizeof got, gw__now() + 0.3, from, sizeof from), 0);
+  ck_assert_int_eq(errno, ETIMEDOUT);
+  char said[160];
+  gw__accept_set_said(&set, said, sizeof said);
+  ck_assert_msg(set.strangers >= 1 && strstr(said, "that were not its came, the last from 127.0.0.1:"), "%u: %s",
+                set.strangers, said);
+  gw__accept_set_close(&set);
+  for (int i = 0; i <= SILENT; i++) close(strangers[i]);
+  close(peer), close(lfd);
 }
 END_TEST
 
@@ -689,6 +742,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_socket_errors_attributed);
   tcase_add_test(tc, test_socket_waits);
+  tcase_add_test(tc, test_accept_strangers_side_by_side);
   tcase_add_test(tc, test_transport_choice);
   tcase_add_test(tc, test_corrupt_frame_reported);
   tcase_add_test(tc, test_killed_rank_named);

@@ -88,6 +88,7 @@ struct ib_hello {
   int8_t gid_type;
   uint16_t pkey;
 };
+_Static_assert(sizeof(struct ib_hello) <= GW_HELLO_MAX, "a hello the accept set can hold");
 
 #define IB_DIRECT_MIN (16u << 10) /* smaller chunks are cheaper to copy into a slot */
 

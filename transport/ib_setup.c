@@ -270,7 +270,7 @@ gw_result_t gw__ib_recv_setup(struct gw_conn *c, const struct gw_conn_params *p,
       }
     }
   struct sockaddr_storage a;
-  t->listen_fd = gw__sock_listen(&p->local_addr, p->local_addr_len, 4, &a);
+  t->listen_fd = gw__sock_listen(&p->local_addr, p->local_addr_len, GW_LISTEN_BACKLOG, &a);
   if (t->listen_fd < 0) {
     char where[96];
     gw__sock_addr_str(&p->local_addr, where, sizeof where);
@@ -364,21 +364,31 @@ gw_result_t gw__ib_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   struct ib_conn *t = c->priv;
   double deadline = gw__now() + t->timeout_s;
   struct ib_hello hello;
+  struct gw_accept_set set;
+  gw__accept_set_init(&set);
   for (;;) {
-    int fd = gw__sock_accept_hello(t->listen_fd, &hello, sizeof hello, deadline);
-    if (fd < 0 && errno != ETIMEDOUT) return gw__sock_accept_error(c, "ib connection", err);
-    if (fd < 0)
-      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) did not connect its ib queue pairs within %.0f s",
-                     c->self, c->peer, c->peer_host, t->timeout_s);
+    char from[64];
+    int fd = gw__sock_accept_hello(&set, t->listen_fd, &hello, sizeof hello, deadline, from, sizeof from);
+    if (fd < 0) {
+      const int e = errno;
+      char strangers[160];
+      gw__accept_set_said(&set, strangers, sizeof strangers);
+      gw__accept_set_close(&set);
+      errno = e;
+      if (e != ETIMEDOUT) return gw__sock_accept_error(c, "ib connection", err);
+      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) did not connect its ib queue pairs within %.0f s%s",
+                     c->self, c->peer, c->peer_host, t->timeout_s, strangers);
+    }
     if (hello.magic == IB_HELLO_MAGIC && hello.job_hash == t->job_hash && hello.nonce == t->nonce &&
         hello.sender == c->peer && hello.nqps == t->nqps) {
       t->fd = fd;
       break;
     }
-    GW_WARN(GW_SUB_ALL, "rank %d: refused a connection that is not rank %d's ib connection of this job", c->self,
-            c->peer);
-    gw__sock_close(fd);
+    GW_WARN(GW_SUB_ALL, "rank %d: refused a connection from %s that is not rank %d's ib connection of this job",
+            c->self, from, c->peer);
+    gw__accept_set_refused(&set, fd, from);
   }
+  gw__accept_set_close(&set);
   gw__sock_close(t->listen_fd);
   t->listen_fd = -1;
   t->raddr = hello.credit_addr;

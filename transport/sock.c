@@ -152,10 +152,87 @@ int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const
   return fd;
 }
 
-int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadline) {
+void gw__accept_set_init(struct gw_accept_set *s) {
+  s->n = 0, s->strangers = 0, s->stranger[0] = 0;
+}
+
+void gw__accept_set_refused(struct gw_accept_set *s, int fd, const char *addr) {
+  s->strangers++;
+  snprintf(s->stranger, sizeof s->stranger, "%s", addr);
+  gw__sock_close(fd);
+}
+
+static void drop_pending(struct gw_accept_set *s, int i) {
+  gw__accept_set_refused(s, s->p[i].fd, s->p[i].addr);
+  s->p[i] = s->p[--s->n];
+}
+
+void gw__accept_set_close(struct gw_accept_set *s) {
+  for (int i = 0; i < s->n; i++) gw__sock_close(s->p[i].fd);
+  s->n = 0;
+}
+
+void gw__accept_set_said(const struct gw_accept_set *s, char *buf, size_t len) {
+  if (!s->strangers) snprintf(buf, len, "%s", "");
+  else
+    snprintf(buf, len, " (%u connection%s that %s not its came, the last from %s: another program on this port?)",
+             s->strangers, s->strangers == 1 ? "" : "s", s->strangers == 1 ? "was" : "were", s->stranger);
+}
+
+/* Reads what pending connection i has sent; 1 when its hello is whole, -1
+ * when it closed or failed (dropped), 0 to wait on. */
+static int read_pending(struct gw_accept_set *s, int i, size_t len) {
+  struct gw_accept_pending *q = &s->p[i];
   for (;;) {
-    if (poll_until(listen_fd, POLLIN, deadline) <= 0) return -1;
-    int fd = gw__sock_accept(listen_fd, NULL, NULL);
+    const ssize_t n = recv(q->fd, q->buf + q->got, len - q->got, MSG_DONTWAIT);
+    if (n > 0 && (q->got += (size_t)n) == len) return 1;
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    drop_pending(s, i);
+    return -1;
+  }
+}
+
+int gw__sock_accept_hello(struct gw_accept_set *s, int listen_fd, void *hello, size_t len, double deadline,
+                          char *addr, size_t addrlen) {
+  if (len > GW_HELLO_MAX) {
+    errno = EINVAL;
+    return -1;
+  }
+  for (;;) {
+    double now = gw__now(), wake = deadline;
+    for (int i = s->n - 1; i >= 0; i--)
+      if (s->p[i].until <= now) drop_pending(s, i); /* no whole hello within 5 s */
+    if (now >= deadline) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    struct pollfd pf[GW_ACCEPT_PENDING + 1];
+    pf[0] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+    for (int i = 0; i < s->n; i++) {
+      pf[i + 1] = (struct pollfd){.fd = s->p[i].fd, .events = POLLIN};
+      wake = GW_MIN(wake, s->p[i].until);
+    }
+    const int nfds = s->n + 1;
+    const int pr = poll(pf, (nfds_t)nfds, gw__ms_until(wake));
+    if (pr < 0 && errno != EINTR) return -1;
+    if (pr <= 0) continue;
+    /* the pending ones first (pf's order: s->p shifts as ones are dropped) */
+    for (int k = nfds - 1; k >= 1; k--) {
+      if (!pf[k].revents) continue;
+      const int i = k - 1;
+      if (read_pending(s, i, len) != 1) continue;
+      const int fd = s->p[i].fd;
+      memcpy(hello, s->p[i].buf, len);
+      snprintf(addr, addrlen, "%s", s->p[i].addr);
+      s->p[i] = s->p[--s->n];
+      return fd;
+    }
+    if (!pf[0].revents) continue;
+    struct sockaddr_storage from;
+    socklen_t fl = sizeof from;
+    const int fd = gw__sock_accept(listen_fd, (struct sockaddr *)&from, &fl);
     /* Out of descriptors is this process's failure, said at once (the listener
      * stays readable: retrying would spin until the deadline and blame the peer). */
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) return -1;
@@ -165,8 +242,15 @@ int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadlin
      * through accept) means: the next one. */
     if (fd < 0 && (errno == EBADF || errno == EINVAL || errno == ENOTSOCK || errno == EFAULT)) return -1;
     if (fd < 0) continue;
-    if (gw__sock_io_deadline(fd, hello, len, false, GW_MIN(deadline, gw__now() + 5.0))) return fd;
-    gw__sock_close(fd);
+    if (s->n == GW_ACCEPT_PENDING) { /* the oldest goes: a peer's hello comes at once after its connect */
+      int oldest = 0;
+      for (int i = 1; i < s->n; i++)
+        if (s->p[i].until < s->p[oldest].until) oldest = i;
+      drop_pending(s, oldest);
+    }
+    struct gw_accept_pending *q = &s->p[s->n++];
+    q->fd = fd, q->got = 0, q->until = GW_MIN(deadline, gw__now() + 5.0);
+    gw__sock_addr_str(&from, q->addr, sizeof q->addr);
   }
 }
 

@@ -40,12 +40,50 @@ int gw__sock_connect_deadline(int fd, const struct sockaddr *a, socklen_t al, do
 /* Connects and sends `len` bytes of hello before the deadline; -1 with errno set. */
 int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const void *hello, size_t len,
                            double deadline);
-/* Waits for a connection on a listening socket and reads its `len` bytes of
- * hello (a connection that sends none within 5 s is dropped and the wait goes
- * on).  Returns the socket, or -1 once the deadline has passed (errno
- * ETIMEDOUT) or this process cannot accept (errno EMFILE and the like: see
- * gw__sock_accept_error).  Checking the hello is the caller's. */
-int gw__sock_accept_hello(int listen_fd, void *hello, size_t len, double deadline);
+/* The connections a listener has accepted whose hello is not whole yet,
+ * read side by side: one at a time, each silent stranger held every
+ * connection behind it for 5 s, and a few of them made a peer's streams
+ * time out, blamed on the peer.  A connection is dropped when it sends no
+ * whole hello within 5 s, closes, or (GW_ACCEPT_PENDING held) when a newer
+ * one comes (the oldest goes); each is counted as a stranger.  Between the
+ * caller's calls the set keeps them; gw__accept_set_close closes what is
+ * left. */
+#define GW_ACCEPT_PENDING 32
+/* A connection listener's backlog: its peer's connect completes in the
+ * kernel before the listener accepts (setup may accept only after an
+ * exchange the peer reaches once connected), so strangers that filled a
+ * backlog of 4 (ib's) kept the peer out until the timeout. */
+#define GW_LISTEN_BACKLOG 128
+#define GW_HELLO_MAX 256
+struct gw_accept_pending {
+  int fd;
+  size_t got;
+  double until;
+  char addr[64];
+  unsigned char buf[GW_HELLO_MAX];
+};
+struct gw_accept_set {
+  int n;
+  unsigned strangers; /* dropped: no whole hello in 5 s, closed, pushed out, or refused by the caller */
+  char stranger[64];  /* the last one's address */
+  struct gw_accept_pending p[GW_ACCEPT_PENDING];
+};
+void gw__accept_set_init(struct gw_accept_set *s);
+void gw__accept_set_close(struct gw_accept_set *s);
+/* A connection the caller refused (its hello was not the one awaited),
+ * counted among the strangers, closed. */
+void gw__accept_set_refused(struct gw_accept_set *s, int fd, const char *addr);
+/* " (N connections that were not its came: the last from ADDR)" when the
+ * set met strangers, else "": for a timeout's message. */
+void gw__accept_set_said(const struct gw_accept_set *s, char *buf, size_t len);
+/* Waits for a connection on a listening socket whose `len` (at most
+ * GW_HELLO_MAX) bytes of hello are whole, and copies them to hello and its
+ * address ("host:port") to addr.  Returns the socket, or -1 once the
+ * deadline has passed (errno ETIMEDOUT) or this process cannot accept (errno
+ * EMFILE and the like: see gw__sock_accept_error).  Checking the hello is
+ * the caller's. */
+int gw__sock_accept_hello(struct gw_accept_set *s, int listen_fd, void *hello, size_t len, double deadline,
+                          char *addr, size_t addrlen);
 /* The error of a gw__sock_accept_hello that failed other than by its deadline. */
 struct gw_conn;
 gw_result_t gw__sock_accept_error(const struct gw_conn *c, const char *what, struct gw_errctx *err);

@@ -55,6 +55,7 @@ struct tcp_hello {
   int32_t sender;
   uint32_t pad;
 };
+_Static_assert(sizeof(struct tcp_hello) <= GW_HELLO_MAX, "a hello the accept set can hold");
 
 struct tcp_frame {
   uint32_t magic;
@@ -172,7 +173,7 @@ static gw_result_t tcp_recv_setup(struct gw_conn *c, const struct gw_conn_params
   struct sockaddr_storage a;
   char where[96];
   gw__sock_addr_str(&p->local_addr, where, sizeof where);
-  t->listen_fd = gw__sock_listen(&p->local_addr, p->local_addr_len, TCP_MAX_STREAMS * 2, &a);
+  t->listen_fd = gw__sock_listen(&p->local_addr, p->local_addr_len, GW_LISTEN_BACKLOG, &a);
   if (t->listen_fd < 0) {
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s (check GW_SOCKET_IFNAME)",
                   c->self, c->peer, where, strerror(errno));
@@ -250,14 +251,24 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
   struct tcp_conn *t = c->priv;
   double deadline = gw__now() + t->timeout_s;
   uint32_t joined = 0;
-  while (joined < t->nstreams) {
+  struct gw_accept_set set;
+  gw__accept_set_init(&set);
+  gw_result_t res = GW_SUCCESS;
+  while (joined < t->nstreams && res == GW_SUCCESS) {
     struct tcp_hello hello;
-    int fd = gw__sock_accept_hello(t->listen_fd, &hello, sizeof hello, deadline);
-    if (fd < 0 && errno != ETIMEDOUT)
-      return gw__sock_accept_error(c, "tcp stream", err);
-    if (fd < 0)
-      return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) opened %u of %u tcp streams within %.0f s",
-                     c->self, c->peer, c->peer_host, joined, t->nstreams, t->timeout_s);
+    char from[64];
+    int fd = gw__sock_accept_hello(&set, t->listen_fd, &hello, sizeof hello, deadline, from, sizeof from);
+    if (fd < 0 && errno != ETIMEDOUT) {
+      res = gw__sock_accept_error(c, "tcp stream", err);
+      break;
+    }
+    if (fd < 0) {
+      char strangers[160];
+      gw__accept_set_said(&set, strangers, sizeof strangers);
+      res = gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d (%s) opened %u of %u tcp streams within %.0f s%s",
+                    c->self, c->peer, c->peer_host, joined, t->nstreams, t->timeout_s, strangers);
+      break;
+    }
     const char *why = hello.magic != TCP_HELLO_MAGIC ? "not a gradwire hello"
                       : hello.job_hash != t->job_hash ? "another job's"
                       : hello.nonce != t->nonce ? "another connection's (a stale or foreign nonce)"
@@ -265,16 +276,21 @@ static gw_result_t tcp_recv_connect(struct gw_conn *c, struct gw_errctx *err) {
                       : hello.stream >= t->nstreams ? "a stream number out of range"
                       : t->rs[hello.stream].fd >= 0 ? "a stream already joined"
                       : NULL;
-    if (why) {
-      GW_WARN(GW_SUB_ALL, "rank %d: refused a tcp connection that is not rank %d's stream of this job: %s "
-              "(stream %u from rank %d)", c->self, c->peer, why, hello.stream, hello.sender);
-      gw__sock_close(fd);
+    if (why) { /* what a stranger's bytes claim is said only for a gradwire hello */
+      char claims[64] = "";
+      if (hello.magic == TCP_HELLO_MAGIC)
+        snprintf(claims, sizeof claims, "; it says stream %u from rank %d", hello.stream, hello.sender);
+      GW_WARN(GW_SUB_ALL, "rank %d: refused a tcp connection from %s that is not rank %d's stream of this job: %s%s",
+              c->self, from, c->peer, why, claims);
+      gw__accept_set_refused(&set, fd, from);
       continue;
     }
     gw__sock_tune(fd);
     t->rs[hello.stream].fd = fd;
     joined++;
   }
+  gw__accept_set_close(&set);
+  if (res != GW_SUCCESS) return res;
   gw__sock_close(t->listen_fd);
   t->listen_fd = -1;
   return GW_SUCCESS;
