@@ -3,7 +3,8 @@
  * test_gwrun_multinode.c (past 900 lines): frames that break the protocol
  * (too long, no such type, cut short, another version), a program posing as
  * node 0 (it learns no token and its welcome is refused), a node's failure
- * sent only after its hello, and a refused node started again.
+ * sent only after its hello, a refused node started again, and more silent
+ * strangers than node 0 holds places for.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -211,10 +212,53 @@ START_TEST(test_multinode_refused_node_again)
 }
 END_TEST
 
+/* More silent strangers on the launcher port than node 0's 64 places for
+ * connections that have not said hello: the oldest is closed for each new
+ * one, and node 1 joins at once (node 0 stopped accepting while the places
+ * were full, and node 1 waited out the strangers' 5 s, or for ever while
+ * new ones kept coming). */
+START_TEST(test_multinode_silent_strangers_make_room)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-silent", "GW_RUN_JOIN_TIMEOUT=20", NULL};
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "1", "true");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    enum { N = 100 };
+    int fds[N], held = 0;
+    for (int tries = 0; tries < 500 && held < N; tries++) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            fds[held++] = fd;
+            continue;
+        }
+        if (fd >= 0)
+            close(fd);
+        gwrun_sleep(0.02); /* node 0 not listening yet */
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    node_start(&r[1], env, port, 2, 1, "1", "true");
+    nodes_wait(&r[1], 1);
+    const double took = gwrun_seconds_since(&t0);
+    nodes_wait(r, 1);
+    for (int i = 0; i < held; i++)
+        close(fds[i]);
+    ck_assert_int_eq(held, N);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    ck_assert_msg(took < 4.0 && strstr(r[0].err, "closing the oldest for each new one"),
+                  "node 1 behind %d silent strangers took %.1f s; node 0:\n%s", N, took, r[0].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 void add_multinode_handshake_tests(TCase *tc)
 {
     tcase_add_test(tc, test_multinode_garbage_frames);
     tcase_add_test(tc, test_multinode_impostor_master);
     tcase_add_test(tc, test_multinode_fail_waits_for_hello);
     tcase_add_test(tc, test_multinode_refused_node_again);
+    tcase_add_test(tc, test_multinode_silent_strangers_make_room);
 }

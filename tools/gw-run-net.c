@@ -268,8 +268,36 @@ static void conn0_ended(struct conn *c, const char *badly)
     gw__run_net_apply(&m, n); /* nothing if the job is ending anyway and nodes leave as they stop */
 }
 
+/* Every waiting place held by a connection that has not said hello: the
+ * oldest goes (a node says hello at once), and the next pass accepts the
+ * connection waiting in the backlog (the array's room frees at compact).
+ * The listener was not polled while the places were full, and strangers
+ * that kept them so kept every node out. */
+static void evict_oldest(void)
+{
+    struct conn *old = NULL;
+    for (int i = 0; i < net.nconns; i++) {
+        struct conn *c = net.conns[i];
+        if (c->fd >= 0 && c->node < 0 && (!old || c->deadline_ms < old->deadline_ms))
+            old = c;
+    }
+    if (!old)
+        return;
+    static bool said;
+    if (!said)
+        gw__run_say("gw-run: all %d places for launcher connections that have not said hello are "
+                    "held: closing the oldest for each new one (first the one from %s)\n",
+                    MAX_PENDING, old->peer);
+    said = true;
+    gw__run_conn_close(old);
+}
+
 static void accept_all(void)
 {
+    if (net.npending >= MAX_PENDING) {
+        evict_oldest();
+        return;
+    }
     while (net.npending < MAX_PENDING) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
@@ -631,7 +659,7 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
         lower(deadline_ms, net.retry_at_ms);
     if (!zero && joining)
         lower(deadline_ms, net.join_note_ms);
-    if (zero && net.npending < MAX_PENDING) {
+    if (zero) { /* also with every waiting place held (accept_all makes room) */
         net.pmap[k++] = NULL;
         pfds[nfds++] = (struct pollfd){.fd = net.lfd, .events = POLLIN};
     }
