@@ -52,7 +52,14 @@ static void log_init_once(void) {
     bool invert = sub[0] == '^';
     unsigned mask = 0;
     char buf[256];
-    snprintf(buf, sizeof buf, "%s", sub + (invert ? 1 : 0));
+    /* said, not silent: names past the buffer were dropped, and a list of
+     * none (",,,") hid every subsystem's lines */
+    if (snprintf(buf, sizeof buf, "%s", sub + (invert ? 1 : 0)) >= (int)sizeof buf)
+      fprintf(stderr, "gradwire: GW_DEBUG_SUBSYS: longer than %zu characters: the names after that are not read\n",
+              sizeof buf - 1);
+    if (!buf[strspn(buf, ",")])
+      fprintf(stderr, "gradwire: GW_DEBUG_SUBSYS='%s' names no subsystem: %s\n", sub,
+              invert ? "every subsystem's lines are shown" : "no subsystem's lines are shown");
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
       bool found = false;

@@ -2,7 +2,8 @@
  * (test_api.c runs them): gw_comm_init_env under gw-run, torchrun (its agent
  * store's port, its error files as the job token), Slurm (a job step only; the
  * master from the step's first node when none is set), Open MPI, MPICH/Intel
- * MPI, inner launchers over outer ones' leftovers; GW_TIMEOUT checked. */
+ * MPI, inner launchers over outer ones' leftovers; GW_TIMEOUT checked;
+ * GW_DEBUG_SUBSYS lists that name nothing or run past the buffer said. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -363,7 +364,37 @@ START_TEST(test_slurm_master_from_nodelist) {
 }
 END_TEST
 
+/* GW_DEBUG_SUBSYS that names no subsystem (",,,") or runs past 255
+ * characters is said on stderr (the first hid every subsystem's lines, the
+ * second dropped the names past the cut, both without a word).  In a child:
+ * the logger reads its settings once per process; its stderr into a file. */
+static int debug_subsys_said(void *arg) {
+  const char *const *c = arg; /* value, what stderr must hold */
+  char path[] = "/tmp/gw-subsys-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0 || dup2(fd, 2) < 0) return 2;
+  setenv("GW_DEBUG", "INFO", 1);
+  setenv("GW_DEBUG_SUBSYS", c[0], 1);
+  gw__log_init();
+  char buf[1024] = "";
+  const ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
+  unlink(path);
+  return got > 0 && strstr(buf, c[1]) ? 0 : 1;
+}
+
+START_TEST(test_debug_subsys_said) {
+  char long_list[400] = "INIT";
+  while (strlen(long_list) < 300) strcat(long_list, ",COLL");
+  const char *const cases[][2] = {{",,,", "names no subsystem: no subsystem's lines are shown"},
+                                  {"^,", "names no subsystem: every subsystem's lines are shown"},
+                                  {long_list, "longer than 255 characters"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    ck_assert_msg(run_in_child(debug_subsys_said, (void *)cases[i]) == 0, "GW_DEBUG_SUBSYS=%.20s", cases[i][0]);
+}
+END_TEST
+
 void add_env_tests(TCase *tc) {
+  tcase_add_test(tc, test_debug_subsys_said);
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_long_launcher_id_hashed);
   tcase_add_test(tc, test_env_timeout_checked);
