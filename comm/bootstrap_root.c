@@ -81,6 +81,9 @@ static void stranger(struct boot_strangers *st, const char *who) {
   st->n++;
   snprintf(st->last, sizeof st->last, "%s", who);
 }
+/* The least a connection waits before a newer one may push it out of a
+ * full set of slots (gw__boot_accept_all). */
+#define BOOT_PUSH_AGE_S 1.0
 /* How long a connection may take to say hello (root_accept_one). */
 #define BOOT_HELLO_S 30.0
 
@@ -99,15 +102,17 @@ static gw_result_t root_missing(struct gw_bootstrap *bs, int joined, const struc
   socklen_t ll = sizeof la;
   if (getsockname(bs->listen_fds[0], (struct sockaddr *)&la, &ll) == 0)
     getnameinfo((struct sockaddr *)&la, ll, bound, sizeof bound, NULL, 0, NI_NUMERICHOST);
+  /* the strangers before the list of missing ranks, which may run to
+   * the message's end (the joined ranks read 300 bytes of it) */
   char others[320] = "";
   if (st->n)
-    snprintf(others, sizeof others, "; %u connection%s that %s no rank of this job came meanwhile, the last from %s%s",
-             st->n, st->n == 1 ? "" : "s", st->n == 1 ? "was" : "were", st->last,
-             st->pushed ? " (silent ones filled the waiting slots: a missing rank may have queued behind them)" : "");
+    snprintf(others, sizeof others, " (%u connection%s that %s no rank of this job came meanwhile, the last from "
+             "%s%s)", st->n, st->n == 1 ? "" : "s", st->n == 1 ? "was" : "were", st->last,
+             st->pushed ? "; silent ones filled the waiting slots: a missing rank may have queued behind them" : "");
   gw_result_t res = gw__err(err, GW_ERR_TIMEOUT,
                             "rank 0: only %d of %d ranks reached the rendezvous at %s (listening on %s) within "
-                            "%.0f s; missing ranks: %s%s", joined, bs->nranks, bs->master, bound, bs->timeout_s,
-                            missing, others);
+                            "%.0f s%s; missing ranks: %s", joined, bs->nranks, bs->master, bound, bs->timeout_s,
+                            others, missing);
   gw__boot_broadcast_error(bs, -1, err ? err->msg : "rank 0: ranks are missing at the rendezvous");
   return res;
 }
@@ -276,10 +281,13 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
     goto out;
   }
   while (joined < bs->nranks || (joined = root_drop_exited(bs, joined)) < bs->nranks) {
-    /* the listeners, then the hellos (with every slot taken, the oldest
-     * makes room for the next connection: a rank says hello at once) */
-    const int nl = bs->nlisten;
-    double until = deadline;
+    /* the listeners, then the hellos.  With every slot taken the oldest
+     * makes room for the next connection once it has waited BOOT_PUSH_AGE_S
+     * (a rank says hello within milliseconds, a retransmission later): the
+     * listeners wait until then. */
+    const bool room = npend < BOOT_MAX_PENDING || gw__now() - pend[0].since >= BOOT_PUSH_AGE_S;
+    const int nl = room ? bs->nlisten : 0;
+    double until = room ? deadline : GW_MIN(deadline, pend[0].since + BOOT_PUSH_AGE_S);
     for (int i = 0; i < nl; i++) pfd[i] = (struct pollfd){.fd = bs->listen_fds[i], .events = POLLIN};
     for (int i = 0; i < npend; i++) {
       pfd[nl + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
@@ -316,8 +324,12 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
     npend = kept;
     for (int i = 0; i < nl && pr > 0 && res == GW_SUCCESS; i++)
       if (pfd[i].revents & POLLIN) {
-        if (npend == BOOT_MAX_PENDING) { /* the oldest (a rank says hello within milliseconds) goes */
-          if (!pend[0].closing) {
+        if (npend == BOOT_MAX_PENDING) { /* the oldest goes, after a last look at what it sent */
+          const bool was_closing = pend[0].closing;
+          if (!was_closing && root_read_hello(bs, &pend[0], &st))
+            res = root_admit(bs, token, &pend[0], &joined, &st, err);
+          if (res != GW_SUCCESS) break;
+          if (pend[0].fd >= 0 && !was_closing && !pend[0].closing) {
             if (!st.pushed)
               GW_WARN(GW_SUB_BOOT, "rank 0: all %d waiting slots at %s are held by connections that have not said "
                       "hello: closing the oldest for each new one (from %s first, silent %.1f s)", BOOT_MAX_PENDING,
@@ -325,7 +337,7 @@ gw_result_t gw__boot_accept_all(struct gw_bootstrap *bs, const char *token, doub
             st.pushed++;
             stranger(&st, pend[0].who);
           }
-          gw__sock_close(pend[0].fd);
+          if (pend[0].fd >= 0) gw__sock_close(pend[0].fd);
           memmove(pend, pend + 1, (size_t)--npend * sizeof *pend);
         }
         res = root_accept_one(bs, bs->listen_fds[i], joined, npend > 0, &pend[npend], deadline, &st, err);

@@ -141,7 +141,7 @@ START_TEST(test_several_devices) {
   ck_assert_int_eq(run_ranks(3, body_two_devices, NULL, 60), 0);
   /* a name that is no device, or a port that is no port number (atoi made
    * 257 port 1, and "abc" every port) */
-  static const char *const bad[] = {"mlx5_9", "gwemu1:257", "gwemu1:abc", "gwemu1:"};
+  static const char *const bad[] = {"mlx5_9", "gwemu1:257", "gwemu1:abc", "gwemu1:", "gwemu1:255"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     setenv("GW_IB_HCA", bad[i], 1);
     ck_assert_msg(run_ranks_raw(2, raw_no_port, NULL, 60) == 0, "GW_IB_HCA=%s", bad[i]);

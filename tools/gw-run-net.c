@@ -269,19 +269,28 @@ static void conn0_ended(struct conn *c, const char *badly)
 }
 
 /* Every waiting place held by a connection that has not said hello: the
- * oldest goes (a node says hello at once), and the next pass accepts the
- * connection waiting in the backlog (the array's room frees at compact).
- * The listener was not polled while the places were full, and strangers
- * that kept them so kept every node out. */
-static void evict_oldest(void)
+ * oldest goes once it has waited PUSH_AGE_MS (a node says hello within
+ * milliseconds of its challenge, a retransmission later; with no age, 100
+ * nodes starting at once pushed out one another's hellos), and the next pass
+ * accepts the connection waiting in the backlog (the array's room frees at
+ * compact).  The listener was not polled while the places were full, and
+ * strangers that kept them so kept every node out. */
+#define PUSH_AGE_MS 1000
+static struct conn *oldest_pending(void)
 {
     struct conn *old = NULL;
     for (int i = 0; i < net.nconns; i++) {
         struct conn *c = net.conns[i];
-        if (c->fd >= 0 && c->node < 0 && (!old || c->deadline_ms < old->deadline_ms))
+        if (c->fd >= 0 && c->node < 0 && (!old || c->accepted_ms < old->accepted_ms))
             old = c;
     }
-    if (!old)
+    return old;
+}
+
+static void evict_oldest(void)
+{
+    struct conn *old = oldest_pending();
+    if (!old || gw__run_now_ms() - old->accepted_ms < PUSH_AGE_MS)
         return;
     static bool said;
     if (!said)
@@ -313,7 +322,8 @@ static void accept_all(void)
         }
         c->fd = fd;
         c->node = -1;
-        c->deadline_ms = gw__run_now_ms() + HELLO_TIMEOUT_MS;
+        c->accepted_ms = gw__run_now_ms();
+        c->deadline_ms = c->accepted_ms + HELLO_TIMEOUT_MS;
         char h[NI_MAXHOST], s[NI_MAXSERV];
         if (getnameinfo((struct sockaddr *)&ss, len, h, sizeof h, s, sizeof s,
                         NI_NUMERICHOST | NI_NUMERICSERV) == 0)
@@ -659,7 +669,12 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
         lower(deadline_ms, net.retry_at_ms);
     if (!zero && joining)
         lower(deadline_ms, net.join_note_ms);
-    if (zero) { /* also with every waiting place held (accept_all makes room) */
+    /* with every waiting place held, once the oldest may be pushed out
+     * (accept_all makes room) */
+    const struct conn *old = zero && net.npending >= MAX_PENDING ? oldest_pending() : NULL;
+    if (old && gw__run_now_ms() - old->accepted_ms < PUSH_AGE_MS)
+        lower(deadline_ms, old->accepted_ms + PUSH_AGE_MS);
+    else if (zero) {
         net.pmap[k++] = NULL;
         pfds[nfds++] = (struct pollfd){.fd = net.lfd, .events = POLLIN};
     }
@@ -679,14 +694,14 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
 /* Acts on what poll() reported for the descriptors gw__run_net_pollfds added. */
 void gw__run_net_events(const struct pollfd *pfds, int nfds)
 {
-    bool zero = net.cfg.node == 0;
+    bool zero = net.cfg.node == 0, accept = false;
     for (int i = 0; i < nfds; i++) {
         short ev = pfds[i].revents;
         struct conn *c = net.pmap[i];
         if (!ev || (c && c->fd < 0))
             continue;
         if (!c) {
-            accept_all();
+            accept = true; /* after the connections' frames: a hello read is no connection to push out */
         } else if (c->connecting) {
             int err = 0;
             socklen_t len = sizeof err;
@@ -707,6 +722,8 @@ void gw__run_net_events(const struct pollfd *pfds, int nfds)
                 up_ended(rc == R_BAD ? why : NULL);
         }
     }
+    if (accept)
+        accept_all();
     if (net.on && zero)
         compact();
 }

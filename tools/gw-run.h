@@ -126,6 +126,7 @@ struct conn {
     bool connecting;     /* the other nodes: connect() in progress */
     bool broken;         /* too much unsent output: to be closed */
     int64_t deadline_ms; /* hello due (node 0) or this connect attempt over */
+    int64_t accepted_ms; /* node 0: when it was accepted */
     char peer[80];       /* the other end's address, for messages */
     unsigned char in[4 + GW_RUN_MAX_FRAME]; /* [inlen]: the start of the next frames */
     size_t inlen;

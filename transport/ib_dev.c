@@ -127,7 +127,8 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
   }
   struct ibv_device_attr da;
   if (v->query_device(ctx, &da) != 0) da.phys_port_cnt = 1;
-  for (uint8_t p = want ? want : 1; p <= (want ? want : da.phys_port_cnt); p++) {
+  /* (unsigned: a uint8_t counter wrapped after 255, and GW_IB_HCA=dev:255 went on to ports 0, 1, ...) */
+  for (unsigned p = want ? want : 1u; p <= (want ? want : da.phys_port_cnt); p++) {
     struct ib_port *pt = &gw__ib_devs.ports[gw__ib_devs.n];
     memset(pt, 0, sizeof *pt);
     if (v->query_port(ctx, p, &pt->attr) != 0) {
@@ -189,7 +190,7 @@ static bool open_port(struct ibv_device *dev, uint8_t want, bool named) {
     }
     snprintf(pt->name, sizeof pt->name, "%s:%u", name, p);
     pt->ctx = ctx;
-    pt->num = p;
+    pt->num = (uint8_t)p;
     GW_INFO(GW_SUB_INIT, "ib: using %s (%s, %s %u%s%s, MTU %s%s)", pt->name, pt->eth ? "RoCE" : "InfiniBand",
             pt->gid_index >= 0 ? "GID index" : "LID", pt->gid_index >= 0 ? (unsigned)pt->gid_index : pt->attr.lid,
             pt->eth ? " " : "", pt->eth ? gw__ib_gid_type_name(pt->gid_type) : "", mtu_str(pt->attr.active_mtu),

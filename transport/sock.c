@@ -194,6 +194,30 @@ static int read_pending(struct gw_accept_set *s, int i, size_t len) {
   }
 }
 
+/* A pending connection's time to send its whole hello, and the least it
+ * waits before a newer connection may push it out of a full set (a peer's
+ * hello comes within milliseconds of its connect, or a retransmission
+ * later: one pushed out at once, by a burst of 32 strangers, was lost, as its
+ * sender does not connect again). */
+#define HELLO_WAIT_S 5.0
+#define PUSH_AGE_S 1.0
+
+static int oldest_pending(const struct gw_accept_set *s) {
+  int o = -1;
+  for (int i = 0; i < s->n; i++)
+    if (o < 0 || s->p[i].since < s->p[o].since) o = i;
+  return o;
+}
+
+/* Takes pending connection i out of the set with its whole hello. */
+static int take_pending(struct gw_accept_set *s, int i, void *hello, size_t len, char *addr, size_t addrlen) {
+  const int fd = s->p[i].fd;
+  memcpy(hello, s->p[i].buf, len);
+  snprintf(addr, addrlen, "%s", s->p[i].addr);
+  s->p[i] = s->p[--s->n];
+  return fd;
+}
+
 int gw__sock_accept_hello(struct gw_accept_set *s, int listen_fd, void *hello, size_t len, double deadline,
                           char *addr, size_t addrlen) {
   if (len > GW_HELLO_MAX) {
@@ -201,40 +225,43 @@ int gw__sock_accept_hello(struct gw_accept_set *s, int listen_fd, void *hello, s
     return -1;
   }
   for (;;) {
-    double now = gw__now(), wake = deadline;
-    for (int i = s->n - 1; i >= 0; i--)
-      if (s->p[i].until <= now) drop_pending(s, i); /* no whole hello within 5 s */
+    const double now = gw__now();
+    for (int i = s->n - 1; i >= 0; i--) /* its own 5 s over (not cut short by the deadline: no stranger for that) */
+      if (now - s->p[i].since >= HELLO_WAIT_S) drop_pending(s, i);
     if (now >= deadline) {
       errno = ETIMEDOUT;
       return -1;
     }
+    /* With the set full, the listener waits until its oldest may be pushed out. */
+    const int o = oldest_pending(s);
+    const bool room = s->n < GW_ACCEPT_PENDING || now - s->p[o].since >= PUSH_AGE_S;
+    double wake = room ? deadline : GW_MIN(deadline, s->p[o].since + PUSH_AGE_S);
     struct pollfd pf[GW_ACCEPT_PENDING + 1];
-    pf[0] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+    pf[0] = (struct pollfd){.fd = room ? listen_fd : -1, .events = POLLIN};
     for (int i = 0; i < s->n; i++) {
       pf[i + 1] = (struct pollfd){.fd = s->p[i].fd, .events = POLLIN};
-      wake = GW_MIN(wake, s->p[i].until);
+      wake = GW_MIN(wake, s->p[i].since + HELLO_WAIT_S);
     }
     const int nfds = s->n + 1;
     const int pr = poll(pf, (nfds_t)nfds, gw__ms_until(wake));
     if (pr < 0 && errno != EINTR) return -1;
     if (pr <= 0) continue;
-    /* the pending ones first (pf's order: s->p shifts as ones are dropped) */
-    for (int k = nfds - 1; k >= 1; k--) {
-      if (!pf[k].revents) continue;
-      const int i = k - 1;
-      if (read_pending(s, i, len) != 1) continue;
-      const int fd = s->p[i].fd;
-      memcpy(hello, s->p[i].buf, len);
-      snprintf(addr, addrlen, "%s", s->p[i].addr);
-      s->p[i] = s->p[--s->n];
-      return fd;
-    }
+    /* the pending ones first, from the last (a dropped one's place takes the
+     * last, already looked at) */
+    for (int k = nfds - 1; k >= 1; k--)
+      if (pf[k].revents && read_pending(s, k - 1, len) == 1) return take_pending(s, k - 1, hello, len, addr, addrlen);
     if (!pf[0].revents) continue;
     struct sockaddr_storage from;
     socklen_t fl = sizeof from;
     const int fd = gw__sock_accept(listen_fd, (struct sockaddr *)&from, &fl);
-    /* Out of descriptors is this process's failure, said at once (the listener
-     * stays readable: retrying would spin until the deadline and blame the peer). */
+    /* Out of descriptors: pending ones are closed for the next (strangers
+     * may hold them), else it is this process's failure, said at once (the
+     * listener stays readable: retrying would spin until the deadline and
+     * blame the peer). */
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && s->n) {
+      drop_pending(s, oldest_pending(s));
+      continue;
+    }
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) return -1;
     /* A listener that is no socket or not listening stays readable: retrying
      * would spin until the deadline.  Anything else (a connection that went
@@ -242,15 +269,17 @@ int gw__sock_accept_hello(struct gw_accept_set *s, int listen_fd, void *hello, s
      * through accept) means: the next one. */
     if (fd < 0 && (errno == EBADF || errno == EINVAL || errno == ENOTSOCK || errno == EFAULT)) return -1;
     if (fd < 0) continue;
-    if (s->n == GW_ACCEPT_PENDING) { /* the oldest goes: a peer's hello comes at once after its connect */
-      int oldest = 0;
-      for (int i = 1; i < s->n; i++)
-        if (s->p[i].until < s->p[oldest].until) oldest = i;
-      drop_pending(s, oldest);
+    int got = -1;
+    if (s->n == GW_ACCEPT_PENDING) { /* the oldest goes, after a last look at what it sent */
+      const int old = oldest_pending(s);
+      const int r = read_pending(s, old, len);
+      if (r == 1) got = take_pending(s, old, hello, len, addr, addrlen);
+      else if (r == 0) drop_pending(s, old);
     }
     struct gw_accept_pending *q = &s->p[s->n++];
-    q->fd = fd, q->got = 0, q->until = GW_MIN(deadline, gw__now() + 5.0);
+    q->fd = fd, q->got = 0, q->since = gw__now();
     gw__sock_addr_str(&from, q->addr, sizeof q->addr);
+    if (got >= 0) return got;
   }
 }
 

@@ -45,7 +45,8 @@ int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const
  * connection behind it for 5 s, and a few of them made a peer's streams
  * time out, blamed on the peer.  A connection is dropped when it sends no
  * whole hello within 5 s, closes, or (GW_ACCEPT_PENDING held) when a newer
- * one comes (the oldest goes); each is counted as a stranger.  Between the
+ * one comes (the oldest goes, once it has waited 1 s, after a last read),
+ * or, out of descriptors, for the next; each is counted as a stranger.  Between the
  * caller's calls the set keeps them; gw__accept_set_close closes what is
  * left. */
 #define GW_ACCEPT_PENDING 32
@@ -58,7 +59,7 @@ int gw__sock_connect_hello(const struct sockaddr_storage *a, socklen_t al, const
 struct gw_accept_pending {
   int fd;
   size_t got;
-  double until;
+  double since; /* accepted then */
   char addr[64];
   unsigned char buf[GW_HELLO_MAX];
 };
