@@ -41,8 +41,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   struct gw_bootstrap hb = {.rank = 0, .nranks = 2};
   struct boot_pending p = {.fd = rd, .deadline = deadline, .challenge = {1, 2, 3}};
   snprintf(p.who, sizeof p.who, "fuzz");
+  struct boot_strangers st = {0};
   bool whole = false;
-  while (p.fd >= 0 && !whole) whole = root_read_hello(&hb, &p); /* the data, then EOF: never waits */
+  while (p.fd >= 0 && !whole) whole = root_read_hello(&hb, &p, &st); /* the data, then EOF: never waits */
   if (whole) {
     struct gw_boot_hello h;
     memcpy(&h, p.buf + sizeof(struct gw_boot_frame), sizeof h);
