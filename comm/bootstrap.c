@@ -173,6 +173,7 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
 static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const char *port,
                                 double deadline, struct gw_errctx *err) {
   int last_errno = 0, last_gai = 0, gai = 0;
+  bool tried = false; /* a lookup or a connect ended (a tiny GW_BOOTSTRAP_TIMEOUT may leave none) */
   long sleep_us = 1000;
   /* The name's addresses, looked up again every 2 s at most (a late DNS
    * record, a moved service): every retry looked it up, every ~100 ms, and
@@ -187,6 +188,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
        * record may come after its pod), and named if it never does. */
       gai = resolve(host, port, false, &ai);
       const int e = errno;
+      tried = true;
       resolved_at = gw__now();
       if (gai != 0) ai = NULL, last_gai = gai, last_errno = gai == EAI_SYSTEM ? e : 0;
       else last_gai = 0;
@@ -226,6 +228,9 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
     if (sleep_us < 100000) sleep_us *= 2;
   }
   if (ai) freeaddrinfo(ai);
+  if (!tried) /* it said "no answer ... after 0 s (no route)" */
+    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: GW_BOOTSTRAP_TIMEOUT (%g s) ran out before a connection to master "
+                   "%s could be tried", bs->rank, bs->timeout_s, bs->master);
   if (last_gai && last_gai != EAI_SYSTEM)
     return gw__err(err, GW_ERR_TIMEOUT, "rank %d: cannot resolve the master's name in %s for %.0f s: %s", bs->rank,
                    bs->master, bs->timeout_s, gai_strerror(last_gai));

@@ -94,8 +94,23 @@ static int body_missing_beside_stranger(int rank, int n, const char *master, voi
   return 0;
 }
 
+/* A GW_BOOTSTRAP_TIMEOUT too short for any try (1e-7 s) says so (it said "no
+ * answer from master after 0 s (no route)", no connection having been
+ * tried). */
+static int body_timeout_before_try(void *arg) {
+  (void)arg;
+  setenv("GW_JOB_TOKEN", "tiny", 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "1e-7", 1);
+  gw_comm_t comm;
+  const gw_result_t r = gw_comm_init(&comm, 2, 1, "127.0.0.1:9");
+  const char *msg = gw_comm_last_error(NULL);
+  return r == GW_ERR_TIMEOUT && has(msg, "GW_BOOTSTRAP_TIMEOUT (1e-07 s) ran out before a connection to master "
+                                          "127.0.0.1:9 could be tried") ? 0 : 1;
+}
+
 START_TEST(test_missing_beside_stranger) {
   ck_assert_int_eq(run_ranks_raw(2, body_missing_beside_stranger, NULL, 60), 0);
+  ck_assert_msg(run_in_child(body_timeout_before_try, NULL) == 0, "a timeout too short for any try");
 }
 END_TEST
 
