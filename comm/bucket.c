@@ -733,6 +733,7 @@ static struct gw_bucketer *quarantine[QUARANTINE];
 static unsigned quarantine_next;
 
 static void quarantine_free(struct gw_bucketer *b) {
+  gw__fork_guard(&quarantine_mu); /* a parent's thread here at a fork: the child's destroy hung */
   pthread_mutex_lock(&quarantine_mu);
   struct gw_bucketer *old = quarantine[quarantine_next % QUARANTINE];
   quarantine[quarantine_next++ % QUARANTINE] = b;

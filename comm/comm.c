@@ -473,7 +473,7 @@ static void pool_fork_after(void) { pthread_mutex_unlock(&pool_mu); }
 static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
 static void pool_fork_install(void) { pthread_atfork(pool_fork_prepare, pool_fork_after, pool_fork_after); }
 
-/* A communicator to make, zeroed but for the gate, which says GOING until
+/* A communicator to make, zeroed but for the gate, which says FREE until
  * init is done (gw__live_add's caller opens it). */
 static struct gw_comm *comm_alloc(void) {
   pthread_once(&pool_fork_once, pool_fork_install);
@@ -483,7 +483,7 @@ static struct gw_comm *comm_alloc(void) {
   pthread_mutex_unlock(&pool_mu);
   if (!c) {
     c = calloc(1, sizeof *c);
-    if (c) atomic_init(&c->destroying, GW_DESTROY_GOING);
+    if (c) atomic_init(&c->destroying, GW_DESTROY_FREE);
     return c;
   }
   const size_t keep = offsetof(struct gw_comm, pool_next);
@@ -516,6 +516,7 @@ static void comm_free(struct gw_comm *c) {
   pthread_cond_destroy(&c->done_cv);
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->err_mu);
+  atomic_store(&c->destroying, GW_DESTROY_FREE); /* gw_comm_abort through a stale handle sets nothing now */
   pthread_mutex_lock(&pool_mu);
   c->pool_next = pool;
   pool = c;
@@ -694,6 +695,10 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());
   gw__live_add(c, GW_LIVE_COMM); /* whole: a destroy may take it */
+  /* A gw_comm_abort through a stale handle that saw the old destroy under
+   * way (GOING) and set its flag only after comm_alloc's clearing is not
+   * this communicator's. */
+  atomic_store(&c->aborted, false);
   atomic_store(&c->destroying, GW_DESTROY_NO); /* and calls may enter */
   *out = c;
   return GW_SUCCESS;
@@ -709,7 +714,7 @@ static bool forked_away(const struct gw_comm *comm) {
 }
 bool gw__comm_forked_away(const struct gw_comm *comm) { return forked_away(comm); }
 
-/* A call refused at the gate (GOING): the thread's error says whether the
+/* A call refused at the gate (GOING or FREE): the thread's error says whether the
  * communicator is still being destroyed or is gone (its gate outlives the
  * free, comm_alloc: every call after gw_comm_destroy returned said "being
  * destroyed on another thread", with no other thread).  Only the gate and the
@@ -728,7 +733,7 @@ static void refuse_going(const struct gw_comm *comm, const char *fn) {
 static bool peek(struct gw_comm *comm, const char *fn, bool quiet) {
   if (forked_away(comm)) return true;
   atomic_fetch_add(&comm->peeking, 1); /* seq_cst: destroy's GOING, then its look at peeking */
-  if (atomic_load(&comm->destroying) != GW_DESTROY_GOING) return true;
+  if (atomic_load(&comm->destroying) < GW_DESTROY_GOING) return true;
   atomic_fetch_sub(&comm->peeking, 1);
   if (!quiet) refuse_going(comm, fn);
   return false;
@@ -762,7 +767,7 @@ gw_result_t gw__comm_enter(struct gw_comm *comm, const char *fn) {
   struct gw_waiter w;
   gw__waiter_init(&w, 0);
   while ((state = atomic_load(&comm->destroying)) == GW_DESTROY_CHECKING) gw__waiter_pause(&w); /* its verdict */
-  if (state == GW_DESTROY_GOING) {
+  if (state >= GW_DESTROY_GOING) {
     /* Destroy frees the communicator once `inside` is 0 again: the message
      * goes to this thread's error (gw_comm_last_error(NULL)), and nothing of
      * the communicator is touched after the count (it took the lock and set

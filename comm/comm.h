@@ -200,8 +200,8 @@ struct gw_comm {
    * gw_bucketer_create, and a destroy deciding).  destroying:
    * GW_DESTROY_CHECKING while destroy counts them (a call entering meanwhile
    * waits for the verdict), GW_DESTROY_GOING once it goes ahead (a call
-   * entering then is refused), and while the memory waits for reuse or the
-   * next communicator is being made.  peeking: threads in an accessor
+   * entering then is refused), GW_DESTROY_FREE while the memory waits for
+   * reuse or the next communicator is being made (refused the same way).  peeking: threads in an accessor
    * (gw_comm_last_error, gw_comm_get_async_error, gw_comm_rank, ...; a
    * watchdog polls them beside the training thread), not a reason to refuse
    * destroy, which waits for them once it goes ahead (gw__comm_peek). */
@@ -469,7 +469,11 @@ void gw__progress_stop(struct gw_comm *comm);
 
 /* alive.c: liveness locks of the ranks on this machine. */
 void gw__alive_create(struct gw_comm *c, struct gw_peer_info *me);
-enum { GW_DESTROY_NO, GW_DESTROY_CHECKING, GW_DESTROY_GOING };
+/* In this order: a call enters below GOING.  FREE: the memory waits in the
+ * pool for reuse, or the next communicator is being made on it (gw_comm_abort
+ * through a stale handle then sets nothing: the new one's init is no destroy
+ * to tell the peers of). */
+enum { GW_DESTROY_NO, GW_DESTROY_CHECKING, GW_DESTROY_GOING, GW_DESTROY_FREE };
 /* The fork generation: bumped in every child forked without exec (a
  * handler installed by gw__fork_generation, which init calls); read on
  * every call, so a plain relaxed load there. */

@@ -50,11 +50,16 @@ gw_result_t gw_comm_abort(gw_comm_t comm) {
    * interrupted a thread inside the logger's lock deadlocked).  The operations
    * it stops say so, and destroy does.  One being destroyed or destroyed
    * (its gate, which outlives the free, says GOING) is refused, not a
-   * success, but the flag is set still: a destroy under way tells the peers
-   * of it (one done has its memory kept for reuse, which clears the flag). */
-  const bool going = atomic_load(&comm->destroying) == GW_DESTROY_GOING;
+   * success, but the flag is set still while a destroy is under way: it
+   * tells the peers.  Not once destroyed (FREE): the memory may be making the
+   * next communicator, which a stale handle's abort must leave alone.  A
+   * forked child's copy is refused too (its calls are; nothing reaches the
+   * parent's peers). */
+  if (gw__comm_forked_away(comm)) return GW_ERR_INVALID_ARGUMENT;
+  const int state = atomic_load(&comm->destroying);
+  if (state == GW_DESTROY_FREE) return GW_ERR_INVALID_ARGUMENT;
   atomic_store(&comm->aborted, true);
-  return going ? GW_ERR_INVALID_ARGUMENT : GW_SUCCESS;
+  return state == GW_DESTROY_GOING ? GW_ERR_INVALID_ARGUMENT : GW_SUCCESS;
 }
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
@@ -174,10 +179,17 @@ struct gw_registration {
 static pthread_mutex_t regs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gw_registration *regs;
 
+/* Held across fork (gw__fork_guard): a parent's thread registering at a
+ * fork left it held in the child for good, whose own registration hung. */
+static void regs_lock(void) {
+  gw__fork_guard(&regs_mu);
+  pthread_mutex_lock(&regs_mu);
+}
+
 /* Takes reg out of the live list; false if it is not there. */
 static bool regs_take(struct gw_registration *reg) {
   bool found = false;
-  pthread_mutex_lock(&regs_mu);
+  regs_lock();
   for (struct gw_registration **p = &regs; *p; p = &(*p)->next)
     if (*p == reg) {
       *p = reg->next, found = true;
@@ -213,7 +225,7 @@ gw_result_t gw_comm_register(gw_comm_t comm, void *buf, size_t bytes, void **han
     gw__comm_leave(comm);
     return r;
   }
-  pthread_mutex_lock(&regs_mu);
+  regs_lock();
   reg->next = regs, regs = reg;
   pthread_mutex_unlock(&regs_mu);
   *handle = reg;

@@ -218,5 +218,12 @@ int gw__sock_socket(int domain, int type, int protocol);
 int gw__sock_accept(int listen_fd, struct sockaddr *addr, socklen_t *len);
 void gw__sock_close(int fd);
 int gw__sock_tracked(void);
+/* forkfd.c too: a process-wide mutex held briefly, with no lock of the
+ * runtime's taken under it but the logger's, is held across every fork from
+ * the first call on (idempotent; before its first lock, where a thread of the
+ * parent may hold it at a fork): otherwise the child's own communicator hung
+ * on it for good. */
+#include <pthread.h>
+void gw__fork_guard(pthread_mutex_t *mu);
 
 #endif /* GW_CORE_H */

@@ -91,3 +91,43 @@ int gw__sock_tracked(void) {
   pthread_mutex_unlock(&ffd_mu);
   return n;
 }
+
+/* ---- leaf locks held across fork ------------------------------------------------ */
+/* One handler takes them all, in the order they came, after this registry's
+ * own lock.  Installed after the logger's (gw__log_init first), so it runs
+ * before it: a fork's prepare handlers run in the reverse order of their
+ * installation, and a leaf's holder may be waiting for the logger's lock
+ * (ib's event lock logs under it).  Leaves are not taken under one another,
+ * so any order of taking them is free of deadlock. */
+enum { FORK_LEAVES = 8 };
+static pthread_mutex_t leaves_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t *leaves[FORK_LEAVES];
+static int nleaves;
+static pthread_once_t leaves_once = PTHREAD_ONCE_INIT;
+
+static void leaves_prepare(void) {
+  pthread_mutex_lock(&leaves_mu);
+  for (int i = 0; i < nleaves; i++) pthread_mutex_lock(leaves[i]);
+}
+static void leaves_after(void) {
+  for (int i = nleaves; i-- > 0;) pthread_mutex_unlock(leaves[i]);
+  pthread_mutex_unlock(&leaves_mu);
+}
+static void leaves_install(void) {
+  gw__log_init();
+  pthread_atfork(leaves_prepare, leaves_after, leaves_after);
+}
+
+void gw__fork_guard(pthread_mutex_t *mu) {
+  pthread_once(&leaves_once, leaves_install);
+  pthread_mutex_lock(&leaves_mu);
+  int i = 0;
+  while (i < nleaves && leaves[i] != mu) i++;
+  if (i == nleaves) {
+    if (nleaves < FORK_LEAVES) leaves[nleaves++] = mu;
+    else /* a bug of gradwire's: a new leaf with no room (raise FORK_LEAVES) */
+      GW_WARN(GW_SUB_INIT, "internal: more than %d locks held across fork: a forked child may hang on one",
+              FORK_LEAVES);
+  }
+  pthread_mutex_unlock(&leaves_mu);
+}

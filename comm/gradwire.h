@@ -116,7 +116,9 @@ gw_result_t gw_comm_destroy(gw_comm_t comm);
  * with (peers are told, as for any failure).  Destroy the communicator once
  * its calls have returned; a new one can be made.  On a communicator being
  * destroyed or destroyed it returns GW_ERR_INVALID_ARGUMENT (a destroy under
- * way still tells the peers). */
+ * way still tells the peers; a destroyed one's handle leaves alone the
+ * communicator a later gw_comm_init is making in its memory), and so it does
+ * in a child forked without exec on its parent's communicators. */
 gw_result_t gw_comm_abort(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);

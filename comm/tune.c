@@ -612,5 +612,10 @@ gw_result_t gw_tune_write_comm(gw_comm_t comm, const char *path, const struct gw
                                const char *note) {
   if (!comm)
     return gw__set_thread_error("gw_tune_write_comm: no communicator"), GW_ERR_INVALID_ARGUMENT;
-  return gw__tune_write(path, comm->nranks, comm->tree_levels, samples, nsamples, note);
+  /* Its fields read through the gate: a destroyed one's wrote a row for
+   * the world size it had (1-rank: a misleading "fewer than 2 ranks"). */
+  if (!gw__comm_peek(comm, "gw_tune_write_comm")) return GW_ERR_INVALID_ARGUMENT;
+  const int nranks = comm->nranks, levels = comm->tree_levels;
+  gw__comm_unpeek(comm);
+  return gw__tune_write(path, nranks, levels, samples, nsamples, note);
 }

@@ -279,6 +279,15 @@ START_TEST(test_fit_tree_levels) {
                             1e-2);
   }
   ck_assert_int_eq(gw_tune_write_comm(NULL, path, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  /* a destroyed communicator: refused as such (its stale world size went
+   * into the file's row; one of 1 rank said "fewer than 2 ranks") */
+  gw_comm_t gone;
+  ck_assert_int_eq(gw_comm_init(&gone, 1, 0, NULL), GW_SUCCESS);
+  ck_assert_int_eq(gw_comm_destroy(gone), GW_SUCCESS);
+  ck_assert_int_eq(gw_tune_write_comm(gone, path, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "gw_tune_write_comm: ") &&
+                    strstr(gw_comm_last_error(NULL), "is not a live communicator"),
+                "%s", gw_comm_last_error(NULL));
   s[2].proto = NULL; /* was a NULL dereference */
   ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(gw_comm_last_error(NULL), "sample 2 names algorithm 'tree' and protocol '(null)'"), "%s",

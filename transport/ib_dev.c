@@ -239,13 +239,14 @@ static void on_event(int first, const struct ibv_async_event *ev) {
   }
 }
 
+static pthread_mutex_t events_mu = PTHREAD_MUTEX_INITIALIZER;
+
 void gw__ib_events(bool now_please) {
   static _Atomic double next;
-  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   const double now = gw__now();
-  if (!now_please && (now < atomic_load_explicit(&next, memory_order_relaxed) || pthread_mutex_trylock(&mu) != 0))
+  if (!now_please && (now < atomic_load_explicit(&next, memory_order_relaxed) || pthread_mutex_trylock(&events_mu) != 0))
     return;
-  if (now_please) pthread_mutex_lock(&mu);
+  if (now_please) pthread_mutex_lock(&events_mu);
   atomic_store_explicit(&next, now + 0.01, memory_order_relaxed);
   for (int p = 0; p < gw__ib_devs.n; p++) {
     int first = 0; /* each device once: its first port */
@@ -257,7 +258,7 @@ void gw__ib_events(bool now_please) {
       gw__ib_devs.v->ack_async_event(&ev);
     }
   }
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&events_mu);
 }
 
 /* Device (GPU) buffers: an HCA can write GPU memory directly (GPUDirect RDMA)
@@ -273,7 +274,14 @@ static const char *gdr_support(void) {
 
 /* GW_IB_HCA: "mlx5_0:1,mlx5_1" (device[:port], several allowed); unset: the first
  * device with an active port.  GW_IB_DISABLE=1 turns the transport off. */
+static void regs_fork_guard(void);
+
 static void ib_init(void) {
+  /* A parent's channel thread inside either at a fork left it held in the
+   * child for good: the child's own communicator hung at its first
+   * registration or device event. */
+  gw__fork_guard(&events_mu);
+  regs_fork_guard();
   if (gw__env_int("GW_IB_DISABLE", 0)) return;
   gw__ib_devs.v = gw__ibv();
   /* Registered pages kept out of forked children (a data loader's workers,
@@ -378,6 +386,8 @@ static struct {
   /* for tests: ibv_reg_mr and ibv_dereg_mr calls here, chunks sent from user memory */
   atomic_ulong reg_calls, direct_chunks, dereg_calls;
 } regs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void regs_fork_guard(void) { gw__fork_guard(&regs.lock); }
 
 unsigned long gw__ib_stat(int which) {
   return which == 0   ? atomic_load(&regs.reg_calls)
