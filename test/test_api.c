@@ -667,14 +667,18 @@ END_TEST
  * init (transport/shm.c's sweep): a file of this pid namespace whose creator's
  * pid is free, and, of any namespace, one older than a minute whose lock
  * nobody holds (a container restarted with the pod's /dev/shm kept: its new
- * pid namespace never saw the pids, and those files stayed for good).  A
+ * pid namespace never saw the pids, and those files stayed for good), and of
+ * this namespace, an unlocked one older than the process now at its pid.  A
  * locked one (its creator maps it), a new one (made, not yet locked) and one
- * of a live pid of this namespace stay. */
+ * of a live pid changed since that process started stay. */
 static void plant_file(const char *path, int age_s) {
   FILE *f = fopen(path, "w");
   ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
   fclose(f);
-  struct timespec t[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+  struct timespec now; /* to the nanosecond: a whole second fell before a process started this second */
+  clock_gettime(CLOCK_REALTIME, &now);
+  now.tv_sec -= age_s;
+  struct timespec t[2] = {now, now};
   ck_assert_int_eq(utimensat(AT_FDCWD, path, t, 0), 0);
 }
 
@@ -683,30 +687,46 @@ START_TEST(test_dead_ranks_files_swept) {
   if (dead == 0) _exit(0);
   ck_assert_int_eq(waitpid(dead, NULL, 0), dead); /* a pid now free (unless the kernel hands it out again) */
   const unsigned long long ns = (unsigned long long)gw__pidns_self();
-  char gone_pid[128], other_old[128], other_locked[128], other_new[128], live_pid_old[128];
+  char gone_pid[128], other_old[128], other_locked[128], other_new[128], live_pid_old[128], live_pid_new[128],
+      live_pid_old_locked[128];
   snprintf(gone_pid, sizeof gone_pid, "/dev/shm/gw-0badc0de-0-1-%d-7-deadbeef-%llu", (int)dead, ns);
   snprintf(other_old, sizeof other_old, "/dev/shm/gw-0badc0de-0-1-4242-7-deadbeef-%llu", ns + 1);
   snprintf(other_locked, sizeof other_locked, "/dev/shm/gw-0badc0de-0-1-4242-8-deadbeef-%llu", ns + 1);
   snprintf(other_new, sizeof other_new, "/dev/shm/gw-0badc0de-0-1-4242-9-deadbeef-%llu", ns + 1);
   snprintf(live_pid_old, sizeof live_pid_old, "/dev/shm/gw-0badc0de-0-1-%d-7-deadbeef-%llu", (int)getpid(), ns);
+  snprintf(live_pid_new, sizeof live_pid_new, "/dev/shm/gw-0badc0de-0-1-%d-8-deadbeef-%llu", (int)getpid(), ns);
+  snprintf(live_pid_old_locked, sizeof live_pid_old_locked, "/dev/shm/gw-0badc0de-0-1-%d-9-deadbeef-%llu",
+           (int)getpid(), ns);
   plant_file(gone_pid, 0);
   plant_file(other_old, 3600);
   plant_file(other_locked, 3600);
   plant_file(other_new, 0);
-  plant_file(live_pid_old, 3600); /* this process lives: its pid decides, locked or not */
-  int lk = open(other_locked, O_RDWR | O_CLOEXEC);
+  /* This process lives, but started after the file's last change: not its
+   * creator but a later process given the pid (a restarted container's pid
+   * namespace reuses the old one's number and pids): it goes, unless locked.
+   * One changed since it started, unlocked, stays: its creator's lock may
+   * have failed. */
+  plant_file(live_pid_old, 3600);
+  plant_file(live_pid_new, 0);
+  plant_file(live_pid_old_locked, 3600);
+  int lk = open(other_locked, O_RDWR | O_CLOEXEC), lk2 = open(live_pid_old_locked, O_RDWR | O_CLOEXEC);
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
   ck_assert(lk >= 0 && fcntl(lk, F_OFD_SETLK, &fl) == 0);
+  ck_assert(lk2 >= 0 && fcntl(lk2, F_OFD_SETLK, &fl) == 0);
   ck_assert_int_eq(run_ranks(2, body_sum, NULL, 60), 0);
   const int gone_left = access(gone_pid, F_OK) == 0, old_left = access(other_old, F_OK) == 0,
             locked_left = access(other_locked, F_OK) == 0, new_left = access(other_new, F_OK) == 0,
-            reused_left = access(live_pid_old, F_OK) == 0;
-  close(lk);
+            reused_left = access(live_pid_old, F_OK) == 0, live_new_left = access(live_pid_new, F_OK) == 0,
+            reused_locked_left = access(live_pid_old_locked, F_OK) == 0;
+  close(lk), close(lk2);
   unlink(gone_pid), unlink(other_old), unlink(other_locked), unlink(other_new), unlink(live_pid_old);
+  unlink(live_pid_new), unlink(live_pid_old_locked);
   /* unless the kernel gave the dead pid to another process meanwhile (tests run side by side) */
   ck_assert_msg(!gone_left || kill(dead, 0) == 0, "a dead pid's file stayed");
   ck_assert_msg(!old_left, "another pid namespace's old unlocked file stayed");
-  ck_assert_msg(reused_left, "an old unlocked file of a live pid of this namespace was removed");
+  ck_assert_msg(!reused_left, "an unlocked file older than the process now at its pid stayed");
+  ck_assert_msg(live_new_left, "an unlocked file of a live pid, changed since that process started, was removed");
+  ck_assert_msg(reused_locked_left, "a locked file of a live pid was removed");
   ck_assert_msg(locked_left, "a locked file (its creator maps it) was removed");
   ck_assert_msg(new_left, "a file just made (not locked yet) was removed");
 }

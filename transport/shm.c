@@ -141,6 +141,43 @@ static bool creator_holds(int dirfd, const char *name) {
   return held;
 }
 
+/* When this machine booted, in seconds since the epoch (the real time now
+ * less the time since boot, to the clock's precision: /proc/stat's btime is
+ * whole seconds); 0 when /proc is not this process's pid namespace's (a pid
+ * of ours would name another process there). */
+static double proc_boot_time(void) {
+  char self[32], want[32];
+  const ssize_t n = readlink("/proc/self", self, sizeof self - 1);
+  snprintf(want, sizeof want, "%d", (int)getpid());
+  if (n <= 0 || (self[n] = 0, strcmp(self, want) != 0)) return 0;
+  struct timespec rt, bt;
+  if (clock_gettime(CLOCK_REALTIME, &rt) != 0 || clock_gettime(CLOCK_BOOTTIME, &bt) != 0) return 0;
+  return (double)(rt.tv_sec - bt.tv_sec) + (double)(rt.tv_nsec - bt.tv_nsec) * 1e-9;
+}
+
+/* Whether the process now at pid started after time t (seconds since the
+ * epoch; /proc's start time counts clock ticks since boot): then it is not
+ * the one that made a file last changed at t, but a later one given its pid.
+ * False when it cannot tell (boot 0: see proc_boot_time). */
+static bool pid_started_after(int pid, double t, double boot) {
+  if (!boot) return false;
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return false;
+  const size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  unsigned long long start = 0;
+  /* after it: state (field 3) ... starttime (field 22) */
+  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                   &start) != 1)
+    return false;
+  const long tck = sysconf(_SC_CLK_TCK);
+  return tck > 0 && boot + (double)start / (double)tck > t + 0.02; /* two ticks' slack */
+}
+
 /* Leftovers of ranks killed during setup (before their peers unlinked the
  * names) under a launcher that does not sweep as gw-run does (torchrun, srun,
  * mpirun): this user's /dev/shm/gw-* files whose creator is gone.  Gone: its
@@ -151,14 +188,19 @@ static bool creator_holds(int dirfd, const char *name) {
  * restarted with the pod's /dev/shm kept (its new pid namespace never saw
  * the pids: those files stayed for good, each a FIFO's worth of the pod's
  * memory).  The age keeps a file just made, before its creator took the
- * lock.  In our own namespace the pid alone decides (a live pid keeps its
- * file, reused or not: a creator whose lock failed must not lose a segment
- * its peer has yet to open).  Once per process, at the first gw_comm_init;
- * the number removed. */
+ * lock.  In our own namespace a live pid keeps its file unless the process
+ * at that pid started after the file was last changed and nobody holds the
+ * lock: a container restarted in a new pid namespace that got the old one's
+ * number (the kernel reuses them), its ranks the old ranks' pids (2, 3, ...
+ * again), kept every crashed start's files for good until /dev/shm was full.
+ * A creator whose lock failed keeps its segment for its peer: it started
+ * before it made it.  Once per process, at the first gw_comm_init; the
+ * number removed. */
 #define SWEEP_AGE_S 60
 static int sweep_leftovers(void) {
   DIR *d = opendir("/dev/shm");
   if (!d) return 0;
+  const double boot = proc_boot_time();
   const unsigned long long own_ns = (unsigned long long)gw__pidns_self();
   const uid_t uid = geteuid();
   const time_t now = time(NULL);
@@ -179,7 +221,11 @@ static int sweep_leftovers(void) {
     const bool ours = own_ns && ns == own_ns;
     if (ours && pid == getpid()) continue;
     const bool pid_gone = ours && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-    if (pid_gone || (!ours && now - st.st_mtime > SWEEP_AGE_S && !creator_holds(dirfd(d), e->d_name)))
+    /* (its modification time is at or after its making: a creator never
+     * started after it) */
+    const bool pid_reused = ours && !pid_gone &&
+                            pid_started_after(pid, (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9, boot);
+    if (pid_gone || ((pid_reused || (!ours && now - st.st_mtime > SWEEP_AGE_S)) && !creator_holds(dirfd(d), e->d_name)))
       removed += unlinkat(dirfd(d), e->d_name, 0) == 0;
   }
   closedir(d);
