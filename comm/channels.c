@@ -4,6 +4,7 @@
  * (reductions in host memory) work on one operation.  With one channel (the
  * default) no thread exists and the operation runs on the caller's thread.  Not
  * here: the algorithms (ring.c) or how data is sliced (gw__ring_run_channel). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,9 +69,11 @@ gw_result_t gw__channels_start(struct gw_comm *comm, struct gw_errctx *err) {
   for (int ch = 1; ch < comm->nchannels; ch++) {
     struct worker_arg *a = malloc(sizeof *a);
     if (a) *a = (struct worker_arg){chans, ch};
-    if (!a || pthread_create(&chans->threads[chans->nthreads], NULL, channel_main, a) != 0) {
+    const int e = a ? pthread_create(&chans->threads[chans->nthreads], NULL, channel_main, a) : ENOMEM;
+    if (e) {
       free(a);
-      return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot start the thread of channel %d", comm->rank, ch);
+      return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot start the thread of channel %d (GW_NCHANNELS=%d): %s%s",
+                     comm->rank, ch, comm->nchannels, strerror(e), gw__thread_limit_hint(e));
     }
     chans->nthreads++;
   }

@@ -376,6 +376,8 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
 /* The same from a caller's thread outside any operation, with other calls
  * possibly on the connections (enqueue.c). */
 void gw__comm_fail_caller(struct gw_comm *comm, gw_result_t res, struct gw_errctx *err);
+/* What to raise when pthread_create failed with e ("" but for EAGAIN). */
+const char *gw__thread_limit_hint(int e);
 /* Whether this process is a child forked (without exec) from comm's owner:
  * then nothing of comm may be used (its locks may have been held at the fork,
  * its connections and FIFOs are the parent's). */

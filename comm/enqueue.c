@@ -4,6 +4,7 @@
  * communicator's progress thread (non-blocking calls and anything queued behind
  * them).  The progress thread starts with the first non-blocking call, so
  * blocking-only users never pay for it.  The algorithms live in ring.c and tree.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,16 +311,25 @@ static gw_result_t wait_request(struct gw_comm *comm, struct gw_request *req) {
   return req->result;
 }
 
-static gw_result_t start_thread_locked(struct gw_comm *comm) {
+/* The progress thread, at the first call that queues.  Failing, the call
+ * cannot run, nor can any later one that queues: the communicator fails and
+ * the peers are told by the caller (it was this rank's error alone, and its
+ * peers, already in the call, waited out GW_TIMEOUT and blamed it for not
+ * starting it). */
+static gw_result_t start_thread_locked(struct gw_comm *comm, struct gw_errctx *err) {
   if (comm->thread_started) return GW_SUCCESS;
-  if (pthread_create(&comm->thread, NULL, progress_main, comm) != 0) {
-    struct gw_errctx err;
-    gw__err(&err, GW_ERR_SYSTEM, "rank %d: cannot start the progress thread", comm->rank);
-    gw__comm_set_error(comm, err.msg);
-    return GW_ERR_SYSTEM;
-  }
+  const int e = pthread_create(&comm->thread, NULL, progress_main, comm);
+  if (e)
+    return gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot start the progress thread of its non-blocking and "
+                   "stream-ordered calls: %s%s", comm->rank, strerror(e), gw__thread_limit_hint(e));
   comm->thread_started = true;
   return GW_SUCCESS;
+}
+
+const char *gw__thread_limit_hint(int e) {
+  return e == EAGAIN ? " (this user's or container's limit on threads: ulimit -u, the cgroup's pids.max, "
+                       "kernel.threads-max)"
+                     : "";
 }
 
 /* Tests: GW_TEST_INLINE_PAUSE_US, a pause after a blocking call claims the
@@ -493,10 +503,12 @@ throttled:
     return res;
   }
   pthread_mutex_lock(&comm->mu);
-  res = start_thread_locked(comm);
+  struct gw_errctx terr;
+  res = start_thread_locked(comm, &terr);
   if (res != GW_SUCCESS) {
     pthread_mutex_unlock(&comm->mu);
     free(req);
+    gw__comm_fail_caller(comm, res, &terr);
     return res;
   }
   if (op->ordered) {

@@ -3,13 +3,16 @@
  * alone (then gw_wait completes it); gw_comm_abort from another thread while
  * several requests are queued behind one that waits fails the running one and
  * every queued one with GW_ERR_ABORTED promptly, without running the queued
- * ones, and the peer hears of it in its own calls. */
+ * ones, and the peer hears of it in its own calls; a rank that cannot start
+ * its progress thread tells its peer why. */
 #include <check.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -106,12 +109,56 @@ START_TEST(test_abort_queued) {
 }
 END_TEST
 
+/* A rank that cannot start its progress thread (its user's limit on threads
+ * reached: ulimit -u, a container's pids.max) fails its non-blocking call
+ * naming the limit, and its peer, already in the call, hears why at once.
+ * The call failed on that rank alone, with no reason given: the peer waited
+ * out GW_TIMEOUT and then said the rank had not started the call.  Rank 1
+ * drops to user nobody (its saved user id kept, to come back for destroy,
+ * which removes its files) with a thread limit of 0. */
+static int body_no_progress_thread(gw_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  gw_comm_set_timeout(comm, 60);
+  if (rank == 1) {
+    const struct rlimit none = {0, 0};
+    EXPECT(setresuid(65534, 65534, 0) == 0 && setrlimit(RLIMIT_NPROC, &none) == 0, "setresuid, setrlimit: %s",
+           strerror(errno));
+  }
+  int32_t v[64];
+  for (int i = 0; i < 64; i++) v[i] = rank + 1;
+  gw_request_t req = NULL;
+  const double t0 = test_now();
+  gw_result_t r = gw_iallreduce(v, v, 64, GW_INT32, GW_SUM, comm, NULL, &req);
+  if (r == GW_SUCCESS) r = gw_wait(&req);
+  const double took = test_now() - t0;
+  const char *msg = gw_comm_last_error(comm);
+  if (rank == 1) {
+    EXPECT(setresuid(0, 0, 0) == 0, "back to root: %s", strerror(errno));
+    EXPECT(r == GW_ERR_SYSTEM && has(msg, "cannot start the progress thread") && has(msg, "ulimit -u"),
+           "rank 1: %s: %s", gw_strerror(r), msg);
+  } else {
+    EXPECT(r == GW_ERR_REMOTE && has(msg, "rank 1: cannot start the progress thread") && took < 20,
+           "rank 0, after %.1f s: %s: %s", took, gw_strerror(r), msg);
+  }
+  return 0;
+}
+
+START_TEST(test_no_progress_thread_told) {
+  if (geteuid() != 0) {
+    printf("test_no_progress_thread_told: needs root (to drop to another user, whose thread limit binds)\n");
+    return;
+  }
+  ck_assert_int_eq(run_ranks(2, body_no_progress_thread, NULL, 90), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("requests");
   TCase *tc = tcase_create("requests");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_test_unfinished);
   tcase_add_test(tc, test_abort_queued);
+  tcase_add_test(tc, test_no_progress_thread_told);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
