@@ -166,6 +166,7 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
                  last_errno == EADDRINUSE ? "is the port in use by another job, or by another process started as "
                                             "rank 0 of this one: was rank 0 given to two processes?"
                  : last_errno == EADDRNOTAVAIL ? "is the address not one of this machine's?"
+                 : last_errno == EMFILE || last_errno == ENFILE ? "this rank is out of file descriptors: raise `ulimit -n`"
                                                : "is the port in use by another job, or is the address not one of "
                                                  "this machine's?");
 }
@@ -173,7 +174,10 @@ static gw_result_t root_listen(struct gw_bootstrap *bs, const char *host, const 
 static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const char *port,
                                 double deadline, struct gw_errctx *err) {
   int last_errno = 0, last_gai = 0, gai = 0;
-  bool tried = false; /* a lookup or a connect ended (a tiny GW_BOOTSTRAP_TIMEOUT may leave none) */
+  /* a lookup answered, or a connect was answered or had a millisecond at
+   * least (a tiny GW_BOOTSTRAP_TIMEOUT may leave none: a try with no time
+   * said "no answer from master after 0 s (Connection timed out)") */
+  bool tried = false;
   long sleep_us = 1000;
   /* The name's addresses, looked up again every 2 s at most (a late DNS
    * record, a moved service): every retry looked it up, every ~100 ms, and
@@ -188,7 +192,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
        * record may come after its pod), and named if it never does. */
       gai = resolve(host, port, false, &ai);
       const int e = errno;
-      tried = true;
+      tried |= gai != 0;
       resolved_at = gw__now();
       if (gai != 0) ai = NULL, last_gai = gai, last_errno = gai == EAI_SYSTEM ? e : 0;
       else last_gai = 0;
@@ -201,13 +205,15 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
       }
       /* Each address for at most 10 s: one that drops SYNs must not hold
        * the rest (or the whole rendezvous) for the kernel's 2 minutes. */
-      if (gw__sock_connect_deadline(fd, a->ai_addr, a->ai_addrlen, GW_MIN(deadline, gw__now() + 10.0)) == 0) {
+      const double start = gw__now(), until = GW_MIN(deadline, start + 10.0);
+      if (gw__sock_connect_deadline(fd, a->ai_addr, a->ai_addrlen, until) == 0) {
         freeaddrinfo(ai);
         gw__boot_sock_opts(fd);
         bs->socks[0] = fd;
         return GW_SUCCESS;
       }
       last_errno = errno;
+      tried |= last_errno != ETIMEDOUT || until - start >= 1e-3;
       gw__sock_close(fd);
     }
     /* This rank out of descriptors (a socket, or the resolver's files): no

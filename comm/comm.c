@@ -172,15 +172,22 @@ static gw_result_t prepare_link(struct gw_comm *c, const struct gw_link *l, stru
     /* over ib, which end has no port (one rank's GW_IB_DISABLE or GW_IB_HCA
      * read as this general note) */
     const bool ib = gw__transport_wanted() == 2, mine = c->peers[c->rank].caps & GW_CAP_IB;
-    char which[96] = "";
-    if (ib && !(mine && (c->peers[l->peer].caps & GW_CAP_IB)))
-      snprintf(which, sizeof which, "; rank %d has no ib port to use", mine ? l->peer : c->rank);
+    char which[160] = "";
+    const struct gw_peer_info *me = &c->peers[c->rank], *peer = &c->peers[l->peer];
+    if (ib && !(mine && (peer->caps & GW_CAP_IB)))
+      snprintf(which, sizeof which, ": rank %d has no ib port to use", mine ? l->peer : c->rank);
+    else if (!strcmp(me->node_id, peer->node_id) && me->shm_id != peer->shm_id) /* containers apart */
+      snprintf(which, sizeof which, ": both are on this machine but do not share /dev/shm (another mount: separate "
+               "containers?)");
+    else if (!strcmp(me->node_id, peer->node_id) && me->uid != peer->uid)
+      snprintf(which, sizeof which, ": both are on this machine but run as other users (uid %u and %u), whose "
+               "/dev/shm files are private", (unsigned)me->uid, (unsigned)peer->uid);
     return gw__err(err, GW_ERR_UNSUPPORTED,
                    "rank %d (%s): no transport connects it with rank %d (%s)%s%s", c->rank, c->peers[c->rank].host,
-                   l->peer, c->peers[l->peer].host,
-                   getenv("GW_TRANSPORT") ? ": GW_TRANSPORT restricts the choice (shm needs both on one machine, ib an "
+                   l->peer, c->peers[l->peer].host, which,
+                   getenv("GW_TRANSPORT") ? "; GW_TRANSPORT restricts the choice (shm needs both on one machine, ib an "
                                             "active port on both: GW_IB_HCA, GW_IB_DISABLE, or GW_IB_EMULATE=1 in "
-                                            "tests)" : "", which);
+                                            "tests)" : "");
   }
   struct gw_conn *conn = l->conn;
   *conn = (struct gw_conn){.tp = tp, .self = c->rank, .peer = l->peer, .is_send = l->is_send};
@@ -590,10 +597,13 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
    * others waited out GW_BOOTSTRAP_TIMEOUT, then said only that this rank
    * never came, when ranks were started without a launcher that stops them. */
   gw_result_t refused = GW_SUCCESS;
-  int64_t slot_bytes = gw__param_ShmSlotBytes(), nslots = gw__param_ShmSlots();
-  int64_t nchannels = gw__param_Channels(), nstreams = gw__param_SocketStreams();
   char bad[GW_ERRMSG_MAX];
-  if (gw__settings_refused(rank, bad, sizeof bad))
+  /* The words first: a value that is no number was warned of as "using the
+   * default" by the reads, and then refused. */
+  const bool words_bad = gw__settings_refused(rank, bad, sizeof bad);
+  int64_t slot_bytes = words_bad ? 4096 : gw__param_ShmSlotBytes(), nslots = words_bad ? 2 : gw__param_ShmSlots();
+  int64_t nchannels = words_bad ? 1 : gw__param_Channels(), nstreams = words_bad ? 1 : gw__param_SocketStreams();
+  if (words_bad)
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "%s", bad);
   else if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64)
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT,

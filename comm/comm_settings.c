@@ -126,8 +126,8 @@ bool gw__settings_refused(int rank, char *buf, size_t len) {
     const char *v = getenv(ints[i]);
     if (!strcmp(ints[i], "GW_EXCHANGE_MAX_BYTES") && v && !strcasecmp(v, "auto")) continue; /* its default's name */
     if (!gw__env_int_parses(ints[i])) {
-      snprintf(buf, len, "rank %d: %s=%.60s is not an integer (digits, or 0x and hex digits, and K, M or G after "
-               "them if you like)", rank, ints[i], v);
+      snprintf(buf, len, "rank %d: %s=%.60s is not an integer of at most 64 bits (digits, or 0x and hex digits, "
+               "and K, M or G after them if you like)", rank, ints[i], v);
       return true;
     }
   }

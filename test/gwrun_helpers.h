@@ -105,4 +105,7 @@ void gwrun_add_log_tests(TCase *tc);
 /* test_gwrun_cause.c's cases: where a failure began (GW_ERROR_FILE records). */
 void gwrun_add_cause_tests(TCase *tc);
 
+/* What gw-run adds to a fork refused with EAGAIN. */
+#define GWRUN_FORK_LIMIT_HINT " (this user's or container's limit on processes and threads: ulimit -u, the cgroup's pids.max)"
+
 #endif

@@ -5,12 +5,16 @@
  * MPI, inner launchers over outer ones' leftovers; GW_TIMEOUT checked;
  * GW_DEBUG_SUBSYS lists that name nothing or run past the buffer said. */
 #include <check.h>
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "comm.h" /* gw__slurm_first_host; the timeout */
@@ -393,7 +397,39 @@ START_TEST(test_debug_subsys_said) {
 }
 END_TEST
 
+/* GW_TRANSPORT=shm between two ranks of one machine that do not share
+ * /dev/shm (rank 1 in a mount namespace of its own, as another container):
+ * the refusal says so (it said "shm needs both on one machine", both were). */
+static int own_dev_shm(void) {
+  return unshare(CLONE_NEWNS) == 0 && mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+         mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m") == 0;
+}
+
+static int body_apart(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  EXPECT(rank == 0 || own_dev_shm(), "rank 1: a /dev/shm of its own: %s", strerror(errno));
+  setenv("GW_TRANSPORT", "shm", 1);
+  gw_comm_t comm;
+  const gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  EXPECT(r == GW_ERR_UNSUPPORTED && has(gw_comm_last_error(NULL), "both are on this machine but do not share /dev/shm"),
+         "rank %d: %s: %s", rank, gw_strerror(r), gw_comm_last_error(NULL));
+  return 0;
+}
+
+START_TEST(test_shm_apart_said) {
+  const pid_t p = fork(); /* can a process here have a /dev/shm of its own? (root, no seccomp in the way) */
+  if (p == 0) _exit(own_dev_shm() ? 0 : 1);
+  int st = 0;
+  if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    printf("test_shm_apart_said: no mount namespace of one's own here: not run\n");
+    return;
+  }
+  ck_assert_int_eq(run_ranks_raw(2, body_apart, NULL, 60), 0);
+}
+END_TEST
+
 void add_env_tests(TCase *tc) {
+  tcase_add_test(tc, test_shm_apart_said);
   tcase_add_test(tc, test_debug_subsys_said);
   tcase_add_test(tc, test_env_launchers);
   tcase_add_test(tc, test_long_launcher_id_hashed);

@@ -78,8 +78,8 @@ START_TEST(test_fork_failure)
     const char *env[] = {"GW_RUN_KILL_GRACE=30", "GW_RUN_TEST_FORK_FAIL=2", NULL};
     const char *args[] = {"-n", "4", "sh", "-c", "exec sleep 30", NULL};
     gwrun_run(&r, env, args);
-    char want[200];
-    snprintf(want, sizeof want, "gw-run: cannot start rank 2: fork failed: %s", strerror(EAGAIN));
+    char want[300];
+    snprintf(want, sizeof want, "gw-run: cannot start rank 2: fork failed: %s" GWRUN_FORK_LIMIT_HINT, strerror(EAGAIN));
     ck_assert_msg(r.code == 1, "exit code %d, stderr:\n%s", r.code, r.err);
     ck_assert_msg(r.elapsed < 20.0, "took %.1f s: ranks 0 and 1 were not stopped", r.elapsed);
     ck_assert_msg(gwrun_has_line(r.err, want), "stderr lacks '%s':\n%s", want, r.err);

@@ -264,7 +264,7 @@ START_TEST(test_multinode_launch_failure)
     nodes_wait(r, 3);
     char want[800];
     snprintf(want, sizeof want,
-             "gw-run: node 1 (host %s): cannot start rank 3: fork failed: %s", hostname(),
+             "gw-run: node 1 (host %s): cannot start rank 3: fork failed: %s" GWRUN_FORK_LIMIT_HINT, hostname(),
              strerror(EAGAIN));
     for (int i = 0; i < 3; i++) {
         ck_assert_msg(r[i].code == 1, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
@@ -273,7 +273,7 @@ START_TEST(test_multinode_launch_failure)
     }
     ck_assert_msg(gwrun_has_line(r[0].err, want), "node 0 stderr lacks '%s':\n%s", want, r[0].err);
     ck_assert_msg(gwrun_has_line(r[2].err, want), "node 2 stderr lacks '%s':\n%s", want, r[2].err);
-    snprintf(want, sizeof want, "gw-run: cannot start rank 3: fork failed: %s", strerror(EAGAIN));
+    snprintf(want, sizeof want, "gw-run: cannot start rank 3: fork failed: %s" GWRUN_FORK_LIMIT_HINT, strerror(EAGAIN));
     ck_assert_msg(gwrun_has_line(r[1].err, want), "node 1 stderr lacks '%s':\n%s", want, r[1].err);
     gwrun_nodes_free(r, 3);
 }
@@ -783,8 +783,8 @@ START_TEST(test_multinode_launch_failure_stands)
     node_start(&r[0], env0, port, 2, 0, "1", "exit 0");
     nodes_wait(r, 2);
     ck_assert_msg(failed, "node 1's rank did not fail first; stderr:\n%s", r[1].err);
-    char want[200];
-    snprintf(want, sizeof want, "gw-run: cannot start rank 0: fork failed: %s", strerror(EAGAIN));
+    char want[300];
+    snprintf(want, sizeof want, "gw-run: cannot start rank 0: fork failed: %s" GWRUN_FORK_LIMIT_HINT, strerror(EAGAIN));
     ck_assert_msg(r[0].code == 1 && gwrun_has_line(r[0].err, want), "node 0: exit code %d, stderr:\n%s", r[0].code,
                   r[0].err);
     ck_assert_msg(r[1].code == 5, "node 1: exit code %d, stderr:\n%s", r[1].code, r[1].err);

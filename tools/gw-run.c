@@ -228,8 +228,11 @@ static void spawn_all(int local_n, int node_rank, char **argv)
         for (int k = 0; k < 3; k++)
             close(pp[k][1]);
         if (pid < 0) {
-            snprintf(why, sizeof why, "cannot start rank %d: fork failed: %s", r->global,
-                     strerror(fork_errno));
+            snprintf(why, sizeof why, "cannot start rank %d: fork failed: %s%s", r->global,
+                     strerror(fork_errno),
+                     fork_errno == EAGAIN ? " (this user's or container's limit on processes and threads: "
+                                            "ulimit -u, the cgroup's pids.max)"
+                                          : "");
             for (int k = 0; k < 3; k++)
                 close(pp[k][0]);
             gw__run_logs_close(i, 0), gw__run_logs_close(i, 1);

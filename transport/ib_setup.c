@@ -274,8 +274,8 @@ gw_result_t gw__ib_recv_setup(struct gw_conn *c, const struct gw_conn_params *p,
   if (t->listen_fd < 0) {
     char where[96];
     gw__sock_addr_str(&p->local_addr, where, sizeof where);
-    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s (check GW_SOCKET_IFNAME)",
-                  c->self, c->peer, where, strerror(errno));
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s%s", c->self,
+                  c->peer, where, strerror(errno), gw__sock_listen_hint(errno));
     goto fail;
   }
   struct ib_handle h = {.magic = IB_HANDLE_MAGIC, .nqps = (uint8_t)t->nqps, .nslots = (uint8_t)t->nslots,

@@ -241,6 +241,11 @@ int gw__shm_sweep(void) {
   return atomic_exchange(&swept, 0); /* told once */
 }
 
+/* The FIFOs this process made and holds (receiving ends): how much of
+ * /dev/shm it took, for the message when there is no room for the next. */
+static _Atomic int held_fifos;
+static _Atomic unsigned long long held_bytes;
+
 static bool shm_can_connect(const struct gw_peer_info *self, const struct gw_peer_info *peer) {
   return strcmp(self->node_id, peer->node_id) == 0 && self->shm_id == peer->shm_id && self->uid == peer->uid;
 }
@@ -273,8 +278,12 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0) {
-    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: shm_open(%s) failed: %s (is /dev/shm mounted and writable?)",
-                  c->self, s->name, strerror(errno));
+    const int e = errno;
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: shm_open(%s) failed: %s (%s)", c->self, s->name, strerror(e),
+                  e == EMFILE || e == ENFILE ? "this rank is out of file descriptors: raise `ulimit -n`"
+                  : e == ENOSPC ? "/dev/shm has no room for another file: see `df -i /dev/shm` and `df -h /dev/shm`"
+                  : e == ENOMEM ? "this machine is out of memory"
+                                : "is /dev/shm mounted and writable? GW_TRANSPORT=tcp runs without it");
     goto fail_free;
   }
   /* Held while this rank maps it (sweep_leftovers); without locks there, the
@@ -310,12 +319,19 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
     if (statvfs("/dev/shm", &vs) == 0)
       snprintf(room, sizeof room, " (it has %.1f MiB free of %.1f MiB)", (double)vs.f_bavail * vs.f_frsize / 1048576.0,
                (double)vs.f_blocks * vs.f_frsize / 1048576.0);
+    /* What this rank took already, so that /dev/shm can be sized (the
+     * README's table gives a job's need). */
+    const int held = atomic_load(&held_fifos);
+    char holds[96] = "";
+    if (held)
+      snprintf(holds, sizeof holds, "; this rank holds %d FIFO%s (%.1f MiB) already (README: a job's need)",
+               held, held == 1 ? "" : "s", (double)atomic_load(&held_bytes) / 1048576.0);
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot reserve %zu bytes of /dev/shm%s for the FIFO from rank %d: "
-                  "%s: %s, or lower GW_SHM_SLOTS / GW_SHM_SLOT_BYTES (%u slots of %u bytes per connection now)",
-                  c->self, s->map_size, room, c->peer, strerror(fe),
+                  "%s: %s, lower GW_SHM_SLOTS / GW_SHM_SLOT_BYTES (%u slots of %u bytes now), or set GW_ALGO=ring "
+                  "(ring FIFOs only)%s", c->self, s->map_size, room, c->peer, strerror(fe),
                   fe == ENOMEM ? "the process's memory limit (a cgroup's) is reached: raise it"
                                : "enlarge /dev/shm (docker --shm-size, a Memory emptyDir on Kubernetes)",
-                  s->nslots, s->slot_bytes);
+                  s->nslots, s->slot_bytes, holds);
     goto fail_unlink;
   }
   /* MAP_POPULATE: first-touch page faults are very slow on some machines, so all of
@@ -347,6 +363,8 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
   memset(out, 0, sizeof *out);
   memcpy(out->bytes, &h, sizeof h);
   c->priv = s;
+  atomic_fetch_add(&held_fifos, 1);
+  atomic_fetch_add(&held_bytes, s->map_size);
   return GW_SUCCESS;
 
 fail_unlink:
@@ -565,6 +583,7 @@ static void shm_close(struct gw_conn *c) {
   struct shm_conn *s = c->priv;
   if (!s) return;
   if (!c->is_send && !s->owner_unlinked) shm_unlink(s->name);
+  if (!c->is_send) atomic_fetch_sub(&held_fifos, 1), atomic_fetch_sub(&held_bytes, s->map_size);
   if (s->ctrl && !c->keep_mapped) munmap(s->ctrl, s->map_size);
   free(s->stage);
   free(s);

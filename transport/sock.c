@@ -395,6 +395,12 @@ enum gw_local_link gw__sock_local_down(int fd, char *why, size_t len) {
   return link;
 }
 
+const char *gw__sock_listen_hint(int e) {
+  const char *hint;
+  gw__sock_errno_kind(e, &hint);
+  return *hint ? hint : " (check GW_SOCKET_IFNAME)";
+}
+
 gw_result_t gw__sock_errno_kind(int e, const char **hint) {
   *hint = "";
   switch (e) {

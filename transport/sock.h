@@ -103,6 +103,9 @@ void gw__sock_tune(int fd);
  * reset, refused, timed out, host unreachable); *hint: words to add for this
  * rank's own, or "". */
 gw_result_t gw__sock_errno_kind(int e, const char **hint);
+/* What to add to a failed listen of a transport's (errno e): the errno's
+ * hint above, else the interface setting. */
+const char *gw__sock_listen_hint(int e);
 /* Whether this machine's side of fd's connection is gone: GW_LOCAL_DOWN when
  * the interface its local address is on is down or no interface has that
  * address any more (then a timeout or an unreachable peer on it is this

@@ -175,8 +175,8 @@ static gw_result_t tcp_recv_setup(struct gw_conn *c, const struct gw_conn_params
   gw__sock_addr_str(&p->local_addr, where, sizeof where);
   t->listen_fd = gw__sock_listen(&p->local_addr, p->local_addr_len, GW_LISTEN_BACKLOG, &a);
   if (t->listen_fd < 0) {
-    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s (check GW_SOCKET_IFNAME)",
-                  c->self, c->peer, where, strerror(errno));
+    res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot listen for rank %d on %s: %s%s", c->self,
+                  c->peer, where, strerror(errno), gw__sock_listen_hint(errno));
     goto fail;
   }
   GW_CHECK_GOTO(alloc_slots(c, t, err), res, fail);
