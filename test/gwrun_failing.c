@@ -9,14 +9,49 @@
  * program's record came first), then takes GWF_LINGER seconds (default 3)
  * before exiting 1, as a program cleaning up or saving would.  The others
  * call one allreduce, which fails with the notice, and exit 1 at once: gw-run
- * sees them fail first. */
+ * sees them fail first.
+ *
+ * GWF_DIE_AFTER=S instead: a rank a long time dying, as the kernel sees it.
+ * Its main thread ends at once (the process is then "exiting" until its last
+ * thread is); another waits for that, makes the file GWF_DIE_MARK, and kills
+ * the process with SIGKILL S seconds later.  No communicator. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "gradwire.h"
 
+static char main_state(void) {
+  char path[64], st[512] = "";
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)getpid());
+  FILE *f = fopen(path, "r");
+  if (!f) return '?';
+  const size_t n = fread(st, 1, sizeof st - 1, f);
+  fclose(f);
+  st[n] = 0;
+  const char *p = strrchr(st, ')');
+  return p && p[1] && p[2] ? p[2] : '?';
+}
+
+static void *die_late(void *arg) {
+  for (int i = 0; i < 5000 && main_state() != 'Z'; i++) usleep(1000);
+  const char *mark = getenv("GWF_DIE_MARK");
+  if (mark) close(open(mark, O_CREAT | O_WRONLY, 0644));
+  usleep((useconds_t)(atof(arg) * 1e6));
+  kill(getpid(), SIGKILL);
+  return NULL;
+}
+
 int main(void) {
+  if (getenv("GWF_DIE_AFTER")) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, die_late, getenv("GWF_DIE_AFTER")) != 0) return 2;
+    pthread_exit(NULL);
+  }
   gw_comm_t comm;
   if (gw_comm_init_env(&comm) != GW_SUCCESS) {
     fprintf(stderr, "gwrun_failing: init: %s\n", gw_comm_last_error(NULL));

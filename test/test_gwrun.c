@@ -166,6 +166,7 @@ START_TEST(test_leftover_shm_removed)
                           "/dev/shm/gw-0badf00d-0-1-$$-7-deadbeef; echo $$ > \"$D/pid\"; "
                           "sh -c 'touch /dev/shm/gw-cf1c0cd6-0-1-$$-8-feedface-$(stat -L -c %i /proc/self/ns/pid); "
                           "echo $$ > \"$D/gpid\"'; "
+                          "touch /dev/shm/gw-cf1c0cd6-0-1-$$-9-cafebabe-$(($(stat -L -c %i /proc/self/ns/pid) + 1)); "
                           "exit 3; fi; exec sleep 30",
                           NULL};
     gwrun_run(&r, env, args);
@@ -187,9 +188,14 @@ START_TEST(test_leftover_shm_removed)
     char mine[128];
     snprintf(mine, sizeof mine, "/dev/shm/gw-%s-0-1-%d-7-deadbeef", hash, (int)pid1);
     snprintf(other_job, sizeof other_job, "/dev/shm/gw-0badf00d-0-1-%d-7-deadbeef", (int)pid1);
+    /* rank 1's pid, but of another pid namespace: another job's there (the same token), kept */
+    char ns_of_rank[128];
+    snprintf(ns_of_rank, sizeof ns_of_rank, "/dev/shm/gw-%s-0-1-%d-9-cafebabe-%llu", hash, (int)pid1,
+             (unsigned long long)nsst.st_ino + 1);
     bool mine_gone = access(mine, F_OK) != 0, pid_kept = access(other_pid, F_OK) == 0,
-         job_kept = access(other_job, F_OK) == 0;
-    unlink(mine), unlink(other_pid), unlink(other_job);
+         job_kept = access(other_job, F_OK) == 0, ns_of_rank_kept = access(ns_of_rank, F_OK) == 0;
+    unlink(mine), unlink(other_pid), unlink(other_job), unlink(ns_of_rank);
+    ck_assert_msg(ns_of_rank_kept, "%s (a rank's pid in another pid namespace) was removed", ns_of_rank);
     ck_assert_msg(r.code == 3 && pid1 > 0, "exit code %d, rank 1 pid %d, stderr:\n%s", r.code, (int)pid1, r.err);
     ck_assert_msg(mine_gone, "%s was left", mine);
     ck_assert_msg(gpid > 0 && grandchild_gone, "%s (a dead grandchild's) was left", grandchild);

@@ -330,8 +330,41 @@ START_TEST(test_failure_origin_named_after_signal)
 }
 END_TEST
 
+/* A rank killed by a signal closes its files (its peers see it gone and may
+ * exit 1 at once) before gw-run can collect it: such a peer's exit 1 came
+ * first about 3 runs in 100 and was the job's failure, the crash reported
+ * after it.  gw-run now waits (at most 0.5 s) for a rank the kernel counts as
+ * dying before it judges an exit with a code.  Here rank 1 is long dying
+ * (its main thread gone, SIGKILL 0.3 s after it is), and rank 0 exits 1 once
+ * it is: the job's code is SIGKILL's, and both are reported. */
+START_TEST(test_dying_rank_over_exit)
+{
+    char mark[] = "/tmp/gwrun-dying-XXXXXX", script[1024];
+    ck_assert_ptr_nonnull(mkdtemp(mark));
+    snprintf(script, sizeof script,
+             "if [ \"$GW_RANK\" = 1 ]; then GWF_DIE_AFTER=0.3 GWF_DIE_MARK=%s/dying exec %s; fi; i=0; "
+             "while [ ! -e %s/dying ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 1",
+             mark, failing_bin(), mark);
+    const char *env[] = {"GW_RUN_KILL_GRACE=30", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
+    struct run r;
+    gwrun_run(&r, env, args);
+    char path[96];
+    snprintf(path, sizeof path, "%s/dying", mark);
+    const bool marked = access(path, F_OK) == 0;
+    unlink(path), rmdir(mark);
+    ck_assert_msg(marked, "rank 1 did not get to dying; stderr:\n%s", r.err);
+    ck_assert_msg(r.code == 128 + SIGKILL, "exit code %d, not SIGKILL's; stderr:\n%s", r.code, r.err);
+    ck_assert_msg(strstr(r.err, "gw-run: rank 1 (pid") && strstr(r.err, "killed by signal 9") &&
+                      strstr(r.err, "gw-run: rank 0 (pid") && strstr(r.err, "exited with code 1"),
+                  "stderr does not report both:\n%s", r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 void gwrun_add_cause_tests(TCase *tc)
 {
+    tcase_add_test(tc, test_dying_rank_over_exit);
     tcase_add_test(tc, test_failure_origin_named_after_signal);
     tcase_add_test(tc, test_failure_origin_named);
     tcase_add_test(tc, test_failure_records_read);

@@ -265,12 +265,13 @@ void gw__run_remove_leftover_shm(const char *token)
          * wrapper (a script that runs python without exec) creates them in a
          * process that is not gw-run's child.  The name ends with the
          * creator's pid namespace: a pid from another one (a container
-         * sharing /dev/shm) says nothing here. */
-        const bool ours = gw__run_started_pid((pid_t)pid);
+         * sharing /dev/shm) says nothing here, not even one gw-run started
+         * (another job of the same token there had its live segment taken). */
         const char *dash = strrchr(e->d_name, '-');
         char *end = NULL;
         const unsigned long long ns = dash ? strtoull(dash + 1, &end, 10) : 0;
-        const bool here = ns && end && !*end && ns == (unsigned long long)own_pidns;
+        const bool named = ns && end && !*end, here = named && ns == (unsigned long long)own_pidns;
+        const bool ours = gw__run_started_pid((pid_t)pid) && (here || !named || !own_pidns);
         if (!ours && (!here || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH))
             continue;
         char path[300];

@@ -389,8 +389,15 @@ static gw_result_t shm_send_connect(struct gw_conn *c, const struct gw_conn_para
   if (!s) return gw__err(err, GW_ERR_SYSTEM, "rank %d: out of memory", c->self);
   int fd = shm_open(h.name, O_RDWR, 0600);
   if (fd < 0) {
-    gw_result_t res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot open rank %d's segment %s: %s",
-                              c->self, c->peer, h.name, strerror(errno));
+    /* Gone since rank peer published it: its creator removed it, failing
+     * during setup (its own reason reaches the others; this rank's was taken
+     * for the job's first failure, "the failure began at" this rank). */
+    const int e = errno;
+    gw_result_t res = e == ENOENT
+        ? gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d's segment %s is gone: rank %d removed it, failing during "
+                  "setup (or something else removed /dev/shm files)", c->self, c->peer, h.name, c->peer)
+        : gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot open rank %d's segment %s: %s", c->self, c->peer, h.name,
+                  strerror(e));
     free(s);
     return res;
   }
