@@ -200,7 +200,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
       int fd = gw__sock_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
       if (fd < 0) {
-        last_errno = errno;
+        last_errno = errno, tried = true; /* an answer too (EAFNOSUPPORT, EMFILE, ...) */
         continue;
       }
       /* Each address for at most 10 s: one that drops SYNs must not hold
@@ -212,8 +212,9 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
         bs->socks[0] = fd;
         return GW_SUCCESS;
       }
-      last_errno = errno;
-      tried |= last_errno != ETIMEDOUT || until - start >= 1e-3;
+      /* (a try with no time keeps the last real answer: "refused" stayed
+       * "timed out" when the deadline came during the last one) */
+      if (errno != ETIMEDOUT || until - start >= 1e-3) last_errno = errno, tried = true;
       gw__sock_close(fd);
     }
     /* This rank out of descriptors (a socket, or the resolver's files): no
@@ -240,7 +241,7 @@ static gw_result_t peer_connect(struct gw_bootstrap *bs, const char *host, const
   if (last_gai && last_gai != EAI_SYSTEM)
     return gw__err(err, GW_ERR_TIMEOUT, "rank %d: cannot resolve the master's name in %s for %.0f s: %s", bs->rank,
                    bs->master, bs->timeout_s, gai_strerror(last_gai));
-  return gw__err(err, GW_ERR_TIMEOUT, "rank %d: no answer from master %s after %.0f s (%s); is rank 0 running?",
+  return gw__err(err, GW_ERR_TIMEOUT, "rank %d: no answer from master %s after %g s (%s); is rank 0 running?",
                  bs->rank, bs->master, bs->timeout_s, last_errno ? strerror(last_errno) : "no route");
 }
 

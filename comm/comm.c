@@ -183,9 +183,10 @@ static gw_result_t prepare_link(struct gw_comm *c, const struct gw_link *l, stru
       snprintf(which, sizeof which, ": both are on this machine but run as other users (uid %u and %u), whose "
                "/dev/shm files are private", (unsigned)me->uid, (unsigned)peer->uid);
     return gw__err(err, GW_ERR_UNSUPPORTED,
-                   "rank %d (%s): no transport connects it with rank %d (%s)%s%s", c->rank, c->peers[c->rank].host,
-                   l->peer, c->peers[l->peer].host, which,
-                   getenv("GW_TRANSPORT") ? "; GW_TRANSPORT restricts the choice (shm needs both on one machine, ib an "
+                   "rank %d (%s): no transport connects it with rank %d (%s)%s%s%s", c->rank,
+                   c->peers[c->rank].host, l->peer, c->peers[l->peer].host, which,
+                   !getenv("GW_TRANSPORT") ? "" : which[0] ? "; " : ": ",
+                   getenv("GW_TRANSPORT") ? "GW_TRANSPORT restricts the choice (shm needs both on one machine, ib an "
                                             "active port on both: GW_IB_HCA, GW_IB_DISABLE, or GW_IB_EMULATE=1 in "
                                             "tests)" : "");
   }

@@ -328,7 +328,7 @@ static gw_result_t start_thread_locked(struct gw_comm *comm, struct gw_errctx *e
 
 const char *gw__thread_limit_hint(int e) {
   return e == EAGAIN ? " (this user's or container's limit on threads: ulimit -u, the cgroup's pids.max, "
-                       "kernel.threads-max)"
+                       "kernel.threads-max; or no memory for the thread's stack: ulimit -v, vm.max_map_count)"
                      : "";
 }
 

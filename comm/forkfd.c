@@ -124,10 +124,11 @@ void gw__fork_guard(pthread_mutex_t *mu) {
   int i = 0;
   while (i < nleaves && leaves[i] != mu) i++;
   if (i == nleaves) {
+    static bool said;
     if (nleaves < FORK_LEAVES) leaves[nleaves++] = mu;
-    else /* a bug of gradwire's: a new leaf with no room (raise FORK_LEAVES) */
-      GW_WARN(GW_SUB_INIT, "internal: more than %d locks held across fork: a forked child may hang on one",
-              FORK_LEAVES);
+    else if (!said) /* a bug of gradwire's: a new leaf with no room (raise FORK_LEAVES) */
+      said = true, GW_WARN(GW_SUB_INIT, "internal: more than %d locks held across fork: a forked child may hang on "
+                           "one", FORK_LEAVES);
   }
   pthread_mutex_unlock(&leaves_mu);
 }

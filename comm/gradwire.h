@@ -60,7 +60,12 @@ typedef enum {
   GW_MAX = 2,
   GW_MIN = 3,
   GW_AVG = 4, /* SUM, then one division by the number of ranks (integers: the
-               * wrapped sum divided, truncating: int8 100 and 100 average -28) */
+               * wrapped sum divided, truncating: int8 100 and 100 average -28).
+               * The division goes with the last addition, float16 and bfloat16
+               * in float32 there: a sum that overflows the type only in that
+               * last addition (2 ranks: the only one) averages to a finite
+               * value, one that overflows in an earlier partial sum (3 ranks
+               * or more) to inf; gw_bucketer_set_divide_first divides first. */
   GW_NUM_OPS = 5
 } gw_op_t;
 
@@ -116,9 +121,11 @@ gw_result_t gw_comm_destroy(gw_comm_t comm);
  * with (peers are told, as for any failure).  Destroy the communicator once
  * its calls have returned; a new one can be made.  On a communicator being
  * destroyed or destroyed it returns GW_ERR_INVALID_ARGUMENT (a destroy under
- * way still tells the peers; a destroyed one's handle leaves alone the
- * communicator a later gw_comm_init is making in its memory), and so it does
- * in a child forked without exec on its parent's communicators. */
+ * way may still tell the peers; a destroyed one's handle leaves alone the
+ * communicator a later gw_comm_init is making in its memory, but for an abort
+ * that read the old state and was held up past that whole init: drop stale
+ * handles), and so it does in a child forked without exec on its parent's
+ * communicators. */
 gw_result_t gw_comm_abort(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);

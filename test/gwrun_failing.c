@@ -11,10 +11,12 @@
  * call one allreduce, which fails with the notice, and exit 1 at once: gw-run
  * sees them fail first.
  *
- * GWF_DIE_AFTER=S instead: a rank a long time dying, as the kernel sees it.
- * Its main thread ends at once (the process is then "exiting" until its last
- * thread is); another waits for that, makes the file GWF_DIE_MARK, and kills
- * the process with SIGKILL S seconds later.  No communicator. */
+ * GWF_DIE_WHEN_GONE=FILE instead: a rank a long time dying, as the kernel
+ * sees it.  Its main thread ends at once (the process is then "exiting"
+ * until its last thread is); another waits for that, makes the file
+ * GWF_DIE_MARK, then waits for FILE to hold a pid and for that process to be
+ * gone (collected by gw-run), and kills this one with SIGKILL at once.  No
+ * communicator. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -41,15 +43,22 @@ static void *die_late(void *arg) {
   for (int i = 0; i < 5000 && main_state() != 'Z'; i++) usleep(1000);
   const char *mark = getenv("GWF_DIE_MARK");
   if (mark) close(open(mark, O_CREAT | O_WRONLY, 0644));
-  usleep((useconds_t)(atof(arg) * 1e6));
+  long pid = 0;
+  for (int i = 0; i < 20000 && pid <= 0; i++) { /* 20 s at most */
+    FILE *f = fopen(arg, "r");
+    if (!f || fscanf(f, "%ld", &pid) != 1) pid = 0;
+    if (f) fclose(f);
+    if (pid <= 0) usleep(1000);
+  }
+  for (int i = 0; i < 20000 && pid > 0 && kill((pid_t)pid, 0) == 0; i++) usleep(1000);
   kill(getpid(), SIGKILL);
   return NULL;
 }
 
 int main(void) {
-  if (getenv("GWF_DIE_AFTER")) {
+  if (getenv("GWF_DIE_WHEN_GONE")) {
     pthread_t t;
-    if (pthread_create(&t, NULL, die_late, getenv("GWF_DIE_AFTER")) != 0) return 2;
+    if (pthread_create(&t, NULL, die_late, getenv("GWF_DIE_WHEN_GONE")) != 0) return 2;
     pthread_exit(NULL);
   }
   gw_comm_t comm;

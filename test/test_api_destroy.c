@@ -357,32 +357,37 @@ END_TEST
  * (the pool gives it back): refused, and the new communicator is not aborted.
  * It was refused but set the flag all the same, which stuck to the one being
  * made: its first allreduce failed as "aborted" on rank 0 and as a peer's
- * failure on rank 1.  Rank 1 comes 0.3 s late, so rank 0 is inside init when
- * the abort comes (a slower machine only makes the test pass without it). */
+ * failure on rank 1.  Rank 1 comes to the second init once the abort was
+ * made, so rank 0 is inside init when it comes. */
 struct stale_abort {
   gw_comm_t old;
   gw_result_t r;
+  _Atomic int *done; /* shared with rank 1, which joins the second init after it */
 };
 
 static void *abort_stale(void *arg) {
   struct stale_abort *a = arg;
   usleep(50 * 1000);
   a->r = gw_comm_abort(a->old);
+  atomic_store(a->done, 1);
   return NULL;
 }
 
+static char stale_master2[64]; /* the second job's: the first's may still be in TIME_WAIT */
+
 static int body_stale_abort(int rank, int n, const char *master, void *arg) {
-  const char *master2 = arg; /* the second job's: the first's may still be in TIME_WAIT */
+  _Atomic int *aborted = arg;
   gw_comm_t a, b;
   EXPECT(gw_comm_init(&a, n, rank, master) == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
   float x = 1;
   EXPECT(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, a, NULL) == GW_SUCCESS && gw_comm_destroy(a) == GW_SUCCESS,
          "the first communicator: %s", gw_comm_last_error(a));
-  struct stale_abort st = {a, GW_SUCCESS};
+  struct stale_abort st = {a, GW_SUCCESS, aborted};
   pthread_t t;
   if (rank == 0) EXPECT(pthread_create(&t, NULL, abort_stale, &st) == 0, "pthread_create");
-  if (rank == 1) usleep(300 * 1000);
-  const gw_result_t r = gw_comm_init(&b, n, rank, master2);
+  if (rank == 1) /* rank 0 is inside init until then (a handshake: a late abort hit the new one by right) */
+    for (double t0 = test_now(); !atomic_load(aborted) && test_now() - t0 < 20;) usleep(1000);
+  const gw_result_t r = gw_comm_init(&b, n, rank, stale_master2);
   if (rank == 0) pthread_join(t, NULL);
   EXPECT(r == GW_SUCCESS, "the second init: %s", gw_comm_last_error(NULL));
   if (rank == 0) {
@@ -397,9 +402,10 @@ static int body_stale_abort(int rank, int n, const char *master, void *arg) {
 }
 
 START_TEST(test_stale_abort_leaves_next_comm) {
-  char master2[64];
-  snprintf(master2, sizeof master2, "127.0.0.1:%d", free_port());
-  ck_assert_int_eq(run_ranks_raw(2, body_stale_abort, master2, 60), 0);
+  snprintf(stale_master2, sizeof stale_master2, "127.0.0.1:%d", free_port());
+  _Atomic int *aborted = test_shared_int();
+  ck_assert_int_eq(run_ranks_raw(2, body_stale_abort, (void *)aborted, 60), 0);
+  test_shared_free(aborted);
 }
 END_TEST
 

@@ -332,19 +332,22 @@ END_TEST
 
 /* A rank killed by a signal closes its files (its peers see it gone and may
  * exit 1 at once) before gw-run can collect it: such a peer's exit 1 came
- * first about 3 runs in 100 and was the job's failure, the crash reported
+ * first about 8 runs in 100 and was the job's failure, the crash reported
  * after it.  gw-run now waits (at most 0.5 s) for a rank the kernel counts as
  * dying before it judges an exit with a code.  Here rank 1 is long dying
- * (its main thread gone, SIGKILL 0.3 s after it is), and rank 0 exits 1 once
- * it is: the job's code is SIGKILL's, and both are reported. */
+ * (its main thread gone), rank 0 exits 1 once it is, and rank 1 kills
+ * itself once gw-run collected rank 0 (a handshake, no sleep: without the
+ * wait gw-run has judged by then): the job's code is SIGKILL's, and both are
+ * reported. */
 START_TEST(test_dying_rank_over_exit)
 {
     char mark[] = "/tmp/gwrun-dying-XXXXXX", script[1024];
     ck_assert_ptr_nonnull(mkdtemp(mark));
     snprintf(script, sizeof script,
-             "if [ \"$GW_RANK\" = 1 ]; then GWF_DIE_AFTER=0.3 GWF_DIE_MARK=%s/dying exec %s; fi; i=0; "
-             "while [ ! -e %s/dying ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 1",
-             mark, failing_bin(), mark);
+             "if [ \"$GW_RANK\" = 1 ]; then GWF_DIE_WHEN_GONE=%s/pid0 GWF_DIE_MARK=%s/dying exec %s; fi; i=0; "
+             "while [ ! -e %s/dying ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; echo $$ > %s/pid0.new; "
+             "mv %s/pid0.new %s/pid0; exit 1",
+             mark, mark, failing_bin(), mark, mark, mark, mark);
     const char *env[] = {"GW_RUN_KILL_GRACE=30", NULL};
     const char *args[] = {"-n", "2", "sh", "-c", script, NULL};
     struct run r;
@@ -352,6 +355,8 @@ START_TEST(test_dying_rank_over_exit)
     char path[96];
     snprintf(path, sizeof path, "%s/dying", mark);
     const bool marked = access(path, F_OK) == 0;
+    unlink(path);
+    snprintf(path, sizeof path, "%s/pid0", mark);
     unlink(path), rmdir(mark);
     ck_assert_msg(marked, "rank 1 did not get to dying; stderr:\n%s", r.err);
     ck_assert_msg(r.code == 128 + SIGKILL, "exit code %d, not SIGKILL's; stderr:\n%s", r.code, r.err);

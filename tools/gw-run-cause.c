@@ -306,17 +306,40 @@ static int read_torch_record(int global, long pid, struct cause *c)
     return GW_RUN_CAUSE_ORIGIN;
 }
 
+/* Rank global's record into buf (len - 1 bytes at most, not terminated),
+ * removed once read when take; the bytes read, or -1. */
+static ssize_t record_text(int global, char *buf, size_t len, bool take)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rank.%d", dir, global);
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    const ssize_t n = fd < 0 ? -1 : read(fd, buf, len - 1);
+    if (fd >= 0) {
+        close(fd);
+        if (take)
+            unlink(path);
+    }
+    return n;
+}
+
+bool gw__run_cause_own(int global)
+{
+    char buf[GW_RUN_MAX_STR + 128];
+    const ssize_t n = dir[0] ? record_text(global, buf, sizeof buf, false) : -1;
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    struct cause c;
+    return parse(buf, &c) == GW_RUN_CAUSE_ORIGIN;
+}
+
 int gw__run_cause_read(int global, long pid, bool failed)
 {
     if (!dir[0])
         return GW_RUN_CAUSE_NONE;
     char path[4200], buf[GW_RUN_MAX_STR + 128];
-    snprintf(path, sizeof path, "%s/rank.%d", dir, global);
     struct cause c = {.have = true, .global = global, .node = net.on ? net.cfg.node : 0};
-    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    const ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
-    if (fd >= 0)
-        close(fd), unlink(path);
+    const ssize_t n = record_text(global, buf, sizeof buf, true);
     int kind = GW_RUN_CAUSE_NONE;
     if (failed && n > 0) {
         buf[n] = '\0';

@@ -644,15 +644,20 @@ void gw__run_reap(void)
     reaping = true;
     int n = collect_exited(0);
     /* A rank killed by a signal closes its files (its peers see it gone and
-     * may exit 1 at once) before it can be collected (it unmaps its memory
-     * in between): such a peer's exit came first about 3 runs in 100 of a
-     * rank killed during setup, and was the job's failure, exit code 1, the
-     * crash reported after it.  So a first failure that is an exit with a
-     * code waits, while a rank is dying, for it (at most half a second). */
+     * may exit 1 at once) before it can be collected: such a peer's exit
+     * came first about 8 runs in 100 of a rank killed during setup, and was
+     * the job's failure, exit code 1, the crash reported after it.  So a
+     * first failure that is an exit with a code waits, while a rank is
+     * dying, for it (at most half a second); not where a rank that exited
+     * recorded the failure as its own (gradwire's record: a rank that failed
+     * of itself and whose peer then crashed of it stays the failure). */
     int heaviest = 0;
-    for (int i = 0; i < n; i++)
+    bool own = false;
+    for (int i = 0; i < n; i++) {
         heaviest = exit_weight(exited[i].status) > heaviest ? exit_weight(exited[i].status) : heaviest;
-    if (heaviest == 1 && !gw__run.have_failure && !gw__run.got_signal) {
+        own |= exit_weight(exited[i].status) == 1 && gw__run_cause_own(exited[i].r->global);
+    }
+    if (heaviest == 1 && !own && !gw__run.have_failure && !gw__run.got_signal) {
         for (const int64_t until = gw__run_now_ms() + 500; gw__run_now_ms() < until && rank_dying();) {
             const struct timespec ms = {0, 1000000};
             nanosleep(&ms, NULL);

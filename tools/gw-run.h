@@ -222,6 +222,8 @@ enum { GW_RUN_CAUSE_NONE, GW_RUN_CAUSE_ORIGIN, GW_RUN_CAUSE_CONSEQUENCE };
 void gw__run_cause_init(void);
 void gw__run_cause_env(int global);
 int gw__run_cause_read(int global, long pid, bool failed); /* the record's kind (GW_RUN_CAUSE_*) */
+/* Whether rank global's record (not consumed) says the failure was its own. */
+bool gw__run_cause_own(int global);
 void gw__run_cause_send(void);
 void gw__run_cause_heard(const struct msg *m, const char *host);
 void gw__run_cause_named(int global, int kind);

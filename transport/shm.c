@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <sys/random.h>
@@ -141,6 +142,27 @@ static bool creator_holds(int dirfd, const char *name) {
   return held;
 }
 
+/* When the process now at pid started, in seconds since the epoch, boot
+ * being proc_boot_time's (/proc's start time counts clock ticks since boot);
+ * 0 where it cannot be read. */
+static double pid_start(int pid, double boot) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  const size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  unsigned long long start = 0;
+  /* after it: state (field 3) ... starttime (field 22) */
+  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                   &start) != 1)
+    return 0;
+  const long tck = sysconf(_SC_CLK_TCK);
+  return tck > 0 ? boot + (double)start / (double)tck : 0;
+}
+
 /* When this machine booted, in seconds since the epoch (the real time now
  * less the time since boot, to the clock's precision: /proc/stat's btime is
  * whole seconds); 0 when /proc is not this process's pid namespace's (a pid
@@ -152,30 +174,21 @@ static double proc_boot_time(void) {
   if (n <= 0 || (self[n] = 0, strcmp(self, want) != 0)) return 0;
   struct timespec rt, bt;
   if (clock_gettime(CLOCK_REALTIME, &rt) != 0 || clock_gettime(CLOCK_BOOTTIME, &bt) != 0) return 0;
-  return (double)(rt.tv_sec - bt.tv_sec) + (double)(rt.tv_nsec - bt.tv_nsec) * 1e-9;
+  const double boot = (double)(rt.tv_sec - bt.tv_sec) + (double)(rt.tv_nsec - bt.tv_nsec) * 1e-9;
+  /* this process's own start, by that reckoning, must not lie ahead (a
+   * sandbox whose /proc counts from another origin) */
+  return pid_start(getpid(), boot) <= (double)rt.tv_sec + 1.0 ? boot : 0;
 }
 
 /* Whether the process now at pid started after time t (seconds since the
- * epoch; /proc's start time counts clock ticks since boot): then it is not
- * the one that made a file last changed at t, but a later one given its pid.
- * False when it cannot tell (boot 0: see proc_boot_time). */
+ * epoch): then it is not the one that made a file last changed at t, but a
+ * later one given its pid.  False when it cannot tell (boot 0: see
+ * proc_boot_time).  A wall clock stepped forward between the making and now
+ * makes a creator look later than it was: its lock still keeps its file. */
 static bool pid_started_after(int pid, double t, double boot) {
   if (!boot) return false;
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "re");
-  if (!f) return false;
-  const size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-  unsigned long long start = 0;
-  /* after it: state (field 3) ... starttime (field 22) */
-  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-                   &start) != 1)
-    return false;
-  const long tck = sysconf(_SC_CLK_TCK);
-  return tck > 0 && boot + (double)start / (double)tck > t + 0.02; /* two ticks' slack */
+  const double start = pid_start(pid, boot);
+  return start > 0 && start > t + 0.02; /* two ticks' slack */
 }
 
 /* Leftovers of ranks killed during setup (before their peers unlinked the
@@ -218,8 +231,10 @@ static int sweep_leftovers(void) {
     if (!end || *end || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
         st.st_uid != uid)
       continue;
+    /* (this process's own pid too: at its first init it has made none yet,
+     * so a file of its pid is a former process's, one rank per container
+     * restarted with the same pid) */
     const bool ours = own_ns && ns == own_ns;
-    if (ours && pid == getpid()) continue;
     const bool pid_gone = ours && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
     /* (its modification time is at or after its making: a creator never
      * started after it) */
@@ -324,14 +339,16 @@ static gw_result_t shm_recv_setup(struct gw_conn *c, const struct gw_conn_params
     const int held = atomic_load(&held_fifos);
     char holds[96] = "";
     if (held)
-      snprintf(holds, sizeof holds, "; this rank holds %d FIFO%s (%.1f MiB) already (README: a job's need)",
+      snprintf(holds, sizeof holds, "; this process holds %d FIFO%s (%.1f MiB) already (README: \"How much /dev/shm\")",
                held, held == 1 ? "" : "s", (double)atomic_load(&held_bytes) / 1048576.0);
+    const char *algo = gw__env_str("GW_ALGO", "");
     res = gw__err(err, GW_ERR_SYSTEM, "rank %d: cannot reserve %zu bytes of /dev/shm%s for the FIFO from rank %d: "
-                  "%s: %s, lower GW_SHM_SLOTS / GW_SHM_SLOT_BYTES (%u slots of %u bytes now), or set GW_ALGO=ring "
-                  "(ring FIFOs only)%s", c->self, s->map_size, room, c->peer, strerror(fe),
+                  "%s: %s, lower GW_SHM_SLOTS / GW_SHM_SLOT_BYTES (%u slots of %u bytes now)%s%s", c->self,
+                  s->map_size, room, c->peer, strerror(fe),
                   fe == ENOMEM ? "the process's memory limit (a cgroup's) is reached: raise it"
                                : "enlarge /dev/shm (docker --shm-size, a Memory emptyDir on Kubernetes)",
-                  s->nslots, s->slot_bytes, holds);
+                  s->nslots, s->slot_bytes,
+                  strcasecmp(algo, "ring") ? ", or set GW_ALGO=ring (ring FIFOs only)" : "", holds);
     goto fail_unlink;
   }
   /* MAP_POPULATE: first-touch page faults are very slow on some machines, so all of
