@@ -376,6 +376,11 @@ void gw__comm_fail(struct gw_comm *comm, const struct gw_opdesc *desc, gw_result
 /* The same from a caller's thread outside any operation, with other calls
  * possibly on the connections (enqueue.c). */
 void gw__comm_fail_caller(struct gw_comm *comm, gw_result_t res, struct gw_errctx *err);
+/* Why a wait on peer ran out when its process (on this machine) is stopped
+ * (SIGSTOP, a debugger): GW_ERR_TIMEOUT naming it, into err; GW_SUCCESS when
+ * it is not stopped or not ours to look at (prims.c). */
+gw_result_t gw__stopped_peer_error(struct gw_comm *comm, int peer, const struct gw_opdesc *d, const char *what,
+                                   double waited, struct gw_errctx *err);
 /* What to raise when pthread_create failed with e ("" but for EAGAIN). */
 const char *gw__thread_limit_hint(int e);
 /* Whether this process is a child forked (without exec) from comm's owner:

@@ -512,15 +512,20 @@ static gw_result_t wait_start(struct gw_comm *comm, struct gw_devstate *d, const
       if (!atomic_load(&comm->stopping)) GW_CHECK(gw__heard_abort(comm, err));
       for (int i = 0; i < 2 && comm->nranks > 1 && !atomic_load(&comm->stopping); i++) {
         const int peer = i ? comm->rings[0].next : comm->rings[0].prev;
-        if (!gw__peer_alive(comm, peer))
+        if (!gw__peer_alive(comm, peer)) {
+          char what[GW_OPDESC_TEXT];
+          gw__describe_op(&op->desc, what, sizeof what);
           return gw__err(err, GW_ERR_REMOTE, "rank %d: rank %d (pid %d) is gone, while this rank waited for the "
-                         "stream to reach operation #%llu", comm->rank, peer, (int)comm->peers[peer].pid,
-                         (unsigned long long)op->desc.seq);
+                         "stream to reach operation %s", comm->rank, peer, (int)comm->peers[peer].pid, what);
+        }
       }
     }
-    if (atomic_load(&comm->aborted))
-      return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while waiting for the stream to reach operation #%llu",
-                     comm->rank, (unsigned long long)op->desc.seq);
+    if (atomic_load(&comm->aborted)) { /* (the operation named, not its number alone) */
+      char what[GW_OPDESC_TEXT];
+      gw__describe_op(&op->desc, what, sizeof what);
+      return gw__err(err, GW_ERR_ABORTED, "rank %d: aborted while waiting for the stream to reach operation %s",
+                     comm->rank, what);
+    }
     /* No deadline while the stream has work ahead (a forward pass may take long),
      * but a communicator being destroyed waits GW_TIMEOUT at most. */
     bool stopping = atomic_load(&comm->stopping);

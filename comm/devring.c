@@ -90,6 +90,14 @@ static gw_result_t ring_watch(struct gw_comm *comm, const struct gw_op *op, doub
     }
   }
   if (limit > 0 && now - start > limit) {
+    /* A stopped rank anywhere on the ring (all on this machine) is named:
+     * each rank said "rank prev's or rank next's", a healthy one always
+     * among them, and a rank not beside the stopped one neither. */
+    for (int k = 1; k < comm->nranks; k++) {
+      const int r = (comm->rank + k) % comm->nranks;
+      if (gw__stopped_peer_error(comm, r, &op->desc, "the device ring's stream of", now - start, err) != GW_SUCCESS)
+        return GW_ERR_TIMEOUT;
+    }
     gw__describe_op(&op->desc, what, sizeof what);
     return gw__err(err, GW_ERR_TIMEOUT, "rank %d: operation %s: this rank's stream still waits after %.0f s "
                    "(GW_TIMEOUT) for rank %d's or rank %d's stream on the device ring", comm->rank, what,

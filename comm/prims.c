@@ -269,18 +269,23 @@ static char threads_stopped(pid_t pid) {
   return seen ? all : 0;
 }
 
-static gw_result_t stopped_peer_error(struct prims *p, const struct gw_conn *c, const char *what, double waited) {
-  const char leader = peer_pid_state(p->comm, c->peer);
+gw_result_t gw__stopped_peer_error(struct gw_comm *comm, int peer, const struct gw_opdesc *d, const char *what,
+                                   double waited, struct gw_errctx *err) {
+  const char leader = peer_pid_state(comm, peer);
   if (leader != 'T' && leader != 't') return GW_SUCCESS;
-  const char state = threads_stopped(p->comm->peers[c->peer].pid);
+  const char state = threads_stopped(comm->peers[peer].pid);
   if (!state) return GW_SUCCESS;
   char me[GW_OPDESC_TEXT];
-  gw__describe_op(&p->op->desc, me, sizeof me);
-  return gw__err(p->err, GW_ERR_TIMEOUT,
+  gw__describe_op(d, me, sizeof me);
+  return gw__err(err, GW_ERR_TIMEOUT,
                  "rank %d: operation %s waited %.1f s for %s rank %d, whose process (pid %d on this machine) is "
                  "stopped (%s; raise GW_TIMEOUT for ranks to wait longer on a stopped one)",
-                 p->comm->rank, me, waited, what, c->peer, (int)p->comm->peers[c->peer].pid,
+                 comm->rank, me, waited, what, peer, (int)comm->peers[peer].pid,
                  state == 't' ? "held by a debugger or tracer" : "SIGSTOP, or Ctrl-Z at its terminal");
+}
+
+static gw_result_t stopped_peer_error(struct prims *p, const struct gw_conn *c, const char *what, double waited) {
+  return gw__stopped_peer_error(p->comm, c->peer, &p->op->desc, what, waited, p->err);
 }
 
 bool gw__peer_alive(const struct gw_comm *comm, int peer) {

@@ -6,8 +6,10 @@
  * the stream), "peer-fails-first" (a peer fails while this rank's stream has
  * not reached the operation: the wait hears it), "teardown" (a rank frees its
  * device-ring buffers only after its predecessor unmapped them, or is gone,
- * or the wait's limit passed). */
+ * or the wait's limit passed), "stopped-async" (a stopped rank on the
+ * stream-ordered ring is named as stopped). */
 #include <check.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,8 +321,53 @@ START_TEST(teardown) {
 }
 END_TEST
 
+/* ---- a stopped peer on the stream-ordered ring ------------------------------------------------------ */
+/* Rank 1's stream is slow (its emulated copies sleep up to 0.3 s each), its
+ * host posts the operation, and then the process stops (SIGSTOP): the
+ * others' streams wait for its stream's counters until GW_TIMEOUT, and the
+ * host wait on the ring names rank 1 as stopped (or the wait for its data
+ * does, where that came first).  The ring's wait said "rank 1's or rank 0's
+ * stream", a healthy neighbour among them.  Only where the ring is
+ * stream-ordered (GW_DEV_ASYNC=1 on every rank). */
+static int body_stopped_async(int rank, int n, const char *master, void *arg) {
+  _Atomic int *done = arg; /* ranks that have their answer; rank 1 is continued after both */
+  if (rank == 1) setenv("GW_DEV_EMU_DELAY_US", "300000", 1);
+  dv = gw__dev();
+  gw_comm_t comm;
+  GWCHECK(gw_comm_init(&comm, n, rank, master), NULL);
+  if (!gw__dev_ring_async(comm)) {
+    gw_comm_destroy(comm);
+    return 0;
+  }
+  gw_comm_set_timeout(comm, 3);
+  GWCHECK(gw_comm_set_algo(comm, "ring", "simple"), comm); /* the device ring's (an exchange is the host's) */
+  const size_t count = 1 << 16;
+  gw_dev_stream_t s;
+  int32_t *d;
+  if (warm_stream(comm, rank, count, &s, &d)) return 1;
+  gw_allreduce(d, d, count, GW_INT32, GW_SUM, comm, s);
+  if (rank == 1) {
+    usleep(200 * 1000); /* its host posts the operation; its stream is still at it */
+    raise(SIGSTOP);
+    DCHECK(dv->stream_sync(s)); /* continued: the stream goes on, on a failed operation */
+    return 0;
+  }
+  DCHECK(dv->stream_sync(s)); /* released at the limit */
+  const char *msg = gw_comm_last_error(comm);
+  EXPECT(has(msg, "rank 1, whose process") && has(msg, "is stopped"), "rank %d: %s", rank, msg);
+  if (atomic_fetch_add(done, 1) + 1 == n - 1) kill(comm->peers[1].pid, SIGCONT);
+  return 0;
+}
+
+START_TEST(stopped_async) {
+  _Atomic int *done = test_shared_int();
+  ck_assert_int_eq(run_ranks_raw(3, body_stopped_async, (void *)done, 60), 0);
+  test_shared_free(done);
+}
+END_TEST
+
 void device_add_failure_cases(Suite *s) {
-  const char *names[] = {"dead-peer", "dead-midop", "destroy", "peer-fails-first", "teardown"};
-  const TTest *tests[] = {dead_peer, dead_midop, destroy, peer_fails_first, teardown};
-  for (int i = 0; i < 5; i++) device_add_case(s, names[i], tests[i]);
+  const char *names[] = {"dead-peer", "dead-midop", "destroy", "peer-fails-first", "teardown", "stopped-async"};
+  const TTest *tests[] = {dead_peer, dead_midop, destroy, peer_fails_first, teardown, stopped_async};
+  for (int i = 0; i < 6; i++) device_add_case(s, names[i], tests[i]);
 }
