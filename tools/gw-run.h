@@ -277,6 +277,12 @@ uint64_t gw__run_fnv1a(const char *s);
 /* Between two attempts of a job (--max-restarts): the teardown's state of
  * the one that ended is forgotten. */
 void gw__run_teardown_reset(void);
+/* gw-run-reap.c: the attempt's index forgotten (gw__run_teardown_reset);
+ * whether pid is a running rank's; pid's /proc/<pid>/stat from its state on,
+ * read into buf (NULL where it cannot be). */
+void gw__run_reap_reset(void);
+bool gw__run_is_rank(pid_t pid);
+const char *gw__run_proc_stat_fields(pid_t pid, char *buf, size_t len);
 
 /* ---- gw-run-setup.c: what gw-run prepares before spawning */
 enum {
