@@ -225,5 +225,10 @@ int gw__sock_tracked(void);
  * on it for good. */
 #include <pthread.h>
 void gw__fork_guard(pthread_mutex_t *mu);
+/* procstat.c: the fields of /proc/pid/stat (tid > 0: /proc/pid/task/tid/stat)
+ * from the state letter on (field 3), read into buf; NULL where the file
+ * cannot be read (the process or thread is gone) or is cut short. */
+#include <sys/types.h>
+const char *gw__proc_stat_fields(pid_t pid, pid_t tid, char *buf, size_t len);
 
 #endif /* GW_CORE_H */

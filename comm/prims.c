@@ -211,15 +211,9 @@ static char peer_pid_state(const struct gw_comm *comm, int peer) {
   const struct gw_peer_info *me = &comm->peers[comm->rank];
   if (strcmp(pi->node_id, me->node_id) != 0 || pi->pid <= 0 || !me->pidns || pi->pidns != me->pidns) return 0;
   if (kill(pi->pid, 0) != 0 && errno == ESRCH) return '-'; /* gone: not even a zombie */
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pi->pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return '?';
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
-  return close && close[1] == ' ' && close[2] ? close[2] : '?';
+  char buf[256];
+  const char *fields = gw__proc_stat_fields(pi->pid, 0, buf, sizeof buf);
+  return fields ? fields[0] : '?';
 }
 
 /* Whether the peer's process runs, by its pid: 1 yes, 0 no, -1 not ours to
@@ -253,14 +247,12 @@ static char threads_stopped(pid_t pid) {
   int seen = 0;
   for (struct dirent *e; all && (e = readdir(d));) {
     if (e->d_name[0] == '.') continue;
-    snprintf(path, sizeof path, "/proc/%d/task/%.20s/stat", (int)pid, e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue; /* a thread that just ended */
-    const size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *close = strrchr(buf, ')');
-    const char st = close && close[1] == ' ' ? close[2] : '?';
+    char *end;
+    const long tid = strtol(e->d_name, &end, 10);
+    if (*end || tid <= 0) continue;
+    const char *fields = gw__proc_stat_fields(pid, (pid_t)tid, buf, sizeof buf);
+    if (!fields) continue; /* a thread that just ended */
+    const char st = fields[0];
     if (st == 't') all = 't';
     else if (st != 'T') all = 0;
     seen++;

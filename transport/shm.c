@@ -146,17 +146,11 @@ static bool creator_holds(int dirfd, const char *name) {
  * being proc_boot_time's (/proc's start time counts clock ticks since boot);
  * 0 where it cannot be read. */
 static double pid_start(int pid, double boot) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "re");
-  if (!f) return 0;
-  const size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  char buf[1024];
+  const char *p = gw__proc_stat_fields(pid, 0, buf, sizeof buf);
   unsigned long long start = 0;
   /* after it: state (field 3) ... starttime (field 22) */
-  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+  if (!p || sscanf(p, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
                    &start) != 1)
     return 0;
   const long tck = sysconf(_SC_CLK_TCK);
