@@ -478,8 +478,14 @@ static struct gw_comm *pool;
  * destroy must not find it locked for good by a parent's thread. */
 static void pool_fork_prepare(void) { pthread_mutex_lock(&pool_mu); }
 static void pool_fork_after(void) { pthread_mutex_unlock(&pool_mu); }
+/* The child has no thread inside an abort: a parent's, counted in a kept
+ * communicator's gate at the fork, would hold up the child's next init for good. */
+static void pool_fork_child(void) {
+  for (struct gw_comm *c = pool; c; c = c->pool_next) atomic_store(&c->aborting, 0);
+  pthread_mutex_unlock(&pool_mu);
+}
 static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
-static void pool_fork_install(void) { pthread_atfork(pool_fork_prepare, pool_fork_after, pool_fork_after); }
+static void pool_fork_install(void) { pthread_atfork(pool_fork_prepare, pool_fork_after, pool_fork_child); }
 
 /* A communicator to make, zeroed but for the gate, which says FREE until
  * init is done (gw__live_add's caller opens it). */
@@ -706,9 +712,12 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   GW_INFO(GW_SUB_INIT, "rank %d of %d (local rank %d) ready; reduction kernels %s", rank, nranks, c->local_rank,
           gw__reduce_simd_name());
   gw__live_add(c, GW_LIVE_COMM); /* whole: a destroy may take it */
-  /* A gw_comm_abort through a stale handle that saw the old destroy under
-   * way (GOING) and set its flag only after comm_alloc's clearing is not
-   * this communicator's. */
+  /* A gw_comm_abort through a stale handle that saw the old communicator
+   * alive or its destroy under way and set its flag only after comm_alloc's
+   * clearing is not this communicator's: such an abort still between its
+   * look and its store is waited for (a few instructions, unless its thread
+   * was preempted there), and its flag cleared. */
+  while (atomic_load(&c->aborting) > 0) sched_yield();
   atomic_store(&c->aborted, false);
   atomic_store(&c->destroying, GW_DESTROY_NO); /* and calls may enter */
   *out = c;

@@ -208,6 +208,11 @@ struct gw_comm {
   _Atomic int inside;
   _Atomic int destroying;
   _Atomic int peeking;
+  /* gw_comm_abort calls between their look at destroying and their flag's
+   * store: the next communicator made in this memory opens only once none is
+   * (comm.c): a stale handle's abort that saw the old one alive and was held
+   * up past the new one's init set the flag on the new one. */
+  _Atomic int aborting;
   struct gw_comm *pool_next; /* while kept for reuse */
   int rank, nranks, local_rank, local_size; /* local: on this machine (node id) */
   _Atomic double timeout_s; /* every wait on the data path (gw_comm_set_timeout: any thread, any time) */
@@ -488,6 +493,9 @@ unsigned gw__fork_generation(void);
 extern _Atomic unsigned gw__fork_gen;
 gw_result_t gw__alive_open_peers(struct gw_comm *c, struct gw_errctx *err);
 void gw__alive_unlink_own(struct gw_comm *c);
+/* Tests only (NULL otherwise): called inside gw_comm_abort between its look
+ * at the gate and its flag's store, to hold an abort there. */
+extern void (*_Atomic gw__abort_gap_hook)(void);
 bool gw__alive_lock_gone(const struct gw_comm *c, int peer); /* true: that rank's process is gone */
 void gw__alive_free(struct gw_comm *c);
 

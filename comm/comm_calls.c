@@ -42,11 +42,12 @@ void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
 }
 
 _Static_assert(ATOMIC_BOOL_LOCK_FREE == 2, "gw_comm_abort's flag must be lock-free (async-signal-safe)");
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "gw_comm_abort's count must be lock-free (async-signal-safe)");
 
 gw_result_t gw_comm_abort(gw_comm_t comm) {
   if (!comm) return GW_ERR_INVALID_ARGUMENT; /* (no message: nothing here may lock or print) */
   /* No gate: from any thread, any time before the free, and from a signal
-   * handler: a lock-free flag alone (it logged here, and a handler that
+   * handler: lock-free atomics alone (it logged here, and a handler that
    * interrupted a thread inside the logger's lock deadlocked).  The operations
    * it stops say so, and destroy does.  One being destroyed or destroyed
    * (its gate, which outlives the free, says GOING) is refused, not a
@@ -56,11 +57,18 @@ gw_result_t gw_comm_abort(gw_comm_t comm) {
    * forked child's copy is refused too (its calls are; nothing reaches the
    * parent's peers). */
   if (gw__comm_forked_away(comm)) return GW_ERR_INVALID_ARGUMENT;
+  atomic_fetch_add(&comm->aborting, 1); /* the next communicator here opens once we are out (comm.h) */
   const int state = atomic_load(&comm->destroying);
-  if (state == GW_DESTROY_FREE) return GW_ERR_INVALID_ARGUMENT;
-  atomic_store(&comm->aborted, true);
-  return state == GW_DESTROY_GOING ? GW_ERR_INVALID_ARGUMENT : GW_SUCCESS;
+  if (state != GW_DESTROY_FREE) {
+    void (*gap)(void) = atomic_load(&gw__abort_gap_hook);
+    if (gap) gap();
+    atomic_store(&comm->aborted, true);
+  }
+  atomic_fetch_sub(&comm->aborting, 1);
+  return state == GW_DESTROY_NO || state == GW_DESTROY_CHECKING ? GW_SUCCESS : GW_ERR_INVALID_ARGUMENT;
 }
+
+void (*_Atomic gw__abort_gap_hook)(void);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank) {
   gw_result_t res = peek_out(comm, rank, "gw_comm_rank");

@@ -6,6 +6,8 @@
 #include <check.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -409,6 +411,60 @@ START_TEST(test_stale_abort_leaves_next_comm) {
 }
 END_TEST
 
+/* The same, the abort held up longer: it looked at the gate while the old
+ * communicator was alive, then its thread was preempted past the destroy and
+ * the whole next init in the same memory; its flag then landed on the new
+ * communicator, whose first call failed as aborted.  The next communicator
+ * now opens only once no abort is between its look and its store. */
+static sem_t gap_in, gap_go;
+static void hold_abort(void) {
+  sem_post(&gap_in);
+  sem_wait(&gap_go);
+}
+
+static void *abort_held(void *arg) {
+  gw_comm_t c = arg;
+  static gw_result_t r;
+  r = gw_comm_abort(c);
+  return &r;
+}
+
+static void *init_next(void *arg) {
+  gw_comm_t *out = arg;
+  static gw_result_t r;
+  r = gw_comm_init(out, 1, 0, NULL);
+  return &r;
+}
+
+START_TEST(test_stale_abort_held_up) {
+  ck_assert(sem_init(&gap_in, 0, 0) == 0 && sem_init(&gap_go, 0, 0) == 0);
+  gw_comm_t a, b = NULL;
+  ck_assert_int_eq(gw_comm_init(&a, 1, 0, NULL), GW_SUCCESS);
+  atomic_store(&gw__abort_gap_hook, hold_abort);
+  pthread_t ab, in;
+  ck_assert_int_eq(pthread_create(&ab, NULL, abort_held, a), 0);
+  sem_wait(&gap_in); /* the abort saw the old communicator alive */
+  atomic_store(&gw__abort_gap_hook, NULL);
+  ck_assert_int_eq(gw_comm_destroy(a), GW_SUCCESS);
+  ck_assert_int_eq(pthread_create(&in, NULL, init_next, &b), 0);
+  usleep(200 * 1000); /* the next init has long been done, or waits for the abort */
+  sem_post(&gap_go);
+  void *ra, *ri;
+  pthread_join(ab, &ra);
+  pthread_join(in, &ri);
+  ck_assert_msg(*(gw_result_t *)ri == GW_SUCCESS, "the next init: %s", gw_comm_last_error(NULL));
+  ck_assert_msg(b == a, "the pool gave other memory: the test tests nothing");
+  float x = 3;
+  const gw_result_t r = gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, b, NULL);
+  ck_assert_msg(r == GW_SUCCESS && x == 3, "the next communicator's allreduce: %s (%s)", gw_strerror(r),
+                gw_comm_last_error(b));
+  ck_assert_int_eq(gw_comm_destroy(b), GW_SUCCESS);
+  sem_destroy(&gap_in);
+  sem_destroy(&gap_go);
+  (void)ra;
+}
+END_TEST
+
 /* fork while a parent's thread registers buffers and makes and destroys
  * bucketers: the child's own communicator does the same, and does not hang.
  * The registrations' list lock and the bucketers' quarantine lock were not
@@ -481,5 +537,6 @@ void add_destroy_tests(TCase *tc) {
   tcase_add_test(tc, test_destroy_refused_in_use);
   tcase_add_test(tc, test_destroy_races);
   tcase_add_test(tc, test_stale_abort_leaves_next_comm);
+  tcase_add_test(tc, test_stale_abort_held_up);
   tcase_add_test(tc, test_fork_leaves_no_lock_held);
 }
