@@ -459,6 +459,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   c->rd_ok = c->nranks > 2 && c->nranks <= GW_RD_MAX_RANKS && (c->algo == GW_ALGO_AUTO || c->algo == GW_ALGO_EXCHANGE);
   if (c->rd_ok) GW_CHECK(gw__rd_connect(c, err));
   GW_CHECK(agree_ll(c, err));
+  c->connected = true; /* the ranks' last exchange at init: a failure from here on is told on the connections */
   if (c->rank == 0) {
     struct gw_pick_args base;
     gw__pick_base(c, c->algo, c->proto, &base);
@@ -724,6 +725,13 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   return GW_SUCCESS;
 fail:
   gw__bootstrap_fail(c->bs, err.msg); /* the others hear why, not that this rank went */
+  /* Failed once connected (a channel's thread refused, the device ring):
+   * peers whose init was done by then hear why at their first call, not that
+   * this rank left. */
+  if (c->connected) {
+    struct gw_opdesc d = {.seq = atomic_load(&c->next_seq), .root = -1, .coll = GW_COLL_ABORT};
+    gw__send_abort(c, &d, err.msg);
+  }
   comm_free(c);
   return gw__init_fail(&err, res);
 }

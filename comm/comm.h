@@ -233,6 +233,7 @@ struct gw_comm {
     int8_t want_algo, want_proto;
   } pick_memo[8];
   bool tree_ok;       /* the trees are connected (GW_ALGO auto or tree) */
+  bool connected;     /* every connection made (init's end: a failure then is told on them) */
   bool oversubscribed; /* more ranks on this rank's cores than cores: waits yield at once */
   bool oversub_counted; /* in gw__waiter_oversubscribed's count (GW_SPIN_US unset) */
   int tree_levels;    /* hierarchical trees: their depth (the cost model's); 0: flat */

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,16 +145,62 @@ static int body_no_progress_thread(gw_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-START_TEST(test_no_progress_thread_told) {
-  /* root that may become user 65534 (not where a user namespace maps no such user) */
+/* Root that may become user 65534 (not where a user namespace maps no such user). */
+static bool can_be_nobody(void) {
   const pid_t p = fork();
   if (p == 0) _exit(setresuid(65534, 65534, 0) == 0 && setresuid(0, 0, 0) == 0 ? 0 : 1);
   int st = 0;
-  if (geteuid() != 0 || p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+  return geteuid() == 0 && p > 0 && waitpid(p, &st, 0) == p && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+START_TEST(test_no_progress_thread_told) {
+  if (!can_be_nobody()) {
     printf("test_no_progress_thread_told: cannot drop to user 65534 and back here (needs root): not run\n");
     return;
   }
   ck_assert_int_eq(run_ranks(2, body_no_progress_thread, NULL, 90), 0);
+}
+END_TEST
+
+/* The same at init: rank 1 cannot start a channel's thread (GW_NCHANNELS=2)
+ * once every connection is made, after rank 0's init may have finished.
+ * Rank 0 then heard only that rank 1 "left the communicator", at its first
+ * call, without the reason. */
+static int body_no_channel_thread(int rank, int n, const char *master, void *arg) {
+  (void)arg;
+  setenv("GW_NCHANNELS", "2", 1);
+  if (rank == 1) {
+    const struct rlimit none = {0, 0};
+    EXPECT(setresuid(65534, 65534, 0) == 0 && setrlimit(RLIMIT_NPROC, &none) == 0, "setresuid, setrlimit: %s",
+           strerror(errno));
+  }
+  gw_comm_t comm = NULL;
+  gw_result_t r = gw_comm_init(&comm, n, rank, master);
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", gw_comm_last_error(NULL));
+  if (rank == 1) {
+    EXPECT(setresuid(0, 0, 0) == 0, "back to root: %s", strerror(errno));
+    EXPECT(r == GW_ERR_SYSTEM && has(msg, "cannot start the thread of channel 1") && has(msg, "ulimit -u"),
+           "rank 1: %s: %s", gw_strerror(r), msg);
+    return 0;
+  }
+  if (r == GW_SUCCESS) { /* its init was done: the first call hears why */
+    int32_t v[64] = {0};
+    r = gw_allreduce(v, v, 64, GW_INT32, GW_SUM, comm, NULL);
+    snprintf(msg, sizeof msg, "%s", gw_comm_last_error(comm));
+    gw_comm_destroy(comm);
+  }
+  EXPECT(r != GW_SUCCESS && has(msg, "rank 1: cannot start the thread of channel 1"), "rank 0: %s: %s",
+         gw_strerror(r), msg);
+  return 0;
+}
+
+START_TEST(test_no_channel_thread_told) {
+  if (!can_be_nobody()) {
+    printf("test_no_channel_thread_told: cannot drop to user 65534 and back here (needs root): not run\n");
+    return;
+  }
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(run_ranks_raw(2, body_no_channel_thread, NULL, 60), 0);
 }
 END_TEST
 
@@ -164,6 +211,7 @@ int main(void) {
   tcase_add_test(tc, test_test_unfinished);
   tcase_add_test(tc, test_abort_queued);
   tcase_add_test(tc, test_no_progress_thread_told);
+  tcase_add_test(tc, test_no_channel_thread_told);
   suite_add_tcase(s, tc);
   return run_suite(s);
 }
