@@ -287,8 +287,16 @@ static gw_result_t agree_ll(struct gw_comm *c, struct gw_errctx *err) {
   for (int r = 0; r < c->nranks; r++) mine = GW_MIN(mine, all[r]);
   free(all);
   c->ll_chunk_bytes = mine;
-  if (res == GW_SUCCESS && c->proto == GW_PROTO_LL && !mine)
-    GW_WARN(GW_SUB_INIT, "rank %d: GW_PROTO=ll, but some connections (tcp) have no LL format: using simple", c->rank);
+  if (res == GW_SUCCESS && c->proto == GW_PROTO_LL && !mine) {
+    char none[64] = ""; /* this rank's transports without it ("tcp" was said whatever they were) */
+    for (int i = 0, n = gw__extra_conns(c, extra); i < n + 2 * c->nchannels; i++) {
+      const struct gw_conn *k = i < n ? extra[i] : i % 2 ? &c->rings[(i - n) / 2].send : &c->rings[(i - n) / 2].recv;
+      if (k->tp && !k->tp->ll_chunk_bytes && !strstr(none, k->tp->name))
+        snprintf(none + strlen(none), sizeof none - strlen(none), "%s%s", none[0] ? ", " : "", k->tp->name);
+    }
+    GW_WARN(GW_SUB_INIT, "rank %d: GW_PROTO=ll, but some connections (%s%s) have no LL format: using simple",
+            c->rank, none[0] ? "this rank's over " : "another rank's", none);
+  }
   return res;
 }
 
@@ -611,6 +619,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   const bool words_bad = gw__settings_refused(rank, bad, sizeof bad);
   int64_t slot_bytes = words_bad ? 4096 : gw__param_ShmSlotBytes(), nslots = words_bad ? 2 : gw__param_ShmSlots();
   int64_t nchannels = words_bad ? 1 : gw__param_Channels(), nstreams = words_bad ? 1 : gw__param_SocketStreams();
+  const int64_t ibqps = words_bad ? 1 : gw__env_int("GW_IB_QPS_PER_CONN", 1); /* (read as ib reads it: uncached) */
   if (words_bad)
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "%s", bad);
   else if (slot_bytes < 4096 || slot_bytes > (64 << 20) || slot_bytes % 64 || nslots < 2 || nslots > 64)
@@ -623,6 +632,9 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   else if (nstreams < 1 || nstreams > 16)
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_NSTREAMS=%lld is not in 1..16", rank,
                       (long long)nstreams);
+  else if (ibqps < 1 || ibqps > GW_IB_MAX_QPS) /* (ib used the nearest, logged as given) */
+    refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_IB_QPS_PER_CONN=%lld is not in 1..%d", rank,
+                      (long long)ibqps, GW_IB_MAX_QPS);
   else if (!timeout_ok || !boot_timeout_ok) /* (the limits on every wait: a typo left the default unsaid) */
     refused = gw__err(&err, GW_ERR_INVALID_ARGUMENT, "rank %d: %s%.60s%s%s%s%.60s%s: not %s in seconds (a number "
                       "above 0%s)", rank,

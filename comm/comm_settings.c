@@ -121,7 +121,7 @@ bool gw__settings_refused(int rank, char *buf, size_t len) {
     return true;
   }
   static const char *const ints[] = {"GW_SHM_SLOT_BYTES", "GW_SHM_SLOTS", "GW_NCHANNELS", "GW_SOCKET_NSTREAMS",
-                                     "GW_EXCHANGE_MAX_BYTES", "GW_CHANNEL_MIN_BYTES"};
+                                     "GW_EXCHANGE_MAX_BYTES", "GW_CHANNEL_MIN_BYTES", "GW_IB_QPS_PER_CONN"};
   for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
     const char *v = getenv(ints[i]);
     if (!strcmp(ints[i], "GW_EXCHANGE_MAX_BYTES") && v && !strcasecmp(v, "auto")) continue; /* its default's name */

@@ -255,9 +255,21 @@ static FILE *open_tuning(const char *path, char *why, size_t cap) {
                          : sb.st_size > TUNING_FILE_MAX ? "is larger than 1 MiB: not a tuning file"
                                                     : NULL;
   FILE *f = not_file ? NULL : fdopen(fd, "r");
+  if (f) { /* counted too: /proc and /sys files say size 0 and may never end
+            * (/proc/self/pagemap: hundreds of GB of NULs; init read it on
+            * every rank before the rendezvous, with no timeout) */
+    char chunk[4096];
+    size_t total = 0, got;
+    while (total <= TUNING_FILE_MAX && (got = fread(chunk, 1, sizeof chunk, f)) > 0) total += got;
+    not_file = total > TUNING_FILE_MAX ? "is larger than 1 MiB: not a tuning file"
+               : ferror(f)           ? "cannot be read"
+                                     : NULL;
+    if (not_file) fclose(f), f = NULL, fd = -1;
+    else rewind(f);
+  }
   if (!f) {
     snprintf(why, cap, "%s", not_file ? not_file : strerror(errno));
-    close(fd);
+    if (fd >= 0) close(fd);
     errno = EINVAL;
   }
   return f;
@@ -484,7 +496,8 @@ static int fit_rows(const struct gw_tune_sample *samples, int nsamples, int nran
       char row[160];
       struct rows_seen fresh = {0}; /* one row per algorithm and protocol: never a second */
       if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, tree_levels, &lat, &bw)) continue;
-      snprintf(row, sizeof row, "%s %s %.4f %.3f %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
+      /* bandwidth to 4 significant digits: %.3f wrote a slow link's 0.0004 GB/s as 0.000, a row refused */
+      snprintf(row, sizeof row, "%s %s %.4f %.4g %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
       const bool good = row_ok(row, &fresh);
       free(fresh.tagged);
       if (good && len + strlen(row) < cap) {
@@ -563,6 +576,20 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
     free(real);
     return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
   }
+  char head[512];
+  snprintf(head, sizeof head, TUNING_HEADER "%s%s\n"
+           "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth\n"
+           "# algo proto latency_us bandwidth_GBps [ranks: this row only for that world size]\n",
+           note ? ": " : "", note ? note : "");
+  const size_t whole = strlen(head) + strlen(kept) + strlen(fitted);
+  if (whole > TUNING_FILE_MAX) { /* the loader would refuse it all, and the next --tune would not replace it */
+    free(kept);
+    if (lk >= 0) close(lk);
+    gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: %s would be %zu bytes with the new rows, more than the "
+            "1 MiB a tuning file may have: not replaced (remove rows of world sizes no longer used)", path, whole);
+    free(real);
+    return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
+  }
   FILE *f = fopen(tmp, "w");
   if (!f) {
     const int e = errno;
@@ -572,10 +599,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
     free(real);
     return gw__set_thread_error(err.msg), GW_ERR_SYSTEM;
   }
-  fprintf(f, TUNING_HEADER "%s%s\n", note ? ": " : "",
-          note ? note : "");
-  fprintf(f, "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth\n");
-  fprintf(f, "# algo proto latency_us bandwidth_GBps [ranks: this row only for that world size]\n");
+  fputs(head, f);
   if (kept && *kept) fprintf(f, "%s", kept);
   free(kept);
   fputs(fitted, f);

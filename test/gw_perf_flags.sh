@@ -312,5 +312,24 @@ refused "--min-bw '0' must be a bus bandwidth in GB/s above 0" --min-bw 0
 out=$("$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 -c 0 -d float32 -o sum 2>&1)
 grep -qF "Out of bounds values : N/A" <<<"$out" && awk '$1 == "[0]" && $2 == "8" && $10 == "N/A" && $14 == "N/A" {f=1} END {exit !f}' <<<"$out" ||
   { echo "FAIL: -c 0 did not report N/A:"; tail -5 <<<"$out"; fail=1; }
+# --tune on one rank: refused before it measures (it measured it all, then
+# the write failed: no world size of 1 in a tuning file).
+out=$(GW_RANK=0 GW_WORLD_SIZE=1 timeout 60 "$perf" --tune "$tmp/one.tune" 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -qF -- "--tune measures between ranks: run it on 2 ranks or more" <<<"$out" &&
+  [ ! -e "$tmp/one.tune" ] || { echo "FAIL: --tune on one rank: exit $rc:"; tail -3 <<<"$out"; fail=1; }
+# A table that cannot reach standard output (a full disk) is a failure, not a
+# finished run (exit 0 with nothing written).
+if [ -w /dev/full ]; then
+  out=$(GW_RANK=0 GW_WORLD_SIZE=1 "$perf" -b 8 -e 64 -n 1 -w 0 2>&1 >/dev/full)
+  rc=$?
+  [ $rc -ne 0 ] && grep -qF "writing the results to standard output failed" <<<"$out" ||
+    { echo "FAIL: gw-perf > /dev/full: exit $rc:"; tail -3 <<<"$out"; fail=1; }
+fi
+# GW_PROTO=ll where a transport has no LL format: the warning names it (it
+# said "tcp" over emulated ib too).
+out=$(GW_IB_EMULATE=1 GW_TRANSPORT=ib GW_PROTO=ll "$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 2>&1)
+grep -qF "some connections (this rank's over ib) have no LL format" <<<"$out" ||
+  { echo "FAIL: GW_PROTO=ll over ib: the warning does not name ib:"; grep -F "LL format" <<<"$out"; fail=1; }
 [ $fail -eq 0 ] && echo "gw-perf flags: all refused as expected, sizes measured once, a collective that writes nothing caught"
 exit $fail

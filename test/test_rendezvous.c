@@ -221,7 +221,9 @@ START_TEST(test_setting_refused_said_to_all) {
                                       "0 GW_NCHANNELS=0 late 2", "1 GW_SOCKET_NSTREAMS=0 late 2",
                                       /* no number, no such word: refused too (they ran as the default) */
                                       "1 GW_NCHANNELS=12abc", "2 GW_ALGO=bogus", "0 GW_PROTO=fast",
-                                      "1 GW_EXCHANGE_MAX_BYTES=zz"};
+                                      "1 GW_EXCHANGE_MAX_BYTES=zz",
+                                      /* ib used the nearest of 1..8, logged as given; a word the default */
+                                      "2 GW_IB_QPS_PER_CONN=9", "0 GW_IB_QPS_PER_CONN=0", "1 GW_IB_QPS_PER_CONN=abc"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     ck_assert_msg(run_ranks_raw(3, body_setting_refused, (void *)cases[i], 60) == 0, "%s", cases[i]);
 }

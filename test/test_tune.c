@@ -204,6 +204,18 @@ START_TEST(test_corrupt_file_refused) {
   ck_assert_int_eq(truncate(path, 2 << 20), 0);
   ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, "larger than 1 MiB"), "%s", err.msg);
+  /* /proc's files say size 0: pagemap (hundreds of GB, mostly NUL bytes)
+   * was read on, in init before the rendezvous, for good; kallsyms (MBs of
+   * text) was taken line by line */
+  static const char *const procs[] = {"/proc/kallsyms", "/proc/self/pagemap"};
+  for (size_t i = 0; i < sizeof procs / sizeof *procs; i++) {
+    struct stat psb;
+    if (stat(procs[i], &psb) != 0 || access(procs[i], R_OK) != 0) continue;
+    const double t0 = test_now();
+    ck_assert_int_eq(gw__model_load(&m, procs[i], 4, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(err.msg, "larger than 1 MiB") && test_now() - t0 < 10, "%s after %.1f s: %s", procs[i],
+                  test_now() - t0, err.msg);
+  }
   ck_assert(memcmp(&m, &def, sizeof m) == 0);
   /* no rows (gw-perf --tune writes some): refused, not the built-in table
    * taken for the file's without a word */
@@ -452,6 +464,17 @@ START_TEST(test_write_refuses_non_files) {
   ck_assert_int_eq(gw_tune_write(big, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(gw_comm_last_error(NULL), "larger than 1 MiB"), "%s", gw_comm_last_error(NULL));
   ck_assert(stat(big, &sb) == 0 && sb.st_size == 70000 * 20);
+  /* A tuning file that the new rows would take past 1 MiB: not written (it
+   * was, and the loader then refused it all, as did the next --tune) */
+  f = fopen(big, "w");
+  ck_assert_ptr_nonnull(f);
+  for (long i = 100, len = 0; len < (1 << 20) - 150; i++) len += fprintf(f, "ring simple 0.1 10 %ld\n", i);
+  ck_assert_int_eq(fclose(f), 0);
+  ck_assert(stat(big, &sb) == 0 && sb.st_size < (1 << 20));
+  const off_t before = sb.st_size;
+  ck_assert_int_eq(gw_tune_write(big, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(gw_comm_last_error(NULL), "more than the 1 MiB"), "%s", gw_comm_last_error(NULL));
+  ck_assert(stat(big, &sb) == 0 && sb.st_size == before);
   ck_assert_int_eq(symlink(target, link), 0); /* to nothing yet: refused, the link kept */
   ck_assert_int_eq(gw_tune_write(link, 4, s, 4, "test"), GW_ERR_INVALID_ARGUMENT);
   ck_assert(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode));

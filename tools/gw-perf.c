@@ -680,6 +680,8 @@ int main(int argc, char **argv) {
   gw_comm_size(comm, &nranks);
   if (nranks > 1) same_options_everywhere(&o);
   if (o.root >= nranks) gwp_bad_use("-r %d is not a rank of %d", o.root, nranks);
+  if (o.tune && nranks < 2) /* (the file's rows are for world sizes of 2 and more: refused after the whole measurement) */
+    gwp_bad_use("--tune measures between ranks: run it on 2 ranks or more (gw-run -n 2 gw-perf --tune %s)", o.tune);
   if (rank == 0) { /* rank 0 writes them: checked now, not after the measurement */
     char err[1200];
     const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o.tune, o.csv, o.json};
@@ -825,7 +827,10 @@ int main(int argc, char **argv) {
     else printf("# Avg bus bandwidth    : %g\n", avg);
     fflush(stdout);
   }
-  /* A full disk must not pass for a finished run with a cut file. */
+  /* A full disk must not pass for a finished run with a cut file, nor a
+   * table that never reached standard output (a full disk, a closed pipe) for one that did. */
+  if (rank == 0 && (fflush(stdout) != 0 || ferror(stdout)))
+    die("writing the results to standard output failed: %s", strerror(errno ? errno : EIO));
   if (csv && (ferror(csv) | fclose(csv))) die("--csv %s: writing failed: %s", o.csv, strerror(errno));
   if (json) {
     char tw[24] = "null";

@@ -29,7 +29,7 @@
 #include "transport.h"
 
 
-#define IB_MAX_QPS 8
+#define IB_MAX_QPS GW_IB_MAX_QPS
 #define IB_MAX_HELD 4 /* registrations one connection holds at once (an operation reads at most two) */
 #define IB_HDR_BYTES 64u /* the chunk header at the start of every slot */
 #define IB_MIN_PART (64u << 10)

@@ -237,6 +237,7 @@ int gw__ib_post_recv(struct ib_conn *t, uint32_t qi) {
   return gw__ib_devs.v->post_recv(t->q[qi].qp, &wr, &bad);
 }
 
+/* (init refused values out of 1..IB_MAX_QPS, and words: comm.c) */
 static uint32_t qps_per_conn(void) {
   int64_t n = gw__env_int("GW_IB_QPS_PER_CONN", 1);
   return (uint32_t)GW_MAX(1, GW_MIN(n, IB_MAX_QPS));

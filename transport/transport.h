@@ -104,6 +104,10 @@ struct gw_conn_params {
 };
 
 struct gw_transport;
+/* Queue pairs one ib connection may stripe over (GW_IB_QPS_PER_CONN, 1..this;
+ * init refuses others). */
+#define GW_IB_MAX_QPS 8
+
 struct gw_conn {
   const struct gw_transport *tp;
   int self, peer;   /* ranks */
