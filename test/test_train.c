@@ -20,6 +20,7 @@
 #include "gwrun_helpers.h"
 #include "resnet.h"
 #include "safetensors.h"
+#include "optwords.h"
 #include "test_train.h"
 
 char tmpdir[256];
@@ -413,14 +414,33 @@ START_TEST(test_ranks_must_see_same_data) {
 }
 END_TEST
 
+/* The options' words compared (a checkpoint's against this run's, rank 0's
+ * against another's): values, and bare words each said once (a word repeated
+ * in an edited checkpoint was said as often as it came: "z on -> off, z on ->
+ * off, ..."). */
+START_TEST(test_option_words_diff) {
+  char out[400];
+  ck_assert_int_eq(opt_words_diff("m a=1 b=2 z z z", "m a=1 b=3", NULL, out, sizeof out), 2);
+  ck_assert_str_eq(out, "b 2 -> 3, z on -> off");
+  ck_assert_int_eq(opt_words_diff("m a=1", "m a=1 y y", NULL, out, sizeof out), 1);
+  ck_assert_str_eq(out, "y off -> on");
+  static const char *const skip[] = {"b", NULL};
+  ck_assert_int_eq(opt_words_diff("m a=1 b=2", "m a=2 b=3", skip, out, sizeof out), 1);
+  ck_assert_str_eq(out, "a 1 -> 2");
+  ck_assert_int_eq(opt_words_diff("m a=1 z", "m a=1 z", NULL, out, sizeof out), 0);
+}
+END_TEST
+
 /* Ranks started by hand with different options (here --lr and --batch on
  * rank 1; then --resume on rank 0 only) are refused at once, naming each difference, before any data is
  * opened (they would have paired mismatched collectives, or trained apart). */
 START_TEST(test_ranks_must_share_options) {
   struct run r;
-  two_ranks_differ(&r, "--batch 8 --lr 0.4", "--batch 4 --lr 0.2");
+  /* (--layout in words: it said "layout 0 -> -1") */
+  two_ranks_differ(&r, "--batch 8 --lr 0.4 --layout nchw", "--batch 4 --lr 0.2");
   ck_assert_msg(r.code != 0 && strstr(r.err, "rank 1: options: this rank's options are not rank 0's") &&
-                    strstr(r.err, "batch 8 -> 4, lr 0.4 -> 0.2") && strstr(r.err, "rank 0: options: 1 rank(s)"),
+                    strstr(r.err, "batch 8 -> 4, lr 0.4 -> 0.2") && strstr(r.err, "layout nchw -> auto") &&
+                    strstr(r.err, "rank 0: options: 1 rank(s)"),
                 "different options on rank 1: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
   /* --resume on rank 0 only: rank 1 would skip the resume's broadcasts */
@@ -469,7 +489,9 @@ START_TEST(test_ranks_must_share_options) {
   two_ranks_differ(&r, rank0, rank1);
   snprintf(want1, sizeof want1, "rank 1: options: this rank's --metrics %s is not rank 0's %s: it would be ignored",
            m1, m0);
-  ck_assert_msg(r.code != 0 && strstr(r.err, want1), "--metrics differing: exit %d\n%s\n%s", r.code, r.out, r.err);
+  /* rank 0 has the flag too, with another value: it said only "that rank 0 has not" */
+  ck_assert_msg(r.code != 0 && strstr(r.err, want1) && strstr(r.err, "that rank 0 has not, or with other values"),
+                "--metrics differing: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
   snprintf(rank0, sizeof rank0, "--batch 8 --checkpoint-dir %s", dir);
   snprintf(rank1, sizeof rank1, "--batch 8 --checkpoint-dir %s --keep-checkpoints 1", dir);
@@ -674,6 +696,20 @@ START_TEST(test_bad_flags) {
           "writes them): it begins with binary data");
   struct stat st;
   ck_assert_msg(stat(weights, &st) == 0 && st.st_size == 10, "the refused metrics file changed");
+  /* --save-weights and --plot onto a file they did not write (the run's own
+   * dataset, notes, safetensors from elsewhere): refused, the file kept (it
+   * was replaced without a word) */
+  refused((const char *const[]){"--steps", "2", "--save-weights", weights, NULL},
+          "not-metrics.safetensors: holds safetensors that gw-train did not write: name a new file");
+  char notes[512];
+  path(notes, sizeof notes, "notes.txt");
+  f = fopen(notes, "w");
+  ck_assert(f && fputs("precious\n", f) >= 0 && fclose(f) == 0);
+  refused((const char *const[]){"--steps", "2", "--save-weights", notes, NULL},
+          "notes.txt: holds something other than weights (no safetensors file)");
+  refused((const char *const[]){"--epochs", "1", "--plot", notes, NULL}, "notes.txt: holds something other than a PNG image");
+  ck_assert_msg(stat(weights, &st) == 0 && st.st_size == 10 && stat(notes, &st) == 0 && st.st_size == 9,
+                "a refused output file changed");
 }
 END_TEST
 
@@ -842,6 +878,7 @@ static Suite *make_suite(void) {
   TCase *tc = tcase_create("gw-train");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_bad_flags);
+  tcase_add_test(tc, test_option_words_diff);
   tcase_add_test(tc, test_first_bucket_mb);
   tcase_add_test(tc, test_one_rank_no_comm);
   tcase_add_test(tc, test_ranks_must_share_options);

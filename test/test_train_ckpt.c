@@ -137,12 +137,14 @@ END_TEST
  * left out (NULL: none).  Its metadata is kept (format, config, options,
  * eval_pending), or with `config` given, only format and that config (the
  * oldest writer's three keys). */
-/* An edit of one tensor's bytes before the checksum is made (rewrite_with). */
+/* An edit of one tensor's bytes before the checksum is made (rewrite_with),
+ * or (tensor NULL) the saved options replaced by `options`. */
 struct tensor_edit {
   const char *tensor;
   size_t at;
   const void *bytes;
   size_t len;
+  const char *options;
 };
 
 static void rewrite_with(const char *file, const char *skip, const char *config, const char *version,
@@ -157,7 +159,7 @@ static void rewrite_with(const char *file, const char *skip, const char *config,
     if (skip && !strcmp(f->tensors[i].name, skip)) continue;
     ck_assert(n < 16);
     keep[n] = f->tensors[i];
-    if (edit && !strcmp(keep[n].name, edit->tensor)) {
+    if (edit && edit->tensor && !strcmp(keep[n].name, edit->tensor)) {
       ck_assert(edit->at + edit->len <= keep[n].nbytes && (edited = malloc(keep[n].nbytes)));
       memcpy(edited, keep[n].data, keep[n].nbytes);
       memcpy((char *)edited + edit->at, edit->bytes, edit->len);
@@ -166,10 +168,13 @@ static void rewrite_with(const char *file, const char *skip, const char *config,
     h = gw__fnv(h, keep[n].data, keep[n].nbytes);
     n++;
   }
-  ck_assert_msg(!edit || edited, "no tensor %s in %s", edit ? edit->tensor : "", file);
+  ck_assert_msg(!edit || !edit->tensor || edited, "no tensor %s in %s", edit ? edit->tensor : "", file);
   ck_assert_int_eq(n, f->ntensors - (skip != NULL));
   const char *vals[] = {version, gw_st_metadata(f, "format"), config ? config : gw_st_metadata(f, "config"),
-                        config ? NULL : gw_st_metadata(f, "options"), config ? NULL : gw_st_metadata(f, "eval_pending")};
+                        config       ? NULL
+                        : edit && edit->options ? edit->options
+                                                : gw_st_metadata(f, "options"),
+                        config ? NULL : gw_st_metadata(f, "eval_pending")};
   static const char *const keys[] = {"format_version", "format", "config", "options", "eval_pending"};
   for (int k = 0; version && k < 5; k++) {
     const unsigned char present = vals[k] != NULL;
@@ -313,6 +318,20 @@ START_TEST(test_damaged_checkpoint) {
 }
 END_TEST
 
+/* four_steps in folder `pattern` (with i) under the test's directory (dir,
+ * 512 bytes), its ckpt-4 (c4, 600) opened, and its format version (16). */
+static struct gw_st_file *four_steps_named(const char *pattern, int i, char *dir, char *c4, char *version) {
+  char name[64];
+  snprintf(name, sizeof name, pattern, i);
+  path(dir, 512, name);
+  snprintf(c4, 600, "%s/ckpt-4.safetensors", dir);
+  four_steps(dir);
+  struct gw_st_file *f = NULL;
+  ck_assert_msg(gw_st_open(&f, c4) == GW_SUCCESS, "%s", gw_model_last_error());
+  snprintf(version, 16, "%s", gw_st_metadata(f, "format_version"));
+  return f;
+}
+
 /* Values no save writes, under a checksum made as the writer's (a writer's
  * bug, a hand edit): refused as --load-weights refuses them, the resume
  * falling back to ckpt-2.  A NaN in the running statistics trained to the
@@ -327,25 +346,19 @@ START_TEST(test_resume_refuses_impossible_values) {
   float minus1[64];
   for (int k = 0; k < 64; k++) minus1[k] = -1.0f;
   const int64_t minus3 = -3, one = 1, forty = 40;
-  const struct tensor_edit edits[] = {{"running", 0, &nan, sizeof nan}, {"state", 4 * sizeof(int64_t), &minus3, 8},
-                                      {"running", 0, minus1, sizeof minus1}, {"state", 1 * sizeof(int64_t), &one, 8},
-                                      {"state", 2 * sizeof(int64_t), &forty, 8}};
+  const struct tensor_edit edits[] = {{"running", 0, &nan, sizeof nan, NULL},
+                                      {"state", 4 * sizeof(int64_t), &minus3, 8, NULL},
+                                      {"running", 0, minus1, sizeof minus1, NULL},
+                                      {"state", 1 * sizeof(int64_t), &one, 8, NULL},
+                                      {"state", 2 * sizeof(int64_t), &forty, 8, NULL}};
   const char *why[] = {"holds a value that is not finite", "its training state (step 4, epoch 0, position",
                        "holds a batch-norm variance below 0, bn1.running_var[0] = -1 (no run writes one)",
                        "its training state (step 4, epoch 1, position 32) is not where a run's steps leave the data "
                        "(12 batches of 8 per epoch)",
                        "its training state (step 4, epoch 0, position 40) is not where"};
   for (int i = 0; i < 5; i++) {
-    char dir[512], c4[600];
-    snprintf(c4, sizeof c4, "ckpt-impossible-%d", i);
-    path(dir, sizeof dir, c4);
-    snprintf(c4, sizeof c4, "%s/ckpt-4.safetensors", dir);
-    four_steps(dir);
-    struct gw_st_file *f = NULL;
-    ck_assert_msg(gw_st_open(&f, c4) == GW_SUCCESS, "%s", gw_model_last_error());
-    char version[16];
-    snprintf(version, sizeof version, "%s", gw_st_metadata(f, "format_version"));
-    gw_st_free(f);
+    char dir[512], c4[600], version[16];
+    gw_st_free(four_steps_named("ckpt-impossible-%d", i, dir, c4, version));
     rewrite_with(c4, NULL, NULL, version, &edits[i]);
     struct run r;
     train(&r, (const char *const[]){NULL}, "1", (const char *const[]){"--steps", "6", "--batch", "8",
@@ -354,6 +367,39 @@ START_TEST(test_resume_refuses_impossible_values) {
     ck_assert_msg(strstr(r.out, "ckpt-4.safetensors refused") && strstr(r.out, why[i]) &&
                       strstr(r.out, "ckpt-2.safetensors at step 2"),
                   "expected ckpt-4 refused (%s) and ckpt-2 used:\n%s", why[i], r.out);
+    gwrun_free(&r);
+  }
+}
+END_TEST
+
+/* A checkpoint whose saved options hold numbers out of any flag's range
+ * (edited, the checksum made again): the resume's note on the schedule's
+ * change read warmup_epochs=1e308 into an integer (undefined: UBSan stopped
+ * the run) and printed a rate of 0 for the saved run.  Now the saved
+ * schedule is taken as unknown, and nothing is said of it. */
+START_TEST(test_resume_saved_schedule_out_of_range) {
+  static const char *const words[][2] = {{"warmup_epochs=", "1e308"}, {"warmup_epochs=", "nan"},
+                                         {"epochs=", "99999999999999999999"}, {"lr_milestones=", "1,1e300"}};
+  for (int i = 0; i < 4; i++) {
+    char dir[512], c4[600], opts[4096], version[16];
+    struct gw_st_file *f = four_steps_named("ckpt-saved-sched-%d", i, dir, c4, version);
+    const char *o = gw_st_metadata(f, "options");
+    char key[40];
+    snprintf(key, sizeof key, " %s", words[i][0]);
+    const char *at = o ? strstr(o, key) : NULL;
+    ck_assert_msg(at, "no '%s' in the saved options: %s", key, o ? o : "(none)");
+    const int keep = (int)(at - o) + (int)strlen(key);
+    snprintf(opts, sizeof opts, "%.*s%s%s", keep, o, words[i][1], at + strlen(key) + strcspn(at + strlen(key), " "));
+    gw_st_free(f);
+    const struct tensor_edit edit = {.options = opts};
+    rewrite_with(c4, NULL, NULL, version, &edit);
+    struct run r;
+    train(&r, (const char *const[]){NULL}, "1", (const char *const[]){"--steps", "6", "--batch", "8",
+                                                                       "--checkpoint-dir", dir, "--resume", NULL});
+    expect_ok(&r);
+    ck_assert_msg(strstr(r.out, "ckpt-4.safetensors at step 4") && !strstr(r.out, "learning-rate schedule now spans"),
+                  "%s%s: expected a resume from step 4 with nothing said of the saved schedule:\n%s", words[i][0],
+                  words[i][1], r.out);
     gwrun_free(&r);
   }
 }
@@ -814,6 +860,7 @@ void add_checkpoint_tests(TCase *tc) {
   tcase_add_test(tc, test_resume_old_checkpoint);
   tcase_add_test(tc, test_damaged_checkpoint);
   tcase_add_test(tc, test_resume_refuses_impossible_values);
+  tcase_add_test(tc, test_resume_saved_schedule_out_of_range);
   tcase_add_test(tc, test_refused_moved_aside);
   tcase_add_test(tc, test_other_options_refused);
   tcase_add_test(tc, test_resume_redraws_epochs);

@@ -313,9 +313,26 @@ static bool png_whole(const char *path) {
   return ok;
 }
 
+/* An existing file --plot replaces is a PNG image, or empty: anything else
+ * (the run's own dataset file) was replaced without a word. */
+static int plot_file_ok(const char *png, char *err, size_t errlen) {
+  static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  struct stat st;
+  if (!png[0] || stat(png, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0 || st.st_nlink > 1) return 0;
+  unsigned char head[8];
+  const int fd = open(png, O_RDONLY | O_CLOEXEC);
+  const bool is_png = fd >= 0 && pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head && !memcmp(head, sig, 8);
+  if (fd >= 0) close(fd);
+  if (is_png) return 0;
+  snprintf(err, errlen, "--plot %.900s: %s: name a new file, or a PNG image it may replace (or remove it first)", png,
+           fd < 0 ? "cannot be read to see that it is an image it may replace" : "holds something other than a PNG image");
+  return -1;
+}
+
 int plot_check(const char *png, char *err, size_t errlen) {
   /* replaced (below): a FIFO held gnuplot, and so the training, for ever */
-  if (replaced_path_ok("--plot", png, OUTPATH_TEMP_PLOT, err, errlen) != 0) return -1;
+  if (replaced_path_ok("--plot", png, OUTPATH_TEMP_PLOT, err, errlen) != 0 || plot_file_ok(png, err, errlen) != 0)
+    return -1;
   /* and the data and script beside it (PNG.dat, PNG.gp, each renamed over
    * from its .tmp): a directory there failed only at the first epoch's end */
   static const char *const side[2][2] = {{".dat", "--plot's data"}, {".gp", "--plot's script"}};

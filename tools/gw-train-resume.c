@@ -89,25 +89,44 @@ static int saved_word(const char *opts, const char *key, char *buf, size_t len) 
  * --steps when that was -1), rate, warmup and kind.  The world, batch and
  * steps per epoch are the checkpoint's configuration, the same as this run's.
  * 0 when the description lacks a word (an older gw-train's). */
+/* Word `key` as a number within [lo, hi] into *v; 0 when absent, no number
+ * or out of range (a checkpoint's words are checksummed, but one edited with
+ * its checksum made again gave warmup_epochs=1e308: an overflow, undefined). */
+static int saved_num(const char *opts, const char *key, double lo, double hi, double *v) {
+  char w[40], *end;
+  if (!saved_word(opts, key, w, sizeof w)) return 0;
+  *v = strtod(w, &end);
+  return end != w && !*end && *v >= lo && *v <= hi; /* (NaN fails both) */
+}
+
 static int saved_schedule(const struct trainer *t, struct schedule *s) {
-  char epochs[32], steps[32], lr[32], warmup[32], kind[32];
+  char kind[32];
+  double epochs, steps, lr, warmup;
   const char *o = t->st.options;
-  if (!saved_word(o, "epochs", epochs, sizeof epochs) || !saved_word(o, "steps", steps, sizeof steps) ||
-      !saved_word(o, "lr", lr, sizeof lr) || !saved_word(o, "warmup_epochs", warmup, sizeof warmup) ||
+  /* the flags' own ranges, or wider: an epoch count times the steps per epoch stays far from overflow */
+  if (!saved_num(o, "epochs", -1, 1e9, &epochs) || !saved_num(o, "steps", -1, 1e15, &steps) ||
+      !saved_num(o, "lr", 0, 1e3, &lr) || !saved_num(o, "warmup_epochs", 0, 1e9, &warmup) ||
       !saved_word(o, "schedule", kind, sizeof kind))
     return 0;
-  s->total = atoll(epochs) > 0 ? atoll(epochs) * t->spe : atoll(steps);
-  s->warmup = (int64_t)llround(atof(warmup) * (double)t->spe);
-  s->peak = atof(lr) * (double)t->o->batch * t->world / 256.0;
+  s->total = epochs >= 1 ? (int64_t)epochs * t->spe : (int64_t)steps;
+  s->warmup = (int64_t)llround(warmup * (double)t->spe);
+  s->peak = lr * (double)t->o->batch * t->world / 256.0;
   s->steps = !strcmp(kind, "step");
   /* Words an older gw-train did not write: its fixed steps of 0.1 and warmup. */
-  char ms[GW_MAX_MILESTONES * 24 + 8], gamma[32], start[32];
-  s->gamma = saved_word(o, "lr_gamma", gamma, sizeof gamma) ? atof(gamma) : 0.1;
-  s->start = saved_word(o, "warmup_start", start, sizeof start) && strcmp(start, "auto") ? atof(start) : 0;
+  char ms[GW_MAX_MILESTONES * 24 + 8], start[32];
+  if (!saved_num(o, "lr_gamma", 0, 1e3, &s->gamma)) s->gamma = 0.1;
+  s->start = 0;
+  if (saved_word(o, "warmup_start", start, sizeof start) && strcmp(start, "auto") &&
+      !saved_num(o, "warmup_start", 0, 1, &s->start))
+    return 0;
   double epochs_at[GW_MAX_MILESTONES];
   int n = 0;
   if (saved_word(o, "lr_milestones", ms, sizeof ms) && strcmp(ms, "none"))
-    for (char *p = ms; n < GW_MAX_MILESTONES && *p; p += *p == ',') epochs_at[n++] = strtod(p, &p);
+    for (char *p = ms, *end; n < GW_MAX_MILESTONES && *p; p = end + (*end == ',')) {
+      epochs_at[n] = strtod(p, &end);
+      if (end == p || !(epochs_at[n] >= 0 && epochs_at[n] <= 1e9)) return 0;
+      n++;
+    }
   milestone_steps(s, epochs_at, n, t->spe);
   return s->total > 0;
 }

@@ -92,7 +92,7 @@ static gw_result_t sync_bn_sum(void *arg, double *buf, size_t n) {
 static int fail_together(struct trainer *t, const char *what, const char *detail, bool own) {
   (own ? train_fail : train_fail_of_others)(t, what, detail);
   fflush(stdout), fflush(stderr);
-  gw_barrier(t->comm);
+  if (t->comm) gw_barrier(t->comm); /* (one rank has none: the library warned of a NULL communicator) */
   return -1;
 }
 
@@ -173,7 +173,7 @@ static int outputs_follow_rank0(struct trainer *t) {
              vals[other][1]);
   else
     snprintf(detail, sizeof detail, "%.0f rank(s) have --load-weights, --checkpoint-dir, --metrics, --plot or "
-             "--keep-checkpoints that rank 0 has not (their logs say which)", bad);
+             "--keep-checkpoints that rank 0 has not, or with other values than rank 0's (their logs say which)", bad);
   free(vals);
   return fail_together(t, "options", detail, flag != NULL || other >= 0);
 }
@@ -620,6 +620,47 @@ static int metrics_path_ok(const char *path, char *err, size_t errlen) {
   return output_path_ok("--metrics", path, err, errlen);
 }
 
+/* What an existing file's safetensors header says: a file at all, written by
+ * gw-train (weights carry gradwire_model), a checkpoint. */
+struct replaced_probe {
+  bool safetensors, ours, ckpt;
+};
+static gw_result_t probe_replaced(const struct gw_st_file *h, const char *path, void *arg) {
+  (void)path;
+  struct replaced_probe *p = arg;
+  const char *format = gw_st_metadata(h, "format");
+  p->safetensors = true;
+  p->ours = gw_st_metadata(h, "gradwire_model") != NULL;
+  p->ckpt = gw_st_metadata(h, "config") && ((format && !strcmp(format, "gradwire-checkpoint")) ||
+                                            gw_st_find(h, "params")); /* (a version 1 checkpoint) */
+  return GW_ERR_INVALID_ARGUMENT; /* the header was all we wanted: nothing more read */
+}
+
+/* An existing file --save-weights replaces holds weights gw-train wrote (an
+ * earlier run's), or nothing: anything else was replaced without a word, the
+ * run's own dataset file or a checkpoint's whole training state among them. */
+static int weights_file_ok(const char *path, char *err, size_t errlen) {
+  struct stat sb;
+  /* (a name with other hard links: renamed over, the file stays under them) */
+  if (!path[0] || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0 || sb.st_nlink > 1) return 0;
+  if (access(path, R_OK) != 0) {
+    snprintf(err, errlen, "--save-weights %.900s: cannot be read to see that it holds weights it may replace: %s",
+             path, strerror(errno));
+    return -1;
+  }
+  struct replaced_probe p = {0};
+  struct gw_st_file *f = NULL;
+  gw_st_open_checked(&f, path, probe_replaced, &p);
+  gw_st_free(f);
+  if (p.ours && !p.ckpt) return 0;
+  snprintf(err, errlen, "--save-weights %.900s: %s: name a new file, or one an earlier --save-weights wrote (or "
+           "remove it first)", path,
+           !p.safetensors ? "holds something other than weights (no safetensors file)"
+           : p.ckpt       ? "is a checkpoint, whose training state bare weights would replace"
+                          : "holds safetensors that gw-train did not write");
+  return -1;
+}
+
 /* Rank 0's output paths, checked before any work: a bad one used to fail only
  * when first written (after the training, for --save-weights), or never; and
  * a checkpoint folder holding another run's files is refused unless resuming. */
@@ -629,7 +670,8 @@ static int check_outputs(const struct trainer *t) {
   char err[1200];
   if ((o->checkpoint_dir && ckpt_prepare_dir(o->checkpoint_dir, o->resume, err, sizeof err) != 0) ||
       (o->metrics && metrics_path_ok(o->metrics, err, sizeof err) != 0) || /* (in the folder just made, maybe) */
-      (o->save_weights && replaced_path_ok("--save-weights", o->save_weights, OUTPATH_TEMP_WEIGHTS, err, sizeof err) != 0) ||
+      (o->save_weights && (replaced_path_ok("--save-weights", o->save_weights, OUTPATH_TEMP_WEIGHTS, err, sizeof err) != 0 ||
+                           weights_file_ok(o->save_weights, err, sizeof err) != 0)) ||
       (o->plot && plot_check(o->plot, err, sizeof err) != 0))
     return train_fail(t, "output files", err);
   return 0;

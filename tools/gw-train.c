@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -151,7 +152,10 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
   errno = 0;
   double v = strtod(s, &end);
   if (errno || end == s || *end || !gw_decimal_text(s) || !(v >= lo && v <= hi)) {
-    fprintf(stderr, "gw-train: %s wants a number in [%g, %g], got '%s'\n", opt, lo, hi, s);
+    /* (strtod's ERANGE for a number too small for a double: "1e-400 is not in [0, 1000]" was the message) */
+    const bool tiny = errno == ERANGE && end != s && !*end && fabs(v) <= DBL_MIN;
+    fprintf(stderr, "gw-train: %s wants a number in [%g, %g], got '%s'%s\n", opt, lo, hi, s,
+            tiny ? " (too close to 0 for a double: write 0, or a number of at least 2.2e-308)" : "");
     return -1;
   }
   *out = v;
@@ -706,7 +710,7 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
                    "wd=%.10g wd_all=%d nesterov=%d label_smoothing=%.10g warmup_epochs=%.10g schedule=%s epochs=%ld steps=%ld "
                    "lr_milestones=%s lr_gamma=%.10g warmup_start=%s "
                    "sync_bn=%d overlap=%d bucket_mb=%.10g first_bucket_mb=%.10g grad_wire=%s amp=%s loss_scale=%s "
-                   "backend=%s tf32=%d layout=%d host_step=%d eval=%d save_weights=%d%s%s",
+                   "backend=%s tf32=%d layout=%s host_step=%d eval=%d save_weights=%d%s%s",
                    o->model_name, o->classes_given ? m->classes : 0, o->in_channels_given ? m->in_channels : 0,
                    o->image_size_given ? m->image_size : 0,
                    !o->stem_given ? "data's" : m->stem == GW_STEM_SMALL ? "small" : "imagenet", m->width_divisor,
@@ -715,7 +719,9 @@ size_t train_opts_describe(const struct train_opts *o, char *buf, size_t len) {
                    o->schedule == GW_SCHED_STEP ? "step" : "cosine", o->epochs, o->steps, ms, o->lr_gamma, ws,
                    o->sync_bn, !o->no_overlap,
                    o->bucket_mb, o->first_bucket_mb, dtype_word(o->grad_wire), dtype_word(o->amp), scale, o->backend,
-                   o->tf32, o->layout, o->host_step, o->eval, o->save_weights != NULL,
+                   o->tf32,
+                   /* words (a rank's message said "layout 0 -> -1"); older checkpoints' numbers: a how-option, not compared */
+                   o->layout == GW_LAYOUT_NCHW ? "nchw" : o->layout == GW_LAYOUT_NHWC ? "nhwc" : "auto", o->host_step, o->eval, o->save_weights != NULL,
                    o->test_only ? " test_only=1" : "", /* (never in a checkpoint: it writes none) */
                    vr);
   return n < 0 ? 0 : (size_t)n;

@@ -3,6 +3,7 @@
 #include "optwords.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The value of word `key=` in a words string; its length in *vlen. */
@@ -38,7 +39,11 @@ static int flag_words_diff(const char *from, const char *other, int on_in_a, int
   for (const char *p = strchr(from, ' '); p && *p;) {
     p++;
     const size_t l = strcspn(p, " ");
-    if (l && !memchr(p, '=', l) && !has_flag_word(other, p, l)) {
+    /* (once each: a word repeated, in an edited checkpoint's config, was said as often) */
+    char *seen = strndup(from, (size_t)(p - from));
+    const int again = seen && has_flag_word(seen, p, l);
+    free(seen);
+    if (l && !again && !memchr(p, '=', l) && !has_flag_word(other, p, l)) {
       int w = snprintf(out + *used, len - *used, "%s%.*s %s", n ? ", " : "", (int)l, p,
                        on_in_a ? "on -> off" : "off -> on");
       if (w > 0) *used += (size_t)w < len - *used ? (size_t)w : len - *used - 1;
