@@ -31,6 +31,10 @@ struct gw_dataset {
   /* A hash of what the samples are (the file list and labels; for generated
    * data, what generates it), so ranks can check they opened the same data. */
   uint64_t fingerprint;
+  /* What the ranks compare (gw_dataset_content_hash): where the samples'
+   * bytes are in memory anyway (Fashion-MNIST), their hash with the labels';
+   * 0: the fingerprint.  Checkpoints keep the fingerprint, which saved ones name. */
+  uint64_t content;
 };
 
 /* Uniform integer in [0, bound) without modulo bias (bound >= 1). */

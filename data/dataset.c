@@ -78,6 +78,7 @@ gw_result_t gw_dataset_open(struct gw_dataset **ds, const char *spec, enum gw_sp
 }
 
 uint64_t gw_dataset_fingerprint(const struct gw_dataset *ds) { return ds->fingerprint; }
+uint64_t gw_dataset_content_hash(const struct gw_dataset *ds) { return ds->content ? ds->content : ds->fingerprint; }
 
 gw_result_t gw__dataset_set_classes(struct gw_dataset *ds, const char *const *names, int n) {
   ds->class_names = calloc((size_t)n, sizeof *ds->class_names);

@@ -82,6 +82,10 @@ const char *gw_dataset_description(const struct gw_dataset *ds);
  * labels (image folders), the labels (Fashion-MNIST), the generator's
  * parameters (synthetic).  Equal on ranks that opened the same data. */
 uint64_t gw_dataset_fingerprint(const struct gw_dataset *ds);
+/* A hash the ranks compare to see they opened the same samples: the
+ * fingerprint, with the pixels too where they are in memory (Fashion-MNIST:
+ * the labels alone passed ranks whose images differed). */
+uint64_t gw_dataset_content_hash(const struct gw_dataset *ds);
 
 /* Decodes sample index (0 <= index < size) into out [c, h, w] and its class into
  * *label.  train selects the training transform (augmentation); its randomness is

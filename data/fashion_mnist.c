@@ -376,6 +376,7 @@ static gw_result_t fmnist_load(struct fmnist *d, const char *dir, enum gw_split 
                           nimages, lpath, nlabels);
   d->base.size = nimages;
   d->base.fingerprint = gw__fnv(GW_FNV_START, d->labels, nlabels);
+  d->base.content = gw__fnv(d->base.fingerprint, d->pixels, (size_t)nimages * PIXELS); /* ~60 ms for 47 MB */
   snprintf(d->base.description, sizeof d->base.description, "fashion-mnist %s (%u samples) from %s",
            split == GW_SPLIT_TRAIN ? "train" : "test", nimages, dir);
   return gw__dataset_set_classes(&d->base, CLASS_NAMES, CLASSES);

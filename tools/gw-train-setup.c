@@ -188,7 +188,7 @@ static int same_data_everywhere(struct trainer *t) {
   for (int k = 0; k < 2; k++)
     if (ds[k])
       mine[3 * k] = gw_dataset_size(ds[k]), mine[3 * k + 1] = gw_dataset_classes(ds[k]),
-                 mine[3 * k + 2] = (int64_t)gw_dataset_fingerprint(ds[k]);
+                 mine[3 * k + 2] = (int64_t)gw_dataset_content_hash(ds[k]);
   memcpy(r0, mine, sizeof r0);
   if (train_bcast(t, r0, 6, GW_INT64, "comparing the data with rank 0's") != 0) return -1;
   double differ = memcmp(mine, r0, sizeof mine) != 0;
@@ -197,7 +197,7 @@ static int same_data_everywhere(struct trainer *t) {
     if (!memcmp(&mine[3 * k], &r0[3 * k], 3 * sizeof *mine)) continue;
     char detail[400];
     snprintf(detail, sizeof detail,
-             "this rank's %s split (%lld samples, %lld classes, file list and labels hashed %016llx) is not rank "
+             "this rank's %s split (%lld samples, %lld classes, hashed %016llx) is not rank "
              "0's (%lld samples, %lld classes, %016llx): every rank must see the same files",
              k ? "evaluation" : "training", (long long)mine[3 * k], (long long)mine[3 * k + 1],
              (unsigned long long)mine[3 * k + 2], (long long)r0[3 * k], (long long)r0[3 * k + 1],
