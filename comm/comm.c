@@ -467,7 +467,7 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
   c->rd_ok = c->nranks > 2 && c->nranks <= GW_RD_MAX_RANKS && (c->algo == GW_ALGO_AUTO || c->algo == GW_ALGO_EXCHANGE);
   if (c->rd_ok) GW_CHECK(gw__rd_connect(c, err));
   GW_CHECK(agree_ll(c, err));
-  c->connected = true; /* the ranks' last exchange at init: a failure from here on is told on the connections */
+  c->connected = true; /* every connection made: a failure from here on is told on them too (rank peers may be past init) */
   if (c->rank == 0) {
     struct gw_pick_args base;
     gw__pick_base(c, c->algo, c->proto, &base);
@@ -730,7 +730,15 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
    * clearing is not this communicator's: such an abort still between its
    * look and its store is waited for (a few instructions, unless its thread
    * was preempted there), and its flag cleared. */
-  while (atomic_load(&c->aborting) > 0) sched_yield();
+  struct gw_waiter w; /* the waiting policy (spin, yield, then sleep: a waiter of higher priority livelocked on a yield) */
+  gw__waiter_init(&w, 1.0);
+  while (atomic_load(&c->aborting) > 0)
+    if (!gw__waiter_pause(&w)) { /* an abort that will not finish: a handler jumped out of it, its thread ended */
+      GW_WARN(GW_SUB_INIT, "rank %d: a gw_comm_abort through a destroyed communicator's handle in this memory has "
+              "not finished in 1 s (its thread stopped, or a signal handler left it): going on", rank);
+      atomic_store(&c->aborting, 0);
+      break;
+    }
   atomic_store(&c->aborted, false);
   atomic_store(&c->destroying, GW_DESTROY_NO); /* and calls may enter */
   *out = c;

@@ -192,7 +192,7 @@ struct gw_devstate;
 
 struct gw_comm {
   /* The gate, first: a destroyed communicator's memory is kept for the next
-   * one (comm.c, comm_alloc), and these three are never cleared, so a call
+   * one (comm.c, comm_alloc), and these (and `aborting`, below) are never cleared, so a call
    * that raced the destroy (a second destroy, an accessor on a watchdog
    * thread) counts itself in and out of memory that is still there, and is
    * refused.  inside: threads inside a call on it (gw__comm_enter: a

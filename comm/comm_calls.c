@@ -43,6 +43,7 @@ void gw__abort_reason(struct gw_comm *comm, char *out, size_t len) {
 
 _Static_assert(ATOMIC_BOOL_LOCK_FREE == 2, "gw_comm_abort's flag must be lock-free (async-signal-safe)");
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "gw_comm_abort's count must be lock-free (async-signal-safe)");
+_Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "gw_comm_abort's test hook must be lock-free (async-signal-safe)");
 
 gw_result_t gw_comm_abort(gw_comm_t comm) {
   if (!comm) return GW_ERR_INVALID_ARGUMENT; /* (no message: nothing here may lock or print) */

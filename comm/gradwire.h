@@ -122,9 +122,10 @@ gw_result_t gw_comm_destroy(gw_comm_t comm);
  * its calls have returned; a new one can be made.  On a communicator being
  * destroyed or destroyed it returns GW_ERR_INVALID_ARGUMENT (a destroy under
  * way may still tell the peers; a destroyed one's handle leaves alone the
- * communicator a later gw_comm_init is making in its memory, or has made:
- * drop stale handles, which name the new one), and so it does in a child forked without exec on its parent's
- * communicators. */
+ * communicator a later gw_comm_init is making in its memory, which waits out
+ * an abort begun earlier; once that init has returned, the handle names the
+ * new communicator: drop stale handles), and so it does in a child forked
+ * without exec on its parent's communicators. */
 gw_result_t gw_comm_abort(gw_comm_t comm);
 
 gw_result_t gw_comm_rank(gw_comm_t comm, int *rank);

@@ -261,11 +261,11 @@ static FILE *open_tuning(const char *path, char *why, size_t cap) {
     char chunk[4096];
     size_t total = 0, got;
     while (total <= TUNING_FILE_MAX && (got = fread(chunk, 1, sizeof chunk, f)) > 0) total += got;
-    not_file = total > TUNING_FILE_MAX ? "is larger than 1 MiB: not a tuning file"
-               : ferror(f)           ? "cannot be read"
-                                     : NULL;
+    not_file = total > TUNING_FILE_MAX       ? "is larger than 1 MiB: not a tuning file"
+               : ferror(f)                   ? "cannot be read"
+               : fseek(f, 0, SEEK_SET) != 0  ? "cannot be read twice (not seekable)"
+                                             : NULL;
     if (not_file) fclose(f), f = NULL, fd = -1;
-    else rewind(f);
   }
   if (!f) {
     snprintf(why, cap, "%s", not_file ? not_file : strerror(errno));
@@ -497,7 +497,9 @@ static int fit_rows(const struct gw_tune_sample *samples, int nsamples, int nran
       struct rows_seen fresh = {0}; /* one row per algorithm and protocol: never a second */
       if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, tree_levels, &lat, &bw)) continue;
       /* bandwidth to 4 significant digits: %.3f wrote a slow link's 0.0004 GB/s as 0.000, a row refused */
-      snprintf(row, sizeof row, "%s %s %.4f %.4g %d\n", algo_names[a], proto_names[p], lat, bw, nranks);
+      /* (and below 1e5, the loader's bound, which %.4g rounds 99995 up to) */
+      snprintf(row, sizeof row, "%s %s %.4f %.4g %d\n", algo_names[a], proto_names[p], lat, bw < 99990 ? bw : 99990.0,
+               nranks);
       const bool good = row_ok(row, &fresh);
       free(fresh.tagged);
       if (good && len + strlen(row) < cap) {

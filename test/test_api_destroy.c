@@ -7,12 +7,14 @@
 #include <stdint.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <setjmp.h>
 #include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm.h"
@@ -465,6 +467,34 @@ START_TEST(test_stale_abort_held_up) {
 }
 END_TEST
 
+/* An abort that never finishes (a signal handler that jumps out of it, here
+ * the test hook): the next init in the same memory waited for it for good,
+ * spinning; now at most a second, with a warning. */
+static jmp_buf abort_jump;
+static void jump_out(void) { longjmp(abort_jump, 1); }
+
+START_TEST(test_abort_left_midway) {
+  gw_comm_t a, b = NULL;
+  ck_assert_int_eq(gw_comm_init(&a, 1, 0, NULL), GW_SUCCESS);
+  atomic_store(&gw__abort_gap_hook, jump_out);
+  if (!setjmp(abort_jump)) gw_comm_abort(a); /* left in its gap: its count never taken back */
+  atomic_store(&gw__abort_gap_hook, NULL);
+  ck_assert_int_eq(gw_comm_destroy(a), GW_SUCCESS);
+  pthread_t in;
+  ck_assert_int_eq(pthread_create(&in, NULL, init_next, &b), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 20;
+  void *ri;
+  ck_assert_msg(pthread_timedjoin_np(in, &ri, &until) == 0, "the next init waited 20 s for an abort that never ends");
+  ck_assert_msg(*(gw_result_t *)ri == GW_SUCCESS && b == a, "the next init: %s", gw_comm_last_error(NULL));
+  float x = 2;
+  ck_assert_msg(gw_allreduce(&x, &x, 1, GW_FLOAT32, GW_SUM, b, NULL) == GW_SUCCESS && x == 2, "%s",
+                gw_comm_last_error(b));
+  ck_assert_int_eq(gw_comm_destroy(b), GW_SUCCESS);
+}
+END_TEST
+
 /* fork while a parent's thread registers buffers and makes and destroys
  * bucketers: the child's own communicator does the same, and does not hang.
  * The registrations' list lock and the bucketers' quarantine lock were not
@@ -538,5 +568,6 @@ void add_destroy_tests(TCase *tc) {
   tcase_add_test(tc, test_destroy_races);
   tcase_add_test(tc, test_stale_abort_leaves_next_comm);
   tcase_add_test(tc, test_stale_abort_held_up);
+  tcase_add_test(tc, test_abort_left_midway);
   tcase_add_test(tc, test_fork_leaves_no_lock_held);
 }

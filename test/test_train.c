@@ -708,8 +708,23 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--save-weights", notes, NULL},
           "notes.txt: holds something other than weights (no safetensors file)");
   refused((const char *const[]){"--epochs", "1", "--plot", notes, NULL}, "notes.txt: holds something other than a PNG image");
+  /* --steps 0 (converting a checkpoint to weights) too: it skipped the check */
+  refused((const char *const[]){"--steps", "0", "--save-weights", notes, NULL},
+          "notes.txt: holds something other than weights (no safetensors file)");
   ck_assert_msg(stat(weights, &st) == 0 && st.st_size == 10 && stat(notes, &st) == 0 && st.st_size == 9,
                 "a refused output file changed");
+  /* weights from elsewhere (no gradwire_model): refused as an output, but
+   * fine-tuned in place as the run's own --load-weights file */
+  char foreign[512];
+  path(foreign, sizeof foreign, "foreign-w.safetensors");
+  weights_with("foreign-init.safetensors", foreign, "fc.bias", 0.25f);
+  refused((const char *const[]){"--steps", "0", "--save-weights", foreign, NULL},
+          "foreign-w.safetensors: holds safetensors that gw-train did not write");
+  struct run r;
+  train(&r, (const char *const[]){NULL}, "1",
+        (const char *const[]){"--steps", "0", "--load-weights", foreign, "--save-weights", foreign, NULL});
+  expect_ok(&r);
+  gwrun_free(&r);
 }
 END_TEST
 

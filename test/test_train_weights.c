@@ -565,7 +565,11 @@ START_TEST(test_weights_stale_temps_removed) {
   plant((const char *const[]){far}, 1, 3600);
   char real_file[600];
   snprintf(real_file, sizeof real_file, "%s/w.safetensors", real_dir);
-  plant((const char *const[]){real_file}, 1, 0); /* the link names a file */
+  size_t wlen; /* the link names a file: weights an earlier save wrote (another file is not replaced) */
+  char *w = slurp("w-temps.safetensors", &wlen);
+  FILE *wf = fopen(real_file, "wb");
+  ck_assert(wf && fwrite(w, 1, wlen, wf) == wlen && fclose(wf) == 0);
+  free(w);
   train(&r, noenv, "1", (const char *const[]){"--steps", "0", "--save-weights", link, NULL});
   expect_ok(&r);
   gwrun_free(&r);

@@ -829,8 +829,11 @@ int main(int argc, char **argv) {
   }
   /* A full disk must not pass for a finished run with a cut file, nor a
    * table that never reached standard output (a full disk, a closed pipe) for one that did. */
-  if (rank == 0 && (fflush(stdout) != 0 || ferror(stdout)))
-    die("writing the results to standard output failed: %s", strerror(errno ? errno : EIO));
+  const int csv_errno = errno; /* (the CSV's failed write's, said below) */
+  errno = 0;
+  const bool out_failed = rank == 0 && (fflush(stdout) != 0 || ferror(stdout));
+  const int out_errno = errno ? errno : EIO; /* (a failed earlier write's errno is gone: EIO then) */
+  errno = csv_errno;
   if (csv && (ferror(csv) | fclose(csv))) die("--csv %s: writing failed: %s", o.csv, strerror(errno));
   if (json) {
     char tw[24] = "null";
@@ -838,6 +841,7 @@ int main(int argc, char **argv) {
     fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"check\": %d,\n  \"wrong\": %s\n}\n", avg, o.check, tw);
     if (ferror(json) | fclose(json)) die("--json %s: writing failed: %s", o.json, strerror(errno));
   }
+  if (out_failed) die("writing the results to standard output failed: %s", strerror(out_errno));
   /* Wrong results exit 1, and gw-run stops the job at the first rank that
    * fails: every rank waits here until rank 0 has written its table (the
    * count is every rank's sum, so all agree to wait). */

@@ -103,8 +103,8 @@ static int saved_schedule(const struct trainer *t, struct schedule *s) {
   char kind[32];
   double epochs, steps, lr, warmup;
   const char *o = t->st.options;
-  /* the flags' own ranges, or wider: an epoch count times the steps per epoch stays far from overflow */
-  if (!saved_num(o, "epochs", -1, 1e9, &epochs) || !saved_num(o, "steps", -1, 1e15, &steps) ||
+  /* the flags' own ranges, or wider (--steps to LONG_MAX / 2): epochs x steps per epoch stays far from overflow */
+  if (!saved_num(o, "epochs", -1, 1e9, &epochs) || !saved_num(o, "steps", -1, 4.7e18, &steps) ||
       !saved_num(o, "lr", 0, 1e3, &lr) || !saved_num(o, "warmup_epochs", 0, 1e9, &warmup) ||
       !saved_word(o, "schedule", kind, sizeof kind))
     return 0;

@@ -638,27 +638,36 @@ static gw_result_t probe_replaced(const struct gw_st_file *h, const char *path, 
 
 /* An existing file --save-weights replaces holds weights gw-train wrote (an
  * earlier run's), or nothing: anything else was replaced without a word, the
- * run's own dataset file or a checkpoint's whole training state among them. */
-static int weights_file_ok(const char *path, char *err, size_t errlen) {
+ * run's own dataset file or a checkpoint's whole training state among them.
+ * The run's own --load-weights file (fine-tuned in place) may be any weights
+ * it loads, a checkpoint's excepted. */
+static int weights_file_ok(const char *path, const char *load, char *err, size_t errlen) {
   struct stat sb;
   /* (a name with other hard links: renamed over, the file stays under them) */
   if (!path[0] || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0 || sb.st_nlink > 1) return 0;
-  if (access(path, R_OK) != 0) {
-    snprintf(err, errlen, "--save-weights %.900s: cannot be read to see that it holds weights it may replace: %s",
-             path, strerror(errno));
-    return -1;
-  }
   struct replaced_probe p = {0};
   struct gw_st_file *f = NULL;
-  gw_st_open_checked(&f, path, probe_replaced, &p);
+  const gw_result_t r = gw_st_open_checked(&f, path, probe_replaced, &p);
   gw_st_free(f);
-  if (p.ours && !p.ckpt) return 0;
+  if (!p.safetensors && r == GW_ERR_SYSTEM) { /* (unreadable: EACCES on a root-squashed mount, EIO) */
+    snprintf(err, errlen, "--save-weights %.900s: cannot be read to see that it holds weights it may replace: %s",
+             path, gw_model_last_error());
+    return -1;
+  }
+  if (p.safetensors && !p.ckpt && (p.ours || (load && same_output_file(path, load)))) return 0;
   snprintf(err, errlen, "--save-weights %.900s: %s: name a new file, or one an earlier --save-weights wrote (or "
            "remove it first)", path,
            !p.safetensors ? "holds something other than weights (no safetensors file)"
            : p.ckpt       ? "is a checkpoint, whose training state bare weights would replace"
                           : "holds safetensors that gw-train did not write");
   return -1;
+}
+
+int weights_output_ok(const char *path, const char *load, char *err, size_t errlen) {
+  return replaced_path_ok("--save-weights", path, OUTPATH_TEMP_WEIGHTS, err, errlen) != 0 ||
+                 weights_file_ok(path, load, err, errlen) != 0
+             ? -1
+             : 0;
 }
 
 /* Rank 0's output paths, checked before any work: a bad one used to fail only
@@ -670,8 +679,7 @@ static int check_outputs(const struct trainer *t) {
   char err[1200];
   if ((o->checkpoint_dir && ckpt_prepare_dir(o->checkpoint_dir, o->resume, err, sizeof err) != 0) ||
       (o->metrics && metrics_path_ok(o->metrics, err, sizeof err) != 0) || /* (in the folder just made, maybe) */
-      (o->save_weights && (replaced_path_ok("--save-weights", o->save_weights, OUTPATH_TEMP_WEIGHTS, err, sizeof err) != 0 ||
-                           weights_file_ok(o->save_weights, err, sizeof err) != 0)) ||
+      (o->save_weights && weights_output_ok(o->save_weights, o->load_weights, err, sizeof err) != 0) ||
       (o->plot && plot_check(o->plot, err, sizeof err) != 0))
     return train_fail(t, "output files", err);
   return 0;

@@ -153,9 +153,10 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
   double v = strtod(s, &end);
   if (errno || end == s || *end || !gw_decimal_text(s) || !(v >= lo && v <= hi)) {
     /* (strtod's ERANGE for a number too small for a double: "1e-400 is not in [0, 1000]" was the message) */
-    const bool tiny = errno == ERANGE && end != s && !*end && fabs(v) <= DBL_MIN;
+    const bool tiny = errno == ERANGE && end != s && !*end && fabs(v) <= DBL_MIN && lo <= 0 && hi > 0;
     fprintf(stderr, "gw-train: %s wants a number in [%g, %g], got '%s'%s\n", opt, lo, hi, s,
-            tiny ? " (too close to 0 for a double: write 0, or a number of at least 2.2e-308)" : "");
+            !tiny ? "" : lo == 0 ? " (too close to 0 for a double: write 0, or a number of at least 2.2e-308)"
+                                 : " (too close to 0 for a double)");
     return -1;
   }
   *out = v;
@@ -756,6 +757,12 @@ static int build_only(struct train_opts *o) {
     return 1;
   }
   int rc = 0;
+  char why_out[1200];
+  if (o->save_weights && weights_output_ok(o->save_weights, o->load_weights, why_out, sizeof why_out) != 0) {
+    fprintf(stderr, "gw-train: %s\n", why_out); /* (--steps 0 converts: a checkpoint named as the output was replaced) */
+    gw_model_free(m);
+    return 1;
+  }
   if (o->save_weights) weights_remove_stale_temps(o->save_weights);
   char why_load[1200];
   if (o->load_weights && load_weights(m, o->load_weights, o->model_name, why_load, sizeof why_load) != 0) {

@@ -201,6 +201,10 @@ void log_marker(struct train_log *l, const char *type);
 /* Before training (rank 0): output_path_ok (outpath.h) for the PNG, and
  * gnuplot runs.  0, or -1 with err naming the flag and path. */
 int plot_check(const char *png, char *err, size_t errlen);
+/* Before writing (rank 0; --steps 0 too): --save-weights's path (outpath.h's
+ * replaced_path_ok), and an existing file there is weights gw-train wrote,
+ * load's (the run's --load-weights, or NULL) or empty.  0, or -1 with err. */
+int weights_output_ok(const char *path, const char *load, char *err, size_t errlen);
 void log_close(struct train_log *l);
 void log_step(struct train_log *l, const struct step_report *r, int print);
 /* An epoch's evaluation, at the step its training ended (a resume may
