@@ -280,7 +280,9 @@ START_TEST(test_nan_logits_score_zero) {
   path(nan, sizeof nan, "nan.safetensors");
   path(metrics, sizeof metrics, "nan-metrics.jsonl");
   struct run r;
-  const char *const hook_env[] = {"GW_TRAIN_TEST_LOAD_NONFINITE=1", NULL}; /* loaded as it is */
+  /* loaded as it is; resident on the (emulated) device, where the steps do not
+   * look at the statistics (a host run stops at its first: test_nonfinite_model_not_saved) */
+  const char *const hook_env[] = {"GW_TRAIN_TEST_LOAD_NONFINITE=1", "GW_TRAIN_CPU_AS_DEVICE=1", NULL};
   weights_with("nan-init.safetensors", nan, "bn1.running_var", NAN);
   /* COMMON without --no-eval */
   const char *args[] = {"-n", "1", train_bin(), "--data", "synthetic", "--synthetic-samples", "32", "--model",
@@ -320,7 +322,17 @@ START_TEST(test_nonfinite_model_not_saved) {
   snprintf(c1, sizeof c1, "%s/ckpt-1.safetensors", dir);
   weights_with("nan-var-init.safetensors", nan, "bn1.running_var", NAN);
   struct run r;
-  const char *const hook_env[] = {"GW_TRAIN_TEST_LOAD_NONFINITE=1", NULL}; /* loaded as it is */
+  /* on the host the first step sees the statistics and stops, naming them (the
+   * run trained on to its save, refused); resident on a device, the save's
+   * check (below) is what sees them */
+  const char *const host_env[] = {"GW_TRAIN_TEST_LOAD_NONFINITE=1", NULL}; /* loaded as it is */
+  train(&r, host_env, "1", (const char *const[]){"--steps", "3", "--batch", "8", "--load-weights", nan,
+                                              "--save-weights", w, NULL});
+  ck_assert_msg(r.code == 1 && strstr(r.err, "step 1: a batch-norm running statistic is not finite, "
+                                             "bn1.running_var[0] = nan, under a finite loss") && access(w, F_OK) != 0,
+                "a host run with NaN statistics: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
+  const char *const hook_env[] = {"GW_TRAIN_TEST_LOAD_NONFINITE=1", "GW_TRAIN_CPU_AS_DEVICE=1", NULL};
   train(&r, hook_env, "1", (const char *const[]){"--steps", "1", "--batch", "8", "--load-weights", nan,
                                               "--save-weights", w, NULL});
   ck_assert_msg(r.code == 1 && strstr(r.err, "--save-weights: not written: the model holds a value that is not "

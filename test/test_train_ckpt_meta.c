@@ -472,6 +472,21 @@ START_TEST(test_nonfinite_step_stops) {
                     access(c2, F_OK) == 0 && access(c3, F_OK) != 0,
                 "gradients not finite: exit %d\n%s\n%s", r.code, r.out, r.err);
   gwrun_free(&r);
+  /* batch-norm statistics gone infinite under a finite loss (rank 0's): the
+   * run stops at that step, naming it (it trained on to its first save, which
+   * was refused, or to its end with --save-weights alone) */
+  char dir3[512];
+  path(dir3, sizeof dir3, "ckpt-nonfinite-stats");
+  snprintf(c2, sizeof c2, "%s/ckpt-2.safetensors", dir3);
+  snprintf(c3, sizeof c3, "%s/ckpt-3.safetensors", dir3);
+  train(&r, (const char *const[]){"GW_TRAIN_NAN_STATS_AT_STEP=3", "GW_TRAIN_OVERFLOW_RANK=0", NULL}, "2",
+        (const char *const[]){"--steps", "5", "--batch", "8", "--checkpoint-dir", dir3, "--checkpoint-every", "1", NULL});
+  ck_assert_msg(r.code == 1 && strstr(r.err, "step 3: a batch-norm running statistic is not finite, ") &&
+                    strstr(r.err, "= inf, under a finite loss") && strstr(r.err, "the last checkpoint, of step 2, is whole") &&
+                    strstr(r.err, "rank 1: training: stopping with the others at step 3") && access(c2, F_OK) == 0 &&
+                    access(c3, F_OK) != 0,
+                "statistics not finite: exit %d\n%s\n%s", r.code, r.out, r.err);
+  gwrun_free(&r);
   train(&r, (const char *const[]){"GW_TRAIN_NAN_LOSS_AT_STEP=2", "GW_TRAIN_OVERFLOW_RANK=0", NULL}, "2",
         (const char *const[]){"--steps", "3", "--batch", "8", "--amp", "bf16", "--loss-scale", "dynamic", NULL});
   expect_ok(&r);

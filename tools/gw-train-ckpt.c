@@ -111,7 +111,7 @@ static int scan_kind(const struct gw_model *m, enum gw_tensor_kind kind, const f
 
 int ckpt_nonfinite(const struct gw_model *m, const float *params, const float *momentum, const float *running,
                    char *where, size_t len) {
-  return scan_kind(m, GW_TENSOR_PARAM, params, "", where, len) ||
+  return (params && scan_kind(m, GW_TENSOR_PARAM, params, "", where, len)) ||
          (momentum && scan_kind(m, GW_TENSOR_PARAM, momentum, " (its momentum)", where, len)) ||
          scan_kind(m, GW_TENSOR_RUNNING, running, "", where, len);
 }

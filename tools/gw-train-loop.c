@@ -296,7 +296,8 @@ static int wire_overflowed(struct trainer *t, int over) {
  * has already moved BN's running statistics with the batch's, NaN too).  A
  * loss-scaled run skips such a step instead, as GradScaler does (an fp16
  * overflow in the last layers is worth a skip); should the statistics have
- * taken the NaN, no checkpoint is written with it (ckpt_save).  Gradients
+ * taken the NaN, the step's look at them stops the run (stats_stop), and no
+ * checkpoint is written with it (ckpt_save).  Gradients
  * are checked only where a loss scale or a float16 wire asks (a pass over
  * them each step); a NaN gradient under a finite loss reaches the weights,
  * whose next checkpoint is refused and whose next loss stops the run. */
@@ -316,6 +317,41 @@ static int nonfinite_stop(struct trainer *t, double lsum) {
            "saving nothing, since the weights would all take it; %s. Lower --lr or lengthen --warmup-epochs%s",
            step, isnan(lsum) ? "nan" : "inf", last,
            t->o->amp == GW_FLOAT16 ? ", or use --loss-scale dynamic (float16 activations overflow past 65504)" : "");
+  return train_fail(t, "training", d);
+}
+
+/* Batch-norm running statistics gone infinite or NaN under a finite loss
+ * (training normalizes with the batch's own statistics: a weight near
+ * float32's largest took a variance to inf, and the loss never told): every
+ * later evaluation and save would take them, and the run went on to its first
+ * save (or, with --save-weights alone, to its end) and lost it all.  Seen
+ * where the statistics are on the host after each step (a host backend, or
+ * one that copies them back); a resident device run finds them at its next
+ * evaluation or save.  Test hook: GW_TRAIN_NAN_STATS_AT_STEP=N puts an inf
+ * in step N's (on GW_TRAIN_OVERFLOW_RANK's rank, or every rank). */
+static int stats_nonfinite(struct trainer *t, char *where, size_t len) {
+  if (t->resident) return 0;
+  float *run = gw_model_running(t->m);
+  if (hooked_here(t, "GW_TRAIN_NAN_STATS_AT_STEP") && t->nrun) run[t->nrun - 1] = INFINITY;
+  return ckpt_nonfinite(t->m, NULL, NULL, run, where, len);
+}
+
+static int stats_stop(struct trainer *t, const char *where) {
+  char d[700], last[160];
+  const long long step = (long long)t->st.step + 1;
+  if (!where[0]) {
+    snprintf(d, sizeof d, "stopping with the others at step %lld (another rank's batch-norm statistics are not "
+             "finite: its log says more)", step);
+    return train_fail_of_others(t, "training", d);
+  }
+  if (!t->o->checkpoint_dir) snprintf(last, sizeof last, "no --checkpoint-dir: nothing to resume from");
+  else if (t->saved_step > 0)
+    snprintf(last, sizeof last, "the last checkpoint, of step %lld, is whole (--resume continues from it)",
+             (long long)t->saved_step);
+  else snprintf(last, sizeof last, "no checkpoint was saved yet");
+  snprintf(d, sizeof d, "step %lld: a batch-norm running statistic is not finite, %s, under a finite loss (the "
+           "model diverged; evaluations and saves would take it): stopping; %s. Lower --lr or lengthen "
+           "--warmup-epochs, or check --load-weights's values", step, where, last);
   return train_fail(t, "training", d);
 }
 
@@ -406,14 +442,17 @@ static int train_step(struct trainer *t, const struct taken *k, struct taken *ne
   trainer_signals_take(&ckpt, &stop);
   /* and the unreadable samples so far: the metrics' count is every rank's
    * (it was rank 0's alone) */
-  double sums[5] = {loss, over, ckpt, stop, (double)skipped};
-  if (train_allreduce_d(t, sums, 5, "averaging the loss") != 0) return -1;
+  char bad_stat[200] = "";
+  const int stats_bad = stats_nonfinite(t, bad_stat, sizeof bad_stat);
+  double sums[6] = {loss, over, ckpt, stop, (double)skipped, stats_bad};
+  if (train_allreduce_d(t, sums, 6, "averaging the loss") != 0) return -1;
   const double lsum = sums[0];
   over = sums[1] > 0;
   r->sig_ckpt = (int)sums[2], r->sig_stop = (int)sums[3];
   r->skipped = t->skipped_all = (int64_t)sums[4];
   r->loss_scale = t->st.loss_scale;
   if (!isfinite(lsum) && !t->st.loss_scale) return nonfinite_stop(t, lsum);
+  if (sums[5] > 0) return stats_stop(t, stats_bad ? bad_stat : "");
   float inv = 1.0f;
   int skip = t->st.loss_scale ? unscale(t, over || !isfinite(lsum), lsum, &inv) : checks ? wire_overflowed(t, over) : 0;
   r->overflows = t->st.overflows;
