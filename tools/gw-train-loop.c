@@ -289,6 +289,15 @@ static int wire_overflowed(struct trainer *t, int over) {
   return 1;
 }
 
+/* What a stop leaves to resume from, for its message. */
+static void last_checkpoint_said(const struct trainer *t, char *last, size_t len) {
+  if (!t->o->checkpoint_dir) snprintf(last, len, "no --checkpoint-dir: nothing to resume from");
+  else if (t->saved_step > 0)
+    snprintf(last, len, "the last checkpoint, of step %lld, is whole (--resume continues from it)",
+             (long long)t->saved_step);
+  else snprintf(last, len, "no checkpoint was saved yet");
+}
+
 /* A loss that is not finite (any rank's: the sum is) with no loss scaling:
  * its gradients would take every weight to NaN through the optimizer, and
  * the checkpoints after it (pruning the good ones) would hold it.  The run
@@ -308,11 +317,7 @@ static int nonfinite_stop(struct trainer *t, double lsum) {
     snprintf(d, sizeof d, "stopping with the others at step %lld (a loss that is not finite: rank 0 says more)", step);
     return train_fail_of_others(t, "training", d);
   }
-  if (!t->o->checkpoint_dir) snprintf(last, sizeof last, "no --checkpoint-dir: nothing to resume from");
-  else if (t->saved_step > 0)
-    snprintf(last, sizeof last, "the last checkpoint, of step %lld, is whole (--resume continues from it)",
-             (long long)t->saved_step);
-  else snprintf(last, sizeof last, "no checkpoint was saved yet");
+  last_checkpoint_said(t, last, sizeof last);
   snprintf(d, sizeof d, "step %lld: the loss is %s (summed over the ranks); stopping before its optimizer step and "
            "saving nothing, since the weights would all take it; %s. Lower --lr or lengthen --warmup-epochs%s",
            step, isnan(lsum) ? "nan" : "inf", last,
@@ -344,11 +349,7 @@ static int stats_stop(struct trainer *t, const char *where) {
              "finite: its log says more)", step);
     return train_fail_of_others(t, "training", d);
   }
-  if (!t->o->checkpoint_dir) snprintf(last, sizeof last, "no --checkpoint-dir: nothing to resume from");
-  else if (t->saved_step > 0)
-    snprintf(last, sizeof last, "the last checkpoint, of step %lld, is whole (--resume continues from it)",
-             (long long)t->saved_step);
-  else snprintf(last, sizeof last, "no checkpoint was saved yet");
+  last_checkpoint_said(t, last, sizeof last);
   snprintf(d, sizeof d, "step %lld: a batch-norm running statistic is not finite, %s, under a finite loss (the "
            "model diverged; evaluations and saves would take it): stopping; %s. Lower --lr or lengthen "
            "--warmup-epochs, or check --load-weights's values", step, where, last);
