@@ -660,6 +660,34 @@ bool start_joined_pair(struct run *r, char *dir, char *dir_env, size_t dir_env_s
            gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0);
 }
 
+/* Node 1's gw-run stopped (SIGSTOP: its kernel still answers keepalive)
+ * while its rank works; node 0's rank ends: node 0 names the node it waits
+ * for (the wait was silent, and without a SIGCONT endless), and once node 1
+ * goes on the job ends well on both. */
+START_TEST(test_multinode_stopped_launcher_named)
+{
+    const char *env[] = {"GW_JOB_TOKEN=mn-stopped", "GW_DEBUG=INFO", "GW_RUN_TEST_DONE_NOTE_MS=500", NULL};
+    int port = gwrun_free_port_pair();
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "1", "exit 0");
+    node_start(&r[1], env, port, 2, 1, "1", "sleep 1");
+    bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0);
+    if (joined)
+        kill(r[1].pid, SIGSTOP);
+    char want[800];
+    snprintf(want, sizeof want, "gw-run: this node's ranks are done; waiting for node 1 (host %s) to report its "
+             "ranks' end", hostname());
+    bool said = joined && gwrun_stderr_has(&r[0], want, 10.0);
+    kill(r[1].pid, SIGCONT);
+    nodes_wait(r, 2);
+    ck_assert_msg(joined, "node 1 never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
+    ck_assert_msg(said, "node 0 did not say it waits for node 1; stderr:\n%s", r[0].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0, "node %d: exit code %d, stderr:\n%s", i, r[i].code, r[i].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 START_TEST(test_multinode_lost_node)
 {
     char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
@@ -810,6 +838,7 @@ static Suite *gwrun_multinode_suite(void)
     tcase_add_test(mn, test_multinode_loopback_name_refused);
     tcase_add_test(mn, test_multinode_link_keepalive);
     tcase_add_test(mn, test_multinode_lost_node);
+    tcase_add_test(mn, test_multinode_stopped_launcher_named);
     add_multinode_signal_tests(mn);
     add_multinode_handshake_tests(mn);
     tcase_add_test(mn, test_multinode_stranger_mismatch_refused);

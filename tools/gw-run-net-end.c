@@ -111,6 +111,38 @@ static bool others_ending(int64_t now)
 }
 
 /* Called once the local ranks are all gone: whether gw-run may exit now. */
+/* Node 0, its own ranks done and the job not failed: after 10 s without
+ * every other node's DONE, and every minute after, it names the nodes it
+ * waits for.  Their ranks may still be at work (rank 0's finished first);
+ * their gw-run may be stopped (SIGSTOP, a hung machine), which its kernel's
+ * answers to keepalive do not show: the wait was silent, and endless. */
+static void note_waiting(int64_t now)
+{
+    if (!net.done_note_ms) {
+        const char *t = getenv("GW_RUN_TEST_DONE_NOTE_MS"); /* tests: sooner */
+        net.done_note_ms = now + (t && *t ? atoi(t) : 10000);
+        return;
+    }
+    if (now < net.done_note_ms)
+        return;
+    char list[600] = "";
+    int k = 0;
+    for (int n = 1; n < net.cfg.nnodes; n++) {
+        if (net.state[n] == N_DONE)
+            continue;
+        size_t used = strlen(list);
+        if (k++ < 4)
+            snprintf(list + used, sizeof list - used, "%snode %d (host %.100s)", k > 1 ? ", " : "", n,
+                     net.hosts[n] ? net.hosts[n] : "?");
+    }
+    if (k > 4)
+        snprintf(list + strlen(list), sizeof list - strlen(list), " and %d more", k - 4);
+    gw__run_say("gw-run: this node's ranks are done; waiting for %s to report %s ranks' end (still at work, or "
+                "%s gw-run stopped: SIGSTOP, a hung machine; interrupt to stop waiting)\n", list,
+                k == 1 ? "its" : "their", k == 1 ? "its" : "their");
+    net.done_note_ms = now + 60000;
+}
+
 bool gw__run_net_finish(void)
 {
     if (!net.on)
@@ -126,6 +158,10 @@ bool gw__run_net_finish(void)
     if (net.cfg.node == 0) { /* success is every node's DONE; a failure was told */
         if (stopping && (late_to_tell(now) || others_ending(now)))
             return false;
+        if (!stopping && net.done < net.cfg.nnodes - 1)
+            note_waiting(now);
+        else
+            net.done_note_ms = 0; /* (a deadline passed would spin the loop) */
         return (stopping || net.done == net.cfg.nnodes - 1) && flushed(now);
     }
     if (net.given_up)

@@ -663,6 +663,7 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
     lower(deadline_ms, net.linger_ms);
     lower(deadline_ms, net.verdict_deadline_ms);
     lower(deadline_ms, net.others_end_ms);
+    lower(deadline_ms, net.done_note_ms);
     if (zero ? !net.join_reported && net.joined < net.cfg.nnodes - 1 : joining)
         lower(deadline_ms, net.join_deadline_ms);
     if (!zero && joining && net.up->fd < 0)

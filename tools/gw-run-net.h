@@ -52,6 +52,9 @@ struct run_net {
      * deadline, or a signal) to tell the late ones, which would otherwise
      * retry until their own deadline; not where a signal ended the job. */
     bool waiting_late, stop_waiting;
+    /* node 0, its ranks done: when it next says which nodes it waits for
+     * (a node's gw-run stopped by SIGSTOP held it without a word for good) */
+    int64_t done_note_ms;
     /* the other nodes */
     struct conn *up;
     struct addrinfo *ai, *ai_next;
