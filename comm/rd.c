@@ -110,6 +110,14 @@ static gw_result_t rd_chunk(struct prims *p, struct gw_rd *rd, const void *in, v
      * the later steps' waiters before their own deadlines (one grace for all
      * had ranks blame partners that waited themselves). */
     p->grace_part = k > 0 || pow2 < p->comm->nranks ? (double)(k + 1) / (rd->npartners + 2) : 0;
+    /* A first-step partner that has not started may still be finishing the
+     * operation before, waiting in a later step on a stopped or slow rank
+     * whose waiter names it: half the first staggered part, so a partner
+     * that never called is still named before any later step's waiter
+     * reports (with none, at 4 ranks, rank 2 blamed rank 3, still in the
+     * operation before on a stopped rank 1, when a loaded machine ran rank
+     * 3's deadline late: test_stopped_midop_times_out, 1 CI run). */
+    p->prev_part = 0.5 / (rd->npartners + 2);
     GW_CHECK(send_chunk(p, &send[k], cur, n));
     GW_CHECK(recv_combine(p, &recv[k], cur, out, n, me < partner, k == rd->npartners - 1 ? div : 0));
     cur = out;

@@ -302,7 +302,8 @@ static void channel_part(size_t total, size_t es, int ch, int nch, size_t *base,
 static gw_result_t ring_schedule(struct prims *p) {
   /* In the ring's reduce collectives a predecessor that has not started may
    * still be finishing the operation before, whose last step is a receive
-   * (see prev_part); not in the broadcast, whose staggered parts go lower. */
+   * (see prev_part); not in the broadcast, whose staggered parts go lower;
+   * recursive doubling sets its own (rd.c). */
   p->prev_part = p->op->desc.coll == GW_COLL_BROADCAST || p->op->algo == GW_ALGO_EXCHANGE ? 0 : 0.25;
   switch (p->op->desc.coll) {
     case GW_COLL_ALLREDUCE:
