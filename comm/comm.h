@@ -497,6 +497,9 @@ void gw__alive_unlink_own(struct gw_comm *c);
 /* Tests only (NULL otherwise): called inside gw_comm_abort between its look
  * at the gate and its flag's store, to hold an abort there. */
 extern void (*_Atomic gw__abort_gap_hook)(void);
+/* cpus.c: the CPUs this process may use, cpus its affinity mask (all 0: the
+ * machine's), a cgroup's quota counted. */
+int gw__usable_cpus(const uint64_t cpus[16]);
 bool gw__alive_lock_gone(const struct gw_comm *c, int peer); /* true: that rank's process is gone */
 void gw__alive_free(struct gw_comm *c);
 

@@ -385,9 +385,38 @@ START_TEST(fmnist_gzip_members_and_junk) {
 }
 END_TEST
 
+/* The hash the ranks compare covers the pixels; the fingerprint (checkpoints
+ * name it) the labels alone, as saved checkpoints had it.  Ranks whose
+ * images differed under the same labels (another copy, a pre-processed one)
+ * trained together without a word. */
+START_TEST(fmnist_content_hash_covers_pixels) {
+  make_tmpdir();
+  struct idx_spec s = good_idx();
+  write_idx(&s);
+  uint64_t fp[2], content[2];
+  for (int k = 0; k < 2; k++) {
+    if (k) { /* one pixel of the last image other */
+      unsigned char *buf = calloc(1, 16 + s.image_bytes);
+      ck_assert_ptr_nonnull(buf);
+      put_be32(buf, s.image_magic), put_be32(buf + 4, s.images), put_be32(buf + 8, s.rows), put_be32(buf + 12, s.cols);
+      buf[16 + s.image_bytes - 1] = 7;
+      write_gz(in_tmp("train-images-idx3-ubyte.gz"), buf, 16 + s.image_bytes);
+      free(buf);
+    }
+    struct gw_dataset *ds = NULL;
+    ck_assert_int_eq(gw_dataset_fashion_mnist(&ds, tmpdir, GW_SPLIT_TRAIN, 0), GW_SUCCESS);
+    fp[k] = gw_dataset_fingerprint(ds), content[k] = gw_dataset_content_hash(ds);
+    gw_dataset_free(ds);
+  }
+  ck_assert_msg(fp[0] == fp[1], "the fingerprint changed with a pixel: saved checkpoints would not resume");
+  ck_assert_msg(content[0] != content[1] && content[0] != fp[0], "the compared hash does not cover the pixels");
+}
+END_TEST
+
 void add_fmnist_hostile_tests(TCase *tc) {
   tcase_add_test(tc, fmnist_lying_and_joined);
   tcase_add_test(tc, fmnist_gzip_members_and_junk);
+  tcase_add_test(tc, fmnist_content_hash_covers_pixels);
 }
 /* Trees a scan must refuse or note (moved from test_data.c): no classes, an
  * empty class in either split, files of formats not decoded, links to

@@ -67,6 +67,7 @@ void add_weights_tests(TCase *tc);
  * 2 ranks against 1, weight decay, loss scaling). */
 void add_weights_numerics_tests(TCase *tc);
 void add_data_tests(TCase *tc); /* test_train_data.c */
+void add_ranks_tests(TCase *tc); /* test_train_ranks.c */
 void add_checkpoint_tests(TCase *tc);
 /* test_train_ckpt_meta.c's cases (added by add_checkpoint_tests). */
 void add_checkpoint_meta_tests(TCase *tc);
