@@ -37,6 +37,14 @@ refused "-b 8 -e 1048576 -i 8 makes more than 10000 steps" -b 8 -e 1M -i 8
 refused "--csv $tmp/a and --json $tmp/a name the same file" --csv "$tmp/a" --json "$tmp/a"
 refused "--tune writes the tuning file only" --tune "$tmp/t" --csv "$tmp/c"
 refused "--csv /nonexistent-gw/c.csv: its directory /nonexistent-gw does not exist" --csv /nonexistent-gw/c.csv
+# every rank exits 2 on rank 0's refusal, told of it (rank 1 left waiting in
+# a collective exited 1 when rank 0 left, and gw-run's status was whichever
+# exit came first); 3 ranks, the refusal's message on rank 1 and rank 2
+out=$("$run" -n 3 "$perf" --json /nonexistent-gw/j.json 2>&1)
+rc=$?
+if [ $rc -ne 2 ] || [ "$(grep -c "rank 0 refused its output file" <<<"$out")" != 2 ] || grep -q "exited with code 1" <<<"$out"; then
+  echo "FAIL: rank 0's refusal on 3 ranks: exit $rc, expected 2 on every rank, told:"; tail -6 <<<"$out"; fail=1
+fi
 refused "--tune $tmp: is a directory" --tune "$tmp"
 # a mount that takes no files, though access() says yes to root (written only after the measurement)
 if [ "$(id -u)" = 0 ]; then refused "--csv /proc/gw-perf.csv: cannot create files in /proc: " --csv /proc/gw-perf.csv

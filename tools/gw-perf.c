@@ -527,6 +527,34 @@ static void same_options_everywhere(struct opts *o) {
     die("taking rank 0's --min-bw: %s", gw_comm_last_error(comm));
 }
 
+/* Rank 0 writes the output files: checked now, not after the measurement.
+ * A refusal is told to every rank, and all exit 2 together: the peers, left
+ * waiting in the next collective, exited 1 on rank 0's departure, and
+ * gw-run's status was whichever exit it saw first (a flaky test). */
+static void rank0_outputs_ok(const struct opts *o) {
+  char err[1200] = "", why[1300] = "";
+  if (rank == 0) {
+    const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o->tune, o->csv, o->json};
+    /* the tuning file is replaced whole (a rename): a device or FIFO is refused */
+    for (int i = 0; i < 3 && !why[0]; i++)
+      if (file[i] && (i == 0 ? replaced_path_ok(flag[i], file[i], OUTPATH_TEMP_TUNE, err, sizeof err)
+                             : output_path_ok(flag[i], file[i], err, sizeof err)) != 0)
+        snprintf(why, sizeof why, "%s", err);
+    /* and it replaces a tuning file only (a checkpoint given by mistake was replaced) */
+    if (!why[0] && o->tune && gw__tune_replaceable(o->tune, err, sizeof err) != 0)
+      snprintf(why, sizeof why, "--tune %s: %s", o->tune, err);
+  }
+  int32_t refused = why[0] != 0;
+  if (nranks > 1 && gw_broadcast(&refused, &refused, 1, GW_INT32, 0, comm, NULL) != GW_SUCCESS)
+    die("taking rank 0's check of its output files: %s", gw_comm_last_error(comm));
+  if (!refused) return;
+  if (rank == 0) say("%s", why);
+  else say("rank 0 refused its output file (its message names it)");
+  fflush(NULL);
+  if (nranks > 1) gw_barrier(comm);
+  exit(2);
+}
+
 int main(int argc, char **argv) {
   signal(SIGXFSZ, SIG_IGN); /* past ulimit -f, --csv / --json / --tune writes fail with EFBIG, said */
   struct opts o = {.min_bytes = 8, .max_bytes = 64u << 20, .factor = 2, .iters = 20, .warmup = 5, .check = 1,
@@ -682,17 +710,7 @@ int main(int argc, char **argv) {
   if (o.root >= nranks) gwp_bad_use("-r %d is not a rank of %d", o.root, nranks);
   if (o.tune && nranks < 2) /* (the file's rows are for world sizes of 2 and more: refused after the whole measurement) */
     gwp_bad_use("--tune measures between ranks: run it on 2 ranks or more (gw-run -n 2 gw-perf --tune %s)", o.tune);
-  if (rank == 0) { /* rank 0 writes them: checked now, not after the measurement */
-    char err[1200];
-    const char *flag[3] = {"--tune", "--csv", "--json"}, *file[3] = {o.tune, o.csv, o.json};
-    /* the tuning file is replaced whole (a rename): a device or FIFO is refused */
-    for (int i = 0; i < 3; i++)
-      if (file[i] && (i == 0 ? replaced_path_ok(flag[i], file[i], OUTPATH_TEMP_TUNE, err, sizeof err)
-                             : output_path_ok(flag[i], file[i], err, sizeof err)) != 0)
-        gwp_bad_use("%s", err);
-    /* and it replaces a tuning file only (a checkpoint given by mistake was replaced) */
-    if (o.tune && gw__tune_replaceable(o.tune, err, sizeof err) != 0) gwp_bad_use("--tune %s: %s", o.tune, err);
-  }
+  rank0_outputs_ok(&o);
   if (o.coll != C_ALLREDUCE && o.coll != C_REDUCE_SCATTER) o.nops = 1, o.ops[0] = GW_SUM;
   /* A sweep whose every size rounds down to no element (of a rank's share,
    * for allgather and reduce_scatter) measured empty operations under sizes
