@@ -109,14 +109,38 @@ gw_result_t gw__init_fail(struct gw_errctx *err, gw_result_t res) {
 }
 
 /* ---- setup ----------------------------------------------------------------------- */
-/* The built-in table, or GW_TUNING_FILE's (true); a file that does not parse
- * is refused (the warning names the line) and the built-in table stays. */
-static bool model_init(struct gw_model *m, int nranks) {
-  gw__model_defaults(m);
+/* The slowest transport the ring crosses (tcp, then ib, then shm), from the
+ * rendezvous table alone (the choice is each pair's, gw__transport_select),
+ * so every rank finds the same: the tuning file's rows are keyed by it.  A
+ * pair no transport connects is left to the connect's message. */
+static int transport_class(const struct gw_comm *c) {
+  const struct gw_ring *ring = &c->rings[0];
+  int worst = GW_TCLASS_SHM;
+  for (int pos = 0; pos < c->nranks && c->nranks > 1; pos++) {
+    const int a = ring->order[pos], b = ring->order[(pos + 1) % c->nranks];
+    const struct gw_transport *tp = gw__transport_select(&c->peers[a], &c->peers[b]);
+    const int t = !tp ? GW_TCLASS_SHM : !strcmp(tp->name, "tcp") ? GW_TCLASS_TCP
+                  : !strcmp(tp->name, "ib") ? GW_TCLASS_IB : GW_TCLASS_SHM;
+    worst = GW_MAX(worst, t);
+  }
+  return worst;
+}
+
+/* The built-in table, or GW_TUNING_FILE's rows for this world size and
+ * transport class (true); a file that does not parse is refused (the warning
+ * names the line) and the built-in table stays. */
+static bool model_init(struct gw_comm *c) {
+  gw__model_defaults(&c->model);
   const char *path = gw__env_str("GW_TUNING_FILE", "");
   struct gw_errctx err;
-  if (!*path || gw__model_load(m, path, nranks, &err) != GW_SUCCESS) return false;
-  GW_INFO(GW_SUB_TUNE, "cost model from %s", path);
+  int applied = 0;
+  if (!*path || gw__model_load(&c->model, path, c->nranks, c->tclass, &applied, &err) != GW_SUCCESS) return false;
+  if (applied)
+    GW_INFO(GW_SUB_TUNE, "cost model from %s: %d row%s for %d ranks over %s", path, applied, applied == 1 ? "" : "s",
+            c->nranks, gw__tclass_name(c->tclass));
+  else /* fitted elsewhere: over another transport, or another world size */
+    GW_INFO(GW_SUB_TUNE, "cost model: %s has no row for %d ranks over %s (gw-perf --tune writes them): the built-in "
+            "table", path, c->nranks, gw__tclass_name(c->tclass));
   return true;
 }
 
@@ -259,7 +283,6 @@ out:
 }
 
 static gw_result_t connect_rings(struct gw_comm *c, struct gw_errctx *err) {
-  GW_CHECK(build_ring_order(c, err));
   struct gw_link links[2 * GW_MAX_CHANNELS];
   for (int ch = 0; ch < c->nchannels; ch++) {
     struct gw_ring *ring = &c->rings[ch];
@@ -342,6 +365,9 @@ static gw_result_t connect_all(struct gw_comm *c, struct gw_errctx *err) {
    * 256 KiB, its limit, where the built-in 2-rank table picked the ring from
    * 16 KiB).
    * Every rank decides alike: the table is the same everywhere. */
+  GW_CHECK(build_ring_order(c, err)); /* (the transport class is the ring's) */
+  c->tclass = transport_class(c);
+  c->model_from_file = model_init(c);
   for (int r = 0, s, k; r < c->nranks; r++)
     if (oversubscribed(c, r, &s, &k)) {
       c->model.oversub_step_us = GW_MODEL_OVERSUB_STEP_US;
@@ -499,7 +525,6 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   c->exchange_max = xmax < 0 ? SIZE_MAX : (size_t)xmax; /* SIZE_MAX: auto (exchange_cap) */
   c->channel_min_bytes = (size_t)GW_MAX(1, gw__param_ChannelMinBytes());
   c->proto = gw__settings_proto();
-  c->model_from_file = model_init(&c->model, nranks);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_cond_init(&c->work_cv, NULL);
@@ -577,6 +602,7 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
   if (nranks == 1) {
     c->peers[0] = me;
     GW_CHECK_GOTO(build_ring_order(c, &err), res, fail);
+    c->tclass = GW_TCLASS_SHM, c->model_from_file = model_init(c); /* (read for its warnings: nothing picks) */
   } else {
     const int swept = gw__shm_sweep(); /* what dead ranks of earlier jobs left (a full /dev/shm fails this one) */
     if (swept)

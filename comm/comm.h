@@ -220,6 +220,7 @@ struct gw_comm {
   int proto;          /* GW_PROTO: enum gw_proto, or -1 for the model's choice */
   struct gw_model model;  /* built-in, or GW_TUNING_FILE's */
   bool model_from_file;   /* GW_TUNING_FILE's was loaded (a file refused leaves the built-in one) */
+  int tclass;             /* GW_TCLASS_*: the slowest transport the ring crosses (the tuning file's rows' key) */
   /* The cost model's recent picks (choose in enqueue.c), direct-mapped by size
    * and collective: a training loop or a benchmark calls the same few shapes
    * over and over, and a pick weighs six algorithm/protocol pairs.  Everything

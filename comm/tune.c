@@ -25,6 +25,17 @@ static const char *const proto_names[GW_MODEL_NPROTOS] = {[GW_PROTO_SIMPLE] = "s
 const char *gw__algo_name(int algo) { return algo >= 0 && algo < GW_MODEL_NALGOS ? algo_names[algo] : "?"; }
 const char *gw__proto_name(int proto) { return proto >= 0 && proto < GW_MODEL_NPROTOS ? proto_names[proto] : "auto"; }
 
+static const char *const tclass_names[] = {[GW_TCLASS_NONE] = "any", [GW_TCLASS_SHM] = "shm", [GW_TCLASS_IB] = "ib",
+                                           [GW_TCLASS_TCP] = "tcp"};
+const char *gw__tclass_name(int tclass) {
+  return tclass > GW_TCLASS_NONE && tclass <= GW_TCLASS_TCP ? tclass_names[tclass] : "any";
+}
+static int tclass_from_name(const char *s) {
+  for (int t = GW_TCLASS_SHM; t <= GW_TCLASS_TCP; t++)
+    if (!strcasecmp(s, tclass_names[t])) return t;
+  return -1;
+}
+
 int gw__algo_from_name(const char *s) {
   for (int a = 0; a < GW_MODEL_NALGOS; a++)
     if (!strcasecmp(s, algo_names[a])) return a;
@@ -131,12 +142,17 @@ uint64_t gw__model_hash(const struct gw_model *m) {
 }
 
 /* ---- the tuning file ------------------------------------------------------------
- * Text, one row per line: `ALGO PROTO LATENCY_US BANDWIDTH_GBPS [RANKS]` (ALGO
- * ring, tree or exchange; PROTO simple or ll); `#` starts a comment.  A row with
- * RANKS applies only to communicators of that many ranks and wins over a row
- * without (which applies to every size); rows not given keep the built-in
- * value.  Anything else, and a second row for an algorithm, protocol and
- * world size (of any size), refuses the whole file.  Several world sizes matter
+ * Text, one row per line: `ALGO PROTO LATENCY_US BANDWIDTH_GBPS [RANKS
+ * [TRANSPORT]]` (ALGO ring, tree or exchange; PROTO simple or ll; TRANSPORT
+ * shm, ib or tcp); `#` starts a comment.  A row with RANKS applies only to
+ * communicators of that many ranks and wins over a row without (which applies
+ * to every size); one with TRANSPORT too applies only where the communicator's
+ * ring crosses that transport at worst (comm.c) and wins over both; rows not
+ * given keep the built-in value.  gw-perf --tune writes both tags: a file
+ * fitted over tcp, loaded by a job over shm, mixed its slow rows with the
+ * built-in LL ones, and auto picked LL at every size (4x slower at 8 MiB).
+ * Anything else, and a second row for an algorithm, protocol, world size and
+ * transport (of any size), refuses the whole file.  Several world sizes matter
  * because the per-step latency does not scale alike for every algorithm (4
  * ranks on 2 cores: every step a context switch), so a table fitted on 2 ranks
  * mispicks at 4. */
@@ -145,38 +161,43 @@ uint64_t gw__model_hash(const struct gw_model *m) {
  * world size, so a second row for a size is refused on every world size). */
 struct rows_seen {
   bool untagged[GW_MODEL_NALGOS][GW_MODEL_NPROTOS];
-  struct { int algo, proto; long ranks; } *tagged;
+  struct { int algo, proto, tclass; long ranks; } *tagged;
   int ntagged, cap;
 };
 
-static bool seen_before(struct rows_seen *s, int a, int p, long ranks, bool tagged, bool *nomem) {
+static bool seen_before(struct rows_seen *s, int a, int p, long ranks, int tclass, bool tagged, bool *nomem) {
   if (!tagged) {
     const bool was = s->untagged[a][p];
     s->untagged[a][p] = true;
     return was;
   }
   for (int i = 0; i < s->ntagged; i++)
-    if (s->tagged[i].algo == a && s->tagged[i].proto == p && s->tagged[i].ranks == ranks) return true;
+    if (s->tagged[i].algo == a && s->tagged[i].proto == p && s->tagged[i].ranks == ranks &&
+        s->tagged[i].tclass == tclass)
+      return true;
   if (s->ntagged == s->cap) {
     const int cap = s->cap ? 2 * s->cap : 16;
     void *grown = realloc(s->tagged, (size_t)cap * sizeof *s->tagged);
     if (!grown) return *nomem = true, false;
     s->tagged = grown, s->cap = cap;
   }
-  s->tagged[s->ntagged].algo = a, s->tagged[s->ntagged].proto = p, s->tagged[s->ntagged++].ranks = ranks;
+  s->tagged[s->ntagged].algo = a, s->tagged[s->ntagged].proto = p, s->tagged[s->ntagged].tclass = tclass;
+  s->tagged[s->ntagged++].ranks = ranks;
   return false;
 }
 
-/* One row: checked on pass 0; into m when it applies to nranks (pass 0:
- * untagged rows, pass 1: rows tagged nranks). */
-static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pass, struct rows_seen *seen,
-                             const char **why) {
-  char *save, *f[6];
+/* One row: checked on pass 0; into m when it applies to nranks over tclass
+ * (pass 0: untagged rows, 1: rows tagged nranks alone, 2: nranks and tclass);
+ * *applied counts it. */
+static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int tclass, int pass, struct rows_seen *seen,
+                             int *applied, const char **why) {
+  char *save, *f[7];
   int nf = 0;
-  for (char *t = strtok_r(line, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) f[nf++] = t;
+  for (char *t = strtok_r(line, " \t\r\n", &save); t && nf < 7; t = strtok_r(NULL, " \t\r\n", &save)) f[nf++] = t;
   if (nf == 0) return GW_SUCCESS;
-  if (nf != 4 && nf != 5)
-    return *why = "expected 4 or 5 fields: algo proto latency_us bandwidth_GBps [ranks]", GW_ERR_INVALID_ARGUMENT;
+  if (nf < 4 || nf > 6)
+    return *why = "expected 4 to 6 fields: algo proto latency_us bandwidth_GBps [ranks [transport]]",
+           GW_ERR_INVALID_ARGUMENT;
   int a = gw__algo_from_name(f[0]), p = gw__proto_from_name(f[1]);
   if (a <= GW_ALGO_AUTO) return *why = "unknown algorithm (ring, tree, exchange)", GW_ERR_INVALID_ARGUMENT;
   if (p < 0) return *why = "unknown protocol (simple, ll)", GW_ERR_INVALID_ARGUMENT;
@@ -187,19 +208,24 @@ static gw_result_t parse_row(char *line, struct gw_model *m, int nranks, int pas
   if (errno || *e1 || *e2 || !(lat >= 0 && lat < 1e6) || !(bw >= 1e-6 && bw < 1e5))
     return *why = "latency must be a number in [0, 1e6) us and bandwidth in [1e-6, 1e5) GB/s", GW_ERR_INVALID_ARGUMENT;
   errno = 0;
-  long ranks = nf == 5 ? strtol(f[4], &e3, 10) : 0;
-  if (errno || *e3 || (nf == 5 && (ranks < 2 || ranks > 1 << 20)))
+  long ranks = nf >= 5 ? strtol(f[4], &e3, 10) : 0;
+  if (errno || *e3 || (nf >= 5 && (ranks < 2 || ranks > 1 << 20)))
     return *why = "ranks must be a world size from 2 to 1048576", GW_ERR_INVALID_ARGUMENT;
-  bool tagged = nf == 5, nomem = false;
-  if (pass == 0 && seen_before(seen, a, p, ranks, tagged, &nomem))
-    return *why = tagged ? "a second row for this algorithm, protocol and world size"
-                         : "a second row for this algorithm and protocol without a world size",
+  const int t = nf == 6 ? tclass_from_name(f[5]) : GW_TCLASS_NONE;
+  if (t < 0) return *why = "unknown transport (shm, ib, tcp)", GW_ERR_INVALID_ARGUMENT;
+  bool tagged = nf >= 5, nomem = false;
+  if (pass == 0 && seen_before(seen, a, p, ranks, t, tagged, &nomem))
+    return *why = t != GW_TCLASS_NONE ? "a second row for this algorithm, protocol, world size and transport"
+                  : tagged ? "a second row for this algorithm, protocol and world size without a transport"
+                           : "a second row for this algorithm and protocol without a world size",
            GW_ERR_INVALID_ARGUMENT;
   if (nomem) return *why = "out of memory", GW_ERR_SYSTEM;
-  if (tagged != (pass == 1) || (tagged && ranks != nranks)) return GW_SUCCESS; /* another pass's or size's */
+  if (pass != nf - 4 || (tagged && ranks != nranks) || (t != GW_TCLASS_NONE && t != tclass))
+    return GW_SUCCESS; /* another pass's, size's or transport's */
   m->lat_us[a][p] = lat;
   m->bw_gbps[a][p] = bw;
   m->fitted_here[a][p] = tagged;
+  if (applied) ++*applied;
   return GW_SUCCESS;
 }
 
@@ -275,7 +301,8 @@ static FILE *open_tuning(const char *path, char *why, size_t cap) {
   return f;
 }
 
-gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err) {
+gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, int tclass, int *applied,
+                           struct gw_errctx *err) {
   char not_file[160];
   FILE *f = open_tuning(path, not_file, sizeof not_file);
   if (!f) return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: %s", path, not_file);
@@ -284,15 +311,16 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
   char line[512];
   const char *why = NULL;
   gw_result_t res = GW_SUCCESS;
-  int rows = 0;
-  for (int pass = 0; pass < 2 && res == GW_SUCCESS; pass++) { /* untagged rows, then this size's over them */
+  int rows = 0, took = 0;
+  /* untagged rows, then this size's over them, then this size's and transport's */
+  for (int pass = 0; pass < 3 && res == GW_SUCCESS; pass++) {
     rewind(f);
     const char *bad;
     for (int no = 1; res == GW_SUCCESS && next_line(f, line, sizeof line, &bad); no++) {
       if (bad) why = bad, res = GW_ERR_INVALID_ARGUMENT;
       cut_comment(line);
       rows += pass == 0 && line[strspn(line, " \t\r")] != 0;
-      if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, pass, &seen, &why);
+      if (res == GW_SUCCESS) res = parse_row(line, &tmp, nranks, tclass, pass, &seen, &took, &why);
       if (res != GW_SUCCESS)
         gw__err(err, res, "GW_TUNING_FILE %s:%d: %s; using the built-in table", path, no, why);
     }
@@ -305,6 +333,7 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, str
   fclose(f);
   free(seen.tagged);
   if (res == GW_SUCCESS) *m = tmp;
+  if (applied) *applied = res == GW_SUCCESS ? took : 0;
   return res;
 }
 
@@ -394,11 +423,13 @@ static bool row_ok(const char *row, struct rows_seen *seen) {
   struct gw_model scratch;
   memset(&scratch, 0, sizeof scratch);
   const char *why = NULL;
-  return parse_row(copy, &scratch, 2, 0, seen, &why) == GW_SUCCESS;
+  return parse_row(copy, &scratch, 2, GW_TCLASS_NONE, 0, seen, NULL, &why) == GW_SUCCESS;
 }
 
 /* The rows of an existing tuning file that gw_tune_write keeps: every good row
- * not tagged with nranks (other world sizes', and untagged ones), verbatim
+ * but those the new rows replace (tagged nranks with tclass, or with nranks
+ * and no transport: measured over one unknown; tagged nranks alone for a write
+ * of no transport), verbatim
  * (with a comment after it); none when there is no file.  A bad row is
  * dropped, said unless quiet.  NULL with why set when the file is there and
  * is no tuning file to replace (a FIFO, a device, a directory, over 1 MiB:
@@ -407,7 +438,7 @@ static bool row_ok(const char *row, struct rows_seen *seen) {
  * a checkpoint or someone's notes, which gw-perf --tune replaced with its
  * rows, unless the file starts with the writer's header: a tuning file a
  * crash or an older writer left damaged is rewritten) or cannot be read. */
-static char *kept_rows(const char *path, int nranks, bool quiet, char *why, size_t why_cap) {
+static char *kept_rows(const char *path, int nranks, int tclass, bool quiet, char *why, size_t why_cap) {
   FILE *f = open_tuning(path, why, why_cap);
   if (!f) return errno == ENOENT ? calloc(1, 1) : NULL;
   size_t cap = 4096, len = 0;
@@ -417,23 +448,25 @@ static char *kept_rows(const char *path, int nranks, bool quiet, char *why, size
   int lineno = 0, content = 0, rows = 0, nul_line = 0, first_line = 0;
   bool ours = false; /* written by gw__tune_write (its header): whatever a crash left of it */
   while (out && next_line(f, line, sizeof line, &bad)) {
-    char copy[512], *save, *fld[6];
+    char copy[512], *save, *fld[7];
     lineno++;
     if (lineno == 1) ours = !strncmp(line, TUNING_HEADER, strlen(TUNING_HEADER));
     if (bad && strstr(bad, "NUL") && !nul_line) nul_line = lineno;
     snprintf(copy, sizeof copy, "%s", line);
     cut_comment(copy);
     int nf = 0;
-    for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 6; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
+    for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 7; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
     if (nf == 0) continue; /* blank, or a comment */
     if (!content++) first_line = lineno, snprintf(first, sizeof first, "%.60s", line);
-    if (nf == 5 && atoi(fld[4]) == nranks) { /* replaced by the new rows */
+    const bool replaced = (nf == 5 || (nf == 6 && tclass != GW_TCLASS_NONE && tclass_from_name(fld[5]) == tclass)) &&
+                          atoi(fld[4]) == nranks;
+    if (replaced) { /* by the new rows */
       struct rows_seen fresh = {0};
       rows += row_ok(line, &fresh);
       free(fresh.tagged);
       continue;
     }
-    if (bad || (nf != 4 && nf != 5) || !row_ok(line, &seen)) {
+    if (bad || nf < 4 || nf > 6 || !row_ok(line, &seen)) {
       if (!quiet) GW_WARN(GW_SUB_TUNE, "gw-perf --tune: %s: dropped a row the loader would refuse: %.200s", path, line);
       continue;
     }
@@ -478,15 +511,15 @@ static char *kept_rows(const char *path, int nranks, bool quiet, char *why, size
 }
 
 int gw__tune_replaceable(const char *path, char *why, size_t why_cap) {
-  char *kept = kept_rows(path, -1, true, why, why_cap);
+  char *kept = kept_rows(path, -1, GW_TCLASS_NONE, true, why, why_cap);
   free(kept);
   return kept ? 0 : -1;
 }
 
 /* The rows fitted from the samples, one per algorithm and protocol measured
  * at two sizes or more, into out (cap bytes); how many. */
-static int fit_rows(const struct gw_tune_sample *samples, int nsamples, int nranks, int tree_levels, char *out,
-                    size_t cap) {
+static int fit_rows(const struct gw_tune_sample *samples, int nsamples, int nranks, int tree_levels, int tclass,
+                    char *out, size_t cap) {
   int n = 0;
   size_t len = 0;
   out[0] = 0;
@@ -498,8 +531,9 @@ static int fit_rows(const struct gw_tune_sample *samples, int nsamples, int nran
       if (!fit_row(samples, nsamples, algo_names[a], proto_names[p], nranks, tree_levels, &lat, &bw)) continue;
       /* bandwidth to 4 significant digits: %.3f wrote a slow link's 0.0004 GB/s as 0.000, a row refused */
       /* (and below 1e5, the loader's bound, which %.4g rounds 99995 up to) */
-      snprintf(row, sizeof row, "%s %s %.4f %.4g %d\n", algo_names[a], proto_names[p], lat, bw < 99990 ? bw : 99990.0,
-               nranks);
+      snprintf(row, sizeof row, "%s %s %.4f %.4g %d%s%s\n", algo_names[a], proto_names[p], lat,
+               bw < 99990 ? bw : 99990.0, nranks, tclass != GW_TCLASS_NONE ? " " : "",
+               tclass != GW_TCLASS_NONE ? gw__tclass_name(tclass) : "");
       const bool good = row_ok(row, &fresh);
       free(fresh.tagged);
       if (good && len + strlen(row) < cap) {
@@ -518,8 +552,8 @@ static int fit_rows(const struct gw_tune_sample *samples, int nsamples, int nran
  * empty or cut, which loads as the built-in table or as a wrong row), under
  * an flock on PATH.lock (two --tune runs at different world sizes, which the
  * README invites, read, merged and wrote over each other's rows). */
-gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const struct gw_tune_sample *samples,
-                           int nsamples, const char *note) {
+gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, int tclass,
+                           const struct gw_tune_sample *samples, int nsamples, const char *note) {
   struct gw_errctx err;
   const char *bad = !path ? "a NULL path" : !samples ? "NULL samples" : nranks < 2 ? "fewer than 2 ranks"
                   : nranks > GW_MAX_NRANKS ? "more ranks than a communicator may have (2^20)"
@@ -542,7 +576,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
   /* Nothing fitted (each pair needs two sizes with rising times): the file
    * is left as it was (a header and no rows was written, and success said) */
   char fitted[GW_MODEL_NALGOS * GW_MODEL_NPROTOS * 160];
-  if (fit_rows(samples, nsamples, nranks, tree_levels, fitted, sizeof fitted) == 0) {
+  if (fit_rows(samples, nsamples, nranks, tree_levels, tclass, fitted, sizeof fitted) == 0) {
     gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: no algorithm and protocol could be fitted from these %d "
             "samples (each needs two sizes or more, with finite times rising with the size): %s not written",
             nsamples, path);
@@ -571,17 +605,18 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
   }
   int lk = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0666);
   if (lk >= 0) while (flock(lk, LOCK_EX) != 0 && errno == EINTR) {}
-  char *kept = kept_rows(path, nranks, false, why, sizeof why);
+  char *kept = kept_rows(path, nranks, tclass, false, why, sizeof why);
   if (!kept) {
     if (lk >= 0) close(lk);
     gw__err(&err, GW_ERR_INVALID_ARGUMENT, "gw_tune_write: %s %s: not replaced", path, why);
     free(real);
     return gw__set_thread_error(err.msg), GW_ERR_INVALID_ARGUMENT;
   }
-  char head[512];
+  char head[768];
   snprintf(head, sizeof head, TUNING_HEADER "%s%s\n"
            "# time(bytes, n) = latency_us x steps(n) + bytes x share(n) / bandwidth\n"
-           "# algo proto latency_us bandwidth_GBps [ranks: this row only for that world size]\n",
+           "# algo proto latency_us bandwidth_GBps [ranks [transport]: this row only for that world size (and the "
+           "transport: the slowest the ring crosses)]\n",
            note ? ": " : "", note ? note : "");
   const size_t whole = strlen(head) + strlen(kept) + strlen(fitted);
   if (whole > TUNING_FILE_MAX) { /* the loader would refuse it all, and the next --tune would not replace it */
@@ -631,7 +666,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const 
 
 gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
                           const char *note) {
-  return gw__tune_write(path, nranks, 0, samples, nsamples, note);
+  return gw__tune_write(path, nranks, 0, GW_TCLASS_NONE, samples, nsamples, note);
 }
 
 gw_result_t gw_tune_write_comm(gw_comm_t comm, const char *path, const struct gw_tune_sample *samples, int nsamples,
@@ -641,7 +676,7 @@ gw_result_t gw_tune_write_comm(gw_comm_t comm, const char *path, const struct gw
   /* Its fields read through the gate: a destroyed one's wrote a row for
    * the world size it had (1-rank: a misleading "fewer than 2 ranks"). */
   if (!gw__comm_peek(comm, "gw_tune_write_comm")) return GW_ERR_INVALID_ARGUMENT;
-  const int nranks = comm->nranks, levels = comm->tree_levels;
+  const int nranks = comm->nranks, levels = comm->tree_levels, tclass = comm->tclass;
   gw__comm_unpeek(comm);
-  return gw__tune_write(path, nranks, levels, samples, nsamples, note);
+  return gw__tune_write(path, nranks, levels, tclass, samples, nsamples, note);
 }

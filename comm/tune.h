@@ -49,17 +49,27 @@ struct gw_pick_args {
 };
 
 void gw__model_defaults(struct gw_model *m);
-/* Reads a tuning file over m for a communicator of nranks (rows tagged with
- * another world size are checked and skipped).  A file that does not parse
- * changes nothing and fails with a message naming the line. */
-gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, struct gw_errctx *err);
+/* The transports a tuning file's rows may name: a communicator's class is
+ * the slowest its ring crosses (tcp over ib over shm; comm.c). */
+#define GW_TCLASS_NONE 0 /* a row without a transport; a load or write for no communicator */
+#define GW_TCLASS_SHM 1
+#define GW_TCLASS_IB 2
+#define GW_TCLASS_TCP 3
+const char *gw__tclass_name(int tclass); /* "shm", "ib", "tcp"; "any" for none */
+/* Reads a tuning file over m for a communicator of nranks whose links are of
+ * class tclass (rows tagged with another world size or transport are checked
+ * and skipped).  A file that does not parse changes nothing and fails with a
+ * message naming the line.  *applied (may be NULL): how many rows it took. */
+gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, int tclass, int *applied,
+                           struct gw_errctx *err);
 /* The model's time in microseconds; steps and factor by algorithm and collective. */
 double gw__model_time(const struct gw_model *m, int algo, int proto, int coll, size_t bytes, int nranks,
                       int tree_levels);
 /* gw_tune_write for trees of tree_levels levels (0: flat, log2(nranks)): the
- * per-step latency is the measured time over the steps the run took. */
-gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, const struct gw_tune_sample *samples,
-                           int nsamples, const char *note);
+ * per-step latency is the measured time over the steps the run took; rows
+ * tagged with the transport class tclass (GW_TCLASS_NONE: untagged). */
+gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, int tclass,
+                           const struct gw_tune_sample *samples, int nsamples, const char *note);
 /* The cheapest allowed (algorithm, protocol) for an operation. */
 void gw__model_pick(const struct gw_model *m, const struct gw_pick_args *a, int *algo, int *proto);
 /* A digest of the table, so ranks can check they decide alike. */

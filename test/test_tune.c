@@ -151,13 +151,13 @@ START_TEST(test_corrupt_file_refused) {
     write_file(path, bad[i].text);
     m = def;
     struct gw_errctx err = {{0}};
-    ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(err.msg, bad[i].line) && strstr(err.msg, path), "case %zu: %s", i, err.msg);
     ck_assert_msg(!memcmp(&m, &def, sizeof m), "case %zu changed the table", i);
   }
   struct gw_errctx err;
   write_file(path, "ring simple 0.1 10 99999999999999999999\n");
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, "ranks must be a world size from 2 to 1048576"), "%s", err.msg);
   /* Lines of 512 characters or more: a comment may be, a row may not; a last
    * row of 511 without a newline is whole. */
@@ -166,43 +166,43 @@ START_TEST(test_corrupt_file_refused) {
   snprintf(text, sizeof text, "# %s end of a long comment\nring ll 0.25 4", pad);
   write_file(path, text);
   m = def;
-  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a long comment: %s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "a long comment: %s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == 0.25);
   snprintf(text, sizeof text, "ring ll 0.25 4%.*s", 511 - 14, pad);
   write_file(path, text);
   m = def;
-  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a last row of 511: %s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "a last row of 511: %s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == 0.25);
   snprintf(text, sizeof text, "ring ll 0.25 4%.*s\nring simple 1 2\n", 511 - 14, pad);
   write_file(path, text);
   m = def;
-  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "a row of 511 and its newline: %s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "a row of 511 and its newline: %s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == 0.25 && m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE] == 1 &&
             m.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE] == 2);
   FILE *nf = fopen(path, "w"); /* a NUL byte ends a C string: refused, not read as the row before it */
   ck_assert_ptr_nonnull(nf);
   fwrite("ring ll 0.25 4 # x\0y\nring simple 1 2\n", 1, 37, nf);
   fclose(nf);
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, ":1: a NUL byte"), "%s", err.msg);
   m = def;
   snprintf(text, sizeof text, "ring ll 0.25 4%.*s\n", 512 - 14, pad);
   write_file(path, text);
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, ":1: a row of 512 characters or more"), "%s", err.msg);
   /* What never ends or is no file: refused at once (init spun on /dev/zero,
    * and blocked opening a FIFO nobody writes). */
   m = def;
-  ck_assert_int_eq(gw__model_load(&m, "/dev/zero", 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, "/dev/zero", 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, "/dev/zero: is not a regular file"), "%s", err.msg);
   char fifo[64];
   snprintf(fifo, sizeof fifo, "%s.fifo", path);
   ck_assert_int_eq(mkfifo(fifo, 0600), 0);
-  ck_assert_int_eq(gw__model_load(&m, fifo, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, fifo, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, "is not a regular file"), "%s", err.msg);
   unlink(fifo);
   ck_assert_int_eq(truncate(path, 2 << 20), 0);
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, "larger than 1 MiB"), "%s", err.msg);
   /* /proc's files say size 0: pagemap (hundreds of GB, mostly NUL bytes)
    * was read on, in init before the rendezvous, for good; kallsyms (MBs of
@@ -217,7 +217,7 @@ START_TEST(test_corrupt_file_refused) {
     if (pf) fclose(pf);
     if (got <= (1u << 20)) continue;
     const double t0 = test_now();
-    ck_assert_int_eq(gw__model_load(&m, procs[i], 4, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(gw__model_load(&m, procs[i], 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(err.msg, "larger than 1 MiB") && test_now() - t0 < 10, "%s after %.1f s: %s", procs[i],
                   test_now() - t0, err.msg);
   }
@@ -227,11 +227,11 @@ START_TEST(test_corrupt_file_refused) {
   static const char *const rowless[] = {"", "\n \t\n", "# gradwire tuning file\n# 2 ranks\n\n"};
   for (size_t i = 0; i < sizeof rowless / sizeof *rowless; i++) {
     write_file(path, rowless[i]);
-    ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(err.msg, "no rows"), "case %zu: %s", i, err.msg);
   }
   write_file(path, "# comment\n  tree ll 0.5 2.5   # trailing\n");
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_SUCCESS);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_SUCCESS);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.5 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 2.5);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE] == def.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE]);
   remove_tuned(path);
@@ -255,7 +255,7 @@ START_TEST(test_fit_roundtrip) {
   struct gw_model m;
   memset(&m, 0, sizeof m);
   struct gw_errctx err;
-  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "%s", err.msg);
   for (int p = 0; p < 2; p++) {
     ck_assert_double_eq_tol(m.lat_us[GW_ALGO_RING][p], truth.lat_us[GW_ALGO_RING][p], 1e-3);
     ck_assert_double_eq_tol(m.bw_gbps[GW_ALGO_RING][p], truth.bw_gbps[GW_ALGO_RING][p], 1e-2);
@@ -286,9 +286,9 @@ START_TEST(test_fit_tree_levels) {
   struct gw_model m;
   struct gw_errctx err;
   for (int levels = 0; levels <= 5; levels += 5) {
-    ck_assert_int_eq(gw__tune_write(path, 4, levels, s, 4, "test"), GW_SUCCESS);
+    ck_assert_int_eq(gw__tune_write(path, 4, levels, GW_TCLASS_NONE, s, 4, "test"), GW_SUCCESS);
     gw__model_defaults(&m);
-    ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
+    ck_assert_msg(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "%s", err.msg);
     const double want = truth.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] * (levels ? 1 : 2.5);
     ck_assert_msg(fabs(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] - want) < 1e-3, "%d levels: %.4f us per step, not %.4f",
                   levels, m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], want);
@@ -343,24 +343,24 @@ START_TEST(test_rows_per_world_size) {
   gw__model_defaults(&def);
   struct gw_errctx err;
   m = def;
-  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "%s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.9 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 8);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == def.lat_us[GW_ALGO_RING][GW_PROTO_LL]); /* 8 ranks' row */
   m = def;
-  ck_assert(gw__model_load(&m, path, 3, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.5);
+  ck_assert(gw__model_load(&m, path, 3, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.5);
   write_file(path, "tree simple 0.9 8 4\ntree simple 0.8 8 4\n"); /* two rows for 4 ranks */
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   /* ... refused at every world size (it was at 4 only), naming the second */
   for (int n = 2; n <= 8; n += 6) {
     m = def;
-    ck_assert_int_eq(gw__model_load(&m, path, n, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(gw__model_load(&m, path, n, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(err.msg, ":2: a second row") && !memcmp(&m, &def, sizeof m), "%d ranks: %s", n, err.msg);
   }
   write_file(path, "ring ll 0.3 3\ntree simple 0.9 8\nring ll 0.4 3\n");
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(err.msg, ":3: a second row for this algorithm and protocol without"), "%s", err.msg);
   write_file(path, "tree simple 0.9 8 1\n");
-  ck_assert_int_eq(gw__model_load(&m, path, 4, &err), GW_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err), GW_ERR_INVALID_ARGUMENT);
   /* rewrite for 4 ranks: the 2-rank row stays (its second is dropped: kept, it
    * would have every load refuse the file), the old 4-rank row goes */
   write_file(path, "# old\ntree simple 0.7 7 2\ntree simple 0.9 8 4\ntree simple 0.6 6 2\n");
@@ -369,10 +369,81 @@ START_TEST(test_rows_per_world_size) {
   tree_samples(&truth, 0, s);
   ck_assert_int_eq(gw_tune_write(path, 4, s, 4, "test"), GW_SUCCESS);
   m = def;
-  ck_assert(gw__model_load(&m, path, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  ck_assert(gw__model_load(&m, path, 2, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
   m = def;
-  ck_assert(gw__model_load(&m, path, 4, &err) == GW_SUCCESS);
+  ck_assert(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS);
   ck_assert_double_eq_tol(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], truth.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], 1e-3);
+  remove_tuned(path);
+}
+END_TEST
+
+/* Rows tagged with a transport apply only to communicators whose ring
+ * crosses it at worst, over the untagged and the world size's rows (a file
+ * fitted over tcp, loaded over shm, mixed its rows with the built-in ones and
+ * picked LL at every size); a rewrite replaces its own transport's rows and
+ * the world size's untagged ones, and keeps the other transports'. */
+START_TEST(test_rows_per_transport) {
+  char path[] = "/tmp/gw-tune-XXXXXX";
+  make_temp(path);
+  write_file(path, "ring simple 1 2 2\nring simple 3 4 2 tcp\nring simple 5 6 2 shm\ntree ll 7 8 2 ib\n"
+                   "ring simple 9 10 4 TCP\n");
+  struct gw_model def, m;
+  gw__model_defaults(&def);
+  struct gw_errctx err;
+  static const struct { int tclass; double ring_lat; int applied; } want[] = {
+      {GW_TCLASS_NONE, 1, 1}, {GW_TCLASS_SHM, 5, 2}, {GW_TCLASS_IB, 1, 2}, {GW_TCLASS_TCP, 3, 2}};
+  for (int i = 0; i < 4; i++) {
+    m = def;
+    int applied = -1;
+    ck_assert_msg(gw__model_load(&m, path, 2, want[i].tclass, &applied, &err) == GW_SUCCESS, "%s", err.msg);
+    ck_assert_msg(m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE] == want[i].ring_lat && applied == want[i].applied,
+                  "over %s: ring latency %g, %d rows", gw__tclass_name(want[i].tclass),
+                  m.lat_us[GW_ALGO_RING][GW_PROTO_SIMPLE], applied);
+    ck_assert(m.fitted_here[GW_ALGO_RING][GW_PROTO_SIMPLE]);
+    const bool ib = want[i].tclass == GW_TCLASS_IB;
+    ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == (ib ? 7 : def.lat_us[GW_ALGO_TREE][GW_PROTO_LL]));
+  }
+  m = def;
+  int applied = -1; /* a world size with no row of its own over shm: none taken, said by the count */
+  ck_assert(gw__model_load(&m, path, 4, GW_TCLASS_SHM, &applied, &err) == GW_SUCCESS && applied == 0);
+  ck_assert(!memcmp(&m, &def, sizeof m));
+  static const char *const bad[][2] = {
+      {"ring simple 1 2 2 rdma\n", ":1: unknown transport (shm, ib, tcp)"},
+      {"ring simple 1 2 2 tcp\nring simple 1 2 2 tcp\n", ":2: a second row for this algorithm, protocol, world size "
+                                                         "and transport"},
+      {"ring simple 1 2 2 tcp x\n", ":1: expected 4 to 6 fields"},
+      {"ring simple 1 2 tcp\n", ":1: ranks must be a world size"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    write_file(path, bad[i][0]);
+    m = def;
+    ck_assert_int_eq(gw__model_load(&m, path, 2, GW_TCLASS_TCP, NULL, &err), GW_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(err.msg, bad[i][1]) && !memcmp(&m, &def, sizeof m), "%s: %s", bad[i][0], err.msg);
+  }
+  /* rewritten over tcp at 2 ranks: its tcp row and the untagged 2-rank row
+   * (measured over a transport unknown) go; shm's, and 4 ranks', stay */
+  write_file(path, "tree simple 1 2 2 shm\ntree simple 3 4 2\ntree simple 5 6 2 tcp\ntree simple 7 8 4 tcp\n");
+  struct gw_model truth;
+  struct gw_tune_sample s[4];
+  tree_samples(&truth, 0, s);
+  ck_assert_int_eq(gw__tune_write(path, 2, 0, GW_TCLASS_TCP, s, 4, "test"), GW_SUCCESS);
+  m = def;
+  ck_assert(gw__model_load(&m, path, 2, GW_TCLASS_SHM, NULL, &err) == GW_SUCCESS);
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 1);
+  m = def;
+  ck_assert(gw__model_load(&m, path, 4, GW_TCLASS_TCP, NULL, &err) == GW_SUCCESS);
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 7);
+  m = def;
+  ck_assert(gw__model_load(&m, path, 2, GW_TCLASS_IB, NULL, &err) == GW_SUCCESS); /* the untagged 2-rank row went */
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == def.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE]);
+  m = def;
+  ck_assert(gw__model_load(&m, path, 2, GW_TCLASS_TCP, NULL, &err) == GW_SUCCESS);
+  ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] != 5 && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] != 3);
+  FILE *f = fopen(path, "r");
+  char all[4096];
+  size_t got = f ? fread(all, 1, sizeof all - 1, f) : 0;
+  all[got] = 0;
+  if (f) fclose(f);
+  ck_assert_msg(strstr(all, " 2 tcp\n") && !strstr(all, "tree simple 3 4 2\n"), "%s", all);
   remove_tuned(path);
 }
 END_TEST
@@ -398,10 +469,10 @@ START_TEST(test_rewrite_safe) {
   gw__model_defaults(&def);
   struct gw_errctx err;
   m = def;
-  ck_assert_msg(gw__model_load(&m, path, 2, &err) == GW_SUCCESS, "the rewritten file is refused: %s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 2, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "the rewritten file is refused: %s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7); /* the good kept row */
   m = def; /* the good row with a comment after it: kept (it was dropped), with its comment */
-  ck_assert_msg(gw__model_load(&m, path, 8, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 8, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "%s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_TREE][GW_PROTO_LL] == 0.12 && m.bw_gbps[GW_ALGO_TREE][GW_PROTO_LL] == 14.5);
   FILE *rf = fopen(path, "r");
   char all[4096];
@@ -415,7 +486,7 @@ START_TEST(test_rewrite_safe) {
   ck_assert_int_eq(gw_tune_write(path, 4, s, 8, "two\nlines"), GW_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(gw_comm_last_error(NULL), "a note of several lines"), "%s", gw_comm_last_error(NULL));
   m = def;
-  ck_assert_msg(gw__model_load(&m, path, 4, &err) == GW_SUCCESS, "%s", err.msg);
+  ck_assert_msg(gw__model_load(&m, path, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "%s", err.msg);
   ck_assert(m.lat_us[GW_ALGO_RING][GW_PROTO_LL] == def.lat_us[GW_ALGO_RING][GW_PROTO_LL] &&
             m.bw_gbps[GW_ALGO_RING][GW_PROTO_LL] == def.bw_gbps[GW_ALGO_RING][GW_PROTO_LL]);
   ck_assert(m.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE] != def.bw_gbps[GW_ALGO_RING][GW_PROTO_SIMPLE]);
@@ -432,7 +503,7 @@ START_TEST(test_rewrite_safe) {
   ck_assert_int_eq(mkdir(blocker, 0700), 0); /* fopen of the new file fails */
   ck_assert_int_eq(gw_tune_write(inside, 4, s, 8, "test"), GW_ERR_SYSTEM);
   m = def;
-  ck_assert(gw__model_load(&m, inside, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  ck_assert(gw__model_load(&m, inside, 2, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
   rmdir(blocker);
   remove_tuned(inside);
   rmdir(dir);
@@ -490,9 +561,9 @@ START_TEST(test_write_refuses_non_files) {
   gw__model_defaults(&def);
   struct gw_errctx err;
   m = def; /* the target has the kept 2-rank row and the new 4-rank ones */
-  ck_assert(gw__model_load(&m, target, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  ck_assert(gw__model_load(&m, target, 2, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
   m = def;
-  ck_assert(gw__model_load(&m, target, 4, &err) == GW_SUCCESS);
+  ck_assert(gw__model_load(&m, target, 4, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS);
   ck_assert_double_eq_tol(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], truth.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], 1e-3);
   unlink(fifo);
   unlink(link);
@@ -555,7 +626,7 @@ START_TEST(test_write_refuses_foreign_files) {
   gw__model_defaults(&def);
   struct gw_errctx err;
   m = def; /* the good row stayed */
-  ck_assert(gw__model_load(&m, path, 2, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
+  ck_assert(gw__model_load(&m, path, 2, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS && m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == 0.7);
   remove_tuned(path);
   ck_assert_int_eq(gw__tune_replaceable(path, why, sizeof why), 0); /* no file */
 }
@@ -589,7 +660,7 @@ START_TEST(test_oversub_picks) {
   struct gw_errctx err;
   for (int n = 2; n <= 4; n += 2) {
     gw__model_defaults(&m);
-    ck_assert_msg(gw__model_load(&m, path, n, &err) == GW_SUCCESS, "%s", err.msg);
+    ck_assert_msg(gw__model_load(&m, path, n, GW_TCLASS_NONE, NULL, &err) == GW_SUCCESS, "%s", err.msg);
     const double ring_bare = gw__model_time(&m, GW_ALGO_RING, GW_PROTO_SIMPLE, GW_COLL_ALLREDUCE, 4096, n, 0),
                  ex_bare = gw__model_time(&m, GW_ALGO_EXCHANGE, GW_PROTO_SIMPLE, GW_COLL_ALLREDUCE, 4096, n, 0);
     m.oversub_step_us = GW_MODEL_OVERSUB_STEP_US;
@@ -648,6 +719,8 @@ END_TEST
  * at every size (it ran the ring from 512 KiB, at about half the exchange's
  * bus bandwidth up to 8 MiB); over tcp, or with the variable set, the ring
  * past the cap. */
+static char transport_file[64]; /* cases 3 and 4: a tuning file's row tagged tcp, then shm */
+
 static int raw_exchange_cap(int rank, int n, const char *master, void *arg) {
   const int which = *(const int *)arg;
   static const char *const decide[] = {"GW_ALGO", "GW_PROTO", "GW_EXCHANGE_MAX_BYTES", "GW_TUNING_FILE",
@@ -655,6 +728,7 @@ static int raw_exchange_cap(int rank, int n, const char *master, void *arg) {
   for (size_t i = 0; i < sizeof decide / sizeof decide[0]; i++) unsetenv(decide[i]);
   if (which == 1) setenv("GW_TRANSPORT", "tcp", 1);
   if (which == 2) setenv("GW_EXCHANGE_MAX_BYTES", "262144", 1);
+  if (which >= 3) setenv("GW_TUNING_FILE", transport_file, 1);
   gw_comm_t comm;
   EXPECT(gw_comm_init(&comm, n, rank, master) == GW_SUCCESS, "init: %s", gw_comm_last_error(NULL));
   static float x[1 << 20]; /* 4 MiB */
@@ -662,7 +736,7 @@ static int raw_exchange_cap(int rank, int n, const char *master, void *arg) {
   EXPECT(gw_allreduce(x, x, 1 << 20, GW_FLOAT32, GW_SUM, comm, NULL) == GW_SUCCESS, "%s", gw_comm_last_error(comm));
   for (int i = 0; i < 1 << 20; i++) EXPECT(x[i] == (float)(2 * (i % 1000) + 1), "element %d: %g", i, (double)x[i]);
   char path[32];
-  const char *want = which == 0 ? "exchange/simple" : "ring/simple";
+  const char *want = which == 0 || which == 3 ? "exchange/simple" : which == 4 ? "exchange/ll" : "ring/simple";
   EXPECT(gw_comm_last_path(comm, path, sizeof path) == GW_SUCCESS && !strcmp(path, want),
          "case %d, rank %d: 4 MiB took %s, not %s", which, rank, path, want);
   gw_comm_destroy(comm);
@@ -671,6 +745,25 @@ static int raw_exchange_cap(int rank, int n, const char *master, void *arg) {
 
 START_TEST(test_exchange_cap) {
   for (int which = 0; which < 3; which++) ck_assert_int_eq(run_ranks_raw(2, raw_exchange_cap, &which, 60), 0);
+}
+END_TEST
+
+/* A communicator loads the rows of its own transport only: an LL row fitted
+ * over tcp, absurdly fast, is not taken by 2 ranks over shm (4 MiB stays
+ * exchange/simple, the built-in pick; cases 3 and 4 of raw_exchange_cap), and
+ * taken when tagged shm. */
+START_TEST(test_transport_rows_picked) {
+  static const char *const tags[] = {"tcp", "shm"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(transport_file, sizeof transport_file, "/tmp/gw-tune-XXXXXX");
+    make_temp(transport_file);
+    char rows[64];
+    snprintf(rows, sizeof rows, "exchange ll 0 90000 2 %s\n", tags[i]);
+    write_file(transport_file, rows);
+    int which = 3 + i;
+    ck_assert_int_eq(run_ranks_raw(2, raw_exchange_cap, &which, 60), 0);
+    unlink(transport_file);
+  }
 }
 END_TEST
 
@@ -760,6 +853,8 @@ int main(void) {
   tcase_add_test(tc, test_oversub_agree);
   tcase_add_test(tc, test_exchange_cap);
   tcase_add_test(tc, test_rows_per_world_size);
+  tcase_add_test(tc, test_rows_per_transport);
+  tcase_add_test(tc, test_transport_rows_picked);
   tcase_add_test(tc, test_rewrite_safe);
   tcase_add_test(tc, test_write_refuses_non_files);
   tcase_add_test(tc, test_write_refuses_foreign_files);
