@@ -214,12 +214,20 @@ START_TEST(test_multinode_crash_beats_earlier_exit)
     int port = gwrun_free_port_pair();
     const char *env[] = {"GW_JOB_TOKEN=mn-crash", NULL};
     const char *late[] = {"GW_JOB_TOKEN=mn-crash", "GW_RUN_TEST_FAIL_HOLD_MS=1500", NULL};
-    const char *script = "case $GW_RANK in 0) sleep 1.5; exit 1;; 1) sleep 1; ulimit -c 0; kill -SEGV $$;; "
-                         "esac; exec sleep 30";
+    /* rank 0 exits once rank 1 is crashing (a handshake: with sleeps, a rank
+     * 1 started 0.5 s late was stopped by node 0's verdict before it crashed) */
+    char dir[] = "/tmp/gw-mn-crash-XXXXXX", script[600];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(script, sizeof script, "case $GW_RANK in 0) while [ ! -e %s/crashing ]; do sleep 0.05; done; exit 1;; "
+             "1) sleep 0.5; ulimit -c 0; : >%s/crashing; kill -SEGV $$;; esac; exec sleep 30", dir, dir);
     struct run r[3];
     for (int i = 0; i < 3; i++)
         node_start(&r[i], i == 1 ? late : env, port, 3, i, "1", script);
     nodes_wait(r, 3);
+    char flag[64];
+    snprintf(flag, sizeof flag, "%s/crashing", dir);
+    unlink(flag);
+    rmdir(dir);
     char want[800];
     snprintf(want, sizeof want, "gw-run: rank 1 on node 1 (host %s) was killed by signal 11 (SIGSEGV)", hostname());
     for (int i = 0; i < 2; i++)
