@@ -15,7 +15,7 @@ flags=(-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sa
        -I"$src/comm" -I"$src/transport" -I"$src/model" -I"$src/data" -I"$work")
 printf '#pragma once\n' > "$work/gw_config.h"
 fail=0
-for t in bootstrap tcp safetensors jpeg png; do
+for t in bootstrap tcp safetensors jpeg png tune; do
   libs=(-lpthread -lm) defs=()
   [ "$t" = jpeg ] && libs+=(-lturbojpeg)
   [ "$t" = png ] && libs+=(-lpng) defs+=(-DGW_HAVE_PNG=1)
