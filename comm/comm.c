@@ -110,17 +110,23 @@ gw_result_t gw__init_fail(struct gw_errctx *err, gw_result_t res) {
 
 /* ---- setup ----------------------------------------------------------------------- */
 /* The slowest transport the ring crosses (tcp, then ib, then shm), from the
- * rendezvous table alone (the choice is each pair's, gw__transport_select),
- * so every rank finds the same: the tuning file's rows are keyed by it.  A
- * pair no transport connects is left to the connect's message. */
+ * rendezvous table and GW_TRANSPORT (alike on every rank: the settings check)
+ * alone, as gw__transport_select picks (shm within a machine's shared
+ * /dev/shm and user, ib where both offer a port, else tcp), so every rank
+ * finds the same: the tuning file's rows are keyed by it.  Not from the
+ * transports this build has (a rank built without ib offers no port, so its
+ * pairs are tcp everywhere; a class from each rank's own list made its model
+ * differ, said as tuning files that differ).  A pair no transport connects
+ * is left to the connect's message. */
 static int transport_class(const struct gw_comm *c) {
   const struct gw_ring *ring = &c->rings[0];
+  const int32_t want = gw__transport_wanted(); /* 0 unset, 1 shm, 2 ib, 3 tcp */
   int worst = GW_TCLASS_SHM;
   for (int pos = 0; pos < c->nranks && c->nranks > 1; pos++) {
-    const int a = ring->order[pos], b = ring->order[(pos + 1) % c->nranks];
-    const struct gw_transport *tp = gw__transport_select(&c->peers[a], &c->peers[b]);
-    const int t = !tp ? GW_TCLASS_SHM : !strcmp(tp->name, "tcp") ? GW_TCLASS_TCP
-                  : !strcmp(tp->name, "ib") ? GW_TCLASS_IB : GW_TCLASS_SHM;
+    const struct gw_peer_info *a = &c->peers[ring->order[pos]], *b = &c->peers[ring->order[(pos + 1) % c->nranks]];
+    const bool shm = !strcmp(a->node_id, b->node_id) && a->shm_id == b->shm_id && a->uid == b->uid;
+    const bool ib = (a->caps & GW_CAP_IB) && (b->caps & GW_CAP_IB);
+    const int t = shm && want <= 1 ? GW_TCLASS_SHM : ib && (want == 0 || want == 2) ? GW_TCLASS_IB : GW_TCLASS_TCP;
     worst = GW_MAX(worst, t);
   }
   return worst;
@@ -136,9 +142,9 @@ static bool model_init(struct gw_comm *c) {
   int applied = 0;
   if (!*path || gw__model_load(&c->model, path, c->nranks, c->tclass, &applied, &err) != GW_SUCCESS) return false;
   if (applied)
-    GW_INFO(GW_SUB_TUNE, "cost model from %s: %d row%s for %d ranks over %s", path, applied, applied == 1 ? "" : "s",
-            c->nranks, gw__tclass_name(c->tclass));
-  else /* fitted elsewhere: over another transport, or another world size */
+    GW_INFO(GW_SUB_TUNE, "cost model from %s: %d of its rows apply to %d ranks over %s", path, applied, c->nranks,
+            gw__tclass_name(c->tclass));
+  else if (c->nranks > 1) /* fitted elsewhere: over another transport, or another world size */
     GW_INFO(GW_SUB_TUNE, "cost model: %s has no row for %d ranks over %s (gw-perf --tune writes them): the built-in "
             "table", path, c->nranks, gw__tclass_name(c->tclass));
   return true;

@@ -187,15 +187,18 @@ struct gw_tune_sample {
  * with at least two samples, measured on nranks ranks, and writes them as rows
  * for that world size into the tuning file (GW_TUNING_FILE) with `note` in its
  * comment, keeping the rows an existing file has for other world sizes (so one
- * file can hold tables fitted at 2, 4, 8 ... ranks).  Errors are in
- * gw_comm_last_error(NULL). */
+ * file can hold tables fitted at 2, 4, 8 ... ranks); its rows for nranks, of
+ * any transport, are replaced.  Errors are in gw_comm_last_error(NULL). */
 gw_result_t gw_tune_write(const char *path, int nranks, const struct gw_tune_sample *samples, int nsamples,
                           const char *note);
 /* gw_tune_write for samples measured on comm: its world size, and the depth
  * of its trees where they are hierarchical (ranks on several machines: a chain
  * inside each), which a fit by world size alone takes for log2(nranks) levels
- * (the tree's per-step latency then came out too high by their ratio).  Any
- * rank may call it; gw-perf --tune calls it on rank 0. */
+ * (the tree's per-step latency then came out too high by their ratio); the
+ * rows are tagged with the transport comm's ring crosses at worst (shm, ib or
+ * tcp), and replace the file's rows for that world size and transport (and
+ * its rows for that world size that name no transport), keeping the others'.
+ * Any rank may call it; gw-perf --tune calls it on rank 0. */
 gw_result_t gw_tune_write_comm(gw_comm_t comm, const char *path, const struct gw_tune_sample *samples, int nsamples,
                                const char *note);
 

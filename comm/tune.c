@@ -332,6 +332,7 @@ gw_result_t gw__model_load(struct gw_model *m, const char *path, int nranks, int
                            struct gw_errctx *err) {
   char not_file[160];
   struct tuning_text f;
+  if (applied) *applied = 0;
   if (!read_tuning(path, &f, not_file, sizeof not_file))
     return gw__err(err, GW_ERR_INVALID_ARGUMENT, "GW_TUNING_FILE %s: %s", path, not_file);
   struct gw_model tmp = *m;
@@ -442,8 +443,9 @@ static bool fit_row(const struct gw_tune_sample *s, int ns, const char *algo, co
 }
 
 /* Whether a row is one the loader takes, beside the rows already kept (seen):
- * a bad one, or a second row for the same algorithm, protocol and world size,
- * kept or written would have every later load refuse the whole file. */
+ * a bad one, or a second row for the same algorithm, protocol, world size and
+ * transport, kept or written would have every later load refuse the whole
+ * file. */
 static bool row_ok(const char *row, struct rows_seen *seen) {
   char copy[512];
   snprintf(copy, sizeof copy, "%s", row);
@@ -456,8 +458,9 @@ static bool row_ok(const char *row, struct rows_seen *seen) {
 
 /* The rows of an existing tuning file that gw_tune_write keeps: every good row
  * but those the new rows replace (tagged nranks with tclass, or with nranks
- * and no transport: measured over one unknown; tagged nranks alone for a write
- * of no transport), verbatim
+ * and no transport: measured over one unknown; every row tagged nranks for a
+ * write of no transport, whose untagged-by-transport rows would lose to a
+ * transport's), verbatim
  * (with a comment after it); none when there is no file.  A bad row is
  * dropped, said unless quiet.  NULL with why set when the file is there and
  * is no tuning file to replace (a FIFO, a device, a directory, over 1 MiB:
@@ -486,7 +489,7 @@ static char *kept_rows(const char *path, int nranks, int tclass, bool quiet, cha
     for (char *t = strtok_r(copy, " \t\r\n", &save); t && nf < 7; t = strtok_r(NULL, " \t\r\n", &save)) fld[nf++] = t;
     if (nf == 0) continue; /* blank, or a comment */
     if (!content++) first_line = lineno, snprintf(first, sizeof first, "%.60s", line);
-    const bool replaced = (nf == 5 || (nf == 6 && tclass != GW_TCLASS_NONE && tclass_from_name(fld[5]) == tclass)) &&
+    const bool replaced = (nf == 5 || (nf == 6 && (tclass == GW_TCLASS_NONE || tclass_from_name(fld[5]) == tclass))) &&
                           atoi(fld[4]) == nranks;
     if (replaced) { /* by the new rows */
       struct rows_seen fresh = {0};
@@ -579,6 +582,7 @@ gw_result_t gw__tune_write(const char *path, int nranks, int tree_levels, int tc
   const char *bad = !path ? "a NULL path" : !samples ? "NULL samples" : nranks < 2 ? "fewer than 2 ranks"
                   : nranks > GW_MAX_NRANKS ? "more ranks than a communicator may have (2^20)"
                   : nsamples < 2 ? "fewer than 2 samples"
+                  : tclass < GW_TCLASS_NONE || tclass > GW_TCLASS_TCP ? "a transport class that is none"
                   : note && (strpbrk(note, "\n\r") || strlen(note) > 200) ? "a note of several lines or over 200 characters"
                   : NULL;
   if (bad) {

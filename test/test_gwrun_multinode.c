@@ -218,7 +218,8 @@ START_TEST(test_multinode_crash_beats_earlier_exit)
      * 1 started 0.5 s late was stopped by node 0's verdict before it crashed) */
     char dir[] = "/tmp/gw-mn-crash-XXXXXX", script[600];
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(script, sizeof script, "case $GW_RANK in 0) while [ ! -e %s/crashing ]; do sleep 0.05; done; exit 1;; "
+    snprintf(script, sizeof script, "case $GW_RANK in 0) i=0; while [ ! -e %s/crashing ] && [ $i -lt 600 ]; do sleep 0.05; "
+             "i=$((i + 1)); done; exit 1;; "
              "1) sleep 0.5; ulimit -c 0; : >%s/crashing; kill -SEGV $$;; esac; exec sleep 30", dir, dir);
     struct run r[3];
     for (int i = 0; i < 3; i++)

@@ -444,6 +444,18 @@ START_TEST(test_rows_per_transport) {
   all[got] = 0;
   if (f) fclose(f);
   ck_assert_msg(strstr(all, " 2 tcp\n") && !strstr(all, "tree simple 3 4 2\n"), "%s", all);
+  /* gw_tune_write, for no communicator, replaces the size's rows of every
+   * transport (kept, they won over the rows it wrote) */
+  ck_assert_int_eq(gw_tune_write(path, 2, s, 4, "test"), GW_SUCCESS);
+  double fitted = -1;
+  for (int t = GW_TCLASS_NONE; t <= GW_TCLASS_TCP; t++) {
+    m = def;
+    ck_assert(gw__model_load(&m, path, 2, t, NULL, &err) == GW_SUCCESS);
+    if (t == GW_TCLASS_NONE) fitted = m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE];
+    ck_assert_msg(m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE] == fitted && fitted != 1 && fitted != 5 && fitted !=
+                  def.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE], "over %s: %g", gw__tclass_name(t),
+                  m.lat_us[GW_ALGO_TREE][GW_PROTO_SIMPLE]);
+  }
   remove_tuned(path);
 }
 END_TEST

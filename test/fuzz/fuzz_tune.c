@@ -13,6 +13,9 @@
 bool gw__comm_peek(struct gw_comm *comm, const char *fn) { return (void)comm, (void)fn, false; }
 void gw__comm_unpeek(struct gw_comm *comm) { (void)comm; }
 
+static char dir[64];
+static void remove_dir(void) { rmdir(dir); }
+
 static bool in_ranges(const struct gw_model *m, const struct gw_model *def) {
   for (int a = GW_ALGO_RING; a < GW_MODEL_NALGOS; a++)
     for (int p = 0; p < GW_MODEL_NPROTOS; p++) {
@@ -26,11 +29,11 @@ static bool in_ranges(const struct gw_model *m, const struct gw_model *def) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
-  static char dir[64];
   if (!dir[0]) {
     setenv("GW_DEBUG", "NONE", 1);
     snprintf(dir, sizeof dir, "/tmp/gw-fuzz-tune-XXXXXX");
     if (!mkdtemp(dir)) __builtin_trap();
+    atexit(remove_dir);
   }
   char path[96];
   snprintf(path, sizeof path, "%s/t", dir);
