@@ -642,9 +642,7 @@ static gw_result_t probe_replaced(const struct gw_st_file *h, const char *path, 
  * The run's own --load-weights file (fine-tuned in place) may be any weights
  * it loads, a checkpoint's excepted. */
 static int weights_file_ok(const char *path, const char *load, char *err, size_t errlen) {
-  struct stat sb;
-  /* (a name with other hard links: renamed over, the file stays under them) */
-  if (!path[0] || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0 || sb.st_nlink > 1) return 0;
+  if (!replaced_content_at_stake(path)) return 0;
   struct replaced_probe p = {0};
   struct gw_st_file *f = NULL;
   const gw_result_t r = gw_st_open_checked(&f, path, probe_replaced, &p);

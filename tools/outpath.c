@@ -207,3 +207,8 @@ int same_output_file(const char *a, const char *b) {
   return resolved_name(a, da, sizeof da, &na) && resolved_name(b, db, sizeof db, &nb) && !strcmp(da, db) &&
          !strcmp(na, nb);
 }
+
+bool replaced_content_at_stake(const char *path) {
+  struct stat sb;
+  return path[0] && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0 && sb.st_nlink == 1;
+}

@@ -8,6 +8,7 @@
 #ifndef GW_OUTPATH_H
 #define GW_OUTPATH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 int output_path_ok(const char *flag, const char *path, char *err, size_t errlen);
@@ -28,5 +29,11 @@ enum { OUTPATH_TEMP_WEIGHTS = 32, OUTPATH_TEMP_TUNE = 12, OUTPATH_TEMP_PLOT = 8 
  * (links and "./" spellings included), else the same name in the same
  * directory (a link to nothing counting as the file it will make). */
 int same_output_file(const char *a, const char *b);
+
+/* Whether path is an existing regular file, not empty, under this one name:
+ * what writing over it would lose, whose content the caller must check
+ * (gw-train's --save-weights and --plot).  A file with other hard links stays
+ * under them when a new one is renamed over this name. */
+bool replaced_content_at_stake(const char *path);
 
 #endif
