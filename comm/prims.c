@@ -83,9 +83,35 @@ static const struct gw_wait_status *live_status(const struct prims *p, const str
  * travels here, so this rank waits the grace for it (see gw__wait_recv).
  * Past that, nobody named one and the peer said nothing of waiting (it
  * stopped in the middle): say it stopped sending. */
+/* Whether the network stopped delivering (transport.h, net_stalled) on c,
+ * else on any connection of this operation: a wait on a peer whose data
+ * stopped coming is most often this rank's own sends stuck too, to the peer
+ * or to the next machine on (a machine cut off: its ranks' sends to it and
+ * from it stall; the why names the host). */
+static bool net_stalled(const struct prims *p, const struct gw_conn *c, char *why, size_t len) {
+  if (c->tp->net_stalled && c->tp->net_stalled(c, why, len)) return true;
+  for (int i = 0; i < p->nconns + p->nwatch; i++) {
+    const struct gw_conn *o = i < p->nconns ? p->conns[i] : p->watch[i - p->nconns];
+    if (o && o != c && o->tp->net_stalled && o->tp->net_stalled(o, why, len)) return true;
+  }
+  return false;
+}
+
+/* A wait that timed out while the network to the peer stopped delivering:
+ * said so (it was said as a peer that "has not started" the operation, or as
+ * a line of waits suggesting calls that differ).  GW_SUCCESS when it did not. */
+static gw_result_t net_timeout_error(struct prims *p, const struct gw_conn *c, double waited, const char *what,
+                                     const char *me) {
+  char net[360];
+  if (!net_stalled(p, c, net, sizeof net)) return GW_SUCCESS;
+  return gw__err(p->err, GW_ERR_TIMEOUT, "rank %d: operation %s waited %.1f s for %s rank %d: %s (raise GW_TIMEOUT "
+                 "if the network is just slow)", p->comm->rank, me, waited, what, c->peer, net);
+}
+
 static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, double waited) {
   char me[GW_OPDESC_TEXT];
   gw__describe_op(&p->op->desc, me, sizeof me);
+  GW_CHECK(net_timeout_error(p, c, waited, "data from", me));
   const struct gw_wait_status *st = live_status(p, c);
   char in[64] = ""; /* a peer still in the operation before */
   if (st && c->status_seq - 1 != p->op->desc.seq)
@@ -138,6 +164,7 @@ static gw_result_t recv_timeout_error(struct prims *p, const struct gw_conn *c, 
 static gw_result_t slot_timeout_error(struct prims *p, const struct gw_conn *c, double waited, bool took) {
   char me[GW_OPDESC_TEXT];
   gw__describe_op(&p->op->desc, me, sizeof me);
+  GW_CHECK(net_timeout_error(p, c, waited, "room at", me));
   if (took)
     return gw__err(p->err, GW_ERR_TIMEOUT,
                    "rank %d: operation %s waited %.1f s for room at rank %d, which took data of it from this rank "

@@ -165,5 +165,37 @@ if [ -e "$build/test/test_ib" ]; then
   GW_IB_EMULATE=1 perf_jobs perf-ib float64
   GW_IB_EMULATE=1 GW_DEV_EMULATE=1 GW_DEV_STAGE_BYTES=65536 perf_jobs perf-device-ib int8 -D
 fi
+# The switch stops forwarding between the machines mid-job (node 1's port
+# taken off the bridge: every interface stays up, nothing is reset): the ranks
+# whose waits cross it say the network stopped delivering, with the bytes
+# unacknowledged, on both sides (it was said as a peer that "has not
+# started" the operation, or as a line of waits suggesting calls that
+# differ), and the job ends.  Last: the bridge is mended after it.
+net_cut_job() {
+  local name=netcut pids=() k i code bad=0
+  for ((k = 0; k < nnodes; k++)); do
+    ip netns exec "${tag}n$k" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$k" \
+      env GW_TIMEOUT=3 timeout 120 "$gwrun" -n "$rpn" --nnodes "$nnodes" --node-rank "$k" --master 10.79.0.1:29500 \
+      "$build/tools/gw-perf" -b 1M -e 1M -n 1000000 -w 0 -c 0 >"$work/$name.$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < 600; i++)); do grep -q "out-of-place" "$work/$name.0.log" 2>/dev/null && break; sleep 0.1; done
+  sleep 1
+  ip -n "${tag}sw" link set "${tag}b1" nomaster
+  for ((k = 0; k < nnodes; k++)); do
+    code=0
+    wait "${pids[$k]}" || code=$?
+    [ $code -ne 0 ] && [ $code -ne 124 ] || { bad=1; echo "netns: $name: node $k exited $code"; }
+  done
+  ip -n "${tag}sw" link set "${tag}b1" master br0
+  for k in 0 1; do
+    grep -Eq "the network is not delivering: ([0-9]+ bytes this rank sent to node[0-9]|node[0-9] has answered nothing)" \
+      "$work/$name.$k.log" || {
+      bad=1; echo "netns: $name: node $k does not say the network stopped delivering:"; tail -n 12 "$work/$name.$k.log"; }
+  done
+  if [ $bad -eq 0 ]; then echo "netns: a cut between the machines is said as the network on both sides: ok"
+  else failures=$((failures + 1)); fi
+}
+net_cut_job
 echo "netns: $failures failed"
 [ $failures -eq 0 ]

@@ -318,9 +318,16 @@ void gw__sock_tune(int fd) {
   fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  const int idle = keepalive_idle();
-  if (idle > 0) {
-    int intvl = KEEPALIVE_INTVL, cnt = KEEPALIVE_CNT;
+  const int idle_set = keepalive_idle();
+  if (idle_set > 0) {
+    /* Probes every second from the first second of silence, as many as the
+     * setting's bound allows (idle + 3 x 2 s; within Linux's 127 probes): a
+     * vanished peer is noticed as late as before, and a wait that times out
+     * sees probes unanswered (tcp.c's net_stalled: "the network is not
+     * delivering"), where after 10 s of idle nothing had been probed yet. */
+    const int bound = idle_set + KEEPALIVE_INTVL * KEEPALIVE_CNT;
+    int idle = idle_set, intvl = KEEPALIVE_INTVL, cnt = KEEPALIVE_CNT;
+    if (bound - 1 <= 127) idle = 1, intvl = 1, cnt = bound - 1;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);

@@ -239,6 +239,12 @@ struct gw_transport {
   bool (*waiting)(struct gw_conn *c, const struct gw_opdesc *mine, double waited, bool awaited,
                   struct gw_opdesc *theirs);
 
+  /* Optional (NULL: cannot tell): whether the network has stopped delivering
+   * between this end and the peer's machine, for a wait that timed out: the
+   * connection's bytes sent and unacknowledged for seconds (a stopped or busy
+   * peer's kernel still acknowledges).  why[len]: what it saw.  tcp only. */
+  bool (*net_stalled)(const struct gw_conn *c, char *why, size_t len);
+
   /* Frees everything; accepts a connection that was never set up. */
   void (*close)(struct gw_conn *c);
 };
