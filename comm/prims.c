@@ -418,10 +418,43 @@ static gw_result_t notice_error(const struct gw_comm *comm, const struct gw_chun
   return gw__err(err, GW_ERR_REMOTE, "rank %d: %s%s", comm->rank, GW_FORWARDED, gw__root_cause(msg));
 }
 
+/* Whether a header holds what no call of this job makes: a code out of its
+ * range, a flag bit no call sets, or an operation number more than 2^20 from
+ * this rank's (a peer is at most an operation or a FIFO of broadcasts
+ * ahead); why[len] says which.  Damage TCP's checksum missed (a bit flip in
+ * a NIC or a switch's memory: about 1 in 2^16 of damaged segments passes),
+ * or a writer other than the peer: it was said as calls that differ. */
+bool gw__header_impossible(const struct gw_opdesc *theirs, uint64_t my_seq, char *why, size_t len) {
+  const uint64_t far = 1ull << 20;
+  if (theirs->coll < GW_COLL_ALLREDUCE || theirs->coll > GW_COLL_STATUS)
+    snprintf(why, len, "collective code %u", (unsigned)theirs->coll);
+  else if (theirs->dtype >= GW_NUM_DTYPES) snprintf(why, len, "data type code %u", (unsigned)theirs->dtype);
+  else if (theirs->op >= GW_NUM_OPS) snprintf(why, len, "reduction code %u", (unsigned)theirs->op);
+  else if (theirs->pad >> 6) /* (bits 0-5: GW_DESC_*, comm.h) */
+    snprintf(why, len, "flags 0x%02x, with bits no call sets", (unsigned)theirs->pad);
+  else if (theirs->seq == 0 || theirs->seq > my_seq + far || theirs->seq + far < my_seq)
+    snprintf(why, len, "operation #%llu, where this rank is at #%llu", (unsigned long long)theirs->seq,
+             (unsigned long long)my_seq);
+  else
+    return false;
+  return true;
+}
+
 static gw_result_t check_header(struct prims *p, struct gw_conn *c, const struct gw_chunk_hdr *h, const void *data,
                                 size_t bytes) {
   struct gw_opdesc theirs = h->op;
   if (theirs.coll == GW_COLL_ABORT) return notice_error(p->comm, h, data, p->err);
+  char bad[96];
+  if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0 &&
+      gw__header_impossible(&theirs, p->op->desc.seq, bad, sizeof bad)) {
+    char me[GW_OPDESC_TEXT];
+    gw__describe_op(&p->op->desc, me, sizeof me);
+    return gw__err(p->err, GW_ERR_REMOTE,
+                   "rank %d: in operation %s, a chunk from rank %d (%s) holds a header no call makes (%s): its bytes "
+                   "were damaged on the way (the network, a NIC or memory; TCP's checksum misses some damage), or "
+                   "something other than rank %d wrote to the connection", p->comm->rank, me, c->peer, c->desc, bad,
+                   c->peer);
+  }
   if (memcmp(&theirs, &p->op->desc, sizeof theirs) != 0) {
     char me[GW_OPDESC_TEXT], them[GW_OPDESC_TEXT];
     gw__describe_op(&p->op->desc, me, sizeof me);

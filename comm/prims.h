@@ -130,6 +130,9 @@ static inline size_t gw__chunk_bytes(const struct gw_comm *c, const struct gw_op
  * average divided first][ on device memory][ by algo/proto]", for messages;
  * GW_OPDESC_TEXT holds the longest. */
 #define GW_OPDESC_TEXT 256
+/* Whether a received header holds what no call of this job makes (prims.c,
+ * check_header), why[len] saying which field. */
+bool gw__header_impossible(const struct gw_opdesc *theirs, uint64_t my_seq, char *why, size_t len);
 void gw__describe_op(const struct gw_opdesc *d, char *buf, size_t len);
 
 /* What a rank puts before the message of an abort notice it received. */

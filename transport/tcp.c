@@ -110,6 +110,7 @@ struct tcp_conn {
   gw_result_t failed;
   char failmsg[GW_ERRMSG_MAX];
   int test_corrupt; /* GW_TCP_TEST_CORRUPT: corrupt the Nth frame sent (tests) */
+  int test_corrupt_seq; /* GW_TCP_TEST_CORRUPT_SEQ: flip bit 38 of the Nth frame's operation number (tests) */
   int test_skip;    /* GW_TCP_TEST_SKIP: leave out the Nth part sent on a stream other than 0 (tests) */
   uint32_t frames_sent, others_sent;
   /* Stream 0's way back, receiver to sender: records of 8 bytes (magic,
@@ -158,6 +159,7 @@ static struct tcp_conn *conn_new(const struct gw_conn_params *p) {
   t->listen_fd = -1;
   for (int i = 0; i < TCP_MAX_STREAMS; i++) t->ss[i].fd = t->rs[i].fd = -1;
   t->test_corrupt = (int)gw__env_int("GW_TCP_TEST_CORRUPT", 0);
+  t->test_corrupt_seq = (int)gw__env_int("GW_TCP_TEST_CORRUPT_SEQ", 0);
   t->test_skip = (int)gw__env_int("GW_TCP_TEST_SKIP", 0);
   return t;
 }
@@ -399,7 +401,11 @@ static gw_result_t pump_send(struct gw_conn *c, struct tcp_conn *t) {
         }
         st->cur = (struct tcp_frame){.magic = TCP_FRAME_MAGIC, .stream = s, .pos = st->next_pos, .hdr = *h};
         gw__part_of(h->bytes, nparts, s, &st->cur.off, &st->cur.len);
-        if (t->test_corrupt && ++t->frames_sent == (uint32_t)t->test_corrupt) st->cur.len = 0xfffffff0u;
+        if (t->test_corrupt | t->test_corrupt_seq) { /* (tests) */
+          ++t->frames_sent;
+          if (t->frames_sent == (uint32_t)t->test_corrupt) st->cur.len = 0xfffffff0u;
+          if (t->frames_sent == (uint32_t)t->test_corrupt_seq) st->cur.hdr.op.seq ^= 1ull << 38;
+        }
         st->busy = true;
         st->done = 0;
       }
