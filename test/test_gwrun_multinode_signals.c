@@ -1,8 +1,9 @@
 /*
  * test_gwrun_multinode_signals: the multi-node suite's signal cases
  * (test_gwrun_multinode.c has the rest and the helpers): a stop signal from
- * either end of the control channel, SIGUSR1 passed on to every node, and a
- * signal that reaches several nodes' gw-run reaching every rank once.
+ * either end of the control channel, SIGUSR1 passed on to every node, a
+ * signal that reaches several nodes' gw-run reaching every rank once, and a
+ * stopped launcher given up by its heartbeats' silence.
  */
 
 #include <check.h>
@@ -159,8 +160,51 @@ START_TEST(test_multinode_usr1_passed_on)
 }
 END_TEST
 
+/* A joined launcher stopped (SIGSTOP: its connections stay open and its
+ * kernel answers keepalive) is taken as lost once it has been silent for
+ * GW_RUN_HEARTBEAT_TIMEOUT (3 s here, on both nodes): node 0 waited for a
+ * stopped node's end for good, and a node for a stopped node 0.  _i 0: node
+ * 1 stopped, node 0 names it; 1: node 0 stopped, node 1 names it.  Once the
+ * stopped one goes on, it finds the connection closed and ends too, and no
+ * rank outlives the job. */
+START_TEST(test_multinode_silent_launcher_lost)
+{
+    const int stopped = _i == 0 ? 1 : 0, watcher = 1 - stopped;
+    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
+    struct run r[2];
+    setenv("GW_RUN_HEARTBEAT_TIMEOUT", "3", 1);
+    bool joined = start_joined_pair(r, dir, dir_env, sizeof dir_env, _i ? "GW_JOB_TOKEN=mn-silent0" : "GW_JOB_TOKEN=mn-silent1");
+    unsetenv("GW_RUN_HEARTBEAT_TIMEOUT");
+    if (joined)
+        kill(r[stopped].pid, SIGSTOP);
+    struct timespec t_stop;
+    clock_gettime(CLOCK_MONOTONIC, &t_stop);
+    gwrun_wait(&r[watcher], NODE_TIMEOUT_S);
+    double after = gwrun_seconds_since(&t_stop);
+    kill(r[stopped].pid, SIGCONT);
+    gwrun_wait(&r[stopped], NODE_TIMEOUT_S);
+    bool gone = ranks_gone(dir, 2);
+    remove_pid_files(dir, 2); /* before any assertion can skip it */
+    ck_assert_msg(joined, "node 1 never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code != 0, "node %d exited 0; stderr:\n%s", i, r[i].err);
+    ck_assert_msg(after >= 2.0 && after < 10.0, "node %d took %.1f s to give the stopped one up", watcher, after);
+    const char *want = stopped == 1 ? "(a joined node): nothing from it for 3 s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run "
+                                      "is stopped or hung, or its machine is"
+                                    : ": nothing from node 0 for 3 s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run is stopped "
+                                      "or hung, or its machine is";
+    ck_assert_msg(strstr(r[watcher].err, want), "node %d stderr lacks '%s':\n%s", watcher, want, r[watcher].err);
+    char lost[400];
+    snprintf(lost, sizeof lost, "gw-run: lost node %d (host %s)", stopped, hostname());
+    ck_assert_msg(strstr(r[watcher].err, lost), "node %d stderr lacks '%s':\n%s", watcher, lost, r[watcher].err);
+    ck_assert_msg(gone, "a rank outlived the job");
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
 void add_multinode_signal_tests(TCase *tc)
 {
+    tcase_add_loop_test(tc, test_multinode_silent_launcher_lost, 0, 2);
     tcase_add_loop_test(tc, test_multinode_signal_stops_job, 0, (int)(sizeof stop_cases / sizeof stop_cases[0]));
     tcase_add_test(tc, test_multinode_usr1_passed_on);
     tcase_add_loop_test(tc, test_multinode_signal_once_per_rank, 0, (int)(sizeof once_cases / sizeof once_cases[0]));

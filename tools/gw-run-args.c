@@ -108,7 +108,9 @@ const char gw__run_usage_text[] =
     "                     (its CPU affinity) / N (at least 1)\n"
     "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n"
     "  GW_RUN_JOIN_TIMEOUT seconds for every node's gw-run to join node 0's\n"
-    "                     (default 120); a node still missing then fails the job\n";
+    "                     (default 120); a node still missing then fails the job\n"
+    "  GW_RUN_HEARTBEAT_TIMEOUT seconds a joined node's gw-run may be silent (stopped,\n"
+    "                     hung) before the job fails naming it (default 60; 0: never)\n";
 
 /* The values gw__run_pet_argv made flags of, and their variables: a usage
  * error about one names the variable, not only a flag the user never typed. */

@@ -528,9 +528,9 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   CHALLENGE 0 -> node uT    magic "GWL7", node 0's nonce (16 bytes): the
+ *   CHALLENGE 0 -> node uT    magic "GWL8", node 0's nonce (16 bytes): the
  *                              first frame on a connection node 0 accepted
- *   HELLO   node -> 0  uuuuuuTs magic "GWL7", node (0xffffffff: none given,
+ *   HELLO   node -> 0  uuuuuuTs magic "GWL8", node (0xffffffff: none given,
  *                              number it by arrival), nnodes, nproc, max
  *                              restarts, its kill grace in milliseconds
  *                              (GW_RUN_KILL_GRACE), the node's nonce (16
@@ -564,6 +564,9 @@ void gw__run_abandon_output(void)
  *                              of the wall clock, message: the earliest failure
  *                              of its own a failed rank there recorded, sent
  *                              once its ranks are gone (gw-run-cause.c)
+ *   BEAT    both ways  (none)  every GW_RUN_BEAT_MS on a joined connection:
+ *                              the launcher at the other end still runs (a
+ *                              stopped one's kernel still answers keepalive)
  * A frame that breaks these rules closes its connection with a log line.
  */
 
@@ -571,7 +574,7 @@ static const char *const layout[] = {
     [F_HELLO] = "uuuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubusb",
     [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
     [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
-    [F_CAUSE] = "uuuuus", [F_WAIT] = "u",
+    [F_CAUSE] = "uuuuus", [F_WAIT] = "u", [F_BEAT] = "",
 };
 
 static void put_u32(unsigned char *p, uint32_t v)
@@ -619,7 +622,7 @@ static bool unpack(const unsigned char *p, size_t n, struct msg *m)
     size_t pos = 1, nv = 0;
     m->type = p[0];
     m->s[0] = '\0';
-    if (m->type < F_HELLO || m->type > F_WAIT)
+    if (m->type < F_HELLO || m->type > F_BEAT)
         return false;
     if (m->type == F_HELLO && n >= 5 && get_u32(p + 1) != GW_RUN_HELLO_MAGIC) {
         memset(m->v, 0, sizeof m->v); /* another version's layout: its magic alone, refused by name */
@@ -765,6 +768,7 @@ int gw__run_conn_read(struct conn *c, bool (*handle)(struct conn *, const struct
             return R_OPEN;
         if (n <= 0)
             return R_GONE; /* the end or an error: either way the peer is gone */
+        c->heard_ms = gw__run_now_ms();
         c->inlen += (size_t)n;
         size_t off = 0;
         while (c->inlen - off >= 4) {

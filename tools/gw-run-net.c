@@ -210,6 +210,8 @@ static bool frame0(struct conn *c, const struct msg *m)
     if (c->node < 0)
         return m->type == F_HELLO ? gw__run_net_hello0(c, m) : gw__run_net_bad("expected a hello");
     int n = c->node;
+    if (m->type == F_BEAT)
+        return true; /* (heard_ms is set by the read) */
     if (m->type == F_READY) {
         if (m->v[0] != (uint32_t)n || net.cfg.max_restarts == 0)
             return gw__run_net_bad("unexpected frame from a joined node");
@@ -494,6 +496,8 @@ static bool frame_up(struct conn *c, const struct msg *m)
     if (!sane(m))
         return gw__run_net_bad("field out of range");
     if (net.welcomed) {
+        if (m->type == F_BEAT)
+            return true;
         if (m->type == F_RESTART && net.cfg.max_restarts > 0) {
             net.verdict_known = true;
             net.restart_to = (long)m->v[0];
@@ -651,6 +655,52 @@ static void lower(int64_t *deadline, int64_t t)
         *deadline = t;
 }
 
+/* ---- heartbeats ----
+ * A launcher stopped (SIGSTOP, a debugger) or hung keeps its connections
+ * open and its kernel answers keepalive, so nothing but its silence tells:
+ * node 0 whose ranks were done waited for such a node's DONE for good, and
+ * the other nodes for a stopped node 0's verdict.  Every joined connection
+ * carries a BEAT each GW_RUN_BEAT_MS both ways, and a side that hears
+ * nothing for GW_RUN_HEARTBEAT_TIMEOUT ends it as lost. */
+
+/* A connection of a joined node: node 0's to a node, a node's to node 0 once welcomed. */
+static bool beating(const struct conn *c)
+{
+    if (c->fd < 0 || c->connecting)
+        return false;
+    return net.cfg.node == 0 ? c->node > 0 : c == net.up && net.welcomed && !net.given_up;
+}
+
+static int64_t silence_ms(void)
+{
+    return (int64_t)(net.cfg.silence_s * 1000.0);
+}
+
+/* Whose silence ends it: a node that has not said how it ended (node 0's
+ * view), or node 0 while this node's DONE is not out. */
+static bool watched(const struct conn *c)
+{
+    if (silence_ms() <= 0 || !beating(c) || !c->heard_ms)
+        return false;
+    return net.cfg.node == 0 ? net.state[c->node] == N_JOINED : !net.final_sent;
+}
+
+static void beat(int64_t now)
+{
+    for (int i = 0; i < net.nconns; i++) {
+        struct conn *c = net.conns[i];
+        if (!beating(c) || now < c->beat_ms)
+            continue;
+        struct msg m = {.type = F_BEAT};
+        struct frame f;
+        gw__run_pack(&f, &m);
+        gw__run_conn_send(c, &f);
+        /* (at least 4 in a silence that counts: a short GW_RUN_HEARTBEAT_TIMEOUT set on every node) */
+        const int64_t every = silence_ms() > 0 && silence_ms() / 4 < GW_RUN_BEAT_MS ? silence_ms() / 4 : GW_RUN_BEAT_MS;
+        c->beat_ms = now + (every < 100 ? 100 : every);
+    }
+}
+
 /* Adds our descriptors to pfds from nfds on and lowers *deadline_ms to our
  * next timer; returns the new count. */
 int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
@@ -683,6 +733,11 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
         struct conn *c = net.conns[i];
         if (c->fd < 0)
             continue;
+        if (beating(c)) {
+            lower(deadline_ms, c->beat_ms);
+            if (watched(c))
+                lower(deadline_ms, c->heard_ms + silence_ms());
+        }
         net.pmap[k++] = c;
         pfds[nfds++] = (struct pollfd){
             .fd = c->fd, .events = c->connecting ? POLLOUT : c->outlen ? POLLIN | POLLOUT : POLLIN};
@@ -735,11 +790,17 @@ void gw__run_net_tick(void)
     if (!net.on)
         return;
     int64_t now = gw__run_now_ms();
+    beat(now);
     if (net.cfg.node == 0) {
         for (int i = 0; i < net.nconns; i++) {
             struct conn *c = net.conns[i];
             if (c->broken) {
                 conn0_ended(c, "it does not read what node 0 sends");
+            } else if (watched(c) && now - c->heard_ms >= silence_ms()) {
+                char what[200];
+                snprintf(what, sizeof what, "nothing from it for %.0f s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run is "
+                         "stopped or hung, or its machine is", net.cfg.silence_s);
+                conn0_ended(c, what);
             } else if (c->node < 0 && now >= c->deadline_ms) {
                 gw__run_say(
                         "gw-run: closing the launcher connection from %s: no hello within %d s\n",
@@ -758,6 +819,12 @@ void gw__run_net_tick(void)
     struct conn *c = net.up;
     if (c->fd >= 0 && c->broken)
         up_ended("node 0 does not read what this node sends");
+    else if (c->fd >= 0 && watched(c) && now - c->heard_ms >= silence_ms()) {
+        char what[200];
+        snprintf(what, sizeof what, "nothing from node 0 for %.0f s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run is "
+                 "stopped or hung, or its machine is", net.cfg.silence_s);
+        up_ended(what);
+    }
     if (net.welcomed || net.given_up)
         return;
     /* Silent until the deadline, a node whose node 0 had gone (a wrong

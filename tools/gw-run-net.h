@@ -22,6 +22,7 @@ enum {
     FLUSH_MS = 2000,  /* sending the last frames before exiting */
     JOIN_NOTE_MS = 10000, /* a node not yet welcomed says it is still trying, first after this */
     JOIN_NOTE_EVERY_MS = 30000,
+    GW_RUN_BEAT_MS = 2000, /* a BEAT on every joined connection this often, both ways */
 };
 
 /* What node 0 knows of each other node. ENDED: it failed, stopped or left.

@@ -70,6 +70,8 @@ enum {
 
 #define DEFAULT_KILL_GRACE_S 5.0
 #define DEFAULT_JOIN_TIMEOUT_S 120.0
+/* A joined launcher silent this long (no BEAT: stopped or hung) is lost. */
+#define DEFAULT_HEARTBEAT_TIMEOUT_S 60.0
 
 struct job gw__run = {.kill_grace_s = DEFAULT_KILL_GRACE_S};
 
@@ -741,6 +743,7 @@ int main(int argc, char **argv)
         .lport = (int)(lport ? lport : port + 1),
         .token = token,
         .join_timeout_s = join_timeout_s,
+        .silence_s = gw__run_env_seconds("GW_RUN_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S, true),
         .max_restarts = (int)max_restarts,
         .not_host = is_host == 0,
     };

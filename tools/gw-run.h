@@ -88,15 +88,16 @@ enum {
  * sent; '4': the welcome gives the node its number, nodes numbered by
  * arrival; '5': CAUSE frames and the FAIL frame's record kind, where a
  * failure began; '6': the hello's kill grace; '7': node 0 answers a READY
- * with the longest kill grace, WAIT).  Another version is refused by name. */
-#define GW_RUN_HELLO_MAGIC 0x47574c37u
+ * with the longest kill grace, WAIT; '8': BEAT, heartbeats both ways).
+ * Another version is refused by name. */
+#define GW_RUN_HELLO_MAGIC 0x47574c38u
 /* net_config.node of a node started without --node-rank, and the number its
  * hello gives then. */
 enum { GW_RUN_NODE_AUTO = -1 };
 #define GW_RUN_NODE_ANY 0xffffffffu
 enum {
     F_HELLO = 1, F_WELCOME, F_REFUSE, F_FAIL, F_LOST, F_ABORT, F_STOP, F_DONE, F_READY, F_RESTART, F_PASS,
-    F_CHALLENGE, F_CAUSE, F_WAIT
+    F_CHALLENGE, F_CAUSE, F_WAIT, F_BEAT
 };
 /* The challenge's nonce and the proofs (HMAC-SHA256 under the job token). */
 enum { GW_RUN_NONCE = 16, GW_RUN_PROOF = 32 };
@@ -136,6 +137,8 @@ struct conn {
      * other end sent (node 0: from the hello; the others: the challenge). */
     unsigned char nonce[GW_RUN_NONCE], peer_nonce[GW_RUN_NONCE];
     bool challenged; /* the other nodes: the challenge came and the hello went */
+    int64_t heard_ms; /* when bytes last came from the other end (a BEAT at least every GW_RUN_BEAT_MS) */
+    int64_t beat_ms;  /* when this end sends its next BEAT on it */
 };
 
 /* What the control channel needs from the command line (gw-run.c). */
@@ -146,6 +149,7 @@ struct net_config {
     int lport;               /* the launcher port: master PORT + 1 or --launcher-port */
     const char *token;       /* GW_JOB_TOKEN */
     double join_timeout_s;   /* GW_RUN_JOIN_TIMEOUT */
+    double silence_s;        /* GW_RUN_HEARTBEAT_TIMEOUT: a joined launcher silent this long is lost; 0: never */
     int max_restarts;        /* --max-restarts: every node must give the same */
 };
 
