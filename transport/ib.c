@@ -163,6 +163,7 @@ static void check_socket_locked(struct ib_conn *t, bool now) {
       memmove(t->ab_buf, t->ab_buf + IB_WAIT_BYTES, t->ab_got);
     }
   } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    t->eof_errno = n < 0 ? errno : 0;
     t->eof = true;
   }
 }
@@ -175,6 +176,11 @@ static void check_socket(struct ib_conn *t, bool now) {
 
 static gw_result_t peer_gone(struct gw_conn *c, struct ib_conn *t, const char *waiting) {
   GW_CHECK(check_async(c, t, true)); /* an error event here is why the peer gave up */
+  const int e = t->eof_errno;
+  if (e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH || e == EHOSTDOWN) /* nobody closed it */
+    return fail(c, t, GW_ERR_REMOTE, "rank %d's machine stopped answering on the connection's liveness socket (%s: "
+                "it went away, or the IP network to it failed) while this rank waited for %s%s", c->peer, strerror(e),
+                waiting, link_note(t));
   return fail(c, t, GW_ERR_REMOTE, "rank %d closed the connection (it exited or died) while this rank waited for %s%s",
               c->peer, waiting, link_note(t));
 }
@@ -456,6 +462,17 @@ static bool ib_waiting(struct gw_conn *c, const struct gw_opdesc *mine, double w
   return false;
 }
 
+/* transport.h: the connection's liveness socket (over IP, beside the
+ * fabric) checked for a stall (sock.h): a machine that went away, or a
+ * network cut, leaves its bytes or keepalive probes unanswered. */
+static bool ib_net_stalled(const struct gw_conn *c, char *why, size_t len) {
+  const struct ib_conn *t = c->priv;
+  if (!t) return false;
+  struct gw_sock_stall st = {.fd = -1};
+  gw__sock_stall_add(t->fd, &st);
+  return gw__sock_stall_text(&st, c->peer_host, why, len);
+}
+
 static bool ib_send_abandoned(struct gw_conn *c, char *why, size_t len) {
   struct ib_conn *t = c->priv;
   if (!t || t->fd < 0) return false;
@@ -496,5 +513,6 @@ const struct gw_transport gw__ib_transport = {
     .recv_abandon = ib_recv_abandon,
     .send_abandoned = ib_send_abandoned,
     .waiting = ib_waiting,
+    .net_stalled = ib_net_stalled,
     .close = ib_close,
 };

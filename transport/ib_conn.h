@@ -122,6 +122,7 @@ struct ib_conn {
   int fd, listen_fd;
   bool ready; /* sender: the receiver's QPs are ready (its byte arrived); receiver: connected */
   bool eof;   /* the peer closed the liveness socket */
+  int eof_errno; /* or it failed with this error (keepalive's ETIMEDOUT: the machine or the network) */
   /* The peer closed, and this end's queue pair failed after it (a credit write
    * to the gone sender, the receives flushed): no error of this connection's
    * until something is still to come from it (a chunk: the peer's end then). */

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <linux/sockios.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 
@@ -400,6 +402,42 @@ enum gw_local_link gw__sock_local_down(int fd, char *why, size_t len) {
     link = GW_LOCAL_UP;
   freeifaddrs(ifs);
   return link;
+}
+
+/* A stall counts from 2 s without an answer: several retransmissions at any
+ * sane round trip, or two keepalive probes (gw__sock_tune probes each second). */
+#define STALL_MS 2000
+
+void gw__sock_stall_add(int fd, struct gw_sock_stall *st) {
+  struct tcp_info ti;
+  socklen_t sl = sizeof ti;
+  memset(&ti, 0, sizeof ti);
+  if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &sl) != 0 || (ti.tcpi_unacked == 0 && ti.tcpi_probes == 0) ||
+      ti.tcpi_last_ack_recv < STALL_MS)
+    return;
+  int out = 0, unsent = 0; /* bytes queued, and of them not sent yet */
+  if (ioctl(fd, SIOCOUTQ, &out) == 0 && ioctl(fd, SIOCOUTQNSD, &unsent) == 0 && out > unsent)
+    st->unacked += out - unsent;
+  st->retrans += ti.tcpi_total_retrans;
+  st->probes = GW_MAX(st->probes, (unsigned)ti.tcpi_probes);
+  if (st->fd < 0 || ti.tcpi_last_ack_recv > st->ms) st->ms = ti.tcpi_last_ack_recv, st->fd = fd;
+}
+
+bool gw__sock_stall_text(const struct gw_sock_stall *st, const char *host, char *why, size_t len) {
+  if (st->fd < 0) return false;
+  char here[300] = "";
+  const enum gw_local_link link = gw__sock_local_down(st->fd, here, sizeof here);
+  char what[320];
+  if (st->unacked > 0)
+    snprintf(what, sizeof what, "%lld bytes this rank sent to %s have gone unacknowledged for %.1f s (%u "
+             "retransmissions)", st->unacked, host, st->ms / 1000.0, st->retrans);
+  else
+    snprintf(what, sizeof what, "%s has answered nothing this rank sent for %.1f s (%u keepalive probes unanswered)",
+             host, st->ms / 1000.0, st->probes);
+  snprintf(why, len, "the network is not delivering: %s%s%s", what,
+           link != GW_LOCAL_UP ? ": " : " (a link, switch or firewall between the machines, or that machine is down)",
+           link != GW_LOCAL_UP ? here : "");
+  return true;
 }
 
 const char *gw__sock_listen_hint(int e) {

@@ -116,6 +116,19 @@ const char *gw__sock_listen_hint(int e);
  * interface is up, or when it cannot tell (no socket address, getifaddrs
  * failed). */
 enum gw_local_link { GW_LOCAL_UP, GW_LOCAL_DOWN, GW_LOCAL_NO_LINK };
+/* Bytes in flight or keepalive probes out on sockets, that the peer's kernel
+ * has not answered (a stopped or busy peer's kernel answers both). */
+struct gw_sock_stall {
+  unsigned ms, retrans, probes; /* the longest silence, and over the stalled sockets */
+  long long unacked;            /* bytes sent and not acknowledged */
+  int fd;                       /* the socket silent longest; -1: none */
+};
+/* Adds fd (ignored when < 0) to st when it stalled: nothing answered for 2 s. */
+void gw__sock_stall_add(int fd, struct gw_sock_stall *st);
+/* "the network is not delivering: ..." into why[len], naming host and this
+ * machine's interface where it is down; false (nothing written) when no
+ * socket stalled. */
+bool gw__sock_stall_text(const struct gw_sock_stall *st, const char *host, char *why, size_t len);
 enum gw_local_link gw__sock_local_down(int fd, char *why, size_t len);
 
 /* A connection's first failure, for the transport to report from its data-path

@@ -17,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -324,53 +322,19 @@ static gw_result_t io_fail(struct gw_conn *c, struct tcp_conn *t, const char *wh
   return fail(c, t, kind, "%s failed: %s%s", what, strerror(e), hint);
 }
 
-/* A stall counts from 2 s without an acknowledgement of bytes in flight:
- * several retransmissions at any sane round trip. */
-#define TCP_STALL_MS 2000
-
 /* transport.h: the streams' sockets (and stream 0's way back, the same
- * socket) with bytes in flight, or keepalive probes out (sock.c probes each
- * second of silence), that the peer's kernel has not answered for
- * TCP_STALL_MS (a stopped peer's kernel answers both); the longest such wait
- * named, and this machine's own interface where it is down.  A timeout of a
+ * socket) checked for a stall (sock.h, gw__sock_stall_add).  A timeout of a
  * stuck network was said as a peer that "has not started" the operation, or
  * as calls that differ. */
 static bool tcp_net_stalled(const struct gw_conn *c, char *why, size_t len) {
   const struct tcp_conn *t = c->priv;
   if (!t) return false;
-  unsigned worst_ms = 0, retrans = 0, probes = 0;
-  int worst_fd = -1;
-  long long unacked = 0;
-  for (uint32_t s = 0; s < t->nstreams; s++)
-    for (int end = 0; end < 2; end++) {
-      const int fd = end ? t->rs[s].fd : t->ss[s].fd;
-      struct tcp_info ti;
-      socklen_t sl = sizeof ti;
-      memset(&ti, 0, sizeof ti);
-      if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &sl) != 0 ||
-          (ti.tcpi_unacked == 0 && ti.tcpi_probes == 0) || ti.tcpi_last_ack_recv < TCP_STALL_MS)
-        continue;
-      probes = GW_MAX(probes, (unsigned)ti.tcpi_probes);
-      int out = 0, unsent = 0; /* bytes queued, and of them not sent yet */
-      if (ioctl(fd, SIOCOUTQ, &out) == 0 && ioctl(fd, SIOCOUTQNSD, &unsent) == 0 && out > unsent)
-        unacked += out - unsent;
-      retrans += ti.tcpi_total_retrans;
-      if (ti.tcpi_last_ack_recv > worst_ms) worst_ms = ti.tcpi_last_ack_recv, worst_fd = fd;
-    }
-  if (worst_fd < 0) return false;
-  char here[300] = "";
-  const enum gw_local_link link = gw__sock_local_down(worst_fd, here, sizeof here);
-  char what[320];
-  if (unacked > 0)
-    snprintf(what, sizeof what, "%lld bytes this rank sent to %s have gone unacknowledged for %.1f s (%u "
-             "retransmissions)", unacked, c->peer_host, worst_ms / 1000.0, retrans);
-  else
-    snprintf(what, sizeof what, "%s has answered nothing this rank sent for %.1f s (%u keepalive probes unanswered)",
-             c->peer_host, worst_ms / 1000.0, probes);
-  snprintf(why, len, "the network is not delivering: %s%s%s", what,
-           link != GW_LOCAL_UP ? ": " : " (a link, switch or firewall between the machines, or that machine is down)",
-           link != GW_LOCAL_UP ? here : "");
-  return true;
+  struct gw_sock_stall st = {.fd = -1};
+  for (uint32_t s = 0; s < t->nstreams; s++) {
+    gw__sock_stall_add(t->ss[s].fd, &st);
+    gw__sock_stall_add(t->rs[s].fd, &st);
+  }
+  return gw__sock_stall_text(&st, c->peer_host, why, len);
 }
 
 static uint64_t min_stream_pos(const struct tcp_conn *t) {

@@ -242,7 +242,8 @@ struct gw_transport {
   /* Optional (NULL: cannot tell): whether the network has stopped delivering
    * between this end and the peer's machine, for a wait that timed out: the
    * connection's bytes sent and unacknowledged for seconds (a stopped or busy
-   * peer's kernel still acknowledges).  why[len]: what it saw.  tcp only. */
+   * peer's kernel still acknowledges).  why[len]: what it saw.  tcp: the
+   * streams' sockets; ib: its liveness socket. */
   bool (*net_stalled)(const struct gw_conn *c, char *why, size_t len);
 
   /* Frees everything; accepts a connection that was never set up. */
