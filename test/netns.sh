@@ -171,9 +171,7 @@ fi
 # keepalive probes unanswered, on both sides (it was said as a peer that "has
 # not started" the operation, or as a line of waits suggesting calls that
 # differ), and the job ends.  Over the verbs emulator the fabric is not cut
-# (it is this machine's memory), only the liveness sockets: their keepalive
-# ends them after 16 s, said as the machine no longer answering (it was said
-# as a rank that "closed the connection (it exited or died)").  Last: the
+# (it is this machine's memory), only the liveness sockets.  Last: the
 # bridge is mended after each.
 net_cut_job() { # NAME PATTERN [ENV=VALUE...]
   local name=$1 pattern=$2 pids=() k i code bad=0
@@ -201,8 +199,14 @@ net_cut_job() { # NAME PATTERN [ENV=VALUE...]
   else failures=$((failures + 1)); fi
 }
 net_cut_job netcut "the network is not delivering: ([0-9]+ bytes this rank sent to node[0-9]|node[0-9] has answered nothing)"
-# (the ib one waits out keepalive's 16 s: on 2 nodes only)
-[ -e "$build/test/test_ib" ] && [ "$nnodes" -eq 2 ] &&
-  net_cut_job netcut-ib "machine stopped answering on the connection's liveness socket" GW_IB_EMULATE=1
+# Keepalive's end (16 s) before GW_TIMEOUT's, over tcp and then over the
+# emulator (on 2 nodes only: each waits it out): said as the machine no longer
+# answering (it was "did rank 1 exit", and over ib "closed the connection (it
+# exited or died)": nobody closed anything).
+if [ "$nnodes" -eq 2 ]; then
+  net_cut_job netcut-keepalive "rank [0-9]+'s machine stopped answering: it went away" GW_TIMEOUT=60
+  [ -e "$build/test/test_ib" ] &&
+    net_cut_job netcut-ib "machine stopped answering on the connection's liveness socket" GW_IB_EMULATE=1
+fi
 echo "netns: $failures failed"
 [ $failures -eq 0 ]

@@ -317,6 +317,11 @@ static gw_result_t io_fail(struct gw_conn *c, struct tcp_conn *t, const char *wh
   if (link == GW_LOCAL_DOWN) return fail(c, t, GW_ERR_SYSTEM, "%s failed: %s (%s)", what, strerror(e), here);
   if (link == GW_LOCAL_NO_LINK)
     return fail(c, t, kind, "%s failed: %s (did rank %d's machine go away? %s)", what, strerror(e), c->peer, here);
+  if (kind == GW_ERR_REMOTE && (e == ETIMEDOUT || e == EHOSTUNREACH || e == EHOSTDOWN))
+    /* nobody closed it: keepalive's bound ran out, or the route did (a lossy
+     * link that still delivered some was said as "did rank 2 exit") */
+    return fail(c, t, kind, "%s failed: %s (rank %d's machine stopped answering: it went away, or the network to it "
+                "failed)", what, strerror(e), c->peer);
   if (kind == GW_ERR_REMOTE)
     return fail(c, t, kind, "%s failed: %s (did rank %d exit, or its machine go away?)", what, strerror(e), c->peer);
   return fail(c, t, kind, "%s failed: %s%s", what, strerror(e), hint);
