@@ -616,6 +616,9 @@ static gw_result_t drain(struct prims *p, struct gw_conn *c) {
     if (p->comm->aborted) return aborted_error(p);
     GW_CHECK(abandoned_error(p, c));
     GW_CHECK(stopped_peer_error(p, c, "its socket to drain towards", gw__now() - w.start));
+    char me[GW_OPDESC_TEXT]; /* (bytes stuck in flight towards a machine cut off: a broadcast root's last step) */
+    gw__describe_op(&p->op->desc, me, sizeof me);
+    GW_CHECK(net_timeout_error(p, c, gw__now() - w.start, "its socket to drain towards", me));
     return timeout_error(p, "its socket to drain towards", c->peer, limit);
   }
 }

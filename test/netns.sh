@@ -203,8 +203,20 @@ net_cut_job netcut "the network is not delivering: ([0-9]+ bytes this rank sent 
 # emulator (on 2 nodes only: each waits it out): said as the machine no longer
 # answering (it was "did rank 1 exit", and over ib "closed the connection (it
 # exited or died)": nobody closed anything).
+# The launchers, their heartbeats' timeout short (2 s), see each other fall
+# silent with the machine not answering either: the network's, said once and
+# left to keepalive, not a launcher taken for stopped or hung.
 if [ "$nnodes" -eq 2 ]; then
-  net_cut_job netcut-keepalive "rank [0-9]+'s machine stopped answering: it went away" GW_TIMEOUT=60
+  net_cut_job netcut-keepalive "rank [0-9]+'s machine stopped answering: it went away" GW_TIMEOUT=60 \
+    GW_RUN_HEARTBEAT_TIMEOUT=2
+  if ! grep -q "the network between them is down; waiting on it" "$work"/netcut-keepalive.*.log ||
+    grep -q "stopped or hung" "$work"/netcut-keepalive.*.log; then
+    echo "netns: netcut-keepalive: the launchers took the cut for a stopped one, or said nothing of it:"
+    grep -h "gw-run:" "$work"/netcut-keepalive.*.log | head -8
+    failures=$((failures + 1))
+  else
+    echo "netns: netcut-keepalive: the launchers' silence over a cut is the network's: ok"
+  fi
   [ -e "$build/test/test_ib" ] &&
     net_cut_job netcut-ib "machine stopped answering on the connection's liveness socket" GW_IB_EMULATE=1
 fi

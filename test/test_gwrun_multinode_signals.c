@@ -162,7 +162,8 @@ END_TEST
 
 /* A joined launcher stopped (SIGSTOP: its connections stay open and its
  * kernel answers keepalive) is taken as lost once it has been silent for
- * GW_RUN_HEARTBEAT_TIMEOUT (3 s here, on both nodes): node 0 waited for a
+ * GW_RUN_HEARTBEAT_TIMEOUT (3 s here, on both nodes) while its machine
+ * acknowledges the heartbeats sent to it: node 0 waited for a
  * stopped node's end for good, and a node for a stopped node 0.  _i 0: node
  * 1 stopped, node 0 names it; 1: node 0 stopped, node 1 names it.  Once the
  * stopped one goes on, it finds the connection closed and ends too, and no
@@ -189,11 +190,15 @@ START_TEST(test_multinode_silent_launcher_lost)
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code != 0, "node %d exited 0; stderr:\n%s", i, r[i].err);
     ck_assert_msg(after >= 2.0 && after < 10.0, "node %d took %.1f s to give the stopped one up", watcher, after);
-    const char *want = stopped == 1 ? "(a joined node): nothing from it for 3 s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run "
-                                      "is stopped or hung, or its machine is"
-                                    : ": nothing from node 0 for 3 s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run is stopped "
-                                      "or hung, or its machine is";
+    const char *want = stopped == 1 ? "(a joined node): nothing from it for 3 s (GW_RUN_HEARTBEAT_TIMEOUT) while its "
+                                      "machine answers: its gw-run is stopped or hung"
+                                    : ": nothing from node 0 for 3 s (GW_RUN_HEARTBEAT_TIMEOUT) while its machine "
+                                      "answers: its gw-run is stopped or hung";
     ck_assert_msg(strstr(r[watcher].err, want), "node %d stderr lacks '%s':\n%s", watcher, want, r[watcher].err);
+    /* and the stopped one, going on, reads why (not a bare end: "lost node 0") */
+    char told[200];
+    snprintf(told, sizeof told, "gw-run: node %d gave node %d up: nothing from its gw-run for 3 s", watcher, stopped);
+    ck_assert_msg(strstr(r[stopped].err, told), "node %d stderr lacks '%s':\n%s", stopped, told, r[stopped].err);
     char lost[400];
     snprintf(lost, sizeof lost, "gw-run: lost node %d (host %s)", stopped, hostname());
     ck_assert_msg(strstr(r[watcher].err, lost), "node %d stderr lacks '%s':\n%s", watcher, lost, r[watcher].err);

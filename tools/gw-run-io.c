@@ -769,6 +769,7 @@ int gw__run_conn_read(struct conn *c, bool (*handle)(struct conn *, const struct
         if (n <= 0)
             return R_GONE; /* the end or an error: either way the peer is gone */
         c->heard_ms = gw__run_now_ms();
+        c->silence_said = false;
         c->inlen += (size_t)n;
         size_t off = 0;
         while (c->inlen - off >= 4) {

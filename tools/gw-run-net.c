@@ -27,6 +27,8 @@
 #include <errno.h>
 #include <math.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -656,12 +658,15 @@ static void lower(int64_t *deadline, int64_t t)
 }
 
 /* ---- heartbeats ----
- * A launcher stopped (SIGSTOP, a debugger) or hung keeps its connections
- * open and its kernel answers keepalive, so nothing but its silence tells:
- * node 0 whose ranks were done waited for such a node's DONE for good, and
- * the other nodes for a stopped node 0's verdict.  Every joined connection
- * carries a BEAT each GW_RUN_BEAT_MS both ways, and a side that hears
- * nothing for GW_RUN_HEARTBEAT_TIMEOUT ends it as lost. */
+ * A launcher stopped (SIGSTOP, Ctrl-Z, a debugger) or hung keeps its
+ * connections open and its kernel answers keepalive, so nothing but its
+ * silence tells: node 0 whose ranks were done waited for such a node's DONE
+ * for good, and the other nodes for a stopped node 0.  Every joined
+ * connection carries a BEAT each GW_RUN_BEAT_MS both ways, and a side that
+ * hears nothing for GW_RUN_HEARTBEAT_TIMEOUT while the other machine's kernel
+ * still acknowledges what it is sent gives the launcher up as lost.  Where
+ * the kernel does not answer either, the network is down: that is
+ * keepalive's to end (GW_SOCKET_KEEPALIVE rides out outages it is set to). */
 
 /* A connection of a joined node: node 0's to a node, a node's to node 0 once welcomed. */
 static bool beating(const struct conn *c)
@@ -685,20 +690,68 @@ static bool watched(const struct conn *c)
     return net.cfg.node == 0 ? net.state[c->node] == N_JOINED : !net.final_sent;
 }
 
+/* Whether the other machine's kernel acknowledged what this end sent within
+ * the last half of the silence (BEATs are always in flight), so the silence
+ * is its gw-run's; true when it cannot be told. */
+static bool kernel_answers(const struct conn *c)
+{
+    struct tcp_info ti;
+    socklen_t sl = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &sl) != 0)
+        return true;
+    return (int64_t)ti.tcpi_last_ack_recv < silence_ms() / 2;
+}
+
+/* c silent past the timeout: a stopped or hung launcher is given up, told
+ * why first (once it goes on it reads that, not a bare end of the
+ * connection); where the network is down too, said once and left to
+ * keepalive.  True when c was given up. */
+static bool silence_ends(struct conn *c, int64_t now)
+{
+    if (!watched(c) || now - c->heard_ms < silence_ms())
+        return false;
+    const char *whose = net.cfg.node == 0 ? "it" : "node 0";
+    if (!kernel_answers(c)) {
+        if (!c->silence_said)
+            gw__run_say("gw-run: nothing from node %d for %.0f s, and its machine does not acknowledge what this node "
+                        "sends either: the network between them is down; waiting on it (GW_SOCKET_KEEPALIVE)\n",
+                        net.cfg.node == 0 ? c->node : 0, net.cfg.silence_s);
+        c->silence_said = true;
+        return false;
+    }
+    struct msg m = {.type = F_ABORT, .v = {1}};
+    snprintf(m.s, sizeof m.s, "gw-run: node %d gave node %d up: nothing from its gw-run for %.0f s "
+             "(GW_RUN_HEARTBEAT_TIMEOUT: stopped, or hung?)", net.cfg.node == 0 ? 0 : net.cfg.node,
+             net.cfg.node == 0 ? c->node : 0, net.cfg.silence_s);
+    struct frame f;
+    gw__run_pack(&f, &m);
+    gw__run_conn_send(c, &f);
+    gw__run_conn_flush(c);
+    char what[200];
+    snprintf(what, sizeof what, "nothing from %s for %.0f s (GW_RUN_HEARTBEAT_TIMEOUT) while its machine answers: "
+             "its gw-run is stopped or hung", whose, net.cfg.silence_s);
+    if (net.cfg.node == 0)
+        conn0_ended(c, what);
+    else
+        up_ended(what);
+    return true;
+}
+
+/* The BEATs, on every joined connection at once (one wake-up for all), but
+ * where bytes wait to go already (a peer that takes nothing: they piled up
+ * behind a stopped one until the connection counted as broken). */
 static void beat(int64_t now)
 {
-    for (int i = 0; i < net.nconns; i++) {
-        struct conn *c = net.conns[i];
-        if (!beating(c) || now < c->beat_ms)
-            continue;
-        struct msg m = {.type = F_BEAT};
-        struct frame f;
-        gw__run_pack(&f, &m);
-        gw__run_conn_send(c, &f);
-        /* (at least 4 in a silence that counts: a short GW_RUN_HEARTBEAT_TIMEOUT set on every node) */
-        const int64_t every = silence_ms() > 0 && silence_ms() / 4 < GW_RUN_BEAT_MS ? silence_ms() / 4 : GW_RUN_BEAT_MS;
-        c->beat_ms = now + (every < 100 ? 100 : every);
-    }
+    if (now < net.beat_ms)
+        return;
+    net.beat_ms = now + GW_RUN_BEAT_MS;
+    struct msg m = {.type = F_BEAT};
+    struct frame f;
+    gw__run_pack(&f, &m);
+    for (int i = 0; i < net.nconns; i++)
+        if (beating(net.conns[i]) && net.conns[i]->outlen == 0)
+            gw__run_conn_send(net.conns[i], &f);
 }
 
 /* Adds our descriptors to pfds from nfds on and lowers *deadline_ms to our
@@ -733,11 +786,8 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
         struct conn *c = net.conns[i];
         if (c->fd < 0)
             continue;
-        if (beating(c)) {
-            lower(deadline_ms, c->beat_ms);
-            if (watched(c))
-                lower(deadline_ms, c->heard_ms + silence_ms());
-        }
+        if (beating(c)) /* (and the silences are looked at then too) */
+            lower(deadline_ms, net.beat_ms);
         net.pmap[k++] = c;
         pfds[nfds++] = (struct pollfd){
             .fd = c->fd, .events = c->connecting ? POLLOUT : c->outlen ? POLLIN | POLLOUT : POLLIN};
@@ -796,11 +846,8 @@ void gw__run_net_tick(void)
             struct conn *c = net.conns[i];
             if (c->broken) {
                 conn0_ended(c, "it does not read what node 0 sends");
-            } else if (watched(c) && now - c->heard_ms >= silence_ms()) {
-                char what[200];
-                snprintf(what, sizeof what, "nothing from it for %.0f s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run is "
-                         "stopped or hung, or its machine is", net.cfg.silence_s);
-                conn0_ended(c, what);
+            } else if (silence_ends(c, now)) {
+                /* given up */
             } else if (c->node < 0 && now >= c->deadline_ms) {
                 gw__run_say(
                         "gw-run: closing the launcher connection from %s: no hello within %d s\n",
@@ -819,12 +866,8 @@ void gw__run_net_tick(void)
     struct conn *c = net.up;
     if (c->fd >= 0 && c->broken)
         up_ended("node 0 does not read what this node sends");
-    else if (c->fd >= 0 && watched(c) && now - c->heard_ms >= silence_ms()) {
-        char what[200];
-        snprintf(what, sizeof what, "nothing from node 0 for %.0f s (GW_RUN_HEARTBEAT_TIMEOUT): its gw-run is "
-                 "stopped or hung, or its machine is", net.cfg.silence_s);
-        up_ended(what);
-    }
+    else if (c->fd >= 0)
+        silence_ends(c, now);
     if (net.welcomed || net.given_up)
         return;
     /* Silent until the deadline, a node whose node 0 had gone (a wrong

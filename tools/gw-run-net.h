@@ -22,7 +22,7 @@ enum {
     FLUSH_MS = 2000,  /* sending the last frames before exiting */
     JOIN_NOTE_MS = 10000, /* a node not yet welcomed says it is still trying, first after this */
     JOIN_NOTE_EVERY_MS = 30000,
-    GW_RUN_BEAT_MS = 2000, /* a BEAT on every joined connection this often, both ways */
+    GW_RUN_BEAT_MS = 500, /* a BEAT on every joined connection this often, both ways */
 };
 
 /* What node 0 knows of each other node. ENDED: it failed, stopped or left.
@@ -73,6 +73,7 @@ struct run_net {
     long restart_to;           /* the attempt to start next; 0: none */
     int64_t verdict_deadline_ms; /* node 0: READYs due; the others: the verdict due */
     int64_t ready_ms;            /* the others: when this node sent its READY */
+    int64_t beat_ms;             /* when the next BEATs go, on every joined connection at once */
 };
 
 /* The one instance (gw-run-net.c), called `net` in both files. */

@@ -73,6 +73,18 @@ enum {
 /* A joined launcher silent this long (no BEAT: stopped or hung) is lost. */
 #define DEFAULT_HEARTBEAT_TIMEOUT_S 60.0
 
+/* GW_RUN_HEARTBEAT_TIMEOUT: 0 (never), or at least 2 s: four heartbeats (a
+ * shorter one gave launchers up between two of theirs). */
+static double heartbeat_timeout_s(void)
+{
+    const double s = gw__run_env_seconds("GW_RUN_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S, true);
+    if (s > 0 && s < 2.0) {
+        gw__run_say("gw-run: GW_RUN_HEARTBEAT_TIMEOUT=%g is less than 2 s (four heartbeats): using 2\n", s);
+        return 2.0;
+    }
+    return s;
+}
+
 struct job gw__run = {.kill_grace_s = DEFAULT_KILL_GRACE_S};
 
 /* The caller's open-file limit, restored in each child before exec so that
@@ -743,7 +755,7 @@ int main(int argc, char **argv)
         .lport = (int)(lport ? lport : port + 1),
         .token = token,
         .join_timeout_s = join_timeout_s,
-        .silence_s = gw__run_env_seconds("GW_RUN_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S, true),
+        .silence_s = heartbeat_timeout_s(),
         .max_restarts = (int)max_restarts,
         .not_host = is_host == 0,
     };

@@ -138,7 +138,7 @@ struct conn {
     unsigned char nonce[GW_RUN_NONCE], peer_nonce[GW_RUN_NONCE];
     bool challenged; /* the other nodes: the challenge came and the hello went */
     int64_t heard_ms; /* when bytes last came from the other end (a BEAT at least every GW_RUN_BEAT_MS) */
-    int64_t beat_ms;  /* when this end sends its next BEAT on it */
+    bool silence_said; /* silent, its machine not answering either: said once (the network's; keepalive ends it) */
 };
 
 /* What the control channel needs from the command line (gw-run.c). */

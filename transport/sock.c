@@ -323,13 +323,14 @@ void gw__sock_tune(int fd) {
   const int idle_set = keepalive_idle();
   if (idle_set > 0) {
     /* Probes every second from the first second of silence, as many as the
-     * setting's bound allows (idle + 3 x 2 s; within Linux's 127 probes): a
-     * vanished peer is noticed as late as before, and a wait that times out
-     * sees probes unanswered (tcp.c's net_stalled: "the network is not
-     * delivering"), where after 10 s of idle nothing had been probed yet. */
+     * setting's bound allows (idle + 3 x 2 s; past 127 s, Linux's most
+     * probes, further apart): a vanished peer is noticed as late as before,
+     * and a wait that times out sees probes unanswered (net_stalled: "the
+     * network is not delivering"), where after 10 s of idle nothing had been
+     * probed yet. */
     const int bound = idle_set + KEEPALIVE_INTVL * KEEPALIVE_CNT;
-    int idle = idle_set, intvl = KEEPALIVE_INTVL, cnt = KEEPALIVE_CNT;
-    if (bound - 1 <= 127) idle = 1, intvl = 1, cnt = bound - 1;
+    int intvl = (bound - 1 + 126) / 127, cnt = (bound - 1) / intvl; /* past 127 s: probes further apart */
+    int idle = bound - intvl * cnt;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
@@ -412,13 +413,17 @@ void gw__sock_stall_add(int fd, struct gw_sock_stall *st) {
   struct tcp_info ti;
   socklen_t sl = sizeof ti;
   memset(&ti, 0, sizeof ti);
-  if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &sl) != 0 || (ti.tcpi_unacked == 0 && ti.tcpi_probes == 0) ||
-      ti.tcpi_last_ack_recv < STALL_MS)
+  /* bytes in flight with a retransmission timeout since the last answer, or
+   * two probes (keepalive's, or a zero window's) unanswered: the moment
+   * right after a first send or probe following a long idle, when the last
+   * answer is old but nothing was due yet, does not count */
+  if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &sl) != 0 ||
+      !((ti.tcpi_unacked > 0 && ti.tcpi_retransmits > 0) || ti.tcpi_probes >= 2) || ti.tcpi_last_ack_recv < STALL_MS)
     return;
   int out = 0, unsent = 0; /* bytes queued, and of them not sent yet */
   if (ioctl(fd, SIOCOUTQ, &out) == 0 && ioctl(fd, SIOCOUTQNSD, &unsent) == 0 && out > unsent)
     st->unacked += out - unsent;
-  st->retrans += ti.tcpi_total_retrans;
+  st->retrans += ti.tcpi_retransmits; /* (since the last answer) */
   st->probes = GW_MAX(st->probes, (unsigned)ti.tcpi_probes);
   if (st->fd < 0 || ti.tcpi_last_ack_recv > st->ms) st->ms = ti.tcpi_last_ack_recv, st->fd = fd;
 }
@@ -432,8 +437,8 @@ bool gw__sock_stall_text(const struct gw_sock_stall *st, const char *host, char 
     snprintf(what, sizeof what, "%lld bytes this rank sent to %s have gone unacknowledged for %.1f s (%u "
              "retransmissions)", st->unacked, host, st->ms / 1000.0, st->retrans);
   else
-    snprintf(what, sizeof what, "%s has answered nothing this rank sent for %.1f s (%u keepalive probes unanswered)",
-             host, st->ms / 1000.0, st->probes);
+    snprintf(what, sizeof what, "%s has answered nothing this rank sent for %.1f s (%u probes unanswered)", host,
+             st->ms / 1000.0, st->probes);
   snprintf(why, len, "the network is not delivering: %s%s%s", what,
            link != GW_LOCAL_UP ? ": " : " (a link, switch or firewall between the machines, or that machine is down)",
            link != GW_LOCAL_UP ? here : "");
