@@ -429,6 +429,23 @@ static gw_result_t peer_fail(struct gw_bootstrap *bs, gw_result_t r, int peer, d
   const bool joined = bs->rank == 0 && bs->from && peer > 0 && peer < bs->nranks && bs->from[peer][0];
   if (joined) snprintf(from, sizeof from, "from %s", bs->from[peer]);
   const char *where = joined ? from : bs->master;
+  /* This rank's own side gone (its interface down, its address lost): its
+   * failure, said so (a master whose interface went down blamed a peer for
+   * not answering); the network to the peer stalled: said beside the wait. */
+  const int fd = bs->rank == 0 ? (peer > 0 && peer < bs->nranks ? bs->socks[peer] : -1) : bs->socks[0];
+  char here[300] = "", net[420] = "";
+  if (fd >= 0 && (r == GW_ERR_TIMEOUT || r == GW_ERR_REMOTE)) {
+    if (gw__sock_local_down(fd, here, sizeof here) == GW_LOCAL_DOWN)
+      return gw__err(err, GW_ERR_SYSTEM, "rank %d: the rendezvous at %s failed on this rank's side, waiting for rank "
+                     "%d: %s", bs->rank, bs->master, peer, here);
+    struct gw_sock_stall st = {.fd = -1};
+    gw__sock_stall_add(fd, &st);
+    char text[400];
+    if (gw__sock_stall_text(&st, where, text, sizeof text)) snprintf(net, sizeof net, "; %s", text);
+  }
+  if (r == GW_ERR_TIMEOUT && net[0])
+    return gw__err(err, GW_ERR_TIMEOUT, "rank %d: rank %d did not answer within %.0f s during the rendezvous at %s%s",
+                   bs->rank, peer, waited_s, bs->master, net);
   if (r == GW_ERR_TIMEOUT)
     return gw__err(err, GW_ERR_TIMEOUT,
                    "rank %d: rank %d%s%s%s did not answer within %.0f s during the rendezvous at %s%s", bs->rank, peer,

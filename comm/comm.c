@@ -629,6 +629,8 @@ gw_result_t gw_comm_init(gw_comm_t *out, int nranks, int rank, const char *maste
     /* A test hook: this rank late to the next exchange, after rank 0 ended
      * the rendezvous and closed (test_setting_refused_said_to_all). */
     const char *pause = getenv("GW_TEST_AFTER_TABLE_PAUSE_MS");
+    const char *cmd = getenv("GW_TEST_AFTER_TABLE_CMD"); /* (and a command first: test_rdzv_link_down_named) */
+    if (cmd && system(cmd) != 0) GW_WARN(GW_SUB_INIT, "rank %d: GW_TEST_AFTER_TABLE_CMD failed", rank);
     if (pause) usleep((useconds_t)(atoi(pause) * 1000));
     for (int r = 0; r < nranks; r++) {
       if (c->peers[r].rank != r) {
