@@ -303,13 +303,19 @@ static int in_link_local_netns(void *arg) {
   return run_ranks_raw(2, raw_link_local, NULL, 60);
 }
 
-START_TEST(test_ipv6_link_local) {
-  int r = run_in_child(in_link_local_netns, NULL);
+/* fn in a child of its own (it makes a network namespace): 77 there is
+ * "cannot here", said and not run. */
+static void in_netns_child(int (*fn)(void *), const char *test, const char *what) {
+  const int r = run_in_child(fn, NULL);
   if (r == 77) {
-    printf("test_ipv6_link_local: cannot make a network namespace with a veth pair here: not run\n");
+    printf("%s: cannot make %s here: not run\n", test, what);
     return;
   }
   ck_assert_int_eq(r, 0);
+}
+
+START_TEST(test_ipv6_link_local) {
+  in_netns_child(in_link_local_netns, "test_ipv6_link_local", "a network namespace with a veth pair");
 }
 END_TEST
 
@@ -340,12 +346,7 @@ static int local_link_states(void *arg) {
 }
 
 START_TEST(test_local_link_down_named) {
-  int r = run_in_child(local_link_states, NULL);
-  if (r == 77) {
-    printf("test_local_link_down_named: cannot make a network namespace here: not run\n");
-    return;
-  }
-  ck_assert_int_eq(r, 0);
+  in_netns_child(local_link_states, "test_local_link_down_named", "a network namespace");
 }
 END_TEST
 
@@ -375,12 +376,7 @@ static int rdzv_link_down(void *arg) {
 }
 
 START_TEST(test_rdzv_link_down_named) {
-  int r = run_in_child(rdzv_link_down, NULL);
-  if (r == 77) {
-    printf("test_rdzv_link_down_named: cannot make a network namespace here: not run\n");
-    return;
-  }
-  ck_assert_int_eq(r, 0);
+  in_netns_child(rdzv_link_down, "test_rdzv_link_down_named", "a network namespace");
 }
 END_TEST
 
