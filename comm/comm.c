@@ -124,7 +124,7 @@ static int transport_class(const struct gw_comm *c) {
   int worst = GW_TCLASS_SHM;
   for (int pos = 0; pos < c->nranks && c->nranks > 1; pos++) {
     const struct gw_peer_info *a = &c->peers[ring->order[pos]], *b = &c->peers[ring->order[(pos + 1) % c->nranks]];
-    const bool shm = !strcmp(a->node_id, b->node_id) && a->shm_id == b->shm_id && a->uid == b->uid;
+    const bool shm = gw__shm_transport.can_connect(a, b);
     const bool ib = (a->caps & GW_CAP_IB) && (b->caps & GW_CAP_IB);
     const int t = shm && want <= 1 ? GW_TCLASS_SHM : ib && (want == 0 || want == 2) ? GW_TCLASS_IB : GW_TCLASS_TCP;
     worst = GW_MAX(worst, t);
