@@ -103,7 +103,7 @@ const char gw__run_usage_text[] =
     "environment:\n"
     "  GW_JOB_TOKEN       shared secret of the job, at most 128 characters; generated\n"
     "                     if unset, but must be set (to the same value on every\n"
-    "                     node) with --nnodes > 1\n"
+    "                     node) with --nnodes > 1 unless --rdzv-id gives one\n"
     "  OMP_NUM_THREADS    passed through if set, else the cores gw-run may run on\n"
     "                     (its CPU affinity) / N (at least 1)\n"
     "  GW_RUN_KILL_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 5)\n"
