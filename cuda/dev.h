@@ -3,7 +3,7 @@
  *   - "cuda" (dev_cuda.c + kernels.cu): built when the CUDA toolkit exists, used
  *     when the process sees a GPU;
  *   - "emulated" (dev_emu.c): always built, chosen with GW_DEV_EMULATE=N (N
- *     devices, 1 if N is not a number).  Device memory is memfd-backed host
+ *     devices, 1..1024; anything else leaves no device, with the reason).  Device memory is memfd-backed host
  *     memory that other processes open by IPC handle, a stream is a thread that
  *     runs its work in order.  It keeps the same contract, so the stream-ordered
  *     collectives are tested on machines without a GPU, as the verbs emulator

@@ -31,12 +31,12 @@ int device_setup_retry(int rank, int n, const char *master, void *arg);
 void device_add_stream_cases(Suite *s);
 /* A case named `name` of one test, with a 300 s limit, in s. */
 void device_add_case(Suite *s, const char *name, const TTest *test);
-/* Adds test_device_bucket.c's "bucketer" case. */
+/* Adds test_device_bucket.c's cases: bucketer, bucketer_fault, bucketer_sides. */
 void device_add_bucketer_case(Suite *s);
 /* Adds test_device_settings.c's "settings" case. */
 void device_add_settings_case(Suite *s);
 /* Adds test_device_failures.c's cases: dead-peer, dead-midop, destroy,
- * peer-fails-first, teardown. */
+ * peer-fails-first, teardown, stopped-async. */
 void device_add_failure_cases(Suite *s);
 /* GW_TEST_NRANKS, or 2. */
 int nranks_env(void);
