@@ -157,6 +157,8 @@ void gw__run_net_apply(const struct msg *m, int from)
     }
     if (m->type != F_STOP)
         gw__run_cause_named(m->type == F_FAIL ? (int)m->v[0] : -1, m->type == F_FAIL ? (int)m->v[4] : 0);
+    if (m->type == F_FAIL && !again)
+        gw__run_say_done_before(-1); /* this node's ranks that ended early, if they are why */
     if (net.cfg.node == 0) {
         struct frame f;
         gw__run_pack(&f, m);

@@ -58,6 +58,33 @@ const char *gw__run_proc_stat_fields(pid_t pid, char *buf, size_t len)
     return close_paren && close_paren[1] == ' ' && close_paren[2] ? close_paren + 2 : NULL;
 }
 
+/* The ranks here that had exited with code 0 before the job's first
+ * failure, failed: a rank that ends early (a script's branch taken on one
+ * rank alone, a program that returns before its collectives) leaves its
+ * peers waiting for it, and their failure, a rendezvous or a wait that timed
+ * out naming it as missing, said nothing of its exit.  failed: the failed
+ * rank's global number (-1: none here). */
+void gw__run_say_done_before(int failed)
+{
+    const int64_t now = gw__run_now_ms();
+    int said = 0, more = 0;
+    for (int i = 0; i < gw__run.nranks; i++) {
+        const struct rank *d = &gw__run.ranks[i];
+        if (!d->done_ms || d->global == failed)
+            continue;
+        if (said == 4) {
+            more++;
+            continue;
+        }
+        gw__run_say("gw-run: rank %d had exited with code 0, %.1f s before: a rank that ends early "
+                    "leaves peers that wait for it to time out\n",
+                    d->global, (double)(now - d->done_ms) / 1e3);
+        said++;
+    }
+    if (more)
+        gw__run_say("gw-run: and %d more rank(s) here had exited with code 0 before\n", more);
+}
+
 static void rank_exited(struct rank *r, pid_t pid, int status)
 {
     if (r->exec_fd >= 0) { /* exec failed: the child wrote its errno there */
@@ -77,6 +104,8 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
     /* Its failure record, whoever ended it (the one at fault is often
      * stopped by the teardown, still cleaning up: gw-run-cause.c). */
     const int recorded = gw__run_cause_read(r->global, (long)pid, code != 0);
+    if (code == 0 && !r->stopped_by_us && !gw__run.have_failure && !gw__run.got_signal)
+        r->done_ms = gw__run_now_ms();
     if (code == 0 || r->stopped_by_us)
         return;
     /* After a signal: a rank it ended is its effect, not a failure to report
@@ -111,6 +140,8 @@ static void rank_exited(struct rank *r, pid_t pid, int status)
         gw__run.exit_code = code;
         gw__run.fail_weight = WIFSIGNALED(status) ? 2 : 1;
         gw__run_cause_named(r->global, recorded);
+        if (!after_signal)
+            gw__run_say_done_before(r->global);
         /* After a signal the ranks' deaths are its consequence, not news for
          * the other nodes, which got the signal itself as a STOP. */
         if (!after_signal) {

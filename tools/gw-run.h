@@ -35,6 +35,7 @@ struct rank {
     struct stream s[2]; /* [0] stdout, [1] stderr */
     int exec_fd;        /* the exec report's read end (close-on-exec in the child: it holds
                            an errno when exec failed, nothing when the program started); -1 none */
+    int64_t done_ms;    /* when it exited with code 0 of itself (gw__run_now_ms); 0: it has not */
 };
 
 /* The job as the three files see it; the one instance, gw__run, lives in
@@ -241,6 +242,9 @@ void gw__run_net_reset(void);
 
 /* gw-run-teardown.c: signals, failures, teardown, reaping. */
 int64_t gw__run_now_ms(void);
+/* Names the ranks here that exited with code 0 before the job's failure
+ * (at most 4, then a count), leaving out global rank failed (-1: none). */
+void gw__run_say_done_before(int failed);
 const char *gw__run_signal_name(int sig);
 bool gw__run_fail(int code);
 /* Another node's failure heard while stopping: whether it replaces the one
