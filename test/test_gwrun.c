@@ -97,6 +97,31 @@ START_TEST(test_early_exits_named_with_failure)
 }
 END_TEST
 
+/* gw-run stopped (SIGSTOP) in its teardown past the kill deadline, while
+ * the rank it waits for ends of the SIGTERM: once it goes on, that rank is
+ * collected, not said to be "still running" and sent SIGKILL (a helper's
+ * probe). */
+START_TEST(test_stopped_past_kill_deadline)
+{
+    struct run r;
+    const char *env[] = {"GW_RUN_KILL_GRACE=1", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c",
+                          "[ $GW_RANK = 1 ] && { sleep 0.3; exit 3; }; trap 'sleep 0.3; exit 0' TERM; "
+                          "sleep 30 & wait", NULL};
+    gwrun_start(&r, env, args);
+    const bool tearing = gwrun_stderr_has(&r, "stopping the 1 other running rank", 20);
+    if (tearing) {
+        kill(r.pid, SIGSTOP);
+        gwrun_sleep(2.5);
+        kill(r.pid, SIGCONT);
+    }
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(tearing, "no teardown; stderr:\n%s", r.err);
+    ck_assert_msg(r.code == 3 && !strstr(r.err, "still running after"), "exit %d, stderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 /* A rank that cannot be started (its fork refused) fails the job at once:
  * the ranks already started are stopped, and the reason is printed. */
 START_TEST(test_fork_failure)
@@ -862,6 +887,7 @@ static Suite *gwrun_suite(void)
     tcase_add_test(tc, test_all_ranks_succeed);
     tcase_add_test(tc, test_failing_rank_exit_code);
     tcase_add_test(tc, test_early_exits_named_with_failure);
+    tcase_add_test(tc, test_stopped_past_kill_deadline);
     tcase_add_test(tc, test_fork_failure);
     tcase_add_test(tc, test_stuck_stdout);
     tcase_add_test(tc, test_leftover_shm_removed);

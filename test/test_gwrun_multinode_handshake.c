@@ -116,12 +116,12 @@ int launcher_listen(int port)
     return lfd;
 }
 
-/* Node 0's side of the handshake on fd: its challenge (type 12, "GWL8", 16
+/* Node 0's side of the handshake on fd: its challenge (type 12, "GWL9", 16
  * bytes of nonce), then what the node sends back within 5 s, into buf.
  * True when a whole frame came and it is a hello (type 1). */
 static bool challenge_for_hello(int fd, unsigned char *buf, size_t cap, size_t *got)
 {
-    send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL8" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
+    send_raw(fd, 1 + 4 + 2 + 16, "\x0c" "GWL9" "\0\x10" "0123456789abcdef", 1 + 4 + 2 + 16);
     return read_some(fd, buf, cap, got, 5.0) && *got > 5 && buf[4] == 0x01;
 }
 

@@ -200,9 +200,54 @@ START_TEST(test_multinode_silent_launcher_lost)
     snprintf(told, sizeof told, "gw-run: node %d gave node %d up: nothing from its gw-run for 3 s", watcher, stopped);
     ck_assert_msg(strstr(r[stopped].err, told), "node %d stderr lacks '%s':\n%s", stopped, told, r[stopped].err);
     char lost[400];
-    snprintf(lost, sizeof lost, "gw-run: lost node %d (host %s)", stopped, hostname());
+    snprintf(lost, sizeof lost, "gw-run: lost node %d (host %s): its gw-run went silent while its machine answered",
+             stopped, hostname());
     ck_assert_msg(strstr(r[watcher].err, lost), "node %d stderr lacks '%s':\n%s", watcher, lost, r[watcher].err);
+    /* (it said "its launcher exited or the network failed" after that) */
+    ck_assert_msg(!strstr(r[watcher].err, "its launcher exited or the network failed"), "node %d stderr:\n%s", watcher,
+                  r[watcher].err);
     ck_assert_msg(gone, "a rank outlived the job");
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
+/* The whole job stopped for longer than GW_RUN_HEARTBEAT_TIMEOUT (2 s here)
+ * and continued together, as scontrol suspend / resume, a frozen cgroup or
+ * docker pause do: the job goes on and ends well.  Each gw-run gave the
+ * others up as it woke (their silence was its own stop), and the job
+ * failed: a helper's probe. */
+START_TEST(test_multinode_suspended_job_goes_on)
+{
+    char dir[] = "/tmp/test_gwrun_XXXXXX", dir_env[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(dir_env, sizeof dir_env, "GWT_DIR=%s", dir);
+    const char *env[] = {"GW_JOB_TOKEN=mn-suspended", dir_env, "GW_DEBUG=INFO", "GW_RUN_HEARTBEAT_TIMEOUT=2", NULL};
+    const char *script = "echo $$ > \"$GWT_DIR/pid.$GW_RANK\"; exec sleep 8";
+    int port = gwrun_free_port_pair();
+    struct run r[2];
+    node_start(&r[0], env, port, 2, 0, "1", script);
+    node_start(&r[1], env, port, 2, 1, "1", script);
+    const bool joined = gwrun_stderr_has(&r[1], "node 1 joined node 0", 10.0) && pid_files_written(dir, 2) == 2;
+    pid_t pids[4] = {r[0].pid, r[1].pid, 0, 0};
+    for (int i = 0; joined && i < 2; i++) {
+        char path[160];
+        snprintf(path, sizeof path, "%s/pid.%d", dir, i);
+        pids[2 + i] = gwrun_read_pid_file(path);
+    }
+    for (int i = 0; joined && i < 4; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGSTOP);
+    gwrun_sleep(4.5);
+    for (int i = 0; i < 4; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGCONT);
+    nodes_wait(r, 2);
+    remove_pid_files(dir, 2);
+    rmdir(dir);
+    ck_assert_msg(joined, "node 1 never joined; stderr:\n%s\n%s", r[0].err, r[1].err);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0 && !strstr(r[i].err, "nothing from") && !strstr(r[i].err, "gave node"),
+                      "node %d: exit %d, stderr:\n%s", i, r[i].code, r[i].err);
     gwrun_nodes_free(r, 2);
 }
 END_TEST
@@ -210,6 +255,7 @@ END_TEST
 void add_multinode_signal_tests(TCase *tc)
 {
     tcase_add_loop_test(tc, test_multinode_silent_launcher_lost, 0, 2);
+    tcase_add_test(tc, test_multinode_suspended_job_goes_on);
     tcase_add_loop_test(tc, test_multinode_signal_stops_job, 0, (int)(sizeof stop_cases / sizeof stop_cases[0]));
     tcase_add_test(tc, test_multinode_usr1_passed_on);
     tcase_add_loop_test(tc, test_multinode_signal_once_per_rank, 0, (int)(sizeof once_cases / sizeof once_cases[0]));

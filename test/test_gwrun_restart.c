@@ -338,6 +338,67 @@ START_TEST(test_nodes_restarts_used_up)
         ck_assert_msg(r[i].code == 4 && strstr(r[i].out, "attempt 1") && !strstr(r[i].out, "attempt 2"),
                       "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
     ck_assert_msg(strstr(r[0].err, "the job failed again; no restarts left (1 used)"), "node 0:\n%s", r[0].err);
+    /* node 1 says node 0's verdict (it said nothing of why it ended) */
+    ck_assert_msg(strstr(r[1].err, "gw-run: node 0 (host ") &&
+                      strstr(r[1].err, "): the job failed again; no restarts left (1 used)"),
+                  "node 1:\n%s", r[1].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
+/* Node 1's ranks end well at once; node 0's rank 0 fails 1.5 s later, on the
+ * first attempt only: node 1's gw-run stayed (restarts were left), so the job
+ * starts again on both nodes and succeeds.  Node 1 had left at once, and
+ * node 0, without it, did not restart ("a node was stopped, lost or cannot
+ * start again"), exiting 4, while the other way round (node 1's rank
+ * failing) restarted: a helper's probe. */
+START_TEST(test_nodes_done_node_restarts)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-done-first", NULL};
+    const char *script = "echo \"attempt $GW_RESTART_COUNT\"; [ $GW_RANK -ge 2 ] && exit 0; "
+                         "sleep 1.5; [ $GW_RANK = 0 ] && [ $GW_RESTART_COUNT = 0 ] && exit 4; exit 0";
+    struct run r[2];
+    nodes_start(r, port, env, NULL, "2", NULL, script);
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0 && strstr(r[i].err, "restarting the job (exit code 4): restart 1 of 2") &&
+                          strstr(r[i].out, "attempt 1") && !strstr(r[i].out, "attempt 2"),
+                      "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
+    gwrun_nodes_free(r, 2);
+    /* and a job that ends well everywhere ends on node 1 as node 0 ends */
+    port = gwrun_free_port_pair();
+    nodes_start(r, port, env, NULL, "2", NULL, "[ $GW_RANK = 0 ] && sleep 1; exit 0");
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(r[i].code == 0 && !strstr(r[i].err, "restart"), "node %d: exit %d\nstderr:\n%s", i, r[i].code,
+                      r[i].err);
+    gwrun_nodes_free(r, 2);
+}
+END_TEST
+
+/* Node 1's rank fails; while node 1 waits for node 0's verdict on
+ * restarting (node 0's rank 0 takes its time over the SIGTERM), node 0's
+ * gw-run is killed: node 1 says it lost node 0 before its word and ends
+ * (it ended with the rank's code, without a word of why). */
+START_TEST(test_nodes_lost_before_verdict_said)
+{
+    int port = gwrun_free_port_pair();
+    const char *env[] = {"GW_JOB_TOKEN=mn-lost-verdict", "GW_RUN_KILL_GRACE=20", NULL};
+    const char *script = "[ $GW_RANK = 0 ] && trap 'sleep 10; exit 0' TERM; "
+                         "[ $GW_RANK = 3 ] && { sleep 0.5; exit 3; }; sleep 30 & wait";
+    struct run r[2];
+    nodes_start(r, port, env, NULL, "2", NULL, script);
+    const bool failed = gwrun_stderr_has(&r[1], "rank 3 (pid", 20) && gwrun_stderr_has(&r[0], "stopping the", 10);
+    if (failed) {
+        gwrun_sleep(0.5); /* its READY is out */
+        kill(r[0].pid, SIGKILL);
+    }
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
+    ck_assert_msg(failed, "rank 3 did not fail, or node 0 did not stop\n%s\n%s", r[0].err, r[1].err);
+    ck_assert_msg(r[1].code == 3 && strstr(r[1].err, "gw-run: node 1: lost node 0 (host ") &&
+                      strstr(r[1].err, ") before its word on restarting the job: not restarting; ending this node"),
+                  "node 1: exit %d\nstderr:\n%s", r[1].code, r[1].err);
     gwrun_nodes_free(r, 2);
 }
 END_TEST
@@ -517,6 +578,8 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_usr1_between_attempts_dropped);
     tcase_add_test(tc, test_nodes_restart_together);
     tcase_add_test(tc, test_nodes_restarts_used_up);
+    tcase_add_test(tc, test_nodes_done_node_restarts);
+    tcase_add_test(tc, test_nodes_lost_before_verdict_said);
     tcase_add_test(tc, test_nodes_no_restart_after_signal);
     tcase_add_test(tc, test_nodes_restarts_must_agree);
     tcase_add_test(tc, test_nodes_wait_verdict_idle);

@@ -528,9 +528,9 @@ void gw__run_abandon_output(void)
  * A frame is a 4-byte big-endian body length (1..MAX_FRAME), then the body:
  * a type byte and the fields its layout below lists, u = 4-byte big-endian,
  * b = 1 byte, s and T = a 2-byte length (at most MAX_STR) and the bytes.
- *   CHALLENGE 0 -> node uT    magic "GWL8", node 0's nonce (16 bytes): the
+ *   CHALLENGE 0 -> node uT    magic "GWL9", node 0's nonce (16 bytes): the
  *                              first frame on a connection node 0 accepted
- *   HELLO   node -> 0  uuuuuuTs magic "GWL8", node (0xffffffff: none given,
+ *   HELLO   node -> 0  uuuuuuTs magic "GWL9", node (0xffffffff: none given,
  *                              number it by arrival), nnodes, nproc, max
  *                              restarts, its kill grace in milliseconds
  *                              (GW_RUN_KILL_GRACE), the node's nonce (16
@@ -545,7 +545,9 @@ void gw__run_abandon_output(void)
  *   FAIL    both ways  uubusb  global rank, node, signaled, code or signal,
  *                              host, what the rank recorded (GW_RUN_CAUSE_*):
  *                              a rank failed there
- *   LOST    0 -> node  us      node, host: its launcher went away
+ *   LOST    0 -> node  ubs     node, how (0: its connection ended; 1: its
+ *                              gw-run went silent, GW_RUN_HEARTBEAT_TIMEOUT),
+ *                              host: its launcher went away
  *   ABORT   both ways  bs      exit code, message: the job failed for a
  *                              reason that is no rank's (a node missing or
  *                              disagreeing; to node 0: that node's launcher
@@ -557,7 +559,8 @@ void gw__run_abandon_output(void)
  *   WAIT    0 -> node  u       the longest kill grace of any node, in
  *                              milliseconds (a day at most), in answer to its
  *                              READY: how long the verdict may take
- *   RESTART 0 -> node  u       the attempt every node starts now; 0: none
+ *   RESTART 0 -> node  us      the attempt every node starts now (0: none),
+ *                              and with 0 why not
  *   PASS    both ways  uus     node, signal, host: SIGUSR1/SIGUSR2 reached it, for
  *                              every rank (the job goes on)
  *   CAUSE   node -> 0  uuuuus  global rank, node, pid, seconds and microseconds
@@ -572,8 +575,8 @@ void gw__run_abandon_output(void)
 
 static const char *const layout[] = {
     [F_HELLO] = "uuuuuuTs", [F_WELCOME] = "usT", [F_REFUSE] = "s", [F_FAIL] = "uubusb",
-    [F_LOST] = "us",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
-    [F_READY] = "ub",      [F_RESTART] = "u",     [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
+    [F_LOST] = "ubs",       [F_ABORT] = "bs",  [F_STOP] = "uus",  [F_DONE] = "u",
+    [F_READY] = "ub",      [F_RESTART] = "us",    [F_PASS] = "uus",  [F_CHALLENGE] = "uT",
     [F_CAUSE] = "uuuuus", [F_WAIT] = "u", [F_BEAT] = "",
 };
 

@@ -56,8 +56,12 @@ void gw__run_loop(void)
             break;
         int64_t now = gw__run_now_ms();
         if ((gw__run.alive > 0 || wait_strays) && gw__run.kill_deadline_ms &&
-            now >= gw__run.kill_deadline_ms)
+            now >= gw__run.kill_deadline_ms) {
+            /* ranks that ended since the last look (this gw-run held up:
+             * stopped, say) are not "still running" */
+            gw__run_reap();
             gw__run_escalate();
+        }
         const int64_t give_up = gw__run_give_up_deadline();
         if ((gw__run.alive > 0 || wait_strays) && give_up && now >= give_up) {
             gw__run_reap(); /* one that ended since the last look is no straggler */

@@ -184,7 +184,13 @@ bool gw__run_net_finish(void)
     if (!net.final_sent && !stopping)
         gw__run_net_report(&m);
     net.final_sent = true;
-    return flushed(now);
+    /* Its ranks done, restarts left: it stays until node 0 ends the job
+     * (closes the connection), so that a failure elsewhere restarts this
+     * node too; it left at once, and node 0, without it, could not restart
+     * (whether a job restarted depended on which node's ranks finished
+     * first: a helper's probe).  Node 0's silence is watched meanwhile. */
+    net.done_linger = !stopping && net.cfg.max_restarts > 0 && gw__run.may_restart;
+    return flushed(now) && !net.done_linger;
 }
 
 /* A local rank failed (the first failure, not after a signal). */

@@ -117,10 +117,8 @@ bool gw__run_net_hello0(struct conn *c, const struct msg *h)
         net.state[node] = N_ENDED; /* told by the refusal: not a node to wait for */
         struct msg m = {.type = F_ABORT, .v = {1}};
         snprintf(m.s, sizeof m.s, "gw-run: %.1000s", reason);
-        net.no_restart = true; /* nodes that disagree cannot run any attempt */
-        if (gw__run_stopping()) /* gw__run_net_apply() says nothing then */
-            gw__run_say("%s\n", m.s);
-        gw__run_net_apply(&m, -1);
+        gw__run_net_no_restart("%s", reason); /* nodes that disagree cannot run any attempt */
+        gw__run_net_apply(&m, -1); /* (said even while the job stops) */
         return true;
     }
     if (node < 1 || node >= nnodes || net.state[node] != N_ABSENT) {

@@ -31,6 +31,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -102,6 +104,30 @@ static void fmt_addr(char *dst, size_t cap, const char *host, const char *port)
 
 /* ---- what every node does with news from the others ---- */
 
+void gw__run_net_no_restart(const char *fmt, ...)
+{
+    net.no_restart = true;
+    if (net.no_restart_why[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(net.no_restart_why, sizeof net.no_restart_why, fmt, ap);
+    va_end(ap);
+}
+
+/* A LOST frame's how (v[1]) in words. */
+static const char *lost_how(uint32_t how)
+{
+    return how ? "its gw-run went silent while its machine answered (stopped or hung: GW_RUN_HEARTBEAT_TIMEOUT)"
+               : "its launcher exited or the network failed";
+}
+
+/* A failed attempt whose restart is not settled yet (--max-restarts). */
+static bool verdict_pending(void)
+{
+    return net.cfg.max_restarts > 0 && gw__run.have_failure && !gw__run.got_signal && !net.verdict_known;
+}
+
 /* Node 0: tells every other node (but except) how the job ended, keeping it
  * for nodes that join later. */
 void gw__run_net_announce_end(const struct frame *f, int except)
@@ -122,8 +148,11 @@ void gw__run_net_announce_end(const struct frame *f, int except)
  * exited (gw__run_refail; node 0 passes such a correction on too). */
 void gw__run_net_apply(const struct msg *m, int from)
 {
-    if (m->type == F_STOP || m->type == F_LOST)
-        net.no_restart = true; /* a signal, a lost node (a node's launch failure restarts, as on node 0) */
+    /* a signal, a lost node (a node's launch failure restarts, as on node 0) */
+    if (m->type == F_STOP)
+        gw__run_net_no_restart("node %u (host %s) received %s", m->v[0], m->s, gw__run_signal_name((int)m->v[1]));
+    else if (m->type == F_LOST)
+        gw__run_net_no_restart("lost node %u (host %s): %s", m->v[0], m->s, lost_how(m->v[1]));
     /* Local ranks that ended before this news was read (their SIGCHLD came in
      * the same wake-up) are judged first, as gw__run_fail does: a crash here
      * is then this node's failure, reported as such, and the news only
@@ -131,6 +160,12 @@ void gw__run_net_apply(const struct msg *m, int from)
     if (!gw__run_stopping())
         gw__run_reap();
     const bool again = m->type != F_STOP && gw__run_stopping();
+    /* An ABORT that changes no verdict is still said: its reason may be why
+     * this node ends as it does (another node gave this one up, say).  A
+     * lost node then is said by node 0's verdict on restarting (the reason
+     * kept by gw__run_net_no_restart), or by up_ended. */
+    if (again && m->type == F_ABORT)
+        gw__run_say("%s\n", m->s);
     if (again && (m->type != F_FAIL ||
                   !gw__run_refail(m->v[2] ? 128 + (int)m->v[3] : (int)m->v[3], m->v[2] ? 2 : 1, net.cfg.node != 0)))
         return;
@@ -144,9 +179,7 @@ void gw__run_net_apply(const struct msg *m, int from)
                 m->v[1], m->s, m->v[3]);
         code = (int)m->v[3];
     } else if (m->type == F_LOST) {
-        gw__run_say(
-                "gw-run: lost node %u (host %s): its launcher exited or the network failed\n",
-                m->v[0], m->s);
+        gw__run_say("gw-run: lost node %u (host %s): %s\n", m->v[0], m->s, lost_how(m->v[1]));
     } else if (m->type == F_ABORT) {
         gw__run_say("%s\n", m->s);
         code = (int)m->v[0];
@@ -223,7 +256,9 @@ static bool frame0(struct conn *c, const struct msg *m)
             net.done--;
         if (net.state[n] == N_JOINED || net.state[n] == N_ENDED || net.state[n] == N_DONE)
             net.state[n] = m->v[1] ? N_READY : N_ENDED;
-        net.no_restart = net.no_restart || !m->v[1];
+        if (!m->v[1])
+            gw__run_net_no_restart("node %d (host %s) cannot start its ranks again (it says why)", n,
+                                   net.hosts[n] ? net.hosts[n] : "?");
         gw__run_net_tell_wait(c);
         return true;
     }
@@ -254,22 +289,24 @@ static bool frame0(struct conn *c, const struct msg *m)
     return true;
 }
 
-/* A connection ended: after EOF or an error (badly == NULL) or a bad frame. */
-static void conn0_ended(struct conn *c, const char *badly)
+/* A connection ended: after EOF or an error (badly == NULL) or a bad frame,
+ * or (silent) its gw-run's heartbeat stopped. */
+static void conn0_ended(struct conn *c, const char *badly, bool silent)
 {
     int n = c->node;
     if (badly)
         gw__run_say("gw-run: closing the launcher connection from %s%s: %s\n", c->peer,
                 n > 0 ? " (a joined node)" : "", badly);
     gw__run_conn_close(c);
-    if (n > 0 && net.cfg.max_restarts > 0)
-        net.no_restart = true; /* the job cannot start again without that node */
+    if (n > 0 && net.cfg.max_restarts > 0) /* the job cannot start again without that node */
+        gw__run_net_no_restart("node %d (host %s): %s", n, net.hosts[n] ? net.hosts[n] : "?",
+                               badly ? badly : "its launcher connection ended (it exited, or the network failed)");
     if (n > 0 && net.state[n] == N_READY)
         net.state[n] = N_ENDED;
     if (n <= 0 || net.state[n] != N_JOINED)
         return; /* a stranger, or a node that already said how it ended */
     net.state[n] = N_ENDED;
-    struct msg m = {.type = F_LOST, .v = {(uint32_t)n}};
+    struct msg m = {.type = F_LOST, .v = {(uint32_t)n, silent}};
     snprintf(m.s, sizeof m.s, "%s", net.hosts[n]);
     gw__run_net_apply(&m, n); /* nothing if the job is ending anyway and nodes leave as they stop */
 }
@@ -383,7 +420,7 @@ static void report_missing(void)
     struct msg m = {.type = F_ABORT, .v = {1}};
     snprintf(m.s, sizeof m.s, "gw-run: node(s) %s did not join within %g s (launcher port %s)",
              list, net.cfg.join_timeout_s, net.where);
-    net.no_restart = true;
+    gw__run_net_no_restart("%s", m.s + strlen("gw-run: "));
     gw__run_net_apply(&m, -1);
 }
 
@@ -475,7 +512,9 @@ static void up_connect(void)
     }
 }
 
-static void up_ended(const char *badly)
+/* This node's connection to node 0 ended: after EOF or an error (badly ==
+ * NULL) or a bad frame, or (silent) node 0's heartbeat stopped. */
+static void up_ended(const char *badly, bool silent)
 {
     if (badly)
         gw__run_say("gw-run: %s: closing the launcher connection to node 0 at %s: %s\n", me(),
@@ -490,7 +529,10 @@ static void up_ended(const char *badly)
     net.given_up = true;
     if (net.final_sent)
         return; /* our DONE is out: node 0 had no more to say to us */
-    struct msg m = {.type = F_LOST, .v = {0}};
+    if (verdict_pending()) /* (gw__run_net_apply says nothing of a loss while this node stops) */
+        gw__run_say("gw-run: %s: lost node 0 (host %s) before its word on restarting the job: not restarting; "
+                    "ending this node\n", me(), net.host0);
+    struct msg m = {.type = F_LOST, .v = {0, silent}};
     snprintf(m.s, sizeof m.s, "%s", net.host0);
     gw__run_net_apply(&m, 0);
 }
@@ -505,6 +547,8 @@ static bool frame_up(struct conn *c, const struct msg *m)
         if (m->type == F_RESTART && net.cfg.max_restarts > 0) {
             net.verdict_known = true;
             net.restart_to = (long)m->v[0];
+            if (!m->v[0] && m->s[0]) /* why not, as node 0 said it */
+                gw__run_say("gw-run: node 0 (host %s): %s\n", net.host0, m->s);
             return true;
         }
         if (m->type == F_WAIT && net.cfg.max_restarts > 0) {
@@ -683,13 +727,15 @@ static int64_t silence_ms(void)
     return (int64_t)(net.cfg.silence_s * 1000.0);
 }
 
-/* Whose silence ends it: a node that has not said how it ended (node 0's
- * view), or node 0 while this node's DONE is not out. */
+/* Whose silence ends it: a node that has not said how it ended, or that
+ * waits for the verdict on a restart (node 0's view), or node 0 while this
+ * node's DONE is not out or it stays for node 0's end (a restart). */
 static bool watched(const struct conn *c)
 {
     if (silence_ms() <= 0 || !beating(c) || !c->heard_ms)
         return false;
-    return net.cfg.node == 0 ? net.state[c->node] == N_JOINED : !net.final_sent;
+    return net.cfg.node == 0 ? net.state[c->node] == N_JOINED || net.state[c->node] == N_READY
+                             : !net.final_sent || net.done_linger;
 }
 
 /* Whether the other machine's kernel acknowledged what this end sent within
@@ -713,6 +759,9 @@ static bool silence_ends(struct conn *c, int64_t now)
 {
     if (!watched(c) || now - c->heard_ms < silence_ms())
         return false;
+    int unread = 0; /* its frames came, and wait to be read (this loop was held up): not silent */
+    if (ioctl(c->fd, FIONREAD, &unread) == 0 && unread > 0)
+        return false;
     const char *whose = net.cfg.node == 0 ? "it" : "node 0";
     if (!kernel_answers(c)) {
         if (!c->silence_said)
@@ -734,9 +783,9 @@ static bool silence_ends(struct conn *c, int64_t now)
     snprintf(what, sizeof what, "nothing from %s for %.0f s (GW_RUN_HEARTBEAT_TIMEOUT) while its machine answers: "
              "its gw-run is stopped or hung", whose, net.cfg.silence_s);
     if (net.cfg.node == 0)
-        conn0_ended(c, what);
+        conn0_ended(c, what, true);
     else
-        up_ended(what);
+        up_ended(what, true);
     return true;
 }
 
@@ -825,9 +874,9 @@ void gw__run_net_events(const struct pollfd *pfds, int nfds)
             if (rc == R_OPEN && (ev & POLLOUT) && !gw__run_conn_flush(c))
                 rc = R_GONE;
             if ((rc == R_GONE || rc == R_BAD) && zero)
-                conn0_ended(c, rc == R_BAD ? why : NULL);
+                conn0_ended(c, rc == R_BAD ? why : NULL, false);
             else if (rc == R_GONE || rc == R_BAD)
-                up_ended(rc == R_BAD ? why : NULL);
+                up_ended(rc == R_BAD ? why : NULL, false);
         }
     }
     if (accept)
@@ -842,12 +891,23 @@ void gw__run_net_tick(void)
     if (!net.on)
         return;
     int64_t now = gw__run_now_ms();
+    /* This gw-run did not run for a while (SIGSTOP or Ctrl-Z, a job
+     * suspended whole: scontrol suspend, a frozen cgroup, docker pause; or
+     * a machine starved): the other launchers' silence meanwhile is not
+     * theirs.  Each gets a whole GW_RUN_HEARTBEAT_TIMEOUT from now (a job
+     * suspended and resumed whole was ended at once, each node giving the
+     * others up, and a node stopped alone blamed node 0 on waking). */
+    if (net.tick_ms && now - net.tick_ms > OWN_GAP_MS)
+        for (int i = 0; i < net.nconns; i++)
+            if (net.conns[i]->heard_ms && net.conns[i]->heard_ms < now)
+                net.conns[i]->heard_ms = now;
+    net.tick_ms = now;
     beat(now);
     if (net.cfg.node == 0) {
         for (int i = 0; i < net.nconns; i++) {
             struct conn *c = net.conns[i];
             if (c->broken) {
-                conn0_ended(c, "it does not read what node 0 sends");
+                conn0_ended(c, "it does not read what node 0 sends", false);
             } else if (silence_ends(c, now)) {
                 /* given up */
             } else if (c->node < 0 && now >= c->deadline_ms) {
@@ -867,7 +927,7 @@ void gw__run_net_tick(void)
     }
     struct conn *c = net.up;
     if (c->fd >= 0 && c->broken)
-        up_ended("node 0 does not read what this node sends");
+        up_ended("node 0 does not read what this node sends", false);
     else if (c->fd >= 0)
         silence_ends(c, now);
     if (net.welcomed || net.given_up)
@@ -892,7 +952,7 @@ void gw__run_net_tick(void)
         char what[120];
         snprintf(what, sizeof what, c->challenged ? "no welcome or refusal within %d s"
                  : "no challenge within %d s (is node 0's gw-run an older one?)", HELLO_TIMEOUT_MS / 1000);
-        up_ended(what);
+        up_ended(what, false);
     } else if (c->fd < 0 && now >= net.retry_at_ms) {
         up_connect();
     }

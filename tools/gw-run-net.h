@@ -23,6 +23,7 @@ enum {
     JOIN_NOTE_MS = 10000, /* a node not yet welcomed says it is still trying, first after this */
     JOIN_NOTE_EVERY_MS = 30000,
     GW_RUN_BEAT_MS = 500, /* a BEAT on every joined connection this often, both ways */
+    OWN_GAP_MS = 2000, /* ticks this far apart: this gw-run did not run meanwhile (its loop wakes every beat) */
 };
 
 /* What node 0 knows of each other node. ENDED: it failed, stopped or left.
@@ -70,6 +71,14 @@ struct run_net {
      * verdict (RESTART); the others send READY and wait for it.  no_restart:
      * something happened that a restart cannot mend (a signal, a lost node). */
     bool no_restart, ready_sent, verdict_known;
+    char no_restart_why[400]; /* node 0: the first thing that set no_restart, said with the verdict */
+    /* the last gw__run_net_tick: a gap far over GW_RUN_BEAT_MS since is time
+     * this gw-run did not run (stopped, a suspended job), not the others' silence */
+    int64_t tick_ms;
+    /* a node other than 0, its ranks done and its DONE out, restarts left:
+     * it stays until node 0 ends the job (a failure there restarts every
+     * node, this one too) */
+    bool done_linger;
     long restart_to;           /* the attempt to start next; 0: none */
     int64_t verdict_deadline_ms; /* node 0: READYs due; the others: the verdict due */
     int64_t ready_ms;            /* the others: when this node sent its READY */
@@ -85,6 +94,9 @@ void gw__run_net_announce_end(const struct frame *f, int except);
 /* A node other than 0 stops trying to reach node 0. */
 void gw__run_net_give_up(void);
 
+/* Node 0: no restart after this attempt, for the reason printf-formatted
+ * (the first one given is said with the verdict, and sent with it). */
+void gw__run_net_no_restart(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Sends m to the other nodes (node 0: all of them; the others: node 0). */
 void gw__run_net_report(struct msg *m);
 /* gw-run-restart.c, for gw__run_net_finish: false while still waiting. */

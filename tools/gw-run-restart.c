@@ -54,14 +54,23 @@ const char *gw__run_restart_refusal(void)
     return NULL;
 }
 
-void gw__run_say_no_restart(const char *why, long max_restarts)
+/* The sentence for why (NULL or "": none) into buf ("" then). */
+static void no_restart_text(char *buf, size_t len, const char *why, long max_restarts)
 {
     if (!why || !*why)
-        return;
-    if (why == no_restarts_left)
-        gw__run_say("gw-run: the job failed again; no restarts left (%ld used)\n", max_restarts);
+        buf[0] = '\0';
+    else if (why == no_restarts_left)
+        snprintf(buf, len, "the job failed again; no restarts left (%ld used)", max_restarts);
     else
-        gw__run_say("gw-run: not restarting the job: %s\n", why);
+        snprintf(buf, len, "not restarting the job: %s", why);
+}
+
+void gw__run_say_no_restart(const char *why, long max_restarts)
+{
+    char text[600];
+    no_restart_text(text, sizeof text, why, max_restarts);
+    if (text[0])
+        gw__run_say("gw-run: %s\n", text);
 }
 
 /* How long node 0 waits for every node's READY, and a node for the verdict:
@@ -109,22 +118,28 @@ bool gw__run_net_decide_restart(int64_t now)
     for (int n = 1; n < net.cfg.nnodes; n++)
         if (net.state[n] != N_READY && !waiting++)
             first = n;
+    char text[600] = ""; /* said here, and sent with the verdict: the other nodes said nothing of why */
     if (can && waiting) {
         if (!net.verdict_deadline_ms)
             net.verdict_deadline_ms = now + verdict_wait_ms();
         if (now < net.verdict_deadline_ms)
             return false;
-        gw__run_say("gw-run: not restarting the job: node %d%s did not say within %.0f s that its ranks ended\n",
-                    first, waiting > 1 ? " and others" : "", (double)verdict_wait_ms() / 1000.0);
+        snprintf(text, sizeof text, "not restarting the job: node %d%s did not say within %.0f s that its ranks ended",
+                 first, waiting > 1 ? " and others" : "", (double)verdict_wait_ms() / 1000.0);
     } else if (why && *why) {
-        gw__run_say_no_restart(why, net.cfg.max_restarts);
+        no_restart_text(text, sizeof text, why, net.cfg.max_restarts);
     } else if (!can && !gw__run.got_signal) {
-        gw__run_say("gw-run: not restarting the job: a node was stopped, lost or cannot start again\n");
+        snprintf(text, sizeof text, "not restarting the job: %s",
+                 net.no_restart_why[0] ? net.no_restart_why : "a node was stopped, lost or cannot start again");
     }
+    if (text[0])
+        gw__run_say("gw-run: %s\n", text);
     net.verdict_known = true;
     net.verdict_deadline_ms = 0;
     net.restart_to = can && !waiting ? gw__run.attempt + 1 : 0;
     struct msg m = {.type = F_RESTART, .v = {(uint32_t)net.restart_to}};
+    if (!net.restart_to)
+        snprintf(m.s, sizeof m.s, "%s", text);
     struct frame f;
     gw__run_pack(&f, &m);
     for (int i = 0; i < net.nconns; i++)
@@ -138,7 +153,10 @@ bool gw__run_net_decide_restart(int64_t now)
 bool gw__run_net_await_verdict(int64_t now)
 {
     if (!net.ready_sent) {
-        struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, gw__run_restart_refusal() == NULL}};
+        const char *why = gw__run_restart_refusal();
+        if (why != no_restarts_left) /* (node 0 says that one with its verdict: every node has the same count) */
+            gw__run_say_no_restart(why, net.cfg.max_restarts);
+        struct msg m = {.type = F_READY, .v = {(uint32_t)net.cfg.node, why == NULL}};
         gw__run_net_report(&m);
         net.ready_sent = true;
         net.ready_ms = now;
@@ -170,7 +188,8 @@ void gw__run_net_reset(void)
     net.done = 0;
     net.have_end = false;
     net.flush_ms = net.linger_ms = net.verdict_deadline_ms = net.others_end_ms = 0;
-    net.final_sent = net.ready_sent = net.verdict_known = net.no_restart = false;
+    net.final_sent = net.ready_sent = net.verdict_known = net.no_restart = net.done_linger = false;
+    net.no_restart_why[0] = '\0';
     net.restart_to = 0;
     /* Node 0: every node whose connection is still there takes part again; a
      * node that left after the verdict leaves this attempt unable to run
@@ -180,7 +199,8 @@ void gw__run_net_reset(void)
         for (int i = 0; i < net.nconns; i++)
             connected = connected || (net.conns[i]->node == n && net.conns[i]->fd >= 0);
         net.state[n] = connected ? N_JOINED : N_ENDED;
-        net.no_restart = net.no_restart || !connected;
+        if (!connected)
+            gw__run_net_no_restart("node %d (host %s) left after the verdict", n, net.hosts[n] ? net.hosts[n] : "?");
     }
 }
 

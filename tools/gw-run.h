@@ -89,9 +89,10 @@ enum {
  * sent; '4': the welcome gives the node its number, nodes numbered by
  * arrival; '5': CAUSE frames and the FAIL frame's record kind, where a
  * failure began; '6': the hello's kill grace; '7': node 0 answers a READY
- * with the longest kill grace, WAIT; '8': BEAT, heartbeats both ways).
- * Another version is refused by name. */
-#define GW_RUN_HELLO_MAGIC 0x47574c38u
+ * with the longest kill grace, WAIT; '8': BEAT, heartbeats both ways; '9':
+ * LOST says whether the node's link ended or went silent, RESTART 0 says
+ * why not).  Another version is refused by name. */
+#define GW_RUN_HELLO_MAGIC 0x47574c39u
 /* net_config.node of a node started without --node-rank, and the number its
  * hello gives then. */
 enum { GW_RUN_NODE_AUTO = -1 };
