@@ -598,6 +598,20 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--save-weights", notes, NULL},
           "notes.txt: holds something other than weights (no safetensors file)");
   refused((const char *const[]){"--epochs", "1", "--plot", notes, NULL}, "notes.txt: holds something other than a PNG image");
+  /* and onto the data or script beside the image (PNG.dat, PNG.gp): weights
+   * saved under such a name were replaced without a word (a helper's probe) */
+  char side_png[512], side[600];
+  path(side_png, sizeof side_png, "side.png");
+  for (int i = 0; i < 2; i++) {
+    snprintf(side, sizeof side, "%s.%s", side_png, i ? "gp" : "dat");
+    f = fopen(side, "w");
+    ck_assert(f && fputs("precious\n", f) >= 0 && fclose(f) == 0);
+    refused((const char *const[]){"--epochs", "1", "--plot", side_png, NULL},
+            i ? "side.png.gp holds something other than a gnuplot script gw-train wrote: name a new file"
+              : "side.png.dat holds something other than the plot's data gw-train wrote: name a new file");
+    ck_assert_msg(stat(side, &st) == 0 && st.st_size == 9, "the refused %s changed", side);
+    ck_assert_int_eq(unlink(side), 0);
+  }
   /* --steps 0 (converting a checkpoint to weights) too: it skipped the check */
   refused((const char *const[]){"--steps", "0", "--save-weights", notes, NULL},
           "notes.txt: holds something other than weights (no safetensors file)");

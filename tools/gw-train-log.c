@@ -328,6 +328,36 @@ static int plot_file_ok(const char *png, char *err, size_t errlen) {
   return -1;
 }
 
+/* Whether path (a file that exists, with content) is what plot_epoch writes
+ * there: side 0, the data: lines of an epoch and three numbers (inf and nan
+ * spelled as printf spells them), at most 16 MiB; side 1, the script: it
+ * begins with the script's first line. */
+static bool plot_side_ours(const char *path, int side) {
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  bool ours = true;
+  if (side == 1) {
+    static const char first[] = "script = exists('ARG0') ? ARG0 : ''\n";
+    char head[sizeof first];
+    ours = fread(head, 1, sizeof first - 1, f) == sizeof first - 1 && !memcmp(head, first, sizeof first - 1);
+  } else {
+    char line[256];
+    long total = 0;
+    while (ours && fgets(line, sizeof line, f)) {
+      long long e;
+      double v[3];
+      char extra;
+      total += (long)strlen(line);
+      ours = total <= (16L << 20) && strchr(line, '\n') &&
+             sscanf(line, "%lld %lf %lf %lf %c", &e, &v[0], &v[1], &v[2], &extra) == 4 &&
+             strspn(line, "0123456789.-+eEnaif \n") == strlen(line);
+    }
+    ours = ours && !ferror(f);
+  }
+  fclose(f);
+  return ours;
+}
+
 int plot_check(const char *png, char *err, size_t errlen) {
   /* replaced (below): a FIFO held gnuplot, and so the training, for ever */
   if (replaced_path_ok("--plot", png, OUTPATH_TEMP_PLOT, err, errlen) != 0 || plot_file_ok(png, err, errlen) != 0)
@@ -339,6 +369,13 @@ int plot_check(const char *png, char *err, size_t errlen) {
     char path[4200];
     snprintf(path, sizeof path, "%s%s", png, side[i][0]);
     if (replaced_path_ok(side[i][1], path, 4, err, errlen) != 0) return -1;
+    /* and what is there is an earlier plot's (weights saved under that
+     * name, a user's notes, were replaced without a word: a helper's probe) */
+    if (replaced_content_at_stake(path) && !plot_side_ours(path, i)) {
+      snprintf(err, errlen, "--plot %.900s: %.900s holds something other than %s: name a new file, or remove it first",
+               png, path, i ? "a gnuplot script gw-train wrote" : "the plot's data gw-train wrote");
+      return -1;
+    }
   }
   /* The path goes into the gnuplot script between single quotes. */
   if (strpbrk(png, "'\n\r")) {

@@ -113,7 +113,7 @@ static void usage(FILE *f) {
           "  --metrics FILE.jsonl     one JSON object per step and per evaluation (img/s of all ranks\n"
           "                           together, as in the log; times are rank 0's, the loss the ranks' mean)\n"
           "  --plot FILE.png          loss and accuracy per epoch (gnuplot; writes FILE.png.dat and FILE.png.gp\n"
-          "                           beside it, replacing them)\n"
+          "                           beside it, replacing earlier ones gw-train wrote)\n"
           "  --log-every N            steps between plain log lines when not on a terminal (default 50)\n"
           "  --no-eval                skip the evaluation at each epoch end\n"
           "  --test-only              evaluate --load-weights (weights or a checkpoint) once on the evaluation\n"
