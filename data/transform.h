@@ -33,7 +33,10 @@ void gw__view_val(struct gw__view *v, int width, int height, int size, int resiz
 
 /* Resamples src (interleaved, channels 1 or 3, width x height, rows of
  * width * channels bytes) through v into out [channels, out_h, out_w] as
- * (value / 255 - mean[c]) / std[c].  GW_ERR_SYSTEM when out of memory. */
+ * (value / 255 - mean[c]) / std[c]: PIL's crop, resize (bilinear), crop and
+ * flip, then torchvision's ToTensor and Normalize, bit for bit (tested
+ * against them: test/fixtures/make_resample_fixtures.py).  GW_ERR_SYSTEM
+ * when out of memory. */
 gw_result_t gw__resample(const uint8_t *src, int width, int height, int channels, const struct gw__view *v,
                          int out_w, int out_h, const float *mean, const float *std, float *out);
 

@@ -524,7 +524,8 @@ END_TEST
 
 /* Validation geometry against hand-derived cases: a 256 x 256 image is not
  * resampled and the crop starts at (16, 16); a 512 x 512 image is halved by PIL's
- * bilinear filter, whose taps at a factor of 2 are [1, 3, 3, 1] / 8. */
+ * bilinear filter, whose taps at a factor of 2 are [1, 3, 3, 1] / 8, each
+ * pass rounded to bytes as PIL's. */
 START_TEST(folder_val_geometry) {
   make_tree();
   struct gw_dataset *ds;
@@ -547,10 +548,15 @@ START_TEST(folder_val_geometry) {
     for (int i = 0; i < 224; i += 7)
       for (int j = 0; j < 224; j += 5) {
         int sy = 2 * (i + 16) - 1, sx = 2 * (j + 16) - 1;
+        /* PIL's passes: each row's sum a byte (half up), then the column's
+         * (sums of eighths of bytes: exact in float) */
         float v = 0;
-        for (int a = 0; a < 4; a++)
-          for (int b = 0; b < 4; b++) v += taps[a] * taps[b] * big[((sy + a) * 512 + sx + b) * 3 + c];
-        ck_assert_float_eq_tol(out[(c * 224 + i) * 224 + j], (v / 255.0f - IMNET_MEAN[c]) / IMNET_STD[c], 1e-4);
+        for (int a = 0; a < 4; a++) {
+          float row = 0;
+          for (int b = 0; b < 4; b++) row += taps[b] * big[((sy + a) * 512 + sx + b) * 3 + c];
+          v += taps[a] * floorf(row + 0.5f);
+        }
+        ck_assert_float_eq_tol(out[(c * 224 + i) * 224 + j], imnet_norm((int)floorf(v + 0.5f), c), 1e-6);
       }
   free(mid);
   free(big);

@@ -11,7 +11,9 @@
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_data.h"
 #include "transform.h"
@@ -163,7 +165,8 @@ END_TEST
 
 /* A 64 x 40 box at (8, 6) halved to 32 x 20: PIL's bilinear taps at a factor
  * of 2 are [1, 3, 3, 1] / 8 around source 2i + 0.5 of the box, so inside the
- * border a linear ramp keeps its line: red 3 (8 + 2i + 0.5), green 4 (6 + 2j + 0.5). */
+ * border a linear ramp keeps its line: red 3 (8 + 2i + 0.5), green 4 (6 + 2j
+ * + 0.5), each rounded to a byte as PIL rounds (half up). */
 START_TEST(resample_halved_ramp) {
   uint8_t *px = gradient();
   float out[3 * 20 * 32];
@@ -173,12 +176,64 @@ START_TEST(resample_halved_ramp) {
     for (int j = 1; j < 19; j++)
       for (int i = 1; i < 31; i++) {
         const int col = flip ? 31 - i : i;
-        const float r = 3 * (8 + 2 * i + 0.5f), g = 4 * (6 + 2 * j + 0.5f);
+        /* (PIL's bytes: 3 (8 + 2i + 0.5) = 25.5 + 6i rounds half up) */
+        const float r = 26 + 6 * i, g = 4 * (6 + 2 * j + 0.5f);
         ck_assert_msg(fabsf(at(out, 32, 20, 0, j, col) * 255 - r) < 1e-3f && fabsf(at(out, 32, 20, 1, j, col) * 255 - g) < 1e-3f,
                       "flip %d: (%d, %d) is (%g, %g), want (%g, %g)", flip, j, col, at(out, 32, 20, 0, j, col) * 255,
                       at(out, 32, 20, 1, j, col) * 255, r, g);
       }
   }
+  free(px);
+}
+END_TEST
+
+/* Against torchvision on PIL images (fixtures/resample.bin, made by
+ * fixtures/make_resample_fixtures.py): every view of a random 53 x 41 image
+ * (halved, shrunk by 3.1 and 10, enlarged, one pixel enlarged, a window of a
+ * resize, mirrored, unlike factors across and down) gives torchvision's
+ * tensor bit for bit: PIL's crop, resize and flip, then ToTensor and
+ * Normalize with ImageNet's mean and std.  Values in float between PIL's two
+ * passes and at the end differed by up to one in 255. */
+START_TEST(resample_as_pil) {
+  static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+  const char *dir = getenv("GW_FIXTURES");
+  ck_assert_msg(dir, "GW_FIXTURES is not set (meson sets it to test/fixtures)");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/resample.bin", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f, "cannot open %s", path);
+  char magic[4];
+  uint32_t head[3];
+  ck_assert(fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GWRS", 4) && fread(head, 4, 3, f) == 3);
+  const uint32_t w = head[0], h = head[1], nviews = head[2];
+  ck_assert(w > 0 && w < 1000 && h > 0 && h < 1000 && nviews > 0 && nviews < 100);
+  uint8_t *px = malloc((size_t)w * h * 3);
+  ck_assert(px && fread(px, 3, (size_t)w * h, f) == (size_t)w * h);
+  for (uint32_t n = 0; n < nviews; n++) {
+    int32_t p[11];
+    ck_assert(fread(p, 4, 11, f) == 11);
+    struct gw__view v = {.x = p[0], .y = p[1], .w = p[2], .h = p[3], .rw = p[4], .rh = p[5], .ox = p[6], .oy = p[7],
+                         .flip = p[10]};
+    const int ow = p[8], oh = p[9];
+    ck_assert(ow > 0 && ow <= 256 && oh > 0 && oh <= 256);
+    const size_t count = (size_t)3 * ow * oh;
+    float *want = malloc(count * sizeof *want), *got = malloc(count * sizeof *got);
+    ck_assert(want && got && fread(want, sizeof *want, count, f) == count);
+    ck_assert_int_eq(gw__resample(px, (int)w, (int)h, 3, &v, ow, oh, mean, std, got), GW_SUCCESS);
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < count; i++)
+      if (memcmp(&got[i], &want[i], sizeof got[i]) && !differ++) first = i;
+    ck_assert_msg(!differ,
+                  "view %u (box %d,%d %dx%d -> %dx%d, window %d,%d %dx%d, flip %d): %zu of %zu values differ from "
+                  "torchvision's, the first (channel %zu, row %zu, column %zu) %.9g against %.9g (%.2f of a byte)",
+                  n, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], ow, oh, p[10], differ, count,
+                  first / ((size_t)ow * oh), first / ow % oh, first % ow, got[first], want[first],
+                  (got[first] - want[first]) * std[first / ((size_t)ow * oh)] * 255);
+    free(want);
+    free(got);
+  }
+  ck_assert_msg(fgetc(f) == EOF, "%s: bytes after its %u views", path, nviews);
+  fclose(f);
   free(px);
 }
 END_TEST
@@ -189,4 +244,5 @@ void add_transform_tests(TCase *tc) {
   tcase_add_test(tc, view_train_keys);
   tcase_add_test(tc, resample_crop_and_flip);
   tcase_add_test(tc, resample_halved_ramp);
+  tcase_add_test(tc, resample_as_pil);
 }
