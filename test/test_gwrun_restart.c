@@ -355,24 +355,44 @@ END_TEST
 START_TEST(test_nodes_done_node_restarts)
 {
     int port = gwrun_free_port_pair();
-    const char *env[] = {"GW_JOB_TOKEN=mn-done-first", NULL};
-    const char *script = "echo \"attempt $GW_RESTART_COUNT\"; [ $GW_RANK -ge 2 ] && exit 0; "
-                         "sleep 1.5; [ $GW_RANK = 0 ] && [ $GW_RESTART_COUNT = 0 ] && exit 4; exit 0";
+    /* (node 1 says why it stays from 0.5 s on: a note still due in the next
+     * attempt would spin its loop there, which takes 2 s) */
+    const char *noted[] = {"GW_JOB_TOKEN=mn-done-first", "GW_RUN_TEST_DONE_NOTE_MS=500", NULL};
+    const char *script = "echo \"attempt $GW_RESTART_COUNT\"; [ $GW_RESTART_COUNT = 1 ] && { sleep 2; exit 0; }; "
+                         "[ $GW_RANK -ge 2 ] && exit 0; sleep 1.5; [ $GW_RANK = 0 ] && exit 4; exit 0";
     struct run r[2];
-    nodes_start(r, port, env, NULL, "2", NULL, script);
+    nodes_start(r, port, noted, NULL, "2", NULL, script);
     gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(r[i].code == 0 && strstr(r[i].err, "restarting the job (exit code 4): restart 1 of 2") &&
                           strstr(r[i].out, "attempt 1") && !strstr(r[i].out, "attempt 2"),
                       "node %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, r[i].code, r[i].out, r[i].err);
+    ck_assert_msg(r[1].cpu_s < 1.0, "node 1's gw-run used %.2f s of CPU in %.1f s", r[1].cpu_s, r[1].elapsed);
     gwrun_nodes_free(r, 2);
-    /* and a job that ends well everywhere ends on node 1 as node 0 ends */
+    /* and a job that ends well everywhere ends on node 1 as node 0 ends;
+     * node 1 says why it stays, and stays idle (a passed deadline, its
+     * DONE's flush, spins its loop) */
     port = gwrun_free_port_pair();
-    nodes_start(r, port, env, NULL, "2", NULL, "[ $GW_RANK = 0 ] && sleep 1; exit 0");
+    nodes_start(r, port, noted, NULL, "2", NULL, "[ $GW_RANK = 0 ] && sleep 3; exit 0");
     gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
     for (int i = 0; i < 2; i++)
-        ck_assert_msg(r[i].code == 0 && !strstr(r[i].err, "restart"), "node %d: exit %d\nstderr:\n%s", i, r[i].code,
+        ck_assert_msg(r[i].code == 0 && !strstr(r[i].err, "restarting"), "node %d: exit %d\nstderr:\n%s", i, r[i].code,
                       r[i].err);
+    ck_assert_msg(strstr(r[1].err, "gw-run: node 1: this node's ranks are done; staying until node 0"), "node 1:\n%s",
+                  r[1].err);
+    ck_assert_msg(r[1].cpu_s < 1.0, "node 1's gw-run used %.2f s of CPU in %.1f s", r[1].cpu_s, r[1].elapsed);
+    gwrun_nodes_free(r, 2);
+    /* an interrupt there: node 1 leaves, and the job goes on without it */
+    port = gwrun_free_port_pair();
+    nodes_start(r, port, noted, NULL, "2", NULL, "[ $GW_RANK = 0 ] && sleep 4; exit 0");
+    const bool staying = gwrun_stderr_has(&r[1], "staying until node 0", 20);
+    if (staying)
+        kill(r[1].pid, SIGINT);
+    gwrun_nodes_wait(r, 2, GWRUN_TIMEOUT_S);
+    ck_assert_msg(staying, "node 1 did not say it stays:\n%s", r[1].err);
+    ck_assert_msg(r[0].code == 0 && !strstr(r[0].err, "SIGINT"), "node 0: exit %d\nstderr:\n%s", r[0].code, r[0].err);
+    ck_assert_msg(r[1].code == 130 && strstr(r[1].err, "gw-run: node 1: leaving; its ranks are done"),
+                  "node 1: exit %d\nstderr:\n%s", r[1].code, r[1].err);
     gwrun_nodes_free(r, 2);
 }
 END_TEST

@@ -110,7 +110,22 @@ static bool others_ending(int64_t now)
     return now < net.others_end_ms;
 }
 
-/* Called once the local ranks are all gone: whether gw-run may exit now. */
+/* A wait after this node's ranks are done is said after 10 s, and every
+ * minute after: whether that note is due now (its first deadline is set by
+ * the first call; the next is set here). */
+static bool done_note_due(int64_t now)
+{
+    if (!net.done_note_ms) {
+        const char *t = getenv("GW_RUN_TEST_DONE_NOTE_MS"); /* tests: sooner */
+        net.done_note_ms = now + (t && *t ? atoi(t) : 10000);
+        return false;
+    }
+    if (now < net.done_note_ms)
+        return false;
+    net.done_note_ms = now + 60000;
+    return true;
+}
+
 /* Node 0, its own ranks done and the job not failed: after 10 s without
  * every other node's DONE, and every minute after, it names the nodes it
  * waits for.  Their ranks may still be at work (rank 0's finished first);
@@ -118,12 +133,7 @@ static bool others_ending(int64_t now)
  * answers to keepalive do not show: the wait was silent, and endless. */
 static void note_waiting(int64_t now)
 {
-    if (!net.done_note_ms) {
-        const char *t = getenv("GW_RUN_TEST_DONE_NOTE_MS"); /* tests: sooner */
-        net.done_note_ms = now + (t && *t ? atoi(t) : 10000);
-        return;
-    }
-    if (now < net.done_note_ms)
+    if (!done_note_due(now))
         return;
     char list[600] = "";
     int k = 0;
@@ -140,9 +150,20 @@ static void note_waiting(int64_t now)
     gw__run_say("gw-run: this node's ranks are done; waiting for %s to report %s ranks' end (still at work, or "
                 "%s gw-run stopped: SIGSTOP, a hung machine; interrupt to stop waiting)\n", list,
                 k == 1 ? "its" : "their", k == 1 ? "its" : "their");
-    net.done_note_ms = now + 60000;
 }
 
+/* A node other than 0 staying after its DONE: after 10 s, and every minute
+ * after, it says why (it was silent, as if hung). */
+static void linger_note(int64_t now)
+{
+    if (!done_note_due(now))
+        return;
+    gw__run_say("gw-run: node %d: this node's ranks are done; staying until node 0 (host %s) ends the job, so that a "
+                "failure elsewhere starts every node again (--max-restarts; interrupt to leave: the job goes on "
+                "without this node, and cannot start again)\n", net.cfg.node, net.host0);
+}
+
+/* Called once the local ranks are all gone: whether gw-run may exit now. */
 bool gw__run_net_finish(void)
 {
     if (!net.on)
@@ -150,6 +171,8 @@ bool gw__run_net_finish(void)
     gw__run_cause_send(); /* before READY or DONE, and before the links close */
     int64_t now = gw__run_now_ms();
     bool stopping = gw__run_stopping();
+    if (net.cfg.node != 0 && stopping)
+        net.done_note_ms = 0; /* it no longer stays after a DONE (a deadline passed would spin the loop) */
     /* A failed attempt with restarts allowed: the nodes agree on the next. */
     if (stopping && gw__run.have_failure && net.cfg.max_restarts > 0 && !net.verdict_known &&
         (net.cfg.node == 0 ? !gw__run_net_decide_restart(now)
@@ -190,7 +213,11 @@ bool gw__run_net_finish(void)
      * (whether a job restarted depended on which node's ranks finished
      * first: a helper's probe).  Node 0's silence is watched meanwhile. */
     net.done_linger = !stopping && net.cfg.max_restarts > 0 && gw__run.may_restart;
-    return flushed(now) && !net.done_linger;
+    if (!net.done_linger)
+        return flushed(now);
+    net.flush_ms = 0; /* (a deadline passed spun the loop: the DONE goes out as the link takes it) */
+    linger_note(now);
+    return false;
 }
 
 /* A local rank failed (the first failure, not after a signal). */
@@ -239,6 +266,12 @@ void gw__run_net_pass(int sig)
 /* SIGINT, SIGTERM, SIGHUP or SIGQUIT reached this gw-run. */
 void gw__run_net_signal(int sig)
 {
+    if (net.done_linger) { /* its ranks are done: it leaves, and the job goes on without it */
+        net.done_linger = false;
+        gw__run_say("gw-run: node %d: leaving; its ranks are done, the job goes on without this node (and cannot "
+                    "start again)\n", net.cfg.node);
+        return;
+    }
     struct msg m = {.type = F_STOP, .v = {(uint32_t)net.cfg.node, (uint32_t)sig}};
     net.stop_waiting = true; /* a signal before or while node 0 waits for late nodes: it does not wait */
     if (net.on)

@@ -82,6 +82,7 @@ static bool sane(const struct msg *m)
     case F_PASS:
         return m->v[0] < nn && (sig == SIGUSR1 || sig == SIGUSR2);
     case F_LOST:
+        return m->v[0] < nn && m->v[1] <= 1;
     case F_DONE:
         return m->v[0] < nn;
     case F_READY:
@@ -527,11 +528,13 @@ static void up_ended(const char *badly, bool silent)
         return;
     }
     net.given_up = true;
-    if (net.final_sent)
-        return; /* our DONE is out: node 0 had no more to say to us */
-    if (verdict_pending()) /* (gw__run_net_apply says nothing of a loss while this node stops) */
+    /* (gw__run_net_apply says nothing of a loss while this node stops; a
+     * node that stayed after its DONE may wait for a verdict too) */
+    if (verdict_pending())
         gw__run_say("gw-run: %s: lost node 0 (host %s) before its word on restarting the job: not restarting; "
                     "ending this node\n", me(), net.host0);
+    if (net.final_sent)
+        return; /* our DONE is out: node 0 had no more to say to us */
     struct msg m = {.type = F_LOST, .v = {0, silent}};
     snprintf(m.s, sizeof m.s, "%s", net.host0);
     gw__run_net_apply(&m, 0);
@@ -898,9 +901,15 @@ void gw__run_net_tick(void)
      * suspended and resumed whole was ended at once, each node giving the
      * others up, and a node stopped alone blamed node 0 on waking). */
     if (net.tick_ms && now - net.tick_ms > OWN_GAP_MS)
-        for (int i = 0; i < net.nconns; i++)
-            if (net.conns[i]->heard_ms && net.conns[i]->heard_ms < now)
-                net.conns[i]->heard_ms = now;
+        for (int i = 0; i < net.nconns; i++) {
+            /* (only the stall is forgiven: a gw-run held up again and again,
+             * gang-scheduled, still gives a stopped peer up in the end) */
+            struct conn *c = net.conns[i];
+            if (c->heard_ms)
+                c->heard_ms += now - net.tick_ms - GW_RUN_BEAT_MS;
+            if (c->heard_ms > now)
+                c->heard_ms = now;
+        }
     net.tick_ms = now;
     beat(now);
     if (net.cfg.node == 0) {

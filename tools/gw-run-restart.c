@@ -187,7 +187,7 @@ void gw__run_net_reset(void)
         return;
     net.done = 0;
     net.have_end = false;
-    net.flush_ms = net.linger_ms = net.verdict_deadline_ms = net.others_end_ms = 0;
+    net.flush_ms = net.linger_ms = net.verdict_deadline_ms = net.others_end_ms = net.done_note_ms = 0;
     net.final_sent = net.ready_sent = net.verdict_known = net.no_restart = net.done_linger = false;
     net.no_restart_why[0] = '\0';
     net.restart_to = 0;

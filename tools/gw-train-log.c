@@ -329,17 +329,22 @@ static int plot_file_ok(const char *png, char *err, size_t errlen) {
 }
 
 /* Whether path (a file that exists, with content) is what plot_epoch writes
- * there: side 0, the data: lines of an epoch and three numbers (inf and nan
- * spelled as printf spells them), at most 16 MiB; side 1, the script: it
- * begins with the script's first line. */
-static bool plot_side_ours(const char *path, int side) {
+ * there (1; 0 not, -1 it cannot be read): side 0, the data: lines of an epoch
+ * and three numbers (inf and nan spelled as printf spells them), at most 16
+ * MiB; side 1, the script: it begins with the first line of a script
+ * gw-train writes, or wrote before 2026-12-05. */
+static int plot_side_ours(const char *path, int side) {
   FILE *f = fopen(path, "r");
-  if (!f) return false;
+  if (!f) return -1;
   bool ours = true;
   if (side == 1) {
-    static const char first[] = "script = exists('ARG0') ? ARG0 : ''\n";
-    char head[sizeof first];
-    ours = fread(head, 1, sizeof first - 1, f) == sizeof first - 1 && !memcmp(head, first, sizeof first - 1);
+    static const char *const firsts[] = {"script = exists('ARG0') ? ARG0 : ''\n", "here = ARG0\n",
+                                         "set terminal png size 900,500\n"};
+    char head[64] = "";
+    const size_t got = fread(head, 1, sizeof head - 1, f);
+    ours = false;
+    for (size_t i = 0; i < sizeof firsts / sizeof firsts[0]; i++)
+      ours = ours || (got >= strlen(firsts[i]) && !memcmp(head, firsts[i], strlen(firsts[i])));
   } else {
     char line[256];
     long total = 0;
@@ -355,7 +360,7 @@ static bool plot_side_ours(const char *path, int side) {
     ours = ours && !ferror(f);
   }
   fclose(f);
-  return ours;
+  return ours ? 1 : 0;
 }
 
 int plot_check(const char *png, char *err, size_t errlen) {
@@ -371,7 +376,13 @@ int plot_check(const char *png, char *err, size_t errlen) {
     if (replaced_path_ok(side[i][1], path, 4, err, errlen) != 0) return -1;
     /* and what is there is an earlier plot's (weights saved under that
      * name, a user's notes, were replaced without a word: a helper's probe) */
-    if (replaced_content_at_stake(path) && !plot_side_ours(path, i)) {
+    const int ours = replaced_content_at_stake(path) ? plot_side_ours(path, i) : 1;
+    if (ours < 0) {
+      snprintf(err, errlen, "--plot %.900s: %.900s cannot be read to see that it is %s it may replace: %s", png, path,
+               i ? "a gnuplot script gw-train wrote" : "the plot's data gw-train wrote", strerror(errno));
+      return -1;
+    }
+    if (!ours) {
       snprintf(err, errlen, "--plot %.900s: %.900s holds something other than %s: name a new file, or remove it first",
                png, path, i ? "a gnuplot script gw-train wrote" : "the plot's data gw-train wrote");
       return -1;
