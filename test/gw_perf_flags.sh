@@ -339,5 +339,36 @@ fi
 out=$(GW_IB_EMULATE=1 GW_TRANSPORT=ib GW_PROTO=ll "$run" -n 2 "$perf" -b 8 -e 8 -n 1 -w 0 2>&1)
 grep -qF "some connections (this rank's over ib) have no LL format" <<<"$out" ||
   { echo "FAIL: GW_PROTO=ll over ib: the warning does not name ib:"; grep -F "LL format" <<<"$out"; fail=1; }
+# -R with -D: refused as a bad command line before the rendezvous; "all" in any
+# case, as the dtype and op names are
+refused "-R and -D: registering device memory is not supported yet" -R -D
+out=$("$run" -n 2 "$perf" -d ALL -o All -b 8 -e 8 -n 1 -w 0 2>&1) && grep -q "int8 *prod" <<<"$out" ||
+  { echo "FAIL: -d ALL -o All:"; tail -3 <<<"$out"; fail=1; }
+# a cgroup's memory limit (a container's, a job's) bounds the buffers, not the
+# machine's memory: refused before they are made (they went past the limit,
+# and the kernel killed the ranks); a fake v2 tree, 1 GiB left at the job's level
+mkdir -p "$tmp/cg/job" && : >"$tmp/cg/cgroup.controllers" && echo 2147483648 >"$tmp/cg/job/memory.max" &&
+  echo 1073741824 >"$tmp/cg/job/memory.current" && echo "0::/job" >"$tmp/cgproc"
+GW_TEST_CGROUP_FS="$tmp/cg" GW_TEST_PROC_CGROUP="$tmp/cgproc" want_rc=1 refused \
+  "need 4.0 GiB, and it has 1.0 GiB available under its cgroup's memory limit: lower -e" -b 1G -e 1G -n 1 -w 0
+# --json is a whole document while its rows come: a run stopped midway leaves
+# the rows so far and "complete": false (it left an empty file); a finished
+# run's has every row and "complete": true
+"$run" -n 2 "$perf" -b 8 -e 64K -n 200000 -w 1 --json "$tmp/part.json" >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 400); do grep -q '"size": 16,' "$tmp/part.json" 2>/dev/null && break; sleep 0.05; done
+kill -TERM $pid
+wait $pid
+python3 - "$tmp/part.json" <<'PY' || { echo "FAIL: --json of a run stopped midway:"; head -c 600 "$tmp/part.json"; echo; fail=1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["complete"] is False and len(d["results"]) >= 2 and d["results"][1]["size"] == 16, d
+PY
+out=$("$run" -n 2 "$perf" -b 8 -e 1K -n 2 -w 1 --json "$tmp/whole.json" 2>&1)
+python3 - "$tmp/whole.json" <<'PY' || { echo "FAIL: --json of a whole run:"; tail -3 <<<"$out"; head -c 600 "$tmp/whole.json"; echo; fail=1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["complete"] is True and [r["size"] for r in d["results"]] == [8 << k for k in range(8)] and d["wrong"] == 0, d
+PY
 [ $fail -eq 0 ] && echo "gw-perf flags: all refused as expected, sizes measured once, a collective that writes nothing caught"
 exit $fail

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "decimal.h"
 #include "dev.h"
 #include "dtype_values.h"
@@ -425,6 +426,13 @@ static void check_memory(size_t buf_bytes, bool device) {
   while (f && fgets(line, sizeof line, f))
     if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
   if (f) fclose(f);
+  /* A container's or a job's memory limit (its cgroup) is tighter than the
+   * machine's: /proc/meminfo is the machine's, and the pre-faulted buffers
+   * went past the limit, the kernel killing the ranks (a helper's probe).
+   * The ranks of this machine are taken to share the cgroup. */
+  const long long cg = gw__cgroup_mem_left();
+  const bool by_cgroup = cg > 0 && (!kib || (unsigned long long)cg / 1024 < kib);
+  if (by_cgroup) kib = (unsigned long long)cg / 1024 ? (unsigned long long)cg / 1024 : 1;
   /* the emulator's device memory is host memory too (memfd, pre-faulted) */
   const struct gw_dev_ops *d = device ? gw__dev() : NULL;
   const bool emulated = d && strcmp(d->name, "emulated") == 0;
@@ -437,10 +445,32 @@ static void check_memory(size_t buf_bytes, bool device) {
         buf_bytes - 64);
   if (worst > 1)
     die("-e %zu: the send and receive buffers (%s) of %d rank%s on this machine need %.1f GiB, and it has %.1f "
-        "GiB available: lower -e", buf_bytes - 64,
+        "GiB available%s: lower -e", buf_bytes - 64,
         emulated ? "emulated device memory in host memory, and their pinned host copies"
         : device ? "their pinned host copies" : "host memory", local,
-        local > 1 ? "s" : "", need / 1073741824.0, have / 1073741824.0);
+        local > 1 ? "s" : "", need / 1073741824.0, have / 1073741824.0,
+        by_cgroup ? " under its cgroup's memory limit" : "");
+}
+
+/* --json stays a whole document as rows come (a run stopped midway, by a
+ * time limit or a rank's failure, left it empty or cut): each row goes in
+ * place of the last tail, which a new one follows, "complete": false until
+ * the end's.  Where the file cannot seek (a FIFO), rows stream and only the
+ * end's tail is written. */
+static long json_tail_at = -1;
+static void json_tail(FILE *json, const char *tail) {
+  if (json_tail_at >= 0 && fseek(json, json_tail_at, SEEK_SET) != 0) json_tail_at = -1;
+  if (json_tail_at < 0 && !strstr(tail, "\"complete\": true")) return; /* (streaming: only the end's) */
+  fputs(tail, json);
+  fflush(json);
+  if (json_tail_at >= 0 && ftruncate(fileno(json), ftell(json)) != 0) json_tail_at = -1;
+}
+static void json_row_start(FILE *json) {
+  if (json_tail_at >= 0 && fseek(json, json_tail_at, SEEK_SET) != 0) json_tail_at = -1;
+}
+static void json_row_end(FILE *json) {
+  if (json_tail_at >= 0) json_tail_at = ftell(json);
+  json_tail(json, "\n  ],\n  \"complete\": false\n}\n");
 }
 
 static void *alloc_prefaulted(size_t bytes) {
@@ -608,7 +638,7 @@ int main(int argc, char **argv) {
       case 'D': o.device = 1; break;
       case 'd':
         o.ndtypes = 0;
-        if (!strcmp(optarg, "all")) {
+        if (!strcasecmp(optarg, "all")) {
           for (int i = 0; i < GW_NUM_DTYPES; i++) o.dtypes[o.ndtypes++] = i;
         } else {
           int dt = gw_dtype_from_name(optarg);
@@ -619,7 +649,7 @@ int main(int argc, char **argv) {
         break;
       case 'o':
         o.nops = 0;
-        if (!strcmp(optarg, "all")) {
+        if (!strcasecmp(optarg, "all")) {
           for (int i = 0; i < GW_NUM_OPS; i++) o.ops[o.nops++] = i;
         } else {
           int op = gw_op_from_name(optarg);
@@ -684,6 +714,8 @@ int main(int argc, char **argv) {
   if (algo_flag && (!strcmp(algo_flag, "tree") || !strcmp(algo_flag, "exchange")) && o.coll != C_ALLREDUCE)
     gwp_bad_use("-a %s applies to allreduce only: %s always runs on the ring (drop -a, or -a ring)", algo_flag,
         coll_names[o.coll]);
+  if (o.reg && o.device) /* (refused only after the rendezvous and the memory check) */
+    gwp_bad_use("-R and -D: registering device memory is not supported yet");
   if (o.csv && o.json && same_output_file(o.csv, o.json))
     gwp_bad_use("--csv %s and --json %s name the same file (one would overwrite the other)", o.csv, o.json);
   if (o.tune && (o.csv || o.json || o.min_bw))
@@ -731,7 +763,6 @@ int main(int argc, char **argv) {
   check_memory(buf_bytes, o.device);
   uint8_t *sendbuf, *recvbuf;
   if (o.device) {
-    if (o.reg) gwp_bad_use("-R and -D: registering device memory is not supported yet");
     if (!(dev = gw__dev())) die("-D: no device: %s", gw__dev_absent_reason());
     dbytes = buf_bytes;
     check_dev(dev->stream_create(&stream), "stream_create");
@@ -759,6 +790,8 @@ int main(int argc, char **argv) {
     json = fopen(o.json, "w");
     if (!json) die("cannot write %s: %s", o.json, strerror(errno));
     fprintf(json, "{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"results\": [", coll_names[o.coll], nranks);
+    json_tail_at = ftell(json); /* -1 where it cannot seek */
+    json_tail(json, "\n  ],\n  \"complete\": false\n}\n");
   }
   if (rank == 0) {
     printf("# gw-perf: %s, %d ranks, %d iterations, %d warmup, check %d, %s memory\n", coll_names[o.coll], nranks,
@@ -809,9 +842,9 @@ int main(int argc, char **argv) {
         char path[72]; /* one name when both ran alike */
         if (strcmp(res.path[0], res.path[1])) snprintf(path, sizeof path, "%s,%s", res.path[0], res.path[1]);
         else snprintf(path, sizeof path, "%s", res.path[0]);
-        char tm[2][24]; /* 7 wide: fewer decimals from 10 ms on, as nccl-tests */
+        char tm[2][24]; /* 7 wide: 1 decimal from 100 us on, none from 10 ms, as nccl-tests */
         for (int k = 0; k < 2; k++)
-          snprintf(tm[k], sizeof tm[k], "%7.*f", res.time_us[k] < 1e4 ? 2 : res.time_us[k] < 1e5 ? 1 : 0,
+          snprintf(tm[k], sizeof tm[k], "%7.*f", res.time_us[k] < 1e2 ? 2 : res.time_us[k] < 1e4 ? 1 : 0,
                    res.time_us[k]);
         printf("%12zu  %12zu  %8s  %6s  %6d  %s  %6.2f  %6.2f  %5s  %s  %6.2f  %6.2f  %5s  %s\n", res.bytes, res.count,
                gw_dtype_name(dt), opn, root, tm[0], res.algbw[0], res.busbw[0], w[0], tm[1], res.algbw[1],
@@ -823,6 +856,7 @@ int main(int argc, char **argv) {
                   res.time_us[1], res.algbw[1], res.busbw[1], wc[1], res.path[0], res.path[1]);
         if (csv) fflush(csv); /* whole rows so far, should the run be stopped (a time limit) */
         if (json) {
+          json_row_start(json);
           fprintf(json,
                   "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, "
                   "\"oop_time_us\": %.3f, \"oop_algbw\": %.4f, \"oop_busbw\": %.4f, \"oop_wrong\": %s, "
@@ -832,6 +866,7 @@ int main(int argc, char **argv) {
                   res.algbw[0], res.busbw[0], wj[0], res.time_us[1], res.algbw[1], res.busbw[1], wj[1],
                   res.path[0], res.path[1]);
           first_json = false;
+          json_row_end(json);
         }
       }
     }
@@ -856,7 +891,10 @@ int main(int argc, char **argv) {
   if (json) {
     char tw[24] = "null";
     if (o.check) snprintf(tw, sizeof tw, "%lld", total_wrong);
-    fprintf(json, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"check\": %d,\n  \"wrong\": %s\n}\n", avg, o.check, tw);
+    char tail[200];
+    snprintf(tail, sizeof tail, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"check\": %d,\n  \"wrong\": %s,\n  \"complete\": true\n}\n",
+             avg, o.check, tw);
+    json_tail(json, tail);
     if (ferror(json) | fclose(json)) die("--json %s: writing failed: %s", o.json, strerror(errno));
   }
   if (out_failed) die("writing the results to standard output failed: %s", strerror(out_errno));
