@@ -501,10 +501,6 @@ extern void (*_Atomic gw__abort_gap_hook)(void);
 /* cpus.c: the CPUs this process may use, cpus its affinity mask (all 0: the
  * machine's), a cgroup's quota counted. */
 int gw__usable_cpus(const uint64_t cpus[16]);
-/* The bytes the tightest memory limit of this process's cgroups (v2, or v1's
- * memory controller, its own and every one above) leaves it: the limit less
- * what the cgroup holds; 0 where none is set (cpus.c). */
-long long gw__cgroup_mem_left(void);
 bool gw__alive_lock_gone(const struct gw_comm *c, int peer); /* true: that rank's process is gone */
 void gw__alive_free(struct gw_comm *c);
 

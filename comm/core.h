@@ -133,6 +133,10 @@ double gw__env_double(const char *name, double dflt);
  * with one line of warning among many). */
 bool gw__env_seconds_checked(const char *name, double dflt, bool zero_ok, double *out);
 const char *gw__env_str(const char *name, const char *dflt);
+/* The bytes the tightest memory limit of this process's cgroups (v2, or v1's
+ * memory controller, its own and every one above) leaves it: the limit less
+ * what the cgroup holds; 0 where none is set (cpus.c). */
+long long gw__cgroup_mem_left(void);
 /* GW_PARAM(Foo, "GW_FOO", 42) defines `int64_t gw__param_Foo(void)` that reads the
  * variable on the first call and caches it, as NCCL_PARAM does; GW_PARAM_MIN
  * also refuses values below min (gw__env_int_min). */

@@ -598,6 +598,38 @@ START_TEST(test_bad_flags) {
   refused((const char *const[]){"--steps", "2", "--save-weights", notes, NULL},
           "notes.txt: holds something other than weights (no safetensors file)");
   refused((const char *const[]){"--epochs", "1", "--plot", notes, NULL}, "notes.txt: holds something other than a PNG image");
+  /* The loaders' batches in flight against what a cgroup's memory limit
+   * leaves (a fake v2 tree: 1 GiB at the job's level), not against the
+   * machine's memory (in a container the machine's passed). */
+  {
+    char cg[512], file[700], fs_env[600], proc_env[760];
+    path(cg, sizeof cg, "cgroup");
+    snprintf(file, sizeof file, "%s/job", cg);
+    ck_assert(mkdir(cg, 0755) == 0 && mkdir(file, 0755) == 0);
+    const char *const files[3][2] = {{"cgroup.controllers", ""}, {"job/memory.max", "1073741824\n"},
+                                     {"job/memory.current", "0\n"}};
+    for (int i = 0; i < 3; i++) {
+      snprintf(file, sizeof file, "%s/%s", cg, files[i][0]);
+      f = fopen(file, "w");
+      ck_assert(f && fputs(files[i][1], f) >= 0 && fclose(f) == 0);
+    }
+    snprintf(file, sizeof file, "%s/proc-cgroup", cg);
+    f = fopen(file, "w");
+    ck_assert(f && fputs("0::/job\n", f) >= 0 && fclose(f) == 0);
+    snprintf(fs_env, sizeof fs_env, "GW_TEST_CGROUP_FS=%s", cg);
+    snprintf(proc_env, sizeof proc_env, "GW_TEST_PROC_CGROUP=%s", file);
+    const char *const env[] = {fs_env, proc_env, NULL};
+    /* 4 batches (2 loader threads + 2) of 256 x 3x224x224 floats: 588 MiB, over half of 1 GiB */
+    const char *const args[] = {"--data", "synthetic", "--image-size", "224", "--batch", "256", "--loader-threads", "2",
+                                "--steps", "1", "--no-eval", "--model", "resnet18", "--width-divisor", "64", NULL};
+    struct run r;
+    gwrun_start_prog(&r, train_bin(), env, args);
+    gwrun_wait(&r, 120);
+    ck_assert_msg(r.code != 0 && strstr(r.err, "over half its 1.0 GiB (what its cgroup's memory limit leaves): lower "
+                                               "--loader-threads"),
+                  "the cgroup's limit: exit %d\n%s", r.code, r.err);
+    gwrun_free(&r);
+  }
   /* and onto the data or script beside the image (PNG.dat, PNG.gp): weights
    * saved under such a name were replaced without a word (a helper's probe) */
   char side_png[512], side[600];

@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm.h"
+#include "core.h"
 #include "decimal.h"
 #include "dev.h"
 #include "dtype_values.h"

@@ -724,17 +724,21 @@ static int loader_fits(struct trainer *t) {
   if (loaders == 2) val_floats = gw_dataset_sample_floats(t->val_ds);
   const double batch_bytes = (double)o->batch * c * h * w * sizeof(float),
                all_batches = batch_bytes + (double)o->batch * (double)val_floats * sizeof(float),
-               total = (double)(o->loader_threads + 2) * all_batches * local,
-               phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+               total = (double)(o->loader_threads + 2) * all_batches * local;
+  double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  /* a container's or a job's cgroup limit is tighter (the machine's passed there) */
+  const long long cg = gw__cgroup_mem_left();
+  const bool by_cgroup = cg > 0 && (phys <= 0 || (double)cg < phys);
+  if (by_cgroup) phys = (double)cg;
   if (phys <= 0 || total <= phys / 2) return 0;
   char d[500];
   const bool other = loaders == 2 && val_floats != (size_t)c * h * w; /* --val-crop-size */
   snprintf(d, sizeof d, "%d batches in flight (--loader-threads %d, plus 2) of %d x %dx%dx%d floats (%.1f MiB each), "
-           "times %d loader%s%s and %d rank%s on this machine, need %.1f GiB, over half its %.1f GiB: lower "
+           "times %d loader%s%s and %d rank%s on this machine, need %.1f GiB, over half its %.1f GiB%s: lower "
            "--loader-threads, --batch or %s%s", o->loader_threads + 2, o->loader_threads, o->batch, c, h, w,
            batch_bytes / 1048576.0, loaders, loaders > 1 ? "s" : "", other ? " (the evaluation's at its crop)" : "",
-           local, local > 1 ? "s" : "", total / 1073741824.0, phys / 1073741824.0, o->image_size_flag,
-           other ? " or --val-crop-size" : "");
+           local, local > 1 ? "s" : "", total / 1073741824.0, phys / 1073741824.0,
+           by_cgroup ? " (what its cgroup's memory limit leaves)" : "", o->image_size_flag, other ? " or --val-crop-size" : "");
   return train_fail(t, "loader", d);
 }
 
