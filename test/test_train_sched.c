@@ -479,12 +479,17 @@ START_TEST(test_eval_scores) {
 END_TEST
 
 /* 3 ranks, 31 validation samples in batches of 4: each rank's share is padded
- * to 11; the evaluation counts the 31 once each. */
+ * to 11; the evaluation counts the 31 once each.  Then batches of 11 take the
+ * padding's 2 repeats, said (they went unsaid), starting from the first
+ * run's weights, said too (--help alone said momentum starts anew). */
 START_TEST(test_eval_over_ranks) {
   const char *const noenv[] = {NULL};
+  char weights[512];
+  path(weights, sizeof weights, "eval-ranks.safetensors");
   const char *args[] = {"-n", "3", train_bin(), "--data", "synthetic", "--synthetic-samples", "31", "--model",
                         "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
-                        "4", "--stem", "small", "--threads", "1", "--batch", "4", "--epochs", "1", NULL};
+                        "4", "--stem", "small", "--threads", "1", "--batch", "4", "--epochs", "1", "--save-weights",
+                        weights, NULL};
   struct run r;
   gwrun_start(&r, noenv, args);
   gwrun_wait(&r, 180);
@@ -496,6 +501,21 @@ START_TEST(test_eval_over_ranks) {
   ck_assert_msg(strstr(r.out, "each rank's share of 11 training samples is 2 batches of 4: 7 of the 31 samples are "
                               "left out of each epoch"),
                 "the samples left out of each epoch were not said:\n%s", r.out);
+  gwrun_free(&r);
+  const char *again[] = {"-n", "3", train_bin(), "--data", "synthetic", "--synthetic-samples", "31", "--model",
+                         "resnet18", "--width-divisor", "8", "--in-channels", "3", "--image-size", "16", "--classes",
+                         "4", "--stem", "small", "--threads", "1", "--batch", "11", "--steps", "1", "--no-eval",
+                         "--load-weights", weights, NULL};
+  gwrun_start(&r, noenv, again);
+  gwrun_wait(&r, 180);
+  expect_ok(&r);
+  ck_assert_msg(strstr(r.out, "note: the 3 ranks' shares are padded to the same length with repeats: 2 of the 31 "
+                              "samples are taken twice each epoch"),
+                "the repeats were not said:\n%s", r.out);
+  char want[700];
+  snprintf(want, sizeof want, "starting from the weights of %s (momentum and the learning-rate schedule start anew)",
+           weights);
+  ck_assert_msg(strstr(r.out, want), "the weights' file was not said:\n%s", r.out);
   gwrun_free(&r);
 }
 END_TEST

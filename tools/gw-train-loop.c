@@ -680,6 +680,17 @@ static void announce(struct trainer *t) {
     log_text(&t->log, "note: each rank's share of %lld training samples is %lld batch%s of %d: %lld of the %lld "
              "samples %s left out of each epoch", (long long)share, (long long)t->spe, t->spe > 1 ? "es" : "",
              o->batch, (long long)left, (long long)n, left > 1 ? "are" : "is");
+  /* and the sampler's padding that the batches take: repeats (said as the
+   * samples left out are; they went unsaid: a helper's probe) */
+  if (taken > n)
+    log_text(&t->log, "note: the %d ranks' shares are padded to the same length with repeats: %lld of the %lld samples "
+             "are taken twice each epoch (--drop-last leaves the tail out instead)", t->world,
+             (long long)(taken - n), (long long)n);
+  /* where the weights come from: a file's, momentum anew (said by --help
+   * alone; a resume says its checkpoint and that the file is not used) */
+  if (o->load_weights && t->st.step == 0)
+    log_text(&t->log, "starting from the weights of %s (momentum and the learning-rate schedule start anew)",
+             o->load_weights);
 }
 
 static void teardown(struct trainer *t) {
