@@ -301,6 +301,7 @@ void gw__run_net_close(void)
         flush_all();
     for (int i = 0; i < net.nconns; i++)
         gw__run_conn_close(net.conns[i]);
-    if (net.lfd >= 0)
-        close(net.lfd);
+    for (int l = 0; l < net.nlfd; l++)
+        close(net.lfds[l]);
+    net.nlfd = 0;
 }

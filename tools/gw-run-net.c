@@ -48,7 +48,7 @@
 #include "gw-run-net.h"
 #include "hmac.h"
 
-struct run_net gw__run_net = {.lfd = -1};
+struct run_net gw__run_net;
 
 static const char *why; /* what a frame handler found wrong */
 
@@ -354,11 +354,13 @@ static void accept_all(void)
     while (net.npending < MAX_PENDING) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
-        int fd = accept4(net.lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0 && errno == EINTR)
-            continue;
+        int fd = -1;
+        for (int l = 0; l < net.nlfd && fd < 0; l++)
+            while ((fd = accept4(net.lfds[l], (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC)) < 0 &&
+                   errno == EINTR)
+                len = sizeof ss;
         if (fd < 0)
-            return; /* EAGAIN, or a peer that gave up already */
+            return; /* EAGAIN on every listener, or a peer that gave up already */
         struct conn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
@@ -439,24 +441,32 @@ static int resolve(void)
 /* Binds the master HOST's own address, not every interface: the launcher
  * port is only for the job's nodes, which reach node 0 there anyway.
  * Returns 0, or the errno of the last address tried. */
+/* A listener on every address of the master HOST (as the rendezvous' own,
+ * comm/bootstrap.c root_listen); the last failure's errno when none. */
 static int bind_launcher(void)
 {
     int err = 0, one = 1;
-    for (struct addrinfo *a = net.ai; a && net.lfd < 0; a = a->ai_next) {
+    for (struct addrinfo *a = net.ai; a && net.nlfd < GW_RUN_MAX_LISTEN; a = a->ai_next) {
         int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        /* its own address alone: [::] beside 0.0.0.0 (not a v4-mapped one: bind refuses that then) */
+        if (fd >= 0 && a->ai_family == AF_INET6 &&
+            !IN6_IS_ADDR_V4MAPPED(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr))
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
         if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
-            bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0)
-            net.lfd = fd;
-        else if (fd >= 0)
+            bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            net.lfds[net.nlfd++] = fd;
+            continue;
+        }
+        err = errno;
+        if (fd >= 0)
             close(fd);
-        err = net.lfd < 0 ? errno : 0;
     }
-    return err;
+    return net.nlfd ? 0 : err;
 }
 
 static bool listen0(int err)
 {
-    if (net.lfd < 0)
+    if (net.nlfd == 0)
         gw__run_say("gw-run: node 0 (host %s) cannot listen on the launcher port %s: %s\n",
                 net.myhost, net.where,
                 err == EADDRNOTAVAIL ? "the master HOST is not an address of this machine; start "
@@ -464,7 +474,7 @@ static bool listen0(int err)
                 : err == EADDRINUSE ? "the port is in use; choose another --master port or "
                                       "--launcher-port"
                                     : strerror(err));
-    return net.lfd >= 0;
+    return net.nlfd > 0;
 }
 
 /* ---- the other nodes ---- */
@@ -633,7 +643,7 @@ bool gw__run_net_init(const struct net_config *cfg)
     int err = 0;
     if (cfg->node == GW_RUN_NODE_AUTO && !cfg->not_host) {
         err = bind_launcher();
-        if (net.lfd >= 0)
+        if (net.nlfd > 0)
             net.cfg.node = 0;
         else if (err != EADDRNOTAVAIL && err != EADDRINUSE)
             return listen0(err);
@@ -658,7 +668,7 @@ bool gw__run_net_init(const struct net_config *cfg)
     }
     if (net.cfg.node != 0)
         return true;
-    bool ok = net.lfd >= 0 || listen0(bind_launcher());
+    bool ok = net.nlfd > 0 || listen0(bind_launcher());
     freeaddrinfo(net.ai);
     net.ai = NULL;
     return ok;
@@ -697,7 +707,8 @@ int gw__run_net_max_fds(void)
 {
     if (!net.on)
         return 0;
-    return net.cfg.node == 0 ? net.cfg.nnodes + MAX_PENDING : 1; /* a node numbered by arrival: not 0 */
+    /* node 0: its listeners, the joined nodes, the strangers (a node numbered by arrival: not 0) */
+    return net.cfg.node == 0 ? net.cfg.nnodes + MAX_PENDING + GW_RUN_MAX_LISTEN - 1 : 1;
 }
 
 static void lower(int64_t *deadline, int64_t t)
@@ -833,8 +844,10 @@ int gw__run_net_pollfds(struct pollfd *pfds, int nfds, int64_t *deadline_ms)
     if (old && gw__run_now_ms() - old->accepted_ms < PUSH_AGE_MS)
         lower(deadline_ms, old->accepted_ms + PUSH_AGE_MS);
     else if (zero) {
-        net.pmap[k++] = NULL;
-        pfds[nfds++] = (struct pollfd){.fd = net.lfd, .events = POLLIN};
+        for (int l = 0; l < net.nlfd; l++) {
+            net.pmap[k++] = NULL;
+            pfds[nfds++] = (struct pollfd){.fd = net.lfds[l], .events = POLLIN};
+        }
     }
     for (int i = 0; i < net.nconns; i++) {
         struct conn *c = net.conns[i];

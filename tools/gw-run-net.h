@@ -23,7 +23,8 @@ enum {
     JOIN_NOTE_MS = 10000, /* a node not yet welcomed says it is still trying, first after this */
     JOIN_NOTE_EVERY_MS = 30000,
     GW_RUN_BEAT_MS = 500, /* a BEAT on every joined connection this often, both ways */
-    OWN_GAP_MS = 2000, /* ticks this far apart: this gw-run did not run meanwhile (its loop wakes every beat) */
+    OWN_GAP_MS = 2000,
+    GW_RUN_MAX_LISTEN = 8, /* node 0's listeners: one per address of the master HOST, as the rendezvous' */ /* ticks this far apart: this gw-run did not run meanwhile (its loop wakes every beat) */
 };
 
 /* What node 0 knows of each other node. ENDED: it failed, stopped or left.
@@ -43,8 +44,11 @@ struct run_net {
     struct conn **pmap;  /* the connection behind each polled descriptor; NULL: listener */
     struct conn **conns; /* [nconns]: node 0's pending and joined ones, or up */
     int nconns;
-    /* node 0 */
-    int lfd;
+    /* node 0: a listener on each address of the master HOST (it listened on
+     * the first alone, and a node whose lookup or route took another, the
+     * IPv4 one of a name with an IPv6 one first, was refused until the join
+     * deadline, and the job ended though its ranks had met) */
+    int lfds[GW_RUN_MAX_LISTEN], nlfd;
     int npending, joined, done;
     unsigned char *state; /* [nnodes] N_* */
     char **hosts;         /* [nnodes] each node's hostname from its hello */
