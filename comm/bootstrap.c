@@ -20,6 +20,7 @@
 
 #include "bootstrap_internal.h"
 #include "hmac.h"
+#include "netname.h"
 #include "sock.h"
 
 #define BOOT_MAX_PAYLOAD (64u << 20)
@@ -385,6 +386,12 @@ gw_result_t gw__bootstrap_init(struct gw_bootstrap **out, int rank, int nranks, 
   char host[256], port[16];
   if (!gw__parse_host_port(master, host, sizeof host, port, sizeof port)) {
     res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: master address '%s' is not HOST:PORT", rank, master);
+    goto fail;
+  }
+  if (gw__addr_needs_zone(host)) {
+    res = gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: master address '%s' is a link-local IPv6 address without "
+                  "its interface: give it as [%s%%IFACE]:%s (each machine's own interface name)", rank, master, host,
+                  port);
     goto fail;
   }
   double deadline = gw__now() + timeout_s;

@@ -10,6 +10,12 @@
 
 #include "netname.h"
 
+bool gw__addr_needs_zone(const char *host)
+{
+    struct in6_addr a;
+    return inet_pton(AF_INET6, host, &a) == 1 && IN6_IS_ADDR_LINKLOCAL(&a);
+}
+
 bool gw__name_is_loopback(const char *host, char *out, size_t outsz)
 {
     if (outsz)

@@ -13,4 +13,9 @@
  * gets the first. */
 bool gw__name_is_loopback(const char *host, char *out, size_t outsz);
 
+/* Whether host is a link-local IPv6 address (fe80::/10, numeric) given
+ * without its interface (%zone): no socket can use one (EINVAL), which was
+ * said as a port in use or a rank not running, after the whole deadline. */
+bool gw__addr_needs_zone(const char *host);
+
 #endif

@@ -190,6 +190,15 @@ START_TEST(test_env_launchers) {
   ck_assert_int_ne(gw_comm_init_env(&comm), GW_SUCCESS);
   unsetenv("GW_BOOTSTRAP_TIMEOUT");
   ck_assert_msg(!has(gw_comm_last_error(NULL), "is no host name"), "%s", gw_comm_last_error(NULL));
+  /* a link-local one without its zone: no socket can use it (EINVAL), said
+   * at once (it was "is rank 0 running?" after the whole deadline) */
+  setenv("GW_MASTER_ADDR", "fe80::1", 1);
+  setenv("GW_BOOTSTRAP_TIMEOUT", "0.2", 1);
+  ck_assert_int_eq(gw_comm_init_env(&comm), GW_ERR_INVALID_ARGUMENT);
+  unsetenv("GW_BOOTSTRAP_TIMEOUT");
+  ck_assert_msg(has(gw_comm_last_error(NULL), "is a link-local IPv6 address without its interface: give it as "
+                                              "[fe80::1%IFACE]:"),
+                "%s", gw_comm_last_error(NULL));
   char longname[320];
   memset(longname, 'h', sizeof longname - 1), longname[sizeof longname - 1] = 0;
   setenv("GW_MASTER_ADDR", longname, 1);

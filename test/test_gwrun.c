@@ -797,6 +797,13 @@ START_TEST(test_bad_flags)
                                                "(the port goes in --master-port)"),
                   "exit %d, stderr:\n%.600s", r.code, r.err);
     gwrun_free(&r);
+    /* a link-local IPv6 master without its interface: no socket can use it
+     * (node 0 said "Invalid argument", the others retried to the deadline) */
+    gwrun_run(&r, NULL, (const char *[]){"-n", "1", "--master", "[fe80::1]:2970", "true", NULL});
+    ck_assert_msg(r.code == 2 && strstr(r.err, "--master fe80::1 is a link-local IPv6 address without its interface: "
+                                               "give it as [fe80::1%IFACE]:PORT"),
+                  "exit %d, stderr:\n%.600s", r.code, r.err);
+    gwrun_free(&r);
     /* a host name past 255 characters: said so (the port was said to be wrong) */
     char longmaster[320];
     snprintf(longmaster, sizeof longmaster, "%0300d:29500", 0);

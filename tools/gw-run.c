@@ -689,6 +689,11 @@ int main(int argc, char **argv)
         gw__run_say("gw-run: %s\n", why);
         return logs;
     }
+    if (gw__addr_needs_zone(host)) {
+        gw__run_say("gw-run: --master %s is a link-local IPv6 address without its interface: give it as "
+                    "[%s%%IFACE]:PORT (each node's own interface name)\n", host, host);
+        return EXIT_USAGE;
+    }
     if (nnodes > 1 && strcmp(host, "localhost") != 0 && gw__name_is_loopback(host, lo, sizeof lo)) {
         gw__run_say("gw-run: --master %s resolves to %s (a loopback address) here; the other nodes cannot reach "
                     "that: give node 0's network address, or a name that resolves to it (Debian and Ubuntu map "
