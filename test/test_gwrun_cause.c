@@ -3,7 +3,9 @@
  * not the rank it saw fail first (tools/gw-run-cause.c): each rank's
  * GW_ERROR_FILE, the records libgradwire writes (comm/failrec.c) and the
  * program's own (gw_record_failure), records written by hand (what gw-run
- * takes and what it leaves), and the records' folder removed afterwards.
+ * takes and what it leaves), and the records' folder removed afterwards;
+ * and what else it says of a failure: the ranks that had exited 0 before it,
+ * and no rank "still running" that ended while gw-run was stopped.
  */
 #include <check.h>
 #include <dirent.h>
@@ -367,8 +369,62 @@ START_TEST(test_dying_rank_over_exit)
 }
 END_TEST
 
+/* Ranks that exited with code 0 before another failed are named with the
+ * failure (their peers, waiting for them, fail by a timeout that could only
+ * say they were missing); ranks still running, and the failed one, are not.
+ * Rank 0 fails 1.5 s after ranks 1 and 2 ended of themselves. */
+START_TEST(test_early_exits_named_with_failure)
+{
+    struct run r;
+    const char *args[] = {"-n", "4", "sh", "-c",
+                          "case $GW_RANK in 1|2) exit 0;; 0) sleep 1.5; exit 3;; esac; sleep 30", NULL};
+    gwrun_run(&r, NULL, args);
+    ck_assert_msg(r.code == 3, "exit code %d, stderr:\n%s", r.code, r.err);
+    ck_assert_msg(strstr(r.err, "rank 1 had exited with code 0, ") && strstr(r.err, "rank 2 had exited with code 0, "),
+                  "the early exits are not named:\n%s", r.err);
+    ck_assert_msg(!strstr(r.err, "rank 0 had exited") && !strstr(r.err, "rank 3 had exited"), "stderr:\n%s", r.err);
+    const char *s1 = strstr(r.err, "rank 1 had exited with code 0, ");
+    double ago = -1;
+    ck_assert_msg(s1 && sscanf(s1, "rank 1 had exited with code 0, %lf s before", &ago) == 1 && ago >= 1.0 && ago < 20,
+                  "how long before is not said: %.1f\n%s", ago, r.err);
+    gwrun_free(&r);
+    /* a job that fails with no rank ended before: no such line */
+    const char *none[] = {"-n", "2", "sh", "-c", "[ $GW_RANK = 1 ] && exit 5; sleep 30", NULL};
+    gwrun_run(&r, NULL, none);
+    ck_assert_msg(r.code == 5 && !strstr(r.err, "had exited with code 0"), "exit %d\n%s", r.code, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
+/* gw-run stopped (SIGSTOP) in its teardown past the kill deadline, while
+ * the rank it waits for ends of the SIGTERM: once it goes on, that rank is
+ * collected, not said to be "still running" and sent SIGKILL (a helper's
+ * probe). */
+START_TEST(test_stopped_past_kill_deadline)
+{
+    struct run r;
+    const char *env[] = {"GW_RUN_KILL_GRACE=1", NULL};
+    const char *args[] = {"-n", "2", "sh", "-c",
+                          "[ $GW_RANK = 1 ] && { sleep 0.3; exit 3; }; trap 'sleep 0.3; exit 0' TERM; "
+                          "sleep 30 & wait", NULL};
+    gwrun_start(&r, env, args);
+    const bool tearing = gwrun_stderr_has(&r, "stopping the 1 other running rank", 20);
+    if (tearing) {
+        kill(r.pid, SIGSTOP);
+        gwrun_sleep(2.5);
+        kill(r.pid, SIGCONT);
+    }
+    gwrun_wait(&r, GWRUN_TIMEOUT_S);
+    ck_assert_msg(tearing, "no teardown; stderr:\n%s", r.err);
+    ck_assert_msg(r.code == 3 && !strstr(r.err, "still running after"), "exit %d, stderr:\n%s", r.code, r.err);
+    gwrun_free(&r);
+}
+END_TEST
+
 void gwrun_add_cause_tests(TCase *tc)
 {
+    tcase_add_test(tc, test_early_exits_named_with_failure);
+    tcase_add_test(tc, test_stopped_past_kill_deadline);
     tcase_add_test(tc, test_dying_rank_over_exit);
     tcase_add_test(tc, test_failure_origin_named_after_signal);
     tcase_add_test(tc, test_failure_origin_named);

@@ -1,8 +1,8 @@
 /* gw-perf-run.h - gw-perf.c's run state and exits, for its other files
  * (gw-perf-tune.c): the communicator, this rank and the world size, the
  * failure exit (status 1, the message on stderr), a check of a gradwire call,
- * the monotonic clock and pre-faulted buffers; and gw-perf-args.c's help
- * text and value parsers. */
+ * the monotonic clock and pre-faulted buffers; gw-perf-args.c's help text
+ * and value parsers; gw-perf-json.c's --json writer. */
 #ifndef GW_PERF_RUN_H
 #define GW_PERF_RUN_H
 
@@ -27,5 +27,10 @@ size_t gwp_parse_size(const char *s, const char *what);
 int gwp_parse_int_arg(const char *s, int lo, int hi, const char *what);
 /* --tune FILE, after the options were checked (every rank): 0, or exits. */
 int gwp_tune(const char *path);
+/* gw-perf-json.c: --json, a whole document after each row (rank 0): its
+ * head, a row (its text, with the comma before it but the first), the end. */
+void gwp_json_begin(FILE *json, const char *coll, int nranks);
+void gwp_json_row(FILE *json, const char *row);
+void gwp_json_end(FILE *json, double avg_busbw, int check, const char *wrong);
 
 #endif

@@ -452,27 +452,6 @@ static void check_memory(size_t buf_bytes, bool device) {
         by_cgroup ? " under its cgroup's memory limit" : "");
 }
 
-/* --json stays a whole document as rows come (a run stopped midway, by a
- * time limit or a rank's failure, left it empty or cut): each row goes in
- * place of the last tail, which a new one follows, "complete": false until
- * the end's.  Where the file cannot seek (a FIFO), rows stream and only the
- * end's tail is written. */
-static long json_tail_at = -1;
-static void json_tail(FILE *json, const char *tail) {
-  if (json_tail_at >= 0 && fseek(json, json_tail_at, SEEK_SET) != 0) json_tail_at = -1;
-  if (json_tail_at < 0 && !strstr(tail, "\"complete\": true")) return; /* (streaming: only the end's) */
-  fputs(tail, json);
-  fflush(json);
-  if (json_tail_at >= 0 && ftruncate(fileno(json), ftell(json)) != 0) json_tail_at = -1;
-}
-static void json_row_start(FILE *json) {
-  if (json_tail_at >= 0 && fseek(json, json_tail_at, SEEK_SET) != 0) json_tail_at = -1;
-}
-static void json_row_end(FILE *json) {
-  if (json_tail_at >= 0) json_tail_at = ftell(json);
-  json_tail(json, "\n  ],\n  \"complete\": false\n}\n");
-}
-
 static void *alloc_prefaulted(size_t bytes) {
   if (bytes == 0) bytes = 64;
   /* Pre-faulted once: first-touch page faults would otherwise dominate big sizes. */
@@ -789,9 +768,7 @@ int main(int argc, char **argv) {
   if (rank == 0 && o.json) {
     json = fopen(o.json, "w");
     if (!json) die("cannot write %s: %s", o.json, strerror(errno));
-    fprintf(json, "{\n  \"collective\": \"%s\",\n  \"nranks\": %d,\n  \"results\": [", coll_names[o.coll], nranks);
-    json_tail_at = ftell(json); /* -1 where it cannot seek */
-    json_tail(json, "\n  ],\n  \"complete\": false\n}\n");
+    gwp_json_begin(json, coll_names[o.coll], nranks);
   }
   if (rank == 0) {
     printf("# gw-perf: %s, %d ranks, %d iterations, %d warmup, check %d, %s memory\n", coll_names[o.coll], nranks,
@@ -856,8 +833,8 @@ int main(int argc, char **argv) {
                   res.time_us[1], res.algbw[1], res.busbw[1], wc[1], res.path[0], res.path[1]);
         if (csv) fflush(csv); /* whole rows so far, should the run be stopped (a time limit) */
         if (json) {
-          json_row_start(json);
-          fprintf(json,
+          char row[1536];
+          snprintf(row, sizeof row,
                   "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, "
                   "\"oop_time_us\": %.3f, \"oop_algbw\": %.4f, \"oop_busbw\": %.4f, \"oop_wrong\": %s, "
                   "\"ip_time_us\": %.3f, \"ip_algbw\": %.4f, \"ip_busbw\": %.4f, \"ip_wrong\": %s, "
@@ -865,8 +842,8 @@ int main(int argc, char **argv) {
                   first_json ? "" : ",", res.bytes, res.count, gw_dtype_name(dt), opn, root, res.time_us[0],
                   res.algbw[0], res.busbw[0], wj[0], res.time_us[1], res.algbw[1], res.busbw[1], wj[1],
                   res.path[0], res.path[1]);
+          gwp_json_row(json, row);
           first_json = false;
-          json_row_end(json);
         }
       }
     }
@@ -891,10 +868,7 @@ int main(int argc, char **argv) {
   if (json) {
     char tw[24] = "null";
     if (o.check) snprintf(tw, sizeof tw, "%lld", total_wrong);
-    char tail[200];
-    snprintf(tail, sizeof tail, "\n  ],\n  \"avg_busbw\": %.4f,\n  \"check\": %d,\n  \"wrong\": %s,\n  \"complete\": true\n}\n",
-             avg, o.check, tw);
-    json_tail(json, tail);
+    gwp_json_end(json, avg, o.check, tw);
     if (ferror(json) | fclose(json)) die("--json %s: writing failed: %s", o.json, strerror(errno));
   }
   if (out_failed) die("writing the results to standard output failed: %s", strerror(out_errno));
