@@ -8,6 +8,7 @@
 #include "../../comm/bootstrap.c"
 #include "../../comm/bootstrap_root.c"
 #include "../../comm/hmac.c"
+#include "../../comm/netname.c"
 #include "../../comm/forkfd.c"
 #include "../../transport/sock.c"
 
