@@ -715,6 +715,9 @@ gw_result_t gw__bootstrap_local_addr(struct gw_bootstrap *bs, struct sockaddr_st
         found = true;
       }
     freeifaddrs(ifs);
+    if (!found && if_nametoindex(ifname) == 0) /* (a name that is none was said as an interface without address) */
+      return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_IFNAME=%s: this machine has no interface of "
+                     "that name (`ip -brief address` lists them)", bs->rank, ifname);
     if (!found)
       return gw__err(err, GW_ERR_INVALID_ARGUMENT, "rank %d: GW_SOCKET_IFNAME=%s has no IP address on this machine",
                      bs->rank, ifname);
